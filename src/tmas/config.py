@@ -1,0 +1,253 @@
+"""Configuration: pydantic models, loaded from a TOML file, ``TMAS_*`` environment variables and CLI flags.
+
+Precedence, lowest first: built-in defaults < TOML file < environment < CLI flags. Unknown keys and bad values
+raise :class:`ConfigError` with a one-line message naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from tmas.errors import ConfigError
+
+ROLES = (
+    "solution",
+    "verifier",
+    "summary",
+    "experience",
+    "guideline",
+    "judge",
+    "coordinator",
+    "specialist",
+    "embedding",
+)
+
+
+def _split_urls(value: Any) -> Any:
+    """``"http://a,http://b"`` (as from an environment variable) -> a list of replicas."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+def _check_urls(urls: list[str]) -> list[str]:
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"{url!r} is not an http(s) URL")
+    return [url.rstrip("/") for url in urls]
+
+
+class Strict(BaseModel):
+    """Base for config models: unknown keys are errors, values are validated on assignment too."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Sampling(Strict):
+    """Sampling parameters sent with a chat completion. ``None`` means: leave it to the server."""
+
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    seed: int | None = None
+    stop: list[str] | None = None
+    # Passed through verbatim in the request body (e.g. vLLM's top_k, chat_template_kwargs).
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+
+    def merged(self, over: Sampling | None) -> Sampling:
+        """This sampling with every field that ``over`` sets explicitly taking precedence."""
+        if over is None:
+            return self
+        data = self.model_dump()
+        for key in over.model_fields_set:
+            value = getattr(over, key)
+            if key == "extra_body":
+                data["extra_body"] = {**data["extra_body"], **value}
+            else:
+                data[key] = value
+        return Sampling.model_validate(data)
+
+
+class Endpoint(Strict):
+    """An OpenAI-compatible server (or several replicas of one model)."""
+
+    base_url: list[str] = Field(default_factory=list)
+    model: str | None = None
+    # Name of the environment variable holding the API key; the key itself is never stored.
+    api_key_env: str | None = None
+    # Most calls in flight to each replica of this endpoint (0 = no per-endpoint cap).
+    max_in_flight: int = Field(default=0, ge=0)
+    # Model context window in tokens; when unset it is read from /v1/models where the server reports it.
+    context_length: int | None = Field(default=None, ge=1)
+    # Path to a Hugging Face tokenizer.json for exact token counts when a server reports no usage.
+    tokenizer: str | None = None
+    timeout_s: float = Field(default=600.0, gt=0)
+
+    @field_validator("base_url", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return _split_urls(value)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_urls(cls, value: list[str]) -> list[str]:
+        return _check_urls(value)
+
+
+class RoleConfig(Strict):
+    """What one agent role overrides: its own endpoint fields and/or sampling. Unset fields inherit the default."""
+
+    base_url: list[str] | None = None
+    model: str | None = None
+    api_key_env: str | None = None
+    max_in_flight: int | None = Field(default=None, ge=0)
+    context_length: int | None = Field(default=None, ge=1)
+    tokenizer: str | None = None
+    timeout_s: float | None = Field(default=None, gt=0)
+    sampling: Sampling = Field(default_factory=Sampling)
+
+    @field_validator("base_url", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return _split_urls(value)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_urls(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else _check_urls(value)
+
+
+class Retry(Strict):
+    """Retries on connection errors, timeouts, 429 and 5xx: exponential backoff with full jitter."""
+
+    max_attempts: int = Field(default=6, ge=1)
+    backoff_base_s: float = Field(default=0.5, ge=0)
+    backoff_max_s: float = Field(default=30.0, ge=0)
+
+
+class LocalModel(Strict):
+    """The embedded model, started when no endpoint is configured."""
+
+    # A known model name (see ``tmas.llm.weights``) or a path to any GGUF file.
+    model: str = "qwen2.5-coder-0.5b"
+    server: Literal["llama-server", "llama-cpp-python"] = "llama-server"
+    parallel: int = Field(default=4, ge=1)
+    ctx_per_slot: int = Field(default=4096, ge=256)
+    threads: int | None = Field(default=None, ge=1)
+    startup_timeout_s: float = Field(default=300.0, gt=0)
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class MethodConfig(Strict):
+    name: str = "cot"
+    # Method-specific parameters, validated by the method's own model.
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class Settings(Strict):
+    """Everything a run needs to know. The default endpoint has no URL, which means: use the embedded model."""
+
+    endpoint: Endpoint = Field(default_factory=Endpoint)
+    sampling: Sampling = Field(default_factory=lambda: Sampling(temperature=0.7, max_tokens=2048))
+    roles: dict[str, RoleConfig] = Field(default_factory=dict)
+    # Global cap on LLM calls in flight across all endpoints (the official code's --concurrency).
+    concurrency: int = Field(default=64, ge=1)
+    retry: Retry = Field(default_factory=Retry)
+    local: LocalModel = Field(default_factory=LocalModel)
+    method: MethodConfig = Field(default_factory=MethodConfig)
+    seed: int = 0
+
+    @field_validator("roles")
+    @classmethod
+    def _known_roles(cls, value: dict[str, RoleConfig]) -> dict[str, RoleConfig]:
+        for role in value:
+            if role not in ROLES:
+                raise ValueError(f"unknown role {role!r} (known: {', '.join(ROLES)})")
+        return value
+
+    @property
+    def uses_local_model(self) -> bool:
+        return not self.endpoint.base_url
+
+
+# Environment variables read on top of the TOML file: name -> dotted config key.
+ENV_KEYS: dict[str, str] = {
+    "TMAS_BASE_URL": "endpoint.base_url",
+    "TMAS_MODEL": "endpoint.model",
+    "TMAS_API_KEY_ENV": "endpoint.api_key_env",
+    "TMAS_CONTEXT_LENGTH": "endpoint.context_length",
+    "TMAS_CONCURRENCY": "concurrency",
+    "TMAS_LOCAL_MODEL": "local.model",
+    "TMAS_LOCAL_SERVER": "local.server",
+}
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = data
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"config key {'.'.join(keys[:-1])!r} must be a table")
+        node = child
+    node[keys[-1]] = value
+
+
+def _format_error(exc: ValidationError, source: str) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(part) for part in err["loc"])
+    if err["type"] == "extra_forbidden":
+        return f"{source}: unknown config key {loc!r}"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{source}: bad value for {loc!r}: {msg}"
+
+
+def load_settings(
+    path: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> Settings:
+    """Build :class:`Settings` from a TOML file, ``TMAS_*`` variables and dotted-key ``overrides`` (CLI flags).
+
+    With no ``path``, ``$TMAS_CONFIG`` and then ``./tmas.toml`` are used when they exist.
+    """
+    env = os.environ if environ is None else environ
+    data: dict[str, Any] = {}
+    source = "config"
+    if path is None:
+        candidate = env.get("TMAS_CONFIG") or ("tmas.toml" if Path("tmas.toml").is_file() else None)
+        path = Path(candidate) if candidate else None
+    if path is not None:
+        path = Path(path)
+        source = str(path)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    # Validate the file alone first so its errors name the file.
+    try:
+        Settings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc, source)) from None
+    for var, key in ENV_KEYS.items():
+        if env.get(var):
+            _set_dotted(data, key, env[var])
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            _set_dotted(data, key, value)
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc, "environment or command line")) from None
+
+
+def settings_for_display(settings: Settings) -> dict[str, Any]:
+    """The settings as plain data, safe to store or print: no secret is ever part of the settings."""
+    return settings.model_dump(mode="json")
