@@ -1,0 +1,3 @@
+from tmas.cli.main import main
+
+main()

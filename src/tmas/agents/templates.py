@@ -1,0 +1,39 @@
+"""Rendering of the prompt template files.
+
+Problem text, solutions and banks are passed as variables, so they are data: Jinja2 never evaluates template syntax
+that appears inside them.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+
+from tmas.llm.types import Message
+
+
+@lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("tmas.agents", "prompts"),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=False,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def render(name: str, **variables: Any) -> str:
+    return _environment().get_template(name).render(**variables).strip()
+
+
+def prompt(name: str, *, system_name: str | None = None, **variables: Any) -> list[Message]:
+    """Messages for one call: an optional system template, then the user template."""
+    messages = []
+    if system_name is not None:
+        messages.append(Message(role="system", content=render(system_name, **variables)))
+    messages.append(Message(role="user", content=render(name, **variables)))
+    return messages

@@ -1,0 +1,327 @@
+"""The ``tmas`` command."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tmas import __version__
+from tmas.config import Settings, load_settings
+from tmas.errors import InputError, TmasError
+
+app = typer.Typer(
+    name="tmas",
+    help="Multi-agent test-time scaling of LLM reasoning on any OpenAI-compatible endpoint.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+# Options every command that talks to a model shares. Each maps to a dotted settings key.
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file (default: ./tmas.toml).")]
+BaseUrlOpt = Annotated[
+    str | None, typer.Option("--base-url", help="OpenAI-compatible base URL(s), comma-separated replicas.")
+]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Model name sent to the endpoint.")]
+KeyEnvOpt = Annotated[str | None, typer.Option("--api-key-env", help="Environment variable that holds the API key.")]
+ConcurrencyOpt = Annotated[int | None, typer.Option("--concurrency", help="Most LLM calls in flight.")]
+LocalModelOpt = Annotated[
+    str | None, typer.Option("--local-model", help="Embedded model name or GGUF path (when no endpoint).")
+]
+MethodOpt = Annotated[str | None, typer.Option("--method", "-m", help="Method: cot, tmas, ...")]
+ParamOpt = Annotated[
+    list[str] | None,
+    typer.Option("--param", "-p", help="Method parameter KEY=VALUE (repeatable; VALUE as JSON)."),
+]
+IterationsOpt = Annotated[
+    int | None, typer.Option("--iterations", "-T", help="Iterations (on --resume: the total target).")
+]
+TemperatureOpt = Annotated[float | None, typer.Option("--temperature", help="Default sampling temperature.")]
+MaxTokensOpt = Annotated[int | None, typer.Option("--max-tokens", help="Default max tokens per call.")]
+SeedOpt = Annotated[int | None, typer.Option("--seed", help="Run seed.")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"tmas {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """tmas: TMAS, MATTRL and baselines on any OpenAI-compatible endpoint."""
+
+
+def _params(items: list[str] | None) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--param {item!r}: expected KEY=VALUE")
+        try:
+            params[key.strip()] = json.loads(raw)
+        except ValueError:
+            params[key.strip()] = raw
+    return params
+
+
+def _settings(
+    config: Path | None,
+    *,
+    base_url: str | None = None,
+    model: str | None = None,
+    api_key_env: str | None = None,
+    concurrency: int | None = None,
+    local_model: str | None = None,
+    method: str | None = None,
+    params: list[str] | None = None,
+    iterations: int | None = None,
+    temperature: float | None = None,
+    max_tokens: int | None = None,
+    seed: int | None = None,
+) -> Settings:
+    settings = load_settings(
+        config,
+        overrides={
+            "endpoint.base_url": base_url,
+            "endpoint.model": model,
+            "endpoint.api_key_env": api_key_env,
+            "concurrency": concurrency,
+            "local.model": local_model,
+            "method.name": method,
+            "sampling.temperature": temperature,
+            "sampling.max_tokens": max_tokens,
+            "seed": seed,
+        },
+    )
+    extra = _params(params)
+    if iterations is not None:
+        extra["iterations"] = iterations
+    if extra:
+        settings.method.params = {**settings.method.params, **extra}
+    return settings
+
+
+def _read_question(question: str | None, file: Path | None) -> str:
+    if file is not None:
+        try:
+            raw = file.read_bytes()
+        except OSError as exc:
+            raise InputError(f"{file}: cannot read: {exc.strerror}") from None
+        where = str(file)
+    elif question is None or question == "-":
+        if sys.stdin.isatty():
+            raise InputError("no question: give it as an argument, with --file, or on standard input")
+        raw = sys.stdin.buffer.read()
+        where = "standard input"
+    else:
+        return question
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{where}: question is not valid UTF-8 (byte {exc.start})") from None
+
+
+@app.command()
+def solve(
+    question: Annotated[str | None, typer.Argument(help="The question; '-' or none reads standard input.")] = None,
+    file: Annotated[Path | None, typer.Option("--file", "-f", help="Read the question from a file.")] = None,
+    method: MethodOpt = None,
+    param: ParamOpt = None,
+    iterations: IterationsOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the full result record as JSON.")] = False,
+    run_dir: Annotated[Path | None, typer.Option("--run-dir", "-o", help="Keep the run (store) here.")] = None,
+    config: ConfigOpt = None,
+    base_url: BaseUrlOpt = None,
+    model: ModelOpt = None,
+    api_key_env: KeyEnvOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    local_model: LocalModelOpt = None,
+    temperature: TemperatureOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    seed: SeedOpt = None,
+) -> None:
+    """Solve one question and print the answer."""
+    from tmas.api import asolve
+
+    text = _read_question(question, file)
+    settings = _settings(
+        config,
+        base_url=base_url,
+        model=model,
+        api_key_env=api_key_env,
+        concurrency=concurrency,
+        local_model=local_model,
+        method=method,
+        params=param,
+        iterations=iterations,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        seed=seed,
+    )
+    if settings.uses_local_model:
+        typer.echo(f"tmas: no endpoint configured; starting the embedded model {settings.local.model}", err=True)
+    result = asyncio.run(asolve(text, settings, run_dir=run_dir))
+    if as_json:
+        typer.echo(result.model_dump_json(indent=2))
+    else:
+        typer.echo(result.answer if result.answer is not None else (result.text or "(no answer)"))
+    if result.status != "done":
+        typer.echo(f"tmas: the method failed: {result.error}", err=True)
+        raise typer.Exit(1)
+
+
+@app.command()
+def run(
+    problems: Annotated[Path | None, typer.Argument(help="Problems as JSONL (problem_id, question, answer).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory to create.")] = None,
+    resume: Annotated[Path | None, typer.Option("--resume", help="Continue the run in this directory.")] = None,
+    method: MethodOpt = None,
+    param: ParamOpt = None,
+    iterations: IterationsOpt = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="Only the first N problems.")] = None,
+    config: ConfigOpt = None,
+    base_url: BaseUrlOpt = None,
+    model: ModelOpt = None,
+    api_key_env: KeyEnvOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    local_model: LocalModelOpt = None,
+    temperature: TemperatureOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    seed: SeedOpt = None,
+) -> None:
+    """Solve a file of problems into a run directory (resumable with --resume)."""
+    from tmas.cli.progress import RunProgress
+    from tmas.problems import load_problems
+    from tmas.runner import RunState, prepare_run, run_problems
+    from tmas.store.run_store import RunStore
+
+    overrides: dict[str, Any] = {
+        "base_url": base_url,
+        "model": model,
+        "api_key_env": api_key_env,
+        "concurrency": concurrency,
+        "local_model": local_model,
+        "method": method,
+        "params": param,
+        "iterations": iterations,
+        "temperature": temperature,
+        "max_tokens": max_tokens,
+        "seed": seed,
+    }
+    if resume is not None:
+        if problems is not None or out is not None:
+            raise InputError("--resume takes the run directory alone: give no problem file and no --out")
+        with RunStore(resume, create=False) as peek:
+            stored = Settings.model_validate(peek.get_meta("settings"))
+        # The stored settings are the base; flags given now (e.g. a larger --iterations) go on top.
+        settings = _apply_flags(stored, config, overrides)
+        store, settings, todo = prepare_run(resume, settings, None, resume=True)
+    else:
+        if problems is None or out is None:
+            raise InputError("give a problem file and --out RUN_DIR (or --resume RUN_DIR)")
+        settings = _settings(config, **overrides)
+        loaded = load_problems(problems)[:limit] if limit else load_problems(problems)
+        store, settings, todo = prepare_run(out, settings, loaded, resume=False)
+    state = RunState()
+    reporter = RunProgress(state)
+
+    async def go() -> Any:
+        async with reporter.running():
+            return await run_problems(settings, todo, store, state=state, on_result=reporter.on_result)
+
+    with store:
+        summary = asyncio.run(go())
+    typer.echo(json.dumps(summary.to_dict(), indent=2))
+
+
+def _apply_flags(stored: Settings, config: Path | None, overrides: dict[str, Any]) -> Settings:
+    if config is not None:
+        return _settings(config, **overrides)
+    data = stored.model_dump(mode="json")
+    flagged = _settings(None, **overrides)
+    for flag, key in (("base_url", "endpoint"), ("concurrency", "concurrency")):
+        if overrides.get(flag) is not None:
+            data[key] = flagged.model_dump(mode="json")[key]
+    if overrides.get("params") or overrides.get("iterations") is not None:
+        extra = _params(overrides.get("params"))
+        if overrides.get("iterations") is not None:
+            extra["iterations"] = overrides["iterations"]
+        data["method"]["params"] = {**data["method"]["params"], **extra}
+    return Settings.model_validate(data)
+
+
+@app.command()
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write here instead of standard output.")] = None,
+    calls: Annotated[bool, typer.Option("--calls", help="Export every LLM call instead of the results.")] = False,
+) -> None:
+    """Write a run's results (or calls) as JSONL."""
+    from tmas.store.run_store import RunStore
+
+    with RunStore(run_dir, create=False) as store:
+        rows: Iterator[dict[str, Any]] = (
+            (c.model_dump(mode="json") for c in store.calls()) if calls else iter(store.results())
+        )
+        handle = out.open("w", encoding="utf-8") if out else sys.stdout
+        try:
+            for row in rows:
+                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        finally:
+            if out:
+                handle.close()
+
+
+@app.command()
+def models(config: ConfigOpt = None, base_url: BaseUrlOpt = None, api_key_env: KeyEnvOpt = None) -> None:
+    """List each configured endpoint (default and per role) and whether it answers."""
+    import os
+
+    from tmas.llm.client import list_models
+
+    settings = _settings(config, base_url=base_url, api_key_env=api_key_env)
+    targets: list[tuple[str, str, str | None]] = []
+    if settings.uses_local_model:
+        typer.echo(f"default: embedded model {settings.local.model} ({settings.local.server}), started on demand")
+    for role, override in [("default", None), *settings.roles.items()]:
+        urls = (override.base_url if override else None) or settings.endpoint.base_url
+        key_env = (override.api_key_env if override else None) or settings.endpoint.api_key_env
+        if role != "default" and not (override and override.base_url):
+            continue  # a role on the default endpoint is probed with it
+        targets.extend((role, url, os.environ.get(key_env) if key_env else None) for url in urls)
+
+    async def probe() -> bool:
+        healthy = True
+        for role, url, key in targets:
+            try:
+                ids = await list_models(url, key)
+                typer.echo(f"{role}: {url} ok, models: {', '.join(ids) or '(none listed)'}")
+            except TmasError as exc:
+                typer.echo(f"{role}: {url} NOT ANSWERING: {exc}")
+                healthy = False
+        return healthy
+
+    if not asyncio.run(probe()):
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    try:
+        app()
+    except TmasError as exc:
+        typer.echo(f"tmas: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        typer.echo("tmas: interrupted; finished work is kept (continue a run with --resume)", err=True)
+        sys.exit(130)

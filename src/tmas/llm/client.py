@@ -1,0 +1,448 @@
+"""The async client for OpenAI-compatible ``/v1/chat/completions`` endpoints: the only code that speaks HTTP.
+
+Per call: resolve the role's endpoint and sampling, replay from the store if this call already finished, else take a
+slot under the global cap, pick the least-loaded replica (under its own cap), send, retry transient failures with
+exponential backoff and full jitter, split reasoning from the final content, account tokens, make the result
+durable in the store, and only then return it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Protocol
+
+import aiohttp
+
+from tmas.config import Endpoint, Sampling, Settings
+from tmas.errors import ConfigError, LLMError
+from tmas.llm.reasoning import split_reasoning
+from tmas.llm.tokens import TokenCounter
+from tmas.llm.types import CallKey, ChatRequest, Completion, Message, Usage
+
+# Room left for the chat template's own tokens when max_tokens is lowered to fit the context window.
+CONTEXT_MARGIN_TOKENS = 32
+# vLLM/OpenAI wording of a context overflow; the numbers let us retry once with a smaller max_tokens.
+_CONTEXT_ERROR = re.compile(r"maximum context length is (\d+) tokens.*?\((\d+) in the messages", re.S)
+_RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+
+
+class CallStore(Protocol):
+    """Where finished calls are made durable and replayed from (implemented by the run store)."""
+
+    def lookup_call(self, request_hash: str, sample: int) -> Completion | None: ...
+
+    def record_call(self, completion: Completion, request: ChatRequest) -> int: ...
+
+
+class EndpointUnreachable(LLMError):
+    """No connection could be made to any replica of an endpoint after all retries."""
+
+
+class _Transient(Exception):
+    """A failure worth retrying (connection, timeout, 429, 5xx, unparseable body)."""
+
+    def __init__(self, message: str, retry_after: float | None = None, connect: bool = False) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        # True when no connection could be made at all (as opposed to one that broke).
+        self.connect = connect
+
+
+class _Fatal(Exception):
+    """A failure not worth retrying (a 4xx other than 408/409/425/429)."""
+
+
+@dataclass
+class _Replica:
+    url: str
+    cap: asyncio.Semaphore | None
+    in_flight: int = 0
+    context_length: int | None = None
+    context_probed: bool = False
+
+
+@dataclass
+class _Route:
+    """A role resolved against the defaults: where to send, what to send with it."""
+
+    endpoint: Endpoint
+    sampling: Sampling
+    replicas: list[_Replica]
+    api_key: str | None
+    counter: TokenCounter
+
+
+@dataclass
+class ClientStats:
+    calls: int = 0
+    cached: int = 0
+    failed: int = 0
+    retries: int = 0
+    in_flight: int = 0
+    usage: Usage = field(default_factory=Usage)
+
+
+class LLMClient:
+    """One client per run. Use as ``async with LLMClient(settings, store) as llm: await llm.chat(...)``."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: CallStore | None = None,
+        *,
+        rng: random.Random | None = None,
+    ) -> None:
+        if settings.uses_local_model:
+            raise ConfigError("no endpoint configured: set endpoint.base_url (or TMAS_BASE_URL) or use the local model")
+        self.settings = settings
+        self.store = store
+        self.stats = ClientStats()
+        self._cap = asyncio.Semaphore(settings.concurrency)
+        self._rng = rng or random.Random()
+        self._replicas: dict[str, _Replica] = {}
+        self._routes: dict[str, _Route] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._rr = 0
+
+    async def __aenter__(self) -> LLMClient:
+        # The global cap bounds what we send; the connector must not add a lower hidden bound of its own.
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
+        self._session = aiohttp.ClientSession(connector=connector)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # ----------------------------------------------------------------------------------------- routing
+    def route(self, role: str) -> _Route:
+        """The endpoint and sampling a role uses: its own settings where given, the defaults elsewhere."""
+        if role in self._routes:
+            return self._routes[role]
+        base = self.settings.endpoint
+        override = self.settings.roles.get(role)
+        data = base.model_dump()
+        sampling = self.settings.sampling
+        if override is not None:
+            for name in override.model_fields_set - {"sampling"}:
+                value = getattr(override, name)
+                if value is not None:
+                    data[name] = value
+            sampling = sampling.merged(override.sampling)
+        endpoint = Endpoint.model_validate(data)
+        if not endpoint.base_url:
+            raise ConfigError(f"role {role!r} has no base_url")
+        api_key = None
+        if endpoint.api_key_env:
+            api_key = os.environ.get(endpoint.api_key_env)
+            if not api_key:
+                raise ConfigError(
+                    f"environment variable {endpoint.api_key_env} (named by api_key_env for role {role!r}) is not set"
+                )
+        replicas = []
+        for url in endpoint.base_url:
+            if url not in self._replicas:
+                cap = asyncio.Semaphore(endpoint.max_in_flight) if endpoint.max_in_flight else None
+                self._replicas[url] = _Replica(url=url, cap=cap, context_length=endpoint.context_length)
+            replicas.append(self._replicas[url])
+        route = _Route(endpoint, sampling, replicas, api_key, TokenCounter(endpoint.tokenizer))
+        self._routes[role] = route
+        return route
+
+    def _pick(self, replicas: list[_Replica]) -> _Replica:
+        """Least calls in flight; ties broken round-robin so equal replicas share the load evenly."""
+        self._rr += 1
+        n = len(replicas)
+        order = [replicas[(self._rr + i) % n] for i in range(n)]
+        return min(order, key=lambda r: r.in_flight)
+
+    # ----------------------------------------------------------------------------------------- calls
+    async def chat(
+        self,
+        role: str,
+        messages: Sequence[Message],
+        *,
+        key: CallKey | None = None,
+        sampling: Sampling | None = None,
+    ) -> Completion:
+        """One chat completion for ``role``. Never raises for a failed call: it returns (and stores) a
+        :class:`Completion` whose ``error`` says why, except :class:`EndpointUnreachable`, which ends a run."""
+        route = self.route(role)
+        key = key or CallKey(role=role)
+        request = ChatRequest(
+            model=route.endpoint.model or "default",
+            messages=list(messages),
+            sampling=route.sampling.merged(sampling),
+        )
+        request_hash = request.request_hash(key)
+        if self.store is not None:
+            cached = self.store.lookup_call(request_hash, key.sample)
+            if cached is not None:
+                self.stats.cached += 1
+                self.stats.usage = self.stats.usage + cached.usage
+                return cached.model_copy(update={"cached": True})
+        completion = await self._call_with_retries(route, request, key, request_hash)
+        self.stats.calls += 1
+        self.stats.usage = self.stats.usage + completion.usage
+        if not completion.ok:
+            self.stats.failed += 1
+        if self.store is not None:
+            completion.call_id = self.store.record_call(completion, request)
+        return completion
+
+    async def _call_with_retries(
+        self, route: _Route, request: ChatRequest, key: CallKey, request_hash: str
+    ) -> Completion:
+        retry = self.settings.retry
+        started = time.monotonic()
+        max_tokens = request.sampling.max_tokens
+        shrunk_on_error = False
+        all_connect_failures = True
+        last_error = ""
+        replica = route.replicas[0]
+        attempt = 0
+        while attempt < retry.max_attempts:
+            attempt += 1
+            replica = self._pick(route.replicas)
+            try:
+                await self._probe_context(replica)
+                sent_max = self._fit_context(route, replica, request, max_tokens)
+                data = await self._post(route, replica, request.body(sent_max), key)
+                return self._parse(data, route, request, key, request_hash, replica, started, attempt, sent_max)
+            except _Fatal as exc:
+                message = str(exc)
+                match = _CONTEXT_ERROR.search(message)
+                if match and not shrunk_on_error:
+                    # The server counted more prompt tokens than we estimated: learn its numbers, retry once.
+                    context, prompt = int(match.group(1)), int(match.group(2))
+                    replica.context_length = context
+                    max_tokens = context - prompt - CONTEXT_MARGIN_TOKENS
+                    shrunk_on_error = True
+                    attempt -= 1
+                    if max_tokens >= 1:
+                        continue
+                return self._failed(key, request_hash, request, replica, started, attempt, message)
+            except _Transient as exc:
+                last_error = str(exc)
+                all_connect_failures = all_connect_failures and exc.connect
+                if attempt >= retry.max_attempts:
+                    break
+                self.stats.retries += 1
+                delay = min(retry.backoff_max_s, retry.backoff_base_s * 2 ** (attempt - 1)) * self._rng.random()
+                if exc.retry_after is not None:
+                    delay = max(delay, min(exc.retry_after, retry.backoff_max_s))
+                await asyncio.sleep(delay)
+        message = f"gave up after {attempt} attempts: {last_error}"
+        if all_connect_failures:
+            urls = ", ".join(r.url for r in route.replicas)
+            raise EndpointUnreachable(f"endpoint {urls} unreachable for role {key.role!r}: {last_error}")
+        return self._failed(key, request_hash, request, replica, started, attempt, message)
+
+    def _fit_context(
+        self, route: _Route, replica: _Replica, request: ChatRequest, max_tokens: int | None
+    ) -> int | None:
+        """Lower max_tokens so prompt + completion fit the context window, instead of failing the call."""
+        context = replica.context_length
+        if context is None or max_tokens is None:
+            return max_tokens
+        prompt = sum(route.counter.count(m.content) + 4 for m in request.messages)
+        if not route.counter.exact:
+            prompt = int(prompt * 1.1)  # estimates err low on math text; stay on the safe side
+        room = context - prompt - CONTEXT_MARGIN_TOKENS
+        if room < 1:
+            raise _Fatal(f"prompt of about {prompt} tokens does not fit the context window of {context} tokens")
+        return min(max_tokens, room)
+
+    async def _probe_context(self, replica: _Replica) -> None:
+        """Read the context window from /v1/models once per replica, where the server reports it."""
+        if replica.context_probed or replica.context_length is not None:
+            return
+        replica.context_probed = True
+        try:
+            assert self._session is not None
+            async with self._session.get(f"{replica.url}/models", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                if resp.status != 200:
+                    return
+                data = await resp.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return
+        for model in data.get("data", []) if isinstance(data, dict) else []:
+            if not isinstance(model, dict):
+                continue
+            for name in ("max_model_len", "context_length", "context_window"):
+                if isinstance(model.get(name), int):
+                    replica.context_length = model[name]
+                    return
+
+    async def _post(self, route: _Route, replica: _Replica, body: dict[str, Any], key: CallKey) -> dict[str, Any]:
+        session = self._session
+        if session is None:
+            raise RuntimeError("LLMClient used outside 'async with'")
+        headers = {"X-Tmas-Role": key.role}
+        if key.problem_id:
+            headers["X-Tmas-Problem"] = key.problem_id
+        if route.api_key:
+            headers["Authorization"] = f"Bearer {route.api_key}"
+        timeout = aiohttp.ClientTimeout(total=route.endpoint.timeout_s)
+        async with self._cap:
+            if replica.cap is not None:
+                await replica.cap.acquire()
+            replica.in_flight += 1
+            self.stats.in_flight += 1
+            try:
+                async with session.post(
+                    f"{replica.url}/chat/completions", json=body, headers=headers, timeout=timeout
+                ) as resp:
+                    text = await resp.text(errors="replace")
+                    status = resp.status
+                    retry_after = resp.headers.get("Retry-After")
+            except aiohttp.ClientConnectorError as exc:
+                raise _Transient(f"cannot connect to {replica.url}: {exc.os_error}", connect=True) from None
+            except (aiohttp.ClientError, ConnectionError) as exc:
+                raise _Transient(f"connection to {replica.url} failed: {type(exc).__name__}: {exc}") from None
+            except TimeoutError:
+                raise _Transient(f"no reply from {replica.url} within {route.endpoint.timeout_s:g}s") from None
+            finally:
+                replica.in_flight -= 1
+                self.stats.in_flight -= 1
+                if replica.cap is not None:
+                    replica.cap.release()
+        if status != 200:
+            message = _error_message(text)
+            if status in _RETRYABLE_STATUS:
+                raise _Transient(f"HTTP {status}: {message}", retry_after=_seconds(retry_after))
+            raise _Fatal(f"HTTP {status}: {message}")
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise _Transient(f"reply is not JSON: {text[:120]!r}") from None
+        if not isinstance(data, dict) or not data.get("choices"):
+            raise _Transient(f"reply has no choices: {text[:120]!r}")
+        return data
+
+    def _parse(
+        self,
+        data: dict[str, Any],
+        route: _Route,
+        request: ChatRequest,
+        key: CallKey,
+        request_hash: str,
+        replica: _Replica,
+        started: float,
+        attempts: int,
+        sent_max: int | None,
+    ) -> Completion:
+        try:
+            choice = data["choices"][0]
+            message = choice.get("message") or {}
+            raw = message.get("content") or ""
+            field_reasoning = message.get("reasoning_content") or message.get("reasoning")
+        except (KeyError, IndexError, TypeError, AttributeError):
+            raise _Transient(f"reply has an unexpected shape: {str(data)[:120]!r}") from None
+        if not isinstance(raw, str) or (field_reasoning is not None and not isinstance(field_reasoning, str)):
+            raise _Transient("reply content is not text")
+        content, reasoning = split_reasoning(raw, field_reasoning)
+        usage = _usage(data.get("usage"), route.counter, request.messages, raw, field_reasoning or "")
+        return Completion(
+            key=key,
+            request_hash=request_hash,
+            endpoint=replica.url,
+            model=str(data.get("model") or request.model),
+            content=content,
+            reasoning=reasoning,
+            usage=usage,
+            finish_reason=choice.get("finish_reason"),
+            latency_s=time.monotonic() - started,
+            attempts=attempts,
+            max_tokens_sent=sent_max if sent_max != request.sampling.max_tokens else None,
+        )
+
+    def _failed(
+        self,
+        key: CallKey,
+        request_hash: str,
+        request: ChatRequest,
+        replica: _Replica,
+        started: float,
+        attempts: int,
+        error: str,
+    ) -> Completion:
+        return Completion(
+            key=key,
+            request_hash=request_hash,
+            endpoint=replica.url,
+            model=request.model,
+            latency_s=time.monotonic() - started,
+            attempts=attempts,
+            error=error,
+        )
+
+
+async def list_models(url: str, api_key: str | None = None) -> list[str]:
+    """Model ids served at ``url`` (raises :class:`LLMError` with the reason when it does not answer)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{url}/models", headers=headers, timeout=aiohttp.ClientTimeout(total=10)) as resp,
+        ):
+            text = await resp.text(errors="replace")
+            if resp.status != 200:
+                raise LLMError(f"HTTP {resp.status}: {_error_message(text)}")
+            data = json.loads(text)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise LLMError(f"{type(exc).__name__}: {exc}") from None
+    return [str(m.get("id")) for m in data.get("data", []) if isinstance(m, dict)]
+
+
+def _usage(raw: Any, counter: TokenCounter, messages: Sequence[Message], content: str, reasoning: str) -> Usage:
+    if isinstance(raw, dict) and isinstance(raw.get("completion_tokens"), int):
+        details = raw.get("completion_tokens_details") or {}
+        reasoning_tokens = details.get("reasoning_tokens") if isinstance(details, dict) else None
+        return Usage(
+            prompt_tokens=int(raw.get("prompt_tokens") or 0),
+            completion_tokens=raw["completion_tokens"],
+            reasoning_tokens=int(reasoning_tokens or 0),
+        )
+    # No usage from the server: count ourselves, and say so unless a real tokenizer did the counting.
+    return Usage(
+        prompt_tokens=sum(counter.count(m.content) + 4 for m in messages),
+        completion_tokens=counter.count(content) + counter.count(reasoning),
+        reasoning_tokens=counter.count(reasoning),
+        estimated=not counter.exact,
+    )
+
+
+def _error_message(text: str) -> str:
+    """The server's own error message where it sent one in OpenAI's shape, else the start of the body."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text.strip()[:300] or "(empty body)"
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])[:300]
+        if isinstance(error, str):
+            return error[:300]
+        if data.get("message"):
+            return str(data["message"])[:300]
+    return text.strip()[:300]
+
+
+def _seconds(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None

@@ -1,0 +1,31 @@
+"""Resolve the settings' default endpoint: the configured one, or the embedded local model started for the run."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from tmas.config import Settings
+
+
+@asynccontextmanager
+async def provisioned(settings: Settings, log_dir: Path | None = None) -> AsyncIterator[Settings]:
+    """Yield settings whose default endpoint answers; with none configured, start and later stop the local model."""
+    if not settings.uses_local_model:
+        yield settings
+        return
+    from tmas.llm.local_server import LocalServer  # only needed without an endpoint
+
+    local = settings.local
+    async with LocalServer(local, log_dir=log_dir) as server:
+        endpoint = settings.endpoint.model_copy(
+            update={
+                "base_url": [server.base_url],
+                "model": server.model,
+                "context_length": local.ctx_per_slot,
+                # More calls than slots would only queue inside the server, where our timeouts keep running.
+                "max_in_flight": local.parallel,
+            }
+        )
+        yield settings.model_copy(update={"endpoint": endpoint})

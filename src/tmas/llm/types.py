@@ -1,0 +1,124 @@
+"""Typed messages, requests and results of the LLM layer."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tmas.config import Sampling
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+def system(content: str) -> Message:
+    return Message(role="system", content=content)
+
+
+def user(content: str) -> Message:
+    return Message(role="user", content=content)
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    # True when the server reported no usage and the counts were estimated (not tokenizer-exact).
+    estimated: bool = False
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+            estimated=self.estimated or other.estimated,
+        )
+
+
+class CallKey(BaseModel):
+    """Identifies a call for caching and replay: the same request with the same sample index is the same call."""
+
+    model_config = ConfigDict(frozen=True)
+
+    problem_id: str = ""
+    role: str
+    # Distinguishes repeated identical requests (e.g. the N candidates of iteration 0 share one prompt).
+    sample: int = 0
+    iteration: int | None = None
+
+
+class ChatRequest(BaseModel):
+    """What is sent, minus the endpoint: the role's model, messages and resolved sampling."""
+
+    model: str
+    messages: list[Message]
+    sampling: Sampling
+
+    def body(self, max_tokens: int | None = None) -> dict[str, Any]:
+        s = self.sampling
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [m.model_dump() for m in self.messages],
+        }
+        for name in ("temperature", "top_p", "seed", "stop"):
+            value = getattr(s, name)
+            if value is not None:
+                body[name] = value
+        effective = max_tokens if max_tokens is not None else s.max_tokens
+        if effective is not None:
+            body["max_tokens"] = effective
+        body.update(s.extra_body)
+        return body
+
+    def request_hash(self, key: CallKey) -> str:
+        """Stable hash of what determines the reply; the endpoint URL is left out so replicas share a cache."""
+        payload = {
+            "problem": key.problem_id,
+            "role": key.role,
+            "model": self.model,
+            "messages": [[m.role, m.content] for m in self.messages],
+            "sampling": self.sampling.model_dump(mode="json"),
+        }
+        raw = json.dumps(payload, sort_keys=True, ensure_ascii=False).encode("utf-8")
+        return hashlib.sha256(raw).hexdigest()
+
+
+class Completion(BaseModel):
+    """A finished (or failed) call, as stored in the run store."""
+
+    key: CallKey
+    request_hash: str
+    # Row id in the run store, once stored.
+    call_id: int | None = None
+    endpoint: str = ""
+    model: str = ""
+    # Final content only: what other agents see. Reasoning (reasoning_content or <think> blocks) is kept apart.
+    content: str = ""
+    reasoning: str = ""
+    usage: Usage = Field(default_factory=Usage)
+    finish_reason: str | None = None
+    latency_s: float = 0.0
+    attempts: int = 1
+    # max_tokens actually sent, when it was lowered to fit the context window.
+    max_tokens_sent: int | None = None
+    error: str | None = None
+    cached: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"

@@ -1,0 +1,27 @@
+"""Test-time scaling methods, one module each, on the interface in :mod:`tmas.methods.base`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from tmas.errors import ConfigError
+from tmas.methods.base import Method
+from tmas.methods.cot import CoT
+
+METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (CoT,)}
+
+
+def create_method(name: str, params: dict[str, Any] | None = None) -> Method:
+    """The method ``name`` with validated ``params``; unknown names and bad params are one-line ConfigErrors."""
+    cls = METHODS.get(name)
+    if cls is None:
+        raise ConfigError(f"unknown method {name!r} (known: {', '.join(sorted(METHODS))})")
+    try:
+        return cls(cls.Params.model_validate(params or {}))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        what = "unknown parameter" if err["type"] == "extra_forbidden" else f"bad value ({err['msg']}) for"
+        raise ConfigError(f"method {name!r}: {what} {loc!r}") from None

@@ -1,0 +1,98 @@
+"""Problems and the JSONL files that hold them.
+
+The official TMAS format is one JSON object a line with ``problem_id``, ``question`` and ``answer``; files that name
+the id ``question_id`` or ``id`` are read too. Other fields are kept as metadata.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tmas.errors import InputError
+
+ID_FIELDS = ("problem_id", "question_id", "id")
+
+
+class Problem(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    problem_id: str
+    question: str
+    # The reference answer; None for unlabeled problems (they are solved but not graded).
+    answer: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+def check_question(question: object, where: str) -> str:
+    """A question must be non-empty text; returns it unchanged."""
+    if not isinstance(question, str):
+        raise InputError(f"{where}: 'question' must be a string, not {type(question).__name__}")
+    if not question.strip():
+        raise InputError(f"{where}: 'question' is empty")
+    return question
+
+
+def iter_problems(path: str | Path) -> Iterator[Problem]:
+    """Read problems one line at a time; a bad line raises :class:`InputError` naming file and line."""
+    path = Path(path)
+    seen: dict[str, int] = {}
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot open: {exc.strerror}") from None
+    with handle:
+        for number, raw in enumerate(handle, start=1):
+            where = f"{path}:{number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(f"{where}: not valid UTF-8 (byte {exc.start})") from None
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{where}: not valid JSON: {exc.msg} at column {exc.colno}") from None
+            if not isinstance(record, dict):
+                raise InputError(f"{where}: expected a JSON object, got {type(record).__name__}")
+            problem = _problem(record, where)
+            if problem.problem_id in seen:
+                raise InputError(
+                    f"{where}: duplicate problem id {problem.problem_id!r} (first on line {seen[problem.problem_id]})"
+                )
+            seen[problem.problem_id] = number
+            yield problem
+
+
+def load_problems(path: str | Path) -> list[Problem]:
+    problems = list(iter_problems(path))
+    if not problems:
+        raise InputError(f"{path}: no problems in file")
+    return problems
+
+
+def _problem(record: dict[str, Any], where: str) -> Problem:
+    id_field = next((name for name in ID_FIELDS if name in record), None)
+    if id_field is None:
+        raise InputError(f"{where}: missing field 'problem_id' (or 'question_id' / 'id')")
+    raw_id = record[id_field]
+    if isinstance(raw_id, bool) or not isinstance(raw_id, str | int) or not str(raw_id).strip():
+        raise InputError(f"{where}: field {id_field!r} must be a non-empty string or integer")
+    if "question" not in record:
+        raise InputError(f"{where}: missing field 'question'")
+    question = check_question(record["question"], where)
+    answer = record.get("answer")
+    if answer is not None and not isinstance(answer, str | int | float):
+        raise InputError(f"{where}: field 'answer' must be a string or number")
+    metadata = {k: v for k, v in record.items() if k not in ("question", "answer", id_field)}
+    return Problem(
+        problem_id=str(raw_id).strip(),
+        question=question,
+        answer=None if answer is None else str(answer),
+        metadata=metadata,
+    )

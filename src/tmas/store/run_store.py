@@ -1,0 +1,292 @@
+"""The run store: one SQLite database (WAL) per run directory.
+
+It holds the run's settings and code version, the problems, every LLM call, each method iteration's record and each
+problem's result. A call is committed before its result is returned to the method that asked for it, so a run killed
+at any moment loses no finished call; on resume the same calls are replayed from here instead of being sent again.
+
+The methods are synchronous on purpose: each is one small local transaction (tens of microseconds under WAL with
+``synchronous=NORMAL``), cheaper than a hop to a worker thread, and it keeps commit order equal to call order.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tmas import __version__
+from tmas.errors import TmasError
+from tmas.llm.types import CallKey, ChatRequest, Completion, Usage
+from tmas.problems import Problem
+
+DB_NAME = "run.sqlite"
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS problems (
+    position INTEGER NOT NULL,
+    problem_id TEXT PRIMARY KEY,
+    question TEXT NOT NULL,
+    answer TEXT,
+    metadata TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS calls (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    request_hash TEXT NOT NULL,
+    sample INTEGER NOT NULL,
+    problem_id TEXT NOT NULL,
+    iteration INTEGER,
+    role TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    model TEXT NOT NULL,
+    messages TEXT NOT NULL,
+    sampling TEXT NOT NULL,
+    content TEXT NOT NULL,
+    reasoning TEXT NOT NULL,
+    prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    reasoning_tokens INTEGER NOT NULL,
+    usage_estimated INTEGER NOT NULL,
+    finish_reason TEXT,
+    max_tokens_sent INTEGER,
+    latency_s REAL NOT NULL,
+    attempts INTEGER NOT NULL,
+    error TEXT,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS calls_by_request ON calls (request_hash, sample);
+CREATE INDEX IF NOT EXISTS calls_by_problem ON calls (problem_id, iteration);
+CREATE TABLE IF NOT EXISTS iterations (
+    problem_id TEXT NOT NULL,
+    iteration INTEGER NOT NULL,
+    record TEXT NOT NULL,
+    PRIMARY KEY (problem_id, iteration)
+);
+CREATE TABLE IF NOT EXISTS results (
+    problem_id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    record TEXT NOT NULL,
+    finished_at REAL NOT NULL
+);
+"""
+
+
+class StoreError(TmasError):
+    exit_code = 2
+
+
+class RunStore:
+    """Open (creating if needed) the store of ``run_dir``."""
+
+    def __init__(self, run_dir: str | Path, *, create: bool = True) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / DB_NAME
+        if not create and not self.path.is_file():
+            raise StoreError(f"{self.run_dir}: not a run directory (no {DB_NAME})")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # NORMAL under WAL: a commit survives a killed process (only an OS crash can lose the last commits).
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=10000")
+        self._db.executescript(_SCHEMA)
+        version = self.get_meta("schema_version")
+        if version is None:
+            self.set_meta("schema_version", SCHEMA_VERSION)
+            self.set_meta("tmas_version", __version__)
+            self.set_meta("created_at", time.time())
+        elif version != SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: store schema {version} is not the supported {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> RunStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------ meta
+    def set_meta(self, key: str, value: Any) -> None:
+        self._db.execute(
+            "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, json.dumps(value)),
+        )
+
+    def get_meta(self, key: str) -> Any:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    # ------------------------------------------------------------------------------------------ problems
+    def add_problems(self, problems: list[Problem]) -> None:
+        """Record the run's problems (idempotent: problems already stored are kept as they are)."""
+        with self._transaction():
+            start = self._db.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM problems").fetchone()[0]
+            for offset, p in enumerate(problems):
+                self._db.execute(
+                    "INSERT OR IGNORE INTO problems (position, problem_id, question, answer, metadata)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (start + offset, p.problem_id, p.question, p.answer, json.dumps(p.metadata)),
+                )
+
+    def problems(self) -> list[Problem]:
+        rows = self._db.execute(
+            "SELECT problem_id, question, answer, metadata FROM problems ORDER BY position"
+        ).fetchall()
+        return [Problem(problem_id=r[0], question=r[1], answer=r[2], metadata=json.loads(r[3])) for r in rows]
+
+    # ------------------------------------------------------------------------------------------ calls
+    def record_call(self, completion: Completion, request: ChatRequest) -> int:
+        """Commit a finished or failed call; returns its row id."""
+        c, u, k = completion, completion.usage, completion.key
+        cursor = self._db.execute(
+            "INSERT INTO calls (request_hash, sample, problem_id, iteration, role, endpoint, model, messages,"
+            " sampling, content, reasoning, prompt_tokens, completion_tokens, reasoning_tokens, usage_estimated,"
+            " finish_reason, max_tokens_sent, latency_s, attempts, error, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                c.request_hash,
+                k.sample,
+                k.problem_id,
+                k.iteration,
+                k.role,
+                c.endpoint,
+                c.model,
+                json.dumps([m.model_dump() for m in request.messages], ensure_ascii=False),
+                request.sampling.model_dump_json(),
+                c.content,
+                c.reasoning,
+                u.prompt_tokens,
+                u.completion_tokens,
+                u.reasoning_tokens,
+                int(u.estimated),
+                c.finish_reason,
+                c.max_tokens_sent,
+                c.latency_s,
+                c.attempts,
+                c.error,
+                time.time(),
+            ),
+        )
+        return int(cursor.lastrowid or 0)
+
+    def lookup_call(self, request_hash: str, sample: int) -> Completion | None:
+        """The finished call for this request and sample index, if any. Failed calls are not replayed."""
+        row = self._db.execute(
+            f"SELECT {_CALL_COLUMNS} FROM calls WHERE request_hash = ? AND sample = ? AND error IS NULL"
+            " ORDER BY id LIMIT 1",
+            (request_hash, sample),
+        ).fetchone()
+        return None if row is None else _completion(row)
+
+    def calls(self, problem_id: str | None = None) -> Iterator[Completion]:
+        query = f"SELECT {_CALL_COLUMNS} FROM calls"
+        args: tuple[Any, ...] = ()
+        if problem_id is not None:
+            query += " WHERE problem_id = ?"
+            args = (problem_id,)
+        for row in self._db.execute(query + " ORDER BY id", args):
+            yield _completion(row)
+
+    def call_messages(self, call_id: int) -> list[dict[str, str]]:
+        row = self._db.execute("SELECT messages FROM calls WHERE id = ?", (call_id,)).fetchone()
+        return [] if row is None else list(json.loads(row[0]))
+
+    def call_counts(self) -> dict[str, int]:
+        row = self._db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(error IS NOT NULL), 0), COALESCE(SUM(prompt_tokens), 0),"
+            " COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(finish_reason = 'length'), 0) FROM calls"
+        ).fetchone()
+        return {
+            "calls": row[0],
+            "failed": row[1],
+            "prompt_tokens": row[2],
+            "completion_tokens": row[3],
+            "truncated": row[4],
+        }
+
+    # ------------------------------------------------------------------------------------------ method state
+    def save_iteration(self, problem_id: str, iteration: int, record: dict[str, Any]) -> None:
+        self._db.execute(
+            "INSERT INTO iterations (problem_id, iteration, record) VALUES (?, ?, ?)"
+            " ON CONFLICT(problem_id, iteration) DO UPDATE SET record = excluded.record",
+            (problem_id, iteration, json.dumps(record, ensure_ascii=False)),
+        )
+
+    def iterations(self, problem_id: str) -> list[dict[str, Any]]:
+        rows = self._db.execute(
+            "SELECT record FROM iterations WHERE problem_id = ? ORDER BY iteration", (problem_id,)
+        ).fetchall()
+        return [json.loads(r[0]) for r in rows]
+
+    def save_result(self, problem_id: str, status: str, record: dict[str, Any]) -> None:
+        self._db.execute(
+            "INSERT INTO results (problem_id, status, record, finished_at) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT(problem_id) DO UPDATE SET status = excluded.status, record = excluded.record,"
+            " finished_at = excluded.finished_at",
+            (problem_id, status, json.dumps(record, ensure_ascii=False), time.time()),
+        )
+
+    def result(self, problem_id: str) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT record FROM results WHERE problem_id = ?", (problem_id,)).fetchone()
+        return None if row is None else dict(json.loads(row[0]))
+
+    def finished_problem_ids(self) -> set[str]:
+        rows = self._db.execute("SELECT problem_id FROM results WHERE status = 'done'").fetchall()
+        return {r[0] for r in rows}
+
+    def results(self) -> list[dict[str, Any]]:
+        rows = self._db.execute(
+            "SELECT r.record FROM results r JOIN problems p USING (problem_id) ORDER BY p.position"
+        ).fetchall()
+        return [json.loads(r[0]) for r in rows]
+
+    # ------------------------------------------------------------------------------------------ helpers
+    def _transaction(self) -> _Transaction:
+        return _Transaction(self._db)
+
+
+class _Transaction:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        self._db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+_CALL_COLUMNS = (
+    "id, request_hash, sample, problem_id, iteration, role, endpoint, model, content, reasoning, prompt_tokens,"
+    " completion_tokens, reasoning_tokens, usage_estimated, finish_reason, max_tokens_sent, latency_s, attempts,"
+    " error"
+)
+
+
+def _completion(row: tuple[Any, ...]) -> Completion:
+    return Completion(
+        call_id=row[0],
+        request_hash=row[1],
+        key=CallKey(sample=row[2], problem_id=row[3], iteration=row[4], role=row[5]),
+        endpoint=row[6],
+        model=row[7],
+        content=row[8],
+        reasoning=row[9],
+        usage=Usage(
+            prompt_tokens=row[10],
+            completion_tokens=row[11],
+            reasoning_tokens=row[12],
+            estimated=bool(row[13]),
+        ),
+        finish_reason=row[14],
+        max_tokens_sent=row[15],
+        latency_s=row[16],
+        attempts=row[17],
+        error=row[18],
+    )

@@ -1,0 +1,39 @@
+"""Shared fixtures: simulated OpenAI-compatible servers on loopback and settings pointing at them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tmas.config import Settings
+from tmas.testing import SimScript, SimServer
+
+
+@pytest.fixture
+def sim() -> Iterator[SimServer]:
+    with SimServer(SimScript()) as server:
+        yield server
+
+
+@pytest.fixture
+def sim2() -> Iterator[SimServer]:
+    with SimServer(SimScript(model="sim-two")) as server:
+        yield server
+
+
+def settings_for(*servers: SimServer, **overrides: Any) -> Settings:
+    """Settings whose default endpoint is the given server(s), with fast retries so fault tests stay quick."""
+    data: dict[str, Any] = {
+        "endpoint": {"base_url": [s.base_url for s in servers], "model": "sim-model", "timeout_s": 5},
+        "retry": {"max_attempts": 4, "backoff_base_s": 0.01, "backoff_max_s": 0.05},
+        "sampling": {"temperature": 0.7, "max_tokens": 256},
+    }
+    for key, value in overrides.items():
+        node = data
+        *parents, last = key.split("__")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return Settings.model_validate(data)

@@ -1,0 +1,222 @@
+"""The ``tmas`` command end to end, as a user runs it, against the simulated server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tmas.testing import SimScript, SimServer
+
+
+def tmas(*args: str, stdin: bytes | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+    return subprocess.run(
+        [sys.executable, "-m", "tmas", *args], input=stdin, capture_output=True, env=env, cwd=cwd, timeout=120
+    )
+
+
+def write_problems(path: Path, n: int) -> list[tuple[str, int]]:
+    problems = [(f"p{i}", (i + 2) * 7) for i in range(n)]
+    with path.open("w") as f:
+        for pid, _ in problems:
+            i = int(pid[1:])
+            f.write(
+                json.dumps({"problem_id": pid, "question": f"What is {i + 2}*7?", "answer": str((i + 2) * 7)}) + "\n"
+            )
+    return problems
+
+
+def test_version() -> None:
+    out = tmas("--version")
+    assert out.returncode == 0 and out.stdout.decode().startswith("tmas ")
+
+
+def test_solve_prints_the_answer(sim: SimServer) -> None:
+    out = tmas("solve", "What is 17*23?", "--base-url", sim.base_url)
+    assert out.returncode == 0, out.stderr.decode()
+    assert out.stdout.decode().strip() == "391"
+
+
+def test_solve_reads_stdin_and_files_and_prints_json(sim: SimServer, tmp_path: Path) -> None:
+    out = tmas("solve", "--base-url", sim.base_url, stdin=b"What is 6*7?")
+    assert out.stdout.decode().strip() == "42"
+    question = tmp_path / "q.txt"
+    question.write_text("Compute (12+5)*3.")
+    out = tmas("solve", "--file", str(question), "--base-url", sim.base_url, "--json")
+    record = json.loads(out.stdout)
+    assert record["answer"] == "51"
+    assert record["method"] == "cot"
+    assert record["iterations"][0]["candidates"][0]["answer"] == "51"
+    assert record["usage"]["completion_tokens"] > 0
+
+
+@pytest.mark.parametrize(
+    ("content", "message"), [(b"   \n", "'question' is empty"), (b"\xff\xfe bad", "not valid UTF-8")]
+)
+def test_solve_rejects_bad_questions(sim: SimServer, tmp_path: Path, content: bytes, message: str) -> None:
+    question = tmp_path / "q.txt"
+    question.write_bytes(content)
+    out = tmas("solve", "--file", str(question), "--base-url", sim.base_url)
+    assert out.returncode == 2
+    assert message in out.stderr.decode()
+    assert sim.stats().total_requests == 0
+
+
+def test_run_writes_a_run_directory_and_exports(sim: SimServer, tmp_path: Path) -> None:
+    problems = write_problems(tmp_path / "p.jsonl", 6)
+    run_dir = tmp_path / "run"
+    out = tmas("run", str(tmp_path / "p.jsonl"), "-o", str(run_dir), "--base-url", sim.base_url)
+    assert out.returncode == 0, out.stderr.decode()
+    summary = json.loads(out.stdout)
+    assert (summary["problems"], summary["done"], summary["failed"], summary["calls"]) == (6, 6, 0, 6)
+    # Without a terminal, progress is plain log lines, one per problem.
+    assert out.stderr.decode().count("answer=") == 6
+    exported = tmas("export", str(run_dir))
+    rows = [json.loads(line) for line in exported.stdout.decode().splitlines()]
+    assert [(r["problem_id"], r["answer"]) for r in rows] == [(pid, str(ans)) for pid, ans in problems]
+    calls = tmas("export", str(run_dir), "--calls", "-o", str(tmp_path / "calls.jsonl"))
+    assert calls.returncode == 0
+    assert len((tmp_path / "calls.jsonl").read_text().splitlines()) == 6
+
+
+def test_run_refuses_to_overwrite_a_run(sim: SimServer, tmp_path: Path) -> None:
+    write_problems(tmp_path / "p.jsonl", 1)
+    args = ("run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "--base-url", sim.base_url)
+    assert tmas(*args).returncode == 0
+    again = tmas(*args)
+    assert again.returncode == 2 and "--resume" in again.stderr.decode()
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"problem_id": "a", "question": "x"\n', "p.jsonl:2: not valid JSON"),
+        ('{"problem_id": "b"}\n', "p.jsonl:2: missing field 'question'"),
+        ('{"problem_id": "a", "question": "again"}\n', "p.jsonl:2: duplicate problem id 'a' (first on line 1)"),
+        ('{"question": "no id"}\n', "p.jsonl:2: missing field 'problem_id'"),
+        ('{"problem_id": "c", "question": 5}\n', "p.jsonl:2: 'question' must be a string"),
+    ],
+)
+def test_bad_problem_files_fail_with_one_line_naming_the_place(
+    sim: SimServer, tmp_path: Path, line: str, message: str
+) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"problem_id": "a", "question": "What is 1+1?"}\n' + line)
+    out = tmas("run", str(path), "-o", str(tmp_path / "run"), "--base-url", sim.base_url)
+    err = out.stderr.decode().strip()
+    assert out.returncode == 2
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+    assert sim.stats().total_requests == 0
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ('[endpoint]\nbse_url = "http://x"\n', "unknown config key 'endpoint.bse_url'"),
+        ("concurrency = 'many'\n", "bad value for 'concurrency'"),
+        ('[roles.wizard]\nmodel = "m"\n', "unknown role 'wizard'"),
+        ("[endpoint\n", "not valid TOML"),
+    ],
+)
+def test_bad_config_is_one_line_exit_2(tmp_path: Path, toml: str, message: str) -> None:
+    config = tmp_path / "tmas.toml"
+    config.write_text(toml)
+    out = tmas("solve", "What is 1+1?", "--config", str(config))
+    err = out.stderr.decode().strip()
+    assert out.returncode == 2
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_environment_variables_configure_the_endpoint(sim: SimServer) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+    env |= {"TMAS_BASE_URL": sim.base_url, "TMAS_MODEL": "from-env"}
+    out = subprocess.run(
+        [sys.executable, "-m", "tmas", "solve", "What is 2*21?"], capture_output=True, env=env, timeout=60
+    )
+    assert out.stdout.decode().strip() == "42"
+    assert sim.requests[0].body["model"] == "from-env"
+
+
+def test_models_reports_each_endpoint(sim: SimServer) -> None:
+    out = tmas("models", "--base-url", sim.base_url)
+    assert out.returncode == 0 and "ok, models: sim-model" in out.stdout.decode()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    out = tmas("models", "--base-url", dead)
+    assert out.returncode == 1 and "NOT ANSWERING" in out.stdout.decode()
+
+
+def test_unreachable_endpoint_stops_the_run_and_keeps_state(tmp_path: Path) -> None:
+    write_problems(tmp_path / "p.jsonl", 2)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    config = tmp_path / "tmas.toml"
+    config.write_text("[retry]\nmax_attempts = 2\nbackoff_base_s = 0.01\n")
+    out = tmas("run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "-c", str(config), "--base-url", dead)
+    assert out.returncode == 1
+    assert "unreachable" in out.stderr.decode() and "--resume" in out.stderr.decode()
+    assert (tmp_path / "run" / "run.sqlite").exists()
+
+
+def _stored_problem_ids(run_dir: Path) -> set[str]:
+    db = sqlite3.connect(run_dir / "run.sqlite")
+    try:
+        return {r[0] for r in db.execute("SELECT problem_id FROM calls WHERE error IS NULL")}
+    finally:
+        db.close()
+
+
+def test_killed_run_resumes_without_repeating_finished_calls(tmp_path: Path) -> None:
+    n = 12
+    write_problems(tmp_path / "p.jsonl", n)
+    run_dir = tmp_path / "run"
+    with SimServer(SimScript(latency_s=0.3)) as sim:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tmas", "run", str(tmp_path / "p.jsonl"), "-o", str(run_dir)]
+            + ["--base-url", sim.base_url, "--concurrency", "2"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if (run_dir / "run.sqlite").exists() and len(_stored_problem_ids(run_dir)) >= 4:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        finished_before = _stored_problem_ids(run_dir)
+        assert 4 <= len(finished_before) < n
+        seen_before = len(sim.requests)
+
+        out = tmas("run", "--resume", str(run_dir))
+        assert out.returncode == 0, out.stderr.decode()
+        summary = json.loads(out.stdout)
+        assert summary["done"] == n and summary["failed"] == 0
+        asked_after = {r.problem_id for r in sim.requests[seen_before:]}
+    assert asked_after.isdisjoint(finished_before)
+    assert asked_after | finished_before == {f"p{i}" for i in range(n)}
+
+
+def test_resume_of_a_finished_run_asks_nothing_again(sim: SimServer, tmp_path: Path) -> None:
+    write_problems(tmp_path / "p.jsonl", 3)
+    run_dir = tmp_path / "run"
+    assert tmas("run", str(tmp_path / "p.jsonl"), "-o", str(run_dir), "--base-url", sim.base_url).returncode == 0
+    out = tmas("run", "--resume", str(run_dir))
+    assert out.returncode == 0
+    summary = json.loads(out.stdout)
+    assert summary["skipped"] == 3 and summary["calls"] == 0
+    assert sim.stats().total_requests == 3

@@ -1,0 +1,222 @@
+"""The LLM client against the simulated server over HTTP: retries, caps, routing, reasoning, usage, context."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+import pytest
+
+from conftest import settings_for
+from tmas.config import Sampling
+from tmas.errors import ConfigError
+from tmas.llm.client import EndpointUnreachable, LLMClient
+from tmas.llm.types import CallKey, user
+from tmas.store.run_store import RunStore
+from tmas.testing import Rule, SimScript, SimServer
+
+QUESTION = [user("What is 17*23?")]
+
+
+@pytest.mark.parametrize("fault", ["http_500", "http_503", "http_429", "drop", "malformed", "timeout"])
+async def test_transient_faults_are_retried(sim: SimServer, fault: str, tmp_path: Path) -> None:
+    sim.set_script(SimScript(rules=[Rule(fault=fault, times=2)], hang_s=5))  # type: ignore[arg-type]
+    settings = settings_for(sim)
+    settings.endpoint.timeout_s = 0.5
+    with RunStore(tmp_path) as store:
+        async with LLMClient(settings, store) as llm:
+            reply = await llm.chat("solution", QUESTION)
+        assert reply.ok, reply.error
+        assert reply.attempts == 3
+        assert "391" in reply.content
+        assert llm.stats.retries == 2
+        assert sim.stats().total_requests == 3
+        stored = list(store.calls())
+    assert len(stored) == 1 and stored[0].error is None and stored[0].attempts == 3
+
+
+async def test_client_error_fails_at_once_with_server_message(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(rules=[Rule(fault="http_400")]))
+    with RunStore(tmp_path) as store:
+        async with LLMClient(settings_for(sim), store) as llm:
+            reply = await llm.chat("solution", QUESTION)
+        assert not reply.ok
+        assert reply.error is not None and reply.error.startswith("HTTP 400")
+        assert reply.attempts == 1
+        assert sim.stats().total_requests == 1
+        [stored] = store.calls()
+        assert stored.error == reply.error
+
+
+async def test_exhausted_retries_are_recorded_as_failed(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(rules=[Rule(fault="http_500")]))
+    with RunStore(tmp_path) as store:
+        async with LLMClient(settings_for(sim), store) as llm:
+            reply = await llm.chat("solution", QUESTION)
+        assert reply.error is not None and "gave up after 4 attempts" in reply.error
+        assert sim.stats().total_requests == 4
+        [stored] = store.calls()
+        assert stored.error == reply.error
+        # A failed call is never replayed: it is asked again on resume.
+        assert store.lookup_call(stored.request_hash, 0) is None
+
+
+async def test_unreachable_endpoint_raises() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    settings = settings_for()
+    settings.endpoint.base_url = [f"http://127.0.0.1:{port}/v1"]
+    async with LLMClient(settings) as llm:
+        with pytest.raises(EndpointUnreachable, match="unreachable"):
+            await llm.chat("solution", QUESTION)
+
+
+async def test_global_cap_holds_under_500_concurrent_calls(sim: SimServer) -> None:
+    sim.set_script(SimScript(latency_s=0.02))
+    settings = settings_for(sim, concurrency=16)
+    async with LLMClient(settings) as llm:
+        replies = await asyncio.gather(
+            *(llm.chat("solution", QUESTION, key=CallKey(role="solution", sample=i)) for i in range(500))
+        )
+    assert all(r.ok for r in replies)
+    stats = sim.stats()
+    assert stats.completed == 500
+    assert stats.max_in_flight == 16
+
+
+async def test_per_endpoint_cap_and_replica_spreading(sim: SimServer, sim2: SimServer) -> None:
+    for s in (sim, sim2):
+        s.set_script(SimScript(latency_s=0.02))
+    settings = settings_for(sim, sim2, endpoint__max_in_flight=3)
+    async with LLMClient(settings) as llm:
+        await asyncio.gather(
+            *(llm.chat("solution", QUESTION, key=CallKey(role="solution", sample=i)) for i in range(60))
+        )
+    a, b = sim.stats(), sim2.stats()
+    assert a.max_in_flight == 3 and b.max_in_flight == 3
+    assert a.completed + b.completed == 60
+    assert 20 <= a.completed <= 40
+
+
+async def test_roles_route_to_their_own_endpoint_and_sampling(sim: SimServer, sim2: SimServer) -> None:
+    settings = settings_for(
+        sim, roles={"verifier": {"base_url": sim2.base_url, "model": "judge-model", "sampling": {"temperature": 0.1}}}
+    )
+    async with LLMClient(settings) as llm:
+        await llm.chat("solution", QUESTION)
+        await llm.chat("verifier", QUESTION)
+        await llm.chat("summary", QUESTION)
+    assert sim.stats().by_role == {"solution": 1, "summary": 1}
+    assert sim2.stats().by_role == {"verifier": 1}
+    [verifier_call] = sim2.requests
+    assert verifier_call.body["model"] == "judge-model"
+    assert verifier_call.body["temperature"] == 0.1
+    # Unset fields of the role keep the defaults.
+    assert verifier_call.body["max_tokens"] == 256
+    assert {r.body["temperature"] for r in sim.requests} == {0.7}
+
+
+async def test_sampling_parameters_and_extra_body_pass_through(sim: SimServer) -> None:
+    settings = settings_for(sim)
+    override = Sampling(top_p=0.9, seed=7, stop=["###"], extra_body={"top_k": 20, "min_p": 0.05})
+    async with LLMClient(settings) as llm:
+        await llm.chat("solution", QUESTION, sampling=override)
+    [request] = sim.requests
+    body = request.body
+    assert (body["top_p"], body["seed"], body["stop"], body["top_k"], body["min_p"]) == (0.9, 7, ["###"], 20, 0.05)
+    assert body["temperature"] == 0.7
+
+
+@pytest.mark.parametrize("script", [SimScript(reasoning=True), SimScript(think_tags=True)])
+async def test_reasoning_is_split_from_final_content(sim: SimServer, script: SimScript, tmp_path: Path) -> None:
+    sim.set_script(script)
+    with RunStore(tmp_path) as store:
+        async with LLMClient(settings_for(sim), store) as llm:
+            reply = await llm.chat("solution", QUESTION)
+        assert reply.reasoning
+        assert "<think>" not in reply.content and "</think>" not in reply.content
+        assert reply.reasoning not in reply.content
+        assert "\\boxed{391}" in reply.content
+        [stored] = store.calls()
+        assert stored.reasoning == reply.reasoning and stored.content == reply.content
+
+
+async def test_usage_from_server_and_estimated_without(sim: SimServer) -> None:
+    async with LLMClient(settings_for(sim)) as llm:
+        reported = await llm.chat("solution", QUESTION)
+        sim.set_script(SimScript(usage=False))
+        estimated = await llm.chat("solution", QUESTION, key=CallKey(role="solution", sample=1))
+    stats = sim.stats()
+    assert not reported.usage.estimated
+    assert reported.usage.prompt_tokens + estimated.usage.prompt_tokens > 0
+    assert reported.usage.completion_tokens > 0
+    assert estimated.usage.estimated
+    assert estimated.usage.completion_tokens > 0 and estimated.usage.prompt_tokens > 0
+    assert stats.completed == 2
+
+
+async def test_reasoning_tokens_are_counted(sim: SimServer) -> None:
+    sim.set_script(SimScript(reasoning=True))
+    async with LLMClient(settings_for(sim)) as llm:
+        reply = await llm.chat("solution", QUESTION)
+    assert reply.usage.reasoning_tokens > 0
+
+
+async def test_max_tokens_is_lowered_to_fit_the_context_window(sim: SimServer) -> None:
+    # The window comes from /v1/models (vLLM's max_model_len) and the call is shrunk instead of failing.
+    sim.set_script(SimScript(context_length=200))
+    settings = settings_for(sim, sampling={"max_tokens": 1000})
+    async with LLMClient(settings) as llm:
+        reply = await llm.chat("solution", QUESTION)
+    assert reply.ok, reply.error
+    [request] = sim.requests
+    assert request.body["max_tokens"] < 200
+    assert reply.max_tokens_sent == request.body["max_tokens"]
+
+
+async def test_context_overflow_reply_is_retried_with_fewer_tokens(sim: SimServer) -> None:
+    # A configured window larger than the server's: the server's 400 teaches the real one.
+    sim.set_script(SimScript(context_length=200))
+    settings = settings_for(sim, sampling={"max_tokens": 1000}, endpoint__context_length=100_000)
+    async with LLMClient(settings) as llm:
+        reply = await llm.chat("solution", QUESTION)
+    assert reply.ok, reply.error
+    first, second = sim.requests
+    assert first.body["max_tokens"] == 1000
+    assert second.body["max_tokens"] < 200
+
+
+async def test_prompt_longer_than_context_fails_clearly(sim: SimServer) -> None:
+    sim.set_script(SimScript(context_length=50))
+    async with LLMClient(settings_for(sim)) as llm:
+        reply = await llm.chat("solution", [user("word " * 400)])
+    assert reply.error is not None and "context window" in reply.error
+
+
+async def test_truncated_output_is_flagged(sim: SimServer) -> None:
+    settings = settings_for(sim, sampling={"max_tokens": 3})
+    async with LLMClient(settings) as llm:
+        reply = await llm.chat("solution", QUESTION)
+    assert reply.finish_reason == "length"
+    assert reply.truncated
+
+
+async def test_missing_api_key_variable_is_a_config_error(sim: SimServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TMAS_TEST_KEY", raising=False)
+    settings = settings_for(sim, endpoint__api_key_env="TMAS_TEST_KEY")
+    async with LLMClient(settings) as llm:
+        with pytest.raises(ConfigError, match="TMAS_TEST_KEY"):
+            await llm.chat("solution", QUESTION)
+
+
+async def test_finished_calls_replay_from_the_store(sim: SimServer, tmp_path: Path) -> None:
+    with RunStore(tmp_path) as store:
+        async with LLMClient(settings_for(sim), store) as llm:
+            first = await llm.chat("solution", QUESTION, key=CallKey(problem_id="p", role="solution"))
+            again = await llm.chat("solution", QUESTION, key=CallKey(problem_id="p", role="solution"))
+            other = await llm.chat("solution", QUESTION, key=CallKey(problem_id="p", role="solution", sample=1))
+        assert sim.stats().total_requests == 2
+        assert again.cached and again.content == first.content and again.usage == first.usage
+        assert not other.cached
