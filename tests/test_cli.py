@@ -174,6 +174,8 @@ def _stored_problem_ids(run_dir: Path) -> set[str]:
     db = sqlite3.connect(run_dir / "run.sqlite")
     try:
         return {r[0] for r in db.execute("SELECT problem_id FROM calls WHERE error IS NULL")}
+    except sqlite3.OperationalError:  # the run is still creating its tables
+        return set()
     finally:
         db.close()
 
@@ -185,8 +187,10 @@ def test_killed_run_resumes_without_repeating_finished_calls(tmp_path: Path) -> 
     with SimServer(SimScript(latency_s=0.3)) as sim:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tmas", "run", str(tmp_path / "p.jsonl"), "-o", str(run_dir)]
-            + ["--base-url", sim.base_url, "--concurrency", "2"],
+            [
+                *(sys.executable, "-m", "tmas", "run", str(tmp_path / "p.jsonl"), "-o", str(run_dir)),
+                *("--base-url", sim.base_url, "--concurrency", "2"),
+            ],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -29,6 +29,8 @@ class RunState:
     done: int = 0
     failed: int = 0
     skipped: int = 0
+    # Problems being solved -> the iteration each is in.
+    active: dict[str, int] = field(default_factory=dict)
     started_at: float = field(default_factory=time.monotonic)
     llm: LLMClient | None = None
 
@@ -111,7 +113,10 @@ async def run_problems(
 
         async def one(problem: Problem) -> ProblemResult:
             async with gate:
-                result = await _solve_one(method, problem, llm, store)
+                try:
+                    result = await _solve_one(method, problem, llm, store, settings.seed, state.active)
+                finally:
+                    state.active.pop(problem.problem_id, None)
             record = result.model_dump(mode="json")
             record["fingerprint"] = fingerprint
             store.save_result(problem.problem_id, result.status, record)
@@ -151,8 +156,10 @@ async def run_problems(
     )
 
 
-async def _solve_one(method: Method, problem: Problem, llm: LLMClient, store: RunStore) -> ProblemResult:
-    session = ProblemSession(problem, llm, store)
+async def _solve_one(
+    method: Method, problem: Problem, llm: LLMClient, store: RunStore, seed: int, active: dict[str, int]
+) -> ProblemResult:
+    session = ProblemSession(problem, llm, store, seed=seed, active=active)
     try:
         return await method.solve(session)
     except (EndpointUnreachable, asyncio.CancelledError):

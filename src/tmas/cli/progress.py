@@ -29,7 +29,11 @@ def _calls_text(state: RunState) -> str:
     if llm is None:
         return "starting"
     s = llm.stats
-    return (
+    iterations = sorted(state.active.values())
+    where = f"iteration {iterations[-1]} · " if len(iterations) == 1 else ""
+    if len(iterations) > 1:
+        where = f"{len(iterations)} active, iterations {iterations[0]}-{iterations[-1]} · "
+    return where + (
         f"{s.in_flight} in flight · {s.calls} calls · {s.cached} replayed · {s.failed} failed · "
         f"{s.usage.total_tokens:,} tokens"
     )

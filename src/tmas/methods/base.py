@@ -7,6 +7,7 @@ method the same way.
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -75,10 +76,22 @@ class MethodParams(BaseModel):
 class ProblemSession:
     """What a method sees of the run while it solves one problem: calls (cached and stored), iteration bookkeeping."""
 
-    def __init__(self, problem: Problem, llm: LLMClient, store: RunStore | None) -> None:
+    def __init__(
+        self,
+        problem: Problem,
+        llm: LLMClient,
+        store: RunStore | None,
+        *,
+        seed: int = 0,
+        active: dict[str, int] | None = None,
+    ) -> None:
         self.problem = problem
         self.llm = llm
         self.store = store
+        # The run seed: methods derive their random draws and each call's sampling seed from it.
+        self.seed = seed
+        # Shared with the progress display: problem id -> iteration it is in.
+        self._active = active
         self.iteration = 0
         self._iteration_calls = 0
         self._iteration_failed = 0
@@ -94,6 +107,10 @@ class ProblemSession:
         sampling: Sampling | None = None,
     ) -> Completion:
         key = CallKey(problem_id=self.problem.problem_id, role=role, sample=sample, iteration=self.iteration)
+        if self.llm.route(role).sampling.merged(sampling).seed is None:
+            # A distinct, reproducible seed per call: parallel samples of one prompt differ, and a rerun with the
+            # same run seed asks the same questions (servers that honour `seed`, e.g. vLLM, answer the same too).
+            sampling = (sampling or Sampling()).merged(Sampling(seed=self.derive_seed("call", role, sample)))
         completion = await self.llm.chat(role, messages, key=key, sampling=sampling)
         self._iteration_calls += 1
         self._iteration_usage = self._iteration_usage + completion.usage
@@ -101,8 +118,15 @@ class ProblemSession:
             self._iteration_failed += 1
         return completion
 
+    def derive_seed(self, *parts: object) -> int:
+        """A 31-bit seed fixed by the run seed, the problem, the current iteration and ``parts``."""
+        raw = repr((self.seed, self.problem.problem_id, self.iteration, *parts)).encode()
+        return int.from_bytes(hashlib.sha256(raw).digest()[:4], "big") >> 1
+
     def begin_iteration(self, iteration: int) -> None:
         self.iteration = iteration
+        if self._active is not None:
+            self._active[self.problem.problem_id] = iteration
         self._iteration_calls = 0
         self._iteration_failed = 0
         self._iteration_usage = Usage()

@@ -1,0 +1,36 @@
+"""A simulated OpenAI-compatible server for tests and benchmarks (real HTTP on loopback, no mocks)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tmas.testing.responders import RESPONDERS, SimRequest, count_tokens, register_responder
+from tmas.testing.script import FaultRates, Rule, SimScript
+
+if TYPE_CHECKING:
+    from tmas.testing.sim_server import LoggedRequest, SimServer, SimStats
+
+__all__ = [
+    "RESPONDERS",
+    "FaultRates",
+    "LoggedRequest",
+    "Rule",
+    "SimRequest",
+    "SimScript",
+    "SimServer",
+    "SimStats",
+    "count_tokens",
+    "register_responder",
+]
+
+_LAZY = frozenset({"LoggedRequest", "SimServer", "SimStats"})
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use, not here: `python -m tmas.testing.sim_server` would otherwise find the module
+    # already imported by this package and warn.
+    if name in _LAZY:
+        from tmas.testing import sim_server
+
+        return getattr(sim_server, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,127 @@
+"""The simulator's script: what the fake server answers, how slowly, and which faults it injects.
+
+A script is plain data (pydantic, unknown keys rejected) so tests and benchmarks can build it in Python or
+load it from JSON (``POST /_sim/script``, ``--script FILE.json``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+FaultKind = Literal[
+    "http_500",
+    "http_503",
+    "http_429",
+    "http_400",
+    "timeout",
+    "drop",
+    "malformed",
+    "truncate",
+    "garbage",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FaultRates(_Strict):
+    """Per-request probability of each random fault (drawn only when no rule matched)."""
+
+    http_500: float = Field(default=0.0, ge=0.0, le=1.0)
+    http_503: float = Field(default=0.0, ge=0.0, le=1.0)
+    http_429: float = Field(default=0.0, ge=0.0, le=1.0)
+    timeout: float = Field(default=0.0, ge=0.0, le=1.0)
+    drop: float = Field(default=0.0, ge=0.0, le=1.0)
+    malformed: float = Field(default=0.0, ge=0.0, le=1.0)
+    truncate: float = Field(default=0.0, ge=0.0, le=1.0)
+    garbage: float = Field(default=0.0, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _total_at_most_one(self) -> FaultRates:
+        # One uniform draw picks at most one fault per request, so the rates must fit in [0, 1] together.
+        if self.total() > 1.0 + 1e-9:
+            raise ValueError(f"fault rates sum to {self.total():g}, more than 1")
+        return self
+
+    def total(self) -> float:
+        return sum(float(getattr(self, kind)) for kind in _RANDOM_KINDS)
+
+    def cumulative(self) -> list[tuple[FaultKind, float]]:
+        """``[(kind, upper bound of its slice of [0, 1)), ...]`` for the kinds with a non-zero rate."""
+        out: list[tuple[FaultKind, float]] = []
+        acc = 0.0
+        for kind in _RANDOM_KINDS:
+            rate = float(getattr(self, kind))
+            if rate > 0.0:
+                acc += rate
+                out.append((kind, acc))
+        return out
+
+
+# Fixed order so a seed gives the same fault sequence whatever order the JSON keys came in.
+_RANDOM_KINDS: tuple[FaultKind, ...] = (
+    "http_500",
+    "http_503",
+    "http_429",
+    "timeout",
+    "drop",
+    "malformed",
+    "truncate",
+    "garbage",
+)
+
+
+class Rule(_Strict):
+    """Scripted behaviour for requests matching ``role`` and ``pattern`` (``None`` matches anything)."""
+
+    role: str | None = None
+    pattern: str | None = None
+    replies: list[str] = Field(default_factory=list)
+    fault: FaultKind | None = None
+    times: int | None = Field(default=None, ge=0)
+    latency_s: float | None = Field(default=None, ge=0.0)
+    finish_reason: str | None = None
+    reasoning: str | None = None
+
+    # Compiled once per rule, not per request.
+    _regex: re.Pattern[str] | None = PrivateAttr(default=None)
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern_compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value, re.S)
+            except re.error as exc:
+                raise ValueError(f"bad regex {value!r}: {exc}") from exc
+        return value
+
+    def model_post_init(self, context: Any, /) -> None:
+        self._regex = re.compile(self.pattern, re.S) if self.pattern is not None else None
+
+    @property
+    def regex(self) -> re.Pattern[str] | None:
+        return self._regex
+
+
+class SimScript(_Strict):
+    """Everything the simulated server does. Replace it live with ``SimServer.set_script``."""
+
+    model: str = "sim-model"
+    context_length: int = Field(default=32768, ge=1)
+    latency_s: float = Field(default=0.0, ge=0.0)
+    latency_per_token_s: float = Field(default=0.0, ge=0.0)
+    usage: bool = True
+    reasoning: bool = False
+    think_tags: bool = False
+    faults: FaultRates = Field(default_factory=FaultRates)
+    rules: list[Rule] = Field(default_factory=list)
+    seed: int = 0
+    hang_s: float = Field(default=3600.0, ge=0.0)
+    accuracy: float = Field(default=1.0, ge=0.0, le=1.0)
+    embedding_dim: int = Field(default=256, ge=1)
+    log_limit: int = Field(default=100000, ge=0)

@@ -1,0 +1,828 @@
+"""A simulated OpenAI-compatible server on loopback, for tests and benchmarks.
+
+``SimServer`` runs the aiohttp app on its own event loop in a daemon thread, so synchronous and async tests
+alike talk real HTTP to it. ``python -m tmas.testing.sim_server`` serves the same app from the command line.
+
+All request handling happens on the server's loop thread; a lock guards the few structures (stats, request
+log) that other threads read, so methods such as ``stats()`` are safe to call from the test thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import itertools
+import json
+import math
+import random
+import re
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import uuid
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, NamedTuple
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from tmas.testing.responders import (
+    SimRequest,
+    content_text,
+    count_tokens,
+    count_tokens_cached,
+    cut_tokens,
+    fake_reasoning,
+    garbage_text,
+    get_responder,
+)
+from tmas.testing.script import FaultKind, Rule, SimScript
+
+ROLE_HEADER = "X-Tmas-Role"
+PROBLEM_HEADER = "X-Tmas-Problem"
+_SHUTDOWN_TIMEOUT_S = 0.25  # hung "timeout" faults must not hold up stop()
+_WORD_RE = re.compile(r"\w+")
+
+
+class SimStats(BaseModel):
+    """Counters since start or the last reset."""
+
+    total_requests: int = 0  # chat completions + embeddings received
+    completed: int = 0  # answered with a 200 and a well-formed body (garbage/truncate faults included)
+    errors: int = 0  # rejected as invalid (bad JSON, context too long, ...), not counting injected faults
+    in_flight: int = 0
+    max_in_flight: int = 0
+    by_role: dict[str, int] = {}
+    faults: dict[str, int] = {}
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class LoggedRequest(BaseModel):
+    """One entry of the request log."""
+
+    endpoint: str  # "chat" or "embeddings"
+    role: str
+    problem_id: str | None
+    body: dict[str, Any]
+    received_at: float  # time.time()
+
+
+class _LogEntry(NamedTuple):
+    # Kept as a tuple on the hot path; turned into LoggedRequest only when someone reads the log.
+    endpoint: str
+    role: str
+    problem_id: str | None
+    body: dict[str, Any]
+    received_at: float
+
+
+@dataclass
+class _Active:
+    """The script with its per-script state, replaced wholesale so a request sees one consistent set."""
+
+    script: SimScript
+    rule_counts: list[int]
+    rng: random.Random
+    faults: list[tuple[FaultKind, float]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, script: SimScript) -> _Active:
+        return cls(script, [0] * len(script.rules), random.Random(script.seed), script.faults.cumulative())
+
+
+class _BadRequest(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def error_response(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> web.Response:
+    """An OpenAI-style error body."""
+    payload = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return web.json_response(payload, status=status, headers=headers)
+
+
+_FAULT_STATUS: dict[str, tuple[int, str, str]] = {
+    "http_500": (500, "InternalServerError", "Simulated internal server error."),
+    "http_503": (503, "ServiceUnavailableError", "Simulated overload: the server is not ready."),
+    "http_429": (429, "RateLimitError", "Simulated rate limit: too many requests."),
+    "http_400": (400, "BadRequestError", "Simulated bad request."),
+}
+_EMBEDDING_FAULTS = frozenset({"http_500", "http_503", "http_429", "http_400", "timeout", "drop", "malformed"})
+_MALFORMED_BODY = '{"id": "chatcmpl-sim", "choices": ['
+
+
+def split_pieces(text: str, n: int = 4) -> list[str]:
+    """``text`` in up to ``n`` streaming deltas, cut at spaces; the pieces concatenate back to ``text``."""
+    if not text:
+        return []
+    cuts: list[int] = []
+    for i in range(1, n):
+        pos = text.find(" ", len(text) * i // n)
+        if 0 < pos < len(text) and (not cuts or pos > cuts[-1]):
+            cuts.append(pos)
+    bounds = [0, *cuts, len(text)]
+    return [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+
+
+def embed_text(text: str, dim: int) -> list[float]:
+    """Hashed bag of words, L2-normalised: texts that share words point in similar directions."""
+    vec = [0.0] * dim
+    for word in _WORD_RE.findall(text.lower()):
+        # crc32, not hash(): the same vector in every process. The top bit picks a sign so unrelated words
+        # colliding in one bucket tend to cancel rather than add up.
+        h = zlib.crc32(word.encode())
+        vec[h % dim] += 1.0 if h & 0x80000000 else -1.0
+    norm = math.sqrt(sum(x * x for x in vec))
+    if norm == 0.0:
+        vec[0] = 1.0  # empty text: a fixed unit vector, so cosine maths never divides by zero
+        return vec
+    return [x / norm for x in vec]
+
+
+class SimApp:
+    """The simulator's state and request handlers; ``build()`` gives the aiohttp application."""
+
+    def __init__(self, script: SimScript | None = None) -> None:
+        self._lock = threading.Lock()
+        script = script or SimScript()
+        self._active = _Active.of(script)
+        self._log: deque[_LogEntry] = deque(maxlen=script.log_limit)
+        self._stats = SimStats()
+
+    # ---- thread-safe control ---------------------------------------------------------------------
+
+    @property
+    def script(self) -> SimScript:
+        return self._active.script
+
+    def set_script(self, script: SimScript) -> None:
+        """Replace the script; rule counters and the fault generator start afresh, stats and log are kept."""
+        with self._lock:
+            self._active = _Active.of(script)
+            if self._log.maxlen != script.log_limit:
+                self._log = deque(self._log, maxlen=script.log_limit)
+
+    def reset(self) -> None:
+        """Clear stats, the request log and rule counters (and reseed the fault generator)."""
+        with self._lock:
+            in_flight = self._stats.in_flight
+            self._stats = SimStats(in_flight=in_flight, max_in_flight=in_flight)
+            self._log.clear()
+            self._active = _Active.of(self._active.script)
+
+    def stats(self) -> SimStats:
+        with self._lock:
+            return self._stats.model_copy(
+                update={"by_role": dict(self._stats.by_role), "faults": dict(self._stats.faults)}
+            )
+
+    def requests(self, last: int | None = None) -> list[LoggedRequest]:
+        with self._lock:
+            entries = list(self._log)
+        if last is not None:
+            entries = entries[-last:] if last > 0 else []
+        return [LoggedRequest.model_construct(**entry._asdict()) for entry in entries]
+
+    # ---- application -----------------------------------------------------------------------------
+
+    def build(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/_sim/stats", self._get_stats)
+        app.router.add_post("/_sim/script", self._post_script)
+        app.router.add_post("/_sim/reset", self._post_reset)
+        app.router.add_get("/_sim/requests", self._get_requests)
+        return app
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        script = self._active.script
+        model = {
+            "id": script.model,
+            "object": "model",
+            "created": 0,
+            "owned_by": "tmas-sim",
+            "max_model_len": script.context_length,
+        }
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def _get_stats(self, request: web.Request) -> web.Response:
+        return web.json_response(self.stats().model_dump())
+
+    async def _post_script(self, request: web.Request) -> web.Response:
+        try:
+            script = SimScript.model_validate_json(await request.read())
+        except ValidationError as exc:
+            return error_response(400, f"invalid script: {exc}", "BadRequestError")
+        self.set_script(script)
+        return web.json_response({"ok": True})
+
+    async def _post_reset(self, request: web.Request) -> web.Response:
+        self.reset()
+        return web.json_response({"ok": True})
+
+    async def _get_requests(self, request: web.Request) -> web.Response:
+        last = request.query.get("last")
+        try:
+            entries = self.requests(int(last) if last is not None else None)
+        except ValueError:
+            return error_response(400, "last must be an integer", "BadRequestError")
+        return web.json_response([entry.model_dump() for entry in entries])
+
+    # ---- shared request plumbing -----------------------------------------------------------------
+
+    def _enter(self, role: str) -> None:
+        with self._lock:
+            stats = self._stats
+            stats.total_requests += 1
+            stats.in_flight += 1
+            if stats.in_flight > stats.max_in_flight:
+                stats.max_in_flight = stats.in_flight
+            stats.by_role[role] = stats.by_role.get(role, 0) + 1
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._stats.in_flight -= 1
+
+    def _log_request(self, endpoint: str, role: str, problem: str | None, body: dict[str, Any], at: float) -> None:
+        with self._lock:
+            self._log.append(_LogEntry(endpoint, role, problem, body, at))
+
+    def _count_fault(self, kind: str) -> None:
+        with self._lock:
+            self._stats.faults[kind] = self._stats.faults.get(kind, 0) + 1
+
+    def _count_error(self) -> None:
+        with self._lock:
+            self._stats.errors += 1
+
+    def _count_done(self, prompt_tokens: int, completion_tokens: int) -> None:
+        with self._lock:
+            stats = self._stats
+            stats.completed += 1
+            stats.prompt_tokens += prompt_tokens
+            stats.completion_tokens += completion_tokens
+
+    @staticmethod
+    async def _read_json(request: web.Request) -> dict[str, Any]:
+        try:
+            body = json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise _BadRequest(f"Request body is not valid JSON: {exc}") from exc
+        if not isinstance(body, dict):
+            raise _BadRequest("Request body must be a JSON object.")
+        return body
+
+    @staticmethod
+    def _pick_rule(active: _Active, role: str, texts: list[str]) -> tuple[Rule | None, int]:
+        """The first matching rule with ``times`` not used up, and how many times it applied before.
+
+        Only the loop thread touches ``rule_counts`` (a reset swaps in a new list), so no lock is needed.
+        """
+        joined: str | None = None
+        for i, rule in enumerate(active.script.rules):
+            used = active.rule_counts[i]
+            if rule.times is not None and used >= rule.times:
+                continue
+            if rule.role is not None and rule.role != role:
+                continue
+            if rule.regex is not None:
+                if joined is None:
+                    joined = "\n".join(texts)
+                if rule.regex.search(joined) is None:
+                    continue
+            active.rule_counts[i] = used + 1
+            return rule, used
+        return None, 0
+
+    @staticmethod
+    def _draw_fault(active: _Active) -> FaultKind | None:
+        if not active.faults:
+            return None  # no draw at all: a fault-free script costs nothing here
+        r = active.rng.random()
+        for kind, bound in active.faults:
+            if r < bound:
+                return kind
+        return None
+
+    async def _fault_response(
+        self, request: web.Request, fault: FaultKind, script: SimScript, stream: bool = False
+    ) -> web.StreamResponse | None:
+        """The response for faults that replace the answer altogether; ``None`` for those that alter it."""
+        if fault in _FAULT_STATUS:
+            status, kind, message = _FAULT_STATUS[fault]
+            headers = {"Retry-After": "0"} if status == 429 else None
+            return error_response(status, message, kind, headers)
+        if fault == "drop":
+            # Close the socket under the client: it sees a disconnect, never a status line. The empty
+            # response returned afterwards fails to write, which aiohttp takes as a client disconnect.
+            if request.transport is not None:
+                request.transport.close()
+            return web.Response()
+        if fault == "malformed" and not stream:
+            # (A stream instead gets one broken event and no [DONE]: see _stream.)
+            return web.Response(status=200, text=_MALFORMED_BODY, content_type="application/json")
+        if fault == "timeout":
+            await asyncio.sleep(script.hang_s)  # then answer normally, as a very slow server would
+        return None
+
+    # ---- /v1/chat/completions --------------------------------------------------------------------
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        received = time.time()
+        role = request.headers.get(ROLE_HEADER) or "default"
+        self._enter(role)
+        try:
+            return await self._chat_inner(request, role, received)
+        except _BadRequest as exc:
+            self._count_error()
+            return error_response(400, exc.message, "BadRequestError")
+        finally:
+            self._leave()
+
+    async def _chat_inner(self, request: web.Request, role: str, received: float) -> web.StreamResponse:
+        problem = request.headers.get(PROBLEM_HEADER)
+        active = self._active
+        script = active.script
+        try:
+            body = await self._read_json(request)
+        except _BadRequest:
+            self._log_request("chat", role, problem, {}, received)
+            raise
+        self._log_request("chat", role, problem, body, received)
+
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise _BadRequest("'messages' must be a non-empty list of message objects.")
+        n = body.get("n", 1)
+        if n not in (None, 1):
+            raise _BadRequest("The simulator supports only n=1.")
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            raise _BadRequest("max_tokens must be a positive integer.")
+
+        texts = [content_text(m.get("content")) for m in messages]
+        prompt_tokens = sum(count_tokens_cached(t) for t in texts) + 4 * len(texts)
+        requested = prompt_tokens + (max_tokens or 0)
+        if requested > script.context_length:
+            raise _BadRequest(
+                f"This model's maximum context length is {script.context_length} tokens. "
+                f"However, you requested {requested} tokens ({prompt_tokens} in the messages, "
+                f"{max_tokens or 0} in the completion). "
+                "Please reduce the length of the messages or completion."
+            )
+
+        rule, used = self._pick_rule(active, role, texts)
+        fault = rule.fault if rule is not None else self._draw_fault(active)
+        if fault is not None:
+            self._count_fault(fault)
+        fixed_latency = rule.latency_s if rule is not None and rule.latency_s is not None else script.latency_s
+        per_token = 0.0 if rule is not None and rule.latency_s is not None else script.latency_per_token_s
+        if fixed_latency > 0:
+            await asyncio.sleep(fixed_latency)
+        if fault is not None:
+            replaced = await self._fault_response(request, fault, script, bool(body.get("stream")))
+            if replaced is not None:
+                return replaced
+
+        seed = body.get("seed")
+        sim = SimRequest(
+            role=role,
+            problem_id=problem,
+            messages=messages,
+            body=body,
+            seed=seed if isinstance(seed, int) else None,
+            script=script,
+        )
+        if rule is not None and rule.replies:
+            content = rule.replies[used % len(rule.replies)]
+        else:
+            content = get_responder(role)(sim)
+        reasoning: str | None = None
+        if rule is not None and rule.reasoning is not None:
+            reasoning = rule.reasoning
+        elif script.reasoning or script.think_tags:
+            reasoning = fake_reasoning(sim)
+
+        finish_reason = "stop"
+        if fault == "garbage":
+            content = garbage_text(random.Random(sim.sample_key))
+        elif fault == "truncate":
+            content = cut_tokens(content, max(1, count_tokens(content) // 2))
+            finish_reason = "length"
+        stop = body.get("stop")
+        stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+        for s in stops:
+            if isinstance(s, str) and s and s in content:
+                content = content[: content.index(s)]
+        if reasoning is not None and script.think_tags:
+            content = f"<think>\n{reasoning}\n</think>\n\n{content}"
+            reasoning = None
+
+        # max_tokens covers the whole completion: the chain of thought spends the budget first, as in a model.
+        reasoning_tokens = count_tokens(reasoning) if reasoning is not None else 0
+        content_tokens = count_tokens(content)
+        if max_tokens is not None and reasoning_tokens + content_tokens > max_tokens:
+            if reasoning is not None and reasoning_tokens >= max_tokens:
+                reasoning, reasoning_tokens = cut_tokens(reasoning, max_tokens), max_tokens
+            content = cut_tokens(content, max_tokens - reasoning_tokens)
+            content_tokens = count_tokens(content)
+            finish_reason = "length"
+        if rule is not None and rule.finish_reason is not None:
+            finish_reason = rule.finish_reason
+        completion_tokens = reasoning_tokens + content_tokens
+
+        usage: dict[str, Any] | None = None
+        if script.usage:
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            }
+            if reasoning is not None:
+                usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+
+        reply = _Reply(
+            id=f"chatcmpl-{uuid.uuid4().hex}",
+            created=int(received),
+            model=script.model,
+            content=content,
+            reasoning=reasoning,
+            finish_reason=finish_reason,
+            usage=usage,
+        )
+        if body.get("stream"):
+            stream_options = body.get("stream_options")
+            include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
+            response = await self._stream(request, reply, include_usage, per_token, fault == "malformed")
+        else:
+            if per_token > 0 and completion_tokens:
+                await asyncio.sleep(per_token * completion_tokens)
+            response = web.json_response(reply.completion())
+        self._count_done(prompt_tokens, completion_tokens)
+        return response
+
+    async def _stream(
+        self, request: web.Request, reply: _Reply, include_usage: bool, per_token: float, malformed: bool
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        events: list[tuple[bytes, int]] = [(reply.chunk({"role": "assistant", "content": ""}), 0)]
+        for piece in split_pieces(reply.reasoning or ""):
+            events.append((reply.chunk({"reasoning_content": piece}), count_tokens(piece)))
+        for piece in split_pieces(reply.content):
+            events.append((reply.chunk({"content": piece}), count_tokens(piece)))
+        events.append((reply.chunk({}, reply.finish_reason), 0))
+        if include_usage and reply.usage is not None:
+            events.append((_sse({**reply.base("chat.completion.chunk"), "choices": [], "usage": reply.usage}), 0))
+        events.append((b"data: [DONE]\n\n", 0))
+        if malformed:
+            events = [events[0], (b"data: " + _MALFORMED_BODY.encode() + b"\n\n", 0)]
+
+        if per_token > 0:
+            # Tokens trickle out: each delta waits for its share of the per-token latency.
+            for data, tokens in events:
+                if tokens:
+                    await asyncio.sleep(per_token * tokens)
+                await response.write(data)
+        else:
+            await response.write(b"".join(data for data, _ in events))  # one write: far fewer syscalls
+        await response.write_eof()
+        return response
+
+    # ---- /v1/embeddings --------------------------------------------------------------------------
+
+    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
+        received = time.time()
+        role = request.headers.get(ROLE_HEADER) or "default"
+        self._enter(role)
+        try:
+            return await self._embeddings_inner(request, role, received)
+        except _BadRequest as exc:
+            self._count_error()
+            return error_response(400, exc.message, "BadRequestError")
+        finally:
+            self._leave()
+
+    async def _embeddings_inner(self, request: web.Request, role: str, received: float) -> web.StreamResponse:
+        problem = request.headers.get(PROBLEM_HEADER)
+        active = self._active
+        script = active.script
+        try:
+            body = await self._read_json(request)
+        except _BadRequest:
+            self._log_request("embeddings", role, problem, {}, received)
+            raise
+        self._log_request("embeddings", role, problem, body, received)
+
+        raw = body.get("input")
+        inputs = [raw] if isinstance(raw, str) else raw
+        if not isinstance(inputs, list) or not inputs or not all(isinstance(t, str) for t in inputs):
+            raise _BadRequest("'input' must be a string or a non-empty list of strings.")
+        dim = body.get("dimensions") or script.embedding_dim
+        if not isinstance(dim, int) or dim < 1:
+            raise _BadRequest("dimensions must be a positive integer.")
+        encoding = body.get("encoding_format") or "float"
+        if encoding not in ("float", "base64"):
+            raise _BadRequest("encoding_format must be 'float' or 'base64'.")
+        prompt_tokens = sum(count_tokens_cached(t) for t in inputs)
+        if max(count_tokens_cached(t) for t in inputs) > script.context_length:
+            raise _BadRequest(
+                f"This model's maximum context length is {script.context_length} tokens. "
+                "However, an input is longer. Please reduce the length of the input."
+            )
+
+        rule, _ = self._pick_rule(active, role, inputs)
+        fault = rule.fault if rule is not None else self._draw_fault(active)
+        if fault is not None and fault not in _EMBEDDING_FAULTS:
+            fault = None  # truncate / garbage mean nothing for a vector
+        if fault is not None:
+            self._count_fault(fault)
+        latency = rule.latency_s if rule is not None and rule.latency_s is not None else script.latency_s
+        if latency > 0:
+            await asyncio.sleep(latency)
+        if fault is not None:
+            replaced = await self._fault_response(request, fault, script)
+            if replaced is not None:
+                return replaced
+
+        data: list[dict[str, Any]] = []
+        for i, text in enumerate(inputs):
+            vec = embed_text(text, dim)
+            embedding: list[float] | str = vec
+            if encoding == "base64":  # little-endian float32, as the OpenAI SDK decodes it
+                embedding = base64.b64encode(struct.pack(f"<{dim}f", *vec)).decode()
+            data.append({"object": "embedding", "index": i, "embedding": embedding})
+        payload = {
+            "object": "list",
+            "data": data,
+            "model": script.model,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+        }
+        self._count_done(prompt_tokens, 0)
+        return web.json_response(payload)
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+@dataclass
+class _Reply:
+    id: str
+    created: int
+    model: str
+    content: str
+    reasoning: str | None
+    finish_reason: str
+    usage: dict[str, Any] | None
+
+    def base(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def completion(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.reasoning is not None:
+            message["reasoning_content"] = self.reasoning
+        out = self.base("chat.completion")
+        out["choices"] = [{"index": 0, "message": message, "finish_reason": self.finish_reason}]
+        if self.usage is not None:
+            out["usage"] = self.usage
+        return out
+
+    def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        out = self.base("chat.completion.chunk")
+        out["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish_reason}]
+        return _sse(out)
+
+
+# ---- running it ---------------------------------------------------------------------------------
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    # Bound in the caller's thread so "address in use" surfaces right there, and port 0 resolves at once.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+async def _start_site(app: SimApp, sock: socket.socket) -> web.AppRunner:
+    # No access log (it costs more than the request itself); cancel handlers whose client went away so a hung
+    # "timeout" fault does not linger after the client gave up.
+    runner = web.AppRunner(
+        app.build(), access_log=None, handler_cancellation=True, shutdown_timeout=_SHUTDOWN_TIMEOUT_S
+    )
+    await runner.setup()
+    site = web.SockSite(runner, sock)
+    await site.start()
+    return runner
+
+
+def _url_host(host: str) -> str:
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+class SimServer:
+    """The simulator in a background thread: ``with SimServer(script) as sim: ... sim.base_url ...``."""
+
+    def __init__(self, script: SimScript | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.app = SimApp(script)
+        self.host = host
+        self.port = port
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._start_lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        """Root URL, for the control endpoints (``/_sim/...``, ``/health``)."""
+        return f"http://{_url_host(self.host)}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """OpenAI base URL, ending in ``/v1``."""
+        return f"{self.url}/v1"
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> SimServer:
+        """Start serving; returns once the socket is listening. Idempotent."""
+        with self._start_lock:
+            if self.running:
+                return self
+            sock = _bind(self.host, self.port)
+            self.port = sock.getsockname()[1]
+            ready = threading.Event()
+            failure: list[BaseException] = []
+            self._thread = threading.Thread(
+                target=self._run, args=(sock, ready, failure), name=f"tmas-sim-{self.port}", daemon=True
+            )
+            self._thread.start()
+            ready.wait()
+            if failure:
+                self._thread.join()
+                self._thread = None
+                raise RuntimeError(f"simulated server failed to start: {failure[0]}") from failure[0]
+            return self
+
+    def _run(self, sock: socket.socket, ready: threading.Event, failure: list[BaseException]) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            runner = loop.run_until_complete(_start_site(self.app, sock))
+        except BaseException as exc:
+            failure.append(exc)
+            sock.close()
+            loop.close()
+            ready.set()
+            return
+        self._loop = loop
+        ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(runner.cleanup())
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+            self._loop = None
+
+    def stop(self) -> None:
+        """Stop serving and join the thread (requests still hanging are cancelled). Idempotent."""
+        with self._start_lock:
+            thread, loop = self._thread, self._loop
+            if thread is None:
+                return
+            if thread is threading.current_thread():
+                raise RuntimeError("SimServer.stop() called from its own server thread")
+            if loop is not None and not loop.is_closed():
+                with contextlib.suppress(RuntimeError):  # the loop closed under us
+                    loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            self._thread = None
+
+    def __enter__(self) -> SimServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> SimServer:
+        # start() and stop() block briefly on the server thread: keep the caller's event loop free meanwhile.
+        await asyncio.to_thread(self.start)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await asyncio.to_thread(self.stop)
+
+    # ---- control (safe from any thread) ----------------------------------------------------------
+
+    @property
+    def script(self) -> SimScript:
+        return self.app.script
+
+    def set_script(self, script: SimScript) -> None:
+        self.app.set_script(script)
+
+    def reset(self) -> None:
+        self.app.reset()
+
+    def stats(self) -> SimStats:
+        return self.app.stats()
+
+    @property
+    def requests(self) -> list[LoggedRequest]:
+        """A snapshot of the request log, oldest first."""
+        return self.app.requests()
+
+
+# ---- command line -------------------------------------------------------------------------------
+
+
+async def _serve_forever(app: SimApp, host: str, port: int) -> None:
+    sock = _bind(host, port)
+    bound_port = sock.getsockname()[1]
+    runner = await _start_site(app, sock)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"http://{_url_host(host)}:{bound_port}/v1", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tmas.testing.sim_server",
+        description="Serve a simulated OpenAI-compatible endpoint until SIGINT/SIGTERM.",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (default 8000)")
+    parser.add_argument("--script", type=Path, help="SimScript as a JSON file")
+    parser.add_argument("--latency", type=float, help="fixed seconds per call (overrides the script)")
+    parser.add_argument("--seed", type=int, help="fault / sampling seed (overrides the script)")
+    args = parser.parse_args(argv)
+
+    try:
+        data: dict[str, Any] = json.loads(args.script.read_text()) if args.script else {}
+        if args.latency is not None:
+            data["latency_s"] = args.latency
+        if args.seed is not None:
+            data["seed"] = args.seed
+        script = SimScript.model_validate(data)
+    except (OSError, ValueError) as exc:  # ValidationError and JSONDecodeError are ValueErrors
+        print(f"error: bad script: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve_forever(SimApp(script), args.host, args.port))
+    except OSError as exc:
+        print(f"error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,723 @@
+"""The simulated OpenAI-compatible server, exercised over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import math
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import urllib.request
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from pydantic import ValidationError
+
+from tmas.testing import FaultRates, Rule, SimScript, SimServer, count_tokens
+from tmas.testing.responders import evaluate_expression
+
+CONTEXT_MSG = re.compile(
+    r"This model's maximum context length is (\d+) tokens\. However, you requested (\d+) tokens "
+    r"\((\d+) in the messages, (\d+) in the completion\)\. "
+    r"Please reduce the length of the messages or completion\."
+)
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[SimServer]:
+    async with SimServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+def user(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+async def chat(
+    http: aiohttp.ClientSession,
+    sim: SimServer,
+    text: str = "What is 17*23?",
+    role: str | None = "solution",
+    problem: str | None = None,
+    **body: Any,
+) -> tuple[int, dict[str, Any]]:
+    headers = {}
+    if role is not None:
+        headers["X-Tmas-Role"] = role
+    if problem is not None:
+        headers["X-Tmas-Problem"] = problem
+    payload = {"model": "sim-model", "messages": user(text), **body}
+    async with http.post(f"{sim.base_url}/chat/completions", json=payload, headers=headers) as resp:
+        return resp.status, await resp.json()
+
+
+def content_of(reply: dict[str, Any]) -> str:
+    content = reply["choices"][0]["message"]["content"]
+    assert isinstance(content, str)
+    return content
+
+
+def boxed(text: str) -> str:
+    found = re.findall(r"\\boxed\{(.*?)\}\.?$", text, flags=re.M)
+    assert found, text
+    return str(found[-1])
+
+
+async def read_sse(resp: aiohttp.ClientResponse) -> list[Any]:
+    """The ``data:`` payloads of an SSE stream, ``[DONE]`` kept as the string."""
+    events: list[Any] = []
+    async for raw in resp.content:
+        line = raw.decode().strip()
+        if not line:
+            continue
+        assert line.startswith("data: "), line
+        data = line[len("data: ") :]
+        events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+async def eventually(condition: Callable[[], bool], tries: int = 400) -> None:
+    """Poll ``condition`` (for state another thread changes); fail after ``tries`` polls."""
+    for _ in range(tries):
+        if condition():
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError("condition never became true")
+
+
+# ---- plain completions ------------------------------------------------------------------------------------
+
+
+async def test_non_streaming_reply_shape_and_arithmetic(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    status, reply = await chat(http, sim, "What is 17*23?")
+    assert status == 200
+    assert reply["object"] == "chat.completion"
+    assert reply["model"] == "sim-model"
+    assert reply["id"].startswith("chatcmpl-")
+    assert isinstance(reply["created"], int)
+    choice = reply["choices"][0]
+    assert choice["index"] == 0
+    assert choice["finish_reason"] == "stop"
+    assert choice["message"]["role"] == "assistant"
+    assert "reasoning_content" not in choice["message"]
+    content = content_of(reply)
+    assert boxed(content) == "391"
+    assert "17*23" in content  # a worked line, not just the answer
+    usage = reply["usage"]
+    assert usage["prompt_tokens"] == count_tokens("What is 17*23?") + 4
+    assert usage["completion_tokens"] == count_tokens(content)
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("question", "answer"),
+    [
+        ("Compute (12+5)*3", "51"),
+        ("What is 2^10?", "1024"),
+        ("What is 2**5 - 1?", "31"),
+        ("What is 6 × 7?", "42"),
+        ("Problem 4: evaluate -8 + 3 * (2 + 1).", "1"),
+        ("What is 7/2?", "\\frac{7}{2}"),
+        ("What is 100 / 4 / 5?", "5"),
+    ],
+)
+async def test_arithmetic_answers(sim: SimServer, http: aiohttp.ClientSession, question: str, answer: str) -> None:
+    status, reply = await chat(http, sim, question)
+    assert status == 200
+    assert boxed(content_of(reply)) == answer
+
+
+def test_expression_finder_ignores_prose_numbers() -> None:
+    assert evaluate_expression("Step 3 of 5: nothing to compute here") is None
+    assert evaluate_expression("Divide 1/0 please") is None
+    assert evaluate_expression("What is 9^99999999?") is None  # refused, not computed
+    found = evaluate_expression("In 2 steps, what is (3+4)*(5-2)?")
+    assert found is not None and found[1] == 21
+
+
+async def test_question_without_arithmetic_gets_a_deterministic_small_integer(
+    sim: SimServer, http: aiohttp.ClientSession
+) -> None:
+    question = "How many ways can the letters of a word be arranged?"
+    answers = [boxed(content_of((await chat(http, sim, question, seed=7))[1])) for _ in range(3)]
+    assert len(set(answers)) == 1
+    assert 1 <= int(answers[0]) <= 10
+    # Other seeds give other (still small) guesses, so sampled answers vary like a real model's.
+    by_seed = {boxed(content_of((await chat(http, sim, question, seed=s))[1])) for s in range(20)}
+    assert len(by_seed) > 1
+    assert all(1 <= int(a) <= 10 for a in by_seed)
+
+
+async def test_accuracy_controls_wrong_answers(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(accuracy=0.0))
+    wrong = [int(boxed(content_of((await chat(http, sim, seed=s))[1]))) for s in range(10)]
+    assert all(a != 391 and abs(a - 391) <= 3 for a in wrong)
+
+    sim.set_script(SimScript(accuracy=0.5))
+    first = [boxed(content_of((await chat(http, sim, seed=s))[1])) for s in range(40)]
+    again = [boxed(content_of((await chat(http, sim, seed=s))[1])) for s in range(40)]
+    assert first == again  # deterministic per request body
+    assert 5 < first.count("391") < 35
+
+
+async def test_judge_role_returns_json_verdict(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    status, reply = await chat(http, sim, "Are 1/2 and 0.5 the same?", role="judge")
+    assert status == 200
+    verdict = json.loads(content_of(reply))
+    assert verdict["equivalent"] is True
+    assert isinstance(verdict["reasoning"], str)
+
+
+async def test_missing_role_header_is_default_role(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    status, reply = await chat(http, sim, "What is 2+2?", role=None, problem="p-7")
+    assert status == 200
+    assert boxed(content_of(reply)) == "4"
+    stats = sim.stats()
+    assert stats.by_role == {"default": 1}
+    [logged] = sim.requests
+    assert logged.role == "default"
+    assert logged.problem_id == "p-7"
+    assert logged.endpoint == "chat"
+    assert logged.body["messages"] == user("What is 2+2?")
+
+
+# ---- streaming --------------------------------------------------------------------------------------------
+
+
+async def test_streaming_matches_non_streaming(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    _, plain = await chat(http, sim, "Compute (12+5)*3", seed=1)
+    payload = {
+        "messages": user("Compute (12+5)*3"),
+        "seed": 1,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    async with http.post(f"{sim.base_url}/chat/completions", json=payload) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        events = await read_sse(resp)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert len({c["id"] for c in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    deltas = [c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]]
+    assert sum(1 for d in deltas if d) > 1  # several pieces, not one blob
+    assert "".join(deltas) == content_of(plain)
+    finals = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert [f["choices"][0]["finish_reason"] for f in finals] == ["stop"]
+    usage_chunk = chunks[-1]
+    assert usage_chunk["choices"] == []
+    assert usage_chunk["usage"] == plain["usage"]
+
+
+async def test_streaming_without_include_usage_has_no_usage_chunk(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    payload = {"messages": user("What is 1+1?"), "stream": True}
+    async with http.post(f"{sim.base_url}/chat/completions", json=payload) as resp:
+        events = await read_sse(resp)
+    assert events[-1] == "[DONE]"
+    assert all("usage" not in c for c in events[:-1])
+    assert events[-2]["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_streaming_reasoning_and_per_token_latency(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(reasoning=True, latency_per_token_s=0.0005))
+    payload = {"messages": user("What is 3*3?"), "stream": True}
+    async with http.post(f"{sim.base_url}/chat/completions", json=payload) as resp:
+        events = await read_sse(resp)
+    deltas = [c["choices"][0]["delta"] for c in events[:-1] if c["choices"]]
+    reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
+    content = "".join(d.get("content", "") for d in deltas)
+    assert "3*3" in reasoning
+    assert boxed(content) == "9"
+
+
+# ---- rules ------------------------------------------------------------------------------------------------
+
+
+async def test_role_rule_cycles_replies(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(rules=[Rule(role="verifier", replies=["first", "second"])]))
+    got = [content_of((await chat(http, sim, "check", role="verifier"))[1]) for _ in range(3)]
+    assert got == ["first", "second", "first"]
+    # Other roles are untouched by the rule.
+    assert boxed(content_of((await chat(http, sim, "What is 2*4?", role="solution"))[1])) == "8"
+
+
+async def test_pattern_rule_with_times_then_falls_through(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(
+        SimScript(
+            rules=[
+                Rule(pattern=r"17\*23", replies=["\\boxed{0}"], times=2),
+                Rule(pattern=r"17.*23", replies=["\\boxed{1}"]),
+            ]
+        )
+    )
+    got = [boxed(content_of((await chat(http, sim, "What is 17*23?"))[1])) for _ in range(4)]
+    assert got == ["0", "0", "1", "1"]
+    # A non-matching question gets the default responder.
+    assert boxed(content_of((await chat(http, sim, "What is 5+5?"))[1])) == "10"
+
+
+async def test_pattern_searches_all_messages_across_lines(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(rules=[Rule(pattern=r"SYSTEM-MARK.*LAST", replies=["matched"])]))
+    payload = {
+        "messages": [
+            {"role": "system", "content": "SYSTEM-MARK\nbe brief"},
+            {"role": "user", "content": "the LAST message"},
+        ]
+    }
+    async with http.post(f"{sim.base_url}/chat/completions", json=payload) as resp:
+        assert content_of(await resp.json()) == "matched"
+
+
+async def test_rule_overrides_finish_reason_and_reasoning(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(rules=[Rule(replies=["ok"], finish_reason="length", reasoning="I thought.")]))
+    _, reply = await chat(http, sim)
+    assert reply["choices"][0]["finish_reason"] == "length"
+    assert reply["choices"][0]["message"]["reasoning_content"] == "I thought."
+    assert reply["usage"]["completion_tokens_details"]["reasoning_tokens"] == count_tokens("I thought.")
+
+
+async def test_reset_restarts_rule_counters_stats_and_log(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(rules=[Rule(replies=["once"], times=1)]))
+    assert content_of((await chat(http, sim, "What is 1+2?"))[1]) == "once"
+    assert content_of((await chat(http, sim, "What is 1+2?"))[1]) != "once"
+    sim.reset()
+    assert sim.stats().total_requests == 0
+    assert sim.requests == []
+    assert content_of((await chat(http, sim, "What is 1+2?"))[1]) == "once"
+
+
+# ---- faults -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fault", "status", "kind"),
+    [
+        ("http_500", 500, "InternalServerError"),
+        ("http_503", 503, "ServiceUnavailableError"),
+        ("http_429", 429, "RateLimitError"),
+        ("http_400", 400, "BadRequestError"),
+    ],
+)
+async def test_http_faults(sim: SimServer, http: aiohttp.ClientSession, fault: str, status: int, kind: str) -> None:
+    sim.set_script(SimScript(rules=[Rule.model_validate({"fault": fault})]))
+    payload = {"messages": user("hi")}
+    async with http.post(f"{sim.base_url}/chat/completions", json=payload) as resp:
+        assert resp.status == status
+        body = await resp.json()
+        assert body["error"]["type"] == kind
+        assert body["error"]["code"] == status
+        assert body["error"]["message"]
+        if status == 429:
+            assert resp.headers["Retry-After"] == "0"
+        else:
+            assert "Retry-After" not in resp.headers
+    assert sim.stats().faults == {fault: 1}
+
+
+async def test_drop_fault_disconnects(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(rules=[Rule(fault="drop", times=1)]))
+    with pytest.raises(aiohttp.ServerDisconnectedError):
+        await chat(http, sim)
+    # The server keeps serving afterwards.
+    status, reply = await chat(http, sim)
+    assert status == 200 and boxed(content_of(reply)) == "391"
+    assert sim.stats().faults == {"drop": 1}
+
+
+async def test_malformed_fault_is_not_json(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(rules=[Rule(fault="malformed")]))
+    async with http.post(f"{sim.base_url}/chat/completions", json={"messages": user("hi")}) as resp:
+        assert resp.status == 200
+        text = await resp.text()
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(text)
+    # Streaming: a broken event and no [DONE].
+    payload = {"messages": user("hi"), "stream": True}
+    async with http.post(f"{sim.base_url}/chat/completions", json=payload) as resp:
+        lines = [ln for ln in (await resp.text()).splitlines() if ln.startswith("data: ")]
+    assert "data: [DONE]" not in lines
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(lines[-1][len("data: ") :])
+
+
+async def test_truncate_fault(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    _, full = await chat(http, sim)
+    sim.set_script(SimScript(rules=[Rule(fault="truncate")]))
+    _, cut = await chat(http, sim)
+    assert cut["choices"][0]["finish_reason"] == "length"
+    assert content_of(full).startswith(content_of(cut))
+    assert 0 < count_tokens(content_of(cut)) < count_tokens(content_of(full))
+    assert "\\boxed" not in content_of(cut)
+
+
+async def test_garbage_fault(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(rules=[Rule(fault="garbage")]))
+    status, reply = await chat(http, sim)
+    assert status == 200
+    assert reply["choices"][0]["finish_reason"] == "stop"
+    text = content_of(reply)
+    assert "\\boxed" not in text and "391" not in text
+    assert re.fullmatch(r"[a-z]+( [a-z]+)+", text)
+
+
+async def test_timeout_fault_hangs_then_answers(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(hang_s=30.0, rules=[Rule(fault="timeout", times=1)]))
+    payload = {"messages": user("What is 17*23?")}
+    with pytest.raises(asyncio.TimeoutError):
+        async with http.post(
+            f"{sim.base_url}/chat/completions", json=payload, timeout=aiohttp.ClientTimeout(total=0.3)
+        ) as resp:
+            await resp.read()
+    # The abandoned handler is cancelled rather than left hanging.
+    await eventually(lambda: sim.stats().in_flight == 0)
+
+    # A short hang answers normally.
+    sim.set_script(SimScript(hang_s=0.05, rules=[Rule(fault="timeout")]))
+    status, reply = await chat(http, sim)
+    assert status == 200 and boxed(content_of(reply)) == "391"
+
+
+async def test_random_faults_all_or_nothing(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(faults=FaultRates(http_503=1.0)))
+    statuses = [(await chat(http, sim, f"What is {i}+1?", role=None))[0] for i in range(5)]
+    assert statuses == [503] * 5
+    # A matching rule takes precedence: no random fault for it.
+    sim.set_script(SimScript(faults=FaultRates(http_503=1.0), rules=[Rule(role="judge")]))
+    assert (await chat(http, sim, role="judge"))[0] == 200
+    assert (await chat(http, sim, role="solution"))[0] == 503
+
+
+async def test_random_faults_reproducible_from_seed(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    script = SimScript(seed=42, faults=FaultRates(http_500=0.3, http_429=0.2))
+
+    async def run() -> list[int]:
+        sim.set_script(script)
+        out = []
+        for _ in range(30):
+            async with http.post(f"{sim.base_url}/chat/completions", json={"messages": user("x")}) as resp:
+                await resp.read()
+                out.append(resp.status)
+        return out
+
+    first, second = await run(), await run()
+    assert first == second
+    assert {200, 500, 429} == set(first)
+    faults = sim.stats().faults
+    assert faults["http_500"] == 2 * first.count(500)
+    assert faults["http_429"] == 2 * first.count(429)
+
+
+# ---- usage, reasoning, limits -----------------------------------------------------------------------------
+
+
+async def test_usage_can_be_omitted(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(usage=False))
+    _, reply = await chat(http, sim)
+    assert "usage" not in reply
+    payload = {"messages": user("What is 1+1?"), "stream": True, "stream_options": {"include_usage": True}}
+    async with http.post(f"{sim.base_url}/chat/completions", json=payload) as resp:
+        events = await read_sse(resp)
+    assert all("usage" not in c for c in events[:-1])
+    assert events[-1] == "[DONE]"
+
+
+async def test_reasoning_content(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(reasoning=True))
+    _, reply = await chat(http, sim)
+    message = reply["choices"][0]["message"]
+    reasoning = message["reasoning_content"]
+    assert "17*23" in reasoning
+    assert "<think>" not in message["content"]
+    details = reply["usage"]["completion_tokens_details"]
+    assert details["reasoning_tokens"] == count_tokens(reasoning)
+    assert reply["usage"]["completion_tokens"] == count_tokens(reasoning) + count_tokens(message["content"])
+
+
+async def test_think_tags(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(think_tags=True))
+    _, reply = await chat(http, sim)
+    message = reply["choices"][0]["message"]
+    assert "reasoning_content" not in message
+    assert re.match(r"<think>\n.+\n</think>\n\n", message["content"], flags=re.S)
+    assert boxed(message["content"]) == "391"
+    assert "completion_tokens_details" not in reply["usage"]
+
+
+async def test_max_tokens_truncates(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    _, full = await chat(http, sim)
+    _, cut = await chat(http, sim, max_tokens=5)
+    assert cut["choices"][0]["finish_reason"] == "length"
+    assert cut["usage"]["completion_tokens"] == 5
+    assert count_tokens(content_of(cut)) == 5
+    assert content_of(full).startswith(content_of(cut))
+    # A generous limit changes nothing.
+    _, roomy = await chat(http, sim, max_tokens=1000)
+    assert roomy["choices"][0]["finish_reason"] == "stop"
+    assert content_of(roomy) == content_of(full)
+
+
+async def test_max_tokens_spends_reasoning_first(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(reasoning=True))
+    _, reply = await chat(http, sim, max_tokens=4)
+    message = reply["choices"][0]["message"]
+    assert reply["choices"][0]["finish_reason"] == "length"
+    assert count_tokens(message["reasoning_content"]) == 4
+    assert message["content"] == ""
+    assert reply["usage"]["completion_tokens"] == 4
+
+
+async def test_stop_sequence_cuts_reply(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    _, reply = await chat(http, sim, stop=["Therefore"])
+    assert "Therefore" not in content_of(reply)
+    assert "\\boxed" not in content_of(reply)
+
+
+async def test_context_length_error(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(context_length=50))
+    text = "word " * 60
+    status, body = await chat(http, sim, text)
+    assert status == 400
+    assert body["error"]["type"] == "BadRequestError"
+    assert body["error"]["code"] == 400
+    match = CONTEXT_MSG.fullmatch(body["error"]["message"])
+    assert match is not None
+    limit, total, prompt, completion = map(int, match.groups())
+    assert (limit, prompt, completion) == (50, 64, 0)
+    assert total == prompt + completion
+
+    # Fits alone, but not with the requested completion budget.
+    status, body = await chat(http, sim, "What is 1+1?", max_tokens=45)
+    assert status == 400
+    match = CONTEXT_MSG.fullmatch(body["error"]["message"])
+    prompt = count_tokens("What is 1+1?") + 4
+    assert match is not None and match.groups()[1:] == (str(prompt + 45), str(prompt), "45")
+    assert sim.stats().errors == 2
+
+
+async def test_bad_requests_get_openai_errors(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    url = f"{sim.base_url}/chat/completions"
+    async with http.post(url, data=b"{not json", headers={"Content-Type": "application/json"}) as resp:
+        assert resp.status == 400
+        assert (await resp.json())["error"]["type"] == "BadRequestError"
+    async with http.post(url, json={"model": "m"}) as resp:
+        assert resp.status == 400
+        assert "messages" in (await resp.json())["error"]["message"]
+    async with http.post(url, json={"messages": user("x"), "n": 3}) as resp:
+        assert resp.status == 400
+    assert sim.stats().errors == 3
+
+
+# ---- embeddings, models, health ---------------------------------------------------------------------------
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True))
+
+
+async def test_embeddings(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    texts = [
+        "the cat sat on the mat",
+        "a cat sat on a mat today",
+        "quantum chromodynamics lattice simulation",
+    ]
+    async with http.post(f"{sim.base_url}/embeddings", json={"input": texts, "model": "e"}) as resp:
+        assert resp.status == 200
+        body = await resp.json()
+    assert body["object"] == "list"
+    vectors = [d["embedding"] for d in sorted(body["data"], key=lambda d: d["index"])]
+    assert [d["object"] for d in body["data"]] == ["embedding"] * 3
+    assert all(len(v) == 256 for v in vectors)
+    assert all(math.isclose(math.sqrt(cosine(v, v)), 1.0, rel_tol=1e-9) for v in vectors)
+    assert cosine(vectors[0], vectors[1]) > 0.4
+    assert cosine(vectors[0], vectors[1]) > cosine(vectors[0], vectors[2]) + 0.3
+    assert body["usage"]["prompt_tokens"] == sum(count_tokens(t) for t in texts)
+
+    # A single string, deterministic, and base64 encoding decodes to the same floats.
+    async with http.post(f"{sim.base_url}/embeddings", json={"input": texts[0]}) as resp:
+        single = (await resp.json())["data"]
+    assert len(single) == 1 and single[0]["embedding"] == vectors[0]
+    payload = {"input": texts[0], "encoding_format": "base64"}
+    async with http.post(f"{sim.base_url}/embeddings", json=payload) as resp:
+        raw = base64.b64decode((await resp.json())["data"][0]["embedding"])
+    decoded = struct.unpack(f"<{len(raw) // 4}f", raw)
+    assert all(math.isclose(a, b, abs_tol=1e-6) for a, b in zip(decoded, vectors[0], strict=True))
+
+    sim.set_script(SimScript(embedding_dim=32))
+    async with http.post(f"{sim.base_url}/embeddings", json={"input": "hello"}) as resp:
+        assert len((await resp.json())["data"][0]["embedding"]) == 32
+    async with http.post(f"{sim.base_url}/embeddings", json={"input": 5}) as resp:
+        assert resp.status == 400
+
+
+async def test_embedding_faults(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(rules=[Rule(role="embedding", fault="http_503")]))
+    headers = {"X-Tmas-Role": "embedding"}
+    async with http.post(f"{sim.base_url}/embeddings", json={"input": "x"}, headers=headers) as resp:
+        assert resp.status == 503
+    assert sim.stats().by_role == {"embedding": 1}
+
+
+async def test_models_and_health(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(model="m-1", context_length=4096))
+    async with http.get(f"{sim.base_url}/models") as resp:
+        body = await resp.json()
+    assert body["object"] == "list"
+    [model] = body["data"]
+    assert model["id"] == "m-1"
+    assert model["object"] == "model"
+    assert model["owned_by"] == "tmas-sim"
+    assert model["max_model_len"] == 4096
+    async with http.get(f"{sim.url}/health") as resp:
+        assert resp.status == 200
+
+
+# ---- concurrency, control endpoints, lifecycle ------------------------------------------------------------
+
+
+async def test_max_in_flight(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(latency_s=0.5))
+    results = await asyncio.gather(*(chat(http, sim, f"What is {i}+1?") for i in range(20)))
+    assert [boxed(content_of(r)) for _, r in results] == [str(i + 1) for i in range(20)]
+    stats = sim.stats()
+    assert stats.max_in_flight == 20
+    assert stats.in_flight == 0
+    assert stats.total_requests == stats.completed == 20
+    assert stats.by_role == {"solution": 20}
+    assert stats.prompt_tokens == sum(r["usage"]["prompt_tokens"] for _, r in results)
+    assert stats.completion_tokens == sum(r["usage"]["completion_tokens"] for _, r in results)
+
+
+async def test_control_endpoints(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    new = SimScript(model="scripted", rules=[Rule(replies=["canned"])])
+    async with http.post(f"{sim.url}/_sim/script", json=new.model_dump()) as resp:
+        assert resp.status == 200
+    _, reply = await chat(http, sim, problem="q1")
+    assert reply["model"] == "scripted" and content_of(reply) == "canned"
+
+    async with http.get(f"{sim.url}/_sim/stats") as resp:
+        stats = await resp.json()
+    assert stats["total_requests"] == 1 and stats["completed"] == 1
+    assert stats["by_role"] == {"solution": 1}
+
+    async with http.get(f"{sim.url}/_sim/requests") as resp:
+        [logged] = await resp.json()
+    assert logged["role"] == "solution" and logged["problem_id"] == "q1"
+    assert logged["body"]["messages"] == user("What is 17*23?")
+    assert isinstance(logged["received_at"], float)
+
+    async with http.post(f"{sim.url}/_sim/reset") as resp:
+        assert resp.status == 200
+    async with http.get(f"{sim.url}/_sim/stats") as resp:
+        assert (await resp.json())["total_requests"] == 0
+    async with http.get(f"{sim.url}/_sim/requests") as resp:
+        assert await resp.json() == []
+
+    async with http.post(f"{sim.url}/_sim/script", json={"model": "x", "bogus": 1}) as resp:
+        assert resp.status == 400
+
+
+async def test_request_log_is_capped(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(log_limit=3))
+    for i in range(5):
+        await chat(http, sim, f"What is {i}+0?")
+    logged = sim.requests
+    assert [r.body["messages"][0]["content"] for r in logged] == [f"What is {i}+0?" for i in (2, 3, 4)]
+    assert sim.stats().total_requests == 5
+
+
+def test_script_validation() -> None:
+    with pytest.raises(ValidationError):
+        SimScript.model_validate({"latency": 1})
+    with pytest.raises(ValidationError):
+        FaultRates(http_500=1.5)
+    with pytest.raises(ValidationError):
+        FaultRates(http_500=0.6, drop=0.6)
+    with pytest.raises(ValidationError):
+        Rule(pattern="(unclosed")
+    with pytest.raises(ValidationError):
+        Rule.model_validate({"fault": "explode"})
+    script = SimScript.model_validate_json('{"rules": [{"role": "judge", "replies": ["x"], "times": 2}]}')
+    assert script.rules[0].times == 2
+
+
+def test_sync_context_manager_and_stop_with_hung_request() -> None:
+    with SimServer(SimScript(hang_s=3600.0, rules=[Rule(role="stuck", fault="timeout")])) as sim:
+        assert sim.base_url == f"http://127.0.0.1:{sim.port}/v1"
+        assert sim.port > 0
+        request = urllib.request.Request(
+            f"{sim.base_url}/chat/completions",
+            data=json.dumps({"messages": user("What is 40+2?")}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request) as resp:
+            assert boxed(json.loads(resp.read())["choices"][0]["message"]["content"]) == "42"
+
+        # A request that will hang for an hour must not keep stop() from returning.
+        async def fire() -> None:
+            async with aiohttp.ClientSession() as session:
+                task = asyncio.create_task(chat(session, sim, role="stuck"))
+                await eventually(lambda: sim.stats().in_flight == 1)
+                await asyncio.to_thread(sim.stop)
+                with pytest.raises(aiohttp.ClientError):
+                    await task
+
+        asyncio.run(fire())
+    assert not sim.running
+
+
+def test_cli_serves_until_sigterm(tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"model": "cli-model", "rules": [{"role": "judge", "replies": ["yes"]}]}))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "tmas.testing.sim_server", "--port", "0", "--script", str(script)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
+        try:
+            assert proc.stdout is not None
+            base_url = proc.stdout.readline().strip()
+            assert re.fullmatch(r"http://127\.0\.0\.1:\d+/v1", base_url), base_url
+            request = urllib.request.Request(
+                f"{base_url}/chat/completions",
+                data=json.dumps({"messages": user("ok?")}).encode(),
+                headers={"Content-Type": "application/json", "X-Tmas-Role": "judge"},
+            )
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                body = json.loads(resp.read())
+            assert body["model"] == "cli-model"
+            assert body["choices"][0]["message"]["content"] == "yes"
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                code = proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise
+    assert code == 0
+
+
+def test_cli_rejects_bad_script(tmp_path: Path) -> None:
+    script = tmp_path / "bad.json"
+    script.write_text('{"nonsense": true}')
+    done = subprocess.run(
+        [sys.executable, "-m", "tmas.testing.sim_server", "--port", "0", "--script", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2
+    assert "nonsense" in done.stderr
