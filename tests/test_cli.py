@@ -47,11 +47,11 @@ def test_solve_prints_the_answer(sim: SimServer) -> None:
 
 
 def test_solve_reads_stdin_and_files_and_prints_json(sim: SimServer, tmp_path: Path) -> None:
-    out = tmas("solve", "--base-url", sim.base_url, stdin=b"What is 6*7?")
+    out = tmas("solve", "--base-url", sim.base_url, "--method", "cot", stdin=b"What is 6*7?")
     assert out.stdout.decode().strip() == "42"
     question = tmp_path / "q.txt"
     question.write_text("Compute (12+5)*3.")
-    out = tmas("solve", "--file", str(question), "--base-url", sim.base_url, "--json")
+    out = tmas("solve", "--file", str(question), "--base-url", sim.base_url, "--method", "cot", "--json")
     record = json.loads(out.stdout)
     assert record["answer"] == "51"
     assert record["method"] == "cot"
@@ -74,7 +74,7 @@ def test_solve_rejects_bad_questions(sim: SimServer, tmp_path: Path, content: by
 def test_run_writes_a_run_directory_and_exports(sim: SimServer, tmp_path: Path) -> None:
     problems = write_problems(tmp_path / "p.jsonl", 6)
     run_dir = tmp_path / "run"
-    out = tmas("run", str(tmp_path / "p.jsonl"), "-o", str(run_dir), "--base-url", sim.base_url)
+    out = tmas("run", str(tmp_path / "p.jsonl"), "-o", str(run_dir), "--base-url", sim.base_url, "--method", "cot")
     assert out.returncode == 0, out.stderr.decode()
     summary = json.loads(out.stdout)
     assert (summary["problems"], summary["done"], summary["failed"], summary["calls"]) == (6, 6, 0, 6)
@@ -90,7 +90,7 @@ def test_run_writes_a_run_directory_and_exports(sim: SimServer, tmp_path: Path) 
 
 def test_run_refuses_to_overwrite_a_run(sim: SimServer, tmp_path: Path) -> None:
     write_problems(tmp_path / "p.jsonl", 1)
-    args = ("run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "--base-url", sim.base_url)
+    args = ("run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "--base-url", sim.base_url, "-m", "cot")
     assert tmas(*args).returncode == 0
     again = tmas(*args)
     assert again.returncode == 2 and "--resume" in again.stderr.decode()
@@ -141,7 +141,7 @@ def test_environment_variables_configure_the_endpoint(sim: SimServer) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
     env |= {"TMAS_BASE_URL": sim.base_url, "TMAS_MODEL": "from-env"}
     out = subprocess.run(
-        [sys.executable, "-m", "tmas", "solve", "What is 2*21?"], capture_output=True, env=env, timeout=60
+        [sys.executable, "-m", "tmas", "solve", "What is 2*21?", "-m", "cot"], capture_output=True, env=env, timeout=60
     )
     assert out.stdout.decode().strip() == "42"
     assert sim.requests[0].body["model"] == "from-env"
@@ -189,7 +189,7 @@ def test_killed_run_resumes_without_repeating_finished_calls(tmp_path: Path) -> 
         proc = subprocess.Popen(
             [
                 *(sys.executable, "-m", "tmas", "run", str(tmp_path / "p.jsonl"), "-o", str(run_dir)),
-                *("--base-url", sim.base_url, "--concurrency", "2"),
+                *("--base-url", sim.base_url, "--concurrency", "2", "--method", "cot"),
             ],
             env=env,
             stdout=subprocess.DEVNULL,
@@ -218,7 +218,8 @@ def test_killed_run_resumes_without_repeating_finished_calls(tmp_path: Path) -> 
 def test_resume_of_a_finished_run_asks_nothing_again(sim: SimServer, tmp_path: Path) -> None:
     write_problems(tmp_path / "p.jsonl", 3)
     run_dir = tmp_path / "run"
-    assert tmas("run", str(tmp_path / "p.jsonl"), "-o", str(run_dir), "--base-url", sim.base_url).returncode == 0
+    args = ("run", str(tmp_path / "p.jsonl"), "-o", str(run_dir), "--base-url", sim.base_url, "--method", "cot")
+    assert tmas(*args).returncode == 0
     out = tmas("run", "--resume", str(run_dir))
     assert out.returncode == 0
     summary = json.loads(out.stdout)

@@ -33,3 +33,16 @@ def extract_answer(text: str, *, fallback: bool = True) -> str | None:
         return boxed or None
     matches = _FINAL_ANSWER.findall(text)
     return matches[-1].strip() if matches else None
+
+
+_TEXT_WRAPPER = re.compile(r"\\(?:text|mathrm|textbf|mathbf|operatorname)\s*\{([^{}]*)\}")
+_SPACING = re.compile(r"\\[,;:! ]|\\left|\\right|\\displaystyle|\s+")
+
+
+def normalize_answer(answer: str) -> str:
+    """A canonical spelling for grouping equal answers (majority vote): styling, spacing and '$' removed."""
+    text = answer.strip().strip("$").strip()
+    text = _TEXT_WRAPPER.sub(r"\1", text)
+    text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    text = _SPACING.sub("", text)
+    return text.rstrip(".")

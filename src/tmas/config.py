@@ -25,6 +25,11 @@ ROLES = (
     "coordinator",
     "specialist",
     "embedding",
+    # Baselines' own agents (tmas.methods: self_refine, verify_refine, pacore, rse).
+    "refiner",
+    "corrector",
+    "synthesis",
+    "distiller",
 )
 
 
@@ -144,9 +149,26 @@ class LocalModel(Strict):
 
 
 class MethodConfig(Strict):
-    name: str = "cot"
+    # TMAS is the default; on the embedded model it runs its small `local` preset unless told otherwise.
+    name: str = "tmas"
     # Method-specific parameters, validated by the method's own model.
     params: dict[str, Any] = Field(default_factory=dict)
+
+
+class Budget(Strict):
+    """Equal-compute budget per problem, for any method (None = no limit).
+
+    Checked before each chat call: once a problem has spent ``tokens`` (prompt + completion) or made ``calls`` chat
+    calls, its next call is refused and the method stops there with ``stopped_reason = "budget"``. Calls already in
+    flight finish and count, so the spend may pass the budget by what those calls cost.
+    """
+
+    tokens: int | None = Field(default=None, ge=1)
+    calls: int | None = Field(default=None, ge=1)
+
+    @property
+    def limited(self) -> bool:
+        return self.tokens is not None or self.calls is not None
 
 
 class Settings(Strict):
@@ -160,6 +182,7 @@ class Settings(Strict):
     retry: Retry = Field(default_factory=Retry)
     local: LocalModel = Field(default_factory=LocalModel)
     method: MethodConfig = Field(default_factory=MethodConfig)
+    budget: Budget = Field(default_factory=Budget)
     seed: int = 0
 
     @field_validator("roles")

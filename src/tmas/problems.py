@@ -7,6 +7,7 @@ the id ``question_id`` or ``id`` are read too. Other fields are kept as metadata
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -96,3 +97,53 @@ def _problem(record: dict[str, Any], where: str) -> Problem:
         answer=None if answer is None else str(answer),
         metadata=metadata,
     )
+
+
+# Named benchmarks: alias -> file name under the benchmarks folder (read at run time, never committed).
+DATASET_ALIASES: dict[str, str] = {
+    "hle-math-100": "HLE_MATH_text_100_sample_subset.jsonl",
+    "hmmt24": "HMMT_24.jsonl",
+    "hmmt25": "HMMT_25.jsonl",
+    "imo-answerbench": "IMO-ANSWERBENCH.jsonl",
+}
+BENCHMARKS_ENV = "TMAS_BENCHMARKS_DIR"
+
+
+def benchmarks_dirs() -> list[Path]:
+    """Where named benchmarks are looked for: $TMAS_BENCHMARKS_DIR, then ../shared/benchmarks from the cwd or repo."""
+    dirs = []
+    if os.environ.get(BENCHMARKS_ENV):
+        dirs.append(Path(os.environ[BENCHMARKS_ENV]))
+    repo_root = Path(__file__).resolve().parents[2]
+    for base in (Path.cwd(), repo_root):
+        dirs.append(base.parent / "shared" / "benchmarks")
+        dirs.append(base / "shared" / "benchmarks")
+    return dirs
+
+
+def resolve_dataset(name_or_path: str | Path) -> Path:
+    """A problem file: an existing path as given, else a named benchmark alias (see :data:`DATASET_ALIASES`)."""
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    key = str(name_or_path).strip().lower()
+    if key not in DATASET_ALIASES:
+        known = ", ".join(sorted(DATASET_ALIASES))
+        raise InputError(f"{name_or_path}: no such file, and not a named benchmark ({known})")
+    file_name = DATASET_ALIASES[key]
+    searched = benchmarks_dirs()
+    for folder in searched:
+        candidate = folder / file_name
+        if candidate.is_file():
+            return candidate
+    where = ", ".join(str(d) for d in dict.fromkeys(searched))
+    raise InputError(f"benchmark {key!r}: {file_name} not found (looked in {where}; set {BENCHMARKS_ENV})")
+
+
+def dataset_name(name_or_path: str | Path) -> str:
+    """A short benchmark name for reports: the alias when the file is a named benchmark, else the file stem."""
+    path = Path(name_or_path)
+    for alias, file_name in DATASET_ALIASES.items():
+        if str(name_or_path).strip().lower() == alias or path.name == file_name:
+            return alias
+    return path.stem

@@ -16,7 +16,7 @@ from tmas.errors import InputError, TmasError
 from tmas.llm.client import EndpointUnreachable, LLMClient
 from tmas.llm.provision import provisioned
 from tmas.methods import create_method
-from tmas.methods.base import Method, ProblemResult, ProblemSession
+from tmas.methods.base import BUDGET_STOP, BudgetExhausted, Method, ProblemResult, ProblemSession
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore, StoreError
 
@@ -49,6 +49,8 @@ class RunSummary:
     completion_tokens: int
     wall_s: float
     results: list[ProblemResult]
+    # Handled anomalies (e.g. bad agent outputs) summed over the problems solved in this session.
+    anomalies: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k != "results"}
@@ -56,9 +58,20 @@ class RunSummary:
         return data
 
 
-def params_fingerprint(method: str, params: dict[str, Any]) -> str:
-    raw = json.dumps({"method": method, "params": params}, sort_keys=True)
+def params_fingerprint(method: str, params: dict[str, Any], budget: dict[str, Any] | None = None) -> str:
+    data: dict[str, Any] = {"method": method, "params": params}
+    if budget:
+        # Only a set budget is part of it, so runs without one keep their fingerprints; a resume with another
+        # budget re-solves the problems (from the stored calls) to the new limit.
+        data["budget"] = budget
+    raw = json.dumps(data, sort_keys=True)
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def run_fingerprint(method: Method, settings: Settings) -> str:
+    """What a finished problem's result must match to be skipped: the method, its params and the budget."""
+    budget = settings.budget.model_dump(exclude_none=True)
+    return params_fingerprint(method.name, method.params.model_dump(mode="json"), budget)
 
 
 class Unreachable(TmasError):
@@ -97,8 +110,8 @@ async def run_problems(
 ) -> RunSummary:
     """Solve every problem not already finished with the same method parameters; results are stored as they come."""
     state = state or RunState()
-    method = create_method(settings.method.name, settings.method.params)
-    fingerprint = params_fingerprint(method.name, method.params.model_dump(mode="json"))
+    method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
+    fingerprint = run_fingerprint(method, settings)
     store.set_meta("method", {"name": method.name, "params": method.params.model_dump(mode="json")})
     finished = {
         pid for pid in store.finished_problem_ids() if (store.result(pid) or {}).get("fingerprint") == fingerprint
@@ -114,7 +127,7 @@ async def run_problems(
         async def one(problem: Problem) -> ProblemResult:
             async with gate:
                 try:
-                    result = await _solve_one(method, problem, llm, store, settings.seed, state.active)
+                    result = await _solve_one(method, problem, llm, store, settings, state.active)
                 finally:
                     state.active.pop(problem.problem_id, None)
             record = result.model_dump(mode="json")
@@ -153,17 +166,46 @@ async def run_problems(
         completion_tokens=counts["completion_tokens"],
         wall_s=time.monotonic() - started,
         results=list(results),
+        anomalies=_sum_counters(results),
     )
 
 
+def budget_result(method: str, session: ProblemSession, detail: str) -> ProblemResult:
+    """The result of a problem stopped by its budget: the iterations finished so far, the last one's answer."""
+    last = session.records[-1] if session.records else None
+    text = ""
+    if last is not None and last.selected is not None:
+        text = next((c.text for c in last.candidates if c.answer == last.selected), "")
+    result = session.result(
+        method, answer=last.selected if last else None, text=text, stopped_reason=BUDGET_STOP
+    )
+    result.counters = {"budget_stops": 1}
+    if last is None:
+        result.status, result.error = "failed", f"{detail}, before any iteration finished"
+    else:
+        last.notes.append(f"stopped: {detail}")
+    return result
+
+
+def _sum_counters(results: list[ProblemResult]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for result in results:
+        for kind, count in result.counters.items():
+            total[kind] = total.get(kind, 0) + count
+    return dict(sorted(total.items()))
+
+
 async def _solve_one(
-    method: Method, problem: Problem, llm: LLMClient, store: RunStore, seed: int, active: dict[str, int]
+    method: Method, problem: Problem, llm: LLMClient, store: RunStore, settings: Settings, active: dict[str, int]
 ) -> ProblemResult:
-    session = ProblemSession(problem, llm, store, seed=seed, active=active)
+    session = ProblemSession(problem, llm, store, seed=settings.seed, active=active, budget=settings.budget)
     try:
         return await method.solve(session)
     except (EndpointUnreachable, asyncio.CancelledError):
         raise
+    except BudgetExhausted as exc:
+        # The method let the stop through: keep its finished iterations, answer from the last one.
+        return budget_result(method.name, session, exc.detail)
     except Exception as exc:  # a method bug must cost one problem, not the run
         result = session.result(method.name, answer=None, text="")
         result.status, result.error = "failed", f"{type(exc).__name__}: {exc}"

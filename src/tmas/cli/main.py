@@ -42,6 +42,12 @@ ParamOpt = Annotated[
 IterationsOpt = Annotated[
     int | None, typer.Option("--iterations", "-T", help="Iterations (on --resume: the total target).")
 ]
+NoExperienceOpt = Annotated[
+    bool, typer.Option("--no-experience", help="TMAS ablation: no experience bank (param no_experience=true).")
+]
+NoGuidelineOpt = Annotated[
+    bool, typer.Option("--no-guideline", help="TMAS ablation: no guideline bank (param no_guideline=true).")
+]
 TemperatureOpt = Annotated[float | None, typer.Option("--temperature", help="Default sampling temperature.")]
 MaxTokensOpt = Annotated[int | None, typer.Option("--max-tokens", help="Default max tokens per call.")]
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="Run seed.")]
@@ -112,6 +118,12 @@ def _settings(
     return settings
 
 
+def _with_ablations(param: list[str] | None, no_experience: bool, no_guideline: bool) -> list[str] | None:
+    """The ablation flags as the method parameters they stand for."""
+    extra = [*(["no_experience=true"] if no_experience else []), *(["no_guideline=true"] if no_guideline else [])]
+    return [*(param or []), *extra] or None
+
+
 def _read_question(question: str | None, file: Path | None) -> str:
     if file is not None:
         try:
@@ -139,6 +151,8 @@ def solve(
     method: MethodOpt = None,
     param: ParamOpt = None,
     iterations: IterationsOpt = None,
+    no_experience: NoExperienceOpt = False,
+    no_guideline: NoGuidelineOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the full result record as JSON.")] = False,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", "-o", help="Keep the run (store) here.")] = None,
     config: ConfigOpt = None,
@@ -163,7 +177,7 @@ def solve(
         concurrency=concurrency,
         local_model=local_model,
         method=method,
-        params=param,
+        params=_with_ablations(param, no_experience, no_guideline),
         iterations=iterations,
         temperature=temperature,
         max_tokens=max_tokens,
@@ -183,12 +197,17 @@ def solve(
 
 @app.command()
 def run(
-    problems: Annotated[Path | None, typer.Argument(help="Problems as JSONL (problem_id, question, answer).")] = None,
+    problems: Annotated[
+        Path | None,
+        typer.Argument(help="Problems as JSONL (problem_id, question, answer), or a benchmark name (hmmt25, ...)."),
+    ] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory to create.")] = None,
     resume: Annotated[Path | None, typer.Option("--resume", help="Continue the run in this directory.")] = None,
     method: MethodOpt = None,
     param: ParamOpt = None,
     iterations: IterationsOpt = None,
+    no_experience: NoExperienceOpt = False,
+    no_guideline: NoGuidelineOpt = False,
     limit: Annotated[int | None, typer.Option("--limit", help="Only the first N problems.")] = None,
     config: ConfigOpt = None,
     base_url: BaseUrlOpt = None,
@@ -202,7 +221,7 @@ def run(
 ) -> None:
     """Solve a file of problems into a run directory (resumable with --resume)."""
     from tmas.cli.progress import RunProgress
-    from tmas.problems import load_problems
+    from tmas.problems import dataset_name, load_problems, resolve_dataset
     from tmas.runner import RunState, prepare_run, run_problems
     from tmas.store.run_store import RunStore
 
@@ -213,7 +232,7 @@ def run(
         "concurrency": concurrency,
         "local_model": local_model,
         "method": method,
-        "params": param,
+        "params": _with_ablations(param, no_experience, no_guideline),
         "iterations": iterations,
         "temperature": temperature,
         "max_tokens": max_tokens,
@@ -231,8 +250,11 @@ def run(
         if problems is None or out is None:
             raise InputError("give a problem file and --out RUN_DIR (or --resume RUN_DIR)")
         settings = _settings(config, **overrides)
-        loaded = load_problems(problems)[:limit] if limit else load_problems(problems)
+        source = resolve_dataset(problems)
+        loaded = load_problems(source)[:limit] if limit else load_problems(source)
         store, settings, todo = prepare_run(out, settings, loaded, resume=False)
+        # Reports group runs by benchmark name.
+        store.set_meta("dataset", dataset_name(problems))
     state = RunState()
     reporter = RunProgress(state)
 
@@ -314,6 +336,139 @@ def models(config: ConfigOpt = None, base_url: BaseUrlOpt = None, api_key_env: K
 
     if not asyncio.run(probe()):
         raise typer.Exit(1)
+
+
+GradeModeOpt = Annotated[
+    str, typer.Option("--grade", help="Grading: combined (rules, then the judge), rules, or judge.")
+]
+JudgeRunsOpt = Annotated[int, typer.Option("--judge-runs", help="Independent LLM-judge runs (paper: 4).")]
+JudgeUrlOpt = Annotated[
+    str | None, typer.Option("--judge-base-url", help="Endpoint of the judge role (default: the run's endpoint).")
+]
+JudgeModelOpt = Annotated[str | None, typer.Option("--judge-model", help="Model name of the judge role.")]
+
+
+def _grade_config(grade: str, judge_runs: int) -> Any:
+    from tmas.eval.grading import GradeConfig
+
+    if grade not in ("combined", "rules", "judge"):
+        raise InputError(f"--grade {grade!r}: choose combined, rules or judge")
+    if judge_runs < 1:
+        raise InputError("--judge-runs must be at least 1")
+    return GradeConfig(mode=grade, judge_runs=judge_runs)  # type: ignore[arg-type]
+
+
+def _judge_settings(
+    config: Path | None, base_url: str | None, judge_base_url: str | None, judge_model: str | None
+) -> Settings:
+    settings = _settings(config, base_url=base_url)
+    role: dict[str, Any] = {}
+    if judge_base_url:
+        role["base_url"] = judge_base_url
+    if judge_model:
+        role["model"] = judge_model
+    if role:
+        data = settings.model_dump(mode="json", exclude_unset=True)
+        data.setdefault("roles", {}).setdefault("judge", {}).update(role)
+        if not settings.endpoint.base_url and judge_base_url:
+            data.setdefault("endpoint", {})["base_url"] = [judge_base_url]
+        settings = Settings.model_validate(data)
+    return settings
+
+
+@app.command()
+def report(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories (runs on the same problems share tables).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for report.md, report.html and plots.")],
+    grade: GradeModeOpt = "combined",
+    judge_runs: JudgeRunsOpt = 4,
+    no_grade: Annotated[bool, typer.Option("--no-grade", help="Use stored grades only; grade nothing new.")] = False,
+    config: ConfigOpt = None,
+    base_url: BaseUrlOpt = None,
+    judge_base_url: JudgeUrlOpt = None,
+    judge_model: JudgeModelOpt = None,
+) -> None:
+    """Grade runs and write a Markdown + HTML report with per-iteration tables and plots."""
+    from tmas.eval.report import build_report
+
+    settings = _judge_settings(config, base_url, judge_base_url, judge_model)
+    written = asyncio.run(build_report(run_dirs, out, _grade_config(grade, judge_runs), settings, grade=not no_grade))
+    typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
+
+
+@app.command("eval")
+def evaluate(
+    problems: Annotated[Path, typer.Argument(help="Problems as JSONL, or a benchmark name (hmmt25, ...).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Run directory to create.")],
+    report_dir: Annotated[
+        Path | None, typer.Option("--report-dir", help="Where the report goes (default: RUN_DIR/report).")
+    ] = None,
+    grade: GradeModeOpt = "combined",
+    judge_runs: JudgeRunsOpt = 4,
+    judge_base_url: JudgeUrlOpt = None,
+    judge_model: JudgeModelOpt = None,
+    method: MethodOpt = None,
+    param: ParamOpt = None,
+    iterations: IterationsOpt = None,
+    no_experience: NoExperienceOpt = False,
+    no_guideline: NoGuidelineOpt = False,
+    limit: Annotated[int | None, typer.Option("--limit", help="Only the first N problems.")] = None,
+    config: ConfigOpt = None,
+    base_url: BaseUrlOpt = None,
+    model: ModelOpt = None,
+    api_key_env: KeyEnvOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    local_model: LocalModelOpt = None,
+    temperature: TemperatureOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    seed: SeedOpt = None,
+) -> None:
+    """Run a method on problems, grade the run and write its report (run + report in one step)."""
+    from tmas.eval.report import build_report
+
+    grade_config = _grade_config(grade, judge_runs)  # bad flags fail before any model call
+    run(
+        problems=problems,
+        out=out,
+        resume=None,
+        method=method,
+        param=param,
+        iterations=iterations,
+        limit=limit,
+        config=config,
+        base_url=base_url,
+        model=model,
+        api_key_env=api_key_env,
+        concurrency=concurrency,
+        local_model=local_model,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        seed=seed,
+    )
+    settings = _judge_settings(config, base_url, judge_base_url, judge_model)
+    written = asyncio.run(build_report([out], report_dir or out / "report", grade_config, settings))
+    typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
+
+
+data_app = typer.Typer(help="Problem data: generate verifiable problems.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("generate")
+def data_generate(
+    family: Annotated[str, typer.Option("--family", help="Problem family, or 'all' (N of each).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="JSONL file to write.")],
+    n: Annotated[int, typer.Option("--n", help="Problems per family.")] = 10,
+    seed: Annotated[int, typer.Option("--seed", help="Seed: the same seed gives the same problems.")] = 0,
+    level: Annotated[int, typer.Option("--level", help="Difficulty, 1 (easy) to 5.")] = 1,
+) -> None:
+    """Write problems whose answers are computed by code (tilings, recurrences, modular arithmetic, ...)."""
+    from tmas.eval.generators import FAMILIES, generate, write_jsonl
+
+    if family != "all" and family not in FAMILIES:
+        raise InputError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}, all")
+    count = write_jsonl(generate(family, n, seed=seed, level=level), out)
+    typer.echo(f"wrote {count} problems to {out}")
 
 
 def main() -> None:

@@ -30,9 +30,10 @@ def _calls_text(state: RunState) -> str:
         return "starting"
     s = llm.stats
     iterations = sorted(state.active.values())
-    where = f"iteration {iterations[-1]} · " if len(iterations) == 1 else ""
-    if len(iterations) > 1:
-        where = f"{len(iterations)} active, iterations {iterations[0]}-{iterations[-1]} · "
+    where = ""
+    if iterations:
+        span = str(iterations[0]) if iterations[0] == iterations[-1] else f"{iterations[0]}-{iterations[-1]}"
+        where = f"{len(iterations)} active, iteration {span} · "
     return where + (
         f"{s.in_flight} in flight · {s.calls} calls · {s.cached} replayed · {s.failed} failed · "
         f"{s.usage.total_tokens:,} tokens"

@@ -9,15 +9,28 @@ from pydantic import ValidationError
 from tmas.errors import ConfigError
 from tmas.methods.base import Method
 from tmas.methods.cot import CoT
+from tmas.methods.majority import MajorityVote
+from tmas.methods.pacore import PaCoRe
+from tmas.methods.rse import RSE
+from tmas.methods.self_refine import SelfRefine
+from tmas.methods.tmas import TMAS
+from tmas.methods.verify_refine import VerifyRefine
 
-METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (CoT,)}
+METHODS: dict[str, type[Method]] = {
+    cls.name: cls for cls in (CoT, TMAS, MajorityVote, SelfRefine, VerifyRefine, PaCoRe, RSE)
+}
 
 
-def create_method(name: str, params: dict[str, Any] | None = None) -> Method:
-    """The method ``name`` with validated ``params``; unknown names and bad params are one-line ConfigErrors."""
+def create_method(name: str, params: dict[str, Any] | None = None, *, embedded: bool = False) -> Method:
+    """The method ``name`` with validated ``params``; unknown names and bad params are one-line ConfigErrors.
+
+    ``embedded``: the run uses the embedded local model, so the method's ``embedded_defaults`` go under ``params``.
+    """
     cls = METHODS.get(name)
     if cls is None:
         raise ConfigError(f"unknown method {name!r} (known: {', '.join(sorted(METHODS))})")
+    if embedded:
+        params = {**cls.embedded_defaults, **(params or {})}
     try:
         return cls(cls.Params.model_validate(params or {}))
     except ValidationError as exc:

@@ -7,14 +7,15 @@ method the same way.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Any, ClassVar
+from collections.abc import Awaitable, Iterable, Sequence
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tmas.config import Sampling
+from tmas.config import Budget, Sampling
 from tmas.llm.client import LLMClient
 from tmas.llm.types import CallKey, Completion, Message, Usage
 from tmas.problems import Problem
@@ -62,6 +63,23 @@ class ProblemResult(BaseModel):
     calls: int = 0
     failed_calls: int = 0
     usage: Usage = Field(default_factory=Usage)
+    # Handled anomalies by kind (e.g. TMAS's bad agent outputs), summed over iterations for the run summary.
+    counters: dict[str, int] = Field(default_factory=dict)
+
+
+class BudgetExhausted(Exception):
+    """Raised by :meth:`ProblemSession.chat` instead of sending a call once the problem's budget is spent.
+
+    A method may catch it to keep what it finished (e.g. the candidates of the current iteration); otherwise the
+    runner ends the problem with the iterations recorded so far and ``stopped_reason = "budget"``.
+    """
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+BUDGET_STOP = "budget"
 
 
 class MethodParams(BaseModel):
@@ -84,6 +102,7 @@ class ProblemSession:
         *,
         seed: int = 0,
         active: dict[str, int] | None = None,
+        budget: Budget | None = None,
     ) -> None:
         self.problem = problem
         self.llm = llm
@@ -97,6 +116,13 @@ class ProblemSession:
         self._iteration_failed = 0
         self._iteration_usage = Usage()
         self.records: list[IterationRecord] = []
+        self.budget = budget or Budget()
+        # The problem's whole spend (all iterations, replayed calls included, so a resumed run stops where the
+        # first one did): what budgets are checked against.
+        self.spent_calls = 0
+        self.spent_tokens = 0
+        # Set when the budget refused a call; says what was spent against what limit.
+        self.budget_stop: str | None = None
 
     async def chat(
         self,
@@ -106,17 +132,47 @@ class ProblemSession:
         sample: int = 0,
         sampling: Sampling | None = None,
     ) -> Completion:
+        self.check_budget()
         key = CallKey(problem_id=self.problem.problem_id, role=role, sample=sample, iteration=self.iteration)
         if self.llm.route(role).sampling.merged(sampling).seed is None:
             # A distinct, reproducible seed per call: parallel samples of one prompt differ, and a rerun with the
             # same run seed asks the same questions (servers that honour `seed`, e.g. vLLM, answer the same too).
             sampling = (sampling or Sampling()).merged(Sampling(seed=self.derive_seed("call", role, sample)))
         completion = await self.llm.chat(role, messages, key=key, sampling=sampling)
+        self.spent_calls += 1
+        self.spent_tokens += completion.usage.total_tokens
         self._iteration_calls += 1
         self._iteration_usage = self._iteration_usage + completion.usage
         if not completion.ok:
             self._iteration_failed += 1
         return completion
+
+    def check_budget(self) -> None:
+        """Raise :class:`BudgetExhausted` when the problem has spent its token or call budget."""
+        b = self.budget
+        over: list[str] = []
+        if b.calls is not None and self.spent_calls >= b.calls:
+            over.append(f"{self.spent_calls} calls of a budget of {b.calls}")
+        if b.tokens is not None and self.spent_tokens >= b.tokens:
+            over.append(f"{self.spent_tokens} tokens of a budget of {b.tokens}")
+        if over:
+            self.budget_stop = f"budget spent ({'; '.join(over)}) in iteration {self.iteration}"
+            raise BudgetExhausted(self.budget_stop)
+
+    async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
+        """Embedding vectors of ``texts`` (not stored, not counted against the chat budget: they are cheap and
+        deterministic, so a resumed run asks again)."""
+        return await self.llm.embed(texts, role=role)
+
+    def context_window(self, role: str) -> int | None:
+        """The context window (tokens) of ``role``'s endpoint where configured or reported, else None."""
+        route = self.llm.route(role)
+        known = [r.context_length for r in route.replicas if r.context_length]
+        return route.endpoint.context_length or (min(known) if known else None)
+
+    def max_tokens(self, role: str, sampling: Sampling | None = None) -> int | None:
+        """The max_tokens a call of ``role`` with the ``sampling`` override would send."""
+        return self.llm.route(role).sampling.merged(sampling).max_tokens
 
     def derive_seed(self, *parts: object) -> int:
         """A 31-bit seed fixed by the run seed, the problem, the current iteration and ``parts``."""
@@ -172,11 +228,45 @@ class ProblemSession:
         )
 
 
+_T = TypeVar("_T")
+_U = TypeVar("_U")
+
+
+async def gather_all(aws: Iterable[Awaitable[_T]]) -> list[_T]:
+    """Run ``aws`` concurrently; if one raises, cancel the others and re-raise that exception itself (unlike a
+    TaskGroup, which would wrap it), so errors such as an unreachable endpoint reach the runner as they are."""
+    tasks = [asyncio.ensure_future(aw) for aw in aws]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BudgetExhausted:
+        # A spent budget is no error: calls already in flight finish and count (each sibling stops at its own
+        # next call), then the stop goes on up, unless a sibling failed for a worse reason meanwhile.
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, BudgetExhausted):
+                raise outcome from None
+        raise
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def gather_pair(first: Awaitable[_T], second: Awaitable[_U]) -> tuple[_T, _U]:
+    """:func:`gather_all` for two awaitables of different types."""
+    a, b = asyncio.ensure_future(first), asyncio.ensure_future(second)
+    await gather_all([a, b])
+    return a.result(), b.result()
+
+
 class Method(ABC):
     """A test-time scaling method. Subclasses set ``name`` and ``Params`` and implement :meth:`solve`."""
 
     name: ClassVar[str]
     Params: ClassVar[type[MethodParams]] = MethodParams
+    # Params put under the user's own when the run uses the embedded local model (e.g. a small preset).
+    embedded_defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, params: MethodParams) -> None:
         self.params = params

@@ -14,6 +14,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,20 @@ CREATE TABLE IF NOT EXISTS iterations (
     record TEXT NOT NULL,
     PRIMARY KEY (problem_id, iteration)
 );
+-- Grades of candidates by the evaluation harness (tmas.eval.grading): one row per grader and judge run.
+-- candidate -1 is the iteration's selected answer; verdict NULL means undecided.
+CREATE TABLE IF NOT EXISTS grades (
+    problem_id TEXT NOT NULL,
+    iteration INTEGER NOT NULL,
+    candidate INTEGER NOT NULL,
+    grader TEXT NOT NULL,
+    run INTEGER NOT NULL,
+    answer TEXT,
+    verdict INTEGER,
+    detail TEXT NOT NULL DEFAULT '',
+    created_at REAL NOT NULL,
+    PRIMARY KEY (problem_id, iteration, candidate, grader, run)
+);
 CREATE TABLE IF NOT EXISTS results (
     problem_id TEXT PRIMARY KEY,
     status TEXT NOT NULL,
@@ -73,6 +88,20 @@ CREATE TABLE IF NOT EXISTS results (
     finished_at REAL NOT NULL
 );
 """
+
+
+@dataclass(frozen=True)
+class GradeRow:
+    """One grade: a candidate (``-1``: the selected answer) judged by one grader in one run (``None``: undecided)."""
+
+    problem_id: str
+    iteration: int
+    candidate: int
+    grader: str
+    run: int
+    answer: str | None
+    verdict: bool | None
+    detail: str = ""
 
 
 class StoreError(TmasError):
@@ -245,6 +274,47 @@ class RunStore:
             "SELECT r.record FROM results r JOIN problems p USING (problem_id) ORDER BY p.position"
         ).fetchall()
         return [json.loads(r[0]) for r in rows]
+
+    # ------------------------------------------------------------------------------------------ grades
+    def save_grades(self, rows: list[GradeRow]) -> None:
+        """Store grades (replacing earlier ones with the same key) in one transaction."""
+        with self._transaction():
+            for r in rows:
+                self._db.execute(
+                    "INSERT INTO grades (problem_id, iteration, candidate, grader, run, answer, verdict, detail,"
+                    " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT(problem_id, iteration, candidate, grader, run) DO UPDATE SET"
+                    " answer = excluded.answer, verdict = excluded.verdict, detail = excluded.detail,"
+                    " created_at = excluded.created_at",
+                    (
+                        r.problem_id,
+                        r.iteration,
+                        r.candidate,
+                        r.grader,
+                        r.run,
+                        r.answer,
+                        None if r.verdict is None else int(r.verdict),
+                        r.detail,
+                        time.time(),
+                    ),
+                )
+
+    def grades(self, grader: str | None = None) -> list[GradeRow]:
+        query = "SELECT problem_id, iteration, candidate, grader, run, answer, verdict, detail FROM grades"
+        args: tuple[Any, ...] = ()
+        if grader is not None:
+            query += " WHERE grader = ?"
+            args = (grader,)
+        return [
+            GradeRow(r[0], r[1], r[2], r[3], r[4], r[5], None if r[6] is None else bool(r[6]), r[7])
+            for r in self._db.execute(query + " ORDER BY problem_id, iteration, candidate, grader, run", args)
+        ]
+
+    def delete_grades(self, grader: str | None = None) -> None:
+        if grader is None:
+            self._db.execute("DELETE FROM grades")
+        else:
+            self._db.execute("DELETE FROM grades WHERE grader = ?", (grader,))
 
     # ------------------------------------------------------------------------------------------ helpers
     def _transaction(self) -> _Transaction:

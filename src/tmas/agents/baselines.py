@@ -1,0 +1,122 @@
+"""The baselines' own agents (Self-Refine, Verify-Refine's corrector, PaCoRe, RSE): prompt builders over the
+``self_refine.j2``, ``vr_correct.j2``, ``pacore_*.j2`` and ``rse_*.j2`` templates, and their parsers.
+
+Solving, verifying and the first generation reuse TMAS's solution and verification agents
+(:mod:`tmas.agents.solution`, :mod:`tmas.agents.verification`), so every method starts from the same prompt.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from tmas.agents.output import AgentOutputError, extract_json_object
+from tmas.agents.templates import prompt
+from tmas.llm.types import Message
+
+SYSTEM = "system_math.j2"
+_SOLUTION_HEADING = re.compile(r"^#{1,6}\s*Solution\s*:?\s*$", re.I | re.M)
+_THINK = re.compile(r"<think>.*?</think>", re.S)
+
+
+def solution_section(text: str) -> str:
+    """What follows the last ``## Solution`` heading (the whole text without one): a reply minus its feedback."""
+    matches = list(_SOLUTION_HEADING.finditer(text))
+    if not matches:
+        return text.strip()
+    return text[matches[-1].end() :].strip() or text.strip()
+
+
+def self_refine_prompt(question: str, mode: str, attempt: str) -> list[Message]:
+    """Self-Refine: review one's own previous attempt and rewrite it; nothing of any other trajectory."""
+    return prompt("self_refine.j2", system_name=SYSTEM, question=question, mode=mode, attempt=attempt)
+
+
+def correction_prompt(question: str, mode: str, solution: str, feedback: str, score: float | None) -> list[Message]:
+    """Verify-Refine's corrector: the previous solution and its verification report."""
+    shown = "unreadable" if score is None else f"{score:g}"
+    return prompt(
+        "vr_correct.j2",
+        system_name=SYSTEM,
+        question=question,
+        mode=mode,
+        solution=solution,
+        feedback=feedback,
+        score=shown,
+    )
+
+
+def pacore_round_prompt(question: str, mode: str, messages: list[str]) -> list[Message]:
+    """A PaCoRe round after the first: the problem with the compact messages of the previous round."""
+    return prompt("pacore_round.j2", system_name=SYSTEM, question=question, mode=mode, messages=messages)
+
+
+def pacore_synthesis_prompt(question: str, mode: str, messages: list[str]) -> list[Message]:
+    """PaCoRe's final synthesis: one solution from the compact messages of the last round."""
+    return prompt("pacore_synthesis.j2", system_name=SYSTEM, question=question, mode=mode, messages=messages)
+
+
+def compact_message(reply: str, max_chars: int) -> str:
+    """PaCoRe's compact message of a response: its final conclusion, not its reasoning.
+
+    The conclusion is the end of the response's final content (reasoning in ``<think>`` was already split off by
+    the client; stray tags are dropped here), cut to ``max_chars`` from the end, where the answer is.
+    """
+    text = _THINK.sub("", solution_section(reply)).strip()
+    if len(text) <= max_chars:
+        return text
+    cut = text[-max_chars:]
+    # Start at a line or sentence boundary where one is near, so the message does not open mid-word.
+    for sep in ("\n", ". "):
+        pos = cut.find(sep)
+        if 0 <= pos < max_chars // 3:
+            cut = cut[pos + len(sep) :]
+            break
+    return "[...] " + cut.strip()
+
+
+def rse_solve_prompt(question: str, mode: str, propositions: list[str], pitfalls: list[str]) -> list[Message]:
+    """RSE sampling: the problem with the experience bank injected (the plain problem while the bank is empty)."""
+    return prompt(
+        "rse_solve.j2",
+        system_name=SYSTEM,
+        question=question,
+        mode=mode,
+        propositions=propositions,
+        pitfalls=pitfalls,
+    )
+
+
+def distill_prompt(question: str, attempt: str, max_items: int) -> list[Message]:
+    """RSE distillation of one trajectory. The reference answer is never an input: only problem and attempt."""
+    return prompt("rse_distill.j2", system_name=SYSTEM, question=question, attempt=attempt, max_items=max_items)
+
+
+class Distillation(BaseModel):
+    """What the distiller extracted from one trajectory."""
+
+    propositions: list[str] = Field(default_factory=list)
+    pitfalls: list[str] = Field(default_factory=list)
+
+
+def _items(value: Any, limit: int) -> list[str]:
+    if not isinstance(value, list):
+        return []
+    out = [" ".join(str(v).split()) for v in value if isinstance(v, str | int | float) and str(v).strip()]
+    return out[:limit]
+
+
+def parse_distillation(content: str, *, max_items: int, truncated: bool = False) -> Distillation:
+    """The distiller's JSON; raises :class:`AgentOutputError` when there is none (a truncated reply says so)."""
+    try:
+        data = extract_json_object(content)
+    except AgentOutputError as exc:
+        raise AgentOutputError(f"{exc} (reply truncated at max_tokens)" if truncated else str(exc)) from None
+    if "propositions" not in data and "pitfalls" not in data:
+        raise AgentOutputError("JSON object has neither 'propositions' nor 'pitfalls'")
+    return Distillation(
+        propositions=_items(data.get("propositions"), max_items),
+        pitfalls=_items(data.get("pitfalls"), max_items),
+    )

@@ -1,0 +1,60 @@
+"""The solution agent A_sol (paper eq. 1): generation (t = 0), exploit (refine) and explore prompts, and its parser.
+
+Numeric mode (the official ``--no_proof``): the final answer is the last ``\\boxed{}``; a solution without one has no
+answer (no "final answer is" fallback: the prompt asks for the box). Proof mode: the text under ``## Solution`` is
+the solution; when the heading is missing, the whole reply is used and ``has_section`` says so.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel
+
+from tmas.agents.rollouts import RolloutView
+from tmas.agents.templates import prompt
+from tmas.answers import last_boxed
+from tmas.llm.types import Message
+from tmas.memory.experience_bank import ExperienceBank
+from tmas.memory.guideline_bank import Strategy
+
+SYSTEM = "system_math.j2"
+SolutionPrompt = Literal["generate", "refine", "explore"]
+_SECTION = re.compile(r"^#{1,6}\s*Solution\s*:?\s*$", re.I | re.M)
+
+
+class SolutionOutput(BaseModel):
+    # What later agents see: the reply's final content (the section under "## Solution" when there is one).
+    text: str
+    answer: str | None
+    has_section: bool
+
+
+def generation_prompt(question: str, mode: str) -> list[Message]:
+    """Iteration 0 (and explore without a guideline bank): the problem alone, no memory."""
+    return prompt("tmas_generate.j2", system_name=SYSTEM, question=question, mode=mode)
+
+
+def refine_prompt(
+    question: str, mode: str, rollouts: list[RolloutView], experience: ExperienceBank | None
+) -> list[Message]:
+    """Exploit, z = 0: A_sol(Q, R_{t-1}, E_{t-1}); ``experience`` None leaves the experience context out (ablation)."""
+    return prompt(
+        "tmas_refine.j2", system_name=SYSTEM, question=question, mode=mode, rollouts=rollouts, experience=experience
+    )
+
+
+def explore_prompt(question: str, mode: str, strategies: list[Strategy]) -> list[Message]:
+    """Explore, z = 1: A_sol(Q, G_{t-1}), the generation prompt with the guideline constraint appended."""
+    return prompt("tmas_explore.j2", system_name=SYSTEM, question=question, mode=mode, strategies=strategies)
+
+
+def parse_solution(content: str, mode: str) -> SolutionOutput:
+    matches = list(_SECTION.finditer(content))
+    has_section = bool(matches)
+    text = content.strip()
+    if mode == "proof" and matches:
+        text = content[matches[-1].end() :].strip() or text
+    answer = last_boxed(content) if mode == "numeric" else None
+    return SolutionOutput(text=text, answer=answer or None, has_section=has_section)

@@ -1,0 +1,264 @@
+"""The paper's analyses of a run: B.4 verification-score dynamics, B.3 unique guidelines against epsilon,
+C's trace of experience entries, and the cost/benefit of adaptive stopping.
+
+Method state is read defensively: a method that stores no scores or banks yields an analysis that says so.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from tmas.eval.grading import Grades
+from tmas.eval.metrics import RunMetrics
+
+# Keys the TMAS method may use for its banks in IterationRecord.state (first match wins).
+GUIDELINE_KEYS = ("guideline_bank", "guidelines", "guideline")
+EXPERIENCE_KEYS = ("experience_bank", "experiences", "experience")
+
+
+def _candidate_correct(grades: Grades, key: tuple[str, int, int]) -> bool:
+    """A rollout is correct when at least half of the judge runs say so."""
+    verdicts = grades.verdicts.get(key) or []
+    return bool(verdicts) and sum(v is True for v in verdicts) * 2 >= len(verdicts)
+
+
+# ------------------------------------------------------------------------------------------ B.4
+@dataclass
+class ScoreDynamics:
+    """Verification scores of ever-correct vs never-correct problems (paper, appendix B.4)."""
+
+    available: bool
+    reason: str = ""
+    ever_correct: list[str] = field(default_factory=list)
+    never_correct: list[str] = field(default_factory=list)
+    # Per iteration: group mean of the problems' mean candidate score (None where the group has no scores).
+    ever_by_iteration: list[float | None] = field(default_factory=list)
+    never_by_iteration: list[float | None] = field(default_factory=list)
+    per_problem: dict[str, float] = field(default_factory=dict)
+    ever_mean: float | None = None
+    never_mean: float | None = None
+    # Delta(wrong - correct) = never-correct mean - ever-correct mean, as the paper reports it.
+    delta: float | None = None
+    u_statistic: float | None = None
+    p_value: float | None = None
+
+
+def score_dynamics(results: list[dict[str, Any]], grades: Grades) -> ScoreDynamics:
+    graded = [r for r in results if any(key[0] == r["problem_id"] for key in grades.verdicts)]
+    scores: dict[str, dict[int, list[float]]] = {}
+    ever: dict[str, bool] = {}
+    for result in graded:
+        pid = result["problem_id"]
+        ever[pid] = False
+        for record in result.get("iterations", []):
+            it = int(record["iteration"])
+            for cand in record.get("candidates", []):
+                ever[pid] = ever[pid] or _candidate_correct(grades, (pid, it, int(cand["index"])))
+                if cand.get("score") is not None:
+                    scores.setdefault(pid, {}).setdefault(it, []).append(float(cand["score"]))
+    if not scores:
+        return ScoreDynamics(False, "the method records no candidate scores (e.g. no verifier)")
+    out = ScoreDynamics(True)
+    out.ever_correct = [p for p in ever if ever[p] and p in scores]
+    out.never_correct = [p for p in ever if not ever[p] and p in scores]
+    last = max(it for per in scores.values() for it in per)
+    for group, series in ((out.ever_correct, out.ever_by_iteration), (out.never_correct, out.never_by_iteration)):
+        for t in range(last + 1):
+            values = [statistics.fmean(scores[p][t]) for p in group if t in scores[p]]
+            series.append(statistics.fmean(values) if values else None)
+    # Per problem: the mean over all iterations and rollouts (Figure 7).
+    out.per_problem = {p: statistics.fmean([s for v in per.values() for s in v]) for p, per in scores.items()}
+    ever_values = [out.per_problem[p] for p in out.ever_correct]
+    never_values = [out.per_problem[p] for p in out.never_correct]
+    out.ever_mean = statistics.fmean(ever_values) if ever_values else None
+    out.never_mean = statistics.fmean(never_values) if never_values else None
+    if out.ever_mean is not None and out.never_mean is not None:
+        out.delta = out.never_mean - out.ever_mean
+        from scipy.stats import mannwhitneyu
+
+        test = mannwhitneyu(never_values, ever_values, alternative="two-sided")
+        out.u_statistic, out.p_value = float(test.statistic), float(test.pvalue)
+    else:
+        out.reason = "one of the groups is empty: no test"
+    return out
+
+
+# ------------------------------------------------------------------------------------------ B.3
+def _bank_entries(state: dict[str, Any], keys: tuple[str, ...]) -> list[tuple[str, str]] | None:
+    """A bank's entries in a method state as (id, text) pairs; None when the state has no such bank.
+
+    TMAS stores ``guideline_bank = {"strategies": [{id, description, ...}]}`` and
+    ``experience_bank = {"entries": [{id, content, ...}]}``; plain lists of strings are read too.
+    """
+    for key in keys:
+        if key not in state:
+            continue
+        bank = state[key]
+        if isinstance(bank, dict):
+            bank = next((bank[k] for k in ("strategies", "entries", "items") if k in bank), [])
+        if not isinstance(bank, list):
+            return []
+        out = []
+        for entry in bank:
+            if isinstance(entry, dict):
+                text = next((entry[k] for k in ("description", "content", "text") if k in entry), None)
+                text = str(text) if text is not None else repr(sorted(entry.items()))
+                # Ids survive rewording by the bank's agent; texts are the fallback identity.
+                out.append((str(entry.get("id") or _norm(text)), text))
+            else:
+                out.append((_norm(str(entry)), str(entry)))
+        return out
+    return None
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.split()).lower()
+
+
+@dataclass
+class GuidelineDiversity:
+    available: bool
+    reason: str = ""
+    epsilon: float | None = None
+    per_problem: dict[str, int] = field(default_factory=dict)
+    mean_unique: float | None = None
+
+
+def unique_guidelines(results: list[dict[str, Any]], method: dict[str, Any] | None) -> GuidelineDiversity:
+    """Unique guideline texts per problem over all iterations (paper, appendix B.3), with the run's epsilon."""
+    params = (method or {}).get("params", {})
+    epsilon = params.get("epsilon")
+    per_problem: dict[str, int] = {}
+    for result in results:
+        seen: set[str] = set()
+        found = False
+        for record in result.get("iterations", []):
+            entries = _bank_entries(record.get("state") or {}, GUIDELINE_KEYS)
+            if entries is None:
+                continue
+            found = True
+            seen.update(ident for ident, _ in entries)
+        if found:
+            per_problem[result["problem_id"]] = len(seen)
+    if not per_problem:
+        return GuidelineDiversity(False, f"no guideline bank in the iteration state (looked for {GUIDELINE_KEYS})")
+    return GuidelineDiversity(
+        True,
+        epsilon=float(epsilon) if isinstance(epsilon, int | float) else None,
+        per_problem=per_problem,
+        mean_unique=statistics.fmean(per_problem.values()),
+    )
+
+
+# ------------------------------------------------------------------------------------------ C
+@dataclass
+class TraceRow:
+    iteration: int
+    correct: int
+    rollouts: int
+    # Among rollouts that saw the experience bank (TMAS "exploit" mode, from the candidate's meta), if known.
+    exploit_correct: int | None
+    exploit_rollouts: int | None
+    new_entries: list[str]
+
+
+@dataclass
+class ExperienceTrace:
+    """One problem's correct rollouts per iteration next to the experience entries each iteration added (Table 12).
+
+    An entry added after iteration t is first visible to the exploit rollouts of iteration t + 1.
+    """
+
+    problem_id: str
+    available: bool
+    reason: str = ""
+    rows: list[TraceRow] = field(default_factory=list)
+
+
+def experience_trace(result: dict[str, Any], grades: Grades) -> ExperienceTrace:
+    pid = result["problem_id"]
+    trace = ExperienceTrace(pid, True)
+    known: set[str] = set()
+    any_bank = False
+    for record in result.get("iterations", []):
+        it = int(record["iteration"])
+        cands = record.get("candidates", [])
+        hits = [_candidate_correct(grades, (pid, it, int(c["index"]))) for c in cands]
+        modes = [(c.get("meta") or {}).get("mode") for c in cands]
+        exploit = [h for h, m in zip(hits, modes, strict=True) if m == "exploit"]
+        entries = _bank_entries(record.get("state") or {}, EXPERIENCE_KEYS)
+        new: list[str] = []
+        if entries is not None:
+            any_bank = True
+            new = [text for ident, text in entries if ident not in known]
+            known.update(ident for ident, _ in entries)
+        known_modes = any(m is not None for m in modes)
+        trace.rows.append(
+            TraceRow(
+                it,
+                sum(hits),
+                len(cands),
+                sum(exploit) if known_modes else None,
+                len(exploit) if known_modes else None,
+                new,
+            )
+        )
+    if not any_bank:
+        trace.available = False
+        trace.reason = f"no experience bank in the iteration state (looked for {EXPERIENCE_KEYS})"
+    return trace
+
+
+def most_improved(results: list[dict[str, Any]], grades: Grades) -> dict[str, Any] | None:
+    """The problem whose correct-rollout share rose most from its first to its last iteration (a case to trace)."""
+    best, best_gain = None, 0.0
+    for result in results:
+        records = result.get("iterations", [])
+        if len(records) < 2:
+            continue
+        pid = result["problem_id"]
+
+        def share(record: dict[str, Any], pid: str = pid) -> float:
+            cands = record.get("candidates", [])
+            hits = sum(_candidate_correct(grades, (pid, int(record["iteration"]), int(c["index"]))) for c in cands)
+            return hits / len(cands) if cands else 0.0
+
+        gain = share(records[-1]) - share(records[0])
+        if gain > best_gain:
+            best, best_gain = result, gain
+    return best
+
+
+# ------------------------------------------------------------------------------------------ adaptive stopping
+@dataclass
+class StoppingSummary:
+    stopped: int
+    reasons: dict[str, int]
+    mean_stop_iteration: float | None
+    # Against a run of the same method without stopping, when one is given.
+    tokens_saved: int | None = None
+    tokens_saved_share: float | None = None
+    pass1_lost: float | None = None
+
+
+def stopping_summary(results: list[dict[str, Any]]) -> StoppingSummary:
+    """Problems stopped early, why, and at which iteration on average."""
+    stopped = [r for r in results if r.get("stopped_reason")]
+    reasons: dict[str, int] = {}
+    for r in stopped:
+        reasons[str(r["stopped_reason"])] = reasons.get(str(r["stopped_reason"]), 0) + 1
+    stop_its = [max(int(rec["iteration"]) for rec in r["iterations"]) for r in stopped if r.get("iterations")]
+    return StoppingSummary(len(stopped), reasons, statistics.fmean(stop_its) if stop_its else None)
+
+
+def stopping_tradeoff(summary: StoppingSummary, metrics: RunMetrics, full: RunMetrics) -> None:
+    """Fill in tokens saved and final Pass@1 lost against ``full``, a run of the same method without stopping."""
+    if not full.iterations or not metrics.iterations:
+        return
+    # Stopped problems carry their last answer forward, so the last row of each run is its final state.
+    mine, theirs = metrics.iterations[-1], full.iterations[-1]
+    summary.tokens_saved = theirs.cumulative_tokens - mine.cumulative_tokens
+    summary.tokens_saved_share = summary.tokens_saved / theirs.cumulative_tokens if theirs.cumulative_tokens else None
+    summary.pass1_lost = theirs.pass1 - mine.pass1

@@ -1,0 +1,145 @@
+"""Metrics per iteration: Pass@1 (paper, appendix A.2), MV@k, selected-answer accuracy, calls and tokens.
+
+A problem that stopped early (adaptive stopping) keeps its last iteration's candidates at later iterations: that is
+what the method would return, at no further cost. A problem with no iteration at all (a failed run) scores 0.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tmas.answers import normalize_answer
+from tmas.eval.grading import SELECTED, Grades
+
+
+def pass_at_1(labels: Mapping[str, Sequence[Sequence[bool]]]) -> float:
+    """Pass@1 as defined in the TMAS paper, appendix A.2.
+
+    ``labels[problem][r]`` holds the correctness of each of the problem's n_i rollouts under judge run r.
+    Pass@1^(r) = 1/|P| * sum_i c_i^(r) / n_i  (c_i^(r): rollouts judged correct in run r), and
+    Pass@1 = 1/R * sum_r Pass@1^(r). A problem with no rollouts contributes 0.
+    """
+    if not labels:
+        return 0.0
+    runs = max(len(per_run) for per_run in labels.values())
+    if runs == 0:
+        return 0.0
+    total = 0.0
+    for r in range(runs):
+        share = 0.0
+        for per_run in labels.values():
+            rollouts = per_run[r] if r < len(per_run) else []
+            share += sum(rollouts) / len(rollouts) if rollouts else 0.0
+        total += share / len(labels)
+    return total / runs
+
+
+def majority_answer(answers: Sequence[str | None]) -> int | None:
+    """Index of the first candidate holding the most frequent (normalized) answer; ties go to the earliest."""
+    keys = [normalize_answer(a) if a else None for a in answers]
+    counts = Counter(k for k in keys if k)
+    if not counts:
+        return None
+    best = max(counts.values())
+    return next(i for i, k in enumerate(keys) if k and counts[k] == best)
+
+
+@dataclass
+class IterationMetrics:
+    iteration: int
+    pass1: float
+    pass1_runs: list[float]
+    mv: float
+    selected: float
+    calls: int
+    tokens: int
+    cumulative_calls: int
+    cumulative_tokens: int
+    # Mean cumulative tokens per problem: the x axis of Pass@1 against compute.
+    tokens_per_problem: float
+    problems: int
+
+
+@dataclass
+class RunMetrics:
+    iterations: list[IterationMetrics] = field(default_factory=list)
+    labeled: int = 0
+    unlabeled: int = 0
+    judge_runs: int = 1
+    mv_k: int | None = None
+
+    def at(self, iteration: int) -> IterationMetrics | None:
+        return next((m for m in self.iterations if m.iteration == iteration), None)
+
+
+def _record_at(result: dict[str, Any], iteration: int) -> dict[str, Any] | None:
+    """The problem's record for ``iteration``, or its last earlier one (it stopped: its answer stands)."""
+    chosen = None
+    for record in result.get("iterations", []):
+        if int(record["iteration"]) <= iteration:
+            chosen = record
+    return chosen
+
+
+def compute_metrics(results: list[dict[str, Any]], grades: Grades, *, mv_k: int | None = None) -> RunMetrics:
+    """All per-iteration metrics of one run; only problems with grades (labeled) count toward accuracies."""
+    graded = {key[0] for key in grades.verdicts}
+    labeled = [r for r in results if r["problem_id"] in graded or _has_no_iterations(r, grades)]
+    last = max((int(rec["iteration"]) for r in results for rec in r.get("iterations", [])), default=-1)
+    out = RunMetrics(labeled=len(labeled), unlabeled=len(grades.unlabeled), judge_runs=grades.runs, mv_k=mv_k)
+    cumulative_calls = cumulative_tokens = 0
+    for t in range(last + 1):
+        labels: dict[str, list[list[bool]]] = {}
+        mv_hits = selected_hits = 0.0
+        for result in labeled:
+            pid = result["problem_id"]
+            record = _record_at(result, t)
+            cands = record.get("candidates", []) if record else []
+            labels[pid] = [
+                [grades.correct((pid, int(record["iteration"]), int(c["index"])), r) for c in cands] if record else []
+                for r in range(grades.runs)
+            ]
+            if record is None:
+                continue
+            it = int(record["iteration"])
+            voted = majority_answer([c.get("answer") for c in cands[:mv_k]])
+            for r in range(grades.runs):
+                if voted is not None:
+                    mv_hits += grades.correct((pid, it, int(cands[voted]["index"])), r)
+                selected_hits += grades.correct((pid, it, SELECTED), r)
+        denominator = max(1, len(labeled) * grades.runs)
+        # Cost counts every problem (labeled or not) and only iterations actually run.
+        calls = tokens = 0
+        for result in results:
+            for record in result.get("iterations", []):
+                if int(record["iteration"]) == t:
+                    calls += int(record.get("calls", 0))
+                    usage = record.get("usage", {})
+                    tokens += int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
+        cumulative_calls += calls
+        cumulative_tokens += tokens
+        per_run = [pass_at_1({pid: [runs[r]] for pid, runs in labels.items()}) for r in range(grades.runs)]
+        out.iterations.append(
+            IterationMetrics(
+                iteration=t,
+                pass1=pass_at_1(labels),
+                pass1_runs=per_run,
+                mv=mv_hits / denominator,
+                selected=selected_hits / denominator,
+                calls=calls,
+                tokens=tokens,
+                cumulative_calls=cumulative_calls,
+                cumulative_tokens=cumulative_tokens,
+                tokens_per_problem=cumulative_tokens / max(1, len(results)),
+                problems=len(labeled),
+            )
+        )
+    return out
+
+
+def _has_no_iterations(result: dict[str, Any], grades: Grades) -> bool:
+    # A labeled problem whose run failed before any iteration still counts (as 0) toward accuracy.
+    return not result.get("iterations") and result["problem_id"] not in grades.unlabeled

@@ -1,0 +1,378 @@
+"""``tmas report``: grade runs, compute their metrics and analyses, and write Markdown + HTML reports with plots.
+
+Runs on the same problems (the same benchmark) share one table like the paper's Table 1 (selected iterations) and
+one like Tables 3-10 (every iteration), and one plot each of Pass@1 against iteration and against tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from tmas.config import Settings
+from tmas.eval.analysis import (
+    ExperienceTrace,
+    GuidelineDiversity,
+    ScoreDynamics,
+    StoppingSummary,
+    experience_trace,
+    most_improved,
+    score_dynamics,
+    stopping_summary,
+    stopping_tradeoff,
+    unique_guidelines,
+)
+from tmas.eval.document import Bullets, Document, Heading, Image, Paragraph, Table
+from tmas.eval.grading import GradeConfig, Grades, grade_run, load_grades
+from tmas.eval.metrics import RunMetrics, compute_metrics
+from tmas.eval.plots import plot_pass1
+from tmas.store.run_store import RunStore
+
+# At most this many columns in the "selected iterations" table (the paper shows six).
+SELECTED_COLUMNS = 6
+
+
+@dataclass
+class RunEvaluation:
+    run_dir: Path
+    label: str
+    benchmark: str
+    method: str
+    params: dict[str, Any]
+    model: str | None
+    problems: int
+    done: int
+    failed: int
+    metrics: RunMetrics
+    grades: Grades | None
+    not_graded_reason: str = ""
+    cost: dict[str, int] = field(default_factory=dict)
+    dynamics: ScoreDynamics | None = None
+    guidelines: GuidelineDiversity | None = None
+    trace: ExperienceTrace | None = None
+    stopping: StoppingSummary | None = None
+
+
+def benchmark_name(store: RunStore) -> str:
+    """The run's dataset name when recorded, else a name fixed by its problem ids (so equal sets group)."""
+    name = store.get_meta("dataset")
+    if isinstance(name, str) and name:
+        return name
+    ids = [p.problem_id for p in store.problems()]
+    digest = hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()[:8]
+    return f"problems-{len(ids)}-{digest}"
+
+
+def _label(method: str, model: str | None) -> str:
+    return method + (f" [{model}]" if model else "")
+
+
+async def evaluate_run(
+    run_dir: Path, config: GradeConfig, settings: Settings | None, *, grade: bool = True
+) -> RunEvaluation:
+    """Grade (or read stored grades of) one run and compute everything the report shows."""
+    with RunStore(run_dir, create=False) as store:
+        method_meta = store.get_meta("method") or {}
+        stored_settings = store.get_meta("settings") or {}
+        method = str(method_meta.get("name") or stored_settings.get("method", {}).get("name", "?"))
+        params = dict(method_meta.get("params") or {})
+        model = (stored_settings.get("endpoint") or {}).get("model")
+        results = store.results()
+        problems = store.problems()
+        reason = ""
+        grades: Grades | None = None
+        if params.get("mode") == "proof":
+            reason = "proof mode: answers are proofs, not graded"
+        elif not any(p.answer is not None for p in problems):
+            reason = "no problem has a reference answer (unlabeled): nothing graded"
+        elif grade:
+            grades = await grade_run(store, config, _judge_settings(settings, stored_settings))
+        else:
+            grades = load_grades(store, config)
+            if grades is None:
+                reason = "not graded yet (run 'tmas report' without --no-grade)"
+        if grades is None:
+            grades = Grades(runs=1, unlabeled=[p.problem_id for p in problems if p.answer is None])
+        judge_calls = judge_prompt = judge_completion = 0
+        for call in store.calls():
+            if call.key.role == "judge":
+                judge_calls += 1
+                judge_prompt += call.usage.prompt_tokens
+                judge_completion += call.usage.completion_tokens
+        evaluation = RunEvaluation(
+            run_dir=run_dir,
+            label=_label(method, model),
+            benchmark=benchmark_name(store),
+            method=method,
+            params=params,
+            model=model,
+            problems=len(problems),
+            done=sum(r.get("status") == "done" for r in results),
+            failed=sum(r.get("status") != "done" for r in results),
+            metrics=compute_metrics(results, grades, mv_k=None),
+            grades=None if reason else grades,
+            not_graded_reason=reason,
+            cost={
+                "calls": sum(int(r.get("calls", 0)) for r in results),
+                "failed_calls": sum(int(r.get("failed_calls", 0)) for r in results),
+                "prompt_tokens": sum(int(r.get("usage", {}).get("prompt_tokens", 0)) for r in results),
+                "completion_tokens": sum(int(r.get("usage", {}).get("completion_tokens", 0)) for r in results),
+                "judge_calls": judge_calls,
+                "judge_prompt_tokens": judge_prompt,
+                "judge_completion_tokens": judge_completion,
+            },
+        )
+        if not reason:
+            evaluation.dynamics = score_dynamics(results, grades)
+            improved = most_improved(results, grades)
+            evaluation.trace = experience_trace(improved, grades) if improved else None
+        evaluation.guidelines = unique_guidelines(results, method_meta)
+        evaluation.stopping = stopping_summary(results)
+    return evaluation
+
+
+def _judge_settings(given: Settings | None, stored: dict[str, Any]) -> Settings | None:
+    """The settings the judge uses: those given when they name an endpoint, else the run's own."""
+    if given is not None and not given.uses_local_model:
+        return given
+    try:
+        return Settings.model_validate(stored) if stored else given
+    except ValidationError:
+        return given
+
+
+def _unique_labels(evaluations: list[RunEvaluation]) -> None:
+    """Runs that share a label are told apart by the parameters that differ between them, else by directory."""
+    groups: dict[str, list[RunEvaluation]] = defaultdict(list)
+    for e in evaluations:
+        groups[e.label].append(e)
+    for label, members in groups.items():
+        if len(members) < 2:
+            continue
+        keys = sorted({k for e in members for k in e.params})
+        differing = [k for k in keys if len({repr(e.params.get(k)) for e in members}) > 1]
+        for e in members:
+            shown = ", ".join(f"{k}={e.params.get(k)}" for k in differing)
+            e.label = f"{label} ({shown})" if shown else label
+        if len({e.label for e in members}) < len(members):
+            for e in members:
+                e.label = f"{e.label} <{e.run_dir.name}>"
+
+
+def selected_iterations(last: int, columns: int = SELECTED_COLUMNS) -> list[int]:
+    """Evenly spread iterations from 0 to ``last`` (all of them when few), like Table 1's representative columns."""
+    if last + 1 <= columns:
+        return list(range(last + 1))
+    return sorted({round(i * last / (columns - 1)) for i in range(columns)})
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.2f}"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "benchmark"
+
+
+def write_report(evaluations: list[RunEvaluation], out_dir: Path) -> dict[str, Path]:
+    """Write report.md, report.html and the PNG plots into ``out_dir``; returns the paths by kind."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _unique_labels(evaluations)
+    doc = Document("tmas evaluation report")
+    written: dict[str, Path] = {}
+    by_benchmark: dict[str, list[RunEvaluation]] = defaultdict(list)
+    for e in evaluations:
+        by_benchmark[e.benchmark].append(e)
+    doc.add(
+        Paragraph(
+            "Pass@1 as in the TMAS paper (A.2): per problem the share of rollouts judged correct, "
+            "averaged over problems, then over judge runs. Values in %."
+        )
+    )
+    for bench, runs in by_benchmark.items():
+        doc.add(Heading(2, f"Benchmark: {bench}"))
+        graded = [e for e in runs if e.grades is not None]
+        for e in runs:
+            if e.not_graded_reason:
+                doc.add(Paragraph(f"{e.label}: {e.not_graded_reason}."))
+        if graded:
+            _benchmark_tables(doc, graded)
+            for kind, x in (("iteration", "iteration"), ("tokens", "tokens")):
+                name = f"pass1_vs_{kind}_{_slug(bench)}.png"
+                path = plot_pass1(
+                    [(e.label, e.metrics) for e in graded], f"{bench}: Pass@1 vs {kind}", out_dir / name, x=x
+                )
+                written[name] = path
+                doc.add(Image(name, f"Pass@1 against {kind} on {bench}"))
+            _stopping_comparisons(graded)
+        for e in runs:
+            _run_section(doc, e)
+    written["markdown"] = out_dir / "report.md"
+    written["html"] = out_dir / "report.html"
+    written["markdown"].write_text(doc.markdown(), encoding="utf-8")
+    written["html"].write_text(doc.html(), encoding="utf-8")
+    return written
+
+
+def _benchmark_tables(doc: Document, runs: list[RunEvaluation]) -> None:
+    last = max((e.metrics.iterations[-1].iteration for e in runs if e.metrics.iterations), default=0)
+    chosen = selected_iterations(last)
+    doc.add(Heading(3, "Pass@1 (%) at selected iterations"))
+    rows = []
+    for e in runs:
+        # "-" beyond a run's last iteration, as the paper shows non-iterative baselines.
+        rows.append([e.label, *[_pct(m.pass1) if (m := e.metrics.at(t)) else "-" for t in chosen]])
+    doc.add(Table(["Method", *[f"It{t}" for t in chosen]], rows))
+    doc.add(Heading(3, "Pass@1 (%) at every iteration"))
+    rows = [[e.label, *[_pct(m.pass1) if (m := e.metrics.at(t)) else "-" for t in range(last + 1)]] for e in runs]
+    doc.add(Table(["Method", *[f"It{t}" for t in range(last + 1)]], rows))
+    doc.add(Heading(3, "Cost"))
+    rows = []
+    for e in runs:
+        c = e.cost
+        rows.append(
+            [
+                e.label,
+                str(c["calls"]),
+                str(c["failed_calls"]),
+                str(c["prompt_tokens"]),
+                str(c["completion_tokens"]),
+                f"{(c['prompt_tokens'] + c['completion_tokens']) / max(1, e.problems):.0f}",
+                str(c["judge_calls"]),
+                str(c["judge_prompt_tokens"] + c["judge_completion_tokens"]),
+            ]
+        )
+    headers = ["Method", "Calls", "Failed", "Prompt tokens", "Completion tokens", "Tokens/problem", "Judge calls"]
+    doc.add(Table([*headers, "Judge tokens"], rows))
+
+
+def _stopping_comparisons(runs: list[RunEvaluation]) -> None:
+    """For a run that stopped problems early, compare with a run of the same method that did not stop any."""
+    for e in runs:
+        if e.stopping is None or not e.stopping.stopped:
+            continue
+        full = next(
+            (o for o in runs if o is not e and o.method == e.method and o.stopping and not o.stopping.stopped), None
+        )
+        if full is not None:
+            stopping_tradeoff(e.stopping, e.metrics, full.metrics)
+
+
+def _run_section(doc: Document, e: RunEvaluation) -> None:
+    doc.add(Heading(3, f"Run: {e.label}"))
+    g = e.grades
+    items = [
+        f"run directory: {e.run_dir}",
+        f"method: {e.method}; parameters: {e.params or '{}'}; model: {e.model or '(default)'}",
+        f"problems: {e.problems} ({e.done} done, {e.failed} failed)",
+    ]
+    if g is not None:
+        items.append(
+            f"grading: {g.mode}, {g.runs} judge run(s); {g.undecided()} undecided verdicts (counted incorrect)"
+        )
+        items += g.notes
+    if e.metrics.unlabeled:
+        items.append(f"{e.metrics.unlabeled} problems have no reference answer: solved but not graded")
+    if e.not_graded_reason:
+        items.append(e.not_graded_reason)
+    doc.add(Bullets(items))
+    if e.metrics.iterations:
+        rows = []
+        for m in e.metrics.iterations:
+            spread = f"{_pct(min(m.pass1_runs))}-{_pct(max(m.pass1_runs))}" if m.pass1_runs and g else "-"
+            rows.append(
+                [
+                    f"It{m.iteration}",
+                    _pct(m.pass1) if g else "-",
+                    spread,
+                    _pct(m.mv) if g else "-",
+                    _pct(m.selected) if g else "-",
+                    str(m.calls),
+                    str(m.tokens),
+                    str(m.cumulative_calls),
+                    f"{m.tokens_per_problem:.0f}",
+                ]
+            )
+        headers = ["Iteration", "Pass@1", "Pass@1 over judge runs", "MV@all", "Selected", "Calls", "Tokens"]
+        doc.add(Table([*headers, "Cum. calls", "Cum. tokens/problem"], rows))
+    _analyses(doc, e)
+
+
+def _analyses(doc: Document, e: RunEvaluation) -> None:
+    d = e.dynamics
+    if d is not None:
+        doc.add(Heading(4, "Verification-score dynamics (B.4)"))
+        if not d.available:
+            doc.add(Paragraph(f"Not available: {d.reason}."))
+        else:
+
+            def fmt(v: float | None) -> str:
+                return "-" if v is None else f"{v:.3f}"
+
+            rows = [
+                [f"It{t}", fmt(a), fmt(b)]
+                for t, (a, b) in enumerate(zip(d.ever_by_iteration, d.never_by_iteration, strict=True))
+            ]
+            doc.add(Table(["Iteration", "ever-correct mean score", "never-correct mean score"], rows))
+            summary = (
+                f"ever-correct: {len(d.ever_correct)} problems, mean {fmt(d.ever_mean)}; never-correct: "
+                f"{len(d.never_correct)} problems, mean {fmt(d.never_mean)}; delta(wrong - correct) = {fmt(d.delta)}"
+            )
+            if d.p_value is not None:
+                summary += f"; Mann-Whitney U = {d.u_statistic:.1f}, p = {d.p_value:.4g}"
+            elif d.reason:
+                summary += f" ({d.reason})"
+            doc.add(Paragraph(summary + "."))
+    if e.guidelines is not None:
+        doc.add(Heading(4, "Unique guidelines per problem (B.3)"))
+        gd = e.guidelines
+        if gd.available and gd.mean_unique is not None:
+            doc.add(Paragraph(f"epsilon = {gd.epsilon}; mean unique guidelines per problem = {gd.mean_unique:.2f}."))
+        else:
+            doc.add(Paragraph(f"Not available: {gd.reason}."))
+    t = e.trace
+    if t is None and e.grades is not None and e.metrics.iterations and len(e.metrics.iterations) > 1:
+        doc.add(Heading(4, "Experience trace (C)"))
+        doc.add(Paragraph("No problem gained correct rollouts from its first to its last iteration: nothing to trace."))
+    elif t is not None and not t.available:
+        doc.add(Heading(4, "Experience trace (C)"))
+        doc.add(Paragraph(f"Not available: {t.reason}."))
+    if t is not None and t.available:
+        doc.add(Heading(4, f"Experience trace of problem {t.problem_id} (C)"))
+        rows = [
+            [
+                f"It{r.iteration}",
+                f"{r.correct}/{r.rollouts}",
+                f"{r.exploit_correct}/{r.exploit_rollouts}" if r.exploit_rollouts is not None else "-",
+                "; ".join(x[:120] for x in r.new_entries) or "-",
+            ]
+            for r in t.rows
+        ]
+        headers = ["Iteration", "Correct rollouts", "Correct exploit rollouts", "Experience entries added"]
+        doc.add(Table(headers, rows))
+    s = e.stopping
+    if s is not None and s.stopped:
+        doc.add(Heading(4, "Adaptive stopping"))
+        text = f"{s.stopped} problems stopped early ({s.reasons}); mean stop iteration {s.mean_stop_iteration:.1f}"
+        if s.tokens_saved is not None:
+            share = f" ({100 * s.tokens_saved_share:.1f}%)" if s.tokens_saved_share is not None else ""
+            text += f"; against the full run: {s.tokens_saved} tokens saved{share}, Pass@1 lost {_pct(s.pass1_lost)}"
+        doc.add(Paragraph(text + "."))
+
+
+async def build_report(
+    run_dirs: list[Path],
+    out_dir: Path,
+    config: GradeConfig,
+    settings: Settings | None,
+    *,
+    grade: bool = True,
+) -> dict[str, Path]:
+    evaluations = [await evaluate_run(d, config, settings, grade=grade) for d in run_dirs]
+    return write_report(evaluations, out_dir)

@@ -1,0 +1,111 @@
+"""Rule-based answer equivalence with Math-Verify, run in worker processes.
+
+Math-Verify enforces its timeouts with ``signal.alarm``, which only works in a process's main thread: each check
+runs in the main thread of a worker process (``ProcessPoolExecutor``), driven from asyncio by ``run_in_executor``.
+Workers are spawned, not forked, because the parent may hold an event loop and open sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from tmas.errors import TmasError
+
+
+class MissingExtra(TmasError):
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class RuleVerdict:
+    """``correct`` is None when the rules cannot decide (unparseable, timed out, or unequal non-numeric forms)."""
+
+    correct: bool | None
+    detail: str
+
+
+def _wrap(answer: str) -> str:
+    # Math-Verify extracts LaTeX from \boxed{} or $...$; boxing also copes with answers that contain '$'.
+    return "\\boxed{" + answer.strip().strip("$") + "}"
+
+
+def check_pair(gold: str, pred: str, timeout_s: int = 5) -> RuleVerdict:
+    """Compare one pair (gold first: Math-Verify's ``verify`` is asymmetric). Runs in a worker process."""
+    try:
+        from math_verify import parse, verify
+    except ImportError:  # pragma: no cover - surfaced by the pool's owner
+        return RuleVerdict(None, "math-verify not installed")
+    try:
+        gold_parsed = parse(_wrap(gold), parsing_timeout=timeout_s)
+        pred_parsed = parse(_wrap(pred), parsing_timeout=timeout_s)
+    except Exception as exc:  # Math-Verify raises on odd input; that is "cannot decide", not a crash
+        return RuleVerdict(None, f"parse error: {type(exc).__name__}")
+    if not gold_parsed:
+        return RuleVerdict(None, "reference not parseable")
+    if not pred_parsed:
+        return RuleVerdict(None, "answer not parseable")
+    try:
+        equal = bool(verify(gold_parsed, pred_parsed, timeout_seconds=timeout_s))
+    except Exception as exc:
+        return RuleVerdict(None, f"verify error: {type(exc).__name__}")
+    if equal:
+        return RuleVerdict(True, "math-verify: equivalent")
+    # A "no" is trusted only between plain numbers; symbolic or textual answers may be equal in ways the rules
+    # miss (e.g. "all n >= 3" vs "n \ge 3"), so those go to the judge in combined mode.
+    if _is_number(gold_parsed[0]) and _is_number(pred_parsed[0]):
+        return RuleVerdict(False, "math-verify: different numbers")
+    return RuleVerdict(None, "math-verify: not shown equivalent (non-numeric)")
+
+
+def _is_number(value: Any) -> bool:
+    return bool(getattr(value, "is_number", False)) and not getattr(value, "free_symbols", None)
+
+
+def ensure_math_verify() -> None:
+    try:
+        import math_verify  # noqa: F401
+    except ImportError:
+        raise MissingExtra("rule-based grading needs Math-Verify: pip install 'tmas[eval]' (or math-verify)") from None
+
+
+class RuleChecker:
+    """A pool of worker processes checking answer pairs; ``async with RuleChecker() as rc: await rc.check(g, p)``."""
+
+    def __init__(self, workers: int = 2, timeout_s: int = 5) -> None:
+        ensure_math_verify()
+        self.timeout_s = timeout_s
+        self._workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+        self._cache: dict[tuple[str, str], RuleVerdict] = {}
+
+    async def __aenter__(self) -> RuleChecker:
+        self._pool = ProcessPoolExecutor(self._workers, mp_context=multiprocessing.get_context("spawn"))
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    async def check(self, gold: str, pred: str) -> RuleVerdict:
+        key = (gold, pred)
+        if key in self._cache:
+            return self._cache[key]
+        if self._pool is None:
+            raise RuntimeError("RuleChecker used outside 'async with'")
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._pool, check_pair, gold, pred, self.timeout_s)
+        try:
+            # Math-Verify's own alarms bound parse and verify; this outer bound covers worker start-up and the rest.
+            verdict = await asyncio.wait_for(future, timeout=4 * self.timeout_s + 60)
+        except TimeoutError:
+            verdict = RuleVerdict(None, "timed out")
+        self._cache[key] = verdict
+        return verdict

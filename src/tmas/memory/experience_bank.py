@@ -1,0 +1,237 @@
+"""The experience bank E_t (paper section 3.2, eq. 4): low-level, verifier-backed signals for later refinements.
+
+Entries are Verified Anchors (non-trivial, reusable results the verifiers confirmed, in four sub-types) and
+Error-Avoidance Heuristics (mistakes the verifiers caught). The experience agent edits the bank with ADD / KEEP /
+REFINE / DELETE operations; :func:`apply_experience_ops` applies them purely, then drops near-duplicates by word-set
+Jaccard similarity and enforces the size cap. Entries an update does not mention are kept: a lazy update can never
+silently empty the bank, only an explicit DELETE removes an entry.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from tmas.memory.similarity import jaccard
+
+EntryKind = Literal["anchor", "heuristic"]
+# Verified Anchor sub-types. Only "structural reduction" survives verbatim in the paper's prompt fragments; the other
+# three are our reading of its case study (Table 11: verified values, a structural rule such as a recurrence).
+AnchorSubtype = Literal["structural_reduction", "intermediate_result", "structural_rule", "boundary_case"]
+ANCHOR_SUBTYPES: tuple[str, ...] = ("structural_reduction", "intermediate_result", "structural_rule", "boundary_case")
+OpName = Literal["ADD", "KEEP", "REFINE", "DELETE"]
+
+DEFAULT_DEDUP_THRESHOLD = 0.7
+DEFAULT_MAX_ENTRIES = 35
+
+
+class ExperienceEntry(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    kind: EntryKind
+    subtype: AnchorSubtype | None = None
+    content: str
+    # Iteration that added the entry, and the last one that refined it.
+    added_at: int = 0
+    updated_at: int = 0
+
+
+class ExperienceBank(BaseModel):
+    entries: list[ExperienceEntry] = Field(default_factory=list)
+    # Ids are never reused, so an operation on "E3" always means the same entry.
+    next_id: int = 1
+
+    def get(self, entry_id: str) -> ExperienceEntry | None:
+        return next((e for e in self.entries if e.id == entry_id), None)
+
+    @property
+    def anchors(self) -> list[ExperienceEntry]:
+        return [e for e in self.entries if e.kind == "anchor"]
+
+    @property
+    def heuristics(self) -> list[ExperienceEntry]:
+        return [e for e in self.entries if e.kind == "heuristic"]
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+def _kind(value: Any) -> Any:
+    """Accept the spellings a model tends to use for the two categories."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip().lower().replace("-", " ").replace("_", " ")
+    if "anchor" in text:
+        return "anchor"
+    if "heuristic" in text or "avoid" in text or "error" in text:
+        return "heuristic"
+    return value
+
+
+def _subtype(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    text = value.strip().lower().replace("-", "_").replace(" ", "_")
+    return text if text in ANCHOR_SUBTYPES else None
+
+
+class ExperienceOp(BaseModel):
+    """One operation of an experience update, as the agent writes it (see ``experience.j2``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    op: OpName
+    id: str | None = None
+    kind: EntryKind | None = None
+    subtype: AnchorSubtype | None = None
+    content: str | None = None
+    # REFINE only: other entries the refined one subsumes (they are removed).
+    merges: list[str] = Field(default_factory=list)
+
+    @field_validator("op", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.strip().upper() if isinstance(value, str) else value
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _kind(cls, value: Any) -> Any:
+        return _kind(value)
+
+    @field_validator("subtype", mode="before")
+    @classmethod
+    def _subtype(cls, value: Any) -> Any:
+        return _subtype(value)
+
+    @field_validator("id", mode="before")
+    @classmethod
+    def _id(cls, value: Any) -> Any:
+        return str(value).strip() if isinstance(value, str | int) else value
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content(cls, value: Any) -> Any:
+        return value.strip() or None if isinstance(value, str) else value
+
+
+class ExperienceReport(BaseModel):
+    """What an update did, entry ids per operation, and every operation that was refused (with why)."""
+
+    added: list[str] = Field(default_factory=list)
+    kept: list[str] = Field(default_factory=list)
+    refined: list[str] = Field(default_factory=list)
+    deleted: list[str] = Field(default_factory=list)
+    deduplicated: list[str] = Field(default_factory=list)
+    rejected: list[str] = Field(default_factory=list)
+
+
+def apply_experience_ops(
+    bank: ExperienceBank,
+    ops: list[ExperienceOp],
+    *,
+    iteration: int,
+    dedup_threshold: float = DEFAULT_DEDUP_THRESHOLD,
+    max_entries: int = DEFAULT_MAX_ENTRIES,
+) -> tuple[ExperienceBank, ExperienceReport]:
+    """E_t from E_{t-1} and the agent's operations; ``bank`` itself is not changed.
+
+    Order: operations on existing entries (DELETE, REFINE with its merges, KEEP) against E_{t-1}, then ADDs in the
+    order given; then near-duplicates (Jaccard >= ``dedup_threshold`` with an earlier entry of the same kind) are
+    dropped, the earlier entry winning; then ADDs beyond ``max_entries`` are refused.
+    """
+    report = ExperienceReport()
+    existing = {e.id: e for e in bank.entries}
+    touched: dict[str, str] = {}  # entry id -> the operation that claimed it
+    refinements: dict[str, ExperienceOp] = {}
+    removed: set[str] = set()
+    additions: list[ExperienceOp] = []
+
+    def claim(entry_id: str, op: ExperienceOp) -> bool:
+        if entry_id not in existing:
+            report.rejected.append(f"{op.op} {entry_id}: no such entry")
+            return False
+        if entry_id in touched:
+            report.rejected.append(f"{op.op} {entry_id}: entry already claimed by {touched[entry_id]}")
+            return False
+        touched[entry_id] = op.op
+        return True
+
+    for op in ops:
+        if op.op == "ADD":
+            if op.content is None or op.kind is None:
+                report.rejected.append("ADD: needs both 'kind' and 'content'")
+            else:
+                additions.append(op)
+            continue
+        if op.id is None:
+            report.rejected.append(f"{op.op}: needs the 'id' of an existing entry")
+            continue
+        if op.op == "REFINE" and op.content is None:
+            report.rejected.append(f"REFINE {op.id}: needs the new 'content'")
+            continue
+        if not claim(op.id, op):
+            continue
+        if op.op == "DELETE":
+            removed.add(op.id)
+            report.deleted.append(op.id)
+        elif op.op == "KEEP":
+            report.kept.append(op.id)
+        else:
+            refinements[op.id] = op
+            report.refined.append(op.id)
+            for merged in op.merges:
+                if merged != op.id and claim(merged, op):
+                    removed.add(merged)
+                    report.deleted.append(merged)
+
+    entries: list[ExperienceEntry] = []
+    for entry in bank.entries:
+        if entry.id in removed:
+            continue
+        refine = refinements.get(entry.id)
+        if refine is not None and refine.content is not None:
+            kind = refine.kind or entry.kind
+            subtype = (refine.subtype or entry.subtype) if kind == "anchor" else None
+            entry = entry.model_copy(
+                update={"content": refine.content, "kind": kind, "subtype": subtype, "updated_at": iteration}
+            )
+        entries.append(entry)
+    # Unmentioned entries stay (KEEP is the default), so they count as kept too.
+    report.kept.extend(e.id for e in bank.entries if e.id not in touched)
+
+    next_id = bank.next_id
+    new_ids: list[str] = []
+    for op in additions:
+        assert op.kind is not None and op.content is not None
+        entry_id = f"E{next_id}"
+        next_id += 1
+        entries.append(
+            ExperienceEntry(
+                id=entry_id,
+                kind=op.kind,
+                subtype=op.subtype if op.kind == "anchor" else None,
+                content=op.content,
+                added_at=iteration,
+                updated_at=iteration,
+            )
+        )
+        new_ids.append(entry_id)
+
+    kept: list[ExperienceEntry] = []
+    for entry in entries:
+        twin = next(
+            (k for k in kept if k.kind == entry.kind and jaccard(k.content, entry.content) >= dedup_threshold), None
+        )
+        if twin is None:
+            kept.append(entry)
+        else:
+            report.deduplicated.append(f"{entry.id} (near-duplicate of {twin.id})")
+
+    while len(kept) > max_entries and kept[-1].id in new_ids:
+        dropped = kept.pop()
+        report.rejected.append(f"ADD {dropped.id}: the bank is full ({max_entries} entries)")
+    final_ids = {e.id for e in kept}
+    report.added = [i for i in new_ids if i in final_ids]
+    return ExperienceBank(entries=kept, next_id=next_id), report

@@ -1,0 +1,159 @@
+"""The guideline bank G_t (paper section 3.2, eq. 5): a log of the distinct high-level strategies tried so far.
+
+Explorers are shown it and told to go somewhere fundamentally different (eq. 1, second branch). The guideline agent
+classifies each rollout's strategy against the log: 1 = new, 0 = the same as a logged one, -1 = cannot tell;
+:func:`apply_strategy_classifications` turns those verdicts into G_t, purely. A "new" strategy whose wording is a
+near-duplicate (word-set Jaccard) of a logged one is counted as another attempt of that one instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from tmas.memory.similarity import jaccard
+
+DEFAULT_DEDUP_THRESHOLD = 0.7
+
+
+class Strategy(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    description: str
+    first_iteration: int
+    last_iteration: int
+    # How many rollouts followed it, and the best mean verifier score any of them got.
+    attempts: int = 1
+    best_score: float | None = None
+
+
+class GuidelineBank(BaseModel):
+    strategies: list[Strategy] = Field(default_factory=list)
+    next_id: int = 1
+
+    def get(self, strategy_id: str) -> Strategy | None:
+        return next((s for s in self.strategies if s.id == strategy_id), None)
+
+    def __len__(self) -> int:
+        return len(self.strategies)
+
+
+class StrategyClassification(BaseModel):
+    """The agent's verdict on one rollout (see ``guideline.j2``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    rollout: int = Field(ge=1)
+    strategy: str = ""
+    novelty: Literal[1, 0, -1]
+    same_as: str | None = None
+
+    @field_validator("novelty", mode="before")
+    @classmethod
+    def _novelty(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+            return int(value.strip())
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        return value
+
+    @field_validator("same_as", mode="before")
+    @classmethod
+    def _same_as(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return value.strip() or None
+        return str(value) if isinstance(value, int) else value
+
+    @field_validator("strategy", mode="before")
+    @classmethod
+    def _strategy(cls, value: Any) -> Any:
+        return value.strip() if isinstance(value, str) else value
+
+
+class GuidelineReport(BaseModel):
+    added: list[str] = Field(default_factory=list)
+    # Strategy id -> rollouts (1-based) that followed it again.
+    repeated: dict[str, list[int]] = Field(default_factory=dict)
+    undetermined: list[int] = Field(default_factory=list)
+    deduplicated: list[str] = Field(default_factory=list)
+    rejected: list[str] = Field(default_factory=list)
+
+
+def apply_strategy_classifications(
+    bank: GuidelineBank,
+    items: list[StrategyClassification],
+    *,
+    iteration: int,
+    n_rollouts: int,
+    scores: dict[int, float] | None = None,
+    dedup_threshold: float = DEFAULT_DEDUP_THRESHOLD,
+) -> tuple[GuidelineBank, GuidelineReport]:
+    """G_t from G_{t-1} and one verdict per rollout; ``scores`` maps rollout number (1-based) to its mean score."""
+    report = GuidelineReport()
+    scores = scores or {}
+    strategies = list(bank.strategies)
+    next_id = bank.next_id
+    seen: set[int] = set()
+
+    def credit(position: int, rollout: int) -> None:
+        old = strategies[position]
+        score = scores.get(rollout)
+        best = old.best_score if score is None else max(score, old.best_score or 0.0)
+        strategies[position] = old.model_copy(
+            update={"attempts": old.attempts + 1, "last_iteration": iteration, "best_score": best}
+        )
+        report.repeated.setdefault(old.id, []).append(rollout)
+
+    for item in items:
+        if item.rollout > n_rollouts:
+            report.rejected.append(f"rollout {item.rollout}: there are only {n_rollouts}")
+            continue
+        if item.rollout in seen:
+            report.rejected.append(f"rollout {item.rollout}: classified twice")
+            continue
+        seen.add(item.rollout)
+        if item.novelty == -1:
+            report.undetermined.append(item.rollout)
+            continue
+        if item.novelty == 0:
+            position = next((i for i, s in enumerate(strategies) if s.id == item.same_as), None)
+            if position is None and item.strategy:
+                # The id is missing or wrong: fall back on the wording, if it is close enough to one entry.
+                position = _closest(strategies, item.strategy, dedup_threshold)
+            if position is None:
+                report.rejected.append(f"rollout {item.rollout}: 'same_as' {item.same_as!r} names no logged strategy")
+                continue
+            credit(position, item.rollout)
+            continue
+        if not item.strategy:
+            report.rejected.append(f"rollout {item.rollout}: a new strategy needs a description")
+            continue
+        position = _closest(strategies, item.strategy, dedup_threshold)
+        if position is not None:
+            report.deduplicated.append(f"rollout {item.rollout} (near-duplicate of {strategies[position].id})")
+            credit(position, item.rollout)
+            continue
+        strategy_id = f"G{next_id}"
+        next_id += 1
+        strategies.append(
+            Strategy(
+                id=strategy_id,
+                description=item.strategy,
+                first_iteration=iteration,
+                last_iteration=iteration,
+                best_score=scores.get(item.rollout),
+            )
+        )
+        report.added.append(strategy_id)
+    return GuidelineBank(strategies=strategies, next_id=next_id), report
+
+
+def _closest(strategies: list[Strategy], text: str, threshold: float) -> int | None:
+    best, position = threshold, None
+    for i, strategy in enumerate(strategies):
+        similarity = jaccard(strategy.description, text)
+        if similarity >= best:
+            best, position = similarity, i
+    return position

@@ -1,0 +1,122 @@
+"""Pieces the baselines share: one solution call as a :class:`Candidate`, majority vote, score selection, and the
+end of a run (budget stops included).
+
+A candidate's call that the budget refuses comes back as ``None``: the method records the candidates finished so far
+and stops, so an equal-compute comparison keeps every token that was spent.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from tmas.agents.baselines import solution_section
+from tmas.answers import last_boxed, normalize_answer
+from tmas.config import Sampling
+from tmas.llm.types import Message
+from tmas.methods.base import BUDGET_STOP, BudgetExhausted, Candidate, ProblemResult, ProblemSession
+
+
+async def solve_call(
+    session: ProblemSession,
+    role: str,
+    messages: list[Message],
+    *,
+    index: int,
+    mode: str,
+    sample: int | None = None,
+    sampling: Sampling | None = None,
+    meta: dict[str, Any] | None = None,
+) -> Candidate | None:
+    """One solution-writing call as candidate ``index``; None when the budget refused the call."""
+    try:
+        reply = await session.chat(role, messages, sample=index if sample is None else sample, sampling=sampling)
+    except BudgetExhausted:
+        return None
+    # The text later prompts see: the solution without any feedback section before it.
+    text = solution_section(reply.content)
+    answer = (last_boxed(reply.content) or None) if reply.ok and mode == "numeric" else None
+    info = dict(meta or {})
+    if reply.truncated:
+        info["truncated"] = True
+    return Candidate(
+        index=index,
+        text=text,
+        answer=answer,
+        call_id=reply.call_id,
+        usage=reply.usage,
+        finish_reason=reply.finish_reason,
+        error=reply.error,
+        meta=info,
+    )
+
+
+def notes_for(candidates: list[Candidate], mode: str) -> list[str]:
+    """The per-candidate anomalies worth a note in the iteration record."""
+    notes = []
+    for c in candidates:
+        if c.error:
+            notes.append(f"candidate {c.index}: call failed: {c.error}")
+        elif mode == "numeric" and c.answer is None:
+            notes.append(f"candidate {c.index}: no \\boxed{{}} answer")
+        if c.meta.get("truncated"):
+            notes.append(f"candidate {c.index}: truncated at max_tokens")
+    return notes
+
+
+def vote(candidates: list[Candidate]) -> Candidate | None:
+    """Majority vote (self-consistency): the first candidate holding the most frequent normalized answer."""
+    keys = [normalize_answer(c.answer) if c.answer and c.error is None else None for c in candidates]
+    counts = Counter(k for k in keys if k)
+    if not counts:
+        return None
+    top = max(counts.values())
+    return next(c for c, k in zip(candidates, keys, strict=True) if k and counts[k] == top)
+
+
+def best_scored(candidates: list[Candidate], mode: str) -> Candidate | None:
+    """Highest score; among ties the answer most of them share, then the lowest index. Numeric mode prefers
+    candidates with an answer; candidates whose call failed are chosen never."""
+    pool = [c for c in candidates if c.error is None]
+    if mode == "numeric" and any(c.answer for c in pool):
+        pool = [c for c in pool if c.answer]
+    if not pool:
+        return None
+    best = max(c.score or 0.0 for c in pool)
+    tied = [c for c in pool if abs((c.score or 0.0) - best) < 1e-9]
+    return (vote(tied) if mode == "numeric" else None) or min(tied, key=lambda c: c.index)
+
+
+def pick(candidates: list[Candidate], mode: str) -> Candidate | None:
+    """Without scores: the majority answer in numeric mode, else the first candidate that succeeded."""
+    if mode == "numeric":
+        voted = vote(candidates)
+        if voted is not None:
+            return voted
+    return next((c for c in candidates if c.error is None), None)
+
+
+def finish(session: ProblemSession, method: str, chosen: Candidate | None, *, stopped: bool) -> ProblemResult:
+    """The problem's result from the chosen candidate; ``stopped``: the budget ended the run early."""
+    result = session.result(
+        method,
+        answer=chosen.answer if chosen else None,
+        text=chosen.text if chosen else "",
+        stopped_reason=BUDGET_STOP if stopped else None,
+    )
+    if stopped:
+        result.counters = {"budget_stops": 1}
+    if chosen is None:
+        last = session.records[-1].candidates if session.records else []
+        errors = sorted({c.error for c in last if c.error})
+        result.status = "failed"
+        if not session.records and stopped:
+            result.error = f"{session.budget_stop}, before any candidate finished"
+        else:
+            result.error = "no candidate of the last iteration succeeded" + (f": {errors[0]}" if errors else "")
+    return result
+
+
+def budget_note(session: ProblemSession, finished: int, planned: int) -> list[str]:
+    """The note of an iteration the budget cut short."""
+    return [f"stopped: {session.budget_stop}; {finished} of {planned} candidates finished"]

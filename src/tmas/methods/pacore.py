@@ -1,0 +1,84 @@
+"""PaCoRe, parallel coordinated reasoning (TMAS paper 4.1 and A.3; ``num_responses_per_round`` = 8 there).
+
+Round 0 samples ``responses_per_round`` responses to TMAS's plain generation prompt. Every later round samples as
+many again, each conditioned on the compact messages of *all* successful responses of the previous round: their
+final conclusions (the end of the final content, reasoning left out), not their whole reasoning. With ``synthesis``
+a last round (iteration T, role ``synthesis``) writes ``synthesis_responses`` final solutions from the last round's
+messages; the answer is theirs (majority among them), else the majority of the last round.
+
+Each round is one iteration record; the synthesis round is one more, so T rounds give T + 1 records.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from tmas.agents.baselines import compact_message, pacore_round_prompt, pacore_synthesis_prompt
+from tmas.agents.solution import generation_prompt
+from tmas.llm.types import Message
+from tmas.methods.base import Candidate, Method, MethodParams, ProblemResult, ProblemSession, gather_all
+from tmas.methods.candidates import budget_note, finish, notes_for, pick, solve_call
+
+
+class PaCoReParams(MethodParams):
+    iterations: int = Field(default=20, ge=1)
+    # Parallel responses per round (paper: num_responses_per_round = 8).
+    responses_per_round: int = Field(default=8, ge=1, le=256)
+    # A final synthesis round after the T parallel rounds.
+    synthesis: bool = True
+    synthesis_responses: int = Field(default=1, ge=1, le=64)
+    # Longest compact message, in characters (cut from the start: the conclusion is at the end).
+    message_chars: int = Field(default=1500, ge=100)
+
+
+class PaCoRe(Method):
+    name: ClassVar[str] = "pacore"
+    Params: ClassVar[type[MethodParams]] = PaCoReParams
+    embedded_defaults: ClassVar[dict[str, Any]] = {"responses_per_round": 2, "iterations": 2}
+
+    @property
+    def p(self) -> PaCoReParams:
+        assert isinstance(self.params, PaCoReParams)
+        return self.params
+
+    async def solve(self, session: ProblemSession) -> ProblemResult:
+        p, q, mode = self.p, session.problem.question, self.p.mode
+        messages: list[str] = []  # the compact messages of the previous round
+        chosen: Candidate | None = None
+        rounds = p.iterations + (1 if p.synthesis else 0)
+        for t in range(rounds):
+            session.begin_iteration(t)
+            synthesis = p.synthesis and t == p.iterations
+            if synthesis:
+                role, count, kind = "synthesis", p.synthesis_responses, "synthesis"
+                prompt: list[Message] = pacore_synthesis_prompt(q, mode, messages) if messages else []
+                if not prompt:  # nothing to synthesise from: a plain sample is the honest fallback
+                    prompt, kind = generation_prompt(q, mode), "generate"
+            else:
+                role, count = "solution", p.responses_per_round
+                kind = "round" if messages else "generate"
+                prompt = pacore_round_prompt(q, mode, messages) if messages else generation_prompt(q, mode)
+            drawn = await gather_all(
+                solve_call(session, role, prompt, index=i, mode=mode, meta={"prompt": kind}) for i in range(count)
+            )
+            candidates = [c for c in drawn if c is not None]
+            if not candidates:
+                break
+            chosen = pick(candidates, mode)
+            notes = notes_for(candidates, mode)
+            if kind == "generate" and t > 0:
+                notes.append("no successful response in the previous round: sampled without messages")
+            if session.budget_stop:
+                notes += budget_note(session, len(candidates), count)
+            session.end_iteration(
+                candidates,
+                selected=chosen.answer if chosen else None,
+                state={"round": "synthesis" if synthesis else t, "messages_in": len(messages)},
+                notes=notes,
+            )
+            if session.budget_stop:
+                break
+            messages = [compact_message(c.text, p.message_chars) for c in candidates if c.error is None]
+        return finish(session, self.name, chosen, stopped=session.budget_stop is not None)

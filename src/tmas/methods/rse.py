@@ -1,0 +1,183 @@
+"""RSE (TMAS paper 4.1 and A.3): each iteration's trajectories are distilled, without the reference answer, into an
+experience bank of verified propositions and critical pitfalls, which the next iteration's samples see.
+
+Per iteration t: N samples of the RSE solve prompt with the bank E_{t-1} injected (the plain problem while it is
+empty); then each successful trajectory is distilled on its own (role ``distiller``, N calls in parallel) into
+propositions and pitfalls; new items join the bank unless their embedding (role ``embedding``) has cosine similarity
+>= ``dedup_threshold`` with an item of the same kind already there or added before them. The bank keeps the newest
+``bank_max`` items of each kind. The last iteration is not distilled: no later sample would read the result.
+
+The distiller sees the problem and one attempt; the method never reads ``problem.answer``. When the embedding
+endpoint fails, duplicates are judged by word-set Jaccard similarity instead, and the record says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from tmas.agents.baselines import Distillation, distill_prompt, parse_distillation, rse_solve_prompt
+from tmas.agents.output import AgentOutputError
+from tmas.errors import LLMError
+from tmas.memory.similarity import jaccard
+from tmas.methods.base import (
+    BudgetExhausted,
+    Candidate,
+    Method,
+    MethodParams,
+    ProblemResult,
+    ProblemSession,
+    gather_all,
+)
+from tmas.methods.candidates import budget_note, finish, notes_for, pick, solve_call
+
+KINDS = ("propositions", "pitfalls")
+
+
+class RSEParams(MethodParams):
+    iterations: int = Field(default=20, ge=1)
+    n: int = Field(default=8, ge=1, le=256)
+    # Cosine similarity at or above which a new item is a duplicate (the RSE setting, about 0.85).
+    dedup_threshold: float = Field(default=0.85, gt=0.0, le=1.0)
+    # Items of each kind one distillation may add, and the bank's cap per kind (oldest dropped first).
+    items_per_trajectory: int = Field(default=4, ge=1, le=32)
+    bank_max: int = Field(default=40, ge=1)
+
+
+@dataclass
+class ExperienceBank:
+    propositions: list[str] = field(default_factory=list)
+    pitfalls: list[str] = field(default_factory=list)
+
+    def items(self, kind: str) -> list[str]:
+        return self.propositions if kind == "propositions" else self.pitfalls
+
+
+@dataclass
+class Merge:
+    added: int = 0
+    duplicates: int = 0
+    dropped_old: int = 0
+    similarity: str = "embedding"
+    notes: list[str] = field(default_factory=list)
+
+
+class RSE(Method):
+    name: ClassVar[str] = "rse"
+    Params: ClassVar[type[MethodParams]] = RSEParams
+    embedded_defaults: ClassVar[dict[str, Any]] = {"n": 2, "iterations": 2}
+
+    @property
+    def p(self) -> RSEParams:
+        assert isinstance(self.params, RSEParams)
+        return self.params
+
+    async def solve(self, session: ProblemSession) -> ProblemResult:
+        p, q, mode = self.p, session.problem.question, self.p.mode
+        bank = ExperienceBank()
+        chosen: Candidate | None = None
+        for t in range(p.iterations):
+            session.begin_iteration(t)
+            prompt = rse_solve_prompt(q, mode, bank.propositions, bank.pitfalls)
+            kind = "with_bank" if bank.propositions or bank.pitfalls else "generate"
+            drawn = await gather_all(
+                solve_call(session, "solution", prompt, index=i, mode=mode, meta={"prompt": kind}) for i in range(p.n)
+            )
+            candidates = [c for c in drawn if c is not None]
+            if not candidates:
+                break
+            chosen = pick(candidates, mode)
+            notes = notes_for(candidates, mode)
+            state: dict[str, Any] = {"bank_in": _dump(bank)}
+            if not session.budget_stop and t < p.iterations - 1:
+                bank, info = await self._distill(session, candidates, bank, notes)
+                state["distill"] = info
+            if session.budget_stop:
+                notes += budget_note(session, len(candidates), p.n)
+            state["bank"] = _dump(bank)
+            session.end_iteration(candidates, selected=chosen.answer if chosen else None, state=state, notes=notes)
+            if session.budget_stop:
+                break
+        return finish(session, self.name, chosen, stopped=session.budget_stop is not None)
+
+    async def _distill(
+        self, session: ProblemSession, candidates: list[Candidate], bank: ExperienceBank, notes: list[str]
+    ) -> tuple[ExperienceBank, dict[str, Any]]:
+        """Distil every successful trajectory (in parallel) and merge what they found into a new bank."""
+        p, q = self.p, session.problem.question
+
+        async def one(c: Candidate) -> Distillation | None:
+            try:
+                reply = await session.chat(
+                    "distiller", distill_prompt(q, c.text, p.items_per_trajectory), sample=c.index
+                )
+            except BudgetExhausted:
+                return None
+            if not reply.ok:
+                notes.append(f"distillation of candidate {c.index} failed: {reply.error}")
+                return None
+            try:
+                return parse_distillation(reply.content, max_items=p.items_per_trajectory, truncated=reply.truncated)
+            except AgentOutputError as exc:
+                notes.append(f"distillation of candidate {c.index} unusable: {exc}")
+                return None
+
+        found = [d for d in await gather_all(one(c) for c in candidates if c.error is None) if d is not None]
+        merge = Merge()
+        new = ExperienceBank(list(bank.propositions), list(bank.pitfalls))
+        for kind in KINDS:
+            proposed = [item for d in found for item in getattr(d, kind)]
+            await self._merge(session, new.items(kind), proposed, merge)
+        notes += merge.notes
+        info = {
+            "distilled": len(found),
+            "added": merge.added,
+            "duplicates": merge.duplicates,
+            "dropped_old": merge.dropped_old,
+            "similarity": merge.similarity,
+        }
+        return new, info
+
+    async def _merge(self, session: ProblemSession, items: list[str], proposed: list[str], merge: Merge) -> None:
+        """Append each proposed item unless it is a near-duplicate of one already kept; then cap the list."""
+        if not proposed:
+            return
+        p = self.p
+        vectors: list[list[float]] | None = None
+        if merge.similarity == "embedding":
+            try:
+                vectors = await session.embed([*items, *proposed])
+            except LLMError as exc:
+                merge.similarity = "jaccard"
+                merge.notes.append(f"embeddings unavailable ({exc}); duplicates judged by word-set Jaccard")
+        before = len(items)
+        kept_vectors = vectors[:before] if vectors is not None else []
+        for j, item in enumerate(proposed):
+            if vectors is not None:
+                vec = vectors[before + j]
+                duplicate = any(_cosine(vec, other) >= p.dedup_threshold for other in kept_vectors)
+            else:
+                duplicate = any(jaccard(item, other) >= p.dedup_threshold for other in items)
+            if duplicate:
+                merge.duplicates += 1
+                continue
+            items.append(item)
+            if vectors is not None:
+                kept_vectors.append(vec)
+            merge.added += 1
+        if len(items) > p.bank_max:
+            merge.dropped_old += len(items) - p.bank_max
+            del items[: len(items) - p.bank_max]
+
+
+def _cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=False))
+    norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
+    return dot / norm if norm else 0.0
+
+
+def _dump(bank: ExperienceBank) -> dict[str, list[str]]:
+    return {"propositions": list(bank.propositions), "pitfalls": list(bank.pitfalls)}

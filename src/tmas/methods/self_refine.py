@@ -1,0 +1,68 @@
+"""Self-Refine (Madaan et al. 2023; TMAS paper 4.1 and A.3): N solutions in parallel, each refined, iteration after
+iteration, on its own previous attempt only. No trajectory ever sees another one.
+
+Iteration 0 samples TMAS's plain generation prompt (as every method here does); each later iteration sends
+trajectory i's previous solution back to the model (role ``refiner``), which reviews it and writes an improved one.
+The paper's feedback and refine steps are one call here (a "## Feedback" section, then the solution): see
+docs/baselines.md. A trajectory whose last call failed starts afresh from the generation prompt.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from tmas.agents.baselines import self_refine_prompt
+from tmas.agents.solution import generation_prompt
+from tmas.methods.base import Candidate, Method, MethodParams, ProblemResult, ProblemSession, gather_all
+from tmas.methods.candidates import budget_note, finish, notes_for, pick, solve_call
+
+
+class SelfRefineParams(MethodParams):
+    iterations: int = Field(default=20, ge=1)
+    # Parallel trajectories (paper: 8).
+    n: int = Field(default=8, ge=1, le=256)
+
+
+class SelfRefine(Method):
+    name: ClassVar[str] = "self_refine"
+    Params: ClassVar[type[MethodParams]] = SelfRefineParams
+    embedded_defaults: ClassVar[dict[str, Any]] = {"n": 2, "iterations": 2}
+
+    @property
+    def p(self) -> SelfRefineParams:
+        assert isinstance(self.params, SelfRefineParams)
+        return self.params
+
+    async def solve(self, session: ProblemSession) -> ProblemResult:
+        p, mode, q = self.p, self.p.mode, session.problem.question
+        # Trajectory i's latest solution; None before the first or after a failed call.
+        latest: list[Candidate | None] = [None] * p.n
+        chosen: Candidate | None = None
+        for t in range(p.iterations):
+            session.begin_iteration(t)
+
+            async def step(i: int) -> Candidate | None:
+                prev = latest[i]
+                if prev is None or prev.error is not None:
+                    return await solve_call(
+                        session, "solution", generation_prompt(q, mode), index=i, mode=mode, meta={"prompt": "generate"}
+                    )
+                messages = self_refine_prompt(q, mode, prev.text)
+                return await solve_call(session, "refiner", messages, index=i, mode=mode, meta={"prompt": "refine"})
+
+            stepped = await gather_all(step(i) for i in range(p.n))
+            candidates = [c for c in stepped if c is not None]
+            if not candidates:
+                break
+            for c in candidates:
+                latest[c.index] = c
+            chosen = pick(candidates, mode)
+            notes = notes_for(candidates, mode)
+            if session.budget_stop:
+                notes += budget_note(session, len(candidates), p.n)
+            session.end_iteration(candidates, selected=chosen.answer if chosen else None, notes=notes)
+            if session.budget_stop:
+                break
+        return finish(session, self.name, chosen, stopped=session.budget_stop is not None)

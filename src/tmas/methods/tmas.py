@@ -1,0 +1,512 @@
+"""TMAS (paper section 3.2, Algorithm 1 in appendix A.1): five agents and two memory banks, iterated T times.
+
+Per iteration t, from the fixed state (R_{t-1}, E_{t-1}, G_{t-1}) of the previous one:
+
+- the N candidates are sampled in parallel; candidate i draws z ~ Bernoulli(epsilon) from an RNG seeded by
+  (run seed, problem, t, i): z = 0 exploits (refine prompt with R_{t-1} and E_{t-1}), z = 1 explores (generation
+  prompt with the guideline constraint listing G_{t-1}); iteration 0 uses the plain generation prompt;
+- each candidate, as soon as it is written, gets its M verifications in parallel, then its summary: r = (c, s);
+- then the experience agent (E_t) and the guideline agent (G_t) run in parallel on R_t.
+
+The critical path of an iteration is therefore solution + verification + summary + max(experience, guideline).
+The answer is the argmax over R_T of the mean verifier score. Ties: among the tied candidates, the answer most of
+them share wins, then the lowest candidate index; candidates without an answer (numeric mode) are chosen only when
+no candidate has one.
+
+Bad agent output never crashes a problem: a failed or answerless solution scores 0, an unreadable verification
+counts 0, a missing summary is replaced by one built from the scores, and an invalid experience or guideline update
+leaves the previous bank in place. Each case is noted (with the raw reply) in the iteration record and counted in
+``ProblemResult.counters``. Resume needs no state of its own: every call is replayed from the run store, and every
+draw depends only on the run seed, so re-running reaches the same state.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from tmas.agents.experience import experience_prompt, parse_experience_update
+from tmas.agents.guideline import guideline_prompt, parse_guideline_update
+from tmas.agents.output import AgentOutputError
+from tmas.agents.rollouts import CHARS_PER_TOKEN, Rollout, RolloutFit, fit_rollouts
+from tmas.agents.solution import (
+    SolutionPrompt,
+    explore_prompt,
+    generation_prompt,
+    parse_solution,
+    refine_prompt,
+)
+from tmas.agents.summary import Summary, fallback_summary, parse_summary, summary_prompt
+from tmas.agents.verification import Verification, parse_verification, verification_prompt
+from tmas.config import Sampling
+from tmas.llm.types import Message
+from tmas.memory.experience_bank import ExperienceBank, apply_experience_ops
+from tmas.memory.guideline_bank import GuidelineBank, apply_strategy_classifications
+from tmas.methods.base import (
+    Candidate,
+    Method,
+    MethodParams,
+    ProblemResult,
+    ProblemSession,
+    gather_all,
+    gather_pair,
+)
+from tmas.methods.tmas_params import TMAS_ROLES, TMASParams, sampling_override
+
+# Raw replies kept in the record for bad outputs are cut to this length.
+RAW_LIMIT = 4000
+# Room for the instructions, question and banks when a prompt's rollouts are fitted to the context window.
+PROMPT_MARGIN_TOKENS = 256
+
+
+@dataclass
+class MemoryState:
+    """What iteration t hands to iteration t+1: R_t, E_t, G_t (all empty before iteration 0)."""
+
+    rollouts: list[Rollout] = field(default_factory=list)
+    experience: ExperienceBank = field(default_factory=ExperienceBank)
+    guideline: GuidelineBank = field(default_factory=GuidelineBank)
+
+
+@dataclass
+class IterationLog:
+    """Notes and anomaly counts of one iteration; shared by its concurrent tasks (one event loop, no locking)."""
+
+    notes: list[str] = field(default_factory=list)
+    anomalies: Counter[str] = field(default_factory=Counter)
+
+    def bad(self, kind: str, note: str) -> None:
+        self.anomalies[kind] += 1
+        self.notes.append(note)
+
+
+@dataclass
+class SolutionPlan:
+    """The prompts of iteration t's N candidates, all built before any of them is sent."""
+
+    modes: list[str]
+    prompt_names: list[SolutionPrompt]
+    messages: list[list[Message]]
+
+
+@dataclass
+class CandidateOutcome:
+    candidate: Candidate
+    rollout: Rollout | None
+
+
+class TMAS(Method):
+    name: ClassVar[str] = "tmas"
+    Params: ClassVar[type[MethodParams]] = TMASParams
+    embedded_defaults: ClassVar[dict[str, Any]] = {"preset": "local"}
+
+    @property
+    def p(self) -> TMASParams:
+        assert isinstance(self.params, TMASParams)
+        return self.params
+
+    # ------------------------------------------------------------------------------------------ Algorithm 1
+    async def solve(self, session: ProblemSession) -> ProblemResult:
+        p = self.p
+        sampling = {role: sampling_override(session.llm.settings, role, p.sampling.get(role)) for role in TMAS_ROLES}
+        state = MemoryState()  # line 2: E_0, G_0, R_0 = ∅
+        totals: Counter[str] = Counter()
+        streak = 0
+        stopped: str | None = None
+        for t in range(p.iterations):  # line 3
+            session.begin_iteration(t)
+            log = IterationLog()
+            # Lines 5-12: every prompt of iteration t is built from the fixed state of t-1, before any call is sent.
+            plan = self._plan(session, t, state, sampling, log)
+            # Lines 6-17: candidates in parallel; each one's verifications start as soon as it is written.
+            outcomes = await gather_all(self._rollout(session, i, plan, sampling, log) for i in range(p.n))
+            rollouts = [o.rollout for o in outcomes if o.rollout is not None]  # line 18: R_t
+            candidates = [o.candidate for o in outcomes]
+            streak, stop_note = self._early_stop(t, candidates, streak)
+            extra: dict[str, Any] = {"early_stop": stop_note} if stop_note else {}
+            if stop_note is not None:
+                # Nothing will read E_t or G_t: skip their calls, which is the saving early stopping is for.
+                stopped = stop_note["reason"]
+                log.notes.append(f"early stop: {stopped}; memory update of this iteration skipped")
+                experience, guideline = state.experience, state.guideline
+                exp_info: dict[str, Any] = {"status": "skipped"}
+                guide_info: dict[str, Any] = {"status": "skipped"}
+            else:
+                # Lines 19-20: the two memory agents in parallel.
+                (experience, exp_info), (guideline, guide_info) = await gather_pair(
+                    self._update_experience(session, rollouts, state.experience, sampling, log),
+                    self._update_guideline(session, rollouts, state.guideline, sampling, log),
+                )
+            state = MemoryState(rollouts=rollouts, experience=experience, guideline=guideline)
+            totals.update(log.anomalies)
+            selected = select(candidates, p.mode)
+            session.end_iteration(
+                candidates,
+                selected=selected.answer if selected else None,
+                state={
+                    "modes": plan.modes,
+                    "mean_score": _mean([c.score or 0.0 for c in candidates]),
+                    "agreement": _agreement(candidates, p.mode),
+                    "experience_bank": experience.model_dump(mode="json"),
+                    "guideline_bank": guideline.model_dump(mode="json"),
+                    "experience_update": exp_info,
+                    "guideline_update": guide_info,
+                    "anomalies": dict(log.anomalies),
+                    **extra,
+                },
+                notes=log.notes,
+            )
+            if stopped is not None:
+                break
+        final = session.records[-1].candidates
+        best = select(final, p.mode)  # line 22: argmax over R_T of Score(c)
+        result = session.result(
+            self.name,
+            answer=best.answer if best else None,
+            text=best.text if best else "",
+            stopped_reason=stopped,
+        )
+        result.counters = dict(sorted(totals.items()))
+        if best is None:
+            errors = {c.error for c in final if c.error}
+            result.status = "failed"
+            result.error = "no candidate of the last iteration succeeded" + (f": {sorted(errors)[0]}" if errors else "")
+        return result
+
+    # ------------------------------------------------------------------------------------------ solution agent
+    def _plan(
+        self,
+        session: ProblemSession,
+        t: int,
+        prev: MemoryState,
+        sampling: dict[str, Sampling | None],
+        log: IterationLog,
+    ) -> SolutionPlan:
+        """z_{t,i} ~ Bernoulli(epsilon) per candidate (line 7) and the prompt each one gets (lines 8-12, eq. 1)."""
+        p, q, mode = self.p, session.problem.question, self.p.mode
+        if t == 0:
+            first = generation_prompt(q, mode)
+            return SolutionPlan(["generate"] * p.n, ["generate"] * p.n, [first] * p.n)
+        draws = [_bernoulli(session.seed, session.problem.problem_id, t, i, p.epsilon) for i in range(p.n)]
+        cache: dict[str, list[Message]] = {}
+        modes: list[str] = []
+        names: list[SolutionPrompt] = []
+        messages: list[list[Message]] = []
+        for z in draws:
+            name = self._prompt_name(z, bool(prev.rollouts))
+            if name not in cache:
+                if name == "explore":
+                    cache[name] = explore_prompt(q, mode, prev.guideline.strategies)
+                elif name == "refine":
+                    experience = None if p.no_experience else prev.experience
+                    base = refine_prompt(q, mode, [], experience)
+                    fit = self._fit(session, "solution", prev.rollouts, base, sampling)
+                    if fit.changed:
+                        log.notes.append(f"exploit prompt: {fit.describe()}")
+                    cache[name] = refine_prompt(q, mode, fit.views, experience)
+                else:
+                    cache[name] = generation_prompt(q, mode)
+            modes.append("explore" if z else "exploit")
+            names.append(name)
+            messages.append(cache[name])
+        if not prev.rollouts and not all(draws):
+            log.notes.append("no usable rollout from the previous iteration: exploit candidates got the plain prompt")
+        return SolutionPlan(modes, names, messages)
+
+    def _prompt_name(self, explore: bool, have_rollouts: bool) -> SolutionPrompt:
+        if explore:  # A_sol(x, G_{t-1}); without a guideline bank (ablation) a fresh, memory-free sample
+            return "generate" if self.p.no_guideline else "explore"
+        # A_sol(x, R_{t-1}, E_{t-1}); with no usable rollout left, a fresh sample
+        return "refine" if have_rollouts else "generate"
+
+    def _fit(
+        self,
+        session: ProblemSession,
+        role: str,
+        rollouts: list[Rollout],
+        base: list[Message],
+        sampling: dict[str, Sampling | None],
+    ) -> RolloutFit:
+        """R_{t-1} as a prompt of ``role`` shows it: all of it, unless top_k / max_solution_chars / the window say
+        otherwise."""
+        p = self.p
+        budget: int | None = None
+        tokens = p.context_tokens
+        if tokens is None:
+            window = session.context_window(role)
+            if window is not None:
+                reply = session.max_tokens(role, sampling.get(role)) or window // 4
+                tokens = window - reply - PROMPT_MARGIN_TOKENS
+        if tokens is not None:
+            budget = int(tokens * CHARS_PER_TOKEN) - sum(len(m.content) for m in base)
+            budget = max(budget, 0)
+        return fit_rollouts(rollouts, top_k=p.top_k, max_solution_chars=p.max_solution_chars, budget_chars=budget)
+
+    # ------------------------------------------------------------------------------------------ one rollout
+    async def _rollout(
+        self,
+        session: ProblemSession,
+        i: int,
+        plan: SolutionPlan,
+        sampling: dict[str, Sampling | None],
+        log: IterationLog,
+    ) -> CandidateOutcome:
+        """Lines 9-16 for candidate i: c_{t,i}, then V_{t,i} (M passes in parallel), then s_{t,i}."""
+        p, q = self.p, session.problem.question
+        meta: dict[str, Any] = {"mode": plan.modes[i], "prompt": plan.prompt_names[i]}
+        reply = await session.chat("solution", plan.messages[i], sample=i, sampling=sampling["solution"])
+        candidate = Candidate(
+            index=i,
+            text=reply.content,
+            call_id=reply.call_id,
+            usage=reply.usage,
+            finish_reason=reply.finish_reason,
+            error=reply.error,
+            score=0.0,
+            meta=meta,
+        )
+        meta = candidate.meta  # pydantic copied the dict: fill in the candidate's own
+        if not reply.ok:
+            log.bad("solution_failed", f"candidate {i}: solution call failed: {reply.error}")
+            return CandidateOutcome(candidate, None)
+        solution = parse_solution(reply.content, p.mode)
+        candidate.text, candidate.answer = solution.text, solution.answer
+        if reply.truncated:
+            meta["truncated"] = True
+            log.bad("solution_truncated", f"candidate {i}: solution truncated at max_tokens")
+        if p.mode == "numeric" and solution.answer is None:
+            log.bad("solution_no_answer", f"candidate {i}: no \\boxed{{}} answer; scored 0")
+        elif p.mode == "proof" and not solution.has_section:
+            log.notes.append(f"candidate {i}: no '## Solution' heading; the whole reply is taken as the solution")
+
+        # Line 14: M independent verification passes, in parallel.
+        check = verification_prompt(q, solution.text, p.mode)
+        replies = await gather_all(
+            session.chat("verifier", check, sample=i * p.m + j, sampling=sampling["verifier"]) for j in range(p.m)
+        )
+        verifications: list[Verification] = []
+        records: list[dict[str, Any]] = []
+        for j, v_reply in enumerate(replies):
+            if not v_reply.ok:
+                verification = Verification(feedback="(verification failed)", score=None)
+                log.bad("verification_failed", f"candidate {i}, verifier {j}: call failed: {v_reply.error}")
+            else:
+                verification = parse_verification(v_reply.content)
+                if verification.score is None:
+                    log.bad("verification_unparseable", f"candidate {i}, verifier {j}: no readable score; counted 0")
+            entry: dict[str, Any] = {"score": verification.score, "call_id": v_reply.call_id}
+            if verification.snapped:
+                entry["snapped"] = True
+            if v_reply.error:
+                entry["error"] = v_reply.error
+            elif verification.score is None:
+                entry["raw"] = v_reply.content[:RAW_LIMIT]
+            verifications.append(verification)
+            records.append(entry)
+        meta["verifications"] = records
+        score = _mean([v.effective_score for v in verifications])
+        if p.mode == "numeric" and solution.answer is None:
+            score = 0.0
+        candidate.score = score
+
+        # Line 15: s_{t,i} = A_sum(x, c_{t,i}, V_{t,i}).
+        s_reply = await session.chat(
+            "summary", summary_prompt(q, solution.text, verifications), sample=i, sampling=sampling["summary"]
+        )
+        summary: Summary
+        if not s_reply.ok:
+            log.bad("summary_failed", f"candidate {i}: summary call failed: {s_reply.error}")
+            summary = fallback_summary(verifications, "the summary call failed")
+        else:
+            try:
+                summary = parse_summary(s_reply.content, truncated=s_reply.truncated)
+            except AgentOutputError as exc:
+                log.bad("summary_invalid", f"candidate {i}: summary unusable ({exc}): {s_reply.content[:200]!r}")
+                summary = fallback_summary(verifications, str(exc))
+        meta["summary"] = summary.text
+        meta["summary_call_id"] = s_reply.call_id
+        rollout = Rollout(index=i, solution=solution.text, summary=summary.text, score=score, answer=solution.answer)
+        return CandidateOutcome(candidate, rollout)
+
+    # ------------------------------------------------------------------------------------------ memory agents
+    async def _update_experience(
+        self,
+        session: ProblemSession,
+        rollouts: list[Rollout],
+        bank: ExperienceBank,
+        sampling: dict[str, Sampling | None],
+        log: IterationLog,
+    ) -> tuple[ExperienceBank, dict[str, Any]]:
+        """Line 19, eq. 4: E_t = A_exp(x, R_t, E_{t-1}); any invalid update keeps E_{t-1}."""
+        p, q = self.p, session.problem.question
+        if p.no_experience:
+            return bank, {"status": "disabled"}
+        if not rollouts:
+            log.notes.append("experience update skipped: no rollout this iteration")
+            return bank, {"status": "skipped"}
+        fit = self._fit(
+            session, "experience", rollouts, experience_prompt(q, [], bank, p.experience_max_entries), sampling
+        )
+        if fit.changed:
+            log.notes.append(f"experience prompt: {fit.describe()}")
+        messages = experience_prompt(q, fit.views, bank, p.experience_max_entries)
+        reply = await session.chat("experience", messages, sampling=sampling["experience"])
+        if not reply.ok:
+            log.bad("experience_failed", f"experience call failed: {reply.error}; previous bank kept")
+            return bank, {"status": "failed", "error": reply.error, "call_id": reply.call_id}
+        try:
+            update = parse_experience_update(reply.content, truncated=reply.truncated)
+        except AgentOutputError as exc:
+            log.bad("experience_invalid", f"experience update invalid ({exc}); previous bank kept")
+            return bank, {
+                "status": "invalid",
+                "error": str(exc),
+                "raw": reply.content[:RAW_LIMIT],
+                "call_id": reply.call_id,
+            }
+        new_bank, report = apply_experience_ops(
+            bank,
+            update.operations,
+            iteration=session.iteration,
+            dedup_threshold=p.experience_dedup_threshold,
+            max_entries=p.experience_max_entries,
+        )
+        rejected = update.malformed + report.rejected
+        if rejected:
+            log.anomalies["experience_ops_rejected"] += len(rejected)
+            log.notes.append(f"experience update: {len(rejected)} operations refused: {'; '.join(rejected)[:500]}")
+        info = {
+            "status": "applied",
+            "call_id": reply.call_id,
+            "report": report.model_dump(),
+            "malformed": update.malformed,
+        }
+        return new_bank, info
+
+    async def _update_guideline(
+        self,
+        session: ProblemSession,
+        rollouts: list[Rollout],
+        bank: GuidelineBank,
+        sampling: dict[str, Sampling | None],
+        log: IterationLog,
+    ) -> tuple[GuidelineBank, dict[str, Any]]:
+        """Line 20, eq. 5: G_t = A_guide(x, R_t, G_{t-1}); any invalid update keeps G_{t-1}."""
+        p, q = self.p, session.problem.question
+        if p.no_guideline:
+            return bank, {"status": "disabled"}
+        if not rollouts:
+            log.notes.append("guideline update skipped: no rollout this iteration")
+            return bank, {"status": "skipped"}
+        fit = self._fit(session, "guideline", rollouts, guideline_prompt(q, [], bank), sampling)
+        if fit.changed:
+            log.notes.append(f"guideline prompt: {fit.describe()}")
+        reply = await session.chat("guideline", guideline_prompt(q, fit.views, bank), sampling=sampling["guideline"])
+        if not reply.ok:
+            log.bad("guideline_failed", f"guideline call failed: {reply.error}; previous bank kept")
+            return bank, {"status": "failed", "error": reply.error, "call_id": reply.call_id}
+        try:
+            update = parse_guideline_update(reply.content, truncated=reply.truncated)
+        except AgentOutputError as exc:
+            log.bad("guideline_invalid", f"guideline update invalid ({exc}); previous bank kept")
+            return bank, {
+                "status": "invalid",
+                "error": str(exc),
+                "raw": reply.content[:RAW_LIMIT],
+                "call_id": reply.call_id,
+            }
+        # The agent numbers rollouts as shown (candidate index + 1); map its verdicts back to those.
+        shown = {view.number for view in fit.views}
+        scores = {r.index + 1: r.score for r in rollouts}
+        items = [item for item in update.items if item.rollout in shown]
+        new_bank, report = apply_strategy_classifications(
+            bank,
+            items,
+            iteration=session.iteration,
+            n_rollouts=max(shown, default=0),
+            scores=scores,
+            dedup_threshold=p.guideline_dedup_threshold,
+        )
+        rejected = update.malformed + report.rejected
+        rejected += [
+            f"rollout {item.rollout}: not shown to the agent" for item in update.items if item.rollout not in shown
+        ]
+        if rejected:
+            log.anomalies["guideline_items_rejected"] += len(rejected)
+            log.notes.append(f"guideline update: {len(rejected)} verdicts refused: {'; '.join(rejected)[:500]}")
+        info = {
+            "status": "applied",
+            "call_id": reply.call_id,
+            "report": report.model_dump(),
+            "malformed": update.malformed,
+        }
+        return new_bank, info
+
+    # ------------------------------------------------------------------------------------------ early stopping
+    def _early_stop(self, t: int, candidates: list[Candidate], streak: int) -> tuple[int, dict[str, Any] | None]:
+        """Beyond the paper: stop when candidates agree and score high for `early_stop_patience` iterations."""
+        p = self.p
+        mean = _mean([c.score or 0.0 for c in candidates])
+        agreement = _agreement(candidates, p.mode)
+        holds = agreement >= p.early_stop_agreement and mean >= p.early_stop_score
+        streak = streak + 1 if holds else 0
+        if not p.early_stop or streak < p.early_stop_patience or t == p.iterations - 1:
+            return streak, None
+        reason = (
+            f"after iteration {t}: {streak} consecutive iterations with agreement {agreement:.2f} >= "
+            f"{p.early_stop_agreement:g} and mean verifier score {mean:.2f} >= {p.early_stop_score:g}"
+        )
+        return streak, {"iteration": t, "reason": reason, "agreement": agreement, "mean_score": mean}
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _bernoulli(seed: int, problem_id: str, t: int, i: int, epsilon: float) -> bool:
+    """z_{t,i} ~ Bernoulli(epsilon), from an RNG fixed by (run seed, problem, iteration, candidate)."""
+    return random.Random(f"{seed}\x1f{problem_id}\x1f{t}\x1f{i}").random() < epsilon
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+_SPACE = re.compile(r"\s+")
+
+
+def answer_key(answer: str) -> str:
+    """A light normal form for comparing answers: no spaces, \\dfrac/\\tfrac as \\frac, no \\left/\\right."""
+    key = _SPACE.sub("", answer)
+    for old, new in (("\\dfrac", "\\frac"), ("\\tfrac", "\\frac"), ("\\left", ""), ("\\right", "")):
+        key = key.replace(old, new)
+    return key.rstrip(".")
+
+
+def _agreement(candidates: list[Candidate], mode: str) -> float:
+    """Share of candidates giving the most common answer (numeric); 1.0 in proof mode, where there is none."""
+    if mode != "numeric":
+        return 1.0
+    keys = [answer_key(c.answer) for c in candidates if c.answer is not None]
+    if not keys or not candidates:
+        return 0.0
+    return Counter(keys).most_common(1)[0][1] / len(candidates)
+
+
+def select(candidates: list[Candidate], mode: str) -> Candidate | None:
+    """Algorithm 1 line 22 with the tie rule: best mean verifier score; among ties the answer most tied candidates
+    share, then the lowest index. Numeric mode prefers candidates that have an answer."""
+    pool = [c for c in candidates if c.error is None]
+    if mode == "numeric" and any(c.answer is not None for c in pool):
+        pool = [c for c in pool if c.answer is not None]
+    if not pool:
+        return None
+    best = max(c.score or 0.0 for c in pool)
+    tied = [c for c in pool if abs((c.score or 0.0) - best) < 1e-9]
+    if mode == "numeric":
+        votes = Counter(answer_key(c.answer) for c in tied if c.answer is not None)
+        if votes:
+            top = max(votes.values())
+            winners = {key for key, count in votes.items() if count == top}
+            tied = [c for c in tied if c.answer is not None and answer_key(c.answer) in winners]
+    return min(tied, key=lambda c: c.index)

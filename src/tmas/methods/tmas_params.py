@@ -1,0 +1,124 @@
+"""TMAS's parameters and presets.
+
+Without a preset TMAS runs the paper's configuration (section 4.1: N = 8, M = 8, T = 20, epsilon = 0.2) with the
+run's own sampling settings. Presets fill in every parameter the user did not give:
+
+- ``paper``: the same N, M, T and epsilon, plus the paper's sampling (temperature 1.0, top_p 0.95) for all five roles;
+- ``local``: N = 2, M = 1, T = 2, a low solver temperature and modest per-role ``max_tokens``, so one question on the
+  embedded 0.5B model finishes in minutes on two CPU cores. It is chosen automatically when the embedded model is
+  used and no preset is given (explicit parameters such as ``iterations`` still win over it).
+
+Sampling a preset asks for (``sampling``, per role) is sent as a per-call override, field by field, only where the
+user left that field alone: not set for the role under ``[roles.<role>.sampling]``, and under ``[sampling]`` either
+unset or still at its built-in default. So ``--temperature 0.5`` or a per-role setting always beats a preset.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from tmas.config import Sampling, Settings
+from tmas.memory.experience_bank import DEFAULT_DEDUP_THRESHOLD, DEFAULT_MAX_ENTRIES
+from tmas.methods.base import MethodParams
+
+TMAS_ROLES = ("solution", "verifier", "summary", "experience", "guideline")
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "paper": {
+        "n": 8,
+        "m": 8,
+        "iterations": 20,
+        "epsilon": 0.2,
+        "sampling": {role: {"temperature": 1.0, "top_p": 0.95} for role in TMAS_ROLES},
+    },
+    "local": {
+        "n": 2,
+        "m": 1,
+        "iterations": 2,
+        "epsilon": 0.2,
+        "sampling": {
+            # A 0.5B coder model is right far more often at a low temperature (see DESIGN.md); the per-call seeds
+            # still make its parallel samples differ.
+            "solution": {"temperature": 0.3, "max_tokens": 640},
+            "verifier": {"temperature": 0.3, "max_tokens": 400},
+            "summary": {"temperature": 0.2, "max_tokens": 220},
+            "experience": {"temperature": 0.2, "max_tokens": 450},
+            "guideline": {"temperature": 0.2, "max_tokens": 300},
+        },
+    },
+}
+
+
+class TMASParams(MethodParams):
+    preset: Literal["paper", "local"] | None = None
+    # Algorithm 1's T, N, M and epsilon.
+    iterations: int = Field(default=20, ge=1)
+    n: int = Field(default=8, ge=1, le=256)
+    m: int = Field(default=8, ge=1, le=64)
+    epsilon: float = Field(default=0.2, ge=0.0, le=1.0)
+    # Ablations (Table 2): leave the experience context out of the exploit prompt / the guideline constraint out of
+    # the explore prompt, and skip that memory agent's calls.
+    no_experience: bool = False
+    no_guideline: bool = False
+    # What the exploit prompt (and the memory agents) see of R_{t-1}: all N by default; top-k by score and a cap on
+    # each solution's length on request, and automatically when the context window demands (recorded in the notes).
+    top_k: int | None = Field(default=None, ge=1)
+    max_solution_chars: int | None = Field(default=None, ge=200)
+    # Prompt budget in tokens; None = the role's context window (when known) less its max_tokens.
+    context_tokens: int | None = Field(default=None, ge=512)
+    experience_dedup_threshold: float = Field(default=DEFAULT_DEDUP_THRESHOLD, gt=0.0, le=1.0)
+    experience_max_entries: int = Field(default=DEFAULT_MAX_ENTRIES, ge=1)
+    guideline_dedup_threshold: float = Field(default=DEFAULT_DEDUP_THRESHOLD, gt=0.0, le=1.0)
+    # Beyond the paper: stop a problem early once, for `early_stop_patience` iterations in a row, at least
+    # `early_stop_agreement` of the candidates share one answer and the mean verifier score is >= `early_stop_score`.
+    early_stop: bool = False
+    early_stop_patience: int = Field(default=2, ge=1)
+    early_stop_score: float = Field(default=0.9, ge=0.0, le=1.0)
+    early_stop_agreement: float = Field(default=1.0, gt=0.0, le=1.0)
+    # Per-role sampling the method asks for (see the module docstring for how it meets the run's settings).
+    sampling: dict[str, Sampling] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("preset") not in PRESETS:
+            return data
+        preset = PRESETS[data["preset"]]
+        merged = {**preset, **data}
+        user_sampling = data.get("sampling") or {}
+        if isinstance(user_sampling, dict):
+            roles = set(preset["sampling"]) | set(user_sampling)
+            merged["sampling"] = {
+                role: {**preset["sampling"].get(role, {}), **_as_dict(user_sampling.get(role))} for role in roles
+            }
+        return merged
+
+    @model_validator(mode="after")
+    def _known_roles(self) -> TMASParams:
+        unknown = set(self.sampling) - set(TMAS_ROLES)
+        if unknown:
+            raise ValueError(f"sampling for unknown roles {sorted(unknown)} (TMAS roles: {', '.join(TMAS_ROLES)})")
+        return self
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    if isinstance(value, Sampling):
+        return {k: getattr(value, k) for k in value.model_fields_set}
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def sampling_override(settings: Settings, role: str, wanted: Sampling | None) -> Sampling | None:
+    """The fields of ``wanted`` the user left alone for ``role``, as a per-call override (None when none are left)."""
+    if wanted is None:
+        return None
+    builtin = Settings().sampling
+    role_set = settings.roles[role].sampling.model_fields_set if role in settings.roles else set()
+    fields: dict[str, Any] = {}
+    for name in wanted.model_fields_set:
+        current = getattr(settings.sampling, name)
+        if name in role_set or (current is not None and current != getattr(builtin, name)):
+            continue
+        fields[name] = getattr(wanted, name)
+    return Sampling(**fields) if fields else None

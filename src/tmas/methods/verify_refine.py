@@ -1,0 +1,118 @@
+"""Verify-Refine, V-R (TMAS paper 4.1 and A.3): generate, verify, then a corrector revises from the previous solution
+and its verification; N trajectories in parallel, none sees another.
+
+Per iteration and trajectory i: iteration 0 writes a solution with TMAS's generation prompt, later ones send the
+previous solution with its verification report to the corrector (role ``corrector``); the new solution then gets
+``m`` verifications (TMAS's verification agent, role ``verifier``). Its score is their mean (1 / 0.5 / 0 scale) and
+the answer is the best-scored candidate's. With m > 1 the corrector is shown the most critical report (lowest
+score). The iteration's candidates are the verified solutions of that iteration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from tmas.agents.baselines import correction_prompt
+from tmas.agents.solution import generation_prompt
+from tmas.agents.verification import Verification, parse_verification, verification_prompt
+from tmas.methods.base import (
+    BudgetExhausted,
+    Candidate,
+    Method,
+    MethodParams,
+    ProblemResult,
+    ProblemSession,
+    gather_all,
+)
+from tmas.methods.candidates import best_scored, budget_note, finish, notes_for, solve_call
+
+
+class VerifyRefineParams(MethodParams):
+    iterations: int = Field(default=20, ge=1)
+    n: int = Field(default=8, ge=1, le=256)
+    # Verifications per solution (the paper's V-R uses one verifier).
+    m: int = Field(default=1, ge=1, le=64)
+
+
+@dataclass
+class Verified:
+    candidate: Candidate
+    # The report the corrector sees next iteration; None when the budget stopped before any verification.
+    report: Verification | None
+
+
+class VerifyRefine(Method):
+    name: ClassVar[str] = "verify_refine"
+    Params: ClassVar[type[MethodParams]] = VerifyRefineParams
+    embedded_defaults: ClassVar[dict[str, Any]] = {"n": 2, "iterations": 2}
+
+    @property
+    def p(self) -> VerifyRefineParams:
+        assert isinstance(self.params, VerifyRefineParams)
+        return self.params
+
+    async def solve(self, session: ProblemSession) -> ProblemResult:
+        p = self.p
+        latest: list[Verified | None] = [None] * p.n
+        chosen: Candidate | None = None
+        for t in range(p.iterations):
+            session.begin_iteration(t)
+            stepped = await gather_all(self._step(session, i, latest[i]) for i in range(p.n))
+            done = [v for v in stepped if v is not None]
+            if not done:
+                break
+            for v in done:
+                latest[v.candidate.index] = v
+            candidates = [v.candidate for v in done]
+            chosen = best_scored(candidates, p.mode)
+            notes = notes_for(candidates, p.mode)
+            if session.budget_stop:
+                notes += budget_note(session, len(candidates), p.n)
+            scores = [c.score for c in candidates if c.score is not None]
+            session.end_iteration(
+                candidates,
+                selected=chosen.answer if chosen else None,
+                state={"mean_score": sum(scores) / len(scores) if scores else None},
+                notes=notes,
+            )
+            if session.budget_stop:
+                break
+        return finish(session, self.name, chosen, stopped=session.budget_stop is not None)
+
+    async def _step(self, session: ProblemSession, i: int, prev: Verified | None) -> Verified | None:
+        """Trajectory i's solution (fresh or corrected) and its verifications."""
+        p, q, mode = self.p, session.problem.question, self.p.mode
+        if prev is None or prev.candidate.error is not None or prev.report is None:
+            messages, role, kind = generation_prompt(q, mode), "solution", "generate"
+        else:
+            report = prev.report
+            messages = correction_prompt(q, mode, prev.candidate.text, report.feedback, report.score)
+            role, kind = "corrector", "correct"
+        candidate = await solve_call(session, role, messages, index=i, mode=mode, meta={"prompt": kind})
+        if candidate is None:
+            return None
+        if candidate.error is not None:
+            candidate.score = 0.0
+            return Verified(candidate, None)
+        check = verification_prompt(q, candidate.text, mode)
+        try:
+            replies = await gather_all(session.chat("verifier", check, sample=i * p.m + j) for j in range(p.m))
+        except BudgetExhausted:
+            # The solution is finished but unverified: kept, unscored, and not corrected from a report it never got.
+            candidate.meta["unverified"] = True
+            return Verified(candidate, None)
+        reports = [
+            parse_verification(r.content) if r.ok else Verification(feedback="(verification failed)", score=None)
+            for r in replies
+        ]
+        score = sum(v.effective_score for v in reports) / len(reports)
+        if mode == "numeric" and candidate.answer is None:
+            score = 0.0
+        candidate.score = score
+        candidate.meta["verifications"] = [
+            {"score": v.score, "call_id": r.call_id} for v, r in zip(reports, replies, strict=True)
+        ]
+        return Verified(candidate, min(reports, key=lambda v: v.effective_score))

@@ -1,0 +1,96 @@
+"""The paper's analyses on hand-made records: B.4 score dynamics, B.3 unique guidelines, C trace, stopping."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tmas.eval.analysis import (
+    experience_trace,
+    score_dynamics,
+    stopping_summary,
+    stopping_tradeoff,
+    unique_guidelines,
+)
+from tmas.eval.grading import Grades
+from tmas.eval.metrics import compute_metrics
+
+pytest.importorskip("scipy")
+
+
+def _result(pid: str, scores: list[list[float]], correct: list[list[bool]], **extra: Any) -> dict[str, Any]:
+    iterations = []
+    for t, (row, ok) in enumerate(zip(scores, correct, strict=True)):
+        cands = [
+            {"index": i, "answer": "1" if c else "2", "score": s} for i, (s, c) in enumerate(zip(row, ok, strict=True))
+        ]
+        iterations.append({"iteration": t, "candidates": cands, "selected": None, "state": extra.get("state", {})})
+    return {"problem_id": pid, "iterations": iterations, **{k: v for k, v in extra.items() if k != "state"}}
+
+
+def _grades(results: list[dict[str, Any]]) -> Grades:
+    grades = Grades(runs=1)
+    for r in results:
+        for rec in r["iterations"]:
+            for c in rec["candidates"]:
+                grades.verdicts[(r["problem_id"], rec["iteration"], c["index"])] = [c["answer"] == "1"]
+    return grades
+
+
+def test_score_dynamics_groups_and_test() -> None:
+    results = [
+        _result("e1", [[0.6, 0.8], [0.7, 0.7]], [[False, True], [False, False]]),
+        _result("e2", [[0.5, 0.5], [0.6, 0.6]], [[False, False], [True, True]]),
+        _result("n1", [[0.9, 0.9], [1.0, 0.8]], [[False, False], [False, False]]),
+        _result("n2", [[0.8, 1.0], [0.9, 0.9]], [[False, False], [False, False]]),
+    ]
+    d = score_dynamics(results, _grades(results))
+    assert d.available and d.ever_correct == ["e1", "e2"] and d.never_correct == ["n1", "n2"]
+    # Per-problem means: e1 0.7, e2 0.55, n1 0.9, n2 0.9.
+    assert d.ever_mean == pytest.approx(0.625) and d.never_mean == pytest.approx(0.9)
+    assert d.delta == pytest.approx(0.275)
+    assert d.ever_by_iteration == pytest.approx([0.6, 0.65])
+    assert d.u_statistic == pytest.approx(4.0) and d.p_value is not None and 0 < d.p_value <= 1
+
+
+def test_score_dynamics_without_scores_says_so() -> None:
+    results = [_result("a", [[0.5]], [[True]])]
+    results[0]["iterations"][0]["candidates"][0]["score"] = None
+    assert not score_dynamics(results, _grades(results)).available
+
+
+def test_unique_guidelines_and_trace_read_the_tmas_banks() -> None:
+    bank_0 = {
+        "guideline_bank": {"strategies": [{"id": "G1", "description": "direct"}]},
+        "experience_bank": {"entries": [{"id": "E1", "content": "tile 2x1 both ways"}]},
+    }
+    bank_1 = {
+        "guideline_bank": {
+            "strategies": [{"id": "G1", "description": "direct, reworded"}, {"id": "G2", "description": "DP"}]
+        },
+        "experience_bank": {
+            "entries": [{"id": "E1", "content": "tile 2x1 both ways"}, {"id": "E2", "content": "T(2)=3"}]
+        },
+    }
+    result = _result("p", [[0.5, 0.5], [0.5, 0.5]], [[False, False], [True, False]])
+    result["iterations"][0]["state"], result["iterations"][1]["state"] = bank_0, bank_1
+    diversity = unique_guidelines([result], {"name": "tmas", "params": {"epsilon": 0.2}})
+    assert diversity.available and diversity.per_problem == {"p": 2} and diversity.epsilon == 0.2
+    trace = experience_trace(result, _grades([result]))
+    assert trace.available
+    assert [(r.correct, r.new_entries) for r in trace.rows] == [(0, ["tile 2x1 both ways"]), (1, ["T(2)=3"])]
+    assert not unique_guidelines([_result("q", [[0.1]], [[True]])], None).available
+
+
+def test_stopping_tradeoff_against_a_full_run() -> None:
+    full = [_result("a", [[0, 0], [0, 0]], [[False, False], [True, True]])]
+    stopped = [_result("a", [[0, 0]], [[False, False]], stopped_reason="agreement")]
+    for runs in (full, stopped):
+        for rec in runs[0]["iterations"]:
+            rec["usage"] = {"prompt_tokens": 50, "completion_tokens": 50}
+    summary = stopping_summary(stopped)
+    assert summary.stopped == 1 and summary.reasons == {"agreement": 1} and summary.mean_stop_iteration == 0
+    stopping_tradeoff(summary, compute_metrics(stopped, _grades(stopped)), compute_metrics(full, _grades(full)))
+    assert summary.tokens_saved == 100 and summary.tokens_saved_share == pytest.approx(0.5)
+    assert summary.pass1_lost == pytest.approx(1.0)

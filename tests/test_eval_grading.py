@@ -1,0 +1,127 @@
+"""Grading: Math-Verify equivalences (in worker processes), the LLM judge over HTTP, combined mode and reuse."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import settings_for
+from tmas.eval.grading import SELECTED, GradeConfig, grade_run, load_grades
+from tmas.eval.judge import judge_once, majority, parse_judge_reply
+from tmas.eval.rules import RuleChecker, check_pair
+from tmas.llm.client import LLMClient
+from tmas.problems import Problem
+from tmas.runner import prepare_run, run_problems
+from tmas.store.run_store import RunStore
+from tmas.testing import Rule, SimScript, SimServer
+
+pytest.importorskip("math_verify")
+
+# The equivalences the paper's judge prompt lists (000_*.txt items [1]-[5]), gold first.
+EQUIVALENT = [
+    ("0.5", "1/2"),
+    ("1000", "1,000"),
+    ("\\frac{1}{\\sqrt{2}}", "\\frac{\\sqrt{2}}{2}"),
+    ("x+1", "1+x"),
+    ("10", "\\text{10}"),
+    ("10", "10 \\text{ cm}"),
+    ("\\frac{2}{7}", "2/7"),
+]
+
+
+async def test_math_verify_equivalences_in_a_process_pool() -> None:
+    async with RuleChecker(workers=2) as checker:
+        for gold, pred in EQUIVALENT:
+            verdict = await checker.check(gold, pred)
+            assert verdict.correct is True, (gold, pred, verdict)
+        assert (await checker.check("12", "6")).correct is False
+        # Unequal non-numeric answers are left to the judge rather than called wrong.
+        assert (await checker.check("\\text{all odd } n", "n")).correct is None
+
+
+def test_unparseable_answers_are_undecided() -> None:
+    assert check_pair("5", "").correct is None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"reasoning": "same", "equivalent": true}', True),
+        ('```json\n{"reasoning": "differ", "equivalent": false}\n```', False),
+        ('Verdict: {"reasoning": "x", "equivalent": "true"} done', True),
+        ("they are equal", None),
+        ('{"reasoning": "no verdict"}', None),
+        ('{"equivalent": 1}', None),
+    ],
+)
+def test_judge_reply_parsing(text: str, expected: bool | None) -> None:
+    parsed = parse_judge_reply(text)
+    assert (parsed.equivalent if parsed else None) == expected
+
+
+def test_majority_over_runs() -> None:
+    assert majority([True, True, False, None]) is True
+    assert majority([True, False]) is None
+    assert majority([None, None]) is None
+    assert majority([False, False, True]) is False
+
+
+async def test_judge_retries_invalid_json_then_records_undecided(sim: SimServer) -> None:
+    sim.set_script(SimScript(rules=[Rule(role="judge", replies=["no json here"], times=1)]))
+    async with LLMClient(settings_for(sim)) as llm:
+        verdict = await judge_once(llm, problem_id="p", problem="Q?", reference="1", student="1", run=0)
+    assert verdict.correct is True and verdict.attempts == 2
+    sim.set_script(SimScript(rules=[Rule(role="judge", replies=["still not json"])]))
+    async with LLMClient(settings_for(sim)) as llm:
+        verdict = await judge_once(llm, problem_id="p", problem="Q?", reference="1", student="2", run=0, retries=2)
+    assert verdict.correct is None and verdict.attempts == 3 and "not valid JSON" in verdict.detail
+    judged = [r for r in sim.requests if r.role == "judge"]
+    assert judged and "<reference>" in json.dumps(judged[-1].body)
+
+
+async def _cot_run(sim: SimServer, run_dir: Path, problems: list[Problem]) -> RunStore:
+    settings = settings_for(sim)
+    store, settings, todo = prepare_run(run_dir, settings, problems, resume=False)
+    await run_problems(settings, todo, store)
+    return store
+
+
+async def test_combined_grading_uses_the_judge_only_where_rules_cannot_decide(sim: SimServer, tmp_path: Path) -> None:
+    problems = [
+        Problem(problem_id="num", question="What is 6*7?", answer="42"),
+        Problem(problem_id="wrong", question="What is 2*3?", answer="7"),
+        # The simulated solver answers 5; the reference is text, so the rules cannot decide and the judge is asked.
+        Problem(problem_id="text", question="What is 2+3?", answer="\\text{five}"),
+        Problem(problem_id="unlabeled", question="What is 1+1?"),
+    ]
+    store = await _cot_run(sim, tmp_path / "run", problems)
+    sim.set_script(SimScript(rules=[Rule(role="judge", replies=['{"reasoning": "5 is five", "equivalent": true}'])]))
+    config = GradeConfig(mode="combined", judge_runs=3)
+    grades = await grade_run(store, config, settings_for(sim))
+    assert grades.verdicts[("num", 0, 0)] == [True] * 3
+    assert grades.verdicts[("wrong", 0, 0)] == [False] * 3
+    assert grades.verdicts[("text", 0, 0)] == [True] * 3
+    assert grades.verdicts[("num", 0, SELECTED)] == [True] * 3
+    assert grades.unlabeled == ["unlabeled"]
+    assert not any(key[0] == "unlabeled" for key in grades.verdicts)
+    # One judge call per run for the "text" answer (candidate and selected answer share it).
+    assert sim.stats().by_role.get("judge") == 3
+    # Stored grades are reused: grading again sends nothing.
+    again = await grade_run(store, config, settings_for(sim))
+    assert again.verdicts == grades.verdicts and sim.stats().by_role.get("judge") == 3
+    loaded = load_grades(store, config)
+    assert loaded is not None and loaded.verdicts == grades.verdicts
+    store.close()
+
+
+async def test_judge_mode_grades_everything_with_the_judge(sim: SimServer, tmp_path: Path) -> None:
+    store = await _cot_run(sim, tmp_path / "run", [Problem(problem_id="a", question="What is 6*7?", answer="41")])
+    # The judge is scripted to disagree with the rules' obvious answer: judge mode must follow the judge.
+    sim.set_script(SimScript(rules=[Rule(role="judge", replies=['{"reasoning": "r", "equivalent": true}'])]))
+    grades = await grade_run(store, GradeConfig(mode="judge", judge_runs=2), settings_for(sim))
+    assert grades.verdicts[("a", 0, 0)] == [True, True]
+    rules = await grade_run(store, GradeConfig(mode="rules"), None)
+    assert rules.verdicts[("a", 0, 0)] == [False]
+    store.close()

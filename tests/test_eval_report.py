@@ -1,0 +1,128 @@
+"""Reports built from simulated-server runs, as a user runs them; dataset aliases."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tmas.errors import InputError
+from tmas.problems import DATASET_ALIASES, dataset_name, resolve_dataset
+from tmas.testing import SimScript, SimServer
+
+pytest.importorskip("math_verify")
+pytest.importorskip("matplotlib")
+
+
+def tmas(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+    return subprocess.run(
+        [sys.executable, "-m", "tmas", *args], capture_output=True, text=True, env={**clean, **(env or {})}, timeout=180
+    )
+
+
+def write_problems(path: Path) -> None:
+    rows = [{"problem_id": f"p{i}", "question": f"What is {i + 3}*7?", "answer": str((i + 3) * 7)} for i in range(5)]
+    rows.append({"problem_id": "free", "question": "What is 2*2?"})  # unlabeled: solved, not graded
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_report_from_simulated_runs(tmp_path: Path) -> None:
+    problems = tmp_path / "p.jsonl"
+    write_problems(problems)
+    with SimServer(SimScript()) as good, SimServer(SimScript(accuracy=0.4, seed=3)) as sloppy:
+        for name, server in (("good", good), ("sloppy", sloppy)):
+            out = tmas(
+                "run", str(problems), "-o", str(tmp_path / name), "--method", "cot", "--base-url", server.base_url
+            )
+            assert out.returncode == 0, out.stderr
+        report_dir = tmp_path / "report"
+        out = tmas(
+            "report",
+            str(tmp_path / "good"),
+            str(tmp_path / "sloppy"),
+            "-o",
+            str(report_dir),
+            "--grade",
+            "rules",
+        )
+        assert out.returncode == 0, out.stderr
+    written = json.loads(out.stdout)
+    markdown = (report_dir / "report.md").read_text()
+    html = (report_dir / "report.html").read_text()
+    assert "Pass@1 (%) at selected iterations" in markdown and "Pass@1 (%) at every iteration" in markdown
+    assert "| Method | It0 |" in markdown
+    # The good run is right on all 5 labeled problems; the unlabeled one is said to be ungraded.
+    assert "100.00" in markdown
+    assert "1 problems have no reference answer" in markdown
+    assert "Benchmark: p" in markdown and "Cost" in markdown
+    pngs = sorted(p.name for p in report_dir.glob("*.png"))
+    assert pngs == ["pass1_vs_iteration_p.png", "pass1_vs_tokens_p.png"]
+    assert all((report_dir / name).stat().st_size > 1000 for name in pngs)
+    assert "<table>" in html and 'img src="pass1_vs_iteration_p.png"' in html
+    assert set(written) >= {"markdown", "html"}
+    # CoT has no verifier and no banks: the analyses say so instead of inventing numbers.
+    assert "Not available: the method records no candidate scores" in markdown
+    assert "no guideline bank" in markdown
+
+
+def test_eval_runs_grades_and_reports_in_one_step(tmp_path: Path) -> None:
+    problems = tmp_path / "p.jsonl"
+    write_problems(problems)
+    with SimServer(SimScript()) as sim:
+        out = tmas(
+            *("eval", str(problems), "-o", str(tmp_path / "run"), "--base-url", sim.base_url, "--judge-runs", "2"),
+            *("--method", "tmas", "-p", "n=2", "-p", "m=2", "-T", "3"),
+        )
+        assert out.returncode == 0, out.stderr
+        # Every answer is numeric and the rules decide all of them: the judge is never asked.
+        assert sim.stats().by_role.get("judge", 0) == 0
+    markdown = (tmp_path / "run" / "report" / "report.md").read_text()
+    assert "grading: combined, 2 judge run(s)" in markdown
+    assert "| Method | It0 | It1 | It2 |" in markdown
+    # TMAS records verifier scores and its banks: the B.4 and B.3 analyses have something to show.
+    assert "Verification-score dynamics (B.4)" in markdown and "ever-correct: 5 problems" in markdown
+    assert "mean unique guidelines per problem" in markdown and "epsilon = " in markdown
+
+
+def test_report_on_a_missing_run_is_a_clear_error(tmp_path: Path) -> None:
+    out = tmas("report", str(tmp_path / "nope"), "-o", str(tmp_path / "r"))
+    assert out.returncode == 2 and "not a run directory" in out.stderr
+
+
+def test_data_generate_cli(tmp_path: Path) -> None:
+    out = tmas(
+        "data",
+        "generate",
+        "--family",
+        "all",
+        "--n",
+        "2",
+        "--seed",
+        "5",
+        "--level",
+        "2",
+        "-o",
+        str(tmp_path / "g.jsonl"),
+    )
+    assert out.returncode == 0, out.stderr
+    assert len((tmp_path / "g.jsonl").read_text().splitlines()) >= 12
+    out = tmas("data", "generate", "--family", "nope", "-o", str(tmp_path / "x.jsonl"))
+    assert out.returncode == 2 and "unknown family" in out.stderr and not (tmp_path / "x.jsonl").exists()
+
+
+def test_dataset_aliases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "bench"
+    folder.mkdir()
+    (folder / DATASET_ALIASES["hmmt25"]).write_text('{"question_id": 1, "question": "Q", "answer": "1"}\n')
+    monkeypatch.setenv("TMAS_BENCHMARKS_DIR", str(folder))
+    assert resolve_dataset("hmmt25") == folder / DATASET_ALIASES["hmmt25"]
+    assert dataset_name("HMMT25") == "hmmt25"
+    monkeypatch.setenv("TMAS_BENCHMARKS_DIR", str(tmp_path / "empty"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match="not a named benchmark"):
+        resolve_dataset("no-such-thing")

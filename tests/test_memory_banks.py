@@ -1,0 +1,154 @@
+"""The experience and guideline banks' pure update functions, with hand-worked values."""
+
+from __future__ import annotations
+
+import pytest
+
+from tmas.memory import (
+    ExperienceBank,
+    ExperienceEntry,
+    ExperienceOp,
+    GuidelineBank,
+    Strategy,
+    StrategyClassification,
+    apply_experience_ops,
+    apply_strategy_classifications,
+    jaccard,
+)
+
+
+def bank(*contents: tuple[str, str]) -> ExperienceBank:
+    entries = [ExperienceEntry(id=f"E{i + 1}", kind=kind, content=text) for i, (kind, text) in enumerate(contents)]  # type: ignore[arg-type]
+    return ExperienceBank(entries=entries, next_id=len(entries) + 1)
+
+
+def test_jaccard_hand_worked() -> None:
+    assert jaccard("a b c", "a b d") == pytest.approx(2 / 4)
+    assert jaccard("T(2) = 3", "t 2 3") == 1.0  # case and punctuation do not count
+    assert jaccard("x y", "z") == 0.0
+    assert jaccard("", "") == 1.0
+
+
+def test_add_keep_refine_delete() -> None:
+    old = bank(
+        ("anchor", "T(2) = 3 by enumeration of the three tilings"),
+        ("heuristic", "avoid assuming tiles are vertical only"),
+        ("anchor", "T(3) = 5 from the extensions of T(2)"),
+        ("anchor", "the recurrence has a coefficient two on T(n-2)"),
+    )
+    ops = [
+        ExperienceOp(op="KEEP", id="E1"),
+        ExperienceOp(op="REFINE", id="E2", content="never assume the 2x1 tile is only vertical: it gives T(4) = 6"),
+        ExperienceOp(op="DELETE", id="E3"),
+        ExperienceOp(op="ADD", kind="anchor", subtype="structural_rule", content="T(n) = T(n-1) + 2T(n-2) + T(n-4)"),
+    ]
+    new, report = apply_experience_ops(old, ops, iteration=5)
+    assert [e.id for e in new.entries] == ["E1", "E2", "E4", "E5"]
+    assert new.get("E2") is not None and new.get("E2").content.endswith("T(4) = 6")  # type: ignore[union-attr]
+    assert new.get("E2").updated_at == 5 and new.get("E2").added_at == 0  # type: ignore[union-attr]
+    assert new.get("E5") == ExperienceEntry(
+        id="E5",
+        kind="anchor",
+        subtype="structural_rule",
+        content="T(n) = T(n-1) + 2T(n-2) + T(n-4)",
+        added_at=5,
+        updated_at=5,
+    )
+    assert new.next_id == 6
+    assert (report.added, report.refined, report.deleted) == (["E5"], ["E2"], ["E3"])
+    assert sorted(report.kept) == ["E1", "E4"]  # E4 was not mentioned: kept by default
+    assert old.next_id == 5 and len(old) == 4  # the input is not changed
+
+
+def test_refine_with_merges_removes_the_absorbed_entries() -> None:
+    old = bank(("anchor", "first"), ("anchor", "second"), ("anchor", "third"))
+    new, report = apply_experience_ops(
+        old, [ExperienceOp(op="REFINE", id="E1", content="first and second together", merges=["E2"])], iteration=1
+    )
+    assert [e.id for e in new.entries] == ["E1", "E3"]
+    assert report.deleted == ["E2"]
+
+
+def test_bad_operations_are_refused_and_reported() -> None:
+    old = bank(("anchor", "alpha beta"))
+    ops = [
+        ExperienceOp(op="DELETE", id="E9"),
+        ExperienceOp(op="REFINE", id="E1"),
+        ExperienceOp(op="ADD", content="no kind given"),
+        ExperienceOp(op="KEEP", id="E1"),
+        ExperienceOp(op="DELETE", id="E1"),
+    ]
+    new, report = apply_experience_ops(old, ops, iteration=1)
+    assert new.entries == old.entries
+    assert len(report.rejected) == 4
+    assert "E9: no such entry" in report.rejected[0]
+    assert "already claimed by KEEP" in report.rejected[3]
+
+
+def test_jaccard_dedup_keeps_the_earlier_entry() -> None:
+    old = bank(("anchor", "the answer for the two by two block is three tilings"))
+    # Word sets: 10 shared of 11 in the union -> 0.91, above 0.7; the heuristic of the same words is another kind.
+    ops = [
+        ExperienceOp(op="ADD", kind="anchor", content="the answer for the two by two block is three tilings total"),
+        ExperienceOp(op="ADD", kind="anchor", content="a completely different verified statement"),
+        ExperienceOp(op="ADD", kind="heuristic", content="the answer for the two by two block is three tilings"),
+    ]
+    new, report = apply_experience_ops(old, ops, iteration=2, dedup_threshold=0.7)
+    assert [e.id for e in new.entries] == ["E1", "E3", "E4"]
+    assert report.deduplicated == ["E2 (near-duplicate of E1)"]
+    assert report.added == ["E3", "E4"]
+    # A stricter threshold keeps it.
+    loose, _ = apply_experience_ops(old, ops[:1], iteration=2, dedup_threshold=0.95)
+    assert len(loose) == 2
+
+
+def test_the_size_cap_refuses_the_latest_additions() -> None:
+    old = bank(("anchor", "one"), ("anchor", "two"))
+    ops = [ExperienceOp(op="ADD", kind="heuristic", content=word) for word in ("three", "four", "five")]
+    new, report = apply_experience_ops(old, ops, iteration=1, max_entries=3)
+    assert [e.content for e in new.entries] == ["one", "two", "three"]
+    assert report.added == ["E3"]
+    assert len(report.rejected) == 2 and "bank is full" in report.rejected[0]
+
+
+def test_op_spellings_are_normalised() -> None:
+    op = ExperienceOp.model_validate(
+        {"op": "add", "kind": "Verified Anchor", "subtype": "Structural Reduction", "content": " x "}
+    )
+    assert (op.op, op.kind, op.subtype, op.content) == ("ADD", "anchor", "structural_reduction", "x")
+    assert ExperienceOp.model_validate({"op": "ADD", "kind": "error-avoidance heuristic"}).kind == "heuristic"
+
+
+def test_guideline_classifications() -> None:
+    old = GuidelineBank(
+        strategies=[Strategy(id="G1", description="direct recurrence on columns", first_iteration=0, last_iteration=0)],
+        next_id=2,
+    )
+    items = [
+        StrategyClassification(rollout=1, strategy="direct recurrence on columns", novelty=0, same_as="G1"),
+        StrategyClassification(rollout=2, strategy="transfer matrix over column states", novelty=1),
+        StrategyClassification(rollout=3, strategy="direct recurrence on the columns", novelty=1),  # near-duplicate
+        StrategyClassification(rollout=4, strategy="", novelty=-1),
+        StrategyClassification(rollout=5, strategy="x", novelty=1),  # only 4 rollouts
+        StrategyClassification(rollout=2, strategy="again", novelty=1),  # classified twice
+    ]
+    new, report = apply_strategy_classifications(
+        old, items, iteration=3, n_rollouts=4, scores={1: 0.5, 2: 1.0, 3: 0.25}
+    )
+    assert [s.id for s in new.strategies] == ["G1", "G2"]
+    g1, g2 = new.strategies
+    assert (g1.attempts, g1.last_iteration, g1.best_score) == (3, 3, 0.5)
+    assert (g2.description, g2.first_iteration, g2.best_score) == ("transfer matrix over column states", 3, 1.0)
+    assert report.added == ["G2"] and report.repeated == {"G1": [1, 3]} and report.undetermined == [4]
+    assert len(report.rejected) == 2
+    assert len(old) == 1
+
+
+def test_guideline_same_as_unknown_is_refused() -> None:
+    new, report = apply_strategy_classifications(
+        GuidelineBank(),
+        [StrategyClassification(rollout=1, strategy="something", novelty=0, same_as="G7")],
+        iteration=1,
+        n_rollouts=1,
+    )
+    assert len(new) == 0 and "names no logged strategy" in report.rejected[0]

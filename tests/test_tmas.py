@@ -1,0 +1,333 @@
+"""TMAS end to end against the simulated server: Algorithm 1's call graph and ordering, epsilon, bad agent output,
+ablations, early stopping, selection and presets."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import settings_for
+from tmas.api import asolve
+from tmas.config import Settings
+from tmas.methods import create_method
+from tmas.methods.base import ProblemResult
+from tmas.methods.tmas import TMAS, select
+from tmas.methods.tmas_params import TMASParams, sampling_override
+from tmas.store.run_store import RunStore
+from tmas.testing import Rule, SimScript, SimServer
+
+Q = "What is 17*23?"
+EXPLORE_MARK = "<attempted_strategies>"
+REFINE_MARK = "<previous_attempts>"
+
+
+async def run_tmas(sim: SimServer, tmp_path: Path | None = None, **params: Any) -> ProblemResult:
+    settings = settings_for(sim, method={"name": "tmas", "params": params})
+    return await asolve(Q, settings, run_dir=tmp_path / "run" if tmp_path else None)
+
+
+def solution_prompts(sim: SimServer) -> list[str]:
+    return [r.body["messages"][-1]["content"] for r in sim.requests if r.role == "solution"]
+
+
+def calls_by_iteration(run_dir: Path) -> dict[int, list[tuple[str, str]]]:
+    """iteration -> [(role, user prompt)] from the run store."""
+    out: dict[int, list[tuple[str, str]]] = {}
+    with RunStore(run_dir, create=False) as store:
+        for call in store.calls():
+            assert call.call_id is not None and call.key.iteration is not None
+            prompt = store.call_messages(call.call_id)[-1]["content"]
+            out.setdefault(call.key.iteration, []).append((call.key.role, prompt))
+    return out
+
+
+async def test_call_graph_per_iteration(sim: SimServer, tmp_path: Path) -> None:
+    n, m, t = 3, 2, 3
+    result = await run_tmas(sim, tmp_path, n=n, m=m, iterations=t)
+    assert result.status == "done" and result.answer == "391"
+    assert sim.stats().by_role == {
+        "solution": n * t,
+        "verifier": n * m * t,
+        "summary": n * t,
+        "experience": t,
+        "guideline": t,
+    }
+    for calls in calls_by_iteration(tmp_path / "run").values():
+        roles = [role for role, _ in calls]
+        assert {r: roles.count(r) for r in set(roles)} == {
+            "solution": n,
+            "verifier": n * m,
+            "summary": n,
+            "experience": 1,
+            "guideline": 1,
+        }
+    assert [len(r.candidates) for r in result.iterations] == [n] * t
+    assert all(r.calls == n + n * m + n + 2 for r in result.iterations)
+    first = result.iterations[0].candidates[0]
+    assert first.meta["mode"] == "generate" and len(first.meta["verifications"]) == m
+    assert "## Validated Steps" in first.meta["summary"]
+
+
+async def test_iteration_t_prompts_see_only_iteration_t_minus_1(sim: SimServer, tmp_path: Path) -> None:
+    # Each solution carries a marker M<call number>; calls of iteration t are numbers t*N .. t*N+N-1 since an
+    # iteration starts only after the previous one finished.
+    n, t = 3, 4
+    replies = [f"Attempt M{k}Z: 17*23 = 391.\n\n\\boxed{{391}}" for k in range(n * t)]
+    sim.set_script(SimScript(rules=[Rule(role="solution", replies=replies)]))
+    result = await run_tmas(sim, tmp_path, n=n, m=2, iterations=t, epsilon=0.0)
+    assert result.status == "done"
+    marks = re.compile(r"M(\d+)Z")
+    for it, calls in calls_by_iteration(tmp_path / "run").items():
+        for role, prompt in calls:
+            seen = {int(k) // n for k in marks.findall(prompt)}
+            if role == "solution":
+                # Exploit prompts show R_{t-1} (all N rollouts), never anything of iteration t or older ones.
+                assert seen == ({it - 1} if it else set()), (it, role, seen)
+                if it:
+                    assert len(set(marks.findall(prompt))) == n
+            else:
+                assert seen == {it}, (it, role, seen)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 1.0])
+async def test_epsilon_extremes(sim: SimServer, tmp_path: Path, epsilon: float) -> None:
+    n, t = 4, 3
+    result = await run_tmas(sim, tmp_path, n=n, m=1, iterations=t, epsilon=epsilon)
+    prompts = solution_prompts(sim)
+    assert len(prompts) == n * t
+    explore = [EXPLORE_MARK in p for p in prompts]
+    refine = [REFINE_MARK in p for p in prompts]
+    if epsilon == 0.0:
+        assert not any(explore) and sum(refine) == n * (t - 1)
+    else:
+        assert sum(explore) == n * (t - 1) and not any(refine)
+    modes = [c.meta["mode"] for r in result.iterations for c in r.candidates]
+    expected = "exploit" if epsilon == 0.0 else "explore"
+    assert modes == ["generate"] * n + [expected] * n * (t - 1)
+
+
+async def test_draws_depend_on_the_run_seed_only(sim: SimServer, tmp_path: Path) -> None:
+    params = {"n": 8, "m": 1, "iterations": 3, "epsilon": 0.5}
+    a = await run_tmas(sim, **params)
+    b = await run_tmas(sim, **params)
+    settings = settings_for(sim, seed=7, method={"name": "tmas", "params": params})
+    c = await asolve(Q, settings)
+    modes = [[r.state["modes"] for r in x.iterations] for x in (a, b, c)]
+    assert modes[0] == modes[1] != modes[2]
+    assert {"explore", "exploit"} <= set(modes[0][1] + modes[0][2])
+
+
+async def test_explore_prompt_lists_the_previous_guideline_bank(sim: SimServer, tmp_path: Path) -> None:
+    result = await run_tmas(sim, tmp_path, n=2, m=1, iterations=2, epsilon=1.0)
+    logged = result.iterations[0].state["guideline_bank"]["strategies"]
+    assert logged
+    explore = [p for p in solution_prompts(sim) if EXPLORE_MARK in p]
+    assert explore and all(f"[{s['id']}] {s['description']}" in p for p in explore for s in logged)
+
+
+async def test_exploit_prompt_carries_the_previous_experience_bank(sim: SimServer) -> None:
+    sim.set_script(SimScript(accuracy=0.5))
+    result = await run_tmas(sim, n=4, m=2, iterations=2, epsilon=0.0)
+    entries = result.iterations[0].state["experience_bank"]["entries"]
+    assert {e["kind"] for e in entries} == {"anchor", "heuristic"}
+    refine = [p for p in solution_prompts(sim) if REFINE_MARK in p]
+    assert refine and all(f"[{e['id']}]" in p and e["content"] in p for p in refine for e in entries)
+
+
+async def test_selection_prefers_verified_answers(sim: SimServer) -> None:
+    sim.set_script(SimScript(accuracy=0.5))
+    result = await run_tmas(sim, n=6, m=2, iterations=2, epsilon=0.0)
+    last = result.iterations[-1].candidates
+    answers = {c.answer for c in last}
+    assert len(answers) > 1  # some candidates are wrong ...
+    assert "391" in answers and result.answer == "391"  # ... and the verifiers steer selection to the right one
+    best = max(c.score or 0.0 for c in last)
+    assert all((c.score or 0.0) == 0.0 for c in last if c.answer != "391")
+    assert result.iterations[-1].selected == "391" and best > 0
+
+
+def test_tie_rule() -> None:
+    from tmas.methods.base import Candidate
+
+    def cand(i: int, answer: str | None, score: float) -> Candidate:
+        return Candidate(index=i, text="", answer=answer, score=score)
+
+    # Tied at 1.0: "5" twice beats "4" once, and the lowest index among the "5"s wins.
+    pool = [cand(0, "4", 1.0), cand(1, "7", 0.5), cand(2, "5", 1.0), cand(3, " 5 ", 1.0)]
+    assert select(pool, "numeric") == pool[2]
+    # Candidates with an answer beat a better-scored one without.
+    assert select([cand(0, None, 1.0), cand(1, "3", 0.0)], "numeric").index == 1  # type: ignore[union-attr]
+    assert select([cand(0, "1", 0.5), cand(1, "2", 0.5)], "numeric").index == 0  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------------------------------------- bad agent output
+async def test_solution_without_a_boxed_answer(sim: SimServer) -> None:
+    sim.set_script(SimScript(rules=[Rule(role="solution", replies=["It is roughly four hundred."])]))
+    result = await run_tmas(sim, n=2, m=2, iterations=2)
+    assert result.status == "done" and result.answer is None
+    assert result.counters["solution_no_answer"] == 4
+    for record in result.iterations:
+        assert all(c.answer is None and c.score == 0.0 for c in record.candidates)
+        assert any("no \\boxed{} answer" in note for note in record.notes)
+
+
+async def test_verification_without_a_score(sim: SimServer) -> None:
+    sim.set_script(SimScript(rules=[Rule(role="verifier", replies=["It all looks plausible to me."])]))
+    result = await run_tmas(sim, n=2, m=3, iterations=1)
+    assert result.counters["verification_unparseable"] == 6
+    candidate = result.iterations[0].candidates[0]
+    assert candidate.score == 0.0 and candidate.answer == "391"
+    assert candidate.meta["verifications"][0] == {
+        "score": None,
+        "call_id": candidate.meta["verifications"][0]["call_id"],
+        "raw": "It all looks plausible to me.",
+    }
+
+
+@pytest.mark.parametrize(
+    ("reply", "finish_reason", "error"),
+    [
+        ("I would add a few entries.", None, "no valid JSON"),
+        ("", None, "empty reply"),
+        ('```json\n{"operations": [{"op": "ADD", "kind": "anchor", "content": "x"}]}\n```', "length", "truncated"),
+        ('{"entries": []}', None, "no 'operations' list"),
+    ],
+)
+async def test_invalid_experience_update_keeps_the_previous_bank(
+    sim: SimServer, reply: str, finish_reason: str | None, error: str
+) -> None:
+    # The first update (empty bank) is the simulator's valid one; the second (bank holds E1) is the bad reply.
+    rule = Rule(role="experience", pattern=r"\[E1\] ", replies=[reply], finish_reason=finish_reason)
+    sim.set_script(SimScript(rules=[rule]))
+    result = await run_tmas(sim, n=2, m=1, iterations=2)
+    first, second = (r.state for r in result.iterations)
+    assert first["experience_update"]["status"] == "applied" and first["experience_bank"]["entries"]
+    assert second["experience_update"]["status"] == "invalid"
+    assert error in second["experience_update"]["error"]
+    assert second["experience_update"]["raw"] == reply
+    assert second["experience_bank"] == first["experience_bank"]
+    assert result.counters["experience_invalid"] == 1
+    assert second["guideline_update"]["status"] == "applied"
+
+
+async def test_invalid_guideline_update_keeps_the_previous_bank(sim: SimServer) -> None:
+    rule = Rule(role="guideline", pattern=r"- \[G1\] ", replies=['```json\n{"rollouts": [{"rollout": 1,\n```'])
+    sim.set_script(SimScript(rules=[rule]))
+    result = await run_tmas(sim, n=2, m=1, iterations=3)
+    banks = [r.state["guideline_bank"] for r in result.iterations]
+    assert banks[0]["strategies"] and banks[1] == banks[0] == banks[2]
+    assert result.counters["guideline_invalid"] == 2
+    assert [r.state["guideline_update"]["status"] for r in result.iterations] == ["applied", "invalid", "invalid"]
+
+
+async def test_failed_calls_are_handled(sim: SimServer) -> None:
+    rules = [
+        Rule(role="solution", fault="http_400", times=1),
+        Rule(role="verifier", fault="http_400", times=2),
+        Rule(role="summary", fault="http_400", times=1),
+        Rule(role="experience", fault="http_400"),
+        Rule(role="guideline", fault="http_400", times=1),
+    ]
+    sim.set_script(SimScript(rules=rules))
+    result = await run_tmas(sim, n=3, m=2, iterations=2)
+    assert result.status == "done" and result.answer == "391"
+    c = result.counters
+    assert (c["solution_failed"], c["verification_failed"], c["summary_failed"]) == (1, 2, 1)
+    assert (c["experience_failed"], c["guideline_failed"]) == (2, 1)
+    failed = [cand for r in result.iterations for cand in r.candidates if cand.error]
+    assert len(failed) == 1 and failed[0].score == 0.0 and failed[0].answer is None
+    assert all(r.state["experience_bank"]["entries"] == [] for r in result.iterations)
+    assert result.failed_calls == 1 + 2 + 1 + 2 + 1
+
+
+async def test_every_solution_failing_fails_the_problem(sim: SimServer) -> None:
+    sim.set_script(SimScript(rules=[Rule(role="solution", fault="http_400")]))
+    result = await run_tmas(sim, n=2, m=1, iterations=2)
+    assert result.status == "failed" and "no candidate" in (result.error or "")
+    assert sim.stats().by_role == {"solution": 4}
+
+
+# ---------------------------------------------------------------------------------------------- ablations, stopping
+async def test_no_experience_ablation(sim: SimServer) -> None:
+    result = await run_tmas(sim, n=2, m=1, iterations=3, epsilon=0.0, no_experience=True)
+    assert "experience" not in sim.stats().by_role and sim.stats().by_role["guideline"] == 3
+    refine = [p for p in solution_prompts(sim) if REFINE_MARK in p]
+    assert len(refine) == 4 and not any("<experience>" in p for p in refine)
+    assert all(r.state["experience_update"] == {"status": "disabled"} for r in result.iterations)
+
+
+async def test_no_guideline_ablation(sim: SimServer) -> None:
+    result = await run_tmas(sim, n=2, m=1, iterations=3, epsilon=1.0, no_guideline=True)
+    assert "guideline" not in sim.stats().by_role and sim.stats().by_role["experience"] == 3
+    assert not any(EXPLORE_MARK in p for p in solution_prompts(sim))
+    assert [c.meta["prompt"] for c in result.iterations[2].candidates] == ["generate", "generate"]
+
+
+async def test_both_ablations(sim: SimServer) -> None:
+    await run_tmas(sim, n=2, m=1, iterations=2, no_experience=True, no_guideline=True)
+    assert set(sim.stats().by_role) == {"solution", "verifier", "summary"}
+
+
+async def test_early_stopping_stops_and_says_why(sim: SimServer) -> None:
+    result = await run_tmas(sim, n=3, m=2, iterations=8, early_stop=True, early_stop_patience=2, early_stop_score=0.5)
+    assert len(result.iterations) == 2
+    assert result.stopped_reason is not None and "2 consecutive iterations" in result.stopped_reason
+    last = result.iterations[-1]
+    assert last.state["early_stop"]["iteration"] == 1 and last.state["experience_update"]["status"] == "skipped"
+    assert sim.stats().by_role["experience"] == 1  # the stopping iteration's memory update is skipped
+    assert result.answer == "391"
+
+
+async def test_no_early_stop_by_default(sim: SimServer) -> None:
+    result = await run_tmas(sim, n=2, m=1, iterations=3)
+    assert len(result.iterations) == 3 and result.stopped_reason is None
+
+
+async def test_top_k_limits_what_the_exploit_prompt_sees(sim: SimServer) -> None:
+    sim.set_script(SimScript(accuracy=0.5))
+    result = await run_tmas(sim, n=4, m=1, iterations=2, epsilon=0.0, top_k=2)
+    refine = [p for p in solution_prompts(sim) if REFINE_MARK in p]
+    assert refine and all(p.count("<attempt number=") == 2 for p in refine)
+    assert any("exploit prompt: left out rollouts" in n for n in result.iterations[1].notes)
+
+
+# ---------------------------------------------------------------------------------------------- presets, defaults
+def test_presets_and_embedded_defaults() -> None:
+    paper = TMASParams.model_validate({"preset": "paper"})
+    assert (paper.n, paper.m, paper.iterations, paper.epsilon) == (8, 8, 20, 0.2)
+    assert paper.sampling["solution"].temperature == 1.0 and paper.sampling["verifier"].top_p == 0.95
+    local = create_method("tmas", {}, embedded=True).params
+    assert isinstance(local, TMASParams) and (local.preset, local.n, local.m, local.iterations) == ("local", 2, 1, 2)
+    mine = create_method("tmas", {"iterations": 5}, embedded=True).params
+    assert isinstance(mine, TMASParams) and (mine.n, mine.iterations) == (2, 5)
+    assert create_method("tmas", {"preset": "paper"}, embedded=True).params.iterations == 20
+    assert isinstance(create_method("tmas", {}), TMAS) and Settings().method.name == "tmas"
+
+
+def test_preset_sampling_yields_to_the_users_settings() -> None:
+    wanted = TMASParams.model_validate({"preset": "local"}).sampling["solution"]
+    plain = sampling_override(Settings(), "solution", wanted)
+    assert plain is not None and (plain.temperature, plain.max_tokens) == (0.3, 640)
+    user = Settings.model_validate(
+        {"sampling": {"temperature": 0.9}, "roles": {"solution": {"sampling": {"max_tokens": 99}}}}
+    )
+    assert sampling_override(user, "solution", wanted) is None
+    assert (
+        sampling_override(user, "verifier", TMASParams.model_validate({"preset": "local"}).sampling["verifier"])
+        == (TMASParams.model_validate({"sampling": {"verifier": {"max_tokens": 400}}}).sampling["verifier"])
+    )
+
+
+async def test_paper_preset_sends_its_sampling(sim: SimServer) -> None:
+    settings = Settings.model_validate(
+        {
+            "endpoint": {"base_url": [sim.base_url]},
+            "method": {"name": "tmas", "params": {"preset": "paper", "iterations": 1, "n": 1, "m": 1}},
+        }
+    )
+    await asolve(Q, settings)
+    bodies = [r.body for r in sim.requests]
+    assert bodies and all(b["temperature"] == 1.0 and b["top_p"] == 0.95 for b in bodies)

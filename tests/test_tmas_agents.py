@@ -1,0 +1,125 @@
+"""TMAS agents: prompt contents and the parsers' rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from tmas.agents.experience import parse_experience_update
+from tmas.agents.guideline import parse_guideline_update
+from tmas.agents.output import AgentOutputError, extract_json_object
+from tmas.agents.rollouts import Rollout, fit_rollouts
+from tmas.agents.solution import explore_prompt, generation_prompt, parse_solution, refine_prompt
+from tmas.agents.summary import parse_summary
+from tmas.agents.verification import parse_verification
+from tmas.memory import ExperienceBank, ExperienceEntry, Strategy
+
+
+@pytest.mark.parametrize(
+    ("text", "score", "snapped"),
+    [
+        ("## Analysis\nfine\n\n## Score\nScore: 1", 1.0, False),
+        ("**Score:** 0.5", 0.5, False),
+        ("Final score = 1/2", 0.5, False),
+        ("score: 0\nlater text\nScore: 1.0", 1.0, False),  # the last score line wins
+        ("## Score\n\\boxed{0.5}", 0.5, False),
+        ("Score: \\boxed{0}", 0.0, False),
+        ("Score: 0.8", 1.0, True),
+        ("Score: 0.25", 0.0, True),  # ties go down
+        ("Score: 7", None, False),
+        ("The solution looks right.", None, False),
+        ("", None, False),
+    ],
+)
+def test_verification_scores(text: str, score: float | None, snapped: bool) -> None:
+    parsed = parse_verification(text)
+    assert parsed.score == score and parsed.snapped == snapped
+    assert parsed.effective_score == (score or 0.0)
+
+
+def test_solution_parsing_by_mode() -> None:
+    text = "Thinking.\n\n## Solution\nWe get $x = 2$, so the answer is \\boxed{\\frac{1}{2}}."
+    numeric = parse_solution(text, "numeric")
+    assert numeric.answer == "\\frac{1}{2}" and numeric.has_section and numeric.text == text.strip()
+    proof = parse_solution(text, "proof")
+    assert proof.answer is None and proof.text.startswith("We get")
+    assert parse_solution("The answer is 4.", "numeric").answer is None  # no box, no answer
+
+
+def test_solution_prompts_carry_the_paper_instructions() -> None:
+    gen = generation_prompt("Find T_4.", "numeric")
+    assert gen[0].role == "system" and "## Solution" in gen[1].content and "\\boxed{}" in gen[1].content
+    assert "<problem>\nFind T_4.\n</problem>" in gen[1].content
+    assert "\\boxed" not in generation_prompt("Prove it.", "proof")[1].content
+    bank = ExperienceBank(
+        entries=[
+            ExperienceEntry(id="E1", kind="anchor", subtype="intermediate_result", content="T(2) = 3"),
+            ExperienceEntry(id="E2", kind="heuristic", content="do not assume vertical tiles only"),
+        ]
+    )
+    fit = fit_rollouts([Rollout(index=0, solution="sol A", summary="sum A", score=0.5)])
+    refine = refine_prompt("Find T_4.", "numeric", fit.views, bank)[1].content
+    assert '<attempt number="1" mean_verifier_score="0.5">' in refine and "sum A" in refine
+    assert "[E1] (intermediate result) T(2) = 3" in refine and "[E2] do not assume" in refine
+    assert "<experience>" not in refine_prompt("Q", "numeric", fit.views, None)[1].content
+    explore = explore_prompt(
+        "Q", "numeric", [Strategy(id="G1", description="recurrence", first_iteration=0, last_iteration=0)]
+    )
+    assert "- [G1] recurrence" in explore[1].content and "fundamentally different" in explore[1].content
+
+
+def test_problem_text_is_data_not_template() -> None:
+    assert "{{ mode }}" in generation_prompt("What is {{ mode }}?", "numeric")[1].content
+
+
+def test_summary_sections() -> None:
+    text = "## Validated Steps\n- base case\n- recurrence\n\n## Remaining Flaws\n- none found\n\n## Verdict\nCorrect."
+    summary = parse_summary(text)
+    assert summary.structured and summary.validated == ["base case", "recurrence"] and summary.flaws == []
+    assert summary.verdict == "Correct."
+    assert not parse_summary("Looks fine overall.").structured
+    with pytest.raises(AgentOutputError):
+        parse_summary("  ")
+
+
+def test_json_extraction() -> None:
+    assert extract_json_object('x ```json\n{"a": 1}\n``` y ```json\n{"a": 2}\n```') == {"a": 2}
+    assert extract_json_object('prefix {"a": {"b": 1}} suffix') == {"a": {"b": 1}}
+    for bad in ("", "no json", '```json\n{"a": \n```', "[1, 2]"):
+        with pytest.raises(AgentOutputError):
+            extract_json_object(bad)
+
+
+def test_experience_update_parsing() -> None:
+    update = parse_experience_update(
+        '```json\n{"operations": [{"op": "keep", "id": "E1"}, {"op": "MERGE"},'
+        ' {"op": "ADD", "kind": "anchor", "content": "c"}]}\n```'
+    )
+    assert [op.op for op in update.operations] == ["KEEP", "ADD"] and len(update.malformed) == 1
+    assert parse_experience_update('{"operations": []}').operations == []
+    for bad in ('{"ops": [{"op": "NOPE"}]}', '{"entries": []}', "not json"):
+        with pytest.raises(AgentOutputError):
+            parse_experience_update(bad)
+    with pytest.raises(AgentOutputError, match="truncated"):
+        parse_experience_update('{"operations": []}', truncated=True)
+
+
+def test_guideline_update_parsing() -> None:
+    update = parse_guideline_update('{"rollouts": [{"rollout": 1, "strategy": "s", "novelty": "1"}, {"rollout": 2}]}')
+    assert update.items[0].novelty == 1 and len(update.malformed) == 1
+    for bad in ('{"rollouts": []}', '{"rollouts": "x"}', ""):
+        with pytest.raises(AgentOutputError):
+            parse_guideline_update(bad)
+
+
+def test_fit_rollouts_top_k_and_budget() -> None:
+    rollouts = [Rollout(index=i, solution="x" * 2000, summary="s", score=s) for i, s in enumerate((0.0, 1.0, 0.5))]
+    assert fit_rollouts(rollouts).shown == [0, 1, 2]
+    top = fit_rollouts(rollouts, top_k=2)
+    assert top.shown == [1, 2] and top.left_out == [0] and [v.number for v in top.views] == [2, 3]
+    # 3 * (1 + 120) fixed characters; (3000 - 363) // 3 = 879 >= 600 each: all kept, each cut to 879 characters.
+    cut = fit_rollouts(rollouts, budget_chars=3000)
+    assert cut.shown == [0, 1, 2] and cut.cut_chars == {0: 1121, 1: 1121, 2: 1121}
+    assert "characters omitted" in cut.views[0].solution
+    # Too little room for three: the lowest score goes first.
+    tight = fit_rollouts(rollouts, budget_chars=1500)
+    assert tight.shown == [1, 2] and tight.left_out == [0]

@@ -1,0 +1,123 @@
+"""A TMAS run killed mid-iteration and resumed ends in the same state as an uninterrupted run with the same seed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tmas.store.run_store import RunStore
+from tmas.testing import SimScript, SimServer
+
+PROBLEMS = [
+    {"problem_id": "mult", "question": "What is 17*23?", "answer": "391"},
+    {"problem_id": "tiling", "question": "Let T_n count the tilings of a 2 x n board. Compute T_4.", "answer": "12"},
+]
+ARGS = ["--method", "tmas", "-T", "4", "-p", "n=3", "-p", "m=2", "-p", "epsilon=0.5", "--seed", "3"]
+
+
+def env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+
+
+def tmas(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "tmas", *args], capture_output=True, env=env(), timeout=120)
+
+
+def progress(run_dir: Path) -> tuple[int, int, int]:
+    """(iteration records, calls, results) stored so far."""
+    if not (run_dir / "run.sqlite").exists():
+        return 0, 0, 0
+    db = sqlite3.connect(run_dir / "run.sqlite")
+    try:
+        return tuple(  # type: ignore[return-value]
+            db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] for table in ("iterations", "calls", "results")
+        )
+    except sqlite3.OperationalError:
+        return 0, 0, 0
+    finally:
+        db.close()
+
+
+def final_state(run_dir: Path) -> dict[str, Any]:
+    """Everything a run decided, without call ids and timings (which differ between runs by nature)."""
+    out: dict[str, Any] = {}
+    with RunStore(run_dir, create=False) as store:
+        for result in store.results():
+            iterations = []
+            for record in result["iterations"]:
+                candidates = [
+                    {
+                        "text": c["text"],
+                        "answer": c["answer"],
+                        "score": c["score"],
+                        "mode": c["meta"]["mode"],
+                        "summary": c["meta"].get("summary"),
+                        "verifier_scores": [v["score"] for v in c["meta"].get("verifications", [])],
+                    }
+                    for c in record["candidates"]
+                ]
+                state = {k: record["state"][k] for k in ("modes", "experience_bank", "guideline_bank", "mean_score")}
+                iterations.append({"candidates": candidates, "state": state, "selected": record["selected"]})
+            out[result["problem_id"]] = {"answer": result["answer"], "iterations": iterations}
+    return out
+
+
+def test_killed_and_resumed_equals_uninterrupted(tmp_path: Path) -> None:
+    problems = tmp_path / "p.jsonl"
+    problems.write_text("".join(json.dumps(p) + "\n" for p in PROBLEMS))
+    with SimServer(SimScript(latency_s=0.04, accuracy=0.6)) as sim:
+        base = ["run", str(problems), "--base-url", sim.base_url, *ARGS]
+        reference = tmas(*base, "-o", str(tmp_path / "reference"))
+        assert reference.returncode == 0, reference.stderr.decode()
+
+        killed = tmp_path / "killed"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tmas", *base, "-o", str(killed)],
+            env=env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and progress(killed)[0] < 3:
+            time.sleep(0.01)
+        time.sleep(0.08)  # into the next iteration: some of its calls are done, the rest are not
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        records, calls_before, results = progress(killed)
+        assert 3 <= records < 8 and results == 0
+        sent_before = len(sim.requests)
+
+        resumed = tmas("run", "--resume", str(killed))
+        assert resumed.returncode == 0, resumed.stderr.decode()
+        summary = json.loads(resumed.stdout)
+        assert summary["done"] == 2 and summary["cached_calls"] >= calls_before - 2
+        sent_after = len(sim.requests) - sent_before
+    _, calls_reference, _ = progress(tmp_path / "reference")
+    # Only what the killed run had not finished was asked again (a killed call may have been in flight).
+    assert sent_after <= calls_reference - calls_before + 20
+    assert final_state(killed) == final_state(tmp_path / "reference")
+    assert final_state(killed)["mult"]["answer"] == "391"
+
+
+def test_resume_with_more_iterations_continues_from_the_stored_ones(tmp_path: Path) -> None:
+    problems = tmp_path / "p.jsonl"
+    problems.write_text(json.dumps(PROBLEMS[0]) + "\n")
+    with SimServer(SimScript()) as sim:
+        run_dir = tmp_path / "run"
+        small = ["--method", "tmas", "-T", "2", "-p", "n=2", "-p", "m=1"]
+        out = tmas("run", str(problems), "-o", str(run_dir), "--base-url", sim.base_url, *small)
+        assert out.returncode == 0, out.stderr.decode()
+        first = sim.stats().total_requests
+        out = tmas("run", "--resume", str(run_dir), "--iterations", "3")
+        assert out.returncode == 0, out.stderr.decode()
+        # Iterations 0-1 are replayed from the store; only iteration 2 (2 + 2 + 2 + 1 + 1 calls) is new.
+        assert sim.stats().total_requests - first == 8
+    with RunStore(run_dir, create=False) as store:
+        assert len(store.results()[0]["iterations"]) == 3
