@@ -158,9 +158,10 @@ class MethodConfig(Strict):
 class Budget(Strict):
     """Equal-compute budget per problem, for any method (None = no limit).
 
-    Checked before each chat call: once a problem has spent ``tokens`` (prompt + completion) or made ``calls`` chat
+    Checked before each chat call: once a problem has spent ``tokens`` (prompt + completion) or sent ``calls`` chat
     calls, its next call is refused and the method stops there with ``stopped_reason = "budget"``. Calls already in
-    flight finish and count, so the spend may pass the budget by what those calls cost.
+    flight finish and count: a call budget counts them too and is never exceeded; a token budget may be passed by
+    what the calls in flight at that moment cost (parallel methods send N at once).
     """
 
     tokens: int | None = Field(default=None, ge=1)

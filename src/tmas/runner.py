@@ -176,9 +176,7 @@ def budget_result(method: str, session: ProblemSession, detail: str) -> ProblemR
     text = ""
     if last is not None and last.selected is not None:
         text = next((c.text for c in last.candidates if c.answer == last.selected), "")
-    result = session.result(
-        method, answer=last.selected if last else None, text=text, stopped_reason=BUDGET_STOP
-    )
+    result = session.result(method, answer=last.selected if last else None, text=text, stopped_reason=BUDGET_STOP)
     result.counters = {"budget_stops": 1}
     if last is None:
         result.status, result.error = "failed", f"{detail}, before any iteration finished"

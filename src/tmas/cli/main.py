@@ -34,7 +34,10 @@ ConcurrencyOpt = Annotated[int | None, typer.Option("--concurrency", help="Most 
 LocalModelOpt = Annotated[
     str | None, typer.Option("--local-model", help="Embedded model name or GGUF path (when no endpoint).")
 ]
-MethodOpt = Annotated[str | None, typer.Option("--method", "-m", help="Method: cot, tmas, ...")]
+MethodOpt = Annotated[
+    str | None,
+    typer.Option("--method", "-m", help="Method: tmas, cot, majority, self_refine, verify_refine, pacore, rse."),
+]
 ParamOpt = Annotated[
     list[str] | None,
     typer.Option("--param", "-p", help="Method parameter KEY=VALUE (repeatable; VALUE as JSON)."),
@@ -51,6 +54,13 @@ NoGuidelineOpt = Annotated[
 TemperatureOpt = Annotated[float | None, typer.Option("--temperature", help="Default sampling temperature.")]
 MaxTokensOpt = Annotated[int | None, typer.Option("--max-tokens", help="Default max tokens per call.")]
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="Run seed.")]
+BudgetTokensOpt = Annotated[
+    int | None,
+    typer.Option("--budget-tokens", help="Per problem: stop at the first call once this many tokens are spent."),
+]
+BudgetCallsOpt = Annotated[
+    int | None, typer.Option("--budget-calls", help="Per problem: stop at the first call past this many calls.")
+]
 
 
 def _version(value: bool) -> None:
@@ -95,6 +105,8 @@ def _settings(
     temperature: float | None = None,
     max_tokens: int | None = None,
     seed: int | None = None,
+    budget_tokens: int | None = None,
+    budget_calls: int | None = None,
 ) -> Settings:
     settings = load_settings(
         config,
@@ -108,6 +120,8 @@ def _settings(
             "sampling.temperature": temperature,
             "sampling.max_tokens": max_tokens,
             "seed": seed,
+            "budget.tokens": budget_tokens,
+            "budget.calls": budget_calls,
         },
     )
     extra = _params(params)
@@ -164,6 +178,8 @@ def solve(
     temperature: TemperatureOpt = None,
     max_tokens: MaxTokensOpt = None,
     seed: SeedOpt = None,
+    budget_tokens: BudgetTokensOpt = None,
+    budget_calls: BudgetCallsOpt = None,
 ) -> None:
     """Solve one question and print the answer."""
     from tmas.api import asolve
@@ -182,6 +198,8 @@ def solve(
         temperature=temperature,
         max_tokens=max_tokens,
         seed=seed,
+        budget_tokens=budget_tokens,
+        budget_calls=budget_calls,
     )
     if settings.uses_local_model:
         typer.echo(f"tmas: no endpoint configured; starting the embedded model {settings.local.model}", err=True)
@@ -218,6 +236,8 @@ def run(
     temperature: TemperatureOpt = None,
     max_tokens: MaxTokensOpt = None,
     seed: SeedOpt = None,
+    budget_tokens: BudgetTokensOpt = None,
+    budget_calls: BudgetCallsOpt = None,
 ) -> None:
     """Solve a file of problems into a run directory (resumable with --resume)."""
     from tmas.cli.progress import RunProgress
@@ -237,6 +257,8 @@ def run(
         "temperature": temperature,
         "max_tokens": max_tokens,
         "seed": seed,
+        "budget_tokens": budget_tokens,
+        "budget_calls": budget_calls,
     }
     if resume is not None:
         if problems is not None or out is not None:
@@ -275,6 +297,9 @@ def _apply_flags(stored: Settings, config: Path | None, overrides: dict[str, Any
     for flag, key in (("base_url", "endpoint"), ("concurrency", "concurrency")):
         if overrides.get(flag) is not None:
             data[key] = flagged.model_dump(mode="json")[key]
+    for flag, field in (("budget_tokens", "tokens"), ("budget_calls", "calls")):
+        if overrides.get(flag) is not None:
+            data.setdefault("budget", {})[field] = overrides[flag]
     if overrides.get("params") or overrides.get("iterations") is not None:
         extra = _params(overrides.get("params"))
         if overrides.get("iterations") is not None:
@@ -422,6 +447,8 @@ def evaluate(
     temperature: TemperatureOpt = None,
     max_tokens: MaxTokensOpt = None,
     seed: SeedOpt = None,
+    budget_tokens: BudgetTokensOpt = None,
+    budget_calls: BudgetCallsOpt = None,
 ) -> None:
     """Run a method on problems, grade the run and write its report (run + report in one step)."""
     from tmas.eval.report import build_report
@@ -434,6 +461,8 @@ def evaluate(
         method=method,
         param=param,
         iterations=iterations,
+        no_experience=no_experience,
+        no_guideline=no_guideline,
         limit=limit,
         config=config,
         base_url=base_url,
@@ -444,10 +473,110 @@ def evaluate(
         temperature=temperature,
         max_tokens=max_tokens,
         seed=seed,
+        budget_tokens=budget_tokens,
+        budget_calls=budget_calls,
     )
     settings = _judge_settings(config, base_url, judge_base_url, judge_model)
     written = asyncio.run(build_report([out], report_dir or out / "report", grade_config, settings))
     typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
+
+
+@app.command()
+def sweep(
+    grid_file: Annotated[
+        Path | None, typer.Argument(help="Grid file (TOML, [[study]] tables); or use the flags.")
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Sweep directory (created, or continued).")] = None,
+    resume: Annotated[
+        Path | None, typer.Option("--resume", help="Continue the sweep in this directory with its own grid.")
+    ] = None,
+    problems: Annotated[
+        str | None, typer.Option("--problems", help="Problems JSONL or benchmark name (overrides the grid file's).")
+    ] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="Only the first N problems.")] = None,
+    method: Annotated[
+        list[str] | None, typer.Option("--method", "-m", help="Method of the flag-built study (repeatable).")
+    ] = None,
+    param: ParamOpt = None,
+    grid: Annotated[
+        list[str] | None,
+        typer.Option("--grid", "-g", help="Grid axis KEY=V1,V2,... (repeatable; every combination runs)."),
+    ] = None,
+    no_report: Annotated[bool, typer.Option("--no-report", help="Run the points, write no report.")] = False,
+    grade: GradeModeOpt = "combined",
+    judge_runs: JudgeRunsOpt = 4,
+    config: ConfigOpt = None,
+    base_url: BaseUrlOpt = None,
+    model: ModelOpt = None,
+    api_key_env: KeyEnvOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    local_model: LocalModelOpt = None,
+    temperature: TemperatureOpt = None,
+    max_tokens: MaxTokensOpt = None,
+    seed: SeedOpt = None,
+    budget_tokens: BudgetTokensOpt = None,
+    budget_calls: BudgetCallsOpt = None,
+) -> None:
+    """Run a grid of methods x parameters over one problem set (one run per point, resumable) and report it."""
+    from tmas.config import Budget
+    from tmas.sweep import (
+        SweepSpec,
+        load_spec,
+        parse_grid_flag,
+        read_manifest,
+        report_sweep,
+        run_sweep,
+        spec_from_flags,
+    )
+
+    grade_config = _grade_config(grade, judge_runs)
+    flags = {
+        "base_url": base_url,
+        "model": model,
+        "api_key_env": api_key_env,
+        "concurrency": concurrency,
+        "local_model": local_model,
+        "temperature": temperature,
+        "max_tokens": max_tokens,
+        "seed": seed,
+    }
+    if resume is not None:
+        if grid_file is not None or out is not None or method or grid:
+            raise InputError("--resume takes the sweep directory alone: give no grid, --out, --method or --grid")
+        manifest = read_manifest(resume)
+        spec = SweepSpec.model_validate(manifest["spec"])
+        stored = Settings.model_validate(manifest["settings"])
+        settings = _apply_flags(stored, config, {**flags, "params": None, "iterations": None})
+        out = resume
+    else:
+        if out is None:
+            raise InputError("give --out SWEEP_DIR (or --resume SWEEP_DIR)")
+        budget = Budget(tokens=budget_tokens, calls=budget_calls)
+        if grid_file is not None:
+            if method or grid or param:
+                raise InputError("give either a grid file or --method/--param/--grid, not both")
+            spec = load_spec(grid_file)
+            if budget.limited:
+                spec.budget = budget
+        else:
+            if not method:
+                raise InputError("give a grid file or at least one --method")
+            axes = dict(parse_grid_flag(item) for item in grid or [])
+            spec = spec_from_flags(problems, method, _params(param), axes, limit=limit, budget=budget)
+        if problems is not None:
+            spec.problems = problems
+        if limit is not None:
+            spec.limit = limit
+        settings = _settings(config, **flags)  # type: ignore[arg-type]
+
+    def progress(outcome: Any) -> None:
+        typer.echo(f"tmas sweep: {outcome.point.name}: {outcome.status}", err=True)
+
+    assert out is not None
+    summary = asyncio.run(run_sweep(spec, settings, out, on_point=progress))
+    if not no_report:
+        summary.report = asyncio.run(report_sweep(spec, out, grade_config, settings))
+    typer.echo(json.dumps(summary.to_dict(), indent=2))
 
 
 data_app = typer.Typer(help="Problem data: generate verifiable problems.", no_args_is_help=True)

@@ -87,6 +87,7 @@ class ClientStats:
     failed: int = 0
     retries: int = 0
     in_flight: int = 0
+    embedding_calls: int = 0
     usage: Usage = field(default_factory=Usage)
 
 
@@ -201,6 +202,45 @@ class LLMClient:
             completion.call_id = self.store.record_call(completion, request)
         return completion
 
+    async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
+        """Embedding vectors of ``texts`` from ``role``'s ``/v1/embeddings``, in order, with the same routing, caps
+        and retries as chat calls. Raises :class:`LLMError` when the endpoint refuses or retries run out, and
+        :class:`EndpointUnreachable` when no replica can be reached."""
+        if not texts:
+            return []
+        route = self.route(role)
+        body = {"model": route.endpoint.model or "default", "input": list(texts)}
+        key = CallKey(role=role)
+        retry = self.settings.retry
+        all_connect_failures = True
+        last_error = ""
+        for attempt in range(1, retry.max_attempts + 1):
+            replica = self._pick(route.replicas)
+            try:
+                data = await self._post(route, replica, body, key, path="embeddings")
+                self.stats.embedding_calls += 1
+                return _vectors(data, len(texts))
+            except _Fatal as exc:
+                raise LLMError(f"embeddings for role {role!r}: {exc}") from None
+            except _Transient as exc:
+                last_error = str(exc)
+                all_connect_failures = all_connect_failures and exc.connect
+                if attempt < retry.max_attempts:
+                    self.stats.retries += 1
+                    await asyncio.sleep(self._backoff(attempt, exc))
+        if all_connect_failures:
+            urls = ", ".join(r.url for r in route.replicas)
+            raise EndpointUnreachable(f"endpoint {urls} unreachable for role {role!r}: {last_error}")
+        raise LLMError(f"embeddings for role {role!r}: gave up after {retry.max_attempts} attempts: {last_error}")
+
+    def _backoff(self, attempt: int, exc: _Transient) -> float:
+        """Exponential backoff with full jitter, at least what the server asked for in Retry-After (capped)."""
+        retry = self.settings.retry
+        delay: float = min(retry.backoff_max_s, retry.backoff_base_s * 2 ** (attempt - 1)) * self._rng.random()
+        if exc.retry_after is not None:
+            delay = max(delay, min(exc.retry_after, retry.backoff_max_s))
+        return delay
+
     async def _call_with_retries(
         self, route: _Route, request: ChatRequest, key: CallKey, request_hash: str
     ) -> Completion:
@@ -239,10 +279,7 @@ class LLMClient:
                 if attempt >= retry.max_attempts:
                     break
                 self.stats.retries += 1
-                delay = min(retry.backoff_max_s, retry.backoff_base_s * 2 ** (attempt - 1)) * self._rng.random()
-                if exc.retry_after is not None:
-                    delay = max(delay, min(exc.retry_after, retry.backoff_max_s))
-                await asyncio.sleep(delay)
+                await asyncio.sleep(self._backoff(attempt, exc))
         message = f"gave up after {attempt} attempts: {last_error}"
         if all_connect_failures:
             urls = ", ".join(r.url for r in route.replicas)
@@ -285,7 +322,9 @@ class LLMClient:
                     replica.context_length = model[name]
                     return
 
-    async def _post(self, route: _Route, replica: _Replica, body: dict[str, Any], key: CallKey) -> dict[str, Any]:
+    async def _post(
+        self, route: _Route, replica: _Replica, body: dict[str, Any], key: CallKey, *, path: str = "chat/completions"
+    ) -> dict[str, Any]:
         session = self._session
         if session is None:
             raise RuntimeError("LLMClient used outside 'async with'")
@@ -301,9 +340,7 @@ class LLMClient:
             replica.in_flight += 1
             self.stats.in_flight += 1
             try:
-                async with session.post(
-                    f"{replica.url}/chat/completions", json=body, headers=headers, timeout=timeout
-                ) as resp:
+                async with session.post(f"{replica.url}/{path}", json=body, headers=headers, timeout=timeout) as resp:
                     text = await resp.text(errors="replace")
                     status = resp.status
                     retry_after = resp.headers.get("Retry-After")
@@ -327,8 +364,9 @@ class LLMClient:
             data = json.loads(text)
         except ValueError:
             raise _Transient(f"reply is not JSON: {text[:120]!r}") from None
-        if not isinstance(data, dict) or not data.get("choices"):
-            raise _Transient(f"reply has no choices: {text[:120]!r}")
+        wanted = "choices" if path == "chat/completions" else "data"
+        if not isinstance(data, dict) or not data.get(wanted):
+            raise _Transient(f"reply has no {wanted}: {text[:120]!r}")
         return data
 
     def _parse(
@@ -404,6 +442,19 @@ async def list_models(url: str, api_key: str | None = None) -> list[str]:
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise LLMError(f"{type(exc).__name__}: {exc}") from None
     return [str(m.get("id")) for m in data.get("data", []) if isinstance(m, dict)]
+
+
+def _vectors(data: dict[str, Any], count: int) -> list[list[float]]:
+    """The float vectors of an embeddings reply, ordered by their ``index``."""
+    items = data["data"]
+    try:
+        ordered = sorted(items, key=lambda item: int(item.get("index", 0)))
+        vectors = [[float(x) for x in item["embedding"]] for item in ordered]
+    except (TypeError, ValueError, KeyError, AttributeError):
+        raise _Transient("embeddings reply has an unexpected shape (base64 vectors are not requested)") from None
+    if len(vectors) != count:
+        raise _Transient(f"embeddings reply has {len(vectors)} vectors for {count} inputs")
+    return vectors
 
 
 def _usage(raw: Any, counter: TokenCounter, messages: Sequence[Message], content: str, reasoning: str) -> Usage:

@@ -121,6 +121,9 @@ class ProblemSession:
         # first one did): what budgets are checked against.
         self.spent_calls = 0
         self.spent_tokens = 0
+        # Calls sent and not yet answered: a call budget counts them (so it is never exceeded); a token budget
+        # cannot know their cost in advance, so parallel calls may take the spend past it.
+        self.calls_in_flight = 0
         # Set when the budget refused a call; says what was spent against what limit.
         self.budget_stop: str | None = None
 
@@ -138,7 +141,11 @@ class ProblemSession:
             # A distinct, reproducible seed per call: parallel samples of one prompt differ, and a rerun with the
             # same run seed asks the same questions (servers that honour `seed`, e.g. vLLM, answer the same too).
             sampling = (sampling or Sampling()).merged(Sampling(seed=self.derive_seed("call", role, sample)))
-        completion = await self.llm.chat(role, messages, key=key, sampling=sampling)
+        self.calls_in_flight += 1
+        try:
+            completion = await self.llm.chat(role, messages, key=key, sampling=sampling)
+        finally:
+            self.calls_in_flight -= 1
         self.spent_calls += 1
         self.spent_tokens += completion.usage.total_tokens
         self._iteration_calls += 1
@@ -151,8 +158,8 @@ class ProblemSession:
         """Raise :class:`BudgetExhausted` when the problem has spent its token or call budget."""
         b = self.budget
         over: list[str] = []
-        if b.calls is not None and self.spent_calls >= b.calls:
-            over.append(f"{self.spent_calls} calls of a budget of {b.calls}")
+        if b.calls is not None and self.spent_calls + self.calls_in_flight >= b.calls:
+            over.append(f"{self.spent_calls + self.calls_in_flight} calls of a budget of {b.calls}")
         if b.tokens is not None and self.spent_tokens >= b.tokens:
             over.append(f"{self.spent_tokens} tokens of a budget of {b.tokens}")
         if over:

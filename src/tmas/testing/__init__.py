@@ -36,8 +36,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-# TMAS's default replies for the verifier, summary, experience and guideline roles (registered on import).
-from tmas.testing import tmas_responders as _tmas_responders  # noqa: E402, F401
-
-# The baselines' roles: refiner, corrector, synthesis and distiller (registered on import).
+# Default replies, registered on import: the baselines' refiner, corrector, synthesis and distiller roles, and
+# TMAS's verifier, summary, experience and guideline roles.
 from tmas.testing import baseline_responders as _baseline_responders  # noqa: E402, F401
+from tmas.testing import tmas_responders as _tmas_responders  # noqa: E402, F401

@@ -1,0 +1,341 @@
+"""``tmas sweep``: a grid of (method x parameters) over one problem set, one run directory per grid point, resumable
+as a whole, and one combined report.
+
+A grid is a list of *studies* (TOML ``[[study]]`` tables, or one study from command-line flags). A study names one
+or more methods, fixed ``params``, a ``grid`` (every combination of its value lists) and/or ``variants`` (a list of
+param tables, each one point); its points are methods x variants x grid combinations. Points that studies share
+(the paper's sensitivity studies all contain the default configuration) run once. Layout of the sweep directory::
+
+    DIR/sweep.json            the grid, the base settings and each point's state
+    DIR/runs/<point>/         a normal run directory (tmas run / report / export all work on it)
+    DIR/report/               the combined report; DIR/report/<study>/ one per study with several points
+
+Resuming (run the same command again, or ``tmas sweep --resume DIR``): a point whose problems are all finished
+with the same method, params and budget is skipped without a call; an unfinished one is resumed from its store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tmas.config import Budget, Settings
+from tmas.errors import ConfigError, InputError
+from tmas.eval.grading import GradeConfig
+from tmas.eval.report import build_report
+from tmas.methods import create_method
+from tmas.methods.base import ProblemResult
+from tmas.problems import Problem, dataset_name, load_problems, resolve_dataset
+from tmas.runner import RunState, RunSummary, prepare_run, run_fingerprint, run_problems
+from tmas.store.run_store import RunStore
+
+MANIFEST = "sweep.json"
+
+
+class Study(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "sweep"
+    method: str | None = None
+    methods: list[str] = Field(default_factory=list)
+    params: dict[str, Any] = Field(default_factory=dict)
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+    variants: list[dict[str, Any]] = Field(default_factory=list)
+    # Overrides the sweep's budget for this study's points.
+    budget: Budget | None = None
+
+    @model_validator(mode="after")
+    def _one_method_at_least(self) -> Study:
+        if not self.method and not self.methods:
+            raise ValueError(f"study {self.name!r} names no method ('method' or 'methods')")
+        empty = [k for k, values in self.grid.items() if not values]
+        if empty:
+            raise ValueError(f"study {self.name!r}: grid key {empty[0]!r} has no values")
+        return self
+
+    def all_methods(self) -> list[str]:
+        return [*([self.method] if self.method else []), *self.methods]
+
+
+class SweepSpec(BaseModel):
+    """A grid file's content (relative problem paths are resolved against the file's folder by :func:`load_spec`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    problems: str | None = None
+    limit: int | None = Field(default=None, ge=1)
+    budget: Budget = Field(default_factory=Budget)
+    study: list[Study] = Field(default_factory=list)
+
+
+@dataclass
+class SweepPoint:
+    name: str
+    method: str
+    params: dict[str, Any]
+    budget: Budget
+    studies: list[str] = field(default_factory=list)
+
+    def settings(self, base: Settings) -> Settings:
+        data = base.model_dump(mode="json")
+        data["method"] = {"name": self.method, "params": self.params}
+        data["budget"] = self.budget.model_dump(mode="json")
+        return Settings.model_validate(data)
+
+
+@dataclass
+class PointOutcome:
+    point: SweepPoint
+    # "skipped" (already finished), "resumed", or "new".
+    status: str
+    summary: RunSummary | None = None
+
+
+@dataclass
+class SweepSummary:
+    out_dir: Path
+    outcomes: list[PointOutcome]
+    report: dict[str, Path] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "out_dir": str(self.out_dir),
+            "points": [
+                {
+                    "name": o.point.name,
+                    "status": o.status,
+                    "calls": o.summary.calls if o.summary else 0,
+                    "failed": o.summary.failed if o.summary else 0,
+                }
+                for o in self.outcomes
+            ],
+            "report": {k: str(v) for k, v in self.report.items()},
+        }
+
+
+def load_spec(path: Path) -> SweepSpec:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: grid file not found") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        spec = SweepSpec.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(f"{path}: {loc}: {err['msg'].removeprefix('Value error, ')}") from None
+    if spec.problems and not Path(spec.problems).is_absolute() and (path.parent / spec.problems).exists():
+        spec.problems = str(path.parent / spec.problems)
+    return spec
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else str(value)
+
+
+def point_name(method: str, params: dict[str, Any], budget: Budget) -> str:
+    """A readable, stable directory name: the method, then each param (and budget) as key=value."""
+    parts = [method, *(f"{k}={_value_text(v)}" for k, v in sorted(params.items()))]
+    if budget.tokens is not None:
+        parts.append(f"budget_tokens={budget.tokens}")
+    if budget.calls is not None:
+        parts.append(f"budget_calls={budget.calls}")
+    name = re.sub(r"[^A-Za-z0-9_.=+-]+", "_", "__".join(parts))
+    if len(name) > 120:  # keep paths short; the hash keeps them distinct
+        digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+        name = f"{name[:100]}__{digest}"
+    return name
+
+
+def expand(spec: SweepSpec) -> list[SweepPoint]:
+    """Every grid point, in study order; points equal in method, validated params and budget appear once. Invalid
+    params raise :class:`ConfigError` here, before any call is made."""
+    points: dict[str, SweepPoint] = {}
+    for study in spec.study:
+        keys = list(study.grid)
+        combos = [dict(zip(keys, values, strict=True)) for values in itertools.product(*study.grid.values())]
+        budget = study.budget or spec.budget
+        for method in study.all_methods():
+            for variant in study.variants or [{}]:
+                for combo in combos:
+                    params = {**study.params, **variant, **combo}
+                    # Equal after validation (defaults filled in) means the same run, whatever the spelling.
+                    full = create_method(method, params).params.model_dump(mode="json")
+                    key = json.dumps([method, full, budget.model_dump()], sort_keys=True)
+                    point = points.setdefault(
+                        key, SweepPoint(point_name(method, params, budget), method, params, budget)
+                    )
+                    if study.name not in point.studies:
+                        point.studies.append(study.name)
+    return list(points.values())
+
+
+def _problems_digest(problems: list[Problem]) -> str:
+    raw = json.dumps([p.model_dump(mode="json") for p in problems], sort_keys=True)
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def _write_manifest(out_dir: Path, data: dict[str, Any]) -> None:
+    tmp = out_dir / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
+    tmp.replace(out_dir / MANIFEST)  # atomic: an interrupted write never leaves a torn manifest
+
+
+def read_manifest(out_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{out_dir}: no {MANIFEST}: not a sweep directory") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{out_dir / MANIFEST}: not a sweep manifest")
+    return data
+
+
+def _pending(store: RunStore, settings: Settings) -> int:
+    """How many of the run's problems are not finished with the point's method, params and budget."""
+    method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
+    fingerprint = run_fingerprint(method, settings)
+    done = {pid for pid in store.finished_problem_ids() if (store.result(pid) or {}).get("fingerprint") == fingerprint}
+    return sum(p.problem_id not in done for p in store.problems())
+
+
+def prepare_sweep(
+    spec: SweepSpec, settings: Settings, out_dir: Path
+) -> tuple[list[SweepPoint], list[Problem], dict[str, Any]]:
+    """Validate every point (before the first call), load the problems and write the manifest."""
+    if not spec.problems:
+        raise InputError("the sweep names no problems (grid file 'problems' or --problems)")
+    points = expand(spec)
+    if not points:
+        raise InputError("the sweep has no points (add a [[study]])")
+    problems = load_problems(resolve_dataset(spec.problems))
+    problems = problems[: spec.limit] if spec.limit else problems
+    digest = _problems_digest(problems)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if (out_dir / MANIFEST).exists() and read_manifest(out_dir).get("problems_digest") != digest:
+        raise InputError(f"{out_dir}: holds a sweep over other problems; choose another directory")
+    manifest: dict[str, Any] = {
+        "spec": spec.model_dump(mode="json"),
+        "settings": settings.model_dump(mode="json"),
+        "problems_digest": digest,
+        "points": {p.name: {"method": p.method, "params": p.params, "studies": p.studies} for p in points},
+    }
+    _write_manifest(out_dir, manifest)
+    return points, problems, manifest
+
+
+def open_point(
+    point: SweepPoint, settings: Settings, out_dir: Path, problems: list[Problem], dataset: str
+) -> tuple[str, RunStore | None, Settings, list[Problem]]:
+    """The point's run: ("skipped", None, ...) when finished, else its store opened new or for resuming."""
+    run_dir = out_dir / "runs" / point.name
+    point_settings = point.settings(settings)
+    if (run_dir / "run.sqlite").exists():
+        with RunStore(run_dir, create=False) as peek:
+            if _pending(peek, point_settings) == 0:
+                return "skipped", None, point_settings, []
+        store, point_settings, todo = prepare_run(run_dir, point_settings, None, resume=True)
+        return "resumed", store, point_settings, todo
+    store, point_settings, todo = prepare_run(run_dir, point_settings, problems, resume=False)
+    store.set_meta("dataset", dataset)
+    store.set_meta("sweep", {"point": point.name, "studies": point.studies})
+    return "new", store, point_settings, todo
+
+
+async def run_sweep(
+    spec: SweepSpec,
+    settings: Settings,
+    out_dir: Path,
+    *,
+    on_point: Callable[[PointOutcome], None] | None = None,
+    on_result: Callable[[ProblemResult], None] | None = None,
+) -> SweepSummary:
+    """Run every point of ``spec`` not finished yet into ``out_dir``; see the module docstring."""
+    points, problems, manifest = prepare_sweep(spec, settings, out_dir)
+    dataset = dataset_name(spec.problems or "")
+    outcomes: list[PointOutcome] = []
+    for point in points:
+        status, store, point_settings, todo = open_point(point, settings, out_dir, problems, dataset)
+        outcome = PointOutcome(point, status)
+        if store is not None:
+            with store:
+                outcome.summary = await run_problems(point_settings, todo, store, state=RunState(), on_result=on_result)
+        manifest["points"][point.name]["finished"] = True
+        _write_manifest(out_dir, manifest)
+        outcomes.append(outcome)
+        if on_point is not None:
+            on_point(outcome)
+    return SweepSummary(out_dir, outcomes)
+
+
+def spec_from_flags(
+    problems: str | None,
+    methods: list[str],
+    params: dict[str, Any],
+    grid: dict[str, list[Any]],
+    *,
+    limit: int | None,
+    budget: Budget,
+) -> SweepSpec:
+    """One study from command-line flags (``--method`` repeatable, ``--param``, ``--grid KEY=V1,V2``)."""
+    try:
+        study = Study(name="sweep", methods=methods, params=params, grid=grid)
+        return SweepSpec(problems=problems, limit=limit, budget=budget, study=[study])
+    except ValidationError as exc:
+        raise ConfigError(exc.errors()[0]["msg"].removeprefix("Value error, ")) from None
+
+
+def parse_grid_flag(item: str) -> tuple[str, list[Any]]:
+    """``KEY=V1,V2,...`` -> (KEY, [values]); each value read as JSON when it parses, else as text."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip() or not raw.strip():
+        raise InputError(f"--grid {item!r}: expected KEY=VALUE1,VALUE2,...")
+    values: list[Any] = []
+    for part in raw.split(","):
+        try:
+            values.append(json.loads(part))
+        except ValueError:
+            values.append(part.strip())
+    return key.strip(), values
+
+
+def study_groups(spec: SweepSpec, out_dir: Path) -> dict[str, list[Path]]:
+    """Run directories by study, for the per-study reports."""
+    groups: dict[str, list[Path]] = {}
+    for point in expand(spec):
+        for study in point.studies:
+            groups.setdefault(study, []).append(out_dir / "runs" / point.name)
+    return groups
+
+
+async def report_sweep(
+    spec: SweepSpec, out_dir: Path, config: GradeConfig, settings: Settings | None
+) -> dict[str, Path]:
+    """The combined report of every point (graded once, grades stored in each run), then one per study that has
+    several points, from the stored grades."""
+    points = expand(spec)
+    written = await build_report([out_dir / "runs" / p.name for p in points], out_dir / "report", config, settings)
+    groups = study_groups(spec, out_dir)
+    if len(groups) > 1:
+        for study, dirs in groups.items():
+            if len(dirs) > 1:
+                sub = await build_report(dirs, out_dir / "report" / _slug(study), config, settings, grade=False)
+                written[f"{study}/markdown"] = sub["markdown"]
+    return written
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "study"

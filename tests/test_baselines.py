@@ -1,0 +1,206 @@
+"""The baselines end to end against the simulated server: each method's call graph per iteration (calls by role,
+and which earlier outputs each prompt contains), read from the run store and the server's request log."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from conftest import settings_for
+from tmas.api import asolve
+from tmas.methods import METHODS
+from tmas.methods.base import ProblemResult
+from tmas.problems import Problem
+from tmas.runner import prepare_run, run_problems
+from tmas.store.run_store import RunStore
+from tmas.testing import Rule, SimScript, SimServer
+
+Q = "What is 17*23?"
+MARK = re.compile(r"M(\d+)Z")
+
+
+async def run(sim: SimServer, tmp_path: Path, method: str, **params: Any) -> ProblemResult:
+    settings = settings_for(sim, method={"name": method, "params": params})
+    return await asolve(Q, settings, run_dir=tmp_path / "run")
+
+
+def calls(run_dir: Path) -> list[dict[str, Any]]:
+    """Every stored call: iteration, role, sample, its user prompt and its reply."""
+    out = []
+    with RunStore(run_dir, create=False) as store:
+        for call in store.calls():
+            assert call.call_id is not None
+            prompt = store.call_messages(call.call_id)[-1]["content"]
+            out.append(
+                {
+                    "it": call.key.iteration,
+                    "role": call.key.role,
+                    "sample": call.key.sample,
+                    "prompt": prompt,
+                    "reply": call.content,
+                }
+            )
+    return out
+
+
+def roles_by_iteration(rows: list[dict[str, Any]]) -> dict[int, dict[str, int]]:
+    out: dict[int, dict[str, int]] = {}
+    for r in rows:
+        per = out.setdefault(r["it"], {})
+        per[r["role"]] = per.get(r["role"], 0) + 1
+    return out
+
+
+def marked_replies(prefix: str, count: int, answer: str = "391") -> list[str]:
+    return [
+        f"Working {prefix}.\n\n## Solution\nAttempt M{k}Z: 17*23 = {answer}.\n\n\\boxed{{{answer}}}"
+        for k in range(count)
+    ]
+
+
+def test_every_baseline_is_registered() -> None:
+    assert {"cot", "majority", "self_refine", "verify_refine", "pacore", "rse", "tmas"} <= set(METHODS)
+
+
+async def test_majority_votes_over_independent_samples(sim: SimServer, tmp_path: Path) -> None:
+    answers = ["7", "5", "7", "9", "7"]
+    replies = [f"So it is \\boxed{{{a}}}." for a in answers]
+    sim.set_script(SimScript(rules=[Rule(role="solution", replies=replies)]))
+    result = await run(sim, tmp_path, "majority", k=5)
+    assert result.answer == "7" and result.status == "done"
+    rows = calls(tmp_path / "run")
+    assert roles_by_iteration(rows) == {0: {"solution": 5}}
+    assert len({r["prompt"] for r in rows}) == 1  # k samples of one prompt, none sees another
+    [record] = result.iterations
+    assert sorted(c.answer or "" for c in record.candidates) == sorted(answers)
+    assert record.selected == "7" and record.state["votes"] == {"7": 3, "5": 1, "9": 1}
+
+
+async def test_majority_iterations_vote_over_all_samples_so_far(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(rules=[Rule(role="solution", replies=["\\boxed{4}", "\\boxed{4}", "\\boxed{6}"])]))
+    result = await run(sim, tmp_path, "majority", k=1, iterations=3)
+    assert [len(r.candidates) for r in result.iterations] == [1, 1, 1]
+    assert [r.state["samples"] for r in result.iterations] == [1, 2, 3]
+    assert result.iterations[-1].selected == "4"
+
+
+async def test_self_refine_never_sees_a_sibling_trajectory(sim: SimServer, tmp_path: Path) -> None:
+    n, t = 3, 3
+    sim.set_script(
+        SimScript(
+            rules=[
+                Rule(role="solution", replies=marked_replies("s", n)),
+                Rule(role="refiner", replies=marked_replies("r", 100)[n:]),
+            ]
+        )
+    )
+    result = await run(sim, tmp_path, "self_refine", n=n, iterations=t)
+    assert result.status == "done" and result.answer == "391"
+    rows = calls(tmp_path / "run")
+    assert roles_by_iteration(rows) == {0: {"solution": n}, 1: {"refiner": n}, 2: {"refiner": n}}
+    produced = {(r["it"], r["sample"]): MARK.findall(r["reply"]) for r in rows}
+    for r in rows:
+        seen = MARK.findall(r["prompt"])
+        if r["it"] == 0:
+            assert seen == []
+        else:
+            # Exactly its own previous solution (trajectory i = sample i), nothing of any sibling.
+            assert seen == produced[(r["it"] - 1, r["sample"])], (r["it"], r["sample"], seen)
+            assert "Working" not in r["prompt"]  # the text before "## Solution" is not carried over
+    assert [len(rec.candidates) for rec in result.iterations] == [n] * t
+
+
+async def test_verify_refine_corrects_from_own_solution_and_its_verification(sim: SimServer, tmp_path: Path) -> None:
+    n, m = 2, 2
+    verdicts = [f"## Analysis\nCheck V{k}Z: the last step is wrong.\n\n## Score\nScore: 0" for k in range(100)]
+    sim.set_script(
+        SimScript(
+            rules=[
+                Rule(role="solution", replies=marked_replies("s", n)),
+                Rule(role="corrector", replies=marked_replies("c", 100)[n:]),
+                Rule(role="verifier", replies=verdicts),
+            ]
+        )
+    )
+    result = await run(sim, tmp_path, "verify_refine", n=n, m=m, iterations=2)
+    rows = calls(tmp_path / "run")
+    assert roles_by_iteration(rows) == {
+        0: {"solution": n, "verifier": n * m},
+        1: {"corrector": n, "verifier": n * m},
+    }
+    solutions = {(r["it"], r["sample"]): MARK.findall(r["reply"]) for r in rows if r["role"] != "verifier"}
+    checks: dict[tuple[int, int], list[str]] = {}
+    for r in rows:
+        if r["role"] == "verifier":
+            i = r["sample"] // m
+            assert MARK.findall(r["prompt"]) == solutions[(r["it"], i)]  # verifies its own trajectory's solution
+            checks.setdefault((r["it"], i), []).extend(re.findall(r"V\d+Z", r["reply"]))
+    for r in rows:
+        if r["role"] == "corrector":
+            i = r["sample"]
+            assert MARK.findall(r["prompt"]) == solutions[(0, i)]
+            shown = re.findall(r"V\d+Z", r["prompt"])
+            assert len(shown) == 1 and shown[0] in checks[(0, i)]
+    assert all(c.score == 0.0 for rec in result.iterations for c in rec.candidates)
+
+
+async def test_pacore_rounds_see_compact_messages_of_the_whole_previous_round(sim: SimServer, tmp_path: Path) -> None:
+    n = 3
+    replies = [
+        f"Long reasoning R{k}Q goes here.\n\n## Solution\nConclusion M{k}Z.\n\n\\boxed{{391}}" for k in range(100)
+    ]
+    sim.set_script(
+        SimScript(rules=[Rule(role="solution", replies=replies), Rule(role="synthesis", replies=replies[50:])])
+    )
+    result = await run(sim, tmp_path, "pacore", responses_per_round=n, iterations=2)
+    rows = calls(tmp_path / "run")
+    assert roles_by_iteration(rows) == {0: {"solution": n}, 1: {"solution": n}, 2: {"synthesis": 1}}
+    produced = {t: sorted(k for r in rows if r["it"] == t for k in MARK.findall(r["reply"])) for t in (0, 1)}
+    for r in rows:
+        seen = sorted(MARK.findall(r["prompt"]))
+        assert seen == (produced[r["it"] - 1] if r["it"] else []), (r["it"], seen)
+        assert not re.findall(r"R\d+Q", r["prompt"])  # a response's reasoning is not part of its message
+    assert [len(rec.candidates) for rec in result.iterations] == [n, n, 1]
+    assert result.iterations[-1].state["round"] == "synthesis" and result.answer == "391"
+
+
+async def test_rse_bank_is_distilled_without_the_gold_answer(sim: SimServer, tmp_path: Path) -> None:
+    gold = "GOLD-4471-QX"
+    settings = settings_for(sim, method={"name": "rse", "params": {"n": 2, "iterations": 3}})
+    problem = Problem(problem_id="p1", question=Q, answer=gold)
+    store, settings, todo = prepare_run(tmp_path / "run", settings, [problem], resume=False)
+    with store:
+        summary = await run_problems(settings, todo, store)
+    [result] = summary.results
+    assert result.status == "done" and result.answer == "391"
+    assert all(gold not in str(r.body) for r in sim.requests)
+    rows = calls(tmp_path / "run")
+    # The last iteration is not distilled: nothing would read its bank.
+    assert roles_by_iteration(rows) == {
+        0: {"solution": 2, "distiller": 2},
+        1: {"solution": 2, "distiller": 2},
+        2: {"solution": 2},
+    }
+    assert sum(r.endpoint == "embeddings" for r in sim.requests) >= 2
+    bank = result.iterations[0].state["bank"]
+    assert bank["propositions"] and gold not in str(bank)
+    # Two trajectories distil the same facts: the embedding dedup keeps one copy of each.
+    assert len(bank["propositions"]) == len(set(bank["propositions"])) == 2
+    assert result.iterations[0].state["distill"]["duplicates"] >= 2
+    # The next iteration's samples carry the bank; the first ones did not.
+    for r in rows:
+        if r["role"] == "solution":
+            assert ("<experience>" in r["prompt"]) == (r["it"] > 0)
+            if r["it"] > 0:
+                assert all(item in r["prompt"] for item in bank["propositions"])
+        if r["role"] == "distiller":
+            assert "<attempt>" in r["prompt"] and gold not in r["prompt"]
+
+
+async def test_rse_falls_back_to_jaccard_when_embeddings_fail(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(rules=[Rule(role="embedding", fault="http_400")]))
+    result = await run(sim, tmp_path, "rse", n=2, iterations=2)
+    state = result.iterations[0].state
+    assert state["distill"]["similarity"] == "jaccard" and len(state["bank"]["propositions"]) == 2
+    assert any("Jaccard" in note for note in result.iterations[0].notes)
