@@ -21,7 +21,7 @@ import pytest
 from tmas.config import LocalModel
 from tmas.errors import LocalModelError
 from tmas.llm import weights
-from tmas.llm.local_server import LocalServer
+from tmas.llm.local_server import LocalServer, _crash_marker
 from tmas.llm.weights import KNOWN_MODELS, resolve_model
 
 pytestmark = [
@@ -141,6 +141,27 @@ async def test_local_server_answers_a_chat_completion(tmp_path: Path) -> None:
     assert not _alive(pid)
     assert not _port_open(port)
     assert (tmp_path / "local_server.log").stat().st_size > 0
+
+
+def _cmdline(pid: int) -> list[bytes]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+
+
+async def test_a_recorded_crash_makes_later_starts_skip_repacking(tmp_path: Path) -> None:
+    # On VMs that advertise AMX but fault on it, the first start crashes and is retried with --no-repack; the crash
+    # is remembered so that later starts go straight to the working mode.
+    marker = _crash_marker("llama-server")
+    assert marker is not None
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text("crashed\n")
+    try:
+        cfg = LocalModel(model="smollm2-135m", parallel=1, ctx_per_slot=1024, startup_timeout_s=120)
+        async with LocalServer(cfg, log_dir=tmp_path) as srv:
+            assert srv.no_repack
+            assert srv.pid is not None
+            assert b"--no-repack" in _cmdline(srv.pid)
+    finally:
+        marker.unlink()
 
 
 async def test_startup_failure_reports_the_log(tmp_path: Path) -> None:

