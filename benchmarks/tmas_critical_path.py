@@ -37,17 +37,20 @@ from tmas.testing import SimScript, SimServer
 
 
 @contextlib.contextmanager
-def sim_server(latency: float, in_process: bool) -> Iterator[str]:
+def sim_server(latency: float, in_process: bool, script: SimScript | None = None) -> Iterator[str]:
     """The simulated server's root URL: in a thread of this process, or (default) a process of its own, as a real
     server would be, so its request handling does not compete with the client for this interpreter's lock."""
+    script = (script or SimScript()).model_copy(update={"latency_s": latency, "log_limit": 0})
     if in_process:
-        with SimServer(SimScript(latency_s=latency, log_limit=0)) as sim:
+        with SimServer(script) as sim:
             yield sim.url
         return
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "tmas.testing.sim_server", "--port", str(port), "--latency", str(latency)]
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        handle.write(script.model_dump_json())
+    command = [sys.executable, "-m", "tmas.testing.sim_server", "--port", str(port), "--script", handle.name]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -64,6 +67,7 @@ def sim_server(latency: float, in_process: bool) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+        os.unlink(handle.name)
 
 
 def server_stats(url: str) -> dict[str, object]:
@@ -71,10 +75,10 @@ def server_stats(url: str) -> dict[str, object]:
         return dict(json.loads(resp.read()))
 
 
-def measured_chain(store: RunStore, n: int, m: int) -> float:
+def measured_chain(store: RunStore, n: int, m: int, problem_id: str | None = None) -> float:
     """Sum over iterations of max_i(solution_i + max_j verification_ij + summary_i) + max(experience, guideline)."""
     lat: dict[int, dict[tuple[str, int], float]] = defaultdict(dict)
-    for call in store.calls():
+    for call in store.calls(problem_id):
         assert call.key.iteration is not None
         lat[call.key.iteration][(call.key.role, call.key.sample)] = call.latency_s
     total = 0.0
@@ -100,7 +104,7 @@ async def measure(latency: float, n: int, m: int, iterations: int, in_process: b
         problem = Problem(problem_id="bench", question="What is 17*23?")
         store, settings, problems = prepare_run(Path(scratch) / "run", settings, [problem], resume=False)
         with store:
-            summary = await run_problems(settings, problems, store)
+            summary = await run_problems(settings, problems, store, keep_results=True)
             result = summary.results[0]
             assert result.status == "done" and len(result.iterations) == iterations, result.error
             wall = summary.wall_s

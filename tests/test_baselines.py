@@ -171,7 +171,7 @@ async def test_rse_bank_is_distilled_without_the_gold_answer(sim: SimServer, tmp
     problem = Problem(problem_id="p1", question=Q, answer=gold)
     store, settings, todo = prepare_run(tmp_path / "run", settings, [problem], resume=False)
     with store:
-        summary = await run_problems(settings, todo, store)
+        summary = await run_problems(settings, todo, store, keep_results=True)
     [result] = summary.results
     assert result.status == "done" and result.answer == "391"
     assert all(gold not in str(r.body) for r in sim.requests)

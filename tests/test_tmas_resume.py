@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -69,39 +71,63 @@ def final_state(run_dir: Path) -> dict[str, Any]:
     return out
 
 
-def test_killed_and_resumed_equals_uninterrupted(tmp_path: Path) -> None:
+def sent_key(messages: list[dict[str, Any]], seed: object) -> str:
+    """What identifies one call's request: its messages and its per-call seed (distinct for every call)."""
+    return json.dumps([messages, seed], sort_keys=True)
+
+
+def finished_keys(run_dir: Path) -> set[str]:
+    """The requests of the calls the store holds as finished."""
+    db = sqlite3.connect(run_dir / "run.sqlite")
+    try:
+        rows = db.execute("SELECT messages, sampling FROM calls WHERE error IS NULL").fetchall()
+    finally:
+        db.close()
+    return {sent_key(json.loads(m), json.loads(s).get("seed")) for m, s in rows}
+
+
+def test_killed_three_times_at_random_moments_and_resumed_equals_uninterrupted(tmp_path: Path) -> None:
     problems = tmp_path / "p.jsonl"
     problems.write_text("".join(json.dumps(p) + "\n" for p in PROBLEMS))
+    rng = random.Random(6)
     with SimServer(SimScript(latency_s=0.04, accuracy=0.6)) as sim:
         base = ["run", str(problems), "--base-url", sim.base_url, *ARGS]
         reference = tmas(*base, "-o", str(tmp_path / "reference"))
         assert reference.returncode == 0, reference.stderr.decode()
+        _, calls_reference, _ = progress(tmp_path / "reference")
+        sim.reset()
 
         killed = tmp_path / "killed"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tmas", *base, "-o", str(killed)],
-            env=env(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and progress(killed)[0] < 3:
-            time.sleep(0.01)
-        time.sleep(0.08)  # into the next iteration: some of its calls are done, the rest are not
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        records, calls_before, results = progress(killed)
-        assert 3 <= records < 8 and results == 0
-        sent_before = len(sim.requests)
+        # Three kills at random numbers of stored calls, spread over the run; each later run resumes the last.
+        thresholds = sorted(rng.sample(range(5, calls_reference - 5), 3))
+        # After each kill: the finished calls in the store, and how many requests the server had seen by then.
+        finished_at_kills: list[tuple[set[str], int]] = []
+        for i, threshold in enumerate(thresholds):
+            args = [*base, "-o", str(killed)] if i == 0 else ["run", "--resume", str(killed)]
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tmas", *args], env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and progress(killed)[1] < threshold and proc.poll() is None:
+                time.sleep(0.005)
+            time.sleep(rng.uniform(0.0, 0.05))  # at a random moment: some calls of the wave done, others not
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            assert progress(killed)[2] < len(PROBLEMS)  # killed before the end
+            finished_at_kills.append((finished_keys(killed), len(sim.requests)))
 
         resumed = tmas("run", "--resume", str(killed))
         assert resumed.returncode == 0, resumed.stderr.decode()
         summary = json.loads(resumed.stdout)
-        assert summary["done"] == 2 and summary["cached_calls"] >= calls_before - 2
-        sent_after = len(sim.requests) - sent_before
-    _, calls_reference, _ = progress(tmp_path / "reference")
-    # Only what the killed run had not finished was asked again (a killed call may have been in flight).
-    assert sent_after <= calls_reference - calls_before + 20
+        assert summary["done"] == 2 and summary["cached_calls"] >= len(finished_at_kills[-1][0])
+        sent = [sent_key(r.body["messages"], r.body.get("seed")) for r in sim.requests]
+    # The server saw no finished call twice: a call stored before a kill was replayed after it, never asked again
+    # (a call in flight at a kill was not finished, and may be asked again).
+    assert finished_at_kills[-1][0]
+    for finished, seen_by_then in finished_at_kills:
+        assert finished.isdisjoint(sent[seen_by_then:])
+    assert Counter(sent).most_common(1)[0][1] <= 1 + len(thresholds)
+    assert finished_keys(killed) == finished_keys(tmp_path / "reference")
     assert final_state(killed) == final_state(tmp_path / "reference")
     assert final_state(killed)["mult"]["answer"] == "391"
 

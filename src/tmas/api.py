@@ -36,7 +36,7 @@ async def asolve(
     with tempfile.TemporaryDirectory(prefix="tmas-solve-") as scratch:
         store, settings, problems = prepare_run(Path(run_dir or scratch), settings, [problem], resume=False)
         with store:
-            summary = await run_problems(settings, problems, store)
+            summary = await run_problems(settings, problems, store, keep_results=True)
     return summary.results[0]
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,9 @@ from tmas.errors import InputError, TmasError
 from tmas.llm.client import EndpointUnreachable, LLMClient
 from tmas.llm.provision import provisioned
 from tmas.methods import create_method
-from tmas.methods.base import BUDGET_STOP, BudgetExhausted, Method, ProblemResult, ProblemSession
+from tmas.methods.base import BUDGET_STOP, BudgetExhausted, Method, ProblemResult, ProblemSession, gather_all
 from tmas.problems import Problem
-from tmas.store.run_store import RunStore, StoreError
+from tmas.store.run_store import DB_NAME, RunStore, StoreError
 
 
 @dataclass
@@ -48,9 +49,15 @@ class RunSummary:
     prompt_tokens: int
     completion_tokens: int
     wall_s: float
+    # The results of this session, only when asked for (``keep_results``): a big run does not hold them all.
     results: list[ProblemResult]
     # Handled anomalies (e.g. bad agent outputs) summed over the problems solved in this session.
     anomalies: dict[str, int] = field(default_factory=dict)
+    # Over the whole run (every session), from the store: calls cut at max_tokens, failed calls by their last
+    # failure's cause, and failed attempts that were retried, by cause ("http_503", "timeout", "malformed", ...).
+    truncated_calls: int = 0
+    failed_calls_by_cause: dict[str, int] = field(default_factory=dict)
+    retries_by_cause: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k != "results"}
@@ -78,86 +85,123 @@ class Unreachable(TmasError):
     """The endpoint could not be reached; finished work is kept for --resume."""
 
 
+class StoredProblems:
+    """A run's problems as stored, read in batches each time it is iterated: a large run never holds them all."""
+
+    def __init__(self, store: RunStore) -> None:
+        self.store = store
+
+    def __iter__(self) -> Iterator[Problem]:
+        return self.store.iter_problems()
+
+    def __len__(self) -> int:
+        return self.store.problem_count()
+
+
 def prepare_run(
-    run_dir: Path, settings: Settings, problems: list[Problem] | None, *, resume: bool
-) -> tuple[RunStore, Settings, list[Problem]]:
-    """Open the run's store. A new run records settings and problems; a resumed one reads them back."""
+    run_dir: Path, settings: Settings, problems: Iterable[Problem] | None, *, resume: bool
+) -> tuple[RunStore, Settings, StoredProblems]:
+    """Open the run's store. A new run records settings and problems (streamed: ``problems`` may be a lazy reader
+    of a file, and a bad line in it leaves no run directory behind); a resumed one reads them back."""
     if resume:
         store = RunStore(run_dir, create=False)
         stored = store.get_meta("settings")
         if stored is None:
             raise StoreError(f"{run_dir}: the run has no recorded settings")
-        problems = store.problems()
         store.set_meta("settings", settings.model_dump(mode="json"))
-        return store, settings, problems
+        return store, settings, StoredProblems(store)
     if problems is None:
         raise InputError("no problems given")
     if (run_dir / "run.sqlite").exists():
         raise InputError(f"{run_dir}: already holds a run; continue it with --resume or choose another directory")
+    existed = run_dir.exists()
     store = RunStore(run_dir)
-    store.set_meta("settings", settings.model_dump(mode="json"))
-    store.add_problems(problems)
-    return store, settings, problems
+    try:
+        if store.add_problems(problems) == 0:
+            raise InputError(f"{run_dir}: no problems given (empty problem file?)")
+        store.set_meta("settings", settings.model_dump(mode="json"))
+    except BaseException:
+        # Nothing was run: leave no half-made run behind, so the same command works once the input is fixed.
+        store.close()
+        for name in (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm"):
+            (run_dir / name).unlink(missing_ok=True)
+        if not existed:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    return store, settings, StoredProblems(store)
 
 
 async def run_problems(
     settings: Settings,
-    problems: list[Problem],
+    problems: Iterable[Problem],
     store: RunStore,
     *,
     state: RunState | None = None,
     on_result: Callable[[ProblemResult], None] | None = None,
+    keep_results: bool = False,
 ) -> RunSummary:
-    """Solve every problem not already finished with the same method parameters; results are stored as they come."""
+    """Solve every problem not already finished with the same method parameters; results are stored as they come.
+
+    A fixed pool of workers pulls problems from ``problems`` one at a time, so a run of any size holds only the
+    problems being solved (at most ``settings.concurrency``). Results are not kept in memory unless
+    ``keep_results`` (e.g. for :func:`tmas.api.solve`); the summary is computed from counters and the store.
+    """
     state = state or RunState()
     method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
     fingerprint = run_fingerprint(method, settings)
     store.set_meta("method", {"name": method.name, "params": method.params.model_dump(mode="json")})
-    finished = {
-        pid for pid in store.finished_problem_ids() if (store.result(pid) or {}).get("fingerprint") == fingerprint
-    }
-    todo = [p for p in problems if p.problem_id not in finished]
-    state.total, state.skipped = len(problems), len(problems) - len(todo)
+    finished = store.finished_problem_ids(fingerprint)
+    state.total = len(problems) if isinstance(problems, Sized) else store.problem_count()
+    tally = _Tally()
+
+    def pending() -> Iterator[Problem]:
+        for problem in problems:
+            if problem.problem_id in finished:
+                state.skipped += 1
+            else:
+                yield problem
+
+    todo = pending()
     started = time.monotonic()
     async with provisioned(settings, log_dir=store.run_dir) as live, LLMClient(live, store) as llm:
         state.llm = llm
-        # Bound the problems in flight so a long problem file is not all held in memory at once.
-        gate = asyncio.Semaphore(max(1, settings.concurrency))
 
-        async def one(problem: Problem) -> ProblemResult:
-            async with gate:
-                try:
-                    result = await _solve_one(method, problem, llm, store, settings, state.active)
-                finally:
-                    state.active.pop(problem.problem_id, None)
+        async def one(problem: Problem) -> None:
+            try:
+                result = await _solve_one(method, problem, llm, store, settings, state.active)
+            finally:
+                state.active.pop(problem.problem_id, None)
             record = result.model_dump(mode="json")
             record["fingerprint"] = fingerprint
             store.save_result(problem.problem_id, result.status, record)
+            tally.add(result, keep_results)
             if result.status == "done":
                 state.done += 1
             else:
                 state.failed += 1
             if on_result is not None:
                 on_result(result)
-            return result
 
-        tasks = [asyncio.create_task(one(p)) for p in todo]
+        async def worker() -> None:
+            # The workers share one iterator; next() runs without awaiting, so each problem goes to one worker.
+            for problem in todo:
+                await one(problem)
+
+        workers = max(1, min(settings.concurrency, state.total - len(finished)))
         try:
-            results = await asyncio.gather(*tasks)
+            await gather_all(worker() for _ in range(workers))
         except EndpointUnreachable as exc:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
             raise Unreachable(
                 f"{exc}; finished work is kept: continue with 'tmas run --resume {store.run_dir}'"
             ) from None
         stats = llm.stats
     counts = store.call_counts()
+    causes = store.call_causes()
     return RunSummary(
         run_dir=store.run_dir,
-        problems=len(problems),
-        done=sum(r.status == "done" for r in results) + state.skipped,
-        failed=sum(r.status != "done" for r in results),
+        problems=state.total,
+        done=tally.done + state.skipped,
+        failed=tally.failed,
         skipped=state.skipped,
         calls=stats.calls,
         cached_calls=stats.cached,
@@ -165,9 +209,32 @@ async def run_problems(
         prompt_tokens=counts["prompt_tokens"],
         completion_tokens=counts["completion_tokens"],
         wall_s=time.monotonic() - started,
-        results=list(results),
-        anomalies=_sum_counters(results),
+        results=tally.results,
+        anomalies=dict(sorted(tally.anomalies.items())),
+        truncated_calls=counts["truncated"],
+        failed_calls_by_cause=causes["failed"],
+        retries_by_cause=causes["retried"],
     )
+
+
+@dataclass
+class _Tally:
+    """What the summary needs of the results, accumulated as they come instead of keeping them all."""
+
+    done: int = 0
+    failed: int = 0
+    anomalies: dict[str, int] = field(default_factory=dict)
+    results: list[ProblemResult] = field(default_factory=list)
+
+    def add(self, result: ProblemResult, keep: bool) -> None:
+        if result.status == "done":
+            self.done += 1
+        else:
+            self.failed += 1
+        for kind, count in result.counters.items():
+            self.anomalies[kind] = self.anomalies.get(kind, 0) + count
+        if keep:
+            self.results.append(result)
 
 
 def budget_result(method: str, session: ProblemSession, detail: str) -> ProblemResult:
@@ -183,14 +250,6 @@ def budget_result(method: str, session: ProblemSession, detail: str) -> ProblemR
     else:
         last.notes.append(f"stopped: {detail}")
     return result
-
-
-def _sum_counters(results: list[ProblemResult]) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for result in results:
-        for kind, count in result.counters.items():
-            total[kind] = total.get(kind, 0) + count
-    return dict(sorted(total.items()))
 
 
 async def _solve_one(

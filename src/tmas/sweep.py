@@ -21,7 +21,7 @@ import itertools
 import json
 import re
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -208,8 +208,8 @@ def _pending(store: RunStore, settings: Settings) -> int:
     """How many of the run's problems are not finished with the point's method, params and budget."""
     method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
     fingerprint = run_fingerprint(method, settings)
-    done = {pid for pid in store.finished_problem_ids() if (store.result(pid) or {}).get("fingerprint") == fingerprint}
-    return sum(p.problem_id not in done for p in store.problems())
+    done = store.finished_problem_ids(fingerprint)
+    return sum(p.problem_id not in done for p in store.iter_problems())
 
 
 def prepare_sweep(
@@ -239,7 +239,7 @@ def prepare_sweep(
 
 def open_point(
     point: SweepPoint, settings: Settings, out_dir: Path, problems: list[Problem], dataset: str
-) -> tuple[str, RunStore | None, Settings, list[Problem]]:
+) -> tuple[str, RunStore | None, Settings, Iterable[Problem]]:
     """The point's run: ("skipped", None, ...) when finished, else its store opened new or for resuming."""
     run_dir = out_dir / "runs" / point.name
     point_settings = point.settings(settings)

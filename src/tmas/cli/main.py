@@ -6,6 +6,7 @@ import asyncio
 import json
 import sys
 from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -241,7 +242,7 @@ def run(
 ) -> None:
     """Solve a file of problems into a run directory (resumable with --resume)."""
     from tmas.cli.progress import RunProgress
-    from tmas.problems import dataset_name, load_problems, resolve_dataset
+    from tmas.problems import dataset_name, iter_problems, resolve_dataset
     from tmas.runner import RunState, prepare_run, run_problems
     from tmas.store.run_store import RunStore
 
@@ -273,8 +274,9 @@ def run(
             raise InputError("give a problem file and --out RUN_DIR (or --resume RUN_DIR)")
         settings = _settings(config, **overrides)
         source = resolve_dataset(problems)
-        loaded = load_problems(source)[:limit] if limit else load_problems(source)
-        store, settings, todo = prepare_run(out, settings, loaded, resume=False)
+        # Streamed into the store (a bad line anywhere stops before any call and leaves no run behind).
+        reader = iter_problems(source)
+        store, settings, todo = prepare_run(out, settings, islice(reader, limit) if limit else reader, resume=False)
         # Reports group runs by benchmark name.
         store.set_meta("dataset", dataset_name(problems))
     state = RunState()

@@ -49,8 +49,10 @@ class EndpointUnreachable(LLMError):
 class _Transient(Exception):
     """A failure worth retrying (connection, timeout, 429, 5xx, unparseable body)."""
 
-    def __init__(self, message: str, retry_after: float | None = None, connect: bool = False) -> None:
+    def __init__(self, message: str, cause: str, retry_after: float | None = None, connect: bool = False) -> None:
         super().__init__(message)
+        # A short word for counting failures by kind in the store and the run summary.
+        self.cause = cause
         self.retry_after = retry_after
         # True when no connection could be made at all (as opposed to one that broke).
         self.connect = connect
@@ -58,6 +60,10 @@ class _Transient(Exception):
 
 class _Fatal(Exception):
     """A failure not worth retrying (a 4xx other than 408/409/425/429)."""
+
+    def __init__(self, message: str, cause: str) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 @dataclass
@@ -67,6 +73,8 @@ class _Replica:
     in_flight: int = 0
     context_length: int | None = None
     context_probed: bool = False
+    # Calls that start together wait for the one probe of /v1/models instead of going out unchecked.
+    probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 @dataclass
@@ -250,6 +258,8 @@ class LLMClient:
         shrunk_on_error = False
         all_connect_failures = True
         last_error = ""
+        causes: list[str] = []
+        last_cause = "unknown"
         replica = route.replicas[0]
         attempt = 0
         while attempt < retry.max_attempts:
@@ -259,7 +269,9 @@ class LLMClient:
                 await self._probe_context(replica)
                 sent_max = self._fit_context(route, replica, request, max_tokens)
                 data = await self._post(route, replica, request.body(sent_max), key)
-                return self._parse(data, route, request, key, request_hash, replica, started, attempt, sent_max)
+                done = self._parse(data, route, request, key, request_hash, replica, started, attempt, sent_max)
+                done.retry_causes = causes
+                return done
             except _Fatal as exc:
                 message = str(exc)
                 match = _CONTEXT_ERROR.search(message)
@@ -271,56 +283,67 @@ class LLMClient:
                     shrunk_on_error = True
                     attempt -= 1
                     if max_tokens >= 1:
+                        causes.append(exc.cause)
                         continue
-                return self._failed(key, request_hash, request, replica, started, attempt, message)
+                return self._failed(key, request_hash, request, replica, started, attempt, message, exc.cause, causes)
             except _Transient as exc:
                 last_error = str(exc)
                 all_connect_failures = all_connect_failures and exc.connect
                 if attempt >= retry.max_attempts:
+                    last_cause = exc.cause
                     break
+                causes.append(exc.cause)
                 self.stats.retries += 1
                 await asyncio.sleep(self._backoff(attempt, exc))
         message = f"gave up after {attempt} attempts: {last_error}"
         if all_connect_failures:
             urls = ", ".join(r.url for r in route.replicas)
             raise EndpointUnreachable(f"endpoint {urls} unreachable for role {key.role!r}: {last_error}")
-        return self._failed(key, request_hash, request, replica, started, attempt, message)
+        return self._failed(key, request_hash, request, replica, started, attempt, message, last_cause, causes)
 
     def _fit_context(
         self, route: _Route, replica: _Replica, request: ChatRequest, max_tokens: int | None
     ) -> int | None:
         """Lower max_tokens so prompt + completion fit the context window, instead of failing the call."""
         context = replica.context_length
-        if context is None or max_tokens is None:
+        if context is None:
             return max_tokens
+        # Checked even without max_tokens: a prompt that cannot fit is refused here rather than sent.
         prompt = sum(route.counter.count(m.content) + 4 for m in request.messages)
         if not route.counter.exact:
             prompt = int(prompt * 1.1)  # estimates err low on math text; stay on the safe side
         room = context - prompt - CONTEXT_MARGIN_TOKENS
         if room < 1:
-            raise _Fatal(f"prompt of about {prompt} tokens does not fit the context window of {context} tokens")
-        return min(max_tokens, room)
+            raise _Fatal(
+                f"prompt of about {prompt} tokens does not fit the context window of {context} tokens", "context"
+            )
+        return None if max_tokens is None else min(max_tokens, room)
 
     async def _probe_context(self, replica: _Replica) -> None:
         """Read the context window from /v1/models once per replica, where the server reports it."""
         if replica.context_probed or replica.context_length is not None:
             return
-        replica.context_probed = True
+        async with replica.probe_lock:
+            if not replica.context_probed:
+                replica.context_length = await self._read_context_length(replica)
+                replica.context_probed = True
+
+    async def _read_context_length(self, replica: _Replica) -> int | None:
         try:
             assert self._session is not None
             async with self._session.get(f"{replica.url}/models", timeout=aiohttp.ClientTimeout(total=10)) as resp:
                 if resp.status != 200:
-                    return
+                    return None
                 data = await resp.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError):
-            return
+            return None
         for model in data.get("data", []) if isinstance(data, dict) else []:
             if not isinstance(model, dict):
                 continue
             for name in ("max_model_len", "context_length", "context_window"):
                 if isinstance(model.get(name), int):
-                    replica.context_length = model[name]
-                    return
+                    return int(model[name])
+        return None
 
     async def _post(
         self, route: _Route, replica: _Replica, body: dict[str, Any], key: CallKey, *, path: str = "chat/completions"
@@ -345,11 +368,15 @@ class LLMClient:
                     status = resp.status
                     retry_after = resp.headers.get("Retry-After")
             except aiohttp.ClientConnectorError as exc:
-                raise _Transient(f"cannot connect to {replica.url}: {exc.os_error}", connect=True) from None
+                raise _Transient(f"cannot connect to {replica.url}: {exc.os_error}", "connect", connect=True) from None
             except (aiohttp.ClientError, ConnectionError) as exc:
-                raise _Transient(f"connection to {replica.url} failed: {type(exc).__name__}: {exc}") from None
+                raise _Transient(
+                    f"connection to {replica.url} failed: {type(exc).__name__}: {exc}", "connection"
+                ) from None
             except TimeoutError:
-                raise _Transient(f"no reply from {replica.url} within {route.endpoint.timeout_s:g}s") from None
+                raise _Transient(
+                    f"no reply from {replica.url} within {route.endpoint.timeout_s:g}s", "timeout"
+                ) from None
             finally:
                 replica.in_flight -= 1
                 self.stats.in_flight -= 1
@@ -358,15 +385,16 @@ class LLMClient:
         if status != 200:
             message = _error_message(text)
             if status in _RETRYABLE_STATUS:
-                raise _Transient(f"HTTP {status}: {message}", retry_after=_seconds(retry_after))
-            raise _Fatal(f"HTTP {status}: {message}")
+                raise _Transient(f"HTTP {status}: {message}", f"http_{status}", retry_after=_seconds(retry_after))
+            cause = "context" if _CONTEXT_ERROR.search(message) else f"http_{status}"
+            raise _Fatal(f"HTTP {status}: {message}", cause)
         try:
             data = json.loads(text)
         except ValueError:
-            raise _Transient(f"reply is not JSON: {text[:120]!r}") from None
+            raise _Transient(f"reply is not JSON: {text[:120]!r}", "malformed") from None
         wanted = "choices" if path == "chat/completions" else "data"
         if not isinstance(data, dict) or not data.get(wanted):
-            raise _Transient(f"reply has no {wanted}: {text[:120]!r}")
+            raise _Transient(f"reply has no {wanted}: {text[:120]!r}", "malformed")
         return data
 
     def _parse(
@@ -387,9 +415,9 @@ class LLMClient:
             raw = message.get("content") or ""
             field_reasoning = message.get("reasoning_content") or message.get("reasoning")
         except (KeyError, IndexError, TypeError, AttributeError):
-            raise _Transient(f"reply has an unexpected shape: {str(data)[:120]!r}") from None
+            raise _Transient(f"reply has an unexpected shape: {str(data)[:120]!r}", "malformed") from None
         if not isinstance(raw, str) or (field_reasoning is not None and not isinstance(field_reasoning, str)):
-            raise _Transient("reply content is not text")
+            raise _Transient("reply content is not text", "malformed")
         content, reasoning = split_reasoning(raw, field_reasoning)
         usage = _usage(data.get("usage"), route.counter, request.messages, raw, field_reasoning or "")
         return Completion(
@@ -415,6 +443,8 @@ class LLMClient:
         started: float,
         attempts: int,
         error: str,
+        cause: str,
+        retry_causes: list[str],
     ) -> Completion:
         return Completion(
             key=key,
@@ -424,6 +454,8 @@ class LLMClient:
             latency_s=time.monotonic() - started,
             attempts=attempts,
             error=error,
+            error_cause=cause,
+            retry_causes=retry_causes,
         )
 
 
@@ -451,9 +483,11 @@ def _vectors(data: dict[str, Any], count: int) -> list[list[float]]:
         ordered = sorted(items, key=lambda item: int(item.get("index", 0)))
         vectors = [[float(x) for x in item["embedding"]] for item in ordered]
     except (TypeError, ValueError, KeyError, AttributeError):
-        raise _Transient("embeddings reply has an unexpected shape (base64 vectors are not requested)") from None
+        raise _Transient(
+            "embeddings reply has an unexpected shape (base64 vectors are not requested)", "malformed"
+        ) from None
     if len(vectors) != count:
-        raise _Transient(f"embeddings reply has {len(vectors)} vectors for {count} inputs")
+        raise _Transient(f"embeddings reply has {len(vectors)} vectors for {count} inputs", "malformed")
     return vectors
 
 

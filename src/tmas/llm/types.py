@@ -113,6 +113,10 @@ class Completion(BaseModel):
     # max_tokens actually sent, when it was lowered to fit the context window.
     max_tokens_sent: int | None = None
     error: str | None = None
+    # Why it failed, in a word (e.g. "http_503", "timeout", "connection", "malformed"), when it did.
+    error_cause: str | None = None
+    # The causes of the attempts that failed before the last one (retried transient failures), in order.
+    retry_causes: list[str] = Field(default_factory=list)
     cached: bool = False
 
     @property

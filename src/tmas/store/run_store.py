@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,9 @@ CREATE TABLE IF NOT EXISTS calls (
     latency_s REAL NOT NULL,
     attempts INTEGER NOT NULL,
     error TEXT,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    error_cause TEXT,
+    retry_causes TEXT NOT NULL DEFAULT '[]'
 );
 CREATE INDEX IF NOT EXISTS calls_by_request ON calls (request_hash, sample);
 CREATE INDEX IF NOT EXISTS calls_by_problem ON calls (problem_id, iteration);
@@ -123,6 +125,7 @@ class RunStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=10000")
         self._db.executescript(_SCHEMA)
+        self._add_missing_columns()
         version = self.get_meta("schema_version")
         if version is None:
             self.set_meta("schema_version", SCHEMA_VERSION)
@@ -130,6 +133,13 @@ class RunStore:
             self.set_meta("created_at", time.time())
         elif version != SCHEMA_VERSION:
             raise StoreError(f"{self.path}: store schema {version} is not the supported {SCHEMA_VERSION}")
+
+    def _add_missing_columns(self) -> None:
+        """Columns added since schema 1 (nullable or defaulted), so stores written by older versions still open."""
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(calls)")}
+        for name, decl in _ADDED_CALL_COLUMNS.items():
+            if name not in have:
+                self._db.execute(f"ALTER TABLE calls ADD COLUMN {name} {decl}")
 
     def close(self) -> None:
         self._db.close()
@@ -152,8 +162,11 @@ class RunStore:
         return None if row is None else json.loads(row[0])
 
     # ------------------------------------------------------------------------------------------ problems
-    def add_problems(self, problems: list[Problem]) -> None:
-        """Record the run's problems (idempotent: problems already stored are kept as they are)."""
+    def add_problems(self, problems: Iterable[Problem]) -> int:
+        """Record the run's problems in one transaction, consuming ``problems`` one at a time (a file is streamed,
+        not held); idempotent: problems already stored are kept as they are. If the iterable raises (a bad line),
+        nothing is recorded. Returns how many were read."""
+        count = 0
         with self._transaction():
             start = self._db.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM problems").fetchone()[0]
             for offset, p in enumerate(problems):
@@ -162,12 +175,30 @@ class RunStore:
                     " VALUES (?, ?, ?, ?, ?)",
                     (start + offset, p.problem_id, p.question, p.answer, json.dumps(p.metadata)),
                 )
+                count += 1
+        return count
 
     def problems(self) -> list[Problem]:
-        rows = self._db.execute(
-            "SELECT problem_id, question, answer, metadata FROM problems ORDER BY position"
-        ).fetchall()
-        return [Problem(problem_id=r[0], question=r[1], answer=r[2], metadata=json.loads(r[3])) for r in rows]
+        return list(self.iter_problems())
+
+    def iter_problems(self, batch: int = 256) -> Iterator[Problem]:
+        """The problems in file order, read ``batch`` at a time. Each batch is its own short query, so no read
+        transaction stays open across a long run (one would stop WAL checkpoints and let the WAL file grow)."""
+        last = -1
+        while True:
+            rows = self._db.execute(
+                "SELECT position, problem_id, question, answer, metadata FROM problems WHERE position > ?"
+                " ORDER BY position LIMIT ?",
+                (last, batch),
+            ).fetchall()
+            for r in rows:
+                yield Problem(problem_id=r[1], question=r[2], answer=r[3], metadata=json.loads(r[4]))
+            if len(rows) < batch:
+                return
+            last = rows[-1][0]
+
+    def problem_count(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM problems").fetchone()[0])
 
     # ------------------------------------------------------------------------------------------ calls
     def record_call(self, completion: Completion, request: ChatRequest) -> int:
@@ -176,8 +207,8 @@ class RunStore:
         cursor = self._db.execute(
             "INSERT INTO calls (request_hash, sample, problem_id, iteration, role, endpoint, model, messages,"
             " sampling, content, reasoning, prompt_tokens, completion_tokens, reasoning_tokens, usage_estimated,"
-            " finish_reason, max_tokens_sent, latency_s, attempts, error, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " finish_reason, max_tokens_sent, latency_s, attempts, error, created_at, error_cause, retry_causes)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 c.request_hash,
                 k.sample,
@@ -200,6 +231,8 @@ class RunStore:
                 c.attempts,
                 c.error,
                 time.time(),
+                c.error_cause,
+                json.dumps(c.retry_causes),
             ),
         )
         return int(cursor.lastrowid or 0)
@@ -239,6 +272,20 @@ class RunStore:
             "truncated": row[4],
         }
 
+    def call_causes(self) -> dict[str, dict[str, int]]:
+        """Failed calls by cause (``failed``) and retried attempts by cause (``retried``), over the whole run."""
+        failed: dict[str, int] = {}
+        for cause, count in self._db.execute(
+            "SELECT COALESCE(error_cause, 'unknown'), COUNT(*) FROM calls WHERE error IS NOT NULL GROUP BY 1"
+        ):
+            failed[cause] = count
+        retried: dict[str, int] = {}
+        # Most calls have no retry: only the others are read and decoded.
+        for (raw,) in self._db.execute("SELECT retry_causes FROM calls WHERE retry_causes != '[]'"):
+            for cause in json.loads(raw):
+                retried[cause] = retried.get(cause, 0) + 1
+        return {"failed": dict(sorted(failed.items())), "retried": dict(sorted(retried.items()))}
+
     # ------------------------------------------------------------------------------------------ method state
     def save_iteration(self, problem_id: str, iteration: int, record: dict[str, Any]) -> None:
         self._db.execute(
@@ -265,8 +312,15 @@ class RunStore:
         row = self._db.execute("SELECT record FROM results WHERE problem_id = ?", (problem_id,)).fetchone()
         return None if row is None else dict(json.loads(row[0]))
 
-    def finished_problem_ids(self) -> set[str]:
-        rows = self._db.execute("SELECT problem_id FROM results WHERE status = 'done'").fetchall()
+    def finished_problem_ids(self, fingerprint: str | None = None) -> set[str]:
+        """Problems with a result of status done (with ``fingerprint``: only those solved with it)."""
+        if fingerprint is None:
+            rows = self._db.execute("SELECT problem_id FROM results WHERE status = 'done'").fetchall()
+        else:
+            rows = self._db.execute(
+                "SELECT problem_id FROM results WHERE status = 'done' AND json_extract(record, '$.fingerprint') = ?",
+                (fingerprint,),
+            ).fetchall()
         return {r[0] for r in rows}
 
     def results(self) -> list[dict[str, Any]]:
@@ -332,10 +386,12 @@ class _Transaction:
         self._db.execute("ROLLBACK" if exc_type else "COMMIT")
 
 
+_ADDED_CALL_COLUMNS = {"error_cause": "TEXT", "retry_causes": "TEXT NOT NULL DEFAULT '[]'"}
+
 _CALL_COLUMNS = (
     "id, request_hash, sample, problem_id, iteration, role, endpoint, model, content, reasoning, prompt_tokens,"
     " completion_tokens, reasoning_tokens, usage_estimated, finish_reason, max_tokens_sent, latency_s, attempts,"
-    " error"
+    " error, error_cause, retry_causes"
 )
 
 
@@ -359,4 +415,6 @@ def _completion(row: tuple[Any, ...]) -> Completion:
         latency_s=row[16],
         attempts=row[17],
         error=row[18],
+        error_cause=row[19],
+        retry_causes=json.loads(row[20]),
     )

@@ -75,6 +75,8 @@ class LoggedRequest(BaseModel):
     problem_id: str | None
     body: dict[str, Any]
     received_at: float  # time.time()
+    # The Authorization header as received (tests prove a key was sent without it reaching any artefact).
+    authorization: str | None = None
 
 
 class _LogEntry(NamedTuple):
@@ -84,6 +86,7 @@ class _LogEntry(NamedTuple):
     problem_id: str | None
     body: dict[str, Any]
     received_at: float
+    authorization: str | None
 
 
 @dataclass
@@ -260,9 +263,12 @@ class SimApp:
         with self._lock:
             self._stats.in_flight -= 1
 
-    def _log_request(self, endpoint: str, role: str, problem: str | None, body: dict[str, Any], at: float) -> None:
+    def _log_request(self, request: web.Request, endpoint: str, role: str, body: dict[str, Any], at: float) -> None:
+        entry = _LogEntry(
+            endpoint, role, request.headers.get(PROBLEM_HEADER), body, at, request.headers.get("Authorization")
+        )
         with self._lock:
-            self._log.append(_LogEntry(endpoint, role, problem, body, at))
+            self._log.append(entry)
 
     def _count_fault(self, kind: str) -> None:
         with self._lock:
@@ -363,9 +369,9 @@ class SimApp:
         try:
             body = await self._read_json(request)
         except _BadRequest:
-            self._log_request("chat", role, problem, {}, received)
+            self._log_request(request, "chat", role, {}, received)
             raise
-        self._log_request("chat", role, problem, body, received)
+        self._log_request(request, "chat", role, body, received)
 
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
@@ -523,15 +529,14 @@ class SimApp:
             self._leave()
 
     async def _embeddings_inner(self, request: web.Request, role: str, received: float) -> web.StreamResponse:
-        problem = request.headers.get(PROBLEM_HEADER)
         active = self._active
         script = active.script
         try:
             body = await self._read_json(request)
         except _BadRequest:
-            self._log_request("embeddings", role, problem, {}, received)
+            self._log_request(request, "embeddings", role, {}, received)
             raise
-        self._log_request("embeddings", role, problem, body, received)
+        self._log_request(request, "embeddings", role, body, received)
 
         raw = body.get("input")
         inputs = [raw] if isinstance(raw, str) else raw

@@ -1,0 +1,309 @@
+"""Issue 6: a run survives faults of every kind, bad input, 1,000 queued problems and keeps the API key secret."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import settings_for
+from tmas.problems import Problem
+from tmas.runner import RunState, prepare_run, run_problems
+from tmas.testing import FaultRates, SimScript, SimServer
+
+TMAS_SMALL = ["--method", "tmas", "-T", "2", "-p", "n=2", "-p", "m=2", "--seed", "5"]
+
+
+def tmas(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+    env.update(extra_env or {})
+    return subprocess.run([sys.executable, "-m", "tmas", *args], capture_output=True, env=env, timeout=300)
+
+
+def write_jsonl(path: Path, records: list[dict[str, object]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def arithmetic(n: int) -> list[dict[str, object]]:
+    return [{"problem_id": f"p{i}", "question": f"What is {i + 2}*7?", "answer": str((i + 2) * 7)} for i in range(n)]
+
+
+# ------------------------------------------------------------------------------------------------ 1. faults
+# The client-side cause each injected fault must be recorded under (drop = the server resets the connection).
+FAULT_CAUSES = {
+    "http_500": "http_500",
+    "http_503": "http_503",
+    "http_429": "http_429",
+    "drop": "connection",
+    "malformed": "malformed",
+}
+
+
+def test_twenty_percent_faults_of_every_kind_are_survived_stored_and_counted(tmp_path: Path) -> None:
+    rates = FaultRates(**{kind: 0.025 for kind in (*FAULT_CAUSES, "timeout", "truncate", "garbage")})
+    assert abs(rates.total() - 0.2) < 1e-9
+    config = tmp_path / "tmas.toml"
+    # Two attempts only, so some calls fail for good and the failure path is exercised too; a short timeout
+    # against a server that hangs for longer makes "timeout" faults real client timeouts.
+    config.write_text(
+        "[endpoint]\ntimeout_s = 1.5\n[retry]\nmax_attempts = 2\nbackoff_base_s = 0.01\nbackoff_max_s = 0.02\n"
+    )
+    problems = write_jsonl(tmp_path / "p.jsonl", arithmetic(20))
+    run_dir = tmp_path / "run"
+    with SimServer(SimScript(faults=rates, hang_s=4.0, seed=11)) as sim:
+        out = tmas("run", str(problems), "-o", str(run_dir), "-c", str(config), "--base-url", sim.base_url, *TMAS_SMALL)
+        injected = sim.stats().faults
+    assert out.returncode == 0, out.stderr.decode()
+    assert b"Traceback" not in out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["done"] == 20 and summary["failed"] == 0
+    assert all(injected.get(kind, 0) > 0 for kind in (*FAULT_CAUSES, "timeout", "truncate", "garbage")), injected
+
+    db = sqlite3.connect(run_dir / "run.sqlite")
+    failed = Counter(dict(db.execute("SELECT error_cause, COUNT(*) FROM calls WHERE error IS NOT NULL GROUP BY 1")))
+    retried: Counter[str] = Counter()
+    for (raw,) in db.execute("SELECT retry_causes FROM calls"):
+        retried.update(json.loads(raw))
+    truncated = db.execute("SELECT COUNT(*) FROM calls WHERE finish_reason = 'length'").fetchone()[0]
+    missing_error = db.execute("SELECT COUNT(*) FROM calls WHERE error IS NOT NULL AND error_cause IS NULL")
+    assert missing_error.fetchone()[0] == 0
+    db.close()
+
+    # Every injected fault is in the store under its cause: as a retried attempt or as the call's final failure.
+    # (A call slowed past the client timeout by a loaded machine would add a timeout: hence >= for timeouts.)
+    seen = failed + retried
+    for kind, cause in FAULT_CAUSES.items():
+        assert seen[cause] == injected[kind], (kind, seen, injected)
+    assert seen["timeout"] >= injected["timeout"]
+    assert truncated == injected["truncate"]
+    assert set(seen) <= {*FAULT_CAUSES.values(), "timeout"}
+    # The run summary counts them, by cause.
+    assert summary["failed_calls"] == sum(failed.values()) > 0
+    assert summary["failed_calls_by_cause"] == dict(sorted(failed.items()))
+    assert summary["retries_by_cause"] == dict(sorted(retried.items()))
+    assert summary["truncated_calls"] == truncated
+    # Garbage agent text and failed calls become handled anomalies of the iterations, never a crash.
+    assert sum(summary["anomalies"].values()) >= injected["garbage"] // 2
+
+
+# ------------------------------------------------------------------------------------------------ 3. bad input
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b'{"problem_id": "a", "question": "What is 1+1?"}\n{"problem_id": "b", "quest', "p.jsonl:2: not valid JSON"),
+        (b'{"problem_id": "a", "question": "   "}\n', "p.jsonl:1: 'question' is empty"),
+        (b'{"problem_id": "a", "question": ""}\n', "p.jsonl:1: 'question' is empty"),
+        (b'{"problem_id": "a", "question": "caf\xe9?"}\n', "p.jsonl:1: not valid UTF-8"),
+        (b'["a", "b"]\n', "p.jsonl:1: expected a JSON object"),
+        (b'{"problem_id": "", "question": "x"}\n', "p.jsonl:1: field 'problem_id' must be a non-empty"),
+        (b'{"problem_id": "a", "question": "x", "answer": [1]}\n', "p.jsonl:1: field 'answer' must be"),
+    ],
+)
+def test_more_bad_problem_files_fail_cleanly_before_any_call(
+    sim: SimServer, tmp_path: Path, content: bytes, message: str
+) -> None:
+    path = tmp_path / "p.jsonl"
+    # The bad line comes after many good ones: the file is streamed, and still nothing is run or left behind.
+    good = b"".join(b'{"problem_id": "g%d", "question": "What is 2+2?"}\n' % i for i in range(300))
+    path.write_bytes(good + content.replace(b'"a"', b'"zz"'))
+    out = tmas("run", str(path), "-o", str(tmp_path / "run"), "--base-url", sim.base_url, "--method", "cot")
+    err = out.stderr.decode().strip()
+    assert out.returncode == 2, err
+    expected = message.replace("p.jsonl:1", "p.jsonl:301").replace("p.jsonl:2", "p.jsonl:302")
+    assert expected in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()
+    assert sim.stats().total_requests == 0
+
+
+def test_an_empty_problem_file_is_a_clear_error(sim: SimServer, tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b"\n  \n")
+    out = tmas("run", str(path), "-o", str(tmp_path / "run"), "--base-url", sim.base_url)
+    assert out.returncode == 2 and "no problems given" in out.stderr.decode()
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("[endpoint]\ntimeout_s = 'soon'\n", "endpoint.timeout_s"),
+        ("[retry]\nmax_attempts = 1.5\n", "retry.max_attempts"),
+        ("[method]\nname = 7\n", "method.name"),
+        ("[sampling]\ntemperature = [0.7]\n", "sampling.temperature"),
+    ],
+)
+def test_config_with_wrong_types_is_one_line_naming_the_key(
+    sim: SimServer, tmp_path: Path, toml: str, message: str
+) -> None:
+    config = tmp_path / "tmas.toml"
+    config.write_text(toml)
+    problems = write_jsonl(tmp_path / "p.jsonl", arithmetic(1))
+    out = tmas("run", str(problems), "-o", str(tmp_path / "run"), "-c", str(config), "--base-url", sim.base_url)
+    err = out.stderr.decode().strip()
+    assert out.returncode == 2 and message in err and len(err.splitlines()) == 1, err
+    assert sim.stats().total_requests == 0
+
+
+TEMPLATE_QUESTIONS = [
+    "What is {{ 6 * 7 }}? Leave {{ x }} as it is.",
+    "Fill in {question} and {answer} then compute 2+3.",
+    "{% for i in range(3) %}loop{% endfor %} What is 4*4?",
+    "{# comment #} {{ question }} {%- raw %} 5+5?",
+]
+
+
+def test_template_syntax_in_questions_reaches_the_model_verbatim(tmp_path: Path) -> None:
+    records: list[dict[str, object]] = [
+        {"problem_id": f"t{i}", "question": q} for i, q in enumerate(TEMPLATE_QUESTIONS)
+    ]
+    problems = write_jsonl(tmp_path / "p.jsonl", records)
+    with SimServer(SimScript()) as sim:
+        out = tmas("run", str(problems), "-o", str(tmp_path / "run"), "--base-url", sim.base_url, *TMAS_SMALL)
+        assert out.returncode == 0, out.stderr.decode()
+        requests = sim.requests
+    assert json.loads(out.stdout)["done"] == len(TEMPLATE_QUESTIONS)
+    for i, question in enumerate(TEMPLATE_QUESTIONS):
+        mine = [r for r in requests if r.problem_id == f"t{i}"]
+        # The agents shown the problem (solution, verifier, ...) got it character for character, unrendered.
+        for role in ("solution", "verifier"):
+            prompts = ["\n".join(m["content"] for m in r.body["messages"]) for r in mine if r.role == role]
+            assert prompts and all(question in p for p in prompts), (role, question)
+
+
+def test_a_question_longer_than_the_context_fails_its_problem_only(tmp_path: Path) -> None:
+    records: list[dict[str, object]] = [
+        {"problem_id": "short", "question": "What is 3*7?", "answer": "21"},
+        {"problem_id": "huge", "question": "Compute the sum of " + "one plus two, " * 3000 + "please."},
+        {"problem_id": "after", "question": "What is 4*7?", "answer": "28"},
+    ]
+    problems = write_jsonl(tmp_path / "p.jsonl", records)
+    with SimServer(SimScript(context_length=2048)) as sim:
+        out = tmas("run", str(problems), "-o", str(tmp_path / "run"), "--base-url", sim.base_url, *TMAS_SMALL)
+        sent_for_huge = sum(r.problem_id == "huge" for r in sim.requests)
+    assert out.returncode == 0, out.stderr.decode()
+    summary = json.loads(out.stdout)
+    assert summary["done"] + summary["failed"] == 3
+    assert summary["failed_calls_by_cause"].get("context", 0) > 0
+    # The context window was read from /v1/models: the oversize prompt was refused locally, never sent.
+    assert sent_for_huge == 0
+    db = sqlite3.connect(tmp_path / "run" / "run.sqlite")
+    rows = dict(db.execute("SELECT problem_id, status FROM results"))
+    db.close()
+    assert rows["short"] == "done" and rows["after"] == "done" and "huge" in rows
+
+
+# ------------------------------------------------------------------------------------------------ 4. limits
+def test_a_thousand_queued_problems_never_exceed_the_cap_and_are_streamed(tmp_path: Path) -> None:
+    cap = 8
+    n = 1000
+    pulled = 0
+    finished = 0
+    most_ahead = 0
+    most_tasks = 0
+
+    def source() -> Iterator[Problem]:
+        nonlocal pulled
+        for i in range(n):
+            pulled += 1
+            yield Problem(problem_id=f"q{i}", question=f"What is {i}+1?", answer=str(i + 1))
+
+    def on_result(_: object) -> None:
+        nonlocal finished, most_ahead, most_tasks
+        finished += 1
+        most_tasks = max(most_tasks, len(asyncio.all_tasks()))
+
+    with SimServer(SimScript(latency_s=0.002, log_limit=0)) as sim:
+        settings = settings_for(sim, concurrency=cap, method={"name": "cot"})
+        store, settings, todo = prepare_run(tmp_path / "run", settings, source(), resume=False)
+
+        class Watched:
+            """The stored problems, noting how far the runner has read ahead of the finished ones."""
+
+            def __iter__(self) -> Iterator[Problem]:
+                nonlocal most_ahead
+                for read, problem in enumerate(todo, start=1):
+                    most_ahead = max(most_ahead, read - finished)
+                    yield problem
+
+        with store:
+            summary = asyncio.run(run_problems(settings, Watched(), store, state=RunState(), on_result=on_result))
+        stats = sim.stats()
+    assert summary.done == n and summary.results == []
+    assert stats.total_requests == n
+    assert stats.max_in_flight <= cap
+    # Only the workers' problems are ever held: at most one per worker ahead of the finished ones, and the
+    # event loop holds a handful of tasks, not one per problem.
+    assert most_ahead <= cap
+    assert most_tasks <= cap + 8
+
+
+# ------------------------------------------------------------------------------------------------ 5. secrets
+SECRET = "sk-test-TOPSECRET-1234567890abcdef"
+
+
+def test_the_api_key_is_sent_but_never_written_anywhere(tmp_path: Path) -> None:
+    problems = write_jsonl(tmp_path / "p.jsonl", arithmetic(2))
+    run_dir = tmp_path / "run"
+    env = {"MY_PROVIDER_KEY": SECRET}
+    rates = FaultRates(http_500=0.1, http_429=0.1)
+    fast = tmp_path / "tmas.toml"
+    fast.write_text("[retry]\nbackoff_base_s = 0.01\nbackoff_max_s = 0.02\n")
+    with SimServer(SimScript(faults=rates)) as sim:
+        out = tmas(
+            "run",
+            str(problems),
+            "-o",
+            str(run_dir),
+            "--base-url",
+            sim.base_url,
+            "--api-key-env",
+            "MY_PROVIDER_KEY",
+            *TMAS_SMALL,
+            extra_env=env,
+        )
+        assert out.returncode == 0, out.stderr.decode()
+        auth = {r.authorization for r in sim.requests}
+        outputs = [out.stdout, out.stderr]
+        for args in (
+            ["export", str(run_dir)],
+            ["export", str(run_dir), "--calls"],
+            ["report", str(run_dir), "-o", str(tmp_path / "report"), "--grade", "rules"],
+        ):
+            shown = tmas(*args, extra_env=env)
+            assert shown.returncode == 0, shown.stderr.decode()
+            outputs += [shown.stdout, shown.stderr]
+        solved = tmas(
+            "solve",
+            "What is 6*7?",
+            "--base-url",
+            sim.base_url,
+            "--api-key-env",
+            "MY_PROVIDER_KEY",
+            "--json",
+            "-c",
+            str(fast),
+            "-o",
+            str(tmp_path / "solve"),
+            extra_env=env,
+        )
+        assert solved.returncode == 0, solved.stderr.decode()
+        outputs += [solved.stdout, solved.stderr]
+    assert auth == {f"Bearer {SECRET}"}  # the key really was sent, with every request
+    artefacts = [p for d in (run_dir, tmp_path / "solve", tmp_path / "report") for p in d.rglob("*") if p.is_file()]
+    assert any(p.name == "run.sqlite" for p in artefacts) and any(p.suffix == ".html" for p in artefacts)
+    needle = SECRET.encode()
+    for path in artefacts:
+        assert needle not in path.read_bytes(), path
+    for text in outputs:
+        assert needle not in text
+    # Also not in any part: the store keeps the name of the variable, not its value.
+    assert b"TOPSECRET" not in b"".join(p.read_bytes() for p in artefacts)
