@@ -125,7 +125,6 @@ class RunStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=10000")
         self._db.executescript(_SCHEMA)
-        self._add_missing_columns()
         version = self.get_meta("schema_version")
         if version is None:
             self.set_meta("schema_version", SCHEMA_VERSION)
@@ -133,13 +132,6 @@ class RunStore:
             self.set_meta("created_at", time.time())
         elif version != SCHEMA_VERSION:
             raise StoreError(f"{self.path}: store schema {version} is not the supported {SCHEMA_VERSION}")
-
-    def _add_missing_columns(self) -> None:
-        """Columns added since schema 1 (nullable or defaulted), so stores written by older versions still open."""
-        have = {row[1] for row in self._db.execute("PRAGMA table_info(calls)")}
-        for name, decl in _ADDED_CALL_COLUMNS.items():
-            if name not in have:
-                self._db.execute(f"ALTER TABLE calls ADD COLUMN {name} {decl}")
 
     def close(self) -> None:
         self._db.close()
@@ -385,8 +377,6 @@ class _Transaction:
     def __exit__(self, exc_type: object, *rest: object) -> None:
         self._db.execute("ROLLBACK" if exc_type else "COMMIT")
 
-
-_ADDED_CALL_COLUMNS = {"error_cause": "TEXT", "retry_causes": "TEXT NOT NULL DEFAULT '[]'"}
 
 _CALL_COLUMNS = (
     "id, request_hash, sample, problem_id, iteration, role, endpoint, model, content, reasoning, prompt_tokens,"
