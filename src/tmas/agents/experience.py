@@ -7,9 +7,9 @@ E_{t-1}. Single malformed operations in an otherwise valid update are dropped an
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
-from tmas.agents.output import AgentOutputError, extract_json_object
+from tmas.agents.output import parse_json_list
 from tmas.agents.rollouts import RolloutView
 from tmas.agents.templates import prompt
 from tmas.llm.types import Message
@@ -29,20 +29,7 @@ def experience_prompt(
 
 
 def parse_experience_update(content: str, *, truncated: bool = False) -> ExperienceUpdate:
-    if truncated:
-        raise AgentOutputError("reply truncated at max_tokens")
-    data = extract_json_object(content)
-    raw = data.get("operations", data.get("ops"))
-    if not isinstance(raw, list):
-        raise AgentOutputError("the JSON object has no 'operations' list")
-    ops: list[ExperienceOp] = []
-    malformed: list[str] = []
-    for position, item in enumerate(raw, start=1):
-        try:
-            ops.append(ExperienceOp.model_validate(item))
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            malformed.append(f"operation {position}: {'.'.join(map(str, err['loc'])) or 'item'}: {err['msg']}")
-    if raw and not ops:
-        raise AgentOutputError(f"none of the {len(raw)} operations is valid ({malformed[0]})")
+    ops, malformed = parse_json_list(
+        content, ("operations", "ops"), ExperienceOp, truncated=truncated, noun="operation"
+    )
     return ExperienceUpdate(operations=ops, malformed=malformed)

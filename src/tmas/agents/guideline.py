@@ -7,9 +7,9 @@ no valid item, are invalid updates (the caller keeps G_{t-1}); single malformed 
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
-from tmas.agents.output import AgentOutputError, extract_json_object
+from tmas.agents.output import AgentOutputError, parse_json_list
 from tmas.agents.rollouts import RolloutView
 from tmas.agents.templates import prompt
 from tmas.llm.types import Message
@@ -26,22 +26,9 @@ def guideline_prompt(question: str, rollouts: list[RolloutView], bank: Guideline
 
 
 def parse_guideline_update(content: str, *, truncated: bool = False) -> GuidelineUpdate:
-    if truncated:
-        raise AgentOutputError("reply truncated at max_tokens")
-    data = extract_json_object(content)
-    raw = data.get("rollouts", data.get("classifications"))
-    if not isinstance(raw, list):
-        raise AgentOutputError("the JSON object has no 'rollouts' list")
-    items: list[StrategyClassification] = []
-    malformed: list[str] = []
-    for position, item in enumerate(raw, start=1):
-        try:
-            items.append(StrategyClassification.model_validate(item))
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            malformed.append(f"item {position}: {'.'.join(map(str, err['loc'])) or 'item'}: {err['msg']}")
-    if raw and not items:
-        raise AgentOutputError(f"none of the {len(raw)} items is valid ({malformed[0]})")
+    items, malformed = parse_json_list(
+        content, ("rollouts", "classifications"), StrategyClassification, truncated=truncated, noun="item"
+    )
     if not items:
         raise AgentOutputError("empty 'rollouts' list")
     return GuidelineUpdate(items=items, malformed=malformed)
