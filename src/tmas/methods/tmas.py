@@ -25,8 +25,9 @@ from __future__ import annotations
 import random
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from tmas.agents.experience import experience_prompt, parse_experience_update
 from tmas.agents.guideline import guideline_prompt, parse_guideline_update
@@ -55,6 +56,8 @@ from tmas.methods.base import (
     gather_pair,
 )
 from tmas.methods.tmas_params import TMAS_ROLES, TMASParams, sampling_override
+
+Update = TypeVar("Update")
 
 # Raw replies kept in the record for bad outputs are cut to this length.
 RAW_LIMIT = 4000
@@ -353,20 +356,11 @@ class TMAS(Method):
         if fit.changed:
             log.notes.append(f"experience prompt: {fit.describe()}")
         messages = experience_prompt(q, fit.views, bank, p.experience_max_entries)
-        reply = await session.chat("experience", messages, sampling=sampling["experience"])
-        if not reply.ok:
-            log.bad("experience_failed", f"experience call failed: {reply.error}; previous bank kept")
-            return bank, {"status": "failed", "error": reply.error, "call_id": reply.call_id}
-        try:
-            update = parse_experience_update(reply.content, truncated=reply.truncated)
-        except AgentOutputError as exc:
-            log.bad("experience_invalid", f"experience update invalid ({exc}); previous bank kept")
-            return bank, {
-                "status": "invalid",
-                "error": str(exc),
-                "raw": reply.content[:RAW_LIMIT],
-                "call_id": reply.call_id,
-            }
+        update, info = await self._ask_memory_agent(
+            session, "experience", messages, parse_experience_update, sampling, log
+        )
+        if update is None:
+            return bank, info
         new_bank, report = apply_experience_ops(
             bank,
             update.operations,
@@ -378,13 +372,7 @@ class TMAS(Method):
         if rejected:
             log.anomalies["experience_ops_rejected"] += len(rejected)
             log.notes.append(f"experience update: {len(rejected)} operations refused: {'; '.join(rejected)[:500]}")
-        info = {
-            "status": "applied",
-            "call_id": reply.call_id,
-            "report": report.model_dump(),
-            "malformed": update.malformed,
-        }
-        return new_bank, info
+        return new_bank, {**info, "report": report.model_dump(), "malformed": update.malformed}
 
     async def _update_guideline(
         self,
@@ -404,20 +392,11 @@ class TMAS(Method):
         fit = self._fit(session, "guideline", rollouts, guideline_prompt(q, [], bank), sampling)
         if fit.changed:
             log.notes.append(f"guideline prompt: {fit.describe()}")
-        reply = await session.chat("guideline", guideline_prompt(q, fit.views, bank), sampling=sampling["guideline"])
-        if not reply.ok:
-            log.bad("guideline_failed", f"guideline call failed: {reply.error}; previous bank kept")
-            return bank, {"status": "failed", "error": reply.error, "call_id": reply.call_id}
-        try:
-            update = parse_guideline_update(reply.content, truncated=reply.truncated)
-        except AgentOutputError as exc:
-            log.bad("guideline_invalid", f"guideline update invalid ({exc}); previous bank kept")
-            return bank, {
-                "status": "invalid",
-                "error": str(exc),
-                "raw": reply.content[:RAW_LIMIT],
-                "call_id": reply.call_id,
-            }
+        update, info = await self._ask_memory_agent(
+            session, "guideline", guideline_prompt(q, fit.views, bank), parse_guideline_update, sampling, log
+        )
+        if update is None:
+            return bank, info
         # The agent numbers rollouts as shown (candidate index + 1); map its verdicts back to those.
         shown = {view.number for view in fit.views}
         scores = {r.index + 1: r.score for r in rollouts}
@@ -437,13 +416,34 @@ class TMAS(Method):
         if rejected:
             log.anomalies["guideline_items_rejected"] += len(rejected)
             log.notes.append(f"guideline update: {len(rejected)} verdicts refused: {'; '.join(rejected)[:500]}")
-        info = {
-            "status": "applied",
-            "call_id": reply.call_id,
-            "report": report.model_dump(),
-            "malformed": update.malformed,
-        }
-        return new_bank, info
+        return new_bank, {**info, "report": report.model_dump(), "malformed": update.malformed}
+
+    async def _ask_memory_agent(
+        self,
+        session: ProblemSession,
+        role: str,
+        messages: list[Message],
+        parse: Callable[..., Update],
+        sampling: dict[str, Sampling | None],
+        log: IterationLog,
+    ) -> tuple[Update | None, dict[str, Any]]:
+        """One memory agent's call and parse. None with the reason when the update is unusable: the caller then
+        keeps the previous bank, never a half-applied one."""
+        reply = await session.chat(role, messages, sampling=sampling[role])
+        if not reply.ok:
+            log.bad(f"{role}_failed", f"{role} call failed: {reply.error}; previous bank kept")
+            return None, {"status": "failed", "error": reply.error, "call_id": reply.call_id}
+        try:
+            update = parse(reply.content, truncated=reply.truncated)
+        except AgentOutputError as exc:
+            log.bad(f"{role}_invalid", f"{role} update invalid ({exc}); previous bank kept")
+            return None, {
+                "status": "invalid",
+                "error": str(exc),
+                "raw": reply.content[:RAW_LIMIT],
+                "call_id": reply.call_id,
+            }
+        return update, {"status": "applied", "call_id": reply.call_id}
 
     # ------------------------------------------------------------------------------------------ early stopping
     def _early_stop(self, t: int, candidates: list[Candidate], streak: int) -> tuple[int, dict[str, Any] | None]:
