@@ -125,14 +125,16 @@ async def prompt_processing(session: aiohttp.ClientSession, srv: LocalServer, re
     }
 
 
-async def bench_backend(backend: str, model: str, rounds: int, reps: int) -> dict[str, Any]:
+async def bench_backend(
+    backend: str, model: str, rounds: int, reps: int, levels: list[int] | None = None
+) -> dict[str, Any]:
     cfg = LocalModel(model=model, server=backend, parallel=4, ctx_per_slot=4096, startup_timeout_s=600)
     started = time.perf_counter()
     timeout = aiohttp.ClientTimeout(total=1800)
     async with LocalServer(cfg) as srv, aiohttp.ClientSession(timeout=timeout) as session:
         startup_s = time.perf_counter() - started
         await chat(session, srv, "Say hello.", 16, {})  # warm-up
-        gen = [await generation(session, srv, backend, c, rounds) for c in (1, 4)]
+        gen = [await generation(session, srv, backend, c, rounds) for c in levels or [1, 4]]
         pp = await prompt_processing(session, srv, reps)
         no_repack = srv.no_repack
     return {
@@ -162,18 +164,22 @@ def machine() -> dict[str, Any]:
 
 
 def table(results: list[dict[str, Any]]) -> str:
+    levels = sorted({g["concurrency"] for res in results if "error" not in res for g in res["generation"]})
     rows = [
-        "| backend | gen tok/s, 1 request | gen tok/s, 4 concurrent | prompt tok/s (~1.5k-token prompt) | startup s |",
-        "|---|---:|---:|---:|---:|",
+        "| backend | "
+        + " | ".join(f"gen tok/s, {c} concurrent" for c in levels)
+        + " | prompt tok/s (~1.5k-token prompt) | startup s |",
+        "|---|" + "---:|" * (len(levels) + 2),
     ]
     for res in results:
         if "error" in res:
-            rows.append(f"| {res['backend']} | error: {res['error']} | | | |")
+            rows.append(f"| {res['backend']} | error: {res['error']} |" + " |" * (len(levels) + 1))
             continue
         by_c = {g["concurrency"]: g["tokens_per_s"] for g in res["generation"]}
         rows.append(
-            f"| {res['backend']} | {by_c[1]} | {by_c[4]} | {res['prompt_processing']['tokens_per_s']} "
-            f"| {res['startup_s']} |"
+            f"| {res['backend']} | "
+            + " | ".join(str(by_c.get(c, "")) for c in levels)
+            + f" | {res['prompt_processing']['tokens_per_s']} | {res['startup_s']} |"
         )
     return "\n".join(rows)
 
@@ -184,6 +190,7 @@ async def main() -> int:
     parser.add_argument("--model", default="qwen2.5-coder-0.5b")
     parser.add_argument("--rounds", type=int, default=2, help="waves of requests per concurrency level")
     parser.add_argument("--prompt-reps", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4], help="concurrency levels to measure")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
@@ -192,7 +199,7 @@ async def main() -> int:
     for backend in args.backends:
         print(f"benchmarking {backend} ...", file=sys.stderr, flush=True)
         try:
-            results.append(await bench_backend(backend, args.model, args.rounds, args.prompt_reps))
+            results.append(await bench_backend(backend, args.model, args.rounds, args.prompt_reps, args.concurrency))
         except Exception as exc:  # one backend failing should not lose the other's figures
             results.append({"backend": backend, "error": str(exc).splitlines()[0]})
     report = {
