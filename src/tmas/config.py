@@ -270,8 +270,3 @@ def load_settings(
         return Settings.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_error(exc, "environment or command line")) from None
-
-
-def settings_for_display(settings: Settings) -> dict[str, Any]:
-    """The settings as plain data, safe to store or print: no secret is ever part of the settings."""
-    return settings.model_dump(mode="json")

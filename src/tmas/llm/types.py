@@ -18,10 +18,6 @@ class Message(BaseModel):
     content: str
 
 
-def system(content: str) -> Message:
-    return Message(role="system", content=content)
-
-
 def user(content: str) -> Message:
     return Message(role="user", content=content)
 
