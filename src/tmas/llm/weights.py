@@ -105,7 +105,7 @@ def _check_magic(path: Path) -> None:
         raise LocalModelError(f"{path} is not a GGUF model file (it does not start with {GGUF_MAGIC!r})")
 
 
-def _package_dir(import_name: str) -> Path | None:
+def package_dir(import_name: str) -> Path | None:
     """Directory of an installed package, found without importing (executing) it."""
     try:
         spec = importlib.util.find_spec(import_name)
@@ -119,7 +119,7 @@ def _package_dir(import_name: str) -> Path | None:
 def _package_files(model: KnownModel) -> list[Path]:
     found: list[Path] = []
     for import_name, relative in model.files:
-        directory = _package_dir(import_name)
+        directory = package_dir(import_name)
         path = None if directory is None else directory / relative
         if path is None or not path.is_file():
             raise LocalModelError(f"model {model.name!r} needs its weight packages: {INSTALL_HINT}")
