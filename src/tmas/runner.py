@@ -75,7 +75,7 @@ def params_fingerprint(method: str, params: dict[str, Any], budget: dict[str, An
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
-def run_fingerprint(method: Method, settings: Settings) -> str:
+def run_fingerprint(method: Method[Any], settings: Settings) -> str:
     """What a finished problem's result must match to be skipped: the method, its params and the budget."""
     budget = settings.budget.model_dump(exclude_none=True)
     return params_fingerprint(method.name, method.params.model_dump(mode="json"), budget)
@@ -253,7 +253,7 @@ def budget_result(method: str, session: ProblemSession, detail: str) -> ProblemR
 
 
 async def _solve_one(
-    method: Method, problem: Problem, llm: LLMClient, store: RunStore, settings: Settings, active: dict[str, int]
+    method: Method[Any], problem: Problem, llm: LLMClient, store: RunStore, settings: Settings, active: dict[str, int]
 ) -> ProblemResult:
     session = ProblemSession(problem, llm, store, seed=settings.seed, active=active, budget=settings.budget)
     try:

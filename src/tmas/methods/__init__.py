@@ -16,12 +16,12 @@ from tmas.methods.self_refine import SelfRefine
 from tmas.methods.tmas import TMAS
 from tmas.methods.verify_refine import VerifyRefine
 
-METHODS: dict[str, type[Method]] = {
+METHODS: dict[str, type[Method[Any]]] = {
     cls.name: cls for cls in (CoT, TMAS, MajorityVote, SelfRefine, VerifyRefine, PaCoRe, RSE)
 }
 
 
-def create_method(name: str, params: dict[str, Any] | None = None, *, embedded: bool = False) -> Method:
+def create_method(name: str, params: dict[str, Any] | None = None, *, embedded: bool = False) -> Method[Any]:
     """The method ``name`` with validated ``params``; unknown names and bad params are one-line ConfigErrors.
 
     ``embedded``: the run uses the embedded local model, so the method's ``embedded_defaults`` go under ``params``.

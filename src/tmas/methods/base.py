@@ -11,7 +11,7 @@ import asyncio
 import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Iterable, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -89,6 +89,9 @@ class MethodParams(BaseModel):
 
     iterations: int = Field(default=1, ge=1)
     mode: str = Field(default="numeric", pattern="^(numeric|proof)$")
+
+
+P = TypeVar("P", bound=MethodParams)
 
 
 class ProblemSession:
@@ -267,8 +270,9 @@ async def gather_pair(first: Awaitable[_T], second: Awaitable[_U]) -> tuple[_T, 
     return a.result(), b.result()
 
 
-class Method(ABC):
-    """A test-time scaling method. Subclasses set ``name`` and ``Params`` and implement :meth:`solve`."""
+class Method(ABC, Generic[P]):
+    """A test-time scaling method. Subclasses set ``name`` and ``Params`` (the class ``P`` stands for) and implement
+    :meth:`solve`."""
 
     name: ClassVar[str]
     Params: ClassVar[type[MethodParams]] = MethodParams
@@ -276,7 +280,9 @@ class Method(ABC):
     embedded_defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, params: MethodParams) -> None:
-        self.params = params
+        if not isinstance(params, self.Params):
+            raise TypeError(f"{type(self).__name__} takes {self.Params.__name__}, not {type(params).__name__}")
+        self.params = cast(P, params)
 
     @abstractmethod
     async def solve(self, session: ProblemSession) -> ProblemResult:

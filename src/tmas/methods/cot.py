@@ -13,7 +13,7 @@ class CoTParams(MethodParams):
     pass
 
 
-class CoT(Method):
+class CoT(Method[CoTParams]):
     name: ClassVar[str] = "cot"
     Params: ClassVar[type[MethodParams]] = CoTParams
 

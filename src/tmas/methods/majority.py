@@ -23,18 +23,13 @@ class MajorityParams(MethodParams):
     k: int = Field(default=64, ge=1, le=1024)
 
 
-class MajorityVote(Method):
+class MajorityVote(Method[MajorityParams]):
     name: ClassVar[str] = "majority"
     Params: ClassVar[type[MethodParams]] = MajorityParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"k": 4}
 
-    @property
-    def p(self) -> MajorityParams:
-        assert isinstance(self.params, MajorityParams)
-        return self.params
-
     async def solve(self, session: ProblemSession) -> ProblemResult:
-        p, mode = self.p, self.p.mode
+        p, mode = self.params, self.params.mode
         messages = generation_prompt(session.problem.question, mode)
         pool: list[Candidate] = []
         for t in range(p.iterations):

@@ -33,18 +33,13 @@ class PaCoReParams(MethodParams):
     message_chars: int = Field(default=1500, ge=100)
 
 
-class PaCoRe(Method):
+class PaCoRe(Method[PaCoReParams]):
     name: ClassVar[str] = "pacore"
     Params: ClassVar[type[MethodParams]] = PaCoReParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"responses_per_round": 2, "iterations": 2}
 
-    @property
-    def p(self) -> PaCoReParams:
-        assert isinstance(self.params, PaCoReParams)
-        return self.params
-
     async def solve(self, session: ProblemSession) -> ProblemResult:
-        p, q, mode = self.p, session.problem.question, self.p.mode
+        p, q, mode = self.params, session.problem.question, self.params.mode
         messages: list[str] = []  # the compact messages of the previous round
         chosen: Candidate | None = None
         rounds = p.iterations + (1 if p.synthesis else 0)

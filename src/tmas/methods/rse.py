@@ -65,18 +65,13 @@ class Merge:
     notes: list[str] = field(default_factory=list)
 
 
-class RSE(Method):
+class RSE(Method[RSEParams]):
     name: ClassVar[str] = "rse"
     Params: ClassVar[type[MethodParams]] = RSEParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"n": 2, "iterations": 2}
 
-    @property
-    def p(self) -> RSEParams:
-        assert isinstance(self.params, RSEParams)
-        return self.params
-
     async def solve(self, session: ProblemSession) -> ProblemResult:
-        p, q, mode = self.p, session.problem.question, self.p.mode
+        p, q, mode = self.params, session.problem.question, self.params.mode
         bank = ExperienceBank()
         chosen: Candidate | None = None
         for t in range(p.iterations):
@@ -107,7 +102,7 @@ class RSE(Method):
         self, session: ProblemSession, candidates: list[Candidate], bank: ExperienceBank, notes: list[str]
     ) -> tuple[ExperienceBank, dict[str, Any]]:
         """Distil every successful trajectory (in parallel) and merge what they found into a new bank."""
-        p, q = self.p, session.problem.question
+        p, q = self.params, session.problem.question
 
         async def one(c: Candidate) -> Distillation | None:
             try:
@@ -145,7 +140,7 @@ class RSE(Method):
         """Append each proposed item unless it is a near-duplicate of one already kept; then cap the list."""
         if not proposed:
             return
-        p = self.p
+        p = self.params
         vectors: list[list[float]] | None = None
         if merge.similarity == "embedding":
             try:

@@ -25,18 +25,13 @@ class SelfRefineParams(MethodParams):
     n: int = Field(default=8, ge=1, le=256)
 
 
-class SelfRefine(Method):
+class SelfRefine(Method[SelfRefineParams]):
     name: ClassVar[str] = "self_refine"
     Params: ClassVar[type[MethodParams]] = SelfRefineParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"n": 2, "iterations": 2}
 
-    @property
-    def p(self) -> SelfRefineParams:
-        assert isinstance(self.params, SelfRefineParams)
-        return self.params
-
     async def solve(self, session: ProblemSession) -> ProblemResult:
-        p, mode, q = self.p, self.p.mode, session.problem.question
+        p, mode, q = self.params, self.params.mode, session.problem.question
         # Trajectory i's latest solution; None before the first or after a failed call.
         latest: list[Candidate | None] = [None] * p.n
         chosen: Candidate | None = None

@@ -101,19 +101,14 @@ class CandidateOutcome:
     rollout: Rollout | None
 
 
-class TMAS(Method):
+class TMAS(Method[TMASParams]):
     name: ClassVar[str] = "tmas"
     Params: ClassVar[type[MethodParams]] = TMASParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"preset": "local"}
 
-    @property
-    def p(self) -> TMASParams:
-        assert isinstance(self.params, TMASParams)
-        return self.params
-
     # ------------------------------------------------------------------------------------------ Algorithm 1
     async def solve(self, session: ProblemSession) -> ProblemResult:
-        p = self.p
+        p = self.params
         sampling = {role: sampling_override(session.llm.settings, role, p.sampling.get(role)) for role in TMAS_ROLES}
         state = MemoryState()  # line 2: E_0, G_0, R_0 = ∅
         totals: Counter[str] = Counter()
@@ -189,7 +184,7 @@ class TMAS(Method):
         log: IterationLog,
     ) -> SolutionPlan:
         """z_{t,i} ~ Bernoulli(epsilon) per candidate (line 7) and the prompt each one gets (lines 8-12, eq. 1)."""
-        p, q, mode = self.p, session.problem.question, self.p.mode
+        p, q, mode = self.params, session.problem.question, self.params.mode
         if t == 0:
             first = generation_prompt(q, mode)
             return SolutionPlan(["generate"] * p.n, ["generate"] * p.n, [first] * p.n)
@@ -221,7 +216,7 @@ class TMAS(Method):
 
     def _prompt_name(self, explore: bool, have_rollouts: bool) -> SolutionPrompt:
         if explore:  # A_sol(x, G_{t-1}); without a guideline bank (ablation) a fresh, memory-free sample
-            return "generate" if self.p.no_guideline else "explore"
+            return "generate" if self.params.no_guideline else "explore"
         # A_sol(x, R_{t-1}, E_{t-1}); with no usable rollout left, a fresh sample
         return "refine" if have_rollouts else "generate"
 
@@ -235,7 +230,7 @@ class TMAS(Method):
     ) -> RolloutFit:
         """R_{t-1} as a prompt of ``role`` shows it: all of it, unless top_k / max_solution_chars / the window say
         otherwise."""
-        p = self.p
+        p = self.params
         budget: int | None = None
         tokens = p.context_tokens
         if tokens is None:
@@ -258,7 +253,7 @@ class TMAS(Method):
         log: IterationLog,
     ) -> CandidateOutcome:
         """Lines 9-16 for candidate i: c_{t,i}, then V_{t,i} (M passes in parallel), then s_{t,i}."""
-        p, q = self.p, session.problem.question
+        p, q = self.params, session.problem.question
         meta: dict[str, Any] = {"mode": plan.modes[i], "prompt": plan.prompt_names[i]}
         reply = await session.chat("solution", plan.messages[i], sample=i, sampling=sampling["solution"])
         candidate = Candidate(
@@ -344,7 +339,7 @@ class TMAS(Method):
         log: IterationLog,
     ) -> tuple[ExperienceBank, dict[str, Any]]:
         """Line 19, eq. 4: E_t = A_exp(x, R_t, E_{t-1}); any invalid update keeps E_{t-1}."""
-        p, q = self.p, session.problem.question
+        p, q = self.params, session.problem.question
         if p.no_experience:
             return bank, {"status": "disabled"}
         if not rollouts:
@@ -383,7 +378,7 @@ class TMAS(Method):
         log: IterationLog,
     ) -> tuple[GuidelineBank, dict[str, Any]]:
         """Line 20, eq. 5: G_t = A_guide(x, R_t, G_{t-1}); any invalid update keeps G_{t-1}."""
-        p, q = self.p, session.problem.question
+        p, q = self.params, session.problem.question
         if p.no_guideline:
             return bank, {"status": "disabled"}
         if not rollouts:
@@ -448,7 +443,7 @@ class TMAS(Method):
     # ------------------------------------------------------------------------------------------ early stopping
     def _early_stop(self, t: int, candidates: list[Candidate], streak: int) -> tuple[int, dict[str, Any] | None]:
         """Beyond the paper: stop when candidates agree and score high for `early_stop_patience` iterations."""
-        p = self.p
+        p = self.params
         mean = _mean([c.score or 0.0 for c in candidates])
         agreement = _agreement(candidates, p.mode)
         holds = agreement >= p.early_stop_agreement and mean >= p.early_stop_score

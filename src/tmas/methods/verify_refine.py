@@ -44,18 +44,13 @@ class Verified:
     report: Verification | None
 
 
-class VerifyRefine(Method):
+class VerifyRefine(Method[VerifyRefineParams]):
     name: ClassVar[str] = "verify_refine"
     Params: ClassVar[type[MethodParams]] = VerifyRefineParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"n": 2, "iterations": 2}
 
-    @property
-    def p(self) -> VerifyRefineParams:
-        assert isinstance(self.params, VerifyRefineParams)
-        return self.params
-
     async def solve(self, session: ProblemSession) -> ProblemResult:
-        p = self.p
+        p = self.params
         latest: list[Verified | None] = [None] * p.n
         chosen: Candidate | None = None
         for t in range(p.iterations):
@@ -84,7 +79,7 @@ class VerifyRefine(Method):
 
     async def _step(self, session: ProblemSession, i: int, prev: Verified | None) -> Verified | None:
         """Trajectory i's solution (fresh or corrected) and its verifications."""
-        p, q, mode = self.p, session.problem.question, self.p.mode
+        p, q, mode = self.params, session.problem.question, self.params.mode
         if prev is None or prev.candidate.error is not None or prev.report is None:
             messages, role, kind = generation_prompt(q, mode), "solution", "generate"
         else:
