@@ -231,6 +231,16 @@ def _format_error(exc: ValidationError, source: str) -> str:
     return f"{source}: bad value for {loc!r}: {msg}"
 
 
+def read_toml(path: Path, what: str) -> dict[str, Any]:
+    """A TOML file's content; a missing or malformed file is a one-line :class:`ConfigError` naming it."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: {what} not found") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+
+
 def load_settings(
     path: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
@@ -249,12 +259,7 @@ def load_settings(
     if path is not None:
         path = Path(path)
         source = str(path)
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: config file not found") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        data = read_toml(path, "config file")
     # Validate the file alone first so its errors name the file.
     try:
         Settings.model_validate(data)

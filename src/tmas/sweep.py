@@ -20,7 +20,6 @@ import hashlib
 import itertools
 import json
 import re
-import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tmas.config import Budget, Settings
+from tmas.config import Budget, Settings, read_toml
 from tmas.errors import ConfigError, InputError
 from tmas.eval.grading import GradeConfig
 from tmas.eval.report import build_report
@@ -123,12 +122,7 @@ class SweepSummary:
 
 
 def load_spec(path: Path) -> SweepSpec:
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: grid file not found") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    data = read_toml(path, "grid file")
     try:
         spec = SweepSpec.model_validate(data)
     except ValidationError as exc:
