@@ -1,0 +1,41 @@
+"""An entry of MATTRL's test-time experience pool (paper 003, section 3.4): a distilled, high-credit utterance.
+
+Experience construction (``tmas experience build``) produces these from scored transcripts; the pool
+(:mod:`tmas.memory.experience_pool`) stores them with their embeddings, retrieves them for a case and keeps their
+lifecycle counters. Both sides use this one model.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+EntryScope = Literal["general", "case"]
+
+
+class PoolEntry(BaseModel):
+    id: str
+    # The ACTION the specialist took and the EXPERIENCE (why it helped), as the summarizer distilled them.
+    action: str
+    experience: str
+    # General lessons apply to any case of the domain; case-specific ones to cases like their source.
+    scope: EntryScope = "general"
+    domain: str = "math"
+    specialty: str = ""
+    # Where it came from: run directory, problem, round, agent; and the utterance's final reward r (Eq. 12).
+    source_run: str = ""
+    source_problem: str = ""
+    source_round: int = 0
+    source_agent: str = ""
+    reward: float = 0.0
+    # Pool version that added it (recency), and how its retrievals turned out later (lifecycle).
+    added_version: int = 0
+    retrieved: int = 0
+    retrieved_wrong: int = 0
+    tags: list[str] = Field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        """What is embedded and injected: the action and the experience together."""
+        return f"ACTION: {self.action}\nEXPERIENCE: {self.experience}"
