@@ -32,6 +32,8 @@ from tmas.eval.document import Bullets, Document, Heading, Image, Paragraph, Tab
 from tmas.eval.grading import GradeConfig, Grades, grade_run, load_grades
 from tmas.eval.metrics import RunMetrics, compute_metrics
 from tmas.eval.plots import plot_pass1
+from tmas.eval.reply_quality import reply_quality_section, role_replies
+from tmas.methods.base import ReplyTally
 from tmas.store.run_store import RunStore
 
 # At most this many columns in the "selected iterations" table (the paper shows six).
@@ -57,6 +59,7 @@ class RunEvaluation:
     guidelines: GuidelineDiversity | None = None
     trace: ExperienceTrace | None = None
     stopping: StoppingSummary | None = None
+    replies: dict[str, ReplyTally] = field(default_factory=dict)
 
 
 def benchmark_name(store: RunStore) -> str:
@@ -134,6 +137,7 @@ async def evaluate_run(
             evaluation.trace = experience_trace(improved, grades) if improved else None
         evaluation.guidelines = unique_guidelines(results, method_meta)
         evaluation.stopping = stopping_summary(results)
+        evaluation.replies = role_replies(store)
     return evaluation
 
 
@@ -301,6 +305,7 @@ def _run_section(doc: Document, e: RunEvaluation) -> None:
             )
         headers = ["Iteration", "Pass@1", "Pass@1 over judge runs", "MV@all", "Selected", "Calls", "Tokens"]
         doc.add(Table([*headers, "Cum. calls", "Cum. tokens/problem"], rows))
+    reply_quality_section(doc, e.replies)
     _analyses(doc, e)
 
 

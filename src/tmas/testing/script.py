@@ -86,6 +86,9 @@ class Rule(_Strict):
     latency_s: float | None = Field(default=None, ge=0.0)
     finish_reason: str | None = None
     reasoning: str | None = None
+    # OpenAI's ``choices[0].logprobs.content`` list, sent verbatim when the request asks for logprobs (instead of
+    # the server's own payload, in which every content token is certain).
+    logprobs: list[dict[str, Any]] | None = None
 
     # Compiled once per rule, not per request.
     _regex: re.Pattern[str] | None = PrivateAttr(default=None)
@@ -118,6 +121,8 @@ class SimScript(_Strict):
     usage: bool = True
     reasoning: bool = False
     think_tags: bool = False
+    # Whether the server answers ``logprobs: true`` with a payload (False: a server that ignores the request).
+    logprobs: bool = True
     faults: FaultRates = Field(default_factory=FaultRates)
     rules: list[Rule] = Field(default_factory=list)
     seed: int = 0
