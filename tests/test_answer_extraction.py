@@ -23,6 +23,8 @@ from tmas.answers import extract_answer
         ("We answer this with care.", None, "none"),  # "answer" in prose is not a statement
         ("I will answer: no idea", None, "none"),
         ("The value is 6 and then we stop.", None, "none"),
+        ("The answer is that we must first look at the parity of n.", None, "none"),  # a sentence, not an answer
+        ("Final answer: x = 3, y = -1", "x = 3, y = -1", "fallback"),
     ],
 )
 def test_extraction_falls_back_to_an_explicit_statement(text: str, answer: str | None, source: str) -> None:

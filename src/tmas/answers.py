@@ -13,6 +13,9 @@ _FINAL_ANSWER = re.compile(
     re.I | re.M,
 )
 
+# A stated answer longer than this many words is a sentence about the answer, not the answer itself.
+_MAX_STATED_WORDS = 6
+
 ExtractionSource = Literal["boxed", "fallback", "none"]
 
 
@@ -45,7 +48,7 @@ def extract_answer(text: str) -> Extraction:
     if boxed:
         return Extraction(boxed, "boxed")
     matches = [m.strip().strip("*_ ").strip() for m in _FINAL_ANSWER.findall(text)]
-    matches = [m for m in matches if m]
+    matches = [m for m in matches if m and len(m.split()) <= _MAX_STATED_WORDS]
     return Extraction(matches[-1], "fallback") if matches else Extraction(None, "none")
 
 
