@@ -175,12 +175,12 @@ class ProblemSession:
         self.spent_tokens += completion.usage.total_tokens
         self._iteration_calls += 1
         self._iteration_usage = self._iteration_usage + completion.usage
-        if not completion.ok:
-            self._iteration_failed += 1
-        else:
+        if completion.ok:  # the role's reply counts; what the reply held is the method's to add
             tally = self.tally(role)
             tally.replies += 1
             tally.truncated += completion.truncated
+        if not completion.ok:
+            self._iteration_failed += 1
         return completion
 
     def tally(self, role: str) -> ReplyTally:

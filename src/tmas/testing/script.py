@@ -81,14 +81,14 @@ class Rule(_Strict):
     role: str | None = None
     pattern: str | None = None
     replies: list[str] = Field(default_factory=list)
+    # OpenAI's ``choices[0].logprobs.content`` list, sent verbatim when the request asks for logprobs (instead of
+    # the server's own payload, in which every content token is certain).
+    logprobs: list[dict[str, Any]] | None = None
     fault: FaultKind | None = None
     times: int | None = Field(default=None, ge=0)
     latency_s: float | None = Field(default=None, ge=0.0)
     finish_reason: str | None = None
     reasoning: str | None = None
-    # OpenAI's ``choices[0].logprobs.content`` list, sent verbatim when the request asks for logprobs (instead of
-    # the server's own payload, in which every content token is certain).
-    logprobs: list[dict[str, Any]] | None = None
 
     # Compiled once per rule, not per request.
     _regex: re.Pattern[str] | None = PrivateAttr(default=None)
