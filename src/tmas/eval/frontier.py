@@ -65,6 +65,7 @@ def iteration_frontier(results: list[dict[str, Any]], grades: Grades) -> list[Fr
 
 
 def mv_frontier(results: list[dict[str, Any]], grades: Grades) -> list[FrontierPoint]:
+    """MV@k for k = 1, 2, 4, ... and the largest K; a problem counts at MV@k when it has at least k samples."""
     # Every stored sample of every iteration (majority vote's later iterations draw more samples).
     samples = {
         r["problem_id"]: [(int(rec["iteration"]), c) for rec in r.get("iterations", []) for c in rec["candidates"]]
