@@ -133,8 +133,8 @@ async def test_tmas_pool_reaches_back_to_earlier_iterations(
     assert len(solution_bodies(sim)) == 4
 
 
-@pytest.mark.parametrize(("params", "expected"), [({}, "7"), ({"select": "vote"}, "5"), ({"pool": "all"}, "7")])
-async def test_verify_refine_selection_parameters(
+@pytest.mark.parametrize(("params", "expected"), [({}, "7"), ({"select": "vote"}, "5")])
+async def test_verify_refine_select_parameter(
     sim: SimServer, tmp_path: Path, params: dict[str, Any], expected: str
 ) -> None:
     solutions = ["So \\boxed{5}.", "So \\boxed{5}.", "So \\boxed{7}."]
@@ -142,3 +142,22 @@ async def test_verify_refine_selection_parameters(
     assert sorted(c.answer or "" for c in result.iterations[0].candidates) == ["5", "5", "7"]
     assert result.answer == expected
     assert sim.stats().by_role["verifier"] == 3
+
+
+@pytest.mark.parametrize(("pool", "expected"), [("last", "5"), ("all", "7")])
+async def test_verify_refine_pool_parameter(sim: SimServer, tmp_path: Path, pool: str, expected: str) -> None:
+    # One trajectory: a 7 (scored 1), then the corrector's 5 (scored 0).
+    sim.set_script(
+        SimScript(
+            rules=[
+                Rule(role="solution", replies=["So \\boxed{7}."]),
+                Rule(role="corrector", replies=["So \\boxed{5}."]),
+                *VERIFIER_RULES,
+            ]
+        )
+    )
+    settings = settings_for(sim, method={"name": "verify_refine", "params": {"n": 1, "iterations": 2, "pool": pool}})
+    result = await asolve("What is 17*23?", settings, run_dir=tmp_path / "run")
+    assert [r.candidates[0].answer for r in result.iterations] == ["7", "5"]
+    assert result.answer == expected
+    assert sim.stats().by_role == {"solution": 1, "corrector": 1, "verifier": 2}

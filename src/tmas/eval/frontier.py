@@ -117,16 +117,19 @@ def mv_at_k(groups: Sequence[tuple[int, float]], others: int, k: int) -> float:
 def _tie_weighted_ways(rest: list[int], others: int, v: int, room: int) -> float:
     """Ways to draw ``room`` more samples with every other answer drawn at most v times, each weighted by
     1 / (1 + number of answers drawn exactly v times)."""
+    # An answer with fewer than v samples can neither beat nor tie j: by Vandermonde's identity its samples join the
+    # answerless ones in one free pool, and only the answers that can reach v need counting one by one.
+    free = others + sum(size for size in rest if size < v)
     # ways[(drawn, tied)]: draws from the answers seen so far, by samples drawn and answers tied at v.
     ways: dict[tuple[int, int], int] = {(0, 0): 1}
-    for size in rest:
+    for size in (size for size in rest if size >= v):
         step: dict[tuple[int, int], int] = {}
         for (drawn, tied), count in ways.items():
-            for x in range(min(size, v, room - drawn) + 1):
+            for x in range(min(v, room - drawn) + 1):
                 key = (drawn + x, tied + (x == v))
                 step[key] = step.get(key, 0) + count * math.comb(size, x)
         ways = step
-    return sum(count * math.comb(others, room - drawn) / (1 + tied) for (drawn, tied), count in ways.items())
+    return sum(count * math.comb(free, room - drawn) / (1 + tied) for (drawn, tied), count in ways.items())
 
 
 def equal_budget(points: Sequence[FrontierPoint], budgets: Sequence[int] = BUDGETS) -> list[FrontierPoint | None]:

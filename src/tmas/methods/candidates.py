@@ -1,5 +1,5 @@
-"""Pieces the baselines share: one solution call as a :class:`Candidate`, majority vote, and the
-end of a run (budget stops included); score-based selection is in selection.py.
+"""Pieces the baselines share: one solution call as a :class:`Candidate`, majority vote, and the end of a run (budget
+stops included). Score-based selection is in selection.py.
 
 A candidate's call that the budget refuses comes back as ``None``: the method records the candidates finished so far
 and stops, so an equal-compute comparison keeps every token that was spent.
