@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tmas.eval.grading import GradeConfig
+from tmas.eval.report import build_report
 from tmas.testing import Rule, SimScript, SimServer
 
 pytest.importorskip("math_verify")
@@ -37,12 +39,19 @@ def run(problems: Path, out: Path, sim: SimServer, *args: str) -> None:
 
 
 def report(out: Path, *runs: Path) -> str:
+    """`tmas report RUN... -o OUT --grade rules`, as a user runs it."""
     done = tmas("report", *map(str, runs), "-o", str(out), "--grade", "rules")
     assert done.returncode == 0, done.stderr
     return (out / "report.md").read_text()
 
 
-def test_frontier_and_equal_budget_of_a_scripted_majority_run(sim: SimServer, tmp_path: Path) -> None:
+async def report_here(out: Path, *runs: Path) -> str:
+    """The same report built in this process (one interpreter start less on a busy machine)."""
+    written = await build_report(list(runs), out, GradeConfig(mode="rules"), None)
+    return written["markdown"].read_text()
+
+
+async def test_frontier_and_equal_budget_of_a_scripted_majority_run(sim: SimServer, tmp_path: Path) -> None:
     boxed = [f"{FILLER}\\boxed{{{a}}}" for a in ("5", "5", "6", "7", "8", "9", "9")]
     sim.set_script(
         SimScript(
@@ -56,7 +65,7 @@ def test_frontier_and_equal_budget_of_a_scripted_majority_run(sim: SimServer, tm
     problems = write_problems(tmp_path / "p.jsonl")
     run(problems, tmp_path / "mv", sim, "--method", "majority", "-p", "k=4")
     assert sim.stats().by_role["solution"] == 8
-    markdown = report(tmp_path / "report", tmp_path / "mv")
+    markdown = await report_here(tmp_path / "report", tmp_path / "mv")
     frontier = json.loads((tmp_path / "report" / "frontier_p.json").read_text())
     (series,) = frontier.values()
     # p1: MV@1 1/2, MV@2 1/2, MV@4 1. p2: MV@1 1/4; MV@2 over 6 pairs: {8,9} x2 ties (1/2 each), {8,-} right,
@@ -72,7 +81,7 @@ def test_frontier_and_equal_budget_of_a_scripted_majority_run(sim: SimServer, tm
     assert not list((tmp_path / "report").glob("pass1_vs_tokens*"))
 
 
-def test_selection_rules_and_roc_area_in_the_report(sim: SimServer, tmp_path: Path) -> None:
+async def test_selection_rules_and_roc_area_in_the_report(sim: SimServer, tmp_path: Path) -> None:
     # Verify-Refine, one iteration of three trajectories per problem: two wrong answers the verifier scores 0 and
     # one right answer it scores 1.
     sim.set_script(
@@ -87,7 +96,7 @@ def test_selection_rules_and_roc_area_in_the_report(sim: SimServer, tmp_path: Pa
     )
     problems = write_problems(tmp_path / "p.jsonl")
     run(problems, tmp_path / "vr", sim, "--method", "verify_refine", "-p", "n=3", "-T", "1")
-    markdown = report(tmp_path / "report", tmp_path / "vr")
+    markdown = await report_here(tmp_path / "report", tmp_path / "vr")
     # Best score returns the right answer on both problems; the plurality goes to the wrong one; the weighted vote
     # (1 against 0 + 0) to the right one.
     assert "| best_score / last (this run's rule) | 100.00 |" in markdown
