@@ -22,6 +22,7 @@ from pydantic import Field, model_validator
 from tmas.config import Sampling, Settings
 from tmas.memory.experience_bank import DEFAULT_DEDUP_THRESHOLD, DEFAULT_MAX_ENTRIES
 from tmas.methods.base import MethodParams
+from tmas.methods.selection import PoolRule, SelectRule
 
 TMAS_ROLES = ("solution", "verifier", "summary", "experience", "guideline")
 
@@ -77,6 +78,9 @@ class TMASParams(MethodParams):
     early_stop_patience: int = Field(default=2, ge=1)
     early_stop_score: float = Field(default=0.9, ge=0.0, le=1.0)
     early_stop_agreement: float = Field(default=1.0, gt=0.0, le=1.0)
+    # Beyond the paper: which candidate is returned (methods/selection.py); the defaults are Algorithm 1's line 22.
+    select: SelectRule = "best_score"
+    pool: PoolRule = "last"
     # Per-role sampling the method asks for (see the module docstring for how it meets the run's settings).
     sampling: dict[str, Sampling] = Field(default_factory=dict)
 
