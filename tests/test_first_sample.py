@@ -12,8 +12,9 @@ from conftest import settings_for
 from tmas.agents.solution import generation_prompt
 from tmas.api import asolve
 from tmas.errors import ConfigError
-from tmas.eval.document import Document
-from tmas.eval.reply_quality import reply_quality_section, role_replies
+from tmas.eval.grading import GradeConfig
+from tmas.eval.reply_quality import role_replies
+from tmas.eval.report import build_report
 from tmas.methods import METHODS, create_method
 from tmas.methods.base import ReplyTally
 from tmas.methods.styled import StyledParams
@@ -107,11 +108,11 @@ async def test_reply_counts_per_role_reach_the_records_and_the_report(sim: SimSe
     assert sorted(c.meta["extraction"] for c in record.candidates) == ["boxed", "boxed", "fallback", "none"]
     assert any("no extractable answer" in n for n in record.notes)
     with RunStore(tmp_path / "run", create=False) as store:
-        counted = role_replies(store)
-    assert counted == record.replies
-    doc = Document("t")
-    reply_quality_section(doc, counted)
-    assert "| solution | 4 | 25.0% (1) | 25.0% (1) | 25.0% (1) |" in doc.markdown()
+        assert role_replies(store) == record.replies
+    paths = await build_report([tmp_path / "run"], tmp_path / "report", GradeConfig(), None, grade=False)
+    markdown = paths["markdown"].read_text(encoding="utf-8")
+    assert "#### Replies per role" in markdown
+    assert "| solution | 4 | 25.0% (1) | 25.0% (1) | 25.0% (1) |" in markdown
 
 
 async def test_tmas_counts_unreadable_verifier_scores(sim: SimServer) -> None:

@@ -14,7 +14,8 @@ from tmas.api import asolve
 from tmas.config import Settings
 from tmas.methods import create_method
 from tmas.methods.base import ProblemResult
-from tmas.methods.tmas import TMAS, select
+from tmas.methods.selection import select
+from tmas.methods.tmas import TMAS
 from tmas.methods.tmas_params import TMASParams, sampling_override
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, SimScript, SimServer

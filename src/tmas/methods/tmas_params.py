@@ -23,6 +23,7 @@ from pydantic import Field, model_validator
 
 from tmas.config import Sampling, Settings
 from tmas.memory.experience_bank import DEFAULT_DEDUP_THRESHOLD, DEFAULT_MAX_ENTRIES
+from tmas.methods.selection import PoolRule, SelectRule
 from tmas.methods.styled import StyledParams
 
 TMAS_ROLES = ("solution", "verifier", "summary", "experience", "guideline")
@@ -83,6 +84,9 @@ class TMASParams(StyledParams):
     early_stop_patience: int = Field(default=2, ge=1)
     early_stop_score: float = Field(default=0.9, ge=0.0, le=1.0)
     early_stop_agreement: float = Field(default=1.0, gt=0.0, le=1.0)
+    # Beyond the paper: which candidate is returned (methods/selection.py); the defaults are Algorithm 1's line 22.
+    select: SelectRule = "best_score"
+    pool: PoolRule = "last"
     # Beyond the paper: "logprob" replaces each of the M verifier essays by one short score-first reply whose score is
     # the expected value under its score token's log-probabilities (see tmas.agents.score_first); "text" parses the
     # essay's "Score:" line as the paper does. In logprob mode `style` does not apply to the verifier.
