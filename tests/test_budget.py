@@ -186,3 +186,11 @@ def test_sweep_budget_flags_and_environment(sim: SimServer, tmp_path: Path, monk
         [row] = list(store.results())
     # 130 total tokens a call: the first call reaches 90, the second is refused.
     assert row["calls"] == 1 and row["stopped_reason"] == "budget"
+
+
+def test_solve_prints_the_token_split(sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    sim.set_script(SCRIPTED)
+    out = CliRunner().invoke(app, ["solve", Q, "-m", "majority", "-p", "k=2", "--base-url", sim.base_url])
+    assert out.exit_code == 0, out.output
+    assert "tmas: 2 calls; tokens: prompt 200, completion 60 (reasoning 20)" in out.output

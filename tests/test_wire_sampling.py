@@ -108,6 +108,13 @@ def test_merged_changes_only_the_fields_the_override_sets() -> None:
     assert route.merged(None) is route and route.merged(Sampling()) is route
 
 
+def test_a_partial_default_sampling_keeps_the_built_in_defaults() -> None:
+    assert Settings(sampling=Sampling(top_p=0.5)).sampling == Sampling(temperature=0.7, top_p=0.5, max_tokens=2048)
+    assert Settings.model_validate({"sampling": {"temperature": 0.1}}).sampling.max_tokens == 2048
+    # An explicit None still says: leave it to the server.
+    assert Settings.model_validate({"sampling": {"max_tokens": None}}).sampling.max_tokens is None
+
+
 # ------------------------------------------------------------------------------------------ every method, every way
 @pytest.mark.parametrize("method", ALL)
 async def test_toml_sampling_reaches_every_role(sim: SimServer, tmp_path: Path, method: str) -> None:

@@ -218,8 +218,11 @@ class Settings(Strict):
     @field_validator("sampling", mode="before")
     @classmethod
     def _over_defaults(cls, value: Any) -> Any:
-        # A [sampling] table (or TMAS_TEMPERATURE, --temperature) that sets some fields keeps the built-in defaults
-        # of the others: setting the temperature alone must not drop max_tokens and let completions run unbounded.
+        # A [sampling] table (or TMAS_TEMPERATURE, --temperature, a Sampling built in Python) that sets some fields
+        # keeps the built-in defaults of the others: setting the temperature alone must not drop max_tokens and let
+        # completions run unbounded.
+        if isinstance(value, Sampling):
+            value = value.model_dump(exclude_unset=True)
         return {**DEFAULT_SAMPLING, **value} if isinstance(value, dict) else value
 
     @field_validator("roles")
@@ -317,18 +320,15 @@ def load_settings(
             Settings.model_validate(data)
         except ValidationError as exc:
             raise ConfigError(_format_error(exc, f"environment ({', '.join(given)})")) from None
-    for key, value in (overrides or {}).items():
-        if value is not None:
-            _set_dotted(data, key, value)
-    try:
-        return Settings.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_format_error(exc, "command line")) from None
+    return _overridden(data, overrides or {})
 
 
 def with_overrides(settings: Settings, overrides: dict[str, Any]) -> Settings:
     """``settings`` with dotted-key ``overrides`` (CLI flags; None = not given) put on top, e.g. on ``--resume``."""
-    data = settings.model_dump(mode="json")
+    return _overridden(settings.model_dump(mode="json"), overrides)
+
+
+def _overridden(data: dict[str, Any], overrides: dict[str, Any]) -> Settings:
     for key, value in overrides.items():
         if value is not None:
             _set_dotted(data, key, value)
