@@ -269,6 +269,42 @@ async def test_tmas_method_param_sampling_beats_every_setting(sim: SimServer, tm
     assert {(b["temperature"], b["max_tokens"]) for b in bodies["verifier"]} == {(0.6, 333)}
 
 
+async def test_embedded_model_defaults_reach_the_wire(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No endpoint: the run takes the embedded-model path (TMAS's local preset, the local server's model name and
+    context window) with the sim server standing in for the started llama.cpp process."""
+
+    class SimAsLocalServer:
+        def __init__(self, cfg: Any, log_dir: Path | None = None) -> None:
+            self.base_url, self.model = sim.base_url, "embedded-alias"
+
+        async def __aenter__(self) -> SimAsLocalServer:
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr("tmas.llm.local_server.LocalServer", SimAsLocalServer)
+    settings = load_settings(None, environ={"TMAS_TOP_P": "0.85"}, overrides={"method.name": "tmas"})
+    assert settings.uses_local_model
+    result = await asolve(Q, settings, run_dir=tmp_path / "run")
+    assert len(result.iterations) == 2  # the local preset's T = 2
+    bodies = chat_bodies(sim)
+    assert set(bodies) == METHODS["tmas"][1]
+    preset = {
+        "solution": (0.3, 640),
+        "verifier": (0.3, 400),
+        "summary": (0.2, 220),
+        "experience": (0.2, 450),
+        "guideline": (0.2, 300),
+    }
+    for role, items in bodies.items():
+        assert {(b["model"], b["top_p"], b["temperature"], b["max_tokens"]) for b in items} == {
+            ("embedded-alias", 0.85, *preset[role])
+        }, role
+
+
 # ------------------------------------------------------------------------------------------ stored settings
 @pytest.mark.parametrize("method", ["tmas", "self_refine"])
 def test_resume_keeps_the_stored_sampling_and_takes_new_flags(
