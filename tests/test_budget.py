@@ -15,7 +15,7 @@ from conftest import settings_for
 from tmas.api import asolve
 from tmas.cli.main import app
 from tmas.config import Budget, Settings, load_settings
-from tmas.errors import ConfigError
+from tmas.errors import ConfigError, InputError
 from tmas.llm.types import Usage
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
@@ -194,3 +194,9 @@ def test_solve_prints_the_token_split(sim: SimServer, tmp_path: Path, monkeypatc
     out = CliRunner().invoke(app, ["solve", Q, "-m", "majority", "-p", "k=2", "--base-url", sim.base_url])
     assert out.exit_code == 0, out.output
     assert "tmas: 2 calls; tokens: prompt 200, completion 60 (reasoning 20)" in out.output
+
+
+def test_sweep_resume_refuses_a_new_budget(tmp_path: Path) -> None:
+    # The budget names a sweep's points: a flag that cannot apply on resume is an error, not silently dropped.
+    out = CliRunner().invoke(app, ["sweep", "--resume", str(tmp_path), "--budget-count", "total"])
+    assert isinstance(out.exception, InputError) and "--resume keeps the sweep's budget" in str(out.exception)
