@@ -68,7 +68,7 @@ def settings_from(tmp_path: Path, text: str, env: dict[str, str] | None = None, 
     return load_settings(path, overrides=flags, environ=env or {})
 
 
-def chat_bodies(sim: SimServer) -> dict[str, list[dict[str, Any]]]:
+def bodies_by_role(sim: SimServer) -> dict[str, list[dict[str, Any]]]:
     """The chat bodies received, by role; every one is checked for a well-formed message list."""
     out: dict[str, list[dict[str, Any]]] = {}
     for entry in sim.requests:
@@ -81,7 +81,7 @@ def chat_bodies(sim: SimServer) -> dict[str, list[dict[str, Any]]]:
 
 
 def assert_every_body(sim: SimServer, method: str, wanted: dict[str, Any], model: str = "wire-model") -> None:
-    bodies = chat_bodies(sim)
+    bodies = bodies_by_role(sim)
     assert set(bodies) == METHODS[method][1]
     for role, items in bodies.items():
         for body in items:
@@ -162,7 +162,7 @@ async def test_role_sampling_and_endpoint_fields_reach_their_role_only(
         for i, role in enumerate(roles)
     )
     await asolve(Q, settings_from(tmp_path, toml(sim, method, body)))
-    bodies = chat_bodies(sim)
+    bodies = bodies_by_role(sim)
     assert set(bodies) == set(roles)
     for i, role in enumerate(roles):
         for b in bodies[role]:
@@ -178,13 +178,13 @@ async def test_role_sampling_and_endpoint_fields_reach_their_role_only(
 @pytest.mark.parametrize("method", ALL)
 async def test_configured_seed_is_sent_as_is(sim: SimServer, tmp_path: Path, method: str) -> None:
     await asolve(Q, settings_from(tmp_path, toml(sim, method, SAMPLING_TOML + "seed = 1234\n")))
-    bodies = [b for items in chat_bodies(sim).values() for b in items]
+    bodies = [b for items in bodies_by_role(sim).values() for b in items]
     assert bodies and all(b["seed"] == 1234 and b["temperature"] == 0.25 for b in bodies)
 
 
 async def test_derived_seeds_differ_between_parallel_samples(sim: SimServer, tmp_path: Path) -> None:
     await asolve(Q, settings_from(tmp_path, toml(sim, "majority", SAMPLING_TOML, k=4)))
-    seeds = [b["seed"] for b in chat_bodies(sim)["solution"]]
+    seeds = [b["seed"] for b in bodies_by_role(sim)["solution"]]
     assert len(set(seeds)) == 4
 
 
@@ -202,7 +202,7 @@ async def test_file_then_environment_then_flags(
     sim: SimServer, tmp_path: Path, env: dict[str, str], flags: dict[str, Any], temperature: float, max_tokens: int
 ) -> None:
     await asolve(Q, settings_from(tmp_path, toml(sim, "cot", SAMPLING_TOML), env, **flags))
-    [body] = chat_bodies(sim)["solution"]
+    [body] = bodies_by_role(sim)["solution"]
     assert (body["temperature"], body["max_tokens"]) == (temperature, max_tokens)
 
 
@@ -219,7 +219,7 @@ async def test_setting_one_field_keeps_the_other_defaults(
 ) -> None:
     # Before the fix a partial [sampling] replaced the whole default: max_tokens went unsent and unbounded.
     await asolve(Q, settings_from(tmp_path, toml(sim, "cot"), env, **flags))
-    [body] = chat_bodies(sim)["solution"]
+    [body] = bodies_by_role(sim)["solution"]
     assert (body["temperature"], body.get("top_p"), body["max_tokens"]) == wanted
 
 
@@ -227,7 +227,7 @@ async def test_role_sampling_beats_the_default_from_any_source(sim: SimServer, t
     text = toml(sim, "self_refine", SAMPLING_TOML + "\n[roles.refiner.sampling]\ntemperature = 0.05\n")
     settings = settings_from(tmp_path, text, {"TMAS_TEMPERATURE": "0.5"}, **{"sampling.temperature": 0.6})
     await asolve(Q, settings)
-    bodies = chat_bodies(sim)
+    bodies = bodies_by_role(sim)
     assert {b["temperature"] for b in bodies["solution"]} == {0.6}
     assert {b["temperature"] for b in bodies["refiner"]} == {0.05}
 
@@ -235,26 +235,26 @@ async def test_role_sampling_beats_the_default_from_any_source(sim: SimServer, t
 async def test_tmas_local_preset_fills_only_what_the_user_left_alone(sim: SimServer, tmp_path: Path) -> None:
     # Built-in default sampling: every role gets the preset's temperature and max_tokens.
     await asolve(Q, settings_from(tmp_path, toml(sim, "tmas", "", preset="local")))
-    bodies = chat_bodies(sim)
+    bodies = bodies_by_role(sim)
     assert {(b["temperature"], b["max_tokens"]) for b in bodies["solution"]} == {(0.3, 640)}
     assert {(b["temperature"], b["max_tokens"]) for b in bodies["summary"]} == {(0.2, 220)}
     sim.reset()
     # The user's default temperature (flag) and a role's max_tokens win; the rest of the preset stays.
     body = "\n[roles.verifier.sampling]\nmax_tokens = 111\n"
     await asolve(Q, settings_from(tmp_path, toml(sim, "tmas", body, preset="local"), **{"sampling.temperature": 0.9}))
-    bodies = chat_bodies(sim)
+    bodies = bodies_by_role(sim)
     assert {(b["temperature"], b["max_tokens"]) for b in bodies["solution"]} == {(0.9, 640)}
     assert {(b["temperature"], b["max_tokens"]) for b in bodies["verifier"]} == {(0.9, 111)}
 
 
 async def test_tmas_paper_preset_sends_its_sampling_unless_overridden(sim: SimServer, tmp_path: Path) -> None:
     await asolve(Q, settings_from(tmp_path, toml(sim, "tmas", "", preset="paper", iterations=1, n=1, m=1)))
-    bodies = [b for items in chat_bodies(sim).values() for b in items]
+    bodies = [b for items in bodies_by_role(sim).values() for b in items]
     assert bodies and all((b["temperature"], b["top_p"]) == (1.0, 0.95) for b in bodies)
     sim.reset()
     text = toml(sim, "tmas", "", preset="paper", iterations=1, n=1, m=1)
     await asolve(Q, settings_from(tmp_path, text, {"TMAS_TOP_P": "0.5"}))
-    bodies = [b for items in chat_bodies(sim).values() for b in items]
+    bodies = [b for items in bodies_by_role(sim).values() for b in items]
     assert bodies and all((b["temperature"], b["top_p"]) == (1.0, 0.5) for b in bodies)
 
 
@@ -263,7 +263,7 @@ async def test_tmas_method_param_sampling_beats_every_setting(sim: SimServer, tm
     settings = settings_from(tmp_path, toml(sim, "tmas", body), **{"sampling.temperature": 0.6})
     settings.method.params["sampling"] = {"solution": {"temperature": 0.15}, "summary": {"max_tokens": 77}}
     await asolve(Q, settings)
-    bodies = chat_bodies(sim)
+    bodies = bodies_by_role(sim)
     assert {(b["temperature"], b["max_tokens"]) for b in bodies["solution"]} == {(0.15, 99)}
     assert {(b["temperature"], b["max_tokens"]) for b in bodies["summary"]} == {(0.6, 77)}
     assert {(b["temperature"], b["max_tokens"]) for b in bodies["verifier"]} == {(0.6, 333)}
@@ -290,7 +290,7 @@ async def test_embedded_model_defaults_reach_the_wire(
     assert settings.uses_local_model
     result = await asolve(Q, settings, run_dir=tmp_path / "run")
     assert len(result.iterations) == 2  # the local preset's T = 2
-    bodies = chat_bodies(sim)
+    bodies = bodies_by_role(sim)
     assert set(bodies) == METHODS["tmas"][1]
     preset = {
         "solution": (0.3, 640),
@@ -324,12 +324,12 @@ def test_resume_keeps_the_stored_sampling_and_takes_new_flags(
     cli = CliRunner()
     out = cli.invoke(app, ["run", str(problems), "-o", str(run_dir), "--config", str(config)])
     assert out.exit_code == 0, out.output
-    first = chat_bodies(sim)
+    first = bodies_by_role(sim)
     sim.reset()
     more = str(METHODS[method][0]["iterations"] + 1)
     out = cli.invoke(app, ["run", "--resume", str(run_dir), "-T", more, "--temperature", "0.55"])
     assert out.exit_code == 0, out.output
-    second = chat_bodies(sim)
+    second = bodies_by_role(sim)
     assert second, "the resumed run sent no call"
     max_tokens = {"solution": 640, "verifier": 400, "summary": 220, "experience": 450, "guideline": 300}
     for session, temperature in ((first, 0.25), (second, 0.55)):
@@ -345,7 +345,7 @@ async def test_sweep_points_keep_the_sampling(sim: SimServer, tmp_path: Path) ->
     problems.write_text('{"problem_id": "a", "question": "What is 17*23?", "answer": "391"}\n')
     study = Study(method="verify_refine", params={"n": 1, "iterations": 2}, grid={"m": [1, 2]})
     await run_sweep(SweepSpec(problems=str(problems), study=[study]), settings, tmp_path / "sweep")
-    bodies = chat_bodies(sim)
+    bodies = bodies_by_role(sim)
     assert set(bodies) == {"solution", "verifier", "corrector"}
     assert all((b["temperature"], b["max_tokens"], b["top_k"]) == (0.25, 333, 7) for v in bodies.values() for b in v)
     assert {b["model"] for b in bodies["verifier"]} == {"checker"}
