@@ -42,8 +42,6 @@ from tmas.testing import SimScript, SimServer
 
 ROOT = Path(__file__).resolve().parent.parent
 GRID = ROOT / "examples" / "method_comparison.toml"
-# The simulated server answers in a few dozen tokens: a small budget keeps --sim to seconds.
-SIM_BUDGET_TOKENS = 1500
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -173,9 +171,8 @@ async def run_comparison(args: argparse.Namespace, command: str) -> dict[str, An
     spec, skipped = select_studies(spec, names, args.skip_unsupported)
     for item in skipped:
         print(f"method_comparison: leaving out study {item['study']!r}: {item['reason']}", file=sys.stderr)
-    budget_tokens = args.budget_tokens or (SIM_BUDGET_TOKENS if args.sim else None)
-    if budget_tokens is not None:
-        spec.budget = Budget(tokens=budget_tokens)
+    if args.budget_tokens is not None:
+        spec.budget = Budget(tokens=args.budget_tokens)
     sweep_dir = args.out / "sweep"
     outcomes: list[PointOutcome] = []
 
@@ -212,7 +209,7 @@ async def run_comparison(args: argparse.Namespace, command: str) -> dict[str, An
         "grid": str(args.grid),
         "problems": problem_info,
         "budget": spec.budget.model_dump(mode="json", exclude_none=True),
-        "studies": [study.name for study in spec.study],
+        "studies": list(dict.fromkeys(study.name for study in spec.study)),
         "skipped_studies": skipped,
         "points": {o.point.name: o.status for o in outcomes},
         "stopped_early": stopped_early,

@@ -6,6 +6,7 @@ simulated OpenAI server on the port it was given), so they run in CI without lla
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -16,8 +17,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tmas.config import LocalModel, Settings
-from tmas.errors import LocalModelError
+from tmas.config import LocalModel, Settings, load_settings
+from tmas.errors import ConfigError, LocalModelError
 from tmas.llm import local_server
 from tmas.llm.local_server import LocalReplicas, build_command
 from tmas.llm.provision import provisioned
@@ -146,9 +147,6 @@ def test_llama_cpp_python_gets_the_gpu_layers(
     ],
 )
 def test_bad_gpu_settings_are_rejected(data: dict[str, object], key: str) -> None:
-    from tmas.config import load_settings
-    from tmas.errors import ConfigError
-
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_settings(overrides={f"local.{k}": v for k, v in data.items()}, environ={})
 
@@ -216,3 +214,27 @@ async def test_a_replica_that_fails_names_its_log_and_stops_the_others(
         port = int(name.removeprefix("argv-").removesuffix(".json"))
         with socket.socket() as sock:
             assert sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+async def test_cancelling_a_run_stops_every_replica(fake_llama: Path, gguf: Path, tmp_path: Path) -> None:
+    # Ctrl-C reaches tmas as the cancellation of its main task.
+    group = LocalReplicas(LocalModel(model=str(gguf), replicas=2, startup_timeout_s=60), log_dir=tmp_path)
+    started = asyncio.Event()
+
+    async def run() -> None:
+        async with group:
+            started.set()
+            await asyncio.sleep(600)
+
+    task = asyncio.create_task(run())
+    await asyncio.wait_for(started.wait(), 60)
+    pids = [s.pid for s in group.servers]
+    assert all(pid is not None for pid in pids) and len(local_server._LIVE) == 2
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not local_server._LIVE
+    for pid in pids:
+        assert pid is not None
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # reaped: no such process
