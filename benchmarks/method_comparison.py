@@ -35,6 +35,7 @@ from tmas.config import Budget, Settings
 from tmas.errors import ConfigError, TmasError
 from tmas.eval.generators import FAMILIES, generate, write_jsonl
 from tmas.eval.grading import GradeConfig
+from tmas.eval.report import build_report
 from tmas.llm.provision import provisioned
 from tmas.problems import load_problems
 from tmas.sweep import PointOutcome, SweepSpec, expand, load_spec, report_sweep, run_sweep
@@ -153,6 +154,17 @@ def machine_info(local: bool) -> dict[str, Any]:
     return info
 
 
+async def write_report(spec: SweepSpec, sweep_dir: Path) -> dict[str, Path]:
+    """The sweep's report (answers graded by rules: generated problems have exact answers); after a stop at a
+    deadline, the combined report of the points that have begun."""
+    grading = GradeConfig(mode="rules")
+    points = expand(spec)
+    begun = [sweep_dir / "runs" / p.name for p in points if (sweep_dir / "runs" / p.name / "run.sqlite").exists()]
+    if len(begun) == len(points):
+        return await report_sweep(spec, sweep_dir, grading, None)
+    return await build_report(begun, sweep_dir / "report", grading, None) if begun else {}
+
+
 async def run_comparison(args: argparse.Namespace, command: str) -> dict[str, Any]:
     """Run (or continue) the comparison into ``args.out``; returns what comparison.json records."""
     started = time.monotonic()
@@ -199,7 +211,7 @@ async def run_comparison(args: argparse.Namespace, command: str) -> dict[str, An
         except TimeoutError:
             stopped_early = True
             print("method_comparison: --stop-after reached; finished problems are kept", file=sys.stderr)
-    report = {} if args.no_report else await report_sweep(spec, sweep_dir, GradeConfig(mode="rules"), None)
+    report = {} if args.no_report else await write_report(spec, sweep_dir)
     record = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": command,

@@ -16,7 +16,7 @@ import pytest
 from tmas.config import Budget
 from tmas.store.run_store import RunStore
 from tmas.sweep import expand, load_spec, read_manifest
-from tmas.testing import SimServer
+from tmas.testing import SimScript, SimServer
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "method_comparison.py"
@@ -132,3 +132,25 @@ def test_the_dry_run_is_one_command(tmp_path: Path) -> None:
     assert again.returncode == 0, again.stderr
     rerun = json.loads((out / "comparison.json").read_text())
     assert all(status == "skipped" for status in rerun["points"].values())
+
+
+def test_a_deadline_stops_the_sweep_and_the_same_command_resumes_it(tmp_path: Path) -> None:
+    script = _script()
+    out = tmp_path / "cmp"
+    # Each call takes 0.5 s, so a 0.2 s deadline falls inside the first point's first calls.
+    with SimServer(SimScript(latency_s=0.5)) as slow:
+        args = ["--out", str(out), "--base-url", slow.base_url, "--studies", "cot,majority", "--per-family", "1"]
+        assert script.main([*args, "--stop-after", "0.2"]) == 0
+        first = json.loads((out / "comparison.json").read_text())
+        assert first["stopped_early"] is True
+        assert first["points"] == {}  # no point finished
+        # The report covers the point that had begun; the one that had not is left out, not an error.
+        assert Path(first["report"]["markdown"]).is_file()
+        assert script.main([*args, "--no-report"]) == 0
+    second = json.loads((out / "comparison.json").read_text())
+    assert second["stopped_early"] is False
+    statuses = sorted(second["points"].items())
+    assert [status for _, status in statuses] == ["resumed", "new"]  # cot was under way, majority had not begun
+    assert statuses[0][0].startswith("cot") and statuses[1][0].startswith("majority")
+    with RunStore(out / "sweep" / "runs" / statuses[0][0], create=False) as store:
+        assert len(store.results()) == 7
