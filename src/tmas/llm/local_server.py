@@ -139,6 +139,21 @@ def gpu_layers_arg(cfg: LocalModel, backend: str) -> str:
     return "0" if backend == "cpu" else "all"
 
 
+def describe(cfg: LocalModel) -> str:
+    """What the embedded model runs as, in one line (``tmas models``): server, build, GPU layers, replicas."""
+    parts: list[str] = [cfg.server]
+    if cfg.server == "llama-server":
+        try:
+            backend = llama_server_backend(llama_server_bin_dir())
+        except LocalModelError as exc:
+            parts.append(str(exc))
+        else:
+            parts.append(f"{backend} build, -ngl {gpu_layers_arg(cfg, backend)}")
+    replicas = f"{cfg.replicas} replicas" if cfg.replicas > 1 else "1 server"
+    parts.append(f"{replicas} x {cfg.parallel} slots")
+    return f"{cfg.model} ({', '.join(parts)})"
+
+
 def replica_threads(cfg: LocalModel) -> int:
     """CPU threads per server: the configured count, else this process's cores shared among the replicas."""
     return cfg.threads or max(1, default_threads() // cfg.replicas)
