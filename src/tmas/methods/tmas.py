@@ -111,7 +111,7 @@ class TMAS(Method[TMASParams]):
     # ------------------------------------------------------------------------------------------ Algorithm 1
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p = self.params
-        sampling = {role: sampling_override(session.llm.settings, role, p.sampling.get(role)) for role in TMAS_ROLES}
+        sampling = {role: sampling_override(session.llm.settings, role, p) for role in TMAS_ROLES}
         state = MemoryState()  # line 2: E_0, G_0, R_0 = ∅
         totals: Counter[str] = Counter()
         streak = 0
