@@ -484,8 +484,8 @@ class SimApp:
 
         logprobs: list[dict[str, Any]] | None = None
         if body.get("logprobs") and script.logprobs:
-            scripted = rule.logprobs if rule is not None else None
-            logprobs = scripted if scripted is not None else certain_logprobs(content, body.get("top_logprobs"))
+            given = rule.logprobs if rule is not None else None
+            logprobs = given if given is not None else certain_logprobs(content, body.get("top_logprobs"))
         reply = _Reply(
             id=f"chatcmpl-{uuid.uuid4().hex}",
             created=int(received),
