@@ -30,6 +30,8 @@ ROLES = (
     "corrector",
     "synthesis",
     "distiller",
+    # MATTRL's experience construction (tmas.experience): distils kept turns into pool entries.
+    "summarizer",
 )
 
 

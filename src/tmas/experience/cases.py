@@ -1,0 +1,149 @@
+"""Labelled MATTRL cases read back from run directories: each finished problem's transcript, its gold answer and the
+terminal outcome G (the transcript's final answer graded against gold by the evaluation harness)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from tmas.config import Settings
+from tmas.errors import InputError
+from tmas.eval.grading import SELECTED, GradeConfig, GradeMode, grade_run
+from tmas.memory.transcript import Transcript, Utterance
+from tmas.problems import Problem
+from tmas.store.run_store import RunStore, StoreError
+
+# Utterance kinds a specialist speaks; the coordinator's meeting, report and decision are context, not team turns.
+SPECIALIST_KINDS = ("opinion", "review")
+
+
+@dataclass
+class AgentTurn:
+    """u_{i,t} of the paper: everything specialist ``agent`` said in turn ``turn`` (1-based), joined."""
+
+    turn: int
+    agent: str
+    specialty: str
+    text: str
+    experience_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LabelledCase:
+    run: str
+    problem: Problem
+    transcript: Transcript
+    # G of Eq. 12: 1 when the final answer was graded correct, else 0.
+    outcome: float
+    # Whether the grade came from a decided verdict (an undecided one counts as wrong, as in the harness).
+    decided: bool = True
+
+    @property
+    def gold(self) -> str:
+        return self.problem.answer or ""
+
+    def turns(self) -> list[AgentTurn]:
+        """The specialists' turns, in round then agent order; an agent's several utterances in a round are one turn."""
+        specialties = {m.id: m.specialty for m in self.transcript.team}
+        grouped: dict[tuple[int, str], list[Utterance]] = {}
+        for u in self.transcript.utterances:
+            if u.kind in SPECIALIST_KINDS and u.agent != "coordinator":
+                grouped.setdefault((u.round, u.agent), []).append(u)
+        out = []
+        for (round_, agent), utterances in sorted(grouped.items()):
+            text = "\n\n".join(_utterance_text(u) for u in utterances)
+            ids = list(dict.fromkeys(i for u in utterances for i in u.experience_ids))
+            out.append(AgentTurn(round_ + 1, agent, specialties.get(agent, ""), text, ids))
+        return out
+
+    @property
+    def rounds(self) -> int:
+        """R of Eq. 10: the turns the deliberation actually took."""
+        return max((t.turn for t in self.turns()), default=0)
+
+
+def _utterance_text(u: Utterance) -> str:
+    if u.kind == "review" and u.target:
+        return f"[review of {u.target}]\n{u.text}"
+    return u.text
+
+
+def transcript_of(records: list[dict[str, Any]], where: str) -> Transcript | None:
+    """The problem's transcript from its iteration records (one per round; the last holds the decision).
+
+    Each record's ``state["transcript"]`` may hold the whole discussion so far or only its round: utterances are
+    merged across records without repeats, the team and final answer taken from the latest record that has them.
+    """
+    merged: Transcript | None = None
+    seen: set[tuple[int, str, str, str | None, str]] = set()
+    for record in records:
+        raw = (record.get("state") or {}).get("transcript")
+        if raw is None:
+            continue
+        try:
+            part = Transcript.model_validate(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(map(str, first["loc"]))
+            raise InputError(f"{where}: iteration {record.get('iteration')}: bad transcript at {loc}: {first['msg']}")
+        if merged is None:
+            merged = part.model_copy(update={"utterances": []})
+        if part.team:
+            merged.team = part.team
+        if part.final_answer is not None:
+            merged.final_answer = part.final_answer
+        for u in part.utterances:
+            key = (u.round, u.agent, u.kind, u.target, u.text)
+            if key not in seen:
+                seen.add(key)
+                merged.utterances.append(u)
+    return merged
+
+
+async def load_cases(
+    run_dirs: list[Path],
+    settings: Settings | None,
+    *,
+    grade_mode: GradeMode = "combined",
+    notes: list[str],
+) -> list[LabelledCase]:
+    """The labelled, finished MATTRL problems of ``run_dirs``; what is skipped and why goes to ``notes``."""
+    cases: list[LabelledCase] = []
+    for run_dir in run_dirs:
+        try:
+            store = RunStore(run_dir, create=False)
+        except StoreError as exc:
+            raise InputError(str(exc)) from None
+        with store:
+            grades = await grade_run(store, GradeConfig(mode=grade_mode, judge_runs=1), settings)
+            problems = {p.problem_id: p for p in store.problems()}
+            for result in store.results():
+                pid = result["problem_id"]
+                problem = problems.get(pid)
+                records = result.get("iterations") or []
+                where = f"{run_dir}: problem {pid}"
+                if problem is None or problem.answer is None:
+                    notes.append(f"{where}: no gold answer, skipped")
+                    continue
+                if result.get("status") != "done" or not records:
+                    notes.append(f"{where}: not finished, skipped")
+                    continue
+                transcript = transcript_of(records, where)
+                if transcript is None:
+                    notes.append(f"{where}: no MATTRL transcript in its records, skipped")
+                    continue
+                key = (pid, int(records[-1]["iteration"]), SELECTED)
+                verdicts = grades.verdicts.get(key, [None])
+                cases.append(
+                    LabelledCase(
+                        run=str(run_dir),
+                        problem=problem,
+                        transcript=transcript,
+                        outcome=1.0 if grades.correct(key, 0) else 0.0,
+                        decided=verdicts[0] is not None,
+                    )
+                )
+    return cases
