@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tmas.llm.types import Usage
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
 from tmas.methods.base import Candidate, IterationRecord, ProblemResult
-from tmas.llm.types import Usage
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
 

@@ -56,13 +56,23 @@ def test_problem_text_is_data_not_template() -> None:
     evil = "Compute {{ 6*7 }} and {% if true %}x{% endif %}"
     turn = TurnView(agent="S1", specialty="algebra", text="{{ gold }}")
     messages = utterance_score_prompt(
-        question=evil, gold="42", final_answer=None, history=[RoundView(number=1, turns=[turn])], target=turn,
+        question=evil,
+        gold="42",
+        final_answer=None,
+        history=[RoundView(number=1, turns=[turn])],
+        target=turn,
         round_number=2,
     )
     text = messages[-1].content
     assert evil in text and "{{ gold }}" in text and "(none)" in text
     summary = summarizer_prompt(
-        question=evil, gold="42", outcome=1.0, history=[], target=turn, round_number=1, reward=0.61234,
+        question=evil,
+        gold="42",
+        outcome=1.0,
+        history=[],
+        target=turn,
+        round_number=1,
+        reward=0.61234,
         judge_analysis="",
     )[-1].content
     assert evil in summary and 'credit="0.612"' in summary and "was correct" in summary

@@ -45,7 +45,9 @@ def _coalition_pattern(turn: int, members: tuple[str, ...]) -> str:
     return "".join(ahead)
 
 
-def scripted_rules(*, garbage_for: tuple[int, str] | None = None, flaky_for: tuple[int, str] | None = None) -> list[Rule]:
+def scripted_rules(
+    *, garbage_for: tuple[int, str] | None = None, flaky_for: tuple[int, str] | None = None
+) -> list[Rule]:
     rules: list[Rule] = []
     for turn, by_agent in SCORES.items():
         for agent, score in by_agent.items():
@@ -159,7 +161,8 @@ async def test_unparseable_judge_is_retried_then_defaulted_and_recorded(tmp_path
         assert c[(1, "S3")]["s"] == 0.0
         assert "3 judge replies unusable" in str(c[(1, "S3")]["judge_defaulted"])
         assert summary.defaulted_scores == 1 and any("turn 1 of S3" in n for n in summary.notes)
-        s3 = [r for r in sim.requests if r.role == "judge" and 'agent="S3"' in r.body["messages"][-1]["content"]]
+        target = '<target_turn round="1" agent="S3"'
+        s3 = [r for r in sim.requests if r.role == "judge" and target in r.body["messages"][-1]["content"]]
         assert len(s3) == 3
         assert c[(1, "S1")]["r"] == pytest.approx(0.6) and c[(2, "S1")]["r"] == pytest.approx(1.0)
 
@@ -168,7 +171,8 @@ async def test_wrong_team_and_unlabelled_problems(tmp_path: Path) -> None:
     wrong = Problem(problem_id="p1", question="What is 6*7?", answer="43")
     unlabelled = Problem(problem_id="p2", question="What is 6*7?")
     run = write_run(
-        tmp_path / "run", [(wrong, hand_worked_transcript("p1"), "42"), (unlabelled, hand_worked_transcript("p2"), "42")]
+        tmp_path / "run",
+        [(wrong, hand_worked_transcript("p1"), "42"), (unlabelled, hand_worked_transcript("p2"), "42")],
     )
     with SimServer(SimScript(rules=scripted_rules())) as sim:
         config = BuildConfig(lam=0.5, gamma=0.5, grade_mode="rules")

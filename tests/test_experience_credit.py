@@ -124,7 +124,9 @@ def test_naive_scheme_on_the_transcript() -> None:
 
 
 def test_difference_scheme_on_the_transcript() -> None:
-    q1 = difference_credits(F1[frozenset({"S1", "S2", "S3"})], {a: F1[frozenset({"S1", "S2", "S3"}) - {a}] for a in S[1]})
+    q1 = difference_credits(
+        F1[frozenset({"S1", "S2", "S3"})], {a: F1[frozenset({"S1", "S2", "S3"}) - {a}] for a in S[1]}
+    )
     q2 = difference_credits(F2[frozenset({"S1", "S2"})], {a: F2[frozenset({"S1", "S2"}) - {a}] for a in S[2]})
     r = assign_credit(S, 2, G, lam=LAM, gamma=GAMMA, beta=BETA, credits={1: q1, 2: q2})
     # turn 1: beta q = 6 ln 2, 6 ln 2, 0 -> c = 64/129, 64/129, 1/129; r = 0.5 s + 0.25 c

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import settings_for
 from mattrl_runs import write_run
-from tmas.experience.lifecycle import PruneConfig, prune_pool, recency_weight, wrong_correlated, EntryUsage
+from tmas.experience.lifecycle import EntryUsage, PruneConfig, prune_pool, recency_weight, wrong_correlated
 from tmas.llm.client import LLMClient
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.experience_pool import ExperiencePool
@@ -42,7 +42,9 @@ async def make_pool(path: Path, sim: SimServer) -> None:
                 entry("dup", "Check small cases", "Good practice: try n = 1, 2, 3 before a general argument!", 0.4),
                 entry("wrong", "Guess from the pattern", "Pitfall: extrapolate the first two terms."),
                 entry("old", "Draw the figure", "Good practice: sketch the triangle and mark the given angles."),
-                entry("fine", "Verify the final answer", "Good practice: substitute the result back into the equation."),
+                entry(
+                    "fine", "Verify the final answer", "Good practice: substitute the result back into the equation."
+                ),
             ],
             embed,
         )

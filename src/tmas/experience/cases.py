@@ -38,8 +38,6 @@ class LabelledCase:
     transcript: Transcript
     # G of Eq. 12: 1 when the final answer was graded correct, else 0.
     outcome: float
-    # Whether the grade came from a decided verdict (an undecided one counts as wrong, as in the harness).
-    decided: bool = True
 
     @property
     def gold(self) -> str:
@@ -88,7 +86,9 @@ def transcript_of(records: list[dict[str, Any]], where: str) -> Transcript | Non
         except ValidationError as exc:
             first = exc.errors()[0]
             loc = ".".join(map(str, first["loc"]))
-            raise InputError(f"{where}: iteration {record.get('iteration')}: bad transcript at {loc}: {first['msg']}")
+            raise InputError(
+                f"{where}: iteration {record.get('iteration')}: bad transcript at {loc}: {first['msg']}"
+            ) from None
         if merged is None:
             merged = part.model_copy(update={"utterances": []})
         if part.team:
@@ -135,15 +135,7 @@ async def load_cases(
                 if transcript is None:
                     notes.append(f"{where}: no MATTRL transcript in its records, skipped")
                     continue
-                key = (pid, int(records[-1]["iteration"]), SELECTED)
-                verdicts = grades.verdicts.get(key, [None])
-                cases.append(
-                    LabelledCase(
-                        run=str(run_dir),
-                        problem=problem,
-                        transcript=transcript,
-                        outcome=1.0 if grades.correct(key, 0) else 0.0,
-                        decided=verdicts[0] is not None,
-                    )
-                )
+                # An undecided grade counts as wrong, as everywhere in the harness.
+                correct = grades.correct((pid, int(records[-1]["iteration"]), SELECTED), 0)
+                cases.append(LabelledCase(str(run_dir), problem, transcript, 1.0 if correct else 0.0))
     return cases

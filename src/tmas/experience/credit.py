@@ -154,7 +154,9 @@ def assign_credit(
         q = credits[turn] if credits is not None else None
         c = proportional_contributions(turn_scores, epsilon) if q is None else softmax_contributions(q, beta)
         out[turn] = {
-            agent: TurnCredit(s, None if q is None else q[agent], c[agent], w, turn_reward(s, outcome, w, c[agent], lam))
+            agent: TurnCredit(
+                s, None if q is None else q[agent], c[agent], w, turn_reward(s, outcome, w, c[agent], lam)
+            )
             for agent, s in turn_scores.items()
         }
     return out

@@ -15,7 +15,6 @@ The pool is saved as a new version unless ``dry_run``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,9 +84,7 @@ async def retrieval_usage(
     return usage, base
 
 
-def wrong_correlated(
-    usage: dict[str, EntryUsage], base_wrong_rate: float, min_uses: int, margin: float
-) -> list[str]:
+def wrong_correlated(usage: dict[str, EntryUsage], base_wrong_rate: float, min_uses: int, margin: float) -> list[str]:
     """Rule 1: ids used in >= ``min_uses`` problems with wrong rate >= base + ``margin``."""
     return sorted(
         entry_id
@@ -125,7 +122,9 @@ async def prune_pool(
             counted.append(entry.model_copy(update={"retrieved": u.uses, "retrieved_wrong": u.wrong}))
         pool.update(counted)
         if base is not None:
-            summary.wrong = [i for i in wrong_correlated(usage, base, config.min_uses, config.wrong_margin) if pool.get(i)]
+            summary.wrong = [
+                i for i in wrong_correlated(usage, base, config.min_uses, config.wrong_margin) if pool.get(i)
+            ]
             pool.remove(summary.wrong)
     summary.merged = duplicate_groups(pool.entries, pool.vectors, config.duplicate_cosine)
     merged_away = {i: keeper for keeper, ids in summary.merged.items() for i in ids}
@@ -137,7 +136,12 @@ async def prune_pool(
                 uses, wrong = totals.get(keeper, (0, 0))
                 totals[keeper] = (uses + entry.retrieved, wrong + entry.retrieved_wrong)
         pool.update(
-            e.model_copy(update={"retrieved": e.retrieved + totals[e.id][0], "retrieved_wrong": e.retrieved_wrong + totals[e.id][1]})
+            e.model_copy(
+                update={
+                    "retrieved": e.retrieved + totals[e.id][0],
+                    "retrieved_wrong": e.retrieved_wrong + totals[e.id][1],
+                }
+            )
             for e in pool.entries
             if e.id in totals
         )
@@ -149,6 +153,4 @@ async def prune_pool(
     pool.remove(summary.stale)
     summary.after = len(pool)
     summary.version = version if config.dry_run else pool.save()
-    if math.isclose(config.recency_decay, 1.0):
-        summary.notes.append("recency_decay 1: no entry ages out")
     return summary

@@ -96,6 +96,12 @@ class RouterModel(BaseModel):
             raise InputError(f"{path}: not a router file: {str(exc).splitlines()[0]}") from None
 
 
+class RouterTraining(BaseModel):
+    """Options of ``router train`` that need checking."""
+
+    grade_mode: GradeMode = "combined"
+
+
 @dataclass
 class PairedCase:
     problem: Problem
@@ -140,9 +146,7 @@ async def paired_cases(
     shared = [pid for pid in single if pid in team]
     if not shared:
         raise InputError(f"{single_run} and {team_run} share no finished, labelled problem")
-    return [
-        PairedCase(single[pid][0], single[pid][1], team[pid][1], single[pid][2], team[pid][2]) for pid in shared
-    ]
+    return [PairedCase(single[pid][0], single[pid][1], team[pid][1], single[pid][2], team[pid][2]) for pid in shared]
 
 
 def _sklearn() -> Any:
