@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tmas.agents.experience_summarizer import DistilledEntry, parse_summarizer, summarizer_prompt
+from tmas.agents.experience_summarizer import parse_summarizer, summarizer_prompt
 from tmas.agents.output import AgentOutputError
 from tmas.agents.utterance_judge import TurnView
 from tmas.config import Settings
@@ -91,6 +91,7 @@ class TurnRecord:
     turn: int
     agent: str
     outcome: float
+    scheme: str
     credit: TurnCredit
     judge: Judged
     kept: bool = False
@@ -104,6 +105,7 @@ class TurnRecord:
             "turn": self.turn,
             "agent": self.agent,
             "G": self.outcome,
+            "scheme": self.scheme,
             "s": c.s,
             "q": c.q,
             "c": c.c,
@@ -180,8 +182,9 @@ async def _case_credits(
 
 
 async def _distil(
-    llm: LLMClient, case: LabelledCase, turns: list[AgentTurn], record: TurnRecord, retries: int, notes: list[str]
-) -> list[DistilledEntry]:
+    llm: LLMClient, case: LabelledCase, turns: list[AgentTurn], record: TurnRecord, retries: int, summary: BuildSummary
+) -> list[PoolEntry]:
+    """Eq. 14: the kept turn as pool entries (none, with a note, when no summarizer reply is usable)."""
     target = next(t for t in turns if t.turn == record.turn and t.agent == record.agent)
     messages = summarizer_prompt(
         question=case.problem.question,
@@ -198,18 +201,47 @@ async def _distil(
     for attempt in range(retries + 1):
         key = CallKey(problem_id=case.problem.problem_id, role=SUMMARIZER_ROLE, sample=attempt, iteration=target.turn)
         completion = await llm.chat(SUMMARIZER_ROLE, messages, key=key)
+        summary.summarizer_calls += 1
         if not completion.ok:
             reason = f"call failed: {completion.error}"
             continue
         try:
-            entries, malformed = parse_summarizer(completion.content, truncated=completion.truncated)
+            found, malformed = parse_summarizer(completion.content, truncated=completion.truncated)
         except AgentOutputError as exc:
             reason = str(exc)
             continue
-        notes.extend(f"{where}: summarizer {m}, dropped" for m in malformed)
-        return entries
-    notes.append(f"{where}: no usable summary after {retries + 1} attempts ({reason}); no entry")
+        summary.notes.extend(f"{where}: summarizer {m}, dropped" for m in malformed)
+        return [
+            PoolEntry(
+                id=entry_id(case, target, k),
+                action=e.action,
+                experience=e.experience,
+                scope=e.scope,
+                domain=case.transcript.domain,
+                specialty=target.specialty,
+                source_run=case.run,
+                source_problem=case.problem.problem_id,
+                source_round=target.turn,
+                source_agent=target.agent,
+                reward=record.credit.r,
+                tags=[record.scheme],
+            )
+            for k, e in enumerate(found)
+        ]
+    summary.notes.append(f"{where}: no usable summary after {retries + 1} attempts ({reason}); no entry")
     return []
+
+
+def _select(records: list[TurnRecord], config: BuildConfig) -> list[TurnRecord]:
+    """Eq. 13 (``tau``) or the top quantile, over every turn of every case."""
+    rewards = [r.credit.r for r in records]
+    if config.tau is not None:
+        kept = kept_by_threshold(rewards, config.tau)
+    else:
+        kept = kept_by_quantile(rewards, config.quantile)
+    for i in kept:
+        records[i].kept = True
+    return [records[i] for i in kept]
 
 
 async def build_pool(
@@ -222,8 +254,9 @@ async def build_pool(
 ) -> BuildSummary:
     """Build (or extend) the pool at ``pool_path`` from the labelled MATTRL runs in ``run_dirs``."""
     summary = BuildSummary(pool=pool_path)
-    step = progress or (lambda stage, done, total: None)
+    step: ProgressFn = progress or (lambda stage, done, total: None)
     cases = await load_cases(run_dirs, settings, grade_mode=config.grade_mode, notes=summary.notes)
+    case_turns = {(c.run, c.problem.problem_id): (c, c.turns()) for c in cases}
     summary.cases = len(cases)
     build_dir = build_dir_for(pool_path)
     build_dir.mkdir(parents=True, exist_ok=True)
@@ -231,86 +264,55 @@ async def build_pool(
         store.set_meta("experience_build", config.model_dump(mode="json"))
         async with LLMClient(settings, store) as llm:
             judge = TurnJudge(llm, retries=config.retries, concurrency=settings.concurrency)
-            records: list[TurnRecord] = []
-            case_turns = [(case, case.turns()) for case in cases]
-            done = 0
+            finished = 0
 
             async def credit_case(case: LabelledCase, turns: list[AgentTurn]) -> list[TurnRecord]:
-                nonlocal done
+                nonlocal finished
                 judged, credits = await _case_credits(judge, case, turns, config)
-                done += 1
-                step("credit", done, len(cases))
+                finished += 1
+                step("credit", finished, len(cases))
                 return [
-                    TurnRecord(case.run, case.problem.problem_id, t, a, case.outcome, c, judged[(t, a)])
+                    TurnRecord(case.run, case.problem.problem_id, t, a, case.outcome, config.scheme, c, judged[(t, a)])
                     for t, by_agent in credits.items()
                     for a, c in by_agent.items()
                 ]
 
             step("credit", 0, len(cases))
-            for part in await asyncio.gather(*(credit_case(c, t) for c, t in case_turns)):
-                records.extend(part)
+            parts = await asyncio.gather(*(credit_case(c, t) for c, t in case_turns.values()))
+            records = [record for part in parts for record in part]
             summary.turns = len(records)
-            summary.defaulted_scores = sum(r.judge.defaulted is not None for r in records)
-            summary.notes.extend(
-                f"{r.run}: problem {r.problem_id}: turn {r.turn} of {r.agent}: {r.judge.defaulted}"
-                for r in records
-                if r.judge.defaulted
-            )
-            rewards = [r.credit.r for r in records]
-            kept = (
-                kept_by_threshold(rewards, config.tau)
-                if config.tau is not None
-                else kept_by_quantile(rewards, config.quantile)
-            )
-            for i in kept:
-                records[i].kept = True
+            summary.judge_calls = judge.calls
+            for r in records:
+                if r.judge.defaulted:
+                    summary.defaulted_scores += 1
+                    summary.notes.append(
+                        f"{r.run}: problem {r.problem_id}: turn {r.turn} of {r.agent}: {r.judge.defaulted}"
+                    )
+            kept = _select(records, config)
             summary.kept = len(kept)
 
-            by_case = {(c.run, c.problem.problem_id): (c, t) for c, t in case_turns}
             distilled = 0
             step("distil", 0, len(kept))
 
             async def distil(record: TurnRecord) -> list[PoolEntry]:
                 nonlocal distilled
-                case, turns = by_case[(record.run, record.problem_id)]
-                found = await _distil(llm, case, turns, record, config.retries, summary.notes)
-                target = next(t for t in turns if t.turn == record.turn and t.agent == record.agent)
-                entries = [
-                    PoolEntry(
-                        id=entry_id(case, target, k),
-                        action=e.action,
-                        experience=e.experience,
-                        scope=e.scope,
-                        domain=case.transcript.domain,
-                        specialty=target.specialty,
-                        source_run=case.run,
-                        source_problem=case.problem.problem_id,
-                        source_round=target.turn,
-                        source_agent=target.agent,
-                        reward=record.credit.r,
-                        tags=[config.scheme],
-                    )
-                    for k, e in enumerate(found)
-                ]
+                case, turns = case_turns[(record.run, record.problem_id)]
+                entries = await _distil(llm, case, turns, record, config.retries, summary)
                 record.entries = [e.id for e in entries]
                 distilled += 1
                 step("distil", distilled, len(kept))
                 return entries
 
-            new_entries = [e for part in await asyncio.gather(*(distil(records[i]) for i in kept)) for e in part]
-            summary.judge_calls = judge.calls
-            summary.summarizer_calls = sum(1 for c in store.calls() if c.key.role == SUMMARIZER_ROLE)
+            new_entries = [e for part in await asyncio.gather(*(distil(r) for r in kept)) for e in part]
             _write_credits(build_dir / CREDITS_FILE, records)
             embed = embedder_for(config.embedder, llm)
             pool = _open_or_create(pool_path, embed.name)
             known = {e.id for e in pool.entries}
             fresh = [e for e in new_entries if e.id not in known]
             summary.already_in_pool = len(new_entries) - len(fresh)
-            step("embed", 0, 1)
             await pool.add(fresh, embed)
             summary.version = pool.save()
             summary.added = len(fresh)
-            step("embed", 1, 1)
     return summary
 
 
