@@ -22,16 +22,18 @@ ROLES = (
     "experience",
     "guideline",
     "judge",
+    # MATTRL's agents (tmas.methods.mattrl) and its experience construction's summarizer.
     "coordinator",
     "specialist",
+    "reviewer",
+    "student",
+    "summarizer",
     "embedding",
     # Baselines' own agents (tmas.methods: self_refine, verify_refine, pacore, rse).
     "refiner",
     "corrector",
     "synthesis",
     "distiller",
-    # MATTRL's experience construction (tmas.experience): distils kept turns into pool entries.
-    "summarizer",
 )
 
 
