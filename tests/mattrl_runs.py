@@ -17,16 +17,18 @@ def write_run(
     cases: list[tuple[Problem, Transcript | None, str | None]],
     method: str = "mattrl",
     tokens: int = 0,
+    last_state: dict[str, object] | None = None,
 ) -> Path:
     """One finished problem per case: a record per deliberation round, the transcript so far in each, the decision
-    (``selected``) in the last. ``None`` as transcript: a single-agent result. ``tokens``: each problem's spend."""
+    (``selected``) in the last. ``None`` as transcript: a single-agent result. ``tokens``: each problem's spend;
+    ``last_state``: more state for each problem's last record (e.g. a medicine decision)."""
     with RunStore(run_dir) as store:
         store.add_problems([p for p, _, _ in cases])
         for problem, transcript, answer in cases:
             rounds = transcript.rounds if transcript is not None else 1
             records = []
             for r in range(rounds):
-                state = {}
+                state: dict[str, object] = {}
                 if transcript is not None:
                     part = transcript.model_copy(
                         update={
@@ -35,6 +37,8 @@ def write_run(
                         }
                     )
                     state["transcript"] = part.model_dump(mode="json")
+                if r == rounds - 1:
+                    state.update(last_state or {})
                 text = f"The answer is \\boxed{{{answer}}}." if answer is not None else ""
                 records.append(
                     IterationRecord(

@@ -181,3 +181,27 @@ async def test_wrong_team_and_unlabelled_problems(tmp_path: Path) -> None:
     c = credits(tmp_path / "pool")
     # G = 0: r = lambda s only.
     assert c[(1, "S1")]["G"] == 0.0 and c[(1, "S1")]["r"] == pytest.approx(0.4)
+
+
+async def test_medicine_outcome_is_the_reciprocal_rank_of_the_gold_diagnosis(tmp_path: Path) -> None:
+    record = "Patient record: angiokeratomas, acroparesthesia."
+    problem = Problem(problem_id="m1", question=record, answer="Fabry disease")
+    update = {"domain": "medicine", "final_answer": "Gaucher disease"}
+    transcript = hand_worked_transcript("m1").model_copy(update=update)
+    decision = {"top10": ["Gaucher disease", "fabry  disease", "Pompe disease"]}
+    run = write_run(tmp_path / "run", [(problem, transcript, "Gaucher disease")], last_state={"decision": decision})
+    rules = [
+        Rule(role="judge", replies=[_judge(5)]),
+        Rule(role="summarizer", replies=[json.dumps({"entries": [{"action": "a", "experience": "b"}]})]),
+    ]
+    with SimServer(SimScript(rules=rules)) as sim:
+        config = BuildConfig(lam=0.5, gamma=0.5, grade_mode="rules")
+        await build_pool([run], tmp_path / "pool", settings_for(sim), config)
+        prompts = [r.body["messages"][-1]["content"] for r in sim.requests if r.endpoint == "chat"]
+    c = credits(tmp_path / "pool")
+    # Gold at rank 2 (spelling-insensitive): G = 1/2. Turn 2, S1 and S2 both scored 1.0: c = 0.5 each (Eq. 11),
+    # r = 0.5 * 1 + 0.5 * 0.5 * 1 * 0.5 = 0.625.
+    assert c[(1, "S1")]["G"] == pytest.approx(0.5)
+    assert c[(2, "S1")]["r"] == pytest.approx(0.625)
+    assert all("diagnostic case" in p and "math problem" not in p for p in prompts)
+    assert any("partly correct (outcome score 0.50 of 1)" in p for p in prompts)

@@ -51,12 +51,14 @@ def summarizer_prompt(
     round_number: int,
     reward: float,
     judge_analysis: str,
+    domain: str = "math",
 ) -> list[Message]:
     return prompt(
         "mattrl_summarizer.j2",
+        domain=domain,
         question=question,
         gold=gold,
-        outcome="correct" if outcome >= 0.5 else "wrong",
+        outcome=_outcome_text(outcome),
         history=history,
         target=target,
         round_number=round_number,
@@ -64,6 +66,14 @@ def summarizer_prompt(
         judge_analysis=judge_analysis or "(none)",
         max_entries=MAX_ENTRIES,
     )
+
+
+def _outcome_text(outcome: float) -> str:
+    if outcome >= 1.0:
+        return "correct"
+    if outcome <= 0.0:
+        return "wrong"
+    return f"partly correct (outcome score {outcome:.2f} of 1)"
 
 
 def parse_summarizer(content: str, *, truncated: bool = False) -> tuple[list[DistilledEntry], list[str]]:

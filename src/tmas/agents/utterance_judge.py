@@ -49,9 +49,11 @@ def utterance_score_prompt(
     history: list[RoundView],
     target: TurnView,
     round_number: int,
+    domain: str = "math",
 ) -> list[Message]:
     return prompt(
         "mattrl_utterance_judge.j2",
+        domain=domain,
         question=question,
         gold=gold,
         final_answer=final_answer or "(none)",
@@ -61,8 +63,10 @@ def utterance_score_prompt(
     )
 
 
-def turn_value_prompt(*, question: str, gold: str, history: list[RoundView], turn: RoundView) -> list[Message]:
-    return prompt("mattrl_turn_value.j2", question=question, gold=gold, history=history, turn=turn)
+def turn_value_prompt(
+    *, question: str, gold: str, history: list[RoundView], turn: RoundView, domain: str = "math"
+) -> list[Message]:
+    return prompt("mattrl_turn_value.j2", question=question, gold=gold, history=history, turn=turn, domain=domain)
 
 
 def parse_judge_score(content: str, *, truncated: bool = False) -> JudgeScore:

@@ -1,5 +1,7 @@
 """Labelled MATTRL cases read back from run directories: each finished problem's transcript, its gold answer and the
-terminal outcome G (the transcript's final answer graded against gold by the evaluation harness)."""
+terminal outcome G of Eq. 12. Math: the final answer graded against gold by the evaluation harness (1 or 0).
+Medicine: the reciprocal rank of the gold disease in the team's top-10 (1 at rank 1, 1/3 at rank 3, 0 when absent;
+names matched by spelling as in ``tmas diagnosis grade``), so a near miss still earns part of the credit."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pydantic import ValidationError
 
 from tmas.config import Settings
 from tmas.errors import InputError
+from tmas.eval.diagnosis import name_rank
 from tmas.eval.grading import SELECTED, GradeConfig, GradeMode, grade_run
 from tmas.memory.transcript import Transcript, Utterance
 from tmas.problems import Problem
@@ -135,7 +138,13 @@ async def load_cases(
                 if transcript is None:
                     notes.append(f"{where}: no MATTRL transcript in its records, skipped")
                     continue
-                # An undecided grade counts as wrong, as everywhere in the harness.
-                correct = grades.correct((pid, int(records[-1]["iteration"]), SELECTED), 0)
-                cases.append(LabelledCase(str(run_dir), problem, transcript, 1.0 if correct else 0.0))
+                if transcript.domain == "medicine":
+                    top10 = ((records[-1].get("state") or {}).get("decision") or {}).get("top10") or []
+                    rank = name_rank([str(name) for name in top10], problem.answer)
+                    outcome = 1.0 / rank if rank else 0.0
+                else:
+                    # An undecided grade counts as wrong, as everywhere in the harness.
+                    correct = grades.correct((pid, int(records[-1]["iteration"]), SELECTED), 0)
+                    outcome = 1.0 if correct else 0.0
+                cases.append(LabelledCase(str(run_dir), problem, transcript, outcome))
     return cases

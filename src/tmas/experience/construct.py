@@ -195,6 +195,7 @@ async def _distil(
         round_number=target.turn,
         reward=record.credit.r,
         judge_analysis=record.judge.analysis,
+        domain=case.transcript.domain,
     )
     where = f"{case.run}: problem {case.problem.problem_id}: turn {target.turn} of {target.agent}"
     reason = ""

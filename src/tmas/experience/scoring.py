@@ -94,6 +94,7 @@ class TurnJudge:
             history=history_before(turns, target.turn),
             target=_view(target),
             round_number=target.turn,
+            domain=case.transcript.domain,
         )
         key = CallKey(problem_id=case.problem.problem_id, role=JUDGE_ROLE, iteration=target.turn)
         return await self._ask(messages, key)
@@ -116,6 +117,7 @@ class TurnJudge:
             gold=case.gold,
             history=history_before(turns, turn),
             turn=RoundView(number=turn, turns=views),
+            domain=case.transcript.domain,
         )
         key = CallKey(problem_id=case.problem.problem_id, role=JUDGE_ROLE, iteration=turn)
         return await self._ask(messages, key)
