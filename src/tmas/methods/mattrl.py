@@ -14,6 +14,7 @@
   the decision in tags, with one rewrite pass when the tags are missing; failing that, the team's majority answer.
 
 Every record's ``state["transcript"]`` is the :class:`Transcript` so far (experience construction reads it).
+The education domain (pre-test, teaching dialogue, post-test) is :mod:`tmas.methods.mattrl_teaching`.
 """
 
 from __future__ import annotations
