@@ -301,3 +301,14 @@ def test_killed_mid_deliberation_and_resumed_equals_uninterrupted(tmp_path: Path
     assert 1 <= asked_again <= 3
     assert _strip_call_ids(_final(killed)) == _strip_call_ids(_final(tmp_path / "ref"))
     assert _final(killed)[0][0] == "391"
+
+
+async def test_a_spent_budget_keeps_the_round_so_far_and_answers_by_majority(sim: SimServer, tmp_path: Path) -> None:
+    result = await run(sim, tmp_path, {"budget": {"calls": 6}})
+    assert result.stopped_reason == "budget" and result.answer == "391"
+    [record] = result.iterations
+    # The team (1 call) and three opinions (3) finished; two of the six reviews fit the budget.
+    assert sim.stats().by_role == {"coordinator": 1, "specialist": 3, "reviewer": 2} and record.calls == 6
+    assert [c.meta["member"] for c in record.candidates] == ["S1", "S2", "S3"]
+    assert record.notes[-1].startswith("stopped: budget spent (6 calls of a budget of 6)")
+    assert "decision" not in record.state and record.selected == "391"

@@ -53,7 +53,9 @@ async def test_team_teaching_turns_a_wrong_pretest_into_a_right_posttest(sim: Si
     # Teachers see the correct answer, the student never does.
     assert all("<correct_answer>\nB\n</correct_answer>" in b for b in bodies(sim, "specialist"))
     assert not any("correct_answer" in b for b in bodies(sim, "student"))
-    assert "Teacher: ROUND 1: Which assumption" in bodies(sim, "student")[2]
+    # The student hears the planned question without its "ROUND k:" label.
+    assert "Teacher: Which assumption in your reasoning would you test first?" in bodies(sim, "student")[2]
+    assert "ROUND" not in bodies(sim, "student")[2]
 
 
 async def test_single_teacher_asks_itself_and_gives_the_guidance(sim: SimServer, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from tmas.errors import ConfigError
 
@@ -117,4 +118,9 @@ class MiniLM:
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """Unit vectors (``len(texts) x 384``)."""
-        return np.stack([self._encode_one(t) for t in texts]) if texts else np.zeros((0, 384), dtype=np.float32)
+        if not texts:
+            return np.zeros((0, 384), dtype=np.float32)
+        # One BLAS thread: these matrices are small, and on a busy 2-core machine OpenBLAS's threads made the
+        # encoder 7x slower (measured: benchmarks/pool_embedders.py).
+        with threadpool_limits(limits=1, user_api="blas"):
+            return np.stack([self._encode_one(t) for t in texts])

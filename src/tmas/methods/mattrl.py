@@ -14,6 +14,7 @@
   the decision in tags, with one rewrite pass when the tags are missing; failing that, the team's majority answer.
 
 Every record's ``state["transcript"]`` is the :class:`Transcript` so far (experience construction reads it).
+The education domain (pre-test, teaching dialogue, post-test) is :mod:`tmas.methods.mattrl_teaching`.
 """
 
 from __future__ import annotations
@@ -38,7 +39,16 @@ from tmas.memory.embedders import Embedder, embedder_for
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.similarity import jaccard
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
-from tmas.methods.base import Candidate, Method, MethodParams, ProblemResult, ProblemSession, gather_all
+from tmas.methods.base import (
+    BUDGET_STOP,
+    BudgetExhausted,
+    Candidate,
+    Method,
+    MethodParams,
+    ProblemResult,
+    ProblemSession,
+    gather_all,
+)
 from tmas.methods.mattrl_teaching import teach
 
 if TYPE_CHECKING:  # the pool needs numpy and faiss (the `pool` extra): imported only when a pool is configured
@@ -122,26 +132,34 @@ class MATTRL(Method[MATTRLParams]):
         seats = [Seat(i, m) for i, m in enumerate(transcript.team)]
         seen_issues: list[str] = []
         decision: Decision | None = None
+        stopped = False
         for r in range(p.iterations):
             if r:
                 session.begin_iteration(r)
             active = [s for s in seats if not s.converged]
             bulletin = next((u.text for u in reversed(transcript.utterances) if u.kind == "meeting"), "")
-            replies = await gather_all(
-                self._opinion(session, s, r, seats, bulletin, retriever, transcript, notes) for s in active
-            )
+            spoke: dict[str, Completion] = {}
             reviews: dict[str, list[Review]] = {}
-            if p.domain == "math":
-                reviews = await self._review_round(session, active, seats, r, transcript, notes)
-            last = r == p.iterations - 1 or all(s.converged for s in seats)
-            if last:
-                decision = await self._decide(session, seats, r, transcript, notes)
-                transcript.final_answer = decision.answer
-            else:
-                self._meeting(seats, active, reviews, r, transcript, seen_issues)
+            try:
+                await gather_all(
+                    self._opinion(session, s, r, seats, bulletin, retriever, transcript, spoke, notes) for s in active
+                )
+                if p.domain == "math":
+                    reviews = await self._review_round(session, active, seats, r, transcript, notes)
+                last = r == p.iterations - 1 or all(s.converged for s in seats)
+                if last:
+                    decision = await self._decide(session, seats, r, transcript, notes)
+                    transcript.final_answer = decision.answer
+                else:
+                    self._meeting(seats, active, reviews, r, transcript, seen_issues)
+            except BudgetExhausted:
+                # Keep what the round finished; the team's majority stands in for the decision it could not make.
+                stopped = last = True
+                notes.append(f"stopped: {session.budget_stop}; the team's majority answer is used")
             candidates = [
-                self._candidate(s, reply, reviews.get(s.member.id, []), r, transcript)
-                for s, reply in zip(active, replies, strict=True)
+                self._candidate(s, spoke[s.member.id], reviews.get(s.member.id, []), r, transcript)
+                for s in active
+                if s.member.id in spoke
             ]
             session.end_iteration(
                 candidates,
@@ -152,11 +170,13 @@ class MATTRL(Method[MATTRLParams]):
             notes = []
             if last:
                 break
-        chosen = decision.answer if decision else None
+        chosen = decision.answer if decision else self._majority(seats) if stopped else None
         text = (decision.proof or decision.report) if decision else ""
         if decision and decision.top10:
             text = "\n".join(f"[{i}] {name}" for i, name in enumerate(decision.top10, start=1))
-        result = session.result(self.name, answer=chosen, text=text)
+        result = session.result(self.name, answer=chosen, text=text, stopped_reason=BUDGET_STOP if stopped else None)
+        if stopped:
+            result.counters = {"budget_stops": 1}
         if chosen is None:
             result.status = "failed"
             result.error = "the team reached no answer"
@@ -219,8 +239,10 @@ class MATTRL(Method[MATTRLParams]):
         bulletin: str,
         retriever: Retriever | None,
         transcript: Transcript,
+        spoke: dict[str, Completion],
         notes: list[str],
-    ) -> Completion:
+    ) -> None:
+        """The specialist's opinion of round ``r``; its reply goes into ``spoke`` (kept even if the round stops)."""
         p, question = self.params, session.problem.question
         context = [question, seat.attempt, seat.feedback] if seat.attempt else [question]
         hints = await self._hints(retriever, seat.member, context, notes)
@@ -239,6 +261,7 @@ class MATTRL(Method[MATTRLParams]):
             hints=hints,
         )
         reply = await session.chat("specialist", messages, sample=seat.index)
+        spoke[seat.member.id] = reply
         seat.previous_answer, previous_top10 = seat.answer, seat.top10
         if not reply.ok or not reply.content.strip():
             notes.append(f"{seat.member.id}: opinion call failed ({reply.error or 'empty reply'}); keeps its attempt")
@@ -267,7 +290,6 @@ class MATTRL(Method[MATTRLParams]):
                 experience_ids=[h.id for h in hints],
             )
         )
-        return reply
 
     async def _review_round(
         self,
