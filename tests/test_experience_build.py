@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from conftest import settings_for
 from mattrl_runs import hand_worked_transcript, write_run
 from tmas.experience.construct import CREDITS_FILE, BuildConfig, build_dir_for, build_pool
 from tmas.experience.scoring import NO_OP
-from tmas.llm.client import LLMClient
+from tmas.llm.client import EndpointUnreachable, LLMClient
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.experience_pool import ExperiencePool
 from tmas.problems import Problem
@@ -205,3 +206,21 @@ async def test_medicine_outcome_is_the_reciprocal_rank_of_the_gold_diagnosis(tmp
     assert c[(2, "S1")]["r"] == pytest.approx(0.625)
     assert all("diagnostic case" in p and "math problem" not in p for p in prompts)
     assert any("partly correct (outcome score 0.50 of 1)" in p for p in prompts)
+
+
+async def test_a_build_cut_off_by_an_unreachable_endpoint_resumes_from_its_store(tmp_path: Path, run_dir: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    with SimServer(SimScript(rules=scripted_rules())) as sim:
+        config = BuildConfig(scheme="difference", lam=0.5, gamma=0.5, grade_mode="rules")
+        broken = settings_for(sim, roles={"summarizer": {"base_url": dead}})
+        with pytest.raises(EndpointUnreachable):
+            await build_pool([run_dir], tmp_path / "pool", broken, config)
+        judged = len([r for r in sim.requests if r.role == "judge"])
+        assert judged == 12 and not (tmp_path / "pool").exists()
+        summary = await build_pool([run_dir], tmp_path / "pool", settings_for(sim), config)
+        # The judge's 12 calls are replayed from POOL.build/, only the summarizer's go out.
+        assert len([r for r in sim.requests if r.role == "judge"]) == judged
+        assert len([r for r in sim.requests if r.role == "summarizer"]) == 2
+        assert summary.added == 2
