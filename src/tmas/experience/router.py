@@ -8,8 +8,8 @@ which is as good there and cheaper. The model is a standardised logistic regress
 ``router``); it is saved as plain JSON (weights, means, scales), so routing needs neither scikit-learn nor pickle.
 
 Reported (cross-validated when each class has at least two cases): the router's accuracy on its labels, the
-accuracy of following its routes against always-single, always-MATTRL and the oracle, and the tokens saved
-against always-MATTRL.
+accuracy of following its routes against always-single, always-MATTRL and the oracle, and the completion tokens
+saved against always-MATTRL.
 """
 
 from __future__ import annotations
@@ -132,8 +132,8 @@ async def _graded(run_dir: Path, settings: Settings | None, mode: GradeMode) -> 
                 continue
             correct = grades.correct((pid, int(records[-1]["iteration"]), SELECTED), 0)
             usage = result.get("usage") or {}
-            tokens = int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
-            out[pid] = (problem, correct, tokens)
+            # Completion tokens, the cost the project's budgets and equal-budget comparisons count.
+            out[pid] = (problem, correct, int(usage.get("completion_tokens", 0)))
     return out
 
 
