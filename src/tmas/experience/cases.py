@@ -39,7 +39,7 @@ class LabelledCase:
     run: str
     problem: Problem
     transcript: Transcript
-    # G of Eq. 12: 1 when the final answer was graded correct, else 0.
+    # G of Eq. 12 in [0, 1] (see the module's docstring).
     outcome: float
 
     @property
@@ -106,6 +106,47 @@ def transcript_of(records: list[dict[str, Any]], where: str) -> Transcript | Non
     return merged
 
 
+@dataclass
+class GradedResult:
+    """A finished, labelled problem of a run, its result record and whether its final answer was graded correct
+    (undecided counts as wrong, as everywhere in the harness)."""
+
+    problem: Problem
+    result: dict[str, Any]
+    correct: bool
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        return list(self.result["iterations"])
+
+
+async def graded_results(
+    run_dir: Path, settings: Settings | None, grade_mode: GradeMode, notes: list[str]
+) -> list[GradedResult]:
+    """The run's finished, labelled problems, graded by the evaluation harness (grades stored in the run and
+    reused); what is skipped and why goes to ``notes``."""
+    try:
+        store = RunStore(run_dir, create=False)
+    except StoreError as exc:
+        raise InputError(str(exc)) from None
+    out: list[GradedResult] = []
+    with store:
+        grades = await grade_run(store, GradeConfig(mode=grade_mode, judge_runs=1), settings)
+        problems = {p.problem_id: p for p in store.problems()}
+        for result in store.results():
+            pid = result["problem_id"]
+            problem = problems.get(pid)
+            records = result.get("iterations") or []
+            if problem is None or problem.answer is None:
+                notes.append(f"{run_dir}: problem {pid}: no gold answer, skipped")
+            elif result.get("status") != "done" or not records:
+                notes.append(f"{run_dir}: problem {pid}: not finished, skipped")
+            else:
+                correct = grades.correct((pid, int(records[-1]["iteration"]), SELECTED), 0)
+                out.append(GradedResult(problem, result, correct))
+    return out
+
+
 async def load_cases(
     run_dirs: list[Path],
     settings: Settings | None,
@@ -116,35 +157,17 @@ async def load_cases(
     """The labelled, finished MATTRL problems of ``run_dirs``; what is skipped and why goes to ``notes``."""
     cases: list[LabelledCase] = []
     for run_dir in run_dirs:
-        try:
-            store = RunStore(run_dir, create=False)
-        except StoreError as exc:
-            raise InputError(str(exc)) from None
-        with store:
-            grades = await grade_run(store, GradeConfig(mode=grade_mode, judge_runs=1), settings)
-            problems = {p.problem_id: p for p in store.problems()}
-            for result in store.results():
-                pid = result["problem_id"]
-                problem = problems.get(pid)
-                records = result.get("iterations") or []
-                where = f"{run_dir}: problem {pid}"
-                if problem is None or problem.answer is None:
-                    notes.append(f"{where}: no gold answer, skipped")
-                    continue
-                if result.get("status") != "done" or not records:
-                    notes.append(f"{where}: not finished, skipped")
-                    continue
-                transcript = transcript_of(records, where)
-                if transcript is None:
-                    notes.append(f"{where}: no MATTRL transcript in its records, skipped")
-                    continue
-                if transcript.domain == "medicine":
-                    top10 = ((records[-1].get("state") or {}).get("decision") or {}).get("top10") or []
-                    rank = name_rank([str(name) for name in top10], problem.answer)
-                    outcome = 1.0 / rank if rank else 0.0
-                else:
-                    # An undecided grade counts as wrong, as everywhere in the harness.
-                    correct = grades.correct((pid, int(records[-1]["iteration"]), SELECTED), 0)
-                    outcome = 1.0 if correct else 0.0
-                cases.append(LabelledCase(str(run_dir), problem, transcript, outcome))
+        for graded in await graded_results(run_dir, settings, grade_mode, notes):
+            problem, records = graded.problem, graded.records
+            where = f"{run_dir}: problem {problem.problem_id}"
+            transcript = transcript_of(records, where)
+            if transcript is None:
+                notes.append(f"{where}: no MATTRL transcript in its records, skipped")
+                continue
+            outcome = 1.0 if graded.correct else 0.0
+            if transcript.domain == "medicine":
+                top10 = ((records[-1].get("state") or {}).get("decision") or {}).get("top10") or []
+                rank = name_rank([str(name) for name in top10], problem.answer or "")
+                outcome = 1.0 / rank if rank else 0.0
+            cases.append(LabelledCase(str(run_dir), problem, transcript, outcome))
     return cases

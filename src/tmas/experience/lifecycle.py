@@ -1,7 +1,8 @@
 """``tmas experience prune``: the pool's lifecycle, which paper 003 names as its limitation (section 7), in three
 documented rules applied in this order:
 
-1. **Wrong-correlated entries.** From MATTRL runs graded against gold: an entry retrieved (``Utterance.experience_ids``)
+1. **Wrong-correlated entries.** From MATTRL runs graded against gold (wrong: a wrong math answer, or a medicine
+   differential without the gold diagnosis first): an entry retrieved (``Utterance.experience_ids``)
    in at least ``min_uses`` problems, whose problems ended wrong at a rate at least ``wrong_margin`` above the
    runs' base wrong rate, is removed. Counting is per problem (one retrieval per problem however many turns used
    it). The entries' ``retrieved`` / ``retrieved_wrong`` counters are set to these counts.
@@ -79,9 +80,14 @@ async def retrieval_usage(
         for entry_id in ids:
             counts = usage.setdefault(entry_id, EntryUsage())
             counts.uses += 1
-            counts.wrong += case.outcome < 0.5
-    base = sum(c.outcome < 0.5 for c in cases) / len(cases) if cases else None
+            counts.wrong += _wrong(case.outcome)
+    base = sum(_wrong(c.outcome) for c in cases) / len(cases) if cases else None
     return usage, base
+
+
+def _wrong(outcome: float) -> bool:
+    """Not fully right: a wrong math answer, or a differential without the gold diagnosis first."""
+    return outcome < 1.0
 
 
 def wrong_correlated(usage: dict[str, EntryUsage], base_wrong_rate: float, min_uses: int, margin: float) -> list[str]:

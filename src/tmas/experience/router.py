@@ -25,9 +25,9 @@ from pydantic import BaseModel, ValidationError
 
 from tmas.config import Settings
 from tmas.errors import ConfigError, InputError
-from tmas.eval.grading import SELECTED, GradeConfig, GradeMode, grade_run
+from tmas.eval.grading import GradeMode
+from tmas.experience.cases import graded_results
 from tmas.problems import Problem
-from tmas.store.run_store import RunStore, StoreError
 
 SINGLE, TEAM = "single", "mattrl"
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
@@ -115,38 +115,31 @@ class PairedCase:
         return int(self.team_correct and not self.single_correct)
 
 
-async def _graded(run_dir: Path, settings: Settings | None, mode: GradeMode) -> dict[str, tuple[Problem, bool, int]]:
-    try:
-        store = RunStore(run_dir, create=False)
-    except StoreError as exc:
-        raise InputError(str(exc)) from None
-    with store:
-        grades = await grade_run(store, GradeConfig(mode=mode, judge_runs=1), settings)
-        problems = {p.problem_id: p for p in store.problems()}
-        out: dict[str, tuple[Problem, bool, int]] = {}
-        for result in store.results():
-            pid = result["problem_id"]
-            records = result.get("iterations") or []
-            problem = problems.get(pid)
-            if problem is None or problem.answer is None or result.get("status") != "done" or not records:
-                continue
-            correct = grades.correct((pid, int(records[-1]["iteration"]), SELECTED), 0)
-            usage = result.get("usage") or {}
-            # Completion tokens, the cost the project's budgets and equal-budget comparisons count.
-            out[pid] = (problem, correct, int(usage.get("completion_tokens", 0)))
-    return out
-
-
 async def paired_cases(
     single_run: Path, team_run: Path, settings: Settings | None, mode: GradeMode = "combined"
 ) -> list[PairedCase]:
     """The labelled problems both runs finished, graded by the evaluation harness."""
-    single = await _graded(single_run, settings, mode)
-    team = await _graded(team_run, settings, mode)
+    notes: list[str] = []
+    single = {g.problem.problem_id: g for g in await graded_results(single_run, settings, mode, notes)}
+    team = {g.problem.problem_id: g for g in await graded_results(team_run, settings, mode, notes)}
     shared = [pid for pid in single if pid in team]
     if not shared:
         raise InputError(f"{single_run} and {team_run} share no finished, labelled problem")
-    return [PairedCase(single[pid][0], single[pid][1], team[pid][1], single[pid][2], team[pid][2]) for pid in shared]
+    return [
+        PairedCase(
+            single[pid].problem,
+            single[pid].correct,
+            team[pid].correct,
+            _completion_tokens(single[pid].result),
+            _completion_tokens(team[pid].result),
+        )
+        for pid in shared
+    ]
+
+
+def _completion_tokens(result: dict[str, Any]) -> int:
+    # Completion tokens, the cost the project's budgets and equal-budget comparisons count.
+    return int((result.get("usage") or {}).get("completion_tokens", 0))
 
 
 def _sklearn() -> Any:
