@@ -1,4 +1,5 @@
-"""``tmas experience prune``: the pool's lifecycle, which paper 003 names as its limitation (section 7), in three
+"""``tmas experience prune``: the pool's lifecycle, which paper 003 names as its limitation ("Limitations": recency weighting, de-duplication,
+anomaly screening), in three
 documented rules applied in this order:
 
 1. **Wrong-correlated entries.** From MATTRL runs graded against gold (wrong: a wrong math answer, or a medicine
