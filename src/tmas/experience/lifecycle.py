@@ -1,6 +1,5 @@
-"""``tmas experience prune``: the pool's lifecycle, which paper 003 names as its limitation ("Limitations": recency weighting, de-duplication,
-anomaly screening), in three
-documented rules applied in this order:
+"""``tmas experience prune``: the pool's lifecycle, which paper 003 names as its limitation (its "Limitations"
+paragraph: recency weighting, de-duplication, anomaly screening), in three documented rules applied in this order:
 
 1. **Wrong-correlated entries.** From MATTRL runs graded against gold (wrong: a wrong math answer, or a medicine
    differential without the gold diagnosis first): an entry retrieved (``Utterance.experience_ids``)
