@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from tmas.agents.experience_summarizer import parse_summarizer, summarizer_prompt
 from tmas.agents.output import AgentOutputError
@@ -65,8 +65,8 @@ class BuildConfig(BaseModel):
     lam: float = Field(default=0.4, ge=0.0, le=1.0)
     gamma: float = Field(default=0.85, gt=0.0, le=1.0)
     beta: float = Field(default=1.0, gt=0.0)
-    # Eq. 13's threshold; when None the top ``quantile`` share of all turns is kept.
-    tau: float | None = None
+    # Eq. 13's threshold (rewards lie in [0, 1]); when None the top ``quantile`` share of all turns is kept.
+    tau: float | None = Field(default=None, ge=0.0, le=1.0)
     quantile: float = Field(default=0.25, gt=0.0, le=1.0)
     # Monte Carlo orders per turn for Eq. 18 (every order when this covers n!, i.e. exact Shapley values).
     permutations: int = Field(default=8, ge=1)
@@ -74,12 +74,6 @@ class BuildConfig(BaseModel):
     grade_mode: GradeMode = "combined"
     embedder: str = "endpoint"
     seed: int = 0
-
-    @model_validator(mode="after")
-    def _tau_in_range(self) -> BuildConfig:
-        if self.tau is not None and not 0.0 <= self.tau <= 1.0:
-            raise ValueError(f"tau must be in [0, 1] (rewards are), got {self.tau}")
-        return self
 
 
 @dataclass
