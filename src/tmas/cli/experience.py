@@ -100,7 +100,8 @@ LLMBaseUrlOpt = Annotated[
 ]
 LLMModelOpt = Annotated[str | None, typer.Option("--model", help="Model name sent to the endpoint.")]
 GradeOpt = Annotated[
-    str, typer.Option("--grade", help="How final answers are graded: rules, judge or combined (as `tmas eval`).")
+    str | None,
+    typer.Option("--grade", help="How final answers are graded: rules, judge or combined (default; as `tmas eval`)."),
 ]
 
 
@@ -111,13 +112,14 @@ def _model_settings(config: Path | None, base_url: str | None, model: str | None
 
 
 def _checked(model: type[Model], command: str, values: dict[str, Any]) -> Model:
-    """``values`` validated as ``model``; a bad option is a one-line error naming it."""
+    """The options given (not None) validated as ``model``, its defaults elsewhere; a bad option is a one-line
+    error naming it."""
     from pydantic import ValidationError
 
     from tmas.errors import ConfigError
 
     try:
-        return model.model_validate(values)
+        return model.model_validate({k: v for k, v in values.items() if v is not None})
     except ValidationError as exc:
         err = exc.errors()[0]
         raise ConfigError(f"experience {command}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
@@ -128,18 +130,18 @@ def build(
     runs: RunsArg,
     out: Annotated[Path, typer.Option("--out", "-o", help="The pool folder to create or extend.")],
     scheme: Annotated[
-        str, typer.Option("--scheme", help="Credit: naive (Eq. 11), difference (17), shapley (18).")
-    ] = "naive",
-    lam: Annotated[float, typer.Option("--lambda", help="Eq. 12's weight of the judge's own score.")] = 0.4,
-    gamma: Annotated[float, typer.Option("--gamma", help="Eq. 10's decay per turn before the last.")] = 0.85,
-    beta: Annotated[float, typer.Option("--beta", help="Eq. 16's softmax sharpness (difference, shapley).")] = 1.0,
+        str | None, typer.Option("--scheme", help="Credit: naive (Eq. 11, default), difference (17), shapley (18).")
+    ] = None,
+    lam: Annotated[float | None, typer.Option("--lambda", help="Eq. 12's weight of the judge's score (0.4).")] = None,
+    gamma: Annotated[float | None, typer.Option("--gamma", help="Eq. 10's decay per earlier turn (0.85).")] = None,
+    beta: Annotated[float | None, typer.Option("--beta", help="Eq. 16's softmax sharpness (1).")] = None,
     tau: Annotated[float | None, typer.Option("--tau", help="Keep turns with reward >= tau (Eq. 13).")] = None,
-    quantile: Annotated[float, typer.Option("--quantile", help="Without --tau: keep this top share.")] = 0.25,
-    permutations: Annotated[int, typer.Option("--permutations", help="Shapley: Monte Carlo orders per turn.")] = 8,
-    retries: Annotated[int, typer.Option("--retries", help="Retries of an unusable judge/summarizer reply.")] = 2,
-    grade: GradeOpt = "combined",
-    embedder: Annotated[str, typer.Option("--embedder", help="endpoint (role `embedding`) or local.")] = "endpoint",
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the Shapley orders.")] = 0,
+    quantile: Annotated[float | None, typer.Option("--quantile", help="Without --tau: the top share (0.25).")] = None,
+    permutations: Annotated[int | None, typer.Option("--permutations", help="Shapley: orders per turn (8).")] = None,
+    retries: Annotated[int | None, typer.Option("--retries", help="Retries of unusable judge replies (2).")] = None,
+    grade: GradeOpt = None,
+    embedder: Annotated[str | None, typer.Option("--embedder", help="endpoint (default) or local.")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the Shapley orders (0).")] = None,
     config: ConfigOpt = None,
     base_url: LLMBaseUrlOpt = None,
     model: LLMModelOpt = None,
@@ -148,23 +150,20 @@ def build(
     to resume)."""
     from tmas.experience.construct import BuildConfig, build_pool
 
-    build_config = _checked(
-        BuildConfig,
-        "build",
-        {
-            "scheme": scheme,
-            "lam": lam,
-            "gamma": gamma,
-            "beta": beta,
-            "tau": tau,
-            "quantile": quantile,
-            "permutations": permutations,
-            "retries": retries,
-            "grade_mode": grade,
-            "embedder": embedder,
-            "seed": seed,
-        },
-    )
+    options = {
+        "scheme": scheme,
+        "lam": lam,
+        "gamma": gamma,
+        "beta": beta,
+        "tau": tau,
+        "quantile": quantile,
+        "permutations": permutations,
+        "retries": retries,
+        "grade_mode": grade,
+        "embedder": embedder,
+        "seed": seed,
+    }
+    build_config = _checked(BuildConfig, "build", options)
     settings = _model_settings(config, base_url, model)
     with _StageProgress() as progress:
         summary = asyncio.run(build_pool(runs, out, settings, build_config, progress=progress.update))
@@ -177,12 +176,20 @@ def prune(
     runs: Annotated[
         list[Path] | None, typer.Option("--runs", help="MATTRL runs that retrieved from the pool (repeatable).")
     ] = None,
-    duplicate_cosine: Annotated[float, typer.Option("--duplicate-cosine", help="Merge at this similarity.")] = 0.92,
-    recency_decay: Annotated[float, typer.Option("--recency-decay", help="Weight kept per pool version.")] = 0.8,
-    min_recency_weight: Annotated[float, typer.Option("--min-recency-weight", help="Drop below this.")] = 0.1,
-    min_uses: Annotated[int, typer.Option("--min-uses", help="Problems an entry must be used in to judge it.")] = 3,
-    wrong_margin: Annotated[float, typer.Option("--wrong-margin", help="Wrong rate above the base to drop.")] = 0.3,
-    grade: GradeOpt = "combined",
+    duplicate_cosine: Annotated[
+        float | None, typer.Option("--duplicate-cosine", help="Merge at this similarity (0.92).")
+    ] = None,
+    recency_decay: Annotated[
+        float | None, typer.Option("--recency-decay", help="Weight kept per pool version (0.8).")
+    ] = None,
+    min_recency_weight: Annotated[
+        float | None, typer.Option("--min-recency-weight", help="Drop below this weight (0.1).")
+    ] = None,
+    min_uses: Annotated[int | None, typer.Option("--min-uses", help="Uses needed to judge an entry (3).")] = None,
+    wrong_margin: Annotated[
+        float | None, typer.Option("--wrong-margin", help="Wrong rate above the base that drops (0.3).")
+    ] = None,
+    grade: GradeOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Report what would go; change nothing.")] = False,
     config: ConfigOpt = None,
     base_url: LLMBaseUrlOpt = None,
@@ -191,19 +198,16 @@ def prune(
     """Merge near-duplicates, drop entries that aged out and entries whose use correlates with wrong answers."""
     from tmas.experience.lifecycle import PruneConfig, prune_pool
 
-    prune_config = _checked(
-        PruneConfig,
-        "prune",
-        {
-            "duplicate_cosine": duplicate_cosine,
-            "recency_decay": recency_decay,
-            "min_recency_weight": min_recency_weight,
-            "min_uses": min_uses,
-            "wrong_margin": wrong_margin,
-            "grade_mode": grade,
-            "dry_run": dry_run,
-        },
-    )
+    options = {
+        "duplicate_cosine": duplicate_cosine,
+        "recency_decay": recency_decay,
+        "min_recency_weight": min_recency_weight,
+        "min_uses": min_uses,
+        "wrong_margin": wrong_margin,
+        "grade_mode": grade,
+        "dry_run": dry_run,
+    }
+    prune_config = _checked(PruneConfig, "prune", options)
     settings = _model_settings(config, base_url, model) if runs else None
     summary = asyncio.run(prune_pool(pool, runs or [], settings, prune_config))
     typer.echo(json.dumps(summary.to_dict(), indent=2))
@@ -218,7 +222,7 @@ def router_train(
     single: Annotated[Path, typer.Option("--single", help="Run directory of the single agent (e.g. cot).")],
     mattrl: Annotated[Path, typer.Option("--mattrl", help="Run directory of MATTRL on the same problems.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Router file (JSON) to write.")],
-    grade: GradeOpt = "combined",
+    grade: GradeOpt = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the cross-validation folds.")] = 0,
     config: ConfigOpt = None,
     base_url: LLMBaseUrlOpt = None,
