@@ -244,7 +244,7 @@ def _final(run_dir: Path) -> list[Any]:
             (
                 r["answer"],
                 [
-                    (it["selected"], it["state"]["members"], it["state"]["transcript"]["utterances"])
+                    (it["selected"], it["state"]["members"], it["state"]["transcript"]["utterances"], it["notes"])
                     for it in r["iterations"]
                 ],
             )
