@@ -393,21 +393,21 @@ class MATTRL(Method[MATTRLParams]):
             status = "accepted" if seat.accepted else ("converged" if seat.converged else "open")
             lines.append(f"{seat.member.id} ({seat.member.specialty}): {status}, answer {seat.answer or 'none'}")
             lines += [f"  - [{i.severity} {i.type}] {i.note}" + (f" Fix: {i.fix}" if i.fix else "") for i in fresh]
-        if self.params.domain == "medicine":
-            lines += self._consensus(seats)
+        pooled = self._pooled_differential(seats)
+        if pooled:
+            lines.append("Team differential so far: " + "; ".join(pooled))
         transcript.utterances.append(Utterance(round=r, agent="coordinator", kind="meeting", text="\n".join(lines)))
 
     @staticmethod
-    def _consensus(seats: list[Seat]) -> list[str]:
-        """Medicine: the team's pooled differential by Borda count (rank 1 earns 10 points, rank 10 earns 1)."""
+    def _pooled_differential(seats: list[Seat]) -> list[str]:
+        """Medicine: the team's ten best diagnoses by Borda count (rank 1 earns 10 points, rank 10 earns 1)."""
         points: Counter[str] = Counter()
         spelled: dict[str, str] = {}
         for seat in seats:
             for rank, name in enumerate(seat.top10[:10]):
                 points[name.lower()] += 10 - rank
                 spelled.setdefault(name.lower(), name)
-        ranked = [spelled[k] for k, _ in points.most_common(10)]
-        return ["Team differential so far: " + "; ".join(ranked)] if ranked else []
+        return [spelled[k] for k, _ in points.most_common(10)]
 
     # ---- Stage III ------------------------------------------------------------------------------
 
@@ -425,13 +425,17 @@ class MATTRL(Method[MATTRLParams]):
             decision = parse_decision(final.content, domain) if final.ok else None
         if decision is None:
             boxed = last_boxed(reply.content) if domain == "math" and reply.ok else None
-            majority = self._majority(seats)
-            decision = Decision(report=reply.content if reply.ok else "", answer=boxed or majority)
-            top = self._consensus(seats)
-            if domain == "medicine" and top:
-                decision.top10 = top[0].removeprefix("Team differential so far: ").split("; ")
-                decision.answer = decision.top10[0]
-            source = "its boxed answer" if boxed else "the team's majority answer"
+            pooled = self._pooled_differential(seats)
+            decision = Decision(report=reply.content if reply.ok else "", answer=boxed or self._majority(seats))
+            if pooled:
+                decision.top10, decision.answer = pooled, pooled[0]
+            source = (
+                "its boxed answer"
+                if boxed
+                else "the team's pooled differential"
+                if pooled
+                else "the team's majority answer"
+            )
             notes.append(f"decision: unreadable ({reply.error or 'no tags after the rewrite'}); {source} is used")
         transcript.utterances.append(
             Utterance(round=r, agent="coordinator", kind="report", text=decision.report, call_id=reply.call_id)
