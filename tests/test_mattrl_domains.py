@@ -16,6 +16,10 @@ from tmas.errors import InputError
 from tmas.eval.case_formats import read_rarebench, read_supergpqa
 from tmas.eval.diagnosis import UnreadableJudgement, name_rank, parse_judge_rank, ranking_metrics
 from tmas.eval.teaching import teaching_metrics
+from tmas.llm.client import LLMClient
+from tmas.memory.embedders import EndpointEmbedder
+from tmas.memory.experience_pool import ExperiencePool
+from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import Transcript
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
@@ -176,3 +180,24 @@ def test_cli_imports_runs_and_grades_medicine_cases(sim: SimServer, tmp_path: Pa
     }
     bodies_seen = [r.body for r in sim.requests if r.role == "specialist"]
     assert bodies_seen and all("<diagnosis>" in str(b["messages"][-1]["content"]) for b in bodies_seen)
+
+
+async def test_team_teaching_with_experience_injects_hints_into_the_analyses(sim: SimServer, tmp_path: Path) -> None:
+    entries = [
+        PoolEntry(
+            id="g1", action="Anchor on the definition", experience="Ask which quantity stays the same in free fall."
+        ),
+        PoolEntry(id="g2", action="Name the misconception", experience="Students confuse speed with acceleration."),
+    ]
+    async with LLMClient(settings_for(sim)) as llm:
+        embed = EndpointEmbedder(llm)
+        pool = ExperiencePool.create(tmp_path / "pool", embed.name)
+        await pool.add(entries, embed)
+        pool.save()
+    result = await teach(sim, tmp_path, "B", iterations=1, pool=str(tmp_path / "pool"), top_k=1)
+    assert result.answer == "B"
+    analyses = bodies(sim, "specialist")
+    assert len(analyses) == 3 and all(b.count("- ACTION:") == 1 and "EXPERIENCE HINTS" in b for b in analyses)
+    t = Transcript.model_validate(result.iterations[-1].state["transcript"])
+    assert all(len(u.experience_ids) == 1 for u in t.utterances if u.agent.startswith("S"))
+    assert not any("EXPERIENCE HINTS" in b for b in bodies(sim, "student") + bodies(sim, "coordinator"))
