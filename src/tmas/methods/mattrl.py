@@ -144,8 +144,8 @@ class MATTRL(Method[MATTRLParams]):
             )
             spoke: dict[str, tuple[Completion, Utterance]] = {}
             reviews: dict[str, list[Review]] = {}
+            start = len(notes)
             try:
-                start = len(notes)
                 try:
                     await gather_all(
                         self._opinion(session, s, r, snapshot, bulletin, retriever, spoke, notes) for s in active
