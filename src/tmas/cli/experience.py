@@ -68,28 +68,24 @@ def search(
     from tmas.llm.client import LLMClient
     from tmas.memory.embedders import LOCAL_NAME, LocalEmbedder, embedder_for
     from tmas.memory.experience_pool import ExperiencePool
+    from tmas.memory.pool_entry import PoolEntry
 
     opened = ExperiencePool.open(pool)
 
-    async def go() -> list[tuple[str, float]]:
+    async def go() -> list[tuple[PoolEntry, float]]:
         if opened.meta.embedder == LOCAL_NAME:
-            hits = await opened.search(query, k, LocalEmbedder())
-        else:
-            settings = load_settings(config, {"endpoint.base_url": base_url, "endpoint.model": model})
-            async with LLMClient(settings) as llm:
-                embed = embedder_for("endpoint", llm)
-                opened.check_embedder(embed.name)
-                hits = await opened.search(query, k, embed)
-        return [(entry.model_dump_json(), score) for entry, score in hits]
+            return await opened.search(query, k, LocalEmbedder())
+        settings = load_settings(config, {"endpoint.base_url": base_url, "endpoint.model": model})
+        async with LLMClient(settings) as llm:
+            embed = embedder_for("endpoint", llm)
+            opened.check_embedder(embed.name)
+            return await opened.search(query, k, embed)
 
-    for raw, score in asyncio.run(go()):
+    for entry, score in asyncio.run(go()):
         if as_json:
-            typer.echo(json.dumps({"score": round(score, 6), "entry": json.loads(raw)}))
+            typer.echo(json.dumps({"score": round(score, 6), "entry": entry.model_dump(mode="json")}))
         else:
-            entry = json.loads(raw)
-            typer.echo(
-                f"{score:.4f} [{entry['id']}] ACTION: {entry['action']}\n       EXPERIENCE: {entry['experience']}"
-            )
+            typer.echo(f"{score:.4f} [{entry.id}] ACTION: {entry.action}\n       EXPERIENCE: {entry.experience}")
 
 
 # ---- construction and lifecycle (paper 003, sections 3.2, 5.1, 5.2) --------------------------------------------

@@ -16,7 +16,6 @@ mid-save leaves the previous version readable.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
@@ -251,4 +250,4 @@ def pool_summary(pool: ExperiencePool) -> dict[str, Any]:
     by_scope: dict[str, int] = {}
     for entry in pool.entries:
         by_scope[entry.scope] = by_scope.get(entry.scope, 0) + 1
-    return {**json.loads(pool.meta.model_dump_json()), "path": str(pool.path), "by_scope": by_scope}
+    return {**pool.meta.model_dump(mode="json"), "path": str(pool.path), "by_scope": by_scope}

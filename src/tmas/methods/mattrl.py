@@ -138,12 +138,23 @@ class MATTRL(Method[MATTRLParams]):
                 session.begin_iteration(r)
             active = [s for s in seats if not s.converged]
             bulletin = next((u.text for u in reversed(transcript.utterances) if u.kind == "meeting"), "")
-            spoke: dict[str, Completion] = {}
+            # Built once per round, before anyone speaks, so every prompt of the round sees the same team state.
+            snapshot = "\n\n".join(
+                f"{s.member.id} ({s.member.specialty}), accepted:\n{s.attempt}" for s in seats if s.accepted
+            )
+            spoke: dict[str, tuple[Completion, Utterance]] = {}
             reviews: dict[str, list[Review]] = {}
+            start = len(notes)
             try:
-                await gather_all(
-                    self._opinion(session, s, r, seats, bulletin, retriever, transcript, spoke, notes) for s in active
-                )
+                try:
+                    await gather_all(
+                        self._opinion(session, s, r, snapshot, bulletin, retriever, spoke, notes) for s in active
+                    )
+                finally:
+                    # Replies arrive in any order; the transcript and the notes list them in seat order, so a
+                    # resumed run (replayed calls return at once) records exactly what the first run did.
+                    transcript.utterances += [spoke[s.member.id][1] for s in active if s.member.id in spoke]
+                    notes[start:] = sorted(notes[start:])
                 if p.domain == "math":
                     reviews = await self._review_round(session, active, seats, r, transcript, notes)
                 last = r == p.iterations - 1 or all(s.converged for s in seats)
@@ -157,7 +168,7 @@ class MATTRL(Method[MATTRLParams]):
                 stopped = last = True
                 notes.append(f"stopped: {session.budget_stop}; the team's majority answer is used")
             candidates = [
-                self._candidate(s, spoke[s.member.id], reviews.get(s.member.id, []), r, transcript)
+                self._candidate(s, *spoke[s.member.id], reviews.get(s.member.id, []), r)
                 for s in active
                 if s.member.id in spoke
             ]
@@ -235,20 +246,16 @@ class MATTRL(Method[MATTRLParams]):
         session: ProblemSession,
         seat: Seat,
         r: int,
-        seats: list[Seat],
+        snapshot: str,
         bulletin: str,
         retriever: Retriever | None,
-        transcript: Transcript,
-        spoke: dict[str, Completion],
+        spoke: dict[str, tuple[Completion, Utterance]],
         notes: list[str],
     ) -> None:
-        """The specialist's opinion of round ``r``; its reply goes into ``spoke`` (kept even if the round stops)."""
+        """The specialist's opinion of round ``r``, into ``spoke`` with its utterance (kept if the round stops)."""
         p, question = self.params, session.problem.question
         context = [question, seat.attempt, seat.feedback] if seat.attempt else [question]
         hints = await self._hints(retriever, seat.member, context, notes)
-        snapshot = "\n\n".join(
-            f"{s.member.id} ({s.member.specialty}), accepted:\n{s.attempt}" for s in seats if s.accepted
-        )
         messages = opinion_prompt(
             question,
             seat.member,
@@ -261,7 +268,6 @@ class MATTRL(Method[MATTRLParams]):
             hints=hints,
         )
         reply = await session.chat("specialist", messages, sample=seat.index)
-        spoke[seat.member.id] = reply
         seat.previous_answer, previous_top10 = seat.answer, seat.top10
         if not reply.ok or not reply.content.strip():
             notes.append(f"{seat.member.id}: opinion call failed ({reply.error or 'empty reply'}); keeps its attempt")
@@ -278,8 +284,8 @@ class MATTRL(Method[MATTRLParams]):
                 seat.converged = r > 0 and bool(seat.top10) and seat.top10 == previous_top10
             elif seat.answer is None:
                 notes.append(f"{seat.member.id}: opinion states no final answer")
-        seat.accepted = False
-        transcript.utterances.append(
+        spoke[seat.member.id] = (
+            reply,
             Utterance(
                 round=r,
                 agent=seat.member.id,
@@ -288,7 +294,7 @@ class MATTRL(Method[MATTRLParams]):
                 answer=seat.answer if reply.ok else None,
                 call_id=reply.call_id,
                 experience_ids=[h.id for h in hints],
-            )
+            ),
         )
 
     async def _review_round(
@@ -302,9 +308,11 @@ class MATTRL(Method[MATTRLParams]):
     ) -> dict[str, list[Review]]:
         """B.4: every active attempt reviewed by every other specialist; then acceptance and convergence."""
         pairs = [(t, s) for t in active for s in seats if s is not t and t.attempt]
+        start = len(notes)
         done = await gather_all(
             self._review(session, reviewer, target, len(seats), notes) for target, reviewer in pairs
         )
+        notes[start:] = sorted(notes[start:])  # in a fixed order, whatever order the reviews came back in
         reviews: dict[str, list[Review]] = {s.member.id: [] for s in active}
         for (target, _), (review, reply) in zip(pairs, done, strict=True):
             reviews[target.member.id].append(review)
@@ -385,21 +393,21 @@ class MATTRL(Method[MATTRLParams]):
             status = "accepted" if seat.accepted else ("converged" if seat.converged else "open")
             lines.append(f"{seat.member.id} ({seat.member.specialty}): {status}, answer {seat.answer or 'none'}")
             lines += [f"  - [{i.severity} {i.type}] {i.note}" + (f" Fix: {i.fix}" if i.fix else "") for i in fresh]
-        if self.params.domain == "medicine":
-            lines += self._consensus(seats)
+        pooled = self._pooled_differential(seats)
+        if pooled:
+            lines.append("Team differential so far: " + "; ".join(pooled))
         transcript.utterances.append(Utterance(round=r, agent="coordinator", kind="meeting", text="\n".join(lines)))
 
     @staticmethod
-    def _consensus(seats: list[Seat]) -> list[str]:
-        """Medicine: the team's pooled differential by Borda count (rank 1 earns 10 points, rank 10 earns 1)."""
+    def _pooled_differential(seats: list[Seat]) -> list[str]:
+        """Medicine: the team's ten best diagnoses by Borda count (rank 1 earns 10 points, rank 10 earns 1)."""
         points: Counter[str] = Counter()
         spelled: dict[str, str] = {}
         for seat in seats:
             for rank, name in enumerate(seat.top10[:10]):
                 points[name.lower()] += 10 - rank
                 spelled.setdefault(name.lower(), name)
-        ranked = [spelled[k] for k, _ in points.most_common(10)]
-        return ["Team differential so far: " + "; ".join(ranked)] if ranked else []
+        return [spelled[k] for k, _ in points.most_common(10)]
 
     # ---- Stage III ------------------------------------------------------------------------------
 
@@ -417,13 +425,17 @@ class MATTRL(Method[MATTRLParams]):
             decision = parse_decision(final.content, domain) if final.ok else None
         if decision is None:
             boxed = last_boxed(reply.content) if domain == "math" and reply.ok else None
-            majority = self._majority(seats)
-            decision = Decision(report=reply.content if reply.ok else "", answer=boxed or majority)
-            top = self._consensus(seats)
-            if domain == "medicine" and top:
-                decision.top10 = top[0].removeprefix("Team differential so far: ").split("; ")
-                decision.answer = decision.top10[0]
-            source = "its boxed answer" if boxed else "the team's majority answer"
+            pooled = self._pooled_differential(seats)
+            decision = Decision(report=reply.content if reply.ok else "", answer=boxed or self._majority(seats))
+            if pooled:
+                decision.top10, decision.answer = pooled, pooled[0]
+            source = (
+                "its boxed answer"
+                if boxed
+                else "the team's pooled differential"
+                if pooled
+                else "the team's majority answer"
+            )
             notes.append(f"decision: unreadable ({reply.error or 'no tags after the rewrite'}); {source} is used")
         transcript.utterances.append(
             Utterance(round=r, agent="coordinator", kind="report", text=decision.report, call_id=reply.call_id)
@@ -466,8 +478,7 @@ class MATTRL(Method[MATTRLParams]):
         return next(s.answer for s in order if s.index in answers and counts[answers[s.index]] == top)
 
     @staticmethod
-    def _candidate(seat: Seat, reply: Completion, reviews: list[Review], r: int, transcript: Transcript) -> Candidate:
-        opinion = next(u for u in reversed(transcript.utterances) if u.kind == "opinion" and u.agent == seat.member.id)
+    def _candidate(seat: Seat, reply: Completion, opinion: Utterance, reviews: list[Review], r: int) -> Candidate:
         meta: dict[str, Any] = {
             "member": seat.member.id,
             "specialty": seat.member.specialty,

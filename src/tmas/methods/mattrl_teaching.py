@@ -83,18 +83,18 @@ async def teach(
         )
         return session.result(name, answer=pre_letter, text=pre.content)
     members = await form_team(session, notes) if team else []
-    transcript.team = members
+    # The single teacher is seat S1 of a team of one, so experience construction reads both modes alike.
+    transcript.team = members or [TeamMember(id="S1", specialty="Teacher", role="single teacher", leader=True)]
     session.end_iteration(
         candidates, selected=pre_letter, state={**state, "transcript": _dump(transcript)}, notes=notes
     )
-    case = Case(question=problem.question, gold=gold, pre_answer=pre_letter, pre_reasoning=pre.content)
     dialogue: tuple[Turn, ...] = ()
     post_letter: str | None = None
     post = pre
     for r in range(1, rounds + 1):
         session.begin_iteration(r)
         notes = []
-        case = Case(case.question, gold, pre_letter, pre.content, dialogue)
+        case = Case(problem.question, gold, pre_letter, pre.content, dialogue)
         asked = await _question(session, case, r, rounds, members, retrieve, transcript, notes)
         reply = await session.chat("student", student_reply_prompt(problem.question, dialogue, asked))
         transcript.utterances.append(
@@ -103,7 +103,7 @@ async def teach(
         dialogue = (*dialogue, Turn(teacher=asked, student=reply.content.strip()))
         candidates = [_candidate(0, reply, None, "dialogue")]
         if r == rounds:
-            case = Case(case.question, gold, pre_letter, pre.content, dialogue)
+            case = Case(problem.question, gold, pre_letter, pre.content, dialogue)
             guide_role, guide_agent = ("coordinator", "coordinator") if members else ("specialist", "S1")
             guidance = await session.chat(guide_role, teacher_prompt(case, task="guidance", round_=r, rounds=rounds))
             transcript.utterances.append(
