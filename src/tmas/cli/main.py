@@ -13,6 +13,8 @@ from typing import Annotated, Any
 import typer
 
 from tmas import __version__
+from tmas.cli.serve import serve_app
+from tmas.cli.view import view_app
 from tmas.config import Settings, load_settings
 from tmas.errors import InputError, TmasError
 
@@ -583,6 +585,8 @@ def sweep(
 
 data_app = typer.Typer(help="Problem data: generate verifiable problems.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
+app.add_typer(serve_app, name="serve")
+app.add_typer(view_app, name="view")
 
 
 @data_app.command("generate")
