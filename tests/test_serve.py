@@ -332,3 +332,21 @@ def test_the_cli_refuses_an_open_address_without_a_token(sim: SimServer, tmp_pat
     done = subprocess.run([*cmd, "--dir", str(tmp_path / "s")], capture_output=True, env=env, timeout=60, text=True)
     assert done.returncode == 2
     assert "refusing to listen on 0.0.0.0 without a bearer token" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_client_gone_before_a_plain_reply_cancels_its_run_too(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(rules=[Rule(role="solution", latency_s=0.5)]))
+    body = json.dumps(
+        {"model": "majority/sim-model", "messages": [{"role": "user", "content": "What is 7*7?"}], "tmas": {"k": 4}}
+    )
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+        port = int(proxy.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+            head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+            sock.sendall(head.encode() + body.encode())
+            wait_until(lambda: sim.stats().in_flight > 0, what="upstream calls to start")
+        wait_until(lambda: json.loads(get(f"{proxy.url}/health")[1])["active_problems"] == 0, what="cancellation")
+        wait_until(lambda: sim.stats().in_flight == 0, what="upstream calls to end")
+        [run_dir] = runs_in(tmp_path / "served")
+        with RunStore(run_dir, read_only=True) as store:
+            assert store.results() == [] and not list(store.calls())

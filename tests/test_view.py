@@ -15,6 +15,7 @@ import pytest
 
 from conftest import settings_for
 from tmas.eval.grading import GradeConfig, grade_run
+from tmas.memory.transcript import TeamMember, Transcript, Utterance
 from tmas.methods.base import IterationRecord
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
@@ -150,6 +151,44 @@ def test_the_viewer_reads_a_run_another_process_is_writing(sim: SimServer, tmp_p
         writer.wait()
 
 
+def test_a_mattrl_transcript_shows_with_the_credits_of_its_turns(tmp_path: Path) -> None:
+    transcript = Transcript(
+        problem_id="mult",
+        team=[TeamMember(id="S1", specialty="arithmetic"), TeamMember(id="S2", specialty="estimation", leader=True)],
+        utterances=[
+            Utterance(round=0, agent="S1", kind="opinion", text="17*23 is 391 by long multiplication.", answer="391"),
+            Utterance(round=0, agent="S2", kind="opinion", text="About 400, so 391 is plausible.", answer="391"),
+            Utterance(round=1, agent="coordinator", kind="decision", text="The team agrees on 391.", answer="391"),
+        ],
+        final_answer="391",
+    )
+    run_dir = tmp_path / "mattrl-run"
+    with RunStore(run_dir) as store:
+        store.add_problems(PROBLEMS[:1])
+        record = IterationRecord(problem_id="mult", iteration=0, candidates=[], selected="391")
+        record.state = {"transcript": transcript.model_dump(mode="json")}
+        store.save_iteration("mult", 0, record.model_dump(mode="json"))
+    build = tmp_path / "pool.build"
+    RunStore(build).close()
+    rows = [
+        {"run": str(run_dir), "problem_id": "mult", "turn": 1, "agent": "S1", "r": 0.875},
+        {"run": str(run_dir), "problem_id": "mult", "turn": 1, "agent": "S2", "r": 0.125},
+        {"run": str(tmp_path / "other"), "problem_id": "mult", "turn": 1, "agent": "S1", "r": 0.5},
+    ]
+    (build / "credits.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + "not json\n")
+    with AppThread(view_app([run_dir, build])) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        status, page = get(f"{viewer.url}/run/{ref.key}/iteration?id=mult&t=0")
+    text = page.decode()
+    assert status == 200 and 'id="transcript"' in text
+    assert "S2 estimation (lead)" in text and "17*23 is 391 by long multiplication." in text
+    # Each specialist's turn carries its own credit; the coordinator's decision has none.
+    order = ["0.88", "17*23 is 391 by long", "0.12", "About 400", "The team agrees"]
+    assert [text.index(part) for part in order] == sorted(text.index(part) for part in order)
+    assert "0.50" not in text
+
+
 # ------------------------------------------------------------------------------------------------ browser
 def _chrome(profile: Path) -> Any:
     if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
@@ -245,6 +284,16 @@ def test_in_chromium_open_a_run_a_problem_an_iteration_its_bank_diff_and_a_call(
         assert "Splitting one factor into tens and units was verified." in diff.find_element(By.TAG_NAME, "del").text
         assert browser.find_element(By.ID, "diff-guideline_bank")
         assert len(browser.find_elements(By.CSS_SELECTOR, ".candidate")) == 3
+        # Every call of the iteration, all roles, is listed (and linked).
+        call_rows = browser.find_element(By.ID, "calls").find_elements(By.CSS_SELECTOR, "tr")[1:]
+        assert len(call_rows) == records[1]["calls"] == 11
+        assert {r.find_elements(By.TAG_NAME, "td")[1].text for r in call_rows} == {
+            "solution",
+            "verifier",
+            "summary",
+            "experience",
+            "guideline",
+        }
         _shot(browser, tmp_path, "iteration")
 
         browser.find_elements(By.CSS_SELECTOR, "a.call-link")[0].click()
@@ -271,3 +320,10 @@ def test_in_chromium_a_problem_page_follows_a_run_as_it_goes(tmp_path: Path, bro
             writer.save_iteration("mult", 1, later.model_dump(mode="json"))
             wait_until(lambda: "iteration 1" in browser.page_source, timeout=15, what="the page to update itself")
             assert browser.find_elements(By.LINK_TEXT, "iteration 1")
+
+
+def test_the_cli_takes_options_after_the_run_directories(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    cmd = [sys.executable, "-m", "tmas", "view", str(tmp_path / "missing"), "--port", "1"]
+    done = subprocess.run(cmd, capture_output=True, env=env, timeout=60, text=True)
+    assert done.returncode == 2 and done.stderr.strip() == f"tmas: error: not a directory: {tmp_path / 'missing'}"

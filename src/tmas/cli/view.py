@@ -9,7 +9,8 @@ import typer
 
 from tmas.errors import InputError
 
-view_app = typer.Typer(help="Browse runs in a local web viewer.")
+# One command, not a group: options may follow the run directories.
+view_app = typer.Typer(help="Browse runs in a local web viewer.", context_settings={"allow_interspersed_args": True})
 
 
 @view_app.callback(invoke_without_command=True)

@@ -128,7 +128,7 @@ class ServedRuns:
             with RunStore(run_dir, read_only=True) as store:
                 seed = int(store.get_meta(REQUEST_META)["seed"])
             return self._start(run_dir, fingerprint, body, method, upstream, params, seed, resume=True)
-        run_id = f"chatcmpl-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
+        run_id = f"chatcmpl-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(4)}"
         seed = body.seed if body.seed is not None else secrets.randbits(31)
         return self._start(self.serve_dir / run_id, fingerprint, body, method, upstream, params, seed, resume=False)
 

@@ -17,6 +17,7 @@ from starlette.routing import Route
 from tmas.eval.plots import plot_pass1
 from tmas.eval.rules import MissingExtra
 from tmas.store.run_store import StoreError
+from tmas.view.credits import load_credits
 from tmas.view.runs import RunReader, RunRef, discover, verdict
 
 # How often (ms) an open page asks whether its run changed.
@@ -110,6 +111,13 @@ class Viewer:
             record, diffs = found
             grades = run.grades()
             verdicts = {int(c["index"]): verdict(grades, (pid, t, int(c["index"]))) for c in record["candidates"]}
+            calls = [c for c in run.store.calls(pid) if c.key.iteration == t]
+            run_path = str(run.ref.path.resolve())
+            credits = {
+                (round_, agent): r
+                for (path, problem, round_, agent), r in load_credits([r.path for r in discover(self.paths)]).items()
+                if path == run_path and problem == pid
+            }
             return self._page(
                 "iteration.html",
                 ref=run.ref,
@@ -117,7 +125,9 @@ class Viewer:
                 record=record,
                 diffs=diffs,
                 verdicts=verdicts,
+                calls=calls,
                 transcript=record.get("state", {}).get("transcript"),
+                credits=credits,
                 live=True,
             )
 
