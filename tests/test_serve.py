@@ -22,7 +22,8 @@ from tmas.methods import METHODS
 from tmas.serve.launch import ServeOptions, resolve_token
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, SimScript, SimServer
-from web_helpers import ProxyThread, get, post, wait_until
+from tmas.view.app import view_app
+from web_helpers import AppThread, ProxyThread, get, post, run_ref_for, wait_until
 
 TMAS_SMALL = {"n": 2, "m": 1, "iterations": 1}
 
@@ -304,17 +305,12 @@ def test_keys_reach_no_store_page_or_log(
             assert upstream_key.encode() not in data and proxy_token.encode() not in data, path
     assert upstream_key not in caplog.text and proxy_token not in caplog.text
     assert "request chatcmpl-" in caplog.text  # the log was captured at all
-    from tmas.view.app import view_app
-    from web_helpers import AppThread
-
     with AppThread(view_app([serve_dir])) as viewer:
         pages = [get(f"{viewer.url}/")[1]]
         for run_dir in runs_in(serve_dir):
             with RunStore(run_dir, read_only=True) as store:
                 call_ids = [c.call_id for c in store.calls()]
                 pid = store.problems()[0].problem_id
-            from tmas.view.app import run_ref_for
-
             ref = run_ref_for([serve_dir], run_dir)
             assert ref is not None
             pages.append(get(f"{viewer.url}/run/{ref.key}")[1])
@@ -350,3 +346,48 @@ def test_a_client_gone_before_a_plain_reply_cancels_its_run_too(sim: SimServer, 
         [run_dir] = runs_in(tmp_path / "served")
         with RunStore(run_dir, read_only=True) as store:
             assert store.results() == [] and not list(store.calls())
+
+
+def test_the_same_request_twice_at_once_is_one_run(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(rules=[Rule(role="solution", latency_s=0.5)]))
+    replies: list[Any] = []
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+        api = client(proxy)
+
+        def ask() -> None:
+            replies.append(
+                api.chat.completions.create(
+                    model="majority/sim-model",
+                    messages=[{"role": "user", "content": "What is 11*11?"}],
+                    extra_body={"tmas": {"k": 3}},
+                )
+            )
+
+        threads = [threading.Thread(target=ask) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert len(replies) == 2 and replies[0].id == replies[1].id
+    assert replies[0].choices[0].message.content == replies[1].choices[0].message.content
+    assert len(runs_in(tmp_path / "served")) == 1 and sim.stats().total_requests == 3
+
+
+def test_an_unreachable_upstream_is_a_502_and_the_run_stays_resumable(sim: SimServer, tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    settings = settings_for(sim).model_copy(deep=True)
+    settings.endpoint.base_url = [dead]
+    with ProxyThread(settings, ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+        with pytest.raises(openai.APIStatusError) as caught:
+            client(proxy).chat.completions.create(
+                model="cot/sim-model", messages=[{"role": "user", "content": "What is 1+1?"}]
+            )
+        assert caught.value.status_code == 502 and caught.value.code == "upstream_error"
+        message = caught.value.message
+        assert "cannot connect" in message and "send the request again" in message
+        assert str(tmp_path) not in message and "Traceback" not in message
+    [run_dir] = runs_in(tmp_path / "served")
+    with RunStore(run_dir, read_only=True) as store:
+        assert store.results() == [] and store.get_meta("serve_request")["method"] == "cot"

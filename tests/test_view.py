@@ -21,9 +21,9 @@ from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import RunStore, StoreError
 from tmas.testing import Rule, SimScript, SimServer
-from tmas.view.app import run_ref_for, view_app
+from tmas.view.app import view_app
 from tmas.view.bank_diff import bank_diffs, diff_entries
-from web_helpers import AppThread, get, wait_until
+from web_helpers import AppThread, get, run_ref_for, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")

@@ -9,18 +9,25 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
 from tmas.config import Settings
 from tmas.serve.launch import ServeOptions, serve
+from tmas.view.runs import RunRef, discover
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def run_ref_for(paths: list[Path], run_dir: Path) -> RunRef | None:
+    """The viewer's ref (URL key) of ``run_dir`` among ``paths``."""
+    return next((r for r in discover(paths) if r.path.resolve() == run_dir.resolve()), None)
 
 
 def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:

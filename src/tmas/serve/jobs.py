@@ -77,7 +77,9 @@ class Job:
             raise ApiError(500, "the request's run was cancelled; send it again to resume it", "cancelled")
         exc = self.task.exception()
         if isinstance(exc, TmasError):
-            raise ApiError(502, f"upstream: {exc}", "upstream_error")
+            # The runner's advice names a command and a server path: neither is for an API client.
+            reason = str(exc).split("; finished work is kept")[0]
+            raise ApiError(502, f"upstream: {reason}; send the request again to resume its run", "upstream_error")
         if exc is not None:
             raise ApiError(500, f"the run failed: {type(exc).__name__}", "server_error")
         result = self.task.result()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -182,7 +181,3 @@ def chunk_body(
     if progress is not None:
         body["tmas_progress"] = progress
     return body
-
-
-def now() -> int:
-    return int(time.time())

@@ -18,7 +18,7 @@ from tmas.eval.plots import plot_pass1
 from tmas.eval.rules import MissingExtra
 from tmas.store.run_store import StoreError
 from tmas.view.credits import load_credits
-from tmas.view.runs import RunReader, RunRef, discover, verdict
+from tmas.view.runs import RunReader, discover, verdict
 
 # How often (ms) an open page asks whether its run changed.
 POLL_MS = 2000
@@ -189,9 +189,3 @@ class Viewer:
 
 def view_app(paths: list[Path]) -> Starlette:
     return Viewer([Path(p) for p in paths]).build()
-
-
-def run_ref_for(paths: list[Path], run_dir: Path) -> RunRef | None:
-    """The ref (URL key) of ``run_dir`` among ``paths``."""
-    resolved = run_dir.resolve()
-    return next((r for r in discover(paths) if r.path.resolve() == resolved), None)
