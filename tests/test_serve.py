@@ -391,3 +391,29 @@ def test_an_unreachable_upstream_is_a_502_and_the_run_stays_resumable(sim: SimSe
     [run_dir] = runs_in(tmp_path / "served")
     with RunStore(run_dir, read_only=True) as store:
         assert store.results() == [] and store.get_meta("serve_request")["method"] == "cot"
+
+
+def test_stopping_the_server_answers_503_and_keeps_the_run_resumable(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(rules=[Rule(role="verifier", latency_s=30.0)]))
+    errors: list[openai.APIStatusError] = []
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+        api = client(proxy)
+
+        def ask() -> None:
+            try:
+                api.chat.completions.create(
+                    model="tmas/sim-model",
+                    messages=[{"role": "user", "content": "What is 17*23?"}],
+                    extra_body={"tmas": TMAS_SMALL},
+                )
+            except openai.APIStatusError as exc:
+                errors.append(exc)
+
+        asking = threading.Thread(target=ask)
+        asking.start()
+        wait_until(lambda: sim.stats().by_role.get("verifier", 0) > 0, what="the run to reach its verifiers")
+    asking.join()
+    assert [(e.status_code, e.code) for e in errors] == [(503, "server_shutting_down")]
+    [run_dir] = runs_in(tmp_path / "served")
+    with RunStore(run_dir, read_only=True) as store:
+        assert store.results() == [] and [c.key.role for c in store.calls()] == ["solution", "solution"]

@@ -16,6 +16,7 @@ _TYPES = {
     429: "requests",
     500: "server_error",
     502: "upstream_error",
+    503: "server_error",
 }
 
 

@@ -97,6 +97,10 @@ class ServeApp:
             result = job.outcome()
         except ApiError as exc:
             return exc.response()
+        except asyncio.CancelledError:
+            # Only a server shutting down cancels a handler (a client going away is the watcher's business).
+            message = "the server is shutting down; send the request again to resume its run"
+            return ApiError(503, message, "server_shutting_down").response()
         finally:
             watcher.cancel()
             job.unfollow(queue, disconnected=False)

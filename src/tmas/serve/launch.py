@@ -21,6 +21,8 @@ from tmas.serve.jobs import ServedRuns
 
 log = logging.getLogger("tmas.serve")
 
+GRACEFUL_SHUTDOWN_S = 5
+
 
 @dataclass
 class ServeOptions:
@@ -94,7 +96,15 @@ async def serve(
         if options.resume:
             for job in runs.resume_all():
                 log.info("resuming unfinished request %s", job.run_id)
-        config = uvicorn.Config(app.build(), host=options.host, port=options.port, log_level="info", lifespan="off")
+        # On Ctrl-C, requests in flight get a few seconds: a long run is not waited for, it stays resumable.
+        config = uvicorn.Config(
+            app.build(),
+            host=options.host,
+            port=options.port,
+            log_level="info",
+            lifespan="off",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
         server = uvicorn.Server(config)
         if on_start is not None:
             on_start(server)
