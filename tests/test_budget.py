@@ -9,12 +9,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from conftest import settings_for
 from tmas.api import asolve
-from tmas.config import Budget
+from tmas.cli.main import app
+from tmas.config import Budget, Settings, load_settings
+from tmas.errors import ConfigError, InputError
+from tmas.llm.types import Usage
 from tmas.methods.base import ProblemResult
-from tmas.testing import SimServer
+from tmas.problems import Problem
+from tmas.runner import prepare_run, run_problems
+from tmas.store.run_store import RunStore
+from tmas.sweep import point_name
+from tmas.testing import Rule, ScriptedUsage, SimScript, SimServer
 
 Q = "What is 17*23?"
 
@@ -38,9 +46,9 @@ async def test_call_budget_is_never_exceeded_and_partial_iteration_is_kept(sim: 
 
 async def test_token_budget_stops_at_the_first_call_past_it(sim: SimServer) -> None:
     # One call per iteration, so the spend before each call is known exactly.
-    budget = 1000
+    budget = 300
     result = await solve(sim, "majority", {"tokens": budget}, k=1, iterations=50)
-    spends = [r.usage.total_tokens for r in result.iterations]
+    spends = [r.usage.completion_tokens for r in result.iterations]  # completion tokens: the default count
     assert result.stopped_reason == "budget" and len(spends) < 50
     # Every call but the last was sent with the spend below the budget; after the last, it was reached.
     assert sum(spends[:-1]) < budget <= sum(spends)
@@ -95,3 +103,100 @@ def test_cli_budget_flags(sim: SimServer, tmp_path: Path) -> None:
     result = ProblemResult.model_validate_json(out.stdout)
     assert result.stopped_reason == "budget" and result.calls == 3
     assert [len(r.candidates) for r in result.iterations] == [2, 1]
+
+
+# ---------------------------------------------------------------------------------------------- what a budget counts
+# Every reply reports 100 prompt, 30 completion (10 of them reasoning) tokens, so spends are worked by hand.
+SCRIPTED = SimScript(rules=[Rule(usage=ScriptedUsage(prompt_tokens=100, completion_tokens=30, reasoning_tokens=10))])
+
+
+@pytest.mark.parametrize(
+    ("count", "tokens", "calls", "spent"),
+    [
+        # TMAS n=1, m=1: solution, verifier, summary, then experience and guideline together (both checked at 90).
+        # Completion tokens: iteration 0 spends 30, 60, 90, then 150; iteration 1's solution (checked at 150) and
+        # verifier (at 180) go, its summary (at 210 >= 200) is refused: 7 calls.
+        ("completion", 200, 7, 210),
+        # Total tokens: 130, 260, 390, then 650 (both memory calls checked at 390); iteration 1's solution goes
+        # (at 650 < 700), its verifier (at 780) is refused: 6 calls.
+        ("total", 700, 6, 780),
+    ],
+)
+async def test_token_budget_counts_completion_or_total_tokens(
+    sim: SimServer, count: str, tokens: int, calls: int, spent: int
+) -> None:
+    sim.set_script(SCRIPTED)
+    params = {"n": 1, "m": 1, "iterations": 5}
+    settings = settings_for(sim, method={"name": "tmas", "params": params}, budget={"tokens": tokens, "count": count})
+    result = await asolve(Q, settings)
+    assert len(sim.chat_bodies()) == calls and result.calls == calls
+    assert result.stopped_reason == "budget" and [r.iteration for r in result.iterations] == [0]
+    note = f"stopped: budget spent ({spent} {count} tokens of a budget of {tokens}) in iteration 1"
+    assert result.iterations[-1].notes[-1] == note
+    # The three counts stay apart whatever the budget counted; the result includes the cut iteration's calls.
+    assert result.usage == Usage(prompt_tokens=100 * calls, completion_tokens=30 * calls, reasoning_tokens=10 * calls)
+    assert result.iterations[0].usage == Usage(prompt_tokens=500, completion_tokens=150, reasoning_tokens=50)
+
+
+def test_completion_is_the_default_count_and_env_and_flags_set_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no ./tmas.toml
+    assert Budget().count == "completion" and Settings().budget.count == "completion"
+    env = {"TMAS_BUDGET_TOKENS": "500", "TMAS_BUDGET_COUNT": "total"}
+    assert load_settings(None, environ=env).budget == Budget(tokens=500, count="total")
+    flagged = load_settings(None, overrides={"budget.count": "completion"}, environ=env)
+    assert flagged.budget == Budget(tokens=500, count="completion")
+    with pytest.raises(ConfigError, match=r"^environment \(TMAS_BUDGET_TOKENS, TMAS_BUDGET_COUNT\): bad value for"):
+        load_settings(None, environ={**env, "TMAS_BUDGET_COUNT": "prompt"})
+
+
+def test_budget_count_is_part_of_a_token_budgets_identity() -> None:
+    assert Budget(tokens=10, count="total").identity() == {"tokens": 10, "count": "total"}
+    # Without a token limit the count changes nothing: runs without one keep their fingerprints.
+    assert Budget(calls=3, count="total").identity() == {"calls": 3} and Budget().identity() == {}
+    assert point_name("cot", {}, Budget(tokens=10, count="total")) == "cot__budget_tokens=10_total"
+    assert point_name("cot", {}, Budget(tokens=10)) == "cot__budget_tokens=10"
+
+
+async def test_run_summary_splits_prompt_completion_and_reasoning_tokens(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SCRIPTED)
+    settings = settings_for(sim, method={"name": "cot", "params": {}})
+    problems = [Problem(problem_id=f"p{i}", question=Q) for i in range(2)]
+    store, settings, todo = prepare_run(tmp_path / "run", settings, problems, resume=False)
+    with store:
+        summary = await run_problems(settings, todo, store)
+    data = summary.to_dict()
+    assert (data["prompt_tokens"], data["completion_tokens"], data["reasoning_tokens"]) == (200, 60, 20)
+    assert data["budget_count"] == "completion"
+
+
+def test_sweep_budget_flags_and_environment(sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TMAS_BUDGET_TOKENS", "90")  # from the environment; the flag sets the count
+    sim.set_script(SCRIPTED)
+    problems = tmp_path / "p.jsonl"
+    problems.write_text('{"problem_id": "a", "question": "What is 17*23?"}\n')
+    args = ["sweep", "--out", str(tmp_path / "sw"), "--problems", str(problems), "-m", "majority", "-p", "k=1"]
+    args += ["-p", "iterations=9", "--budget-count", "total", "--base-url", sim.base_url, "--no-report"]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    run_dir = tmp_path / "sw" / "runs" / "majority__iterations=9__k=1__budget_tokens=90_total"
+    with RunStore(run_dir, create=False) as store:
+        [row] = list(store.results())
+    # 130 total tokens a call: the first call reaches 90, the second is refused.
+    assert row["calls"] == 1 and row["stopped_reason"] == "budget"
+
+
+def test_solve_prints_the_token_split(sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    sim.set_script(SCRIPTED)
+    out = CliRunner().invoke(app, ["solve", Q, "-m", "majority", "-p", "k=2", "--base-url", sim.base_url])
+    assert out.exit_code == 0, out.output
+    assert "tmas: 2 calls; tokens: prompt 200, completion 60 (reasoning 20)" in out.output
+
+
+def test_sweep_resume_refuses_a_new_budget(tmp_path: Path) -> None:
+    # The budget names a sweep's points: a flag that cannot apply on resume is an error, not silently dropped.
+    out = CliRunner().invoke(app, ["sweep", "--resume", str(tmp_path), "--budget-count", "total"])
+    assert isinstance(out.exception, InputError) and "--resume keeps the sweep's budget" in str(out.exception)

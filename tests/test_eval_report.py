@@ -61,7 +61,7 @@ def test_report_from_simulated_runs(tmp_path: Path) -> None:
     assert "1 problems have no reference answer" in markdown
     assert "Benchmark: p" in markdown and "Cost" in markdown
     pngs = sorted(p.name for p in report_dir.glob("*.png"))
-    assert pngs == ["pass1_vs_iteration_p.png", "pass1_vs_tokens_p.png"]
+    assert pngs == ["frontier_p.png", "pass1_vs_iteration_p.png"]
     assert all((report_dir / name).stat().st_size > 1000 for name in pngs)
     assert "<table>" in html and 'img src="pass1_vs_iteration_p.png"' in html
     assert set(written) >= {"markdown", "html"}

@@ -81,10 +81,9 @@ def test_tmas_reply_carries_the_selected_solution_and_the_upstream_usage(
     assert len(solution_bodies) == TMAS_SMALL["n"]
     prompt = json.dumps(solution_bodies[0]["messages"])
     assert "What is 17*23?" in prompt and "Please keep answers short." in prompt and "careful assistant" in prompt
-    assert all(b["model"] == "sim-model" for b in solution_bodies)
-    # The body's sampling becomes the run's default sampling (what each call sends is the LLM layer's business).
+    # The body's sampling becomes every upstream call's default.
+    assert all(b["model"] == "sim-model" and b["temperature"] == 0.3 for b in solution_bodies)
     with RunStore(run_dir, read_only=True) as store:
-        assert store.get_meta("settings")["sampling"]["temperature"] == 0.3
         assert store.get_meta("method")["params"] == {**store.get_meta("method")["params"], **TMAS_SMALL}
     assert {r.role for r in sim.requests} == {"solution", "verifier", "summary", "experience", "guideline"}
 

@@ -639,6 +639,9 @@ async def test_request_log_is_capped(sim: SimServer, http: aiohttp.ClientSession
     logged = sim.requests
     assert [r.body["messages"][0]["content"] for r in logged] == [f"What is {i}+0?" for i in (2, 3, 4)]
     assert sim.stats().total_requests == 5
+    # The accessor tests assert wire bodies with: chat bodies only, optionally of one role.
+    assert sim.chat_bodies() == [r.body for r in logged] == sim.chat_bodies(logged[0].role)
+    assert sim.chat_bodies("no-such-role") == []
 
 
 def test_script_validation() -> None:

@@ -133,5 +133,6 @@ async def test_sweep_report_has_every_curve(sim: SimServer, tmp_path: Path) -> N
     report = written["markdown"].read_text()
     for label in ("cot", "majority", "self_refine [sim-model] (n=1)", "self_refine [sim-model] (n=2)"):
         assert f"| {label if '[' in label else label + ' [sim-model]'} |" in report
-    assert any(k.startswith("pass1_vs_tokens") for k in written)
+    assert any(k.startswith("frontier_") and k.endswith(".png") for k in written)
+    assert "Accuracy (%) at equal completion-token budgets" in report
     assert (tmp_path / "sweep" / "report" / "refine" / "report.md").exists()

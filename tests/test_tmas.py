@@ -11,10 +11,11 @@ import pytest
 
 from conftest import settings_for
 from tmas.api import asolve
-from tmas.config import Settings
+from tmas.config import Sampling, Settings
 from tmas.methods import create_method
 from tmas.methods.base import ProblemResult
-from tmas.methods.tmas import TMAS, select
+from tmas.methods.selection import select
+from tmas.methods.tmas import TMAS
 from tmas.methods.tmas_params import TMASParams, sampling_override
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, SimScript, SimServer
@@ -308,17 +309,17 @@ def test_presets_and_embedded_defaults() -> None:
 
 
 def test_preset_sampling_yields_to_the_users_settings() -> None:
-    wanted = TMASParams.model_validate({"preset": "local"}).sampling["solution"]
-    plain = sampling_override(Settings(), "solution", wanted)
+    local = TMASParams.model_validate({"preset": "local"})
+    plain = sampling_override(Settings(), "solution", local)
     assert plain is not None and (plain.temperature, plain.max_tokens) == (0.3, 640)
     user = Settings.model_validate(
         {"sampling": {"temperature": 0.9}, "roles": {"solution": {"sampling": {"max_tokens": 99}}}}
     )
-    assert sampling_override(user, "solution", wanted) is None
-    assert (
-        sampling_override(user, "verifier", TMASParams.model_validate({"preset": "local"}).sampling["verifier"])
-        == (TMASParams.model_validate({"sampling": {"verifier": {"max_tokens": 400}}}).sampling["verifier"])
-    )
+    assert sampling_override(user, "solution", local) is None
+    assert sampling_override(user, "verifier", local) == Sampling(max_tokens=400)
+    # The user's own per-role method sampling is no preset value: it is sent whatever the settings say.
+    mine = TMASParams.model_validate({"preset": "local", "sampling": {"solution": {"temperature": 0.1}}})
+    assert sampling_override(user, "solution", mine) == Sampling(temperature=0.1)
 
 
 async def test_paper_preset_sends_its_sampling(sim: SimServer) -> None:

@@ -9,11 +9,14 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tmas.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tmas.llm.types import Usage
 
 ROLES = (
     "solution",
@@ -65,17 +68,25 @@ class Sampling(Strict):
     extra_body: dict[str, Any] = Field(default_factory=dict)
 
     def merged(self, over: Sampling | None) -> Sampling:
-        """This sampling with every field that ``over`` sets explicitly taking precedence."""
+        """This sampling with each field that ``over`` sets taking precedence; every other field is kept.
+
+        A field ``over`` holds as None counts as unset: a full dump read back (stored settings, sweep points) marks
+        every field as set, and TOML has no null, so None there is never a user's choice. ``extra_body`` merges key
+        by key. The result's ``model_fields_set`` is this one's plus the fields taken from ``over``.
+        """
         if over is None:
             return self
-        data = self.model_dump()
+        update: dict[str, Any] = {}
         for key in over.model_fields_set:
             value = getattr(over, key)
             if key == "extra_body":
-                data["extra_body"] = {**data["extra_body"], **value}
-            else:
-                data[key] = value
-        return Sampling.model_validate(data)
+                if value:
+                    update[key] = {**self.extra_body, **value}
+            elif value is not None:
+                update[key] = value
+        # model_copy, not model_validate of a full dict: that would mark every field as set and let a later merge
+        # of this result replace a route's temperature or max_tokens with None (issue 9, part 1).
+        return self.model_copy(update=update) if update else self
 
 
 class Endpoint(Strict):
@@ -158,25 +169,43 @@ class MethodConfig(Strict):
 class Budget(Strict):
     """Equal-compute budget per problem, for any method (None = no limit).
 
-    Checked before each chat call: once a problem has spent ``tokens`` (prompt + completion) or sent ``calls`` chat
-    calls, its next call is refused and the method stops there with ``stopped_reason = "budget"``. Calls already in
-    flight finish and count: a call budget counts them too and is never exceeded; a token budget may be passed by
-    what the calls in flight at that moment cost (parallel methods send N at once).
+    Checked before each chat call: once a problem has spent ``tokens`` or sent ``calls`` chat calls, its next call is
+    refused and the method stops there with ``stopped_reason = "budget"``. ``count`` says which tokens are spent:
+    ``completion`` (the default: what generation costs; prompt tokens are largely prefix-cache hits on vLLM and
+    SGLang) or ``total`` (prompt + completion). Calls already in flight finish and count: a call budget counts them
+    too and is never exceeded; a token budget may be passed by what the calls in flight at that moment cost
+    (parallel methods send N at once).
     """
 
     tokens: int | None = Field(default=None, ge=1)
     calls: int | None = Field(default=None, ge=1)
+    count: Literal["completion", "total"] = "completion"
 
     @property
     def limited(self) -> bool:
         return self.tokens is not None or self.calls is not None
+
+    def spent(self, usage: Usage) -> int:
+        """The tokens of ``usage`` this budget counts."""
+        return usage.completion_tokens + (usage.prompt_tokens if self.count == "total" else 0)
+
+    def identity(self) -> dict[str, Any]:
+        """What makes two budgets the same run: the limits set, and how tokens count when a token limit is set."""
+        data = self.model_dump(exclude_none=True)
+        if self.tokens is None:
+            data.pop("count")
+        return data
+
+
+# The default sampling's built-in values; fields a config leaves out keep them.
+DEFAULT_SAMPLING: dict[str, Any] = {"temperature": 0.7, "max_tokens": 2048}
 
 
 class Settings(Strict):
     """Everything a run needs to know. The default endpoint has no URL, which means: use the embedded model."""
 
     endpoint: Endpoint = Field(default_factory=Endpoint)
-    sampling: Sampling = Field(default_factory=lambda: Sampling(temperature=0.7, max_tokens=2048))
+    sampling: Sampling = Field(default_factory=lambda: Sampling(**DEFAULT_SAMPLING))
     roles: dict[str, RoleConfig] = Field(default_factory=dict)
     # Global cap on LLM calls in flight across all endpoints (the official code's --concurrency).
     concurrency: int = Field(default=64, ge=1)
@@ -185,6 +214,16 @@ class Settings(Strict):
     method: MethodConfig = Field(default_factory=MethodConfig)
     budget: Budget = Field(default_factory=Budget)
     seed: int = 0
+
+    @field_validator("sampling", mode="before")
+    @classmethod
+    def _over_defaults(cls, value: Any) -> Any:
+        # A [sampling] table (or TMAS_TEMPERATURE, --temperature, a Sampling built in Python) that sets some fields
+        # keeps the built-in defaults of the others: setting the temperature alone must not drop max_tokens and let
+        # completions run unbounded.
+        if isinstance(value, Sampling):
+            value = value.model_dump(exclude_unset=True)
+        return {**DEFAULT_SAMPLING, **value} if isinstance(value, dict) else value
 
     @field_validator("roles")
     @classmethod
@@ -208,6 +247,13 @@ ENV_KEYS: dict[str, str] = {
     "TMAS_CONCURRENCY": "concurrency",
     "TMAS_LOCAL_MODEL": "local.model",
     "TMAS_LOCAL_SERVER": "local.server",
+    "TMAS_TEMPERATURE": "sampling.temperature",
+    "TMAS_TOP_P": "sampling.top_p",
+    "TMAS_MAX_TOKENS": "sampling.max_tokens",
+    "TMAS_SEED": "seed",
+    "TMAS_BUDGET_TOKENS": "budget.tokens",
+    "TMAS_BUDGET_CALLS": "budget.calls",
+    "TMAS_BUDGET_COUNT": "budget.count",
 }
 
 
@@ -265,13 +311,28 @@ def load_settings(
         Settings.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_error(exc, source)) from None
-    for var, key in ENV_KEYS.items():
-        if env.get(var):
-            _set_dotted(data, key, env[var])
-    for key, value in (overrides or {}).items():
+    given = {var: env[var] for var in ENV_KEYS if env.get(var)}
+    for var, value in given.items():
+        _set_dotted(data, ENV_KEYS[var], value)
+    if given:
+        # Validated before the flags go on, so a bad variable is named as such.
+        try:
+            Settings.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(_format_error(exc, f"environment ({', '.join(given)})")) from None
+    return _overridden(data, overrides or {})
+
+
+def with_overrides(settings: Settings, overrides: dict[str, Any]) -> Settings:
+    """``settings`` with dotted-key ``overrides`` (CLI flags; None = not given) put on top, e.g. on ``--resume``."""
+    return _overridden(settings.model_dump(mode="json"), overrides)
+
+
+def _overridden(data: dict[str, Any], overrides: dict[str, Any]) -> Settings:
+    for key, value in overrides.items():
         if value is not None:
             _set_dotted(data, key, value)
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_error(exc, "environment or command line")) from None
+        raise ConfigError(_format_error(exc, "command line")) from None

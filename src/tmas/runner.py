@@ -46,8 +46,12 @@ class RunSummary:
     calls: int
     cached_calls: int
     failed_calls: int
+    # Over every call of the run: prompt, completion, and the part of completion that was reasoning.
     prompt_tokens: int
     completion_tokens: int
+    reasoning_tokens: int
+    # How the run's token budget counts (``budget.count``), so the figures above read against the right limit.
+    budget_count: str
     wall_s: float
     # The results of this session, only when asked for (``keep_results``): a big run does not hold them all.
     results: list[ProblemResult]
@@ -77,8 +81,7 @@ def params_fingerprint(method: str, params: dict[str, Any], budget: dict[str, An
 
 def run_fingerprint(method: Method[Any], settings: Settings) -> str:
     """What a finished problem's result must match to be skipped: the method, its params and the budget."""
-    budget = settings.budget.model_dump(exclude_none=True)
-    return params_fingerprint(method.name, method.params.model_dump(mode="json"), budget)
+    return params_fingerprint(method.name, method.params.model_dump(mode="json"), settings.budget.identity())
 
 
 class Unreachable(TmasError):
@@ -208,6 +211,8 @@ async def run_problems(
         failed_calls=counts["failed"],
         prompt_tokens=counts["prompt_tokens"],
         completion_tokens=counts["completion_tokens"],
+        reasoning_tokens=counts["reasoning_tokens"],
+        budget_count=settings.budget.count,
         wall_s=time.monotonic() - started,
         results=tally.results,
         anomalies=dict(sorted(tally.anomalies.items())),

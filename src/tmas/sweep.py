@@ -144,7 +144,8 @@ def point_name(method: str, params: dict[str, Any], budget: Budget) -> str:
     """A readable, stable directory name: the method, then each param (and budget) as key=value."""
     parts = [method, *(f"{k}={_value_text(v)}" for k, v in sorted(params.items()))]
     if budget.tokens is not None:
-        parts.append(f"budget_tokens={budget.tokens}")
+        # The default count (completion tokens) keeps the short name; a total-token budget says so.
+        parts.append(f"budget_tokens={budget.tokens}" + ("_total" if budget.count == "total" else ""))
     if budget.calls is not None:
         parts.append(f"budget_calls={budget.calls}")
     name = re.sub(r"[^A-Za-z0-9_.=+-]+", "_", "__".join(parts))
@@ -168,7 +169,7 @@ def expand(spec: SweepSpec) -> list[SweepPoint]:
                     params = {**study.params, **variant, **combo}
                     # Equal after validation (defaults filled in) means the same run, whatever the spelling.
                     full = create_method(method, params).params.model_dump(mode="json")
-                    key = json.dumps([method, full, budget.model_dump()], sort_keys=True)
+                    key = json.dumps([method, full, budget.identity()], sort_keys=True)
                     point = points.setdefault(
                         key, SweepPoint(point_name(method, params, budget), method, params, budget)
                     )

@@ -15,7 +15,7 @@ import typer
 from tmas import __version__
 from tmas.cli.serve import serve_app
 from tmas.cli.view import view_app
-from tmas.config import Settings, load_settings
+from tmas.config import Settings, load_settings, with_overrides
 from tmas.errors import InputError, TmasError
 
 app = typer.Typer(
@@ -55,6 +55,7 @@ NoGuidelineOpt = Annotated[
     bool, typer.Option("--no-guideline", help="TMAS ablation: no guideline bank (param no_guideline=true).")
 ]
 TemperatureOpt = Annotated[float | None, typer.Option("--temperature", help="Default sampling temperature.")]
+TopPOpt = Annotated[float | None, typer.Option("--top-p", help="Default nucleus sampling top_p.")]
 MaxTokensOpt = Annotated[int | None, typer.Option("--max-tokens", help="Default max tokens per call.")]
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="Run seed.")]
 BudgetTokensOpt = Annotated[
@@ -64,6 +65,27 @@ BudgetTokensOpt = Annotated[
 BudgetCallsOpt = Annotated[
     int | None, typer.Option("--budget-calls", help="Per problem: stop at the first call past this many calls.")
 ]
+BudgetCountOpt = Annotated[
+    str | None,
+    typer.Option("--budget-count", help="Tokens a token budget counts: completion (default) or total (+ prompt)."),
+]
+
+# Each flag of a command that talks to a model -> the dotted settings key it sets.
+FLAG_KEYS: dict[str, str] = {
+    "base_url": "endpoint.base_url",
+    "model": "endpoint.model",
+    "api_key_env": "endpoint.api_key_env",
+    "concurrency": "concurrency",
+    "local_model": "local.model",
+    "method": "method.name",
+    "temperature": "sampling.temperature",
+    "top_p": "sampling.top_p",
+    "max_tokens": "sampling.max_tokens",
+    "seed": "seed",
+    "budget_tokens": "budget.tokens",
+    "budget_calls": "budget.calls",
+    "budget_count": "budget.count",
+}
 
 
 def _version(value: bool) -> None:
@@ -95,38 +117,14 @@ def _params(items: list[str] | None) -> dict[str, Any]:
 
 
 def _settings(
-    config: Path | None,
-    *,
-    base_url: str | None = None,
-    model: str | None = None,
-    api_key_env: str | None = None,
-    concurrency: int | None = None,
-    local_model: str | None = None,
-    method: str | None = None,
-    params: list[str] | None = None,
-    iterations: int | None = None,
-    temperature: float | None = None,
-    max_tokens: int | None = None,
-    seed: int | None = None,
-    budget_tokens: int | None = None,
-    budget_calls: int | None = None,
+    config: Path | None, *, params: list[str] | None = None, iterations: int | None = None, **flags: Any
 ) -> Settings:
-    settings = load_settings(
-        config,
-        overrides={
-            "endpoint.base_url": base_url,
-            "endpoint.model": model,
-            "endpoint.api_key_env": api_key_env,
-            "concurrency": concurrency,
-            "local.model": local_model,
-            "method.name": method,
-            "sampling.temperature": temperature,
-            "sampling.max_tokens": max_tokens,
-            "seed": seed,
-            "budget.tokens": budget_tokens,
-            "budget.calls": budget_calls,
-        },
-    )
+    """Settings from the config file, ``TMAS_*`` variables and ``flags`` (names of :data:`FLAG_KEYS`)."""
+    settings = load_settings(config, overrides={FLAG_KEYS[name]: value for name, value in flags.items()})
+    return _with_params(settings, params, iterations)
+
+
+def _with_params(settings: Settings, params: list[str] | None, iterations: int | None) -> Settings:
     extra = _params(params)
     if iterations is not None:
         extra["iterations"] = iterations
@@ -179,10 +177,12 @@ def solve(
     concurrency: ConcurrencyOpt = None,
     local_model: LocalModelOpt = None,
     temperature: TemperatureOpt = None,
+    top_p: TopPOpt = None,
     max_tokens: MaxTokensOpt = None,
     seed: SeedOpt = None,
     budget_tokens: BudgetTokensOpt = None,
     budget_calls: BudgetCallsOpt = None,
+    budget_count: BudgetCountOpt = None,
 ) -> None:
     """Solve one question and print the answer."""
     from tmas.api import asolve
@@ -199,10 +199,12 @@ def solve(
         params=_with_ablations(param, no_experience, no_guideline),
         iterations=iterations,
         temperature=temperature,
+        top_p=top_p,
         max_tokens=max_tokens,
         seed=seed,
         budget_tokens=budget_tokens,
         budget_calls=budget_calls,
+        budget_count=budget_count,
     )
     if settings.uses_local_model:
         typer.echo(f"tmas: no endpoint configured; starting the embedded model {settings.local.model}", err=True)
@@ -211,6 +213,12 @@ def solve(
         typer.echo(result.model_dump_json(indent=2))
     else:
         typer.echo(result.answer if result.answer is not None else (result.text or "(no answer)"))
+        u = result.usage
+        typer.echo(
+            f"tmas: {result.calls} calls; tokens: prompt {u.prompt_tokens}, completion {u.completion_tokens}"
+            f" (reasoning {u.reasoning_tokens}){' (estimated)' if u.estimated else ''}",
+            err=True,
+        )
     if result.status != "done":
         typer.echo(f"tmas: the method failed: {result.error}", err=True)
         raise typer.Exit(1)
@@ -237,10 +245,12 @@ def run(
     concurrency: ConcurrencyOpt = None,
     local_model: LocalModelOpt = None,
     temperature: TemperatureOpt = None,
+    top_p: TopPOpt = None,
     max_tokens: MaxTokensOpt = None,
     seed: SeedOpt = None,
     budget_tokens: BudgetTokensOpt = None,
     budget_calls: BudgetCallsOpt = None,
+    budget_count: BudgetCountOpt = None,
 ) -> None:
     """Solve a file of problems into a run directory (resumable with --resume)."""
     from tmas.cli.progress import RunProgress
@@ -258,10 +268,12 @@ def run(
         "params": _with_ablations(param, no_experience, no_guideline),
         "iterations": iterations,
         "temperature": temperature,
+        "top_p": top_p,
         "max_tokens": max_tokens,
         "seed": seed,
         "budget_tokens": budget_tokens,
         "budget_calls": budget_calls,
+        "budget_count": budget_count,
     }
     if resume is not None:
         if problems is not None or out is not None:
@@ -294,22 +306,13 @@ def run(
 
 
 def _apply_flags(stored: Settings, config: Path | None, overrides: dict[str, Any]) -> Settings:
+    """A resumed run's settings: the stored ones with every flag given now on top (a ``--config`` file replaces
+    them). The environment is not read again: a run continues as it was set up unless a flag says otherwise."""
+    flags = {name: value for name, value in overrides.items() if name not in ("params", "iterations")}
     if config is not None:
-        return _settings(config, **overrides)
-    data = stored.model_dump(mode="json")
-    flagged = _settings(None, **overrides)
-    for flag, key in (("base_url", "endpoint"), ("concurrency", "concurrency")):
-        if overrides.get(flag) is not None:
-            data[key] = flagged.model_dump(mode="json")[key]
-    for flag, field in (("budget_tokens", "tokens"), ("budget_calls", "calls")):
-        if overrides.get(flag) is not None:
-            data.setdefault("budget", {})[field] = overrides[flag]
-    if overrides.get("params") or overrides.get("iterations") is not None:
-        extra = _params(overrides.get("params"))
-        if overrides.get("iterations") is not None:
-            extra["iterations"] = overrides["iterations"]
-        data["method"]["params"] = {**data["method"]["params"], **extra}
-    return Settings.model_validate(data)
+        return _settings(config, params=overrides.get("params"), iterations=overrides.get("iterations"), **flags)
+    settings = with_overrides(stored, {FLAG_KEYS[name]: value for name, value in flags.items()})
+    return _with_params(settings, overrides.get("params"), overrides.get("iterations"))
 
 
 @app.command()
@@ -449,10 +452,12 @@ def evaluate(
     concurrency: ConcurrencyOpt = None,
     local_model: LocalModelOpt = None,
     temperature: TemperatureOpt = None,
+    top_p: TopPOpt = None,
     max_tokens: MaxTokensOpt = None,
     seed: SeedOpt = None,
     budget_tokens: BudgetTokensOpt = None,
     budget_calls: BudgetCallsOpt = None,
+    budget_count: BudgetCountOpt = None,
 ) -> None:
     """Run a method on problems, grade the run and write its report (run + report in one step)."""
     from tmas.eval.report import build_report
@@ -475,10 +480,12 @@ def evaluate(
         concurrency=concurrency,
         local_model=local_model,
         temperature=temperature,
+        top_p=top_p,
         max_tokens=max_tokens,
         seed=seed,
         budget_tokens=budget_tokens,
         budget_calls=budget_calls,
+        budget_count=budget_count,
     )
     settings = _judge_settings(config, base_url, judge_base_url, judge_model)
     written = asyncio.run(build_report([out], report_dir or out / "report", grade_config, settings))
@@ -516,10 +523,12 @@ def sweep(
     concurrency: ConcurrencyOpt = None,
     local_model: LocalModelOpt = None,
     temperature: TemperatureOpt = None,
+    top_p: TopPOpt = None,
     max_tokens: MaxTokensOpt = None,
     seed: SeedOpt = None,
     budget_tokens: BudgetTokensOpt = None,
     budget_calls: BudgetCallsOpt = None,
+    budget_count: BudgetCountOpt = None,
 ) -> None:
     """Run a grid of methods x parameters over one problem set (one run per point, resumable) and report it."""
     from tmas.config import Budget
@@ -534,19 +543,24 @@ def sweep(
     )
 
     grade_config = _grade_config(grade, judge_runs)
-    flags = {
+    flags: dict[str, Any] = {
         "base_url": base_url,
         "model": model,
         "api_key_env": api_key_env,
         "concurrency": concurrency,
         "local_model": local_model,
         "temperature": temperature,
+        "top_p": top_p,
         "max_tokens": max_tokens,
         "seed": seed,
     }
+    budget_flags: dict[str, Any] = {"tokens": budget_tokens, "calls": budget_calls, "count": budget_count}
+    given_budget = {key: value for key, value in budget_flags.items() if value is not None}
     if resume is not None:
         if grid_file is not None or out is not None or method or grid:
             raise InputError("--resume takes the sweep directory alone: give no grid, --out, --method or --grid")
+        if given_budget:
+            raise InputError("--resume keeps the sweep's budget (it names the points): give no --budget-* flag")
         manifest = read_manifest(resume)
         spec = SweepSpec.model_validate(manifest["spec"])
         stored = Settings.model_validate(manifest["settings"])
@@ -555,23 +569,25 @@ def sweep(
     else:
         if out is None:
             raise InputError("give --out SWEEP_DIR (or --resume SWEEP_DIR)")
-        budget = Budget(tokens=budget_tokens, calls=budget_calls)
+        # The budget from the config file and TMAS_BUDGET_* under the flags; a grid file's own budget sits between.
+        settings = _settings(config, **flags, **{f"budget_{key}": value for key, value in budget_flags.items()})
         if grid_file is not None:
             if method or grid or param:
                 raise InputError("give either a grid file or --method/--param/--grid, not both")
             spec = load_spec(grid_file)
-            if budget.limited:
-                spec.budget = budget
+            if not spec.budget.limited:
+                spec.budget = settings.budget
+            elif given_budget:
+                spec.budget = Budget.model_validate({**spec.budget.model_dump(), **given_budget})
         else:
             if not method:
                 raise InputError("give a grid file or at least one --method")
             axes = dict(parse_grid_flag(item) for item in grid or [])
-            spec = spec_from_flags(problems, method, _params(param), axes, limit=limit, budget=budget)
+            spec = spec_from_flags(problems, method, _params(param), axes, limit=limit, budget=settings.budget)
         if problems is not None:
             spec.problems = problems
         if limit is not None:
             spec.limit = limit
-        settings = _settings(config, **flags)  # type: ignore[arg-type]
 
     def progress(outcome: Any) -> None:
         typer.echo(f"tmas sweep: {outcome.point.name}: {outcome.status}", err=True)

@@ -36,7 +36,7 @@ def _calls_text(state: RunState) -> str:
         where = f"{len(iterations)} active, iteration {span} · "
     return where + (
         f"{s.in_flight} in flight · {s.calls} calls · {s.cached} replayed · {s.failed} failed · "
-        f"{s.usage.total_tokens:,} tokens"
+        f"{s.usage.prompt_tokens:,} prompt + {s.usage.completion_tokens:,} completion tokens"
     )
 
 
@@ -55,7 +55,8 @@ class RunProgress:
         line = (
             f"[{n + st.skipped}/{st.total}] {result.problem_id}: {result.status}"
             f" answer={result.answer!r} iterations={len(result.iterations)} calls={result.calls}"
-            f" tokens={result.usage.total_tokens}"
+            f" prompt_tokens={result.usage.prompt_tokens} completion_tokens={result.usage.completion_tokens}"
+            f" reasoning_tokens={result.usage.reasoning_tokens}"
         )
         if result.error:
             line += f" error={result.error}"

@@ -18,12 +18,6 @@ GUIDELINE_KEYS = ("guideline_bank", "guidelines", "guideline")
 EXPERIENCE_KEYS = ("experience_bank", "experiences", "experience")
 
 
-def _candidate_correct(grades: Grades, key: tuple[str, int, int]) -> bool:
-    """A rollout is correct when at least half of the judge runs say so."""
-    verdicts = grades.verdicts.get(key) or []
-    return bool(verdicts) and sum(v is True for v in verdicts) * 2 >= len(verdicts)
-
-
 # ------------------------------------------------------------------------------------------ B.4
 @dataclass
 class ScoreDynamics:
@@ -55,7 +49,7 @@ def score_dynamics(results: list[dict[str, Any]], grades: Grades) -> ScoreDynami
         for record in result.get("iterations", []):
             it = int(record["iteration"])
             for cand in record.get("candidates", []):
-                ever[pid] = ever[pid] or _candidate_correct(grades, (pid, it, int(cand["index"])))
+                ever[pid] = ever[pid] or grades.majority_correct((pid, it, int(cand["index"])))
                 if cand.get("score") is not None:
                     scores.setdefault(pid, {}).setdefault(it, []).append(float(cand["score"]))
     if not scores:
@@ -185,7 +179,7 @@ def experience_trace(result: dict[str, Any], grades: Grades) -> ExperienceTrace:
     for record in result.get("iterations", []):
         it = int(record["iteration"])
         cands = record.get("candidates", [])
-        hits = [_candidate_correct(grades, (pid, it, int(c["index"]))) for c in cands]
+        hits = [grades.majority_correct((pid, it, int(c["index"]))) for c in cands]
         modes = [(c.get("meta") or {}).get("mode") for c in cands]
         exploit = [h for h, m in zip(hits, modes, strict=True) if m == "exploit"]
         entries = _bank_entries(record.get("state") or {}, EXPERIENCE_KEYS)
@@ -222,7 +216,7 @@ def most_improved(results: list[dict[str, Any]], grades: Grades) -> dict[str, An
 
         def share(record: dict[str, Any], pid: str = pid) -> float:
             cands = record.get("candidates", [])
-            hits = sum(_candidate_correct(grades, (pid, int(record["iteration"]), int(c["index"]))) for c in cands)
+            hits = sum(grades.majority_correct((pid, int(record["iteration"]), int(c["index"]))) for c in cands)
             return hits / len(cands) if cands else 0.0
 
         gain = share(records[-1]) - share(records[0])

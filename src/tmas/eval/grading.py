@@ -21,6 +21,7 @@ from typing import Any, Literal
 from tmas.config import Settings
 from tmas.eval.judge import judge_once
 from tmas.eval.rules import RuleChecker
+from tmas.eval.run_results import load_results
 from tmas.llm.client import LLMClient
 from tmas.llm.types import Usage
 from tmas.problems import Problem
@@ -69,6 +70,15 @@ class Grades:
         verdicts = self.verdicts.get(key)
         return bool(verdicts and verdicts[run] is True)
 
+    def share_correct(self, key: ItemKey) -> float:
+        """The share of judge runs that call the item correct."""
+        return sum(self.correct(key, r) for r in range(self.runs)) / self.runs
+
+    def majority_correct(self, key: ItemKey) -> bool:
+        """Correct when at least half of the judge runs say so (a candidate's one label across runs)."""
+        verdicts = self.verdicts.get(key) or []
+        return bool(verdicts) and sum(v is True for v in verdicts) * 2 >= len(verdicts)
+
     def undecided(self) -> int:
         return sum(v is None for verdicts in self.verdicts.values() for v in verdicts)
 
@@ -98,7 +108,7 @@ async def grade_run(
 ) -> Grades:
     """Grade the run in ``store`` (reusing stored grades unless ``regrade``) and return all verdicts."""
     problems = store.problems()
-    results = store.results()
+    results = load_results(store)
     items = list(iter_items(problems, results))
     grades = Grades(runs=config.judge_runs if config.mode != "rules" else 1, mode=config.mode)
     result_ids = {r["problem_id"] for r in results}
@@ -219,7 +229,7 @@ async def _grade_judge(
 def load_grades(store: RunStore, config: GradeConfig) -> Grades | None:
     """Verdicts from stored grades alone (no grading); None when the run has no grades for this mode."""
     problems = store.problems()
-    results = store.results()
+    results = load_results(store)
     items = list(iter_items(problems, results))
     rows = store.grades()
     if not rows:

@@ -2,6 +2,8 @@
 
 A problem that stopped early (adaptive stopping) keeps its last iteration's candidates at later iterations: that is
 what the method would return, at no further cost. A problem with no iteration at all (a failed run) scores 0.
+A problem still mid-way (no result yet, see run_results.py) counts only at the iterations it finished; each
+iteration's ``problems`` says how many labeled problems reached it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from tmas.answers import normalize_answer
 from tmas.eval.grading import SELECTED, Grades
+from tmas.eval.run_results import in_progress
 
 
 def pass_at_1(labels: Mapping[str, Sequence[Sequence[bool]]]) -> float:
@@ -58,6 +61,10 @@ class IterationMetrics:
     tokens: int
     cumulative_calls: int
     cumulative_tokens: int
+    # The iteration's tokens by kind (tokens = prompt + completion; reasoning is part of completion).
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
     # Mean cumulative tokens per problem: the x axis of Pass@1 against compute.
     tokens_per_problem: float
     problems: int
@@ -75,7 +82,15 @@ class RunMetrics:
         return next((m for m in self.iterations if m.iteration == iteration), None)
 
 
-def _record_at(result: dict[str, Any], iteration: int) -> dict[str, Any] | None:
+def reached(result: dict[str, Any], iteration: int) -> bool:
+    """Whether the problem counts at ``iteration``: a finished problem always (its last answer stands), one still
+    mid-way only up to the last iteration it finished."""
+    if not in_progress(result):
+        return True
+    return any(int(record["iteration"]) >= iteration for record in result.get("iterations", []))
+
+
+def record_at(result: dict[str, Any], iteration: int) -> dict[str, Any] | None:
     """The problem's record for ``iteration``, or its last earlier one (it stopped: its answer stands)."""
     chosen = None
     for record in result.get("iterations", []):
@@ -86,17 +101,17 @@ def _record_at(result: dict[str, Any], iteration: int) -> dict[str, Any] | None:
 
 def compute_metrics(results: list[dict[str, Any]], grades: Grades, *, mv_k: int | None = None) -> RunMetrics:
     """All per-iteration metrics of one run; only problems with grades (labeled) count toward accuracies."""
-    graded = {key[0] for key in grades.verdicts}
-    labeled = [r for r in results if r["problem_id"] in graded or _has_no_iterations(r, grades)]
+    labeled = labeled_results(results, grades)
     last = max((int(rec["iteration"]) for r in results for rec in r.get("iterations", [])), default=-1)
     out = RunMetrics(labeled=len(labeled), unlabeled=len(grades.unlabeled), judge_runs=grades.runs, mv_k=mv_k)
     cumulative_calls = cumulative_tokens = 0
     for t in range(last + 1):
         labels: dict[str, list[list[bool]]] = {}
         mv_hits = selected_hits = 0.0
-        for result in labeled:
+        present = [r for r in labeled if reached(r, t)]
+        for result in present:
             pid = result["problem_id"]
-            record = _record_at(result, t)
+            record = record_at(result, t)
             cands = record.get("candidates", []) if record else []
             labels[pid] = [
                 [grades.correct((pid, int(record["iteration"]), int(c["index"])), r) for c in cands] if record else []
@@ -110,15 +125,18 @@ def compute_metrics(results: list[dict[str, Any]], grades: Grades, *, mv_k: int 
                 if voted is not None:
                     mv_hits += grades.correct((pid, it, int(cands[voted]["index"])), r)
                 selected_hits += grades.correct((pid, it, SELECTED), r)
-        denominator = max(1, len(labeled) * grades.runs)
+        denominator = max(1, len(present) * grades.runs)
         # Cost counts every problem (labeled or not) and only iterations actually run.
-        calls = tokens = 0
+        calls = prompt = completion = reasoning = 0
         for result in results:
             for record in result.get("iterations", []):
                 if int(record["iteration"]) == t:
                     calls += int(record.get("calls", 0))
                     usage = record.get("usage", {})
-                    tokens += int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
+                    prompt += int(usage.get("prompt_tokens", 0))
+                    completion += int(usage.get("completion_tokens", 0))
+                    reasoning += int(usage.get("reasoning_tokens", 0))
+        tokens = prompt + completion
         cumulative_calls += calls
         cumulative_tokens += tokens
         per_run = [pass_at_1({pid: [runs[r]] for pid, runs in labels.items()}) for r in range(grades.runs)]
@@ -133,13 +151,22 @@ def compute_metrics(results: list[dict[str, Any]], grades: Grades, *, mv_k: int 
                 tokens=tokens,
                 cumulative_calls=cumulative_calls,
                 cumulative_tokens=cumulative_tokens,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                reasoning_tokens=reasoning,
                 tokens_per_problem=cumulative_tokens / max(1, len(results)),
-                problems=len(labeled),
+                problems=len(present),
             )
         )
     return out
 
 
-def _has_no_iterations(result: dict[str, Any], grades: Grades) -> bool:
-    # A labeled problem whose run failed before any iteration still counts (as 0) toward accuracy.
-    return not result.get("iterations") and result["problem_id"] not in grades.unlabeled
+def labeled_results(results: list[dict[str, Any]], grades: Grades) -> list[dict[str, Any]]:
+    """The problems accuracies count: those with grades, and labeled ones that failed before any iteration (as 0)."""
+    graded = {key[0] for key in grades.verdicts}
+    unlabeled = set(grades.unlabeled)
+    return [
+        r
+        for r in results
+        if r["problem_id"] in graded or (not r.get("iterations") and r["problem_id"] not in unlabeled)
+    ]

@@ -1,12 +1,25 @@
-"""PNG plots of Pass@1 against iteration and against cumulative tokens, one line per run (matplotlib, Agg)."""
+"""PNG plots (matplotlib, Agg): Pass@1 against iteration, and each run's accuracy-against-tokens frontier.
+
+Each plot function returns the series it drew, read back from the figure, so a report can store them next to the
+image and tests can check what is plotted rather than pixels.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tmas.eval.frontier import FrontierPoint
 from tmas.eval.metrics import RunMetrics
 from tmas.eval.rules import MissingExtra
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str
+    x: list[float]
+    y: list[float]
 
 
 def _pyplot() -> Any:
@@ -20,29 +33,55 @@ def _pyplot() -> Any:
     return plt
 
 
-def plot_pass1(runs: list[tuple[str, RunMetrics]], title: str, path: Path, *, x: str = "iteration") -> Path:
-    """One figure: Pass@1 (%) against ``x`` ("iteration" or "tokens", mean cumulative tokens per problem)."""
+def plot_pass1(runs: list[tuple[str, RunMetrics]], title: str, path: Path) -> list[Series]:
+    """Pass@1 (%) against iteration, one line per run."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
     for label, metrics in runs:
-        if not metrics.iterations:
-            continue
-        ys = [100 * m.pass1 for m in metrics.iterations]
-        xs = (
-            [m.iteration for m in metrics.iterations]
-            if x == "iteration"
-            else [m.tokens_per_problem for m in metrics.iterations]
-        )
-        ax.plot(xs, ys, marker="o", markersize=3, label=label)
-    ax.set_xlabel("iteration" if x == "iteration" else "cumulative tokens per problem")
+        if metrics.iterations:
+            ys = [100 * m.pass1 for m in metrics.iterations]
+            ax.plot([m.iteration for m in metrics.iterations], ys, marker="o", markersize=3, label=label)
+    ax.set_xlabel("iteration")
     ax.set_ylabel("Pass@1 (%)")
+    return _save(plt, fig, ax, title, path)
+
+
+def plot_frontier(runs: list[tuple[str, list[FrontierPoint]]], title: str, path: Path) -> list[Series]:
+    """Accuracy (%) of the returned answer against mean cumulative completion tokens per problem, one line per run,
+    with a band of one standard error across problems."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
+    for label, points in runs:
+        if not points:
+            continue
+        xs = [p.tokens for p in points]
+        ys = [100 * p.accuracy for p in points]
+        (line,) = ax.plot(xs, ys, marker="o", markersize=3, label=label)
+        low = [100 * (p.accuracy - p.stderr) for p in points]
+        high = [100 * (p.accuracy + p.stderr) for p in points]
+        ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
+        if len({p.problems for p in points}) > 1:
+            # A run still mid-way: say how many problems each point stands on.
+            for p, x, y in zip(points, xs, ys, strict=True):
+                ax.annotate(f"n={p.problems}", (x, y), fontsize=6, xytext=(2, 2), textcoords="offset points")
+    if any(p.tokens > 0 for _, points in runs for p in points):
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel("completion tokens per problem (cumulative)")
+    ax.set_ylabel("accuracy of the returned answer (%)")
+    return _save(plt, fig, ax, title, path)
+
+
+def _save(plt: Any, fig: Any, ax: Any, title: str, path: Path) -> list[Series]:
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    if x == "tokens":
-        ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 3))
-    ax.legend(fontsize=8)
+    if ax.lines:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
+    drawn = [
+        Series(str(line.get_label()), [float(v) for v in line.get_xdata()], [float(v) for v in line.get_ydata()])
+        for line in ax.lines
+    ]
     plt.close(fig)
-    return path
+    return drawn

@@ -1,14 +1,19 @@
 """``tmas report``: grade runs, compute their metrics and analyses, and write Markdown + HTML reports with plots.
 
 Runs on the same problems (the same benchmark) share one table like the paper's Table 1 (selected iterations) and
-one like Tables 3-10 (every iteration), and one plot each of Pass@1 against iteration and against tokens.
+one like Tables 3-10 (every iteration), a plot of Pass@1 against iteration, and the accuracy-against-completion-tokens
+frontier of every run (eval/frontier.py) with its equal-budget table. Each run then gets its own section; a run still
+mid-way is reported from the iterations it finished (eval/run_results.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,13 +34,22 @@ from tmas.eval.analysis import (
     unique_guidelines,
 )
 from tmas.eval.document import Bullets, Document, Heading, Image, Paragraph, Table
+from tmas.eval.frontier import BUDGETS, FrontierPoint, equal_budget, run_frontier
 from tmas.eval.grading import GradeConfig, Grades, grade_run, load_grades
 from tmas.eval.metrics import RunMetrics, compute_metrics
-from tmas.eval.plots import plot_pass1
+from tmas.eval.plots import Series, plot_frontier, plot_pass1
+from tmas.eval.roc import ScoreSeparation, score_separation
+from tmas.eval.run_results import in_progress, load_results
+from tmas.eval.selection_table import SelectionTable, has_scores, selection_table
+from tmas.methods.selection import POOL_RULES, SELECT_RULES
 from tmas.store.run_store import RunStore
 
 # At most this many columns in the "selected iterations" table (the paper shows six).
 SELECTED_COLUMNS = 6
+# Methods whose returned answer follows the select/pool parameters.
+SELECTING = ("tmas", "verify_refine")
+# At most this many iteration columns in the selection-rule table.
+RULE_COLUMNS = 10
 
 
 @dataclass
@@ -57,6 +71,11 @@ class RunEvaluation:
     guidelines: GuidelineDiversity | None = None
     trace: ExperienceTrace | None = None
     stopping: StoppingSummary | None = None
+    # Problems with finished iterations but no result yet (the run was stopped or is still going).
+    running: int = 0
+    frontier: list[FrontierPoint] = field(default_factory=list)
+    selection: SelectionTable | None = None
+    separation: ScoreSeparation | None = None
 
 
 def benchmark_name(store: RunStore) -> str:
@@ -83,7 +102,7 @@ async def evaluate_run(
         method = str(method_meta.get("name") or stored_settings.get("method", {}).get("name", "?"))
         params = dict(method_meta.get("params") or {})
         model = (stored_settings.get("endpoint") or {}).get("model")
-        results = store.results()
+        results = load_results(store)
         problems = store.problems()
         reason = ""
         grades: Grades | None = None
@@ -114,27 +133,42 @@ async def evaluate_run(
             model=model,
             problems=len(problems),
             done=sum(r.get("status") == "done" for r in results),
-            failed=sum(r.get("status") != "done" for r in results),
+            failed=sum(r.get("status") != "done" and not in_progress(r) for r in results),
+            running=sum(in_progress(r) for r in results),
             metrics=compute_metrics(results, grades, mv_k=None),
             grades=None if reason else grades,
             not_graded_reason=reason,
             cost={
-                "calls": sum(int(r.get("calls", 0)) for r in results),
-                "failed_calls": sum(int(r.get("failed_calls", 0)) for r in results),
-                "prompt_tokens": sum(int(r.get("usage", {}).get("prompt_tokens", 0)) for r in results),
-                "completion_tokens": sum(int(r.get("usage", {}).get("completion_tokens", 0)) for r in results),
+                **_run_cost(results),
                 "judge_calls": judge_calls,
                 "judge_prompt_tokens": judge_prompt,
                 "judge_completion_tokens": judge_completion,
             },
         )
         if not reason:
+            evaluation.frontier = run_frontier(results, grades, majority=method == "majority")
+            if has_scores(results):
+                evaluation.selection = selection_table(results, grades, str(params.get("mode", "numeric")))
+                evaluation.separation = score_separation(results, grades)
             evaluation.dynamics = score_dynamics(results, grades)
             improved = most_improved(results, grades)
             evaluation.trace = experience_trace(improved, grades) if improved else None
         evaluation.guidelines = unique_guidelines(results, method_meta)
         evaluation.stopping = stopping_summary(results)
     return evaluation
+
+
+def _run_cost(results: list[dict[str, Any]]) -> dict[str, int]:
+    """Calls and tokens by kind; a problem still mid-way is counted from its finished iterations."""
+    cost = dict.fromkeys(("calls", "failed_calls", "prompt_tokens", "completion_tokens", "reasoning_tokens"), 0)
+    for r in results:
+        parts = r["iterations"] if in_progress(r) else [r]
+        for part in parts:
+            cost["calls"] += int(part.get("calls", 0))
+            cost["failed_calls"] += int(part.get("failed_calls", 0))
+            for kind in ("prompt_tokens", "completion_tokens", "reasoning_tokens"):
+                cost[kind] += int((part.get("usage") or {}).get(kind, 0))
+    return cost
 
 
 def _judge_settings(given: Settings | None, stored: dict[str, Any]) -> Settings | None:
@@ -203,13 +237,11 @@ def write_report(evaluations: list[RunEvaluation], out_dir: Path) -> dict[str, P
                 doc.add(Paragraph(f"{e.label}: {e.not_graded_reason}."))
         if graded:
             _benchmark_tables(doc, graded)
-            for kind, x in (("iteration", "iteration"), ("tokens", "tokens")):
-                name = f"pass1_vs_{kind}_{_slug(bench)}.png"
-                path = plot_pass1(
-                    [(e.label, e.metrics) for e in graded], f"{bench}: Pass@1 vs {kind}", out_dir / name, x=x
-                )
-                written[name] = path
-                doc.add(Image(name, f"Pass@1 against {kind} on {bench}"))
+            name = f"pass1_vs_iteration_{_slug(bench)}.png"
+            plot_pass1([(e.label, e.metrics) for e in graded], f"{bench}: Pass@1 vs iteration", out_dir / name)
+            written[name] = out_dir / name
+            doc.add(Image(name, f"Pass@1 against iteration on {bench}"))
+            written.update(_frontier_part(doc, graded, bench, out_dir))
             _stopping_comparisons(graded)
         for e in runs:
             _run_section(doc, e)
@@ -218,6 +250,44 @@ def write_report(evaluations: list[RunEvaluation], out_dir: Path) -> dict[str, P
     written["markdown"].write_text(doc.markdown(), encoding="utf-8")
     written["html"].write_text(doc.html(), encoding="utf-8")
     return written
+
+
+def _frontier_part(doc: Document, runs: list[RunEvaluation], bench: str, out_dir: Path) -> dict[str, Path]:
+    """The frontier plot (and the data it plots, as JSON) and the equal-budget table read off it."""
+    doc.add(Heading(3, "Accuracy against completion tokens"))
+    doc.add(
+        Paragraph(
+            "Accuracy of the answer each run returns against the mean cumulative completion tokens per problem: one "
+            "point per iteration; for majority vote MV@k (k = 1, 2, 4, ...) as the exact expectation over random "
+            "k-subsets of its stored samples (ties between answers split evenly), at k samples' expected tokens. "
+            "The band is one standard error across problems. Per-point problem counts are in each run's section."
+        )
+    )
+    slug = _slug(bench)
+    image, data = f"frontier_{slug}.png", f"frontier_{slug}.json"
+    drawn = plot_frontier(
+        [(e.label, e.frontier) for e in runs], f"{bench}: accuracy vs completion tokens", out_dir / image
+    )
+    _write_series(out_dir / data, drawn, {e.label: e.frontier for e in runs})
+    doc.add(Image(image, f"Accuracy against completion tokens per problem on {bench}"))
+    doc.add(Heading(3, "Accuracy (%) at equal completion-token budgets"))
+    doc.add(
+        Paragraph(
+            "Per budget (completion tokens per problem), the best frontier point at or under it; "
+            "'-' where the run never spent that little."
+        )
+    )
+    rows = [[e.label, *[_pct(p.accuracy if p else None) for p in equal_budget(e.frontier)]] for e in runs]
+    doc.add(Table(["Method", *[f"<= {b // 1000}k" for b in BUDGETS]], rows))
+    return {image: out_dir / image, data: out_dir / data}
+
+
+def _write_series(path: Path, drawn: list[Series], points: dict[str, list[FrontierPoint]]) -> None:
+    """What the frontier plot drew, with every point's label, band and problem count."""
+    payload = {
+        s.label: {"x": s.x, "y": s.y, "points": [dataclasses.asdict(p) for p in points.get(s.label, [])]} for s in drawn
+    }
+    path.write_text(json.dumps(payload, indent=2), encoding="utf-8")
 
 
 def _benchmark_tables(doc: Document, runs: list[RunEvaluation]) -> None:
@@ -243,13 +313,15 @@ def _benchmark_tables(doc: Document, runs: list[RunEvaluation]) -> None:
                 str(c["failed_calls"]),
                 str(c["prompt_tokens"]),
                 str(c["completion_tokens"]),
+                str(c["reasoning_tokens"]),
                 f"{(c['prompt_tokens'] + c['completion_tokens']) / max(1, e.problems):.0f}",
                 str(c["judge_calls"]),
                 str(c["judge_prompt_tokens"] + c["judge_completion_tokens"]),
             ]
         )
-    headers = ["Method", "Calls", "Failed", "Prompt tokens", "Completion tokens", "Tokens/problem", "Judge calls"]
-    doc.add(Table([*headers, "Judge tokens"], rows))
+    headers = ["Method", "Calls", "Failed", "Prompt tokens", "Completion tokens", "Reasoning tokens"]
+    doc.add(Table([*headers, "Tokens/problem", "Judge calls", "Judge tokens"], rows))
+    doc.add(Paragraph("Reasoning tokens are part of completion tokens, where the server reports them."))
 
 
 def _stopping_comparisons(runs: list[RunEvaluation]) -> None:
@@ -270,7 +342,8 @@ def _run_section(doc: Document, e: RunEvaluation) -> None:
     items = [
         f"run directory: {e.run_dir}",
         f"method: {e.method}; parameters: {e.params or '{}'}; model: {e.model or '(default)'}",
-        f"problems: {e.problems} ({e.done} done, {e.failed} failed)",
+        f"problems: {e.problems} ({e.done} done, {e.failed} failed"
+        + (f", {e.running} mid-way: reported from their finished iterations)" if e.running else ")"),
     ]
     if g is not None:
         items.append(
@@ -289,19 +362,71 @@ def _run_section(doc: Document, e: RunEvaluation) -> None:
             rows.append(
                 [
                     f"It{m.iteration}",
+                    str(m.problems),
                     _pct(m.pass1) if g else "-",
                     spread,
                     _pct(m.mv) if g else "-",
                     _pct(m.selected) if g else "-",
                     str(m.calls),
-                    str(m.tokens),
-                    str(m.cumulative_calls),
+                    str(m.prompt_tokens),
+                    str(m.completion_tokens),
+                    str(m.reasoning_tokens),
                     f"{m.tokens_per_problem:.0f}",
                 ]
             )
-        headers = ["Iteration", "Pass@1", "Pass@1 over judge runs", "MV@all", "Selected", "Calls", "Tokens"]
-        doc.add(Table([*headers, "Cum. calls", "Cum. tokens/problem"], rows))
-    _analyses(doc, e)
+        headers = ["Iteration", "Problems", "Pass@1", "Pass@1 over judge runs", "MV@all", "Selected", "Calls"]
+        doc.add(
+            Table([*headers, "Prompt tokens", "Completion tokens", "Reasoning tokens", "Cum. tokens/problem"], rows)
+        )
+    for section in RUN_SECTIONS:
+        section(doc, e)
+
+
+def _frontier_points(doc: Document, e: RunEvaluation) -> None:
+    if not e.frontier:
+        return
+    doc.add(Heading(4, "Frontier points"))
+    rows = [[p.label, f"{p.tokens:.0f}", _pct(p.accuracy), _pct(p.stderr), str(p.problems)] for p in e.frontier]
+    headers = ["Point", "Completion tokens/problem", "Accuracy", "Std. error", "Problems reached"]
+    doc.add(Table(headers, rows))
+
+
+def _selection_rules(doc: Document, e: RunEvaluation) -> None:
+    table = e.selection
+    if table is None or not table.iterations:
+        return
+    doc.add(Heading(4, "Accuracy (%) of every selection rule, from the stored scores"))
+    # Methods with a select/pool parameter: mark the rule the run itself used.
+    own = (e.params.get("select", "best_score"), e.params.get("pool", "last")) if e.method in SELECTING else None
+    columns = selected_iterations(table.iterations[-1], columns=RULE_COLUMNS)
+    rows = []
+    for rule in SELECT_RULES:
+        for pool in POOL_RULES:
+            values = table.accuracy[(rule, pool)]
+            name = f"{rule} / {pool}" + (" (this run's rule)" if (rule, pool) == own else "")
+            rows.append([name, *[_pct(values[t]) for t in columns]])
+    rows.append(["problems", *[str(table.problems[t]) for t in columns]])
+    doc.add(Table(["Rule / pool", *[f"It{t}" for t in columns]], rows))
+
+
+def _score_separation(doc: Document, e: RunEvaluation) -> None:
+    s = e.separation
+    if s is None:
+        return
+    doc.add(Heading(4, "Can the verifier carry selection? ROC area of candidate scores (B.4)"))
+    if not s.available:
+        doc.add(Paragraph(f"Not available: {s.reason}."))
+        return
+    auc = "-" if s.auc is None else f"{s.auc:.3f}"
+
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    text = (
+        f"ROC area {auc} over {s.right} right and {s.wrong} wrong scored candidates; mean score right "
+        f"{fmt(s.right_mean)}, wrong {fmt(s.wrong_mean)}; {s.answerless} scored candidates without an answer left out"
+    )
+    doc.add(Paragraph(text + (f" ({s.reason})" if s.reason else "") + "."))
 
 
 def _analyses(doc: Document, e: RunEvaluation) -> None:
@@ -364,6 +489,15 @@ def _analyses(doc: Document, e: RunEvaluation) -> None:
             share = f" ({100 * s.tokens_saved_share:.1f}%)" if s.tokens_saved_share is not None else ""
             text += f"; against the full run: {s.tokens_saved} tokens saved{share}, Pass@1 lost {_pct(s.pass1_lost)}"
         doc.add(Paragraph(text + "."))
+
+
+# What each run's section shows after its per-iteration table, in order; a new analysis adds its writer here.
+RUN_SECTIONS: tuple[Callable[[Document, RunEvaluation], None], ...] = (
+    _frontier_points,
+    _selection_rules,
+    _score_separation,
+    _analyses,
+)
 
 
 async def build_report(

@@ -121,9 +121,12 @@ class ProblemSession:
         self.records: list[IterationRecord] = []
         self.budget = budget or Budget()
         # The problem's whole spend (all iterations, replayed calls included, so a resumed run stops where the
-        # first one did): what budgets are checked against.
+        # first one did): what budgets are checked against. Tokens as the budget counts them (``Budget.count``).
         self.spent_calls = 0
         self.spent_tokens = 0
+        # Every call's usage and failures, the unfinished iteration's included: what the result reports.
+        self.spent_usage = Usage()
+        self.spent_failed = 0
         # Calls sent and not yet answered: a call budget counts them (so it is never exceeded); a token budget
         # cannot know their cost in advance, so parallel calls may take the spend past it.
         self.calls_in_flight = 0
@@ -143,6 +146,7 @@ class ProblemSession:
         if self.llm.route(role).sampling.merged(sampling).seed is None:
             # A distinct, reproducible seed per call: parallel samples of one prompt differ, and a rerun with the
             # same run seed asks the same questions (servers that honour `seed`, e.g. vLLM, answer the same too).
+            # Only the seed is added: the route's and the override's other fields reach the server unchanged.
             sampling = (sampling or Sampling()).merged(Sampling(seed=self.derive_seed("call", role, sample)))
         self.calls_in_flight += 1
         try:
@@ -150,11 +154,13 @@ class ProblemSession:
         finally:
             self.calls_in_flight -= 1
         self.spent_calls += 1
-        self.spent_tokens += completion.usage.total_tokens
+        self.spent_tokens += self.budget.spent(completion.usage)
+        self.spent_usage = self.spent_usage + completion.usage
         self._iteration_calls += 1
         self._iteration_usage = self._iteration_usage + completion.usage
         if not completion.ok:
             self._iteration_failed += 1
+            self.spent_failed += 1
         return completion
 
     def check_budget(self) -> None:
@@ -164,7 +170,7 @@ class ProblemSession:
         if b.calls is not None and self.spent_calls + self.calls_in_flight >= b.calls:
             over.append(f"{self.spent_calls + self.calls_in_flight} calls of a budget of {b.calls}")
         if b.tokens is not None and self.spent_tokens >= b.tokens:
-            over.append(f"{self.spent_tokens} tokens of a budget of {b.tokens}")
+            over.append(f"{self.spent_tokens} {b.count} tokens of a budget of {b.tokens}")
         if over:
             self.budget_stop = f"budget spent ({'; '.join(over)}) in iteration {self.iteration}"
             raise BudgetExhausted(self.budget_stop)
@@ -222,9 +228,8 @@ class ProblemSession:
         return record
 
     def result(self, method: str, *, answer: str | None, text: str, stopped_reason: str | None = None) -> ProblemResult:
-        usage = Usage()
-        for record in self.records:
-            usage = usage + record.usage
+        # Calls and tokens of every call, those of an iteration a budget or an error cut short included, so the
+        # result shows what the problem cost (the iteration records show what each finished iteration cost).
         return ProblemResult(
             problem_id=self.problem.problem_id,
             method=method,
@@ -232,9 +237,9 @@ class ProblemSession:
             text=text,
             stopped_reason=stopped_reason,
             iterations=self.records,
-            calls=sum(r.calls for r in self.records),
-            failed_calls=sum(r.failed_calls for r in self.records),
-            usage=usage,
+            calls=self.spent_calls,
+            failed_calls=self.spent_failed,
+            usage=self.spent_usage,
         )
 
 

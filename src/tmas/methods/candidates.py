@@ -1,5 +1,5 @@
-"""Pieces the baselines share: one solution call as a :class:`Candidate`, majority vote, score selection, and the
-end of a run (budget stops included).
+"""Pieces the baselines share: one solution call as a :class:`Candidate`, majority vote, and the end of a run (budget
+stops included). Score-based selection is in selection.py.
 
 A candidate's call that the budget refuses comes back as ``None``: the method records the candidates finished so far
 and stops, so an equal-compute comparison keeps every token that was spent.
@@ -72,19 +72,6 @@ def vote(candidates: list[Candidate]) -> Candidate | None:
         return None
     top = max(counts.values())
     return next(c for c, k in zip(candidates, keys, strict=True) if k and counts[k] == top)
-
-
-def best_scored(candidates: list[Candidate], mode: str) -> Candidate | None:
-    """Highest score; among ties the answer most of them share, then the lowest index. Numeric mode prefers
-    candidates with an answer; candidates whose call failed are chosen never."""
-    pool = [c for c in candidates if c.error is None]
-    if mode == "numeric" and any(c.answer for c in pool):
-        pool = [c for c in pool if c.answer]
-    if not pool:
-        return None
-    best = max(c.score or 0.0 for c in pool)
-    tied = [c for c in pool if abs((c.score or 0.0) - best) < 1e-9]
-    return (vote(tied) if mode == "numeric" else None) or min(tied, key=lambda c: c.index)
 
 
 def pick(candidates: list[Candidate], mode: str) -> Candidate | None:

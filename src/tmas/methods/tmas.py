@@ -11,7 +11,7 @@ Per iteration t, from the fixed state (R_{t-1}, E_{t-1}, G_{t-1}) of the previou
 The critical path of an iteration is therefore solution + verification + summary + max(experience, guideline).
 The answer is the argmax over R_T of the mean verifier score. Ties: among the tied candidates, the answer most of
 them share wins, then the lowest candidate index; candidates without an answer (numeric mode) are chosen only when
-no candidate has one.
+no candidate has one. The ``select`` and ``pool`` parameters choose other rules (methods/selection.py).
 
 Bad agent output never crashes a problem: a failed or answerless solution scores 0, an unreadable verification
 counts 0, a missing summary is replaced by one built from the scores, and an invalid experience or guideline update
@@ -55,6 +55,7 @@ from tmas.methods.base import (
     gather_all,
     gather_pair,
 )
+from tmas.methods.selection import candidate_pool, select
 from tmas.methods.tmas_params import TMAS_ROLES, TMASParams, sampling_override
 
 Update = TypeVar("Update")
@@ -109,7 +110,7 @@ class TMAS(Method[TMASParams]):
     # ------------------------------------------------------------------------------------------ Algorithm 1
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p = self.params
-        sampling = {role: sampling_override(session.llm.settings, role, p.sampling.get(role)) for role in TMAS_ROLES}
+        sampling = {role: sampling_override(session.llm.settings, role, p) for role in TMAS_ROLES}
         state = MemoryState()  # line 2: E_0, G_0, R_0 = ∅
         totals: Counter[str] = Counter()
         streak = 0
@@ -140,7 +141,7 @@ class TMAS(Method[TMASParams]):
                 )
             state = MemoryState(rollouts=rollouts, experience=experience, guideline=guideline)
             totals.update(log.anomalies)
-            selected = select(candidates, p.mode)
+            selected = self._select(session, candidates)
             session.end_iteration(
                 candidates,
                 selected=selected.answer if selected else None,
@@ -160,7 +161,7 @@ class TMAS(Method[TMASParams]):
             if stopped is not None:
                 break
         final = session.records[-1].candidates
-        best = select(final, p.mode)  # line 22: argmax over R_T of Score(c)
+        best = self._select(session)  # line 22: argmax over R_T of Score(c) (with the defaults)
         result = session.result(
             self.name,
             answer=best.answer if best else None,
@@ -173,6 +174,13 @@ class TMAS(Method[TMASParams]):
             result.status = "failed"
             result.error = "no candidate of the last iteration succeeded" + (f": {sorted(errors)[0]}" if errors else "")
         return result
+
+    def _select(self, session: ProblemSession, current: list[Candidate] | None = None) -> Candidate | None:
+        """The answer from the iterations recorded so far, plus ``current`` (the iteration being finished)."""
+        iterations = [record.candidates for record in session.records]
+        if current is not None:
+            iterations.append(current)
+        return select(candidate_pool(iterations, self.params.pool), self.params.mode, self.params.select)
 
     # ------------------------------------------------------------------------------------------ solution agent
     def _plan(
@@ -486,22 +494,3 @@ def _agreement(candidates: list[Candidate], mode: str) -> float:
     if not keys or not candidates:
         return 0.0
     return Counter(keys).most_common(1)[0][1] / len(candidates)
-
-
-def select(candidates: list[Candidate], mode: str) -> Candidate | None:
-    """Algorithm 1 line 22 with the tie rule: best mean verifier score; among ties the answer most tied candidates
-    share, then the lowest index. Numeric mode prefers candidates that have an answer."""
-    pool = [c for c in candidates if c.error is None]
-    if mode == "numeric" and any(c.answer is not None for c in pool):
-        pool = [c for c in pool if c.answer is not None]
-    if not pool:
-        return None
-    best = max(c.score or 0.0 for c in pool)
-    tied = [c for c in pool if abs((c.score or 0.0) - best) < 1e-9]
-    if mode == "numeric":
-        votes = Counter(answer_key(c.answer) for c in tied if c.answer is not None)
-        if votes:
-            top = max(votes.values())
-            winners = {key for key, count in votes.items() if count == top}
-            tied = [c for c in tied if c.answer is not None and answer_key(c.answer) in winners]
-    return min(tied, key=lambda c: c.index)

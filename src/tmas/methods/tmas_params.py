@@ -8,9 +8,11 @@ run's own sampling settings. Presets fill in every parameter the user did not gi
   embedded 0.5B model finishes in minutes on two CPU cores. It is chosen automatically when the embedded model is
   used and no preset is given (explicit parameters such as ``iterations`` still win over it).
 
-Sampling a preset asks for (``sampling``, per role) is sent as a per-call override, field by field, only where the
-user left that field alone: not set for the role under ``[roles.<role>.sampling]``, and under ``[sampling]`` either
-unset or still at its built-in default. So ``--temperature 0.5`` or a per-role setting always beats a preset.
+Per-role ``sampling`` the user gives as a method parameter is sent with every call of that role, over the run's
+settings (it is the most specific setting there is). Sampling a *preset* asks for is sent only where the user left
+that field alone: not set for the role under ``[roles.<role>.sampling]``, and under ``[sampling]`` either unset or
+still at its built-in default. So ``--temperature 0.5`` or a per-role setting always beats a preset. A value counts
+as the preset's when it equals the preset's value for that role and field.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pydantic import Field, model_validator
 from tmas.config import Sampling, Settings
 from tmas.memory.experience_bank import DEFAULT_DEDUP_THRESHOLD, DEFAULT_MAX_ENTRIES
 from tmas.methods.base import MethodParams
+from tmas.methods.selection import PoolRule, SelectRule
 
 TMAS_ROLES = ("solution", "verifier", "summary", "experience", "guideline")
 
@@ -77,6 +80,9 @@ class TMASParams(MethodParams):
     early_stop_patience: int = Field(default=2, ge=1)
     early_stop_score: float = Field(default=0.9, ge=0.0, le=1.0)
     early_stop_agreement: float = Field(default=1.0, gt=0.0, le=1.0)
+    # Beyond the paper: which candidate is returned (methods/selection.py); the defaults are Algorithm 1's line 22.
+    select: SelectRule = "best_score"
+    pool: PoolRule = "last"
     # Per-role sampling the method asks for (see the module docstring for how it meets the run's settings).
     sampling: dict[str, Sampling] = Field(default_factory=dict)
 
@@ -109,16 +115,25 @@ def _as_dict(value: Any) -> dict[str, Any]:
     return dict(value) if isinstance(value, dict) else {}
 
 
-def sampling_override(settings: Settings, role: str, wanted: Sampling | None) -> Sampling | None:
-    """The fields of ``wanted`` the user left alone for ``role``, as a per-call override (None when none are left)."""
+def sampling_override(settings: Settings, role: str, params: TMASParams) -> Sampling | None:
+    """The per-call override for ``role``: the user's own method sampling, plus the preset's fields the run's
+    settings leave alone (None when nothing is left). Values, not ``model_fields_set``, decide what the user set:
+    settings read back from a full dump (``--resume``, sweep points) mark every field as set."""
+    wanted = params.sampling.get(role)
     if wanted is None:
         return None
+    preset = PRESETS[params.preset]["sampling"].get(role, {}) if params.preset else {}
     builtin = Settings().sampling
-    role_set = settings.roles[role].sampling.model_fields_set if role in settings.roles else set()
+    role_sampling = settings.roles[role].sampling if role in settings.roles else Sampling()
     fields: dict[str, Any] = {}
     for name in wanted.model_fields_set:
-        current = getattr(settings.sampling, name)
-        if name in role_set or (current is not None and current != getattr(builtin, name)):
+        value = getattr(wanted, name)
+        if value is None:
             continue
-        fields[name] = getattr(wanted, name)
+        if name in preset and preset[name] == value:
+            current = getattr(settings.sampling, name)
+            mine = getattr(role_sampling, name)
+            if mine not in (None, {}) or (current is not None and current != getattr(builtin, name)):
+                continue
+        fields[name] = value
     return Sampling(**fields) if fields else None

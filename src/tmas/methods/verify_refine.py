@@ -4,8 +4,9 @@ and its verification; N trajectories in parallel, none sees another.
 Per iteration and trajectory i: iteration 0 writes a solution with TMAS's generation prompt, later ones send the
 previous solution with its verification report to the corrector (role ``corrector``); the new solution then gets
 ``m`` verifications (TMAS's verification agent, role ``verifier``). Its score is their mean (1 / 0.5 / 0 scale) and
-the answer is the best-scored candidate's. With m > 1 the corrector is shown the most critical report (lowest
-score). The iteration's candidates are the verified solutions of that iteration.
+the answer is the best-scored candidate's (``select`` and ``pool`` choose other rules: methods/selection.py). With
+m > 1 the corrector is shown the most critical report (lowest score). The iteration's candidates are the verified
+solutions of that iteration.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from tmas.methods.base import (
     ProblemSession,
     gather_all,
 )
-from tmas.methods.candidates import best_scored, budget_note, finish, notes_for, solve_call
+from tmas.methods.candidates import budget_note, finish, notes_for, solve_call
+from tmas.methods.selection import PoolRule, SelectRule, candidate_pool, select
 
 
 class VerifyRefineParams(MethodParams):
@@ -35,6 +37,9 @@ class VerifyRefineParams(MethodParams):
     n: int = Field(default=8, ge=1, le=256)
     # Verifications per solution (the paper's V-R uses one verifier).
     m: int = Field(default=1, ge=1, le=64)
+    # Beyond the paper: which candidate is returned (see methods/selection.py); the default is the paper's.
+    select: SelectRule = "best_score"
+    pool: PoolRule = "last"
 
 
 @dataclass
@@ -62,7 +67,8 @@ class VerifyRefine(Method[VerifyRefineParams]):
             for v in done:
                 latest[v.candidate.index] = v
             candidates = [v.candidate for v in done]
-            chosen = best_scored(candidates, p.mode)
+            recorded = [record.candidates for record in session.records]
+            chosen = select(candidate_pool([*recorded, candidates], p.pool), p.mode, p.select)
             notes = notes_for(candidates, p.mode)
             if session.budget_stop:
                 notes += budget_note(session, len(candidates), p.n)

@@ -291,14 +291,16 @@ class RunStore:
     def call_counts(self) -> dict[str, int]:
         row = self._db.execute(
             "SELECT COUNT(*), COALESCE(SUM(error IS NOT NULL), 0), COALESCE(SUM(prompt_tokens), 0),"
-            " COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(finish_reason = 'length'), 0) FROM calls"
+            " COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(reasoning_tokens), 0),"
+            " COALESCE(SUM(finish_reason = 'length'), 0) FROM calls"
         ).fetchone()
         return {
             "calls": row[0],
             "failed": row[1],
             "prompt_tokens": row[2],
             "completion_tokens": row[3],
-            "truncated": row[4],
+            "reasoning_tokens": row[4],
+            "truncated": row[5],
         }
 
     def call_causes(self) -> dict[str, dict[str, int]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tmas.testing.responders import RESPONDERS, SimRequest, count_tokens, register_responder
-from tmas.testing.script import FaultRates, Rule, SimScript
+from tmas.testing.script import FaultRates, Rule, ScriptedUsage, SimScript
 
 if TYPE_CHECKING:
     from tmas.testing.sim_server import LoggedRequest, SimServer, SimStats
@@ -15,6 +15,7 @@ __all__ = [
     "FaultRates",
     "LoggedRequest",
     "Rule",
+    "ScriptedUsage",
     "SimRequest",
     "SimScript",
     "SimServer",

@@ -75,6 +75,14 @@ _RANDOM_KINDS: tuple[FaultKind, ...] = (
 )
 
 
+class ScriptedUsage(_Strict):
+    """The ``usage`` a rule's replies report (``reasoning_tokens`` goes in ``completion_tokens_details``)."""
+
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+    reasoning_tokens: int = Field(default=0, ge=0)
+
+
 class Rule(_Strict):
     """Scripted behaviour for requests matching ``role`` and ``pattern`` (``None`` matches anything)."""
 
@@ -86,6 +94,8 @@ class Rule(_Strict):
     latency_s: float | None = Field(default=None, ge=0.0)
     finish_reason: str | None = None
     reasoning: str | None = None
+    # Token counts reported for this rule's replies instead of counted ones, so budget tests can work by hand.
+    usage: ScriptedUsage | None = None
 
     # Compiled once per rule, not per request.
     _regex: re.Pattern[str] | None = PrivateAttr(default=None)

@@ -454,6 +454,10 @@ class SimApp:
             finish_reason = rule.finish_reason
         completion_tokens = reasoning_tokens + content_tokens
 
+        if rule is not None and rule.usage is not None:
+            scripted = rule.usage
+            prompt_tokens, completion_tokens = scripted.prompt_tokens, scripted.completion_tokens
+            reasoning_tokens = scripted.reasoning_tokens
         usage: dict[str, Any] | None = None
         if script.usage:
             usage = {
@@ -461,7 +465,7 @@ class SimApp:
                 "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens,
             }
-            if reasoning is not None:
+            if reasoning is not None or reasoning_tokens:
                 usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
 
         reply = _Reply(
@@ -779,6 +783,11 @@ class SimServer:
     def requests(self) -> list[LoggedRequest]:
         """A snapshot of the request log, oldest first."""
         return self.app.requests()
+
+    def chat_bodies(self, role: str | None = None) -> list[dict[str, Any]]:
+        """The bodies of the chat completions received (of ``role`` only, when given), oldest first: what tests
+        assert to prove configuration reached the wire. The log keeps the last ``SimScript.log_limit`` requests."""
+        return [r.body for r in self.app.requests() if r.endpoint == "chat" and (role is None or r.role == role)]
 
 
 # ---- command line -------------------------------------------------------------------------------

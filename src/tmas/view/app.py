@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +13,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from tmas.eval.plots import plot_pass1
 from tmas.eval.rules import MissingExtra
+from tmas.eval.run_results import load_results
 from tmas.store.run_store import StoreError
+from tmas.view.charts import accuracy_by_tokens_png, pass1_by_iteration_png
 from tmas.view.credits import load_credits
 from tmas.view.runs import RunReader, discover, verdict
 
@@ -154,17 +154,21 @@ class Viewer:
         if x not in ("iteration", "tokens"):
             raise HTTPException(404, f"no chart {x!r}")
         with self._open(request) as run:
-            metrics = run.overview().metrics
+            grades = run.grades()
+            if grades is None:
+                raise HTTPException(404, "the run is not graded: no accuracy to chart")
+            results = load_results(run.store)
+            overview = run.overview()
             label = run.ref.name
-        if metrics is None:
-            raise HTTPException(404, "the run is not graded: no accuracy to chart")
-        title = "Pass@1 against iteration" if x == "iteration" else "Pass@1 against tokens per problem"
-        with tempfile.TemporaryDirectory(prefix="tmas-view-") as scratch:
-            try:
-                path = plot_pass1([(label, metrics)], title, Path(scratch) / "chart.png", x=x)
-            except MissingExtra as exc:
-                raise HTTPException(404, str(exc)) from None
-            return Response(path.read_bytes(), media_type="image/png", headers={"Cache-Control": "no-store"})
+        try:
+            if x == "iteration":
+                assert overview.metrics is not None
+                png = pass1_by_iteration_png(label, overview.metrics)
+            else:
+                png = accuracy_by_tokens_png(label, overview.method, results, grades)
+        except MissingExtra as exc:
+            raise HTTPException(404, str(exc)) from None
+        return Response(png, media_type="image/png", headers={"Cache-Control": "no-store"})
 
     # ------------------------------------------------------------------------------------------------ helpers
     def _open(self, request: Request) -> RunReader:

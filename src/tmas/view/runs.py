@@ -9,6 +9,7 @@ from typing import Any
 
 from tmas.eval.grading import SELECTED, GradeConfig, Grades, load_grades
 from tmas.eval.metrics import RunMetrics, compute_metrics
+from tmas.eval.run_results import load_results
 from tmas.store.run_store import DB_NAME, RunStore
 from tmas.view.bank_diff import BankChange, bank_diffs
 
@@ -123,7 +124,8 @@ class RunReader:
             problems=rows,
             costs=store.call_counts(),
             roles=store.role_costs(),
-            metrics=compute_metrics(list(results.values()), grades) if grades is not None else None,
+            # Problems still going count with the iterations they finished (as in reports of partial runs).
+            metrics=compute_metrics(load_results(store), grades) if grades is not None else None,
             status_counts=counts,
         )
 

@@ -1,0 +1,166 @@
+"""Accuracy of the returned answer against completion tokens spent per problem: one frontier per run.
+
+- Iterative methods (TMAS, the refinement baselines, CoT): one point per iteration t, at the accuracy of the answer
+  selected after t and the mean cumulative completion tokens per problem up to t.
+- Majority vote: MV@k for k = 1, 2, 4, ..., K from the K stored samples of each problem, as the exact expectation over
+  a uniformly random subset of k samples (see :func:`mv_at_k`), at k times the problem's mean completion tokens per
+  sample.
+
+Each point carries the standard error of its accuracy across problems (the band) and the number of labeled problems
+that reached it (a run still mid-way has fewer problems at later points). The equal-budget table reads each frontier
+at fixed budgets: the best accuracy among its points at or under the budget.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tmas.answers import normalize_answer
+from tmas.eval.grading import SELECTED, Grades
+from tmas.eval.metrics import labeled_results, reached, record_at
+
+# Completion tokens per problem at which the equal-budget table reads every frontier.
+BUDGETS = (1000, 2000, 4000, 8000, 16000)
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    label: str  # "It3" or "MV@4"
+    tokens: float  # mean (expected, for MV@k) cumulative completion tokens per problem
+    accuracy: float
+    stderr: float  # standard error of the accuracy across problems (0 with one problem)
+    problems: int
+
+
+def run_frontier(results: list[dict[str, Any]], grades: Grades, *, majority: bool) -> list[FrontierPoint]:
+    """The run's frontier: MV@k points for a majority-vote run, one point per iteration otherwise."""
+    labeled = labeled_results(results, grades)
+    return mv_frontier(labeled, grades) if majority else iteration_frontier(labeled, grades)
+
+
+def iteration_frontier(results: list[dict[str, Any]], grades: Grades) -> list[FrontierPoint]:
+    last = max((int(rec["iteration"]) for r in results for rec in r.get("iterations", [])), default=-1)
+    points = []
+    for t in range(last + 1):
+        accuracy: list[float] = []
+        tokens: list[float] = []
+        for result in results:
+            if not reached(result, t):
+                continue
+            record = record_at(result, t)
+            if record is None:  # failed before any iteration: nothing returned
+                accuracy.append(0.0)
+                tokens.append(float(_completion(result)))
+                continue
+            it = int(record["iteration"])
+            accuracy.append(grades.share_correct((result["problem_id"], it, SELECTED)))
+            tokens.append(float(sum(_completion(r) for r in result["iterations"] if int(r["iteration"]) <= t)))
+        if accuracy:
+            points.append(_point(f"It{t}", tokens, accuracy))
+    return points
+
+
+def mv_frontier(results: list[dict[str, Any]], grades: Grades) -> list[FrontierPoint]:
+    """MV@k for k = 1, 2, 4, ... and the largest K; a problem counts at MV@k when it has at least k samples."""
+    # Every stored sample of every iteration (majority vote's later iterations draw more samples).
+    samples = {
+        r["problem_id"]: [(int(rec["iteration"]), c) for rec in r.get("iterations", []) for c in rec["candidates"]]
+        for r in results
+    }
+    largest = max((len(s) for s in samples.values()), default=0)
+    ks = [2**i for i in range(largest.bit_length())]
+    if largest and ks[-1] != largest:
+        ks.append(largest)
+    points = []
+    for k in ks:
+        accuracy: list[float] = []
+        tokens: list[float] = []
+        for pid, drawn in samples.items():
+            if len(drawn) < k:
+                continue
+            groups, others = _answer_groups(pid, drawn, grades)
+            accuracy.append(mv_at_k(groups, others, k))
+            tokens.append(k * statistics.fmean(_completion(c) for _, c in drawn))
+        if accuracy:
+            points.append(_point(f"MV@{k}", tokens, accuracy))
+    return points
+
+
+def mv_at_k(groups: Sequence[tuple[int, float]], others: int, k: int) -> float:
+    """Expected accuracy of a plurality vote over k samples drawn without replacement from the stored ones.
+
+    ``groups`` holds, per distinct answer, (how many samples give it, its correctness in [0, 1]); ``others`` counts
+    the samples with no answer (they take a place in the draw but no vote). Ties between answers are broken
+    uniformly at random (the same as: the tied answer drawn first wins, in a random draw order); a draw with no
+    answer returns nothing and counts 0. Exact, by counting: answer j wins with v of its samples drawn in
+    C(c_j, v) * sum over the other answers' draws x_i <= v of prod C(c_i, x_i) / (1 + #{x_i = v}) ways (times the
+    ways to fill the rest with answerless samples), out of C(n, k).
+    """
+    n = sum(size for size, _ in groups) + others
+    if not 1 <= k <= n:
+        raise ValueError(f"MV@{k} needs 1 <= k <= {n} samples")
+    expected = 0.0
+    for j, (size_j, correct_j) in enumerate(groups):
+        if correct_j == 0:
+            continue
+        rest = [size for i, (size, _) in enumerate(groups) if i != j]
+        for v in range(1, min(size_j, k) + 1):
+            wins = math.comb(size_j, v) * _tie_weighted_ways(rest, others, v, k - v)
+            expected += correct_j * wins
+    return expected / math.comb(n, k)
+
+
+def _tie_weighted_ways(rest: list[int], others: int, v: int, room: int) -> float:
+    """Ways to draw ``room`` more samples with every other answer drawn at most v times, each weighted by
+    1 / (1 + number of answers drawn exactly v times)."""
+    # An answer with fewer than v samples can neither beat nor tie j: by Vandermonde's identity its samples join the
+    # answerless ones in one free pool, and only the answers that can reach v need counting one by one.
+    free = others + sum(size for size in rest if size < v)
+    # ways[(drawn, tied)]: draws from the answers seen so far, by samples drawn and answers tied at v.
+    ways: dict[tuple[int, int], int] = {(0, 0): 1}
+    for size in (size for size in rest if size >= v):
+        step: dict[tuple[int, int], int] = {}
+        for (drawn, tied), count in ways.items():
+            for x in range(min(v, room - drawn) + 1):
+                key = (drawn + x, tied + (x == v))
+                step[key] = step.get(key, 0) + count * math.comb(size, x)
+        ways = step
+    return sum(count * math.comb(free, room - drawn) / (1 + tied) for (drawn, tied), count in ways.items())
+
+
+def equal_budget(points: Sequence[FrontierPoint], budgets: Sequence[int] = BUDGETS) -> list[FrontierPoint | None]:
+    """Per budget, the best point at or under it (None where the frontier never got that low)."""
+    out: list[FrontierPoint | None] = []
+    for budget in budgets:
+        within = [p for p in points if p.tokens <= budget]
+        out.append(max(within, key=lambda p: p.accuracy) if within else None)
+    return out
+
+
+def _answer_groups(
+    pid: str, drawn: list[tuple[int, dict[str, Any]]], grades: Grades
+) -> tuple[list[tuple[int, float]], int]:
+    """Distinct answers of a problem's samples as (count, correctness), and the number of answerless samples."""
+    members: dict[str, list[float]] = {}
+    others = 0
+    for it, c in drawn:
+        if c.get("answer") is None or c.get("error") is not None:
+            others += 1
+            continue
+        key = (pid, it, int(c["index"]))
+        members.setdefault(normalize_answer(str(c["answer"])), []).append(grades.share_correct(key))
+    # An answer's correctness is the mean over its holders (they agree unless a judge was inconsistent).
+    return [(len(v), statistics.fmean(v)) for v in members.values()], others
+
+
+def _completion(item: dict[str, Any]) -> int:
+    return int((item.get("usage") or {}).get("completion_tokens", 0))
+
+
+def _point(label: str, tokens: list[float], accuracy: list[float]) -> FrontierPoint:
+    stderr = statistics.stdev(accuracy) / math.sqrt(len(accuracy)) if len(accuracy) > 1 else 0.0
+    return FrontierPoint(label, statistics.fmean(tokens), statistics.fmean(accuracy), stderr, len(accuracy))

@@ -1,0 +1,69 @@
+"""Can the verifier carry selection? The ROC area of candidate scores against correctness (the paper's B.4 question).
+
+Every candidate with a score and an extracted answer counts once (answerless candidates are scored 0 by rule, not by
+the verifier, so they are left out and counted apart); it is correct when at least half of the judge runs say so.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tmas.eval.grading import Grades
+from tmas.eval.metrics import labeled_results
+
+
+@dataclass
+class ScoreSeparation:
+    available: bool
+    reason: str = ""
+    auc: float | None = None
+    right: int = 0
+    wrong: int = 0
+    right_mean: float | None = None
+    wrong_mean: float | None = None
+    # Scored candidates left out because they have no extracted answer.
+    answerless: int = 0
+
+
+def roc_area(right: Sequence[float], wrong: Sequence[float]) -> float | None:
+    """Area under the ROC curve: the chance that a random right candidate outscores a random wrong one, ties
+    counting one half (the Mann-Whitney U statistic over |right| * |wrong|). None when either side is empty."""
+    if not right or not wrong:
+        return None
+    ordered = sorted(wrong)
+    wins = 0.0
+    for score in right:
+        below = bisect.bisect_left(ordered, score)
+        ties = bisect.bisect_right(ordered, score) - below
+        wins += below + 0.5 * ties
+    return wins / (len(right) * len(wrong))
+
+
+def score_separation(results: list[dict[str, Any]], grades: Grades) -> ScoreSeparation:
+    right: list[float] = []
+    wrong: list[float] = []
+    answerless = 0
+    for result in labeled_results(results, grades):
+        pid = result["problem_id"]
+        for record in result.get("iterations", []):
+            for cand in record.get("candidates", []):
+                if cand.get("score") is None or cand.get("error") is not None:
+                    continue
+                if cand.get("answer") is None:
+                    answerless += 1
+                    continue
+                correct = grades.majority_correct((pid, int(record["iteration"]), int(cand["index"])))
+                (right if correct else wrong).append(float(cand["score"]))
+    if not right and not wrong:
+        return ScoreSeparation(False, "no scored candidate with an answer (the method records no verifier scores)")
+    out = ScoreSeparation(True, right=len(right), wrong=len(wrong), answerless=answerless)
+    out.auc = roc_area(right, wrong)
+    out.right_mean = statistics.fmean(right) if right else None
+    out.wrong_mean = statistics.fmean(wrong) if wrong else None
+    if out.auc is None:
+        out.reason = "every scored candidate is " + ("right" if right else "wrong") + ": no ROC area"
+    return out

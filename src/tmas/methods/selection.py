@@ -1,0 +1,99 @@
+"""Which candidate a verifying method returns: the selection rule and the pool it picks from.
+
+Rules (``select``):
+
+- ``best_score``: the paper's rule (TMAS Algorithm 1, line 22): the highest score. Ties: the answer most of the tied
+  candidates share, then the earliest candidate in pool order.
+- ``vote``: plurality of the extracted answers (normalized). Ties between answers: the larger sum of scores, then
+  the answer whose first holder comes earliest in pool order.
+- ``score_weighted_vote``: the answer with the largest sum of scores over the candidates that give it. Ties: more
+  votes, then the earliest first holder in pool order.
+
+For both votes the returned candidate is the winning answer's best-scored holder (ties: earliest in pool order).
+
+Every rule skips candidates whose call failed; in numeric mode it prefers candidates that have an answer, and where no
+candidate has one (or in proof mode, where there are no answers to count) both votes fall back to ``best_score``.
+A missing score counts 0.
+
+Pools (``pool``): ``last`` is the last iteration's candidates; ``all`` is every iteration's, ordered newest iteration
+first, then by candidate index, so "earliest in pool order" prefers the latest, most refined candidate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, get_args
+
+from tmas.answers import normalize_answer
+from tmas.methods.base import Candidate
+
+SelectRule = Literal["best_score", "vote", "score_weighted_vote"]
+PoolRule = Literal["last", "all"]
+SELECT_RULES: tuple[SelectRule, ...] = get_args(SelectRule)
+POOL_RULES: tuple[PoolRule, ...] = get_args(PoolRule)
+
+# Scores are means of a few verifier verdicts: equal within float noise means tied.
+_EPS = 1e-9
+
+
+def candidate_pool(iterations: Sequence[Sequence[Candidate]], pool: PoolRule) -> list[Candidate]:
+    """The candidates a rule chooses from, given each iteration's candidates oldest first, in pool order."""
+    if not iterations:
+        return []
+    if pool == "last":
+        return list(iterations[-1])
+    return [c for candidates in reversed(iterations) for c in candidates]
+
+
+def select(candidates: Sequence[Candidate], mode: str, rule: SelectRule = "best_score") -> Candidate | None:
+    """The candidate ``rule`` returns from ``candidates`` (in pool order); None when every call failed."""
+    usable = [c for c in candidates if c.error is None]
+    answered = [c for c in usable if c.answer is not None]
+    if mode == "numeric" and answered:
+        usable = answered
+    if not usable:
+        return None
+    if rule == "best_score" or mode != "numeric" or not answered:
+        return _best_score(usable, mode)
+    groups: dict[str, list[Candidate]] = {}
+    for c in usable:
+        groups.setdefault(normalize_answer(c.answer or ""), []).append(c)
+    # Dicts keep insertion order: the group index is the position of the answer's first holder in the pool.
+    order = {key: position for position, key in enumerate(groups)}
+
+    def standing(key: str) -> tuple[float, float, int]:
+        votes, total = len(groups[key]), sum(_score(c) for c in groups[key])
+        first, second = (votes, total) if rule == "vote" else (total, votes)
+        return (first, second, -order[key])
+
+    winner = max(groups, key=lambda key: _rounded(standing(key)))
+    return _top_scored(groups[winner])
+
+
+def _best_score(pool: list[Candidate], mode: str) -> Candidate:
+    best = max(_score(c) for c in pool)
+    tied = [c for c in pool if abs(_score(c) - best) < _EPS]
+    if mode == "numeric":
+        counts: dict[str, int] = {}
+        for c in tied:
+            if c.answer is not None:
+                key = normalize_answer(c.answer)
+                counts[key] = counts.get(key, 0) + 1
+        if counts:
+            top = max(counts.values())
+            tied = [c for c in tied if c.answer is not None and counts[normalize_answer(c.answer)] == top]
+    return tied[0]
+
+
+def _top_scored(holders: list[Candidate]) -> Candidate:
+    best = max(_score(c) for c in holders)
+    return next(c for c in holders if abs(_score(c) - best) < _EPS)
+
+
+def _score(c: Candidate) -> float:
+    return c.score or 0.0
+
+
+def _rounded(standing: tuple[float, float, int]) -> tuple[float, float, int]:
+    # Score sums compare as equal when they differ only by float noise.
+    return (round(standing[0], 9), round(standing[1], 9), standing[2])

@@ -1,0 +1,208 @@
+"""Frontier, MV@k subset expectation, equal-budget table, selection-rule table and ROC area on hand-made records,
+every expected value worked by hand in the comments."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Any
+
+import pytest
+
+from tmas.eval.frontier import equal_budget, iteration_frontier, mv_at_k, mv_frontier
+from tmas.eval.grading import SELECTED, Grades
+from tmas.eval.metrics import compute_metrics
+from tmas.eval.roc import roc_area, score_separation
+from tmas.eval.selection_table import selection_table
+
+
+def test_mv_at_k_by_enumeration_of_subsets() -> None:
+    # Four samples: A, A (right), B, C (wrong).
+    # MV@1: 2 of 4 draws are A -> 1/2.
+    # MV@2: C(4,2) = 6 pairs: {A,A} right; {A,B} x2 and {A,C} x2 are ties, each split 1/2; {B,C} a tie of two wrong
+    #       answers -> (1 + 4 * 0.5) / 6 = 1/2.
+    # MV@3: 4 triples: {A,A,B}, {A,A,C} right; {A,B,C} x2 a three-way tie, 1/3 each -> (2 + 2/3) / 4 = 2/3.
+    # MV@4: A has two votes -> 1.
+    groups = [(2, 1.0), (1, 0.0), (1, 0.0)]
+    assert [mv_at_k(groups, 0, k) for k in (1, 2, 3, 4)] == pytest.approx([0.5, 0.5, 2 / 3, 1.0])
+    # One right answer and two answerless samples: MV@1 = 1/3; MV@2: {A,-} x2 right, {-,-} nothing -> 2/3; MV@3 = 1.
+    assert [mv_at_k([(1, 1.0)], 2, k) for k in (1, 2, 3)] == pytest.approx([1 / 3, 2 / 3, 1.0])
+    with pytest.raises(ValueError, match="MV@5"):
+        mv_at_k(groups, 0, 5)
+
+
+def test_mv_at_k_matches_brute_force_on_random_sets() -> None:
+    rng = random.Random(7)
+    correct = {"a": 1.0, "b": 0.0, "c": 0.5, "d": 0.0}
+    for _ in range(25):
+        samples = [rng.choice([None, "a", "b", "c", "d"]) for _ in range(rng.randint(1, 9))]
+        groups = [(samples.count(x), correct[x]) for x in "abcd" if samples.count(x)]
+        for k in range(1, len(samples) + 1):
+            total = 0.0
+            subsets = list(itertools.combinations(samples, k))
+            for subset in subsets:
+                votes = {x: subset.count(x) for x in subset if x is not None}
+                if votes:
+                    top = [x for x in votes if votes[x] == max(votes.values())]
+                    total += sum(correct[x] for x in top) / len(top)
+            assert mv_at_k(groups, samples.count(None), k) == pytest.approx(total / len(subsets))
+
+
+def _cands(answers: list[str | None], tokens: list[int], scores: list[float | None] | None = None) -> list[Any]:
+    scores = scores or [None] * len(answers)
+    return [
+        {"index": i, "answer": a, "text": a or "", "score": s, "usage": {"completion_tokens": t}}
+        for i, (a, t, s) in enumerate(zip(answers, tokens, scores, strict=True))
+    ]
+
+
+def _grade(results: list[dict[str, Any]], gold: dict[str, str]) -> Grades:
+    grades = Grades(runs=1)
+    for r in results:
+        pid = r["problem_id"]
+        for rec in r["iterations"]:
+            for c in rec["candidates"]:
+                grades.verdicts[(pid, rec["iteration"], c["index"])] = [c["answer"] == gold[pid]]
+            grades.verdicts[(pid, rec["iteration"], SELECTED)] = [rec["selected"] == gold[pid]]
+    return grades
+
+
+def test_mv_frontier_from_stored_samples() -> None:
+    results = [
+        # a: answers 1, 1, 2, 3 (gold 1) at 100..400 completion tokens: 250 per sample.
+        {
+            "problem_id": "a",
+            "iterations": [
+                {"iteration": 0, "selected": "1", "candidates": _cands(["1", "1", "2", "3"], [100, 200, 300, 400])}
+            ],
+        },
+        # b: answers 5, none, 5, 6 (gold 6), two iterations of two samples at 50 tokens each.
+        {
+            "problem_id": "b",
+            "iterations": [
+                {"iteration": 0, "selected": "5", "candidates": _cands(["5", None], [50, 50])},
+                {"iteration": 1, "selected": "5", "candidates": _cands(["5", "6"], [50, 50])},
+            ],
+        },
+    ]
+    grades = _grade(results, {"a": "1", "b": "6"})
+    points = mv_frontier(results, grades)
+    assert [p.label for p in points] == ["MV@1", "MV@2", "MV@4"]
+    # a: MV@1 1/2, MV@2 1/2 (as in the enumeration test), MV@4 1.
+    # b: MV@1 1/4. MV@2 over 6 pairs: {5,5} {5,-} {5,-} wrong, {5,6} x2 ties (1/2 each), {-,6} right -> 2/6 = 1/3.
+    #    MV@4: 5 has two votes, 6 one -> 0.
+    assert [p.accuracy for p in points] == pytest.approx([(0.5 + 0.25) / 2, (0.5 + 1 / 3) / 2, 0.5])
+    # x: k samples' expected tokens, averaged over problems: (250k + 50k) / 2 = 150k.
+    assert [p.tokens for p in points] == pytest.approx([150, 300, 600])
+    # Standard error of two values: |x - y| / 2.
+    assert [p.stderr for p in points] == pytest.approx([0.125, (0.5 - 1 / 3) / 2, 0.5])
+    assert [p.problems for p in points] == [2, 2, 2]
+
+
+def _record(iteration: int, selected: str, completion: int, answers: list[str | None] | None = None) -> dict[str, Any]:
+    answers = answers or [selected]
+    return {
+        "iteration": iteration,
+        "selected": selected,
+        "candidates": _cands(answers, [0] * len(answers)),
+        "calls": 1,
+        "usage": {"prompt_tokens": 10, "completion_tokens": completion, "reasoning_tokens": completion // 10},
+    }
+
+
+def partial_run() -> tuple[list[dict[str, Any]], Grades]:
+    results = [
+        # a: wrong at It0 (1000 tokens), right at It1 (+1500) and It2 (+2000).
+        {
+            "problem_id": "a",
+            "status": "done",
+            "iterations": [_record(0, "0", 1000), _record(1, "1", 1500), _record(2, "1", 2000)],
+        },
+        # b: stopped after It0 (600 tokens, right): its answer and cost carry forward.
+        {"problem_id": "b", "status": "done", "stopped_reason": "converged", "iterations": [_record(0, "2", 600)]},
+        # c: still mid-way, two iterations finished: right at It0 (800), wrong at It1 (+1000); not at It2.
+        {"problem_id": "c", "status": "running", "iterations": [_record(0, "3", 800), _record(1, "9", 1000)]},
+    ]
+    return results, _grade(results, {"a": "1", "b": "2", "c": "3"})
+
+
+def test_iteration_frontier_and_equal_budget_table() -> None:
+    results, grades = partial_run()
+    points = iteration_frontier(results, grades)
+    assert [p.label for p in points] == ["It0", "It1", "It2"]
+    # It0: a 0, b 1, c 1 -> 2/3 at (1000 + 600 + 800) / 3 = 800 tokens.
+    # It1: a 1, b 1, c 0 -> 2/3 at (2500 + 600 + 1800) / 3 = 4900/3.
+    # It2: c has not got there: a 1, b 1 -> 1 at (4500 + 600) / 2 = 2550, on 2 problems.
+    assert [p.accuracy for p in points] == pytest.approx([2 / 3, 2 / 3, 1.0])
+    assert [p.tokens for p in points] == pytest.approx([800, 4900 / 3, 2550])
+    assert [p.problems for p in points] == [3, 3, 2]
+    # Standard error of (0, 1, 1): stdev sqrt(1/3), over sqrt(3) -> 1/3; of (1, 1): 0.
+    assert [p.stderr for p in points] == pytest.approx([1 / 3, 1 / 3, 0.0])
+    table = equal_budget(points, (500, 1000, 2000, 4000))
+    assert [p.accuracy if p else None for p in table] == pytest.approx([None, 2 / 3, 2 / 3, 1.0])
+    assert table[3] is not None and table[3].label == "It2"
+    # Metrics count the mid-way problem the same way, and split tokens by kind.
+    metrics = compute_metrics(results, grades)
+    assert [m.problems for m in metrics.iterations] == [3, 3, 2]
+    assert [m.selected for m in metrics.iterations] == pytest.approx([2 / 3, 2 / 3, 1.0])
+    assert [m.completion_tokens for m in metrics.iterations] == [2400, 2500, 2000]
+    assert [m.prompt_tokens for m in metrics.iterations] == [30, 20, 10]
+    assert [m.reasoning_tokens for m in metrics.iterations] == [240, 250, 200]
+
+
+def test_every_selection_rule_from_stored_scores() -> None:
+    # One problem, gold 7. It0: 7 (score 1), 5 (score 0). It1: 5 (0.5), 5 (0.5).
+    results = [
+        {
+            "problem_id": "p",
+            "status": "done",
+            "iterations": [
+                {"iteration": 0, "selected": "7", "candidates": _cands(["7", "5"], [0, 0], [1.0, 0.0])},
+                {"iteration": 1, "selected": "5", "candidates": _cands(["5", "5"], [0, 0], [0.5, 0.5])},
+            ],
+        }
+    ]
+    table = selection_table(results, _grade(results, {"p": "7"}), "numeric")
+    acc = table.accuracy
+    assert table.iterations == [0, 1] and table.problems == [1, 1]
+    # It0 (both pools alike): best score 7; vote 1:1, tie to the larger score sum: 7; weighted: 1.0 vs 0: 7.
+    assert all(acc[key][0] == 1.0 for key in acc)
+    # It1, last: only 5s.
+    assert acc[("best_score", "last")][1] == acc[("vote", "last")][1] == 0.0
+    assert acc[("score_weighted_vote", "last")][1] == 0.0
+    # It1, all: the top score is It0's 7; 5 has 3 votes; sums 1.0 (7) vs 0 + 0.5 + 0.5 (5), tie to more votes: 5.
+    assert acc[("best_score", "all")][1] == 1.0
+    assert acc[("vote", "all")][1] == 0.0
+    assert acc[("score_weighted_vote", "all")][1] == 0.0
+
+
+def test_roc_area_by_hand() -> None:
+    # Right 0.9, 0.5, 0.5; wrong 0.5, 0.1. Pairs: 0.9 beats both (2); each 0.5 ties 0.5 (1/2) and beats 0.1 (1):
+    # (2 + 1.5 + 1.5) / 6 = 5/6.
+    assert roc_area([0.9, 0.5, 0.5], [0.5, 0.1]) == pytest.approx(5 / 6)
+    assert roc_area([1.0], [1.0]) == 0.5
+    assert roc_area([0.2], [0.8]) == 0.0
+    assert roc_area([], [0.3]) is None
+
+
+def test_score_separation_of_a_run() -> None:
+    results = [
+        {
+            "problem_id": "p",
+            "status": "done",
+            "iterations": [
+                {"iteration": 0, "selected": "7", "candidates": _cands(["7", "5", None], [0, 0, 0], [1.0, 0.5, 0.0])},
+                {"iteration": 1, "selected": "7", "candidates": _cands(["7", "4"], [0, 0], [0.5, 0.5])},
+            ],
+        }
+    ]
+    s = score_separation(results, _grade(results, {"p": "7"}))
+    # Right: 1.0, 0.5; wrong: 0.5, 0.5; the answerless one is left out.
+    # Pairs: 1.0 beats both (2), 0.5 ties both (1) -> 3/4.
+    assert s.available and s.auc == pytest.approx(0.75)
+    assert (s.right, s.wrong, s.answerless) == (2, 2, 1)
+    assert s.right_mean == pytest.approx(0.75) and s.wrong_mean == pytest.approx(0.5)
+    unscored = [
+        {"problem_id": "p", "iterations": [{"iteration": 0, "selected": "7", "candidates": _cands(["7"], [0])}]}
+    ]
+    assert not score_separation(unscored, _grade(unscored, {"p": "7"})).available

@@ -1,0 +1,163 @@
+"""Selection rules and pools (methods/selection.py): hand-made candidate sets, then TMAS and Verify-Refine against
+the simulated server with each rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from conftest import settings_for
+from tmas.api import asolve
+from tmas.methods.base import Candidate, ProblemResult
+from tmas.methods.selection import candidate_pool, select
+from tmas.methods.tmas_params import TMASParams
+from tmas.testing import Rule, SimScript, SimServer
+
+
+def cand(i: int, answer: str | None, score: float | None, error: str | None = None) -> Candidate:
+    return Candidate(index=i, text=f"text {i}", answer=answer, score=score, error=error)
+
+
+def test_best_score_takes_the_top_score_and_breaks_ties_by_shared_answer_then_order() -> None:
+    pool = [cand(0, "4", 1.0), cand(1, "7", 0.5), cand(2, "5", 1.0), cand(3, " 5 ", 1.0)]
+    assert select(pool, "numeric", "best_score") is pool[2]
+    # Two answers tied in score and in count: the earliest in pool order.
+    assert select([cand(0, "1", 0.5), cand(1, "2", 0.5)], "numeric", "best_score").index == 0  # type: ignore[union-attr]
+
+
+def test_votes_count_answers_and_scores() -> None:
+    # "7": two votes, scores 0 + 0.5 = 0.5; "9": one vote, score 1.0.
+    pool = [cand(0, "7", 0.0), cand(1, "9", 1.0), cand(2, "7", 0.5)]
+    assert select(pool, "numeric", "best_score") is pool[1]
+    # Plurality: "7"; its best-scored holder is returned.
+    assert select(pool, "numeric", "vote") is pool[2]
+    # Summed scores: 1.0 for "9" beats 0.5 for "7".
+    assert select(pool, "numeric", "score_weighted_vote") is pool[1]
+
+
+def test_vote_ties_go_to_the_larger_score_sum_then_to_the_first_holder() -> None:
+    # One vote each: "3" has the larger score.
+    pool = [cand(0, "2", 0.5), cand(1, "3", 1.0)]
+    assert select(pool, "numeric", "vote") is pool[1]
+    # One vote each and equal scores: the answer held first in pool order.
+    assert select([cand(0, "2", 0.5), cand(1, "3", 0.5)], "numeric", "vote").index == 0  # type: ignore[union-attr]
+
+
+def test_weighted_vote_ties_go_to_more_votes_then_to_the_first_holder() -> None:
+    # "4": 0.5 + 0.5 = 1.0 over two votes; "8": 1.0 over one vote. Equal sums: more votes win.
+    pool = [cand(0, "8", 1.0), cand(1, "4", 0.5), cand(2, "4", 0.5)]
+    assert select(pool, "numeric", "score_weighted_vote") is pool[1]
+    # Equal sums (0.3 + 0.6 vs 0.9, float noise included) and equal votes: the first holder in pool order.
+    pool = [cand(0, "1", 0.3), cand(1, "2", 0.45), cand(2, "1", 0.6), cand(3, "2", 0.45)]
+    assert select(pool, "numeric", "score_weighted_vote") is pool[2]
+
+
+def test_failed_and_answerless_candidates() -> None:
+    failed = cand(0, "6", 1.0, error="HTTP 500")
+    answerless = cand(1, None, 1.0)
+    answered = cand(2, "3", 0.0)
+    for rule in ("best_score", "vote", "score_weighted_vote"):
+        assert select([failed, answerless, answered], "numeric", rule) is answered  # type: ignore[arg-type]
+        # No answer anywhere: the votes fall back to the best score among calls that succeeded.
+        assert select([failed, answerless, cand(3, None, 0.5)], "numeric", rule) is answerless  # type: ignore[arg-type]
+        assert select([failed], "numeric", rule) is None  # type: ignore[arg-type]
+    # Proof mode has no answers to count: every rule is the best score.
+    proofs = [cand(0, None, 0.5), cand(1, None, 1.0)]
+    assert select(proofs, "proof", "vote") is proofs[1]
+
+
+def test_pools() -> None:
+    it0 = [cand(0, "7", 1.0), cand(1, "7", 1.0)]
+    it1 = [cand(0, "5", 0.5), cand(1, "6", 0.0)]
+    assert candidate_pool([it0, it1], "last") == it1
+    # Newest iteration first, then by index.
+    assert candidate_pool([it0, it1], "all") == [*it1, *it0]
+    assert candidate_pool([], "all") == []
+    assert select(candidate_pool([it0, it1], "last"), "numeric") is it1[0]
+    assert select(candidate_pool([it0, it1], "all"), "numeric") is it0[0]
+    # A tie across iterations goes to the newer candidate.
+    newer = [cand(0, "7", 1.0)]
+    assert select(candidate_pool([it0, newer], "all"), "numeric") is newer[0]
+
+
+def test_unknown_rule_is_a_clear_error() -> None:
+    with pytest.raises(ValidationError, match="select"):
+        TMASParams(select="median")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="pool"):
+        TMASParams(pool="some")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------- against the server
+# Verifier verdicts by the answer the solution boxes: 7 is scored 1, 5 is scored 0.
+VERIFIER_RULES = [
+    Rule(role="verifier", pattern=r"boxed\{7\}", replies=["## Analysis\nFine.\n\n## Score\nScore: 1"]),
+    Rule(role="verifier", pattern=r"boxed\{5\}", replies=["## Analysis\nWrong.\n\n## Score\nScore: 0"]),
+]
+
+
+async def solve_with(sim: SimServer, run_dir: Path, method: str, solutions: list[str], **params: Any) -> ProblemResult:
+    sim.set_script(SimScript(rules=[Rule(role="solution", replies=solutions), *VERIFIER_RULES]))
+    settings = settings_for(sim, method={"name": method, "params": params})
+    return await asolve("What is 17*23?", settings, run_dir=run_dir)
+
+
+def solution_bodies(sim: SimServer) -> list[str]:
+    return [r.body["messages"][-1]["content"] for r in sim.requests if r.role == "solution"]
+
+
+@pytest.mark.parametrize(("rule", "expected"), [("best_score", "7"), ("vote", "5"), ("score_weighted_vote", "7")])
+async def test_tmas_returns_what_its_rule_selects(sim: SimServer, tmp_path: Path, rule: str, expected: str) -> None:
+    solutions = ["So \\boxed{5}.", "So \\boxed{5}.", "So \\boxed{7}."]
+    result = await solve_with(sim, tmp_path / "run", "tmas", solutions, n=3, m=1, iterations=1, select=rule)
+    assert sorted(c.answer or "" for c in result.iterations[0].candidates) == ["5", "5", "7"]
+    assert [c.score for c in result.iterations[0].candidates if c.answer == "7"] == [1.0]
+    assert result.answer == expected and result.iterations[0].selected == expected
+    # The rule changes what is returned, never what is asked: three solutions and three verifications.
+    assert sim.stats().by_role["solution"] == 3 and sim.stats().by_role["verifier"] == 3
+
+
+@pytest.mark.parametrize(("pool", "expected"), [("last", "5"), ("all", "7")])
+async def test_tmas_pool_reaches_back_to_earlier_iterations(
+    sim: SimServer, tmp_path: Path, pool: str, expected: str
+) -> None:
+    # Iteration 0 writes two 7s (scored 1), iteration 1 two 5s (scored 0): calls of iteration 1 come after those
+    # of iteration 0, so the scripted replies are consumed in that order.
+    solutions = ["So \\boxed{7}.", "So \\boxed{7}.", "So \\boxed{5}.", "So \\boxed{5}."]
+    result = await solve_with(sim, tmp_path / "run", "tmas", solutions, n=2, m=1, iterations=2, pool=pool)
+    assert [sorted(c.answer or "" for c in r.candidates) for r in result.iterations] == [["7", "7"], ["5", "5"]]
+    assert result.iterations[0].selected == "7"
+    assert result.answer == expected and result.iterations[1].selected == expected
+    assert len(solution_bodies(sim)) == 4
+
+
+@pytest.mark.parametrize(("params", "expected"), [({}, "7"), ({"select": "vote"}, "5")])
+async def test_verify_refine_select_parameter(
+    sim: SimServer, tmp_path: Path, params: dict[str, Any], expected: str
+) -> None:
+    solutions = ["So \\boxed{5}.", "So \\boxed{5}.", "So \\boxed{7}."]
+    result = await solve_with(sim, tmp_path / "run", "verify_refine", solutions, n=3, m=1, iterations=1, **params)
+    assert sorted(c.answer or "" for c in result.iterations[0].candidates) == ["5", "5", "7"]
+    assert result.answer == expected
+    assert sim.stats().by_role["verifier"] == 3
+
+
+@pytest.mark.parametrize(("pool", "expected"), [("last", "5"), ("all", "7")])
+async def test_verify_refine_pool_parameter(sim: SimServer, tmp_path: Path, pool: str, expected: str) -> None:
+    # One trajectory: a 7 (scored 1), then the corrector's 5 (scored 0).
+    sim.set_script(
+        SimScript(
+            rules=[
+                Rule(role="solution", replies=["So \\boxed{7}."]),
+                Rule(role="corrector", replies=["So \\boxed{5}."]),
+                *VERIFIER_RULES,
+            ]
+        )
+    )
+    settings = settings_for(sim, method={"name": "verify_refine", "params": {"n": 1, "iterations": 2, "pool": pool}})
+    result = await asolve("What is 17*23?", settings, run_dir=tmp_path / "run")
+    assert [r.candidates[0].answer for r in result.iterations] == ["7", "5"]
+    assert result.answer == expected
+    assert sim.stats().by_role == {"solution": 1, "corrector": 1, "verifier": 2}

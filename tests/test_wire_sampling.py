@@ -1,0 +1,352 @@
+"""Configured sampling reaches the wire: for every method and every role it calls, each way of setting sampling
+(``[sampling]``, ``[roles.R.sampling]``, ``[roles.R]`` endpoint fields, ``TMAS_*`` variables, CLI flags, TMAS's
+presets and per-role method params, ``--resume``, sweep points) is asserted on the request bodies the simulated
+server received, and so is the precedence among them (issue 9, part 1)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from tmas.api import asolve
+from tmas.cli.main import app
+from tmas.config import Sampling, Settings, load_settings
+from tmas.sweep import Study, SweepSpec, run_sweep
+from tmas.testing import SimServer
+
+Q = "What is 17*23?"
+
+# Each method with small params that make it call every role it has, and those roles.
+METHODS: dict[str, tuple[dict[str, Any], set[str]]] = {
+    "cot": ({}, {"solution"}),
+    "majority": ({"k": 2}, {"solution"}),
+    "self_refine": ({"n": 1, "iterations": 2}, {"solution", "refiner"}),
+    "verify_refine": ({"n": 1, "m": 1, "iterations": 2}, {"solution", "verifier", "corrector"}),
+    "pacore": ({"responses_per_round": 1, "iterations": 1}, {"solution", "synthesis"}),
+    "rse": ({"n": 1, "iterations": 2}, {"solution", "distiller"}),
+    "tmas": ({"n": 1, "m": 1, "iterations": 1}, {"solution", "verifier", "summary", "experience", "guideline"}),
+}
+ALL = sorted(METHODS)
+
+# A full sampling, every field away from the built-in defaults.
+SAMPLING_TOML = """
+[sampling]
+temperature = 0.25
+top_p = 0.9
+max_tokens = 333
+stop = ["<<END>>"]
+extra_body = { top_k = 7 }
+"""
+WANTED = {"temperature": 0.25, "top_p": 0.9, "max_tokens": 333, "stop": ["<<END>>"], "top_k": 7}
+
+
+def toml(sim: SimServer, method: str, body: str = "", **params: Any) -> str:
+    """A config file for ``method`` on ``sim`` with ``body`` appended."""
+    merged = {**METHODS[method][0], **params}
+    inline = ", ".join(f"{k} = {_toml_value(v)}" for k, v in merged.items())
+    return (
+        f'[endpoint]\nbase_url = "{sim.base_url}"\nmodel = "wire-model"\n\n'
+        f'[method]\nname = "{method}"\nparams = {{ {inline} }}\n{body}'
+    )
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return str(value)
+
+
+def settings_from(tmp_path: Path, text: str, env: dict[str, str] | None = None, **flags: Any) -> Settings:
+    path = tmp_path / "tmas.toml"
+    path.write_text(text)
+    return load_settings(path, overrides=flags, environ=env or {})
+
+
+def bodies_by_role(sim: SimServer) -> dict[str, list[dict[str, Any]]]:
+    """The chat bodies received, by role; every one is checked for a well-formed message list."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for entry in sim.requests:
+        if entry.endpoint != "chat":
+            continue
+        roles = [m["role"] for m in entry.body["messages"]]
+        assert roles[-1] == "user" and set(roles) <= {"system", "user", "assistant"}, roles
+        out.setdefault(entry.role, []).append(entry.body)
+    return out
+
+
+def assert_every_body(sim: SimServer, method: str, wanted: dict[str, Any], model: str = "wire-model") -> None:
+    bodies = bodies_by_role(sim)
+    assert set(bodies) == METHODS[method][1]
+    for role, items in bodies.items():
+        for body in items:
+            assert body["model"] == model, role
+            assert {k: body.get(k) for k in wanted} == wanted, role
+            # No seed configured: each call gets its own reproducible one.
+            assert isinstance(body["seed"], int), role
+
+
+# ------------------------------------------------------------------------------------------ the merge itself
+def test_merged_changes_only_the_fields_the_override_sets() -> None:
+    route = Sampling(temperature=0.3, max_tokens=600, extra_body={"top_k": 5})
+    seeded = Sampling().merged(Sampling(seed=11))
+    # The per-call seed override of ProblemSession.chat: the bug was a full re-validation marking all fields set.
+    assert seeded.model_fields_set == {"seed"}
+    out = route.merged(seeded)
+    assert (out.temperature, out.max_tokens, out.seed, out.extra_body) == (0.3, 600, 11, {"top_k": 5})
+    assert out.model_fields_set == {"temperature", "max_tokens", "extra_body", "seed"}
+    # A None read back from a full dump is no choice: it inherits.
+    full = Sampling.model_validate(Sampling(top_p=0.5).model_dump())
+    assert full.model_fields_set == set(Sampling.model_fields)
+    assert route.merged(full).model_dump() == {**route.model_dump(), "top_p": 0.5}
+    assert route.merged(Sampling(extra_body={"min_p": 0.1})).extra_body == {"top_k": 5, "min_p": 0.1}
+    assert route.merged(None) is route and route.merged(Sampling()) is route
+
+
+def test_a_partial_default_sampling_keeps_the_built_in_defaults() -> None:
+    assert Settings(sampling=Sampling(top_p=0.5)).sampling == Sampling(temperature=0.7, top_p=0.5, max_tokens=2048)
+    assert Settings.model_validate({"sampling": {"temperature": 0.1}}).sampling.max_tokens == 2048
+    # An explicit None still says: leave it to the server.
+    assert Settings.model_validate({"sampling": {"max_tokens": None}}).sampling.max_tokens is None
+
+
+# ------------------------------------------------------------------------------------------ every method, every way
+@pytest.mark.parametrize("method", ALL)
+async def test_toml_sampling_reaches_every_role(sim: SimServer, tmp_path: Path, method: str) -> None:
+    await asolve(Q, settings_from(tmp_path, toml(sim, method, SAMPLING_TOML)))
+    assert_every_body(sim, method, WANTED)
+
+
+@pytest.mark.parametrize("method", ALL)
+async def test_environment_sampling_reaches_every_role(sim: SimServer, tmp_path: Path, method: str) -> None:
+    env = {"TMAS_TEMPERATURE": "0.35", "TMAS_TOP_P": "0.8", "TMAS_MAX_TOKENS": "444", "TMAS_MODEL": "env-model"}
+    await asolve(Q, settings_from(tmp_path, toml(sim, method), env))
+    assert_every_body(sim, method, {"temperature": 0.35, "top_p": 0.8, "max_tokens": 444}, model="env-model")
+
+
+def isolate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No ./tmas.toml and no TMAS_* variable reaches an in-process CLI call."""
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    for var in [v for v in os.environ if v.startswith("TMAS_")]:
+        monkeypatch.delenv(var)
+
+
+@pytest.mark.parametrize("method", ALL)
+def test_cli_flags_reach_every_role(
+    sim: SimServer, tmp_path: Path, method: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    isolate(monkeypatch, tmp_path)
+    params = [arg for k, v in METHODS[method][0].items() for arg in ("-p", f"{k}={v}")]
+    flags = ["--temperature", "0.45", "--top-p", "0.7", "--max-tokens", "555", "--model", "flag-model"]
+    args = ["solve", Q, "-m", method, *params, "--base-url", sim.base_url, *flags]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    assert_every_body(sim, method, {"temperature": 0.45, "top_p": 0.7, "max_tokens": 555}, model="flag-model")
+
+
+@pytest.mark.parametrize("method", ALL)
+async def test_role_sampling_and_endpoint_fields_reach_their_role_only(
+    sim: SimServer, tmp_path: Path, method: str
+) -> None:
+    roles = sorted(METHODS[method][1])
+    # Each role its own temperature and model; max_tokens and top_p still come from [sampling].
+    body = SAMPLING_TOML + "".join(
+        f'\n[roles.{role}]\nmodel = "model-{role}"\n[roles.{role}.sampling]\ntemperature = {0.05 * (i + 1):.2f}\n'
+        for i, role in enumerate(roles)
+    )
+    await asolve(Q, settings_from(tmp_path, toml(sim, method, body)))
+    bodies = bodies_by_role(sim)
+    assert set(bodies) == set(roles)
+    for i, role in enumerate(roles):
+        for b in bodies[role]:
+            assert b["model"] == f"model-{role}"
+            assert (b["temperature"], b["top_p"], b["max_tokens"], b["top_k"]) == (
+                pytest.approx(0.05 * (i + 1)),
+                0.9,
+                333,
+                7,
+            )
+
+
+@pytest.mark.parametrize("method", ALL)
+async def test_configured_seed_is_sent_as_is(sim: SimServer, tmp_path: Path, method: str) -> None:
+    await asolve(Q, settings_from(tmp_path, toml(sim, method, SAMPLING_TOML + "seed = 1234\n")))
+    bodies = [b for items in bodies_by_role(sim).values() for b in items]
+    assert bodies and all(b["seed"] == 1234 and b["temperature"] == 0.25 for b in bodies)
+
+
+async def test_derived_seeds_differ_between_parallel_samples(sim: SimServer, tmp_path: Path) -> None:
+    await asolve(Q, settings_from(tmp_path, toml(sim, "majority", SAMPLING_TOML, k=4)))
+    seeds = [b["seed"] for b in bodies_by_role(sim)["solution"]]
+    assert len(set(seeds)) == 4
+
+
+# ------------------------------------------------------------------------------------------ precedence
+@pytest.mark.parametrize(
+    ("env", "flags", "temperature", "max_tokens"),
+    [
+        ({}, {}, 0.25, 333),  # the file
+        ({"TMAS_TEMPERATURE": "0.5"}, {}, 0.5, 333),  # environment over the file
+        ({"TMAS_TEMPERATURE": "0.5"}, {"sampling.temperature": 0.6}, 0.6, 333),  # flags over the environment
+        ({"TMAS_MAX_TOKENS": "50"}, {"sampling.max_tokens": 60}, 0.25, 60),
+    ],
+)
+async def test_file_then_environment_then_flags(
+    sim: SimServer, tmp_path: Path, env: dict[str, str], flags: dict[str, Any], temperature: float, max_tokens: int
+) -> None:
+    await asolve(Q, settings_from(tmp_path, toml(sim, "cot", SAMPLING_TOML), env, **flags))
+    [body] = bodies_by_role(sim)["solution"]
+    assert (body["temperature"], body["max_tokens"]) == (temperature, max_tokens)
+
+
+@pytest.mark.parametrize(
+    ("env", "flags", "wanted"),
+    [
+        ({"TMAS_TEMPERATURE": "0.3"}, {}, (0.3, None, 2048)),
+        ({}, {"sampling.top_p": 0.5}, (0.7, 0.5, 2048)),
+        ({}, {"sampling.max_tokens": 99}, (0.7, None, 99)),
+    ],
+)
+async def test_setting_one_field_keeps_the_other_defaults(
+    sim: SimServer, tmp_path: Path, env: dict[str, str], flags: dict[str, Any], wanted: tuple[Any, ...]
+) -> None:
+    # Before the fix a partial [sampling] replaced the whole default: max_tokens went unsent and unbounded.
+    await asolve(Q, settings_from(tmp_path, toml(sim, "cot"), env, **flags))
+    [body] = bodies_by_role(sim)["solution"]
+    assert (body["temperature"], body.get("top_p"), body["max_tokens"]) == wanted
+
+
+async def test_role_sampling_beats_the_default_from_any_source(sim: SimServer, tmp_path: Path) -> None:
+    text = toml(sim, "self_refine", SAMPLING_TOML + "\n[roles.refiner.sampling]\ntemperature = 0.05\n")
+    settings = settings_from(tmp_path, text, {"TMAS_TEMPERATURE": "0.5"}, **{"sampling.temperature": 0.6})
+    await asolve(Q, settings)
+    bodies = bodies_by_role(sim)
+    assert {b["temperature"] for b in bodies["solution"]} == {0.6}
+    assert {b["temperature"] for b in bodies["refiner"]} == {0.05}
+
+
+async def test_tmas_local_preset_fills_only_what_the_user_left_alone(sim: SimServer, tmp_path: Path) -> None:
+    # Built-in default sampling: every role gets the preset's temperature and max_tokens.
+    await asolve(Q, settings_from(tmp_path, toml(sim, "tmas", "", preset="local")))
+    bodies = bodies_by_role(sim)
+    assert {(b["temperature"], b["max_tokens"]) for b in bodies["solution"]} == {(0.3, 640)}
+    assert {(b["temperature"], b["max_tokens"]) for b in bodies["summary"]} == {(0.2, 220)}
+    sim.reset()
+    # The user's default temperature (flag) and a role's max_tokens win; the rest of the preset stays.
+    body = "\n[roles.verifier.sampling]\nmax_tokens = 111\n"
+    await asolve(Q, settings_from(tmp_path, toml(sim, "tmas", body, preset="local"), **{"sampling.temperature": 0.9}))
+    bodies = bodies_by_role(sim)
+    assert {(b["temperature"], b["max_tokens"]) for b in bodies["solution"]} == {(0.9, 640)}
+    assert {(b["temperature"], b["max_tokens"]) for b in bodies["verifier"]} == {(0.9, 111)}
+
+
+async def test_tmas_paper_preset_sends_its_sampling_unless_overridden(sim: SimServer, tmp_path: Path) -> None:
+    await asolve(Q, settings_from(tmp_path, toml(sim, "tmas", "", preset="paper", iterations=1, n=1, m=1)))
+    bodies = [b for items in bodies_by_role(sim).values() for b in items]
+    assert bodies and all((b["temperature"], b["top_p"]) == (1.0, 0.95) for b in bodies)
+    sim.reset()
+    text = toml(sim, "tmas", "", preset="paper", iterations=1, n=1, m=1)
+    await asolve(Q, settings_from(tmp_path, text, {"TMAS_TOP_P": "0.5"}))
+    bodies = [b for items in bodies_by_role(sim).values() for b in items]
+    assert bodies and all((b["temperature"], b["top_p"]) == (1.0, 0.5) for b in bodies)
+
+
+async def test_tmas_method_param_sampling_beats_every_setting(sim: SimServer, tmp_path: Path) -> None:
+    body = SAMPLING_TOML + "\n[roles.solution.sampling]\ntemperature = 0.05\nmax_tokens = 99\n"
+    settings = settings_from(tmp_path, toml(sim, "tmas", body), **{"sampling.temperature": 0.6})
+    settings.method.params["sampling"] = {"solution": {"temperature": 0.15}, "summary": {"max_tokens": 77}}
+    await asolve(Q, settings)
+    bodies = bodies_by_role(sim)
+    assert {(b["temperature"], b["max_tokens"]) for b in bodies["solution"]} == {(0.15, 99)}
+    assert {(b["temperature"], b["max_tokens"]) for b in bodies["summary"]} == {(0.6, 77)}
+    assert {(b["temperature"], b["max_tokens"]) for b in bodies["verifier"]} == {(0.6, 333)}
+
+
+async def test_embedded_model_defaults_reach_the_wire(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No endpoint: the run takes the embedded-model path (TMAS's local preset, the local server's model name and
+    context window) with the sim server standing in for the started llama.cpp process."""
+
+    class SimAsLocalServer:
+        def __init__(self, cfg: Any, log_dir: Path | None = None) -> None:
+            self.base_url, self.model = sim.base_url, "embedded-alias"
+
+        async def __aenter__(self) -> SimAsLocalServer:
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+    monkeypatch.setattr("tmas.llm.local_server.LocalServer", SimAsLocalServer)
+    settings = load_settings(None, environ={"TMAS_TOP_P": "0.85"}, overrides={"method.name": "tmas"})
+    assert settings.uses_local_model
+    result = await asolve(Q, settings, run_dir=tmp_path / "run")
+    assert len(result.iterations) == 2  # the local preset's T = 2
+    bodies = bodies_by_role(sim)
+    assert set(bodies) == METHODS["tmas"][1]
+    preset = {
+        "solution": (0.3, 640),
+        "verifier": (0.3, 400),
+        "summary": (0.2, 220),
+        "experience": (0.2, 450),
+        "guideline": (0.2, 300),
+    }
+    for role, items in bodies.items():
+        assert {(b["model"], b["top_p"], b["temperature"], b["max_tokens"]) for b in items} == {
+            ("embedded-alias", 0.85, *preset[role])
+        }, role
+
+
+# ------------------------------------------------------------------------------------------ stored settings
+@pytest.mark.parametrize("method", ["tmas", "self_refine"])
+def test_resume_keeps_the_stored_sampling_and_takes_new_flags(
+    sim: SimServer, tmp_path: Path, method: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    isolate(monkeypatch, tmp_path)
+    # A role with an endpoint field only: read back, its sampling is all None, which must neither wipe the default
+    # sampling nor hide TMAS's local preset (max_tokens is left to the preset here).
+    params = {"preset": "local"} if method == "tmas" else {}
+    config = tmp_path / "cfg.toml"
+    config.write_text(
+        toml(sim, method, '[sampling]\ntemperature = 0.25\ntop_p = 0.9\n[roles.solution]\nmodel = "solver"\n', **params)
+    )
+    problems = tmp_path / "p.jsonl"
+    problems.write_text('{"problem_id": "a", "question": "What is 17*23?"}\n')
+    run_dir = tmp_path / "run"
+    cli = CliRunner()
+    out = cli.invoke(app, ["run", str(problems), "-o", str(run_dir), "--config", str(config)])
+    assert out.exit_code == 0, out.output
+    first = bodies_by_role(sim)
+    sim.reset()
+    more = str(METHODS[method][0]["iterations"] + 1)
+    out = cli.invoke(app, ["run", "--resume", str(run_dir), "-T", more, "--temperature", "0.55"])
+    assert out.exit_code == 0, out.output
+    second = bodies_by_role(sim)
+    assert second, "the resumed run sent no call"
+    max_tokens = {"solution": 640, "verifier": 400, "summary": 220, "experience": 450, "guideline": 300}
+    for session, temperature in ((first, 0.25), (second, 0.55)):
+        for role, items in session.items():
+            wanted = (temperature, 0.9, max_tokens[role] if method == "tmas" else 2048)
+            assert {(b["temperature"], b["top_p"], b["max_tokens"]) for b in items} == {wanted}, role
+    assert {b["model"] for b in first["solution"] + second["solution"]} == {"solver"}
+
+
+async def test_sweep_points_keep_the_sampling(sim: SimServer, tmp_path: Path) -> None:
+    settings = settings_from(tmp_path, toml(sim, "cot", SAMPLING_TOML + '\n[roles.verifier]\nmodel = "checker"\n'))
+    problems = tmp_path / "p.jsonl"
+    problems.write_text('{"problem_id": "a", "question": "What is 17*23?", "answer": "391"}\n')
+    study = Study(method="verify_refine", params={"n": 1, "iterations": 2}, grid={"m": [1, 2]})
+    await run_sweep(SweepSpec(problems=str(problems), study=[study]), settings, tmp_path / "sweep")
+    bodies = bodies_by_role(sim)
+    assert set(bodies) == {"solution", "verifier", "corrector"}
+    assert all((b["temperature"], b["max_tokens"], b["top_k"]) == (0.25, 333, 7) for v in bodies.values() for b in v)
+    assert {b["model"] for b in bodies["verifier"]} == {"checker"}
+    assert {b["model"] for b in bodies["solution"]} == {"wire-model"}
