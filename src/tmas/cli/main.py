@@ -347,7 +347,9 @@ def models(config: ConfigOpt = None, base_url: BaseUrlOpt = None, api_key_env: K
     settings = _settings(config, base_url=base_url, api_key_env=api_key_env)
     targets: list[tuple[str, str, str | None]] = []
     if settings.uses_local_model:
-        typer.echo(f"default: embedded model {settings.local.model} ({settings.local.server}), started on demand")
+        from tmas.llm.local_server import describe
+
+        typer.echo(f"default: embedded model {describe(settings.local)}, started on demand")
     for role, override in [("default", None), *settings.roles.items()]:
         urls = (override.base_url if override else None) or settings.endpoint.base_url
         key_env = (override.api_key_env if override else None) or settings.endpoint.api_key_env
