@@ -43,7 +43,7 @@ class ProblemRow:
     problem_id: str
     question: str
     reference: str | None
-    status: str  # done, failed, running (iterations recorded, no result), pending
+    status: str  # done, failed, running (iterations recorded, no result yet), pending (no iteration yet)
     answer: str | None
     correct: bool | None  # the selected answer's verdict at the last iteration; None: not graded
     iterations: int
@@ -61,6 +61,11 @@ class RunOverview:
     roles: dict[str, dict[str, int]]
     metrics: RunMetrics | None
     status_counts: dict[str, int] = field(default_factory=dict)
+
+
+def _tokens(record: dict[str, Any]) -> int:
+    usage = record.get("usage", {})
+    return int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
 
 
 def verdict(grades: Grades | None, key: tuple[str, int, int]) -> bool | None:
@@ -92,26 +97,28 @@ class RunReader:
         method_meta = store.get_meta("method") or {}
         settings = store.get_meta("settings") or {}
         grades = self.grades()
-        results = {r["problem_id"]: r for r in store.results()}
+        # Finished problems with their results, problems being solved with the iterations they finished so far.
+        results = load_results(store)
+        by_id = {r["problem_id"]: r for r in results}
         rows = []
         for problem in store.iter_problems():
             pid = problem.problem_id
-            result = results.get(pid)
-            records = result["iterations"] if result else store.iterations(pid)
-            status = result["status"] if result else ("running" if records else "pending")
+            result = by_id.get(pid, {"status": "pending", "iterations": []})
+            records = result["iterations"]
             last = records[-1] if records else None
-            usage = result.get("usage", {}) if result else {}
             rows.append(
                 ProblemRow(
                     problem_id=pid,
                     question=problem.question,
                     reference=problem.answer,
-                    status=status,
-                    answer=result.get("answer") if result else (last or {}).get("selected"),
+                    status=result["status"],
+                    answer=result["answer"] if "answer" in result else (last or {}).get("selected"),
                     correct=verdict(grades, (pid, int(last["iteration"]), SELECTED)) if last else None,
                     iterations=len(records),
-                    calls=int(result.get("calls", 0)) if result else sum(int(r.get("calls", 0)) for r in records),
-                    tokens=int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0)),
+                    calls=sum(int(r.get("calls", 0)) for r in records),
+                    tokens=sum(
+                        int(r["usage"]["prompt_tokens"]) + int(r["usage"]["completion_tokens"]) for r in records
+                    ),
                 )
             )
         counts: dict[str, int] = {}
@@ -124,8 +131,7 @@ class RunReader:
             problems=rows,
             costs=store.call_counts(),
             roles=store.role_costs(),
-            # Problems still going count with the iterations they finished (as in reports of partial runs).
-            metrics=compute_metrics(load_results(store), grades) if grades is not None else None,
+            metrics=compute_metrics(results, grades) if grades is not None else None,
             status_counts=counts,
         )
 
