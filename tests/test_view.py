@@ -180,6 +180,16 @@ def test_a_mattrl_transcript_shows_with_the_credits_of_its_turns(tmp_path: Path)
         ref = run_ref_for([run_dir], run_dir)
         assert ref is not None
         status, page = get(f"{viewer.url}/run/{ref.key}/iteration?id=mult&t=0")
+        # Bad addresses get a page saying what is wrong, with the status to match.
+        for path, code, says in [
+            ("/run/nosuchrun", 404, b"no run &#39;nosuchrun&#39;"),
+            (f"/run/{ref.key}/iteration?id=mult&t=two", 400, b"t must be an iteration number"),
+            (f"/run/{ref.key}/iteration?id=mult&t=5", 404, b"has no iteration 5"),
+            (f"/run/{ref.key}/problem?id=other", 404, b"no problem &#39;other&#39;"),
+            (f"/run/{ref.key}/call/999", 404, b"no call 999"),
+        ]:
+            got, body = get(viewer.url + path)
+            assert got == code and says in body, (path, got, body[-300:])
     text = page.decode()
     assert status == 200 and 'id="transcript"' in text
     assert "S2 estimation (lead)" in text and "17*23 is 391 by long multiplication." in text
