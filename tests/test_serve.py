@@ -19,13 +19,55 @@ import pytest
 from conftest import settings_for
 from tmas.errors import ConfigError
 from tmas.methods import METHODS
+from tmas.serve.api_errors import ApiError
 from tmas.serve.launch import ServeOptions, resolve_token
+from tmas.serve.protocol import ChatBody, split_model
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, SimScript, SimServer
 from tmas.view.app import view_app
 from web_helpers import AppThread, ProxyThread, get, post, run_ref_for, wait_until
 
 TMAS_SMALL = {"n": 2, "m": 1, "iterations": 1}
+
+
+def test_the_problem_is_the_last_user_message_with_the_rest_as_data() -> None:
+    body = ChatBody.parse(
+        json.dumps(
+            {
+                "model": "tmas/m",
+                "messages": [
+                    {"role": "system", "content": "Answer {{ briefly }}."},
+                    {"role": "user", "content": [{"type": "text", "text": "First:"}, {"type": "text", "text": "1+1"}]},
+                    {"role": "assistant", "content": "2"},
+                    {"role": "user", "content": "Now {{ 7*7 }} and {% raw %}?"},
+                ],
+            }
+        ).encode()
+    )
+    question, context = body.question()
+    assert context == [
+        {"role": "system", "content": "Answer {{ briefly }}."},
+        {"role": "user", "content": "First:\n1+1"},
+        {"role": "assistant", "content": "2"},
+    ]
+    # Template syntax in messages is text: nothing was evaluated, everything arrives in order.
+    assert question.endswith("Problem:\nNow {{ 7*7 }} and {% raw %}?")
+    assert question.index("Answer {{ briefly }}.") < question.index("First:\n1+1") < question.index("[assistant]\n2")
+    alone = ChatBody.parse(b'{"model": "cot/m", "messages": [{"role": "user", "content": "What is 2+2?"}]}')
+    assert alone.question() == ("What is 2+2?", [])
+    # The same question asked the same way is the same request; other parameters make another.
+    again = ChatBody.parse(b'{"model": "cot/m", "messages": [{"role": "user", "content": "What is 2+2?"}]}')
+    other = ChatBody.parse(b'{"model": "cot/m", "messages": [{"role": "user", "content": "What is 2+2?"}], "seed": 1}')
+    assert alone.fingerprint() == again.fingerprint() != other.fingerprint()
+
+
+def test_model_names_split_at_the_first_slash() -> None:
+    methods, upstreams = {"tmas", "cot"}, ["Qwen/Qwen3-4B", "m"]
+    assert split_model("tmas/Qwen/Qwen3-4B", methods, upstreams) == ("tmas", "Qwen/Qwen3-4B")
+    for name, says in [("m", "expected <method>/<upstream model>"), ("rse/m", "unknown method"), ("cot/x", "upstream")]:
+        with pytest.raises(ApiError, match=says) as caught:
+            split_model(name, methods, upstreams)
+        assert caught.value.status == 404 and caught.value.code == "model_not_found"
 
 
 def client(proxy: ProxyThread, key: str = "unused") -> openai.OpenAI:
