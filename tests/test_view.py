@@ -37,7 +37,7 @@ def test_bank_diff_worked_by_hand() -> None:
     before = [
         {"id": "E1", "kind": "insight", "content": "check parity"},
         {"id": "E2", "kind": "anchor", "content": "T_2 = 3"},
-        {"id": "E3", "kind": "insight", "content": "try small cases"},
+        {"id": "E3", "kind": "insight", "subtype": None, "content": "try small cases"},
     ]
     after = [
         {"id": "E1", "kind": "insight", "content": "check parity"},
@@ -52,7 +52,7 @@ def test_bank_diff_worked_by_hand() -> None:
         ("E3", "deleted"),
     ]
     assert changes[1].before == "T_2 = 3" and changes[1].text == "T_2 = 3 and T_3 = 0"
-    assert changes[2].details == {"kind": "insight"}
+    assert changes[2].details == changes[3].details == {"kind": "insight"}
     # A guideline strategy followed again keeps its text and changes its counts: updated, not refined.
     prev = {"guideline_bank": {"strategies": [{"id": "S1", "description": "induction", "attempts": 1}]}}
     state = {"guideline_bank": {"strategies": [{"id": "S1", "description": "induction", "attempts": 2}]}}

@@ -49,7 +49,7 @@ def diff_entries(before: list[dict[str, Any]], after: list[dict[str, Any]], text
     seen = {str(e["id"]) for e in after}
     for entry_id, entry in old.items():
         if entry_id not in seen:
-            details = {k: v for k, v in entry.items() if k not in ("id", text_key)}
+            details = _details(entry, text_key)
             changes.append(
                 BankChange(id=entry_id, change="deleted", text=str(entry.get(text_key, "")), details=details)
             )
