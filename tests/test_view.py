@@ -122,14 +122,15 @@ def _tmas_run(sim: SimServer, run_dir: Path, iterations: int = 2) -> None:
 
 
 def test_the_viewer_reads_a_run_another_process_is_writing(sim: SimServer, tmp_path: Path) -> None:
-    sim.set_script(SimScript(rules=[Rule(role="verifier", latency_s=0.2)]))
+    # At least 3 iterations x 0.5 s of verifying: long enough to be watched while it is written.
+    sim.set_script(SimScript(rules=[Rule(role="verifier", latency_s=0.5)]))
     run_dir = tmp_path / "live"
     problems = tmp_path / "p.jsonl"
     problems.write_text("".join(p.model_dump_json() + "\n" for p in PROBLEMS))
     env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
     env["PYTHONPATH"] = str(REPO / "src")
     cmd = [sys.executable, "-m", "tmas", "run", str(problems), "-o", str(run_dir), "--base-url", sim.base_url]
-    cmd += ["--model", "sim-model", "-m", "tmas", "-T", "2", "-p", "n=2", "-p", "m=1"]
+    cmd += ["--model", "sim-model", "-m", "tmas", "-T", "3", "-p", "n=2", "-p", "m=1"]
     writer = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_until(lambda: (run_dir / "run.sqlite").is_file(), what="the run to start")
