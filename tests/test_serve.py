@@ -458,3 +458,27 @@ def test_stopping_the_server_answers_503_and_keeps_the_run_resumable(sim: SimSer
     [run_dir] = runs_in(tmp_path / "served")
     with RunStore(run_dir, read_only=True) as store:
         assert store.results() == [] and [c.key.role for c in store.calls()] == ["solution", "solution"]
+
+
+def test_mattrl_is_served_and_its_deliberation_shows_in_the_viewer(
+    sim: SimServer, proxy: ProxyThread, tmp_path: Path
+) -> None:
+    assert "mattrl" in METHODS  # registered methods are served without any change here
+    stream = client(proxy).chat.completions.create(
+        model="mattrl/sim-model", messages=[{"role": "user", "content": "What is 17*23?"}], stream=True
+    )
+    chunks = list(stream)
+    assert "\\boxed{391}" in "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert {r.role for r in sim.requests} >= {"coordinator", "specialist"}
+    served = tmp_path / "served"
+    [run_dir] = runs_in(served)
+    with RunStore(run_dir, read_only=True) as store:
+        pid = store.problems()[0].problem_id
+        last = store.iterations(pid)[-1]
+    transcript = last["state"]["transcript"]
+    with AppThread(view_app([served])) as viewer:
+        ref = run_ref_for([served], run_dir)
+        assert ref is not None
+        status, page = get(f"{viewer.url}/run/{ref.key}/iteration?id={pid}&t={last['iteration']}")
+    assert status == 200 and b'id="transcript"' in page
+    assert page.count(b"<td>opinion</td>") == sum(u["kind"] == "opinion" for u in transcript["utterances"])
