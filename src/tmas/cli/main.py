@@ -15,6 +15,8 @@ import typer
 from tmas import __version__
 from tmas.cli.cases import cases_app
 from tmas.cli.experience import experience_app
+from tmas.cli.serve import serve_app
+from tmas.cli.view import view_app
 from tmas.config import Settings, load_settings, with_overrides
 from tmas.errors import InputError, TmasError
 
@@ -614,6 +616,8 @@ data_app = typer.Typer(help="Problem data: generate verifiable problems.", no_ar
 app.add_typer(data_app, name="data")
 app.add_typer(experience_app, name="experience")
 app.add_typer(cases_app, name="cases")
+app.add_typer(serve_app, name="serve")
+app.add_typer(view_app, name="view")
 
 
 @data_app.command("generate")
