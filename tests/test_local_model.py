@@ -18,11 +18,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tmas.config import LocalModel
+from tmas.config import LocalModel, Settings
 from tmas.errors import LocalModelError
 from tmas.llm import weights
 from tmas.llm.local_server import LocalServer, _crash_marker
+from tmas.llm.provision import provisioned
 from tmas.llm.weights import KNOWN_MODELS, resolve_model
+from tmas.problems import Problem
+from tmas.runner import prepare_run, run_problems
 
 pytestmark = [
     pytest.mark.local_model,
@@ -195,3 +198,49 @@ def test_child_dies_with_a_sigkilled_parent() -> None:
     while _alive(child_pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(child_pid)
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(f"llamacpp:{name} "):
+            return float(line.split()[1])
+    raise AssertionError(f"no llamacpp:{name} in /metrics")
+
+
+async def test_two_replicas_of_smollm2_each_answer_calls(tmp_path: Path) -> None:
+    # Two real llama-server processes on CPU listed as replicas of one endpoint: a run's calls reach both.
+    settings = Settings.model_validate(
+        {
+            "local": {
+                "model": "smollm2-135m",
+                "replicas": 2,
+                "parallel": 1,
+                "ctx_per_slot": 1024,
+                "startup_timeout_s": 120,
+                "extra_args": ["--metrics"],
+            },
+            "method": {"name": "majority", "params": {"k": 4}},
+            "sampling": {"temperature": 0.0, "max_tokens": 8},
+        }
+    )
+    run_dir = tmp_path / "run"
+    problem = Problem(problem_id="p1", question="What is 2+2?")
+    store, settings, todo = prepare_run(run_dir, settings, [problem], resume=False)
+    async with provisioned(settings, log_dir=run_dir) as live:
+        urls = live.endpoint.base_url
+        assert len(set(urls)) == 2
+        with store:
+            summary = await run_problems(live, todo, store)
+        assert summary.calls == 4 and summary.failed == 0
+        predicted = []
+        async with aiohttp.ClientSession() as session:
+            for url in urls:
+                async with session.get(url.removesuffix("/v1") + "/metrics") as resp:
+                    assert resp.status == 200
+                    predicted.append(_metric(await resp.text(), "tokens_predicted_total"))
+    # One slot each and four calls at once: both replicas generated tokens.
+    assert min(predicted) > 0
+    for url in urls:
+        assert not _port_open(int(url.removesuffix("/v1").rsplit(":", 1)[1]))
+    assert (run_dir / "local_server-1.log").stat().st_size > 0
+    assert (run_dir / "local_server-2.log").stat().st_size > 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -160,6 +160,12 @@ class LocalModel(Strict):
     ctx_per_slot: int = Field(default=4096, ge=256)
     threads: int | None = Field(default=None, ge=1)
     startup_timeout_s: float = Field(default=300.0, gt=0)
+    # Layers offloaded to the GPU (llama-server -ngl): a count, "auto" or "all". None: "all" when the installed
+    # llama-server was built with a GPU backend, else 0.
+    gpu_layers: Annotated[int, Field(ge=0)] | Literal["auto", "all"] | None = None
+    # Servers of the model started side by side (each with `parallel` slots) and listed as replicas of the default
+    # endpoint: on a GPU one server is bound by per-slot CPU work long before the GPU is busy.
+    replicas: int = Field(default=1, ge=1)
     extra_args: list[str] = Field(default_factory=list)
 
 

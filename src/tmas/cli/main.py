@@ -15,6 +15,8 @@ import typer
 from tmas import __version__
 from tmas.cli.cases import cases_app
 from tmas.cli.experience import experience_app
+from tmas.cli.serve import serve_app
+from tmas.cli.view import view_app
 from tmas.config import Settings, load_settings, with_overrides
 from tmas.errors import InputError, TmasError
 
@@ -356,7 +358,9 @@ def models(config: ConfigOpt = None, base_url: BaseUrlOpt = None, api_key_env: K
     settings = _settings(config, base_url=base_url, api_key_env=api_key_env)
     targets: list[tuple[str, str, str | None]] = []
     if settings.uses_local_model:
-        typer.echo(f"default: embedded model {settings.local.model} ({settings.local.server}), started on demand")
+        from tmas.llm.local_server import describe
+
+        typer.echo(f"default: embedded model {describe(settings.local)}, started on demand")
     for role, override in [("default", None), *settings.roles.items()]:
         urls = (override.base_url if override else None) or settings.endpoint.base_url
         key_env = (override.api_key_env if override else None) or settings.endpoint.api_key_env
@@ -612,6 +616,8 @@ data_app = typer.Typer(help="Problem data: generate verifiable problems.", no_ar
 app.add_typer(data_app, name="data")
 app.add_typer(experience_app, name="experience")
 app.add_typer(cases_app, name="cases")
+app.add_typer(serve_app, name="serve")
+app.add_typer(view_app, name="view")
 
 
 @data_app.command("generate")

@@ -484,7 +484,9 @@ def _analyses(doc: Document, e: RunEvaluation) -> None:
     s = e.stopping
     if s is not None and s.stopped:
         doc.add(Heading(4, "Adaptive stopping"))
-        text = f"{s.stopped} problems stopped early ({s.reasons}); mean stop iteration {s.mean_stop_iteration:.1f}"
+        text = f"{s.stopped} problems stopped early ({s.reasons})"
+        if s.mean_stop_iteration is not None:
+            text += f"; mean stop iteration {s.mean_stop_iteration:.1f}"
         if s.tokens_saved is not None:
             share = f" ({100 * s.tokens_saved_share:.1f}%)" if s.tokens_saved_share is not None else ""
             text += f"; against the full run: {s.tokens_saved} tokens saved{share}, Pass@1 lost {_pct(s.pass1_lost)}"

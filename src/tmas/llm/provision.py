@@ -15,16 +15,17 @@ async def provisioned(settings: Settings, log_dir: Path | None = None) -> AsyncI
     if not settings.uses_local_model:
         yield settings
         return
-    from tmas.llm.local_server import LocalServer  # only needed without an endpoint
+    from tmas.llm.local_server import LocalReplicas  # only needed without an endpoint
 
     local = settings.local
-    async with LocalServer(local, log_dir=log_dir) as server:
+    async with LocalReplicas(local, log_dir=log_dir) as servers:
         endpoint = settings.endpoint.model_copy(
             update={
-                "base_url": [server.base_url],
-                "model": server.model,
+                # The client spreads calls over the replicas, least loaded first.
+                "base_url": servers.base_urls,
+                "model": servers.model,
                 "context_length": local.ctx_per_slot,
-                # More calls than slots would only queue inside the server, where our timeouts keep running.
+                # Per replica: more calls than slots would only queue inside a server, where our timeouts run.
                 "max_in_flight": local.parallel,
             }
         )

