@@ -74,7 +74,8 @@ def test_exploration_reward_table(correct: bool, novelty: int | None, reward: fl
 
 def test_group_advantages_one_against_three() -> None:
     # Rewards (1.6, -1, -1, -1): mu = -0.35; deviations 1.95 and -0.65 (x3); population variance
-    # (1.95^2 + 3 * 0.65^2) / 4 = 5.07 / 4 = 1.2675, sigma = 1.12583 = 0.65 * sqrt(3). So A = (sqrt(3), -1/sqrt(3), ...).
+    # (1.95^2 + 3 * 0.65^2) / 4 = 5.07 / 4 = 1.2675, sigma = 1.12583 = 0.65 * sqrt(3).
+    # So A = (1.95, -0.65, -0.65, -0.65) / (0.65 * sqrt(3)) = (sqrt(3), -1/sqrt(3), -1/sqrt(3), -1/sqrt(3)).
     adv = group_advantages([1.6, -1.0, -1.0, -1.0])
     assert adv == pytest.approx([math.sqrt(3), -1 / math.sqrt(3), -1 / math.sqrt(3), -1 / math.sqrt(3)], rel=1e-5)
 

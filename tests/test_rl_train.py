@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from conftest import settings_for
-from tmas.agents.solution import explore_prompt, generation_prompt, refine_prompt
 from tmas.agents.rollouts import RolloutView
+from tmas.agents.solution import explore_prompt, generation_prompt, refine_prompt
 from tmas.memory.experience_bank import ExperienceBank, ExperienceEntry
 from tmas.memory.guideline_bank import Strategy
 from tmas.rl.novelty import LLMNoveltyJudge

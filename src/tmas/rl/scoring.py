@@ -130,5 +130,7 @@ def score_rollouts(
 
     for i, r in enumerate(rollouts):
         if r.task == "normal":
-            out[i] = RewardBreakdown(task="normal", group=r.group, correct=correct[i], reward=correctness_reward(correct[i]))
+            out[i] = RewardBreakdown(
+                task="normal", group=r.group, correct=correct[i], reward=correctness_reward(correct[i])
+            )
     return [b for b in out if b is not None]

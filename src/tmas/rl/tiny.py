@@ -30,7 +30,7 @@ def tiny_tokenizer(texts: Iterable[str]) -> Any:
         [pre_tokenizers.Split("<|im_start|>", "isolated"), pre_tokenizers.Split("<|im_end|>", "isolated"), splitter]
     )
     backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    tokenizer = PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>", eos_token="<|im_end|>"
     )
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
@@ -53,4 +53,4 @@ def tiny_model(vocab_size: int, seed: int = 0) -> Any:
         max_position_embeddings=4096,
         tie_word_embeddings=True,
     )
-    return Qwen2ForCausalLM(config)
+    return Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call]

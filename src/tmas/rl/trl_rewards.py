@@ -37,7 +37,9 @@ class HybridReward:
         self.log_path = log_path
         self._last: tuple[tuple[str, ...], list[RewardBreakdown]] | None = None
 
-    def rollouts(self, completions: Sequence[Any], extra_info: Sequence[dict[str, Any]], reward_model: Sequence[dict[str, Any]]) -> list[RolloutInput]:
+    def rollouts(
+        self, completions: Sequence[Any], extra_info: Sequence[dict[str, Any]], reward_model: Sequence[dict[str, Any]]
+    ) -> list[RolloutInput]:
         return [
             rollout_from_example(info, str(rm["ground_truth"]), completion_text(c))
             for c, info, rm in zip(completions, extra_info, reward_model, strict=True)

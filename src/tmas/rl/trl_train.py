@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, Field
-from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.grpo_config import GRPOConfig
+from trl.trainer.grpo_trainer import GRPOTrainer
 
 from tmas.errors import ConfigError, InputError
 from tmas.llm.weights import resolve_model
@@ -91,26 +92,28 @@ def grpo_config(options: TrainOptions) -> GRPOConfig:
     )
 
 
-class TMASGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
+class TMASGRPOTrainer(GRPOTrainer):
     """TRL's GRPO trainer with the prompt-group sampler (see :mod:`tmas.rl.sampler`)."""
 
-    def _get_train_sampler(self, dataset: Any = None) -> PromptGroupSampler:
+    def _get_train_sampler(self, dataset: Any = None) -> Any:
         dataset = self.train_dataset if dataset is None else dataset
+        args = cast(GRPOConfig, self.args)
+        generations = int(self.num_generations or args.num_generations or 1)
         return PromptGroupSampler(
             prompt_groups(dataset["extra_info"]),
-            num_generations=self.num_generations,
-            batch_size=self.args.generation_batch_size // self.num_generations,
-            repeat_count=self.num_iterations * self.args.steps_per_generation,
-            shuffle=self.shuffle_dataset,
-            seed=self.args.seed,
+            num_generations=generations,
+            batch_size=int(args.generation_batch_size or generations) // generations,
+            repeat_count=self.num_iterations * int(args.steps_per_generation or 1),
+            shuffle=bool(self.shuffle_dataset),
+            seed=args.seed,
         )
 
 
 def check_group_alignment(config: GRPOConfig) -> None:
     """Each process's generation batch must hold whole prompt groups, or a group would be split between processes
     and its p_base computed from half of it."""
-    local = config.per_device_train_batch_size * config.steps_per_generation
-    if local % config.num_generations:
+    local = config.per_device_train_batch_size * (config.steps_per_generation or 1)
+    if local % (config.num_generations or 1):
         raise ConfigError(
             f"per-process generation batch {local} is not a multiple of num_generations={config.num_generations}"
         )
@@ -123,7 +126,7 @@ def build_trainer(
     check_group_alignment(config)
     return TMASGRPOTrainer(
         model=model,
-        reward_funcs=reward.functions(),
+        reward_funcs=list[Any](reward.functions()),
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
@@ -150,7 +153,7 @@ def load_policy(spec: str, dataset: Any = None) -> tuple[Any, Any]:
     if spec == "tiny":
         texts = [m["content"] for row in (dataset or []) for m in row["prompt"]]
         texts += [str(row["reward_model"]["ground_truth"]) for row in (dataset or [])]
-        tokenizer = tiny_tokenizer(texts + ["\\boxed{", "}"])
+        tokenizer = tiny_tokenizer([*texts, "\\boxed{", "}"])
         return tiny_model(len(tokenizer)), tokenizer
     path = Path(spec).expanduser()
     if path.is_dir():
