@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from tmas.errors import ConfigError
+from tmas.errors import ConfigError, InputError
 
 rl_app = typer.Typer(
     help="Hybrid-reward RL: training data from TMAS runs, GRPO training, GGUF export.", no_args_is_help=True
@@ -64,6 +64,8 @@ def train(
     seed: Annotated[int, typer.Option("--seed")] = 0,
 ) -> None:
     """GRPO on the hybrid rewards with TRL (defaults from the paper's appendix A.4)."""
+    if not data.is_file():  # before the slow imports below
+        raise InputError(f"{data}: no such data file (build one with 'tmas rl build-data')")
     from tmas.config import load_settings
     from tmas.rl.novelty import LLMNoveltyJudge
     from tmas.rl.trl_rewards import HybridReward

@@ -136,8 +136,6 @@ def build_trainer(
 def load_dataset(path: Path) -> Any:
     import datasets
 
-    if not path.is_file():
-        raise InputError(f"{path}: no such data file (build one with 'tmas rl build-data')")
     data = datasets.Dataset.from_parquet(str(path))
     missing = {"prompt", "reward_model", "extra_info", "_source"} - set(data.column_names)
     if missing:
