@@ -47,14 +47,14 @@ class HybridReward:
 
     def score(self, completions: Sequence[Any], **columns: Any) -> list[RewardBreakdown]:
         rollouts = self.rollouts(completions, columns["extra_info"], columns["reward_model"])
-        key = tuple(f"{r.group}\x1f{r.variant}\x1f{r.completion}" for r in rollouts)
+        step = getattr(columns.get("trainer_state"), "global_step", None)
+        # The three task functions are called one after another on the same batch: score it once.
+        key = (str(step), *(f"{r.group}\x1f{r.variant}\x1f{r.completion}" for r in rollouts))
         if self._last is not None and self._last[0] == key:
             return self._last[1]
         scored = score_rollouts(rollouts, self.judge, beta=self.beta)
         self._last = (key, scored)
         if self.log_path is not None:
-            state = columns.get("trainer_state")
-            step = getattr(state, "global_step", None)
             with self.log_path.open("a", encoding="utf-8") as fh:
                 for b in scored:
                     fh.write(json.dumps({"step": step, **b.model_dump(mode="json")}, ensure_ascii=False) + "\n")

@@ -23,6 +23,7 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 
 from tmas.errors import ConfigError, InputError
 from tmas.llm.weights import resolve_model
+from tmas.rl.data import COLUMNS
 from tmas.rl.rewards import DEFAULT_BETA
 from tmas.rl.sampler import PromptGroupSampler, prompt_groups
 from tmas.rl.tiny import tiny_model, tiny_tokenizer
@@ -137,7 +138,7 @@ def load_dataset(path: Path) -> Any:
     import datasets
 
     data = datasets.Dataset.from_parquet(str(path))
-    missing = {"prompt", "reward_model", "extra_info", "_source"} - set(data.column_names)
+    missing = set(COLUMNS) - set(data.column_names)
     if missing:
         raise InputError(f"{path}: missing columns {sorted(missing)} (not from 'tmas rl build-data')")
     return data
