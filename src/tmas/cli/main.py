@@ -13,6 +13,11 @@ from typing import Annotated, Any
 import typer
 
 from tmas import __version__
+from tmas.cli.cases import cases_app
+from tmas.cli.experience import experience_app
+from tmas.cli.rl import rl_app
+from tmas.cli.serve import serve_app
+from tmas.cli.view import view_app
 from tmas.config import Settings, load_settings, with_overrides
 from tmas.errors import InputError, TmasError
 
@@ -37,7 +42,9 @@ LocalModelOpt = Annotated[
 ]
 MethodOpt = Annotated[
     str | None,
-    typer.Option("--method", "-m", help="Method: tmas, cot, majority, self_refine, verify_refine, pacore, rse."),
+    typer.Option(
+        "--method", "-m", help="Method: tmas, cot, majority, self_refine, verify_refine, pacore, rse, mattrl."
+    ),
 ]
 ParamOpt = Annotated[
     list[str] | None,
@@ -51,6 +58,9 @@ NoExperienceOpt = Annotated[
 ]
 NoGuidelineOpt = Annotated[
     bool, typer.Option("--no-guideline", help="TMAS ablation: no guideline bank (param no_guideline=true).")
+]
+DomainOpt = Annotated[
+    str | None, typer.Option("--domain", help="MATTRL's domain: math, medicine or education (param domain=...).")
 ]
 TemperatureOpt = Annotated[float | None, typer.Option("--temperature", help="Default sampling temperature.")]
 TopPOpt = Annotated[float | None, typer.Option("--top-p", help="Default nucleus sampling top_p.")]
@@ -131,9 +141,12 @@ def _with_params(settings: Settings, params: list[str] | None, iterations: int |
     return settings
 
 
-def _with_ablations(param: list[str] | None, no_experience: bool, no_guideline: bool) -> list[str] | None:
-    """The ablation flags as the method parameters they stand for."""
+def _with_ablations(
+    param: list[str] | None, no_experience: bool, no_guideline: bool, domain: str | None = None
+) -> list[str] | None:
+    """The ablation flags (and MATTRL's --domain) as the method parameters they stand for."""
     extra = [*(["no_experience=true"] if no_experience else []), *(["no_guideline=true"] if no_guideline else [])]
+    extra += [f"domain={domain}"] if domain else []
     return [*(param or []), *extra] or None
 
 
@@ -236,6 +249,7 @@ def run(
     no_experience: NoExperienceOpt = False,
     no_guideline: NoGuidelineOpt = False,
     limit: Annotated[int | None, typer.Option("--limit", help="Only the first N problems.")] = None,
+    domain: DomainOpt = None,
     config: ConfigOpt = None,
     base_url: BaseUrlOpt = None,
     model: ModelOpt = None,
@@ -263,7 +277,7 @@ def run(
         "concurrency": concurrency,
         "local_model": local_model,
         "method": method,
-        "params": _with_ablations(param, no_experience, no_guideline),
+        "params": _with_ablations(param, no_experience, no_guideline, domain),
         "iterations": iterations,
         "temperature": temperature,
         "top_p": top_p,
@@ -601,6 +615,11 @@ def sweep(
 
 data_app = typer.Typer(help="Problem data: generate verifiable problems.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
+app.add_typer(experience_app, name="experience")
+app.add_typer(cases_app, name="cases")
+app.add_typer(serve_app, name="serve")
+app.add_typer(view_app, name="view")
+app.add_typer(rl_app, name="rl")
 
 
 @data_app.command("generate")

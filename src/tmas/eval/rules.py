@@ -34,8 +34,9 @@ def _wrap(answer: str) -> str:
     return "\\boxed{" + answer.strip().strip("$") + "}"
 
 
-def check_pair(gold: str, pred: str, timeout_s: int = 5) -> RuleVerdict:
-    """Compare one pair (gold first: Math-Verify's ``verify`` is asymmetric). Runs in a worker process."""
+def check_pair(gold: str, pred: str, timeout_s: int | None = 5) -> RuleVerdict:
+    """Compare one pair (gold first: Math-Verify's ``verify`` is asymmetric). Runs in a worker process (or any main
+    thread; ``timeout_s`` None runs without signal-based timeouts, for other threads)."""
     try:
         from math_verify import parse, verify
     except ImportError:  # pragma: no cover - surfaced by the pool's owner

@@ -10,6 +10,7 @@ from tmas.errors import ConfigError
 from tmas.methods.base import Method
 from tmas.methods.cot import CoT
 from tmas.methods.majority import MajorityVote
+from tmas.methods.mattrl import MATTRL
 from tmas.methods.pacore import PaCoRe
 from tmas.methods.rse import RSE
 from tmas.methods.self_refine import SelfRefine
@@ -17,7 +18,7 @@ from tmas.methods.tmas import TMAS
 from tmas.methods.verify_refine import VerifyRefine
 
 METHODS: dict[str, type[Method[Any]]] = {
-    cls.name: cls for cls in (CoT, TMAS, MajorityVote, SelfRefine, VerifyRefine, PaCoRe, RSE)
+    cls.name: cls for cls in (CoT, TMAS, MajorityVote, SelfRefine, VerifyRefine, PaCoRe, RSE, MATTRL)
 }
 
 

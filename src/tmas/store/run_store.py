@@ -114,11 +114,24 @@ class StoreError(TmasError):
 class RunStore:
     """Open (creating if needed) the store of ``run_dir``."""
 
-    def __init__(self, run_dir: str | Path, *, create: bool = True) -> None:
+    def __init__(self, run_dir: str | Path, *, create: bool = True, read_only: bool = False) -> None:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / DB_NAME
-        if not create and not self.path.is_file():
+        if (read_only or not create) and not self.path.is_file():
             raise StoreError(f"{self.run_dir}: not a run directory (no {DB_NAME})")
+        if read_only:
+            # For readers beside a live writer (the viewer): no schema, pragma or meta writes, and SQLite itself
+            # refuses any write through this connection.
+            self._db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
+            self._db.execute("PRAGMA busy_timeout=10000")
+            try:
+                version = self.get_meta("schema_version")
+            except sqlite3.Error:
+                version = None  # created a moment ago, schema not written yet (or not a run store at all)
+            if version != SCHEMA_VERSION:
+                self._db.close()
+                raise StoreError(f"{self.path}: store schema {version} is not the supported {SCHEMA_VERSION}")
+            return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -255,6 +268,30 @@ class RunStore:
             args = (problem_id,)
         for row in self._db.execute(query + " ORDER BY id", args):
             yield _completion(row)
+
+    def call(self, call_id: int) -> Completion | None:
+        row = self._db.execute(f"SELECT {_CALL_COLUMNS} FROM calls WHERE id = ?", (call_id,)).fetchone()
+        return None if row is None else _completion(row)
+
+    def call_sampling(self, call_id: int) -> dict[str, Any]:
+        row = self._db.execute("SELECT sampling FROM calls WHERE id = ?", (call_id,)).fetchone()
+        return {} if row is None else dict(json.loads(row[0]))
+
+    def role_costs(self) -> dict[str, dict[str, int]]:
+        """Calls, failed calls and tokens per agent role, over the whole run."""
+        rows = self._db.execute(
+            "SELECT role, COUNT(*), COALESCE(SUM(error IS NOT NULL), 0), COALESCE(SUM(prompt_tokens), 0),"
+            " COALESCE(SUM(completion_tokens), 0) FROM calls GROUP BY role ORDER BY role"
+        )
+        return {r[0]: {"calls": r[1], "failed": r[2], "prompt_tokens": r[3], "completion_tokens": r[4]} for r in rows}
+
+    def change_marker(self) -> str:
+        """Changes whenever a call, an iteration or a result is written: what a live viewer polls."""
+        row = self._db.execute(
+            "SELECT (SELECT COALESCE(MAX(id), 0) FROM calls), (SELECT COUNT(*) FROM iterations),"
+            " (SELECT COUNT(*) FROM results), (SELECT COALESCE(MAX(finished_at), 0) FROM results)"
+        ).fetchone()
+        return "-".join(str(v) for v in row)
 
     def call_messages(self, call_id: int) -> list[dict[str, str]]:
         row = self._db.execute("SELECT messages FROM calls WHERE id = ?", (call_id,)).fetchone()

@@ -38,6 +38,7 @@ def __getattr__(name: str) -> Any:
 
 
 # Default replies, registered on import: the baselines' refiner, corrector, synthesis and distiller roles, and
-# TMAS's verifier, summary, experience and guideline roles.
+# TMAS's verifier, summary, experience and guideline roles, and MATTRL's coordinator, specialist, reviewer and student.
 from tmas.testing import baseline_responders as _baseline_responders  # noqa: E402, F401
+from tmas.testing import mattrl_responders as _mattrl_responders  # noqa: E402, F401
 from tmas.testing import tmas_responders as _tmas_responders  # noqa: E402, F401

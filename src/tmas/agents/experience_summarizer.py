@@ -1,0 +1,84 @@
+"""MATTRL's summarizer (paper 003, Eq. 14 and appendix A.6): a kept turn, its context and its reward distilled into
+ACTION / EXPERIENCE entries, each general (any case of the domain) or case-specific.
+
+Output: strict JSON ``{"entries": [{"action": ..., "experience": ..., "scope": "general"|"case"}]}``; entries that
+fail validation are dropped and reported, a reply with no valid entry is unusable.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from tmas.agents.output import parse_json_list
+from tmas.agents.templates import prompt
+from tmas.agents.utterance_judge import RoundView, TurnView
+from tmas.llm.types import Message
+
+MAX_ENTRIES = 3
+
+
+class DistilledEntry(BaseModel):
+    action: str = Field(min_length=1)
+    experience: str = Field(min_length=1)
+    scope: Literal["general", "case"] = "general"
+
+    @field_validator("action", "experience")
+    @classmethod
+    def _stripped(cls, value: str) -> str:
+        value = " ".join(value.split())
+        if not value:
+            raise ValueError("empty text")
+        return value
+
+    @field_validator("scope", mode="before")
+    @classmethod
+    def _scope_words(cls, value: object) -> object:
+        # "case-specific" and "specific" are what summarizers write when they mean a case entry.
+        if isinstance(value, str) and value.strip().lower() in ("case-specific", "specific", "case_specific"):
+            return "case"
+        return value.strip().lower() if isinstance(value, str) else value
+
+
+def summarizer_prompt(
+    *,
+    question: str,
+    gold: str,
+    outcome: float,
+    history: list[RoundView],
+    target: TurnView,
+    round_number: int,
+    reward: float,
+    judge_analysis: str,
+    domain: str = "math",
+) -> list[Message]:
+    return prompt(
+        "mattrl_summarizer.j2",
+        domain=domain,
+        question=question,
+        gold=gold,
+        outcome=_outcome_text(outcome),
+        history=history,
+        target=target,
+        round_number=round_number,
+        reward=f"{reward:.3f}",
+        judge_analysis=judge_analysis or "(none)",
+        max_entries=MAX_ENTRIES,
+    )
+
+
+def _outcome_text(outcome: float) -> str:
+    if outcome >= 1.0:
+        return "correct"
+    if outcome <= 0.0:
+        return "wrong"
+    return f"partly correct (outcome score {outcome:.2f} of 1)"
+
+
+def parse_summarizer(content: str, *, truncated: bool = False) -> tuple[list[DistilledEntry], list[str]]:
+    """The valid entries (at most :data:`MAX_ENTRIES`) and why any others were dropped."""
+    entries, malformed = parse_json_list(
+        content, ("entries", "experiences"), DistilledEntry, truncated=truncated, noun="entry"
+    )
+    return entries[:MAX_ENTRIES], malformed

@@ -1,0 +1,76 @@
+"""MATTRL Stage II opinions (paper 003, A.3-A.4, B.3): a specialist's attempt (math) or strict top-10 differential
+(medicine), with the retrieved experience appended as the EXPERIENCE HINTS block.
+
+Math opinions end in ``\\boxed{}``, like every other method's solutions, so one extraction serves all. Medicine
+opinions carry a ``<diagnosis>`` block of ten numbered lines ``N. Name: rationale``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tmas.agents.templates import prompt, render
+from tmas.answers import extract_answer
+from tmas.llm.types import Message
+from tmas.memory.pool_entry import PoolEntry
+from tmas.memory.transcript import TeamMember
+
+SYSTEM = "system_math.j2"
+_DIAGNOSIS_BLOCK = re.compile(r"<diagnosis>(.*?)(?:</diagnosis>|\Z)", re.S | re.I)
+_NUMBERED = re.compile(r"^\s*(?:\[(\d{1,2})\]|(\d{1,2})[.)])\s*(.+?)\s*$", re.M)
+
+
+def hints_block(hints: list[PoolEntry]) -> str:
+    """The EXPERIENCE HINTS block (A.3) for ``hints``; empty when there are none."""
+    return render("_mattrl_hints.j2", hints=hints)
+
+
+def opinion_prompt(
+    question: str,
+    member: TeamMember,
+    domain: str,
+    *,
+    round_: int = 0,
+    previous: str = "",
+    feedback: str = "",
+    snapshot: str = "",
+    bulletin: str = "",
+    hints: list[PoolEntry] | None = None,
+) -> list[Message]:
+    return prompt(
+        "mattrl_opinion.j2",
+        system_name=SYSTEM if domain == "math" else None,
+        question=question,
+        member=member,
+        domain=domain,
+        round=round_,
+        previous=previous,
+        feedback=feedback,
+        snapshot=snapshot,
+        bulletin=bulletin,
+        hints=hints or [],
+    )
+
+
+def ranked_names(block: str, limit: int = 10) -> list[str]:
+    """The names of a numbered list (``1. Name: why`` or ``[1] Name``), in rank order, de-duplicated."""
+    names: list[str] = []
+    for match in _NUMBERED.finditer(block):
+        name = match.group(3).split(":", 1)[0].strip().strip("[]*").strip()
+        if name and name.lower() not in (n.lower() for n in names):
+            names.append(name)
+    return names[:limit]
+
+
+def parse_differential(content: str) -> list[str]:
+    """A medicine opinion's ranked diagnoses (the ``<diagnosis>`` block, else the whole reply's numbered lines)."""
+    block = _DIAGNOSIS_BLOCK.search(content)
+    return ranked_names(block.group(1) if block else content)
+
+
+def opinion_answer(content: str, domain: str) -> str | None:
+    """The answer an opinion states: math, its boxed (or "final answer:") value; medicine, its top diagnosis."""
+    if domain == "medicine":
+        ranked = parse_differential(content)
+        return ranked[0] if ranked else None
+    return extract_answer(content)

@@ -1,0 +1,126 @@
+"""MATTRL's structured peer review (paper 003, B.4): each specialist's attempt is reviewed by every other specialist
+as JSON (analysis, verdict, validated parts, issues with type/severity/note/fix, tests, alt_hint, confidence).
+
+Acceptance rule (B.4): an attempt is accepted only if every peer verdict is ``accept`` and no issue remains.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError, field_validator
+
+from tmas.agents.output import AgentOutputError, extract_json_object
+from tmas.agents.templates import prompt
+from tmas.llm.types import Message
+from tmas.memory.transcript import TeamMember
+
+Verdict = Literal["accept", "revise", "reject"]
+Severity = Literal["fatal", "major", "minor"]
+
+
+class Issue(BaseModel):
+    type: str = "other"
+    severity: Severity = "major"
+    note: str
+    fix: str = ""
+
+    @field_validator("severity", mode="before")
+    @classmethod
+    def _severity(cls, value: Any) -> Any:
+        # An unknown severity is taken as major: serious enough to need a fix, not enough to reject.
+        text = str(value).strip().lower()
+        return text if text in ("fatal", "major", "minor") else "major"
+
+    @field_validator("type", "fix", mode="before")
+    @classmethod
+    def _text(cls, value: Any) -> Any:
+        return "" if value is None else str(value)
+
+
+class Review(BaseModel):
+    reviewer: str = ""
+    target: str = ""
+    analysis: str = ""
+    verdict: Verdict
+    validated: list[str] = Field(default_factory=list)
+    issues: list[Issue] = Field(default_factory=list)
+    tests: dict[str, Any] = Field(default_factory=dict)
+    alt_hint: str | None = None
+    confidence: float | None = None
+    # False when the reply could not be read and this review stands in for it (see parse failures in the method).
+    readable: bool = True
+
+    @field_validator("verdict", mode="before")
+    @classmethod
+    def _verdict(cls, value: Any) -> Any:
+        return str(value).strip().lower() if value is not None else value
+
+    @field_validator("validated", mode="before")
+    @classmethod
+    def _phrases(cls, value: Any) -> Any:
+        if value is None:
+            return []
+        return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+
+    @field_validator("tests", mode="before")
+    @classmethod
+    def _tests(cls, value: Any) -> Any:
+        return value if isinstance(value, dict) else {}
+
+    @field_validator("confidence", mode="before")
+    @classmethod
+    def _confidence(cls, value: Any) -> Any:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            return None
+
+
+def unreadable_review(reviewer: str, target: str, why: str) -> Review:
+    """What an unusable review counts as: ``revise`` with no issue, so it can neither accept the attempt nor
+    feed it a made-up criticism."""
+    return Review(
+        reviewer=reviewer, target=target, analysis=f"(unreadable review: {why})", verdict="revise", readable=False
+    )
+
+
+def review_prompt(question: str, reviewer: TeamMember, target: TeamMember, attempt: str) -> list[Message]:
+    """The B.4 review prompt; the case and attempt go in as a JSON bundle (data, not template text)."""
+    bundle = json.dumps(
+        {
+            "problem": question,
+            "author": {"specialty": target.specialty, "role": target.role},
+            "attempt": attempt,
+            "reviewer": {"specialty": reviewer.specialty, "role": reviewer.role},
+        },
+        ensure_ascii=False,
+        indent=1,
+    )
+    return prompt("mattrl_review.j2", reviewer=reviewer, bundle=bundle)
+
+
+def parse_review(content: str, reviewer: str, target: str, *, truncated: bool = False) -> Review:
+    """The review JSON; issues that are not objects with a note are dropped. Raises :class:`AgentOutputError`."""
+    try:
+        data = extract_json_object(content)
+    except AgentOutputError as exc:
+        raise AgentOutputError(f"{exc} (reply truncated at max_tokens)" if truncated else str(exc)) from None
+    raw_issues = data.get("issues")
+    issues = []
+    for item in raw_issues if isinstance(raw_issues, list) else []:
+        try:
+            issues.append(Issue.model_validate(item))
+        except ValidationError:
+            continue
+    try:
+        return Review.model_validate({**data, "issues": issues, "reviewer": reviewer, "target": target})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise AgentOutputError(f"review {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+
+
+def accepted(reviews: list[Review]) -> bool:
+    """B.4: accepted only if there is at least one review, every verdict is accept and no issue remains."""
+    return bool(reviews) and all(r.verdict == "accept" and not r.issues for r in reviews)

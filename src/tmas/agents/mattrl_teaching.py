@@ -1,0 +1,91 @@
+"""MATTRL's education agents (paper 003, C.4): the student (pre-test, replies, post-test), the teachers (one
+teacher's questions, team members' analyses, closing guidance) and the coordinator's question plan.
+
+The student's answer is the letter on its last ``Answer: X`` line; the plan is the question on a ``ROUND k:`` line
+(the whole reply when there is none).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from tmas.agents.templates import prompt
+from tmas.llm.types import Message
+from tmas.memory.pool_entry import PoolEntry
+from tmas.memory.transcript import TeamMember
+
+_LETTER = re.compile(r"^\W*answer\W*\s*[:=]?\s*\(?([A-J])\)?\W*$", re.I | re.M)
+_PLAN = re.compile(r"^\s*\**ROUND\s*\d+\**\s*:\s*(.+?)\s*$", re.I | re.M)
+
+
+@dataclass(frozen=True)
+class Turn:
+    teacher: str
+    student: str
+
+
+@dataclass(frozen=True)
+class Case:
+    """What every teacher prompt shows: the question, the student's pre-test, the correct answer, the dialogue."""
+
+    question: str
+    gold: str
+    pre_answer: str | None
+    pre_reasoning: str
+    dialogue: tuple[Turn, ...] = ()
+
+    def variables(self) -> dict[str, Any]:
+        return {
+            "question": self.question,
+            "gold": self.gold,
+            "pre_answer": self.pre_answer,
+            "pre_reasoning": self.pre_reasoning,
+            "dialogue": self.dialogue,
+        }
+
+
+def student_prompt(question: str, dialogue: tuple[Turn, ...] = (), guidance: str = "") -> list[Message]:
+    """The pre-test (no dialogue) or the post-test (after the dialogue and the closing guidance)."""
+    return prompt("edu_student.j2", question=question, dialogue=dialogue, guidance=guidance)
+
+
+def student_reply_prompt(question: str, dialogue: tuple[Turn, ...], asked: str) -> list[Message]:
+    return prompt("edu_student_reply.j2", question=question, dialogue=dialogue, asked=asked)
+
+
+def teacher_prompt(
+    case: Case,
+    *,
+    task: str,
+    round_: int,
+    rounds: int,
+    member: TeamMember | None = None,
+    hints: list[PoolEntry] | None = None,
+) -> list[Message]:
+    """``task``: ``ask`` (a single teacher's question), ``analyse`` (a team member's analysis) or ``guidance``."""
+    return prompt(
+        "edu_teacher.j2",
+        task=task,
+        single=member is None,
+        member=member,
+        round=round_,
+        rounds=rounds,
+        hints=hints or [],
+        **case.variables(),
+    )
+
+
+def plan_prompt(case: Case, round_: int, analyses: list[tuple[str, str]]) -> list[Message]:
+    return prompt("edu_plan.j2", round=round_, analyses=analyses, **case.variables())
+
+
+def parse_letter(content: str) -> str | None:
+    found = _LETTER.findall(content)
+    return found[-1].upper() if found else None
+
+
+def parse_plan(content: str) -> str:
+    found = _PLAN.findall(content)
+    return found[-1] if found else content.strip()

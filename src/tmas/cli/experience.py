@@ -1,0 +1,311 @@
+"""``tmas experience``: MATTRL's experience pool: show and search it; build, prune, the few-shot control and the
+adaptive router (docs/experience.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import typer
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from tmas.config import Settings
+
+Model = TypeVar("Model", bound=BaseModel)
+
+experience_app = typer.Typer(
+    help="MATTRL's experience pool: build, show, search and prune it; the few-shot control; the router.",
+    no_args_is_help=True,
+)
+
+PoolArg = Annotated[Path, typer.Argument(help="An experience pool folder.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON object a line instead of text.")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file (default: ./tmas.toml).")]
+BaseUrlOpt = Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible base URL of the embedder.")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Embedding model name sent to the endpoint.")]
+
+
+@experience_app.command("show")
+def show(
+    pool: PoolArg,
+    limit: Annotated[int | None, typer.Option("--limit", "-n", help="Only the first N entries.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Print the pool's metadata and its entries."""
+    from tmas.memory.experience_pool import ExperiencePool, pool_summary
+
+    opened = ExperiencePool.open(pool)
+    entries = opened.entries[:limit] if limit is not None else opened.entries
+    if as_json:
+        typer.echo(json.dumps(pool_summary(opened)))
+        for entry in entries:
+            typer.echo(entry.model_dump_json())
+        return
+    s = pool_summary(opened)
+    typer.echo(f"{s['path']}: version {s['version']}, {s['count']} entries, embedder {s['embedder']} (dim {s['dim']})")
+    for entry in entries:
+        where = f"{entry.source_problem}/r{entry.source_round}/{entry.source_agent}" if entry.source_problem else ""
+        typer.echo(f"\n[{entry.id}] {entry.scope} {entry.specialty} reward={entry.reward:.3f} {where}".rstrip())
+        typer.echo(entry.text)
+
+
+@experience_app.command("search")
+def search(
+    pool: PoolArg,
+    query: Annotated[str, typer.Argument(help="What to look for (a problem, a round's context).")],
+    k: Annotated[int, typer.Option("-k", help="How many entries (paper: K = 8).")] = 8,
+    config: ConfigOpt = None,
+    base_url: BaseUrlOpt = None,
+    model: ModelOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The K entries nearest to QUERY, with the pool's own embedder (a local model, or the `embedding` role's
+    endpoint, which must serve the model the pool was built with)."""
+    from tmas.config import load_settings
+    from tmas.llm.client import LLMClient
+    from tmas.memory.embedders import LOCAL_NAME, LocalEmbedder, embedder_for
+    from tmas.memory.experience_pool import ExperiencePool
+    from tmas.memory.pool_entry import PoolEntry
+
+    opened = ExperiencePool.open(pool)
+
+    async def go() -> list[tuple[PoolEntry, float]]:
+        if opened.meta.embedder == LOCAL_NAME:
+            return await opened.search(query, k, LocalEmbedder())
+        settings = load_settings(config, {"endpoint.base_url": base_url, "endpoint.model": model})
+        async with LLMClient(settings) as llm:
+            embed = embedder_for("endpoint", llm)
+            opened.check_embedder(embed.name)
+            return await opened.search(query, k, embed)
+
+    for entry, score in asyncio.run(go()):
+        if as_json:
+            typer.echo(json.dumps({"score": round(score, 6), "entry": entry.model_dump(mode="json")}))
+        else:
+            typer.echo(f"{score:.4f} [{entry.id}] ACTION: {entry.action}\n       EXPERIENCE: {entry.experience}")
+
+
+# ---- construction and lifecycle (paper 003, sections 3.2, 5.1, 5.2) --------------------------------------------
+
+RunsArg = Annotated[list[Path], typer.Argument(help="Run directories of MATTRL runs on labelled problems.")]
+LLMBaseUrlOpt = Annotated[
+    str | None, typer.Option("--base-url", help="OpenAI-compatible base URL (judge, summarizer, embedder).")
+]
+LLMModelOpt = Annotated[str | None, typer.Option("--model", help="Model name sent to the endpoint.")]
+GradeOpt = Annotated[
+    str | None,
+    typer.Option("--grade", help="How final answers are graded: rules, judge or combined (default; as `tmas eval`)."),
+]
+
+
+def _model_settings(config: Path | None, base_url: str | None, model: str | None) -> Settings:
+    from tmas.config import load_settings
+
+    return load_settings(config, {"endpoint.base_url": base_url, "endpoint.model": model})
+
+
+def _checked(model: type[Model], command: str, values: dict[str, Any]) -> Model:
+    """The options given (not None) validated as ``model``, its defaults elsewhere; a bad option is a one-line
+    error naming it."""
+    from pydantic import ValidationError
+
+    from tmas.errors import ConfigError
+
+    try:
+        return model.model_validate({k: v for k, v in values.items() if v is not None})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ConfigError(f"experience {command}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+
+
+@experience_app.command("build")
+def build(
+    runs: RunsArg,
+    out: Annotated[Path, typer.Option("--out", "-o", help="The pool folder to create or extend.")],
+    scheme: Annotated[
+        str | None, typer.Option("--scheme", help="Credit: naive (Eq. 11, default), difference (17), shapley (18).")
+    ] = None,
+    lam: Annotated[float | None, typer.Option("--lambda", help="Eq. 12's weight of the judge's score (0.4).")] = None,
+    gamma: Annotated[float | None, typer.Option("--gamma", help="Eq. 10's decay per earlier turn (0.85).")] = None,
+    beta: Annotated[float | None, typer.Option("--beta", help="Eq. 16's softmax sharpness (1).")] = None,
+    tau: Annotated[float | None, typer.Option("--tau", help="Keep turns with reward >= tau (Eq. 13).")] = None,
+    quantile: Annotated[float | None, typer.Option("--quantile", help="Without --tau: the top share (0.25).")] = None,
+    permutations: Annotated[int | None, typer.Option("--permutations", help="Shapley: orders per turn (8).")] = None,
+    retries: Annotated[int | None, typer.Option("--retries", help="Retries of unusable judge replies (2).")] = None,
+    grade: GradeOpt = None,
+    embedder: Annotated[str | None, typer.Option("--embedder", help="endpoint (default) or local.")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the Shapley orders (0).")] = None,
+    config: ConfigOpt = None,
+    base_url: LLMBaseUrlOpt = None,
+    model: LLMModelOpt = None,
+) -> None:
+    """Score, credit and distil the runs' transcripts into pool entries (calls stored in OUT.build/: run it again
+    to resume)."""
+    from tmas.experience.construct import BuildConfig, build_pool
+
+    options = {
+        "scheme": scheme,
+        "lam": lam,
+        "gamma": gamma,
+        "beta": beta,
+        "tau": tau,
+        "quantile": quantile,
+        "permutations": permutations,
+        "retries": retries,
+        "grade_mode": grade,
+        "embedder": embedder,
+        "seed": seed,
+    }
+    build_config = _checked(BuildConfig, "build", options)
+    settings = _model_settings(config, base_url, model)
+    with _StageProgress() as progress:
+        summary = asyncio.run(build_pool(runs, out, settings, build_config, progress=progress.update))
+    typer.echo(json.dumps(summary.to_dict(), indent=2))
+
+
+@experience_app.command("prune")
+def prune(
+    pool: PoolArg,
+    runs: Annotated[
+        list[Path] | None, typer.Option("--runs", help="MATTRL runs that retrieved from the pool (repeatable).")
+    ] = None,
+    duplicate_cosine: Annotated[
+        float | None, typer.Option("--duplicate-cosine", help="Merge at this similarity (0.92).")
+    ] = None,
+    recency_decay: Annotated[
+        float | None, typer.Option("--recency-decay", help="Weight kept per pool version (0.8).")
+    ] = None,
+    min_recency_weight: Annotated[
+        float | None, typer.Option("--min-recency-weight", help="Drop below this weight (0.1).")
+    ] = None,
+    min_uses: Annotated[int | None, typer.Option("--min-uses", help="Uses needed to judge an entry (3).")] = None,
+    wrong_margin: Annotated[
+        float | None, typer.Option("--wrong-margin", help="Wrong rate above the base that drops (0.3).")
+    ] = None,
+    grade: GradeOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Report what would go; change nothing.")] = False,
+    config: ConfigOpt = None,
+    base_url: LLMBaseUrlOpt = None,
+    model: LLMModelOpt = None,
+) -> None:
+    """Merge near-duplicates, drop entries that aged out and entries whose use correlates with wrong answers."""
+    from tmas.experience.lifecycle import PruneConfig, prune_pool
+
+    options = {
+        "duplicate_cosine": duplicate_cosine,
+        "recency_decay": recency_decay,
+        "min_recency_weight": min_recency_weight,
+        "min_uses": min_uses,
+        "wrong_margin": wrong_margin,
+        "grade_mode": grade,
+        "dry_run": dry_run,
+    }
+    prune_config = _checked(PruneConfig, "prune", options)
+    settings = _model_settings(config, base_url, model) if runs else None
+    summary = asyncio.run(prune_pool(pool, runs or [], settings, prune_config))
+    typer.echo(json.dumps(summary.to_dict(), indent=2))
+
+
+router_app = typer.Typer(help="The adaptive router (paper 003, Table 5): single agent or MATTRL per case.")
+experience_app.add_typer(router_app, name="router")
+
+
+@router_app.command("train")
+def router_train(
+    single: Annotated[Path, typer.Option("--single", help="Run directory of the single agent (e.g. cot).")],
+    mattrl: Annotated[Path, typer.Option("--mattrl", help="Run directory of MATTRL on the same problems.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Router file (JSON) to write.")],
+    grade: GradeOpt = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the cross-validation folds.")] = 0,
+    config: ConfigOpt = None,
+    base_url: LLMBaseUrlOpt = None,
+    model: LLMModelOpt = None,
+) -> None:
+    """Train the router from two graded runs; print its accuracy and token savings."""
+    from tmas.experience.router import RouterTraining, paired_cases, save_router, train_router
+
+    checked = _checked(RouterTraining, "router train", {"grade_mode": grade})
+    settings = _model_settings(config, base_url, model)
+    cases = asyncio.run(paired_cases(single, mattrl, settings, checked.grade_mode))
+    router = train_router(cases, seed=seed)
+    save_router(router, out)
+    typer.echo(json.dumps(router.report, indent=2))
+
+
+@router_app.command("route")
+def router_route(
+    router: Annotated[Path, typer.Argument(help="A router file from `router train`.")],
+    problems: Annotated[Path, typer.Argument(help="Problems JSONL.")],
+    split: Annotated[
+        Path | None, typer.Option("--split", help="Also write DIR/single.jsonl and DIR/mattrl.jsonl to run apart.")
+    ] = None,
+) -> None:
+    """Print each problem's route (one JSON object a line)."""
+    from tmas.experience.router import SINGLE, TEAM, RouterModel
+    from tmas.problems import load_problems
+
+    model_ = RouterModel.load(router)
+    loaded = load_problems(problems)
+    routes = {p.problem_id: model_.route(p.question) for p in loaded}
+    for p in loaded:
+        typer.echo(json.dumps({"problem_id": p.problem_id, "route": routes[p.problem_id]}))
+    if split is not None:
+        split.mkdir(parents=True, exist_ok=True)
+        for name in (SINGLE, TEAM):
+            with (split / f"{name}.jsonl").open("w", encoding="utf-8") as handle:
+                for p in loaded:
+                    if routes[p.problem_id] == name:
+                        handle.write(p.model_dump_json(exclude_none=True) + "\n")
+
+
+class _StageProgress:
+    """A Rich progress bar per build stage on a terminal; nothing otherwise (the summary is printed at the end)."""
+
+    def __init__(self) -> None:
+        import sys
+
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            disable=not sys.stderr.isatty(),
+        )
+        self._tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> _StageProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def update(self, stage: str, done: int, total: int) -> None:
+        if stage not in self._tasks:
+            self._tasks[stage] = self._progress.add_task(stage, total=total)
+        self._progress.update(self._tasks[stage], completed=done, total=total)
+
+
+@experience_app.command("fewshot")
+def fewshot(
+    problems: Annotated[Path, typer.Argument(help="Problems JSONL to prepend exemplars to.")],
+    exemplars: Annotated[Path, typer.Option("--exemplars", help="Labelled problems JSONL (a disjoint split).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="JSONL file to write.")],
+    k: Annotated[int, typer.Option("-k", help="Exemplars per problem (paper, Table 6: 3).")] = 3,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the draw.")] = 0,
+) -> None:
+    """The few-shot control of Table 6: each problem with K random solved exemplars prepended."""
+    from tmas.eval.generators import write_jsonl
+    from tmas.experience.fewshot import with_exemplars
+    from tmas.problems import load_problems
+
+    shots = with_exemplars(load_problems(problems), load_problems(exemplars), k, seed)
+    count = write_jsonl((p.model_dump(mode="json", exclude_none=True) for p in shots), out)
+    typer.echo(f"wrote {count} problems with {k} exemplars each to {out}")

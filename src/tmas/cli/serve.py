@@ -1,0 +1,62 @@
+"""``tmas serve``: the OpenAI-compatible proxy in front of the configured upstream."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tmas.config import load_settings
+from tmas.errors import ConfigError
+
+serve_app = typer.Typer(help="Serve every method as an OpenAI-compatible endpoint.")
+
+
+@serve_app.callback(invoke_without_command=True)
+def serve(
+    host: Annotated[str, typer.Option("--host", help="Address to listen on (beyond loopback: --token-env needed).")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8080,
+    serve_dir: Annotated[
+        Path, typer.Option("--dir", "-o", help="Where each request's run is kept (viewable with tmas view).")
+    ] = Path("serve-runs"),
+    token_env: Annotated[
+        str | None, typer.Option("--token-env", help="Environment variable holding the bearer token clients send.")
+    ] = None,
+    max_problems: Annotated[int, typer.Option("--max-problems", help="Most requests solved at once (429 past).")] = 4,
+    max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", help="Largest request body (413 past).")] = (
+        1_000_000
+    ),
+    resume: Annotated[
+        bool, typer.Option("--resume/--no-resume", help="Resume unfinished requests found in --dir at start.")
+    ] = True,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file (the upstream).")] = None,
+    base_url: Annotated[str | None, typer.Option("--base-url", help="Upstream OpenAI-compatible base URL(s).")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Upstream model (more are read from /models).")] = None,
+    api_key_env: Annotated[
+        str | None, typer.Option("--api-key-env", help="Environment variable that holds the upstream API key.")
+    ] = None,
+) -> None:
+    """Answer /v1/chat/completions with a method: the model name is <method>/<upstream model>."""
+    from tmas.serve.launch import ServeOptions, serve
+
+    if max_problems < 1 or max_body_bytes < 1:
+        raise ConfigError("--max-problems and --max-body-bytes must be at least 1")
+    settings = load_settings(
+        config, overrides={"endpoint.base_url": base_url, "endpoint.model": model, "endpoint.api_key_env": api_key_env}
+    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    options = ServeOptions(
+        host=host,
+        port=port,
+        serve_dir=serve_dir,
+        token_env=token_env,
+        max_problems=max_problems,
+        max_body_bytes=max_body_bytes,
+        resume=resume,
+    )
+    asyncio.run(serve(settings, options))

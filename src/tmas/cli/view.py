@@ -1,0 +1,36 @@
+"""``tmas view RUN_DIR...``: the web viewer of runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tmas.errors import InputError
+
+# One command, not a group: options may follow the run directories.
+view_app = typer.Typer(help="Browse runs in a local web viewer.", context_settings={"allow_interspersed_args": True})
+
+
+@view_app.callback(invoke_without_command=True)
+def view(
+    run_dirs: Annotated[
+        list[Path], typer.Argument(help="Run directories, or directories of runs (tmas serve --dir, sweeps).")
+    ],
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8090,
+) -> None:
+    """Show runs, problems, iterations, memory banks and every call, updating live; never writes to a run."""
+    import uvicorn
+
+    from tmas.serve.launch import is_loopback
+    from tmas.view.app import view_app as build
+
+    missing = [str(p) for p in run_dirs if not p.is_dir()]
+    if missing:
+        raise InputError(f"not a directory: {', '.join(missing)}")
+    if not is_loopback(host):
+        typer.echo(f"tmas view: listening on {host}: anyone who reaches it reads every prompt and reply", err=True)
+    typer.echo(f"tmas view: http://{host}:{port}/", err=True)
+    uvicorn.run(build(run_dirs), host=host, port=port, log_level="warning")

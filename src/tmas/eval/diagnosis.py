@@ -1,0 +1,78 @@
+"""Grading ranked differentials (MATTRL's medicine domain, paper 003 section 4 and A.5): the rank at which the
+reference diagnosis appears in a run's top-10, by name match or by an LLM judge using the A.5 matching rules, and
+the ranking metrics Hit@1/3/5/10 and MRR.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from tmas.agents.templates import prompt
+from tmas.llm.client import LLMClient
+from tmas.llm.types import CallKey
+
+HITS = (1, 3, 5, 10)
+_ANSWER = re.compile(r"<answer>\s*(No|\d{1,2})\s*</answer>", re.I)
+_NON_WORD = re.compile(r"[^a-z0-9]+")
+
+
+def _name_key(name: str) -> str:
+    return _NON_WORD.sub(" ", name.lower()).strip()
+
+
+def name_rank(predicted: Sequence[str], reference: str) -> int | None:
+    """The first rank whose name equals one of the reference's names (`` | ``-separated), ignoring case and
+    punctuation; None when none does."""
+    wanted = {_name_key(n) for n in reference.split("|") if n.strip()}
+    return next((i for i, name in enumerate(predicted[:10], start=1) if _name_key(name) in wanted), None)
+
+
+class UnreadableJudgement(ValueError):
+    """A judge reply without a valid ``<answer>No|1-10</answer>``."""
+
+
+def parse_judge_rank(content: str) -> int | None:
+    """The judge's rank (1-10), or None for "No"; raises :class:`UnreadableJudgement` otherwise."""
+    found = _ANSWER.findall(content)
+    if not found:
+        raise UnreadableJudgement(f"judge reply has no <answer>No|1-10</answer>: {content[:120]!r}")
+    if found[-1].lower() == "no":
+        return None
+    rank = int(found[-1])
+    if not 1 <= rank <= 10:
+        raise UnreadableJudgement(f"judge rank {rank} is outside 1-10")
+    return rank
+
+
+async def judge_rank(
+    llm: LLMClient, problem_id: str, predicted: Sequence[str], reference: str, *, retries: int = 1
+) -> tuple[int | None, str | None]:
+    """The rank by the ``judge`` role (exact name matches skip the call); the second value says why a judgement
+    could not be read (the rank is then None)."""
+    by_name = name_rank(predicted, reference)
+    if by_name is not None or not predicted:
+        return by_name, None
+    messages = prompt("judge_diagnosis.j2", predicted=list(predicted[:10]), reference=reference)
+    why = ""
+    for attempt in range(retries + 1):
+        key = CallKey(problem_id=problem_id, role="judge", sample=attempt)
+        reply = await llm.chat("judge", messages, key=key)
+        if not reply.ok:
+            why = f"judge call failed: {reply.error}"
+            continue
+        try:
+            return parse_judge_rank(reply.content), None
+        except UnreadableJudgement as exc:
+            why = str(exc)
+    return None, why
+
+
+def ranking_metrics(ranks: Sequence[int | None]) -> dict[str, float]:
+    """Hit@k = share of cases whose reference is within the top k; MRR = mean of 1/rank (0 when not ranked)."""
+    n = len(ranks)
+    if n == 0:
+        return {**{f"hit@{k}": 0.0 for k in HITS}, "mrr": 0.0}
+    metrics = {f"hit@{k}": sum(1 for r in ranks if r is not None and r <= k) / n for k in HITS}
+    metrics["mrr"] = sum(1.0 / r for r in ranks if r is not None) / n
+    return metrics

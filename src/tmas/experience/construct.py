@@ -1,0 +1,326 @@
+"""``tmas experience build``: labelled MATTRL runs to pool entries (paper 003, section 3.2, Eq. 9-15, section 5.1).
+
+Per case: the judge scores every specialist turn (Eq. 9); the chosen scheme gives the contributions (naive: Eq. 11;
+difference: Eq. 17; Shapley: Eq. 18; both normalised by Eq. 16); Eq. 10 and 12 give each turn's reward r. Over all
+cases, the turns with r >= tau (Eq. 13) or in the top quantile are kept, and the summarizer distils each into
+ACTION / EXPERIENCE entries (Eq. 14) added to the pool (Eq. 15).
+
+Every LLM call goes through a build store (``POOL.build/``, a run store) so an interrupted build, run again,
+replays what it finished; entries already in the pool are not added twice. The credit of every turn, kept or not,
+is written to ``POOL.build/credits.jsonl`` for reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tmas.agents.experience_summarizer import parse_summarizer, summarizer_prompt
+from tmas.agents.output import AgentOutputError
+from tmas.agents.utterance_judge import TurnView
+from tmas.config import Settings
+from tmas.eval.grading import GradeMode
+from tmas.experience.cases import AgentTurn, LabelledCase, load_cases
+from tmas.experience.credit import (
+    Coalition,
+    CreditScheme,
+    TurnCredit,
+    assign_credit,
+    coalitions_needed,
+    difference_credits,
+    kept_by_quantile,
+    kept_by_threshold,
+    sample_permutations,
+    shapley_credits,
+)
+from tmas.experience.scoring import Judged, TurnJudge, history_before
+from tmas.llm.client import LLMClient
+from tmas.llm.types import CallKey
+from tmas.memory.embedders import embedder_for
+from tmas.memory.experience_pool import META, ExperiencePool
+from tmas.memory.pool_entry import PoolEntry
+from tmas.store.run_store import RunStore
+
+SUMMARIZER_ROLE = "summarizer"
+CREDITS_FILE = "credits.jsonl"
+
+# (stage, done, total): how far the build is, for a progress bar.
+ProgressFn = Callable[[str, int, int], None]
+
+
+class BuildConfig(BaseModel):
+    """The knobs of a build. Defaults: the naive scheme of section 3.2; lambda 0.4 and gamma 0.85, the only values
+    the paper states (appendix C.4: weights 0.4 individual / 0.6 decayed global); the top 25 % (section 4.1)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    scheme: CreditScheme = "naive"
+    lam: float = Field(default=0.4, ge=0.0, le=1.0)
+    gamma: float = Field(default=0.85, gt=0.0, le=1.0)
+    beta: float = Field(default=1.0, gt=0.0)
+    # Eq. 13's threshold (rewards lie in [0, 1]); when None the top ``quantile`` share of all turns is kept.
+    tau: float | None = Field(default=None, ge=0.0, le=1.0)
+    quantile: float = Field(default=0.25, gt=0.0, le=1.0)
+    # Monte Carlo orders per turn for Eq. 18 (every order when this covers n!, i.e. exact Shapley values).
+    permutations: int = Field(default=8, ge=1)
+    retries: int = Field(default=2, ge=0)
+    grade_mode: GradeMode = "combined"
+    embedder: str = "endpoint"
+    seed: int = 0
+
+
+@dataclass
+class TurnRecord:
+    """What credits.jsonl holds per specialist turn."""
+
+    run: str
+    problem_id: str
+    turn: int
+    agent: str
+    outcome: float
+    scheme: str
+    credit: TurnCredit
+    judge: Judged
+    kept: bool = False
+    entries: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        c = self.credit
+        return {
+            "run": self.run,
+            "problem_id": self.problem_id,
+            "turn": self.turn,
+            "agent": self.agent,
+            "G": self.outcome,
+            "scheme": self.scheme,
+            "s": c.s,
+            "q": c.q,
+            "c": c.c,
+            "w": c.w,
+            "r": c.r,
+            "kept": self.kept,
+            "entries": self.entries,
+            "judge_analysis": self.judge.analysis,
+            "judge_defaulted": self.judge.defaulted,
+        }
+
+
+@dataclass
+class BuildSummary:
+    pool: Path
+    cases: int = 0
+    turns: int = 0
+    kept: int = 0
+    added: int = 0
+    already_in_pool: int = 0
+    judge_calls: int = 0
+    summarizer_calls: int = 0
+    defaulted_scores: int = 0
+    version: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        return {k: str(v) if isinstance(v, Path) else v for k, v in self.__dict__.items()}
+
+
+def build_dir_for(pool: Path) -> Path:
+    """Where a pool's build store lives: beside it, ``POOL.build/``."""
+    return pool.with_name(pool.name + ".build")
+
+
+def entry_id(case: LabelledCase, turn: AgentTurn, k: int) -> str:
+    """Stable across rebuilds: the same source turn gives the same ids, so a rebuild adds nothing twice."""
+    source = f"{Path(case.run).resolve()}|{case.problem.problem_id}|{turn.turn}|{turn.agent}"
+    return f"{hashlib.sha256(source.encode()).hexdigest()[:12]}-{k}"
+
+
+async def _case_credits(
+    judge: TurnJudge, case: LabelledCase, turns: list[AgentTurn], config: BuildConfig
+) -> tuple[dict[tuple[int, str], Judged], dict[int, dict[str, TurnCredit]]]:
+    judged_list = await asyncio.gather(*(judge.score_turn(case, turns, t) for t in turns))
+    judged = {(t.turn, t.agent): j for t, j in zip(turns, judged_list, strict=True)}
+    scores: dict[int, dict[str, float]] = {}
+    for t in turns:
+        scores.setdefault(t.turn, {})[t.agent] = judged[(t.turn, t.agent)].value
+    credits: dict[int, dict[str, float]] | None = None
+    if config.scheme != "naive":
+        credits = {}
+        for turn, team_scores in scores.items():
+            team = sorted(team_scores)
+            full: Coalition = frozenset(team)
+            perms: list[tuple[str, ...]] = []
+            if config.scheme == "difference":
+                needed = {full, *(full - {a} for a in team)}
+            else:
+                rng = random.Random(f"{config.seed}|{case.problem.problem_id}|{turn}")
+                perms = sample_permutations(team, config.permutations, rng)
+                needed = coalitions_needed(perms)
+            ordered = sorted(needed, key=sorted)
+            values_list = await asyncio.gather(*(judge.turn_value(case, turns, turn, s) for s in ordered))
+            values = {s: v.value for s, v in zip(ordered, values_list, strict=True)}
+            if config.scheme == "difference":
+                credits[turn] = difference_credits(values[full], {a: values[full - {a}] for a in team})
+            else:
+                credits[turn] = shapley_credits(perms, values)
+    result = assign_credit(
+        scores, case.rounds, case.outcome, lam=config.lam, gamma=config.gamma, beta=config.beta, credits=credits
+    )
+    return judged, result
+
+
+async def _distil(
+    llm: LLMClient, case: LabelledCase, turns: list[AgentTurn], record: TurnRecord, retries: int, summary: BuildSummary
+) -> list[PoolEntry]:
+    """Eq. 14: the kept turn as pool entries (none, with a note, when no summarizer reply is usable)."""
+    target = next(t for t in turns if t.turn == record.turn and t.agent == record.agent)
+    messages = summarizer_prompt(
+        question=case.problem.question,
+        gold=case.gold,
+        outcome=case.outcome,
+        history=history_before(turns, target.turn),
+        target=TurnView(agent=target.agent, specialty=target.specialty, text=target.text),
+        round_number=target.turn,
+        reward=record.credit.r,
+        judge_analysis=record.judge.analysis,
+        domain=case.transcript.domain,
+    )
+    where = f"{case.run}: problem {case.problem.problem_id}: turn {target.turn} of {target.agent}"
+    reason = ""
+    for attempt in range(retries + 1):
+        key = CallKey(problem_id=case.problem.problem_id, role=SUMMARIZER_ROLE, sample=attempt, iteration=target.turn)
+        completion = await llm.chat(SUMMARIZER_ROLE, messages, key=key)
+        summary.summarizer_calls += 1
+        if not completion.ok:
+            reason = f"call failed: {completion.error}"
+            continue
+        try:
+            found, malformed = parse_summarizer(completion.content, truncated=completion.truncated)
+        except AgentOutputError as exc:
+            reason = str(exc)
+            continue
+        summary.notes.extend(f"{where}: summarizer {m}, dropped" for m in malformed)
+        return [
+            PoolEntry(
+                id=entry_id(case, target, k),
+                action=e.action,
+                experience=e.experience,
+                scope=e.scope,
+                domain=case.transcript.domain,
+                specialty=target.specialty,
+                source_run=case.run,
+                source_problem=case.problem.problem_id,
+                source_round=target.turn,
+                source_agent=target.agent,
+                reward=record.credit.r,
+                tags=[record.scheme],
+            )
+            for k, e in enumerate(found)
+        ]
+    summary.notes.append(f"{where}: no usable summary after {retries + 1} attempts ({reason}); no entry")
+    return []
+
+
+def _select(records: list[TurnRecord], config: BuildConfig) -> list[TurnRecord]:
+    """Eq. 13 (``tau``) or the top quantile, over every turn of every case."""
+    rewards = [r.credit.r for r in records]
+    if config.tau is not None:
+        kept = kept_by_threshold(rewards, config.tau)
+    else:
+        kept = kept_by_quantile(rewards, config.quantile)
+    for i in kept:
+        records[i].kept = True
+    return [records[i] for i in kept]
+
+
+async def build_pool(
+    run_dirs: list[Path],
+    pool_path: Path,
+    settings: Settings,
+    config: BuildConfig,
+    *,
+    progress: ProgressFn | None = None,
+) -> BuildSummary:
+    """Build (or extend) the pool at ``pool_path`` from the labelled MATTRL runs in ``run_dirs``."""
+    summary = BuildSummary(pool=pool_path)
+    step: ProgressFn = progress or (lambda stage, done, total: None)
+    cases = await load_cases(run_dirs, settings, grade_mode=config.grade_mode, notes=summary.notes)
+    case_turns = {(c.run, c.problem.problem_id): (c, c.turns()) for c in cases}
+    summary.cases = len(cases)
+    build_dir = build_dir_for(pool_path)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with RunStore(build_dir) as store:
+        store.set_meta("experience_build", config.model_dump(mode="json"))
+        async with LLMClient(settings, store) as llm:
+            judge = TurnJudge(llm, retries=config.retries, concurrency=settings.concurrency)
+            finished = 0
+
+            async def credit_case(case: LabelledCase, turns: list[AgentTurn]) -> list[TurnRecord]:
+                nonlocal finished
+                judged, credits = await _case_credits(judge, case, turns, config)
+                finished += 1
+                step("credit", finished, len(cases))
+                return [
+                    TurnRecord(case.run, case.problem.problem_id, t, a, case.outcome, config.scheme, c, judged[(t, a)])
+                    for t, by_agent in credits.items()
+                    for a, c in by_agent.items()
+                ]
+
+            step("credit", 0, len(cases))
+            parts = await asyncio.gather(*(credit_case(c, t) for c, t in case_turns.values()))
+            records = [record for part in parts for record in part]
+            summary.turns = len(records)
+            summary.judge_calls = judge.calls
+            for r in records:
+                if r.judge.defaulted:
+                    summary.defaulted_scores += 1
+                    summary.notes.append(
+                        f"{r.run}: problem {r.problem_id}: turn {r.turn} of {r.agent}: {r.judge.defaulted}"
+                    )
+            kept = _select(records, config)
+            summary.kept = len(kept)
+
+            distilled = 0
+            step("distil", 0, len(kept))
+
+            async def distil(record: TurnRecord) -> list[PoolEntry]:
+                nonlocal distilled
+                case, turns = case_turns[(record.run, record.problem_id)]
+                entries = await _distil(llm, case, turns, record, config.retries, summary)
+                record.entries = [e.id for e in entries]
+                distilled += 1
+                step("distil", distilled, len(kept))
+                return entries
+
+            new_entries = [e for part in await asyncio.gather(*(distil(r) for r in kept)) for e in part]
+            _write_credits(build_dir / CREDITS_FILE, records)
+            embed = embedder_for(config.embedder, llm)
+            pool = _open_or_create(pool_path, embed.name)
+            known = {e.id for e in pool.entries}
+            fresh = [e for e in new_entries if e.id not in known]
+            summary.already_in_pool = len(new_entries) - len(fresh)
+            await pool.add(fresh, embed)
+            summary.version = pool.save()
+            summary.added = len(fresh)
+    return summary
+
+
+def _open_or_create(path: Path, embedder_name: str) -> ExperiencePool:
+    """The pool at ``path`` (an error if it was built with another embedder), or a new one."""
+    if (path / META).exists():
+        return ExperiencePool.open(path, embedder_name)
+    return ExperiencePool.create(path, embedder_name)
+
+
+def _write_credits(path: Path, records: list[TurnRecord]) -> None:
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
+    tmp.replace(path)

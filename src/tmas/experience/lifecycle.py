@@ -1,0 +1,162 @@
+"""``tmas experience prune``: the pool's lifecycle, which paper 003 names as its limitation (its "Limitations"
+paragraph: recency weighting, de-duplication, anomaly screening), in three documented rules applied in this order:
+
+1. **Wrong-correlated entries.** From MATTRL runs graded against gold (wrong: a wrong math answer, or a medicine
+   differential without the gold diagnosis first): an entry retrieved (``Utterance.experience_ids``)
+   in at least ``min_uses`` problems, whose problems ended wrong at a rate at least ``wrong_margin`` above the
+   runs' base wrong rate, is removed. Counting is per problem (one retrieval per problem however many turns used
+   it). The entries' ``retrieved`` / ``retrieved_wrong`` counters are set to these counts.
+2. **Near-duplicates.** Entries whose embeddings have cosine similarity >= ``duplicate_cosine`` are merged: the one
+   with the higher reward (the older on a tie) stays and takes the others' retrieval counters.
+3. **Recency.** An entry added at pool version a has weight ``recency_decay ** (V - a)`` at pool version V; entries
+   whose weight has fallen below ``min_recency_weight`` are removed (defaults: 0.8 and 0.1, about ten versions).
+
+The pool is saved as a new version unless ``dry_run``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from tmas.config import Settings
+from tmas.eval.grading import GradeMode
+from tmas.experience.cases import load_cases
+from tmas.memory.experience_pool import ExperiencePool
+from tmas.memory.pool_entry import PoolEntry
+
+
+class PruneConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    duplicate_cosine: float = Field(default=0.92, gt=0.0, le=1.0)
+    recency_decay: float = Field(default=0.8, gt=0.0, le=1.0)
+    min_recency_weight: float = Field(default=0.1, ge=0.0, le=1.0)
+    min_uses: int = Field(default=3, ge=1)
+    wrong_margin: float = Field(default=0.3, ge=0.0, le=1.0)
+    grade_mode: GradeMode = "combined"
+    dry_run: bool = False
+
+
+@dataclass
+class EntryUsage:
+    uses: int = 0
+    wrong: int = 0
+
+
+@dataclass
+class PruneSummary:
+    pool: Path
+    before: int = 0
+    after: int = 0
+    wrong: list[str] = field(default_factory=list)
+    merged: dict[str, list[str]] = field(default_factory=dict)
+    stale: list[str] = field(default_factory=list)
+    base_wrong_rate: float | None = None
+    version: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        return {k: str(v) if isinstance(v, Path) else v for k, v in self.__dict__.items()}
+
+
+def recency_weight(entry: PoolEntry, version: int, decay: float) -> float:
+    """decay^(V - a): 1 for an entry of the current version, smaller the older it is."""
+    return float(decay ** max(0, version - entry.added_version))
+
+
+async def retrieval_usage(
+    run_dirs: list[Path], settings: Settings | None, grade_mode: GradeMode, notes: list[str]
+) -> tuple[dict[str, EntryUsage], float | None]:
+    """Per entry id: in how many graded problems it was retrieved, and how many of those ended wrong; and the
+    base wrong rate over all those problems (None without any)."""
+    cases = await load_cases(run_dirs, settings, grade_mode=grade_mode, notes=notes)
+    usage: dict[str, EntryUsage] = {}
+    for case in cases:
+        ids = {i for u in case.transcript.utterances for i in u.experience_ids}
+        for entry_id in ids:
+            counts = usage.setdefault(entry_id, EntryUsage())
+            counts.uses += 1
+            counts.wrong += _wrong(case.outcome)
+    base = sum(_wrong(c.outcome) for c in cases) / len(cases) if cases else None
+    return usage, base
+
+
+def _wrong(outcome: float) -> bool:
+    """Not fully right: a wrong math answer, or a differential without the gold diagnosis first."""
+    return outcome < 1.0
+
+
+def wrong_correlated(usage: dict[str, EntryUsage], base_wrong_rate: float, min_uses: int, margin: float) -> list[str]:
+    """Rule 1: ids used in >= ``min_uses`` problems with wrong rate >= base + ``margin``."""
+    return sorted(
+        entry_id
+        for entry_id, u in usage.items()
+        if u.uses >= min_uses and u.wrong / u.uses >= base_wrong_rate + margin - 1e-12
+    )
+
+
+def duplicate_groups(entries: list[PoolEntry], vectors: np.ndarray, threshold: float) -> dict[str, list[str]]:
+    """Rule 2: keeper id -> ids merged into it. Entries are visited best first (reward, then age) and each joins
+    the first kept entry it is at least ``threshold`` similar to (rows of ``vectors`` are unit length)."""
+    order = sorted(range(len(entries)), key=lambda i: (-entries[i].reward, entries[i].added_version, i))
+    keepers: list[int] = []
+    groups: dict[str, list[str]] = {}
+    for i in order:
+        similar = [k for k in keepers if float(vectors[i] @ vectors[k]) >= threshold - 1e-6]
+        if similar:
+            groups.setdefault(entries[similar[0]].id, []).append(entries[i].id)
+        else:
+            keepers.append(i)
+    return groups
+
+
+async def prune_pool(
+    pool_path: Path, run_dirs: list[Path], settings: Settings | None, config: PruneConfig
+) -> PruneSummary:
+    pool = ExperiencePool.open(pool_path)
+    summary = PruneSummary(pool=pool_path, before=len(pool))
+    if run_dirs:
+        usage, base = await retrieval_usage(run_dirs, settings, config.grade_mode, summary.notes)
+        summary.base_wrong_rate = base
+        counted = []
+        for entry in pool.entries:
+            u = usage.get(entry.id, EntryUsage())
+            counted.append(entry.model_copy(update={"retrieved": u.uses, "retrieved_wrong": u.wrong}))
+        pool.update(counted)
+        if base is not None:
+            summary.wrong = [
+                i for i in wrong_correlated(usage, base, config.min_uses, config.wrong_margin) if pool.get(i)
+            ]
+            pool.remove(summary.wrong)
+    summary.merged = duplicate_groups(pool.entries, pool.vectors, config.duplicate_cosine)
+    merged_away = {i: keeper for keeper, ids in summary.merged.items() for i in ids}
+    if merged_away:
+        totals: dict[str, tuple[int, int]] = {}
+        for entry in pool.entries:
+            if entry.id in merged_away:
+                keeper = merged_away[entry.id]
+                uses, wrong = totals.get(keeper, (0, 0))
+                totals[keeper] = (uses + entry.retrieved, wrong + entry.retrieved_wrong)
+        pool.update(
+            e.model_copy(
+                update={
+                    "retrieved": e.retrieved + totals[e.id][0],
+                    "retrieved_wrong": e.retrieved_wrong + totals[e.id][1],
+                }
+            )
+            for e in pool.entries
+            if e.id in totals
+        )
+        pool.remove(merged_away)
+    version = pool.meta.version
+    summary.stale = [
+        e.id for e in pool.entries if recency_weight(e, version, config.recency_decay) < config.min_recency_weight
+    ]
+    pool.remove(summary.stale)
+    summary.after = len(pool)
+    summary.version = version if config.dry_run else pool.save()
+    return summary

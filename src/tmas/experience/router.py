@@ -1,0 +1,221 @@
+"""The adaptive router of paper 003, section 5.2 (Table 5): a small classifier over case features that sends each
+case to the single agent or to MATTRL, trained from a single-agent run and a MATTRL run of the same problems.
+
+Features are read from the problem text alone, so routing costs no call (the paper's features, symptom complexity
+and the number of specialties involved, become their math counterparts: length, quantities, notation, topics).
+Label: MATTRL (1) exactly where the team was right and the single agent wrong; elsewhere the single agent (0),
+which is as good there and cheaper. The model is a standardised logistic regression (scikit-learn, extra
+``router``); it is saved as plain JSON (weights, means, scales), so routing needs neither scikit-learn nor pickle.
+
+Reported (cross-validated when each class has at least two cases): the router's accuracy on its labels, the
+accuracy of following its routes against always-single, always-MATTRL and the oracle, and the completion tokens
+saved against always-MATTRL.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from tmas.config import Settings
+from tmas.errors import ConfigError, InputError
+from tmas.eval.grading import GradeMode
+from tmas.experience.cases import graded_results
+from tmas.problems import Problem
+
+SINGLE, TEAM = "single", "mattrl"
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_LATEX = re.compile(r"\\[A-Za-z]+")
+_OPERATORS = re.compile(r"[=+\-*/^<>≤≥]")
+_TOPICS = {
+    "proof": ("prove", "show that", "justify"),
+    "counting": ("how many", "number of ways", "count"),
+    "probability": ("probability", "expected", "random"),
+    "geometry": ("triangle", "circle", "angle", "polygon", "area"),
+    "number_theory": ("prime", "divisible", "remainder", "mod", "integer"),
+}
+
+
+def case_features(question: str) -> dict[str, float]:
+    """What the router sees of a case: size, quantities, notation density, and topic flags."""
+    text = question.lower()
+    words = text.split()
+    features = {
+        "log_chars": math.log1p(len(question)),
+        "log_words": math.log1p(len(words)),
+        "numbers": float(len(_NUMBER.findall(question))),
+        "latex_commands": float(len(_LATEX.findall(question))),
+        "operators": float(len(_OPERATORS.findall(question))),
+        "sentences": float(max(1, question.count(".") + question.count("?"))),
+    }
+    for topic, cues in _TOPICS.items():
+        features[f"topic_{topic}"] = float(any(cue in text for cue in cues))
+    return features
+
+
+FEATURES = tuple(case_features(""))
+
+
+class RouterModel(BaseModel):
+    """The saved router: z = (x - mean) / scale, p(MATTRL) = sigmoid(w . z + b); a constant router has no weights."""
+
+    features: list[str]
+    mean: list[float]
+    scale: list[float]
+    weights: list[float]
+    intercept: float
+    constant: str | None = None
+    report: dict[str, Any] = {}
+
+    def probability(self, question: str) -> float:
+        if self.constant is not None:
+            return 1.0 if self.constant == TEAM else 0.0
+        x = case_features(question)
+        z = sum(
+            w * (x[name] - m) / (s or 1.0)
+            for name, w, m, s in zip(self.features, self.weights, self.mean, self.scale, strict=True)
+        )
+        return 1.0 / (1.0 + math.exp(-(z + self.intercept)))
+
+    def route(self, question: str) -> str:
+        return TEAM if self.probability(question) >= 0.5 else SINGLE
+
+    @classmethod
+    def load(cls, path: Path) -> RouterModel:
+        try:
+            return cls.model_validate_json(path.read_bytes())
+        except FileNotFoundError:
+            raise InputError(f"{path}: no such router file") from None
+        except (ValidationError, ValueError) as exc:
+            raise InputError(f"{path}: not a router file: {str(exc).splitlines()[0]}") from None
+
+
+class RouterTraining(BaseModel):
+    """Options of ``router train`` that need checking."""
+
+    grade_mode: GradeMode = "combined"
+
+
+@dataclass
+class PairedCase:
+    problem: Problem
+    single_correct: bool
+    team_correct: bool
+    single_tokens: int
+    team_tokens: int
+
+    @property
+    def label(self) -> int:
+        return int(self.team_correct and not self.single_correct)
+
+
+async def paired_cases(
+    single_run: Path, team_run: Path, settings: Settings | None, mode: GradeMode = "combined"
+) -> list[PairedCase]:
+    """The labelled problems both runs finished, graded by the evaluation harness."""
+    notes: list[str] = []
+    single = {g.problem.problem_id: g for g in await graded_results(single_run, settings, mode, notes)}
+    team = {g.problem.problem_id: g for g in await graded_results(team_run, settings, mode, notes)}
+    shared = [pid for pid in single if pid in team]
+    if not shared:
+        raise InputError(f"{single_run} and {team_run} share no finished, labelled problem")
+    return [
+        PairedCase(
+            single[pid].problem,
+            single[pid].correct,
+            team[pid].correct,
+            _completion_tokens(single[pid].result),
+            _completion_tokens(team[pid].result),
+        )
+        for pid in shared
+    ]
+
+
+def _completion_tokens(result: dict[str, Any]) -> int:
+    # Completion tokens, the cost the project's budgets and equal-budget comparisons count.
+    return int((result.get("usage") or {}).get("completion_tokens", 0))
+
+
+def _sklearn() -> Any:
+    try:
+        import sklearn.linear_model
+        import sklearn.model_selection
+        import sklearn.preprocessing
+    except ImportError:
+        raise ConfigError("training the router needs scikit-learn: pip install 'tmas[router]'") from None
+    return sklearn
+
+
+def routed_report(cases: list[PairedCase], routes: list[str], how: str) -> dict[str, Any]:
+    """Accuracy and tokens of following ``routes`` against the two fixed choices and the oracle."""
+    n = len(cases)
+    chose_team = [r == TEAM for r in routes]
+    routed_correct = sum(c.team_correct if t else c.single_correct for c, t in zip(cases, chose_team, strict=True))
+    team_tokens = sum(c.team_tokens for c in cases)
+    routed_tokens = sum(c.team_tokens if t else c.single_tokens for c, t in zip(cases, chose_team, strict=True))
+    return {
+        "cases": n,
+        "evaluated_by": how,
+        "router_accuracy": sum(int(t) == c.label for c, t in zip(cases, chose_team, strict=True)) / n,
+        "routed_to_mattrl": sum(chose_team),
+        "accuracy": {
+            "single": sum(c.single_correct for c in cases) / n,
+            "mattrl": sum(c.team_correct for c in cases) / n,
+            "routed": routed_correct / n,
+            "oracle": sum(c.single_correct or c.team_correct for c in cases) / n,
+        },
+        "tokens": {
+            "single": sum(c.single_tokens for c in cases),
+            "mattrl": team_tokens,
+            "routed": routed_tokens,
+        },
+        "savings_vs_mattrl": (1.0 - routed_tokens / team_tokens) if team_tokens else 0.0,
+    }
+
+
+def train_router(cases: list[PairedCase], *, seed: int = 0) -> RouterModel:
+    """Fit the router on ``cases`` and attach its report."""
+    labels = [c.label for c in cases]
+    if len(set(labels)) < 2:
+        only = TEAM if labels and labels[0] else SINGLE
+        model = RouterModel(features=list(FEATURES), mean=[], scale=[], weights=[], intercept=0.0, constant=only)
+        model.report = routed_report(cases, [only] * len(cases), "training set (one class only: a constant router)")
+        return model
+    sk = _sklearn()
+    rows = [[case_features(c.problem.question)[f] for f in FEATURES] for c in cases]
+    scaler = sk.preprocessing.StandardScaler().fit(rows)
+    z = scaler.transform(rows)
+
+    def classifier() -> Any:
+        return sk.linear_model.LogisticRegression(class_weight="balanced", max_iter=1000, random_state=seed)
+
+    minority = min(labels.count(0), labels.count(1))
+    if minority >= 2:
+        folds = min(5, minority)
+        splitter = sk.model_selection.StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+        predicted = sk.model_selection.cross_val_predict(classifier(), z, labels, cv=splitter)
+        how = f"{folds}-fold cross-validation"
+    else:
+        predicted = classifier().fit(z, labels).predict(z)
+        how = "training set (a class has one case: no cross-validation)"
+    fitted = classifier().fit(z, labels)
+    model = RouterModel(
+        features=list(FEATURES),
+        mean=[float(v) for v in scaler.mean_],
+        scale=[float(v) for v in scaler.scale_],
+        weights=[float(v) for v in fitted.coef_[0]],
+        intercept=float(fitted.intercept_[0]),
+    )
+    model.report = routed_report(cases, [TEAM if p else SINGLE for p in predicted], how)
+    return model
+
+
+def save_router(model: RouterModel, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(model.model_dump(mode="json"), indent=2) + "\n", encoding="utf-8")

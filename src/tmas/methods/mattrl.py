@@ -1,0 +1,518 @@
+"""MATTRL, multi-agent deliberation with a test-time experience pool (paper 003, sections 3.1-3.3, appendices A-B).
+
+- Stage I (:meth:`MATTRL._form_team`): the coordinator recruits at most ``team_size`` specialists, one of them the
+  leader; unusable JSON is retried once, then a default team is used; the record says which.
+- Stage II (rounds r = 0 .. R_max - 1, one iteration record each): every specialist not yet converged retrieves its
+  top-K pool entries for the case and its current context and gives its opinion. Math: every attempt is reviewed by
+  each other specialist (B.4 JSON); it is accepted only when every verdict is accept and no issue remains. A
+  specialist converges when its attempt is accepted, or when a revision keeps its answer while no peer raised a
+  fatal or major issue (nothing changes under critique: this project's reading of B.3). Medicine: each specialist
+  gives a strict top-10 and converges when its list no longer changes. The meeting step then turns the round's
+  reviews into a bulletin of new, de-duplicated issues and each specialist's own feedback for the next round.
+  Deliberation halts when all have converged or at R_max.
+- Stage III (:meth:`MATTRL._decide`, in the last round's record): the coordinator writes the discussion report and
+  the decision in tags, with one rewrite pass when the tags are missing; failing that, the team's majority answer.
+
+Every record's ``state["transcript"]`` is the :class:`Transcript` so far (experience construction reads it).
+The education domain (pre-test, teaching dialogue, post-test) is :mod:`tmas.methods.mattrl_teaching`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import Field
+
+from tmas.agents.mattrl_decision import Decision, decision_prompt, parse_decision, rewrite_prompt
+from tmas.agents.mattrl_opinion import opinion_answer, opinion_prompt, parse_differential
+from tmas.agents.mattrl_review import Review, accepted, parse_review, review_prompt, unreadable_review
+from tmas.agents.mattrl_team import default_team, parse_team, recruit_prompt
+from tmas.agents.output import AgentOutputError
+from tmas.answers import last_boxed, normalize_answer
+from tmas.errors import LLMError
+from tmas.llm.types import Completion
+from tmas.memory.embedders import Embedder, embedder_for
+from tmas.memory.pool_entry import PoolEntry
+from tmas.memory.similarity import jaccard
+from tmas.memory.transcript import TeamMember, Transcript, Utterance
+from tmas.methods.base import (
+    BUDGET_STOP,
+    BudgetExhausted,
+    Candidate,
+    Method,
+    MethodParams,
+    ProblemResult,
+    ProblemSession,
+    gather_all,
+)
+from tmas.methods.mattrl_teaching import teach
+
+if TYPE_CHECKING:  # the pool needs numpy and faiss (the `pool` extra): imported only when a pool is configured
+    from tmas.memory.experience_pool import ExperiencePool
+
+# Call sample numbers: distinct per call of one iteration, so each gets its own cache slot and sampling seed.
+_REVIEW_SAMPLE, _RETRY_OFFSET = 1000, 500
+_DUPLICATE_ISSUE = 0.8  # word-set Jaccard at which two issues say the same thing
+_SUMMARY_CHARS = 2000
+
+
+class MATTRLParams(MethodParams):
+    # R_max, the most deliberation rounds (paper: 3).
+    iterations: int = Field(default=3, ge=1, le=20)
+    domain: Literal["math", "medicine", "education"] = "math"
+    # Education: one teacher, or a recruited team (with experience when a pool is given).
+    teaching: Literal["single", "team"] = "team"
+    # n, the most specialists the coordinator may recruit.
+    team_size: int = Field(default=3, ge=1, le=9)
+    # The experience pool folder (None: no experience), its embedder, and K entries per retrieval (paper: 8).
+    pool: str | None = None
+    embedder: Literal["endpoint", "local"] = "endpoint"
+    top_k: int = Field(default=8, ge=1, le=64)
+    # Extra attempts at an unusable team or review reply before the default team / an unreadable review.
+    retries: int = Field(default=1, ge=0, le=3)
+
+
+@dataclass
+class Seat:
+    """A specialist and where it stands in the deliberation."""
+
+    index: int
+    member: TeamMember
+    attempt: str = ""
+    answer: str | None = None
+    # The answer before this round's revision (convergence compares the two).
+    previous_answer: str | None = None
+    top10: list[str] = field(default_factory=list)
+    accepted: bool = False
+    converged: bool = False
+    # The feedback addressed to it by the last meeting (JSON text), for its next revision.
+    feedback: str = ""
+
+
+@dataclass
+class Retriever:
+    pool: ExperiencePool
+    embed: Embedder
+    k: int
+
+
+class MATTRL(Method[MATTRLParams]):
+    name: ClassVar[str] = "mattrl"
+    Params: ClassVar[type[MethodParams]] = MATTRLParams
+    embedded_defaults: ClassVar[dict[str, Any]] = {"iterations": 2, "team_size": 2}
+
+    def __init__(self, params: MethodParams) -> None:
+        super().__init__(params)
+        self._pool: ExperiencePool | None = None
+
+    async def solve(self, session: ProblemSession) -> ProblemResult:
+        p = self.params
+        retriever = self._retriever(session)
+        if p.domain == "education":
+
+            async def retrieve(member: TeamMember, context: str, notes: list[str]) -> list[PoolEntry]:
+                return await self._hints(retriever, member, [context], notes)
+
+            return await teach(
+                session,
+                rounds=p.iterations,
+                team=p.teaching == "team",
+                form_team=self._form_team,
+                retrieve=retrieve,
+                name=self.name,
+            )
+        session.begin_iteration(0)
+        notes: list[str] = []
+        transcript = Transcript(problem_id=session.problem.problem_id, domain=p.domain)
+        transcript.team = await self._form_team(session, notes)
+        seats = [Seat(i, m) for i, m in enumerate(transcript.team)]
+        seen_issues: list[str] = []
+        decision: Decision | None = None
+        stopped = False
+        for r in range(p.iterations):
+            if r:
+                session.begin_iteration(r)
+            active = [s for s in seats if not s.converged]
+            bulletin = next((u.text for u in reversed(transcript.utterances) if u.kind == "meeting"), "")
+            # Built once per round, before anyone speaks, so every prompt of the round sees the same team state.
+            snapshot = "\n\n".join(
+                f"{s.member.id} ({s.member.specialty}), accepted:\n{s.attempt}" for s in seats if s.accepted
+            )
+            spoke: dict[str, tuple[Completion, Utterance]] = {}
+            reviews: dict[str, list[Review]] = {}
+            start = len(notes)
+            try:
+                try:
+                    await gather_all(
+                        self._opinion(session, s, r, snapshot, bulletin, retriever, spoke, notes) for s in active
+                    )
+                finally:
+                    # Replies arrive in any order; the transcript and the notes list them in seat order, so a
+                    # resumed run (replayed calls return at once) records exactly what the first run did.
+                    transcript.utterances += [spoke[s.member.id][1] for s in active if s.member.id in spoke]
+                    notes[start:] = sorted(notes[start:])
+                if p.domain == "math":
+                    reviews = await self._review_round(session, active, seats, r, transcript, notes)
+                last = r == p.iterations - 1 or all(s.converged for s in seats)
+                if last:
+                    decision = await self._decide(session, seats, r, transcript, notes)
+                    transcript.final_answer = decision.answer
+                else:
+                    self._meeting(seats, active, reviews, r, transcript, seen_issues)
+            except BudgetExhausted:
+                # Keep what the round finished; the team's majority stands in for the decision it could not make.
+                stopped = last = True
+                notes.append(f"stopped: {session.budget_stop}; the team's majority answer is used")
+            candidates = [
+                self._candidate(s, *spoke[s.member.id], reviews.get(s.member.id, []), r)
+                for s in active
+                if s.member.id in spoke
+            ]
+            session.end_iteration(
+                candidates,
+                selected=decision.answer if decision else self._majority(seats),
+                state=self._state(r, seats, transcript, decision),
+                notes=notes,
+            )
+            notes = []
+            if last:
+                break
+        chosen = decision.answer if decision else self._majority(seats) if stopped else None
+        text = (decision.proof or decision.report) if decision else ""
+        if decision and decision.top10:
+            text = "\n".join(f"[{i}] {name}" for i, name in enumerate(decision.top10, start=1))
+        result = session.result(self.name, answer=chosen, text=text, stopped_reason=BUDGET_STOP if stopped else None)
+        if stopped:
+            result.counters = {"budget_stops": 1}
+        if chosen is None:
+            result.status = "failed"
+            result.error = "the team reached no answer"
+        return result
+
+    # ---- Stage I --------------------------------------------------------------------------------
+
+    async def _form_team(self, session: ProblemSession, notes: list[str]) -> list[TeamMember]:
+        p = self.params
+        messages = recruit_prompt(session.problem.question, p.domain, p.team_size)
+        for attempt in range(1 + p.retries):
+            reply = await session.chat("coordinator", messages, sample=attempt)
+            why = reply.error or ("reply truncated at max_tokens" if reply.truncated else None)
+            if why is None:
+                try:
+                    team, repairs = parse_team(reply.content, p.domain, p.team_size)
+                except AgentOutputError as exc:
+                    why = str(exc)
+                else:
+                    notes.extend(f"team formation: {note}" for note in repairs)
+                    return team
+            notes.append(f"team formation attempt {attempt + 1}: unusable reply: {why}")
+        notes.append("team formation: no usable team from the coordinator; the default team is used")
+        return default_team(p.domain, p.team_size)
+
+    # ---- Stage II -------------------------------------------------------------------------------
+
+    def _retriever(self, session: ProblemSession) -> Retriever | None:
+        p = self.params
+        if p.pool is None:
+            return None
+        from tmas.memory.experience_pool import ExperiencePool
+
+        embed = embedder_for(p.embedder, session.llm)
+        if self._pool is None:
+            self._pool = ExperiencePool.open(Path(p.pool), embed.name)
+        return Retriever(self._pool, embed, p.top_k)
+
+    @staticmethod
+    async def _hints(
+        retriever: Retriever | None, member: TeamMember, context: list[str], notes: list[str]
+    ) -> list[PoolEntry]:
+        """The top-K entries for the case, the specialist and its current context (B.9)."""
+        if retriever is None:
+            return []
+        parts = [context[0], f"Specialist: {member.specialty}. {member.description}", *context[1:]]
+        try:
+            hits = await retriever.pool.search("\n\n".join(c for c in parts if c), retriever.k, retriever.embed)
+        except LLMError as exc:
+            notes.append(f"{member.id}: experience retrieval failed, no hints this round: {exc}")
+            return []
+        return [entry for entry, _ in hits]
+
+    async def _opinion(
+        self,
+        session: ProblemSession,
+        seat: Seat,
+        r: int,
+        snapshot: str,
+        bulletin: str,
+        retriever: Retriever | None,
+        spoke: dict[str, tuple[Completion, Utterance]],
+        notes: list[str],
+    ) -> None:
+        """The specialist's opinion of round ``r``, into ``spoke`` with its utterance (kept if the round stops)."""
+        p, question = self.params, session.problem.question
+        context = [question, seat.attempt, seat.feedback] if seat.attempt else [question]
+        hints = await self._hints(retriever, seat.member, context, notes)
+        messages = opinion_prompt(
+            question,
+            seat.member,
+            p.domain,
+            round_=r,
+            previous=seat.attempt,
+            feedback=seat.feedback,
+            snapshot=snapshot,
+            bulletin=bulletin,
+            hints=hints,
+        )
+        reply = await session.chat("specialist", messages, sample=seat.index)
+        seat.previous_answer, previous_top10 = seat.answer, seat.top10
+        if not reply.ok or not reply.content.strip():
+            notes.append(f"{seat.member.id}: opinion call failed ({reply.error or 'empty reply'}); keeps its attempt")
+        else:
+            if reply.truncated:
+                notes.append(f"{seat.member.id}: opinion truncated at max_tokens")
+            seat.attempt = reply.content.strip()
+            seat.answer = opinion_answer(seat.attempt, p.domain)
+            if p.domain == "medicine":
+                seat.top10 = parse_differential(seat.attempt)
+                if len(seat.top10) < 10:
+                    notes.append(f"{seat.member.id}: differential has {len(seat.top10)} of 10 diagnoses")
+                # Medicine converges when a specialist's differential no longer changes between rounds.
+                seat.converged = r > 0 and bool(seat.top10) and seat.top10 == previous_top10
+            elif seat.answer is None:
+                notes.append(f"{seat.member.id}: opinion states no final answer")
+        spoke[seat.member.id] = (
+            reply,
+            Utterance(
+                round=r,
+                agent=seat.member.id,
+                kind="opinion",
+                text=reply.content,
+                answer=seat.answer if reply.ok else None,
+                call_id=reply.call_id,
+                experience_ids=[h.id for h in hints],
+            ),
+        )
+
+    async def _review_round(
+        self,
+        session: ProblemSession,
+        active: list[Seat],
+        seats: list[Seat],
+        r: int,
+        transcript: Transcript,
+        notes: list[str],
+    ) -> dict[str, list[Review]]:
+        """B.4: every active attempt reviewed by every other specialist; then acceptance and convergence."""
+        pairs = [(t, s) for t in active for s in seats if s is not t and t.attempt]
+        start = len(notes)
+        done = await gather_all(
+            self._review(session, reviewer, target, len(seats), notes) for target, reviewer in pairs
+        )
+        notes[start:] = sorted(notes[start:])  # in a fixed order, whatever order the reviews came back in
+        reviews: dict[str, list[Review]] = {s.member.id: [] for s in active}
+        for (target, _), (review, reply) in zip(pairs, done, strict=True):
+            reviews[target.member.id].append(review)
+            transcript.utterances.append(
+                Utterance(
+                    round=r,
+                    agent=review.reviewer,
+                    kind="review",
+                    text=reply.content if reply is not None else review.analysis,
+                    target=target.member.id,
+                    answer=review.verdict,
+                    call_id=reply.call_id if reply is not None else None,
+                )
+            )
+        for seat in active:
+            own = reviews[seat.member.id]
+            seat.accepted = accepted(own)
+            serious = any(i.severity in ("fatal", "major") for rv in own for i in rv.issues)
+            kept = (
+                r > 0
+                and seat.answer is not None
+                and normalize_answer(seat.answer) == normalize_answer(seat.previous_answer or "")
+            )
+            seat.converged = seat.accepted or (kept and not serious and all(rv.verdict != "reject" for rv in own))
+        return reviews
+
+    async def _review(
+        self, session: ProblemSession, reviewer: Seat, target: Seat, team: int, notes: list[str]
+    ) -> tuple[Review, Completion | None]:
+        messages = review_prompt(session.problem.question, reviewer.member, target.member, target.attempt)
+        sample = _REVIEW_SAMPLE + target.index * team + reviewer.index
+        why = ""
+        reply: Completion | None = None
+        for attempt in range(1 + self.params.retries):
+            reply = await session.chat("reviewer", messages, sample=sample + attempt * _RETRY_OFFSET)
+            if not reply.ok:
+                why = reply.error or "call failed"
+                continue
+            try:
+                review = parse_review(reply.content, reviewer.member.id, target.member.id, truncated=reply.truncated)
+            except AgentOutputError as exc:
+                why = str(exc)
+                continue
+            return review, reply
+        notes.append(f"review of {target.member.id} by {reviewer.member.id}: unusable ({why}); counted as revise")
+        return unreadable_review(reviewer.member.id, target.member.id, why), reply
+
+    def _meeting(
+        self,
+        seats: list[Seat],
+        active: list[Seat],
+        reviews: dict[str, list[Review]],
+        r: int,
+        transcript: Transcript,
+        seen_issues: list[str],
+    ) -> None:
+        """The meeting step: each specialist's own feedback, and a bulletin of the round's new, distinct issues."""
+        lines: list[str] = []
+        for seat in active:
+            own = reviews.get(seat.member.id, [])
+            fresh = []
+            for review in own:
+                for issue in review.issues:
+                    key = f"{issue.note} {issue.fix}"
+                    if any(jaccard(key, seen) >= _DUPLICATE_ISSUE for seen in seen_issues):
+                        continue
+                    seen_issues.append(key)
+                    fresh.append(issue)
+            hints = sorted({rv.alt_hint.strip() for rv in own if rv.alt_hint and rv.alt_hint.strip()})
+            seat.feedback = json.dumps(
+                {
+                    "verdicts": {rv.reviewer: rv.verdict for rv in own},
+                    "issues": [i.model_dump() for rv in own for i in rv.issues],
+                    "alt_hints": hints,
+                },
+                ensure_ascii=False,
+            )
+            status = "accepted" if seat.accepted else ("converged" if seat.converged else "open")
+            lines.append(f"{seat.member.id} ({seat.member.specialty}): {status}, answer {seat.answer or 'none'}")
+            lines += [f"  - [{i.severity} {i.type}] {i.note}" + (f" Fix: {i.fix}" if i.fix else "") for i in fresh]
+        pooled = self._pooled_differential(seats)
+        if pooled:
+            lines.append("Team differential so far: " + "; ".join(pooled))
+        transcript.utterances.append(Utterance(round=r, agent="coordinator", kind="meeting", text="\n".join(lines)))
+
+    @staticmethod
+    def _pooled_differential(seats: list[Seat]) -> list[str]:
+        """Medicine: the team's ten best diagnoses by Borda count (rank 1 earns 10 points, rank 10 earns 1)."""
+        points: Counter[str] = Counter()
+        spelled: dict[str, str] = {}
+        for seat in seats:
+            for rank, name in enumerate(seat.top10[:10]):
+                points[name.lower()] += 10 - rank
+                spelled.setdefault(name.lower(), name)
+        return [spelled[k] for k, _ in points.most_common(10)]
+
+    # ---- Stage III ------------------------------------------------------------------------------
+
+    async def _decide(
+        self, session: ProblemSession, seats: list[Seat], r: int, transcript: Transcript, notes: list[str]
+    ) -> Decision:
+        domain = self.params.domain
+        summary = self._summary(seats)
+        reply = await session.chat("coordinator", decision_prompt(session.problem.question, domain, summary))
+        decision = parse_decision(reply.content, domain) if reply.ok else None
+        final = reply
+        if decision is None and reply.ok and reply.content.strip():
+            notes.append("decision: the required tags are missing; asked for one rewrite")
+            final = await session.chat("coordinator", rewrite_prompt(reply.content, domain), sample=1)
+            decision = parse_decision(final.content, domain) if final.ok else None
+        if decision is None:
+            boxed = last_boxed(reply.content) if domain == "math" and reply.ok else None
+            pooled = self._pooled_differential(seats)
+            decision = Decision(report=reply.content if reply.ok else "", answer=boxed or self._majority(seats))
+            if pooled:
+                decision.top10, decision.answer = pooled, pooled[0]
+            source = (
+                "its boxed answer"
+                if boxed
+                else "the team's pooled differential"
+                if pooled
+                else "the team's majority answer"
+            )
+            notes.append(f"decision: unreadable ({reply.error or 'no tags after the rewrite'}); {source} is used")
+        transcript.utterances.append(
+            Utterance(round=r, agent="coordinator", kind="report", text=decision.report, call_id=reply.call_id)
+        )
+        transcript.utterances.append(
+            Utterance(
+                round=r,
+                agent="coordinator",
+                kind="decision",
+                text=final.content if final.ok else "",
+                answer=decision.answer,
+                call_id=final.call_id,
+            )
+        )
+        return decision
+
+    def _summary(self, seats: list[Seat]) -> str:
+        """The snapshot the chair reads (B.5): each specialist's status, answer and latest attempt."""
+        parts = []
+        for s in seats:
+            status = "accepted" if s.accepted else ("converged" if s.converged else "unresolved")
+            attempt = s.attempt if len(s.attempt) <= _SUMMARY_CHARS else "[...] " + s.attempt[-_SUMMARY_CHARS:]
+            parts.append(
+                f"{s.member.id} {s.member.specialty} ({s.member.role or 'member'}): {status}; "
+                f"answer: {s.answer or 'none'}\n{attempt or '(no attempt)'}"
+            )
+        return "\n\n".join(parts)
+
+    # ---- records --------------------------------------------------------------------------------
+
+    @staticmethod
+    def _majority(seats: list[Seat]) -> str | None:
+        """The answer most specialists hold; ties go to the leader's, then to the earliest seat's."""
+        answers = {s.index: normalize_answer(s.answer) for s in seats if s.answer}
+        if not answers:
+            return None
+        counts = Counter(answers.values())
+        top = max(counts.values())
+        order = sorted(seats, key=lambda s: (not s.member.leader, s.index))
+        return next(s.answer for s in order if s.index in answers and counts[answers[s.index]] == top)
+
+    @staticmethod
+    def _candidate(seat: Seat, reply: Completion, opinion: Utterance, reviews: list[Review], r: int) -> Candidate:
+        meta: dict[str, Any] = {
+            "member": seat.member.id,
+            "specialty": seat.member.specialty,
+            "round": r,
+            "accepted": seat.accepted,
+            "converged": seat.converged,
+            "experience_ids": opinion.experience_ids,
+        }
+        if reply.truncated:
+            meta["truncated"] = True
+        if seat.top10:
+            meta["top10"] = seat.top10
+        return Candidate(
+            index=seat.index,
+            text=reply.content,
+            answer=opinion.answer,
+            # The share of peers that accepted the attempt (math), so reports can rank attempts.
+            score=sum(rv.verdict == "accept" for rv in reviews) / len(reviews) if reviews else None,
+            call_id=reply.call_id,
+            usage=reply.usage,
+            finish_reason=reply.finish_reason,
+            error=reply.error,
+            meta=meta,
+        )
+
+    @staticmethod
+    def _state(r: int, seats: list[Seat], transcript: Transcript, decision: Decision | None) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "round": r,
+            "members": [
+                {"id": s.member.id, "answer": s.answer, "accepted": s.accepted, "converged": s.converged} for s in seats
+            ],
+            "transcript": transcript.model_dump(mode="json"),
+        }
+        if decision is not None:
+            state["decision"] = decision.model_dump(mode="json")
+        return state

@@ -1,0 +1,186 @@
+"""MATTRL's education domain (paper 003, C.1 and C.4): pre-test, a teaching dialogue, post-test.
+
+Record 0 is the student's pre-test (role ``student``). A right pre-test ends the case there: the post-test reuses it
+(C.1). Otherwise the teaching runs ``iterations`` dialogue rounds, one record each: a single teacher (role
+``specialist``) asks a question, or a recruited team (catalog of Table 8) writes role-specific analyses, with
+retrieved experience when a pool is configured, and the coordinator plans the round's question from them; the
+student replies. The last round's record also holds the closing guidance and the post-test. The teachers know the
+reference answer (the paper's setting), so this domain reads ``problem.answer``; the student never sees it.
+
+``state``: ``pre``/``post`` letters and whether each is correct (Acc_pre, Acc_post and their delta come from them),
+``teaching`` (``single`` or ``team``), and the transcript.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from tmas.agents.mattrl_teaching import (
+    Case,
+    Turn,
+    parse_letter,
+    parse_plan,
+    plan_prompt,
+    student_prompt,
+    student_reply_prompt,
+    teacher_prompt,
+)
+from tmas.llm.types import Completion
+from tmas.memory.pool_entry import PoolEntry
+from tmas.memory.transcript import TeamMember, Transcript, Utterance
+from tmas.methods.base import Candidate, ProblemResult, ProblemSession, gather_all
+
+FormTeam = Callable[[ProblemSession, list[str]], Awaitable[list[TeamMember]]]
+Retrieve = Callable[[TeamMember, str, list[str]], Awaitable[list[PoolEntry]]]
+
+
+def _candidate(index: int, reply: Completion, answer: str | None, kind: str) -> Candidate:
+    return Candidate(
+        index=index,
+        text=reply.content,
+        answer=answer,
+        call_id=reply.call_id,
+        usage=reply.usage,
+        finish_reason=reply.finish_reason,
+        error=reply.error,
+        meta={"stage": kind},
+    )
+
+
+def _same(letter: str | None, gold: str | None) -> bool:
+    return letter is not None and gold is not None and letter.strip().upper() == gold.strip().upper()
+
+
+async def teach(
+    session: ProblemSession, *, rounds: int, team: bool, form_team: FormTeam, retrieve: Retrieve, name: str
+) -> ProblemResult:
+    problem = session.problem
+    gold = (problem.answer or "").strip()
+    transcript = Transcript(problem_id=problem.problem_id, domain="education")
+    notes: list[str] = []
+    session.begin_iteration(0)
+    pre = await session.chat("student", student_prompt(problem.question))
+    pre_letter = parse_letter(pre.content) if pre.ok else None
+    if pre_letter is None:
+        notes.append(f"pre-test: no 'Answer: X' line ({pre.error or 'unreadable reply'})")
+    transcript.utterances.append(
+        Utterance(round=0, agent="student", kind="opinion", text=pre.content, answer=pre_letter, call_id=pre.call_id)
+    )
+    state: dict[str, Any] = {
+        "teaching": "team" if team else "single",
+        "pre": pre_letter,
+        "pre_correct": _same(pre_letter, gold),
+    }
+    candidates = [_candidate(0, pre, pre_letter, "pre-test")]
+    if state["pre_correct"] or not gold:
+        if not gold:
+            notes.append("no reference answer: nothing to teach toward, the post-test reuses the pre-test")
+        transcript.final_answer = pre_letter
+        state |= {"post": pre_letter, "post_correct": state["pre_correct"], "skipped": True}
+        session.end_iteration(
+            candidates, selected=pre_letter, state={**state, "transcript": _dump(transcript)}, notes=notes
+        )
+        return session.result(name, answer=pre_letter, text=pre.content)
+    members = await form_team(session, notes) if team else []
+    # The single teacher is seat S1 of a team of one, so experience construction reads both modes alike.
+    transcript.team = members or [TeamMember(id="S1", specialty="Teacher", role="single teacher", leader=True)]
+    session.end_iteration(
+        candidates, selected=pre_letter, state={**state, "transcript": _dump(transcript)}, notes=notes
+    )
+    dialogue: tuple[Turn, ...] = ()
+    post_letter: str | None = None
+    post = pre
+    for r in range(1, rounds + 1):
+        session.begin_iteration(r)
+        notes = []
+        case = Case(problem.question, gold, pre_letter, pre.content, dialogue)
+        asked = await _question(session, case, r, rounds, members, retrieve, transcript, notes)
+        reply = await session.chat("student", student_reply_prompt(problem.question, dialogue, asked))
+        transcript.utterances.append(
+            Utterance(round=r, agent="student", kind="opinion", text=reply.content, call_id=reply.call_id)
+        )
+        dialogue = (*dialogue, Turn(teacher=asked, student=reply.content.strip()))
+        candidates = [_candidate(0, reply, None, "dialogue")]
+        if r == rounds:
+            case = Case(problem.question, gold, pre_letter, pre.content, dialogue)
+            guide_role, guide_agent = ("coordinator", "coordinator") if members else ("specialist", "S1")
+            guidance = await session.chat(guide_role, teacher_prompt(case, task="guidance", round_=r, rounds=rounds))
+            transcript.utterances.append(
+                Utterance(round=r, agent=guide_agent, kind="report", text=guidance.content, call_id=guidance.call_id)
+            )
+            post = await session.chat("student", student_prompt(problem.question, dialogue, guidance.content))
+            post_letter = parse_letter(post.content) if post.ok else None
+            if post_letter is None:
+                notes.append(f"post-test: no 'Answer: X' line ({post.error or 'unreadable reply'})")
+            transcript.utterances.append(
+                Utterance(
+                    round=r,
+                    agent="student",
+                    kind="decision",
+                    text=post.content,
+                    answer=post_letter,
+                    call_id=post.call_id,
+                )
+            )
+            transcript.final_answer = post_letter
+            state |= {"post": post_letter, "post_correct": _same(post_letter, gold)}
+            candidates.append(_candidate(1, post, post_letter, "post-test"))
+        session.end_iteration(
+            candidates,
+            selected=post_letter if r == rounds else pre_letter,
+            state={**state, "round": r, "transcript": _dump(transcript)},
+            notes=notes,
+        )
+    return session.result(name, answer=post_letter, text=post.content)
+
+
+async def _question(
+    session: ProblemSession,
+    case: Case,
+    r: int,
+    rounds: int,
+    members: list[TeamMember],
+    retrieve: Retrieve,
+    transcript: Transcript,
+    notes: list[str],
+) -> str:
+    """The teacher's question of round ``r``: a single teacher's own, or the coordinator's plan from the team."""
+    if not members:
+        reply = await session.chat("specialist", teacher_prompt(case, task="ask", round_=r, rounds=rounds))
+        transcript.utterances.append(
+            Utterance(round=r, agent="S1", kind="opinion", text=reply.content, call_id=reply.call_id)
+        )
+        return reply.content.strip() or "What made you choose your answer?"
+
+    async def analyse(index: int, member: TeamMember) -> tuple[TeamMember, Completion, list[PoolEntry]]:
+        hints = await retrieve(member, f"{case.question}\n\n{case.pre_reasoning}", notes)
+        messages = teacher_prompt(case, task="analyse", round_=r, rounds=rounds, member=member, hints=hints)
+        return member, await session.chat("specialist", messages, sample=index), hints
+
+    analyses = await gather_all(analyse(i, m) for i, m in enumerate(members))
+    for member, reply, hints in analyses:
+        transcript.utterances.append(
+            Utterance(
+                round=r,
+                agent=member.id,
+                kind="opinion",
+                text=reply.content,
+                call_id=reply.call_id,
+                experience_ids=[h.id for h in hints],
+            )
+        )
+    shown = [(f"{m.role or 'teacher'} ({m.specialty})", reply.content.strip()) for m, reply, _ in analyses if reply.ok]
+    plan = await session.chat("coordinator", plan_prompt(case, r, shown))
+    asked = parse_plan(plan.content) if plan.ok else ""
+    if not asked:
+        notes.append(f"round {r}: no planned question ({plan.error or 'empty reply'}); a generic one is asked")
+        asked = "Can you walk me through how you ruled out the other options?"
+    transcript.utterances.append(
+        Utterance(round=r, agent="coordinator", kind="meeting", text=plan.content, call_id=plan.call_id)
+    )
+    return asked
+
+
+def _dump(transcript: Transcript) -> dict[str, Any]:
+    return transcript.model_dump(mode="json")

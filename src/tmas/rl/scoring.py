@@ -1,0 +1,136 @@
+"""One batch of rollouts -> hybrid rewards (paper section 3.3), shared by the TRL and verl adapters.
+
+A rollout carries what its training example says (task, group, Base/Bank variant, question, guideline bank, ground
+truth) and the completion. Scoring grades every rollout, asks the guideline judge about the exploration rollouts,
+and applies eq. 8 per prompt group (never across groups: p_base comes from the Base half of the same group) and
+eq. 9 per rollout. Both trainers call :func:`score_rollouts`, so they give the same rewards on the same rollouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from tmas.agents.guideline_judge import StrategyView
+from tmas.rl.grading import is_correct
+from tmas.rl.rewards import (
+    DEFAULT_BETA,
+    Novelty,
+    Variant,
+    base_accuracy,
+    correctness_reward,
+    experience_rewards,
+    exploration_reward,
+)
+
+Task = Literal["normal", "experience", "guideline"]
+TASKS: tuple[Task, ...] = ("normal", "experience", "guideline")
+
+
+class RolloutInput(BaseModel):
+    task: Task
+    group: str
+    variant: Variant | None = None
+    question: str
+    ground_truth: str
+    completion: str
+    strategies: list[StrategyView] = Field(default_factory=list)
+
+
+class JudgeOutcome(BaseModel):
+    """The guideline judge's answer on one rollout: ``novelty`` None when its reply was unusable (``note`` says why)."""
+
+    novelty: Novelty | None
+    note: str | None = None
+
+
+# A judge takes the exploration rollouts of a batch and returns one outcome each, in order.
+NoveltyJudge = Callable[[Sequence[RolloutInput]], list[JudgeOutcome]]
+
+
+class RewardBreakdown(BaseModel):
+    task: Task
+    group: str
+    variant: Variant | None = None
+    correct: bool
+    reward: float
+    p_base: float | None = None
+    novelty: Novelty | None = None
+    # Why the judge's verdict was not used as given (cannot tell, unusable reply): the rollout counted as known.
+    judge_note: str | None = None
+
+
+def rollout_from_example(extra_info: dict[str, Any], ground_truth: str, completion: str) -> RolloutInput:
+    """A rollout of a training example, from the example's ``extra_info`` (as :mod:`tmas.rl.data` writes it)."""
+    try:
+        return RolloutInput(
+            task=extra_info["task"],
+            group=extra_info["group"],
+            variant=extra_info.get("variant") or None,
+            question=extra_info["question"],
+            ground_truth=ground_truth,
+            completion=completion,
+            strategies=extra_info.get("guideline_bank") or [],
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"training example's extra_info is not from 'tmas rl build-data': {exc}") from None
+
+
+def score_rollouts(
+    rollouts: Sequence[RolloutInput], judge: NoveltyJudge | None = None, *, beta: float = DEFAULT_BETA
+) -> list[RewardBreakdown]:
+    correct = [is_correct(r.completion, r.ground_truth) for r in rollouts]
+    out: list[RewardBreakdown | None] = [None] * len(rollouts)
+
+    # Eq. 8, one prompt group at a time.
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(rollouts):
+        if r.task == "experience":
+            groups.setdefault(r.group, []).append(i)
+    for group, members in groups.items():
+        variants: list[Variant] = []
+        for i in members:
+            variant = rollouts[i].variant
+            if variant is None:
+                raise ValueError(f"group {group!r}: an experience rollout without a Base/Bank variant")
+            variants.append(variant)
+        flags = [correct[i] for i in members]
+        try:
+            rewards = experience_rewards(flags, variants, beta)
+            p_base = base_accuracy(flags, variants)
+        except ValueError as exc:
+            raise ValueError(f"group {group!r}: {exc}") from None
+        for i, variant, reward in zip(members, variants, rewards, strict=True):
+            out[i] = RewardBreakdown(
+                task="experience", group=group, variant=variant, correct=correct[i], reward=reward, p_base=p_base
+            )
+
+    # Eq. 9: the judge sees every exploration rollout of the batch at once (its calls run concurrently).
+    explore = [i for i, r in enumerate(rollouts) if r.task == "guideline"]
+    if explore:
+        if judge is None:
+            raise ValueError("exploration rollouts need a guideline judge (none configured)")
+        outcomes = judge([rollouts[i] for i in explore])
+        if len(outcomes) != len(explore):
+            raise ValueError(f"the judge returned {len(outcomes)} verdicts for {len(explore)} rollouts")
+        for i, outcome in zip(explore, outcomes, strict=True):
+            note = outcome.note
+            if outcome.novelty == -1 and note is None:
+                note = "judge could not tell the strategy (-1): counted as known"
+            out[i] = RewardBreakdown(
+                task="guideline",
+                group=rollouts[i].group,
+                correct=correct[i],
+                reward=exploration_reward(correct[i], outcome.novelty),
+                novelty=outcome.novelty,
+                judge_note=note,
+            )
+
+    for i, r in enumerate(rollouts):
+        if r.task == "normal":
+            out[i] = RewardBreakdown(
+                task="normal", group=r.group, correct=correct[i], reward=correctness_reward(correct[i])
+            )
+    return [b for b in out if b is not None]

@@ -1,0 +1,73 @@
+"""The hybrid rewards as TRL reward functions: one per task, so TRL logs each component per step.
+
+TRL calls every reward function on the whole local batch with the dataset's columns as keyword lists and sums
+their outputs, skipping None; each function here answers for the rows of its own task and None elsewhere, so the
+sum is exactly the task's reward. The three share one scoring of the batch (the judge is asked once per rollout).
+Each scored batch is appended to ``log_path`` (JSONL: step, per-rollout reward, correctness, p_base, novelty, notes).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tmas.rl.rewards import DEFAULT_BETA
+from tmas.rl.scoring import NoveltyJudge, RewardBreakdown, RolloutInput, Task, rollout_from_example, score_rollouts
+
+RewardFunc = Callable[..., list[float | None]]
+
+
+def completion_text(completion: Any) -> str:
+    """TRL passes a completion as text, or (conversational data) as a list of messages."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list):
+        return "".join(str(m.get("content") or "") for m in completion if isinstance(m, dict))
+    raise TypeError(f"unexpected completion of type {type(completion).__name__}")
+
+
+class HybridReward:
+    def __init__(
+        self, judge: NoveltyJudge | None = None, *, beta: float = DEFAULT_BETA, log_path: Path | None = None
+    ) -> None:
+        self.judge = judge
+        self.beta = beta
+        self.log_path = log_path
+        self._last: tuple[tuple[str, ...], list[RewardBreakdown]] | None = None
+
+    def rollouts(
+        self, completions: Sequence[Any], extra_info: Sequence[dict[str, Any]], reward_model: Sequence[dict[str, Any]]
+    ) -> list[RolloutInput]:
+        return [
+            rollout_from_example(info, str(rm["ground_truth"]), completion_text(c))
+            for c, info, rm in zip(completions, extra_info, reward_model, strict=True)
+        ]
+
+    def score(self, completions: Sequence[Any], **columns: Any) -> list[RewardBreakdown]:
+        rollouts = self.rollouts(completions, columns["extra_info"], columns["reward_model"])
+        step = getattr(columns.get("trainer_state"), "global_step", None)
+        # The three task functions are called one after another on the same batch: score it once.
+        key = (str(step), *(f"{r.group}\x1f{r.variant}\x1f{r.completion}" for r in rollouts))
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        scored = score_rollouts(rollouts, self.judge, beta=self.beta)
+        self._last = (key, scored)
+        if self.log_path is not None:
+            with self.log_path.open("a", encoding="utf-8") as fh:
+                for b in scored:
+                    fh.write(json.dumps({"step": step, **b.model_dump(mode="json")}, ensure_ascii=False) + "\n")
+        return scored
+
+    def function(self, task: Task) -> RewardFunc:
+        """The reward function of ``task`` (named after it: TRL logs ``rewards/<name>/mean``)."""
+
+        def reward(prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float | None]:
+            return [b.reward if b.task == task else None for b in self.score(completions, **columns)]
+
+        reward.__name__ = {"normal": "correctness", "experience": "experience", "guideline": "exploration"}[task]
+        return reward
+
+    def functions(self) -> list[RewardFunc]:
+        return [self.function("normal"), self.function("experience"), self.function("guideline")]

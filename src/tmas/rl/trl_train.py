@@ -1,0 +1,164 @@
+"""GRPO with TRL on the hybrid rewards (paper section 3.3, defaults from appendix A.4).
+
+A.4 -> GRPOConfig: 16 rollouts per prompt (``num_generations``), learning rate 1e-6, clip range [0.20, 0.255]
+(``epsilon``, ``epsilon_high``), clipping coefficient 10.0 (TRL's two-sided bound ``delta``: the ratio is capped at
+10 for negative advantages, as verl's dual clip ``clip_ratio_c`` does), no KL term (``beta`` 0), no entropy bonus
+(TRL has none). Eq. 6's 1/sum|o_i| token averaging is TRL's ``dapo`` loss. TRL normalises a group's rewards with the
+sample standard deviation and adds 1e-4; eq. 6 (and :func:`tmas.rl.rewards.group_advantages`) uses the population
+one: for 16 rollouts the advantages differ by a factor of about 1.03.
+
+Prompt groups are kept whole by :class:`tmas.rl.sampler.PromptGroupSampler`; each process's generation batch must
+hold whole groups (checked here), so the reward functions always see a prompt's Base and Bank halves together.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any, cast
+
+from pydantic import BaseModel, Field
+from trl.trainer.grpo_config import GRPOConfig
+from trl.trainer.grpo_trainer import GRPOTrainer
+
+from tmas.errors import ConfigError, InputError
+from tmas.llm.weights import resolve_model
+from tmas.rl.data import COLUMNS
+from tmas.rl.rewards import DEFAULT_BETA
+from tmas.rl.sampler import PromptGroupSampler, prompt_groups
+from tmas.rl.tiny import tiny_model, tiny_tokenizer
+from tmas.rl.trl_rewards import HybridReward
+
+
+class TrainOptions(BaseModel):
+    output_dir: Path
+    num_generations: int = Field(default=16, ge=2)
+    learning_rate: float = 1e-6
+    epsilon: float = 0.20
+    epsilon_high: float = 0.255
+    clip_coefficient: float | None = 10.0
+    kl_beta: float = 0.0
+    experience_beta: float = DEFAULT_BETA
+    temperature: float = 1.0
+    top_p: float = 0.95
+    max_completion_length: int = Field(default=2048, ge=1)
+    max_steps: int = Field(default=190, ge=1)
+    # Prompt groups per optimizer step, per process (A.4: 128 prompts over all GPUs).
+    groups_per_step: int = Field(default=1, ge=1)
+    gradient_accumulation_steps: int = Field(default=1, ge=1)
+    use_vllm: bool | None = None
+    save_steps: int = Field(default=50, ge=1)
+    seed: int = 0
+
+
+def vllm_available() -> bool:
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def grpo_config(options: TrainOptions) -> GRPOConfig:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    use_vllm = vllm_available() if options.use_vllm is None else options.use_vllm
+    return GRPOConfig(
+        output_dir=str(options.output_dir),
+        num_generations=options.num_generations,
+        per_device_train_batch_size=options.groups_per_step * options.num_generations,
+        gradient_accumulation_steps=options.gradient_accumulation_steps,
+        learning_rate=options.learning_rate,
+        epsilon=options.epsilon,
+        epsilon_high=options.epsilon_high,
+        delta=options.clip_coefficient,
+        beta=options.kl_beta,
+        loss_type="dapo",
+        scale_rewards="group",
+        temperature=options.temperature,
+        top_p=options.top_p,
+        max_completion_length=options.max_completion_length,
+        max_steps=options.max_steps,
+        use_vllm=use_vllm,
+        # Colocated only: TRL's server mode generates for every num_generations-th prompt alone (it assumes a
+        # group repeats one prompt), which would give an experience group's Bank rollouts the Base prompt.
+        vllm_mode="colocate",
+        logging_steps=1,
+        save_steps=options.save_steps,
+        seed=options.seed,
+        use_cpu=not cuda,
+        bf16=cuda,
+        report_to=[],
+    )
+
+
+class TMASGRPOTrainer(GRPOTrainer):
+    """TRL's GRPO trainer with the prompt-group sampler (see :mod:`tmas.rl.sampler`)."""
+
+    def _get_train_sampler(self, dataset: Any = None) -> Any:
+        dataset = self.train_dataset if dataset is None else dataset
+        args = cast(GRPOConfig, self.args)
+        generations = int(self.num_generations or args.num_generations or 1)
+        return PromptGroupSampler(
+            prompt_groups(dataset["extra_info"]),
+            num_generations=generations,
+            batch_size=int(args.generation_batch_size or generations) // generations,
+            repeat_count=self.num_iterations * int(args.steps_per_generation or 1),
+            shuffle=bool(self.shuffle_dataset),
+            seed=args.seed,
+        )
+
+
+def check_group_alignment(config: GRPOConfig) -> None:
+    """Each process's generation batch must hold whole prompt groups, or a group would be split between processes
+    and its p_base computed from half of it."""
+    local = config.per_device_train_batch_size * (config.steps_per_generation or 1)
+    if local % (config.num_generations or 1):
+        raise ConfigError(
+            f"per-process generation batch {local} is not a multiple of num_generations={config.num_generations}"
+        )
+
+
+def build_trainer(
+    model: Any, tokenizer: Any, dataset: Any, options: TrainOptions, reward: HybridReward
+) -> TMASGRPOTrainer:
+    config = grpo_config(options)
+    check_group_alignment(config)
+    return TMASGRPOTrainer(
+        model=model,
+        reward_funcs=list[Any](reward.functions()),
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
+
+
+def load_dataset(path: Path) -> Any:
+    import datasets
+
+    data = datasets.Dataset.from_parquet(str(path))
+    missing = set(COLUMNS) - set(data.column_names)
+    if missing:
+        raise InputError(f"{path}: missing columns {sorted(missing)} (not from 'tmas rl build-data')")
+    return data
+
+
+def load_policy(spec: str, dataset: Any = None) -> tuple[Any, Any]:
+    """The model to train and its tokenizer: ``tiny`` (from a config, for smoke runs), a Hugging Face checkpoint
+    directory, or a GGUF file / embedded model name (dequantised by transformers, which needs ``gguf``)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if spec == "tiny":
+        texts = [m["content"] for row in (dataset or []) for m in row["prompt"]]
+        texts += [str(row["reward_model"]["ground_truth"]) for row in (dataset or [])]
+        tokenizer = tiny_tokenizer([*texts, "\\boxed{", "}"])
+        return tiny_model(len(tokenizer)), tokenizer
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    gguf = resolve_model(spec)
+    return (
+        AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name),
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name),
+    )

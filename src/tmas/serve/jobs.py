@@ -1,0 +1,220 @@
+"""The proxy's runs: each request is a run directory under the serve directory, solved by one asyncio task.
+
+A request whose question was already asked and left unfinished (the server crashed, or the client went away) is
+resumed from its run, so every finished upstream call is replayed instead of sent again. Several clients may follow
+one run; when the last one disconnects, the run is cancelled (its upstream calls with it) and stays resumable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tmas.config import Settings
+from tmas.errors import ConfigError, TmasError
+from tmas.methods import METHODS, create_method
+from tmas.methods.base import ProblemResult
+from tmas.problems import Problem
+from tmas.runner import run_problems
+from tmas.serve.api_errors import ApiError
+from tmas.serve.observed_store import ObservedStore, Progress
+from tmas.serve.protocol import ChatBody
+from tmas.store.run_store import DB_NAME, RunStore, StoreError
+
+log = logging.getLogger("tmas.serve")
+
+# Meta key of a served run: what is needed to resume it (the request, never its headers).
+REQUEST_META = "serve_request"
+
+
+@dataclass
+class Job:
+    """One request's run in progress, and the clients following it."""
+
+    run_id: str
+    run_dir: Path
+    fingerprint: str
+    created: int = field(default_factory=lambda: int(time.time()))
+    task: asyncio.Task[ProblemResult] | None = None
+    events: list[Progress] = field(default_factory=list)
+    _followers: list[asyncio.Queue[Progress | None]] = field(default_factory=list)
+
+    def publish(self, event: Progress) -> None:
+        self.events.append(event)
+        for queue in self._followers:
+            queue.put_nowait(event)
+
+    def follow(self) -> asyncio.Queue[Progress | None]:
+        """A queue of this run's progress (what happened so far first), ``None`` once the run has ended."""
+        queue: asyncio.Queue[Progress | None] = asyncio.Queue()
+        for event in self.events:
+            queue.put_nowait(event)
+        if self.task is not None and self.task.done():
+            queue.put_nowait(None)
+        self._followers.append(queue)
+        return queue
+
+    def unfollow(self, queue: asyncio.Queue[Progress | None], *, disconnected: bool) -> None:
+        """A client stopped following; the last one to go away before the end cancels the run."""
+        if queue in self._followers:
+            self._followers.remove(queue)
+        if disconnected and not self._followers and self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    def ended(self) -> None:
+        for queue in self._followers:
+            queue.put_nowait(None)
+
+    def outcome(self) -> ProblemResult:
+        """The finished run's result; an :class:`ApiError` when the run failed."""
+        if self.task is None or not self.task.done() or self.task.cancelled():
+            raise ApiError(500, "the request's run was cancelled; send it again to resume it", "cancelled")
+        exc = self.task.exception()
+        if isinstance(exc, TmasError):
+            # The runner's advice names a command and a server path: neither is for an API client.
+            reason = str(exc).split("; finished work is kept")[0]
+            raise ApiError(502, f"upstream: {reason}; send the request again to resume its run", "upstream_error")
+        if exc is not None:
+            raise ApiError(500, f"the run failed: {type(exc).__name__}", "server_error")
+        result = self.task.result()
+        if result.status != "done":
+            raise ApiError(502, f"the method failed: {result.error or 'no answer'}", "upstream_error")
+        return result
+
+
+class ServedRuns:
+    """Every run of the proxy: the active ones (at most ``max_problems``) and the unfinished ones to resume."""
+
+    def __init__(self, serve_dir: Path, settings: Settings, *, embedded: bool, max_problems: int) -> None:
+        self.serve_dir = serve_dir
+        self.settings = settings
+        # The upstream is the embedded model: methods get its small defaults, as on `tmas run`.
+        self.embedded = embedded
+        self.max_problems = max_problems
+        self.active: dict[str, Job] = {}
+        # Request fingerprint -> the run directory of an unfinished run of that request.
+        self.unfinished: dict[str, Path] = {}
+        serve_dir.mkdir(parents=True, exist_ok=True)
+        self._scan()
+
+    def _scan(self) -> None:
+        for run_dir in sorted(p for p in self.serve_dir.iterdir() if (p / DB_NAME).is_file()):
+            try:
+                with RunStore(run_dir, read_only=True) as store:
+                    request = store.get_meta(REQUEST_META)
+                    finished = bool(store.results())
+            except StoreError:
+                continue  # not a run this proxy can resume: leave it alone
+            if isinstance(request, dict) and isinstance(request.get("fingerprint"), str) and not finished:
+                self.unfinished[request["fingerprint"]] = run_dir
+
+    def open(self, body: ChatBody, method: str, upstream: str) -> Job:
+        """The job answering ``body``: the same request's active run, its unfinished run resumed, or a new run."""
+        fingerprint = body.fingerprint()
+        job = self.active.get(fingerprint)
+        if job is not None:
+            return job
+        if len(self.active) >= self.max_problems:
+            raise ApiError(
+                429, f"too many problems in progress ({self.max_problems}); retry later", "rate_limit_exceeded"
+            )
+        params = self._params(method, body)
+        run_dir = self.unfinished.get(fingerprint)
+        if run_dir is not None:
+            with RunStore(run_dir, read_only=True) as store:
+                seed = int(store.get_meta(REQUEST_META)["seed"])
+            return self._start(run_dir, fingerprint, body, method, upstream, params, seed, resume=True)
+        run_id = f"chatcmpl-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(4)}"
+        seed = body.seed if body.seed is not None else secrets.randbits(31)
+        return self._start(self.serve_dir / run_id, fingerprint, body, method, upstream, params, seed, resume=False)
+
+    def resume_all(self) -> list[Job]:
+        """Start the unfinished runs found on disk (as many as the problem limit allows)."""
+        jobs = []
+        for fingerprint, run_dir in list(self.unfinished.items()):
+            if len(self.active) >= self.max_problems or fingerprint in self.active:
+                continue
+            with RunStore(run_dir, read_only=True) as store:
+                request = store.get_meta(REQUEST_META)
+            try:
+                body = ChatBody.model_validate(request["body"])
+                method, upstream, seed = str(request["method"]), str(request["upstream"]), int(request["seed"])
+                params = self._params(method, body)
+            except (KeyError, TypeError, ValueError, ApiError) as exc:
+                log.warning("%s: cannot resume this request (%s); left as it is", run_dir, exc)
+                continue
+            jobs.append(self._start(run_dir, fingerprint, body, method, upstream, params, seed, resume=True))
+        return jobs
+
+    def _params(self, method: str, body: ChatBody) -> dict[str, Any]:
+        params = {**self.settings.method.params, **body.tmas} if method == self.settings.method.name else body.tmas
+        if self.embedded:
+            params = {**METHODS[method].embedded_defaults, **params}
+        try:
+            create_method(method, params)  # bad parameters are the client's error, found before anything runs
+        except ConfigError as exc:
+            raise ApiError(400, str(exc), "invalid_value", "tmas") from None
+        return params
+
+    def _start(
+        self,
+        run_dir: Path,
+        fingerprint: str,
+        body: ChatBody,
+        method: str,
+        upstream: str,
+        params: dict[str, Any],
+        seed: int,
+        resume: bool,
+    ) -> Job:
+        data = self.settings.model_dump(mode="json")
+        data["endpoint"]["model"] = upstream
+        data["method"] = {"name": method, "params": params}
+        data["sampling"].update(body.sampling_overrides())
+        data["seed"] = seed
+        settings = Settings.model_validate(data)
+        job = Job(run_id=run_dir.name, run_dir=run_dir, fingerprint=fingerprint)
+        request: dict[str, Any] = {"fingerprint": fingerprint, "body": body.model_dump(mode="json")}
+        request |= {"method": method, "upstream": upstream, "seed": seed}
+        job.task = asyncio.create_task(self._solve(job, settings, body, request, resume))
+        job.task.add_done_callback(lambda task: self._finished(job, task))
+        self.active[fingerprint] = job
+        self.unfinished[fingerprint] = run_dir
+        return job
+
+    async def _solve(
+        self, job: Job, settings: Settings, body: ChatBody, request: dict[str, Any], resume: bool
+    ) -> ProblemResult:
+        with ObservedStore(job.run_dir, job.publish, create=not resume) as store:
+            if not resume:
+                question, context = body.question()
+                problem = Problem(problem_id=job.run_id, question=question, metadata={"context": context})
+                store.add_problems([problem])
+                store.set_meta(REQUEST_META, request)
+            store.set_meta("settings", settings.model_dump(mode="json"))
+            await run_problems(settings, store.problems(), store)
+            record = store.result(job.run_id)
+        if record is None:
+            raise StoreError(f"{job.run_dir}: the run ended without a result")
+        return ProblemResult.model_validate(record)
+
+    def _finished(self, job: Job, task: asyncio.Task[ProblemResult]) -> None:
+        self.active.pop(job.fingerprint, None)
+        if not task.cancelled() and task.exception() is None:
+            self.unfinished.pop(job.fingerprint, None)
+        job.ended()
+
+    async def close(self) -> None:
+        """Cancel the runs in progress (they stay resumable) and wait for them to let go of their stores."""
+        tasks = [job.task for job in self.active.values() if job.task is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task

@@ -1,0 +1,114 @@
+"""Start the proxy: refuse an open address without a token, resolve the upstream, run uvicorn until stopped."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from tmas.config import Settings
+from tmas.errors import ConfigError, LLMError
+from tmas.llm.client import list_models
+from tmas.llm.provision import provisioned
+from tmas.methods import METHODS
+from tmas.serve.app import ServeApp
+from tmas.serve.jobs import ServedRuns
+
+log = logging.getLogger("tmas.serve")
+
+GRACEFUL_SHUTDOWN_S = 5
+
+
+@dataclass
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    serve_dir: Path = Path("serve-runs")
+    # Name of the environment variable holding the bearer token clients must send (never the token itself).
+    token_env: str | None = None
+    max_problems: int = 4
+    max_body_bytes: int = 1_000_000
+    # Resume the unfinished runs found in serve_dir at start-up.
+    resume: bool = True
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def resolve_token(options: ServeOptions) -> str | None:
+    """The bearer token, required when listening beyond loopback (a one-line ConfigError otherwise)."""
+    token = None
+    if options.token_env:
+        token = os.environ.get(options.token_env)
+        if not token:
+            raise ConfigError(f"environment variable {options.token_env} (named by --token-env) is not set")
+    if token is None and not is_loopback(options.host):
+        raise ConfigError(
+            f"refusing to listen on {options.host} without a bearer token: set --token-env NAME"
+            " (the variable holding the token), or listen on 127.0.0.1"
+        )
+    return token
+
+
+async def upstream_models(settings: Settings) -> list[str]:
+    """The configured model first, then whatever else the upstream says it serves."""
+    names = [settings.endpoint.model] if settings.endpoint.model else []
+    key = os.environ.get(settings.endpoint.api_key_env) if settings.endpoint.api_key_env else None
+    try:
+        served = await list_models(settings.endpoint.base_url[0], key)
+    except LLMError as exc:
+        log.warning("upstream %s lists no models (%s)", settings.endpoint.base_url[0], exc)
+        served = []
+    names += [m for m in served if m not in names]
+    if not names:
+        raise ConfigError("no upstream model: set endpoint.model (--model) or use an upstream that lists its models")
+    return names
+
+
+async def serve(
+    settings: Settings, options: ServeOptions, *, on_start: Callable[[uvicorn.Server], None] | None = None
+) -> None:
+    """Serve until interrupted; runs cut short stay resumable in ``options.serve_dir``. ``on_start`` gets the
+    uvicorn server before it starts (to stop it from elsewhere: ``server.should_exit = True``)."""
+    token = resolve_token(options)
+    options.serve_dir.mkdir(parents=True, exist_ok=True)
+    embedded = settings.uses_local_model
+    async with provisioned(settings, log_dir=options.serve_dir) as live:
+        runs = ServedRuns(options.serve_dir, live, embedded=embedded, max_problems=options.max_problems)
+        app = ServeApp(
+            runs,
+            methods=sorted(METHODS),
+            upstreams=await upstream_models(live),
+            token=token,
+            max_body_bytes=options.max_body_bytes,
+        )
+        if options.resume:
+            for job in runs.resume_all():
+                log.info("resuming unfinished request %s", job.run_id)
+        # On Ctrl-C, requests in flight get a few seconds: a long run is not waited for, it stays resumable.
+        config = uvicorn.Config(
+            app.build(),
+            host=options.host,
+            port=options.port,
+            log_level="info",
+            lifespan="off",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
+        server = uvicorn.Server(config)
+        if on_start is not None:
+            on_start(server)
+        try:
+            await server.serve()
+        finally:
+            await runs.close()

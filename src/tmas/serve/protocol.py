@@ -1,0 +1,183 @@
+"""The OpenAI chat-completions protocol as the proxy speaks it: the request body, the model name, the replies.
+
+A model name is ``<method>/<upstream model>`` (``tmas/Qwen/Qwen3-4B``: the first slash splits). Method parameters
+ride in the body's ``tmas`` object (``extra_body={"tmas": {...}}`` with the official client). The last user message
+is the problem; the messages before it are its context.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tmas.agents.templates import render
+from tmas.llm.types import Usage
+from tmas.serve.api_errors import ApiError
+
+
+class ChatMessageIn(BaseModel):
+    # Clients add fields we have no use for (name, tool_calls, ...): they are ignored, not refused.
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self, where: str) -> str:
+        """The content as text; of a list of parts only text parts are accepted."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        texts = []
+        for part in self.content:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ApiError(400, f"{where}: only text content parts are supported", "invalid_value", "messages")
+            texts.append(part["text"])
+        return "\n".join(texts)
+
+
+class ChatBody(BaseModel):
+    """A ``/v1/chat/completions`` body. Fields the proxy does not use are ignored, as OpenAI's server does."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    stream: bool = False
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    seed: int | None = None
+    n: int | None = Field(default=None, ge=1)
+    # Method parameters (extra_body={"tmas": {...}}), validated by the method's own model.
+    tmas: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, raw: bytes) -> ChatBody:
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            raise ApiError(400, "the request body is not valid JSON", "invalid_json") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "the request body must be a JSON object", "invalid_json")
+        try:
+            body = cls.model_validate(data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            loc = ".".join(str(p) for p in err["loc"])
+            raise ApiError(400, f"bad value for {loc!r}: {err['msg']}", "invalid_value", loc or None) from None
+        if body.n not in (None, 1):
+            raise ApiError(
+                400, "only n=1 is supported (a method already samples many candidates)", "invalid_value", "n"
+            )
+        return body
+
+    def sampling_overrides(self) -> dict[str, Any]:
+        """The body's sampling fields, as settings keys: they become every upstream call's defaults."""
+        out: dict[str, Any] = {}
+        for name in ("temperature", "top_p"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        limit = self.max_completion_tokens or self.max_tokens
+        if limit is not None:
+            out["max_tokens"] = limit
+        return out
+
+    def question(self) -> tuple[str, list[dict[str, str]]]:
+        """The problem text (context included) and the context messages before the last user message."""
+        last = max((i for i, m in enumerate(self.messages) if m.role == "user"), default=None)
+        if last is None:
+            raise ApiError(400, "the messages hold no user message (the problem)", "invalid_value", "messages")
+        problem = self.messages[last].text(f"messages[{last}]")
+        if not problem.strip():
+            raise ApiError(400, f"messages[{last}]: the problem (last user message) is empty", "invalid_value")
+        context = [{"role": m.role, "content": m.text(f"messages[{i}]")} for i, m in enumerate(self.messages[:last])]
+        # Problem text is data handed to the template, never template syntax.
+        return render("serve_question.j2", problem=problem, context=context), context
+
+    def fingerprint(self) -> str:
+        """Same for the same question asked the same way: how a retried request finds its unfinished run."""
+        question, _ = self.question()
+        data = {
+            "model": self.model,
+            "question": question,
+            "tmas": self.tmas,
+            "sampling": self.sampling_overrides(),
+            "seed": self.seed,
+        }
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def split_model(name: str, methods: set[str], upstreams: list[str]) -> tuple[str, str]:
+    """``"tmas/m"`` -> ``("tmas", "m")``; an unknown method or upstream model is a 404, as OpenAI answers."""
+    method, sep, upstream = name.partition("/")
+    if not sep or not upstream:
+        raise ApiError(
+            404, f"model {name!r}: expected <method>/<upstream model>, e.g. tmas/{upstreams[0]}", "model_not_found"
+        )
+    if method not in methods:
+        raise ApiError(
+            404, f"model {name!r}: unknown method {method!r} (known: {', '.join(sorted(methods))})", "model_not_found"
+        )
+    if upstream not in upstreams:
+        raise ApiError(
+            404,
+            f"model {name!r}: unknown upstream model {upstream!r} (known: {', '.join(upstreams)})",
+            "model_not_found",
+        )
+    return method, upstream
+
+
+def usage_body(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+    }
+
+
+def completion_body(
+    run_id: str, model: str, created: int, text: str, usage: Usage, extension: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "id": run_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop", "logprobs": None}
+        ],
+        "usage": usage_body(usage),
+        # What a plain OpenAI client ignores and a tmas-aware one may read: the run, the extracted answer.
+        "tmas": extension,
+    }
+
+
+def chunk_body(
+    run_id: str,
+    model: str,
+    created: int,
+    delta: dict[str, Any] | None,
+    *,
+    finish_reason: str | None = None,
+    usage: Usage | None = None,
+    progress: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One ``chat.completion.chunk``; with ``delta`` None it is the final usage chunk (no choices)."""
+    body: dict[str, Any] = {
+        "id": run_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+    }
+    if usage is not None:
+        body["usage"] = usage_body(usage)
+    if progress is not None:
+        body["tmas_progress"] = progress
+    return body

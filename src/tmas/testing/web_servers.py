@@ -1,0 +1,99 @@
+"""The proxy and the viewer on loopback, each in a thread of its own, for tests and benchmarks (serve extra)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import uvicorn
+
+from tmas.config import Settings
+from tmas.serve.launch import ServeOptions, serve
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(check: Callable[[], T], timeout: float = 20.0, what: str = "condition") -> T:
+    """Poll ``check`` until it returns something true (which is returned); AssertionError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+class ProxyThread:
+    """``tmas serve`` (the real launch code) in a thread; ``url`` is its base URL."""
+
+    def __init__(self, settings: Settings, options: ServeOptions) -> None:
+        options.port = free_port()
+        self.options = options
+        self.url = f"http://127.0.0.1:{options.port}"
+        self._server: uvicorn.Server | None = None
+        self._failure: list[BaseException] = []
+        self._thread = threading.Thread(target=self._main, args=(settings,), daemon=True)
+
+    def _main(self, settings: Settings) -> None:
+        def keep(server: uvicorn.Server) -> None:
+            self._server = server
+
+        try:
+            asyncio.run(serve(settings, self.options, on_start=keep))
+        except BaseException as exc:
+            self._failure.append(exc)
+
+    def __enter__(self) -> ProxyThread:
+        self._thread.start()
+
+        def up() -> bool:
+            if self._failure:
+                raise self._failure[0]
+            return _answers(f"{self.url}/health")
+
+        wait_until(up, what="the proxy to start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        self._thread.join(timeout=20)
+
+
+class AppThread:
+    """Any ASGI app (the viewer) served by uvicorn in a thread."""
+
+    def __init__(self, app: Any) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    def __enter__(self) -> AppThread:
+        self._thread.start()
+        wait_until(lambda: self._server.started, what="the viewer to start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=20)

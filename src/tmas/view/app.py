@@ -1,0 +1,195 @@
+"""The viewer's pages (Starlette routes over :class:`RunReader`), rendered from the Jinja2 templates beside it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from tmas.eval.rules import MissingExtra
+from tmas.eval.run_results import load_results
+from tmas.store.run_store import StoreError
+from tmas.view.charts import accuracy_by_tokens_png, pass1_by_iteration_png
+from tmas.view.credits import load_credits
+from tmas.view.runs import RunReader, discover, verdict
+
+# How often (ms) an open page asks whether its run changed.
+POLL_MS = 2000
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("tmas.view", "templates"),
+        autoescape=True,
+        # Records differ by method: a field one method lacks renders empty instead of failing the page.
+        undefined=jinja2.ChainableUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
+    env.filters["score"] = lambda value: "-" if value is None else f"{float(value):.2f}"
+    env.globals["poll_ms"] = POLL_MS
+    return env
+
+
+class Viewer:
+    """The pages over the run directories given on the command line (re-read on every page)."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths = paths
+        self.env = _environment()
+
+    def build(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/", self.index),
+                Route("/run/{key}", self.run),
+                Route("/run/{key}/marker", self.marker),
+                Route("/run/{key}/chart/{x}.png", self.chart),
+                Route("/run/{key}/problem", self.problem),
+                Route("/run/{key}/iteration", self.iteration),
+                Route("/run/{key}/call/{call_id:int}", self.call),
+            ],
+            exception_handlers={HTTPException: self._error},
+        )
+
+    # ------------------------------------------------------------------------------------------------ pages
+    async def index(self, request: Request) -> Response:
+        runs = []
+        for ref in discover(self.paths):
+            try:
+                with RunReader(ref) as run:
+                    runs.append((ref, run.overview()))
+            except StoreError:
+                continue  # a run still being created, or not ours: listed once it can be read
+        return self._page("index.html", runs=runs)
+
+    async def run(self, request: Request) -> Response:
+        with self._open(request) as run:
+            return self._page("run.html", ref=run.ref, run=run.overview(), live=True)
+
+    async def problem(self, request: Request) -> Response:
+        pid = request.query_params.get("id", "")
+        with self._open(request) as run:
+            problem = next((p for p in run.store.iter_problems() if p.problem_id == pid), None)
+            if problem is None:
+                raise HTTPException(404, f"no problem {pid!r} in this run")
+            grades = run.grades()
+            records = run.records(pid)
+            verdicts = {
+                (int(r["iteration"]), int(c["index"])): verdict(grades, (pid, int(r["iteration"]), int(c["index"])))
+                for r in records
+                for c in r["candidates"]
+            }
+            return self._page(
+                "problem.html",
+                ref=run.ref,
+                problem=problem,
+                result=run.store.result(pid),
+                records=records,
+                verdicts=verdicts,
+                live=True,
+            )
+
+    async def iteration(self, request: Request) -> Response:
+        pid = request.query_params.get("id", "")
+        try:
+            t = int(request.query_params.get("t", ""))
+        except ValueError:
+            raise HTTPException(400, "t must be an iteration number") from None
+        with self._open(request) as run:
+            found = run.iteration(pid, t)
+            if found is None:
+                raise HTTPException(404, f"problem {pid!r} has no iteration {t}")
+            record, diffs = found
+            grades = run.grades()
+            verdicts = {int(c["index"]): verdict(grades, (pid, t, int(c["index"]))) for c in record["candidates"]}
+            calls = [c for c in run.store.calls(pid) if c.key.iteration == t]
+            run_path = str(run.ref.path.resolve())
+            credits = {
+                (round_, agent): r
+                for (path, problem, round_, agent), r in load_credits([r.path for r in discover(self.paths)]).items()
+                if path == run_path and problem == pid
+            }
+            return self._page(
+                "iteration.html",
+                ref=run.ref,
+                pid=pid,
+                record=record,
+                diffs=diffs,
+                verdicts=verdicts,
+                calls=calls,
+                transcript=record.get("state", {}).get("transcript"),
+                credits=credits,
+                live=True,
+            )
+
+    async def call(self, request: Request) -> Response:
+        call_id = int(request.path_params["call_id"])
+        with self._open(request) as run:
+            call = run.store.call(call_id)
+            if call is None:
+                raise HTTPException(404, f"no call {call_id} in this run")
+            return self._page(
+                "call.html",
+                ref=run.ref,
+                call=call,
+                messages=run.store.call_messages(call_id),
+                sampling=run.store.call_sampling(call_id),
+            )
+
+    async def marker(self, request: Request) -> Response:
+        with self._open(request) as run:
+            return PlainTextResponse(run.store.change_marker(), headers={"Cache-Control": "no-store"})
+
+    async def chart(self, request: Request) -> Response:
+        x = request.path_params["x"]
+        if x not in ("iteration", "tokens"):
+            raise HTTPException(404, f"no chart {x!r}")
+        with self._open(request) as run:
+            grades = run.grades()
+            if grades is None:
+                raise HTTPException(404, "the run is not graded: no accuracy to chart")
+            results = load_results(run.store)
+            overview = run.overview()
+            label = run.ref.name
+        try:
+            if x == "iteration":
+                assert overview.metrics is not None
+                png = pass1_by_iteration_png(label, overview.metrics)
+            else:
+                png = accuracy_by_tokens_png(label, overview.method, results, grades)
+        except MissingExtra as exc:
+            raise HTTPException(404, str(exc)) from None
+        return Response(png, media_type="image/png", headers={"Cache-Control": "no-store"})
+
+    # ------------------------------------------------------------------------------------------------ helpers
+    def _open(self, request: Request) -> RunReader:
+        key = request.path_params["key"]
+        ref = next((r for r in discover(self.paths) if r.key == key), None)
+        if ref is None:
+            raise HTTPException(404, f"no run {key!r} (the viewer shows the run directories it was started with)")
+        try:
+            return RunReader(ref)
+        except StoreError as exc:
+            raise HTTPException(404, str(exc)) from None
+
+    def _page(self, name: str, **context: Any) -> HTMLResponse:
+        context.setdefault("live", False)
+        return HTMLResponse(self.env.get_template(name).render(**context))
+
+    async def _error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        html = self.env.get_template("error.html").render(status=exc.status_code, detail=exc.detail, live=False)
+        return HTMLResponse(html, status_code=exc.status_code)
+
+
+def view_app(paths: list[Path]) -> Starlette:
+    return Viewer([Path(p) for p in paths]).build()

@@ -1,0 +1,30 @@
+"""The run page's two charts as PNG bytes, drawn by the evaluation harness's own plots (``tmas.eval.plots``)."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tmas.eval.frontier import run_frontier
+from tmas.eval.grading import Grades
+from tmas.eval.metrics import RunMetrics
+from tmas.eval.plots import plot_frontier, plot_pass1
+
+
+def _png(draw: Callable[[Path], Any]) -> bytes:
+    with tempfile.TemporaryDirectory(prefix="tmas-view-") as scratch:
+        path = Path(scratch) / "chart.png"
+        draw(path)
+        return path.read_bytes()
+
+
+def pass1_by_iteration_png(label: str, metrics: RunMetrics) -> bytes:
+    return _png(lambda path: plot_pass1([(label, metrics)], "Pass@1 against iteration", path))
+
+
+def accuracy_by_tokens_png(label: str, method: str, results: list[dict[str, Any]], grades: Grades) -> bytes:
+    """The report's frontier: the returned answer's accuracy against completion tokens per problem."""
+    points = run_frontier(results, grades, majority=method == "majority")
+    return _png(lambda path: plot_frontier([(label, points)], "Accuracy against tokens per problem", path))

@@ -1,0 +1,32 @@
+"""Turn credits of MATTRL deliberations, as ``tmas experience build`` writes them (``POOL.build/credits.jsonl``).
+
+Only the fields the viewer shows are read (run, problem, turn, agent, reward r); lines it cannot read are skipped,
+so a change in that file costs the viewer its credit column, never a page.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CREDITS_FILE = "credits.jsonl"
+
+# (run directory, problem id, round (0-based, as in the transcript), agent) -> the turn's reward r.
+CreditKey = tuple[str, str, int, str]
+
+
+def load_credits(run_dirs: list[Path]) -> dict[CreditKey, float]:
+    credits: dict[CreditKey, float] = {}
+    for run_dir in run_dirs:
+        path = run_dir / CREDITS_FILE
+        if not path.is_file():
+            continue
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+                # Turns count from 1 (the paper's t); transcript rounds from 0.
+                key = (str(Path(row["run"]).resolve()), str(row["problem_id"]), int(row["turn"]) - 1, str(row["agent"]))
+                credits[key] = float(row["r"])
+            except (ValueError, KeyError, TypeError):
+                continue
+    return credits

@@ -1,0 +1,150 @@
+"""What the viewer shows of a run directory, read through a read-only store (another process may be writing it)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tmas.eval.grading import SELECTED, GradeConfig, Grades, load_grades
+from tmas.eval.metrics import RunMetrics, compute_metrics
+from tmas.eval.run_results import load_results
+from tmas.store.run_store import DB_NAME, RunStore
+from tmas.view.bank_diff import BankChange, bank_diffs
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """A run directory and the key that names it in URLs."""
+
+    key: str
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def discover(paths: list[Path]) -> list[RunRef]:
+    """The run directories among ``paths``; a directory that is not a run itself contributes its child runs (a
+    ``tmas serve`` or ``tmas sweep`` directory), read anew each time so runs started later appear."""
+    found: list[Path] = []
+    for path in paths:
+        if (path / DB_NAME).is_file():
+            found.append(path)
+        elif path.is_dir():
+            found.extend(sorted(p for p in path.iterdir() if (p / DB_NAME).is_file()))
+    return [RunRef(hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:10], p) for p in found]
+
+
+@dataclass
+class ProblemRow:
+    problem_id: str
+    question: str
+    reference: str | None
+    status: str  # done, failed, running (iterations recorded, no result yet), pending (no iteration yet)
+    answer: str | None
+    correct: bool | None  # the selected answer's verdict at the last iteration; None: not graded
+    iterations: int
+    calls: int
+    tokens: int
+
+
+@dataclass
+class RunOverview:
+    method: str
+    model: str | None
+    params: dict[str, Any]
+    problems: list[ProblemRow]
+    costs: dict[str, int]
+    roles: dict[str, dict[str, int]]
+    metrics: RunMetrics | None
+    status_counts: dict[str, int] = field(default_factory=dict)
+
+
+def _tokens(record: dict[str, Any]) -> int:
+    usage = record.get("usage", {})
+    return int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
+
+
+def verdict(grades: Grades | None, key: tuple[str, int, int]) -> bool | None:
+    """Correct in most judge runs (None when ungraded or undecided everywhere)."""
+    if grades is None or key not in grades.verdicts:
+        return None
+    decided = [v for v in grades.verdicts[key] if v is not None]
+    return None if not decided else sum(decided) * 2 > len(decided)
+
+
+class RunReader:
+    """One page's view of a run: open it, read, close (``with RunReader(ref) as run: ...``)."""
+
+    def __init__(self, ref: RunRef) -> None:
+        self.ref = ref
+        self.store = RunStore(ref.path, read_only=True)
+
+    def __enter__(self) -> RunReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.store.close()
+
+    def grades(self) -> Grades | None:
+        return load_grades(self.store, GradeConfig())
+
+    def overview(self) -> RunOverview:
+        store = self.store
+        method_meta = store.get_meta("method") or {}
+        settings = store.get_meta("settings") or {}
+        grades = self.grades()
+        # Finished problems with their results, problems being solved with the iterations they finished so far.
+        results = load_results(store)
+        by_id = {r["problem_id"]: r for r in results}
+        rows = []
+        for problem in store.iter_problems():
+            pid = problem.problem_id
+            result = by_id.get(pid, {"status": "pending", "iterations": []})
+            records = result["iterations"]
+            last = records[-1] if records else None
+            rows.append(
+                ProblemRow(
+                    problem_id=pid,
+                    question=problem.question,
+                    reference=problem.answer,
+                    status=result["status"],
+                    answer=result["answer"] if "answer" in result else (last or {}).get("selected"),
+                    correct=verdict(grades, (pid, int(last["iteration"]), SELECTED)) if last else None,
+                    iterations=len(records),
+                    calls=sum(int(r.get("calls", 0)) for r in records),
+                    tokens=sum(
+                        int(r["usage"]["prompt_tokens"]) + int(r["usage"]["completion_tokens"]) for r in records
+                    ),
+                )
+            )
+        counts: dict[str, int] = {}
+        for row in rows:
+            counts[row.status] = counts.get(row.status, 0) + 1
+        return RunOverview(
+            method=str(method_meta.get("name") or settings.get("method", {}).get("name", "?")),
+            model=(settings.get("endpoint") or {}).get("model"),
+            params=dict(method_meta.get("params") or {}),
+            problems=rows,
+            costs=store.call_counts(),
+            roles=store.role_costs(),
+            metrics=compute_metrics(results, grades) if grades is not None else None,
+            status_counts=counts,
+        )
+
+    def records(self, problem_id: str) -> list[dict[str, Any]]:
+        """The problem's iteration records: from its result when finished, else as stored so far."""
+        result = self.store.result(problem_id)
+        return list(result["iterations"]) if result else self.store.iterations(problem_id)
+
+    def iteration(self, problem_id: str, iteration: int) -> tuple[dict[str, Any], dict[str, list[BankChange]]] | None:
+        """One iteration's record and what it changed in each memory bank."""
+        records = self.records(problem_id)
+        index = next((i for i, r in enumerate(records) if int(r["iteration"]) == iteration), None)
+        if index is None:
+            return None
+        previous = records[index - 1]["state"] if index > 0 else None
+        return records[index], bank_diffs(previous, records[index].get("state", {}))

@@ -1,0 +1,226 @@
+"""``build_pool`` against the simulated server: scripted judge and summarizer replies over HTTP, sim embeddings;
+the credits it writes match the hand-worked values of tests/test_experience_credit.py, the pool it writes is read
+back by the pool's own search, and a rebuild replays every call from the build store."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import socket
+from pathlib import Path
+
+import pytest
+
+from conftest import settings_for
+from mattrl_runs import hand_worked_transcript, write_run
+from tmas.experience.construct import CREDITS_FILE, BuildConfig, build_dir_for, build_pool
+from tmas.experience.scoring import NO_OP
+from tmas.llm.client import EndpointUnreachable, LLMClient
+from tmas.memory.embedders import EndpointEmbedder
+from tmas.memory.experience_pool import ExperiencePool
+from tmas.problems import Problem
+from tmas.testing import Rule, SimScript, SimServer
+
+TEXTS = {1: {"S1": "R1-S1", "S2": "R1-S2", "S3": "R1-S3"}, 2: {"S1": "R2-S1", "S2": "R2-S2"}}
+# Judge scores of 5 (tests/test_experience_credit.py): s = 0.8, 0.2, 0.0 in turn 1; 1.0, 0.0 in turn 2.
+SCORES = {1: {"S1": 4, "S2": 1, "S3": 0}, 2: {"S1": 5, "S2": 0}}
+# F_t(S) * 5 for every non-empty coalition.
+VALUES = {
+    1: {("S1",): 2, ("S2",): 0, ("S3",): 0, ("S1", "S2"): 4, ("S1", "S3"): 2, ("S2", "S3"): 2, ("S1", "S2", "S3"): 4},
+    2: {("S1",): 5, ("S2",): 0, ("S1", "S2"): 5},
+}
+
+
+def _judge(score: int) -> str:
+    return json.dumps({"analysis": "scripted", "score": score})
+
+
+def _coalition_pattern(turn: int, members: tuple[str, ...]) -> str:
+    ahead = [rf'(?=.*<this_round number="{turn}">)']
+    for agent, text in TEXTS[turn].items():
+        if agent in members:
+            ahead.append(f"(?=.*{re.escape(text)})")
+        else:
+            ahead.append(rf'(?=.*agent="{agent}"[^>]*>\s*{re.escape(NO_OP)})')
+    return "".join(ahead)
+
+
+def scripted_rules(
+    *, garbage_for: tuple[int, str] | None = None, flaky_for: tuple[int, str] | None = None
+) -> list[Rule]:
+    rules: list[Rule] = []
+    for turn, by_agent in SCORES.items():
+        for agent, score in by_agent.items():
+            pattern = f'<target_turn round="{turn}" agent="{agent}"'
+            if (turn, agent) == garbage_for:
+                replies = ["no idea", "still no JSON", "score: high"]
+            elif (turn, agent) == flaky_for:
+                replies = ["I would say four", _judge(score)]
+            else:
+                replies = [_judge(score)]
+            rules.append(Rule(role="judge", pattern=pattern, replies=replies))
+    for turn, values in VALUES.items():
+        for members, value in values.items():
+            rules.append(Rule(role="judge", pattern=_coalition_pattern(turn, members), replies=[_judge(value)]))
+    for turn, by_agent in TEXTS.items():
+        for agent in by_agent:
+            entry = {
+                "action": f"Lesson from turn {turn} of {agent}",
+                "experience": f"Good practice: factor products before adding ({agent} turn {turn}).",
+                "scope": "general",
+            }
+            rules.append(
+                Rule(
+                    role="summarizer",
+                    pattern=f'<contribution round="{turn}" agent="{agent}"',
+                    replies=[json.dumps({"entries": [entry]})],
+                )
+            )
+    return rules
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    problem = Problem(problem_id="p1", question="What is 6*7?", answer="42")
+    return write_run(tmp_path / "run", [(problem, hand_worked_transcript(), "42")])
+
+
+def credits(pool: Path) -> dict[tuple[int, str], dict[str, object]]:
+    lines = (build_dir_for(pool) / CREDITS_FILE).read_text().splitlines()
+    return {(row["turn"], row["agent"]): row for row in map(json.loads, lines)}
+
+
+async def test_difference_build_matches_hand_values_and_search_reads_it(tmp_path: Path, run_dir: Path) -> None:
+    beta = 15 * math.log(2)
+    with SimServer(SimScript(rules=scripted_rules())) as sim:
+        settings = settings_for(sim)
+        config = BuildConfig(scheme="difference", lam=0.5, gamma=0.5, beta=beta, grade_mode="rules")
+        pool_path = tmp_path / "pool"
+        summary = await build_pool([run_dir], pool_path, settings, config)
+        assert (summary.cases, summary.turns, summary.kept, summary.added) == (1, 5, 2, 2)
+        c = credits(pool_path)
+        # Eq. 17 + 16 + 12 worked by hand in tests/test_experience_credit.py.
+        assert c[(1, "S1")]["q"] == pytest.approx(0.4) and c[(1, "S3")]["q"] == pytest.approx(0.0)
+        assert c[(1, "S1")]["r"] == pytest.approx(0.4 + 16 / 129)
+        assert c[(1, "S2")]["r"] == pytest.approx(0.1 + 16 / 129)
+        assert c[(2, "S1")]["r"] == pytest.approx(0.5 + 0.5 * 32768 / 32769)
+        assert c[(1, "S1")]["G"] == 1.0 and c[(1, "S1")]["w"] == pytest.approx(0.5)
+        assert [k for k, row in c.items() if row["kept"]] == [(1, "S1"), (2, "S1")]
+
+        judge_bodies = [r.body for r in sim.requests if r.role == "judge"]
+        # 5 turn scores + turn 1: F(123), F(23), F(13), F(12) + turn 2: F(12), F(2), F(1) (F of nobody is 0).
+        assert len(judge_bodies) == 12
+        assert {b["temperature"] for b in judge_bodies} == {0.7} and {b["max_tokens"] for b in judge_bodies} == {256}
+        # S2's turn-1 review of S1 is part of S2's turn.
+        s2 = next(b for b in judge_bodies if '<target_turn round="1" agent="S2"' in b["messages"][-1]["content"])
+        assert "R1-S2-review" in s2["messages"][-1]["content"] and "[review of S1]" in s2["messages"][-1]["content"]
+        assert len([r for r in sim.requests if r.role == "summarizer"]) == 2
+
+        pool = ExperiencePool.open(pool_path)
+        assert {(e.source_round, e.source_agent) for e in pool.entries} == {(1, "S1"), (2, "S1")}
+        entry = next(e for e in pool.entries if e.source_round == 2)
+        assert entry.reward == pytest.approx(0.5 + 0.5 * 32768 / 32769)
+        assert entry.tags == ["difference"] and entry.specialty == "algebra" and entry.source_problem == "p1"
+        async with LLMClient(settings) as llm:
+            hits = await pool.search("factor products before adding (S1 turn 2)", 1, EndpointEmbedder(llm))
+        assert hits[0][0].id == entry.id
+
+        # A rebuild replays every call from the build store and adds nothing twice.
+        chat_before = len([r for r in sim.requests if r.endpoint == "chat"])
+        again = await build_pool([run_dir], pool_path, settings, config)
+        assert len([r for r in sim.requests if r.endpoint == "chat"]) == chat_before
+        assert (again.added, again.already_in_pool) == (0, 2)
+        assert len(ExperiencePool.open(pool_path)) == 2
+
+
+async def test_shapley_build_uses_every_coalition(tmp_path: Path, run_dir: Path) -> None:
+    with SimServer(SimScript(rules=scripted_rules())) as sim:
+        config = BuildConfig(
+            scheme="shapley", lam=0.5, gamma=0.5, beta=15 * math.log(2), permutations=6, grade_mode="rules", tau=0.6
+        )
+        summary = await build_pool([run_dir], tmp_path / "pool", settings_for(sim), config)
+        c = credits(tmp_path / "pool")
+        assert c[(1, "S1")]["q"] == pytest.approx(7 / 15)
+        assert c[(1, "S2")]["q"] == pytest.approx(4 / 15)
+        assert c[(1, "S1")]["r"] == pytest.approx(0.4 + 32 / 146)
+        # Eq. 13 with tau = 0.6: r(1, S1) = 0.619 and r(2, S1) = 1.0 pass.
+        assert summary.kept == 2
+        # 5 turn scores + 7 non-empty coalitions of turn 1 + 3 of turn 2.
+        assert len([r for r in sim.requests if r.role == "judge"]) == 15
+
+
+async def test_unparseable_judge_is_retried_then_defaulted_and_recorded(tmp_path: Path, run_dir: Path) -> None:
+    rules = scripted_rules(garbage_for=(1, "S3"), flaky_for=(1, "S2"))
+    with SimServer(SimScript(rules=rules)) as sim:
+        config = BuildConfig(scheme="naive", lam=0.5, gamma=0.5, grade_mode="rules", retries=2)
+        summary = await build_pool([run_dir], tmp_path / "pool", settings_for(sim), config)
+        c = credits(tmp_path / "pool")
+        # S2: the first reply is no JSON, the retry parses (s = 0.2): the naive r of the hand-worked example.
+        assert c[(1, "S2")]["r"] == pytest.approx(0.15) and c[(1, "S2")]["judge_defaulted"] is None
+        # S3: three unusable replies (1 + 2 retries), then the default 0, recorded.
+        assert c[(1, "S3")]["s"] == 0.0
+        assert "3 judge replies unusable" in str(c[(1, "S3")]["judge_defaulted"])
+        assert summary.defaulted_scores == 1 and any("turn 1 of S3" in n for n in summary.notes)
+        target = '<target_turn round="1" agent="S3"'
+        s3 = [r for r in sim.requests if r.role == "judge" and target in r.body["messages"][-1]["content"]]
+        assert len(s3) == 3
+        assert c[(1, "S1")]["r"] == pytest.approx(0.6) and c[(2, "S1")]["r"] == pytest.approx(1.0)
+
+
+async def test_wrong_team_and_unlabelled_problems(tmp_path: Path) -> None:
+    wrong = Problem(problem_id="p1", question="What is 6*7?", answer="43")
+    unlabelled = Problem(problem_id="p2", question="What is 6*7?")
+    run = write_run(
+        tmp_path / "run",
+        [(wrong, hand_worked_transcript("p1"), "42"), (unlabelled, hand_worked_transcript("p2"), "42")],
+    )
+    with SimServer(SimScript(rules=scripted_rules())) as sim:
+        config = BuildConfig(lam=0.5, gamma=0.5, grade_mode="rules")
+        summary = await build_pool([run], tmp_path / "pool", settings_for(sim), config)
+    assert summary.cases == 1 and any("p2: no gold answer" in n for n in summary.notes)
+    c = credits(tmp_path / "pool")
+    # G = 0: r = lambda s only.
+    assert c[(1, "S1")]["G"] == 0.0 and c[(1, "S1")]["r"] == pytest.approx(0.4)
+
+
+async def test_medicine_outcome_is_the_reciprocal_rank_of_the_gold_diagnosis(tmp_path: Path) -> None:
+    record = "Patient record: angiokeratomas, acroparesthesia."
+    problem = Problem(problem_id="m1", question=record, answer="Fabry disease")
+    update = {"domain": "medicine", "final_answer": "Gaucher disease"}
+    transcript = hand_worked_transcript("m1").model_copy(update=update)
+    decision = {"top10": ["Gaucher disease", "fabry  disease", "Pompe disease"]}
+    run = write_run(tmp_path / "run", [(problem, transcript, "Gaucher disease")], last_state={"decision": decision})
+    rules = [
+        Rule(role="judge", replies=[_judge(5)]),
+        Rule(role="summarizer", replies=[json.dumps({"entries": [{"action": "a", "experience": "b"}]})]),
+    ]
+    with SimServer(SimScript(rules=rules)) as sim:
+        config = BuildConfig(lam=0.5, gamma=0.5, grade_mode="rules")
+        await build_pool([run], tmp_path / "pool", settings_for(sim), config)
+        prompts = [r.body["messages"][-1]["content"] for r in sim.requests if r.endpoint == "chat"]
+    c = credits(tmp_path / "pool")
+    # Gold at rank 2 (spelling-insensitive): G = 1/2. Turn 2, S1 and S2 both scored 1.0: c = 0.5 each (Eq. 11),
+    # r = 0.5 * 1 + 0.5 * 0.5 * 1 * 0.5 = 0.625.
+    assert c[(1, "S1")]["G"] == pytest.approx(0.5)
+    assert c[(2, "S1")]["r"] == pytest.approx(0.625)
+    assert all("diagnostic case" in p and "math problem" not in p for p in prompts)
+    assert any("partly correct (outcome score 0.50 of 1)" in p for p in prompts)
+
+
+async def test_a_build_cut_off_by_an_unreachable_endpoint_resumes_from_its_store(tmp_path: Path, run_dir: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    with SimServer(SimScript(rules=scripted_rules())) as sim:
+        config = BuildConfig(scheme="difference", lam=0.5, gamma=0.5, grade_mode="rules")
+        broken = settings_for(sim, roles={"summarizer": {"base_url": dead}})
+        with pytest.raises(EndpointUnreachable):
+            await build_pool([run_dir], tmp_path / "pool", broken, config)
+        judged = len([r for r in sim.requests if r.role == "judge"])
+        assert judged == 12 and not (tmp_path / "pool").exists()
+        summary = await build_pool([run_dir], tmp_path / "pool", settings_for(sim), config)
+        # The judge's 12 calls are replayed from POOL.build/, only the summarizer's go out.
+        assert len([r for r in sim.requests if r.role == "judge"]) == judged
+        assert len([r for r in sim.requests if r.role == "summarizer"]) == 2
+        assert summary.added == 2

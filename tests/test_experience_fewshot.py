@@ -1,0 +1,26 @@
+"""The few-shot control (paper 003, Table 6): k exemplars per problem, never the problem itself, reproducible."""
+
+from __future__ import annotations
+
+import pytest
+
+from tmas.errors import InputError
+from tmas.experience.fewshot import with_exemplars
+from tmas.problems import Problem
+
+
+def test_three_exemplars_prepended_as_data() -> None:
+    exemplars = [Problem(problem_id=f"e{i}", question=f"Exemplar {{{{ {i} }}}}?", answer=str(i)) for i in range(5)]
+    problems = [Problem(problem_id="e0", question="What is 2+2?", answer="4")]
+    [shot] = with_exemplars(problems, exemplars, k=3, seed=1)
+    used = shot.metadata["few_shot"]
+    assert len(used) == 3 and "e0" not in used
+    assert shot.question.count("Final answer:") == 3 and shot.question.rstrip().endswith("What is 2+2?")
+    assert "{{ 1 }}" in shot.question or "{{ 2 }}" in shot.question  # exemplar text stays data
+    assert shot.answer == "4" and shot.problem_id == "e0"
+    assert with_exemplars(problems, exemplars, k=3, seed=1) == [shot]
+
+
+def test_too_few_exemplars() -> None:
+    with pytest.raises(InputError, match="at least 3 labelled exemplars"):
+        with_exemplars([Problem(problem_id="p", question="q")], [Problem(problem_id="e", question="x", answer="1")])

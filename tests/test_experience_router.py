@@ -1,0 +1,81 @@
+"""The adaptive router (paper 003, Table 5) on a tiny synthetic pair of runs: long, notation-heavy problems only the
+team solves; short ones the single agent solves too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mattrl_runs import write_run
+from tmas.experience.router import SINGLE, TEAM, RouterModel, case_features, paired_cases, save_router, train_router
+from tmas.problems import Problem
+
+pytest.importorskip("sklearn")
+
+
+def problems() -> list[tuple[Problem, bool, bool]]:
+    """(problem, single right, team right)."""
+    out = []
+    for i in range(4):
+        hard = (
+            f"Let $x_{i}$ satisfy \\frac{{x^2 + {i}x + 7}}{{x - 3}} = \\sqrt{{2x + {i}}} and \\sum_{{k=1}}^{{n}} k^2 "
+            f"= x + {i * 11}. Prove that the number of integer solutions with 0 < x < 1000 is prime, and find it."
+        )
+        out.append((Problem(problem_id=f"hard{i}", question=hard, answer="1"), False, True))
+    for i in range(4):
+        out.append((Problem(problem_id=f"easy{i}", question=f"What is {i} plus {i + 2}?", answer="1"), True, i != 0))
+    return out
+
+
+def test_router_trains_reports_and_routes(tmp_path: Path) -> None:
+    import asyncio
+
+    data = problems()
+    single = write_run(tmp_path / "single", [(p, None, "1" if s else "2") for p, s, _ in data], "cot", tokens=100)
+    team = write_run(tmp_path / "team", [(p, None, "1" if t else "2") for p, _, t in data], tokens=1000)
+    cases = asyncio.run(paired_cases(single, team, None, "rules"))
+    assert len(cases) == 8 and [c.label for c in cases] == [1, 1, 1, 1, 0, 0, 0, 0]
+    model = train_router(cases)
+    report = model.report
+    assert report["evaluated_by"] == "4-fold cross-validation"
+    # By hand: single right on the 4 easy = 4/8; team right on 4 hard + 3 easy = 7/8; oracle 8/8.
+    assert report["accuracy"]["single"] == pytest.approx(0.5)
+    assert report["accuracy"]["mattrl"] == pytest.approx(0.875)
+    assert report["accuracy"]["oracle"] == pytest.approx(1.0)
+    # The features separate the two kinds: every held-out case routed right, so routing reaches the oracle
+    # while sending only the 4 hard cases to the team.
+    assert report["router_accuracy"] == pytest.approx(1.0)
+    assert report["accuracy"]["routed"] == pytest.approx(1.0) and report["routed_to_mattrl"] == 4
+    # Tokens: single 8 x 100, team 8 x 1000, routed 4 x 1000 + 4 x 100 = 4400: 1 - 4400/8000 = 0.45 saved.
+    assert report["tokens"] == {"single": 800, "mattrl": 8000, "routed": 4400}
+    assert report["savings_vs_mattrl"] == pytest.approx(0.45)
+
+    path = tmp_path / "router.json"
+    save_router(model, path)
+    loaded = RouterModel.load(path)
+    assert loaded.route(data[0][0].question) == TEAM and loaded.route("What is 5 plus 9?") == SINGLE
+
+
+def test_one_class_gives_a_constant_router(tmp_path: Path) -> None:
+    import asyncio
+
+    data = [(Problem(problem_id=f"e{i}", question=f"What is {i}+1?", answer="1"), True, True) for i in range(3)]
+    single = write_run(tmp_path / "single", [(p, None, "1") for p, _, _ in data], "cot", tokens=100)
+    team = write_run(tmp_path / "team", [(p, None, "1") for p, _, _ in data], tokens=1000)
+    model = train_router(asyncio.run(paired_cases(single, team, None, "rules")))
+    assert model.constant == SINGLE and model.route("anything") == SINGLE
+    # Always single: 300 tokens instead of 3000.
+    assert model.report["savings_vs_mattrl"] == pytest.approx(0.9)
+
+
+def test_features_and_bad_router_file(tmp_path: Path) -> None:
+    f = case_features("Prove that 3 + 4 = 7 and find the probability.")
+    assert f["numbers"] == 3 and f["operators"] == 2
+    assert f["topic_proof"] == 1.0 and f["topic_probability"] == 1.0 and f["topic_geometry"] == 0.0
+    bad = tmp_path / "r.json"
+    bad.write_text("{not json")
+    from tmas.errors import InputError
+
+    with pytest.raises(InputError, match="not a router file"):
+        RouterModel.load(bad)

@@ -1,0 +1,336 @@
+"""MATTRL end to end against the simulated server: team formation, review-driven convergence, the decision, bad
+output repaired or defaulted, per-role endpoints and sampling, experience injection, and kill + resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from conftest import settings_for
+from tmas.api import asolve
+from tmas.llm.client import LLMClient
+from tmas.memory.embedders import EndpointEmbedder
+from tmas.memory.experience_pool import ExperiencePool
+from tmas.memory.pool_entry import PoolEntry
+from tmas.memory.transcript import Transcript
+from tmas.methods.base import ProblemResult
+from tmas.store.run_store import RunStore
+from tmas.testing import Rule, SimScript, SimServer
+
+Q = "What is 17*23?"
+WRONG = "Multiplying gives 17*23 = 390.\n\nTherefore, the final answer is \\boxed{390}."
+
+
+async def run(
+    sim: SimServer, tmp_path: Path, settings_extra: dict[str, Any] | None = None, **params: Any
+) -> ProblemResult:
+    settings = settings_for(sim, method={"name": "mattrl", "params": params}, **(settings_extra or {}))
+    return await asolve(Q, settings, run_dir=tmp_path / "run")
+
+
+def transcript(result: ProblemResult, record: int = -1) -> Transcript:
+    return Transcript.model_validate(result.iterations[record].state["transcript"])
+
+
+def chat_requests(sim: SimServer, role: str) -> list[dict[str, Any]]:
+    return [r.body for r in sim.requests if r.endpoint == "chat" and r.role == role]
+
+
+def user_text(body: dict[str, Any]) -> str:
+    return str(body["messages"][-1]["content"])
+
+
+async def test_a_team_that_agrees_at_once_decides_in_the_first_round(sim: SimServer, tmp_path: Path) -> None:
+    result = await run(sim, tmp_path)
+    assert result.answer == "391" and result.status == "done"
+    [record] = result.iterations
+    assert sim.stats().by_role == {"coordinator": 2, "specialist": 3, "reviewer": 6}
+    t = transcript(result)
+    assert [m.specialty for m in t.team] == ["Arithmetic strategist", "Computation checker", "Edge-case auditor"]
+    assert [m.leader for m in t.team] == [True, False, False]
+    kinds = [u.kind for u in t.utterances]
+    assert kinds.count("opinion") == 3 and kinds.count("review") == 6 and kinds[-2:] == ["report", "decision"]
+    assert {(u.agent, u.target) for u in t.utterances if u.kind == "review"} == {
+        (a, b) for a in ("S1", "S2", "S3") for b in ("S1", "S2", "S3") if a != b
+    }
+    assert t.final_answer == "391" and record.selected == "391"
+    assert [c.score for c in record.candidates] == [1.0, 1.0, 1.0]
+    assert all(m["accepted"] and m["converged"] for m in record.state["members"])
+    assert record.state["decision"]["answer"] == "391" and record.notes == []
+
+
+async def test_a_wrong_attempt_is_revised_from_peer_feedback_until_accepted(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(
+        SimScript(rules=[Rule(role="specialist", pattern="You are Arithmetic strategist", replies=[WRONG], times=1)])
+    )
+    result = await run(sim, tmp_path)
+    assert result.answer == "391" and len(result.iterations) == 2
+    first, second = result.iterations
+    members = {m["id"]: m for m in first.state["members"]}
+    assert members["S1"] == {"id": "S1", "answer": "390", "accepted": False, "converged": False}
+    assert members["S2"]["accepted"] and members["S3"]["accepted"]
+    assert [c.score for c in first.candidates] == [0.0, 1.0, 1.0]
+    # Round 2: only the open specialist speaks again, and only its attempt is reviewed.
+    assert [c.meta["member"] for c in second.candidates] == ["S1"]
+    specialist = chat_requests(sim, "specialist")
+    assert len(specialist) == 4 and len(chat_requests(sim, "reviewer")) == 6 + 2
+    revision = user_text(specialist[-1])
+    assert "<your_previous_attempt>" in revision and "\\boxed{390}" in revision
+    feedback = json.loads(revision.split("<peer_feedback>\n", 1)[1].split("\n</peer_feedback>", 1)[0])
+    assert feedback["verdicts"] == {"S2": "revise", "S3": "revise"}
+    assert {i["type"] for i in feedback["issues"]} == {"computation_error"}
+    # The bulletin keeps one copy of the issue both reviewers raised.
+    meeting = [u for u in transcript(result).utterances if u.kind == "meeting"]
+    assert len(meeting) == 1 and meeting[0].text.count("computation_error") == 1
+    assert "<accepted_snapshot>" in revision and "S2 (Computation checker), accepted" in revision
+    assert all(m["converged"] for m in second.state["members"])
+
+
+async def test_a_specialist_that_never_convinces_its_peers_runs_to_r_max(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(rules=[Rule(role="specialist", pattern="You are Arithmetic strategist", replies=[WRONG])]))
+    result = await run(sim, tmp_path, iterations=3)
+    assert len(result.iterations) == 3 and result.answer == "391"
+    assert [m["converged"] for m in result.iterations[-1].state["members"]] == [False, True, True]
+    assert "decision" in result.iterations[-1].state and "decision" not in result.iterations[1].state
+    assert sim.stats().by_role["specialist"] == 3 + 1 + 1
+
+
+async def test_unusable_team_json_is_retried_then_the_default_team_is_used(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(
+        SimScript(rules=[Rule(role="coordinator", pattern="Exactly one member", replies=["a team of experts", "[{}]"])])
+    )
+    result = await run(sim, tmp_path)
+    notes = result.iterations[0].notes
+    assert notes[0] == "team formation attempt 1: unusable reply: no JSON array of team members in the reply"
+    assert notes[1].startswith("team formation attempt 2: unusable reply: none of the 1 team members is usable")
+    assert notes[2] == "team formation: no usable team from the coordinator; the default team is used"
+    assert [m.specialty for m in transcript(result).team] == [
+        "Problem analyst",
+        "Computation checker",
+        "Edge-case auditor",
+    ]
+    assert result.answer == "391"
+
+
+async def test_an_unreadable_review_is_retried_then_counted_as_revise(sim: SimServer, tmp_path: Path) -> None:
+    rule = Rule(
+        role="reviewer", pattern='"specialty": "Computation checker",\n  "role": "analyst"\n }\n}', replies=["no json"]
+    )
+    sim.set_script(SimScript(rules=[rule]))
+    result = await run(sim, tmp_path, iterations=1)
+    first = result.iterations[0]
+    bad = [n for n in first.notes if n.startswith("review of")]
+    # S2 reviews S1 and S3; each review is asked twice (one retry) and stays unreadable.
+    assert bad == [
+        "review of S1 by S2: unusable (no valid JSON object in the reply); counted as revise",
+        "review of S3 by S2: unusable (no valid JSON object in the reply); counted as revise",
+    ]
+    assert sim.stats().by_role["reviewer"] == 6 + 2
+    assert [m["accepted"] for m in first.state["members"]] == [False, True, False]
+    assert result.answer == "391"
+
+
+async def test_a_decision_without_tags_gets_one_rewrite_pass(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(
+        SimScript(
+            rules=[Rule(role="coordinator", pattern="<team_summary>", replies=["So the answer is \\boxed{391}."])]
+        )
+    )
+    result = await run(sim, tmp_path)
+    assert result.answer == "391"
+    assert "decision: the required tags are missing; asked for one rewrite" in result.iterations[-1].notes
+    rewrite = user_text(chat_requests(sim, "coordinator")[-1])
+    assert "<reply>\nSo the answer is \\boxed{391}.\n</reply>" in rewrite
+
+
+async def test_a_decision_unreadable_after_the_rewrite_falls_back_to_the_team(sim: SimServer, tmp_path: Path) -> None:
+    rules = [
+        Rule(role="specialist", pattern="You are Edge-case auditor", replies=[WRONG]),
+        Rule(role="coordinator", pattern="<team_summary>|<reply>", replies=["I cannot decide."]),
+    ]
+    sim.set_script(SimScript(rules=rules))
+    result = await run(sim, tmp_path, iterations=1)
+    assert result.answer == "391"  # two of three specialists hold it
+    assert (
+        result.iterations[-1].notes[-1]
+        == "decision: unreadable (no tags after the rewrite); the team's majority answer is used"
+    )
+
+
+async def test_each_role_gets_its_own_model_and_sampling(sim: SimServer, sim2: SimServer, tmp_path: Path) -> None:
+    roles = {
+        "coordinator": {"model": "chair", "sampling": {"temperature": 0.1, "max_tokens": 900}},
+        "specialist": {"base_url": sim2.base_url, "model": "solver", "sampling": {"temperature": 0.9, "top_p": 0.8}},
+        "reviewer": {"model": "critic", "sampling": {"temperature": 0.2, "extra_body": {"top_k": 5}}},
+    }
+    # A fixed seed: the role sampling under test is then all the session merges (per-call seeds, and the merge bug
+    # that drops a role's sampling when the session adds one, are issue 9's subject).
+    result = await run(sim, tmp_path, {"roles": roles, "sampling__seed": 11})
+    assert result.answer == "391"
+    assert {r.role for r in sim2.requests} == {"specialist"} and "specialist" not in sim.stats().by_role
+    for body in chat_requests(sim, "coordinator"):
+        assert (body["model"], body["temperature"], body["max_tokens"]) == ("chair", 0.1, 900)
+    for body in [r.body for r in sim2.requests]:
+        assert (body["model"], body["temperature"], body["top_p"], body["max_tokens"]) == ("solver", 0.9, 0.8, 256)
+    for body in chat_requests(sim, "reviewer"):
+        assert (body["model"], body["temperature"], body["top_k"], body["seed"]) == ("critic", 0.2, 5, 11)
+    assert len(chat_requests(sim, "reviewer")) == 6
+
+
+async def test_retrieved_experience_is_injected_and_recorded(sim: SimServer, tmp_path: Path) -> None:
+    texts = [
+        ("What is 17*23: multiply 17 by 23", "Split 23 into 20 + 3 and add the partial products of 17."),
+        ("Draw the triangle", "A sketch of the angles shows which sides are equal."),
+        ("List small primes", "Trial division by primes below the root settles primality."),
+        ("Simplify fractions", "Cancel common factors before multiplying numerators."),
+        ("Count lattice paths", "Binomial coefficients count monotone paths on a grid."),
+    ]
+    entries = [PoolEntry(id=f"e{i}", action=a, experience=e) for i, (a, e) in enumerate(texts)]
+    async with LLMClient(settings_for(sim)) as llm:
+        embed = EndpointEmbedder(llm)
+        pool = ExperiencePool.create(tmp_path / "pool", embed.name)
+        await pool.add(entries, embed)
+        pool.save()
+    sim.reset()
+    result = await run(sim, tmp_path, pool=str(tmp_path / "pool"), top_k=2)
+    opinions = [u for u in transcript(result).utterances if u.kind == "opinion"]
+    assert all(len(u.experience_ids) == 2 and u.experience_ids[0] == "e0" for u in opinions)
+    for body in chat_requests(sim, "specialist"):
+        prompt = user_text(body)
+        hints = prompt.split("===== EXPERIENCE HINTS", 1)[1]
+        assert hints.count("- ACTION:") == 2 and "- ACTION: What is 17*23: multiply 17 by 23" in hints
+        assert prompt.rstrip().endswith("===== END OF EXPERIENCE HINTS =====")
+    queries = [r.body["input"] for r in sim.requests if r.endpoint == "embeddings"]
+    assert len(queries) == 3 and all(Q in q[0] for q in queries)
+    assert result.iterations[0].candidates[0].meta["experience_ids"] == opinions[0].experience_ids
+
+
+async def test_a_pool_built_with_another_model_fails_the_problem_with_a_clear_error(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    ExperiencePool.create(tmp_path / "pool", "endpoint:other-embedder")
+    result = await run(sim, tmp_path, pool=str(tmp_path / "pool"))
+    assert result.status == "failed" and result.error is not None
+    assert "built with embedding model 'endpoint:other-embedder', but 'endpoint:sim-model'" in result.error
+
+
+async def test_medicine_ranks_ten_diagnoses_with_a_catalog_team(sim: SimServer, tmp_path: Path) -> None:
+    result = await run(sim, tmp_path, domain="medicine")
+    assert result.answer == "Fabry disease" and result.text.splitlines()[1] == "[2] Gaucher disease"
+    t = transcript(result)
+    assert [m.specialty for m in t.team] == ["Pediatrics", "Urology", "Hematology"]
+    # Round 1 lists, round 2 the same lists again: every specialist converged, no reviews in medicine.
+    assert len(result.iterations) == 2 and "reviewer" not in sim.stats().by_role
+    assert result.iterations[-1].state["decision"]["top10"][9] == "Amyloidosis"
+    recruit = user_text(chat_requests(sim, "coordinator")[0])
+    assert "Traditional Chinese Medicine" in recruit
+    assert "Team differential so far: Fabry disease; Gaucher disease" in user_text(chat_requests(sim, "specialist")[-1])
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+
+
+def _final(run_dir: Path) -> list[Any]:
+    with RunStore(run_dir, create=False) as store:
+        return [
+            (
+                r["answer"],
+                [
+                    (it["selected"], it["state"]["members"], it["state"]["transcript"]["utterances"], it["notes"])
+                    for it in r["iterations"]
+                ],
+            )
+            for r in store.results()
+        ]
+
+
+def _strip_call_ids(state: list[Any]) -> list[Any]:
+    return json.loads(re.sub(r'"call_id": \d+', '"call_id": 0', json.dumps(state)))
+
+
+def test_killed_mid_deliberation_and_resumed_equals_uninterrupted(tmp_path: Path) -> None:
+    problems = tmp_path / "p.jsonl"
+    problems.write_text(json.dumps({"problem_id": "mult", "question": Q, "answer": "391"}) + "\n")
+    script = SimScript(
+        latency_s=0.05,
+        rules=[Rule(role="specialist", pattern="You are Arithmetic strategist", replies=[WRONG], times=1)],
+    )
+    with SimServer(script) as sim:
+        args = ["run", str(problems), "--base-url", sim.base_url, "--method", "mattrl", "--seed", "2"]
+        ref = subprocess.run(
+            [sys.executable, "-m", "tmas", *args, "-o", str(tmp_path / "ref")],
+            env=_env(),
+            capture_output=True,
+            timeout=120,
+        )
+        assert ref.returncode == 0, ref.stderr.decode()
+        sim.set_script(script)  # the scripted slip again, from its first use
+        sim.reset()
+        killed = tmp_path / "killed"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tmas", *args, "-o", str(killed)],
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (killed / "run.sqlite").exists() and sim.stats().by_role.get("reviewer", 0) >= 7:
+                break  # inside round 2's reviews: round 1 is stored, the deliberation is not over
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        before = sim.stats().total_requests
+        resumed = subprocess.run(
+            [sys.executable, "-m", "tmas", "run", "--resume", str(killed)], env=_env(), capture_output=True, timeout=120
+        )
+        assert resumed.returncode == 0, resumed.stderr.decode()
+        summary = json.loads(resumed.stdout)
+        asked_again = sim.stats().total_requests - before
+    # Round 1 (1 + 3 + 6 calls) and round 2's opinion came from the store: only round 2's unfinished reviews and
+    # the decision were asked again.
+    assert summary["done"] == 1 and summary["cached_calls"] >= 11
+    assert 1 <= asked_again <= 3
+    assert _strip_call_ids(_final(killed)) == _strip_call_ids(_final(tmp_path / "ref"))
+    assert _final(killed)[0][0] == "391"
+
+
+async def test_a_spent_budget_keeps_the_round_so_far_and_answers_by_majority(sim: SimServer, tmp_path: Path) -> None:
+    result = await run(sim, tmp_path, {"budget": {"calls": 6}})
+    assert result.stopped_reason == "budget" and result.answer == "391"
+    [record] = result.iterations
+    # The team (1 call) and three opinions (3) finished; two of the six reviews fit the budget.
+    assert sim.stats().by_role == {"coordinator": 1, "specialist": 3, "reviewer": 2} and record.calls == 6
+    assert [c.meta["member"] for c in record.candidates] == ["S1", "S2", "S3"]
+    assert record.notes[-1].startswith("stopped: budget spent (6 calls of a budget of 6)")
+    assert "decision" not in record.state and record.selected == "391"
+
+
+async def test_medicine_without_a_readable_decision_uses_the_pooled_differential(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    lists = [
+        "<diagnosis>\n1. Wilson disease: a.\n2. Fabry disease: b.\n</diagnosis>",
+        "<diagnosis>\n1. Fabry disease: a.\n2. Pompe disease: b.\n</diagnosis>",
+    ]
+    rules = [
+        Rule(role="specialist", pattern="You are Pediatrics", replies=[lists[0]]),
+        Rule(role="specialist", pattern="You are Urology", replies=[lists[1]]),
+        Rule(role="specialist", pattern="You are Hematology", replies=[lists[1]]),
+        Rule(role="coordinator", pattern="<team_summary>|<reply>", replies=["No idea."]),
+    ]
+    sim.set_script(SimScript(rules=rules))
+    result = await run(sim, tmp_path, domain="medicine", iterations=1)
+    # Borda: Fabry 9 + 10 + 10 = 29, Wilson 10, Pompe 9 + 9 = 18.
+    assert result.iterations[-1].state["decision"]["top10"] == ["Fabry disease", "Pompe disease", "Wilson disease"]
+    assert result.answer == "Fabry disease"
+    assert result.iterations[-1].notes[-1].endswith("the team's pooled differential is used")
+    assert any(n == "S1: differential has 2 of 10 diagnoses" for n in result.iterations[-1].notes)

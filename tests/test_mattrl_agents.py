@@ -1,0 +1,147 @@
+"""MATTRL's agents without a server: team JSON repair and fallback, review parsing and the B.4 acceptance rule,
+the decision's tags, differentials, and the EXPERIENCE HINTS block."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tmas.agents.mattrl_decision import parse_decision
+from tmas.agents.mattrl_opinion import hints_block, opinion_prompt, parse_differential
+from tmas.agents.mattrl_review import Issue, Review, accepted, parse_review, unreadable_review
+from tmas.agents.mattrl_team import MEDICINE_CATALOG, default_team, parse_team
+from tmas.agents.output import AgentOutputError
+from tmas.memory.pool_entry import PoolEntry
+from tmas.memory.transcript import TeamMember
+
+
+def member(specialty: str, role: str = "leader") -> dict[str, str]:
+    return {"specialty": specialty, "role": role, "description": f"{specialty} reasoning."}
+
+
+def test_team_parses_a_fenced_array_with_one_leader() -> None:
+    reply = (
+        "Here is the team:\n```json\n"
+        + json.dumps([member("Invariant designer"), member("Case splitter", "analyst")])
+        + "\n```"
+    )
+    team, notes = parse_team(reply, "math", 3)
+    assert [(m.id, m.specialty, m.leader) for m in team] == [
+        ("S1", "Invariant designer", True),
+        ("S2", "Case splitter", False),
+    ]
+    assert notes == []
+
+
+def test_team_repairs_trailing_commas_wrapper_leaders_and_size() -> None:
+    raw = '{"team": [' + ",".join(json.dumps(member(s, "leader")) for s in ("A", "B", "C", "D")) + ",]}"
+    team, notes = parse_team(raw, "math", 3)
+    assert [m.specialty for m in team] == ["A", "B", "C"]
+    assert [m.leader for m in team] == [True, False, False]
+    assert any("at most 3" in n for n in notes) and any("3 members have the leader role" in n for n in notes)
+
+
+def test_team_without_leader_gets_the_first_as_leader() -> None:
+    team, notes = parse_team(json.dumps([member("A", "analyst"), member("B", "critic")]), "math", 3)
+    assert [m.leader for m in team] == [True, False]
+    assert notes == ["no member has the leader role; the first one leads"]
+
+
+def test_catalog_domains_keep_only_catalog_specialties_in_catalog_spelling() -> None:
+    raw = json.dumps([member("neurology"), member("Astrology", "consultant"), member("Neurology", "x")])
+    team, notes = parse_team(raw, "medicine", 5)
+    assert [m.specialty for m in team] == ["Neurology"]
+    assert "Neurology" in MEDICINE_CATALOG
+    assert any("'Astrology' is not in the medicine catalog" in n for n in notes)
+    assert any("duplicate specialty" in n for n in notes)
+
+
+@pytest.mark.parametrize("reply", ["", "no json here", "[]", '[{"role": "leader"}]', '{"a": 1}'])
+def test_unusable_team_replies_raise(reply: str) -> None:
+    with pytest.raises(AgentOutputError):
+        parse_team(reply, "math", 3)
+
+
+def test_default_team_has_one_leader_and_respects_size() -> None:
+    team = default_team("medicine", 2)
+    assert [m.specialty for m in team] == ["General Practice", "Pathology"]
+    assert sum(m.leader for m in team) == 1
+
+
+def test_review_parses_and_normalises() -> None:
+    reply = json.dumps(
+        {
+            "analysis": "ok",
+            "verdict": " Revise ",
+            "validated": "setup",
+            "issues": [
+                {"type": "logic_gap", "severity": "Minor", "note": "case n=0", "fix": "treat it"},
+                {"severity": "weird", "note": "unclear step"},
+                "not an issue",
+            ],
+            "confidence": "0.7",
+        }
+    )
+    review = parse_review(reply, "S2", "S1")
+    assert review.verdict == "revise" and review.validated == ["setup"] and review.confidence == 0.7
+    assert [(i.severity, i.note) for i in review.issues] == [("minor", "case n=0"), ("major", "unclear step")]
+    assert (review.reviewer, review.target) == ("S2", "S1")
+
+
+@pytest.mark.parametrize("reply", ["", "just prose", json.dumps({"verdict": "maybe"}), json.dumps({"analysis": "x"})])
+def test_unusable_reviews_raise(reply: str) -> None:
+    with pytest.raises(AgentOutputError):
+        parse_review(reply, "S2", "S1")
+
+
+def test_acceptance_needs_every_verdict_accept_and_no_issue() -> None:
+    ok = Review(verdict="accept")
+    nit = Review(verdict="accept", issues=[Issue(note="typo", severity="minor")])
+    assert accepted([ok, ok])
+    assert not accepted([ok, Review(verdict="revise")])
+    assert not accepted([ok, nit])  # an accept that still lists an issue does not count
+    assert not accepted([])  # nobody reviewed it
+    assert not accepted([ok, unreadable_review("S3", "S1", "no JSON")])
+
+
+def test_decision_math_tags_and_missing_tags() -> None:
+    reply = (
+        "<analysis>\n- idea\n</analysis>\n<final_answer>\n- $\\boxed{391}$\n</final_answer>\n"
+        "<formal_proof>p</formal_proof>"
+    )
+    decision = parse_decision(reply, "math")
+    assert decision is not None and (decision.answer, decision.report, decision.proof) == ("391", "- idea", "p")
+    assert parse_decision("The answer is 391.", "math") is None
+    na = parse_decision("<final_answer>N/A</final_answer>", "math")
+    assert na is not None and na.answer is None
+
+
+def test_decision_medicine_top10() -> None:
+    reply = "<analysis>x</analysis>\n<top10>\n[1] Fabry disease\n[2] Gaucher disease\n[3] fabry disease\n</top10>"
+    decision = parse_decision(reply, "medicine")
+    assert decision is not None and decision.top10 == ["Fabry disease", "Gaucher disease"]
+    assert decision.answer == "Fabry disease"
+    assert parse_decision("<top10></top10>", "medicine") is None
+
+
+def test_differential_reads_the_diagnosis_block() -> None:
+    reply = (
+        "1) Reflection: hm.\n<diagnosis>\n1. [Wilson disease]: copper.\n2) Menkes disease: also copper.\n</diagnosis>"
+    )
+    assert parse_differential(reply) == ["Wilson disease", "Menkes disease"]
+
+
+def test_hints_block_lists_each_entry_and_is_empty_without_hints() -> None:
+    entries = [PoolEntry(id="e1", action="Check n=0", experience="Small cases expose off-by-one errors.")]
+    block = hints_block(entries)
+    assert block.splitlines()[0].startswith("===== EXPERIENCE HINTS")
+    assert "- ACTION: Check n=0\n  EXPERIENCE: Small cases expose off-by-one errors." in block
+    assert block.splitlines()[-1] == "===== END OF EXPERIENCE HINTS ====="
+    assert hints_block([]) == ""
+
+
+def test_problem_text_is_data_not_template_syntax() -> None:
+    question = "Compute {{ 7*7 }} and {% if x %}y{% endif %}."
+    [_, user] = opinion_prompt(question, TeamMember(id="S1", specialty="A"), "math")
+    assert question in user.content

@@ -1,0 +1,141 @@
+"""Scoring rollouts: correctness by the harness's rules, eq. 8 per prompt group, eq. 9 with the guideline judge
+answering over HTTP from the simulated server (its verdicts 1, 0, -1 and an unusable reply)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import settings_for
+from tmas.agents.guideline_judge import StrategyView, judge_prompt, parse_novelty
+from tmas.agents.output import AgentOutputError
+from tmas.rl.novelty import LLMNoveltyJudge
+from tmas.rl.scoring import RolloutInput, score_rollouts
+from tmas.testing import Rule, SimScript, SimServer
+
+STRATEGIES = [StrategyView(id="G1", description="Multiply directly.")]
+
+
+def verdict(novelty: int) -> str:
+    return f'```json\n{{"identified_strategy": "something", "novelty": {novelty}, "same_as": null}}\n```'
+
+
+@pytest.fixture
+def judge_sim() -> Iterator[SimServer]:
+    """The judge answers by a marker in the student's solution: NEW -> 1, OLD -> 0, VAGUE -> -1, else garbage."""
+    rules = [
+        Rule(role="judge", pattern="ROUTE-NEW", replies=[verdict(1)]),
+        Rule(role="judge", pattern="ROUTE-OLD", replies=[verdict(0)]),
+        Rule(role="judge", pattern="ROUTE-VAGUE", replies=[verdict(-1)]),
+        Rule(role="judge", replies=["I think it is rather new, honestly."]),
+    ]
+    with SimServer(SimScript(rules=rules)) as server:
+        yield server
+
+
+def explore(completion: str) -> RolloutInput:
+    return RolloutInput(
+        task="guideline",
+        group="run/p1/1/guideline",
+        question="What is 17*23?",
+        ground_truth="391",
+        completion=completion,
+        strategies=STRATEGIES,
+    )
+
+
+def test_parse_novelty() -> None:
+    assert parse_novelty(verdict(1)).novelty == 1
+    assert parse_novelty('{"identified_strategy": "x", "classification": "-1"}').novelty == -1
+    assert parse_novelty('{"novelty": 0.0, "same_as": " G2 "}').same_as == "G2"
+    for bad in ("", "no json here", '{"novelty": 2}', '{"identified_strategy": "x"}'):
+        with pytest.raises(AgentOutputError):
+            parse_novelty(bad)
+    with pytest.raises(AgentOutputError, match="truncated"):
+        parse_novelty(verdict(1), truncated=True)
+
+
+def test_judge_prompt_keeps_problem_text_as_data() -> None:
+    messages = judge_prompt("Is {{ 1 + 1 }} two?", STRATEGIES, "Answer {% raw %}")
+    assert "Is {{ 1 + 1 }} two?" in messages[-1].content
+    assert "- [G1] Multiply directly." in messages[-1].content
+    assert "Answer {% raw %}" in messages[-1].content
+
+
+def test_novelty_table_through_the_judge(judge_sim: SimServer, tmp_path: Path) -> None:
+    judge = LLMNoveltyJudge(settings_for(judge_sim), store_dir=tmp_path / "judge")
+    rollouts = [
+        explore("ROUTE-NEW ... so \\boxed{391}"),  # correct, novel
+        explore("ROUTE-OLD ... so \\boxed{391}"),  # correct, known
+        explore("ROUTE-NEW ... so \\boxed{390}"),  # wrong, novel
+        explore("ROUTE-OLD ... so \\boxed{390}"),  # wrong, known
+        explore("ROUTE-VAGUE ... \\boxed{391}"),  # correct, judge cannot tell -> known
+        explore("garbled \\boxed{391}"),  # correct, unusable judge reply -> known
+    ]
+    scored = score_rollouts(rollouts, judge)
+    assert [b.reward for b in scored] == [1.0, 0.2, -0.5, -1.0, 0.2, 0.2]
+    assert [b.correct for b in scored] == [True, True, False, False, True, True]
+    assert [b.novelty for b in scored] == [1, 0, 1, 0, -1, None]
+    assert scored[4].judge_note is not None and "(-1)" in scored[4].judge_note
+    assert scored[5].judge_note is not None and "unusable" in scored[5].judge_note
+    assert [b.judge_note for b in scored[:4]] == [None] * 4
+    # One judge call per rollout, each showing the guideline bank and that rollout.
+    calls = [r for r in judge_sim.requests if r.role == "judge"]
+    assert len(calls) == 6
+    assert all("- [G1] Multiply directly." in r.body["messages"][-1]["content"] for r in calls)
+    # The calls are kept: a second scoring replays them from the store without asking the server again.
+    assert [b.reward for b in score_rollouts(rollouts, judge)] == [1.0, 0.2, -0.5, -1.0, 0.2, 0.2]
+    assert len([r for r in judge_sim.requests if r.role == "judge"]) == 6
+
+
+def test_experience_groups_are_scored_apart() -> None:
+    def rollout(group: str, variant: str, answer: str) -> RolloutInput:
+        return RolloutInput(
+            task="experience",
+            group=group,
+            variant=variant,  # type: ignore[arg-type]
+            question="q",
+            ground_truth="12",
+            completion=f"\\boxed{{{answer}}}",
+        )
+
+    # Group a: Base 0/2 -> p_base 0, bonus 0.6. Group b: Base 2/2 -> p_base 1, no bonus. Interleaved on purpose.
+    batch = [
+        rollout("a", "base", "1"),
+        rollout("b", "base", "12"),
+        rollout("a", "base", "2"),
+        rollout("b", "base", "12"),
+        rollout("a", "bank", "12"),
+        rollout("b", "bank", "12"),
+        rollout("a", "bank", "3"),
+        rollout("b", "bank", "4"),
+    ]
+    scored = score_rollouts(batch)
+    assert [b.reward for b in scored] == pytest.approx([-1, 1, -1, 1, 1.6, 1.0, -1, -1])
+    assert [b.p_base for b in scored] == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+    with pytest.raises(ValueError, match="group 'a'"):
+        score_rollouts(batch[:1] + batch[4:5] + batch[6:7])
+
+
+def test_correctness_uses_the_harness_rules() -> None:
+    def normal(completion: str, truth: str) -> float:
+        rollout = RolloutInput(task="normal", group="g", question="q", ground_truth=truth, completion=completion)
+        return score_rollouts([rollout])[0].reward
+
+    assert normal("so the answer is \\boxed{\\frac{1}{2}}", "0.5") == 1.0  # Math-Verify: equal values
+    assert normal("\\boxed{ 391 }", "391") == 1.0
+    assert normal("the answer is 391", "391") == -1.0  # no boxed answer: not credited
+    assert normal("\\boxed{392}", "391") == -1.0
+
+
+def test_exploration_without_a_judge_is_an_error() -> None:
+    with pytest.raises(ValueError, match="guideline judge"):
+        score_rollouts([explore("\\boxed{391}")])
+
+
+def test_judge_outcomes_are_json_serialisable(judge_sim: SimServer) -> None:
+    scored = score_rollouts([explore("ROUTE-VAGUE \\boxed{1}")], LLMNoveltyJudge(settings_for(judge_sim)))
+    assert json.loads(scored[0].model_dump_json())["reward"] == -1.0

@@ -1,0 +1,200 @@
+"""GRPO with TRL on the hybrid rewards: the prompt-group sampler, one real training step of a tiny model built from a
+config (CPU, no download), and the verl reward function agreeing with the TRL path on the same rollouts."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import settings_for
+from tmas.agents.rollouts import RolloutView
+from tmas.agents.solution import explore_prompt, generation_prompt, refine_prompt
+from tmas.memory.experience_bank import ExperienceBank, ExperienceEntry
+from tmas.memory.guideline_bank import Strategy
+from tmas.rl.novelty import LLMNoveltyJudge
+from tmas.rl.sampler import PromptGroupSampler, prompt_groups
+from tmas.rl.trl_rewards import HybridReward
+from tmas.testing import Rule, SimScript, SimServer
+
+Q = "What is 17*23?"
+STRATEGY = Strategy(id="G1", description="Multiply directly.", first_iteration=0, last_iteration=0)
+ENTRY = ExperienceEntry(id="E1", kind="anchor", content="17*20 = 340 was verified.")
+
+
+def verdict(novelty: int) -> str:
+    return f'```json\n{{"identified_strategy": "s", "novelty": {novelty}, "same_as": null}}\n```'
+
+
+def row(task: str, pid: str, variant: str | None = None) -> dict[str, Any]:
+    """A training row as 'tmas rl build-data' writes it (see test_rl_data for the builder itself)."""
+    views = [RolloutView(number=1, solution="17*23 = 381, \\boxed{381}", summary="Arithmetic slip.", score_text="0")]
+    bank = ExperienceBank(entries=[ENTRY], next_id=2)
+    messages = {
+        "normal": generation_prompt(Q, "numeric"),
+        "experience": refine_prompt(Q, "numeric", views, bank if variant == "bank" else None),
+        "guideline": explore_prompt(Q, "numeric", [STRATEGY]),
+    }[task]
+    return {
+        "prompt": [m.model_dump() for m in messages],
+        "data_source": f"tmas/{task}",
+        "reward_model": {"style": "rule", "ground_truth": "391"},
+        "extra_info": {
+            "task": task,
+            "group": f"run/{pid}/1/{task}",
+            "variant": variant,
+            "problem_id": pid,
+            "question": Q,
+            "experience_bank": [{"id": "E1", "kind": "anchor", "subtype": None, "content": ENTRY.content}],
+            "guideline_bank": [{"id": "G1", "description": STRATEGY.description}],
+        },
+        "_source": task,
+    }
+
+
+# ------------------------------------------------------------------------------------------ sampler
+def test_prompt_groups_pair_base_and_bank() -> None:
+    infos = [
+        {"group": "a", "variant": None},
+        {"group": "b", "variant": "bank"},
+        {"group": "b", "variant": "base"},
+        {"group": "c", "variant": None},
+    ]
+    assert prompt_groups(infos) == [[0], [2, 1], [3]]
+    with pytest.raises(ValueError, match="expected one base and one bank"):
+        prompt_groups([{"group": "x", "variant": "base"}, {"group": "x", "variant": "base"}])
+
+
+def test_sampler_keeps_groups_whole_and_contiguous() -> None:
+    groups = [[0], [1, 2], [3], [4, 5]]
+    sampler = PromptGroupSampler(groups, num_generations=4, batch_size=2, repeat_count=2, shuffle=True, seed=3)
+    order = list(sampler)
+    assert len(order) == len(sampler) == 4 * 4 * 2
+    chunks = [order[i : i + 4] for i in range(0, len(order), 4)]
+    allowed = {(0, 0, 0, 0), (1, 1, 2, 2), (3, 3, 3, 3), (4, 4, 5, 5)}
+    # Every run of num_generations samples (one GRPO group) is one prompt group: Base half, then Bank half.
+    assert all(tuple(c) in allowed for c in chunks)
+    # Each generation batch (2 groups) is repeated repeat_count times, and every group appears once per epoch.
+    assert chunks[0:2] == chunks[2:4] and chunks[4:6] == chunks[6:8]
+    assert sorted({tuple(c) for c in chunks}) == sorted(allowed)
+    # Shuffling moves whole groups, seeded: the same seed gives the same order.
+    assert list(PromptGroupSampler(groups, 4, 2, 2, True, 3)) == order
+    with pytest.raises(ValueError, match="odd"):
+        PromptGroupSampler(groups, num_generations=3)
+
+
+# ------------------------------------------------------------------------------------------ TRL
+@pytest.fixture
+def judge_sim() -> Iterator[SimServer]:
+    # Verdicts alternate, so rollouts that are all wrong still get different rewards (-0.5 / -1.0).
+    with SimServer(SimScript(rules=[Rule(role="judge", replies=[verdict(1), verdict(0)])])) as server:
+        yield server
+
+
+def test_one_grpo_step_changes_the_weights(judge_sim: SimServer, tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    datasets = pytest.importorskip("datasets")
+    pytest.importorskip("trl")
+    from tmas.rl.trl_train import TrainOptions, build_trainer, load_policy
+
+    rows = [row("guideline", "p1"), row("experience", "p2", "base"), row("experience", "p2", "bank")]
+    rows.append(row("guideline", "p3"))
+    dataset = datasets.Dataset.from_list(rows)
+    model, tokenizer = load_policy("tiny", dataset)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    options = TrainOptions(
+        output_dir=tmp_path / "out",
+        num_generations=4,
+        groups_per_step=3,
+        max_steps=1,
+        max_completion_length=6,
+        learning_rate=1e-3,
+        use_vllm=False,
+        save_steps=100,
+    )
+    log = tmp_path / "rewards.jsonl"
+    reward = HybridReward(LLMNoveltyJudge(settings_for(judge_sim)), log_path=log)
+    trainer = build_trainer(model, tokenizer, dataset, options, reward)
+    # A.4's defaults reach TRL's config.
+    assert (trainer.args.epsilon, trainer.args.epsilon_high, trainer.args.beta) == (0.2, 0.255, 0.0)
+    assert (trainer.args.delta, trainer.args.loss_type, trainer.num_generations) == (10.0, "dapo", 4)
+    result = trainer.train()
+    assert result.global_step == 1
+
+    changed = [name for name, p in model.named_parameters() if not torch.equal(before[name], p.detach())]
+    assert changed, "one GRPO step left every weight as it was"
+    logged = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(logged) == 3 * 4  # three prompt groups of four rollouts, scored once although TRL has 3 functions
+    experience = [r for r in logged if r["task"] == "experience"]
+    # The experience group reached the reward functions whole: two Base and two Bank rollouts, one p_base.
+    assert sorted(r["variant"] for r in experience) == ["bank", "bank", "base", "base"]
+    assert len({r["group"] for r in experience}) == 1 and len({r["p_base"] for r in experience}) == 1
+    rewards = {r["reward"] for r in logged if r["task"] == "guideline"}
+    assert len(rewards) > 1  # varied rewards, so the loss was not zero
+    assert len([r for r in judge_sim.requests if r.role == "judge"]) == 8
+    history = trainer.state.log_history[0]
+    assert {"rewards/exploration/mean", "rewards/experience/mean"} <= set(history)
+    assert not math.isnan(history["rewards/exploration/mean"])
+
+
+def test_group_alignment_is_checked(tmp_path: Path) -> None:
+    pytest.importorskip("trl")
+    from tmas.errors import ConfigError
+    from tmas.rl.trl_train import TrainOptions, check_group_alignment, grpo_config
+
+    config = grpo_config(TrainOptions(output_dir=tmp_path, num_generations=4, groups_per_step=1))
+    check_group_alignment(config)
+    config.steps_per_generation = 1
+    config.per_device_train_batch_size = 6
+    with pytest.raises(ConfigError, match="not a multiple"):
+        check_group_alignment(config)
+
+
+# ------------------------------------------------------------------------------------------ verl
+def test_verl_batch_equals_trl_path(tmp_path: Path) -> None:
+    from tmas.rl import verl_reward
+
+    rules = [
+        Rule(role="judge", pattern="ROUTE-NEW", replies=[verdict(1)]),
+        Rule(role="judge", replies=[verdict(0)]),
+    ]
+    with SimServer(SimScript(rules=rules)) as sim:
+        config = tmp_path / "tmas.toml"
+        config.write_text(f'[endpoint]\nbase_url = "{sim.base_url}"\nmodel = "sim-model"\n')
+        rows = [row("normal", "p0")] * 2 + [row("experience", "p2", "base")] * 2 + [row("experience", "p2", "bank")] * 2
+        rows += [row("guideline", "p3")] * 4
+        completions = [
+            "\\boxed{391}", "\\boxed{390}",  # normal
+            "\\boxed{1}", "\\boxed{391}",  # base: p_base = 0.5
+            "\\boxed{391}", "no answer",  # bank: 1 + 0.6 * 0.5
+            "ROUTE-NEW \\boxed{391}", "ROUTE-NEW \\boxed{3}", "old \\boxed{391}", "old \\boxed{3}",
+        ]  # fmt: skip
+        expected = [1.0, -1.0, -1.0, 1.0, 1.3, -1.0, 1.0, -0.5, 0.2, -1.0]
+
+        hybrid = HybridReward(LLMNoveltyJudge(settings_for(sim)))
+        columns = {"extra_info": [r["extra_info"] for r in rows], "reward_model": [r["reward_model"] for r in rows]}
+        messages = [[{"role": "assistant", "content": c}] for c in completions]
+        per_function = [f([r["prompt"] for r in rows], messages, **columns) for f in hybrid.functions()]
+        trl_total = [sum(v for v in values if v is not None) for values in zip(*per_function, strict=True)]
+        # Each rollout is answered by exactly one of the three functions (TRL sums them, skipping None).
+        assert all(sum(v is not None for v in values) == 1 for values in zip(*per_function, strict=True))
+
+        verl_scores = verl_reward.compute_score_batch(
+            data_sources=[r["data_source"] for r in rows],
+            solution_strs=completions,
+            ground_truths=[r["reward_model"]["ground_truth"] for r in rows],
+            extra_infos=[r["extra_info"] for r in rows],
+            tmas_config=str(config),
+        )
+        assert trl_total == pytest.approx(expected)
+        assert verl_scores == pytest.approx(trl_total)
+        # The per-rollout form: correctness and exploration as above; experience without a group gets no bonus.
+        single = verl_reward.compute_score(
+            "tmas/experience", "\\boxed{391}", "391", rows[4]["extra_info"], tmas_config=str(config)
+        )
+        assert single == 1.0
+        assert verl_reward.compute_score("gsm8k", "\\boxed{7}", "7", None) == 1.0

@@ -1,0 +1,484 @@
+"""`tmas serve` end to end: the official openai client against the proxy, the proxy against the simulated upstream."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from conftest import settings_for
+from tmas.errors import ConfigError
+from tmas.methods import METHODS
+from tmas.serve.api_errors import ApiError
+from tmas.serve.launch import ServeOptions, resolve_token
+from tmas.serve.protocol import ChatBody, split_model
+from tmas.store.run_store import RunStore
+from tmas.testing import Rule, SimScript, SimServer
+from tmas.view.app import view_app
+from web_helpers import AppThread, ProxyThread, get, post, run_ref_for, wait_until
+
+TMAS_SMALL = {"n": 2, "m": 1, "iterations": 1}
+
+
+def test_the_problem_is_the_last_user_message_with_the_rest_as_data() -> None:
+    body = ChatBody.parse(
+        json.dumps(
+            {
+                "model": "tmas/m",
+                "messages": [
+                    {"role": "system", "content": "Answer {{ briefly }}."},
+                    {"role": "user", "content": [{"type": "text", "text": "First:"}, {"type": "text", "text": "1+1"}]},
+                    {"role": "assistant", "content": "2"},
+                    {"role": "user", "content": "Now {{ 7*7 }} and {% raw %}?"},
+                ],
+            }
+        ).encode()
+    )
+    question, context = body.question()
+    assert context == [
+        {"role": "system", "content": "Answer {{ briefly }}."},
+        {"role": "user", "content": "First:\n1+1"},
+        {"role": "assistant", "content": "2"},
+    ]
+    # Template syntax in messages is text: nothing was evaluated, everything arrives in order.
+    assert question.endswith("Problem:\nNow {{ 7*7 }} and {% raw %}?")
+    assert question.index("Answer {{ briefly }}.") < question.index("First:\n1+1") < question.index("[assistant]\n2")
+    alone = ChatBody.parse(b'{"model": "cot/m", "messages": [{"role": "user", "content": "What is 2+2?"}]}')
+    assert alone.question() == ("What is 2+2?", [])
+    # The same question asked the same way is the same request; other parameters make another.
+    again = ChatBody.parse(b'{"model": "cot/m", "messages": [{"role": "user", "content": "What is 2+2?"}]}')
+    other = ChatBody.parse(b'{"model": "cot/m", "messages": [{"role": "user", "content": "What is 2+2?"}], "seed": 1}')
+    assert alone.fingerprint() == again.fingerprint() != other.fingerprint()
+
+
+def test_model_names_split_at_the_first_slash() -> None:
+    methods, upstreams = {"tmas", "cot"}, ["Qwen/Qwen3-4B", "m"]
+    assert split_model("tmas/Qwen/Qwen3-4B", methods, upstreams) == ("tmas", "Qwen/Qwen3-4B")
+    for name, says in [("m", "expected <method>/<upstream model>"), ("rse/m", "unknown method"), ("cot/x", "upstream")]:
+        with pytest.raises(ApiError, match=says) as caught:
+            split_model(name, methods, upstreams)
+        assert caught.value.status == 404 and caught.value.code == "model_not_found"
+
+
+def client(proxy: ProxyThread, key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def runs_in(serve_dir: Path) -> list[Path]:
+    return sorted(p for p in serve_dir.iterdir() if (p / "run.sqlite").is_file())
+
+
+@pytest.fixture
+def proxy(sim: SimServer, tmp_path: Path) -> Iterator[ProxyThread]:
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as server:
+        yield server
+
+
+def test_models_lists_every_method_on_every_upstream_model(proxy: ProxyThread) -> None:
+    ids = {m.id for m in client(proxy).models.list()}
+    assert ids == {f"{method}/sim-model" for method in METHODS}
+    assert "tmas/sim-model" in ids and "majority/sim-model" in ids and "cot/sim-model" in ids
+
+
+def test_tmas_reply_carries_the_selected_solution_and_the_upstream_usage(
+    sim: SimServer, proxy: ProxyThread, tmp_path: Path
+) -> None:
+    reply = client(proxy).chat.completions.create(
+        model="tmas/sim-model",
+        messages=[
+            {"role": "system", "content": "You are a careful assistant."},
+            {"role": "user", "content": "Please keep answers short."},
+            {"role": "assistant", "content": "Understood."},
+            {"role": "user", "content": "What is 17*23?"},
+        ],
+        temperature=0.3,
+        extra_body={"tmas": TMAS_SMALL},
+    )
+    [run_dir] = runs_in(tmp_path / "served")
+    with RunStore(run_dir, read_only=True) as store:
+        [result] = store.results()
+        [problem] = store.problems()
+        calls = list(store.calls())
+    # The selected solution is the reply; the upstream spend is the usage (as the simulated upstream counted it).
+    assert reply.choices[0].message.content == result["text"]
+    assert "\\boxed{391}" in (reply.choices[0].message.content or "")
+    assert reply.model_extra is not None and reply.model_extra["tmas"]["answer"] == "391"
+    stats = sim.stats()
+    assert reply.usage is not None
+    assert reply.usage.prompt_tokens == stats.prompt_tokens == sum(c.usage.prompt_tokens for c in calls)
+    assert reply.usage.completion_tokens == stats.completion_tokens
+    assert reply.id == run_dir.name == problem.problem_id
+    # The last user message is the problem; the earlier messages ride along as context; parameters from extra_body.
+    solution_bodies = [r.body for r in sim.requests if r.role == "solution"]
+    assert len(solution_bodies) == TMAS_SMALL["n"]
+    prompt = json.dumps(solution_bodies[0]["messages"])
+    assert "What is 17*23?" in prompt and "Please keep answers short." in prompt and "careful assistant" in prompt
+    # The body's sampling becomes every upstream call's default.
+    assert all(b["model"] == "sim-model" and b["temperature"] == 0.3 for b in solution_bodies)
+    with RunStore(run_dir, read_only=True) as store:
+        assert store.get_meta("method")["params"] == {**store.get_meta("method")["params"], **TMAS_SMALL}
+    assert {r.role for r in sim.requests} == {"solution", "verifier", "summary", "experience", "guideline"}
+
+
+def test_stream_shows_progress_then_the_answer_and_usage(sim: SimServer, proxy: ProxyThread, tmp_path: Path) -> None:
+    stream = client(proxy).chat.completions.create(
+        model="tmas/sim-model",
+        messages=[{"role": "user", "content": "What is 12*12?"}],
+        stream=True,
+        extra_body={"tmas": {"n": 2, "m": 1, "iterations": 2}},
+    )
+    chunks = list(stream)
+    reasoning = "".join(
+        (c.choices[0].delta.model_extra or {}).get("reasoning_content") or "" for c in chunks if c.choices
+    )
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    progress = [c.model_extra["tmas_progress"] for c in chunks if c.model_extra and "tmas_progress" in c.model_extra]
+    # Progress came before the answer: iterations, candidates so far, the best score after each iteration.
+    assert "iteration 0: solution call done (1 candidate so far)" in reasoning
+    assert "iteration 1 done: 2 candidates, best score" in reasoning
+    ends = [p for p in progress if p.get("kind") == "iteration"]
+    assert [p["iteration"] for p in ends] == [0, 1] and all(p["best_score"] is not None for p in ends)
+    first_content = next(i for i, c in enumerate(chunks) if c.choices and c.choices[0].delta.content)
+    last_progress = max(i for i, c in enumerate(chunks) if c.model_extra and "tmas_progress" in c.model_extra)
+    assert first_content > 0 and "\\boxed{144}" in content
+    [run_dir] = runs_in(tmp_path / "served")
+    with RunStore(run_dir, read_only=True) as store:
+        assert content == store.results()[0]["text"]
+    usage = chunks[-1].usage
+    assert usage is not None and usage.total_tokens == sim.stats().prompt_tokens + sim.stats().completion_tokens
+    assert chunks[last_progress].choices[0].finish_reason == "stop"
+
+
+def test_majority_and_cot_are_served_too(sim: SimServer, proxy: ProxyThread) -> None:
+    api = client(proxy)
+    reply = api.chat.completions.create(
+        model="majority/sim-model",
+        messages=[{"role": "user", "content": "What is 6*7?"}],
+        extra_body={"tmas": {"k": 3}},
+    )
+    assert "\\boxed{42}" in (reply.choices[0].message.content or "")
+    assert sum(r.role == "solution" for r in sim.requests) == 3
+    cot = api.chat.completions.create(model="cot/sim-model", messages=[{"role": "user", "content": "What is 2+2?"}])
+    assert "\\boxed{4}" in (cot.choices[0].message.content or "")
+
+
+def test_unknown_method_or_model_is_a_404_in_openai_form(proxy: ProxyThread) -> None:
+    api = client(proxy)
+    with pytest.raises(openai.NotFoundError) as caught:
+        api.chat.completions.create(model="nosuch/sim-model", messages=[{"role": "user", "content": "1+1?"}])
+    assert caught.value.code == "model_not_found" and "unknown method 'nosuch'" in caught.value.message
+    with pytest.raises(openai.NotFoundError, match="unknown upstream model 'other'"):
+        api.chat.completions.create(model="tmas/other", messages=[{"role": "user", "content": "1+1?"}])
+
+
+def test_bad_bodies_get_400_errors_without_tracebacks(sim: SimServer, proxy: ProxyThread) -> None:
+    url = f"{proxy.url}/v1/chat/completions"
+    cases: list[tuple[bytes, str]] = [
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        (json.dumps({"model": "tmas/sim-model"}).encode(), "'messages'"),
+        (json.dumps({"model": "tmas/sim-model", "messages": [{"role": "user", "content": 5}]}).encode(), "content"),
+        (json.dumps({"model": "cot/sim-model", "messages": [{"role": "system", "content": "hi"}]}).encode(), "no user"),
+        (
+            json.dumps(
+                {"model": "tmas/sim-model", "messages": [{"role": "user", "content": "1+1?"}], "tmas": {"nn": 2}}
+            ).encode(),
+            "unknown parameter 'nn'",
+        ),
+    ]
+    for body, expected in cases:
+        status, reply = post(url, body)
+        assert status == 400, (body, reply)
+        error = reply["error"]
+        assert expected in error["message"] and error["type"] == "invalid_request_error"
+        assert "Traceback" not in json.dumps(reply)
+    status, reply = post(f"{proxy.url}/v1/nowhere", b"{}")
+    assert status == 404 and reply["error"]["code"] == "not_found"
+    assert sim.stats().total_requests == 0
+
+
+def test_oversized_bodies_413_and_too_many_problems_429(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(rules=[Rule(role="solution", latency_s=1.0)]))
+    options = ServeOptions(serve_dir=tmp_path / "served", max_problems=1, max_body_bytes=2000)
+    with ProxyThread(settings_for(sim), options) as proxy:
+        api = client(proxy)
+        with pytest.raises(openai.APIStatusError) as caught:
+            api.chat.completions.create(model="cot/sim-model", messages=[{"role": "user", "content": "x" * 3000}])
+        assert caught.value.status_code == 413 and caught.value.code == "request_too_large"
+        first = threading.Thread(
+            target=lambda: api.chat.completions.create(
+                model="cot/sim-model", messages=[{"role": "user", "content": "What is 3*3?"}]
+            )
+        )
+        first.start()
+        wait_until(lambda: json.loads(get(f"{proxy.url}/health")[1])["active_problems"] == 1, what="a busy proxy")
+        with pytest.raises(openai.RateLimitError) as limited:
+            api.chat.completions.create(model="cot/sim-model", messages=[{"role": "user", "content": "What is 4*4?"}])
+        assert limited.value.code == "rate_limit_exceeded"
+        first.join()
+
+
+def test_a_token_is_required_beyond_loopback_and_checked_when_set(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ConfigError, match=r"refusing to listen on 0\.0\.0\.0 without a bearer token"):
+        resolve_token(ServeOptions(host="0.0.0.0"))
+    assert resolve_token(ServeOptions(host="127.0.0.1")) is None
+    monkeypatch.setenv("PROXY_TOKEN", "tok-123")
+    assert resolve_token(ServeOptions(host="0.0.0.0", token_env="PROXY_TOKEN")) == "tok-123"
+    options = ServeOptions(serve_dir=tmp_path / "served", token_env="PROXY_TOKEN")
+    with ProxyThread(settings_for(sim), options) as proxy:
+        status, body = post(f"{proxy.url}/v1/chat/completions", b"{}")
+        assert status == 401 and body["error"]["code"] == "invalid_api_key" and "missing" in body["error"]["message"]
+        with pytest.raises(openai.AuthenticationError):
+            client(proxy, key="wrong").models.list()
+        reply = client(proxy, key="tok-123").chat.completions.create(
+            model="cot/sim-model", messages=[{"role": "user", "content": "What is 5*5?"}]
+        )
+        assert "\\boxed{25}" in (reply.choices[0].message.content or "")
+    assert sim.stats().total_requests == 1
+
+
+def _stream_until_progress(url: str, body: dict[str, Any]) -> None:
+    """Send a streaming request, read until the first progress event, then drop the connection."""
+    payload = json.dumps(body).encode()
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=20) as sock:
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        )
+        sock.sendall(head.encode() + payload)
+        seen = b""
+        while b"tmas_progress" not in seen:
+            data = sock.recv(4096)
+            assert data, "the proxy closed the stream before any progress"
+            seen += data
+
+
+def test_a_disconnected_client_cancels_its_run_and_a_restart_resumes_it(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(rules=[Rule(role="verifier", latency_s=0.4)]))
+    serve_dir = tmp_path / "served"
+    body = {
+        "model": "tmas/sim-model",
+        "messages": [{"role": "user", "content": "What is 17*23?"}],
+        "stream": True,
+        "seed": 7,
+        "tmas": {"n": 2, "m": 2, "iterations": 2},
+    }
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=serve_dir)) as proxy:
+        _stream_until_progress(proxy.url, body)
+        # The run is cancelled: nothing is left in flight upstream, and nothing more is asked.
+        wait_until(lambda: json.loads(get(f"{proxy.url}/health")[1])["active_problems"] == 0, what="cancellation")
+        wait_until(lambda: sim.stats().in_flight == 0, what="upstream calls to end")
+        asked = sim.stats().total_requests
+        time.sleep(0.6)
+        assert sim.stats().total_requests == asked
+    [run_dir] = runs_in(serve_dir)
+    with RunStore(run_dir, read_only=True) as store:
+        assert store.results() == []
+        stored = sum(1 for c in store.calls() if c.ok)
+    assert stored >= 1
+    sim.set_script(SimScript())
+    sim.reset()
+    # A restarted proxy finds the unfinished run and finishes it with nobody asking, replaying the stored calls.
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=serve_dir)) as proxy:
+
+        def finished() -> bool:
+            with RunStore(run_dir, read_only=True) as store:
+                return bool(store.results())
+
+        wait_until(finished, what="the resumed run to finish")
+        with RunStore(run_dir, read_only=True) as store:
+            [result] = store.results()
+            total = sum(1 for c in store.calls() if c.ok)
+        assert result["status"] == "done" and result["answer"] == "391"
+        # Every call of the run (2 iterations x (2 solutions + 4 verifications + 2 summaries) + 2 x 2 bank updates).
+        assert total == 2 * (2 + 4 + 2) + 4
+        assert sim.stats().total_requests == total - stored
+        # The same request again now is a new run (a finished one is not replayed as a cache).
+        reply = client(proxy).chat.completions.create(
+            model="tmas/sim-model",
+            messages=body["messages"],
+            seed=7,
+            extra_body={"tmas": body["tmas"]},
+        )
+        assert reply.id != run_dir.name and len(runs_in(serve_dir)) == 2
+
+
+def test_keys_reach_no_store_page_or_log(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    upstream_key, proxy_token = "sk-upstream-SECRET-4242", "proxy-SECRET-9191"
+    monkeypatch.setenv("UPSTREAM_KEY", upstream_key)
+    monkeypatch.setenv("PROXY_TOKEN", proxy_token)
+    serve_dir = tmp_path / "served"
+    settings = settings_for(sim, endpoint__api_key_env="UPSTREAM_KEY")
+    caplog.set_level("DEBUG")
+    with ProxyThread(settings, ServeOptions(serve_dir=serve_dir, token_env="PROXY_TOKEN")) as proxy:
+        api = client(proxy, key=proxy_token)
+        api.chat.completions.create(
+            model="tmas/sim-model",
+            messages=[{"role": "user", "content": "What is 9*9?"}],
+            extra_body={"tmas": TMAS_SMALL},
+        )
+        list(
+            api.chat.completions.create(
+                model="cot/sim-model", messages=[{"role": "user", "content": "What is 8*8?"}], stream=True
+            )
+        )
+    # The upstream did get the key...
+    assert {r.authorization for r in sim.requests} == {f"Bearer {upstream_key}"}
+    # ...and neither it nor the proxy's token is in any file the proxy wrote, any log line, or any viewer page.
+    for path in serve_dir.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert upstream_key.encode() not in data and proxy_token.encode() not in data, path
+    assert upstream_key not in caplog.text and proxy_token not in caplog.text
+    assert "request chatcmpl-" in caplog.text  # the log was captured at all
+    with AppThread(view_app([serve_dir])) as viewer:
+        pages = [get(f"{viewer.url}/")[1]]
+        for run_dir in runs_in(serve_dir):
+            with RunStore(run_dir, read_only=True) as store:
+                call_ids = [c.call_id for c in store.calls()]
+                pid = store.problems()[0].problem_id
+            ref = run_ref_for([serve_dir], run_dir)
+            assert ref is not None
+            pages.append(get(f"{viewer.url}/run/{ref.key}")[1])
+            pages.append(get(f"{viewer.url}/run/{ref.key}/problem?id={pid}")[1])
+            pages.append(get(f"{viewer.url}/run/{ref.key}/iteration?id={pid}&t=0")[1])
+            pages += [get(f"{viewer.url}/run/{ref.key}/call/{i}")[1] for i in call_ids]
+    assert all(b"<html" in page for page in pages)
+    assert not any(upstream_key.encode() in page or proxy_token.encode() in page for page in pages)
+
+
+def test_the_cli_refuses_an_open_address_without_a_token(sim: SimServer, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src")
+    cmd = [sys.executable, "-m", "tmas", "serve", "--host", "0.0.0.0", "--base-url", sim.base_url, "--model", "m"]
+    done = subprocess.run([*cmd, "--dir", str(tmp_path / "s")], capture_output=True, env=env, timeout=60, text=True)
+    assert done.returncode == 2
+    assert "refusing to listen on 0.0.0.0 without a bearer token" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_client_gone_before_a_plain_reply_cancels_its_run_too(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(rules=[Rule(role="solution", latency_s=0.5)]))
+    body = json.dumps(
+        {"model": "majority/sim-model", "messages": [{"role": "user", "content": "What is 7*7?"}], "tmas": {"k": 4}}
+    )
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+        port = int(proxy.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+            head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+            sock.sendall(head.encode() + body.encode())
+            wait_until(lambda: sim.stats().in_flight > 0, what="upstream calls to start")
+        wait_until(lambda: json.loads(get(f"{proxy.url}/health")[1])["active_problems"] == 0, what="cancellation")
+        wait_until(lambda: sim.stats().in_flight == 0, what="upstream calls to end")
+        [run_dir] = runs_in(tmp_path / "served")
+        with RunStore(run_dir, read_only=True) as store:
+            assert store.results() == [] and not list(store.calls())
+
+
+def test_the_same_request_twice_at_once_is_one_run(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(rules=[Rule(role="solution", latency_s=0.5)]))
+    replies: list[Any] = []
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+        api = client(proxy)
+
+        def ask() -> None:
+            replies.append(
+                api.chat.completions.create(
+                    model="majority/sim-model",
+                    messages=[{"role": "user", "content": "What is 11*11?"}],
+                    extra_body={"tmas": {"k": 3}},
+                )
+            )
+
+        threads = [threading.Thread(target=ask) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert len(replies) == 2 and replies[0].id == replies[1].id
+    assert replies[0].choices[0].message.content == replies[1].choices[0].message.content
+    assert len(runs_in(tmp_path / "served")) == 1 and sim.stats().total_requests == 3
+
+
+def test_an_unreachable_upstream_is_a_502_and_the_run_stays_resumable(sim: SimServer, tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    settings = settings_for(sim).model_copy(deep=True)
+    settings.endpoint.base_url = [dead]
+    with ProxyThread(settings, ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+        with pytest.raises(openai.APIStatusError) as caught:
+            client(proxy).chat.completions.create(
+                model="cot/sim-model", messages=[{"role": "user", "content": "What is 1+1?"}]
+            )
+        assert caught.value.status_code == 502 and caught.value.code == "upstream_error"
+        message = caught.value.message
+        assert "cannot connect" in message and "send the request again" in message
+        assert str(tmp_path) not in message and "Traceback" not in message
+    [run_dir] = runs_in(tmp_path / "served")
+    with RunStore(run_dir, read_only=True) as store:
+        assert store.results() == [] and store.get_meta("serve_request")["method"] == "cot"
+
+
+def test_stopping_the_server_answers_503_and_keeps_the_run_resumable(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(rules=[Rule(role="verifier", latency_s=30.0)]))
+    errors: list[openai.APIStatusError] = []
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+        api = client(proxy)
+
+        def ask() -> None:
+            try:
+                api.chat.completions.create(
+                    model="tmas/sim-model",
+                    messages=[{"role": "user", "content": "What is 17*23?"}],
+                    extra_body={"tmas": TMAS_SMALL},
+                )
+            except openai.APIStatusError as exc:
+                errors.append(exc)
+
+        asking = threading.Thread(target=ask)
+        asking.start()
+        wait_until(lambda: sim.stats().by_role.get("verifier", 0) > 0, what="the run to reach its verifiers")
+    asking.join()
+    assert [(e.status_code, e.code) for e in errors] == [(503, "server_shutting_down")]
+    [run_dir] = runs_in(tmp_path / "served")
+    with RunStore(run_dir, read_only=True) as store:
+        assert store.results() == [] and [c.key.role for c in store.calls()] == ["solution", "solution"]
+
+
+def test_mattrl_is_served_and_its_deliberation_shows_in_the_viewer(
+    sim: SimServer, proxy: ProxyThread, tmp_path: Path
+) -> None:
+    assert "mattrl" in METHODS  # registered methods are served without any change here
+    stream = client(proxy).chat.completions.create(
+        model="mattrl/sim-model", messages=[{"role": "user", "content": "What is 17*23?"}], stream=True
+    )
+    chunks = list(stream)
+    assert "\\boxed{391}" in "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert {r.role for r in sim.requests} >= {"coordinator", "specialist"}
+    served = tmp_path / "served"
+    [run_dir] = runs_in(served)
+    with RunStore(run_dir, read_only=True) as store:
+        pid = store.problems()[0].problem_id
+        last = store.iterations(pid)[-1]
+    transcript = last["state"]["transcript"]
+    with AppThread(view_app([served])) as viewer:
+        ref = run_ref_for([served], run_dir)
+        assert ref is not None
+        status, page = get(f"{viewer.url}/run/{ref.key}/iteration?id={pid}&t={last['iteration']}")
+    assert status == 200 and b'id="transcript"' in page
+    assert page.count(b"<td>opinion</td>") == sum(u["kind"] == "opinion" for u in transcript["utterances"])

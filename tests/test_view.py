@@ -1,0 +1,340 @@
+"""`tmas view`: bank diffs worked by hand, read-only stores beside a live writer, and the pages in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import settings_for
+from tmas.eval.grading import GradeConfig, grade_run
+from tmas.memory.transcript import TeamMember, Transcript, Utterance
+from tmas.methods.base import IterationRecord
+from tmas.problems import Problem
+from tmas.runner import prepare_run, run_problems
+from tmas.store.run_store import RunStore, StoreError
+from tmas.testing import Rule, SimScript, SimServer
+from tmas.view.app import view_app
+from tmas.view.bank_diff import bank_diffs, diff_entries
+from web_helpers import AppThread, get, run_ref_for, wait_until
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+PROBLEMS = [
+    Problem(problem_id="mult", question="What is 17*23?", answer="391"),
+    Problem(problem_id="square", question="What is 12*12?", answer="144"),
+]
+
+
+def test_bank_diff_worked_by_hand() -> None:
+    before = [
+        {"id": "E1", "kind": "insight", "content": "check parity"},
+        {"id": "E2", "kind": "anchor", "content": "T_2 = 3"},
+        {"id": "E3", "kind": "insight", "subtype": None, "content": "try small cases"},
+    ]
+    after = [
+        {"id": "E1", "kind": "insight", "content": "check parity"},
+        {"id": "E2", "kind": "anchor", "content": "T_2 = 3 and T_3 = 0"},
+        {"id": "E4", "kind": "insight", "content": "use the recurrence"},
+    ]
+    changes = diff_entries(before, after, "content")
+    assert [(c.id, c.change) for c in changes] == [
+        ("E1", "kept"),
+        ("E2", "refined"),
+        ("E4", "added"),
+        ("E3", "deleted"),
+    ]
+    assert changes[1].before == "T_2 = 3" and changes[1].text == "T_2 = 3 and T_3 = 0"
+    assert changes[2].details == changes[3].details == {"kind": "insight"}
+    # A guideline strategy followed again keeps its text and changes its counts: updated, not refined.
+    prev = {"guideline_bank": {"strategies": [{"id": "S1", "description": "induction", "attempts": 1}]}}
+    state = {"guideline_bank": {"strategies": [{"id": "S1", "description": "induction", "attempts": 2}]}}
+    diffs = bank_diffs(prev, state)
+    assert list(diffs) == ["guideline_bank"] and diffs["guideline_bank"][0].change == "updated"
+    # The first iteration is compared with empty banks; a state without banks has no diff at all.
+    assert [c.change for c in bank_diffs(None, state)["guideline_bank"]] == ["added"]
+    assert bank_diffs(prev, {"modes": []}) == {}
+
+
+def test_a_read_only_store_writes_nothing(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="not a run directory"):
+        RunStore(tmp_path / "none", read_only=True)
+    assert not (tmp_path / "none").exists()
+    with RunStore(tmp_path / "run") as writer:
+        writer.add_problems(PROBLEMS)
+        with RunStore(tmp_path / "run", read_only=True) as reader:
+            before = reader.change_marker()
+            writer.save_iteration("mult", 0, {"iteration": 0})
+            assert reader.change_marker() != before
+            assert [p.problem_id for p in reader.problems()] == ["mult", "square"]
+            with pytest.raises(Exception, match="readonly"):
+                reader.set_meta("x", 1)
+
+
+def _ops(*ops: dict[str, str]) -> str:
+    return "```json\n" + json.dumps({"operations": list(ops)}) + "\n```"
+
+
+# The experience agent's replies on the "mult" problem: iteration 0 adds two entries; iteration 1 refines the first,
+# deletes the second and adds a third. (The other problem gets the simulator's default experience agent.)
+EXPERIENCE_RULE = Rule(
+    role="experience",
+    pattern=r"17\*23",
+    replies=[
+        _ops(
+            {
+                "op": "ADD",
+                "kind": "anchor",
+                "subtype": "intermediate_result",
+                "content": "Splitting one factor into tens and units was verified.",
+            },
+            {"op": "ADD", "kind": "heuristic", "content": "Check the last digit of a product first."},
+        ),
+        _ops(
+            {
+                "op": "REFINE",
+                "id": "E1",
+                "content": "Splitting one factor into tens and units, then adding both partial products, was verified.",
+            },
+            {"op": "DELETE", "id": "E2"},
+            {"op": "ADD", "kind": "heuristic", "content": "Estimate the size of the product before computing it."},
+        ),
+    ],
+)
+
+
+def _tmas_run(sim: SimServer, run_dir: Path, iterations: int = 2) -> None:
+    sim.set_script(SimScript(rules=[EXPERIENCE_RULE]))
+    settings = settings_for(sim, method__name="tmas", method__params={"n": 3, "m": 1, "iterations": iterations})
+    store, settings, problems = prepare_run(run_dir, settings, PROBLEMS, resume=False)
+    with store:
+        import asyncio
+
+        asyncio.run(run_problems(settings, problems, store))
+        asyncio.run(grade_run(store, GradeConfig(mode="rules")))
+
+
+def test_the_viewer_reads_a_run_another_process_is_writing(sim: SimServer, tmp_path: Path) -> None:
+    # At least 3 iterations x 0.5 s of verifying: long enough to be watched while it is written.
+    sim.set_script(SimScript(rules=[Rule(role="verifier", latency_s=0.5)]))
+    run_dir = tmp_path / "live"
+    problems = tmp_path / "p.jsonl"
+    problems.write_text("".join(p.model_dump_json() + "\n" for p in PROBLEMS))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+    env["PYTHONPATH"] = str(REPO / "src")
+    cmd = [sys.executable, "-m", "tmas", "run", str(problems), "-o", str(run_dir), "--base-url", sim.base_url]
+    cmd += ["--model", "sim-model", "-m", "tmas", "-T", "3", "-p", "n=2", "-p", "m=1"]
+    writer = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: (run_dir / "run.sqlite").is_file(), what="the run to start")
+        with AppThread(view_app([tmp_path])) as viewer:
+            ref = wait_until(lambda: run_ref_for([tmp_path], run_dir), what="the run to be listed")
+            wait_until(lambda: get(f"{viewer.url}/run/{ref.key}")[0] == 200, what="the run's first page")
+            seen: set[str] = set()
+            while writer.poll() is None:
+                status, page = get(f"{viewer.url}/run/{ref.key}")
+                assert status == 200, page[:300]
+                seen |= {s for s in ("running", "pending", "done") if f'class="tag {s}"'.encode() in page}
+                time.sleep(0.1)
+            assert writer.wait() == 0, writer.stderr.read() if writer.stderr else b""
+            status, page = get(f"{viewer.url}/run/{ref.key}")
+            assert status == 200 and page.count(b'class="tag done">done') == 2
+        assert "running" in seen or "pending" in seen  # pages were served while the run was going
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def test_a_mattrl_transcript_shows_with_the_credits_of_its_turns(tmp_path: Path) -> None:
+    transcript = Transcript(
+        problem_id="mult",
+        team=[TeamMember(id="S1", specialty="arithmetic"), TeamMember(id="S2", specialty="estimation", leader=True)],
+        utterances=[
+            Utterance(round=0, agent="S1", kind="opinion", text="17*23 is 391 by long multiplication.", answer="391"),
+            Utterance(round=0, agent="S2", kind="opinion", text="About 400, so 391 is plausible.", answer="391"),
+            Utterance(round=1, agent="coordinator", kind="decision", text="The team agrees on 391.", answer="391"),
+        ],
+        final_answer="391",
+    )
+    run_dir = tmp_path / "mattrl-run"
+    with RunStore(run_dir) as store:
+        store.add_problems(PROBLEMS[:1])
+        record = IterationRecord(problem_id="mult", iteration=0, candidates=[], selected="391")
+        record.state = {"transcript": transcript.model_dump(mode="json")}
+        store.save_iteration("mult", 0, record.model_dump(mode="json"))
+    build = tmp_path / "pool.build"
+    RunStore(build).close()
+    rows = [
+        {"run": str(run_dir), "problem_id": "mult", "turn": 1, "agent": "S1", "r": 0.875},
+        {"run": str(run_dir), "problem_id": "mult", "turn": 1, "agent": "S2", "r": 0.125},
+        {"run": str(tmp_path / "other"), "problem_id": "mult", "turn": 1, "agent": "S1", "r": 0.5},
+    ]
+    (build / "credits.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + "not json\n")
+    with AppThread(view_app([run_dir, build])) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        status, page = get(f"{viewer.url}/run/{ref.key}/iteration?id=mult&t=0")
+        # Bad addresses get a page saying what is wrong, with the status to match.
+        for path, code, says in [
+            ("/run/nosuchrun", 404, b"no run &#39;nosuchrun&#39;"),
+            (f"/run/{ref.key}/iteration?id=mult&t=two", 400, b"t must be an iteration number"),
+            (f"/run/{ref.key}/iteration?id=mult&t=5", 404, b"has no iteration 5"),
+            (f"/run/{ref.key}/problem?id=other", 404, b"no problem &#39;other&#39;"),
+            (f"/run/{ref.key}/call/999", 404, b"no call 999"),
+        ]:
+            got, body = get(viewer.url + path)
+            assert got == code and says in body, (path, got, body[-300:])
+    text = page.decode()
+    assert status == 200 and 'id="transcript"' in text
+    assert "S2 estimation (lead)" in text and "17*23 is 391 by long multiplication." in text
+    # Each specialist's turn carries its own credit; the coordinator's decision has none.
+    order = ["0.88", "17*23 is 391 by long", "0.12", "About 400", "The team agrees"]
+    assert [text.index(part) for part in order] == sorted(text.index(part) for part in order)
+    assert "0.50" not in text
+
+
+# ------------------------------------------------------------------------------------------------ browser
+def _chrome(profile: Path) -> Any:
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        pytest.skip("headless Chromium is missing: apt-get install chromium chromium-driver (make test does it)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = str(CHROMIUM)
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+        "--window-size=1280,900",
+    ):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    driver = _chrome(tmp_path / "chrome-profile")
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _shot(driver: Any, tmp_path: Path, name: str) -> None:
+    """Screenshots go to the test's folder; with TMAS_DOCS_SCREENSHOTS=1 to docs/img/ (the ones in the README)."""
+    folder = REPO / "docs" / "img" if os.environ.get("TMAS_DOCS_SCREENSHOTS") == "1" else tmp_path
+    folder.mkdir(parents=True, exist_ok=True)
+    height = driver.execute_script("return document.body.scrollHeight")
+    driver.set_window_size(1280, min(max(600, int(height) + 40), 1800))
+    path = folder / f"viewer_{name}.png"
+    assert driver.save_screenshot(str(path))
+    if folder != tmp_path:
+        from PIL import Image  # matplotlib's dependency: a palette PNG is a third of the size in the repository
+
+        Image.open(path).convert("RGB").quantize(colors=128).save(path, optimize=True)
+
+
+def test_in_chromium_open_a_run_a_problem_an_iteration_its_bank_diff_and_a_call(
+    sim: SimServer, tmp_path: Path, browser: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    run_dir = tmp_path / "runs" / "tmas-demo"
+    _tmas_run(sim, run_dir)
+    with RunStore(run_dir, read_only=True) as store:
+        records = store.iterations("mult")
+        expected = bank_diffs(records[0]["state"], records[1]["state"])
+        first_call = store.call(IterationRecord.model_validate(records[1]).candidates[0].call_id or 0)
+        assert first_call is not None
+    with AppThread(view_app([tmp_path / "runs"])) as viewer:
+        browser.get(viewer.url)
+        _shot(browser, tmp_path, "runs")
+        browser.find_element(By.LINK_TEXT, "tmas-demo").click()
+        problems = browser.find_element(By.ID, "problems").text
+        assert "mult" in problems and "391" in problems and "correct" in problems
+        assert "solution" in browser.find_element(By.ID, "costs").text
+        # Graded with the rules: the accuracy table and both charts (PNG from tmas.eval's plots) are there.
+        assert "100.0%" in browser.find_element(By.ID, "metrics").text
+        charts = browser.find_elements(By.CSS_SELECTOR, ".charts img")
+        assert len(charts) == 2 and all(browser.execute_script("return arguments[0].naturalWidth", c) for c in charts)
+        _shot(browser, tmp_path, "run")
+
+        browser.find_element(By.LINK_TEXT, "mult").click()
+        cards = browser.find_elements(By.CSS_SELECTOR, ".timeline .iteration")
+        assert len(cards) == 2 and any(mode in cards[1].text for mode in ("exploit", "explore"))
+        _shot(browser, tmp_path, "problem")
+
+        browser.find_element(By.LINK_TEXT, "iteration 1").click()
+        diff = browser.find_element(By.ID, "diff-experience_bank")
+        rows = diff.find_elements(By.CSS_SELECTOR, "tr")[1:]
+        assert [r.find_elements(By.TAG_NAME, "td")[1].text for r in rows] == [
+            c.change for c in expected["experience_bank"]
+        ]
+        assert [(c.id, c.change) for c in expected["experience_bank"]] == [
+            ("E1", "refined"),
+            ("E3", "added"),
+            ("E2", "deleted"),
+        ]
+        assert "Splitting one factor into tens and units was verified." in diff.find_element(By.TAG_NAME, "del").text
+        assert browser.find_element(By.ID, "diff-guideline_bank")
+        assert len(browser.find_elements(By.CSS_SELECTOR, ".candidate")) == 3
+        # Every call of the iteration, all roles, is listed (and linked).
+        call_rows = browser.find_element(By.ID, "calls").find_elements(By.CSS_SELECTOR, "tr")[1:]
+        assert len(call_rows) == records[1]["calls"] == 11
+        assert {r.find_elements(By.TAG_NAME, "td")[1].text for r in call_rows} == {
+            "solution",
+            "verifier",
+            "summary",
+            "experience",
+            "guideline",
+        }
+        _shot(browser, tmp_path, "iteration")
+
+        browser.find_elements(By.CSS_SELECTOR, "a.call-link")[0].click()
+        request = browser.find_element(By.ID, "request").text
+        assert "What is 17*23?" in request
+        assert first_call.content.splitlines()[0] in browser.find_element(By.ID, "reply").text
+        _shot(browser, tmp_path, "call")
+
+
+def test_in_chromium_a_problem_page_follows_a_run_as_it_goes(tmp_path: Path, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    run_dir = tmp_path / "growing"
+    with RunStore(run_dir) as writer:
+        writer.add_problems(PROBLEMS[:1])
+        record = IterationRecord(problem_id="mult", iteration=0, candidates=[], selected="390")
+        writer.save_iteration("mult", 0, record.model_dump(mode="json"))
+        with AppThread(view_app([run_dir])) as viewer:
+            ref = run_ref_for([run_dir], run_dir)
+            assert ref is not None
+            browser.get(f"{viewer.url}/run/{ref.key}/problem?id=mult")
+            assert "in progress" in browser.page_source and "iteration 1" not in browser.page_source
+            later = record.model_copy(update={"iteration": 1, "selected": "391"})
+            writer.save_iteration("mult", 1, later.model_dump(mode="json"))
+            wait_until(lambda: "iteration 1" in browser.page_source, timeout=15, what="the page to update itself")
+            assert browser.find_elements(By.LINK_TEXT, "iteration 1")
+
+
+def test_the_cli_takes_options_after_the_run_directories(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    cmd = [sys.executable, "-m", "tmas", "view", str(tmp_path / "missing"), "--port", "1"]
+    done = subprocess.run(cmd, capture_output=True, env=env, timeout=60, text=True)
+    assert done.returncode == 2 and done.stderr.strip() == f"tmas: error: not a directory: {tmp_path / 'missing'}"
