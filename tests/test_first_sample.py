@@ -44,7 +44,8 @@ def first_solution_messages(sim: SimServer) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("style", ["paper", "concise"])
 async def test_every_method_starts_from_the_same_first_sample(sim: SimServer, style: str) -> None:
-    assert set(SMALLEST) == set(METHODS)
+    # Every method but MATTRL, whose first call is its coordinator recruiting a team, not a solution.
+    assert set(SMALLEST) == set(METHODS) - {"mattrl"}
     sent: dict[str, list[dict[str, Any]]] = {}
     for name, params in SMALLEST.items():
         sim.reset()
@@ -76,6 +77,8 @@ def test_style_for_a_role_the_method_lacks_is_an_error() -> None:
 
 def test_presets_and_the_embedded_model_choose_the_style() -> None:
     for name, cls in METHODS.items():
+        if name not in SMALLEST:
+            continue
         params = create_method(name, {}, embedded=True).params
         assert isinstance(params, StyledParams) and params.style == "concise", name
         assert cls.Params.model_validate({}).style == "paper", name  # type: ignore[attr-defined]
