@@ -42,7 +42,9 @@ def test_solution_parsing_by_mode() -> None:
     assert numeric.answer == "\\frac{1}{2}" and numeric.has_section and numeric.text == text.strip()
     proof = parse_solution(text, "proof")
     assert proof.answer is None and proof.text.startswith("We get")
-    assert parse_solution("The answer is 4.", "numeric").answer is None  # no box, no answer
+    stated = parse_solution("The answer is 4.", "numeric")  # no box: the explicit statement, as a fallback
+    assert (stated.answer, stated.extraction) == ("4", "fallback")
+    assert parse_solution("It is roughly four hundred", "numeric").answer is None
 
 
 def test_solution_prompts_carry_the_paper_instructions() -> None:

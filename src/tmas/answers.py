@@ -3,10 +3,26 @@
 from __future__ import annotations
 
 import re
+from typing import Literal, NamedTuple
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-# Fallbacks for models that state the answer without boxing it, most specific first.
-_FINAL_ANSWER = re.compile(r"(?:final answer|answer)\s*(?:is|:)\s*\$?([^\n$]+?)\$?\s*\.?\s*$", re.I | re.M)
+# An explicit statement of the final answer, for models that do not box it: "Final answer: X", "The answer is X",
+# "**Answer:** $X$." at the end of a line. A bare "answer" in the middle of prose does not count.
+_FINAL_ANSWER = re.compile(
+    r"(?:^[\s>#*_-]*|\bthe\s+|\bfinal\s+)(?:final\s+)?answer\s*(?:is\b\s*:?|:)[\s*_]*\$?([^\n$]+?)\$?[\s*_]*\.?\s*$",
+    re.I | re.M,
+)
+
+# A stated answer longer than this many words is a sentence about the answer, not the answer itself.
+_MAX_STATED_WORDS = 6
+
+ExtractionSource = Literal["boxed", "fallback", "none"]
+
+
+class Extraction(NamedTuple):
+    answer: str | None
+    # Where the answer came from: the last box, an explicit final-answer statement, or nowhere.
+    source: ExtractionSource
 
 
 def last_boxed(text: str) -> str | None:
@@ -26,13 +42,14 @@ def last_boxed(text: str) -> str | None:
     return result
 
 
-def extract_answer(text: str, *, fallback: bool = True) -> str | None:
-    """The last boxed answer, else (with ``fallback``) a trailing "final answer: X" statement."""
+def extract_answer(text: str) -> Extraction:
+    """The last non-empty boxed answer, else the last explicit final-answer statement, saying which it was."""
     boxed = last_boxed(text)
-    if boxed is not None or not fallback:
-        return boxed or None
-    matches = _FINAL_ANSWER.findall(text)
-    return matches[-1].strip() if matches else None
+    if boxed:
+        return Extraction(boxed, "boxed")
+    matches = [m.strip().strip("*_ ").strip() for m in _FINAL_ANSWER.findall(text)]
+    matches = [m for m in matches if m and len(m.split()) <= _MAX_STATED_WORDS]
+    return Extraction(matches[-1], "fallback") if matches else Extraction(None, "none")
 
 
 _TEXT_WRAPPER = re.compile(r"\\(?:text|mathrm|textbf|mathbf|operatorname)\s*\{([^{}]*)\}")

@@ -2,7 +2,8 @@
 ``self_refine.j2``, ``vr_correct.j2``, ``pacore_*.j2`` and ``rse_*.j2`` templates, and their parsers.
 
 Solving, verifying and the first generation reuse TMAS's solution and verification agents
-(:mod:`tmas.agents.solution`, :mod:`tmas.agents.verification`), so every method starts from the same prompt.
+(:mod:`tmas.agents.solution`, :mod:`tmas.agents.verification`), so every method starts from the same prompt. Each
+answer-writing builder takes the output ``style`` (:mod:`tmas.agents.style`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from tmas.agents.output import AgentOutputError, extract_json_object
+from tmas.agents.style import Style
 from tmas.agents.templates import prompt
 from tmas.llm.types import Message
 
@@ -29,12 +31,14 @@ def solution_section(text: str) -> str:
     return text[matches[-1].end() :].strip() or text.strip()
 
 
-def self_refine_prompt(question: str, mode: str, attempt: str) -> list[Message]:
+def self_refine_prompt(question: str, mode: str, attempt: str, style: Style = "paper") -> list[Message]:
     """Self-Refine: review one's own previous attempt and rewrite it; nothing of any other trajectory."""
-    return prompt("self_refine.j2", system_name=SYSTEM, question=question, mode=mode, attempt=attempt)
+    return prompt("self_refine.j2", system_name=SYSTEM, question=question, mode=mode, attempt=attempt, style=style)
 
 
-def correction_prompt(question: str, mode: str, solution: str, feedback: str, score: float | None) -> list[Message]:
+def correction_prompt(
+    question: str, mode: str, solution: str, feedback: str, score: float | None, style: Style = "paper"
+) -> list[Message]:
     """Verify-Refine's corrector: the previous solution and its verification report."""
     shown = "unreadable" if score is None else f"{score:g}"
     return prompt(
@@ -45,17 +49,20 @@ def correction_prompt(question: str, mode: str, solution: str, feedback: str, sc
         solution=solution,
         feedback=feedback,
         score=shown,
+        style=style,
     )
 
 
-def pacore_round_prompt(question: str, mode: str, messages: list[str]) -> list[Message]:
+def pacore_round_prompt(question: str, mode: str, messages: list[str], style: Style = "paper") -> list[Message]:
     """A PaCoRe round after the first: the problem with the compact messages of the previous round."""
-    return prompt("pacore_round.j2", system_name=SYSTEM, question=question, mode=mode, messages=messages)
+    return prompt("pacore_round.j2", system_name=SYSTEM, question=question, mode=mode, messages=messages, style=style)
 
 
-def pacore_synthesis_prompt(question: str, mode: str, messages: list[str]) -> list[Message]:
+def pacore_synthesis_prompt(question: str, mode: str, messages: list[str], style: Style = "paper") -> list[Message]:
     """PaCoRe's final synthesis: one solution from the compact messages of the last round."""
-    return prompt("pacore_synthesis.j2", system_name=SYSTEM, question=question, mode=mode, messages=messages)
+    return prompt(
+        "pacore_synthesis.j2", system_name=SYSTEM, question=question, mode=mode, messages=messages, style=style
+    )
 
 
 def compact_message(reply: str, max_chars: int) -> str:
@@ -77,8 +84,10 @@ def compact_message(reply: str, max_chars: int) -> str:
     return "[...] " + cut.strip()
 
 
-def rse_solve_prompt(question: str, mode: str, propositions: list[str], pitfalls: list[str]) -> list[Message]:
-    """RSE sampling: the problem with the experience bank injected (the plain problem while the bank is empty)."""
+def rse_solve_prompt(
+    question: str, mode: str, propositions: list[str], pitfalls: list[str], style: Style = "paper"
+) -> list[Message]:
+    """RSE sampling after the first iteration: the problem with the experience bank injected."""
     return prompt(
         "rse_solve.j2",
         system_name=SYSTEM,
@@ -86,6 +95,7 @@ def rse_solve_prompt(question: str, mode: str, propositions: list[str], pitfalls
         mode=mode,
         propositions=propositions,
         pitfalls=pitfalls,
+        style=style,
     )
 
 

@@ -73,4 +73,4 @@ def opinion_answer(content: str, domain: str) -> str | None:
     if domain == "medicine":
         ranked = parse_differential(content)
         return ranked[0] if ranked else None
-    return extract_answer(content)
+    return extract_answer(content).answer

@@ -13,6 +13,7 @@ from fractions import Fraction
 
 from pydantic import BaseModel
 
+from tmas.agents.style import Style
 from tmas.agents.templates import prompt
 from tmas.answers import last_boxed
 from tmas.llm.types import Message
@@ -36,8 +37,10 @@ class Verification(BaseModel):
         return 0.0 if self.score is None else self.score
 
 
-def verification_prompt(question: str, solution: str, mode: str) -> list[Message]:
-    return prompt("tmas_verify.j2", system_name="system_math.j2", question=question, solution=solution, mode=mode)
+def verification_prompt(question: str, solution: str, mode: str, style: Style = "paper") -> list[Message]:
+    return prompt(
+        "tmas_verify.j2", system_name="system_math.j2", question=question, solution=solution, mode=mode, style=style
+    )
 
 
 def _value(raw: str) -> float | None:

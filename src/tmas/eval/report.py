@@ -38,9 +38,11 @@ from tmas.eval.frontier import BUDGETS, FrontierPoint, equal_budget, run_frontie
 from tmas.eval.grading import GradeConfig, Grades, grade_run, load_grades
 from tmas.eval.metrics import RunMetrics, compute_metrics
 from tmas.eval.plots import Series, plot_frontier, plot_pass1
+from tmas.eval.reply_quality import reply_quality_section, role_replies
 from tmas.eval.roc import ScoreSeparation, score_separation
 from tmas.eval.run_results import in_progress, load_results
 from tmas.eval.selection_table import SelectionTable, has_scores, selection_table
+from tmas.methods.base import ReplyTally
 from tmas.methods.selection import POOL_RULES, SELECT_RULES
 from tmas.store.run_store import RunStore
 
@@ -76,6 +78,7 @@ class RunEvaluation:
     frontier: list[FrontierPoint] = field(default_factory=list)
     selection: SelectionTable | None = None
     separation: ScoreSeparation | None = None
+    replies: dict[str, ReplyTally] = field(default_factory=dict)
 
 
 def benchmark_name(store: RunStore) -> str:
@@ -155,6 +158,7 @@ async def evaluate_run(
             evaluation.trace = experience_trace(improved, grades) if improved else None
         evaluation.guidelines = unique_guidelines(results, method_meta)
         evaluation.stopping = stopping_summary(results)
+        evaluation.replies = role_replies(store)
     return evaluation
 
 
@@ -409,6 +413,10 @@ def _selection_rules(doc: Document, e: RunEvaluation) -> None:
     doc.add(Table(["Rule / pool", *[f"It{t}" for t in columns]], rows))
 
 
+def _reply_quality(doc: Document, e: RunEvaluation) -> None:
+    reply_quality_section(doc, e.replies)
+
+
 def _score_separation(doc: Document, e: RunEvaluation) -> None:
     s = e.separation
     if s is None:
@@ -498,6 +506,7 @@ RUN_SECTIONS: tuple[Callable[[Document, RunEvaluation], None], ...] = (
     _frontier_points,
     _selection_rules,
     _score_separation,
+    _reply_quality,
     _analyses,
 )
 

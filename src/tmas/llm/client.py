@@ -20,12 +20,13 @@ from types import TracebackType
 from typing import Any, Protocol
 
 import aiohttp
+from pydantic import ValidationError
 
 from tmas.config import Endpoint, Sampling, Settings
 from tmas.errors import ConfigError, LLMError
 from tmas.llm.reasoning import split_reasoning
 from tmas.llm.tokens import TokenCounter
-from tmas.llm.types import CallKey, ChatRequest, Completion, Message, Usage
+from tmas.llm.types import CallKey, ChatRequest, Completion, Message, TokenLogprob, Usage
 
 # Room left for the chat template's own tokens when max_tokens is lowered to fit the context window.
 CONTEXT_MARGIN_TOKENS = 32
@@ -432,6 +433,7 @@ class LLMClient:
             latency_s=time.monotonic() - started,
             attempts=attempts,
             max_tokens_sent=sent_max if sent_max != request.sampling.max_tokens else None,
+            logprobs=_logprobs(choice.get("logprobs")),
         )
 
     def _failed(
@@ -507,6 +509,18 @@ def _usage(raw: Any, counter: TokenCounter, messages: Sequence[Message], content
         reasoning_tokens=counter.count(reasoning),
         estimated=not counter.exact,
     )
+
+
+def _logprobs(raw: Any) -> list[TokenLogprob] | None:
+    """The content tokens' log-probabilities in OpenAI's shape (``{"content": [{token, logprob, top_logprobs}]}``);
+    None when the server sent none or sent them in a shape we cannot read (the caller then falls back to the text)."""
+    content = raw.get("content") if isinstance(raw, dict) else None
+    if not isinstance(content, list) or not content:
+        return None
+    try:
+        return [TokenLogprob.model_validate(item) for item in content]
+    except ValidationError:
+        return None
 
 
 def _error_message(text: str) -> str:

@@ -6,7 +6,7 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tmas.config import Sampling
 
@@ -90,6 +90,26 @@ class ChatRequest(BaseModel):
         return hashlib.sha256(raw).hexdigest()
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+
+
+class TokenLogprob(BaseModel):
+    """One generated token with its log-probability and the most likely alternatives at its position (OpenAI's
+    ``choices[0].logprobs.content[i]``)."""
+
+    token: str
+    logprob: float
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+    @field_validator("top_logprobs", mode="before")
+    @classmethod
+    def _none_is_empty(cls, value: Any) -> Any:
+        # Some servers send null where no alternatives were asked for.
+        return [] if value is None else value
+
+
 class Completion(BaseModel):
     """A finished (or failed) call, as stored in the run store."""
 
@@ -114,6 +134,8 @@ class Completion(BaseModel):
     # The causes of the attempts that failed before the last one (retried transient failures), in order.
     retry_causes: list[str] = Field(default_factory=list)
     cached: bool = False
+    # Per-token log-probabilities of the content, when the request asked for them and the server sent them.
+    logprobs: list[TokenLogprob] | None = None
 
     @property
     def ok(self) -> bool:

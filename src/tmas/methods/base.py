@@ -35,6 +35,25 @@ class Candidate(BaseModel):
     meta: dict[str, Any] = Field(default_factory=dict)
 
 
+class ReplyTally(BaseModel):
+    """One role's replies in one iteration: how many arrived, were cut at max_tokens, held nothing usable (no
+    extractable answer, no readable score, an invalid update), or gave their answer only in a final-answer statement
+    (no box)."""
+
+    replies: int = 0
+    truncated: int = 0
+    unusable: int = 0
+    fallback: int = 0
+
+    def __add__(self, other: ReplyTally) -> ReplyTally:
+        return ReplyTally(
+            replies=self.replies + other.replies,
+            truncated=self.truncated + other.truncated,
+            unusable=self.unusable + other.unusable,
+            fallback=self.fallback + other.fallback,
+        )
+
+
 class IterationRecord(BaseModel):
     problem_id: str
     iteration: int
@@ -49,6 +68,8 @@ class IterationRecord(BaseModel):
     state: dict[str, Any] = Field(default_factory=dict)
     # Bad agent outputs that were handled, truncations, and other things worth knowing.
     notes: list[str] = Field(default_factory=list)
+    # Successful replies per role, with how many were truncated or unusable.
+    replies: dict[str, ReplyTally] = Field(default_factory=dict)
 
 
 class ProblemResult(BaseModel):
@@ -118,6 +139,7 @@ class ProblemSession:
         self._iteration_calls = 0
         self._iteration_failed = 0
         self._iteration_usage = Usage()
+        self._iteration_replies: dict[str, ReplyTally] = {}
         self.records: list[IterationRecord] = []
         self.budget = budget or Budget()
         # The problem's whole spend (all iterations, replayed calls included, so a resumed run stops where the
@@ -158,10 +180,18 @@ class ProblemSession:
         self.spent_usage = self.spent_usage + completion.usage
         self._iteration_calls += 1
         self._iteration_usage = self._iteration_usage + completion.usage
+        if completion.ok:  # the role's reply counts; what the reply held is the method's to add
+            tally = self.tally(role)
+            tally.replies += 1
+            tally.truncated += completion.truncated
         if not completion.ok:
             self._iteration_failed += 1
             self.spent_failed += 1
         return completion
+
+    def tally(self, role: str) -> ReplyTally:
+        """``role``'s reply counts in this iteration, for the method to add what it found in them."""
+        return self._iteration_replies.setdefault(role, ReplyTally())
 
     def check_budget(self) -> None:
         """Raise :class:`BudgetExhausted` when the problem has spent its token or call budget."""
@@ -202,6 +232,7 @@ class ProblemSession:
         self._iteration_calls = 0
         self._iteration_failed = 0
         self._iteration_usage = Usage()
+        self._iteration_replies = {}
 
     def end_iteration(
         self,
@@ -221,6 +252,7 @@ class ProblemSession:
             usage=self._iteration_usage,
             state=state or {},
             notes=notes or [],
+            replies=dict(sorted(self._iteration_replies.items())),
         )
         self.records.append(record)
         if self.store is not None:

@@ -11,7 +11,7 @@ from collections import Counter
 from typing import Any
 
 from tmas.agents.baselines import solution_section
-from tmas.answers import last_boxed, normalize_answer
+from tmas.answers import extract_answer, normalize_answer
 from tmas.config import Sampling
 from tmas.llm.types import Message
 from tmas.methods.base import BUDGET_STOP, BudgetExhausted, Candidate, ProblemResult, ProblemSession
@@ -28,15 +28,24 @@ async def solve_call(
     sampling: Sampling | None = None,
     meta: dict[str, Any] | None = None,
 ) -> Candidate | None:
-    """One solution-writing call as candidate ``index``; None when the budget refused the call."""
+    """One solution-writing call as candidate ``index``; None when the budget refused the call.
+
+    Numeric mode: the answer is the last box, else an explicit final-answer statement; ``meta["extraction"]`` says
+    which ("boxed" / "fallback" / "none"), and a reply with neither counts as unusable for ``role``.
+    """
     try:
         reply = await session.chat(role, messages, sample=index if sample is None else sample, sampling=sampling)
     except BudgetExhausted:
         return None
     # The text later prompts see: the solution without any feedback section before it.
     text = solution_section(reply.content)
-    answer = (last_boxed(reply.content) or None) if reply.ok and mode == "numeric" else None
+    answer = None
     info = dict(meta or {})
+    if reply.ok and mode == "numeric":
+        answer, source = extract_answer(reply.content)
+        info["extraction"] = source
+        session.tally(role).unusable += source == "none"
+        session.tally(role).fallback += source == "fallback"
     if reply.truncated:
         info["truncated"] = True
     return Candidate(
@@ -58,7 +67,7 @@ def notes_for(candidates: list[Candidate], mode: str) -> list[str]:
         if c.error:
             notes.append(f"candidate {c.index}: call failed: {c.error}")
         elif mode == "numeric" and c.answer is None:
-            notes.append(f"candidate {c.index}: no \\boxed{{}} answer")
+            notes.append(f"candidate {c.index}: no extractable answer")
         if c.meta.get("truncated"):
             notes.append(f"candidate {c.index}: truncated at max_tokens")
     return notes

@@ -1,44 +1,35 @@
-"""Chain of thought: one solver call, the floor every other method is compared against."""
+"""Chain of thought: one solver call, the floor every other method is compared against.
+
+Its one sample is the first sample of every method (TMAS's generation prompt, same system message and output
+layout), so a comparison with CoT measures what a method adds after that sample, not a difference of prompts.
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from tmas.agents.templates import prompt
-from tmas.answers import extract_answer
-from tmas.methods.base import Candidate, Method, MethodParams, ProblemResult, ProblemSession
+from tmas.agents.solution import generation_prompt
+from tmas.methods.base import Method, MethodParams, ProblemResult, ProblemSession
+from tmas.methods.candidates import finish, notes_for, solve_call
+from tmas.methods.styled import StyledParams
 
 
-class CoTParams(MethodParams):
+class CoTParams(StyledParams):
     pass
 
 
 class CoT(Method[CoTParams]):
     name: ClassVar[str] = "cot"
     Params: ClassVar[type[MethodParams]] = CoTParams
+    embedded_defaults: ClassVar[dict[str, Any]] = {"style": "concise"}
 
     async def solve(self, session: ProblemSession) -> ProblemResult:
-        mode = self.params.mode
-        messages = prompt("cot.j2", system_name="system_math.j2", question=session.problem.question, mode=mode)
+        p = self.params
+        messages = generation_prompt(session.problem.question, p.mode, p.style_of("solution"))
         session.begin_iteration(0)
-        reply = await session.chat("solution", messages)
-        answer = extract_answer(reply.content) if reply.ok and mode == "numeric" else None
-        notes = []
-        if reply.ok and mode == "numeric" and answer is None:
-            notes.append("solution has no boxed answer")
-        if reply.truncated:
-            notes.append("solution truncated at max_tokens")
-        candidate = Candidate(
-            index=0,
-            text=reply.content,
-            answer=answer,
-            call_id=reply.call_id,
-            usage=reply.usage,
-            finish_reason=reply.finish_reason,
-            error=reply.error,
-        )
-        session.end_iteration([candidate], selected=answer, notes=notes)
-        result = session.result(self.name, answer=answer, text=reply.content)
-        if not reply.ok:
-            result.status, result.error = "failed", reply.error
-        return result
+        candidate = await solve_call(session, "solution", messages, index=0, mode=p.mode)
+        if candidate is None:  # a budget too small for even one call
+            return finish(session, self.name, None, stopped=True)
+        chosen = candidate if candidate.error is None else None
+        session.end_iteration([candidate], selected=candidate.answer, notes=notes_for([candidate], p.mode))
+        return finish(session, self.name, chosen, stopped=False)

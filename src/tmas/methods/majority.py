@@ -16,9 +16,10 @@ from tmas.agents.solution import generation_prompt
 from tmas.answers import normalize_answer
 from tmas.methods.base import Candidate, Method, MethodParams, ProblemResult, ProblemSession, gather_all
 from tmas.methods.candidates import budget_note, finish, notes_for, pick, solve_call
+from tmas.methods.styled import StyledParams
 
 
-class MajorityParams(MethodParams):
+class MajorityParams(StyledParams):
     # Samples per iteration (paper: 64).
     k: int = Field(default=64, ge=1, le=1024)
 
@@ -26,11 +27,11 @@ class MajorityParams(MethodParams):
 class MajorityVote(Method[MajorityParams]):
     name: ClassVar[str] = "majority"
     Params: ClassVar[type[MethodParams]] = MajorityParams
-    embedded_defaults: ClassVar[dict[str, Any]] = {"k": 4}
+    embedded_defaults: ClassVar[dict[str, Any]] = {"k": 4, "style": "concise"}
 
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p, mode = self.params, self.params.mode
-        messages = generation_prompt(session.problem.question, mode)
+        messages = generation_prompt(session.problem.question, mode, p.style_of("solution"))
         pool: list[Candidate] = []
         for t in range(p.iterations):
             session.begin_iteration(t)

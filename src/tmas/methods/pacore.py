@@ -20,9 +20,11 @@ from tmas.agents.solution import generation_prompt
 from tmas.llm.types import Message
 from tmas.methods.base import Candidate, Method, MethodParams, ProblemResult, ProblemSession, gather_all
 from tmas.methods.candidates import budget_note, finish, notes_for, pick, solve_call
+from tmas.methods.styled import StyledParams
 
 
-class PaCoReParams(MethodParams):
+class PaCoReParams(StyledParams):
+    style_roles: ClassVar[tuple[str, ...]] = ("solution", "synthesis")
     iterations: int = Field(default=20, ge=1)
     # Parallel responses per round (paper: num_responses_per_round = 8).
     responses_per_round: int = Field(default=8, ge=1, le=256)
@@ -36,7 +38,7 @@ class PaCoReParams(MethodParams):
 class PaCoRe(Method[PaCoReParams]):
     name: ClassVar[str] = "pacore"
     Params: ClassVar[type[MethodParams]] = PaCoReParams
-    embedded_defaults: ClassVar[dict[str, Any]] = {"responses_per_round": 2, "iterations": 2}
+    embedded_defaults: ClassVar[dict[str, Any]] = {"responses_per_round": 2, "iterations": 2, "style": "concise"}
 
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p, q, mode = self.params, session.problem.question, self.params.mode
@@ -48,13 +50,16 @@ class PaCoRe(Method[PaCoReParams]):
             synthesis = p.synthesis and t == p.iterations
             if synthesis:
                 role, count, kind = "synthesis", p.synthesis_responses, "synthesis"
-                prompt: list[Message] = pacore_synthesis_prompt(q, mode, messages) if messages else []
+                style = p.style_of(role)
+                prompt: list[Message] = pacore_synthesis_prompt(q, mode, messages, style) if messages else []
                 if not prompt:  # nothing to synthesise from: a plain sample is the honest fallback
-                    prompt, kind = generation_prompt(q, mode), "generate"
+                    prompt, kind = generation_prompt(q, mode, style), "generate"
             else:
                 role, count = "solution", p.responses_per_round
-                kind = "round" if messages else "generate"
-                prompt = pacore_round_prompt(q, mode, messages) if messages else generation_prompt(q, mode)
+                kind, style = ("round" if messages else "generate"), p.style_of(role)
+                prompt = (
+                    pacore_round_prompt(q, mode, messages, style) if messages else generation_prompt(q, mode, style)
+                )
             drawn = await gather_all(
                 solve_call(session, role, prompt, index=i, mode=mode, meta={"prompt": kind}) for i in range(count)
             )

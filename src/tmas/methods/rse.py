@@ -21,6 +21,7 @@ from pydantic import Field
 
 from tmas.agents.baselines import Distillation, distill_prompt, parse_distillation, rse_solve_prompt
 from tmas.agents.output import AgentOutputError
+from tmas.agents.solution import generation_prompt
 from tmas.errors import LLMError
 from tmas.memory.similarity import jaccard
 from tmas.methods.base import (
@@ -33,11 +34,12 @@ from tmas.methods.base import (
     gather_all,
 )
 from tmas.methods.candidates import budget_note, finish, notes_for, pick, solve_call
+from tmas.methods.styled import StyledParams
 
 KINDS = ("propositions", "pitfalls")
 
 
-class RSEParams(MethodParams):
+class RSEParams(StyledParams):
     iterations: int = Field(default=20, ge=1)
     n: int = Field(default=8, ge=1, le=256)
     # Cosine similarity at or above which a new item is a duplicate (the RSE setting, about 0.85).
@@ -68,7 +70,7 @@ class Merge:
 class RSE(Method[RSEParams]):
     name: ClassVar[str] = "rse"
     Params: ClassVar[type[MethodParams]] = RSEParams
-    embedded_defaults: ClassVar[dict[str, Any]] = {"n": 2, "iterations": 2}
+    embedded_defaults: ClassVar[dict[str, Any]] = {"n": 2, "iterations": 2, "style": "concise"}
 
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p, q, mode = self.params, session.problem.question, self.params.mode
@@ -76,8 +78,11 @@ class RSE(Method[RSEParams]):
         chosen: Candidate | None = None
         for t in range(p.iterations):
             session.begin_iteration(t)
-            prompt = rse_solve_prompt(q, mode, bank.propositions, bank.pitfalls)
-            kind = "with_bank" if bank.propositions or bank.pitfalls else "generate"
+            style = p.style_of("solution")
+            if bank.propositions or bank.pitfalls:
+                prompt, kind = rse_solve_prompt(q, mode, bank.propositions, bank.pitfalls, style), "with_bank"
+            else:  # no experience yet: the first sample every method shares
+                prompt, kind = generation_prompt(q, mode, style), "generate"
             drawn = await gather_all(
                 solve_call(session, "solution", prompt, index=i, mode=mode, meta={"prompt": kind}) for i in range(p.n)
             )
@@ -117,6 +122,7 @@ class RSE(Method[RSEParams]):
             try:
                 return parse_distillation(reply.content, max_items=p.items_per_trajectory, truncated=reply.truncated)
             except AgentOutputError as exc:
+                session.tally("distiller").unusable += 1
                 notes.append(f"distillation of candidate {c.index} unusable: {exc}")
                 return None
 

@@ -17,9 +17,11 @@ from tmas.agents.baselines import self_refine_prompt
 from tmas.agents.solution import generation_prompt
 from tmas.methods.base import Candidate, Method, MethodParams, ProblemResult, ProblemSession, gather_all
 from tmas.methods.candidates import budget_note, finish, notes_for, pick, solve_call
+from tmas.methods.styled import StyledParams
 
 
-class SelfRefineParams(MethodParams):
+class SelfRefineParams(StyledParams):
+    style_roles: ClassVar[tuple[str, ...]] = ("solution", "refiner")
     iterations: int = Field(default=20, ge=1)
     # Parallel trajectories (paper: 8).
     n: int = Field(default=8, ge=1, le=256)
@@ -28,7 +30,7 @@ class SelfRefineParams(MethodParams):
 class SelfRefine(Method[SelfRefineParams]):
     name: ClassVar[str] = "self_refine"
     Params: ClassVar[type[MethodParams]] = SelfRefineParams
-    embedded_defaults: ClassVar[dict[str, Any]] = {"n": 2, "iterations": 2}
+    embedded_defaults: ClassVar[dict[str, Any]] = {"n": 2, "iterations": 2, "style": "concise"}
 
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p, mode, q = self.params, self.params.mode, session.problem.question
@@ -41,10 +43,9 @@ class SelfRefine(Method[SelfRefineParams]):
             async def step(i: int) -> Candidate | None:
                 prev = latest[i]
                 if prev is None or prev.error is not None:
-                    return await solve_call(
-                        session, "solution", generation_prompt(q, mode), index=i, mode=mode, meta={"prompt": "generate"}
-                    )
-                messages = self_refine_prompt(q, mode, prev.text)
+                    first = generation_prompt(q, mode, p.style_of("solution"))
+                    return await solve_call(session, "solution", first, index=i, mode=mode, meta={"prompt": "generate"})
+                messages = self_refine_prompt(q, mode, prev.text, p.style_of("refiner"))
                 return await solve_call(session, "refiner", messages, index=i, mode=mode, meta={"prompt": "refine"})
 
             stepped = await gather_all(step(i) for i in range(p.n))

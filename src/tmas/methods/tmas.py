@@ -33,6 +33,7 @@ from tmas.agents.experience import experience_prompt, parse_experience_update
 from tmas.agents.guideline import guideline_prompt, parse_guideline_update
 from tmas.agents.output import AgentOutputError
 from tmas.agents.rollouts import CHARS_PER_TOKEN, Rollout, RolloutFit, fit_rollouts
+from tmas.agents.score_first import parse_score_first, score_first_prompt
 from tmas.agents.solution import (
     SolutionPrompt,
     explore_prompt,
@@ -193,8 +194,9 @@ class TMAS(Method[TMASParams]):
     ) -> SolutionPlan:
         """z_{t,i} ~ Bernoulli(epsilon) per candidate (line 7) and the prompt each one gets (lines 8-12, eq. 1)."""
         p, q, mode = self.params, session.problem.question, self.params.mode
+        style = p.style_of("solution")
         if t == 0:
-            first = generation_prompt(q, mode)
+            first = generation_prompt(q, mode, style)
             return SolutionPlan(["generate"] * p.n, ["generate"] * p.n, [first] * p.n)
         draws = [_bernoulli(session.seed, session.problem.problem_id, t, i, p.epsilon) for i in range(p.n)]
         cache: dict[str, list[Message]] = {}
@@ -205,16 +207,16 @@ class TMAS(Method[TMASParams]):
             name = self._prompt_name(z, bool(prev.rollouts))
             if name not in cache:
                 if name == "explore":
-                    cache[name] = explore_prompt(q, mode, prev.guideline.strategies)
+                    cache[name] = explore_prompt(q, mode, prev.guideline.strategies, style)
                 elif name == "refine":
                     experience = None if p.no_experience else prev.experience
-                    base = refine_prompt(q, mode, [], experience)
+                    base = refine_prompt(q, mode, [], experience, style)
                     fit = self._fit(session, "solution", prev.rollouts, base, sampling)
                     if fit.changed:
                         log.notes.append(f"exploit prompt: {fit.describe()}")
-                    cache[name] = refine_prompt(q, mode, fit.views, experience)
+                    cache[name] = refine_prompt(q, mode, fit.views, experience, style)
                 else:
-                    cache[name] = generation_prompt(q, mode)
+                    cache[name] = generation_prompt(q, mode, style)
             modes.append("explore" if z else "exploit")
             names.append(name)
             messages.append(cache[name])
@@ -283,35 +285,17 @@ class TMAS(Method[TMASParams]):
         if reply.truncated:
             meta["truncated"] = True
             log.bad("solution_truncated", f"candidate {i}: solution truncated at max_tokens")
+        if p.mode == "numeric":
+            meta["extraction"] = solution.extraction
+            session.tally("solution").fallback += solution.extraction == "fallback"
         if p.mode == "numeric" and solution.answer is None:
-            log.bad("solution_no_answer", f"candidate {i}: no \\boxed{{}} answer; scored 0")
+            session.tally("solution").unusable += 1
+            log.bad("solution_no_answer", f"candidate {i}: no extractable answer; scored 0")
         elif p.mode == "proof" and not solution.has_section:
             log.notes.append(f"candidate {i}: no '## Solution' heading; the whole reply is taken as the solution")
 
         # Line 14: M independent verification passes, in parallel.
-        check = verification_prompt(q, solution.text, p.mode)
-        replies = await gather_all(
-            session.chat("verifier", check, sample=i * p.m + j, sampling=sampling["verifier"]) for j in range(p.m)
-        )
-        verifications: list[Verification] = []
-        records: list[dict[str, Any]] = []
-        for j, v_reply in enumerate(replies):
-            if not v_reply.ok:
-                verification = Verification(feedback="(verification failed)", score=None)
-                log.bad("verification_failed", f"candidate {i}, verifier {j}: call failed: {v_reply.error}")
-            else:
-                verification = parse_verification(v_reply.content)
-                if verification.score is None:
-                    log.bad("verification_unparseable", f"candidate {i}, verifier {j}: no readable score; counted 0")
-            entry: dict[str, Any] = {"score": verification.score, "call_id": v_reply.call_id}
-            if verification.snapped:
-                entry["snapped"] = True
-            if v_reply.error:
-                entry["error"] = v_reply.error
-            elif verification.score is None:
-                entry["raw"] = v_reply.content[:RAW_LIMIT]
-            verifications.append(verification)
-            records.append(entry)
+        verifications, records = await self._verify(session, i, solution.text, sampling, log)
         meta["verifications"] = records
         score = _mean([v.effective_score for v in verifications])
         if p.mode == "numeric" and solution.answer is None:
@@ -330,12 +314,72 @@ class TMAS(Method[TMASParams]):
             try:
                 summary = parse_summary(s_reply.content, truncated=s_reply.truncated)
             except AgentOutputError as exc:
+                session.tally("summary").unusable += 1
                 log.bad("summary_invalid", f"candidate {i}: summary unusable ({exc}): {s_reply.content[:200]!r}")
                 summary = fallback_summary(verifications, str(exc))
         meta["summary"] = summary.text
         meta["summary_call_id"] = s_reply.call_id
         rollout = Rollout(index=i, solution=solution.text, summary=summary.text, score=score, answer=solution.answer)
         return CandidateOutcome(candidate, rollout)
+
+    async def _verify(
+        self,
+        session: ProblemSession,
+        i: int,
+        solution: str,
+        sampling: dict[str, Sampling | None],
+        log: IterationLog,
+    ) -> tuple[list[Verification], list[dict[str, Any]]]:
+        """V_{t,i}: M verifications of candidate i, with what each one's record keeps.
+
+        ``verifier_score = "text"`` (the paper): M analyses, each one's "Score:" line parsed. ``"logprob"`` (beyond
+        the paper): M short score-first replies, each scored by the expected value of its score token's
+        log-probabilities; a reply without them is scored from its text, counted as ``verifier_logprob_fallback``.
+        """
+        p, q = self.params, session.problem.question
+        logprob = p.verifier_score == "logprob"
+        over = sampling["verifier"]
+        if logprob:
+            check = score_first_prompt(q, solution, p.mode)
+            asked = Sampling(
+                max_tokens=p.score_max_tokens, extra_body={"logprobs": True, "top_logprobs": p.top_logprobs}
+            )
+            over = (over or Sampling()).merged(asked)
+        else:
+            check = verification_prompt(q, solution, p.mode, p.style_of("verifier"))
+        replies = await gather_all(
+            session.chat("verifier", check, sample=i * p.m + j, sampling=over) for j in range(p.m)
+        )
+        verifications: list[Verification] = []
+        records: list[dict[str, Any]] = []
+        for j, v_reply in enumerate(replies):
+            entry: dict[str, Any] = {"call_id": v_reply.call_id}
+            if not v_reply.ok:
+                verification = Verification(feedback="(verification failed)", score=None)
+                log.bad("verification_failed", f"candidate {i}, verifier {j}: call failed: {v_reply.error}")
+                entry["error"] = v_reply.error
+            elif logprob:
+                scored = parse_score_first(v_reply.content, v_reply.logprobs)
+                verification = Verification(feedback=scored.feedback, score=scored.score)
+                entry["source"] = scored.source
+                if scored.probabilities:
+                    entry["probabilities"] = scored.probabilities
+                if scored.source == "text":
+                    log.bad(
+                        "verifier_logprob_fallback",
+                        f"candidate {i}, verifier {j}: no log-probabilities at the score; the sampled score was used",
+                    )
+            else:
+                verification = parse_verification(v_reply.content)
+                if verification.snapped:
+                    entry["snapped"] = True
+            if v_reply.ok and verification.score is None:
+                session.tally("verifier").unusable += 1
+                log.bad("verification_unparseable", f"candidate {i}, verifier {j}: no readable score; counted 0")
+                entry["raw"] = v_reply.content[:RAW_LIMIT]
+            verifications.append(verification)
+            records.append({"score": verification.score, **entry})
+        return verifications, records
 
     # ------------------------------------------------------------------------------------------ memory agents
     async def _update_experience(
@@ -439,6 +483,7 @@ class TMAS(Method[TMASParams]):
         try:
             update = parse(reply.content, truncated=reply.truncated)
         except AgentOutputError as exc:
+            session.tally(role).unusable += 1
             log.bad(f"{role}_invalid", f"{role} update invalid ({exc}); previous bank kept")
             return None, {
                 "status": "invalid",

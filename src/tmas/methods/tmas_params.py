@@ -3,10 +3,12 @@
 Without a preset TMAS runs the paper's configuration (section 4.1: N = 8, M = 8, T = 20, epsilon = 0.2) with the
 run's own sampling settings. Presets fill in every parameter the user did not give:
 
-- ``paper``: the same N, M, T and epsilon, plus the paper's sampling (temperature 1.0, top_p 0.95) for all five roles;
-- ``local``: N = 2, M = 1, T = 2, a low solver temperature and modest per-role ``max_tokens``, so one question on the
-  embedded 0.5B model finishes in minutes on two CPU cores. It is chosen automatically when the embedded model is
-  used and no preset is given (explicit parameters such as ``iterations`` still win over it).
+- ``paper``: the same N, M, T and epsilon, plus the paper's sampling (temperature 1.0, top_p 0.95) for all five roles,
+  and the paper's output layout (``style = "paper"``);
+- ``local``: N = 2, M = 1, T = 2, a low solver temperature, modest per-role ``max_tokens`` and the ``concise`` output
+  style for the solution and verifier agents (a small model otherwise often spends its budget before its answer), so
+  one question on the embedded 0.5B model finishes in minutes on two CPU cores. It is chosen automatically when the
+  embedded model is used and no preset is given (explicit parameters such as ``iterations`` still win over it).
 
 Per-role ``sampling`` the user gives as a method parameter is sent with every call of that role, over the run's
 settings (it is the most specific setting there is). Sampling a *preset* asks for is sent only where the user left
@@ -17,14 +19,14 @@ as the preset's when it equals the preset's value for that role and field.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from tmas.config import Sampling, Settings
 from tmas.memory.experience_bank import DEFAULT_DEDUP_THRESHOLD, DEFAULT_MAX_ENTRIES
-from tmas.methods.base import MethodParams
 from tmas.methods.selection import PoolRule, SelectRule
+from tmas.methods.styled import StyledParams
 
 TMAS_ROLES = ("solution", "verifier", "summary", "experience", "guideline")
 
@@ -34,6 +36,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "m": 8,
         "iterations": 20,
         "epsilon": 0.2,
+        "style": "paper",
         "sampling": {role: {"temperature": 1.0, "top_p": 0.95} for role in TMAS_ROLES},
     },
     "local": {
@@ -41,6 +44,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "m": 1,
         "iterations": 2,
         "epsilon": 0.2,
+        "style": "concise",
         "sampling": {
             # A 0.5B coder model is right far more often at a low temperature (see DESIGN.md); the per-call seeds
             # still make its parallel samples differ.
@@ -54,7 +58,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-class TMASParams(MethodParams):
+class TMASParams(StyledParams):
+    style_roles: ClassVar[tuple[str, ...]] = ("solution", "verifier")
+
     preset: Literal["paper", "local"] | None = None
     # Algorithm 1's T, N, M and epsilon.
     iterations: int = Field(default=20, ge=1)
@@ -83,6 +89,13 @@ class TMASParams(MethodParams):
     # Beyond the paper: which candidate is returned (methods/selection.py); the defaults are Algorithm 1's line 22.
     select: SelectRule = "best_score"
     pool: PoolRule = "last"
+    # Beyond the paper: "logprob" replaces each of the M verifier essays by one short score-first reply whose score is
+    # the expected value under its score token's log-probabilities (see tmas.agents.score_first); "text" parses the
+    # essay's "Score:" line as the paper does. In logprob mode `style` does not apply to the verifier.
+    verifier_score: Literal["text", "logprob"] = "text"
+    # Logprob mode: max_tokens of a score-first reply, and the alternatives asked for per token (OpenAI allows 20).
+    score_max_tokens: int = Field(default=48, ge=4)
+    top_logprobs: int = Field(default=10, ge=1, le=20)
     # Per-role sampling the method asks for (see the module docstring for how it meets the run's settings).
     sampling: dict[str, Sampling] = Field(default_factory=dict)
 

@@ -30,9 +30,11 @@ from tmas.methods.base import (
 )
 from tmas.methods.candidates import budget_note, finish, notes_for, solve_call
 from tmas.methods.selection import PoolRule, SelectRule, candidate_pool, select
+from tmas.methods.styled import StyledParams
 
 
-class VerifyRefineParams(MethodParams):
+class VerifyRefineParams(StyledParams):
+    style_roles: ClassVar[tuple[str, ...]] = ("solution", "corrector", "verifier")
     iterations: int = Field(default=20, ge=1)
     n: int = Field(default=8, ge=1, le=256)
     # Verifications per solution (the paper's V-R uses one verifier).
@@ -52,7 +54,7 @@ class Verified:
 class VerifyRefine(Method[VerifyRefineParams]):
     name: ClassVar[str] = "verify_refine"
     Params: ClassVar[type[MethodParams]] = VerifyRefineParams
-    embedded_defaults: ClassVar[dict[str, Any]] = {"n": 2, "iterations": 2}
+    embedded_defaults: ClassVar[dict[str, Any]] = {"n": 2, "iterations": 2, "style": "concise"}
 
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p = self.params
@@ -87,10 +89,12 @@ class VerifyRefine(Method[VerifyRefineParams]):
         """Trajectory i's solution (fresh or corrected) and its verifications."""
         p, q, mode = self.params, session.problem.question, self.params.mode
         if prev is None or prev.candidate.error is not None or prev.report is None:
-            messages, role, kind = generation_prompt(q, mode), "solution", "generate"
+            messages, role, kind = generation_prompt(q, mode, p.style_of("solution")), "solution", "generate"
         else:
             report = prev.report
-            messages = correction_prompt(q, mode, prev.candidate.text, report.feedback, report.score)
+            messages = correction_prompt(
+                q, mode, prev.candidate.text, report.feedback, report.score, p.style_of("corrector")
+            )
             role, kind = "corrector", "correct"
         candidate = await solve_call(session, role, messages, index=i, mode=mode, meta={"prompt": kind})
         if candidate is None:
@@ -98,7 +102,7 @@ class VerifyRefine(Method[VerifyRefineParams]):
         if candidate.error is not None:
             candidate.score = 0.0
             return Verified(candidate, None)
-        check = verification_prompt(q, candidate.text, mode)
+        check = verification_prompt(q, candidate.text, mode, p.style_of("verifier"))
         try:
             replies = await gather_all(session.chat("verifier", check, sample=i * p.m + j) for j in range(p.m))
         except BudgetExhausted:
@@ -109,6 +113,9 @@ class VerifyRefine(Method[VerifyRefineParams]):
             parse_verification(r.content) if r.ok else Verification(feedback="(verification failed)", score=None)
             for r in replies
         ]
+        for r, v in zip(replies, reports, strict=True):
+            if r.ok and v.score is None:
+                session.tally("verifier").unusable += 1
         score = sum(v.effective_score for v in reports) / len(reports)
         if mode == "numeric" and candidate.answer is None:
             score = 0.0

@@ -20,7 +20,7 @@ from typing import Any
 
 from tmas import __version__
 from tmas.errors import TmasError
-from tmas.llm.types import CallKey, ChatRequest, Completion, Usage
+from tmas.llm.types import CallKey, ChatRequest, Completion, TokenLogprob, Usage
 from tmas.problems import Problem
 
 DB_NAME = "run.sqlite"
@@ -59,7 +59,8 @@ CREATE TABLE IF NOT EXISTS calls (
     error TEXT,
     created_at REAL NOT NULL,
     error_cause TEXT,
-    retry_causes TEXT NOT NULL DEFAULT '[]'
+    retry_causes TEXT NOT NULL DEFAULT '[]',
+    logprobs TEXT
 );
 CREATE INDEX IF NOT EXISTS calls_by_request ON calls (request_hash, sample);
 CREATE INDEX IF NOT EXISTS calls_by_problem ON calls (problem_id, iteration);
@@ -138,6 +139,7 @@ class RunStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=10000")
         self._db.executescript(_SCHEMA)
+        self._add_missing_columns()
         version = self.get_meta("schema_version")
         if version is None:
             self.set_meta("schema_version", SCHEMA_VERSION)
@@ -145,6 +147,12 @@ class RunStore:
             self.set_meta("created_at", time.time())
         elif version != SCHEMA_VERSION:
             raise StoreError(f"{self.path}: store schema {version} is not the supported {SCHEMA_VERSION}")
+
+    def _add_missing_columns(self) -> None:
+        """Columns added after schema 1, added in place to older stores (nullable, so old rows stay valid)."""
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(calls)")}
+        if "logprobs" not in have:
+            self._db.execute("ALTER TABLE calls ADD COLUMN logprobs TEXT")
 
     def close(self) -> None:
         self._db.close()
@@ -212,8 +220,8 @@ class RunStore:
         cursor = self._db.execute(
             "INSERT INTO calls (request_hash, sample, problem_id, iteration, role, endpoint, model, messages,"
             " sampling, content, reasoning, prompt_tokens, completion_tokens, reasoning_tokens, usage_estimated,"
-            " finish_reason, max_tokens_sent, latency_s, attempts, error, created_at, error_cause, retry_causes)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " finish_reason, max_tokens_sent, latency_s, attempts, error, created_at, error_cause, retry_causes,"
+            " logprobs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 c.request_hash,
                 k.sample,
@@ -238,6 +246,7 @@ class RunStore:
                 time.time(),
                 c.error_cause,
                 json.dumps(c.retry_causes),
+                None if c.logprobs is None else json.dumps([t.model_dump() for t in c.logprobs]),
             ),
         )
         return int(cursor.lastrowid or 0)
@@ -420,7 +429,7 @@ class _Transaction:
 _CALL_COLUMNS = (
     "id, request_hash, sample, problem_id, iteration, role, endpoint, model, content, reasoning, prompt_tokens,"
     " completion_tokens, reasoning_tokens, usage_estimated, finish_reason, max_tokens_sent, latency_s, attempts,"
-    " error, error_cause, retry_causes"
+    " error, error_cause, retry_causes, logprobs"
 )
 
 
@@ -446,4 +455,5 @@ def _completion(row: tuple[Any, ...]) -> Completion:
         error=row[18],
         error_cause=row[19],
         retry_causes=json.loads(row[20]),
+        logprobs=None if row[21] is None else [TokenLogprob.model_validate(t) for t in json.loads(row[21])],
     )

@@ -20,12 +20,12 @@ from typing import Any
 
 from tmas.testing.script import SimScript
 
-_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
+TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 
 
 def count_tokens(text: str) -> int:
     """The simulator's token count: words and single punctuation marks."""
-    return len(_TOKEN_RE.findall(text))
+    return len(TOKEN_RE.findall(text))
 
 
 # System prompts and few-shot blocks repeat across thousands of calls: count each distinct text once.
@@ -37,7 +37,7 @@ def cut_tokens(text: str, limit: int) -> str:
     if limit <= 0:
         return ""
     end = 0
-    for i, match in enumerate(_TOKEN_RE.finditer(text)):
+    for i, match in enumerate(TOKEN_RE.finditer(text)):
         if i == limit:
             return text[:end]
         end = match.end()

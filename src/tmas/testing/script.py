@@ -89,6 +89,9 @@ class Rule(_Strict):
     role: str | None = None
     pattern: str | None = None
     replies: list[str] = Field(default_factory=list)
+    # OpenAI's ``choices[0].logprobs.content`` list, sent verbatim when the request asks for logprobs (instead of
+    # the server's own payload, in which every content token is certain).
+    logprobs: list[dict[str, Any]] | None = None
     fault: FaultKind | None = None
     times: int | None = Field(default=None, ge=0)
     latency_s: float | None = Field(default=None, ge=0.0)
@@ -128,6 +131,8 @@ class SimScript(_Strict):
     usage: bool = True
     reasoning: bool = False
     think_tags: bool = False
+    # Whether the server answers ``logprobs: true`` with a payload (False: a server that ignores the request).
+    logprobs: bool = True
     faults: FaultRates = Field(default_factory=FaultRates)
     rules: list[Rule] = Field(default_factory=list)
     seed: int = 0

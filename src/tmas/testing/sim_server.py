@@ -36,6 +36,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from tmas.testing.responders import (
+    TOKEN_RE,
     SimRequest,
     content_text,
     count_tokens,
@@ -136,6 +137,19 @@ def split_pieces(text: str, n: int = 4) -> list[str]:
             cuts.append(pos)
     bounds = [0, *cuts, len(text)]
     return [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+
+
+def certain_logprobs(content: str, top: Any) -> list[dict[str, Any]]:
+    """A logprobs payload in which every content token (the simulator's tokens, spacing attached in front) had
+    probability 1, with itself as the only alternative listed (none when ``top`` is 0 or absent)."""
+    out: list[dict[str, Any]] = []
+    start = 0
+    for match in TOKEN_RE.finditer(content):
+        token = content[start : match.end()]
+        start = match.end()
+        alternatives = [{"token": token, "logprob": 0.0}] if isinstance(top, int) and top > 0 else []
+        out.append({"token": token, "logprob": 0.0, "top_logprobs": alternatives})
+    return out
 
 
 def embed_text(text: str, dim: int) -> list[float]:
@@ -468,6 +482,10 @@ class SimApp:
             if reasoning is not None or reasoning_tokens:
                 usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
 
+        logprobs: list[dict[str, Any]] | None = None
+        if body.get("logprobs") and script.logprobs:
+            given = rule.logprobs if rule is not None else None
+            logprobs = given if given is not None else certain_logprobs(content, body.get("top_logprobs"))
         reply = _Reply(
             id=f"chatcmpl-{uuid.uuid4().hex}",
             created=int(received),
@@ -476,6 +494,7 @@ class SimApp:
             reasoning=reasoning,
             finish_reason=finish_reason,
             usage=usage,
+            logprobs=logprobs,
         )
         if body.get("stream"):
             stream_options = body.get("stream_options")
@@ -603,6 +622,7 @@ class _Reply:
     reasoning: str | None
     finish_reason: str
     usage: dict[str, Any] | None
+    logprobs: list[dict[str, Any]] | None = None
 
     def base(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -612,7 +632,10 @@ class _Reply:
         if self.reasoning is not None:
             message["reasoning_content"] = self.reasoning
         out = self.base("chat.completion")
-        out["choices"] = [{"index": 0, "message": message, "finish_reason": self.finish_reason}]
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": self.finish_reason}
+        if self.logprobs is not None:
+            choice["logprobs"] = {"content": self.logprobs}
+        out["choices"] = [choice]
         if self.usage is not None:
             out["usage"] = self.usage
         return out

@@ -49,9 +49,15 @@ def expected_answer(problem: str) -> str | None:
     return None if found is None else format_number(found[1])
 
 
+# The score-first prompt (tmas_verify_score.j2) asks for one digit: 2 / 1 / 0 for 1 / 0.5 / 0.
+_SCORE_FIRST = "Reply with the grade first"
+_DIGIT = {"1": "2", "0.5": "1", "0": "0"}
+
+
 @register_responder("verifier")
 def verifier_responder(req: SimRequest) -> str:
-    """An analysis and a ``Score:`` line on the 1 / 0.5 / 0 scale."""
+    """An analysis and a ``Score:`` line on the 1 / 0.5 / 0 scale; for the score-first prompt, the ``Score:`` line
+    first, on its one-digit scale, then the analysis."""
     text = req.question
     answer = last_boxed(tag(text, "solution"))
     expected = expected_answer(tag(text, "problem"))
@@ -76,6 +82,8 @@ def verifier_responder(req: SimRequest) -> str:
             "0.5": "The approach is sound, but one case is only sketched.",
             "0": "A key step assumes what it should prove; this is a fatal error.",
         }[score]
+    if _SCORE_FIRST in text:
+        return f"Score: {_DIGIT[score]}\n{analysis}"
     return f"## Analysis\n{analysis}\n\n## Score\nScore: {score}"
 
 

@@ -1,0 +1,57 @@
+"""Per-role reply quality of a run: of each role's successful replies, the share with no extractable answer or
+score (or an invalid update), the share cut at max_tokens, and the share whose answer came from a final-answer
+statement instead of a box.
+
+Read from the iteration records (``IterationRecord.replies``), so a run whose problems are mid-way is counted up to
+its last finished iteration. Records written before these counts existed contribute nothing.
+"""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from tmas.eval.document import Document, Heading, Paragraph, Table
+from tmas.methods.base import ReplyTally
+from tmas.store.run_store import RunStore
+
+
+def role_replies(store: RunStore) -> dict[str, ReplyTally]:
+    """The run's reply counts per role, summed over every stored iteration of every problem."""
+    totals: dict[str, ReplyTally] = {}
+    for problem in store.iter_problems():
+        for record in store.iterations(problem.problem_id):
+            for role, raw in (record.get("replies") or {}).items():
+                try:
+                    tally = ReplyTally.model_validate(raw)
+                except ValidationError:
+                    continue  # a record from another version: counted as absent rather than guessed at
+                totals[role] = totals.get(role, ReplyTally()) + tally
+    return dict(sorted(totals.items()))
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.1f}% ({part})" if whole else "-"
+
+
+def reply_quality_section(doc: Document, replies: dict[str, ReplyTally]) -> None:
+    """The per-role table of a run's section in the report (nothing when the run recorded no counts)."""
+    if not replies:
+        return
+    doc.add(Heading(4, "Replies per role"))
+    doc.add(
+        Paragraph(
+            "Of each role's successful replies: no usable answer, score or update; cut at max_tokens; answer read "
+            "from a final-answer statement because no \\boxed{} was given."
+        )
+    )
+    rows = [
+        [
+            role,
+            str(t.replies),
+            _share(t.unusable, t.replies),
+            _share(t.truncated, t.replies),
+            _share(t.fallback, t.replies),
+        ]
+        for role, t in replies.items()
+    ]
+    doc.add(Table(["Role", "Replies", "No answer/score", "Truncated", "Answer by fallback"], rows))

@@ -1,0 +1,157 @@
+"""Logprob verifier scoring: the expected score from a scripted ``logprobs`` payload (values worked by hand), the
+fallback to the text when the server sends none, the request body, and logprobs carried through client and store."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import settings_for
+from tmas.agents.score_first import expected_score, parse_score_first
+from tmas.api import asolve
+from tmas.config import Sampling
+from tmas.llm.client import LLMClient
+from tmas.llm.types import CallKey, TokenLogprob, user
+from tmas.store.run_store import RunStore
+from tmas.testing import Rule, SimScript, SimServer
+
+
+def position(token: str, p: float, alternatives: dict[str, float]) -> dict[str, Any]:
+    return {
+        "token": token,
+        "logprob": math.log(p),
+        "top_logprobs": [{"token": t, "logprob": math.log(q)} for t, q in alternatives.items()],
+    }
+
+
+# "Score: 2" then a reason; at the digit, p(2) = 0.6, p(1) = 0.3, p(0) = 0.05 and a non-digit token 0.05.
+PAYLOAD = [
+    position("Score", 1.0, {"Score": 1.0}),
+    position(":", 1.0, {":": 1.0}),
+    position(" 2", 0.6, {" 2": 0.6, " 1": 0.3, " 0": 0.05, " The": 0.05}),
+    position("\n", 1.0, {"\n": 1.0}),
+]
+# Worked by hand: the digits hold 0.6 + 0.3 + 0.05 = 0.95 of the mass; renormalised,
+# E[s] = (0.6 * 1 + 0.3 * 0.5 + 0.05 * 0) / 0.95 = 0.75 / 0.95 = 0.78947...
+EXPECTED = 0.75 / 0.95
+
+
+def tokens(payload: list[dict[str, Any]]) -> list[TokenLogprob]:
+    return [TokenLogprob.model_validate(p) for p in payload]
+
+
+def test_expected_score_from_the_score_token() -> None:
+    found = expected_score(tokens(PAYLOAD))
+    assert found is not None
+    score, probabilities = found
+    assert score == pytest.approx(EXPECTED)
+    assert probabilities == pytest.approx({"0": 0.05 / 0.95, "1": 0.3 / 0.95, "2": 0.6 / 0.95})
+
+
+def test_spacing_variants_of_a_digit_add_up_and_digits_before_the_score_are_ignored() -> None:
+    payload = [
+        position("Step", 1.0, {}),
+        position(" 1", 1.0, {" 1": 1.0}),  # a digit, but not after "Score:": not the score
+        position(" **Score:**", 1.0, {}),
+        position(" 2", 0.4, {" 2": 0.4, "2": 0.2, " 0": 0.2, " x": 0.2}),
+    ]
+    # Hand: p(2) = 0.4 + 0.2 = 0.6, p(0) = 0.2, mass 0.8: E[s] = 0.6 * 1 / 0.8 = 0.75.
+    found = expected_score(tokens(payload))
+    assert found is not None and found[0] == pytest.approx(0.75)
+
+
+def test_sampled_token_counts_even_when_not_listed_among_the_alternatives() -> None:
+    payload = [position("Score: ", 1.0, {}), position("1", 0.5, {"0": 0.5})]
+    # Hand: p(1) = 0.5 (the sampled token), p(0) = 0.5: E[s] = 0.5 * 0.5 + 0.5 * 0 = 0.25.
+    found = expected_score(tokens(payload))
+    assert found is not None and found[0] == pytest.approx(0.25)
+
+
+def test_text_fallback_and_no_score() -> None:
+    assert parse_score_first("Score: 2\nAll good.", None).model_dump(include={"score", "source"}) == {
+        "score": 1.0,
+        "source": "text",
+    }
+    no_digit_after_score = tokens([position("Looks", 1.0, {}), position(" fine", 1.0, {})])
+    assert parse_score_first("Score: 1\nA gap.", no_digit_after_score).source == "text"
+    assert parse_score_first("Score: 0.5", None).score is None  # the other scale is not this prompt's answer
+    assert parse_score_first("It is correct.", None).source == "none"
+
+
+async def test_tmas_logprob_scoring_sends_logprobs_and_reads_the_payload(sim: SimServer) -> None:
+    reply = "Score: 2\nEvery step checks out."
+    sim.set_script(SimScript(rules=[Rule(role="verifier", replies=[reply], logprobs=PAYLOAD)]))
+    params = {"iterations": 1, "n": 1, "m": 2, "verifier_score": "logprob", "top_logprobs": 5, "score_max_tokens": 16}
+    settings = settings_for(sim, method={"name": "tmas", "params": params})
+    result = await asolve("What is 17*23?", settings)
+    [candidate] = result.iterations[0].candidates
+    assert candidate.score == pytest.approx(EXPECTED)
+    assert [v["source"] for v in candidate.meta["verifications"]] == ["logprob", "logprob"]
+    bodies = [r.body for r in sim.app.requests() if r.role == "verifier"]
+    assert len(bodies) == 2
+    for body in bodies:
+        assert (body["logprobs"], body["top_logprobs"], body["max_tokens"]) == (True, 5, 16)
+        assert "Reply with the grade first" in body["messages"][-1]["content"]
+    # The solution's own call asks for no logprobs.
+    assert all("logprobs" not in r.body for r in sim.app.requests() if r.role == "solution")
+    assert "verifier_logprob_fallback" not in result.counters
+
+
+async def test_tmas_logprob_scoring_falls_back_to_the_text_when_the_server_sends_none(sim: SimServer) -> None:
+    sim.set_script(SimScript(logprobs=False))  # a server that ignores the logprobs request
+    params = {"iterations": 1, "n": 2, "m": 1, "verifier_score": "logprob"}
+    settings = settings_for(sim, method={"name": "tmas", "params": params})
+    result = await asolve("What is 17*23?", settings)
+    candidates = result.iterations[0].candidates
+    # The simulated verifier grades a right 391 "Score: 2" (or "1" for a minor gap): read from the text.
+    assert all(c.score in (0.5, 1.0) for c in candidates)
+    assert [v["source"] for c in candidates for v in c.meta["verifications"]] == ["text", "text"]
+    assert result.counters["verifier_logprob_fallback"] == 2
+    assert sum("no log-probabilities at the score" in n for n in result.iterations[0].notes) == 2
+    assert all(r.body.get("logprobs") is True for r in sim.app.requests() if r.role == "verifier")
+
+
+async def test_the_default_simulated_payload_gives_the_sampled_score(sim: SimServer) -> None:
+    params = {"iterations": 1, "n": 2, "m": 1, "verifier_score": "logprob"}
+    result = await asolve("What is 17*23?", settings_for(sim, method={"name": "tmas", "params": params}))
+    entries = [v for c in result.iterations[0].candidates for v in c.meta["verifications"]]
+    assert [v["source"] for v in entries] == ["logprob", "logprob"]
+    assert all(v["score"] in (0.5, 1.0) and max(v["probabilities"].values()) == 1.0 for v in entries)
+
+
+async def test_logprobs_reach_the_completion_and_are_replayed_from_the_store(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(rules=[Rule(replies=["Score: 2"], logprobs=PAYLOAD[:3])]))
+    asked = Sampling(max_tokens=8, extra_body={"logprobs": True, "top_logprobs": 3})
+    key = CallKey(problem_id="p", role="verifier")
+    with RunStore(tmp_path) as store:
+        async with LLMClient(settings_for(sim), store) as llm:
+            first = await llm.chat("verifier", [user("Grade it.")], key=key, sampling=asked)
+            plain = await llm.chat("verifier", [user("Grade it again.")], key=key)
+        async with LLMClient(settings_for(sim), store) as llm:
+            replayed = await llm.chat("verifier", [user("Grade it.")], key=key, sampling=asked)
+    assert first.logprobs == tokens(PAYLOAD[:3])
+    assert plain.logprobs is None  # not asked for, not sent
+    assert replayed.cached and replayed.logprobs == first.logprobs
+    assert sim.stats().total_requests == 2
+
+
+def test_a_store_from_before_the_logprobs_column_opens_and_keeps_its_calls(tmp_path: Path) -> None:
+    with RunStore(tmp_path):
+        pass
+    db = sqlite3.connect(tmp_path / "run.sqlite")
+    db.execute("ALTER TABLE calls DROP COLUMN logprobs")  # the schema as it was before
+    db.execute(
+        "INSERT INTO calls (request_hash, sample, problem_id, iteration, role, endpoint, model, messages, sampling,"
+        " content, reasoning, prompt_tokens, completion_tokens, reasoning_tokens, usage_estimated, latency_s,"
+        " attempts, created_at) VALUES ('h', 0, 'p', 0, 'solution', 'e', 'm', '[]', '{}', 'old', '', 1, 2, 0, 0,"
+        " 0.1, 1, 0)"
+    )
+    db.commit()
+    db.close()
+    with RunStore(tmp_path, create=False) as store:
+        [old] = store.calls()
+    assert old.content == "old" and old.logprobs is None
