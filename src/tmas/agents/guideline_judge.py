@@ -7,14 +7,14 @@ An empty, truncated or unreadable reply raises :class:`AgentOutputError`; the re
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ValidationError
 
 from tmas.agents.output import AgentOutputError, extract_json_object
 from tmas.agents.templates import prompt
 from tmas.llm.types import Message
-from tmas.memory.guideline_bank import Strategy
+from tmas.memory.guideline_bank import Strategy, StrategyNovelty
 
 
 class StrategyView(BaseModel):
@@ -24,29 +24,8 @@ class StrategyView(BaseModel):
     description: str
 
 
-class NoveltyVerdict(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class NoveltyVerdict(StrategyNovelty):
     identified_strategy: str = ""
-    novelty: Literal[1, 0, -1]
-    same_as: str | None = None
-
-    @field_validator("novelty", mode="before")
-    @classmethod
-    def _novelty(cls, value: Any) -> Any:
-        # Models write the verdict as "1", 1.0 or "+1" as often as 1.
-        if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
-            return int(value.strip())
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        return value
-
-    @field_validator("same_as", mode="before")
-    @classmethod
-    def _same_as(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return value.strip() or None
-        return str(value) if isinstance(value, int) else value
 
 
 def judge_prompt(question: str, strategies: list[StrategyView] | list[Strategy], solution: str) -> list[Message]:

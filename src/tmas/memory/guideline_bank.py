@@ -40,19 +40,20 @@ class GuidelineBank(BaseModel):
         return len(self.strategies)
 
 
-class StrategyClassification(BaseModel):
-    """The agent's verdict on one rollout (see ``guideline.j2``)."""
+class StrategyNovelty(BaseModel):
+    """A strategy judged against the bank: 1 new, 0 already attempted (``same_as`` names which), -1 cannot tell.
+
+    Shared by the guideline agent's classifications and the RL guideline judge, which read the same verdict."""
 
     model_config = ConfigDict(extra="ignore")
 
-    rollout: int = Field(ge=1)
-    strategy: str = ""
     novelty: Literal[1, 0, -1]
     same_as: str | None = None
 
     @field_validator("novelty", mode="before")
     @classmethod
     def _novelty(cls, value: Any) -> Any:
+        # Models write the verdict as "1", 1.0 or "+1" as often as 1.
         if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
             return int(value.strip())
         if isinstance(value, float) and value.is_integer():
@@ -65,6 +66,13 @@ class StrategyClassification(BaseModel):
         if isinstance(value, str):
             return value.strip() or None
         return str(value) if isinstance(value, int) else value
+
+
+class StrategyClassification(StrategyNovelty):
+    """The agent's verdict on one rollout (see ``guideline.j2``)."""
+
+    rollout: int = Field(ge=1)
+    strategy: str = ""
 
     @field_validator("strategy", mode="before")
     @classmethod
