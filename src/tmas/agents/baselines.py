@@ -15,10 +15,9 @@ from pydantic import BaseModel, Field
 
 from tmas.agents.output import AgentOutputError, extract_json_object
 from tmas.agents.style import Style
-from tmas.agents.templates import prompt
+from tmas.agents.templates import MATH_SYSTEM, prompt
 from tmas.llm.types import Message
 
-SYSTEM = "system_math.j2"
 _SOLUTION_HEADING = re.compile(r"^#{1,6}\s*Solution\s*:?\s*$", re.I | re.M)
 _THINK = re.compile(r"<think>.*?</think>", re.S)
 
@@ -33,7 +32,7 @@ def solution_section(text: str) -> str:
 
 def self_refine_prompt(question: str, mode: str, attempt: str, style: Style = "paper") -> list[Message]:
     """Self-Refine: review one's own previous attempt and rewrite it; nothing of any other trajectory."""
-    return prompt("self_refine.j2", system_name=SYSTEM, question=question, mode=mode, attempt=attempt, style=style)
+    return prompt("self_refine.j2", system_name=MATH_SYSTEM, question=question, mode=mode, attempt=attempt, style=style)
 
 
 def correction_prompt(
@@ -43,7 +42,7 @@ def correction_prompt(
     shown = "unreadable" if score is None else f"{score:g}"
     return prompt(
         "vr_correct.j2",
-        system_name=SYSTEM,
+        system_name=MATH_SYSTEM,
         question=question,
         mode=mode,
         solution=solution,
@@ -55,13 +54,15 @@ def correction_prompt(
 
 def pacore_round_prompt(question: str, mode: str, messages: list[str], style: Style = "paper") -> list[Message]:
     """A PaCoRe round after the first: the problem with the compact messages of the previous round."""
-    return prompt("pacore_round.j2", system_name=SYSTEM, question=question, mode=mode, messages=messages, style=style)
+    return prompt(
+        "pacore_round.j2", system_name=MATH_SYSTEM, question=question, mode=mode, messages=messages, style=style
+    )
 
 
 def pacore_synthesis_prompt(question: str, mode: str, messages: list[str], style: Style = "paper") -> list[Message]:
     """PaCoRe's final synthesis: one solution from the compact messages of the last round."""
     return prompt(
-        "pacore_synthesis.j2", system_name=SYSTEM, question=question, mode=mode, messages=messages, style=style
+        "pacore_synthesis.j2", system_name=MATH_SYSTEM, question=question, mode=mode, messages=messages, style=style
     )
 
 
@@ -90,7 +91,7 @@ def rse_solve_prompt(
     """RSE sampling after the first iteration: the problem with the experience bank injected."""
     return prompt(
         "rse_solve.j2",
-        system_name=SYSTEM,
+        system_name=MATH_SYSTEM,
         question=question,
         mode=mode,
         propositions=propositions,
@@ -101,7 +102,7 @@ def rse_solve_prompt(
 
 def distill_prompt(question: str, attempt: str, max_items: int) -> list[Message]:
     """RSE distillation of one trajectory. The reference answer is never an input: only problem and attempt."""
-    return prompt("rse_distill.j2", system_name=SYSTEM, question=question, attempt=attempt, max_items=max_items)
+    return prompt("rse_distill.j2", system_name=MATH_SYSTEM, question=question, attempt=attempt, max_items=max_items)
 
 
 class Distillation(BaseModel):

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import re
 
-from tmas.agents.templates import prompt, render
+from tmas.agents.templates import MATH_SYSTEM, prompt, render
 from tmas.answers import extract_answer
 from tmas.llm.types import Message
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember
 
-SYSTEM = "system_math.j2"
 _DIAGNOSIS_BLOCK = re.compile(r"<diagnosis>(.*?)(?:</diagnosis>|\Z)", re.S | re.I)
 _NUMBERED = re.compile(r"^\s*(?:\[(\d{1,2})\]|(\d{1,2})[.)])\s*(.+?)\s*$", re.M)
 
@@ -39,7 +38,7 @@ def opinion_prompt(
 ) -> list[Message]:
     return prompt(
         "mattrl_opinion.j2",
-        system_name=SYSTEM if domain == "math" else None,
+        system_name=MATH_SYSTEM if domain == "math" else None,
         question=question,
         member=member,
         domain=domain,

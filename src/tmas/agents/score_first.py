@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from tmas.agents.templates import prompt
+from tmas.agents.templates import MATH_SYSTEM, prompt
 from tmas.llm.types import Message, TokenLogprob
 
 # The one-token digits of the prompt's scale and the score each stands for on TMAS's 0 / 0.5 / 1 scale.
@@ -35,7 +35,7 @@ class ScoredVerification(BaseModel):
 
 
 def score_first_prompt(question: str, solution: str, mode: str) -> list[Message]:
-    return prompt("tmas_verify_score.j2", system_name="system_math.j2", question=question, solution=solution, mode=mode)
+    return prompt("tmas_verify_score.j2", system_name=MATH_SYSTEM, question=question, solution=solution, mode=mode)
 
 
 def expected_score(tokens: list[TokenLogprob]) -> tuple[float, dict[str, float]] | None:

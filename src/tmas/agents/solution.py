@@ -18,13 +18,12 @@ from pydantic import BaseModel
 
 from tmas.agents.rollouts import RolloutView
 from tmas.agents.style import Style
-from tmas.agents.templates import prompt
+from tmas.agents.templates import MATH_SYSTEM, prompt
 from tmas.answers import ExtractionSource, extract_answer
 from tmas.llm.types import Message
 from tmas.memory.experience_bank import ExperienceBank
 from tmas.memory.guideline_bank import Strategy
 
-SYSTEM = "system_math.j2"
 SolutionPrompt = Literal["generate", "refine", "explore"]
 _SECTION = re.compile(r"^#{1,6}\s*Solution\s*:?\s*$", re.I | re.M)
 
@@ -40,7 +39,7 @@ class SolutionOutput(BaseModel):
 
 def generation_prompt(question: str, mode: str, style: Style = "paper") -> list[Message]:
     """The first sample of every method (TMAS's iteration 0, explore without a guideline bank): the problem alone."""
-    return prompt("tmas_generate.j2", system_name=SYSTEM, question=question, mode=mode, style=style)
+    return prompt("tmas_generate.j2", system_name=MATH_SYSTEM, question=question, mode=mode, style=style)
 
 
 def refine_prompt(
@@ -53,7 +52,7 @@ def refine_prompt(
     """Exploit, z = 0: A_sol(Q, R_{t-1}, E_{t-1}); ``experience`` None leaves the experience context out (ablation)."""
     return prompt(
         "tmas_refine.j2",
-        system_name=SYSTEM,
+        system_name=MATH_SYSTEM,
         question=question,
         mode=mode,
         rollouts=rollouts,
@@ -65,7 +64,7 @@ def refine_prompt(
 def explore_prompt(question: str, mode: str, strategies: list[Strategy], style: Style = "paper") -> list[Message]:
     """Explore, z = 1: A_sol(Q, G_{t-1}), the generation prompt with the guideline constraint appended."""
     return prompt(
-        "tmas_explore.j2", system_name=SYSTEM, question=question, mode=mode, strategies=strategies, style=style
+        "tmas_explore.j2", system_name=MATH_SYSTEM, question=question, mode=mode, strategies=strategies, style=style
     )
 
 

@@ -13,6 +13,9 @@ import jinja2
 
 from tmas.llm.types import Message
 
+# The system message of every math agent: solvers of every method, verifiers, MATTRL's math specialists.
+MATH_SYSTEM = "system_math.j2"
+
 
 @lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:

@@ -14,7 +14,7 @@ from fractions import Fraction
 from pydantic import BaseModel
 
 from tmas.agents.style import Style
-from tmas.agents.templates import prompt
+from tmas.agents.templates import MATH_SYSTEM, prompt
 from tmas.answers import last_boxed
 from tmas.llm.types import Message
 
@@ -39,7 +39,7 @@ class Verification(BaseModel):
 
 def verification_prompt(question: str, solution: str, mode: str, style: Style = "paper") -> list[Message]:
     return prompt(
-        "tmas_verify.j2", system_name="system_math.j2", question=question, solution=solution, mode=mode, style=style
+        "tmas_verify.j2", system_name=MATH_SYSTEM, question=question, solution=solution, mode=mode, style=style
     )
 
 
