@@ -65,6 +65,13 @@ class Recruit(BaseModel):
     description: str = ""
 
 
+class TeamReply(BaseModel):
+    """The reply's shape, sent as the call's JSON schema (``reply_model``). JSON schemas of structured outputs are
+    objects (OpenAI's strict mode takes nothing else), so the array comes wrapped; :func:`parse_team` reads both."""
+
+    members: list[Recruit] = Field(min_length=1)
+
+
 def recruit_prompt(question: str, domain: str, n: int) -> list[Message]:
     return prompt("mattrl_recruit.j2", question=question, domain=domain, n=n, catalog=CATALOGS.get(domain, ()))
 

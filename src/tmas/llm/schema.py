@@ -2,9 +2,10 @@
 constrains its decoding to (llama-server, vLLM, SGLang and OpenAI accept OpenAI's shape).
 
 The schema is flattened so every server's subset of JSON Schema accepts it: ``$ref``s are inlined (reply models
-are never recursive), titles and defaults are dropped, and each object lists all its properties as required with
-``additionalProperties: false`` (what OpenAI's strict mode demands; llama-server and vLLM take it as is). Property
-order is the model's field order, which is the order a constrained model writes them: reasoning fields first.
+are never recursive), titles and defaults are dropped, and objects get ``additionalProperties: false``. Fields with
+a default stay optional, so a constrained model need not spell out every empty field; ``strict`` (OpenAI's strict
+mode, which demands every property be required) is set only where the schema has no optional field. Property order
+is the model's field order, the order in which a constrained model writes them: reasoning fields come first.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def json_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 def response_format(model: type[BaseModel]) -> dict[str, Any]:
     """The ``response_format`` request field (OpenAI's ``json_schema`` shape) for replies parsed by ``model``."""
-    return {"type": "json_schema", "json_schema": {"name": model.__name__, "schema": json_schema(model), "strict": True}}
+    schema = json_schema(model)
+    return {"type": "json_schema", "json_schema": {"name": model.__name__, "schema": schema, "strict": _strict(schema)}}
 
 
 @lru_cache(maxsize=64)
@@ -52,6 +54,16 @@ def _inline(node: Any, defs: dict[str, Any], seen: tuple[str, ...]) -> Any:
     if out.get("type") == "object" and "properties" in node:
         # Properties are schemas keyed by field name: a field named like a dropped keyword must stay.
         out["properties"] = {name: _inline(value, defs, seen) for name, value in node["properties"].items()}
-        out["required"] = list(out["properties"])
         out["additionalProperties"] = False
     return out
+
+
+def _strict(node: Any) -> bool:
+    """Whether every object in the schema requires all its properties (OpenAI's strict mode accepts nothing else)."""
+    if isinstance(node, list):
+        return all(_strict(item) for item in node)
+    if not isinstance(node, dict):
+        return True
+    if node.get("type") == "object" and set(node.get("required", [])) != set(node.get("properties", {})):
+        return False
+    return all(_strict(value) for value in node.values())
