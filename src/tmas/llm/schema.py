@@ -2,7 +2,7 @@
 constrains its decoding to (llama-server, vLLM, SGLang and OpenAI accept OpenAI's shape).
 
 The schema is flattened so every server's subset of JSON Schema accepts it: ``$ref``s are inlined (reply models
-are never recursive), titles and defaults are dropped, and objects get ``additionalProperties: false``. Fields with
+are never recursive), titles, defaults and descriptions are dropped, and objects get ``additionalProperties: false``. Fields with
 a default stay optional, so a constrained model need not spell out every empty field; ``strict`` (OpenAI's strict
 mode, which demands every property be required) is set only where the schema has no optional field. Property order
 is the model's field order, the order in which a constrained model writes them: reasoning fields come first.
@@ -16,8 +16,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-# Keywords that say nothing about the shape of the reply, or that a server's subset may not know.
-_DROPPED = frozenset({"title", "default", "examples"})
+# Keywords that say nothing about the shape of the reply, or that a server's subset may not know. Descriptions go
+# too: they are the models' docstrings, written for developers, and some servers show the schema to the model.
+_DROPPED = frozenset({"title", "default", "examples", "description"})
 
 
 def json_schema(model: type[BaseModel]) -> dict[str, Any]:
