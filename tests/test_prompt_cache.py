@@ -58,7 +58,11 @@ async def test_cached_tokens_are_read_from_usage_and_from_timings(tmp_path: Path
         # The wire carried both shapes.
         replies = [r for r in sim.requests]
         assert len(replies) == 3
-        assert (a.usage.cached_prompt_tokens, b.usage.cached_prompt_tokens, c.usage.cached_prompt_tokens) == (150, 50, 0)
+        assert (a.usage.cached_prompt_tokens, b.usage.cached_prompt_tokens, c.usage.cached_prompt_tokens) == (
+            150,
+            50,
+            0,
+        )
         assert [call.usage.cached_prompt_tokens for call in store.calls()] == [150, 50, 0]
         counts = store.call_counts()
         assert counts["cached_prompt_tokens"] == 200
@@ -79,7 +83,9 @@ def test_run_summary_solve_json_and_report_show_the_cached_share(tmp_path: Path,
     problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
     runner = CliRunner()
     with SimServer(SimScript(rules=RULES)) as sim:
-        out = runner.invoke(app, ["run", str(problems), "-o", str(tmp_path / "run"), "-m", "cot", "--base-url", sim.base_url])
+        out = runner.invoke(
+            app, ["run", str(problems), "-o", str(tmp_path / "run"), "-m", "cot", "--base-url", sim.base_url]
+        )
         assert out.exit_code == 0, out.output
         summary = json.loads(out.stdout[out.stdout.index("{") :])
         assert (summary["prompt_tokens"], summary["cached_prompt_tokens"]) == (300, 200)

@@ -97,7 +97,11 @@ METHODS: list[tuple[str, dict[str, Any], dict[str, set[str | None]]]] = [
             "guideline": {"GuidelineReply"},
         },
     ),
-    ("verify_refine", {"n": 1, "m": 1, "iterations": 2}, {"solution": {None}, "verifier": {"VerificationReply"}, "corrector": {None}}),
+    (
+        "verify_refine",
+        {"n": 1, "m": 1, "iterations": 2},
+        {"solution": {None}, "verifier": {"VerificationReply"}, "corrector": {None}},
+    ),
     ("rse", {"n": 1, "iterations": 2}, {"solution": {None}, "distiller": {"DistillationReply"}}),
     (
         "mattrl",
@@ -136,7 +140,11 @@ async def test_experience_construction_sends_judge_and_summarizer_schemas(tmp_pa
     problem = Problem(problem_id="p1", question="What is 6*7?", answer="42")
     run = write_run(tmp_path / "run", [(problem, hand_worked_transcript(), "42")])
     judge = json.dumps({"analysis": "scripted", "score": 5})
-    entry = {"action": "Factor first.", "experience": "Factoring before adding kept the sums small.", "scope": "general"}
+    entry = {
+        "action": "Factor first.",
+        "experience": "Factoring before adding kept the sums small.",
+        "scope": "general",
+    }
     rules = [
         Rule(role="judge", replies=[judge]),
         Rule(role="summarizer", replies=[json.dumps({"entries": [entry]})]),
@@ -154,7 +162,9 @@ def test_every_parser_reads_the_bare_json_its_schema_forces() -> None:
     assert (verification.score, verification.feedback) == (0.5, "Step 2 divides by zero.")
     fenced = parse_verification('```json\n{"analysis": "All steps check out.", "score": 1}\n```')
     assert (fenced.score, fenced.feedback) == (1.0, "All steps check out.")
-    ops = {"operations": [{"op": "ADD", "kind": "heuristic", "content": "Check the units."}, {"op": "KEEP", "id": "E1"}]}
+    ops = {
+        "operations": [{"op": "ADD", "kind": "heuristic", "content": "Check the units."}, {"op": "KEEP", "id": "E1"}]
+    }
     assert [o.op for o in parse_experience_update(json.dumps(ops)).operations] == ["ADD", "KEEP"]
     items = {"rollouts": [{"rollout": 1, "strategy": "direct product", "novelty": 1, "same_as": None}]}
     assert parse_guideline_update(json.dumps(items)).items[0].strategy == "direct product"

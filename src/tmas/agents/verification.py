@@ -2,9 +2,10 @@
 1 = fully correct, 0.5 = partially correct, 0 = fatal error.
 
 Parsing: a reply that is a JSON object (the shape :class:`VerificationReply` asks a constraining server for, bare or
-in a code fence) gives its ``score`` and its ``analysis`` as the feedback. Otherwise the last line-leading ``Score: S`` (any case, markdown emphasis, "Final score", ``=``, a boxed or fraction
-value allowed); failing that, a lone boxed number in the ``## Score`` section. A value inside [0, 1] off the scale is
-snapped to the nearest point (ties go down) and flagged; anything else means no score.
+in a code fence) gives its ``score`` and its ``analysis`` as the feedback. Otherwise the last line-leading
+``Score: S`` (any case, markdown emphasis, "Final score", ``=``, a boxed or fraction value allowed); failing that, a
+lone boxed number in the ``## Score`` section. A value inside [0, 1] off the scale is snapped to the nearest point
+(ties go down) and flagged; anything else means no score.
 """
 
 from __future__ import annotations
@@ -12,9 +13,7 @@ from __future__ import annotations
 import json
 import re
 from fractions import Fraction
-from typing import Literal
-
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from tmas.agents.style import Style
 from tmas.agents.templates import MATH_SYSTEM, prompt
@@ -35,7 +34,8 @@ class VerificationReply(BaseModel):
     the score on the paper's scale. :func:`parse_verification` reads it as well as the markdown layout."""
 
     analysis: str
-    score: Literal[0, 0.5, 1]
+    # The scale's three points (a typing Literal cannot hold 0.5, so the enum is stated for the schema).
+    score: float = Field(json_schema_extra={"enum": list(SCALE)})
 
 
 class Verification(BaseModel):
@@ -85,8 +85,8 @@ def _json_reply(content: str) -> tuple[str, str | None] | None:
 def parse_verification(content: str) -> Verification:
     structured = _json_reply(content)
     if structured is not None:
-        feedback, raw = structured
-        return _scored(feedback or content.strip(), raw)
+        analysis, score = structured
+        return _scored(analysis or content.strip(), score)
     raw: str | None = None
     matches = _SCORE_LINE.findall(content)
     if matches:

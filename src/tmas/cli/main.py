@@ -229,8 +229,8 @@ def solve(
         typer.echo(result.answer if result.answer is not None else (result.text or "(no answer)"))
         u = result.usage
         typer.echo(
-            f"tmas: {result.calls} calls; tokens: prompt {u.prompt_tokens}{cached_share_text(u)},"
-            f" completion {u.completion_tokens} (reasoning {u.reasoning_tokens}){' (estimated)' if u.estimated else ''}",
+            f"tmas: {result.calls} calls; tokens: prompt {u.prompt_tokens}{cached_share_text(u)}, completion"
+            f" {u.completion_tokens} (reasoning {u.reasoning_tokens}){' (estimated)' if u.estimated else ''}",
             err=True,
         )
     if result.status != "done":

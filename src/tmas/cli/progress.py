@@ -37,7 +37,8 @@ def _calls_text(state: RunState) -> str:
         where = f"{len(iterations)} active, iteration {span} · "
     return where + (
         f"{s.in_flight} in flight · {s.calls} calls · {s.cached} replayed · {s.failed} failed · "
-        f"{s.usage.prompt_tokens:,} prompt{cached_share_text(s.usage)} + {s.usage.completion_tokens:,} completion tokens"
+        f"{s.usage.prompt_tokens:,} prompt{cached_share_text(s.usage)}"
+        f" + {s.usage.completion_tokens:,} completion tokens"
     )
 
 

@@ -161,7 +161,9 @@ async def evaluate_run(
         evaluation.guidelines = unique_guidelines(results, method_meta)
         evaluation.stopping = stopping_summary(results)
         evaluation.replies = role_replies(store)
-        evaluation.structured_fallbacks = {url: str(f.get("message", "")) for url, f in store.structured_fallbacks().items()}
+        evaluation.structured_fallbacks = {
+            url: str(f.get("message", "")) for url, f in store.structured_fallbacks().items()
+        }
     return evaluation
 
 

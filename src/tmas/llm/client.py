@@ -229,7 +229,9 @@ class LLMClient:
         return completion
 
     @staticmethod
-    def _response_format(route: _Route, sampling: Sampling, reply_model: type[BaseModel] | None) -> dict[str, Any] | None:
+    def _response_format(
+        route: _Route, sampling: Sampling, reply_model: type[BaseModel] | None
+    ) -> dict[str, Any] | None:
         if reply_model is None or route.endpoint.structured_output == "off":
             return None
         if sampling.extra_body.get("logprobs"):
@@ -551,7 +553,9 @@ def _vectors(data: dict[str, Any], count: int) -> list[list[float]]:
     return vectors
 
 
-def _usage(data: dict[str, Any], counter: TokenCounter, messages: Sequence[Message], content: str, reasoning: str) -> Usage:
+def _usage(
+    data: dict[str, Any], counter: TokenCounter, messages: Sequence[Message], content: str, reasoning: str
+) -> Usage:
     raw = data.get("usage")
     if isinstance(raw, dict) and isinstance(raw.get("completion_tokens"), int):
         details = raw.get("completion_tokens_details") or {}

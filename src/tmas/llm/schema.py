@@ -2,10 +2,11 @@
 constrains its decoding to (llama-server, vLLM, SGLang and OpenAI accept OpenAI's shape).
 
 The schema is flattened so every server's subset of JSON Schema accepts it: ``$ref``s are inlined (reply models
-are never recursive), titles, defaults and descriptions are dropped, and objects get ``additionalProperties: false``. Fields with
-a default stay optional, so a constrained model need not spell out every empty field; ``strict`` (OpenAI's strict
-mode, which demands every property be required) is set only where the schema has no optional field. Property order
-is the model's field order, the order in which a constrained model writes them: reasoning fields come first.
+are never recursive), titles, defaults and descriptions are dropped, and objects get ``additionalProperties: false``.
+Fields with a default stay optional, so a constrained model need not spell out every empty field; ``strict``
+(OpenAI's strict mode, which demands every property be required) is set only where the schema has no optional field.
+Property order is the model's field order; llama-server's grammar writes required properties first, in that order, so
+reasoning fields are required and come first in each reply model.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def response_format(model: type[BaseModel]) -> dict[str, Any]:
 def _flat(model: type[BaseModel]) -> dict[str, Any]:
     raw = model.model_json_schema()
     defs: dict[str, Any] = raw.pop("$defs", {})
-    return _inline(raw, defs, ())
+    flat: dict[str, Any] = _inline(raw, defs, ())
+    return flat
 
 
 def _inline(node: Any, defs: dict[str, Any], seen: tuple[str, ...]) -> Any:
