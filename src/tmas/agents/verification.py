@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from fractions import Fraction
+
 from pydantic import BaseModel, Field
 
 from tmas.agents.style import Style
