@@ -252,9 +252,8 @@ class LLMClient:
         if replica.url in self.stats.structured_fallbacks:
             return
         self.stats.structured_fallbacks[replica.url] = message
-        record = getattr(self.store, "record_structured_fallback", None)
-        if record is not None:
-            record(replica.url, role, message)
+        if self.store is not None:
+            self.store.record_structured_fallback(replica.url, role, message)
 
     async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
         """Embedding vectors of ``texts`` from ``role``'s ``/v1/embeddings``, in order, with the same routing, caps
