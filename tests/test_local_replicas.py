@@ -117,6 +117,18 @@ def test_llama_server_gets_the_gpu_layers(
     assert ready == "/health"
 
 
+def test_llama_server_caches_prompts_and_reuses_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = _bin_dir(tmp_path, None)
+    monkeypatch.setattr(local_server, "llama_server_bin_dir", lambda: bin_dir)
+    argv, _, _ = build_command(LocalModel(), tmp_path / "m.gguf", 5555, "m")
+    assert "--cache-prompt" in argv
+    assert _flag(argv, "--cache-reuse") == str(local_server.CACHE_REUSE_TOKENS) == "256"
+    # A user's own --cache-reuse comes later on the command line, where llama-server's parser lets it win.
+    own = LocalModel(extra_args=["--cache-reuse", "64"])
+    argv = build_command(own, tmp_path / "m.gguf", 5555, "m")[0]
+    assert argv[len(argv) - 1 - argv[::-1].index("--cache-reuse") + 1] == "64"
+
+
 def test_replicas_share_the_cores_unless_threads_are_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bin_dir = _bin_dir(tmp_path, "cuda")
     monkeypatch.setattr(local_server, "llama_server_bin_dir", lambda: bin_dir)

@@ -93,6 +93,9 @@ class Sampling(Strict):
         return self.model_copy(update=update) if update else self
 
 
+StructuredOutput = Literal["auto", "json_schema", "off"]
+
+
 class Endpoint(Strict):
     """An OpenAI-compatible server (or several replicas of one model)."""
 
@@ -107,6 +110,10 @@ class Endpoint(Strict):
     # Path to a Hugging Face tokenizer.json for exact token counts when a server reports no usage.
     tokenizer: str | None = None
     timeout_s: float = Field(default=600.0, gt=0)
+    # Whether calls whose reply is JSON send `response_format = {"type": "json_schema", ...}` (constrained decoding
+    # on llama-server, vLLM, SGLang, OpenAI): "auto" sends it until the server rejects it once, then sends none for
+    # the rest of the run (recorded); "json_schema" always sends it (a rejection fails the call); "off" never does.
+    structured_output: StructuredOutput = "auto"
 
     @field_validator("base_url", mode="before")
     @classmethod
@@ -129,6 +136,7 @@ class RoleConfig(Strict):
     context_length: int | None = Field(default=None, ge=1)
     tokenizer: str | None = None
     timeout_s: float | None = Field(default=None, gt=0)
+    structured_output: StructuredOutput | None = None
     sampling: Sampling = Field(default_factory=Sampling)
 
     @field_validator("base_url", mode="before")
@@ -254,6 +262,7 @@ ENV_KEYS: dict[str, str] = {
     "TMAS_MODEL": "endpoint.model",
     "TMAS_API_KEY_ENV": "endpoint.api_key_env",
     "TMAS_CONTEXT_LENGTH": "endpoint.context_length",
+    "TMAS_STRUCTURED_OUTPUT": "endpoint.structured_output",
     "TMAS_CONCURRENCY": "concurrency",
     "TMAS_LOCAL_MODEL": "local.model",
     "TMAS_LOCAL_SERVER": "local.server",

@@ -62,10 +62,20 @@ class RunSummary:
     truncated_calls: int = 0
     failed_calls_by_cause: dict[str, int] = field(default_factory=dict)
     retries_by_cause: dict[str, int] = field(default_factory=dict)
+    # Prompt tokens the servers took from their prompt caches (as they reported), over the whole run.
+    cached_prompt_tokens: int = 0
+    # Endpoint URL -> the server's refusal of response_format, for endpoints that fell back to plain text.
+    structured_output_fallbacks: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def cached_prompt_share(self) -> float | None:
+        """cached_prompt_tokens / prompt_tokens (None without prompt tokens)."""
+        return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else None
 
     def to_dict(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items() if k != "results"}
         data["run_dir"] = str(self.run_dir)
+        data["cached_prompt_share"] = self.cached_prompt_share
         return data
 
 
@@ -219,6 +229,8 @@ async def run_problems(
         truncated_calls=counts["truncated"],
         failed_calls_by_cause=causes["failed"],
         retries_by_cause=causes["retried"],
+        cached_prompt_tokens=counts["cached_prompt_tokens"],
+        structured_output_fallbacks={url: str(f["message"]) for url, f in store.structured_fallbacks().items()},
     )
 
 

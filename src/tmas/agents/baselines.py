@@ -112,6 +112,13 @@ class Distillation(BaseModel):
     pitfalls: list[str] = Field(default_factory=list)
 
 
+class DistillationReply(BaseModel):
+    """The reply's shape, sent as the call's JSON schema (``reply_model``): both lists present, possibly empty."""
+
+    propositions: list[str]
+    pitfalls: list[str]
+
+
 def _items(value: Any, limit: int) -> list[str]:
     if not isinstance(value, list):
         return []

@@ -16,6 +16,12 @@ from tmas.llm.types import Message
 from tmas.memory.experience_bank import ExperienceBank, ExperienceOp
 
 
+class ExperienceReply(BaseModel):
+    """The reply's shape, sent as the call's JSON schema (``reply_model``) where the server constrains decoding."""
+
+    operations: list[ExperienceOp]
+
+
 class ExperienceUpdate(BaseModel):
     operations: list[ExperienceOp]
     # Operations that could not be read, with why.

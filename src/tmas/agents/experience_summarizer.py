@@ -41,6 +41,12 @@ class DistilledEntry(BaseModel):
         return value.strip().lower() if isinstance(value, str) else value
 
 
+class SummarizerReply(BaseModel):
+    """The reply's shape, sent as the call's JSON schema (``reply_model``)."""
+
+    entries: list[DistilledEntry] = Field(max_length=MAX_ENTRIES)
+
+
 def summarizer_prompt(
     *,
     question: str,

@@ -7,6 +7,8 @@ no valid item, are invalid updates (the caller keeps G_{t-1}); single malformed 
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 from tmas.agents.output import AgentOutputError, parse_json_list
@@ -14,6 +16,21 @@ from tmas.agents.rollouts import RolloutView
 from tmas.agents.templates import prompt
 from tmas.llm.types import Message
 from tmas.memory.guideline_bank import GuidelineBank, StrategyClassification
+
+
+class RolloutVerdict(BaseModel):
+    """One item of the reply as the server is asked to write it: the strategy is described before it is judged."""
+
+    rollout: int = Field(ge=1)
+    strategy: str
+    novelty: Literal[1, 0, -1]
+    same_as: str | None = None
+
+
+class GuidelineReply(BaseModel):
+    """The reply's shape, sent as the call's JSON schema (``reply_model``); read by :func:`parse_guideline_update`."""
+
+    rollouts: list[RolloutVerdict]
 
 
 class GuidelineUpdate(BaseModel):

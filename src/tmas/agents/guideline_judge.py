@@ -7,7 +7,7 @@ An empty, truncated or unreadable reply raises :class:`AgentOutputError`; the re
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
@@ -22,6 +22,14 @@ class StrategyView(BaseModel):
 
     id: str
     description: str
+
+
+class NoveltyReply(BaseModel):
+    """The reply's shape, sent as the call's JSON schema (``reply_model``): the strategy named before the verdict."""
+
+    identified_strategy: str
+    novelty: Literal[1, 0, -1]
+    same_as: str | None = None
 
 
 class NoveltyVerdict(StrategyNovelty):

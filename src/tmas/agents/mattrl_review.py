@@ -78,6 +78,36 @@ class Review(BaseModel):
             return None
 
 
+class IssueReply(BaseModel):
+    type: str
+    severity: Severity
+    note: str
+    fix: str
+
+
+class CounterexampleReply(BaseModel):
+    found: bool
+    example: str | None = None
+
+
+class ReviewTestsReply(BaseModel):
+    random_checks: int = Field(ge=0)
+    counterexample: CounterexampleReply
+
+
+class ReviewReply(BaseModel):
+    """The reply's shape (B.4), sent as the call's JSON schema (``reply_model``): analysis first, verdict after it.
+    Read by :func:`parse_review` into :class:`Review`, which also says who reviewed whom."""
+
+    analysis: str
+    verdict: Verdict
+    validated: list[str]
+    issues: list[IssueReply]
+    tests: ReviewTestsReply
+    alt_hint: str | None = None
+    confidence: float | None = Field(default=None, ge=0.0, le=1.0)
+
+
 def unreadable_review(reviewer: str, target: str, why: str) -> Review:
     """What an unusable review counts as: ``revise`` with no issue, so it can neither accept the attempt nor
     feed it a made-up criticism."""

@@ -65,6 +65,22 @@ class Recruit(BaseModel):
     description: str = ""
 
 
+class MemberReply(BaseModel):
+    """One recruit as the server is asked to write it: every field required, so a constrained model names a role
+    (and with it the leader) instead of leaving it out."""
+
+    specialty: str = Field(min_length=1)
+    role: str
+    description: str
+
+
+class TeamReply(BaseModel):
+    """The reply's shape, sent as the call's JSON schema (``reply_model``). JSON schemas of structured outputs are
+    objects (OpenAI's strict mode takes nothing else), so the array comes wrapped; :func:`parse_team` reads both."""
+
+    members: list[MemberReply] = Field(min_length=1)
+
+
 def recruit_prompt(question: str, domain: str, n: int) -> list[Message]:
     return prompt("mattrl_recruit.j2", question=question, domain=domain, n=n, catalog=CATALOGS.get(domain, ()))
 

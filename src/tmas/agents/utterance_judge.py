@@ -28,6 +28,13 @@ class JudgeScore(BaseModel):
         return self.score / MAX_SCORE
 
 
+class JudgeScoreReply(BaseModel):
+    """The reply's shape, sent as the call's JSON schema (``reply_model``): the analysis is written before the score."""
+
+    analysis: str
+    score: int = Field(ge=0, le=MAX_SCORE)
+
+
 class TurnView(BaseModel):
     """One specialist's turn as the judge reads it: every utterance the specialist made in that round."""
 

@@ -1,17 +1,20 @@
 """The verification agent A_ver (paper eq. 2): analytical feedback and a score on the scale
 1 = fully correct, 0.5 = partially correct, 0 = fatal error.
 
-Parsing: the last line-leading ``Score: S`` (any case, markdown emphasis, "Final score", ``=``, a boxed or fraction
-value allowed); failing that, a lone boxed number in the ``## Score`` section. A value inside [0, 1] off the scale is
-snapped to the nearest point (ties go down) and flagged; anything else means no score.
+Parsing: a reply that is a JSON object (the shape :class:`VerificationReply` asks a constraining server for, bare or
+in a code fence) gives its ``score`` and its ``analysis`` as the feedback. Otherwise the last line-leading
+``Score: S`` (any case, markdown emphasis, "Final score", ``=``, a boxed or fraction value allowed); failing that, a
+lone boxed number in the ``## Score`` section. A value inside [0, 1] off the scale is snapped to the nearest point
+(ties go down) and flagged; anything else means no score.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from fractions import Fraction
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from tmas.agents.style import Style
 from tmas.agents.templates import MATH_SYSTEM, prompt
@@ -24,6 +27,16 @@ _SCORE_LINE = re.compile(
     rf"^[\s>*_#-]*(?:final\s+)?(?:score|grade)[\s*_]*[:=][\s*_`$]*(?:\\boxed\{{\s*)?({_NUMBER})", re.I | re.M
 )
 _SCORE_SECTION = re.compile(r"^#{1,6}\s*Score\b(.*)\Z", re.I | re.M | re.S)
+_WHOLE_FENCE = re.compile(r"\A```[ \t]*(?:json)?[ \t]*\n(.*?)\n?```\Z", re.S | re.I)
+
+
+class VerificationReply(BaseModel):
+    """The reply's shape when the server constrains it (``reply_model``, text scoring only): the analysis first, then
+    the score on the paper's scale. :func:`parse_verification` reads it as well as the markdown layout."""
+
+    analysis: str
+    # The scale's three points (a typing Literal cannot hold 0.5, so the enum is stated for the schema).
+    score: float = Field(json_schema_extra={"enum": list(SCALE)})
 
 
 class Verification(BaseModel):
@@ -51,7 +64,30 @@ def _value(raw: str) -> float | None:
     return value if 0.0 <= value <= 1.0 else None
 
 
+def _json_reply(content: str) -> tuple[str, str | None] | None:
+    """(analysis, score text) of a reply that is one JSON object with a ``score``; None for any other reply."""
+    text = content.strip()
+    fenced = _WHOLE_FENCE.match(text)
+    if fenced:
+        text = fenced.group(1).strip()
+    if not text.startswith("{"):
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or "score" not in data:
+        return None
+    score = data["score"]
+    raw = str(score).strip() if isinstance(score, int | float | str) and not isinstance(score, bool) else None
+    return str(data.get("analysis") or "").strip(), raw
+
+
 def parse_verification(content: str) -> Verification:
+    structured = _json_reply(content)
+    if structured is not None:
+        analysis, score = structured
+        return _scored(analysis or content.strip(), score)
     raw: str | None = None
     matches = _SCORE_LINE.findall(content)
     if matches:
@@ -60,8 +96,12 @@ def parse_verification(content: str) -> Verification:
         section = _SCORE_SECTION.search(content)
         boxed = last_boxed(section.group(1)) if section else None
         raw = boxed.strip() if boxed else None
+    return _scored(content.strip(), raw)
+
+
+def _scored(feedback: str, raw: str | None) -> Verification:
     value = _value(raw) if raw is not None else None
     if value is None:
-        return Verification(feedback=content.strip(), score=None)
+        return Verification(feedback=feedback, score=None)
     nearest = min(SCALE, key=lambda point: (abs(point - value), point))
-    return Verification(feedback=content.strip(), score=nearest, snapped=nearest != value)
+    return Verification(feedback=feedback, score=nearest, snapped=nearest != value)

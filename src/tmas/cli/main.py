@@ -197,6 +197,7 @@ def solve(
 ) -> None:
     """Solve one question and print the answer."""
     from tmas.api import asolve
+    from tmas.llm.types import cached_share_text
 
     text = _read_question(question, file)
     settings = _settings(
@@ -221,13 +222,15 @@ def solve(
         typer.echo(f"tmas: no endpoint configured; starting the embedded model {settings.local.model}", err=True)
     result = asyncio.run(asolve(text, settings, run_dir=run_dir))
     if as_json:
-        typer.echo(result.model_dump_json(indent=2))
+        data = result.model_dump(mode="json")
+        data["usage"]["cached_prompt_share"] = result.usage.cached_prompt_share
+        typer.echo(json.dumps(data, indent=2, ensure_ascii=False))
     else:
         typer.echo(result.answer if result.answer is not None else (result.text or "(no answer)"))
         u = result.usage
         typer.echo(
-            f"tmas: {result.calls} calls; tokens: prompt {u.prompt_tokens}, completion {u.completion_tokens}"
-            f" (reasoning {u.reasoning_tokens}){' (estimated)' if u.estimated else ''}",
+            f"tmas: {result.calls} calls; tokens: prompt {u.prompt_tokens}{cached_share_text(u)}, completion"
+            f" {u.completion_tokens} (reasoning {u.reasoning_tokens}){' (estimated)' if u.estimated else ''}",
             err=True,
         )
     if result.status != "done":

@@ -18,6 +18,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from tmas.llm.types import cached_share_text
 from tmas.methods.base import ProblemResult
 from tmas.runner import RunState
 
@@ -36,7 +37,8 @@ def _calls_text(state: RunState) -> str:
         where = f"{len(iterations)} active, iteration {span} · "
     return where + (
         f"{s.in_flight} in flight · {s.calls} calls · {s.cached} replayed · {s.failed} failed · "
-        f"{s.usage.prompt_tokens:,} prompt + {s.usage.completion_tokens:,} completion tokens"
+        f"{s.usage.prompt_tokens:,} prompt{cached_share_text(s.usage)}"
+        f" + {s.usage.completion_tokens:,} completion tokens"
     )
 
 
@@ -57,6 +59,7 @@ class RunProgress:
             f" answer={result.answer!r} iterations={len(result.iterations)} calls={result.calls}"
             f" prompt_tokens={result.usage.prompt_tokens} completion_tokens={result.usage.completion_tokens}"
             f" reasoning_tokens={result.usage.reasoning_tokens}"
+            f" cached_prompt_tokens={result.usage.cached_prompt_tokens}"
         )
         if result.error:
             line += f" error={result.error}"

@@ -37,6 +37,14 @@ class JudgeReply(BaseModel):
         return value
 
 
+class JudgeReplyFormat(BaseModel):
+    """The reply's shape, sent as the call's JSON schema (``reply_model``): the reasoning before the verdict (a
+    constrained model writes required properties first, in order)."""
+
+    reasoning: str
+    equivalent: bool
+
+
 def parse_judge_reply(text: str) -> JudgeReply | None:
     """The verdict in a judge reply, or None when it holds no valid JSON verdict."""
     cleaned = _FENCE.sub("", text.strip())
@@ -96,7 +104,7 @@ async def judge_once(
         # The sample index keeps each run and retry a distinct call in the store's cache.
         key = CallKey(problem_id=problem_id, role=JUDGE_ROLE, sample=run * (retries + 1) + attempt)
         sampling = Sampling(seed=_seed(problem_id, student, run, attempt))
-        reply = await llm.chat(JUDGE_ROLE, messages, key=key, sampling=sampling)
+        reply = await llm.chat(JUDGE_ROLE, messages, key=key, sampling=sampling, reply_model=JudgeReplyFormat)
         usage = usage + reply.usage
         if not reply.ok:
             detail = f"judge call failed: {reply.error}"

@@ -79,6 +79,8 @@ class RunEvaluation:
     selection: SelectionTable | None = None
     separation: ScoreSeparation | None = None
     replies: dict[str, ReplyTally] = field(default_factory=dict)
+    # Endpoint URL -> the server's refusal of response_format, where the run fell back to plain text.
+    structured_fallbacks: dict[str, str] = field(default_factory=dict)
 
 
 def benchmark_name(store: RunStore) -> str:
@@ -159,18 +161,22 @@ async def evaluate_run(
         evaluation.guidelines = unique_guidelines(results, method_meta)
         evaluation.stopping = stopping_summary(results)
         evaluation.replies = role_replies(store)
+        evaluation.structured_fallbacks = {
+            url: str(f.get("message", "")) for url, f in store.structured_fallbacks().items()
+        }
     return evaluation
 
 
 def _run_cost(results: list[dict[str, Any]]) -> dict[str, int]:
     """Calls and tokens by kind; a problem still mid-way is counted from its finished iterations."""
-    cost = dict.fromkeys(("calls", "failed_calls", "prompt_tokens", "completion_tokens", "reasoning_tokens"), 0)
+    kinds = ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_prompt_tokens")
+    cost = dict.fromkeys(("calls", "failed_calls", *kinds), 0)
     for r in results:
         parts = r["iterations"] if in_progress(r) else [r]
         for part in parts:
             cost["calls"] += int(part.get("calls", 0))
             cost["failed_calls"] += int(part.get("failed_calls", 0))
-            for kind in ("prompt_tokens", "completion_tokens", "reasoning_tokens"):
+            for kind in kinds:
                 cost[kind] += int((part.get("usage") or {}).get(kind, 0))
     return cost
 
@@ -208,6 +214,11 @@ def selected_iterations(last: int, columns: int = SELECTED_COLUMNS) -> list[int]
     if last + 1 <= columns:
         return list(range(last + 1))
     return sorted({round(i * last / (columns - 1)) for i in range(columns)})
+
+
+def cached_share(cached: int, prompt: int) -> str:
+    """The share of prompt tokens served from the servers' prompt caches, with the count ("-" without prompt)."""
+    return f"{100 * cached / prompt:.1f}% ({cached})" if prompt else "-"
 
 
 def _pct(value: float | None) -> str:
@@ -316,6 +327,7 @@ def _benchmark_tables(doc: Document, runs: list[RunEvaluation]) -> None:
                 str(c["calls"]),
                 str(c["failed_calls"]),
                 str(c["prompt_tokens"]),
+                cached_share(c.get("cached_prompt_tokens", 0), c["prompt_tokens"]),
                 str(c["completion_tokens"]),
                 str(c["reasoning_tokens"]),
                 f"{(c['prompt_tokens'] + c['completion_tokens']) / max(1, e.problems):.0f}",
@@ -323,9 +335,15 @@ def _benchmark_tables(doc: Document, runs: list[RunEvaluation]) -> None:
                 str(c["judge_prompt_tokens"] + c["judge_completion_tokens"]),
             ]
         )
-    headers = ["Method", "Calls", "Failed", "Prompt tokens", "Completion tokens", "Reasoning tokens"]
+    headers = ["Method", "Calls", "Failed", "Prompt tokens", "Cached prompt", "Completion tokens", "Reasoning tokens"]
     doc.add(Table([*headers, "Tokens/problem", "Judge calls", "Judge tokens"], rows))
-    doc.add(Paragraph("Reasoning tokens are part of completion tokens, where the server reports them."))
+    doc.add(
+        Paragraph(
+            "Reasoning tokens are part of completion tokens, where the server reports them. Cached prompt: the share "
+            "of prompt tokens the server took from its prompt cache instead of computing them, as it reported them "
+            "(0 where it did not)."
+        )
+    )
 
 
 def _stopping_comparisons(runs: list[RunEvaluation]) -> None:
@@ -358,6 +376,12 @@ def _run_section(doc: Document, e: RunEvaluation) -> None:
         items.append(f"{e.metrics.unlabeled} problems have no reference answer: solved but not graded")
     if e.not_graded_reason:
         items.append(e.not_graded_reason)
+    prompt = e.cost.get("prompt_tokens", 0)
+    if prompt:
+        share = cached_share(e.cost.get("cached_prompt_tokens", 0), prompt)
+        items.append(f"prompt tokens served from the servers' prompt caches: {share} of {prompt}")
+    for url, message in e.structured_fallbacks.items():
+        items.append(f"structured output: {url} refused response_format ({message}); its calls went on as plain text")
     doc.add(Bullets(items))
     if e.metrics.iterations:
         rows = []

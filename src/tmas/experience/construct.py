@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tmas.agents.experience_summarizer import parse_summarizer, summarizer_prompt
+from tmas.agents.experience_summarizer import SummarizerReply, parse_summarizer, summarizer_prompt
 from tmas.agents.output import AgentOutputError
 from tmas.agents.utterance_judge import TurnView
 from tmas.config import Settings
@@ -195,7 +195,7 @@ async def _distil(
     reason = ""
     for attempt in range(retries + 1):
         key = CallKey(problem_id=case.problem.problem_id, role=SUMMARIZER_ROLE, sample=attempt, iteration=target.turn)
-        completion = await llm.chat(SUMMARIZER_ROLE, messages, key=key)
+        completion = await llm.chat(SUMMARIZER_ROLE, messages, key=key, reply_model=SummarizerReply)
         summary.summarizer_calls += 1
         if not completion.ok:
             reason = f"call failed: {completion.error}"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from tmas.agents.output import AgentOutputError
 from tmas.agents.utterance_judge import (
+    JudgeScoreReply,
     RoundView,
     TurnView,
     parse_judge_score,
@@ -67,7 +68,9 @@ class TurnJudge:
         reasons: list[str] = []
         for attempt in range(self.retries + 1):
             async with self._gate:
-                completion = await self.llm.chat(JUDGE_ROLE, messages, key=key.model_copy(update={"sample": attempt}))
+                completion = await self.llm.chat(
+                    JUDGE_ROLE, messages, key=key.model_copy(update={"sample": attempt}), reply_model=JudgeScoreReply
+                )
             self.calls += 1
             judged.attempts = attempt + 1
             if completion.call_id is not None:

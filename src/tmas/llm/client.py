@@ -20,11 +20,12 @@ from types import TracebackType
 from typing import Any, Protocol
 
 import aiohttp
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from tmas.config import Endpoint, Sampling, Settings
 from tmas.errors import ConfigError, LLMError
 from tmas.llm.reasoning import split_reasoning
+from tmas.llm.schema import response_format
 from tmas.llm.tokens import TokenCounter
 from tmas.llm.types import CallKey, ChatRequest, Completion, Message, TokenLogprob, Usage
 
@@ -33,6 +34,10 @@ CONTEXT_MARGIN_TOKENS = 32
 # vLLM/OpenAI wording of a context overflow; the numbers let us retry once with a smaller max_tokens.
 _CONTEXT_ERROR = re.compile(r"maximum context length is (\d+) tokens.*?\((\d+) in the messages", re.S)
 _RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+# How servers without (full) structured-output support word their refusal of a response_format: llama-server
+# ("response_format type not supported", grammar errors), vLLM/SGLang ("guided decoding", "xgrammar"), OpenAI.
+_SCHEMA_REFUSAL = re.compile(r"response_format|json_schema|json schema|grammar|guided|structured output", re.I)
+_SCHEMA_REFUSAL_STATUS = {400, 404, 415, 422, 500, 501}
 
 
 class CallStore(Protocol):
@@ -41,6 +46,8 @@ class CallStore(Protocol):
     def lookup_call(self, request_hash: str, sample: int) -> Completion | None: ...
 
     def record_call(self, completion: Completion, request: ChatRequest) -> int: ...
+
+    def record_structured_fallback(self, endpoint: str, role: str, message: str) -> None: ...
 
 
 class EndpointUnreachable(LLMError):
@@ -74,6 +81,8 @@ class _Replica:
     in_flight: int = 0
     context_length: int | None = None
     context_probed: bool = False
+    # Set once the server refused a response_format: with structured_output = "auto" none is sent to it again.
+    structured_refused: bool = False
     # Calls that start together wait for the one probe of /v1/models instead of going out unchecked.
     probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -98,6 +107,8 @@ class ClientStats:
     in_flight: int = 0
     embedding_calls: int = 0
     usage: Usage = field(default_factory=Usage)
+    # Replica URL -> the server's refusal of response_format, for each endpoint that fell back to plain text.
+    structured_fallbacks: dict[str, str] = field(default_factory=dict)
 
 
 class LLMClient:
@@ -185,15 +196,21 @@ class LLMClient:
         *,
         key: CallKey | None = None,
         sampling: Sampling | None = None,
+        reply_model: type[BaseModel] | None = None,
     ) -> Completion:
         """One chat completion for ``role``. Never raises for a failed call: it returns (and stores) a
-        :class:`Completion` whose ``error`` says why, except :class:`EndpointUnreachable`, which ends a run."""
+        :class:`Completion` whose ``error`` says why, except :class:`EndpointUnreachable`, which ends a run.
+
+        ``reply_model``: the pydantic model of a JSON reply; its schema goes out as ``response_format`` where the
+        endpoint's ``structured_output`` allows it (see :mod:`tmas.llm.schema`)."""
         route = self.route(role)
         key = key or CallKey(role=role)
+        resolved = route.sampling.merged(sampling)
         request = ChatRequest(
             model=route.endpoint.model or "default",
             messages=list(messages),
-            sampling=route.sampling.merged(sampling),
+            sampling=resolved,
+            response_format=self._response_format(route, resolved, reply_model),
         )
         request_hash = request.request_hash(key)
         if self.store is not None:
@@ -210,6 +227,33 @@ class LLMClient:
         if self.store is not None:
             completion.call_id = self.store.record_call(completion, request)
         return completion
+
+    @staticmethod
+    def _response_format(
+        route: _Route, sampling: Sampling, reply_model: type[BaseModel] | None
+    ) -> dict[str, Any] | None:
+        if reply_model is None or route.endpoint.structured_output == "off":
+            return None
+        if sampling.extra_body.get("logprobs"):
+            # Scores read from token log-probabilities stay unconstrained: llama-server was seen reporting
+            # log-probabilities of tokens other than the ones its grammar let through (a code fence first, where
+            # the constrained output began with "{"), so an expected score read from them would be wrong.
+            return None
+        return response_format(reply_model)
+
+    def _sends_schema(self, route: _Route, replica: _Replica, request: ChatRequest) -> bool:
+        if request.response_format is None:
+            return False
+        return route.endpoint.structured_output == "json_schema" or not replica.structured_refused
+
+    def _structured_refused(self, replica: _Replica, role: str, message: str) -> None:
+        """Remember (and record, once per endpoint) that this server refuses response_format."""
+        replica.structured_refused = True
+        if replica.url in self.stats.structured_fallbacks:
+            return
+        self.stats.structured_fallbacks[replica.url] = message
+        if self.store is not None:
+            self.store.record_structured_fallback(replica.url, role, message)
 
     async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
         """Embedding vectors of ``texts`` from ``role``'s ``/v1/embeddings``, in order, with the same routing, caps
@@ -266,15 +310,28 @@ class LLMClient:
         while attempt < retry.max_attempts:
             attempt += 1
             replica = self._pick(route.replicas)
+            structured = False
             try:
                 await self._probe_context(replica)
                 sent_max = self._fit_context(route, replica, request, max_tokens)
-                data = await self._post(route, replica, request.body(sent_max), key)
+                structured = self._sends_schema(route, replica, request)
+                data = await self._post(route, replica, request.body(sent_max, structured=structured), key)
                 done = self._parse(data, route, request, key, request_hash, replica, started, attempt, sent_max)
                 done.retry_causes = causes
                 return done
             except _Fatal as exc:
                 message = str(exc)
+                if exc.cause == "structured_output" and structured:
+                    if route.endpoint.structured_output == "json_schema":
+                        message = f"server refused response_format (structured_output = 'json_schema'): {message}"
+                        return self._failed(
+                            key, request_hash, request, replica, started, attempt, message, exc.cause, causes
+                        )
+                    # "auto": the same call again at once, as plain text; the refusal is not a failed attempt.
+                    self._structured_refused(replica, key.role, message)
+                    causes.append(exc.cause)
+                    attempt -= 1
+                    continue
                 match = _CONTEXT_ERROR.search(message)
                 if match and not shrunk_on_error:
                     # The server counted more prompt tokens than we estimated: learn its numbers, retry once.
@@ -385,6 +442,8 @@ class LLMClient:
                     replica.cap.release()
         if status != 200:
             message = _error_message(text)
+            if "response_format" in body and status in _SCHEMA_REFUSAL_STATUS and _SCHEMA_REFUSAL.search(message):
+                raise _Fatal(f"HTTP {status}: {message}", "structured_output")
             if status in _RETRYABLE_STATUS:
                 raise _Transient(f"HTTP {status}: {message}", f"http_{status}", retry_after=_seconds(retry_after))
             cause = "context" if _CONTEXT_ERROR.search(message) else f"http_{status}"
@@ -420,7 +479,7 @@ class LLMClient:
         if not isinstance(raw, str) or (field_reasoning is not None and not isinstance(field_reasoning, str)):
             raise _Transient("reply content is not text", "malformed")
         content, reasoning = split_reasoning(raw, field_reasoning)
-        usage = _usage(data.get("usage"), route.counter, request.messages, raw, field_reasoning or "")
+        usage = _usage(data, route.counter, request.messages, raw, field_reasoning or "")
         return Completion(
             key=key,
             request_hash=request_hash,
@@ -493,7 +552,10 @@ def _vectors(data: dict[str, Any], count: int) -> list[list[float]]:
     return vectors
 
 
-def _usage(raw: Any, counter: TokenCounter, messages: Sequence[Message], content: str, reasoning: str) -> Usage:
+def _usage(
+    data: dict[str, Any], counter: TokenCounter, messages: Sequence[Message], content: str, reasoning: str
+) -> Usage:
+    raw = data.get("usage")
     if isinstance(raw, dict) and isinstance(raw.get("completion_tokens"), int):
         details = raw.get("completion_tokens_details") or {}
         reasoning_tokens = details.get("reasoning_tokens") if isinstance(details, dict) else None
@@ -501,6 +563,7 @@ def _usage(raw: Any, counter: TokenCounter, messages: Sequence[Message], content
             prompt_tokens=int(raw.get("prompt_tokens") or 0),
             completion_tokens=raw["completion_tokens"],
             reasoning_tokens=int(reasoning_tokens or 0),
+            cached_prompt_tokens=_cached_tokens(raw, data.get("timings")),
         )
     # No usage from the server: count ourselves, and say so unless a real tokenizer did the counting.
     return Usage(
@@ -509,6 +572,16 @@ def _usage(raw: Any, counter: TokenCounter, messages: Sequence[Message], content
         reasoning_tokens=counter.count(reasoning),
         estimated=not counter.exact,
     )
+
+
+def _cached_tokens(usage: dict[str, Any], timings: Any) -> int:
+    """Prompt tokens served from the server's prompt cache: OpenAI's and vLLM's
+    ``usage.prompt_tokens_details.cached_tokens``, else llama-server's ``timings.cache_n``; 0 when neither says."""
+    details = usage.get("prompt_tokens_details")
+    value = details.get("cached_tokens") if isinstance(details, dict) else None
+    if not isinstance(value, int) and isinstance(timings, dict):
+        value = timings.get("cache_n")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _logprobs(raw: Any) -> list[TokenLogprob] | None:

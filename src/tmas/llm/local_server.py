@@ -199,6 +199,10 @@ runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
 """
 
 
+# Smallest chunk of a cached prompt that llama-server reuses by KV shifting (its --cache-reuse).
+CACHE_REUSE_TOKENS = 256
+
+
 def build_command(
     cfg: LocalModel, model_path: Path, port: int, alias: str, no_repack: bool = False
 ) -> tuple[list[str], dict[str, str], str]:
@@ -227,6 +231,11 @@ def build_command(
             "-ngl", gpu_layers_arg(cfg, llama_server_backend(bin_dir)),
             "--jinja",  # the model's own chat template (Qwen's), not a built-in approximation
             "--no-webui",
+            # Agents' prompts share long prefixes (system prompt, problem, rollouts): keep each slot's prompt in
+            # its KV cache (the build's default, stated so a later default cannot drop it) and reuse cached chunks
+            # of at least this many tokens even after a change earlier in the prompt, by shifting them in the cache.
+            "--cache-prompt",
+            "--cache-reuse", str(CACHE_REUSE_TOKENS),
             *(["--no-repack"] if no_repack else []),
             *cfg.extra_args,
         ]  # fmt: skip

@@ -26,6 +26,9 @@ class Usage(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     reasoning_tokens: int = 0
+    # Prompt tokens the server took from its prompt cache instead of computing them (OpenAI's and vLLM's
+    # usage.prompt_tokens_details.cached_tokens, llama-server's timings.cache_n); 0 when it did not say.
+    cached_prompt_tokens: int = 0
     # True when the server reported no usage and the counts were estimated (not tokenizer-exact).
     estimated: bool = False
 
@@ -33,13 +36,27 @@ class Usage(BaseModel):
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
+    @property
+    def cached_prompt_share(self) -> float | None:
+        """The share of prompt tokens the server took from its prompt cache (None without prompt tokens)."""
+        return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else None
+
     def __add__(self, other: Usage) -> Usage:
         return Usage(
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
             reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+            cached_prompt_tokens=self.cached_prompt_tokens + other.cached_prompt_tokens,
             estimated=self.estimated or other.estimated,
         )
+
+
+def cached_share_text(usage: Usage) -> str:
+    """`` (N cached, P%)`` after a prompt token count, or nothing when the server reported no cached tokens."""
+    share = usage.cached_prompt_share
+    if not usage.cached_prompt_tokens or share is None:
+        return ""
+    return f" ({usage.cached_prompt_tokens:,} cached, {share:.0%})"
 
 
 class CallKey(BaseModel):
@@ -60,8 +77,12 @@ class ChatRequest(BaseModel):
     model: str
     messages: list[Message]
     sampling: Sampling
+    # The ``response_format`` of a reply parsed by a pydantic model (see tmas.llm.schema). Not part of the request
+    # hash: the parsers read the reply with or without it, so runs stored before it existed replay their calls.
+    response_format: dict[str, Any] | None = None
 
-    def body(self, max_tokens: int | None = None) -> dict[str, Any]:
+    def body(self, max_tokens: int | None = None, *, structured: bool = False) -> dict[str, Any]:
+        """The request body; ``structured`` adds the ``response_format`` (where the request has one)."""
         s = self.sampling
         body: dict[str, Any] = {
             "model": self.model,
@@ -74,6 +95,9 @@ class ChatRequest(BaseModel):
         effective = max_tokens if max_tokens is not None else s.max_tokens
         if effective is not None:
             body["max_tokens"] = effective
+        if structured and self.response_format is not None:
+            body["response_format"] = self.response_format
+        # Last, so a response_format the user put in extra_body is the one sent.
         body.update(s.extra_body)
         return body
 

@@ -162,7 +162,10 @@ class ProblemSession:
         *,
         sample: int = 0,
         sampling: Sampling | None = None,
+        reply_model: type[BaseModel] | None = None,
     ) -> Completion:
+        """One call of this problem (see :meth:`LLMClient.chat`; ``reply_model``: the pydantic model of a JSON
+        reply, sent as its schema where the endpoint allows)."""
         self.check_budget()
         key = CallKey(problem_id=self.problem.problem_id, role=role, sample=sample, iteration=self.iteration)
         if self.llm.route(role).sampling.merged(sampling).seed is None:
@@ -172,7 +175,7 @@ class ProblemSession:
             sampling = (sampling or Sampling()).merged(Sampling(seed=self.derive_seed("call", role, sample)))
         self.calls_in_flight += 1
         try:
-            completion = await self.llm.chat(role, messages, key=key, sampling=sampling)
+            completion = await self.llm.chat(role, messages, key=key, sampling=sampling, reply_model=reply_model)
         finally:
             self.calls_in_flight -= 1
         self.spent_calls += 1

@@ -29,8 +29,15 @@ from pydantic import Field
 
 from tmas.agents.mattrl_decision import Decision, decision_prompt, parse_decision, rewrite_prompt
 from tmas.agents.mattrl_opinion import opinion_answer, opinion_prompt, parse_differential
-from tmas.agents.mattrl_review import Review, accepted, parse_review, review_prompt, unreadable_review
-from tmas.agents.mattrl_team import default_team, parse_team, recruit_prompt
+from tmas.agents.mattrl_review import (
+    Review,
+    ReviewReply,
+    accepted,
+    parse_review,
+    review_prompt,
+    unreadable_review,
+)
+from tmas.agents.mattrl_team import TeamReply, default_team, parse_team, recruit_prompt
 from tmas.agents.output import AgentOutputError
 from tmas.answers import last_boxed, normalize_answer
 from tmas.errors import LLMError
@@ -199,12 +206,13 @@ class MATTRL(Method[MATTRLParams]):
         p = self.params
         messages = recruit_prompt(session.problem.question, p.domain, p.team_size)
         for attempt in range(1 + p.retries):
-            reply = await session.chat("coordinator", messages, sample=attempt)
+            reply = await session.chat("coordinator", messages, sample=attempt, reply_model=TeamReply)
             why = reply.error or ("reply truncated at max_tokens" if reply.truncated else None)
             if why is None:
                 try:
                     team, repairs = parse_team(reply.content, p.domain, p.team_size)
                 except AgentOutputError as exc:
+                    session.tally("coordinator").unusable += 1
                     why = str(exc)
                 else:
                     notes.extend(f"team formation: {note}" for note in repairs)
@@ -347,13 +355,18 @@ class MATTRL(Method[MATTRLParams]):
         why = ""
         reply: Completion | None = None
         for attempt in range(1 + self.params.retries):
-            reply = await session.chat("reviewer", messages, sample=sample + attempt * _RETRY_OFFSET)
+            reply = await session.chat(
+                "reviewer", messages, sample=sample + attempt * _RETRY_OFFSET, reply_model=ReviewReply
+            )
             if not reply.ok:
                 why = reply.error or "call failed"
                 continue
             try:
                 review = parse_review(reply.content, reviewer.member.id, target.member.id, truncated=reply.truncated)
             except AgentOutputError as exc:
+                # Counted per reply, so the report's parse-failure share per role compares runs with and without
+                # structured outputs.
+                session.tally("reviewer").unusable += 1
                 why = str(exc)
                 continue
             return review, reply

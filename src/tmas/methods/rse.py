@@ -19,7 +19,13 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from tmas.agents.baselines import Distillation, distill_prompt, parse_distillation, rse_solve_prompt
+from tmas.agents.baselines import (
+    Distillation,
+    DistillationReply,
+    distill_prompt,
+    parse_distillation,
+    rse_solve_prompt,
+)
 from tmas.agents.output import AgentOutputError
 from tmas.agents.solution import generation_prompt
 from tmas.errors import LLMError
@@ -112,7 +118,10 @@ class RSE(Method[RSEParams]):
         async def one(c: Candidate) -> Distillation | None:
             try:
                 reply = await session.chat(
-                    "distiller", distill_prompt(q, c.text, p.items_per_trajectory), sample=c.index
+                    "distiller",
+                    distill_prompt(q, c.text, p.items_per_trajectory),
+                    sample=c.index,
+                    reply_model=DistillationReply,
                 )
             except BudgetExhausted:
                 return None

@@ -29,8 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from tmas.agents.experience import experience_prompt, parse_experience_update
-from tmas.agents.guideline import guideline_prompt, parse_guideline_update
+from pydantic import BaseModel
+
+from tmas.agents.experience import ExperienceReply, experience_prompt, parse_experience_update
+from tmas.agents.guideline import GuidelineReply, guideline_prompt, parse_guideline_update
 from tmas.agents.output import AgentOutputError
 from tmas.agents.rollouts import CHARS_PER_TOKEN, Rollout, RolloutFit, fit_rollouts
 from tmas.agents.score_first import parse_score_first, score_first_prompt
@@ -42,7 +44,7 @@ from tmas.agents.solution import (
     refine_prompt,
 )
 from tmas.agents.summary import Summary, fallback_summary, parse_summary, summary_prompt
-from tmas.agents.verification import Verification, parse_verification, verification_prompt
+from tmas.agents.verification import Verification, VerificationReply, parse_verification, verification_prompt
 from tmas.config import Sampling
 from tmas.llm.types import Message
 from tmas.memory.experience_bank import ExperienceBank, apply_experience_ops
@@ -347,8 +349,10 @@ class TMAS(Method[TMASParams]):
             over = (over or Sampling()).merged(asked)
         else:
             check = verification_prompt(q, solution, p.mode, p.style_of("verifier"))
+        # Text scoring only: logprob scores are read from unconstrained tokens (see LLMClient._response_format).
+        shape = None if logprob else VerificationReply
         replies = await gather_all(
-            session.chat("verifier", check, sample=i * p.m + j, sampling=over) for j in range(p.m)
+            session.chat("verifier", check, sample=i * p.m + j, sampling=over, reply_model=shape) for j in range(p.m)
         )
         verifications: list[Verification] = []
         records: list[dict[str, Any]] = []
@@ -404,7 +408,7 @@ class TMAS(Method[TMASParams]):
             log.notes.append(f"experience prompt: {fit.describe()}")
         messages = experience_prompt(q, fit.views, bank, p.experience_max_entries)
         update, info = await self._ask_memory_agent(
-            session, "experience", messages, parse_experience_update, sampling, log
+            session, "experience", messages, parse_experience_update, sampling, log, ExperienceReply
         )
         if update is None:
             return bank, info
@@ -440,7 +444,13 @@ class TMAS(Method[TMASParams]):
         if fit.changed:
             log.notes.append(f"guideline prompt: {fit.describe()}")
         update, info = await self._ask_memory_agent(
-            session, "guideline", guideline_prompt(q, fit.views, bank), parse_guideline_update, sampling, log
+            session,
+            "guideline",
+            guideline_prompt(q, fit.views, bank),
+            parse_guideline_update,
+            sampling,
+            log,
+            GuidelineReply,
         )
         if update is None:
             return bank, info
@@ -473,10 +483,11 @@ class TMAS(Method[TMASParams]):
         parse: Callable[..., Update],
         sampling: dict[str, Sampling | None],
         log: IterationLog,
+        reply_model: type[BaseModel],
     ) -> tuple[Update | None, dict[str, Any]]:
         """One memory agent's call and parse. None with the reason when the update is unusable: the caller then
         keeps the previous bank, never a half-applied one."""
-        reply = await session.chat(role, messages, sampling=sampling[role])
+        reply = await session.chat(role, messages, sampling=sampling[role], reply_model=reply_model)
         if not reply.ok:
             log.bad(f"{role}_failed", f"{role} call failed: {reply.error}; previous bank kept")
             return None, {"status": "failed", "error": reply.error, "call_id": reply.call_id}

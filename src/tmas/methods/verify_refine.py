@@ -18,7 +18,7 @@ from pydantic import Field
 
 from tmas.agents.baselines import correction_prompt
 from tmas.agents.solution import generation_prompt
-from tmas.agents.verification import Verification, parse_verification, verification_prompt
+from tmas.agents.verification import Verification, VerificationReply, parse_verification, verification_prompt
 from tmas.methods.base import (
     BudgetExhausted,
     Candidate,
@@ -104,7 +104,9 @@ class VerifyRefine(Method[VerifyRefineParams]):
             return Verified(candidate, None)
         check = verification_prompt(q, candidate.text, mode, p.style_of("verifier"))
         try:
-            replies = await gather_all(session.chat("verifier", check, sample=i * p.m + j) for j in range(p.m))
+            replies = await gather_all(
+                session.chat("verifier", check, sample=i * p.m + j, reply_model=VerificationReply) for j in range(p.m)
+            )
         except BudgetExhausted:
             # The solution is finished but unverified: kept, unscored, and not corrected from a report it never got.
             candidate.meta["unverified"] = True

@@ -13,7 +13,7 @@ import concurrent.futures
 from collections.abc import Sequence
 from pathlib import Path
 
-from tmas.agents.guideline_judge import judge_prompt, parse_novelty
+from tmas.agents.guideline_judge import NoveltyReply, judge_prompt, parse_novelty
 from tmas.agents.output import AgentOutputError
 from tmas.config import Settings
 from tmas.llm.client import LLMClient
@@ -49,7 +49,8 @@ class LLMNoveltyJudge:
 
     async def _one(self, llm: LLMClient, rollout: RolloutInput) -> JudgeOutcome:
         messages = judge_prompt(rollout.question, rollout.strategies, rollout.completion)
-        reply = await llm.chat(ROLE, messages, key=CallKey(role=ROLE, problem_id=rollout.group))
+        key = CallKey(role=ROLE, problem_id=rollout.group)
+        reply = await llm.chat(ROLE, messages, key=key, reply_model=NoveltyReply)
         if not reply.ok:
             return JudgeOutcome(novelty=None, note=f"judge call failed: {reply.error}; counted as known")
         try:

@@ -138,6 +138,8 @@ def usage_body(usage: Usage) -> dict[str, Any]:
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
         "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        # Summed over the upstream calls, as the upstream servers reported their prompt-cache hits.
+        "prompt_tokens_details": {"cached_tokens": usage.cached_prompt_tokens},
     }
 
 

@@ -60,7 +60,8 @@ CREATE TABLE IF NOT EXISTS calls (
     created_at REAL NOT NULL,
     error_cause TEXT,
     retry_causes TEXT NOT NULL DEFAULT '[]',
-    logprobs TEXT
+    logprobs TEXT,
+    cached_prompt_tokens INTEGER
 );
 CREATE INDEX IF NOT EXISTS calls_by_request ON calls (request_hash, sample);
 CREATE INDEX IF NOT EXISTS calls_by_problem ON calls (problem_id, iteration);
@@ -131,6 +132,7 @@ class RunStore:
             if version != SCHEMA_VERSION:
                 self._db.close()
                 raise StoreError(f"{self.path}: store schema {version} is not the supported {SCHEMA_VERSION}")
+            self._shadow_missing_columns()
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -153,6 +155,18 @@ class RunStore:
         have = {row[1] for row in self._db.execute("PRAGMA table_info(calls)")}
         if "logprobs" not in have:
             self._db.execute("ALTER TABLE calls ADD COLUMN logprobs TEXT")
+        if "cached_prompt_tokens" not in have:
+            # NULL in the rows of older stores: the server's prompt cache was not read then (counted as 0).
+            self._db.execute("ALTER TABLE calls ADD COLUMN cached_prompt_tokens INTEGER")
+
+    def _shadow_missing_columns(self) -> None:
+        """Read-only, an older store cannot be altered: a temporary view named ``calls`` (temp names are looked up
+        first) adds the later columns as NULL, so every query reads old and new stores alike."""
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(calls)")}
+        missing = [name for name in _LATER_CALL_COLUMNS if name not in have]
+        if have and missing:
+            extra = ", ".join(f"NULL AS {name}" for name in missing)
+            self._db.execute(f"CREATE TEMP VIEW calls AS SELECT *, {extra} FROM main.calls")
 
     def close(self) -> None:
         self._db.close()
@@ -221,7 +235,8 @@ class RunStore:
             "INSERT INTO calls (request_hash, sample, problem_id, iteration, role, endpoint, model, messages,"
             " sampling, content, reasoning, prompt_tokens, completion_tokens, reasoning_tokens, usage_estimated,"
             " finish_reason, max_tokens_sent, latency_s, attempts, error, created_at, error_cause, retry_causes,"
-            " logprobs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " logprobs, cached_prompt_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+            " ?, ?, ?)",
             (
                 c.request_hash,
                 k.sample,
@@ -247,6 +262,7 @@ class RunStore:
                 c.error_cause,
                 json.dumps(c.retry_causes),
                 None if c.logprobs is None else json.dumps([t.model_dump() for t in c.logprobs]),
+                u.cached_prompt_tokens,
             ),
         )
         return int(cursor.lastrowid or 0)
@@ -281,9 +297,19 @@ class RunStore:
         """Calls, failed calls and tokens per agent role, over the whole run."""
         rows = self._db.execute(
             "SELECT role, COUNT(*), COALESCE(SUM(error IS NOT NULL), 0), COALESCE(SUM(prompt_tokens), 0),"
-            " COALESCE(SUM(completion_tokens), 0) FROM calls GROUP BY role ORDER BY role"
+            " COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cached_prompt_tokens), 0) FROM calls"
+            " GROUP BY role ORDER BY role"
         )
-        return {r[0]: {"calls": r[1], "failed": r[2], "prompt_tokens": r[3], "completion_tokens": r[4]} for r in rows}
+        return {
+            r[0]: {
+                "calls": r[1],
+                "failed": r[2],
+                "prompt_tokens": r[3],
+                "completion_tokens": r[4],
+                "cached_prompt_tokens": r[5],
+            }
+            for r in rows
+        }
 
     def change_marker(self) -> str:
         """Changes whenever a call, an iteration or a result is written: what a live viewer polls."""
@@ -301,7 +327,7 @@ class RunStore:
         row = self._db.execute(
             "SELECT COUNT(*), COALESCE(SUM(error IS NOT NULL), 0), COALESCE(SUM(prompt_tokens), 0),"
             " COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(reasoning_tokens), 0),"
-            " COALESCE(SUM(finish_reason = 'length'), 0) FROM calls"
+            " COALESCE(SUM(finish_reason = 'length'), 0), COALESCE(SUM(cached_prompt_tokens), 0) FROM calls"
         ).fetchone()
         return {
             "calls": row[0],
@@ -310,7 +336,19 @@ class RunStore:
             "completion_tokens": row[3],
             "reasoning_tokens": row[4],
             "truncated": row[5],
+            "cached_prompt_tokens": row[6],
         }
+
+    def record_structured_fallback(self, endpoint: str, role: str, message: str) -> None:
+        """Record, once per endpoint, that its server refused ``response_format`` and the run went on without."""
+        fallbacks = self.structured_fallbacks()
+        if endpoint not in fallbacks:
+            fallbacks[endpoint] = {"role": role, "message": message, "at": time.time()}
+            self.set_meta("structured_output_fallbacks", fallbacks)
+
+    def structured_fallbacks(self) -> dict[str, dict[str, Any]]:
+        """Endpoint URL -> the first refusal of ``response_format`` (role, server message, time), over the run."""
+        return dict(self.get_meta("structured_output_fallbacks") or {})
 
     def call_causes(self) -> dict[str, dict[str, int]]:
         """Failed calls by cause (``failed``) and retried attempts by cause (``retried``), over the whole run."""
@@ -426,10 +464,12 @@ class _Transaction:
         self._db.execute("ROLLBACK" if exc_type else "COMMIT")
 
 
+# Columns of the calls table added after schema 1 (nullable): older stores get them on open.
+_LATER_CALL_COLUMNS = ("logprobs", "cached_prompt_tokens")
 _CALL_COLUMNS = (
     "id, request_hash, sample, problem_id, iteration, role, endpoint, model, content, reasoning, prompt_tokens,"
     " completion_tokens, reasoning_tokens, usage_estimated, finish_reason, max_tokens_sent, latency_s, attempts,"
-    " error, error_cause, retry_causes, logprobs"
+    " error, error_cause, retry_causes, logprobs, cached_prompt_tokens"
 )
 
 
@@ -446,6 +486,7 @@ def _completion(row: tuple[Any, ...]) -> Completion:
             prompt_tokens=row[10],
             completion_tokens=row[11],
             reasoning_tokens=row[12],
+            cached_prompt_tokens=row[22] or 0,
             estimated=bool(row[13]),
         ),
         finish_reason=row[14],

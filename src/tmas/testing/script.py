@@ -81,6 +81,10 @@ class ScriptedUsage(_Strict):
     prompt_tokens: int = Field(ge=0)
     completion_tokens: int = Field(ge=0)
     reasoning_tokens: int = Field(default=0, ge=0)
+    # Prompt tokens served from the prompt cache, reported where ``cached_in`` says: OpenAI's and vLLM's
+    # ``usage.prompt_tokens_details.cached_tokens``, or llama-server's ``timings.cache_n``.
+    cached_tokens: int | None = Field(default=None, ge=0)
+    cached_in: Literal["usage", "timings"] = "usage"
 
 
 class Rule(_Strict):
@@ -133,6 +137,9 @@ class SimScript(_Strict):
     think_tags: bool = False
     # Whether the server answers ``logprobs: true`` with a payload (False: a server that ignores the request).
     logprobs: bool = True
+    # "reject": answer any request carrying a ``response_format`` with a 400, as a server without structured-output
+    # support does.
+    response_format: Literal["accept", "reject"] = "accept"
     faults: FaultRates = Field(default_factory=FaultRates)
     rules: list[Rule] = Field(default_factory=list)
     seed: int = 0

@@ -393,6 +393,9 @@ class SimApp:
         n = body.get("n", 1)
         if n not in (None, 1):
             raise _BadRequest("The simulator supports only n=1.")
+        if script.response_format == "reject" and body.get("response_format") is not None:
+            kind = body["response_format"].get("type") if isinstance(body["response_format"], dict) else None
+            raise _BadRequest(f"response_format type {kind!r} is not supported by this server")
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise _BadRequest("max_tokens must be a positive integer.")
@@ -468,8 +471,9 @@ class SimApp:
             finish_reason = rule.finish_reason
         completion_tokens = reasoning_tokens + content_tokens
 
-        if rule is not None and rule.usage is not None:
-            scripted = rule.usage
+        timings: dict[str, Any] | None = None
+        scripted = rule.usage if rule is not None else None
+        if scripted is not None:
             prompt_tokens, completion_tokens = scripted.prompt_tokens, scripted.completion_tokens
             reasoning_tokens = scripted.reasoning_tokens
         usage: dict[str, Any] | None = None
@@ -481,6 +485,12 @@ class SimApp:
             }
             if reasoning is not None or reasoning_tokens:
                 usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+            if scripted is not None and scripted.cached_tokens is not None:
+                if scripted.cached_in == "usage":
+                    usage["prompt_tokens_details"] = {"cached_tokens": scripted.cached_tokens}
+                else:
+                    # llama-server's shape: the tokens reused from the cache, and the ones it had to compute.
+                    timings = {"cache_n": scripted.cached_tokens, "prompt_n": prompt_tokens - scripted.cached_tokens}
 
         logprobs: list[dict[str, Any]] | None = None
         if body.get("logprobs") and script.logprobs:
@@ -495,6 +505,7 @@ class SimApp:
             finish_reason=finish_reason,
             usage=usage,
             logprobs=logprobs,
+            timings=timings,
         )
         if body.get("stream"):
             stream_options = body.get("stream_options")
@@ -623,6 +634,7 @@ class _Reply:
     finish_reason: str
     usage: dict[str, Any] | None
     logprobs: list[dict[str, Any]] | None = None
+    timings: dict[str, Any] | None = None
 
     def base(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -638,6 +650,8 @@ class _Reply:
         out["choices"] = [choice]
         if self.usage is not None:
             out["usage"] = self.usage
+        if self.timings is not None:
+            out["timings"] = self.timings
         return out
 
     def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:

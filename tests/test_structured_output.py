@@ -1,0 +1,317 @@
+"""Structured outputs on the wire (issue 16, part 2): every role whose reply is JSON sends its reply model's JSON
+schema as ``response_format``; ``structured_output = "auto"`` falls back to plain text once a server refuses it and
+records that once per endpoint, ``"json_schema"`` fails the call with a clear error, ``"off"`` sends none. All
+asserted on the bodies the simulated server received and on the records the run store kept."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from conftest import settings_for
+from mattrl_runs import hand_worked_transcript, write_run
+from tmas.agents.baselines import DistillationReply, parse_distillation
+from tmas.agents.experience import ExperienceReply, parse_experience_update
+from tmas.agents.experience_summarizer import SummarizerReply, parse_summarizer
+from tmas.agents.guideline import GuidelineReply, parse_guideline_update
+from tmas.agents.guideline_judge import NoveltyReply, StrategyView, parse_novelty
+from tmas.agents.mattrl_review import ReviewReply, parse_review
+from tmas.agents.mattrl_team import TeamReply, parse_team
+from tmas.agents.utterance_judge import JudgeScoreReply, parse_judge_score
+from tmas.agents.verification import VerificationReply, parse_verification
+from tmas.api import asolve
+from tmas.config import load_settings
+from tmas.eval.judge import JudgeReplyFormat, judge_once, parse_judge_reply
+from tmas.experience.construct import BuildConfig, build_pool
+from tmas.llm.client import LLMClient
+from tmas.llm.schema import json_schema, response_format
+from tmas.llm.types import user
+from tmas.problems import Problem
+from tmas.rl.novelty import LLMNoveltyJudge
+from tmas.rl.scoring import RolloutInput
+from tmas.store.run_store import RunStore
+from tmas.testing import Rule, SimScript, SimServer
+
+Q = "What is 17*23?"
+SUMMARY_JSON = [user("Reply with JSON.")]
+
+
+def schema_names(sim: SimServer) -> dict[str, set[str | None]]:
+    """Per role, the reply-model names its requests carried as response_format (None: a request without one)."""
+    out: dict[str, set[str | None]] = {}
+    for entry in sim.requests:
+        if entry.endpoint != "chat":
+            continue
+        fmt = entry.body.get("response_format")
+        if fmt is not None:
+            # Each schema sent is exactly its reply model's (flattened) schema.
+            name = fmt["json_schema"]["name"]
+            assert fmt["type"] == "json_schema"
+            assert fmt["json_schema"]["schema"] == json_schema(MODELS[name]), name
+        out.setdefault(entry.role, set()).add(None if fmt is None else fmt["json_schema"]["name"])
+    return out
+
+
+MODELS: dict[str, type[BaseModel]] = {
+    m.__name__: m
+    for m in (
+        VerificationReply,
+        ExperienceReply,
+        GuidelineReply,
+        TeamReply,
+        ReviewReply,
+        DistillationReply,
+        JudgeReplyFormat,
+        NoveltyReply,
+        JudgeScoreReply,
+        SummarizerReply,
+    )
+}
+
+# method, params, and per role the reply models its calls send (None: calls whose reply is free text or tags).
+METHODS: list[tuple[str, dict[str, Any], dict[str, set[str | None]]]] = [
+    (
+        "tmas",
+        {"n": 1, "m": 1, "iterations": 1},
+        {
+            "solution": {None},
+            "verifier": {"VerificationReply"},
+            "summary": {None},
+            "experience": {"ExperienceReply"},
+            "guideline": {"GuidelineReply"},
+        },
+    ),
+    # Scores read from log-probabilities stay unconstrained (see LLMClient._response_format).
+    (
+        "tmas",
+        {"n": 1, "m": 1, "iterations": 1, "verifier_score": "logprob"},
+        {
+            "solution": {None},
+            "verifier": {None},
+            "summary": {None},
+            "experience": {"ExperienceReply"},
+            "guideline": {"GuidelineReply"},
+        },
+    ),
+    (
+        "verify_refine",
+        {"n": 1, "m": 1, "iterations": 2},
+        {"solution": {None}, "verifier": {"VerificationReply"}, "corrector": {None}},
+    ),
+    ("rse", {"n": 1, "iterations": 2}, {"solution": {None}, "distiller": {"DistillationReply"}}),
+    (
+        "mattrl",
+        {"team_size": 2, "iterations": 1},
+        # The coordinator recruits (JSON) and decides (tags); specialists write solutions.
+        {"coordinator": {"TeamReply", None}, "specialist": {None}, "reviewer": {"ReviewReply"}},
+    ),
+]
+
+
+@pytest.mark.parametrize(("method", "params", "wanted"), METHODS, ids=[f"{m[0]}-{i}" for i, m in enumerate(METHODS)])
+async def test_each_structured_role_sends_its_reply_schema(
+    sim: SimServer, method: str, params: dict[str, Any], wanted: dict[str, set[str | None]]
+) -> None:
+    result = await asolve(Q, settings_for(sim, method={"name": method, "params": params}))
+    assert result.status == "done", result.error
+    assert schema_names(sim) == wanted
+
+
+async def test_judges_send_their_reply_schemas(sim: SimServer, tmp_path: Path) -> None:
+    async with LLMClient(settings_for(sim)) as llm:
+        await judge_once(llm, problem_id="p", problem=Q, reference="391", student="\\boxed{391}", run=0)
+    rollout = RolloutInput(
+        task="guideline",
+        group="g",
+        question=Q,
+        ground_truth="391",
+        completion="\\boxed{391}",
+        strategies=[StrategyView(id="G1", description="Multiply directly.")],
+    )
+    await LLMNoveltyJudge(settings_for(sim)).judge([rollout])
+    assert schema_names(sim) == {"judge": {"JudgeReplyFormat", "NoveltyReply"}}
+
+
+async def test_experience_construction_sends_judge_and_summarizer_schemas(tmp_path: Path) -> None:
+    problem = Problem(problem_id="p1", question="What is 6*7?", answer="42")
+    run = write_run(tmp_path / "run", [(problem, hand_worked_transcript(), "42")])
+    judge = json.dumps({"analysis": "scripted", "score": 5})
+    entry = {
+        "action": "Factor first.",
+        "experience": "Factoring before adding kept the sums small.",
+        "scope": "general",
+    }
+    rules = [
+        Rule(role="judge", replies=[judge]),
+        Rule(role="summarizer", replies=[json.dumps({"entries": [entry]})]),
+    ]
+    with SimServer(SimScript(rules=rules)) as sim:
+        config = BuildConfig(scheme="difference", lam=0.5, gamma=0.5, beta=1.0, grade_mode="rules")
+        await build_pool([run], tmp_path / "pool", settings_for(sim), config)
+        assert schema_names(sim) == {"judge": {"JudgeScoreReply"}, "summarizer": {"SummarizerReply"}}
+
+
+# ------------------------------------------------------------------------------------------ the parsers read bare JSON
+def test_every_parser_reads_the_bare_json_its_schema_forces() -> None:
+    """A constraining server returns bare JSON (no code fence, every required field): each parser takes it."""
+    verification = parse_verification(json.dumps({"analysis": "Step 2 divides by zero.", "score": 0.5}))
+    assert (verification.score, verification.feedback) == (0.5, "Step 2 divides by zero.")
+    fenced = parse_verification('```json\n{"analysis": "All steps check out.", "score": 1}\n```')
+    assert (fenced.score, fenced.feedback) == (1.0, "All steps check out.")
+    ops = {
+        "operations": [{"op": "ADD", "kind": "heuristic", "content": "Check the units."}, {"op": "KEEP", "id": "E1"}]
+    }
+    assert [o.op for o in parse_experience_update(json.dumps(ops)).operations] == ["ADD", "KEEP"]
+    items = {"rollouts": [{"rollout": 1, "strategy": "direct product", "novelty": 1, "same_as": None}]}
+    assert parse_guideline_update(json.dumps(items)).items[0].strategy == "direct product"
+    verdict = parse_novelty(json.dumps({"identified_strategy": "casework", "novelty": 0, "same_as": "G1"}))
+    assert (verdict.novelty, verdict.same_as) == (0, "G1")
+    assert parse_judge_score(json.dumps({"analysis": "helped", "score": 4})).score == 4
+    entries, _ = parse_summarizer(json.dumps({"entries": [{"action": "a", "experience": "e", "scope": "case"}]}))
+    assert entries[0].scope == "case"
+    members = [{"specialty": "Algebra", "role": "leader", "description": "d"}, {"specialty": "Geometry"}]
+    team, _ = parse_team(json.dumps({"members": members}), "math", 3)
+    assert [m.specialty for m in team] == ["Algebra", "Geometry"] and team[0].leader
+    review = {
+        "analysis": "Sound.",
+        "verdict": "accept",
+        "validated": ["step 1"],
+        "issues": [],
+        "tests": {"random_checks": 2, "counterexample": {"found": False}},
+    }
+    parsed = parse_review(json.dumps(review), "S1", "S2")
+    assert (parsed.verdict, parsed.tests["random_checks"]) == ("accept", 2)
+    distilled = parse_distillation(json.dumps({"propositions": ["p"], "pitfalls": []}), max_items=3)
+    assert distilled.propositions == ["p"]
+    judged = parse_judge_reply(json.dumps({"reasoning": "same value", "equivalent": True}))
+    assert judged is not None and judged.equivalent
+
+
+def keywords(node: Any) -> set[str]:
+    """The schema keywords used anywhere in ``node`` (property names are fields, not keywords)."""
+    if isinstance(node, list):
+        return set().union(*map(keywords, node)) if node else set()
+    if not isinstance(node, dict):
+        return set()
+    found = set(node)
+    for key, value in node.items():
+        found |= set().union(*map(keywords, value.values())) if key == "properties" and value else keywords(value)
+    return found
+
+
+def test_schemas_are_flat_and_put_reasoning_first() -> None:
+    for name, model in MODELS.items():
+        # llama-server's converter takes no recursion; titles, defaults and docstrings never reach a model.
+        assert not keywords(json_schema(model)) & {"$ref", "$defs", "title", "default", "description"}, name
+    # A field named like a dropped keyword stays a field.
+    assert "description" in json_schema(TeamReply)["properties"]["members"]["items"]["properties"]
+    # A constrained model writes required properties first, in order: the reasoning before the verdict.
+    assert json_schema(VerificationReply)["required"] == ["analysis", "score"]
+    assert json_schema(JudgeReplyFormat)["required"] == ["reasoning", "equivalent"]
+    assert json_schema(JudgeScoreReply)["required"] == ["analysis", "score"]
+    assert json_schema(NoveltyReply)["required"][:2] == ["identified_strategy", "novelty"]
+    assert json_schema(ReviewReply)["required"][:2] == ["analysis", "verdict"]
+    # OpenAI's strict mode only where every property is required.
+    assert response_format(VerificationReply)["json_schema"]["strict"] is True
+    assert response_format(ExperienceReply)["json_schema"]["strict"] is False
+    issue = json_schema(ReviewReply)["properties"]["issues"]["items"]
+    assert issue["properties"]["severity"]["enum"] == ["fatal", "major", "minor"]
+    assert issue["additionalProperties"] is False
+
+
+# ------------------------------------------------------------------------------------------ modes and the fallback
+REFUSING = SimScript(response_format="reject")
+
+
+async def _verify_twice(settings_mode: str, sim: SimServer, store: RunStore | None) -> list[Any]:
+    settings = settings_for(sim, endpoint__structured_output=settings_mode)
+    async with LLMClient(settings, store) as llm:
+        first = await llm.chat("verifier", [user("Grade A.")], reply_model=VerificationReply)
+        second = await llm.chat("verifier", [user("Grade B.")], reply_model=VerificationReply)
+        return [first, second, llm.stats.structured_fallbacks]
+
+
+async def test_auto_falls_back_once_per_endpoint_and_records_it(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(REFUSING)
+    with RunStore(tmp_path) as store:
+        first, second, fallbacks = await _verify_twice("auto", sim, store)
+        assert first.ok and second.ok
+        bodies = [r.body for r in sim.requests]
+        # Refused once, the same call again without the schema, and none sent to that server again.
+        assert ["response_format" in b for b in bodies] == [True, False, False]
+        assert bodies[0]["messages"] == bodies[1]["messages"]
+        assert first.retry_causes == ["structured_output"] and first.attempts == 1
+        assert second.retry_causes == []
+        assert list(fallbacks) == [sim.base_url]
+        recorded = store.structured_fallbacks()
+        assert list(recorded) == [sim.base_url]
+        assert recorded[sim.base_url]["role"] == "verifier"
+        assert "response_format" in recorded[sim.base_url]["message"]
+        assert [c.error for c in store.calls()] == [None, None]
+
+
+async def test_a_second_client_records_the_endpoint_once(sim: SimServer, tmp_path: Path) -> None:
+    """A resumed run finds the refusal again (one extra request) but the record stays one per endpoint."""
+    sim.set_script(REFUSING)
+    with RunStore(tmp_path) as store:
+        await _verify_twice("auto", sim, store)
+        settings = settings_for(sim)
+        async with LLMClient(settings, store) as llm:
+            reply = await llm.chat("verifier", [user("Grade C.")], reply_model=VerificationReply)
+        assert reply.ok
+        assert len(store.structured_fallbacks()) == 1
+
+
+async def test_json_schema_mode_fails_the_call_with_a_clear_error(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(REFUSING)
+    with RunStore(tmp_path) as store:
+        first, second, fallbacks = await _verify_twice("json_schema", sim, store)
+        assert not first.ok and not second.ok
+        assert first.error is not None and first.error.startswith(
+            "server refused response_format (structured_output = 'json_schema'): HTTP 400"
+        )
+        assert first.error_cause == "structured_output"
+        # Not retried, not fallen back: each call was sent once, with its schema.
+        assert ["response_format" in r.body for r in sim.requests] == [True, True]
+        assert fallbacks == {} and store.structured_fallbacks() == {}
+
+
+async def test_off_sends_no_schema(sim: SimServer) -> None:
+    first, second, fallbacks = await _verify_twice("off", sim, None)
+    assert first.ok and second.ok and fallbacks == {}
+    assert ["response_format" in r.body for r in sim.requests] == [False, False]
+
+
+async def test_other_client_errors_are_not_taken_for_a_refusal(sim: SimServer) -> None:
+    sim.set_script(SimScript(rules=[Rule(fault="http_400")]))
+    async with LLMClient(settings_for(sim)) as llm:
+        reply = await llm.chat("verifier", [user("Grade A.")], reply_model=VerificationReply)
+        assert not reply.ok and reply.error_cause == "http_400" and llm.stats.structured_fallbacks == {}
+    assert len(sim.requests) == 1
+
+
+def test_structured_output_is_configured_per_endpoint_role_and_environment(tmp_path: Path) -> None:
+    path = tmp_path / "tmas.toml"
+    path.write_text(
+        '[endpoint]\nbase_url = "http://a/v1"\nstructured_output = "off"\n'
+        '[roles.judge]\nstructured_output = "json_schema"\n'
+    )
+    settings = load_settings(path, environ={})
+    assert settings.endpoint.structured_output == "off"
+    assert settings.roles["judge"].structured_output == "json_schema"
+    assert load_settings(path, environ={"TMAS_STRUCTURED_OUTPUT": "auto"}).endpoint.structured_output == "auto"
+    path.write_text('[endpoint]\nbase_url = "http://a/v1"\nstructured_output = "grammar"\n')
+    with pytest.raises(Exception, match="structured_output"):
+        load_settings(path, environ={})
+
+
+async def test_role_override_reaches_the_wire(sim: SimServer) -> None:
+    settings = settings_for(sim, roles={"verifier": {"structured_output": "off"}})
+    async with LLMClient(settings) as llm:
+        await llm.chat("verifier", [user("Grade A.")], reply_model=VerificationReply)
+        await llm.chat("judge", [user("Judge A.")], reply_model=JudgeReplyFormat)
+    assert schema_names(sim) == {"verifier": {None}, "judge": {"JudgeReplyFormat"}}
