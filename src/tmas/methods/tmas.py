@@ -247,6 +247,9 @@ class TMAS(Method[TMASParams]):
             window = session.context_window(role)
             if window is not None:
                 reply = session.max_tokens(role, sampling.get(role)) or window // 4
+                # A reply budget as large as the window (the paper preset's 128K) would leave the prompt nothing:
+                # keep half the window for the prompt; the client lowers max_tokens to what the prompt leaves.
+                reply = min(reply, window // 2)
                 tokens = window - reply - PROMPT_MARGIN_TOKENS
         if tokens is not None:
             budget = int(tokens * CHARS_PER_TOKEN) - sum(len(m.content) for m in base)
