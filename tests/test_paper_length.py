@@ -93,7 +93,7 @@ def test_truncation_warning_threshold() -> None:
     # 3 of 20 cut = 15 % > 10 %: warned; 1 of 10 = exactly 10 %: not; no replies: not.
     lines = truncation_warnings({"solution": (20, 3), "verifier": (10, 1), "summary": (0, 0)})
     assert len(lines) == 1 and lines[0].startswith("solution: 3 of 20 replies (15.0%)")
-    doc = Document()
+    doc = Document("run")
     reply_quality_section(doc, {"solution": ReplyTally(replies=20, truncated=3), "verifier": ReplyTally(replies=10)})
     text = doc.markdown()
     assert "many replies cut at max_tokens" in text and "solution: 3 of 20" in text and "verifier:" not in text

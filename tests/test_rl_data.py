@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections import Counter
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest

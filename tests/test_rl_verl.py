@@ -140,6 +140,7 @@ async def test_no_batch_boundary_raises(sim: SimServer, tmp_path: Path) -> None:
     assert len(rows) % 2 == 0 and all(keys[i] == keys[i + 1] for i in range(0, len(rows), 2))
     rng = random.Random(0)
     answers = {p.question: p.answer for p in problems}
+    incomplete = 0
     n = 2  # rollouts per row
     for skip in (0, 1):  # 1: as if a row had been filtered out, shifting every later pair
         for size in range(1, 7):
@@ -161,3 +162,5 @@ async def test_no_batch_boundary_raises(sim: SimServer, tmp_path: Path) -> None:
                 assert not (whole and cut), (size, start)
                 # Only an experience group can be incomplete (a copied row is one prompt either way).
                 assert all(k.endswith("/experience") for k in cut)
+                incomplete += len(cut)
+    assert incomplete  # odd sizes and the shifted start did cut experience groups, and were scored

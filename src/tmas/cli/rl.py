@@ -70,7 +70,9 @@ def build_data(
     for path in write_dataset(data, out):
         typer.echo(f"wrote {path}")
     r = data.report
-    counts = ", ".join(f"{task} {r.groups[task]} of {r.available[task]}" for task in ("normal", "experience", "guideline"))
+    counts = ", ".join(
+        f"{task} {r.groups[task]} of {r.available[task]}" for task in ("normal", "experience", "guideline")
+    )
     typer.echo(f"train prompt groups (drawn of available): {counts}; rows: {sum(r.rows.values())};")
     typer.echo(f"excluded problems: {r.excluded}")
 

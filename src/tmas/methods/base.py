@@ -73,7 +73,6 @@ def truncation_warnings(replies: Mapping[str, tuple[int, int]], threshold: float
     return out
 
 
-
 class IterationRecord(BaseModel):
     problem_id: str
     iteration: int

@@ -336,7 +336,7 @@ def mixed(
     """The rows of the groups the mix draws (all of them without a mix) in a random group order, each group's rows
     together, and the groups available per task."""
     groups = _groups(rows)
-    available = Counter(g.task for g in groups)
+    available: Counter[str] = Counter(g.task for g in groups)
     chosen: list[_Group] = []
     if mix is None or not groups:
         chosen = groups
@@ -446,7 +446,11 @@ def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
 
 def dataset_card(data: Dataset, train_path: Path, val_path: Path | None) -> str:
     r = data.report
-    mix = "all examples (no mix)" if r.mix is None else ":".join(f"{w:g}" for w in r.mix) + " (normal:experience:guideline)"
+    mix = (
+        "all examples (no mix)"
+        if r.mix is None
+        else ":".join(f"{w:g}" for w in r.mix) + " (normal:experience:guideline)"
+    )
     lines = [
         f"# {train_path.name}",
         "",

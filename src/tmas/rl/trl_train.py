@@ -26,8 +26,8 @@ from tmas.llm.weights import resolve_model
 from tmas.rl.data import COLUMNS
 from tmas.rl.rewards import DEFAULT_BETA
 from tmas.rl.sampler import PromptGroupSampler, prompt_groups
-from tmas.rl.tiny import tiny_model, tiny_tokenizer
 from tmas.rl.scoring import NoveltyJudge
+from tmas.rl.tiny import tiny_model, tiny_tokenizer
 from tmas.rl.trl_rewards import HybridReward
 
 
