@@ -6,19 +6,22 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from tmas.api import asolve
 from tmas.cli.main import app
-from tmas.config import load_settings
+from tmas.config import Settings, load_settings
 from tmas.eval.document import Document
 from tmas.eval.reply_quality import reply_quality_section
 from tmas.llm.client import CONTEXT_MARGIN_TOKENS
 from tmas.methods.base import ReplyTally, truncation_warnings
 from tmas.methods.tmas_params import PAPER_MAX_TOKENS
+from tmas.problems import Problem
 from tmas.testing import Rule, SimScript, SimServer
 
 Q = "What is 17*23?"
@@ -117,3 +120,39 @@ def test_a_run_with_cut_solutions_warns_at_its_end(tmp_path: Path) -> None:
         " raise max_tokens for this role (or the model's context window)"
     ]
     assert "warning: solution: 4 of 4 replies" in result.stderr
+
+
+async def test_a_run_from_the_old_paper_preset_resumes_as_documented(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tmas.methods import tmas_params
+    from tmas.runner import prepare_run, run_problems
+
+    problems = [Problem(problem_id="p1", question=Q, answer="391")]
+    params = {"preset": "paper", "n": 1, "m": 1, "iterations": 1}
+    with SimServer(SimScript()) as sim:
+        base = {"endpoint": {"base_url": [sim.base_url], "model": "m"}, "method": {"name": "tmas", "params": params}}
+        # The preset as it was: temperature and top_p only, so every call sent the global 2048.
+        old = {role: {"temperature": 1.0, "top_p": 0.95} for role in ROLES}
+        monkeypatch.setitem(tmas_params.PRESETS["paper"], "sampling", old)
+        store, settings, todo = prepare_run(tmp_path / "run", Settings.model_validate(base), problems, resume=False)
+        with store:
+            await run_problems(settings, todo, store)
+        first = len(sim.chat_bodies())
+        assert {b["max_tokens"] for b in sim.chat_bodies()} == {2048}
+        monkeypatch.undo()
+        shutil.copytree(tmp_path / "run", tmp_path / "copy")
+
+        # Resumed with the five roles at 2048: the problem is solved again from the stored calls, none sent.
+        roles = {role: {"sampling": {"max_tokens": 2048}} for role in ROLES}
+        pinned = Settings.model_validate({**base, "roles": roles})
+        store, settings, todo = prepare_run(tmp_path / "run", pinned, None, resume=True)
+        with store:
+            summary = await run_problems(settings, todo, store)
+        assert summary.done == 1 and summary.cached_calls == first and len(sim.chat_bodies()) == first
+        # Resumed as it is (the copy): solved again with the new budget, in new calls.
+        store, settings, todo = prepare_run(tmp_path / "copy", Settings.model_validate(base), None, resume=True)
+        with store:
+            await run_problems(settings, todo, store)
+        new = sim.chat_bodies()[first:]
+        assert new and all(b["max_tokens"] > 2048 for b in new)
