@@ -134,7 +134,7 @@ def test_build_data_bad_input(tmp_path: Path) -> None:
     done = tmas("rl", "build-data", str(tmp_path), "-o", str(tmp_path / "x.parquet"))
     assert done.returncode == 2 and "not a run directory" in done.stderr
     assert not (tmp_path / "x.parquet").exists()
-    for mix in ("1:2", "a:b:c", "0:0:0", "1:-1:1"):
+    for mix in ("1:2", "a:b:c", "0:0:0", "1:-1:1", "1:inf:1"):
         done = tmas("rl", "build-data", str(tmp_path), "-o", str(tmp_path / "x.parquet"), "--mix", mix)
         assert done.returncode == 2 and f"--mix {mix!r}" in done.stderr
 

@@ -26,6 +26,7 @@ rows (a one-row group twice, ``extra_info.copy`` 1 on the second), so verl's per
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 import re
 from collections import Counter
@@ -68,7 +69,7 @@ def parse_mix(text: str) -> tuple[float, float, float] | None:
         weights = tuple(float(p) for p in parts)
     except ValueError:
         weights = ()
-    if len(weights) != 3 or any(w < 0 or w != w for w in weights) or not any(weights):
+    if len(weights) != 3 or any(w < 0 or not math.isfinite(w) for w in weights) or not any(weights):
         raise InputError(f"--mix {text!r}: expected normal:experience:guideline weights >= 0, e.g. 2.2:1.6:0.6, or all")
     return weights[0], weights[1], weights[2]
 
