@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from conftest import settings_for
 from tmas.agents.solution import generation_prompt
 from tmas.problems import Problem
-from tmas.rl.data import question_hash
+from tmas.rl.data import build_dataset, mix_targets, question_hash
 from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import RunStore
 from tmas.testing import SimServer
@@ -49,7 +50,7 @@ async def test_build_data_writes_the_release_schema(sim: SimServer, tmp_path: Pa
     evalset = tmp_path / "eval.jsonl"
     evalset.write_text(json.dumps({"problem_id": "aime-7", "question": "what is  9*9?", "answer": "81"}) + "\n")
     out = tmp_path / "data" / "train.parquet"
-    done = tmas("rl", "build-data", str(run_dir), "-o", str(out), "--exclude", str(evalset))
+    done = tmas("rl", "build-data", str(run_dir), "-o", str(out), "--exclude", str(evalset), "--mix", "all")
     assert done.returncode == 0, done.stderr
 
     table = pq.read_table(out)
@@ -107,9 +108,11 @@ async def test_build_data_writes_the_release_schema(sim: SimServer, tmp_path: Pa
         assert "<attempted_strategies>" in r["prompt"][-1]["content"]
 
     card = out.with_name("train.md").read_text()
-    assert "| normal | correctness (+1/-1) | 2 | 2 | 0 |" in card
-    assert "| experience | experience utilization (eq. 7-8) | 8 | 4 | 0 |" in card
-    assert "| guideline | novel strategy exploration (eq. 9) | 4 | 4 | 0 |" in card
+    # Columns: groups available, prompt groups written, train rows, validation rows.
+    assert "| normal | correctness (+1/-1) | 2 | 2 | 2 | 0 |" in card
+    assert "| experience | experience utilization (eq. 7-8) | 4 | 4 | 8 | 0 |" in card
+    assert "| guideline | novel strategy exploration (eq. 9) | 4 | 4 | 4 | 0 |" in card
+    assert "Mix: all examples (no mix)" in card and "style paper, no context window known" in card
     assert "Left out: 1 evaluation problems" in card and "1 without a reference answer" in card
 
 
@@ -117,7 +120,8 @@ async def test_validation_split_is_by_question(sim: SimServer, tmp_path: Path) -
     run_dir = tmp_path / "run"
     await tmas_run(sim, run_dir, iterations=2)
     out = tmp_path / "d.parquet"
-    assert tmas("rl", "build-data", str(run_dir), "-o", str(out), "--val-fraction", "0.5").returncode == 0
+    done = tmas("rl", "build-data", str(run_dir), "-o", str(out), "--val-fraction", "0.5", "--mix", "all")
+    assert done.returncode == 0, done.stderr
     train = pq.read_table(out).to_pylist()
     val = pq.read_table(tmp_path / "d.val.parquet").to_pylist() if (tmp_path / "d.val.parquet").exists() else []
     train_q = {r["extra_info"]["question_hash"] for r in train}
@@ -130,3 +134,79 @@ def test_build_data_bad_input(tmp_path: Path) -> None:
     done = tmas("rl", "build-data", str(tmp_path), "-o", str(tmp_path / "x.parquet"))
     assert done.returncode == 2 and "not a run directory" in done.stderr
     assert not (tmp_path / "x.parquet").exists()
+    for mix in ("1:2", "a:b:c", "0:0:0", "1:-1:1", "1:inf:1"):
+        done = tmas("rl", "build-data", str(tmp_path), "-o", str(tmp_path / "x.parquet"), "--mix", mix)
+        assert done.returncode == 2 and f"--mix {mix!r}" in done.stderr
+
+
+def test_mix_targets_by_hand() -> None:
+    # Section 4.2's 2.2 : 1.6 : 0.6 on 40 / 120 / 120 groups: scale min(40/2.2, 120/1.6, 120/0.6) = 18.18
+    # -> 2.2*18.18 = 40, 1.6*18.18 = 29.1 -> 29, 0.6*18.18 = 10.9 -> 11.
+    assert mix_targets(Counter(normal=40, experience=120, guideline=120), (2.2, 1.6, 0.6)) == {
+        "normal": 40, "experience": 29, "guideline": 11,
+    }  # fmt: skip
+    # Experience is scarce: scale 16/1.6 = 10 -> 22, 16, 6.
+    assert mix_targets(Counter(normal=100, experience=16, guideline=50), (2.2, 1.6, 0.6)) == {
+        "normal": 22, "experience": 16, "guideline": 6,
+    }  # fmt: skip
+    # No guideline group at all (an ablation run): the others keep their ratio.
+    assert mix_targets(Counter(normal=11, experience=30), (2.2, 1.6, 0.6)) == {
+        "normal": 11, "experience": 8, "guideline": 0,
+    }  # fmt: skip
+
+
+async def test_mix_draws_groups_by_problem(sim: SimServer, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    await tmas_run(sim, run_dir)  # 3 labeled problems, T = 3: 3 normal, 6 experience, 6 guideline groups
+    everything = build_dataset([run_dir], mix=None).report
+    assert (everything.groups["normal"], everything.groups["experience"], everything.groups["guideline"]) == (3, 6, 6)
+
+    def groups_of(data: list[dict]) -> dict[str, list[tuple[str, int]]]:
+        out: dict[str, list[tuple[str, int]]] = {}
+        for r in data:
+            info = r["extra_info"]
+            if info["variant"] != "bank":
+                out.setdefault(r["_source"], []).append((info["problem_id"], info["iteration"]))
+        return out
+
+    # 2.2 : 1.6 : 0.6 on 3 / 6 / 6: scale min(3/2.2, 6/1.6, 6/0.6) = 1.364 -> 3, 2.18 -> 2, 0.82 -> 1.
+    paper = build_dataset([run_dir], seed=1)
+    drawn = groups_of(paper.train)
+    assert {k: len(v) for k, v in drawn.items()} == {"normal": 3, "experience": 2, "guideline": 1}
+    assert len({pid for pid, _ in drawn["experience"]}) == 2  # two problems, not two iterations of one
+    assert (paper.report.rows["experience"], paper.report.available["experience"]) == (4, 6)
+    # 1 : 1 : 1: scale min(3, 6, 6) = 3 -> 3 groups each, one per problem (drawn one problem at a time).
+    even = groups_of(build_dataset([run_dir], mix=(1, 1, 1), seed=1).train)
+    assert sorted(pid for pid, _ in even["experience"]) == ["p1", "p2", "p3"]
+    assert sorted(pid for pid, _ in even["guideline"]) == ["p1", "p2", "p3"]
+    # Seeded: the same seed draws the same file; Base and Bank stay next to each other in it.
+    again = build_dataset([run_dir], seed=1).train
+    assert again == paper.train
+    rows = [r for r in again if r["_source"] == "experience"]
+    assert all(a["extra_info"]["group"] == b["extra_info"]["group"] for a, b in zip(rows[::2], rows[1::2], strict=True))
+
+    out = tmp_path / "mix.parquet"
+    done = tmas("rl", "build-data", str(run_dir), "-o", str(out), "--seed", "1")
+    assert done.returncode == 0, done.stderr
+    card = out.with_name("mix.md").read_text()
+    assert "Mix: 2.2:1.6:0.6 (normal:experience:guideline)" in card and "seed 1" in card
+    assert "| experience | experience utilization (eq. 7-8) | 6 | 2 | 4 | 0 |" in card
+    assert "| guideline | novel strategy exploration (eq. 9) | 6 | 1 | 1 | 0 |" in card
+
+
+async def test_prompts_are_rendered_as_the_run_rendered_them(sim: SimServer, tmp_path: Path) -> None:
+    # A run in the concise style whose exploit prompts were fitted to a 512-token prompt budget (epsilon 0: every
+    # candidate of iterations 1 and 2 exploits, so the Bank prompt of each is one the run sent).
+    params = {"n": 2, "m": 1, "iterations": 3, "epsilon": 0.0, "style": "concise", "context_tokens": 512}
+    settings = settings_for(sim, method={"name": "tmas", "params": params})
+    store, settings, todo = prepare_run(tmp_path / "run", settings, PROBLEMS[:1], resume=False)
+    with store:
+        await run_problems(settings, todo, store)
+        notes = [n for record in store.iterations("p1") for n in record.get("notes", [])]
+    assert any(n.startswith("exploit prompt:") for n in notes)  # the run did fit R_{t-1}
+    sent = [r.body["messages"] for r in sim.requests if r.role == "solution"]
+    data = build_dataset([tmp_path / "run"], mix=None)
+    bank = [r["prompt"] for r in data.train if r["extra_info"]["variant"] == "bank"]
+    normal = [r["prompt"] for r in data.train if r["_source"] == "normal"]
+    assert len(bank) == 2 and all(p in sent for p in bank) and normal[0] in sent
+    assert "style concise, prompt budget 512 tokens" in data.report.rendering[0]

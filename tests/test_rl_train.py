@@ -191,10 +191,31 @@ def test_verl_batch_equals_trl_path(tmp_path: Path) -> None:
             tmas_config=str(config),
         )
         assert trl_total == pytest.approx(expected)
-        assert verl_scores == pytest.approx(trl_total)
+        assert [s["score"] for s in verl_scores] == pytest.approx(trl_total)
+        # Each rollout's uid is its prompt group, so verl's GRPO normalises a group's Base and Bank halves together.
+        assert [s["uid"] for s in verl_scores] == [r["extra_info"]["group"] for r in rows]
+        assert [s["p_base"] for s in verl_scores][2:6] == [0.5] * 4
         # The per-rollout form: correctness and exploration as above; experience without a group gets no bonus.
         single = verl_reward.compute_score(
             "tmas/experience", "\\boxed{391}", "391", rows[4]["extra_info"], tmas_config=str(config)
         )
         assert single == 1.0
         assert verl_reward.compute_score("gsm8k", "\\boxed{7}", "7", None) == 1.0
+
+
+def test_experience_beta_reaches_the_reward(tmp_path: Path) -> None:
+    pytest.importorskip("trl")
+    from tmas.rl.trl_train import TrainOptions, reward_for
+
+    # A group of 2 Base (1 correct: p_base = 0.5) and 2 Bank (1 correct): eq. 8 gives the correct Bank rollout
+    # 1 + beta * (1 - 0.5): 1.1 with --experience-beta 0.2, 1.3 with the paper's 0.6.
+    rows = [row("experience", "p1", "base")] * 2 + [row("experience", "p1", "bank")] * 2
+    completions = ["\\boxed{391}", "\\boxed{1}", "\\boxed{391}", "\\boxed{1}"]
+    columns = {"extra_info": [r["extra_info"] for r in rows], "reward_model": [r["reward_model"] for r in rows]}
+    for beta, bank_correct in ((0.2, 1.1), (0.6, 1.3)):
+        reward = reward_for(TrainOptions(output_dir=tmp_path, experience_beta=beta), None)
+        experience = reward.function("experience")
+        assert experience([r["prompt"] for r in rows], completions, **columns) == pytest.approx(
+            [1.0, -1.0, bank_correct, -1.0]
+        )
+    assert TrainOptions(output_dir=tmp_path).experience_beta == 0.6

@@ -17,7 +17,15 @@ from tmas.errors import InputError, TmasError
 from tmas.llm.client import EndpointUnreachable, LLMClient
 from tmas.llm.provision import provisioned
 from tmas.methods import create_method
-from tmas.methods.base import BUDGET_STOP, BudgetExhausted, Method, ProblemResult, ProblemSession, gather_all
+from tmas.methods.base import (
+    BUDGET_STOP,
+    BudgetExhausted,
+    Method,
+    ProblemResult,
+    ProblemSession,
+    gather_all,
+    truncation_warnings,
+)
 from tmas.problems import Problem
 from tmas.store.run_store import DB_NAME, RunStore, StoreError
 
@@ -60,6 +68,9 @@ class RunSummary:
     # Over the whole run (every session), from the store: calls cut at max_tokens, failed calls by their last
     # failure's cause, and failed attempts that were retried, by cause ("http_503", "timeout", "malformed", ...).
     truncated_calls: int = 0
+    # Per role, successful calls cut at max_tokens, and a warning line per role where that passes 10 % of them.
+    truncated_by_role: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
     failed_calls_by_cause: dict[str, int] = field(default_factory=dict)
     retries_by_cause: dict[str, int] = field(default_factory=dict)
     # Prompt tokens the servers took from their prompt caches (as they reported), over the whole run.
@@ -210,6 +221,7 @@ async def run_problems(
         stats = llm.stats
     counts = store.call_counts()
     causes = store.call_causes()
+    by_role = store.replies_by_role()
     return RunSummary(
         run_dir=store.run_dir,
         problems=state.total,
@@ -227,6 +239,8 @@ async def run_problems(
         results=tally.results,
         anomalies=dict(sorted(tally.anomalies.items())),
         truncated_calls=counts["truncated"],
+        truncated_by_role={role: cut for role, (_, cut) in by_role.items() if cut},
+        warnings=truncation_warnings(by_role),
         failed_calls_by_cause=causes["failed"],
         retries_by_cause=causes["retried"],
         cached_prompt_tokens=counts["cached_prompt_tokens"],

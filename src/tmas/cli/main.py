@@ -318,6 +318,8 @@ def run(
     with store:
         summary = asyncio.run(go())
     typer.echo(json.dumps(summary.to_dict(), indent=2))
+    for line in summary.warnings:
+        typer.echo(f"warning: {line}", err=True)
 
 
 def _apply_flags(stored: Settings, config: Path | None, overrides: dict[str, Any]) -> Settings:

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from tmas.errors import ConfigError, InputError
+from tmas.rl.rewards import DEFAULT_BETA
 
 rl_app = typer.Typer(
     help="Hybrid-reward RL: training data from TMAS runs, GRPO training, GGUF export.", no_args_is_help=True
@@ -30,17 +31,50 @@ def build_data(
     val_fraction: Annotated[
         float, typer.Option("--val-fraction", help="Share of questions (by hash) for OUT's .val.parquet.", min=0, max=1)
     ] = 0.0,
+    mix: Annotated[
+        str,
+        typer.Option(
+            "--mix",
+            help="normal:experience:guideline weights of prompt groups (section 4.2: 2.2:1.6:0.6), or 'all'.",
+        ),
+    ] = "2.2:1.6:0.6",
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the mix's draw and of the file's group order.")] = 0,
+    layout: Annotated[
+        str, typer.Option("--layout", help="'trl' (tmas rl train) or 'verl': every group as two rows, see docs/rl.md.")
+    ] = "trl",
+    context_length: Annotated[
+        int | None,
+        typer.Option(
+            "--context-length",
+            help="The teacher's context window, to fit R_{t-1} as the runs did when it is not in their settings.",
+            min=1,
+        ),
+    ] = None,
 ) -> None:
     """Write normal / experience / guideline examples in the release's parquet schema, with a dataset card."""
-    from tmas.rl.data import ExcludeList, build_dataset, write_dataset
+    from tmas.rl.data import ExcludeList, build_dataset, parse_mix, write_dataset
 
-    data = build_dataset(runs, ExcludeList.from_files(exclude or []), val_fraction)
+    if layout not in ("trl", "verl"):
+        raise InputError(f"--layout {layout!r}: expected trl or verl")
+    data = build_dataset(
+        runs,
+        ExcludeList.from_files(exclude or []),
+        val_fraction,
+        mix=parse_mix(mix),
+        seed=seed,
+        layout="verl" if layout == "verl" else "trl",
+        context_length=context_length,
+    )
     if not data.train and not data.val:
         raise ConfigError("no training example: the runs hold no labeled, non-excluded problem")
     for path in write_dataset(data, out):
         typer.echo(f"wrote {path}")
-    counts = ", ".join(f"{task} {n}" for task, n in sorted(data.report.rows.items()))
-    typer.echo(f"train rows: {counts or 'none'}; excluded problems: {data.report.excluded}")
+    r = data.report
+    counts = ", ".join(
+        f"{task} {r.groups[task]} of {r.available[task]}" for task in ("normal", "experience", "guideline")
+    )
+    typer.echo(f"train prompt groups (drawn of available): {counts}; rows: {sum(r.rows.values())};")
+    typer.echo(f"excluded problems: {r.excluded}")
 
 
 @rl_app.command("train")
@@ -57,6 +91,9 @@ def train(
     num_generations: Annotated[int, typer.Option("--num-generations", help="Rollouts per prompt (A.4: 16).")] = 16,
     groups_per_step: Annotated[int, typer.Option("--groups-per-step", help="Prompt groups per step and process.")] = 1,
     learning_rate: Annotated[float, typer.Option("--learning-rate", help="A.4: 1e-6.")] = 1e-6,
+    experience_beta: Annotated[
+        float, typer.Option("--experience-beta", help="Eq. 8's maximum bonus coefficient beta (A.4: 0.6).", min=0)
+    ] = DEFAULT_BETA,
     max_completion_length: Annotated[int, typer.Option("--max-completion-length", help="Tokens per rollout.")] = 2048,
     use_vllm: Annotated[
         bool | None, typer.Option("--vllm/--no-vllm", help="vLLM generation (default: when installed with CUDA).")
@@ -68,8 +105,7 @@ def train(
         raise InputError(f"{data}: no such data file (build one with 'tmas rl build-data')")
     from tmas.config import load_settings
     from tmas.rl.novelty import LLMNoveltyJudge
-    from tmas.rl.trl_rewards import HybridReward
-    from tmas.rl.trl_train import TrainOptions, build_trainer, load_dataset, load_policy
+    from tmas.rl.trl_train import TrainOptions, build_trainer, load_dataset, load_policy, reward_for
 
     dataset = load_dataset(data)
     judge = None
@@ -84,13 +120,14 @@ def train(
         num_generations=num_generations,
         groups_per_step=groups_per_step,
         learning_rate=learning_rate,
+        experience_beta=experience_beta,
         max_completion_length=max_completion_length,
         use_vllm=use_vllm,
         seed=seed,
     )
     policy, tokenizer = load_policy(model, dataset)
     out.mkdir(parents=True, exist_ok=True)
-    trainer = build_trainer(policy, tokenizer, dataset, options, HybridReward(judge, log_path=out / "rewards.jsonl"))
+    trainer = build_trainer(policy, tokenizer, dataset, options, reward_for(options, judge, out / "rewards.jsonl"))
     trainer.train()
     final = out / "final"
     trainer.save_model(str(final))

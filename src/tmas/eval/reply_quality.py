@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from tmas.eval.document import Document, Heading, Paragraph, Table
-from tmas.methods.base import ReplyTally
+from tmas.methods.base import ReplyTally, truncation_warnings
 from tmas.store.run_store import RunStore
 
 
@@ -55,3 +55,6 @@ def reply_quality_section(doc: Document, replies: dict[str, ReplyTally]) -> None
         for role, t in replies.items()
     ]
     doc.add(Table(["Role", "Replies", "No answer/score", "Truncated", "Answer by fallback"], rows))
+    warnings = truncation_warnings({role: (t.replies, t.truncated) for role, t in replies.items()})
+    if warnings:
+        doc.add(Paragraph("**Warning: many replies cut at max_tokens.** " + " ".join(f"{w}." for w in warnings)))

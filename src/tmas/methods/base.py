@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -52,6 +52,25 @@ class ReplyTally(BaseModel):
             unusable=self.unusable + other.unusable,
             fallback=self.fallback + other.fallback,
         )
+
+
+# Above this share of a role's replies cut at max_tokens, the run warns: a cut solution has no answer and scores 0, a
+# cut verifier or memory reply is unusable. Usually max_tokens is too small for the model (a thinking model needs
+# tens of thousands of tokens; the `paper` preset asks for 128K).
+TRUNCATION_WARN_SHARE = 0.10
+
+
+def truncation_warnings(replies: Mapping[str, tuple[int, int]], threshold: float = TRUNCATION_WARN_SHARE) -> list[str]:
+    """One line per role whose share of truncated replies passes ``threshold``; ``replies`` maps a role to
+    (successful replies, of them cut at max_tokens)."""
+    out = []
+    for role, (n, cut) in sorted(replies.items()):
+        if n and cut / n > threshold:
+            out.append(
+                f"{role}: {cut} of {n} replies ({100 * cut / n:.1f}%) were cut at max_tokens;"
+                " raise max_tokens for this role (or the model's context window)"
+            )
+    return out
 
 
 class IterationRecord(BaseModel):

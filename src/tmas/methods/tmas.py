@@ -69,6 +69,23 @@ RAW_LIMIT = 4000
 PROMPT_MARGIN_TOKENS = 256
 
 
+def rollout_budget_chars(
+    base: list[Message], *, context_tokens: int | None, window: int | None, reply_tokens: int | None
+) -> int | None:
+    """Characters left for R_{t-1} in a prompt whose other parts are ``base``: ``context_tokens`` when given, else
+    the context window less the reply's max_tokens (a quarter of the window when unset) and a margin; None when
+    neither is known. Shared by inference and the RL data builder, so training prompts are fitted the same way."""
+    tokens = context_tokens
+    if tokens is None and window is not None:
+        # A reply budget as large as the window (the paper preset's 128K) would leave the prompt nothing: keep half
+        # the window for the prompt; the client lowers max_tokens to what the prompt leaves.
+        reply = min(reply_tokens or window // 4, window // 2)
+        tokens = window - reply - PROMPT_MARGIN_TOKENS
+    if tokens is None:
+        return None
+    return max(int(tokens * CHARS_PER_TOKEN) - sum(len(m.content) for m in base), 0)
+
+
 @dataclass
 class MemoryState:
     """What iteration t hands to iteration t+1: R_t, E_t, G_t (all empty before iteration 0)."""
@@ -243,16 +260,9 @@ class TMAS(Method[TMASParams]):
         """R_{t-1} as a prompt of ``role`` shows it: all of it, unless top_k / max_solution_chars / the window say
         otherwise."""
         p = self.params
-        budget: int | None = None
-        tokens = p.context_tokens
-        if tokens is None:
-            window = session.context_window(role)
-            if window is not None:
-                reply = session.max_tokens(role, sampling.get(role)) or window // 4
-                tokens = window - reply - PROMPT_MARGIN_TOKENS
-        if tokens is not None:
-            budget = int(tokens * CHARS_PER_TOKEN) - sum(len(m.content) for m in base)
-            budget = max(budget, 0)
+        window = session.context_window(role) if p.context_tokens is None else None
+        reply = session.max_tokens(role, sampling.get(role)) if window is not None else None
+        budget = rollout_budget_chars(base, context_tokens=p.context_tokens, window=window, reply_tokens=reply)
         return fit_rollouts(rollouts, top_k=p.top_k, max_solution_chars=p.max_solution_chars, budget_chars=budget)
 
     # ------------------------------------------------------------------------------------------ one rollout

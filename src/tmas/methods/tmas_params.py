@@ -4,7 +4,9 @@ Without a preset TMAS runs the paper's configuration (section 4.1: N = 8, M = 8,
 run's own sampling settings. Presets fill in every parameter the user did not give:
 
 - ``paper``: the same N, M, T and epsilon, plus the paper's sampling (temperature 1.0, top_p 0.95) for all five roles,
-  and the paper's output layout (``style = "paper"``);
+  the paper's output cap of 128K tokens as every role's ``max_tokens`` (section 4.1: thinking models reason for tens
+  of thousands of tokens; the client lowers it to what the context window leaves, so a reply is never cut at the
+  2048-token global default), and the paper's output layout (``style = "paper"``);
 - ``local``: N = 2, M = 1, T = 2, a low solver temperature, modest per-role ``max_tokens`` and the ``concise`` output
   style for the solution and verifier agents (a small model otherwise often spends its budget before its answer), so
   one question on the embedded 0.5B model finishes in minutes on two CPU cores. It is chosen automatically when the
@@ -29,6 +31,9 @@ from tmas.methods.selection import PoolRule, SelectRule
 from tmas.methods.styled import StyledParams
 
 TMAS_ROLES = ("solution", "verifier", "summary", "experience", "guideline")
+# Section 4.1: "we set the maximum output length to 128K tokens". The LLM client lowers it per call to what the
+# context window leaves after the prompt (read from /v1/models or learnt from the server's refusal).
+PAPER_MAX_TOKENS = 131_072
 
 PRESETS: dict[str, dict[str, Any]] = {
     "paper": {
@@ -37,7 +42,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "iterations": 20,
         "epsilon": 0.2,
         "style": "paper",
-        "sampling": {role: {"temperature": 1.0, "top_p": 0.95} for role in TMAS_ROLES},
+        "sampling": {role: {"temperature": 1.0, "top_p": 0.95, "max_tokens": PAPER_MAX_TOKENS} for role in TMAS_ROLES},
     },
     "local": {
         "n": 2,

@@ -8,16 +8,26 @@ Each TMAS run (any teacher endpoint) gives, per labeled problem:
   written next to each other, Base first (eq. 7-8 need both halves in one group);
 - ``guideline``: for each iteration t >= 1 whose G_{t-1} is non-empty, the explore prompt listing G_{t-1} (eq. 9).
 
-Prompts are rendered by the same agent functions TMAS uses at inference, so training matches inference. Columns:
-``prompt`` (chat messages), ``data_source``, ``reward_model`` ({style, ground_truth}), ``extra_info`` (task, group,
-variant, question, banks, provenance) and ``_source``. Evaluation problems never get in: problems whose id or
-question hash appears in an ``exclude`` JSONL file are dropped, and the optional validation split is a function of
-the question hash, so one question is always on the same side.
+Prompts are rendered by the same agent functions TMAS uses at inference, in the run's own output style and with
+R_{t-1} fitted to the same prompt budget as the run fitted it (its stored settings and parameters), so training
+matches inference. Columns: ``prompt`` (chat messages), ``data_source``, ``reward_model`` ({style, ground_truth}),
+``extra_info`` (task, group, variant, copy, question, banks, provenance) and ``_source``. Evaluation problems never
+get in: problems whose id or question hash appears in an ``exclude`` JSONL file are dropped, and the optional
+validation split is a function of the question hash, so one question is always on the same side.
+
+The mix (section 4.2: 2.2K normal, 1.6K experience, 0.6K guideline examples) is drawn per split by prompt group:
+as many groups of each task as the ratio allows given the scarcest task, taken one problem at a time (a seeded
+round over the problems), so one problem with many iterations does not fill a task. The chosen groups are written
+in a seeded random order, the rows of a group next to each other. The ``verl`` layout writes every group as two
+rows (a one-row group twice, ``extra_info.copy`` 1 on the second), so verl's per-row rollouts make one group of
+2 x ``rollout.n`` and an even batch size never cuts a group.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
+import random
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -25,21 +35,43 @@ from dataclasses import dataclass, field
 from functools import partial
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
 from tmas.agents.rollouts import Rollout, fit_rollouts
 from tmas.agents.solution import explore_prompt, generation_prompt, refine_prompt
+from tmas.agents.style import Style
+from tmas.config import Settings
 from tmas.errors import InputError
 from tmas.llm.types import Message
 from tmas.memory.experience_bank import ExperienceBank
 from tmas.memory.guideline_bank import GuidelineBank
+from tmas.methods.tmas import rollout_budget_chars
+from tmas.methods.tmas_params import TMASParams, sampling_override
 from tmas.problems import Problem, load_problems
 from tmas.rl.scoring import TASKS, Task
 from tmas.store.run_store import RunStore, StoreError
 
 COLUMNS = ("prompt", "data_source", "reward_model", "extra_info", "_source")
+Layout = Literal["trl", "verl"]
+# Section 4.2: 2.2K normal, 1.6K experience and 0.6K guideline training examples.
+PAPER_MIX: tuple[float, float, float] = (2.2, 1.6, 0.6)
+
+
+def parse_mix(text: str) -> tuple[float, float, float] | None:
+    """``normal:experience:guideline`` weights (e.g. the paper's ``2.2:1.6:0.6``), or ``all`` (None: keep every
+    example)."""
+    if text.strip().lower() == "all":
+        return None
+    parts = text.split(":")
+    try:
+        weights = tuple(float(p) for p in parts)
+    except ValueError:
+        weights = ()
+    if len(weights) != 3 or any(w < 0 or not math.isfinite(w) for w in weights) or not any(weights):
+        raise InputError(f"--mix {text!r}: expected normal:experience:guideline weights >= 0, e.g. 2.2:1.6:0.6, or all")
+    return weights[0], weights[1], weights[2]
 
 
 def question_hash(question: str) -> str:
@@ -73,11 +105,65 @@ class BuildReport:
     rows: Counter[str] = field(default_factory=Counter)
     groups: Counter[str] = field(default_factory=Counter)
     val_rows: Counter[str] = field(default_factory=Counter)
+    # Prompt groups per task the runs gave (train split), before the mix drew from them.
+    available: Counter[str] = field(default_factory=Counter)
+    mix: tuple[float, float, float] | None = None
+    seed: int = 0
+    layout: Layout = "trl"
     problems: int = 0
     excluded: int = 0
     unlabeled: int = 0
     duplicates: int = 0
     runs: list[str] = field(default_factory=list)
+    # Per run: the output style and prompt budget its training prompts were rendered with.
+    rendering: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Rendering:
+    """How a run rendered its solution prompts: the output style, and what fitted R_{t-1} to the prompt budget."""
+
+    style: Style = "paper"
+    top_k: int | None = None
+    max_solution_chars: int | None = None
+    context_tokens: int | None = None
+    window: int | None = None
+    reply_tokens: int | None = None
+
+    def describe(self) -> str:
+        if self.context_tokens is not None:
+            budget = f"prompt budget {self.context_tokens} tokens (context_tokens)"
+        elif self.window is not None:
+            budget = f"context window {self.window} tokens, reply max_tokens {self.reply_tokens or 'unset'}"
+        else:
+            budget = "no context window known: R_{t-1} shown whole"
+        extra = [f"top_k {self.top_k}"] * (self.top_k is not None)
+        extra += [f"max_solution_chars {self.max_solution_chars}"] * (self.max_solution_chars is not None)
+        return ", ".join([f"style {self.style}", budget, *extra])
+
+
+def run_rendering(params: TMASParams, settings: Settings | None, context_length: int | None = None) -> Rendering:
+    """The solution agent's style and prompt budget of a run, from its stored parameters and settings. The window
+    is the solution role's configured ``context_length`` (the embedded model's ``ctx_per_slot``); one the run only
+    learnt from its server at run time is not stored, and ``context_length`` gives it."""
+    window = context_length
+    reply = None
+    if settings is not None:
+        role = settings.roles.get("solution")
+        if window is None:
+            window = (role.context_length if role else None) or settings.endpoint.context_length
+            if window is None and settings.uses_local_model:
+                window = settings.local.ctx_per_slot
+        sampling = settings.sampling.merged(role.sampling if role else None)
+        reply = sampling.merged(sampling_override(settings, "solution", params)).max_tokens
+    return Rendering(
+        style=params.style_of("solution"),
+        top_k=params.top_k,
+        max_solution_chars=params.max_solution_chars,
+        context_tokens=params.context_tokens,
+        window=window,
+        reply_tokens=reply,
+    )
 
 
 @dataclass
@@ -113,6 +199,8 @@ def _row(
             "task": task,
             "group": group,
             "variant": variant,
+            # 1 on the second row of a one-row group written twice (the verl layout).
+            "copy": 0,
             "problem_id": problem.problem_id,
             "question": problem.question,
             "question_hash": question_hash(problem.question),
@@ -150,12 +238,17 @@ def _rollouts(record: dict[str, Any]) -> list[Rollout]:
 
 
 def problem_rows(
-    problem: Problem, records: list[dict[str, Any]], params: dict[str, Any], run: str
+    problem: Problem,
+    records: list[dict[str, Any]],
+    params: dict[str, Any],
+    run: str,
+    rendering: Rendering | None = None,
 ) -> list[dict[str, Any]]:
-    """The rows one problem of one TMAS run gives (see the module docstring)."""
+    """The rows one problem of one TMAS run gives (see the module docstring), rendered as ``rendering`` says."""
+    render = rendering or Rendering()
     mode = str(params.get("mode", "numeric"))
-    q = problem.question
-    rows = [_row("normal", generation_prompt(q, mode), problem, run=run, iteration=0)]
+    q, style = problem.question, render.style
+    rows = [_row("normal", generation_prompt(q, mode, style), problem, run=run, iteration=0)]
     for prev, record in pairwise(records):
         t = int(record["iteration"])
         state = prev.get("state") or {}
@@ -165,14 +258,22 @@ def problem_rows(
         # Both banks of t-1 go with every row of iteration t: the state its prompt came from.
         row = partial(_row, problem=problem, run=run, iteration=t, experience=experience, guideline=guideline)
         if rollouts and len(experience) and not params.get("no_experience"):
+            # Fitted as inference fits the exploit prompt (with the bank), and shown the same way in both halves:
+            # Base and Bank share the problem and the trajectories (section 3.3).
+            budget = rollout_budget_chars(
+                refine_prompt(q, mode, [], experience, style),
+                context_tokens=render.context_tokens,
+                window=render.window,
+                reply_tokens=render.reply_tokens,
+            )
             views = fit_rollouts(
-                rollouts, top_k=params.get("top_k"), max_solution_chars=params.get("max_solution_chars")
+                rollouts, top_k=render.top_k, max_solution_chars=render.max_solution_chars, budget_chars=budget
             ).views
             for variant, bank in (("base", None), ("bank", experience)):
-                messages = refine_prompt(q, mode, views, bank)
+                messages = refine_prompt(q, mode, views, bank, style)
                 rows.append(row("experience", messages, variant=variant))
         if len(guideline) and not params.get("no_guideline"):
-            messages = explore_prompt(q, mode, guideline.strategies)
+            messages = explore_prompt(q, mode, guideline.strategies, style)
             rows.append(row("guideline", messages))
     return rows
 
@@ -181,9 +282,90 @@ def in_validation(question: str, fraction: float) -> bool:
     return fraction > 0 and int(question_hash(question), 16) % 10_000 < fraction * 10_000
 
 
-def build_dataset(run_dirs: Sequence[Path], exclude: ExcludeList | None = None, val_fraction: float = 0.0) -> Dataset:
+@dataclass
+class _Group:
+    """The rows of one prompt group (one row, or an experience group's Base and Bank rows)."""
+
+    task: Task
+    problem: str
+    rows: list[dict[str, Any]]
+
+
+def _groups(rows: Iterable[dict[str, Any]]) -> list[_Group]:
+    out: dict[str, _Group] = {}
+    for row in rows:
+        info = row["extra_info"]
+        key = str(info["group"])
+        if key not in out:
+            out[key] = _Group(row["_source"], str(info["question_hash"]), [])
+        out[key].rows.append(row)
+    return list(out.values())
+
+
+def mix_targets(available: Counter[str], mix: tuple[float, float, float]) -> dict[str, int]:
+    """Groups to take per task: the largest scale at which every weighted task still has enough groups, times each
+    weight, rounded (never more than there are). E.g. 40 / 120 / 120 available at 2.2 : 1.6 : 0.6 -> scale
+    min(40/2.2, 120/1.6, 120/0.6) = 18.18 -> 40, 29, 11. A task the runs gave no group of (T = 1, an ablation)
+    does not hold the others down; the card shows it at 0."""
+    weights = dict(zip(TASKS, mix, strict=True))
+    scales = [available[t] / w for t, w in weights.items() if w > 0 and available[t] > 0]
+    scale = min(scales, default=0.0)
+    return {t: min(available[t], int(scale * w + 0.5)) for t, w in weights.items()}
+
+
+def draw_by_problem(groups: list[_Group], count: int, rng: random.Random) -> list[_Group]:
+    """``count`` of ``groups``, one problem at a time: problems in a random order, each giving one of its groups (at
+    random) per round, so the examples spread over as many problems as they can."""
+    by_problem: dict[str, list[_Group]] = {}
+    for g in groups:
+        by_problem.setdefault(g.problem, []).append(g)
+    queues = list(by_problem.values())
+    rng.shuffle(queues)
+    for queue in queues:
+        rng.shuffle(queue)
+    chosen: list[_Group] = []
+    while len(chosen) < count:
+        for queue in queues:
+            if queue and len(chosen) < count:
+                chosen.append(queue.pop())
+    return chosen
+
+
+def mixed(
+    rows: list[dict[str, Any]], mix: tuple[float, float, float] | None, rng: random.Random, layout: Layout
+) -> tuple[list[dict[str, Any]], Counter[str]]:
+    """The rows of the groups the mix draws (all of them without a mix) in a random group order, each group's rows
+    together, and the groups available per task."""
+    groups = _groups(rows)
+    available: Counter[str] = Counter(g.task for g in groups)
+    chosen: list[_Group] = []
+    if mix is None or not groups:
+        chosen = groups
+    else:
+        targets = mix_targets(available, mix)
+        for task in TASKS:
+            chosen += draw_by_problem([g for g in groups if g.task == task], targets[task], rng)
+    rng.shuffle(chosen)
+    out: list[dict[str, Any]] = []
+    for g in chosen:
+        out += g.rows
+        if layout == "verl" and len(g.rows) == 1:
+            out.append({**g.rows[0], "extra_info": {**g.rows[0]["extra_info"], "copy": 1}})
+    return out, available
+
+
+def build_dataset(
+    run_dirs: Sequence[Path],
+    exclude: ExcludeList | None = None,
+    val_fraction: float = 0.0,
+    *,
+    mix: tuple[float, float, float] | None = PAPER_MIX,
+    seed: int = 0,
+    layout: Layout = "trl",
+    context_length: int | None = None,
+) -> Dataset:
     exclude = exclude or ExcludeList()
-    report = BuildReport()
+    report = BuildReport(mix=mix, seed=seed, layout=layout)
     train: list[dict[str, Any]] = []
     val: list[dict[str, Any]] = []
     seen_normal: set[str] = set()
@@ -201,8 +383,17 @@ def build_dataset(run_dirs: Sequence[Path], exclude: ExcludeList | None = None, 
             params = dict(method.get("params") or {})
             if params.get("mode", "numeric") != "numeric":
                 raise InputError(f"{run_dir}: mode {params.get('mode')!r}: rewards need numeric answers")
+            try:
+                tmas_params = TMASParams.model_validate(params)
+                stored = store.get_meta("settings")
+                settings = Settings.model_validate(stored) if stored else None
+            except ValidationError as exc:
+                first = str(exc).splitlines()[0]
+                raise InputError(f"{run_dir}: stored TMAS parameters or settings unreadable: {first}") from None
+            rendering = run_rendering(tmas_params, settings, context_length)
             run = run_dir.resolve().name
             report.runs.append(str(run_dir))
+            report.rendering.append(f"`{run_dir}`: {rendering.describe()}")
             for problem in store.problems():
                 if problem.answer is None:
                     report.unlabeled += 1
@@ -216,15 +407,14 @@ def build_dataset(run_dirs: Sequence[Path], exclude: ExcludeList | None = None, 
                 report.problems += 1
                 target = val if in_validation(problem.question, val_fraction) else train
                 try:
-                    rows = problem_rows(problem, records, params, run)
+                    rows = problem_rows(problem, records, params, run, rendering)
                 except (ValidationError, KeyError, TypeError, ValueError) as exc:
                     first = str(exc).splitlines()[0]
                     raise InputError(
                         f"{run_dir}: problem {problem.problem_id!r}: unreadable iteration record: {first}"
                     ) from None
                 for row in rows:
-                    task = row["_source"]
-                    if task == "normal":
+                    if row["_source"] == "normal":
                         # The same question in several runs gives one plain example.
                         key = row["extra_info"]["question_hash"]
                         if key in seen_normal:
@@ -232,9 +422,16 @@ def build_dataset(run_dirs: Sequence[Path], exclude: ExcludeList | None = None, 
                             continue
                         seen_normal.add(key)
                     target.append(row)
-                    (report.val_rows if target is val else report.rows)[task] += 1
-                    if row["extra_info"]["variant"] != "bank":
-                        report.groups[task] += 1
+    rng = random.Random(seed)
+    train, report.available = mixed(train, mix, rng, layout)
+    val, _ = mixed(val, mix, rng, layout)
+    for split, counts in ((train, report.rows), (val, report.val_rows)):
+        for row in split:
+            counts[row["_source"]] += 1
+    for row in train:
+        info = row["extra_info"]
+        if info["variant"] != "bank" and not info["copy"]:
+            report.groups[row["_source"]] += 1
     return Dataset(train, val, report)
 
 
@@ -250,6 +447,11 @@ def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
 
 def dataset_card(data: Dataset, train_path: Path, val_path: Path | None) -> str:
     r = data.report
+    mix = (
+        "all examples (no mix)"
+        if r.mix is None
+        else ":".join(f"{w:g}" for w in r.mix) + " (normal:experience:guideline)"
+    )
     lines = [
         f"# {train_path.name}",
         "",
@@ -257,8 +459,11 @@ def dataset_card(data: Dataset, train_path: Path, val_path: Path | None) -> str:
         "",
         *(f"- `{run}`" for run in r.runs),
         "",
-        "| `_source` | reward | train rows | prompt groups | validation rows |",
-        "| --- | --- | ---: | ---: | ---: |",
+        f"Mix: {mix}, drawn by prompt group one problem at a time, seed {r.seed} (the paper: 2.2K normal, 1.6K"
+        f" experience, 0.6K guideline examples). Layout: {r.layout}.",
+        "",
+        "| `_source` | reward | groups available | prompt groups | train rows | validation rows |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
     ]
     rewards = {
         "normal": "correctness (+1/-1)",
@@ -266,16 +471,29 @@ def dataset_card(data: Dataset, train_path: Path, val_path: Path | None) -> str:
         "guideline": "novel strategy exploration (eq. 9)",
     }
     for task in TASKS:
-        lines.append(f"| {task} | {rewards[task]} | {r.rows[task]} | {r.groups[task]} | {r.val_rows[task]} |")
+        lines.append(
+            f"| {task} | {rewards[task]} | {r.available[task]} | {r.groups[task]} | {r.rows[task]} |"
+            f" {r.val_rows[task]} |"
+        )
     lines += [
-        f"| total | | {sum(r.rows.values())} | {sum(r.groups.values())} | {sum(r.val_rows.values())} |",
+        f"| total | | {sum(r.available.values())} | {sum(r.groups.values())} | {sum(r.rows.values())} |"
+        f" {sum(r.val_rows.values())} |",
         "",
         f"Problems used: {r.problems}. Left out: {r.excluded} evaluation problems (by id or question hash),"
         f" {r.unlabeled} without a reference answer; {r.duplicates} repeated plain prompts dropped.",
         "",
+        "Prompts rendered as each run rendered them:",
+        "",
+        *(f"- {line}" for line in r.rendering),
+        "",
         "An experience group is two rows next to each other (Base: previous rollouts only; Bank: with the experience"
         " bank) sharing `extra_info.group`; trainers give each half of the group's rollouts to one of them.",
     ]
+    if r.layout == "verl":
+        lines.append(
+            "verl layout: every group is two rows (a one-row group written twice, `extra_info.copy` 1 on the"
+            " second); train with `rollout.n` = half the rollouts per prompt and an even `train_batch_size`."
+        )
     if val_path is not None:
         lines.append(f"Validation split (by question hash): `{val_path.name}`.")
     return "\n".join(lines) + "\n"

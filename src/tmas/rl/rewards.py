@@ -43,11 +43,14 @@ def base_accuracy(correct: Sequence[bool], variants: Sequence[Variant]) -> float
     return sum(base) / len(base)
 
 
-def experience_rewards(correct: Sequence[bool], variants: Sequence[Variant], beta: float = DEFAULT_BETA) -> list[float]:
+def experience_rewards(
+    correct: Sequence[bool], variants: Sequence[Variant], beta: float = DEFAULT_BETA, *, equal_halves: bool = True
+) -> list[float]:
     """Eq. 8 over one prompt's group: a correct Bank rollout gets r_i + beta * (1 - p_base); every other rollout
-    keeps its correctness reward r_i. Base and Bank must each hold half of the group (section 3.3)."""
+    keeps its correctness reward r_i. Base and Bank must each hold half of the group (section 3.3), unless
+    ``equal_halves`` is off (a group cut by a verl batch boundary: p_base from the Base rollouts present)."""
     n_base = sum(v == "base" for v in variants)
-    if n_base * 2 != len(variants):
+    if equal_halves and n_base * 2 != len(variants):
         raise ValueError(f"a group of {len(variants)} rollouts has {n_base} Base ones: the split must be equal")
     p_base = base_accuracy(correct, variants)
     bonus = beta * (1.0 - p_base)

@@ -60,6 +60,8 @@ class RewardBreakdown(BaseModel):
     novelty: Novelty | None = None
     # Why the judge's verdict was not used as given (cannot tell, unusable reply): the rollout counted as known.
     judge_note: str | None = None
+    # Why eq. 8 could not be applied as written (a group's Base half missing from the batch, unequal halves).
+    group_note: str | None = None
 
 
 def rollout_from_example(extra_info: dict[str, Any], ground_truth: str, completion: str) -> RolloutInput:
@@ -79,8 +81,15 @@ def rollout_from_example(extra_info: dict[str, Any], ground_truth: str, completi
 
 
 def score_rollouts(
-    rollouts: Sequence[RolloutInput], judge: NoveltyJudge | None = None, *, beta: float = DEFAULT_BETA
+    rollouts: Sequence[RolloutInput],
+    judge: NoveltyJudge | None = None,
+    *,
+    beta: float = DEFAULT_BETA,
+    partial_groups: bool = False,
 ) -> list[RewardBreakdown]:
+    """The hybrid reward of every rollout, in order. A group whose halves are not equal is an error unless
+    ``partial_groups`` (verl, where a batch boundary can cut a group): then p_base comes from the Base rollouts
+    present, a group with none gets plain correctness, and ``group_note`` says so."""
     correct = [is_correct(r.completion, r.ground_truth) for r in rollouts]
     out: list[RewardBreakdown | None] = [None] * len(rollouts)
 
@@ -97,14 +106,30 @@ def score_rollouts(
                 raise ValueError(f"group {group!r}: an experience rollout without a Base/Bank variant")
             variants.append(variant)
         flags = [correct[i] for i in members]
+        n_base = variants.count("base")
+        note = None
+        if partial_groups and n_base * 2 != len(variants):
+            note = f"group incomplete in this batch ({n_base} Base, {len(variants) - n_base} Bank rollouts)"
         try:
-            rewards = experience_rewards(flags, variants, beta)
-            p_base = base_accuracy(flags, variants)
+            if note is not None and n_base == 0:
+                # No Base rollout to measure p_base (eq. 7) with: the Bank rollouts keep their correctness reward.
+                p_base: float | None = None
+                rewards = [correctness_reward(c) for c in flags]
+                note += ": no p_base, no eq. 8 bonus"
+            else:
+                rewards = experience_rewards(flags, variants, beta, equal_halves=note is None)
+                p_base = base_accuracy(flags, variants)
         except ValueError as exc:
             raise ValueError(f"group {group!r}: {exc}") from None
         for i, variant, reward in zip(members, variants, rewards, strict=True):
             out[i] = RewardBreakdown(
-                task="experience", group=group, variant=variant, correct=correct[i], reward=reward, p_base=p_base
+                task="experience",
+                group=group,
+                variant=variant,
+                correct=correct[i],
+                reward=reward,
+                p_base=p_base,
+                group_note=note,
             )
 
     # Eq. 9: the judge sees every exploration rollout of the batch at once (its calls run concurrently).

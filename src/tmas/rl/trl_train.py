@@ -26,6 +26,7 @@ from tmas.llm.weights import resolve_model
 from tmas.rl.data import COLUMNS
 from tmas.rl.rewards import DEFAULT_BETA
 from tmas.rl.sampler import PromptGroupSampler, prompt_groups
+from tmas.rl.scoring import NoveltyJudge
 from tmas.rl.tiny import tiny_model, tiny_tokenizer
 from tmas.rl.trl_rewards import HybridReward
 
@@ -120,6 +121,11 @@ def check_group_alignment(config: GRPOConfig) -> None:
         )
 
 
+def reward_for(options: TrainOptions, judge: NoveltyJudge | None, log_path: Path | None = None) -> HybridReward:
+    """The hybrid reward the options ask for (eq. 8's beta is ``experience_beta``)."""
+    return HybridReward(judge, beta=options.experience_beta, log_path=log_path)
+
+
 def build_trainer(
     model: Any, tokenizer: Any, dataset: Any, options: TrainOptions, reward: HybridReward
 ) -> TMASGRPOTrainer:
@@ -141,6 +147,8 @@ def load_dataset(path: Path) -> Any:
     missing = set(COLUMNS) - set(data.column_names)
     if missing:
         raise InputError(f"{path}: missing columns {sorted(missing)} (not from 'tmas rl build-data')")
+    if any(info.get("copy") for info in data["extra_info"]):
+        raise InputError(f"{path}: written with --layout verl (for verl); build it with --layout trl for TRL")
     return data
 
 

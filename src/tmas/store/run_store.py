@@ -350,6 +350,14 @@ class RunStore:
         """Endpoint URL -> the first refusal of ``response_format`` (role, server message, time), over the run."""
         return dict(self.get_meta("structured_output_fallbacks") or {})
 
+    def replies_by_role(self) -> dict[str, tuple[int, int]]:
+        """Successful calls per role over the whole run, and how many of them were cut at max_tokens."""
+        rows = self._db.execute(
+            "SELECT role, COUNT(*), COALESCE(SUM(finish_reason = 'length'), 0) FROM calls"
+            " WHERE error IS NULL GROUP BY role ORDER BY role"
+        ).fetchall()
+        return {role: (int(n), int(cut)) for role, n, cut in rows}
+
     def call_causes(self) -> dict[str, dict[str, int]]:
         """Failed calls by cause (``failed``) and retried attempts by cause (``retried``), over the whole run."""
         failed: dict[str, int] = {}
