@@ -18,6 +18,7 @@ import random
 import pytest
 
 from tmas.experience.credit import (
+    DEFAULT_BETA,
     assign_credit,
     coalitions_needed,
     decay_weight,
@@ -70,6 +71,24 @@ def test_eq16_softmax() -> None:
     assert c == pytest.approx({"a": 128 / 146, "b": 16 / 146, "c": 2 / 146})
     with pytest.raises(ValueError, match="beta > 0"):
         softmax_contributions({"a": 1.0}, 0.0)
+
+
+def test_eq16_default_beta_spreads_credit() -> None:
+    # Eq. 16 with the default beta = 5 on q = (0.6, 0, 0) (one agent three judge points ahead):
+    # exp(5 * 0.6) = e^3, so c = e^3 / (e^3 + 2) = 0.9094 for it and 1 / (e^3 + 2) = 0.0453 for each other one.
+    assert DEFAULT_BETA == 5.0
+    c = softmax_contributions({"a": 0.6, "b": 0.0, "c": 0.0}, DEFAULT_BETA)
+    e3 = math.exp(3)
+    assert c == pytest.approx({"a": e3 / (e3 + 2), "b": 1 / (e3 + 2), "c": 1 / (e3 + 2)})
+    assert c["a"] == pytest.approx(0.9094, abs=1e-4) and c["b"] == pytest.approx(0.0453, abs=1e-4)
+    # beta = 1 (the old default) is nearly flat: e^0.6 / (e^0.6 + 2) = 0.4767, 1 / (e^0.6 + 2) = 0.2616.
+    flat = softmax_contributions({"a": 0.6, "b": 0.0, "c": 0.0}, 1.0)
+    assert flat["a"] == pytest.approx(0.4767, abs=1e-4) and flat["b"] == pytest.approx(0.2616, abs=1e-4)
+    # The default reaches assign_credit: turn 1 of the difference example, q = (0.4, 0.4, 0) -> e^2 : e^2 : 1.
+    q1 = {"S1": 0.4, "S2": 0.4, "S3": 0.0}
+    r = assign_credit({1: S[1]}, 1, G, lam=LAM, gamma=GAMMA, credits={1: q1})
+    e2 = math.exp(2)
+    assert r[1]["S1"].c == pytest.approx(e2 / (2 * e2 + 1)) and r[1]["S3"].c == pytest.approx(1 / (2 * e2 + 1))
 
 
 def test_eq17_difference_rewards() -> None:

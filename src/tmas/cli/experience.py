@@ -130,7 +130,7 @@ def build(
     ] = None,
     lam: Annotated[float | None, typer.Option("--lambda", help="Eq. 12's weight of the judge's score (0.4).")] = None,
     gamma: Annotated[float | None, typer.Option("--gamma", help="Eq. 10's decay per earlier turn (0.85).")] = None,
-    beta: Annotated[float | None, typer.Option("--beta", help="Eq. 16's softmax sharpness (1).")] = None,
+    beta: Annotated[float | None, typer.Option("--beta", help="Eq. 16's softmax sharpness (5).")] = None,
     tau: Annotated[float | None, typer.Option("--tau", help="Keep turns with reward >= tau (Eq. 13).")] = None,
     quantile: Annotated[float | None, typer.Option("--quantile", help="Without --tau: the top share (0.25).")] = None,
     permutations: Annotated[int | None, typer.Option("--permutations", help="Shapley: orders per turn (8).")] = None,

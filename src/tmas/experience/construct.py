@@ -30,6 +30,7 @@ from tmas.eval.grading import GradeMode
 from tmas.experience.cases import AgentTurn, LabelledCase, load_cases
 from tmas.experience.credit import (
     Coalition,
+    DEFAULT_BETA,
     CreditScheme,
     TurnCredit,
     assign_credit,
@@ -64,7 +65,8 @@ class BuildConfig(BaseModel):
     scheme: CreditScheme = "naive"
     lam: float = Field(default=0.4, ge=0.0, le=1.0)
     gamma: float = Field(default=0.85, gt=0.0, le=1.0)
-    beta: float = Field(default=1.0, gt=0.0)
+    # Eq. 16's softmax sharpness for the difference and Shapley schemes (see credit.DEFAULT_BETA).
+    beta: float = Field(default=DEFAULT_BETA, gt=0.0)
     # Eq. 13's threshold (rewards lie in [0, 1]); when None the top ``quantile`` share of all turns is kept.
     tau: float | None = Field(default=None, ge=0.0, le=1.0)
     quantile: float = Field(default=0.25, gt=0.0, le=1.0)

@@ -20,6 +20,10 @@ Coalition = frozenset[str]
 
 # Eq. 11's epsilon: keeps a turn whose every score is 0 from dividing by zero.
 EPSILON = 1e-8
+# Eq. 16's beta (the paper gives no value). q is a difference of judge ratings on a 0-5 scale divided by 5, so one
+# judge point is 0.2 in q; beta = 5 makes one point multiply an agent's share by e. With beta = 1 the softmax is
+# nearly flat on such q: q = (0.6, 0, 0) gives c = (0.47, 0.26, 0.26); beta = 5 gives (0.91, 0.05, 0.05).
+DEFAULT_BETA = 5.0
 
 
 def decay_weight(turn: int, rounds: int, gamma: float) -> float:
@@ -139,7 +143,7 @@ def assign_credit(
     *,
     lam: float,
     gamma: float,
-    beta: float = 1.0,
+    beta: float = DEFAULT_BETA,
     credits: Mapping[int, Mapping[str, float]] | None = None,
     epsilon: float = EPSILON,
 ) -> dict[int, dict[str, TurnCredit]]:
