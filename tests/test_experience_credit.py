@@ -54,6 +54,13 @@ def test_eq10_decay_weights() -> None:
     assert decay_weight(1, 3, 0.85) == pytest.approx(0.7225)  # 0.85^2
     with pytest.raises(ValueError, match="outside"):
         decay_weight(3, 2, GAMMA)
+    # Appendix C.1's direction (education): w_t = gamma^(t - 1), so the first turn weighs 1 and the third 0.85^2.
+    assert decay_weight(1, 3, 0.85, earlier=True) == pytest.approx(1.0)
+    assert decay_weight(3, 3, 0.85, earlier=True) == pytest.approx(0.7225)
+    # In assign_credit: turn 1 of the naive example gets w = 1 (not 0.5), so r = 0.5 * 0.8 + 0.5 * 1 * 1 * 0.8 = 0.8.
+    first = assign_credit(S, 2, G, lam=LAM, gamma=GAMMA, earlier=True)
+    assert first[1]["S1"].w == pytest.approx(1.0) and first[1]["S1"].r == pytest.approx(0.8)
+    assert first[2]["S1"].w == pytest.approx(0.5) and first[2]["S1"].r == pytest.approx(0.75)
 
 
 def test_eq11_proportional_contributions() -> None:

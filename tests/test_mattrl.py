@@ -226,12 +226,74 @@ async def test_medicine_ranks_ten_diagnoses_with_a_catalog_team(sim: SimServer, 
     assert result.answer == "Fabry disease" and result.text.splitlines()[1] == "[2] Gaucher disease"
     t = transcript(result)
     assert [m.specialty for m in t.team] == ["Pediatrics", "Urology", "Hematology"]
-    # Round 1 lists, round 2 the same lists again: every specialist converged, no reviews in medicine.
-    assert len(result.iterations) == 2 and "reviewer" not in sim.stats().by_role
+    # Round 1: lists, then each member reviews the other two (A.4); round 2: the same lists again, so every
+    # specialist converged and the final round asks for no review.
+    assert len(result.iterations) == 2 and sim.stats().by_role["reviewer"] == 6
     assert result.iterations[-1].state["decision"]["top10"][9] == "Amyloidosis"
     recruit = user_text(chat_requests(sim, "coordinator")[0])
     assert "Traditional Chinese Medicine" in recruit
-    assert "Team differential so far: Fabry disease; Gaucher disease" in user_text(chat_requests(sim, "specialist")[-1])
+    revision = user_text(chat_requests(sim, "specialist")[-1])
+    # The bulletin shares each member's change (round 1: its whole list), not a pooled list.
+    assert "S1 (Pediatrics): proposed Fabry disease; Gaucher disease; Pompe disease" in revision
+    assert "Borda" not in revision and "<accepted_snapshot>" not in revision
+    feedback = json.loads(revision.split("<peer_feedback>\n", 1)[1].split("\n</peer_feedback>", 1)[0])
+    assert [f["reviewer"] for f in feedback] == ["S2", "S3"]
+    assert feedback[0]["agreements"] == ["Fabry disease explains the main findings."]
+    assert feedback[0]["disagreements"] == [] and feedback[0]["changes"] == []
+
+
+REVIEW_OF_S1 = json.dumps(
+    {
+        "analysis": "Fabry disease fits; Pompe disease does not.",
+        "agreements": ["Fabry disease fits the angiokeratomas."],
+        "disagreements": ["Pompe disease does not explain the skin findings."],
+        "changes": ["Move Pompe disease below rank 5."],
+    }
+)
+
+
+async def test_medicine_reviews_reach_the_bulletin_and_the_author(sim: SimServer, tmp_path: Path) -> None:
+    rules = [
+        # S3 (Hematology) disputes S1's list twice over; S2 (Urology) raises the same disagreement in other words.
+        Rule(role="reviewer", pattern='"author": \\{\n  "specialty": "Pediatrics".*"specialty": "Hematology"',
+             replies=[REVIEW_OF_S1]),
+        Rule(
+            role="reviewer",
+            pattern='"author": \\{\n  "specialty": "Pediatrics".*"specialty": "Urology"',
+            replies=[REVIEW_OF_S1.replace("Fabry disease fits the angiokeratomas.", "Agreed on Fabry disease.")],
+        ),
+    ]
+    sim.set_script(SimScript(rules=rules))
+    result = await run(sim, tmp_path, domain="medicine", iterations=2)
+    first = transcript(result, 0)
+    reviews = [u for u in first.utterances if u.kind == "review"]
+    assert {(u.agent, u.target) for u in reviews} == {
+        (a, b) for a in ("S1", "S2", "S3") for b in ("S1", "S2", "S3") if a != b
+    }
+    [meeting] = [u for u in first.utterances if u.kind == "meeting"]
+    lines = meeting.text.splitlines()
+    assert lines[0].startswith("S1 (Pediatrics): proposed Fabry disease; Gaucher disease")
+    # The shared disagreement and change appear once (the second reviewer's copies are duplicates).
+    assert lines[1:3] == [
+        "  - S2 disagrees: Pompe disease does not explain the skin findings.",
+        "  - S2 asks to change: Move Pompe disease below rank 5.",
+    ]
+    assert meeting.text.count("Pompe disease does not explain") == 1
+    assert not any("disagrees" in line for line in lines[3:])
+    s1 = next(b for b in chat_requests(sim, "specialist")[3:] if user_text(b).startswith("You are Pediatrics"))
+    prompt = user_text(s1)
+    assert "This is round 2. Revise your differential" in prompt
+    feedback = json.loads(prompt.split("<peer_feedback>\n", 1)[1].split("\n</peer_feedback>", 1)[0])
+    assert [f["reviewer"] for f in feedback] == ["S2", "S3"]
+    assert feedback[1]["disagreements"] == ["Pompe disease does not explain the skin findings."]
+    assert "<bulletin>\n" + meeting.text in prompt
+    # The labelled Borda option adds the pooled list to the bulletin.
+    sim.reset()
+    pooled = await run(sim, tmp_path / "pooled", domain="medicine", iterations=2, pooled_differential=True)
+    [meeting] = [u for u in transcript(pooled, 0).utterances if u.kind == "meeting"]
+    assert meeting.text.splitlines()[-1].startswith(
+        "Team differential by Borda count (pooled_differential option): Fabry disease; Gaucher disease"
+    )
 
 
 def _env() -> dict[str, str]:

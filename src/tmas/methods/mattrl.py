@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -29,8 +30,19 @@ from pydantic import Field
 
 from tmas.agents.mattrl_decision import Decision, decision_prompt, parse_decision, rewrite_prompt
 from tmas.agents.mattrl_opinion import opinion_answer, opinion_prompt, parse_differential
-from tmas.agents.mattrl_review import Review, accepted, parse_review, review_prompt, unreadable_review
-from tmas.agents.mattrl_team import default_team, parse_team, recruit_prompt
+from tmas.agents.mattrl_review import (
+    DifferentialReview,
+    Review,
+    accepted,
+    differential_review_prompt,
+    parse_differential_review,
+    parse_review,
+    review_prompt,
+    unreadable_differential_review,
+    unreadable_review,
+)
+from tmas.agents.mattrl_teaching import difficulty_of, subject_of
+from tmas.agents.mattrl_team import default_team, parse_team, recruit_prompt, teaching_role
 from tmas.agents.output import AgentOutputError
 from tmas.answers import last_boxed, normalize_answer
 from tmas.errors import LLMError
@@ -49,7 +61,7 @@ from tmas.methods.base import (
     ProblemSession,
     gather_all,
 )
-from tmas.methods.mattrl_teaching import teach
+from tmas.methods.mattrl_teaching import teach, teaching_tier
 
 if TYPE_CHECKING:  # the pool needs numpy and faiss (the `pool` extra): imported only when a pool is configured
     from tmas.memory.experience_pool import ExperiencePool
@@ -74,6 +86,10 @@ class MATTRLParams(MethodParams):
     top_k: int = Field(default=8, ge=1, le=64)
     # Extra attempts at an unusable team or review reply before the default team / an unreadable review.
     retries: int = Field(default=1, ge=0, le=3)
+    # Medicine: also put the team's Borda-pooled top-10 into the meeting bulletin. This project's option, not the
+    # paper's (A.4 shares each member's changes and the peer reviews); off by default, since a pooled list
+    # invites every member to converge on it (herding).
+    pooled_differential: bool = False
 
 
 @dataclass
@@ -87,6 +103,8 @@ class Seat:
     # The answer before this round's revision (convergence compares the two).
     previous_answer: str | None = None
     top10: list[str] = field(default_factory=list)
+    # Medicine: the differential before this round's revision (the bulletin shares the change).
+    previous_top10: list[str] = field(default_factory=list)
     accepted: bool = False
     converged: bool = False
     # The feedback addressed to it by the last meeting (JSON text), for its next revision.
@@ -113,9 +131,12 @@ class MATTRL(Method[MATTRLParams]):
         p = self.params
         retriever = self._retriever(session)
         if p.domain == "education":
+            metadata = session.problem.metadata
+            subject, difficulty = subject_of(metadata), difficulty_of(metadata)
 
             async def retrieve(member: TeamMember, context: str, notes: list[str]) -> list[PoolEntry]:
-                return await self._hints(retriever, member, [context], notes)
+                tier = teaching_tier(teaching_role(member.role) or member.role, subject, difficulty)
+                return await self._hints(retriever, member, [context], notes, tier)
 
             return await teach(
                 session,
@@ -144,6 +165,7 @@ class MATTRL(Method[MATTRLParams]):
             )
             spoke: dict[str, tuple[Completion, Utterance]] = {}
             reviews: dict[str, list[Review]] = {}
+            critiques: dict[str, list[DifferentialReview]] = {}
             start = len(notes)
             try:
                 try:
@@ -157,10 +179,15 @@ class MATTRL(Method[MATTRLParams]):
                     notes[start:] = sorted(notes[start:])
                 if p.domain == "math":
                     reviews = await self._review_round(session, active, seats, r, transcript, notes)
+                elif p.domain == "medicine" and r < p.iterations - 1 and not all(s.converged for s in seats):
+                    # Reviews feed the next round's revisions; the final round has none to feed.
+                    critiques = await self._differential_reviews(session, active, seats, r, transcript, notes)
                 last = r == p.iterations - 1 or all(s.converged for s in seats)
                 if last:
                     decision = await self._decide(session, seats, r, transcript, notes)
                     transcript.final_answer = decision.answer
+                elif p.domain == "medicine":
+                    self._medicine_meeting(seats, active, critiques, r, transcript, seen_issues)
                 else:
                     self._meeting(seats, active, reviews, r, transcript, seen_issues)
             except BudgetExhausted:
@@ -211,7 +238,7 @@ class MATTRL(Method[MATTRLParams]):
                     return team
             notes.append(f"team formation attempt {attempt + 1}: unusable reply: {why}")
         notes.append("team formation: no usable team from the coordinator; the default team is used")
-        return default_team(p.domain, p.team_size)
+        return default_team(p.domain, p.team_size, subject_of(session.problem.metadata))
 
     # ---- Stage II -------------------------------------------------------------------------------
 
@@ -228,14 +255,21 @@ class MATTRL(Method[MATTRLParams]):
 
     @staticmethod
     async def _hints(
-        retriever: Retriever | None, member: TeamMember, context: list[str], notes: list[str]
+        retriever: Retriever | None,
+        member: TeamMember,
+        context: list[str],
+        notes: list[str],
+        tier: Callable[[PoolEntry], int | None] | None = None,
     ) -> list[PoolEntry]:
-        """The top-K entries for the case, the specialist and its current context (B.9)."""
+        """The top-K entries for the case, the specialist and its current context (B.9), keyed by ``tier`` when
+        given (education: role, subject, difficulty)."""
         if retriever is None:
             return []
         parts = [context[0], f"Specialist: {member.specialty}. {member.description}", *context[1:]]
         try:
-            hits = await retriever.pool.search("\n\n".join(c for c in parts if c), retriever.k, retriever.embed)
+            hits = await retriever.pool.search(
+                "\n\n".join(c for c in parts if c), retriever.k, retriever.embed, tier
+            )
         except LLMError as exc:
             notes.append(f"{member.id}: experience retrieval failed, no hints this round: {exc}")
             return []
@@ -269,6 +303,7 @@ class MATTRL(Method[MATTRLParams]):
         )
         reply = await session.chat("specialist", messages, sample=seat.index)
         seat.previous_answer, previous_top10 = seat.answer, seat.top10
+        seat.previous_top10 = previous_top10
         if not reply.ok or not reply.content.strip():
             notes.append(f"{seat.member.id}: opinion call failed ({reply.error or 'empty reply'}); keeps its attempt")
         else:
@@ -393,10 +428,121 @@ class MATTRL(Method[MATTRLParams]):
             status = "accepted" if seat.accepted else ("converged" if seat.converged else "open")
             lines.append(f"{seat.member.id} ({seat.member.specialty}): {status}, answer {seat.answer or 'none'}")
             lines += [f"  - [{i.severity} {i.type}] {i.note}" + (f" Fix: {i.fix}" if i.fix else "") for i in fresh]
-        pooled = self._pooled_differential(seats)
-        if pooled:
-            lines.append("Team differential so far: " + "; ".join(pooled))
         transcript.utterances.append(Utterance(round=r, agent="coordinator", kind="meeting", text="\n".join(lines)))
+
+    async def _differential_reviews(
+        self,
+        session: ProblemSession,
+        active: list[Seat],
+        seats: list[Seat],
+        r: int,
+        transcript: Transcript,
+        notes: list[str],
+    ) -> dict[str, list[DifferentialReview]]:
+        """A.4: every active differential critiqued by every other specialist (agreements, disagreements,
+        changes)."""
+        pairs = [(t, s) for t in active for s in seats if s is not t and t.attempt]
+        start = len(notes)
+        done = await gather_all(
+            self._critique(session, reviewer, target, len(seats), notes) for target, reviewer in pairs
+        )
+        notes[start:] = sorted(notes[start:])
+        critiques: dict[str, list[DifferentialReview]] = {s.member.id: [] for s in active}
+        for (target, _), (review, reply) in zip(pairs, done, strict=True):
+            critiques[target.member.id].append(review)
+            transcript.utterances.append(
+                Utterance(
+                    round=r,
+                    agent=review.reviewer,
+                    kind="review",
+                    text=reply.content if reply is not None and reply.ok else review.analysis,
+                    target=target.member.id,
+                    call_id=reply.call_id if reply is not None else None,
+                )
+            )
+        return critiques
+
+    async def _critique(
+        self, session: ProblemSession, reviewer: Seat, target: Seat, team: int, notes: list[str]
+    ) -> tuple[DifferentialReview, Completion | None]:
+        messages = differential_review_prompt(session.problem.question, reviewer.member, target.member, target.attempt)
+        sample = _REVIEW_SAMPLE + target.index * team + reviewer.index
+        why = ""
+        reply: Completion | None = None
+        for attempt in range(1 + self.params.retries):
+            reply = await session.chat("reviewer", messages, sample=sample + attempt * _RETRY_OFFSET)
+            if not reply.ok:
+                why = reply.error or "call failed"
+                continue
+            try:
+                review = parse_differential_review(
+                    reply.content, reviewer.member.id, target.member.id, truncated=reply.truncated
+                )
+            except AgentOutputError as exc:
+                why = str(exc)
+                continue
+            return review, reply
+        notes.append(f"review of {target.member.id} by {reviewer.member.id}: unusable ({why}); nothing shared")
+        return unreadable_differential_review(reviewer.member.id, target.member.id, why), reply
+
+    def _medicine_meeting(
+        self,
+        seats: list[Seat],
+        active: list[Seat],
+        critiques: dict[str, list[DifferentialReview]],
+        r: int,
+        transcript: Transcript,
+        seen: list[str],
+    ) -> None:
+        """Eq. 6 for medicine: each specialist's change to its differential (Delta O_s) and the round's peer-review
+        points not raised before, de-duplicated; each specialist's own reviews become its feedback."""
+        lines: list[str] = []
+        for seat in active:
+            own = critiques.get(seat.member.id, [])
+            seat.feedback = json.dumps(
+                [
+                    {
+                        "reviewer": rv.reviewer,
+                        "analysis": rv.analysis,
+                        "agreements": rv.agreements,
+                        "disagreements": rv.disagreements,
+                        "changes": rv.changes,
+                    }
+                    for rv in own
+                    if rv.readable
+                ],
+                ensure_ascii=False,
+            )
+            lines.append(f"{seat.member.id} ({seat.member.specialty}): {self._differential_change(seat)}")
+            for rv in own:
+                for label, points in (("disagrees", rv.disagreements), ("asks to change", rv.changes)):
+                    for point in points:
+                        if any(jaccard(point, old) >= _DUPLICATE_ISSUE for old in seen):
+                            continue
+                        seen.append(point)
+                        lines.append(f"  - {rv.reviewer} {label}: {point}")
+        if self.params.pooled_differential:
+            pooled = self._pooled_differential(seats)
+            if pooled:
+                lines.append("Team differential by Borda count (pooled_differential option): " + "; ".join(pooled))
+        transcript.utterances.append(Utterance(round=r, agent="coordinator", kind="meeting", text="\n".join(lines)))
+
+    @staticmethod
+    def _differential_change(seat: Seat) -> str:
+        """Delta O_s (Eq. 5) of a differential: what entered and what left the list this round."""
+        if not seat.top10:
+            return "no readable differential"
+        before = {n.lower() for n in seat.previous_top10}
+        after = {n.lower() for n in seat.top10}
+        if not seat.previous_top10:
+            return "proposed " + "; ".join(seat.top10)
+        added = [n for n in seat.top10 if n.lower() not in before]
+        dropped = [n for n in seat.previous_top10 if n.lower() not in after]
+        if not added and not dropped:
+            return "unchanged" if seat.top10 == seat.previous_top10 else "reordered its list"
+        parts = [f"added {'; '.join(added)}"] if added else []
+        parts += [f"dropped {'; '.join(dropped)}"] if dropped else []
+        return ", ".join(parts)
 
     @staticmethod
     def _pooled_differential(seats: list[Seat]) -> list[str]:
