@@ -9,8 +9,16 @@ import pytest
 
 from tmas.agents.mattrl_decision import parse_decision
 from tmas.agents.mattrl_opinion import hints_block, opinion_prompt, parse_differential
-from tmas.agents.mattrl_review import Issue, Review, accepted, parse_review, unreadable_review
-from tmas.agents.mattrl_team import MEDICINE_CATALOG, default_team, parse_team
+from tmas.agents.mattrl_review import (
+    Issue,
+    Review,
+    accepted,
+    differential_review_prompt,
+    parse_differential_review,
+    parse_review,
+    unreadable_review,
+)
+from tmas.agents.mattrl_team import MEDICINE_CATALOG, default_team, parse_team, recruit_prompt
 from tmas.agents.output import AgentOutputError
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember
@@ -67,6 +75,72 @@ def test_default_team_has_one_leader_and_respects_size() -> None:
     team = default_team("medicine", 2)
     assert [m.specialty for m in team] == ["General Practice", "Pathology"]
     assert sum(m.leader for m in team) == 1
+
+
+def test_education_team_follows_c42_roles_without_a_forced_leader() -> None:
+    raw = json.dumps(
+        [
+            member("Educational Psychology", "diagnostician"),
+            member("Pedagogy", "Pedagogy Strategist"),
+            member("Physics", "Subject Matter Expert"),
+            member("Chemistry", "subject matter expert"),
+            member("Biology", "Subject Matter Expert"),
+            member("History", "cheerleader"),
+        ]
+    )
+    team, notes = parse_team(raw, "education", 5)
+    assert [(m.specialty, m.role) for m in team] == [
+        ("Educational Psychology", "Diagnostician"),
+        ("Pedagogy", "Pedagogy Strategist"),
+        ("Physics", "Subject Matter Expert"),
+        ("Chemistry", "Subject Matter Expert"),
+    ]
+    assert not any(m.leader for m in team)
+    assert "team member 'Biology': more than 2 Subject Matter Expert; dropped" in notes
+    assert "team member 'History': role 'cheerleader' is not a teaching role; dropped" in notes
+    # An optional lead teacher leads; at n = 3 the required roles are kept before it.
+    lead = json.dumps([member("Education", "lead teacher"), *json.loads(raw)[:3]])
+    team, notes = parse_team(lead, "education", 3)
+    assert [m.role for m in team] == ["Diagnostician", "Pedagogy Strategist", "Subject Matter Expert"]
+    assert not any(m.leader for m in team)
+    team, _ = parse_team(lead, "education", 4)
+    assert [m.leader for m in team] == [True, False, False, False]
+
+
+def test_education_team_without_a_required_role_is_unusable() -> None:
+    raw = json.dumps([member("Pedagogy", "Diagnostician"), member("Physics", "Subject Matter Expert")])
+    with pytest.raises(AgentOutputError, match="the teaching team has no Pedagogy Strategist"):
+        parse_team(raw, "education", 3)
+    # A team of two needs the Diagnostician and the Strategist, not yet a subject expert.
+    with pytest.raises(AgentOutputError, match="no Pedagogy Strategist"):
+        parse_team(raw, "education", 2)
+    team = default_team("education", 3, subject="physics")
+    assert [(m.specialty, m.role, m.leader) for m in team] == [
+        ("Educational Psychology", "Diagnostician", False),
+        ("Pedagogy", "Pedagogy Strategist", False),
+        ("Physics", "Subject Matter Expert", False),
+    ]
+    assert default_team("education", 3, subject="Astrology")[2].specialty == "STEM"
+    prompt = recruit_prompt("Q", "education", 3)[-1].content
+    assert '"Pedagogy Strategist"' in prompt and "leader\"" not in prompt and "Exactly one member" not in prompt
+
+
+def test_differential_review_parses_a4_json() -> None:
+    review = parse_differential_review(
+        '{"analysis": "Mostly right.", "agreements": ["A fits"], "disagreements": null, "changes": "Drop B"}', "S2", "S1"
+    )
+    assert (review.reviewer, review.target, review.agreements, review.disagreements) == ("S2", "S1", ["A fits"], [])
+    assert review.changes == ["Drop B"] and not review.concurs
+    assert parse_differential_review('{"agreements": ["A"], "disagreements": [], "changes": []}', "S2", "S1").concurs
+    for bad in ("no json", '{"verdict": "accept"}'):
+        with pytest.raises(AgentOutputError):
+            parse_differential_review(bad, "S2", "S1")
+    text = differential_review_prompt(
+        "record {{ x }}", TeamMember(id="S2", specialty="Neurology"), TeamMember(id="S1", specialty="Pathology"), "1. A"
+    )[-1].content
+    bundle = json.loads(text.split("<bundle>\n", 1)[1].split("\n</bundle>", 1)[0])
+    assert bundle["patient_record"] == "record {{ x }}" and bundle["differential"] == "1. A"
+    assert text.rstrip().endswith("an empty array when you would change nothing.")
 
 
 def test_review_parses_and_normalises() -> None:

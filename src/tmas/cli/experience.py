@@ -264,7 +264,7 @@ def router_route(
 
     model_ = RouterModel.load(router)
     loaded = load_problems(problems)
-    routes = {p.problem_id: model_.route(p.question) for p in loaded}
+    routes = {p.problem_id: model_.route(p.question, p.metadata) for p in loaded}
     for p in loaded:
         typer.echo(json.dumps({"problem_id": p.problem_id, "route": routes[p.problem_id]}))
     if split is not None:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
 
-from tmas.agents.mattrl_decision import Decision, decision_prompt, parse_decision, rewrite_prompt
+from tmas.agents.mattrl_decision import Decision, decision_prompt, discussion_record, parse_decision, rewrite_prompt
 from tmas.agents.mattrl_opinion import opinion_answer, opinion_prompt, parse_differential
 from tmas.agents.mattrl_review import (
     DifferentialReview,
@@ -46,6 +46,7 @@ from tmas.agents.mattrl_team import default_team, parse_team, recruit_prompt, te
 from tmas.agents.output import AgentOutputError
 from tmas.answers import last_boxed, normalize_answer
 from tmas.errors import LLMError
+from tmas.llm.tokens import CHARS_PER_TOKEN
 from tmas.llm.types import Completion
 from tmas.memory.embedders import Embedder, embedder_for
 from tmas.memory.pool_entry import PoolEntry
@@ -69,7 +70,8 @@ if TYPE_CHECKING:  # the pool needs numpy and faiss (the `pool` extra): imported
 # Call sample numbers: distinct per call of one iteration, so each gets its own cache slot and sampling seed.
 _REVIEW_SAMPLE, _RETRY_OFFSET = 1000, 500
 _DUPLICATE_ISSUE = 0.8  # word-set Jaccard at which two issues say the same thing
-_SUMMARY_CHARS = 2000
+# Tokens kept free beside the decision prompt and its reply, as TMAS keeps beside its rollouts.
+_PROMPT_MARGIN_TOKENS = 256
 
 
 class MATTRLParams(MethodParams):
@@ -561,7 +563,7 @@ class MATTRL(Method[MATTRLParams]):
         self, session: ProblemSession, seats: list[Seat], r: int, transcript: Transcript, notes: list[str]
     ) -> Decision:
         domain = self.params.domain
-        summary = self._summary(seats)
+        summary = self._summary(session, seats, transcript)
         reply = await session.chat("coordinator", decision_prompt(session.problem.question, domain, summary))
         decision = parse_decision(reply.content, domain) if reply.ok else None
         final = reply
@@ -598,17 +600,34 @@ class MATTRL(Method[MATTRLParams]):
         )
         return decision
 
-    def _summary(self, seats: list[Seat]) -> str:
-        """The snapshot the chair reads (B.5): each specialist's status, answer and latest attempt."""
-        parts = []
-        for s in seats:
-            status = "accepted" if s.accepted else ("converged" if s.converged else "unresolved")
-            attempt = s.attempt if len(s.attempt) <= _SUMMARY_CHARS else "[...] " + s.attempt[-_SUMMARY_CHARS:]
-            parts.append(
-                f"{s.member.id} {s.member.specialty} ({s.member.role or 'member'}): {status}; "
-                f"answer: {s.answer or 'none'}\n{attempt or '(no attempt)'}"
-            )
-        return "\n\n".join(parts)
+    def _summary(self, session: ProblemSession, seats: list[Seat], transcript: Transcript) -> str:
+        """What the chair reads (Eq. 7: the union of every specialist's opinions over every round, B.5): each
+        specialist's final status and answer, then every round's opinions, fitted to the coordinator's context
+        window (older rounds shortened first) when the window is known."""
+        status = [
+            f"{s.member.id} {s.member.specialty} ({s.member.role or 'member'}): "
+            f"{'accepted' if s.accepted else 'converged' if s.converged else 'unresolved'}; answer: {s.answer or 'none'}"
+            for s in seats
+        ]
+        names = {s.member.id: f"{s.member.id} {s.member.specialty}" for s in seats}
+        rounds: dict[int, list[tuple[str, str]]] = {}
+        for u in transcript.utterances:
+            if u.kind == "opinion" and u.agent in names and u.text.strip():
+                rounds.setdefault(u.round, []).append((names[u.agent], u.text.strip()))
+        return discussion_record(
+            status, [(r + 1, said) for r, said in sorted(rounds.items())], self._report_budget(session)
+        )
+
+    def _report_budget(self, session: ProblemSession) -> int | None:
+        """Characters of discussion the decision prompt can hold: the coordinator's window less its reply and a
+        margin, less the prompt around the discussion; None when the window is unknown."""
+        window = session.context_window("coordinator")
+        if window is None:
+            return None
+        reply = session.max_tokens("coordinator") or window // 4
+        frame = decision_prompt(session.problem.question, self.params.domain, "")
+        tokens = window - reply - _PROMPT_MARGIN_TOKENS
+        return max(0, int(tokens * CHARS_PER_TOKEN) - sum(len(m.content) for m in frame))
 
     # ---- records --------------------------------------------------------------------------------
 
