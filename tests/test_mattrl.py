@@ -91,6 +91,10 @@ async def test_a_wrong_attempt_is_revised_from_peer_feedback_until_accepted(sim:
     assert len(meeting) == 1 and meeting[0].text.count("computation_error") == 1
     assert "<accepted_snapshot>" in revision and "S2 (Computation checker), accepted" in revision
     assert all(m["converged"] for m in second.state["members"])
+    # Eq. 7: the chair reads every round's opinions, the revised-away attempt of round 1 included.
+    summary = user_text(chat_requests(sim, "coordinator")[-1]).split("<team_summary>", 1)[1]
+    assert summary.index('<round number="1">') < summary.index("\\boxed{390}") < summary.index('<round number="2">')
+    assert summary.count("S1 Arithmetic strategist:") == 2
 
 
 async def test_a_specialist_that_never_convinces_its_peers_runs_to_r_max(sim: SimServer, tmp_path: Path) -> None:

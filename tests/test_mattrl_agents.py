@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tmas.agents.mattrl_decision import parse_decision
+from tmas.agents.mattrl_decision import discussion_record, parse_decision
 from tmas.agents.mattrl_opinion import hints_block, opinion_prompt, parse_differential
 from tmas.agents.mattrl_review import (
     Issue,
@@ -219,3 +219,21 @@ def test_problem_text_is_data_not_template_syntax() -> None:
     question = "Compute {{ 7*7 }} and {% if x %}y{% endif %}."
     [_, user] = opinion_prompt(question, TeamMember(id="S1", specialty="A"), "math")
     assert question in user.content
+
+
+def test_discussion_record_keeps_every_round_and_shortens_older_rounds_first() -> None:
+    status = ["S1 Algebra (leader): accepted; answer: 1"]
+    rounds = [(1, [("S1 Algebra", "Q" * 300)]), (2, [("S1 Algebra", "Z" * 300)])]
+    full = discussion_record(status, rounds, None)
+    assert full.startswith(status[0]) and full.count("Q") == 300 and full.count("Z") == 300
+    assert full.index('<round number="1">') < full.index('<round number="2">')
+    assert discussion_record(status, rounds, len(full)) == full
+    # 200 characters short: round 1 is cut (head and tail kept), round 2 stays whole.
+    fitted = discussion_record(status, rounds, len(full) - 200)
+    assert len(fitted) <= len(full) - 200 and fitted.count("Z") == 300
+    assert 0 < fitted.count("Q") < 300 and "characters left out to fit the context window" in fitted
+    assert fitted.split('<round number="1">')[1].lstrip().split("\n")[1].startswith("Q")  # the head is kept
+    # Too small for round 2 whole: round 1 shrinks to a note, then round 2 is cut.
+    tight = discussion_record(status, rounds, 300)
+    assert tight.count("Q") == 0 and "[300 characters left out to fit the context window]" in tight
+    assert 0 < tight.count("Z") < 300 and len(tight) <= 300
