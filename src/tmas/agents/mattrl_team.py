@@ -86,7 +86,7 @@ def teaching_role(role: str) -> str | None:
         return STRATEGIST
     if "subject" in text or "expert" in text:
         return SUBJECT_EXPERT
-    if "lead" in text:
+    if re.search(r"\blead", text):
         return LEAD_TEACHER
     return None
 

@@ -16,7 +16,7 @@ import asyncio
 import hashlib
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -238,9 +238,12 @@ async def _distil(
         if not completion.ok:
             reason = f"call failed: {completion.error}"
             continue
+        found: Sequence[DistilledEntry]
         try:
-            parse = parse_teaching_summarizer if teaching is not None else parse_summarizer
-            found, malformed = parse(completion.content, truncated=completion.truncated)
+            if teaching is not None:
+                found, malformed = parse_teaching_summarizer(completion.content, truncated=completion.truncated)
+            else:
+                found, malformed = parse_summarizer(completion.content, truncated=completion.truncated)
         except AgentOutputError as exc:
             reason = str(exc)
             continue

@@ -1,17 +1,20 @@
 """MATTRL, multi-agent deliberation with a test-time experience pool (paper 003, sections 3.1-3.3, appendices A-B).
 
 - Stage I (:meth:`MATTRL._form_team`): the coordinator recruits at most ``team_size`` specialists, one of them the
-  leader; unusable JSON is retried once, then a default team is used; the record says which.
+  leader (education: C.4.2's roles, checked, no forced leader); unusable JSON is retried once, then a default team
+  is used; the record says which.
 - Stage II (rounds r = 0 .. R_max - 1, one iteration record each): every specialist not yet converged retrieves its
   top-K pool entries for the case and its current context and gives its opinion. Math: every attempt is reviewed by
   each other specialist (B.4 JSON); it is accepted only when every verdict is accept and no issue remains. A
   specialist converges when its attempt is accepted, or when a revision keeps its answer while no peer raised a
   fatal or major issue (nothing changes under critique: this project's reading of B.3). Medicine: each specialist
-  gives a strict top-10 and converges when its list no longer changes. The meeting step then turns the round's
-  reviews into a bulletin of new, de-duplicated issues and each specialist's own feedback for the next round.
+  gives a strict top-10, each other specialist critiques it (A.4: agreements, disagreements, changes; the final
+  round has no reviews), and a specialist converges when its list no longer changes. The meeting step then turns
+  the round's updates into a bulletin (math: new, de-duplicated issues; medicine: each list's changes and new
+  review points) and each specialist's own feedback for the next round.
   Deliberation halts when all have converged or at R_max.
-- Stage III (:meth:`MATTRL._decide`, in the last round's record): the coordinator writes the discussion report and
-  the decision in tags, with one rewrite pass when the tags are missing; failing that, the team's majority answer.
+- Stage III (:meth:`MATTRL._decide`, in the last round's record): the coordinator reads every round's opinions
+  (Eq. 7, fitted to its context window) and writes the discussion report and the decision in tags, with one rewrite pass when the tags are missing; failing that, the team's majority answer.
 
 Every record's ``state["transcript"]`` is the :class:`Transcript` so far (experience construction reads it).
 The education domain (pre-test, teaching dialogue, post-test) is :mod:`tmas.methods.mattrl_teaching`.

@@ -14,6 +14,7 @@ import json
 import re
 from dataclasses import replace
 
+from tmas.agents.mattrl_opinion import parse_differential
 from tmas.agents.mattrl_team import CATALOGS, TEACHING_ROLES
 from tmas.answers import last_boxed
 from tmas.testing.responders import SimRequest, register_responder, solution_responder
@@ -100,8 +101,8 @@ def specialist_responder(req: SimRequest) -> str:
 
 def _differential_review(bundle: dict[str, object]) -> str:
     """Medicine (A.4): the simulated reviewer concurs with the author's top diagnosis and asks for no change."""
-    ranked = re.findall(r"^\s*1[.)]\s*([^:\n]+)", str(bundle.get("differential", "")), re.M)
-    top = ranked[0].strip() if ranked else "the first diagnosis"
+    ranked = parse_differential(str(bundle.get("differential", "")))
+    top = ranked[0] if ranked else "the first diagnosis"
     return json.dumps(
         {
             "analysis": f"The differential is reasonable and {top} leads it for good reason.",
