@@ -125,7 +125,10 @@ def test_c47_teaching_entries_need_a_class_and_map_subject_scope() -> None:
         }
     )
     entries, malformed = parse_teaching_summarizer(reply)
-    assert [(e.category, e.action, e.scope) for e in entries] == [("GUIDANCE", "k1", "general"), ("STRATEGY", "k2", "case")]
+    assert [(e.category, e.action, e.scope) for e in entries] == [
+        ("GUIDANCE", "k1", "general"),
+        ("STRATEGY", "k2", "case"),
+    ]
     assert malformed == ["entry 3: class: Field required"]
     view = TeachingView(subject="Physics", difficulty="easy", pre_answer="A", pre_reasoning="r", role="Diagnostician")
     text = teaching_summarizer_prompt(

@@ -94,8 +94,13 @@ def test_medicine_and_education_routers_read_their_own_features(tmp_path: Path) 
     assert (f["findings"], f["systems"], f["multisystem"], f["labs_or_genetics"]) == (4.0, 2.0, 1.0, 2.0)
     assert f["system_neuro"] == 1.0 and f["system_cardio"] == 1.0 and f["system_renal"] == 0.0
     e = case_features("Which is not a vector?\nA) speed\nB) force\nC) velocity", "education", {"difficulty": "hard"})
-    assert e == {"log_chars": pytest.approx(math.log1p(52)), "options": 3.0, "numbers": 0.0, "negation": 1.0,
-                 "difficulty": 2.0}
+    assert e == {
+        "log_chars": pytest.approx(math.log1p(52)),
+        "options": 3.0,
+        "numbers": 0.0,
+        "negation": 1.0,
+        "difficulty": 2.0,
+    }
     # A router trained on medicine runs records the domain and routes by the clinical features; a router file
     # written before domains were recorded reads as math.
     data = [Problem(problem_id=f"m{i}", question=record, answer="Fabry disease") for i in range(2)]

@@ -236,7 +236,9 @@ async def test_medicine_ranks_ten_diagnoses_with_a_catalog_team(sim: SimServer, 
     assert result.iterations[-1].state["decision"]["top10"][9] == "Amyloidosis"
     recruit = user_text(chat_requests(sim, "coordinator")[0])
     assert "Traditional Chinese Medicine" in recruit
-    revision = next(t for t in map(user_text, chat_requests(sim, "specialist")[3:]) if t.startswith("You are Pediatrics"))
+    revision = next(
+        t for t in map(user_text, chat_requests(sim, "specialist")[3:]) if t.startswith("You are Pediatrics")
+    )
     # The bulletin shares each member's change (round 1: its whole list), not a pooled list.
     assert "S1 (Pediatrics): proposed Fabry disease; Gaucher disease; Pompe disease" in revision
     assert "Borda" not in revision and "<accepted_snapshot>" not in revision
@@ -259,8 +261,11 @@ REVIEW_OF_S1 = json.dumps(
 async def test_medicine_reviews_reach_the_bulletin_and_the_author(sim: SimServer, tmp_path: Path) -> None:
     rules = [
         # S3 (Hematology) disputes S1's list twice over; S2 (Urology) raises the same disagreement in other words.
-        Rule(role="reviewer", pattern='"author": \\{\n  "specialty": "Pediatrics".*"specialty": "Hematology"',
-             replies=[REVIEW_OF_S1]),
+        Rule(
+            role="reviewer",
+            pattern='"author": \\{\n  "specialty": "Pediatrics".*"specialty": "Hematology"',
+            replies=[REVIEW_OF_S1],
+        ),
         Rule(
             role="reviewer",
             pattern='"author": \\{\n  "specialty": "Pediatrics".*"specialty": "Urology"',

@@ -122,12 +122,14 @@ def test_education_team_without_a_required_role_is_unusable() -> None:
     ]
     assert default_team("education", 3, subject="Astrology")[2].specialty == "STEM"
     prompt = recruit_prompt("Q", "education", 3)[-1].content
-    assert '"Pedagogy Strategist"' in prompt and "leader\"" not in prompt and "Exactly one member" not in prompt
+    assert '"Pedagogy Strategist"' in prompt and 'leader"' not in prompt and "Exactly one member" not in prompt
 
 
 def test_differential_review_parses_a4_json() -> None:
     review = parse_differential_review(
-        '{"analysis": "Mostly right.", "agreements": ["A fits"], "disagreements": null, "changes": "Drop B"}', "S2", "S1"
+        '{"analysis": "Mostly right.", "agreements": ["A fits"], "disagreements": null, "changes": "Drop B"}',
+        "S2",
+        "S1",
     )
     assert (review.reviewer, review.target, review.agreements, review.disagreements) == ("S2", "S1", ["A fits"], [])
     assert review.changes == ["Drop B"] and not review.concurs

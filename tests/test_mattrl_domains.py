@@ -26,6 +26,7 @@ from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
 from tmas.testing import Rule, SimScript, SimServer
+from tmas.view.credits import load_credits
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "mattrl"
 QUESTION = "Which quantity stays the same in free fall?\nA) speed\nB) acceleration\nC) height"
@@ -260,10 +261,18 @@ async def test_an_education_build_credits_the_teachers_never_the_student(sim: Si
     result = await teach(sim, tmp_path, "B", iterations=2)
     assert result.iterations[-1].state["post_correct"]  # G = 1: the post-test is right
     summary_entries = [
-        {"class": "GUIDANCE", "action": "Diagnostician error analysis, Physics, easy: name the misread term",
-         "experience": "Good practice: ask which definition the student used. [helpful]", "scope": "general"},
-        {"class": "STRATEGY", "action": "Diagnostician questioning, Physics, easy: test one assumption",
-         "experience": "Good practice: contrast two quantities under one condition.", "scope": "subject"},
+        {
+            "class": "GUIDANCE",
+            "action": "Diagnostician error analysis, Physics, easy: name the misread term",
+            "experience": "Good practice: ask which definition the student used. [helpful]",
+            "scope": "general",
+        },
+        {
+            "class": "STRATEGY",
+            "action": "Diagnostician questioning, Physics, easy: test one assumption",
+            "experience": "Good practice: contrast two quantities under one condition.",
+            "scope": "subject",
+        },
     ]
     sim.set_script(
         SimScript(
@@ -284,6 +293,10 @@ async def test_an_education_build_credits_the_teachers_never_the_student(sim: Si
     # are context, never credited.
     assert sorted((row["turn"], row["agent"]) for row in rows) == [(t, a) for t in (1, 2) for a in ("S1", "S2", "S3")]
     r = {(row["turn"], row["agent"]): row for row in rows}
+    # Dialogue round k is turn k (round 0 is the pre-test): the viewer places each credit by its round.
+    assert {(row["turn"], row["round"]) for row in rows} == {(1, 1), (2, 2)}
+    shown = load_credits([build_dir_for(tmp_path / "pool")])
+    assert shown[(str((tmp_path / "run").resolve()), "q1", 1, "S1")] == pytest.approx(0.75)
     # Naive scheme, G = 1, lambda = 0.5. Turn 1: c = s / 2.0 = 0.5, 0.3, 0.2 (Eq. 11); education decays from the
     # first turn (C.1), so w_1 = 1 and w_2 = 0.5. r = 0.5 s + 0.5 w c:
     # turn 1: 0.5 + 0.25 = 0.75, 0.3 + 0.15 = 0.45, 0.2 + 0.1 = 0.3; turn 2: 0.5 + 0.125 = 0.625, 0.375, 0.25.

@@ -73,7 +73,8 @@ def clip(text: str, cap: int) -> str:
         return f"[{len(text)} characters left out to fit the context window]"
     head = cap // 2
     left_out = len(text) - cap
-    return f"{text[:head]}\n[... {left_out} characters left out to fit the context window ...]\n{text[len(text) - (cap - head):]}"
+    note = f"[... {left_out} characters left out to fit the context window ...]"
+    return f"{text[:head]}\n{note}\n{text[len(text) - (cap - head) :]}"
 
 
 def discussion_record(status: list[str], rounds: list[tuple[int, list[tuple[str, str]]]], budget: int | None) -> str:
@@ -85,7 +86,7 @@ def discussion_record(status: list[str], rounds: list[tuple[int, list[tuple[str,
         parts = ["\n".join(status)]
         for k, (number, said) in enumerate(rounds):
             cap = cap_last if k == len(rounds) - 1 else cap_old
-            lines = [f"<round number=\"{number}\">"]
+            lines = [f'<round number="{number}">']
             lines += [f"{who}:\n{text if cap is None else clip(text, cap)}" for who, text in said]
             parts.append("\n\n".join(lines) + "\n</round>")
         return "\n\n".join(parts)

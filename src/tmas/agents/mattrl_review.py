@@ -197,6 +197,4 @@ def parse_differential_review(
 
 def unreadable_differential_review(reviewer: str, target: str, why: str) -> DifferentialReview:
     """What an unusable review counts as: no agreement and no criticism (nothing to share)."""
-    return DifferentialReview(
-        reviewer=reviewer, target=target, analysis=f"(unreadable review: {why})", readable=False
-    )
+    return DifferentialReview(reviewer=reviewer, target=target, analysis=f"(unreadable review: {why})", readable=False)

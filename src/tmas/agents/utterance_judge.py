@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -96,7 +97,7 @@ class TeachingView(BaseModel):
     dialogue: list[tuple[str, str]] = Field(default_factory=list)
     role: str = ""
 
-    def variables(self) -> dict[str, object]:
+    def variables(self) -> dict[str, Any]:
         return {
             "subject": self.subject,
             "difficulty": self.difficulty,

@@ -142,7 +142,9 @@ def build(
     grade: GradeOpt = None,
     match: Annotated[
         str | None,
-        typer.Option("--match", help="Medicine: gold names by 'judge' (spelling, then the judge; default) or 'spelling'."),
+        typer.Option(
+            "--match", help="Medicine: gold names by 'judge' (spelling, then the judge; default) or 'spelling'."
+        ),
     ] = None,
     embedder: Annotated[str | None, typer.Option("--embedder", help="endpoint (default) or local.")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of the Shapley orders (0).")] = None,
@@ -198,7 +200,9 @@ def prune(
     grade: GradeOpt = None,
     match: Annotated[
         str | None,
-        typer.Option("--match", help="Medicine: gold names by 'judge' (spelling, then the judge; default) or 'spelling'."),
+        typer.Option(
+            "--match", help="Medicine: gold names by 'judge' (spelling, then the judge; default) or 'spelling'."
+        ),
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Report what would go; change nothing.")] = False,
     config: ConfigOpt = None,

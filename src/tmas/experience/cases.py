@@ -23,8 +23,8 @@ from tmas.config import Settings
 from tmas.errors import InputError
 from tmas.eval.diagnosis import judge_rank, name_rank
 from tmas.eval.grading import SELECTED, GradeConfig, GradeMode, grade_run
-from tmas.memory.transcript import Transcript, Utterance
 from tmas.llm.client import LLMClient
+from tmas.memory.transcript import Transcript, Utterance
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore, StoreError
 
@@ -97,7 +97,9 @@ class LabelledCase:
                 asked[u.round] = parse_plan(u.text)
             elif u.kind == "opinion" and u.round not in asked and len(self.transcript.team) == 1 and u.agent != STUDENT:
                 asked[u.round] = u.text.strip()
-        replies = {u.round: u.text.strip() for u in utterances if u.agent == STUDENT and u.kind == "opinion" and u.round}
+        replies = {
+            u.round: u.text.strip() for u in utterances if u.agent == STUDENT and u.kind == "opinion" and u.round
+        }
         dialogue = [(asked[r], replies[r]) for r in sorted(asked) if r < turn.round and r in replies]
         metadata = self.problem.metadata
         return TeachingView(
@@ -220,8 +222,9 @@ async def load_cases(
                 top10 = ((records[-1].get("state") or {}).get("decision") or {}).get("top10") or []
                 medicine.append((case, [str(name) for name in top10]))
             cases.append(case)
-        ranks = await diagnosis_ranks(run_dir, settings, [(c.problem.problem_id, t, c.gold) for c, t in medicine],
-                                      match, notes)
+        ranks = await diagnosis_ranks(
+            run_dir, settings, [(c.problem.problem_id, t, c.gold) for c, t in medicine], match, notes
+        )
         for case, _ in medicine:
             rank = ranks[case.problem.problem_id]
             case.outcome = 1.0 / rank if rank else 0.0

@@ -19,7 +19,6 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -38,8 +37,8 @@ from tmas.config import Settings
 from tmas.eval.grading import GradeMode
 from tmas.experience.cases import AgentTurn, DiagnosisMatch, LabelledCase, load_cases
 from tmas.experience.credit import (
-    Coalition,
     DEFAULT_BETA,
+    Coalition,
     CreditScheme,
     TurnCredit,
     assign_credit,
@@ -106,6 +105,8 @@ class TurnRecord:
     judge: Judged
     kept: bool = False
     entries: list[str] = field(default_factory=list)
+    # The transcript round of the turn (education's turn 1 is its round 1; elsewhere round = turn - 1).
+    round: int = 0
 
     def to_json(self) -> dict[str, object]:
         c = self.credit
@@ -113,6 +114,7 @@ class TurnRecord:
             "run": self.run,
             "problem_id": self.problem_id,
             "turn": self.turn,
+            "round": self.round,
             "agent": self.agent,
             "G": self.outcome,
             "scheme": self.scheme,
@@ -305,9 +307,7 @@ async def build_pool(
     """Build (or extend) the pool at ``pool_path`` from the labelled MATTRL runs in ``run_dirs``."""
     summary = BuildSummary(pool=pool_path)
     step: ProgressFn = progress or (lambda stage, done, total: None)
-    cases = await load_cases(
-        run_dirs, settings, grade_mode=config.grade_mode, notes=summary.notes, match=config.match
-    )
+    cases = await load_cases(run_dirs, settings, grade_mode=config.grade_mode, notes=summary.notes, match=config.match)
     case_turns = {(c.run, c.problem.problem_id): (c, c.turns()) for c in cases}
     summary.cases = len(cases)
     build_dir = build_dir_for(pool_path)
@@ -323,8 +323,19 @@ async def build_pool(
                 judged, credits = await _case_credits(judge, case, turns, config)
                 finished += 1
                 step("credit", finished, len(cases))
+                rounds = {t.turn: t.round for t in turns}
                 return [
-                    TurnRecord(case.run, case.problem.problem_id, t, a, case.outcome, config.scheme, c, judged[(t, a)])
+                    TurnRecord(
+                        case.run,
+                        case.problem.problem_id,
+                        t,
+                        a,
+                        case.outcome,
+                        config.scheme,
+                        c,
+                        judged[(t, a)],
+                        round=rounds[t],
+                    )
                     for t, by_agent in credits.items()
                     for a, c in by_agent.items()
                 ]

@@ -271,9 +271,7 @@ def train_router(cases: list[PairedCase], *, seed: int = 0) -> RouterModel:
         model.report = routed_report(cases, [only] * len(cases), "training set (one class only: a constant router)")
         return model
     sk = _sklearn()
-    rows = [
-        [case_features(c.problem.question, domain, c.problem.metadata)[f] for f in names] for c in cases
-    ]
+    rows = [[case_features(c.problem.question, domain, c.problem.metadata)[f] for f in names] for c in cases]
     scaler = sk.preprocessing.StandardScaler().fit(rows)
     z = scaler.transform(rows)
 

@@ -14,7 +14,8 @@
   review points) and each specialist's own feedback for the next round.
   Deliberation halts when all have converged or at R_max.
 - Stage III (:meth:`MATTRL._decide`, in the last round's record): the coordinator reads every round's opinions
-  (Eq. 7, fitted to its context window) and writes the discussion report and the decision in tags, with one rewrite pass when the tags are missing; failing that, the team's majority answer.
+  (Eq. 7, fitted to its context window) and writes the discussion report and the decision in tags, with one
+  rewrite pass when the tags are missing; failing that, the team's majority answer.
 
 Every record's ``state["transcript"]`` is the :class:`Transcript` so far (experience construction reads it).
 The education domain (pre-test, teaching dialogue, post-test) is :mod:`tmas.methods.mattrl_teaching`.
@@ -272,9 +273,7 @@ class MATTRL(Method[MATTRLParams]):
             return []
         parts = [context[0], f"Specialist: {member.specialty}. {member.description}", *context[1:]]
         try:
-            hits = await retriever.pool.search(
-                "\n\n".join(c for c in parts if c), retriever.k, retriever.embed, tier
-            )
+            hits = await retriever.pool.search("\n\n".join(c for c in parts if c), retriever.k, retriever.embed, tier)
         except LLMError as exc:
             notes.append(f"{member.id}: experience retrieval failed, no hints this round: {exc}")
             return []
@@ -609,7 +608,8 @@ class MATTRL(Method[MATTRLParams]):
         window (older rounds shortened first) when the window is known."""
         status = [
             f"{s.member.id} {s.member.specialty} ({s.member.role or 'member'}): "
-            f"{'accepted' if s.accepted else 'converged' if s.converged else 'unresolved'}; answer: {s.answer or 'none'}"
+            f"{'accepted' if s.accepted else 'converged' if s.converged else 'unresolved'}; "
+            f"answer: {s.answer or 'none'}"
             for s in seats
         ]
         names = {s.member.id: f"{s.member.id} {s.member.specialty}" for s in seats}

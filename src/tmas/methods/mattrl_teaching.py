@@ -33,6 +33,7 @@ from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
 from tmas.methods.base import Candidate, ProblemResult, ProblemSession, gather_all
 
+
 def teaching_tier(role: str, subject: str, difficulty: str) -> Callable[[PoolEntry], int | None]:
     """C.1.1's keyed retrieval as a tier per pool entry (lower first, None never): only education entries of the
     teacher's role (entries without a role, written before roles were recorded, come after all others);
