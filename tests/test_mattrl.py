@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import settings_for
+from tmas.agents.mattrl_decision import decision_prompt
 from tmas.api import asolve
 from tmas.llm.client import LLMClient
 from tmas.memory.embedders import EndpointEmbedder
@@ -95,6 +96,26 @@ async def test_a_wrong_attempt_is_revised_from_peer_feedback_until_accepted(sim:
     summary = user_text(chat_requests(sim, "coordinator")[-1]).split("<team_summary>", 1)[1]
     assert summary.index('<round number="1">') < summary.index("\\boxed{390}") < summary.index('<round number="2">')
     assert summary.count("S1 Arithmetic strategist:") == 2
+
+
+async def test_the_discussion_is_fitted_to_the_chairs_window_older_rounds_first(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(
+        SimScript(rules=[Rule(role="specialist", pattern="You are Arithmetic strategist", replies=[WRONG], times=1)])
+    )
+    result = await run(sim, tmp_path, {"endpoint__context_length": 830})
+    assert result.answer == "391" and len(result.iterations) == 2
+    decision = user_text(chat_requests(sim, "coordinator")[-1])
+    summary = decision.split("<team_summary>\n", 1)[1].split("\n</team_summary>", 1)[0]
+    # The window (830) less the reply's max_tokens (256) and the 256-token margin, at 4 characters a token, less
+    # the decision prompt around the discussion.
+    budget = (830 - 256 - 256) * 4 - sum(len(m.content) for m in decision_prompt(Q, "math", ""))
+    assert len(summary) <= budget
+    first, second = summary.split('<round number="2">')
+    # Round 1's three opinions are cut, head and tail kept; round 2 (the latest) is whole.
+    assert first.count("characters left out to fit the context window ...]") == 3
+    assert "Multiplying give" in first and "\\boxed{390}." in first
+    opinion = next(u.text for u in transcript(result).utterances if u.round == 1 and u.kind == "opinion")
+    assert opinion.strip() in second
 
 
 async def test_a_specialist_that_never_convinces_its_peers_runs_to_r_max(sim: SimServer, tmp_path: Path) -> None:
