@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from tmas.agents.experience_summarizer import parse_summarizer, summarizer_prompt
+from tmas.agents.experience_summarizer import (
+    parse_summarizer,
+    parse_teaching_summarizer,
+    summarizer_prompt,
+    teaching_summarizer_prompt,
+)
 from tmas.agents.output import AgentOutputError
-from tmas.agents.utterance_judge import RoundView, TurnView, parse_judge_score, utterance_score_prompt
+from tmas.agents.utterance_judge import (
+    RoundView,
+    TeachingView,
+    TurnView,
+    parse_judge_score,
+    parse_rubric_score,
+    utterance_score_prompt,
+)
 
 
 def test_judge_score_normalised_to_unit_interval() -> None:
@@ -76,3 +90,57 @@ def test_problem_text_is_data_not_template() -> None:
         judge_analysis="",
     )[-1].content
     assert evil in summary and 'credit="0.612"' in summary and "was correct" in summary
+
+
+def test_c46_rubric_score_is_the_weighted_sum_rounded_half_up() -> None:
+    # C.4.6: 0.30 correctness + 0.25 information gain + 0.25 relevance + 0.20 clarity, rounded to an integer.
+    # 0.30*4 + 0.25*3 + 0.25*3 + 0.20*2 = 1.2 + 0.75 + 0.75 + 0.4 = 3.1 -> 3.
+    reply = (
+        '{"correctness_score": 4, "information_gain_score": 3, "relevance_score": "3", "clarity_score": 2,'
+        ' "analysis": "Accurate but dense.", "global_score": 5}'
+    )
+    score = parse_rubric_score(reply)
+    assert score.score == 3 and score.normalised == pytest.approx(0.6)  # the judge's own global_score is ignored
+    assert score.analysis.startswith("Accurate but dense. (correctness 4; information gain 3; relevance 3")
+    # 0.30*3 + 0.25*2 + 0.25*2 + 0.20*3 = 2.5 -> 3 (half up, not Python's half to even).
+    half = '{"correctness_score": 3, "information_gain_score": 2, "relevance_score": 2, "clarity_score": 3}'
+    assert parse_rubric_score(half).score == 3
+    for bad, why in (
+        ('{"correctness_score": 4, "information_gain_score": 3, "relevance_score": 3}', "no numeric 'clarity_score'"),
+        ('{"correctness_score": 6, "information_gain_score": 3, "relevance_score": 3, "clarity_score": 2}', "outside"),
+        ('{"score": 4}', "no numeric 'correctness_score'"),
+    ):
+        with pytest.raises(AgentOutputError, match=why):
+            parse_rubric_score(bad)
+
+
+def test_c47_teaching_entries_need_a_class_and_map_subject_scope() -> None:
+    reply = json.dumps(
+        {
+            "entries": [
+                {"class": "guidance", "action": "k1", "experience": "Good practice: e1 [helpful]", "scope": "general"},
+                {"class": "STRATEGY", "action": "k2", "experience": "Pitfall: e2", "scope": "subject"},
+                {"action": "k3", "experience": "no class"},
+            ]
+        }
+    )
+    entries, malformed = parse_teaching_summarizer(reply)
+    assert [(e.category, e.action, e.scope) for e in entries] == [
+        ("GUIDANCE", "k1", "general"),
+        ("STRATEGY", "k2", "case"),
+    ]
+    assert malformed == ["entry 3: class: Field required"]
+    view = TeachingView(subject="Physics", difficulty="easy", pre_answer="A", pre_reasoning="r", role="Diagnostician")
+    text = teaching_summarizer_prompt(
+        question="Q?",
+        gold="B",
+        outcome=1.0,
+        view=view,
+        target=TurnView(agent="S1", text="Why did you pick A?"),
+        round_number=1,
+        reward=0.75,
+        judge_analysis="clear",
+    )[-1].content
+    assert '<question subject="Physics" difficulty="easy">' in text and "post-test: correct" in text
+    assert "GUIDANCE" in text and "STRATEGY" in text and "math" not in text
+    assert text.rstrip().endswith("into an experience.")

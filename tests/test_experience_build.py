@@ -224,3 +224,39 @@ async def test_a_build_cut_off_by_an_unreachable_endpoint_resumes_from_its_store
         assert len([r for r in sim.requests if r.role == "judge"]) == judged
         assert len([r for r in sim.requests if r.role == "summarizer"]) == 2
         assert summary.added == 2
+
+
+async def test_a_synonym_diagnosis_is_matched_by_the_judge_and_credited(tmp_path: Path) -> None:
+    problem = Problem(problem_id="m1", question="Patient record: angiokeratomas.", answer="Fabry disease")
+    transcript = hand_worked_transcript("m1").model_copy(update={"domain": "medicine"})
+    decision = {"top10": ["Alpha-galactosidase A deficiency", "Gaucher disease"]}
+    run = write_run(tmp_path / "run", [(problem, transcript, decision["top10"][0])], last_state={"decision": decision})
+    verdict = "<think>Alpha-galactosidase A deficiency is Fabry disease by its enzyme.</think><answer>1</answer>"
+    rules = [
+        Rule(role="judge", pattern="<reference>", replies=[verdict]),
+        Rule(role="judge", replies=[_judge(5)]),
+        Rule(role="summarizer", replies=[json.dumps({"entries": [{"action": "a", "experience": "b"}]})]),
+    ]
+    with SimServer(SimScript(rules=rules)) as sim:
+        config = BuildConfig(lam=0.5, gamma=0.5, grade_mode="rules")
+        await build_pool([run], tmp_path / "pool", settings_for(sim), config)
+        asked = [r.body["messages"][-1]["content"] for r in sim.requests if r.role == "judge"]
+        matcher = [a for a in asked if "<reference>" in a]
+        # Spelling finds no match, so the judge is asked once, with the differential and the reference.
+        assert len(matcher) == 1
+        assert "[1] Alpha-galactosidase A deficiency" in matcher[0] and "<reference>\nFabry disease\n" in matcher[0]
+        c = credits(tmp_path / "pool")
+        # G = 1/1 = 1. Every judge score is 5 (s = 1). Turn 2 (S1, S2): c = 1/2 (Eq. 11), w = 1:
+        # r = 0.5 * 1 + 0.5 * 1 * 1 * 0.5 = 0.75. Turn 1 (S1, S2, S3): c = 1/3, w = 0.5^(2-1) = 0.5:
+        # r = 0.5 + 0.5 * 1 * 0.5 / 3 = 7/12. By spelling alone G would be 0 and every r = 0.5.
+        assert c[(2, "S1")]["G"] == 1.0
+        assert c[(2, "S1")]["r"] == pytest.approx(0.75)
+        assert c[(1, "S3")]["r"] == pytest.approx(7 / 12)
+        # The verdict is stored in the run itself: another build replays it, with no new matcher call.
+        await build_pool([run], tmp_path / "pool2", settings_for(sim), config)
+        assert len([r for r in sim.requests if r.role == "judge" and "<reference>" in str(r.body)]) == 1
+        assert credits(tmp_path / "pool2")[(2, "S1")]["G"] == 1.0
+        # Spelling only (--match spelling): the synonym is missed and G = 0.
+        spelled = BuildConfig(lam=0.5, gamma=0.5, grade_mode="rules", match="spelling")
+        await build_pool([run], tmp_path / "pool3", settings_for(sim), spelled)
+        assert credits(tmp_path / "pool3")[(2, "S1")]["r"] == pytest.approx(0.5)

@@ -51,6 +51,9 @@ def test_build_then_prune_from_the_command_line(tmp_path: Path) -> None:
 
         bad = tmas("experience", "build", str(run), "-o", str(pool), "--scheme", "vote", *args)
         assert bad.returncode == 2 and "scheme" in bad.stderr.decode()
+        for option, value in (("--decay", "sideways"), ("--match", "sound")):
+            bad = tmas("experience", "build", str(run), "-o", str(pool), option, value, *args)
+            assert bad.returncode == 2 and f"experience build: {option[2:]}: " in bad.stderr.decode()
 
 
 def test_fewshot_and_router_route(tmp_path: Path) -> None:

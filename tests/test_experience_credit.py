@@ -18,6 +18,7 @@ import random
 import pytest
 
 from tmas.experience.credit import (
+    DEFAULT_BETA,
     assign_credit,
     coalitions_needed,
     decay_weight,
@@ -53,6 +54,13 @@ def test_eq10_decay_weights() -> None:
     assert decay_weight(1, 3, 0.85) == pytest.approx(0.7225)  # 0.85^2
     with pytest.raises(ValueError, match="outside"):
         decay_weight(3, 2, GAMMA)
+    # Appendix C.1's direction (education): w_t = gamma^(t - 1), so the first turn weighs 1 and the third 0.85^2.
+    assert decay_weight(1, 3, 0.85, earlier=True) == pytest.approx(1.0)
+    assert decay_weight(3, 3, 0.85, earlier=True) == pytest.approx(0.7225)
+    # In assign_credit: turn 1 of the naive example gets w = 1 (not 0.5), so r = 0.5 * 0.8 + 0.5 * 1 * 1 * 0.8 = 0.8.
+    first = assign_credit(S, 2, G, lam=LAM, gamma=GAMMA, earlier=True)
+    assert first[1]["S1"].w == pytest.approx(1.0) and first[1]["S1"].r == pytest.approx(0.8)
+    assert first[2]["S1"].w == pytest.approx(0.5) and first[2]["S1"].r == pytest.approx(0.75)
 
 
 def test_eq11_proportional_contributions() -> None:
@@ -70,6 +78,24 @@ def test_eq16_softmax() -> None:
     assert c == pytest.approx({"a": 128 / 146, "b": 16 / 146, "c": 2 / 146})
     with pytest.raises(ValueError, match="beta > 0"):
         softmax_contributions({"a": 1.0}, 0.0)
+
+
+def test_eq16_default_beta_spreads_credit() -> None:
+    # Eq. 16 with the default beta = 5 on q = (0.6, 0, 0) (one agent three judge points ahead):
+    # exp(5 * 0.6) = e^3, so c = e^3 / (e^3 + 2) = 0.9094 for it and 1 / (e^3 + 2) = 0.0453 for each other one.
+    assert DEFAULT_BETA == 5.0
+    c = softmax_contributions({"a": 0.6, "b": 0.0, "c": 0.0}, DEFAULT_BETA)
+    e3 = math.exp(3)
+    assert c == pytest.approx({"a": e3 / (e3 + 2), "b": 1 / (e3 + 2), "c": 1 / (e3 + 2)})
+    assert c["a"] == pytest.approx(0.9094, abs=1e-4) and c["b"] == pytest.approx(0.0453, abs=1e-4)
+    # beta = 1 (the old default) is nearly flat: e^0.6 / (e^0.6 + 2) = 0.4767, 1 / (e^0.6 + 2) = 0.2616.
+    flat = softmax_contributions({"a": 0.6, "b": 0.0, "c": 0.0}, 1.0)
+    assert flat["a"] == pytest.approx(0.4767, abs=1e-4) and flat["b"] == pytest.approx(0.2616, abs=1e-4)
+    # The default reaches assign_credit: turn 1 of the difference example, q = (0.4, 0.4, 0) -> e^2 : e^2 : 1.
+    q1 = {"S1": 0.4, "S2": 0.4, "S3": 0.0}
+    r = assign_credit({1: S[1]}, 1, G, lam=LAM, gamma=GAMMA, credits={1: q1})
+    e2 = math.exp(2)
+    assert r[1]["S1"].c == pytest.approx(e2 / (2 * e2 + 1)) and r[1]["S3"].c == pytest.approx(1 / (2 * e2 + 1))
 
 
 def test_eq17_difference_rewards() -> None:

@@ -67,6 +67,25 @@ async def test_saved_pool_reopens_with_its_version_vectors_and_entries(sim: SimS
     assert third.vectors.shape == (2, 256) and np.allclose(third.vectors, pool.vectors[1:])
 
 
+async def test_a_pool_written_before_the_teaching_keys_loads_and_tiers_filter_search(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    await build(sim, tmp_path / "pool")
+    entries = tmp_path / "pool" / "entries.jsonl"
+    old = [json.loads(line) for line in entries.read_text().splitlines()]
+    for row in old:  # the entry format before role, subject, difficulty and category existed
+        for key in ("role", "subject", "difficulty", "category"):
+            del row[key]
+    entries.write_text("".join(json.dumps(row) + "\n" for row in old))
+    pool = ExperiencePool.open(tmp_path / "pool", "endpoint:sim-model")
+    assert {(e.role, e.subject, e.difficulty, e.category) for e in pool.entries} == {("", "", "", "")}
+    # A tier keys the search: None never comes back, a lower tier always before a higher one.
+    tiers = {"parity": 1, "tiling": None, "modular": 0}
+    async with LLMClient(settings_for(sim)) as llm:
+        hits = await pool.search("tiling boards of width two", 3, EndpointEmbedder(llm), lambda e: tiers[e.id])
+    assert [e.id for e, _ in hits] == ["modular", "parity"]
+
+
 async def test_add_rejects_duplicate_ids_and_update_rejects_changed_text(sim: SimServer, tmp_path: Path) -> None:
     pool = await build(sim, tmp_path / "pool")
     async with LLMClient(settings_for(sim)) as llm:

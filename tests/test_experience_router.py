@@ -3,6 +3,7 @@ team solves; short ones the single agent solves too."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,34 @@ def test_features_and_bad_router_file(tmp_path: Path) -> None:
 
     with pytest.raises(InputError, match="not a router file"):
         RouterModel.load(bad)
+
+
+def test_medicine_and_education_routers_read_their_own_features(tmp_path: Path) -> None:
+    import asyncio
+
+    from mattrl_runs import hand_worked_transcript
+
+    record = "Observed phenotypes: Seizure; Hypotonia; Cardiomyopathy; Elevated serum lactate"
+    f = case_features(record, "medicine")
+    # 4 findings; seizure and hypotonia are neurological, cardiomyopathy cardiac: 2 systems, so a team case;
+    # "elevated" and "serum" are lab cues.
+    assert (f["findings"], f["systems"], f["multisystem"], f["labs_or_genetics"]) == (4.0, 2.0, 1.0, 2.0)
+    assert f["system_neuro"] == 1.0 and f["system_cardio"] == 1.0 and f["system_renal"] == 0.0
+    e = case_features("Which is not a vector?\nA) speed\nB) force\nC) velocity", "education", {"difficulty": "hard"})
+    assert e == {
+        "log_chars": pytest.approx(math.log1p(52)),
+        "options": 3.0,
+        "numbers": 0.0,
+        "negation": 1.0,
+        "difficulty": 2.0,
+    }
+    # A router trained on medicine runs records the domain and routes by the clinical features; a router file
+    # written before domains were recorded reads as math.
+    data = [Problem(problem_id=f"m{i}", question=record, answer="Fabry disease") for i in range(2)]
+    medical = hand_worked_transcript().model_copy(update={"domain": "medicine"})
+    single = write_run(tmp_path / "single", [(p, None, "Fabry disease") for p in data], "cot", tokens=100)
+    team = write_run(tmp_path / "team", [(p, medical, "Fabry disease") for p in data], tokens=1000)
+    model = train_router(asyncio.run(paired_cases(single, team, None, "rules")))
+    assert model.domain == "medicine" and model.features[:3] == ["log_chars", "findings", "systems"]
+    old = RouterModel.model_validate({k: v for k, v in model.model_dump().items() if k != "domain"})
+    assert old.domain == "math"

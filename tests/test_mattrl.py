@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import settings_for
+from tmas.agents.mattrl_decision import decision_prompt
 from tmas.api import asolve
 from tmas.llm.client import LLMClient
 from tmas.memory.embedders import EndpointEmbedder
@@ -91,6 +92,30 @@ async def test_a_wrong_attempt_is_revised_from_peer_feedback_until_accepted(sim:
     assert len(meeting) == 1 and meeting[0].text.count("computation_error") == 1
     assert "<accepted_snapshot>" in revision and "S2 (Computation checker), accepted" in revision
     assert all(m["converged"] for m in second.state["members"])
+    # Eq. 7: the chair reads every round's opinions, the revised-away attempt of round 1 included.
+    summary = user_text(chat_requests(sim, "coordinator")[-1]).split("<team_summary>", 1)[1]
+    assert summary.index('<round number="1">') < summary.index("\\boxed{390}") < summary.index('<round number="2">')
+    assert summary.count("S1 Arithmetic strategist:") == 2
+
+
+async def test_the_discussion_is_fitted_to_the_chairs_window_older_rounds_first(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(
+        SimScript(rules=[Rule(role="specialist", pattern="You are Arithmetic strategist", replies=[WRONG], times=1)])
+    )
+    result = await run(sim, tmp_path, {"endpoint__context_length": 830})
+    assert result.answer == "391" and len(result.iterations) == 2
+    decision = user_text(chat_requests(sim, "coordinator")[-1])
+    summary = decision.split("<team_summary>\n", 1)[1].split("\n</team_summary>", 1)[0]
+    # The window (830) less the reply's max_tokens (256) and the 256-token margin, at 4 characters a token, less
+    # the decision prompt around the discussion.
+    budget = (830 - 256 - 256) * 4 - sum(len(m.content) for m in decision_prompt(Q, "math", ""))
+    assert len(summary) <= budget
+    first, second = summary.split('<round number="2">')
+    # Round 1's three opinions are cut, head and tail kept; round 2 (the latest) is whole.
+    assert first.count("characters left out to fit the context window ...]") == 3
+    assert "Multiplying give" in first and "\\boxed{390}." in first
+    opinion = next(u.text for u in transcript(result).utterances if u.round == 1 and u.kind == "opinion")
+    assert opinion.strip() in second
 
 
 async def test_a_specialist_that_never_convinces_its_peers_runs_to_r_max(sim: SimServer, tmp_path: Path) -> None:
@@ -226,12 +251,79 @@ async def test_medicine_ranks_ten_diagnoses_with_a_catalog_team(sim: SimServer, 
     assert result.answer == "Fabry disease" and result.text.splitlines()[1] == "[2] Gaucher disease"
     t = transcript(result)
     assert [m.specialty for m in t.team] == ["Pediatrics", "Urology", "Hematology"]
-    # Round 1 lists, round 2 the same lists again: every specialist converged, no reviews in medicine.
-    assert len(result.iterations) == 2 and "reviewer" not in sim.stats().by_role
+    # Round 1: lists, then each member reviews the other two (A.4); round 2: the same lists again, so every
+    # specialist converged and the final round asks for no review.
+    assert len(result.iterations) == 2 and sim.stats().by_role["reviewer"] == 6
     assert result.iterations[-1].state["decision"]["top10"][9] == "Amyloidosis"
     recruit = user_text(chat_requests(sim, "coordinator")[0])
     assert "Traditional Chinese Medicine" in recruit
-    assert "Team differential so far: Fabry disease; Gaucher disease" in user_text(chat_requests(sim, "specialist")[-1])
+    revision = next(
+        t for t in map(user_text, chat_requests(sim, "specialist")[3:]) if t.startswith("You are Pediatrics")
+    )
+    # The bulletin shares each member's change (round 1: its whole list), not a pooled list.
+    assert "S1 (Pediatrics): proposed Fabry disease; Gaucher disease; Pompe disease" in revision
+    assert "Borda" not in revision and "<accepted_snapshot>" not in revision
+    feedback = json.loads(revision.split("<peer_feedback>\n", 1)[1].split("\n</peer_feedback>", 1)[0])
+    assert [f["reviewer"] for f in feedback] == ["S2", "S3"]
+    assert feedback[0]["agreements"] == ["Fabry disease explains the main findings."]
+    assert feedback[0]["disagreements"] == [] and feedback[0]["changes"] == []
+
+
+REVIEW_OF_S1 = json.dumps(
+    {
+        "analysis": "Fabry disease fits; Pompe disease does not.",
+        "agreements": ["Fabry disease fits the angiokeratomas."],
+        "disagreements": ["Pompe disease does not explain the skin findings."],
+        "changes": ["Move Pompe disease below rank 5."],
+    }
+)
+
+
+async def test_medicine_reviews_reach_the_bulletin_and_the_author(sim: SimServer, tmp_path: Path) -> None:
+    rules = [
+        # S3 (Hematology) disputes S1's list twice over; S2 (Urology) raises the same disagreement in other words.
+        Rule(
+            role="reviewer",
+            pattern='"author": \\{\n  "specialty": "Pediatrics".*"specialty": "Hematology"',
+            replies=[REVIEW_OF_S1],
+        ),
+        Rule(
+            role="reviewer",
+            pattern='"author": \\{\n  "specialty": "Pediatrics".*"specialty": "Urology"',
+            replies=[REVIEW_OF_S1.replace("Fabry disease fits the angiokeratomas.", "Agreed on Fabry disease.")],
+        ),
+    ]
+    sim.set_script(SimScript(rules=rules))
+    result = await run(sim, tmp_path, domain="medicine", iterations=2)
+    first = transcript(result, 0)
+    reviews = [u for u in first.utterances if u.kind == "review"]
+    assert {(u.agent, u.target) for u in reviews} == {
+        (a, b) for a in ("S1", "S2", "S3") for b in ("S1", "S2", "S3") if a != b
+    }
+    [meeting] = [u for u in first.utterances if u.kind == "meeting"]
+    lines = meeting.text.splitlines()
+    assert lines[0].startswith("S1 (Pediatrics): proposed Fabry disease; Gaucher disease")
+    # The shared disagreement and change appear once (the second reviewer's copies are duplicates).
+    assert lines[1:3] == [
+        "  - S2 disagrees: Pompe disease does not explain the skin findings.",
+        "  - S2 asks to change: Move Pompe disease below rank 5.",
+    ]
+    assert meeting.text.count("Pompe disease does not explain") == 1
+    assert not any("disagrees" in line for line in lines[3:])
+    s1 = next(b for b in chat_requests(sim, "specialist")[3:] if user_text(b).startswith("You are Pediatrics"))
+    prompt = user_text(s1)
+    assert "This is round 2. Revise your differential" in prompt
+    feedback = json.loads(prompt.split("<peer_feedback>\n", 1)[1].split("\n</peer_feedback>", 1)[0])
+    assert [f["reviewer"] for f in feedback] == ["S2", "S3"]
+    assert feedback[1]["disagreements"] == ["Pompe disease does not explain the skin findings."]
+    assert "<bulletin>\n" + meeting.text in prompt
+    # The labelled Borda option adds the pooled list to the bulletin.
+    sim.reset()
+    pooled = await run(sim, tmp_path / "pooled", domain="medicine", iterations=2, pooled_differential=True)
+    [meeting] = [u for u in transcript(pooled, 0).utterances if u.kind == "meeting"]
+    assert meeting.text.splitlines()[-1].startswith(
+        "Team differential by Borda count (pooled_differential option): Fabry disease; Gaucher disease"
+    )
 
 
 def _env() -> dict[str, str]:

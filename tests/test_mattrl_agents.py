@@ -7,10 +7,18 @@ import json
 
 import pytest
 
-from tmas.agents.mattrl_decision import parse_decision
+from tmas.agents.mattrl_decision import discussion_record, parse_decision
 from tmas.agents.mattrl_opinion import hints_block, opinion_prompt, parse_differential
-from tmas.agents.mattrl_review import Issue, Review, accepted, parse_review, unreadable_review
-from tmas.agents.mattrl_team import MEDICINE_CATALOG, default_team, parse_team
+from tmas.agents.mattrl_review import (
+    Issue,
+    Review,
+    accepted,
+    differential_review_prompt,
+    parse_differential_review,
+    parse_review,
+    unreadable_review,
+)
+from tmas.agents.mattrl_team import MEDICINE_CATALOG, default_team, parse_team, recruit_prompt
 from tmas.agents.output import AgentOutputError
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember
@@ -67,6 +75,74 @@ def test_default_team_has_one_leader_and_respects_size() -> None:
     team = default_team("medicine", 2)
     assert [m.specialty for m in team] == ["General Practice", "Pathology"]
     assert sum(m.leader for m in team) == 1
+
+
+def test_education_team_follows_c42_roles_without_a_forced_leader() -> None:
+    raw = json.dumps(
+        [
+            member("Educational Psychology", "diagnostician"),
+            member("Pedagogy", "Pedagogy Strategist"),
+            member("Physics", "Subject Matter Expert"),
+            member("Chemistry", "subject matter expert"),
+            member("Biology", "Subject Matter Expert"),
+            member("History", "cheerleader"),
+        ]
+    )
+    team, notes = parse_team(raw, "education", 5)
+    assert [(m.specialty, m.role) for m in team] == [
+        ("Educational Psychology", "Diagnostician"),
+        ("Pedagogy", "Pedagogy Strategist"),
+        ("Physics", "Subject Matter Expert"),
+        ("Chemistry", "Subject Matter Expert"),
+    ]
+    assert not any(m.leader for m in team)
+    assert "team member 'Biology': more than 2 Subject Matter Expert; dropped" in notes
+    assert "team member 'History': role 'cheerleader' is not a teaching role; dropped" in notes
+    # An optional lead teacher leads; at n = 3 the required roles are kept before it.
+    lead = json.dumps([member("Education", "lead teacher"), *json.loads(raw)[:3]])
+    team, notes = parse_team(lead, "education", 3)
+    assert [m.role for m in team] == ["Diagnostician", "Pedagogy Strategist", "Subject Matter Expert"]
+    assert not any(m.leader for m in team)
+    team, _ = parse_team(lead, "education", 4)
+    assert [m.leader for m in team] == [True, False, False, False]
+
+
+def test_education_team_without_a_required_role_is_unusable() -> None:
+    raw = json.dumps([member("Pedagogy", "Diagnostician"), member("Physics", "Subject Matter Expert")])
+    with pytest.raises(AgentOutputError, match="the teaching team has no Pedagogy Strategist"):
+        parse_team(raw, "education", 3)
+    # A team of two needs the Diagnostician and the Strategist, not yet a subject expert.
+    with pytest.raises(AgentOutputError, match="no Pedagogy Strategist"):
+        parse_team(raw, "education", 2)
+    team = default_team("education", 3, subject="physics")
+    assert [(m.specialty, m.role, m.leader) for m in team] == [
+        ("Educational Psychology", "Diagnostician", False),
+        ("Pedagogy", "Pedagogy Strategist", False),
+        ("Physics", "Subject Matter Expert", False),
+    ]
+    assert default_team("education", 3, subject="Astrology")[2].specialty == "STEM"
+    prompt = recruit_prompt("Q", "education", 3)[-1].content
+    assert '"Pedagogy Strategist"' in prompt and 'leader"' not in prompt and "Exactly one member" not in prompt
+
+
+def test_differential_review_parses_a4_json() -> None:
+    review = parse_differential_review(
+        '{"analysis": "Mostly right.", "agreements": ["A fits"], "disagreements": null, "changes": "Drop B"}',
+        "S2",
+        "S1",
+    )
+    assert (review.reviewer, review.target, review.agreements, review.disagreements) == ("S2", "S1", ["A fits"], [])
+    assert review.changes == ["Drop B"] and not review.concurs
+    assert parse_differential_review('{"agreements": ["A"], "disagreements": [], "changes": []}', "S2", "S1").concurs
+    for bad in ("no json", '{"verdict": "accept"}'):
+        with pytest.raises(AgentOutputError):
+            parse_differential_review(bad, "S2", "S1")
+    text = differential_review_prompt(
+        "record {{ x }}", TeamMember(id="S2", specialty="Neurology"), TeamMember(id="S1", specialty="Pathology"), "1. A"
+    )[-1].content
+    bundle = json.loads(text.split("<bundle>\n", 1)[1].split("\n</bundle>", 1)[0])
+    assert bundle["patient_record"] == "record {{ x }}" and bundle["differential"] == "1. A"
+    assert text.rstrip().endswith("an empty array when you would change nothing.")
 
 
 def test_review_parses_and_normalises() -> None:
@@ -145,3 +221,21 @@ def test_problem_text_is_data_not_template_syntax() -> None:
     question = "Compute {{ 7*7 }} and {% if x %}y{% endif %}."
     [_, user] = opinion_prompt(question, TeamMember(id="S1", specialty="A"), "math")
     assert question in user.content
+
+
+def test_discussion_record_keeps_every_round_and_shortens_older_rounds_first() -> None:
+    status = ["S1 Algebra (leader): accepted; answer: 1"]
+    rounds = [(1, [("S1 Algebra", "Q" * 300)]), (2, [("S1 Algebra", "Z" * 300)])]
+    full = discussion_record(status, rounds, None)
+    assert full.startswith(status[0]) and full.count("Q") == 300 and full.count("Z") == 300
+    assert full.index('<round number="1">') < full.index('<round number="2">')
+    assert discussion_record(status, rounds, len(full)) == full
+    # 200 characters short: round 1 is cut (head and tail kept), round 2 stays whole.
+    fitted = discussion_record(status, rounds, len(full) - 200)
+    assert len(fitted) <= len(full) - 200 and fitted.count("Z") == 300
+    assert 0 < fitted.count("Q") < 300 and "characters left out to fit the context window" in fitted
+    assert fitted.split('<round number="1">')[1].lstrip().split("\n")[1].startswith("Q")  # the head is kept
+    # Too small for round 2 whole: round 1 shrinks to a note, then round 2 is cut.
+    tight = discussion_record(status, rounds, 300)
+    assert tight.count("Q") == 0 and "[300 characters left out to fit the context window]" in tight
+    assert 0 < tight.count("Z") < 300 and len(tight) <= 300

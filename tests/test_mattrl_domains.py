@@ -16,6 +16,7 @@ from tmas.errors import InputError
 from tmas.eval.case_formats import read_rarebench, read_supergpqa
 from tmas.eval.diagnosis import UnreadableJudgement, judge_rank, name_rank, parse_judge_rank, ranking_metrics
 from tmas.eval.teaching import teaching_metrics
+from tmas.experience.construct import CREDITS_FILE, BuildConfig, build_dir_for, build_pool
 from tmas.llm.client import LLMClient
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.experience_pool import ExperiencePool
@@ -25,14 +26,18 @@ from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
 from tmas.testing import Rule, SimScript, SimServer
+from tmas.view.credits import load_credits
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "mattrl"
 QUESTION = "Which quantity stays the same in free fall?\nA) speed\nB) acceleration\nC) height"
 
 
+METADATA = {"field": "Physics", "difficulty": "easy"}
+
+
 async def teach(sim: SimServer, tmp_path: Path, gold: str, **params: Any) -> ProblemResult:
     settings = settings_for(sim, method={"name": "mattrl", "params": {"domain": "education", **params}})
-    problem = Problem(problem_id="q1", question=QUESTION, answer=gold)
+    problem = Problem(problem_id="q1", question=QUESTION, answer=gold, metadata=METADATA)
     store, settings, todo = prepare_run(tmp_path / "run", settings, [problem], resume=False)
     with store:
         summary = await run_problems(settings, todo, store, keep_results=True)
@@ -52,6 +57,9 @@ async def test_team_teaching_turns_a_wrong_pretest_into_a_right_posttest(sim: Si
     assert sim.stats().by_role == {"student": 4, "specialist": 6, "coordinator": 4}
     t = Transcript.model_validate(last["transcript"])
     assert [m.specialty for m in t.team] == ["Mathematics", "Engineering", "Physics"]
+    # C.4.2: a Diagnostician, a Pedagogy Strategist, a Subject Matter Expert, and no forced leader.
+    assert [m.role for m in t.team] == ["Diagnostician", "Pedagogy Strategist", "Subject Matter Expert"]
+    assert not any(m.leader for m in t.team)
     assert [u.kind for u in t.utterances if u.agent == "coordinator"] == ["meeting", "meeting", "report"]
     assert t.final_answer == "B"
     # Teachers see the correct answer, the student never does.
@@ -182,24 +190,40 @@ def test_cli_imports_runs_and_grades_medicine_cases(sim: SimServer, tmp_path: Pa
     assert bodies_seen and all("<diagnosis>" in str(b["messages"][-1]["content"]) for b in bodies_seen)
 
 
+def entry(id_: str, role: str, **keys: str) -> PoolEntry:
+    return PoolEntry(id=id_, action=f"Key {id_}", experience=f"Lesson {id_}.", domain="education", role=role, **keys)
+
+
 async def test_team_teaching_with_experience_injects_hints_into_the_analyses(sim: SimServer, tmp_path: Path) -> None:
+    # C.1.1: each teacher retrieves by its role, the question's subject (Physics) and difficulty (easy).
     entries = [
-        PoolEntry(
-            id="g1", action="Anchor on the definition", experience="Ask which quantity stays the same in free fall."
-        ),
-        PoolEntry(id="g2", action="Name the misconception", experience="Students confuse speed with acceleration."),
+        entry("d1", "Diagnostician", difficulty="easy"),
+        entry("d2", "Diagnostician", difficulty="hard"),
+        entry("s1", "Pedagogy Strategist"),
+        entry("x1", "Subject Matter Expert", scope="case", subject="Chemistry", difficulty="easy"),
+        entry("x2", "Subject Matter Expert", scope="case", subject="Physics", difficulty="hard"),
+        PoolEntry(id="m1", action="Key m1", experience="A math lesson.", role="Subject Matter Expert"),
     ]
     async with LLMClient(settings_for(sim)) as llm:
         embed = EndpointEmbedder(llm)
         pool = ExperiencePool.create(tmp_path / "pool", embed.name)
         await pool.add(entries, embed)
         pool.save()
-    result = await teach(sim, tmp_path, "B", iterations=1, pool=str(tmp_path / "pool"), top_k=1)
+    result = await teach(sim, tmp_path, "B", iterations=1, pool=str(tmp_path / "pool"), top_k=2)
     assert result.answer == "B"
     analyses = bodies(sim, "specialist")
-    assert len(analyses) == 3 and all(b.count("- ACTION:") == 1 and "EXPERIENCE HINTS" in b for b in analyses)
+    assert len(analyses) == 3 and all("EXPERIENCE HINTS" in b for b in analyses)
     t = Transcript.model_validate(result.iterations[-1].state["transcript"])
-    assert all(len(u.experience_ids) == 1 for u in t.utterances if u.agent.startswith("S"))
+    # The Diagnostician: both of its role's entries, the same difficulty first; the Strategist: its one entry; the
+    # subject expert: only the Physics entry (another subject's specific entry and the math entry never come).
+    assert {u.agent: u.experience_ids for u in t.utterances if u.agent.startswith("S")} == {
+        "S1": ["d1", "d2"],
+        "S2": ["s1"],
+        "S3": ["x2"],
+    }
+    diagnostician = next(b for b in analyses if b.startswith("You are the Diagnostician"))
+    assert "- ACTION: Key d1" in diagnostician
+    assert not any("Key x1" in b or "Key m1" in b for b in analyses)
     assert not any("EXPERIENCE HINTS" in b for b in bodies(sim, "student") + bodies(sim, "coordinator"))
 
 
@@ -219,3 +243,86 @@ async def test_the_judge_ranks_names_that_do_not_match_by_spelling(sim: SimServe
     assert (
         "[2] Alpha-galactosidase A deficiency" in judged[0] and "<reference>\nFabry disease\n</reference>" in judged[0]
     )
+
+
+def rubric(c: int, i: int, r: int, clarity: int) -> str:
+    return json.dumps(
+        {
+            "correctness_score": c,
+            "information_gain_score": i,
+            "relevance_score": r,
+            "clarity_score": clarity,
+            "analysis": "scripted",
+        }
+    )
+
+
+async def test_an_education_build_credits_the_teachers_never_the_student(sim: SimServer, tmp_path: Path) -> None:
+    result = await teach(sim, tmp_path, "B", iterations=2)
+    assert result.iterations[-1].state["post_correct"]  # G = 1: the post-test is right
+    summary_entries = [
+        {
+            "class": "GUIDANCE",
+            "action": "Diagnostician error analysis, Physics, easy: name the misread term",
+            "experience": "Good practice: ask which definition the student used. [helpful]",
+            "scope": "general",
+        },
+        {
+            "class": "STRATEGY",
+            "action": "Diagnostician questioning, Physics, easy: test one assumption",
+            "experience": "Good practice: contrast two quantities under one condition.",
+            "scope": "subject",
+        },
+    ]
+    sim.set_script(
+        SimScript(
+            rules=[
+                # C.4.6 by role: Diagnostician 5,5,5,5 -> 5 (s = 1); Strategist 4,3,3,2 -> 3.1 -> 3 (s = 0.6);
+                # Subject Matter Expert 2,2,2,3 -> 2.2 -> 2 (s = 0.4).
+                Rule(role="judge", pattern='role="Diagnostician">', replies=[rubric(5, 5, 5, 5)]),
+                Rule(role="judge", pattern='role="Pedagogy Strategist">', replies=[rubric(4, 3, 3, 2)]),
+                Rule(role="judge", pattern='role="Subject Matter Expert">', replies=[rubric(2, 2, 2, 3)]),
+                Rule(role="summarizer", replies=[json.dumps({"entries": summary_entries})]),
+            ]
+        )
+    )
+    config = BuildConfig(lam=0.5, gamma=0.5, grade_mode="rules")
+    summary = await build_pool([tmp_path / "run"], tmp_path / "pool", settings_for(sim), config)
+    rows = [json.loads(line) for line in (build_dir_for(tmp_path / "pool") / CREDITS_FILE).read_text().splitlines()]
+    # Only the three teachers' turns, in dialogue rounds 1 and 2: the student's pre-test, replies and post-test
+    # are context, never credited.
+    assert sorted((row["turn"], row["agent"]) for row in rows) == [(t, a) for t in (1, 2) for a in ("S1", "S2", "S3")]
+    r = {(row["turn"], row["agent"]): row for row in rows}
+    # Dialogue round k is turn k (round 0 is the pre-test): the viewer places each credit by its round.
+    assert {(row["turn"], row["round"]) for row in rows} == {(1, 1), (2, 2)}
+    shown = load_credits([build_dir_for(tmp_path / "pool")])
+    assert shown[(str((tmp_path / "run").resolve()), "q1", 1, "S1")] == pytest.approx(0.75)
+    # Naive scheme, G = 1, lambda = 0.5. Turn 1: c = s / 2.0 = 0.5, 0.3, 0.2 (Eq. 11); education decays from the
+    # first turn (C.1), so w_1 = 1 and w_2 = 0.5. r = 0.5 s + 0.5 w c:
+    # turn 1: 0.5 + 0.25 = 0.75, 0.3 + 0.15 = 0.45, 0.2 + 0.1 = 0.3; turn 2: 0.5 + 0.125 = 0.625, 0.375, 0.25.
+    expected = {(1, "S1"): 0.75, (1, "S2"): 0.45, (1, "S3"): 0.3, (2, "S1"): 0.625, (2, "S2"): 0.375, (2, "S3"): 0.25}
+    assert {k: row["r"] for k, row in r.items()} == pytest.approx(expected)
+    assert r[(1, "S1")]["w"] == 1.0 and r[(2, "S1")]["w"] == 0.5 and r[(1, "S2")]["s"] == pytest.approx(0.6)
+    assert summary.kept == 2 and [k for k, row in r.items() if row["kept"]] == [(1, "S1"), (2, "S1")]
+    judged = bodies(sim, "judge")
+    assert len(judged) == 6 and all("<student_pretest>\nAnswer: A" in b for b in judged)
+    assert not any("math problem" in b for b in judged + bodies(sim, "summarizer"))
+    # The round-2 judge sees round 1's question and the student's reply as the dialogue so far.
+    round2 = next(b for b in judged if '<teacher_utterance round="2" role="Diagnostician">' in b)
+    assert "<dialogue_so_far>\nTeacher: Which assumption in your reasoning would you test first?\nStudent: " in round2
+    pool = ExperiencePool.open(tmp_path / "pool")
+    assert sorted((e.role, e.subject, e.difficulty, e.category, e.scope) for e in pool.entries) == [
+        ("Diagnostician", "Physics", "easy", "GUIDANCE", "general"),
+        ("Diagnostician", "Physics", "easy", "GUIDANCE", "general"),
+        ("Diagnostician", "Physics", "easy", "STRATEGY", "case"),
+        ("Diagnostician", "Physics", "easy", "STRATEGY", "case"),
+    ]
+    # Table 3's MATTRL condition: the team teaches again with the pool; only the Diagnostician's role has entries.
+    sim.reset()
+    again = await teach(sim, tmp_path / "again", "B", iterations=1, pool=str(tmp_path / "pool"))
+    analyses = bodies(sim, "specialist")
+    diagnostician = next(b for b in analyses if b.startswith("You are the Diagnostician"))
+    assert diagnostician.count("- ACTION: Diagnostician") == 4
+    assert sum("EXPERIENCE HINTS" in b for b in analyses) == 1
+    used = Transcript.model_validate(again.iterations[-1].state["transcript"])
+    assert sorted(i for u in used.utterances for i in u.experience_ids) == sorted(e.id for e in pool.entries)

@@ -3,17 +3,21 @@ ACTION / EXPERIENCE entries, each general (any case of the domain) or case-speci
 
 Output: strict JSON ``{"entries": [{"action": ..., "experience": ..., "scope": "general"|"case"}]}``; entries that
 fail validation are dropped and reported, a reply with no valid entry is unusable.
+
+Education uses appendix C.4.7's summarizer instead: each entry also has a ``class``, GUIDANCE (handling a teaching
+situation or a student error) or STRATEGY (carrying out a teaching approach), and its scope is general or
+subject-specific (stored as ``case``).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import AliasChoices, BaseModel, Field, field_validator
 
 from tmas.agents.output import parse_json_list
 from tmas.agents.templates import prompt
-from tmas.agents.utterance_judge import RoundView, TurnView
+from tmas.agents.utterance_judge import RoundView, TeachingView, TurnView
 from tmas.llm.types import Message
 
 MAX_ENTRIES = 3
@@ -36,7 +40,9 @@ class DistilledEntry(BaseModel):
     @classmethod
     def _scope_words(cls, value: object) -> object:
         # "case-specific" and "specific" are what summarizers write when they mean a case entry.
-        if isinstance(value, str) and value.strip().lower() in ("case-specific", "specific", "case_specific"):
+        # Education's summarizer says "subject" for a subject-specific entry (C.4.7).
+        specific = ("case-specific", "specific", "case_specific", "subject", "subject-specific", "subject_specific")
+        if isinstance(value, str) and value.strip().lower() in specific:
             return "case"
         return value.strip().lower() if isinstance(value, str) else value
 
@@ -45,6 +51,50 @@ class SummarizerReply(BaseModel):
     """The reply's shape, sent as the call's JSON schema (``reply_model``)."""
 
     entries: list[DistilledEntry] = Field(max_length=MAX_ENTRIES)
+
+
+class TeachingEntry(DistilledEntry):
+    """C.4.7's entry: a class (GUIDANCE or STRATEGY), the key (``action``) and the experience."""
+
+    category: Literal["GUIDANCE", "STRATEGY"] = Field(validation_alias=AliasChoices("class", "category"))
+
+    @field_validator("category", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.strip().upper() if isinstance(value, str) else value
+
+
+def teaching_summarizer_prompt(
+    *,
+    question: str,
+    gold: str,
+    outcome: float,
+    view: TeachingView,
+    target: TurnView,
+    round_number: int,
+    reward: float,
+    judge_analysis: str,
+) -> list[Message]:
+    return prompt(
+        "mattrl_edu_summarizer.j2",
+        question=question,
+        gold=gold,
+        outcome="correct" if outcome >= 1.0 else "wrong",
+        target=target,
+        round_number=round_number,
+        reward=f"{reward:.3f}",
+        judge_analysis=judge_analysis or "(none)",
+        max_entries=MAX_ENTRIES,
+        **view.variables(),
+    )
+
+
+def parse_teaching_summarizer(content: str, *, truncated: bool = False) -> tuple[list[TeachingEntry], list[str]]:
+    """The valid C.4.7 entries (at most :data:`MAX_ENTRIES`) and why any others were dropped."""
+    entries, malformed = parse_json_list(
+        content, ("entries", "experiences"), TeachingEntry, truncated=truncated, noun="entry"
+    )
+    return entries[:MAX_ENTRIES], malformed
 
 
 def summarizer_prompt(

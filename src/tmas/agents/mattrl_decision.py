@@ -1,11 +1,13 @@
 """MATTRL Stage III, the decision (paper 003, A.4 and B.5): the coordinator's discussion report (``<analysis>``)
 and final decision in strict tags, ``<final_answer>`` (math) or ``<top10>`` (medicine), with one rewrite pass when
-the tags are missing.
+the tags are missing. The chair reads every round's opinions (Eq. 7), fitted to its context window
+(:func:`discussion_record`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from pydantic import BaseModel, Field
 
@@ -58,3 +60,49 @@ def parse_decision(content: str, domain: str) -> Decision | None:
         return None
     first_line = next((line for line in final.splitlines() if line.strip()), "")
     return Decision(report=report, answer=_clean_answer(first_line), proof=_tag(content, "formal_proof") or "")
+
+
+# ---- the chair's reading of the discussion (Eq. 7) ------------------------------------------------------------
+
+
+def clip(text: str, cap: int) -> str:
+    """``text`` cut to about ``cap`` characters, head and tail kept, saying how much was left out."""
+    if len(text) <= cap:
+        return text
+    if cap <= 0:
+        return f"[{len(text)} characters left out to fit the context window]"
+    head = cap // 2
+    left_out = len(text) - cap
+    note = f"[... {left_out} characters left out to fit the context window ...]"
+    return f"{text[:head]}\n{note}\n{text[len(text) - (cap - head) :]}"
+
+
+def discussion_record(status: list[str], rounds: list[tuple[int, list[tuple[str, str]]]], budget: int | None) -> str:
+    """Eq. 7's input: every round's opinions (``rounds``: round number, then (speaker, text) pairs) after the team's
+    final status lines, fitted to ``budget`` characters (None: no limit). Older rounds are shortened first (each
+    opinion to the same cap, head and tail kept); the latest round only when the older ones are down to a note."""
+
+    def render(cap_old: int | None, cap_last: int | None) -> str:
+        parts = ["\n".join(status)]
+        for k, (number, said) in enumerate(rounds):
+            cap = cap_last if k == len(rounds) - 1 else cap_old
+            lines = [f'<round number="{number}">']
+            lines += [f"{who}:\n{text if cap is None else clip(text, cap)}" for who, text in said]
+            parts.append("\n\n".join(lines) + "\n</round>")
+        return "\n\n".join(parts)
+
+    full = render(None, None)
+    if budget is None or len(full) <= budget:
+        return full
+    longest = max((len(text) for _, said in rounds for _, text in said), default=0)
+
+    def largest(fits: Callable[[int], bool]) -> int:
+        lo, hi = 0, longest
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        return lo
+
+    if len(render(0, None)) <= budget:
+        return render(largest(lambda cap: len(render(cap, None)) <= budget), None)
+    return render(0, largest(lambda cap: len(render(0, cap)) <= budget))

@@ -1,7 +1,10 @@
-"""MATTRL's structured peer review (paper 003, B.4): each specialist's attempt is reviewed by every other specialist
+"""MATTRL's structured peer review. Math (B.4): each specialist's attempt is reviewed by every other specialist
 as JSON (analysis, verdict, validated parts, issues with type/severity/note/fix, tests, alt_hint, confidence).
 
 Acceptance rule (B.4): an attempt is accepted only if every peer verdict is ``accept`` and no issue remains.
+
+Medicine (A.4): each specialist's differential is reviewed by every other specialist as JSON (analysis,
+agreements, disagreements, changes); there is no verdict, a specialist converges when its list stops changing.
 """
 
 from __future__ import annotations
@@ -154,3 +157,74 @@ def parse_review(content: str, reviewer: str, target: str, *, truncated: bool = 
 def accepted(reviews: list[Review]) -> bool:
     """B.4: accepted only if there is at least one review, every verdict is accept and no issue remains."""
     return bool(reviews) and all(r.verdict == "accept" and not r.issues for r in reviews)
+
+
+# ---- medicine (A.4): a critical peer review of another member's differential ---------------------------------
+
+
+class DifferentialReview(BaseModel):
+    """A.4's peer review of a differential: analysis, agreements, disagreements (none when the reviewer fully
+    concurs) and the concrete changes to the ranked list it asks for."""
+
+    reviewer: str = ""
+    target: str = ""
+    analysis: str = ""
+    agreements: list[str] = Field(default_factory=list)
+    disagreements: list[str] = Field(default_factory=list)
+    changes: list[str] = Field(default_factory=list)
+    readable: bool = True
+
+    @field_validator("agreements", "disagreements", "changes", mode="before")
+    @classmethod
+    def _points(cls, value: Any) -> Any:
+        # A.4 lets a reviewer that fully concurs write null; a lone string is one point.
+        if value is None:
+            return []
+        items = value if isinstance(value, list) else [value]
+        return [" ".join(str(v).split()) for v in items if v is not None and str(v).strip()]
+
+    @field_validator("analysis", mode="before")
+    @classmethod
+    def _analysis(cls, value: Any) -> Any:
+        return "" if value is None else str(value)
+
+    @property
+    def concurs(self) -> bool:
+        return self.readable and not self.disagreements and not self.changes
+
+
+def differential_review_prompt(question: str, reviewer: TeamMember, target: TeamMember, attempt: str) -> list[Message]:
+    """A.4's peer review prompt; the record and the differential go in as a JSON bundle (data, not template text)."""
+    bundle = json.dumps(
+        {
+            "patient_record": question,
+            "author": {"specialty": target.specialty, "role": target.role},
+            "differential": attempt,
+            "reviewer": {"specialty": reviewer.specialty, "role": reviewer.role},
+        },
+        ensure_ascii=False,
+        indent=1,
+    )
+    return prompt("mattrl_med_review.j2", reviewer=reviewer, target=target, bundle=bundle)
+
+
+def parse_differential_review(
+    content: str, reviewer: str, target: str, *, truncated: bool = False
+) -> DifferentialReview:
+    """The review JSON; raises :class:`AgentOutputError` when there is none or it has neither analysis nor points."""
+    try:
+        data = extract_json_object(content)
+    except AgentOutputError as exc:
+        raise AgentOutputError(f"{exc} (reply truncated at max_tokens)" if truncated else str(exc)) from None
+    if not any(k in data for k in ("analysis", "agreements", "disagreements", "changes")):
+        raise AgentOutputError("review JSON has none of analysis, agreements, disagreements, changes")
+    try:
+        return DifferentialReview.model_validate({**data, "reviewer": reviewer, "target": target, "readable": True})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise AgentOutputError(f"review {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+
+
+def unreadable_differential_review(reviewer: str, target: str, why: str) -> DifferentialReview:
+    """What an unusable review counts as: no agreement and no criticism (nothing to share)."""
+    return DifferentialReview(reviewer=reviewer, target=target, analysis=f"(unreadable review: {why})", readable=False)

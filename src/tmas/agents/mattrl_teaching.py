@@ -46,6 +46,22 @@ class Case:
         }
 
 
+# Where SuperGPQA-style records name a question's subject and difficulty (``tmas cases import`` keeps them in
+# ``Problem.metadata``): the most specific subject field first.
+SUBJECT_FIELDS = ("subject", "field", "discipline")
+DIFFICULTY_FIELDS = ("difficulty", "level")
+
+
+def subject_of(metadata: dict[str, Any]) -> str:
+    """The question's subject from its metadata ("" when it has none)."""
+    return next((str(metadata[k]).strip() for k in SUBJECT_FIELDS if str(metadata.get(k) or "").strip()), "")
+
+
+def difficulty_of(metadata: dict[str, Any]) -> str:
+    """The question's difficulty from its metadata ("" when it has none)."""
+    return next((str(metadata[k]).strip() for k in DIFFICULTY_FIELDS if str(metadata.get(k) or "").strip()), "")
+
+
 def student_prompt(question: str, dialogue: tuple[Turn, ...] = (), guidance: str = "") -> list[Message]:
     """The pre-test (no dialogue) or the post-test (after the dialogue and the closing guidance)."""
     return prompt("edu_student.j2", question=question, dialogue=dialogue, guidance=guidance)

@@ -1,6 +1,9 @@
 """MATTRL Stage I, team formation (paper 003, section 3.1, A.4, B.2, C.4.2): the coordinator recruits at most n
-specialists as a JSON array of ``{specialty, role, description}`` with exactly one leader, from a catalog (medicine:
-Table 7; education: Table 8) or freely (math).
+specialists as a JSON array of ``{specialty, role, description}``, from a catalog (medicine: Table 7; education:
+Table 8) or freely (math). Math and medicine teams have exactly one leader. An education team (C.4.2) has no forced
+leader: every member is a Diagnostician, a Pedagogy Strategist, a Subject Matter Expert or (optionally, at most one)
+a lead teacher, and the team must hold at least one Diagnostician, at least one Pedagogy Strategist and one or two
+Subject Matter Experts (with n < 3: the Diagnostician, then the Strategist); a team that breaks this is unusable.
 
 The parser repairs what it can (a fenced block, an object wrapping the array, trailing commas, specialties outside
 the catalog, a missing or doubled leader, duplicates, too many members) and says what it repaired; a reply with no
@@ -37,6 +40,15 @@ EDUCATION_CATALOG = (
 )
 CATALOGS: dict[str, tuple[str, ...]] = {"medicine": MEDICINE_CATALOG, "education": EDUCATION_CATALOG}
 
+# C.4.2's teaching roles, in the order a small team fills them, and the optional coordinator.
+DIAGNOSTICIAN, STRATEGIST, SUBJECT_EXPERT, LEAD_TEACHER = (
+    "Diagnostician",
+    "Pedagogy Strategist",
+    "Subject Matter Expert",
+    "lead teacher",
+)
+TEACHING_ROLES = (DIAGNOSTICIAN, STRATEGIST, SUBJECT_EXPERT)
+
 _DEFAULTS: dict[str, list[tuple[str, str, str]]] = {
     "math": [
         ("Problem analyst", "leader", "Restate the problem, fix the notation and drive the main line of attack."),
@@ -49,9 +61,9 @@ _DEFAULTS: dict[str, list[tuple[str, str, str]]] = {
         ("Neurology", "consultant", "Check the neurological findings against the candidate diagnoses."),
     ],
     "education": [
-        ("Pedagogy", "leader", "Coordinate the team and keep the dialogue aimed at the student's error."),
-        ("Educational Psychology", "Diagnostician", "Work out why the student chose the wrong option."),
-        ("STEM", "Subject Matter Expert", "Explain the discipline's knowledge the student is missing."),
+        ("Educational Psychology", DIAGNOSTICIAN, "Work out why the student chose the wrong option."),
+        ("Pedagogy", STRATEGIST, "Decide how to teach this student next, one targeted question at a time."),
+        ("STEM", SUBJECT_EXPERT, "Explain the discipline's knowledge the student is missing."),
     ],
 }
 
@@ -79,6 +91,52 @@ class TeamReply(BaseModel):
     objects (OpenAI's strict mode takes nothing else), so the array comes wrapped; :func:`parse_team` reads both."""
 
     members: list[MemberReply] = Field(min_length=1)
+
+
+def teaching_role(role: str) -> str | None:
+    """C.4.2's role named by ``role`` (case and wording forgiven), or None when it names none of them."""
+    text = " ".join(role.lower().split())
+    if "diagnos" in text:
+        return DIAGNOSTICIAN
+    if "strateg" in text or "pedagog" in text:
+        return STRATEGIST
+    if "subject" in text or "expert" in text:
+        return SUBJECT_EXPERT
+    if re.search(r"\blead", text):
+        return LEAD_TEACHER
+    return None
+
+
+def _teaching_team(recruits: list[Recruit], n: int, notes: list[str]) -> list[Recruit]:
+    """C.4.2's roles: unknown roles dropped, extra lead teachers and Subject Matter Experts dropped, then checked."""
+    kept: list[Recruit] = []
+    for recruit in recruits:
+        role = teaching_role(recruit.role)
+        if role is None:
+            notes.append(f"team member {recruit.specialty!r}: role {recruit.role!r} is not a teaching role; dropped")
+            continue
+        limit = {LEAD_TEACHER: 1, SUBJECT_EXPERT: 2}.get(role)
+        if limit is not None and sum(r.role == role for r in kept) >= limit:
+            notes.append(f"team member {recruit.specialty!r}: more than {limit} {role}; dropped")
+            continue
+        recruit.role = role
+        kept.append(recruit)
+    if len(kept) > n:
+        # Fill the required roles first, then the rest in reply order.
+        order = sorted(range(len(kept)), key=lambda i: (_fill_rank(kept, i), i))[:n]
+        notes.append(f"{len(kept)} members recruited, at most {n} allowed; kept {n}, the required roles first")
+        kept = [kept[i] for i in sorted(order)]
+    missing = [role for role in TEACHING_ROLES[: min(n, 3)] if not any(r.role == role for r in kept)]
+    if missing:
+        raise AgentOutputError(f"the teaching team has no {' and no '.join(missing)} (C.4.2)")
+    return kept
+
+
+def _fill_rank(recruits: list[Recruit], i: int) -> int:
+    """0 for the first member of each required role, 1 for everyone else."""
+    role = recruits[i].role
+    first = next(j for j, r in enumerate(recruits) if r.role == role)
+    return 0 if role in TEACHING_ROLES and first == i else 1
 
 
 def recruit_prompt(question: str, domain: str, n: int) -> list[Message]:
@@ -137,6 +195,10 @@ def parse_team(content: str, domain: str, n: int) -> tuple[list[TeamMember], lis
         recruits.append(recruit)
     if not recruits:
         raise AgentOutputError(f"none of the {len(raw)} team members is usable" + (f" ({notes[0]})" if notes else ""))
+    if domain == "education":
+        recruits = _teaching_team(recruits, n, notes)
+        lead = next((i for i, r in enumerate(recruits) if r.role == LEAD_TEACHER), None)
+        return _members(recruits, lead), notes
     if len(recruits) > n:
         notes.append(f"{len(recruits)} members recruited, at most {n} allowed; kept the first {n}")
         recruits = recruits[:n]
@@ -145,8 +207,11 @@ def parse_team(content: str, domain: str, n: int) -> tuple[list[TeamMember], lis
         notes.append("no member has the leader role; the first one leads")
     elif len(leaders) > 1:
         notes.append(f"{len(leaders)} members have the leader role; the first of them leads")
-    lead = leaders[0] if leaders else 0
-    team = [
+    return _members(recruits, leaders[0] if leaders else 0), notes
+
+
+def _members(recruits: list[Recruit], lead: int | None) -> list[TeamMember]:
+    return [
         TeamMember(
             id=f"S{i + 1}",
             specialty=r.specialty,
@@ -156,12 +221,22 @@ def parse_team(content: str, domain: str, n: int) -> tuple[list[TeamMember], lis
         )
         for i, r in enumerate(recruits)
     ]
-    return team, notes
 
 
-def default_team(domain: str, n: int) -> list[TeamMember]:
-    """The team used when the coordinator's replies give none: a fixed, sensible line-up for the domain."""
+def default_team(domain: str, n: int, subject: str = "") -> list[TeamMember]:
+    """The team used when the coordinator's replies give none: a fixed, sensible line-up for the domain (math and
+    medicine: the first leads; education: no leader, the Subject Matter Expert from ``subject`` when Table 8
+    has it)."""
+    line_up = list(_DEFAULTS.get(domain, _DEFAULTS["math"]))
+    if domain == "education" and (name := _catalog_name(subject, EDUCATION_CATALOG)):
+        line_up[2] = (name, *line_up[2][1:])
     return [
-        TeamMember(id=f"S{i + 1}", specialty=specialty, role=role, description=description, leader=i == 0)
-        for i, (specialty, role, description) in enumerate(_DEFAULTS.get(domain, _DEFAULTS["math"])[:n])
+        TeamMember(
+            id=f"S{i + 1}",
+            specialty=specialty,
+            role=role,
+            description=description,
+            leader=i == 0 and domain != "education",
+        )
+        for i, (specialty, role, description) in enumerate(line_up[:n])
     ]

@@ -5,9 +5,17 @@ Two questions are asked with the same output format (strict JSON ``{"analysis": 
 - how much one specialist's turn helped the team towards the correct answer (the individual score s_{i,t});
 - how far one turn of the discussion, with some specialists' contributions replaced by a no-op, moves the team
   towards the correct answer (the turn objective F_t of Eq. 17-18).
+
+Education scores a teacher's utterance with appendix C.4.6's rubric instead: correctness, information gain,
+relevance and clarity, each 0-5, combined here (not by the judge) as 0.30 / 0.25 / 0.25 / 0.20 and rounded to the
+nearest integer, as C.4.6 states.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -68,6 +76,84 @@ def utterance_score_prompt(
         target=target,
         round_number=round_number,
     )
+
+
+# C.4.6's criteria and weights, in the order the rubric lists them.
+RUBRIC = (
+    ("correctness_score", 0.30),
+    ("information_gain_score", 0.25),
+    ("relevance_score", 0.25),
+    ("clarity_score", 0.20),
+)
+
+
+@dataclass(frozen=True)
+class DialogueTurn:
+    teacher: str
+    student: str
+
+
+class TeachingView(BaseModel):
+    """What the education judge and summarizer see of a teaching session besides the target utterance."""
+
+    subject: str = ""
+    difficulty: str = ""
+    pre_answer: str | None = None
+    pre_reasoning: str = ""
+    # (teacher question, student reply) of the rounds before the target's.
+    dialogue: list[tuple[str, str]] = Field(default_factory=list)
+    role: str = ""
+
+    def variables(self) -> dict[str, Any]:
+        return {
+            "subject": self.subject,
+            "difficulty": self.difficulty,
+            "pre_answer": self.pre_answer,
+            "pre_reasoning": self.pre_reasoning,
+            "dialogue": [DialogueTurn(t, s) for t, s in self.dialogue],
+            "role": self.role or "teacher",
+        }
+
+
+def teaching_score_prompt(
+    *, question: str, gold: str, view: TeachingView, target: TurnView, round_number: int
+) -> list[Message]:
+    """C.4.6: the rubric judge of one teacher utterance."""
+    return prompt(
+        "mattrl_edu_judge.j2",
+        question=question,
+        gold=gold,
+        target=target,
+        round_number=round_number,
+        **view.variables(),
+    )
+
+
+def parse_rubric_score(content: str, *, truncated: bool = False) -> JudgeScore:
+    """C.4.6's four criterion scores combined into the global 0-5 score (weighted sum, rounded half up); raises
+    :class:`AgentOutputError` when a criterion is missing or outside 0-5."""
+    if truncated:
+        raise AgentOutputError("judge reply truncated at max_tokens")
+    data = extract_json_object(content)
+    parts: list[str] = []
+    total = 0.0
+    for key, weight in RUBRIC:
+        raw = data.get(key)
+        if isinstance(raw, str):
+            try:
+                raw = float(raw.strip())
+            except ValueError:
+                raise AgentOutputError(f"judge {key} {raw!r} is not a number") from None
+        if isinstance(raw, bool) or not isinstance(raw, int | float):
+            raise AgentOutputError(f"judge JSON has no numeric {key!r}")
+        if not 0 <= raw <= MAX_SCORE:
+            raise AgentOutputError(f"judge {key} {raw} outside 0-{MAX_SCORE}")
+        total += weight * raw
+        parts.append(f"{key.removesuffix('_score').replace('_', ' ')} {raw:g}")
+    analysis = str(data.get("analysis", "")).strip()
+    # C.4.6 rounds the weighted sum to the nearest integer; half up, not Python's round-half-to-even.
+    score = min(MAX_SCORE, math.floor(total + 0.5 + 1e-9))
+    return JudgeScore(score=score, analysis=f"{analysis} ({'; '.join(parts)}; weighted {total:.2f})".strip())
 
 
 def turn_value_prompt(

@@ -130,12 +130,22 @@ def build(
     ] = None,
     lam: Annotated[float | None, typer.Option("--lambda", help="Eq. 12's weight of the judge's score (0.4).")] = None,
     gamma: Annotated[float | None, typer.Option("--gamma", help="Eq. 10's decay per earlier turn (0.85).")] = None,
-    beta: Annotated[float | None, typer.Option("--beta", help="Eq. 16's softmax sharpness (1).")] = None,
+    beta: Annotated[float | None, typer.Option("--beta", help="Eq. 16's softmax sharpness (5).")] = None,
+    decay: Annotated[
+        str | None,
+        typer.Option("--decay", help="Eq. 10's direction: auto (education earlier, else later), later, earlier."),
+    ] = None,
     tau: Annotated[float | None, typer.Option("--tau", help="Keep turns with reward >= tau (Eq. 13).")] = None,
     quantile: Annotated[float | None, typer.Option("--quantile", help="Without --tau: the top share (0.25).")] = None,
     permutations: Annotated[int | None, typer.Option("--permutations", help="Shapley: orders per turn (8).")] = None,
     retries: Annotated[int | None, typer.Option("--retries", help="Retries of unusable judge replies (2).")] = None,
     grade: GradeOpt = None,
+    match: Annotated[
+        str | None,
+        typer.Option(
+            "--match", help="Medicine: gold names by 'judge' (spelling, then the judge; default) or 'spelling'."
+        ),
+    ] = None,
     embedder: Annotated[str | None, typer.Option("--embedder", help="endpoint (default) or local.")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of the Shapley orders (0).")] = None,
     config: ConfigOpt = None,
@@ -151,11 +161,13 @@ def build(
         "lam": lam,
         "gamma": gamma,
         "beta": beta,
+        "decay": decay,
         "tau": tau,
         "quantile": quantile,
         "permutations": permutations,
         "retries": retries,
         "grade_mode": grade,
+        "match": match,
         "embedder": embedder,
         "seed": seed,
     }
@@ -186,6 +198,12 @@ def prune(
         float | None, typer.Option("--wrong-margin", help="Wrong rate above the base that drops (0.3).")
     ] = None,
     grade: GradeOpt = None,
+    match: Annotated[
+        str | None,
+        typer.Option(
+            "--match", help="Medicine: gold names by 'judge' (spelling, then the judge; default) or 'spelling'."
+        ),
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Report what would go; change nothing.")] = False,
     config: ConfigOpt = None,
     base_url: LLMBaseUrlOpt = None,
@@ -201,6 +219,7 @@ def prune(
         "min_uses": min_uses,
         "wrong_margin": wrong_margin,
         "grade_mode": grade,
+        "match": match,
         "dry_run": dry_run,
     }
     prune_config = _checked(PruneConfig, "prune", options)
@@ -249,7 +268,7 @@ def router_route(
 
     model_ = RouterModel.load(router)
     loaded = load_problems(problems)
-    routes = {p.problem_id: model_.route(p.question) for p in loaded}
+    routes = {p.problem_id: model_.route(p.question, p.metadata) for p in loaded}
     for p in loaded:
         typer.echo(json.dumps({"problem_id": p.problem_id, "route": routes[p.problem_id]}))
     if split is not None:

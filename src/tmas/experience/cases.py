@@ -1,26 +1,39 @@
 """Labelled MATTRL cases read back from run directories: each finished problem's transcript, its gold answer and the
 terminal outcome G of Eq. 12. Math: the final answer graded against gold by the evaluation harness (1 or 0).
-Medicine: the reciprocal rank of the gold disease in the team's top-10 (1 at rank 1, 1/3 at rank 3, 0 when absent;
-names matched by spelling as in ``tmas diagnosis grade``), so a near miss still earns part of the credit."""
+Medicine: the reciprocal rank of the gold disease in the team's top-10 (1 at rank 1, 1/3 at rank 3, 0 when absent),
+so a near miss still earns part of the credit. Names are matched by spelling first; a differential with no spelled
+match goes to the diagnosis judge (the ``judge`` role with the A.5 rules, as ``tmas cases grade --judge``), whose
+calls are stored in the run's own store, so build, prune and grading share one verdict per case.
+
+Only team members' turns are credited: in education the student's pre-test and replies are context, not turns."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from tmas.agents.mattrl_teaching import difficulty_of, parse_plan, subject_of
+from tmas.agents.mattrl_team import teaching_role
+from tmas.agents.utterance_judge import TeachingView
 from tmas.config import Settings
 from tmas.errors import InputError
-from tmas.eval.diagnosis import name_rank
+from tmas.eval.diagnosis import judge_rank, name_rank
 from tmas.eval.grading import SELECTED, GradeConfig, GradeMode, grade_run
+from tmas.llm.client import LLMClient
 from tmas.memory.transcript import Transcript, Utterance
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore, StoreError
 
 # Utterance kinds a specialist speaks; the coordinator's meeting, report and decision are context, not team turns.
 SPECIALIST_KINDS = ("opinion", "review")
+# The education transcript's student (pre-test, replies, post-test): context, never a credited turn.
+STUDENT = "student"
+# How a medicine outcome's names are matched: spelling only, or spelling then the diagnosis judge.
+DiagnosisMatch = Literal["judge", "spelling"]
 
 
 @dataclass
@@ -32,6 +45,9 @@ class AgentTurn:
     specialty: str
     text: str
     experience_ids: list[str] = field(default_factory=list)
+    # The member's role (education: its C.4.2 teaching role) and the transcript round the turn was spoken in.
+    role: str = ""
+    round: int = 0
 
 
 @dataclass
@@ -47,18 +63,53 @@ class LabelledCase:
         return self.problem.answer or ""
 
     def turns(self) -> list[AgentTurn]:
-        """The specialists' turns, in round then agent order; an agent's several utterances in a round are one turn."""
+        """The team members' turns, in round then agent order; an agent's several utterances in a round are one turn.
+
+        Only members of the transcript's team speak turns: the coordinator and, in education, the student (whose
+        pre-test and replies are the outcome being taught, not a contribution to credit) are context. Turns are
+        numbered 1..R over the rounds in which a member spoke (education's round 0 is the student's pre-test alone).
+        """
         specialties = {m.id: m.specialty for m in self.transcript.team}
+        roles = {m.id: m.role for m in self.transcript.team}
         grouped: dict[tuple[int, str], list[Utterance]] = {}
         for u in self.transcript.utterances:
-            if u.kind in SPECIALIST_KINDS and u.agent != "coordinator":
+            if u.kind in SPECIALIST_KINDS and u.agent in specialties:
                 grouped.setdefault((u.round, u.agent), []).append(u)
+        number = {r: i for i, r in enumerate(sorted({r for r, _ in grouped}), start=1)}
         out = []
         for (round_, agent), utterances in sorted(grouped.items()):
             text = "\n\n".join(_utterance_text(u) for u in utterances)
             ids = list(dict.fromkeys(i for u in utterances for i in u.experience_ids))
-            out.append(AgentTurn(round_ + 1, agent, specialties.get(agent, ""), text, ids))
+            role = roles[agent]
+            if self.transcript.domain == "education":
+                role = teaching_role(role) or role
+            out.append(AgentTurn(number[round_], agent, specialties[agent], text, ids, role, round_))
         return out
+
+    def teaching_view(self, turn: AgentTurn) -> TeachingView:
+        """Education: the student's pre-test, the dialogue before ``turn``'s round (the question the teachers put,
+        from the coordinator's plan or the single teacher's turn, and the student's reply), subject and difficulty."""
+        utterances = self.transcript.utterances
+        pre = next((u for u in utterances if u.agent == STUDENT and u.round == 0), None)
+        asked: dict[int, str] = {}
+        for u in utterances:
+            if u.kind == "meeting" and u.agent == "coordinator":
+                asked[u.round] = parse_plan(u.text)
+            elif u.kind == "opinion" and u.round not in asked and len(self.transcript.team) == 1 and u.agent != STUDENT:
+                asked[u.round] = u.text.strip()
+        replies = {
+            u.round: u.text.strip() for u in utterances if u.agent == STUDENT and u.kind == "opinion" and u.round
+        }
+        dialogue = [(asked[r], replies[r]) for r in sorted(asked) if r < turn.round and r in replies]
+        metadata = self.problem.metadata
+        return TeachingView(
+            subject=subject_of(metadata),
+            difficulty=difficulty_of(metadata),
+            pre_answer=pre.answer if pre else None,
+            pre_reasoning=pre.text if pre else "",
+            dialogue=dialogue,
+            role=turn.role,
+        )
 
     @property
     def rounds(self) -> int:
@@ -153,10 +204,12 @@ async def load_cases(
     *,
     grade_mode: GradeMode = "combined",
     notes: list[str],
+    match: DiagnosisMatch = "judge",
 ) -> list[LabelledCase]:
     """The labelled, finished MATTRL problems of ``run_dirs``; what is skipped and why goes to ``notes``."""
     cases: list[LabelledCase] = []
     for run_dir in run_dirs:
+        medicine: list[tuple[LabelledCase, list[str]]] = []
         for graded in await graded_results(run_dir, settings, grade_mode, notes):
             problem, records = graded.problem, graded.records
             where = f"{run_dir}: problem {problem.problem_id}"
@@ -164,10 +217,46 @@ async def load_cases(
             if transcript is None:
                 notes.append(f"{where}: no MATTRL transcript in its records, skipped")
                 continue
-            outcome = 1.0 if graded.correct else 0.0
+            case = LabelledCase(str(run_dir), problem, transcript, 1.0 if graded.correct else 0.0)
             if transcript.domain == "medicine":
                 top10 = ((records[-1].get("state") or {}).get("decision") or {}).get("top10") or []
-                rank = name_rank([str(name) for name in top10], problem.answer or "")
-                outcome = 1.0 / rank if rank else 0.0
-            cases.append(LabelledCase(str(run_dir), problem, transcript, outcome))
+                medicine.append((case, [str(name) for name in top10]))
+            cases.append(case)
+        ranks = await diagnosis_ranks(
+            run_dir, settings, [(c.problem.problem_id, t, c.gold) for c, t in medicine], match, notes
+        )
+        for case, _ in medicine:
+            rank = ranks[case.problem.problem_id]
+            case.outcome = 1.0 / rank if rank else 0.0
     return cases
+
+
+async def diagnosis_ranks(
+    run_dir: Path,
+    settings: Settings | None,
+    cases: list[tuple[str, list[str], str]],
+    match: DiagnosisMatch,
+    notes: list[str],
+) -> dict[str, int | None]:
+    """The gold diagnosis's rank in each ``(problem_id, top10, gold)``: by spelling, then (``match="judge"``) by
+    the diagnosis judge for the differentials spelling did not match. The judge's calls go through the run's
+    store, so they are asked once per case and replayed afterwards; an unreadable judgement ranks nothing."""
+    ranks = {pid: name_rank(top, gold) for pid, top, gold in cases}
+    todo = [(pid, top, gold) for pid, top, gold in cases if ranks[pid] is None and top]
+    if not todo or match == "spelling":
+        return ranks
+    if settings is None:
+        notes.append(f"{run_dir}: no endpoint configured: {len(todo)} differentials matched by spelling only")
+        return ranks
+    try:
+        store = RunStore(run_dir, create=False)
+    except StoreError as exc:
+        raise InputError(str(exc)) from None
+    with store:
+        async with LLMClient(settings, store) as llm:
+            judged = await asyncio.gather(*(judge_rank(llm, pid, top, gold) for pid, top, gold in todo))
+    for (pid, _, _), (rank, why) in zip(todo, judged, strict=True):
+        ranks[pid] = rank
+        if why:
+            notes.append(f"{run_dir}: problem {pid}: diagnosis judge: {why}; the gold diagnosis counts as unranked")
+    return ranks

@@ -16,19 +16,29 @@ import asyncio
 import hashlib
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tmas.agents.experience_summarizer import SummarizerReply, parse_summarizer, summarizer_prompt
+from tmas.agents.experience_summarizer import (
+    DistilledEntry,
+    SummarizerReply,
+    TeachingEntry,
+    parse_summarizer,
+    parse_teaching_summarizer,
+    summarizer_prompt,
+    teaching_summarizer_prompt,
+)
 from tmas.agents.output import AgentOutputError
-from tmas.agents.utterance_judge import TurnView
+from tmas.agents.utterance_judge import TeachingView, TurnView
 from tmas.config import Settings
 from tmas.eval.grading import GradeMode
-from tmas.experience.cases import AgentTurn, LabelledCase, load_cases
+from tmas.experience.cases import AgentTurn, DiagnosisMatch, LabelledCase, load_cases
 from tmas.experience.credit import (
+    DEFAULT_BETA,
     Coalition,
     CreditScheme,
     TurnCredit,
@@ -64,7 +74,11 @@ class BuildConfig(BaseModel):
     scheme: CreditScheme = "naive"
     lam: float = Field(default=0.4, ge=0.0, le=1.0)
     gamma: float = Field(default=0.85, gt=0.0, le=1.0)
-    beta: float = Field(default=1.0, gt=0.0)
+    # Eq. 10's direction: "later" (Eq. 10: the last turn weighs 1), "earlier" (appendix C.1's education setting:
+    # the first turn weighs 1), or "auto": earlier for education cases, later for the others.
+    decay: Literal["auto", "later", "earlier"] = "auto"
+    # Eq. 16's softmax sharpness for the difference and Shapley schemes (see credit.DEFAULT_BETA).
+    beta: float = Field(default=DEFAULT_BETA, gt=0.0)
     # Eq. 13's threshold (rewards lie in [0, 1]); when None the top ``quantile`` share of all turns is kept.
     tau: float | None = Field(default=None, ge=0.0, le=1.0)
     quantile: float = Field(default=0.25, gt=0.0, le=1.0)
@@ -72,6 +86,8 @@ class BuildConfig(BaseModel):
     permutations: int = Field(default=8, ge=1)
     retries: int = Field(default=2, ge=0)
     grade_mode: GradeMode = "combined"
+    # Medicine's G: gold names matched by spelling, then by the diagnosis judge (A.5 rules) for the rest.
+    match: DiagnosisMatch = "judge"
     embedder: str = "endpoint"
     seed: int = 0
 
@@ -90,6 +106,8 @@ class TurnRecord:
     judge: Judged
     kept: bool = False
     entries: list[str] = field(default_factory=list)
+    # The transcript round of the turn (education's turn 1 is its round 1; elsewhere round = turn - 1).
+    round: int = 0
 
     def to_json(self) -> dict[str, object]:
         c = self.credit
@@ -97,6 +115,7 @@ class TurnRecord:
             "run": self.run,
             "problem_id": self.problem_id,
             "turn": self.turn,
+            "round": self.round,
             "agent": self.agent,
             "G": self.outcome,
             "scheme": self.scheme,
@@ -169,8 +188,16 @@ async def _case_credits(
                 credits[turn] = difference_credits(values[full], {a: values[full - {a}] for a in team})
             else:
                 credits[turn] = shapley_credits(perms, values)
+    earlier = config.decay == "earlier" or (config.decay == "auto" and case.transcript.domain == "education")
     result = assign_credit(
-        scores, case.rounds, case.outcome, lam=config.lam, gamma=config.gamma, beta=config.beta, credits=credits
+        scores,
+        case.rounds,
+        case.outcome,
+        lam=config.lam,
+        gamma=config.gamma,
+        beta=config.beta,
+        credits=credits,
+        earlier=earlier,
     )
     return judged, result
 
@@ -180,17 +207,31 @@ async def _distil(
 ) -> list[PoolEntry]:
     """Eq. 14: the kept turn as pool entries (none, with a note, when no summarizer reply is usable)."""
     target = next(t for t in turns if t.turn == record.turn and t.agent == record.agent)
-    messages = summarizer_prompt(
-        question=case.problem.question,
-        gold=case.gold,
-        outcome=case.outcome,
-        history=history_before(turns, target.turn),
-        target=TurnView(agent=target.agent, specialty=target.specialty, text=target.text),
-        round_number=target.turn,
-        reward=record.credit.r,
-        judge_analysis=record.judge.analysis,
-        domain=case.transcript.domain,
-    )
+    view = TurnView(agent=target.agent, specialty=target.specialty, text=target.text)
+    teaching = case.teaching_view(target) if case.transcript.domain == "education" else None
+    if teaching is not None:
+        messages = teaching_summarizer_prompt(
+            question=case.problem.question,
+            gold=case.gold,
+            outcome=case.outcome,
+            view=teaching,
+            target=view,
+            round_number=target.turn,
+            reward=record.credit.r,
+            judge_analysis=record.judge.analysis,
+        )
+    else:
+        messages = summarizer_prompt(
+            question=case.problem.question,
+            gold=case.gold,
+            outcome=case.outcome,
+            history=history_before(turns, target.turn),
+            target=view,
+            round_number=target.turn,
+            reward=record.credit.r,
+            judge_analysis=record.judge.analysis,
+            domain=case.transcript.domain,
+        )
     where = f"{case.run}: problem {case.problem.problem_id}: turn {target.turn} of {target.agent}"
     reason = ""
     for attempt in range(retries + 1):
@@ -200,8 +241,12 @@ async def _distil(
         if not completion.ok:
             reason = f"call failed: {completion.error}"
             continue
+        found: Sequence[DistilledEntry]
         try:
-            found, malformed = parse_summarizer(completion.content, truncated=completion.truncated)
+            if teaching is not None:
+                found, malformed = parse_teaching_summarizer(completion.content, truncated=completion.truncated)
+            else:
+                found, malformed = parse_summarizer(completion.content, truncated=completion.truncated)
         except AgentOutputError as exc:
             reason = str(exc)
             continue
@@ -220,11 +265,24 @@ async def _distil(
                 source_agent=target.agent,
                 reward=record.credit.r,
                 tags=[record.scheme],
+                **_teaching_keys(e, teaching),
             )
             for k, e in enumerate(found)
         ]
     summary.notes.append(f"{where}: no usable summary after {retries + 1} attempts ({reason}); no entry")
     return []
+
+
+def _teaching_keys(entry: DistilledEntry, teaching: TeachingView | None) -> dict[str, str]:
+    """Education entries are keyed by role, subject and difficulty (C.1.1) and carry their C.4.7 class."""
+    if teaching is None:
+        return {}
+    return {
+        "role": teaching.role,
+        "subject": teaching.subject,
+        "difficulty": teaching.difficulty,
+        "category": entry.category if isinstance(entry, TeachingEntry) else "",
+    }
 
 
 def _select(records: list[TurnRecord], config: BuildConfig) -> list[TurnRecord]:
@@ -250,7 +308,7 @@ async def build_pool(
     """Build (or extend) the pool at ``pool_path`` from the labelled MATTRL runs in ``run_dirs``."""
     summary = BuildSummary(pool=pool_path)
     step: ProgressFn = progress or (lambda stage, done, total: None)
-    cases = await load_cases(run_dirs, settings, grade_mode=config.grade_mode, notes=summary.notes)
+    cases = await load_cases(run_dirs, settings, grade_mode=config.grade_mode, notes=summary.notes, match=config.match)
     case_turns = {(c.run, c.problem.problem_id): (c, c.turns()) for c in cases}
     summary.cases = len(cases)
     build_dir = build_dir_for(pool_path)
@@ -266,8 +324,19 @@ async def build_pool(
                 judged, credits = await _case_credits(judge, case, turns, config)
                 finished += 1
                 step("credit", finished, len(cases))
+                rounds = {t.turn: t.round for t in turns}
                 return [
-                    TurnRecord(case.run, case.problem.problem_id, t, a, case.outcome, config.scheme, c, judged[(t, a)])
+                    TurnRecord(
+                        case.run,
+                        case.problem.problem_id,
+                        t,
+                        a,
+                        case.outcome,
+                        config.scheme,
+                        c,
+                        judged[(t, a)],
+                        round=rounds[t],
+                    )
                     for t, by_agent in credits.items()
                     for a, c in by_agent.items()
                 ]

@@ -20,13 +20,20 @@ Coalition = frozenset[str]
 
 # Eq. 11's epsilon: keeps a turn whose every score is 0 from dividing by zero.
 EPSILON = 1e-8
+# Eq. 16's beta (the paper gives no value). q is a difference of judge ratings on a 0-5 scale divided by 5, so one
+# judge point is 0.2 in q; beta = 5 makes one point multiply an agent's share by e. With beta = 1 the softmax is
+# nearly flat on such q: q = (0.6, 0, 0) gives c = (0.47, 0.26, 0.26); beta = 5 gives (0.91, 0.05, 0.05).
+DEFAULT_BETA = 5.0
 
 
-def decay_weight(turn: int, rounds: int, gamma: float) -> float:
-    """Eq. 10: w_t = gamma^(R - t); the last turn gets weight 1, earlier ones less when gamma < 1."""
+def decay_weight(turn: int, rounds: int, gamma: float, *, earlier: bool = False) -> float:
+    """Eq. 10: w_t = gamma^(R - t); the last turn gets weight 1, earlier ones less when gamma < 1.
+
+    ``earlier``: the opposite direction, w_t = gamma^(t - 1), the first turn weight 1. Appendix C.1 allocates the
+    education outcome this way ("higher credit to earlier instructional turns"), against Eq. 10's direction."""
     if not 1 <= turn <= rounds:
         raise ValueError(f"turn {turn} outside 1..{rounds}")
-    return float(gamma ** (rounds - turn))
+    return float(gamma ** (turn - 1 if earlier else rounds - turn))
 
 
 def proportional_contributions(scores: Mapping[str, float], epsilon: float = EPSILON) -> dict[str, float]:
@@ -139,18 +146,20 @@ def assign_credit(
     *,
     lam: float,
     gamma: float,
-    beta: float = 1.0,
+    beta: float = DEFAULT_BETA,
     credits: Mapping[int, Mapping[str, float]] | None = None,
     epsilon: float = EPSILON,
+    earlier: bool = False,
 ) -> dict[int, dict[str, TurnCredit]]:
     """r_{i,t} for every turn t (1..R) and speaking agent i.
 
     ``scores[t][i]`` is s_{i,t}. Without ``credits`` the contributions are Eq. 11's proportional shares (naive);
-    with ``credits[t][i]`` = q_{i,t} (difference or Shapley) they are Eq. 16's softmax. Then Eq. 10 and Eq. 12.
+    with ``credits[t][i]`` = q_{i,t} (difference or Shapley) they are Eq. 16's softmax. Then Eq. 10 (``earlier``:
+    decaying from the first turn, see :func:`decay_weight`) and Eq. 12.
     """
     out: dict[int, dict[str, TurnCredit]] = {}
     for turn, turn_scores in sorted(scores.items()):
-        w = decay_weight(turn, rounds, gamma)
+        w = decay_weight(turn, rounds, gamma, earlier=earlier)
         q = credits[turn] if credits is not None else None
         c = proportional_contributions(turn_scores, epsilon) if q is None else softmax_contributions(q, beta)
         out[turn] = {

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tmas.config import Settings
 from tmas.eval.grading import GradeMode
-from tmas.experience.cases import load_cases
+from tmas.experience.cases import DiagnosisMatch, load_cases
 from tmas.memory.experience_pool import ExperiencePool
 from tmas.memory.pool_entry import PoolEntry
 
@@ -38,6 +38,8 @@ class PruneConfig(BaseModel):
     min_uses: int = Field(default=3, ge=1)
     wrong_margin: float = Field(default=0.3, ge=0.0, le=1.0)
     grade_mode: GradeMode = "combined"
+    # Medicine: gold names matched by spelling, then by the diagnosis judge, as in ``tmas experience build``.
+    match: DiagnosisMatch = "judge"
     dry_run: bool = False
 
 
@@ -69,11 +71,15 @@ def recency_weight(entry: PoolEntry, version: int, decay: float) -> float:
 
 
 async def retrieval_usage(
-    run_dirs: list[Path], settings: Settings | None, grade_mode: GradeMode, notes: list[str]
+    run_dirs: list[Path],
+    settings: Settings | None,
+    grade_mode: GradeMode,
+    notes: list[str],
+    match: DiagnosisMatch = "judge",
 ) -> tuple[dict[str, EntryUsage], float | None]:
     """Per entry id: in how many graded problems it was retrieved, and how many of those ended wrong; and the
     base wrong rate over all those problems (None without any)."""
-    cases = await load_cases(run_dirs, settings, grade_mode=grade_mode, notes=notes)
+    cases = await load_cases(run_dirs, settings, grade_mode=grade_mode, notes=notes, match=match)
     usage: dict[str, EntryUsage] = {}
     for case in cases:
         ids = {i for u in case.transcript.utterances for i in u.experience_ids}
@@ -120,7 +126,7 @@ async def prune_pool(
     pool = ExperiencePool.open(pool_path)
     summary = PruneSummary(pool=pool_path, before=len(pool))
     if run_dirs:
-        usage, base = await retrieval_usage(run_dirs, settings, config.grade_mode, summary.notes)
+        usage, base = await retrieval_usage(run_dirs, settings, config.grade_mode, summary.notes, config.match)
         summary.base_wrong_rate = base
         counted = []
         for entry in pool.entries:

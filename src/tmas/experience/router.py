@@ -1,8 +1,12 @@
 """The adaptive router of paper 003, section 5.2 (Table 5): a small classifier over case features that sends each
 case to the single agent or to MATTRL, trained from a single-agent run and a MATTRL run of the same problems.
 
-Features are read from the problem text alone, so routing costs no call (the paper's features, symptom complexity
-and the number of specialties involved, become their math counterparts: length, quantities, notation, topics).
+Features are read from the case alone (its text, and for education its metadata), so routing costs no call. They
+depend on the domain: math reads length, quantities, notation and topics; medicine reads the paper's clinical cues
+(symptom complexity as the number of findings, the specialties involved as the organ systems the findings touch,
+the need for a team as findings in more than one system, and whether lab or genetic results are given); education
+reads the question's size, its option count, negation cues and the stated difficulty. The paper's cross-specialty
+divergence needs a team run first and is not a feature.
 Label: MATTRL (1) exactly where the team was right and the single agent wrong; elsewhere the single agent (0),
 which is as good there and cheaper. The model is a standardised logistic regression (scikit-learn, extra
 ``router``); it is saved as plain JSON (weights, means, scales), so routing needs neither scikit-learn nor pickle.
@@ -42,8 +46,65 @@ _TOPICS = {
 }
 
 
-def case_features(question: str) -> dict[str, float]:
-    """What the router sees of a case: size, quantities, notation density, and topic flags."""
+# Medicine: cue words of the organ systems a finding may belong to (each roughly a department of Table 7).
+_SYSTEMS = {
+    "neuro": ("seizure", "neuro", "ataxia", "hypotonia", "intellectual", "developmental delay", "brain", "nerve"),
+    "cardio": ("cardi", "heart", "arrhythm", "murmur", "aort", "vascular"),
+    "renal": ("renal", "kidney", "protein", "hematuria", "nephr"),
+    "skin": ("skin", "derma", "rash", "angiokeratoma", "hair", "nail"),
+    "eye": ("eye", "ocular", "retina", "lens", "vision", "cornea", "optic"),
+    "skeletal": ("skelet", "bone", "joint", "scoliosis", "stature", "vertebra", "limb", "arachnodactyly"),
+    "digestive": ("liver", "hepat", "spleen", "gastro", "bowel", "diarrh", "vomit"),
+    "blood": ("anemia", "anaemia", "platelet", "thrombocyt", "leuk", "bleeding", "hemat"),
+    "lung": ("lung", "pulmon", "respirat", "cough", "dyspnea", "breath"),
+    "endocrine": ("endocrin", "thyroid", "glucose", "diabet", "growth hormone", "puberty", "metabol"),
+    "immune": ("immun", "infection", "fever", "autoimmun"),
+    "ear": ("hearing", "deaf", "ear ", "otitis"),
+}
+_LABS = ("level", "elevated", "decreased", "serum", "urine", "gene", "mutation", "variant", "biopsy", "mri", "ct ")
+_NEGATION = (" not ", " except", " false", " incorrect", " least ")
+_DIFFICULTY = {"easy": 0.0, "middle": 1.0, "medium": 1.0, "hard": 2.0}
+
+
+def case_features(question: str, domain: str = "math", metadata: dict[str, Any] | None = None) -> dict[str, float]:
+    """What the router sees of a case in ``domain`` (see the module docstring)."""
+    if domain == "medicine":
+        return _clinical_features(question)
+    if domain == "education":
+        return _teaching_features(question, metadata or {})
+    return _math_features(question)
+
+
+def _clinical_features(record: str) -> dict[str, float]:
+    text = f" {record.lower()} "
+    findings = [f for f in re.split(r"[;,\n]", record) if f.strip()]
+    systems = [name for name, cues in _SYSTEMS.items() if any(cue in text for cue in cues)]
+    features = {
+        "log_chars": math.log1p(len(record)),
+        "findings": float(len(findings)),
+        "systems": float(len(systems)),
+        "multisystem": float(len(systems) > 1),
+        "labs_or_genetics": float(sum(cue in text for cue in _LABS)),
+    }
+    for name in _SYSTEMS:
+        features[f"system_{name}"] = float(name in systems)
+    return features
+
+
+def _teaching_features(question: str, metadata: dict[str, Any]) -> dict[str, float]:
+    text = f" {question.lower()} "
+    difficulty = str(metadata.get("difficulty") or "").strip().lower()
+    return {
+        "log_chars": math.log1p(len(question)),
+        "options": float(len(re.findall(r"^[A-J]\) ", question, re.M))),
+        "numbers": float(len(_NUMBER.findall(question))),
+        "negation": float(any(cue in text for cue in _NEGATION)),
+        "difficulty": _DIFFICULTY.get(difficulty, 1.0),
+    }
+
+
+def _math_features(question: str) -> dict[str, float]:
+    """Math: size, quantities, notation density, and topic flags."""
     text = question.lower()
     words = text.split()
     features = {
@@ -62,10 +123,16 @@ def case_features(question: str) -> dict[str, float]:
 FEATURES = tuple(case_features(""))
 
 
+def feature_names(domain: str) -> tuple[str, ...]:
+    return tuple(case_features("", domain))
+
+
 class RouterModel(BaseModel):
     """The saved router: z = (x - mean) / scale, p(MATTRL) = sigmoid(w . z + b); a constant router has no weights."""
 
     features: list[str]
+    # The domain whose features the router reads (files written before domains were recorded are math).
+    domain: str = "math"
     mean: list[float]
     scale: list[float]
     weights: list[float]
@@ -73,18 +140,18 @@ class RouterModel(BaseModel):
     constant: str | None = None
     report: dict[str, Any] = {}
 
-    def probability(self, question: str) -> float:
+    def probability(self, question: str, metadata: dict[str, Any] | None = None) -> float:
         if self.constant is not None:
             return 1.0 if self.constant == TEAM else 0.0
-        x = case_features(question)
+        x = case_features(question, self.domain, metadata)
         z = sum(
             w * (x[name] - m) / (s or 1.0)
             for name, w, m, s in zip(self.features, self.weights, self.mean, self.scale, strict=True)
         )
         return 1.0 / (1.0 + math.exp(-(z + self.intercept)))
 
-    def route(self, question: str) -> str:
-        return TEAM if self.probability(question) >= 0.5 else SINGLE
+    def route(self, question: str, metadata: dict[str, Any] | None = None) -> str:
+        return TEAM if self.probability(question, metadata) >= 0.5 else SINGLE
 
     @classmethod
     def load(cls, path: Path) -> RouterModel:
@@ -109,6 +176,8 @@ class PairedCase:
     team_correct: bool
     single_tokens: int
     team_tokens: int
+    # The MATTRL run's domain (from its transcripts), which picks the features.
+    domain: str = "math"
 
     @property
     def label(self) -> int:
@@ -132,9 +201,16 @@ async def paired_cases(
             team[pid].correct,
             _completion_tokens(single[pid].result),
             _completion_tokens(team[pid].result),
+            _domain(team[pid].result),
         )
         for pid in shared
     ]
+
+
+def _domain(result: dict[str, Any]) -> str:
+    iterations = result.get("iterations") or []
+    state = (iterations[-1].get("state") or {}) if iterations else {}
+    return str((state.get("transcript") or {}).get("domain") or "math")
 
 
 def _completion_tokens(result: dict[str, Any]) -> int:
@@ -182,13 +258,20 @@ def routed_report(cases: list[PairedCase], routes: list[str], how: str) -> dict[
 def train_router(cases: list[PairedCase], *, seed: int = 0) -> RouterModel:
     """Fit the router on ``cases`` and attach its report."""
     labels = [c.label for c in cases]
+    domains = sorted({c.domain for c in cases})
+    if len(domains) > 1:
+        raise InputError(f"the runs mix domains ({', '.join(domains)}): train one router per domain")
+    domain = domains[0] if domains else "math"
+    names = feature_names(domain)
     if len(set(labels)) < 2:
         only = TEAM if labels and labels[0] else SINGLE
-        model = RouterModel(features=list(FEATURES), mean=[], scale=[], weights=[], intercept=0.0, constant=only)
+        model = RouterModel(
+            features=list(names), domain=domain, mean=[], scale=[], weights=[], intercept=0.0, constant=only
+        )
         model.report = routed_report(cases, [only] * len(cases), "training set (one class only: a constant router)")
         return model
     sk = _sklearn()
-    rows = [[case_features(c.problem.question)[f] for f in FEATURES] for c in cases]
+    rows = [[case_features(c.problem.question, domain, c.problem.metadata)[f] for f in names] for c in cases]
     scaler = sk.preprocessing.StandardScaler().fit(rows)
     z = scaler.transform(rows)
 
@@ -206,7 +289,8 @@ def train_router(cases: list[PairedCase], *, seed: int = 0) -> RouterModel:
         how = "training set (a class has one case: no cross-validation)"
     fitted = classifier().fit(z, labels)
     model = RouterModel(
-        features=list(FEATURES),
+        features=list(names),
+        domain=domain,
         mean=[float(v) for v in scaler.mean_],
         scale=[float(v) for v in scaler.scale_],
         weights=[float(v) for v in fitted.coef_[0]],

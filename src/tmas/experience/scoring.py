@@ -1,6 +1,9 @@
 """The judge's calls for experience construction: individual scores s_{i,t} (Eq. 9) and turn objectives F_t(S)
 (Eq. 17-18), each through the project's LLM client, so a build store replays them on a rebuild.
 
+Education scores a teacher's turn with appendix C.4.6's rubric (correctness, information gain, relevance, clarity)
+against the question, the student's pre-test, the correct answer and the dialogue so far.
+
 A reply that cannot be parsed (or a failed call) is retried with a new sample index; after ``retries`` retries
 the score defaults to 0 (no credit for what could not be judged) and the reason is recorded with it.
 """
@@ -8,14 +11,18 @@ the score defaults to 0 (no credit for what could not be judged) and the reason 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tmas.agents.output import AgentOutputError
 from tmas.agents.utterance_judge import (
+    JudgeScore,
     JudgeScoreReply,
     RoundView,
     TurnView,
     parse_judge_score,
+    parse_rubric_score,
+    teaching_score_prompt,
     turn_value_prompt,
     utterance_score_prompt,
 )
@@ -63,7 +70,12 @@ class TurnJudge:
         self._gate = asyncio.Semaphore(concurrency)
         self.calls = 0
 
-    async def _ask(self, messages: list[Message], key: CallKey) -> Judged:
+    async def _ask(
+        self,
+        messages: list[Message],
+        key: CallKey,
+        parse: Callable[..., JudgeScore] = parse_judge_score,
+    ) -> Judged:
         judged = Judged(value=0.0)
         reasons: list[str] = []
         for attempt in range(self.retries + 1):
@@ -79,7 +91,7 @@ class TurnJudge:
                 reasons.append(f"call failed: {completion.error}")
                 continue
             try:
-                score = parse_judge_score(completion.content, truncated=completion.truncated)
+                score = parse(completion.content, truncated=completion.truncated)
             except AgentOutputError as exc:
                 reasons.append(str(exc))
                 continue
@@ -89,7 +101,18 @@ class TurnJudge:
         return judged
 
     async def score_turn(self, case: LabelledCase, turns: list[AgentTurn], target: AgentTurn) -> Judged:
-        """s_{i,t} (Eq. 9) of ``target``, judged against the earlier turns, the gold and the team's final answer."""
+        """s_{i,t} (Eq. 9) of ``target``, judged against the earlier turns, the gold and the team's final answer
+        (education: C.4.6's rubric against the pre-test, the correct answer and the dialogue so far)."""
+        key = CallKey(problem_id=case.problem.problem_id, role=JUDGE_ROLE, iteration=target.turn)
+        if case.transcript.domain == "education":
+            rubric = teaching_score_prompt(
+                question=case.problem.question,
+                gold=case.gold,
+                view=case.teaching_view(target),
+                target=_view(target),
+                round_number=target.turn,
+            )
+            return await self._ask(rubric, key, parse_rubric_score)
         messages = utterance_score_prompt(
             question=case.problem.question,
             gold=case.gold,
@@ -99,7 +122,6 @@ class TurnJudge:
             round_number=target.turn,
             domain=case.transcript.domain,
         )
-        key = CallKey(problem_id=case.problem.problem_id, role=JUDGE_ROLE, iteration=target.turn)
         return await self._ask(messages, key)
 
     async def turn_value(self, case: LabelledCase, turns: list[AgentTurn], turn: int, coalition: Coalition) -> Judged:

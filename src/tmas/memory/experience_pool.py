@@ -193,12 +193,26 @@ class ExperiencePool:
         self.vectors = vectors if not len(self.vectors) else np.vstack([self.vectors, vectors])
         self._index = None
 
-    async def search(self, query: str, k: int, embed: EmbedFn) -> list[tuple[PoolEntry, float]]:
-        """The ``k`` entries nearest to ``query`` by cosine similarity (A.7: s_i = q^T u_i), best first."""
+    async def search(
+        self, query: str, k: int, embed: EmbedFn, tier: Callable[[PoolEntry], int | None] | None = None
+    ) -> list[tuple[PoolEntry, float]]:
+        """The ``k`` entries nearest to ``query`` by cosine similarity (A.7: s_i = q^T u_i), best first.
+
+        With ``tier``, entries are keyed before they are ranked: an entry whose tier is None is never returned, and
+        a lower tier always comes before a higher one, cosine similarity ordering entries within a tier (education
+        keys retrieval by role, subject and difficulty this way)."""
         if not self.entries or k <= 0:
             return []
         [q] = await self._embed([query], embed, "query")
-        return self.nearest(q, k)
+        if tier is None:
+            return self.nearest(q, k)
+        tiers = [tier(e) for e in self.entries]
+        rows = [i for i, t in enumerate(tiers) if t is not None]
+        if not rows:
+            return []
+        scores = self.vectors[rows] @ q
+        ranked = sorted(range(len(rows)), key=lambda j: (tiers[rows[j]], -float(scores[j]), rows[j]))[:k]
+        return [(self.entries[rows[j]], float(scores[j])) for j in ranked]
 
     def nearest(self, query_vector: np.ndarray, k: int) -> list[tuple[PoolEntry, float]]:
         """:meth:`search` for an already embedded, normalised query vector."""

@@ -23,6 +23,13 @@ class PoolEntry(BaseModel):
     scope: EntryScope = "general"
     domain: str = "math"
     specialty: str = ""
+    # Education (C.1.1, C.4.7): the teacher's role (Diagnostician, Pedagogy Strategist, Subject Matter Expert), the
+    # question's subject and difficulty, which key retrieval, and the entry's class (GUIDANCE or STRATEGY). Empty in
+    # other domains and in entries written before these fields existed (such pools load unchanged).
+    role: str = ""
+    subject: str = ""
+    difficulty: str = ""
+    category: str = ""
     # Where it came from: run directory, problem, round, agent; and the utterance's final reward r (Eq. 12).
     source_run: str = ""
     source_problem: str = ""

@@ -1,17 +1,21 @@
 """MATTRL, multi-agent deliberation with a test-time experience pool (paper 003, sections 3.1-3.3, appendices A-B).
 
 - Stage I (:meth:`MATTRL._form_team`): the coordinator recruits at most ``team_size`` specialists, one of them the
-  leader; unusable JSON is retried once, then a default team is used; the record says which.
+  leader (education: C.4.2's roles, checked, no forced leader); unusable JSON is retried once, then a default team
+  is used; the record says which.
 - Stage II (rounds r = 0 .. R_max - 1, one iteration record each): every specialist not yet converged retrieves its
   top-K pool entries for the case and its current context and gives its opinion. Math: every attempt is reviewed by
   each other specialist (B.4 JSON); it is accepted only when every verdict is accept and no issue remains. A
   specialist converges when its attempt is accepted, or when a revision keeps its answer while no peer raised a
   fatal or major issue (nothing changes under critique: this project's reading of B.3). Medicine: each specialist
-  gives a strict top-10 and converges when its list no longer changes. The meeting step then turns the round's
-  reviews into a bulletin of new, de-duplicated issues and each specialist's own feedback for the next round.
+  gives a strict top-10, each other specialist critiques it (A.4: agreements, disagreements, changes; the final
+  round has no reviews), and a specialist converges when its list no longer changes. The meeting step then turns
+  the round's updates into a bulletin (math: new, de-duplicated issues; medicine: each list's changes and new
+  review points) and each specialist's own feedback for the next round.
   Deliberation halts when all have converged or at R_max.
-- Stage III (:meth:`MATTRL._decide`, in the last round's record): the coordinator writes the discussion report and
-  the decision in tags, with one rewrite pass when the tags are missing; failing that, the team's majority answer.
+- Stage III (:meth:`MATTRL._decide`, in the last round's record): the coordinator reads every round's opinions
+  (Eq. 7, fitted to its context window) and writes the discussion report and the decision in tags, with one
+  rewrite pass when the tags are missing; failing that, the team's majority answer.
 
 Every record's ``state["transcript"]`` is the :class:`Transcript` so far (experience construction reads it).
 The education domain (pre-test, teaching dialogue, post-test) is :mod:`tmas.methods.mattrl_teaching`.
@@ -21,26 +25,33 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
 
-from tmas.agents.mattrl_decision import Decision, decision_prompt, parse_decision, rewrite_prompt
+from tmas.agents.mattrl_decision import Decision, decision_prompt, discussion_record, parse_decision, rewrite_prompt
 from tmas.agents.mattrl_opinion import opinion_answer, opinion_prompt, parse_differential
 from tmas.agents.mattrl_review import (
+    DifferentialReview,
     Review,
     ReviewReply,
     accepted,
+    differential_review_prompt,
+    parse_differential_review,
     parse_review,
     review_prompt,
+    unreadable_differential_review,
     unreadable_review,
 )
-from tmas.agents.mattrl_team import TeamReply, default_team, parse_team, recruit_prompt
+from tmas.agents.mattrl_teaching import difficulty_of, subject_of
+from tmas.agents.mattrl_team import TeamReply, default_team, parse_team, recruit_prompt, teaching_role
 from tmas.agents.output import AgentOutputError
 from tmas.answers import last_boxed, normalize_answer
 from tmas.errors import LLMError
+from tmas.llm.tokens import CHARS_PER_TOKEN
 from tmas.llm.types import Completion
 from tmas.memory.embedders import Embedder, embedder_for
 from tmas.memory.pool_entry import PoolEntry
@@ -56,7 +67,7 @@ from tmas.methods.base import (
     ProblemSession,
     gather_all,
 )
-from tmas.methods.mattrl_teaching import teach
+from tmas.methods.mattrl_teaching import teach, teaching_tier
 
 if TYPE_CHECKING:  # the pool needs numpy and faiss (the `pool` extra): imported only when a pool is configured
     from tmas.memory.experience_pool import ExperiencePool
@@ -64,7 +75,8 @@ if TYPE_CHECKING:  # the pool needs numpy and faiss (the `pool` extra): imported
 # Call sample numbers: distinct per call of one iteration, so each gets its own cache slot and sampling seed.
 _REVIEW_SAMPLE, _RETRY_OFFSET = 1000, 500
 _DUPLICATE_ISSUE = 0.8  # word-set Jaccard at which two issues say the same thing
-_SUMMARY_CHARS = 2000
+# Tokens kept free beside the decision prompt and its reply, as TMAS keeps beside its rollouts.
+_PROMPT_MARGIN_TOKENS = 256
 
 
 class MATTRLParams(MethodParams):
@@ -81,6 +93,10 @@ class MATTRLParams(MethodParams):
     top_k: int = Field(default=8, ge=1, le=64)
     # Extra attempts at an unusable team or review reply before the default team / an unreadable review.
     retries: int = Field(default=1, ge=0, le=3)
+    # Medicine: also put the team's Borda-pooled top-10 into the meeting bulletin. This project's option, not the
+    # paper's (A.4 shares each member's changes and the peer reviews); off by default, since a pooled list
+    # invites every member to converge on it (herding).
+    pooled_differential: bool = False
 
 
 @dataclass
@@ -94,6 +110,8 @@ class Seat:
     # The answer before this round's revision (convergence compares the two).
     previous_answer: str | None = None
     top10: list[str] = field(default_factory=list)
+    # Medicine: the differential before this round's revision (the bulletin shares the change).
+    previous_top10: list[str] = field(default_factory=list)
     accepted: bool = False
     converged: bool = False
     # The feedback addressed to it by the last meeting (JSON text), for its next revision.
@@ -120,9 +138,12 @@ class MATTRL(Method[MATTRLParams]):
         p = self.params
         retriever = self._retriever(session)
         if p.domain == "education":
+            metadata = session.problem.metadata
+            subject, difficulty = subject_of(metadata), difficulty_of(metadata)
 
             async def retrieve(member: TeamMember, context: str, notes: list[str]) -> list[PoolEntry]:
-                return await self._hints(retriever, member, [context], notes)
+                tier = teaching_tier(teaching_role(member.role) or member.role, subject, difficulty)
+                return await self._hints(retriever, member, [context], notes, tier)
 
             return await teach(
                 session,
@@ -151,6 +172,7 @@ class MATTRL(Method[MATTRLParams]):
             )
             spoke: dict[str, tuple[Completion, Utterance]] = {}
             reviews: dict[str, list[Review]] = {}
+            critiques: dict[str, list[DifferentialReview]] = {}
             start = len(notes)
             try:
                 try:
@@ -164,10 +186,15 @@ class MATTRL(Method[MATTRLParams]):
                     notes[start:] = sorted(notes[start:])
                 if p.domain == "math":
                     reviews = await self._review_round(session, active, seats, r, transcript, notes)
+                elif p.domain == "medicine" and r < p.iterations - 1 and not all(s.converged for s in seats):
+                    # Reviews feed the next round's revisions; the final round has none to feed.
+                    critiques = await self._differential_reviews(session, active, seats, r, transcript, notes)
                 last = r == p.iterations - 1 or all(s.converged for s in seats)
                 if last:
                     decision = await self._decide(session, seats, r, transcript, notes)
                     transcript.final_answer = decision.answer
+                elif p.domain == "medicine":
+                    self._medicine_meeting(seats, active, critiques, r, transcript, seen_issues)
                 else:
                     self._meeting(seats, active, reviews, r, transcript, seen_issues)
             except BudgetExhausted:
@@ -219,7 +246,7 @@ class MATTRL(Method[MATTRLParams]):
                     return team
             notes.append(f"team formation attempt {attempt + 1}: unusable reply: {why}")
         notes.append("team formation: no usable team from the coordinator; the default team is used")
-        return default_team(p.domain, p.team_size)
+        return default_team(p.domain, p.team_size, subject_of(session.problem.metadata))
 
     # ---- Stage II -------------------------------------------------------------------------------
 
@@ -236,14 +263,19 @@ class MATTRL(Method[MATTRLParams]):
 
     @staticmethod
     async def _hints(
-        retriever: Retriever | None, member: TeamMember, context: list[str], notes: list[str]
+        retriever: Retriever | None,
+        member: TeamMember,
+        context: list[str],
+        notes: list[str],
+        tier: Callable[[PoolEntry], int | None] | None = None,
     ) -> list[PoolEntry]:
-        """The top-K entries for the case, the specialist and its current context (B.9)."""
+        """The top-K entries for the case, the specialist and its current context (B.9), keyed by ``tier`` when
+        given (education: role, subject, difficulty)."""
         if retriever is None:
             return []
         parts = [context[0], f"Specialist: {member.specialty}. {member.description}", *context[1:]]
         try:
-            hits = await retriever.pool.search("\n\n".join(c for c in parts if c), retriever.k, retriever.embed)
+            hits = await retriever.pool.search("\n\n".join(c for c in parts if c), retriever.k, retriever.embed, tier)
         except LLMError as exc:
             notes.append(f"{member.id}: experience retrieval failed, no hints this round: {exc}")
             return []
@@ -277,6 +309,7 @@ class MATTRL(Method[MATTRLParams]):
         )
         reply = await session.chat("specialist", messages, sample=seat.index)
         seat.previous_answer, previous_top10 = seat.answer, seat.top10
+        seat.previous_top10 = previous_top10
         if not reply.ok or not reply.content.strip():
             notes.append(f"{seat.member.id}: opinion call failed ({reply.error or 'empty reply'}); keeps its attempt")
         else:
@@ -406,10 +439,121 @@ class MATTRL(Method[MATTRLParams]):
             status = "accepted" if seat.accepted else ("converged" if seat.converged else "open")
             lines.append(f"{seat.member.id} ({seat.member.specialty}): {status}, answer {seat.answer or 'none'}")
             lines += [f"  - [{i.severity} {i.type}] {i.note}" + (f" Fix: {i.fix}" if i.fix else "") for i in fresh]
-        pooled = self._pooled_differential(seats)
-        if pooled:
-            lines.append("Team differential so far: " + "; ".join(pooled))
         transcript.utterances.append(Utterance(round=r, agent="coordinator", kind="meeting", text="\n".join(lines)))
+
+    async def _differential_reviews(
+        self,
+        session: ProblemSession,
+        active: list[Seat],
+        seats: list[Seat],
+        r: int,
+        transcript: Transcript,
+        notes: list[str],
+    ) -> dict[str, list[DifferentialReview]]:
+        """A.4: every active differential critiqued by every other specialist (agreements, disagreements,
+        changes)."""
+        pairs = [(t, s) for t in active for s in seats if s is not t and t.attempt]
+        start = len(notes)
+        done = await gather_all(
+            self._critique(session, reviewer, target, len(seats), notes) for target, reviewer in pairs
+        )
+        notes[start:] = sorted(notes[start:])
+        critiques: dict[str, list[DifferentialReview]] = {s.member.id: [] for s in active}
+        for (target, _), (review, reply) in zip(pairs, done, strict=True):
+            critiques[target.member.id].append(review)
+            transcript.utterances.append(
+                Utterance(
+                    round=r,
+                    agent=review.reviewer,
+                    kind="review",
+                    text=reply.content if reply is not None and reply.ok else review.analysis,
+                    target=target.member.id,
+                    call_id=reply.call_id if reply is not None else None,
+                )
+            )
+        return critiques
+
+    async def _critique(
+        self, session: ProblemSession, reviewer: Seat, target: Seat, team: int, notes: list[str]
+    ) -> tuple[DifferentialReview, Completion | None]:
+        messages = differential_review_prompt(session.problem.question, reviewer.member, target.member, target.attempt)
+        sample = _REVIEW_SAMPLE + target.index * team + reviewer.index
+        why = ""
+        reply: Completion | None = None
+        for attempt in range(1 + self.params.retries):
+            reply = await session.chat("reviewer", messages, sample=sample + attempt * _RETRY_OFFSET)
+            if not reply.ok:
+                why = reply.error or "call failed"
+                continue
+            try:
+                review = parse_differential_review(
+                    reply.content, reviewer.member.id, target.member.id, truncated=reply.truncated
+                )
+            except AgentOutputError as exc:
+                why = str(exc)
+                continue
+            return review, reply
+        notes.append(f"review of {target.member.id} by {reviewer.member.id}: unusable ({why}); nothing shared")
+        return unreadable_differential_review(reviewer.member.id, target.member.id, why), reply
+
+    def _medicine_meeting(
+        self,
+        seats: list[Seat],
+        active: list[Seat],
+        critiques: dict[str, list[DifferentialReview]],
+        r: int,
+        transcript: Transcript,
+        seen: list[str],
+    ) -> None:
+        """Eq. 6 for medicine: each specialist's change to its differential (Delta O_s) and the round's peer-review
+        points not raised before, de-duplicated; each specialist's own reviews become its feedback."""
+        lines: list[str] = []
+        for seat in active:
+            own = critiques.get(seat.member.id, [])
+            seat.feedback = json.dumps(
+                [
+                    {
+                        "reviewer": rv.reviewer,
+                        "analysis": rv.analysis,
+                        "agreements": rv.agreements,
+                        "disagreements": rv.disagreements,
+                        "changes": rv.changes,
+                    }
+                    for rv in own
+                    if rv.readable
+                ],
+                ensure_ascii=False,
+            )
+            lines.append(f"{seat.member.id} ({seat.member.specialty}): {self._differential_change(seat)}")
+            for rv in own:
+                for label, points in (("disagrees", rv.disagreements), ("asks to change", rv.changes)):
+                    for point in points:
+                        if any(jaccard(point, old) >= _DUPLICATE_ISSUE for old in seen):
+                            continue
+                        seen.append(point)
+                        lines.append(f"  - {rv.reviewer} {label}: {point}")
+        if self.params.pooled_differential:
+            pooled = self._pooled_differential(seats)
+            if pooled:
+                lines.append("Team differential by Borda count (pooled_differential option): " + "; ".join(pooled))
+        transcript.utterances.append(Utterance(round=r, agent="coordinator", kind="meeting", text="\n".join(lines)))
+
+    @staticmethod
+    def _differential_change(seat: Seat) -> str:
+        """Delta O_s (Eq. 5) of a differential: what entered and what left the list this round."""
+        if not seat.top10:
+            return "no readable differential"
+        before = {n.lower() for n in seat.previous_top10}
+        after = {n.lower() for n in seat.top10}
+        if not seat.previous_top10:
+            return "proposed " + "; ".join(seat.top10)
+        added = [n for n in seat.top10 if n.lower() not in before]
+        dropped = [n for n in seat.previous_top10 if n.lower() not in after]
+        if not added and not dropped:
+            return "unchanged" if seat.top10 == seat.previous_top10 else "reordered its list"
+        parts = [f"added {'; '.join(added)}"] if added else []
+        parts += [f"dropped {'; '.join(dropped)}"] if dropped else []
+        return ", ".join(parts)
 
     @staticmethod
     def _pooled_differential(seats: list[Seat]) -> list[str]:
@@ -428,7 +572,7 @@ class MATTRL(Method[MATTRLParams]):
         self, session: ProblemSession, seats: list[Seat], r: int, transcript: Transcript, notes: list[str]
     ) -> Decision:
         domain = self.params.domain
-        summary = self._summary(seats)
+        summary = self._summary(session, seats, transcript)
         reply = await session.chat("coordinator", decision_prompt(session.problem.question, domain, summary))
         decision = parse_decision(reply.content, domain) if reply.ok else None
         final = reply
@@ -465,17 +609,35 @@ class MATTRL(Method[MATTRLParams]):
         )
         return decision
 
-    def _summary(self, seats: list[Seat]) -> str:
-        """The snapshot the chair reads (B.5): each specialist's status, answer and latest attempt."""
-        parts = []
-        for s in seats:
-            status = "accepted" if s.accepted else ("converged" if s.converged else "unresolved")
-            attempt = s.attempt if len(s.attempt) <= _SUMMARY_CHARS else "[...] " + s.attempt[-_SUMMARY_CHARS:]
-            parts.append(
-                f"{s.member.id} {s.member.specialty} ({s.member.role or 'member'}): {status}; "
-                f"answer: {s.answer or 'none'}\n{attempt or '(no attempt)'}"
-            )
-        return "\n\n".join(parts)
+    def _summary(self, session: ProblemSession, seats: list[Seat], transcript: Transcript) -> str:
+        """What the chair reads (Eq. 7: the union of every specialist's opinions over every round, B.5): each
+        specialist's final status and answer, then every round's opinions, fitted to the coordinator's context
+        window (older rounds shortened first) when the window is known."""
+        status = [
+            f"{s.member.id} {s.member.specialty} ({s.member.role or 'member'}): "
+            f"{'accepted' if s.accepted else 'converged' if s.converged else 'unresolved'}; "
+            f"answer: {s.answer or 'none'}"
+            for s in seats
+        ]
+        names = {s.member.id: f"{s.member.id} {s.member.specialty}" for s in seats}
+        rounds: dict[int, list[tuple[str, str]]] = {}
+        for u in transcript.utterances:
+            if u.kind == "opinion" and u.agent in names and u.text.strip():
+                rounds.setdefault(u.round, []).append((names[u.agent], u.text.strip()))
+        return discussion_record(
+            status, [(r + 1, said) for r, said in sorted(rounds.items())], self._report_budget(session)
+        )
+
+    def _report_budget(self, session: ProblemSession) -> int | None:
+        """Characters of discussion the decision prompt can hold: the coordinator's window less its reply and a
+        margin, less the prompt around the discussion; None when the window is unknown."""
+        window = session.context_window("coordinator")
+        if window is None:
+            return None
+        reply = session.max_tokens("coordinator") or window // 4
+        frame = decision_prompt(session.problem.question, self.params.domain, "")
+        tokens = window - reply - _PROMPT_MARGIN_TOKENS
+        return max(0, int(tokens * CHARS_PER_TOKEN) - sum(len(m.content) for m in frame))
 
     # ---- records --------------------------------------------------------------------------------
 

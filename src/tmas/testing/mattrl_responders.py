@@ -1,6 +1,7 @@
 """Default simulated replies for MATTRL's roles: ``coordinator`` (team JSON, decision, rewrite, teaching plan and
 guidance), ``specialist`` (a worked attempt, a top-10 differential, or a teacher's turn), ``reviewer`` (the B.4
-review JSON) and ``student`` (education: answers "A" until guidance points at another option).
+review JSON; medicine: the A.4 review of a differential) and ``student`` (education: answers "A" until guidance
+points at another option).
 
 They read the MATTRL prompts (``mattrl_*.j2``) by their tagged sections, like a model would, and are deterministic
 given the request body. The reviewer checks an attempt's boxed answer against the problem's arithmetic: right means
@@ -13,7 +14,8 @@ import json
 import re
 from dataclasses import replace
 
-from tmas.agents.mattrl_team import CATALOGS
+from tmas.agents.mattrl_opinion import parse_differential
+from tmas.agents.mattrl_team import CATALOGS, TEACHING_ROLES
 from tmas.answers import last_boxed
 from tmas.testing.responders import SimRequest, register_responder, solution_responder
 from tmas.testing.tmas_responders import expected_answer, tag
@@ -29,7 +31,8 @@ def _team(req: SimRequest) -> str:
     text = req.question
     domain = "medicine" if "multidisciplinary team (MDT)" in text else "education" if "teaching team" in text else ""
     names = CATALOGS[domain][:3] if domain else ("Arithmetic strategist", "Computation checker", "Edge-case auditor")
-    roles = ("leader", "analyst", "critic")
+    # Education (C.4.2): the three teaching roles, no leader; otherwise one leader.
+    roles = TEACHING_ROLES if domain == "education" else ("leader", "analyst", "critic")
     return json.dumps(
         [
             {"specialty": n, "role": r, "description": f"Work on the case as the {n.lower()} and report clearly."}
@@ -96,9 +99,25 @@ def specialist_responder(req: SimRequest) -> str:
     return solution_responder(only_problem)
 
 
+def _differential_review(bundle: dict[str, object]) -> str:
+    """Medicine (A.4): the simulated reviewer concurs with the author's top diagnosis and asks for no change."""
+    ranked = parse_differential(str(bundle.get("differential", "")))
+    top = ranked[0] if ranked else "the first diagnosis"
+    return json.dumps(
+        {
+            "analysis": f"The differential is reasonable and {top} leads it for good reason.",
+            "agreements": [f"{top} explains the main findings."],
+            "disagreements": None,
+            "changes": [],
+        }
+    )
+
+
 @register_responder("reviewer")
 def reviewer_responder(req: SimRequest) -> str:
     bundle = json.loads(tag(req.question, "bundle") or "{}")
+    if "differential" in bundle:
+        return _differential_review(bundle)
     answer = last_boxed(str(bundle.get("attempt", "")))
     expected = expected_answer(str(bundle.get("problem", "")))
     review: dict[str, object]

@@ -24,8 +24,9 @@ def load_credits(run_dirs: list[Path]) -> dict[CreditKey, float]:
         for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 row = json.loads(line)
-                # Turns count from 1 (the paper's t); transcript rounds from 0.
-                key = (str(Path(row["run"]).resolve()), str(row["problem_id"]), int(row["turn"]) - 1, str(row["agent"]))
+                # The transcript round where the build wrote it; older files only have the turn (t = round + 1).
+                round_ = int(row["round"]) if "round" in row else int(row["turn"]) - 1
+                key = (str(Path(row["run"]).resolve()), str(row["problem_id"]), round_, str(row["agent"]))
                 credits[key] = float(row["r"])
             except (ValueError, KeyError, TypeError):
                 continue
