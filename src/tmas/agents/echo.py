@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, Self
 
 from tmas.answers import extract_answer, normalize_answer
 from tmas.llm.types import Message
@@ -136,3 +137,11 @@ class EchoGuard:
         if self.echoes_answer(answer):
             return "answer"
         return "solution text" if self.echoes_text(text) else None
+
+
+class EchoFiltered(Protocol):
+    """A parsed agent update that can leave out its items whose text echoes the prompt's instructions."""
+
+    def without_echoes(self, guard: EchoGuard) -> tuple[Self, list[str]]:
+        """The update without those items, and one line per item left out."""
+        ...
