@@ -197,10 +197,10 @@ async def test_team_teaching_with_experience_injects_hints_into_the_analyses(sim
     result = await teach(sim, tmp_path, "B", iterations=1, pool=str(tmp_path / "pool"), top_k=1)
     assert result.answer == "B"
     analyses = bodies(sim, "specialist")
-    assert len(analyses) == 3 and all(b.count("- ACTION:") == 1 and "EXPERIENCE HINTS" in b for b in analyses)
+    assert len(analyses) == 3 and all(b.count("- ACTION:") == 1 and "<experience_hints>" in b for b in analyses)
     t = Transcript.model_validate(result.iterations[-1].state["transcript"])
     assert all(len(u.experience_ids) == 1 for u in t.utterances if u.agent.startswith("S"))
-    assert not any("EXPERIENCE HINTS" in b for b in bodies(sim, "student") + bodies(sim, "coordinator"))
+    assert not any("<experience_hints>" in b for b in bodies(sim, "student") + bodies(sim, "coordinator"))
 
 
 async def test_the_judge_ranks_names_that_do_not_match_by_spelling(sim: SimServer) -> None:
