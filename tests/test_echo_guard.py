@@ -160,4 +160,3 @@ async def test_a_baseline_asks_again_on_an_echo_and_votes_without_it(sim: SimSer
     assert record.replies["solution"].echo == 1
     assert all(c.answer == "391" and c.error is None for c in record.candidates)
     assert sum("asked again" in note for note in record.notes) == 1
-

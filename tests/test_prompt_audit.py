@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 
 import jinja2
 import pytest
 
+from tmas.agents import templates
 from tmas.agents.baselines import (
     correction_prompt,
     distill_prompt,
@@ -38,8 +40,8 @@ from tmas.agents.mattrl_team import recruit_prompt
 from tmas.agents.rollouts import RolloutView
 from tmas.agents.score_first import score_first_prompt
 from tmas.agents.solution import explore_prompt, generation_prompt, refine_prompt
+from tmas.agents.style import Style
 from tmas.agents.summary import summary_prompt
-from tmas.agents import templates
 from tmas.agents.templates import prompt, render
 from tmas.agents.utterance_judge import RoundView, TurnView, turn_value_prompt, utterance_score_prompt
 from tmas.agents.verification import Verification, verification_prompt
@@ -52,7 +54,7 @@ from tmas.problems import Problem
 
 PROMPTS = Path(__file__).resolve().parents[1] / "src" / "tmas" / "agents" / "prompts"
 MARK = "zqx"
-STYLES = ("paper", "concise")
+STYLES: tuple[Style, ...] = ("paper", "concise")
 MODES = ("numeric", "proof")
 DOMAINS = ("math", "medicine", "education")
 
@@ -83,17 +85,17 @@ DIALOGUE = (Turn(teacher=d("teacher"), student=d("student")),)
 CASE = Case(question=Q, gold=d("gold"), pre_answer=d("pre"), pre_reasoning=d("reasoning"), dialogue=DIALOGUE)
 
 Prompt = list[Message]
-Builder = Callable[[str, str, str], list[Prompt]]
+Builder = Callable[[Style, str, str], list[Prompt]]
 
 
-def _tmas(style: str, mode: str, domain: str) -> list[Prompt]:
+def _tmas(style: Style, mode: str, domain: str) -> list[Prompt]:
     ver = [Verification(feedback=d("feedback"), score=0.5)]
     return [
-        generation_prompt(Q, mode, style),  # type: ignore[arg-type]
-        explore_prompt(Q, mode, STRATEGIES, style),  # type: ignore[arg-type]
-        refine_prompt(Q, mode, VIEWS, BANK, style),  # type: ignore[arg-type]
-        refine_prompt(Q, mode, VIEWS, None, style),  # type: ignore[arg-type]
-        verification_prompt(Q, SOLUTION, mode, style),  # type: ignore[arg-type]
+        generation_prompt(Q, mode, style),
+        explore_prompt(Q, mode, STRATEGIES, style),
+        refine_prompt(Q, mode, VIEWS, BANK, style),
+        refine_prompt(Q, mode, VIEWS, None, style),
+        verification_prompt(Q, SOLUTION, mode, style),
         score_first_prompt(Q, SOLUTION, mode),
         summary_prompt(Q, SOLUTION, ver),
         experience_prompt(Q, VIEWS, BANK, 35),
@@ -102,19 +104,19 @@ def _tmas(style: str, mode: str, domain: str) -> list[Prompt]:
     ]
 
 
-def _baselines(style: str, mode: str, domain: str) -> list[Prompt]:
+def _baselines(style: Style, mode: str, domain: str) -> list[Prompt]:
     refs = [d("reference one"), d("reference two")]
     return [
-        self_refine_prompt(Q, mode, d("attempt"), style),  # type: ignore[arg-type]
-        correction_prompt(Q, mode, SOLUTION, d("feedback"), 0.5, style),  # type: ignore[arg-type]
-        pacore_round_prompt(Q, mode, refs, style),  # type: ignore[arg-type]
-        pacore_synthesis_prompt(Q, mode, refs, style),  # type: ignore[arg-type]
-        rse_solve_prompt(Q, mode, [d("proposition")], [d("pitfall")], style),  # type: ignore[arg-type]
+        self_refine_prompt(Q, mode, d("attempt"), style),
+        correction_prompt(Q, mode, SOLUTION, d("feedback"), 0.5, style),
+        pacore_round_prompt(Q, mode, refs, style),
+        pacore_synthesis_prompt(Q, mode, refs, style),
+        rse_solve_prompt(Q, mode, [d("proposition")], [d("pitfall")], style),
         distill_prompt(Q, d("attempt"), 3),
     ]
 
 
-def _mattrl(style: str, mode: str, domain: str) -> list[Prompt]:
+def _mattrl(style: Style, mode: str, domain: str) -> list[Prompt]:
     later = {"previous": d("previous"), "feedback": d("feedback"), "snapshot": d("snapshot"), "bulletin": d("news")}
     judged = {"question": Q, "gold": d("gold"), "history": ROUNDS, "domain": domain}
     return [
@@ -130,7 +132,7 @@ def _mattrl(style: str, mode: str, domain: str) -> list[Prompt]:
     ]
 
 
-def _education(style: str, mode: str, domain: str) -> list[Prompt]:
+def _education(style: Style, mode: str, domain: str) -> list[Prompt]:
     return [
         student_prompt(Q),
         student_prompt(Q, DIALOGUE, d("guidance")),
@@ -141,7 +143,7 @@ def _education(style: str, mode: str, domain: str) -> list[Prompt]:
     ]
 
 
-def _judges(style: str, mode: str, domain: str) -> list[Prompt]:
+def _judges(style: Style, mode: str, domain: str) -> list[Prompt]:
     return [
         prompt("judge_user.j2", system_name="judge_system.j2", problem=Q, reference=d("ref"), student=d("student")),
         prompt("judge_diagnosis.j2", predicted=[d("one"), d("two")], reference=d("reference")),
@@ -150,7 +152,7 @@ def _judges(style: str, mode: str, domain: str) -> list[Prompt]:
 
 BUILDERS: tuple[Builder, ...] = (_tmas, _baselines, _mattrl, _education, _judges)
 # Templates whose rendering is a problem text (it goes into a solver's <problem> block), not an agent's prompt.
-PROBLEM_TEXTS = {
+PROBLEM_TEXTS: dict[str, Callable[[], str]] = {
     "fewshot_question.j2": lambda: render(
         "fewshot_question.j2", exemplars=[Problem(problem_id="x", question=d("ex"), answer=d("ans"))], question=Q
     ),
@@ -214,7 +216,9 @@ class _RecordingLoader(jinja2.BaseLoader):
     def __init__(self, inner: jinja2.BaseLoader) -> None:
         self.inner, self.loaded = inner, set[str]()
 
-    def get_source(self, environment: jinja2.Environment, template: str) -> tuple[str, str | None, Callable[[], bool]]:
+    def get_source(
+        self, environment: jinja2.Environment, template: str
+    ) -> tuple[str, str | None, Callable[[], bool] | None]:
         self.loaded.add(template)
         return self.inner.get_source(environment, template)
 
@@ -259,7 +263,7 @@ def test_data_sits_in_tagged_blocks_ahead_of_the_instructions(builder: Builder) 
         user = messages[-1].content
         blocks = list(DATA_BLOCK.finditer(user))
         assert blocks and blocks[0].start() == 0, user
-        assert all(not user[a.end() : b.start()].strip() for a, b in zip(blocks, blocks[1:])), user
+        assert all(not user[a.end() : b.start()].strip() for a, b in pairwise(blocks)), user
 
 
 # ---------------------------------------------------------------------------------------------- negative controls
@@ -275,7 +279,8 @@ Reply with one JSON object in a ```json code block and nothing else, for example
   {"op": "KEEP", "id": "E1"},
   {"op": "REFINE", "id": "E2", "content": "sharper statement of the entry", "merges": ["E5"]},
   {"op": "DELETE", "id": "E3"},
-  {"op": "ADD", "kind": "anchor", "subtype": "intermediate_result", "content": "the verified result and how it was verified"},
+  {"op": "ADD", "kind": "anchor", "subtype": "intermediate_result",
+   "content": "the verified result and how it was verified"},
   {"op": "ADD", "kind": "heuristic", "content": "the mistake to avoid and why"}
 ]}
 ```"""

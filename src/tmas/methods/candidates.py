@@ -92,7 +92,9 @@ def notes_for(candidates: list[Candidate], mode: str) -> list[str]:
     notes = []
     for c in candidates:
         if c.meta.get("echo_retry"):
-            notes.append(f"candidate {c.index}: its {c.meta['echo_retry']} echoed the prompt's instructions; asked again")
+            notes.append(
+                f"candidate {c.index}: its {c.meta['echo_retry']} echoed the prompt's instructions; asked again"
+            )
         if c.error:
             notes.append(f"candidate {c.index}: {'unusable' if c.meta.get('echo') else 'call failed'}: {c.error}")
         elif mode == "numeric" and c.answer is None:

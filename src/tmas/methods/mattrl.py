@@ -469,7 +469,9 @@ class MATTRL(Method[MATTRLParams]):
                 if pooled
                 else "the team's majority answer"
             )
-            why = reply.error or ("its answer echoed the instructions twice" if guarded.echo else "no tags after the rewrite")
+            why = reply.error or (
+                "its answer echoed the instructions twice" if guarded.echo else "no tags after the rewrite"
+            )
             notes.append(f"decision: unreadable ({why}); {source} is used")
         transcript.utterances.append(
             Utterance(round=r, agent="coordinator", kind="report", text=decision.report, call_id=reply.call_id)

@@ -132,7 +132,9 @@ class RSE(Method[RSEParams]):
                 return None
             reply = guarded.reply
             if guarded.first_echo is not None:
-                notes.append(f"distillation of candidate {c.index}: {guarded.first_echo} echoed the instructions; asked again")
+                notes.append(
+                    f"distillation of candidate {c.index}: {guarded.first_echo} echoed the instructions; asked again"
+                )
             if not reply.ok:
                 notes.append(f"distillation of candidate {c.index} failed: {reply.error}")
                 return None

@@ -290,7 +290,10 @@ class TMAS(Method[TMASParams]):
         )
         meta = candidate.meta  # pydantic copied the dict: fill in the candidate's own
         if guarded.first_echo is not None:
-            log.bad("solution_echo", f"candidate {i}: its {guarded.first_echo} echoed the prompt's instructions; asked again")
+            log.bad(
+                "solution_echo",
+                f"candidate {i}: its {guarded.first_echo} echoed the prompt's instructions; asked again",
+            )
         if not reply.ok:
             log.bad("solution_failed", f"candidate {i}: solution call failed: {reply.error}")
             return CandidateOutcome(candidate, None)
