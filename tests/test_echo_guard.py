@@ -5,6 +5,7 @@ or a pool. Unit checks on real prompts, then end to end against the simulated se
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from conftest import settings_for
@@ -13,6 +14,8 @@ from tmas.agents.experience import experience_prompt
 from tmas.agents.rollouts import RolloutView
 from tmas.agents.solution import generation_prompt
 from tmas.api import asolve
+from tmas.eval.grading import GradeConfig
+from tmas.eval.report import build_report
 from tmas.llm.types import Message
 from tmas.memory.experience_bank import ExperienceBank
 from tmas.methods.base import ProblemResult
@@ -149,14 +152,40 @@ async def test_a_guideline_strategy_that_echoes_the_instructions_is_dropped_afte
     assert record.replies["guideline"].echo == 1 and result.counters["guideline_echo"] == 1
 
 
-async def test_a_baseline_asks_again_on_an_echo_and_votes_without_it(sim: SimServer) -> None:
+async def test_a_baseline_asks_again_on_an_echo_and_votes_without_it(sim: SimServer, tmp_path: Path) -> None:
     echo = f"{CONCISE_ECHO}.\n\\boxed{{the final answer you computed}}"
     sim.set_script(SimScript(rules=[Rule(role="solution", replies=[echo], times=1)]))
     settings = settings_for(sim, method={"name": "majority", "params": {"k": 2, "style": "concise"}})
-    result = await asolve(Q, settings)
+    result = await asolve(Q, settings, run_dir=tmp_path / "run")
     seeds = [r.body["seed"] for r in sim.requests if r.role == "solution"]
     assert len(seeds) == len(set(seeds)) == 3 and result.answer == "391"
     record = result.iterations[0]
     assert record.replies["solution"].echo == 1
     assert all(c.answer == "391" and c.error is None for c in record.candidates)
     assert sum("asked again" in note for note in record.notes) == 1
+    # The report's per-role table counts it: 3 replies (2 samples and 1 retry), 1 echo.
+    paths = await build_report([tmp_path / "run"], tmp_path / "report", GradeConfig(), None, grade=False)
+    markdown = paths["markdown"].read_text(encoding="utf-8")
+    assert "| Role | Replies | No answer/score | Truncated | Answer by fallback | Echo |" in markdown
+    assert "| solution | 3 | 0.0% (0) | 0.0% (0) | 0.0% (0) | 33.3% (1) |" in markdown
+
+
+async def test_mattrl_opinions_and_reviews_that_echo_are_asked_again(sim: SimServer, tmp_path: Path) -> None:
+    opinion = "A one- or two-sentence reflection, the core reasoning, and \\boxed{the final answer alone}"
+    review = {"analysis": "what holds up first, then the targeted criticism", "verdict": "accept", "issues": []}
+    rules = [
+        Rule(role="specialist", replies=[opinion], times=1),
+        Rule(role="reviewer", replies=[json.dumps(review)], times=1),
+    ]
+    sim.set_script(SimScript(rules=rules))
+    settings = settings_for(sim, method={"name": "mattrl", "params": {}})
+    result = await asolve(Q, settings, run_dir=tmp_path / "run")
+    assert result.answer == "391"
+    assert sim.stats().by_role == {"coordinator": 2, "specialist": 4, "reviewer": 7}
+    record = result.iterations[0]
+    assert record.replies["specialist"].echo == 1 and record.replies["reviewer"].echo == 1
+    opinions = [u for u in record.state["transcript"]["utterances"] if u["kind"] == "opinion"]
+    assert [u["answer"] for u in opinions] == ["391"] * 3
+    # The echoing review never counted as a verdict: every kept review is the sim's own.
+    reviews = [u for u in record.state["transcript"]["utterances"] if u["kind"] == "review"]
+    assert len(reviews) == 6 and not any("targeted criticism" in u["text"] for u in reviews)
