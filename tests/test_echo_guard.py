@@ -5,10 +5,13 @@ or a pool. Unit checks on real prompts, then end to end against the simulated se
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from conftest import settings_for
+from mattrl_runs import hand_worked_transcript, write_run
+from test_experience_build import scripted_rules
 from tmas.agents.echo import EchoGuard, split_prompt
 from tmas.agents.experience import experience_prompt
 from tmas.agents.rollouts import RolloutView
@@ -16,9 +19,12 @@ from tmas.agents.solution import generation_prompt
 from tmas.api import asolve
 from tmas.eval.grading import GradeConfig
 from tmas.eval.report import build_report
+from tmas.experience.construct import BuildConfig, build_pool
 from tmas.llm.types import Message
 from tmas.memory.experience_bank import ExperienceBank
+from tmas.memory.experience_pool import ExperiencePool
 from tmas.methods.base import ProblemResult
+from tmas.problems import Problem
 from tmas.testing import Rule, SimScript, SimServer
 
 Q = "What is 17*23?"
@@ -189,3 +195,25 @@ async def test_mattrl_opinions_and_reviews_that_echo_are_asked_again(sim: SimSer
     # The echoing review never counted as a verdict: every kept review is the sim's own.
     reviews = [u for u in record.state["transcript"]["utterances"] if u["kind"] == "review"]
     assert len(reviews) == 6 and not any("targeted criticism" in u["text"] for u in reviews)
+
+
+async def test_a_summarizer_entry_that_echoes_the_instructions_never_enters_the_pool(tmp_path: Path) -> None:
+    echo = {
+        "action": "a short key naming the move",
+        "experience": "Good practice: when to make the move and what to watch for",
+        "scope": "general",
+    }
+    problem = Problem(problem_id="p1", question="What is 6*7?", answer="42")
+    run = write_run(tmp_path / "run", [(problem, hand_worked_transcript(), "42")])
+    # Turn 2 of S1 is kept (tests/test_experience_build.py); its summarizer echoes in the reply and the retry.
+    echoing = Rule(
+        role="summarizer", pattern='<contribution round="2" agent="S1"', replies=[json.dumps({"entries": [echo]})]
+    )
+    with SimServer(SimScript(rules=[echoing.model_copy(update={"times": 2}), *scripted_rules()])) as sim:
+        config = BuildConfig(scheme="difference", lam=0.5, gamma=0.5, beta=15 * math.log(2), grade_mode="rules")
+        summary = await build_pool([run], tmp_path / "pool", settings_for(sim), config)
+        assert len([r for r in sim.requests if r.role == "summarizer"]) == 3
+    assert summary.summarizer_echoes == 2 and summary.added == 1
+    pool = ExperiencePool.open(tmp_path / "pool")
+    assert [(e.source_round, e.source_agent) for e in pool.entries] == [(1, "S1")]
+    assert not any("naming the move" in e.action for e in pool.entries)
