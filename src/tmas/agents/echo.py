@@ -31,7 +31,8 @@ from tmas.llm.types import Message
 DATA_BLOCK = re.compile(r"^<([A-Za-z_][\w-]*)(?:\s[^>\n]*)?>[ \t]*\n.*?^</\1>[ \t]*$", re.M | re.S)
 _TOKEN = re.compile(r"\\[a-z]+|[a-z0-9]+")
 _BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
-N = 3
+# Word n-grams of this length are what a copied phrase shares with the instructions.
+NGRAM = 3
 # Share of a field's trigrams that must be instruction-only for the field to be an echo.
 ECHO_SHARE = 0.5
 # The sample index offset of the one retry after an echo: far from every method's own sample numbering, so the
@@ -43,8 +44,8 @@ def tokens(text: str) -> list[str]:
     return _TOKEN.findall(text.lower())
 
 
-def _grams(words: Sequence[str], n: int = N) -> set[tuple[str, ...]]:
-    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+def _grams(words: Sequence[str]) -> list[tuple[str, ...]]:
+    return [tuple(words[i : i + NGRAM]) for i in range(len(words) - NGRAM + 1)]
 
 
 def split_prompt(messages: Sequence[Message]) -> tuple[str, str]:
@@ -86,7 +87,7 @@ class EchoGuard:
 
     def __post_init__(self) -> None:
         words, data_words = tokens(self.instructions), tokens(self.data)
-        self._only = _grams(words) - _grams(data_words)
+        self._only = set(_grams(words)) - set(_grams(data_words))
         # Space-delimited, so that a run of whole words can be looked up as a substring.
         self._words, self._data_words = f" {' '.join(words)} ", f" {' '.join(data_words)} "
         stated = extract_answer(self.instructions).answer
@@ -99,8 +100,7 @@ class EchoGuard:
 
     def share(self, text: str) -> float:
         """The share of ``text``'s word trigrams that occur in the instructions and in no data block."""
-        words = tokens(text)
-        grams = [tuple(words[i : i + N]) for i in range(len(words) - N + 1)]
+        grams = _grams(tokens(text))
         if not grams:
             return 0.0
         return sum(g in self._only for g in grams) / len(grams)
@@ -110,7 +110,7 @@ class EchoGuard:
         if not text:
             return False
         words = tokens(text)
-        if len(words) < N:
+        if len(words) < NGRAM:
             run = f" {' '.join(words)} "
             return len(words) >= 2 and run in self._words and run not in self._data_words
         return self.share(text) >= ECHO_SHARE
@@ -123,7 +123,7 @@ class EchoGuard:
         key = normalize_answer(answer)
         if key in self._literals and f" {' '.join(tokens(answer))} " not in self._data_words:
             return True
-        return len(tokens(answer)) >= N and self.echoes_text(answer)
+        return len(tokens(answer)) >= NGRAM and self.echoes_text(answer)
 
     def first_echo(self, fields: Iterable[tuple[str, str | None]]) -> str | None:
         """The name of the first of ``(name, text)`` fields that echoes the instructions; None when none does."""
