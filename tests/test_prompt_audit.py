@@ -357,3 +357,15 @@ def test_consecutive_tmas_calls_about_one_problem_share_the_prefix_up_to_the_pro
     assert calls["verify"][1].content.startswith(shared) and calls["summary"][1].content.startswith(shared)
     rollouts = calls["experience"][1].content.split("</rollouts>")[0]
     assert "<rollouts>" in rollouts and calls["guideline"][1].content.startswith(rollouts)
+
+
+def test_mattrl_math_calls_about_one_problem_share_the_prefix_up_to_the_problem() -> None:
+    q = "What is 17*23?"
+    calls = [
+        recruit_prompt(q, "math", 3),
+        opinion_prompt(q, MEMBER, "math"),
+        opinion_prompt(q, PEER, "math", round_=1, previous="391", feedback="ok", hints=HINTS),
+        decision_prompt(q, "math", "S1: answer 391"),
+    ]
+    assert all(m[0] == calls[0][0] and m[0].role == "system" for m in calls)
+    assert all(m[1].content.startswith(f"<problem>\n{q}\n</problem>\n") for m in calls)
