@@ -15,7 +15,9 @@ no candidate has one. The ``select`` and ``pool`` parameters choose other rules 
 
 Bad agent output never crashes a problem: a failed or answerless solution scores 0, an unreadable verification
 counts 0, a missing summary is replaced by one built from the scores, and an invalid experience or guideline update
-leaves the previous bank in place. Each case is noted (with the raw reply) in the iteration record and counted in
+leaves the previous bank in place. An output that echoes its prompt's instructions (:mod:`tmas.agents.echo`) is
+asked again once; a solution that echoes twice gives no answer and no rollout, a summary falls back to the scores,
+and echoing bank items are dropped. Each case is noted (with the raw reply) in the iteration record and counted in
 ``ProblemResult.counters``. Resume needs no state of its own: every call is replayed from the run store, and every
 draw depends only on the run seed, so re-running reaches the same state.
 """
