@@ -229,9 +229,10 @@ async def test_retrieved_experience_is_injected_and_recorded(sim: SimServer, tmp
     assert all(len(u.experience_ids) == 2 and u.experience_ids[0] == "e0" for u in opinions)
     for body in chat_requests(sim, "specialist"):
         prompt = user_text(body)
-        hints = prompt.split("===== EXPERIENCE HINTS", 1)[1]
+        hints = prompt.split("<experience_hints>\n", 1)[1].split("\n</experience_hints>", 1)[0]
         assert hints.count("- ACTION:") == 2 and "- ACTION: What is 17*23: multiply 17 by 23" in hints
-        assert prompt.rstrip().endswith("===== END OF EXPERIENCE HINTS =====")
+        # The hints are data: after the problem, before the specialist's instructions (which name them).
+        assert prompt.index("</problem>") < prompt.index("<experience_hints>") < prompt.index("You are ")
     queries = [r.body["input"] for r in sim.requests if r.endpoint == "embeddings"]
     assert len(queries) == 3 and all(Q in q[0] for q in queries)
     assert result.iterations[0].candidates[0].meta["experience_ids"] == opinions[0].experience_ids

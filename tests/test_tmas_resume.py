@@ -129,7 +129,11 @@ def test_killed_three_times_at_random_moments_and_resumed_equals_uninterrupted(t
     assert Counter(sent).most_common(1)[0][1] <= 1 + len(thresholds)
     assert finished_keys(killed) == finished_keys(tmp_path / "reference")
     assert final_state(killed) == final_state(tmp_path / "reference")
-    assert final_state(killed)["mult"]["answer"] == "391"
+    # The answer is R_T's best, which with accuracy 0.6 may be wrong for a given prompt text (the sim's slips are
+    # drawn from the request's hash): the run found the right value somewhere, and answered from its last iteration.
+    mult = final_state(killed)["mult"]
+    assert any(c["answer"] == "391" for it in mult["iterations"] for c in it["candidates"])
+    assert mult["answer"] == mult["iterations"][-1]["selected"]
 
 
 def test_resume_with_more_iterations_continues_from_the_stored_ones(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from tmas.agents.echo import EchoGuard
 from tmas.agents.output import AgentOutputError, extract_json_object
 from tmas.agents.style import Style
 from tmas.agents.templates import MATH_SYSTEM, prompt
@@ -110,6 +111,15 @@ class Distillation(BaseModel):
 
     propositions: list[str] = Field(default_factory=list)
     pitfalls: list[str] = Field(default_factory=list)
+
+    def without_echoes(self, guard: EchoGuard) -> tuple[Distillation, list[str]]:
+        """The distillation without the items that echo the prompt's instructions."""
+        echoed = [item for item in [*self.propositions, *self.pitfalls] if guard.echoes_text(item)]
+        kept = Distillation(
+            propositions=[item for item in self.propositions if item not in echoed],
+            pitfalls=[item for item in self.pitfalls if item not in echoed],
+        )
+        return kept, [f"{item!r:.120} echoes the instructions" for item in echoed]
 
 
 class DistillationReply(BaseModel):

@@ -11,9 +11,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from tmas.agents.echo import EchoGuard
 from tmas.agents.output import AgentOutputError, parse_json_list
 from tmas.agents.rollouts import RolloutView
-from tmas.agents.templates import prompt
+from tmas.agents.templates import MATH_SYSTEM, prompt
 from tmas.llm.types import Message
 from tmas.memory.guideline_bank import GuidelineBank, StrategyClassification
 
@@ -37,9 +38,20 @@ class GuidelineUpdate(BaseModel):
     items: list[StrategyClassification]
     malformed: list[str] = Field(default_factory=list)
 
+    def without_echoes(self, guard: EchoGuard) -> tuple[GuidelineUpdate, list[str]]:
+        """The update without the verdicts whose strategy echoes the prompt's instructions."""
+        kept: list[StrategyClassification] = []
+        dropped: list[str] = []
+        for item in self.items:
+            if guard.echoes_text(item.strategy):
+                dropped.append(f"rollout {item.rollout}: strategy echoes the instructions: {item.strategy!r:.120}")
+            else:
+                kept.append(item)
+        return self.model_copy(update={"items": kept}), dropped
+
 
 def guideline_prompt(question: str, rollouts: list[RolloutView], bank: GuidelineBank) -> list[Message]:
-    return prompt("tmas_guideline.j2", question=question, rollouts=rollouts, bank=bank)
+    return prompt("tmas_guideline.j2", system_name=MATH_SYSTEM, question=question, rollouts=rollouts, bank=bank)
 
 
 def parse_guideline_update(content: str, *, truncated: bool = False) -> GuidelineUpdate:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pydantic import BaseModel, Field
 
 from tmas.agents.mattrl_opinion import ranked_names
-from tmas.agents.templates import prompt
+from tmas.agents.templates import MATH_SYSTEM, prompt
 from tmas.answers import last_boxed
 from tmas.llm.types import Message
 
@@ -31,7 +31,9 @@ def _tag(text: str, name: str) -> str | None:
 
 
 def decision_prompt(question: str, domain: str, summary: str) -> list[Message]:
-    return prompt("mattrl_decision.j2", question=question, domain=domain, summary=summary)
+    # Math: the specialists' system text, so the decision shares their prefix up to the problem (prefix caches).
+    system = MATH_SYSTEM if domain == "math" else None
+    return prompt("mattrl_decision.j2", system_name=system, question=question, domain=domain, summary=summary)
 
 
 def rewrite_prompt(reply: str, domain: str) -> list[Message]:

@@ -1,5 +1,5 @@
 """MATTRL Stage II opinions (paper 003, A.3-A.4, B.3): a specialist's attempt (math) or strict top-10 differential
-(medicine), with the retrieved experience appended as the EXPERIENCE HINTS block.
+(medicine), with the retrieved experience as the experience hints block (``<experience_hints>``, data after the case).
 
 Math opinions end in ``\\boxed{}``, like every other method's solutions, so one extraction serves all. Medicine
 opinions carry a ``<diagnosis>`` block of ten numbered lines ``N. Name: rationale``.
@@ -20,7 +20,7 @@ _NUMBERED = re.compile(r"^\s*(?:\[(\d{1,2})\]|(\d{1,2})[.)])\s*(.+?)\s*$", re.M)
 
 
 def hints_block(hints: list[PoolEntry]) -> str:
-    """The EXPERIENCE HINTS block (A.3) for ``hints``; empty when there are none."""
+    """The experience hints block (A.3) for ``hints``: a tagged data block; empty when there are none."""
     return render("_mattrl_hints.j2", hints=hints)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from tmas.agents.output import AgentOutputError
-from tmas.agents.templates import prompt
+from tmas.agents.templates import MATH_SYSTEM, prompt
 from tmas.llm.types import Message
 from tmas.memory.transcript import TeamMember
 
@@ -140,7 +140,15 @@ def _fill_rank(recruits: list[Recruit], i: int) -> int:
 
 
 def recruit_prompt(question: str, domain: str, n: int) -> list[Message]:
-    return prompt("mattrl_recruit.j2", question=question, domain=domain, n=n, catalog=CATALOGS.get(domain, ()))
+    return prompt(
+        "mattrl_recruit.j2",
+        # Math: the specialists' system text, so every call about the problem shares one prefix (prefix caches).
+        system_name=MATH_SYSTEM if domain == "math" else None,
+        question=question,
+        domain=domain,
+        n=n,
+        catalog=CATALOGS.get(domain, ()),
+    )
 
 
 def _json_array(text: str) -> list[Any]:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 
 from tmas.agents.output import AgentOutputError
 from tmas.agents.rollouts import score_text
-from tmas.agents.templates import prompt
+from tmas.agents.templates import MATH_SYSTEM, prompt
 from tmas.agents.verification import Verification
 from tmas.llm.types import Message
 
@@ -38,7 +38,7 @@ def summary_prompt(question: str, solution: str, verifications: list[Verificatio
         _VerificationView(feedback=v.feedback, score_text="unreadable" if v.score is None else score_text(v.score))
         for v in verifications
     ]
-    return prompt("tmas_summary.j2", question=question, solution=solution, verifications=views)
+    return prompt("tmas_summary.j2", system_name=MATH_SYSTEM, question=question, solution=solution, verifications=views)
 
 
 def _bullets(block: str) -> list[str]:

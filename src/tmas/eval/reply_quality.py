@@ -41,7 +41,8 @@ def reply_quality_section(doc: Document, replies: dict[str, ReplyTally]) -> None
     doc.add(
         Paragraph(
             "Of each role's successful replies: no usable answer, score or update; cut at max_tokens; answer read "
-            "from a final-answer statement because no \\boxed{} was given."
+            "from a final-answer statement because no \\boxed{} was given; echoes of the prompt's own instructions "
+            "(rejected and asked again once)."
         )
     )
     rows = [
@@ -51,10 +52,11 @@ def reply_quality_section(doc: Document, replies: dict[str, ReplyTally]) -> None
             _share(t.unusable, t.replies),
             _share(t.truncated, t.replies),
             _share(t.fallback, t.replies),
+            _share(t.echo, t.replies),
         ]
         for role, t in replies.items()
     ]
-    doc.add(Table(["Role", "Replies", "No answer/score", "Truncated", "Answer by fallback"], rows))
+    doc.add(Table(["Role", "Replies", "No answer/score", "Truncated", "Answer by fallback", "Echo"], rows))
     warnings = truncation_warnings({role: (t.replies, t.truncated) for role, t in replies.items()})
     if warnings:
         doc.add(Paragraph("**Warning: many replies cut at max_tokens.** " + " ".join(f"{w}." for w in warnings)))

@@ -23,6 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tmas.agents.echo import EchoGuard
 from tmas.agents.experience_summarizer import (
     DistilledEntry,
     SummarizerReply,
@@ -141,6 +142,8 @@ class BuildSummary:
     already_in_pool: int = 0
     judge_calls: int = 0
     summarizer_calls: int = 0
+    # Summarizer entries that echoed the prompt's instructions (never added; the reply is asked again once).
+    summarizer_echoes: int = 0
     defaulted_scores: int = 0
     version: int = 0
     notes: list[str] = field(default_factory=list)
@@ -234,6 +237,8 @@ async def _distil(
         )
     where = f"{case.run}: problem {case.problem.problem_id}: turn {target.turn} of {target.agent}"
     reason = ""
+    guard = EchoGuard.of(messages)
+    echo_retried = False
     for attempt in range(retries + 1):
         key = CallKey(problem_id=case.problem.problem_id, role=SUMMARIZER_ROLE, sample=attempt, iteration=target.turn)
         completion = await llm.chat(SUMMARIZER_ROLE, messages, key=key, reply_model=SummarizerReply)
@@ -251,6 +256,14 @@ async def _distil(
             reason = str(exc)
             continue
         summary.notes.extend(f"{where}: summarizer {m}, dropped" for m in malformed)
+        echoed = [e for e in found if guard.first_echo((("action", e.action), ("experience", e.experience)))]
+        if echoed:
+            summary.summarizer_echoes += len(echoed)
+            summary.notes.append(f"{where}: summarizer: {len(echoed)} entries echo the prompt's instructions")
+            if not echo_retried and attempt < retries:
+                echo_retried, reason = True, "entries echoing the instructions"
+                continue
+            found = [e for e in found if e not in echoed]
         return [
             PoolEntry(
                 id=entry_id(case, target, k),

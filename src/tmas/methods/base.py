@@ -37,13 +37,14 @@ class Candidate(BaseModel):
 
 class ReplyTally(BaseModel):
     """One role's replies in one iteration: how many arrived, were cut at max_tokens, held nothing usable (no
-    extractable answer, no readable score, an invalid update), or gave their answer only in a final-answer statement
-    (no box)."""
+    extractable answer, no readable score, an invalid update), gave their answer only in a final-answer statement
+    (no box), or echoed their prompt's instructions (:mod:`tmas.agents.echo`; each echo is asked again once)."""
 
     replies: int = 0
     truncated: int = 0
     unusable: int = 0
     fallback: int = 0
+    echo: int = 0
 
     def __add__(self, other: ReplyTally) -> ReplyTally:
         return ReplyTally(
@@ -51,6 +52,7 @@ class ReplyTally(BaseModel):
             truncated=self.truncated + other.truncated,
             unusable=self.unusable + other.unusable,
             fallback=self.fallback + other.fallback,
+            echo=self.echo + other.echo,
         )
 
 

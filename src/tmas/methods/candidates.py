@@ -11,10 +11,12 @@ from collections import Counter
 from typing import Any
 
 from tmas.agents.baselines import solution_section
+from tmas.agents.echo import EchoGuard
 from tmas.answers import extract_answer, normalize_answer
 from tmas.config import Sampling
-from tmas.llm.types import Message
+from tmas.llm.types import Completion, Message
 from tmas.methods.base import BUDGET_STOP, BudgetExhausted, Candidate, ProblemResult, ProblemSession
+from tmas.methods.echo_retry import chat_guarded
 
 
 async def solve_call(
@@ -32,15 +34,40 @@ async def solve_call(
 
     Numeric mode: the answer is the last box, else an explicit final-answer statement; ``meta["extraction"]`` says
     which ("boxed" / "fallback" / "none"), and a reply with neither counts as unusable for ``role``.
+
+    A reply whose answer or solution echoes the prompt's instructions is asked again once (:mod:`tmas.agents.echo`);
+    when the retry echoes too, the candidate carries an error, so no answer, vote or later prompt uses it.
     """
+    guard = EchoGuard.of(messages)
+
+    def echo_of(r: Completion) -> str | None:
+        found = extract_answer(r.content).answer if mode == "numeric" else None
+        return guard.solution_echo(solution_section(r.content), found)
+
     try:
-        reply = await session.chat(role, messages, sample=index if sample is None else sample, sampling=sampling)
+        guarded = await chat_guarded(
+            session, role, messages, echo_of, sample=index if sample is None else sample, sampling=sampling
+        )
     except BudgetExhausted:
         return None
+    reply = guarded.reply
     # The text later prompts see: the solution without any feedback section before it.
     text = solution_section(reply.content)
     answer = None
     info = dict(meta or {})
+    if guarded.first_echo is not None:
+        info["echo_retry"] = guarded.first_echo
+    if guarded.echo is not None:
+        info["echo"] = guarded.echo
+        return Candidate(
+            index=index,
+            text=text,
+            call_id=reply.call_id,
+            usage=reply.usage,
+            finish_reason=reply.finish_reason,
+            error=f"the {guarded.echo} echoed the prompt's instructions (asked twice)",
+            meta=info,
+        )
     if reply.ok and mode == "numeric":
         answer, source = extract_answer(reply.content)
         info["extraction"] = source
@@ -64,8 +91,12 @@ def notes_for(candidates: list[Candidate], mode: str) -> list[str]:
     """The per-candidate anomalies worth a note in the iteration record."""
     notes = []
     for c in candidates:
+        if c.meta.get("echo_retry"):
+            notes.append(
+                f"candidate {c.index}: its {c.meta['echo_retry']} echoed the prompt's instructions; asked again"
+            )
         if c.error:
-            notes.append(f"candidate {c.index}: call failed: {c.error}")
+            notes.append(f"candidate {c.index}: {'unusable' if c.meta.get('echo') else 'call failed'}: {c.error}")
         elif mode == "numeric" and c.answer is None:
             notes.append(f"candidate {c.index}: no extractable answer")
         if c.meta.get("truncated"):

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
 
+from tmas.agents.echo import EchoGuard
 from tmas.agents.mattrl_decision import Decision, decision_prompt, discussion_record, parse_decision, rewrite_prompt
 from tmas.agents.mattrl_opinion import opinion_answer, opinion_prompt, parse_differential
 from tmas.agents.mattrl_review import (
@@ -67,6 +68,7 @@ from tmas.methods.base import (
     ProblemSession,
     gather_all,
 )
+from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.mattrl_teaching import teach, teaching_tier
 
 if TYPE_CHECKING:  # the pool needs numpy and faiss (the `pool` extra): imported only when a pool is configured
@@ -307,10 +309,22 @@ class MATTRL(Method[MATTRLParams]):
             bulletin=bulletin,
             hints=hints,
         )
-        reply = await session.chat("specialist", messages, sample=seat.index)
+        guard = EchoGuard.of(messages)
+        guarded = await chat_guarded(
+            session,
+            "specialist",
+            messages,
+            lambda reply: guard.solution_echo(reply.content, opinion_answer(reply.content, p.domain)),
+            sample=seat.index,
+        )
+        reply = guarded.reply
+        if guarded.first_echo is not None:
+            notes.append(f"{seat.member.id}: the opinion's {guarded.first_echo} echoed the instructions; asked again")
         seat.previous_answer, previous_top10 = seat.answer, seat.top10
         seat.previous_top10 = previous_top10
-        if not reply.ok or not reply.content.strip():
+        if guarded.echo is not None:
+            notes.append(f"{seat.member.id}: the retried opinion echoed the instructions too; keeps its attempt")
+        elif not reply.ok or not reply.content.strip():
             notes.append(f"{seat.member.id}: opinion call failed ({reply.error or 'empty reply'}); keeps its attempt")
         else:
             if reply.truncated:
@@ -332,7 +346,7 @@ class MATTRL(Method[MATTRLParams]):
                 agent=seat.member.id,
                 kind="opinion",
                 text=reply.content,
-                answer=seat.answer if reply.ok else None,
+                answer=seat.answer if reply.ok and guarded.echo is None else None,
                 call_id=reply.call_id,
                 experience_ids=[h.id for h in hints],
             ),
@@ -385,6 +399,7 @@ class MATTRL(Method[MATTRLParams]):
     ) -> tuple[Review, Completion | None]:
         messages = review_prompt(session.problem.question, reviewer.member, target.member, target.attempt)
         sample = _REVIEW_SAMPLE + target.index * team + reviewer.index
+        guard = EchoGuard.of(messages)
         why = ""
         reply: Completion | None = None
         for attempt in range(1 + self.params.retries):
@@ -401,6 +416,14 @@ class MATTRL(Method[MATTRLParams]):
                 # structured outputs.
                 session.tally("reviewer").unusable += 1
                 why = str(exc)
+                continue
+            echoed = guard.first_echo(
+                [("analysis", review.analysis), *((f"issue {i.type}", f"{i.note} {i.fix}") for i in review.issues)]
+            )
+            if echoed is not None:
+                # A review that repeats its instructions is no review: asked again, never counted as a verdict.
+                session.tally("reviewer").echo += 1
+                why = f"its {echoed} echoes the prompt's instructions"
                 continue
             return review, reply
         notes.append(f"review of {target.member.id} by {reviewer.member.id}: unusable ({why}); counted as revise")
@@ -573,15 +596,25 @@ class MATTRL(Method[MATTRLParams]):
     ) -> Decision:
         domain = self.params.domain
         summary = self._summary(session, seats, transcript)
-        reply = await session.chat("coordinator", decision_prompt(session.problem.question, domain, summary))
-        decision = parse_decision(reply.content, domain) if reply.ok else None
+        messages = decision_prompt(session.problem.question, domain, summary)
+        guard = EchoGuard.of(messages)
+
+        def echo_of(reply: Completion) -> str | None:
+            found = parse_decision(reply.content, domain)
+            return "final answer" if found is not None and guard.echoes_answer(found.answer) else None
+
+        guarded = await chat_guarded(session, "coordinator", messages, echo_of)
+        reply = guarded.reply
+        if guarded.first_echo is not None:
+            notes.append("decision: the final answer echoed the prompt's instructions; asked again")
+        decision = parse_decision(reply.content, domain) if reply.ok and guarded.echo is None else None
         final = reply
-        if decision is None and reply.ok and reply.content.strip():
+        if decision is None and reply.ok and reply.content.strip() and guarded.echo is None:
             notes.append("decision: the required tags are missing; asked for one rewrite")
             final = await session.chat("coordinator", rewrite_prompt(reply.content, domain), sample=1)
             decision = parse_decision(final.content, domain) if final.ok else None
         if decision is None:
-            boxed = last_boxed(reply.content) if domain == "math" and reply.ok else None
+            boxed = last_boxed(reply.content) if domain == "math" and reply.ok and guarded.echo is None else None
             pooled = self._pooled_differential(seats)
             decision = Decision(report=reply.content if reply.ok else "", answer=boxed or self._majority(seats))
             if pooled:
@@ -593,7 +626,10 @@ class MATTRL(Method[MATTRLParams]):
                 if pooled
                 else "the team's majority answer"
             )
-            notes.append(f"decision: unreadable ({reply.error or 'no tags after the rewrite'}); {source} is used")
+            why = reply.error or (
+                "its answer echoed the instructions twice" if guarded.echo else "no tags after the rewrite"
+            )
+            notes.append(f"decision: unreadable ({why}); {source} is used")
         transcript.utterances.append(
             Utterance(round=r, agent="coordinator", kind="report", text=decision.report, call_id=reply.call_id)
         )

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from tmas.agents.echo import EchoGuard
 from tmas.agents.mattrl_teaching import (
     Case,
     Turn,
@@ -32,6 +33,7 @@ from tmas.llm.types import Completion
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
 from tmas.methods.base import Candidate, ProblemResult, ProblemSession, gather_all
+from tmas.methods.echo_retry import chat_guarded
 
 
 def teaching_tier(role: str, subject: str, difficulty: str) -> Callable[[PoolEntry], int | None]:
@@ -193,10 +195,18 @@ async def _question(
             )
         )
     shown = [(f"{m.role or 'teacher'} ({m.specialty})", reply.content.strip()) for m, reply, _ in analyses if reply.ok]
-    plan = await session.chat("coordinator", plan_prompt(case, r, shown))
-    asked = parse_plan(plan.content) if plan.ok else ""
+    messages = plan_prompt(case, r, shown)
+    guard = EchoGuard.of(messages)
+    guarded = await chat_guarded(
+        session, "coordinator", messages, lambda reply: "plan" if guard.echoes_text(parse_plan(reply.content)) else None
+    )
+    plan = guarded.reply
+    if guarded.first_echo is not None:
+        notes.append(f"round {r}: the planned question echoed the prompt's instructions; asked again")
+    asked = parse_plan(plan.content) if plan.ok and guarded.echo is None else ""
     if not asked:
-        notes.append(f"round {r}: no planned question ({plan.error or 'empty reply'}); a generic one is asked")
+        why = "it echoed the instructions twice" if guarded.echo else plan.error or "empty reply"
+        notes.append(f"round {r}: no planned question ({why}); a generic one is asked")
         asked = "Can you walk me through how you ruled out the other options?"
     transcript.utterances.append(
         Utterance(round=r, agent="coordinator", kind="meeting", text=plan.content, call_id=plan.call_id)

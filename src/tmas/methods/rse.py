@@ -26,9 +26,11 @@ from tmas.agents.baselines import (
     parse_distillation,
     rse_solve_prompt,
 )
+from tmas.agents.echo import EchoGuard
 from tmas.agents.output import AgentOutputError
 from tmas.agents.solution import generation_prompt
 from tmas.errors import LLMError
+from tmas.llm.types import Completion
 from tmas.memory.similarity import jaccard
 from tmas.methods.base import (
     BudgetExhausted,
@@ -40,6 +42,7 @@ from tmas.methods.base import (
     gather_all,
 )
 from tmas.methods.candidates import budget_note, finish, notes_for, pick, solve_call
+from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.styled import StyledParams
 
 KINDS = ("propositions", "pitfalls")
@@ -115,25 +118,43 @@ class RSE(Method[RSEParams]):
         """Distil every successful trajectory (in parallel) and merge what they found into a new bank."""
         p, q = self.params, session.problem.question
 
+        def parse(r: Completion) -> Distillation:
+            return parse_distillation(r.content, max_items=p.items_per_trajectory, truncated=r.truncated)
+
         async def one(c: Candidate) -> Distillation | None:
+            messages = distill_prompt(q, c.text, p.items_per_trajectory)
+            guard = EchoGuard.of(messages)
+
+            def echo_of(r: Completion) -> str | None:
+                try:
+                    dropped = parse(r).without_echoes(guard)[1]
+                except AgentOutputError:
+                    return None
+                return f"{len(dropped)} item(s)" if dropped else None
+
             try:
-                reply = await session.chat(
-                    "distiller",
-                    distill_prompt(q, c.text, p.items_per_trajectory),
-                    sample=c.index,
-                    reply_model=DistillationReply,
+                guarded = await chat_guarded(
+                    session, "distiller", messages, echo_of, sample=c.index, reply_model=DistillationReply
                 )
             except BudgetExhausted:
                 return None
+            reply = guarded.reply
+            if guarded.first_echo is not None:
+                notes.append(
+                    f"distillation of candidate {c.index}: {guarded.first_echo} echoed the instructions; asked again"
+                )
             if not reply.ok:
                 notes.append(f"distillation of candidate {c.index} failed: {reply.error}")
                 return None
             try:
-                return parse_distillation(reply.content, max_items=p.items_per_trajectory, truncated=reply.truncated)
+                distilled, dropped = parse(reply).without_echoes(guard)
             except AgentOutputError as exc:
                 session.tally("distiller").unusable += 1
                 notes.append(f"distillation of candidate {c.index} unusable: {exc}")
                 return None
+            if dropped:
+                notes.append(f"distillation of candidate {c.index}: dropped {'; '.join(dropped)[:300]}")
+            return distilled
 
         found = [d for d in await gather_all(one(c) for c in candidates if c.error is None) if d is not None]
         merge = Merge()

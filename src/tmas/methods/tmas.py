@@ -15,7 +15,9 @@ no candidate has one. The ``select`` and ``pool`` parameters choose other rules 
 
 Bad agent output never crashes a problem: a failed or answerless solution scores 0, an unreadable verification
 counts 0, a missing summary is replaced by one built from the scores, and an invalid experience or guideline update
-leaves the previous bank in place. Each case is noted (with the raw reply) in the iteration record and counted in
+leaves the previous bank in place. An output that echoes its prompt's instructions (:mod:`tmas.agents.echo`) is
+asked again once; a solution that echoes twice gives no answer and no rollout, a summary falls back to the scores,
+and echoing bank items are dropped. Each case is noted (with the raw reply) in the iteration record and counted in
 ``ProblemResult.counters``. Resume needs no state of its own: every call is replayed from the run store, and every
 draw depends only on the run seed, so re-running reaches the same state.
 """
@@ -31,12 +33,14 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel
 
+from tmas.agents.echo import EchoFiltered, EchoGuard
 from tmas.agents.experience import ExperienceReply, experience_prompt, parse_experience_update
 from tmas.agents.guideline import GuidelineReply, guideline_prompt, parse_guideline_update
 from tmas.agents.output import AgentOutputError
 from tmas.agents.rollouts import CHARS_PER_TOKEN, Rollout, RolloutFit, fit_rollouts
 from tmas.agents.score_first import parse_score_first, score_first_prompt
 from tmas.agents.solution import (
+    SolutionOutput,
     SolutionPrompt,
     explore_prompt,
     generation_prompt,
@@ -46,7 +50,7 @@ from tmas.agents.solution import (
 from tmas.agents.summary import Summary, fallback_summary, parse_summary, summary_prompt
 from tmas.agents.verification import Verification, VerificationReply, parse_verification, verification_prompt
 from tmas.config import Sampling
-from tmas.llm.types import Message
+from tmas.llm.types import Completion, Message
 from tmas.memory.experience_bank import ExperienceBank, apply_experience_ops
 from tmas.memory.guideline_bank import GuidelineBank, apply_strategy_classifications
 from tmas.methods.base import (
@@ -58,10 +62,11 @@ from tmas.methods.base import (
     gather_all,
     gather_pair,
 )
+from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.selection import candidate_pool, select
 from tmas.methods.tmas_params import TMAS_ROLES, TMASParams, sampling_override
 
-Update = TypeVar("Update")
+Update = TypeVar("Update", bound=EchoFiltered)
 
 # Raw replies kept in the record for bad outputs are cut to this length.
 RAW_LIMIT = 4000
@@ -277,7 +282,16 @@ class TMAS(Method[TMASParams]):
         """Lines 9-16 for candidate i: c_{t,i}, then V_{t,i} (M passes in parallel), then s_{t,i}."""
         p, q = self.params, session.problem.question
         meta: dict[str, Any] = {"mode": plan.modes[i], "prompt": plan.prompt_names[i]}
-        reply = await session.chat("solution", plan.messages[i], sample=i, sampling=sampling["solution"])
+        guard = EchoGuard.of(plan.messages[i])
+        guarded = await chat_guarded(
+            session,
+            "solution",
+            plan.messages[i],
+            lambda r: guard.solution_echo(*_text_and_answer(parse_solution(r.content, p.mode))),
+            sample=i,
+            sampling=sampling["solution"],
+        )
+        reply = guarded.reply
         candidate = Candidate(
             index=i,
             text=reply.content,
@@ -289,11 +303,22 @@ class TMAS(Method[TMASParams]):
             meta=meta,
         )
         meta = candidate.meta  # pydantic copied the dict: fill in the candidate's own
+        if guarded.first_echo is not None:
+            log.bad(
+                "solution_echo",
+                f"candidate {i}: its {guarded.first_echo} echoed the prompt's instructions; asked again",
+            )
         if not reply.ok:
             log.bad("solution_failed", f"candidate {i}: solution call failed: {reply.error}")
             return CandidateOutcome(candidate, None)
         solution = parse_solution(reply.content, p.mode)
         candidate.text, candidate.answer = solution.text, solution.answer
+        if guarded.echo is not None:
+            # An echo never becomes an answer or a rollout: the candidate stays in the record, unusable.
+            meta["echo"] = guarded.echo
+            candidate.answer, candidate.error = None, f"the {guarded.echo} echoed the prompt's instructions"
+            log.bad("solution_echo", f"candidate {i}: the retry's {guarded.echo} echoed the instructions too; dropped")
+            return CandidateOutcome(candidate, None)
         if reply.truncated:
             meta["truncated"] = True
             log.bad("solution_truncated", f"candidate {i}: solution truncated at max_tokens")
@@ -315,11 +340,24 @@ class TMAS(Method[TMASParams]):
         candidate.score = score
 
         # Line 15: s_{t,i} = A_sum(x, c_{t,i}, V_{t,i}).
-        s_reply = await session.chat(
-            "summary", summary_prompt(q, solution.text, verifications), sample=i, sampling=sampling["summary"]
+        s_messages = summary_prompt(q, solution.text, verifications)
+        s_guard = EchoGuard.of(s_messages)
+        s_guarded = await chat_guarded(
+            session,
+            "summary",
+            s_messages,
+            lambda r: "summary" if s_guard.echoes_text(r.content) else None,
+            sample=i,
+            sampling=sampling["summary"],
         )
+        s_reply = s_guarded.reply
+        if s_guarded.first_echo is not None:
+            log.bad("summary_echo", f"candidate {i}: the summary echoed the prompt's instructions; asked again")
         summary: Summary
-        if not s_reply.ok:
+        if s_guarded.echo is not None:
+            log.bad("summary_echo", f"candidate {i}: the retried summary echoed the instructions too; scores used")
+            summary = fallback_summary(verifications, "the summary echoed its instructions")
+        elif not s_reply.ok:
             log.bad("summary_failed", f"candidate {i}: summary call failed: {s_reply.error}")
             summary = fallback_summary(verifications, "the summary call failed")
         else:
@@ -496,8 +534,21 @@ class TMAS(Method[TMASParams]):
         reply_model: type[BaseModel],
     ) -> tuple[Update | None, dict[str, Any]]:
         """One memory agent's call and parse. None with the reason when the update is unusable: the caller then
-        keeps the previous bank, never a half-applied one."""
-        reply = await session.chat(role, messages, sampling=sampling[role], reply_model=reply_model)
+        keeps the previous bank, never a half-applied one. An update with an item that echoes the prompt's
+        instructions is asked again once; echoing items of the reply used are dropped, so they never enter a bank."""
+        guard = EchoGuard.of(messages)
+
+        def echo_of(r: Completion) -> str | None:
+            try:
+                dropped = parse(r.content, truncated=r.truncated).without_echoes(guard)[1]
+            except AgentOutputError:
+                return None
+            return f"{len(dropped)} item(s) echoing the prompt's instructions" if dropped else None
+
+        guarded = await chat_guarded(session, role, messages, echo_of, sampling=sampling[role], reply_model=reply_model)
+        reply = guarded.reply
+        if guarded.first_echo is not None:
+            log.bad(f"{role}_echo", f"{role} update held {guarded.first_echo}; asked again")
         if not reply.ok:
             log.bad(f"{role}_failed", f"{role} call failed: {reply.error}; previous bank kept")
             return None, {"status": "failed", "error": reply.error, "call_id": reply.call_id}
@@ -512,7 +563,12 @@ class TMAS(Method[TMASParams]):
                 "raw": reply.content[:RAW_LIMIT],
                 "call_id": reply.call_id,
             }
-        return update, {"status": "applied", "call_id": reply.call_id}
+        info: dict[str, Any] = {"status": "applied", "call_id": reply.call_id}
+        update, dropped = update.without_echoes(guard)
+        if dropped:
+            log.bad(f"{role}_echo", f"{role} update: {len(dropped)} items dropped: {'; '.join(dropped)[:500]}")
+            info["echo_dropped"] = dropped
+        return update, info
 
     # ------------------------------------------------------------------------------------------ early stopping
     def _early_stop(self, t: int, candidates: list[Candidate], streak: int) -> tuple[int, dict[str, Any] | None]:
@@ -535,6 +591,10 @@ class TMAS(Method[TMASParams]):
 def _bernoulli(seed: int, problem_id: str, t: int, i: int, epsilon: float) -> bool:
     """z_{t,i} ~ Bernoulli(epsilon), from an RNG fixed by (run seed, problem, iteration, candidate)."""
     return random.Random(f"{seed}\x1f{problem_id}\x1f{t}\x1f{i}").random() < epsilon
+
+
+def _text_and_answer(solution: SolutionOutput) -> tuple[str, str | None]:
+    return solution.text, solution.answer
 
 
 def _mean(values: list[float]) -> float:

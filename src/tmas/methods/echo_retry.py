@@ -1,0 +1,48 @@
+"""One agent call under the echo guard (:mod:`tmas.agents.echo`): a reply that echoes its prompt's instructions is
+counted for its role (``ReplyTally.echo``) and asked again once, under another sample index."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from tmas.agents.echo import ECHO_RETRY_SAMPLE
+from tmas.config import Sampling
+from tmas.llm.types import Completion, Message
+from tmas.methods.base import ProblemSession
+
+
+@dataclass
+class GuardedReply:
+    reply: Completion
+    # What echoed in the first reply (None: it was clean, and ``reply`` is that first reply).
+    first_echo: str | None = None
+    # What still echoes in ``reply`` after the retry: the caller must keep it out of answers, banks and pools.
+    echo: str | None = None
+
+
+async def chat_guarded(
+    session: ProblemSession,
+    role: str,
+    messages: Sequence[Message],
+    echo_of: Callable[[Completion], str | None],
+    *,
+    sample: int = 0,
+    sampling: Sampling | None = None,
+    reply_model: type[BaseModel] | None = None,
+) -> GuardedReply:
+    """``session.chat``, then ``echo_of(reply)`` (what echoes, or None) on a successful reply; one retry on an echo."""
+    reply = await session.chat(role, messages, sample=sample, sampling=sampling, reply_model=reply_model)
+    first = echo_of(reply) if reply.ok else None
+    if first is None:
+        return GuardedReply(reply)
+    session.tally(role).echo += 1
+    retry = await session.chat(
+        role, messages, sample=sample + ECHO_RETRY_SAMPLE, sampling=sampling, reply_model=reply_model
+    )
+    again = echo_of(retry) if retry.ok else None
+    if again is not None:
+        session.tally(role).echo += 1
+    return GuardedReply(retry, first_echo=first, echo=again)

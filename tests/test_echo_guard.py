@@ -1,0 +1,219 @@
+"""Issue 16, part 1: the echo guard. An agent output whose answer or content repeats its own prompt's instructions
+(not the problem) is rejected, counted per role as an ``echo``, asked again once, and never enters an answer, a bank
+or a pool. Unit checks on real prompts, then end to end against the simulated server."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from conftest import settings_for
+from mattrl_runs import hand_worked_transcript, write_run
+from test_experience_build import scripted_rules
+from tmas.agents.echo import EchoGuard, split_prompt
+from tmas.agents.experience import experience_prompt
+from tmas.agents.rollouts import RolloutView
+from tmas.agents.solution import generation_prompt
+from tmas.api import asolve
+from tmas.eval.grading import GradeConfig
+from tmas.eval.report import build_report
+from tmas.experience.construct import BuildConfig, build_pool
+from tmas.llm.types import Message
+from tmas.memory.experience_bank import ExperienceBank
+from tmas.memory.experience_pool import ExperiencePool
+from tmas.methods.base import ProblemResult
+from tmas.problems import Problem
+from tmas.testing import Rule, SimScript, SimServer
+
+Q = "What is 17*23?"
+# A problem that shares words with the instructions: quoting it is still honest.
+WORDY = (
+    "Keep it short: a farmer plants 17 rows with 23 trees each and wants every number worked out by hand. "
+    "How many trees does the farmer plant?"
+)
+# Sentences of the current templates, as a small model returns them.
+CONCISE_ECHO = "Finish with one last line that holds nothing but the final answer you computed"
+EXPERIENCE_ECHO = "a transformation that turns the problem or a sub-problem into a simpler or better understood one"
+
+
+def test_split_prompt_takes_the_tagged_blocks_as_data() -> None:
+    messages = generation_prompt(Q, "numeric", "concise")
+    instructions, data = split_prompt(messages)
+    assert data == f"<problem>\n{Q}\n</problem>"
+    assert Q not in instructions and "Keep it short" in instructions and "careful mathematician" in instructions
+
+
+def test_an_honest_solution_quoting_the_problem_passes() -> None:
+    guard = EchoGuard.of(generation_prompt(WORDY, "numeric", "concise"))
+    honest = f"The problem: {WORDY}\nRows times trees: 17*23 = 340 + 51 = 391.\n\\boxed{{391}}"
+    assert guard.solution_echo(honest, "391") is None
+    assert guard.share(honest) < 0.1
+
+
+def test_a_solution_whose_answer_or_text_is_instruction_text_is_an_echo() -> None:
+    guard = EchoGuard.of(generation_prompt(Q, "numeric", "concise"))
+    assert guard.solution_echo("\\boxed{the final answer you computed}", "the final answer you computed") == "answer"
+    assert guard.solution_echo(f"{CONCISE_ECHO}, written inside \\boxed{{391}}.", "391") == "solution text"
+    assert guard.solution_echo("17*23 = 391.\n\\boxed{391}", "391") is None
+
+
+def test_an_example_answer_in_the_instructions_is_caught_unless_the_data_holds_it() -> None:
+    """The issue's case: the old concise prompt showed \\boxed{42}, and a candidate answered 42 to 17*23."""
+    old = "Finish with one last line holding the final answer alone inside \\boxed{}, for example: \\boxed{42}"
+
+    def guard(problem: str) -> EchoGuard:
+        return EchoGuard.of([Message(role="user", content=f"<problem>\n{problem}\n</problem>\n\n{old}")])
+
+    assert guard(Q).echoes_answer("42") and guard(Q).echoes_answer(" 42 ")
+    assert not guard(Q).echoes_answer("391")
+    assert not guard("What is 6*7? (The answer is 42 or close to it.)").echoes_answer("42")
+
+
+def test_bank_entries_copying_the_instructions_are_caught_and_own_words_are_not() -> None:
+    views = [RolloutView(number=1, solution="17*23 = 391.\n\\boxed{391}", summary="## Verdict\nright", score_text="1")]
+    guard = EchoGuard.of(experience_prompt(Q, views, ExperienceBank(), 35))
+    assert guard.echoes_text(EXPERIENCE_ECHO)
+    assert guard.echoes_text("The mistake, with the reason it is wrong")  # a field description, copied
+    assert not guard.echoes_text("Splitting 23 as 20 + 3 gives 17*20 + 17*3 = 340 + 51 = 391, confirmed by both.")
+    assert not guard.echoes_text("17*23 = 391")  # quotes the rollout (data), too short to judge otherwise
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+async def run_tmas(sim: SimServer, question: str = Q, **params: Any) -> ProblemResult:
+    params = {"n": 1, "m": 1, "iterations": 1, "style": "concise", **params}
+    return await asolve(question, settings_for(sim, method={"name": "tmas", "params": params}))
+
+
+def solution_requests(sim: SimServer) -> list[dict[str, Any]]:
+    return [r.body for r in sim.requests if r.role == "solution"]
+
+
+async def test_tmas_rejects_an_echoed_answer_asks_again_once_and_counts_it(sim: SimServer) -> None:
+    echo = f"{CONCISE_ECHO}.\n\\boxed{{the final answer you computed}}"
+    sim.set_script(SimScript(rules=[Rule(role="solution", replies=[echo], times=1)]))
+    result = await run_tmas(sim)
+    first, retry = solution_requests(sim)
+    # The same question again, as a distinct call: its own seed, so the model samples anew.
+    assert first["messages"] == retry["messages"] and first["seed"] != retry["seed"]
+    assert result.answer == "391"
+    record = result.iterations[0]
+    assert record.replies["solution"].echo == 1 and record.replies["solution"].replies == 2
+    assert result.counters["solution_echo"] == 1
+    assert record.candidates[0].answer == "391" and record.candidates[0].error is None
+    assert any("echoed the prompt's instructions; asked again" in note for note in record.notes)
+
+
+async def test_tmas_never_takes_an_answer_that_echoes_twice(sim: SimServer) -> None:
+    echo = f"{CONCISE_ECHO}.\n\\boxed{{the final answer you computed}}"
+    sim.set_script(SimScript(rules=[Rule(role="solution", replies=[echo])]))
+    result = await run_tmas(sim)
+    assert len(solution_requests(sim)) == 2 and result.answer is None and result.status == "failed"
+    candidate = result.iterations[0].candidates[0]
+    assert candidate.answer is None and candidate.meta["echo"] == "answer" and "echoed" in (candidate.error or "")
+    # No rollout: nothing is verified, summarised or handed to the memory agents.
+    assert {r.role for r in sim.requests} == {"solution"}
+    assert result.iterations[0].replies["solution"].echo == 2 and result.counters["solution_echo"] == 2
+
+
+async def test_an_honest_reply_quoting_the_problem_is_not_an_echo(sim: SimServer) -> None:
+    honest = f"Restating: {WORDY}\nSo 17*23 = 340 + 51 = 391 trees.\n\\boxed{{391}}"
+    sim.set_script(SimScript(rules=[Rule(role="solution", replies=[honest])]))
+    result = await run_tmas(sim, WORDY, n=2)
+    assert len(solution_requests(sim)) == 2 and result.answer == "391"
+    assert result.iterations[0].replies["solution"].echo == 0 and "solution_echo" not in result.counters
+
+
+async def test_an_experience_entry_that_echoes_the_instructions_never_enters_the_bank(sim: SimServer) -> None:
+    honest = "Writing 23 as 20 + 3 splits the product into 340 + 51, which both verifiers confirmed."
+    ops = [
+        {"op": "ADD", "kind": "anchor", "subtype": "structural_reduction", "content": EXPERIENCE_ECHO},
+        {"op": "ADD", "kind": "anchor", "subtype": "intermediate_result", "content": honest},
+    ]
+    reply = "```json\n" + json.dumps({"operations": ops}) + "\n```"
+    # Both the first reply and the retry echo: the echoing operation is dropped, the honest one applied.
+    sim.set_script(SimScript(rules=[Rule(role="experience", replies=[reply])]))
+    result = await run_tmas(sim, n=2)
+    experience = [r.body for r in sim.requests if r.role == "experience"]
+    assert len(experience) == 2 and experience[0]["messages"] == experience[1]["messages"]
+    record = result.iterations[0]
+    contents = [e["content"] for e in record.state["experience_bank"]["entries"]]
+    assert contents == [honest]
+    update = record.state["experience_update"]
+    assert update["status"] == "applied" and len(update["echo_dropped"]) == 1
+    assert "operation 1 (ADD)" in update["echo_dropped"][0]
+    assert record.replies["experience"].echo == 2 and result.counters["experience_echo"] == 2
+
+
+async def test_a_guideline_strategy_that_echoes_the_instructions_is_dropped_after_one_retry(sim: SimServer) -> None:
+    echo = "the mathematical framework, the key structural insight and the angle of attack"
+    reply = json.dumps({"rollouts": [{"rollout": 1, "strategy": echo, "novelty": 1, "same_as": None}]})
+    sim.set_script(SimScript(rules=[Rule(role="guideline", replies=[reply], times=1)]))
+    result = await run_tmas(sim)
+    record = result.iterations[0]
+    # The retry (the sim's own guideline agent) names a real strategy; the echo never reached the log.
+    strategies = [s["description"] for s in record.state["guideline_bank"]["strategies"]]
+    assert len(strategies) == 1 and echo not in strategies
+    assert record.replies["guideline"].echo == 1 and result.counters["guideline_echo"] == 1
+
+
+async def test_a_baseline_asks_again_on_an_echo_and_votes_without_it(sim: SimServer, tmp_path: Path) -> None:
+    echo = f"{CONCISE_ECHO}.\n\\boxed{{the final answer you computed}}"
+    sim.set_script(SimScript(rules=[Rule(role="solution", replies=[echo], times=1)]))
+    settings = settings_for(sim, method={"name": "majority", "params": {"k": 2, "style": "concise"}})
+    result = await asolve(Q, settings, run_dir=tmp_path / "run")
+    seeds = [r.body["seed"] for r in sim.requests if r.role == "solution"]
+    assert len(seeds) == len(set(seeds)) == 3 and result.answer == "391"
+    record = result.iterations[0]
+    assert record.replies["solution"].echo == 1
+    assert all(c.answer == "391" and c.error is None for c in record.candidates)
+    assert sum("asked again" in note for note in record.notes) == 1
+    # The report's per-role table counts it: 3 replies (2 samples and 1 retry), 1 echo.
+    paths = await build_report([tmp_path / "run"], tmp_path / "report", GradeConfig(), None, grade=False)
+    markdown = paths["markdown"].read_text(encoding="utf-8")
+    assert "| Role | Replies | No answer/score | Truncated | Answer by fallback | Echo |" in markdown
+    assert "| solution | 3 | 0.0% (0) | 0.0% (0) | 0.0% (0) | 33.3% (1) |" in markdown
+
+
+async def test_mattrl_opinions_and_reviews_that_echo_are_asked_again(sim: SimServer, tmp_path: Path) -> None:
+    opinion = "A one- or two-sentence reflection, the core reasoning, and \\boxed{the final answer alone}"
+    review = {"analysis": "what holds up first, then the targeted criticism", "verdict": "accept", "issues": []}
+    rules = [
+        Rule(role="specialist", replies=[opinion], times=1),
+        Rule(role="reviewer", replies=[json.dumps(review)], times=1),
+    ]
+    sim.set_script(SimScript(rules=rules))
+    settings = settings_for(sim, method={"name": "mattrl", "params": {}})
+    result = await asolve(Q, settings, run_dir=tmp_path / "run")
+    assert result.answer == "391"
+    assert sim.stats().by_role == {"coordinator": 2, "specialist": 4, "reviewer": 7}
+    record = result.iterations[0]
+    assert record.replies["specialist"].echo == 1 and record.replies["reviewer"].echo == 1
+    opinions = [u for u in record.state["transcript"]["utterances"] if u["kind"] == "opinion"]
+    assert [u["answer"] for u in opinions] == ["391"] * 3
+    # The echoing review never counted as a verdict: every kept review is the sim's own.
+    reviews = [u for u in record.state["transcript"]["utterances"] if u["kind"] == "review"]
+    assert len(reviews) == 6 and not any("targeted criticism" in u["text"] for u in reviews)
+
+
+async def test_a_summarizer_entry_that_echoes_the_instructions_never_enters_the_pool(tmp_path: Path) -> None:
+    echo = {
+        "action": "a short key naming the move",
+        "experience": "Good practice: when to make the move and what to watch for",
+        "scope": "general",
+    }
+    problem = Problem(problem_id="p1", question="What is 6*7?", answer="42")
+    run = write_run(tmp_path / "run", [(problem, hand_worked_transcript(), "42")])
+    # Turn 2 of S1 is kept (tests/test_experience_build.py); its summarizer echoes in the reply and the retry.
+    echoing = Rule(
+        role="summarizer", pattern='<contribution round="2" agent="S1"', replies=[json.dumps({"entries": [echo]})]
+    )
+    with SimServer(SimScript(rules=[echoing.model_copy(update={"times": 2}), *scripted_rules()])) as sim:
+        config = BuildConfig(scheme="difference", lam=0.5, gamma=0.5, beta=15 * math.log(2), grade_mode="rules")
+        summary = await build_pool([run], tmp_path / "pool", settings_for(sim), config)
+        assert len([r for r in sim.requests if r.role == "summarizer"]) == 3
+    assert summary.summarizer_echoes == 2 and summary.added == 1
+    pool = ExperiencePool.open(tmp_path / "pool")
+    assert [(e.source_round, e.source_agent) for e in pool.entries] == [(1, "S1")]
+    assert not any("naming the move" in e.action for e in pool.entries)
