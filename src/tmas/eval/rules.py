@@ -110,3 +110,35 @@ class RuleChecker:
             verdict = RuleVerdict(None, "timed out")
         self._cache[key] = verdict
         return verdict
+
+
+def math_verify_installed() -> bool:
+    try:
+        import math_verify  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class RuleEquivalence:
+    """The grading rules as the symmetric equivalence votes group answers by (tmas.answer_classes.EquivalenceCheck):
+    two answers are equal when Math-Verify shows each equal to the other. Its worker pool starts on the first check
+    (runs whose answers are all integers never start it) and stops at :meth:`aclose`."""
+
+    def __init__(self, workers: int = 1, timeout_s: int = 5) -> None:
+        self._checker = RuleChecker(workers=workers, timeout_s=timeout_s)
+        self._started = False
+        self._start = asyncio.Lock()
+
+    async def equivalent(self, first: str, second: str) -> bool:
+        async with self._start:
+            if not self._started:
+                await self._checker.__aenter__()
+                self._started = True
+        forward, backward = await asyncio.gather(self._checker.check(first, second), self._checker.check(second, first))
+        return forward.correct is True and backward.correct is True
+
+    async def aclose(self) -> None:
+        if self._started:
+            await self._checker.__aexit__(None, None, None)
+            self._started = False
