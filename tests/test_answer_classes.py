@@ -58,10 +58,12 @@ async def test_classes_merge_the_keys_the_check_finds_equal_in_first_seen_order(
         "1/2": "1/2",
         "9": "9",
     }
-    # One check per pair of distinct keys, never between two integers (7 and 9), each spelling sent as given.
+    # One check per pair of distinct keys, never between two plain numbers (7, 1/2, 9), each spelling sent as given.
     asked = {frozenset(pair) for pair in check.asked}
-    assert len(check.asked) == len(asked) == 5  # 4 keys: 6 pairs, less the integer pair
-    assert frozenset(("7", "9")) not in asked
+    assert len(check.asked) == len(asked) == 7  # 5 keys: 10 pairs, less the 3 pairs of numbers
+    assert asked == {
+        frozenset(("\\frac{\\sqrt{2}}{2}", other)) for other in ("7", "0.5", "\\frac{1}{\\sqrt{2}}", "9")
+    } | {frozenset(("\\frac{1}{\\sqrt{2}}", other)) for other in ("7", "0.5", "9")}
     # Without a check: spelling and exact numbers only.
     assert (await answer_classes(answers, None))["\\frac{1}{\\sqrt{2}}"] == "\\frac{1}{\\sqrt{2}}"
 
@@ -76,9 +78,9 @@ async def test_merging_is_transitive_and_bounded() -> None:
     classes = await answer_classes(many, bounded)
     assert classes["rare"] == "rare"
     assert all("rare" not in pair for pair in bounded.asked)
-    # All integers: no check at all.
+    # Plain numbers only: no check at all.
     spy = TableCheck()
-    await answer_classes(["1", "2", "3", "1"], spy)
+    await answer_classes(["1", "2", "0.5", "1", "-\\frac{3}{4}"], spy)
     assert spy.asked == []
 
 

@@ -128,7 +128,7 @@ def test_fallback_selection_by_hand() -> None:
     chosen, info = select_answered([it0, it1, it2], "last", "numeric")
     # The best answered earlier candidate: "14" (score 1.0) in iteration 1.
     assert chosen is it1[1] and info is not None and (info["iteration"], info["candidate"]) == (1, 1)
-    # Ties go to the newest iteration: "12" in iteration 1 (0.5 in it0 beats it, so make them equal).
+    # Equal scores: the newest iteration's answer.
     tie = [[cand(0, "12", 0.5)], [cand(0, "15", 0.5)], [cand(0, None, 0.0)]]
     chosen, info = select_answered(tie, "last", "numeric")
     assert chosen is tie[1][0] and info is not None and info["iteration"] == 1

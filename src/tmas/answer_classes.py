@@ -6,7 +6,8 @@ Two stages, cheapest first:
    (integers, decimals, fractions ``a/b`` and ``\\frac{a}{b}``) written as their exact value;
 2. :func:`answer_classes`: the few distinct keys left are compared pairwise by an :class:`EquivalenceCheck` (the
    project's grading rules, Math-Verify, run in worker processes: see ``tmas.eval.rules.RuleEquivalence``), and
-   keys found equal are merged. Two integers never need the check: their keys differ only when their values do.
+   keys found equal are merged. Two plain numbers never need the check: their keys are equal exactly when their
+   values are (so integer answers cost no check at all).
 
 Without a check (Math-Verify is in the ``eval`` extra, not the core install) the first stage alone groups answers.
 """
@@ -61,8 +62,8 @@ def value_key(answer: str) -> str:
     return text if value is None else str(value)
 
 
-def _is_integer_key(key: str) -> bool:
-    return _INTEGER.fullmatch(key) is not None
+def _is_number_key(key: str) -> bool:
+    return _exact(key) is not None
 
 
 async def answer_classes(answers: Iterable[str | None], check: EquivalenceCheck | None) -> dict[str, str]:
@@ -84,7 +85,7 @@ async def answer_classes(answers: Iterable[str | None], check: EquivalenceCheck 
         (a, b)
         for i, a in enumerate(compared)
         for b in compared[i + 1 :]
-        if not (_is_integer_key(a) and _is_integer_key(b))
+        if not (_is_number_key(a) and _is_number_key(b))
     ]
     if not pairs:
         return keys
