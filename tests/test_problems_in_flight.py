@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -90,9 +91,11 @@ def test_progress_names_each_active_problem_and_its_iteration(sim: SimServer, tm
     problems.write_text("".join(json.dumps(row) + "\n" for row in rows))
     run_dir = tmp_path / "run"
     args = [str(problems), "-o", str(run_dir), "--base-url", sim.base_url, "-m", "majority", "-T", "2"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
     out = subprocess.run(
         [sys.executable, "-m", "tmas", "run", *args, "-p", "k=2", "--problems-in-flight", "1"],
         capture_output=True,
+        env=env,
         timeout=120,
     )
     assert out.returncode == 0, out.stderr.decode()

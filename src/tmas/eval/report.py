@@ -140,6 +140,7 @@ async def evaluate_run(
                 judge_calls += 1
                 judge_prompt += call.usage.prompt_tokens
                 judge_completion += call.usage.completion_tokens
+        classes = await _answer_classes(results, config)
         evaluation = RunEvaluation(
             run_dir=run_dir,
             label=_label(method, model),
@@ -151,7 +152,7 @@ async def evaluate_run(
             done=sum(r.get("status") == "done" for r in results),
             failed=sum(r.get("status") != "done" and not in_progress(r) for r in results),
             running=sum(in_progress(r) for r in results),
-            metrics=compute_metrics(results, grades, mv_k=None, classes=await _answer_classes(results, config)),
+            metrics=compute_metrics(results, grades, mv_k=None, classes=classes),
             grades=None if reason else grades,
             not_graded_reason=reason,
             cost={
@@ -162,9 +163,16 @@ async def evaluate_run(
             },
         )
         if not reason:
-            evaluation.frontier = run_frontier(results, grades, majority=method == "majority")
+            evaluation.frontier = run_frontier(results, grades, majority=method == "majority", classes=classes)
             if has_scores(results):
-                evaluation.selection = selection_table(results, grades, str(params.get("mode", "numeric")))
+                # Replayed as the run selected: with the answer fallback only where the run had it (issue 16).
+                evaluation.selection = selection_table(
+                    results,
+                    grades,
+                    str(params.get("mode", "numeric")),
+                    classes=classes,
+                    fallback=bool(params.get("answer_fallback", False)),
+                )
                 evaluation.separation = score_separation(results, grades)
             evaluation.dynamics = score_dynamics(results, grades)
             improved = most_improved(results, grades)
