@@ -90,7 +90,9 @@ async def test_the_grading_rules_merge_symbolic_spellings() -> None:
 
     equivalence = RuleEquivalence()
     try:
-        classes = await answer_classes(["\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}", "\\sqrt{3}", "x+1"], equivalence)
+        classes = await answer_classes(
+            ["\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}", "\\sqrt{3}", "x+1"], equivalence
+        )
     finally:
         await equivalence.aclose()
     assert classes["\\frac{1}{\\sqrt{2}}"] == classes["\\frac{\\sqrt{2}}{2}"]
@@ -99,7 +101,13 @@ async def test_the_grading_rules_merge_symbolic_spellings() -> None:
 
 def test_each_vote_rule_groups_equal_values() -> None:
     # By spelling "7" would win every vote (two holders); by value 1/2 has three.
-    pool = [cand(0, "7", 0.5), cand(1, "0.5", 0.5), cand(2, "\\frac{1}{2}", 0.5), cand(3, "7", 0.5), cand(4, "1/2", 1.0)]
+    pool = [
+        cand(0, "7", 0.5),
+        cand(1, "0.5", 0.5),
+        cand(2, "\\frac{1}{2}", 0.5),
+        cand(3, "7", 0.5),
+        cand(4, "1/2", 1.0),
+    ]
     assert select(pool, "numeric", "vote") is pool[4]
     # Sums: 1/2 has 0.5 + 0.5 + 1.0 = 2.0 against 1.0 for 7.
     assert select(pool, "numeric", "score_weighted_vote") is pool[4]

@@ -37,10 +37,10 @@ from tmas.eval.document import Bullets, Document, Heading, Image, Paragraph, Tab
 from tmas.eval.frontier import BUDGETS, FrontierPoint, equal_budget, run_frontier
 from tmas.eval.grading import GradeConfig, Grades, grade_run, load_grades
 from tmas.eval.metrics import RunMetrics, answer_classes_of, compute_metrics
-from tmas.eval.rules import RuleEquivalence, math_verify_installed
 from tmas.eval.plots import Series, plot_frontier, plot_pass1
 from tmas.eval.reply_quality import reply_quality_section, role_replies
 from tmas.eval.roc import ScoreSeparation, score_separation
+from tmas.eval.rules import RuleEquivalence, math_verify_installed
 from tmas.eval.run_results import in_progress, load_results
 from tmas.eval.selection_table import SelectionTable, has_scores, selection_table
 from tmas.methods.base import ReplyTally

@@ -63,9 +63,7 @@ def selection_table(
                 for result in present:
                     pid = result["problem_id"]
                     seen = [cands for it, cands in per_problem[pid] if it <= t]
-                    chosen, _ = select_answered(
-                        seen, pool, mode, rule, (classes or {}).get(pid), fallback=fallback
-                    )
+                    chosen, _ = select_answered(seen, pool, mode, rule, (classes or {}).get(pid), fallback=fallback)
                     if chosen is not None:
                         key = (pid, origin[id(chosen)], chosen.index)
                         hits += grades.share_correct(key)

@@ -53,7 +53,9 @@ async def solve_call(
     usage = reply.usage
     if remind and mode == "numeric" and reply.ok and answer is None and not reply.truncated:
         try:
-            retry = await session.chat(role, answer_reminder_prompt(messages, reply.content), sample=calls, sampling=sampling)
+            retry = await session.chat(
+                role, answer_reminder_prompt(messages, reply.content), sample=calls, sampling=sampling
+            )
         except BudgetExhausted:
             retry = None
         reminder: dict[str, Any] = {"first_call_id": reply.call_id, "first_reply": reply.content[:REPLY_LIMIT]}

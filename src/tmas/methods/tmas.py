@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from tmas.agents.answer_reminder import answer_reminder_prompt
-from tmas.answer_classes import value_key
 from tmas.agents.experience import experience_prompt, parse_experience_update
 from tmas.agents.guideline import guideline_prompt, parse_guideline_update
 from tmas.agents.output import AgentOutputError
@@ -50,6 +49,7 @@ from tmas.agents.solution import (
 )
 from tmas.agents.summary import Summary, fallback_summary, parse_summary, summary_prompt
 from tmas.agents.verification import Verification, parse_verification, verification_prompt
+from tmas.answer_classes import value_key
 from tmas.config import Sampling
 from tmas.llm.types import Completion, Message
 from tmas.memory.experience_bank import ExperienceBank, apply_experience_ops
@@ -347,7 +347,9 @@ class TMAS(Method[TMASParams]):
         """Whether an answerless exploit or explore reply is asked once more (a truncated one is not: the same
         max_tokens would cut the retry too)."""
         p = self.params
-        return p.answer_reminder and p.mode == "numeric" and answer is None and not truncated and prompt_name != "generate"
+        return (
+            p.answer_reminder and p.mode == "numeric" and answer is None and not truncated and prompt_name != "generate"
+        )
 
     async def _reminded(
         self,
@@ -371,7 +373,9 @@ class TMAS(Method[TMASParams]):
         meta["reminder"] = info
         if not retry.ok:
             info["error"] = retry.error
-            log.bad("solution_reminder_failed", f"candidate {i}: no answer, and the reminder call failed: {retry.error}")
+            log.bad(
+                "solution_reminder_failed", f"candidate {i}: no answer, and the reminder call failed: {retry.error}"
+            )
             return reply, solution
         retried = parse_solution(retry.content, self.params.mode)
         info["answered"] = retried.answer is not None

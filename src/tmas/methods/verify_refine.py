@@ -79,7 +79,9 @@ class VerifyRefine(Method[VerifyRefineParams]):
                 previous = latest[v.candidate.index]
                 if p.answer_fallback and keeps_previous(v.candidate, previous.candidate if previous else None, p.mode):
                     v.candidate.meta["kept_previous"] = True
-                    notes.append(f"candidate {v.candidate.index}: no answer; the trajectory goes on from its previous one")
+                    notes.append(
+                        f"candidate {v.candidate.index}: no answer; the trajectory goes on from its previous one"
+                    )
                 else:
                     latest[v.candidate.index] = v
             iterations = [*(record.candidates for record in session.records), candidates]
