@@ -11,17 +11,19 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sized
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tmas.config import Settings
 from tmas.errors import InputError, TmasError
-from tmas.eval.rules import RuleEquivalence, math_verify_installed
 from tmas.llm.client import EndpointUnreachable, LLMClient
 from tmas.llm.provision import provisioned
 from tmas.methods import create_method
 from tmas.methods.base import BUDGET_STOP, BudgetExhausted, Method, ProblemResult, ProblemSession, gather_all
 from tmas.problems import Problem
 from tmas.store.run_store import DB_NAME, RunStore, StoreError
+
+if TYPE_CHECKING:
+    from tmas.eval.rules import RuleEquivalence
 
 
 @dataclass
@@ -201,6 +203,10 @@ async def run_problems(
 
     todo = pending()
     started = time.monotonic()
+    # The grading rules group the votes' answers where Math-Verify is installed (the eval extra); imported here, as
+    # the local server is, so a run pays for the evaluation package only when it starts.
+    from tmas.eval.rules import RuleEquivalence, math_verify_installed
+
     equivalence = RuleEquivalence() if math_verify_installed() else None
     async with (
         provisioned(settings, log_dir=store.run_dir) as live,
