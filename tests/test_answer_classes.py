@@ -146,3 +146,21 @@ async def test_majority_vote_counts_values_on_the_wire(sim: SimServer, tmp_path:
     assert len(sim.chat_bodies("solution")) == 5
     assert result.answer is not None and value_key(result.answer) == "1/4"
     assert result.iterations[0].state["votes"] == {"1/4": 3, "2": 2}
+
+
+async def test_tmas_votes_group_by_the_grading_rules_on_the_wire(sim: SimServer, tmp_path: Path) -> None:
+    pytest.importorskip("math_verify")
+    # Equal scores everywhere; by spelling three answers tie and the first (7) wins, by value the two spellings of
+    # sqrt(2)/2 hold two votes of three.
+    solutions = ["So \\boxed{7}.", "So \\boxed{\\frac{\\sqrt{2}}{2}}.", "So \\boxed{\\frac{1}{\\sqrt{2}}}."]
+    verdict = Rule(role="verifier", replies=["## Analysis\nFine.\n\n## Score\nScore: 1"])
+    sim.set_script(SimScript(rules=[Rule(role="solution", replies=solutions), verdict]))
+    params = {"n": 3, "m": 1, "iterations": 1, "select": "vote"}
+    settings = settings_for(sim, concurrency=1, method={"name": "tmas", "params": params})
+    result = await asolve("What is sin(pi/4)?", settings, run_dir=tmp_path / "run")
+    assert [c.answer for c in result.iterations[0].candidates] == [
+        "7",
+        "\\frac{\\sqrt{2}}{2}",
+        "\\frac{1}{\\sqrt{2}}",
+    ]
+    assert result.answer == "\\frac{\\sqrt{2}}{2}"
