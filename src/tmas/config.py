@@ -227,6 +227,10 @@ class Settings(Strict):
     roles: dict[str, RoleConfig] = Field(default_factory=dict)
     # Global cap on LLM calls in flight across all endpoints (the official code's --concurrency).
     concurrency: int = Field(default=64, ge=1)
+    # Most problems being solved at once. None: what the solution role's endpoint serves at once (the embedded
+    # server's slots times its replicas, or `max_in_flight` times the replicas where it is set), else `concurrency`;
+    # never more than `concurrency`. Problems beyond it wait, so finished problems are written one after another.
+    problems_in_flight: int | None = Field(default=None, ge=1)
     retry: Retry = Field(default_factory=Retry)
     local: LocalModel = Field(default_factory=LocalModel)
     method: MethodConfig = Field(default_factory=MethodConfig)
@@ -264,6 +268,7 @@ ENV_KEYS: dict[str, str] = {
     "TMAS_CONTEXT_LENGTH": "endpoint.context_length",
     "TMAS_STRUCTURED_OUTPUT": "endpoint.structured_output",
     "TMAS_CONCURRENCY": "concurrency",
+    "TMAS_PROBLEMS_IN_FLIGHT": "problems_in_flight",
     "TMAS_LOCAL_MODEL": "local.model",
     "TMAS_LOCAL_SERVER": "local.server",
     "TMAS_TEMPERATURE": "sampling.temperature",

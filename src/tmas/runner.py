@@ -7,10 +7,11 @@ import hashlib
 import json
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator, Sized
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sized
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tmas.config import Settings
 from tmas.errors import InputError, TmasError
@@ -29,6 +30,9 @@ from tmas.methods.base import (
 from tmas.problems import Problem
 from tmas.store.run_store import DB_NAME, RunStore, StoreError
 
+if TYPE_CHECKING:
+    from tmas.eval.rules import RuleEquivalence
+
 
 @dataclass
 class RunState:
@@ -42,6 +46,14 @@ class RunState:
     active: dict[str, int] = field(default_factory=dict)
     started_at: float = field(default_factory=time.monotonic)
     llm: LLMClient | None = None
+    # Most problems solved at once (see :func:`problems_in_flight`); 0 until the run starts.
+    problem_slots: int = 0
+    # Called as each problem starts an iteration, with its id and the iteration.
+    on_iteration: Callable[[str, int], None] | None = None
+
+    def iteration_started(self, problem_id: str, iteration: int) -> None:
+        if self.on_iteration is not None:
+            self.on_iteration(problem_id, iteration)
 
 
 @dataclass
@@ -103,6 +115,30 @@ def params_fingerprint(method: str, params: dict[str, Any], budget: dict[str, An
 def run_fingerprint(method: Method[Any], settings: Settings) -> str:
     """What a finished problem's result must match to be skipped: the method, its params and the budget."""
     return params_fingerprint(method.name, method.params.model_dump(mode="json"), settings.budget.identity())
+
+
+def problems_in_flight(settings: Settings) -> int:
+    """How many problems a run solves at once: ``settings.problems_in_flight`` where set, else what the solution
+    role's endpoint serves at once (``max_in_flight`` per replica times its replicas: for the embedded model, as
+    provisioned, its slots times its replicas), else the call cap; never more than the call cap (``concurrency``).
+
+    More problems than the endpoint has slots would only share the slots: every problem slows down, and the first
+    one finishes after most of the run's time instead of after its own.
+    """
+    cap = settings.concurrency
+    if settings.problems_in_flight is not None:
+        return min(settings.problems_in_flight, cap)
+    if settings.uses_local_model:
+        slots = settings.local.parallel * settings.local.replicas
+    else:
+        # The solution role's own endpoint fields where it sets them (as the client routes it), else the default's.
+        override = settings.roles.get("solution")
+        urls, per_replica = settings.endpoint.base_url, settings.endpoint.max_in_flight
+        if override is not None:
+            urls = override.base_url or urls
+            per_replica = override.max_in_flight if override.max_in_flight is not None else per_replica
+        slots = per_replica * len(urls)
+    return min(slots, cap) if slots > 0 else cap
 
 
 class Unreachable(TmasError):
@@ -167,8 +203,9 @@ async def run_problems(
     """Solve every problem not already finished with the same method parameters; results are stored as they come.
 
     A fixed pool of workers pulls problems from ``problems`` one at a time, so a run of any size holds only the
-    problems being solved (at most ``settings.concurrency``). Results are not kept in memory unless
-    ``keep_results`` (e.g. for :func:`tmas.api.solve`); the summary is computed from counters and the store.
+    problems being solved (at most :func:`problems_in_flight`: what the endpoint serves at once). Results are not
+    kept in memory unless ``keep_results`` (e.g. for :func:`tmas.api.solve`); the summary is computed from counters
+    and the store. Votes group answers by the grading rules' equivalence where Math-Verify is installed.
     """
     state = state or RunState()
     method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
@@ -187,12 +224,31 @@ async def run_problems(
 
     todo = pending()
     started = time.monotonic()
-    async with provisioned(settings, log_dir=store.run_dir) as live, LLMClient(live, store) as llm:
+    # The grading rules group the votes' answers where Math-Verify is installed (the eval extra); imported here, as
+    # the local server is, so a run pays for the evaluation package only when it starts.
+    from tmas.eval.rules import RuleEquivalence, math_verify_installed
+
+    equivalence = RuleEquivalence() if math_verify_installed() else None
+    async with (
+        provisioned(settings, log_dir=store.run_dir) as live,
+        LLMClient(live, store) as llm,
+        _closing(equivalence),
+    ):
         state.llm = llm
 
         async def one(problem: Problem) -> None:
+            session = ProblemSession(
+                problem,
+                llm,
+                store,
+                seed=settings.seed,
+                active=state.active,
+                budget=settings.budget,
+                equivalence=equivalence,
+                on_iteration=state.iteration_started,
+            )
             try:
-                result = await _solve_one(method, problem, llm, store, settings, state.active)
+                result = await _solve_one(method, session)
             finally:
                 state.active.pop(problem.problem_id, None)
             record = result.model_dump(mode="json")
@@ -211,7 +267,8 @@ async def run_problems(
             for problem in todo:
                 await one(problem)
 
-        workers = max(1, min(settings.concurrency, state.total - len(finished)))
+        state.problem_slots = problems_in_flight(live)
+        workers = max(1, min(state.problem_slots, state.total - len(finished)))
         try:
             await gather_all(worker() for _ in range(workers))
         except EndpointUnreachable as exc:
@@ -283,10 +340,16 @@ def budget_result(method: str, session: ProblemSession, detail: str) -> ProblemR
     return result
 
 
-async def _solve_one(
-    method: Method[Any], problem: Problem, llm: LLMClient, store: RunStore, settings: Settings, active: dict[str, int]
-) -> ProblemResult:
-    session = ProblemSession(problem, llm, store, seed=settings.seed, active=active, budget=settings.budget)
+@asynccontextmanager
+async def _closing(equivalence: RuleEquivalence | None) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        if equivalence is not None:
+            await equivalence.aclose()
+
+
+async def _solve_one(method: Method[Any], session: ProblemSession) -> ProblemResult:
     try:
         return await method.solve(session)
     except (EndpointUnreachable, asyncio.CancelledError):

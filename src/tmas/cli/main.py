@@ -37,6 +37,13 @@ BaseUrlOpt = Annotated[
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Model name sent to the endpoint.")]
 KeyEnvOpt = Annotated[str | None, typer.Option("--api-key-env", help="Environment variable that holds the API key.")]
 ConcurrencyOpt = Annotated[int | None, typer.Option("--concurrency", help="Most LLM calls in flight.")]
+ProblemsInFlightOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--problems-in-flight",
+        help="Most problems solved at once (default: the endpoint's slots, else --concurrency; never above it).",
+    ),
+]
 LocalModelOpt = Annotated[
     str | None, typer.Option("--local-model", help="Embedded model name or GGUF path (when no endpoint).")
 ]
@@ -84,6 +91,7 @@ FLAG_KEYS: dict[str, str] = {
     "model": "endpoint.model",
     "api_key_env": "endpoint.api_key_env",
     "concurrency": "concurrency",
+    "problems_in_flight": "problems_in_flight",
     "local_model": "local.model",
     "method": "method.name",
     "temperature": "sampling.temperature",
@@ -258,6 +266,7 @@ def run(
     model: ModelOpt = None,
     api_key_env: KeyEnvOpt = None,
     concurrency: ConcurrencyOpt = None,
+    problems_in_flight: ProblemsInFlightOpt = None,
     local_model: LocalModelOpt = None,
     temperature: TemperatureOpt = None,
     top_p: TopPOpt = None,
@@ -278,6 +287,7 @@ def run(
         "model": model,
         "api_key_env": api_key_env,
         "concurrency": concurrency,
+        "problems_in_flight": problems_in_flight,
         "local_model": local_model,
         "method": method,
         "params": _with_ablations(param, no_experience, no_guideline, domain),
@@ -469,6 +479,7 @@ def evaluate(
     model: ModelOpt = None,
     api_key_env: KeyEnvOpt = None,
     concurrency: ConcurrencyOpt = None,
+    problems_in_flight: ProblemsInFlightOpt = None,
     local_model: LocalModelOpt = None,
     temperature: TemperatureOpt = None,
     top_p: TopPOpt = None,
@@ -497,6 +508,7 @@ def evaluate(
         model=model,
         api_key_env=api_key_env,
         concurrency=concurrency,
+        problems_in_flight=problems_in_flight,
         local_model=local_model,
         temperature=temperature,
         top_p=top_p,
@@ -540,6 +552,7 @@ def sweep(
     model: ModelOpt = None,
     api_key_env: KeyEnvOpt = None,
     concurrency: ConcurrencyOpt = None,
+    problems_in_flight: ProblemsInFlightOpt = None,
     local_model: LocalModelOpt = None,
     temperature: TemperatureOpt = None,
     top_p: TopPOpt = None,
@@ -567,6 +580,7 @@ def sweep(
         "model": model,
         "api_key_env": api_key_env,
         "concurrency": concurrency,
+        "problems_in_flight": problems_in_flight,
         "local_model": local_model,
         "temperature": temperature,
         "top_p": top_p,

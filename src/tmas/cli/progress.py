@@ -25,16 +25,25 @@ from tmas.runner import RunState
 err = Console(stderr=True, highlight=False)
 
 
+# Active problems named one by one in the live display; beyond this many, a count of the rest.
+SHOWN_ACTIVE = 6
+
+
+def active_text(state: RunState) -> str:
+    """Each active problem with the iteration it is in (``p3@1``: problem p3, iteration 1), oldest first."""
+    items = list(state.active.items())
+    shown = " ".join(f"{pid}@{t}" for pid, t in items[:SHOWN_ACTIVE])
+    more = f" +{len(items) - SHOWN_ACTIVE} more" if len(items) > SHOWN_ACTIVE else ""
+    slots = f"/{state.problem_slots}" if state.problem_slots else ""
+    return f"{len(items)}{slots} active: {shown}{more}" if items else f"0{slots} active"
+
+
 def _calls_text(state: RunState) -> str:
     llm = state.llm
     if llm is None:
         return "starting"
     s = llm.stats
-    iterations = sorted(state.active.values())
-    where = ""
-    if iterations:
-        span = str(iterations[0]) if iterations[0] == iterations[-1] else f"{iterations[0]}-{iterations[-1]}"
-        where = f"{len(iterations)} active, iteration {span} · "
+    where = active_text(state) + " · "
     return where + (
         f"{s.in_flight} in flight · {s.calls} calls · {s.cached} replayed · {s.failed} failed · "
         f"{s.usage.prompt_tokens:,} prompt{cached_share_text(s.usage)}"
@@ -48,6 +57,13 @@ class RunProgress:
     def __init__(self, state: RunState, *, live: bool | None = None) -> None:
         self.state = state
         self.live = sys.stderr.isatty() if live is None else live
+        state.on_iteration = self.on_iteration
+
+    def on_iteration(self, problem_id: str, iteration: int) -> None:
+        """A log line as each problem starts an iteration (the live display shows the same in its status)."""
+        if self.live:
+            return
+        print(f"{problem_id}: iteration {iteration} · {active_text(self.state)}", file=sys.stderr, flush=True)
 
     def on_result(self, result: ProblemResult) -> None:
         if self.live:

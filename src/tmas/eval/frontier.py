@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tmas.answers import normalize_answer
+from tmas.answer_classes import class_of
 from tmas.eval.grading import SELECTED, Grades
 from tmas.eval.metrics import labeled_results, reached, record_at
 
@@ -36,10 +36,17 @@ class FrontierPoint:
     problems: int
 
 
-def run_frontier(results: list[dict[str, Any]], grades: Grades, *, majority: bool) -> list[FrontierPoint]:
-    """The run's frontier: MV@k points for a majority-vote run, one point per iteration otherwise."""
+def run_frontier(
+    results: list[dict[str, Any]],
+    grades: Grades,
+    *,
+    majority: bool,
+    classes: Mapping[str, Mapping[str, str]] | None = None,
+) -> list[FrontierPoint]:
+    """The run's frontier: MV@k points for a majority-vote run, one point per iteration otherwise. ``classes``: per
+    problem, answer -> class key (metrics.answer_classes_of), so MV@k counts votes by value as the run did."""
     labeled = labeled_results(results, grades)
-    return mv_frontier(labeled, grades) if majority else iteration_frontier(labeled, grades)
+    return mv_frontier(labeled, grades, classes) if majority else iteration_frontier(labeled, grades)
 
 
 def iteration_frontier(results: list[dict[str, Any]], grades: Grades) -> list[FrontierPoint]:
@@ -64,7 +71,9 @@ def iteration_frontier(results: list[dict[str, Any]], grades: Grades) -> list[Fr
     return points
 
 
-def mv_frontier(results: list[dict[str, Any]], grades: Grades) -> list[FrontierPoint]:
+def mv_frontier(
+    results: list[dict[str, Any]], grades: Grades, classes: Mapping[str, Mapping[str, str]] | None = None
+) -> list[FrontierPoint]:
     """MV@k for k = 1, 2, 4, ... and the largest K; a problem counts at MV@k when it has at least k samples."""
     # Every stored sample of every iteration (majority vote's later iterations draw more samples).
     samples = {
@@ -82,7 +91,7 @@ def mv_frontier(results: list[dict[str, Any]], grades: Grades) -> list[FrontierP
         for pid, drawn in samples.items():
             if len(drawn) < k:
                 continue
-            groups, others = _answer_groups(pid, drawn, grades)
+            groups, others = _answer_groups(pid, drawn, grades, (classes or {}).get(pid))
             accuracy.append(mv_at_k(groups, others, k))
             tokens.append(k * statistics.fmean(_completion(c) for _, c in drawn))
         if accuracy:
@@ -142,9 +151,10 @@ def equal_budget(points: Sequence[FrontierPoint], budgets: Sequence[int] = BUDGE
 
 
 def _answer_groups(
-    pid: str, drawn: list[tuple[int, dict[str, Any]]], grades: Grades
+    pid: str, drawn: list[tuple[int, dict[str, Any]]], grades: Grades, classes: Mapping[str, str] | None
 ) -> tuple[list[tuple[int, float]], int]:
-    """Distinct answers of a problem's samples as (count, correctness), and the number of answerless samples."""
+    """Distinct answers (by value) of a problem's samples as (count, correctness), and the number of answerless
+    samples."""
     members: dict[str, list[float]] = {}
     others = 0
     for it, c in drawn:
@@ -152,7 +162,7 @@ def _answer_groups(
             others += 1
             continue
         key = (pid, it, int(c["index"]))
-        members.setdefault(normalize_answer(str(c["answer"])), []).append(grades.share_correct(key))
+        members.setdefault(class_of(str(c["answer"]), classes), []).append(grades.share_correct(key))
     # An answer's correctness is the mean over its holders (they agree unless a judge was inconsistent).
     return [(len(v), statistics.fmean(v)) for v in members.values()], others
 

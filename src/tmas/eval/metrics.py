@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tmas.answers import normalize_answer
+from tmas.answer_classes import EquivalenceCheck, answer_classes, class_of
 from tmas.eval.grading import SELECTED, Grades
 from tmas.eval.run_results import in_progress
 
@@ -40,9 +40,11 @@ def pass_at_1(labels: Mapping[str, Sequence[Sequence[bool]]]) -> float:
     return total / runs
 
 
-def majority_answer(answers: Sequence[str | None]) -> int | None:
-    """Index of the first candidate holding the most frequent (normalized) answer; ties go to the earliest."""
-    keys = [normalize_answer(a) if a else None for a in answers]
+def majority_answer(answers: Sequence[str | None], classes: Mapping[str, str] | None = None) -> int | None:
+    """Index of the first candidate holding the most frequent answer, counted by value as the methods' votes count
+    them (``classes``: answer -> class key from :func:`tmas.answer_classes.answer_classes`; without it, normalized
+    spelling and exact numbers); ties go to the earliest."""
+    keys = [class_of(a, classes) if a else None for a in answers]
     counts = Counter(k for k in keys if k)
     if not counts:
         return None
@@ -99,8 +101,16 @@ def record_at(result: dict[str, Any], iteration: int) -> dict[str, Any] | None:
     return chosen
 
 
-def compute_metrics(results: list[dict[str, Any]], grades: Grades, *, mv_k: int | None = None) -> RunMetrics:
-    """All per-iteration metrics of one run; only problems with grades (labeled) count toward accuracies."""
+def compute_metrics(
+    results: list[dict[str, Any]],
+    grades: Grades,
+    *,
+    mv_k: int | None = None,
+    classes: Mapping[str, Mapping[str, str]] | None = None,
+) -> RunMetrics:
+    """All per-iteration metrics of one run; only problems with grades (labeled) count toward accuracies.
+    ``classes``: per problem, answer -> class key (:func:`answer_classes_of`), so MV@k groups answers by the grading
+    rules' equivalence; without it, by normalized spelling and exact numbers."""
     labeled = labeled_results(results, grades)
     last = max((int(rec["iteration"]) for r in results for rec in r.get("iterations", [])), default=-1)
     out = RunMetrics(labeled=len(labeled), unlabeled=len(grades.unlabeled), judge_runs=grades.runs, mv_k=mv_k)
@@ -120,7 +130,7 @@ def compute_metrics(results: list[dict[str, Any]], grades: Grades, *, mv_k: int 
             if record is None:
                 continue
             it = int(record["iteration"])
-            voted = majority_answer([c.get("answer") for c in cands[:mv_k]])
+            voted = majority_answer([c.get("answer") for c in cands[:mv_k]], (classes or {}).get(pid))
             for r in range(grades.runs):
                 if voted is not None:
                     mv_hits += grades.correct((pid, it, int(cands[voted]["index"])), r)
@@ -158,6 +168,16 @@ def compute_metrics(results: list[dict[str, Any]], grades: Grades, *, mv_k: int 
                 problems=len(present),
             )
         )
+    return out
+
+
+async def answer_classes_of(results: list[dict[str, Any]], check: EquivalenceCheck | None) -> dict[str, dict[str, str]]:
+    """Per problem, each candidate answer of every iteration -> the key of its class of equal values, for
+    :func:`compute_metrics` (``check``: e.g. ``tmas.eval.rules.RuleEquivalence``)."""
+    out: dict[str, dict[str, str]] = {}
+    for result in results:
+        answers = [c.get("answer") for record in result.get("iterations", []) for c in record.get("candidates", [])]
+        out[result["problem_id"]] = await answer_classes(answers, check)
     return out
 
 

@@ -36,10 +36,11 @@ from tmas.eval.analysis import (
 from tmas.eval.document import Bullets, Document, Heading, Image, Paragraph, Table
 from tmas.eval.frontier import BUDGETS, FrontierPoint, equal_budget, run_frontier
 from tmas.eval.grading import GradeConfig, Grades, grade_run, load_grades
-from tmas.eval.metrics import RunMetrics, compute_metrics
+from tmas.eval.metrics import RunMetrics, answer_classes_of, compute_metrics
 from tmas.eval.plots import Series, plot_frontier, plot_pass1
 from tmas.eval.reply_quality import reply_quality_section, role_replies
 from tmas.eval.roc import ScoreSeparation, score_separation
+from tmas.eval.rules import RuleEquivalence, math_verify_installed
 from tmas.eval.run_results import in_progress, load_results
 from tmas.eval.selection_table import SelectionTable, has_scores, selection_table
 from tmas.methods.base import ReplyTally
@@ -93,6 +94,18 @@ def benchmark_name(store: RunStore) -> str:
     return f"problems-{len(ids)}-{digest}"
 
 
+async def _answer_classes(results: list[dict[str, Any]], config: GradeConfig) -> dict[str, dict[str, str]] | None:
+    """Candidate answers grouped by the grading rules' equivalence, so MV@k counts votes as the methods do; None
+    without Math-Verify (votes then group by spelling and exact numbers)."""
+    if not math_verify_installed():
+        return None
+    equivalence = RuleEquivalence(workers=config.workers, timeout_s=config.rule_timeout_s)
+    try:
+        return await answer_classes_of(results, equivalence)
+    finally:
+        await equivalence.aclose()
+
+
 def _label(method: str, model: str | None) -> str:
     return method + (f" [{model}]" if model else "")
 
@@ -129,6 +142,7 @@ async def evaluate_run(
                 judge_calls += 1
                 judge_prompt += call.usage.prompt_tokens
                 judge_completion += call.usage.completion_tokens
+        classes = await _answer_classes(results, config)
         evaluation = RunEvaluation(
             run_dir=run_dir,
             label=_label(method, model),
@@ -140,7 +154,7 @@ async def evaluate_run(
             done=sum(r.get("status") == "done" for r in results),
             failed=sum(r.get("status") != "done" and not in_progress(r) for r in results),
             running=sum(in_progress(r) for r in results),
-            metrics=compute_metrics(results, grades, mv_k=None),
+            metrics=compute_metrics(results, grades, mv_k=None, classes=classes),
             grades=None if reason else grades,
             not_graded_reason=reason,
             cost={
@@ -151,9 +165,16 @@ async def evaluate_run(
             },
         )
         if not reason:
-            evaluation.frontier = run_frontier(results, grades, majority=method == "majority")
+            evaluation.frontier = run_frontier(results, grades, majority=method == "majority", classes=classes)
             if has_scores(results):
-                evaluation.selection = selection_table(results, grades, str(params.get("mode", "numeric")))
+                # Replayed as the run selected: with the answer fallback only where the run had it (issue 16).
+                evaluation.selection = selection_table(
+                    results,
+                    grades,
+                    str(params.get("mode", "numeric")),
+                    classes=classes,
+                    fallback=bool(params.get("answer_fallback", False)),
+                )
                 evaluation.separation = score_separation(results, grades)
             evaluation.dynamics = score_dynamics(results, grades)
             improved = most_improved(results, grades)

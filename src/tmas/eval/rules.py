@@ -8,6 +8,7 @@ Workers are spawned, not forked, because the parent may hold an event loop and o
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -110,3 +111,35 @@ class RuleChecker:
             verdict = RuleVerdict(None, "timed out")
         self._cache[key] = verdict
         return verdict
+
+
+def math_verify_installed() -> bool:
+    """Whether Math-Verify can be imported (found, not imported: importing it loads SymPy, which takes a while)."""
+    return importlib.util.find_spec("math_verify") is not None
+
+
+class RuleEquivalence:
+    """The grading rules as the symmetric equivalence votes group answers by (tmas.answer_classes.EquivalenceCheck):
+    two answers are equal when Math-Verify shows each equal to the other. Its worker pool starts on the first check
+    (runs whose answers are all plain numbers never start it) and stops at :meth:`aclose`."""
+
+    def __init__(self, workers: int = 1, timeout_s: int = 5) -> None:
+        self._workers = workers
+        self._timeout_s = timeout_s
+        self._checker: RuleChecker | None = None
+        self._start = asyncio.Lock()
+
+    async def equivalent(self, first: str, second: str) -> bool:
+        async with self._start:
+            if self._checker is None:
+                checker = RuleChecker(workers=self._workers, timeout_s=self._timeout_s)
+                await checker.__aenter__()
+                self._checker = checker
+        checker = self._checker
+        forward, backward = await asyncio.gather(checker.check(first, second), checker.check(second, first))
+        return forward.correct is True and backward.correct is True
+
+    async def aclose(self) -> None:
+        if self._checker is not None:
+            await self._checker.__aexit__(None, None, None)
+            self._checker = None

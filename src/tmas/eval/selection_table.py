@@ -3,17 +3,20 @@
 For each rule x pool (methods/selection.py) and each iteration t: per problem, the rule picks from the candidates of
 iteration t (pool ``last``) or of iterations 0..t (pool ``all``), and the pick's grade is its accuracy. Problems are
 counted as in metrics.py (a stopped one keeps its last iteration; one still mid-way only up to where it got).
+Answers are grouped by value with ``classes`` (per problem, as the run's votes grouped them), and with ``fallback``
+an iteration whose pool has no answer takes the earlier answer, as the run did (``answer_fallback``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from tmas.eval.grading import Grades
 from tmas.eval.metrics import labeled_results, reached
 from tmas.methods.base import Candidate
-from tmas.methods.selection import POOL_RULES, SELECT_RULES, PoolRule, SelectRule, candidate_pool, select
+from tmas.methods.selection import POOL_RULES, SELECT_RULES, PoolRule, SelectRule, select_answered
 
 
 @dataclass
@@ -30,7 +33,14 @@ def has_scores(results: list[dict[str, Any]]) -> bool:
     )
 
 
-def selection_table(results: list[dict[str, Any]], grades: Grades, mode: str) -> SelectionTable:
+def selection_table(
+    results: list[dict[str, Any]],
+    grades: Grades,
+    mode: str,
+    *,
+    classes: Mapping[str, Mapping[str, str]] | None = None,
+    fallback: bool = False,
+) -> SelectionTable:
     labeled = labeled_results(results, grades)
     # Per problem, each iteration's candidates (parsed once) and the iteration each candidate object came from.
     per_problem: dict[str, list[tuple[int, list[Candidate]]]] = {}
@@ -53,7 +63,7 @@ def selection_table(results: list[dict[str, Any]], grades: Grades, mode: str) ->
                 for result in present:
                     pid = result["problem_id"]
                     seen = [cands for it, cands in per_problem[pid] if it <= t]
-                    chosen = select(candidate_pool(seen, pool), mode, rule)
+                    chosen, _ = select_answered(seen, pool, mode, rule, (classes or {}).get(pid), fallback=fallback)
                     if chosen is not None:
                         key = (pid, origin[id(chosen)], chosen.index)
                         hits += grades.share_correct(key)

@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tmas.answer_classes import EquivalenceCheck, answer_classes
 from tmas.config import Budget, Sampling
 from tmas.llm.client import LLMClient
 from tmas.llm.types import CallKey, Completion, Message, Usage
@@ -107,6 +108,9 @@ class ProblemResult(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     # Handled anomalies by kind (e.g. TMAS's bad agent outputs), summed over iterations for the run summary.
     counters: dict[str, int] = Field(default_factory=dict)
+    # Set when the answer is not from the last iteration's pool, which held no answered candidate (numeric mode):
+    # the earlier iteration and candidate it came from, and why (see methods/selection.py, ``select_answered``).
+    fallback: dict[str, Any] | None = None
 
 
 class BudgetExhausted(Exception):
@@ -148,14 +152,19 @@ class ProblemSession:
         seed: int = 0,
         active: dict[str, int] | None = None,
         budget: Budget | None = None,
+        equivalence: EquivalenceCheck | None = None,
+        on_iteration: Callable[[str, int], None] | None = None,
     ) -> None:
         self.problem = problem
         self.llm = llm
         self.store = store
         # The run seed: methods derive their random draws and each call's sampling seed from it.
         self.seed = seed
-        # Shared with the progress display: problem id -> iteration it is in.
+        # Shared with the progress display: problem id -> iteration it is in; ``on_iteration`` hears of each start.
         self._active = active
+        self._on_iteration = on_iteration
+        # The grading rules' equivalence of two answers (None without Math-Verify): what votes group answers by.
+        self.equivalence = equivalence
         self.iteration = 0
         self._iteration_calls = 0
         self._iteration_failed = 0
@@ -229,6 +238,11 @@ class ProblemSession:
             self.budget_stop = f"budget spent ({'; '.join(over)}) in iteration {self.iteration}"
             raise BudgetExhausted(self.budget_stop)
 
+    async def answer_classes(self, candidates: Iterable[Candidate]) -> dict[str, str]:
+        """Each answer of ``candidates`` (failed calls left out) -> the key of its class of equal values, for
+        :func:`tmas.methods.selection.select` (see tmas.answer_classes)."""
+        return await answer_classes((c.answer for c in candidates if c.error is None), self.equivalence)
+
     async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
         """Embedding vectors of ``texts`` (not stored, not counted against the chat budget: they are cheap and
         deterministic, so a resumed run asks again)."""
@@ -253,6 +267,8 @@ class ProblemSession:
         self.iteration = iteration
         if self._active is not None:
             self._active[self.problem.problem_id] = iteration
+        if self._on_iteration is not None:
+            self._on_iteration(self.problem.problem_id, iteration)
         self._iteration_calls = 0
         self._iteration_failed = 0
         self._iteration_usage = Usage()

@@ -8,15 +8,21 @@ and stops, so an equal-compute comparison keeps every token that was spent.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
+from tmas.agents.answer_reminder import answer_reminder_prompt
 from tmas.agents.baselines import solution_section
 from tmas.agents.echo import EchoGuard
-from tmas.answers import extract_answer, normalize_answer
+from tmas.answer_classes import class_of
+from tmas.answers import extract_answer
 from tmas.config import Sampling
 from tmas.llm.types import Completion, Message
 from tmas.methods.base import BUDGET_STOP, BudgetExhausted, Candidate, ProblemResult, ProblemSession
 from tmas.methods.echo_retry import chat_guarded
+
+# The first, answerless reply kept in a reminded candidate's record is cut to this length.
+REPLY_LIMIT = 4000
 
 
 async def solve_call(
@@ -29,6 +35,7 @@ async def solve_call(
     sample: int | None = None,
     sampling: Sampling | None = None,
     meta: dict[str, Any] | None = None,
+    remind: bool = False,
 ) -> Candidate | None:
     """One solution-writing call as candidate ``index``; None when the budget refused the call.
 
@@ -36,8 +43,12 @@ async def solve_call(
     which ("boxed" / "fallback" / "none"), and a reply with neither counts as unusable for ``role``.
 
     A reply whose answer or solution echoes the prompt's instructions is asked again once (:mod:`tmas.agents.echo`);
-    when the retry echoes too, the candidate carries an error, so no answer, vote or later prompt uses it.
+    when the retry echoes too, the candidate carries an error, so no answer, vote or later prompt uses it. With
+    ``remind``, a reply without an answer (not cut at max_tokens) is sent back once with a reminder of the required
+    output (``answer_reminder.j2``); the retry's reply is the candidate's where it succeeded, and ``meta["reminder"]``
+    keeps the first reply's call and text.
     """
+    calls = sample if sample is not None else index
     guard = EchoGuard.of(messages)
 
     def echo_of(r: Completion) -> str | None:
@@ -45,15 +56,10 @@ async def solve_call(
         return guard.solution_echo(solution_section(r.content), found)
 
     try:
-        guarded = await chat_guarded(
-            session, role, messages, echo_of, sample=index if sample is None else sample, sampling=sampling
-        )
+        guarded = await chat_guarded(session, role, messages, echo_of, sample=calls, sampling=sampling)
     except BudgetExhausted:
         return None
     reply = guarded.reply
-    # The text later prompts see: the solution without any feedback section before it.
-    text = solution_section(reply.content)
-    answer = None
     info = dict(meta or {})
     if guarded.first_echo is not None:
         info["echo_retry"] = guarded.first_echo
@@ -61,30 +67,96 @@ async def solve_call(
         info["echo"] = guarded.echo
         return Candidate(
             index=index,
-            text=text,
+            text=solution_section(reply.content),
             call_id=reply.call_id,
             usage=reply.usage,
             finish_reason=reply.finish_reason,
             error=f"the {guarded.echo} echoed the prompt's instructions (asked twice)",
             meta=info,
         )
+    answer, source = _extracted(session, role, reply, mode)
+    usage = reply.usage
+    if remind and mode == "numeric" and reply.ok and answer is None and not reply.truncated:
+        try:
+            retry = await session.chat(
+                role, answer_reminder_prompt(messages, reply.content), sample=calls, sampling=sampling
+            )
+        except BudgetExhausted:
+            retry = None
+        reminder: dict[str, Any] = {"first_call_id": reply.call_id, "first_reply": reply.content[:REPLY_LIMIT]}
+        info["reminder"] = reminder
+        if retry is None:
+            reminder["error"] = "budget spent"
+        elif not retry.ok:
+            reminder["error"] = retry.error
+            usage = usage + retry.usage
+        else:
+            usage = usage + retry.usage
+            reply = retry
+            answer, source = _extracted(session, role, reply, mode)
+            reminder["answered"] = answer is not None
     if reply.ok and mode == "numeric":
-        answer, source = extract_answer(reply.content)
         info["extraction"] = source
-        session.tally(role).unusable += source == "none"
-        session.tally(role).fallback += source == "fallback"
     if reply.truncated:
         info["truncated"] = True
     return Candidate(
         index=index,
-        text=text,
+        # The text later prompts see: the solution without any feedback section before it.
+        text=solution_section(reply.content),
         answer=answer,
         call_id=reply.call_id,
-        usage=reply.usage,
+        usage=usage,
         finish_reason=reply.finish_reason,
         error=reply.error,
         meta=info,
     )
+
+
+def _extracted(session: ProblemSession, role: str, reply: Completion, mode: str) -> tuple[str | None, str]:
+    """The reply's answer and where it came from (numeric mode), counted in ``role``'s reply tally."""
+    if not reply.ok or mode != "numeric":
+        return None, "none"
+    answer, source = extract_answer(reply.content)
+    session.tally(role).unusable += source == "none"
+    session.tally(role).fallback += source == "fallback"
+    return answer, source
+
+
+def keeps_previous(candidate: Candidate, previous: Candidate | None, mode: str) -> bool:
+    """Whether a refinement without an answer must not replace ``previous``, an answered solution of the same
+    trajectory (numeric mode): the trajectory goes on from ``previous``, and the new reply is only recorded."""
+    return (
+        mode == "numeric"
+        and candidate.error is None
+        and candidate.answer is None
+        and previous is not None
+        and previous.error is None
+        and previous.answer is not None
+    )
+
+
+async def pick_answered(
+    session: ProblemSession, iterations: list[list[Candidate]], mode: str, *, fallback: bool
+) -> tuple[Candidate | None, dict[str, Any] | None]:
+    """:func:`pick` over the last of ``iterations``; when it has no answer (numeric mode) and ``fallback`` is on, the
+    pick of the latest earlier iteration that has an answered candidate, with what the fallback took and why."""
+    last = iterations[-1] if iterations else []
+    chosen = pick(last, mode, await session.answer_classes(last))
+    if not fallback or mode != "numeric" or (chosen is not None and chosen.answer is not None):
+        return chosen, None
+    for t in range(len(iterations) - 2, -1, -1):
+        answered = [c for c in iterations[t] if c.answer is not None and c.error is None]
+        if answered:
+            backup = pick(answered, mode, await session.answer_classes(answered))
+            if backup is not None:
+                info = {
+                    "iteration": t,
+                    "candidate": backup.index,
+                    "answer": backup.answer,
+                    "reason": "no answered candidate in the last iteration",
+                }
+                return backup, info
+    return chosen, None
 
 
 def notes_for(candidates: list[Candidate], mode: str) -> list[str]:
@@ -99,14 +171,19 @@ def notes_for(candidates: list[Candidate], mode: str) -> list[str]:
             notes.append(f"candidate {c.index}: {'unusable' if c.meta.get('echo') else 'call failed'}: {c.error}")
         elif mode == "numeric" and c.answer is None:
             notes.append(f"candidate {c.index}: no extractable answer")
+        reminder = c.meta.get("reminder")
+        if reminder is not None:
+            outcome = "answered" if reminder.get("answered") else f"no answer ({reminder.get('error') or 'again'})"
+            notes.append(f"candidate {c.index}: first reply had no answer; asked again with a reminder: {outcome}")
         if c.meta.get("truncated"):
             notes.append(f"candidate {c.index}: truncated at max_tokens")
     return notes
 
 
-def vote(candidates: list[Candidate]) -> Candidate | None:
-    """Majority vote (self-consistency): the first candidate holding the most frequent normalized answer."""
-    keys = [normalize_answer(c.answer) if c.answer and c.error is None else None for c in candidates]
+def vote(candidates: list[Candidate], classes: Mapping[str, str] | None = None) -> Candidate | None:
+    """Majority vote (self-consistency): the first candidate holding the most frequent answer, answers counted by
+    value (``classes``: answer -> class key, see tmas.answer_classes; without it, spelling and exact numbers)."""
+    keys = [class_of(c.answer, classes) if c.answer and c.error is None else None for c in candidates]
     counts = Counter(k for k in keys if k)
     if not counts:
         return None
@@ -114,10 +191,10 @@ def vote(candidates: list[Candidate]) -> Candidate | None:
     return next(c for c, k in zip(candidates, keys, strict=True) if k and counts[k] == top)
 
 
-def pick(candidates: list[Candidate], mode: str) -> Candidate | None:
+def pick(candidates: list[Candidate], mode: str, classes: Mapping[str, str] | None = None) -> Candidate | None:
     """Without scores: the majority answer in numeric mode, else the first candidate that succeeded."""
     if mode == "numeric":
-        voted = vote(candidates)
+        voted = vote(candidates, classes)
         if voted is not None:
             return voted
     return next((c for c in candidates if c.error is None), None)

@@ -1,5 +1,6 @@
 """Majority vote, MV@k (self-consistency; the TMAS paper's MV@64 baseline): k independent samples of the plain
-solution prompt, and the most frequent normalized answer wins (ties: the answer that came first).
+solution prompt, and the most frequent answer wins, answers counted by value (``0.5`` and ``\\frac{1}{2}`` are one
+answer: tmas.answer_classes); ties: the answer that came first.
 
 Beyond the paper: with ``iterations`` > 1 each iteration draws k more samples and the vote runs over all samples
 drawn so far (MV@k(t+1)), so majority vote gets an accuracy-against-tokens curve like the iterative methods.
@@ -13,7 +14,6 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from tmas.agents.solution import generation_prompt
-from tmas.answers import normalize_answer
 from tmas.methods.base import Candidate, Method, MethodParams, ProblemResult, ProblemSession, gather_all
 from tmas.methods.candidates import budget_note, finish, notes_for, pick, solve_call
 from tmas.methods.styled import StyledParams
@@ -40,11 +40,12 @@ class MajorityVote(Method[MajorityParams]):
             if not candidates:
                 break  # the budget refused every sample of this iteration: nothing to record
             pool += candidates
-            chosen = pick(pool, mode)
+            classes = await session.answer_classes(pool)
+            chosen = pick(pool, mode, classes)
             notes = notes_for(candidates, mode)
             if session.budget_stop:
                 notes += budget_note(session, len(candidates), p.k)
-            votes = Counter(normalize_answer(c.answer) for c in pool if c.answer and c.error is None)
+            votes = Counter(classes[c.answer] for c in pool if c.answer and c.error is None)
             session.end_iteration(
                 candidates,
                 selected=chosen.answer if chosen else None,
@@ -53,4 +54,5 @@ class MajorityVote(Method[MajorityParams]):
             )
             if session.budget_stop:
                 break
-        return finish(session, self.name, pick(pool, mode), stopped=session.budget_stop is not None)
+        chosen = pick(pool, mode, await session.answer_classes(pool))
+        return finish(session, self.name, chosen, stopped=session.budget_stop is not None)

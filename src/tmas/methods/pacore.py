@@ -66,7 +66,7 @@ class PaCoRe(Method[PaCoReParams]):
             candidates = [c for c in drawn if c is not None]
             if not candidates:
                 break
-            chosen = pick(candidates, mode)
+            chosen = pick(candidates, mode, await session.answer_classes(candidates))
             notes = notes_for(candidates, mode)
             if kind == "generate" and t > 0:
                 notes.append("no successful response in the previous round: sampled without messages")

@@ -98,7 +98,7 @@ class RSE(Method[RSEParams]):
             candidates = [c for c in drawn if c is not None]
             if not candidates:
                 break
-            chosen = pick(candidates, mode)
+            chosen = pick(candidates, mode, await session.answer_classes(candidates))
             notes = notes_for(candidates, mode)
             state: dict[str, Any] = {"bank_in": _dump(bank)}
             if not session.budget_stop and t < p.iterations - 1:

@@ -4,10 +4,15 @@ Rules (``select``):
 
 - ``best_score``: the paper's rule (TMAS Algorithm 1, line 22): the highest score. Ties: the answer most of the tied
   candidates share, then the earliest candidate in pool order.
-- ``vote``: plurality of the extracted answers (normalized). Ties between answers: the larger sum of scores, then
-  the answer whose first holder comes earliest in pool order.
+- ``vote``: plurality of the extracted answers, counted by value (below). Ties between answers: the larger sum of
+  scores, then the answer whose first holder comes earliest in pool order.
 - ``score_weighted_vote``: the answer with the largest sum of scores over the candidates that give it. Ties: more
   votes, then the earliest first holder in pool order.
+
+Answers count by value, not spelling: ``0.5``, ``1/2`` and ``\\frac{1}{2}`` are one answer. ``classes`` maps each
+answer to its class, as :func:`tmas.answer_classes.answer_classes` builds it (normalized spelling and exact numbers,
+then the grading rules' equivalence across the few groups left); without it, the spelling and exact-number stage
+alone groups them. The same grouping decides which answer "most tied candidates share" in ``best_score``.
 
 For both votes the returned candidate is the winning answer's best-scored holder (ties: earliest in pool order).
 
@@ -15,16 +20,20 @@ Every rule skips candidates whose call failed; in numeric mode it prefers candid
 candidate has one (or in proof mode, where there are no answers to count) both votes fall back to ``best_score``.
 A missing score counts 0.
 
+Answer fallback (``select_answered``, beyond the paper): when the pool holds no answered candidate (numeric mode),
+the answer comes from the best answered candidate of the earlier iterations (the rule applied to the ``all`` pool
+of them), recorded as a fallback. With it off, the rule reads the pool alone, as Algorithm 1's line 22 does.
+
 Pools (``pool``): ``last`` is the last iteration's candidates; ``all`` is every iteration's, ordered newest iteration
 first, then by candidate index, so "earliest in pool order" prefers the latest, most refined candidate.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Literal, get_args
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, get_args
 
-from tmas.answers import normalize_answer
+from tmas.answer_classes import class_of
 from tmas.methods.base import Candidate
 
 SelectRule = Literal["best_score", "vote", "score_weighted_vote"]
@@ -45,8 +54,14 @@ def candidate_pool(iterations: Sequence[Sequence[Candidate]], pool: PoolRule) ->
     return [c for candidates in reversed(iterations) for c in candidates]
 
 
-def select(candidates: Sequence[Candidate], mode: str, rule: SelectRule = "best_score") -> Candidate | None:
-    """The candidate ``rule`` returns from ``candidates`` (in pool order); None when every call failed."""
+def select(
+    candidates: Sequence[Candidate],
+    mode: str,
+    rule: SelectRule = "best_score",
+    classes: Mapping[str, str] | None = None,
+) -> Candidate | None:
+    """The candidate ``rule`` returns from ``candidates`` (in pool order); None when every call failed.
+    ``classes``: answer -> the key of its class of equal values (see the module docstring)."""
     usable = [c for c in candidates if c.error is None]
     answered = [c for c in usable if c.answer is not None]
     if mode == "numeric" and answered:
@@ -54,10 +69,10 @@ def select(candidates: Sequence[Candidate], mode: str, rule: SelectRule = "best_
     if not usable:
         return None
     if rule == "best_score" or mode != "numeric" or not answered:
-        return _best_score(usable, mode)
+        return _best_score(usable, mode, classes)
     groups: dict[str, list[Candidate]] = {}
     for c in usable:
-        groups.setdefault(normalize_answer(c.answer or ""), []).append(c)
+        groups.setdefault(class_of(c.answer or "", classes), []).append(c)
     # Dicts keep insertion order: the group index is the position of the answer's first holder in the pool.
     order = {key: position for position, key in enumerate(groups)}
 
@@ -70,19 +85,53 @@ def select(candidates: Sequence[Candidate], mode: str, rule: SelectRule = "best_
     return _top_scored(groups[winner])
 
 
-def _best_score(pool: list[Candidate], mode: str) -> Candidate:
+def _best_score(pool: list[Candidate], mode: str, classes: Mapping[str, str] | None) -> Candidate:
     best = max(_score(c) for c in pool)
     tied = [c for c in pool if abs(_score(c) - best) < _EPS]
     if mode == "numeric":
         counts: dict[str, int] = {}
         for c in tied:
             if c.answer is not None:
-                key = normalize_answer(c.answer)
+                key = class_of(c.answer, classes)
                 counts[key] = counts.get(key, 0) + 1
         if counts:
             top = max(counts.values())
-            tied = [c for c in tied if c.answer is not None and counts[normalize_answer(c.answer)] == top]
+            tied = [c for c in tied if c.answer is not None and counts[class_of(c.answer, classes)] == top]
     return tied[0]
+
+
+def select_answered(
+    iterations: Sequence[Sequence[Candidate]],
+    pool: PoolRule,
+    mode: str,
+    rule: SelectRule = "best_score",
+    classes: Mapping[str, str] | None = None,
+    *,
+    fallback: bool = True,
+) -> tuple[Candidate | None, dict[str, Any] | None]:
+    """The candidate ``rule`` returns from the ``pool`` of ``iterations`` (oldest first); in numeric mode, when it
+    has no answer and ``fallback`` is on, the best answered candidate of the earlier iterations instead.
+
+    The second value describes a fallback that happened (None otherwise): the iteration and index of the candidate
+    returned, and why. ``classes`` must cover the answers of every iteration.
+    """
+    chosen = select(candidate_pool(iterations, pool), mode, rule, classes)
+    if not fallback or mode != "numeric" or (chosen is not None and chosen.answer is not None):
+        return chosen, None
+    earlier = iterations[:-1]
+    # The rule over every earlier candidate, newest iteration first (``select`` prefers answered candidates): ties go
+    # to the latest, most refined answer, as in the ``all`` pool.
+    backup = select(candidate_pool(earlier, "all"), mode, rule, classes)
+    if backup is None or backup.answer is None:
+        return chosen, None
+    where = next(t for t, candidates in enumerate(earlier) if any(c is backup for c in candidates))
+    info = {
+        "iteration": where,
+        "candidate": backup.index,
+        "answer": backup.answer,
+        "reason": "no answered candidate in the " + ("last iteration" if pool == "last" else "pool"),
+    }
+    return backup, info
 
 
 def _top_scored(holders: list[Candidate]) -> Candidate:

@@ -4,7 +4,8 @@ iteration, on its own previous attempt only. No trajectory ever sees another one
 Iteration 0 samples TMAS's plain generation prompt (as every method here does); each later iteration sends
 trajectory i's previous solution back to the model (role ``refiner``), which reviews it and writes an improved one.
 The paper's feedback and refine steps are one call here (a "## Feedback" section, then the solution): see
-docs/baselines.md. A trajectory whose last call failed starts afresh from the generation prompt.
+docs/baselines.md. A trajectory whose last call failed starts afresh from the generation prompt. A refinement without
+an answer never silently replaces an answered solution (``answer_reminder``, ``answer_fallback``: issue 16).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pydantic import Field
 from tmas.agents.baselines import self_refine_prompt
 from tmas.agents.solution import generation_prompt
 from tmas.methods.base import Candidate, Method, MethodParams, ProblemResult, ProblemSession, gather_all
-from tmas.methods.candidates import budget_note, finish, notes_for, pick, solve_call
+from tmas.methods.candidates import budget_note, finish, keeps_previous, notes_for, pick_answered, solve_call
 from tmas.methods.styled import StyledParams
 
 
@@ -25,6 +26,11 @@ class SelfRefineParams(StyledParams):
     iterations: int = Field(default=20, ge=1)
     # Parallel trajectories (paper: 8).
     n: int = Field(default=8, ge=1, le=256)
+    # Beyond the paper (issue 16): a refinement with no extractable answer is asked once more with a reminder of the
+    # required output; one still without an answer does not replace its trajectory's answered solution, and when the
+    # last iteration has no answer, the latest earlier answer is returned, recorded as a fallback.
+    answer_reminder: bool = True
+    answer_fallback: bool = True
 
 
 class SelfRefine(Method[SelfRefineParams]):
@@ -37,6 +43,7 @@ class SelfRefine(Method[SelfRefineParams]):
         # Trajectory i's latest solution; None before the first or after a failed call.
         latest: list[Candidate | None] = [None] * p.n
         chosen: Candidate | None = None
+        fallback: dict[str, Any] | None = None
         for t in range(p.iterations):
             session.begin_iteration(t)
 
@@ -46,19 +53,41 @@ class SelfRefine(Method[SelfRefineParams]):
                     first = generation_prompt(q, mode, p.style_of("solution"))
                     return await solve_call(session, "solution", first, index=i, mode=mode, meta={"prompt": "generate"})
                 messages = self_refine_prompt(q, mode, prev.text, p.style_of("refiner"))
-                return await solve_call(session, "refiner", messages, index=i, mode=mode, meta={"prompt": "refine"})
+                return await solve_call(
+                    session,
+                    "refiner",
+                    messages,
+                    index=i,
+                    mode=mode,
+                    meta={"prompt": "refine"},
+                    remind=p.answer_reminder,
+                )
 
             stepped = await gather_all(step(i) for i in range(p.n))
             candidates = [c for c in stepped if c is not None]
             if not candidates:
                 break
-            for c in candidates:
-                latest[c.index] = c
-            chosen = pick(candidates, mode)
             notes = notes_for(candidates, mode)
+            for c in candidates:
+                if p.answer_fallback and keeps_previous(c, latest[c.index], mode):
+                    c.meta["kept_previous"] = True
+                    notes.append(f"candidate {c.index}: no answer; the trajectory goes on from its previous solution")
+                else:
+                    latest[c.index] = c
+            recorded = [record.candidates for record in session.records]
+            chosen, fallback = await pick_answered(session, [*recorded, candidates], mode, fallback=p.answer_fallback)
+            if fallback is not None:
+                notes.append(f"answer from iteration {fallback['iteration']}: {fallback['reason']}")
             if session.budget_stop:
                 notes += budget_note(session, len(candidates), p.n)
-            session.end_iteration(candidates, selected=chosen.answer if chosen else None, notes=notes)
+            session.end_iteration(
+                candidates,
+                selected=chosen.answer if chosen else None,
+                state={"answer_fallback": fallback} if fallback else None,
+                notes=notes,
+            )
             if session.budget_stop:
                 break
-        return finish(session, self.name, chosen, stopped=session.budget_stop is not None)
+        result = finish(session, self.name, chosen, stopped=session.budget_stop is not None)
+        result.fallback = fallback
+        return result

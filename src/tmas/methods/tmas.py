@@ -10,8 +10,13 @@ Per iteration t, from the fixed state (R_{t-1}, E_{t-1}, G_{t-1}) of the previou
 
 The critical path of an iteration is therefore solution + verification + summary + max(experience, guideline).
 The answer is the argmax over R_T of the mean verifier score. Ties: among the tied candidates, the answer most of
-them share wins, then the lowest candidate index; candidates without an answer (numeric mode) are chosen only when
-no candidate has one. The ``select`` and ``pool`` parameters choose other rules (methods/selection.py).
+them share (by value: methods/selection.py) wins, then the lowest candidate index; candidates without an answer
+(numeric mode) are chosen only when no candidate has one. The ``select`` and ``pool`` parameters choose other rules.
+
+Two documented deviations keep a run from losing an answer (issue 16; ``answer_reminder`` and ``answer_fallback``
+turn them off): an exploit or explore reply with no extractable answer is asked once more, with a reminder of the
+required output (``answer_reminder.j2``); and when R_T holds no answered candidate, the answer is the best answered
+candidate of the earlier iterations, recorded in the result's ``fallback`` and the iteration's state.
 
 Bad agent output never crashes a problem: a failed or answerless solution scores 0, an unreadable verification
 counts 0, a missing summary is replaced by one built from the scores, and an invalid experience or guideline update
@@ -25,7 +30,6 @@ draw depends only on the run seed, so re-running reaches the same state.
 from __future__ import annotations
 
 import random
-import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +37,7 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel
 
+from tmas.agents.answer_reminder import answer_reminder_prompt
 from tmas.agents.echo import EchoFiltered, EchoGuard
 from tmas.agents.experience import ExperienceReply, experience_prompt, parse_experience_update
 from tmas.agents.guideline import GuidelineReply, guideline_prompt, parse_guideline_update
@@ -49,6 +54,7 @@ from tmas.agents.solution import (
 )
 from tmas.agents.summary import Summary, fallback_summary, parse_summary, summary_prompt
 from tmas.agents.verification import Verification, VerificationReply, parse_verification, verification_prompt
+from tmas.answer_classes import value_key
 from tmas.config import Sampling
 from tmas.llm.types import Completion, Message
 from tmas.memory.experience_bank import ExperienceBank, apply_experience_ops
@@ -63,7 +69,7 @@ from tmas.methods.base import (
     gather_pair,
 )
 from tmas.methods.echo_retry import chat_guarded
-from tmas.methods.selection import candidate_pool, select
+from tmas.methods.selection import select_answered
 from tmas.methods.tmas_params import TMAS_ROLES, TMASParams, sampling_override
 
 Update = TypeVar("Update", bound=EchoFiltered)
@@ -165,8 +171,11 @@ class TMAS(Method[TMASParams]):
                     self._update_guideline(session, rollouts, state.guideline, sampling, log),
                 )
             state = MemoryState(rollouts=rollouts, experience=experience, guideline=guideline)
+            selected, fallback = await self._select(session, candidates)
+            if fallback is not None:
+                extra["answer_fallback"] = fallback
+                log.bad("answer_fallback", f"answer from iteration {fallback['iteration']}: {fallback['reason']}")
             totals.update(log.anomalies)
-            selected = self._select(session, candidates)
             session.end_iteration(
                 candidates,
                 selected=selected.answer if selected else None,
@@ -186,7 +195,8 @@ class TMAS(Method[TMASParams]):
             if stopped is not None:
                 break
         final = session.records[-1].candidates
-        best = self._select(session)  # line 22: argmax over R_T of Score(c) (with the defaults)
+        # Line 22: argmax over R_T of Score(c) (with the defaults), or the earlier answer R_T lacks (answer_fallback).
+        best, fallback = await self._select(session)
         result = session.result(
             self.name,
             answer=best.answer if best else None,
@@ -194,18 +204,24 @@ class TMAS(Method[TMASParams]):
             stopped_reason=stopped,
         )
         result.counters = dict(sorted(totals.items()))
+        result.fallback = fallback
         if best is None:
             errors = {c.error for c in final if c.error}
             result.status = "failed"
             result.error = "no candidate of the last iteration succeeded" + (f": {sorted(errors)[0]}" if errors else "")
         return result
 
-    def _select(self, session: ProblemSession, current: list[Candidate] | None = None) -> Candidate | None:
-        """The answer from the iterations recorded so far, plus ``current`` (the iteration being finished)."""
+    async def _select(
+        self, session: ProblemSession, current: list[Candidate] | None = None
+    ) -> tuple[Candidate | None, dict[str, Any] | None]:
+        """The answer from the iterations recorded so far, plus ``current`` (the iteration being finished), and the
+        fallback it took, if any."""
+        p = self.params
         iterations = [record.candidates for record in session.records]
         if current is not None:
             iterations.append(current)
-        return select(candidate_pool(iterations, self.params.pool), self.params.mode, self.params.select)
+        classes = await session.answer_classes(c for candidates in iterations for c in candidates)
+        return select_answered(iterations, p.pool, p.mode, p.select, classes, fallback=p.answer_fallback)
 
     # ------------------------------------------------------------------------------------------ solution agent
     def _plan(
@@ -311,14 +327,18 @@ class TMAS(Method[TMASParams]):
         if not reply.ok:
             log.bad("solution_failed", f"candidate {i}: solution call failed: {reply.error}")
             return CandidateOutcome(candidate, None)
-        solution = parse_solution(reply.content, p.mode)
-        candidate.text, candidate.answer = solution.text, solution.answer
         if guarded.echo is not None:
             # An echo never becomes an answer or a rollout: the candidate stays in the record, unusable.
             meta["echo"] = guarded.echo
             candidate.answer, candidate.error = None, f"the {guarded.echo} echoed the prompt's instructions"
             log.bad("solution_echo", f"candidate {i}: the retry's {guarded.echo} echoed the instructions too; dropped")
             return CandidateOutcome(candidate, None)
+        solution = parse_solution(reply.content, p.mode)
+        if self._remind(solution.answer, reply.truncated, plan.prompt_names[i]):
+            reply, solution = await self._reminded(session, i, plan.messages[i], reply, solution, sampling, log, meta)
+            candidate.call_id, candidate.finish_reason = reply.call_id, reply.finish_reason
+            candidate.usage = candidate.usage + reply.usage
+        candidate.text, candidate.answer = solution.text, solution.answer
         if reply.truncated:
             meta["truncated"] = True
             log.bad("solution_truncated", f"candidate {i}: solution truncated at max_tokens")
@@ -371,6 +391,49 @@ class TMAS(Method[TMASParams]):
         meta["summary_call_id"] = s_reply.call_id
         rollout = Rollout(index=i, solution=solution.text, summary=summary.text, score=score, answer=solution.answer)
         return CandidateOutcome(candidate, rollout)
+
+    def _remind(self, answer: str | None, truncated: bool, prompt_name: SolutionPrompt) -> bool:
+        """Whether an answerless exploit or explore reply is asked once more (a truncated one is not: the same
+        max_tokens would cut the retry too)."""
+        p = self.params
+        return (
+            p.answer_reminder and p.mode == "numeric" and answer is None and not truncated and prompt_name != "generate"
+        )
+
+    async def _reminded(
+        self,
+        session: ProblemSession,
+        i: int,
+        messages: list[Message],
+        reply: Completion,
+        solution: SolutionOutput,
+        sampling: dict[str, Sampling | None],
+        log: IterationLog,
+        meta: dict[str, Any],
+    ) -> tuple[Completion, SolutionOutput]:
+        """The answerless reply sent back with the reminder of the required output: the retry's reply and parse
+        where the retry succeeded, else the first ones. Both replies stay in the run store; ``meta["reminder"]``
+        keeps the first reply's call and text."""
+        session.tally("solution").unusable += 1
+        retry = await session.chat(
+            "solution", answer_reminder_prompt(messages, reply.content), sample=i, sampling=sampling["solution"]
+        )
+        info: dict[str, Any] = {"first_call_id": reply.call_id, "first_reply": reply.content[:RAW_LIMIT]}
+        meta["reminder"] = info
+        if not retry.ok:
+            info["error"] = retry.error
+            log.bad(
+                "solution_reminder_failed", f"candidate {i}: no answer, and the reminder call failed: {retry.error}"
+            )
+            return reply, solution
+        retried = parse_solution(retry.content, self.params.mode)
+        info["answered"] = retried.answer is not None
+        log.bad(
+            "solution_reminded",
+            f"candidate {i}: no extractable answer; asked again with a reminder of the required output: "
+            + ("answered" if retried.answer is not None else "still no answer"),
+        )
+        return retry, retried
 
     async def _verify(
         self,
@@ -601,22 +664,12 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-_SPACE = re.compile(r"\s+")
-
-
-def answer_key(answer: str) -> str:
-    """A light normal form for comparing answers: no spaces, \\dfrac/\\tfrac as \\frac, no \\left/\\right."""
-    key = _SPACE.sub("", answer)
-    for old, new in (("\\dfrac", "\\frac"), ("\\tfrac", "\\frac"), ("\\left", ""), ("\\right", "")):
-        key = key.replace(old, new)
-    return key.rstrip(".")
-
-
 def _agreement(candidates: list[Candidate], mode: str) -> float:
-    """Share of candidates giving the most common answer (numeric); 1.0 in proof mode, where there is none."""
+    """Share of candidates giving the most common answer (numeric, by spelling and exact number: no rule check for
+    a progress figure); 1.0 in proof mode, where there is none."""
     if mode != "numeric":
         return 1.0
-    keys = [answer_key(c.answer) for c in candidates if c.answer is not None]
+    keys = [value_key(c.answer) for c in candidates if c.answer is not None]
     if not keys or not candidates:
         return 0.0
     return Counter(keys).most_common(1)[0][1] / len(candidates)

@@ -94,6 +94,12 @@ class TMASParams(StyledParams):
     # Beyond the paper: which candidate is returned (methods/selection.py); the defaults are Algorithm 1's line 22.
     select: SelectRule = "best_score"
     pool: PoolRule = "last"
+    # Beyond the paper (issue 16): an exploit or explore reply with no extractable answer (numeric mode, not cut at
+    # max_tokens) is asked once more, with a reminder of the required output; and when the pool holds no answered
+    # candidate, the answer falls back to the best answered candidate of earlier iterations, recorded as a fallback.
+    # Both off: Algorithm 1 exactly (line 22 reads R_T alone).
+    answer_reminder: bool = True
+    answer_fallback: bool = True
     # Beyond the paper: "logprob" replaces each of the M verifier essays by one short score-first reply whose score is
     # the expected value under its score token's log-probabilities (see tmas.agents.score_first); "text" parses the
     # essay's "Score:" line as the paper does. In logprob mode `style` does not apply to the verifier.

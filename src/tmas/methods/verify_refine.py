@@ -6,7 +6,8 @@ previous solution with its verification report to the corrector (role ``correcto
 ``m`` verifications (TMAS's verification agent, role ``verifier``). Its score is their mean (1 / 0.5 / 0 scale) and
 the answer is the best-scored candidate's (``select`` and ``pool`` choose other rules: methods/selection.py). With
 m > 1 the corrector is shown the most critical report (lowest score). The iteration's candidates are the verified
-solutions of that iteration.
+solutions of that iteration. A correction without an answer never silently replaces an answered solution
+(``answer_reminder``, ``answer_fallback``: issue 16).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from tmas.methods.base import (
     ProblemSession,
     gather_all,
 )
-from tmas.methods.candidates import budget_note, finish, notes_for, solve_call
-from tmas.methods.selection import PoolRule, SelectRule, candidate_pool, select
+from tmas.methods.candidates import budget_note, finish, keeps_previous, notes_for, solve_call
+from tmas.methods.selection import PoolRule, SelectRule, select_answered
 from tmas.methods.styled import StyledParams
 
 
@@ -42,6 +43,11 @@ class VerifyRefineParams(StyledParams):
     # Beyond the paper: which candidate is returned (see methods/selection.py); the default is the paper's.
     select: SelectRule = "best_score"
     pool: PoolRule = "last"
+    # Beyond the paper (issue 16): a correction with no extractable answer is asked once more with a reminder of the
+    # required output; one still without an answer does not replace its trajectory's answered solution, and when the
+    # pool has no answer, the best answered candidate of earlier iterations is returned, recorded as a fallback.
+    answer_reminder: bool = True
+    answer_fallback: bool = True
 
 
 @dataclass
@@ -60,30 +66,43 @@ class VerifyRefine(Method[VerifyRefineParams]):
         p = self.params
         latest: list[Verified | None] = [None] * p.n
         chosen: Candidate | None = None
+        fallback: dict[str, Any] | None = None
         for t in range(p.iterations):
             session.begin_iteration(t)
             stepped = await gather_all(self._step(session, i, latest[i]) for i in range(p.n))
             done = [v for v in stepped if v is not None]
             if not done:
                 break
-            for v in done:
-                latest[v.candidate.index] = v
             candidates = [v.candidate for v in done]
-            recorded = [record.candidates for record in session.records]
-            chosen = select(candidate_pool([*recorded, candidates], p.pool), p.mode, p.select)
             notes = notes_for(candidates, p.mode)
+            for v in done:
+                previous = latest[v.candidate.index]
+                if p.answer_fallback and keeps_previous(v.candidate, previous.candidate if previous else None, p.mode):
+                    v.candidate.meta["kept_previous"] = True
+                    notes.append(
+                        f"candidate {v.candidate.index}: no answer; the trajectory goes on from its previous one"
+                    )
+                else:
+                    latest[v.candidate.index] = v
+            iterations = [*(record.candidates for record in session.records), candidates]
+            classes = await session.answer_classes(c for cands in iterations for c in cands)
+            chosen, fallback = select_answered(
+                iterations, p.pool, p.mode, p.select, classes, fallback=p.answer_fallback
+            )
+            if fallback is not None:
+                notes.append(f"answer from iteration {fallback['iteration']}: {fallback['reason']}")
             if session.budget_stop:
                 notes += budget_note(session, len(candidates), p.n)
             scores = [c.score for c in candidates if c.score is not None]
-            session.end_iteration(
-                candidates,
-                selected=chosen.answer if chosen else None,
-                state={"mean_score": sum(scores) / len(scores) if scores else None},
-                notes=notes,
-            )
+            state: dict[str, Any] = {"mean_score": sum(scores) / len(scores) if scores else None}
+            if fallback is not None:
+                state["answer_fallback"] = fallback
+            session.end_iteration(candidates, selected=chosen.answer if chosen else None, state=state, notes=notes)
             if session.budget_stop:
                 break
-        return finish(session, self.name, chosen, stopped=session.budget_stop is not None)
+        result = finish(session, self.name, chosen, stopped=session.budget_stop is not None)
+        result.fallback = fallback
+        return result
 
     async def _step(self, session: ProblemSession, i: int, prev: Verified | None) -> Verified | None:
         """Trajectory i's solution (fresh or corrected) and its verifications."""
@@ -96,7 +115,8 @@ class VerifyRefine(Method[VerifyRefineParams]):
                 q, mode, prev.candidate.text, report.feedback, report.score, p.style_of("corrector")
             )
             role, kind = "corrector", "correct"
-        candidate = await solve_call(session, role, messages, index=i, mode=mode, meta={"prompt": kind})
+        remind = p.answer_reminder and kind == "correct"
+        candidate = await solve_call(session, role, messages, index=i, mode=mode, meta={"prompt": kind}, remind=remind)
         if candidate is None:
             return None
         if candidate.error is not None:

@@ -62,6 +62,9 @@ class SimStats(BaseModel):
     errors: int = 0  # rejected as invalid (bad JSON, context too long, ...), not counting injected faults
     in_flight: int = 0
     max_in_flight: int = 0
+    # Problems (X-Tmas-Problem) in flight at once, most ever: a problem is in flight from its first chat request's
+    # arrival to the end of its latest answer so far, so the pauses between its calls count as in flight too.
+    max_problems_in_flight: int = 0
     by_role: dict[str, int] = {}
     faults: dict[str, int] = {}
     prompt_tokens: int = 0
@@ -176,6 +179,8 @@ class SimApp:
         self._active = _Active.of(script)
         self._log: deque[_LogEntry] = deque(maxlen=script.log_limit)
         self._stats = SimStats()
+        # Problem id -> [first arrival, latest answer's end, chat requests open] (time.monotonic()).
+        self._spans: dict[str, list[float]] = {}
 
     # ---- thread-safe control ---------------------------------------------------------------------
 
@@ -196,13 +201,48 @@ class SimApp:
             in_flight = self._stats.in_flight
             self._stats = SimStats(in_flight=in_flight, max_in_flight=in_flight)
             self._log.clear()
+            self._spans.clear()
             self._active = _Active.of(self._active.script)
 
     def stats(self) -> SimStats:
         with self._lock:
             return self._stats.model_copy(
-                update={"by_role": dict(self._stats.by_role), "faults": dict(self._stats.faults)}
+                update={
+                    "by_role": dict(self._stats.by_role),
+                    "faults": dict(self._stats.faults),
+                    "max_problems_in_flight": self._most_problems_at_once(),
+                }
             )
+
+    def _most_problems_at_once(self) -> int:
+        """The most problem spans that overlap (called under the lock). A span still open ends now."""
+        now = time.monotonic()
+        # At equal times an end sorts before a start: a problem answered as the next one arrives is not overlapping.
+        events = sorted(
+            [(start, 1) for start, _, _ in self._spans.values()]
+            + [(end if open_ == 0 else now, -1) for _, end, open_ in self._spans.values()]
+        )
+        most = running = 0
+        for _, step in events:
+            running += step
+            most = max(most, running)
+        return most
+
+    def _problem_enter(self, problem: str | None) -> None:
+        if problem is None:
+            return
+        with self._lock:
+            span = self._spans.setdefault(problem, [time.monotonic(), 0.0, 0])
+            span[2] += 1
+
+    def _problem_leave(self, problem: str | None) -> None:
+        if problem is None:
+            return
+        with self._lock:
+            span = self._spans.get(problem)
+            if span is not None:  # (a reset between arrival and answer dropped it)
+                span[1] = time.monotonic()
+                span[2] -= 1
 
     def requests(self, last: int | None = None) -> list[LoggedRequest]:
         with self._lock:
@@ -367,13 +407,16 @@ class SimApp:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         received = time.time()
         role = request.headers.get(ROLE_HEADER) or "default"
+        problem = request.headers.get(PROBLEM_HEADER)
         self._enter(role)
+        self._problem_enter(problem)
         try:
             return await self._chat_inner(request, role, received)
         except _BadRequest as exc:
             self._count_error()
             return error_response(400, exc.message, "BadRequestError")
         finally:
+            self._problem_leave(problem)
             self._leave()
 
     async def _chat_inner(self, request: web.Request, role: str, received: float) -> web.StreamResponse:

@@ -1,0 +1,120 @@
+"""Answers grouped by value, for votes: ``0.5``, ``1/2`` and ``\\frac{1}{2}`` are one answer.
+
+Two stages, cheapest first:
+
+1. :func:`value_key`: the spelling normalisation of :func:`tmas.answers.normalize_answer`, and plain numbers
+   (integers, decimals, fractions ``a/b`` and ``\\frac{a}{b}``) written as their exact value;
+2. :func:`answer_classes`: the few distinct keys left are compared pairwise by an :class:`EquivalenceCheck` (the
+   project's grading rules, Math-Verify, run in worker processes: see ``tmas.eval.rules.RuleEquivalence``), and
+   keys found equal are merged. Two plain numbers never need the check: their keys are equal exactly when their
+   values are (so integer answers cost no check at all).
+
+Without a check (Math-Verify is in the ``eval`` extra, not the core install) the first stage alone groups answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from fractions import Fraction
+from typing import Protocol
+
+from tmas.answers import normalize_answer
+
+# Most distinct keys compared pairwise: each pair costs two rule checks. Keys past this many (the rarest, then the
+# latest first seen) keep their own group.
+MAX_COMPARED = 12
+
+_INTEGER = re.compile(r"[+-]?\d+")
+_DECIMAL = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+)")
+_SLASH = re.compile(r"([+-]?)(\d+)/(\d+)")
+_FRAC = re.compile(r"([+-]?)\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}")
+
+
+class EquivalenceCheck(Protocol):
+    """Whether two answers are mathematically equal (both orders: the relation a vote groups by is symmetric)."""
+
+    async def equivalent(self, first: str, second: str) -> bool: ...
+
+
+def _exact(text: str) -> Fraction | None:
+    """The exact value of a plain number, else None."""
+    text = text.replace("{,}", "")  # LaTeX thousands separator: 1{,}000
+    if _INTEGER.fullmatch(text) or _DECIMAL.fullmatch(text):
+        return Fraction(text)
+    match = _SLASH.fullmatch(text) or _FRAC.fullmatch(text)
+    if match is None:
+        return None
+    sign, numerator, denominator = match.groups()
+    if int(denominator) == 0:
+        return None
+    value = Fraction(int(numerator), int(denominator))
+    return -value if sign == "-" else value
+
+
+def value_key(answer: str) -> str:
+    """The key votes group ``answer`` by without any rule check: a plain number's exact value, else its normalized
+    spelling."""
+    text = normalize_answer(answer)
+    value = _exact(text)
+    return text if value is None else str(value)
+
+
+def _is_number_key(key: str) -> bool:
+    return _exact(key) is not None
+
+
+async def answer_classes(answers: Iterable[str | None], check: EquivalenceCheck | None) -> dict[str, str]:
+    """Each answer of ``answers`` -> the key of its class: :func:`value_key`, merged across keys ``check`` finds
+    equal. A class's key is the key of its member seen first, so the result depends only on the answers' order and
+    the check's verdicts."""
+    given = [a for a in answers if a is not None]
+    keys = {answer: value_key(answer) for answer in given}
+    if check is None:
+        return keys
+    counts = Counter(keys[a] for a in given)
+    first_seen = list(dict.fromkeys(keys[a] for a in given))
+    spelling: dict[str, str] = {}
+    for answer in given:
+        spelling.setdefault(keys[answer], answer)
+    compared = sorted(first_seen, key=lambda k: (-counts[k], first_seen.index(k)))[:MAX_COMPARED]
+    compared.sort(key=first_seen.index)
+    pairs = [
+        (a, b)
+        for i, a in enumerate(compared)
+        for b in compared[i + 1 :]
+        if not (_is_number_key(a) and _is_number_key(b))
+    ]
+    if not pairs:
+        return keys
+    verdicts = await asyncio.gather(*(check.equivalent(spelling[a], spelling[b]) for a, b in pairs))
+    merged = _merge(first_seen, [pair for pair, equal in zip(pairs, verdicts, strict=True) if equal])
+    return {answer: merged[key] for answer, key in keys.items()}
+
+
+def _merge(order: list[str], equal_pairs: list[tuple[str, str]]) -> dict[str, str]:
+    """Union of the equal pairs; each key -> the earliest key (in ``order``) of its class."""
+    parent = {key: key for key in order}
+    position = {key: i for i, key in enumerate(order)}
+
+    def root(key: str) -> str:
+        while parent[key] != key:
+            parent[key] = parent[parent[key]]
+            key = parent[key]
+        return key
+
+    for a, b in equal_pairs:
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            first, second = (ra, rb) if position[ra] < position[rb] else (rb, ra)
+            parent[second] = first
+    return {key: root(key) for key in order}
+
+
+def class_of(answer: str, classes: Mapping[str, str] | None) -> str:
+    """``answer``'s class key in ``classes`` where it is there, else its :func:`value_key`."""
+    if classes is not None and answer in classes:
+        return classes[answer]
+    return value_key(answer)

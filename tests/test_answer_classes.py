@@ -1,0 +1,166 @@
+"""Votes count values, not spellings (issue 16, part 3): answer keys, classes merged by an equivalence check, each
+vote rule and MV@k grouping equal answers, and a majority run on the simulated server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import settings_for
+from tmas.answer_classes import MAX_COMPARED, answer_classes, value_key
+from tmas.api import asolve
+from tmas.eval.metrics import majority_answer
+from tmas.methods.base import Candidate
+from tmas.methods.candidates import vote
+from tmas.methods.selection import select
+from tmas.testing import Rule, SimScript, SimServer
+
+
+class TableCheck:
+    """An equivalence given as a table of equal pairs (either order), counting the checks asked for."""
+
+    def __init__(self, *equal: tuple[str, str]) -> None:
+        self.equal = {frozenset(pair) for pair in equal}
+        self.asked: list[tuple[str, str]] = []
+
+    async def equivalent(self, first: str, second: str) -> bool:
+        self.asked.append((first, second))
+        return frozenset((first, second)) in self.equal
+
+
+def cand(i: int, answer: str | None, score: float | None = None) -> Candidate:
+    return Candidate(index=i, text=f"text {i}", answer=answer, score=score)
+
+
+def test_plain_numbers_are_keyed_by_their_exact_value() -> None:
+    halves = ["0.5", "1/2", "\\frac{1}{2}", "$\\dfrac{1}{2}$", " \\tfrac{1}{2} ", "0.50", "\\frac{2}{4}"]
+    assert {value_key(a) for a in halves} == {"1/2"}
+    assert value_key("-\\frac{3}{4}") == value_key("-0.75") == "-3/4"
+    assert value_key("2.0") == value_key("2") == value_key("\\text{2}.") == "2"
+    assert value_key("1{,}000") == "1000"
+    # Not a plain number: the normalized spelling.
+    assert value_key("\\sqrt{2} / 2") == "\\sqrt{2}/2"
+    assert value_key("1/0") == "1/0"
+    assert value_key("0.333") != value_key("1/3")
+
+
+async def test_classes_merge_the_keys_the_check_finds_equal_in_first_seen_order() -> None:
+    check = TableCheck(("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}"))
+    answers = ["\\frac{\\sqrt{2}}{2}", "7", "0.5", "\\frac{1}{\\sqrt{2}}", "1/2", None, "9"]
+    classes = await answer_classes(answers, check)
+    # The class key is its first member's key; 0.5 and 1/2 needed no check.
+    assert classes == {
+        "\\frac{\\sqrt{2}}{2}": "\\frac{\\sqrt{2}}{2}",
+        "7": "7",
+        "0.5": "1/2",
+        "\\frac{1}{\\sqrt{2}}": "\\frac{\\sqrt{2}}{2}",
+        "1/2": "1/2",
+        "9": "9",
+    }
+    # One check per pair of distinct keys, never between two plain numbers (7, 1/2, 9), each spelling sent as given.
+    asked = {frozenset(pair) for pair in check.asked}
+    assert len(check.asked) == len(asked) == 7  # 5 keys: 10 pairs, less the 3 pairs of numbers
+    assert asked == {
+        frozenset(("\\frac{\\sqrt{2}}{2}", other)) for other in ("7", "0.5", "\\frac{1}{\\sqrt{2}}", "9")
+    } | {frozenset(("\\frac{1}{\\sqrt{2}}", other)) for other in ("7", "0.5", "9")}
+    # Without a check: spelling and exact numbers only.
+    assert (await answer_classes(answers, None))["\\frac{1}{\\sqrt{2}}"] == "\\frac{1}{\\sqrt{2}}"
+
+
+async def test_merging_is_transitive_and_bounded() -> None:
+    check = TableCheck(("a", "b"), ("b", "c"))
+    classes = await answer_classes(["c", "a", "b"], check)
+    assert set(classes.values()) == {"c"}
+    # Only the MAX_COMPARED most frequent keys are compared: a rare key past them keeps its own class.
+    many = [f"x_{i}" for i in range(MAX_COMPARED)] * 2 + ["rare"]
+    bounded = TableCheck(("x_0", "rare"))
+    classes = await answer_classes(many, bounded)
+    assert classes["rare"] == "rare"
+    assert all("rare" not in pair for pair in bounded.asked)
+    # Plain numbers only: no check at all.
+    spy = TableCheck()
+    await answer_classes(["1", "2", "0.5", "1", "-\\frac{3}{4}"], spy)
+    assert spy.asked == []
+
+
+async def test_the_grading_rules_merge_symbolic_spellings() -> None:
+    pytest.importorskip("math_verify")
+    from tmas.eval.rules import RuleEquivalence
+
+    equivalence = RuleEquivalence()
+    try:
+        classes = await answer_classes(
+            ["\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}", "\\sqrt{3}", "x+1"], equivalence
+        )
+    finally:
+        await equivalence.aclose()
+    assert classes["\\frac{1}{\\sqrt{2}}"] == classes["\\frac{\\sqrt{2}}{2}"]
+    assert len(set(classes.values())) == 3
+
+
+def test_each_vote_rule_groups_equal_values() -> None:
+    # By spelling "7" would win every vote (two holders); by value 1/2 has three.
+    pool = [
+        cand(0, "7", 0.5),
+        cand(1, "0.5", 0.5),
+        cand(2, "\\frac{1}{2}", 0.5),
+        cand(3, "7", 0.5),
+        cand(4, "1/2", 1.0),
+    ]
+    assert select(pool, "numeric", "vote") is pool[4]
+    # Sums: 1/2 has 0.5 + 0.5 + 1.0 = 2.0 against 1.0 for 7.
+    assert select(pool, "numeric", "score_weighted_vote") is pool[4]
+    # best_score: tied top scores share the answer most of them give, by value.
+    tied = [cand(0, "3", 1.0), cand(1, "0.5", 1.0), cand(2, "\\frac{1}{2}", 1.0)]
+    assert select(tied, "numeric", "best_score") is tied[1]
+    # The unscored majority vote and MV@k.
+    assert vote(pool) is pool[1]
+    assert majority_answer([c.answer for c in pool]) == 1
+    assert majority_answer(["3", "0.5", "1/2"]) == 1
+
+
+def test_vote_rules_use_the_classes_given() -> None:
+    # Two spellings the rules find equal; a class map from answer_classes joins them.
+    pool = [cand(0, "9", 1.0), cand(1, "\\frac{\\sqrt{2}}{2}", 0.5), cand(2, "\\frac{1}{\\sqrt{2}}", 0.75)]
+    classes = {"9": "9", "\\frac{\\sqrt{2}}{2}": "s", "\\frac{1}{\\sqrt{2}}": "s"}
+    assert select(pool, "numeric", "vote") is pool[0]  # without classes: three answers, one vote each
+    assert select(pool, "numeric", "vote", classes) is pool[2]  # the class's best-scored holder
+    assert select(pool, "numeric", "score_weighted_vote", classes) is pool[2]  # 1.25 against 1.0
+    assert vote(pool, classes) is pool[1]
+    assert majority_answer([c.answer for c in pool], classes) == 1
+
+
+async def test_majority_vote_counts_values_on_the_wire(sim: SimServer, tmp_path: Path) -> None:
+    # Five samples: 0.25 spelled three ways (3 votes) against 2 (2 votes).
+    replies = [
+        "So the answer is \\boxed{2}.",
+        "So the answer is \\boxed{0.25}.",
+        "So the answer is \\boxed{2}.",
+        "So the answer is \\boxed{\\frac{1}{4}}.",
+        "So the answer is \\boxed{1/4}.",
+    ]
+    sim.set_script(SimScript(rules=[Rule(role="solution", replies=replies)]))
+    settings = settings_for(sim, concurrency=1, method={"name": "majority", "params": {"k": 5}})
+    result = await asolve("What is 1/4 of 1?", settings, run_dir=tmp_path / "run")
+    assert len(sim.chat_bodies("solution")) == 5
+    assert result.answer is not None and value_key(result.answer) == "1/4"
+    assert result.iterations[0].state["votes"] == {"1/4": 3, "2": 2}
+
+
+async def test_tmas_votes_group_by_the_grading_rules_on_the_wire(sim: SimServer, tmp_path: Path) -> None:
+    pytest.importorskip("math_verify")
+    # Equal scores everywhere; by spelling three answers tie and the first (7) wins, by value the two spellings of
+    # sqrt(2)/2 hold two votes of three.
+    solutions = ["So \\boxed{7}.", "So \\boxed{\\frac{\\sqrt{2}}{2}}.", "So \\boxed{\\frac{1}{\\sqrt{2}}}."]
+    verdict = Rule(role="verifier", replies=["## Analysis\nFine.\n\n## Score\nScore: 1"])
+    sim.set_script(SimScript(rules=[Rule(role="solution", replies=solutions), verdict]))
+    params = {"n": 3, "m": 1, "iterations": 1, "select": "vote"}
+    settings = settings_for(sim, concurrency=1, method={"name": "tmas", "params": params})
+    result = await asolve("What is sin(pi/4)?", settings, run_dir=tmp_path / "run")
+    assert [c.answer for c in result.iterations[0].candidates] == [
+        "7",
+        "\\frac{\\sqrt{2}}{2}",
+        "\\frac{1}{\\sqrt{2}}",
+    ]
+    assert result.answer == "\\frac{\\sqrt{2}}{2}"

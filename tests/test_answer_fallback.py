@@ -1,0 +1,156 @@
+"""Refinement never loses an answer (issue 16, part 6): an answerless refinement is asked again with a reminder of
+the required output, and when the last iteration holds no answer the earlier verified answer is returned, recorded
+as a fallback; the parameters turn both off (Algorithm 1's line 22 exactly)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from conftest import settings_for
+from tmas.agents.templates import render
+from tmas.api import asolve
+from tmas.eval.run_results import load_results
+from tmas.methods.base import Candidate, ProblemResult
+from tmas.methods.selection import select_answered
+from tmas.store.run_store import RunStore
+from tmas.testing import Rule, SimScript, SimServer
+
+Q = "What is 17*23?"
+REMINDER = render("answer_reminder.j2")
+# The reply of the issue: a refinement that only judges the attempts, with no solution and no answer.
+VERDICT = "The solution is correct."
+# What the reminder asks for; the pattern matches only the follow-up turn.
+ANSWERED = "17*23 = 17*20 + 17*3 = 340 + 51 = 391.\n\n\\boxed{391}"
+REMINDED = r"states no final answer"
+
+
+def tmas_settings(sim: SimServer, **params: Any) -> Any:
+    base = {"n": 2, "m": 1, "iterations": 2, "epsilon": 0.0}
+    return settings_for(sim, method={"name": "tmas", "params": {**base, **params}})
+
+
+def stored_result(run_dir: Path) -> dict[str, Any]:
+    with RunStore(run_dir, create=False) as store:
+        (record,) = load_results(store)
+    return record
+
+
+def solution_bodies(sim: SimServer) -> list[dict[str, Any]]:
+    return sim.chat_bodies("solution")
+
+
+async def test_refinements_without_an_answer_return_the_earlier_verified_answer(sim: SimServer, tmp_path: Path) -> None:
+    # Iteration 0 answers 391 (the default replies, full verifier scores); every refinement, and every reply to the
+    # reminder, is the bare verdict.
+    sim.set_script(SimScript(rules=[Rule(role="solution", pattern="<previous_attempts>", replies=[VERDICT])]))
+    result = await asolve(Q, tmas_settings(sim), run_dir=tmp_path / "run")
+    assert result.status == "done" and result.answer == "391"
+    # The best-scored first candidate (the verifier may give one of them 0.5; ties: the lower index).
+    scores = [c.score or 0.0 for c in result.iterations[0].candidates]
+    assert result.fallback == {
+        "iteration": 0,
+        "candidate": scores.index(max(scores)),
+        "answer": "391",
+        "reason": "no answered candidate in the last iteration",
+    }
+    # Recorded: in the stored result, in the last iteration's state, answer and notes, and in the counters.
+    record = stored_result(tmp_path / "run")
+    assert record["fallback"] == result.fallback and record["answer"] == "391"
+    last = result.iterations[1]
+    assert last.selected == "391" and last.state["answer_fallback"] == result.fallback
+    assert [c.answer for c in last.candidates] == [None, None]
+    assert any("answer from iteration 0" in note for note in last.notes)
+    assert result.counters["answer_fallback"] == 1 and result.counters["solution_reminded"] == 2
+    # On the wire: 2 first samples, 2 refinements, 2 reminders; each reminder is the refinement prompt, the
+    # answerless reply as the assistant turn, then the reminder.
+    bodies = solution_bodies(sim)
+    assert len(bodies) == 6
+    reminders = [b["messages"] for b in bodies if b["messages"][-1]["content"] == REMINDER]
+    assert len(reminders) == 2
+    for messages in reminders:
+        assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+        assert "<previous_attempts>" in messages[1]["content"] and messages[2]["content"] == VERDICT
+    reminded = last.candidates[0].meta["reminder"]
+    assert reminded["answered"] is False and reminded["first_reply"] == VERDICT
+    assert isinstance(reminded["first_call_id"], int) and reminded["first_call_id"] != last.candidates[0].call_id
+
+
+async def test_a_refinement_answering_after_the_reminder_is_the_candidate(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(
+        SimScript(
+            rules=[
+                Rule(role="solution", pattern=REMINDED, replies=[ANSWERED]),
+                Rule(role="solution", pattern="<previous_attempts>", replies=[VERDICT]),
+            ]
+        )
+    )
+    result = await asolve(Q, tmas_settings(sim), run_dir=tmp_path / "run")
+    last = result.iterations[1]
+    assert [c.answer for c in last.candidates] == ["391", "391"]
+    assert all(c.meta["reminder"]["answered"] is True for c in last.candidates)
+    assert all(c.text == ANSWERED for c in last.candidates)
+    # Verified like any other answer (an answerless candidate scores 0), and no fallback was needed.
+    assert all((c.score or 0.0) > 0 for c in last.candidates)
+    assert result.answer == "391" and result.fallback is None and "answer_fallback" not in last.state
+    # The candidate's cost is both calls'.
+    first = last.candidates[0]
+    assert first.usage.completion_tokens > 0 and first.call_id != first.meta["reminder"]["first_call_id"]
+
+
+async def test_both_off_is_algorithm_1_line_22(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(rules=[Rule(role="solution", pattern="<previous_attempts>", replies=[VERDICT])]))
+    settings = tmas_settings(sim, answer_reminder=False, answer_fallback=False)
+    result = await asolve(Q, settings, run_dir=tmp_path / "run")
+    # R_T holds no answer and line 22 reads R_T alone: no answer, and no reminder was sent.
+    assert result.answer is None and result.fallback is None
+    assert len(solution_bodies(sim)) == 4
+    assert all(b["messages"][-1]["content"] != REMINDER for b in solution_bodies(sim))
+
+
+async def test_the_first_iteration_is_not_reminded_and_no_answer_anywhere_stays_none(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    sim.set_script(SimScript(rules=[Rule(role="solution", replies=[VERDICT])]))
+    result: ProblemResult = await asolve(Q, tmas_settings(sim), run_dir=tmp_path / "run")
+    # Iteration 0 (the generation prompt) is not reminded; iteration 1's two refinements are.
+    assert len(solution_bodies(sim)) == 2 + 2 + 2
+    assert result.answer is None and result.fallback is None
+
+
+def test_fallback_selection_by_hand() -> None:
+    def cand(i: int, answer: str | None, score: float) -> Candidate:
+        return Candidate(index=i, text="", answer=answer, score=score)
+
+    it0 = [cand(0, "12", 0.5), cand(1, "13", 0.0)]
+    it1 = [cand(0, "12", 0.0), cand(1, "14", 1.0)]
+    it2 = [cand(0, None, 1.0), cand(1, None, 0.0)]
+    chosen, info = select_answered([it0, it1, it2], "last", "numeric")
+    # The best answered earlier candidate: "14" (score 1.0) in iteration 1.
+    assert chosen is it1[1] and info is not None and (info["iteration"], info["candidate"]) == (1, 1)
+    # Equal scores: the newest iteration's answer.
+    tie = [[cand(0, "12", 0.5)], [cand(0, "15", 0.5)], [cand(0, None, 0.0)]]
+    chosen, info = select_answered(tie, "last", "numeric")
+    assert chosen is tie[1][0] and info is not None and info["iteration"] == 1
+    # Off, or an answered last iteration, or proof mode: no fallback.
+    assert select_answered([it0, it1, it2], "last", "numeric", fallback=False) == (it2[0], None)
+    assert select_answered([it0, it1], "last", "numeric") == (it1[1], None)
+    assert select_answered([it0, it2], "last", "proof")[1] is None
+    # Nothing answered anywhere: the rule's own choice, no fallback.
+    assert select_answered([it2], "last", "numeric") == (it2[0], None)
+
+
+async def test_self_refine_and_verify_refine_keep_the_answer(sim: SimServer, tmp_path: Path) -> None:
+    for method, role in (("self_refine", "refiner"), ("verify_refine", "corrector")):
+        sim.set_script(SimScript(rules=[Rule(role=role, replies=[VERDICT])]))
+        sim.reset()
+        settings = settings_for(sim, method={"name": method, "params": {"n": 2, "iterations": 3}})
+        result = await asolve(Q, settings, run_dir=tmp_path / method)
+        # Each refinement was reminded once; none answered.
+        assert len(sim.chat_bodies(role)) == 2 * 2 * 2, method
+        # The trajectories went on from their answered solutions: iteration 2 refined the first sample again.
+        last_refinements = sim.chat_bodies(role)[-4:]
+        assert all("\\boxed{391}" in b["messages"][1]["content"] for b in last_refinements), method
+        assert result.answer == "391", method
+        assert result.fallback is not None and result.fallback["iteration"] == 0, method
+        assert all(c.meta.get("kept_previous") for c in result.iterations[2].candidates), method

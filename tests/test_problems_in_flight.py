@@ -1,0 +1,107 @@
+"""Runs that finish (issue 16, part 4): problems in flight default to what the endpoint serves, not the call cap;
+the simulated server counts the problems in flight at once; progress names each active problem's iteration."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import settings_for
+from tmas.config import Settings, load_settings
+from tmas.problems import Problem
+from tmas.runner import RunState, prepare_run, problems_in_flight, run_problems
+from tmas.store.run_store import RunStore
+from tmas.testing import SimScript, SimServer
+
+
+def remote(**data: Any) -> Settings:
+    return Settings.model_validate({"endpoint": {"base_url": "http://a/v1"}, **data})
+
+
+def test_the_default_is_what_the_solution_endpoint_serves() -> None:
+    # No cap known: the call cap, as before.
+    assert problems_in_flight(remote()) == 64
+    assert problems_in_flight(remote(concurrency=8)) == 8
+    # max_in_flight per replica times the replicas.
+    two = {"base_url": "http://a/v1,http://b/v1", "max_in_flight": 3}
+    assert problems_in_flight(Settings.model_validate({"endpoint": two})) == 6
+    # The solution role's own endpoint and cap win over the default's.
+    role = {"base_url": ["http://c/v1"], "max_in_flight": 2}
+    assert problems_in_flight(Settings.model_validate({"endpoint": two, "roles": {"solution": role}})) == 2
+    inherits = {"base_url": ["http://c/v1"]}
+    assert problems_in_flight(Settings.model_validate({"endpoint": two, "roles": {"solution": inherits}})) == 3
+    # The embedded model: its slots times its replicas.
+    assert problems_in_flight(Settings()) == 4
+    assert problems_in_flight(Settings.model_validate({"local": {"parallel": 3, "replicas": 2}})) == 6
+    # Never more than the call cap; an explicit setting wins, under the same cap.
+    assert problems_in_flight(Settings.model_validate({"local": {"parallel": 8}, "concurrency": 5})) == 5
+    assert problems_in_flight(remote(problems_in_flight=2)) == 2
+    assert problems_in_flight(remote(problems_in_flight=100, concurrency=10)) == 10
+
+
+def test_the_setting_comes_from_the_environment_and_is_checked() -> None:
+    assert load_settings(environ={"TMAS_PROBLEMS_IN_FLIGHT": "3"}).problems_in_flight == 3
+    with pytest.raises(Exception, match="problems_in_flight"):
+        load_settings(environ={"TMAS_PROBLEMS_IN_FLIGHT": "0"})
+
+
+def _problems(n: int) -> list[Problem]:
+    return [Problem(problem_id=f"q{i}", question=f"What is {i}+{i}?", answer=str(2 * i)) for i in range(n)]
+
+
+def _run(sim: SimServer, tmp_path: Path, name: str, **overrides: Any) -> tuple[list[str], RunState]:
+    """Six problems of majority vote (two iterations of two samples each: several calls per problem, in turn)."""
+    settings = settings_for(sim, method={"name": "majority", "params": {"k": 2, "iterations": 2}}, **overrides)
+    store, settings, todo = prepare_run(tmp_path / name, settings, _problems(6), resume=False)
+    finished: list[str] = []
+    state = RunState()
+    with store:
+        summary = asyncio.run(
+            run_problems(settings, todo, store, state=state, on_result=lambda r: finished.append(r.problem_id))
+        )
+    assert summary.done == 6
+    return finished, state
+
+
+def test_problems_in_flight_never_exceed_the_endpoints_slots(tmp_path: Path) -> None:
+    with SimServer(SimScript(latency_s=0.02)) as sim:
+        # Two slots on the endpoint, the call cap at its default of 64.
+        finished, state = _run(sim, tmp_path, "slots", endpoint__max_in_flight=2)
+        assert state.problem_slots == 2
+        assert sim.stats().max_problems_in_flight == 2
+        assert sim.stats().max_in_flight <= 2
+        # Problems are taken in order and written as they finish, not all at the end.
+        assert sorted(finished) == [f"q{i}" for i in range(6)]
+        # The server's count is real: with every problem let in at once, it sees more than two.
+        sim.reset()
+        _run(sim, tmp_path, "all", endpoint__max_in_flight=2, problems_in_flight=6)
+        assert sim.stats().max_problems_in_flight > 2
+
+
+def test_progress_names_each_active_problem_and_its_iteration(sim: SimServer, tmp_path: Path) -> None:
+    problems = tmp_path / "p.jsonl"
+    rows = [{"problem_id": p.problem_id, "question": p.question, "answer": p.answer} for p in _problems(3)]
+    problems.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    run_dir = tmp_path / "run"
+    args = [str(problems), "-o", str(run_dir), "--base-url", sim.base_url, "-m", "majority", "-T", "2"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+    out = subprocess.run(
+        [sys.executable, "-m", "tmas", "run", *args, "-p", "k=2", "--problems-in-flight", "1"],
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr.decode()
+    log = out.stderr.decode().splitlines()
+    # One problem at a time: each iteration's line names that problem alone, with its iteration.
+    started = [line for line in log if ": iteration " in line]
+    assert started == [f"q{i}: iteration {t} · 1/1 active: q{i}@{t}" for i in range(3) for t in range(2)]
+    with RunStore(run_dir, create=False) as store:
+        assert store.get_meta("settings")["problems_in_flight"] == 1
