@@ -47,6 +47,8 @@ _BOLD = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*")
 _HEADING = re.compile(r"^(#{1,6})[ \t]+(.+)$", re.M)
 # Placeholders for rendered spans while the rest of the text is escaped and formatted (NUL is removed first).
 _SLOT = re.compile("\x00(\\d+)\x00")
+# How the '<' and '>' put in as commands come out of \text{} (the converter turns the space into a no-break one).
+_MARKED = re.compile("\\\\(lt|gt)[ \u00a0]?")
 
 
 @lru_cache(maxsize=50_000)
@@ -85,7 +87,7 @@ def _rebuild(node: ET.Element) -> ET.Element | None:
 
 def _unmark(text: str | None) -> str | None:
     """'<' and '>' back in text the converter copied (\\text{a<b}); serialization escapes them."""
-    return None if text is None else text.replace(r"\lt ", "<").replace(r"\gt ", ">")
+    return None if text is None else _MARKED.sub(lambda m: "<" if m.group(1) == "lt" else ">", text)
 
 
 def _boxed_end(text: str, start: int) -> int | None:
