@@ -20,8 +20,8 @@ from tmas.eval.grading import GradeConfig, Grades, ItemKey, iter_items, load_gra
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
 
-# What the viewer marks a verdict with when it graded it itself.
-LIVE = "rules"
+# The source of a verdict the viewer worked out itself (shown as "rules"; stored ones show their grading mode).
+LIVE = "live"
 
 _INTEGER = re.compile(r"[+-]?\d+")
 _DECIMAL = re.compile(r"[+-]?(\d+\.\d*|\.\d+)")
@@ -71,7 +71,7 @@ def exact_verdict(reference: str, answer: str | None) -> bool | None:
 
 @dataclass
 class LiveGrades:
-    """Verdicts as metrics read them, and which of them the viewer worked out itself (marked "rules")."""
+    """Verdicts as metrics read them, and which of them the viewer worked out itself."""
 
     grades: Grades
     live: set[ItemKey] = field(default_factory=set)
@@ -91,7 +91,7 @@ def live_grades(store: RunStore, problems: list[Problem], results: list[dict[str
     rows = store.grades()
     stored = load_grades(store, GradeConfig()) if rows else None
     graded = {(g.problem_id, g.iteration, g.candidate) for g in rows}
-    grades = stored or Grades(runs=1, mode=LIVE)
+    grades = stored or Grades(runs=1, mode="rules")
     if stored is None:
         result_ids = {r["problem_id"] for r in results}
         grades.unlabeled = [p.problem_id for p in problems if p.answer is None and p.problem_id in result_ids]
