@@ -16,7 +16,7 @@ import pytest
 from conftest import settings_for
 from tmas.eval.grading import GradeConfig, grade_run
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
-from tmas.methods.base import IterationRecord
+from tmas.methods.base import Candidate, IterationRecord
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import RunStore, StoreError
@@ -458,7 +458,7 @@ def test_in_chromium_two_runs_compared_with_math_rendered_and_graded_live(
         # The run page: the model and the method's parameters in the title, each problem graded live by the rules.
         browser.find_element(By.LINK_TEXT, "b-cot").click()
         title = browser.find_element(By.ID, "run-title").text
-        assert title.startswith("cot (") and title.endswith("on sim-model"), title
+        assert title == "cot on sim-model", title  # every parameter at its default: none named
         assert browser.find_element(By.ID, "model-detail").text == sim.base_url
         rows = {
             r.find_elements(By.TAG_NAME, "td")[0].text.split()[0]: r.find_elements(By.TAG_NAME, "td")[4].text
@@ -530,3 +530,70 @@ def test_a_thousand_problem_run_from_the_simulated_server_renders(sim: SimServer
         # Every finished problem is graded live (a generated problem's answer is an exact integer).
         graded = last.count(b'class="tag correct"') + last.count(b'class="tag wrong"')
         assert graded == 100
+
+
+# A solution written the way models write them (Markdown headings and bold, inline and display math, a box).
+REAL_SOLUTION = r"""### Step 1: Count the subsets
+A subset of $\{1, 2, \dots, 10\}$ with exactly $k$ elements can be chosen in $\binom{10}{k}$ ways, so
+
+$$\sum_{k=0}^{10} \binom{10}{k} = 2^{10} = 1024.$$
+
+### Step 2: Keep the even sums
+Pairing each subset $S$ with $S \triangle \{1\}$ changes the parity of the sum, hence exactly
+\[ \frac{1}{2} \cdot 2^{10} = 512 \]
+subsets have an even sum. **Check:** for $\{1,2\}$ the subsets with an even sum are $\emptyset$ and
+$\{2\}$, which is $\frac{2^2}{2} = 2$, as it should be; and $512 \equiv 0 \pmod{2}$, $\sqrt{512} < 23$.
+
+**Final answer:** $\boxed{512}$"""
+
+
+def test_in_chromium_a_solution_a_bank_and_a_transcript_read_as_mathematics(tmp_path: Path, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    problem = Problem(
+        problem_id="subsets",
+        question=r"How many subsets of $\{1, 2, \dots, 10\}$ have an even sum of elements? Give $\frac{N}{1}$.",
+        answer="512",
+    )
+    candidate = Candidate(
+        index=0,
+        text=REAL_SOLUTION,
+        answer="512",
+        meta={"summary": r"Used $\binom{10}{k}$ and a parity-switching pairing: $\frac{2^{10}}{2}$."},
+    )
+    state = {
+        "experience_bank": {
+            "entries": [{"id": "E1", "kind": "insight", "content": r"Toggling $1$ pairs subsets: $\frac{1}{2}$ each."}]
+        },
+        "transcript": Transcript(
+            problem_id="subsets",
+            team=[TeamMember(id="S1", specialty="combinatorics", leader=True)],
+            utterances=[Utterance(round=0, agent="S1", kind="opinion", text=r"By symmetry $\frac{2^{10}}{2}$.")],
+            final_answer="512",
+        ).model_dump(mode="json"),
+    }
+    run_dir = tmp_path / "real"
+    with RunStore(run_dir) as store:
+        store.add_problems([problem])
+        record = IterationRecord(problem_id="subsets", iteration=0, candidates=[candidate], selected="512", state=state)
+        store.save_iteration("subsets", 0, record.model_dump(mode="json"))
+    with AppThread(view_app([run_dir])) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        browser.get(f"{viewer.url}/run/{ref.key}/iteration?id=subsets&t=0")
+        browser.find_element(By.CSS_SELECTOR, ".candidate details summary").click()
+        main = browser.find_element(By.TAG_NAME, "main")
+        # Solution (11 inline formulas, the box, 2 displayed), summary (2), bank entry (2), transcript (1).
+        assert len(main.find_elements(By.CSS_SELECTOR, ".rendered math")) == 14 + 2 + 2 + 1
+        assert len(main.find_elements(By.CSS_SELECTOR, 'math[display="block"]')) == 2
+        assert main.find_elements(By.CSS_SELECTOR, 'menclose[notation="box"]')
+        text = main.text
+        for raw in ("\\frac", "\\binom", "\\sum", "\\boxed", "$$", "###", "**"):
+            assert raw not in text, raw
+        assert "Step 2: Keep the even sums" in text and "Final answer:" in text
+        assert main.find_element(By.CSS_SELECTOR, "#transcript .rendered math")
+        assert main.find_element(By.CSS_SELECTOR, "#diff-experience_bank .rendered math")
+        _shot(browser, tmp_path, "math_solution")
+        browser.get(f"{viewer.url}/run/{ref.key}/problem?id=subsets")
+        assert browser.find_element(By.ID, "question").find_elements(By.TAG_NAME, "math")
+        assert "\\dots" not in browser.find_element(By.ID, "question").text

@@ -9,7 +9,7 @@ import pytest
 
 from tmas.view.live_grades import exact_number, exact_verdict
 from tmas.view.mathtext import answer, latex_to_mathml, render_math_text, rich
-from tmas.view.runs import describe_model
+from tmas.view.runs import describe_model, params_line
 
 MATHML = "{http://www.w3.org/1998/Math/MathML}"
 
@@ -117,3 +117,11 @@ def test_the_run_names_its_model() -> None:
     # An endpoint without a configured model name: the name the server answered with.
     assert describe_model({"endpoint": {"base_url": ["http://gpu:8000/v1"]}}, "served-name")[0] == "served-name"
     assert describe_model({}, "from-calls") == ("from-calls", None)
+
+
+def test_the_title_names_the_parameters_set_away_from_the_defaults() -> None:
+    # The embedded model's majority vote: k=4 and the concise style (defaults: k=64, style=paper).
+    params = {"iterations": 1, "mode": "numeric", "style": "concise", "k": 4, "sampling": {}}
+    assert params_line("majority", params) == "style=concise, k=4"
+    assert params_line("cot", {"iterations": 1, "mode": "numeric", "style": "paper"}) == ""
+    assert params_line("not-a-method", {"a": 1, "b": [1]}) == "a=1"

@@ -130,7 +130,12 @@ def render_math_text(text: str) -> str:
             block = match.group("dd") is not None or match.group("db") is not None
             whole = match.group(0)
         mathml = latex_to_mathml(latex.strip(), block)
-        pieces.append(text[pos : match.start()])
+        before = text[pos : match.start()]
+        if block and mathml is not None:
+            # A displayed formula is a block of its own: the line breaks around it would add empty lines.
+            before = before[:-1] if before.endswith("\n") else before
+            end += text[end : end + 1] == "\n"
+        pieces.append(before)
         if mathml is None:
             slots.append(f'<code class="tex-failed" title="not rendered">{escape(whole)}</code>')
         else:

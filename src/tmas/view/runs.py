@@ -74,14 +74,29 @@ class RunOverview:
 
     @property
     def params_line(self) -> str:
-        """The method's scalar parameters in one line (lists and tables stay in the details)."""
-        return ", ".join(
-            f"{k}={v}" for k, v in self.params.items() if isinstance(v, str | int | float | bool) and v is not None
-        )
+        """The method's parameters that differ from its defaults, in one line (all of them are in the details)."""
+        return params_line(self.method, self.params)
 
     @property
     def live_graded(self) -> bool:
         return self.grades is not None and bool(self.grades.live)
+
+
+def params_line(method: str, params: dict[str, Any]) -> str:
+    """``k=4, style=concise``: the scalar parameters a run set away from the method's defaults (all scalar ones
+    when the method is unknown here)."""
+    from tmas.methods import METHODS
+
+    cls = METHODS.get(method)
+    try:
+        defaults = cls.Params().model_dump(mode="json") if cls is not None else {}
+    except ValueError:  # a method whose parameters have required fields: show them all
+        defaults = {}
+    return ", ".join(
+        f"{k}={v}"
+        for k, v in params.items()
+        if isinstance(v, str | int | float | bool) and (k not in defaults or defaults[k] != v)
+    )
 
 
 def describe_model(settings: dict[str, Any], call_model: str | None) -> tuple[str | None, str | None]:
