@@ -21,9 +21,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tmas.config import Settings
+from tmas.config import Sampling, Settings
 from tmas.eval.generators import generate
-from tmas.config import Sampling
 from tmas.llm.types import CallKey, ChatRequest, Completion, Message, Usage
 from tmas.methods.base import Candidate, IterationRecord, ProblemResult
 from tmas.problems import Problem
@@ -48,7 +47,9 @@ def _problems(n: int) -> list[Problem]:
     for record in records:
         families.setdefault(str(record["family"]), []).append(record)
     mixed = [r for group in zip(*families.values(), strict=False) for r in group][:n]
-    return [Problem(problem_id=str(r["problem_id"]), question=str(r["question"]), answer=str(r["answer"])) for r in mixed]
+    return [
+        Problem(problem_id=str(r["problem_id"]), question=str(r["question"]), answer=str(r["answer"])) for r in mixed
+    ]
 
 
 def build_run(run_dir: Path, problems: list[Problem], samples: int, method: str, seed: int = 0) -> None:
@@ -70,10 +71,19 @@ def build_run(run_dir: Path, problems: list[Problem], samples: int, method: str,
                 text = SOLUTION.format(k=i, answer=answer)
                 usage = Usage(prompt_tokens=180, completion_tokens=rng.randint(250, 450))
                 key = CallKey(problem_id=problem.problem_id, role="solution", sample=i, iteration=0)
-                request = ChatRequest(model="qwen2.5-coder-0.5b", messages=[Message(role="user", content=problem.question)], sampling=sampling)
+                request = ChatRequest(
+                    model="qwen2.5-coder-0.5b",
+                    messages=[Message(role="user", content=problem.question)],
+                    sampling=sampling,
+                )
                 completion = Completion(
-                    key=key, request_hash=f"{problem.problem_id}-{i}", model="qwen2.5-coder-0.5b", content=text,
-                    usage=usage, finish_reason="stop", latency_s=1.0,
+                    key=key,
+                    request_hash=f"{problem.problem_id}-{i}",
+                    model="qwen2.5-coder-0.5b",
+                    content=text,
+                    usage=usage,
+                    finish_reason="stop",
+                    latency_s=1.0,
                 )
                 call_id = store.record_call(completion, request)
                 candidates.append(Candidate(index=i, text=text, answer=answer, call_id=call_id, usage=usage))
@@ -86,13 +96,23 @@ def build_run(run_dir: Path, problems: list[Problem], samples: int, method: str,
                 completion_tokens=sum(c.usage.completion_tokens for c in candidates),
             )
             record = IterationRecord(
-                problem_id=problem.problem_id, iteration=0, candidates=candidates, selected=chosen.answer,
-                calls=k, usage=total, state={"samples": k, "votes": votes},
+                problem_id=problem.problem_id,
+                iteration=0,
+                candidates=candidates,
+                selected=chosen.answer,
+                calls=k,
+                usage=total,
+                state={"samples": k, "votes": votes},
             )
             store.save_iteration(problem.problem_id, 0, record.model_dump(mode="json"))
             result = ProblemResult(
-                problem_id=problem.problem_id, method=method, answer=chosen.answer, text=chosen.text,
-                iterations=[record], calls=k, usage=total,
+                problem_id=problem.problem_id,
+                method=method,
+                answer=chosen.answer,
+                text=chosen.text,
+                iterations=[record],
+                calls=k,
+                usage=total,
             )
             store.save_result(problem.problem_id, "done", result.model_dump(mode="json"))
 
@@ -117,8 +137,10 @@ def main() -> None:
         start = time.perf_counter()
         build_run(majority, problems, args.samples, "majority")
         build_run(cot, problems, 1, "cot")
-        print(f"built {len(problems)} problems, {len(problems) * (args.samples + 1)} calls in "
-              f"{time.perf_counter() - start:.1f} s")
+        print(
+            f"built {len(problems)} problems, {len(problems) * (args.samples + 1)} calls in "
+            f"{time.perf_counter() - start:.1f} s"
+        )
     refs = {r.path.name: r for r in discover([args.out])}
     first = _problems(1)[0].problem_id
     pages = {
@@ -137,8 +159,17 @@ def main() -> None:
             warm = statistics.median(_fetch(viewer.url + path)[0] for _ in range(args.repeat))
             rows.append({"page": name, "cold_s": round(cold, 3), "warm_s": round(warm, 3), "kib": size // 1024})
             print(f"{name:34s} cold {cold:6.3f} s   warm {warm:6.3f} s   {size // 1024:6d} KiB", flush=True)
-    print(json.dumps({"machine": platform.processor() or platform.machine(), "python": platform.python_version(),
-                      "problems": args.problems, "samples": args.samples, "pages": rows}))
+    print(
+        json.dumps(
+            {
+                "machine": platform.processor() or platform.machine(),
+                "python": platform.python_version(),
+                "problems": args.problems,
+                "samples": args.samples,
+                "pages": rows,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from conftest import settings_for
+from tmas.eval.generators import generate
 from tmas.eval.grading import GradeConfig, grade_run
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
 from tmas.methods.base import Candidate, IterationRecord
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import RunStore, StoreError
-from tmas.eval.generators import generate
 from tmas.testing import Rule, ScriptedUsage, SimScript, SimServer
 from tmas.view.app import view_app
 from tmas.view.bank_diff import bank_diffs, diff_entries
@@ -484,7 +484,10 @@ def test_stored_grades_take_precedence_over_the_live_rules(sim: SimServer, tmp_p
     assert status == 200 and text.count('class="tag correct"') == 1 and text.count('class="tag wrong"') == 1
     # Graded by tmas report (Math-Verify): marked with the stored grades' mode, not as the viewer's live check.
     problems = text.split('id="problems"')[1]
-    assert problems.count(' <span class="grader" title="graded by tmas report">rules</span>') == 2 and "graded live" not in problems
+    assert (
+        problems.count(' <span class="grader" title="graded by tmas report">rules</span>') == 2
+        and "graded live" not in problems
+    )
 
 
 def test_a_comparison_needs_two_known_runs(tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ def test_every_kind_of_math_span_becomes_mathml_and_the_text_around_stays_text()
 def test_model_output_cannot_inject_markup() -> None:
     hostile = (
         "$\\text{<script>alert(1)</script>}$ <img src=x onerror=alert(2)> "
-        "$\\href{javascript:alert(3)}{x}$ $\\color{red\" onload=\"alert(4)}{y}$ $a & b$"
+        '$\\href{javascript:alert(3)}{x}$ $\\color{red" onload="alert(4)}{y}$ $a & b$'
     )
     html = render_math_text(hostile)
     root = ET.fromstring(f"<div>{html}</div>")

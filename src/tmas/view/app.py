@@ -196,7 +196,9 @@ class Viewer:
         refs = {r.key: r for r in discover(self.paths)}
         missing = [k for k in keys if k not in refs]
         if missing:
-            raise HTTPException(404, f"no run {', '.join(map(repr, missing))} (the viewer shows the runs it was started with)")
+            raise HTTPException(
+                404, f"no run {', '.join(map(repr, missing))} (the viewer shows the runs it was started with)"
+            )
         chosen = [refs[k] for k in dict.fromkeys(keys)]
         if len(chosen) < 2:
             raise HTTPException(400, "pick two or more runs to compare (tick them on the runs page)")

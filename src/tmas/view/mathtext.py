@@ -21,12 +21,12 @@ MATHML_NS = "http://www.w3.org/1998/Math/MathML"
 
 # MathML Core elements (and the few latex2mathml writes beyond it); anything else drops the whole span to raw text.
 _ELEMENTS = frozenset(
-    "math mrow mi mn mo ms mtext mspace mfrac msqrt mroot msub msup msubsup munder mover munderover mmultiscripts "
+    "math mrow mi mn mo ms mtext mspace mfrac msqrt mroot msub msup msubsup munder mover munderover mmultiscripts "  # noqa: SIM905
     "mprescripts none mtable mtr mtd mstyle mpadded mphantom menclose merror semantics annotation".split()
 )
 # Presentation attributes only: no href, no event handlers, no style.
 _ATTRIBUTES = frozenset(
-    "display mathvariant notation stretchy fence form minsize maxsize linethickness width height depth displaystyle "
+    "display mathvariant notation stretchy fence form minsize maxsize linethickness width height depth displaystyle "  # noqa: SIM905
     "scriptlevel columnalign columnlines columnspacing rowalign rowlines rowspacing frame accent accentunder "
     "movablelimits separator lspace rspace symmetric largeop linebreak align open close".split()
 )
@@ -171,4 +171,6 @@ def answer(text: object) -> Markup:
     mathml = latex_to_mathml(bare) if _LATEX_HINT.search(bare) else None
     if mathml is None:
         return Markup(f'<span class="ans">{escape(value)}</span>')
-    return Markup(f'<span class="ans"><span class="rendered">{mathml}</span><code class="raw">{escape(value)}</code></span>')
+    return Markup(
+        f'<span class="ans"><span class="rendered">{mathml}</span><code class="raw">{escape(value)}</code></span>'
+    )
