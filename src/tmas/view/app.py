@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import jinja2
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
@@ -15,6 +17,7 @@ from starlette.routing import Route
 
 from tmas.eval.rules import MissingExtra
 from tmas.store.run_store import StoreError
+from tmas.view.cache import RunCache
 from tmas.view.charts import accuracy_by_tokens_png, frontiers_png, pass1_by_iteration_png
 from tmas.view.compare import compare_runs, parse_budgets
 from tmas.view.credits import load_credits
@@ -51,36 +54,37 @@ class Viewer:
     def __init__(self, paths: list[Path]) -> None:
         self.paths = paths
         self.env = _environment()
+        self.cache = RunCache()
 
     def build(self) -> Starlette:
         return Starlette(
             routes=[
-                Route("/", self.index),
-                Route("/compare", self.compare),
-                Route("/compare/marker", self.compare_marker),
-                Route("/compare/chart.png", self.compare_chart),
-                Route("/run/{key}", self.run),
-                Route("/run/{key}/marker", self.marker),
-                Route("/run/{key}/chart/{x}.png", self.chart),
-                Route("/run/{key}/problem", self.problem),
-                Route("/run/{key}/iteration", self.iteration),
-                Route("/run/{key}/call/{call_id:int}", self.call),
+                Route("/", _threaded(self.index)),
+                Route("/compare", _threaded(self.compare)),
+                Route("/compare/marker", _threaded(self.compare_marker)),
+                Route("/compare/chart.png", _threaded(self.compare_chart)),
+                Route("/run/{key}", _threaded(self.run)),
+                Route("/run/{key}/marker", _threaded(self.marker)),
+                Route("/run/{key}/chart/{x}.png", _threaded(self.chart)),
+                Route("/run/{key}/problem", _threaded(self.problem)),
+                Route("/run/{key}/iteration", _threaded(self.iteration)),
+                Route("/run/{key}/call/{call_id:int}", _threaded(self.call)),
             ],
             exception_handlers={HTTPException: self._error},
         )
 
     # ------------------------------------------------------------------------------------------------ pages
-    async def index(self, request: Request) -> Response:
+    def index(self, request: Request) -> Response:
         runs = []
         for ref in discover(self.paths):
             try:
-                with RunReader(ref) as run:
-                    runs.append((ref, run.overview()))
+                with RunReader(ref, self.cache) as run:
+                    runs.append((ref, run.summary()))
             except StoreError:
                 continue  # a run still being created, or not ours: listed once it can be read
         return self._page("index.html", runs=runs)
 
-    async def run(self, request: Request) -> Response:
+    def run(self, request: Request) -> Response:
         with self._open(request) as run:
             overview = run.overview()
         pages = max(1, -(-len(overview.problems) // PAGE_SIZE))
@@ -93,7 +97,7 @@ class Viewer:
         shown = overview.problems[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
         return self._page("run.html", ref=run.ref, run=overview, shown=shown, page=page, pages=pages, live=True)
 
-    async def problem(self, request: Request) -> Response:
+    def problem(self, request: Request) -> Response:
         pid = request.query_params.get("id", "")
         with self._open(request) as run:
             problem = next((p for p in run.store.iter_problems() if p.problem_id == pid), None)
@@ -120,7 +124,7 @@ class Viewer:
                 live=True,
             )
 
-    async def iteration(self, request: Request) -> Response:
+    def iteration(self, request: Request) -> Response:
         pid = request.query_params.get("id", "")
         try:
             t = int(request.query_params.get("t", ""))
@@ -154,7 +158,7 @@ class Viewer:
                 live=True,
             )
 
-    async def call(self, request: Request) -> Response:
+    def call(self, request: Request) -> Response:
         call_id = int(request.path_params["call_id"])
         with self._open(request) as run:
             call = run.store.call(call_id)
@@ -168,11 +172,11 @@ class Viewer:
                 sampling=run.store.call_sampling(call_id),
             )
 
-    async def marker(self, request: Request) -> Response:
+    def marker(self, request: Request) -> Response:
         with self._open(request) as run:
             return PlainTextResponse(run.store.change_marker(), headers={"Cache-Control": "no-store"})
 
-    async def chart(self, request: Request) -> Response:
+    def chart(self, request: Request) -> Response:
         x = request.path_params["x"]
         if x not in ("iteration", "tokens"):
             raise HTTPException(404, f"no chart {x!r}")
@@ -204,14 +208,14 @@ class Viewer:
             raise HTTPException(400, "pick two or more runs to compare (tick them on the runs page)")
         return chosen
 
-    async def compare(self, request: Request) -> Response:
+    def compare(self, request: Request) -> Response:
         refs = self._compared(request)
         try:
             budgets = parse_budgets(request.query_params.get("budgets"))
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
         try:
-            comparison = compare_runs(refs, budgets)
+            comparison = compare_runs(refs, budgets, self.cache)
         except StoreError as exc:
             raise HTTPException(404, str(exc)) from None
         query = "&".join(f"run={r.key}" for r in refs)
@@ -219,18 +223,18 @@ class Viewer:
             "compare.html", comparison=comparison, query=query, marker_url=f"/compare/marker?{query}", live=True
         )
 
-    async def compare_marker(self, request: Request) -> Response:
+    def compare_marker(self, request: Request) -> Response:
         markers = []
         for ref in self._compared(request):
             try:
-                with RunReader(ref) as run:
+                with RunReader(ref, self.cache) as run:
                     markers.append(run.store.change_marker())
             except StoreError:
                 markers.append("-")
         return PlainTextResponse("/".join(markers), headers={"Cache-Control": "no-store"})
 
-    async def compare_chart(self, request: Request) -> Response:
-        comparison = compare_runs(self._compared(request))
+    def compare_chart(self, request: Request) -> Response:
+        comparison = compare_runs(self._compared(request), cache=self.cache)
         try:
             png = frontiers_png([(run.label, run.points) for run in comparison.runs])
         except MissingExtra as exc:
@@ -244,7 +248,7 @@ class Viewer:
         if ref is None:
             raise HTTPException(404, f"no run {key!r} (the viewer shows the run directories it was started with)")
         try:
-            return RunReader(ref)
+            return RunReader(ref, self.cache)
         except StoreError as exc:
             raise HTTPException(404, str(exc)) from None
 
@@ -258,6 +262,15 @@ class Viewer:
         assert isinstance(exc, HTTPException)
         html = self.env.get_template("error.html").render(status=exc.status_code, detail=exc.detail, live=False)
         return HTMLResponse(html, status_code=exc.status_code)
+
+
+def _threaded(page: Callable[[Request], Response]) -> Callable[[Request], Awaitable[Response]]:
+    """Pages render in worker threads: a big run's first render must not hold up other pages and live polls."""
+
+    async def endpoint(request: Request) -> Response:
+        return await run_in_threadpool(page, request)
+
+    return endpoint
 
 
 def _verdict(live: LiveGrades | None, key: tuple[str, int, int]) -> tuple[bool | None, str | None]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tmas.eval.frontier import BUDGETS, FrontierPoint, equal_budget, run_frontier
+from tmas.view.cache import RunCache
 from tmas.view.runs import ProblemRow, RunOverview, RunReader, RunRef
 
 
@@ -45,16 +46,22 @@ class Comparison:
     not_shared: list[str] = field(default_factory=list)
 
 
-def compare_runs(refs: list[RunRef], budgets: list[int] | None = None) -> Comparison:
+def compare_runs(refs: list[RunRef], budgets: list[int] | None = None, cache: RunCache | None = None) -> Comparison:
     budgets = list(budgets or BUDGETS)
     runs: list[ComparedRun] = []
     problem_ids: list[str] = []
     questions: dict[str, str] = {}
     for ref in refs:
-        with RunReader(ref) as reader:
+        with RunReader(ref, cache) as reader:
             overview = reader.overview()
-        grades = overview.grades.grades if overview.grades is not None else None
-        points = run_frontier(overview.results, grades, majority=overview.method == "majority") if grades else []
+
+        def frontier(overview: RunOverview = overview) -> list[FrontierPoint]:
+            if overview.grades is None:
+                return []
+            return run_frontier(overview.results, overview.grades.grades, majority=overview.method == "majority")
+
+        # The frontier of an unchanged run is reused (MV@k over many samples is the comparison's costliest part).
+        points = cache.reuse(ref.path, "frontier", overview.stamp, frontier) if cache is not None else frontier()
         rows = {row.problem_id: row for row in overview.problems}
         for row in overview.problems:
             if row.problem_id not in questions:

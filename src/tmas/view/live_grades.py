@@ -16,7 +16,7 @@ from functools import lru_cache
 from typing import Any
 
 from tmas.answers import last_boxed, normalize_answer
-from tmas.eval.grading import GradeConfig, Grades, ItemKey, iter_items, load_grades
+from tmas.eval.grading import SELECTED, GradeConfig, Grades, ItemKey, load_grades
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
 
@@ -96,10 +96,21 @@ def live_grades(store: RunStore, problems: list[Problem], results: list[dict[str
         result_ids = {r["problem_id"] for r in results}
         grades.unlabeled = [p.problem_id for p in problems if p.answer is None and p.problem_id in result_ids]
     out = LiveGrades(grades, stored_mode=stored.mode if stored else None)
-    for item in iter_items(problems, results):
-        if item.key in graded:
+    references = {p.problem_id: p.answer for p in problems if p.answer is not None}
+    # The items of tmas.eval.grading.iter_items (every candidate and each iteration's selected answer of labeled
+    # problems), walked here without building an Item each: a big run has a hundred thousand.
+    for result in results:
+        pid = result["problem_id"]
+        reference = references.get(pid)
+        if reference is None:
             continue
-        verdict = exact_verdict(item.problem.answer or "", item.answer)
-        grades.verdicts[item.key] = [verdict] * grades.runs
-        out.live.add(item.key)
+        for record in result.get("iterations", []):
+            it = int(record["iteration"])
+            pairs = [((pid, it, int(c["index"])), c.get("answer")) for c in record.get("candidates", [])]
+            pairs.append(((pid, it, SELECTED), record.get("selected")))
+            for key, given in pairs:
+                if key in graded:
+                    continue
+                grades.verdicts[key] = [exact_verdict(reference, given)] * grades.runs
+                out.live.add(key)
     return out

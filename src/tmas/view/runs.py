@@ -15,6 +15,7 @@ from tmas.llm.weights import KNOWN_MODELS
 from tmas.problems import Problem
 from tmas.store.run_store import DB_NAME, RunStore
 from tmas.view.bank_diff import BankChange, bank_diffs
+from tmas.view.cache import RunCache, file_state
 from tmas.view.live_grades import LiveGrades, live_grades
 
 
@@ -58,6 +59,21 @@ class ProblemRow:
 
 
 @dataclass
+class RunSummary:
+    method: str
+    model: str | None
+    model_detail: str | None
+    params: dict[str, Any]
+    problem_count: int
+    status_counts: dict[str, int]
+    costs: dict[str, int]
+
+    @property
+    def params_line(self) -> str:
+        return params_line(self.method, self.params)
+
+
+@dataclass
 class RunOverview:
     method: str
     model: str | None
@@ -71,6 +87,8 @@ class RunOverview:
     status_counts: dict[str, int] = field(default_factory=dict)
     grades: LiveGrades | None = None
     results: list[dict[str, Any]] = field(default_factory=list)
+    # Identifies this overview: what is derived from it (a frontier) is reused while the overview is.
+    stamp: object = field(default_factory=object, compare=False)
 
     @property
     def params_line(self) -> str:
@@ -128,9 +146,10 @@ def verdict(grades: Grades | None, key: tuple[str, int, int]) -> bool | None:
 class RunReader:
     """One page's view of a run: open it, read, close (``with RunReader(ref) as run: ...``)."""
 
-    def __init__(self, ref: RunRef) -> None:
+    def __init__(self, ref: RunRef, cache: RunCache | None = None) -> None:
         self.ref = ref
         self.store = RunStore(ref.path, read_only=True)
+        self.cache = cache
 
     def __enter__(self) -> RunReader:
         return self
@@ -138,9 +157,13 @@ class RunReader:
     def __exit__(self, *exc: object) -> None:
         self.store.close()
 
+    def results(self) -> list[dict[str, Any]]:
+        """Finished problems' results and running problems' iterations so far (without texts when cached)."""
+        return self.cache.results(self.store) if self.cache is not None else load_results(self.store)
+
     def grades(self, results: list[dict[str, Any]] | None = None) -> LiveGrades | None:
         """Stored grades, and the viewer's own exact-rule verdicts where there are none (see live_grades.py)."""
-        return live_grades(self.store, self.store.problems(), load_results(self.store) if results is None else results)
+        return live_grades(self.store, self.store.problems(), self.results() if results is None else results)
 
     def problem_grades(
         self, problem: Problem, result: dict[str, Any] | None, records: list[dict[str, Any]]
@@ -154,12 +177,31 @@ class RunReader:
         first = self.store.call(1)
         return first.model if first is not None else None
 
-    def overview(self) -> RunOverview:
+    def summary(self) -> RunSummary:
+        """What the runs page shows: cheap (counts in SQL), nothing graded."""
         store = self.store
-        method_meta = store.get_meta("method") or {}
-        settings = store.get_meta("settings") or {}
+        method, params, model, detail = self._names()
+        counts = RunCache.status_counts(store)
+        return RunSummary(method, model, detail, params, store.problem_count(), counts, store.call_counts())
+
+    def _names(self) -> tuple[str, dict[str, Any], str | None, str | None]:
+        method_meta = self.store.get_meta("method") or {}
+        settings = self.store.get_meta("settings") or {}
+        method = str(method_meta.get("name") or settings.get("method", {}).get("name", "?"))
+        model, detail = describe_model(settings, self.first_call_model())
+        return method, dict(method_meta.get("params") or {}), model, detail
+
+    def overview(self) -> RunOverview:
+        """Everything the run page shows; with a cache, reused until the run's files change."""
+        if self.cache is None:
+            return self._overview()
+        return self.cache.reuse(self.ref.path, "overview", file_state(self.ref.path), self._overview)
+
+    def _overview(self) -> RunOverview:
+        store = self.store
+        method, params, model, detail = self._names()
         # Finished problems with their results, problems being solved with the iterations they finished so far.
-        results = load_results(store)
+        results = self.results()
         live = self.grades(results)
         grades = live.grades if live is not None else None
         by_id = {r["problem_id"]: r for r in results}
@@ -188,12 +230,11 @@ class RunReader:
         counts: dict[str, int] = {}
         for row in rows:
             counts[row.status] = counts.get(row.status, 0) + 1
-        model, detail = describe_model(settings, self.first_call_model())
         return RunOverview(
-            method=str(method_meta.get("name") or settings.get("method", {}).get("name", "?")),
+            method=method,
             model=model,
             model_detail=detail,
-            params=dict(method_meta.get("params") or {}),
+            params=params,
             problems=rows,
             costs=store.call_counts(),
             roles=store.role_costs(),
