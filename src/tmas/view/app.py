@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Awaitable, Callable
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +53,9 @@ def _environment() -> jinja2.Environment:
 class Viewer:
     """The pages over the run directories given on the command line (re-read on every page)."""
 
-    def __init__(self, paths: list[Path]) -> None:
+    def __init__(self, paths: list[Path], *, warm_up: bool = True) -> None:
         self.paths = paths
+        self.warm = warm_up
         self.env = _environment()
         self.cache = RunCache()
 
@@ -71,7 +74,23 @@ class Viewer:
                 Route("/run/{key}/call/{call_id:int}", _threaded(self.call)),
             ],
             exception_handlers={HTTPException: self._error},
+            lifespan=self._lifespan,
         )
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        # Big runs are read once in the background from start-up, so their first pages open warm.
+        if self.warm:
+            threading.Thread(target=self.warm_up, name="tmas-view-warm-up", daemon=True).start()
+        yield
+
+    def warm_up(self) -> None:
+        """Build every run's overview and frontier into the cache (a page asking meanwhile waits for its run)."""
+        for ref in discover(self.paths):
+            try:
+                compare_runs([ref], cache=self.cache)
+            except Exception:  # a run being created, or not ours: its page reports the problem when opened
+                continue
 
     # ------------------------------------------------------------------------------------------------ pages
     def index(self, request: Request) -> Response:
@@ -280,5 +299,5 @@ def _verdict(live: LiveGrades | None, key: tuple[str, int, int]) -> tuple[bool |
     return verdict(live.grades, key), live.source(key)
 
 
-def view_app(paths: list[Path]) -> Starlette:
-    return Viewer([Path(p) for p in paths]).build()
+def view_app(paths: list[Path], *, warm_up: bool = True) -> Starlette:
+    return Viewer([Path(p) for p in paths], warm_up=warm_up).build()

@@ -104,7 +104,8 @@ class RunCache:
             db.execute("PRAGMA busy_timeout=10000")
             counts = dict(db.execute("SELECT status, COUNT(*) FROM results GROUP BY status").fetchall())
             (running,) = db.execute(
-                "SELECT COUNT(DISTINCT problem_id) FROM iterations WHERE problem_id NOT IN (SELECT problem_id FROM results)"
+                "SELECT COUNT(DISTINCT problem_id) FROM iterations"
+                " WHERE problem_id NOT IN (SELECT problem_id FROM results)"
             ).fetchone()
         finally:
             db.close()
