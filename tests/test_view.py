@@ -238,12 +238,14 @@ def browser(tmp_path: Path) -> Iterator[Any]:
         driver.quit()
 
 
-def _shot(driver: Any, tmp_path: Path, name: str) -> None:
+def _shot(driver: Any, tmp_path: Path, name: str, top: Any = None) -> None:
     """Screenshots go to the test's folder; with TMAS_DOCS_SCREENSHOTS=1 to docs/img/ (the ones in the README)."""
     folder = REPO / "docs" / "img" if os.environ.get("TMAS_DOCS_SCREENSHOTS") == "1" else tmp_path
     folder.mkdir(parents=True, exist_ok=True)
     height = driver.execute_script("return document.body.scrollHeight")
     driver.set_window_size(1280, min(max(600, int(height) + 40), 1800))
+    if top is not None:  # the part of the page to show starts at this element
+        driver.execute_script("arguments[0].scrollIntoView()", top)
     path = folder / f"viewer_{name}.png"
     assert driver.save_screenshot(str(path))
     if folder != tmp_path:
@@ -432,10 +434,10 @@ def test_in_chromium_two_runs_compared_with_math_rendered_and_graded_live(
             for row in browser.find_elements(By.CSS_SELECTOR, "#grid tr.grid-row")
         }
         assert grid == {
-            "mult": ["correct rules 391 400 tokens · 4 calls", "correct rules 391 300 tokens · 1 calls"],
-            "square": ["correct rules 144 400 tokens · 4 calls", "wrong rules 145 300 tokens · 1 calls"],
+            "mult": ["correct rules 391 400 tokens · 4 calls", "correct rules 391 300 tokens · 1 call"],
+            "square": ["correct rules 144 400 tokens · 4 calls", "wrong rules 145 300 tokens · 1 call"],
         }
-        _shot(browser, tmp_path, "compare_grid")
+        _shot(browser, tmp_path, "compare_grid", top=browser.find_element(By.ID, "equal-budget"))
 
         # Into the CoT run's problem page from the grid: its solution's math is rendered, not shown as LaTeX.
         cells = browser.find_elements(By.CSS_SELECTOR, "#grid tr.grid-row[data-problem=square] td.grid-cell a")
