@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from tmas.eval.run_results import RUNNING
 from tmas.store.run_store import RunStore
+from tmas.view.live_grades import Memo
 
 T = TypeVar("T")
 
@@ -60,6 +61,11 @@ class RunCache:
         self._run_locks: dict[Path, threading.Lock] = {}
         self._results: dict[Path, dict[str, tuple[float, dict[str, Any]]]] = {}
         self._built: dict[tuple[Path, str], tuple[object, Any]] = {}
+        self._verdicts: dict[Path, Memo] = {}
+
+    def verdicts(self, run_dir: Path) -> Memo:
+        """The run's memo of live verdicts (see :func:`tmas.view.live_grades.live_grades`)."""
+        return self._verdicts.setdefault(run_dir.resolve(), {})
 
     def run_lock(self, run_dir: Path) -> threading.Lock:
         with self._lock:

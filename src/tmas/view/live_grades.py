@@ -84,8 +84,17 @@ class LiveGrades:
         return LIVE if key in self.live else self.stored_mode
 
 
-def live_grades(store: RunStore, problems: list[Problem], results: list[dict[str, Any]]) -> LiveGrades | None:
-    """Stored verdicts where graded, exact-rule verdicts elsewhere; None when no problem has a reference answer."""
+# Per problem: the result record the verdicts were worked out from (the cache keeps an unchanged result as the same
+# object) and those verdicts.
+Memo = dict[str, tuple[dict[str, Any], dict[ItemKey, list[bool | None]]]]
+
+
+def live_grades(
+    store: RunStore, problems: list[Problem], results: list[dict[str, Any]], memo: Memo | None = None
+) -> LiveGrades | None:
+    """Stored verdicts where graded, exact-rule verdicts elsewhere; None when no problem has a reference answer.
+
+    With ``memo`` (kept by the caller between calls), an unchanged result's verdicts are not worked out again."""
     if not any(p.answer is not None for p in problems):
         return None
     rows = store.grades()
@@ -97,20 +106,35 @@ def live_grades(store: RunStore, problems: list[Problem], results: list[dict[str
         grades.unlabeled = [p.problem_id for p in problems if p.answer is None and p.problem_id in result_ids]
     out = LiveGrades(grades, stored_mode=stored.mode if stored else None)
     references = {p.problem_id: p.answer for p in problems if p.answer is not None}
-    # The items of tmas.eval.grading.iter_items (every candidate and each iteration's selected answer of labeled
-    # problems), walked here without building an Item each: a big run has a hundred thousand.
     for result in results:
         pid = result["problem_id"]
         reference = references.get(pid)
         if reference is None:
             continue
-        for record in result.get("iterations", []):
-            it = int(record["iteration"])
-            pairs = [((pid, it, int(c["index"])), c.get("answer")) for c in record.get("candidates", [])]
-            pairs.append(((pid, it, SELECTED), record.get("selected")))
-            for key, given in pairs:
-                if key in graded:
-                    continue
-                grades.verdicts[key] = [exact_verdict(reference, given)] * grades.runs
-                out.live.add(key)
+        hit = memo.get(pid) if memo is not None and not graded else None
+        if hit is not None and hit[0] is result:
+            verdicts = hit[1]
+        else:
+            verdicts = _exact_verdicts(result, reference, graded, grades.runs)
+            if memo is not None and not graded:
+                memo[pid] = (result, verdicts)
+        grades.verdicts.update(verdicts)
+        out.live.update(verdicts)
+    return out
+
+
+def _exact_verdicts(
+    result: dict[str, Any], reference: str, graded: set[ItemKey], runs: int
+) -> dict[ItemKey, list[bool | None]]:
+    """The exact rules' verdict on every item of tmas.eval.grading.iter_items (each candidate and each iteration's
+    selected answer) that has no stored grade; walked without building an Item each: big runs have 100,000."""
+    pid = result["problem_id"]
+    out: dict[ItemKey, list[bool | None]] = {}
+    for record in result.get("iterations", []):
+        it = int(record["iteration"])
+        pairs = [((pid, it, int(c["index"])), c.get("answer")) for c in record.get("candidates", [])]
+        pairs.append(((pid, it, SELECTED), record.get("selected")))
+        for key, given in pairs:
+            if key not in graded:
+                out[key] = [exact_verdict(reference, given)] * runs
     return out

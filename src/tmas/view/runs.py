@@ -163,7 +163,8 @@ class RunReader:
 
     def grades(self, results: list[dict[str, Any]] | None = None) -> LiveGrades | None:
         """Stored grades, and the viewer's own exact-rule verdicts where there are none (see live_grades.py)."""
-        return live_grades(self.store, self.store.problems(), self.results() if results is None else results)
+        memo = self.cache.verdicts(self.ref.path) if self.cache is not None and results is not None else None
+        return live_grades(self.store, self.store.problems(), self.results() if results is None else results, memo)
 
     def problem_grades(
         self, problem: Problem, result: dict[str, Any] | None, records: list[dict[str, Any]]
