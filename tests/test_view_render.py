@@ -110,6 +110,9 @@ def test_the_run_names_its_model() -> None:
     name, detail = describe_model(embedded, "qwen2.5-coder-0.5b")
     assert name == "qwen2.5-coder-0.5b" and detail is not None
     assert detail.startswith("embedded: Qwen2.5-Coder-0.5B-Instruct, Q4 GGUF")
+    assert detail.endswith("; file qwen2.5-coder-0.5b.gguf")
+    tiny = {"endpoint": {"base_url": []}, "local": {"model": "smollm2-135m"}}
+    assert str(describe_model(tiny, None)[1]).endswith("; file SmolLM2-135M-Instruct.Q4_1.gguf")
     gguf = {"endpoint": {"base_url": []}, "local": {"model": "/models/phi-3-mini.Q4_K_M.gguf"}}
     assert describe_model(gguf, None) == ("phi-3-mini.Q4_K_M", "embedded: /models/phi-3-mini.Q4_K_M.gguf")
     remote = {"endpoint": {"base_url": ["http://gpu:8000/v1"], "model": "Qwen3-8B"}}

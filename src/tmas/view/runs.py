@@ -127,7 +127,11 @@ def describe_model(settings: dict[str, Any], call_model: str | None) -> tuple[st
     if not local:
         return call_model, "embedded model"
     known = KNOWN_MODELS.get(local)
-    return model_alias(local), f"embedded: {known.description if known else local}"
+    if known is None:
+        return model_alias(local), f"embedded: {local}"
+    # The GGUF file: assembled into the model cache under the model's name, or the one file its package holds.
+    file = f"{known.name}.gguf" if known.assemble else Path(known.files[0][1]).name
+    return model_alias(local), f"embedded: {known.description}; file {file}"
 
 
 def _tokens(record: dict[str, Any]) -> int:
