@@ -508,6 +508,19 @@ def test_a_comparison_needs_two_known_runs(tmp_path: Path) -> None:
             assert got == code and says in body, (query, got, body[-300:])
         got, body = get(f"{viewer.url}/run/{ref.key}?page=2")
         assert got == 404 and b"the problems fill 1 page(s)" in body
+        # A comparison follows its runs live: its marker joins theirs and moves when any of them is written.
+        other = tmp_path / "two"
+        with RunStore(other) as writer:
+            writer.add_problems(PROBLEMS)
+            second = run_ref_for([tmp_path], other)
+            assert second is not None
+            marker = f"{viewer.url}/compare/marker?run={ref.key}&run={second.key}"
+            got, before = get(marker)
+            assert got == 200 and before.count(b"/") == 1
+            writer.save_iteration(
+                "mult", 0, IterationRecord(problem_id="mult", iteration=0, candidates=[]).model_dump()
+            )
+            assert get(marker)[1] != before
 
 
 def test_a_thousand_problem_run_from_the_simulated_server_renders(sim: SimServer, tmp_path: Path) -> None:
