@@ -54,8 +54,10 @@ _MARKED = re.compile("\\\\(lt|gt)[ \u00a0]?")
 @lru_cache(maxsize=50_000)
 def latex_to_mathml(latex: str, block: bool = False) -> str | None:
     """Safe MathML for one LaTeX formula (no delimiters), or None when it cannot be rendered."""
-    from latex2mathml.converter import convert
-
+    try:
+        from latex2mathml.converter import convert
+    except ImportError:  # an install of the serve extra from before it was added: pages show raw LaTeX
+        return None
     # '<' and '>' as commands: in \text{} the converter would otherwise copy them as markup.
     source = latex.replace("<", r"\lt ").replace(">", r"\gt ")
     try:
