@@ -52,6 +52,13 @@ def test_model_output_cannot_inject_markup() -> None:
     assert "&lt;img src=x onerror=alert(2)&gt;" in html
 
 
+def test_aligned_equations_keep_their_rows() -> None:
+    mathml = latex_to_mathml("\\begin{aligned} a &= b + c \\\\ &= d \\end{aligned}", block=True)
+    assert mathml is not None
+    rows = ET.fromstring(mathml).findall(f".//{MATHML}mtr")
+    assert len(rows) == 2 and "&" not in "".join(ET.fromstring(mathml).itertext())
+
+
 def test_latex_the_converter_cannot_read_stays_raw_for_that_span_only() -> None:
     assert latex_to_mathml("\\frac{1}{") is None
     html = render_math_text("bad $\\frac{1}{$ then good $x^2$")

@@ -60,6 +60,8 @@ def latex_to_mathml(latex: str, block: bool = False) -> str | None:
         return None
     # '<' and '>' as commands: in \text{} the converter would otherwise copy them as markup.
     source = latex.replace("<", r"\lt ").replace(">", r"\gt ")
+    # The converter reads `aligned` (the models' favourite) as one line; `split` is the same layout and it knows it.
+    source = source.replace(r"\begin{aligned}", r"\begin{split}").replace(r"\end{aligned}", r"\end{split}")
     try:
         raw = convert(source, display="block" if block else "inline")
         tree = ET.fromstring(_LONE_AMP.sub("&amp;", raw))
