@@ -558,7 +558,7 @@ $$\sum_{k=0}^{10} \binom{10}{k} = 2^{10} = 1024.$$
 
 ### Step 2: Keep the even sums
 Pairing each subset $S$ with $S \triangle \{1\}$ changes the parity of the sum, hence exactly
-\[ \frac{1}{2} \cdot 2^{10} = 512 \]
+\[ \begin{aligned} \frac{1}{2} \cdot 2^{10} &= 2^{9} \\ &= 512 \end{aligned} \]
 subsets have an even sum. **Check:** for $\{1,2\}$ the subsets with an even sum are $\emptyset$ and
 $\{2\}$, which is $\frac{2^2}{2} = 2$, as it should be; and $512 \equiv 0 \pmod{2}$, $\sqrt{512} < 23$.
 
@@ -604,6 +604,7 @@ def test_in_chromium_a_solution_a_bank_and_a_transcript_read_as_mathematics(tmp_
         # Solution (11 inline formulas, the box, 2 displayed), summary (2), bank entry (2), transcript (1).
         assert len(main.find_elements(By.CSS_SELECTOR, ".rendered math")) == 14 + 2 + 2 + 1
         assert len(main.find_elements(By.CSS_SELECTOR, 'math[display="block"]')) == 2
+        assert len(main.find_elements(By.CSS_SELECTOR, 'math[display="block"] mtr')) == 2  # the aligned rows
         assert main.find_elements(By.CSS_SELECTOR, 'menclose[notation="box"]')
         text = main.text
         for raw in ("\\frac", "\\binom", "\\sum", "\\boxed", "$$", "###", "**"):
