@@ -616,3 +616,53 @@ def test_in_chromium_a_solution_a_bank_and_a_transcript_read_as_mathematics(tmp_
         browser.get(f"{viewer.url}/run/{ref.key}/problem?id=subsets")
         assert browser.find_element(By.ID, "question").find_elements(By.TAG_NAME, "math")
         assert "\\dots" not in browser.find_element(By.ID, "question").text
+
+
+def test_the_cache_parses_each_result_once_and_follows_the_run(tmp_path: Path) -> None:
+    from tmas.view.cache import RunCache
+    from tmas.view.runs import RunReader
+
+    def result(answer: str) -> dict[str, Any]:
+        candidate = Candidate(index=0, text="long text \\boxed{" + answer + "}", answer=answer, meta={"mode": "x"})
+        record = IterationRecord(problem_id="mult", iteration=0, candidates=[candidate], selected=answer)
+        record.state = {"experience_bank": {"entries": []}}
+        return {
+            "problem_id": "mult",
+            "status": "done",
+            "answer": answer,
+            "text": "t",
+            "iterations": [record.model_dump()],
+        }
+
+    run_dir = tmp_path / "run"
+    cache = RunCache()
+    with RunStore(run_dir) as writer:
+        writer.add_problems(PROBLEMS)
+        writer.save_result("mult", "done", result("390"))
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        with RunStore(run_dir, read_only=True) as reader:
+            first = cache.results(reader)
+            # Kept without the texts, banks and candidate metadata no overview reads.
+            assert [r["problem_id"] for r in first] == ["mult"] and "text" not in first[0]
+            assert "state" not in first[0]["iterations"][0]
+            assert first[0]["iterations"][0]["candidates"][0] == {
+                k: v for k, v in result("390")["iterations"][0]["candidates"][0].items() if k not in ("text", "meta")
+            }
+            assert cache.results(reader)[0] is first[0]  # not parsed again
+            with RunReader(ref, cache) as run:
+                overview = run.overview()
+                assert overview.problems[0].correct is False and run.overview() is overview
+            # The problem is solved again (a new finished_at) and another one starts: both are seen.
+            time.sleep(0.01)
+            writer.save_result("mult", "done", result("391"))
+            writer.save_iteration(
+                "square", 0, IterationRecord(problem_id="square", iteration=0, candidates=[]).model_dump()
+            )
+            again = cache.results(reader)
+            assert again[0] is not first[0] and again[0]["answer"] == "391"
+            assert [(r["problem_id"], r["status"]) for r in again] == [("mult", "done"), ("square", "running")]
+            with RunReader(ref, cache) as run:
+                fresh = run.overview()
+                assert fresh is not overview and fresh.problems[0].correct is True
+                assert fresh.status_counts == {"done": 1, "running": 1}
