@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 
 from conftest import settings_for
+from tmas.eval.generators import generate
 from tmas.eval.grading import GradeConfig, grade_run
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
-from tmas.methods.base import IterationRecord
+from tmas.methods.base import Candidate, IterationRecord
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import RunStore, StoreError
-from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing import Rule, ScriptedUsage, SimScript, SimServer
 from tmas.view.app import view_app
 from tmas.view.bank_diff import bank_diffs, diff_entries
 from web_helpers import AppThread, get, run_ref_for, wait_until
@@ -237,12 +238,14 @@ def browser(tmp_path: Path) -> Iterator[Any]:
         driver.quit()
 
 
-def _shot(driver: Any, tmp_path: Path, name: str) -> None:
+def _shot(driver: Any, tmp_path: Path, name: str, top: Any = None) -> None:
     """Screenshots go to the test's folder; with TMAS_DOCS_SCREENSHOTS=1 to docs/img/ (the ones in the README)."""
     folder = REPO / "docs" / "img" if os.environ.get("TMAS_DOCS_SCREENSHOTS") == "1" else tmp_path
     folder.mkdir(parents=True, exist_ok=True)
     height = driver.execute_script("return document.body.scrollHeight")
     driver.set_window_size(1280, min(max(600, int(height) + 40), 1800))
+    if top is not None:  # the part of the page to show starts at this element
+        driver.execute_script("arguments[0].scrollIntoView()", top)
     path = folder / f"viewer_{name}.png"
     assert driver.save_screenshot(str(path))
     if folder != tmp_path:
@@ -338,3 +341,328 @@ def test_the_cli_takes_options_after_the_run_directories(tmp_path: Path) -> None
     cmd = [sys.executable, "-m", "tmas", "view", str(tmp_path / "missing"), "--port", "1"]
     done = subprocess.run(cmd, capture_output=True, env=env, timeout=60, text=True)
     assert done.returncode == 2 and done.stderr.strip() == f"tmas: error: not a directory: {tmp_path / 'missing'}"
+
+
+# ------------------------------------------------------------------------------------------------ comparison
+def _solution(answer: str) -> str:
+    return f"We have $17 \\times 23 = \\frac{{782}}{{2}}$ and \\(\\sqrt{{4}} = 2\\).\n\n**So** \\boxed{{{answer}}}"
+
+
+def _scripted(answers: dict[str, list[str]], completion_tokens: int) -> SimScript:
+    """Solution replies per problem (by its question), each reporting ``completion_tokens`` completion tokens."""
+    usage = ScriptedUsage(prompt_tokens=50, completion_tokens=completion_tokens)
+    patterns = {"mult": r"17\*23", "square": r"12\*12"}
+    return SimScript(
+        rules=[
+            Rule(role="solution", pattern=patterns[pid], replies=[_solution(a) for a in replies], usage=usage)
+            for pid, replies in answers.items()
+        ]
+    )
+
+
+def _scripted_run(sim: SimServer, run_dir: Path, script: SimScript, method: str, params: dict[str, Any]) -> None:
+    import asyncio
+
+    sim.set_script(script)
+    settings = settings_for(sim, method__name=method, method__params=params)
+    store, settings, problems = prepare_run(run_dir, settings, PROBLEMS, resume=False)
+    with store:
+        asyncio.run(run_problems(settings, problems, store))
+
+
+def test_in_chromium_two_runs_compared_with_math_rendered_and_graded_live(
+    sim: SimServer, tmp_path: Path, browser: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    runs = tmp_path / "runs"
+    # Majority vote, k=4 samples of 100 completion tokens: mult gets 391 three times (reference 391), square 144
+    # twice (reference 144); chain of thought, one sample of 300 tokens: right on mult, wrong on square.
+    _scripted_run(
+        sim,
+        runs / "a-majority",
+        _scripted({"mult": ["391", "391", "390", "391"], "square": ["144", "144", "140", "141"]}, 100),
+        "majority",
+        {"k": 4},
+    )
+    _scripted_run(sim, runs / "b-cot", _scripted({"mult": ["391"], "square": ["145"]}, 300), "cot", {})
+    with AppThread(view_app([runs])) as viewer:
+        browser.get(viewer.url)
+        for box in browser.find_elements(By.CSS_SELECTOR, "#compare-form input[name=run]"):
+            box.click()
+        browser.find_element(By.ID, "compare").click()
+        wait_until(lambda: browser.find_elements(By.ID, "frontier"), timeout=30, what="the comparison page")
+        points = [
+            [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+            for row in browser.find_elements(By.CSS_SELECTOR, "#frontier tr.frontier-point")
+        ]
+        # MV@k (the exact expectation over k of the 4 samples), worked by hand:
+        # MV@1 = mean(3/4, 2/4) = 0.625, s.e. = stdev(0.75, 0.5)/sqrt(2) = 0.125.
+        # MV@2: mult: of the C(4,2) = 6 pairs, 3 are 391+391 (right), 3 are 391+390 (a tie, right half the time):
+        #   4.5/6 = 0.75; square: 144+144 right, 144+140 (2) and 144+141 (2) ties, 140+141 wrong: 3/6 = 0.5.
+        # MV@4: 391 and 144 win their votes: 1.0. Tokens: k x 100. CoT: one point, 1 of 2 right at 300 tokens.
+        assert points == [
+            ["a-majority", "MV@1", "100", "62.5%", "12.5", "2"],
+            ["a-majority", "MV@2", "200", "62.5%", "12.5", "2"],
+            ["a-majority", "MV@4", "400", "100.0%", "0.0", "2"],
+            ["b-cot", "It0", "300", "50.0%", "50.0", "2"],
+        ]
+        chart = browser.find_element(By.CSS_SELECTOR, ".charts img")
+        assert browser.execute_script("return arguments[0].naturalWidth", chart)
+        _shot(browser, tmp_path, "compare")
+
+        # Equal budgets read from each frontier: the best point at or under each budget.
+        field = browser.find_element(By.NAME, "budgets")
+        field.clear()
+        field.send_keys("150,350,500")
+        field.submit()
+        wait_until(lambda: "≤ 150" in browser.find_element(By.ID, "equal-budget").text, what="the new budgets")
+        table = [
+            [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+            for row in browser.find_elements(By.CSS_SELECTOR, "#equal-budget tr")[1:]
+        ]
+        assert table == [
+            ["a-majority", "62.5% MV@1", "62.5% MV@1", "100.0% MV@4"],
+            ["b-cot", "-", "50.0% It0", "50.0% It0"],
+        ]
+
+        # Problem by problem: who got it right, with what answer, at what cost (4 x 100 or 1 x 300 tokens).
+        grid = {
+            row.get_attribute("data-problem"): [
+                " ".join(td.text.split()) for td in row.find_elements(By.CSS_SELECTOR, "td.grid-cell")
+            ]
+            for row in browser.find_elements(By.CSS_SELECTOR, "#grid tr.grid-row")
+        }
+        assert grid == {
+            "mult": ["correct rules 391 400 tokens · 4 calls", "correct rules 391 300 tokens · 1 call"],
+            "square": ["correct rules 144 400 tokens · 4 calls", "wrong rules 145 300 tokens · 1 call"],
+        }
+        _shot(browser, tmp_path, "compare_grid", top=browser.find_element(By.ID, "equal-budget"))
+
+        # Into the CoT run's problem page from the grid: its solution's math is rendered, not shown as LaTeX.
+        cells = browser.find_elements(By.CSS_SELECTOR, "#grid tr.grid-row[data-problem=square] td.grid-cell a")
+        cells[1].click()
+        wait_until(lambda: browser.find_elements(By.ID, "solution"), what="the problem page")
+        assert "b-cot" in browser.find_element(By.TAG_NAME, "header").text
+        solution = browser.find_element(By.ID, "solution")
+        assert len(solution.find_elements(By.CSS_SELECTOR, "math")) == 3  # the fraction, the root, the box
+        assert solution.find_elements(By.CSS_SELECTOR, "mfrac") and solution.find_elements(By.CSS_SELECTOR, "msqrt")
+        visible = browser.find_element(By.TAG_NAME, "body").text
+        assert "\\frac" not in visible and "\\boxed" not in visible and "So" in solution.text
+        assert "wrong" in browser.find_element(By.TAG_NAME, "main").text.split("Iterations")[0]
+        _shot(browser, tmp_path, "math")
+        # The raw text, one click away.
+        browser.find_element(By.ID, "raw-text").click()
+        assert "\\frac{782}{2}" in solution.text and "\\boxed{145}" in solution.text
+        browser.find_element(By.ID, "raw-text").click()
+        assert "\\frac" not in solution.text
+
+        # The run page: the model and the method's parameters in the title, each problem graded live by the rules.
+        browser.find_element(By.LINK_TEXT, "b-cot").click()
+        title = browser.find_element(By.ID, "run-title").text
+        assert title == "cot on sim-model", title  # every parameter at its default: none named
+        assert browser.find_element(By.ID, "model-detail").text == sim.base_url
+        rows = {
+            r.find_elements(By.TAG_NAME, "td")[0].text.split()[0]: r.find_elements(By.TAG_NAME, "td")[4].text
+            for r in browser.find_elements(By.CSS_SELECTOR, "#problems tr")[1:]
+        }
+        assert rows == {"mult": "correct rules", "square": "wrong rules"}
+        assert "50.0%" in browser.find_element(By.ID, "metrics").text
+        _shot(browser, tmp_path, "run_graded_live")
+
+
+def test_stored_grades_take_precedence_over_the_live_rules(sim: SimServer, tmp_path: Path) -> None:
+    import asyncio
+
+    run_dir = tmp_path / "cot"
+    _scripted_run(sim, run_dir, _scripted({"mult": ["391"], "square": ["145"]}, 300), "cot", {})
+    with RunStore(run_dir) as store:
+        asyncio.run(grade_run(store, GradeConfig(mode="rules")))
+    with AppThread(view_app([run_dir])) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        status, page = get(f"{viewer.url}/run/{ref.key}")
+    text = page.decode()
+    assert status == 200 and text.count('class="tag correct"') == 1 and text.count('class="tag wrong"') == 1
+    # Graded by tmas report (Math-Verify): marked with the stored grades' mode, not as the viewer's live check.
+    problems = text.split('id="problems"')[1]
+    assert (
+        problems.count(' <span class="grader" title="graded by tmas report">rules</span>') == 2
+        and "graded live" not in problems
+    )
+
+
+def test_a_comparison_needs_two_known_runs(tmp_path: Path) -> None:
+    run_dir = tmp_path / "one"
+    with RunStore(run_dir) as store:
+        store.add_problems(PROBLEMS)
+    with AppThread(view_app([tmp_path])) as viewer:
+        ref = run_ref_for([tmp_path], run_dir)
+        assert ref is not None
+        for query, code, says in [
+            (f"run={ref.key}", 400, b"pick two or more runs"),
+            (f"run={ref.key}&run=nosuch", 404, b"no run &#39;nosuch&#39;"),
+            (f"run={ref.key}&run={ref.key}", 400, b"pick two or more runs"),
+        ]:
+            got, body = get(f"{viewer.url}/compare?{query}")
+            assert got == code and says in body, (query, got, body[-300:])
+        got, body = get(f"{viewer.url}/run/{ref.key}?page=2")
+        assert got == 404 and b"the problems fill 1 page(s)" in body
+        # A comparison follows its runs live: its marker joins theirs and moves when any of them is written.
+        other = tmp_path / "two"
+        with RunStore(other) as writer:
+            writer.add_problems(PROBLEMS)
+            second = run_ref_for([tmp_path], other)
+            assert second is not None
+            marker = f"{viewer.url}/compare/marker?run={ref.key}&run={second.key}"
+            got, before = get(marker)
+            assert got == 200 and before.count(b"/") == 1
+            writer.save_iteration(
+                "mult", 0, IterationRecord(problem_id="mult", iteration=0, candidates=[]).model_dump()
+            )
+            assert get(marker)[1] != before
+
+
+def test_a_thousand_problem_run_from_the_simulated_server_renders(sim: SimServer, tmp_path: Path) -> None:
+    """Index and run pages of 1,000 generated problems (their render time is measured in benchmarks/view_pages.py)."""
+    import asyncio
+
+    records = list(generate("all", 143, seed=0))[:1000]
+    problems = [Problem(problem_id=r["problem_id"], question=r["question"], answer=r["answer"]) for r in records]
+    run_dir = tmp_path / "big"
+    settings = settings_for(sim, method__name="cot", concurrency=64)
+    store, settings, stored = prepare_run(run_dir, settings, problems, resume=False)
+    with store:
+        asyncio.run(run_problems(settings, stored, store))
+    with AppThread(view_app([tmp_path])) as viewer:
+        status, index = get(viewer.url)
+        assert status == 200 and b"1000 done" in index
+        ref = run_ref_for([tmp_path], run_dir)
+        assert ref is not None
+        status, first = get(f"{viewer.url}/run/{ref.key}")
+        assert status == 200 and first.count(b'class="problem-link"') == 100
+        assert b"1000 problems, 100 on this page" in first
+        status, last = get(f"{viewer.url}/run/{ref.key}?page=10")
+        ids = [p.problem_id for p in problems]
+        assert status == 200 and ids[-1].encode() in last and f">{ids[0]}<".encode() not in last
+        # Every finished problem is graded live (a generated problem's answer is an exact integer).
+        graded = last.count(b'class="tag correct"') + last.count(b'class="tag wrong"')
+        assert graded == 100
+
+
+# A solution written the way models write them (Markdown headings and bold, inline and display math, a box).
+REAL_SOLUTION = r"""### Step 1: Count the subsets
+A subset of $\{1, 2, \dots, 10\}$ with exactly $k$ elements can be chosen in $\binom{10}{k}$ ways, so
+
+$$\sum_{k=0}^{10} \binom{10}{k} = 2^{10} = 1024.$$
+
+### Step 2: Keep the even sums
+Pairing each subset $S$ with $S \triangle \{1\}$ changes the parity of the sum, hence exactly
+\[ \begin{aligned} \frac{1}{2} \cdot 2^{10} &= 2^{9} \\ &= 512 \end{aligned} \]
+subsets have an even sum. **Check:** for $\{1,2\}$ the subsets with an even sum are $\emptyset$ and
+$\{2\}$, which is $\frac{2^2}{2} = 2$, as it should be; and $512 \equiv 0 \pmod{2}$, $\sqrt{512} < 23$.
+
+**Final answer:** $\boxed{512}$"""
+
+
+def test_in_chromium_a_solution_a_bank_and_a_transcript_read_as_mathematics(tmp_path: Path, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    problem = Problem(
+        problem_id="subsets",
+        question=r"How many subsets of $\{1, 2, \dots, 10\}$ have an even sum of elements? Give $\frac{N}{1}$.",
+        answer="512",
+    )
+    candidate = Candidate(
+        index=0,
+        text=REAL_SOLUTION,
+        answer="512",
+        meta={"summary": r"Used $\binom{10}{k}$ and a parity-switching pairing: $\frac{2^{10}}{2}$."},
+    )
+    state = {
+        "experience_bank": {
+            "entries": [{"id": "E1", "kind": "insight", "content": r"Toggling $1$ pairs subsets: $\frac{1}{2}$ each."}]
+        },
+        "transcript": Transcript(
+            problem_id="subsets",
+            team=[TeamMember(id="S1", specialty="combinatorics", leader=True)],
+            utterances=[Utterance(round=0, agent="S1", kind="opinion", text=r"By symmetry $\frac{2^{10}}{2}$.")],
+            final_answer="512",
+        ).model_dump(mode="json"),
+    }
+    run_dir = tmp_path / "real"
+    with RunStore(run_dir) as store:
+        store.add_problems([problem])
+        record = IterationRecord(problem_id="subsets", iteration=0, candidates=[candidate], selected="512", state=state)
+        store.save_iteration("subsets", 0, record.model_dump(mode="json"))
+    with AppThread(view_app([run_dir])) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        browser.get(f"{viewer.url}/run/{ref.key}/iteration?id=subsets&t=0")
+        browser.find_element(By.CSS_SELECTOR, ".candidate details summary").click()
+        main = browser.find_element(By.TAG_NAME, "main")
+        # Solution (11 inline formulas, the box, 2 displayed), summary (2), bank entry (2), transcript (1).
+        assert len(main.find_elements(By.CSS_SELECTOR, ".rendered math")) == 14 + 2 + 2 + 1
+        assert len(main.find_elements(By.CSS_SELECTOR, 'math[display="block"]')) == 2
+        assert len(main.find_elements(By.CSS_SELECTOR, 'math[display="block"] mtr')) == 2  # the aligned rows
+        assert main.find_elements(By.CSS_SELECTOR, 'menclose[notation="box"]')
+        text = main.text
+        for raw in ("\\frac", "\\binom", "\\sum", "\\boxed", "$$", "###", "**"):
+            assert raw not in text, raw
+        assert "Step 2: Keep the even sums" in text and "Final answer:" in text
+        assert main.find_element(By.CSS_SELECTOR, "#transcript .rendered math")
+        assert main.find_element(By.CSS_SELECTOR, "#diff-experience_bank .rendered math")
+        _shot(browser, tmp_path, "math_solution")
+        browser.get(f"{viewer.url}/run/{ref.key}/problem?id=subsets")
+        assert browser.find_element(By.ID, "question").find_elements(By.TAG_NAME, "math")
+        assert "\\dots" not in browser.find_element(By.ID, "question").text
+
+
+def test_the_cache_parses_each_result_once_and_follows_the_run(tmp_path: Path) -> None:
+    from tmas.view.cache import RunCache
+    from tmas.view.runs import RunReader
+
+    def result(answer: str) -> dict[str, Any]:
+        candidate = Candidate(index=0, text="long text \\boxed{" + answer + "}", answer=answer, meta={"mode": "x"})
+        record = IterationRecord(problem_id="mult", iteration=0, candidates=[candidate], selected=answer)
+        record.state = {"experience_bank": {"entries": []}}
+        return {
+            "problem_id": "mult",
+            "status": "done",
+            "answer": answer,
+            "text": "t",
+            "iterations": [record.model_dump()],
+        }
+
+    run_dir = tmp_path / "run"
+    cache = RunCache()
+    with RunStore(run_dir) as writer:
+        writer.add_problems(PROBLEMS)
+        writer.save_result("mult", "done", result("390"))
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        with RunStore(run_dir, read_only=True) as reader:
+            first = cache.results(reader)
+            # Kept without the texts, banks and candidate metadata no overview reads.
+            assert [r["problem_id"] for r in first] == ["mult"] and "text" not in first[0]
+            assert "state" not in first[0]["iterations"][0]
+            assert first[0]["iterations"][0]["candidates"][0] == {
+                k: v for k, v in result("390")["iterations"][0]["candidates"][0].items() if k not in ("text", "meta")
+            }
+            assert cache.results(reader)[0] is first[0]  # not parsed again
+            with RunReader(ref, cache) as run:
+                overview = run.overview()
+                assert overview.problems[0].correct is False and run.overview() is overview
+            # The problem is solved again (a new finished_at) and another one starts: both are seen.
+            time.sleep(0.01)
+            writer.save_result("mult", "done", result("391"))
+            writer.save_iteration(
+                "square", 0, IterationRecord(problem_id="square", iteration=0, candidates=[]).model_dump()
+            )
+            again = cache.results(reader)
+            assert again[0] is not first[0] and again[0]["answer"] == "391"
+            assert [(r["problem_id"], r["status"]) for r in again] == [("mult", "done"), ("square", "running")]
+            with RunReader(ref, cache) as run:
+                fresh = run.overview()
+                assert fresh is not overview and fresh.problems[0].correct is True
+                assert fresh.status_counts == {"done": 1, "running": 1}

@@ -2,26 +2,35 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import jinja2
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from tmas.eval.rules import MissingExtra
-from tmas.eval.run_results import load_results
 from tmas.store.run_store import StoreError
-from tmas.view.charts import accuracy_by_tokens_png, pass1_by_iteration_png
+from tmas.view.cache import RunCache
+from tmas.view.charts import accuracy_by_tokens_png, frontiers_png, pass1_by_iteration_png
+from tmas.view.compare import compare_runs, parse_budgets
 from tmas.view.credits import load_credits
-from tmas.view.runs import RunReader, discover, verdict
+from tmas.view.live_grades import LiveGrades
+from tmas.view.mathtext import answer, rich
+from tmas.view.runs import RunReader, RunRef, discover, verdict
 
 # How often (ms) an open page asks whether its run changed.
 POLL_MS = 2000
+# Problems per page of a run's problem table.
+PAGE_SIZE = 100
 
 
 def _environment() -> jinja2.Environment:
@@ -35,6 +44,8 @@ def _environment() -> jinja2.Environment:
     )
     env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
     env.filters["score"] = lambda value: "-" if value is None else f"{float(value):.2f}"
+    env.filters["rich"] = rich
+    env.filters["answer"] = answer
     env.globals["poll_ms"] = POLL_MS
     return env
 
@@ -42,63 +53,97 @@ def _environment() -> jinja2.Environment:
 class Viewer:
     """The pages over the run directories given on the command line (re-read on every page)."""
 
-    def __init__(self, paths: list[Path]) -> None:
+    def __init__(self, paths: list[Path], *, warm_up: bool = True) -> None:
         self.paths = paths
+        self.warm = warm_up
         self.env = _environment()
+        self.cache = RunCache()
 
     def build(self) -> Starlette:
         return Starlette(
             routes=[
-                Route("/", self.index),
-                Route("/run/{key}", self.run),
-                Route("/run/{key}/marker", self.marker),
-                Route("/run/{key}/chart/{x}.png", self.chart),
-                Route("/run/{key}/problem", self.problem),
-                Route("/run/{key}/iteration", self.iteration),
-                Route("/run/{key}/call/{call_id:int}", self.call),
+                Route("/", _threaded(self.index)),
+                Route("/compare", _threaded(self.compare)),
+                Route("/compare/marker", _threaded(self.compare_marker)),
+                Route("/compare/chart.png", _threaded(self.compare_chart)),
+                Route("/run/{key}", _threaded(self.run)),
+                Route("/run/{key}/marker", _threaded(self.marker)),
+                Route("/run/{key}/chart/{x}.png", _threaded(self.chart)),
+                Route("/run/{key}/problem", _threaded(self.problem)),
+                Route("/run/{key}/iteration", _threaded(self.iteration)),
+                Route("/run/{key}/call/{call_id:int}", _threaded(self.call)),
             ],
             exception_handlers={HTTPException: self._error},
+            lifespan=self._lifespan,
         )
 
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        # Big runs are read once in the background from start-up, so their first pages open warm.
+        if self.warm:
+            threading.Thread(target=self.warm_up, name="tmas-view-warm-up", daemon=True).start()
+        yield
+
+    def warm_up(self) -> None:
+        """Build every run's overview and frontier into the cache (a page asking meanwhile waits for its run)."""
+        for ref in discover(self.paths):
+            try:
+                compare_runs([ref], cache=self.cache)
+            except Exception:  # a run being created, or not ours: its page reports the problem when opened
+                continue
+
     # ------------------------------------------------------------------------------------------------ pages
-    async def index(self, request: Request) -> Response:
+    def index(self, request: Request) -> Response:
         runs = []
         for ref in discover(self.paths):
             try:
-                with RunReader(ref) as run:
-                    runs.append((ref, run.overview()))
+                with RunReader(ref, self.cache) as run:
+                    runs.append((ref, run.summary()))
             except StoreError:
                 continue  # a run still being created, or not ours: listed once it can be read
         return self._page("index.html", runs=runs)
 
-    async def run(self, request: Request) -> Response:
+    def run(self, request: Request) -> Response:
         with self._open(request) as run:
-            return self._page("run.html", ref=run.ref, run=run.overview(), live=True)
+            overview = run.overview()
+        pages = max(1, -(-len(overview.problems) // PAGE_SIZE))
+        try:
+            page = int(request.query_params.get("page", "1"))
+        except ValueError:
+            raise HTTPException(400, "page must be a page number") from None
+        if not 1 <= page <= pages:
+            raise HTTPException(404, f"no page {page}: the problems fill {pages} page(s)")
+        shown = overview.problems[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
+        return self._page("run.html", ref=run.ref, run=overview, shown=shown, page=page, pages=pages, live=True)
 
-    async def problem(self, request: Request) -> Response:
+    def problem(self, request: Request) -> Response:
         pid = request.query_params.get("id", "")
         with self._open(request) as run:
             problem = next((p for p in run.store.iter_problems() if p.problem_id == pid), None)
             if problem is None:
                 raise HTTPException(404, f"no problem {pid!r} in this run")
-            grades = run.grades()
+            result = run.store.result(pid)
             records = run.records(pid)
+            live = run.problem_grades(problem, result, records)
             verdicts = {
-                (int(r["iteration"]), int(c["index"])): verdict(grades, (pid, int(r["iteration"]), int(c["index"])))
+                (int(r["iteration"]), int(c["index"])): _verdict(live, (pid, int(r["iteration"]), int(c["index"])))
                 for r in records
                 for c in r["candidates"]
             }
+            last = records[-1] if records else None
+            final = _verdict(live, (pid, int(last["iteration"]), -1)) if last else (None, None)
             return self._page(
                 "problem.html",
                 ref=run.ref,
                 problem=problem,
-                result=run.store.result(pid),
+                result=result,
                 records=records,
                 verdicts=verdicts,
+                final=final,
                 live=True,
             )
 
-    async def iteration(self, request: Request) -> Response:
+    def iteration(self, request: Request) -> Response:
         pid = request.query_params.get("id", "")
         try:
             t = int(request.query_params.get("t", ""))
@@ -109,8 +154,9 @@ class Viewer:
             if found is None:
                 raise HTTPException(404, f"problem {pid!r} has no iteration {t}")
             record, diffs = found
-            grades = run.grades()
-            verdicts = {int(c["index"]): verdict(grades, (pid, t, int(c["index"]))) for c in record["candidates"]}
+            problem = next((p for p in run.store.iter_problems() if p.problem_id == pid), None)
+            live = run.problem_grades(problem, run.store.result(pid), run.records(pid)) if problem else None
+            verdicts = {int(c["index"]): _verdict(live, (pid, t, int(c["index"]))) for c in record["candidates"]}
             calls = [c for c in run.store.calls(pid) if c.key.iteration == t]
             run_path = str(run.ref.path.resolve())
             credits = {
@@ -131,7 +177,7 @@ class Viewer:
                 live=True,
             )
 
-    async def call(self, request: Request) -> Response:
+    def call(self, request: Request) -> Response:
         call_id = int(request.path_params["call_id"])
         with self._open(request) as run:
             call = run.store.call(call_id)
@@ -145,27 +191,71 @@ class Viewer:
                 sampling=run.store.call_sampling(call_id),
             )
 
-    async def marker(self, request: Request) -> Response:
+    def marker(self, request: Request) -> Response:
         with self._open(request) as run:
             return PlainTextResponse(run.store.change_marker(), headers={"Cache-Control": "no-store"})
 
-    async def chart(self, request: Request) -> Response:
+    def chart(self, request: Request) -> Response:
         x = request.path_params["x"]
         if x not in ("iteration", "tokens"):
             raise HTTPException(404, f"no chart {x!r}")
         with self._open(request) as run:
-            grades = run.grades()
-            if grades is None:
-                raise HTTPException(404, "the run is not graded: no accuracy to chart")
-            results = load_results(run.store)
             overview = run.overview()
             label = run.ref.name
+        if overview.grades is None or overview.metrics is None:
+            raise HTTPException(404, "no problem of the run has a reference answer: no accuracy to chart")
         try:
             if x == "iteration":
-                assert overview.metrics is not None
                 png = pass1_by_iteration_png(label, overview.metrics)
             else:
-                png = accuracy_by_tokens_png(label, overview.method, results, grades)
+                png = accuracy_by_tokens_png(label, overview.method, overview.results, overview.grades.grades)
+        except MissingExtra as exc:
+            raise HTTPException(404, str(exc)) from None
+        return Response(png, media_type="image/png", headers={"Cache-Control": "no-store"})
+
+    # ------------------------------------------------------------------------------------------------ comparison
+    def _compared(self, request: Request) -> list[RunRef]:
+        keys = request.query_params.getlist("run")
+        refs = {r.key: r for r in discover(self.paths)}
+        missing = [k for k in keys if k not in refs]
+        if missing:
+            raise HTTPException(
+                404, f"no run {', '.join(map(repr, missing))} (the viewer shows the runs it was started with)"
+            )
+        chosen = [refs[k] for k in dict.fromkeys(keys)]
+        if len(chosen) < 2:
+            raise HTTPException(400, "pick two or more runs to compare (tick them on the runs page)")
+        return chosen
+
+    def compare(self, request: Request) -> Response:
+        refs = self._compared(request)
+        try:
+            budgets = parse_budgets(request.query_params.get("budgets"))
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from None
+        try:
+            comparison = compare_runs(refs, budgets, self.cache)
+        except StoreError as exc:
+            raise HTTPException(404, str(exc)) from None
+        query = "&".join(f"run={r.key}" for r in refs)
+        return self._page(
+            "compare.html", comparison=comparison, query=query, marker_url=f"/compare/marker?{query}", live=True
+        )
+
+    def compare_marker(self, request: Request) -> Response:
+        markers = []
+        for ref in self._compared(request):
+            try:
+                with RunReader(ref, self.cache) as run:
+                    markers.append(run.store.change_marker())
+            except StoreError:
+                markers.append("-")
+        return PlainTextResponse("/".join(markers), headers={"Cache-Control": "no-store"})
+
+    def compare_chart(self, request: Request) -> Response:
+        comparison = compare_runs(self._compared(request), cache=self.cache)
+        try:
+            png = frontiers_png([(run.label, run.points) for run in comparison.runs])
         except MissingExtra as exc:
             raise HTTPException(404, str(exc)) from None
         return Response(png, media_type="image/png", headers={"Cache-Control": "no-store"})
@@ -177,12 +267,14 @@ class Viewer:
         if ref is None:
             raise HTTPException(404, f"no run {key!r} (the viewer shows the run directories it was started with)")
         try:
-            return RunReader(ref)
+            return RunReader(ref, self.cache)
         except StoreError as exc:
             raise HTTPException(404, str(exc)) from None
 
     def _page(self, name: str, **context: Any) -> HTMLResponse:
         context.setdefault("live", False)
+        if context["live"] and "marker_url" not in context:
+            context["marker_url"] = f"/run/{context['ref'].key}/marker"
         return HTMLResponse(self.env.get_template(name).render(**context))
 
     async def _error(self, request: Request, exc: Exception) -> Response:
@@ -191,5 +283,21 @@ class Viewer:
         return HTMLResponse(html, status_code=exc.status_code)
 
 
-def view_app(paths: list[Path]) -> Starlette:
-    return Viewer([Path(p) for p in paths]).build()
+def _threaded(page: Callable[[Request], Response]) -> Callable[[Request], Awaitable[Response]]:
+    """Pages render in worker threads: a big run's first render must not hold up other pages and live polls."""
+
+    async def endpoint(request: Request) -> Response:
+        return await run_in_threadpool(page, request)
+
+    return endpoint
+
+
+def _verdict(live: LiveGrades | None, key: tuple[str, int, int]) -> tuple[bool | None, str | None]:
+    """An item's verdict and who gave it ("rules": the viewer's live check; else the stored grades' mode)."""
+    if live is None:
+        return None, None
+    return verdict(live.grades, key), live.source(key)
+
+
+def view_app(paths: list[Path], *, warm_up: bool = True) -> Starlette:
+    return Viewer([Path(p) for p in paths], warm_up=warm_up).build()

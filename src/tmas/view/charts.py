@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tmas.eval.frontier import run_frontier
+from tmas.eval.frontier import FrontierPoint, run_frontier
 from tmas.eval.grading import Grades
 from tmas.eval.metrics import RunMetrics
 from tmas.eval.plots import plot_frontier, plot_pass1
@@ -28,3 +28,8 @@ def accuracy_by_tokens_png(label: str, method: str, results: list[dict[str, Any]
     """The report's frontier: the returned answer's accuracy against completion tokens per problem."""
     points = run_frontier(results, grades, majority=method == "majority")
     return _png(lambda path: plot_frontier([(label, points)], "Accuracy against tokens per problem", path))
+
+
+def frontiers_png(runs: list[tuple[str, list[FrontierPoint]]]) -> bytes:
+    """The comparison page's chart: every run's frontier on one plot."""
+    return _png(lambda path: plot_frontier(runs, "Accuracy against completion tokens per problem", path))

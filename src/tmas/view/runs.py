@@ -7,11 +7,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tmas.eval.grading import SELECTED, GradeConfig, Grades, load_grades
+from tmas.eval.grading import SELECTED, Grades, ItemKey
 from tmas.eval.metrics import RunMetrics, compute_metrics
-from tmas.eval.run_results import load_results
+from tmas.eval.run_results import RUNNING, load_results
+from tmas.llm.local_server import model_alias
+from tmas.llm.weights import KNOWN_MODELS
+from tmas.problems import Problem
 from tmas.store.run_store import DB_NAME, RunStore
 from tmas.view.bank_diff import BankChange, bank_diffs
+from tmas.view.cache import RunCache, file_state
+from tmas.view.live_grades import LiveGrades, live_grades
 
 
 @dataclass(frozen=True)
@@ -46,21 +51,87 @@ class ProblemRow:
     status: str  # done, failed, running (iterations recorded, no result yet), pending (no iteration yet)
     answer: str | None
     correct: bool | None  # the selected answer's verdict at the last iteration; None: not graded
+    grade_source: str | None  # "rules" (graded live by the viewer), else the stored grades' mode
     iterations: int
     calls: int
     tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class RunSummary:
+    method: str
+    model: str | None
+    model_detail: str | None
+    params: dict[str, Any]
+    problem_count: int
+    status_counts: dict[str, int]
+    costs: dict[str, int]
+
+    @property
+    def params_line(self) -> str:
+        return params_line(self.method, self.params)
 
 
 @dataclass
 class RunOverview:
     method: str
     model: str | None
+    # Where the model runs: "embedded: <what the weights are>" or the endpoint's address(es).
+    model_detail: str | None
     params: dict[str, Any]
     problems: list[ProblemRow]
     costs: dict[str, int]
     roles: dict[str, dict[str, int]]
     metrics: RunMetrics | None
     status_counts: dict[str, int] = field(default_factory=dict)
+    grades: LiveGrades | None = None
+    results: list[dict[str, Any]] = field(default_factory=list)
+    # Identifies this overview: what is derived from it (a frontier) is reused while the overview is.
+    stamp: object = field(default_factory=object, compare=False)
+
+    @property
+    def params_line(self) -> str:
+        """The method's parameters that differ from its defaults, in one line (all of them are in the details)."""
+        return params_line(self.method, self.params)
+
+    @property
+    def live_graded(self) -> bool:
+        return self.grades is not None and bool(self.grades.live)
+
+
+def params_line(method: str, params: dict[str, Any]) -> str:
+    """``k=4, style=concise``: the scalar parameters a run set away from the method's defaults (all scalar ones
+    when the method is unknown here)."""
+    from tmas.methods import METHODS
+
+    cls = METHODS.get(method)
+    try:
+        defaults = cls.Params().model_dump(mode="json") if cls is not None else {}
+    except ValueError:  # a method whose parameters have required fields: show them all
+        defaults = {}
+    return ", ".join(
+        f"{k}={v}"
+        for k, v in params.items()
+        if isinstance(v, str | int | float | bool) and (k not in defaults or defaults[k] != v)
+    )
+
+
+def describe_model(settings: dict[str, Any], call_model: str | None) -> tuple[str | None, str | None]:
+    """The run's model name and where it runs, from its stored settings (the first call's model as a fallback)."""
+    endpoint = settings.get("endpoint") or {}
+    urls = [str(u) for u in endpoint.get("base_url") or []]
+    if urls or not settings:
+        return endpoint.get("model") or call_model, ", ".join(urls) or None
+    local = str((settings.get("local") or {}).get("model") or "")
+    if not local:
+        return call_model, "embedded model"
+    known = KNOWN_MODELS.get(local)
+    if known is None:
+        return model_alias(local), f"embedded: {local}"
+    # The GGUF file: assembled into the model cache under the model's name, or the one file its package holds.
+    file = f"{known.name}.gguf" if known.assemble else Path(known.files[0][1]).name
+    return model_alias(local), f"embedded: {known.description}; file {file}"
 
 
 def _tokens(record: dict[str, Any]) -> int:
@@ -79,9 +150,10 @@ def verdict(grades: Grades | None, key: tuple[str, int, int]) -> bool | None:
 class RunReader:
     """One page's view of a run: open it, read, close (``with RunReader(ref) as run: ...``)."""
 
-    def __init__(self, ref: RunRef) -> None:
+    def __init__(self, ref: RunRef, cache: RunCache | None = None) -> None:
         self.ref = ref
         self.store = RunStore(ref.path, read_only=True)
+        self.cache = cache
 
     def __enter__(self) -> RunReader:
         return self
@@ -89,16 +161,54 @@ class RunReader:
     def __exit__(self, *exc: object) -> None:
         self.store.close()
 
-    def grades(self) -> Grades | None:
-        return load_grades(self.store, GradeConfig())
+    def results(self) -> list[dict[str, Any]]:
+        """Finished problems' results and running problems' iterations so far (without texts when cached)."""
+        return self.cache.results(self.store) if self.cache is not None else load_results(self.store)
+
+    def grades(self, results: list[dict[str, Any]] | None = None) -> LiveGrades | None:
+        """Stored grades, and the viewer's own exact-rule verdicts where there are none (see live_grades.py)."""
+        memo = self.cache.verdicts(self.ref.path) if self.cache is not None and results is not None else None
+        return live_grades(self.store, self.store.problems(), self.results() if results is None else results, memo)
+
+    def problem_grades(
+        self, problem: Problem, result: dict[str, Any] | None, records: list[dict[str, Any]]
+    ) -> LiveGrades | None:
+        """Grades of one problem's page (only its own answers are checked)."""
+        if result is None:
+            result = {"problem_id": problem.problem_id, "status": RUNNING, "iterations": records}
+        return live_grades(self.store, [problem], [result])
+
+    def first_call_model(self) -> str | None:
+        first = self.store.call(1)
+        return first.model if first is not None else None
+
+    def summary(self) -> RunSummary:
+        """What the runs page shows: cheap (counts in SQL), nothing graded."""
+        store = self.store
+        method, params, model, detail = self._names()
+        counts = RunCache.status_counts(store)
+        return RunSummary(method, model, detail, params, store.problem_count(), counts, store.call_counts())
+
+    def _names(self) -> tuple[str, dict[str, Any], str | None, str | None]:
+        method_meta = self.store.get_meta("method") or {}
+        settings = self.store.get_meta("settings") or {}
+        method = str(method_meta.get("name") or settings.get("method", {}).get("name", "?"))
+        model, detail = describe_model(settings, self.first_call_model())
+        return method, dict(method_meta.get("params") or {}), model, detail
 
     def overview(self) -> RunOverview:
+        """Everything the run page shows; with a cache, reused until the run's files change."""
+        if self.cache is None:
+            return self._overview()
+        return self.cache.reuse(self.ref.path, "overview", file_state(self.ref.path), self._overview)
+
+    def _overview(self) -> RunOverview:
         store = self.store
-        method_meta = store.get_meta("method") or {}
-        settings = store.get_meta("settings") or {}
-        grades = self.grades()
+        method, params, model, detail = self._names()
         # Finished problems with their results, problems being solved with the iterations they finished so far.
-        results = load_results(store)
+        results = self.results()
+        live = self.grades(results)
+        grades = live.grades if live is not None else None
         by_id = {r["problem_id"]: r for r in results}
         rows = []
         for problem in store.iter_problems():
@@ -106,6 +216,7 @@ class RunReader:
             result = by_id.get(pid, {"status": "pending", "iterations": []})
             records = result["iterations"]
             last = records[-1] if records else None
+            key: ItemKey | None = (pid, int(last["iteration"]), SELECTED) if last else None
             rows.append(
                 ProblemRow(
                     problem_id=pid,
@@ -113,26 +224,29 @@ class RunReader:
                     reference=problem.answer,
                     status=result["status"],
                     answer=result["answer"] if "answer" in result else (last or {}).get("selected"),
-                    correct=verdict(grades, (pid, int(last["iteration"]), SELECTED)) if last else None,
+                    correct=verdict(grades, key) if key else None,
+                    grade_source=live.source(key) if live is not None and key else None,
                     iterations=len(records),
                     calls=sum(int(r.get("calls", 0)) for r in records),
-                    tokens=sum(
-                        int(r["usage"]["prompt_tokens"]) + int(r["usage"]["completion_tokens"]) for r in records
-                    ),
+                    tokens=sum(_tokens(r) for r in records),
+                    completion_tokens=sum(int(r.get("usage", {}).get("completion_tokens", 0)) for r in records),
                 )
             )
         counts: dict[str, int] = {}
         for row in rows:
             counts[row.status] = counts.get(row.status, 0) + 1
         return RunOverview(
-            method=str(method_meta.get("name") or settings.get("method", {}).get("name", "?")),
-            model=(settings.get("endpoint") or {}).get("model"),
-            params=dict(method_meta.get("params") or {}),
+            method=method,
+            model=model,
+            model_detail=detail,
+            params=params,
             problems=rows,
             costs=store.call_counts(),
             roles=store.role_costs(),
             metrics=compute_metrics(results, grades) if grades is not None else None,
             status_counts=counts,
+            grades=live,
+            results=results,
         )
 
     def records(self, problem_id: str) -> list[dict[str, Any]]:

@@ -1,0 +1,130 @@
+"""What keeps big runs fast: results parsed once, and whole run overviews reused until the run changes.
+
+A run of 1,000 problems with 100 samples each stores about 100 MB of result JSON; parsing it is most of what a run
+page costs. Results are immutable once written (a problem solved again gets a new ``finished_at``), so each is
+parsed once, kept without the texts the overview never shows, and re-read only when its ``finished_at`` moves.
+The overview built from them is reused while the run's files are unchanged (any write to a SQLite database in WAL
+mode changes the size or time of its ``-wal`` file, or of the database itself after a checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tmas.eval.run_results import RUNNING
+from tmas.store.run_store import RunStore
+from tmas.view.live_grades import Memo
+
+T = TypeVar("T")
+
+# Fields of records the overview, the grades, the metrics and the frontiers never read: dropped from the cache.
+_RESULT_DROP = ("text",)
+_ITERATION_DROP = ("state", "notes", "replies")
+_CANDIDATE_DROP = ("text", "meta")
+
+
+def _slim(result: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in result.items() if k not in _RESULT_DROP}
+    out["iterations"] = [_slim_iteration(r) for r in result.get("iterations", [])]
+    return out
+
+
+def _slim_iteration(record: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in record.items() if k not in _ITERATION_DROP}
+    out["candidates"] = [{k: v for k, v in c.items() if k not in _CANDIDATE_DROP} for c in record.get("candidates", [])]
+    return out
+
+
+def file_state(run_dir: Path) -> tuple[tuple[int, int], ...]:
+    """Sizes and modification times of the run's database files: they change with every write."""
+    state = []
+    for suffix in ("", "-wal"):
+        try:
+            stat = os.stat(run_dir / f"run.sqlite{suffix}")
+            state.append((stat.st_size, stat.st_mtime_ns))
+        except FileNotFoundError:
+            state.append((0, 0))
+    return tuple(state)
+
+
+class RunCache:
+    """Per run directory: its parsed results and its last overview (thread-safe: pages render in worker threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._run_locks: dict[Path, threading.Lock] = {}
+        self._results: dict[Path, dict[str, tuple[float, dict[str, Any]]]] = {}
+        self._built: dict[tuple[Path, str], tuple[object, Any]] = {}
+        self._verdicts: dict[Path, Memo] = {}
+
+    def verdicts(self, run_dir: Path) -> Memo:
+        """The run's memo of live verdicts (see :func:`tmas.view.live_grades.live_grades`)."""
+        return self._verdicts.setdefault(run_dir.resolve(), {})
+
+    def run_lock(self, run_dir: Path) -> threading.Lock:
+        with self._lock:
+            return self._run_locks.setdefault(run_dir.resolve(), threading.Lock())
+
+    def results(self, store: RunStore) -> list[dict[str, Any]]:
+        """What :func:`tmas.eval.run_results.load_results` returns, without texts, banks and notes."""
+        run_dir = store.run_dir.resolve()
+        cached = self._results.setdefault(run_dir, {})
+        db = sqlite3.connect(f"{store.path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            db.execute("PRAGMA busy_timeout=10000")
+            stamps = dict(db.execute("SELECT problem_id, finished_at FROM results").fetchall())
+            stale = [pid for pid, at in stamps.items() if pid not in cached or cached[pid][0] != at]
+            if stale:
+                query = "SELECT problem_id, finished_at, record FROM results"
+                if len(stale) < len(stamps):
+                    query += f" WHERE problem_id IN ({','.join('?' * len(stale))})"
+                for pid, at, record in db.execute(query, stale if len(stale) < len(stamps) else ()):
+                    cached[pid] = (at, _slim(json.loads(record)))
+            for pid in set(cached) - set(stamps):
+                del cached[pid]
+            started = {pid for (pid,) in db.execute("SELECT DISTINCT problem_id FROM iterations")} - set(stamps)
+        finally:
+            db.close()
+        out = []
+        for problem in store.iter_problems():
+            pid = problem.problem_id
+            if pid in cached:
+                out.append(cached[pid][1])
+            elif pid in started:
+                iterations = [_slim_iteration(r) for r in store.iterations(pid)]
+                if iterations:
+                    out.append({"problem_id": pid, "status": RUNNING, "iterations": iterations})
+        return out
+
+    @staticmethod
+    def status_counts(store: RunStore) -> dict[str, int]:
+        """Problems by status (done, failed, ..., running: iterations but no result, pending: nothing yet)."""
+        db = sqlite3.connect(f"{store.path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            db.execute("PRAGMA busy_timeout=10000")
+            counts = dict(db.execute("SELECT status, COUNT(*) FROM results GROUP BY status").fetchall())
+            (running,) = db.execute(
+                "SELECT COUNT(DISTINCT problem_id) FROM iterations"
+                " WHERE problem_id NOT IN (SELECT problem_id FROM results)"
+            ).fetchone()
+        finally:
+            db.close()
+        pending = store.problem_count() - sum(counts.values()) - running
+        return {**counts, **({RUNNING: running} if running else {}), **({"pending": pending} if pending else {})}
+
+    def reuse(self, run_dir: Path, name: str, key: object, build: Callable[[], T]) -> T:
+        """``build()``'s value for this run and ``name``, rebuilt only when ``key`` differs from the last one."""
+        slot = (run_dir.resolve(), name)
+        with self.run_lock(run_dir):
+            hit = self._built.get(slot)
+            if hit is not None and hit[0] == key:
+                return hit[1]  # type: ignore[no-any-return]
+            value = build()
+            self._built[slot] = (key, value)
+            return value

@@ -1,0 +1,85 @@
+"""Runs side by side: each run's accuracy-vs-completion-tokens frontier and equal-budget row (``tmas.eval.frontier``,
+the numbers ``tmas report`` shows), and a per-problem grid of who got which problem right at what cost.
+
+Runs still going are compared on what they have finished so far (the frontier's points say on how many problems).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tmas.eval.frontier import BUDGETS, FrontierPoint, equal_budget, run_frontier
+from tmas.view.cache import RunCache
+from tmas.view.runs import ProblemRow, RunOverview, RunReader, RunRef
+
+
+@dataclass
+class ComparedRun:
+    ref: RunRef
+    overview: RunOverview
+    points: list[FrontierPoint]
+    # Per budget, the frontier's best point at or under it (None: the frontier never got that cheap).
+    budget_row: list[FrontierPoint | None]
+    rows: dict[str, ProblemRow]
+
+    @property
+    def label(self) -> str:
+        return f"{self.ref.name} ({self.overview.method})"
+
+    @property
+    def solved(self) -> int:
+        return sum(r.correct is True for r in self.rows.values())
+
+    @property
+    def graded(self) -> int:
+        return sum(r.correct is not None for r in self.rows.values())
+
+
+@dataclass
+class Comparison:
+    runs: list[ComparedRun]
+    budgets: list[int]
+    # Problem ids in the first run's order, then any only later runs have.
+    problem_ids: list[str]
+    questions: dict[str, str]
+    # Problems some runs lack: the runs were not made on the same problem set.
+    not_shared: list[str] = field(default_factory=list)
+
+
+def compare_runs(refs: list[RunRef], budgets: list[int] | None = None, cache: RunCache | None = None) -> Comparison:
+    budgets = list(budgets or BUDGETS)
+    runs: list[ComparedRun] = []
+    problem_ids: list[str] = []
+    questions: dict[str, str] = {}
+    for ref in refs:
+        with RunReader(ref, cache) as reader:
+            overview = reader.overview()
+
+        def frontier(overview: RunOverview = overview) -> list[FrontierPoint]:
+            if overview.grades is None:
+                return []
+            return run_frontier(overview.results, overview.grades.grades, majority=overview.method == "majority")
+
+        # The frontier of an unchanged run is reused (MV@k over many samples is the comparison's costliest part).
+        points = cache.reuse(ref.path, "frontier", overview.stamp, frontier) if cache is not None else frontier()
+        rows = {row.problem_id: row for row in overview.problems}
+        for row in overview.problems:
+            if row.problem_id not in questions:
+                problem_ids.append(row.problem_id)
+                questions[row.problem_id] = row.question
+        runs.append(ComparedRun(ref, overview, points, equal_budget(points, budgets), rows))
+    not_shared = [pid for pid in problem_ids if any(pid not in run.rows for run in runs)]
+    return Comparison(runs, budgets, problem_ids, questions, not_shared)
+
+
+def parse_budgets(text: str | None) -> list[int] | None:
+    """``?budgets=1000,4000``: the equal-budget table's columns (completion tokens per problem)."""
+    if not text:
+        return None
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"budgets must be whole numbers of tokens separated by commas, not {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise ValueError(f"budgets must be positive numbers of tokens, not {text!r}")
+    return sorted(set(values))

@@ -1,0 +1,140 @@
+"""Grades while a run is live: stored grades where ``tmas report`` wrote them, else an exact check by rules.
+
+The exact check decides what it can decide at once and nothing more: the same answer after the spelling
+normalization majority vote uses, or two exact numbers (integers, decimals, fractions as ``a/b`` or ``\\frac{a}{b}``)
+compared as rationals. Anything else (symbolic or textual answers) is left undecided for ``tmas report`` (Math-Verify
+and the LLM judge). Like ``tmas.eval.rules``, a "wrong" is only ever said between two numbers; an iteration that
+returned no answer at all is wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import lru_cache
+from typing import Any
+
+from tmas.answers import last_boxed, normalize_answer
+from tmas.eval.grading import SELECTED, GradeConfig, Grades, ItemKey, load_grades
+from tmas.problems import Problem
+from tmas.store.run_store import RunStore
+
+# The source of a verdict the viewer worked out itself (shown as "rules"; stored ones show their grading mode).
+LIVE = "live"
+
+_INTEGER = re.compile(r"[+-]?\d+")
+_DECIMAL = re.compile(r"[+-]?(\d+\.\d*|\.\d+)")
+_SLASH = re.compile(r"([+-]?\d+)/([+-]?\d+)")
+_FRAC = re.compile(r"([+-]?)\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}")
+_FRAC_SHORT = re.compile(r"([+-]?)\\frac(\d)(\d)")
+# "1,000" or "1{,}000": thousands separators, only in their exact places.
+_THOUSANDS = re.compile(r"[+-]?\d{1,3}((\{,\}|,)\d{3})+")
+# "x=5", "n = 12": a single variable named before the value.
+_NAMED = re.compile(r"[A-Za-z]\w*=(.+)")
+
+
+def exact_number(answer: str) -> Fraction | None:
+    """The exact rational an answer spells, or None when it is not a plain number."""
+    text = normalize_answer(answer)
+    boxed = last_boxed(text) if text.startswith("\\boxed") else None
+    text = boxed if boxed is not None else text
+    named = _NAMED.fullmatch(text)
+    text = named.group(1) if named else text
+    if _THOUSANDS.fullmatch(text):
+        text = text.replace("{,}", "").replace(",", "")
+    try:
+        if _INTEGER.fullmatch(text) or _DECIMAL.fullmatch(text):
+            return Fraction(text)
+        if m := _SLASH.fullmatch(text):
+            return Fraction(int(m.group(1)), int(m.group(2)))
+        if m := _FRAC.fullmatch(text) or _FRAC_SHORT.fullmatch(text):
+            value = Fraction(int(m.group(2)), int(m.group(3)))
+            return -value if m.group(1) == "-" else value
+    except (ValueError, ZeroDivisionError):
+        return None
+    return None
+
+
+@lru_cache(maxsize=100_000)
+def exact_verdict(reference: str, answer: str | None) -> bool | None:
+    """Correct, wrong, or None (the exact rules cannot tell)."""
+    if answer is None or not answer.strip():
+        return False
+    if normalize_answer(reference) == normalize_answer(answer):
+        return True
+    gold, pred = exact_number(reference), exact_number(answer)
+    if gold is None or pred is None:
+        return None
+    return gold == pred
+
+
+@dataclass
+class LiveGrades:
+    """Verdicts as metrics read them, and which of them the viewer worked out itself."""
+
+    grades: Grades
+    live: set[ItemKey] = field(default_factory=set)
+    # The stored grades' mode ("rules", "combined", "judge"); None when the run has none.
+    stored_mode: str | None = None
+
+    def source(self, key: ItemKey) -> str | None:
+        if key not in self.grades.verdicts:
+            return None
+        return LIVE if key in self.live else self.stored_mode
+
+
+# Per problem: the result record the verdicts were worked out from (the cache keeps an unchanged result as the same
+# object) and those verdicts.
+Memo = dict[str, tuple[dict[str, Any], dict[ItemKey, list[bool | None]]]]
+
+
+def live_grades(
+    store: RunStore, problems: list[Problem], results: list[dict[str, Any]], memo: Memo | None = None
+) -> LiveGrades | None:
+    """Stored verdicts where graded, exact-rule verdicts elsewhere; None when no problem has a reference answer.
+
+    With ``memo`` (kept by the caller between calls), an unchanged result's verdicts are not worked out again."""
+    if not any(p.answer is not None for p in problems):
+        return None
+    rows = store.grades()
+    stored = load_grades(store, GradeConfig()) if rows else None
+    graded = {(g.problem_id, g.iteration, g.candidate) for g in rows}
+    grades = stored or Grades(runs=1, mode="rules")
+    if stored is None:
+        result_ids = {r["problem_id"] for r in results}
+        grades.unlabeled = [p.problem_id for p in problems if p.answer is None and p.problem_id in result_ids]
+    out = LiveGrades(grades, stored_mode=stored.mode if stored else None)
+    references = {p.problem_id: p.answer for p in problems if p.answer is not None}
+    for result in results:
+        pid = result["problem_id"]
+        reference = references.get(pid)
+        if reference is None:
+            continue
+        hit = memo.get(pid) if memo is not None and not graded else None
+        if hit is not None and hit[0] is result:
+            verdicts = hit[1]
+        else:
+            verdicts = _exact_verdicts(result, reference, graded, grades.runs)
+            if memo is not None and not graded:
+                memo[pid] = (result, verdicts)
+        grades.verdicts.update(verdicts)
+        out.live.update(verdicts)
+    return out
+
+
+def _exact_verdicts(
+    result: dict[str, Any], reference: str, graded: set[ItemKey], runs: int
+) -> dict[ItemKey, list[bool | None]]:
+    """The exact rules' verdict on every item of tmas.eval.grading.iter_items (each candidate and each iteration's
+    selected answer) that has no stored grade; walked without building an Item each: big runs have 100,000."""
+    pid = result["problem_id"]
+    out: dict[ItemKey, list[bool | None]] = {}
+    for record in result.get("iterations", []):
+        it = int(record["iteration"])
+        pairs = [((pid, it, int(c["index"])), c.get("answer")) for c in record.get("candidates", [])]
+        pairs.append(((pid, it, SELECTED), record.get("selected")))
+        for key, given in pairs:
+            if key not in graded:
+                out[key] = [exact_verdict(reference, given)] * runs
+    return out

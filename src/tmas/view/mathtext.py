@@ -1,0 +1,180 @@
+"""Model text as HTML with its math rendered: LaTeX spans become MathML (``latex2mathml``, on the server; browsers
+draw MathML natively, so pages need no script and no network), everything else is escaped.
+
+Model output is untrusted. ``latex2mathml`` copies ``\\text{...}`` and attribute arguments into its output
+unescaped, so its output is never passed through: it is parsed as XML and rebuilt from a whitelist of MathML
+elements and attributes, and serialized again (which escapes every text). A span that fails any step (LaTeX the
+converter does not know, unbalanced braces, output that is not well-formed) is shown as its raw text instead.
+
+Each rendering keeps the raw text beside it (hidden until the page's *raw text* switch is on).
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from functools import lru_cache
+
+from markupsafe import Markup, escape
+
+MATHML_NS = "http://www.w3.org/1998/Math/MathML"
+
+# MathML Core elements (and the few latex2mathml writes beyond it); anything else drops the whole span to raw text.
+_ELEMENTS = frozenset(
+    "math mrow mi mn mo ms mtext mspace mfrac msqrt mroot msub msup msubsup munder mover munderover mmultiscripts "  # noqa: SIM905
+    "mprescripts none mtable mtr mtd mstyle mpadded mphantom menclose merror semantics annotation".split()
+)
+# Presentation attributes only: no href, no event handlers, no style.
+_ATTRIBUTES = frozenset(
+    "display mathvariant notation stretchy fence form minsize maxsize linethickness width height depth displaystyle "  # noqa: SIM905
+    "scriptlevel columnalign columnlines columnspacing rowalign rowlines rowspacing frame accent accentunder "
+    "movablelimits separator lspace rspace symmetric largeop linebreak align open close".split()
+)
+
+# Math spans, in order of precedence: $$...$$, \[...\], \(...\), $...$. An inline $ opens when not followed by a
+# space and closes when not preceded by one nor followed by a digit (so "$5 and $10" stays text).
+_SPAN = re.compile(
+    r"\$\$(?P<dd>.+?)\$\$"
+    r"|\\\[(?P<db>.+?)\\\]"
+    r"|\\\((?P<ip>.+?)\\\)"
+    r"|(?<![\\$])\$(?=[^\s$])(?P<id>[^$\n]+?)(?<![\s\\])\$(?!\d)"
+    r"|\\boxed\s*\{",
+    re.S,
+)
+# Outside math, an answer written as bare LaTeX: \boxed{...} (its braces are matched by hand, they may nest).
+_LONE_AMP = re.compile(r"&(?!#x?[0-9a-fA-F]+;|[a-zA-Z]+;)")
+_BOLD = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*")
+_HEADING = re.compile(r"^(#{1,6})[ \t]+(.+)$", re.M)
+# Placeholders for rendered spans while the rest of the text is escaped and formatted (NUL is removed first).
+_SLOT = re.compile("\x00(\\d+)\x00")
+# How the '<' and '>' put in as commands come out of \text{} (the converter turns the space into a no-break one).
+_MARKED = re.compile("\\\\(lt|gt)[ \u00a0]?")
+
+
+@lru_cache(maxsize=50_000)
+def latex_to_mathml(latex: str, block: bool = False) -> str | None:
+    """Safe MathML for one LaTeX formula (no delimiters), or None when it cannot be rendered."""
+    try:
+        from latex2mathml.converter import convert
+    except ImportError:  # an install of the serve extra from before it was added: pages show raw LaTeX
+        return None
+    # '<' and '>' as commands: in \text{} the converter would otherwise copy them as markup.
+    source = latex.replace("<", r"\lt ").replace(">", r"\gt ")
+    # The converter reads `aligned` (the models' favourite) as one line; `split` is the same layout and it knows it.
+    source = source.replace(r"\begin{aligned}", r"\begin{split}").replace(r"\end{aligned}", r"\end{split}")
+    try:
+        raw = convert(source, display="block" if block else "inline")
+        tree = ET.fromstring(_LONE_AMP.sub("&amp;", raw))
+    except Exception:  # the converter raises many kinds on LaTeX it cannot read: that span stays raw
+        return None
+    clean = _rebuild(tree)
+    if clean is None:
+        return None
+    clean.set("xmlns", MATHML_NS)
+    return ET.tostring(clean, encoding="unicode", short_empty_elements=False)
+
+
+def _rebuild(node: ET.Element) -> ET.Element | None:
+    tag = node.tag.rsplit("}", 1)[-1]
+    if tag not in _ELEMENTS:
+        return None
+    out = ET.Element(tag, {k: v for k, v in node.attrib.items() if k in _ATTRIBUTES})
+    out.text = _unmark(node.text)
+    out.tail = _unmark(node.tail)
+    for child in node:
+        clean = _rebuild(child)
+        if clean is None:
+            return None
+        out.append(clean)
+    return out
+
+
+def _unmark(text: str | None) -> str | None:
+    """'<' and '>' back in text the converter copied (\\text{a<b}); serialization escapes them."""
+    return None if text is None else _MARKED.sub(lambda m: "<" if m.group(1) == "lt" else ">", text)
+
+
+def _boxed_end(text: str, start: int) -> int | None:
+    """Index just past the brace closing the group opened right before ``start``; None when unclosed."""
+    depth = 1
+    for pos in range(start, len(text)):
+        if text[pos] == "{":
+            depth += 1
+        elif text[pos] == "}":
+            depth -= 1
+            if depth == 0:
+                return pos + 1
+    return None
+
+
+def _format_text(escaped: str) -> str:
+    """The Markdown a solution uses for structure: headings and bold (line breaks are kept by the page's CSS)."""
+    escaped = _HEADING.sub(lambda m: f'<span class="md-h">{m.group(2)}</span>', escaped)
+    return _BOLD.sub(r"<strong>\1</strong>", escaped)
+
+
+@lru_cache(maxsize=4096)
+def render_math_text(text: str) -> str:
+    """HTML of ``text`` with every math span rendered (the raw text not included)."""
+    text = text.replace("\x00", "")
+    pieces: list[str] = []
+    slots: list[str] = []
+    pos = 0
+    for match in _SPAN.finditer(text):
+        if match.start() < pos:
+            continue  # inside a \boxed{} taken whole already
+        if match.group(0).startswith("\\boxed"):
+            end = _boxed_end(text, match.end())
+            if end is None:
+                continue
+            latex, block, whole = text[match.start() : end], False, text[match.start() : end]
+        else:
+            end = match.end()
+            latex = next(g for g in match.group("dd", "db", "ip", "id") if g is not None)
+            block = match.group("dd") is not None or match.group("db") is not None
+            whole = match.group(0)
+        mathml = latex_to_mathml(latex.strip(), block)
+        before = text[pos : match.start()]
+        if block and mathml is not None:
+            # A displayed formula is a block of its own: the line breaks around it would add empty lines.
+            before = before[:-1] if before.endswith("\n") else before
+            end += text[end : end + 1] == "\n"
+        pieces.append(before)
+        if mathml is None:
+            slots.append(f'<code class="tex-failed" title="not rendered">{escape(whole)}</code>')
+        else:
+            slots.append(mathml)
+        pieces.append(f"\x00{len(slots) - 1}\x00")
+        pos = end
+    pieces.append(text[pos:])
+    html = _format_text(str(escape("".join(pieces))))
+    return _SLOT.sub(lambda m: slots[int(m.group(1))], html)
+
+
+def rich(text: object) -> Markup:
+    """A block of model text: rendered, with its raw text beside it for the page's *raw text* switch."""
+    if text is None or str(text) == "":
+        return Markup("")
+    value = str(text)
+    return Markup(
+        f'<div class="rich"><div class="rendered">{render_math_text(value)}</div>'
+        f'<pre class="raw">{escape(value)}</pre></div>'
+    )
+
+
+# An answer is LaTeX when it has a command, a script, a group or a fraction bar; plain words and numbers stay text.
+_LATEX_HINT = re.compile(r"[\\^_{}]|\d/\d")
+
+
+def answer(text: object) -> Markup:
+    """One final answer (LaTeX without delimiters, as extracted from \\boxed{}), rendered inline."""
+    if text is None or str(text) == "":
+        return Markup('<span class="muted">-</span>')
+    value = str(text)
+    bare = value.strip().strip("$").strip()
+    mathml = latex_to_mathml(bare) if _LATEX_HINT.search(bare) else None
+    if mathml is None:
+        return Markup(f'<span class="ans">{escape(value)}</span>')
+    return Markup(
+        f'<span class="ans"><span class="rendered">{mathml}</span><code class="raw">{escape(value)}</code></span>'
+    )

@@ -1,0 +1,137 @@
+"""The viewer's text rendering (LaTeX to whitelisted MathML), its live exact-rule grades and its model names."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from fractions import Fraction
+
+import pytest
+
+from tmas.view.live_grades import exact_number, exact_verdict
+from tmas.view.mathtext import answer, latex_to_mathml, render_math_text, rich
+from tmas.view.runs import describe_model, params_line
+
+MATHML = "{http://www.w3.org/1998/Math/MathML}"
+
+
+def _math(html: str) -> list[ET.Element]:
+    """The <math> elements of rendered HTML (the rest is escaped text, so the whole parses once wrapped)."""
+    root = ET.fromstring(f"<div>{html}</div>")
+    return [e for e in root.iter() if e.tag == MATHML + "math"]
+
+
+def test_every_kind_of_math_span_becomes_mathml_and_the_text_around_stays_text() -> None:
+    text = (
+        "## Step 1\nSo $2\\times 5$ and \\(\\frac{1}{2}\\), then\n\\[x^2\\]\n$$\\sqrt{2}$$\n"
+        "**Hence** \\boxed{\\frac{3}{4}} costs $5 and $10."
+    )
+    html = render_math_text(text)
+    maths = _math(html)
+    assert [m.get("display") for m in maths] == ["inline", "inline", "block", "block", "inline"]
+    assert [len(list(m.iter(MATHML + "mfrac"))) for m in maths] == [0, 1, 0, 0, 1]
+    assert maths[4].find(f".//{MATHML}menclose").get("notation") == "box"  # type: ignore[union-attr]
+    # Markdown structure kept: the heading and the bold word; the dollars of prices are not math.
+    assert '<span class="md-h">Step 1</span>' in html and "<strong>Hence</strong>" in html
+    assert html.endswith("costs $5 and $10.")
+    assert "\\frac" not in html and "\\boxed" not in html
+
+
+def test_model_output_cannot_inject_markup() -> None:
+    hostile = (
+        "$\\text{<script>alert(1)</script>}$ <img src=x onerror=alert(2)> "
+        '$\\href{javascript:alert(3)}{x}$ $\\color{red" onload="alert(4)}{y}$ $a & b$'
+    )
+    html = render_math_text(hostile)
+    root = ET.fromstring(f"<div>{html}</div>")
+    tags = {e.tag.split("}")[-1] for e in root.iter()}
+    assert tags <= {"div", "math", "mrow", "mtext", "mi", "mo", "mstyle"}, tags
+    attributes = {name for e in root.iter() for name in e.attrib}
+    assert attributes <= {"display", "xmlns"}, attributes
+    # The script's text is shown as text, inside the formula it was written in.
+    assert "<script>alert(1)</script>" in "".join(root.itertext())
+    assert "&lt;img src=x onerror=alert(2)&gt;" in html
+
+
+def test_aligned_equations_keep_their_rows() -> None:
+    mathml = latex_to_mathml("\\begin{aligned} a &= b + c \\\\ &= d \\end{aligned}", block=True)
+    assert mathml is not None
+    rows = ET.fromstring(mathml).findall(f".//{MATHML}mtr")
+    assert len(rows) == 2 and "&" not in "".join(ET.fromstring(mathml).itertext())
+
+
+def test_latex_the_converter_cannot_read_stays_raw_for_that_span_only() -> None:
+    assert latex_to_mathml("\\frac{1}{") is None
+    html = render_math_text("bad $\\frac{1}{$ then good $x^2$")
+    assert '<code class="tex-failed" title="not rendered">$\\frac{1}{$</code>' in html
+    assert len(_math(html)) == 1
+    # An unclosed \boxed{ is left as text.
+    assert render_math_text("\\boxed{3") == "\\boxed{3"
+
+
+def test_blocks_and_answers_keep_their_raw_text_one_click_away() -> None:
+    block = str(rich("$\\frac{1}{2}$ & <b>"))
+    assert '<pre class="raw">$\\frac{1}{2}$ &amp; &lt;b&gt;</pre>' in block and "<mfrac>" in block
+    assert str(answer("\\frac{1}{2}")).endswith('<code class="raw">\\frac{1}{2}</code></span>')
+    # Numbers and words are not LaTeX: plain text, escaped.
+    assert str(answer("391")) == '<span class="ans">391</span>'
+    assert str(answer("<i>")) == '<span class="ans">&lt;i&gt;</span>'
+    assert str(answer(None)) == '<span class="muted">-</span>' and str(rich(None)) == ""
+
+
+@pytest.mark.parametrize(
+    ("reference", "given", "verdict"),
+    [
+        ("391", "391", True),
+        ("391", "$391$", True),
+        ("391", "\\boxed{391}", True),
+        ("391", "n = 391", True),
+        ("1000", "1{,}000", True),
+        ("1000", "1,000", True),
+        ("1/2", "\\frac{1}{2}", True),
+        ("1/2", "\\dfrac12", True),
+        ("0.5", "\\tfrac{1}{2}", True),
+        ("-3/4", "-\\frac{3}{4}", True),
+        ("391", "390", False),
+        ("1/2", "0.49", False),
+        ("391", None, False),
+        ("391", "  ", False),
+        ("391", "x + 1", None),
+        ("2\\sqrt{2}", "\\sqrt{8}", None),
+        ("\\sqrt{2}", "\\sqrt{2}", True),
+        ("1/0", "5", None),
+    ],
+)
+def test_live_exact_rules_worked_by_hand(reference: str, given: str | None, verdict: bool | None) -> None:
+    assert exact_verdict(reference, given) is verdict
+
+
+def test_exact_numbers() -> None:
+    assert exact_number("\\frac{6}{8}") == Fraction(3, 4)
+    assert exact_number("12.50") == Fraction(25, 2)
+    assert exact_number("1,00") is None  # not a thousands separator: not read as a number
+    assert exact_number("\\pi") is None
+
+
+def test_the_run_names_its_model() -> None:
+    embedded = {"endpoint": {"base_url": [], "model": None}, "local": {"model": "qwen2.5-coder-0.5b"}}
+    name, detail = describe_model(embedded, "qwen2.5-coder-0.5b")
+    assert name == "qwen2.5-coder-0.5b" and detail is not None
+    assert detail.startswith("embedded: Qwen2.5-Coder-0.5B-Instruct, Q4 GGUF")
+    assert detail.endswith("; file qwen2.5-coder-0.5b.gguf")
+    tiny = {"endpoint": {"base_url": []}, "local": {"model": "smollm2-135m"}}
+    assert str(describe_model(tiny, None)[1]).endswith("; file SmolLM2-135M-Instruct.Q4_1.gguf")
+    gguf = {"endpoint": {"base_url": []}, "local": {"model": "/models/phi-3-mini.Q4_K_M.gguf"}}
+    assert describe_model(gguf, None) == ("phi-3-mini.Q4_K_M", "embedded: /models/phi-3-mini.Q4_K_M.gguf")
+    remote = {"endpoint": {"base_url": ["http://gpu:8000/v1"], "model": "Qwen3-8B"}}
+    assert describe_model(remote, "other") == ("Qwen3-8B", "http://gpu:8000/v1")
+    # An endpoint without a configured model name: the name the server answered with.
+    assert describe_model({"endpoint": {"base_url": ["http://gpu:8000/v1"]}}, "served-name")[0] == "served-name"
+    assert describe_model({}, "from-calls") == ("from-calls", None)
+
+
+def test_the_title_names_the_parameters_set_away_from_the_defaults() -> None:
+    # The embedded model's majority vote: k=4 and the concise style (defaults: k=64, style=paper).
+    params = {"iterations": 1, "mode": "numeric", "style": "concise", "k": 4, "sampling": {}}
+    assert params_line("majority", params) == "style=concise, k=4"
+    assert params_line("cot", {"iterations": 1, "mode": "numeric", "style": "paper"}) == ""
+    assert params_line("not-a-method", {"a": 1, "b": [1]}) == "a=1"
