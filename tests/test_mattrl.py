@@ -258,9 +258,7 @@ async def test_medicine_ranks_ten_diagnoses_with_a_catalog_team(sim: SimServer, 
     assert result.iterations[-1].state["decision"]["top10"][9] == "Amyloidosis"
     recruit = user_text(chat_requests(sim, "coordinator")[0])
     assert "Traditional Chinese Medicine" in recruit
-    revision = next(
-        t for t in map(user_text, chat_requests(sim, "specialist")[3:]) if "\nYou are Pediatrics (" in t
-    )
+    revision = next(t for t in map(user_text, chat_requests(sim, "specialist")[3:]) if "\nYou are Pediatrics (" in t)
     # The bulletin shares each member's change (round 1: its whole list), not a pooled list.
     assert "S1 (Pediatrics): proposed Fabry disease; Gaucher disease; Pompe disease" in revision
     assert "Borda" not in revision and "<accepted_snapshot>" not in revision
