@@ -98,6 +98,68 @@ async def test_a_refinement_answering_after_the_reminder_is_the_candidate(sim: S
     assert first.usage.completion_tokens > 0 and first.call_id != first.meta["reminder"]["first_call_id"]
 
 
+# Instruction text as a small model copies it: of the refinement prompt, and of the reminder itself.
+REFINE_ECHO = (
+    "Study each previous attempt together with its verification summary: pin down what went wrong, what was left "
+    "incomplete and what, if anything, was sound."
+)
+REMINDER_ECHO = "Reply again with a complete solution to the problem, not a comment on earlier attempts: work it out."
+
+
+async def test_an_echo_is_asked_again_first_then_an_answerless_retry_is_reminded(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    """The echo check comes first (its retry under another sample), the reminder after it, of the retry's reply."""
+    rules = [
+        Rule(role="solution", pattern=REMINDED, replies=[ANSWERED]),
+        Rule(role="solution", pattern="<previous_attempts>", replies=[REFINE_ECHO], times=1),
+        Rule(role="solution", pattern="<previous_attempts>", replies=[VERDICT]),
+    ]
+    sim.set_script(SimScript(rules=rules))
+    result = await asolve(Q, tmas_settings(sim), run_dir=tmp_path / "run")
+    last = result.iterations[1]
+    assert [c.answer for c in last.candidates] == ["391", "391"]
+    assert all(c.meta["reminder"]["answered"] is True for c in last.candidates)
+    assert last.replies["solution"].echo == 1 and result.counters["solution_echo"] == 1
+    # 2 first samples, 2 refinements, 1 echo retry, 2 reminders; every reminder sends back the honest verdict.
+    bodies = solution_bodies(sim)
+    assert len(bodies) == 7
+    reminders = [b["messages"] for b in bodies if b["messages"][-1]["content"] == REMINDER]
+    assert [m[2]["content"] for m in reminders] == [VERDICT, VERDICT]
+
+
+async def test_a_reply_to_the_reminder_that_echoes_it_never_becomes_the_candidate(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    rules = [
+        Rule(role="solution", pattern=REMINDED, replies=[REMINDER_ECHO]),
+        Rule(role="solution", pattern="<previous_attempts>", replies=[VERDICT]),
+    ]
+    sim.set_script(SimScript(rules=rules))
+    result = await asolve(Q, tmas_settings(sim), run_dir=tmp_path / "run")
+    last = result.iterations[1]
+    # Each candidate keeps its honest, answerless first reply; the answer comes from iteration 0.
+    assert [(c.answer, c.text) for c in last.candidates] == [(None, VERDICT), (None, VERDICT)]
+    assert all(c.meta["reminder"]["echo"] == "solution text" for c in last.candidates)
+    assert all(c.call_id == c.meta["reminder"]["first_call_id"] for c in last.candidates)
+    assert last.replies["solution"].echo == 2 and result.counters["solution_echo"] == 2
+    assert result.answer == "391" and result.fallback is not None
+
+
+async def test_a_baselines_reminder_reply_that_echoes_is_not_voted(sim: SimServer, tmp_path: Path) -> None:
+    rules = [
+        Rule(role="refiner", pattern=REMINDED, replies=[REMINDER_ECHO]),
+        Rule(role="refiner", replies=[VERDICT]),
+    ]
+    sim.set_script(SimScript(rules=rules))
+    settings = settings_for(sim, method={"name": "self_refine", "params": {"n": 1, "iterations": 2}})
+    result = await asolve(Q, settings, run_dir=tmp_path / "run")
+    [refined] = result.iterations[1].candidates
+    assert (refined.answer, refined.text, refined.meta["reminder"]["echo"]) == (None, VERDICT, "solution text")
+    assert "answered" not in refined.meta["reminder"] and result.iterations[1].replies["refiner"].echo == 1
+    assert len(sim.chat_bodies("refiner")) == 2 and result.answer == "391"
+
+
 async def test_both_off_is_algorithm_1_line_22(sim: SimServer, tmp_path: Path) -> None:
     sim.set_script(SimScript(rules=[Rule(role="solution", pattern="<previous_attempts>", replies=[VERDICT])]))
     settings = tmas_settings(sim, answer_reminder=False, answer_fallback=False)

@@ -12,6 +12,7 @@ from typing import Any
 from conftest import settings_for
 from mattrl_runs import hand_worked_transcript, write_run
 from test_experience_build import scripted_rules
+from test_mattrl_domains import rubric, teach
 from tmas.agents.echo import EchoGuard, split_prompt
 from tmas.agents.experience import experience_prompt
 from tmas.agents.rollouts import RolloutView
@@ -217,3 +218,70 @@ async def test_a_summarizer_entry_that_echoes_the_instructions_never_enters_the_
     pool = ExperiencePool.open(tmp_path / "pool")
     assert [(e.source_round, e.source_agent) for e in pool.entries] == [(1, "S1")]
     assert not any("naming the move" in e.action for e in pool.entries)
+
+
+async def test_a_medicine_peer_review_that_echoes_is_asked_again_and_never_shared(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    """A.4's critique of a differential is checked like a math review: its analysis and every point."""
+    echo = {
+        "analysis": "Analysis: first where you concur, then the disagreements that matter most.",
+        "agreements": ["Each one specific point of the differential you concur with and why."],
+        "disagreements": None,
+        "changes": ["A diagnosis to add, drop or move, and to which rank."],
+    }
+    sim.set_script(SimScript(rules=[Rule(role="reviewer", replies=[json.dumps(echo)], times=1)]))
+    settings = settings_for(sim, method={"name": "mattrl", "params": {"domain": "medicine", "iterations": 2}})
+    result = await asolve(Q, settings, run_dir=tmp_path / "run")
+    assert result.status == "done", result.error
+    first = result.iterations[0]
+    # Six critiques in round 1, one of them asked twice; none in the final round.
+    assert sim.stats().by_role["reviewer"] == 7 and first.replies["reviewer"].echo == 1
+    utterances = first.state["transcript"]["utterances"]
+    reviews = [u for u in utterances if u["kind"] == "review"]
+    assert len(reviews) == 6 and not any("disagreements that matter most" in u["text"] for u in reviews)
+    # Neither the bulletin nor any author's feedback carries the echoed points.
+    specialist = [str(r.body["messages"][-1]["content"]) for r in sim.requests if r.role == "specialist"]
+    assert not any("to which rank" in text or "you concur with" in text for text in specialist[3:])
+    assert not any("to which rank" in u["text"] for u in utterances if u["kind"] == "meeting")
+
+
+async def test_an_education_summarizer_entry_that_echoes_never_enters_the_pool(sim: SimServer, tmp_path: Path) -> None:
+    """C.4.7's entries are checked like the math summarizer's: an echo is asked again once, then dropped."""
+    result = await teach(sim, tmp_path, "B", iterations=2)
+    assert result.iterations[-1].state["post_correct"]
+    echo = {
+        "class": "GUIDANCE",
+        "action": "the teacher's role, the kind of action, the teaching situation it fits",
+        "experience": "Good practice: how to find the error, guide the student, address a misconception",
+        "scope": "general",
+    }
+    honest = {
+        "class": "STRATEGY",
+        "action": "Diagnostician questioning, Physics, easy: test one assumption",
+        "experience": "Good practice: contrast two quantities under one condition.",
+        "scope": "subject",
+    }
+    sim.set_script(
+        SimScript(
+            rules=[
+                # Only the Diagnostician's turns are kept (score 5; the others score 2).
+                Rule(role="judge", pattern='role="Diagnostician">', replies=[rubric(5, 5, 5, 5)]),
+                Rule(role="judge", replies=[rubric(2, 2, 2, 2)]),
+                # Round 1's summary echoes in the reply and in the retry; round 2's is the team's own words.
+                Rule(
+                    role="summarizer",
+                    pattern='<teacher_utterance round="1"',
+                    replies=[json.dumps({"entries": [echo]})],
+                    times=2,
+                ),
+                Rule(role="summarizer", replies=[json.dumps({"entries": [honest]})]),
+            ]
+        )
+    )
+    config = BuildConfig(lam=0.5, gamma=0.5, grade_mode="rules")
+    summary = await build_pool([tmp_path / "run"], tmp_path / "pool", settings_for(sim), config)
+    assert len([r for r in sim.requests if r.role == "summarizer"]) == 3
+    assert summary.summarizer_echoes == 2 and summary.added == 1
+    pool = ExperiencePool.open(tmp_path / "pool")
+    assert [(e.source_round, e.category, e.action) for e in pool.entries] == [(2, "STRATEGY", honest["action"])]

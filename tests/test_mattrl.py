@@ -102,13 +102,13 @@ async def test_the_discussion_is_fitted_to_the_chairs_window_older_rounds_first(
     sim.set_script(
         SimScript(rules=[Rule(role="specialist", pattern="You are Arithmetic strategist", replies=[WRONG], times=1)])
     )
-    result = await run(sim, tmp_path, {"endpoint__context_length": 830})
+    result = await run(sim, tmp_path, {"endpoint__context_length": 920})
     assert result.answer == "391" and len(result.iterations) == 2
     decision = user_text(chat_requests(sim, "coordinator")[-1])
     summary = decision.split("<team_summary>\n", 1)[1].split("\n</team_summary>", 1)[0]
-    # The window (830) less the reply's max_tokens (256) and the 256-token margin, at 4 characters a token, less
+    # The window (920) less the reply's max_tokens (256) and the 256-token margin, at 4 characters a token, less
     # the decision prompt around the discussion.
-    budget = (830 - 256 - 256) * 4 - sum(len(m.content) for m in decision_prompt(Q, "math", ""))
+    budget = (920 - 256 - 256) * 4 - sum(len(m.content) for m in decision_prompt(Q, "math", ""))
     assert len(summary) <= budget
     first, second = summary.split('<round number="2">')
     # Round 1's three opinions are cut, head and tail kept; round 2 (the latest) is whole.
@@ -258,9 +258,7 @@ async def test_medicine_ranks_ten_diagnoses_with_a_catalog_team(sim: SimServer, 
     assert result.iterations[-1].state["decision"]["top10"][9] == "Amyloidosis"
     recruit = user_text(chat_requests(sim, "coordinator")[0])
     assert "Traditional Chinese Medicine" in recruit
-    revision = next(
-        t for t in map(user_text, chat_requests(sim, "specialist")[3:]) if t.startswith("You are Pediatrics")
-    )
+    revision = next(t for t in map(user_text, chat_requests(sim, "specialist")[3:]) if "\nYou are Pediatrics (" in t)
     # The bulletin shares each member's change (round 1: its whole list), not a pooled list.
     assert "S1 (Pediatrics): proposed Fabry disease; Gaucher disease; Pompe disease" in revision
     assert "Borda" not in revision and "<accepted_snapshot>" not in revision
@@ -311,7 +309,7 @@ async def test_medicine_reviews_reach_the_bulletin_and_the_author(sim: SimServer
     ]
     assert meeting.text.count("Pompe disease does not explain") == 1
     assert not any("disagrees" in line for line in lines[3:])
-    s1 = next(b for b in chat_requests(sim, "specialist")[3:] if user_text(b).startswith("You are Pediatrics"))
+    s1 = next(b for b in chat_requests(sim, "specialist")[3:] if "\nYou are Pediatrics (" in user_text(b))
     prompt = user_text(s1)
     assert "This is round 2. Revise your differential" in prompt
     feedback = json.loads(prompt.split("<peer_feedback>\n", 1)[1].split("\n</peer_feedback>", 1)[0])

@@ -1,5 +1,5 @@
 """MATTRL's agents without a server: team JSON repair and fallback, review parsing and the B.4 acceptance rule,
-the decision's tags, differentials, and the EXPERIENCE HINTS block."""
+the decision's tags, differentials, and the experience hints block."""
 
 from __future__ import annotations
 

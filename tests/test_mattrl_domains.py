@@ -321,8 +321,8 @@ async def test_an_education_build_credits_the_teachers_never_the_student(sim: Si
     sim.reset()
     again = await teach(sim, tmp_path / "again", "B", iterations=1, pool=str(tmp_path / "pool"))
     analyses = bodies(sim, "specialist")
-    diagnostician = next(b for b in analyses if b.startswith("You are the Diagnostician"))
+    diagnostician = next(b for b in analyses if "\nYou are the Diagnostician" in b)
     assert diagnostician.count("- ACTION: Diagnostician") == 4
-    assert sum("EXPERIENCE HINTS" in b for b in analyses) == 1
+    assert sum("<experience_hints>" in b for b in analyses) == 1
     used = Transcript.model_validate(again.iterations[-1].state["transcript"])
     assert sorted(i for u in used.utterances for i in u.experience_ids) == sorted(e.id for e in pool.entries)

@@ -19,6 +19,7 @@ import jinja2
 import pytest
 
 from tmas.agents import templates
+from tmas.agents.answer_reminder import answer_reminder_prompt
 from tmas.agents.baselines import (
     correction_prompt,
     distill_prompt,
@@ -29,12 +30,12 @@ from tmas.agents.baselines import (
 )
 from tmas.agents.echo import DATA_BLOCK, split_prompt
 from tmas.agents.experience import experience_prompt
-from tmas.agents.experience_summarizer import summarizer_prompt
+from tmas.agents.experience_summarizer import summarizer_prompt, teaching_summarizer_prompt
 from tmas.agents.guideline import guideline_prompt
 from tmas.agents.guideline_judge import StrategyView, judge_prompt
 from tmas.agents.mattrl_decision import decision_prompt, rewrite_prompt
 from tmas.agents.mattrl_opinion import opinion_prompt
-from tmas.agents.mattrl_review import review_prompt
+from tmas.agents.mattrl_review import differential_review_prompt, review_prompt
 from tmas.agents.mattrl_teaching import Case, Turn, plan_prompt, student_prompt, student_reply_prompt, teacher_prompt
 from tmas.agents.mattrl_team import recruit_prompt
 from tmas.agents.rollouts import RolloutView
@@ -43,7 +44,14 @@ from tmas.agents.solution import explore_prompt, generation_prompt, refine_promp
 from tmas.agents.style import Style
 from tmas.agents.summary import summary_prompt
 from tmas.agents.templates import prompt, render
-from tmas.agents.utterance_judge import RoundView, TurnView, turn_value_prompt, utterance_score_prompt
+from tmas.agents.utterance_judge import (
+    RoundView,
+    TeachingView,
+    TurnView,
+    teaching_score_prompt,
+    turn_value_prompt,
+    utterance_score_prompt,
+)
 from tmas.agents.verification import Verification, verification_prompt
 from tmas.llm.types import Message
 from tmas.memory.experience_bank import ExperienceBank, ExperienceEntry
@@ -124,6 +132,7 @@ def _mattrl(style: Style, mode: str, domain: str) -> list[Prompt]:
         opinion_prompt(Q, MEMBER, domain, hints=HINTS),
         opinion_prompt(Q, MEMBER, domain, round_=1, hints=HINTS, **later),
         review_prompt(Q, PEER, MEMBER, d("attempt")),
+        differential_review_prompt(Q, PEER, MEMBER, d("differential")),
         decision_prompt(Q, domain, d("team summary")),
         rewrite_prompt(d("reply"), domain),
         summarizer_prompt(**judged, outcome=0.5, target=TARGET, round_number=1, reward=0.5, judge_analysis=d("ja")),
@@ -132,8 +141,30 @@ def _mattrl(style: Style, mode: str, domain: str) -> list[Prompt]:
     ]
 
 
+# What the education judge and summarizer see of a session: a first-round utterance (no dialogue yet) and a later one.
+# The teacher's role is an inline parameter (plain words, like a member's specialty).
+SESSIONS = [
+    TeachingView(subject=d("subject"), difficulty=d("difficulty"), pre_reasoning=d("reasoning"), role="Diagnostician"),
+    TeachingView(
+        subject=d("subject"),
+        difficulty=d("difficulty"),
+        pre_answer=d("pre"),
+        pre_reasoning=d("reasoning"),
+        dialogue=[(d("teacher"), d("student"))],
+        role="Pedagogy Strategist",
+    ),
+]
+
+
 def _education(style: Style, mode: str, domain: str) -> list[Prompt]:
+    taught = {"question": Q, "gold": d("gold"), "target": TARGET, "round_number": 1}
     return [
+        *(teaching_score_prompt(**taught, view=view) for view in SESSIONS),
+        *(
+            teaching_summarizer_prompt(**taught, view=view, outcome=outcome, reward=0.5, judge_analysis=d("ja"))
+            for view in SESSIONS
+            for outcome in (0.0, 1.0)
+        ),
         student_prompt(Q),
         student_prompt(Q, DIALOGUE, d("guidance")),
         student_reply_prompt(Q, DIALOGUE, d("asked")),
@@ -157,6 +188,14 @@ PROBLEM_TEXTS: dict[str, Callable[[], str]] = {
         "fewshot_question.j2", exemplars=[Problem(problem_id="x", question=d("ex"), answer=d("ans"))], question=Q
     ),
     "serve_question.j2": lambda: render("serve_question.j2", problem=Q, context=[{"role": "user", "content": Q}]),
+}
+
+# Follow-up turns: sent after a prompt and the agent's own reply (an assistant turn), so their data is the
+# conversation before them; the turn itself is instructions only.
+FOLLOW_UPS: dict[str, Callable[[], Prompt]] = {
+    "answer_reminder.j2": lambda: answer_reminder_prompt(
+        refine_prompt(Q, "numeric", VIEWS, BANK, "concise"), d("answerless reply")
+    ),
 }
 
 
@@ -233,6 +272,8 @@ def test_every_template_file_is_rendered_by_this_audit(monkeypatch: pytest.Monke
     all_prompts()
     for rendered in PROBLEM_TEXTS.values():
         rendered()
+    for follow_up in FOLLOW_UPS.values():
+        follow_up()
     on_disk = {path.name for path in PROMPTS.glob("*.j2")}
     assert on_disk and not on_disk - recorder.loaded, f"never rendered: {sorted(on_disk - recorder.loaded)}"
 
@@ -251,6 +292,20 @@ def test_no_template_holds_an_example_answer_entry_or_layout_to_copy(builder: Bu
 def test_problem_text_templates_hold_no_example_of_their_own() -> None:
     for name, rendered in PROBLEM_TEXTS.items():
         assert not example_findings(rendered()), name
+
+
+@pytest.mark.parametrize("name", sorted(FOLLOW_UPS))
+def test_a_follow_up_turn_adds_only_instructions_after_the_conversation(name: str) -> None:
+    """The prompt and the reply go out unchanged (the shared prefix), then the turn: no data, nothing to copy. The
+    echo guard reads the agent's own reply as data: repeating it after the reminder is no echo."""
+    messages = FOLLOW_UPS[name]()
+    *conversation, turn = messages
+    first = refine_prompt(Q, "numeric", VIEWS, BANK, "concise")
+    assert conversation == [*first, Message(role="assistant", content=d("answerless reply"))]
+    assert turn.role == "user" and MARK not in turn.content and not DATA_BLOCK.search(turn.content)
+    assert not example_findings(turn.content), turn.content
+    instructions, data = split_prompt(messages)
+    assert MARK not in instructions and d("answerless reply") in data
 
 
 @pytest.mark.parametrize("builder", BUILDERS, ids=lambda b: b.__name__.strip("_"))

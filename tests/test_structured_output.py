@@ -16,12 +16,17 @@ from conftest import settings_for
 from mattrl_runs import hand_worked_transcript, write_run
 from tmas.agents.baselines import DistillationReply, parse_distillation
 from tmas.agents.experience import ExperienceReply, parse_experience_update
-from tmas.agents.experience_summarizer import SummarizerReply, parse_summarizer
+from tmas.agents.experience_summarizer import (
+    SummarizerReply,
+    TeachingSummarizerReply,
+    parse_summarizer,
+    parse_teaching_summarizer,
+)
 from tmas.agents.guideline import GuidelineReply, parse_guideline_update
 from tmas.agents.guideline_judge import NoveltyReply, StrategyView, parse_novelty
-from tmas.agents.mattrl_review import ReviewReply, parse_review
+from tmas.agents.mattrl_review import DifferentialReviewReply, ReviewReply, parse_differential_review, parse_review
 from tmas.agents.mattrl_team import TeamReply, parse_team
-from tmas.agents.utterance_judge import JudgeScoreReply, parse_judge_score
+from tmas.agents.utterance_judge import JudgeScoreReply, RubricReply, parse_judge_score, parse_rubric_score
 from tmas.agents.verification import VerificationReply, parse_verification
 from tmas.api import asolve
 from tmas.config import load_settings
@@ -33,6 +38,7 @@ from tmas.llm.types import user
 from tmas.problems import Problem
 from tmas.rl.novelty import LLMNoveltyJudge
 from tmas.rl.scoring import RolloutInput
+from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, SimScript, SimServer
 
@@ -69,6 +75,9 @@ MODELS: dict[str, type[BaseModel]] = {
         NoveltyReply,
         JudgeScoreReply,
         SummarizerReply,
+        DifferentialReviewReply,
+        RubricReply,
+        TeachingSummarizerReply,
     )
 }
 
@@ -108,6 +117,12 @@ METHODS: list[tuple[str, dict[str, Any], dict[str, set[str | None]]]] = [
         {"team_size": 2, "iterations": 1},
         # The coordinator recruits (JSON) and decides (tags); specialists write solutions.
         {"coordinator": {"TeamReply", None}, "specialist": {None}, "reviewer": {"ReviewReply"}},
+    ),
+    (
+        "mattrl",
+        {"team_size": 2, "iterations": 2, "domain": "medicine"},
+        # A.4: the peer review of a differential has its own shape (round 1; the last round asks for none).
+        {"coordinator": {"TeamReply", None}, "specialist": {None}, "reviewer": {"DifferentialReviewReply"}},
     ),
 ]
 
@@ -155,6 +170,49 @@ async def test_experience_construction_sends_judge_and_summarizer_schemas(tmp_pa
         assert schema_names(sim) == {"judge": {"JudgeScoreReply"}, "summarizer": {"SummarizerReply"}}
 
 
+# C.4.6's rubric and a C.4.7 entry, as a constraining server returns them (every required field, in schema order).
+RUBRIC = {
+    "correctness_score": 4,
+    "information_gain_score": 3,
+    "relevance_score": 5,
+    "clarity_score": 4,
+    "analysis": "It points at the misread term.",
+}
+TEACHING_ENTRY = {
+    "class": "GUIDANCE",
+    "action": "Diagnostician error analysis, Physics, easy: name the misread term",
+    "experience": "Good practice: ask which definition the student used.",
+    "scope": "subject",
+}
+
+
+async def test_an_education_build_sends_the_rubric_and_teaching_summarizer_schemas(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    settings = settings_for(sim, method={"name": "mattrl", "params": {"domain": "education", "iterations": 1}})
+    question = "Which quantity stays the same in free fall?\nA) speed\nB) acceleration\nC) height"
+    problem = Problem(
+        problem_id="q1", question=question, answer="B", metadata={"field": "Physics", "difficulty": "easy"}
+    )
+    store, settings, todo = prepare_run(tmp_path / "run", settings, [problem], resume=False)
+    with store:
+        await run_problems(settings, todo, store)
+    assert "judge" not in schema_names(sim) and "summarizer" not in schema_names(sim)
+    sim.set_script(
+        SimScript(
+            rules=[
+                Rule(role="judge", replies=[json.dumps(RUBRIC)]),
+                Rule(role="summarizer", replies=[json.dumps({"entries": [TEACHING_ENTRY]})]),
+            ]
+        )
+    )
+    config = BuildConfig(lam=0.5, gamma=0.5, grade_mode="rules")
+    summary = await build_pool([tmp_path / "run"], tmp_path / "pool", settings_for(sim), config)
+    assert summary.kept > 0
+    built = {role: names for role, names in schema_names(sim).items() if role in ("judge", "summarizer")}
+    assert built == {"judge": {"RubricReply"}, "summarizer": {"TeachingSummarizerReply"}}
+
+
 # ------------------------------------------------------------------------------------------ the parsers read bare JSON
 def test_every_parser_reads_the_bare_json_its_schema_forces() -> None:
     """A constraining server returns bare JSON (no code fence, every required field): each parser takes it."""
@@ -189,6 +247,15 @@ def test_every_parser_reads_the_bare_json_its_schema_forces() -> None:
     assert distilled.propositions == ["p"]
     judged = parse_judge_reply(json.dumps({"reasoning": "same value", "equivalent": True}))
     assert judged is not None and judged.equivalent
+    critique = {"analysis": "Fits.", "agreements": ["Fabry disease first."], "disagreements": None, "changes": []}
+    DifferentialReviewReply.model_validate(critique)
+    assert parse_differential_review(json.dumps(critique), "S2", "S1").concurs
+    RubricReply.model_validate(RUBRIC)
+    # C.4.6: 0.30 * 4 + 0.25 * 3 + 0.25 * 5 + 0.20 * 4 = 4.0.
+    assert parse_rubric_score(json.dumps(RUBRIC)).score == 4
+    TeachingSummarizerReply.model_validate({"entries": [TEACHING_ENTRY]})
+    [entry], _ = parse_teaching_summarizer(json.dumps({"entries": [TEACHING_ENTRY]}))
+    assert (entry.category, entry.scope) == ("GUIDANCE", "case")
 
 
 def keywords(node: Any) -> set[str]:
@@ -203,6 +270,9 @@ def keywords(node: Any) -> set[str]:
     return found
 
 
+RUBRIC_CRITERIA = ("correctness", "information_gain", "relevance", "clarity")
+
+
 def test_schemas_are_flat_and_put_reasoning_first() -> None:
     for name, model in MODELS.items():
         # llama-server's converter takes no recursion; titles, defaults and docstrings never reach a model.
@@ -215,6 +285,12 @@ def test_schemas_are_flat_and_put_reasoning_first() -> None:
     assert json_schema(JudgeScoreReply)["required"] == ["analysis", "score"]
     assert json_schema(NoveltyReply)["required"][:2] == ["identified_strategy", "novelty"]
     assert json_schema(ReviewReply)["required"][:2] == ["analysis", "verdict"]
+    # The new MATTRL roles keep the order their templates describe (A.4, C.4.6, C.4.7).
+    assert json_schema(DifferentialReviewReply)["required"] == ["analysis", "agreements", "disagreements", "changes"]
+    assert json_schema(RubricReply)["required"] == [*(f"{c}_score" for c in RUBRIC_CRITERIA), "analysis"]
+    entry = json_schema(TeachingSummarizerReply)["properties"]["entries"]["items"]
+    assert entry["required"] == ["class", "action", "experience", "scope"]
+    assert entry["properties"]["scope"]["enum"] == ["general", "subject"]
     # OpenAI's strict mode only where every property is required.
     assert response_format(VerificationReply)["json_schema"]["strict"] is True
     assert response_format(ExperienceReply)["json_schema"]["strict"] is False

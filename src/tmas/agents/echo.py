@@ -7,7 +7,9 @@ so every agent output that becomes an answer or enters a bank, pool, review or p
 What counts as instructions: every prompt template puts its data (the problem, solutions, banks, reports) in tagged
 blocks, an opening tag at the start of a line and its closing tag at the start of a later line (``<problem>`` ...
 ``</problem>``); everything else of the messages (the system message, the role's instructions) is instruction text.
-Text that also occurs in a data block is never counted: quoting the problem, a solution or a bank entry is honest.
+An assistant turn (the agent's own earlier reply, sent back before a follow-up such as the answer reminder) is data
+as a whole. Text that also occurs in data is never counted: quoting the problem, a solution, a bank entry or one's
+own earlier reply is honest.
 
 Two checks, both on lowercased word tokens (words, numbers, LaTeX commands):
 - a text field echoes when at least :data:`ECHO_SHARE` of its word trigrams occur in the instructions and in no
@@ -49,10 +51,14 @@ def _grams(words: Sequence[str]) -> list[tuple[str, ...]]:
 
 
 def split_prompt(messages: Sequence[Message]) -> tuple[str, str]:
-    """(instructions, data) of a prompt: the text outside its tagged data blocks, and the text inside them."""
+    """(instructions, data) of a prompt: the text outside its tagged data blocks, and the text inside them (and
+    every assistant turn, the agent's own earlier reply)."""
     instructions: list[str] = []
     data: list[str] = []
     for message in messages:
+        if message.role == "assistant":
+            data.append(message.content)
+            continue
         data.extend(match.group(0) for match in DATA_BLOCK.finditer(message.content))
         instructions.append(DATA_BLOCK.sub("\n", message.content))
     return "\n".join(instructions), "\n".join(data)

@@ -64,6 +64,22 @@ class TeachingEntry(DistilledEntry):
         return value.strip().upper() if isinstance(value, str) else value
 
 
+class TeachingEntryReply(BaseModel):
+    """One C.4.7 entry as the education summarizer's schema forces it, fields in the template's order."""
+
+    category: Literal["GUIDANCE", "STRATEGY"] = Field(alias="class")
+    action: str
+    experience: str
+    scope: Literal["general", "subject"]
+
+
+class TeachingSummarizerReply(BaseModel):
+    """The education summarizer's reply shape, sent as the call's JSON schema (``reply_model``); read by
+    :func:`parse_teaching_summarizer`."""
+
+    entries: list[TeachingEntryReply] = Field(max_length=MAX_ENTRIES)
+
+
 def teaching_summarizer_prompt(
     *,
     question: str,

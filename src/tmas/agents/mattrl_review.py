@@ -193,6 +193,17 @@ class DifferentialReview(BaseModel):
         return self.readable and not self.disagreements and not self.changes
 
 
+class DifferentialReviewReply(BaseModel):
+    """A.4's reply shape, sent as the call's JSON schema (``reply_model``), fields in the template's order: the
+    analysis first, then the points; ``disagreements`` is null when the reviewer fully concurs. Read by
+    :func:`parse_differential_review` into :class:`DifferentialReview`."""
+
+    analysis: str
+    agreements: list[str]
+    disagreements: list[str] | None
+    changes: list[str]
+
+
 def differential_review_prompt(question: str, reviewer: TeamMember, target: TeamMember, attempt: str) -> list[Message]:
     """A.4's peer review prompt; the record and the differential go in as a JSON bundle (data, not template text)."""
     bundle = json.dumps(

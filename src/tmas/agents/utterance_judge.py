@@ -87,6 +87,17 @@ RUBRIC = (
 )
 
 
+class RubricReply(BaseModel):
+    """C.4.6's reply shape, sent as the call's JSON schema (``reply_model``): the four criterion scores in the
+    rubric's order, then the analysis, as the template describes them. Read by :func:`parse_rubric_score`."""
+
+    correctness_score: int = Field(ge=0, le=MAX_SCORE)
+    information_gain_score: int = Field(ge=0, le=MAX_SCORE)
+    relevance_score: int = Field(ge=0, le=MAX_SCORE)
+    clarity_score: int = Field(ge=0, le=MAX_SCORE)
+    analysis: str
+
+
 @dataclass(frozen=True)
 class DialogueTurn:
     teacher: str

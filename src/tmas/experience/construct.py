@@ -28,6 +28,7 @@ from tmas.agents.experience_summarizer import (
     DistilledEntry,
     SummarizerReply,
     TeachingEntry,
+    TeachingSummarizerReply,
     parse_summarizer,
     parse_teaching_summarizer,
     summarizer_prompt,
@@ -238,10 +239,11 @@ async def _distil(
     where = f"{case.run}: problem {case.problem.problem_id}: turn {target.turn} of {target.agent}"
     reason = ""
     guard = EchoGuard.of(messages)
+    shape: type[BaseModel] = SummarizerReply if teaching is None else TeachingSummarizerReply
     echo_retried = False
     for attempt in range(retries + 1):
         key = CallKey(problem_id=case.problem.problem_id, role=SUMMARIZER_ROLE, sample=attempt, iteration=target.turn)
-        completion = await llm.chat(SUMMARIZER_ROLE, messages, key=key, reply_model=SummarizerReply)
+        completion = await llm.chat(SUMMARIZER_ROLE, messages, key=key, reply_model=shape)
         summary.summarizer_calls += 1
         if not completion.ok:
             reason = f"call failed: {completion.error}"

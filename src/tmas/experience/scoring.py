@@ -14,11 +14,14 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pydantic import BaseModel
+
 from tmas.agents.output import AgentOutputError
 from tmas.agents.utterance_judge import (
     JudgeScore,
     JudgeScoreReply,
     RoundView,
+    RubricReply,
     TurnView,
     parse_judge_score,
     parse_rubric_score,
@@ -75,13 +78,14 @@ class TurnJudge:
         messages: list[Message],
         key: CallKey,
         parse: Callable[..., JudgeScore] = parse_judge_score,
+        reply_model: type[BaseModel] = JudgeScoreReply,
     ) -> Judged:
         judged = Judged(value=0.0)
         reasons: list[str] = []
         for attempt in range(self.retries + 1):
             async with self._gate:
                 completion = await self.llm.chat(
-                    JUDGE_ROLE, messages, key=key.model_copy(update={"sample": attempt}), reply_model=JudgeScoreReply
+                    JUDGE_ROLE, messages, key=key.model_copy(update={"sample": attempt}), reply_model=reply_model
                 )
             self.calls += 1
             judged.attempts = attempt + 1
@@ -112,7 +116,7 @@ class TurnJudge:
                 target=_view(target),
                 round_number=target.turn,
             )
-            return await self._ask(rubric, key, parse_rubric_score)
+            return await self._ask(rubric, key, parse_rubric_score, RubricReply)
         messages = utterance_score_prompt(
             question=case.problem.question,
             gold=case.gold,

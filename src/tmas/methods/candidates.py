@@ -45,8 +45,9 @@ async def solve_call(
     A reply whose answer or solution echoes the prompt's instructions is asked again once (:mod:`tmas.agents.echo`);
     when the retry echoes too, the candidate carries an error, so no answer, vote or later prompt uses it. With
     ``remind``, a reply without an answer (not cut at max_tokens) is sent back once with a reminder of the required
-    output (``answer_reminder.j2``); the retry's reply is the candidate's where it succeeded, and ``meta["reminder"]``
-    keeps the first reply's call and text.
+    output (``answer_reminder.j2``); the retry's reply is the candidate's where it succeeded and echoes nothing of its
+    instructions (``meta["reminder"]["echo"]`` where it did), and ``meta["reminder"]`` keeps the first reply's call and
+    text.
     """
     calls = sample if sample is not None else index
     guard = EchoGuard.of(messages)
@@ -77,10 +78,9 @@ async def solve_call(
     answer, source = _extracted(session, role, reply, mode)
     usage = reply.usage
     if remind and mode == "numeric" and reply.ok and answer is None and not reply.truncated:
+        reminded = answer_reminder_prompt(messages, reply.content)
         try:
-            retry = await session.chat(
-                role, answer_reminder_prompt(messages, reply.content), sample=calls, sampling=sampling
-            )
+            retry = await session.chat(role, reminded, sample=calls, sampling=sampling)
         except BudgetExhausted:
             retry = None
         reminder: dict[str, Any] = {"first_call_id": reply.call_id, "first_reply": reply.content[:REPLY_LIMIT]}
@@ -92,9 +92,17 @@ async def solve_call(
             usage = usage + retry.usage
         else:
             usage = usage + retry.usage
-            reply = retry
-            answer, source = _extracted(session, role, reply, mode)
-            reminder["answered"] = answer is not None
+            echo = EchoGuard.of(reminded).solution_echo(
+                solution_section(retry.content), extract_answer(retry.content).answer
+            )
+            if echo is not None:
+                # Never an answer (as for the first reply's echo); the honest, answerless first reply stays.
+                session.tally(role).echo += 1
+                reminder["echo"] = echo
+            else:
+                reply = retry
+                answer, source = _extracted(session, role, reply, mode)
+                reminder["answered"] = answer is not None
     if reply.ok and mode == "numeric":
         info["extraction"] = source
     if reply.truncated:

@@ -37,6 +37,7 @@ from tmas.agents.mattrl_decision import Decision, decision_prompt, discussion_re
 from tmas.agents.mattrl_opinion import opinion_answer, opinion_prompt, parse_differential
 from tmas.agents.mattrl_review import (
     DifferentialReview,
+    DifferentialReviewReply,
     Review,
     ReviewReply,
     accepted,
@@ -501,10 +502,13 @@ class MATTRL(Method[MATTRLParams]):
     ) -> tuple[DifferentialReview, Completion | None]:
         messages = differential_review_prompt(session.problem.question, reviewer.member, target.member, target.attempt)
         sample = _REVIEW_SAMPLE + target.index * team + reviewer.index
+        guard = EchoGuard.of(messages)
         why = ""
         reply: Completion | None = None
         for attempt in range(1 + self.params.retries):
-            reply = await session.chat("reviewer", messages, sample=sample + attempt * _RETRY_OFFSET)
+            reply = await session.chat(
+                "reviewer", messages, sample=sample + attempt * _RETRY_OFFSET, reply_model=DifferentialReviewReply
+            )
             if not reply.ok:
                 why = reply.error or "call failed"
                 continue
@@ -513,7 +517,21 @@ class MATTRL(Method[MATTRLParams]):
                     reply.content, reviewer.member.id, target.member.id, truncated=reply.truncated
                 )
             except AgentOutputError as exc:
+                session.tally("reviewer").unusable += 1
                 why = str(exc)
+                continue
+            echoed = guard.first_echo(
+                [
+                    ("analysis", review.analysis),
+                    *(("agreement", point) for point in review.agreements),
+                    *(("disagreement", point) for point in review.disagreements),
+                    *(("change", point) for point in review.changes),
+                ]
+            )
+            if echoed is not None:
+                # As for math reviews: a critique that repeats its instructions is asked again, never shared.
+                session.tally("reviewer").echo += 1
+                why = f"its {echoed} echoes the prompt's instructions"
                 continue
             return review, reply
         notes.append(f"review of {target.member.id} by {reviewer.member.id}: unusable ({why}); nothing shared")

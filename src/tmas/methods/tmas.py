@@ -56,7 +56,7 @@ from tmas.agents.summary import Summary, fallback_summary, parse_summary, summar
 from tmas.agents.verification import Verification, VerificationReply, parse_verification, verification_prompt
 from tmas.answer_classes import value_key
 from tmas.config import Sampling
-from tmas.llm.types import Completion, Message
+from tmas.llm.types import Completion, Message, Usage
 from tmas.memory.experience_bank import ExperienceBank, apply_experience_ops
 from tmas.memory.guideline_bank import GuidelineBank, apply_strategy_classifications
 from tmas.methods.base import (
@@ -335,9 +335,11 @@ class TMAS(Method[TMASParams]):
             return CandidateOutcome(candidate, None)
         solution = parse_solution(reply.content, p.mode)
         if self._remind(solution.answer, reply.truncated, plan.prompt_names[i]):
-            reply, solution = await self._reminded(session, i, plan.messages[i], reply, solution, sampling, log, meta)
+            reply, solution, spent = await self._reminded(
+                session, i, plan.messages[i], reply, solution, sampling, log, meta
+            )
             candidate.call_id, candidate.finish_reason = reply.call_id, reply.finish_reason
-            candidate.usage = candidate.usage + reply.usage
+            candidate.usage = candidate.usage + spent
         candidate.text, candidate.answer = solution.text, solution.answer
         if reply.truncated:
             meta["truncated"] = True
@@ -410,14 +412,14 @@ class TMAS(Method[TMASParams]):
         sampling: dict[str, Sampling | None],
         log: IterationLog,
         meta: dict[str, Any],
-    ) -> tuple[Completion, SolutionOutput]:
+    ) -> tuple[Completion, SolutionOutput, Usage]:
         """The answerless reply sent back with the reminder of the required output: the retry's reply and parse
-        where the retry succeeded, else the first ones. Both replies stay in the run store; ``meta["reminder"]``
+        where the retry succeeded and echoes nothing of its instructions (the echo guard reads the first reply as
+        data), else the first ones; and the retry's usage. Both replies stay in the run store; ``meta["reminder"]``
         keeps the first reply's call and text."""
         session.tally("solution").unusable += 1
-        retry = await session.chat(
-            "solution", answer_reminder_prompt(messages, reply.content), sample=i, sampling=sampling["solution"]
-        )
+        reminded = answer_reminder_prompt(messages, reply.content)
+        retry = await session.chat("solution", reminded, sample=i, sampling=sampling["solution"])
         info: dict[str, Any] = {"first_call_id": reply.call_id, "first_reply": reply.content[:RAW_LIMIT]}
         meta["reminder"] = info
         if not retry.ok:
@@ -425,15 +427,22 @@ class TMAS(Method[TMASParams]):
             log.bad(
                 "solution_reminder_failed", f"candidate {i}: no answer, and the reminder call failed: {retry.error}"
             )
-            return reply, solution
+            return reply, solution, retry.usage
         retried = parse_solution(retry.content, self.params.mode)
+        echo = EchoGuard.of(reminded).solution_echo(*_text_and_answer(retried))
+        if echo is not None:
+            # Never an answer (as for the first reply's echo); the honest, answerless first reply stays.
+            session.tally("solution").echo += 1
+            info["echo"] = echo
+            log.bad("solution_echo", f"candidate {i}: the reply to the reminder echoed its instructions ({echo})")
+            return reply, solution, retry.usage
         info["answered"] = retried.answer is not None
         log.bad(
             "solution_reminded",
             f"candidate {i}: no extractable answer; asked again with a reminder of the required output: "
             + ("answered" if retried.answer is not None else "still no answer"),
         )
-        return retry, retried
+        return retry, retried, retry.usage
 
     async def _verify(
         self,
