@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from conftest import settings_for
 from mattrl_runs import hand_worked_transcript, write_run
 from tmas.agents.baselines import DistillationReply, parse_distillation
-from tmas.agents.experience import ExperienceReply, parse_experience_update
+from tmas.agents.experience import ExperienceReply, experience_reply_model, parse_experience_update
 from tmas.agents.experience_summarizer import (
     SummarizerReply,
     TeachingSummarizerReply,
@@ -54,10 +54,12 @@ def schema_names(sim: SimServer) -> dict[str, set[str | None]]:
             continue
         fmt = entry.body.get("response_format")
         if fmt is not None:
-            # Each schema sent is exactly its reply model's (flattened) schema.
+            # Each schema sent is exactly its reply model's (flattened) schema; the experience agent's is bounded by
+            # the max_tokens of the same request.
             name = fmt["json_schema"]["name"]
+            model = experience_reply_model(entry.body.get("max_tokens")) if name == "ExperienceReply" else MODELS[name]
             assert fmt["type"] == "json_schema"
-            assert fmt["json_schema"]["schema"] == json_schema(MODELS[name]), name
+            assert fmt["json_schema"]["schema"] == json_schema(model), name
         out.setdefault(entry.role, set()).add(None if fmt is None else fmt["json_schema"]["name"])
     return out
 
@@ -391,3 +393,32 @@ async def test_role_override_reaches_the_wire(sim: SimServer) -> None:
         await llm.chat("verifier", [user("Grade A.")], reply_model=VerificationReply)
         await llm.chat("judge", [user("Judge A.")], reply_model=JudgeReplyFormat)
     assert schema_names(sim) == {"verifier": {None}, "judge": {"JudgeReplyFormat"}}
+
+
+def test_the_experience_schema_holds_what_max_tokens_can_hold() -> None:
+    """450 tokens (the local preset) hold 450 // 130 = 3 operations of at most 400 characters each; no max_tokens: 40.
+    Unbounded, the embedded model repeated one sentence inside "content" until the cut (a cut update is no update)."""
+    schema = json_schema(experience_reply_model(450))
+    operations = schema["properties"]["operations"]
+    assert operations["maxItems"] == 3
+    content = operations["items"]["properties"]["content"]["anyOf"]
+    assert {"type": "string", "maxLength": 400} in content
+    assert json_schema(experience_reply_model(None))["properties"]["operations"]["maxItems"] == 40
+    assert json_schema(experience_reply_model(100))["properties"]["operations"]["maxItems"] == 1
+    # The name the server sees stays the reply model's.
+    assert response_format(experience_reply_model(450))["json_schema"]["name"] == "ExperienceReply"
+
+
+async def test_the_local_preset_bounds_what_its_summary_and_experience_calls_ask_for(sim: SimServer) -> None:
+    """The local preset caps the summary at 220 tokens and the experience agent at 450: the summary prompt asks for
+    at most int(220 * 0.55) // 10 * 10 = 120 words, and the experience schema for at most 3 operations."""
+    # No global max_tokens: a user's value would win over the preset's per-role ones.
+    settings = settings_for(sim, sampling={"temperature": 0.7}, method__params={"preset": "local", "iterations": 1})
+    await asolve(Q, settings)
+    summaries = [e.body for e in sim.requests if e.endpoint == "chat" and e.role == "summary"]
+    assert summaries and all(b["max_tokens"] == 220 for b in summaries)
+    assert all("Stay under 120 words." in b["messages"][-1]["content"] for b in summaries)
+    experience = [e.body for e in sim.requests if e.endpoint == "chat" and e.role == "experience"]
+    assert experience and all(b["max_tokens"] == 450 for b in experience)
+    schema = experience[0]["response_format"]["json_schema"]["schema"]
+    assert schema["properties"]["operations"]["maxItems"] == 3

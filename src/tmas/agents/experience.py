@@ -7,7 +7,9 @@ E_{t-1}. Single malformed operations in an otherwise valid update are dropped an
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from functools import lru_cache
+
+from pydantic import BaseModel, Field, create_model
 
 from tmas.agents.echo import EchoGuard
 from tmas.agents.output import parse_json_list
@@ -17,10 +19,39 @@ from tmas.llm.types import Message
 from tmas.memory.experience_bank import ExperienceBank, ExperienceOp
 
 
+# An entry is one finding, not an essay. Under a schema the server must close the JSON, so the schema bounds each
+# entry and the number of operations to what the role's max_tokens holds: unbounded, the embedded 0.5B model repeated
+# one sentence inside "content" until the cut, and a cut update is no update (issue 16: 4 of 4 on its first run).
+ENTRY_CHARS = 400
+# One operation under the schema: an entry of ENTRY_CHARS (about 100 tokens) and its keys.
+TOKENS_PER_OPERATION = 130
+# With no max_tokens known: a whole bank's worth (the prompt asks for 20 to 35 entries).
+MAX_OPERATIONS = 40
+
+
+class BoundedExperienceOp(ExperienceOp):
+    """An operation as the schema asks the server for it: the same fields, the content bounded."""
+
+    content: str | None = Field(default=None, max_length=ENTRY_CHARS)
+
+
 class ExperienceReply(BaseModel):
     """The reply's shape, sent as the call's JSON schema (``reply_model``) where the server constrains decoding."""
 
-    operations: list[ExperienceOp]
+    operations: list[BoundedExperienceOp] = Field(max_length=MAX_OPERATIONS)
+
+
+@lru_cache(maxsize=32)
+def experience_reply_model(max_tokens: int | None) -> type[ExperienceReply]:
+    """:class:`ExperienceReply` with at most as many operations as ``max_tokens`` holds (at least one)."""
+    if max_tokens is None:
+        return ExperienceReply
+    operations = max(1, min(MAX_OPERATIONS, max_tokens // TOKENS_PER_OPERATION))
+    return create_model(
+        "ExperienceReply",
+        __base__=ExperienceReply,
+        operations=(list[BoundedExperienceOp], Field(max_length=operations)),
+    )
 
 
 class ExperienceUpdate(BaseModel):

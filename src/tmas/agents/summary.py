@@ -33,12 +33,34 @@ class _VerificationView(BaseModel):
     score_text: str
 
 
-def summary_prompt(question: str, solution: str, verifications: list[Verification]) -> list[Message]:
+# The paper's summaries are short; the word limit shrinks with a small max_tokens so that the summary ends within it
+# (a 0.5B model asked for 200 words under a 220-token cap was cut every time, losing its verdict).
+SUMMARY_WORDS = 200
+WORDS_PER_TOKEN = 0.55
+
+
+def summary_words(max_tokens: int | None) -> int:
+    """The word limit the summary prompt states: 200, or what ``max_tokens`` holds with room to close."""
+    if max_tokens is None:
+        return SUMMARY_WORDS
+    return max(40, min(SUMMARY_WORDS, int(max_tokens * WORDS_PER_TOKEN) // 10 * 10))
+
+
+def summary_prompt(
+    question: str, solution: str, verifications: list[Verification], *, max_tokens: int | None = None
+) -> list[Message]:
     views = [
         _VerificationView(feedback=v.feedback, score_text="unreadable" if v.score is None else score_text(v.score))
         for v in verifications
     ]
-    return prompt("tmas_summary.j2", system_name=MATH_SYSTEM, question=question, solution=solution, verifications=views)
+    return prompt(
+        "tmas_summary.j2",
+        system_name=MATH_SYSTEM,
+        question=question,
+        solution=solution,
+        verifications=views,
+        max_words=summary_words(max_tokens),
+    )
 
 
 def _bullets(block: str) -> list[str]:

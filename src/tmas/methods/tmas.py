@@ -39,7 +39,7 @@ from pydantic import BaseModel
 
 from tmas.agents.answer_reminder import answer_reminder_prompt
 from tmas.agents.echo import EchoFiltered, EchoGuard
-from tmas.agents.experience import ExperienceReply, experience_prompt, parse_experience_update
+from tmas.agents.experience import experience_prompt, experience_reply_model, parse_experience_update
 from tmas.agents.guideline import GuidelineReply, guideline_prompt, parse_guideline_update
 from tmas.agents.output import AgentOutputError
 from tmas.agents.rollouts import CHARS_PER_TOKEN, Rollout, RolloutFit, fit_rollouts
@@ -362,7 +362,9 @@ class TMAS(Method[TMASParams]):
         candidate.score = score
 
         # Line 15: s_{t,i} = A_sum(x, c_{t,i}, V_{t,i}).
-        s_messages = summary_prompt(q, solution.text, verifications)
+        s_messages = summary_prompt(
+            q, solution.text, verifications, max_tokens=session.max_tokens("summary", sampling["summary"])
+        )
         s_guard = EchoGuard.of(s_messages)
         s_guarded = await chat_guarded(
             session,
@@ -528,7 +530,13 @@ class TMAS(Method[TMASParams]):
             log.notes.append(f"experience prompt: {fit.describe()}")
         messages = experience_prompt(q, fit.views, bank, p.experience_max_entries)
         update, info = await self._ask_memory_agent(
-            session, "experience", messages, parse_experience_update, sampling, log, ExperienceReply
+            session,
+            "experience",
+            messages,
+            parse_experience_update,
+            sampling,
+            log,
+            experience_reply_model(session.max_tokens("experience", sampling.get("experience"))),
         )
         if update is None:
             return bank, info
