@@ -18,7 +18,6 @@ from tmas.agents.templates import MATH_SYSTEM, prompt
 from tmas.llm.types import Message
 from tmas.memory.experience_bank import ExperienceBank, ExperienceOp
 
-
 # An entry is one finding, not an essay. Under a schema the server must close the JSON, so the schema bounds each
 # entry and the number of operations to what the role's max_tokens holds: unbounded, the embedded 0.5B model repeated
 # one sentence inside "content" until the cut, and a cut update is no update (issue 16: 4 of 4 on its first run).
