@@ -396,11 +396,11 @@ async def test_role_override_reaches_the_wire(sim: SimServer) -> None:
 
 
 def test_the_experience_schema_holds_what_max_tokens_can_hold() -> None:
-    """450 tokens (the local preset) hold 450 // 130 = 3 operations of at most 400 characters each; no max_tokens: 40.
+    """450 tokens (the local preset) hold 450 // 170 = 2 operations of at most 400 characters each; no max_tokens: 40.
     Unbounded, the embedded model repeated one sentence inside "content" until the cut (a cut update is no update)."""
     schema = json_schema(experience_reply_model(450))
     operations = schema["properties"]["operations"]
-    assert operations["maxItems"] == 3
+    assert operations["maxItems"] == 2
     content = operations["items"]["properties"]["content"]["anyOf"]
     assert {"type": "string", "maxLength": 400} in content
     assert json_schema(experience_reply_model(None))["properties"]["operations"]["maxItems"] == 40
@@ -411,7 +411,7 @@ def test_the_experience_schema_holds_what_max_tokens_can_hold() -> None:
 
 async def test_the_local_preset_bounds_what_its_summary_and_experience_calls_ask_for(sim: SimServer) -> None:
     """The local preset caps the summary at 220 tokens and the experience agent at 450: the summary prompt asks for
-    at most int(220 * 0.55) // 10 * 10 = 120 words, and the experience schema for at most 3 operations."""
+    at most int(220 * 0.55) // 10 * 10 = 120 words, and the experience schema for at most 450 // 170 = 2 operations."""
     # No global max_tokens: a user's value would win over the preset's per-role ones.
     settings = settings_for(sim, sampling={"temperature": 0.7}, method__params={"preset": "local", "iterations": 1})
     await asolve(Q, settings)
@@ -421,4 +421,4 @@ async def test_the_local_preset_bounds_what_its_summary_and_experience_calls_ask
     experience = [e.body for e in sim.requests if e.endpoint == "chat" and e.role == "experience"]
     assert experience and all(b["max_tokens"] == 450 for b in experience)
     schema = experience[0]["response_format"]["json_schema"]["schema"]
-    assert schema["properties"]["operations"]["maxItems"] == 3
+    assert schema["properties"]["operations"]["maxItems"] == 2

@@ -22,8 +22,9 @@ from tmas.memory.experience_bank import ExperienceBank, ExperienceOp
 # entry and the number of operations to what the role's max_tokens holds: unbounded, the embedded 0.5B model repeated
 # one sentence inside "content" until the cut, and a cut update is no update (issue 16: 4 of 4 on its first run).
 ENTRY_CHARS = 400
-# One operation under the schema: an entry of ENTRY_CHARS (about 100 tokens) and its keys.
-TOKENS_PER_OPERATION = 130
+# One operation under the schema: an entry of ENTRY_CHARS (about 100 tokens), its keys and the indentation a model
+# writes (measured on the embedded model: about 150 tokens a full operation).
+TOKENS_PER_OPERATION = 170
 # With no max_tokens known: a whole bank's worth (the prompt asks for 20 to 35 entries).
 MAX_OPERATIONS = 40
 
