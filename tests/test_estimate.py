@@ -156,7 +156,9 @@ def test_max_tokens_gives_a_ceiling_without_rates() -> None:
     settings = Settings.model_validate({"sampling": {"max_tokens": 1000}})
     point = estimate_point("tmas", create_method("tmas", {"preset": "paper"}), settings, 1, None)
     assert point.basis == "max_tokens" and point.completion_tokens == 1_640_000
-    given = estimate_point("tmas", create_method("tmas", {"preset": "paper"}), settings, 1, TokenRates(default_completion=10))
+    given = estimate_point(
+        "tmas", create_method("tmas", {"preset": "paper"}), settings, 1, TokenRates(default_completion=10)
+    )
     assert given.completion_tokens == 16_400 and given.basis == "given"
 
 
@@ -176,7 +178,12 @@ def tmas_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
 
 
 def write_problems(path: Path, n: int) -> Path:
-    path.write_text("".join(json.dumps({"problem_id": f"q{i}", "question": f"What is {i}*3?", "answer": str(3 * i)}) + "\n" for i in range(n)))
+    path.write_text(
+        "".join(
+            json.dumps({"problem_id": f"q{i}", "question": f"What is {i}*3?", "answer": str(3 * i)}) + "\n"
+            for i in range(n)
+        )
+    )
     return path
 
 
@@ -201,7 +208,8 @@ def test_eval_over_the_threshold_without_a_terminal_asks_for_yes(sim: SimServer,
     out = tmas_cli(*base, "--method", "majority", "-p", "k=4", "--confirm-calls", "5")
     assert out.returncode != 0
     last = out.stderr.decode().strip().splitlines()[-1]
-    assert last == "tmas: error: the estimate is 12 calls (threshold 5): pass --yes to start it without a terminal to confirm on"
+    why = "the estimate is 12 calls (threshold 5)"
+    assert last == f"tmas: error: {why}: pass --yes to start it without a terminal to confirm on"
     assert sim.stats().total_requests == 0
     ok = tmas_cli(*base, "--method", "majority", "-p", "k=4", "--confirm-calls", "5", "--yes")
     assert ok.returncode == 0, ok.stderr.decode()

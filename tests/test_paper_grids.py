@@ -12,15 +12,14 @@ from conftest import settings_for
 from tmas.config import Settings
 from tmas.eval.case_formats import read_rarebench, read_supergpqa
 from tmas.eval.estimate import calls_per_problem
-from tmas.eval.grading import GradeConfig
 from tmas.llm.client import LLMClient
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.experience_pool import ExperiencePool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.methods import create_method
 from tmas.problems import Problem
-from tmas.sweep import SweepSpec, expand, load_spec, report_sweep, run_sweep, with_grid_sampling
 from tmas.store.run_store import RunStore
+from tmas.sweep import SweepSpec, expand, load_spec, run_sweep, with_grid_sampling
 from tmas.testing import SimServer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -44,7 +43,7 @@ POINTS = {
 
 
 def test_every_grid_is_listed() -> None:
-    assert GRIDS == sorted(POINTS)
+    assert sorted(POINTS) == GRIDS
 
 
 @pytest.mark.parametrize("name", GRIDS)
@@ -73,7 +72,10 @@ def test_table1_points_are_the_papers_settings() -> None:
     assert (tmas["n"], tmas["m"], tmas["iterations"], tmas["epsilon"]) == (8, 8, 20, 0.2)
     assert tmas["sampling"]["solution"] == {**tmas["sampling"]["solution"], "temperature": 1.0, "top_p": 0.95}
     # The output length is the preset's, not a number in the grid.
-    assert "max_tokens" not in (load_spec(PAPERS / "tmas_table1_imo50.toml").sampling or Settings().sampling).model_fields_set
+    assert (
+        "max_tokens"
+        not in (load_spec(PAPERS / "tmas_table1_imo50.toml").sampling or Settings().sampling).model_fields_set
+    )
     assert (points["majority"]["k"], points["majority"]["iterations"]) == (64, 1)
     assert (points["verify_refine"]["n"], points["verify_refine"]["m"]) == (8, 1)
     assert points["pacore"]["responses_per_round"] == 8
@@ -86,7 +88,12 @@ def test_table1_points_are_the_papers_settings() -> None:
 
 def test_ablation_and_sensitivity_points() -> None:
     ablation = [full(p.method, p.params) for p in expand(load_spec(PAPERS / "tmas_table2_ablation.toml"))]
-    assert {(a["no_guideline"], a["no_experience"]) for a in ablation} == {(False, False), (True, False), (False, True), (True, True)}
+    assert {(a["no_guideline"], a["no_experience"]) for a in ablation} == {
+        (False, False),
+        (True, False),
+        (False, True),
+        (True, True),
+    }
     assert all(a["iterations"] == 12 for a in ablation)
     sens = [full(p.method, p.params) for p in expand(load_spec(PAPERS / "tmas_figure3_sensitivity.toml"))]
     assert sorted({s["epsilon"] for s in sens}) == [0.0, 0.1, 0.2, 0.4, 1.0]
@@ -138,7 +145,9 @@ def problems_for(name: str, tmp_path: Path) -> Path:
         cases = list(read_rarebench(EXAMPLES / "mattrl" / "medicine_rarebench.jsonl"))[:2]
         return write(tmp_path / "medicine.jsonl", cases)
     if "education" in name:
-        return write(tmp_path / "education.jsonl", list(read_supergpqa(EXAMPLES / "mattrl" / "education_supergpqa.jsonl"))[:2])
+        return write(
+            tmp_path / "education.jsonl", list(read_supergpqa(EXAMPLES / "mattrl" / "education_supergpqa.jsonl"))[:2]
+        )
     return write(tmp_path / "problems.jsonl", ARITHMETIC)
 
 
@@ -163,7 +172,7 @@ async def test_grid_runs_end_to_end_on_the_simulated_server(
     settings = with_grid_sampling(settings_for(sim, endpoint__model="Qwen/Qwen3-30B-A3B-Thinking-2507"), spec, set())
     await make_pools(spec, settings)
     summary = await run_sweep(spec, settings, tmp_path / "sweep")
-    assert [o.status for o in summary.outcomes] == ["new"] * POINTS[name]
+    assert [o.status for o in summary.outcomes] == ["new"] * len(expand(spec))
     for outcome in summary.outcomes:
         assert outcome.summary is not None and outcome.summary.failed == 0, outcome.point.name
         run = tmp_path / "sweep" / "runs" / outcome.point.name
@@ -175,8 +184,3 @@ async def test_grid_runs_end_to_end_on_the_simulated_server(
         assert 0 < calls <= bound * outcome.summary.problems
         if name.startswith("tmas_"):
             assert (sent["temperature"], sent["top_p"]) == (1.0, 0.95)
-    if name == "tmas_table1_imo50.toml":
-        written = await report_sweep(spec, tmp_path / "sweep", GradeConfig(mode="rules"), None)
-        report = written["markdown"].read_text()
-        assert "### Paper beside ours" in report
-        assert "| PaCoRe | Qwen3-30B-A3B-Thinking-2507 | It1 | pass@1 | 26.56 |" in report

@@ -97,8 +97,12 @@ async def test_report_puts_the_published_cell_beside_a_scripted_run(sim: SimServ
     label = f"tmas [Qwen/{M30}]"
     setting = "n=2 (paper 8); m=1 (paper 8)"
     # The scripted server answers every arithmetic question right: Pass@1 100% at It0 and It1.
-    assert f"| {label} | TMAS | {M30} | It0 | pass@1 | 10.88 | 100.00 | +89.12 | TMAS Table 2, TMAS Table 3 | {setting} |" in report
-    assert f"| {label} | TMAS | {M30} | It1 | pass@1 | 22.06 | 100.00 | +77.94 | TMAS Table 1, TMAS Table 2, TMAS Table 3 | {setting} |" in report
+    assert (
+        f"| {label} | TMAS | {M30} | It0 | pass@1 | 10.88 | 100.00 | +89.12 | TMAS Table 2, TMAS Table 3 | {setting} |"
+        in report
+    )
+    tables = "TMAS Table 1, TMAS Table 2, TMAS Table 3"
+    assert f"| {label} | TMAS | {M30} | It1 | pass@1 | 22.06 | 100.00 | +77.94 | {tables} | {setting} |" in report
     assert "It2 | pass@1" not in report
     assert "18 matched cells lie beyond the runs' last iterations" in report  # It2..It19 of Table 3
 

@@ -25,7 +25,9 @@ def data_filter(
         typer.Option("--run-dir", help="Where the k samples are kept (default: OUT's name + '.filter-run'); resumes."),
     ] = None,
     k: Annotated[int, typer.Option("-k", help="Chain-of-thought samples per problem (paper: 8).")] = 8,
-    below: Annotated[int, typer.Option("--below", help="Keep problems solved fewer than this many times (paper: 2).")] = 2,
+    below: Annotated[
+        int, typer.Option("--below", help="Keep problems solved fewer than this many times (paper: 2).")
+    ] = 2,
     n: Annotated[int, typer.Option("-n", help="Problems to select from those kept (paper: 50).")] = 50,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the selection (and of the run).")] = 0,
     limit: Annotated[int | None, typer.Option("--limit", help="Only the first N problems of the file.")] = None,
@@ -61,9 +63,7 @@ def data_filter(
     settings = filter_settings(settings, k, {key for key, value in flags.items() if value is not None})
     source = resolve_dataset(problems)
     where = run_dir or out.with_name(out.stem + ".filter-run")
-    card = asyncio.run(
-        run_filter(source, where, out, settings, grading, k=k, below=below, n=n, seed=seed, limit=limit)
-    )
+    card = asyncio.run(run_filter(source, where, out, settings, grading, k=k, below=below, n=n, seed=seed, limit=limit))
     counts = ", ".join(f"{c}: {card.solved_counts.get(c, 0)}" for c in range(k + 1))
     typer.echo(f"solved-of-{k} counts {{{counts}}}; kept {card.kept}; selected {len(card.selected)}")
     typer.echo(f"wrote {out} and its card ({out.stem}.card.json, .md); samples in {where}")

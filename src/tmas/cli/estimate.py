@@ -75,7 +75,9 @@ def build_estimate(
     if flags.pilot:
         from tmas.eval.pilot import run_pilot
 
-        typer.echo(f"tmas: pilot: {len(configs)} configuration(s) on {flags.pilot} problem(s) into {pilot_dir}", err=True)
+        typer.echo(
+            f"tmas: pilot: {len(configs)} configuration(s) on {flags.pilot} problem(s) into {pilot_dir}", err=True
+        )
         rates = asyncio.run(run_pilot(configs, problems[: flags.pilot], pilot_dir))
     elif flags.tokens_per_call is not None:
         rates = TokenRates(default_completion=flags.tokens_per_call, source="given")

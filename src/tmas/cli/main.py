@@ -474,9 +474,7 @@ def report(
 
     settings = _judge_settings(config, base_url, judge_base_url, judge_model)
     config_ = _grade_config(grade, judge_runs)
-    written = asyncio.run(
-        build_report(run_dirs, out, config_, settings, grade=not no_grade, paper_model=paper_model)
-    )
+    written = asyncio.run(build_report(run_dirs, out, config_, settings, grade=not no_grade, paper_model=paper_model))
     typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
 
 
@@ -605,8 +603,8 @@ def sweep(
     confirm_tokens: ConfirmTokensOpt = DEFAULT_CONFIRM_TOKENS,
 ) -> None:
     """Run a grid of methods x parameters over one problem set (one run per point, resumable) and report it."""
-    from tmas.config import Budget
     from tmas.cli.estimate import build_estimate, gate
+    from tmas.config import Budget
     from tmas.sweep import (
         SweepSpec,
         expand,
@@ -668,7 +666,9 @@ def sweep(
                 spec.about.benchmark = None  # other problems than the grid's: the report matches on their name
         if limit is not None:
             spec.limit = limit
-        settings = with_grid_sampling(settings, spec, {k for k in ("temperature", "top_p", "max_tokens", "seed") if flags[k] is not None})
+        settings = with_grid_sampling(
+            settings, spec, {k for k in ("temperature", "top_p", "max_tokens", "seed") if flags[k] is not None}
+        )
 
     def progress(outcome: Any) -> None:
         typer.echo(f"tmas sweep: {outcome.point.name}: {outcome.status}", err=True)

@@ -294,7 +294,9 @@ def format_estimate(estimate: Estimate) -> str:
             lines.append(f"  note: {p.name}: {p.calls.note}")
     total = estimate.completion_tokens
     basis = {p.basis for p in estimate.points if p.basis}
-    lines.append(f"  total: {estimate.upper_calls:,} calls" + ("" if estimate.calls == estimate.upper_calls else " at most"))
+    lines.append(
+        f"  total: {estimate.upper_calls:,} calls" + ("" if estimate.calls == estimate.upper_calls else " at most")
+    )
     if total is None:
         lines.append("  tokens: unknown (give --tokens-per-call, --pilot N, or set max_tokens for a ceiling)")
     else:
@@ -306,7 +308,9 @@ def format_estimate(estimate: Estimate) -> str:
         lines.append(f"  completion tokens: {_tokens(total)} ({'; '.join(how.get(b, b) for b in sorted(basis))})")
     hours = estimate.hours
     if hours is not None:
-        src = "measured by the pilot" if estimate.rates and estimate.rates.throughput == estimate.throughput else "given"
+        src = (
+            "measured by the pilot" if estimate.rates and estimate.rates.throughput == estimate.throughput else "given"
+        )
         lines.append(f"  time: {hours:,.1f} hours at {estimate.throughput:,.0f} completion tokens/s ({src})")
     elif total is not None:
         lines.append("  time: give --throughput TOKENS_PER_S (or --pilot N to measure it) for hours")

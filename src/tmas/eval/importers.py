@@ -40,12 +40,12 @@ def _text(row: dict[str, Any], key: str) -> str:
 def _hle(row: dict[str, Any], keep_all: bool) -> dict[str, Any] | None:
     if not keep_all and (_text(row, "category") != "Math" or _text(row, "image")):
         return None  # HLE-Math: text-only questions of the Math category
-    extra = {k: row[k] for k in ("answer_type", "raw_subject", "category") if k in row}
+    extra: dict[str, Any] = {k: row[k] for k in ("answer_type", "raw_subject", "category") if k in row}
     return {"problem_id": _text(row, "id"), "question": row["question"], "answer": _text(row, "answer"), **extra}
 
 
 def _imo(row: dict[str, Any], keep_all: bool) -> dict[str, Any] | None:
-    extra = {k: row[k] for k in ("Category", "Subcategory", "Source") if k in row}
+    extra: dict[str, Any] = {k: row[k] for k in ("Category", "Subcategory", "Source") if k in row}
     return {
         "problem_id": _text(row, "Problem ID"),
         "question": row["Problem"],
@@ -55,8 +55,13 @@ def _imo(row: dict[str, Any], keep_all: bool) -> dict[str, Any] | None:
 
 
 def _matharena(row: dict[str, Any], keep_all: bool) -> dict[str, Any] | None:
-    extra = {k: _plain(row[k]) for k in ("problem_type", "source", "competition") if k in row}
-    return {"problem_id": _text(row, "problem_idx"), "question": row["problem"], "answer": _text(row, "answer"), **extra}
+    extra: dict[str, Any] = {k: _plain(row[k]) for k in ("problem_type", "source", "competition") if k in row}
+    return {
+        "problem_id": _text(row, "problem_idx"),
+        "question": row["problem"],
+        "answer": _text(row, "answer"),
+        **extra,
+    }
 
 
 def _plain(value: Any) -> Any:
@@ -105,7 +110,9 @@ def read_rows(path: Path) -> Iterator[dict[str, Any]]:
         try:
             import pyarrow.parquet as pq  # type: ignore[import-not-found,unused-ignore]
         except ImportError:
-            raise InputError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow), or convert it to JSONL") from None
+            raise InputError(
+                f"{path}: reading Parquet needs pyarrow (pip install pyarrow), or convert it to JSONL"
+            ) from None
         yield from pq.read_table(path).to_pylist()
     else:
         raise InputError(f"{path}: unknown file type {suffix or '(none)'}: give .csv, .jsonl, .json or .parquet")

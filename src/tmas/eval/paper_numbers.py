@@ -94,7 +94,9 @@ def load_cells(path: Path = DATA) -> tuple[PaperCell, ...]:
 def paper_methods(method: str, params: dict[str, Any]) -> list[str]:
     """The papers' names for a run of ``method`` with ``params`` (several where tables name it differently)."""
     if method == "tmas":
-        off = [name for name, flag in (("guideline", "no_guideline"), ("experience", "no_experience")) if params.get(flag)]
+        off = [
+            name for name, flag in (("guideline", "no_guideline"), ("experience", "no_experience")) if params.get(flag)
+        ]
         return ["TMAS w/o both" if len(off) == 2 else f"TMAS w/o {off[0]}" if off else "TMAS"]
     if method == "majority":
         return ["MV@64"]

@@ -223,9 +223,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "benchmark"
 
 
-def write_report(
-    evaluations: list[RunEvaluation], out_dir: Path, *, paper_model: str | None = None
-) -> dict[str, Path]:
+def write_report(evaluations: list[RunEvaluation], out_dir: Path, *, paper_model: str | None = None) -> dict[str, Path]:
     """Write report.md, report.html and the PNG plots into ``out_dir``; returns the paths by kind. ``paper_model``:
     the paper's model the runs stand for, where their model names do not say (see eval/paper_numbers.py)."""
     out_dir.mkdir(parents=True, exist_ok=True)
