@@ -130,7 +130,7 @@ def import_problems(path: Path, layout_name: str, *, keep_all: bool = False) -> 
         if missing:
             found = ", ".join(sorted(row)[:8]) or "none"
             raise InputError(
-                f"{path}: row {number}: not a {layout.description} file: missing column(s) "
+                f"{path}: row {number}: not in the {layout.description} layout: missing column(s) "
                 f"{', '.join(repr(c) for c in missing)} (found: {found})"
             )
         record = layout.convert(row, keep_all)
