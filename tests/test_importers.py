@@ -18,13 +18,40 @@ from tmas.problems import load_problems
 
 HLE_ROWS = [
     # A text-only Math question (kept), one with an image (left out), one of another category (left out).
-    {"id": "66e8a3", "question": "Find the density.", "image": "", "answer": "\\frac{2}{7}", "answer_type": "exactMatch",
-     "raw_subject": "Mathematics", "category": "Math", "rationale": "...", "canary": "c"},
-    {"id": "66e8b4", "question": "Read the plot.", "image": "data:image/png;base64,AAA", "answer": "3",
-     "answer_type": "exactMatch", "raw_subject": "Mathematics", "category": "Math", "rationale": "", "canary": "c"},
-    {"id": "66e8c5", "question": "Name the law.", "image": "", "answer": "Ohm", "answer_type": "exactMatch",
-     "raw_subject": "Physics", "category": "Physics", "rationale": "", "canary": "c"},
-]  # fmt: skip
+    {
+        "id": "66e8a3",
+        "question": "Find the density.",
+        "image": "",
+        "answer": "\\frac{2}{7}",
+        "answer_type": "exactMatch",
+        "raw_subject": "Mathematics",
+        "category": "Math",
+        "rationale": "...",
+        "canary": "c",
+    },
+    {
+        "id": "66e8b4",
+        "question": "Read the plot.",
+        "image": "data:image/png;base64,AAA",
+        "answer": "3",
+        "answer_type": "exactMatch",
+        "raw_subject": "Mathematics",
+        "category": "Math",
+        "rationale": "",
+        "canary": "c",
+    },
+    {
+        "id": "66e8c5",
+        "question": "Name the law.",
+        "image": "",
+        "answer": "Ohm",
+        "answer_type": "exactMatch",
+        "raw_subject": "Physics",
+        "category": "Physics",
+        "rationale": "",
+        "canary": "c",
+    },
+]
 
 
 def write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:
@@ -87,17 +114,47 @@ def test_matharena_json_and_parquet(tmp_path: Path) -> None:
     ("name", "content", "source", "message"),
     [
         # IMO-AnswerBench without its answer column: the file is not in that layout.
-        ("a.csv", "Problem ID,Problem\nx,Find it.\n", "imo-answerbench", "row 1: not in the IMO-AnswerBench CSV layout: missing column(s) 'Short Answer' (found: Problem, Problem ID)"),
+        (
+            "a.csv",
+            "Problem ID,Problem\nx,Find it.\n",
+            "imo-answerbench",
+            "row 1: not in the IMO-AnswerBench CSV layout: missing column(s) 'Short Answer' (found: Problem, Problem ID)",
+        ),
         # An HLE file given as MathArena.
-        ("h.jsonl", json.dumps(HLE_ROWS[0]) + "\n", "matharena", "not in the MathArena competition layout: missing column(s) 'problem_idx', 'problem'"),
-        ("b.jsonl", '{"problem_idx": 1, "problem": "Q", "answer": "2"}\n{"problem_idx": 1,\n', "matharena", "b.jsonl:2: not valid JSON"),
-        ("c.jsonl", '{"problem_idx": 1, "problem": "Q", "answer": "2"}\n{"problem_idx": 1, "problem": "R", "answer": "3"}\n', "matharena", "row 2: duplicate problem id '1' (first at row 1)"),
-        ("d.jsonl", '{"problem_idx": 1, "problem": "  ", "answer": "2"}\n', "matharena", "row 1: empty or non-text question"),
+        (
+            "h.jsonl",
+            json.dumps(HLE_ROWS[0]) + "\n",
+            "matharena",
+            "not in the MathArena competition layout: missing column(s) 'problem_idx', 'problem'",
+        ),
+        (
+            "b.jsonl",
+            '{"problem_idx": 1, "problem": "Q", "answer": "2"}\n{"problem_idx": 1,\n',
+            "matharena",
+            "b.jsonl:2: not valid JSON",
+        ),
+        (
+            "c.jsonl",
+            '{"problem_idx": 1, "problem": "Q", "answer": "2"}\n{"problem_idx": 1, "problem": "R", "answer": "3"}\n',
+            "matharena",
+            "row 2: duplicate problem id '1' (first at row 1)",
+        ),
+        (
+            "d.jsonl",
+            '{"problem_idx": 1, "problem": "  ", "answer": "2"}\n',
+            "matharena",
+            "row 1: empty or non-text question",
+        ),
         ("e.json", '{"problem_idx": 1}', "matharena", "e.json: expected a JSON array of objects"),
         ("f.txt", "anything", "hle", "f.txt: unknown file type .txt"),
-        ("g.jsonl", json.dumps(HLE_ROWS[2]) + "\n", "hle", "g.jsonl: no problems to import (none matched the default filter)"),
+        (
+            "g.jsonl",
+            json.dumps(HLE_ROWS[2]) + "\n",
+            "hle",
+            "g.jsonl: no problems to import (none matched the default filter)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_malformed_files_are_one_line_errors(
     tmp_path: Path, name: str, content: str, source: str, message: str
 ) -> None:
