@@ -118,7 +118,8 @@ def test_matharena_json_and_parquet(tmp_path: Path) -> None:
             "a.csv",
             "Problem ID,Problem\nx,Find it.\n",
             "imo-answerbench",
-            "row 1: not in the IMO-AnswerBench CSV layout: missing column(s) 'Short Answer' (found: Problem, Problem ID)",
+            "row 1: not in the IMO-AnswerBench CSV layout: missing column(s) 'Short Answer' (found: Problem, "
+            "Problem ID)",
         ),
         # An HLE file given as MathArena.
         (
