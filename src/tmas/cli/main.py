@@ -473,8 +473,10 @@ def report(
     from tmas.eval.report import build_report
 
     settings = _judge_settings(config, base_url, judge_base_url, judge_model)
-    config_ = _grade_config(grade, judge_runs)
-    written = asyncio.run(build_report(run_dirs, out, config_, settings, grade=not no_grade, paper_model=paper_model))
+    grade_config = _grade_config(grade, judge_runs)
+    written = asyncio.run(
+        build_report(run_dirs, out, grade_config, settings, grade=not no_grade, paper_model=paper_model)
+    )
     typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
 
 
@@ -683,7 +685,10 @@ def sweep(
     typer.echo(json.dumps(summary.to_dict(), indent=2))
 
 
-data_app = typer.Typer(help="Problem data: generate verifiable problems.", no_args_is_help=True)
+data_app = typer.Typer(
+    help="Problem data: generate verifiable problems, filter by difficulty, import official files.",
+    no_args_is_help=True,
+)
 app.add_typer(data_app, name="data")
 add_data_commands(data_app)
 app.add_typer(experience_app, name="experience")
