@@ -184,3 +184,6 @@ async def test_grid_runs_end_to_end_on_the_simulated_server(
         assert 0 < calls <= bound * outcome.summary.problems
         if name.startswith("tmas_"):
             assert (sent["temperature"], sent["top_p"]) == (1.0, 0.95)
+    if name.startswith("tmas_"):
+        # What crossed the wire: every call of every method at the paper's temperature and top_p.
+        assert {(b["temperature"], b["top_p"]) for b in sim.chat_bodies()} == {(1.0, 0.95)}
