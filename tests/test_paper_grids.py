@@ -28,6 +28,7 @@ GRIDS = sorted(p.name for p in PAPERS.glob("*.toml"))
 
 # Points per grid (shared points run once: Figure 3's default N = 8, M = 8, epsilon = 0.2 is in all three studies).
 POINTS = {
+    "embedded_demo.toml": 2,
     "tmas_table1_imo50.toml": 6,
     "tmas_table1_hle100.toml": 6,
     "tmas_table2_ablation.toml": 4,
