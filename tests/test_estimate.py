@@ -231,3 +231,16 @@ def test_run_dry_run_with_a_pilot_measures_tokens(sim: SimServer, tmp_path: Path
     with RunStore(tmp_path / "run" / "pilot" / "run", create=False) as pilot:
         assert pilot.call_counts()["calls"] == 16
     assert not (tmp_path / "run" / "run.sqlite").exists()
+
+
+def test_budgets_cap_the_estimate() -> None:
+    # V-R at the paper's setting is 320 calls a problem; a call budget of 100 stops each problem there.
+    method = create_method("verify_refine", {"n": 8, "m": 1, "iterations": 20})
+    capped = Settings.model_validate({"budget": {"calls": 100}})
+    point = estimate_point("vr", method, capped, 10, TokenRates(default_completion=10))
+    assert point.total_calls == 1000 and point.completion_tokens == 10_000  # 100 calls x 10 tokens x 10 problems
+    assert not point.calls.exact and "call budget" in point.calls.note
+    # A completion-token budget of 500 a problem: 320 calls x 10 tokens = 3,200 would pass it.
+    tokens = Settings.model_validate({"budget": {"tokens": 500}})
+    point = estimate_point("vr", create_method("verify_refine", {"n": 8, "m": 1, "iterations": 20}), tokens, 10, None)
+    assert point.completion_tokens == 5000 and "token budget" in point.calls.note

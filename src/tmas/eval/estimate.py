@@ -42,14 +42,23 @@ class CallCount:
     upper: dict[str, int]
     exact: bool = True
     note: str = ""
+    # A call budget per problem (``--budget-calls``): no problem sends more, whatever the structure says.
+    cap: int | None = None
 
     @property
     def total(self) -> int:
-        return sum(self.expected.values())
+        total = sum(self.expected.values())
+        return total if self.cap is None else min(total, self.cap)
 
     @property
     def upper_total(self) -> int:
-        return sum(self.upper.values())
+        total = sum(self.upper.values())
+        return total if self.cap is None else min(total, self.cap)
+
+    def share(self) -> float:
+        """The part of the structure's calls the cap leaves (1.0 without a cap)."""
+        full = sum(self.expected.values())
+        return self.total / full if full else 1.0
 
 
 def _count(roles: Mapping[str, int], note: str = "", upper: Mapping[str, int] | None = None) -> CallCount:
@@ -193,18 +202,35 @@ def estimate_point(
     name: str, method: Method[Any], settings: Settings, problems: int, rates: TokenRates | None
 ) -> PointEstimate:
     count = calls_per_problem(method)
-    point = PointEstimate(name, method.name, problems, count)
-    if rates is not None and rates.default_completion is not None:
-        point.completion_tokens = problems * sum(
-            n * (rates.completion_of(role) or 0.0) for role, n in count.expected.items()
+    budget = settings.budget
+    if budget.calls is not None and count.upper_total > budget.calls:
+        count.cap = budget.calls
+        count.exact = False
+        count.note = "; ".join(
+            filter(None, [count.note, f"the call budget stops each problem at {budget.calls} calls"])
         )
-        point.prompt_tokens = problems * sum(n * rates.prompt_of(role) for role, n in count.expected.items())
+    point = PointEstimate(name, method.name, problems, count)
+    per_problem: float | None = None
+    if rates is not None and rates.default_completion is not None:
+        per_problem = sum(n * (rates.completion_of(role) or 0.0) for role, n in count.expected.items())
+        point.prompt_tokens = (
+            problems * count.share() * sum(n * rates.prompt_of(role) for role, n in count.expected.items())
+        )
         point.basis = rates.source
-        return point
-    ceilings = {role: role_max_tokens(settings, method, role) for role in count.upper}
-    if all(v is not None for v in ceilings.values()):
-        point.completion_tokens = problems * sum(n * (ceilings[role] or 0) for role, n in count.upper.items())
-        point.basis = "max_tokens"
+    else:
+        ceilings = {role: role_max_tokens(settings, method, role) for role in count.upper}
+        if all(v is not None for v in ceilings.values()):
+            per_problem = sum(n * (ceilings[role] or 0) for role, n in count.upper.items())
+            point.basis = "max_tokens"
+    if per_problem is not None:
+        per_problem *= count.share()
+        if budget.tokens is not None and budget.count == "completion" and per_problem > budget.tokens:
+            # Calls in flight when the budget runs out still finish: a problem may pass it by that much.
+            per_problem = float(budget.tokens)
+            count.note = "; ".join(
+                filter(None, [count.note, f"the token budget stops each problem near {budget.tokens}"])
+            )
+        point.completion_tokens = problems * per_problem
     return point
 
 
