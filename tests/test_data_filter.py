@@ -93,3 +93,21 @@ def test_filter_flags_set_the_sampling(sim: SimServer, tmp_path: Path) -> None:
     card = json.loads((tmp_path / "hard.card.json").read_text())
     assert card["kept"] == 0 and card["selected"] == [] and out.read_text() == ""
     assert any("fewer than n = 50" in note for note in card["notes"])
+
+
+def test_a_problem_whose_every_sample_failed_is_left_out_not_kept(sim: SimServer, tmp_path: Path) -> None:
+    rules = [*script().rules, Rule(role="solution", pattern="Eta:", fault="http_400")]
+    sim.set_script(SimScript(rules=rules))
+    problems = tmp_path / "b.jsonl"
+    rows = [("gamma", CASES[2][1], "49"), ("eta", "Eta: what is 9*9?", "81")]
+    problems.write_text("".join(json.dumps({"problem_id": i, "question": q, "answer": a}) + "\n" for i, q, a in rows))
+    out = tmp_path / "hard.jsonl"
+    done = tmas(
+        "data", "filter", str(problems), "-o", str(out), "-k", "4", "--grade", "rules", "--base-url", sim.base_url,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()
+    card = json.loads((tmp_path / "hard.card.json").read_text())
+    # eta's four calls were refused: it failed, so it is neither counted as unsolved nor selected.
+    assert card["failed_problems"] == ["eta"] and card["failed_samples"] == 4
+    assert card["solved_counts"] == {"0": 1} and card["selected"] == ["gamma"]
+    assert "1 problems failed (no usable sample): left out of the filter" in card["notes"]

@@ -46,8 +46,9 @@ class FilterCard:
     selected: list[str] = field(default_factory=list)
     # Problems without a reference answer cannot be judged: left out.
     unlabeled: list[str] = field(default_factory=list)
-    # Samples whose call failed (counted as not solved).
+    # Samples whose call failed (counted as not solved), and problems that failed as a whole (left out).
     failed_samples: int = 0
+    failed_problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -92,13 +93,18 @@ def filter_settings(settings: Settings, k: int, flags: set[str]) -> Settings:
 def solved_counts(problems: list[Problem], results: list[dict[str, Any]], grades: Grades) -> dict[str, int]:
     """Correct samples per labeled problem: a sample counts when most judge runs call it correct."""
     counts: dict[str, int] = {}
-    finished = {r["problem_id"]: r for r in results}
+    finished = {r["problem_id"]: r for r in results if r.get("status") in ("done", "failed")}
+    missing = [p.problem_id for p in problems if p.answer is not None and p.problem_id not in finished]
+    if missing:
+        # An unfinished problem would look hard (no sample solved it): never count it, finish it first.
+        raise InputError(
+            f"{len(missing)} problems have unfinished samples (first: {missing[0]!r}): run the same command again to "
+            "resume them"
+        )
     for problem in problems:
-        if problem.answer is None:
-            continue
-        result = finished.get(problem.problem_id)
-        if result is None:
-            raise InputError(f"problem {problem.problem_id!r} has no finished samples: resume the filter run")
+        if problem.answer is None or finished[problem.problem_id].get("status") == "failed":
+            continue  # a failed problem (no usable sample) says nothing about its difficulty: left out
+        result = finished[problem.problem_id]
         first = next((rec for rec in result.get("iterations", []) if int(rec["iteration"]) == 0), None)
         candidates = first.get("candidates", []) if first else []
         counts[problem.problem_id] = sum(
@@ -145,8 +151,11 @@ def build_card(
         failed_samples=sum(
             bool(c.get("error")) for r in results for rec in r.get("iterations", []) for c in rec.get("candidates", [])
         ),
+        failed_problems=[r["problem_id"] for r in results if r.get("status") == "failed"],
         notes=list(grades.notes),
     )
+    if card.failed_problems:
+        card.notes.append(f"{len(card.failed_problems)} problems failed (no usable sample): left out of the filter")
     if kept < n:
         card.notes.append(f"only {kept} problems were kept, fewer than n = {n}: all of them are selected")
     return card
