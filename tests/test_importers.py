@@ -154,6 +154,13 @@ def test_matharena_json_and_parquet(tmp_path: Path) -> None:
             "hle",
             "g.jsonl: no problems to import (none matched the default filter)",
         ),
+        # RSE's HLE-Math-100 file (already tmas JSONL) is not HLE's release.
+        (
+            "hle100.jsonl",
+            json.dumps({"id": 8, "question": "Q", "answer": "2", "hle_raw_id": "66e8a3", "question_id": 1}) + "\n",
+            "hle",
+            "not in the Humanity's Last Exam release layout: missing column(s) 'image', 'category'",
+        ),
     ],
 )
 def test_malformed_files_are_one_line_errors(
