@@ -21,6 +21,7 @@ from tmas.eval.estimate import (
     estimate_point,
     format_estimate,
     rates_from_role_costs,
+    role_max_tokens,
 )
 from tmas.methods import create_method
 from tmas.problems import Problem
@@ -152,13 +153,12 @@ def test_tokens_from_pilot_rates_by_role_and_hours() -> None:
 
 
 def test_max_tokens_gives_a_ceiling_without_rates() -> None:
-    # TMAS paper preset, 1 problem, every call at max_tokens = 1000: 1,640 calls -> 1.64M tokens at most.
+    # TMAS N = M = 8, T = 20, 1 problem, every call at max_tokens = 1000: 1,640 calls -> 1.64M tokens at most.
     settings = Settings.model_validate({"sampling": {"max_tokens": 1000}})
-    point = estimate_point("tmas", create_method("tmas", {"preset": "paper"}), settings, 1, None)
+    tmas = create_method("tmas", {"n": 8, "m": 8, "iterations": 20})
+    point = estimate_point("tmas", tmas, settings, 1, None)
     assert point.basis == "max_tokens" and point.completion_tokens == 1_640_000
-    given = estimate_point(
-        "tmas", create_method("tmas", {"preset": "paper"}), settings, 1, TokenRates(default_completion=10)
-    )
+    given = estimate_point("tmas", tmas, settings, 1, TokenRates(default_completion=10))
     assert given.completion_tokens == 16_400 and given.basis == "given"
 
 
@@ -244,3 +244,12 @@ def test_budgets_cap_the_estimate() -> None:
     tokens = Settings.model_validate({"budget": {"tokens": 500}})
     point = estimate_point("vr", create_method("verify_refine", {"n": 8, "m": 1, "iterations": 20}), tokens, 10, None)
     assert point.completion_tokens == 5000 and "token budget" in point.calls.note
+
+
+def test_max_tokens_per_role_follow_what_tmas_sends() -> None:
+    # The local preset asks 640 tokens for solutions and 400 for verifications where the user set no max_tokens...
+    local = create_method("tmas", {"preset": "local"})
+    assert role_max_tokens(Settings(), local, "solution") == 640
+    assert role_max_tokens(Settings(), local, "verifier") == 400
+    # ... and a max_tokens the user set wins over the preset's, as on the wire.
+    assert role_max_tokens(Settings.model_validate({"sampling": {"max_tokens": 900}}), local, "solution") == 900

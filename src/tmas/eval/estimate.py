@@ -29,8 +29,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tmas.config import Sampling, Settings
+from tmas.config import Settings
 from tmas.methods.base import Method
+from tmas.methods.tmas_params import TMASParams, sampling_override
 
 
 @dataclass
@@ -121,9 +122,9 @@ def role_max_tokens(settings: Settings, method: Method[Any], role: str) -> int |
     sampling = settings.sampling
     if role in settings.roles:
         sampling = sampling.merged(settings.roles[role].sampling)
-    own = getattr(method.params, "sampling", None)
-    if isinstance(own, dict) and isinstance(own.get(role), Sampling):
-        sampling = sampling.merged(own[role])
+    if isinstance(method.params, TMASParams):
+        # What TMAS itself sends: a preset's length only where the user's settings leave max_tokens alone.
+        sampling = sampling.merged(sampling_override(settings, role, method.params))
     return sampling.max_tokens
 
 
