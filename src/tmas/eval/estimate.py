@@ -338,7 +338,9 @@ def format_estimate(estimate: Estimate) -> str:
         src = (
             "measured by the pilot" if estimate.rates and estimate.rates.throughput == estimate.throughput else "given"
         )
-        lines.append(f"  time: {hours:,.1f} hours at {estimate.throughput:,.0f} completion tokens/s ({src})")
+        rate = estimate.throughput or 0.0
+        shown = f"{rate:,.1f}" if rate < 100 else f"{rate:,.0f}"
+        lines.append(f"  time: {hours:,.1f} hours at {shown} completion tokens/s ({src})")
     elif total is not None:
         lines.append("  time: give --throughput TOKENS_PER_S (or --pilot N to measure it) for hours")
     return "\n".join(lines)
