@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tmas.config import Budget, Settings, read_toml
+from tmas.config import Budget, Sampling, Settings, read_toml
 from tmas.errors import ConfigError, InputError
 from tmas.eval.grading import GradeConfig
 from tmas.eval.report import build_report
@@ -65,6 +65,22 @@ class Study(BaseModel):
         return [*([self.method] if self.method else []), *self.methods]
 
 
+class GridAbout(BaseModel):
+    """What a grid reproduces and what it needs (the paper grids in examples/papers/ fill it in)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    paper: str = ""
+    # The tables or figures it reproduces, as the paper names them ("Table 1", "Figure 3").
+    tables: list[str] = Field(default_factory=list)
+    # The paper's name of the benchmark the grid's problem file holds (eval/paper_numbers.py matches runs on it).
+    benchmark: str | None = None
+    # Where the problem file comes from (a command, a download).
+    expects: str = ""
+    # Environment variables the grid's runs read (endpoint, model, max_tokens, ...).
+    env: list[str] = Field(default_factory=list)
+
+
 class SweepSpec(BaseModel):
     """A grid file's content (relative problem paths are resolved against the file's folder by :func:`load_spec`)."""
 
@@ -73,6 +89,9 @@ class SweepSpec(BaseModel):
     problems: str | None = None
     limit: int | None = Field(default=None, ge=1)
     budget: Budget = Field(default_factory=Budget)
+    # Sampling for every point, over the config file and TMAS_* variables; command-line flags still win.
+    sampling: Sampling | None = None
+    about: GridAbout | None = None
     study: list[Study] = Field(default_factory=list)
 
 
@@ -132,6 +151,18 @@ def load_spec(path: Path) -> SweepSpec:
     if spec.problems and not Path(spec.problems).is_absolute() and (path.parent / spec.problems).exists():
         spec.problems = str(path.parent / spec.problems)
     return spec
+
+
+def with_grid_sampling(settings: Settings, spec: SweepSpec, flags: set[str]) -> Settings:
+    """``settings`` with the grid's ``sampling`` on top, except the fields named in ``flags`` (given on the command
+    line, which win over the grid file)."""
+    if spec.sampling is None:
+        return settings
+    fields = {k: getattr(spec.sampling, k) for k in spec.sampling.model_fields_set if k not in flags}
+    if not fields:
+        return settings
+    merged = settings.sampling.merged(Sampling(**fields))
+    return settings.model_copy(update={"sampling": merged})
 
 
 def _value_text(value: Any) -> str:
@@ -211,13 +242,10 @@ def prepare_sweep(
     spec: SweepSpec, settings: Settings, out_dir: Path
 ) -> tuple[list[SweepPoint], list[Problem], dict[str, Any]]:
     """Validate every point (before the first call), load the problems and write the manifest."""
-    if not spec.problems:
-        raise InputError("the sweep names no problems (grid file 'problems' or --problems)")
     points = expand(spec)
     if not points:
         raise InputError("the sweep has no points (add a [[study]])")
-    problems = load_problems(resolve_dataset(spec.problems))
-    problems = problems[: spec.limit] if spec.limit else problems
+    problems = sweep_problems(spec)
     digest = _problems_digest(problems)
     out_dir.mkdir(parents=True, exist_ok=True)
     if (out_dir / MANIFEST).exists() and read_manifest(out_dir).get("problems_digest") != digest:
@@ -264,6 +292,9 @@ async def run_sweep(
     outcomes: list[PointOutcome] = []
     for point in points:
         status, store, point_settings, todo = open_point(point, settings, out_dir, problems, dataset)
+        if status == "new" and store is not None and spec.about is not None and spec.about.benchmark:
+            # The paper's name for these problems: the report puts the published cells beside this run's.
+            store.set_meta("paper_benchmark", spec.about.benchmark)
         outcome = PointOutcome(point, status)
         if store is not None:
             with store:
@@ -274,6 +305,14 @@ async def run_sweep(
         if on_point is not None:
             on_point(outcome)
     return SweepSummary(out_dir, outcomes)
+
+
+def sweep_problems(spec: SweepSpec) -> list[Problem]:
+    """The problems a sweep runs (its file, cut to ``limit``)."""
+    if not spec.problems:
+        raise InputError("the sweep names no problems (grid file 'problems' or --problems)")
+    problems = load_problems(resolve_dataset(spec.problems))
+    return problems[: spec.limit] if spec.limit else problems
 
 
 def spec_from_flags(

@@ -14,6 +14,19 @@ import typer
 
 from tmas import __version__
 from tmas.cli.cases import cases_app
+from tmas.cli.data import add_data_commands
+from tmas.cli.estimate import (
+    DEFAULT_CONFIRM_CALLS,
+    DEFAULT_CONFIRM_TOKENS,
+    ConfirmCallsOpt,
+    ConfirmTokensOpt,
+    DryRunOpt,
+    EstimateFlags,
+    PilotOpt,
+    ThroughputOpt,
+    TokensPerCallOpt,
+    YesOpt,
+)
 from tmas.cli.experience import experience_app
 from tmas.cli.rl import rl_app
 from tmas.cli.serve import serve_app
@@ -275,8 +288,17 @@ def run(
     budget_tokens: BudgetTokensOpt = None,
     budget_calls: BudgetCallsOpt = None,
     budget_count: BudgetCountOpt = None,
+    dry_run: DryRunOpt = False,
+    pilot: PilotOpt = None,
+    tokens_per_call: TokensPerCallOpt = None,
+    throughput: ThroughputOpt = None,
+    yes: YesOpt = False,
+    confirm_calls: ConfirmCallsOpt = DEFAULT_CONFIRM_CALLS,
+    confirm_tokens: ConfirmTokensOpt = DEFAULT_CONFIRM_TOKENS,
+    ask: Annotated[bool, typer.Option("--ask", hidden=True, help="Ask above the thresholds (as eval does).")] = False,
 ) -> None:
     """Solve a file of problems into a run directory (resumable with --resume)."""
+    from tmas.cli.estimate import build_estimate, gate
     from tmas.cli.progress import RunProgress
     from tmas.problems import dataset_name, iter_problems, resolve_dataset
     from tmas.runner import RunState, prepare_run, run_problems
@@ -300,19 +322,28 @@ def run(
         "budget_calls": budget_calls,
         "budget_count": budget_count,
     }
+    estimate = EstimateFlags(dry_run, pilot, tokens_per_call, throughput, yes, confirm_calls, confirm_tokens)
+    # The estimate is worked out when asked for (--dry-run, --pilot) and before eval's runs, which confirm it.
+    wants_estimate = dry_run or pilot is not None or ask
     if resume is not None:
         if problems is not None or out is not None:
             raise InputError("--resume takes the run directory alone: give no problem file and no --out")
         with RunStore(resume, create=False) as peek:
             stored = Settings.model_validate(peek.get_meta("settings"))
+            listed = peek.problems() if wants_estimate else []
         # The stored settings are the base; flags given now (e.g. a larger --iterations) go on top.
         settings = _apply_flags(stored, config, overrides)
+        if wants_estimate:
+            gate(build_estimate([(resume.name, settings)], listed, estimate, resume / "pilot"), estimate, ask=ask)
         store, settings, todo = prepare_run(resume, settings, None, resume=True)
     else:
         if problems is None or out is None:
             raise InputError("give a problem file and --out RUN_DIR (or --resume RUN_DIR)")
         settings = _settings(config, **overrides)
         source = resolve_dataset(problems)
+        if wants_estimate:
+            listed = list(islice(iter_problems(source), limit) if limit else iter_problems(source))
+            gate(build_estimate([(out.name, settings)], listed, estimate, out / "pilot"), estimate, ask=ask)
         # Streamed into the store (a bad line anywhere stops before any call and leaves no run behind).
         reader = iter_problems(source)
         store, settings, todo = prepare_run(out, settings, islice(reader, limit) if limit else reader, resume=False)
@@ -448,12 +479,19 @@ def report(
     base_url: BaseUrlOpt = None,
     judge_base_url: JudgeUrlOpt = None,
     judge_model: JudgeModelOpt = None,
+    paper_model: Annotated[
+        str | None,
+        typer.Option("--paper-model", help="The paper's model the runs stand for (default: from their model name)."),
+    ] = None,
 ) -> None:
     """Grade runs and write a Markdown + HTML report with per-iteration tables and plots."""
     from tmas.eval.report import build_report
 
     settings = _judge_settings(config, base_url, judge_base_url, judge_model)
-    written = asyncio.run(build_report(run_dirs, out, _grade_config(grade, judge_runs), settings, grade=not no_grade))
+    grade_config = _grade_config(grade, judge_runs)
+    written = asyncio.run(
+        build_report(run_dirs, out, grade_config, settings, grade=not no_grade, paper_model=paper_model)
+    )
     typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
 
 
@@ -488,6 +526,13 @@ def evaluate(
     budget_tokens: BudgetTokensOpt = None,
     budget_calls: BudgetCallsOpt = None,
     budget_count: BudgetCountOpt = None,
+    dry_run: DryRunOpt = False,
+    pilot: PilotOpt = None,
+    tokens_per_call: TokensPerCallOpt = None,
+    throughput: ThroughputOpt = None,
+    yes: YesOpt = False,
+    confirm_calls: ConfirmCallsOpt = DEFAULT_CONFIRM_CALLS,
+    confirm_tokens: ConfirmTokensOpt = DEFAULT_CONFIRM_TOKENS,
 ) -> None:
     """Run a method on problems, grade the run and write its report (run + report in one step)."""
     from tmas.eval.report import build_report
@@ -517,6 +562,14 @@ def evaluate(
         budget_tokens=budget_tokens,
         budget_calls=budget_calls,
         budget_count=budget_count,
+        dry_run=dry_run,
+        pilot=pilot,
+        tokens_per_call=tokens_per_call,
+        throughput=throughput,
+        yes=yes,
+        confirm_calls=confirm_calls,
+        confirm_tokens=confirm_tokens,
+        ask=True,
     )
     settings = _judge_settings(config, base_url, judge_base_url, judge_model)
     written = asyncio.run(build_report([out], report_dir or out / "report", grade_config, settings))
@@ -561,17 +614,28 @@ def sweep(
     budget_tokens: BudgetTokensOpt = None,
     budget_calls: BudgetCallsOpt = None,
     budget_count: BudgetCountOpt = None,
+    dry_run: DryRunOpt = False,
+    pilot: PilotOpt = None,
+    tokens_per_call: TokensPerCallOpt = None,
+    throughput: ThroughputOpt = None,
+    yes: YesOpt = False,
+    confirm_calls: ConfirmCallsOpt = DEFAULT_CONFIRM_CALLS,
+    confirm_tokens: ConfirmTokensOpt = DEFAULT_CONFIRM_TOKENS,
 ) -> None:
     """Run a grid of methods x parameters over one problem set (one run per point, resumable) and report it."""
+    from tmas.cli.estimate import build_estimate, gate
     from tmas.config import Budget
     from tmas.sweep import (
         SweepSpec,
+        expand,
         load_spec,
         parse_grid_flag,
         read_manifest,
         report_sweep,
         run_sweep,
         spec_from_flags,
+        sweep_problems,
+        with_grid_sampling,
     )
 
     grade_config = _grade_config(grade, judge_runs)
@@ -619,21 +683,33 @@ def sweep(
             spec = spec_from_flags(problems, method, _params(param), axes, limit=limit, budget=settings.budget)
         if problems is not None:
             spec.problems = problems
+            if spec.about is not None:
+                spec.about.benchmark = None  # other problems than the grid's: the report matches on their name
         if limit is not None:
             spec.limit = limit
+        settings = with_grid_sampling(
+            settings, spec, {k for k in ("temperature", "top_p", "max_tokens", "seed") if flags[k] is not None}
+        )
 
     def progress(outcome: Any) -> None:
         typer.echo(f"tmas sweep: {outcome.point.name}: {outcome.status}", err=True)
 
     assert out is not None
+    estimate = EstimateFlags(dry_run, pilot, tokens_per_call, throughput, yes, confirm_calls, confirm_tokens)
+    configs = [(point.name, point.settings(settings)) for point in expand(spec)]
+    gate(build_estimate(configs, sweep_problems(spec), estimate, out / "pilot"), estimate, ask=True)
     summary = asyncio.run(run_sweep(spec, settings, out, on_point=progress))
     if not no_report:
         summary.report = asyncio.run(report_sweep(spec, out, grade_config, settings))
     typer.echo(json.dumps(summary.to_dict(), indent=2))
 
 
-data_app = typer.Typer(help="Problem data: generate verifiable problems.", no_args_is_help=True)
+data_app = typer.Typer(
+    help="Problem data: generate verifiable problems, filter by difficulty, import official files.",
+    no_args_is_help=True,
+)
 app.add_typer(data_app, name="data")
+add_data_commands(data_app)
 app.add_typer(experience_app, name="experience")
 app.add_typer(cases_app, name="cases")
 app.add_typer(serve_app, name="serve")

@@ -37,6 +37,7 @@ from tmas.eval.document import Bullets, Document, Heading, Image, Paragraph, Tab
 from tmas.eval.frontier import BUDGETS, FrontierPoint, equal_budget, run_frontier
 from tmas.eval.grading import GradeConfig, Grades, grade_run, load_grades
 from tmas.eval.metrics import RunMetrics, answer_classes_of, compute_metrics
+from tmas.eval.paper_table import paper_section
 from tmas.eval.plots import Series, plot_frontier, plot_pass1
 from tmas.eval.reply_quality import reply_quality_section, role_replies
 from tmas.eval.roc import ScoreSeparation, score_separation
@@ -82,6 +83,8 @@ class RunEvaluation:
     replies: dict[str, ReplyTally] = field(default_factory=dict)
     # Endpoint URL -> the server's refusal of response_format, where the run fell back to plain text.
     structured_fallbacks: dict[str, str] = field(default_factory=dict)
+    # The paper's name of the run's benchmark, where a paper grid set it (eval/paper_numbers.py).
+    paper_benchmark: str | None = None
 
 
 def benchmark_name(store: RunStore) -> str:
@@ -179,6 +182,8 @@ async def evaluate_run(
             evaluation.dynamics = score_dynamics(results, grades)
             improved = most_improved(results, grades)
             evaluation.trace = experience_trace(improved, grades) if improved else None
+        paper_benchmark = store.get_meta("paper_benchmark")
+        evaluation.paper_benchmark = paper_benchmark if isinstance(paper_benchmark, str) else None
         evaluation.guidelines = unique_guidelines(results, method_meta)
         evaluation.stopping = stopping_summary(results)
         evaluation.replies = role_replies(store)
@@ -250,8 +255,9 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "benchmark"
 
 
-def write_report(evaluations: list[RunEvaluation], out_dir: Path) -> dict[str, Path]:
-    """Write report.md, report.html and the PNG plots into ``out_dir``; returns the paths by kind."""
+def write_report(evaluations: list[RunEvaluation], out_dir: Path, *, paper_model: str | None = None) -> dict[str, Path]:
+    """Write report.md, report.html and the PNG plots into ``out_dir``; returns the paths by kind. ``paper_model``:
+    the paper's model the runs stand for, where their model names do not say (see eval/paper_numbers.py)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     _unique_labels(evaluations)
     doc = Document("tmas evaluation report")
@@ -273,6 +279,7 @@ def write_report(evaluations: list[RunEvaluation], out_dir: Path) -> dict[str, P
                 doc.add(Paragraph(f"{e.label}: {e.not_graded_reason}."))
         if graded:
             _benchmark_tables(doc, graded)
+            paper_section(doc, graded, paper_model)
             name = f"pass1_vs_iteration_{_slug(bench)}.png"
             plot_pass1([(e.label, e.metrics) for e in graded], f"{bench}: Pass@1 vs iteration", out_dir / name)
             written[name] = out_dir / name
@@ -563,6 +570,7 @@ async def build_report(
     settings: Settings | None,
     *,
     grade: bool = True,
+    paper_model: str | None = None,
 ) -> dict[str, Path]:
     evaluations = [await evaluate_run(d, config, settings, grade=grade) for d in run_dirs]
-    return write_report(evaluations, out_dir)
+    return write_report(evaluations, out_dir, paper_model=paper_model)

@@ -1,0 +1,218 @@
+"""A difficulty filter (TMAS paper, appendix A.2, how IMO-AnswerBench-50 was built): solve every problem k times with
+plain chain of thought (paper: k = 8 runs of Qwen3-4B-Thinking-2507 at temperature 1.0, top_p 0.95), keep the
+problems solved fewer than t times (paper: t = 2), and select n of them (paper: 50) with a seed.
+
+The k samples are one ordinary run of ``majority`` with ``k`` samples and one iteration (each sample is the plain
+generation prompt, the first sample every method shares), so the filter resumes like any run and its samples can be
+reported, viewed and graded like any other. The paper does not say how its 50 were picked from the kept pool; here it
+is a uniform draw with the given seed, listed in the original file order.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tmas.config import Settings
+from tmas.errors import InputError
+from tmas.eval.grading import GradeConfig, Grades, grade_run
+from tmas.eval.run_results import load_results
+from tmas.problems import Problem, dataset_name, load_problems
+from tmas.runner import RunState, prepare_run, run_problems
+
+# The paper's sampling for the filter runs (section 4.1), used where the user set none of their own.
+PAPER_SAMPLING = {"temperature": 1.0, "top_p": 0.95}
+
+
+@dataclass
+class FilterCard:
+    """What the filter did: the counts it saw, what it kept and what it selected."""
+
+    source: str
+    model: str | None
+    k: int
+    below: int
+    n: int
+    seed: int
+    grading: str
+    sampling: dict[str, Any]
+    # Number of problems solved c times in k, for c = 0..k.
+    solved_counts: dict[int, int] = field(default_factory=dict)
+    kept: int = 0
+    selected: list[str] = field(default_factory=list)
+    # Problems without a reference answer cannot be judged: left out.
+    unlabeled: list[str] = field(default_factory=list)
+    # Samples whose call failed (counted as not solved), and problems that failed as a whole (left out).
+    failed_samples: int = 0
+    failed_problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dict(self.__dict__)
+        data["solved_counts"] = {str(c): v for c, v in sorted(self.solved_counts.items())}
+        return data
+
+    def markdown(self) -> str:
+        lines = [
+            f"# Difficulty filter of {self.source}",
+            "",
+            f"- model: {self.model or '(default endpoint model)'}; {self.k} chain-of-thought samples per problem,"
+            f" sampling {json.dumps(self.sampling, sort_keys=True)}; grading: {self.grading}",
+            f"- kept: problems solved fewer than {self.below} times in {self.k}: {self.kept}",
+            f"- selected: {len(self.selected)} (n = {self.n}, seed {self.seed})",
+            f"- failed samples (counted as not solved): {self.failed_samples}",
+            *(f"- {note}" for note in self.notes),
+            "",
+            "| Solved (of k) | Problems | Kept |",
+            "| --- | --- | --- |",
+            *(
+                f"| {c} | {self.solved_counts.get(c, 0)} | {'yes' if c < self.below else 'no'} |"
+                for c in range(self.k + 1)
+            ),
+        ]
+        if self.unlabeled:
+            lines += ["", f"Left out, no reference answer: {len(self.unlabeled)} problems."]
+        return "\n".join(lines) + "\n"
+
+
+def filter_settings(settings: Settings, k: int, flags: set[str]) -> Settings:
+    """The run settings of the filter: ``majority`` with k samples and one iteration, at the paper's temperature and
+    top_p unless the command line set them (``flags`` names those given)."""
+    data = settings.model_dump(mode="json")
+    data["method"] = {"name": "majority", "params": {"k": k, "iterations": 1}}
+    for key, value in PAPER_SAMPLING.items():
+        if key not in flags:
+            data["sampling"][key] = value
+    return Settings.model_validate(data)
+
+
+def solved_counts(problems: list[Problem], results: list[dict[str, Any]], grades: Grades) -> dict[str, int]:
+    """Correct samples per labeled problem: a sample counts when most judge runs call it correct."""
+    counts: dict[str, int] = {}
+    finished = {r["problem_id"]: r for r in results if r.get("status") in ("done", "failed")}
+    missing = [p.problem_id for p in problems if p.answer is not None and p.problem_id not in finished]
+    if missing:
+        # An unfinished problem would look hard (no sample solved it): never count it, finish it first.
+        raise InputError(
+            f"{len(missing)} problems have unfinished samples (first: {missing[0]!r}): run the same command again to "
+            "resume them"
+        )
+    for problem in problems:
+        if problem.answer is None or finished[problem.problem_id].get("status") == "failed":
+            continue  # a failed problem (no usable sample) says nothing about its difficulty: left out
+        result = finished[problem.problem_id]
+        first = next((rec for rec in result.get("iterations", []) if int(rec["iteration"]) == 0), None)
+        candidates = first.get("candidates", []) if first else []
+        counts[problem.problem_id] = sum(
+            grades.majority_correct((problem.problem_id, 0, int(c["index"]))) for c in candidates
+        )
+    return counts
+
+
+def select(problems: list[Problem], counts: dict[str, int], below: int, n: int, seed: int) -> tuple[list[str], int]:
+    """The ids kept (solved fewer than ``below`` times) and, of those, ``n`` drawn with ``seed`` (all of them when
+    fewer are kept), in the file's order."""
+    kept = [p.problem_id for p in problems if p.problem_id in counts and counts[p.problem_id] < below]
+    chosen = set(random.Random(seed).sample(kept, n)) if len(kept) > n else set(kept)
+    return [pid for pid in kept if pid in chosen], len(kept)
+
+
+def build_card(
+    source: str,
+    settings: Settings,
+    problems: list[Problem],
+    results: list[dict[str, Any]],
+    grades: Grades,
+    *,
+    k: int,
+    below: int,
+    n: int,
+    seed: int,
+) -> FilterCard:
+    counts = solved_counts(problems, results, grades)
+    selected, kept = select(problems, counts, below, n, seed)
+    card = FilterCard(
+        source=source,
+        model=settings.endpoint.model,
+        k=k,
+        below=below,
+        n=n,
+        seed=seed,
+        grading=f"{grades.mode}, {grades.runs} judge run(s)",
+        sampling=settings.sampling.model_dump(exclude_none=True, exclude_defaults=True),
+        solved_counts=dict(Counter(counts.values())),
+        kept=kept,
+        selected=selected,
+        unlabeled=[p.problem_id for p in problems if p.answer is None],
+        failed_samples=sum(
+            bool(c.get("error")) for r in results for rec in r.get("iterations", []) for c in rec.get("candidates", [])
+        ),
+        failed_problems=[r["problem_id"] for r in results if r.get("status") == "failed"],
+        notes=list(grades.notes),
+    )
+    if card.failed_problems:
+        card.notes.append(f"{len(card.failed_problems)} problems failed (no usable sample): left out of the filter")
+    if kept < n:
+        card.notes.append(f"only {kept} problems were kept, fewer than n = {n}: all of them are selected")
+    return card
+
+
+def write_subset(problems: list[Problem], selected: list[str], out: Path) -> int:
+    """The selected problems as tmas JSONL (problem_id, question, answer, then their other fields)."""
+    wanted = set(selected)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with out.open("w", encoding="utf-8") as handle:
+        for p in problems:
+            if p.problem_id in wanted:
+                row = {"problem_id": p.problem_id, "question": p.question, "answer": p.answer, **p.metadata}
+                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+                count += 1
+    return count
+
+
+def write_card(card: FilterCard, out: Path) -> tuple[Path, Path]:
+    """``<subset>.card.json`` and ``<subset>.card.md`` beside the subset."""
+    json_path = out.with_name(out.stem + ".card.json")
+    md_path = out.with_name(out.stem + ".card.md")
+    json_path.write_text(json.dumps(card.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    md_path.write_text(card.markdown(), encoding="utf-8")
+    return json_path, md_path
+
+
+async def run_filter(
+    source: Path,
+    run_dir: Path,
+    out: Path,
+    settings: Settings,
+    grading: GradeConfig,
+    *,
+    k: int,
+    below: int,
+    n: int,
+    seed: int,
+    limit: int | None = None,
+) -> FilterCard:
+    """Sample (or resume sampling) every problem k times into ``run_dir``, grade the samples, and write the selected
+    subset to ``out`` with its card beside it."""
+    if k < 1 or below < 1 or n < 1:
+        raise InputError("the filter needs k >= 1, --below >= 1 and -n >= 1")
+    if (run_dir / "run.sqlite").exists():
+        store, settings, todo = prepare_run(run_dir, settings, None, resume=True)
+    else:
+        problems = load_problems(source)
+        store, settings, todo = prepare_run(run_dir, settings, problems[:limit] if limit else problems, resume=False)
+        store.set_meta("dataset", dataset_name(source))
+    with store:
+        await run_problems(settings, todo, store, state=RunState())
+        grades = await grade_run(store, grading, settings)
+        problems = store.problems()
+        results = load_results(store)
+    card = build_card(str(source), settings, problems, results, grades, k=k, below=below, n=n, seed=seed)
+    write_subset(problems, card.selected, out)
+    write_card(card, out)
+    return card

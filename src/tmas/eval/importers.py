@@ -1,0 +1,161 @@
+"""Importers: the official files of the papers' benchmarks, as a user downloads them, into tmas's problem JSONL
+(``problem_id``, ``question``, ``answer``, then the source's other fields).
+
+- ``hle``: Humanity's Last Exam's release (``cais/hle``: ``id, question, image, answer, answer_type, category,
+  raw_subject, ...``); by default only text-only Math questions are kept, as in HLE-Math (``--all`` keeps every one).
+- ``imo-answerbench``: IMO-AnswerBench's CSV (``Problem ID, Problem, Short Answer, Category, Subcategory, Source``).
+- ``matharena``: a MathArena competition (e.g. HMMT: ``problem_idx, problem, answer, problem_type``).
+
+Files are read as CSV, JSON Lines, a JSON array, or Parquet (Parquet needs ``pyarrow``). A file of another layout is a
+one-line error naming the file and the columns it lacks; a bad row names its row number.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tmas.errors import InputError
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One official layout: the columns it must have and how a row becomes a problem (None: the row is left out)."""
+
+    name: str
+    description: str
+    required: tuple[str, ...]
+    convert: Callable[[dict[str, Any], bool], dict[str, Any] | None]
+
+
+def _text(row: dict[str, Any], key: str) -> str:
+    value = row.get(key)
+    return "" if value is None else str(value).strip()
+
+
+def _hle(row: dict[str, Any], keep_all: bool) -> dict[str, Any] | None:
+    if not keep_all and (_text(row, "category") != "Math" or _text(row, "image")):
+        return None  # HLE-Math: text-only questions of the Math category
+    extra: dict[str, Any] = {k: row[k] for k in ("answer_type", "raw_subject", "category") if k in row}
+    return {"problem_id": _text(row, "id"), "question": row["question"], "answer": _text(row, "answer"), **extra}
+
+
+def _imo(row: dict[str, Any], keep_all: bool) -> dict[str, Any] | None:
+    extra: dict[str, Any] = {k: row[k] for k in ("Category", "Subcategory", "Source") if k in row}
+    return {
+        "problem_id": _text(row, "Problem ID"),
+        "question": row["Problem"],
+        "answer": _text(row, "Short Answer"),
+        **extra,
+    }
+
+
+def _matharena(row: dict[str, Any], keep_all: bool) -> dict[str, Any] | None:
+    extra: dict[str, Any] = {k: _plain(row[k]) for k in ("problem_type", "source", "competition") if k in row}
+    return {
+        "problem_id": _text(row, "problem_idx"),
+        "question": row["problem"],
+        "answer": _text(row, "answer"),
+        **extra,
+    }
+
+
+def _plain(value: Any) -> Any:
+    """Parquet list columns come back as arrays in some readers: plain lists for JSON."""
+    return list(value) if hasattr(value, "tolist") or isinstance(value, tuple) else value
+
+
+LAYOUTS: dict[str, Layout] = {
+    "hle": Layout("hle", "Humanity's Last Exam release", ("id", "question", "answer", "image", "category"), _hle),
+    "imo-answerbench": Layout(
+        "imo-answerbench", "IMO-AnswerBench CSV", ("Problem ID", "Problem", "Short Answer"), _imo
+    ),
+    "matharena": Layout("matharena", "MathArena competition", ("problem_idx", "problem", "answer"), _matharena),
+}
+
+
+def read_rows(path: Path) -> Iterator[dict[str, Any]]:
+    """The file's rows as dicts, by its extension."""
+    suffix = path.suffix.lower()
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    if suffix == ".csv":
+        with path.open(newline="", encoding="utf-8-sig") as handle:
+            yield from csv.DictReader(handle)
+    elif suffix == ".jsonl":
+        with path.open(encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise InputError(f"{path}:{number}: not valid JSON: {exc.msg}") from None
+                if not isinstance(row, dict):
+                    raise InputError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
+                yield row
+    elif suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}") from None
+        if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+            raise InputError(f"{path}: expected a JSON array of objects")
+        yield from data
+    elif suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq  # type: ignore[import-not-found,unused-ignore]
+        except ImportError:
+            raise InputError(
+                f"{path}: reading Parquet needs pyarrow (pip install pyarrow), or convert it to JSONL"
+            ) from None
+        yield from pq.read_table(path).to_pylist()
+    else:
+        raise InputError(f"{path}: unknown file type {suffix or '(none)'}: give .csv, .jsonl, .json or .parquet")
+
+
+def import_problems(path: Path, layout_name: str, *, keep_all: bool = False) -> list[dict[str, Any]]:
+    """Every row of ``path`` in the official ``layout_name`` as a tmas problem record."""
+    layout = LAYOUTS.get(layout_name)
+    if layout is None:
+        raise InputError(f"unknown source {layout_name!r}; known: {', '.join(LAYOUTS)}")
+    out: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for number, row in enumerate(read_rows(path), start=1):
+        missing = [c for c in layout.required if c not in row]
+        if missing:
+            found = ", ".join(sorted(row)[:8]) or "none"
+            raise InputError(
+                f"{path}: row {number}: not in the {layout.description} layout: missing column(s) "
+                f"{', '.join(repr(c) for c in missing)} (found: {found})"
+            )
+        record = layout.convert(row, keep_all)
+        if record is None:
+            continue
+        if not record["problem_id"]:
+            raise InputError(f"{path}: row {number}: empty problem id")
+        if not isinstance(record["question"], str) or not record["question"].strip():
+            raise InputError(f"{path}: row {number}: empty or non-text question")
+        if not record["answer"]:
+            raise InputError(f"{path}: row {number}: empty answer")
+        if record["problem_id"] in seen:
+            raise InputError(
+                f"{path}: row {number}: duplicate problem id {record['problem_id']!r} (first at row "
+                f"{seen[record['problem_id']]})"
+            )
+        seen[record["problem_id"]] = number
+        out.append(record)
+    if not out:
+        raise InputError(f"{path}: no problems to import" + ("" if keep_all else " (none matched the default filter)"))
+    return out
+
+
+def write_problems(records: list[dict[str, Any]], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")

@@ -1,0 +1,86 @@
+"""The report's "paper beside ours" table: every published cell a run matches (eval/paper_numbers.py), the run's own
+value at the same iteration, and the difference."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tmas.eval.document import Document, Heading, Paragraph, Table
+from tmas.eval.paper_numbers import REPORTED_METRICS, PaperCell, matching_cells, setting_differences
+
+if TYPE_CHECKING:
+    from tmas.eval.report import RunEvaluation
+
+
+def ours(e: RunEvaluation, cell: PaperCell) -> float | None:
+    """The run's value (in %) for the cell: Pass@1 at the cell's iteration, or the returned answer's accuracy (at
+    the cell's iteration, else the run's last) for an accuracy cell such as MV@64."""
+    if not e.metrics.iterations:
+        return None
+    if cell.metric == "pass@1":
+        m = e.metrics.at(cell.iteration) if cell.iteration is not None else None
+        return None if m is None else 100 * m.pass1
+    m = e.metrics.at(cell.iteration) if cell.iteration is not None else e.metrics.iterations[-1]
+    return None if m is None else 100 * m.selected
+
+
+def paper_rows(e: RunEvaluation, paper_model: str | None = None) -> tuple[list[list[str]], int]:
+    """Rows for the run (cells shared by several tables once, their sources joined) and how many matched cells lie
+    beyond the run's last iteration."""
+    benchmark = e.paper_benchmark or e.benchmark
+    cells = [
+        c
+        for c in matching_cells(e.model, benchmark, e.method, e.params, model_override=paper_model)
+        if c.metric in REPORTED_METRICS
+    ]
+    merged: dict[tuple[str, str, int | None, str], list[PaperCell]] = {}
+    for c in cells:
+        merged.setdefault((c.method, c.model, c.iteration, c.metric), []).append(c)
+    rows: list[list[str]] = []
+    beyond = 0
+    differs = "; ".join(setting_differences(e.method, e.params)) or "-"
+    for (method, model, iteration, metric), group in sorted(merged.items(), key=lambda kv: (kv[0][0], kv[0][2] or 0)):
+        cell = group[0]
+        mine = ours(e, cell)
+        if mine is None:
+            beyond += 1
+            continue
+        sources = ", ".join(sorted({f"{c.paper} {c.source}" for c in group}))
+        rows.append(
+            [
+                e.label,
+                method,
+                model,
+                "-" if iteration is None else f"It{iteration}",
+                metric,
+                f"{cell.percent:.2f}",
+                f"{mine:.2f}",
+                f"{mine - cell.percent:+.2f}",
+                sources,
+                differs,
+            ]
+        )
+    return rows, beyond
+
+
+def paper_section(doc: Document, runs: list[RunEvaluation], paper_model: str | None = None) -> None:
+    """The table for one benchmark's graded runs; nothing when no run matches a published cell."""
+    rows: list[list[str]] = []
+    beyond = 0
+    for e in runs:
+        found, more = paper_rows(e, paper_model)
+        rows += found
+        beyond += more
+    if not rows:
+        return
+    doc.add(Heading(3, "Paper beside ours"))
+    doc.add(
+        Paragraph(
+            "Each published cell (tmas/eval/paper_numbers.csv) a run matches by model, benchmark and method, with "
+            "the run's value at the same iteration (Pass@1, or the returned answer's accuracy) in %, and ours minus "
+            "the paper's. 'Setting' lists the run's parameters that differ from the paper's."
+            + (f" {beyond} matched cells lie beyond the runs' last iterations." if beyond else "")
+        )
+    )
+    headers = ["Run", "Paper row", "Model", "Iteration", "Metric", "Paper", "Ours", "Difference", "Source", "Setting"]
+    doc.add(Table(headers, rows))

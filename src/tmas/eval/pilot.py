@@ -1,0 +1,52 @@
+"""A pilot before a big run: each configuration on a few problems for at most two iterations (every role of every
+method speaks by then), to measure tokens per call by role and the throughput the endpoint gives.
+
+Pilot runs are ordinary run directories under ``<out>/pilot/<name>``: a second ``--pilot`` resumes them instead of
+paying again, and ``tmas report`` or the viewer open them like any run.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tmas.config import Settings
+from tmas.eval.estimate import TokenRates, rates_from_role_costs
+from tmas.methods import create_method
+from tmas.problems import Problem
+from tmas.runner import RunState, prepare_run, run_problems
+from tmas.store.run_store import RunStore
+
+# Iterations a pilot runs at most: iteration 1 is where refiners, correctors and distillers first speak.
+PILOT_ITERATIONS = 2
+
+
+def pilot_settings(settings: Settings) -> Settings:
+    """``settings`` with the method's iterations cut to :data:`PILOT_ITERATIONS`."""
+    data = settings.model_dump(mode="json")
+    params = dict(data["method"]["params"])
+    full = create_method(settings.method.name, params, embedded=settings.uses_local_model)
+    params["iterations"] = min(full.params.iterations, PILOT_ITERATIONS)
+    data["method"]["params"] = params
+    return Settings.model_validate(data)
+
+
+async def run_pilot(configs: list[tuple[str, Settings]], problems: list[Problem], pilot_dir: Path) -> TokenRates:
+    """Run every configuration on ``problems`` into ``pilot_dir/<name>`` and return the tokens they spent per call."""
+    started = time.monotonic()
+    costs = []
+    resumed = False
+    for name, settings in configs:
+        run_dir = pilot_dir / name
+        pilot = pilot_settings(settings)
+        resume = (run_dir / "run.sqlite").exists()
+        resumed = resumed or resume
+        store, pilot, todo = prepare_run(run_dir, pilot, None if resume else problems, resume=resume)
+        with store:
+            await run_problems(pilot, todo, store, state=RunState())
+    wall = time.monotonic() - started
+    for name, _ in configs:
+        with RunStore(pilot_dir / name, create=False) as store:
+            costs.append(store.role_costs())
+    # A resumed pilot replays stored calls at no cost: its wall time says nothing about the endpoint's speed.
+    return rates_from_role_costs(costs, None if resumed else wall)

@@ -1,0 +1,113 @@
+"""``tmas data filter`` (TMAS appendix A.2) on a scripted server: the counts worked by hand decide what is kept and
+selected; the samples are a resumable run; the request bodies carry the paper's sampling."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tmas.store.run_store import RunStore
+from tmas.testing import SimScript, SimServer
+from tmas.testing.script import Rule
+
+# name, question, answer, how many of the k = 4 samples the script answers right.
+CASES = [
+    ("alpha", "Alpha: what is 2*3?", "6", 4),
+    ("beta", "Beta: what is 5*5?", "25", 1),
+    ("gamma", "Gamma: what is 7*7?", "49", 0),
+    ("delta", "Delta: what is 3*3?", "9", 2),
+    ("epsilon", "Epsilon: what is 4*4?", "16", 1),
+    ("zeta", "Zeta: what is 8*8?", "64", 0),
+]
+
+
+def script() -> SimScript:
+    rules = []
+    for name, _, answer, right in CASES:
+        replies = [
+            f"So the result is \\boxed{{{answer}}}." if i < right else "So the result is \\boxed{1000}."
+            for i in range(4)
+        ]
+        rules.append(Rule(role="solution", pattern=name.capitalize() + ":", replies=replies))
+    return SimScript(rules=rules)
+
+
+def tmas(*args: str) -> subprocess.CompletedProcess[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+    return subprocess.run([sys.executable, "-m", "tmas", *args], input=b"", capture_output=True, env=env, timeout=120)
+
+
+def test_filter_keeps_the_problems_solved_fewer_than_t_times_and_selects_n(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(script())
+    problems = tmp_path / "bench.jsonl"
+    problems.write_text(
+        "".join(json.dumps({"id": n, "question": q, "answer": a, "src": "x"}) + "\n" for n, q, a, _ in CASES)
+    )
+    out = tmp_path / "bench-hard.jsonl"
+    args = ["data", "filter", str(problems), "-o", str(out), "-k", "4", "--below", "2", "-n", "2", "--seed", "0"]
+    args += ["--grade", "rules", "--base-url", sim.base_url, "--model", "filter-model"]
+    done = tmas(*args)
+    assert done.returncode == 0, done.stderr.decode()
+    # Solved counts by hand: alpha 4, beta 1, gamma 0, delta 2, epsilon 1, zeta 0.
+    assert "solved-of-4 counts {0: 2, 1: 2, 2: 1, 3: 0, 4: 1}; kept 4; selected 2" in done.stdout.decode()
+    card = json.loads((tmp_path / "bench-hard.card.json").read_text())
+    assert card["solved_counts"] == {"0": 2, "1": 2, "2": 1, "4": 1}
+    assert card["kept"] == 4 and card["k"] == 4 and card["below"] == 2 and card["model"] == "filter-model"
+    # Kept: beta, gamma, epsilon, zeta; seed 0 draws gamma and zeta (listed in file order).
+    assert card["selected"] == ["gamma", "zeta"]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["problem_id"], r["answer"], r["src"]) for r in rows] == [("gamma", "49", "x"), ("zeta", "64", "x")]
+    assert "| 1 | 2 | yes |" in (tmp_path / "bench-hard.card.md").read_text()
+    # Every sample was a plain chain-of-thought call at the paper's sampling: 6 problems x 4 samples.
+    bodies = sim.chat_bodies()
+    assert len(bodies) == 24
+    assert {(b["temperature"], b["top_p"], b["model"]) for b in bodies} == {(1.0, 0.95, "filter-model")}
+    with RunStore(tmp_path / "bench-hard.filter-run", create=False) as store:
+        assert store.get_meta("method")["params"]["k"] == 4
+
+    # Run again (another n and seed): the samples are resumed from the store, no request is sent.
+    before = sim.stats().total_requests
+    args[args.index("-n") + 1], args[args.index("--seed") + 1] = "3", "7"
+    again = tmas(*args)
+    assert again.returncode == 0, again.stderr.decode()
+    assert sim.stats().total_requests == before
+    # Seed 7 draws epsilon, beta and gamma of the four kept (listed in file order).
+    assert json.loads((tmp_path / "bench-hard.card.json").read_text())["selected"] == ["beta", "gamma", "epsilon"]
+
+
+def test_filter_flags_set_the_sampling(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(script())
+    problems = tmp_path / "b.jsonl"
+    problems.write_text(json.dumps({"problem_id": "alpha", "question": CASES[0][1], "answer": "6"}) + "\n")
+    out = tmp_path / "hard.jsonl"
+    done = tmas(
+        "data", "filter", str(problems), "-o", str(out), "-k", "2", "--grade", "rules", "--base-url", sim.base_url,
+        "--temperature", "0.6", "--max-tokens", "300",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()
+    assert {(b["temperature"], b["top_p"], b["max_tokens"]) for b in sim.chat_bodies()} == {(0.6, 0.95, 300)}
+    # Solved 2 of 2: nothing is kept, and the card says only that many were kept.
+    card = json.loads((tmp_path / "hard.card.json").read_text())
+    assert card["kept"] == 0 and card["selected"] == [] and out.read_text() == ""
+    assert any("fewer than n = 50" in note for note in card["notes"])
+
+
+def test_a_problem_whose_every_sample_failed_is_left_out_not_kept(sim: SimServer, tmp_path: Path) -> None:
+    rules = [*script().rules, Rule(role="solution", pattern="Eta:", fault="http_400")]
+    sim.set_script(SimScript(rules=rules))
+    problems = tmp_path / "b.jsonl"
+    rows = [("gamma", CASES[2][1], "49"), ("eta", "Eta: what is 9*9?", "81")]
+    problems.write_text("".join(json.dumps({"problem_id": i, "question": q, "answer": a}) + "\n" for i, q, a in rows))
+    out = tmp_path / "hard.jsonl"
+    done = tmas(
+        "data", "filter", str(problems), "-o", str(out), "-k", "4", "--grade", "rules", "--base-url", sim.base_url,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()
+    card = json.loads((tmp_path / "hard.card.json").read_text())
+    # eta's four calls were refused: it failed, so it is neither counted as unsolved nor selected.
+    assert card["failed_problems"] == ["eta"] and card["failed_samples"] == 4
+    assert card["solved_counts"] == {"0": 1} and card["selected"] == ["gamma"]
+    assert "1 problems failed (no usable sample): left out of the filter" in card["notes"]

@@ -1,0 +1,255 @@
+"""The cost estimate: call counts worked by hand from each method's structure, checked against what a simulated run
+really sends, and the CLI's --dry-run and confirmation gate."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import settings_for
+from tmas.config import Settings
+from tmas.eval.estimate import (
+    Estimate,
+    TokenRates,
+    calls_per_problem,
+    estimate_point,
+    format_estimate,
+    rates_from_role_costs,
+    role_max_tokens,
+)
+from tmas.methods import create_method
+from tmas.problems import Problem
+from tmas.runner import RunState, prepare_run, run_problems
+from tmas.store.run_store import RunStore
+from tmas.testing import SimServer
+
+
+def count(method: str, **params: Any) -> dict[str, int]:
+    return calls_per_problem(create_method(method, params)).expected
+
+
+def test_tmas_paper_setting_is_164000_calls_on_100_problems() -> None:
+    # Algorithm 1, per iteration: N = 8 solutions, N x M = 64 verifications, N = 8 summaries, 1 experience and
+    # 1 guideline update: 82 calls; T = 20 iterations: 1,640 per problem; 100 problems: 164,000.
+    tmas = create_method("tmas", {"preset": "paper"})
+    c = calls_per_problem(tmas)
+    assert c.expected == {"solution": 160, "verifier": 1280, "summary": 160, "experience": 20, "guideline": 20}
+    assert c.total == 1640 and c.exact
+    point = estimate_point("tmas", tmas, Settings(), 100, None)
+    assert point.total_calls == 164_000
+
+
+def test_tmas_ablations_drop_the_memory_agent_calls() -> None:
+    # w/o guideline: 8 + 64 + 8 + 1 = 81 per iteration; w/o both: 80.
+    assert sum(count("tmas", n=8, m=8, iterations=20, no_guideline=True).values()) == 1620
+    assert sum(count("tmas", n=8, m=8, iterations=12, no_guideline=True, no_experience=True).values()) == 960
+
+
+def test_early_stop_makes_tmas_an_upper_bound() -> None:
+    c = calls_per_problem(create_method("tmas", {"n": 2, "m": 1, "iterations": 3, "early_stop": True}))
+    assert not c.exact and c.upper_total == c.total == 3 * (2 * 3 + 2)
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "expected"),
+    [
+        ("cot", {}, {"solution": 1}),
+        # MV@64: 64 samples, one iteration.
+        ("majority", {"k": 64, "iterations": 1}, {"solution": 64}),
+        # 8 trajectories: 8 first solutions, then 8 refinements in each of 19 later iterations = 160.
+        ("self_refine", {"n": 8, "iterations": 20}, {"solution": 8, "refiner": 152}),
+        # 8 x 20 solutions (8 fresh, 152 corrected) and one verification each: 320.
+        ("verify_refine", {"n": 8, "m": 1, "iterations": 20}, {"solution": 8, "corrector": 152, "verifier": 160}),
+        # 8 responses x 20 rounds + 1 synthesis = 161.
+        ("pacore", {"responses_per_round": 8, "iterations": 20}, {"solution": 160, "synthesis": 1}),
+        # 8 x 20 samples, 8 x 19 distillations (the last iteration is not distilled) = 312.
+        ("rse", {"n": 8, "iterations": 20}, {"solution": 160, "distiller": 152}),
+        # 3 specialists, 3 rounds: recruit + decision, 3 opinions and 3 x 2 reviews a round: 2 + 9 + 18 = 29.
+        ("mattrl", {"team_size": 3, "iterations": 3}, {"coordinator": 2, "specialist": 9, "reviewer": 18}),
+        ("mattrl", {"team_size": 3, "iterations": 3, "domain": "medicine"}, {"coordinator": 2, "specialist": 9}),
+        # Education, one teacher, 2 rounds: pre-test, 2 replies, post-test (student 4); 2 questions + guidance (3).
+        ("mattrl", {"domain": "education", "teaching": "single", "iterations": 2}, {"student": 4, "specialist": 3}),
+    ],
+)
+def test_calls_per_problem_by_hand(method: str, params: dict[str, Any], expected: dict[str, int]) -> None:
+    assert count(method, **params) == expected
+
+
+def test_mattrl_upper_bound_counts_retries() -> None:
+    # retries = 1: recruit twice, decision and its rewrite (4); 9 opinions; 18 reviews, each possibly twice (36).
+    c = calls_per_problem(create_method("mattrl", {"team_size": 3, "iterations": 3, "retries": 1}))
+    assert not c.exact
+    assert c.upper == {"coordinator": 4, "specialist": 9, "reviewer": 36} and c.upper_total == 49
+
+
+PROBLEMS = [Problem(problem_id=f"p{i}", question=f"What is {i + 3}*7?", answer=str((i + 3) * 7)) for i in range(2)]
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [
+        ("cot", {}),
+        ("majority", {"k": 3, "iterations": 2}),
+        ("self_refine", {"n": 2, "iterations": 3}),
+        ("verify_refine", {"n": 2, "m": 2, "iterations": 2}),
+        ("pacore", {"responses_per_round": 2, "iterations": 2}),
+        ("rse", {"n": 2, "iterations": 3}),
+        ("tmas", {"n": 2, "m": 2, "iterations": 2}),
+        ("tmas", {"n": 3, "m": 1, "iterations": 2, "no_guideline": True}),
+    ],
+)
+async def test_estimate_equals_a_simulated_runs_calls(
+    sim: SimServer, tmp_path: Path, method: str, params: dict[str, Any]
+) -> None:
+    settings = settings_for(sim, method__name=method, method__params=params)
+    store, settings, todo = prepare_run(tmp_path / "run", settings, PROBLEMS, resume=False)
+    with store:
+        summary = await run_problems(settings, todo, store, state=RunState())
+        sent = {role: c["calls"] for role, c in store.role_costs().items()}
+    assert summary.failed == 0
+    expected = calls_per_problem(create_method(method, params)).expected
+    assert sent == {role: n * len(PROBLEMS) for role, n in expected.items()}
+    # And the server saw exactly those chat requests (RSE's embedding requests are not chat calls).
+    chat = {role: n for role, n in sim.stats().by_role.items() if role != "embedding"}
+    assert chat == sent
+
+
+async def test_mattrl_run_stays_within_its_upper_bound(sim: SimServer, tmp_path: Path) -> None:
+    params = {"team_size": 2, "iterations": 2}
+    settings = settings_for(sim, method__name="mattrl", method__params=params)
+    store, settings, todo = prepare_run(tmp_path / "run", settings, PROBLEMS[:1], resume=False)
+    with store:
+        await run_problems(settings, todo, store, state=RunState())
+        sent = {role: c["calls"] for role, c in store.role_costs().items()}
+    bound = calls_per_problem(create_method("mattrl", params)).upper
+    assert sent and all(sent[role] <= bound.get(role, 0) for role in sent)
+
+
+def test_tokens_from_pilot_rates_by_role_and_hours() -> None:
+    # A pilot measured 1,000 completion tokens per solution call and 200 per verifier call (others: the mean).
+    costs = [
+        {
+            "solution": {"calls": 4, "failed": 0, "prompt_tokens": 400, "completion_tokens": 4000},
+            "verifier": {"calls": 6, "failed": 0, "prompt_tokens": 1200, "completion_tokens": 1200},
+        }
+    ]
+    rates = rates_from_role_costs(costs, wall_s=10.0)
+    assert rates.completion == {"solution": 1000.0, "verifier": 200.0}
+    assert rates.default_completion == 520.0  # 5,200 tokens over 10 calls
+    assert rates.throughput == 520.0  # tokens per second over the pilot's wall time
+    # verify_refine n=2, m=1, T=1 on 10 problems: 2 solutions (2,000) + 2 verifications (400) = 2,400 per problem.
+    method = create_method("verify_refine", {"n": 2, "m": 1, "iterations": 1})
+    point = estimate_point("vr", method, Settings(), 10, rates)
+    assert point.completion_tokens == 24_000 and point.basis == "pilot"
+    estimate = Estimate([point], rates, throughput=2.0)
+    assert estimate.hours == pytest.approx(24_000 / 2.0 / 3600)
+    assert "3.3 hours" in format_estimate(estimate)
+
+
+def test_max_tokens_gives_a_ceiling_without_rates() -> None:
+    # TMAS N = M = 8, T = 20, 1 problem, every call at max_tokens = 1000: 1,640 calls -> 1.64M tokens at most.
+    settings = Settings.model_validate({"sampling": {"max_tokens": 1000}})
+    tmas = create_method("tmas", {"n": 8, "m": 8, "iterations": 20})
+    point = estimate_point("tmas", tmas, settings, 1, None)
+    assert point.basis == "max_tokens" and point.completion_tokens == 1_640_000
+    given = estimate_point("tmas", tmas, settings, 1, TokenRates(default_completion=10))
+    assert given.completion_tokens == 16_400 and given.basis == "given"
+
+
+def test_threshold() -> None:
+    point = estimate_point("tmas", create_method("tmas", {"preset": "paper"}), Settings(), 100, None)
+    estimate = Estimate([point])
+    assert estimate.over(200_000, None) is None
+    assert estimate.over(100_000, None) == "164,000 calls (threshold 100,000)"
+
+
+def tmas_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+    # stdin is a pipe, never a terminal: the confirmation gate must fail rather than wait.
+    return subprocess.run(
+        [sys.executable, "-m", "tmas", *args], input=b"", capture_output=True, env=env, cwd=cwd, timeout=120
+    )
+
+
+def write_problems(path: Path, n: int) -> Path:
+    path.write_text(
+        "".join(
+            json.dumps({"problem_id": f"q{i}", "question": f"What is {i}*3?", "answer": str(3 * i)}) + "\n"
+            for i in range(n)
+        )
+    )
+    return path
+
+
+def test_sweep_dry_run_prints_the_estimate_and_sends_nothing(sim: SimServer, tmp_path: Path) -> None:
+    problems = write_problems(tmp_path / "p.jsonl", 100)
+    out = tmas_cli(
+        "sweep", "--method", "tmas", "--param", "preset=paper", "--problems", str(problems),
+        "--out", str(tmp_path / "sw"), "--base-url", sim.base_url, "--dry-run", "--throughput", "1000",
+        "--max-tokens", "1000",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr.decode()
+    err = out.stderr.decode()
+    assert "total: 164,000 calls" in err
+    assert "164M" in err and "hours" in err
+    assert sim.stats().total_requests == 0
+    assert not (tmp_path / "sw" / "runs").exists()
+
+
+def test_eval_over_the_threshold_without_a_terminal_asks_for_yes(sim: SimServer, tmp_path: Path) -> None:
+    problems = write_problems(tmp_path / "p.jsonl", 3)
+    base = ["eval", str(problems), "--out", str(tmp_path / "run"), "--base-url", sim.base_url, "--grade", "rules"]
+    out = tmas_cli(*base, "--method", "majority", "-p", "k=4", "--confirm-calls", "5")
+    assert out.returncode != 0
+    last = out.stderr.decode().strip().splitlines()[-1]
+    why = "the estimate is 12 calls (threshold 5)"
+    assert last == f"tmas: error: {why}: pass --yes to start it without a terminal to confirm on"
+    assert sim.stats().total_requests == 0
+    ok = tmas_cli(*base, "--method", "majority", "-p", "k=4", "--confirm-calls", "5", "--yes")
+    assert ok.returncode == 0, ok.stderr.decode()
+    # 3 problems x 4 samples, as estimated.
+    with RunStore(tmp_path / "run", create=False) as store:
+        assert store.call_counts()["calls"] == 12
+
+
+def test_run_dry_run_with_a_pilot_measures_tokens(sim: SimServer, tmp_path: Path) -> None:
+    problems = write_problems(tmp_path / "p.jsonl", 10)
+    out = tmas_cli(
+        "run", str(problems), "--out", str(tmp_path / "run"), "--base-url", sim.base_url, "--method", "tmas",
+        "-p", "n=2", "-p", "m=1", "-T", "3", "--dry-run", "--pilot", "1",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr.decode()
+    err = out.stderr.decode()
+    # 3 x (2 x 3 + 2) = 24 calls per problem, 240 in all; the pilot ran 2 iterations of 1 problem: 16 calls.
+    assert "total: 240 calls" in err and "measured by the pilot" in err
+    with RunStore(tmp_path / "run" / "pilot" / "run", create=False) as pilot:
+        assert pilot.call_counts()["calls"] == 16
+    assert not (tmp_path / "run" / "run.sqlite").exists()
+
+
+def test_budgets_cap_the_estimate() -> None:
+    # V-R at the paper's setting is 320 calls a problem; a call budget of 100 stops each problem there.
+    method = create_method("verify_refine", {"n": 8, "m": 1, "iterations": 20})
+    capped = Settings.model_validate({"budget": {"calls": 100}})
+    point = estimate_point("vr", method, capped, 10, TokenRates(default_completion=10))
+    assert point.total_calls == 1000 and point.completion_tokens == 10_000  # 100 calls x 10 tokens x 10 problems
+    assert not point.calls.exact and "call budget" in point.calls.note
+    # A completion-token budget of 500 a problem: 320 calls x 10 tokens = 3,200 would pass it.
+    tokens = Settings.model_validate({"budget": {"tokens": 500}})
+    point = estimate_point("vr", create_method("verify_refine", {"n": 8, "m": 1, "iterations": 20}), tokens, 10, None)
+    assert point.completion_tokens == 5000 and "token budget" in point.calls.note
+
+
+def test_max_tokens_per_role_follow_what_tmas_sends() -> None:
+    # The local preset asks 640 tokens for solutions and 400 for verifications where the user set no max_tokens...
+    local = create_method("tmas", {"preset": "local"})
+    assert role_max_tokens(Settings(), local, "solution") == 640
+    assert role_max_tokens(Settings(), local, "verifier") == 400
+    # ... and a max_tokens the user set wins over the preset's, as on the wire.
+    assert role_max_tokens(Settings.model_validate({"sampling": {"max_tokens": 900}}), local, "solution") == 900

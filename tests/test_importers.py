@@ -1,0 +1,187 @@
+"""Importers of the official benchmark files (HLE, IMO-AnswerBench, MathArena) on small hand-made files in their
+layouts, and their one-line errors on malformed ones."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tmas.errors import InputError
+from tmas.eval.importers import import_problems
+from tmas.problems import load_problems
+
+HLE_ROWS = [
+    # A text-only Math question (kept), one with an image (left out), one of another category (left out).
+    {
+        "id": "66e8a3",
+        "question": "Find the density.",
+        "image": "",
+        "answer": "\\frac{2}{7}",
+        "answer_type": "exactMatch",
+        "raw_subject": "Mathematics",
+        "category": "Math",
+        "rationale": "...",
+        "canary": "c",
+    },
+    {
+        "id": "66e8b4",
+        "question": "Read the plot.",
+        "image": "data:image/png;base64,AAA",
+        "answer": "3",
+        "answer_type": "exactMatch",
+        "raw_subject": "Mathematics",
+        "category": "Math",
+        "rationale": "",
+        "canary": "c",
+    },
+    {
+        "id": "66e8c5",
+        "question": "Name the law.",
+        "image": "",
+        "answer": "Ohm",
+        "answer_type": "exactMatch",
+        "raw_subject": "Physics",
+        "category": "Physics",
+        "rationale": "",
+        "canary": "c",
+    },
+]
+
+
+def write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_hle_release_keeps_text_only_math(tmp_path: Path) -> None:
+    rows = import_problems(write_jsonl(tmp_path / "hle.jsonl", HLE_ROWS), "hle")
+    assert rows == [
+        {
+            "problem_id": "66e8a3",
+            "question": "Find the density.",
+            "answer": "\\frac{2}{7}",
+            "answer_type": "exactMatch",
+            "raw_subject": "Mathematics",
+            "category": "Math",
+        }
+    ]
+    assert len(import_problems(tmp_path / "hle.jsonl", "hle", keep_all=True)) == 3
+
+
+def test_imo_answerbench_csv(tmp_path: Path) -> None:
+    path = tmp_path / "answerbench.csv"
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Problem ID", "Problem", "Short Answer", "Category", "Subcategory", "Source"])
+        w.writerow(
+            ["imo-bench-algebra-001", "Find all N, with $N \\ge 1$, such that ...", "3", "Algebra", "Operation", "x"]
+        )
+        w.writerow(["imo-bench-geometry-002", "Find the angle, in degrees.", "60", "Geometry", "Angles", "y"])
+    rows = import_problems(path, "imo-answerbench")
+    assert [(r["problem_id"], r["answer"], r["Category"]) for r in rows] == [
+        ("imo-bench-algebra-001", "3", "Algebra"),
+        ("imo-bench-geometry-002", "60", "Geometry"),
+    ]
+    assert rows[0]["question"].startswith("Find all N, with $N \\ge 1$")
+
+
+def test_matharena_json_and_parquet(tmp_path: Path) -> None:
+    data = [
+        {"problem_idx": 1, "problem": "Compute the sum.", "answer": "103", "problem_type": ["Number Theory"]},
+        {"problem_idx": 2, "problem": "Compute the number.", "answer": "3375", "problem_type": ["Algebra"]},
+    ]
+    path = tmp_path / "hmmt.json"
+    path.write_text(json.dumps(data))
+    rows = import_problems(path, "matharena")
+    assert [(r["problem_id"], r["answer"], r["problem_type"]) for r in rows] == [
+        ("1", "103", ["Number Theory"]),
+        ("2", "3375", ["Algebra"]),
+    ]
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    pq.write_table(pa.Table.from_pylist(data), tmp_path / "train-00000-of-00001.parquet")
+    assert import_problems(tmp_path / "train-00000-of-00001.parquet", "matharena") == rows
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "source", "message"),
+    [
+        # IMO-AnswerBench without its answer column: the file is not in that layout.
+        (
+            "a.csv",
+            "Problem ID,Problem\nx,Find it.\n",
+            "imo-answerbench",
+            "row 1: not in the IMO-AnswerBench CSV layout: missing column(s) 'Short Answer' (found: Problem, "
+            "Problem ID)",
+        ),
+        # An HLE file given as MathArena.
+        (
+            "h.jsonl",
+            json.dumps(HLE_ROWS[0]) + "\n",
+            "matharena",
+            "not in the MathArena competition layout: missing column(s) 'problem_idx', 'problem'",
+        ),
+        (
+            "b.jsonl",
+            '{"problem_idx": 1, "problem": "Q", "answer": "2"}\n{"problem_idx": 1,\n',
+            "matharena",
+            "b.jsonl:2: not valid JSON",
+        ),
+        (
+            "c.jsonl",
+            '{"problem_idx": 1, "problem": "Q", "answer": "2"}\n{"problem_idx": 1, "problem": "R", "answer": "3"}\n',
+            "matharena",
+            "row 2: duplicate problem id '1' (first at row 1)",
+        ),
+        (
+            "d.jsonl",
+            '{"problem_idx": 1, "problem": "  ", "answer": "2"}\n',
+            "matharena",
+            "row 1: empty or non-text question",
+        ),
+        ("e.json", '{"problem_idx": 1}', "matharena", "e.json: expected a JSON array of objects"),
+        ("f.txt", "anything", "hle", "f.txt: unknown file type .txt"),
+        (
+            "g.jsonl",
+            json.dumps(HLE_ROWS[2]) + "\n",
+            "hle",
+            "g.jsonl: no problems to import (none matched the default filter)",
+        ),
+        # RSE's HLE-Math-100 file (already tmas JSONL) is not HLE's release.
+        (
+            "hle100.jsonl",
+            json.dumps({"id": 8, "question": "Q", "answer": "2", "hle_raw_id": "66e8a3", "question_id": 1}) + "\n",
+            "hle",
+            "not in the Humanity's Last Exam release layout: missing column(s) 'image', 'category'",
+        ),
+    ],
+)
+def test_malformed_files_are_one_line_errors(
+    tmp_path: Path, name: str, content: str, source: str, message: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(InputError) as info:
+        import_problems(path, source)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_cli_import_writes_problems_tmas_reads(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "hle.jsonl", HLE_ROWS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+    run = [sys.executable, "-m", "tmas", "data", "import"]
+    done = subprocess.run([*run, "hle", str(src), "-o", str(tmp_path / "hle-math.jsonl")], capture_output=True, env=env)
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().strip() == f"wrote 1 problems to {tmp_path / 'hle-math.jsonl'}"
+    [problem] = load_problems(tmp_path / "hle-math.jsonl")
+    assert (problem.problem_id, problem.answer) == ("66e8a3", "\\frac{2}{7}")
+    bad = subprocess.run([*run, "aime", str(src), "-o", str(tmp_path / "x.jsonl")], capture_output=True, env=env)
+    assert bad.returncode != 0
+    assert bad.stderr.decode().strip() == "tmas: error: unknown source 'aime'; known: hle, imo-answerbench, matharena"
