@@ -9,14 +9,23 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tmas.errors import ConfigError
 
-if TYPE_CHECKING:
-    from tmas.llm.types import Usage
+
+class TokenCounts(Protocol):
+    """What a budget reads of a call's usage (``tmas.llm.types.Usage`` has it): named here, not imported, so that
+    the configuration stays below the LLM layer that uses it."""
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def completion_tokens(self) -> int: ...
+
 
 ROLES = (
     "solution",
@@ -203,7 +212,7 @@ class Budget(Strict):
     def limited(self) -> bool:
         return self.tokens is not None or self.calls is not None
 
-    def spent(self, usage: Usage) -> int:
+    def spent(self, usage: TokenCounts) -> int:
         """The tokens of ``usage`` this budget counts."""
         return usage.completion_tokens + (usage.prompt_tokens if self.count == "total" else 0)
 

@@ -59,12 +59,14 @@ from tmas.memory.embedders import embedder_for
 from tmas.memory.experience_pool import META, ExperiencePool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.store.run_store import RunStore
-from tmas.view.credits import CREDITS_FILE  # the viewer reads the file this module writes
 
 SUMMARIZER_ROLE = "summarizer"
 
 # (stage, done, total): how far the build is, for a progress bar.
 ProgressFn = Callable[[str, int, int], None]
+
+# The turn credits of a build, one JSON line per credited turn, beside the pool (the viewer reads this file).
+CREDITS_FILE = "credits.jsonl"
 
 
 class BuildConfig(BaseModel):

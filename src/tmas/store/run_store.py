@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tmas import __version__
 from tmas.errors import TmasError
 from tmas.llm.types import CallKey, ChatRequest, Completion, TokenLogprob, Usage
 from tmas.problems import Problem
+from tmas.version import __version__
 
 DB_NAME = "run.sqlite"
 SCHEMA_VERSION = 1
