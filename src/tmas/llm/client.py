@@ -112,7 +112,9 @@ class ClientStats:
 
 
 class LLMClient:
-    """One client per run. Use as ``async with LLMClient(settings, store) as llm: await llm.chat(...)``."""
+    """The HTTP implementation of :class:`tmas.llm.model.ChatModel`, one per run.
+
+    Use as ``async with LLMClient(settings, store) as llm: await llm.chat(...)``."""
 
     def __init__(
         self,
@@ -180,6 +182,18 @@ class LLMClient:
         route = _Route(endpoint, sampling, replicas, api_key, TokenCounter(endpoint.tokenizer))
         self._routes[role] = route
         return route
+
+    # ----------------------------------------------------------------------------------------- ChatModel
+    def role_sampling(self, role: str) -> Sampling:
+        return self.route(role).sampling
+
+    def context_window(self, role: str) -> int | None:
+        route = self.route(role)
+        known = [r.context_length for r in route.replicas if r.context_length]
+        return route.endpoint.context_length or (min(known) if known else None)
+
+    def model_name(self, role: str) -> str:
+        return self.route(role).endpoint.model or "default"
 
     def _pick(self, replicas: list[_Replica]) -> _Replica:
         """Least calls in flight; ties broken round-robin so equal replicas share the load evenly."""
