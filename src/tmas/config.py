@@ -228,6 +228,23 @@ class Budget(Strict):
 DEFAULT_SAMPLING: dict[str, Any] = {"temperature": 0.7, "max_tokens": 2048}
 
 
+# Who set a field of [sampling] (see tmas.llm.sampling for the whole priority).
+SamplingSource = Literal["config", "env", "flags"]
+
+
+def legacy_sampling_sources(sampling: Sampling) -> dict[str, SamplingSource]:
+    """Sources of a ``[sampling]`` whose settings recorded none (built in Python, or stored before sources were
+    kept): a field set and away from its built-in default counts as ``config``; one at its default, as unset."""
+    sources: dict[str, SamplingSource] = {}
+    for name in Sampling.model_fields:
+        value = getattr(sampling, name)
+        if name == "extra_body":
+            sources.update({f"extra_body.{key}": "config" for key in value})
+        elif value is not None and value != DEFAULT_SAMPLING.get(name):
+            sources[name] = "config"
+    return sources
+
+
 class Settings(Strict):
     """Everything a run needs to know. The default endpoint has no URL, which means: use the embedded model."""
 
@@ -245,6 +262,10 @@ class Settings(Strict):
     method: MethodConfig = Field(default_factory=MethodConfig)
     budget: Budget = Field(default_factory=Budget)
     seed: int = 0
+    # Which source set each field of `sampling` ("extra_body.KEY" per key), so a method's preset fills only what no
+    # one set, even where a user's value equals the built-in one. Recorded by load_settings and kept in the stored
+    # settings; None (settings built in Python, or stored before it existed): see legacy_sampling_sources.
+    sampling_sources: dict[str, SamplingSource] | None = None
 
     @field_validator("sampling", mode="before")
     @classmethod
@@ -344,27 +365,46 @@ def load_settings(
         Settings.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_error(exc, source)) from None
+    sources: dict[str, SamplingSource] = {}
+    table = data.get("sampling")
+    if isinstance(table, dict):
+        for name, value in table.items():
+            if name == "extra_body" and isinstance(value, dict):
+                sources.update({f"extra_body.{key}": "config" for key in value})
+            else:
+                sources[name] = "config"
     given = {var: env[var] for var in ENV_KEYS if env.get(var)}
     for var, value in given.items():
         _set_dotted(data, ENV_KEYS[var], value)
+        if ENV_KEYS[var].startswith("sampling."):
+            sources[ENV_KEYS[var].removeprefix("sampling.")] = "env"
     if given:
         # Validated before the flags go on, so a bad variable is named as such.
         try:
             Settings.model_validate(data)
         except ValidationError as exc:
             raise ConfigError(_format_error(exc, f"environment ({', '.join(given)})")) from None
+    data["sampling_sources"] = sources
     return _overridden(data, overrides or {})
 
 
 def with_overrides(settings: Settings, overrides: dict[str, Any]) -> Settings:
     """``settings`` with dotted-key ``overrides`` (CLI flags; None = not given) put on top, e.g. on ``--resume``."""
-    return _overridden(settings.model_dump(mode="json"), overrides)
+    data = settings.model_dump(mode="json")
+    if data.get("sampling_sources") is None and any(
+        key.startswith("sampling.") and value is not None for key, value in overrides.items()
+    ):
+        # Flags are about to be recorded as such: what came before them is read as it was before sources existed.
+        data["sampling_sources"] = legacy_sampling_sources(settings.sampling)
+    return _overridden(data, overrides)
 
 
 def _overridden(data: dict[str, Any], overrides: dict[str, Any]) -> Settings:
     for key, value in overrides.items():
         if value is not None:
             _set_dotted(data, key, value)
+            if key.startswith("sampling.") and isinstance(data.get("sampling_sources"), dict):
+                data["sampling_sources"][key.removeprefix("sampling.")] = "flags"
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 from tmas.config import Endpoint, Sampling, Settings
 from tmas.errors import ConfigError, LLMError
 from tmas.llm.reasoning import split_reasoning
+from tmas.llm.sampling import ResolvedSampling, resolve_role
 from tmas.llm.schema import response_format
 from tmas.llm.tokens import TokenCounter
 from tmas.llm.types import CallKey, ChatRequest, Completion, Message, TokenLogprob, Usage
@@ -156,13 +157,12 @@ class LLMClient:
         base = self.settings.endpoint
         override = self.settings.roles.get(role)
         data = base.model_dump()
-        sampling = self.settings.sampling
+        sampling = resolve_role(self.settings, role).sampling
         if override is not None:
             for name in override.model_fields_set - {"sampling"}:
                 value = getattr(override, name)
                 if value is not None:
                     data[name] = value
-            sampling = sampling.merged(override.sampling)
         endpoint = Endpoint.model_validate(data)
         if not endpoint.base_url:
             raise ConfigError(f"role {role!r} has no base_url")
@@ -184,8 +184,15 @@ class LLMClient:
         return route
 
     # ----------------------------------------------------------------------------------------- ChatModel
-    def role_sampling(self, role: str) -> Sampling:
-        return self.route(role).sampling
+    def resolve_sampling(
+        self,
+        role: str,
+        *,
+        preset: Sampling | None = None,
+        method: Sampling | None = None,
+        call: Sampling | None = None,
+    ) -> ResolvedSampling:
+        return resolve_role(self.settings, role, preset=preset, method=method, call=call)
 
     def context_window(self, role: str) -> int | None:
         route = self.route(role)
@@ -209,22 +216,25 @@ class LLMClient:
         messages: Sequence[Message],
         *,
         key: CallKey | None = None,
-        sampling: Sampling | None = None,
+        sampling: Sampling | ResolvedSampling | None = None,
         reply_model: type[BaseModel] | None = None,
     ) -> Completion:
-        """One chat completion for ``role``. Never raises for a failed call: it returns (and stores) a
-        :class:`Completion` whose ``error`` says why, except :class:`EndpointUnreachable`, which ends a run.
+        """One chat completion for ``role`` (``sampling``: see :meth:`tmas.llm.model.ChatModel.chat`). Never raises
+        for a failed call: it returns (and stores) a :class:`Completion` whose ``error`` says why, except
+        :class:`EndpointUnreachable`, which ends a run.
 
         ``reply_model``: the pydantic model of a JSON reply; its schema goes out as ``response_format`` where the
         endpoint's ``structured_output`` allows it (see :mod:`tmas.llm.schema`)."""
         route = self.route(role)
         key = key or CallKey(role=role)
-        resolved = route.sampling.merged(sampling)
+        if not isinstance(sampling, ResolvedSampling):
+            sampling = self.resolve_sampling(role, call=sampling)
         request = ChatRequest(
             model=route.endpoint.model or "default",
             messages=list(messages),
-            sampling=resolved,
-            response_format=self._response_format(route, resolved, reply_model),
+            sampling=sampling.sampling,
+            sampling_sources=sampling.sources,
+            response_format=self._response_format(route, sampling.sampling, reply_model),
         )
         request_hash = request.request_hash(key)
         if self.store is not None:

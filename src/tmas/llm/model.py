@@ -13,6 +13,7 @@ from typing import Protocol
 from pydantic import BaseModel
 
 from tmas.config import Sampling, Settings
+from tmas.llm.sampling import ResolvedSampling
 from tmas.llm.types import CallKey, Completion, Message
 
 
@@ -30,10 +31,11 @@ class ChatModel(Protocol):
         messages: Sequence[Message],
         *,
         key: CallKey | None = None,
-        sampling: Sampling | None = None,
+        sampling: Sampling | ResolvedSampling | None = None,
         reply_model: type[BaseModel] | None = None,
     ) -> Completion:
-        """One chat completion for ``role``: ``sampling`` goes over the role's own (field by field); ``key`` names
+        """One chat completion for ``role``: ``sampling`` is what :meth:`resolve_sampling` returned for the call, or
+        a per-call override resolved here as the ``call`` layer (None: the role's own); ``key`` names
         the call for storage and replay; ``reply_model`` is the pydantic model of a JSON reply (its schema may be
         sent as ``response_format``). A failed call returns a :class:`Completion` whose ``error`` says why."""
         ...
@@ -42,8 +44,16 @@ class ChatModel(Protocol):
         """Embedding vectors of ``texts``, in order."""
         ...
 
-    def role_sampling(self, role: str) -> Sampling:
-        """The sampling a call of ``role`` sends before any per-call override."""
+    def resolve_sampling(
+        self,
+        role: str,
+        *,
+        preset: Sampling | None = None,
+        method: Sampling | None = None,
+        call: Sampling | None = None,
+    ) -> ResolvedSampling:
+        """The sampling a call of ``role`` sends, resolved once in the order :mod:`tmas.llm.sampling` documents
+        (a method's ``preset`` and own ``method`` sampling and the ``call``'s override go where they belong)."""
         ...
 
     def context_window(self, role: str) -> int | None:

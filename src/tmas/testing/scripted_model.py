@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from tmas.config import Sampling, Settings
+from tmas.llm.sampling import ResolvedSampling, resolve_role
 from tmas.llm.types import CallKey, ChatRequest, Completion, Message, Usage
 from tmas.testing.responders import SimRequest, count_tokens, cut_tokens, get_responder
 from tmas.testing.script import Rule, SimScript
@@ -29,8 +30,9 @@ class ScriptedCall:
     role: str
     key: CallKey
     messages: list[Message]
-    # The sampling the call resolved to (the role's, with the per-call override over it): what would be sent.
+    # The sampling the call resolved to (what would be sent), and which source set each of its fields.
     sampling: Sampling
+    sources: dict[str, str]
     reply_model: type[BaseModel] | None
     body: dict[str, Any]
 
@@ -45,9 +47,15 @@ class ScriptedModel:
     embedded: list[str] = field(default_factory=list)
     _rule_counts: dict[int, int] = field(default_factory=dict)
 
-    def role_sampling(self, role: str) -> Sampling:
-        override = self.settings.roles.get(role)
-        return self.settings.sampling.merged(override.sampling if override is not None else None)
+    def resolve_sampling(
+        self,
+        role: str,
+        *,
+        preset: Sampling | None = None,
+        method: Sampling | None = None,
+        call: Sampling | None = None,
+    ) -> ResolvedSampling:
+        return resolve_role(self.settings, role, preset=preset, method=method, call=call)
 
     def context_window(self, role: str) -> int | None:
         override = self.settings.roles.get(role)
@@ -68,14 +76,17 @@ class ScriptedModel:
         messages: Sequence[Message],
         *,
         key: CallKey | None = None,
-        sampling: Sampling | None = None,
+        sampling: Sampling | ResolvedSampling | None = None,
         reply_model: type[BaseModel] | None = None,
     ) -> Completion:
         key = key or CallKey(role=role)
-        request = ChatRequest(model=self.model_name(role), messages=list(messages), sampling=self.role_sampling(role))
-        request = request.model_copy(update={"sampling": request.sampling.merged(sampling)})
+        if not isinstance(sampling, ResolvedSampling):
+            sampling = self.resolve_sampling(role, call=sampling)
+        request = ChatRequest(model=self.model_name(role), messages=list(messages), sampling=sampling.sampling)
         body = request.body()
-        self.calls.append(ScriptedCall(role, key, list(messages), request.sampling, reply_model, body))
+        self.calls.append(
+            ScriptedCall(role, key, list(messages), sampling.sampling, sampling.sources, reply_model, body)
+        )
         request_hash = request.request_hash(key)
         texts = [m.content for m in messages]
         prompt_tokens = sum(count_tokens(t) for t in texts) + 4 * len(texts)
