@@ -12,11 +12,11 @@ import pytest
 from conftest import settings_for
 from tmas.api import asolve
 from tmas.config import Sampling, Settings
+from tmas.llm.sampling import resolve_role
 from tmas.methods import create_method
 from tmas.methods.base import ProblemResult
 from tmas.methods.selection import select
 from tmas.methods.tmas import TMAS
-from tmas.llm.sampling import resolve_role
 from tmas.methods.tmas_params import TMASParams
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, SimScript, SimServer

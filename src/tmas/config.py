@@ -266,6 +266,8 @@ class Settings(Strict):
     # one set, even where a user's value equals the built-in one. Recorded by load_settings and kept in the stored
     # settings; None (settings built in Python, or stored before it existed): see legacy_sampling_sources.
     sampling_sources: dict[str, SamplingSource] | None = None
+    # A folder of prompt templates (NAME.j2) that replace the packaged ones of the same name (tmas.agents.overrides).
+    prompts_dir: str | None = None
 
     @field_validator("sampling", mode="before")
     @classmethod
@@ -308,6 +310,7 @@ ENV_KEYS: dict[str, str] = {
     "TMAS_BUDGET_TOKENS": "budget.tokens",
     "TMAS_BUDGET_CALLS": "budget.calls",
     "TMAS_BUDGET_COUNT": "budget.count",
+    "TMAS_PROMPTS_DIR": "prompts_dir",
 }
 
 
