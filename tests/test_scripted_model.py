@@ -3,16 +3,19 @@ what they asked the model for, through the ChatModel protocol alone."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from tmas.config import Settings
 from tmas.eval.judge import JudgeReplyFormat, judge_once
 from tmas.llm.client import LLMClient
 from tmas.llm.model import ChatModel
+from tmas.llm.replay import StoreReplay
 from tmas.methods import create_method
 from tmas.methods.base import ProblemResult, ProblemSession
 from tmas.methods.mattrl import MATTRL, MATTRLParams
 from tmas.problems import Problem
+from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript
 
 Q = Problem(problem_id="p1", question="What is 17*23?", answer="391")
@@ -111,3 +114,32 @@ async def test_the_answer_judge_retries_an_unreadable_reply_in_process() -> None
     assert verdict.correct is True and verdict.attempts == 2
     assert [c.reply_model for c in model.calls] == [JudgeReplyFormat, JudgeReplyFormat]
     assert [c.key.sample for c in model.calls] == [0, 1]
+
+
+async def test_store_replay_wraps_any_model(tmp_path: Path) -> None:
+    # The run store's replay is a wrapper (tmas.llm.replay): around the scripted model, a second solve of the same
+    # problem with the same seed is answered from the store alone, with the same result.
+    with RunStore(tmp_path / "run") as store:
+        first_model = ScriptedModel(settings=SETTINGS)
+        first = await create_method("tmas", {"n": 2, "m": 1, "iterations": 2}).solve(
+            ProblemSession(Q, StoreReplay(first_model, store), store, seed=3)
+        )
+        again_model = ScriptedModel(settings=SETTINGS)
+        replay = StoreReplay(again_model, store)
+        again = await create_method("tmas", {"n": 2, "m": 1, "iterations": 2}).solve(
+            ProblemSession(Q, replay, store, seed=3)
+        )
+        assert again_model.calls == [] and replay.replayed == len(first_model.calls) == len(list(store.calls()))
+        assert again.answer == first.answer == "391"
+        assert [c.text for r in again.iterations for c in r.candidates] == [
+            c.text for r in first.iterations for c in r.candidates
+        ]
+        # Each stored call keeps its sources (SETTINGS is built in Python, so a value equal to the built-in one
+        # reads as the built-in one: see tmas.llm.sampling).
+        call = next(store.calls())
+        assert call.call_id is not None
+        assert store.call_sampling_sources(call.call_id) == {
+            "temperature": "built-in",
+            "max_tokens": "config",
+            "seed": "derived seed",
+        }

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 from tmas.config import Endpoint, Sampling, Settings
 from tmas.errors import ConfigError, LLMError
 from tmas.llm.reasoning import split_reasoning
+from tmas.llm.replay import CallStore, StoreReplay
 from tmas.llm.sampling import ResolvedSampling, resolve_role
 from tmas.llm.schema import response_format
 from tmas.llm.tokens import TokenCounter
@@ -41,14 +42,14 @@ _SCHEMA_REFUSAL = re.compile(r"response_format|json_schema|json schema|grammar|g
 _SCHEMA_REFUSAL_STATUS = {400, 404, 415, 422, 500, 501}
 
 
-class CallStore(Protocol):
-    """Where finished calls are made durable and replayed from (implemented by the run store)."""
-
-    def lookup_call(self, request_hash: str, sample: int) -> Completion | None: ...
-
-    def record_call(self, completion: Completion, request: ChatRequest) -> int: ...
+class FallbackLog(Protocol):
+    """Where the client records that an endpoint refused ``response_format`` (implemented by the run store)."""
 
     def record_structured_fallback(self, endpoint: str, role: str, message: str) -> None: ...
+
+
+class RunCallStore(CallStore, FallbackLog, Protocol):
+    """A store the client replays calls from and records fallbacks in (the run store)."""
 
 
 class EndpointUnreachable(LLMError):
@@ -120,7 +121,7 @@ class LLMClient:
     def __init__(
         self,
         settings: Settings,
-        store: CallStore | None = None,
+        store: RunCallStore | None = None,
         *,
         rng: random.Random | None = None,
     ) -> None:
@@ -128,6 +129,8 @@ class LLMClient:
             raise ConfigError("no endpoint configured: set endpoint.base_url (or TMAS_BASE_URL) or use the local model")
         self.settings = settings
         self.store = store
+        # With a store, calls go through the store's replay (tmas.llm.replay), which wraps this client's wire.
+        self._replay = StoreReplay(_Wire(self), store, on_replay=self._count_replay) if store is not None else None
         self.stats = ClientStats()
         self._cap = asyncio.Semaphore(settings.concurrency)
         self._rng = rng or random.Random()
@@ -219,12 +222,31 @@ class LLMClient:
         sampling: Sampling | ResolvedSampling | None = None,
         reply_model: type[BaseModel] | None = None,
     ) -> Completion:
-        """One chat completion for ``role`` (``sampling``: see :meth:`tmas.llm.model.ChatModel.chat`). Never raises
-        for a failed call: it returns (and stores) a :class:`Completion` whose ``error`` says why, except
-        :class:`EndpointUnreachable`, which ends a run.
+        """One chat completion for ``role`` (``sampling``: see :meth:`tmas.llm.model.ChatModel.chat`), replayed from
+        the client's store where it holds the call, else sent and stored. Never raises for a failed call: it returns
+        (and stores) a :class:`Completion` whose ``error`` says why, except :class:`EndpointUnreachable`, which ends
+        a run.
 
         ``reply_model``: the pydantic model of a JSON reply; its schema goes out as ``response_format`` where the
         endpoint's ``structured_output`` allows it (see :mod:`tmas.llm.schema`)."""
+        if self._replay is not None:
+            return await self._replay.chat(role, messages, key=key, sampling=sampling, reply_model=reply_model)
+        return await self.send(role, messages, key=key, sampling=sampling, reply_model=reply_model)
+
+    def _count_replay(self, completion: Completion) -> None:
+        self.stats.cached += 1
+        self.stats.usage = self.stats.usage + completion.usage
+
+    async def send(
+        self,
+        role: str,
+        messages: Sequence[Message],
+        *,
+        key: CallKey | None = None,
+        sampling: Sampling | ResolvedSampling | None = None,
+        reply_model: type[BaseModel] | None = None,
+    ) -> Completion:
+        """:meth:`chat` over the wire alone: no replay, nothing stored."""
         route = self.route(role)
         key = key or CallKey(role=role)
         if not isinstance(sampling, ResolvedSampling):
@@ -237,19 +259,11 @@ class LLMClient:
             response_format=self._response_format(route, sampling.sampling, reply_model),
         )
         request_hash = request.request_hash(key)
-        if self.store is not None:
-            cached = self.store.lookup_call(request_hash, key.sample)
-            if cached is not None:
-                self.stats.cached += 1
-                self.stats.usage = self.stats.usage + cached.usage
-                return cached.model_copy(update={"cached": True})
         completion = await self._call_with_retries(route, request, key, request_hash)
         self.stats.calls += 1
         self.stats.usage = self.stats.usage + completion.usage
         if not completion.ok:
             self.stats.failed += 1
-        if self.store is not None:
-            completion.call_id = self.store.record_call(completion, request)
         return completion
 
     @staticmethod
@@ -642,3 +656,44 @@ def _seconds(value: str | None) -> float | None:
         return float(value) if value is not None else None
     except ValueError:
         return None
+
+
+@dataclass
+class _Wire:
+    """The client seen without its store: the model :class:`StoreReplay` wraps inside it."""
+
+    client: LLMClient
+
+    @property
+    def settings(self) -> Settings:
+        return self.client.settings
+
+    async def chat(
+        self,
+        role: str,
+        messages: Sequence[Message],
+        *,
+        key: CallKey | None = None,
+        sampling: Sampling | ResolvedSampling | None = None,
+        reply_model: type[BaseModel] | None = None,
+    ) -> Completion:
+        return await self.client.send(role, messages, key=key, sampling=sampling, reply_model=reply_model)
+
+    async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
+        return await self.client.embed(texts, role=role)
+
+    def resolve_sampling(
+        self,
+        role: str,
+        *,
+        preset: Sampling | None = None,
+        method: Sampling | None = None,
+        call: Sampling | None = None,
+    ) -> ResolvedSampling:
+        return self.client.resolve_sampling(role, preset=preset, method=method, call=call)
+
+    def context_window(self, role: str) -> int | None:
+        return self.client.context_window(role)
+
+    def model_name(self, role: str) -> str:
+        return self.client.model_name(role)
