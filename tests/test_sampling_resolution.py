@@ -149,3 +149,12 @@ async def test_every_call_records_its_sampling_and_sources(sim: SimServer, tmp_p
             assert sampling["top_p"] == 0.8 and sampling["max_tokens"] == 256 and isinstance(sampling["seed"], int)
     bodies = [r.body for r in sim.requests if r.role == "solution"]
     assert bodies and {b["temperature"] for b in bodies} == {0.3}
+
+
+def test_a_value_set_in_python_after_loading_is_the_users(tmp_path: Path) -> None:
+    # Sources were recorded at load; a field changed afterwards in Python, with no record, still reads as set.
+    settings = load_settings(None, environ={})
+    changed = settings.model_copy(update={"sampling": settings.sampling.merged(Sampling(top_p=0.5, temperature=0.2))})
+    out = resolve_role(changed, "solution", preset=Sampling(top_p=0.95, temperature=1.0))
+    assert (out.sampling.top_p, out.sampling.temperature) == (0.5, 0.2)
+    assert out.sources["top_p"] == "config" and out.sources["temperature"] == "config"

@@ -48,8 +48,8 @@ async def test_tmas_runs_algorithm_1_in_process() -> None:
     }
     # Iteration 1's exploit or explore prompts carry what iteration 0 left in the banks.
     second = [c for c in model.calls_of("solution") if c.key.iteration == 1]
-    assert all("<previous_attempts>" in c.messages[-1].content or "<attempted_strategies>" in c.messages[-1].content
-               for c in second)  # fmt: skip
+    marks = ("<previous_attempts>", "<attempted_strategies>")
+    assert second and all(any(mark in c.messages[-1].content for mark in marks) for c in second)
     # Every call carried its own derived seed over the run's sampling.
     seeds = [c.sampling.seed for c in model.calls]
     assert None not in seeds and len(set(seeds)) > 1

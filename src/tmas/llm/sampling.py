@@ -20,8 +20,9 @@ field no source need set: where none did, :class:`tmas.methods.base.ProblemSessi
 
 Which of ``config`` / ``env`` / ``flags`` set a field of ``[sampling]`` is recorded in
 ``Settings.sampling_sources`` by :func:`tmas.config.load_settings`, and travels with the stored settings (resume,
-sweep points). Settings without it (built in Python, or stored by a version before it) count a field as ``config``
-where its value is set and differs from the built-in default, which is what the preset test read before.
+sweep points). A field no record names (settings built in Python, stored by a version before sources were kept, or
+changed in Python after loading) counts as ``config`` where its value is set and differs from the built-in default,
+and as the built-in default otherwise: what the preset check read before.
 """
 
 from __future__ import annotations
@@ -80,8 +81,9 @@ def resolve_sampling(layers: Sequence[Layer]) -> ResolvedSampling:
 def settings_layers(settings: Settings, role: str) -> list[Layer]:
     """The built-in, config, env, flags and role layers of ``role`` in ``settings``."""
     sampling = settings.sampling
-    recorded = settings.sampling_sources
-    sources: dict[str, str] = dict(legacy_sampling_sources(sampling) if recorded is None else recorded)
+    # What was recorded wins; a value no record explains (none kept, or set in Python after loading) is read as
+    # before sources were kept: away from its built-in default, it is the user's.
+    sources: dict[str, str] = {**legacy_sampling_sources(sampling), **(settings.sampling_sources or {})}
     by_source: dict[str, dict[str, Any]] = {CONFIG: {}, ENV: {}, FLAGS: {}}
     builtin: dict[str, Any] = {}
     for name in Sampling.model_fields:

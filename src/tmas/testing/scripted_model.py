@@ -9,6 +9,7 @@ test scripts it exactly as it scripts :class:`tmas.testing.SimServer`, and it re
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,7 @@ from pydantic import BaseModel
 from tmas.config import Sampling, Settings
 from tmas.llm.sampling import ResolvedSampling, resolve_role
 from tmas.llm.types import CallKey, ChatRequest, Completion, Message, Usage
-from tmas.testing.responders import SimRequest, count_tokens, cut_tokens, get_responder
+from tmas.testing.responders import SimRequest, count_tokens, cut_tokens, garbage_text, get_responder
 from tmas.testing.script import Rule, SimScript
 from tmas.testing.sim_server import embed_text
 
@@ -93,10 +94,10 @@ class ScriptedModel:
         rule, used = self._pick_rule(role, "\n".join(texts))
         if rule is not None and rule.fault is not None and rule.fault not in ("truncate", "garbage"):
             # Faults that replace the reply end the call as the HTTP client ends it after its retries.
+            error = f"scripted {rule.fault}"
             return Completion(
-                key=key, request_hash=request_hash, model=request.model, error=f"scripted {rule.fault}",
-                error_cause=rule.fault,
-            )  # fmt: skip
+                key=key, request_hash=request_hash, model=request.model, error=error, error_cause=rule.fault
+            )
         if rule is not None and rule.replies:
             content = rule.replies[used % len(rule.replies)]
         else:
@@ -105,6 +106,8 @@ class ScriptedModel:
             content = get_responder(role)(sim)
         finish_reason = "stop"
         max_tokens = request.sampling.max_tokens
+        if rule is not None and rule.fault == "garbage":
+            content = garbage_text(random.Random(request_hash))
         if rule is not None and rule.fault == "truncate":
             content, finish_reason = cut_tokens(content, max(1, count_tokens(content) // 2)), "length"
         elif max_tokens is not None and count_tokens(content) > max_tokens:
