@@ -3,11 +3,16 @@ what they asked the model for, through the ChatModel protocol alone."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+from mattrl_runs import hand_worked_transcript
+from tmas.agents.utterance_judge import JudgeScoreReply
 from tmas.config import Settings
 from tmas.eval.judge import JudgeReplyFormat, judge_once
+from tmas.experience.cases import LabelledCase
+from tmas.experience.scoring import TurnJudge
 from tmas.llm.client import LLMClient
 from tmas.llm.model import ChatModel
 from tmas.llm.replay import StoreReplay
@@ -143,3 +148,14 @@ async def test_store_replay_wraps_any_model(tmp_path: Path) -> None:
             "max_tokens": "config",
             "seed": "derived seed",
         }
+
+
+async def test_experience_turn_scoring_retries_an_unreadable_judge_reply_in_process() -> None:
+    case = LabelledCase("run", Q, hand_worked_transcript(), outcome=1.0)
+    turns = case.turns()
+    replies = ["no score here", json.dumps({"analysis": "It moved the team to the right product.", "score": 4})]
+    model = ScriptedModel(SimScript(rules=[Rule(role="judge", replies=replies)]), SETTINGS)
+    judged = await TurnJudge(model).score_turn(case, turns, turns[0])
+    assert judged.value == 4 / 5 and judged.attempts == 2 and judged.defaulted is None  # Eq. 9: s = score / 5
+    assert [c.key.sample for c in model.calls] == [0, 1]
+    assert all(c.reply_model is JudgeScoreReply and turns[0].text in c.messages[-1].content for c in model.calls)
