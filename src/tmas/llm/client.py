@@ -1,9 +1,10 @@
 """The async client for OpenAI-compatible ``/v1/chat/completions`` endpoints: the only code that speaks HTTP.
 
-Per call: resolve the role's endpoint and sampling, replay from the store if this call already finished, else take a
-slot under the global cap, pick the least-loaded replica (under its own cap), send, retry transient failures with
-exponential backoff and full jitter, split reasoning from the final content, account tokens, make the result
-durable in the store, and only then return it.
+It implements :class:`tmas.llm.model.ChatModel`. Per call: resolve the role's endpoint and sampling
+(:mod:`tmas.llm.sampling`), take a slot under the global cap, pick the least-loaded replica (under its own cap),
+send, retry transient failures with exponential backoff and full jitter, split reasoning from the final content and
+account tokens. With a store, calls pass through :class:`tmas.llm.replay.StoreReplay` first: a finished call is
+replayed from it, any other is made durable there before it is returned.
 """
 
 from __future__ import annotations
@@ -91,10 +92,9 @@ class _Replica:
 
 @dataclass
 class _Route:
-    """A role resolved against the defaults: where to send, what to send with it."""
+    """A role's endpoint resolved against the default one: where to send (sampling is resolved per call)."""
 
     endpoint: Endpoint
-    sampling: Sampling
     replicas: list[_Replica]
     api_key: str | None
     counter: TokenCounter
@@ -154,13 +154,12 @@ class LLMClient:
 
     # ----------------------------------------------------------------------------------------- routing
     def route(self, role: str) -> _Route:
-        """The endpoint and sampling a role uses: its own settings where given, the defaults elsewhere."""
+        """The endpoint a role uses: its own endpoint fields where given, the default endpoint's elsewhere."""
         if role in self._routes:
             return self._routes[role]
         base = self.settings.endpoint
         override = self.settings.roles.get(role)
         data = base.model_dump()
-        sampling = resolve_role(self.settings, role).sampling
         if override is not None:
             for name in override.model_fields_set - {"sampling"}:
                 value = getattr(override, name)
@@ -182,7 +181,7 @@ class LLMClient:
                 cap = asyncio.Semaphore(endpoint.max_in_flight) if endpoint.max_in_flight else None
                 self._replicas[url] = _Replica(url=url, cap=cap, context_length=endpoint.context_length)
             replicas.append(self._replicas[url])
-        route = _Route(endpoint, sampling, replicas, api_key, TokenCounter(endpoint.tokenizer))
+        route = _Route(endpoint, replicas, api_key, TokenCounter(endpoint.tokenizer))
         self._routes[role] = route
         return route
 
