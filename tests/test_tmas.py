@@ -12,11 +12,12 @@ import pytest
 from conftest import settings_for
 from tmas.api import asolve
 from tmas.config import Sampling, Settings
+from tmas.llm.sampling import resolve_role
 from tmas.methods import create_method
 from tmas.methods.base import ProblemResult
 from tmas.methods.selection import select
 from tmas.methods.tmas import TMAS
-from tmas.methods.tmas_params import TMASParams, sampling_override
+from tmas.methods.tmas_params import TMASParams
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, SimScript, SimServer
 
@@ -310,16 +311,21 @@ def test_presets_and_embedded_defaults() -> None:
 
 def test_preset_sampling_yields_to_the_users_settings() -> None:
     local = TMASParams.model_validate({"preset": "local"})
-    plain = sampling_override(Settings(), "solution", local)
-    assert plain is not None and (plain.temperature, plain.max_tokens) == (0.3, 640)
+
+    def sent(settings: Settings, role: str, params: TMASParams) -> Sampling:
+        preset, own = params.sampling_layers(role)
+        return resolve_role(settings, role, preset=preset, method=own).sampling
+
+    plain = sent(Settings(), "solution", local)
+    assert (plain.temperature, plain.max_tokens) == (0.3, 640)
     user = Settings.model_validate(
         {"sampling": {"temperature": 0.9}, "roles": {"solution": {"sampling": {"max_tokens": 99}}}}
     )
-    assert sampling_override(user, "solution", local) is None
-    assert sampling_override(user, "verifier", local) == Sampling(max_tokens=400)
+    assert (sent(user, "solution", local).temperature, sent(user, "solution", local).max_tokens) == (0.9, 99)
+    assert (sent(user, "verifier", local).temperature, sent(user, "verifier", local).max_tokens) == (0.9, 400)
     # The user's own per-role method sampling is no preset value: it is sent whatever the settings say.
     mine = TMASParams.model_validate({"preset": "local", "sampling": {"solution": {"temperature": 0.1}}})
-    assert sampling_override(user, "solution", mine) == Sampling(temperature=0.1)
+    assert sent(user, "solution", mine).temperature == 0.1
 
 
 async def test_paper_preset_sends_its_sampling(sim: SimServer) -> None:

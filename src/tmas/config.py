@@ -9,14 +9,23 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tmas.errors import ConfigError
 
-if TYPE_CHECKING:
-    from tmas.llm.types import Usage
+
+class TokenCounts(Protocol):
+    """What a budget reads of a call's usage (``tmas.llm.types.Usage`` has it): named here, not imported, so that
+    the configuration stays below the LLM layer that uses it."""
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def completion_tokens(self) -> int: ...
+
 
 ROLES = (
     "solution",
@@ -203,7 +212,7 @@ class Budget(Strict):
     def limited(self) -> bool:
         return self.tokens is not None or self.calls is not None
 
-    def spent(self, usage: Usage) -> int:
+    def spent(self, usage: TokenCounts) -> int:
         """The tokens of ``usage`` this budget counts."""
         return usage.completion_tokens + (usage.prompt_tokens if self.count == "total" else 0)
 
@@ -217,6 +226,23 @@ class Budget(Strict):
 
 # The default sampling's built-in values; fields a config leaves out keep them.
 DEFAULT_SAMPLING: dict[str, Any] = {"temperature": 0.7, "max_tokens": 2048}
+
+
+# Who set a field of [sampling] (see tmas.llm.sampling for the whole priority).
+SamplingSource = Literal["config", "env", "flags"]
+
+
+def legacy_sampling_sources(sampling: Sampling) -> dict[str, SamplingSource]:
+    """Sources of a ``[sampling]`` whose settings recorded none (built in Python, or stored before sources were
+    kept): a field set and away from its built-in default counts as ``config``; one at its default, as unset."""
+    sources: dict[str, SamplingSource] = {}
+    for name in Sampling.model_fields:
+        value = getattr(sampling, name)
+        if name == "extra_body":
+            sources.update({f"extra_body.{key}": "config" for key in value})
+        elif value is not None and value != DEFAULT_SAMPLING.get(name):
+            sources[name] = "config"
+    return sources
 
 
 class Settings(Strict):
@@ -236,6 +262,12 @@ class Settings(Strict):
     method: MethodConfig = Field(default_factory=MethodConfig)
     budget: Budget = Field(default_factory=Budget)
     seed: int = 0
+    # Which source set each field of `sampling` ("extra_body.KEY" per key), so a method's preset fills only what no
+    # one set, even where a user's value equals the built-in one. Recorded by load_settings and kept in the stored
+    # settings; None (settings built in Python, or stored before it existed): see legacy_sampling_sources.
+    sampling_sources: dict[str, SamplingSource] | None = None
+    # A folder of prompt templates (NAME.j2) that replace the packaged ones of the same name (tmas.agents.overrides).
+    prompts_dir: str | None = None
 
     @field_validator("sampling", mode="before")
     @classmethod
@@ -278,6 +310,7 @@ ENV_KEYS: dict[str, str] = {
     "TMAS_BUDGET_TOKENS": "budget.tokens",
     "TMAS_BUDGET_CALLS": "budget.calls",
     "TMAS_BUDGET_COUNT": "budget.count",
+    "TMAS_PROMPTS_DIR": "prompts_dir",
 }
 
 
@@ -335,27 +368,46 @@ def load_settings(
         Settings.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_error(exc, source)) from None
+    sources: dict[str, SamplingSource] = {}
+    table = data.get("sampling")
+    if isinstance(table, dict):
+        for name, value in table.items():
+            if name == "extra_body" and isinstance(value, dict):
+                sources.update({f"extra_body.{key}": "config" for key in value})
+            else:
+                sources[name] = "config"
     given = {var: env[var] for var in ENV_KEYS if env.get(var)}
     for var, value in given.items():
         _set_dotted(data, ENV_KEYS[var], value)
+        if ENV_KEYS[var].startswith("sampling."):
+            sources[ENV_KEYS[var].removeprefix("sampling.")] = "env"
     if given:
         # Validated before the flags go on, so a bad variable is named as such.
         try:
             Settings.model_validate(data)
         except ValidationError as exc:
             raise ConfigError(_format_error(exc, f"environment ({', '.join(given)})")) from None
+    data["sampling_sources"] = sources
     return _overridden(data, overrides or {})
 
 
 def with_overrides(settings: Settings, overrides: dict[str, Any]) -> Settings:
     """``settings`` with dotted-key ``overrides`` (CLI flags; None = not given) put on top, e.g. on ``--resume``."""
-    return _overridden(settings.model_dump(mode="json"), overrides)
+    data = settings.model_dump(mode="json")
+    if data.get("sampling_sources") is None and any(
+        key.startswith("sampling.") and value is not None for key, value in overrides.items()
+    ):
+        # Flags are about to be recorded as such: what came before them is read as it was before sources existed.
+        data["sampling_sources"] = legacy_sampling_sources(settings.sampling)
+    return _overridden(data, overrides)
 
 
 def _overridden(data: dict[str, Any], overrides: dict[str, Any]) -> Settings:
     for key, value in overrides.items():
         if value is not None:
             _set_dotted(data, key, value)
+            if key.startswith("sampling.") and isinstance(data.get("sampling_sources"), dict):
+                data["sampling_sources"][key.removeprefix("sampling.")] = "flags"
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tmas.agents.overrides import check_overrides
+from tmas.agents.templates import prompts_from
 from tmas.config import Settings
 from tmas.errors import InputError, TmasError
 from tmas.llm.client import EndpointUnreachable, LLMClient
@@ -163,6 +165,8 @@ def prepare_run(
 ) -> tuple[RunStore, Settings, StoredProblems]:
     """Open the run's store. A new run records settings and problems (streamed: ``problems`` may be a lazy reader
     of a file, and a bad line in it leaves no run directory behind); a resumed one reads them back."""
+    if settings.prompts_dir:
+        check_overrides(settings.prompts_dir)  # a bad override template fails here, before a run directory exists
     if resume:
         store = RunStore(run_dir, create=False)
         stored = store.get_meta("settings")
@@ -211,6 +215,9 @@ async def run_problems(
     method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
     fingerprint = run_fingerprint(method, settings)
     store.set_meta("method", {"name": method.name, "params": method.params.model_dump(mode="json")})
+    # Checked before any call; the run records which packaged templates its own replaced (name -> SHA-256).
+    overrides = check_overrides(settings.prompts_dir) if settings.prompts_dir else []
+    store.set_meta("prompt_overrides", {o.name: o.sha256 for o in overrides})
     finished = store.finished_problem_ids(fingerprint)
     state.total = len(problems) if isinstance(problems, Sized) else store.problem_count()
     tally = _Tally()
@@ -229,53 +236,54 @@ async def run_problems(
     from tmas.eval.rules import RuleEquivalence, math_verify_installed
 
     equivalence = RuleEquivalence() if math_verify_installed() else None
-    async with (
-        provisioned(settings, log_dir=store.run_dir) as live,
-        LLMClient(live, store) as llm,
-        _closing(equivalence),
-    ):
-        state.llm = llm
+    with prompts_from(settings.prompts_dir):
+        async with (
+            provisioned(settings, log_dir=store.run_dir) as live,
+            LLMClient(live, store) as llm,
+            _closing(equivalence),
+        ):
+            state.llm = llm
 
-        async def one(problem: Problem) -> None:
-            session = ProblemSession(
-                problem,
-                llm,
-                store,
-                seed=settings.seed,
-                active=state.active,
-                budget=settings.budget,
-                equivalence=equivalence,
-                on_iteration=state.iteration_started,
-            )
+            async def one(problem: Problem) -> None:
+                session = ProblemSession(
+                    problem,
+                    llm,
+                    store,
+                    seed=settings.seed,
+                    active=state.active,
+                    budget=settings.budget,
+                    equivalence=equivalence,
+                    on_iteration=state.iteration_started,
+                )
+                try:
+                    result = await _solve_one(method, session)
+                finally:
+                    state.active.pop(problem.problem_id, None)
+                record = result.model_dump(mode="json")
+                record["fingerprint"] = fingerprint
+                store.save_result(problem.problem_id, result.status, record)
+                tally.add(result, keep_results)
+                if result.status == "done":
+                    state.done += 1
+                else:
+                    state.failed += 1
+                if on_result is not None:
+                    on_result(result)
+
+            async def worker() -> None:
+                # The workers share one iterator; next() runs without awaiting, so each problem goes to one worker.
+                for problem in todo:
+                    await one(problem)
+
+            state.problem_slots = problems_in_flight(live)
+            workers = max(1, min(state.problem_slots, state.total - len(finished)))
             try:
-                result = await _solve_one(method, session)
-            finally:
-                state.active.pop(problem.problem_id, None)
-            record = result.model_dump(mode="json")
-            record["fingerprint"] = fingerprint
-            store.save_result(problem.problem_id, result.status, record)
-            tally.add(result, keep_results)
-            if result.status == "done":
-                state.done += 1
-            else:
-                state.failed += 1
-            if on_result is not None:
-                on_result(result)
-
-        async def worker() -> None:
-            # The workers share one iterator; next() runs without awaiting, so each problem goes to one worker.
-            for problem in todo:
-                await one(problem)
-
-        state.problem_slots = problems_in_flight(live)
-        workers = max(1, min(state.problem_slots, state.total - len(finished)))
-        try:
-            await gather_all(worker() for _ in range(workers))
-        except EndpointUnreachable as exc:
-            raise Unreachable(
-                f"{exc}; finished work is kept: continue with 'tmas run --resume {store.run_dir}'"
-            ) from None
-        stats = llm.stats
+                await gather_all(worker() for _ in range(workers))
+            except EndpointUnreachable as exc:
+                raise Unreachable(
+                    f"{exc}; finished work is kept: continue with 'tmas run --resume {store.run_dir}'"
+                ) from None
+            stats = llm.stats
     counts = store.call_counts()
     causes = store.call_causes()
     by_role = store.replies_by_role()

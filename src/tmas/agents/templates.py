@@ -13,7 +13,11 @@ Every template follows two rules (issue 16; tests/test_prompt_audit.py checks bo
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -23,17 +27,47 @@ from tmas.llm.types import Message
 # The system message of every math agent: solvers of every method, verifiers, MATTRL's math specialists.
 MATH_SYSTEM = "system_math.j2"
 
+_OPTIONS: dict[str, Any] = {
+    "undefined": jinja2.StrictUndefined,
+    "autoescape": False,
+    "keep_trailing_newline": False,
+    "trim_blocks": True,
+    "lstrip_blocks": True,
+}
+
 
 @lru_cache(maxsize=1)
+def packaged_environment() -> jinja2.Environment:
+    """The packaged templates alone."""
+    return jinja2.Environment(loader=jinja2.PackageLoader("tmas.agents", "prompts"), **_OPTIONS)
+
+
+@lru_cache(maxsize=8)
+def _overridden_environment(prompts_dir: str) -> jinja2.Environment:
+    # A template in prompts_dir replaces the packaged one of the same name, includes as well as top-level ones.
+    loader = jinja2.ChoiceLoader([jinja2.FileSystemLoader(prompts_dir), packaged_environment().loader])  # type: ignore[list-item]
+    return jinja2.Environment(loader=loader, **_OPTIONS)
+
+
+# The environment of the run in progress: a context variable, so concurrent runs in one process (tmas serve) and
+# the asyncio tasks each one starts see their own prompts directory.
+_ENVIRONMENT: ContextVar[jinja2.Environment | None] = ContextVar("tmas_prompt_environment", default=None)
+
+
 def _environment() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.PackageLoader("tmas.agents", "prompts"),
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,
-        keep_trailing_newline=False,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
+    return _ENVIRONMENT.get() or packaged_environment()
+
+
+@contextmanager
+def prompts_from(prompts_dir: str | Path | None) -> Iterator[None]:
+    """Within the block, templates in ``prompts_dir`` replace the packaged ones of the same name (None: none do).
+    Check them first with :func:`tmas.agents.overrides.check_overrides`."""
+    env = _overridden_environment(str(Path(prompts_dir).resolve())) if prompts_dir is not None else None
+    token = _ENVIRONMENT.set(env)
+    try:
+        yield
+    finally:
+        _ENVIRONMENT.reset(token)
 
 
 def render(name: str, **variables: Any) -> str:

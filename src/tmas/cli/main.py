@@ -28,6 +28,7 @@ from tmas.cli.estimate import (
     YesOpt,
 )
 from tmas.cli.experience import experience_app
+from tmas.cli.prompts import prompts_app
 from tmas.cli.rl import rl_app
 from tmas.cli.serve import serve_app
 from tmas.cli.view import view_app
@@ -715,6 +716,7 @@ app.add_typer(cases_app, name="cases")
 app.add_typer(serve_app, name="serve")
 app.add_typer(view_app, name="view")
 app.add_typer(rl_app, name="rl")
+app.add_typer(prompts_app, name="prompts")
 
 
 @data_app.command("generate")

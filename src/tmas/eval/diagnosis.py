@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 
 from tmas.agents.templates import prompt
-from tmas.llm.client import LLMClient
+from tmas.llm.model import ChatModel
 from tmas.llm.types import CallKey
 
 HITS = (1, 3, 5, 10)
@@ -46,7 +46,7 @@ def parse_judge_rank(content: str) -> int | None:
 
 
 async def judge_rank(
-    llm: LLMClient, problem_id: str, predicted: Sequence[str], reference: str, *, retries: int = 1
+    llm: ChatModel, problem_id: str, predicted: Sequence[str], reference: str, *, retries: int = 1
 ) -> tuple[int | None, str | None]:
     """The rank by the ``judge`` role (exact name matches skip the call); the second value says why a judgement
     could not be read (the rank is then None)."""

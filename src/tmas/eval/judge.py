@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError, field_validator
 
 from tmas.agents.templates import prompt
 from tmas.config import Sampling
-from tmas.llm.client import LLMClient
+from tmas.llm.model import ChatModel
 from tmas.llm.types import CallKey, Usage
 
 JUDGE_ROLE = "judge"
@@ -81,7 +81,7 @@ def _seed(*parts: object) -> int:
 
 
 async def judge_once(
-    llm: LLMClient,
+    llm: ChatModel,
     *,
     problem_id: str,
     problem: str,

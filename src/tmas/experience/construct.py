@@ -54,17 +54,20 @@ from tmas.experience.credit import (
 )
 from tmas.experience.scoring import Judged, TurnJudge, history_before
 from tmas.llm.client import LLMClient
+from tmas.llm.model import ChatModel
 from tmas.llm.types import CallKey
 from tmas.memory.embedders import embedder_for
 from tmas.memory.experience_pool import META, ExperiencePool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.store.run_store import RunStore
-from tmas.view.credits import CREDITS_FILE  # the viewer reads the file this module writes
 
 SUMMARIZER_ROLE = "summarizer"
 
 # (stage, done, total): how far the build is, for a progress bar.
 ProgressFn = Callable[[str, int, int], None]
+
+# The turn credits of a build, one JSON line per credited turn, beside the pool (the viewer reads this file).
+CREDITS_FILE = "credits.jsonl"
 
 
 class BuildConfig(BaseModel):
@@ -207,7 +210,7 @@ async def _case_credits(
 
 
 async def _distil(
-    llm: LLMClient, case: LabelledCase, turns: list[AgentTurn], record: TurnRecord, retries: int, summary: BuildSummary
+    llm: ChatModel, case: LabelledCase, turns: list[AgentTurn], record: TurnRecord, retries: int, summary: BuildSummary
 ) -> list[PoolEntry]:
     """Eq. 14: the kept turn as pool entries (none, with a note, when no summarizer reply is usable)."""
     target = next(t for t in turns if t.turn == record.turn and t.agent == record.agent)

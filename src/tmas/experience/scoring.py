@@ -31,7 +31,7 @@ from tmas.agents.utterance_judge import (
 )
 from tmas.experience.cases import AgentTurn, LabelledCase
 from tmas.experience.credit import Coalition
-from tmas.llm.client import LLMClient
+from tmas.llm.model import ChatModel
 from tmas.llm.types import CallKey, Message
 
 JUDGE_ROLE = "judge"
@@ -67,7 +67,7 @@ def history_before(turns: list[AgentTurn], turn: int) -> list[RoundView]:
 class TurnJudge:
     """Asks the ``judge`` role; ``gate`` bounds the calls in flight (the client's own cap applies too)."""
 
-    def __init__(self, llm: LLMClient, *, retries: int = 2, concurrency: int = 16) -> None:
+    def __init__(self, llm: ChatModel, *, retries: int = 2, concurrency: int = 16) -> None:
         self.llm = llm
         self.retries = retries
         self._gate = asyncio.Semaphore(concurrency)

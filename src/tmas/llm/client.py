@@ -1,9 +1,10 @@
 """The async client for OpenAI-compatible ``/v1/chat/completions`` endpoints: the only code that speaks HTTP.
 
-Per call: resolve the role's endpoint and sampling, replay from the store if this call already finished, else take a
-slot under the global cap, pick the least-loaded replica (under its own cap), send, retry transient failures with
-exponential backoff and full jitter, split reasoning from the final content, account tokens, make the result
-durable in the store, and only then return it.
+It implements :class:`tmas.llm.model.ChatModel`. Per call: resolve the role's endpoint and sampling
+(:mod:`tmas.llm.sampling`), take a slot under the global cap, pick the least-loaded replica (under its own cap),
+send, retry transient failures with exponential backoff and full jitter, split reasoning from the final content and
+account tokens. With a store, calls pass through :class:`tmas.llm.replay.StoreReplay` first: a finished call is
+replayed from it, any other is made durable there before it is returned.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pydantic import BaseModel, ValidationError
 from tmas.config import Endpoint, Sampling, Settings
 from tmas.errors import ConfigError, LLMError
 from tmas.llm.reasoning import split_reasoning
+from tmas.llm.replay import CallStore, StoreReplay
+from tmas.llm.sampling import ResolvedSampling, resolve_role
 from tmas.llm.schema import response_format
 from tmas.llm.tokens import TokenCounter
 from tmas.llm.types import CallKey, ChatRequest, Completion, Message, TokenLogprob, Usage
@@ -40,14 +43,14 @@ _SCHEMA_REFUSAL = re.compile(r"response_format|json_schema|json schema|grammar|g
 _SCHEMA_REFUSAL_STATUS = {400, 404, 415, 422, 500, 501}
 
 
-class CallStore(Protocol):
-    """Where finished calls are made durable and replayed from (implemented by the run store)."""
-
-    def lookup_call(self, request_hash: str, sample: int) -> Completion | None: ...
-
-    def record_call(self, completion: Completion, request: ChatRequest) -> int: ...
+class FallbackLog(Protocol):
+    """Where the client records that an endpoint refused ``response_format`` (implemented by the run store)."""
 
     def record_structured_fallback(self, endpoint: str, role: str, message: str) -> None: ...
+
+
+class RunCallStore(CallStore, FallbackLog, Protocol):
+    """A store the client replays calls from and records fallbacks in (the run store)."""
 
 
 class EndpointUnreachable(LLMError):
@@ -89,10 +92,9 @@ class _Replica:
 
 @dataclass
 class _Route:
-    """A role resolved against the defaults: where to send, what to send with it."""
+    """A role's endpoint resolved against the default one: where to send (sampling is resolved per call)."""
 
     endpoint: Endpoint
-    sampling: Sampling
     replicas: list[_Replica]
     api_key: str | None
     counter: TokenCounter
@@ -112,12 +114,14 @@ class ClientStats:
 
 
 class LLMClient:
-    """One client per run. Use as ``async with LLMClient(settings, store) as llm: await llm.chat(...)``."""
+    """The HTTP implementation of :class:`tmas.llm.model.ChatModel`, one per run.
+
+    Use as ``async with LLMClient(settings, store) as llm: await llm.chat(...)``."""
 
     def __init__(
         self,
         settings: Settings,
-        store: CallStore | None = None,
+        store: RunCallStore | None = None,
         *,
         rng: random.Random | None = None,
     ) -> None:
@@ -125,6 +129,8 @@ class LLMClient:
             raise ConfigError("no endpoint configured: set endpoint.base_url (or TMAS_BASE_URL) or use the local model")
         self.settings = settings
         self.store = store
+        # With a store, calls go through the store's replay (tmas.llm.replay), which wraps this client's wire.
+        self._replay = StoreReplay(_Wire(self), store, on_replay=self._count_replay) if store is not None else None
         self.stats = ClientStats()
         self._cap = asyncio.Semaphore(settings.concurrency)
         self._rng = rng or random.Random()
@@ -148,19 +154,17 @@ class LLMClient:
 
     # ----------------------------------------------------------------------------------------- routing
     def route(self, role: str) -> _Route:
-        """The endpoint and sampling a role uses: its own settings where given, the defaults elsewhere."""
+        """The endpoint a role uses: its own endpoint fields where given, the default endpoint's elsewhere."""
         if role in self._routes:
             return self._routes[role]
         base = self.settings.endpoint
         override = self.settings.roles.get(role)
         data = base.model_dump()
-        sampling = self.settings.sampling
         if override is not None:
             for name in override.model_fields_set - {"sampling"}:
                 value = getattr(override, name)
                 if value is not None:
                     data[name] = value
-            sampling = sampling.merged(override.sampling)
         endpoint = Endpoint.model_validate(data)
         if not endpoint.base_url:
             raise ConfigError(f"role {role!r} has no base_url")
@@ -177,9 +181,28 @@ class LLMClient:
                 cap = asyncio.Semaphore(endpoint.max_in_flight) if endpoint.max_in_flight else None
                 self._replicas[url] = _Replica(url=url, cap=cap, context_length=endpoint.context_length)
             replicas.append(self._replicas[url])
-        route = _Route(endpoint, sampling, replicas, api_key, TokenCounter(endpoint.tokenizer))
+        route = _Route(endpoint, replicas, api_key, TokenCounter(endpoint.tokenizer))
         self._routes[role] = route
         return route
+
+    # ----------------------------------------------------------------------------------------- ChatModel
+    def resolve_sampling(
+        self,
+        role: str,
+        *,
+        preset: Sampling | None = None,
+        method: Sampling | None = None,
+        call: Sampling | None = None,
+    ) -> ResolvedSampling:
+        return resolve_role(self.settings, role, preset=preset, method=method, call=call)
+
+    def context_window(self, role: str) -> int | None:
+        route = self.route(role)
+        known = [r.context_length for r in route.replicas if r.context_length]
+        return route.endpoint.context_length or (min(known) if known else None)
+
+    def model_name(self, role: str) -> str:
+        return self.route(role).endpoint.model or "default"
 
     def _pick(self, replicas: list[_Replica]) -> _Replica:
         """Least calls in flight; ties broken round-robin so equal replicas share the load evenly."""
@@ -195,37 +218,51 @@ class LLMClient:
         messages: Sequence[Message],
         *,
         key: CallKey | None = None,
-        sampling: Sampling | None = None,
+        sampling: Sampling | ResolvedSampling | None = None,
         reply_model: type[BaseModel] | None = None,
     ) -> Completion:
-        """One chat completion for ``role``. Never raises for a failed call: it returns (and stores) a
-        :class:`Completion` whose ``error`` says why, except :class:`EndpointUnreachable`, which ends a run.
+        """One chat completion for ``role`` (``sampling``: see :meth:`tmas.llm.model.ChatModel.chat`), replayed from
+        the client's store where it holds the call, else sent and stored. Never raises for a failed call: it returns
+        (and stores) a :class:`Completion` whose ``error`` says why, except :class:`EndpointUnreachable`, which ends
+        a run.
 
         ``reply_model``: the pydantic model of a JSON reply; its schema goes out as ``response_format`` where the
         endpoint's ``structured_output`` allows it (see :mod:`tmas.llm.schema`)."""
+        if self._replay is not None:
+            return await self._replay.chat(role, messages, key=key, sampling=sampling, reply_model=reply_model)
+        return await self.send(role, messages, key=key, sampling=sampling, reply_model=reply_model)
+
+    def _count_replay(self, completion: Completion) -> None:
+        self.stats.cached += 1
+        self.stats.usage = self.stats.usage + completion.usage
+
+    async def send(
+        self,
+        role: str,
+        messages: Sequence[Message],
+        *,
+        key: CallKey | None = None,
+        sampling: Sampling | ResolvedSampling | None = None,
+        reply_model: type[BaseModel] | None = None,
+    ) -> Completion:
+        """:meth:`chat` over the wire alone: no replay, nothing stored."""
         route = self.route(role)
         key = key or CallKey(role=role)
-        resolved = route.sampling.merged(sampling)
+        if not isinstance(sampling, ResolvedSampling):
+            sampling = self.resolve_sampling(role, call=sampling)
         request = ChatRequest(
             model=route.endpoint.model or "default",
             messages=list(messages),
-            sampling=resolved,
-            response_format=self._response_format(route, resolved, reply_model),
+            sampling=sampling.sampling,
+            sampling_sources=sampling.sources,
+            response_format=self._response_format(route, sampling.sampling, reply_model),
         )
         request_hash = request.request_hash(key)
-        if self.store is not None:
-            cached = self.store.lookup_call(request_hash, key.sample)
-            if cached is not None:
-                self.stats.cached += 1
-                self.stats.usage = self.stats.usage + cached.usage
-                return cached.model_copy(update={"cached": True})
         completion = await self._call_with_retries(route, request, key, request_hash)
         self.stats.calls += 1
         self.stats.usage = self.stats.usage + completion.usage
         if not completion.ok:
             self.stats.failed += 1
-        if self.store is not None:
-            completion.call_id = self.store.record_call(completion, request)
         return completion
 
     @staticmethod
@@ -618,3 +655,44 @@ def _seconds(value: str | None) -> float | None:
         return float(value) if value is not None else None
     except ValueError:
         return None
+
+
+@dataclass
+class _Wire:
+    """The client seen without its store: the model :class:`StoreReplay` wraps inside it."""
+
+    client: LLMClient
+
+    @property
+    def settings(self) -> Settings:
+        return self.client.settings
+
+    async def chat(
+        self,
+        role: str,
+        messages: Sequence[Message],
+        *,
+        key: CallKey | None = None,
+        sampling: Sampling | ResolvedSampling | None = None,
+        reply_model: type[BaseModel] | None = None,
+    ) -> Completion:
+        return await self.client.send(role, messages, key=key, sampling=sampling, reply_model=reply_model)
+
+    async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
+        return await self.client.embed(texts, role=role)
+
+    def resolve_sampling(
+        self,
+        role: str,
+        *,
+        preset: Sampling | None = None,
+        method: Sampling | None = None,
+        call: Sampling | None = None,
+    ) -> ResolvedSampling:
+        return self.client.resolve_sampling(role, preset=preset, method=method, call=call)
+
+    def context_window(self, role: str) -> int | None:
+        return self.client.context_window(role)
+
+    def model_name(self, role: str) -> str:
+        return self.client.model_name(role)

@@ -80,6 +80,8 @@ class ChatRequest(BaseModel):
     # The ``response_format`` of a reply parsed by a pydantic model (see tmas.llm.schema). Not part of the request
     # hash: the parsers read the reply with or without it, so runs stored before it existed replay their calls.
     response_format: dict[str, Any] | None = None
+    # Which source set each field of ``sampling`` (see tmas.llm.sampling): recorded with the call, not hashed.
+    sampling_sources: dict[str, str] = Field(default_factory=dict)
 
     def body(self, max_tokens: int | None = None, *, structured: bool = False) -> dict[str, Any]:
         """The request body; ``structured`` adds the ``response_format`` (where the request has one)."""

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from tmas.errors import ConfigError
-from tmas.llm.client import LLMClient
+from tmas.llm.model import ChatModel
 
 LOCAL = "local"
 ENDPOINT = "endpoint"
@@ -31,10 +31,10 @@ class Embedder(Protocol):
 class EndpointEmbedder:
     """Vectors from ``role``'s ``/v1/embeddings``; the name is ``endpoint:<model>``."""
 
-    def __init__(self, llm: LLMClient, role: str = "embedding") -> None:
+    def __init__(self, llm: ChatModel, role: str = "embedding") -> None:
         self.llm = llm
         self.role = role
-        self.name = f"{ENDPOINT}:{llm.route(role).endpoint.model or 'default'}"
+        self.name = f"{ENDPOINT}:{llm.model_name(role)}"
 
     async def __call__(self, texts: Sequence[str]) -> list[list[float]]:
         return await self.llm.embed(texts, role=self.role)
@@ -61,7 +61,7 @@ class LocalEmbedder:
         return [[float(x) for x in row] for row in vectors]
 
 
-def embedder_for(spec: str, llm: LLMClient | None) -> Embedder:
+def embedder_for(spec: str, llm: ChatModel | None) -> Embedder:
     """The embedder a spec names: ``endpoint`` (needs ``llm``) or ``local``."""
     if spec == LOCAL:
         return LocalEmbedder()

@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tmas.answer_classes import EquivalenceCheck, answer_classes
 from tmas.config import Budget, Sampling
-from tmas.llm.client import LLMClient
+from tmas.llm.model import ChatModel
+from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling
 from tmas.llm.types import CallKey, Completion, Message, Usage
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
@@ -146,7 +147,7 @@ class ProblemSession:
     def __init__(
         self,
         problem: Problem,
-        llm: LLMClient,
+        llm: ChatModel,
         store: RunStore | None,
         *,
         seed: int = 0,
@@ -184,6 +185,9 @@ class ProblemSession:
         self.calls_in_flight = 0
         # Set when the budget refused a call; says what was spent against what limit.
         self.budget_stop: str | None = None
+        # Role -> (the method's preset sampling, the user's own method sampling) for that role: their layers of
+        # the one resolution (tmas.llm.sampling), set by a method that has them (TMAS).
+        self.method_sampling: dict[str, tuple[Sampling | None, Sampling | None]] = {}
 
     async def chat(
         self,
@@ -194,18 +198,18 @@ class ProblemSession:
         sampling: Sampling | None = None,
         reply_model: type[BaseModel] | None = None,
     ) -> Completion:
-        """One call of this problem (see :meth:`LLMClient.chat`; ``reply_model``: the pydantic model of a JSON
+        """One call of this problem (see :meth:`ChatModel.chat`; ``reply_model``: the pydantic model of a JSON
         reply, sent as its schema where the endpoint allows)."""
         self.check_budget()
         key = CallKey(problem_id=self.problem.problem_id, role=role, sample=sample, iteration=self.iteration)
-        if self.llm.route(role).sampling.merged(sampling).seed is None:
+        resolved = self.resolve_sampling(role, sampling)
+        if resolved.sampling.seed is None:
             # A distinct, reproducible seed per call: parallel samples of one prompt differ, and a rerun with the
             # same run seed asks the same questions (servers that honour `seed`, e.g. vLLM, answer the same too).
-            # Only the seed is added: the route's and the override's other fields reach the server unchanged.
-            sampling = (sampling or Sampling()).merged(Sampling(seed=self.derive_seed("call", role, sample)))
+            resolved = resolved.over(DERIVED_SEED, Sampling(seed=self.derive_seed("call", role, sample)))
         self.calls_in_flight += 1
         try:
-            completion = await self.llm.chat(role, messages, key=key, sampling=sampling, reply_model=reply_model)
+            completion = await self.llm.chat(role, messages, key=key, sampling=resolved, reply_model=reply_model)
         finally:
             self.calls_in_flight -= 1
         self.spent_calls += 1
@@ -250,13 +254,16 @@ class ProblemSession:
 
     def context_window(self, role: str) -> int | None:
         """The context window (tokens) of ``role``'s endpoint where configured or reported, else None."""
-        route = self.llm.route(role)
-        known = [r.context_length for r in route.replicas if r.context_length]
-        return route.endpoint.context_length or (min(known) if known else None)
+        return self.llm.context_window(role)
+
+    def resolve_sampling(self, role: str, call: Sampling | None = None) -> ResolvedSampling:
+        """What a call of ``role`` with the per-call override ``call`` sends (the seed aside), and who set what."""
+        preset, method = self.method_sampling.get(role, (None, None))
+        return self.llm.resolve_sampling(role, preset=preset, method=method, call=call)
 
     def max_tokens(self, role: str, sampling: Sampling | None = None) -> int | None:
         """The max_tokens a call of ``role`` with the ``sampling`` override would send."""
-        return self.llm.route(role).sampling.merged(sampling).max_tokens
+        return self.resolve_sampling(role, sampling).sampling.max_tokens
 
     def derive_seed(self, *parts: object) -> int:
         """A 31-bit seed fixed by the run seed, the problem, the current iteration and ``parts``."""

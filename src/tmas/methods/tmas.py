@@ -70,7 +70,7 @@ from tmas.methods.base import (
 )
 from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.selection import select_answered
-from tmas.methods.tmas_params import TMAS_ROLES, TMASParams, sampling_override
+from tmas.methods.tmas_params import TMAS_ROLES, TMASParams
 
 Update = TypeVar("Update", bound=EchoFiltered)
 
@@ -141,7 +141,8 @@ class TMAS(Method[TMASParams]):
     # ------------------------------------------------------------------------------------------ Algorithm 1
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p = self.params
-        sampling = {role: sampling_override(session.llm.settings, role, p) for role in TMAS_ROLES}
+        for role in TMAS_ROLES:  # the preset's and the user's own sampling: layers of the one resolution
+            session.method_sampling[role] = p.sampling_layers(role)
         state = MemoryState()  # line 2: E_0, G_0, R_0 = ∅
         totals: Counter[str] = Counter()
         streak = 0
@@ -150,9 +151,9 @@ class TMAS(Method[TMASParams]):
             session.begin_iteration(t)
             log = IterationLog()
             # Lines 5-12: every prompt of iteration t is built from the fixed state of t-1, before any call is sent.
-            plan = self._plan(session, t, state, sampling, log)
+            plan = self._plan(session, t, state, log)
             # Lines 6-17: candidates in parallel; each one's verifications start as soon as it is written.
-            outcomes = await gather_all(self._rollout(session, i, plan, sampling, log) for i in range(p.n))
+            outcomes = await gather_all(self._rollout(session, i, plan, log) for i in range(p.n))
             rollouts = [o.rollout for o in outcomes if o.rollout is not None]  # line 18: R_t
             candidates = [o.candidate for o in outcomes]
             streak, stop_note = self._early_stop(t, candidates, streak)
@@ -167,8 +168,8 @@ class TMAS(Method[TMASParams]):
             else:
                 # Lines 19-20: the two memory agents in parallel.
                 (experience, exp_info), (guideline, guide_info) = await gather_pair(
-                    self._update_experience(session, rollouts, state.experience, sampling, log),
-                    self._update_guideline(session, rollouts, state.guideline, sampling, log),
+                    self._update_experience(session, rollouts, state.experience, log),
+                    self._update_guideline(session, rollouts, state.guideline, log),
                 )
             state = MemoryState(rollouts=rollouts, experience=experience, guideline=guideline)
             selected, fallback = await self._select(session, candidates)
@@ -229,7 +230,6 @@ class TMAS(Method[TMASParams]):
         session: ProblemSession,
         t: int,
         prev: MemoryState,
-        sampling: dict[str, Sampling | None],
         log: IterationLog,
     ) -> SolutionPlan:
         """z_{t,i} ~ Bernoulli(epsilon) per candidate (line 7) and the prompt each one gets (lines 8-12, eq. 1)."""
@@ -251,7 +251,7 @@ class TMAS(Method[TMASParams]):
                 elif name == "refine":
                     experience = None if p.no_experience else prev.experience
                     base = refine_prompt(q, mode, [], experience, style)
-                    fit = self._fit(session, "solution", prev.rollouts, base, sampling)
+                    fit = self._fit(session, "solution", prev.rollouts, base)
                     if fit.changed:
                         log.notes.append(f"exploit prompt: {fit.describe()}")
                     cache[name] = refine_prompt(q, mode, fit.views, experience, style)
@@ -276,13 +276,12 @@ class TMAS(Method[TMASParams]):
         role: str,
         rollouts: list[Rollout],
         base: list[Message],
-        sampling: dict[str, Sampling | None],
     ) -> RolloutFit:
         """R_{t-1} as a prompt of ``role`` shows it: all of it, unless top_k / max_solution_chars / the window say
         otherwise."""
         p = self.params
         window = session.context_window(role) if p.context_tokens is None else None
-        reply = session.max_tokens(role, sampling.get(role)) if window is not None else None
+        reply = session.max_tokens(role) if window is not None else None
         budget = rollout_budget_chars(base, context_tokens=p.context_tokens, window=window, reply_tokens=reply)
         return fit_rollouts(rollouts, top_k=p.top_k, max_solution_chars=p.max_solution_chars, budget_chars=budget)
 
@@ -292,7 +291,6 @@ class TMAS(Method[TMASParams]):
         session: ProblemSession,
         i: int,
         plan: SolutionPlan,
-        sampling: dict[str, Sampling | None],
         log: IterationLog,
     ) -> CandidateOutcome:
         """Lines 9-16 for candidate i: c_{t,i}, then V_{t,i} (M passes in parallel), then s_{t,i}."""
@@ -305,7 +303,6 @@ class TMAS(Method[TMASParams]):
             plan.messages[i],
             lambda r: guard.solution_echo(*_text_and_answer(parse_solution(r.content, p.mode))),
             sample=i,
-            sampling=sampling["solution"],
         )
         reply = guarded.reply
         candidate = Candidate(
@@ -335,9 +332,7 @@ class TMAS(Method[TMASParams]):
             return CandidateOutcome(candidate, None)
         solution = parse_solution(reply.content, p.mode)
         if self._remind(solution.answer, reply.truncated, plan.prompt_names[i]):
-            reply, solution, spent = await self._reminded(
-                session, i, plan.messages[i], reply, solution, sampling, log, meta
-            )
+            reply, solution, spent = await self._reminded(session, i, plan.messages[i], reply, solution, log, meta)
             candidate.call_id, candidate.finish_reason = reply.call_id, reply.finish_reason
             candidate.usage = candidate.usage + spent
         candidate.text, candidate.answer = solution.text, solution.answer
@@ -354,7 +349,7 @@ class TMAS(Method[TMASParams]):
             log.notes.append(f"candidate {i}: no '## Solution' heading; the whole reply is taken as the solution")
 
         # Line 14: M independent verification passes, in parallel.
-        verifications, records = await self._verify(session, i, solution.text, sampling, log)
+        verifications, records = await self._verify(session, i, solution.text, log)
         meta["verifications"] = records
         score = _mean([v.effective_score for v in verifications])
         if p.mode == "numeric" and solution.answer is None:
@@ -362,9 +357,7 @@ class TMAS(Method[TMASParams]):
         candidate.score = score
 
         # Line 15: s_{t,i} = A_sum(x, c_{t,i}, V_{t,i}).
-        s_messages = summary_prompt(
-            q, solution.text, verifications, max_tokens=session.max_tokens("summary", sampling["summary"])
-        )
+        s_messages = summary_prompt(q, solution.text, verifications, max_tokens=session.max_tokens("summary"))
         s_guard = EchoGuard.of(s_messages)
         s_guarded = await chat_guarded(
             session,
@@ -372,7 +365,6 @@ class TMAS(Method[TMASParams]):
             s_messages,
             lambda r: "summary" if s_guard.echoes_text(r.content) else None,
             sample=i,
-            sampling=sampling["summary"],
         )
         s_reply = s_guarded.reply
         if s_guarded.first_echo is not None:
@@ -411,7 +403,6 @@ class TMAS(Method[TMASParams]):
         messages: list[Message],
         reply: Completion,
         solution: SolutionOutput,
-        sampling: dict[str, Sampling | None],
         log: IterationLog,
         meta: dict[str, Any],
     ) -> tuple[Completion, SolutionOutput, Usage]:
@@ -421,7 +412,7 @@ class TMAS(Method[TMASParams]):
         keeps the first reply's call and text."""
         session.tally("solution").unusable += 1
         reminded = answer_reminder_prompt(messages, reply.content)
-        retry = await session.chat("solution", reminded, sample=i, sampling=sampling["solution"])
+        retry = await session.chat("solution", reminded, sample=i)
         info: dict[str, Any] = {"first_call_id": reply.call_id, "first_reply": reply.content[:RAW_LIMIT]}
         meta["reminder"] = info
         if not retry.ok:
@@ -451,7 +442,6 @@ class TMAS(Method[TMASParams]):
         session: ProblemSession,
         i: int,
         solution: str,
-        sampling: dict[str, Sampling | None],
         log: IterationLog,
     ) -> tuple[list[Verification], list[dict[str, Any]]]:
         """V_{t,i}: M verifications of candidate i, with what each one's record keeps.
@@ -462,13 +452,13 @@ class TMAS(Method[TMASParams]):
         """
         p, q = self.params, session.problem.question
         logprob = p.verifier_score == "logprob"
-        over = sampling["verifier"]
+        over: Sampling | None = None
         if logprob:
             check = score_first_prompt(q, solution, p.mode)
             asked = Sampling(
                 max_tokens=p.score_max_tokens, extra_body={"logprobs": True, "top_logprobs": p.top_logprobs}
             )
-            over = (over or Sampling()).merged(asked)
+            over = asked
         else:
             check = verification_prompt(q, solution, p.mode, p.style_of("verifier"))
         # Text scoring only: logprob scores are read from unconstrained tokens (see LLMClient._response_format).
@@ -513,7 +503,6 @@ class TMAS(Method[TMASParams]):
         session: ProblemSession,
         rollouts: list[Rollout],
         bank: ExperienceBank,
-        sampling: dict[str, Sampling | None],
         log: IterationLog,
     ) -> tuple[ExperienceBank, dict[str, Any]]:
         """Line 19, eq. 4: E_t = A_exp(x, R_t, E_{t-1}); any invalid update keeps E_{t-1}."""
@@ -523,9 +512,7 @@ class TMAS(Method[TMASParams]):
         if not rollouts:
             log.notes.append("experience update skipped: no rollout this iteration")
             return bank, {"status": "skipped"}
-        fit = self._fit(
-            session, "experience", rollouts, experience_prompt(q, [], bank, p.experience_max_entries), sampling
-        )
+        fit = self._fit(session, "experience", rollouts, experience_prompt(q, [], bank, p.experience_max_entries))
         if fit.changed:
             log.notes.append(f"experience prompt: {fit.describe()}")
         messages = experience_prompt(q, fit.views, bank, p.experience_max_entries)
@@ -534,9 +521,8 @@ class TMAS(Method[TMASParams]):
             "experience",
             messages,
             parse_experience_update,
-            sampling,
             log,
-            experience_reply_model(session.max_tokens("experience", sampling.get("experience"))),
+            experience_reply_model(session.max_tokens("experience")),
         )
         if update is None:
             return bank, info
@@ -558,7 +544,6 @@ class TMAS(Method[TMASParams]):
         session: ProblemSession,
         rollouts: list[Rollout],
         bank: GuidelineBank,
-        sampling: dict[str, Sampling | None],
         log: IterationLog,
     ) -> tuple[GuidelineBank, dict[str, Any]]:
         """Line 20, eq. 5: G_t = A_guide(x, R_t, G_{t-1}); any invalid update keeps G_{t-1}."""
@@ -568,7 +553,7 @@ class TMAS(Method[TMASParams]):
         if not rollouts:
             log.notes.append("guideline update skipped: no rollout this iteration")
             return bank, {"status": "skipped"}
-        fit = self._fit(session, "guideline", rollouts, guideline_prompt(q, [], bank), sampling)
+        fit = self._fit(session, "guideline", rollouts, guideline_prompt(q, [], bank))
         if fit.changed:
             log.notes.append(f"guideline prompt: {fit.describe()}")
         update, info = await self._ask_memory_agent(
@@ -576,7 +561,6 @@ class TMAS(Method[TMASParams]):
             "guideline",
             guideline_prompt(q, fit.views, bank),
             parse_guideline_update,
-            sampling,
             log,
             GuidelineReply,
         )
@@ -609,7 +593,6 @@ class TMAS(Method[TMASParams]):
         role: str,
         messages: list[Message],
         parse: Callable[..., Update],
-        sampling: dict[str, Sampling | None],
         log: IterationLog,
         reply_model: type[BaseModel],
     ) -> tuple[Update | None, dict[str, Any]]:
@@ -625,7 +608,7 @@ class TMAS(Method[TMASParams]):
                 return None
             return f"{len(dropped)} item(s) echoing the prompt's instructions" if dropped else None
 
-        guarded = await chat_guarded(session, role, messages, echo_of, sampling=sampling[role], reply_model=reply_model)
+        guarded = await chat_guarded(session, role, messages, echo_of, reply_model=reply_model)
         reply = guarded.reply
         if guarded.first_echo is not None:
             log.bad(f"{role}_echo", f"{role} update held {guarded.first_echo}; asked again")

@@ -13,19 +13,18 @@ run's own sampling settings. Presets fill in every parameter the user did not gi
   embedded model is used and no preset is given (explicit parameters such as ``iterations`` still win over it).
 
 Per-role ``sampling`` the user gives as a method parameter is sent with every call of that role, over the run's
-settings (it is the most specific setting there is). Sampling a *preset* asks for is sent only where the user left
-that field alone: not set for the role under ``[roles.<role>.sampling]``, and under ``[sampling]`` either unset or
-still at its built-in default. So ``--temperature 0.5`` or a per-role setting always beats a preset. A value counts
-as the preset's when it equals the preset's value for that role and field.
+settings (it is the most specific setting there is). Sampling a *preset* asks for fills only the fields no one set:
+not ``[sampling]`` (file, ``TMAS_*`` variables or flags, even at a value equal to the built-in default) and not
+``[roles.<role>.sampling]``. The whole order is in :mod:`tmas.llm.sampling`.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ModelWrapValidatorHandler, PrivateAttr, model_validator
 
-from tmas.config import Sampling, Settings
+from tmas.config import Sampling
 from tmas.memory.experience_bank import DEFAULT_DEDUP_THRESHOLD, DEFAULT_MAX_ENTRIES
 from tmas.methods.selection import PoolRule, SelectRule
 from tmas.methods.styled import StyledParams
@@ -110,20 +109,34 @@ class TMASParams(StyledParams):
     # Per-role sampling the method asks for (see the module docstring for how it meets the run's settings).
     sampling: dict[str, Sampling] = Field(default_factory=dict)
 
-    @model_validator(mode="before")
+    # The user's own per-role sampling, apart from the preset's (``sampling`` holds both): set by _apply_preset.
+    _own_sampling: dict[str, Sampling] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
     @classmethod
-    def _apply_preset(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or data.get("preset") not in PRESETS:
-            return data
-        preset = PRESETS[data["preset"]]
-        merged = {**preset, **data}
-        user_sampling = data.get("sampling") or {}
-        if isinstance(user_sampling, dict):
-            roles = set(preset["sampling"]) | set(user_sampling)
-            merged["sampling"] = {
-                role: {**preset["sampling"].get(role, {}), **_as_dict(user_sampling.get(role))} for role in roles
-            }
-        return merged
+    def _apply_preset(cls, data: Any, handler: ModelWrapValidatorHandler[TMASParams]) -> TMASParams:
+        own = data.get("sampling") if isinstance(data, dict) else None
+        if isinstance(data, dict) and data.get("preset") in PRESETS:
+            preset = PRESETS[data["preset"]]
+            merged = {**preset, **data}
+            user_sampling = data.get("sampling") or {}
+            if isinstance(user_sampling, dict):
+                roles = set(preset["sampling"]) | set(user_sampling)
+                merged["sampling"] = {
+                    role: {**preset["sampling"].get(role, {}), **_as_dict(user_sampling.get(role))} for role in roles
+                }
+            data = merged
+        params = handler(data)
+        if isinstance(own, dict):
+            # Validated above as part of `sampling`: the user's own fields, kept apart so the preset's can yield.
+            params._own_sampling = {role: Sampling(**_as_dict(value)) for role, value in own.items()}
+        return params
+
+    def sampling_layers(self, role: str) -> tuple[Sampling | None, Sampling | None]:
+        """``role``'s (preset, own) sampling: the preset's fills only what no one set; the user's own per-role
+        method sampling goes over every setting (see tmas.llm.sampling)."""
+        preset = PRESETS[self.preset]["sampling"].get(role) if self.preset else None
+        return (Sampling(**preset) if preset else None), self._own_sampling.get(role)
 
     @model_validator(mode="after")
     def _known_roles(self) -> TMASParams:
@@ -137,27 +150,3 @@ def _as_dict(value: Any) -> dict[str, Any]:
     if isinstance(value, Sampling):
         return {k: getattr(value, k) for k in value.model_fields_set}
     return dict(value) if isinstance(value, dict) else {}
-
-
-def sampling_override(settings: Settings, role: str, params: TMASParams) -> Sampling | None:
-    """The per-call override for ``role``: the user's own method sampling, plus the preset's fields the run's
-    settings leave alone (None when nothing is left). Values, not ``model_fields_set``, decide what the user set:
-    settings read back from a full dump (``--resume``, sweep points) mark every field as set."""
-    wanted = params.sampling.get(role)
-    if wanted is None:
-        return None
-    preset = PRESETS[params.preset]["sampling"].get(role, {}) if params.preset else {}
-    builtin = Settings().sampling
-    role_sampling = settings.roles[role].sampling if role in settings.roles else Sampling()
-    fields: dict[str, Any] = {}
-    for name in wanted.model_fields_set:
-        value = getattr(wanted, name)
-        if value is None:
-            continue
-        if name in preset and preset[name] == value:
-            current = getattr(settings.sampling, name)
-            mine = getattr(role_sampling, name)
-            if mine not in (None, {}) or (current is not None and current != getattr(builtin, name)):
-                continue
-        fields[name] = value
-    return Sampling(**fields) if fields else None

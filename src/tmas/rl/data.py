@@ -44,11 +44,12 @@ from tmas.agents.solution import explore_prompt, generation_prompt, refine_promp
 from tmas.agents.style import Style
 from tmas.config import Settings
 from tmas.errors import InputError
+from tmas.llm.sampling import resolve_role
 from tmas.llm.types import Message
 from tmas.memory.experience_bank import ExperienceBank
 from tmas.memory.guideline_bank import GuidelineBank
 from tmas.methods.tmas import rollout_budget_chars
-from tmas.methods.tmas_params import TMASParams, sampling_override
+from tmas.methods.tmas_params import TMASParams
 from tmas.problems import Problem, load_problems
 from tmas.rl.scoring import TASKS, Task
 from tmas.store.run_store import RunStore, StoreError
@@ -154,8 +155,8 @@ def run_rendering(params: TMASParams, settings: Settings | None, context_length:
             window = (role.context_length if role else None) or settings.endpoint.context_length
             if window is None and settings.uses_local_model:
                 window = settings.local.ctx_per_slot
-        sampling = settings.sampling.merged(role.sampling if role else None)
-        reply = sampling.merged(sampling_override(settings, "solution", params)).max_tokens
+        preset, own = params.sampling_layers("solution")
+        reply = resolve_role(settings, "solution", preset=preset, method=own).sampling.max_tokens
     return Rendering(
         style=params.style_of("solution"),
         top_k=params.top_k,

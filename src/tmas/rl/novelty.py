@@ -17,6 +17,7 @@ from tmas.agents.guideline_judge import NoveltyReply, judge_prompt, parse_novelt
 from tmas.agents.output import AgentOutputError
 from tmas.config import Settings
 from tmas.llm.client import LLMClient
+from tmas.llm.model import ChatModel
 from tmas.llm.types import CallKey
 from tmas.rl.scoring import JudgeOutcome, RolloutInput
 from tmas.store.run_store import RunStore
@@ -47,7 +48,7 @@ class LLMNoveltyJudge:
             if store is not None:
                 store.close()
 
-    async def _one(self, llm: LLMClient, rollout: RolloutInput) -> JudgeOutcome:
+    async def _one(self, llm: ChatModel, rollout: RolloutInput) -> JudgeOutcome:
         messages = judge_prompt(rollout.question, rollout.strategies, rollout.completion)
         key = CallKey(role=ROLE, problem_id=rollout.group)
         reply = await llm.chat(ROLE, messages, key=key, reply_model=NoveltyReply)

@@ -176,7 +176,11 @@ class ServedRuns:
         data = self.settings.model_dump(mode="json")
         data["endpoint"]["model"] = upstream
         data["method"] = {"name": method, "params": params}
-        data["sampling"].update(body.sampling_overrides())
+        overrides = body.sampling_overrides()
+        data["sampling"].update(overrides)
+        if data.get("sampling_sources") is not None:
+            # The request's own sampling is set by its sender, as a flag is: a method's preset yields to it.
+            data["sampling_sources"].update(dict.fromkeys(overrides, "flags"))
         data["seed"] = seed
         settings = Settings.model_validate(data)
         job = Job(run_id=run_dir.name, run_dir=run_dir, fingerprint=fingerprint)

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tmas import __version__
 from tmas.errors import TmasError
 from tmas.llm.types import CallKey, ChatRequest, Completion, TokenLogprob, Usage
 from tmas.problems import Problem
+from tmas.version import __version__
 
 DB_NAME = "run.sqlite"
 SCHEMA_VERSION = 1
@@ -61,7 +61,8 @@ CREATE TABLE IF NOT EXISTS calls (
     error_cause TEXT,
     retry_causes TEXT NOT NULL DEFAULT '[]',
     logprobs TEXT,
-    cached_prompt_tokens INTEGER
+    cached_prompt_tokens INTEGER,
+    sampling_sources TEXT
 );
 CREATE INDEX IF NOT EXISTS calls_by_request ON calls (request_hash, sample);
 CREATE INDEX IF NOT EXISTS calls_by_problem ON calls (problem_id, iteration);
@@ -158,6 +159,9 @@ class RunStore:
         if "cached_prompt_tokens" not in have:
             # NULL in the rows of older stores: the server's prompt cache was not read then (counted as 0).
             self._db.execute("ALTER TABLE calls ADD COLUMN cached_prompt_tokens INTEGER")
+        if "sampling_sources" not in have:
+            # NULL in the rows of older stores: which source set each sampling field was not kept then.
+            self._db.execute("ALTER TABLE calls ADD COLUMN sampling_sources TEXT")
 
     def _shadow_missing_columns(self) -> None:
         """Read-only, an older store cannot be altered: a temporary view named ``calls`` (temp names are looked up
@@ -235,8 +239,8 @@ class RunStore:
             "INSERT INTO calls (request_hash, sample, problem_id, iteration, role, endpoint, model, messages,"
             " sampling, content, reasoning, prompt_tokens, completion_tokens, reasoning_tokens, usage_estimated,"
             " finish_reason, max_tokens_sent, latency_s, attempts, error, created_at, error_cause, retry_causes,"
-            " logprobs, cached_prompt_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
-            " ?, ?, ?)",
+            " logprobs, cached_prompt_tokens, sampling_sources) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+            " ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 c.request_hash,
                 k.sample,
@@ -263,6 +267,7 @@ class RunStore:
                 json.dumps(c.retry_causes),
                 None if c.logprobs is None else json.dumps([t.model_dump() for t in c.logprobs]),
                 u.cached_prompt_tokens,
+                json.dumps(request.sampling_sources, sort_keys=True),
             ),
         )
         return int(cursor.lastrowid or 0)
@@ -292,6 +297,12 @@ class RunStore:
     def call_sampling(self, call_id: int) -> dict[str, Any]:
         row = self._db.execute("SELECT sampling FROM calls WHERE id = ?", (call_id,)).fetchone()
         return {} if row is None else dict(json.loads(row[0]))
+
+    def call_sampling_sources(self, call_id: int) -> dict[str, str] | None:
+        """Which source set each field of the call's sampling (see tmas.llm.sampling); None for calls stored
+        before sources were kept."""
+        row = self._db.execute("SELECT sampling_sources FROM calls WHERE id = ?", (call_id,)).fetchone()
+        return None if row is None or row[0] is None else dict(json.loads(row[0]))
 
     def role_costs(self) -> dict[str, dict[str, int]]:
         """Calls, failed calls and tokens per agent role, over the whole run."""
@@ -473,7 +484,7 @@ class _Transaction:
 
 
 # Columns of the calls table added after schema 1 (nullable): older stores get them on open.
-_LATER_CALL_COLUMNS = ("logprobs", "cached_prompt_tokens")
+_LATER_CALL_COLUMNS = ("logprobs", "cached_prompt_tokens", "sampling_sources")
 _CALL_COLUMNS = (
     "id, request_hash, sample, problem_id, iteration, role, endpoint, model, content, reasoning, prompt_tokens,"
     " completion_tokens, reasoning_tokens, usage_estimated, finish_reason, max_tokens_sent, latency_s, attempts,"

@@ -8,6 +8,7 @@ from tmas.testing.responders import RESPONDERS, SimRequest, count_tokens, regist
 from tmas.testing.script import FaultRates, Rule, ScriptedUsage, SimScript
 
 if TYPE_CHECKING:
+    from tmas.testing.scripted_model import ScriptedCall, ScriptedModel
     from tmas.testing.sim_server import LoggedRequest, SimServer, SimStats
 
 __all__ = [
@@ -15,6 +16,8 @@ __all__ = [
     "FaultRates",
     "LoggedRequest",
     "Rule",
+    "ScriptedCall",
+    "ScriptedModel",
     "ScriptedUsage",
     "SimRequest",
     "SimScript",
@@ -34,6 +37,10 @@ def __getattr__(name: str) -> Any:
         from tmas.testing import sim_server
 
         return getattr(sim_server, name)
+    if name in ("ScriptedCall", "ScriptedModel"):
+        from tmas.testing import scripted_model
+
+        return getattr(scripted_model, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

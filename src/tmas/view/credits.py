@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-CREDITS_FILE = "credits.jsonl"
+from tmas.experience.construct import CREDITS_FILE
 
 # (run directory, problem id, round (0-based, as in the transcript), agent) -> the turn's reward r.
 CreditKey = tuple[str, str, int, str]

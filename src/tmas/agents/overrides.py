@@ -1,0 +1,146 @@
+"""Prompt templates a user overrides: ``prompts_dir`` holds ``NAME.j2`` files that replace the packaged ones.
+
+Checked before a run sends anything: every file must be named after a packaged template and use exactly the
+variables its packaged template uses (the data its role renders it with), counting what included templates use,
+so a typo fails at start with one line naming the file and the variable, not in the middle of a run, and no data
+the role hands its template (the problem, the solutions, the banks) is silently left out. A run records each
+override's SHA-256 (store meta ``prompt_overrides``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import jinja2
+from jinja2 import meta
+
+from tmas.agents.templates import packaged_environment
+from tmas.errors import ConfigError
+
+SUFFIX = ".j2"
+
+
+@dataclass(frozen=True)
+class Override:
+    """One template of ``prompts_dir`` that replaces the packaged one of the same name."""
+
+    name: str
+    path: Path
+    sha256: str
+
+
+def packaged_names() -> list[str]:
+    """Every packaged template, partials (``_*.j2``, included by others) too."""
+    return sorted(packaged_environment().list_templates(filter_func=lambda name: name.endswith(SUFFIX)))
+
+
+def packaged_source(name: str) -> str:
+    """The text of packaged template ``name`` (a one-line :class:`ConfigError` for an unknown name)."""
+    env = packaged_environment()
+    if name not in packaged_names():
+        raise ConfigError(f"no packaged prompt template named {name!r} (see `tmas prompts list`)")
+    assert env.loader is not None
+    source, _, _ = env.loader.get_source(env, name)
+    return source
+
+
+def _variables(env: jinja2.Environment, name: str, seen: frozenset[str] = frozenset()) -> set[str]:
+    """The variables template ``name`` reads from its context, with those of the templates it includes."""
+    assert env.loader is not None
+    source, filename, _ = env.loader.get_source(env, name)
+    try:
+        ast = env.parse(source, name, filename)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(f"{filename or name}: line {exc.lineno}: {exc.message}") from None
+    found = set(meta.find_undeclared_variables(ast))
+    for included in meta.find_referenced_templates(ast):
+        if included is not None and included not in seen:
+            found |= _variables(env, included, seen | {name})
+    return found
+
+
+@cache
+def packaged_variables(name: str) -> frozenset[str]:
+    return frozenset(_variables(packaged_environment(), name))
+
+
+@cache
+def _includers(name: str) -> frozenset[str]:
+    """The packaged top-level templates that include ``name``, directly or through other partials."""
+    env = packaged_environment()
+    out = set()
+    for top in packaged_names():
+        if top != name and name in _referenced(env, top, frozenset()):
+            out.add(top)
+    return frozenset(out)
+
+
+def _referenced(env: jinja2.Environment, name: str, seen: frozenset[str]) -> set[str]:
+    assert env.loader is not None
+    source, _, _ = env.loader.get_source(env, name)
+    out: set[str] = set()
+    for included in meta.find_referenced_templates(env.parse(source)):
+        if included is not None and included not in seen:
+            out |= {included, *_referenced(env, included, seen | {name})}
+    return out
+
+
+def given_variables(name: str) -> frozenset[str]:
+    """What a template called ``name`` is rendered with: its packaged template's variables, or for a partial, the
+    variables of every template that includes it."""
+    includers = _includers(name)
+    if name.startswith("_") and includers:
+        return frozenset().union(*(packaged_variables(top) for top in includers))
+    return packaged_variables(name)
+
+
+def check_overrides(prompts_dir: str | Path) -> list[Override]:
+    """The overrides in ``prompts_dir``, each checked; the first problem is a one-line :class:`ConfigError`."""
+    folder = Path(prompts_dir)
+    if not folder.is_dir():
+        raise ConfigError(f"{folder}: prompts_dir is not a directory")
+    known = set(packaged_names())
+    env = jinja2.Environment(
+        loader=jinja2.ChoiceLoader([jinja2.FileSystemLoader(str(folder)), packaged_environment().loader])  # type: ignore[list-item]
+    )
+    overrides: list[Override] = []
+    for path in sorted(folder.glob(f"*{SUFFIX}")):
+        name = path.name
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else " (see `tmas prompts list`)"
+            raise ConfigError(f"{path}: no packaged prompt template of this name{hint}")
+        try:
+            used = _variables(env, name)
+        except (jinja2.TemplateNotFound, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: cannot read it: {type(exc).__name__}: {exc}") from None
+        given = given_variables(name)
+        unknown = sorted(used - given)
+        if unknown:
+            raise ConfigError(
+                f"{path}: unknown variable {unknown[0]!r}: the template is rendered with {_listed(given)}"
+            )
+        needed = packaged_variables(name)
+        missing = sorted(needed - used)
+        if missing:
+            raise ConfigError(
+                f"{path}: missing variable {missing[0]!r}: the packaged template uses {_listed(needed)}"
+                " and so must its override"
+            )
+        overrides.append(Override(name, path, hashlib.sha256(path.read_bytes()).hexdigest()))
+    return overrides
+
+
+def _listed(names: frozenset[str]) -> str:
+    return ", ".join(sorted(names)) or "no variables"
+
+
+def override_diff(override: Override) -> str:
+    """A unified diff from the packaged template to its override."""
+    ours = packaged_source(override.name).splitlines(keepends=True)
+    theirs = override.path.read_text(encoding="utf-8").splitlines(keepends=True)
+    return "".join(difflib.unified_diff(ours, theirs, f"packaged/{override.name}", str(override.path)))

@@ -1,0 +1,65 @@
+"""The seam between the LLM layer and everything above it: the :class:`ChatModel` protocol.
+
+Methods, agents, judges, experience building and the RL novelty judge depend on this protocol only, never on the
+HTTP client, so a wrapper (replay, cache, tracing) or an in-process scripted model (``tmas.testing.ScriptedModel``,
+for unit tests of logic) can stand where :class:`tmas.llm.client.LLMClient` stands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from pydantic import BaseModel
+
+from tmas.config import Sampling, Settings
+from tmas.llm.sampling import ResolvedSampling
+from tmas.llm.types import CallKey, Completion, Message
+
+
+class ChatModel(Protocol):
+    """Chat completions and embeddings per agent role, with what each role resolves to."""
+
+    @property
+    def settings(self) -> Settings:
+        """The run's settings (what the roles resolve against)."""
+        ...
+
+    async def chat(
+        self,
+        role: str,
+        messages: Sequence[Message],
+        *,
+        key: CallKey | None = None,
+        sampling: Sampling | ResolvedSampling | None = None,
+        reply_model: type[BaseModel] | None = None,
+    ) -> Completion:
+        """One chat completion for ``role``: ``sampling`` is what :meth:`resolve_sampling` returned for the call, or
+        a per-call override resolved here as the ``call`` layer (None: the role's own); ``key`` names
+        the call for storage and replay; ``reply_model`` is the pydantic model of a JSON reply (its schema may be
+        sent as ``response_format``). A failed call returns a :class:`Completion` whose ``error`` says why."""
+        ...
+
+    async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
+        """Embedding vectors of ``texts``, in order."""
+        ...
+
+    def resolve_sampling(
+        self,
+        role: str,
+        *,
+        preset: Sampling | None = None,
+        method: Sampling | None = None,
+        call: Sampling | None = None,
+    ) -> ResolvedSampling:
+        """The sampling a call of ``role`` sends, resolved once in the order :mod:`tmas.llm.sampling` documents
+        (a method's ``preset`` and own ``method`` sampling and the ``call``'s override go where they belong)."""
+        ...
+
+    def context_window(self, role: str) -> int | None:
+        """``role``'s context window in tokens where configured or reported, else None."""
+        ...
+
+    def model_name(self, role: str) -> str:
+        """The model ``role`` asks for (``"default"`` when the endpoint names none)."""
+        ...

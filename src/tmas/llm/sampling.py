@@ -1,0 +1,119 @@
+"""Sampling resolved once, with one documented priority, keeping which source set each field.
+
+Priority, lowest first (a later source wins every field it sets; ``extra_body`` merges key by key):
+
+====  ============  ==================================================================================
+ 1    ``built-in``  ``DEFAULT_SAMPLING`` (temperature 0.7, max_tokens 2048)
+ 2    ``preset``    a method's preset for the role (TMAS ``paper`` / ``local``): fills only what no one set
+ 3    ``config``    ``[sampling]`` in the TOML file
+ 4    ``env``       ``TMAS_TEMPERATURE``, ``TMAS_TOP_P``, ``TMAS_MAX_TOKENS``
+ 5    ``flags``     ``--temperature``, ``--top-p``, ``--max-tokens``
+ 6    ``role``      ``[roles.<role>.sampling]``
+ 7    ``method``    the method's own per-role parameters (TMAS ``sampling = {<role> = {...}}``)
+ 8    ``call``      what a method's code asks of one call (e.g. a score-first verifier's max_tokens, logprobs)
+====  ============  ==================================================================================
+
+``role`` sits above ``env`` and ``flags``: it is the more specific setting (``--temperature 0.6`` with
+``[roles.refiner.sampling] temperature = 0.05`` sends 0.05 to the refiner), as it always has. The seed is the one
+field no source need set: where none did, :class:`tmas.methods.base.ProblemSession` derives one per call
+(``derived seed``) from the run seed, so parallel samples of one prompt differ reproducibly.
+
+Which of ``config`` / ``env`` / ``flags`` set a field of ``[sampling]`` is recorded in
+``Settings.sampling_sources`` by :func:`tmas.config.load_settings`, and travels with the stored settings (resume,
+sweep points). A field no record names (settings built in Python, stored by a version before sources were kept, or
+changed in Python after loading) counts as ``config`` where its value is set and differs from the built-in default,
+and as the built-in default otherwise: what the preset check read before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from tmas.config import DEFAULT_SAMPLING, Sampling, Settings, legacy_sampling_sources
+
+BUILT_IN, PRESET, CONFIG, ENV, FLAGS, ROLE, METHOD, CALL = (
+    "built-in",
+    "preset",
+    "config",
+    "env",
+    "flags",
+    "role",
+    "method",
+    "call",
+)
+SOURCES = (BUILT_IN, PRESET, CONFIG, ENV, FLAGS, ROLE, METHOD, CALL)
+DERIVED_SEED = "derived seed"
+
+Layer = tuple[str, Sampling | None]
+
+
+class ResolvedSampling(BaseModel):
+    """The sampling a call sends and, for each field it sets (``extra_body.KEY`` per key), the source that set it."""
+
+    sampling: Sampling = Field(default_factory=Sampling)
+    sources: dict[str, str] = Field(default_factory=dict)
+
+    def over(self, source: str, sampling: Sampling | None) -> ResolvedSampling:
+        """This resolution with ``sampling`` laid on top as ``source`` (fields it leaves unset or None are kept)."""
+        if sampling is None:
+            return self
+        sources = dict(self.sources)
+        for name in sampling.model_fields_set:
+            value = getattr(sampling, name)
+            if name == "extra_body":
+                sources.update({f"extra_body.{key}": source for key in value})
+            elif value is not None:
+                sources[name] = source
+        return ResolvedSampling(sampling=self.sampling.merged(sampling), sources=sources)
+
+
+def resolve_sampling(layers: Sequence[Layer]) -> ResolvedSampling:
+    """``layers`` (source, sampling), lowest priority first, merged field by field into one resolution."""
+    out = ResolvedSampling()
+    for source, sampling in layers:
+        out = out.over(source, sampling)
+    return out
+
+
+def settings_layers(settings: Settings, role: str) -> list[Layer]:
+    """The built-in, config, env, flags and role layers of ``role`` in ``settings``."""
+    sampling = settings.sampling
+    # What was recorded wins; a value no record explains (none kept, or set in Python after loading) is read as
+    # before sources were kept: away from its built-in default, it is the user's.
+    sources: dict[str, str] = {**legacy_sampling_sources(sampling), **(settings.sampling_sources or {})}
+    by_source: dict[str, dict[str, Any]] = {CONFIG: {}, ENV: {}, FLAGS: {}}
+    builtin: dict[str, Any] = {}
+    for name in Sampling.model_fields:
+        value = getattr(sampling, name)
+        if name == "extra_body":
+            for key, item in value.items():
+                by_source[sources.get(f"extra_body.{key}", CONFIG)].setdefault("extra_body", {})[key] = item
+            continue
+        source = sources.get(name)
+        if source in by_source:
+            by_source[source][name] = value
+        elif name in DEFAULT_SAMPLING and value is not None:
+            # Unset by any source but holding a value: the built-in default (an explicit None never is).
+            builtin[name] = value
+    override = settings.roles.get(role)
+    return [
+        (BUILT_IN, Sampling(**builtin)),
+        *((source, Sampling(**fields)) for source, fields in by_source.items()),
+        (ROLE, override.sampling if override is not None else None),
+    ]
+
+
+def resolve_role(
+    settings: Settings,
+    role: str,
+    *,
+    preset: Sampling | None = None,
+    method: Sampling | None = None,
+    call: Sampling | None = None,
+) -> ResolvedSampling:
+    """The one resolution of a call of ``role``: every layer in the documented order."""
+    layers = settings_layers(settings, role)
+    return resolve_sampling([layers[0], (PRESET, preset), *layers[1:], (METHOD, method), (CALL, call)])

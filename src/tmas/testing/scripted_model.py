@@ -1,0 +1,146 @@
+"""An in-process :class:`tmas.llm.model.ChatModel` for unit tests of logic (methods, agents, judges, experience
+building): no HTTP, no server, the same replies the simulated server gives.
+
+It answers with the simulator's script (rules by role and pattern, then the default responder of each role), so a
+test scripts it exactly as it scripts :class:`tmas.testing.SimServer`, and it records every call it was asked for
+(role, key, messages, resolved sampling, reply model) for the test to assert on. Tests of what crosses the wire
+(request bodies, retries, faults, the store) keep using the simulated server.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from tmas.config import Sampling, Settings
+from tmas.llm.sampling import ResolvedSampling, resolve_role
+from tmas.llm.types import CallKey, ChatRequest, Completion, Message, Usage
+from tmas.testing.responders import SimRequest, count_tokens, cut_tokens, garbage_text, get_responder
+from tmas.testing.script import Rule, SimScript
+from tmas.testing.sim_server import embed_text
+
+
+@dataclass(frozen=True)
+class ScriptedCall:
+    """One call the scripted model answered."""
+
+    role: str
+    key: CallKey
+    messages: list[Message]
+    # The sampling the call resolved to (what would be sent), and which source set each of its fields.
+    sampling: Sampling
+    sources: dict[str, str]
+    reply_model: type[BaseModel] | None
+    body: dict[str, Any]
+
+
+@dataclass
+class ScriptedModel:
+    """``ScriptedModel(SimScript(rules=[Rule(role="verifier", replies=[...])]))``; ``calls`` lists what was asked."""
+
+    script: SimScript = field(default_factory=SimScript)
+    settings: Settings = field(default_factory=Settings)
+    calls: list[ScriptedCall] = field(default_factory=list)
+    embedded: list[str] = field(default_factory=list)
+    _rule_counts: dict[int, int] = field(default_factory=dict)
+
+    def resolve_sampling(
+        self,
+        role: str,
+        *,
+        preset: Sampling | None = None,
+        method: Sampling | None = None,
+        call: Sampling | None = None,
+    ) -> ResolvedSampling:
+        return resolve_role(self.settings, role, preset=preset, method=method, call=call)
+
+    def context_window(self, role: str) -> int | None:
+        override = self.settings.roles.get(role)
+        if override is not None and override.context_length is not None:
+            return override.context_length
+        return self.settings.endpoint.context_length
+
+    def model_name(self, role: str) -> str:
+        override = self.settings.roles.get(role)
+        return (override.model if override is not None else None) or self.settings.endpoint.model or "default"
+
+    def calls_of(self, role: str) -> list[ScriptedCall]:
+        return [call for call in self.calls if call.role == role]
+
+    async def chat(
+        self,
+        role: str,
+        messages: Sequence[Message],
+        *,
+        key: CallKey | None = None,
+        sampling: Sampling | ResolvedSampling | None = None,
+        reply_model: type[BaseModel] | None = None,
+    ) -> Completion:
+        key = key or CallKey(role=role)
+        if not isinstance(sampling, ResolvedSampling):
+            sampling = self.resolve_sampling(role, call=sampling)
+        request = ChatRequest(model=self.model_name(role), messages=list(messages), sampling=sampling.sampling)
+        body = request.body()
+        self.calls.append(
+            ScriptedCall(role, key, list(messages), sampling.sampling, sampling.sources, reply_model, body)
+        )
+        request_hash = request.request_hash(key)
+        texts = [m.content for m in messages]
+        prompt_tokens = sum(count_tokens(t) for t in texts) + 4 * len(texts)
+        rule, used = self._pick_rule(role, "\n".join(texts))
+        if rule is not None and rule.fault is not None and rule.fault not in ("truncate", "garbage"):
+            # Faults that replace the reply end the call as the HTTP client ends it after its retries.
+            error = f"scripted {rule.fault}"
+            return Completion(
+                key=key, request_hash=request_hash, model=request.model, error=error, error_cause=rule.fault
+            )
+        if rule is not None and rule.replies:
+            content = rule.replies[used % len(rule.replies)]
+        else:
+            seed = request.sampling.seed
+            sim = SimRequest(role, key.problem_id or None, [m.model_dump() for m in messages], body, seed, self.script)
+            content = get_responder(role)(sim)
+        finish_reason = "stop"
+        max_tokens = request.sampling.max_tokens
+        if rule is not None and rule.fault == "garbage":
+            content = garbage_text(random.Random(request_hash))
+        if rule is not None and rule.fault == "truncate":
+            content, finish_reason = cut_tokens(content, max(1, count_tokens(content) // 2)), "length"
+        elif max_tokens is not None and count_tokens(content) > max_tokens:
+            content, finish_reason = cut_tokens(content, max_tokens), "length"
+        if rule is not None and rule.finish_reason is not None:
+            finish_reason = rule.finish_reason
+        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=count_tokens(content))
+        if rule is not None and rule.usage is not None:
+            usage = Usage(prompt_tokens=rule.usage.prompt_tokens, completion_tokens=rule.usage.completion_tokens)
+        return Completion(
+            key=key,
+            request_hash=request_hash,
+            endpoint="scripted",
+            model=request.model,
+            content=content,
+            usage=usage,
+            finish_reason=finish_reason,
+        )
+
+    async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
+        self.embedded.extend(texts)
+        return [embed_text(text, self.script.embedding_dim) for text in texts]
+
+    def _pick_rule(self, role: str, joined: str) -> tuple[Rule | None, int]:
+        """The first rule that matches and is not used up, and how often it applied before (as the server does)."""
+        for i, rule in enumerate(self.script.rules):
+            used = self._rule_counts.get(i, 0)
+            if rule.times is not None and used >= rule.times:
+                continue
+            if rule.role is not None and rule.role != role:
+                continue
+            if rule.regex is not None and rule.regex.search(joined) is None:
+                continue
+            self._rule_counts[i] = used + 1
+            return rule, used
+        return None, 0

@@ -1,0 +1,121 @@
+"""Prompt templates users override (``prompts_dir``): checked at start against the variables the role renders them
+with (one line naming the file and the variable), used by the run, recorded by their hash; ``tmas prompts``."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import settings_for
+from tmas.agents.overrides import check_overrides, packaged_source, packaged_variables
+from tmas.agents.templates import prompts_from, render
+from tmas.api import asolve
+from tmas.cli.main import app
+from tmas.config import load_settings
+from tmas.errors import ConfigError
+from tmas.problems import Problem
+from tmas.runner import prepare_run
+from tmas.store.run_store import RunStore
+from tmas.testing import SimServer
+
+MARK = "ZQX-OVERRIDE-MARK"
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_the_packaged_verifier_template_is_rendered_with_the_question_and_solution() -> None:
+    assert {"question", "solution", "mode", "style"} <= packaged_variables("tmas_verify.j2")
+
+
+def test_an_override_with_a_missing_variable_names_the_file_and_the_variable(tmp_path: Path) -> None:
+    # The verifier's template without the solution it is meant to check.
+    text = packaged_source("tmas_verify.j2").replace("{{ solution }}", "(the solution)")
+    path = write(tmp_path / "mine", "tmas_verify.j2", text)
+    with pytest.raises(ConfigError) as err:
+        check_overrides(tmp_path / "mine")
+    message = str(err.value)
+    assert message.startswith(f"{path}: missing variable 'solution'") and "\n" not in message
+
+
+def test_an_override_with_an_unknown_variable_names_the_file_and_the_variable(tmp_path: Path) -> None:
+    text = packaged_source("tmas_verify.j2") + "\n{{ soluton }}\n"
+    path = write(tmp_path / "mine", "tmas_verify.j2", text)
+    with pytest.raises(ConfigError) as err:
+        check_overrides(tmp_path / "mine")
+    message = str(err.value)
+    assert message.startswith(f"{path}: unknown variable 'soluton'") and "\n" not in message
+
+
+def test_an_override_of_no_packaged_template_and_a_syntax_error(tmp_path: Path) -> None:
+    path = write(tmp_path / "a", "tmas_verifyy.j2", "{{ question }}")
+    with pytest.raises(ConfigError, match=r"no packaged prompt template of this name \(did you mean 'tmas_verify.j2'"):
+        check_overrides(tmp_path / "a")
+    path = write(tmp_path / "b", "tmas_verify.j2", "{% if question %}")
+    with pytest.raises(ConfigError, match=f"^{path}: line 1: "):
+        check_overrides(tmp_path / "b")
+    with pytest.raises(ConfigError, match="prompts_dir is not a directory"):
+        check_overrides(tmp_path / "none")
+
+
+def test_an_override_replaces_the_packaged_template_only_inside_its_block(tmp_path: Path) -> None:
+    write(tmp_path / "mine", "tmas_verify.j2", packaged_source("tmas_verify.j2") + f"\n{MARK}\n")
+    [override] = check_overrides(tmp_path / "mine")
+    assert override.sha256 == hashlib.sha256((tmp_path / "mine" / "tmas_verify.j2").read_bytes()).hexdigest()
+    variables = {"question": "q", "solution": "s", "mode": "numeric", "style": "paper"}
+    with prompts_from(tmp_path / "mine"):
+        assert render("tmas_verify.j2", **variables).endswith(MARK)
+    assert MARK not in render("tmas_verify.j2", **variables)
+
+
+async def test_a_run_with_an_overridden_template_sends_it_and_records_its_hash(sim: SimServer, tmp_path: Path) -> None:
+    path = write(tmp_path / "mine", "tmas_verify.j2", packaged_source("tmas_verify.j2") + f"\n{MARK}\n")
+    params = {"n": 1, "m": 1, "iterations": 1}
+    settings = settings_for(sim, method={"name": "tmas", "params": params}, prompts_dir=str(tmp_path / "mine"))
+    await asolve("What is 17*23?", settings, run_dir=tmp_path / "run")
+    sent = {r.role: r.body["messages"][-1]["content"] for r in sim.requests}
+    assert MARK in sent["verifier"] and MARK not in sent["solution"]
+    with RunStore(tmp_path / "run", create=False) as store:
+        assert store.get_meta("prompt_overrides") == {"tmas_verify.j2": hashlib.sha256(path.read_bytes()).hexdigest()}
+    # A run without overrides records that it has none.
+    await asolve("What is 17*23?", settings_for(sim, method={"name": "cot"}), run_dir=tmp_path / "plain")
+    with RunStore(tmp_path / "plain", create=False) as store:
+        assert store.get_meta("prompt_overrides") == {}
+
+
+def test_a_bad_override_stops_a_run_before_its_directory_exists(sim: SimServer, tmp_path: Path) -> None:
+    write(tmp_path / "mine", "tmas_generate.j2", "{{ problem }}")
+    settings = settings_for(sim, prompts_dir=str(tmp_path / "mine"))
+    problem = Problem(problem_id="a", question="What is 17*23?")
+    with pytest.raises(ConfigError, match="unknown variable 'problem'"):
+        prepare_run(tmp_path / "run", settings, [problem], resume=False)
+    assert not (tmp_path / "run").exists() and not sim.requests
+
+
+def test_prompts_dir_from_the_config_file_and_the_environment(tmp_path: Path) -> None:
+    config = write(tmp_path, "tmas.toml", 'prompts_dir = "my-prompts"\n')
+    assert load_settings(config, environ={}).prompts_dir == "my-prompts"
+    assert load_settings(None, environ={"TMAS_PROMPTS_DIR": "/p"}).prompts_dir == "/p"
+
+
+def test_the_prompts_commands(tmp_path: Path) -> None:
+    cli = CliRunner()
+    listed = cli.invoke(app, ["prompts", "list"])
+    assert listed.exit_code == 0 and "tmas_verify.j2\n" in listed.output
+    shown = cli.invoke(app, ["prompts", "show", "tmas_verify"])
+    assert shown.exit_code == 0 and shown.output == packaged_source("tmas_verify.j2")
+    write(tmp_path / "mine", "tmas_verify.j2", shown.output + f"{MARK}\n")
+    diffed = cli.invoke(app, ["prompts", "diff", str(tmp_path / "mine")])
+    assert diffed.exit_code == 0 and f"+{MARK}" in diffed.output and "# tmas_verify.j2  sha256 " in diffed.output
+    marked = cli.invoke(app, ["prompts", "list", "--prompts-dir", str(tmp_path / "mine")])
+    assert "tmas_verify.j2  (overridden)" in marked.output
+    write(tmp_path / "bad", "tmas_verify.j2", "{{ question }}")
+    failed = cli.invoke(app, ["prompts", "diff", str(tmp_path / "bad")])
+    assert failed.exit_code != 0 and isinstance(failed.exception, ConfigError)

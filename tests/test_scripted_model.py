@@ -1,0 +1,161 @@
+"""Methods, a MATTRL stage, the judge and the turn judge on the in-process scripted model (no HTTP): their logic, and
+what they asked the model for, through the ChatModel protocol alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mattrl_runs import hand_worked_transcript
+from tmas.agents.utterance_judge import JudgeScoreReply
+from tmas.config import Settings
+from tmas.eval.judge import JudgeReplyFormat, judge_once
+from tmas.experience.cases import LabelledCase
+from tmas.experience.scoring import TurnJudge
+from tmas.llm.client import LLMClient
+from tmas.llm.model import ChatModel
+from tmas.llm.replay import StoreReplay
+from tmas.methods import create_method
+from tmas.methods.base import ProblemResult, ProblemSession
+from tmas.methods.mattrl import MATTRL, MATTRLParams
+from tmas.problems import Problem
+from tmas.store.run_store import RunStore
+from tmas.testing import Rule, ScriptedModel, SimScript
+
+Q = Problem(problem_id="p1", question="What is 17*23?", answer="391")
+SETTINGS = Settings.model_validate({"sampling": {"temperature": 0.7, "max_tokens": 256}})
+
+
+async def solve(model: ScriptedModel, method: str, **params: Any) -> ProblemResult:
+    return await create_method(method, params).solve(ProblemSession(Q, model, None, seed=3))
+
+
+def test_both_implementations_satisfy_the_protocol() -> None:
+    # mypy checks these assignments; at run time they show the seam is the protocol, not the class.
+    scripted: ChatModel = ScriptedModel(settings=SETTINGS)
+    http: ChatModel = LLMClient(Settings.model_validate({"endpoint": {"base_url": "http://127.0.0.1:9"}}))
+    assert scripted.model_name("solution") == "default" and http.model_name("solution") == "default"
+
+
+async def test_tmas_runs_algorithm_1_in_process() -> None:
+    model = ScriptedModel(settings=SETTINGS)
+    n, m, t = 2, 2, 2
+    result = await solve(model, "tmas", n=n, m=m, iterations=t)
+    assert result.status == "done" and result.answer == "391"
+    roles = [call.role for call in model.calls]
+    assert {r: roles.count(r) for r in set(roles)} == {
+        "solution": n * t,
+        "verifier": n * m * t,
+        "summary": n * t,
+        "experience": t,
+        "guideline": t,
+    }
+    # Iteration 1's exploit or explore prompts carry what iteration 0 left in the banks.
+    second = [c for c in model.calls_of("solution") if c.key.iteration == 1]
+    marks = ("<previous_attempts>", "<attempted_strategies>")
+    assert second and all(any(mark in c.messages[-1].content for mark in marks) for c in second)
+    # Every call carried its own derived seed over the run's sampling.
+    seeds = [c.sampling.seed for c in model.calls]
+    assert None not in seeds and len(set(seeds)) > 1
+    assert {c.sampling.temperature for c in model.calls} == {0.7}
+
+
+async def test_tmas_preset_sampling_reaches_each_role_in_process() -> None:
+    model = ScriptedModel(settings=Settings())  # no sampling set by anyone: the preset fills it
+    await solve(model, "tmas", preset="local", iterations=1)
+    assert {c.sampling.temperature for c in model.calls_of("solution")} == {0.3}
+    assert {c.sampling.max_tokens for c in model.calls_of("verifier")} == {400}
+
+
+async def test_majority_vote_counts_the_scripted_answers() -> None:
+    replies = ["So \\boxed{391}.", "So \\boxed{390}.", "So \\boxed{391}.", "So \\boxed{12}."]
+    model = ScriptedModel(SimScript(rules=[Rule(role="solution", replies=replies)]), SETTINGS)
+    result = await solve(model, "majority", k=4)
+    assert result.answer == "391"
+    assert len(model.calls_of("solution")) == 4
+    assert len({c.sampling.seed for c in model.calls}) == 4  # four distinct samples of one prompt
+
+
+async def test_verify_refine_corrects_a_wrong_solution_in_process() -> None:
+    wrong = "Multiplying gives 17*23 = 390.\n\nTherefore, the final answer is \\boxed{390}."
+    verdict = "## Analysis\nThe product is wrong: 17*23 is 391.\n\n## Score\nScore: 0"
+    model = ScriptedModel(
+        SimScript(
+            rules=[
+                Rule(role="solution", replies=[wrong]),
+                Rule(role="verifier", replies=[verdict], times=2),
+            ]
+        ),
+        SETTINGS,
+    )
+    result = await solve(model, "verify_refine", n=1, m=2, iterations=2)
+    [corrector] = model.calls_of("corrector")
+    # The corrector sees its own solution and the verifier's finding, then answers right (default responder).
+    assert "390" in corrector.messages[-1].content and "17*23 is 391" in corrector.messages[-1].content
+    assert result.answer == "391"
+    assert [c.score for c in result.iterations[0].candidates] == [0.0]
+
+
+async def test_mattrl_team_formation_repairs_nothing_on_a_good_reply_and_falls_back_on_bad_ones() -> None:
+    method = MATTRL(MATTRLParams(retries=1))
+    good = ScriptedModel(settings=SETTINGS)
+    notes: list[str] = []
+    team = await method._form_team(ProblemSession(Q, good, None), notes)
+    assert [m.specialty for m in team] == ["Arithmetic strategist", "Computation checker", "Edge-case auditor"]
+    assert notes == [] and good.calls[0].reply_model is not None  # the team's schema goes with the call
+
+    bad = ScriptedModel(SimScript(rules=[Rule(role="coordinator", replies=["no team here"])]), SETTINGS)
+    notes = []
+    team = await method._form_team(ProblemSession(Q, bad, None), notes)
+    assert len(bad.calls) == 2  # the first try and one retry
+    assert notes[-1] == "team formation: no usable team from the coordinator; the default team is used"
+    assert len(team) == MATTRLParams().team_size
+
+
+async def test_the_answer_judge_retries_an_unreadable_reply_in_process() -> None:
+    model = ScriptedModel(SimScript(rules=[Rule(role="judge", replies=["not json"], times=1)]), SETTINGS)
+    verdict = await judge_once(model, problem_id="p1", problem=Q.question, reference="391", student="391.0", run=0)
+    assert verdict.correct is True and verdict.attempts == 2
+    assert [c.reply_model for c in model.calls] == [JudgeReplyFormat, JudgeReplyFormat]
+    assert [c.key.sample for c in model.calls] == [0, 1]
+
+
+async def test_store_replay_wraps_any_model(tmp_path: Path) -> None:
+    # The run store's replay is a wrapper (tmas.llm.replay): around the scripted model, a second solve of the same
+    # problem with the same seed is answered from the store alone, with the same result.
+    with RunStore(tmp_path / "run") as store:
+        first_model = ScriptedModel(settings=SETTINGS)
+        first = await create_method("tmas", {"n": 2, "m": 1, "iterations": 2}).solve(
+            ProblemSession(Q, StoreReplay(first_model, store), store, seed=3)
+        )
+        again_model = ScriptedModel(settings=SETTINGS)
+        replay = StoreReplay(again_model, store)
+        again = await create_method("tmas", {"n": 2, "m": 1, "iterations": 2}).solve(
+            ProblemSession(Q, replay, store, seed=3)
+        )
+        assert again_model.calls == [] and replay.replayed == len(first_model.calls) == len(list(store.calls()))
+        assert again.answer == first.answer == "391"
+        assert [c.text for r in again.iterations for c in r.candidates] == [
+            c.text for r in first.iterations for c in r.candidates
+        ]
+        # Each stored call keeps its sources (SETTINGS is built in Python, so a value equal to the built-in one
+        # reads as the built-in one: see tmas.llm.sampling).
+        call = next(store.calls())
+        assert call.call_id is not None
+        assert store.call_sampling_sources(call.call_id) == {
+            "temperature": "built-in",
+            "max_tokens": "config",
+            "seed": "derived seed",
+        }
+
+
+async def test_experience_turn_scoring_retries_an_unreadable_judge_reply_in_process() -> None:
+    case = LabelledCase("run", Q, hand_worked_transcript(), outcome=1.0)
+    turns = case.turns()
+    replies = ["no score here", json.dumps({"analysis": "It moved the team to the right product.", "score": 4})]
+    model = ScriptedModel(SimScript(rules=[Rule(role="judge", replies=replies)]), SETTINGS)
+    judged = await TurnJudge(model).score_turn(case, turns, turns[0])
+    assert judged.value == 4 / 5 and judged.attempts == 2 and judged.defaulted is None  # Eq. 9: s = score / 5
+    assert [c.key.sample for c in model.calls] == [0, 1]
+    assert all(c.reply_model is JudgeScoreReply and turns[0].text in c.messages[-1].content for c in model.calls)
