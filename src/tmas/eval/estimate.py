@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tmas.config import Settings
+from tmas.llm.sampling import resolve_role
 from tmas.methods.base import Method
-from tmas.methods.tmas_params import TMASParams, sampling_override
+from tmas.methods.tmas_params import TMASParams
 
 
 @dataclass
@@ -117,15 +118,10 @@ def _mattrl(domain: str, teaching: str, n: int, rounds: int, retries: int) -> Ca
 
 
 def role_max_tokens(settings: Settings, method: Method[Any], role: str) -> int | None:
-    """The max_tokens a call of ``role`` sends: the run's sampling, the role's own, then the method's per-role
-    sampling (TMAS's parameters and presets) on top."""
-    sampling = settings.sampling
-    if role in settings.roles:
-        sampling = sampling.merged(settings.roles[role].sampling)
-    if isinstance(method.params, TMASParams):
-        # What TMAS itself sends: a preset's length only where the user's settings leave max_tokens alone.
-        sampling = sampling.merged(sampling_override(settings, role, method.params))
-    return sampling.max_tokens
+    """The max_tokens a call of ``role`` sends, resolved as every call is (:func:`tmas.llm.sampling.resolve_role`):
+    TMAS's preset fills only what no one set, its own per-role sampling goes over the settings."""
+    preset, own = method.params.sampling_layers(role) if isinstance(method.params, TMASParams) else (None, None)
+    return resolve_role(settings, role, preset=preset, method=own).sampling.max_tokens
 
 
 @dataclass
