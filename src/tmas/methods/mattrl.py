@@ -28,9 +28,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from tmas.agents.echo import EchoGuard
 from tmas.agents.mattrl_decision import Decision, decision_prompt, discussion_record, parse_decision, rewrite_prompt
@@ -54,7 +54,7 @@ from tmas.agents.output import AgentOutputError
 from tmas.answers import last_boxed, normalize_answer
 from tmas.errors import LLMError
 from tmas.llm.tokens import CHARS_PER_TOKEN
-from tmas.llm.types import Completion
+from tmas.llm.types import Completion, Message
 from tmas.memory.embedders import Embedder, embedder_for
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.similarity import jaccard
@@ -75,6 +75,8 @@ from tmas.methods.mattrl_teaching import teach, teaching_tier
 if TYPE_CHECKING:  # the pool needs numpy and faiss (the `pool` extra): imported only when a pool is configured
     from tmas.memory.experience_pool import ExperiencePool
 
+# A parsed peer review: a math review or a medicine critique of a differential.
+ReviewT = TypeVar("ReviewT", Review, DifferentialReview)
 # Call sample numbers: distinct per call of one iteration, so each gets its own cache slot and sampling seed.
 _REVIEW_SAMPLE, _RETRY_OFFSET = 1000, 500
 _DUPLICATE_ISSUE = 0.8  # word-set Jaccard at which two issues say the same thing
@@ -398,37 +400,56 @@ class MATTRL(Method[MATTRLParams]):
     async def _review(
         self, session: ProblemSession, reviewer: Seat, target: Seat, team: int, notes: list[str]
     ) -> tuple[Review, Completion | None]:
-        messages = review_prompt(session.problem.question, reviewer.member, target.member, target.attempt)
-        sample = _REVIEW_SAMPLE + target.index * team + reviewer.index
+        review, reply, why = await self._ask_reviewer(
+            session,
+            review_prompt(session.problem.question, reviewer.member, target.member, target.attempt),
+            _REVIEW_SAMPLE + target.index * team + reviewer.index,
+            ReviewReply,
+            lambda r: parse_review(r.content, reviewer.member.id, target.member.id, truncated=r.truncated),
+            lambda rv: [("analysis", rv.analysis), *((f"issue {i.type}", f"{i.note} {i.fix}") for i in rv.issues)],
+        )
+        if review is not None:
+            return review, reply
+        notes.append(f"review of {target.member.id} by {reviewer.member.id}: unusable ({why}); counted as revise")
+        return unreadable_review(reviewer.member.id, target.member.id, why), reply
+
+    async def _ask_reviewer(
+        self,
+        session: ProblemSession,
+        messages: list[Message],
+        sample: int,
+        reply_model: type[BaseModel],
+        parse: Callable[[Completion], ReviewT],
+        fields: Callable[[ReviewT], list[tuple[str, str | None]]],
+    ) -> tuple[ReviewT | None, Completion | None, str]:
+        """One peer review, asked again (within ``retries``) when the call failed, the reply could not be read or it
+        echoed its instructions; (None, the last reply, why) when no attempt gave a usable review."""
         guard = EchoGuard.of(messages)
         why = ""
         reply: Completion | None = None
         for attempt in range(1 + self.params.retries):
             reply = await session.chat(
-                "reviewer", messages, sample=sample + attempt * _RETRY_OFFSET, reply_model=ReviewReply
+                "reviewer", messages, sample=sample + attempt * _RETRY_OFFSET, reply_model=reply_model
             )
             if not reply.ok:
                 why = reply.error or "call failed"
                 continue
             try:
-                review = parse_review(reply.content, reviewer.member.id, target.member.id, truncated=reply.truncated)
+                review = parse(reply)
             except AgentOutputError as exc:
                 # Counted per reply, so the report's parse-failure share per role compares runs with and without
                 # structured outputs.
                 session.tally("reviewer").unusable += 1
                 why = str(exc)
                 continue
-            echoed = guard.first_echo(
-                [("analysis", review.analysis), *((f"issue {i.type}", f"{i.note} {i.fix}") for i in review.issues)]
-            )
+            echoed = guard.first_echo(fields(review))
             if echoed is not None:
-                # A review that repeats its instructions is no review: asked again, never counted as a verdict.
+                # A review that repeats its instructions is no review: asked again, never counted or shared.
                 session.tally("reviewer").echo += 1
                 why = f"its {echoed} echoes the prompt's instructions"
                 continue
-            return review, reply
-        notes.append(f"review of {target.member.id} by {reviewer.member.id}: unusable ({why}); counted as revise")
-        return unreadable_review(reviewer.member.id, target.member.id, why), reply
+            return review, reply, ""
+        return None, reply, why
 
     def _meeting(
         self,
@@ -500,39 +521,20 @@ class MATTRL(Method[MATTRLParams]):
     async def _critique(
         self, session: ProblemSession, reviewer: Seat, target: Seat, team: int, notes: list[str]
     ) -> tuple[DifferentialReview, Completion | None]:
-        messages = differential_review_prompt(session.problem.question, reviewer.member, target.member, target.attempt)
-        sample = _REVIEW_SAMPLE + target.index * team + reviewer.index
-        guard = EchoGuard.of(messages)
-        why = ""
-        reply: Completion | None = None
-        for attempt in range(1 + self.params.retries):
-            reply = await session.chat(
-                "reviewer", messages, sample=sample + attempt * _RETRY_OFFSET, reply_model=DifferentialReviewReply
-            )
-            if not reply.ok:
-                why = reply.error or "call failed"
-                continue
-            try:
-                review = parse_differential_review(
-                    reply.content, reviewer.member.id, target.member.id, truncated=reply.truncated
-                )
-            except AgentOutputError as exc:
-                session.tally("reviewer").unusable += 1
-                why = str(exc)
-                continue
-            echoed = guard.first_echo(
-                [
-                    ("analysis", review.analysis),
-                    *(("agreement", point) for point in review.agreements),
-                    *(("disagreement", point) for point in review.disagreements),
-                    *(("change", point) for point in review.changes),
-                ]
-            )
-            if echoed is not None:
-                # As for math reviews: a critique that repeats its instructions is asked again, never shared.
-                session.tally("reviewer").echo += 1
-                why = f"its {echoed} echoes the prompt's instructions"
-                continue
+        review, reply, why = await self._ask_reviewer(
+            session,
+            differential_review_prompt(session.problem.question, reviewer.member, target.member, target.attempt),
+            _REVIEW_SAMPLE + target.index * team + reviewer.index,
+            DifferentialReviewReply,
+            lambda r: parse_differential_review(r.content, reviewer.member.id, target.member.id, truncated=r.truncated),
+            lambda rv: [
+                ("analysis", rv.analysis),
+                *(("agreement", point) for point in rv.agreements),
+                *(("disagreement", point) for point in rv.disagreements),
+                *(("change", point) for point in rv.changes),
+            ],
+        )
+        if review is not None:
             return review, reply
         notes.append(f"review of {target.member.id} by {reviewer.member.id}: unusable ({why}); nothing shared")
         return unreadable_differential_review(reviewer.member.id, target.member.id, why), reply
