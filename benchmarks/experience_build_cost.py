@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from tmas.config import Settings
-from tmas.experience.construct import BuildConfig, build_pool
+from tmas.pool.build import BuildConfig, build_pool
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
 from tmas.testing import Rule, SimScript, SimServer

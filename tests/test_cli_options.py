@@ -171,3 +171,13 @@ async def test_api_resume_takes_new_iterations_and_sampling_on_the_wire(sim: Sim
     # One more iteration: the refiner is called again, with the temperature given on resume.
     assert bodies and {b["temperature"] for b in bodies} == {0.55}
     assert "refiner" in {entry.role for entry in sim.requests}
+
+
+def test_tmas_pool_and_tmas_experience_are_one_command_group(tmp_path: Path) -> None:
+    root: Any = typer.main.get_command(app)
+    pool, experience = root.commands["pool"], root.commands["experience"]
+    assert set(pool.commands) == set(experience.commands) >= {"build", "prune", "show", "search", "router", "fewshot"}
+    # The old name still runs the commands: a folder that is no pool is refused alike by both.
+    outputs = [CliRunner().invoke(app, [name, "show", str(tmp_path)]) for name in ("pool", "experience")]
+    assert outputs[0].exit_code == outputs[1].exit_code != 0
+    assert str(outputs[0].exception) == str(outputs[1].exception)

@@ -23,7 +23,7 @@ def import_cases(
 ) -> None:
     """Convert cases to the problems JSONL that `tmas run` reads."""
     from tmas.errors import InputError
-    from tmas.eval.case_formats import READERS
+    from tmas.eval.case_import import READERS
 
     if fmt not in READERS:
         raise InputError(f"unknown case format {fmt!r} (known: {', '.join(READERS)})")

@@ -27,7 +27,6 @@ from tmas.cli.estimate import (
     TokensPerCallOpt,
     YesOpt,
 )
-from tmas.cli.experience import experience_app
 from tmas.cli.options import (
     BaseUrlOpt,
     ConfigOpt,
@@ -43,6 +42,7 @@ from tmas.cli.options import (
     model_options,
     parse_params,
 )
+from tmas.cli.pool import pool_app
 from tmas.cli.prompts import prompts_app
 from tmas.cli.rl import rl_app
 from tmas.cli.serve import serve_app
@@ -497,7 +497,9 @@ data_app = typer.Typer(
 )
 app.add_typer(data_app, name="data")
 add_data_commands(data_app)
-app.add_typer(experience_app, name="experience")
+app.add_typer(pool_app, name="pool")
+# The name users know, kept as an alias of `tmas pool` (listed, so old scripts and docs keep working).
+app.add_typer(pool_app, name="experience", help="MATTRL's experience pool: the same commands as 'tmas pool'.")
 app.add_typer(cases_app, name="cases")
 app.add_typer(serve_app, name="serve")
 app.add_typer(view_app, name="view")
