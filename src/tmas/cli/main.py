@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -49,6 +49,10 @@ from tmas.cli.serve import serve_app
 from tmas.cli.view import view_app
 from tmas.config import Settings
 from tmas.errors import InputError, TmasError
+
+if TYPE_CHECKING:
+    from tmas.runner import StoredProblems
+    from tmas.store.run_store import RunStore
 
 app = typer.Typer(
     name="tmas",
@@ -218,7 +222,7 @@ def _resume_run(
     _execute(store, settings, todo)
 
 
-def _execute(store: Any, settings: Settings, todo: Any) -> None:
+def _execute(store: RunStore, settings: Settings, todo: StoredProblems) -> None:
     """Solve a prepared run's problems with a progress line, then print its summary."""
     from tmas.cli.progress import RunProgress
     from tmas.runner import RunState, run_problems
