@@ -61,7 +61,7 @@ def write_run(
 
 
 def hand_worked_transcript(problem_id: str = "p1") -> Transcript:
-    """The transcript of tests/test_experience_credit.py: turn 1 with S1, S2, S3; turn 2 with S1, S2."""
+    """The transcript of tests/test_pool_credit.py: turn 1 with S1, S2, S3; turn 2 with S1, S2."""
     team = [
         TeamMember(id="S1", specialty="algebra", leader=True),
         TeamMember(id="S2", specialty="number theory"),

@@ -11,8 +11,8 @@ from typing import Any
 
 from conftest import settings_for
 from mattrl_runs import hand_worked_transcript, write_run
-from test_experience_build import scripted_rules
 from test_mattrl_domains import rubric, teach
+from test_pool_build import scripted_rules
 from tmas.agents.echo import EchoGuard, split_prompt
 from tmas.agents.experience import experience_prompt
 from tmas.agents.rollouts import RolloutView
@@ -20,11 +20,11 @@ from tmas.agents.solution import generation_prompt
 from tmas.api import asolve
 from tmas.eval.grading import GradeConfig
 from tmas.eval.report import build_report
-from tmas.experience.construct import BuildConfig, build_pool
 from tmas.llm.types import Message
 from tmas.memory.experience_bank import ExperienceBank
-from tmas.memory.experience_pool import ExperiencePool
+from tmas.memory.pool import Pool
 from tmas.methods.base import ProblemResult
+from tmas.pool.build import BuildConfig, build_pool
 from tmas.problems import Problem
 from tmas.testing import Rule, SimScript, SimServer
 
@@ -206,7 +206,7 @@ async def test_a_summarizer_entry_that_echoes_the_instructions_never_enters_the_
     }
     problem = Problem(problem_id="p1", question="What is 6*7?", answer="42")
     run = write_run(tmp_path / "run", [(problem, hand_worked_transcript(), "42")])
-    # Turn 2 of S1 is kept (tests/test_experience_build.py); its summarizer echoes in the reply and the retry.
+    # Turn 2 of S1 is kept (tests/test_pool_build.py); its summarizer echoes in the reply and the retry.
     echoing = Rule(
         role="summarizer", pattern='<contribution round="2" agent="S1"', replies=[json.dumps({"entries": [echo]})]
     )
@@ -215,7 +215,7 @@ async def test_a_summarizer_entry_that_echoes_the_instructions_never_enters_the_
         summary = await build_pool([run], tmp_path / "pool", settings_for(sim), config)
         assert len([r for r in sim.requests if r.role == "summarizer"]) == 3
     assert summary.summarizer_echoes == 2 and summary.added == 1
-    pool = ExperiencePool.open(tmp_path / "pool")
+    pool = Pool.open(tmp_path / "pool")
     assert [(e.source_round, e.source_agent) for e in pool.entries] == [(1, "S1")]
     assert not any("naming the move" in e.action for e in pool.entries)
 
@@ -283,5 +283,5 @@ async def test_an_education_summarizer_entry_that_echoes_never_enters_the_pool(s
     summary = await build_pool([tmp_path / "run"], tmp_path / "pool", settings_for(sim), config)
     assert len([r for r in sim.requests if r.role == "summarizer"]) == 3
     assert summary.summarizer_echoes == 2 and summary.added == 1
-    pool = ExperiencePool.open(tmp_path / "pool")
+    pool = Pool.open(tmp_path / "pool")
     assert [(e.source_round, e.category, e.action) for e in pool.entries] == [(2, "STRATEGY", honest["action"])]

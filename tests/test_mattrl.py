@@ -18,7 +18,7 @@ from tmas.agents.mattrl_decision import decision_prompt
 from tmas.api import asolve
 from tmas.llm.client import LLMClient
 from tmas.memory.embedders import EndpointEmbedder
-from tmas.memory.experience_pool import ExperiencePool
+from tmas.memory.pool import Pool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import Transcript
 from tmas.methods.base import ProblemResult
@@ -220,7 +220,7 @@ async def test_retrieved_experience_is_injected_and_recorded(sim: SimServer, tmp
     entries = [PoolEntry(id=f"e{i}", action=a, experience=e) for i, (a, e) in enumerate(texts)]
     async with LLMClient(settings_for(sim)) as llm:
         embed = EndpointEmbedder(llm)
-        pool = ExperiencePool.create(tmp_path / "pool", embed.name)
+        pool = Pool.create(tmp_path / "pool", embed.name)
         await pool.add(entries, embed)
         pool.save()
     sim.reset()
@@ -241,7 +241,7 @@ async def test_retrieved_experience_is_injected_and_recorded(sim: SimServer, tmp
 async def test_a_pool_built_with_another_model_fails_the_problem_with_a_clear_error(
     sim: SimServer, tmp_path: Path
 ) -> None:
-    ExperiencePool.create(tmp_path / "pool", "endpoint:other-embedder")
+    Pool.create(tmp_path / "pool", "endpoint:other-embedder")
     result = await run(sim, tmp_path, pool=str(tmp_path / "pool"))
     assert result.status == "failed" and result.error is not None
     assert "built with embedding model 'endpoint:other-embedder', but 'endpoint:sim-model'" in result.error

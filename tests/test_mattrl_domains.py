@@ -13,16 +13,16 @@ from typer.testing import CliRunner
 from conftest import settings_for
 from tmas.cli.main import app
 from tmas.errors import InputError
-from tmas.eval.case_formats import read_rarebench, read_supergpqa
+from tmas.eval.case_import import read_rarebench, read_supergpqa
 from tmas.eval.diagnosis import UnreadableJudgement, judge_rank, name_rank, parse_judge_rank, ranking_metrics
 from tmas.eval.teaching import teaching_metrics
-from tmas.experience.construct import CREDITS_FILE, BuildConfig, build_dir_for, build_pool
 from tmas.llm.client import LLMClient
 from tmas.memory.embedders import EndpointEmbedder
-from tmas.memory.experience_pool import ExperiencePool
+from tmas.memory.pool import Pool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import Transcript
 from tmas.methods.base import ProblemResult
+from tmas.pool.build import CREDITS_FILE, BuildConfig, build_dir_for, build_pool
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
 from tmas.testing import Rule, SimScript, SimServer
@@ -206,7 +206,7 @@ async def test_team_teaching_with_experience_injects_hints_into_the_analyses(sim
     ]
     async with LLMClient(settings_for(sim)) as llm:
         embed = EndpointEmbedder(llm)
-        pool = ExperiencePool.create(tmp_path / "pool", embed.name)
+        pool = Pool.create(tmp_path / "pool", embed.name)
         await pool.add(entries, embed)
         pool.save()
     result = await teach(sim, tmp_path, "B", iterations=1, pool=str(tmp_path / "pool"), top_k=2)
@@ -310,7 +310,7 @@ async def test_an_education_build_credits_the_teachers_never_the_student(sim: Si
     # The round-2 judge sees round 1's question and the student's reply as the dialogue so far.
     round2 = next(b for b in judged if '<teacher_utterance round="2" role="Diagnostician">' in b)
     assert "<dialogue_so_far>\nTeacher: Which assumption in your reasoning would you test first?\nStudent: " in round2
-    pool = ExperiencePool.open(tmp_path / "pool")
+    pool = Pool.open(tmp_path / "pool")
     assert sorted((e.role, e.subject, e.difficulty, e.category, e.scope) for e in pool.entries) == [
         ("Diagnostician", "Physics", "easy", "GUIDANCE", "general"),
         ("Diagnostician", "Physics", "easy", "GUIDANCE", "general"),

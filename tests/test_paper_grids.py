@@ -10,11 +10,11 @@ import pytest
 
 from conftest import settings_for
 from tmas.config import Settings
-from tmas.eval.case_formats import read_rarebench, read_supergpqa
+from tmas.eval.case_import import read_rarebench, read_supergpqa
 from tmas.eval.estimate import calls_per_problem
 from tmas.llm.client import LLMClient
 from tmas.memory.embedders import EndpointEmbedder
-from tmas.memory.experience_pool import ExperiencePool
+from tmas.memory.pool import Pool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.methods import create_method
 from tmas.problems import Problem
@@ -158,7 +158,7 @@ async def make_pools(spec: SweepSpec, settings: Settings) -> None:
     async with LLMClient(settings) as llm:
         embed = EndpointEmbedder(llm)
         for path in paths:
-            pool = ExperiencePool.create(path, embed.name)
+            pool = Pool.create(path, embed.name)
             entry = PoolEntry(id="e1", action="state the evidence first", experience="rank by the sharpest sign")
             await pool.add([entry], embed)
             pool.save()

@@ -30,7 +30,6 @@ from tmas.agents.baselines import (
 )
 from tmas.agents.echo import DATA_BLOCK, split_prompt
 from tmas.agents.experience import experience_prompt
-from tmas.agents.experience_summarizer import summarizer_prompt, teaching_summarizer_prompt
 from tmas.agents.guideline import guideline_prompt
 from tmas.agents.guideline_judge import StrategyView, judge_prompt
 from tmas.agents.mattrl_decision import decision_prompt, rewrite_prompt
@@ -38,6 +37,7 @@ from tmas.agents.mattrl_opinion import opinion_prompt
 from tmas.agents.mattrl_review import differential_review_prompt, review_prompt
 from tmas.agents.mattrl_teaching import Case, Turn, plan_prompt, student_prompt, student_reply_prompt, teacher_prompt
 from tmas.agents.mattrl_team import recruit_prompt
+from tmas.agents.pool_summarizer import summarizer_prompt, teaching_summarizer_prompt
 from tmas.agents.rollouts import RolloutView
 from tmas.agents.score_first import score_first_prompt
 from tmas.agents.solution import explore_prompt, generation_prompt, refine_prompt

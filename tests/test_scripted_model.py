@@ -11,14 +11,14 @@ from mattrl_runs import hand_worked_transcript
 from tmas.agents.utterance_judge import JudgeScoreReply
 from tmas.config import Settings
 from tmas.eval.judge import JudgeReplyFormat, judge_once
-from tmas.experience.cases import LabelledCase
-from tmas.experience.scoring import TurnJudge
 from tmas.llm.client import LLMClient
 from tmas.llm.model import ChatModel
 from tmas.llm.replay import StoreReplay
 from tmas.methods import create_method
 from tmas.methods.base import ProblemResult, ProblemSession
 from tmas.methods.mattrl import MATTRL, MATTRLParams
+from tmas.pool.outcomes import LabelledTranscript
+from tmas.pool.scoring import TurnJudge
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript
@@ -151,7 +151,7 @@ async def test_store_replay_wraps_any_model(tmp_path: Path) -> None:
 
 
 async def test_experience_turn_scoring_retries_an_unreadable_judge_reply_in_process() -> None:
-    case = LabelledCase("run", Q, hand_worked_transcript(), outcome=1.0)
+    case = LabelledTranscript("run", Q, hand_worked_transcript(), outcome=1.0)
     turns = case.turns()
     replies = ["no score here", json.dumps({"analysis": "It moved the team to the right product.", "score": 4})]
     model = ScriptedModel(SimScript(rules=[Rule(role="judge", replies=replies)]), SETTINGS)

@@ -16,25 +16,25 @@ from conftest import settings_for
 from mattrl_runs import hand_worked_transcript, write_run
 from tmas.agents.baselines import DistillationReply, parse_distillation
 from tmas.agents.experience import ExperienceReply, experience_reply_model, parse_experience_update
-from tmas.agents.experience_summarizer import (
+from tmas.agents.guideline import GuidelineReply, parse_guideline_update
+from tmas.agents.guideline_judge import NoveltyReply, StrategyView, parse_novelty
+from tmas.agents.mattrl_review import DifferentialReviewReply, ReviewReply, parse_differential_review, parse_review
+from tmas.agents.mattrl_team import TeamReply, parse_team
+from tmas.agents.pool_summarizer import (
     SummarizerReply,
     TeachingSummarizerReply,
     parse_summarizer,
     parse_teaching_summarizer,
 )
-from tmas.agents.guideline import GuidelineReply, parse_guideline_update
-from tmas.agents.guideline_judge import NoveltyReply, StrategyView, parse_novelty
-from tmas.agents.mattrl_review import DifferentialReviewReply, ReviewReply, parse_differential_review, parse_review
-from tmas.agents.mattrl_team import TeamReply, parse_team
 from tmas.agents.utterance_judge import JudgeScoreReply, RubricReply, parse_judge_score, parse_rubric_score
 from tmas.agents.verification import VerificationReply, parse_verification
 from tmas.api import asolve
 from tmas.config import load_settings
 from tmas.eval.judge import JudgeReplyFormat, judge_once, parse_judge_reply
-from tmas.experience.construct import BuildConfig, build_pool
 from tmas.llm.client import LLMClient
 from tmas.llm.schema import json_schema, response_format
 from tmas.llm.types import user
+from tmas.pool.build import BuildConfig, build_pool
 from tmas.problems import Problem
 from tmas.rl.novelty import LLMNoveltyJudge
 from tmas.rl.scoring import RolloutInput

@@ -402,6 +402,13 @@ def with_overrides(settings: Settings, overrides: dict[str, Any]) -> Settings:
     return _overridden(data, overrides)
 
 
+def with_method_params(settings: Settings, params: dict[str, Any] | None) -> Settings:
+    """``settings`` with method ``params`` (``--param``, ``--iterations``, ablation flags) put over its own."""
+    if params:
+        settings.method.params = {**settings.method.params, **params}
+    return settings
+
+
 def _overridden(data: dict[str, Any], overrides: dict[str, Any]) -> Settings:
     for key, value in overrides.items():
         if value is not None:

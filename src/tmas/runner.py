@@ -10,12 +10,13 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sized
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tmas.agents.overrides import check_overrides
 from tmas.agents.templates import prompts_from
-from tmas.config import Settings
+from tmas.config import Settings, load_settings, with_method_params, with_overrides
 from tmas.errors import InputError, TmasError
 from tmas.llm.client import EndpointUnreachable, LLMClient
 from tmas.llm.provision import provisioned
@@ -29,7 +30,7 @@ from tmas.methods.base import (
     gather_all,
     truncation_warnings,
 )
-from tmas.problems import Problem
+from tmas.problems import Problem, dataset_name, iter_problems, resolve_dataset
 from tmas.store.run_store import DB_NAME, RunStore, StoreError
 
 if TYPE_CHECKING:
@@ -158,6 +159,42 @@ class StoredProblems:
 
     def __len__(self) -> int:
         return self.store.problem_count()
+
+
+def resume_settings(
+    stored: Settings,
+    overrides: dict[str, Any],
+    *,
+    config: str | Path | None = None,
+    params: dict[str, Any] | None = None,
+) -> Settings:
+    """A resumed run's settings: the ``stored`` ones with every dotted-key override given now (None = not given)
+    and method ``params`` on top. A ``config`` file replaces the stored settings (read with the environment, as a
+    new run's are); without one the environment is not read again: a run continues as it was set up unless a flag
+    says otherwise. The CLI's ``run --resume`` and ``sweep --resume`` and :func:`tmas.api.aresume` use this rule."""
+    fresh = config is not None
+    settings = load_settings(config, overrides=overrides) if fresh else with_overrides(stored, overrides)
+    return with_method_params(settings, params)
+
+
+def stored_settings(run_dir: Path) -> Settings:
+    """The settings a run directory was made with."""
+    with RunStore(run_dir, create=False) as store:
+        data = store.get_meta("settings")
+    if data is None:
+        raise StoreError(f"{run_dir}: the run has no recorded settings")
+    return Settings.model_validate(data)
+
+
+def open_new_run(
+    run_dir: Path, settings: Settings, problems: str | Path, *, limit: int | None = None
+) -> tuple[RunStore, Settings, StoredProblems]:
+    """A new run in ``run_dir`` of the problems in a JSONL file or a benchmark name (the first ``limit``): the
+    problems are streamed into the store, which records the benchmark name that reports group runs by."""
+    reader = iter_problems(resolve_dataset(Path(problems)))
+    store, settings, todo = prepare_run(run_dir, settings, islice(reader, limit) if limit else reader, resume=False)
+    store.set_meta("dataset", dataset_name(Path(problems)))
+    return store, settings, todo
 
 
 def prepare_run(

@@ -34,7 +34,7 @@ from tmas.eval.report import build_report
 from tmas.methods import create_method
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem, dataset_name, load_problems, resolve_dataset
-from tmas.runner import RunState, RunSummary, prepare_run, run_fingerprint, run_problems
+from tmas.runner import RunState, RunSummary, prepare_run, resume_settings, run_fingerprint, run_problems
 from tmas.store.run_store import RunStore
 
 MANIFEST = "sweep.json"
@@ -228,6 +228,30 @@ def read_manifest(out_dir: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InputError(f"{out_dir / MANIFEST}: not a sweep manifest")
     return data
+
+
+def sweep_budget(grid: Budget, configured: Budget, given: dict[str, Any]) -> Budget:
+    """The budget of a new sweep's points. Lowest first: the config file and ``TMAS_BUDGET_*`` (``configured``,
+    which already holds the flags), then a grid file's own ``budget``, then the ``--budget-*`` flags ``given``
+    (name -> value, only those given). A grid without a budget takes ``configured`` whole."""
+    if not grid.limited:
+        return configured
+    if given:
+        return Budget.model_validate({**grid.model_dump(), **given})
+    return grid
+
+
+def resumed_sweep(
+    sweep_dir: Path, overrides: dict[str, Any], *, config: str | Path | None = None
+) -> tuple[SweepSpec, Settings]:
+    """The grid and settings of a sweep to continue: the manifest's, with the flags given now on top (the resume
+    rule of :func:`tmas.runner.resume_settings`). The budget is part of each point's name, so it cannot change."""
+    if any(value is not None for key, value in overrides.items() if key.startswith("budget.")):
+        raise InputError("--resume keeps the sweep's budget (it names the points): give no --budget-* flag")
+    manifest = read_manifest(sweep_dir)
+    spec = SweepSpec.model_validate(manifest["spec"])
+    stored = Settings.model_validate(manifest["settings"])
+    return spec, resume_settings(stored, overrides, config=config)
 
 
 def _pending(store: RunStore, settings: Settings) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -23,7 +23,7 @@ def import_cases(
 ) -> None:
     """Convert cases to the problems JSONL that `tmas run` reads."""
     from tmas.errors import InputError
-    from tmas.eval.case_formats import READERS
+    from tmas.eval.case_import import READERS
 
     if fmt not in READERS:
         raise InputError(f"unknown case format {fmt!r} (known: {', '.join(READERS)})")
@@ -47,54 +47,10 @@ def grade(
 ) -> None:
     """One JSON line per case, then the metrics."""
     from tmas.config import load_settings
-    from tmas.eval.diagnosis import judge_rank, name_rank, ranking_metrics
-    from tmas.eval.teaching import teaching_metrics
-    from tmas.llm.client import LLMClient
-    from tmas.store.run_store import RunStore
+    from tmas.eval.case_grading import grade_cases
 
-    with RunStore(run_dir, create=False) as store:
-        answers = {p.problem_id: p.answer for p in store.iter_problems()}
-        results = [r for r in store.results() if answers.get(r["problem_id"])]
-        states = [_last_state(r) for r in results]
-        if any("pre" in s for s in states):
-            rows = [
-                {
-                    "problem_id": r["problem_id"],
-                    "pre": s.get("pre"),
-                    "post": s.get("post"),
-                    "pre_correct": bool(s.get("pre_correct")),
-                    "post_correct": bool(s.get("post_correct")),
-                }
-                for r, s in zip(results, states, strict=True)
-            ]
-            for row in rows:
-                typer.echo(json.dumps(row))
-            typer.echo(json.dumps({"cases": len(rows), **teaching_metrics(rows)}))
-            return
-        cases = [
-            (r["problem_id"], _top10(s), answers[r["problem_id"]] or "") for r, s in zip(results, states, strict=True)
-        ]
-
-        async def ranks() -> list[tuple[int | None, str | None]]:
-            if not judge:
-                return [(name_rank(top, gold), None) for _, top, gold in cases]
-            settings = load_settings(config, {"endpoint.base_url": base_url, "endpoint.model": model})
-            async with LLMClient(settings, store) as llm:
-                return [await judge_rank(llm, pid, top, gold) for pid, top, gold in cases]
-
-        ranked = asyncio.run(ranks())
-    for (pid, _, _), (rank, why) in zip(cases, ranked, strict=True):
-        typer.echo(json.dumps({"problem_id": pid, "rank": rank, **({"error": why} if why else {})}))
-    typer.echo(json.dumps({"cases": len(cases), **ranking_metrics([rank for rank, _ in ranked])}))
-
-
-def _last_state(result: dict[str, Any]) -> dict[str, Any]:
-    iterations = result.get("iterations") or []
-    state = iterations[-1].get("state", {}) if iterations else {}
-    return state if isinstance(state, dict) else {}
-
-
-def _top10(state: dict[str, Any]) -> list[str]:
-    """The final differential of a result (its last record's decision)."""
-    decision = state.get("decision") or {}
-    return [str(name) for name in decision.get("top10", [])]
+    settings = load_settings(config, {"endpoint.base_url": base_url, "endpoint.model": model}) if judge else None
+    graded = asyncio.run(grade_cases(run_dir, settings))
+    for row in graded.rows:
+        typer.echo(json.dumps(row))
+    typer.echo(json.dumps(graded.metrics))

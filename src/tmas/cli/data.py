@@ -43,14 +43,15 @@ def data_filter(
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="Max tokens per sample.")] = None,
 ) -> None:
     """Keep the problems a model solves fewer than --below times in k, then select n (TMAS appendix A.2)."""
-    from tmas.cli.main import _grade_config, _settings
+    from tmas.cli.main import _grade_config
+    from tmas.cli.options import ModelFlags
     from tmas.eval.difficulty_filter import filter_settings, run_filter
     from tmas.problems import resolve_dataset
 
     grading = _grade_config(grade, judge_runs)
     flags = {"temperature": temperature, "top_p": top_p}
-    settings = _settings(
-        config,
+    settings = ModelFlags(
+        config=config,
         base_url=base_url,
         model=model,
         api_key_env=api_key_env,
@@ -59,7 +60,7 @@ def data_filter(
         top_p=top_p,
         max_tokens=max_tokens,
         seed=seed,
-    )
+    ).settings()
     settings = filter_settings(settings, k, {key for key, value in flags.items() if value is not None})
     source = resolve_dataset(problems)
     where = run_dir or out.with_name(out.stem + ".filter-run")

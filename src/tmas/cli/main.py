@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -27,13 +27,32 @@ from tmas.cli.estimate import (
     TokensPerCallOpt,
     YesOpt,
 )
-from tmas.cli.experience import experience_app
+from tmas.cli.options import (
+    BaseUrlOpt,
+    ConfigOpt,
+    DomainOpt,
+    IterationsOpt,
+    KeyEnvOpt,
+    MethodOpt,
+    ModelFlags,
+    NoExperienceOpt,
+    NoGuidelineOpt,
+    ParamOpt,
+    method_params,
+    model_options,
+    parse_params,
+)
+from tmas.cli.pool import pool_app
 from tmas.cli.prompts import prompts_app
 from tmas.cli.rl import rl_app
 from tmas.cli.serve import serve_app
 from tmas.cli.view import view_app
-from tmas.config import Settings, load_settings, with_overrides
+from tmas.config import Settings
 from tmas.errors import InputError, TmasError
+
+if TYPE_CHECKING:
+    from tmas.runner import StoredProblems
+    from tmas.store.run_store import RunStore
 
 app = typer.Typer(
     name="tmas",
@@ -43,79 +62,8 @@ app = typer.Typer(
     add_completion=False,
 )
 
-# Options every command that talks to a model shares. Each maps to a dotted settings key.
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file (default: ./tmas.toml).")]
-BaseUrlOpt = Annotated[
-    str | None, typer.Option("--base-url", help="OpenAI-compatible base URL(s), comma-separated replicas.")
-]
-ModelOpt = Annotated[str | None, typer.Option("--model", help="Model name sent to the endpoint.")]
-KeyEnvOpt = Annotated[str | None, typer.Option("--api-key-env", help="Environment variable that holds the API key.")]
-ConcurrencyOpt = Annotated[int | None, typer.Option("--concurrency", help="Most LLM calls in flight.")]
-ProblemsInFlightOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--problems-in-flight",
-        help="Most problems solved at once (default: the endpoint's slots, else --concurrency; never above it).",
-    ),
-]
-LocalModelOpt = Annotated[
-    str | None, typer.Option("--local-model", help="Embedded model name or GGUF path (when no endpoint).")
-]
-MethodOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--method", "-m", help="Method: tmas, cot, majority, self_refine, verify_refine, pacore, rse, mattrl."
-    ),
-]
-ParamOpt = Annotated[
-    list[str] | None,
-    typer.Option("--param", "-p", help="Method parameter KEY=VALUE (repeatable; VALUE as JSON)."),
-]
-IterationsOpt = Annotated[
-    int | None, typer.Option("--iterations", "-T", help="Iterations (on --resume: the total target).")
-]
-NoExperienceOpt = Annotated[
-    bool, typer.Option("--no-experience", help="TMAS ablation: no experience bank (param no_experience=true).")
-]
-NoGuidelineOpt = Annotated[
-    bool, typer.Option("--no-guideline", help="TMAS ablation: no guideline bank (param no_guideline=true).")
-]
-DomainOpt = Annotated[
-    str | None, typer.Option("--domain", help="MATTRL's domain: math, medicine or education (param domain=...).")
-]
-TemperatureOpt = Annotated[float | None, typer.Option("--temperature", help="Default sampling temperature.")]
-TopPOpt = Annotated[float | None, typer.Option("--top-p", help="Default nucleus sampling top_p.")]
-MaxTokensOpt = Annotated[int | None, typer.Option("--max-tokens", help="Default max tokens per call.")]
-SeedOpt = Annotated[int | None, typer.Option("--seed", help="Run seed.")]
-BudgetTokensOpt = Annotated[
-    int | None,
-    typer.Option("--budget-tokens", help="Per problem: stop at the first call once this many tokens are spent."),
-]
-BudgetCallsOpt = Annotated[
-    int | None, typer.Option("--budget-calls", help="Per problem: stop at the first call past this many calls.")
-]
-BudgetCountOpt = Annotated[
-    str | None,
-    typer.Option("--budget-count", help="Tokens a token budget counts: completion (default) or total (+ prompt)."),
-]
-
-# Each flag of a command that talks to a model -> the dotted settings key it sets.
-FLAG_KEYS: dict[str, str] = {
-    "base_url": "endpoint.base_url",
-    "model": "endpoint.model",
-    "api_key_env": "endpoint.api_key_env",
-    "concurrency": "concurrency",
-    "problems_in_flight": "problems_in_flight",
-    "local_model": "local.model",
-    "method": "method.name",
-    "temperature": "sampling.temperature",
-    "top_p": "sampling.top_p",
-    "max_tokens": "sampling.max_tokens",
-    "seed": "seed",
-    "budget_tokens": "budget.tokens",
-    "budget_calls": "budget.calls",
-    "budget_count": "budget.count",
-}
+# The option group every command that talks to a model shares is declared once, in tmas.cli.options.
+LimitOpt = Annotated[int | None, typer.Option("--limit", help="Only the first N problems.")]
 
 
 def _version(value: bool) -> None:
@@ -133,43 +81,9 @@ def _root(
     """tmas: TMAS, MATTRL and baselines on any OpenAI-compatible endpoint."""
 
 
-def _params(items: list[str] | None) -> dict[str, Any]:
-    params: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise InputError(f"--param {item!r}: expected KEY=VALUE")
-        try:
-            params[key.strip()] = json.loads(raw)
-        except ValueError:
-            params[key.strip()] = raw
-    return params
-
-
-def _settings(
-    config: Path | None, *, params: list[str] | None = None, iterations: int | None = None, **flags: Any
-) -> Settings:
-    """Settings from the config file, ``TMAS_*`` variables and ``flags`` (names of :data:`FLAG_KEYS`)."""
-    settings = load_settings(config, overrides={FLAG_KEYS[name]: value for name, value in flags.items()})
-    return _with_params(settings, params, iterations)
-
-
-def _with_params(settings: Settings, params: list[str] | None, iterations: int | None) -> Settings:
-    extra = _params(params)
-    if iterations is not None:
-        extra["iterations"] = iterations
-    if extra:
-        settings.method.params = {**settings.method.params, **extra}
-    return settings
-
-
-def _with_ablations(
-    param: list[str] | None, no_experience: bool, no_guideline: bool, domain: str | None = None
-) -> list[str] | None:
-    """The ablation flags (and MATTRL's --domain) as the method parameters they stand for."""
-    extra = [*(["no_experience=true"] if no_experience else []), *(["no_guideline=true"] if no_guideline else [])]
-    extra += [f"domain={domain}"] if domain else []
-    return [*(param or []), *extra] or None
+def _settings(config: Path | None, *, base_url: str | None = None, api_key_env: str | None = None) -> Settings:
+    """Settings of a command that takes only a few of the group's flags (``models``, the judge of reports)."""
+    return ModelFlags(config=config, base_url=base_url, api_key_env=api_key_env).settings()
 
 
 def _read_question(question: str | None, file: Path | None) -> str:
@@ -193,7 +107,9 @@ def _read_question(question: str | None, file: Path | None) -> str:
 
 
 @app.command()
+@model_options
 def solve(
+    flags: ModelFlags,
     question: Annotated[str | None, typer.Argument(help="The question; '-' or none reads standard input.")] = None,
     file: Annotated[Path | None, typer.Option("--file", "-f", help="Read the question from a file.")] = None,
     method: MethodOpt = None,
@@ -203,43 +119,14 @@ def solve(
     no_guideline: NoGuidelineOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the full result record as JSON.")] = False,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", "-o", help="Keep the run (store) here.")] = None,
-    config: ConfigOpt = None,
-    base_url: BaseUrlOpt = None,
-    model: ModelOpt = None,
-    api_key_env: KeyEnvOpt = None,
-    concurrency: ConcurrencyOpt = None,
-    local_model: LocalModelOpt = None,
-    temperature: TemperatureOpt = None,
-    top_p: TopPOpt = None,
-    max_tokens: MaxTokensOpt = None,
-    seed: SeedOpt = None,
-    budget_tokens: BudgetTokensOpt = None,
-    budget_calls: BudgetCallsOpt = None,
-    budget_count: BudgetCountOpt = None,
 ) -> None:
     """Solve one question and print the answer."""
     from tmas.api import asolve
     from tmas.llm.types import cached_share_text
 
     text = _read_question(question, file)
-    settings = _settings(
-        config,
-        base_url=base_url,
-        model=model,
-        api_key_env=api_key_env,
-        concurrency=concurrency,
-        local_model=local_model,
-        method=method,
-        params=_with_ablations(param, no_experience, no_guideline),
-        iterations=iterations,
-        temperature=temperature,
-        top_p=top_p,
-        max_tokens=max_tokens,
-        seed=seed,
-        budget_tokens=budget_tokens,
-        budget_calls=budget_calls,
-        budget_count=budget_count,
-    )
+    params = method_params(param, iterations=iterations, no_experience=no_experience, no_guideline=no_guideline)
+    settings = flags.settings(method, params)
     if settings.uses_local_model:
         typer.echo(f"tmas: no endpoint configured; starting the embedded model {settings.local.model}", err=True)
     result = asyncio.run(asolve(text, settings, run_dir=run_dir))
@@ -261,7 +148,9 @@ def solve(
 
 
 @app.command()
+@model_options
 def run(
+    flags: ModelFlags,
     problems: Annotated[
         Path | None,
         typer.Argument(help="Problems as JSONL (problem_id, question, answer), or a benchmark name (hmmt25, ...)."),
@@ -273,22 +162,8 @@ def run(
     iterations: IterationsOpt = None,
     no_experience: NoExperienceOpt = False,
     no_guideline: NoGuidelineOpt = False,
-    limit: Annotated[int | None, typer.Option("--limit", help="Only the first N problems.")] = None,
+    limit: LimitOpt = None,
     domain: DomainOpt = None,
-    config: ConfigOpt = None,
-    base_url: BaseUrlOpt = None,
-    model: ModelOpt = None,
-    api_key_env: KeyEnvOpt = None,
-    concurrency: ConcurrencyOpt = None,
-    problems_in_flight: ProblemsInFlightOpt = None,
-    local_model: LocalModelOpt = None,
-    temperature: TemperatureOpt = None,
-    top_p: TopPOpt = None,
-    max_tokens: MaxTokensOpt = None,
-    seed: SeedOpt = None,
-    budget_tokens: BudgetTokensOpt = None,
-    budget_calls: BudgetCallsOpt = None,
-    budget_count: BudgetCountOpt = None,
     dry_run: DryRunOpt = False,
     pilot: PilotOpt = None,
     tokens_per_call: TokensPerCallOpt = None,
@@ -296,60 +171,62 @@ def run(
     yes: YesOpt = False,
     confirm_calls: ConfirmCallsOpt = DEFAULT_CONFIRM_CALLS,
     confirm_tokens: ConfirmTokensOpt = DEFAULT_CONFIRM_TOKENS,
-    ask: Annotated[bool, typer.Option("--ask", hidden=True, help="Ask above the thresholds (as eval does).")] = False,
 ) -> None:
     """Solve a file of problems into a run directory (resumable with --resume)."""
-    from tmas.cli.estimate import build_estimate, gate
-    from tmas.cli.progress import RunProgress
-    from tmas.problems import dataset_name, iter_problems, resolve_dataset
-    from tmas.runner import RunState, prepare_run, run_problems
-    from tmas.store.run_store import RunStore
-
-    overrides: dict[str, Any] = {
-        "base_url": base_url,
-        "model": model,
-        "api_key_env": api_key_env,
-        "concurrency": concurrency,
-        "problems_in_flight": problems_in_flight,
-        "local_model": local_model,
-        "method": method,
-        "params": _with_ablations(param, no_experience, no_guideline, domain),
-        "iterations": iterations,
-        "temperature": temperature,
-        "top_p": top_p,
-        "max_tokens": max_tokens,
-        "seed": seed,
-        "budget_tokens": budget_tokens,
-        "budget_calls": budget_calls,
-        "budget_count": budget_count,
-    }
+    params = method_params(
+        param, iterations=iterations, no_experience=no_experience, no_guideline=no_guideline, domain=domain
+    )
     estimate = EstimateFlags(dry_run, pilot, tokens_per_call, throughput, yes, confirm_calls, confirm_tokens)
-    # The estimate is worked out when asked for (--dry-run, --pilot) and before eval's runs, which confirm it.
-    wants_estimate = dry_run or pilot is not None or ask
     if resume is not None:
         if problems is not None or out is not None:
             raise InputError("--resume takes the run directory alone: give no problem file and no --out")
-        with RunStore(resume, create=False) as peek:
-            stored = Settings.model_validate(peek.get_meta("settings"))
-            listed = peek.problems() if wants_estimate else []
-        # The stored settings are the base; flags given now (e.g. a larger --iterations) go on top.
-        settings = _apply_flags(stored, config, overrides)
-        if wants_estimate:
-            gate(build_estimate([(resume.name, settings)], listed, estimate, resume / "pilot"), estimate, ask=ask)
-        store, settings, todo = prepare_run(resume, settings, None, resume=True)
+        _resume_run(resume, flags, method, params, estimate)
     else:
         if problems is None or out is None:
             raise InputError("give a problem file and --out RUN_DIR (or --resume RUN_DIR)")
-        settings = _settings(config, **overrides)
+        _new_run(problems, out, flags.settings(method, params), limit, estimate, ask=False)
+
+
+def _new_run(
+    problems: Path, out: Path, settings: Settings, limit: int | None, estimate: EstimateFlags, *, ask: bool
+) -> None:
+    """``tmas run`` (and the run of ``tmas eval``, which asks above the thresholds): a new run directory."""
+    from tmas.cli.estimate import build_estimate, gate
+    from tmas.problems import iter_problems, resolve_dataset
+    from tmas.runner import open_new_run
+
+    # The estimate is worked out when asked for (--dry-run, --pilot) and before eval's runs, which confirm it.
+    if estimate.dry_run or estimate.pilot is not None or ask:
         source = resolve_dataset(problems)
-        if wants_estimate:
-            listed = list(islice(iter_problems(source), limit) if limit else iter_problems(source))
-            gate(build_estimate([(out.name, settings)], listed, estimate, out / "pilot"), estimate, ask=ask)
-        # Streamed into the store (a bad line anywhere stops before any call and leaves no run behind).
-        reader = iter_problems(source)
-        store, settings, todo = prepare_run(out, settings, islice(reader, limit) if limit else reader, resume=False)
-        # Reports group runs by benchmark name.
-        store.set_meta("dataset", dataset_name(problems))
+        listed = list(islice(iter_problems(source), limit) if limit else iter_problems(source))
+        gate(build_estimate([(out.name, settings)], listed, estimate, out / "pilot"), estimate, ask=ask)
+    # Streamed into the store (a bad line anywhere stops before any call and leaves no run behind).
+    store, settings, todo = open_new_run(out, settings, problems, limit=limit)
+    _execute(store, settings, todo)
+
+
+def _resume_run(
+    run_dir: Path, flags: ModelFlags, method: str | None, params: dict[str, Any], estimate: EstimateFlags
+) -> None:
+    from tmas.cli.estimate import build_estimate, gate
+    from tmas.runner import prepare_run, resume_settings, stored_settings
+    from tmas.store.run_store import RunStore
+
+    # The stored settings are the base; flags given now (e.g. a larger --iterations) go on top.
+    settings = resume_settings(stored_settings(run_dir), flags.overrides(method), config=flags.config, params=params)
+    if estimate.dry_run or estimate.pilot is not None:
+        with RunStore(run_dir, create=False) as peek:
+            listed = peek.problems()
+        gate(build_estimate([(run_dir.name, settings)], listed, estimate, run_dir / "pilot"), estimate, ask=False)
+    store, settings, todo = prepare_run(run_dir, settings, None, resume=True)
+    _execute(store, settings, todo)
+
+
+def _execute(store: RunStore, settings: Settings, todo: StoredProblems) -> None:
+    """Solve a prepared run's problems with a progress line, then print its summary."""
+    from tmas.cli.progress import RunProgress
+    from tmas.runner import RunState, run_problems
+
     state = RunState()
     reporter = RunProgress(state)
 
@@ -362,16 +239,6 @@ def run(
     typer.echo(json.dumps(summary.to_dict(), indent=2))
     for line in summary.warnings:
         typer.echo(f"warning: {line}", err=True)
-
-
-def _apply_flags(stored: Settings, config: Path | None, overrides: dict[str, Any]) -> Settings:
-    """A resumed run's settings: the stored ones with every flag given now on top (a ``--config`` file replaces
-    them). The environment is not read again: a run continues as it was set up unless a flag says otherwise."""
-    flags = {name: value for name, value in overrides.items() if name not in ("params", "iterations")}
-    if config is not None:
-        return _settings(config, params=overrides.get("params"), iterations=overrides.get("iterations"), **flags)
-    settings = with_overrides(stored, {FLAG_KEYS[name]: value for name, value in flags.items()})
-    return _with_params(settings, overrides.get("params"), overrides.get("iterations"))
 
 
 @app.command()
@@ -497,7 +364,9 @@ def report(
 
 
 @app.command("eval")
+@model_options
 def evaluate(
+    flags: ModelFlags,
     problems: Annotated[Path, typer.Argument(help="Problems as JSONL, or a benchmark name (hmmt25, ...).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Run directory to create.")],
     report_dir: Annotated[
@@ -512,21 +381,7 @@ def evaluate(
     iterations: IterationsOpt = None,
     no_experience: NoExperienceOpt = False,
     no_guideline: NoGuidelineOpt = False,
-    limit: Annotated[int | None, typer.Option("--limit", help="Only the first N problems.")] = None,
-    config: ConfigOpt = None,
-    base_url: BaseUrlOpt = None,
-    model: ModelOpt = None,
-    api_key_env: KeyEnvOpt = None,
-    concurrency: ConcurrencyOpt = None,
-    problems_in_flight: ProblemsInFlightOpt = None,
-    local_model: LocalModelOpt = None,
-    temperature: TemperatureOpt = None,
-    top_p: TopPOpt = None,
-    max_tokens: MaxTokensOpt = None,
-    seed: SeedOpt = None,
-    budget_tokens: BudgetTokensOpt = None,
-    budget_calls: BudgetCallsOpt = None,
-    budget_count: BudgetCountOpt = None,
+    limit: LimitOpt = None,
     dry_run: DryRunOpt = False,
     pilot: PilotOpt = None,
     tokens_per_call: TokensPerCallOpt = None,
@@ -539,46 +394,18 @@ def evaluate(
     from tmas.eval.report import build_report
 
     grade_config = _grade_config(grade, judge_runs)  # bad flags fail before any model call
-    run(
-        problems=problems,
-        out=out,
-        resume=None,
-        method=method,
-        param=param,
-        iterations=iterations,
-        no_experience=no_experience,
-        no_guideline=no_guideline,
-        limit=limit,
-        config=config,
-        base_url=base_url,
-        model=model,
-        api_key_env=api_key_env,
-        concurrency=concurrency,
-        problems_in_flight=problems_in_flight,
-        local_model=local_model,
-        temperature=temperature,
-        top_p=top_p,
-        max_tokens=max_tokens,
-        seed=seed,
-        budget_tokens=budget_tokens,
-        budget_calls=budget_calls,
-        budget_count=budget_count,
-        dry_run=dry_run,
-        pilot=pilot,
-        tokens_per_call=tokens_per_call,
-        throughput=throughput,
-        yes=yes,
-        confirm_calls=confirm_calls,
-        confirm_tokens=confirm_tokens,
-        ask=True,
-    )
-    settings = _judge_settings(config, base_url, judge_base_url, judge_model)
+    params = method_params(param, iterations=iterations, no_experience=no_experience, no_guideline=no_guideline)
+    estimate = EstimateFlags(dry_run, pilot, tokens_per_call, throughput, yes, confirm_calls, confirm_tokens)
+    _new_run(problems, out, flags.settings(method, params), limit, estimate, ask=True)
+    settings = _judge_settings(flags.config, flags.base_url, judge_base_url, judge_model)
     written = asyncio.run(build_report([out], report_dir or out / "report", grade_config, settings))
     typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
 
 
 @app.command()
+@model_options
 def sweep(
+    flags: ModelFlags,
     grid_file: Annotated[
         Path | None, typer.Argument(help="Grid file (TOML, [[study]] tables); or use the flags.")
     ] = None,
@@ -589,7 +416,7 @@ def sweep(
     problems: Annotated[
         str | None, typer.Option("--problems", help="Problems JSONL or benchmark name (overrides the grid file's).")
     ] = None,
-    limit: Annotated[int | None, typer.Option("--limit", help="Only the first N problems.")] = None,
+    limit: LimitOpt = None,
     method: Annotated[
         list[str] | None, typer.Option("--method", "-m", help="Method of the flag-built study (repeatable).")
     ] = None,
@@ -601,20 +428,6 @@ def sweep(
     no_report: Annotated[bool, typer.Option("--no-report", help="Run the points, write no report.")] = False,
     grade: GradeModeOpt = "combined",
     judge_runs: JudgeRunsOpt = 4,
-    config: ConfigOpt = None,
-    base_url: BaseUrlOpt = None,
-    model: ModelOpt = None,
-    api_key_env: KeyEnvOpt = None,
-    concurrency: ConcurrencyOpt = None,
-    problems_in_flight: ProblemsInFlightOpt = None,
-    local_model: LocalModelOpt = None,
-    temperature: TemperatureOpt = None,
-    top_p: TopPOpt = None,
-    max_tokens: MaxTokensOpt = None,
-    seed: SeedOpt = None,
-    budget_tokens: BudgetTokensOpt = None,
-    budget_calls: BudgetCallsOpt = None,
-    budget_count: BudgetCountOpt = None,
     dry_run: DryRunOpt = False,
     pilot: PilotOpt = None,
     tokens_per_call: TokensPerCallOpt = None,
@@ -625,77 +438,54 @@ def sweep(
 ) -> None:
     """Run a grid of methods x parameters over one problem set (one run per point, resumable) and report it."""
     from tmas.cli.estimate import build_estimate, gate
-    from tmas.config import Budget
     from tmas.sweep import (
-        SweepSpec,
         expand,
         load_spec,
         parse_grid_flag,
-        read_manifest,
         report_sweep,
+        resumed_sweep,
         run_sweep,
         spec_from_flags,
+        sweep_budget,
         sweep_problems,
         with_grid_sampling,
     )
 
     grade_config = _grade_config(grade, judge_runs)
-    flags: dict[str, Any] = {
-        "base_url": base_url,
-        "model": model,
-        "api_key_env": api_key_env,
-        "concurrency": concurrency,
-        "problems_in_flight": problems_in_flight,
-        "local_model": local_model,
-        "temperature": temperature,
-        "top_p": top_p,
-        "max_tokens": max_tokens,
-        "seed": seed,
-    }
-    budget_flags: dict[str, Any] = {"tokens": budget_tokens, "calls": budget_calls, "count": budget_count}
-    given_budget = {key: value for key, value in budget_flags.items() if value is not None}
     if resume is not None:
         if grid_file is not None or out is not None or method or grid:
             raise InputError("--resume takes the sweep directory alone: give no grid, --out, --method or --grid")
-        if given_budget:
-            raise InputError("--resume keeps the sweep's budget (it names the points): give no --budget-* flag")
-        manifest = read_manifest(resume)
-        spec = SweepSpec.model_validate(manifest["spec"])
-        stored = Settings.model_validate(manifest["settings"])
-        settings = _apply_flags(stored, config, {**flags, "params": None, "iterations": None})
+        spec, settings = resumed_sweep(resume, flags.overrides(), config=flags.config)
         out = resume
     else:
         if out is None:
             raise InputError("give --out SWEEP_DIR (or --resume SWEEP_DIR)")
-        # The budget from the config file and TMAS_BUDGET_* under the flags; a grid file's own budget sits between.
-        settings = _settings(config, **flags, **{f"budget_{key}": value for key, value in budget_flags.items()})
+        # The budget from the config file, TMAS_BUDGET_* and the flags; sweep_budget puts a grid file's in between.
+        settings = flags.settings()
         if grid_file is not None:
             if method or grid or param:
                 raise InputError("give either a grid file or --method/--param/--grid, not both")
             spec = load_spec(grid_file)
-            if not spec.budget.limited:
-                spec.budget = settings.budget
-            elif given_budget:
-                spec.budget = Budget.model_validate({**spec.budget.model_dump(), **given_budget})
+            given = {key: getattr(flags, f"budget_{key}") for key in ("tokens", "calls", "count")}
+            spec.budget = sweep_budget(
+                spec.budget, settings.budget, {key: value for key, value in given.items() if value is not None}
+            )
         else:
             if not method:
                 raise InputError("give a grid file or at least one --method")
             axes = dict(parse_grid_flag(item) for item in grid or [])
-            spec = spec_from_flags(problems, method, _params(param), axes, limit=limit, budget=settings.budget)
+            spec = spec_from_flags(problems, method, parse_params(param), axes, limit=limit, budget=settings.budget)
         if problems is not None:
             spec.problems = problems
             if spec.about is not None:
                 spec.about.benchmark = None  # other problems than the grid's: the report matches on their name
         if limit is not None:
             spec.limit = limit
-        settings = with_grid_sampling(
-            settings, spec, {k for k in ("temperature", "top_p", "max_tokens", "seed") if flags[k] is not None}
-        )
+        settings = with_grid_sampling(settings, spec, flags.given("temperature", "top_p", "max_tokens", "seed"))
 
     def progress(outcome: Any) -> None:
         typer.echo(f"tmas sweep: {outcome.point.name}: {outcome.status}", err=True)
 
-    assert out is not None
     estimate = EstimateFlags(dry_run, pilot, tokens_per_call, throughput, yes, confirm_calls, confirm_tokens)
     configs = [(point.name, point.settings(settings)) for point in expand(spec)]
     gate(build_estimate(configs, sweep_problems(spec), estimate, out / "pilot"), estimate, ask=True)
@@ -711,7 +501,9 @@ data_app = typer.Typer(
 )
 app.add_typer(data_app, name="data")
 add_data_commands(data_app)
-app.add_typer(experience_app, name="experience")
+app.add_typer(pool_app, name="pool")
+# The name users know, kept as an alias of `tmas pool` (listed, so old scripts and docs keep working).
+app.add_typer(pool_app, name="experience", help="MATTRL's experience pool: the same commands as 'tmas pool'.")
 app.add_typer(cases_app, name="cases")
 app.add_typer(serve_app, name="serve")
 app.add_typer(view_app, name="view")

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from tmas.errors import ConfigError, InputError
-from tmas.rl.rewards import DEFAULT_BETA
+from tmas.rl.options import train_default
 
 rl_app = typer.Typer(
     help="Hybrid-reward RL: training data from TMAS runs, GRPO training, GGUF export.", no_args_is_help=True
@@ -87,25 +87,36 @@ def train(
     config: Annotated[
         Path | None, typer.Option("--config", "-c", help="tmas TOML: the guideline judge's endpoint.")
     ] = None,
-    max_steps: Annotated[int, typer.Option("--max-steps", help="Optimizer steps (A.4: 190).")] = 190,
-    num_generations: Annotated[int, typer.Option("--num-generations", help="Rollouts per prompt (A.4: 16).")] = 16,
-    groups_per_step: Annotated[int, typer.Option("--groups-per-step", help="Prompt groups per step and process.")] = 1,
-    learning_rate: Annotated[float, typer.Option("--learning-rate", help="A.4: 1e-6.")] = 1e-6,
+    max_steps: Annotated[int, typer.Option("--max-steps", help="Optimizer steps (A.4: 190).")] = train_default(
+        "max_steps"
+    ),
+    num_generations: Annotated[
+        int, typer.Option("--num-generations", help="Rollouts per prompt (A.4: 16).")
+    ] = train_default("num_generations"),
+    groups_per_step: Annotated[
+        int, typer.Option("--groups-per-step", help="Prompt groups per step and process.")
+    ] = train_default("groups_per_step"),
+    learning_rate: Annotated[float, typer.Option("--learning-rate", help="A.4: 1e-6.")] = train_default(
+        "learning_rate"
+    ),
     experience_beta: Annotated[
         float, typer.Option("--experience-beta", help="Eq. 8's maximum bonus coefficient beta (A.4: 0.6).", min=0)
-    ] = DEFAULT_BETA,
-    max_completion_length: Annotated[int, typer.Option("--max-completion-length", help="Tokens per rollout.")] = 2048,
+    ] = train_default("experience_beta"),
+    max_completion_length: Annotated[
+        int, typer.Option("--max-completion-length", help="Tokens per rollout.")
+    ] = train_default("max_completion_length"),
     use_vllm: Annotated[
         bool | None, typer.Option("--vllm/--no-vllm", help="vLLM generation (default: when installed with CUDA).")
-    ] = None,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    ] = train_default("use_vllm"),
+    seed: Annotated[int, typer.Option("--seed")] = train_default("seed"),
 ) -> None:
     """GRPO on the hybrid rewards with TRL (defaults from the paper's appendix A.4)."""
     if not data.is_file():  # before the slow imports below
         raise InputError(f"{data}: no such data file (build one with 'tmas rl build-data')")
     from tmas.config import load_settings
     from tmas.rl.novelty import LLMNoveltyJudge
-    from tmas.rl.trl_train import TrainOptions, build_trainer, load_dataset, load_policy, reward_for
+    from tmas.rl.options import TrainOptions
+    from tmas.rl.trl_train import build_trainer, load_dataset, load_policy, reward_for
 
     dataset = load_dataset(data)
     judge = None

@@ -9,14 +9,16 @@ from typing import Annotated
 
 import typer
 
-from tmas.config import load_settings
+from tmas.cli.options import ModelFlags, model_options
 from tmas.errors import ConfigError
 
 serve_app = typer.Typer(help="Serve every method as an OpenAI-compatible endpoint.")
 
 
 @serve_app.callback(invoke_without_command=True)
+@model_options
 def serve(
+    flags: ModelFlags,
     host: Annotated[str, typer.Option("--host", help="Address to listen on (beyond loopback: --token-env needed).")] = (
         "127.0.0.1"
     ),
@@ -34,21 +36,14 @@ def serve(
     resume: Annotated[
         bool, typer.Option("--resume/--no-resume", help="Resume unfinished requests found in --dir at start.")
     ] = True,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file (the upstream).")] = None,
-    base_url: Annotated[str | None, typer.Option("--base-url", help="Upstream OpenAI-compatible base URL(s).")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="Upstream model (more are read from /models).")] = None,
-    api_key_env: Annotated[
-        str | None, typer.Option("--api-key-env", help="Environment variable that holds the upstream API key.")
-    ] = None,
 ) -> None:
     """Answer /v1/chat/completions with a method: the model name is <method>/<upstream model>."""
     from tmas.serve.launch import ServeOptions, serve
 
     if max_problems < 1 or max_body_bytes < 1:
         raise ConfigError("--max-problems and --max-body-bytes must be at least 1")
-    settings = load_settings(
-        config, overrides={"endpoint.base_url": base_url, "endpoint.model": model, "endpoint.api_key_env": api_key_env}
-    )
+    # The group's flags configure the upstream and the defaults of every request (sampling, budget, prompts).
+    settings = flags.settings()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     options = ServeOptions(
         host=host,

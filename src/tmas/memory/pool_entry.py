@@ -1,7 +1,7 @@
 """An entry of MATTRL's test-time experience pool (paper 003, section 3.4): a distilled, high-credit utterance.
 
-Experience construction (``tmas experience build``) produces these from scored transcripts; the pool
-(:mod:`tmas.memory.experience_pool`) stores them with their embeddings, retrieves them for a case and keeps their
+Experience construction (``tmas pool build``) produces these from scored transcripts; the pool
+(:mod:`tmas.memory.pool`) stores them with their embeddings, retrieves them for a case and keeps their
 lifecycle counters. Both sides use this one model.
 """
 

@@ -73,7 +73,7 @@ from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.mattrl_teaching import teach, teaching_tier
 
 if TYPE_CHECKING:  # the pool needs numpy and faiss (the `pool` extra): imported only when a pool is configured
-    from tmas.memory.experience_pool import ExperiencePool
+    from tmas.memory.pool import Pool
 
 # A parsed peer review: a math review or a medicine critique of a differential.
 ReviewT = TypeVar("ReviewT", Review, DifferentialReview)
@@ -125,7 +125,7 @@ class Seat:
 
 @dataclass
 class Retriever:
-    pool: ExperiencePool
+    pool: Pool
     embed: Embedder
     k: int
 
@@ -137,7 +137,7 @@ class MATTRL(Method[MATTRLParams]):
 
     def __init__(self, params: MethodParams) -> None:
         super().__init__(params)
-        self._pool: ExperiencePool | None = None
+        self._pool: Pool | None = None
 
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p = self.params
@@ -259,11 +259,11 @@ class MATTRL(Method[MATTRLParams]):
         p = self.params
         if p.pool is None:
             return None
-        from tmas.memory.experience_pool import ExperiencePool
+        from tmas.memory.pool import Pool
 
         embed = embedder_for(p.embedder, session.llm)
         if self._pool is None:
-            self._pool = ExperiencePool.open(Path(p.pool), embed.name)
+            self._pool = Pool.open(Path(p.pool), embed.name)
         return Retriever(self._pool, embed, p.top_k)
 
     @staticmethod

@@ -17,39 +17,17 @@ import importlib.util
 from pathlib import Path
 from typing import Any, cast
 
-from pydantic import BaseModel, Field
 from trl.trainer.grpo_config import GRPOConfig
 from trl.trainer.grpo_trainer import GRPOTrainer
 
 from tmas.errors import ConfigError, InputError
 from tmas.llm.weights import resolve_model
 from tmas.rl.data import COLUMNS
-from tmas.rl.rewards import DEFAULT_BETA
+from tmas.rl.options import TrainOptions
 from tmas.rl.sampler import PromptGroupSampler, prompt_groups
 from tmas.rl.scoring import NoveltyJudge
 from tmas.rl.tiny import tiny_model, tiny_tokenizer
 from tmas.rl.trl_rewards import HybridReward
-
-
-class TrainOptions(BaseModel):
-    output_dir: Path
-    num_generations: int = Field(default=16, ge=2)
-    learning_rate: float = 1e-6
-    epsilon: float = 0.20
-    epsilon_high: float = 0.255
-    clip_coefficient: float | None = 10.0
-    kl_beta: float = 0.0
-    experience_beta: float = DEFAULT_BETA
-    temperature: float = 1.0
-    top_p: float = 0.95
-    max_completion_length: int = Field(default=2048, ge=1)
-    max_steps: int = Field(default=190, ge=1)
-    # Prompt groups per optimizer step, per process (A.4: 128 prompts over all GPUs).
-    groups_per_step: int = Field(default=1, ge=1)
-    gradient_accumulation_steps: int = Field(default=1, ge=1)
-    use_vllm: bool | None = None
-    save_steps: int = Field(default=50, ge=1)
-    seed: int = 0
 
 
 def vllm_available() -> bool:

@@ -1,4 +1,4 @@
-"""Turn credits of MATTRL deliberations, as ``tmas experience build`` writes them (``POOL.build/credits.jsonl``).
+"""Turn credits of MATTRL deliberations, as ``tmas pool build`` writes them (``POOL.build/credits.jsonl``).
 
 Only the fields the viewer shows are read (run, problem, turn, agent, reward r); lines it cannot read are skipped,
 so a change in that file costs the viewer its credit column, never a page.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tmas.experience.construct import CREDITS_FILE
+from tmas.pool.build import CREDITS_FILE
 
 # (run directory, problem id, round (0-based, as in the transcript), agent) -> the turn's reward r.
 CreditKey = tuple[str, str, int, str]

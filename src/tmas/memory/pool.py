@@ -5,7 +5,7 @@ A pool is a folder:
 
 - ``entries.jsonl``: one :class:`PoolEntry` a line;
 - ``vectors.f32``: the entries' embeddings, row i for line i, raw little-endian float32 (``count x dim``);
-- ``meta.json``: format name, version (bumped by every :meth:`ExperiencePool.save`), embedding model name and dim.
+- ``meta.json``: format name, version (bumped by every :meth:`Pool.save`), embedding model name and dim.
 
 The embedding model is part of the pool: vectors from another model live in another space, so opening a pool for a
 different embedder is an error naming both. Writes go to temporary files renamed into place, meta last, so a crash
@@ -29,7 +29,7 @@ from tmas.memory.pool_entry import PoolEntry
 
 EmbedFn = Callable[[Sequence[str]], Awaitable[list[list[float]]]]
 
-FORMAT = "tmas-experience-pool"
+FORMAT = "tmas-experience-pool"  # the on-disk format name: kept, so pools written before the rename still open
 ENTRIES, VECTORS, META = "entries.jsonl", "vectors.f32", "meta.json"
 
 
@@ -62,7 +62,7 @@ def normalized(vectors: Sequence[Sequence[float]] | np.ndarray, where: str) -> n
     return np.asarray(matrix / np.where(norms == 0.0, 1.0, norms), dtype=np.float32)
 
 
-class ExperiencePool:
+class Pool:
     """Entries with their vectors, searchable by cosine similarity. Changes are in memory until :meth:`save`."""
 
     def __init__(self, path: Path, meta: PoolMeta, entries: list[PoolEntry], vectors: np.ndarray) -> None:
@@ -75,7 +75,7 @@ class ExperiencePool:
     # ---- lifecycle ------------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, path: str | Path, embedder_name: str) -> ExperiencePool:
+    def create(cls, path: str | Path, embedder_name: str) -> Pool:
         """A new, empty pool at ``path`` (written at once, version 0); an existing pool there is an error."""
         path = Path(path)
         if (path / META).exists():
@@ -85,7 +85,7 @@ class ExperiencePool:
         return pool
 
     @classmethod
-    def open(cls, path: str | Path, embedder_name: str | None = None) -> ExperiencePool:
+    def open(cls, path: str | Path, embedder_name: str | None = None) -> Pool:
         """The pool at ``path``; with ``embedder_name``, an error unless the pool was built with that model."""
         path = Path(path)
         meta = cls._read_meta(path)
@@ -259,8 +259,8 @@ class ExperiencePool:
         return vectors
 
 
-def pool_summary(pool: ExperiencePool) -> dict[str, Any]:
-    """What ``tmas experience show`` prints about the pool as a whole."""
+def pool_summary(pool: Pool) -> dict[str, Any]:
+    """What ``tmas pool show`` prints about the pool as a whole."""
     by_scope: dict[str, int] = {}
     for entry in pool.entries:
         by_scope[entry.scope] = by_scope.get(entry.scope, 0) + 1

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from mattrl_runs import hand_worked_transcript, write_run
 from test_cli import tmas
-from test_experience_build import scripted_rules
+from test_pool_build import scripted_rules
 from tmas.problems import Problem
 from tmas.testing import SimScript, SimServer
 

@@ -1,4 +1,4 @@
-"""``tmas experience prune``: the pool's lifecycle, which paper 003 names as its limitation (its "Limitations"
+"""``tmas pool prune``: the pool's lifecycle, which paper 003 names as its limitation (its "Limitations"
 paragraph: recency weighting, de-duplication, anomaly screening), in three documented rules applied in this order:
 
 1. **Wrong-correlated entries.** From MATTRL runs graded against gold (wrong: a wrong math answer, or a medicine
@@ -24,9 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tmas.config import Settings
 from tmas.eval.grading import GradeMode
-from tmas.experience.cases import DiagnosisMatch, load_cases
-from tmas.memory.experience_pool import ExperiencePool
+from tmas.memory.pool import Pool
 from tmas.memory.pool_entry import PoolEntry
+from tmas.pool.outcomes import DiagnosisMatch, load_transcripts
 
 
 class PruneConfig(BaseModel):
@@ -38,7 +38,7 @@ class PruneConfig(BaseModel):
     min_uses: int = Field(default=3, ge=1)
     wrong_margin: float = Field(default=0.3, ge=0.0, le=1.0)
     grade_mode: GradeMode = "combined"
-    # Medicine: gold names matched by spelling, then by the diagnosis judge, as in ``tmas experience build``.
+    # Medicine: gold names matched by spelling, then by the diagnosis judge, as in ``tmas pool build``.
     match: DiagnosisMatch = "judge"
     dry_run: bool = False
 
@@ -79,7 +79,7 @@ async def retrieval_usage(
 ) -> tuple[dict[str, EntryUsage], float | None]:
     """Per entry id: in how many graded problems it was retrieved, and how many of those ended wrong; and the
     base wrong rate over all those problems (None without any)."""
-    cases = await load_cases(run_dirs, settings, grade_mode=grade_mode, notes=notes, match=match)
+    cases = await load_transcripts(run_dirs, settings, grade_mode=grade_mode, notes=notes, match=match)
     usage: dict[str, EntryUsage] = {}
     for case in cases:
         ids = {i for u in case.transcript.utterances for i in u.experience_ids}
@@ -123,7 +123,7 @@ def duplicate_groups(entries: list[PoolEntry], vectors: np.ndarray, threshold: f
 async def prune_pool(
     pool_path: Path, run_dirs: list[Path], settings: Settings | None, config: PruneConfig
 ) -> PruneSummary:
-    pool = ExperiencePool.open(pool_path)
+    pool = Pool.open(pool_path)
     summary = PruneSummary(pool=pool_path, before=len(pool))
     if run_dirs:
         usage, base = await retrieval_usage(run_dirs, settings, config.grade_mode, summary.notes, config.match)

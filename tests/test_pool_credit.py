@@ -17,7 +17,7 @@ import random
 
 import pytest
 
-from tmas.experience.credit import (
+from tmas.pool.credit import (
     DEFAULT_BETA,
     assign_credit,
     coalitions_needed,

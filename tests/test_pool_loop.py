@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from conftest import settings_for
-from tmas.experience.construct import BuildConfig, build_pool
-from tmas.experience.lifecycle import PruneConfig, prune_pool
-from tmas.memory.experience_pool import ExperiencePool
+from tmas.memory.pool import Pool
 from tmas.memory.transcript import Transcript
+from tmas.pool.build import BuildConfig, build_pool
+from tmas.pool.lifecycle import PruneConfig, prune_pool
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
 from tmas.testing import Rule, SimScript, SimServer
@@ -45,7 +45,7 @@ async def test_build_from_real_mattrl_runs_then_retrieve_and_prune(tmp_path: Pat
         # Every judged turn is a specialist's (opinion + reviews), never the coordinator's.
         judged = [r.body["messages"][-1]["content"] for r in sim.requests if r.role == "judge"]
         assert len(judged) == summary.turns and all('agent="coordinator"' not in j for j in judged)
-        pool = ExperiencePool.open(pool_path)
+        pool = Pool.open(pool_path)
         assert {e.source_problem for e in pool.entries} <= {"a", "b"}
         assert all(e.source_agent.startswith("S") and e.reward > 0 for e in pool.entries)
 
@@ -62,5 +62,5 @@ async def test_build_from_real_mattrl_runs_then_retrieve_and_prune(tmp_path: Pat
         # The summarizer wrote the same entry for every kept turn: they merge into one, which takes the others'
         # retrieval counts (each entry counts once per problem that retrieved it).
         assert pruned.after == 1 and pruned.wrong == [] and pruned.base_wrong_rate == 0.0
-        [kept] = ExperiencePool.open(pool_path).entries
+        [kept] = Pool.open(pool_path).entries
         assert kept.retrieved == sum(len(ids) for ids in per_problem) and kept.retrieved_wrong == 0

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from tmas.agents.experience_summarizer import (
+from tmas.agents.output import AgentOutputError
+from tmas.agents.pool_summarizer import (
     parse_summarizer,
     parse_teaching_summarizer,
     summarizer_prompt,
     teaching_summarizer_prompt,
 )
-from tmas.agents.output import AgentOutputError
 from tmas.agents.utterance_judge import (
     RoundView,
     TeachingView,

@@ -1,4 +1,4 @@
-"""``tmas experience build``: labelled MATTRL runs to pool entries (paper 003, section 3.2, Eq. 9-15, section 5.1).
+"""``tmas pool build``: labelled MATTRL runs to pool entries (paper 003, section 3.2, Eq. 9-15, section 5.1).
 
 Per case: the judge scores every specialist turn (Eq. 9); the chosen scheme gives the contributions (naive: Eq. 11;
 difference: Eq. 17; Shapley: Eq. 18; both normalised by Eq. 16); Eq. 10 and 12 give each turn's reward r. Over all
@@ -24,7 +24,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tmas.agents.echo import EchoGuard
-from tmas.agents.experience_summarizer import (
+from tmas.agents.output import AgentOutputError
+from tmas.agents.pool_summarizer import (
     DistilledEntry,
     SummarizerReply,
     TeachingEntry,
@@ -34,12 +35,16 @@ from tmas.agents.experience_summarizer import (
     summarizer_prompt,
     teaching_summarizer_prompt,
 )
-from tmas.agents.output import AgentOutputError
 from tmas.agents.utterance_judge import TeachingView, TurnView
 from tmas.config import Settings
 from tmas.eval.grading import GradeMode
-from tmas.experience.cases import AgentTurn, DiagnosisMatch, LabelledCase, load_cases
-from tmas.experience.credit import (
+from tmas.llm.client import LLMClient
+from tmas.llm.model import ChatModel
+from tmas.llm.types import CallKey
+from tmas.memory.embedders import embedder_for
+from tmas.memory.pool import META, Pool
+from tmas.memory.pool_entry import PoolEntry
+from tmas.pool.credit import (
     DEFAULT_BETA,
     Coalition,
     CreditScheme,
@@ -52,13 +57,8 @@ from tmas.experience.credit import (
     sample_permutations,
     shapley_credits,
 )
-from tmas.experience.scoring import Judged, TurnJudge, history_before
-from tmas.llm.client import LLMClient
-from tmas.llm.model import ChatModel
-from tmas.llm.types import CallKey
-from tmas.memory.embedders import embedder_for
-from tmas.memory.experience_pool import META, ExperiencePool
-from tmas.memory.pool_entry import PoolEntry
+from tmas.pool.outcomes import AgentTurn, DiagnosisMatch, LabelledTranscript, load_transcripts
+from tmas.pool.scoring import Judged, TurnJudge, history_before
 from tmas.store.run_store import RunStore
 
 SUMMARIZER_ROLE = "summarizer"
@@ -161,14 +161,14 @@ def build_dir_for(pool: Path) -> Path:
     return pool.with_name(pool.name + ".build")
 
 
-def entry_id(case: LabelledCase, turn: AgentTurn, k: int) -> str:
+def entry_id(case: LabelledTranscript, turn: AgentTurn, k: int) -> str:
     """Stable across rebuilds: the same source turn gives the same ids, so a rebuild adds nothing twice."""
     source = f"{Path(case.run).resolve()}|{case.problem.problem_id}|{turn.turn}|{turn.agent}"
     return f"{hashlib.sha256(source.encode()).hexdigest()[:12]}-{k}"
 
 
 async def _case_credits(
-    judge: TurnJudge, case: LabelledCase, turns: list[AgentTurn], config: BuildConfig
+    judge: TurnJudge, case: LabelledTranscript, turns: list[AgentTurn], config: BuildConfig
 ) -> tuple[dict[tuple[int, str], Judged], dict[int, dict[str, TurnCredit]]]:
     judged_list = await asyncio.gather(*(judge.score_turn(case, turns, t) for t in turns))
     judged = {(t.turn, t.agent): j for t, j in zip(turns, judged_list, strict=True)}
@@ -210,7 +210,12 @@ async def _case_credits(
 
 
 async def _distil(
-    llm: ChatModel, case: LabelledCase, turns: list[AgentTurn], record: TurnRecord, retries: int, summary: BuildSummary
+    llm: ChatModel,
+    case: LabelledTranscript,
+    turns: list[AgentTurn],
+    record: TurnRecord,
+    retries: int,
+    summary: BuildSummary,
 ) -> list[PoolEntry]:
     """Eq. 14: the kept turn as pool entries (none, with a note, when no summarizer reply is usable)."""
     target = next(t for t in turns if t.turn == record.turn and t.agent == record.agent)
@@ -326,7 +331,9 @@ async def build_pool(
     """Build (or extend) the pool at ``pool_path`` from the labelled MATTRL runs in ``run_dirs``."""
     summary = BuildSummary(pool=pool_path)
     step: ProgressFn = progress or (lambda stage, done, total: None)
-    cases = await load_cases(run_dirs, settings, grade_mode=config.grade_mode, notes=summary.notes, match=config.match)
+    cases = await load_transcripts(
+        run_dirs, settings, grade_mode=config.grade_mode, notes=summary.notes, match=config.match
+    )
     case_turns = {(c.run, c.problem.problem_id): (c, c.turns()) for c in cases}
     summary.cases = len(cases)
     build_dir = build_dir_for(pool_path)
@@ -337,7 +344,7 @@ async def build_pool(
             judge = TurnJudge(llm, retries=config.retries, concurrency=settings.concurrency)
             finished = 0
 
-            async def credit_case(case: LabelledCase, turns: list[AgentTurn]) -> list[TurnRecord]:
+            async def credit_case(case: LabelledTranscript, turns: list[AgentTurn]) -> list[TurnRecord]:
                 nonlocal finished
                 judged, credits = await _case_credits(judge, case, turns, config)
                 finished += 1
@@ -398,11 +405,11 @@ async def build_pool(
     return summary
 
 
-def _open_or_create(path: Path, embedder_name: str) -> ExperiencePool:
+def _open_or_create(path: Path, embedder_name: str) -> Pool:
     """The pool at ``path`` (an error if it was built with another embedder), or a new one."""
     if (path / META).exists():
-        return ExperiencePool.open(path, embedder_name)
-    return ExperiencePool.create(path, embedder_name)
+        return Pool.open(path, embedder_name)
+    return Pool.create(path, embedder_name)
 
 
 def _write_credits(path: Path, records: list[TurnRecord]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tmas.errors import InputError
-from tmas.experience.fewshot import with_exemplars
+from tmas.pool.fewshot import with_exemplars
 from tmas.problems import Problem
 
 

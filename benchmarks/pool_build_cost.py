@@ -1,8 +1,8 @@
-"""What experience construction costs per credit scheme, against the SIMULATED server (no model): MATTRL runs on
+"""What building the experience pool costs per credit scheme, against the SIMULATED server (no model): MATTRL runs on
 small arithmetic problems (the simulator's coordinator recruits three specialists), then ``build_pool`` with each
 scheme. The judge's replies are scripted (scores cycling 1..5), so the figures count calls and turns, not quality.
 
-    .venv/bin/python benchmarks/experience_build_cost.py --out /tmp/bench-experience
+    .venv/bin/python benchmarks/pool_build_cost.py --out /tmp/bench-pool
 
 Prints a markdown table (scheme, cases, specialist turns, judge calls and per turn, summarizer calls, entries).
 """
@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from tmas.config import Settings
-from tmas.experience.construct import BuildConfig, build_pool
+from tmas.pool.build import BuildConfig, build_pool
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
 from tmas.testing import Rule, SimScript, SimServer

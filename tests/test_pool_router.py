@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mattrl_runs import write_run
-from tmas.experience.router import SINGLE, TEAM, RouterModel, case_features, paired_cases, save_router, train_router
+from tmas.pool.router import SINGLE, TEAM, RouterModel, paired_cases, problem_features, save_router, train_router
 from tmas.problems import Problem
 
 pytest.importorskip("sklearn")
@@ -71,7 +71,7 @@ def test_one_class_gives_a_constant_router(tmp_path: Path) -> None:
 
 
 def test_features_and_bad_router_file(tmp_path: Path) -> None:
-    f = case_features("Prove that 3 + 4 = 7 and find the probability.")
+    f = problem_features("Prove that 3 + 4 = 7 and find the probability.")
     assert f["numbers"] == 3 and f["operators"] == 2
     assert f["topic_proof"] == 1.0 and f["topic_probability"] == 1.0 and f["topic_geometry"] == 0.0
     bad = tmp_path / "r.json"
@@ -88,12 +88,12 @@ def test_medicine_and_education_routers_read_their_own_features(tmp_path: Path) 
     from mattrl_runs import hand_worked_transcript
 
     record = "Observed phenotypes: Seizure; Hypotonia; Cardiomyopathy; Elevated serum lactate"
-    f = case_features(record, "medicine")
+    f = problem_features(record, "medicine")
     # 4 findings; seizure and hypotonia are neurological, cardiomyopathy cardiac: 2 systems, so a team case;
     # "elevated" and "serum" are lab cues.
     assert (f["findings"], f["systems"], f["multisystem"], f["labs_or_genetics"]) == (4.0, 2.0, 1.0, 2.0)
     assert f["system_neuro"] == 1.0 and f["system_cardio"] == 1.0 and f["system_renal"] == 0.0
-    e = case_features("Which is not a vector?\nA) speed\nB) force\nC) velocity", "education", {"difficulty": "hard"})
+    e = problem_features("Which is not a vector?\nA) speed\nB) force\nC) velocity", "education", {"difficulty": "hard"})
     assert e == {
         "log_chars": pytest.approx(math.log1p(52)),
         "options": 3.0,

@@ -1,5 +1,5 @@
-"""``tmas experience``: MATTRL's experience pool: show and search it; build, prune, the few-shot control and the
-adaptive router (docs/experience.md)."""
+"""``tmas pool`` (also ``tmas experience``, the name users know): MATTRL's cross-problem experience pool: show and
+search it; build, prune, the few-shot control and the adaptive router (docs/experience.md)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ if TYPE_CHECKING:
 
 Model = TypeVar("Model", bound=BaseModel)
 
-experience_app = typer.Typer(
-    help="MATTRL's experience pool: build, show, search and prune it; the few-shot control; the router.",
+pool_app = typer.Typer(
+    help="MATTRL's experience pool: build, show, search and prune it; the few-shot control; the router."
+    " Also 'tmas experience'.",
     no_args_is_help=True,
 )
 
@@ -28,16 +29,16 @@ BaseUrlOpt = Annotated[str | None, typer.Option("--base-url", help="OpenAI-compa
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Embedding model name sent to the endpoint.")]
 
 
-@experience_app.command("show")
+@pool_app.command("show")
 def show(
     pool: PoolArg,
     limit: Annotated[int | None, typer.Option("--limit", "-n", help="Only the first N entries.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Print the pool's metadata and its entries."""
-    from tmas.memory.experience_pool import ExperiencePool, pool_summary
+    from tmas.memory.pool import Pool, pool_summary
 
-    opened = ExperiencePool.open(pool)
+    opened = Pool.open(pool)
     entries = opened.entries[:limit] if limit is not None else opened.entries
     if as_json:
         typer.echo(json.dumps(pool_summary(opened)))
@@ -52,7 +53,7 @@ def show(
         typer.echo(entry.text)
 
 
-@experience_app.command("search")
+@pool_app.command("search")
 def search(
     pool: PoolArg,
     query: Annotated[str, typer.Argument(help="What to look for (a problem, a round's context).")],
@@ -67,10 +68,10 @@ def search(
     from tmas.config import load_settings
     from tmas.llm.client import LLMClient
     from tmas.memory.embedders import LOCAL_NAME, LocalEmbedder, embedder_for
-    from tmas.memory.experience_pool import ExperiencePool
+    from tmas.memory.pool import Pool
     from tmas.memory.pool_entry import PoolEntry
 
-    opened = ExperiencePool.open(pool)
+    opened = Pool.open(pool)
 
     async def go() -> list[tuple[PoolEntry, float]]:
         if opened.meta.embedder == LOCAL_NAME:
@@ -121,7 +122,7 @@ def _checked(model: type[Model], command: str, values: dict[str, Any]) -> Model:
         raise ConfigError(f"experience {command}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
 
 
-@experience_app.command("build")
+@pool_app.command("build")
 def build(
     runs: RunsArg,
     out: Annotated[Path, typer.Option("--out", "-o", help="The pool folder to create or extend.")],
@@ -154,7 +155,7 @@ def build(
 ) -> None:
     """Score, credit and distil the runs' transcripts into pool entries (calls stored in OUT.build/: run it again
     to resume)."""
-    from tmas.experience.construct import BuildConfig, build_pool
+    from tmas.pool.build import BuildConfig, build_pool
 
     options = {
         "scheme": scheme,
@@ -178,7 +179,7 @@ def build(
     typer.echo(json.dumps(summary.to_dict(), indent=2))
 
 
-@experience_app.command("prune")
+@pool_app.command("prune")
 def prune(
     pool: PoolArg,
     runs: Annotated[
@@ -210,7 +211,7 @@ def prune(
     model: LLMModelOpt = None,
 ) -> None:
     """Merge near-duplicates, drop entries that aged out and entries whose use correlates with wrong answers."""
-    from tmas.experience.lifecycle import PruneConfig, prune_pool
+    from tmas.pool.lifecycle import PruneConfig, prune_pool
 
     options = {
         "duplicate_cosine": duplicate_cosine,
@@ -229,7 +230,7 @@ def prune(
 
 
 router_app = typer.Typer(help="The adaptive router (paper 003, Table 5): single agent or MATTRL per case.")
-experience_app.add_typer(router_app, name="router")
+pool_app.add_typer(router_app, name="router")
 
 
 @router_app.command("train")
@@ -244,7 +245,7 @@ def router_train(
     model: LLMModelOpt = None,
 ) -> None:
     """Train the router from two graded runs; print its accuracy and token savings."""
-    from tmas.experience.router import RouterTraining, paired_cases, save_router, train_router
+    from tmas.pool.router import RouterTraining, paired_cases, save_router, train_router
 
     checked = _checked(RouterTraining, "router train", {"grade_mode": grade})
     settings = _model_settings(config, base_url, model)
@@ -263,7 +264,7 @@ def router_route(
     ] = None,
 ) -> None:
     """Print each problem's route (one JSON object a line)."""
-    from tmas.experience.router import SINGLE, TEAM, RouterModel
+    from tmas.pool.router import SINGLE, TEAM, RouterModel
     from tmas.problems import load_problems
 
     model_ = RouterModel.load(router)
@@ -312,7 +313,7 @@ class _StageProgress:
         self._progress.update(self._tasks[stage], completed=done, total=total)
 
 
-@experience_app.command("fewshot")
+@pool_app.command("fewshot")
 def fewshot(
     problems: Annotated[Path, typer.Argument(help="Problems JSONL to prepend exemplars to.")],
     exemplars: Annotated[Path, typer.Option("--exemplars", help="Labelled problems JSONL (a disjoint split).")],
@@ -322,7 +323,7 @@ def fewshot(
 ) -> None:
     """The few-shot control of Table 6: each problem with K random solved exemplars prepended."""
     from tmas.eval.generators import write_jsonl
-    from tmas.experience.fewshot import with_exemplars
+    from tmas.pool.fewshot import with_exemplars
     from tmas.problems import load_problems
 
     shots = with_exemplars(load_problems(problems), load_problems(exemplars), k, seed)

@@ -1,5 +1,5 @@
 """``prune_pool``: a near-duplicate merged, an entry aged out, an entry whose retrieval correlates with wrong
-answers removed; the thresholds as documented in tmas.experience.lifecycle. Embeddings from the simulated server."""
+answers removed; the thresholds as documented in tmas.pool.lifecycle. Embeddings from the simulated server."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import pytest
 
 from conftest import settings_for
 from mattrl_runs import write_run
-from tmas.experience.lifecycle import EntryUsage, PruneConfig, prune_pool, recency_weight, wrong_correlated
 from tmas.llm.client import LLMClient
 from tmas.memory.embedders import EndpointEmbedder
-from tmas.memory.experience_pool import ExperiencePool
+from tmas.memory.pool import Pool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
+from tmas.pool.lifecycle import EntryUsage, PruneConfig, prune_pool, recency_weight, wrong_correlated
 from tmas.problems import Problem
 from tmas.testing import SimServer
 
@@ -35,7 +35,7 @@ def used(problem_id: str, ids: list[str]) -> Transcript:
 async def make_pool(path: Path, sim: SimServer) -> None:
     async with LLMClient(settings_for(sim)) as llm:
         embed = EndpointEmbedder(llm)
-        pool = ExperiencePool.create(path, embed.name)
+        pool = Pool.create(path, embed.name)
         await pool.add(
             [
                 entry("keep", "Check small cases", "Good practice: try n = 1, 2, 3 before a general argument.", 0.9),
@@ -78,7 +78,7 @@ async def test_prune_merges_ages_out_and_drops_wrong_correlated(tmp_path: Path, 
     assert summary.merged == {"keep": ["dup"]}
     assert summary.stale == ["old"]
     assert (summary.before, summary.after) == (5, 2)
-    pool = ExperiencePool.open(pool_path)
+    pool = Pool.open(pool_path)
     assert sorted(e.id for e in pool.entries) == ["fine", "keep"]
     assert pool.meta.version == 14
     fine = pool.get("fine")
@@ -94,7 +94,7 @@ async def test_dry_run_changes_nothing(tmp_path: Path, sim: SimServer) -> None:
     await make_pool(pool_path, sim)
     summary = await prune_pool(pool_path, [], None, PruneConfig(dry_run=True))
     assert summary.merged == {"keep": ["dup"]} and summary.stale == ["old"] and summary.wrong == []
-    assert len(ExperiencePool.open(pool_path)) == 5
+    assert len(Pool.open(pool_path)) == 5
 
 
 def test_rules_by_hand() -> None:

@@ -1,9 +1,11 @@
-"""Labelled MATTRL cases read back from run directories: each finished problem's transcript, its gold answer and the
-terminal outcome G of Eq. 12. Math: the final answer graded against gold by the evaluation harness (1 or 0).
-Medicine: the reciprocal rank of the gold disease in the team's top-10 (1 at rank 1, 1/3 at rank 3, 0 when absent),
-so a near miss still earns part of the credit. Names are matched by spelling first; a differential with no spelled
-match goes to the diagnosis judge (the ``judge`` role with the A.5 rules, as ``tmas cases grade --judge``), whose
-calls are stored in the run's own store, so build, prune and grading share one verdict per case.
+"""Labelled transcripts of MATTRL runs, read back from run directories: each finished problem's transcript, its gold
+answer and the terminal outcome G of Eq. 12 (what the pool is built and pruned from; "cases" alone means the
+medicine and education cases of ``tmas cases``). Math: the final answer graded against gold by the evaluation
+harness (1 or 0). Medicine: the reciprocal rank of the gold disease in the team's top-10 (1 at rank 1, 1/3 at
+rank 3, 0 when absent), so a near miss still earns part of the credit. Names are matched by spelling first; a
+differential with no spelled match goes to the diagnosis judge (the ``judge`` role with the A.5 rules, as
+``tmas cases grade --judge``), whose calls are stored in the run's own store, so build, prune and grading share one
+verdict per case.
 
 Only team members' turns are credited: in education the student's pre-test and replies are context, not turns."""
 
@@ -51,7 +53,7 @@ class AgentTurn:
 
 
 @dataclass
-class LabelledCase:
+class LabelledTranscript:
     run: str
     problem: Problem
     transcript: Transcript
@@ -198,18 +200,18 @@ async def graded_results(
     return out
 
 
-async def load_cases(
+async def load_transcripts(
     run_dirs: list[Path],
     settings: Settings | None,
     *,
     grade_mode: GradeMode = "combined",
     notes: list[str],
     match: DiagnosisMatch = "judge",
-) -> list[LabelledCase]:
+) -> list[LabelledTranscript]:
     """The labelled, finished MATTRL problems of ``run_dirs``; what is skipped and why goes to ``notes``."""
-    cases: list[LabelledCase] = []
+    cases: list[LabelledTranscript] = []
     for run_dir in run_dirs:
-        medicine: list[tuple[LabelledCase, list[str]]] = []
+        medicine: list[tuple[LabelledTranscript, list[str]]] = []
         for graded in await graded_results(run_dir, settings, grade_mode, notes):
             problem, records = graded.problem, graded.records
             where = f"{run_dir}: problem {problem.problem_id}"
@@ -217,7 +219,7 @@ async def load_cases(
             if transcript is None:
                 notes.append(f"{where}: no MATTRL transcript in its records, skipped")
                 continue
-            case = LabelledCase(str(run_dir), problem, transcript, 1.0 if graded.correct else 0.0)
+            case = LabelledTranscript(str(run_dir), problem, transcript, 1.0 if graded.correct else 0.0)
             if transcript.domain == "medicine":
                 top10 = ((records[-1].get("state") or {}).get("decision") or {}).get("top10") or []
                 medicine.append((case, [str(name) for name in top10]))

@@ -29,10 +29,10 @@ from tmas.agents.utterance_judge import (
     turn_value_prompt,
     utterance_score_prompt,
 )
-from tmas.experience.cases import AgentTurn, LabelledCase
-from tmas.experience.credit import Coalition
 from tmas.llm.model import ChatModel
 from tmas.llm.types import CallKey, Message
+from tmas.pool.credit import Coalition
+from tmas.pool.outcomes import AgentTurn, LabelledTranscript
 
 JUDGE_ROLE = "judge"
 # What a specialist outside the coalition "said" when a turn is re-run without it (Eq. 17's no-op).
@@ -104,7 +104,7 @@ class TurnJudge:
         judged.defaulted = f"{judged.attempts} judge replies unusable ({reasons[-1]}); scored 0"
         return judged
 
-    async def score_turn(self, case: LabelledCase, turns: list[AgentTurn], target: AgentTurn) -> Judged:
+    async def score_turn(self, case: LabelledTranscript, turns: list[AgentTurn], target: AgentTurn) -> Judged:
         """s_{i,t} (Eq. 9) of ``target``, judged against the earlier turns, the gold and the team's final answer
         (education: C.4.6's rubric against the pre-test, the correct answer and the dialogue so far)."""
         key = CallKey(problem_id=case.problem.problem_id, role=JUDGE_ROLE, iteration=target.turn)
@@ -128,7 +128,9 @@ class TurnJudge:
         )
         return await self._ask(messages, key)
 
-    async def turn_value(self, case: LabelledCase, turns: list[AgentTurn], turn: int, coalition: Coalition) -> Judged:
+    async def turn_value(
+        self, case: LabelledTranscript, turns: list[AgentTurn], turn: int, coalition: Coalition
+    ) -> Judged:
         """F_t(S): turn ``turn`` re-judged with the specialists outside ``coalition`` replaced by a no-op.
 
         F_t of the empty coalition is 0 by definition (a round where nobody spoke makes no progress), which

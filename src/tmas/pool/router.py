@@ -30,7 +30,7 @@ from pydantic import BaseModel, ValidationError
 from tmas.config import Settings
 from tmas.errors import ConfigError, InputError
 from tmas.eval.grading import GradeMode
-from tmas.experience.cases import graded_results
+from tmas.pool.outcomes import graded_results
 from tmas.problems import Problem
 
 SINGLE, TEAM = "single", "mattrl"
@@ -66,7 +66,7 @@ _NEGATION = (" not ", " except", " false", " incorrect", " least ")
 _DIFFICULTY = {"easy": 0.0, "middle": 1.0, "medium": 1.0, "hard": 2.0}
 
 
-def case_features(question: str, domain: str = "math", metadata: dict[str, Any] | None = None) -> dict[str, float]:
+def problem_features(question: str, domain: str = "math", metadata: dict[str, Any] | None = None) -> dict[str, float]:
     """What the router sees of a case in ``domain`` (see the module docstring)."""
     if domain == "medicine":
         return _clinical_features(question)
@@ -120,11 +120,11 @@ def _math_features(question: str) -> dict[str, float]:
     return features
 
 
-FEATURES = tuple(case_features(""))
+FEATURES = tuple(problem_features(""))
 
 
 def feature_names(domain: str) -> tuple[str, ...]:
-    return tuple(case_features("", domain))
+    return tuple(problem_features("", domain))
 
 
 class RouterModel(BaseModel):
@@ -143,7 +143,7 @@ class RouterModel(BaseModel):
     def probability(self, question: str, metadata: dict[str, Any] | None = None) -> float:
         if self.constant is not None:
             return 1.0 if self.constant == TEAM else 0.0
-        x = case_features(question, self.domain, metadata)
+        x = problem_features(question, self.domain, metadata)
         z = sum(
             w * (x[name] - m) / (s or 1.0)
             for name, w, m, s in zip(self.features, self.weights, self.mean, self.scale, strict=True)
@@ -271,7 +271,7 @@ def train_router(cases: list[PairedCase], *, seed: int = 0) -> RouterModel:
         model.report = routed_report(cases, [only] * len(cases), "training set (one class only: a constant router)")
         return model
     sk = _sklearn()
-    rows = [[case_features(c.problem.question, domain, c.problem.metadata)[f] for f in names] for c in cases]
+    rows = [[problem_features(c.problem.question, domain, c.problem.metadata)[f] for f in names] for c in cases]
     scaler = sk.preprocessing.StandardScaler().fit(rows)
     z = scaler.transform(rows)
 

@@ -1,5 +1,5 @@
 """``build_pool`` against the simulated server: scripted judge and summarizer replies over HTTP, sim embeddings;
-the credits it writes match the hand-worked values of tests/test_experience_credit.py, the pool it writes is read
+the credits it writes match the hand-worked values of tests/test_pool_credit.py, the pool it writes is read
 back by the pool's own search, and a rebuild replays every call from the build store."""
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ import pytest
 
 from conftest import settings_for
 from mattrl_runs import hand_worked_transcript, write_run
-from tmas.experience.construct import CREDITS_FILE, BuildConfig, build_dir_for, build_pool
-from tmas.experience.scoring import NO_OP
 from tmas.llm.client import EndpointUnreachable, LLMClient
 from tmas.memory.embedders import EndpointEmbedder
-from tmas.memory.experience_pool import ExperiencePool
+from tmas.memory.pool import Pool
+from tmas.pool.build import CREDITS_FILE, BuildConfig, build_dir_for, build_pool
+from tmas.pool.scoring import NO_OP
 from tmas.problems import Problem
 from tmas.testing import Rule, SimScript, SimServer
 
 TEXTS = {1: {"S1": "R1-S1", "S2": "R1-S2", "S3": "R1-S3"}, 2: {"S1": "R2-S1", "S2": "R2-S2"}}
-# Judge scores of 5 (tests/test_experience_credit.py): s = 0.8, 0.2, 0.0 in turn 1; 1.0, 0.0 in turn 2.
+# Judge scores of 5 (tests/test_pool_credit.py): s = 0.8, 0.2, 0.0 in turn 1; 1.0, 0.0 in turn 2.
 SCORES = {1: {"S1": 4, "S2": 1, "S3": 0}, 2: {"S1": 5, "S2": 0}}
 # F_t(S) * 5 for every non-empty coalition.
 VALUES = {
@@ -100,7 +100,7 @@ async def test_difference_build_matches_hand_values_and_search_reads_it(tmp_path
         summary = await build_pool([run_dir], pool_path, settings, config)
         assert (summary.cases, summary.turns, summary.kept, summary.added) == (1, 5, 2, 2)
         c = credits(pool_path)
-        # Eq. 17 + 16 + 12 worked by hand in tests/test_experience_credit.py.
+        # Eq. 17 + 16 + 12 worked by hand in tests/test_pool_credit.py.
         assert c[(1, "S1")]["q"] == pytest.approx(0.4) and c[(1, "S3")]["q"] == pytest.approx(0.0)
         assert c[(1, "S1")]["r"] == pytest.approx(0.4 + 16 / 129)
         assert c[(1, "S2")]["r"] == pytest.approx(0.1 + 16 / 129)
@@ -117,7 +117,7 @@ async def test_difference_build_matches_hand_values_and_search_reads_it(tmp_path
         assert "R1-S2-review" in s2["messages"][-1]["content"] and "[review of S1]" in s2["messages"][-1]["content"]
         assert len([r for r in sim.requests if r.role == "summarizer"]) == 2
 
-        pool = ExperiencePool.open(pool_path)
+        pool = Pool.open(pool_path)
         assert {(e.source_round, e.source_agent) for e in pool.entries} == {(1, "S1"), (2, "S1")}
         entry = next(e for e in pool.entries if e.source_round == 2)
         assert entry.reward == pytest.approx(0.5 + 0.5 * 32768 / 32769)
@@ -131,7 +131,7 @@ async def test_difference_build_matches_hand_values_and_search_reads_it(tmp_path
         again = await build_pool([run_dir], pool_path, settings, config)
         assert len([r for r in sim.requests if r.endpoint == "chat"]) == chat_before
         assert (again.added, again.already_in_pool) == (0, 2)
-        assert len(ExperiencePool.open(pool_path)) == 2
+        assert len(Pool.open(pool_path)) == 2
 
 
 async def test_shapley_build_uses_every_coalition(tmp_path: Path, run_dir: Path) -> None:

@@ -1,0 +1,183 @@
+"""The model option group (issue 19, part 3): declared once, the same flags on every command that takes it, and
+each flag reaches the request bodies the simulated server receives and the settings the run records."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from tmas.agents.overrides import packaged_source
+from tmas.cli.main import app
+from tmas.cli.options import FLAG_KEYS, GROUP, ModelFlags
+from tmas.store.run_store import RunStore
+from tmas.testing import SimServer
+
+GROUP_COMMANDS = ("solve", "run", "eval", "sweep", "serve")
+MARK = "ZQX-GROUP-PROMPT-MARK"
+
+
+def _commands() -> dict[str, Any]:
+    """The click commands typer builds (typer vendors its own click, so they are read by attribute)."""
+    root: Any = typer.main.get_command(app)
+    return {name: root.commands[name] for name in GROUP_COMMANDS}
+
+
+def _group_options(command: Any) -> dict[str, tuple[tuple[str, ...], str | None]]:
+    """The group's options of ``command``: parameter name -> (its flags, its help)."""
+    return {
+        p.name: (tuple(p.opts), getattr(p, "help", None))
+        for p in command.params
+        if isinstance(p, typer.core.TyperOption) and p.name in GROUP
+    }
+
+
+def test_every_command_with_the_group_has_all_its_flags_spelled_alike() -> None:
+    commands = _commands()
+    reference = _group_options(commands["run"])
+    assert set(reference) == set(GROUP) == {"config", *FLAG_KEYS}
+    assert "--prompts-dir" in reference["prompts_dir"][0]
+    for name, command in commands.items():
+        assert _group_options(command) == reference, name
+        # No command declares a flag of the group a second time under another parameter name.
+        spelled = [opt for p in command.params for opt in p.opts]
+        assert len(spelled) == len(set(spelled)), name
+
+
+def test_each_flag_maps_to_one_settings_key() -> None:
+    flags = ModelFlags(temperature=0.3, budget_calls=9, prompts_dir="p")
+    overrides = flags.overrides("cot")
+    assert {k: v for k, v in overrides.items() if v is not None} == {
+        "sampling.temperature": 0.3,
+        "budget.calls": 9,
+        "prompts_dir": "p",
+        "method.name": "cot",
+    }
+    assert set(overrides) == {*FLAG_KEYS.values(), "method.name"}
+
+
+def _isolate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    for var in [v for v in os.environ if v.startswith("TMAS_")]:
+        monkeypatch.delenv(var)
+
+
+def _group_args(sim: SimServer, tmp_path: Path) -> list[str]:
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    (prompts / "system_math.j2").write_text(packaged_source("system_math.j2") + f"\n{MARK}\n", encoding="utf-8")
+    config = tmp_path / "cfg.toml"
+    config.write_text("[sampling]\ntemperature = 0.9\n[budget]\ncalls = 400\n", encoding="utf-8")
+    return [
+        *("--config", str(config), "--base-url", sim.base_url, "--model", "group-model"),
+        *("--api-key-env", "TMAS_GROUP_TEST_KEY", "--concurrency", "3", "--problems-in-flight", "2"),
+        *("--local-model", "group-local.gguf", "--prompts-dir", str(prompts)),
+        *("--temperature", "0.35", "--top-p", "0.8", "--max-tokens", "444", "--seed", "11"),
+        *("--budget-tokens", "900000", "--budget-calls", "50", "--budget-count", "total"),
+    ]
+
+
+def _command_args(command: str, tmp_path: Path) -> list[str]:
+    problems = tmp_path / "p.jsonl"
+    problems.write_text('{"problem_id": "a", "question": "What is 17*23?", "answer": "391"}\n', encoding="utf-8")
+    out = str(tmp_path / "out")
+    return {
+        "solve": ["solve", "What is 17*23?", "-m", "cot", "--run-dir", out],
+        "run": ["run", str(problems), "-o", out, "-m", "cot"],
+        "eval": ["eval", str(problems), "-o", out, "-m", "cot", "--grade", "rules"],
+        "sweep": ["sweep", "--problems", str(problems), "-o", out, "-m", "cot", "--no-report"],
+    }[command]
+
+
+@pytest.mark.parametrize("command", ["solve", "run", "eval", "sweep"])
+def test_each_flag_of_the_group_reaches_the_wire_and_the_run(
+    sim: SimServer, tmp_path: Path, command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _isolate(monkeypatch, tmp_path)
+    monkeypatch.setenv("TMAS_GROUP_TEST_KEY", "sk-group")
+    result = CliRunner().invoke(app, [*_command_args(command, tmp_path), *_group_args(sim, tmp_path)])
+    assert result.exit_code == 0, result.output
+    bodies = [entry.body for entry in sim.requests if entry.endpoint == "chat"]
+    assert bodies
+    for body in bodies:
+        assert body["model"] == "group-model"
+        assert (body["temperature"], body["top_p"], body["max_tokens"]) == (0.35, 0.8, 444)
+        assert MARK in body["messages"][0]["content"]
+    keys = {entry.authorization for entry in sim.requests if entry.endpoint == "chat"}
+    assert keys == {"Bearer sk-group"}
+    stores = sorted((tmp_path / "out").rglob("run.sqlite"))
+    assert len(stores) == 1
+    with RunStore(stores[0].parent, create=False) as store:
+        stored: dict[str, Any] = store.get_meta("settings")
+    assert stored["endpoint"]["base_url"] == [sim.base_url]
+    assert stored["endpoint"]["api_key_env"] == "TMAS_GROUP_TEST_KEY"
+    assert (stored["concurrency"], stored["problems_in_flight"], stored["seed"]) == (3, 2, 11)
+    assert stored["local"]["model"] == "group-local.gguf"
+    assert stored["prompts_dir"] == str(tmp_path / "prompts")
+    assert stored["budget"] == {"tokens": 900000, "calls": 50, "count": "total"}
+    # The flags were put over the config file's values, which the file alone would have set.
+    assert stored["sampling"]["temperature"] == 0.35
+
+
+# ------------------------------------------------------------------------------------------ the library's rules
+def test_sweep_budget_precedence() -> None:
+    from tmas.config import Budget
+    from tmas.sweep import sweep_budget
+
+    configured = Budget(tokens=1000, calls=None)
+    # A grid without a budget takes the configured one (config file, environment and flags) whole.
+    assert sweep_budget(Budget(), configured, {}) == configured
+    # A grid's own budget beats the configured one; the flags given now beat the grid's, field by field.
+    grid = Budget(tokens=500, calls=7)
+    assert sweep_budget(grid, configured, {}) == grid
+    assert sweep_budget(grid, configured, {"calls": 3}) == Budget(tokens=500, calls=3)
+
+
+def test_resume_settings_put_the_flags_over_the_stored_ones_and_read_no_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tmas.config import Settings
+    from tmas.runner import resume_settings
+
+    stored = Settings.model_validate({"sampling": {"temperature": 0.25, "top_p": 0.9}, "method": {"name": "cot"}})
+    monkeypatch.setenv("TMAS_TOP_P", "0.5")
+    merged = resume_settings(stored, ModelFlags(temperature=0.55).overrides(), params={"iterations": 3})
+    assert (merged.sampling.temperature, merged.sampling.top_p) == (0.55, 0.9)
+    assert merged.method.params == {"iterations": 3} and merged.method.name == "cot"
+
+
+async def test_api_resume_takes_new_iterations_and_sampling_on_the_wire(sim: SimServer, tmp_path: Path) -> None:
+    from tmas.api import aresume, arun
+    from tmas.config import load_settings
+
+    problems = tmp_path / "p.jsonl"
+    problems.write_text('{"problem_id": "a", "question": "What is 17*23?"}\n', encoding="utf-8")
+    settings = load_settings(
+        None,
+        {"endpoint.base_url": sim.base_url, "method.name": "self_refine", "method.params": {"n": 1, "iterations": 1}},
+        environ={},
+    )
+    first = await arun(problems, tmp_path / "run", settings)
+    assert first.to_dict()["done"] == 1
+    sim.reset()
+    await aresume(tmp_path / "run", {"sampling.temperature": 0.55}, params={"iterations": 2})
+    bodies = [entry.body for entry in sim.requests if entry.endpoint == "chat"]
+    # One more iteration: the refiner is called again, with the temperature given on resume.
+    assert bodies and {b["temperature"] for b in bodies} == {0.55}
+    assert "refiner" in {entry.role for entry in sim.requests}
+
+
+def test_tmas_pool_and_tmas_experience_are_one_command_group(tmp_path: Path) -> None:
+    root: Any = typer.main.get_command(app)
+    pool, experience = root.commands["pool"], root.commands["experience"]
+    assert set(pool.commands) == set(experience.commands) >= {"build", "prune", "show", "search", "router", "fewshot"}
+    # The old name still runs the commands: a folder that is no pool is refused alike by both.
+    outputs = [CliRunner().invoke(app, [name, "show", str(tmp_path)]) for name in ("pool", "experience")]
+    assert outputs[0].exit_code == outputs[1].exit_code != 0
+    assert str(outputs[0].exception) == str(outputs[1].exception)
