@@ -155,9 +155,9 @@ def part_run(out: Path, args: argparse.Namespace, method: str, extra: list[str])
     problems = _problems(out, args)
     run_dir = out / method
     command = [*TMAS_CLI, "run", str(problems), "--method", method, "-o", str(run_dir), "--seed", "1", *extra]
-    if run_dir.exists():
-        command.append("--resume")
-    wall = _run(command, out / f"{method}.log")
+    # An interrupted part continues from its store (its settings are stored with it).
+    started = [*TMAS_CLI, "run", "--resume", str(run_dir)] if run_dir.exists() else command
+    wall = _run(started, out / f"{method}.log")
     figures = _store_figures(run_dir)
     figures.pop("answers")
     return {
