@@ -373,6 +373,7 @@ def _scripted_run(sim: SimServer, run_dir: Path, script: SimScript, method: str,
 def test_in_chromium_two_runs_compared_with_math_rendered_and_graded_live(
     sim: SimServer, tmp_path: Path, browser: Any
 ) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
     runs = tmp_path / "runs"
@@ -416,7 +417,14 @@ def test_in_chromium_two_runs_compared_with_math_rendered_and_graded_live(
         field.clear()
         field.send_keys("150,350,500")
         field.submit()
-        wait_until(lambda: "≤ 150" in browser.find_element(By.ID, "equal-budget").text, what="the new budgets")
+
+        def budgets_shown() -> bool:
+            try:
+                return "≤ 150" in browser.find_element(By.ID, "equal-budget").text
+            except StaleElementReferenceException:  # the submitted form's page is replacing this one
+                return False
+
+        wait_until(budgets_shown, what="the new budgets")
         table = [
             [td.text for td in row.find_elements(By.TAG_NAME, "td")]
             for row in browser.find_elements(By.CSS_SELECTOR, "#equal-budget tr")[1:]
