@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from tmas.cli.options import option_group
 from tmas.config import Settings
 from tmas.errors import InputError
 from tmas.eval.estimate import Estimate, TokenRates, estimate_point, format_estimate
@@ -45,13 +46,15 @@ ConfirmTokensOpt = Annotated[
 
 @dataclass
 class EstimateFlags:
-    dry_run: bool = False
-    pilot: int | None = None
-    tokens_per_call: float | None = None
-    throughput: float | None = None
-    yes: bool = False
-    confirm_calls: int = DEFAULT_CONFIRM_CALLS
-    confirm_tokens: float = DEFAULT_CONFIRM_TOKENS
+    """The estimate's flags as given; a command takes them with :data:`estimate_options`."""
+
+    dry_run: DryRunOpt = False
+    pilot: PilotOpt = None
+    tokens_per_call: TokensPerCallOpt = None
+    throughput: ThroughputOpt = None
+    yes: YesOpt = False
+    confirm_calls: ConfirmCallsOpt = DEFAULT_CONFIRM_CALLS
+    confirm_tokens: ConfirmTokensOpt = DEFAULT_CONFIRM_TOKENS
 
     def check(self) -> None:
         if self.pilot is not None and self.pilot < 1:
@@ -60,6 +63,10 @@ class EstimateFlags:
             raise InputError("--tokens-per-call must be positive")
         if self.throughput is not None and self.throughput <= 0:
             raise InputError("--throughput must be positive")
+
+
+# The estimate's flags: a command decorated with it receives them as ``estimate: EstimateFlags``.
+estimate_options = option_group(EstimateFlags, "estimate")
 
 
 def build_estimate(

@@ -15,18 +15,7 @@ import typer
 from tmas import __version__
 from tmas.cli.cases import cases_app
 from tmas.cli.data import add_data_commands
-from tmas.cli.estimate import (
-    DEFAULT_CONFIRM_CALLS,
-    DEFAULT_CONFIRM_TOKENS,
-    ConfirmCallsOpt,
-    ConfirmTokensOpt,
-    DryRunOpt,
-    EstimateFlags,
-    PilotOpt,
-    ThroughputOpt,
-    TokensPerCallOpt,
-    YesOpt,
-)
+from tmas.cli.estimate import EstimateFlags, estimate_options
 from tmas.cli.options import (
     BaseUrlOpt,
     ConfigOpt,
@@ -149,8 +138,10 @@ def solve(
 
 @app.command()
 @model_options
+@estimate_options
 def run(
     flags: ModelFlags,
+    estimate: EstimateFlags,
     problems: Annotated[
         Path | None,
         typer.Argument(help="Problems as JSONL (problem_id, question, answer), or a benchmark name (hmmt25, ...)."),
@@ -164,19 +155,11 @@ def run(
     no_guideline: NoGuidelineOpt = False,
     limit: LimitOpt = None,
     domain: DomainOpt = None,
-    dry_run: DryRunOpt = False,
-    pilot: PilotOpt = None,
-    tokens_per_call: TokensPerCallOpt = None,
-    throughput: ThroughputOpt = None,
-    yes: YesOpt = False,
-    confirm_calls: ConfirmCallsOpt = DEFAULT_CONFIRM_CALLS,
-    confirm_tokens: ConfirmTokensOpt = DEFAULT_CONFIRM_TOKENS,
 ) -> None:
     """Solve a file of problems into a run directory (resumable with --resume)."""
     params = method_params(
         param, iterations=iterations, no_experience=no_experience, no_guideline=no_guideline, domain=domain
     )
-    estimate = EstimateFlags(dry_run, pilot, tokens_per_call, throughput, yes, confirm_calls, confirm_tokens)
     if resume is not None:
         if problems is not None or out is not None:
             raise InputError("--resume takes the run directory alone: give no problem file and no --out")
@@ -365,8 +348,10 @@ def report(
 
 @app.command("eval")
 @model_options
+@estimate_options
 def evaluate(
     flags: ModelFlags,
+    estimate: EstimateFlags,
     problems: Annotated[Path, typer.Argument(help="Problems as JSONL, or a benchmark name (hmmt25, ...).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Run directory to create.")],
     report_dir: Annotated[
@@ -382,20 +367,12 @@ def evaluate(
     no_experience: NoExperienceOpt = False,
     no_guideline: NoGuidelineOpt = False,
     limit: LimitOpt = None,
-    dry_run: DryRunOpt = False,
-    pilot: PilotOpt = None,
-    tokens_per_call: TokensPerCallOpt = None,
-    throughput: ThroughputOpt = None,
-    yes: YesOpt = False,
-    confirm_calls: ConfirmCallsOpt = DEFAULT_CONFIRM_CALLS,
-    confirm_tokens: ConfirmTokensOpt = DEFAULT_CONFIRM_TOKENS,
 ) -> None:
     """Run a method on problems, grade the run and write its report (run + report in one step)."""
     from tmas.eval.report import build_report
 
     grade_config = _grade_config(grade, judge_runs)  # bad flags fail before any model call
     params = method_params(param, iterations=iterations, no_experience=no_experience, no_guideline=no_guideline)
-    estimate = EstimateFlags(dry_run, pilot, tokens_per_call, throughput, yes, confirm_calls, confirm_tokens)
     _new_run(problems, out, flags.settings(method, params), limit, estimate, ask=True)
     settings = _judge_settings(flags.config, flags.base_url, judge_base_url, judge_model)
     written = asyncio.run(build_report([out], report_dir or out / "report", grade_config, settings))
@@ -404,8 +381,10 @@ def evaluate(
 
 @app.command()
 @model_options
+@estimate_options
 def sweep(
     flags: ModelFlags,
+    estimate: EstimateFlags,
     grid_file: Annotated[
         Path | None, typer.Argument(help="Grid file (TOML, [[study]] tables); or use the flags.")
     ] = None,
@@ -428,13 +407,6 @@ def sweep(
     no_report: Annotated[bool, typer.Option("--no-report", help="Run the points, write no report.")] = False,
     grade: GradeModeOpt = "combined",
     judge_runs: JudgeRunsOpt = 4,
-    dry_run: DryRunOpt = False,
-    pilot: PilotOpt = None,
-    tokens_per_call: TokensPerCallOpt = None,
-    throughput: ThroughputOpt = None,
-    yes: YesOpt = False,
-    confirm_calls: ConfirmCallsOpt = DEFAULT_CONFIRM_CALLS,
-    confirm_tokens: ConfirmTokensOpt = DEFAULT_CONFIRM_TOKENS,
 ) -> None:
     """Run a grid of methods x parameters over one problem set (one run per point, resumable) and report it."""
     from tmas.cli.estimate import build_estimate, gate
@@ -486,7 +458,6 @@ def sweep(
     def progress(outcome: Any) -> None:
         typer.echo(f"tmas sweep: {outcome.point.name}: {outcome.status}", err=True)
 
-    estimate = EstimateFlags(dry_run, pilot, tokens_per_call, throughput, yes, confirm_calls, confirm_tokens)
     configs = [(point.name, point.settings(settings)) for point in expand(spec)]
     gate(build_estimate(configs, sweep_problems(spec), estimate, out / "pilot"), estimate, ask=True)
     summary = asyncio.run(run_sweep(spec, settings, out, on_point=progress))

@@ -142,25 +142,37 @@ GROUP: tuple[str, ...] = tuple(f.name for f in fields(ModelFlags))
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def model_options(command: F) -> F:
-    """Give ``command`` the group's flags; it receives them as one ``flags: ModelFlags`` parameter."""
-    own = inspect.signature(command, eval_str=True)
-    if "flags" not in own.parameters:
-        raise TypeError(f"{command.__name__}: a command with the model options takes a 'flags' parameter")
-    hints = inspect.get_annotations(ModelFlags, eval_str=True)
-    group = [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=hints[name]) for name in GROUP
-    ]
-    kept = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own.parameters.values() if p.name != "flags"]
+def option_group(group: type[Any], parameter: str) -> Callable[[F], F]:
+    """A decorator giving a command the dataclass ``group``'s fields as flags (each field's annotation is its typer
+    option, its default the flag's); the command receives them as one ``parameter`` value of that class."""
+    names = [f.name for f in fields(group)]
+    defaults = {f.name: f.default for f in fields(group)}
+    hints = inspect.get_annotations(group, eval_str=True)
 
-    @functools.wraps(command)
-    def wrapper(**kwargs: Any) -> Any:
-        flags = ModelFlags(**{name: kwargs.pop(name, None) for name in GROUP})
-        return command(flags=flags, **kwargs)
+    def decorate(command: F) -> F:
+        own = inspect.signature(command, eval_str=True)
+        if parameter not in own.parameters:
+            raise TypeError(f"{command.__name__}: a command with {group.__name__} takes a {parameter!r} parameter")
+        added = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=defaults[name], annotation=hints[name])
+            for name in names
+        ]
+        kept = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own.parameters.values() if p.name != parameter]
 
-    wrapper.__signature__ = own.replace(parameters=[*kept, *group])  # type: ignore[attr-defined]
-    wrapper.__annotations__ = {**{p.name: p.annotation for p in kept}, **{p.name: p.annotation for p in group}}
-    return wrapper  # type: ignore[return-value]
+        @functools.wraps(command)
+        def wrapper(**kwargs: Any) -> Any:
+            value = group(**{name: kwargs.pop(name, defaults[name]) for name in names})
+            return command(**{parameter: value}, **kwargs)
+
+        wrapper.__signature__ = own.replace(parameters=[*kept, *added])  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in (*kept, *added)}
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+# The model, sampling and budget flags: the command receives them as ``flags: ModelFlags``.
+model_options = option_group(ModelFlags, "flags")
 
 
 def parse_params(items: list[str] | None) -> dict[str, Any]:
