@@ -43,7 +43,7 @@ def solution_bodies(sim: SimServer) -> list[dict[str, Any]]:
 async def test_refinements_without_an_answer_return_the_earlier_verified_answer(sim: SimServer, tmp_path: Path) -> None:
     # Iteration 0 answers 391 (the default replies, full verifier scores); every refinement, and every reply to the
     # reminder, is the bare verdict.
-    sim.set_script(SimScript(rules=[Rule(role="solution", pattern="<previous_attempts>", replies=[VERDICT])]))
+    sim.set_script(SimScript(rules=[Rule(role="solution", pattern="<rollouts>", replies=[VERDICT])]))
     result = await asolve(Q, tmas_settings(sim), run_dir=tmp_path / "run")
     assert result.status == "done" and result.answer == "391"
     # The best-scored first candidate (the verifier may give one of them 0.5; ties: the lower index).
@@ -70,7 +70,7 @@ async def test_refinements_without_an_answer_return_the_earlier_verified_answer(
     assert len(reminders) == 2
     for messages in reminders:
         assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
-        assert "<previous_attempts>" in messages[1]["content"] and messages[2]["content"] == VERDICT
+        assert "<rollouts>" in messages[1]["content"] and messages[2]["content"] == VERDICT
     reminded = last.candidates[0].meta["reminder"]
     assert reminded["answered"] is False and reminded["first_reply"] == VERDICT
     assert isinstance(reminded["first_call_id"], int) and reminded["first_call_id"] != last.candidates[0].call_id
@@ -81,7 +81,7 @@ async def test_a_refinement_answering_after_the_reminder_is_the_candidate(sim: S
         SimScript(
             rules=[
                 Rule(role="solution", pattern=REMINDED, replies=[ANSWERED]),
-                Rule(role="solution", pattern="<previous_attempts>", replies=[VERDICT]),
+                Rule(role="solution", pattern="<rollouts>", replies=[VERDICT]),
             ]
         )
     )
@@ -112,8 +112,8 @@ async def test_an_echo_is_asked_again_first_then_an_answerless_retry_is_reminded
     """The echo check comes first (its retry under another sample), the reminder after it, of the retry's reply."""
     rules = [
         Rule(role="solution", pattern=REMINDED, replies=[ANSWERED]),
-        Rule(role="solution", pattern="<previous_attempts>", replies=[REFINE_ECHO], times=1),
-        Rule(role="solution", pattern="<previous_attempts>", replies=[VERDICT]),
+        Rule(role="solution", pattern="<rollouts>", replies=[REFINE_ECHO], times=1),
+        Rule(role="solution", pattern="<rollouts>", replies=[VERDICT]),
     ]
     sim.set_script(SimScript(rules=rules))
     result = await asolve(Q, tmas_settings(sim), run_dir=tmp_path / "run")
@@ -133,7 +133,7 @@ async def test_a_reply_to_the_reminder_that_echoes_it_never_becomes_the_candidat
 ) -> None:
     rules = [
         Rule(role="solution", pattern=REMINDED, replies=[REMINDER_ECHO]),
-        Rule(role="solution", pattern="<previous_attempts>", replies=[VERDICT]),
+        Rule(role="solution", pattern="<rollouts>", replies=[VERDICT]),
     ]
     sim.set_script(SimScript(rules=rules))
     result = await asolve(Q, tmas_settings(sim), run_dir=tmp_path / "run")
@@ -161,7 +161,7 @@ async def test_a_baselines_reminder_reply_that_echoes_is_not_voted(sim: SimServe
 
 
 async def test_both_off_is_algorithm_1_line_22(sim: SimServer, tmp_path: Path) -> None:
-    sim.set_script(SimScript(rules=[Rule(role="solution", pattern="<previous_attempts>", replies=[VERDICT])]))
+    sim.set_script(SimScript(rules=[Rule(role="solution", pattern="<rollouts>", replies=[VERDICT])]))
     settings = tmas_settings(sim, answer_reminder=False, answer_fallback=False)
     result = await asolve(Q, settings, run_dir=tmp_path / "run")
     # R_T holds no answer and line 22 reads R_T alone: no answer, and no reminder was sent.

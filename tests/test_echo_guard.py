@@ -83,7 +83,8 @@ def test_bank_entries_copying_the_instructions_are_caught_and_own_words_are_not(
 
 # ---------------------------------------------------------------------------------------------- end to end
 async def run_tmas(sim: SimServer, question: str = Q, **params: Any) -> ProblemResult:
-    params = {"n": 1, "m": 1, "iterations": 1, "style": "concise", **params}
+    # One iteration that runs every agent: the memory agents' echoes are under test too.
+    params = {"n": 1, "m": 1, "iterations": 1, "style": "concise", "skip_final_memory": False, **params}
     return await asolve(question, settings_for(sim, method={"name": "tmas", "params": params}))
 
 

@@ -46,14 +46,20 @@ def test_tmas_paper_setting_is_164000_calls_on_100_problems() -> None:
 
 
 def test_tmas_ablations_drop_the_memory_agent_calls() -> None:
-    # w/o guideline: 8 + 64 + 8 + 1 = 81 per iteration; w/o both: 80.
-    assert sum(count("tmas", n=8, m=8, iterations=20, no_guideline=True).values()) == 1620
-    assert sum(count("tmas", n=8, m=8, iterations=12, no_guideline=True, no_experience=True).values()) == 960
+    # w/o guideline: 8 + 64 + 8 + 1 = 81 per iteration; w/o both: 80; the last iteration 8 + 64 = 72 either way (no
+    # summaries, no bank updates: skip_final_memory). 19 x 81 + 72 = 1611; 11 x 80 + 72 = 952.
+    assert sum(count("tmas", n=8, m=8, iterations=20, no_guideline=True).values()) == 1611
+    assert sum(count("tmas", n=8, m=8, iterations=12, no_guideline=True, no_experience=True).values()) == 952
+    # Algorithm 1 as written (the paper preset's setting): 20 x 81 and 12 x 80.
+    full = {"skip_final_memory": False}
+    assert sum(count("tmas", n=8, m=8, iterations=20, no_guideline=True, **full).values()) == 1620
+    assert sum(count("tmas", n=8, m=8, iterations=12, no_guideline=True, no_experience=True, **full).values()) == 960
 
 
 def test_early_stop_makes_tmas_an_upper_bound() -> None:
     c = calls_per_problem(create_method("tmas", {"n": 2, "m": 1, "iterations": 3, "early_stop": True}))
-    assert not c.exact and c.upper_total == c.total == 3 * (2 * 3 + 2)
+    # Two iterations of 2 solutions, 2 verifications, 2 summaries and 2 memory updates, then 2 + 2 calls.
+    assert not c.exact and c.upper_total == c.total == 2 * (2 * 3 + 2) + 2 * 2
 
 
 @pytest.mark.parametrize(
@@ -153,13 +159,14 @@ def test_tokens_from_pilot_rates_by_role_and_hours() -> None:
 
 
 def test_max_tokens_gives_a_ceiling_without_rates() -> None:
-    # TMAS N = M = 8, T = 20, 1 problem, every call at max_tokens = 1000: 1,640 calls -> 1.64M tokens at most.
+    # TMAS N = M = 8, T = 20, 1 problem, every call at max_tokens = 1000: 1,640 calls less the last iteration's 8
+    # summaries and 2 memory updates = 1,630 calls -> 1.63M tokens at most.
     settings = Settings.model_validate({"sampling": {"max_tokens": 1000}})
     tmas = create_method("tmas", {"n": 8, "m": 8, "iterations": 20})
     point = estimate_point("tmas", tmas, settings, 1, None)
-    assert point.basis == "max_tokens" and point.completion_tokens == 1_640_000
+    assert point.basis == "max_tokens" and point.completion_tokens == 1_630_000
     given = estimate_point("tmas", tmas, settings, 1, TokenRates(default_completion=10))
-    assert given.completion_tokens == 16_400 and given.basis == "given"
+    assert given.completion_tokens == 16_300 and given.basis == "given"
 
 
 def test_threshold() -> None:
@@ -226,10 +233,11 @@ def test_run_dry_run_with_a_pilot_measures_tokens(sim: SimServer, tmp_path: Path
     )  # fmt: skip
     assert out.returncode == 0, out.stderr.decode()
     err = out.stderr.decode()
-    # 3 x (2 x 3 + 2) = 24 calls per problem, 240 in all; the pilot ran 2 iterations of 1 problem: 16 calls.
-    assert "total: 240 calls" in err and "measured by the pilot" in err
+    # 3 x (2 x 3 + 2) - 4 = 20 calls per problem (the last iteration has no summaries or memory updates), 200 in
+    # all; the pilot ran 2 iterations of 1 problem: 8 + 4 = 12 calls.
+    assert "total: 200 calls" in err and "measured by the pilot" in err
     with RunStore(tmp_path / "run" / "pilot" / "run", create=False) as pilot:
-        assert pilot.call_counts()["calls"] == 16
+        assert pilot.call_counts()["calls"] == 12
     assert not (tmp_path / "run" / "run.sqlite").exists()
 
 

@@ -91,7 +91,7 @@ async def test_build_data_writes_the_release_schema(sim: SimServer, tmp_path: Pa
         t, pid = bank["extra_info"]["iteration"], bank["extra_info"]["problem_id"]
         entries = records[pid][t - 1]["state"]["experience_bank"]["entries"]
         assert [e["content"] for e in bank["extra_info"]["experience_bank"]] == [e["content"] for e in entries]
-        assert "<previous_attempts>" in base["prompt"][-1]["content"]
+        assert "<rollouts>" in base["prompt"][-1]["content"]
         assert "<experience>" in bank["prompt"][-1]["content"] and "<experience>" not in base["prompt"][-1]["content"]
         assert all(e["content"] in bank["prompt"][-1]["content"] for e in entries)
         # Each rollout of R_{t-1} is shown with its summary.

@@ -23,10 +23,13 @@ from tmas.testing import Rule, SimScript, SimServer
 
 Q = "What is 17*23?"
 EXPLORE_MARK = "<attempted_strategies>"
-REFINE_MARK = "<previous_attempts>"
+REFINE_MARK = "<rollouts>"
 
 
 async def run_tmas(sim: SimServer, tmp_path: Path | None = None, **params: Any) -> ProblemResult:
+    # Algorithm 1's whole call graph, the last iteration's summaries and memory updates included (their skip, the
+    # default, is tested in test_slot_pinning.py).
+    params = {"skip_final_memory": False, **params}
     settings = settings_for(sim, method={"name": "tmas", "params": params})
     return await asolve(Q, settings, run_dir=tmp_path / "run" if tmp_path else None)
 
@@ -292,7 +295,7 @@ async def test_top_k_limits_what_the_exploit_prompt_sees(sim: SimServer) -> None
     sim.set_script(SimScript(accuracy=0.5))
     result = await run_tmas(sim, n=4, m=1, iterations=2, epsilon=0.0, top_k=2)
     refine = [p for p in solution_prompts(sim) if REFINE_MARK in p]
-    assert refine and all(p.count("<attempt number=") == 2 for p in refine)
+    assert refine and all(p.count("<rollout number=") == 2 for p in refine)
     assert any("exploit prompt: left out rollouts" in n for n in result.iterations[1].notes)
 
 

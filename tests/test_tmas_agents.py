@@ -60,7 +60,7 @@ def test_solution_prompts_carry_the_paper_instructions() -> None:
     )
     fit = fit_rollouts([Rollout(index=0, solution="sol A", summary="sum A", score=0.5)])
     refine = refine_prompt("Find T_4.", "numeric", fit.views, bank)[1].content
-    assert '<attempt number="1" mean_verifier_score="0.5">' in refine and "sum A" in refine
+    assert '<rollout number="1" mean_verifier_score="0.5">' in refine and "sum A" in refine
     assert "[E1] (intermediate result) T(2) = 3" in refine and "[E2] do not assume" in refine
     assert "<experience>" not in refine_prompt("Q", "numeric", fit.views, None)[1].content
     explore = explore_prompt(

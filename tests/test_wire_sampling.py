@@ -28,7 +28,7 @@ METHODS: dict[str, tuple[dict[str, Any], set[str]]] = {
     "verify_refine": ({"n": 1, "m": 1, "iterations": 2}, {"solution", "verifier", "corrector"}),
     "pacore": ({"responses_per_round": 1, "iterations": 1}, {"solution", "synthesis"}),
     "rse": ({"n": 1, "iterations": 2}, {"solution", "distiller"}),
-    "tmas": ({"n": 1, "m": 1, "iterations": 1}, {"solution", "verifier", "summary", "experience", "guideline"}),
+    "tmas": ({"n": 1, "m": 1, "iterations": 2}, {"solution", "verifier", "summary", "experience", "guideline"}),
 }
 ALL = sorted(METHODS)
 

@@ -123,6 +123,10 @@ class Endpoint(Strict):
     # on llama-server, vLLM, SGLang, OpenAI): "auto" sends it until the server rejects it once, then sends none for
     # the rest of the run (recorded); "json_schema" always sends it (a rejection fails the call); "off" never does.
     structured_output: StructuredOutput = "auto"
+    # llama-server only: with at least as many problems in flight as the endpoint has slots (max_in_flight times the
+    # replicas), send each problem's calls to one slot (`id_slot`), one at a time, so that slot's prompt cache holds
+    # that problem's shared prefixes (tmas.llm.lanes). On for the embedded model.
+    pin_slots: bool = False
 
     @field_validator("base_url", mode="before")
     @classmethod
@@ -146,6 +150,7 @@ class RoleConfig(Strict):
     tokenizer: str | None = None
     timeout_s: float | None = Field(default=None, gt=0)
     structured_output: StructuredOutput | None = None
+    pin_slots: bool | None = None
     sampling: Sampling = Field(default_factory=Sampling)
 
     @field_validator("base_url", mode="before")
@@ -299,6 +304,7 @@ ENV_KEYS: dict[str, str] = {
     "TMAS_API_KEY_ENV": "endpoint.api_key_env",
     "TMAS_CONTEXT_LENGTH": "endpoint.context_length",
     "TMAS_STRUCTURED_OUTPUT": "endpoint.structured_output",
+    "TMAS_PIN_SLOTS": "endpoint.pin_slots",
     "TMAS_CONCURRENCY": "concurrency",
     "TMAS_PROBLEMS_IN_FLIGHT": "problems_in_flight",
     "TMAS_LOCAL_MODEL": "local.model",

@@ -19,6 +19,7 @@ from tmas.agents.templates import prompts_from
 from tmas.config import Settings, load_settings, with_method_params, with_overrides
 from tmas.errors import InputError, TmasError
 from tmas.llm.client import EndpointUnreachable, LLMClient
+from tmas.llm.lanes import enter_lane
 from tmas.llm.provision import provisioned
 from tmas.methods import create_method
 from tmas.methods.base import (
@@ -307,7 +308,9 @@ async def run_problems(
                 if on_result is not None:
                     on_result(result)
 
-            async def worker() -> None:
+            async def worker(lane: int, lanes: int) -> None:
+                # Each worker is a lane (tmas.llm.lanes): on an endpoint with pin_slots, its calls share one slot.
+                enter_lane(lane, lanes)
                 # The workers share one iterator; next() runs without awaiting, so each problem goes to one worker.
                 for problem in todo:
                     await one(problem)
@@ -315,7 +318,7 @@ async def run_problems(
             state.problem_slots = problems_in_flight(live)
             workers = max(1, min(state.problem_slots, state.total - len(finished)))
             try:
-                await gather_all(worker() for _ in range(workers))
+                await gather_all(worker(w, workers) for w in range(workers))
             except EndpointUnreachable as exc:
                 raise Unreachable(
                     f"{exc}; finished work is kept: continue with 'tmas run --resume {store.run_dir}'"

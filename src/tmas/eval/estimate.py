@@ -87,12 +87,13 @@ def calls_per_problem(method: Method[Any]) -> CallCount:
     if name == "rse":
         return _count({"solution": p.n * t, "distiller": p.n * (t - 1)})
     if name == "tmas":
+        memory = t - 1 if p.skip_final_memory else t  # iterations whose summaries and banks are computed
         roles = {
             "solution": p.n * t,
             "verifier": p.n * p.m * t,
-            "summary": p.n * t,
-            "experience": 0 if p.no_experience else t,
-            "guideline": 0 if p.no_guideline else t,
+            "summary": p.n * memory,
+            "experience": 0 if p.no_experience else memory,
+            "guideline": 0 if p.no_guideline else memory,
         }
         note = "early_stop: an upper bound (a problem may stop sooner)" if p.early_stop else ""
         return _count(roles, note, upper=roles if note else None)

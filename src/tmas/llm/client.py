@@ -10,6 +10,7 @@ replayed from it, any other is made durable there before it is returned.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -25,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 
 from tmas.config import Endpoint, Sampling, Settings
 from tmas.errors import ConfigError, LLMError
+from tmas.llm.lanes import current_lane, pinned_slot
 from tmas.llm.reasoning import split_reasoning
 from tmas.llm.replay import CallStore, StoreReplay
 from tmas.llm.sampling import ResolvedSampling, resolve_role
@@ -88,6 +90,10 @@ class _Replica:
     structured_refused: bool = False
     # Calls that start together wait for the one probe of /v1/models instead of going out unchecked.
     probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # The last call to it found no server listening: calls go to the replicas that answer while any does.
+    unreachable: bool = False
+    # pin_slots: one call at a time per server slot (tmas.llm.lanes), keyed by the slot's index.
+    slot_locks: dict[int, asyncio.Lock] = field(default_factory=dict)
 
 
 @dataclass
@@ -205,11 +211,12 @@ class LLMClient:
         return self.route(role).endpoint.model or "default"
 
     def _pick(self, replicas: list[_Replica]) -> _Replica:
-        """Least calls in flight; ties broken round-robin so equal replicas share the load evenly."""
+        """Least calls in flight among the replicas that answer; ties broken round-robin so equal replicas share the
+        load evenly."""
         self._rr += 1
         n = len(replicas)
         order = [replicas[(self._rr + i) % n] for i in range(n)]
-        return min(order, key=lambda r: r.in_flight)
+        return min(order, key=lambda r: (r.unreachable, r.in_flight))
 
     # ----------------------------------------------------------------------------------------- calls
     async def chat(
@@ -343,16 +350,18 @@ class LLMClient:
         causes: list[str] = []
         last_cause = "unknown"
         replica = route.replicas[0]
+        pin = self._pinned(route)
         attempt = 0
         while attempt < retry.max_attempts:
             attempt += 1
-            replica = self._pick(route.replicas)
+            replica = route.replicas[pin[0]] if pin else self._pick(route.replicas)
             structured = False
             try:
                 await self._probe_context(replica)
                 sent_max = self._fit_context(route, replica, request, max_tokens)
                 structured = self._sends_schema(route, replica, request)
-                data = await self._post(route, replica, request.body(sent_max, structured=structured), key)
+                body = request.body(sent_max, structured=structured)
+                data = await self._post(route, replica, body, key, slot=pin[1] if pin else None)
                 done = self._parse(data, route, request, key, request_hash, replica, started, attempt, sent_max)
                 done.retry_causes = causes
                 return done
@@ -384,6 +393,8 @@ class LLMClient:
             except _Transient as exc:
                 last_error = str(exc)
                 all_connect_failures = all_connect_failures and exc.connect
+                if exc.connect:
+                    pin = None  # its replica is down: the retries go wherever the others can serve
                 if attempt >= retry.max_attempts:
                     last_cause = exc.cause
                     break
@@ -440,9 +451,23 @@ class LLMClient:
                     return int(model[name])
         return None
 
+    def _pinned(self, route: _Route) -> tuple[int, int] | None:
+        """(replica index, slot index) this call is pinned to (tmas.llm.lanes), or None."""
+        if not route.endpoint.pin_slots:
+            return None
+        return pinned_slot(current_lane(), len(route.replicas), route.endpoint.max_in_flight)
+
     async def _post(
-        self, route: _Route, replica: _Replica, body: dict[str, Any], key: CallKey, *, path: str = "chat/completions"
+        self,
+        route: _Route,
+        replica: _Replica,
+        body: dict[str, Any],
+        key: CallKey,
+        *,
+        path: str = "chat/completions",
+        slot: int | None = None,
     ) -> dict[str, Any]:
+        """POST ``body``; with ``slot``, to that llama-server slot (``id_slot``), after the slot's previous call."""
         session = self._session
         if session is None:
             raise RuntimeError("LLMClient used outside 'async with'")
@@ -452,7 +477,11 @@ class LLMClient:
         if route.api_key:
             headers["Authorization"] = f"Bearer {route.api_key}"
         timeout = aiohttp.ClientTimeout(total=route.endpoint.timeout_s)
-        async with self._cap:
+        slot_lock: asyncio.Lock | contextlib.nullcontext[None] = contextlib.nullcontext()
+        if slot is not None:
+            body = {**body, "id_slot": slot}
+            slot_lock = replica.slot_locks.setdefault(slot, asyncio.Lock())
+        async with slot_lock, self._cap:
             if replica.cap is not None:
                 await replica.cap.acquire()
             replica.in_flight += 1
@@ -461,8 +490,10 @@ class LLMClient:
                 async with session.post(f"{replica.url}/{path}", json=body, headers=headers, timeout=timeout) as resp:
                     text = await resp.text(errors="replace")
                     status = resp.status
+                    replica.unreachable = False
                     retry_after = resp.headers.get("Retry-After")
             except aiohttp.ClientConnectorError as exc:
+                replica.unreachable = True
                 raise _Transient(f"cannot connect to {replica.url}: {exc.os_error}", "connect", connect=True) from None
             except (aiohttp.ClientError, ConnectionError) as exc:
                 raise _Transient(

@@ -27,6 +27,8 @@ async def provisioned(settings: Settings, log_dir: Path | None = None) -> AsyncI
                 "context_length": local.ctx_per_slot,
                 # Per replica: more calls than slots would only queue inside a server, where our timeouts run.
                 "max_in_flight": local.parallel,
+                # llama-server takes `id_slot`: one problem's calls share its slot's prompt cache (tmas.llm.lanes).
+                "pin_slots": local.server == "llama-server",
             }
         )
         yield settings.model_copy(update={"endpoint": endpoint})

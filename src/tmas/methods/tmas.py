@@ -153,15 +153,20 @@ class TMAS(Method[TMASParams]):
             # Lines 5-12: every prompt of iteration t is built from the fixed state of t-1, before any call is sent.
             plan = self._plan(session, t, state, log)
             # Lines 6-17: candidates in parallel; each one's verifications start as soon as it is written.
-            outcomes = await gather_all(self._rollout(session, i, plan, log) for i in range(p.n))
+            # Nothing reads the last iteration's summaries and banks (line 22 reads the candidates and scores alone).
+            last = p.skip_final_memory and t == p.iterations - 1
+            outcomes = await gather_all(self._rollout(session, i, plan, log, summarize=not last) for i in range(p.n))
             rollouts = [o.rollout for o in outcomes if o.rollout is not None]  # line 18: R_t
             candidates = [o.candidate for o in outcomes]
             streak, stop_note = self._early_stop(t, candidates, streak)
             extra: dict[str, Any] = {"early_stop": stop_note} if stop_note else {}
-            if stop_note is not None:
-                # Nothing will read E_t or G_t: skip their calls, which is the saving early stopping is for.
-                stopped = stop_note["reason"]
-                log.notes.append(f"early stop: {stopped}; memory update of this iteration skipped")
+            if stop_note is not None or last:
+                # Nothing will read E_t or G_t: skip their calls (the saving early stopping is for).
+                if stop_note is not None:
+                    stopped = stop_note["reason"]
+                    log.notes.append(f"early stop: {stopped}; memory update of this iteration skipped")
+                else:
+                    log.notes.append("last iteration: summaries and memory update skipped (skip_final_memory)")
                 experience, guideline = state.experience, state.guideline
                 exp_info: dict[str, Any] = {"status": "skipped"}
                 guide_info: dict[str, Any] = {"status": "skipped"}
@@ -292,8 +297,11 @@ class TMAS(Method[TMASParams]):
         i: int,
         plan: SolutionPlan,
         log: IterationLog,
+        *,
+        summarize: bool = True,
     ) -> CandidateOutcome:
-        """Lines 9-16 for candidate i: c_{t,i}, then V_{t,i} (M passes in parallel), then s_{t,i}."""
+        """Lines 9-16 for candidate i: c_{t,i}, then V_{t,i} (M passes in parallel), then s_{t,i} (unless not
+        ``summarize``: the rollout then has no summary)."""
         p, q = self.params, session.problem.question
         meta: dict[str, Any] = {"mode": plan.modes[i], "prompt": plan.prompt_names[i]}
         guard = EchoGuard.of(plan.messages[i])
@@ -355,6 +363,10 @@ class TMAS(Method[TMASParams]):
         if p.mode == "numeric" and solution.answer is None:
             score = 0.0
         candidate.score = score
+        if not summarize:
+            return CandidateOutcome(
+                candidate, Rollout(index=i, solution=solution.text, summary="", score=score, answer=solution.answer)
+            )
 
         # Line 15: s_{t,i} = A_sum(x, c_{t,i}, V_{t,i}).
         s_messages = summary_prompt(q, solution.text, verifications, max_tokens=session.max_tokens("summary"))

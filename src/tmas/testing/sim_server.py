@@ -65,6 +65,9 @@ class SimStats(BaseModel):
     # Problems (X-Tmas-Problem) in flight at once, most ever: a problem is in flight from its first chat request's
     # arrival to the end of its latest answer so far, so the pauses between its calls count as in flight too.
     max_problems_in_flight: int = 0
+    # llama-server's `id_slot`: the most requests in flight at once that named one slot (a real server would queue
+    # the extra ones inside itself, where the client's timeouts run).
+    max_in_flight_per_slot: int = 0
     by_role: dict[str, int] = {}
     faults: dict[str, int] = {}
     prompt_tokens: int = 0
@@ -181,6 +184,9 @@ class SimApp:
         self._stats = SimStats()
         # Problem id -> [first arrival, latest answer's end, chat requests open] (time.monotonic()).
         self._spans: dict[str, list[float]] = {}
+        # id_slot -> requests naming it now in flight; id(request) -> the slot it named, until it is answered.
+        self._slots: dict[str, int] = {}
+        self._request_slots: dict[int, str] = {}
 
     # ---- thread-safe control ---------------------------------------------------------------------
 
@@ -317,6 +323,20 @@ class SimApp:
         with self._lock:
             self._stats.in_flight -= 1
 
+    def _slot_enter(self, request: web.Request, slot: Any) -> None:
+        if slot is None:
+            return
+        with self._lock:
+            self._request_slots[id(request)] = slot = str(slot)
+            self._slots[slot] = self._slots.get(slot, 0) + 1
+            self._stats.max_in_flight_per_slot = max(self._stats.max_in_flight_per_slot, self._slots[slot])
+
+    def _slot_leave(self, request: web.Request) -> None:
+        with self._lock:
+            slot = self._request_slots.pop(id(request), None)
+            if slot is not None:
+                self._slots[slot] -= 1
+
     def _log_request(self, request: web.Request, endpoint: str, role: str, body: dict[str, Any], at: float) -> None:
         entry = _LogEntry(
             endpoint, role, request.headers.get(PROBLEM_HEADER), body, at, request.headers.get("Authorization")
@@ -416,6 +436,7 @@ class SimApp:
             self._count_error()
             return error_response(400, exc.message, "BadRequestError")
         finally:
+            self._slot_leave(request)
             self._problem_leave(problem)
             self._leave()
 
@@ -429,6 +450,7 @@ class SimApp:
             self._log_request(request, "chat", role, {}, received)
             raise
         self._log_request(request, "chat", role, body, received)
+        self._slot_enter(request, body.get("id_slot"))
 
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):

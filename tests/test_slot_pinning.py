@@ -1,0 +1,137 @@
+"""Prompt tokens that hit the cache (issue 16, part 5): with ``pin_slots``, each problem of a run keeps to one server
+slot (llama-server's ``id_slot``), one call at a time, so that slot's prompt cache holds the problem's prefixes; the
+exploit prompt starts with the memory agents' rollouts block; and the last iteration computes no summary or bank that
+nothing reads."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import socket
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from conftest import settings_for
+from tmas.eval.estimate import calls_per_problem
+from tmas.llm.lanes import Lane, pinned_slot
+from tmas.methods import create_method
+from tmas.problems import Problem
+from tmas.runner import RunSummary, prepare_run, run_problems
+from tmas.testing import SimScript, SimServer
+
+TMAS = {"name": "tmas", "params": {"n": 2, "m": 1, "iterations": 2, "epsilon": 0.0}}
+
+
+def test_lanes_fill_slot_zero_of_every_replica_first_and_never_leave_a_slot_idle() -> None:
+    # Fewer lanes than slots: nothing pinned (one problem's parallel calls then use every slot).
+    assert pinned_slot(Lane(0, 1), replicas=1, slots_per_replica=4) is None
+    assert pinned_slot(Lane(2, 3), replicas=2, slots_per_replica=2) is None
+    assert pinned_slot(None, replicas=1, slots_per_replica=4) is None
+    # No known slot count (max_in_flight = 0): nothing to pin to.
+    assert pinned_slot(Lane(0, 4), replicas=1, slots_per_replica=0) is None
+    assert [pinned_slot(Lane(w, 4), 2, 2) for w in range(4)] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    # More lanes than slots: lanes share slots, evenly.
+    assert [pinned_slot(Lane(w, 6), 2, 2) for w in range(6)] == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 0), (1, 0)]
+
+
+def _problems(n: int) -> list[Problem]:
+    return [Problem(problem_id=f"q{i}", question=f"What is {i}+{i}?", answer=str(2 * i)) for i in range(n)]
+
+
+def _run(tmp_path: Path, name: str, *servers: SimServer, problems: int = 6, **overrides: Any) -> RunSummary:
+    settings = settings_for(*servers, method=copy.deepcopy(TMAS), seed=3, **overrides)
+    store, settings, todo = prepare_run(tmp_path / name, settings, _problems(problems), resume=False)
+    with store:
+        return asyncio.run(run_problems(settings, todo, store, keep_results=True))
+
+
+def test_each_problem_keeps_to_one_slot_of_one_replica(tmp_path: Path, sim: SimServer, sim2: SimServer) -> None:
+    summary = _run(
+        tmp_path, "pinned", sim, sim2, endpoint__max_in_flight=2, endpoint__pin_slots=True, problems_in_flight=4
+    )
+    assert summary.done == 6
+    where: dict[str, set[tuple[int, Any]]] = defaultdict(set)
+    for server_index, server in enumerate((sim, sim2)):
+        for request in server.requests:
+            where[str(request.problem_id)].add((server_index, request.body.get("id_slot")))
+        # Never two calls at once on one slot: the client queues a lane's calls instead of the server.
+        assert server.stats().max_in_flight_per_slot == 1
+    assert sorted(where) == [f"q{i}" for i in range(6)]
+    assert all(len(places) == 1 for places in where.values()), where
+    # Four lanes over 2 replicas x 2 slots: every slot served a problem, and only the slots the server has.
+    used = set().union(*where.values())
+    assert used == {(0, 0), (0, 1), (1, 0), (1, 1)}
+
+
+def test_nothing_is_pinned_without_pin_slots_or_with_fewer_problems_than_slots(
+    tmp_path: Path, sim: SimServer
+) -> None:
+    _run(tmp_path, "off", sim, endpoint__max_in_flight=2, problems_in_flight=2)
+    assert all("id_slot" not in r.body for r in sim.requests)
+    sim.reset()
+    # One problem on a 2-slot endpoint: its N = 2 candidates still go out together, unpinned.
+    sim.set_script(SimScript(latency_s=0.05))
+    _run(tmp_path, "one", sim, problems=1, endpoint__max_in_flight=2, endpoint__pin_slots=True)
+    assert all("id_slot" not in r.body for r in sim.requests)
+    assert sim.stats().max_in_flight == 2
+
+
+def _dead_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+def test_a_pinned_call_whose_replica_is_down_goes_to_another(tmp_path: Path, sim: SimServer) -> None:
+    settings = settings_for(sim, method=copy.deepcopy(TMAS), seed=3, endpoint__max_in_flight=1, endpoint__pin_slots=True)
+    endpoint = settings.endpoint.model_copy(update={"base_url": [_dead_url(), sim.base_url]})
+    settings = settings.model_copy(update={"endpoint": endpoint, "problems_in_flight": 2})
+    store, settings, todo = prepare_run(tmp_path / "down", settings, _problems(2), resume=False)
+    with store:
+        summary = asyncio.run(run_problems(settings, todo, store))
+    assert summary.done == 2 and summary.failed_calls == 0
+    by_problem = {str(r.problem_id) for r in sim.requests}
+    assert by_problem == {"q0", "q1"}
+
+
+def test_the_last_iteration_computes_no_summary_or_bank_and_answers_the_same(
+    tmp_path: Path, sim: SimServer
+) -> None:
+    skipped = _run(tmp_path, "skip", sim, problems=2)
+    roles = sim.stats().by_role
+    sim.reset()
+    full = _run(tmp_path, "full", sim, problems=2, method__params__skip_final_memory=False)
+    full_roles = sim.stats().by_role
+    # N = 2, T = 2, two problems: the last iteration's 2 summaries and 2 memory updates are gone, per problem.
+    assert (roles["summary"], roles["experience"], roles["guideline"]) == (4, 2, 2)
+    assert (full_roles["summary"], full_roles["experience"], full_roles["guideline"]) == (8, 4, 4)
+    assert roles["solution"] == full_roles["solution"] == 8 and roles["verifier"] == full_roles["verifier"] == 8
+    assert [r.answer for r in skipped.results] == [r.answer for r in full.results]
+    # The cost estimate counts the calls the run makes.
+    for params, seen in (({}, roles), ({"skip_final_memory": False}, full_roles)):
+        method = create_method("tmas", {**TMAS["params"], **params})
+        assert {role: 2 * n for role, n in calls_per_problem(method).expected.items()} == dict(seen)
+    last = skipped.results[0].iterations[-1]
+    assert last.state["experience_update"] == {"status": "skipped"}
+    assert any("skip_final_memory" in note for note in last.notes)
+
+
+def test_the_exploit_prompt_starts_as_the_memory_agents_prompts_do(tmp_path: Path, sim: SimServer) -> None:
+    _run(tmp_path, "prefix", sim, problems=1)
+    requests = sim.requests
+
+    def user_text(role: str, iteration_of_prompt: str | None = None) -> str:
+        bodies = [r.body for r in requests if r.role == role]
+        texts = [b["messages"][-1]["content"] for b in bodies]
+        if iteration_of_prompt is not None:
+            texts = [t for t in texts if iteration_of_prompt in t]
+        assert texts, role
+        return str(texts[0])
+
+    exploit = user_text("solution", "<rollouts>")
+    for role in ("experience", "guideline"):
+        memory = user_text(role)
+        shared = memory.split("</rollouts>")[0] + "</rollouts>"
+        assert exploit.startswith(shared) and len(shared) > 200
