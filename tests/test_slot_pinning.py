@@ -64,9 +64,7 @@ def test_each_problem_keeps_to_one_slot_of_one_replica(tmp_path: Path, sim: SimS
     assert used == {(0, 0), (0, 1), (1, 0), (1, 1)}
 
 
-def test_nothing_is_pinned_without_pin_slots_or_with_fewer_problems_than_slots(
-    tmp_path: Path, sim: SimServer
-) -> None:
+def test_nothing_is_pinned_without_pin_slots_or_with_fewer_problems_than_slots(tmp_path: Path, sim: SimServer) -> None:
     _run(tmp_path, "off", sim, endpoint__max_in_flight=2, problems_in_flight=2)
     assert all("id_slot" not in r.body for r in sim.requests)
     sim.reset()
@@ -85,7 +83,9 @@ def _dead_url() -> str:
 
 
 def test_a_pinned_call_whose_replica_is_down_goes_to_another(tmp_path: Path, sim: SimServer) -> None:
-    settings = settings_for(sim, method=copy.deepcopy(TMAS), seed=3, endpoint__max_in_flight=1, endpoint__pin_slots=True)
+    settings = settings_for(
+        sim, method=copy.deepcopy(TMAS), seed=3, endpoint__max_in_flight=1, endpoint__pin_slots=True
+    )
     endpoint = settings.endpoint.model_copy(update={"base_url": [_dead_url(), sim.base_url]})
     settings = settings.model_copy(update={"endpoint": endpoint, "problems_in_flight": 2})
     store, settings, todo = prepare_run(tmp_path / "down", settings, _problems(2), resume=False)
@@ -96,9 +96,7 @@ def test_a_pinned_call_whose_replica_is_down_goes_to_another(tmp_path: Path, sim
     assert by_problem == {"q0", "q1"}
 
 
-def test_the_last_iteration_computes_no_summary_or_bank_and_answers_the_same(
-    tmp_path: Path, sim: SimServer
-) -> None:
+def test_the_last_iteration_computes_no_summary_or_bank_and_answers_the_same(tmp_path: Path, sim: SimServer) -> None:
     skipped = _run(tmp_path, "skip", sim, problems=2)
     roles = sim.stats().by_role
     sim.reset()

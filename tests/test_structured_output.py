@@ -413,7 +413,11 @@ async def test_the_local_preset_bounds_what_its_summary_and_experience_calls_ask
     """The local preset caps the summary at 220 tokens and the experience agent at 450: the summary prompt asks for
     at most int(220 * 0.55) // 10 * 10 = 120 words, and the experience schema for at most 450 // 170 = 2 operations."""
     # No global max_tokens: a user's value would win over the preset's per-role ones.
-    settings = settings_for(sim, sampling={"temperature": 0.7}, method__params={"preset": "local", "iterations": 1, "skip_final_memory": False})
+    settings = settings_for(
+        sim,
+        sampling={"temperature": 0.7},
+        method__params={"preset": "local", "iterations": 1, "skip_final_memory": False},
+    )
     await asolve(Q, settings)
     summaries = [e.body for e in sim.requests if e.endpoint == "chat" and e.role == "summary"]
     assert summaries and all(b["max_tokens"] == 220 for b in summaries)
