@@ -9,6 +9,8 @@ Per iteration t, from the fixed state (R_{t-1}, E_{t-1}, G_{t-1}) of the previou
 - then the experience agent (E_t) and the guideline agent (G_t) run in parallel on R_t.
 
 The critical path of an iteration is therefore solution + verification + summary + max(experience, guideline).
+Nothing reads the last iteration's summaries and banks, so by default (``skip_final_memory``) it computes none: the
+answer is the same, with N + 2 fewer calls; the ``paper`` preset runs them, as Algorithm 1 is written.
 The answer is the argmax over R_T of the mean verifier score. Ties: among the tied candidates, the answer most of
 them share (by value: methods/selection.py) wins, then the lowest candidate index; candidates without an answer
 (numeric mode) are chosen only when no candidate has one. The ``select`` and ``pool`` parameters choose other rules.
