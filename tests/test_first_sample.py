@@ -120,7 +120,9 @@ async def test_reply_counts_per_role_reach_the_records_and_the_report(sim: SimSe
 
 async def test_tmas_counts_unreadable_verifier_scores(sim: SimServer) -> None:
     sim.set_script(SimScript(rules=[Rule(role="verifier", replies=["Looks plausible to me."])]))
+    # The last iteration's summaries run too (skip_final_memory off), so every reply kind is tallied.
     params = {"n": 2, "m": 2, "iterations": 1, "no_experience": True, "no_guideline": True}
+    params["skip_final_memory"] = False
     result = await asolve(Q, settings_for(sim, method={"name": "tmas", "params": params}))
     replies = result.iterations[0].replies
     assert replies["verifier"] == ReplyTally(replies=4, unusable=4)

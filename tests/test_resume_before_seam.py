@@ -69,8 +69,9 @@ def test_a_run_made_before_the_change_replays_every_call_and_extends_with_the_ol
         assert [(c.key.role, c.request_hash, c.content) for c in store.calls()] == before
         [result] = store.results()
         assert result["answer"] == "391" and result["status"] == "done"
-    # One more iteration: new calls, with what the old code sent each role.
-    out = cli.invoke(app, ["run", "--resume", str(run_dir), "--base-url", sim.base_url, "-T", "2"])
+    # One more iteration: new calls, with what the old code sent each role (its summaries and memory updates too).
+    more = ["-T", "2", "-p", "skip_final_memory=false"]
+    out = cli.invoke(app, ["run", "--resume", str(run_dir), "--base-url", sim.base_url, *more])
     assert out.exit_code == 0, out.output
     chats = [r for r in sim.requests if r.endpoint == "chat"]
     assert {r.role for r in chats} == set(OLD_SAMPLING)

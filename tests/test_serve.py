@@ -127,7 +127,8 @@ def test_tmas_reply_carries_the_selected_solution_and_the_upstream_usage(
     assert all(b["model"] == "sim-model" and b["temperature"] == 0.3 for b in solution_bodies)
     with RunStore(run_dir, read_only=True) as store:
         assert store.get_meta("method")["params"] == {**store.get_meta("method")["params"], **TMAS_SMALL}
-    assert {r.role for r in sim.requests} == {"solution", "verifier", "summary", "experience", "guideline"}
+    # One iteration, the last: no summaries or memory updates (skip_final_memory).
+    assert {r.role for r in sim.requests} == {"solution", "verifier"}
 
 
 def test_stream_shows_progress_then_the_answer_and_usage(sim: SimServer, proxy: ProxyThread, tmp_path: Path) -> None:
@@ -303,8 +304,9 @@ def test_a_disconnected_client_cancels_its_run_and_a_restart_resumes_it(sim: Sim
             [result] = store.results()
             total = sum(1 for c in store.calls() if c.ok)
         assert result["status"] == "done" and result["answer"] == "391"
-        # Every call of the run (2 iterations x (2 solutions + 4 verifications + 2 summaries) + 2 x 2 bank updates).
-        assert total == 2 * (2 + 4 + 2) + 4
+        # Every call of the run: 2 solutions + 4 verifications per iteration, then 2 summaries and 2 bank updates in
+        # the first iteration only (the last one skips them: skip_final_memory).
+        assert total == 2 * (2 + 4) + 2 + 2
         assert sim.stats().total_requests == total - stored
         # The same request again now is a new run (a finished one is not replayed as a cache).
         reply = client(proxy).chat.completions.create(

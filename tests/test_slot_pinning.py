@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import socket
+import sqlite3
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from conftest import settings_for
 from tmas.eval.estimate import calls_per_problem
-from tmas.llm.lanes import Lane, pinned_slot
+from tmas.llm.lanes import Lane, SlotQueue, chain, pinned_slot
 from tmas.methods import create_method
 from tmas.problems import Problem
 from tmas.runner import RunSummary, prepare_run, run_problems
@@ -73,6 +75,68 @@ def test_nothing_is_pinned_without_pin_slots_or_with_fewer_problems_than_slots(t
     _run(tmp_path, "one", sim, problems=1, endpoint__max_in_flight=2, endpoint__pin_slots=True)
     assert all("id_slot" not in r.body for r in sim.requests)
     assert sim.stats().max_in_flight == 2
+
+
+def test_each_candidate_s_calls_run_back_to_back_on_its_slot(tmp_path: Path, sim: SimServer) -> None:
+    # A latency, so that both candidates' calls are queued at once and the order is the queue's choice.
+    sim.set_script(SimScript(latency_s=0.02))
+    _run(tmp_path, "chains", sim, problems=2, endpoint__max_in_flight=2, endpoint__pin_slots=True)
+    with sqlite3.connect(tmp_path / "chains" / "run.sqlite") as db:
+        rows = db.execute("SELECT sampling, content FROM calls WHERE role = 'solution'").fetchall()
+    solutions = {json.loads(sampling)["seed"]: content for sampling, content in rows}
+    by_problem: dict[str, list[Any]] = defaultdict(list)
+    for request in sim.requests:
+        by_problem[str(request.problem_id)].append(request)
+    for requests in by_problem.values():
+        assert len({r.body["id_slot"] for r in requests}) == 1
+        roles = [r.role for r in requests]
+        # Iteration 1: candidate 0's solution, verification and summary, then candidate 1's, then the memory
+        # agents; iteration 2 (no summaries: skip_final_memory): each candidate's solution and verification.
+        # First come, first served would interleave them: solution, solution, verifier, verifier, ...
+        chain_roles = ["solution", "verifier", "summary"]
+        assert roles[:6] == chain_roles * 2, roles
+        assert sorted(roles[6:8]) == ["experience", "guideline"]
+        assert roles[8:] == ["solution", "verifier"] * 2, roles
+        # Each verification checks the solution written just before it on the slot (found by the call's seed).
+        for at in (0, 3, 8, 10):
+            written = solutions[requests[at].body["seed"]]
+            assert written and written in requests[at + 1].body["messages"][-1]["content"]
+
+
+def test_a_chain_keeps_its_slot_between_calls_until_it_ends() -> None:
+    order: list[str] = []
+
+    async def call(queue: SlotQueue, name: str) -> None:
+        async with queue.turn():
+            order.append(name)
+            await asyncio.sleep(0)
+
+    async def chained(queue: SlotQueue, name: str, started: asyncio.Event) -> None:
+        with chain():
+            await call(queue, f"{name}1")
+            started.set()
+            # Work between the chain's calls: another caller is queued meanwhile, and waits.
+            for _ in range(5):
+                await asyncio.sleep(0)
+            await asyncio.gather(call(queue, f"{name}2a"), call(queue, f"{name}2b"))
+
+    async def main() -> None:
+        queue = SlotQueue()
+        started = asyncio.Event()
+        holder = asyncio.ensure_future(chained(queue, "a", started))
+        await started.wait()
+        other = asyncio.ensure_future(call(queue, "x"))
+        second = asyncio.ensure_future(chained(queue, "b", asyncio.Event()))
+        await asyncio.gather(holder, other, second)
+        # A cancelled waiter leaves the queue, and the turn goes on.
+        async with queue.turn():
+            waiting = asyncio.ensure_future(call(queue, "cancelled"))
+            await asyncio.sleep(0)
+            waiting.cancel()
+        await call(queue, "last")
+
+    asyncio.run(main())
+    assert order == ["a1", "a2a", "a2b", "x", "b1", "b2a", "b2b", "last"]
 
 
 def _dead_url() -> str:

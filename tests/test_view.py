@@ -113,7 +113,9 @@ EXPERIENCE_RULE = Rule(
 
 def _tmas_run(sim: SimServer, run_dir: Path, iterations: int = 2) -> None:
     sim.set_script(SimScript(rules=[EXPERIENCE_RULE]))
-    settings = settings_for(sim, method__name="tmas", method__params={"n": 3, "m": 1, "iterations": iterations})
+    settings = settings_for(
+        sim, method__name="tmas", method__params={"n": 3, "m": 1, "iterations": iterations, "skip_final_memory": False}
+    )
     store, settings, problems = prepare_run(run_dir, settings, PROBLEMS, resume=False)
     with store:
         import asyncio

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 
 from tmas.config import Endpoint, Sampling, Settings
 from tmas.errors import ConfigError, LLMError
-from tmas.llm.lanes import current_lane, pinned_slot
+from tmas.llm.lanes import SlotQueue, current_lane, pinned_slot
 from tmas.llm.reasoning import split_reasoning
 from tmas.llm.replay import CallStore, StoreReplay
 from tmas.llm.sampling import ResolvedSampling, resolve_role
@@ -92,8 +92,8 @@ class _Replica:
     probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # The last call to it found no server listening: calls go to the replicas that answer while any does.
     unreachable: bool = False
-    # pin_slots: one call at a time per server slot (tmas.llm.lanes), keyed by the slot's index.
-    slot_locks: dict[int, asyncio.Lock] = field(default_factory=dict)
+    # pin_slots: one call at a time per server slot, a chain's calls together (tmas.llm.lanes), by the slot's index.
+    slot_queues: dict[int, SlotQueue] = field(default_factory=dict)
 
 
 @dataclass
@@ -477,11 +477,11 @@ class LLMClient:
         if route.api_key:
             headers["Authorization"] = f"Bearer {route.api_key}"
         timeout = aiohttp.ClientTimeout(total=route.endpoint.timeout_s)
-        slot_lock: asyncio.Lock | contextlib.nullcontext[None] = contextlib.nullcontext()
+        turn: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
         if slot is not None:
             body = {**body, "id_slot": slot}
-            slot_lock = replica.slot_locks.setdefault(slot, asyncio.Lock())
-        async with slot_lock, self._cap:
+            turn = replica.slot_queues.setdefault(slot, SlotQueue()).turn()
+        async with turn, self._cap:
             if replica.cap is not None:
                 await replica.cap.acquire()
             replica.in_flight += 1

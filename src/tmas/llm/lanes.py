@@ -12,8 +12,15 @@ pinned: the parallel calls of one problem then use every slot.
 
 from __future__ import annotations
 
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -40,3 +47,101 @@ def pinned_slot(lane: Lane | None, replicas: int, slots_per_replica: int) -> tup
     if lane is None or slots_per_replica < 1 or lane.count < replicas * slots_per_replica:
         return None
     return lane.index % replicas, (lane.index // replicas) % slots_per_replica
+
+
+class Chain:
+    """A sequence of calls that build on each other (one TMAS candidate: its solution, verifications, summary). On a
+    pinned slot, the chain that got the slot keeps it until the chain ends, so each of its calls finds the previous
+    one's prompt and reply in the slot's cache: the verifier's prompt holds the solution the slot just wrote, the
+    summary's the same problem and candidate. Without it the lane's queue is first come, first served, and the
+    candidates' calls interleave (solution 1, solution 2, verification 1, ...), each finding the other chain's prompt.
+    """
+
+    def __init__(self) -> None:
+        self._held: set[SlotQueue] = set()
+
+    def end(self) -> None:
+        for queue in list(self._held):
+            queue.chain_ended(self)
+        self._held.clear()
+
+
+_chain: ContextVar[Chain | None] = ContextVar("tmas_chain", default=None)
+
+
+@contextmanager
+def chain() -> Iterator[Chain]:
+    """Run the block's calls, and those of the tasks it starts, as one :class:`Chain`."""
+    current = Chain()
+    token = _chain.set(current)
+    try:
+        yield current
+    finally:
+        _chain.reset(token)
+        current.end()
+
+
+async def in_chain(aw: Awaitable[T]) -> T:
+    """Await ``aw`` as one :class:`Chain` (run it as its own task, as ``gather`` does, so the chain is its own)."""
+    with chain():
+        return await aw
+
+
+class SlotQueue:
+    """One server slot's calls, one at a time, first come first served, except that a :class:`Chain` holding the
+    slot keeps it between its calls until it ends (its later calls go first; other calls wait)."""
+
+    def __init__(self) -> None:
+        self._busy = False
+        self._holder: Chain | None = None
+        self._waiters: deque[tuple[Chain | None, asyncio.Future[None]]] = deque()
+
+    @asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        await self._acquire(_chain.get())
+        try:
+            yield
+        finally:
+            self._busy = False
+            self._wake()
+
+    async def _acquire(self, chain: Chain | None) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (chain, future)
+        self._waiters.append(entry)
+        self._wake()
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self._busy = False  # granted, but its task was cancelled before it ran: pass the turn on
+            else:
+                self._waiters.remove(entry)
+            self._wake()
+            raise
+
+    def _admits(self, chain: Chain | None) -> bool:
+        return self._holder is None or self._holder is chain
+
+    def _grant(self, chain: Chain | None) -> None:
+        self._busy = True
+        if chain is not None and self._holder is None:
+            self._holder = chain
+            chain._held.add(self)
+
+    def _wake(self) -> None:
+        if self._busy:
+            return
+        for entry in self._waiters:
+            waiter, future = entry
+            # A cancelled waiter's future is done already; its task removes the entry when it runs.
+            if not future.done() and self._admits(waiter):
+                self._waiters.remove(entry)
+                self._grant(waiter)
+                future.set_result(None)
+                return
+
+    def chain_ended(self, chain: Chain) -> None:
+        if self._holder is chain:
+            self._holder = None
+            self._wake()
