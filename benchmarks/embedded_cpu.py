@@ -9,14 +9,18 @@ what the issue asks for, into OUT/embedded_cpu.json and a Markdown table on stan
   --seed 7`` (28 problems), graded by rules: MV@1 (the expected accuracy of one sample: every method's first sample
   is the same prompt, so this is CoT's), MV@2, MV@4, echo anomalies and parse failures per role;
 - ``tmas``: TMAS with the embedded defaults (the ``local`` preset) on the same 28 problems: wall time, calls,
-  prompt tokens and the share served from the server's cache, accuracy of the returned answer.
+  prompt tokens and the share served from the server's cache, accuracy of the returned answer;
+- ``ceiling``: what this machine's cores can do at all with the embedded model (llama.cpp's ``llama-bench``: prompt
+  processing and generation, tokens per second, on the threads the embedded server uses), and from it the least
+  time the ``tmas`` part's prompt (less the cached share) and completion tokens need, so a wall time can be read
+  against the machine it was measured on.
 
 Every part runs the ``tmas`` CLI in a subprocess (each starts and stops the embedded model) and reads the run
 directory it kept. A part whose figures are in OUT/embedded_cpu.json is skipped; a run directory left by an
 interrupted part is resumed (``--resume``), so running the same command again continues.
 
     python benchmarks/embedded_cpu.py --out /tmp/cpu                 # every part
-    python benchmarks/embedded_cpu.py --out /tmp/cpu --parts tmas    # one part
+    python benchmarks/embedded_cpu.py --out /tmp/cpu --parts tmas,ceiling    # TMAS, then the machine's speed
 """
 
 from __future__ import annotations
@@ -33,16 +37,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tmas.config import LocalModel
 from tmas.eval.generators import FAMILIES, generate, write_jsonl
 from tmas.eval.grading import GradeConfig
 from tmas.eval.report import evaluate_run
 from tmas.eval.run_results import load_results
+from tmas.llm.local_server import llama_server_bin_dir, replica_threads
+from tmas.llm.weights import resolve_model
 from tmas.store.run_store import RunStore
 
 QUESTION = "What is 17*23?"
 # A value the prompts used to show as an example answer (issue 16): an answer equal to it was copied.
 OLD_EXAMPLE = "42"
-PARTS = ("seeds", "majority", "tmas")
+PARTS = ("seeds", "majority", "tmas", "ceiling")
 TMAS_CLI = [sys.executable, "-m", "tmas"]
 
 
@@ -168,6 +175,33 @@ def part_run(out: Path, args: argparse.Namespace, method: str, extra: list[str])
     }
 
 
+def part_ceiling(record: dict[str, Any]) -> dict[str, Any]:
+    """llama-bench's prompt-processing (512 tokens) and generation (64 tokens, one sequence) speed on the embedded
+    model and threads, and the ``tmas`` part's tokens over them: the time those tokens need on these cores alone."""
+    bin_dir = llama_server_bin_dir()
+    threads = replica_threads(LocalModel())
+    command = [str(bin_dir / "llama-bench"), "-m", str(resolve_model(LocalModel().model)), "-t", str(threads)]
+    command += ["-p", "512", "-n", "64", "-r", "3", "-o", "json"]
+    env = {**os.environ, "LD_LIBRARY_PATH": str(bin_dir)}
+    done = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
+    rows = json.loads(done.stdout)
+    speed = {("prompt" if row["n_prompt"] else "generation"): row["avg_ts"] for row in rows}
+    figures: dict[str, Any] = {
+        "command": " ".join(["llama-bench", *command[1:]]),
+        "threads": threads,
+        "prompt_tokens_per_s": round(speed["prompt"], 1),
+        "generation_tokens_per_s": round(speed["generation"], 1),
+    }
+    tmas = record.get("tmas")
+    if tmas:
+        # One sequence's generation speed: the four slots decode in one batch, which is faster per token, so this
+        # is an upper bound on the generation time; the prompt time is a lower bound (no decoding shares the batch).
+        uncached = tmas["prompt_tokens"] - tmas["cached_prompt_tokens"]
+        figures["tmas_prompt_s"] = round(uncached / speed["prompt"])
+        figures["tmas_generation_s_one_sequence"] = round(tmas["completion_tokens"] / speed["generation"])
+    return figures
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     out: Path = args.out
@@ -186,6 +220,8 @@ def main(argv: list[str] | None = None) -> None:
         started = datetime.now(UTC).isoformat(timespec="seconds")
         if part == "seeds":
             figures = part_seeds(out, args.seeds)
+        elif part == "ceiling":
+            figures = part_ceiling(record)
         elif part == "majority":
             figures = part_run(out, args, "majority", ["--temperature", "0.3", "--max-tokens", "640"])
         else:

@@ -8,6 +8,9 @@ another problem's prompt there. When a run has at least as many problems in flig
 problem worker is a lane: the client sends the calls of lane ``w`` to one slot (``id_slot``), one at a time, and that
 slot's cache holds the lane's own previous prompt. With fewer problems than slots (one ``tmas solve``) nothing is
 pinned: the parallel calls of one problem then use every slot.
+
+A lane's calls wait their turn in a :class:`SlotQueue`; a method marks the calls that build on each other as a
+:class:`Chain` (:func:`in_chain`), and a chain that got the slot keeps it until it ends, so its calls run back to back.
 """
 
 from __future__ import annotations
