@@ -55,9 +55,10 @@ def pinned_slot(lane: Lane | None, replicas: int, slots_per_replica: int) -> tup
 class Chain:
     """A sequence of calls that build on each other (one TMAS candidate: its solution, verifications, summary). On a
     pinned slot, the chain that got the slot keeps it until the chain ends, so each of its calls finds the previous
-    one's prompt and reply in the slot's cache: the verifier's prompt holds the solution the slot just wrote, the
-    summary's the same problem and candidate. Without it the lane's queue is first come, first served, and the
-    candidates' calls interleave (solution 1, solution 2, verification 1, ...), each finding the other chain's prompt.
+    one's prompt in the slot's cache (a summary shares the problem and the candidate with its verification). Without
+    it the lane's queue is first come, first served, and the candidates' calls interleave (solution 1, solution 2,
+    verification 1, ...), each finding the other chain's prompt (llama-server's host-memory prompt cache then restores
+    some of it: docs/performance.md measures both orders).
     """
 
     def __init__(self) -> None:

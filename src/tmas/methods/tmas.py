@@ -159,7 +159,7 @@ class TMAS(Method[TMASParams]):
             # Nothing reads the last iteration's summaries and banks (line 22 reads the candidates and scores alone).
             last = p.skip_final_memory and t == p.iterations - 1
             # Each candidate's calls are a chain: on a pinned server slot they run back to back, so each finds the
-            # previous one's prompt and reply in the slot's cache (tmas.llm.lanes).
+            # previous one's prompt in the slot's cache (tmas.llm.lanes).
             outcomes = await gather_all(
                 in_chain(self._rollout(session, i, plan, log, summarize=not last)) for i in range(p.n)
             )
