@@ -178,9 +178,9 @@ def part_run(out: Path, args: argparse.Namespace, method: str, extra: list[str])
 def part_ceiling(record: dict[str, Any]) -> dict[str, Any]:
     """llama-bench's prompt-processing (512 tokens) and generation (64 tokens, one sequence) speed on the embedded
     model and threads, and the ``tmas`` part's tokens over them: the time those tokens need on these cores alone."""
-    bin_dir = llama_server_bin_dir()
-    threads = replica_threads(LocalModel())
-    command = [str(bin_dir / "llama-bench"), "-m", str(resolve_model(LocalModel().model)), "-t", str(threads)]
+    bin_dir, local = llama_server_bin_dir(), LocalModel()
+    threads = replica_threads(local)
+    command = [str(bin_dir / "llama-bench"), "-m", str(resolve_model(local.model)), "-t", str(threads)]
     command += ["-p", "512", "-n", "64", "-r", "3", "-o", "json"]
     env = {**os.environ, "LD_LIBRARY_PATH": str(bin_dir)}
     done = subprocess.run(command, capture_output=True, text=True, check=True, env=env)

@@ -62,12 +62,13 @@ class Chain:
     """
 
     def __init__(self) -> None:
-        self._held: set[SlotQueue] = set()
+        # The slot queues this chain holds (one, on a pinned lane), told when it ends.
+        self.held: set[SlotQueue] = set()
 
     def end(self) -> None:
-        for queue in list(self._held):
+        for queue in list(self.held):
             queue.chain_ended(self)
-        self._held.clear()
+        self.held.clear()
 
 
 _chain: ContextVar[Chain | None] = ContextVar("tmas_chain", default=None)
@@ -131,7 +132,7 @@ class SlotQueue:
         self._busy = True
         if chain is not None and self._holder is None:
             self._holder = chain
-            chain._held.add(self)
+            chain.held.add(self)
 
     def _wake(self) -> None:
         if self._busy:
