@@ -103,6 +103,7 @@ class Sampling(Strict):
 
 
 StructuredOutput = Literal["auto", "json_schema", "off"]
+BatchSamples = Literal["auto", "on", "off"]
 
 
 class Endpoint(Strict):
@@ -127,6 +128,12 @@ class Endpoint(Strict):
     # replicas), send each problem's calls to one slot (`id_slot`), one at a time, so that slot's prompt cache holds
     # that problem's shared prefixes (tmas.llm.lanes). On for the embedded model.
     pin_slots: bool = False
+    # Whether calls alike but for their sample index (majority vote's k samples, TMAS's first solutions, a
+    # candidate's verifications), sent together, go as one request with `n` = their count (tmas.llm.batching): the
+    # server computes the shared prompt once. "auto": where /v1/models names the server vLLM or SGLang (`owned_by`),
+    # off elsewhere (llama-server refuses n > 1; see docs/sampling_and_budgets.md for OpenAI); "on": always, falling
+    # back to one request per sample (recorded) once a server refuses `n`; "off": never. Never with pin_slots.
+    batch_samples: BatchSamples = "auto"
 
     @field_validator("base_url", mode="before")
     @classmethod
@@ -151,6 +158,7 @@ class RoleConfig(Strict):
     timeout_s: float | None = Field(default=None, gt=0)
     structured_output: StructuredOutput | None = None
     pin_slots: bool | None = None
+    batch_samples: BatchSamples | None = None
     sampling: Sampling = Field(default_factory=Sampling)
 
     @field_validator("base_url", mode="before")
@@ -305,6 +313,7 @@ ENV_KEYS: dict[str, str] = {
     "TMAS_CONTEXT_LENGTH": "endpoint.context_length",
     "TMAS_STRUCTURED_OUTPUT": "endpoint.structured_output",
     "TMAS_PIN_SLOTS": "endpoint.pin_slots",
+    "TMAS_BATCH_SAMPLES": "endpoint.batch_samples",
     "TMAS_CONCURRENCY": "concurrency",
     "TMAS_PROBLEMS_IN_FLIGHT": "problems_in_flight",
     "TMAS_LOCAL_MODEL": "local.model",

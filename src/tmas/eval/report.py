@@ -83,6 +83,8 @@ class RunEvaluation:
     replies: dict[str, ReplyTally] = field(default_factory=dict)
     # Endpoint URL -> the server's refusal of response_format, where the run fell back to plain text.
     structured_fallbacks: dict[str, str] = field(default_factory=dict)
+    # Endpoint URL -> the server's refusal of n > 1, where the run fell back to one request per sample.
+    batch_samples_fallbacks: dict[str, str] = field(default_factory=dict)
     # The paper's name of the run's benchmark, where a paper grid set it (eval/paper_numbers.py).
     paper_benchmark: str | None = None
 
@@ -189,6 +191,9 @@ async def evaluate_run(
         evaluation.replies = role_replies(store)
         evaluation.structured_fallbacks = {
             url: str(f.get("message", "")) for url, f in store.structured_fallbacks().items()
+        }
+        evaluation.batch_samples_fallbacks = {
+            url: str(f.get("message", "")) for url, f in store.batch_samples_fallbacks().items()
         }
     return evaluation
 
@@ -410,6 +415,8 @@ def _run_section(doc: Document, e: RunEvaluation) -> None:
         items.append(f"prompt tokens served from the servers' prompt caches: {share} of {prompt}")
     for url, message in e.structured_fallbacks.items():
         items.append(f"structured output: {url} refused response_format ({message}); its calls went on as plain text")
+    for url, message in e.batch_samples_fallbacks.items():
+        items.append(f"samples in one request: {url} refused n > 1 ({message}); its samples went one request each")
     doc.add(Bullets(items))
     if e.metrics.iterations:
         rows = []

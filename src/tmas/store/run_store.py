@@ -361,6 +361,18 @@ class RunStore:
         """Endpoint URL -> the first refusal of ``response_format`` (role, server message, time), over the run."""
         return dict(self.get_meta("structured_output_fallbacks") or {})
 
+    def record_batch_samples_fallback(self, endpoint: str, role: str, message: str) -> None:
+        """Record, once per endpoint, that its server refused (or ignored) several samples in one request (``n``)
+        and the run went on with one request per sample."""
+        fallbacks = self.batch_samples_fallbacks()
+        if endpoint not in fallbacks:
+            fallbacks[endpoint] = {"role": role, "message": message, "at": time.time()}
+            self.set_meta("batch_samples_fallbacks", fallbacks)
+
+    def batch_samples_fallbacks(self) -> dict[str, dict[str, Any]]:
+        """Endpoint URL -> the first refusal of ``n`` > 1 (role, server message, time), over the run."""
+        return dict(self.get_meta("batch_samples_fallbacks") or {})
+
     def replies_by_role(self) -> dict[str, tuple[int, int]]:
         """Successful calls per role over the whole run, and how many of them were cut at max_tokens."""
         rows = self._db.execute(
