@@ -103,7 +103,17 @@ async def test_a_call_whose_every_stream_is_cut_fails_and_stores_no_text(sim: Si
         assert store.call_causes() == {"failed": {"cut": 1}, "retried": {"cut": 1}}
 
 
-@pytest.mark.parametrize(("fault", "cause"), [("stall", "timeout"), ("cut", "connection")])
+async def test_an_error_event_in_the_stream_is_a_retried_failure_with_the_servers_message(sim: SimServer) -> None:
+    sim.set_script(SimScript(rules=[Rule(fault="stream_error")]))
+    reply = await one_call(settings_for(sim, retry__max_attempts=2))
+    assert not reply.ok and reply.error_cause == "stream_error" and reply.retry_causes == ["stream_error"]
+    assert reply.error is not None and "Simulated error mid-generation." in reply.error
+    assert reply.content == ""
+
+
+@pytest.mark.parametrize(
+    ("fault", "cause"), [("stall", "timeout"), ("cut", "connection"), ("stream_error", "http_500")]
+)
 async def test_stream_faults_on_an_unstreamed_request_hang_or_drop(sim: SimServer, fault: str, cause: str) -> None:
     sim.set_script(SimScript(rules=[Rule(fault=fault, times=1)], hang_s=5))  # type: ignore[arg-type]
     reply = await one_call(settings_for(sim, endpoint__stream="off", endpoint__timeout_s=0.3))

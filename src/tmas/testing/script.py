@@ -25,6 +25,9 @@ FaultKind = Literal[
     "stall",
     # A streamed reply sends its first part, then closes the connection without its end (unstreamed: as "drop").
     "cut",
+    # A streamed reply sends its first part, then an error event and [DONE], as vLLM and SGLang do on an internal
+    # error met mid-generation (unstreamed: as "http_500").
+    "stream_error",
 ]
 
 
@@ -45,6 +48,7 @@ class FaultRates(_Strict):
     garbage: float = Field(default=0.0, ge=0.0, le=1.0)
     stall: float = Field(default=0.0, ge=0.0, le=1.0)
     cut: float = Field(default=0.0, ge=0.0, le=1.0)
+    stream_error: float = Field(default=0.0, ge=0.0, le=1.0)
 
     @model_validator(mode="after")
     def _total_at_most_one(self) -> FaultRates:
@@ -80,6 +84,7 @@ _RANDOM_KINDS: tuple[FaultKind, ...] = (
     "garbage",
     "stall",
     "cut",
+    "stream_error",
 )
 
 

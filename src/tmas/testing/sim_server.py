@@ -129,10 +129,14 @@ _FAULT_STATUS: dict[str, tuple[int, str, str]] = {
     "http_400": (400, "BadRequestError", "Simulated bad request."),
 }
 _EMBEDDING_FAULTS = frozenset(
-    {"http_500", "http_503", "http_429", "http_400", "timeout", "drop", "malformed", "stall", "cut"}
+    {"http_500", "http_503", "http_429", "http_400", "timeout", "drop", "malformed", "stall", "cut", "stream_error"}
 )
-# A stream's faults on a reply sent whole: a stalled server hangs, a cut connection drops.
-_UNSTREAMED: dict[FaultKind, FaultKind] = {"stall": "timeout", "cut": "drop"}
+# A stream's faults on a reply sent whole: a stalled server hangs, a cut connection drops, an error is a 500.
+_UNSTREAMED: dict[FaultKind, FaultKind] = {"stall": "timeout", "cut": "drop", "stream_error": "http_500"}
+# The error event vLLM and SGLang send inside a stream when generation fails.
+_STREAM_ERROR = {
+    "error": {"message": "Simulated error mid-generation.", "type": "InternalServerError", "param": None, "code": 500}
+}
 _MALFORMED_BODY = '{"id": "chatcmpl-sim", "choices": ['
 
 
@@ -628,6 +632,8 @@ class SimApp:
         events.append((b"data: [DONE]\n\n", 0))
         if fault == "malformed":
             events = [events[0], (b"data: " + _MALFORMED_BODY.encode() + b"\n\n", 0)]
+        elif fault == "stream_error":
+            events = [*events[:2], (_sse(_STREAM_ERROR), 0), (b"data: [DONE]\n\n", 0)]
 
         # stall and cut: the opening chunk and the first delta go out, then nothing for hang_s, or a closed socket.
         head = 2 if fault in ("stall", "cut") else len(events)
