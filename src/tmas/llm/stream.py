@@ -114,7 +114,10 @@ class StreamAssembler:
         logprobs = item.get("logprobs")
         tokens = logprobs.get("content") if isinstance(logprobs, dict) else None
         if isinstance(tokens, list):
-            choice.logprobs = (choice.logprobs or []) + tokens
+            # Extended in place: a 100,000-token reply arrives in as many chunks.
+            if choice.logprobs is None:
+                choice.logprobs = []
+            choice.logprobs.extend(tokens)
 
     def reply(self) -> dict[str, Any]:
         """The whole reply in an unstreamed reply's shape; :class:`StreamError` (cause ``"cut"``) if the stream
