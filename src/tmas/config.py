@@ -103,6 +103,7 @@ class Sampling(Strict):
 
 
 StructuredOutput = Literal["auto", "json_schema", "off"]
+StreamMode = Literal["auto", "on", "off"]
 BatchSamples = Literal["auto", "on", "off"]
 
 
@@ -119,7 +120,18 @@ class Endpoint(Strict):
     context_length: int | None = Field(default=None, ge=1)
     # Path to a Hugging Face tokenizer.json for exact token counts when a server reports no usage.
     tokenizer: str | None = None
+    # Whether chat replies are streamed (`stream: true`, usage asked for in the last chunk): a thinking model's reply
+    # of tens of thousands of tokens takes longer than any sane wait for a whole reply, but its chunks keep coming.
+    # "auto" streams until a server cannot (it refuses `stream` or answers with a plain JSON body), then sends that
+    # server unstreamed calls for the rest of the run (recorded); "on" always streams (a refusal fails the call);
+    # "off" never does.
+    stream: StreamMode = "auto"
+    # Longest wait in seconds for a reply's first byte and then between two chunks of a streamed reply (a stall past
+    # it is retried); for an unstreamed reply, the whole reply's limit.
     timeout_s: float = Field(default=600.0, gt=0)
+    # Longest a whole call may take, from sending it to its last byte (None: no bound, the default and the `paper`
+    # preset's, since a 128K-token reply can take an hour). A call past it fails with cause "deadline", not retried.
+    deadline_s: float | None = Field(default=None, gt=0)
     # Whether calls whose reply is JSON send `response_format = {"type": "json_schema", ...}` (constrained decoding
     # on llama-server, vLLM, SGLang, OpenAI): "auto" sends it until the server rejects it once, then sends none for
     # the rest of the run (recorded); "json_schema" always sends it (a rejection fails the call); "off" never does.
@@ -155,7 +167,9 @@ class RoleConfig(Strict):
     max_in_flight: int | None = Field(default=None, ge=0)
     context_length: int | None = Field(default=None, ge=1)
     tokenizer: str | None = None
+    stream: StreamMode | None = None
     timeout_s: float | None = Field(default=None, gt=0)
+    deadline_s: float | None = Field(default=None, gt=0)
     structured_output: StructuredOutput | None = None
     pin_slots: bool | None = None
     batch_samples: BatchSamples | None = None
@@ -311,6 +325,9 @@ ENV_KEYS: dict[str, str] = {
     "TMAS_MODEL": "endpoint.model",
     "TMAS_API_KEY_ENV": "endpoint.api_key_env",
     "TMAS_CONTEXT_LENGTH": "endpoint.context_length",
+    "TMAS_STREAM": "endpoint.stream",
+    "TMAS_TIMEOUT_S": "endpoint.timeout_s",
+    "TMAS_DEADLINE_S": "endpoint.deadline_s",
     "TMAS_STRUCTURED_OUTPUT": "endpoint.structured_output",
     "TMAS_PIN_SLOTS": "endpoint.pin_slots",
     "TMAS_BATCH_SAMPLES": "endpoint.batch_samples",

@@ -83,6 +83,8 @@ class RunEvaluation:
     replies: dict[str, ReplyTally] = field(default_factory=dict)
     # Endpoint URL -> the server's refusal of response_format, where the run fell back to plain text.
     structured_fallbacks: dict[str, str] = field(default_factory=dict)
+    # Endpoint URL -> why it could not stream, where the run's calls to it went unstreamed.
+    stream_fallbacks: dict[str, str] = field(default_factory=dict)
     # Endpoint URL -> the server's refusal of n > 1, where the run fell back to one request per sample.
     batch_samples_fallbacks: dict[str, str] = field(default_factory=dict)
     # The paper's name of the run's benchmark, where a paper grid set it (eval/paper_numbers.py).
@@ -192,6 +194,7 @@ async def evaluate_run(
         evaluation.structured_fallbacks = {
             url: str(f.get("message", "")) for url, f in store.structured_fallbacks().items()
         }
+        evaluation.stream_fallbacks = {url: str(f.get("message", "")) for url, f in store.stream_fallbacks().items()}
         evaluation.batch_samples_fallbacks = {
             url: str(f.get("message", "")) for url, f in store.batch_samples_fallbacks().items()
         }
@@ -415,6 +418,10 @@ def _run_section(doc: Document, e: RunEvaluation) -> None:
         items.append(f"prompt tokens served from the servers' prompt caches: {share} of {prompt}")
     for url, message in e.structured_fallbacks.items():
         items.append(f"structured output: {url} refused response_format ({message}); its calls went on as plain text")
+    for url, message in e.stream_fallbacks.items():
+        items.append(
+            f"streaming: {url} could not stream ({message}); its calls went unstreamed, timeout_s bounding each reply"
+        )
     for url, message in e.batch_samples_fallbacks.items():
         items.append(f"samples in one request: {url} refused n > 1 ({message}); its samples went one request each")
     doc.add(Bullets(items))

@@ -3,9 +3,10 @@
 It implements :class:`tmas.llm.model.ChatModel`. Per call: resolve the role's endpoint and sampling
 (:mod:`tmas.llm.sampling`), join the alike calls sent with it where the endpoint takes several samples in one request
 (:mod:`tmas.llm.batching`), take a slot under the global cap, pick the least-loaded replica (under its own cap),
-send, retry transient failures with exponential backoff and full jitter, split reasoning from the final content and
-account tokens. With a store, calls pass through :class:`tmas.llm.replay.StoreReplay` first: a finished call is
-replayed from it, any other is made durable there before it is returned.
+send, read the reply (streamed where the endpoint allows it, :mod:`tmas.llm.stream`), retry transient failures with
+exponential backoff and full jitter, split reasoning from the final content and account tokens. With a store, calls
+pass through :class:`tmas.llm.replay.StoreReplay` first: a finished call is replayed from it, any other is made
+durable there before it is returned.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from tmas.llm.replay import CallStore, StoreReplay
 from tmas.llm.sampling import ResolvedSampling, resolve_role
 from tmas.llm.schema import response_format
 from tmas.llm.server_kind import ServerKind, server_kind
+from tmas.llm.stream import StreamAssembler, StreamError, lines
 from tmas.llm.tokens import TokenCounter
 from tmas.llm.types import CallKey, ChatRequest, Completion, Message, TokenLogprob, Usage
 
@@ -54,13 +56,18 @@ _RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 # ("response_format type not supported", grammar errors), vLLM/SGLang ("guided decoding", "xgrammar"), OpenAI.
 _SCHEMA_REFUSAL = re.compile(r"response_format|json_schema|json schema|grammar|guided|structured output", re.I)
 _SCHEMA_REFUSAL_STATUS = {400, 404, 415, 422, 500, 501}
+# How a server that cannot stream refuses a streamed request (a 4xx or 501 whose message names the field).
+_STREAM_REFUSAL = re.compile(r"\bstream", re.I)
+_STREAM_REFUSAL_STATUS = {400, 404, 415, 422, 501}
 
 
 class FallbackLog(Protocol):
-    """Where the client records that an endpoint refused ``response_format``, or several samples in one request
-    (implemented by the run store)."""
+    """Where the client records that an endpoint refused ``response_format``, could not stream, or refused several
+    samples in one request (implemented by the run store)."""
 
     def record_structured_fallback(self, endpoint: str, role: str, message: str) -> None: ...
+
+    def record_stream_fallback(self, endpoint: str, role: str, message: str) -> None: ...
 
     def record_batch_samples_fallback(self, endpoint: str, role: str, message: str) -> None: ...
 
@@ -74,7 +81,7 @@ class EndpointUnreachable(LLMError):
 
 
 class _Transient(Exception):
-    """A failure worth retrying (connection, timeout, 429, 5xx, unparseable body)."""
+    """A failure worth retrying (connection, timeout, a stalled or cut stream, 429, 5xx, unparseable body)."""
 
     def __init__(self, message: str, cause: str, retry_after: float | None = None, connect: bool = False) -> None:
         super().__init__(message)
@@ -104,6 +111,8 @@ class _Replica:
     probed: bool = False
     # Set once the server refused a response_format: with structured_output = "auto" none is sent to it again.
     structured_refused: bool = False
+    # Set once the server could not stream: with stream = "auto" its calls go unstreamed from then on.
+    stream_refused: bool = False
     # Set once the server refused (or ignored) n > 1: its endpoint sends one request per sample from then on.
     samples_refused: bool = False
     # Calls that start together wait for the one probe of /v1/models instead of going out unchecked.
@@ -135,6 +144,8 @@ class ClientStats:
     usage: Usage = field(default_factory=Usage)
     # Replica URL -> the server's refusal of response_format, for each endpoint that fell back to plain text.
     structured_fallbacks: dict[str, str] = field(default_factory=dict)
+    # Replica URL -> why it could not stream, for each endpoint whose calls went unstreamed (stream = "auto").
+    stream_fallbacks: dict[str, str] = field(default_factory=dict)
     # Replica URL -> why several samples could not go in one request there (batch_samples), where that happened.
     batch_samples_fallbacks: dict[str, str] = field(default_factory=dict)
 
@@ -324,6 +335,20 @@ class LLMClient:
         if self.store is not None:
             self.store.record_structured_fallback(replica.url, role, message)
 
+    @staticmethod
+    def _streams(route: _Route, replica: _Replica) -> bool:
+        mode = route.endpoint.stream
+        return mode == "on" or (mode == "auto" and not replica.stream_refused)
+
+    def _stream_refused(self, replica: _Replica, role: str, message: str) -> None:
+        """Remember (and record, once per endpoint) that this server cannot stream."""
+        replica.stream_refused = True
+        if replica.url in self.stats.stream_fallbacks:
+            return
+        self.stats.stream_fallbacks[replica.url] = message
+        if self.store is not None:
+            self.store.record_stream_fallback(replica.url, role, message)
+
     def _batches_samples(self, route: _Route) -> bool | None:
         """Whether alike calls of ``route`` go as one request with ``n`` (``batch_samples``); None while "auto"
         waits for /v1/models to name the servers."""
@@ -423,7 +448,7 @@ class LLMClient:
         while attempt < retry.max_attempts:
             attempt += 1
             replica = route.replicas[pin[0]] if pin else self._pick(route.replicas)
-            structured = False
+            structured = streamed = False
             try:
                 await self._probe_models(replica)
                 sent_max = self._fit_context(route, replica, request, max_tokens)
@@ -431,6 +456,9 @@ class LLMClient:
                 body = request.body(sent_max, structured=structured)
                 if n > 1:
                     body["n"] = n
+                streamed = self._streams(route, replica)
+                if streamed:
+                    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
                 data = await self._post(route, replica, body, key, slot=pin[1] if pin else None)
                 done = [
                     self._parse(reply, route, request, key, request_hash, replica, started, attempt, sent_max)
@@ -451,6 +479,19 @@ class LLMClient:
                         ]
                     # "auto": the same call again at once, as plain text; the refusal is not a failed attempt.
                     self._structured_refused(replica, key.role, message)
+                    causes.append(exc.cause)
+                    attempt -= 1
+                    continue
+                if exc.cause == "stream" and streamed:
+                    if route.endpoint.stream == "on":
+                        message = f"server refused streaming (stream = 'on'): {message}"
+                        return [
+                            self._failed(
+                                key, request_hash, request, replica, started, attempt, message, exc.cause, causes
+                            )
+                        ]
+                    # "auto": the same call again at once, unstreamed; the refusal is not a failed attempt.
+                    self._stream_refused(replica, key.role, message)
                     causes.append(exc.cause)
                     attempt -= 1
                     continue
@@ -541,7 +582,8 @@ class LLMClient:
         path: str = "chat/completions",
         slot: int | None = None,
     ) -> dict[str, Any]:
-        """POST ``body``; with ``slot``, to that llama-server slot (``id_slot``), after the slot's previous call."""
+        """POST ``body``; with ``slot``, to that llama-server slot (``id_slot``), after the slot's previous call. A
+        streamed request's reply is read as it comes (:mod:`tmas.llm.stream`) and returned whole."""
         session = self._session
         if session is None:
             raise RuntimeError("LLMClient used outside 'async with'")
@@ -550,7 +592,19 @@ class LLMClient:
             headers["X-Tmas-Problem"] = key.problem_id
         if route.api_key:
             headers["Authorization"] = f"Bearer {route.api_key}"
-        timeout = aiohttp.ClientTimeout(total=route.endpoint.timeout_s)
+        endpoint = route.endpoint
+        streamed = bool(body.get("stream"))
+        if streamed:
+            # Each read waits at most timeout_s (for the first byte, then for each next chunk): a reply that keeps
+            # coming is never cut however long it is, a silent one is.
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=endpoint.timeout_s, sock_read=endpoint.timeout_s)
+        else:
+            timeout = aiohttp.ClientTimeout(total=endpoint.timeout_s)
+        # The whole call's bound, streamed or not: asyncio's own, so that its expiry is told apart from a stall.
+        deadline = asyncio.timeout(endpoint.deadline_s)
+        in_stream = False
+        data: dict[str, Any] | None = None
+        text = ""
         turn: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
         if slot is not None:
             body = {**body, "id_slot": slot}
@@ -561,29 +615,48 @@ class LLMClient:
             replica.in_flight += 1
             self.stats.in_flight += 1
             try:
-                async with session.post(f"{replica.url}/{path}", json=body, headers=headers, timeout=timeout) as resp:
-                    text = await resp.text(errors="replace")
+                async with (
+                    deadline,
+                    session.post(f"{replica.url}/{path}", json=body, headers=headers, timeout=timeout) as resp,
+                ):
                     status = resp.status
                     replica.unreachable = False
                     retry_after = resp.headers.get("Retry-After")
+                    if streamed and status == 200 and resp.content_type != "application/json":
+                        in_stream = True
+                        data = await _read_stream(resp, replica.url)
+                    else:
+                        text = await resp.text(errors="replace")
             except aiohttp.ClientConnectorError as exc:
                 replica.unreachable = True
                 raise _Transient(f"cannot connect to {replica.url}: {exc.os_error}", "connect", connect=True) from None
+            except TimeoutError:
+                # (Before ClientError: aiohttp's read timeouts are both.)
+                if deadline.expired():
+                    # Not retried: a call that ran out of its whole budget would most likely run out of it again.
+                    raise _Fatal(
+                        f"no whole reply from {replica.url} within deadline_s = {endpoint.deadline_s:g}s", "deadline"
+                    ) from None
+                if in_stream:
+                    raise _Transient(
+                        f"stream from {replica.url} stalled: no chunk within {endpoint.timeout_s:g}s", "stall"
+                    ) from None
+                raise _Transient(f"no reply from {replica.url} within {endpoint.timeout_s:g}s", "timeout") from None
             except (aiohttp.ClientError, ConnectionError) as exc:
                 raise _Transient(
                     f"connection to {replica.url} failed: {type(exc).__name__}: {exc}", "connection"
-                ) from None
-            except TimeoutError:
-                raise _Transient(
-                    f"no reply from {replica.url} within {route.endpoint.timeout_s:g}s", "timeout"
                 ) from None
             finally:
                 replica.in_flight -= 1
                 self.stats.in_flight -= 1
                 if replica.cap is not None:
                     replica.cap.release()
+        if data is not None:
+            return data
         if status != 200:
             message = _error_message(text)
+            if streamed and status in _STREAM_REFUSAL_STATUS and _STREAM_REFUSAL.search(message):
+                raise _Fatal(f"HTTP {status}: {message}", "stream")
             if "response_format" in body and status in _SCHEMA_REFUSAL_STATUS and _SCHEMA_REFUSAL.search(message):
                 raise _Fatal(f"HTTP {status}: {message}", "structured_output")
             if status in _RETRYABLE_STATUS:
@@ -597,6 +670,10 @@ class LLMClient:
         wanted = "choices" if path == "chat/completions" else "data"
         if not isinstance(data, dict) or not data.get(wanted):
             raise _Transient(f"reply has no {wanted}: {text[:120]!r}", "malformed")
+        if streamed and endpoint.stream == "auto":
+            # A whole JSON reply to a streamed request: the server does not stream. Its reply is used; its later
+            # calls go unstreamed, so that timeout_s bounds their whole reply, as it says for unstreamed ones.
+            self._stream_refused(replica, key.role, "answered a streamed request with a plain JSON reply")
         return data
 
     def _parse(
@@ -688,6 +765,29 @@ def _context_length(models: Any) -> int | None:
             if isinstance(model.get(name), int):
                 return int(model[name])
     return None
+
+
+async def _read_stream(resp: aiohttp.ClientResponse, url: str) -> dict[str, Any]:
+    """The whole reply of an event stream, in an unstreamed reply's shape. A stream that breaks or ends before every
+    choice finished fails with cause "cut" (a partial reply is never returned), an error event with the server's
+    message (cause "stream_error": retried, as vLLM and SGLang send one for internal errors met mid-generation), an
+    event that is not a chunk with cause "malformed"; a stall (a read past timeout_s) raises TimeoutError."""
+    assembler = StreamAssembler()
+    try:
+        try:
+            async for line in lines(resp.content.iter_any()):
+                assembler.feed(line)
+                if assembler.done:
+                    break
+        except TimeoutError:
+            raise
+        except (aiohttp.ClientError, ConnectionError) as exc:
+            # The connection broke: the reply is whole only if every choice had finished.
+            if not assembler.complete:
+                raise _Transient(f"stream from {url} cut: {type(exc).__name__}: {exc}", "cut") from None
+        return assembler.reply()
+    except StreamError as exc:
+        raise _Transient(f"stream from {url}: {exc}", exc.cause) from None
 
 
 def _vectors(data: dict[str, Any], count: int) -> list[list[float]]:

@@ -352,26 +352,34 @@ class RunStore:
 
     def record_structured_fallback(self, endpoint: str, role: str, message: str) -> None:
         """Record, once per endpoint, that its server refused ``response_format`` and the run went on without."""
-        fallbacks = self.structured_fallbacks()
-        if endpoint not in fallbacks:
-            fallbacks[endpoint] = {"role": role, "message": message, "at": time.time()}
-            self.set_meta("structured_output_fallbacks", fallbacks)
+        self._record_fallback("structured_output_fallbacks", endpoint, role, message)
 
     def structured_fallbacks(self) -> dict[str, dict[str, Any]]:
         """Endpoint URL -> the first refusal of ``response_format`` (role, server message, time), over the run."""
         return dict(self.get_meta("structured_output_fallbacks") or {})
 
+    def record_stream_fallback(self, endpoint: str, role: str, message: str) -> None:
+        """Record, once per endpoint, that its server could not stream and the run went on unstreamed."""
+        self._record_fallback("stream_fallbacks", endpoint, role, message)
+
+    def stream_fallbacks(self) -> dict[str, dict[str, Any]]:
+        """Endpoint URL -> why it first could not stream (role, server message, time), over the run."""
+        return dict(self.get_meta("stream_fallbacks") or {})
+
     def record_batch_samples_fallback(self, endpoint: str, role: str, message: str) -> None:
         """Record, once per endpoint, that its server refused (or ignored) several samples in one request (``n``)
         and the run went on with one request per sample."""
-        fallbacks = self.batch_samples_fallbacks()
-        if endpoint not in fallbacks:
-            fallbacks[endpoint] = {"role": role, "message": message, "at": time.time()}
-            self.set_meta("batch_samples_fallbacks", fallbacks)
+        self._record_fallback("batch_samples_fallbacks", endpoint, role, message)
 
     def batch_samples_fallbacks(self) -> dict[str, dict[str, Any]]:
         """Endpoint URL -> the first refusal of ``n`` > 1 (role, server message, time), over the run."""
         return dict(self.get_meta("batch_samples_fallbacks") or {})
+
+    def _record_fallback(self, meta_key: str, endpoint: str, role: str, message: str) -> None:
+        fallbacks = dict(self.get_meta(meta_key) or {})
+        if endpoint not in fallbacks:
+            fallbacks[endpoint] = {"role": role, "message": message, "at": time.time()}
+            self.set_meta(meta_key, fallbacks)
 
     def replies_by_role(self) -> dict[str, tuple[int, int]]:
         """Successful calls per role over the whole run, and how many of them were cut at max_tokens."""

@@ -21,6 +21,13 @@ FaultKind = Literal[
     "malformed",
     "truncate",
     "garbage",
+    # A streamed reply sends its first part, then nothing for ``hang_s``, then the rest (unstreamed: as "timeout").
+    "stall",
+    # A streamed reply sends its first part, then closes the connection without its end (unstreamed: as "drop").
+    "cut",
+    # A streamed reply sends its first part, then an error event and [DONE], as vLLM and SGLang do on an internal
+    # error met mid-generation (unstreamed: as "http_500").
+    "stream_error",
 ]
 
 
@@ -39,6 +46,9 @@ class FaultRates(_Strict):
     malformed: float = Field(default=0.0, ge=0.0, le=1.0)
     truncate: float = Field(default=0.0, ge=0.0, le=1.0)
     garbage: float = Field(default=0.0, ge=0.0, le=1.0)
+    stall: float = Field(default=0.0, ge=0.0, le=1.0)
+    cut: float = Field(default=0.0, ge=0.0, le=1.0)
+    stream_error: float = Field(default=0.0, ge=0.0, le=1.0)
 
     @model_validator(mode="after")
     def _total_at_most_one(self) -> FaultRates:
@@ -72,6 +82,9 @@ _RANDOM_KINDS: tuple[FaultKind, ...] = (
     "malformed",
     "truncate",
     "garbage",
+    "stall",
+    "cut",
+    "stream_error",
 )
 
 
@@ -140,6 +153,9 @@ class SimScript(_Strict):
     # "reject": answer any request carrying a ``response_format`` with a 400, as a server without structured-output
     # support does.
     response_format: Literal["accept", "reject"] = "accept"
+    # A request with ``stream: true``: "accept" streams the reply; "refuse" answers with a 400 naming ``stream``;
+    # "ignore" answers with a whole JSON reply, as servers that cannot stream do.
+    stream: Literal["accept", "refuse", "ignore"] = "accept"
     faults: FaultRates = Field(default_factory=FaultRates)
     rules: list[Rule] = Field(default_factory=list)
     seed: int = 0

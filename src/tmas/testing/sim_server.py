@@ -128,7 +128,15 @@ _FAULT_STATUS: dict[str, tuple[int, str, str]] = {
     "http_429": (429, "RateLimitError", "Simulated rate limit: too many requests."),
     "http_400": (400, "BadRequestError", "Simulated bad request."),
 }
-_EMBEDDING_FAULTS = frozenset({"http_500", "http_503", "http_429", "http_400", "timeout", "drop", "malformed"})
+_EMBEDDING_FAULTS = frozenset(
+    {"http_500", "http_503", "http_429", "http_400", "timeout", "drop", "malformed", "stall", "cut", "stream_error"}
+)
+# A stream's faults on a reply sent whole: a stalled server hangs, a cut connection drops, an error is a 500.
+_UNSTREAMED: dict[FaultKind, FaultKind] = {"stall": "timeout", "cut": "drop", "stream_error": "http_500"}
+# The error event vLLM and SGLang send inside a stream when generation fails.
+_STREAM_ERROR = {
+    "error": {"message": "Simulated error mid-generation.", "type": "InternalServerError", "param": None, "code": 500}
+}
 _MALFORMED_BODY = '{"id": "chatcmpl-sim", "choices": ['
 
 
@@ -143,6 +151,15 @@ def split_pieces(text: str, n: int = 4) -> list[str]:
             cuts.append(pos)
     bounds = [0, *cuts, len(text)]
     return [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+
+
+def token_pieces(text: str) -> list[str]:
+    """``text`` as one streaming delta per simulator token (its spacing in front); they concatenate back to ``text``."""
+    ends = [match.end() for match in TOKEN_RE.finditer(text)]
+    if not ends:
+        return [text] if text else []
+    ends[-1] = len(text)
+    return [text[a:b] for a, b in itertools.pairwise([0, *ends])]
 
 
 def certain_logprobs(content: str, top: Any) -> list[dict[str, Any]]:
@@ -405,6 +422,8 @@ class SimApp:
         self, request: web.Request, fault: FaultKind, script: SimScript, stream: bool = False
     ) -> web.StreamResponse | None:
         """The response for faults that replace the answer altogether; ``None`` for those that alter it."""
+        if not stream:
+            fault = _UNSTREAMED.get(fault, fault)
         if fault in _FAULT_STATUS:
             status, kind, message = _FAULT_STATUS[fault]
             headers = {"Retry-After": "0"} if status == 429 else None
@@ -461,6 +480,9 @@ class SimApp:
         if script.response_format == "reject" and body.get("response_format") is not None:
             kind = body["response_format"].get("type") if isinstance(body["response_format"], dict) else None
             raise _BadRequest(f"response_format type {kind!r} is not supported by this server")
+        if script.stream == "refuse" and body.get("stream"):
+            raise _BadRequest("stream is not supported by this server")
+        streams = bool(body.get("stream")) and script.stream == "accept"
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise _BadRequest("max_tokens must be a positive integer.")
@@ -485,7 +507,7 @@ class SimApp:
         if fixed_latency > 0:
             await asyncio.sleep(fixed_latency)
         if fault is not None:
-            replaced = await self._fault_response(request, fault, script, bool(body.get("stream")))
+            replaced = await self._fault_response(request, fault, script, streams)
             if replaced is not None:
                 return replaced
 
@@ -572,10 +594,10 @@ class SimApp:
             logprobs=logprobs,
             timings=timings,
         )
-        if body.get("stream"):
+        if streams:
             stream_options = body.get("stream_options")
             include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
-            response = await self._stream(request, reply, include_usage, per_token, fault == "malformed")
+            response = await self._stream(request, reply, include_usage, per_token, fault, script.hang_s)
         else:
             if per_token > 0 and completion_tokens:
                 await asyncio.sleep(per_token * completion_tokens)
@@ -584,32 +606,45 @@ class SimApp:
         return response
 
     async def _stream(
-        self, request: web.Request, reply: _Reply, include_usage: bool, per_token: float, malformed: bool
+        self,
+        request: web.Request,
+        reply: _Reply,
+        include_usage: bool,
+        per_token: float,
+        fault: FaultKind | None,
+        hang_s: float,
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
+        # With a per-token latency tokens trickle out one delta each, as from a real server; else in a few pieces.
+        split = token_pieces if per_token > 0 else split_pieces
         events: list[tuple[bytes, int]] = [(reply.chunk({"role": "assistant", "content": ""}), 0)]
-        for piece in split_pieces(reply.reasoning or ""):
+        for piece in split(reply.reasoning or ""):
             events.append((reply.chunk({"reasoning_content": piece}), count_tokens(piece)))
-        for piece in split_pieces(reply.content):
-            events.append((reply.chunk({"content": piece}), count_tokens(piece)))
-        events.append((reply.chunk({}, reply.finish_reason), 0))
+        pieces = split(reply.content)
+        for piece, logprobs in zip(pieces, _spread(reply.logprobs, len(pieces)), strict=True):
+            events.append((reply.chunk({"content": piece}, logprobs=logprobs), count_tokens(piece)))
+        events.append((reply.chunk({}, reply.finish_reason, timings=reply.timings), 0))
         if include_usage and reply.usage is not None:
             events.append((_sse({**reply.base("chat.completion.chunk"), "choices": [], "usage": reply.usage}), 0))
         events.append((b"data: [DONE]\n\n", 0))
-        if malformed:
+        if fault == "malformed":
             events = [events[0], (b"data: " + _MALFORMED_BODY.encode() + b"\n\n", 0)]
+        elif fault == "stream_error":
+            events = [*events[:2], (_sse(_STREAM_ERROR), 0), (b"data: [DONE]\n\n", 0)]
 
-        if per_token > 0:
-            # Tokens trickle out: each delta waits for its share of the per-token latency.
-            for data, tokens in events:
-                if tokens:
-                    await asyncio.sleep(per_token * tokens)
-                await response.write(data)
-        else:
-            await response.write(b"".join(data for data, _ in events))  # one write: far fewer syscalls
+        # stall and cut: the opening chunk and the first delta go out, then nothing for hang_s, or a closed socket.
+        head = 2 if fault in ("stall", "cut") else len(events)
+        await _write_events(response, events[:head], per_token)
+        if fault == "cut":
+            if request.transport is not None:
+                request.transport.close()
+            return response
+        if fault == "stall":
+            await asyncio.sleep(hang_s)
+        await _write_events(response, events[head:], per_token)
         await response.write_eof()
         return response
 
@@ -689,6 +724,24 @@ def _sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
+async def _write_events(response: web.StreamResponse, events: list[tuple[bytes, int]], per_token: float) -> None:
+    if per_token > 0:
+        # Tokens trickle out: each delta waits for its share of the per-token latency.
+        for data, tokens in events:
+            if tokens:
+                await asyncio.sleep(per_token * tokens)
+            await response.write(data)
+    elif events:
+        await response.write(b"".join(data for data, _ in events))  # one write: far fewer syscalls
+
+
+def _spread(items: list[dict[str, Any]] | None, parts: int) -> list[list[dict[str, Any]] | None]:
+    """``items`` cut into ``parts`` consecutive runs (a streamed reply's logprobs, one run per content delta)."""
+    if items is None:
+        return [None] * parts
+    return [items[len(items) * i // parts : len(items) * (i + 1) // parts] for i in range(parts)]
+
+
 @dataclass
 class _Reply:
     id: str
@@ -719,9 +772,21 @@ class _Reply:
             out["timings"] = self.timings
         return out
 
-    def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+    def chunk(
+        self,
+        delta: dict[str, Any],
+        finish_reason: str | None = None,
+        *,
+        logprobs: list[dict[str, Any]] | None = None,
+        timings: dict[str, Any] | None = None,
+    ) -> bytes:
         out = self.base("chat.completion.chunk")
-        out["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish_reason}]
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+        if logprobs is not None:
+            choice["logprobs"] = {"content": logprobs}
+        out["choices"] = [choice]
+        if timings is not None:
+            out["timings"] = timings  # llama-server's, on its last chunk
         return _sse(out)
 
 

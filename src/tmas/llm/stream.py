@@ -1,0 +1,167 @@
+"""A streamed chat completion read back into the reply an unstreamed call would have had.
+
+A streamed reply is a series of server-sent events, one ``data: {chunk}`` line each, ended by ``data: [DONE]``. Each
+chunk carries, per choice ``index``, a ``delta`` (``content``; reasoning as ``reasoning_content`` or ``reasoning``),
+and at the end a ``finish_reason``; log-probabilities come as ``logprobs.content`` lists per chunk. Usage comes in a
+last chunk with empty ``choices`` when the request asked for it (``stream_options.include_usage``), on the last choice
+chunk on some servers, and llama-server adds its ``timings``. :class:`StreamAssembler` puts them together into
+``{"choices": [{"index", "message": {"content", "reasoning_content"}, "finish_reason", "logprobs"}], "usage",
+"timings", "model"}``, so the client parses streamed and unstreamed replies with one code path.
+
+A reply is complete once every choice it began has a ``finish_reason``: a server that then closes the stream before
+its usage chunk or ``[DONE]`` has still sent the whole text (its usage is counted instead). A stream that ends before
+that was cut, and its partial text is never returned.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterable, AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class StreamError(Exception):
+    """A stream that cannot give a whole reply: ``cause`` is ``"malformed"`` (an event that is not a chunk),
+    ``"stream_error"`` (the server sent an error event) or ``"cut"`` (it ended before every choice finished)."""
+
+    def __init__(self, message: str, cause: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+@dataclass
+class _Choice:
+    content: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+    logprobs: list[Any] | None = None
+
+
+class StreamAssembler:
+    """Feed it a stream's lines (:meth:`feed`); :meth:`reply` gives the whole reply once the stream ended.
+
+    Each ``data:`` line is read as one event (JSON never holds a raw line break, and some servers leave out the
+    blank line between events); comments (``:`` lines, keep-alives) and the other fields are skipped."""
+
+    def __init__(self) -> None:
+        self._choices: dict[int, _Choice] = {}
+        self.model: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.timings: dict[str, Any] | None = None
+        # True once ``data: [DONE]`` arrived: nothing follows it.
+        self.done = False
+
+    @property
+    def complete(self) -> bool:
+        """Every choice the stream began has its ``finish_reason``."""
+        return bool(self._choices) and all(c.finish_reason is not None for c in self._choices.values())
+
+    def feed(self, line: str) -> None:
+        """One line of the stream, with or without its line break. Raises :class:`StreamError` on a line that is not
+        a chunk and on an error event."""
+        name, _, value = line.rstrip("\r\n").partition(":")
+        if name == "data":
+            self._data(value.removeprefix(" "))
+
+    def _data(self, value: str) -> None:
+        if value.strip() == "[DONE]":
+            self.done = True
+            return
+        try:
+            chunk = json.loads(value)
+        except ValueError:
+            raise StreamError(f"stream event is not JSON: {value[:120]!r}", "malformed") from None
+        if not isinstance(chunk, dict):
+            raise StreamError(f"stream event is not a JSON object: {value[:120]!r}", "malformed")
+        if chunk.get("error"):
+            # vLLM and SGLang report an internal error met mid-generation as an event {"error": {"message": ...}}.
+            raise StreamError(f"server error in stream: {_error_text(chunk)}", "stream_error")
+        self._take(chunk)
+
+    def _take(self, chunk: dict[str, Any]) -> None:
+        if self.model is None and isinstance(chunk.get("model"), str):
+            self.model = chunk["model"]
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]  # the last one wins: servers that report usage on every chunk count up
+        if isinstance(chunk.get("timings"), dict):
+            self.timings = chunk["timings"]
+        choices = chunk.get("choices")
+        if choices is None:
+            return
+        if not isinstance(choices, list):
+            raise StreamError(f"stream chunk's choices is not a list: {str(choices)[:120]!r}", "malformed")
+        for item in choices:
+            self._take_choice(item)
+
+    def _take_choice(self, item: Any) -> None:
+        index = item.get("index", 0) if isinstance(item, dict) else None
+        delta = (item.get("delta") or {}) if isinstance(item, dict) else None
+        if not isinstance(index, int) or not isinstance(delta, dict):
+            raise StreamError(f"stream chunk has an unexpected choice: {str(item)[:120]!r}", "malformed")
+        choice = self._choices.setdefault(index, _Choice())
+        text = delta.get("content")
+        # vLLM around v0.11 sent the same reasoning under both names: take one of them, never both.
+        thought = delta.get("reasoning_content") or delta.get("reasoning")
+        for value, parts in ((text, choice.content), (thought, choice.reasoning)):
+            if value is None or value == "":
+                continue
+            if not isinstance(value, str):
+                raise StreamError(f"stream delta is not text: {str(delta)[:120]!r}", "malformed")
+            parts.append(value)
+        if item.get("finish_reason") is not None:
+            choice.finish_reason = str(item["finish_reason"])
+        logprobs = item.get("logprobs")
+        tokens = logprobs.get("content") if isinstance(logprobs, dict) else None
+        if isinstance(tokens, list):
+            # Extended in place: a 100,000-token reply arrives in as many chunks.
+            if choice.logprobs is None:
+                choice.logprobs = []
+            choice.logprobs.extend(tokens)
+
+    def reply(self) -> dict[str, Any]:
+        """The whole reply in an unstreamed reply's shape; :class:`StreamError` (cause ``"cut"``) if the stream
+        ended before every choice finished."""
+        if not self._choices:
+            raise StreamError("stream ended before any choice began", "cut")
+        unfinished = sorted(i for i, c in self._choices.items() if c.finish_reason is None)
+        if unfinished:
+            which = ", ".join(str(i) for i in unfinished)
+            raise StreamError(f"stream ended before choice {which} finished", "cut")
+        choices = []
+        for index, choice in sorted(self._choices.items()):
+            message: dict[str, Any] = {"role": "assistant", "content": "".join(choice.content)}
+            if choice.reasoning:
+                message["reasoning_content"] = "".join(choice.reasoning)
+            logprobs = {"content": choice.logprobs} if choice.logprobs is not None else None
+            choices.append(
+                {"index": index, "message": message, "finish_reason": choice.finish_reason, "logprobs": logprobs}
+            )
+        out: dict[str, Any] = {"object": "chat.completion", "model": self.model, "choices": choices}
+        if self.usage is not None:
+            out["usage"] = self.usage
+        if self.timings is not None:
+            out["timings"] = self.timings
+        return out
+
+
+async def lines(chunks: AsyncIterable[bytes]) -> AsyncIterator[str]:
+    """The lines of a byte stream as they complete, whatever the size of the pieces it arrives in (a line is cut at
+    ``\\n`` before decoding, which never splits a UTF-8 character); a last line without a break comes at the end."""
+    pending = b""
+    async for chunk in chunks:
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for raw in complete:
+            yield raw.decode("utf-8", errors="replace")
+    if pending:
+        yield pending.decode("utf-8", errors="replace")
+
+
+def _error_text(chunk: dict[str, Any]) -> str:
+    error = chunk.get("error")
+    if isinstance(error, dict):
+        return str(error.get("message") or error)[:300]
+    if isinstance(error, str):
+        return error[:300]
+    return str(chunk)[:300]

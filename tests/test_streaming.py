@@ -1,0 +1,210 @@
+"""Streamed chat calls against the simulated server (issue 26, part 1): what goes on the wire per `stream` mode,
+timeout_s as the longest wait between chunks (a long reply that keeps coming arrives whole), deadline_s over a whole
+call, stalled and cut streams retried with nothing partial kept, reasoning, usage and logprobs assembled from the
+deltas, and the fallback of `stream = "auto"` on a server that cannot stream, recorded once per endpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import settings_for
+from tmas.config import Sampling, Settings, load_settings
+from tmas.llm.client import LLMClient
+from tmas.llm.types import CallKey, Completion, TokenLogprob, user
+from tmas.store.run_store import RunStore
+from tmas.testing import Rule, ScriptedUsage, SimScript, SimServer
+
+QUESTION = [user("What is 17*23?")]
+# 20 simulator tokens: with 0.05 s per token a reply of 1 s whose deltas come 0.05 s apart.
+LONG = "The product of seventeen and twenty three is worked out below , step by step , and the result is 391 ."
+SLOW = SimScript(rules=[Rule(replies=[LONG])], latency_per_token_s=0.05)
+
+
+async def one_call(settings: Settings, store: RunStore | None = None, **kwargs: Any) -> Completion:
+    async with LLMClient(settings, store) as llm:
+        return await llm.chat("solution", QUESTION, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------------ the request
+@pytest.mark.parametrize("mode", ["auto", "on", "off"])
+async def test_streamed_requests_ask_for_usage_and_read_the_same_reply(sim: SimServer, mode: str) -> None:
+    sim.set_script(SimScript(seed=3))
+    reply = await one_call(settings_for(sim, endpoint__stream=mode))
+    [body] = sim.chat_bodies()
+    if mode == "off":
+        assert "stream" not in body and "stream_options" not in body
+    else:
+        assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert reply.ok and reply.attempts == 1 and reply.finish_reason == "stop"
+    assert "\\boxed{391}" in reply.content
+    assert not reply.usage.estimated and reply.usage.completion_tokens > 0
+
+
+# ------------------------------------------------------------------------------------------------ timeouts
+async def test_a_reply_longer_than_timeout_s_arrives_whole_while_its_chunks_keep_coming(sim: SimServer) -> None:
+    # The issue's check: unstreamed, a reply that takes longer than timeout_s never arrives however often it is sent
+    # (see the next test); streamed, each delta comes well inside timeout_s and the whole reply arrives at once.
+    sim.set_script(SLOW)
+    reply = await one_call(settings_for(sim, endpoint__timeout_s=0.4))
+    assert reply.ok, reply.error
+    assert reply.content == LONG and reply.attempts == 1 and reply.retry_causes == []
+    assert sim.stats().total_requests == 1
+
+
+async def test_unstreamed_the_same_reply_times_out_on_every_attempt(sim: SimServer) -> None:
+    sim.set_script(SLOW)
+    reply = await one_call(settings_for(sim, endpoint__stream="off", endpoint__timeout_s=0.4, retry__max_attempts=2))
+    assert not reply.ok and reply.error_cause == "timeout" and reply.retry_causes == ["timeout"]
+    assert sim.stats().total_requests == 2
+
+
+async def test_deadline_s_fails_a_slow_call_without_retrying_it(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SLOW)
+    with RunStore(tmp_path) as store:
+        reply = await one_call(settings_for(sim, endpoint__timeout_s=0.4, endpoint__deadline_s=0.3), store)
+        [stored] = store.calls()
+    assert not reply.ok and reply.error_cause == "deadline" and reply.attempts == 1
+    assert reply.error is not None and "deadline_s = 0.3s" in reply.error
+    assert stored.error_cause == "deadline" and stored.content == ""
+    assert sim.stats().total_requests == 1
+
+
+async def test_a_stalled_stream_is_retried_and_the_retry_used(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(rules=[Rule(fault="stall", times=1)], hang_s=5))
+    with RunStore(tmp_path) as store:
+        reply = await one_call(settings_for(sim, endpoint__timeout_s=0.3), store)
+        [stored] = store.calls()
+    assert reply.ok and reply.retry_causes == ["stall"] and reply.attempts == 2
+    assert "\\boxed{391}" in reply.content and stored.content == reply.content
+    assert sim.stats().total_requests == 2 and sim.stats().faults == {"stall": 1}
+
+
+async def test_a_cut_stream_is_retried_and_nothing_partial_is_kept(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(rules=[Rule(replies=[LONG], fault="cut", times=1), Rule(replies=[LONG])]))
+    with RunStore(tmp_path) as store:
+        reply = await one_call(settings_for(sim), store)
+        stored = list(store.calls())
+    assert reply.ok and reply.retry_causes == ["cut"] and reply.content == LONG
+    assert [(c.content, c.error) for c in stored] == [(LONG, None)]
+    assert sim.stats().total_requests == 2
+
+
+async def test_a_call_whose_every_stream_is_cut_fails_and_stores_no_text(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(rules=[Rule(replies=[LONG], fault="cut")]))
+    with RunStore(tmp_path) as store:
+        reply = await one_call(settings_for(sim, retry__max_attempts=2), store)
+        [stored] = store.calls()
+    assert not reply.ok and reply.error_cause == "cut" and reply.retry_causes == ["cut"]
+    assert reply.content == stored.content == "" and stored.error_cause == "cut"
+    with RunStore(tmp_path) as store:
+        assert store.call_causes() == {"failed": {"cut": 1}, "retried": {"cut": 1}}
+
+
+async def test_an_error_event_in_the_stream_is_a_retried_failure_with_the_servers_message(sim: SimServer) -> None:
+    sim.set_script(SimScript(rules=[Rule(fault="stream_error")]))
+    reply = await one_call(settings_for(sim, retry__max_attempts=2))
+    assert not reply.ok and reply.error_cause == "stream_error" and reply.retry_causes == ["stream_error"]
+    assert reply.error is not None and "Simulated error mid-generation." in reply.error
+    assert reply.content == ""
+
+
+@pytest.mark.parametrize(
+    ("fault", "cause"), [("stall", "timeout"), ("cut", "connection"), ("stream_error", "http_500")]
+)
+async def test_stream_faults_on_an_unstreamed_request_hang_or_drop(sim: SimServer, fault: str, cause: str) -> None:
+    sim.set_script(SimScript(rules=[Rule(fault=fault, times=1)], hang_s=5))  # type: ignore[arg-type]
+    reply = await one_call(settings_for(sim, endpoint__stream="off", endpoint__timeout_s=0.3))
+    assert reply.ok and reply.retry_causes == [cause]
+
+
+# ------------------------------------------------------------------------------------------------ assembly
+async def test_reasoning_deltas_end_in_reasoning_not_content(sim: SimServer) -> None:
+    sim.set_script(SimScript(rules=[Rule(replies=["So \\boxed{391}."], reasoning="17*23 = 340 + 51 = 391")]))
+    reply = await one_call(settings_for(sim))
+    assert reply.reasoning == "17*23 = 340 + 51 = 391"
+    assert reply.content == "So \\boxed{391}."
+    assert reply.usage.reasoning_tokens > 0
+
+
+@pytest.mark.parametrize("cached_in", ["usage", "timings"])
+async def test_usage_comes_from_the_final_chunk(sim: SimServer, cached_in: str) -> None:
+    usage = ScriptedUsage(prompt_tokens=40, completion_tokens=9, cached_tokens=32, cached_in=cached_in)  # type: ignore[arg-type]
+    sim.set_script(SimScript(rules=[Rule(usage=usage)]))
+    reply = await one_call(settings_for(sim))
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens, reply.usage.cached_prompt_tokens) == (40, 9, 32)
+    assert not reply.usage.estimated
+
+
+async def test_usage_is_estimated_where_the_stream_has_none(sim: SimServer) -> None:
+    sim.set_script(SimScript(usage=False))
+    reply = await one_call(settings_for(sim))
+    assert reply.ok and reply.usage.estimated
+    assert reply.usage.prompt_tokens > 0 and reply.usage.completion_tokens > 0
+
+
+async def test_logprobs_are_assembled_from_the_deltas(sim: SimServer) -> None:
+    payload = [{"token": t, "logprob": -0.1 * i, "top_logprobs": []} for i, t in enumerate(["Score", ":", " 4"])]
+    sim.set_script(SimScript(rules=[Rule(replies=["Score: 4"], logprobs=payload)], latency_per_token_s=0.001))
+    asked = Sampling(max_tokens=8, extra_body={"logprobs": True, "top_logprobs": 2})
+    reply = await one_call(settings_for(sim), sampling=asked)
+    assert sim.chat_bodies()[0]["stream"] is True
+    assert reply.logprobs == [TokenLogprob.model_validate(item) for item in payload]
+
+
+# ------------------------------------------------------------------------------------------------ auto fallback
+async def _twice(sim: SimServer, mode: str, store: RunStore | None) -> tuple[Completion, Completion, dict[str, str]]:
+    async with LLMClient(settings_for(sim, endpoint__stream=mode), store) as llm:
+        first = await llm.chat("solution", QUESTION)
+        second = await llm.chat("solution", QUESTION, key=CallKey(role="solution", sample=1))
+        return first, second, llm.stats.stream_fallbacks
+
+
+async def test_auto_falls_back_once_on_a_server_that_refuses_to_stream(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(stream="refuse"))
+    with RunStore(tmp_path) as store:
+        first, second, fallbacks = await _twice(sim, "auto", store)
+        assert first.ok and second.ok and "\\boxed{391}" in first.content
+        # Refused once, the same call again at once unstreamed, and none streamed to that server again.
+        assert [b.get("stream", False) for b in sim.chat_bodies()] == [True, False, False]
+        assert first.retry_causes == ["stream"] and first.attempts == 1 and second.retry_causes == []
+        assert list(fallbacks) == [sim.base_url] and "stream" in fallbacks[sim.base_url]
+        recorded = store.stream_fallbacks()
+        assert list(recorded) == [sim.base_url] and recorded[sim.base_url]["role"] == "solution"
+        # A resumed run finds the refusal again, but the record stays one per endpoint.
+        await _twice(sim, "auto", store)
+        assert len(store.stream_fallbacks()) == 1
+
+
+async def test_auto_uses_the_whole_reply_of_a_server_that_ignores_stream(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(stream="ignore"))
+    with RunStore(tmp_path) as store:
+        first, second, fallbacks = await _twice(sim, "auto", store)
+        assert first.ok and second.ok and first.retry_causes == []
+        assert [b.get("stream", False) for b in sim.chat_bodies()] == [True, False]
+        assert list(fallbacks) == [sim.base_url] and list(store.stream_fallbacks()) == [sim.base_url]
+
+
+async def test_on_fails_the_call_a_server_refuses_to_stream(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(stream="refuse"))
+    with RunStore(tmp_path) as store:
+        first, _, fallbacks = await _twice(sim, "on", store)
+        assert not first.ok and first.error_cause == "stream" and first.attempts == 1
+        assert first.error is not None and first.error.startswith("server refused streaming (stream = 'on'): HTTP 400")
+        assert [b.get("stream") for b in sim.chat_bodies()] == [True, True]
+        assert fallbacks == {} and store.stream_fallbacks() == {}
+
+
+# ------------------------------------------------------------------------------------------------ configuration
+def test_stream_timeout_and_deadline_per_endpoint_role_and_environment(tmp_path: Path) -> None:
+    default = Settings().endpoint
+    assert (default.stream, default.timeout_s, default.deadline_s) == ("auto", 600.0, None)
+    config = tmp_path / "tmas.toml"
+    config.write_text('[endpoint]\nbase_url = "http://h/v1"\n[roles.judge]\nstream = "off"\ndeadline_s = 90\n')
+    env = {"TMAS_STREAM": "on", "TMAS_TIMEOUT_S": "120", "TMAS_DEADLINE_S": "7200"}
+    settings = load_settings(config, environ=env)
+    assert (settings.endpoint.stream, settings.endpoint.timeout_s, settings.endpoint.deadline_s) == ("on", 120, 7200)
+    judge = LLMClient(settings).route("judge").endpoint
+    assert (judge.stream, judge.timeout_s, judge.deadline_s) == ("off", 120, 90)
