@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from conftest import settings_for
-from tmas.api import asolve
+from tmas.api import aresume, asolve
 from tmas.config import Sampling, Settings, load_settings
 from tmas.errors import ConfigError, LLMError
 from tmas.llm.batching import (
@@ -34,7 +34,7 @@ from tmas.llm.types import CallKey, ChatRequest, Completion, Usage, user
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import RunStore
-from tmas.testing import SimServer
+from tmas.testing import Rule, ScriptedUsage, SimScript, SimServer
 
 Q = "What is 17*23?"
 
@@ -257,6 +257,7 @@ def test_the_servers_kind_comes_from_owned_by() -> None:
     [
         ("http_400", "HTTP 400: Only one completion choice is allowed", True),  # llama-server
         ("http_500", "gave up after 4 attempts: HTTP 500: Only one completion choice is allowed", True),  # older
+        ("http_400", "HTTP 400: n_cmpl cannot be greater than the number of slots, please increase -np", True),
         ("http_400", "HTTP 400: The simulator supports only n=1.", True),
         ("http_422", "HTTP 422: Invalid value for 'n': must be at most 1", True),
         ("http_400", "HTTP 400: messages must not be empty", False),
@@ -321,3 +322,116 @@ def test_batch_samples_is_set_per_endpoint_role_and_environment() -> None:
     assert settings.endpoint.batch_samples == "on" and settings.roles["verifier"].batch_samples == "off"
     with pytest.raises(ConfigError, match=r"bad value for 'endpoint\.batch_samples'"):
         load_settings(environ={"TMAS_BATCH_SAMPLES": "sometimes"})
+
+
+# ------------------------------------------------------------------------------------------------ server personas
+needs_personas = pytest.mark.skipif(
+    "persona" not in SimScript.model_fields, reason="needs the simulator's server personas (n > 1, owned_by)"
+)
+
+
+def boxed(k: int, step: int = 0) -> list[str]:
+    """k replies with distinct answers (100, 101, ...), reply i being 36 + ``step`` * i characters long."""
+    out = []
+    for i in range(k):
+        tail = f"\n\n\\boxed{{{100 + i}}}"
+        out.append(f"Attempt {i}: ".ljust(36 + step * i - len(tail), "x") + tail)
+    return out
+
+
+def stored(run_dir: Path) -> list[tuple[Completion, dict[str, Any]]]:
+    """Every stored call in sample order, with the sampling stored with it."""
+    with RunStore(run_dir, create=False) as store:
+        rows = sorted(store.calls(), key=lambda c: (c.key.iteration or 0, c.key.role, c.key.sample))
+        return [(c, store.call_sampling(c.call_id or 0)) for c in rows]
+
+
+@needs_personas
+async def test_majority_vote_on_vllm_sends_its_samples_as_one_request(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(persona="vllm", rules=[Rule(role="solution", replies=boxed(5))]))
+    result = await asolve(Q, majority(sim, 5), run_dir=tmp_path / "run")
+    [body] = sim.chat_bodies("solution")
+    assert body["n"] == 5
+    rows = stored(tmp_path / "run")
+    # One row per sample, choice i for sample i; each row keeps its own derived seed, the request carried sample 0's.
+    assert [c.key.sample for c, _ in rows] == list(range(5))
+    assert [c.content for c, _ in rows] == boxed(5) and len({c.content for c, _ in rows}) == 5
+    assert len({s["seed"] for _, s in rows}) == 5 and body["seed"] == rows[0][1]["seed"]
+    assert result.calls == 5 and sorted(c.answer for c in result.iterations[0].candidates) == [
+        str(100 + i) for i in range(5)
+    ]
+
+
+@needs_personas
+async def test_off_sends_one_request_per_sample_even_to_vllm(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(persona="vllm"))
+    await asolve(Q, majority(sim, 5, endpoint__batch_samples="off"), run_dir=tmp_path / "run")
+    bodies = sim.chat_bodies("solution")
+    assert len(bodies) == 5 and all("n" not in b for b in bodies)
+
+
+@needs_personas
+async def test_a_resumed_run_asks_in_one_request_only_for_the_samples_it_lacks(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(persona="sglang"))
+    await asolve(Q, majority(sim, 3), run_dir=tmp_path / "run")
+    assert [b["n"] for b in sim.chat_bodies("solution")] == [3]
+    sim.reset()
+    await aresume(tmp_path / "run", params={"k": 5})
+    [body] = sim.chat_bodies("solution")
+    rows = stored(tmp_path / "run")
+    assert body["n"] == 2 and body["seed"] == rows[3][1]["seed"]  # samples 3 and 4; 0-2 replayed
+    assert [c.key.sample for c, _ in rows] == list(range(5))
+
+
+@needs_personas
+async def test_tmas_first_solutions_and_each_candidates_verifications_go_as_one_request(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # Distinct solutions, so that each candidate's verifier prompt is its own (identical ones would go together too).
+    sim.set_script(SimScript(persona="vllm", rules=[Rule(role="solution", replies=boxed(4))]))
+    params = {"n": 4, "m": 3, "iterations": 1}
+    result = await asolve(Q, settings_for(sim, method={"name": "tmas", "params": params}), run_dir=tmp_path / "run")
+    assert [b["n"] for b in sim.chat_bodies("solution")] == [4]
+    verifier = sim.chat_bodies("verifier")
+    assert sorted(b["n"] for b in verifier) == [3] * 4  # one request per candidate, its 3 verifications
+    rows = stored(tmp_path / "run")
+    assert sum(c.key.role == "solution" for c, _ in rows) == 4 and sum(c.key.role == "verifier" for c, _ in rows) == 12
+    assert len(result.iterations[0].candidates) == 4
+
+
+@needs_personas
+async def test_llama_server_with_fewer_slots_than_samples_refuses_n_and_the_endpoint_falls_back(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    sim.set_script(SimScript(persona="llama-server", slots=2))
+    await asolve(Q, majority(sim, 5, endpoint__batch_samples="on"), run_dir=tmp_path / "run")
+    assert [b.get("n") for b in sim.chat_bodies("solution")] == [5] + [None] * 5
+    with RunStore(tmp_path / "run", create=False) as store:
+        [(url, record)] = store.batch_samples_fallbacks().items()
+    assert url == sim.base_url and "n_cmpl" in record["message"]
+
+
+@needs_personas
+async def test_a_batched_replys_usage_is_split_across_its_samples_as_worked_by_hand(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # The server reports 120 prompt tokens (64 cached) once and 30 completion tokens per choice: 90 for 3 choices.
+    # The replies are 36, 52 and 68 characters: 9, 13 and 17 tokens at 4 characters a token, so the 90 split as
+    # 90 * 9/39 = 20.77, 90 * 13/39 = 30, 90 * 17/39 = 39.23 -> 21 (largest remainder), 30, 39.
+    usage = ScriptedUsage(prompt_tokens=120, completion_tokens=30, cached_tokens=64)
+    replies = boxed(3, step=16)
+    assert [len(r) for r in replies] == [36, 52, 68]
+    rule = Rule(role="solution", replies=replies, usage=usage)
+    sim.set_script(SimScript(persona="vllm", cache_report=True, rules=[rule]))
+    result = await asolve(Q, majority(sim, 3), run_dir=tmp_path / "run")
+    shares = [c.usage for c, _ in stored(tmp_path / "run")]
+    assert [(u.prompt_tokens, u.cached_prompt_tokens, u.completion_tokens) for u in shares] == [
+        (120, 64, 21),
+        (0, 0, 30),
+        (0, 0, 39),
+    ]
+    assert (result.usage.prompt_tokens, result.usage.completion_tokens, result.usage.cached_prompt_tokens) == (
+        120,
+        90,
+        64,
+    )

@@ -143,8 +143,9 @@ class Endpoint(Strict):
     # Whether calls alike but for their sample index (majority vote's k samples, TMAS's first solutions, a
     # candidate's verifications), sent together, go as one request with `n` = their count (tmas.llm.batching): the
     # server computes the shared prompt once. "auto": where /v1/models names the server vLLM or SGLang (`owned_by`),
-    # off elsewhere (llama-server refuses n > 1; see docs/sampling_and_budgets.md for OpenAI); "on": always, falling
-    # back to one request per sample (recorded) once a server refuses `n`; "off": never. Never with pin_slots.
+    # off elsewhere (llama-server refuses n > 1, or more than its slots; docs/sampling_and_budgets.md says why OpenAI
+    # too); "on": always, falling back to one request per sample (recorded) once a server refuses `n`; "off": never.
+    # Never with pin_slots.
     batch_samples: BatchSamples = "auto"
 
     @field_validator("base_url", mode="before")

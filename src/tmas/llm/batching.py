@@ -43,9 +43,10 @@ from tmas.llm.types import CallKey, ChatRequest, Completion, Usage
 MAX_SAMPLES_PER_REQUEST = 64
 # The engines whose /v1/models reply makes batch_samples = "auto" send `n` (both share one prefill among the choices).
 BATCHING_SERVERS: frozenset[ServerKind] = frozenset({"vllm", "sglang"})
-# How a server that does not serve n > 1 says so: llama-server's "Only one completion choice is allowed" (a 400, a 500
-# in older builds, so only after its retries), other servers name the field `n`.
-_N_REFUSAL = re.compile(r"\bn\b|completion choice", re.I)
+# How a server says it does not serve this n: older llama-server builds "Only one completion choice is allowed" (a 400,
+# or a 500, read only after its retries), newer ones "n_cmpl cannot be greater than the number of slots"; others name
+# the field `n`.
+_N_REFUSAL = re.compile(r"\bn\b|\bn_cmpl\b|completion choice", re.I)
 _N_REFUSAL_CAUSES = frozenset({"http_400", "http_422", "http_500", "http_501"})
 
 T = TypeVar("T")
