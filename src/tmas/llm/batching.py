@@ -38,8 +38,8 @@ from tmas.llm.server_kind import ServerKind
 from tmas.llm.tokens import TokenCounter
 from tmas.llm.types import CallKey, ChatRequest, Completion, Usage
 
-# Choices asked of one request; a bigger group goes as several requests. OpenAI caps `n` at 128; vLLM and SGLang
-# run the choices as that many sequences at once.
+# Choices asked of one request; a bigger group goes as several requests (a server runs a request's choices as that
+# many sequences at once).
 MAX_SAMPLES_PER_REQUEST = 64
 # The engines whose /v1/models reply makes batch_samples = "auto" send `n` (both share one prefill among the choices).
 BATCHING_SERVERS: frozenset[ServerKind] = frozenset({"vllm", "sglang"})
@@ -114,8 +114,7 @@ class SampleBatcher:
         if not samples:
             return
         if len(samples) == 1:
-            if not samples[0].future.done():
-                samples[0].future.set_result(None)
+            samples[0].future.set_result(None)
             return
         for part in near_equal_parts(samples, MAX_SAMPLES_PER_REQUEST):
             task = asyncio.ensure_future(self._answer(part))
