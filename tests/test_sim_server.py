@@ -518,8 +518,9 @@ async def test_bad_requests_get_openai_errors(sim: SimServer, http: aiohttp.Clie
     async with http.post(url, json={"model": "m"}) as resp:
         assert resp.status == 400
         assert "messages" in (await resp.json())["error"]["message"]
-    async with http.post(url, json={"messages": user("x"), "n": 3}) as resp:
+    async with http.post(url, json={"messages": user("x"), "n": 0}) as resp:
         assert resp.status == 400
+        assert (await resp.json())["error"]["message"] == "n must be a positive integer."
     assert sim.stats().errors == 3
 
 
