@@ -285,8 +285,8 @@ class Persona:
     n_refusal: str
     # response_format types accepted; None: whatever is sent.
     response_formats: frozenset[str] | None
-    # OpenAI's reasoning models: parameters refused outright (with the refusal's last words), and parameters that
-    # take only their default (1).
+    # A reasoning model's restrictions, applied when the script's model reasons (SimScript.reasoning): parameters
+    # refused outright (with the refusal's last words), and parameters that take only their default (1).
     unsupported: dict[str, str]
     default_only: frozenset[str]
     error: ErrorShape
@@ -534,8 +534,9 @@ OPENAI = Persona(
     max_n=_any_n,
     n_refusal="",
     response_formats=frozenset({"text", "json_object", "json_schema"}),
-    # A reasoning model (o-series, gpt-5): max_tokens is refused for max_completion_tokens, temperature and top_p
-    # take only 1 (the top_p wording follows temperature's), and logprobs are not available.
+    # With reasoning, a reasoning model (o-series, gpt-5): max_tokens is refused for max_completion_tokens,
+    # temperature and top_p take only 1 (the top_p wording follows temperature's), and logprobs are not available
+    # (reasoning guide). Without, a chat model (gpt-4.1) that takes them all.
     unsupported={"max_tokens": " Use 'max_completion_tokens' instead.", "logprobs": "", "top_logprobs": ""},
     default_only=frozenset({"temperature", "top_p"}),
     error=_openai_error,

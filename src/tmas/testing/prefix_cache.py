@@ -31,7 +31,9 @@ def prompt_tokens(messages: Sequence[tuple[str, str]]) -> list[str]:
 
 class PrefixCache:
     """LRU cache of token blocks: :meth:`serve` says how many of a prompt's leading tokens were cached, then caches
-    all of its whole blocks (a partial last block is never reused, as in vLLM)."""
+    all of its whole blocks (a partial last block is never reused, as in vLLM). The last prompt token is always
+    computed again, its logits start the reply: a hit stops one token short of the prompt (vLLM's
+    kv_cache_manager caps it at the prompt's length less one; SGLang's scheduler likewise)."""
 
     def __init__(self, capacity_tokens: int, block_tokens: int = 16) -> None:
         if block_tokens < 1 or capacity_tokens < block_tokens:
@@ -54,10 +56,14 @@ class PrefixCache:
             hashes.append(previous)
         return hashes
 
+    def _usable(self, tokens: Sequence[str]) -> int:
+        """Blocks of a prompt a hit may cover: all but its last token."""
+        return max(len(tokens) - 1, 0) // self.block_tokens
+
     def lookup(self, tokens: Sequence[str]) -> int:
-        """Leading tokens of ``tokens`` the cache holds now (nothing is changed)."""
+        """Leading tokens of ``tokens`` the cache would serve now (nothing is changed)."""
         hits = 0
-        for block in self._chain(tokens):
+        for block in self._chain(tokens)[: self._usable(tokens)]:
             if block not in self._blocks:
                 break
             hits += 1
@@ -65,16 +71,18 @@ class PrefixCache:
 
     def serve(self, tokens: Sequence[str]) -> int:
         """Serve a prompt: the leading tokens found cached; afterwards every whole block of it is cached, most
-        recently used, and the least recently used blocks beyond the capacity are evicted."""
+        recently used, and the least recently used blocks beyond the capacity are evicted. A prompt's blocks are
+        touched from its end back to its start, so a prefix outlives the tails that follow it (vLLM frees a
+        request's blocks in reverse order; SGLang's radix tree evicts leaves first)."""
+        chain = self._chain(tokens)
         hits = 0
-        missed = False
-        for block in self._chain(tokens):
-            if not missed and block in self._blocks:
-                hits += 1
-                self._blocks.move_to_end(block)
-            else:
-                missed = True
-                self._blocks[block] = None
+        for block in chain[: self._usable(tokens)]:
+            if block not in self._blocks:
+                break
+            hits += 1
+        for block in reversed(chain):
+            self._blocks[block] = None
+            self._blocks.move_to_end(block)
         while len(self._blocks) > self.capacity_blocks:
             self._blocks.popitem(last=False)
         return hits * self.block_tokens

@@ -74,6 +74,8 @@ class SimStats(BaseModel):
     faults: dict[str, int] = {}
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Of completion_tokens, the reasoning (reported by the personas as each server does, or hidden by OpenAI).
+    reasoning_tokens: int = 0
     # Of prompt_tokens, those served from this replica's prefix cache (SimScript.prefix_cache_tokens).
     cached_prompt_tokens: int = 0
     # Request fields the persona's server does not know and ignored, by name (vLLM logs them).
@@ -351,13 +353,14 @@ class SimApp:
             for name in names:
                 self._stats.ignored_fields[name] = self._stats.ignored_fields.get(name, 0) + 1
 
-    def _count_done(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> None:
+    def _count_done(self, prompt_tokens: int, completion_tokens: int, reasoning: int = 0, cached: int = 0) -> None:
         with self._lock:
             stats = self._stats
             stats.completed += 1
             stats.prompt_tokens += prompt_tokens
             stats.completion_tokens += completion_tokens
-            stats.cached_prompt_tokens += cached_tokens
+            stats.reasoning_tokens += reasoning
+            stats.cached_prompt_tokens += cached
 
     @staticmethod
     async def _read_json(request: web.Request) -> dict[str, Any]:
@@ -529,7 +532,7 @@ class SimApp:
             cached=cached,
             timings=timings,
         )
-        completion_tokens = sum(c.completion_tokens for c in choices)
+        counts = reply.counts()
         if body.get("stream"):
             stream_options = body.get("stream_options")
             options = stream_options if isinstance(stream_options, dict) else {}
@@ -537,10 +540,10 @@ class SimApp:
             include_usage = bool(options.get("include_usage"))
             response = await self._stream(request, reply, include_usage, per_token, fault == "malformed")
         else:
-            if per_token > 0 and completion_tokens:
-                await asyncio.sleep(per_token * completion_tokens)
+            if per_token > 0 and counts.completion:
+                await asyncio.sleep(per_token * counts.completion)
             response = web.json_response(reply.completion())
-        self._count_done(prompt_tokens, completion_tokens, cached or 0)
+        self._count_done(prompt_tokens, counts.completion, counts.reasoning, cached or 0)
         return response
 
     def _check_fields(self, active: _Active, body: dict[str, Any]) -> None:
@@ -553,18 +556,19 @@ class SimApp:
                 raise _BadRequest(f"Unrecognized request argument supplied: {unknown[0]}", param=unknown[0])
             if unknown:
                 self._count_ignored(unknown)
-        for name, tail in persona.unsupported.items():
-            if body.get(name) is not None:
-                message = f"Unsupported parameter: '{name}' is not supported with this model.{tail}"
-                raise _BadRequest(message, param=name, code="unsupported_parameter")
-        for name in persona.default_only:
-            value = body.get(name)
-            if value is not None and value != 1:
-                message = (
-                    f"Unsupported value: '{name}' does not support {value} with this model. "
-                    "Only the default (1) value is supported."
-                )
-                raise _BadRequest(message, param=name, code="unsupported_value")
+        if script.reasoning:  # the model reasons: a reasoning model's restrictions apply
+            for name, tail in persona.unsupported.items():
+                if body.get(name) is not None:
+                    message = f"Unsupported parameter: '{name}' is not supported with this model.{tail}"
+                    raise _BadRequest(message, param=name, code="unsupported_parameter")
+            for name in persona.default_only:
+                value = body.get(name)
+                if value is not None and value != 1:
+                    message = (
+                        f"Unsupported value: '{name}' does not support {value} with this model. "
+                        "Only the default (1) value is supported."
+                    )
+                    raise _BadRequest(message, param=name, code="unsupported_value")
         model = body.get("model")
         if persona.unknown_model is not None and model is not None and model != script.model:
             raise _BadRequest(persona.unknown_model.format(model=model), 404, "model", "model_not_found")
