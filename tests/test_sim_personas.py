@@ -17,6 +17,7 @@ from tmas.api import asolve
 from tmas.testing import Rule, SimRequest, SimScript, SimServer, register_responder
 from tmas.testing.prefix_cache import PrefixCache, SlotCache, prompt_tokens
 from tmas.testing.script import PersonaName
+from tmas.testing.sim_server import main
 
 PERSONAS: list[PersonaName] = ["vllm", "sglang", "llama-server", "openai"]
 # A reply whose counts are worked by hand: "What is 2+3?" is 6 tokens + 4 for the message = 10 prompt tokens;
@@ -524,6 +525,15 @@ async def test_sim_persona_has_no_cache_unless_asked(http: aiohttp.ClientSession
 def test_a_cache_smaller_than_one_block_is_refused() -> None:
     with pytest.raises(ValueError, match="less than one openai cache block"):
         SimServer(SimScript(persona="openai", prefix_cache_tokens=100))
+
+
+def test_command_line_persona_and_its_cache_checked_before_serving(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"prefix_cache_tokens": 100}))
+    assert main(["--port", "0", "--script", str(script), "--persona", "openai"]) == 2
+    assert "less than one openai cache block (128 tokens)" in capsys.readouterr().err
 
 
 def test_prefix_and_slot_caches_by_hand() -> None:

@@ -690,6 +690,7 @@ def test_cli_serves_until_sigterm(tmp_path: Path) -> None:
     script.write_text(json.dumps({"model": "cli-model", "rules": [{"role": "judge", "replies": ["yes"]}]}))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-m", "tmas.testing.sim_server", "--port", "0", "--script", str(script)]
+    command += ["--persona", "sglang"]
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
         try:
             assert proc.stdout is not None
@@ -704,6 +705,7 @@ def test_cli_serves_until_sigterm(tmp_path: Path) -> None:
                 body = json.loads(resp.read())
             assert body["model"] == "cli-model"
             assert body["choices"][0]["message"]["content"] == "yes"
+            assert body["usage"]["reasoning_tokens"] == 0  # SGLang's usage shape
         finally:
             proc.send_signal(signal.SIGTERM)
             try:

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 from aiohttp import web
 from pydantic import BaseModel
 
-from tmas.testing.personas import Persona, cache_capacity, persona_of
+from tmas.testing.personas import PERSONAS, Persona, cache_capacity, persona_of
 from tmas.testing.prefix_cache import PrefixCache, SlotCache, prompt_tokens
 from tmas.testing.replies import Choice, Reply, certain_logprobs
 from tmas.testing.responders import (
@@ -956,6 +956,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--script", type=Path, help="SimScript as a JSON file")
     parser.add_argument("--latency", type=float, help="fixed seconds per call (overrides the script)")
     parser.add_argument("--seed", type=int, help="fault / sampling seed (overrides the script)")
+    parser.add_argument(
+        "--persona",
+        choices=list(PERSONAS),
+        help="answer in this server's shapes (overrides the script)",
+    )
     args = parser.parse_args(argv)
 
     try:
@@ -964,12 +969,15 @@ def main(argv: list[str] | None = None) -> int:
             data["latency_s"] = args.latency
         if args.seed is not None:
             data["seed"] = args.seed
+        if args.persona is not None:
+            data["persona"] = args.persona
         script = SimScript.model_validate(data)
+        app = SimApp(script)
     except (OSError, ValueError) as exc:  # ValidationError and JSONDecodeError are ValueErrors
         print(f"error: bad script: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_serve_forever(SimApp(script), args.host, args.port))
+        asyncio.run(_serve_forever(app, args.host, args.port))
     except OSError as exc:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
