@@ -6,7 +6,7 @@ import itertools
 import json
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from tmas.testing.personas import Persona, TokenCounts
 from tmas.testing.responders import TOKEN_RE, count_tokens
@@ -63,6 +63,15 @@ class Choice:
     logprobs: list[dict[str, Any]] | None
     reasoning_tokens: int
     completion_tokens: int
+
+
+class _Part(NamedTuple):
+    """One streamed delta of a choice."""
+
+    delta: dict[str, Any]
+    logprobs: list[dict[str, Any]] | None  # its tokens' log-probabilities
+    tokens: int  # the tokens it waits for (per-token latency)
+    reasoning: bool
 
 
 @dataclass
@@ -186,52 +195,51 @@ class Reply:
             for i, ps in enumerate(parts):
                 if j >= len(ps):
                     continue
-                delta, logprobs, tokens, reasoning = ps[j]
+                part = ps[j]
                 extra: dict[str, Any] = {}
-                if logprobs is not None:
-                    extra["logprobs"] = {"content": logprobs, **p.logprobs_extra}
+                if part.logprobs is not None:
+                    extra["logprobs"] = {"content": part.logprobs, **p.logprobs_extra}
                 finish = None
                 if p.finish_with_last_delta and j == len(ps) - 1:
                     finish, finished[i] = self.choices[i].finish_reason, True
                     extra.update(p.finish_choice_extra)
                 top: dict[str, Any] = {}
-                so_far[i][0] += tokens
-                so_far[i][1] += tokens if reasoning else 0
+                so_far[i][0] += part.tokens
+                so_far[i][1] += part.tokens if part.reasoning else 0
                 if self.continuous_usage and usage is not None and p.continuous_usage:
-                    counts = TokenCounts(self.prompt_tokens, so_far[i][0], so_far[i][1], None, reasoning)
+                    counts = TokenCounts(self.prompt_tokens, so_far[i][0], so_far[i][1], None, part.reasoning)
                     top["usage"] = p.usage(counts, self.script, True)
-                events.append((chunk(choice_of(i, delta, finish, **extra), **top), tokens))
-        closing: list[list[dict[str, Any]]] = []  # per choice: its finish chunk and (llama-server) usage chunk
+                events.append((chunk(choice_of(i, part.delta, finish, **extra), **top), part.tokens))
         for i, c in enumerate(self.choices):
-            group: list[dict[str, Any]] = []
+            # Each choice's finish, and with llama-server its own usage chunk and the timings on the last of them.
+            closing: list[dict[str, Any]] = []
             if not finished[i]:
-                group.append(chunk(choice_of(i, {}, c.finish_reason, **p.finish_choice_extra)))
+                closing.append(chunk(choice_of(i, {}, c.finish_reason, **p.finish_choice_extra)))
             if p.usage_per_choice and include_usage and self.script.usage:
-                group.append({**base, "choices": [], "usage": self.usage(i, streamed=True)})
-            if p.timings and group:
-                group[-1]["timings"] = self.persona_timings(i)
-            closing.append(group)
-        events.extend((c, 0) for group in closing for c in group)
+                closing.append({**base, "choices": [], "usage": self.usage(i, streamed=True)})
+            if p.timings and closing:
+                closing[-1]["timings"] = self.persona_timings(i)
+            events.extend((e, 0) for e in closing)
         if usage is not None and not p.usage_per_choice:
             events.append(({**base, "choices": [], "usage": usage}, 0))
         return [(sse(e), tokens) for e, tokens in events] + [(DONE, 0)]
 
-    def _parts(self, c: Choice) -> list[tuple[dict[str, Any], list[dict[str, Any]] | None, int, bool]]:
-        """One choice's deltas: (delta, its tokens' logprobs, tokens, whether it is reasoning). A persona that hides
-        reasoning streams none of it, but the first content delta still waits for the hidden tokens."""
+    def _parts(self, c: Choice) -> list[_Part]:
+        """One choice's deltas. A persona that hides reasoning streams none of it, but the first content delta still
+        waits for the hidden tokens."""
         p = self.persona
-        parts: list[tuple[dict[str, Any], list[dict[str, Any]] | None, int, bool]] = []
+        parts: list[_Part] = []
         hidden = 0
         for piece in split_pieces(c.reasoning or ""):
             if p.reasoning_key is None:
                 hidden += count_tokens(piece)
             else:
-                parts.append(({p.reasoning_key: piece}, None, count_tokens(piece), True))
+                parts.append(_Part({p.reasoning_key: piece}, None, count_tokens(piece), True))
         start = 0
         for piece in split_pieces(c.content):
             tokens = count_tokens(piece)
             logprobs = c.logprobs[start : start + tokens] if c.logprobs is not None else None
             start += tokens
-            parts.append(({"content": piece}, logprobs, tokens + hidden, False))
+            parts.append(_Part({"content": piece}, logprobs, tokens + hidden, False))
             hidden = 0
         return parts
