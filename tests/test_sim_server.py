@@ -518,8 +518,9 @@ async def test_bad_requests_get_openai_errors(sim: SimServer, http: aiohttp.Clie
     async with http.post(url, json={"model": "m"}) as resp:
         assert resp.status == 400
         assert "messages" in (await resp.json())["error"]["message"]
-    async with http.post(url, json={"messages": user("x"), "n": 3}) as resp:
+    async with http.post(url, json={"messages": user("x"), "n": 0}) as resp:
         assert resp.status == 400
+        assert (await resp.json())["error"]["message"] == "n must be a positive integer."
     assert sim.stats().errors == 3
 
 
@@ -689,6 +690,7 @@ def test_cli_serves_until_sigterm(tmp_path: Path) -> None:
     script.write_text(json.dumps({"model": "cli-model", "rules": [{"role": "judge", "replies": ["yes"]}]}))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-m", "tmas.testing.sim_server", "--port", "0", "--script", str(script)]
+    command += ["--persona", "sglang"]
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
         try:
             assert proc.stdout is not None
@@ -703,6 +705,7 @@ def test_cli_serves_until_sigterm(tmp_path: Path) -> None:
                 body = json.loads(resp.read())
             assert body["model"] == "cli-model"
             assert body["choices"][0]["message"]["content"] == "yes"
+            assert body["usage"]["reasoning_tokens"] == 0  # SGLang's usage shape
         finally:
             proc.send_signal(signal.SIGTERM)
             try:

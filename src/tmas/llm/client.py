@@ -812,6 +812,8 @@ def _usage(
     if isinstance(raw, dict) and isinstance(raw.get("completion_tokens"), int):
         details = raw.get("completion_tokens_details") or {}
         reasoning_tokens = details.get("reasoning_tokens") if isinstance(details, dict) else None
+        if reasoning_tokens is None:
+            reasoning_tokens = raw.get("reasoning_tokens")  # SGLang's place: in usage itself
         return Usage(
             prompt_tokens=int(raw.get("prompt_tokens") or 0),
             completion_tokens=raw["completion_tokens"],

@@ -30,6 +30,9 @@ FaultKind = Literal[
     "stream_error",
 ]
 
+# Whose reply shapes the simulator answers in (tmas.testing.personas): its own ("sim"), or a real server's.
+PersonaName = Literal["sim", "vllm", "sglang", "llama-server", "openai"]
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -163,3 +166,13 @@ class SimScript(_Strict):
     accuracy: float = Field(default=1.0, ge=0.0, le=1.0)
     embedding_dim: int = Field(default=256, ge=1)
     log_limit: int = Field(default=100000, ge=0)
+    # The server whose shapes the replies take: where reasoning and cached tokens go, what it does with unknown
+    # fields, n and its /v1/models (tmas.testing.personas). "sim" is the simulator's own, unchanged.
+    persona: PersonaName = "sim"
+    # The server flag that adds cached prompt tokens to usage: vLLM's --enable-prompt-tokens-details, SGLang's
+    # --enable-cache-report (both off by default). llama-server and OpenAI always report them.
+    cache_report: bool = False
+    # Prompt tokens this replica's prefix cache holds (0: no cache); None: the persona's default capacity.
+    prefix_cache_tokens: int | None = Field(default=None, ge=0)
+    # llama-server's slots (-np): each keeps its last prompt cached, and n may not exceed them.
+    slots: int = Field(default=4, ge=1)

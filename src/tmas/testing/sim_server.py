@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import base64
 import contextlib
-import itertools
 import json
 import math
 import random
@@ -33,10 +32,12 @@ from types import TracebackType
 from typing import Any, NamedTuple
 
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
+from tmas.testing.personas import PERSONAS, Persona, cache_capacity, persona_of
+from tmas.testing.prefix_cache import PrefixCache, SlotCache, prompt_tokens
+from tmas.testing.replies import Choice, Reply, certain_logprobs, sse
 from tmas.testing.responders import (
-    TOKEN_RE,
     SimRequest,
     content_text,
     count_tokens,
@@ -45,8 +46,9 @@ from tmas.testing.responders import (
     fake_reasoning,
     garbage_text,
     get_responder,
+    stable_hash,
 )
-from tmas.testing.script import FaultKind, Rule, SimScript
+from tmas.testing.script import FaultKind, Rule, ScriptedUsage, SimScript
 
 ROLE_HEADER = "X-Tmas-Role"
 PROBLEM_HEADER = "X-Tmas-Problem"
@@ -72,6 +74,12 @@ class SimStats(BaseModel):
     faults: dict[str, int] = {}
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Of completion_tokens, the reasoning (reported by the personas as each server does, or hidden by OpenAI).
+    reasoning_tokens: int = 0
+    # Of prompt_tokens, those served from this replica's prefix cache (SimScript.prefix_cache_tokens).
+    cached_prompt_tokens: int = 0
+    # Request fields the persona's server does not know and ignored, by name (vLLM logs them).
+    ignored_fields: dict[str, int] = {}
 
 
 class LoggedRequest(BaseModel):
@@ -103,17 +111,36 @@ class _Active:
     script: SimScript
     rule_counts: list[int]
     rng: random.Random
+    persona: Persona
+    # The replica's prefix cache (None: off); only the server's loop thread touches it.
+    cache: PrefixCache | SlotCache | None
     faults: list[tuple[FaultKind, float]] = field(default_factory=list)
 
     @classmethod
     def of(cls, script: SimScript) -> _Active:
-        return cls(script, [0] * len(script.rules), random.Random(script.seed), script.faults.cumulative())
+        persona = persona_of(script)
+        capacity = cache_capacity(script)
+        cache: PrefixCache | SlotCache | None = None
+        if capacity > 0 and persona.slot_cache:
+            cache = SlotCache(script.slots)
+        elif capacity > 0:
+            if capacity < persona.cache_block_tokens:
+                raise ValueError(
+                    f"prefix_cache_tokens={capacity} is less than one {persona.name} cache block "
+                    f"({persona.cache_block_tokens} tokens)"
+                )
+            cache = PrefixCache(capacity, persona.cache_block_tokens)
+        rng = random.Random(script.seed)
+        return cls(script, [0] * len(script.rules), rng, persona, cache, script.faults.cumulative())
 
 
 class _BadRequest(Exception):
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, status: int = 400, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.status = status
+        self.param = param
+        self.code = code
 
 
 def error_response(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -138,41 +165,6 @@ _STREAM_ERROR = {
     "error": {"message": "Simulated error mid-generation.", "type": "InternalServerError", "param": None, "code": 500}
 }
 _MALFORMED_BODY = '{"id": "chatcmpl-sim", "choices": ['
-
-
-def split_pieces(text: str, n: int = 4) -> list[str]:
-    """``text`` in up to ``n`` streaming deltas, cut at spaces; the pieces concatenate back to ``text``."""
-    if not text:
-        return []
-    cuts: list[int] = []
-    for i in range(1, n):
-        pos = text.find(" ", len(text) * i // n)
-        if 0 < pos < len(text) and (not cuts or pos > cuts[-1]):
-            cuts.append(pos)
-    bounds = [0, *cuts, len(text)]
-    return [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]
-
-
-def token_pieces(text: str) -> list[str]:
-    """``text`` as one streaming delta per simulator token (its spacing in front); they concatenate back to ``text``."""
-    ends = [match.end() for match in TOKEN_RE.finditer(text)]
-    if not ends:
-        return [text] if text else []
-    ends[-1] = len(text)
-    return [text[a:b] for a, b in itertools.pairwise([0, *ends])]
-
-
-def certain_logprobs(content: str, top: Any) -> list[dict[str, Any]]:
-    """A logprobs payload in which every content token (the simulator's tokens, spacing attached in front) had
-    probability 1, with itself as the only alternative listed (none when ``top`` is 0 or absent)."""
-    out: list[dict[str, Any]] = []
-    start = 0
-    for match in TOKEN_RE.finditer(content):
-        token = content[start : match.end()]
-        start = match.end()
-        alternatives = [{"token": token, "logprob": 0.0}] if isinstance(top, int) and top > 0 else []
-        out.append({"token": token, "logprob": 0.0, "top_logprobs": alternatives})
-    return out
 
 
 def embed_text(text: str, dim: int) -> list[float]:
@@ -233,6 +225,7 @@ class SimApp:
                 update={
                     "by_role": dict(self._stats.by_role),
                     "faults": dict(self._stats.faults),
+                    "ignored_fields": dict(self._stats.ignored_fields),
                     "max_problems_in_flight": self._most_problems_at_once(),
                 }
             )
@@ -292,25 +285,19 @@ class SimApp:
         return web.json_response({"status": "ok"})
 
     async def _models(self, request: web.Request) -> web.Response:
-        script = self._active.script
-        model = {
-            "id": script.model,
-            "object": "model",
-            "created": 0,
-            "owned_by": "tmas-sim",
-            "max_model_len": script.context_length,
-        }
-        return web.json_response({"object": "list", "data": [model]})
+        active = self._active
+        persona, script = active.persona, active.script
+        extra = persona.models_extra(script) if persona.models_extra is not None else {}
+        return web.json_response({**extra, "object": "list", "data": [persona.model_card(script)]})
 
     async def _get_stats(self, request: web.Request) -> web.Response:
         return web.json_response(self.stats().model_dump())
 
     async def _post_script(self, request: web.Request) -> web.Response:
         try:
-            script = SimScript.model_validate_json(await request.read())
-        except ValidationError as exc:
+            self.set_script(SimScript.model_validate_json(await request.read()))
+        except ValueError as exc:  # pydantic's ValidationError included
             return error_response(400, f"invalid script: {exc}", "BadRequestError")
-        self.set_script(script)
         return web.json_response({"ok": True})
 
     async def _post_reset(self, request: web.Request) -> web.Response:
@@ -369,12 +356,19 @@ class SimApp:
         with self._lock:
             self._stats.errors += 1
 
-    def _count_done(self, prompt_tokens: int, completion_tokens: int) -> None:
+    def _count_ignored(self, names: list[str]) -> None:
+        with self._lock:
+            for name in names:
+                self._stats.ignored_fields[name] = self._stats.ignored_fields.get(name, 0) + 1
+
+    def _count_done(self, prompt_tokens: int, completion_tokens: int, reasoning: int = 0, cached: int = 0) -> None:
         with self._lock:
             stats = self._stats
             stats.completed += 1
             stats.prompt_tokens += prompt_tokens
             stats.completion_tokens += completion_tokens
+            stats.reasoning_tokens += reasoning
+            stats.cached_prompt_tokens += cached
 
     @staticmethod
     async def _read_json(request: web.Request) -> dict[str, Any]:
@@ -387,8 +381,9 @@ class SimApp:
         return body
 
     @staticmethod
-    def _pick_rule(active: _Active, role: str, texts: list[str]) -> tuple[Rule | None, int]:
-        """The first matching rule with ``times`` not used up, and how many times it applied before.
+    def _pick_rule(active: _Active, role: str, texts: list[str], uses: int = 1) -> tuple[Rule | None, int]:
+        """The first matching rule with ``times`` not used up, and how many times it applied before; it counts
+        ``uses`` applications (one per choice of the request).
 
         Only the loop thread touches ``rule_counts`` (a reset swaps in a new list), so no lock is needed.
         """
@@ -404,7 +399,7 @@ class SimApp:
                     joined = "\n".join(texts)
                 if rule.regex.search(joined) is None:
                     continue
-            active.rule_counts[i] = used + 1
+            active.rule_counts[i] = used + uses
             return rule, used
         return None, 0
 
@@ -449,11 +444,12 @@ class SimApp:
         problem = request.headers.get(PROBLEM_HEADER)
         self._enter(role)
         self._problem_enter(problem)
+        persona = self._active.persona
         try:
             return await self._chat_inner(request, role, received)
         except _BadRequest as exc:
             self._count_error()
-            return error_response(400, exc.message, "BadRequestError")
+            return web.json_response(persona.error(exc.status, exc.message, exc.param, exc.code), status=exc.status)
         finally:
             self._slot_leave(request)
             self._problem_leave(problem)
@@ -462,7 +458,7 @@ class SimApp:
     async def _chat_inner(self, request: web.Request, role: str, received: float) -> web.StreamResponse:
         problem = request.headers.get(PROBLEM_HEADER)
         active = self._active
-        script = active.script
+        script, persona = active.script, active.persona
         try:
             body = await self._read_json(request)
         except _BadRequest:
@@ -474,18 +470,30 @@ class SimApp:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise _BadRequest("'messages' must be a non-empty list of message objects.")
-        n = body.get("n", 1)
-        if n not in (None, 1):
-            raise _BadRequest("The simulator supports only n=1.")
-        if script.response_format == "reject" and body.get("response_format") is not None:
-            kind = body["response_format"].get("type") if isinstance(body["response_format"], dict) else None
-            raise _BadRequest(f"response_format type {kind!r} is not supported by this server")
+        n = 1 if body.get("n") is None else body["n"]
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise _BadRequest("n must be a positive integer.")
+        most = persona.max_n(script)
+        if most is not None and n > most:
+            raise _BadRequest(persona.n_refusal)
+        self._check_fields(active, body)
+        if body.get("response_format") is not None:
+            rf = body["response_format"]
+            kind = rf.get("type") if isinstance(rf, dict) else None
+            if script.response_format == "reject" or (
+                persona.response_formats is not None and kind not in persona.response_formats
+            ):
+                raise _BadRequest(f"response_format type {kind!r} is not supported by this server")
         if script.stream == "refuse" and body.get("stream"):
             raise _BadRequest("stream is not supported by this server")
         streams = bool(body.get("stream")) and script.stream == "accept"
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise _BadRequest("max_tokens must be a positive integer.")
+        id_slot = body.get("id_slot")
+        valid_slot = id_slot in (None, -1) or (isinstance(id_slot, int) and 0 <= id_slot < script.slots)
+        if persona.slot_cache and not valid_slot:
+            raise _BadRequest("Invalid slot ID")
 
         texts = [content_text(m.get("content")) for m in messages]
         prompt_tokens = sum(count_tokens_cached(t) for t in texts) + 4 * len(texts)
@@ -498,7 +506,7 @@ class SimApp:
                 "Please reduce the length of the messages or completion."
             )
 
-        rule, used = self._pick_rule(active, role, texts)
+        rule, used = self._pick_rule(active, role, texts, n)
         fault = rule.fault if rule is not None else self._draw_fault(active)
         if fault is not None:
             self._count_fault(fault)
@@ -511,17 +519,121 @@ class SimApp:
             if replaced is not None:
                 return replaced
 
+        # The prompt is served from the cache once, whatever n is: the choices share its prefill.
+        cached = self._serve_cache(active, messages, texts, id_slot)
+        scripted = rule.usage if rule is not None else None
+        timings: dict[str, Any] | None = None
+        if scripted is not None:
+            prompt_tokens = scripted.prompt_tokens
+            if scripted.cached_tokens is not None and scripted.cached_in == "timings" and not persona.timings:
+                # A scripted llama-server shape: the tokens reused, and the ones computed.
+                timings = {"cache_n": scripted.cached_tokens, "prompt_n": prompt_tokens - scripted.cached_tokens}
+            elif scripted.cached_tokens is not None:
+                cached = scripted.cached_tokens
+        choices = [
+            self._choice(active, role, problem, body, i, n, rule, used, fault, max_tokens, scripted) for i in range(n)
+        ]
+        model = body.get("model") if persona.echoes_model and isinstance(body.get("model"), str) else script.model
+        reply = Reply(
+            persona=persona,
+            script=script,
+            id=f"chatcmpl-{uuid.uuid4().hex}",
+            created=int(received),
+            model=str(model),
+            choices=choices,
+            prompt_tokens=prompt_tokens,
+            cached=cached,
+            timings=timings,
+        )
+        counts = reply.counts()
+        if streams:
+            stream_options = body.get("stream_options")
+            options = stream_options if isinstance(stream_options, dict) else {}
+            reply.continuous_usage = bool(options.get("continuous_usage_stats"))
+            include_usage = bool(options.get("include_usage"))
+            response = await self._stream(request, reply, include_usage, per_token, fault, script.hang_s)
+        else:
+            if per_token > 0 and counts.completion:
+                await asyncio.sleep(per_token * counts.completion)
+            response = web.json_response(reply.completion())
+        self._count_done(prompt_tokens, counts.completion, counts.reasoning, cached or 0)
+        return response
+
+    def _check_fields(self, active: _Active, body: dict[str, Any]) -> None:
+        """What the persona's server does with the request's fields: unknown ones ignored (and counted) or refused;
+        a reasoning model's unsupported parameters; another model's name."""
+        persona, script = active.persona, active.script
+        if persona.known_fields is not None:
+            unknown = [name for name in body if name not in persona.known_fields]
+            if unknown and persona.rejects_unknown:
+                raise _BadRequest(f"Unrecognized request argument supplied: {unknown[0]}", param=unknown[0])
+            if unknown:
+                self._count_ignored(unknown)
+        if script.reasoning:  # the model reasons: a reasoning model's restrictions apply
+            for name, tail in persona.unsupported.items():
+                if body.get(name) is not None:
+                    message = f"Unsupported parameter: '{name}' is not supported with this model.{tail}"
+                    raise _BadRequest(message, param=name, code="unsupported_parameter")
+            for name in persona.default_only:
+                value = body.get(name)
+                if value is not None and value != 1:
+                    message = (
+                        f"Unsupported value: '{name}' does not support {value} with this model. "
+                        "Only the default (1) value is supported."
+                    )
+                    raise _BadRequest(message, param=name, code="unsupported_value")
+        model = body.get("model")
+        if persona.unknown_model is not None and model is not None and model != script.model:
+            raise _BadRequest(persona.unknown_model.format(model=model), 404, "model", "model_not_found")
+
+    @staticmethod
+    def _serve_cache(active: _Active, messages: list[dict[str, Any]], texts: list[str], id_slot: Any) -> int | None:
+        """Prompt tokens this replica's prefix cache served (None: it has none); the prompt then enters it."""
+        cache = active.cache
+        if cache is None:
+            return None
+        tokens = prompt_tokens([(str(m.get("role")), text) for m, text in zip(messages, texts, strict=True)])
+        if isinstance(cache, SlotCache):
+            slot = id_slot if isinstance(id_slot, int) and id_slot >= 0 else None
+            return cache.serve(tokens, slot)[1]
+        hits = cache.serve(tokens)
+        return hits if hits >= active.persona.cache_min_tokens else 0
+
+    def _choice(
+        self,
+        active: _Active,
+        role: str,
+        problem: str | None,
+        body: dict[str, Any],
+        index: int,
+        n: int,
+        rule: Rule | None,
+        used: int,
+        fault: FaultKind | None,
+        max_tokens: int | None,
+        scripted: ScriptedUsage | None,
+    ) -> Choice:
+        """Choice ``index`` of ``n``. With n > 1 each choice is sampled as if asked alone with its own seed (the
+        request's for the first, one derived from it and the index for the others), so the choices differ and are
+        the same on every run."""
+        script, persona = active.script, active.persona
         seed = body.get("seed")
+        sample_body = body
+        if n > 1:
+            sample_body = {k: v for k, v in body.items() if k != "n"}
+            if index > 0:
+                seed = stable_hash(seed, "choice", index) % 2**31
+                sample_body["seed"] = seed
         sim = SimRequest(
             role=role,
             problem_id=problem,
-            messages=messages,
-            body=body,
+            messages=body["messages"],
+            body=sample_body,
             seed=seed if isinstance(seed, int) else None,
             script=script,
         )
         if rule is not None and rule.replies:
-            content = rule.replies[used % len(rule.replies)]
+            content = rule.replies[(used + index) % len(rule.replies)]
         else:
             content = get_responder(role)(sim)
         reasoning: str | None = None
@@ -557,58 +669,21 @@ class SimApp:
         if rule is not None and rule.finish_reason is not None:
             finish_reason = rule.finish_reason
         completion_tokens = reasoning_tokens + content_tokens
-
-        timings: dict[str, Any] | None = None
-        scripted = rule.usage if rule is not None else None
         if scripted is not None:
-            prompt_tokens, completion_tokens = scripted.prompt_tokens, scripted.completion_tokens
-            reasoning_tokens = scripted.reasoning_tokens
-        usage: dict[str, Any] | None = None
-        if script.usage:
-            usage = {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-            }
-            if reasoning is not None or reasoning_tokens:
-                usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
-            if scripted is not None and scripted.cached_tokens is not None:
-                if scripted.cached_in == "usage":
-                    usage["prompt_tokens_details"] = {"cached_tokens": scripted.cached_tokens}
-                else:
-                    # llama-server's shape: the tokens reused from the cache, and the ones it had to compute.
-                    timings = {"cache_n": scripted.cached_tokens, "prompt_n": prompt_tokens - scripted.cached_tokens}
+            completion_tokens, reasoning_tokens = scripted.completion_tokens, scripted.reasoning_tokens
 
         logprobs: list[dict[str, Any]] | None = None
         if body.get("logprobs") and script.logprobs:
             given = rule.logprobs if rule is not None else None
-            logprobs = given if given is not None else certain_logprobs(content, body.get("top_logprobs"))
-        reply = _Reply(
-            id=f"chatcmpl-{uuid.uuid4().hex}",
-            created=int(received),
-            model=script.model,
-            content=content,
-            reasoning=reasoning,
-            finish_reason=finish_reason,
-            usage=usage,
-            logprobs=logprobs,
-            timings=timings,
-        )
-        if streams:
-            stream_options = body.get("stream_options")
-            include_usage = isinstance(stream_options, dict) and bool(stream_options.get("include_usage"))
-            response = await self._stream(request, reply, include_usage, per_token, fault, script.hang_s)
-        else:
-            if per_token > 0 and completion_tokens:
-                await asyncio.sleep(per_token * completion_tokens)
-            response = web.json_response(reply.completion())
-        self._count_done(prompt_tokens, completion_tokens)
-        return response
+            top = body.get("top_logprobs")
+            top = persona.default_top_logprobs if top is None else top
+            logprobs = given if given is not None else certain_logprobs(content, top, persona)
+        return Choice(content, reasoning, finish_reason, logprobs, reasoning_tokens, completion_tokens)
 
     async def _stream(
         self,
         request: web.Request,
-        reply: _Reply,
+        reply: Reply,
         include_usage: bool,
         per_token: float,
         fault: FaultKind | None,
@@ -619,21 +694,11 @@ class SimApp:
         )
         await response.prepare(request)
         # With a per-token latency tokens trickle out one delta each, as from a real server; else in a few pieces.
-        split = token_pieces if per_token > 0 else split_pieces
-        events: list[tuple[bytes, int]] = [(reply.chunk({"role": "assistant", "content": ""}), 0)]
-        for piece in split(reply.reasoning or ""):
-            events.append((reply.chunk({"reasoning_content": piece}), count_tokens(piece)))
-        pieces = split(reply.content)
-        for piece, logprobs in zip(pieces, _spread(reply.logprobs, len(pieces)), strict=True):
-            events.append((reply.chunk({"content": piece}, logprobs=logprobs), count_tokens(piece)))
-        events.append((reply.chunk({}, reply.finish_reason, timings=reply.timings), 0))
-        if include_usage and reply.usage is not None:
-            events.append((_sse({**reply.base("chat.completion.chunk"), "choices": [], "usage": reply.usage}), 0))
-        events.append((b"data: [DONE]\n\n", 0))
+        events = reply.events(include_usage, per_token_deltas=per_token > 0)
         if fault == "malformed":
             events = [events[0], (b"data: " + _MALFORMED_BODY.encode() + b"\n\n", 0)]
         elif fault == "stream_error":
-            events = [*events[:2], (_sse(_STREAM_ERROR), 0), (b"data: [DONE]\n\n", 0)]
+            events = [*events[:2], (sse(_STREAM_ERROR), 0), (b"data: [DONE]\n\n", 0)]
 
         # stall and cut: the opening chunk and the first delta go out, then nothing for hang_s, or a closed socket.
         head = 2 if fault in ("stall", "cut") else len(events)
@@ -720,10 +785,6 @@ class SimApp:
         return web.json_response(payload)
 
 
-def _sse(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj).encode() + b"\n\n"
-
-
 async def _write_events(response: web.StreamResponse, events: list[tuple[bytes, int]], per_token: float) -> None:
     if per_token > 0:
         # Tokens trickle out: each delta waits for its share of the per-token latency.
@@ -733,61 +794,6 @@ async def _write_events(response: web.StreamResponse, events: list[tuple[bytes, 
             await response.write(data)
     elif events:
         await response.write(b"".join(data for data, _ in events))  # one write: far fewer syscalls
-
-
-def _spread(items: list[dict[str, Any]] | None, parts: int) -> list[list[dict[str, Any]] | None]:
-    """``items`` cut into ``parts`` consecutive runs (a streamed reply's logprobs, one run per content delta)."""
-    if items is None:
-        return [None] * parts
-    return [items[len(items) * i // parts : len(items) * (i + 1) // parts] for i in range(parts)]
-
-
-@dataclass
-class _Reply:
-    id: str
-    created: int
-    model: str
-    content: str
-    reasoning: str | None
-    finish_reason: str
-    usage: dict[str, Any] | None
-    logprobs: list[dict[str, Any]] | None = None
-    timings: dict[str, Any] | None = None
-
-    def base(self, obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
-
-    def completion(self) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": self.content}
-        if self.reasoning is not None:
-            message["reasoning_content"] = self.reasoning
-        out = self.base("chat.completion")
-        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": self.finish_reason}
-        if self.logprobs is not None:
-            choice["logprobs"] = {"content": self.logprobs}
-        out["choices"] = [choice]
-        if self.usage is not None:
-            out["usage"] = self.usage
-        if self.timings is not None:
-            out["timings"] = self.timings
-        return out
-
-    def chunk(
-        self,
-        delta: dict[str, Any],
-        finish_reason: str | None = None,
-        *,
-        logprobs: list[dict[str, Any]] | None = None,
-        timings: dict[str, Any] | None = None,
-    ) -> bytes:
-        out = self.base("chat.completion.chunk")
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish_reason}
-        if logprobs is not None:
-            choice["logprobs"] = {"content": logprobs}
-        out["choices"] = [choice]
-        if timings is not None:
-            out["timings"] = timings  # llama-server's, on its last chunk
-        return _sse(out)
 
 
 # ---- running it ---------------------------------------------------------------------------------
@@ -985,6 +991,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--script", type=Path, help="SimScript as a JSON file")
     parser.add_argument("--latency", type=float, help="fixed seconds per call (overrides the script)")
     parser.add_argument("--seed", type=int, help="fault / sampling seed (overrides the script)")
+    parser.add_argument(
+        "--persona",
+        choices=list(PERSONAS),
+        help="answer in this server's shapes (overrides the script)",
+    )
     args = parser.parse_args(argv)
 
     try:
@@ -993,12 +1004,15 @@ def main(argv: list[str] | None = None) -> int:
             data["latency_s"] = args.latency
         if args.seed is not None:
             data["seed"] = args.seed
+        if args.persona is not None:
+            data["persona"] = args.persona
         script = SimScript.model_validate(data)
+        app = SimApp(script)
     except (OSError, ValueError) as exc:  # ValidationError and JSONDecodeError are ValueErrors
         print(f"error: bad script: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_serve_forever(SimApp(script), args.host, args.port))
+        asyncio.run(_serve_forever(app, args.host, args.port))
     except OSError as exc:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
