@@ -35,6 +35,7 @@ from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedUsage, SimScript, SimServer
+from tmas.testing.script import PersonaName
 
 Q = "What is 17*23?"
 
@@ -224,6 +225,20 @@ def test_without_reported_usage_each_choice_keeps_its_own_count_and_the_prompt_c
     ]
 
 
+def test_a_first_choice_usage_stays_with_the_first_sample_and_the_others_are_counted() -> None:
+    # llama-server reports the first choice's usage alone: 120 prompt and 9 completion tokens here.
+    first = Usage(prompt_tokens=120, completion_tokens=9, cached_prompt_tokens=100)
+    texts = ["a" * 36, "b" * 52, "c" * 68]  # 9, 13 and 17 tokens at 4 characters a token
+    completions = [Completion(key=key(i), request_hash="h", content=t, usage=first) for i, t in enumerate(texts)]
+    data = {"usage": {"prompt_tokens": 120, "completion_tokens": 9}}
+    shares = [c.usage for c in share_usage(completions, data, TokenCounter(), "llama-server")]
+    assert shares == [
+        first,
+        Usage(completion_tokens=13, estimated=True),
+        Usage(completion_tokens=17, estimated=True),
+    ]
+
+
 def test_a_failed_request_fails_every_sample_and_missing_choices_go_back() -> None:
     samples = [Sample(request(), key(i), f"h{i}", asyncio.Future(loop=asyncio.new_event_loop())) for i in range(3)]
     failed = Completion(key=key(0), request_hash="h0", error="HTTP 503: busy", error_cause="http_503")
@@ -274,22 +289,49 @@ def majority(sim: SimServer, k: int, **overrides: Any) -> Any:
     return settings_for(sim, method={"name": "majority", "params": {"k": k}}, **overrides)
 
 
-@pytest.mark.parametrize("setting", ["off", "auto"])
-async def test_off_or_a_server_not_known_to_serve_n_gets_one_request_per_sample(
-    sim: SimServer, tmp_path: Path, setting: str
+def boxed(k: int, step: int = 0) -> list[str]:
+    """k replies with distinct answers (100, 101, ...), reply i being 36 + ``step`` * i characters long."""
+    out = []
+    for i in range(k):
+        tail = f"\n\n\\boxed{{{100 + i}}}"
+        out.append(f"Attempt {i}: ".ljust(36 + step * i - len(tail), "x") + tail)
+    return out
+
+
+def stored(run_dir: Path) -> list[tuple[Completion, dict[str, Any]]]:
+    """Every stored call in sample order, with the sampling stored with it."""
+    with RunStore(run_dir, create=False) as store:
+        rows = sorted(store.calls(), key=lambda c: (c.key.iteration or 0, c.key.role, c.key.sample))
+        return [(c, store.call_sampling(c.call_id or 0)) for c in rows]
+
+
+@pytest.mark.parametrize(
+    ("persona", "setting", "sent"),
+    [
+        ("vllm", "auto", [5]),
+        ("sglang", "auto", [5]),
+        ("vllm", "off", [None] * 5),
+        # Not recognised as serving n: the simulator's own ("tmas-sim"), llama-server ("llamacpp"), OpenAI ("system").
+        ("sim", "auto", [None] * 5),
+        ("llama-server", "auto", [None] * 5),
+        ("openai", "auto", [None] * 5),
+    ],
+)
+async def test_auto_sends_n_to_vllm_and_sglang_only(
+    sim: SimServer, tmp_path: Path, persona: PersonaName, setting: str, sent: list[int | None]
 ) -> None:
-    # The simulator names itself "tmas-sim" in /v1/models: "auto" does not batch there.
+    sim.set_script(SimScript(persona=persona))
     result = await asolve(Q, majority(sim, 5, endpoint__batch_samples=setting), run_dir=tmp_path / "run")
     bodies = sim.chat_bodies("solution")
-    assert len(bodies) == 5 and all("n" not in b for b in bodies)
-    assert len({b["seed"] for b in bodies}) == 5
-    assert result.calls == 5
+    assert [b.get("n") for b in bodies] == sent
+    assert result.calls == 5 and sorted(c.key.sample for c, _ in stored(tmp_path / "run")) == list(range(5))
 
 
 async def test_a_server_that_refuses_n_falls_back_to_one_request_per_sample_recorded_once(
     sim: SimServer, tmp_path: Path
 ) -> None:
-    # The simulator answers n > 1 with a 400 naming n, as llama-server does.
+    # llama-server serves at most as many choices as it has slots, and says so in a 400 naming n_cmpl.
+    sim.set_script(SimScript(persona="llama-server", slots=2))
     settings = majority(sim, 5, endpoint__batch_samples="on")
     settings.method.params["iterations"] = 2
     store, settings, todo = prepare_run(tmp_path / "run", settings, [Problem(problem_id="p", question=Q)], resume=False)
@@ -300,12 +342,13 @@ async def test_a_server_that_refuses_n_falls_back_to_one_request_per_sample_reco
     bodies = sim.chat_bodies("solution")
     assert [b.get("n") for b in bodies] == [5] + [None] * 10  # refused once, then never asked again
     assert list(fallbacks) == [sim.base_url] and list(summary.batch_samples_fallbacks) == [sim.base_url]
-    assert fallbacks[sim.base_url]["role"] == "solution" and "n=1" in fallbacks[sim.base_url]["message"]
+    assert fallbacks[sim.base_url]["role"] == "solution" and "n_cmpl" in fallbacks[sim.base_url]["message"]
     assert sorted((c.key.iteration, c.key.sample) for c in rows) == [(t, i) for t in range(2) for i in range(5)]
     assert all(c.ok for c in rows) and summary.calls == 10
 
 
 async def test_pinned_slots_never_batch(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(persona="llama-server"))  # its 4 slots would serve n = 3
     settings = majority(sim, 3, endpoint__batch_samples="on", endpoint__pin_slots=True, endpoint__max_in_flight=1)
     await asolve(Q, settings, run_dir=tmp_path / "run")
     assert [b.get("n") for b in sim.chat_bodies("solution")] == [None] * 3
@@ -324,29 +367,7 @@ def test_batch_samples_is_set_per_endpoint_role_and_environment() -> None:
         load_settings(environ={"TMAS_BATCH_SAMPLES": "sometimes"})
 
 
-# ------------------------------------------------------------------------------------------------ server personas
-needs_personas = pytest.mark.skipif(
-    "persona" not in SimScript.model_fields, reason="needs the simulator's server personas (n > 1, owned_by)"
-)
-
-
-def boxed(k: int, step: int = 0) -> list[str]:
-    """k replies with distinct answers (100, 101, ...), reply i being 36 + ``step`` * i characters long."""
-    out = []
-    for i in range(k):
-        tail = f"\n\n\\boxed{{{100 + i}}}"
-        out.append(f"Attempt {i}: ".ljust(36 + step * i - len(tail), "x") + tail)
-    return out
-
-
-def stored(run_dir: Path) -> list[tuple[Completion, dict[str, Any]]]:
-    """Every stored call in sample order, with the sampling stored with it."""
-    with RunStore(run_dir, create=False) as store:
-        rows = sorted(store.calls(), key=lambda c: (c.key.iteration or 0, c.key.role, c.key.sample))
-        return [(c, store.call_sampling(c.call_id or 0)) for c in rows]
-
-
-@needs_personas
+# ------------------------------------------------------------------------------------------------ what is stored
 async def test_majority_vote_on_vllm_sends_its_samples_as_one_request(sim: SimServer, tmp_path: Path) -> None:
     sim.set_script(SimScript(persona="vllm", rules=[Rule(role="solution", replies=boxed(5))]))
     result = await asolve(Q, majority(sim, 5), run_dir=tmp_path / "run")
@@ -362,15 +383,6 @@ async def test_majority_vote_on_vllm_sends_its_samples_as_one_request(sim: SimSe
     ]
 
 
-@needs_personas
-async def test_off_sends_one_request_per_sample_even_to_vllm(sim: SimServer, tmp_path: Path) -> None:
-    sim.set_script(SimScript(persona="vllm"))
-    await asolve(Q, majority(sim, 5, endpoint__batch_samples="off"), run_dir=tmp_path / "run")
-    bodies = sim.chat_bodies("solution")
-    assert len(bodies) == 5 and all("n" not in b for b in bodies)
-
-
-@needs_personas
 async def test_a_resumed_run_asks_in_one_request_only_for_the_samples_it_lacks(sim: SimServer, tmp_path: Path) -> None:
     sim.set_script(SimScript(persona="sglang"))
     await asolve(Q, majority(sim, 3), run_dir=tmp_path / "run")
@@ -383,7 +395,6 @@ async def test_a_resumed_run_asks_in_one_request_only_for_the_samples_it_lacks(s
     assert [c.key.sample for c, _ in rows] == list(range(5))
 
 
-@needs_personas
 async def test_tmas_first_solutions_and_each_candidates_verifications_go_as_one_request(
     sim: SimServer, tmp_path: Path
 ) -> None:
@@ -399,19 +410,6 @@ async def test_tmas_first_solutions_and_each_candidates_verifications_go_as_one_
     assert len(result.iterations[0].candidates) == 4
 
 
-@needs_personas
-async def test_llama_server_with_fewer_slots_than_samples_refuses_n_and_the_endpoint_falls_back(
-    sim: SimServer, tmp_path: Path
-) -> None:
-    sim.set_script(SimScript(persona="llama-server", slots=2))
-    await asolve(Q, majority(sim, 5, endpoint__batch_samples="on"), run_dir=tmp_path / "run")
-    assert [b.get("n") for b in sim.chat_bodies("solution")] == [5] + [None] * 5
-    with RunStore(tmp_path / "run", create=False) as store:
-        [(url, record)] = store.batch_samples_fallbacks().items()
-    assert url == sim.base_url and "n_cmpl" in record["message"]
-
-
-@needs_personas
 async def test_a_batched_replys_usage_is_split_across_its_samples_as_worked_by_hand(
     sim: SimServer, tmp_path: Path
 ) -> None:
@@ -435,3 +433,21 @@ async def test_a_batched_replys_usage_is_split_across_its_samples_as_worked_by_h
         90,
         64,
     )
+
+
+async def test_on_llama_server_the_first_sample_keeps_the_usage_reported_and_the_others_are_counted(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # llama-server serves n up to its slots; its usage is the first choice's alone: 120 prompt, 30 completion tokens.
+    usage = ScriptedUsage(prompt_tokens=120, completion_tokens=30)
+    rule = Rule(role="solution", replies=boxed(3, step=16), usage=usage)
+    sim.set_script(SimScript(persona="llama-server", rules=[rule]))
+    await asolve(Q, majority(sim, 3, endpoint__batch_samples="on"), run_dir=tmp_path / "run")
+    assert [b["n"] for b in sim.chat_bodies("solution")] == [3]
+    shares = [c.usage for c, _ in stored(tmp_path / "run")]
+    # The others' replies are 52 and 68 characters: 13 and 17 tokens counted at 4 characters a token.
+    assert [(u.prompt_tokens, u.completion_tokens, u.estimated) for u in shares] == [
+        (120, 30, False),
+        (0, 13, True),
+        (0, 17, True),
+    ]

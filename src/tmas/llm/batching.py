@@ -19,7 +19,8 @@ Usage: a server reports one usage per reply: the prompt once, the completion tok
 :func:`share_usage` splits it so that the samples' figures add up to it exactly: the first sample carries the prompt
 and its cached tokens, the others none (the server computed the prompt once); completion and reasoning tokens are
 split in proportion to each choice's own text as the endpoint's token counter counts it (largest remainder). Where
-the server reported no usage, each choice keeps its own counted tokens and only the first counts the prompt. Budgets
+the server reported no usage, each choice keeps its own counted tokens and only the first counts the prompt; where it
+reported the first choice's usage alone (llama-server), the first keeps it and the others' tokens are counted. Budgets
 (``Budget.count``) then charge a batched group what the server computed.
 """
 
@@ -43,6 +44,8 @@ from tmas.llm.types import CallKey, ChatRequest, Completion, Usage
 MAX_SAMPLES_PER_REQUEST = 64
 # The engines whose /v1/models reply makes batch_samples = "auto" send `n` (both share one prefill among the choices).
 BATCHING_SERVERS: frozenset[ServerKind] = frozenset({"vllm", "sglang"})
+# The engines whose reply to n > 1 reports its first choice's usage alone (llama-server); the others sum the choices.
+FIRST_CHOICE_USAGE: frozenset[ServerKind] = frozenset({"llama-server"})
 # How a server says it does not serve this n: older llama-server builds "Only one completion choice is allowed" (a 400,
 # or a 500, read only after its retries), newer ones "n_cmpl cannot be greater than the number of slots"; others name
 # the field `n`.
@@ -175,28 +178,34 @@ def _index(choice: Any, position: int) -> int:
     return index if isinstance(index, int) else position
 
 
-def share_usage(completions: list[Completion], data: dict[str, Any], counter: TokenCounter) -> list[Completion]:
-    """``completions``, read from the choices of the one reply ``data``, with the reply's usage split among them
-    (see the module's docstring); a single completion as it is."""
+def share_usage(
+    completions: list[Completion], data: dict[str, Any], counter: TokenCounter, kind: ServerKind | None = None
+) -> list[Completion]:
+    """``completions``, read from the choices of the one reply ``data`` of a server of ``kind``, with the reply's
+    usage split among them (see the module's docstring); a single completion as it is."""
     if len(completions) < 2:
         return completions
-    if _reports_usage(data):
-        # Each completion was read with the whole reply's usage; its own text says how much of it is its own.
-        reply = completions[0].usage
-        weights = [counter.count(c.content) + counter.count(c.reasoning) for c in completions]
-        reasoning_weights = [counter.count(c.reasoning) for c in completions]
-    else:
-        # Each completion was counted alone, its prompt included.
-        counted = [c.usage for c in completions]
-        weights = [u.completion_tokens for u in counted]
-        reasoning_weights = [u.reasoning_tokens for u in counted]
-        reply = Usage(
-            prompt_tokens=counted[0].prompt_tokens,
-            completion_tokens=sum(weights),
-            reasoning_tokens=sum(reasoning_weights),
-            estimated=counted[0].estimated,
-        )
-    for completion, usage in zip(completions, split_usage(reply, weights, reasoning_weights), strict=True):
+    if not _reports_usage(data):
+        # Each completion was counted alone, its prompt included: the prompt counts once.
+        for completion in completions[1:]:
+            completion.usage = completion.usage.model_copy(update={"prompt_tokens": 0})
+        return completions
+    if kind in FIRST_CHOICE_USAGE:
+        # The usage is the first choice's, its prompt included: the others' completion tokens are counted.
+        for completion in completions[1:]:
+            reasoning = counter.count(completion.reasoning)
+            completion.usage = Usage(
+                completion_tokens=counter.count(completion.content) + reasoning,
+                reasoning_tokens=reasoning,
+                estimated=not counter.exact,
+            )
+        return completions
+    # Each completion was read with the whole reply's usage; its own text says how much of it is its own.
+    weights = [counter.count(c.content) + counter.count(c.reasoning) for c in completions]
+    reasoning_weights = [counter.count(c.reasoning) for c in completions]
+    for completion, usage in zip(
+        completions, split_usage(completions[0].usage, weights, reasoning_weights), strict=True
+    ):
         completion.usage = usage
     return completions
 

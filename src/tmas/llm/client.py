@@ -466,7 +466,7 @@ class LLMClient:
                 ]
                 for completion in done:
                     completion.retry_causes = list(causes)
-                return share_usage(done, data, route.counter)
+                return share_usage(done, data, route.counter, replica.server_kind)
             except _Fatal as exc:
                 message = str(exc)
                 if exc.cause == "structured_output" and structured:
