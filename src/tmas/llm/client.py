@@ -300,7 +300,7 @@ class LLMClient:
         completion = None
         if self._batches_samples(route) is not False:
             completion = await self._batcher.submit(request, key, request_hash)
-        if completion is None:  # no alike call to send it with
+        if completion is None:  # alone: no alike call came with it, or the endpoint takes no n
             [completion] = await self._call_with_retries(route, request, key, request_hash)
         self.stats.calls += 1
         self.stats.usage = self.stats.usage + completion.usage
