@@ -104,6 +104,7 @@ class Sampling(Strict):
 
 StructuredOutput = Literal["auto", "json_schema", "off"]
 StreamMode = Literal["auto", "on", "off"]
+BatchSamples = Literal["auto", "on", "off"]
 
 
 class Endpoint(Strict):
@@ -139,6 +140,13 @@ class Endpoint(Strict):
     # replicas), send each problem's calls to one slot (`id_slot`), one at a time, so that slot's prompt cache holds
     # that problem's shared prefixes (tmas.llm.lanes). On for the embedded model.
     pin_slots: bool = False
+    # Whether calls alike but for their sample index (majority vote's k samples, TMAS's first solutions, a
+    # candidate's verifications), sent together, go as one request with `n` = their count (tmas.llm.batching): the
+    # server computes the shared prompt once. "auto": where /v1/models names the server vLLM or SGLang (`owned_by`),
+    # off elsewhere (llama-server refuses n > 1, or more than its slots; docs/sampling_and_budgets.md says why OpenAI
+    # too); "on": always, falling back to one request per sample (recorded) once a server refuses `n`; "off": never.
+    # Never with pin_slots.
+    batch_samples: BatchSamples = "auto"
 
     @field_validator("base_url", mode="before")
     @classmethod
@@ -165,6 +173,7 @@ class RoleConfig(Strict):
     deadline_s: float | None = Field(default=None, gt=0)
     structured_output: StructuredOutput | None = None
     pin_slots: bool | None = None
+    batch_samples: BatchSamples | None = None
     sampling: Sampling = Field(default_factory=Sampling)
 
     @field_validator("base_url", mode="before")
@@ -322,6 +331,7 @@ ENV_KEYS: dict[str, str] = {
     "TMAS_DEADLINE_S": "endpoint.deadline_s",
     "TMAS_STRUCTURED_OUTPUT": "endpoint.structured_output",
     "TMAS_PIN_SLOTS": "endpoint.pin_slots",
+    "TMAS_BATCH_SAMPLES": "endpoint.batch_samples",
     "TMAS_CONCURRENCY": "concurrency",
     "TMAS_PROBLEMS_IN_FLIGHT": "problems_in_flight",
     "TMAS_LOCAL_MODEL": "local.model",

@@ -95,6 +95,8 @@ class RunSummary:
     structured_output_fallbacks: dict[str, str] = field(default_factory=dict)
     # Endpoint URL -> why it could not stream, for endpoints whose calls went unstreamed (stream = "auto").
     stream_fallbacks: dict[str, str] = field(default_factory=dict)
+    # Endpoint URL -> the server's refusal of n > 1, for endpoints that fell back to one request per sample.
+    batch_samples_fallbacks: dict[str, str] = field(default_factory=dict)
 
     @property
     def cached_prompt_share(self) -> float | None:
@@ -353,6 +355,7 @@ async def run_problems(
         cached_prompt_tokens=counts["cached_prompt_tokens"],
         structured_output_fallbacks={url: str(f["message"]) for url, f in store.structured_fallbacks().items()},
         stream_fallbacks={url: str(f["message"]) for url, f in store.stream_fallbacks().items()},
+        batch_samples_fallbacks={url: str(f["message"]) for url, f in store.batch_samples_fallbacks().items()},
     )
 
 

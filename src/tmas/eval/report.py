@@ -85,6 +85,8 @@ class RunEvaluation:
     structured_fallbacks: dict[str, str] = field(default_factory=dict)
     # Endpoint URL -> why it could not stream, where the run's calls to it went unstreamed.
     stream_fallbacks: dict[str, str] = field(default_factory=dict)
+    # Endpoint URL -> the server's refusal of n > 1, where the run fell back to one request per sample.
+    batch_samples_fallbacks: dict[str, str] = field(default_factory=dict)
     # The paper's name of the run's benchmark, where a paper grid set it (eval/paper_numbers.py).
     paper_benchmark: str | None = None
 
@@ -193,6 +195,9 @@ async def evaluate_run(
             url: str(f.get("message", "")) for url, f in store.structured_fallbacks().items()
         }
         evaluation.stream_fallbacks = {url: str(f.get("message", "")) for url, f in store.stream_fallbacks().items()}
+        evaluation.batch_samples_fallbacks = {
+            url: str(f.get("message", "")) for url, f in store.batch_samples_fallbacks().items()
+        }
     return evaluation
 
 
@@ -417,6 +422,8 @@ def _run_section(doc: Document, e: RunEvaluation) -> None:
         items.append(
             f"streaming: {url} could not stream ({message}); its calls went unstreamed, timeout_s bounding each reply"
         )
+    for url, message in e.batch_samples_fallbacks.items():
+        items.append(f"samples in one request: {url} refused n > 1 ({message}); its samples went one request each")
     doc.add(Bullets(items))
     if e.metrics.iterations:
         rows = []

@@ -1,7 +1,8 @@
 """The async client for OpenAI-compatible ``/v1/chat/completions`` endpoints: the only code that speaks HTTP.
 
 It implements :class:`tmas.llm.model.ChatModel`. Per call: resolve the role's endpoint and sampling
-(:mod:`tmas.llm.sampling`), take a slot under the global cap, pick the least-loaded replica (under its own cap),
+(:mod:`tmas.llm.sampling`), join the alike calls sent with it where the endpoint takes several samples in one request
+(:mod:`tmas.llm.batching`), take a slot under the global cap, pick the least-loaded replica (under its own cap),
 send, read the reply (streamed where the endpoint allows it, :mod:`tmas.llm.stream`), retry transient failures with
 exponential backoff and full jitter, split reasoning from the final content and account tokens. With a store, calls
 pass through :class:`tmas.llm.replay.StoreReplay` first: a finished call is replayed from it, any other is made
@@ -27,11 +28,21 @@ from pydantic import BaseModel, ValidationError
 
 from tmas.config import Endpoint, Sampling, Settings
 from tmas.errors import ConfigError, LLMError
+from tmas.llm.batching import (
+    Sample,
+    SampleBatcher,
+    handed_out,
+    one_per_choice,
+    refuses_n,
+    serves_samples,
+    share_usage,
+)
 from tmas.llm.lanes import SlotQueue, current_lane, pinned_slot
 from tmas.llm.reasoning import split_reasoning
 from tmas.llm.replay import CallStore, StoreReplay
 from tmas.llm.sampling import ResolvedSampling, resolve_role
 from tmas.llm.schema import response_format
+from tmas.llm.server_kind import ServerKind, server_kind
 from tmas.llm.stream import StreamAssembler, StreamError, lines
 from tmas.llm.tokens import TokenCounter
 from tmas.llm.types import CallKey, ChatRequest, Completion, Message, TokenLogprob, Usage
@@ -51,12 +62,14 @@ _STREAM_REFUSAL_STATUS = {400, 404, 415, 422, 501}
 
 
 class FallbackLog(Protocol):
-    """Where the client records that an endpoint refused ``response_format`` or could not stream (implemented by the
-    run store)."""
+    """Where the client records that an endpoint refused ``response_format``, could not stream, or refused several
+    samples in one request (implemented by the run store)."""
 
     def record_structured_fallback(self, endpoint: str, role: str, message: str) -> None: ...
 
     def record_stream_fallback(self, endpoint: str, role: str, message: str) -> None: ...
+
+    def record_batch_samples_fallback(self, endpoint: str, role: str, message: str) -> None: ...
 
 
 class RunCallStore(CallStore, FallbackLog, Protocol):
@@ -93,11 +106,15 @@ class _Replica:
     cap: asyncio.Semaphore | None
     in_flight: int = 0
     context_length: int | None = None
-    context_probed: bool = False
+    # Which engine serves it, as /v1/models said (read once, with the context window).
+    server_kind: ServerKind | None = None
+    probed: bool = False
     # Set once the server refused a response_format: with structured_output = "auto" none is sent to it again.
     structured_refused: bool = False
     # Set once the server could not stream: with stream = "auto" its calls go unstreamed from then on.
     stream_refused: bool = False
+    # Set once the server refused (or ignored) n > 1: its endpoint sends one request per sample from then on.
+    samples_refused: bool = False
     # Calls that start together wait for the one probe of /v1/models instead of going out unchecked.
     probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # The last call to it found no server listening: calls go to the replicas that answer while any does.
@@ -129,6 +146,8 @@ class ClientStats:
     structured_fallbacks: dict[str, str] = field(default_factory=dict)
     # Replica URL -> why it could not stream, for each endpoint whose calls went unstreamed (stream = "auto").
     stream_fallbacks: dict[str, str] = field(default_factory=dict)
+    # Replica URL -> why several samples could not go in one request there (batch_samples), where that happened.
+    batch_samples_fallbacks: dict[str, str] = field(default_factory=dict)
 
 
 class LLMClient:
@@ -156,6 +175,7 @@ class LLMClient:
         self._routes: dict[str, _Route] = {}
         self._session: aiohttp.ClientSession | None = None
         self._rr = 0
+        self._batcher = SampleBatcher(self._send_samples)
 
     async def __aenter__(self) -> LLMClient:
         # The global cap bounds what we send; the connector must not add a lower hidden bound of its own.
@@ -277,7 +297,11 @@ class LLMClient:
             response_format=self._response_format(route, sampling.sampling, reply_model),
         )
         request_hash = request.request_hash(key)
-        completion = await self._call_with_retries(route, request, key, request_hash)
+        completion = None
+        if self._batches_samples(route) is not False:
+            completion = await self._batcher.submit(request, key, request_hash)
+        if completion is None:  # alone: no alike call came with it, or the endpoint takes no n
+            [completion] = await self._call_with_retries(route, request, key, request_hash)
         self.stats.calls += 1
         self.stats.usage = self.stats.usage + completion.usage
         if not completion.ok:
@@ -325,6 +349,47 @@ class LLMClient:
         if self.store is not None:
             self.store.record_stream_fallback(replica.url, role, message)
 
+    def _batches_samples(self, route: _Route) -> bool | None:
+        """Whether alike calls of ``route`` go as one request with ``n`` (``batch_samples``); None while "auto"
+        waits for /v1/models to name the servers."""
+        endpoint = route.endpoint
+        if endpoint.batch_samples == "off" or endpoint.pin_slots or any(r.samples_refused for r in route.replicas):
+            return False
+        if endpoint.batch_samples == "on":
+            return True
+        if not all(r.probed for r in route.replicas):
+            return None
+        return serves_samples(r.server_kind for r in route.replicas)
+
+    async def _send_samples(self, samples: list[Sample]) -> list[Completion | None]:
+        """Two or more alike calls, in sample order (tmas.llm.batching), as one request with ``n`` where the
+        endpoint serves it; None for each call left to its caller to send alone."""
+        route = self.route(samples[0].key.role)
+        if self._batches_samples(route) is None:
+            await asyncio.gather(*(self._probe_models(r) for r in route.replicas))
+        if not self._batches_samples(route):
+            return [None] * len(samples)
+        lead = samples[0]
+        done = await self._call_with_retries(route, lead.request, lead.key, lead.request_hash, n=len(samples))
+        if not done[0].ok and refuses_n(done[0]):
+            self._samples_refused(route, done[0].endpoint, lead.key.role, done[0].error or "")
+            return [None] * len(samples)
+        if len(done) < len(samples):
+            # A server that ignores `n` answers one choice: what came is kept, the other calls go one by one.
+            message = f"asked for n = {len(samples)} choices, the reply held {len(done)}"
+            self._samples_refused(route, done[0].endpoint, lead.key.role, message)
+        return handed_out(done, samples)
+
+    def _samples_refused(self, route: _Route, url: str, role: str, message: str) -> None:
+        """Remember that ``route``'s servers take no ``n`` > 1, and record it once per endpoint."""
+        for replica in route.replicas:
+            replica.samples_refused = True
+        if url in self.stats.batch_samples_fallbacks:
+            return
+        self.stats.batch_samples_fallbacks[url] = message
+        if self.store is not None:
+            self.store.record_batch_samples_fallback(url, role, message)
+
     async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
         """Embedding vectors of ``texts`` from ``role``'s ``/v1/embeddings``, in order, with the same routing, caps
         and retries as chat calls. Raises :class:`LLMError` when the endpoint refuses or retries run out, and
@@ -365,8 +430,10 @@ class LLMClient:
         return delay
 
     async def _call_with_retries(
-        self, route: _Route, request: ChatRequest, key: CallKey, request_hash: str
-    ) -> Completion:
+        self, route: _Route, request: ChatRequest, key: CallKey, request_hash: str, n: int = 1
+    ) -> list[Completion]:
+        """The request's completion; with ``n`` > 1 one request for that many choices and a completion per choice
+        received (tmas.llm.batching). A failure is one failed completion."""
         retry = self.settings.retry
         started = time.monotonic()
         max_tokens = request.sampling.max_tokens
@@ -383,25 +450,33 @@ class LLMClient:
             replica = route.replicas[pin[0]] if pin else self._pick(route.replicas)
             structured = streamed = False
             try:
-                await self._probe_context(replica)
+                await self._probe_models(replica)
                 sent_max = self._fit_context(route, replica, request, max_tokens)
                 structured = self._sends_schema(route, replica, request)
                 body = request.body(sent_max, structured=structured)
+                if n > 1:
+                    body["n"] = n
                 streamed = self._streams(route, replica)
                 if streamed:
                     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
                 data = await self._post(route, replica, body, key, slot=pin[1] if pin else None)
-                done = self._parse(data, route, request, key, request_hash, replica, started, attempt, sent_max)
-                done.retry_causes = causes
-                return done
+                done = [
+                    self._parse(reply, route, request, key, request_hash, replica, started, attempt, sent_max)
+                    for reply in one_per_choice(data, n)
+                ]
+                for completion in done:
+                    completion.retry_causes = list(causes)
+                return share_usage(done, data, route.counter, replica.server_kind)
             except _Fatal as exc:
                 message = str(exc)
                 if exc.cause == "structured_output" and structured:
                     if route.endpoint.structured_output == "json_schema":
                         message = f"server refused response_format (structured_output = 'json_schema'): {message}"
-                        return self._failed(
-                            key, request_hash, request, replica, started, attempt, message, exc.cause, causes
-                        )
+                        return [
+                            self._failed(
+                                key, request_hash, request, replica, started, attempt, message, exc.cause, causes
+                            )
+                        ]
                     # "auto": the same call again at once, as plain text; the refusal is not a failed attempt.
                     self._structured_refused(replica, key.role, message)
                     causes.append(exc.cause)
@@ -410,9 +485,11 @@ class LLMClient:
                 if exc.cause == "stream" and streamed:
                     if route.endpoint.stream == "on":
                         message = f"server refused streaming (stream = 'on'): {message}"
-                        return self._failed(
-                            key, request_hash, request, replica, started, attempt, message, exc.cause, causes
-                        )
+                        return [
+                            self._failed(
+                                key, request_hash, request, replica, started, attempt, message, exc.cause, causes
+                            )
+                        ]
                     # "auto": the same call again at once, unstreamed; the refusal is not a failed attempt.
                     self._stream_refused(replica, key.role, message)
                     causes.append(exc.cause)
@@ -429,7 +506,7 @@ class LLMClient:
                     if max_tokens >= 1:
                         causes.append(exc.cause)
                         continue
-                return self._failed(key, request_hash, request, replica, started, attempt, message, exc.cause, causes)
+                return [self._failed(key, request_hash, request, replica, started, attempt, message, exc.cause, causes)]
             except _Transient as exc:
                 last_error = str(exc)
                 all_connect_failures = all_connect_failures and exc.connect
@@ -445,7 +522,7 @@ class LLMClient:
         if all_connect_failures:
             urls = ", ".join(r.url for r in route.replicas)
             raise EndpointUnreachable(f"endpoint {urls} unreachable for role {key.role!r}: {last_error}")
-        return self._failed(key, request_hash, request, replica, started, attempt, message, last_cause, causes)
+        return [self._failed(key, request_hash, request, replica, started, attempt, message, last_cause, causes)]
 
     def _fit_context(
         self, route: _Route, replica: _Replica, request: ChatRequest, max_tokens: int | None
@@ -465,31 +542,29 @@ class LLMClient:
             )
         return None if max_tokens is None else min(max_tokens, room)
 
-    async def _probe_context(self, replica: _Replica) -> None:
-        """Read the context window from /v1/models once per replica, where the server reports it."""
-        if replica.context_probed or replica.context_length is not None:
+    async def _probe_models(self, replica: _Replica) -> None:
+        """Read /v1/models once per replica: the context window where none is configured and the server reports
+        one, and which engine the server is (:mod:`tmas.llm.server_kind`)."""
+        if replica.probed:
             return
         async with replica.probe_lock:
-            if not replica.context_probed:
-                replica.context_length = await self._read_context_length(replica)
-                replica.context_probed = True
+            if not replica.probed:
+                models = await self._read_models(replica)
+                if replica.context_length is None:
+                    replica.context_length = _context_length(models)
+                replica.server_kind = server_kind(models)
+                replica.probed = True
 
-    async def _read_context_length(self, replica: _Replica) -> int | None:
+    async def _read_models(self, replica: _Replica) -> Any:
+        """The server's /v1/models reply, or None where it gave none that reads as JSON."""
         try:
             assert self._session is not None
             async with self._session.get(f"{replica.url}/models", timeout=aiohttp.ClientTimeout(total=10)) as resp:
                 if resp.status != 200:
                     return None
-                data = await resp.json(content_type=None)
+                return await resp.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
-        for model in data.get("data", []) if isinstance(data, dict) else []:
-            if not isinstance(model, dict):
-                continue
-            for name in ("max_model_len", "context_length", "context_window"):
-                if isinstance(model.get(name), int):
-                    return int(model[name])
-        return None
 
     def _pinned(self, route: _Route) -> tuple[int, int] | None:
         """(replica index, slot index) this call is pinned to (tmas.llm.lanes), or None."""
@@ -679,6 +754,17 @@ async def list_models(url: str, api_key: str | None = None) -> list[str]:
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise LLMError(f"{type(exc).__name__}: {exc}") from None
     return [str(m.get("id")) for m in data.get("data", []) if isinstance(m, dict)]
+
+
+def _context_length(models: Any) -> int | None:
+    """The context window a /v1/models reply reports (vLLM's ``max_model_len``, or another server's name for it)."""
+    for model in models.get("data", []) if isinstance(models, dict) else []:
+        if not isinstance(model, dict):
+            continue
+        for name in ("max_model_len", "context_length", "context_window"):
+            if isinstance(model.get(name), int):
+                return int(model[name])
+    return None
 
 
 async def _read_stream(resp: aiohttp.ClientResponse, url: str) -> dict[str, Any]:

@@ -366,6 +366,15 @@ class RunStore:
         """Endpoint URL -> why it first could not stream (role, server message, time), over the run."""
         return dict(self.get_meta("stream_fallbacks") or {})
 
+    def record_batch_samples_fallback(self, endpoint: str, role: str, message: str) -> None:
+        """Record, once per endpoint, that its server refused (or ignored) several samples in one request (``n``)
+        and the run went on with one request per sample."""
+        self._record_fallback("batch_samples_fallbacks", endpoint, role, message)
+
+    def batch_samples_fallbacks(self) -> dict[str, dict[str, Any]]:
+        """Endpoint URL -> the first refusal of ``n`` > 1 (role, server message, time), over the run."""
+        return dict(self.get_meta("batch_samples_fallbacks") or {})
+
     def _record_fallback(self, meta_key: str, endpoint: str, role: str, message: str) -> None:
         fallbacks = dict(self.get_meta(meta_key) or {})
         if endpoint not in fallbacks:
