@@ -310,7 +310,7 @@ async def _verify_twice(settings_mode: str, sim: SimServer, store: RunStore | No
     async with LLMClient(settings, store) as llm:
         first = await llm.chat("verifier", [user("Grade A.")], reply_model=VerificationReply)
         second = await llm.chat("verifier", [user("Grade B.")], reply_model=VerificationReply)
-        return [first, second, llm.stats.structured_fallbacks]
+        return [first, second, llm.stats.fallbacks.get("structured_output", {})]
 
 
 async def test_auto_falls_back_once_per_endpoint_and_records_it(sim: SimServer, tmp_path: Path) -> None:
@@ -325,7 +325,7 @@ async def test_auto_falls_back_once_per_endpoint_and_records_it(sim: SimServer, 
         assert first.retry_causes == ["structured_output"] and first.attempts == 1
         assert second.retry_causes == []
         assert list(fallbacks) == [sim.base_url]
-        recorded = store.structured_fallbacks()
+        recorded = store.fallbacks("structured_output")
         assert list(recorded) == [sim.base_url]
         assert recorded[sim.base_url]["role"] == "verifier"
         assert "response_format" in recorded[sim.base_url]["message"]
@@ -341,7 +341,7 @@ async def test_a_second_client_records_the_endpoint_once(sim: SimServer, tmp_pat
         async with LLMClient(settings, store) as llm:
             reply = await llm.chat("verifier", [user("Grade C.")], reply_model=VerificationReply)
         assert reply.ok
-        assert len(store.structured_fallbacks()) == 1
+        assert len(store.fallbacks("structured_output")) == 1
 
 
 async def test_json_schema_mode_fails_the_call_with_a_clear_error(sim: SimServer, tmp_path: Path) -> None:
@@ -355,7 +355,7 @@ async def test_json_schema_mode_fails_the_call_with_a_clear_error(sim: SimServer
         assert first.error_cause == "structured_output"
         # Not retried, not fallen back: each call was sent once, with its schema.
         assert ["response_format" in r.body for r in sim.requests] == [True, True]
-        assert fallbacks == {} and store.structured_fallbacks() == {}
+        assert fallbacks == {} and store.fallbacks("structured_output") == {}
 
 
 async def test_off_sends_no_schema(sim: SimServer) -> None:
@@ -368,7 +368,9 @@ async def test_other_client_errors_are_not_taken_for_a_refusal(sim: SimServer) -
     sim.set_script(SimScript(rules=[Rule(fault="http_400")]))
     async with LLMClient(settings_for(sim)) as llm:
         reply = await llm.chat("verifier", [user("Grade A.")], reply_model=VerificationReply)
-        assert not reply.ok and reply.error_cause == "http_400" and llm.stats.structured_fallbacks == {}
+        assert (
+            not reply.ok and reply.error_cause == "http_400" and llm.stats.fallbacks.get("structured_output", {}) == {}
+        )
     assert len(sim.requests) == 1
 
 

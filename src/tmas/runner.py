@@ -91,12 +91,9 @@ class RunSummary:
     retries_by_cause: dict[str, int] = field(default_factory=dict)
     # Prompt tokens the servers took from their prompt caches (as they reported), over the whole run.
     cached_prompt_tokens: int = 0
-    # Endpoint URL -> the server's refusal of response_format, for endpoints that fell back to plain text.
-    structured_output_fallbacks: dict[str, str] = field(default_factory=dict)
-    # Endpoint URL -> why it could not stream, for endpoints whose calls went unstreamed (stream = "auto").
-    stream_fallbacks: dict[str, str] = field(default_factory=dict)
-    # Endpoint URL -> the server's refusal of n > 1, for endpoints that fell back to one request per sample.
-    batch_samples_fallbacks: dict[str, str] = field(default_factory=dict)
+    # Kind -> endpoint URL -> the server's refusal, for each thing a server refused and the run went on without
+    # (tmas.llm.types.FALLBACKS: response_format, streaming, n > 1, a sampling field).
+    fallbacks: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def cached_prompt_share(self) -> float | None:
@@ -353,9 +350,7 @@ async def run_problems(
         failed_calls_by_cause=causes["failed"],
         retries_by_cause=causes["retried"],
         cached_prompt_tokens=counts["cached_prompt_tokens"],
-        structured_output_fallbacks={url: str(f["message"]) for url, f in store.structured_fallbacks().items()},
-        stream_fallbacks={url: str(f["message"]) for url, f in store.stream_fallbacks().items()},
-        batch_samples_fallbacks={url: str(f["message"]) for url, f in store.batch_samples_fallbacks().items()},
+        fallbacks=store.fallback_messages(),
     )
 
 

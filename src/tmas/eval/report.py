@@ -44,6 +44,7 @@ from tmas.eval.roc import ScoreSeparation, score_separation
 from tmas.eval.rules import RuleEquivalence, math_verify_installed
 from tmas.eval.run_results import in_progress, load_results
 from tmas.eval.selection_table import SelectionTable, has_scores, selection_table
+from tmas.llm.types import FALLBACKS
 from tmas.methods.base import ReplyTally
 from tmas.methods.selection import POOL_RULES, SELECT_RULES
 from tmas.store.run_store import RunStore
@@ -81,12 +82,8 @@ class RunEvaluation:
     selection: SelectionTable | None = None
     separation: ScoreSeparation | None = None
     replies: dict[str, ReplyTally] = field(default_factory=dict)
-    # Endpoint URL -> the server's refusal of response_format, where the run fell back to plain text.
-    structured_fallbacks: dict[str, str] = field(default_factory=dict)
-    # Endpoint URL -> why it could not stream, where the run's calls to it went unstreamed.
-    stream_fallbacks: dict[str, str] = field(default_factory=dict)
-    # Endpoint URL -> the server's refusal of n > 1, where the run fell back to one request per sample.
-    batch_samples_fallbacks: dict[str, str] = field(default_factory=dict)
+    # Kind -> endpoint URL -> the server's refusal, for what the run went on without (tmas.llm.types.FALLBACKS).
+    fallbacks: dict[str, dict[str, str]] = field(default_factory=dict)
     # The paper's name of the run's benchmark, where a paper grid set it (eval/paper_numbers.py).
     paper_benchmark: str | None = None
 
@@ -191,13 +188,7 @@ async def evaluate_run(
         evaluation.guidelines = unique_guidelines(results, method_meta)
         evaluation.stopping = stopping_summary(results)
         evaluation.replies = role_replies(store)
-        evaluation.structured_fallbacks = {
-            url: str(f.get("message", "")) for url, f in store.structured_fallbacks().items()
-        }
-        evaluation.stream_fallbacks = {url: str(f.get("message", "")) for url, f in store.stream_fallbacks().items()}
-        evaluation.batch_samples_fallbacks = {
-            url: str(f.get("message", "")) for url, f in store.batch_samples_fallbacks().items()
-        }
+        evaluation.fallbacks = store.fallback_messages()
     return evaluation
 
 
@@ -416,14 +407,9 @@ def _run_section(doc: Document, e: RunEvaluation) -> None:
     if prompt:
         share = cached_share(e.cost.get("cached_prompt_tokens", 0), prompt)
         items.append(f"prompt tokens served from the servers' prompt caches: {share} of {prompt}")
-    for url, message in e.structured_fallbacks.items():
-        items.append(f"structured output: {url} refused response_format ({message}); its calls went on as plain text")
-    for url, message in e.stream_fallbacks.items():
-        items.append(
-            f"streaming: {url} could not stream ({message}); its calls went unstreamed, timeout_s bounding each reply"
-        )
-    for url, message in e.batch_samples_fallbacks.items():
-        items.append(f"samples in one request: {url} refused n > 1 ({message}); its samples went one request each")
+    for kind, refusals in e.fallbacks.items():
+        for url, message in refusals.items():
+            items.append(f"{kind.replace('_', ' ')}: {url} {FALLBACKS.get(kind, 'refused a request')} ({message})")
     doc.add(Bullets(items))
     if e.metrics.iterations:
         rows = []

@@ -45,7 +45,7 @@ from tmas.llm.schema import response_format
 from tmas.llm.server_kind import ServerKind, server_kind
 from tmas.llm.stream import StreamAssembler, StreamError, lines
 from tmas.llm.tokens import TokenCounter
-from tmas.llm.types import CallKey, ChatRequest, Completion, Message, TokenLogprob, Usage
+from tmas.llm.types import CallKey, ChatRequest, Completion, FallbackKind, Message, TokenLogprob, Usage
 
 # Room left for the chat template's own tokens when max_tokens is lowered to fit the context window.
 CONTEXT_MARGIN_TOKENS = 32
@@ -62,14 +62,10 @@ _STREAM_REFUSAL_STATUS = {400, 404, 415, 422, 501}
 
 
 class FallbackLog(Protocol):
-    """Where the client records that an endpoint refused ``response_format``, could not stream, or refused several
-    samples in one request (implemented by the run store)."""
+    """Where the client records that an endpoint refused something it asked and the run went on without it
+    (:data:`tmas.llm.types.FALLBACKS`; implemented by the run store)."""
 
-    def record_structured_fallback(self, endpoint: str, role: str, message: str) -> None: ...
-
-    def record_stream_fallback(self, endpoint: str, role: str, message: str) -> None: ...
-
-    def record_batch_samples_fallback(self, endpoint: str, role: str, message: str) -> None: ...
+    def record_fallback(self, kind: FallbackKind, endpoint: str, role: str, message: str) -> None: ...
 
 
 class RunCallStore(CallStore, FallbackLog, Protocol):
@@ -142,12 +138,8 @@ class ClientStats:
     in_flight: int = 0
     embedding_calls: int = 0
     usage: Usage = field(default_factory=Usage)
-    # Replica URL -> the server's refusal of response_format, for each endpoint that fell back to plain text.
-    structured_fallbacks: dict[str, str] = field(default_factory=dict)
-    # Replica URL -> why it could not stream, for each endpoint whose calls went unstreamed (stream = "auto").
-    stream_fallbacks: dict[str, str] = field(default_factory=dict)
-    # Replica URL -> why several samples could not go in one request there (batch_samples), where that happened.
-    batch_samples_fallbacks: dict[str, str] = field(default_factory=dict)
+    # Kind (tmas.llm.types.FALLBACKS) -> replica URL -> the server's refusal, for what the run went on without.
+    fallbacks: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 class LLMClient:
@@ -329,11 +321,16 @@ class LLMClient:
     def _structured_refused(self, replica: _Replica, role: str, message: str) -> None:
         """Remember (and record, once per endpoint) that this server refuses response_format."""
         replica.structured_refused = True
-        if replica.url in self.stats.structured_fallbacks:
+        self._fell_back("structured_output", replica.url, role, message)
+
+    def _fell_back(self, kind: FallbackKind, url: str, role: str, message: str) -> None:
+        """Record, once per endpoint and kind, what the run goes on without (tmas.llm.types.FALLBACKS)."""
+        seen = self.stats.fallbacks.setdefault(kind, {})
+        if url in seen:
             return
-        self.stats.structured_fallbacks[replica.url] = message
+        seen[url] = message
         if self.store is not None:
-            self.store.record_structured_fallback(replica.url, role, message)
+            self.store.record_fallback(kind, url, role, message)
 
     @staticmethod
     def _streams(route: _Route, replica: _Replica) -> bool:
@@ -343,11 +340,7 @@ class LLMClient:
     def _stream_refused(self, replica: _Replica, role: str, message: str) -> None:
         """Remember (and record, once per endpoint) that this server cannot stream."""
         replica.stream_refused = True
-        if replica.url in self.stats.stream_fallbacks:
-            return
-        self.stats.stream_fallbacks[replica.url] = message
-        if self.store is not None:
-            self.store.record_stream_fallback(replica.url, role, message)
+        self._fell_back("stream", replica.url, role, message)
 
     def _batches_samples(self, route: _Route) -> bool | None:
         """Whether alike calls of ``route`` go as one request with ``n`` (``batch_samples``); None while "auto"
@@ -384,11 +377,7 @@ class LLMClient:
         """Remember that ``route``'s servers take no ``n`` > 1, and record it once per endpoint."""
         for replica in route.replicas:
             replica.samples_refused = True
-        if url in self.stats.batch_samples_fallbacks:
-            return
-        self.stats.batch_samples_fallbacks[url] = message
-        if self.store is not None:
-            self.store.record_batch_samples_fallback(url, role, message)
+        self._fell_back("batch_samples", url, role, message)
 
     async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
         """Embedding vectors of ``texts`` from ``role``'s ``/v1/embeddings``, in order, with the same routing, caps

@@ -59,6 +59,17 @@ def cached_share_text(usage: Usage) -> str:
     return f" ({usage.cached_prompt_tokens:,} cached, {share:.0%})"
 
 
+# What a server may refuse that a run goes on without, recorded once per endpoint (the run store's fallbacks), and
+# what the run did instead.
+FallbackKind = Literal["structured_output", "stream", "batch_samples", "sampling"]
+FALLBACKS: dict[str, str] = {
+    "structured_output": "refused response_format; its calls went on as plain text",
+    "stream": "could not stream; its calls went unstreamed, timeout_s bounding each whole reply",
+    "batch_samples": "refused n > 1; its samples went one request each",
+    "sampling": "refused a sampling field; its calls went on without it, or under the name it asked for",
+}
+
+
 class CallKey(BaseModel):
     """Identifies a call for caching and replay: the same request with the same sample index is the same call."""
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tmas.errors import TmasError
-from tmas.llm.types import CallKey, ChatRequest, Completion, TokenLogprob, Usage
+from tmas.llm.types import FALLBACKS, CallKey, ChatRequest, Completion, FallbackKind, TokenLogprob, Usage
 from tmas.problems import Problem
 from tmas.version import __version__
 
@@ -350,36 +350,25 @@ class RunStore:
             "cached_prompt_tokens": row[6],
         }
 
-    def record_structured_fallback(self, endpoint: str, role: str, message: str) -> None:
-        """Record, once per endpoint, that its server refused ``response_format`` and the run went on without."""
-        self._record_fallback("structured_output_fallbacks", endpoint, role, message)
-
-    def structured_fallbacks(self) -> dict[str, dict[str, Any]]:
-        """Endpoint URL -> the first refusal of ``response_format`` (role, server message, time), over the run."""
-        return dict(self.get_meta("structured_output_fallbacks") or {})
-
-    def record_stream_fallback(self, endpoint: str, role: str, message: str) -> None:
-        """Record, once per endpoint, that its server could not stream and the run went on unstreamed."""
-        self._record_fallback("stream_fallbacks", endpoint, role, message)
-
-    def stream_fallbacks(self) -> dict[str, dict[str, Any]]:
-        """Endpoint URL -> why it first could not stream (role, server message, time), over the run."""
-        return dict(self.get_meta("stream_fallbacks") or {})
-
-    def record_batch_samples_fallback(self, endpoint: str, role: str, message: str) -> None:
-        """Record, once per endpoint, that its server refused (or ignored) several samples in one request (``n``)
-        and the run went on with one request per sample."""
-        self._record_fallback("batch_samples_fallbacks", endpoint, role, message)
-
-    def batch_samples_fallbacks(self) -> dict[str, dict[str, Any]]:
-        """Endpoint URL -> the first refusal of ``n`` > 1 (role, server message, time), over the run."""
-        return dict(self.get_meta("batch_samples_fallbacks") or {})
-
-    def _record_fallback(self, meta_key: str, endpoint: str, role: str, message: str) -> None:
+    def record_fallback(self, kind: FallbackKind, endpoint: str, role: str, message: str) -> None:
+        """Record, once per endpoint and kind, that its server refused what the client asked and the run went on
+        without it (:data:`FALLBACKS` says what each kind is)."""
+        meta_key = f"{kind}_fallbacks"
         fallbacks = dict(self.get_meta(meta_key) or {})
         if endpoint not in fallbacks:
             fallbacks[endpoint] = {"role": role, "message": message, "at": time.time()}
             self.set_meta(meta_key, fallbacks)
+
+    def fallbacks(self, kind: str) -> dict[str, dict[str, Any]]:
+        """Endpoint URL -> the first refusal of this kind (role, server message, time), over the run."""
+        return dict(self.get_meta(f"{kind}_fallbacks") or {})
+
+    def fallback_messages(self) -> dict[str, dict[str, str]]:
+        """Kind -> endpoint URL -> the server's message, for each kind of fallback the run made."""
+        found = {
+            kind: {url: str(f.get("message", "")) for url, f in self.fallbacks(kind).items()} for kind in FALLBACKS
+        }
+        return {kind: urls for kind, urls in found.items() if urls}
 
     def replies_by_role(self) -> dict[str, tuple[int, int]]:
         """Successful calls per role over the whole run, and how many of them were cut at max_tokens."""
