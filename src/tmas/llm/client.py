@@ -52,6 +52,11 @@ CONTEXT_MARGIN_TOKENS = 32
 # vLLM/OpenAI wording of a context overflow; the numbers let us retry once with a smaller max_tokens.
 _CONTEXT_ERROR = re.compile(r"maximum context length is (\d+) tokens.*?\((\d+) in the messages", re.S)
 _RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+# OpenAI's wording of a field a model refuses: "Unsupported parameter: 'max_tokens' ... Use 'max_completion_tokens'
+# instead." and "Unsupported value: 'temperature' does not support 0.7 with this model. Only the default (1) value is
+# supported." Only these sampling fields are adapted; any other refusal fails the call as before.
+_REFUSED_FIELD = re.compile(r"Unsupported (?:parameter|value): '(\w+)'(?:.*?Use '(\w+)' instead)?", re.S)
+_ADAPTABLE_FIELDS = frozenset({"max_tokens", "temperature", "top_p", "logprobs", "top_logprobs"})
 # How servers without (full) structured-output support word their refusal of a response_format: llama-server
 # ("response_format type not supported", grammar errors), vLLM/SGLang ("guided decoding", "xgrammar"), OpenAI.
 _SCHEMA_REFUSAL = re.compile(r"response_format|json_schema|json schema|grammar|guided|structured output", re.I)
@@ -109,6 +114,9 @@ class _Replica:
     structured_refused: bool = False
     # Set once the server could not stream: with stream = "auto" its calls go unstreamed from then on.
     stream_refused: bool = False
+    # Sampling fields the server refused -> the name it asked for instead, or None where it is left out (OpenAI's
+    # reasoning models: max_tokens -> max_completion_tokens; temperature, top_p, logprobs left out).
+    renamed: dict[str, str | None] = field(default_factory=dict)
     # Set once the server refused (or ignored) n > 1: its endpoint sends one request per sample from then on.
     samples_refused: bool = False
     # Calls that start together wait for the one probe of /v1/models instead of going out unchecked.
@@ -442,7 +450,7 @@ class LLMClient:
                 await self._probe_models(replica)
                 sent_max = self._fit_context(route, replica, request, max_tokens)
                 structured = self._sends_schema(route, replica, request)
-                body = request.body(sent_max, structured=structured)
+                body = _adapted(request.body(sent_max, structured=structured), replica)
                 if n > 1:
                     body["n"] = n
                 streamed = self._streams(route, replica)
@@ -482,6 +490,18 @@ class LLMClient:
                     # "auto": the same call again at once, unstreamed; the refusal is not a failed attempt.
                     self._stream_refused(replica, key.role, message)
                     causes.append(exc.cause)
+                    attempt -= 1
+                    continue
+                refused = _refused_field(message) if exc.cause == "http_400" else None
+                if refused is not None and refused[0] in body:
+                    # A sampling field this model refuses (OpenAI's reasoning models: max_tokens under another
+                    # name, temperature and top_p only at their defaults): sent again at once without it, or under
+                    # the name the server asked for, and so for the rest of the run; recorded. (A call sent before
+                    # another learnt the same refusal just goes again: the field is no longer in its body.)
+                    field_name, replacement = refused
+                    replica.renamed[field_name] = replacement
+                    self._fell_back("sampling", replica.url, key.role, message)
+                    causes.append("sampling")
                     attempt -= 1
                     continue
                 match = _CONTEXT_ERROR.search(message)
@@ -743,6 +763,24 @@ async def list_models(url: str, api_key: str | None = None) -> list[str]:
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise LLMError(f"{type(exc).__name__}: {exc}") from None
     return [str(m.get("id")) for m in data.get("data", []) if isinstance(m, dict)]
+
+
+def _refused_field(message: str) -> tuple[str, str | None] | None:
+    """(the sampling field a server refused, the name it asked for instead or None), where its message says so."""
+    match = _REFUSED_FIELD.search(message)
+    if match is None or match.group(1) not in _ADAPTABLE_FIELDS:
+        return None
+    return match.group(1), match.group(2)
+
+
+def _adapted(body: dict[str, Any], replica: _Replica) -> dict[str, Any]:
+    """``body`` with the fields ``replica``'s server refused renamed as it asked, or left out."""
+    for name, replacement in replica.renamed.items():
+        if name in body:
+            value = body.pop(name)
+            if replacement is not None:
+                body[replacement] = value
+    return body
 
 
 def _context_length(models: Any) -> int | None:
