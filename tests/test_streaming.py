@@ -16,6 +16,7 @@ from tmas.llm.client import LLMClient
 from tmas.llm.types import CallKey, Completion, TokenLogprob, user
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedUsage, SimScript, SimServer
+from tmas.testing.responders import count_tokens
 
 QUESTION = [user("What is 17*23?")]
 # 20 simulator tokens: with 0.05 s per token a reply of 1 s whose deltas come 0.05 s apart.
@@ -208,3 +209,22 @@ def test_stream_timeout_and_deadline_per_endpoint_role_and_environment(tmp_path:
     assert (settings.endpoint.stream, settings.endpoint.timeout_s, settings.endpoint.deadline_s) == ("on", 120, 7200)
     judge = LLMClient(settings).route("judge").endpoint
     assert (judge.stream, judge.timeout_s, judge.deadline_s) == ("off", 120, 90)
+
+
+# ------------------------------------------------------------------------------------------------ thinking lengths
+@pytest.mark.parametrize("persona", ["vllm", "sglang"])
+async def test_a_thinking_length_reply_streams_whole_with_its_reasoning_apart(persona: str) -> None:
+    # A thinking model's reply: 30,000 tokens of reasoning, then the answer, streamed in the shapes vLLM and SGLang
+    # send (vLLM's `reasoning`, SGLang's `reasoning_content`); one delta per token under a per-token latency too
+    # small to slow the test, so the client assembles 30,000 events.
+    thought = "step " * 30_000
+    script = SimScript(
+        persona=persona, rules=[Rule(replies=["So \\boxed{391}."], reasoning=thought)], latency_per_token_s=1e-9
+    )
+    async with SimServer(script) as sim:
+        reply = await one_call(settings_for(sim, endpoint__timeout_s=5.0, sampling__max_tokens=40_000))
+    assert reply.ok, reply.error
+    assert reply.content == "So \\boxed{391}." and reply.reasoning == thought.strip()
+    # The server's own usage (the usage chunk), not a count of ours: 30,000 + the answer's 7 simulator tokens.
+    assert reply.usage.completion_tokens == 30_000 + count_tokens(reply.content)
+    assert reply.usage.reasoning_tokens == 30_000 and not reply.usage.estimated
