@@ -279,8 +279,9 @@ async def test_both_ablations(sim: SimServer) -> None:
 async def test_early_stopping_stops_and_says_why(sim: SimServer) -> None:
     result = await run_tmas(sim, n=3, m=2, iterations=8, early_stop=True, early_stop_patience=2, early_stop_score=0.5)
     assert len(result.iterations) == 2
-    assert result.stopped_reason is not None and "2 consecutive iterations" in result.stopped_reason
+    assert result.stopped_reason == "settled (early_stop)"
     last = result.iterations[-1]
+    assert "settled for 2 consecutive iteration(s)" in last.state["early_stop"]["reason"]
     assert last.state["early_stop"]["iteration"] == 1 and last.state["experience_update"]["status"] == "skipped"
     assert sim.stats().by_role["experience"] == 1  # the stopping iteration's memory update is skipped
     assert result.answer == "391"

@@ -93,6 +93,8 @@ class RunSummary:
     cached_prompt_tokens: int = 0
     # Endpoint URL -> the server's refusal of response_format, for endpoints that fell back to plain text.
     structured_output_fallbacks: dict[str, str] = field(default_factory=dict)
+    # The run's one-line notices (e.g. confidence rules on a server without log-probabilities), each kind once.
+    notices: list[str] = field(default_factory=list)
 
     @property
     def cached_prompt_share(self) -> float | None:
@@ -350,6 +352,7 @@ async def run_problems(
         retries_by_cause=causes["retried"],
         cached_prompt_tokens=counts["cached_prompt_tokens"],
         structured_output_fallbacks={url: str(f["message"]) for url, f in store.structured_fallbacks().items()},
+        notices=list(store.notices().values()),
     )
 
 

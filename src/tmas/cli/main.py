@@ -131,6 +131,8 @@ def solve(
             f" {u.completion_tokens} (reasoning {u.reasoning_tokens}){' (estimated)' if u.estimated else ''}",
             err=True,
         )
+    for line in result.notices:
+        typer.echo(f"tmas: notice: {line}", err=True)
     if result.status != "done":
         typer.echo(f"tmas: the method failed: {result.error}", err=True)
         raise typer.Exit(1)
@@ -222,6 +224,8 @@ def _execute(store: RunStore, settings: Settings, todo: StoredProblems) -> None:
     typer.echo(json.dumps(summary.to_dict(), indent=2))
     for line in summary.warnings:
         typer.echo(f"warning: {line}", err=True)
+    for line in summary.notices:
+        typer.echo(f"notice: {line}", err=True)
 
 
 @app.command()

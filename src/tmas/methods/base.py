@@ -20,6 +20,7 @@ from tmas.config import Budget, Sampling
 from tmas.llm.model import ChatModel
 from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling
 from tmas.llm.types import CallKey, Completion, Message, Usage
+from tmas.methods.confidence import Confidence
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
 
@@ -34,6 +35,9 @@ class Candidate(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     finish_reason: str | None = None
     error: str | None = None
+    # How sure the model was of the reply, from its token log-probabilities (DeepConf's measures: see
+    # methods/confidence.py); None unless the method asked for them and the server sent them.
+    confidence: Confidence | None = None
     meta: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -112,6 +116,9 @@ class ProblemResult(BaseModel):
     # Set when the answer is not from the last iteration's pool, which held no answered candidate (numeric mode):
     # the earlier iteration and candidate it came from, and why (see methods/selection.py, ``select_answered``).
     fallback: dict[str, Any] | None = None
+    # One-line notices about the run this problem raised (e.g. confidence rules without log-probabilities), each once;
+    # the run store keeps each kind once for the whole run (``RunStore.notices``).
+    notices: list[str] = Field(default_factory=list)
 
 
 class BudgetExhausted(Exception):
@@ -188,6 +195,18 @@ class ProblemSession:
         # Role -> (the method's preset sampling, the user's own method sampling) for that role: their layers of
         # the one resolution (tmas.llm.sampling), set by a method that has them (TMAS).
         self.method_sampling: dict[str, tuple[Sampling | None, Sampling | None]] = {}
+        # Kind -> the one-line notice this problem raised (see :meth:`notice`).
+        self.notices: dict[str, str] = {}
+
+    def notice(self, kind: str, message: str) -> bool:
+        """Raise the run-level notice ``kind`` (one line): kept once in this problem's result and once in the run's
+        store. True the first time this problem raises it, so the method notes it in that iteration's record."""
+        if kind in self.notices:
+            return False
+        self.notices[kind] = message
+        if self.store is not None:
+            self.store.record_notice(kind, message)
+        return True
 
     async def chat(
         self,
@@ -319,6 +338,7 @@ class ProblemSession:
             calls=self.spent_calls,
             failed_calls=self.spent_failed,
             usage=self.spent_usage,
+            notices=list(self.notices.values()),
         )
 
 
