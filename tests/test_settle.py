@@ -15,6 +15,13 @@ from typer.testing import CliRunner
 from conftest import settings_for
 from tmas.api import arun, asolve
 from tmas.cli.main import app
+from tmas.eval.analysis import stopping_summary
+from tmas.eval.document import Document
+from tmas.eval.grading import Grades
+from tmas.eval.metrics import compute_metrics
+from tmas.eval.report import RunEvaluation, _run_section
+from tmas.eval.roc import confidence_separation
+from tmas.eval.run_results import load_results
 from tmas.methods.base import ProblemResult
 from tmas.methods.confidence_params import CONFIDENCE_NOTICE
 from tmas.methods.majority import VOTE_DECIDED
@@ -191,3 +198,62 @@ async def test_tmas_does_not_stop_unless_settled(sim: SimServer, rules: list[Rul
     result = await tmas(sim, n=2, m=1, iterations=2, early_stop=True, early_stop_patience=1)
     assert len(result.iterations) == 2 and result.stopped_reason is None, why
     assert "early_stop" not in result.iterations[0].state
+
+
+# ---------------------------------------------------------------------------------------------- report
+async def test_the_report_shows_confidence_stops_and_notices(sim: SimServer, tmp_path: Path) -> None:
+    problems = tmp_path / "p.jsonl"
+    problems.write_text(json.dumps({"problem_id": "q", "question": Q, "answer": "391"}) + "\n")
+    # Run 1: two right samples at confidence 3, two wrong at 1, weighted by confidence.
+    rules = [
+        Rule(role="solution", times=2, replies=[boxed("391")], logprobs=payload(3.0)),
+        Rule(role="solution", times=2, replies=[boxed("390")], logprobs=payload(1.0)),
+    ]
+    sim.set_script(SimScript(rules=rules))
+    params: dict[str, Any] = {"k": 4, "select": "confidence_vote"}
+    await arun(problems, tmp_path / "weighted", settings_for(sim, method={"name": "majority", "params": params}))
+    # Run 2: a server without log-probabilities; every sample right, so the Beta stop ends it after one round.
+    sim.set_script(SimScript(logprobs=False))
+    params = {"k": 8, "select": "confidence_vote", "stop": "beta"}
+    await arun(problems, tmp_path / "stopped", settings_for(sim, method={"name": "majority", "params": params}))
+    doc = Document("report")
+    for name in ("weighted", "stopped"):
+        _run_section(doc, evaluation_of(tmp_path / name))
+    markdown = doc.markdown()
+    assert "ROC area of candidate confidence" in markdown
+    assert (
+        "ROC area 1.000 over 2 right and 2 wrong measured candidates; mean tail confidence (DeepConf) right 3.000"
+        in (markdown)
+    )
+    assert f"1 problems stopped early ({{'{VOTE_DECIDED}': 1}})" in markdown
+    assert "mean calls of a stopped problem 4.0" in markdown
+    assert markdown.count(f"notice: {CONFIDENCE_NOTICE}") == 1
+
+
+def evaluation_of(run_dir: Path) -> RunEvaluation:
+    """What ``evaluate_run`` computes for the sections under test, with answers graded by hand (391 is right)."""
+    with RunStore(run_dir, create=False) as store:
+        results = load_results(store)
+        notices = store.notices()
+    grades = Grades(runs=1)
+    for r in results:
+        for rec in r["iterations"]:
+            for c in rec["candidates"]:
+                grades.verdicts[(r["problem_id"], rec["iteration"], c["index"])] = [c["answer"] == "391"]
+    e = RunEvaluation(
+        run_dir=run_dir,
+        label="majority",
+        benchmark="b",
+        method="majority",
+        params={},
+        model=None,
+        problems=1,
+        done=1,
+        failed=0,
+        metrics=compute_metrics(results, grades, mv_k=None),
+        grades=grades,
+    )
+    e.confidence = confidence_separation(results, grades, "tail")
+    e.confidence = e.confidence if e.confidence.available else None
+    e.stopping, e.notices = stopping_summary(results), notices
+    return e
