@@ -144,6 +144,22 @@ def test_the_cli_prints_the_notice_once(sim: SimServer, tmp_path: Path, monkeypa
     assert [line for line in out.stderr.splitlines() if line.startswith("notice:")] == [f"notice: {CONFIDENCE_NOTICE}"]
 
 
+def test_run_help_lists_the_rules_and_their_sources() -> None:
+    out = CliRunner().invoke(app, ["run", "--help"])
+    assert out.exit_code == 0
+    text = " ".join(out.output.split())  # as wrapped for any terminal width
+    assert "majority: iterations=1, mode=numeric, confidence=false," in text
+    assert "k=64, select=vote, stop=fixed, stop_threshold=0.95, round_size=4" in text
+    assert "early_stop=false, early_stop_patience=2, early_stop_score=0.9, early_stop_agreement=1.0" in text
+    assert "stop (majority): fixed: k samples; beta: rounds until the leader cannot be overtaken" in text
+    assert "(Adaptive-Consistency, Aggarwal et al. 2023)" in text
+    assert (
+        "select (tmas): best_score (Algorithm 1), vote, score_weighted_vote, confidence_vote or filtered_vote" in text
+    )
+    assert "the candidates agree and every verification passes (beyond the TMAS paper; on in the local preset)" in text
+    assert "confidence_share (tmas, majority): filtered_vote: the most confident share eta that votes" in text
+
+
 # ---------------------------------------------------------------------------------------------- stopping
 async def test_beta_stop_saves_the_samples_a_decided_vote_does_not_need(sim: SimServer) -> None:
     fixed = await majority(sim, k=16)

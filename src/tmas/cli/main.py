@@ -16,6 +16,7 @@ from tmas import __version__
 from tmas.cli.cases import cases_app
 from tmas.cli.data import add_data_commands
 from tmas.cli.estimate import EstimateFlags, estimate_options
+from tmas.cli.method_help import method_parameters_help
 from tmas.cli.options import (
     BaseUrlOpt,
     ConfigOpt,
@@ -53,6 +54,8 @@ app = typer.Typer(
 
 # The option group every command that talks to a model shares is declared once, in tmas.cli.options.
 LimitOpt = Annotated[int | None, typer.Option("--limit", help="Only the first N problems.")]
+# Every method's parameters and the stopping and confidence rules, at the end of --help of the commands with --param.
+METHOD_PARAMETERS = method_parameters_help()
 
 
 def _version(value: bool) -> None:
@@ -95,7 +98,7 @@ def _read_question(question: str | None, file: Path | None) -> str:
         raise InputError(f"{where}: question is not valid UTF-8 (byte {exc.start})") from None
 
 
-@app.command()
+@app.command(epilog=METHOD_PARAMETERS)
 @model_options
 def solve(
     flags: ModelFlags,
@@ -138,7 +141,7 @@ def solve(
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(epilog=METHOD_PARAMETERS)
 @model_options
 @estimate_options
 def run(
@@ -350,7 +353,7 @@ def report(
     typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
 
 
-@app.command("eval")
+@app.command("eval", epilog=METHOD_PARAMETERS)
 @model_options
 @estimate_options
 def evaluate(
@@ -383,7 +386,7 @@ def evaluate(
     typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
 
 
-@app.command()
+@app.command(epilog=METHOD_PARAMETERS)
 @model_options
 @estimate_options
 def sweep(

@@ -105,7 +105,8 @@ class TMASParams(StyledParams, ConfidenceParams):
     # skipped (nothing reads it); its summaries are already written, inside each candidate's chain.
     early_stop: bool = Field(
         default=False,
-        description="stop a problem when its answer is settled: the candidates agree and every verification passes",
+        description="stop a problem when its answer is settled: the candidates agree and every verification passes"
+        " (beyond the TMAS paper; on in the local preset)",
     )
     early_stop_patience: int = Field(default=2, ge=1, description="early_stop: settled iterations in a row")
     early_stop_score: float = Field(
