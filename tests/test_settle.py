@@ -142,6 +142,11 @@ def test_the_cli_prints_the_notice_once(sim: SimServer, tmp_path: Path, monkeypa
     out = CliRunner().invoke(app, [*args, "-p", "k=2", "-p", "select=filtered_vote"])
     assert out.exit_code == 0, out.output
     assert [line for line in out.stderr.splitlines() if line.startswith("notice:")] == [f"notice: {CONFIDENCE_NOTICE}"]
+    # tmas solve says it as well, after the answer.
+    solve = ["solve", Q, "--base-url", sim.base_url, "-m", "majority", "-p", "k=2", "-p", "select=confidence_vote"]
+    out = CliRunner().invoke(app, solve)
+    assert out.exit_code == 0 and out.stdout.strip() == "391", out.output
+    assert out.stderr.splitlines()[-1] == f"tmas: notice: {CONFIDENCE_NOTICE}"
 
 
 def test_run_help_lists_the_rules_and_their_sources() -> None:

@@ -63,7 +63,8 @@ class SlidingGroups:
         if window < 1:
             raise ValueError(f"confidence window must be at least 1 token, not {window}")
         self.window = window
-        self._recent: deque[float] = deque(maxlen=window)
+        self._recent: deque[float] = deque()
+        self._window_sum = 0.0
         self.count = 0
         self.total = 0.0
         # The lowest full group seen so far (None until ``window`` tokens have arrived).
@@ -72,18 +73,21 @@ class SlidingGroups:
     def push(self, confidence: float) -> float | None:
         """Add the next token's C_i; the group confidence of the last ``window`` tokens once there are that many."""
         self._recent.append(confidence)
+        self._window_sum += confidence
+        if len(self._recent) > self.window:
+            # A running sum: a thinking trace has tens of thousands of tokens and windows of thousands.
+            self._window_sum -= self._recent.popleft()
         self.count += 1
         self.total += confidence
         if len(self._recent) < self.window:
             return None
-        # Summed afresh, not as a running difference: no drift over a long trace, and a window is small.
-        group = sum(self._recent) / self.window
+        group = self._window_sum / self.window
         self.lowest = group if self.lowest is None else min(self.lowest, group)
         return group
 
     def tail(self) -> float | None:
         """The mean of the last ``window`` token confidences (all of them in a shorter trace)."""
-        return sum(self._recent) / len(self._recent) if self._recent else None
+        return self._window_sum / len(self._recent) if self._recent else None
 
 
 def trace_confidence(logprobs: Iterable[TokenLogprob] | None, window: int) -> Confidence | None:
