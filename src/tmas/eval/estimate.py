@@ -280,9 +280,12 @@ def estimate_point(
         if budget.tokens is not None and budget.count == "completion" and per_problem > budget.tokens:
             # Calls in flight when the budget runs out still finish: a problem may pass it by that much.
             per_problem = float(budget.tokens)
-            count.note = "; ".join(
-                filter(None, [count.note, f"the token budget stops each problem near {budget.tokens}"])
+            where = (
+                f"the pooled token budget stops the run near {budget.tokens * problems}"
+                if budget.pool
+                else f"the token budget stops each problem near {budget.tokens}"
             )
+            count.note = "; ".join(filter(None, [count.note, where]))
         point.completion_tokens = problems * per_problem
         if count.fewest is not None:
             point.fewest_completion_tokens = problems * min(_completion(count.fewest, per_call), per_problem)
