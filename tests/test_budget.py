@@ -249,6 +249,12 @@ async def test_a_pooled_budget_gives_what_a_settled_problem_left_to_an_open_one(
     assert (b.calls, b.usage.completion_tokens, b.stopped_reason, b.budget_drawn) == (14, 140, "budget", 50)
     last = b.iterations[-1]
     assert last.iteration == 3 and len(last.candidates) == 2
+    stop = last.state["stop"]
+    assert (stop["drawn"], stop["stopped"], stop["reason"]) == (
+        2,
+        False,
+        "the budget stopped sampling after 2 of 4 samples",
+    )
     assert last.notes[-1] == (
         "stopped: budget spent (140 completion tokens of a budget of 90 and 50 drawn from the run's pool) in"
         " iteration 3; 2 of 4 candidates finished"

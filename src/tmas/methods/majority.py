@@ -80,7 +80,7 @@ class MajorityVote(Method[MajorityParams]):
             state: dict[str, Any] = {"samples": len(pool), "votes": dict(Counter(keys).most_common(10))}
             if p.stop == "beta":
                 reading = decided or beta_vote_stop(keys, p.stop_threshold)
-                state["stop"] = self._stop_record(session, drawn, reading)
+                state["stop"] = self._stop_record(session, drawn, reading, decided=decided is not None)
                 if decided is not None:
                     notes.append(f"stopped: {state['stop']['reason']}")
             session.end_iteration(candidates, selected=chosen.answer if chosen else None, state=state, notes=notes)
@@ -96,22 +96,23 @@ class MajorityVote(Method[MajorityParams]):
         self, session: ProblemSession, messages: list[Message], earlier: list[Candidate]
     ) -> tuple[list[Candidate], int, VoteStop | None]:
         """This iteration's samples: all k at once, or (``stop = "beta"``) rounds until the vote over ``earlier``
-        and them is decided. Returns the candidates, the samples asked for, and the decision that stopped them."""
+        and them is decided. Returns the candidates, how many samples were drawn (those the budget refused are not),
+        and the decision that stopped them."""
         p, mode = self.params, self.params.mode
         sampling = p.confidence_sampling(p.select)
         window = p.confidence_window if sampling is not None else None
         size = p.k if p.stop == "fixed" else p.round_size
         candidates: list[Candidate] = []
-        drawn = 0
-        while drawn < p.k:
-            indices = range(drawn, min(drawn + size, p.k))
+        asked = 0
+        while asked < p.k:
+            indices = range(asked, min(asked + size, p.k))
             got = await gather_all(
                 solve_call(
                     session, "solution", messages, index=i, mode=mode, sampling=sampling, confidence_window=window
                 )
                 for i in indices
             )
-            drawn = indices.stop
+            asked = indices.stop
             candidates += [c for c in got if c is not None]
             if session.budget_stop or p.stop == "fixed":
                 break
@@ -119,14 +120,14 @@ class MajorityVote(Method[MajorityParams]):
             keys = [classes[c.answer] for c in (*earlier, *candidates) if c.answer and c.error is None]
             decision = beta_vote_stop(keys, p.stop_threshold)
             if decision.stop:
-                return candidates, drawn, decision
-        return candidates, drawn, None
+                return candidates, len(candidates), decision
+        return candidates, len(candidates), None
 
-    def _stop_record(self, session: ProblemSession, drawn: int, decision: VoteStop) -> dict[str, Any]:
+    def _stop_record(self, session: ProblemSession, drawn: int, decision: VoteStop, *, decided: bool) -> dict[str, Any]:
         """What the iteration record says of the stopping rule: samples drawn, the criterion's reading, and why the
-        iteration ended."""
+        iteration ended (``decided``: the criterion stopped it; a budget stop is no decision, whatever the reading)."""
         p = self.params
-        if decision.stop:
+        if decided:
             reason = (
                 f"after {drawn} of {p.k} samples: the leader's {decision.leading} votes against the runner-up's"
                 f" {decision.runner_up} stay ahead with probability {decision.probability:.3f} >= {p.stop_threshold:g}"
@@ -142,6 +143,6 @@ class MajorityVote(Method[MajorityParams]):
             "leading": decision.leading,
             "runner_up": decision.runner_up,
             "probability": decision.probability,
-            "stopped": decision.stop,
+            "stopped": decided,
             "reason": reason,
         }
