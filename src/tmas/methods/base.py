@@ -228,15 +228,14 @@ class ProblemSession:
         # Kind -> the one-line notice this problem raised (see :meth:`notice`).
         self.notices: dict[str, str] = {}
 
-    def notice(self, kind: str, message: str) -> bool:
+    def notice(self, kind: str, message: str) -> None:
         """Raise the run-level notice ``kind`` (one line): kept once in this problem's result and once in the run's
-        store. True the first time this problem raises it, so the method notes it in that iteration's record."""
+        store, however often the problem raises it."""
         if kind in self.notices:
-            return False
+            return
         self.notices[kind] = message
         if self.store is not None:
             self.store.record_notice(kind, message)
-        return True
 
     async def chat(
         self,
