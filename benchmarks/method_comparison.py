@@ -220,7 +220,7 @@ async def run_comparison(args: argparse.Namespace, command: str) -> dict[str, An
         "sampling": settings.sampling.model_dump(mode="json", exclude_defaults=True),
         "grid": str(args.grid),
         "problems": problem_info,
-        "budget": spec.budget.model_dump(mode="json", exclude_none=True),
+        "budget": spec.budget.identity(),
         "studies": list(dict.fromkeys(study.name for study in spec.study)),
         "skipped_studies": skipped,
         "points": {o.point.name: o.status for o in outcomes},

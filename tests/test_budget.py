@@ -3,6 +3,7 @@ its record says so; for the baselines (handled in the method) and TMAS (handled 
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -157,6 +158,11 @@ def test_budget_count_is_part_of_a_token_budgets_identity() -> None:
     assert Budget(calls=3, count="total").identity() == {"calls": 3} and Budget().identity() == {}
     assert point_name("cot", {}, Budget(tokens=10, count="total")) == "cot__budget_tokens=10_total"
     assert point_name("cot", {}, Budget(tokens=10)) == "cot__budget_tokens=10"
+    # A pooled budget is another run; an unpooled one keeps the identity it had before pooling existed.
+    assert Budget(tokens=10, pool=True).identity() == {"tokens": 10, "count": "completion", "pool": True}
+    assert point_name("cot", {}, Budget(tokens=10, pool=True)) == "cot__budget_tokens=10_pooled"
+    with pytest.raises(ValueError, match=r"budget\.pool .* needs budget\.tokens"):
+        Budget(pool=True)
 
 
 async def test_run_summary_splits_prompt_completion_and_reasoning_tokens(sim: SimServer, tmp_path: Path) -> None:
@@ -200,3 +206,77 @@ def test_sweep_resume_refuses_a_new_budget(tmp_path: Path) -> None:
     # The budget names a sweep's points: a flag that cannot apply on resume is an error, not silently dropped.
     out = CliRunner().invoke(app, ["sweep", "--resume", str(tmp_path), "--budget-count", "total"])
     assert isinstance(out.exception, InputError) and "--resume keeps the sweep's budget" in str(out.exception)
+
+
+# ---------------------------------------------------------------------------------------------- a pooled budget
+# Every reply reports 10 completion tokens. "a" is settled by majority vote's Beta stop after two rounds of 2 (four
+# agreeing samples); "b"'s samples alternate between two answers, so only its budget stops it.
+TEN = ScriptedUsage(prompt_tokens=5, completion_tokens=10)
+POOLED = SimScript(
+    rules=[
+        Rule(pattern=r"12\*12", replies=["So 144.\n\n\\boxed{144}", "So 145.\n\n\\boxed{145}"], usage=TEN),
+        Rule(usage=TEN),
+    ]
+)
+SETTLED_AND_OPEN = [Problem(problem_id="a", question=Q), Problem(problem_id="b", question="What is 12*12?")]
+POOLED_PARAMS = {"k": 4, "stop": "beta", "round_size": 2, "iterations": 9}
+
+
+async def pooled_run(sim: SimServer, run_dir: Path, pool: bool) -> dict[str, ProblemResult]:
+    sim.set_script(POOLED)
+    settings = settings_for(
+        sim,
+        method={"name": "majority", "params": POOLED_PARAMS},
+        budget={"tokens": 90, "pool": pool},
+        problems_in_flight=1,  # "a" finishes before "b" starts: the hand-worked order
+    )
+    store, settings, todo = prepare_run(run_dir, settings, SETTLED_AND_OPEN, resume=False)
+    with store:
+        await run_problems(settings, todo, store)
+        return {r["problem_id"]: ProblemResult.model_validate(r) for r in store.results()}
+
+
+async def test_a_pooled_budget_gives_what_a_settled_problem_left_to_an_open_one(sim: SimServer, tmp_path: Path) -> None:
+    # Rounds of 2 parallel calls are checked at the spend before the round. "a" stops after 40 tokens and leaves 50 of
+    # its 90. Alone, "b" sends rounds at 0, 20, ..., 80 and is refused at 100: 10 calls. Pooled, at 100 it draws the
+    # 50 "a" left (limit 140), sends rounds at 100 and 120 and is refused at 140, halfway through iteration 3: 14
+    # calls. The run spends 40 + 140 = 180, its two shares.
+    alone = await pooled_run(sim, tmp_path / "alone", pool=False)
+    assert (alone["a"].calls, alone["b"].calls, alone["b"].budget_drawn) == (4, 10, 0)
+    pooled = await pooled_run(sim, tmp_path / "pooled", pool=True)
+    a, b = pooled["a"], pooled["b"]
+    assert (a.calls, a.stopped_reason, a.budget_drawn) == (4, "vote decided (Beta stopping criterion)", 0)
+    assert (b.calls, b.usage.completion_tokens, b.stopped_reason, b.budget_drawn) == (14, 140, "budget", 50)
+    last = b.iterations[-1]
+    assert last.iteration == 3 and len(last.candidates) == 2
+    stop = last.state["stop"]
+    assert (stop["drawn"], stop["stopped"], stop["reason"]) == (
+        2,
+        False,
+        "the budget stopped sampling after 2 of 4 samples",
+    )
+    assert last.notes[-1] == (
+        "stopped: budget spent (140 completion tokens of a budget of 90 and 50 drawn from the run's pool) in"
+        " iteration 3; 2 of 4 candidates finished"
+    )
+
+
+async def test_a_resumed_pooled_run_banks_what_finished_problems_left(sim: SimServer, tmp_path: Path) -> None:
+    await pooled_run(sim, tmp_path / "run", pool=True)
+    db = sqlite3.connect(tmp_path / "run" / "run.sqlite")
+    db.execute("DELETE FROM results WHERE problem_id = 'b'")  # "b" did not finish
+    db.commit()
+    db.close()
+    sim.reset()
+    settings = settings_for(
+        sim,
+        method={"name": "majority", "params": POOLED_PARAMS},
+        budget={"tokens": 90, "pool": True},
+        problems_in_flight=1,
+    )
+    store, settings, todo = prepare_run(tmp_path / "run", settings, None, resume=True)
+    with store:
+        await run_problems(settings, todo, store)
+        b = ProblemResult.model_validate(store.result("b"))
+    # The 50 tokens "a" left are banked again from its stored result: "b" replays its 14 calls and sends none.
+    assert (b.calls, b.budget_drawn) == (14, 50) and sim.chat_bodies() == []

@@ -56,10 +56,72 @@ def test_tmas_ablations_drop_the_memory_agent_calls() -> None:
     assert sum(count("tmas", n=8, m=8, iterations=12, no_guideline=True, no_experience=True, **full).values()) == 960
 
 
-def test_early_stop_makes_tmas_an_upper_bound() -> None:
+def test_early_stop_makes_tmas_a_range() -> None:
     c = calls_per_problem(create_method("tmas", {"n": 2, "m": 1, "iterations": 3, "early_stop": True}))
-    # Two iterations of 2 solutions, 2 verifications, 2 summaries and 2 memory updates, then 2 + 2 calls.
+    # At most: two iterations of 2 solutions, 2 verifications, 2 summaries and 2 memory updates, then 2 + 2 calls.
     assert not c.exact and c.upper_total == c.total == 2 * (2 * 3 + 2) + 2 * 2
+    # At the fewest, settled after patience = 2 iterations: the first one whole, the second without its memory update.
+    assert c.fewest == {"solution": 4, "verifier": 4, "summary": 4, "experience": 1, "guideline": 1}
+    assert c.fewest_total == 14
+    # Stopping needs a later iteration to save: patience >= T leaves the count exact.
+    assert calls_per_problem(create_method("tmas", {"n": 2, "iterations": 2, "early_stop": True})).fewest is None
+
+
+def test_the_local_preset_ranges_from_a_settled_first_iteration() -> None:
+    # N = 2, M = 1, T = 2, settled after iteration 0: 2 + 2 + 2 = 6 calls; at most 8 + 4 = 12 (the demo's count).
+    local = create_method("tmas", {"preset": "local"})
+    count = calls_per_problem(local)
+    assert (count.fewest_total, count.upper_total) == (6, 12)
+    # Every call at the preset's max_tokens: 2 x 640 + 2 x 400 + 2 x 220 = 2,520 at the fewest; at most
+    # 2,520 + 450 + 300 (memory) + 2 x 640 + 2 x 400 (iteration 1) = 5,350.
+    point = estimate_point("local", local, Settings(), 1, None)
+    assert (point.fewest_completion_tokens, point.completion_tokens) == (2520, 5350)
+    text = format_estimate(Estimate([point]))
+    assert "6-12" in text and "2.5k-5.3k" in text and "total: 6 to 12 calls" in text
+    assert "completion tokens: 2.5k to 5.3k" in text
+    assert Estimate([point]).to_dict()["fewest_calls"] == 6
+
+
+@pytest.mark.parametrize(
+    ("params", "fewest"),
+    [
+        # Four agreeing samples decide at 0.95: one round of 4.
+        ({"k": 16, "round_size": 4}, 4),
+        # Rounds of 3: the first check with 4 or more samples comes after 6.
+        ({"k": 16, "round_size": 3}, 6),
+        # k = 2 per iteration: the second iteration's round brings the vote to 4.
+        ({"k": 2, "iterations": 3, "round_size": 4}, 4),
+        # 0.99 needs 6 agreeing samples (1 - 2^-7): two rounds of 4.
+        ({"k": 16, "round_size": 4, "stop_threshold": 0.99}, 8),
+    ],
+)
+def test_majority_beta_stop_ranges_from_the_first_decisive_round(params: dict[str, Any], fewest: int) -> None:
+    c = calls_per_problem(create_method("majority", {"stop": "beta", **params}))
+    assert c.fewest == {"solution": fewest} and not c.exact
+    assert c.upper_total == params["k"] * params.get("iterations", 1)
+
+
+def test_majority_beta_stop_that_cannot_decide_stays_exact() -> None:
+    # k = 3 in one iteration: never the 4 agreeing samples 0.95 needs.
+    c = calls_per_problem(create_method("majority", {"stop": "beta", "k": 3}))
+    assert c.exact and c.fewest is None and c.total == 3
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [("tmas", {"preset": "local"}), ("majority", {"k": 16, "stop": "beta", "round_size": 4})],
+)
+async def test_a_settled_run_sends_the_fewest_calls(
+    sim: SimServer, tmp_path: Path, method: str, params: dict[str, Any]
+) -> None:
+    # The simulator answers every sample right and its verifier passes them: each problem stops as early as it can.
+    settings = settings_for(sim, method__name=method, method__params=params)
+    store, settings, todo = prepare_run(tmp_path / "run", settings, PROBLEMS, resume=False)
+    with store:
+        await run_problems(settings, todo, store, state=RunState())
+        sent = {role: c["calls"] for role, c in store.role_costs().items()}
+    fewest = calls_per_problem(create_method(method, params)).fewest
+    assert fewest is not None and sent == {role: n * len(PROBLEMS) for role, n in fewest.items()}
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import pytest
 from tmas.eval.frontier import equal_budget, iteration_frontier, mv_at_k, mv_frontier
 from tmas.eval.grading import SELECTED, Grades
 from tmas.eval.metrics import compute_metrics
-from tmas.eval.roc import roc_area, score_separation
+from tmas.eval.roc import confidence_separation, roc_area, score_separation
 from tmas.eval.selection_table import selection_table
 
 
@@ -206,3 +206,28 @@ def test_score_separation_of_a_run() -> None:
         {"problem_id": "p", "iterations": [{"iteration": 0, "selected": "7", "candidates": _cands(["7"], [0])}]}
     ]
     assert not score_separation(unscored, _grade(unscored, {"p": "7"})).available
+
+
+def test_confidence_separation_reads_the_runs_measure() -> None:
+    def conf(tail: float, mean: float) -> dict[str, Any]:
+        return {"tail": tail, "mean": mean, "lowest_group": tail, "tokens": 10, "window": 4}
+
+    cands = _cands(["7", "5", "7", None], [0, 0, 0, 0])
+    for c, measured in zip(cands, [conf(3.0, 1.0), conf(1.0, 2.0), conf(2.0, 2.0), conf(9.0, 9.0)], strict=True):
+        c["confidence"] = measured
+    results = [{"problem_id": "p", "iterations": [{"iteration": 0, "selected": "7", "candidates": cands}]}]
+    grades = _grade(results, {"p": "7"})
+    # By the tail: right 3, 2 against wrong 1: every pair won, ROC area 1; the answerless one is left out.
+    tail = confidence_separation(results, grades, "tail")
+    assert (tail.auc, tail.right, tail.wrong, tail.answerless, tail.right_mean, tail.wrong_mean) == (
+        1.0,
+        2,
+        1,
+        1,
+        2.5,
+        1.0,
+    )
+    # By the mean: right 1, 2 against wrong 2: a loss and a tie, (0 + 0.5) / 2.
+    assert confidence_separation(results, grades, "mean").auc == 0.25
+    plain = [{"problem_id": "p", "iterations": [{"iteration": 0, "selected": "7", "candidates": _cands(["7"], [0])}]}]
+    assert not confidence_separation(plain, _grade(plain, {"p": "7"}), "tail").available

@@ -70,7 +70,8 @@ def test_a_run_made_before_the_change_replays_every_call_and_extends_with_the_ol
         [result] = store.results()
         assert result["answer"] == "391" and result["status"] == "done"
     # One more iteration: new calls, with what the old code sent each role (its summaries and memory updates too).
-    more = ["-T", "2", "-p", "skip_final_memory=false"]
+    # The local preset now stops a settled problem after iteration 0, as this one is: extend it without the stop.
+    more = ["-T", "2", "-p", "skip_final_memory=false", "-p", "early_stop=false"]
     out = cli.invoke(app, ["run", "--resume", str(run_dir), "--base-url", sim.base_url, *more])
     assert out.exit_code == 0, out.output
     chats = [r for r in sim.requests if r.endpoint == "chat"]

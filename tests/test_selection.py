@@ -12,7 +12,8 @@ from pydantic import ValidationError
 from conftest import settings_for
 from tmas.api import asolve
 from tmas.methods.base import Candidate, ProblemResult
-from tmas.methods.selection import candidate_pool, select
+from tmas.methods.confidence import Confidence
+from tmas.methods.selection import ConfidenceVote, candidate_pool, lacks_confidence, select
 from tmas.methods.tmas_params import TMASParams
 from tmas.testing import Rule, SimScript, SimServer
 
@@ -81,6 +82,50 @@ def test_pools() -> None:
     # A tie across iterations goes to the newer candidate.
     newer = [cand(0, "7", 1.0)]
     assert select(candidate_pool([it0, newer], "all"), "numeric") is newer[0]
+
+
+def sure(i: int, answer: str | None, tail: float, mean: float | None = None, score: float | None = None) -> Candidate:
+    """A candidate with the given tail (and mean) confidence."""
+    conf = Confidence(mean=tail if mean is None else mean, lowest_group=tail, tail=tail, tokens=10, window=4)
+    return Candidate(index=i, text=f"text {i}", answer=answer, score=score, confidence=conf)
+
+
+def test_confidence_vote_weighs_each_answer_by_its_summed_confidence() -> None:
+    # "7": two votes, V = 1.0 + 1.5 = 2.5; "9": one vote, V = 3.0.
+    pool = [sure(0, "7", 1.0), sure(1, "9", 3.0), sure(2, "7", 1.5)]
+    assert select(pool, "numeric", "vote") is pool[0]
+    assert select(pool, "numeric", "confidence_vote") is pool[1]
+    # The measure decides: by the mean, "7" (4 + 4) outweighs "9" (1).
+    pool = [sure(0, "7", 1.0, mean=4.0), sure(1, "9", 3.0, mean=1.0), sure(2, "7", 1.0, mean=4.0)]
+    assert select(pool, "numeric", "confidence_vote", confidence=ConfidenceVote(measure="mean")) is pool[0]
+    # Equal sums (2 + 1 against 3): more votes, then the answer held first.
+    assert select([sure(0, "9", 3.0), sure(1, "7", 2.0), sure(2, "7", 1.0)], "numeric", "confidence_vote").index == 1  # type: ignore[union-attr]
+    assert select([sure(0, "9", 2.0), sure(1, "7", 2.0)], "numeric", "confidence_vote").index == 0  # type: ignore[union-attr]
+
+
+def test_filtered_vote_keeps_the_most_confident_share() -> None:
+    # "7": three votes of 1.0 (V = 3.0) outweigh "9" (2.5) when all vote.
+    pool = [sure(0, "7", 1.0), sure(1, "9", 2.5), sure(2, "7", 1.0), sure(3, "7", 1.0)]
+    assert select(pool, "numeric", "confidence_vote") is pool[0]
+    assert select(pool, "numeric", "filtered_vote", confidence=ConfidenceVote(share=1.0)) is pool[0]
+    # eta = 0.25 of 4: ceil(1) = 1 votes, the most confident: "9".
+    assert select(pool, "numeric", "filtered_vote", confidence=ConfidenceVote(share=0.25)) is pool[1]
+    # eta = 0.5: ceil(2) = 2 vote: 2.5 and, of the tied 1.0s, the first in pool order: V(9) = 2.5 > V(7) = 1.0.
+    assert select(pool, "numeric", "filtered_vote", confidence=ConfidenceVote(share=0.5)) is pool[1]
+    # eta = 0.9: ceil(3.6) = 4: everyone votes, as in the weighted vote.
+    assert select(pool, "numeric", "filtered_vote", confidence=ConfidenceVote(share=0.9)) is pool[0]
+    with pytest.raises(ValueError, match="share"):
+        ConfidenceVote(share=0.0)
+
+
+def test_confidence_rules_fall_back_to_the_plain_vote_without_confidence() -> None:
+    # "9" is the more confident answer, but candidate 2 has no confidence: every candidate then votes plainly.
+    pool = [sure(0, "7", 1.0), sure(1, "9", 3.0), cand(2, "7", None)]
+    assert lacks_confidence(pool) and not lacks_confidence(pool[:2])
+    for rule in ("confidence_vote", "filtered_vote"):
+        assert select(pool, "numeric", rule) is pool[0]  # type: ignore[arg-type]
+    # Failed and answerless candidates need no confidence.
+    assert not lacks_confidence([*pool[:2], cand(3, None, None), cand(4, "7", None, error="HTTP 500")])
 
 
 def test_unknown_rule_is_a_clear_error() -> None:

@@ -279,8 +279,9 @@ async def test_both_ablations(sim: SimServer) -> None:
 async def test_early_stopping_stops_and_says_why(sim: SimServer) -> None:
     result = await run_tmas(sim, n=3, m=2, iterations=8, early_stop=True, early_stop_patience=2, early_stop_score=0.5)
     assert len(result.iterations) == 2
-    assert result.stopped_reason is not None and "2 consecutive iterations" in result.stopped_reason
+    assert result.stopped_reason == "settled (early_stop)"
     last = result.iterations[-1]
+    assert "settled for 2 consecutive iteration(s)" in last.state["early_stop"]["reason"]
     assert last.state["early_stop"]["iteration"] == 1 and last.state["experience_update"]["status"] == "skipped"
     assert sim.stats().by_role["experience"] == 1  # the stopping iteration's memory update is skipped
     assert result.answer == "391"
@@ -304,8 +305,13 @@ def test_presets_and_embedded_defaults() -> None:
     paper = TMASParams.model_validate({"preset": "paper"})
     assert (paper.n, paper.m, paper.iterations, paper.epsilon) == (8, 8, 20, 0.2)
     assert paper.sampling["solution"].temperature == 1.0 and paper.sampling["verifier"].top_p == 0.95
+    # Algorithm 1 as written: every problem runs all T iterations, no call asks for log-probabilities.
+    assert (paper.early_stop, paper.confidence, paper.select) == (False, False, "best_score")
+    assert paper.confidence_sampling(paper.select) is None
     local = create_method("tmas", {}, embedded=True).params
     assert isinstance(local, TMASParams) and (local.preset, local.n, local.m, local.iterations) == ("local", 2, 1, 2)
+    # The local preset stops a problem once its answer is settled.
+    assert (local.early_stop, local.early_stop_patience, local.confidence) == (True, 1, False)
     mine = create_method("tmas", {"iterations": 5}, embedded=True).params
     assert isinstance(mine, TMASParams) and (mine.n, mine.iterations) == (2, 5)
     assert create_method("tmas", {"preset": "paper"}, embedded=True).params.iterations == 20

@@ -18,6 +18,7 @@ from tmas.eval.generators import generate
 from tmas.eval.grading import GradeConfig, grade_run
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
 from tmas.methods.base import Candidate, IterationRecord
+from tmas.methods.confidence import Confidence
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import RunStore, StoreError
@@ -201,6 +202,38 @@ def test_a_mattrl_transcript_shows_with_the_credits_of_its_turns(tmp_path: Path)
     order = ["0.88", "17*23 is 391 by long", "0.12", "About 400", "The team agrees"]
     assert [text.index(part) for part in order] == sorted(text.index(part) for part in order)
     assert "0.50" not in text
+
+
+def test_confidence_and_why_a_problem_stopped_show(tmp_path: Path) -> None:
+    run_dir = tmp_path / "mv-run"
+    confident = Confidence(mean=2.5, lowest_group=1.25, tail=3.0, tokens=40, window=16)
+    with RunStore(run_dir) as store:
+        store.add_problems(PROBLEMS[:1])
+        store.set_meta("method", {"name": "majority", "params": {"confidence_measure": "lowest_group"}})
+        record = IterationRecord(
+            problem_id="mult",
+            iteration=0,
+            candidates=[
+                Candidate(index=0, text="391", answer="391", confidence=confident),
+                Candidate(index=1, text="390", answer="390"),
+            ],
+            selected="391",
+            state={"stop": {"drawn": 4, "k": 16, "reason": "after 4 of 16 samples: decided"}},
+        )
+        store.save_iteration("mult", 0, record.model_dump(mode="json"))
+    with AppThread(view_app([run_dir])) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        _, problem = get(f"{viewer.url}/run/{ref.key}/problem?id=mult")
+        _, iteration = get(f"{viewer.url}/run/{ref.key}/iteration?id=mult&t=0")
+    # The problem page's column reads the run's measure (the lowest group here); "-" where there is none.
+    table = problem.decode().split("<table>")[1].split("</table>")[0]
+    assert 'title="DeepConf lowest_group confidence">confidence</th>' in table
+    # Two scores and candidate 1's confidence are missing.
+    assert '<td class="num">1.25</td>' in table and table.count('<td class="num">-</td>') == 3
+    page = iteration.decode()
+    assert "confidence (DeepConf): lowest group 1.25 · tail 3.00 · mean 2.50 over 40 tokens (window 16)" in page
+    assert "4 of 16 samples drawn: after 4 of 16 samples: decided" in page
 
 
 # ------------------------------------------------------------------------------------------------ browser

@@ -16,7 +16,7 @@ from tmas.api import asolve
 from tmas.cli.main import app
 from tmas.config import Sampling, Settings, load_settings
 from tmas.sweep import Study, SweepSpec, run_sweep
-from tmas.testing import SimServer
+from tmas.testing import Rule, SimScript, SimServer
 
 Q = "What is 17*23?"
 
@@ -286,6 +286,9 @@ async def test_embedded_model_defaults_reach_the_wire(
             return None
 
     monkeypatch.setattr("tmas.llm.local_server.LocalReplicas", SimAsLocalReplicas)
+    # Two different answers, so the local preset's settled stop leaves both iterations (and every role) to run.
+    answers = ["17*23 = 391.\n\n\\boxed{391}", "17*23 = 1360.\n\n\\boxed{1360}"]
+    sim.set_script(SimScript(rules=[Rule(role="solution", replies=answers)]))
     settings = load_settings(None, environ={"TMAS_TOP_P": "0.85"}, overrides={"method.name": "tmas"})
     assert settings.uses_local_model
     result = await asolve(Q, settings, run_dir=tmp_path / "run")

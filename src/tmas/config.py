@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tmas.errors import ConfigError
 
@@ -230,11 +230,21 @@ class Budget(Strict):
     SGLang) or ``total`` (prompt + completion). Calls already in flight finish and count: a call budget counts them
     too and is never exceeded; a token budget may be passed by what the calls in flight at that moment cost
     (parallel methods send N at once).
+
+    ``pool`` (with ``tokens``): the run's budget is ``tokens`` per problem over all its problems, and what a finished
+    problem left unused goes to problems still open (see ``tmas.methods.base.TokenBank``).
     """
 
     tokens: int | None = Field(default=None, ge=1)
     calls: int | None = Field(default=None, ge=1)
     count: Literal["completion", "total"] = "completion"
+    pool: bool = False
+
+    @model_validator(mode="after")
+    def _pool_needs_tokens(self) -> Budget:
+        if self.pool and self.tokens is None:
+            raise ValueError("budget.pool moves unused tokens between problems: it needs budget.tokens")
+        return self
 
     @property
     def limited(self) -> bool:
@@ -249,6 +259,8 @@ class Budget(Strict):
         data = self.model_dump(exclude_none=True)
         if self.tokens is None:
             data.pop("count")
+        if not self.pool:
+            data.pop("pool")  # budgets made before pooling keep their identity
         return data
 
 
@@ -343,6 +355,7 @@ ENV_KEYS: dict[str, str] = {
     "TMAS_BUDGET_TOKENS": "budget.tokens",
     "TMAS_BUDGET_CALLS": "budget.calls",
     "TMAS_BUDGET_COUNT": "budget.count",
+    "TMAS_BUDGET_POOL": "budget.pool",
     "TMAS_PROMPTS_DIR": "prompts_dir",
 }
 

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from tmas.agents.overrides import check_overrides
 from tmas.agents.templates import prompts_from
-from tmas.config import Settings, load_settings, with_method_params, with_overrides
+from tmas.config import Budget, Settings, load_settings, with_method_params, with_overrides
 from tmas.errors import InputError, TmasError
 from tmas.llm.client import EndpointUnreachable, LLMClient
 from tmas.llm.lanes import enter_lane
 from tmas.llm.provision import provisioned
+from tmas.llm.types import Usage
 from tmas.methods import create_method
 from tmas.methods.base import (
     BUDGET_STOP,
@@ -28,6 +29,7 @@ from tmas.methods.base import (
     Method,
     ProblemResult,
     ProblemSession,
+    TokenBank,
     gather_all,
     truncation_warnings,
 )
@@ -94,6 +96,8 @@ class RunSummary:
     # Kind -> endpoint URL -> the server's refusal, for each thing a server refused and the run went on without
     # (tmas.llm.types.FALLBACKS: response_format, streaming, n > 1, a sampling field).
     fallbacks: dict[str, dict[str, str]] = field(default_factory=dict)
+    # The run's one-line notices (e.g. confidence rules on a server without log-probabilities), each kind once.
+    notices: list[str] = field(default_factory=list)
 
     @property
     def cached_prompt_share(self) -> float | None:
@@ -260,6 +264,7 @@ async def run_problems(
     finished = store.finished_problem_ids(fingerprint)
     state.total = len(problems) if isinstance(problems, Sized) else store.problem_count()
     tally = _Tally()
+    bank = _token_bank(store, settings.budget, finished)
 
     def pending() -> Iterator[Problem]:
         for problem in problems:
@@ -293,11 +298,14 @@ async def run_problems(
                     budget=settings.budget,
                     equivalence=equivalence,
                     on_iteration=state.iteration_started,
+                    bank=bank,
                 )
                 try:
                     result = await _solve_one(method, session)
                 finally:
                     state.active.pop(problem.problem_id, None)
+                if bank is not None and settings.budget.tokens is not None:
+                    bank.deposit(settings.budget.tokens + session.drawn - session.spent_tokens)
                 record = result.model_dump(mode="json")
                 record["fingerprint"] = fingerprint
                 store.save_result(problem.problem_id, result.status, record)
@@ -351,6 +359,7 @@ async def run_problems(
         retries_by_cause=causes["retried"],
         cached_prompt_tokens=counts["cached_prompt_tokens"],
         fallbacks=store.fallback_messages(),
+        notices=list(store.notices().values()),
     )
 
 
@@ -372,6 +381,19 @@ class _Tally:
             self.anomalies[kind] = self.anomalies.get(kind, 0) + count
         if keep:
             self.results.append(result)
+
+
+def _token_bank(store: RunStore, budget: Budget, finished: set[str]) -> TokenBank | None:
+    """A pooled token budget's bank (None without one), holding what the problems finished before (a resumed run)
+    left unused of their shares and draws."""
+    if not budget.pool or budget.tokens is None:
+        return None
+    bank = TokenBank()
+    for result in store.results():
+        if result["problem_id"] in finished:
+            spent = budget.spent(Usage.model_validate(result.get("usage") or {}))
+            bank.deposit(budget.tokens + int(result.get("budget_drawn", 0)) - spent)
+    return bank
 
 
 def budget_result(method: str, session: ProblemSession, detail: str) -> ProblemResult:

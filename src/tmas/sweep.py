@@ -176,7 +176,11 @@ def point_name(method: str, params: dict[str, Any], budget: Budget) -> str:
     parts = [method, *(f"{k}={_value_text(v)}" for k, v in sorted(params.items()))]
     if budget.tokens is not None:
         # The default count (completion tokens) keeps the short name; a total-token budget says so.
-        parts.append(f"budget_tokens={budget.tokens}" + ("_total" if budget.count == "total" else ""))
+        parts.append(
+            f"budget_tokens={budget.tokens}"
+            + ("_total" if budget.count == "total" else "")
+            + ("_pooled" if budget.pool else "")
+        )
     if budget.calls is not None:
         parts.append(f"budget_calls={budget.calls}")
     name = re.sub(r"[^A-Za-z0-9_.=+-]+", "_", "__".join(parts))

@@ -16,6 +16,7 @@ from tmas import __version__
 from tmas.cli.cases import cases_app
 from tmas.cli.data import add_data_commands
 from tmas.cli.estimate import EstimateFlags, estimate_options
+from tmas.cli.method_help import method_parameters_help
 from tmas.cli.options import (
     BaseUrlOpt,
     ConfigOpt,
@@ -53,6 +54,8 @@ app = typer.Typer(
 
 # The option group every command that talks to a model shares is declared once, in tmas.cli.options.
 LimitOpt = Annotated[int | None, typer.Option("--limit", help="Only the first N problems.")]
+# Every method's parameters and the stopping and confidence rules, at the end of --help of the commands with --param.
+METHOD_PARAMETERS = method_parameters_help()
 
 
 def _version(value: bool) -> None:
@@ -95,7 +98,7 @@ def _read_question(question: str | None, file: Path | None) -> str:
         raise InputError(f"{where}: question is not valid UTF-8 (byte {exc.start})") from None
 
 
-@app.command()
+@app.command(epilog=METHOD_PARAMETERS)
 @model_options
 def solve(
     flags: ModelFlags,
@@ -131,12 +134,14 @@ def solve(
             f" {u.completion_tokens} (reasoning {u.reasoning_tokens}){' (estimated)' if u.estimated else ''}",
             err=True,
         )
+    for line in result.notices:
+        typer.echo(f"tmas: notice: {line}", err=True)
     if result.status != "done":
         typer.echo(f"tmas: the method failed: {result.error}", err=True)
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(epilog=METHOD_PARAMETERS)
 @model_options
 @estimate_options
 def run(
@@ -222,6 +227,8 @@ def _execute(store: RunStore, settings: Settings, todo: StoredProblems) -> None:
     typer.echo(json.dumps(summary.to_dict(), indent=2))
     for line in summary.warnings:
         typer.echo(f"warning: {line}", err=True)
+    for line in summary.notices:
+        typer.echo(f"notice: {line}", err=True)
 
 
 @app.command()
@@ -346,7 +353,7 @@ def report(
     typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
 
 
-@app.command("eval")
+@app.command("eval", epilog=METHOD_PARAMETERS)
 @model_options
 @estimate_options
 def evaluate(
@@ -379,7 +386,7 @@ def evaluate(
     typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
 
 
-@app.command()
+@app.command(epilog=METHOD_PARAMETERS)
 @model_options
 @estimate_options
 def sweep(

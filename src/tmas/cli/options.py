@@ -56,6 +56,12 @@ BudgetCountOpt = Annotated[
     str | None,
     typer.Option("--budget-count", help="Tokens a token budget counts: completion (default) or total (+ prompt)."),
 ]
+BudgetPoolOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--budget-pool", help="Pool the token budget over the run: what a settled problem leaves goes to open ones."
+    ),
+]
 
 # Options of single commands that more than one command declares.
 MethodOpt = Annotated[
@@ -101,6 +107,7 @@ class ModelFlags:
     budget_tokens: BudgetTokensOpt = None
     budget_calls: BudgetCallsOpt = None
     budget_count: BudgetCountOpt = None
+    budget_pool: BudgetPoolOpt = None
 
     def overrides(self, method: str | None = None) -> dict[str, Any]:
         """The flags (and a command's ``--method``) as dotted settings keys (None = not given), for
@@ -135,6 +142,7 @@ FLAG_KEYS: dict[str, str] = {
     "budget_tokens": "budget.tokens",
     "budget_calls": "budget.calls",
     "budget_count": "budget.count",
+    "budget_pool": "budget.pool",
 }
 
 GROUP: tuple[str, ...] = tuple(f.name for f in fields(ModelFlags))

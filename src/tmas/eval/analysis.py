@@ -231,6 +231,8 @@ class StoppingSummary:
     stopped: int
     reasons: dict[str, int]
     mean_stop_iteration: float | None
+    # The mean calls a stopped problem cost (majority vote's Beta stop ends within an iteration).
+    mean_calls: float | None = None
     # Against a run of the same method without stopping, when one is given.
     tokens_saved: int | None = None
     tokens_saved_share: float | None = None
@@ -244,7 +246,13 @@ def stopping_summary(results: list[dict[str, Any]]) -> StoppingSummary:
     for r in stopped:
         reasons[str(r["stopped_reason"])] = reasons.get(str(r["stopped_reason"]), 0) + 1
     stop_its = [max(int(rec["iteration"]) for rec in r["iterations"]) for r in stopped if r.get("iterations")]
-    return StoppingSummary(len(stopped), reasons, statistics.fmean(stop_its) if stop_its else None)
+    calls = [int(r["calls"]) for r in stopped if "calls" in r]
+    return StoppingSummary(
+        len(stopped),
+        reasons,
+        statistics.fmean(stop_its) if stop_its else None,
+        mean_calls=statistics.fmean(calls) if calls else None,
+    )
 
 
 def stopping_tradeoff(summary: StoppingSummary, metrics: RunMetrics, full: RunMetrics) -> None:

@@ -6,7 +6,9 @@ Calls per problem, by role, when every call succeeds (a failed call only ever lo
 verified or summarised, a memory agent with no rollout is skipped):
 
 - cot: 1 solution call.
-- majority: k x T solution calls (MV@k is k samples; each further iteration draws k more).
+- majority: k x T solution calls (MV@k is k samples; each further iteration draws k more). With ``stop = "beta"``
+  that is the most; the fewest is the first round end at which enough agreeing samples can decide the vote (4 at
+  the 0.95 threshold, so one round of 4), the problem stopping there.
 - self_refine: N solution calls in iteration 0, N refiner calls in each of the T - 1 later ones: N x T.
 - verify_refine: N solution + N x (T - 1) corrector + N x m x T verifier calls: N x T x (1 + m).
 - pacore: R x T solution calls (R responses per round), plus the synthesis round's S calls when ``synthesis``.
@@ -14,7 +16,10 @@ verified or summarised, a memory agent with no rollout is skipped):
   requests are not chat calls and are not counted.
 - tmas (Algorithm 1, every iteration including the first and the last): N solution, N x M verifier, N summary, one
   experience and one guideline call (none for an ablated bank): T x (N x (M + 2) + 2), 1,640 per problem for
-  N = M = 8, T = 20, so 164,000 on 100 problems. With ``early_stop`` it is an upper bound.
+  N = M = 8, T = 20, so 164,000 on 100 problems. With ``early_stop`` that is the most; the fewest is a problem
+  settled after ``early_stop_patience`` iterations (the last of them without its memory update).
+
+Where stopping makes the count uncertain, the estimate gives the range from the fewest calls (and tokens) to the most.
 - mattrl (math): a recruit call, then per round an opinion per specialist and a review of each by each other
   specialist, then the decision: 2 + R x n^2 with n specialists and R rounds. Deliberation stops when everyone has
   converged, so this is an upper bound; unusable replies are retried (``retries``), raising the ceiling to
@@ -32,6 +37,7 @@ from typing import Any
 from tmas.config import Settings
 from tmas.llm.sampling import resolve_role
 from tmas.methods.base import Method
+from tmas.methods.stopping import fewest_votes_to_stop
 from tmas.methods.tmas_params import TMASParams
 
 
@@ -46,6 +52,8 @@ class CallCount:
     note: str = ""
     # A call budget per problem (``--budget-calls``): no problem sends more, whatever the structure says.
     cap: int | None = None
+    # The fewest calls by role, where a stopping rule may end a problem early (None: the count cannot go lower).
+    fewest: dict[str, int] | None = None
 
     @property
     def total(self) -> int:
@@ -57,16 +65,27 @@ class CallCount:
         total = sum(self.upper.values())
         return total if self.cap is None else min(total, self.cap)
 
+    @property
+    def fewest_total(self) -> int:
+        total = sum((self.fewest if self.fewest is not None else self.expected).values())
+        return total if self.cap is None else min(total, self.cap)
+
     def share(self) -> float:
         """The part of the structure's calls the cap leaves (1.0 without a cap)."""
         full = sum(self.expected.values())
         return self.total / full if full else 1.0
 
 
-def _count(roles: Mapping[str, int], note: str = "", upper: Mapping[str, int] | None = None) -> CallCount:
+def _count(
+    roles: Mapping[str, int],
+    note: str = "",
+    upper: Mapping[str, int] | None = None,
+    fewest: Mapping[str, int] | None = None,
+) -> CallCount:
     expected = {role: n for role, n in roles.items() if n}
     ceiling = {role: n for role, n in (upper or roles).items() if n}
-    return CallCount(expected, ceiling, exact=upper is None and not note, note=note)
+    floor = {role: n for role, n in fewest.items() if n} if fewest is not None else None
+    return CallCount(expected, ceiling, exact=upper is None and not note, note=note, fewest=floor)
 
 
 def calls_per_problem(method: Method[Any]) -> CallCount:
@@ -77,6 +96,11 @@ def calls_per_problem(method: Method[Any]) -> CallCount:
     if name == "cot":
         return _count({"solution": 1})
     if name == "majority":
+        if p.stop == "beta":
+            samples = _majority_fewest(p.k, t, p.round_size, fewest_votes_to_stop(p.stop_threshold))
+            if samples < p.k * t:
+                note = f"stop=beta: from {samples} samples (a decided vote) to k x T (Adaptive-Consistency)"
+                return _count({"solution": p.k * t}, note, upper={"solution": p.k * t}, fewest={"solution": samples})
         return _count({"solution": p.k * t})
     if name == "self_refine":
         return _count({"solution": p.n, "refiner": p.n * (t - 1)})
@@ -95,11 +119,33 @@ def calls_per_problem(method: Method[Any]) -> CallCount:
             "experience": 0 if p.no_experience else memory,
             "guideline": 0 if p.no_guideline else memory,
         }
-        note = "early_stop: an upper bound (a problem may stop sooner)" if p.early_stop else ""
-        return _count(roles, note, upper=roles if note else None)
+        settled = p.early_stop_patience  # the fewest iterations a problem can run: settled at once
+        if not p.early_stop or settled >= t:
+            return _count(roles)
+        least = {
+            "solution": p.n * settled,
+            "verifier": p.n * p.m * settled,
+            # The stopping iteration writes its summaries (inside each candidate's chain), not its memory update.
+            "summary": p.n * settled,
+            "experience": 0 if p.no_experience else settled - 1,
+            "guideline": 0 if p.no_guideline else settled - 1,
+        }
+        note = f"early_stop: from a problem settled after {settled} iteration(s) to all {t}"
+        return _count(roles, note, upper=roles, fewest=least)
     if name == "mattrl":
         return _mattrl(p.domain, p.teaching, p.team_size, t, p.retries)
     raise ValueError(f"no call-count formula for method {name!r}")
+
+
+def _majority_fewest(k: int, iterations: int, round_size: int, votes: int) -> int:
+    """The fewest samples after which the Beta stop can end a problem: the first round end (rounds of
+    ``round_size`` within each iteration's k) with at least ``votes`` samples drawn; k x T when none."""
+    for t in range(iterations):
+        for drawn in range(round_size, k + round_size, round_size):
+            total = t * k + min(drawn, k)
+            if total >= votes:
+                return total
+    return k * iterations
 
 
 def _mattrl(domain: str, teaching: str, n: int, rounds: int, retries: int) -> CallCount:
@@ -186,6 +232,9 @@ class PointEstimate:
     prompt_tokens: float | None = None
     # How the tokens were found: "pilot", "given" (an average per call) or "max_tokens" (a ceiling).
     basis: str = ""
+    # Completion tokens over all problems when every problem stops as early as its stopping rule allows (None
+    # without a stopping rule, or without tokens).
+    fewest_completion_tokens: float | None = None
 
     @property
     def total_calls(self) -> int:
@@ -194,6 +243,10 @@ class PointEstimate:
     @property
     def upper_calls(self) -> int:
         return self.calls.upper_total * self.problems
+
+    @property
+    def fewest_calls(self) -> int:
+        return self.calls.fewest_total * self.problems
 
 
 def estimate_point(
@@ -208,9 +261,11 @@ def estimate_point(
             filter(None, [count.note, f"the call budget stops each problem at {budget.calls} calls"])
         )
     point = PointEstimate(name, method.name, problems, count)
-    per_problem: float | None = None
+    per_call: dict[str, float] | None = None
+    counted = count.upper
     if rates is not None and rates.default_completion is not None:
-        per_problem = sum(n * (rates.completion_of(role) or 0.0) for role, n in count.expected.items())
+        per_call = {role: rates.completion_of(role) or 0.0 for role in count.upper}
+        counted = count.expected
         point.prompt_tokens = (
             problems * count.share() * sum(n * rates.prompt_of(role) for role, n in count.expected.items())
         )
@@ -218,18 +273,28 @@ def estimate_point(
     else:
         ceilings = {role: role_max_tokens(settings, method, role) for role in count.upper}
         if all(v is not None for v in ceilings.values()):
-            per_problem = sum(n * (ceilings[role] or 0) for role, n in count.upper.items())
+            per_call = {role: float(v or 0) for role, v in ceilings.items()}
             point.basis = "max_tokens"
-    if per_problem is not None:
-        per_problem *= count.share()
+    if per_call is not None:
+        per_problem = _completion(counted, per_call) * count.share()
         if budget.tokens is not None and budget.count == "completion" and per_problem > budget.tokens:
             # Calls in flight when the budget runs out still finish: a problem may pass it by that much.
             per_problem = float(budget.tokens)
-            count.note = "; ".join(
-                filter(None, [count.note, f"the token budget stops each problem near {budget.tokens}"])
+            where = (
+                f"the pooled token budget stops the run near {budget.tokens * problems}"
+                if budget.pool
+                else f"the token budget stops each problem near {budget.tokens}"
             )
+            count.note = "; ".join(filter(None, [count.note, where]))
         point.completion_tokens = problems * per_problem
+        if count.fewest is not None:
+            point.fewest_completion_tokens = problems * min(_completion(count.fewest, per_call), per_problem)
     return point
+
+
+def _completion(calls: Mapping[str, int], per_call: Mapping[str, float]) -> float:
+    """Completion tokens of ``calls`` (by role) at ``per_call`` tokens per call of each role."""
+    return sum(n * per_call.get(role, 0.0) for role, n in calls.items())
 
 
 @dataclass
@@ -248,9 +313,25 @@ class Estimate:
         return sum(p.upper_calls for p in self.points)
 
     @property
+    def fewest_calls(self) -> int:
+        return sum(p.fewest_calls for p in self.points)
+
+    @property
     def completion_tokens(self) -> float | None:
         values = [p.completion_tokens for p in self.points]
         return None if any(v is None for v in values) else sum(v or 0.0 for v in values)
+
+    @property
+    def fewest_completion_tokens(self) -> float | None:
+        """Completion tokens when every problem stops as early as its rule allows (None where unknown)."""
+        total = self.completion_tokens
+        if total is None:
+            return None
+        return sum(
+            p.completion_tokens if p.fewest_completion_tokens is None else p.fewest_completion_tokens or 0.0
+            for p in self.points
+            if p.completion_tokens is not None
+        )
 
     @property
     def hours(self) -> float | None:
@@ -277,11 +358,14 @@ class Estimate:
                     "problems": p.problems,
                     "calls_per_problem": p.calls.expected,
                     "calls_per_problem_upper": p.calls.upper,
+                    "calls_per_problem_fewest": p.calls.fewest,
                     "exact": p.calls.exact,
                     "note": p.calls.note,
                     "calls": p.total_calls,
                     "upper_calls": p.upper_calls,
+                    "fewest_calls": p.fewest_calls,
                     "completion_tokens": p.completion_tokens,
+                    "fewest_completion_tokens": p.fewest_completion_tokens,
                     "prompt_tokens": p.prompt_tokens,
                     "token_basis": p.basis,
                 }
@@ -289,7 +373,9 @@ class Estimate:
             ],
             "calls": self.calls,
             "upper_calls": self.upper_calls,
+            "fewest_calls": self.fewest_calls,
             "completion_tokens": self.completion_tokens,
+            "fewest_completion_tokens": self.fewest_completion_tokens,
             "throughput_tokens_per_s": self.throughput,
             "hours": self.hours,
         }
@@ -309,18 +395,27 @@ def format_estimate(estimate: Estimate) -> str:
     lines.append(f"  {'point':<{width}}  problems  calls/problem      calls  completion tokens")
     for p in estimate.points:
         per = f"{p.calls.total:,}" if p.calls.exact else f"<={p.calls.upper_total:,}"
+        calls = f"{p.upper_calls:,}"
         tokens = "?" if p.completion_tokens is None else _tokens(p.completion_tokens)
+        if p.calls.fewest is not None:
+            # A stopping rule: from the fewest (every problem stopping as early as it can) to the most.
+            per, calls = f"{p.calls.fewest_total:,}-{p.calls.upper_total:,}", f"{p.fewest_calls:,}-{calls}"
+            if p.fewest_completion_tokens is not None:
+                tokens = f"{_tokens(p.fewest_completion_tokens)}-{tokens}"
         if p.basis == "max_tokens":
             tokens = f"<={tokens} (max_tokens)"
-        lines.append(f"  {p.name:<{width}}  {p.problems:>8}  {per:>13}  {p.upper_calls:>9,}  {tokens}")
+        lines.append(f"  {p.name:<{width}}  {p.problems:>8}  {per:>13}  {calls:>9}  {tokens}")
     for p in estimate.points:
         if p.calls.note:
             lines.append(f"  note: {p.name}: {p.calls.note}")
     total = estimate.completion_tokens
     basis = {p.basis for p in estimate.points if p.basis}
-    lines.append(
-        f"  total: {estimate.upper_calls:,} calls" + ("" if estimate.calls == estimate.upper_calls else " at most")
-    )
+    if estimate.fewest_calls < estimate.upper_calls:
+        lines.append(f"  total: {estimate.fewest_calls:,} to {estimate.upper_calls:,} calls (stopping rules)")
+    else:
+        lines.append(
+            f"  total: {estimate.upper_calls:,} calls" + ("" if estimate.calls == estimate.upper_calls else " at most")
+        )
     if total is None:
         lines.append("  tokens: unknown (give --tokens-per-call, --pilot N, or set max_tokens for a ceiling)")
     else:
@@ -329,7 +424,9 @@ def format_estimate(estimate: Estimate) -> str:
             "given": "the given tokens per call",
             "max_tokens": "every call at max_tokens: a ceiling",
         }
-        lines.append(f"  completion tokens: {_tokens(total)} ({'; '.join(how.get(b, b) for b in sorted(basis))})")
+        fewest = estimate.fewest_completion_tokens
+        shown = _tokens(total) if fewest is None or fewest >= total else f"{_tokens(fewest)} to {_tokens(total)}"
+        lines.append(f"  completion tokens: {shown} ({'; '.join(how.get(b, b) for b in sorted(basis))})")
     hours = estimate.hours
     if hours is not None:
         src = (

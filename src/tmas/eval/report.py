@@ -40,7 +40,7 @@ from tmas.eval.metrics import RunMetrics, answer_classes_of, compute_metrics
 from tmas.eval.paper_table import paper_section
 from tmas.eval.plots import Series, plot_frontier, plot_pass1
 from tmas.eval.reply_quality import reply_quality_section, role_replies
-from tmas.eval.roc import ScoreSeparation, score_separation
+from tmas.eval.roc import ScoreSeparation, confidence_separation, score_separation
 from tmas.eval.rules import RuleEquivalence, math_verify_installed
 from tmas.eval.run_results import in_progress, load_results
 from tmas.eval.selection_table import SelectionTable, has_scores, selection_table
@@ -84,6 +84,10 @@ class RunEvaluation:
     replies: dict[str, ReplyTally] = field(default_factory=dict)
     # Kind -> endpoint URL -> the server's refusal, for what the run went on without (tmas.llm.types.FALLBACKS).
     fallbacks: dict[str, dict[str, str]] = field(default_factory=dict)
+    # The run's one-line notices (e.g. confidence rules on a server without log-probabilities).
+    notices: dict[str, str] = field(default_factory=dict)
+    # Whether the candidates' confidence (DeepConf) tells right from wrong, where the run recorded confidence.
+    confidence: ScoreSeparation | None = None
     # The paper's name of the run's benchmark, where a paper grid set it (eval/paper_numbers.py).
     paper_benchmark: str | None = None
 
@@ -180,6 +184,8 @@ async def evaluate_run(
                     fallback=bool(params.get("answer_fallback", False)),
                 )
                 evaluation.separation = score_separation(results, grades)
+            measured = confidence_separation(results, grades, str(params.get("confidence_measure", "tail")))
+            evaluation.confidence = measured if measured.available else None
             evaluation.dynamics = score_dynamics(results, grades)
             improved = most_improved(results, grades)
             evaluation.trace = experience_trace(improved, grades) if improved else None
@@ -189,6 +195,7 @@ async def evaluate_run(
         evaluation.stopping = stopping_summary(results)
         evaluation.replies = role_replies(store)
         evaluation.fallbacks = store.fallback_messages()
+        evaluation.notices = store.notices()
     return evaluation
 
 
@@ -410,6 +417,7 @@ def _run_section(doc: Document, e: RunEvaluation) -> None:
     for kind, refusals in e.fallbacks.items():
         for url, message in refusals.items():
             items.append(f"{kind.replace('_', ' ')}: {url} {FALLBACKS.get(kind, 'refused a request')} ({message})")
+    items += [f"notice: {message}" for message in e.notices.values()]
     doc.add(Bullets(items))
     if e.metrics.iterations:
         rows = []
@@ -471,22 +479,29 @@ def _reply_quality(doc: Document, e: RunEvaluation) -> None:
 
 def _score_separation(doc: Document, e: RunEvaluation) -> None:
     s = e.separation
-    if s is None:
-        return
-    doc.add(Heading(4, "Can the verifier carry selection? ROC area of candidate scores (B.4)"))
+    if s is not None:
+        doc.add(Heading(4, "Can the verifier carry selection? ROC area of candidate scores (B.4)"))
+        doc.add(Paragraph(_separation_text(s, "scored", "score")))
+    c = e.confidence
+    if c is not None:
+        measure = e.params.get("confidence_measure", "tail")
+        doc.add(Heading(4, "Does the model's confidence tell right from wrong? ROC area of candidate confidence"))
+        doc.add(Paragraph(_separation_text(c, "measured", f"{measure} confidence (DeepConf)")))
+
+
+def _separation_text(s: ScoreSeparation, done: str, what: str) -> str:
     if not s.available:
-        doc.add(Paragraph(f"Not available: {s.reason}."))
-        return
+        return f"Not available: {s.reason}."
     auc = "-" if s.auc is None else f"{s.auc:.3f}"
 
     def fmt(v: float | None) -> str:
         return "-" if v is None else f"{v:.3f}"
 
     text = (
-        f"ROC area {auc} over {s.right} right and {s.wrong} wrong scored candidates; mean score right "
-        f"{fmt(s.right_mean)}, wrong {fmt(s.wrong_mean)}; {s.answerless} scored candidates without an answer left out"
+        f"ROC area {auc} over {s.right} right and {s.wrong} wrong {done} candidates; mean {what} right "
+        f"{fmt(s.right_mean)}, wrong {fmt(s.wrong_mean)}; {s.answerless} {done} candidates without an answer left out"
     )
-    doc.add(Paragraph(text + (f" ({s.reason})" if s.reason else "") + "."))
+    return text + (f" ({s.reason})" if s.reason else "") + "."
 
 
 def _analyses(doc: Document, e: RunEvaluation) -> None:
@@ -547,6 +562,8 @@ def _analyses(doc: Document, e: RunEvaluation) -> None:
         text = f"{s.stopped} problems stopped early ({s.reasons})"
         if s.mean_stop_iteration is not None:
             text += f"; mean stop iteration {s.mean_stop_iteration:.1f}"
+        if s.mean_calls is not None:
+            text += f"; mean calls of a stopped problem {s.mean_calls:.1f}"
         if s.tokens_saved is not None:
             share = f" ({100 * s.tokens_saved_share:.1f}%)" if s.tokens_saved_share is not None else ""
             text += f"; against the full run: {s.tokens_saved} tokens saved{share}, Pass@1 lost {_pct(s.pass1_lost)}"

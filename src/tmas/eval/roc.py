@@ -1,4 +1,5 @@
-"""Can the verifier carry selection? The ROC area of candidate scores against correctness (the paper's B.4 question).
+"""Can the verifier carry selection? The ROC area of candidate scores against correctness (the paper's B.4 question),
+and the same of the candidates' confidence from log-probabilities (DeepConf).
 
 Every candidate with a score and an extracted answer counts once (answerless candidates are scored 0 by rule, not by
 the verifier, so they are left out and counted apart); it is correct when at least half of the judge runs say so.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,28 @@ def roc_area(right: Sequence[float], wrong: Sequence[float]) -> float | None:
 
 
 def score_separation(results: list[dict[str, Any]], grades: Grades) -> ScoreSeparation:
+    return _separation(
+        results,
+        grades,
+        lambda cand: cand.get("score"),
+        "no scored candidate with an answer (the method records no verifier scores)",
+    )
+
+
+def confidence_separation(results: list[dict[str, Any]], grades: Grades, measure: str) -> ScoreSeparation:
+    """The same question of the candidates' confidence (DeepConf's ``measure``: methods/confidence.py): does the
+    model's own certainty tell right answers from wrong ones?"""
+    return _separation(
+        results,
+        grades,
+        lambda cand: (cand.get("confidence") or {}).get(measure),
+        "no candidate with an answer has a confidence (the run asked for no log-probabilities, or got none)",
+    )
+
+
+def _separation(
+    results: list[dict[str, Any]], grades: Grades, value_of: Callable[[dict[str, Any]], Any], none: str
+) -> ScoreSeparation:
     right: list[float] = []
     wrong: list[float] = []
     answerless = 0
@@ -51,19 +74,20 @@ def score_separation(results: list[dict[str, Any]], grades: Grades) -> ScoreSepa
         pid = result["problem_id"]
         for record in result.get("iterations", []):
             for cand in record.get("candidates", []):
-                if cand.get("score") is None or cand.get("error") is not None:
+                value = value_of(cand)
+                if value is None or cand.get("error") is not None:
                     continue
                 if cand.get("answer") is None:
                     answerless += 1
                     continue
                 correct = grades.majority_correct((pid, int(record["iteration"]), int(cand["index"])))
-                (right if correct else wrong).append(float(cand["score"]))
+                (right if correct else wrong).append(float(value))
     if not right and not wrong:
-        return ScoreSeparation(False, "no scored candidate with an answer (the method records no verifier scores)")
+        return ScoreSeparation(False, none)
     out = ScoreSeparation(True, right=len(right), wrong=len(wrong), answerless=answerless)
     out.auc = roc_area(right, wrong)
     out.right_mean = statistics.fmean(right) if right else None
     out.wrong_mean = statistics.fmean(wrong) if wrong else None
     if out.auc is None:
-        out.reason = "every scored candidate is " + ("right" if right else "wrong") + ": no ROC area"
+        out.reason = "every measured candidate is " + ("right" if right else "wrong") + ": no ROC area"
     return out

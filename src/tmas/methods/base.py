@@ -20,6 +20,7 @@ from tmas.config import Budget, Sampling
 from tmas.llm.model import ChatModel
 from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling
 from tmas.llm.types import CallKey, Completion, Message, Usage
+from tmas.methods.confidence import Confidence
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
 
@@ -34,6 +35,9 @@ class Candidate(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     finish_reason: str | None = None
     error: str | None = None
+    # How sure the model was of the reply, from its token log-probabilities (DeepConf's measures: see
+    # methods/confidence.py); None unless the method asked for them and the server sent them.
+    confidence: Confidence | None = None
     meta: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -112,6 +116,11 @@ class ProblemResult(BaseModel):
     # Set when the answer is not from the last iteration's pool, which held no answered candidate (numeric mode):
     # the earlier iteration and candidate it came from, and why (see methods/selection.py, ``select_answered``).
     fallback: dict[str, Any] | None = None
+    # One-line notices about the run this problem raised (e.g. confidence rules without log-probabilities), each once;
+    # the run store keeps each kind once for the whole run (``RunStore.notices``).
+    notices: list[str] = Field(default_factory=list)
+    # Under a pooled token budget: the tokens this problem drew past its own share (see ``TokenBank``).
+    budget_drawn: int = 0
 
 
 class BudgetExhausted(Exception):
@@ -127,6 +136,30 @@ class BudgetExhausted(Exception):
 
 
 BUDGET_STOP = "budget"
+
+
+class TokenBank:
+    """A pooled token budget (``budget.pool``): the tokens finished problems left unused, for problems still open.
+
+    A problem that has spent its own ``budget.tokens`` draws up to that much again from the bank before its budget
+    refuses a call, so the tokens a settled problem saved reach several open problems rather than the first one
+    alone; when it finishes, what it did not spend of its share and its draws goes back. The run never spends more
+    than its problems' shares together (calls in flight aside, as for any token budget). With more than one problem
+    in flight, which open problem gets them depends on the order they finish in.
+    """
+
+    def __init__(self, left: int = 0) -> None:
+        self.left = left
+
+    def deposit(self, tokens: int) -> None:
+        """Return a finished problem's unused tokens (negative: what its calls in flight spent past its limit)."""
+        self.left += tokens
+
+    def draw(self, wanted: int) -> int:
+        """Take up to ``wanted`` tokens; what was taken."""
+        taken = max(0, min(wanted, self.left))
+        self.left -= taken
+        return taken
 
 
 class MethodParams(BaseModel):
@@ -155,6 +188,7 @@ class ProblemSession:
         budget: Budget | None = None,
         equivalence: EquivalenceCheck | None = None,
         on_iteration: Callable[[str, int], None] | None = None,
+        bank: TokenBank | None = None,
     ) -> None:
         self.problem = problem
         self.llm = llm
@@ -185,9 +219,23 @@ class ProblemSession:
         self.calls_in_flight = 0
         # Set when the budget refused a call; says what was spent against what limit.
         self.budget_stop: str | None = None
+        # A pooled token budget's bank, and the tokens this problem drew from it past its own share.
+        self.bank = bank
+        self.drawn = 0
         # Role -> (the method's preset sampling, the user's own method sampling) for that role: their layers of
         # the one resolution (tmas.llm.sampling), set by a method that has them (TMAS).
         self.method_sampling: dict[str, tuple[Sampling | None, Sampling | None]] = {}
+        # Kind -> the one-line notice this problem raised (see :meth:`notice`).
+        self.notices: dict[str, str] = {}
+
+    def notice(self, kind: str, message: str) -> None:
+        """Raise the run-level notice ``kind`` (one line): kept once in this problem's result and once in the run's
+        store, however often the problem raises it."""
+        if kind in self.notices:
+            return
+        self.notices[kind] = message
+        if self.store is not None:
+            self.store.record_notice(kind, message)
 
     async def chat(
         self,
@@ -236,8 +284,11 @@ class ProblemSession:
         over: list[str] = []
         if b.calls is not None and self.spent_calls + self.calls_in_flight >= b.calls:
             over.append(f"{self.spent_calls + self.calls_in_flight} calls of a budget of {b.calls}")
-        if b.tokens is not None and self.spent_tokens >= b.tokens:
-            over.append(f"{self.spent_tokens} {b.count} tokens of a budget of {b.tokens}")
+        if b.tokens is not None and self.spent_tokens >= b.tokens + self.drawn and self.bank is not None:
+            self.drawn += self.bank.draw(b.tokens)
+        if b.tokens is not None and self.spent_tokens >= b.tokens + self.drawn:
+            pooled = f" and {self.drawn} drawn from the run's pool" if self.bank is not None else ""
+            over.append(f"{self.spent_tokens} {b.count} tokens of a budget of {b.tokens}{pooled}")
         if over:
             self.budget_stop = f"budget spent ({'; '.join(over)}) in iteration {self.iteration}"
             raise BudgetExhausted(self.budget_stop)
@@ -319,6 +370,8 @@ class ProblemSession:
             calls=self.spent_calls,
             failed_calls=self.spent_failed,
             usage=self.spent_usage,
+            notices=list(self.notices.values()),
+            budget_drawn=self.drawn,
         )
 
 

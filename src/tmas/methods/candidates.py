@@ -19,6 +19,7 @@ from tmas.answers import extract_answer
 from tmas.config import Sampling
 from tmas.llm.types import Completion, Message
 from tmas.methods.base import BUDGET_STOP, BudgetExhausted, Candidate, ProblemResult, ProblemSession
+from tmas.methods.confidence import trace_confidence
 from tmas.methods.echo_retry import chat_guarded
 
 # The first, answerless reply kept in a reminded candidate's record is cut to this length.
@@ -36,8 +37,12 @@ async def solve_call(
     sampling: Sampling | None = None,
     meta: dict[str, Any] | None = None,
     remind: bool = False,
+    confidence_window: int | None = None,
 ) -> Candidate | None:
     """One solution-writing call as candidate ``index``; None when the budget refused the call.
+
+    ``confidence_window``: the reply's log-probabilities (asked for in ``sampling``) are reduced to the candidate's
+    ``confidence`` with groups of that many tokens (methods/confidence.py).
 
     Numeric mode: the answer is the last box, else an explicit final-answer statement; ``meta["extraction"]`` says
     which ("boxed" / "fallback" / "none"), and a reply with neither counts as unusable for ``role``.
@@ -116,6 +121,7 @@ async def solve_call(
         usage=usage,
         finish_reason=reply.finish_reason,
         error=reply.error,
+        confidence=None if confidence_window is None else trace_confidence(reply.logprobs, confidence_window),
         meta=info,
     )
 

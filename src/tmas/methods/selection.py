@@ -9,15 +9,28 @@ Rules (``select``):
 - ``score_weighted_vote``: the answer with the largest sum of scores over the candidates that give it. Ties: more
   votes, then the earliest first holder in pool order.
 
+Confidence rules (``ConfidenceRule``, beyond the papers: DeepConf, Fu et al. 2025, section 4's offline voting), read
+from each candidate's confidence (methods/confidence.py) by the measure ``ConfidenceVote.measure`` names:
+
+- ``confidence_vote``: confidence-weighted majority vote, V(a) = sum of the confidences of the candidates that give
+  answer a; the largest V(a) wins. Ties: more votes, then the earliest first holder in pool order.
+- ``filtered_vote``: confidence filtering, then the weighted vote: only the most confident share eta of the answered
+  candidates vote (``ConfidenceVote.share``; DeepConf's 10 % and 90 %), the top ceil(eta x n) of them, at least
+  one; ties at the cut go to the earlier candidate in pool order.
+
+Where any answered candidate has no confidence (the server sent no log-probabilities), both fall back to ``vote``:
+confidences of some candidates only would weigh against the others for want of data, not of certainty
+(:func:`lacks_confidence` tells the caller, which notes it).
+
 Answers count by value, not spelling: ``0.5``, ``1/2`` and ``\\frac{1}{2}`` are one answer. ``classes`` maps each
 answer to its class, as :func:`tmas.answer_classes.answer_classes` builds it (normalized spelling and exact numbers,
 then the grading rules' equivalence across the few groups left); without it, the spelling and exact-number stage
 alone groups them. The same grouping decides which answer "most tied candidates share" in ``best_score``.
 
-For both votes the returned candidate is the winning answer's best-scored holder (ties: earliest in pool order).
+For every vote the returned candidate is the winning answer's best-scored holder (ties: earliest in pool order).
 
 Every rule skips candidates whose call failed; in numeric mode it prefers candidates that have an answer, and where no
-candidate has one (or in proof mode, where there are no answers to count) both votes fall back to ``best_score``.
+candidate has one (or in proof mode, where there are no answers to count) every vote falls back to ``best_score``.
 A missing score counts 0.
 
 Answer fallback (``select_answered``, beyond the paper): when the pool holds no answered candidate (numeric mode),
@@ -30,16 +43,35 @@ first, then by candidate index, so "earliest in pool order" prefers the latest, 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from tmas.answer_classes import class_of
 from tmas.methods.base import Candidate
+from tmas.methods.confidence import ConfidenceMeasure
 
 SelectRule = Literal["best_score", "vote", "score_weighted_vote"]
+ConfidenceRule = Literal["confidence_vote", "filtered_vote"]
 PoolRule = Literal["last", "all"]
 SELECT_RULES: tuple[SelectRule, ...] = get_args(SelectRule)
+CONFIDENCE_RULES: tuple[ConfidenceRule, ...] = get_args(ConfidenceRule)
 POOL_RULES: tuple[PoolRule, ...] = get_args(PoolRule)
+
+
+@dataclass(frozen=True)
+class ConfidenceVote:
+    """How the confidence rules read the candidates: which measure weighs a vote, and which share votes at all in
+    ``filtered_vote``."""
+
+    measure: ConfidenceMeasure = "tail"
+    share: float = 0.9
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.share <= 1.0:
+            raise ValueError(f"the confidence share must be in (0, 1], not {self.share}")
+
 
 # Scores are means of a few verifier verdicts: equal within float noise means tied.
 _EPS = 1e-9
@@ -57,11 +89,13 @@ def candidate_pool(iterations: Sequence[Sequence[Candidate]], pool: PoolRule) ->
 def select(
     candidates: Sequence[Candidate],
     mode: str,
-    rule: SelectRule = "best_score",
+    rule: SelectRule | ConfidenceRule = "best_score",
     classes: Mapping[str, str] | None = None,
+    confidence: ConfidenceVote | None = None,
 ) -> Candidate | None:
     """The candidate ``rule`` returns from ``candidates`` (in pool order); None when every call failed.
-    ``classes``: answer -> the key of its class of equal values (see the module docstring)."""
+    ``classes``: answer -> the key of its class of equal values; ``confidence``: how the confidence rules read the
+    candidates (the defaults without it). See the module docstring."""
     usable = [c for c in candidates if c.error is None]
     answered = [c for c in usable if c.answer is not None]
     if mode == "numeric" and answered:
@@ -70,6 +104,13 @@ def select(
         return None
     if rule == "best_score" or mode != "numeric" or not answered:
         return _best_score(usable, mode, classes)
+    if rule in CONFIDENCE_RULES and lacks_confidence(usable):
+        rule = "vote"
+    how = confidence or ConfidenceVote()
+    if rule == "filtered_vote":
+        ranked = sorted(usable, key=lambda c: -_confidence(c, how))  # stable: ties keep pool order
+        kept = {id(c) for c in ranked[: max(1, math.ceil(how.share * len(usable)))]}
+        usable = [c for c in usable if id(c) in kept]
     groups: dict[str, list[Candidate]] = {}
     for c in usable:
         groups.setdefault(class_of(c.answer or "", classes), []).append(c)
@@ -77,9 +118,12 @@ def select(
     order = {key: position for position, key in enumerate(groups)}
 
     def standing(key: str) -> tuple[float, float, int]:
-        votes, total = len(groups[key]), sum(_score(c) for c in groups[key])
-        first, second = (votes, total) if rule == "vote" else (total, votes)
-        return (first, second, -order[key])
+        votes = len(groups[key])
+        if rule == "vote":
+            return (votes, sum(_score(c) for c in groups[key]), -order[key])
+        if rule == "score_weighted_vote":
+            return (sum(_score(c) for c in groups[key]), votes, -order[key])
+        return (sum(_confidence(c, how) for c in groups[key]), votes, -order[key])
 
     winner = max(groups, key=lambda key: _rounded(standing(key)))
     return _top_scored(groups[winner])
@@ -104,10 +148,11 @@ def select_answered(
     iterations: Sequence[Sequence[Candidate]],
     pool: PoolRule,
     mode: str,
-    rule: SelectRule = "best_score",
+    rule: SelectRule | ConfidenceRule = "best_score",
     classes: Mapping[str, str] | None = None,
     *,
     fallback: bool = True,
+    confidence: ConfidenceVote | None = None,
 ) -> tuple[Candidate | None, dict[str, Any] | None]:
     """The candidate ``rule`` returns from the ``pool`` of ``iterations`` (oldest first); in numeric mode, when it
     has no answer and ``fallback`` is on, the best answered candidate of the earlier iterations instead.
@@ -115,13 +160,13 @@ def select_answered(
     The second value describes a fallback that happened (None otherwise): the iteration and index of the candidate
     returned, and why. ``classes`` must cover the answers of every iteration.
     """
-    chosen = select(candidate_pool(iterations, pool), mode, rule, classes)
+    chosen = select(candidate_pool(iterations, pool), mode, rule, classes, confidence)
     if not fallback or mode != "numeric" or (chosen is not None and chosen.answer is not None):
         return chosen, None
     earlier = iterations[:-1]
     # The rule over every earlier candidate, newest iteration first (``select`` prefers answered candidates): ties go
     # to the latest, most refined answer, as in the ``all`` pool.
-    backup = select(candidate_pool(earlier, "all"), mode, rule, classes)
+    backup = select(candidate_pool(earlier, "all"), mode, rule, classes, confidence)
     if backup is None or backup.answer is None:
         return chosen, None
     where = next(t for t, candidates in enumerate(earlier) if any(c is backup for c in candidates))
@@ -132,6 +177,16 @@ def select_answered(
         "reason": "no answered candidate in the " + ("last iteration" if pool == "last" else "pool"),
     }
     return backup, info
+
+
+def lacks_confidence(candidates: Sequence[Candidate]) -> bool:
+    """Whether an answered candidate of ``candidates`` that succeeded has no confidence (the confidence rules then
+    fall back to ``vote``)."""
+    return any(c.confidence is None for c in candidates if c.error is None and c.answer is not None)
+
+
+def _confidence(c: Candidate, how: ConfidenceVote) -> float:
+    return c.confidence.value(how.measure) if c.confidence is not None else 0.0
 
 
 def _top_scored(holders: list[Candidate]) -> Candidate:

@@ -20,6 +20,12 @@ turn them off): an exploit or explore reply with no extractable answer is asked 
 required output (``answer_reminder.j2``); and when R_T holds no answered candidate, the answer is the best answered
 candidate of the earlier iterations, recorded in the result's ``fallback`` and the iteration's state.
 
+Beyond the paper, off by default and pinned off by the ``paper`` preset (the ``local`` preset turns the first on):
+``early_stop`` ends a problem once its answer is settled, every candidate giving one answer that every verification
+passes (or the agreement share and score it states), recorded in the iteration's ``state["early_stop"]``; and the
+confidence rules of ``select`` (DeepConf) ask the solution calls for token log-probabilities and weigh or filter the
+vote by each candidate's confidence (methods/confidence_params.py).
+
 Bad agent output never crashes a problem: a failed or answerless solution scores 0, an unreadable verification
 counts 0, a missing summary is replaced by one built from the scores, and an invalid experience or guideline update
 leaves the previous bank in place. An output that echoes its prompt's instructions (:mod:`tmas.agents.echo`) is
@@ -71,6 +77,7 @@ from tmas.methods.base import (
     gather_all,
     gather_pair,
 )
+from tmas.methods.confidence_params import note_missing_confidence
 from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.selection import select_answered
 from tmas.methods.tmas_params import TMAS_ROLES, TMASParams
@@ -79,6 +86,9 @@ Update = TypeVar("Update", bound=EchoFiltered)
 
 # Raw replies kept in the record for bad outputs are cut to this length.
 RAW_LIMIT = 4000
+# A problem's ``stopped_reason`` when ``early_stop`` ended it (the stopping iteration's ``state["early_stop"]`` says
+# when and on what figures).
+SETTLED = "settled (early_stop)"
 # Room for the instructions, question and banks when a prompt's rollouts are fitted to the context window.
 PROMPT_MARGIN_TOKENS = 256
 
@@ -165,13 +175,15 @@ class TMAS(Method[TMASParams]):
             )
             rollouts = [o.rollout for o in outcomes if o.rollout is not None]  # line 18: R_t
             candidates = [o.candidate for o in outcomes]
+            if p.asks_confidence(p.select) and note_missing_confidence(session, candidates, log.notes):
+                log.anomalies["confidence_missing"] += 1
             streak, stop_note = self._early_stop(t, candidates, streak)
             extra: dict[str, Any] = {"early_stop": stop_note} if stop_note else {}
             if stop_note is not None or last:
                 # Nothing will read E_t or G_t: skip their calls (the saving early stopping is for).
                 if stop_note is not None:
-                    stopped = stop_note["reason"]
-                    log.notes.append(f"early stop: {stopped}; memory update of this iteration skipped")
+                    stopped = SETTLED
+                    log.notes.append(f"early stop: {stop_note['reason']}; memory update of this iteration skipped")
                 else:
                     log.notes.append("last iteration: summaries and memory update skipped (skip_final_memory)")
                 experience, guideline = state.experience, state.guideline
@@ -234,7 +246,9 @@ class TMAS(Method[TMASParams]):
         if current is not None:
             iterations.append(current)
         classes = await session.answer_classes(c for candidates in iterations for c in candidates)
-        return select_answered(iterations, p.pool, p.mode, p.select, classes, fallback=p.answer_fallback)
+        return select_answered(
+            iterations, p.pool, p.mode, p.select, classes, fallback=p.answer_fallback, confidence=p.confidence_vote()
+        )
 
     # ------------------------------------------------------------------------------------------ solution agent
     def _plan(
@@ -318,6 +332,7 @@ class TMAS(Method[TMASParams]):
             plan.messages[i],
             lambda r: guard.solution_echo(*_text_and_answer(parse_solution(r.content, p.mode))),
             sample=i,
+            sampling=p.confidence_sampling(p.select),
         )
         reply = guarded.reply
         candidate = Candidate(
@@ -351,6 +366,8 @@ class TMAS(Method[TMASParams]):
             candidate.call_id, candidate.finish_reason = reply.call_id, reply.finish_reason
             candidate.usage = candidate.usage + spent
         candidate.text, candidate.answer = solution.text, solution.answer
+        if p.asks_confidence(p.select):
+            candidate.confidence = p.confidence_of(reply)
         if reply.truncated:
             meta["truncated"] = True
             log.bad("solution_truncated", f"candidate {i}: solution truncated at max_tokens")
@@ -431,7 +448,9 @@ class TMAS(Method[TMASParams]):
         keeps the first reply's call and text."""
         session.tally("solution").unusable += 1
         reminded = answer_reminder_prompt(messages, reply.content)
-        retry = await session.chat("solution", reminded, sample=i)
+        retry = await session.chat(
+            "solution", reminded, sample=i, sampling=self.params.confidence_sampling(self.params.select)
+        )
         info: dict[str, Any] = {"first_call_id": reply.call_id, "first_reply": reply.content[:RAW_LIMIT]}
         meta["reminder"] = info
         if not retry.ok:
@@ -654,19 +673,28 @@ class TMAS(Method[TMASParams]):
 
     # ------------------------------------------------------------------------------------------ early stopping
     def _early_stop(self, t: int, candidates: list[Candidate], streak: int) -> tuple[int, dict[str, Any] | None]:
-        """Beyond the paper: stop when candidates agree and score high for `early_stop_patience` iterations."""
+        """Beyond the paper: stop once the answer is settled (the candidates agree and every verification of the
+        agreeing ones passes) for `early_stop_patience` iterations in a row. Never after the last iteration, which
+        has nothing left to save."""
         p = self.params
-        mean = _mean([c.score or 0.0 for c in candidates])
         agreement = _agreement(candidates, p.mode)
-        holds = agreement >= p.early_stop_agreement and mean >= p.early_stop_score
+        weakest = _weakest_verification(candidates, p.mode)
+        holds = agreement >= p.early_stop_agreement and weakest is not None and weakest >= p.early_stop_score
         streak = streak + 1 if holds else 0
         if not p.early_stop or streak < p.early_stop_patience or t == p.iterations - 1:
             return streak, None
         reason = (
-            f"after iteration {t}: {streak} consecutive iterations with agreement {agreement:.2f} >= "
-            f"{p.early_stop_agreement:g} and mean verifier score {mean:.2f} >= {p.early_stop_score:g}"
+            f"after iteration {t}: settled for {streak} consecutive iteration(s): agreement {agreement:.2f} >= "
+            f"{p.early_stop_agreement:g} and every verification of the agreeing candidates scored >= "
+            f"{p.early_stop_score:g} (lowest {weakest:.2f})"
         )
-        return streak, {"iteration": t, "reason": reason, "agreement": agreement, "mean_score": mean}
+        return streak, {
+            "iteration": t,
+            "reason": reason,
+            "agreement": agreement,
+            "lowest_verification": weakest,
+            "mean_score": _mean([c.score or 0.0 for c in candidates]),
+        }
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -681,6 +709,20 @@ def _text_and_answer(solution: SolutionOutput) -> tuple[str, str | None]:
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+def _weakest_verification(candidates: list[Candidate], mode: str) -> float | None:
+    """The lowest verification score of the candidates giving the most common answer (every candidate that succeeded
+    in proof mode); a failed or unreadable verification counts 0; None when no such candidate was verified."""
+    usable = [c for c in candidates if c.error is None]
+    if mode == "numeric":
+        keys = [value_key(c.answer) for c in usable if c.answer is not None]
+        if not keys:
+            return None
+        leading = Counter(keys).most_common(1)[0][0]
+        usable = [c for c in usable if c.answer is not None and value_key(c.answer) == leading]
+    scores = [v.get("score") for c in usable for v in c.meta.get("verifications", [])]
+    return min((s if s is not None else 0.0 for s in scores), default=None)
 
 
 def _agreement(candidates: list[Candidate], mode: str) -> float:

@@ -9,8 +9,12 @@ run's own sampling settings. Presets fill in every parameter the user did not gi
   2048-token global default), and the paper's output layout (``style = "paper"``);
 - ``local``: N = 2, M = 1, T = 2, a low solver temperature, modest per-role ``max_tokens`` and the ``concise`` output
   style for the solution and verifier agents (a small model otherwise often spends its budget before its answer), so
-  one question on the embedded 0.5B model finishes in minutes on two CPU cores. It is chosen automatically when the
-  embedded model is used and no preset is given (explicit parameters such as ``iterations`` still win over it).
+  one question on the embedded 0.5B model finishes in minutes on two CPU cores; and the settled stop
+  (``early_stop``, patience 1): a problem whose candidates all give one answer that every verification passes ends
+  there, without the memory update and the later iterations. It is chosen automatically when the embedded model is
+  used and no preset is given (explicit parameters such as ``iterations`` still win over it).
+
+The ``paper`` preset pins what keeps Algorithm 1 as written: no stopping before T, no confidence from log-probabilities.
 
 Per-role ``sampling`` the user gives as a method parameter is sent with every call of that role, over the run's
 settings (it is the most specific setting there is). Sampling a *preset* asks for fills only the fields no one set:
@@ -26,7 +30,8 @@ from pydantic import Field, ModelWrapValidatorHandler, PrivateAttr, model_valida
 
 from tmas.config import Sampling
 from tmas.memory.experience_bank import DEFAULT_DEDUP_THRESHOLD, DEFAULT_MAX_ENTRIES
-from tmas.methods.selection import PoolRule, SelectRule
+from tmas.methods.confidence_params import ConfidenceParams
+from tmas.methods.selection import ConfidenceRule, PoolRule, SelectRule
 from tmas.methods.styled import StyledParams
 
 TMAS_ROLES = ("solution", "verifier", "summary", "experience", "guideline")
@@ -41,8 +46,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         "iterations": 20,
         "epsilon": 0.2,
         "style": "paper",
-        # Algorithm 1 exactly, calls and tokens included: the last iteration's summaries and memory updates run.
+        # Algorithm 1 exactly, calls and tokens included: the last iteration's summaries and memory updates run, every
+        # problem runs all T iterations, and no call asks for log-probabilities.
         "skip_final_memory": False,
+        "early_stop": False,
+        "confidence": False,
         "sampling": {role: {"temperature": 1.0, "top_p": 0.95, "max_tokens": PAPER_MAX_TOKENS} for role in TMAS_ROLES},
     },
     "local": {
@@ -51,6 +59,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         "iterations": 2,
         "epsilon": 0.2,
         "style": "concise",
+        # Two candidates that agree, each verified as fully correct: the answer is settled (issue 28's demo spent 12
+        # calls on 17*23 where 6 give the same answer).
+        "early_stop": True,
+        "early_stop_patience": 1,
         "sampling": {
             # A 0.5B coder model is right far more often at a low temperature (see DESIGN.md); the per-call seeds
             # still make its parallel samples differ.
@@ -64,7 +76,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-class TMASParams(StyledParams):
+class TMASParams(StyledParams, ConfidenceParams):
     style_roles: ClassVar[tuple[str, ...]] = ("solution", "verifier")
 
     preset: Literal["paper", "local"] | None = None
@@ -86,18 +98,37 @@ class TMASParams(StyledParams):
     experience_dedup_threshold: float = Field(default=DEFAULT_DEDUP_THRESHOLD, gt=0.0, le=1.0)
     experience_max_entries: int = Field(default=DEFAULT_MAX_ENTRIES, ge=1)
     guideline_dedup_threshold: float = Field(default=DEFAULT_DEDUP_THRESHOLD, gt=0.0, le=1.0)
-    # Beyond the paper: stop a problem early once, for `early_stop_patience` iterations in a row, at least
-    # `early_stop_agreement` of the candidates share one answer and the mean verifier score is >= `early_stop_score`.
-    early_stop: bool = False
-    early_stop_patience: int = Field(default=2, ge=1)
-    early_stop_score: float = Field(default=0.9, ge=0.0, le=1.0)
-    early_stop_agreement: float = Field(default=1.0, gt=0.0, le=1.0)
+    # Beyond the paper: stop a problem once its answer is settled, for `early_stop_patience` iterations in a row: at
+    # least `early_stop_agreement` of the N candidates give one answer (1.0: all of them; proof mode has no answers)
+    # and every verification of those candidates scores at least `early_stop_score` (on the 1 / 0.5 / 0 scale: 0.9
+    # passes a 1 only; a failed or unreadable verification never passes). The stopping iteration's memory update is
+    # skipped (nothing reads it); its summaries are already written, inside each candidate's chain.
+    early_stop: bool = Field(
+        default=False,
+        description="stop a problem when its answer is settled: the candidates agree and every verification passes"
+        " (beyond the TMAS paper; on in the local preset)",
+    )
+    early_stop_patience: int = Field(default=2, ge=1, description="early_stop: settled iterations in a row")
+    early_stop_score: float = Field(
+        default=0.9,
+        ge=0.0,
+        le=1.0,
+        description="early_stop: the score every verification of the agreeing candidates reaches",
+    )
+    early_stop_agreement: float = Field(
+        default=1.0, gt=0.0, le=1.0, description="early_stop: the share of candidates that give the leading answer"
+    )
     # Beyond the paper: the last iteration's summaries (line 15) and memory updates (lines 19-20) are not computed,
     # since nothing reads them (line 22 reads the candidates and their scores alone); the answer is the same, with
     # N + 2 fewer calls per problem. The `paper` preset runs them, to match the paper's calls and tokens.
     skip_final_memory: bool = True
     # Beyond the paper: which candidate is returned (methods/selection.py); the defaults are Algorithm 1's line 22.
-    select: SelectRule = "best_score"
+    # The confidence rules ask the solution calls for log-probabilities (methods/confidence_params.py).
+    select: SelectRule | ConfidenceRule = Field(
+        default="best_score",
+        description="best_score (Algorithm 1), vote, score_weighted_vote, confidence_vote or filtered_vote"
+        " (DeepConf, Fu et al. 2025)",
+    )
     pool: PoolRule = "last"
     # Beyond the paper (issue 16): an exploit or explore reply with no extractable answer (numeric mode, not cut at
     # max_tokens) is asked once more, with a reminder of the required output; and when the pool holds no answered

@@ -370,6 +370,17 @@ class RunStore:
         }
         return {kind: urls for kind, urls in found.items() if urls}
 
+    def record_notice(self, kind: str, message: str) -> None:
+        """Record the one-line notice ``kind`` once in the run (the first message of each kind is kept)."""
+        notices = self.get_meta("notices") or {}
+        if kind not in notices:
+            notices[kind] = {"message": message, "at": time.time()}
+            self.set_meta("notices", notices)
+
+    def notices(self) -> dict[str, str]:
+        """Kind -> the run's one-line notice of that kind, in the order they were first raised."""
+        return {kind: str(entry["message"]) for kind, entry in (self.get_meta("notices") or {}).items()}
+
     def replies_by_role(self) -> dict[str, tuple[int, int]]:
         """Successful calls per role over the whole run, and how many of them were cut at max_tokens."""
         rows = self._db.execute(

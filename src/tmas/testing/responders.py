@@ -55,6 +55,10 @@ def content_text(content: Any) -> str:
     return ""
 
 
+# Request fields that change how a reply is delivered, not what it says.
+_DELIVERY_FIELDS = frozenset({"stream", "stream_options"})
+
+
 def stable_hash(*parts: object) -> int:
     """A 64-bit hash that, unlike ``hash()``, is the same in every process."""
     digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
@@ -74,8 +78,10 @@ class SimRequest:
 
     @cached_property
     def sample_key(self) -> int:
-        """Hash of the whole body (seed, temperature and all): identical requests get identical replies."""
-        blob = json.dumps(self.body, sort_keys=True, separators=(",", ":"), default=str)
+        """Hash of the whole body (seed, temperature and all) but how it is delivered (``stream``,
+        ``stream_options``): identical requests get identical replies, streamed or not."""
+        asked = {k: v for k, v in self.body.items() if k not in _DELIVERY_FIELDS}
+        blob = json.dumps(asked, sort_keys=True, separators=(",", ":"), default=str)
         return stable_hash(blob)
 
     @cached_property

@@ -132,6 +132,9 @@ class Viewer:
             }
             last = records[-1] if records else None
             final = _verdict(live, (pid, int(last["iteration"]), -1)) if last else (None, None)
+            # A confidence column where a candidate has one, by the measure the run's rules read.
+            params = (run.store.get_meta("method") or {}).get("params") or {}
+            measured = any(c.get("confidence") for r in records for c in r["candidates"])
             return self._page(
                 "problem.html",
                 ref=run.ref,
@@ -140,6 +143,7 @@ class Viewer:
                 records=records,
                 verdicts=verdicts,
                 final=final,
+                measure=params.get("confidence_measure", "tail") if measured else None,
                 live=True,
             )
 

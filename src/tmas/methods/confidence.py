@@ -1,0 +1,105 @@
+"""How sure the model was of a trace, from its token log-probabilities: the confidence measures of DeepConf (Fu et
+al. 2025, "Deep Think with Confidence", section 3), by the paper's names and symbols:
+
+- token confidence, C_i = -(1/k) sum_{j=1..k} log P_i(j): minus the mean log-probability of the k most likely
+  tokens at position i (the ``top_logprobs`` the server listed there; k is what the request asked for). It is high
+  where the distribution is peaked, since the alternatives to the chosen token are then improbable;
+- average trace confidence, C_avg = (1/N) sum_i C_i over the trace's N tokens;
+- group confidence, C_{G_i} = (1/|G_i|) sum_{t in G_i} C_t over a group G_i of n consecutive tokens, the window
+  sliding one token at a time;
+- lowest group confidence, C_least = min_i C_{G_i}: the trace's weakest stretch;
+- tail confidence, C_tail: the mean of C_t over the last n tokens, where the final answer is written.
+
+A trace shorter than n tokens is one group, the whole trace (so C_least = C_tail = C_avg), as DeepConf's own code
+does. A position where fewer than two finite log-probabilities are listed is left out: one value alone is the chosen
+token's surprisal, which falls as the model grows surer, the opposite of what C_i measures.
+
+:class:`SlidingGroups` takes the token confidences one at a time, so a streamed reply can be followed as it arrives
+(DeepConf's online variant stops a trace whose running group confidence falls below a threshold set by the first
+traces); :func:`trace_confidence` reduces a finished reply with it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from typing import Literal, get_args
+
+from pydantic import BaseModel
+
+from tmas.llm.types import TokenLogprob
+
+ConfidenceMeasure = Literal["lowest_group", "tail", "mean"]
+CONFIDENCE_MEASURES: tuple[ConfidenceMeasure, ...] = get_args(ConfidenceMeasure)
+
+
+class Confidence(BaseModel):
+    """One candidate's confidence measures (see the module docstring), over the ``tokens`` content positions that
+    listed log-probabilities, with groups of ``window`` tokens."""
+
+    mean: float
+    lowest_group: float
+    tail: float
+    tokens: int
+    window: int
+
+    def value(self, measure: ConfidenceMeasure) -> float:
+        return float(getattr(self, measure))
+
+
+def token_confidence(position: TokenLogprob) -> float | None:
+    """C_i at one position: minus the mean of the listed top log-probabilities; None with fewer than two of them."""
+    listed = [alt.logprob for alt in position.top_logprobs if math.isfinite(alt.logprob)]
+    if len(listed) < 2:
+        return None
+    return -sum(listed) / len(listed)
+
+
+class SlidingGroups:
+    """Group confidences C_{G_i} over a window of ``window`` token confidences, fed one at a time."""
+
+    def __init__(self, window: int) -> None:
+        if window < 1:
+            raise ValueError(f"confidence window must be at least 1 token, not {window}")
+        self.window = window
+        self._recent: deque[float] = deque()
+        self._window_sum = 0.0
+        self.count = 0
+        self.total = 0.0
+        # The lowest full group seen so far (None until ``window`` tokens have arrived).
+        self.lowest: float | None = None
+
+    def push(self, confidence: float) -> float | None:
+        """Add the next token's C_i; the group confidence of the last ``window`` tokens once there are that many."""
+        self._recent.append(confidence)
+        self._window_sum += confidence
+        if len(self._recent) > self.window:
+            # A running sum: a thinking trace has tens of thousands of tokens and windows of thousands.
+            self._window_sum -= self._recent.popleft()
+        self.count += 1
+        self.total += confidence
+        if len(self._recent) < self.window:
+            return None
+        group = self._window_sum / self.window
+        self.lowest = group if self.lowest is None else min(self.lowest, group)
+        return group
+
+    def tail(self) -> float | None:
+        """The mean of the last ``window`` token confidences (all of them in a shorter trace)."""
+        return self._window_sum / len(self._recent) if self._recent else None
+
+
+def trace_confidence(logprobs: Iterable[TokenLogprob] | None, window: int) -> Confidence | None:
+    """The measures of a reply's content tokens; None when no position listed log-probabilities to read."""
+    groups = SlidingGroups(window)
+    for position in logprobs or ():
+        c = token_confidence(position)
+        if c is not None:
+            groups.push(c)
+    tail = groups.tail()
+    if tail is None:
+        return None
+    mean = groups.total / groups.count
+    lowest = groups.lowest if groups.lowest is not None else mean
+    return Confidence(mean=mean, lowest_group=lowest, tail=tail, tokens=groups.count, window=window)

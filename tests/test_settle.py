@@ -1,0 +1,280 @@
+"""Compute that stops when the answer is settled, against the simulated server: the log-probabilities solution calls
+ask for (and no other role does), confidence-weighted votes read from the payloads the server sent, the one-line
+notice against a server that sends none, the samples majority vote's Beta stop saves, and TMAS's settled stop."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import settings_for
+from tmas.api import arun, asolve
+from tmas.cli.main import app
+from tmas.eval.analysis import stopping_summary
+from tmas.eval.document import Document
+from tmas.eval.grading import Grades
+from tmas.eval.metrics import compute_metrics
+from tmas.eval.report import RunEvaluation, _run_section
+from tmas.eval.roc import confidence_separation
+from tmas.eval.run_results import load_results
+from tmas.methods.base import ProblemResult
+from tmas.methods.confidence_params import CONFIDENCE_NOTICE
+from tmas.methods.majority import VOTE_DECIDED
+from tmas.methods.tmas import SETTLED
+from tmas.store.run_store import RunStore
+from tmas.testing import Rule, SimScript, SimServer
+
+Q = "What is 17*23?"
+
+
+def payload(confidence: float, tokens: int = 4) -> list[dict[str, Any]]:
+    """A logprobs payload whose every token has DeepConf token confidence ``confidence``: the chosen token is
+    certain and its one alternative has log-probability -2 x confidence (mean -confidence)."""
+    return [
+        {
+            "token": f"t{i}",
+            "logprob": 0.0,
+            "top_logprobs": [{"token": f"t{i}", "logprob": 0.0}, {"token": "alt", "logprob": -2.0 * confidence}],
+        }
+        for i in range(tokens)
+    ]
+
+
+def boxed(answer: str) -> str:
+    return f"Working it out by hand.\n\n\\boxed{{{answer}}}"
+
+
+# Two samples box 7 with token confidence 1 each, one boxes 9 with confidence 3: a plain vote returns 7, a
+# confidence-weighted vote 9 (V(7) = 2 < V(9) = 3). Each rule's reply and payload go together, whatever the order.
+SPLIT = [
+    Rule(role="solution", times=2, replies=[boxed("7")], logprobs=payload(1.0)),
+    Rule(role="solution", times=1, replies=[boxed("9")], logprobs=payload(3.0)),
+]
+
+
+async def majority(sim: SimServer, tmp_path: Path | None = None, **params: Any) -> ProblemResult:
+    settings = settings_for(sim, method={"name": "majority", "params": params})
+    return await asolve(Q, settings, run_dir=tmp_path / "run" if tmp_path else None)
+
+
+async def tmas(sim: SimServer, **params: Any) -> ProblemResult:
+    return await asolve(Q, settings_for(sim, method={"name": "tmas", "params": params}))
+
+
+# ---------------------------------------------------------------------------------------------- confidence
+async def test_confidence_vote_asks_solution_calls_for_logprobs_and_weighs_the_votes(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    sim.set_script(SimScript(rules=SPLIT))
+    result = await majority(sim, tmp_path, k=3, select="confidence_vote", confidence_top_logprobs=3)
+    bodies = sim.chat_bodies("solution")
+    assert len(bodies) == 3 and all((b["logprobs"], b["top_logprobs"]) == (True, 3) for b in bodies)
+    assert result.answer == "9" and result.notices == []
+    tails = sorted((c.answer, c.confidence.tail) for c in result.iterations[0].candidates if c.confidence)
+    assert tails == [("7", 1.0), ("7", 1.0), ("9", 3.0)]
+    # The measures are part of the stored iteration record.
+    with RunStore(tmp_path / "run", create=False) as store:
+        stored = store.iterations("question")[0]["candidates"]
+    assert sorted(c["confidence"]["tail"] for c in stored) == [1.0, 1.0, 3.0]
+
+
+async def test_plain_vote_asks_for_no_logprobs(sim: SimServer) -> None:
+    sim.set_script(SimScript(rules=SPLIT))
+    result = await majority(sim, k=3)
+    assert result.answer == "7" and all(c.confidence is None for c in result.iterations[0].candidates)
+    assert all("logprobs" not in b and "top_logprobs" not in b for b in sim.chat_bodies())
+
+
+async def test_filtered_vote_lets_the_most_confident_share_vote(sim: SimServer) -> None:
+    # Three samples box 7 at confidence 1 (V = 3), one boxes 9 at 2.5: the weighted vote returns 7; with eta = 0.25
+    # only the most confident ceil(0.25 x 4) = 1 sample votes: 9.
+    rules = [
+        Rule(role="solution", times=3, replies=[boxed("7")], logprobs=payload(1.0)),
+        Rule(role="solution", times=1, replies=[boxed("9")], logprobs=payload(2.5)),
+    ]
+    sim.set_script(SimScript(rules=rules))
+    assert (await majority(sim, k=4, select="confidence_vote")).answer == "7"
+    sim.set_script(SimScript(rules=rules))
+    assert (await majority(sim, k=4, select="filtered_vote", confidence_share=0.25)).answer == "9"
+
+
+async def test_tmas_confidence_asks_only_the_solution_role(sim: SimServer) -> None:
+    result = await tmas(sim, n=2, m=1, iterations=2, select="confidence_vote", skip_final_memory=False)
+    assert set(sim.stats().by_role) == {"solution", "verifier", "summary", "experience", "guideline"}
+    assert all(b["logprobs"] is True and b["top_logprobs"] == 5 for b in sim.chat_bodies("solution"))
+    for role in ("verifier", "summary", "experience", "guideline"):
+        bodies = sim.chat_bodies(role)
+        assert bodies and all("logprobs" not in b and "top_logprobs" not in b for b in bodies), role
+    # The simulator's own payload lists one alternative per token: no confidence can be read from it, so the rule
+    # votes plainly and says so once.
+    assert result.answer == "391" and result.notices == [CONFIDENCE_NOTICE]
+    assert result.counters["confidence_missing"] == 2
+
+
+async def test_a_server_without_logprobs_gets_one_notice_per_run(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(logprobs=False))
+    problems = tmp_path / "p.jsonl"
+    problems.write_text("".join(json.dumps({"problem_id": f"q{i}", "question": Q}) + "\n" for i in range(2)))
+    settings = settings_for(sim, method={"name": "majority", "params": {"k": 2, "select": "confidence_vote"}})
+    summary = await arun(problems, tmp_path / "run", settings)
+    assert summary.done == 2 and summary.notices == [CONFIDENCE_NOTICE]
+    assert all(b["logprobs"] is True for b in sim.chat_bodies("solution"))
+    with RunStore(tmp_path / "run", create=False) as store:
+        assert list(store.notices().values()) == [CONFIDENCE_NOTICE]
+        for result in store.results():
+            assert result["notices"] == [CONFIDENCE_NOTICE]
+            assert "confidence rules vote plainly" in " ".join(result["iterations"][0]["notes"])
+
+
+def test_the_cli_prints_the_notice_once(sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for var in [v for v in os.environ if v.startswith("TMAS_")]:
+        monkeypatch.delenv(var)
+    sim.set_script(SimScript(logprobs=False))
+    problems = tmp_path / "p.jsonl"
+    problems.write_text("".join(json.dumps({"problem_id": f"q{i}", "question": Q}) + "\n" for i in range(3)))
+    args = ["run", str(problems), "-o", str(tmp_path / "run"), "--base-url", sim.base_url, "-m", "majority"]
+    out = CliRunner().invoke(app, [*args, "-p", "k=2", "-p", "select=filtered_vote"])
+    assert out.exit_code == 0, out.output
+    assert [line for line in out.stderr.splitlines() if line.startswith("notice:")] == [f"notice: {CONFIDENCE_NOTICE}"]
+    # tmas solve says it as well, after the answer.
+    solve = ["solve", Q, "--base-url", sim.base_url, "-m", "majority", "-p", "k=2", "-p", "select=confidence_vote"]
+    out = CliRunner().invoke(app, solve)
+    assert out.exit_code == 0 and out.stdout.strip() == "391", out.output
+    assert out.stderr.splitlines()[-1] == f"tmas: notice: {CONFIDENCE_NOTICE}"
+
+
+def test_run_help_lists_the_rules_and_their_sources() -> None:
+    out = CliRunner().invoke(app, ["run", "--help"])
+    assert out.exit_code == 0
+    text = " ".join(out.output.split())  # as wrapped for any terminal width
+    assert "majority: iterations=1, mode=numeric, confidence=false," in text
+    assert "k=64, select=vote, stop=fixed, stop_threshold=0.95, round_size=4" in text
+    assert "early_stop=false, early_stop_patience=2, early_stop_score=0.9, early_stop_agreement=1.0" in text
+    assert "stop (majority): fixed: k samples; beta: rounds until the leader cannot be overtaken" in text
+    assert "(Adaptive-Consistency, Aggarwal et al. 2023)" in text
+    assert (
+        "select (tmas): best_score (Algorithm 1), vote, score_weighted_vote, confidence_vote or filtered_vote" in text
+    )
+    assert "the candidates agree and every verification passes (beyond the TMAS paper; on in the local preset)" in text
+    assert "confidence_share (tmas, majority): filtered_vote: the most confident share eta that votes" in text
+
+
+# ---------------------------------------------------------------------------------------------- stopping
+async def test_beta_stop_saves_the_samples_a_decided_vote_does_not_need(sim: SimServer) -> None:
+    fixed = await majority(sim, k=16)
+    assert sim.stats().by_role == {"solution": 16} and fixed.stopped_reason is None
+    sim.reset()
+    # Every sample boxes 391: after the first round of 4, P(leader stays ahead) = 31/32 >= 0.95.
+    adaptive = await majority(sim, k=16, stop="beta", round_size=4)
+    assert sim.stats().by_role == {"solution": 4} and adaptive.calls == 4
+    assert adaptive.answer == fixed.answer == "391" and adaptive.stopped_reason == VOTE_DECIDED
+    stop = adaptive.iterations[0].state["stop"]
+    assert (stop["drawn"], stop["k"], stop["leading"], stop["runner_up"], stop["stopped"]) == (4, 16, 4, 0, True)
+    assert stop["probability"] == 31 / 32 and stop["reason"].startswith("after 4 of 16 samples")
+    assert any(n.startswith("stopped: after 4 of 16 samples") for n in adaptive.iterations[0].notes)
+
+
+async def test_beta_stop_never_draws_past_k(sim: SimServer) -> None:
+    # Alternating answers never decide the vote: every round is drawn, up to k, then the next iteration's k.
+    sim.set_script(SimScript(rules=[Rule(role="solution", replies=[boxed("7"), boxed("9")])]))
+    result = await majority(sim, k=6, stop="beta", round_size=4, iterations=2)
+    assert sim.stats().by_role == {"solution": 12} and result.stopped_reason is None
+    stops = [r.state["stop"] for r in result.iterations]
+    assert [(s["drawn"], s["stopped"]) for s in stops] == [(6, False), (6, False)]
+    assert stops[0]["reason"].startswith("all 6 samples drawn")
+    # The same samples as a fixed run draws: indices (and so seeds) 0..5 each iteration.
+    assert sorted(c.index for c in result.iterations[1].candidates) == list(range(6))
+
+
+async def test_tmas_stops_when_settled(sim: SimServer) -> None:
+    # Both candidates box 391 and the verifier passes both: settled after iteration 0. The memory update and the
+    # later iterations are not sent: 2 solutions + 2 verifications + 2 summaries = 6 calls instead of 8 + 8 + 4.
+    settled = await tmas(sim, n=2, m=1, iterations=3, early_stop=True, early_stop_patience=1)
+    assert sim.stats().by_role == {"solution": 2, "verifier": 2, "summary": 2}
+    assert settled.calls == 6 and settled.stopped_reason == SETTLED and settled.answer == "391"
+    record = settled.iterations[0].state["early_stop"]
+    assert record["iteration"] == 0 and record["agreement"] == 1.0 and record["lowest_verification"] == 1.0
+    assert "settled for 1 consecutive iteration(s)" in record["reason"]
+    assert any(n.startswith("early stop: after iteration 0") for n in settled.iterations[0].notes)
+    sim.reset()
+    full = await tmas(sim, n=2, m=1, iterations=3)
+    assert full.calls == 20 and full.stopped_reason is None and len(full.iterations) == 3
+
+
+@pytest.mark.parametrize(
+    ("rules", "why"),
+    [
+        ([Rule(role="solution", replies=[boxed("391"), boxed("390")])], "the candidates disagree"),
+        ([Rule(role="verifier", times=1, replies=["## Analysis\nA gap.\n\n## Score\nScore: 0.5"])], "a 0.5 verdict"),
+    ],
+)
+async def test_tmas_does_not_stop_unless_settled(sim: SimServer, rules: list[Rule], why: str) -> None:
+    sim.set_script(SimScript(rules=rules))
+    result = await tmas(sim, n=2, m=1, iterations=2, early_stop=True, early_stop_patience=1)
+    assert len(result.iterations) == 2 and result.stopped_reason is None, why
+    assert "early_stop" not in result.iterations[0].state
+
+
+# ---------------------------------------------------------------------------------------------- report
+async def test_the_report_shows_confidence_stops_and_notices(sim: SimServer, tmp_path: Path) -> None:
+    problems = tmp_path / "p.jsonl"
+    problems.write_text(json.dumps({"problem_id": "q", "question": Q, "answer": "391"}) + "\n")
+    # Run 1: two right samples at confidence 3, two wrong at 1, weighted by confidence.
+    rules = [
+        Rule(role="solution", times=2, replies=[boxed("391")], logprobs=payload(3.0)),
+        Rule(role="solution", times=2, replies=[boxed("390")], logprobs=payload(1.0)),
+    ]
+    sim.set_script(SimScript(rules=rules))
+    params: dict[str, Any] = {"k": 4, "select": "confidence_vote"}
+    await arun(problems, tmp_path / "weighted", settings_for(sim, method={"name": "majority", "params": params}))
+    # Run 2: a server without log-probabilities; every sample right, so the Beta stop ends it after one round.
+    sim.set_script(SimScript(logprobs=False))
+    params = {"k": 8, "select": "confidence_vote", "stop": "beta"}
+    await arun(problems, tmp_path / "stopped", settings_for(sim, method={"name": "majority", "params": params}))
+    doc = Document("report")
+    for name in ("weighted", "stopped"):
+        _run_section(doc, evaluation_of(tmp_path / name))
+    markdown = doc.markdown()
+    assert "ROC area of candidate confidence" in markdown
+    assert (
+        "ROC area 1.000 over 2 right and 2 wrong measured candidates; mean tail confidence (DeepConf) right 3.000"
+        in (markdown)
+    )
+    assert f"1 problems stopped early ({{'{VOTE_DECIDED}': 1}})" in markdown
+    assert "mean calls of a stopped problem 4.0" in markdown
+    assert markdown.count(f"notice: {CONFIDENCE_NOTICE}") == 1
+
+
+def evaluation_of(run_dir: Path) -> RunEvaluation:
+    """What ``evaluate_run`` computes for the sections under test, with answers graded by hand (391 is right)."""
+    with RunStore(run_dir, create=False) as store:
+        results = load_results(store)
+        notices = store.notices()
+    grades = Grades(runs=1)
+    for r in results:
+        for rec in r["iterations"]:
+            for c in rec["candidates"]:
+                grades.verdicts[(r["problem_id"], rec["iteration"], c["index"])] = [c["answer"] == "391"]
+    e = RunEvaluation(
+        run_dir=run_dir,
+        label="majority",
+        benchmark="b",
+        method="majority",
+        params={},
+        model=None,
+        problems=1,
+        done=1,
+        failed=0,
+        metrics=compute_metrics(results, grades, mv_k=None),
+        grades=grades,
+    )
+    e.confidence = confidence_separation(results, grades, "tail")
+    e.confidence = e.confidence if e.confidence.available else None
+    e.stopping, e.notices = stopping_summary(results), notices
+    return e
