@@ -466,29 +466,20 @@ class LLMClient:
                 return share_usage(done, data, route.counter, replica.server_kind)
             except _Fatal as exc:
                 message = str(exc)
-                if exc.cause == "structured_output" and structured:
-                    if route.endpoint.structured_output == "json_schema":
-                        message = f"server refused response_format (structured_output = 'json_schema'): {message}"
+                # A refused response_format or stream: the same call again at once without it (not a failed
+                # attempt), remembered for the replica and recorded, unless the endpoint's setting insists on it.
+                if (exc.cause == "structured_output" and structured) or (exc.cause == "stream" and streamed):
+                    setting = getattr(route.endpoint, exc.cause)
+                    if setting in ("json_schema", "on"):
+                        what = "streaming" if exc.cause == "stream" else "response_format"
+                        message = f"server refused {what} ({exc.cause} = {setting!r}): {message}"
                         return [
                             self._failed(
                                 key, request_hash, request, replica, started, attempt, message, exc.cause, causes
                             )
                         ]
-                    # "auto": the same call again at once, as plain text; the refusal is not a failed attempt.
-                    self._structured_refused(replica, key.role, message)
-                    causes.append(exc.cause)
-                    attempt -= 1
-                    continue
-                if exc.cause == "stream" and streamed:
-                    if route.endpoint.stream == "on":
-                        message = f"server refused streaming (stream = 'on'): {message}"
-                        return [
-                            self._failed(
-                                key, request_hash, request, replica, started, attempt, message, exc.cause, causes
-                            )
-                        ]
-                    # "auto": the same call again at once, unstreamed; the refusal is not a failed attempt.
-                    self._stream_refused(replica, key.role, message)
+                    refused_by = self._stream_refused if exc.cause == "stream" else self._structured_refused
+                    refused_by(replica, key.role, message)
                     causes.append(exc.cause)
                     attempt -= 1
                     continue
