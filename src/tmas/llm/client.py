@@ -1,7 +1,8 @@
 """The async client for OpenAI-compatible ``/v1/chat/completions`` endpoints: the only code that speaks HTTP.
 
 It implements :class:`tmas.llm.model.ChatModel`. Per call: resolve the role's endpoint and sampling
-(:mod:`tmas.llm.sampling`), take a slot under the global cap, pick the least-loaded replica (under its own cap),
+(:mod:`tmas.llm.sampling`), take a slot under the global cap, pick a replica (:mod:`tmas.llm.routing`: the one
+holding the longest prefix of the prompt within a load bound, or the least loaded; under its own cap),
 send, retry transient failures with exponential backoff and full jitter, split reasoning from the final content and
 account tokens. With a store, calls pass through :class:`tmas.llm.replay.StoreReplay` first: a finished call is
 replayed from it, any other is made durable there before it is returned.
@@ -26,9 +27,10 @@ from pydantic import BaseModel, ValidationError
 
 from tmas.config import Endpoint, Sampling, Settings
 from tmas.errors import ConfigError, LLMError
-from tmas.llm.lanes import SlotQueue, current_lane, pinned_slot
+from tmas.llm.lanes import SlotQueue, call_affinity, current_lane, pinned_slot
 from tmas.llm.reasoning import split_reasoning
 from tmas.llm.replay import CallStore, StoreReplay
+from tmas.llm.routing import PrefixRouter
 from tmas.llm.sampling import ResolvedSampling, resolve_role
 from tmas.llm.schema import response_format
 from tmas.llm.tokens import TokenCounter
@@ -84,6 +86,8 @@ class _Replica:
     url: str
     cap: asyncio.Semaphore | None
     in_flight: int = 0
+    # Calls routed to it and not finished (waiting for a cap, in flight or between retries): what routing balances.
+    load: int = 0
     context_length: int | None = None
     context_probed: bool = False
     # Set once the server refused a response_format: with structured_output = "auto" none is sent to it again.
@@ -143,7 +147,7 @@ class LLMClient:
         self._replicas: dict[str, _Replica] = {}
         self._routes: dict[str, _Route] = {}
         self._session: aiohttp.ClientSession | None = None
-        self._rr = 0
+        self._router = PrefixRouter()
 
     async def __aenter__(self) -> LLMClient:
         # The global cap bounds what we send; the connector must not add a lower hidden bound of its own.
@@ -210,13 +214,14 @@ class LLMClient:
     def model_name(self, role: str) -> str:
         return self.route(role).endpoint.model or "default"
 
-    def _pick(self, replicas: list[_Replica]) -> _Replica:
-        """Least calls in flight among the replicas that answer; ties broken round-robin so equal replicas share the
-        load evenly."""
-        self._rr += 1
-        n = len(replicas)
-        order = [replicas[(self._rr + i) % n] for i in range(n)]
-        return min(order, key=lambda r: (r.unreachable, r.in_flight))
+    def _pick(self, route: _Route, messages: Sequence[Message] = (), key: CallKey | None = None) -> _Replica:
+        """The replica for a call (tmas.llm.routing): by its prompt's cached prefix with ``routing = "cache"``, else
+        the least loaded. The caller counts the call in the replica's ``load`` until it ends."""
+        endpoint = route.endpoint
+        if endpoint.routing == "load" or not messages:
+            return self._router.least_loaded(route.replicas)
+        affinity = call_affinity(key.problem_id, self.settings.seed) if key is not None else None
+        return self._router.choose(messages, route.replicas, affinity, endpoint.routing_load_bound)
 
     # ----------------------------------------------------------------------------------------- calls
     async def chat(
@@ -312,7 +317,8 @@ class LLMClient:
         all_connect_failures = True
         last_error = ""
         for attempt in range(1, retry.max_attempts + 1):
-            replica = self._pick(route.replicas)
+            replica = self._pick(route)
+            replica.load += 1
             try:
                 data = await self._post(route, replica, body, key, path="embeddings")
                 self.stats.embedding_calls += 1
@@ -325,6 +331,8 @@ class LLMClient:
                 if attempt < retry.max_attempts:
                     self.stats.retries += 1
                     await asyncio.sleep(self._backoff(attempt, exc))
+            finally:
+                replica.load -= 1
         if all_connect_failures:
             urls = ", ".join(r.url for r in route.replicas)
             raise EndpointUnreachable(f"endpoint {urls} unreachable for role {role!r}: {last_error}")
@@ -354,7 +362,8 @@ class LLMClient:
         attempt = 0
         while attempt < retry.max_attempts:
             attempt += 1
-            replica = route.replicas[pin[0]] if pin else self._pick(route.replicas)
+            replica = route.replicas[pin[0]] if pin else self._pick(route, request.messages, key)
+            replica.load += 1
             structured = False
             try:
                 await self._probe_context(replica)
@@ -401,6 +410,8 @@ class LLMClient:
                 causes.append(exc.cause)
                 self.stats.retries += 1
                 await asyncio.sleep(self._backoff(attempt, exc))
+            finally:
+                replica.load -= 1
         message = f"gave up after {attempt} attempts: {last_error}"
         if all_connect_failures:
             urls = ", ".join(r.url for r in route.replicas)
@@ -474,6 +485,9 @@ class LLMClient:
         headers = {"X-Tmas-Role": key.role}
         if key.problem_id:
             headers["X-Tmas-Problem"] = key.problem_id
+        session_key = call_affinity(key.problem_id, self.settings.seed)
+        if route.endpoint.session_header and session_key:
+            headers[route.endpoint.session_header] = session_key
         if route.api_key:
             headers["Authorization"] = f"Bearer {route.api_key}"
         timeout = aiohttp.ClientTimeout(total=route.endpoint.timeout_s)
