@@ -9,21 +9,24 @@ fewest calls in flight they land on different servers, and each pays the whole p
 :class:`PrefixRouter` remembers which replicas served the prompts it sent. A prompt (its messages with their roles) is
 cut into blocks of :data:`BLOCK_CHARS` characters; each block's hash is chained to the hashes of the blocks before it,
 so a block matches only after the same prefix, as in the servers' own caches. A bounded LRU map takes each block's
-hash to the replicas that served it (a bit set), :data:`MAX_BLOCKS` entries at most: about 20 MB in all however many
-calls a run makes (164,000 for the paper's 100-problem scale), and 33 million characters of prompt, several times what
-8 GPU replicas keep in their KV caches. A call goes to the replica that holds the longest known prefix of its prompt
-among the replicas within the load bound; ties go to the replica that last served the call's affinity key (its TMAS
-candidate chain, else its problem: see :func:`tmas.llm.lanes.call_affinity`), then to the least loaded, in turn.
-Replicas that did not answer their last call are chosen only when none answers.
+hash to the replicas that served it (a bit set): :data:`MAX_BLOCKS` blocks, 33 million characters of prompt (several
+times what 8 GPU replicas keep in their KV caches), in about 23 MiB, plus up to 8 MiB of affinity keys (measured with
+tracemalloc), however many calls a run makes (164,000 at the paper's 100-problem scale). A call goes to the replica
+that holds the longest known prefix of its prompt among the replicas within the load bound; ties go to the replica
+that last served the call's affinity key (its TMAS candidate chain, else its problem: see
+:func:`tmas.llm.lanes.call_affinity`), then to the least loaded, in turn. Replicas that did not answer their last call
+are chosen only when none answers.
 
 **The load bound.** A replica's load is the calls this client routed to it that have not finished (waiting for a cap
 or in flight: what the client knows). A replica takes a call for its cache only while its load is below
 ``bound x mean + 1``, the mean taken over the endpoint's replicas; otherwise the call goes to the best replica within
-the bound, which the least loaded always is. The default bound, 1.1, is the spread the issue set as its goal (the
-busiest replica within 10 % of the mean) applied to the calls in flight at each moment, so the totals over a run stay
-within it too; the ``+ 1`` lets an idle endpoint take a burst of identical prompts (an iteration's first solutions, a
-candidate's verifications) two to a replica rather than spreading them one by one. ``benchmarks/replica_routing.py``
-measures both the cache hits and the spread on the paper's call shapes (docs/performance.md).
+the bound, which the least loaded always is. The ``+ 1`` lets an idle endpoint take a burst of identical prompts (an
+iteration's first solutions, a candidate's verifications) two to a replica rather than one by one. The default bound,
+1.1, is the spread the issue set as its goal (the busiest replica within 10 % of the mean) applied to the calls in
+flight at each moment, and it is what ``benchmarks/replica_routing.py`` confirmed on the paper's call shapes over 8
+replicas (docs/performance.md): with 8 to 32 problems in flight the busiest replica stayed within 8 % of the mean in
+calls and tokens, with 86-89 % of the cache hits one replica with all the KV memory gets; 1.2 let the spread pass
+10 % with one problem per replica, and 1.0 lost about a quarter of the hits.
 
 Hashing a prompt costs one slice and one tuple hash per block (a 100 KB prompt: 400 of each); the lookup walks the
 prompt's blocks until no replica within the bound holds the next one, never the whole map.
