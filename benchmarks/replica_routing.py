@@ -157,6 +157,7 @@ def measure(args: argparse.Namespace, routing: str, bound: float) -> tuple[dict[
         **({"routing_load_bound": bound} if routing == "cache" else {}),
         "calls": summary.calls,
         "wall_s": round(summary.wall_s, 1),
+        "prompt_tokens_per_call": round(prompt / summary.calls),
         "cached_share": round(sum(hits[0] for _, hits in served) / prompt, 4),
         "calls_spread": spread([s.completed for s in stats]),
         "tokens_spread": spread([s.prompt_tokens + s.completion_tokens for s in stats]),
