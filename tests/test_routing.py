@@ -183,6 +183,8 @@ def chain_servers(run_dir: Path, servers: list[SimServer], m: int) -> dict[tuple
 def test_a_candidate_s_verifications_and_summary_go_where_its_solution_went(
     tmp_path: Path, replicas: list[SimServer]
 ) -> None:
+    # One verification per candidate (m = 1): a candidate has one call in flight at a time, so the load bound moves
+    # only the iterations' identical first prompts, never a later call of a chain.
     summary = tmas_run(tmp_path / "run", replicas, endpoint__routing_load_bound=1.0)
     assert summary.done == 1
     chains = chain_servers(tmp_path / "run", replicas, m=1)

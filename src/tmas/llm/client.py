@@ -485,9 +485,9 @@ class LLMClient:
         headers = {"X-Tmas-Role": key.role}
         if key.problem_id:
             headers["X-Tmas-Problem"] = key.problem_id
-        session_key = call_affinity(key.problem_id, self.settings.seed)
-        if route.endpoint.session_header and session_key:
-            headers[route.endpoint.session_header] = session_key
+        session_header = route.endpoint.session_header
+        if session_header and (session_key := call_affinity(key.problem_id, self.settings.seed)):
+            headers[session_header] = session_key  # a serving router in front keeps the chain on one server
         if route.api_key:
             headers["Authorization"] = f"Bearer {route.api_key}"
         timeout = aiohttp.ClientTimeout(total=route.endpoint.timeout_s)
