@@ -7,6 +7,7 @@ raise :class:`ConfigError` with a one-line message naming the key.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
@@ -63,6 +64,16 @@ def _check_urls(urls: list[str]) -> list[str]:
     return [url.rstrip("/") for url in urls]
 
 
+# An HTTP header name (RFC 9110 token).
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def _check_header(name: str | None) -> str | None:
+    if name is not None and not _HEADER_NAME.fullmatch(name):
+        raise ValueError(f"{name!r} is not an HTTP header name")
+    return name
+
+
 class Strict(BaseModel):
     """Base for config models: unknown keys are errors, values are validated on assignment too."""
 
@@ -105,6 +116,7 @@ class Sampling(Strict):
 StructuredOutput = Literal["auto", "json_schema", "off"]
 StreamMode = Literal["auto", "on", "off"]
 BatchSamples = Literal["auto", "on", "off"]
+Routing = Literal["cache", "load"]
 
 
 class Endpoint(Strict):
@@ -147,6 +159,20 @@ class Endpoint(Strict):
     # too); "on": always, falling back to one request per sample (recorded) once a server refuses `n`; "off": never.
     # Never with pin_slots.
     batch_samples: BatchSamples = "auto"
+    # How a call picks one of several replicas (tmas.llm.routing): "cache" sends it to the replica that served the
+    # longest prefix of its prompt (a candidate's verifications and summary go where its solution went), unless that
+    # replica's calls in flight reach `routing_load_bound` x the replicas' mean + 1; "load" sends every call to the
+    # replica with the fewest calls in flight. Pinned slots keep their pinning; one URL has nothing to choose.
+    routing: Routing = "cache"
+    # 1.1: the spread the routing was measured against (the busiest replica within 10 % of the mean, in calls and
+    # tokens: docs/performance.md). Larger keeps more calls on their cached prefix and lets the spread widen.
+    routing_load_bound: float = Field(default=1.1, ge=1.0)
+    # One URL that is a serving router in front of the replicas: the request header that carries each call's session
+    # key (the same for a TMAS candidate's calls, else for a problem's, and on a resumed run), so the router keeps
+    # them on one replica. "X-SMG-Routing-Key" for SGLang's model gateway (--policy consistent_hashing or manual),
+    # "X-Session-Id" for the vLLM router (--policy consistent_hash), the name given to --session-key for vLLM
+    # production-stack's session router. None: no header.
+    session_header: str | None = None
 
     @field_validator("base_url", mode="before")
     @classmethod
@@ -157,6 +183,11 @@ class Endpoint(Strict):
     @classmethod
     def _http_urls(cls, value: list[str]) -> list[str]:
         return _check_urls(value)
+
+    @field_validator("session_header")
+    @classmethod
+    def _header_name(cls, value: str | None) -> str | None:
+        return _check_header(value)
 
 
 class RoleConfig(Strict):
@@ -174,6 +205,9 @@ class RoleConfig(Strict):
     structured_output: StructuredOutput | None = None
     pin_slots: bool | None = None
     batch_samples: BatchSamples | None = None
+    routing: Routing | None = None
+    routing_load_bound: float | None = Field(default=None, ge=1.0)
+    session_header: str | None = None
     sampling: Sampling = Field(default_factory=Sampling)
 
     @field_validator("base_url", mode="before")
@@ -185,6 +219,11 @@ class RoleConfig(Strict):
     @classmethod
     def _http_urls(cls, value: list[str] | None) -> list[str] | None:
         return None if value is None else _check_urls(value)
+
+    @field_validator("session_header")
+    @classmethod
+    def _header_name(cls, value: str | None) -> str | None:
+        return _check_header(value)
 
 
 class Retry(Strict):

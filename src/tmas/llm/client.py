@@ -2,11 +2,12 @@
 
 It implements :class:`tmas.llm.model.ChatModel`. Per call: resolve the role's endpoint and sampling
 (:mod:`tmas.llm.sampling`), join the alike calls sent with it where the endpoint takes several samples in one request
-(:mod:`tmas.llm.batching`), take a slot under the global cap, pick the least-loaded replica (under its own cap),
-send, read the reply (streamed where the endpoint allows it, :mod:`tmas.llm.stream`), retry transient failures with
-exponential backoff and full jitter, split reasoning from the final content and account tokens. With a store, calls
-pass through :class:`tmas.llm.replay.StoreReplay` first: a finished call is replayed from it, any other is made
-durable there before it is returned.
+(:mod:`tmas.llm.batching`), take a slot under the global cap, pick a replica (:mod:`tmas.llm.routing`: the one
+holding the longest prefix of the prompt within a load bound, or the least loaded; under its own cap), send, read the
+reply (streamed where the endpoint allows it, :mod:`tmas.llm.stream`), retry transient failures with exponential
+backoff and full jitter, split reasoning from the final content and account tokens. With a store, calls pass through
+:class:`tmas.llm.replay.StoreReplay` first: a finished call is replayed from it, any other is made durable there
+before it is returned.
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ from tmas.llm.batching import (
     serves_samples,
     share_usage,
 )
-from tmas.llm.lanes import SlotQueue, current_lane, pinned_slot
+from tmas.llm.lanes import SlotQueue, call_affinity, current_lane, pinned_slot
 from tmas.llm.reasoning import split_reasoning
 from tmas.llm.replay import CallStore, StoreReplay
+from tmas.llm.routing import PrefixRouter
 from tmas.llm.sampling import ResolvedSampling, resolve_role
 from tmas.llm.schema import response_format
 from tmas.llm.server_kind import ServerKind, server_kind
@@ -106,6 +108,8 @@ class _Replica:
     url: str
     cap: asyncio.Semaphore | None
     in_flight: int = 0
+    # Calls routed to it and not finished (waiting for a cap, in flight or between retries): what routing balances.
+    load: int = 0
     context_length: int | None = None
     # Which engine serves it, as /v1/models said (read once, with the context window).
     server_kind: ServerKind | None = None
@@ -174,7 +178,7 @@ class LLMClient:
         self._replicas: dict[str, _Replica] = {}
         self._routes: dict[str, _Route] = {}
         self._session: aiohttp.ClientSession | None = None
-        self._rr = 0
+        self._router = PrefixRouter()
         self._batcher = SampleBatcher(self._send_samples)
 
     async def __aenter__(self) -> LLMClient:
@@ -242,13 +246,14 @@ class LLMClient:
     def model_name(self, role: str) -> str:
         return self.route(role).endpoint.model or "default"
 
-    def _pick(self, replicas: list[_Replica]) -> _Replica:
-        """Least calls in flight among the replicas that answer; ties broken round-robin so equal replicas share the
-        load evenly."""
-        self._rr += 1
-        n = len(replicas)
-        order = [replicas[(self._rr + i) % n] for i in range(n)]
-        return min(order, key=lambda r: (r.unreachable, r.in_flight))
+    def _pick(self, route: _Route, messages: Sequence[Message] = (), key: CallKey | None = None) -> _Replica:
+        """The replica for a call (tmas.llm.routing): by its prompt's cached prefix with ``routing = "cache"``, else
+        the least loaded. The caller counts the call in the replica's ``load`` until it ends."""
+        endpoint = route.endpoint
+        if endpoint.routing == "load" or not messages:
+            return self._router.least_loaded(route.replicas)
+        affinity = call_affinity(key.problem_id, self.settings.seed) if key is not None else None
+        return self._router.choose(messages, route.replicas, affinity, endpoint.routing_load_bound)
 
     # ----------------------------------------------------------------------------------------- calls
     async def chat(
@@ -400,7 +405,8 @@ class LLMClient:
         all_connect_failures = True
         last_error = ""
         for attempt in range(1, retry.max_attempts + 1):
-            replica = self._pick(route.replicas)
+            replica = self._pick(route)
+            replica.load += 1
             try:
                 data = await self._post(route, replica, body, key, path="embeddings")
                 self.stats.embedding_calls += 1
@@ -413,6 +419,8 @@ class LLMClient:
                 if attempt < retry.max_attempts:
                     self.stats.retries += 1
                     await asyncio.sleep(self._backoff(attempt, exc))
+            finally:
+                replica.load -= 1
         if all_connect_failures:
             urls = ", ".join(r.url for r in route.replicas)
             raise EndpointUnreachable(f"endpoint {urls} unreachable for role {role!r}: {last_error}")
@@ -444,7 +452,8 @@ class LLMClient:
         attempt = 0
         while attempt < retry.max_attempts:
             attempt += 1
-            replica = route.replicas[pin[0]] if pin else self._pick(route.replicas)
+            replica = route.replicas[pin[0]] if pin else self._pick(route, request.messages, key)
+            replica.load += 1
             structured = streamed = False
             try:
                 await self._probe_models(replica)
@@ -518,6 +527,8 @@ class LLMClient:
                 causes.append(exc.cause)
                 self.stats.retries += 1
                 await asyncio.sleep(self._backoff(attempt, exc))
+            finally:
+                replica.load -= 1
         message = f"gave up after {attempt} attempts: {last_error}"
         if all_connect_failures:
             urls = ", ".join(r.url for r in route.replicas)
@@ -590,6 +601,9 @@ class LLMClient:
         headers = {"X-Tmas-Role": key.role}
         if key.problem_id:
             headers["X-Tmas-Problem"] = key.problem_id
+        session_header = route.endpoint.session_header
+        if session_header and (session_key := call_affinity(key.problem_id, self.settings.seed)):
+            headers[session_header] = session_key  # a serving router in front keeps the chain on one server
         if route.api_key:
             headers["Authorization"] = f"Bearer {route.api_key}"
         endpoint = route.endpoint

@@ -11,11 +11,16 @@ pinned: the parallel calls of one problem then use every slot.
 
 A lane's calls wait their turn in a :class:`SlotQueue`; a method marks the calls that build on each other as a
 :class:`Chain` (:func:`in_chain`), and a chain that got the slot keeps it until it ends, so its calls run back to back.
+
+Across replicas a chain's key (and outside chains, the problem's) is the call's affinity (:func:`call_affinity`): the
+client's router prefers the replica that served the chain's last call (tmas.llm.routing), and a serving router in
+front of the replicas reads it from a session header (``Endpoint.session_header``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -61,7 +66,9 @@ class Chain:
     some of it: docs/performance.md measures both orders).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, key: str | None = None) -> None:
+        # Stable across runs and resumes (see affinity_key): where the chain's calls should go.
+        self.key = key
         # The slot queues this chain holds (one, on a pinned lane), told when it ends.
         self.held: set[SlotQueue] = set()
 
@@ -74,10 +81,24 @@ class Chain:
 _chain: ContextVar[Chain | None] = ContextVar("tmas_chain", default=None)
 
 
+def affinity_key(*parts: object) -> str:
+    """A short key fixed by ``parts`` (run seed, problem id, ...), the same in every process: safe as a header value
+    whatever the problem id holds."""
+    return hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).hexdigest()
+
+
+def call_affinity(problem_id: str, seed: int) -> str | None:
+    """The affinity key of a call made now: its chain's key, else its problem's; None for a call of neither."""
+    current = _chain.get()
+    if current is not None and current.key is not None:
+        return current.key
+    return affinity_key(seed, problem_id) if problem_id else None
+
+
 @contextmanager
-def chain() -> Iterator[Chain]:
-    """Run the block's calls, and those of the tasks it starts, as one :class:`Chain`."""
-    current = Chain()
+def chain(key: str | None = None) -> Iterator[Chain]:
+    """Run the block's calls, and those of the tasks it starts, as one :class:`Chain` with affinity ``key``."""
+    current = Chain(key)
     token = _chain.set(current)
     try:
         yield current
@@ -86,9 +107,9 @@ def chain() -> Iterator[Chain]:
         current.end()
 
 
-async def in_chain(aw: Awaitable[T]) -> T:
+async def in_chain(aw: Awaitable[T], key: str | None = None) -> T:
     """Await ``aw`` as one :class:`Chain` (run it as its own task, as ``gather`` does, so the chain is its own)."""
-    with chain():
+    with chain(key):
         return await aw
 
 

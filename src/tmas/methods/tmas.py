@@ -64,7 +64,7 @@ from tmas.agents.summary import Summary, fallback_summary, parse_summary, summar
 from tmas.agents.verification import Verification, VerificationReply, parse_verification, verification_prompt
 from tmas.answer_classes import value_key
 from tmas.config import Sampling
-from tmas.llm.lanes import in_chain
+from tmas.llm.lanes import affinity_key, in_chain
 from tmas.llm.types import Completion, Message, Usage
 from tmas.memory.experience_bank import ExperienceBank, apply_experience_ops
 from tmas.memory.guideline_bank import GuidelineBank, apply_strategy_classifications
@@ -169,9 +169,15 @@ class TMAS(Method[TMASParams]):
             # Nothing reads the last iteration's summaries and banks (line 22 reads the candidates and scores alone).
             last = p.skip_final_memory and t == p.iterations - 1
             # Each candidate's calls are a chain: on a pinned server slot they run back to back, so each finds the
-            # previous one's prompt in the slot's cache (tmas.llm.lanes).
+            # previous one's prompt in the slot's cache; across replicas they keep to one (tmas.llm.lanes). The
+            # chain's key is fixed by the run, so a resumed run sends the same.
+            problem_id = session.problem.problem_id
             outcomes = await gather_all(
-                in_chain(self._rollout(session, i, plan, log, summarize=not last)) for i in range(p.n)
+                in_chain(
+                    self._rollout(session, i, plan, log, summarize=not last),
+                    affinity_key(session.seed, problem_id, t, i),
+                )
+                for i in range(p.n)
             )
             rollouts = [o.rollout for o in outcomes if o.rollout is not None]  # line 18: R_t
             candidates = [o.candidate for o in outcomes]

@@ -92,6 +92,8 @@ class LoggedRequest(BaseModel):
     received_at: float  # time.time()
     # The Authorization header as received (tests prove a key was sent without it reaching any artefact).
     authorization: str | None = None
+    # Every other request header, by its lower-cased name (e.g. a router's session key).
+    headers: dict[str, str] = {}
 
 
 class _LogEntry(NamedTuple):
@@ -102,6 +104,7 @@ class _LogEntry(NamedTuple):
     body: dict[str, Any]
     received_at: float
     authorization: str | None
+    headers: dict[str, str]
 
 
 @dataclass
@@ -342,8 +345,9 @@ class SimApp:
                 self._slots[slot] -= 1
 
     def _log_request(self, request: web.Request, endpoint: str, role: str, body: dict[str, Any], at: float) -> None:
+        headers = {name.lower(): value for name, value in request.headers.items() if name.lower() != "authorization"}
         entry = _LogEntry(
-            endpoint, role, request.headers.get(PROBLEM_HEADER), body, at, request.headers.get("Authorization")
+            endpoint, role, request.headers.get(PROBLEM_HEADER), body, at, request.headers.get("Authorization"), headers
         )
         with self._lock:
             self._log.append(entry)
