@@ -10,8 +10,10 @@ thinking model (content only: the thinking is never sent back): a solution 200 t
 40; the prompt templates are the real ones. Calls take what thinking takes, scaled down (``--time-scale``): a
 solution 1.6 s, a verification 0.6 s, a summary 0.2 s, a memory agent 0.3 s.
 
-Each replica's prefix cache is emulated afterwards by replaying the prompts it received, in arrival order, through
-:class:`tmas.testing.prefix_cache.PrefixCache` (16-token blocks, least recently used out). Capacity per replica
+Each replica answers as vLLM (``persona="vllm"``: streamed replies, ``n`` per request, which ``--batch-samples``
+governs) with its own prefix cache, whose hits it reports. The share is also worked out afterwards by replaying the
+prompts each received, in arrival order, through :class:`tmas.testing.prefix_cache.PrefixCache` (16-token blocks,
+least recently used out), the same way the one-replica figures are. Capacity per replica
 (``--capacity``, 20,000 tokens): an H100 running Qwen3-4B (bf16, 144 KiB of KV per token) holds about 400,000
 tokens of KV; half of it is taken by the sequences being decoded (their thinking), and the simulated replies are a
 tenth of the real ones, so 400,000 / 2 / 10. The same calls sent to one replica are the cache-aware run's prompts of
@@ -81,10 +83,18 @@ def register_paper_lengths() -> None:
         return f"{summary_responder(req)} {_words(req, SUMMARY_TOKENS)}"
 
 
-def script(time_scale: float) -> SimScript:
+def script(time_scale: float, capacity: int) -> SimScript:
     rules = [Rule(role=role, latency_s=seconds * time_scale) for role, seconds in LATENCY_S.items()]
-    # Some answers wrong, so scores, summaries and memories vary as they do on hard problems.
-    return SimScript(rules=rules, accuracy=0.6, log_limit=1_000_000)
+    # Some answers wrong, so scores, summaries and memories vary as they do on hard problems. Each replica answers as
+    # vLLM with --enable-prompt-tokens-details, its own prefix cache of the given capacity reporting the hits.
+    return SimScript(
+        persona="vllm",
+        cache_report=True,
+        prefix_cache_tokens=capacity,
+        rules=rules,
+        accuracy=0.6,
+        log_limit=1_000_000,
+    )
 
 
 def problems(count: int) -> list[Problem]:
@@ -92,9 +102,9 @@ def problems(count: int) -> list[Problem]:
 
 
 @contextlib.contextmanager
-def replicas(time_scale: float) -> Iterator[list[SimServer]]:
+def replicas(time_scale: float, capacity: int) -> Iterator[list[SimServer]]:
     with contextlib.ExitStack() as stack:
-        yield [stack.enter_context(SimServer(script(time_scale))) for _ in range(REPLICAS)]
+        yield [stack.enter_context(SimServer(script(time_scale, capacity))) for _ in range(REPLICAS)]
 
 
 def settings(servers: list[SimServer], args: argparse.Namespace, routing: str, bound: float) -> Settings:
@@ -105,6 +115,7 @@ def settings(servers: list[SimServer], args: argparse.Namespace, routing: str, b
                 "model": "sim-model",
                 "routing": routing,
                 "routing_load_bound": bound,
+                "batch_samples": args.batch_samples,
             },
             "concurrency": args.concurrency,
             "problems_in_flight": args.problems_in_flight,
@@ -142,7 +153,7 @@ def spread(values: list[int]) -> dict[str, Any]:
 
 
 def measure(args: argparse.Namespace, routing: str, bound: float) -> tuple[dict[str, Any], list[list[LoggedRequest]]]:
-    with replicas(args.time_scale) as servers, tempfile.TemporaryDirectory() as scratch:
+    with replicas(args.time_scale, args.capacity) as servers, tempfile.TemporaryDirectory() as scratch:
         config = settings(servers, args, routing, bound)
         store, config, todo = prepare_run(Path(scratch) / "run", config, problems(args.problems), resume=False)
         with store:
@@ -159,6 +170,11 @@ def measure(args: argparse.Namespace, routing: str, bound: float) -> tuple[dict[
         "wall_s": round(summary.wall_s, 1),
         "prompt_tokens_per_call": round(prompt / summary.calls),
         "cached_share": round(sum(hits[0] for _, hits in served) / prompt, 4),
+        # What the replicas' own caches reported (vLLM's usage.prompt_tokens_details.cached_tokens), as a check of the
+        # replay: the server counts 4 tokens of template per message and never serves a prompt's last token.
+        "cached_share_reported": round(
+            sum(s.cached_prompt_tokens for s in stats) / sum(s.prompt_tokens for s in stats), 4
+        ),
         "calls_spread": spread([s.completed for s in stats]),
         "tokens_spread": spread([s.prompt_tokens + s.completion_tokens for s in stats]),
     }
@@ -180,6 +196,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--capacity", type=int, default=20_000, help="prefix cache per replica, simulated tokens")
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiplies every call's latency")
+    parser.add_argument(
+        "--batch-samples",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="alike samples as one request with n (auto: on, the replicas answer as vLLM)",
+    )
     parser.add_argument(
         "--bounds", type=float, nargs="+", default=[Endpoint().routing_load_bound], help="cache-aware load bounds"
     )
@@ -209,6 +231,7 @@ def main() -> None:
         "problems_in_flight": args.problems_in_flight,
         "concurrency": args.concurrency,
         "capacity_tokens_per_replica": args.capacity,
+        "batch_samples": args.batch_samples,
         "runs": runs,
         "single_replica": single,
         "benchmark_s": round(time.monotonic() - started, 1),
