@@ -110,6 +110,14 @@ def test_unreachable_replicas_come_last() -> None:
     assert router.choose(prompt(LONG_A), replicas, None, 1.1) is not others[0]  # the least loaded of all
 
 
+def test_a_busy_replica_that_alone_answers_still_gets_the_call() -> None:
+    # The bound is taken over the replicas that answer: an idle unreachable one must not push every answering one
+    # past it (which would leave nothing to choose from).
+    router, (down, up) = PrefixRouter(), fakes(2)
+    down.unreachable, up.load = True, 5
+    assert router.choose(prompt(LONG_A), [down, up], None, 1.1) is up
+
+
 def test_ties_go_to_the_replica_of_the_call_s_key() -> None:
     router, replicas = PrefixRouter(), fakes(4)
     where: dict[str, Fake] = {}

@@ -19,7 +19,7 @@ are chosen only when none answers.
 
 **The load bound.** A replica's load is the calls this client routed to it that have not finished (waiting for a cap
 or in flight: what the client knows). A replica takes a call for its cache only while its load is below
-``bound x mean + 1``, the mean taken over the endpoint's replicas; otherwise the call goes to the best replica within
+``bound x mean + 1``, the mean taken over the endpoint's replicas that answer; otherwise the call goes to the best replica within
 the bound, which the least loaded always is. The ``+ 1`` lets an idle endpoint take a burst of identical prompts (an
 iteration's first solutions, a candidate's verifications) two to a replica rather than one by one. The default bound,
 1.1, is the spread the issue set as its goal (the busiest replica within 10 % of the mean) applied to the calls in
@@ -114,7 +114,8 @@ class PrefixRouter:
         if not answering:
             chosen = self.least_loaded(replicas)
         else:
-            mean = sum(r.load for r in replicas) / len(replicas)
+            # Over the replicas that answer: the least loaded of them is always within the bound.
+            mean = sum(r.load for r in answering) / len(answering)
             within = [r for r in answering if r.load < bound * mean + 1]
             chosen = self._longest_prefix(blocks, within, key)
         self._remember(blocks, key, chosen)
