@@ -20,8 +20,9 @@ are chosen only when none answers.
 **The load bound.** A replica's load is the calls this client routed to it that have not finished (waiting for a cap
 or in flight: what the client knows). A replica takes a call for its cache only while its load is below
 ``bound x mean + 1``, the mean taken over the endpoint's replicas that answer; otherwise the call goes to the best
-replica within the bound, which the least loaded always is. The ``+ 1`` lets an idle endpoint take a burst of identical prompts (an
-iteration's first solutions, a candidate's verifications) two to a replica rather than one by one. The default bound,
+replica within the bound, which the least loaded always is. The ``+ 1`` lets an idle endpoint take a burst of
+identical prompts (an iteration's first solutions, a candidate's verifications) two to a replica rather than one by
+one. The default bound,
 1.1, is the spread the issue set as its goal (the busiest replica within 10 % of the mean) applied to the calls in
 flight at each moment, and it is what ``benchmarks/replica_routing.py`` confirmed on the paper's call shapes over 8
 replicas (docs/performance.md): with 8 to 32 problems in flight the busiest replica stayed within 8 % of the mean in
