@@ -210,7 +210,8 @@ def test_bad_bodies_get_400_errors_without_tracebacks(sim: SimServer, proxy: Pro
 
 def test_oversized_bodies_413_and_too_many_problems_429(sim: SimServer, tmp_path: Path) -> None:
     sim.set_script(SimScript(rules=[Rule(role="solution", latency_s=1.0)]))
-    options = ServeOptions(serve_dir=tmp_path / "served", max_problems=1, max_body_bytes=2000)
+    # No queue: a request past the one slot is turned away at once.
+    options = ServeOptions(serve_dir=tmp_path / "served", max_problems=1, max_queue=0, max_body_bytes=2000)
     with ProxyThread(settings_for(sim), options) as proxy:
         api = client(proxy)
         with pytest.raises(openai.APIStatusError) as caught:
@@ -226,6 +227,7 @@ def test_oversized_bodies_413_and_too_many_problems_429(sim: SimServer, tmp_path
         with pytest.raises(openai.RateLimitError) as limited:
             api.chat.completions.create(model="cot/sim-model", messages=[{"role": "user", "content": "What is 4*4?"}])
         assert limited.value.code == "rate_limit_exceeded"
+        assert limited.value.response.headers["retry-after"] == "1"  # nothing has finished yet: nothing measured
         first.join()
 
 

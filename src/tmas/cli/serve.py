@@ -29,7 +29,20 @@ def serve(
     token_env: Annotated[
         str | None, typer.Option("--token-env", help="Environment variable holding the bearer token clients send.")
     ] = None,
-    max_problems: Annotated[int, typer.Option("--max-problems", help="Most requests solved at once (429 past).")] = 4,
+    max_problems: Annotated[
+        int,
+        typer.Option(
+            "--max-problems", envvar="TMAS_SERVE_MAX_PROBLEMS", help="Most requests solved at once (queued past)."
+        ),
+    ] = 4,
+    max_queue: Annotated[
+        int,
+        typer.Option(
+            "--max-queue",
+            envvar="TMAS_SERVE_MAX_QUEUE",
+            help="Most requests waiting for a slot, in arrival order (429 with Retry-After past; 0: no queue).",
+        ),
+    ] = 1024,
     max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", help="Largest request body (413 past).")] = (
         1_000_000
     ),
@@ -42,6 +55,8 @@ def serve(
 
     if max_problems < 1 or max_body_bytes < 1:
         raise ConfigError("--max-problems and --max-body-bytes must be at least 1")
+    if max_queue < 0:
+        raise ConfigError(f"--max-queue must be 0 or more (got {max_queue})")
     # The group's flags configure the upstream and the defaults of every request (sampling, budget, prompts).
     settings = flags.settings()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -51,6 +66,7 @@ def serve(
         serve_dir=serve_dir,
         token_env=token_env,
         max_problems=max_problems,
+        max_queue=max_queue,
         max_body_bytes=max_body_bytes,
         resume=resume,
     )

@@ -23,12 +23,16 @@ _TYPES = {
 class ApiError(Exception):
     """A request that gets an error reply: ``status`` is the HTTP code, ``code`` OpenAI's short error code."""
 
-    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, code: str, param: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.param = param
+        # Reply headers that go with the error (Retry-After on a 429).
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return {
@@ -41,5 +45,5 @@ class ApiError(Exception):
         }
 
     def response(self) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else {}
+        return JSONResponse(self.body(), status_code=self.status, headers={**headers, **self.headers})

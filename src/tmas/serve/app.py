@@ -1,4 +1,4 @@
-"""The proxy's HTTP side (Starlette): ``/v1/chat/completions``, ``/v1/models``, ``/health``.
+"""The proxy's HTTP side (Starlette): ``/v1/chat/completions``, ``/v1/models``, ``/health``, ``/stats``.
 
 Every reply that is not a success is OpenAI's error JSON with the matching status code; no traceback leaves.
 """
@@ -6,10 +6,10 @@ Every reply that is not a success is OpenAI's error JSON with the matching statu
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from tmas.serve.api_errors import ApiError
-from tmas.serve.jobs import Job, ServedRuns
+from tmas.serve.jobs import Job, ServedRuns, Waiting
 from tmas.serve.observed_store import Progress
 from tmas.serve.protocol import ChatBody, chunk_body, completion_body, split_model
 
@@ -52,6 +52,7 @@ class ServeApp:
         return Starlette(
             routes=[
                 Route("/health", self.health, methods=["GET"]),
+                Route("/stats", self.stats, methods=["GET"]),
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
             ],
@@ -60,7 +61,8 @@ class ServeApp:
 
     # --------------------------------------------------------------------------------------------- routes
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "active_problems": len(self.runs.active)})
+        admission = self.runs.admission
+        return JSONResponse({"status": "ok", "active_problems": len(self.runs.active), "queued": admission.queued})
 
     async def models(self, request: Request) -> Response:
         try:
@@ -74,24 +76,46 @@ class ServeApp:
         ]
         return JSONResponse({"object": "list", "data": data})
 
+    async def stats(self, request: Request) -> Response:
+        """What a load test or a dashboard reads: the slots and the queue, now and since start."""
+        admission = self.runs.admission
+        return JSONResponse(
+            {
+                "active_problems": len(self.runs.active),
+                "max_problems": admission.slots,
+                "queued": admission.queued,
+                "max_queue": admission.queue_size,
+                "peak_queued": admission.peak_queued,
+                "rejected": admission.rejected,
+            }
+        )
+
     async def chat(self, request: Request) -> Response:
         try:
             self._authorize(request)
             body = ChatBody.parse(await self._read_body(request))
             method, upstream = split_model(body.model, set(self.methods), self.upstreams)
-            job = self.runs.open(body, method, upstream)
+            entry = self.runs.enter(body, method, upstream)
         except ApiError as exc:
             return exc.response()
-        log.info("request %s: %s (%s)", job.run_id, body.model, "stream" if body.stream else "no stream")
-        queue = job.follow()
-        watcher = asyncio.create_task(_watch_disconnect(request, job, queue))
+        gone = asyncio.create_task(_disconnected(request))
         if body.stream:
             return StreamingResponse(
-                self._stream(job, queue, watcher, body.model),
+                self._stream(entry, gone, body.model),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
         try:
+            if isinstance(entry, Waiting):
+                turn = _Turn(self.runs, entry, gone)
+                while not await turn.wait(None):
+                    pass
+                job = turn.job()
+                if job is None:
+                    return Response(status_code=499)  # nobody reads it: the client is gone
+            else:
+                job = _started(entry, body.model, body.stream, waited_s=None)
+            queue = _follow(job, gone)
             while await queue.get() is not None:
                 pass
             result = job.outcome()
@@ -99,23 +123,37 @@ class ServeApp:
             return exc.response()
         except asyncio.CancelledError:
             # Only a server shutting down cancels a handler (a client going away is the watcher's business).
-            message = "the server is shutting down; send the request again to resume its run"
-            return ApiError(503, message, "server_shutting_down").response()
+            return _shutting_down().response()
         finally:
-            watcher.cancel()
-            job.unfollow(queue, disconnected=False)
+            gone.cancel()
         extension = {"run_id": job.run_id, "answer": result.answer, "iterations": len(result.iterations)}
         extension["calls"] = result.calls
         return JSONResponse(completion_body(job.run_id, body.model, job.created, result.text, result.usage, extension))
 
-    async def _stream(
-        self, job: Job, queue: asyncio.Queue[Progress | None], watcher: asyncio.Task[None], model: str
-    ) -> AsyncIterator[str]:
+    async def _stream(self, entry: Job | Waiting, gone: asyncio.Task[None], model: str) -> AsyncIterator[str]:
         def sse(obj: dict[str, Any]) -> str:
             return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
-        created = job.created
         try:
+            if isinstance(entry, Waiting):
+                # The stream is open while the request waits its turn: comments keep it so, and say why it waits.
+                turn = _Turn(self.runs, entry, gone)
+                yield f": queued, {self.runs.admission.queued} waiting\n\n"
+                while not await turn.wait(KEEPALIVE_S):
+                    yield ": keepalive (queued)\n\n"
+                try:
+                    started = turn.job()
+                except ApiError as exc:
+                    yield sse(exc.body())
+                    yield "data: [DONE]\n\n"
+                    return
+                if started is None:
+                    return
+                job = started
+            else:
+                job = _started(entry, model, True, waited_s=None)
+            queue = _follow(job, gone)
+            created = job.created
             yield sse(chunk_body(job.run_id, model, created, {"role": "assistant", "content": ""}))
             while True:
                 try:
@@ -139,8 +177,7 @@ class ServeApp:
             yield "data: [DONE]\n\n"
         finally:
             # Ended normally or the client went away (the watcher has then cancelled the run already).
-            watcher.cancel()
-            job.unfollow(queue, disconnected=False)
+            gone.cancel()
 
     # --------------------------------------------------------------------------------------------- checks
     def _authorize(self, request: Request) -> None:
@@ -168,16 +205,80 @@ class ServeApp:
         return b"".join(chunks)
 
 
-async def _watch_disconnect(request: Request, job: Job, queue: asyncio.Queue[Progress | None]) -> None:
-    """Wait for the client to go away; then stop following the run (the last follower cancels it)."""
-    with contextlib.suppress(asyncio.CancelledError):
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                log.info("request %s: client disconnected; its run stays resumable", job.run_id)
-                job.unfollow(queue, disconnected=True)
-                queue.put_nowait(None)
-                return
+class _Turn:
+    """A queued request waiting for its slot, or for its client to go away (it then leaves the queue)."""
+
+    def __init__(self, runs: ServedRuns, waiting: Waiting, gone: asyncio.Task[None]) -> None:
+        self.gone = gone
+        self.since = time.monotonic()
+        self.model = waiting.body.model
+        self.stream = waiting.body.stream
+        self.admit = asyncio.create_task(runs.admit(waiting))
+
+    async def wait(self, tick_s: float | None) -> bool:
+        """True once admitted or the client is gone; False after ``tick_s`` with neither."""
+        try:
+            await asyncio.wait({self.admit, self.gone}, timeout=tick_s, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            self._abandon()  # the server is shutting down
+            raise
+        if self.admit.done():
+            return True
+        if self.gone.done():
+            self.admit.cancel()  # leaves the queue; its place is never run
+            log.info("a queued request (%s) left: its client disconnected", self.model)
+            return True
+        return False
+
+    def _abandon(self) -> None:
+        """Out of the queue; a run already started for it is cancelled (nobody follows it)."""
+        if not self.admit.done():
+            self.admit.cancel()
+        elif not self.admit.cancelled() and self.admit.exception() is None:
+            job = self.admit.result()
+            job.unfollow(job.follow(), disconnected=True)
+
+    def job(self) -> Job | None:
+        """The job once admitted; None when the client went away first (a 503 when the server stopped the wait)."""
+        if self.admit.cancelled():
+            if self.gone.done():
+                return None
+            raise _shutting_down()
+        # Admitted even if the client has just gone: following the run then cancels it at once.
+        return _started(self.admit.result(), self.model, self.stream, waited_s=time.monotonic() - self.since)
+
+
+def _shutting_down() -> ApiError:
+    message = "the server is shutting down; send the request again to resume its run"
+    return ApiError(503, message, "server_shutting_down")
+
+
+def _started(job: Job, model: str, stream: bool, *, waited_s: float | None) -> Job:
+    waited = "" if waited_s is None else f", after {waited_s:.1f} s in the queue"
+    log.info("request %s: %s (%s%s)", job.run_id, model, "stream" if stream else "no stream", waited)
+    return job
+
+
+def _follow(job: Job, gone: asyncio.Task[None]) -> asyncio.Queue[Progress | None]:
+    """Follow ``job``'s progress until its end or until the client goes away (the last one leaving cancels it)."""
+    queue = job.follow()
+
+    def left(task: asyncio.Task[None]) -> None:
+        if task.cancelled():  # the reply ended: stop following, the run goes on for others or is done
+            job.unfollow(queue, disconnected=False)
+            return
+        log.info("request %s: client disconnected; its run stays resumable", job.run_id)
+        job.unfollow(queue, disconnected=True)
+        queue.put_nowait(None)
+
+    gone.add_done_callback(left)
+    return queue
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone away."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -2,7 +2,8 @@
 
 A request whose question was already asked and left unfinished (the server crashed, or the client went away) is
 resumed from its run, so every finished upstream call is replayed instead of sent again. Several clients may follow
-one run; when the last one disconnects, the run is cancelled (its upstream calls with it) and stays resumable.
+one run; when the last one disconnects, the run is cancelled (its upstream calls with it) and stays resumable. A new
+run needs one of the problem slots; past them, its request waits its turn (:mod:`tmas.serve.admission`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tmas.methods import METHODS, create_method
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
 from tmas.runner import run_problems
+from tmas.serve.admission import Admission
 from tmas.serve.api_errors import ApiError
 from tmas.serve.observed_store import ObservedStore, Progress
 from tmas.serve.protocol import ChatBody
@@ -41,6 +43,7 @@ class Job:
     run_dir: Path
     fingerprint: str
     created: int = field(default_factory=lambda: int(time.time()))
+    started: float = field(default_factory=time.monotonic)
     task: asyncio.Task[ProblemResult] | None = None
     events: list[Progress] = field(default_factory=list)
     _followers: list[asyncio.Queue[Progress | None]] = field(default_factory=list)
@@ -88,15 +91,30 @@ class Job:
         return result
 
 
-class ServedRuns:
-    """Every run of the proxy: the active ones (at most ``max_problems``) and the unfinished ones to resume."""
+@dataclass
+class Waiting:
+    """A request waiting in the queue for a problem slot (``turn`` is done once it holds one)."""
 
-    def __init__(self, serve_dir: Path, settings: Settings, *, embedded: bool, max_problems: int) -> None:
+    body: ChatBody
+    method: str
+    upstream: str
+    params: dict[str, Any]
+    fingerprint: str
+    turn: asyncio.Future[None]
+
+
+class ServedRuns:
+    """Every run of the proxy: the active ones (at most ``max_problems``), the requests waiting for a slot (at most
+    ``max_queue``), and the unfinished runs to resume."""
+
+    def __init__(
+        self, serve_dir: Path, settings: Settings, *, embedded: bool, max_problems: int, max_queue: int
+    ) -> None:
         self.serve_dir = serve_dir
         self.settings = settings
         # The upstream is the embedded model: methods get its small defaults, as on `tmas run`.
         self.embedded = embedded
-        self.max_problems = max_problems
+        self.admission = Admission(max_problems, max_queue)
         self.active: dict[str, Job] = {}
         # Request fingerprint -> the run directory of an unfinished run of that request.
         self.unfinished: dict[str, Path] = {}
@@ -114,17 +132,43 @@ class ServedRuns:
             if isinstance(request, dict) and isinstance(request.get("fingerprint"), str) and not finished:
                 self.unfinished[request["fingerprint"]] = run_dir
 
-    def open(self, body: ChatBody, method: str, upstream: str) -> Job:
-        """The job answering ``body``: the same request's active run, its unfinished run resumed, or a new run."""
+    def enter(self, body: ChatBody, method: str, upstream: str) -> Job | Waiting:
+        """The job answering ``body`` (the same request's active run, or its run started in a free slot), or its
+        place in the queue. A bad parameter is a 400 and a full queue a 429, both before any waiting."""
         fingerprint = body.fingerprint()
         job = self.active.get(fingerprint)
         if job is not None:
             return job
-        if len(self.active) >= self.max_problems:
-            raise ApiError(
-                429, f"too many problems in progress ({self.max_problems}); retry later", "rate_limit_exceeded"
-            )
         params = self._params(method, body)
+        turn = self.admission.enter()
+        if turn is not None:
+            return Waiting(body, method, upstream, params, fingerprint, turn)
+        return self._open_held(body, method, upstream, params, fingerprint)
+
+    async def admit(self, waiting: Waiting) -> Job:
+        """Wait for ``waiting``'s turn, then its job; cancelled (the client left), it leaves the queue instead."""
+        try:
+            await waiting.turn
+        except BaseException:
+            self.admission.leave(waiting.turn)
+            raise
+        job = self.active.get(waiting.fingerprint)
+        if job is not None:
+            # The same request arrived again meanwhile and got its run going: follow that, and pass the slot on.
+            self.admission.release()
+            return job
+        return self._open_held(waiting.body, waiting.method, waiting.upstream, waiting.params, waiting.fingerprint)
+
+    def _open_held(self, body: ChatBody, method: str, upstream: str, params: dict[str, Any], fingerprint: str) -> Job:
+        """Start ``body``'s run in the slot the caller holds (given back if the run cannot start)."""
+        try:
+            return self._open(body, method, upstream, params, fingerprint)
+        except BaseException:
+            self.admission.release()
+            raise
+
+    def _open(self, body: ChatBody, method: str, upstream: str, params: dict[str, Any], fingerprint: str) -> Job:
+        """Its unfinished run resumed, or a new run."""
         run_dir = self.unfinished.get(fingerprint)
         if run_dir is not None:
             with RunStore(run_dir, read_only=True) as store:
@@ -138,7 +182,7 @@ class ServedRuns:
         """Start the unfinished runs found on disk (as many as the problem limit allows)."""
         jobs = []
         for fingerprint, run_dir in list(self.unfinished.items()):
-            if len(self.active) >= self.max_problems or fingerprint in self.active:
+            if fingerprint in self.active:
                 continue
             with RunStore(run_dir, read_only=True) as store:
                 request = store.get_meta(REQUEST_META)
@@ -149,6 +193,8 @@ class ServedRuns:
             except (KeyError, TypeError, ValueError, ApiError) as exc:
                 log.warning("%s: cannot resume this request (%s); left as it is", run_dir, exc)
                 continue
+            if not self.admission.try_hold():
+                break
             jobs.append(self._start(run_dir, fingerprint, body, method, upstream, params, seed, resume=True))
         return jobs
 
@@ -210,12 +256,15 @@ class ServedRuns:
 
     def _finished(self, job: Job, task: asyncio.Task[ProblemResult]) -> None:
         self.active.pop(job.fingerprint, None)
+        self.admission.release(time.monotonic() - job.started)
         if not task.cancelled() and task.exception() is None:
             self.unfinished.pop(job.fingerprint, None)
         job.ended()
 
     async def close(self) -> None:
-        """Cancel the runs in progress (they stay resumable) and wait for them to let go of their stores."""
+        """Cancel the runs in progress (they stay resumable) and wait for them to let go of their stores; the
+        requests still waiting get no slot."""
+        self.admission.close()
         tasks = [job.task for job in self.active.values() if job.task is not None]
         for task in tasks:
             task.cancel()

@@ -32,6 +32,8 @@ class ServeOptions:
     # Name of the environment variable holding the bearer token clients must send (never the token itself).
     token_env: str | None = None
     max_problems: int = 4
+    # Requests waiting for one of the max_problems slots, in arrival order; past it, 429 with Retry-After.
+    max_queue: int = 1024
     max_body_bytes: int = 1_000_000
     # Resume the unfinished runs found in serve_dir at start-up.
     resume: bool = True
@@ -85,7 +87,13 @@ async def serve(
     options.serve_dir.mkdir(parents=True, exist_ok=True)
     embedded = settings.uses_local_model
     async with provisioned(settings, log_dir=options.serve_dir) as live:
-        runs = ServedRuns(options.serve_dir, live, embedded=embedded, max_problems=options.max_problems)
+        runs = ServedRuns(
+            options.serve_dir,
+            live,
+            embedded=embedded,
+            max_problems=options.max_problems,
+            max_queue=options.max_queue,
+        )
         app = ServeApp(
             runs,
             methods=sorted(METHODS),
