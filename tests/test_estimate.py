@@ -107,9 +107,40 @@ def test_majority_beta_stop_that_cannot_decide_stays_exact() -> None:
     assert c.exact and c.fewest is None and c.total == 3
 
 
+def test_online_stop_keeps_the_calls_and_makes_their_tokens_a_range() -> None:
+    # k = 8 at 600 tokens a call: 4,800 at most; at the fewest the 2 warm-up samples run to their end and the 6
+    # watched ones stop at their first full window of 64 tokens: 2 x 600 + 6 x 64 = 1,584.
+    method = create_method("majority", {"k": 8, "online_stop": True, "warmup": 2, "confidence_window": 64})
+    count = calls_per_problem(method)
+    assert count.exact and count.total == 8 and count.fewest is None
+    assert count.stoppable == {"solution": 6} and count.stoppable_tokens == 64
+    point = estimate_point("mv", method, Settings(), 1, TokenRates(default_completion=600))
+    assert (point.fewest_completion_tokens, point.completion_tokens) == (1584, 4800)
+    text = format_estimate(Estimate([point]))
+    assert "1.6k-4.8k" in text and "completion tokens: 1.6k to 4.8k" in text and "total: 8 calls" in text
+    assert "online_stop: the samples after the first 2 may stop once 64 tokens arrived (DeepConf)" in text
+    # Warm-up samples never stop: with warmup >= k nothing is watched, and the estimate is a point.
+    assert calls_per_problem(create_method("majority", {"k": 8, "online_stop": True})).stoppable is None
+
+
+def test_online_stop_with_the_beta_stop_ends_a_round_where_the_warm_up_does() -> None:
+    # Rounds of 4 with 3 warm-up samples end at 3, 7, 11, ...: four agreeing votes first come after 7 samples,
+    # 3 warm-up (600 each) and 4 watched (64 each at the fewest): 1,800 + 256 = 2,056.
+    params = {"k": 16, "stop": "beta", "round_size": 4, "online_stop": True, "warmup": 3, "confidence_window": 64}
+    method = create_method("majority", params)
+    count = calls_per_problem(method)
+    assert count.fewest == {"solution": 7} and count.stoppable == {"solution": 4} and count.upper_total == 16
+    point = estimate_point("mv", method, Settings(), 1, TokenRates(default_completion=600))
+    assert (point.fewest_completion_tokens, point.completion_tokens) == (2056, 9600)
+
+
 @pytest.mark.parametrize(
     ("method", "params"),
-    [("tmas", {"preset": "local"}), ("majority", {"k": 16, "stop": "beta", "round_size": 4})],
+    [
+        ("tmas", {"preset": "local"}),
+        ("majority", {"k": 16, "stop": "beta", "round_size": 4}),
+        ("majority", {"k": 16, "stop": "beta", "round_size": 4, "online_stop": True, "warmup": 3}),
+    ],
 )
 async def test_a_settled_run_sends_the_fewest_calls(
     sim: SimServer, tmp_path: Path, method: str, params: dict[str, Any]

@@ -14,9 +14,12 @@ from tmas.eval.judge import JudgeReplyFormat, judge_once
 from tmas.llm.client import LLMClient
 from tmas.llm.model import ChatModel
 from tmas.llm.replay import StoreReplay
+from tmas.llm.types import user
+from tmas.llm.watch import UNWATCHED_NOTICE
 from tmas.methods import create_method
 from tmas.methods.base import ProblemResult, ProblemSession
 from tmas.methods.mattrl import MATTRL, MATTRLParams
+from tmas.methods.online_stop import ConfidenceWatch
 from tmas.pool.outcomes import LabelledTranscript
 from tmas.pool.scoring import TurnJudge
 from tmas.problems import Problem
@@ -160,3 +163,13 @@ async def test_experience_turn_scoring_retries_an_unreadable_judge_reply_in_proc
     assert judged.value == 4 / 5 and judged.attempts == 2 and judged.defaulted is None  # Eq. 9: s = score / 5
     assert [c.key.sample for c in model.calls] == [0, 1]
     assert all(c.reply_model is JudgeScoreReply and turns[0].text in c.messages[-1].content for c in model.calls)
+
+
+async def test_a_watch_is_never_begun_in_process_and_the_session_says_so_once() -> None:
+    # The scripted model answers whole, as an unstreamed call: the watch sees nothing and stops nothing.
+    session = ProblemSession(Q, ScriptedModel(settings=SETTINGS), None)
+    watch = ConfidenceWatch(threshold=2.0, window=4)
+    for sample in range(2):
+        reply = await session.chat("solution", [user(Q.question)], sample=sample, watch=watch)
+        assert reply.ok and reply.stopped_early is None and "\\boxed{391}" in reply.content
+    assert not watch.began and session.notices == {"unwatched": UNWATCHED_NOTICE}

@@ -105,6 +105,22 @@ def test_logprobs_deltas_are_concatenated() -> None:
     assert reply["choices"][0]["logprobs"] == {"content": first + second}
 
 
+def test_a_reply_its_reader_stops_is_what_arrived_with_the_stops_finish_reason() -> None:
+    first = [{"token": "Maybe", "logprob": -1.5, "top_logprobs": []}]
+    assembler = fed(chunk(role="assistant", content=""), chunk(content="Maybe", logprobs=first))
+    assert assembler.logprobs() == first and assembler.logprobs(1) == []
+    with pytest.raises(StreamError):
+        assembler.reply()  # unfinished: cut, unless its reader stops it on purpose
+    assembler.stop("confidence_stop")
+    choice = assembler.reply()["choices"][0]
+    assert (choice["message"]["content"], choice["finish_reason"]) == ("Maybe", "confidence_stop")
+    assert choice["logprobs"] == {"content": first}
+    # A choice that had finished keeps its own finish_reason.
+    done = fed(chunk(content="all", finish="stop"))
+    done.stop("confidence_stop")
+    assert done.reply()["choices"][0]["finish_reason"] == "stop"
+
+
 def test_usage_on_the_last_choice_chunk_and_llama_server_timings() -> None:
     timings = {"cache_n": 8, "prompt_n": 4}
     last = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": USAGE, "timings": timings}

@@ -216,9 +216,26 @@ def test_confidence_and_why_a_problem_stopped_show(tmp_path: Path) -> None:
             candidates=[
                 Candidate(index=0, text="391", answer="391", confidence=confident),
                 Candidate(index=1, text="390", answer="390"),
+                Candidate(
+                    index=2,
+                    text="\\boxed{9} first",
+                    finish_reason="confidence_stop",
+                    error="stopped early: group confidence 1.75 fell below the threshold 2.00",
+                    meta={"stopped_early": "group confidence 1.75 fell below the threshold 2.00"},
+                ),
             ],
             selected="391",
-            state={"stop": {"drawn": 4, "k": 16, "reason": "after 4 of 16 samples: decided"}},
+            state={
+                "stop": {"drawn": 4, "k": 16, "reason": "after 4 of 16 samples: decided"},
+                "online_stop": {
+                    "threshold": 2.0,
+                    "window": 4,
+                    "warmup": 2,
+                    "watched": 1,
+                    "stopped": 1,
+                    "tokens_saved": 92,
+                },
+            },
         )
         store.save_iteration("mult", 0, record.model_dump(mode="json"))
     with AppThread(view_app([run_dir])) as viewer:
@@ -229,11 +246,13 @@ def test_confidence_and_why_a_problem_stopped_show(tmp_path: Path) -> None:
     # The problem page's column reads the run's measure (the lowest group here); "-" where there is none.
     table = problem.decode().split("<table>")[1].split("</table>")[0]
     assert 'title="DeepConf lowest_group confidence">confidence</th>' in table
-    # Two scores and candidate 1's confidence are missing.
-    assert '<td class="num">1.25</td>' in table and table.count('<td class="num">-</td>') == 3
+    # Three scores and candidates 1's and 2's confidence are missing.
+    assert '<td class="num">1.25</td>' in table and table.count('<td class="num">-</td>') == 5
     page = iteration.decode()
     assert "confidence (DeepConf): lowest group 1.25 · tail 3.00 · mean 2.50 over 40 tokens (window 16)" in page
     assert "4 of 16 samples drawn: after 4 of 16 samples: decided" in page
+    assert "online stop (DeepConf): 2 warm-up, 1 watched, 1 stopped (about 92 completion tokens saved)" in page
+    assert "threshold 2.00 over windows of 4 tokens" in page and "stopped early: no answer" in page
 
 
 # ------------------------------------------------------------------------------------------------ browser

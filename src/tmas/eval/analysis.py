@@ -233,6 +233,15 @@ class StoppingSummary:
     mean_stop_iteration: float | None
     # The mean calls a stopped problem cost (majority vote's Beta stop ends within an iteration).
     mean_calls: float | None = None
+    # Samples stopped while they streamed (online stopping), and the completion tokens that saved (estimated).
+    stopped_traces: int = 0
+    stopped_tokens_saved: int = 0
+
+    @property
+    def any(self) -> bool:
+        """Whether the run stopped anything early: a problem, or a sample while it streamed."""
+        return bool(self.stopped or self.stopped_traces)
+
     # Against a run of the same method without stopping, when one is given.
     tokens_saved: int | None = None
     tokens_saved_share: float | None = None
@@ -240,7 +249,7 @@ class StoppingSummary:
 
 
 def stopping_summary(results: list[dict[str, Any]]) -> StoppingSummary:
-    """Problems stopped early, why, and at which iteration on average."""
+    """Problems stopped early, why, and at which iteration on average; samples stopped while they streamed."""
     stopped = [r for r in results if r.get("stopped_reason")]
     reasons: dict[str, int] = {}
     for r in stopped:
@@ -252,6 +261,8 @@ def stopping_summary(results: list[dict[str, Any]]) -> StoppingSummary:
         reasons,
         statistics.fmean(stop_its) if stop_its else None,
         mean_calls=statistics.fmean(calls) if calls else None,
+        stopped_traces=sum(int(r.get("stopped_traces", 0)) for r in results),
+        stopped_tokens_saved=sum(int(r.get("stopped_tokens_saved", 0)) for r in results),
     )
 
 

@@ -8,7 +8,9 @@ verified or summarised, a memory agent with no rollout is skipped):
 - cot: 1 solution call.
 - majority: k x T solution calls (MV@k is k samples; each further iteration draws k more). With ``stop = "beta"``
   that is the most; the fewest is the first round end at which enough agreeing samples can decide the vote (4 at
-  the 0.95 threshold, so one round of 4), the problem stopping there.
+  the 0.95 threshold, so one round of 4), the problem stopping there (with ``online_stop`` a round also ends where
+  the warm-up does). ``online_stop`` leaves the calls as they are and makes their tokens a range: at the fewest,
+  every sample after the ``warmup`` ones is stopped as soon as it can be, once ``confidence_window`` tokens arrived.
 - self_refine: N solution calls in iteration 0, N refiner calls in each of the T - 1 later ones: N x T.
 - verify_refine: N solution + N x (T - 1) corrector + N x m x T verifier calls: N x T x (1 + m).
 - pacore: R x T solution calls (R responses per round), plus the synthesis round's S calls when ``synthesis``.
@@ -37,6 +39,7 @@ from typing import Any
 from tmas.config import Settings
 from tmas.llm.sampling import resolve_role
 from tmas.methods.base import Method
+from tmas.methods.majority import MajorityParams
 from tmas.methods.stopping import fewest_votes_to_stop
 from tmas.methods.tmas_params import TMASParams
 
@@ -54,6 +57,10 @@ class CallCount:
     cap: int | None = None
     # The fewest calls by role, where a stopping rule may end a problem early (None: the count cannot go lower).
     fewest: dict[str, int] | None = None
+    # Online stopping: calls by role (of the fewest) that may be stopped while they stream, and the fewest
+    # completion tokens such a call spends before it can be (one confidence window).
+    stoppable: dict[str, int] | None = None
+    stoppable_tokens: int = 0
 
     @property
     def total(self) -> int:
@@ -96,12 +103,7 @@ def calls_per_problem(method: Method[Any]) -> CallCount:
     if name == "cot":
         return _count({"solution": 1})
     if name == "majority":
-        if p.stop == "beta":
-            samples = _majority_fewest(p.k, t, p.round_size, fewest_votes_to_stop(p.stop_threshold))
-            if samples < p.k * t:
-                note = f"stop=beta: from {samples} samples (a decided vote) to k x T (Adaptive-Consistency)"
-                return _count({"solution": p.k * t}, note, upper={"solution": p.k * t}, fewest={"solution": samples})
-        return _count({"solution": p.k * t})
+        return _majority(p)
     if name == "self_refine":
         return _count({"solution": p.n, "refiner": p.n * (t - 1)})
     if name == "verify_refine":
@@ -137,14 +139,38 @@ def calls_per_problem(method: Method[Any]) -> CallCount:
     raise ValueError(f"no call-count formula for method {name!r}")
 
 
-def _majority_fewest(k: int, iterations: int, round_size: int, votes: int) -> int:
+def _majority(p: MajorityParams) -> CallCount:
+    most = p.k * p.iterations
+    samples, count = most, _count({"solution": most})
+    if p.stop == "beta":
+        warmup = p.warmup if p.online_stop else 0
+        samples = _majority_fewest(p.k, p.iterations, p.round_size, fewest_votes_to_stop(p.stop_threshold), warmup)
+        if samples < most:
+            note = f"stop=beta: from {samples} samples (a decided vote) to k x T (Adaptive-Consistency)"
+            count = _count({"solution": most}, note, upper={"solution": most}, fewest={"solution": samples})
+    if p.online_stop and samples > p.warmup:
+        count.stoppable, count.stoppable_tokens = {"solution": samples - p.warmup}, p.confidence_window
+        note = (
+            f"online_stop: the samples after the first {p.warmup} may stop once {p.confidence_window} tokens"
+            " arrived (DeepConf)"
+        )
+        count.note = "; ".join(filter(None, [count.note, note]))
+    return count
+
+
+def _majority_fewest(k: int, iterations: int, round_size: int, votes: int, warmup: int = 0) -> int:
     """The fewest samples after which the Beta stop can end a problem: the first round end (rounds of
-    ``round_size`` within each iteration's k) with at least ``votes`` samples drawn; k x T when none."""
-    for t in range(iterations):
-        for drawn in range(round_size, k + round_size, round_size):
-            total = t * k + min(drawn, k)
-            if total >= votes:
-                return total
+    ``round_size`` within each iteration's k, a round also ending where the ``warmup`` samples do) with at least
+    ``votes`` samples drawn; k x T when none."""
+    drawn = 0
+    for _ in range(iterations):
+        asked = 0
+        while asked < k:
+            warming = max(0, warmup - drawn)
+            end = min(asked + round_size, k, asked + (warming or k))
+            drawn, asked = drawn + end - asked, end
+            if drawn >= votes:
+                return drawn
     return k * iterations
 
 
@@ -287,14 +313,23 @@ def estimate_point(
             )
             count.note = "; ".join(filter(None, [count.note, where]))
         point.completion_tokens = problems * per_problem
-        if count.fewest is not None:
-            point.fewest_completion_tokens = problems * min(_completion(count.fewest, per_call), per_problem)
+        if count.fewest is not None or count.stoppable:
+            point.fewest_completion_tokens = problems * min(_fewest_completion(count, per_call), per_problem)
     return point
 
 
 def _completion(calls: Mapping[str, int], per_call: Mapping[str, float]) -> float:
     """Completion tokens of ``calls`` (by role) at ``per_call`` tokens per call of each role."""
     return sum(n * per_call.get(role, 0.0) for role, n in calls.items())
+
+
+def _fewest_completion(count: CallCount, per_call: Mapping[str, float]) -> float:
+    """Completion tokens when the problem stops as early as it can: its fewest calls, the ones online stopping may
+    cut at ``stoppable_tokens`` each."""
+    tokens = _completion(count.fewest if count.fewest is not None else count.expected, per_call)
+    for role, n in (count.stoppable or {}).items():
+        tokens -= n * max(0.0, per_call.get(role, 0.0) - count.stoppable_tokens)
+    return tokens
 
 
 @dataclass
@@ -400,8 +435,9 @@ def format_estimate(estimate: Estimate) -> str:
         if p.calls.fewest is not None:
             # A stopping rule: from the fewest (every problem stopping as early as it can) to the most.
             per, calls = f"{p.calls.fewest_total:,}-{p.calls.upper_total:,}", f"{p.fewest_calls:,}-{calls}"
-            if p.fewest_completion_tokens is not None:
-                tokens = f"{_tokens(p.fewest_completion_tokens)}-{tokens}"
+        fewest = p.fewest_completion_tokens
+        if fewest is not None and p.completion_tokens is not None and fewest < p.completion_tokens:
+            tokens = f"{_tokens(fewest)}-{tokens}"
         if p.basis == "max_tokens":
             tokens = f"<={tokens} (max_tokens)"
         lines.append(f"  {p.name:<{width}}  {p.problems:>8}  {per:>13}  {calls:>9}  {tokens}")

@@ -381,12 +381,12 @@ def _benchmark_tables(doc: Document, runs: list[RunEvaluation]) -> None:
 
 
 def _stopping_comparisons(runs: list[RunEvaluation]) -> None:
-    """For a run that stopped problems early, compare with a run of the same method that did not stop any."""
+    """For a run that stopped problems or samples early, compare with a run of the same method that stopped none."""
     for e in runs:
-        if e.stopping is None or not e.stopping.stopped:
+        if e.stopping is None or not e.stopping.any:
             continue
         full = next(
-            (o for o in runs if o is not e and o.method == e.method and o.stopping and not o.stopping.stopped), None
+            (o for o in runs if o is not e and o.method == e.method and o.stopping and not o.stopping.any), None
         )
         if full is not None:
             stopping_tradeoff(e.stopping, e.metrics, full.metrics)
@@ -557,13 +557,22 @@ def _analyses(doc: Document, e: RunEvaluation) -> None:
         headers = ["Iteration", "Correct rollouts", "Correct exploit rollouts", "Experience entries added"]
         doc.add(Table(headers, rows))
     s = e.stopping
-    if s is not None and s.stopped:
+    if s is not None and s.any:
         doc.add(Heading(4, "Adaptive stopping"))
-        text = f"{s.stopped} problems stopped early ({s.reasons})"
-        if s.mean_stop_iteration is not None:
-            text += f"; mean stop iteration {s.mean_stop_iteration:.1f}"
-        if s.mean_calls is not None:
-            text += f"; mean calls of a stopped problem {s.mean_calls:.1f}"
+        parts = []
+        if s.stopped:
+            text = f"{s.stopped} problems stopped early ({s.reasons})"
+            if s.mean_stop_iteration is not None:
+                text += f"; mean stop iteration {s.mean_stop_iteration:.1f}"
+            if s.mean_calls is not None:
+                text += f"; mean calls of a stopped problem {s.mean_calls:.1f}"
+            parts.append(text)
+        if s.stopped_traces:
+            parts.append(
+                f"{s.stopped_traces} samples stopped while streaming (online_stop), saving about"
+                f" {s.stopped_tokens_saved} completion tokens (each against its problem's warm-up samples' mean)"
+            )
+        text = "; ".join(parts)
         if s.tokens_saved is not None:
             share = f" ({100 * s.tokens_saved_share:.1f}%)" if s.tokens_saved_share is not None else ""
             text += f"; against the full run: {s.tokens_saved} tokens saved{share}, Pass@1 lost {_pct(s.pass1_lost)}"

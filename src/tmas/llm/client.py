@@ -48,6 +48,7 @@ from tmas.llm.server_kind import ServerKind, server_kind
 from tmas.llm.stream import StreamAssembler, StreamError, lines
 from tmas.llm.tokens import TokenCounter
 from tmas.llm.types import CallKey, ChatRequest, Completion, FallbackKind, Message, TokenLogprob, Usage
+from tmas.llm.watch import TraceWatch
 
 # Room left for the chat template's own tokens when max_tokens is lowered to fit the context window.
 CONTEXT_MARGIN_TOKENS = 32
@@ -66,6 +67,8 @@ _SCHEMA_REFUSAL_STATUS = {400, 404, 415, 422, 500, 501}
 # How a server that cannot stream refuses a streamed request (a 4xx or 501 whose message names the field).
 _STREAM_REFUSAL = re.compile(r"\bstream", re.I)
 _STREAM_REFUSAL_STATUS = {400, 404, 415, 422, 501}
+# Where a reply a watch stopped carries the watch's reason, from the stream reader to the completion.
+_STOPPED_EARLY = "tmas_stopped_early"
 
 
 class FallbackLog(Protocol):
@@ -264,6 +267,7 @@ class LLMClient:
         key: CallKey | None = None,
         sampling: Sampling | ResolvedSampling | None = None,
         reply_model: type[BaseModel] | None = None,
+        watch: TraceWatch | None = None,
     ) -> Completion:
         """One chat completion for ``role`` (``sampling``: see :meth:`tmas.llm.model.ChatModel.chat`), replayed from
         the client's store where it holds the call, else sent and stored. Never raises for a failed call: it returns
@@ -271,10 +275,13 @@ class LLMClient:
         a run.
 
         ``reply_model``: the pydantic model of a JSON reply; its schema goes out as ``response_format`` where the
-        endpoint's ``structured_output`` allows it (see :mod:`tmas.llm.schema`)."""
+        endpoint's ``structured_output`` allows it (see :mod:`tmas.llm.schema`). ``watch``: follows a streamed reply
+        and may stop it (:mod:`tmas.llm.watch`)."""
         if self._replay is not None:
-            return await self._replay.chat(role, messages, key=key, sampling=sampling, reply_model=reply_model)
-        return await self.send(role, messages, key=key, sampling=sampling, reply_model=reply_model)
+            return await self._replay.chat(
+                role, messages, key=key, sampling=sampling, reply_model=reply_model, watch=watch
+            )
+        return await self.send(role, messages, key=key, sampling=sampling, reply_model=reply_model, watch=watch)
 
     def _count_replay(self, completion: Completion) -> None:
         self.stats.cached += 1
@@ -288,6 +295,7 @@ class LLMClient:
         key: CallKey | None = None,
         sampling: Sampling | ResolvedSampling | None = None,
         reply_model: type[BaseModel] | None = None,
+        watch: TraceWatch | None = None,
     ) -> Completion:
         """:meth:`chat` over the wire alone: no replay, nothing stored."""
         route = self.route(role)
@@ -303,10 +311,11 @@ class LLMClient:
         )
         request_hash = request.request_hash(key)
         completion = None
-        if self._batches_samples(route) is not False:
+        # A watched call goes alone: closing the connection to stop it would stop the choices it shares too.
+        if watch is None and self._batches_samples(route) is not False:
             completion = await self._batcher.submit(request, key, request_hash)
-        if completion is None:  # alone: no alike call came with it, or the endpoint takes no n
-            [completion] = await self._call_with_retries(route, request, key, request_hash)
+        if completion is None:  # alone: no alike call came with it, the endpoint takes no n, or it is watched
+            [completion] = await self._call_with_retries(route, request, key, request_hash, watch=watch)
         self.stats.calls += 1
         self.stats.usage = self.stats.usage + completion.usage
         if not completion.ok:
@@ -435,10 +444,16 @@ class LLMClient:
         return delay
 
     async def _call_with_retries(
-        self, route: _Route, request: ChatRequest, key: CallKey, request_hash: str, n: int = 1
+        self,
+        route: _Route,
+        request: ChatRequest,
+        key: CallKey,
+        request_hash: str,
+        n: int = 1,
+        watch: TraceWatch | None = None,
     ) -> list[Completion]:
         """The request's completion; with ``n`` > 1 one request for that many choices and a completion per choice
-        received (tmas.llm.batching). A failure is one failed completion."""
+        received (tmas.llm.batching). A failure is one failed completion. ``watch`` follows each streamed attempt."""
         retry = self.settings.retry
         started = time.monotonic()
         max_tokens = request.sampling.max_tokens
@@ -465,7 +480,7 @@ class LLMClient:
                 streamed = self._streams(route, replica)
                 if streamed:
                     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-                data = await self._post(route, replica, body, key, slot=pin[1] if pin else None)
+                data = await self._post(route, replica, body, key, slot=pin[1] if pin else None, watch=watch)
                 done = [
                     self._parse(reply, route, request, key, request_hash, replica, started, attempt, sent_max)
                     for reply in one_per_choice(data, n)
@@ -592,9 +607,11 @@ class LLMClient:
         *,
         path: str = "chat/completions",
         slot: int | None = None,
+        watch: TraceWatch | None = None,
     ) -> dict[str, Any]:
         """POST ``body``; with ``slot``, to that llama-server slot (``id_slot``), after the slot's previous call. A
-        streamed request's reply is read as it comes (:mod:`tmas.llm.stream`) and returned whole."""
+        streamed request's reply is read as it comes (:mod:`tmas.llm.stream`) and returned whole, or as far as
+        ``watch`` let it run."""
         session = self._session
         if session is None:
             raise RuntimeError("LLMClient used outside 'async with'")
@@ -638,7 +655,7 @@ class LLMClient:
                     retry_after = resp.headers.get("Retry-After")
                     if streamed and status == 200 and resp.content_type != "application/json":
                         in_stream = True
-                        data = await _read_stream(resp, replica.url)
+                        data = await _read_stream(resp, replica.url, watch)
                     else:
                         text = await resp.text(errors="replace")
             except aiohttp.ClientConnectorError as exc:
@@ -713,6 +730,13 @@ class LLMClient:
             raise _Transient("reply content is not text", "malformed")
         content, reasoning = split_reasoning(raw, field_reasoning)
         usage = _usage(data, route.counter, request.messages, raw, field_reasoning or "")
+        logprobs = _logprobs(choice.get("logprobs"))
+        stopped = data.get(_STOPPED_EARLY)
+        if stopped is not None and not isinstance(data.get("usage"), dict):
+            # Cut by us, the stream brought no usage: the text received is counted, and each log-probability received
+            # stood for one generated token (the few the server made before it saw the connection close are unknown).
+            usage.completion_tokens = max(usage.completion_tokens, len(logprobs or ()))
+            usage.estimated = True
         return Completion(
             key=key,
             request_hash=request_hash,
@@ -725,7 +749,8 @@ class LLMClient:
             latency_s=time.monotonic() - started,
             attempts=attempts,
             max_tokens_sent=sent_max if sent_max != request.sampling.max_tokens else None,
-            logprobs=_logprobs(choice.get("logprobs")),
+            logprobs=logprobs,
+            stopped_early=stopped,
         )
 
     def _failed(
@@ -799,18 +824,33 @@ def _context_length(models: Any) -> int | None:
     return None
 
 
-async def _read_stream(resp: aiohttp.ClientResponse, url: str) -> dict[str, Any]:
+async def _read_stream(resp: aiohttp.ClientResponse, url: str, watch: TraceWatch | None = None) -> dict[str, Any]:
     """The whole reply of an event stream, in an unstreamed reply's shape. A stream that breaks or ends before every
     choice finished fails with cause "cut" (a partial reply is never returned), an error event with the server's
     message (cause "stream_error": retried, as vLLM and SGLang send one for internal errors met mid-generation), an
-    event that is not a chunk with cause "malformed"; a stall (a read past timeout_s) raises TimeoutError."""
+    event that is not a chunk with cause "malformed"; a stall (a read past timeout_s) raises TimeoutError.
+
+    ``watch`` is told of the log-probabilities as each chunk brings them; when it stops the reply, the connection is
+    closed there (the server aborts the request) and the reply so far is returned, marked (:mod:`tmas.llm.watch`)."""
     assembler = StreamAssembler()
+    seen = 0
+    if watch is not None:
+        watch.begin()
     try:
         try:
             async for line in lines(resp.content.iter_any()):
                 assembler.feed(line)
                 if assembler.done:
                     break
+                if watch is None or len(assembler.logprobs()) == seen:
+                    continue
+                arrived = assembler.logprobs()[seen:]
+                seen += len(arrived)
+                stop = watch.observe(_logprobs({"content": arrived}) or [])
+                if stop is not None and not assembler.complete:
+                    resp.close()
+                    assembler.stop(stop.finish_reason)
+                    return {**assembler.reply(), _STOPPED_EARLY: stop.detail}
         except TimeoutError:
             raise
         except (aiohttp.ClientError, ConnectionError) as exc:
@@ -925,8 +965,9 @@ class _Wire:
         key: CallKey | None = None,
         sampling: Sampling | ResolvedSampling | None = None,
         reply_model: type[BaseModel] | None = None,
+        watch: TraceWatch | None = None,
     ) -> Completion:
-        return await self.client.send(role, messages, key=key, sampling=sampling, reply_model=reply_model)
+        return await self.client.send(role, messages, key=key, sampling=sampling, reply_model=reply_model, watch=watch)
 
     async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
         return await self.client.embed(texts, role=role)

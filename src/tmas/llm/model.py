@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from tmas.config import Sampling, Settings
 from tmas.llm.sampling import ResolvedSampling
 from tmas.llm.types import CallKey, Completion, Message
+from tmas.llm.watch import TraceWatch
 
 
 class ChatModel(Protocol):
@@ -33,11 +34,14 @@ class ChatModel(Protocol):
         key: CallKey | None = None,
         sampling: Sampling | ResolvedSampling | None = None,
         reply_model: type[BaseModel] | None = None,
+        watch: TraceWatch | None = None,
     ) -> Completion:
         """One chat completion for ``role``: ``sampling`` is what :meth:`resolve_sampling` returned for the call, or
         a per-call override resolved here as the ``call`` layer (None: the role's own); ``key`` names
         the call for storage and replay; ``reply_model`` is the pydantic model of a JSON reply (its schema may be
-        sent as ``response_format``). A failed call returns a :class:`Completion` whose ``error`` says why."""
+        sent as ``response_format``); ``watch`` follows a streamed reply and may stop it early (an implementation
+        that cannot stream never begins it: :mod:`tmas.llm.watch`). A failed call returns a :class:`Completion`
+        whose ``error`` says why."""
         ...
 
     async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:

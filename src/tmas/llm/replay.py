@@ -2,7 +2,9 @@
 
 A call whose request (model, messages, resolved sampling, role, problem) and sample index are already in the store
 with a reply is answered from there, marked ``cached``, and never reaches the wrapped model; any other call goes to
-the wrapped model and is made durable in the store before it is returned. The run store is one such store (resume
+the wrapped model and is made durable in the store before it is returned. A reply a watch stopped early
+(:mod:`tmas.llm.watch`) answers a caller that watches again, still stopped; a caller without a watch wants the whole
+reply, and its call is sent. The run store is one such store (resume
 replays a run's finished calls); anything with ``lookup_call`` and ``record_call`` is another (a cache shared between
 runs, a fixture for tests).
 """
@@ -18,12 +20,13 @@ from tmas.config import Sampling, Settings
 from tmas.llm.model import ChatModel
 from tmas.llm.sampling import ResolvedSampling
 from tmas.llm.types import CallKey, ChatRequest, Completion, Message
+from tmas.llm.watch import TraceWatch
 
 
 class CallStore(Protocol):
     """Where finished calls are made durable and replayed from (implemented by the run store)."""
 
-    def lookup_call(self, request_hash: str, sample: int) -> Completion | None: ...
+    def lookup_call(self, request_hash: str, sample: int, *, stopped_early: bool = False) -> Completion | None: ...
 
     def record_call(self, completion: Completion, request: ChatRequest) -> int: ...
 
@@ -53,6 +56,7 @@ class StoreReplay:
         key: CallKey | None = None,
         sampling: Sampling | ResolvedSampling | None = None,
         reply_model: type[BaseModel] | None = None,
+        watch: TraceWatch | None = None,
     ) -> Completion:
         key = key or CallKey(role=role)
         if not isinstance(sampling, ResolvedSampling):
@@ -64,13 +68,15 @@ class StoreReplay:
             sampling=sampling.sampling,
             sampling_sources=sampling.sources,
         )
-        stored = self.store.lookup_call(request.request_hash(key), key.sample)
+        stored = self.store.lookup_call(request.request_hash(key), key.sample, stopped_early=watch is not None)
         if stored is not None:
             self.replayed += 1
             if self.on_replay is not None:
                 self.on_replay(stored)
             return stored.model_copy(update={"cached": True})
-        completion = await self.inner.chat(role, messages, key=key, sampling=sampling, reply_model=reply_model)
+        completion = await self.inner.chat(
+            role, messages, key=key, sampling=sampling, reply_model=reply_model, watch=watch
+        )
         completion.call_id = self.store.record_call(completion, request)
         return completion
 

@@ -10,7 +10,8 @@ chunk on some servers, and llama-server adds its ``timings``. :class:`StreamAsse
 
 A reply is complete once every choice it began has a ``finish_reason``: a server that then closes the stream before
 its usage chunk or ``[DONE]`` has still sent the whole text (its usage is counted instead). A stream that ends before
-that was cut, and its partial text is never returned.
+that was cut, and its partial text is never returned, unless its reader stopped it on purpose (:meth:`StreamAssembler.
+stop`: a watched reply, tmas.llm.watch).
 """
 
 from __future__ import annotations
@@ -56,6 +57,18 @@ class StreamAssembler:
     def complete(self) -> bool:
         """Every choice the stream began has its ``finish_reason``."""
         return bool(self._choices) and all(c.finish_reason is not None for c in self._choices.values())
+
+    def logprobs(self, index: int = 0) -> list[Any]:
+        """The log-probability entries choice ``index`` received so far, as sent (empty before any)."""
+        choice = self._choices.get(index)
+        return (choice.logprobs or []) if choice is not None else []
+
+    def stop(self, finish_reason: str) -> None:
+        """End the reply here, as its reader cut it: every unfinished choice finishes with ``finish_reason``, so that
+        :meth:`reply` gives what arrived."""
+        for choice in self._choices.values():
+            if choice.finish_reason is None:
+                choice.finish_reason = finish_reason
 
     def feed(self, line: str) -> None:
         """One line of the stream, with or without its line break. Raises :class:`StreamError` on a line that is not

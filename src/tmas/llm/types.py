@@ -173,6 +173,9 @@ class Completion(BaseModel):
     cached: bool = False
     # Per-token log-probabilities of the content, when the request asked for them and the server sent them.
     logprobs: list[TokenLogprob] | None = None
+    # Why the caller's watch stopped the reply while it streamed (tmas.llm.watch): the content is the part that
+    # arrived and ``finish_reason`` the watch's; never an answer. None for a reply that ran to its end.
+    stopped_early: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -20,6 +20,7 @@ from tmas.config import Budget, Sampling
 from tmas.llm.model import ChatModel
 from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling
 from tmas.llm.types import CallKey, Completion, Message, Usage
+from tmas.llm.watch import UNWATCHED_NOTICE, TraceWatch
 from tmas.methods.confidence import Confidence
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
@@ -121,6 +122,10 @@ class ProblemResult(BaseModel):
     notices: list[str] = Field(default_factory=list)
     # Under a pooled token budget: the tokens this problem drew past its own share (see ``TokenBank``).
     budget_drawn: int = 0
+    # Samples stopped while they streamed (online stopping: methods/online_stop.py), and the completion tokens that
+    # saved, estimated from the problem's samples that ran to their end.
+    stopped_traces: int = 0
+    stopped_tokens_saved: int = 0
 
 
 class BudgetExhausted(Exception):
@@ -245,9 +250,11 @@ class ProblemSession:
         sample: int = 0,
         sampling: Sampling | None = None,
         reply_model: type[BaseModel] | None = None,
+        watch: TraceWatch | None = None,
     ) -> Completion:
         """One call of this problem (see :meth:`ChatModel.chat`; ``reply_model``: the pydantic model of a JSON
-        reply, sent as its schema where the endpoint allows)."""
+        reply, sent as its schema where the endpoint allows; ``watch``: follows the streamed reply and may stop it,
+        and a reply that came unstreamed raises the run's one-line notice :data:`UNWATCHED_NOTICE`)."""
         self.check_budget()
         key = CallKey(problem_id=self.problem.problem_id, role=role, sample=sample, iteration=self.iteration)
         resolved = self.resolve_sampling(role, sampling)
@@ -257,9 +264,13 @@ class ProblemSession:
             resolved = resolved.over(DERIVED_SEED, Sampling(seed=self.derive_seed("call", role, sample)))
         self.calls_in_flight += 1
         try:
-            completion = await self.llm.chat(role, messages, key=key, sampling=resolved, reply_model=reply_model)
+            completion = await self.llm.chat(
+                role, messages, key=key, sampling=resolved, reply_model=reply_model, watch=watch
+            )
         finally:
             self.calls_in_flight -= 1
+        if watch is not None and completion.ok and not completion.cached and not watch.began:
+            self.notice("unwatched", UNWATCHED_NOTICE)
         self.spent_calls += 1
         self.spent_tokens += self.budget.spent(completion.usage)
         self.spent_usage = self.spent_usage + completion.usage

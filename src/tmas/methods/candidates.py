@@ -18,6 +18,7 @@ from tmas.answer_classes import class_of
 from tmas.answers import extract_answer
 from tmas.config import Sampling
 from tmas.llm.types import Completion, Message
+from tmas.llm.watch import TraceWatch
 from tmas.methods.base import BUDGET_STOP, BudgetExhausted, Candidate, ProblemResult, ProblemSession
 from tmas.methods.confidence import trace_confidence
 from tmas.methods.echo_retry import chat_guarded
@@ -38,11 +39,15 @@ async def solve_call(
     meta: dict[str, Any] | None = None,
     remind: bool = False,
     confidence_window: int | None = None,
+    watch: TraceWatch | None = None,
 ) -> Candidate | None:
     """One solution-writing call as candidate ``index``; None when the budget refused the call.
 
     ``confidence_window``: the reply's log-probabilities (asked for in ``sampling``) are reduced to the candidate's
     ``confidence`` with groups of that many tokens (methods/confidence.py).
+
+    ``watch`` follows the streamed reply and may stop it (:mod:`tmas.llm.watch`): a stopped reply's candidate carries
+    ``meta["stopped_early"]`` and an error, so its partial text gives no answer and no vote.
 
     Numeric mode: the answer is the last box, else an explicit final-answer statement; ``meta["extraction"]`` says
     which ("boxed" / "fallback" / "none"), and a reply with neither counts as unusable for ``role``.
@@ -62,13 +67,25 @@ async def solve_call(
         return guard.solution_echo(solution_section(r.content), found)
 
     try:
-        guarded = await chat_guarded(session, role, messages, echo_of, sample=calls, sampling=sampling)
+        guarded = await chat_guarded(session, role, messages, echo_of, sample=calls, sampling=sampling, watch=watch)
     except BudgetExhausted:
         return None
     reply = guarded.reply
     info = dict(meta or {})
     if guarded.first_echo is not None:
         info["echo_retry"] = guarded.first_echo
+    if reply.stopped_early is not None:
+        info["stopped_early"] = reply.stopped_early
+        return Candidate(
+            index=index,
+            text=reply.content,
+            call_id=reply.call_id,
+            usage=reply.usage,
+            finish_reason=reply.finish_reason,
+            error=f"stopped early: {reply.stopped_early}",
+            confidence=None if confidence_window is None else trace_confidence(reply.logprobs, confidence_window),
+            meta=info,
+        )
     if guarded.echo is not None:
         info["echo"] = guarded.echo
         return Candidate(
@@ -181,7 +198,9 @@ def notes_for(candidates: list[Candidate], mode: str) -> list[str]:
             notes.append(
                 f"candidate {c.index}: its {c.meta['echo_retry']} echoed the prompt's instructions; asked again"
             )
-        if c.error:
+        if c.meta.get("stopped_early"):
+            notes.append(f"candidate {c.index}: {c.error}")
+        elif c.error:
             notes.append(f"candidate {c.index}: {'unusable' if c.meta.get('echo') else 'call failed'}: {c.error}")
         elif mode == "numeric" and c.answer is None:
             notes.append(f"candidate {c.index}: no extractable answer")

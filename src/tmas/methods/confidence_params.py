@@ -37,7 +37,7 @@ class ConfidenceParams(MethodParams):
     # DeepConf used 2048-token windows over thinking traces of tens of thousands of tokens; a shorter reply is one
     # window, where the three measures agree.
     confidence_window: int = Field(
-        default=2048, ge=1, description="tokens per sliding group and in the tail (DeepConf)"
+        default=2048, ge=1, description="tokens per sliding group and in the tail, and online_stop's window (DeepConf)"
     )
     # k of DeepConf's token confidence. The paper read 20; 5 keeps each reply's payload (and its copy in the run
     # store) several times smaller, and the rules only compare a problem's traces, all measured with the same k.

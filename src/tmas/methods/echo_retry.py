@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from tmas.agents.echo import ECHO_RETRY_SAMPLE
 from tmas.config import Sampling
 from tmas.llm.types import Completion, Message
+from tmas.llm.watch import TraceWatch
 from tmas.methods.base import ProblemSession
 
 
@@ -32,17 +33,19 @@ async def chat_guarded(
     sample: int = 0,
     sampling: Sampling | None = None,
     reply_model: type[BaseModel] | None = None,
+    watch: TraceWatch | None = None,
 ) -> GuardedReply:
-    """``session.chat``, then ``echo_of(reply)`` (what echoes, or None) on a successful reply; one retry on an echo."""
-    reply = await session.chat(role, messages, sample=sample, sampling=sampling, reply_model=reply_model)
-    first = echo_of(reply) if reply.ok else None
+    """``session.chat``, then ``echo_of(reply)`` (what echoes, or None) on a successful reply; one retry on an echo.
+    A reply ``watch`` stopped early is returned as it is: its partial text is no reply to check."""
+    reply = await session.chat(role, messages, sample=sample, sampling=sampling, reply_model=reply_model, watch=watch)
+    first = echo_of(reply) if reply.ok and reply.stopped_early is None else None
     if first is None:
         return GuardedReply(reply)
     session.tally(role).echo += 1
     retry = await session.chat(
-        role, messages, sample=sample + ECHO_RETRY_SAMPLE, sampling=sampling, reply_model=reply_model
+        role, messages, sample=sample + ECHO_RETRY_SAMPLE, sampling=sampling, reply_model=reply_model, watch=watch
     )
-    again = echo_of(retry) if retry.ok else None
+    again = echo_of(retry) if retry.ok and retry.stopped_early is None else None
     if again is not None:
         session.tally(role).echo += 1
     return GuardedReply(retry, first_echo=first, echo=again)

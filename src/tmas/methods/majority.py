@@ -12,21 +12,29 @@ Beyond the paper:
   ``round_size`` and stops once the leading answer cannot be overtaken by the runner-up with probability
   ``stop_threshold``, never past k samples an iteration; a stop ends the problem. Each iteration's record says how
   many samples it drew and why it stopped (``state["stop"]``). The samples keep their indices, so the samples a
-  stopped run drew are the first ones a fixed run draws (same requests, same seeds).
+  stopped run drew are the first ones a fixed run draws (same requests, same seeds);
+- ``online_stop`` (DeepConf's online mode: methods/online_stop.py): the problem's first ``warmup`` samples run to
+  their end and set a confidence threshold; each later sample streams under a watch and is stopped once its running
+  group confidence falls below it, and does not vote. The samples are drawn in batches that never mix warm-up and
+  watched samples (the first batch ends where the warm-up does); each iteration's ``state["online_stop"]`` and the
+  result count the samples stopped and the completion tokens that saved.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Awaitable
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
 from tmas.agents.solution import generation_prompt
+from tmas.config import Sampling
 from tmas.llm.types import Message
 from tmas.methods.base import Candidate, Method, MethodParams, ProblemResult, ProblemSession, gather_all
 from tmas.methods.candidates import budget_note, finish, notes_for, solve_call
-from tmas.methods.confidence_params import ConfidenceParams, note_missing_confidence
+from tmas.methods.confidence_params import note_missing_confidence
+from tmas.methods.online_stop import ONLINE_STOP_NOTICE, WARMUP, WATCHED, OnlineStop, OnlineStopParams
 from tmas.methods.selection import ConfidenceRule, select
 from tmas.methods.stopping import BETA_THRESHOLD, VoteStop, beta_vote_stop
 from tmas.methods.styled import StyledParams
@@ -35,7 +43,7 @@ from tmas.methods.styled import StyledParams
 VOTE_DECIDED = "vote decided (Beta stopping criterion)"
 
 
-class MajorityParams(StyledParams, ConfidenceParams):
+class MajorityParams(StyledParams, OnlineStopParams):
     # Samples per iteration (paper: 64).
     k: int = Field(default=64, ge=1, le=1024)
     select: Literal["vote"] | ConfidenceRule = Field(
@@ -63,9 +71,10 @@ class MajorityVote(Method[MajorityParams]):
         messages = generation_prompt(session.problem.question, mode, p.style_of("solution"))
         pool: list[Candidate] = []
         decided: VoteStop | None = None
+        online = OnlineStop.of(p) if p.online_stop else None
         for t in range(p.iterations):
             session.begin_iteration(t)
-            candidates, drawn, decided = await self._draw(session, messages, pool)
+            candidates, drawn, decided = await self._draw(session, messages, pool, online)
             if not candidates:
                 break  # the budget refused every sample of this iteration: nothing to record
             pool += candidates
@@ -83,6 +92,8 @@ class MajorityVote(Method[MajorityParams]):
                 state["stop"] = self._stop_record(session, drawn, reading, decided=decided is not None)
                 if decided is not None:
                     notes.append(f"stopped: {state['stop']['reason']}")
+            if online is not None:
+                state["online_stop"] = online.record(candidates)
             session.end_iteration(candidates, selected=chosen.answer if chosen else None, state=state, notes=notes)
             if session.budget_stop or decided is not None:
                 break
@@ -90,38 +101,73 @@ class MajorityVote(Method[MajorityParams]):
         result = finish(session, self.name, chosen, stopped=session.budget_stop is not None)
         if decided is not None and result.stopped_reason is None:
             result.stopped_reason = VOTE_DECIDED
+        if online is not None:
+            stopped = [c for c in pool if c.meta.get("stopped_early")]
+            result.stopped_traces = len(stopped)
+            result.stopped_tokens_saved = sum(online.saved(c) for c in stopped)
         return result
 
     async def _draw(
-        self, session: ProblemSession, messages: list[Message], earlier: list[Candidate]
+        self, session: ProblemSession, messages: list[Message], earlier: list[Candidate], online: OnlineStop | None
     ) -> tuple[list[Candidate], int, VoteStop | None]:
         """This iteration's samples: all k at once, or (``stop = "beta"``) rounds until the vote over ``earlier``
-        and them is decided. Returns the candidates, how many samples were drawn (those the budget refused are not),
-        and the decision that stopped them."""
-        p, mode = self.params, self.params.mode
+        and them is decided; with ``online``, a batch ends where the warm-up does, and the samples after it are
+        watched. Returns the candidates, how many samples were drawn (those the budget refused are not), and the
+        decision that stopped them."""
+        p = self.params
         sampling = p.confidence_sampling(p.select)
         window = p.confidence_window if sampling is not None else None
         size = p.k if p.stop == "fixed" else p.round_size
         candidates: list[Candidate] = []
         asked = 0
         while asked < p.k:
-            indices = range(asked, min(asked + size, p.k))
+            warming = online.warmup_left() if online is not None else 0
+            indices = range(asked, min(asked + size, p.k, asked + (warming or p.k)))
             got = await gather_all(
-                solve_call(
-                    session, "solution", messages, index=i, mode=mode, sampling=sampling, confidence_window=window
-                )
-                for i in indices
+                self._sample(session, messages, i, sampling, window, online, warming=warming > 0) for i in indices
             )
             asked = indices.stop
-            candidates += [c for c in got if c is not None]
-            if session.budget_stop or p.stop == "fixed":
+            finished = [c for c in got if c is not None]
+            candidates += finished
+            if online is not None and warming and online.warmed(finished):
+                session.notice("online_stop", ONLINE_STOP_NOTICE)
+            if session.budget_stop:
                 break
+            if p.stop == "fixed":
+                continue
             classes = await session.answer_classes([*earlier, *candidates])
             keys = [classes[c.answer] for c in (*earlier, *candidates) if c.answer and c.error is None]
             decision = beta_vote_stop(keys, p.stop_threshold)
             if decision.stop:
                 return candidates, len(candidates), decision
         return candidates, len(candidates), None
+
+    def _sample(
+        self,
+        session: ProblemSession,
+        messages: list[Message],
+        index: int,
+        sampling: Sampling | None,
+        window: int | None,
+        online: OnlineStop | None,
+        *,
+        warming: bool,
+    ) -> Awaitable[Candidate | None]:
+        """Sample ``index``: a warm-up sample of online stopping runs to its end, a later one is watched (where the
+        warm-up set a threshold)."""
+        watch = online.watch() if online is not None and not warming else None
+        kind = WARMUP if warming else WATCHED if watch is not None else None
+        return solve_call(
+            session,
+            "solution",
+            messages,
+            index=index,
+            mode=self.params.mode,
+            sampling=sampling,
+            confidence_window=window,
+            watch=watch,
+            meta={"online_stop": kind} if kind is not None else None,
+        )
 
     def _stop_record(self, session: ProblemSession, drawn: int, decision: VoteStop, *, decided: bool) -> dict[str, Any]:
         """What the iteration record says of the stopping rule: samples drawn, the criterion's reading, and why the

@@ -62,7 +62,8 @@ CREATE TABLE IF NOT EXISTS calls (
     retry_causes TEXT NOT NULL DEFAULT '[]',
     logprobs TEXT,
     cached_prompt_tokens INTEGER,
-    sampling_sources TEXT
+    sampling_sources TEXT,
+    stopped_early TEXT
 );
 CREATE INDEX IF NOT EXISTS calls_by_request ON calls (request_hash, sample);
 CREATE INDEX IF NOT EXISTS calls_by_problem ON calls (problem_id, iteration);
@@ -162,6 +163,9 @@ class RunStore:
         if "sampling_sources" not in have:
             # NULL in the rows of older stores: which source set each sampling field was not kept then.
             self._db.execute("ALTER TABLE calls ADD COLUMN sampling_sources TEXT")
+        if "stopped_early" not in have:
+            # NULL in the rows of older stores: no reply was stopped early then.
+            self._db.execute("ALTER TABLE calls ADD COLUMN stopped_early TEXT")
 
     def _shadow_missing_columns(self) -> None:
         """Read-only, an older store cannot be altered: a temporary view named ``calls`` (temp names are looked up
@@ -239,8 +243,8 @@ class RunStore:
             "INSERT INTO calls (request_hash, sample, problem_id, iteration, role, endpoint, model, messages,"
             " sampling, content, reasoning, prompt_tokens, completion_tokens, reasoning_tokens, usage_estimated,"
             " finish_reason, max_tokens_sent, latency_s, attempts, error, created_at, error_cause, retry_causes,"
-            " logprobs, cached_prompt_tokens, sampling_sources) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
-            " ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " logprobs, cached_prompt_tokens, sampling_sources, stopped_early) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+            " ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 c.request_hash,
                 k.sample,
@@ -268,16 +272,18 @@ class RunStore:
                 None if c.logprobs is None else json.dumps([t.model_dump() for t in c.logprobs]),
                 u.cached_prompt_tokens,
                 json.dumps(request.sampling_sources, sort_keys=True),
+                c.stopped_early,
             ),
         )
         return int(cursor.lastrowid or 0)
 
-    def lookup_call(self, request_hash: str, sample: int) -> Completion | None:
-        """The finished call for this request and sample index, if any. Failed calls are not replayed."""
+    def lookup_call(self, request_hash: str, sample: int, *, stopped_early: bool = False) -> Completion | None:
+        """The finished call for this request and sample index, if any. Failed calls are not replayed, nor are
+        replies a watch stopped early unless ``stopped_early`` (the caller watches again: tmas.llm.watch)."""
         row = self._db.execute(
             f"SELECT {_CALL_COLUMNS} FROM calls WHERE request_hash = ? AND sample = ? AND error IS NULL"
-            " ORDER BY id LIMIT 1",
-            (request_hash, sample),
+            " AND (? OR stopped_early IS NULL) ORDER BY id LIMIT 1",
+            (request_hash, sample, stopped_early),
         ).fetchone()
         return None if row is None else _completion(row)
 
@@ -504,11 +510,11 @@ class _Transaction:
 
 
 # Columns of the calls table added after schema 1 (nullable): older stores get them on open.
-_LATER_CALL_COLUMNS = ("logprobs", "cached_prompt_tokens", "sampling_sources")
+_LATER_CALL_COLUMNS = ("logprobs", "cached_prompt_tokens", "sampling_sources", "stopped_early")
 _CALL_COLUMNS = (
     "id, request_hash, sample, problem_id, iteration, role, endpoint, model, content, reasoning, prompt_tokens,"
     " completion_tokens, reasoning_tokens, usage_estimated, finish_reason, max_tokens_sent, latency_s, attempts,"
-    " error, error_cause, retry_causes, logprobs, cached_prompt_tokens"
+    " error, error_cause, retry_causes, logprobs, cached_prompt_tokens, stopped_early"
 )
 
 
@@ -536,4 +542,5 @@ def _completion(row: tuple[Any, ...]) -> Completion:
         error_cause=row[19],
         retry_causes=json.loads(row[20]),
         logprobs=None if row[21] is None else [TokenLogprob.model_validate(t) for t in json.loads(row[21])],
+        stopped_early=row[23],
     )

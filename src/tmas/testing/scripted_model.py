@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from tmas.config import Sampling, Settings
 from tmas.llm.sampling import ResolvedSampling, resolve_role
 from tmas.llm.types import CallKey, ChatRequest, Completion, Message, Usage
+from tmas.llm.watch import TraceWatch
 from tmas.testing.responders import SimRequest, count_tokens, cut_tokens, garbage_text, get_responder
 from tmas.testing.script import Rule, SimScript
 from tmas.testing.sim_server import embed_text
@@ -79,7 +80,9 @@ class ScriptedModel:
         key: CallKey | None = None,
         sampling: Sampling | ResolvedSampling | None = None,
         reply_model: type[BaseModel] | None = None,
+        watch: TraceWatch | None = None,
     ) -> Completion:
+        # Replies come whole, as an unstreamed call's: a ``watch`` is never begun (tmas.llm.watch).
         key = key or CallKey(role=role)
         if not isinstance(sampling, ResolvedSampling):
             sampling = self.resolve_sampling(role, call=sampling)

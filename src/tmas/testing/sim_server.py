@@ -80,6 +80,8 @@ class SimStats(BaseModel):
     cached_prompt_tokens: int = 0
     # Request fields the persona's server does not know and ignored, by name (vLLM logs them).
     ignored_fields: dict[str, int] = {}
+    # Streams the client closed before their end (a real server then aborts the request): they are not completed.
+    disconnected: int = 0
 
 
 class LoggedRequest(BaseModel):
@@ -356,6 +358,10 @@ class SimApp:
         with self._lock:
             self._stats.faults[kind] = self._stats.faults.get(kind, 0) + 1
 
+    def _count_disconnect(self) -> None:
+        with self._lock:
+            self._stats.disconnected += 1
+
     def _count_error(self) -> None:
         with self._lock:
             self._stats.errors += 1
@@ -555,7 +561,9 @@ class SimApp:
             options = stream_options if isinstance(stream_options, dict) else {}
             reply.continuous_usage = bool(options.get("continuous_usage_stats"))
             include_usage = bool(options.get("include_usage"))
-            response = await self._stream(request, reply, include_usage, per_token, fault, script.hang_s)
+            response, whole = await self._stream(request, reply, include_usage, per_token, fault, script.hang_s)
+            if not whole:
+                return response
         else:
             if per_token > 0 and counts.completion:
                 await asyncio.sleep(per_token * counts.completion)
@@ -692,7 +700,8 @@ class SimApp:
         per_token: float,
         fault: FaultKind | None,
         hang_s: float,
-    ) -> web.StreamResponse:
+    ) -> tuple[web.StreamResponse, bool]:
+        """The reply as a stream, and whether it went out to its end (False: the client closed it first)."""
         response = web.StreamResponse(
             status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
@@ -706,16 +715,25 @@ class SimApp:
 
         # stall and cut: the opening chunk and the first delta go out, then nothing for hang_s, or a closed socket.
         head = 2 if fault in ("stall", "cut") else len(events)
-        await _write_events(response, events[:head], per_token)
-        if fault == "cut":
-            if request.transport is not None:
-                request.transport.close()
-            return response
-        if fault == "stall":
-            await asyncio.sleep(hang_s)
-        await _write_events(response, events[head:], per_token)
-        await response.write_eof()
-        return response
+        try:
+            await _write_events(response, events[:head], per_token)
+            if fault == "cut":
+                if request.transport is not None:
+                    request.transport.close()
+                return response, True
+            if fault == "stall":
+                await asyncio.sleep(hang_s)
+            await _write_events(response, events[head:], per_token)
+            await response.write_eof()
+        except ConnectionResetError:
+            # The client closed the stream (e.g. it stopped a weak trace): the rest is never generated.
+            self._count_disconnect()
+            return response, False
+        except asyncio.CancelledError:
+            # The same, noticed first by the server (handler_cancellation), as vLLM and SGLang abort such a request.
+            self._count_disconnect()
+            raise
+        return response, True
 
     # ---- /v1/embeddings --------------------------------------------------------------------------
 
