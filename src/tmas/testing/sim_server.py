@@ -26,6 +26,7 @@ import time
 import uuid
 import zlib
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -556,20 +557,19 @@ class SimApp:
             timings=timings,
         )
         counts = reply.counts()
+        done = (prompt_tokens, counts.completion, counts.reasoning, cached or 0)
         if streams:
             stream_options = body.get("stream_options")
             options = stream_options if isinstance(stream_options, dict) else {}
             reply.continuous_usage = bool(options.get("continuous_usage_stats"))
             include_usage = bool(options.get("include_usage"))
-            response, whole = await self._stream(request, reply, include_usage, per_token, fault, script.hang_s)
-            if not whole:
-                return response
-        else:
-            if per_token > 0 and counts.completion:
-                await asyncio.sleep(per_token * counts.completion)
-            response = web.json_response(reply.completion())
-        self._count_done(prompt_tokens, counts.completion, counts.reasoning, cached or 0)
-        return response
+            return await self._stream(
+                request, reply, include_usage, per_token, fault, script.hang_s, lambda: self._count_done(*done)
+            )
+        if per_token > 0 and counts.completion:
+            await asyncio.sleep(per_token * counts.completion)
+        self._count_done(*done)
+        return web.json_response(reply.completion())
 
     def _check_fields(self, active: _Active, body: dict[str, Any]) -> None:
         """What the persona's server does with the request's fields: unknown ones ignored (and counted) or refused;
@@ -700,8 +700,10 @@ class SimApp:
         per_token: float,
         fault: FaultKind | None,
         hang_s: float,
-    ) -> tuple[web.StreamResponse, bool]:
-        """The reply as a stream, and whether it went out to its end (False: the client closed it first)."""
+        answered: Callable[[], None],
+    ) -> web.StreamResponse:
+        """The reply as a stream; ``answered`` is told just before its last event goes out (so the stats count it
+        before the client can read it whole), and not at all where the client closed the stream first."""
         response = web.StreamResponse(
             status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
@@ -714,26 +716,29 @@ class SimApp:
             events = [*events[:2], (sse(_STREAM_ERROR), 0), (b"data: [DONE]\n\n", 0)]
 
         # stall and cut: the opening chunk and the first delta go out, then nothing for hang_s, or a closed socket.
-        head = 2 if fault in ("stall", "cut") else len(events)
+        head = 2 if fault in ("stall", "cut") else len(events) - 1
         try:
             await _write_events(response, events[:head], per_token)
             if fault == "cut":
+                answered()
                 if request.transport is not None:
                     request.transport.close()
-                return response, True
+                return response
             if fault == "stall":
                 await asyncio.sleep(hang_s)
-            await _write_events(response, events[head:], per_token)
+            await _write_events(response, events[head:-1], per_token)
+            answered()
+            await _write_events(response, events[-1:], per_token)
             await response.write_eof()
         except ConnectionResetError:
             # The client closed the stream (e.g. it stopped a weak trace): the rest is never generated.
             self._count_disconnect()
-            return response, False
+            return response
         except asyncio.CancelledError:
             # The same, noticed first by the server (handler_cancellation), as vLLM and SGLang abort such a request.
             self._count_disconnect()
             raise
-        return response, True
+        return response
 
     # ---- /v1/embeddings --------------------------------------------------------------------------
 
