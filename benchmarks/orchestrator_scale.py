@@ -187,17 +187,16 @@ def prefix(args: argparse.Namespace) -> dict[str, Any]:
     (in send order, across the whole run: what a server-side prefix cache such as vLLM's can reuse)."""
     with sim_server(0.0, False) as url, tempfile.TemporaryDirectory() as scratch:
         asyncio.run(solve(Path(scratch) / "run", url, args.problems, args.iterations, 64))
-        db = sqlite3.connect(Path(scratch) / "run" / "run.sqlite")
-        rows = db.execute("SELECT iteration, role, messages FROM calls ORDER BY id").fetchall()
-        db.close()
+        with RunStore(Path(scratch) / "run", read_only=True) as store:
+            rows = [(c.key.iteration, c.key.role, store.call_messages(c.call_id or 0)) for c in store.calls()]
     seen: list[str] = []  # earlier prompts, sorted: the longest shared prefix is with a sorted neighbour
     total: dict[int, int] = defaultdict(int)
     reused: dict[int, int] = defaultdict(int)
     by_role_total: dict[str, int] = defaultdict(int)
     by_role_reused: dict[str, int] = defaultdict(int)
-    for iteration, role, raw in rows:
+    for iteration, role, messages in rows:
         # The prompt as a server's chat template lays it out: messages in order, role markers between them.
-        text = "".join(f"<|{m['role']}|>{m['content']}" for m in json.loads(raw))
+        text = "".join(f"<|{m['role']}|>{m['content']}" for m in messages)
         at = bisect.bisect_left(seen, text)
         shared = max((_common(text, seen[j]) for j in (at - 1, at) if 0 <= j < len(seen)), default=0)
         seen.insert(at, text)

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import socket
-import sqlite3
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from tmas.llm.lanes import Lane, SlotQueue, chain, pinned_slot
 from tmas.methods import create_method
 from tmas.problems import Problem
 from tmas.runner import RunSummary, prepare_run, run_problems
+from tmas.store.run_store import RunStore
 from tmas.testing import SimScript, SimServer
 
 TMAS = {"name": "tmas", "params": {"n": 2, "m": 1, "iterations": 2, "epsilon": 0.0}}
@@ -81,9 +80,12 @@ def test_each_candidate_s_calls_run_back_to_back_on_its_slot(tmp_path: Path, sim
     # A latency, so that both candidates' calls are queued at once and the order is the queue's choice.
     sim.set_script(SimScript(latency_s=0.02))
     _run(tmp_path, "chains", sim, problems=2, endpoint__max_in_flight=2, endpoint__pin_slots=True)
-    with sqlite3.connect(tmp_path / "chains" / "run.sqlite") as db:
-        rows = db.execute("SELECT sampling, content FROM calls WHERE role = 'solution'").fetchall()
-    solutions = {json.loads(sampling)["seed"]: content for sampling, content in rows}
+    with RunStore(tmp_path / "chains", read_only=True) as store:
+        solutions = {
+            store.call_sampling(c.call_id)["seed"]: c.content
+            for c in store.calls()
+            if c.key.role == "solution" and c.call_id is not None
+        }
     by_problem: dict[str, list[Any]] = defaultdict(list)
     for request in sim.requests:
         by_problem[str(request.problem_id)].append(request)

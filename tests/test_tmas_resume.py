@@ -78,12 +78,12 @@ def sent_key(messages: list[dict[str, Any]], seed: object) -> str:
 
 def finished_keys(run_dir: Path) -> set[str]:
     """The requests of the calls the store holds as finished."""
-    db = sqlite3.connect(run_dir / "run.sqlite")
-    try:
-        rows = db.execute("SELECT messages, sampling FROM calls WHERE error IS NULL").fetchall()
-    finally:
-        db.close()
-    return {sent_key(json.loads(m), json.loads(s).get("seed")) for m, s in rows}
+    with RunStore(run_dir, read_only=True) as store:
+        return {
+            sent_key(store.call_messages(c.call_id), store.call_sampling(c.call_id).get("seed"))
+            for c in store.calls()
+            if c.ok and c.call_id is not None
+        }
 
 
 def test_killed_three_times_at_random_moments_and_resumed_equals_uninterrupted(tmp_path: Path) -> None:

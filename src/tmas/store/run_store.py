@@ -21,10 +21,14 @@ from typing import Any
 from tmas.errors import TmasError
 from tmas.llm.types import FALLBACKS, CallKey, ChatRequest, Completion, FallbackKind, TokenLogprob, Usage
 from tmas.problems import Problem
+from tmas.store.texts import BLOBS_SCHEMA, Part, TextBlobs, blob_ids, join
 from tmas.version import __version__
 
 DB_NAME = "run.sqlite"
-SCHEMA_VERSION = 1
+# 2: call texts stored once each, compressed, in ``blobs`` (see tmas.store.texts); schema 1 stores open, are
+# migrated in place (their rows stay as they are) and read as before.
+SCHEMA_VERSION = 2
+_READABLE_SCHEMAS = (1, SCHEMA_VERSION)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -44,6 +48,8 @@ CREATE TABLE IF NOT EXISTS calls (
     role TEXT NOT NULL,
     endpoint TEXT NOT NULL,
     model TEXT NOT NULL,
+    -- messages, content, reasoning and logprobs: the texts of schema 1 rows; rows since schema 2 keep them in
+    -- text_parts (blob references, see tmas.store.texts) and leave these empty
     messages TEXT NOT NULL,
     sampling TEXT NOT NULL,
     content TEXT NOT NULL,
@@ -63,7 +69,8 @@ CREATE TABLE IF NOT EXISTS calls (
     logprobs TEXT,
     cached_prompt_tokens INTEGER,
     sampling_sources TEXT,
-    stopped_early TEXT
+    stopped_early TEXT,
+    text_parts TEXT
 );
 CREATE INDEX IF NOT EXISTS calls_by_request ON calls (request_hash, sample);
 CREATE INDEX IF NOT EXISTS calls_by_problem ON calls (problem_id, iteration);
@@ -131,10 +138,11 @@ class RunStore:
                 version = self.get_meta("schema_version")
             except sqlite3.Error:
                 version = None  # created a moment ago, schema not written yet (or not a run store at all)
-            if version != SCHEMA_VERSION:
+            if version not in _READABLE_SCHEMAS:
                 self._db.close()
-                raise StoreError(f"{self.path}: store schema {version} is not the supported {SCHEMA_VERSION}")
+                raise StoreError(f"{self.path}: store schema {version} is not one this tmas reads {_READABLE_SCHEMAS}")
             self._shadow_missing_columns()
+            self._texts = TextBlobs(self._db)
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -142,15 +150,18 @@ class RunStore:
         # NORMAL under WAL: a commit survives a killed process (only an OS crash can lose the last commits).
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=10000")
-        self._db.executescript(_SCHEMA)
+        self._db.executescript(_SCHEMA + BLOBS_SCHEMA)
         self._add_missing_columns()
+        self._texts = TextBlobs(self._db)
         version = self.get_meta("schema_version")
         if version is None:
             self.set_meta("schema_version", SCHEMA_VERSION)
             self.set_meta("tmas_version", __version__)
             self.set_meta("created_at", time.time())
+        elif version == 1:
+            self.set_meta("schema_version", SCHEMA_VERSION)  # the blobs table and text_parts column were just added
         elif version != SCHEMA_VERSION:
-            raise StoreError(f"{self.path}: store schema {version} is not the supported {SCHEMA_VERSION}")
+            raise StoreError(f"{self.path}: store schema {version} is not one this tmas reads {_READABLE_SCHEMAS}")
 
     def _add_missing_columns(self) -> None:
         """Columns added after schema 1, added in place to older stores (nullable, so old rows stay valid)."""
@@ -166,6 +177,9 @@ class RunStore:
         if "stopped_early" not in have:
             # NULL in the rows of older stores: no reply was stopped early then.
             self._db.execute("ALTER TABLE calls ADD COLUMN stopped_early TEXT")
+        if "text_parts" not in have:
+            # NULL in the rows of schema 1 stores: their texts are in the plain columns.
+            self._db.execute("ALTER TABLE calls ADD COLUMN text_parts TEXT")
 
     def _shadow_missing_columns(self) -> None:
         """Read-only, an older store cannot be altered: a temporary view named ``calls`` (temp names are looked up
@@ -237,14 +251,27 @@ class RunStore:
 
     # ------------------------------------------------------------------------------------------ calls
     def record_call(self, completion: Completion, request: ChatRequest) -> int:
-        """Commit a finished or failed call; returns its row id."""
-        c, u, k = completion, completion.usage, completion.key
+        """Commit a finished or failed call, its texts as parts (see tmas.store.texts); returns its row id."""
+        c = completion
+        with self._transaction():
+            texts = {
+                "messages": [[m.role, self._texts.put(m.content)] for m in request.messages],
+                "content": self._texts.put(c.content),
+                "reasoning": self._texts.put(c.reasoning, split=False),
+                "logprobs": None
+                if c.logprobs is None
+                else self._texts.put(json.dumps([t.model_dump() for t in c.logprobs]), split=False),
+            }
+            return self._insert_call(c, request, json.dumps(texts, ensure_ascii=False))
+
+    def _insert_call(self, c: Completion, request: ChatRequest, text_parts: str) -> int:
+        u, k = c.usage, c.key
         cursor = self._db.execute(
             "INSERT INTO calls (request_hash, sample, problem_id, iteration, role, endpoint, model, messages,"
             " sampling, content, reasoning, prompt_tokens, completion_tokens, reasoning_tokens, usage_estimated,"
             " finish_reason, max_tokens_sent, latency_s, attempts, error, created_at, error_cause, retry_causes,"
-            " logprobs, cached_prompt_tokens, sampling_sources, stopped_early) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
-            " ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " logprobs, cached_prompt_tokens, sampling_sources, stopped_early, text_parts)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 c.request_hash,
                 k.sample,
@@ -253,10 +280,10 @@ class RunStore:
                 k.role,
                 c.endpoint,
                 c.model,
-                json.dumps([m.model_dump() for m in request.messages], ensure_ascii=False),
+                "",
                 request.sampling.model_dump_json(),
-                c.content,
-                c.reasoning,
+                "",
+                "",
                 u.prompt_tokens,
                 u.completion_tokens,
                 u.reasoning_tokens,
@@ -269,10 +296,11 @@ class RunStore:
                 time.time(),
                 c.error_cause,
                 json.dumps(c.retry_causes),
-                None if c.logprobs is None else json.dumps([t.model_dump() for t in c.logprobs]),
+                None,
                 u.cached_prompt_tokens,
                 json.dumps(request.sampling_sources, sort_keys=True),
                 c.stopped_early,
+                text_parts,
             ),
         )
         return int(cursor.lastrowid or 0)
@@ -285,7 +313,7 @@ class RunStore:
             " AND (? OR stopped_early IS NULL) ORDER BY id LIMIT 1",
             (request_hash, sample, stopped_early),
         ).fetchone()
-        return None if row is None else _completion(row)
+        return None if row is None else self._completion(row)
 
     def calls(self, problem_id: str | None = None) -> Iterator[Completion]:
         query = f"SELECT {_CALL_COLUMNS} FROM calls"
@@ -294,11 +322,11 @@ class RunStore:
             query += " WHERE problem_id = ?"
             args = (problem_id,)
         for row in self._db.execute(query + " ORDER BY id", args):
-            yield _completion(row)
+            yield self._completion(row)
 
     def call(self, call_id: int) -> Completion | None:
         row = self._db.execute(f"SELECT {_CALL_COLUMNS} FROM calls WHERE id = ?", (call_id,)).fetchone()
-        return None if row is None else _completion(row)
+        return None if row is None else self._completion(row)
 
     def call_sampling(self, call_id: int) -> dict[str, Any]:
         row = self._db.execute("SELECT sampling FROM calls WHERE id = ?", (call_id,)).fetchone()
@@ -337,8 +365,14 @@ class RunStore:
         return "-".join(str(v) for v in row)
 
     def call_messages(self, call_id: int) -> list[dict[str, str]]:
-        row = self._db.execute("SELECT messages FROM calls WHERE id = ?", (call_id,)).fetchone()
-        return [] if row is None else list(json.loads(row[0]))
+        row = self._db.execute("SELECT messages, text_parts FROM calls WHERE id = ?", (call_id,)).fetchone()
+        if row is None:
+            return []
+        if row[1] is None:
+            return list(json.loads(row[0]))
+        messages: list[tuple[str, list[Part]]] = json.loads(row[1])["messages"]
+        texts = self._texts.load(i for _, parts in messages for i in blob_ids(parts))
+        return [{"role": role, "content": join(parts, texts)} for role, parts in messages]
 
     def call_counts(self) -> dict[str, int]:
         row = self._db.execute(
@@ -494,6 +528,39 @@ class RunStore:
             self._db.execute("DELETE FROM grades WHERE grader = ?", (grader,))
 
     # ------------------------------------------------------------------------------------------ helpers
+    def _completion(self, row: tuple[Any, ...]) -> Completion:
+        content, reasoning, logprobs = row[8], row[9], row[21]
+        if row[24] is not None:
+            parts = json.loads(row[24])
+            texts = self._texts.load(i for key in _REPLY_TEXTS for i in blob_ids(parts[key] or ()))
+            content, reasoning = join(parts["content"], texts), join(parts["reasoning"], texts)
+            logprobs = None if parts["logprobs"] is None else join(parts["logprobs"], texts)
+        return Completion(
+            call_id=row[0],
+            request_hash=row[1],
+            key=CallKey(sample=row[2], problem_id=row[3], iteration=row[4], role=row[5]),
+            endpoint=row[6],
+            model=row[7],
+            content=content,
+            reasoning=reasoning,
+            usage=Usage(
+                prompt_tokens=row[10],
+                completion_tokens=row[11],
+                reasoning_tokens=row[12],
+                cached_prompt_tokens=row[22] or 0,
+                estimated=bool(row[13]),
+            ),
+            finish_reason=row[14],
+            max_tokens_sent=row[15],
+            latency_s=row[16],
+            attempts=row[17],
+            error=row[18],
+            error_cause=row[19],
+            retry_causes=json.loads(row[20]),
+            logprobs=None if logprobs is None else [TokenLogprob.model_validate(t) for t in json.loads(logprobs)],
+            stopped_early=row[23],
+        )
+
     def _transaction(self) -> _Transaction:
         return _Transaction(self._db)
 
@@ -510,37 +577,11 @@ class _Transaction:
 
 
 # Columns of the calls table added after schema 1 (nullable): older stores get them on open.
-_LATER_CALL_COLUMNS = ("logprobs", "cached_prompt_tokens", "sampling_sources", "stopped_early")
+_LATER_CALL_COLUMNS = ("logprobs", "cached_prompt_tokens", "sampling_sources", "stopped_early", "text_parts")
+# The texts of a reply in text_parts (the call's messages are read only by call_messages).
+_REPLY_TEXTS = ("content", "reasoning", "logprobs")
 _CALL_COLUMNS = (
     "id, request_hash, sample, problem_id, iteration, role, endpoint, model, content, reasoning, prompt_tokens,"
     " completion_tokens, reasoning_tokens, usage_estimated, finish_reason, max_tokens_sent, latency_s, attempts,"
-    " error, error_cause, retry_causes, logprobs, cached_prompt_tokens, stopped_early"
+    " error, error_cause, retry_causes, logprobs, cached_prompt_tokens, stopped_early, text_parts"
 )
-
-
-def _completion(row: tuple[Any, ...]) -> Completion:
-    return Completion(
-        call_id=row[0],
-        request_hash=row[1],
-        key=CallKey(sample=row[2], problem_id=row[3], iteration=row[4], role=row[5]),
-        endpoint=row[6],
-        model=row[7],
-        content=row[8],
-        reasoning=row[9],
-        usage=Usage(
-            prompt_tokens=row[10],
-            completion_tokens=row[11],
-            reasoning_tokens=row[12],
-            cached_prompt_tokens=row[22] or 0,
-            estimated=bool(row[13]),
-        ),
-        finish_reason=row[14],
-        max_tokens_sent=row[15],
-        latency_s=row[16],
-        attempts=row[17],
-        error=row[18],
-        error_cause=row[19],
-        retry_causes=json.loads(row[20]),
-        logprobs=None if row[21] is None else [TokenLogprob.model_validate(t) for t in json.loads(row[21])],
-        stopped_early=row[23],
-    )
