@@ -110,7 +110,6 @@ class _Fatal(Exception):
 class _Replica:
     url: str
     cap: asyncio.Semaphore | None
-    in_flight: int = 0
     # Calls routed to it and not finished (waiting for a cap, in flight or between retries): what routing balances.
     load: int = 0
     context_length: int | None = None
@@ -643,7 +642,6 @@ class LLMClient:
         async with turn, self._cap:
             if replica.cap is not None:
                 await replica.cap.acquire()
-            replica.in_flight += 1
             self.stats.in_flight += 1
             try:
                 async with (
@@ -678,7 +676,6 @@ class LLMClient:
                     f"connection to {replica.url} failed: {type(exc).__name__}: {exc}", "connection"
                 ) from None
             finally:
-                replica.in_flight -= 1
                 self.stats.in_flight -= 1
                 if replica.cap is not None:
                     replica.cap.release()
