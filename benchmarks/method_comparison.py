@@ -11,7 +11,7 @@ settings, command, what ran). See docs/results.md, "How to reproduce".
     python benchmarks/method_comparison.py --out OUT --sim               # the simulated server: the pipeline only
 
 ``--stop-after SECONDS`` stops the sweep cleanly (finished problems are kept) and still writes the report, for
-machines lent by the slice. With ``--sim`` the figures reflect the simulator's scripted replies, not a model.
+machines held for a limited time. With ``--sim`` the figures reflect the simulator's scripted replies, not a model.
 """
 
 from __future__ import annotations
