@@ -18,9 +18,9 @@ from tmas.agents.overrides import check_overrides
 from tmas.agents.templates import prompts_from
 from tmas.config import Budget, Settings, load_settings, with_method_params, with_overrides
 from tmas.errors import InputError, TmasError
-from tmas.llm.client import EndpointUnreachable, LLMClient
+from tmas.llm.client import ClientStats, EndpointUnreachable
+from tmas.llm.factory import open_model
 from tmas.llm.lanes import enter_lane
-from tmas.llm.provision import provisioned
 from tmas.llm.types import Usage
 from tmas.methods import create_method
 from tmas.methods.base import (
@@ -51,7 +51,8 @@ class RunState:
     # Problems being solved -> the iteration each is in.
     active: dict[str, int] = field(default_factory=dict)
     started_at: float = field(default_factory=time.monotonic)
-    llm: LLMClient | None = None
+    # The run's call counters, from when its model is open (None while it starts).
+    stats: ClientStats | None = None
     # Most problems solved at once (see :func:`problems_in_flight`); 0 until the run starts.
     problem_slots: int = 0
     # Called as each problem starts an iteration, with its id and the iteration.
@@ -281,12 +282,9 @@ async def run_problems(
 
     equivalence = RuleEquivalence() if math_verify_installed() else None
     with prompts_from(settings.prompts_dir):
-        async with (
-            provisioned(settings, log_dir=store.run_dir) as live,
-            LLMClient(live, store) as llm,
-            _closing(equivalence),
-        ):
-            state.llm = llm
+        stats = ClientStats()
+        async with open_model(settings, store, log_dir=store.run_dir, stats=stats) as llm, _closing(equivalence):
+            state.stats = stats
 
             async def one(problem: Problem) -> None:
                 session = ProblemSession(
@@ -324,7 +322,7 @@ async def run_problems(
                 for problem in todo:
                     await one(problem)
 
-            state.problem_slots = problems_in_flight(live)
+            state.problem_slots = problems_in_flight(llm.settings)
             workers = max(1, min(state.problem_slots, state.total - len(finished)))
             try:
                 await gather_all(worker(w, workers) for w in range(workers))
@@ -332,7 +330,6 @@ async def run_problems(
                 raise Unreachable(
                     f"{exc}; finished work is kept: continue with 'tmas run --resume {store.run_dir}'"
                 ) from None
-            stats = llm.stats
     counts = store.call_counts()
     causes = store.call_causes()
     by_role = store.replies_by_role()

@@ -66,7 +66,7 @@ def search(
     """The K entries nearest to QUERY, with the pool's own embedder (a local model, or the `embedding` role's
     endpoint, which must serve the model the pool was built with)."""
     from tmas.config import load_settings
-    from tmas.llm.client import LLMClient
+    from tmas.llm.factory import open_model
     from tmas.memory.embedders import LOCAL_NAME, LocalEmbedder, embedder_for
     from tmas.memory.pool import Pool
     from tmas.memory.pool_entry import PoolEntry
@@ -77,7 +77,7 @@ def search(
         if opened.meta.embedder == LOCAL_NAME:
             return await opened.search(query, k, LocalEmbedder())
         settings = load_settings(config, {"endpoint.base_url": base_url, "endpoint.model": model})
-        async with LLMClient(settings) as llm:
+        async with open_model(settings) as llm:
             embed = embedder_for("endpoint", llm)
             opened.check_embedder(embed.name)
             return await opened.search(query, k, embed)
