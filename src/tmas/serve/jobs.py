@@ -23,7 +23,7 @@ from tmas.llm.sampling import with_sampling
 from tmas.methods import METHODS, create_method
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
-from tmas.runner import run_problems
+from tmas.runner import RunSetup, run_problems
 from tmas.serve.admission import Admission
 from tmas.serve.api_errors import ApiError
 from tmas.serve.observed_store import ObservedStore, Progress
@@ -244,7 +244,7 @@ class ServedRuns:
                 problem = Problem(problem_id=job.run_id, question=question, metadata={"context": context})
                 store.add_problems([problem])
                 store.set_meta(REQUEST_META, request)
-            store.set_meta("settings", settings.model_dump(mode="json"))
+            RunSetup.check(settings).record(store)
             await run_problems(settings, store.problems(), store)
             record = store.result(job.run_id)
         if record is None:
