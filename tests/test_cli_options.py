@@ -17,14 +17,32 @@ from tmas.cli.options import FLAG_KEYS, GROUP, ModelFlags
 from tmas.store.run_store import RunStore
 from tmas.testing import SimServer
 
-GROUP_COMMANDS = ("solve", "run", "eval", "sweep", "serve")
+GROUP_COMMANDS = (
+    "solve",
+    "run",
+    "eval",
+    "sweep",
+    "serve",
+    "data filter",
+    "cases grade",
+    "pool search",
+    "pool build",
+    "pool prune",
+    "pool router train",
+)
 MARK = "ZQX-GROUP-PROMPT-MARK"
 
 
 def _commands() -> dict[str, Any]:
     """The click commands typer builds (typer vendors its own click, so they are read by attribute)."""
     root: Any = typer.main.get_command(app)
-    return {name: root.commands[name] for name in GROUP_COMMANDS}
+    found = {}
+    for path in GROUP_COMMANDS:
+        command = root
+        for name in path.split():
+            command = command.commands[name]
+        found[path] = command
+    return found
 
 
 def _group_options(command: Any) -> dict[str, tuple[tuple[str, ...], str | None]]:

@@ -11,7 +11,8 @@ import pytest
 from conftest import settings_for
 from tmas.config import Sampling
 from tmas.errors import ConfigError
-from tmas.llm.client import EndpointUnreachable, LLMClient
+from tmas.llm.client import ClientStats, EndpointUnreachable, LLMClient
+from tmas.llm.factory import open_model
 from tmas.llm.types import CallKey, user
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, SimScript, SimServer
@@ -24,13 +25,14 @@ async def test_transient_faults_are_retried(sim: SimServer, fault: str, tmp_path
     sim.set_script(SimScript(rules=[Rule(fault=fault, times=2)], hang_s=5))  # type: ignore[arg-type]
     settings = settings_for(sim)
     settings.endpoint.timeout_s = 0.5
+    stats = ClientStats()
     with RunStore(tmp_path) as store:
-        async with LLMClient(settings, store) as llm:
+        async with open_model(settings, store, stats=stats) as llm:
             reply = await llm.chat("solution", QUESTION)
         assert reply.ok, reply.error
         assert reply.attempts == 3
         assert "391" in reply.content
-        assert llm.stats.retries == 2
+        assert stats.retries == 2
         assert sim.stats().total_requests == 3
         stored = list(store.calls())
     assert len(stored) == 1 and stored[0].error is None and stored[0].attempts == 3
@@ -39,7 +41,7 @@ async def test_transient_faults_are_retried(sim: SimServer, fault: str, tmp_path
 async def test_client_error_fails_at_once_with_server_message(sim: SimServer, tmp_path: Path) -> None:
     sim.set_script(SimScript(rules=[Rule(fault="http_400")]))
     with RunStore(tmp_path) as store:
-        async with LLMClient(settings_for(sim), store) as llm:
+        async with open_model(settings_for(sim), store) as llm:
             reply = await llm.chat("solution", QUESTION)
         assert not reply.ok
         assert reply.error is not None and reply.error.startswith("HTTP 400")
@@ -52,7 +54,7 @@ async def test_client_error_fails_at_once_with_server_message(sim: SimServer, tm
 async def test_exhausted_retries_are_recorded_as_failed(sim: SimServer, tmp_path: Path) -> None:
     sim.set_script(SimScript(rules=[Rule(fault="http_500")]))
     with RunStore(tmp_path) as store:
-        async with LLMClient(settings_for(sim), store) as llm:
+        async with open_model(settings_for(sim), store) as llm:
             reply = await llm.chat("solution", QUESTION)
         assert reply.error is not None and "gave up after 4 attempts" in reply.error
         assert sim.stats().total_requests == 4
@@ -133,7 +135,7 @@ async def test_sampling_parameters_and_extra_body_pass_through(sim: SimServer) -
 async def test_reasoning_is_split_from_final_content(sim: SimServer, script: SimScript, tmp_path: Path) -> None:
     sim.set_script(script)
     with RunStore(tmp_path) as store:
-        async with LLMClient(settings_for(sim), store) as llm:
+        async with open_model(settings_for(sim), store) as llm:
             reply = await llm.chat("solution", QUESTION)
         assert reply.reasoning
         assert "<think>" not in reply.content and "</think>" not in reply.content
@@ -213,7 +215,7 @@ async def test_missing_api_key_variable_is_a_config_error(sim: SimServer, monkey
 
 async def test_finished_calls_replay_from_the_store(sim: SimServer, tmp_path: Path) -> None:
     with RunStore(tmp_path) as store:
-        async with LLMClient(settings_for(sim), store) as llm:
+        async with open_model(settings_for(sim), store) as llm:
             first = await llm.chat("solution", QUESTION, key=CallKey(problem_id="p", role="solution"))
             again = await llm.chat("solution", QUESTION, key=CallKey(problem_id="p", role="solution"))
             other = await llm.chat("solution", QUESTION, key=CallKey(problem_id="p", role="solution", sample=1))

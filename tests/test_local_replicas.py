@@ -21,10 +21,13 @@ import pytest
 from tmas.config import LocalModel, Settings, load_settings
 from tmas.errors import ConfigError, LocalModelError
 from tmas.llm import local_server
+from tmas.llm.factory import open_model
 from tmas.llm.local_server import LocalReplicas, build_command
 from tmas.llm.provision import provisioned
+from tmas.llm.types import user
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
+from tmas.store.run_store import RunStore
 
 FAKE_SERVER = """#!{python}
 import json, os, sys
@@ -277,3 +280,21 @@ def test_tmas_models_shows_the_local_setup(tmp_path: Path) -> None:
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert "-ngl auto, 3 replicas x 4 slots), started on demand" in done.stdout
+
+
+async def test_the_model_factory_starts_the_embedded_model_and_stops_it(
+    fake_llama: Path, gguf: Path, tmp_path: Path
+) -> None:
+    """Any place that needs a model (a judge grading a run, a pool being built) gets the embedded model started for
+    it where no endpoint is configured, and its calls kept in its store."""
+    settings = Settings.model_validate({"local": {"model": str(gguf), "startup_timeout_s": 60}})
+    store_dir = tmp_path / "store"
+    with RunStore(store_dir) as store:
+        async with open_model(settings, store, log_dir=store_dir) as llm:
+            [url] = llm.settings.endpoint.base_url
+            reply = await llm.chat("judge", [user("Is 391 right?")])
+        assert reply.ok and [c.content for c in store.calls()] == [reply.content]
+    with pytest.raises(aiohttp.ClientError):
+        async with aiohttp.ClientSession() as session, session.get(url + "/models") as resp:
+            await resp.read()
+    assert [p.name for p in store_dir.glob("local_server*.log")] == ["local_server.log"]

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from conftest import settings_for
 from tmas.cli.main import app
-from tmas.llm.client import LLMClient
+from tmas.llm.client import ClientStats
+from tmas.llm.factory import open_model
 from tmas.llm.types import CallKey, ChatRequest, Completion, Usage, user
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedUsage, SimScript, SimServer
@@ -50,11 +51,12 @@ def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 async def test_cached_tokens_are_read_from_usage_and_from_timings(tmp_path: Path) -> None:
     with SimServer(SimScript(rules=RULES)) as sim, RunStore(tmp_path) as store:
-        async with LLMClient(settings_for(sim), store) as llm:
+        stats = ClientStats()
+        async with open_model(settings_for(sim), store, stats=stats) as llm:
             a = await llm.chat("solution", [user("What is 3*7?")])
             b = await llm.chat("solution", [user("What is 4*7?")])
             c = await llm.chat("verifier", [user("Grade it.")])  # the server says nothing of its cache: 0
-            assert llm.stats.usage.cached_prompt_tokens == 200
+            assert stats.usage.cached_prompt_tokens == 200
         # The wire carried both shapes.
         replies = [r for r in sim.requests]
         assert len(replies) == 3
@@ -70,7 +72,7 @@ async def test_cached_tokens_are_read_from_usage_and_from_timings(tmp_path: Path
         assert a.usage.cached_prompt_share == pytest.approx(0.75)
         assert (a.usage + b.usage).cached_prompt_share == pytest.approx(2 / 3)
         # A replayed call brings its cached count along.
-        async with LLMClient(settings_for(sim), store) as llm:
+        async with open_model(settings_for(sim), store) as llm:
             again = await llm.chat("solution", [user("What is 3*7?")])
         assert again.cached and again.usage.cached_prompt_tokens == 150
 

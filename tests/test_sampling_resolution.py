@@ -12,7 +12,7 @@ import pytest
 from conftest import settings_for
 from tmas.api import asolve
 from tmas.config import Sampling, Settings, load_settings, with_overrides
-from tmas.llm.sampling import SOURCES, resolve_role, resolve_sampling
+from tmas.llm.sampling import SOURCES, resolve_role, resolve_sampling, with_sampling
 from tmas.methods.tmas_params import TMASParams
 from tmas.store.run_store import RunStore
 from tmas.testing import SimServer
@@ -116,6 +116,22 @@ def test_settings_without_sources_read_as_before() -> None:
     assert resumed.sampling_sources == {"top_p": "config", "max_tokens": "flags"}
     out = resolve_role(resumed, "solution", preset=Sampling(max_tokens=640, temperature=1.0))
     assert (out.sampling.temperature, out.sampling.top_p, out.sampling.max_tokens) == (1.0, 0.5, 64)
+
+
+def test_sampling_laid_on_by_code_records_its_source() -> None:
+    # A sweep's grid file, the difficulty filter and a served request set sampling of their own before any call:
+    # with_sampling records it, so a grid's temperature equal to the built-in one still beats a preset.
+    flags = load_settings(None, {"sampling.top_p": 0.5}, {})
+    grid = with_sampling(flags, "config", Sampling(temperature=0.7, extra_body={"top_k": 20}))
+    assert grid.sampling_sources == {"top_p": "flags", "temperature": "config", "extra_body.top_k": "config"}
+    out = resolve_role(grid, "solution", preset=Sampling(temperature=1.0, top_p=0.95, max_tokens=640))
+    assert (out.sampling.temperature, out.sampling.top_p, out.sampling.max_tokens) == (0.7, 0.5, 640)
+    assert out.sources["temperature"] == "config" and out.sampling.extra_body == {"top_k": 20}
+    # On settings that recorded no sources, what was there keeps the old reading beside the new layer's.
+    stored = Settings(sampling=Sampling(temperature=0.7, top_p=0.5))
+    served = with_sampling(stored, "flags", Sampling(max_tokens=64))
+    assert served.sampling_sources == {"top_p": "config", "max_tokens": "flags"}
+    assert with_sampling(stored, "flags", Sampling()) is stored
 
 
 def test_recorded_sources_survive_the_stored_settings(tmp_path: Path) -> None:

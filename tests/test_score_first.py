@@ -14,7 +14,7 @@ from conftest import settings_for
 from tmas.agents.score_first import expected_score, parse_score_first
 from tmas.api import asolve
 from tmas.config import Sampling
-from tmas.llm.client import LLMClient
+from tmas.llm.factory import open_model
 from tmas.llm.types import CallKey, TokenLogprob, user
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, SimScript, SimServer
@@ -128,10 +128,10 @@ async def test_logprobs_reach_the_completion_and_are_replayed_from_the_store(sim
     asked = Sampling(max_tokens=8, extra_body={"logprobs": True, "top_logprobs": 3})
     key = CallKey(problem_id="p", role="verifier")
     with RunStore(tmp_path) as store:
-        async with LLMClient(settings_for(sim), store) as llm:
+        async with open_model(settings_for(sim), store) as llm:
             first = await llm.chat("verifier", [user("Grade it.")], key=key, sampling=asked)
             plain = await llm.chat("verifier", [user("Grade it again.")], key=key)
-        async with LLMClient(settings_for(sim), store) as llm:
+        async with open_model(settings_for(sim), store) as llm:
             replayed = await llm.chat("verifier", [user("Grade it.")], key=key, sampling=asked)
     assert first.logprobs == tokens(PAYLOAD[:3])
     assert plain.logprobs is None  # not asked for, not sent

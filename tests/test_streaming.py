@@ -12,7 +12,8 @@ import pytest
 
 from conftest import settings_for
 from tmas.config import Sampling, Settings, load_settings
-from tmas.llm.client import LLMClient
+from tmas.llm.client import ClientStats, LLMClient
+from tmas.llm.factory import open_model
 from tmas.llm.types import CallKey, Completion, TokenLogprob, user
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedUsage, SimScript, SimServer
@@ -25,7 +26,7 @@ SLOW = SimScript(rules=[Rule(replies=[LONG])], latency_per_token_s=0.05)
 
 
 async def one_call(settings: Settings, store: RunStore | None = None, **kwargs: Any) -> Completion:
-    async with LLMClient(settings, store) as llm:
+    async with open_model(settings, store) as llm:
         return await llm.chat("solution", QUESTION, **kwargs)
 
 
@@ -157,10 +158,11 @@ async def test_logprobs_are_assembled_from_the_deltas(sim: SimServer) -> None:
 
 # ------------------------------------------------------------------------------------------------ auto fallback
 async def _twice(sim: SimServer, mode: str, store: RunStore | None) -> tuple[Completion, Completion, dict[str, str]]:
-    async with LLMClient(settings_for(sim, endpoint__stream=mode), store) as llm:
+    stats = ClientStats()
+    async with open_model(settings_for(sim, endpoint__stream=mode), store, stats=stats) as llm:
         first = await llm.chat("solution", QUESTION)
         second = await llm.chat("solution", QUESTION, key=CallKey(role="solution", sample=1))
-        return first, second, llm.stats.fallbacks.get("stream", {})
+        return first, second, stats.fallbacks.get("stream", {})
 
 
 async def test_auto_falls_back_once_on_a_server_that_refuses_to_stream(sim: SimServer, tmp_path: Path) -> None:

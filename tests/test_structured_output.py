@@ -31,7 +31,8 @@ from tmas.agents.verification import VerificationReply, parse_verification
 from tmas.api import asolve
 from tmas.config import load_settings
 from tmas.eval.judge import JudgeReplyFormat, judge_once, parse_judge_reply
-from tmas.llm.client import LLMClient
+from tmas.llm.client import ClientStats, LLMClient
+from tmas.llm.factory import open_model
 from tmas.llm.schema import json_schema, response_format
 from tmas.llm.types import user
 from tmas.pool.build import BuildConfig, build_pool
@@ -307,10 +308,11 @@ REFUSING = SimScript(response_format="reject")
 
 async def _verify_twice(settings_mode: str, sim: SimServer, store: RunStore | None) -> list[Any]:
     settings = settings_for(sim, endpoint__structured_output=settings_mode)
-    async with LLMClient(settings, store) as llm:
+    stats = ClientStats()
+    async with open_model(settings, store, stats=stats) as llm:
         first = await llm.chat("verifier", [user("Grade A.")], reply_model=VerificationReply)
         second = await llm.chat("verifier", [user("Grade B.")], reply_model=VerificationReply)
-        return [first, second, llm.stats.fallbacks.get("structured_output", {})]
+        return [first, second, stats.fallbacks.get("structured_output", {})]
 
 
 async def test_auto_falls_back_once_per_endpoint_and_records_it(sim: SimServer, tmp_path: Path) -> None:
@@ -338,7 +340,7 @@ async def test_a_second_client_records_the_endpoint_once(sim: SimServer, tmp_pat
     with RunStore(tmp_path) as store:
         await _verify_twice("auto", sim, store)
         settings = settings_for(sim)
-        async with LLMClient(settings, store) as llm:
+        async with open_model(settings, store) as llm:
             reply = await llm.chat("verifier", [user("Grade C.")], reply_model=VerificationReply)
         assert reply.ok
         assert len(store.fallbacks("structured_output")) == 1

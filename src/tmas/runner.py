@@ -14,13 +14,13 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tmas.agents.overrides import check_overrides
+from tmas.agents.overrides import Override, check_overrides
 from tmas.agents.templates import prompts_from
 from tmas.config import Budget, Settings, load_settings, with_method_params, with_overrides
 from tmas.errors import InputError, TmasError
-from tmas.llm.client import EndpointUnreachable, LLMClient
+from tmas.llm.client import ClientStats, EndpointUnreachable
+from tmas.llm.factory import open_model
 from tmas.llm.lanes import enter_lane
-from tmas.llm.provision import provisioned
 from tmas.llm.types import Usage
 from tmas.methods import create_method
 from tmas.methods.base import (
@@ -51,7 +51,8 @@ class RunState:
     # Problems being solved -> the iteration each is in.
     active: dict[str, int] = field(default_factory=dict)
     started_at: float = field(default_factory=time.monotonic)
-    llm: LLMClient | None = None
+    # The run's call counters, from when its model is open (None while it starts).
+    stats: ClientStats | None = None
     # Most problems solved at once (see :func:`problems_in_flight`); 0 until the run starts.
     problem_slots: int = 0
     # Called as each problem starts an iteration, with its id and the iteration.
@@ -192,6 +193,29 @@ def stored_settings(run_dir: Path) -> Settings:
     return Settings.model_validate(data)
 
 
+@dataclass(frozen=True)
+class RunSetup:
+    """What a run is set up with, checked before anything is made: its settings, the method they name (parameters
+    validated) and the packaged templates its prompt overrides replace (a bad override is a one-line error)."""
+
+    settings: Settings
+    method: Method[Any]
+    overrides: list[Override]
+
+    @classmethod
+    def check(cls, settings: Settings) -> RunSetup:
+        method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
+        overrides = check_overrides(settings.prompts_dir) if settings.prompts_dir else []
+        return cls(settings, method, overrides)
+
+    def record(self, store: RunStore) -> None:
+        """Write the setup into the run's store: the settings, the method and its parameters, and each override
+        template's SHA-256 (``{}`` when none)."""
+        store.set_meta("settings", self.settings.model_dump(mode="json"))
+        store.set_meta("method", {"name": self.method.name, "params": self.method.params.model_dump(mode="json")})
+        store.set_meta("prompt_overrides", {o.name: o.sha256 for o in self.overrides})
+
+
 def open_new_run(
     run_dir: Path, settings: Settings, problems: str | Path, *, limit: int | None = None
 ) -> tuple[RunStore, Settings, StoredProblems]:
@@ -206,16 +230,17 @@ def open_new_run(
 def prepare_run(
     run_dir: Path, settings: Settings, problems: Iterable[Problem] | None, *, resume: bool
 ) -> tuple[RunStore, Settings, StoredProblems]:
-    """Open the run's store. A new run records settings and problems (streamed: ``problems`` may be a lazy reader
-    of a file, and a bad line in it leaves no run directory behind); a resumed one reads them back."""
-    if settings.prompts_dir:
-        check_overrides(settings.prompts_dir)  # a bad override template fails here, before a run directory exists
+    """A run's one preparation, in order: its settings checked (:class:`RunSetup`: the method's parameters, the
+    prompt overrides) before a run directory exists; then its store, where a new run records its problems (streamed:
+    ``problems`` may be a lazy reader of a file, and a bad line in it leaves no run directory behind) and a resumed
+    one reads them back, and either records its setup. :func:`run_problems` then opens the model, once."""
+    setup = RunSetup.check(settings)
     if resume:
         store = RunStore(run_dir, create=False)
         stored = store.get_meta("settings")
         if stored is None:
             raise StoreError(f"{run_dir}: the run has no recorded settings")
-        store.set_meta("settings", settings.model_dump(mode="json"))
+        setup.record(store)
         return store, settings, StoredProblems(store)
     if problems is None:
         raise InputError("no problems given")
@@ -226,7 +251,7 @@ def prepare_run(
     try:
         if store.add_problems(problems) == 0:
             raise InputError(f"{run_dir}: no problems given (empty problem file?)")
-        store.set_meta("settings", settings.model_dump(mode="json"))
+        setup.record(store)
     except BaseException:
         # Nothing was run: leave no half-made run behind, so the same command works once the input is fixed.
         store.close()
@@ -248,6 +273,8 @@ async def run_problems(
     keep_results: bool = False,
 ) -> RunSummary:
     """Solve every problem not already finished with the same method parameters; results are stored as they come.
+    The store holds the run's setup (:func:`prepare_run`, or :meth:`RunSetup.record`); the model is opened here, through
+    :func:`tmas.llm.factory.open_model`.
 
     A fixed pool of workers pulls problems from ``problems`` one at a time, so a run of any size holds only the
     problems being solved (at most :func:`problems_in_flight`: what the endpoint serves at once). Results are not
@@ -257,10 +284,6 @@ async def run_problems(
     state = state or RunState()
     method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
     fingerprint = run_fingerprint(method, settings)
-    store.set_meta("method", {"name": method.name, "params": method.params.model_dump(mode="json")})
-    # Checked before any call; the run records which packaged templates its own replaced (name -> SHA-256).
-    overrides = check_overrides(settings.prompts_dir) if settings.prompts_dir else []
-    store.set_meta("prompt_overrides", {o.name: o.sha256 for o in overrides})
     finished = store.finished_problem_ids(fingerprint)
     state.total = len(problems) if isinstance(problems, Sized) else store.problem_count()
     tally = _Tally()
@@ -281,12 +304,9 @@ async def run_problems(
 
     equivalence = RuleEquivalence() if math_verify_installed() else None
     with prompts_from(settings.prompts_dir):
-        async with (
-            provisioned(settings, log_dir=store.run_dir) as live,
-            LLMClient(live, store) as llm,
-            _closing(equivalence),
-        ):
-            state.llm = llm
+        stats = ClientStats()
+        async with open_model(settings, store, log_dir=store.run_dir, stats=stats) as llm, _closing(equivalence):
+            state.stats = stats
 
             async def one(problem: Problem) -> None:
                 session = ProblemSession(
@@ -324,7 +344,7 @@ async def run_problems(
                 for problem in todo:
                     await one(problem)
 
-            state.problem_slots = problems_in_flight(live)
+            state.problem_slots = problems_in_flight(llm.settings)
             workers = max(1, min(state.problem_slots, state.total - len(finished)))
             try:
                 await gather_all(worker(w, workers) for w in range(workers))
@@ -332,7 +352,6 @@ async def run_problems(
                 raise Unreachable(
                     f"{exc}; finished work is kept: continue with 'tmas run --resume {store.run_dir}'"
                 ) from None
-            stats = llm.stats
     counts = store.call_counts()
     causes = store.call_causes()
     by_role = store.replies_by_role()

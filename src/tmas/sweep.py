@@ -31,6 +31,7 @@ from tmas.config import Budget, Sampling, Settings, read_toml
 from tmas.errors import ConfigError, InputError
 from tmas.eval.grading import GradeConfig
 from tmas.eval.report import build_report
+from tmas.llm.sampling import with_sampling
 from tmas.methods import create_method
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem, dataset_name, load_problems, resolve_dataset
@@ -154,15 +155,12 @@ def load_spec(path: Path) -> SweepSpec:
 
 
 def with_grid_sampling(settings: Settings, spec: SweepSpec, flags: set[str]) -> Settings:
-    """``settings`` with the grid's ``sampling`` on top, except the fields named in ``flags`` (given on the command
-    line, which win over the grid file)."""
+    """``settings`` with the grid's ``sampling`` on top as the config file's, except the fields named in ``flags``
+    (given on the command line, which win over the grid file)."""
     if spec.sampling is None:
         return settings
     fields = {k: getattr(spec.sampling, k) for k in spec.sampling.model_fields_set if k not in flags}
-    if not fields:
-        return settings
-    merged = settings.sampling.merged(Sampling(**fields))
-    return settings.model_copy(update={"sampling": merged})
+    return with_sampling(settings, "config", Sampling(**fields))
 
 
 def _value_text(value: Any) -> str:

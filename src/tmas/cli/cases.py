@@ -10,6 +10,8 @@ from typing import Annotated
 
 import typer
 
+from tmas.cli.options import ModelFlags, model_options
+
 cases_app = typer.Typer(help="MATTRL's medicine and education cases: import, grade.", no_args_is_help=True)
 
 
@@ -36,20 +38,18 @@ def import_cases(
 
 
 @cases_app.command("grade")
+@model_options
 def grade(
+    flags: ModelFlags,
     run_dir: Annotated[Path, typer.Argument(help="A run of `--method mattrl --domain medicine|education`.")],
     judge: Annotated[
         bool, typer.Option("--judge", help="Medicine: match names with the `judge` role (A.5 rules), not by spelling.")
     ] = False,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file.")] = None,
-    base_url: Annotated[str | None, typer.Option("--base-url", help="The judge's endpoint.")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="The judge's model.")] = None,
 ) -> None:
-    """One JSON line per case, then the metrics."""
-    from tmas.config import load_settings
+    """One JSON line per case, then the metrics (with --judge, the endpoint flags name the judge's)."""
     from tmas.eval.case_grading import grade_cases
 
-    settings = load_settings(config, {"endpoint.base_url": base_url, "endpoint.model": model}) if judge else None
+    settings = flags.settings() if judge else None
     graded = asyncio.run(grade_cases(run_dir, settings))
     for row in graded.rows:
         typer.echo(json.dumps(row))

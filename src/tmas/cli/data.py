@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from tmas.cli.options import ModelFlags, model_options
 from tmas.errors import InputError
 
 
@@ -17,7 +18,9 @@ def add_data_commands(data_app: typer.Typer) -> None:
     data_app.command("import")(data_import)
 
 
+@model_options
 def data_filter(
+    flags: ModelFlags,
     problems: Annotated[Path, typer.Argument(help="Problems JSONL or a benchmark name (imo-answerbench, ...).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Subset JSONL to write (its card goes beside it).")],
     run_dir: Annotated[
@@ -29,41 +32,23 @@ def data_filter(
         int, typer.Option("--below", help="Keep problems solved fewer than this many times (paper: 2).")
     ] = 2,
     n: Annotated[int, typer.Option("-n", help="Problems to select from those kept (paper: 50).")] = 50,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the selection (and of the run).")] = 0,
     limit: Annotated[int | None, typer.Option("--limit", help="Only the first N problems of the file.")] = None,
     grade: Annotated[str, typer.Option("--grade", help="Grading: rules, judge or combined.")] = "combined",
     judge_runs: Annotated[int, typer.Option("--judge-runs", help="Judge runs per sample (majority decides).")] = 1,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file.")] = None,
-    base_url: Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible base URL(s).")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="The filter model (paper: Qwen3-4B-Thinking).")] = None,
-    api_key_env: Annotated[str | None, typer.Option("--api-key-env", help="Variable holding the API key.")] = None,
-    concurrency: Annotated[int | None, typer.Option("--concurrency", help="Most LLM calls in flight.")] = None,
-    temperature: Annotated[float | None, typer.Option("--temperature", help="Default: the paper's 1.0.")] = None,
-    top_p: Annotated[float | None, typer.Option("--top-p", help="Default: the paper's 0.95.")] = None,
-    max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="Max tokens per sample.")] = None,
 ) -> None:
-    """Keep the problems a model solves fewer than --below times in k, then select n (TMAS appendix A.2)."""
+    """Keep the problems a model solves fewer than --below times in k, then select n (TMAS appendix A.2).
+
+    The samples are drawn at the paper's temperature 1.0 and top_p 0.95 unless --temperature or --top-p say
+    otherwise (the paper's filter model: Qwen3-4B-Thinking); the run seed (--seed) seeds the selection too."""
     from tmas.cli.main import _grade_config
-    from tmas.cli.options import ModelFlags
     from tmas.eval.difficulty_filter import filter_settings, run_filter
     from tmas.problems import resolve_dataset
 
     grading = _grade_config(grade, judge_runs)
-    flags = {"temperature": temperature, "top_p": top_p}
-    settings = ModelFlags(
-        config=config,
-        base_url=base_url,
-        model=model,
-        api_key_env=api_key_env,
-        concurrency=concurrency,
-        temperature=temperature,
-        top_p=top_p,
-        max_tokens=max_tokens,
-        seed=seed,
-    ).settings()
-    settings = filter_settings(settings, k, {key for key, value in flags.items() if value is not None})
+    settings = filter_settings(flags.settings(), k, flags.given("temperature", "top_p"))
     source = resolve_dataset(problems)
     where = run_dir or out.with_name(out.stem + ".filter-run")
+    seed = settings.seed
     card = asyncio.run(run_filter(source, where, out, settings, grading, k=k, below=below, n=n, seed=seed, limit=limit))
     counts = ", ".join(f"{c}: {card.solved_counts.get(c, 0)}" for c in range(k + 1))
     typer.echo(f"solved-of-{k} counts {{{counts}}}; kept {card.kept}; selected {len(card.selected)}")

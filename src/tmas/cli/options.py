@@ -2,7 +2,9 @@
 
 ``@model_options`` adds the group's flags (config, endpoint, concurrency, sampling, budget, prompts) to a command and
 hands the command one :class:`ModelFlags` as its ``flags`` parameter; :meth:`ModelFlags.overrides` is the one place
-that maps the flags to dotted settings keys. ``solve``, ``run``, ``eval``, ``sweep`` and ``serve`` use it.
+that maps the flags to dotted settings keys. ``solve``, ``run``, ``eval``, ``sweep``, ``serve``, ``data filter``,
+``cases grade`` and ``pool`` ``search``, ``build``, ``prune`` and ``router train`` use it; ``rl train``, whose
+``--model`` and ``--seed`` are the policy's and the trainer's, reads its judge's settings through it from ``--config``.
 """
 
 from __future__ import annotations

@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import BaseModel
 
-if TYPE_CHECKING:
-    from tmas.config import Settings
+from tmas.cli.options import ModelFlags, model_options
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -24,9 +23,6 @@ pool_app = typer.Typer(
 
 PoolArg = Annotated[Path, typer.Argument(help="An experience pool folder.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON object a line instead of text.")]
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file (default: ./tmas.toml).")]
-BaseUrlOpt = Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible base URL of the embedder.")]
-ModelOpt = Annotated[str | None, typer.Option("--model", help="Embedding model name sent to the endpoint.")]
 
 
 @pool_app.command("show")
@@ -54,19 +50,17 @@ def show(
 
 
 @pool_app.command("search")
+@model_options
 def search(
+    flags: ModelFlags,
     pool: PoolArg,
     query: Annotated[str, typer.Argument(help="What to look for (a problem, a round's context).")],
     k: Annotated[int, typer.Option("-k", help="How many entries (paper: K = 8).")] = 8,
-    config: ConfigOpt = None,
-    base_url: BaseUrlOpt = None,
-    model: ModelOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """The K entries nearest to QUERY, with the pool's own embedder (a local model, or the `embedding` role's
     endpoint, which must serve the model the pool was built with)."""
-    from tmas.config import load_settings
-    from tmas.llm.client import LLMClient
+    from tmas.llm.factory import open_model
     from tmas.memory.embedders import LOCAL_NAME, LocalEmbedder, embedder_for
     from tmas.memory.pool import Pool
     from tmas.memory.pool_entry import PoolEntry
@@ -76,8 +70,7 @@ def search(
     async def go() -> list[tuple[PoolEntry, float]]:
         if opened.meta.embedder == LOCAL_NAME:
             return await opened.search(query, k, LocalEmbedder())
-        settings = load_settings(config, {"endpoint.base_url": base_url, "endpoint.model": model})
-        async with LLMClient(settings) as llm:
+        async with open_model(flags.settings()) as llm:
             embed = embedder_for("endpoint", llm)
             opened.check_embedder(embed.name)
             return await opened.search(query, k, embed)
@@ -92,20 +85,10 @@ def search(
 # ---- construction and lifecycle (paper 003, sections 3.2, 5.1, 5.2) --------------------------------------------
 
 RunsArg = Annotated[list[Path], typer.Argument(help="Run directories of MATTRL runs on labelled problems.")]
-LLMBaseUrlOpt = Annotated[
-    str | None, typer.Option("--base-url", help="OpenAI-compatible base URL (judge, summarizer, embedder).")
-]
-LLMModelOpt = Annotated[str | None, typer.Option("--model", help="Model name sent to the endpoint.")]
 GradeOpt = Annotated[
     str | None,
     typer.Option("--grade", help="How final answers are graded: rules, judge or combined (default; as `tmas eval`)."),
 ]
-
-
-def _model_settings(config: Path | None, base_url: str | None, model: str | None) -> Settings:
-    from tmas.config import load_settings
-
-    return load_settings(config, {"endpoint.base_url": base_url, "endpoint.model": model})
 
 
 def _checked(model: type[Model], command: str, values: dict[str, Any]) -> Model:
@@ -123,7 +106,9 @@ def _checked(model: type[Model], command: str, values: dict[str, Any]) -> Model:
 
 
 @pool_app.command("build")
+@model_options
 def build(
+    flags: ModelFlags,
     runs: RunsArg,
     out: Annotated[Path, typer.Option("--out", "-o", help="The pool folder to create or extend.")],
     scheme: Annotated[
@@ -148,13 +133,9 @@ def build(
         ),
     ] = None,
     embedder: Annotated[str | None, typer.Option("--embedder", help="endpoint (default) or local.")] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the Shapley orders (0).")] = None,
-    config: ConfigOpt = None,
-    base_url: LLMBaseUrlOpt = None,
-    model: LLMModelOpt = None,
 ) -> None:
     """Score, credit and distil the runs' transcripts into pool entries (calls stored in OUT.build/: run it again
-    to resume)."""
+    to resume). The endpoint serves the judge, summarizer and embedder; --seed also seeds the Shapley orders (0)."""
     from tmas.pool.build import BuildConfig, build_pool
 
     options = {
@@ -170,17 +151,18 @@ def build(
         "grade_mode": grade,
         "match": match,
         "embedder": embedder,
-        "seed": seed,
+        "seed": flags.seed,
     }
     build_config = _checked(BuildConfig, "build", options)
-    settings = _model_settings(config, base_url, model)
     with _StageProgress() as progress:
-        summary = asyncio.run(build_pool(runs, out, settings, build_config, progress=progress.update))
+        summary = asyncio.run(build_pool(runs, out, flags.settings(), build_config, progress=progress.update))
     typer.echo(json.dumps(summary.to_dict(), indent=2))
 
 
 @pool_app.command("prune")
+@model_options
 def prune(
+    flags: ModelFlags,
     pool: PoolArg,
     runs: Annotated[
         list[Path] | None, typer.Option("--runs", help="MATTRL runs that retrieved from the pool (repeatable).")
@@ -206,9 +188,6 @@ def prune(
         ),
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Report what would go; change nothing.")] = False,
-    config: ConfigOpt = None,
-    base_url: LLMBaseUrlOpt = None,
-    model: LLMModelOpt = None,
 ) -> None:
     """Merge near-duplicates, drop entries that aged out and entries whose use correlates with wrong answers."""
     from tmas.pool.lifecycle import PruneConfig, prune_pool
@@ -224,7 +203,7 @@ def prune(
         "dry_run": dry_run,
     }
     prune_config = _checked(PruneConfig, "prune", options)
-    settings = _model_settings(config, base_url, model) if runs else None
+    settings = flags.settings() if runs else None
     summary = asyncio.run(prune_pool(pool, runs or [], settings, prune_config))
     typer.echo(json.dumps(summary.to_dict(), indent=2))
 
@@ -234,23 +213,21 @@ pool_app.add_typer(router_app, name="router")
 
 
 @router_app.command("train")
+@model_options
 def router_train(
+    flags: ModelFlags,
     single: Annotated[Path, typer.Option("--single", help="Run directory of the single agent (e.g. cot).")],
     mattrl: Annotated[Path, typer.Option("--mattrl", help="Run directory of MATTRL on the same problems.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Router file (JSON) to write.")],
     grade: GradeOpt = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the cross-validation folds.")] = 0,
-    config: ConfigOpt = None,
-    base_url: LLMBaseUrlOpt = None,
-    model: LLMModelOpt = None,
 ) -> None:
-    """Train the router from two graded runs; print its accuracy and token savings."""
+    """Train the router from two graded runs; print its accuracy and token savings (--seed seeds the
+    cross-validation folds, 0 by default)."""
     from tmas.pool.router import RouterTraining, paired_cases, save_router, train_router
 
     checked = _checked(RouterTraining, "router train", {"grade_mode": grade})
-    settings = _model_settings(config, base_url, model)
-    cases = asyncio.run(paired_cases(single, mattrl, settings, checked.grade_mode))
-    router = train_router(cases, seed=seed)
+    cases = asyncio.run(paired_cases(single, mattrl, flags.settings(), checked.grade_mode))
+    router = train_router(cases, seed=flags.seed or 0)
     save_router(router, out)
     typer.echo(json.dumps(router.report, indent=2))
 

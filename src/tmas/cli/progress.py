@@ -39,10 +39,9 @@ def active_text(state: RunState) -> str:
 
 
 def _calls_text(state: RunState) -> str:
-    llm = state.llm
-    if llm is None:
+    s = state.stats
+    if s is None:
         return "starting"
-    s = llm.stats
     where = active_text(state) + " · "
     return where + (
         f"{s.in_flight} in flight · {s.calls} calls · {s.cached} replayed · {s.failed} failed · "

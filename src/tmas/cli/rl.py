@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from tmas.cli.options import ConfigOpt, ModelFlags
 from tmas.errors import ConfigError, InputError
 from tmas.rl.options import train_default
 
@@ -84,9 +85,7 @@ def train(
     model: Annotated[
         str, typer.Option("--model", help="HF checkpoint dir, GGUF file, embedded model name, or 'tiny'.")
     ] = "qwen2.5-coder-0.5b",
-    config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="tmas TOML: the guideline judge's endpoint.")
-    ] = None,
+    config: ConfigOpt = None,
     max_steps: Annotated[int, typer.Option("--max-steps", help="Optimizer steps (A.4: 190).")] = train_default(
         "max_steps"
     ),
@@ -113,7 +112,6 @@ def train(
     """GRPO on the hybrid rewards with TRL (defaults from the paper's appendix A.4)."""
     if not data.is_file():  # before the slow imports below
         raise InputError(f"{data}: no such data file (build one with 'tmas rl build-data')")
-    from tmas.config import load_settings
     from tmas.rl.novelty import LLMNoveltyJudge
     from tmas.rl.options import TrainOptions
     from tmas.rl.trl_train import build_trainer, load_dataset, load_policy, reward_for
@@ -121,7 +119,8 @@ def train(
     dataset = load_dataset(data)
     judge = None
     if "guideline" in set(dataset["_source"]):
-        settings = load_settings(config)
+        # Loaded as every command's are; the policy's --model and the training --seed are this command's own.
+        settings = ModelFlags(config=config).settings()
         if settings.uses_local_model:
             raise ConfigError("guideline rows need a judge endpoint: set [endpoint] or [roles.judge] (--config)")
         judge = LLMNoveltyJudge(settings, out / "judge")

@@ -14,7 +14,7 @@ from typing import Any
 from tmas.config import Settings
 from tmas.eval.diagnosis import judge_rank, name_rank, ranking_metrics
 from tmas.eval.teaching import teaching_metrics
-from tmas.llm.client import LLMClient
+from tmas.llm.factory import open_model
 from tmas.store.run_store import RunStore
 
 
@@ -52,7 +52,7 @@ async def grade_cases(run_dir: Path, judge: Settings | None = None) -> CaseGrade
         if judge is None:
             ranked: list[tuple[int | None, str | None]] = [(name_rank(top, gold), None) for _, top, gold in cases]
         else:
-            async with LLMClient(judge, store) as llm:
+            async with open_model(judge, store, log_dir=run_dir) as llm:
                 ranked = [await judge_rank(llm, pid, top, gold) for pid, top, gold in cases]
     rows = [
         {"problem_id": pid, "rank": rank, **({"error": why} if why else {})}

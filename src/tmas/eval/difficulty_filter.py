@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tmas.config import Settings
+from tmas.config import Sampling, Settings
 from tmas.errors import InputError
 from tmas.eval.grading import GradeConfig, Grades, grade_run
 from tmas.eval.run_results import load_results
+from tmas.llm.sampling import with_sampling
 from tmas.problems import Problem, dataset_name, load_problems
 from tmas.runner import RunState, prepare_run, run_problems
 
@@ -84,10 +85,8 @@ def filter_settings(settings: Settings, k: int, flags: set[str]) -> Settings:
     top_p unless the command line set them (``flags`` names those given)."""
     data = settings.model_dump(mode="json")
     data["method"] = {"name": "majority", "params": {"k": k, "iterations": 1}}
-    for key, value in PAPER_SAMPLING.items():
-        if key not in flags:
-            data["sampling"][key] = value
-    return Settings.model_validate(data)
+    paper = Sampling(**{key: value for key, value in PAPER_SAMPLING.items() if key not in flags})
+    return with_sampling(Settings.model_validate(data), "config", paper)
 
 
 def solved_counts(problems: list[Problem], results: list[dict[str, Any]], grades: Grades) -> dict[str, int]:

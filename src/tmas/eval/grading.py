@@ -22,7 +22,7 @@ from tmas.config import Settings
 from tmas.eval.judge import judge_once
 from tmas.eval.rules import RuleChecker
 from tmas.eval.run_results import load_results
-from tmas.llm.client import LLMClient
+from tmas.llm.factory import open_model
 from tmas.llm.types import Usage
 from tmas.problems import Problem
 from tmas.store.run_store import GradeRow, RunStore
@@ -201,7 +201,7 @@ async def _grade_judge(
     if not groups:
         return out
     gate = asyncio.Semaphore(config.judge_concurrency)
-    async with LLMClient(settings, store) as llm:
+    async with open_model(settings, store, log_dir=store.run_dir) as llm:
 
         async def one(pid: str, student: str, run: int, members: list[Item]) -> None:
             problem = members[0].problem

@@ -5,9 +5,9 @@ It implements :class:`tmas.llm.model.ChatModel`. Per call: resolve the role's en
 (:mod:`tmas.llm.batching`), take a slot under the global cap, pick a replica (:mod:`tmas.llm.routing`: the one
 holding the longest prefix of the prompt within a load bound, or the least loaded; under its own cap), send, read the
 reply (streamed where the endpoint allows it, :mod:`tmas.llm.stream`), retry transient failures with exponential
-backoff and full jitter, split reasoning from the final content and account tokens. With a store, calls pass through
-:class:`tmas.llm.replay.StoreReplay` first: a finished call is replayed from it, any other is made durable there
-before it is returned.
+backoff and full jitter, split reasoning from the final content and account tokens. It stores nothing: replay from a
+store and durability are :class:`tmas.llm.replay.StoreReplay`'s, which :func:`tmas.llm.factory.open_model` wraps
+around it.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from tmas.llm.batching import (
 )
 from tmas.llm.lanes import SlotQueue, call_affinity, current_lane, pinned_slot
 from tmas.llm.reasoning import split_reasoning
-from tmas.llm.replay import CallStore, StoreReplay
+from tmas.llm.replay import CallStore
 from tmas.llm.routing import PrefixRouter
 from tmas.llm.sampling import ResolvedSampling, resolve_role
 from tmas.llm.schema import response_format
@@ -79,7 +79,7 @@ class FallbackLog(Protocol):
 
 
 class RunCallStore(CallStore, FallbackLog, Protocol):
-    """A store the client replays calls from and records fallbacks in (the run store)."""
+    """A store calls are replayed from and fallbacks recorded in (the run store)."""
 
 
 class EndpointUnreachable(LLMError):
@@ -155,26 +155,32 @@ class ClientStats:
     # Kind (tmas.llm.types.FALLBACKS) -> replica URL -> the server's refusal, for what the run went on without.
     fallbacks: dict[str, dict[str, str]] = field(default_factory=dict)
 
+    def count_replay(self, completion: Completion) -> None:
+        """A call answered from a store (:class:`tmas.llm.replay.StoreReplay`'s ``on_replay``)."""
+        self.cached += 1
+        self.usage = self.usage + completion.usage
+
 
 class LLMClient:
     """The HTTP implementation of :class:`tmas.llm.model.ChatModel`, one per run.
 
-    Use as ``async with LLMClient(settings, store) as llm: await llm.chat(...)``."""
+    Use as ``async with LLMClient(settings) as llm: await llm.chat(...)``; a run's model (provisioned, replayed from
+    its store) comes from :func:`tmas.llm.factory.open_model`. ``fallbacks`` hears of what an endpoint refused and
+    the run went on without; ``stats`` counts the calls (a fresh one by default)."""
 
     def __init__(
         self,
         settings: Settings,
-        store: RunCallStore | None = None,
         *,
+        fallbacks: FallbackLog | None = None,
+        stats: ClientStats | None = None,
         rng: random.Random | None = None,
     ) -> None:
         if settings.uses_local_model:
             raise ConfigError("no endpoint configured: set endpoint.base_url (or TMAS_BASE_URL) or use the local model")
         self.settings = settings
-        self.store = store
-        # With a store, calls go through the store's replay (tmas.llm.replay), which wraps this client's wire.
-        self._replay = StoreReplay(_Wire(self), store, on_replay=self._count_replay) if store is not None else None
-        self.stats = ClientStats()
+        self.fallbacks = fallbacks
+        self.stats = stats if stats is not None else ClientStats()
         self._cap = asyncio.Semaphore(settings.concurrency)
         self._rng = rng or random.Random()
         self._replicas: dict[str, _Replica] = {}
@@ -268,35 +274,13 @@ class LLMClient:
         reply_model: type[BaseModel] | None = None,
         watch: TraceWatch | None = None,
     ) -> Completion:
-        """One chat completion for ``role`` (``sampling``: see :meth:`tmas.llm.model.ChatModel.chat`), replayed from
-        the client's store where it holds the call, else sent and stored. Never raises for a failed call: it returns
-        (and stores) a :class:`Completion` whose ``error`` says why, except :class:`EndpointUnreachable`, which ends
-        a run.
+        """One chat completion for ``role`` (``sampling``: see :meth:`tmas.llm.model.ChatModel.chat`), sent over
+        the wire. Never raises for a failed call: it returns a :class:`Completion` whose ``error`` says why, except
+        :class:`EndpointUnreachable`, which ends a run.
 
         ``reply_model``: the pydantic model of a JSON reply; its schema goes out as ``response_format`` where the
         endpoint's ``structured_output`` allows it (see :mod:`tmas.llm.schema`). ``watch``: follows a streamed reply
         and may stop it (:mod:`tmas.llm.watch`)."""
-        if self._replay is not None:
-            return await self._replay.chat(
-                role, messages, key=key, sampling=sampling, reply_model=reply_model, watch=watch
-            )
-        return await self.send(role, messages, key=key, sampling=sampling, reply_model=reply_model, watch=watch)
-
-    def _count_replay(self, completion: Completion) -> None:
-        self.stats.cached += 1
-        self.stats.usage = self.stats.usage + completion.usage
-
-    async def send(
-        self,
-        role: str,
-        messages: Sequence[Message],
-        *,
-        key: CallKey | None = None,
-        sampling: Sampling | ResolvedSampling | None = None,
-        reply_model: type[BaseModel] | None = None,
-        watch: TraceWatch | None = None,
-    ) -> Completion:
-        """:meth:`chat` over the wire alone: no replay, nothing stored."""
         route = self.route(role)
         key = key or CallKey(role=role)
         if not isinstance(sampling, ResolvedSampling):
@@ -350,8 +334,8 @@ class LLMClient:
         if url in seen:
             return
         seen[url] = message
-        if self.store is not None:
-            self.store.record_fallback(kind, url, role, message)
+        if self.fallbacks is not None:
+            self.fallbacks.record_fallback(kind, url, role, message)
 
     @staticmethod
     def _streams(route: _Route, replica: _Replica) -> bool:
@@ -942,45 +926,3 @@ def _seconds(value: str | None) -> float | None:
         return float(value) if value is not None else None
     except ValueError:
         return None
-
-
-@dataclass
-class _Wire:
-    """The client seen without its store: the model :class:`StoreReplay` wraps inside it."""
-
-    client: LLMClient
-
-    @property
-    def settings(self) -> Settings:
-        return self.client.settings
-
-    async def chat(
-        self,
-        role: str,
-        messages: Sequence[Message],
-        *,
-        key: CallKey | None = None,
-        sampling: Sampling | ResolvedSampling | None = None,
-        reply_model: type[BaseModel] | None = None,
-        watch: TraceWatch | None = None,
-    ) -> Completion:
-        return await self.client.send(role, messages, key=key, sampling=sampling, reply_model=reply_model, watch=watch)
-
-    async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
-        return await self.client.embed(texts, role=role)
-
-    def resolve_sampling(
-        self,
-        role: str,
-        *,
-        preset: Sampling | None = None,
-        method: Sampling | None = None,
-        call: Sampling | None = None,
-    ) -> ResolvedSampling:
-        return self.client.resolve_sampling(role, preset=preset, method=method, call=call)
-
-    def context_window(self, role: str) -> int | None:
-        return self.client.context_window(role)
-
-    def model_name(self, role: str) -> str:
-        return self.client.model_name(role)

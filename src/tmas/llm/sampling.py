@@ -20,19 +20,21 @@ field no source need set: where none did, :class:`tmas.methods.base.ProblemSessi
 
 Which of ``config`` / ``env`` / ``flags`` set a field of ``[sampling]`` is recorded in
 ``Settings.sampling_sources`` by :func:`tmas.config.load_settings`, and travels with the stored settings (resume,
-sweep points). A field no record names (settings built in Python, stored by a version before sources were kept, or
-changed in Python after loading) counts as ``config`` where its value is set and differs from the built-in default,
+sweep points). Code that sets sampling of its own before a call (a sweep's grid file, the difficulty filter's paper
+sampling, a served request's) lays it on with :func:`with_sampling`, which records its source the same way.
+A field no record names (settings built in Python, stored by a version before sources were kept, or changed in
+Python after loading) counts as ``config`` where its value is set and differs from the built-in default,
 and as the built-in default otherwise: what the preset check read before.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, Field
 
-from tmas.config import DEFAULT_SAMPLING, Sampling, Settings, legacy_sampling_sources
+from tmas.config import DEFAULT_SAMPLING, Sampling, SamplingSource, Settings, legacy_sampling_sources
 
 BUILT_IN, PRESET, CONFIG, ENV, FLAGS, ROLE, METHOD, CALL = (
     "built-in",
@@ -117,3 +119,17 @@ def resolve_role(
     """The one resolution of a call of ``role``: every layer in the documented order."""
     layers = settings_layers(settings, role)
     return resolve_sampling([layers[0], (PRESET, preset), *layers[1:], (METHOD, method), (CALL, call)])
+
+
+def with_sampling(settings: Settings, source: SamplingSource, sampling: Sampling) -> Settings:
+    """``settings`` with ``sampling`` laid over their ``[sampling]`` as ``source``, recorded in
+    ``sampling_sources`` for each field it sets (fields it leaves unset or None keep their values and sources)."""
+    if not sampling.model_fields_set:
+        return settings
+    # Settings that recorded no sources are read as they were before sources were kept, as the resolution reads them.
+    known = settings.sampling_sources
+    recorded = legacy_sampling_sources(settings.sampling) if known is None else known
+    laid = ResolvedSampling(sampling=settings.sampling, sources=dict(recorded)).over(source, sampling)
+    # Every source in it is a settings source: the recorded ones and ``source``.
+    sources = cast(dict[str, SamplingSource], laid.sources)
+    return settings.model_copy(update={"sampling": laid.sampling, "sampling_sources": sources})

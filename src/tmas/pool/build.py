@@ -38,7 +38,7 @@ from tmas.agents.pool_summarizer import (
 from tmas.agents.utterance_judge import TeachingView, TurnView
 from tmas.config import Settings
 from tmas.eval.grading import GradeMode
-from tmas.llm.client import LLMClient
+from tmas.llm.factory import open_model
 from tmas.llm.model import ChatModel
 from tmas.llm.types import CallKey
 from tmas.memory.embedders import embedder_for
@@ -340,7 +340,7 @@ async def build_pool(
     build_dir.mkdir(parents=True, exist_ok=True)
     with RunStore(build_dir) as store:
         store.set_meta("experience_build", config.model_dump(mode="json"))
-        async with LLMClient(settings, store) as llm:
+        async with open_model(settings, store, log_dir=build_dir) as llm:
             judge = TurnJudge(llm, retries=config.retries, concurrency=settings.concurrency)
             finished = 0
 

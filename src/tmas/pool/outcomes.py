@@ -25,7 +25,7 @@ from tmas.config import Settings
 from tmas.errors import InputError
 from tmas.eval.diagnosis import judge_rank, name_rank
 from tmas.eval.grading import SELECTED, GradeConfig, GradeMode, grade_run
-from tmas.llm.client import LLMClient
+from tmas.llm.factory import open_model
 from tmas.memory.transcript import Transcript, Utterance
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore, StoreError
@@ -255,7 +255,7 @@ async def diagnosis_ranks(
     except StoreError as exc:
         raise InputError(str(exc)) from None
     with store:
-        async with LLMClient(settings, store) as llm:
+        async with open_model(settings, store, log_dir=run_dir) as llm:
             judged = await asyncio.gather(*(judge_rank(llm, pid, top, gold) for pid, top, gold in todo))
     for (pid, _, _), (rank, why) in zip(todo, judged, strict=True):
         ranks[pid] = rank

@@ -16,7 +16,7 @@ from pathlib import Path
 from tmas.agents.guideline_judge import NoveltyReply, judge_prompt, parse_novelty
 from tmas.agents.output import AgentOutputError
 from tmas.config import Settings
-from tmas.llm.client import LLMClient
+from tmas.llm.factory import open_model
 from tmas.llm.model import ChatModel
 from tmas.llm.types import CallKey
 from tmas.rl.scoring import JudgeOutcome, RolloutInput
@@ -42,7 +42,7 @@ class LLMNoveltyJudge:
     async def judge(self, rollouts: Sequence[RolloutInput]) -> list[JudgeOutcome]:
         store = RunStore(self.store_dir) if self.store_dir is not None else None
         try:
-            async with LLMClient(self.settings, store) as llm:
+            async with open_model(self.settings, store, log_dir=self.store_dir) as llm:
                 return list(await asyncio.gather(*(self._one(llm, r) for r in rollouts)))
         finally:
             if store is not None:

@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tmas.config import Settings
+from tmas.config import Sampling, Settings
 from tmas.errors import ConfigError, TmasError
+from tmas.llm.sampling import with_sampling
 from tmas.methods import METHODS, create_method
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
-from tmas.runner import run_problems
+from tmas.runner import RunSetup, run_problems
 from tmas.serve.admission import Admission
 from tmas.serve.api_errors import ApiError
 from tmas.serve.observed_store import ObservedStore, Progress
@@ -222,13 +223,9 @@ class ServedRuns:
         data = self.settings.model_dump(mode="json")
         data["endpoint"]["model"] = upstream
         data["method"] = {"name": method, "params": params}
-        overrides = body.sampling_overrides()
-        data["sampling"].update(overrides)
-        if data.get("sampling_sources") is not None:
-            # The request's own sampling is set by its sender, as a flag is: a method's preset yields to it.
-            data["sampling_sources"].update(dict.fromkeys(overrides, "flags"))
         data["seed"] = seed
-        settings = Settings.model_validate(data)
+        # The request's own sampling is set by its sender, as a flag is: a method's preset yields to it.
+        settings = with_sampling(Settings.model_validate(data), "flags", Sampling(**body.sampling_overrides()))
         job = Job(run_id=run_dir.name, run_dir=run_dir, fingerprint=fingerprint)
         request: dict[str, Any] = {"fingerprint": fingerprint, "body": body.model_dump(mode="json")}
         request |= {"method": method, "upstream": upstream, "seed": seed}
@@ -247,7 +244,7 @@ class ServedRuns:
                 problem = Problem(problem_id=job.run_id, question=question, metadata={"context": context})
                 store.add_problems([problem])
                 store.set_meta(REQUEST_META, request)
-            store.set_meta("settings", settings.model_dump(mode="json"))
+            RunSetup.check(settings).record(store)
             await run_problems(settings, store.problems(), store)
             record = store.result(job.run_id)
         if record is None:
