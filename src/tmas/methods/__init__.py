@@ -17,9 +17,27 @@ from tmas.methods.self_refine import SelfRefine
 from tmas.methods.tmas import TMAS
 from tmas.methods.verify_refine import VerifyRefine
 
-METHODS: dict[str, type[Method[Any]]] = {
-    cls.name: cls for cls in (CoT, TMAS, MajorityVote, SelfRefine, VerifyRefine, PaCoRe, RSE, MATTRL)
-}
+# The registry: name -> method class. Every command, the proxy and the viewer find methods here alone.
+METHODS: dict[str, type[Method[Any]]] = {}
+
+
+def register_method(cls: type[Method[Any]]) -> type[Method[Any]]:
+    """Add ``cls`` to the registry under its ``name`` (a class decorator too); a name taken by another class is an
+    error."""
+    known = METHODS.get(cls.name)
+    if known is not None and known is not cls:
+        raise ConfigError(f"method name {cls.name!r} is taken by {known.__qualname__}")
+    METHODS[cls.name] = cls
+    return cls
+
+
+for _cls in (TMAS, CoT, MajorityVote, SelfRefine, VerifyRefine, PaCoRe, RSE, MATTRL):
+    register_method(_cls)
+
+
+def method_names() -> str:
+    """The registered methods' names, for help texts and errors."""
+    return ", ".join(METHODS)
 
 
 def create_method(name: str, params: dict[str, Any] | None = None, *, embedded: bool = False) -> Method[Any]:

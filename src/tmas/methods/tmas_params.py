@@ -30,6 +30,7 @@ from pydantic import Field, ModelWrapValidatorHandler, PrivateAttr, model_valida
 
 from tmas.config import Sampling
 from tmas.memory.experience_bank import DEFAULT_DEDUP_THRESHOLD, DEFAULT_MAX_ENTRIES
+from tmas.methods.base import Iterations
 from tmas.methods.confidence_params import ConfidenceParams
 from tmas.methods.selection import ConfidenceRule, PoolRule, SelectRule
 from tmas.methods.styled import StyledParams
@@ -81,7 +82,7 @@ class TMASParams(StyledParams, ConfidenceParams):
 
     preset: Literal["paper", "local"] | None = None
     # Algorithm 1's T, N, M and epsilon.
-    iterations: int = Field(default=20, ge=1)
+    iterations: Iterations = 20
     n: int = Field(default=8, ge=1, le=256)
     m: int = Field(default=8, ge=1, le=64)
     epsilon: float = Field(default=0.2, ge=0.0, le=1.0)

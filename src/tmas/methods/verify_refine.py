@@ -23,12 +23,14 @@ from tmas.agents.verification import Verification, VerificationReply, parse_veri
 from tmas.methods.base import (
     BudgetExhausted,
     Candidate,
+    Iterations,
     Method,
     MethodParams,
     ProblemResult,
     ProblemSession,
     gather_all,
 )
+from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.candidates import budget_note, finish, keeps_previous, notes_for, solve_call
 from tmas.methods.selection import PoolRule, SelectRule, select_answered
 from tmas.methods.styled import StyledParams
@@ -36,7 +38,7 @@ from tmas.methods.styled import StyledParams
 
 class VerifyRefineParams(StyledParams):
     style_roles: ClassVar[tuple[str, ...]] = ("solution", "corrector", "verifier")
-    iterations: int = Field(default=20, ge=1)
+    iterations: Iterations = 20
     n: int = Field(default=8, ge=1, le=256)
     # Verifications per solution (the paper's V-R uses one verifier).
     m: int = Field(default=1, ge=1, le=64)
@@ -61,6 +63,11 @@ class VerifyRefine(Method[VerifyRefineParams]):
     name: ClassVar[str] = "verify_refine"
     Params: ClassVar[type[MethodParams]] = VerifyRefineParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"n": 2, "iterations": 2, "style": "concise"}
+
+    def calls_per_problem(self) -> CallCount:
+        """N solution + N x (T - 1) corrector + N x m x T verifier calls: N x T x (1 + m)."""
+        p, t = self.params, self.params.iterations
+        return count_calls({"solution": p.n, "corrector": p.n * (t - 1), "verifier": p.n * p.m * t})
 
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p = self.params
