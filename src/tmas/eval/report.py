@@ -46,7 +46,7 @@ from tmas.eval.run_results import in_progress, load_results
 from tmas.eval.selection_table import SelectionTable, has_scores, selection_table
 from tmas.llm.types import FALLBACKS
 from tmas.methods.base import ReplyTally
-from tmas.methods.selection import POOL_RULES, SELECT_RULES
+from tmas.methods.selection import SELECT_FROM, SELECT_RULES
 from tmas.store.run_store import RunStore
 
 # At most this many columns in the "selected iterations" table (the paper shows six).
@@ -460,17 +460,19 @@ def _selection_rules(doc: Document, e: RunEvaluation) -> None:
     if table is None or not table.iterations:
         return
     doc.add(Heading(4, "Accuracy (%) of every selection rule, from the stored scores"))
-    # Methods with a select/pool parameter: mark the rule the run itself used.
-    own = (e.params.get("select", "best_score"), e.params.get("pool", "last")) if e.method in SELECTING else None
+    # Methods with select and select_from parameters (``pool`` in runs stored before it was renamed): mark the rule
+    # the run itself used.
+    select_from = e.params.get("select_from", e.params.get("pool", "last"))
+    own = (e.params.get("select", "best_score"), select_from) if e.method in SELECTING else None
     columns = selected_iterations(table.iterations[-1], columns=RULE_COLUMNS)
     rows = []
     for rule in SELECT_RULES:
-        for pool in POOL_RULES:
-            values = table.accuracy[(rule, pool)]
-            name = f"{rule} / {pool}" + (" (this run's rule)" if (rule, pool) == own else "")
+        for candidates in SELECT_FROM:
+            values = table.accuracy[(rule, candidates)]
+            name = f"{rule} / {candidates}" + (" (this run's rule)" if (rule, candidates) == own else "")
             rows.append([name, *[_pct(values[t]) for t in columns]])
     rows.append(["problems", *[str(table.problems[t]) for t in columns]])
-    doc.add(Table(["Rule / pool", *[f"It{t}" for t in columns]], rows))
+    doc.add(Table(["Rule / candidates from", *[f"It{t}" for t in columns]], rows))
 
 
 def _reply_quality(doc: Document, e: RunEvaluation) -> None:

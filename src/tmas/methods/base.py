@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Annotated, Any, ClassVar, Generic, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, PrivateAttr, model_validator
 
 from tmas.answer_classes import EquivalenceCheck, answer_classes
 from tmas.config import Budget, Sampling
@@ -177,9 +177,35 @@ class MethodParams(BaseModel):
     """Base of each method's parameters; unknown keys are errors."""
 
     model_config = ConfigDict(extra="forbid")
+    # Old name -> current name of each parameter the method renamed: the old name still works, and a run that uses
+    # it raises a one-line notice (:meth:`notices`).
+    renamed: ClassVar[dict[str, str]] = {}
 
     iterations: Iterations = 1
     mode: str = Field(default="numeric", pattern="^(numeric|proof)$")
+    # The old names these parameters were given by.
+    _old_names: list[str] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _current_names(cls, data: Any, handler: ModelWrapValidatorHandler[MethodParams]) -> MethodParams:
+        old = [key for key in cls.renamed if isinstance(data, dict) and key in data]
+        for key in old:
+            if cls.renamed[key] in data:
+                raise ValueError(f"{key!r} is the old name of {cls.renamed[key]!r}: give one of them")
+        if old:
+            data = {cls.renamed.get(key, key): value for key, value in data.items()}
+        params = handler(data)
+        params._old_names = old
+        return params
+
+    def notices(self) -> dict[str, str]:
+        """Kind -> one-line notice the parameters raise in a run that uses them (an old parameter name)."""
+        return {
+            f"renamed_parameter_{old}": f"method parameter {old!r} is now called {self.renamed[old]!r};"
+            " the old name still works"
+            for old in self._old_names
+        }
 
     def sampling_layers(self, role: str) -> tuple[Sampling | None, Sampling | None]:
         """``role``'s layers of the one sampling resolution (:mod:`tmas.llm.sampling`) that the method sets: its

@@ -13,7 +13,8 @@ Nothing reads the last iteration's summaries and banks, so by default (``skip_fi
 answer is the same, with N + 2 fewer calls; the ``paper`` preset runs them, as Algorithm 1 is written.
 The answer is the argmax over R_T of the mean verifier score. Ties: among the tied candidates, the answer most of
 them share (by value: methods/selection.py) wins, then the lowest candidate index; candidates without an answer
-(numeric mode) are chosen only when no candidate has one. The ``select`` and ``pool`` parameters choose other rules.
+(numeric mode) are chosen only when no candidate has one. The ``select`` and ``select_from`` parameters choose other
+rules.
 
 Two documented deviations keep a run from losing an answer (issue 16; ``answer_reminder`` and ``answer_fallback``
 turn them off): an exploit or explore reply with no extractable answer is asked once more, with a reminder of the
@@ -282,8 +283,9 @@ class TMAS(Method[TMASParams]):
         if current is not None:
             iterations.append(current)
         classes = await session.answer_classes(c for candidates in iterations for c in candidates)
+        confidence = p.confidence_vote()
         return select_answered(
-            iterations, p.pool, p.mode, p.select, classes, fallback=p.answer_fallback, confidence=p.confidence_vote()
+            iterations, p.select_from, p.mode, p.select, classes, fallback=p.answer_fallback, confidence=confidence
         )
 
     # ------------------------------------------------------------------------------------------ solution agent
