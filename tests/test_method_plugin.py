@@ -16,8 +16,8 @@ from tmas.agents.solution import generation_prompt
 from tmas.cli.main import app
 from tmas.methods import METHODS, register_method
 from tmas.methods.base import Candidate, Iterations, Method, MethodParams, ProblemResult, ProblemSession
+from tmas.methods.baseline_steps import finish, solve_call
 from tmas.methods.call_count import CallCount, count_calls
-from tmas.methods.candidates import finish, solve_call
 from tmas.store.run_store import RunStore
 from tmas.testing import SimServer
 from tmas.view.app import view_app

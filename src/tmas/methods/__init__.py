@@ -1,4 +1,10 @@
-"""Test-time scaling methods, one module each, on the interface in :mod:`tmas.methods.base`."""
+"""Test-time scaling methods, one module each, on the interface in :mod:`tmas.methods.base`, and their registry.
+
+Beside the methods: the steps the baselines share (``baseline_steps``), the candidate selection rules
+(``selection``), stopping and confidence rules (``stopping``, ``confidence``, ``online_stop``), parameters several
+methods take (``style_params``, ``confidence_params``), TMAS's parameters (``tmas_params``) and the calls per
+problem a method states for the cost estimate (``call_count``). A method registered here (:func:`register_method`)
+is known to every command, the proxy and the viewer."""
 
 from __future__ import annotations
 

@@ -27,9 +27,9 @@ from tmas.methods.base import (
     ProblemSession,
     gather_all,
 )
+from tmas.methods.baseline_steps import budget_note, finish, notes_for, pick, solve_call
 from tmas.methods.call_count import CallCount, count_calls
-from tmas.methods.candidates import budget_note, finish, notes_for, pick, solve_call
-from tmas.methods.styled import StyledParams
+from tmas.methods.style_params import StyledParams
 
 
 class PaCoReParams(StyledParams):

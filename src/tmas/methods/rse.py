@@ -42,10 +42,10 @@ from tmas.methods.base import (
     ProblemSession,
     gather_all,
 )
+from tmas.methods.baseline_steps import budget_note, finish, notes_for, pick, solve_call
 from tmas.methods.call_count import CallCount, count_calls
-from tmas.methods.candidates import budget_note, finish, notes_for, pick, solve_call
 from tmas.methods.echo_retry import chat_guarded
-from tmas.methods.styled import StyledParams
+from tmas.methods.style_params import StyledParams
 
 KINDS = ("propositions", "pitfalls")
 

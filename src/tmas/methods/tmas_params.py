@@ -33,7 +33,7 @@ from tmas.memory.experience_bank import DEFAULT_DEDUP_THRESHOLD, DEFAULT_MAX_ENT
 from tmas.methods.base import Iterations
 from tmas.methods.confidence_params import ConfidenceParams
 from tmas.methods.selection import ConfidenceRule, SelectFrom, SelectRule
-from tmas.methods.styled import StyledParams
+from tmas.methods.style_params import StyledParams
 
 TMAS_ROLES = ("solution", "verifier", "summary", "experience", "guideline")
 # Section 4.1: "we set the maximum output length to 128K tokens". The LLM client lowers it per call to what the
