@@ -33,6 +33,8 @@ from tmas.eval.analysis import (
     stopping_tradeoff,
     unique_guidelines,
 )
+from tmas.eval.case_grading import case_metrics
+from tmas.eval.case_table import case_section
 from tmas.eval.document import Bullets, Document, Heading, Image, Paragraph, Table
 from tmas.eval.frontier import BUDGETS, FrontierPoint, equal_budget, run_frontier
 from tmas.eval.grading import GradeConfig, Grades, grade_run, load_grades
@@ -90,6 +92,8 @@ class RunEvaluation:
     confidence: ScoreSeparation | None = None
     # The paper's name of the run's benchmark, where a paper grid set it (eval/paper_numbers.py).
     paper_benchmark: str | None = None
+    # A medicine or education run's own metrics (eval/case_grading.py), with ``cases``, their count.
+    cases: dict[str, Any] | None = None
 
 
 def benchmark_name(store: RunStore) -> str:
@@ -196,6 +200,9 @@ async def evaluate_run(
         evaluation.replies = role_replies(store)
         evaluation.fallbacks = store.fallback_messages()
         evaluation.notices = store.notices()
+    # Medicine names match by spelling, then by the judge role, unless grading by rules alone or nothing new.
+    judge = _judge_settings(settings, stored_settings) if grade and config.mode != "rules" else None
+    evaluation.cases = await case_metrics(run_dir, params, judge)
     return evaluation
 
 
@@ -285,6 +292,7 @@ def write_report(evaluations: list[RunEvaluation], out_dir: Path, *, paper_model
                 doc.add(Paragraph(f"{e.label}: {e.not_graded_reason}."))
         if graded:
             _benchmark_tables(doc, graded)
+            case_section(doc, graded)
             paper_section(doc, graded, paper_model)
             name = f"pass1_vs_iteration_{_slug(bench)}.png"
             plot_pass1([(e.label, e.metrics) for e in graded], f"{bench}: Pass@1 vs iteration", out_dir / name)
