@@ -12,7 +12,7 @@ from tmas.answer_classes import MAX_COMPARED, answer_classes, value_key
 from tmas.api import asolve
 from tmas.eval.metrics import majority_answer
 from tmas.methods.base import Candidate
-from tmas.methods.candidates import vote
+from tmas.methods.baseline_steps import vote
 from tmas.methods.selection import select
 from tmas.testing import Rule, SimScript, SimServer
 

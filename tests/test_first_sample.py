@@ -17,7 +17,7 @@ from tmas.eval.reply_quality import role_replies
 from tmas.eval.report import build_report
 from tmas.methods import METHODS, create_method
 from tmas.methods.base import ReplyTally
-from tmas.methods.styled import StyledParams
+from tmas.methods.style_params import StyledParams
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, SimScript, SimServer
 

@@ -326,3 +326,54 @@ async def test_an_education_build_credits_the_teachers_never_the_student(sim: Si
     assert sum("<experience_hints>" in b for b in analyses) == 1
     used = Transcript.model_validate(again.iterations[-1].state["transcript"])
     assert sorted(i for u in used.utterances for i in u.experience_ids) == sorted(e.id for e in pool.entries)
+
+
+def test_report_shows_each_domains_metrics_beside_the_papers(sim: SimServer, tmp_path: Path) -> None:
+    runner = CliRunner()
+
+    def invoke(*args: str) -> str:
+        out = runner.invoke(app, list(args))
+        assert out.exit_code == 0, out.output
+        return out.output
+
+    # The simulated student answers A before teaching and the option the teachers point to (the gold) after.
+    education = tmp_path / "SuperGPQA-300.jsonl"
+    golds = ["A", "B", "C", "B"]
+    education.write_text(
+        "".join(
+            json.dumps({"problem_id": f"q{i}", "question": QUESTION, "answer": g}) + "\n" for i, g in enumerate(golds)
+        )
+    )
+    medicine = tmp_path / "med.jsonl"
+    invoke("cases", "import", str(EXAMPLES / "medicine_rarebench.jsonl"), "-f", "rarebench", "-o", str(medicine))
+    for domain, problems in (("education", education), ("medicine", medicine)):
+        out = tmp_path / domain
+        invoke(
+            "run",
+            str(problems),
+            "-m",
+            "mattrl",
+            "--domain",
+            domain,
+            "-T",
+            "1",
+            "-o",
+            str(out),
+            "--base-url",
+            sim.base_url,
+        )
+    invoke(
+        *("report", str(tmp_path / "education"), str(tmp_path / "medicine"), "-o", str(tmp_path / "report")),
+        *("--grade", "rules", "--paper-model", "GPT-5"),
+    )
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    # MATTRL paper, section 4 "Metrics": Hit@k = the share of cases whose gold disease is within the top k, MRR = the
+    # mean of 1/rank; Delta Acc = Acc_post - Acc_pre. The team ranks the three golds 1st, 4th and 5th:
+    # Hit@1 = Hit@3 = 1/3, Hit@5 = Hit@10 = 3/3, MRR = (1 + 1/4 + 1/5) / 3 = 0.483.
+    assert "| Run | Cases | Hit@1 | Hit@3 | Hit@5 | Hit@10 | MRR |" in markdown
+    assert "| 3 | 0.33 | 0.33 | 1.00 | 1.00 | 0.48 |" in markdown
+    # One of four golds is A: Acc_pre = 1/4; all four are right after teaching: Acc_post = 1; Delta Acc = 3/4.
+    assert "| Run | Cases | Acc_pre | Acc_post | ΔAcc |" in markdown and "| 4 | 0.25 | 1.00 | 0.75 |" in markdown
+    # The education run is the paper's Multi-Agent on SuperGPQA-300 (Table 3): Acc_post 0.73, Delta Acc 0.29, in %.
+    assert "| Multi-Agent | GPT-5 | - | acc_post | 73.00 | 100.00 | +27.00 | MATTRL Table 3 |" in markdown
+    assert "| Multi-Agent | GPT-5 | - | delta_acc | 29.00 | 75.00 | +46.00 | MATTRL Table 3 |" in markdown

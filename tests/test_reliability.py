@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 
 from conftest import settings_for
-from tmas.problems import Problem
+from tmas.errors import InputError
+from tmas.eval.case_import import read_supergpqa
+from tmas.eval.importers import read_rows
+from tmas.problems import Problem, load_problems
 from tmas.runner import RunState, prepare_run, run_problems
 from tmas.testing import FaultRates, SimScript, SimServer
 
@@ -122,6 +125,24 @@ def test_more_bad_problem_files_fail_cleanly_before_any_call(
     assert expected in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "run").exists()
     assert sim.stats().total_requests == 0
+
+
+def test_files_that_start_with_a_byte_order_mark_are_read(tmp_path: Path) -> None:
+    # Some Windows editors and spreadsheet exports start UTF-8 files with the mark EF BB BF; elsewhere it is an error.
+    bom = b"\xef\xbb\xbf"
+    problems = tmp_path / "p.jsonl"
+    problems.write_bytes(bom + b'{"problem_id": "a", "question": "What is 1+1?", "answer": "2"}\n')
+    assert load_problems(problems) == [Problem(problem_id="a", question="What is 1+1?", answer="2")]
+    cases = tmp_path / "edu.jsonl"
+    cases.write_bytes(bom + b'{"uuid": "q", "question": "Which?", "options": ["x", "y"], "answer_letter": "B"}\n')
+    assert [(c.problem_id, c.answer) for c in read_supergpqa(cases)] == [("q", "B")]
+    rows = tmp_path / "rows.json"
+    rows.write_bytes(bom + b'[{"question": "q"}]')
+    assert list(read_rows(rows)) == [{"question": "q"}]
+    # Only at the very start: a mark inside the file is no JSON.
+    problems.write_bytes(b'{"problem_id": "a", "question": "x"}\n' + bom + b'{"problem_id": "b", "question": "y"}\n')
+    with pytest.raises(InputError, match=r"p\.jsonl:2: not valid JSON"):
+        load_problems(problems)
 
 
 def test_an_empty_problem_file_is_a_clear_error(sim: SimServer, tmp_path: Path) -> None:

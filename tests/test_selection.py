@@ -13,8 +13,9 @@ from conftest import settings_for
 from tmas.api import asolve
 from tmas.methods.base import Candidate, ProblemResult
 from tmas.methods.confidence import Confidence
-from tmas.methods.selection import ConfidenceVote, candidate_pool, lacks_confidence, select
+from tmas.methods.selection import ConfidenceVote, candidates_from, lacks_confidence, select
 from tmas.methods.tmas_params import TMASParams
+from tmas.store.run_store import RunStore
 from tmas.testing import Rule, SimScript, SimServer
 
 
@@ -73,15 +74,15 @@ def test_failed_and_answerless_candidates() -> None:
 def test_pools() -> None:
     it0 = [cand(0, "7", 1.0), cand(1, "7", 1.0)]
     it1 = [cand(0, "5", 0.5), cand(1, "6", 0.0)]
-    assert candidate_pool([it0, it1], "last") == it1
+    assert candidates_from([it0, it1], "last") == it1
     # Newest iteration first, then by index.
-    assert candidate_pool([it0, it1], "all") == [*it1, *it0]
-    assert candidate_pool([], "all") == []
-    assert select(candidate_pool([it0, it1], "last"), "numeric") is it1[0]
-    assert select(candidate_pool([it0, it1], "all"), "numeric") is it0[0]
+    assert candidates_from([it0, it1], "all") == [*it1, *it0]
+    assert candidates_from([], "all") == []
+    assert select(candidates_from([it0, it1], "last"), "numeric") is it1[0]
+    assert select(candidates_from([it0, it1], "all"), "numeric") is it0[0]
     # A tie across iterations goes to the newer candidate.
     newer = [cand(0, "7", 1.0)]
-    assert select(candidate_pool([it0, newer], "all"), "numeric") is newer[0]
+    assert select(candidates_from([it0, newer], "all"), "numeric") is newer[0]
 
 
 def sure(i: int, answer: str | None, tail: float, mean: float | None = None, score: float | None = None) -> Candidate:
@@ -131,8 +132,19 @@ def test_confidence_rules_fall_back_to_the_plain_vote_without_confidence() -> No
 def test_unknown_rule_is_a_clear_error() -> None:
     with pytest.raises(ValidationError, match="select"):
         TMASParams(select="median")  # type: ignore[arg-type]
-    with pytest.raises(ValidationError, match="pool"):
-        TMASParams(pool="some")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="select_from"):
+        TMASParams(select_from="some")  # type: ignore[arg-type]
+
+
+def test_the_old_name_of_select_from_still_works_and_says_so() -> None:
+    old = TMASParams.model_validate({"pool": "all", "n": 2})
+    assert (old.select_from, old.n) == ("all", 2) and "pool" not in old.model_dump()
+    assert old.notices() == {
+        "renamed_parameter_pool": "method parameter 'pool' is now called 'select_from'; the old name still works"
+    }
+    assert TMASParams.model_validate({"select_from": "all"}).notices() == {}
+    with pytest.raises(ValidationError, match="'pool' is the old name of 'select_from': give one of them"):
+        TMASParams.model_validate({"pool": "all", "select_from": "last"})
 
 
 # ---------------------------------------------------------------------------------------------- against the server
@@ -164,18 +176,28 @@ async def test_tmas_returns_what_its_rule_selects(sim: SimServer, tmp_path: Path
     assert sim.stats().by_role["solution"] == 3 and sim.stats().by_role["verifier"] == 3
 
 
-@pytest.mark.parametrize(("pool", "expected"), [("last", "5"), ("all", "7")])
-async def test_tmas_pool_reaches_back_to_earlier_iterations(
-    sim: SimServer, tmp_path: Path, pool: str, expected: str
+@pytest.mark.parametrize(
+    ("key", "select_from", "expected"),
+    [("select_from", "last", "5"), ("select_from", "all", "7"), ("pool", "all", "7")],
+)
+async def test_tmas_select_from_reaches_back_to_earlier_iterations(
+    sim: SimServer, tmp_path: Path, key: str, select_from: str, expected: str
 ) -> None:
     # Iteration 0 writes two 7s (scored 1), iteration 1 two 5s (scored 0): calls of iteration 1 come after those
     # of iteration 0, so the scripted replies are consumed in that order.
     solutions = ["So \\boxed{7}.", "So \\boxed{7}.", "So \\boxed{5}.", "So \\boxed{5}."]
-    result = await solve_with(sim, tmp_path / "run", "tmas", solutions, n=2, m=1, iterations=2, pool=pool)
+    params = {key: select_from}
+    result = await solve_with(sim, tmp_path / "run", "tmas", solutions, n=2, m=1, iterations=2, **params)
     assert [sorted(c.answer or "" for c in r.candidates) for r in result.iterations] == [["7", "7"], ["5", "5"]]
     assert result.iterations[0].selected == "7"
     assert result.answer == expected and result.iterations[1].selected == expected
     assert len(solution_bodies(sim)) == 4
+    # The old name is recorded as the run's one-line notice, once, and stored under the new one.
+    renamed = ["method parameter 'pool' is now called 'select_from'; the old name still works"] * (key == "pool")
+    assert result.notices == renamed
+    with RunStore(tmp_path / "run", create=False) as store:
+        assert list(store.notices().values()) == renamed
+        assert store.get_meta("method")["params"]["select_from"] == select_from
 
 
 @pytest.mark.parametrize(("params", "expected"), [({}, "7"), ({"select": "vote"}, "5")])
@@ -189,8 +211,10 @@ async def test_verify_refine_select_parameter(
     assert sim.stats().by_role["verifier"] == 3
 
 
-@pytest.mark.parametrize(("pool", "expected"), [("last", "5"), ("all", "7")])
-async def test_verify_refine_pool_parameter(sim: SimServer, tmp_path: Path, pool: str, expected: str) -> None:
+@pytest.mark.parametrize(("select_from", "expected"), [("last", "5"), ("all", "7")])
+async def test_verify_refine_select_from_parameter(
+    sim: SimServer, tmp_path: Path, select_from: str, expected: str
+) -> None:
     # One trajectory: a 7 (scored 1), then the corrector's 5 (scored 0).
     sim.set_script(
         SimScript(
@@ -201,7 +225,8 @@ async def test_verify_refine_pool_parameter(sim: SimServer, tmp_path: Path, pool
             ]
         )
     )
-    settings = settings_for(sim, method={"name": "verify_refine", "params": {"n": 1, "iterations": 2, "pool": pool}})
+    params = {"n": 1, "iterations": 2, "select_from": select_from}
+    settings = settings_for(sim, method={"name": "verify_refine", "params": params})
     result = await asolve("What is 17*23?", settings, run_dir=tmp_path / "run")
     assert [r.candidates[0].answer for r in result.iterations] == ["7", "5"]
     assert result.answer == expected

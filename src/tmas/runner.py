@@ -440,6 +440,8 @@ async def _closing(equivalence: RuleEquivalence | None) -> AsyncIterator[None]:
 
 
 async def _solve_one(method: Method[Any], session: ProblemSession) -> ProblemResult:
+    for kind, line in method.params.notices().items():
+        session.notice(kind, line)
     try:
         return await method.solve(session)
     except (EndpointUnreachable, asyncio.CancelledError):

@@ -21,6 +21,7 @@ import typer
 
 from tmas.config import Settings, load_settings, with_method_params
 from tmas.errors import InputError
+from tmas.methods import method_names
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file (default: ./tmas.toml).")]
 BaseUrlOpt = Annotated[
@@ -68,9 +69,7 @@ BudgetPoolOpt = Annotated[
 # Options of single commands that more than one command declares.
 MethodOpt = Annotated[
     str | None,
-    typer.Option(
-        "--method", "-m", help="Method: tmas, cot, majority, self_refine, verify_refine, pacore, rse, mattrl."
-    ),
+    typer.Option("--method", "-m", help=f"Method: {method_names()}."),
 ]
 ParamOpt = Annotated[
     list[str] | None,

@@ -12,7 +12,7 @@ import typer
 
 from tmas.cli.options import ConfigOpt, ModelFlags
 from tmas.errors import ConfigError, InputError
-from tmas.rl.options import train_default
+from tmas.rl.train_options import train_default
 
 rl_app = typer.Typer(
     help="Hybrid-reward RL: training data from TMAS runs, GRPO training, GGUF export.", no_args_is_help=True
@@ -113,7 +113,7 @@ def train(
     if not data.is_file():  # before the slow imports below
         raise InputError(f"{data}: no such data file (build one with 'tmas rl build-data')")
     from tmas.rl.novelty import LLMNoveltyJudge
-    from tmas.rl.options import TrainOptions
+    from tmas.rl.train_options import TrainOptions
     from tmas.rl.trl_train import build_trainer, load_dataset, load_policy, reward_for
 
     dataset = load_dataset(data)

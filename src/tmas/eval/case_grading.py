@@ -17,6 +17,9 @@ from tmas.eval.teaching import teaching_metrics
 from tmas.llm.factory import open_model
 from tmas.store.run_store import RunStore
 
+# The domains whose runs are graded by their own metrics, not by the answer alone.
+CASE_DOMAINS = ("medicine", "education")
+
 
 @dataclass
 class CaseGrades:
@@ -59,6 +62,15 @@ async def grade_cases(run_dir: Path, judge: Settings | None = None) -> CaseGrade
         for (pid, _, _), (rank, why) in zip(cases, ranked, strict=True)
     ]
     return CaseGrades(rows, {"cases": len(cases), **ranking_metrics([rank for rank, _ in ranked])})
+
+
+async def case_metrics(run_dir: Path, params: dict[str, Any], judge: Settings | None) -> dict[str, Any] | None:
+    """The domain's metrics of a run of a case domain (``domain`` in its method parameters), with ``cases``, their
+    count; None for a run of any other domain, or with no graded case."""
+    if params.get("domain") not in CASE_DOMAINS:
+        return None
+    graded = await grade_cases(run_dir, judge)
+    return graded.metrics if graded.rows else None
 
 
 def last_state(result: dict[str, Any]) -> dict[str, Any]:

@@ -9,12 +9,12 @@ The id is ``problem_id``, ``id`` or ``case_id``, else the line number.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from tmas.errors import InputError
+from tmas.jsonl import read_objects
 from tmas.problems import Problem
 
 RECORD_FIELDS = ("question", "patient", "case", "Phenotype")
@@ -34,21 +34,8 @@ LETTERS = "ABCDEFGHIJ"
 
 
 def _records(path: Path) -> Iterator[tuple[str, int, dict[str, Any]]]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read: {exc}") from None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{where}: not valid JSON: {exc.msg}") from None
-        if not isinstance(record, dict):
-            raise InputError(f"{where}: expected a JSON object")
-        yield where, number, record
+    for number, record in read_objects(path):
+        yield f"{path}:{number}", number, record
 
 
 def read_rarebench(path: Path) -> Iterator[Problem]:

@@ -2,32 +2,9 @@
 from a pilot (or a given average, or max_tokens as a ceiling), totals over problems and points, and hours at a
 throughput.
 
-Calls per problem, by role, when every call succeeds (a failed call only ever lowers the count: its candidate is not
-verified or summarised, a memory agent with no rollout is skipped):
-
-- cot: 1 solution call.
-- majority: k x T solution calls (MV@k is k samples; each further iteration draws k more). With ``stop = "beta"``
-  that is the most; the fewest is the first round end at which enough agreeing samples can decide the vote (4 at
-  the 0.95 threshold, so one round of 4), the problem stopping there (with ``online_stop`` a round also ends where
-  the warm-up does). ``online_stop`` leaves the calls as they are and makes their tokens a range: at the fewest,
-  every sample after the ``warmup`` ones is stopped as soon as it can be, once ``confidence_window`` tokens arrived.
-- self_refine: N solution calls in iteration 0, N refiner calls in each of the T - 1 later ones: N x T.
-- verify_refine: N solution + N x (T - 1) corrector + N x m x T verifier calls: N x T x (1 + m).
-- pacore: R x T solution calls (R responses per round), plus the synthesis round's S calls when ``synthesis``.
-- rse: N x T solution calls and N x (T - 1) distiller calls (the last iteration is not distilled); its embedding
-  requests are not chat calls and are not counted.
-- tmas (Algorithm 1, every iteration including the first and the last): N solution, N x M verifier, N summary, one
-  experience and one guideline call (none for an ablated bank): T x (N x (M + 2) + 2), 1,640 per problem for
-  N = M = 8, T = 20, so 164,000 on 100 problems. With ``early_stop`` that is the most; the fewest is a problem
-  settled after ``early_stop_patience`` iterations (the last of them without its memory update).
-
-Where stopping makes the count uncertain, the estimate gives the range from the fewest calls (and tokens) to the most.
-- mattrl (math): a recruit call, then per round an opinion per specialist and a review of each by each other
-  specialist, then the decision: 2 + R x n^2 with n specialists and R rounds. Deliberation stops when everyone has
-  converged, so this is an upper bound; unusable replies are retried (``retries``), raising the ceiling to
-  (1 + retries) + R x (n + n(n - 1)(1 + retries)) + 2 (the decision's one rewrite pass included). Medicine has no
-  reviews: 2 + R x n. Education: a right pre-test ends the case after 1 call; otherwise single teacher 2R + 3, team
-  2 + R x (n + 2) + 2 (formation, per round n analyses, a plan and the student's reply, then guidance and post-test).
+Each method states its own calls per problem, by role (:meth:`tmas.methods.base.Method.calls_per_problem`, the
+formula in each method's docstring); a method that states none is shown as unknown. Where stopping makes the count
+uncertain, the estimate gives the range from the fewest calls (and tokens) to the most.
 """
 
 from __future__ import annotations
@@ -39,161 +16,18 @@ from typing import Any
 from tmas.config import Settings
 from tmas.llm.sampling import resolve_role
 from tmas.methods.base import Method
-from tmas.methods.majority import MajorityParams
-from tmas.methods.stopping import fewest_votes_to_stop
-from tmas.methods.tmas_params import TMASParams
-
-
-@dataclass
-class CallCount:
-    """Chat calls per problem by role: ``expected`` when every call succeeds (and adaptive methods run to their
-    limit), ``upper`` the most there can be (retries included). ``exact``: the structure fixes the count."""
-
-    expected: dict[str, int]
-    upper: dict[str, int]
-    exact: bool = True
-    note: str = ""
-    # A call budget per problem (``--budget-calls``): no problem sends more, whatever the structure says.
-    cap: int | None = None
-    # The fewest calls by role, where a stopping rule may end a problem early (None: the count cannot go lower).
-    fewest: dict[str, int] | None = None
-    # Online stopping: calls by role (of the fewest) that may be stopped while they stream, and the fewest
-    # completion tokens such a call spends before it can be (one confidence window).
-    stoppable: dict[str, int] | None = None
-    stoppable_tokens: int = 0
-
-    @property
-    def total(self) -> int:
-        total = sum(self.expected.values())
-        return total if self.cap is None else min(total, self.cap)
-
-    @property
-    def upper_total(self) -> int:
-        total = sum(self.upper.values())
-        return total if self.cap is None else min(total, self.cap)
-
-    @property
-    def fewest_total(self) -> int:
-        total = sum((self.fewest if self.fewest is not None else self.expected).values())
-        return total if self.cap is None else min(total, self.cap)
-
-    def share(self) -> float:
-        """The part of the structure's calls the cap leaves (1.0 without a cap)."""
-        full = sum(self.expected.values())
-        return self.total / full if full else 1.0
-
-
-def _count(
-    roles: Mapping[str, int],
-    note: str = "",
-    upper: Mapping[str, int] | None = None,
-    fewest: Mapping[str, int] | None = None,
-) -> CallCount:
-    expected = {role: n for role, n in roles.items() if n}
-    ceiling = {role: n for role, n in (upper or roles).items() if n}
-    floor = {role: n for role, n in fewest.items() if n} if fewest is not None else None
-    return CallCount(expected, ceiling, exact=upper is None and not note, note=note, fewest=floor)
+from tmas.methods.call_count import CallCount
 
 
 def calls_per_problem(method: Method[Any]) -> CallCount:
-    """Chat calls one problem costs under ``method`` (see the module docstring for each formula)."""
-    p = method.params
-    name = method.name
-    t = p.iterations
-    if name == "cot":
-        return _count({"solution": 1})
-    if name == "majority":
-        return _majority(p)
-    if name == "self_refine":
-        return _count({"solution": p.n, "refiner": p.n * (t - 1)})
-    if name == "verify_refine":
-        return _count({"solution": p.n, "corrector": p.n * (t - 1), "verifier": p.n * p.m * t})
-    if name == "pacore":
-        return _count({"solution": p.responses_per_round * t, "synthesis": p.synthesis_responses * p.synthesis})
-    if name == "rse":
-        return _count({"solution": p.n * t, "distiller": p.n * (t - 1)})
-    if name == "tmas":
-        memory = t - 1 if p.skip_final_memory else t  # iterations whose summaries and banks are computed
-        roles = {
-            "solution": p.n * t,
-            "verifier": p.n * p.m * t,
-            "summary": p.n * memory,
-            "experience": 0 if p.no_experience else memory,
-            "guideline": 0 if p.no_guideline else memory,
-        }
-        settled = p.early_stop_patience  # the fewest iterations a problem can run: settled at once
-        if not p.early_stop or settled >= t:
-            return _count(roles)
-        least = {
-            "solution": p.n * settled,
-            "verifier": p.n * p.m * settled,
-            # The stopping iteration writes its summaries (inside each candidate's chain), not its memory update.
-            "summary": p.n * settled,
-            "experience": 0 if p.no_experience else settled - 1,
-            "guideline": 0 if p.no_guideline else settled - 1,
-        }
-        note = f"early_stop: from a problem settled after {settled} iteration(s) to all {t}"
-        return _count(roles, note, upper=roles, fewest=least)
-    if name == "mattrl":
-        return _mattrl(p.domain, p.teaching, p.team_size, t, p.retries)
-    raise ValueError(f"no call-count formula for method {name!r}")
-
-
-def _majority(p: MajorityParams) -> CallCount:
-    most = p.k * p.iterations
-    samples, count = most, _count({"solution": most})
-    if p.stop == "beta":
-        warmup = p.warmup if p.online_stop else 0
-        samples = _majority_fewest(p.k, p.iterations, p.round_size, fewest_votes_to_stop(p.stop_threshold), warmup)
-        if samples < most:
-            note = f"stop=beta: from {samples} samples (a decided vote) to k x T (Adaptive-Consistency)"
-            count = _count({"solution": most}, note, upper={"solution": most}, fewest={"solution": samples})
-    if p.online_stop and samples > p.warmup:
-        count.stoppable, count.stoppable_tokens = {"solution": samples - p.warmup}, p.confidence_window
-        note = (
-            f"online_stop: the samples after the first {p.warmup} may stop once {p.confidence_window} tokens"
-            " arrived (DeepConf)"
-        )
-        count.note = "; ".join(filter(None, [count.note, note]))
-    return count
-
-
-def _majority_fewest(k: int, iterations: int, round_size: int, votes: int, warmup: int = 0) -> int:
-    """The fewest samples after which the Beta stop can end a problem: the first round end (rounds of
-    ``round_size`` within each iteration's k, a round also ending where the ``warmup`` samples do) with at least
-    ``votes`` samples drawn; k x T when none."""
-    drawn = 0
-    for _ in range(iterations):
-        asked = 0
-        while asked < k:
-            warming = max(0, warmup - drawn)
-            end = min(asked + round_size, k, asked + (warming or k))
-            drawn, asked = drawn + end - asked, end
-            if drawn >= votes:
-                return drawn
-    return k * iterations
-
-
-def _mattrl(domain: str, teaching: str, n: int, rounds: int, retries: int) -> CallCount:
-    tries = 1 + retries
-    if domain == "education":
-        if teaching == "single":
-            roles = {"student": rounds + 2, "specialist": rounds + 1}
-            return _count(roles, "at most: a right pre-test ends the case after 1 call", upper=roles)
-        roles = {"student": rounds + 2, "coordinator": 1 + rounds + 1, "specialist": n * rounds}
-        upper = {**roles, "coordinator": tries + rounds + 1}
-        return _count(roles, "at most: a right pre-test ends the case after 1 call; team formation may retry", upper)
-    reviews = n * (n - 1) * rounds if domain == "math" else 0
-    roles = {"coordinator": 2, "specialist": n * rounds, "reviewer": reviews}
-    upper = {"coordinator": tries + 2, "specialist": n * rounds, "reviewer": reviews * tries}
-    note = "at most, with the full team for every round: deliberation stops once every specialist has converged"
-    return _count(roles, note, upper)
+    """Chat calls one problem costs under ``method``, as the method states them."""
+    return method.calls_per_problem()
 
 
 def role_max_tokens(settings: Settings, method: Method[Any], role: str) -> int | None:
     """The max_tokens a call of ``role`` sends, resolved as every call is (:func:`tmas.llm.sampling.resolve_role`):
-    TMAS's preset fills only what no one set, its own per-role sampling goes over the settings."""
-    preset, own = method.params.sampling_layers(role) if isinstance(method.params, TMASParams) else (None, None)
+    a method's preset fills only what no one set, its own per-role sampling goes over the settings."""
+    preset, own = method.params.sampling_layers(role)
     return resolve_role(settings, role, preset=preset, method=own).sampling.max_tokens
 
 
@@ -287,6 +121,8 @@ def estimate_point(
             filter(None, [count.note, f"the call budget stops each problem at {budget.calls} calls"])
         )
     point = PointEstimate(name, method.name, problems, count)
+    if not count.known:
+        return point
     per_call: dict[str, float] | None = None
     counted = count.upper
     if rates is not None and rates.default_completion is not None:
@@ -440,18 +276,20 @@ def format_estimate(estimate: Estimate) -> str:
             tokens = f"{_tokens(fewest)}-{tokens}"
         if p.basis == "max_tokens":
             tokens = f"<={tokens} (max_tokens)"
+        if not p.calls.known:
+            per = calls = "?"
         lines.append(f"  {p.name:<{width}}  {p.problems:>8}  {per:>13}  {calls:>9}  {tokens}")
     for p in estimate.points:
         if p.calls.note:
             lines.append(f"  note: {p.name}: {p.calls.note}")
     total = estimate.completion_tokens
     basis = {p.basis for p in estimate.points if p.basis}
+    unknown = " and the unknown calls of the points marked ?" if any(not p.calls.known for p in estimate.points) else ""
     if estimate.fewest_calls < estimate.upper_calls:
-        lines.append(f"  total: {estimate.fewest_calls:,} to {estimate.upper_calls:,} calls (stopping rules)")
+        lines.append(f"  total: {estimate.fewest_calls:,} to {estimate.upper_calls:,} calls (stopping rules){unknown}")
     else:
-        lines.append(
-            f"  total: {estimate.upper_calls:,} calls" + ("" if estimate.calls == estimate.upper_calls else " at most")
-        )
+        at_most = "" if estimate.calls == estimate.upper_calls else " at most"
+        lines.append(f"  total: {estimate.upper_calls:,} calls{at_most}{unknown}")
     if total is None:
         lines.append("  tokens: unknown (give --tokens-per-call, --pilot N, or set max_tokens for a ceiling)")
     else:

@@ -36,8 +36,19 @@ PAPER_SETTINGS: dict[str, dict[str, Any]] = {
     "majority": {"k": 64, "iterations": 1},
     "mattrl": {"team_size": 3, "iterations": 3},
 }
+# The case domains' metrics as the published cells name them -> as eval/case_grading.py does.
+CASE_METRICS = {
+    "hit@1": "hit@1",
+    "hit@3": "hit@3",
+    "hit@5": "hit@5",
+    "hit@10": "hit@10",
+    "mrr": "mrr",
+    "acc_pre": "acc_pre",
+    "acc_post": "acc_post",
+    "delta_acc": "delta",
+}
 # Metrics ``tmas report`` computes and can put beside a published cell.
-REPORTED_METRICS = ("pass@1", "accuracy")
+REPORTED_METRICS = ("pass@1", "accuracy", *CASE_METRICS)
 
 
 @dataclass(frozen=True)

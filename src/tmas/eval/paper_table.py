@@ -6,15 +6,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tmas.eval.document import Document, Heading, Paragraph, Table
-from tmas.eval.paper_numbers import REPORTED_METRICS, PaperCell, matching_cells, setting_differences
+from tmas.eval.paper_numbers import CASE_METRICS, REPORTED_METRICS, PaperCell, matching_cells, setting_differences
 
 if TYPE_CHECKING:
     from tmas.eval.report import RunEvaluation
 
 
 def ours(e: RunEvaluation, cell: PaperCell) -> float | None:
-    """The run's value (in %) for the cell: Pass@1 at the cell's iteration, or the returned answer's accuracy (at
-    the cell's iteration, else the run's last) for an accuracy cell such as MV@64."""
+    """The run's value (in %) for the cell: Pass@1 at the cell's iteration, the returned answer's accuracy (at the
+    cell's iteration, else the run's last) for an accuracy cell such as MV@64, or a case domain's metric."""
+    if cell.metric in CASE_METRICS:
+        value = None if e.cases is None else e.cases.get(CASE_METRICS[cell.metric])
+        return None if value is None else 100 * value
     if not e.metrics.iterations:
         return None
     if cell.metric == "pass@1":
@@ -43,7 +46,7 @@ def paper_rows(e: RunEvaluation, paper_model: str | None = None) -> tuple[list[l
         cell = group[0]
         mine = ours(e, cell)
         if mine is None:
-            beyond += 1
+            beyond += cell.metric not in CASE_METRICS
             continue
         sources = ", ".join(sorted({f"{c.paper} {c.source}" for c in group}))
         rows.append(
@@ -77,8 +80,8 @@ def paper_section(doc: Document, runs: list[RunEvaluation], paper_model: str | N
     doc.add(
         Paragraph(
             "Each published cell (tmas/eval/paper_numbers.csv) a run matches by model, benchmark and method, with "
-            "the run's value at the same iteration (Pass@1, or the returned answer's accuracy) in %, and ours minus "
-            "the paper's. 'Setting' lists the run's parameters that differ from the paper's."
+            "the run's value at the same iteration (Pass@1, the returned answer's accuracy, or the domain's metric) in "
+            "%, and ours minus the paper's. 'Setting' lists the run's parameters that differ from the paper's."
             + (f" {beyond} matched cells lie beyond the runs' last iterations." if beyond else "")
         )
     )

@@ -33,6 +33,8 @@ from tmas.eval.analysis import (
     stopping_tradeoff,
     unique_guidelines,
 )
+from tmas.eval.case_grading import case_metrics
+from tmas.eval.case_table import case_section
 from tmas.eval.document import Bullets, Document, Heading, Image, Paragraph, Table
 from tmas.eval.frontier import BUDGETS, FrontierPoint, equal_budget, run_frontier
 from tmas.eval.grading import GradeConfig, Grades, grade_run, load_grades
@@ -46,7 +48,7 @@ from tmas.eval.run_results import in_progress, load_results
 from tmas.eval.selection_table import SelectionTable, has_scores, selection_table
 from tmas.llm.types import FALLBACKS
 from tmas.methods.base import ReplyTally
-from tmas.methods.selection import POOL_RULES, SELECT_RULES
+from tmas.methods.selection import SELECT_FROM, SELECT_RULES
 from tmas.store.run_store import RunStore
 
 # At most this many columns in the "selected iterations" table (the paper shows six).
@@ -90,6 +92,8 @@ class RunEvaluation:
     confidence: ScoreSeparation | None = None
     # The paper's name of the run's benchmark, where a paper grid set it (eval/paper_numbers.py).
     paper_benchmark: str | None = None
+    # A medicine or education run's own metrics (eval/case_grading.py), with ``cases``, their count.
+    cases: dict[str, Any] | None = None
 
 
 def benchmark_name(store: RunStore) -> str:
@@ -196,6 +200,9 @@ async def evaluate_run(
         evaluation.replies = role_replies(store)
         evaluation.fallbacks = store.fallback_messages()
         evaluation.notices = store.notices()
+    # Medicine names match by spelling, then by the judge role, unless grading by rules alone or nothing new.
+    judge = _judge_settings(settings, stored_settings) if grade and config.mode != "rules" else None
+    evaluation.cases = await case_metrics(run_dir, params, judge)
     return evaluation
 
 
@@ -285,6 +292,7 @@ def write_report(evaluations: list[RunEvaluation], out_dir: Path, *, paper_model
                 doc.add(Paragraph(f"{e.label}: {e.not_graded_reason}."))
         if graded:
             _benchmark_tables(doc, graded)
+            case_section(doc, graded)
             paper_section(doc, graded, paper_model)
             name = f"pass1_vs_iteration_{_slug(bench)}.png"
             plot_pass1([(e.label, e.metrics) for e in graded], f"{bench}: Pass@1 vs iteration", out_dir / name)
@@ -460,17 +468,19 @@ def _selection_rules(doc: Document, e: RunEvaluation) -> None:
     if table is None or not table.iterations:
         return
     doc.add(Heading(4, "Accuracy (%) of every selection rule, from the stored scores"))
-    # Methods with a select/pool parameter: mark the rule the run itself used.
-    own = (e.params.get("select", "best_score"), e.params.get("pool", "last")) if e.method in SELECTING else None
+    # Methods with select and select_from parameters (``pool`` in runs stored before it was renamed): mark the rule
+    # the run itself used.
+    select_from = e.params.get("select_from", e.params.get("pool", "last"))
+    own = (e.params.get("select", "best_score"), select_from) if e.method in SELECTING else None
     columns = selected_iterations(table.iterations[-1], columns=RULE_COLUMNS)
     rows = []
     for rule in SELECT_RULES:
-        for pool in POOL_RULES:
-            values = table.accuracy[(rule, pool)]
-            name = f"{rule} / {pool}" + (" (this run's rule)" if (rule, pool) == own else "")
+        for candidates in SELECT_FROM:
+            values = table.accuracy[(rule, candidates)]
+            name = f"{rule} / {candidates}" + (" (this run's rule)" if (rule, candidates) == own else "")
             rows.append([name, *[_pct(values[t]) for t in columns]])
     rows.append(["problems", *[str(table.problems[t]) for t in columns]])
-    doc.add(Table(["Rule / pool", *[f"It{t}" for t in columns]], rows))
+    doc.add(Table(["Rule / candidates from", *[f"It{t}" for t in columns]], rows))
 
 
 def _reply_quality(doc: Document, e: RunEvaluation) -> None:

@@ -16,14 +16,14 @@ from typing import Any
 from tmas.eval.grading import Grades
 from tmas.eval.metrics import labeled_results, reached
 from tmas.methods.base import Candidate
-from tmas.methods.selection import POOL_RULES, SELECT_RULES, PoolRule, SelectRule, select_answered
+from tmas.methods.selection import SELECT_FROM, SELECT_RULES, SelectFrom, SelectRule, select_answered
 
 
 @dataclass
 class SelectionTable:
     iterations: list[int] = field(default_factory=list)
-    # (rule, pool) -> accuracy per iteration in ``iterations``.
-    accuracy: dict[tuple[SelectRule, PoolRule], list[float]] = field(default_factory=dict)
+    # (rule, candidates it selects from) -> accuracy per iteration in ``iterations``.
+    accuracy: dict[tuple[SelectRule, SelectFrom], list[float]] = field(default_factory=dict)
     problems: list[int] = field(default_factory=list)
 
 
@@ -58,14 +58,15 @@ def selection_table(
         present = [r for r in labeled if reached(r, t)]
         table.problems.append(len(present))
         for rule in SELECT_RULES:
-            for pool in POOL_RULES:
+            for select_from in SELECT_FROM:
                 hits = 0.0
                 for result in present:
                     pid = result["problem_id"]
                     seen = [cands for it, cands in per_problem[pid] if it <= t]
-                    chosen, _ = select_answered(seen, pool, mode, rule, (classes or {}).get(pid), fallback=fallback)
+                    own = (classes or {}).get(pid)
+                    chosen, _ = select_answered(seen, select_from, mode, rule, own, fallback=fallback)
                     if chosen is not None:
                         key = (pid, origin[id(chosen)], chosen.index)
                         hits += grades.share_correct(key)
-                table.accuracy.setdefault((rule, pool), []).append(hits / max(1, len(present)))
+                table.accuracy.setdefault((rule, select_from), []).append(hits / max(1, len(present)))
     return table

@@ -1,4 +1,10 @@
-"""Test-time scaling methods, one module each, on the interface in :mod:`tmas.methods.base`."""
+"""Test-time scaling methods, one module each, on the interface in :mod:`tmas.methods.base`, and their registry.
+
+Beside the methods: the steps the baselines share (``baseline_steps``), the candidate selection rules
+(``selection``), stopping and confidence rules (``stopping``, ``confidence``, ``online_stop``), parameters several
+methods take (``style_params``, ``confidence_params``), TMAS's parameters (``tmas_params``) and the calls per
+problem a method states for the cost estimate (``call_count``). A method registered here (:func:`register_method`)
+is known to every command, the proxy and the viewer."""
 
 from __future__ import annotations
 
@@ -17,9 +23,27 @@ from tmas.methods.self_refine import SelfRefine
 from tmas.methods.tmas import TMAS
 from tmas.methods.verify_refine import VerifyRefine
 
-METHODS: dict[str, type[Method[Any]]] = {
-    cls.name: cls for cls in (CoT, TMAS, MajorityVote, SelfRefine, VerifyRefine, PaCoRe, RSE, MATTRL)
-}
+# The registry: name -> method class. Every command, the proxy and the viewer find methods here alone.
+METHODS: dict[str, type[Method[Any]]] = {}
+
+
+def register_method(cls: type[Method[Any]]) -> type[Method[Any]]:
+    """Add ``cls`` to the registry under its ``name`` (a class decorator too); a name taken by another class is an
+    error."""
+    known = METHODS.get(cls.name)
+    if known is not None and known is not cls:
+        raise ConfigError(f"method name {cls.name!r} is taken by {known.__qualname__}")
+    METHODS[cls.name] = cls
+    return cls
+
+
+for _cls in (TMAS, CoT, MajorityVote, SelfRefine, VerifyRefine, PaCoRe, RSE, MATTRL):
+    register_method(_cls)
+
+
+def method_names() -> str:
+    """The registered methods' names, for help texts and errors."""
+    return ", ".join(METHODS)
 
 
 def create_method(name: str, params: dict[str, Any] | None = None, *, embedded: bool = False) -> Method[Any]:

@@ -11,9 +11,9 @@ import asyncio
 import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, ClassVar, Generic, TypeVar, cast
+from typing import Annotated, Any, ClassVar, Generic, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, PrivateAttr, model_validator
 
 from tmas.answer_classes import EquivalenceCheck, answer_classes
 from tmas.config import Budget, Sampling
@@ -21,6 +21,7 @@ from tmas.llm.model import ChatModel
 from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling
 from tmas.llm.types import CallKey, Completion, Message, Usage
 from tmas.llm.watch import UNWATCHED_NOTICE, TraceWatch
+from tmas.methods.call_count import CallCount
 from tmas.methods.confidence import Confidence
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
@@ -167,13 +168,50 @@ class TokenBank:
         return taken
 
 
+# T, the iterations (rounds) a problem runs. Declared here once; a method's parameters restate the field only to set
+# its own default (``iterations: Iterations = 20``): pydantic takes a field's default from the class that declares it.
+Iterations = Annotated[int, Field(ge=1)]
+
+
 class MethodParams(BaseModel):
     """Base of each method's parameters; unknown keys are errors."""
 
     model_config = ConfigDict(extra="forbid")
+    # Old name -> current name of each parameter the method renamed: the old name still works, and a run that uses
+    # it raises a one-line notice (:meth:`notices`).
+    renamed: ClassVar[dict[str, str]] = {}
 
-    iterations: int = Field(default=1, ge=1)
+    iterations: Iterations = 1
     mode: str = Field(default="numeric", pattern="^(numeric|proof)$")
+    # The old names these parameters were given by.
+    _old_names: list[str] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _current_names(cls, data: Any, handler: ModelWrapValidatorHandler[MethodParams]) -> MethodParams:
+        old = [key for key in cls.renamed if isinstance(data, dict) and key in data]
+        for key in old:
+            if cls.renamed[key] in data:
+                raise ValueError(f"{key!r} is the old name of {cls.renamed[key]!r}: give one of them")
+        if old:
+            data = {cls.renamed.get(key, key): value for key, value in data.items()}
+        params = handler(data)
+        params._old_names = old
+        return params
+
+    def notices(self) -> dict[str, str]:
+        """Kind -> one-line notice the parameters raise in a run that uses them (an old parameter name)."""
+        return {
+            f"renamed_parameter_{old}": f"method parameter {old!r} is now called {self.renamed[old]!r};"
+            " the old name still works"
+            for old in self._old_names
+        }
+
+    def sampling_layers(self, role: str) -> tuple[Sampling | None, Sampling | None]:
+        """``role``'s layers of the one sampling resolution (:mod:`tmas.llm.sampling`) that the method sets: its
+        preset's sampling (fills only what no one set) and the user's own per-role method sampling (goes over every
+        setting). None where the method sets none, as here."""
+        return None, None
 
 
 P = TypeVar("P", bound=MethodParams)
@@ -435,3 +473,8 @@ class Method(ABC, Generic[P]):
     @abstractmethod
     async def solve(self, session: ProblemSession) -> ProblemResult:
         """Solve ``session.problem``; every LLM call goes through ``session.chat``."""
+
+    def calls_per_problem(self) -> CallCount:
+        """The chat calls one problem costs, by role, as the method's structure fixes them (the cost estimate adds
+        them up; see :mod:`tmas.methods.call_count`). A method that states none is estimated as unknown."""
+        return CallCount.unknown(self.name)

@@ -10,8 +10,9 @@ from typing import Any, ClassVar
 
 from tmas.agents.solution import generation_prompt
 from tmas.methods.base import Method, MethodParams, ProblemResult, ProblemSession
-from tmas.methods.candidates import finish, notes_for, solve_call
-from tmas.methods.styled import StyledParams
+from tmas.methods.baseline_steps import finish, notes_for, solve_call
+from tmas.methods.call_count import CallCount, count_calls
+from tmas.methods.style_params import StyledParams
 
 
 class CoTParams(StyledParams):
@@ -22,6 +23,10 @@ class CoT(Method[CoTParams]):
     name: ClassVar[str] = "cot"
     Params: ClassVar[type[MethodParams]] = CoTParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"style": "concise"}
+
+    def calls_per_problem(self) -> CallCount:
+        """One solution call."""
+        return count_calls({"solution": 1})
 
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p = self.params

@@ -32,12 +32,13 @@ from tmas.agents.solution import generation_prompt
 from tmas.config import Sampling
 from tmas.llm.types import Message
 from tmas.methods.base import Candidate, Method, MethodParams, ProblemResult, ProblemSession, gather_all
-from tmas.methods.candidates import budget_note, finish, notes_for, solve_call
+from tmas.methods.baseline_steps import budget_note, finish, notes_for, solve_call
+from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.confidence_params import note_missing_confidence
 from tmas.methods.online_stop import ONLINE_STOP_NOTICE, WARMUP, WATCHED, OnlineStop, OnlineStopParams
 from tmas.methods.selection import ConfidenceRule, select
-from tmas.methods.stopping import BETA_THRESHOLD, VoteStop, beta_vote_stop
-from tmas.methods.styled import StyledParams
+from tmas.methods.stopping import BETA_THRESHOLD, VoteStop, beta_vote_stop, fewest_votes_to_stop
+from tmas.methods.style_params import StyledParams
 
 # The reason a decided vote gives as the problem's ``stopped_reason``.
 VOTE_DECIDED = "vote decided (Beta stopping criterion)"
@@ -65,6 +66,31 @@ class MajorityVote(Method[MajorityParams]):
     name: ClassVar[str] = "majority"
     Params: ClassVar[type[MethodParams]] = MajorityParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"k": 4, "style": "concise"}
+
+    def calls_per_problem(self) -> CallCount:
+        """k x T solution calls (MV@k is k samples; each further iteration draws k more). With ``stop = "beta"``
+        that is the most; the fewest is the first round end at which enough agreeing samples can decide the vote
+        (4 at the 0.95 threshold, so one round of 4), the problem stopping there (with ``online_stop`` a round also
+        ends where the warm-up does). ``online_stop`` leaves the calls as they are and makes their tokens a range:
+        at the fewest, every sample after the ``warmup`` ones is stopped as soon as it can be, once
+        ``confidence_window`` tokens arrived."""
+        p = self.params
+        most = p.k * p.iterations
+        samples, count = most, count_calls({"solution": most})
+        if p.stop == "beta":
+            warmup = p.warmup if p.online_stop else 0
+            samples = fewest_samples(p.k, p.iterations, p.round_size, fewest_votes_to_stop(p.stop_threshold), warmup)
+            if samples < most:
+                note = f"stop=beta: from {samples} samples (a decided vote) to k x T (Adaptive-Consistency)"
+                count = count_calls({"solution": most}, note, upper={"solution": most}, fewest={"solution": samples})
+        if p.online_stop and samples > p.warmup:
+            count.stoppable, count.stoppable_tokens = {"solution": samples - p.warmup}, p.confidence_window
+            note = (
+                f"online_stop: the samples after the first {p.warmup} may stop once {p.confidence_window} tokens"
+                " arrived (DeepConf)"
+            )
+            count.note = "; ".join(filter(None, [count.note, note]))
+        return count
 
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p, mode = self.params, self.params.mode
@@ -192,3 +218,19 @@ class MajorityVote(Method[MajorityParams]):
             "stopped": decided,
             "reason": reason,
         }
+
+
+def fewest_samples(k: int, iterations: int, round_size: int, votes: int, warmup: int = 0) -> int:
+    """The fewest samples after which the Beta stop can end a problem: the first round end (rounds of
+    ``round_size`` within each iteration's k, a round also ending where the ``warmup`` samples do) with at least
+    ``votes`` samples drawn; k x T when none."""
+    drawn = 0
+    for _ in range(iterations):
+        asked = 0
+        while asked < k:
+            warming = max(0, warmup - drawn)
+            end = min(asked + round_size, k, asked + (warming or k))
+            drawn, asked = drawn + end - asked, end
+            if drawn >= votes:
+                return drawn
+    return k * iterations

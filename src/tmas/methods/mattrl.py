@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -63,12 +63,14 @@ from tmas.methods.base import (
     BUDGET_STOP,
     BudgetExhausted,
     Candidate,
+    Iterations,
     Method,
     MethodParams,
     ProblemResult,
     ProblemSession,
     gather_all,
 )
+from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.mattrl_teaching import teach, teaching_tier
 
@@ -86,7 +88,7 @@ _PROMPT_MARGIN_TOKENS = 256
 
 class MATTRLParams(MethodParams):
     # R_max, the most deliberation rounds (paper: 3).
-    iterations: int = Field(default=3, ge=1, le=20)
+    iterations: Annotated[Iterations, Field(le=20)] = 3
     domain: Literal["math", "medicine", "education"] = "math"
     # Education: one teacher, or a recruited team (with experience when a pool is given).
     teaching: Literal["single", "team"] = "team"
@@ -134,6 +136,30 @@ class MATTRL(Method[MATTRLParams]):
     name: ClassVar[str] = "mattrl"
     Params: ClassVar[type[MethodParams]] = MATTRLParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"iterations": 2, "team_size": 2}
+
+    def calls_per_problem(self) -> CallCount:
+        """Math: a recruit call, then per round an opinion per specialist and a review of each by each other
+        specialist, then the decision: 2 + R x n^2 with n specialists and R rounds. Deliberation stops when everyone
+        has converged, so this is an upper bound; unusable replies are retried (``retries``), raising the ceiling to
+        (1 + retries) + R x (n + n(n - 1)(1 + retries)) + 2 (the decision's one rewrite pass included). Medicine
+        has no reviews: 2 + R x n. Education: a right pre-test ends the case after 1 call; otherwise single teacher
+        2R + 3, team 2 + R x (n + 2) + 2 (formation, per round n analyses, a plan and the student's reply, then
+        guidance and post-test)."""
+        p = self.params
+        n, rounds, tries = p.team_size, p.iterations, 1 + p.retries
+        if p.domain == "education":
+            if p.teaching == "single":
+                roles = {"student": rounds + 2, "specialist": rounds + 1}
+                return count_calls(roles, "at most: a right pre-test ends the case after 1 call", upper=roles)
+            roles = {"student": rounds + 2, "coordinator": 1 + rounds + 1, "specialist": n * rounds}
+            upper = {**roles, "coordinator": tries + rounds + 1}
+            note = "at most: a right pre-test ends the case after 1 call; team formation may retry"
+            return count_calls(roles, note, upper)
+        reviews = n * (n - 1) * rounds if p.domain == "math" else 0
+        roles = {"coordinator": 2, "specialist": n * rounds, "reviewer": reviews}
+        upper = {"coordinator": tries + 2, "specialist": n * rounds, "reviewer": reviews * tries}
+        note = "at most, with the full team for every round: deliberation stops once every specialist has converged"
+        return count_calls(roles, note, upper)
 
     def __init__(self, params: MethodParams) -> None:
         super().__init__(params)

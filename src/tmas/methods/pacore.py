@@ -18,14 +18,23 @@ from pydantic import Field
 from tmas.agents.baselines import compact_message, pacore_round_prompt, pacore_synthesis_prompt
 from tmas.agents.solution import generation_prompt
 from tmas.llm.types import Message
-from tmas.methods.base import Candidate, Method, MethodParams, ProblemResult, ProblemSession, gather_all
-from tmas.methods.candidates import budget_note, finish, notes_for, pick, solve_call
-from tmas.methods.styled import StyledParams
+from tmas.methods.base import (
+    Candidate,
+    Iterations,
+    Method,
+    MethodParams,
+    ProblemResult,
+    ProblemSession,
+    gather_all,
+)
+from tmas.methods.baseline_steps import budget_note, finish, notes_for, pick, solve_call
+from tmas.methods.call_count import CallCount, count_calls
+from tmas.methods.style_params import StyledParams
 
 
 class PaCoReParams(StyledParams):
     style_roles: ClassVar[tuple[str, ...]] = ("solution", "synthesis")
-    iterations: int = Field(default=20, ge=1)
+    iterations: Iterations = 20
     # Parallel responses per round (paper: num_responses_per_round = 8).
     responses_per_round: int = Field(default=8, ge=1, le=256)
     # A final synthesis round after the T parallel rounds.
@@ -39,6 +48,13 @@ class PaCoRe(Method[PaCoReParams]):
     name: ClassVar[str] = "pacore"
     Params: ClassVar[type[MethodParams]] = PaCoReParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"responses_per_round": 2, "iterations": 2, "style": "concise"}
+
+    def calls_per_problem(self) -> CallCount:
+        """R x T solution calls (R responses per round), plus the synthesis round's S calls when ``synthesis``."""
+        p = self.params
+        return count_calls(
+            {"solution": p.responses_per_round * p.iterations, "synthesis": p.synthesis_responses * p.synthesis}
+        )
 
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p, q, mode = self.params, session.problem.question, self.params.mode

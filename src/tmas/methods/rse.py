@@ -35,21 +35,23 @@ from tmas.memory.similarity import jaccard
 from tmas.methods.base import (
     BudgetExhausted,
     Candidate,
+    Iterations,
     Method,
     MethodParams,
     ProblemResult,
     ProblemSession,
     gather_all,
 )
-from tmas.methods.candidates import budget_note, finish, notes_for, pick, solve_call
+from tmas.methods.baseline_steps import budget_note, finish, notes_for, pick, solve_call
+from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.echo_retry import chat_guarded
-from tmas.methods.styled import StyledParams
+from tmas.methods.style_params import StyledParams
 
 KINDS = ("propositions", "pitfalls")
 
 
 class RSEParams(StyledParams):
-    iterations: int = Field(default=20, ge=1)
+    iterations: Iterations = 20
     n: int = Field(default=8, ge=1, le=256)
     # Cosine similarity at or above which a new item is a duplicate (the RSE setting, about 0.85).
     dedup_threshold: float = Field(default=0.85, gt=0.0, le=1.0)
@@ -80,6 +82,12 @@ class RSE(Method[RSEParams]):
     name: ClassVar[str] = "rse"
     Params: ClassVar[type[MethodParams]] = RSEParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"n": 2, "iterations": 2, "style": "concise"}
+
+    def calls_per_problem(self) -> CallCount:
+        """N x T solution calls and N x (T - 1) distiller calls (the last iteration is not distilled); its embedding
+        requests are not chat calls."""
+        p = self.params
+        return count_calls({"solution": p.n * p.iterations, "distiller": p.n * (p.iterations - 1)})
 
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p, q, mode = self.params, session.problem.question, self.params.mode

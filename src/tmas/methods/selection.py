@@ -1,22 +1,23 @@
-"""Which candidate a verifying method returns: the selection rule and the pool it picks from.
+"""Which candidate a verifying method returns: the selection rule (``select``) and the candidates it selects from
+(``select_from``).
 
 Rules (``select``):
 
 - ``best_score``: the paper's rule (TMAS Algorithm 1, line 22): the highest score. Ties: the answer most of the tied
-  candidates share, then the earliest candidate in pool order.
+  candidates share, then the earliest candidate in candidate order.
 - ``vote``: plurality of the extracted answers, counted by value (below). Ties between answers: the larger sum of
-  scores, then the answer whose first holder comes earliest in pool order.
+  scores, then the answer whose first holder comes earliest in candidate order.
 - ``score_weighted_vote``: the answer with the largest sum of scores over the candidates that give it. Ties: more
-  votes, then the earliest first holder in pool order.
+  votes, then the earliest first holder in candidate order.
 
 Confidence rules (``ConfidenceRule``, beyond the papers: DeepConf, Fu et al. 2025, section 4's offline voting), read
 from each candidate's confidence (methods/confidence.py) by the measure ``ConfidenceVote.measure`` names:
 
 - ``confidence_vote``: confidence-weighted majority vote, V(a) = sum of the confidences of the candidates that give
-  answer a; the largest V(a) wins. Ties: more votes, then the earliest first holder in pool order.
+  answer a; the largest V(a) wins. Ties: more votes, then the earliest first holder in candidate order.
 - ``filtered_vote``: confidence filtering, then the weighted vote: only the most confident share eta of the answered
   candidates vote (``ConfidenceVote.share``; DeepConf's 10 % and 90 %), the top ceil(eta x n) of them, at least
-  one; ties at the cut go to the earlier candidate in pool order.
+  one; ties at the cut go to the earlier candidate in candidate order.
 
 Where any answered candidate has no confidence (the server sent no log-probabilities), both fall back to ``vote``:
 confidences of some candidates only would weigh against the others for want of data, not of certainty
@@ -27,18 +28,20 @@ answer to its class, as :func:`tmas.answer_classes.answer_classes` builds it (no
 then the grading rules' equivalence across the few groups left); without it, the spelling and exact-number stage
 alone groups them. The same grouping decides which answer "most tied candidates share" in ``best_score``.
 
-For every vote the returned candidate is the winning answer's best-scored holder (ties: earliest in pool order).
+For every vote the returned candidate is the winning answer's best-scored holder (ties: earliest in candidate order).
 
 Every rule skips candidates whose call failed; in numeric mode it prefers candidates that have an answer, and where no
 candidate has one (or in proof mode, where there are no answers to count) every vote falls back to ``best_score``.
 A missing score counts 0.
 
-Answer fallback (``select_answered``, beyond the paper): when the pool holds no answered candidate (numeric mode),
-the answer comes from the best answered candidate of the earlier iterations (the rule applied to the ``all`` pool
-of them), recorded as a fallback. With it off, the rule reads the pool alone, as Algorithm 1's line 22 does.
+Answer fallback (``select_answered``, beyond the paper): when the candidates it selects from hold no answered one
+(numeric mode), the answer comes from the best answered candidate of the earlier iterations (the rule applied to all
+of them, as ``select_from = "all"`` orders them), recorded as a fallback. With it off, the rule reads those candidates
+alone, as Algorithm 1's line 22 does.
 
-Pools (``pool``): ``last`` is the last iteration's candidates; ``all`` is every iteration's, ordered newest iteration
-first, then by candidate index, so "earliest in pool order" prefers the latest, most refined candidate.
+Which candidates (``select_from``, called ``pool`` before): ``last`` is the last iteration's candidates; ``all`` is
+every iteration's, ordered newest iteration first, then by candidate index, so "earliest in candidate order" prefers
+the latest, most refined candidate.
 """
 
 from __future__ import annotations
@@ -54,10 +57,10 @@ from tmas.methods.confidence import ConfidenceMeasure
 
 SelectRule = Literal["best_score", "vote", "score_weighted_vote"]
 ConfidenceRule = Literal["confidence_vote", "filtered_vote"]
-PoolRule = Literal["last", "all"]
+SelectFrom = Literal["last", "all"]
 SELECT_RULES: tuple[SelectRule, ...] = get_args(SelectRule)
 CONFIDENCE_RULES: tuple[ConfidenceRule, ...] = get_args(ConfidenceRule)
-POOL_RULES: tuple[PoolRule, ...] = get_args(PoolRule)
+SELECT_FROM: tuple[SelectFrom, ...] = get_args(SelectFrom)
 
 
 @dataclass(frozen=True)
@@ -77,11 +80,11 @@ class ConfidenceVote:
 _EPS = 1e-9
 
 
-def candidate_pool(iterations: Sequence[Sequence[Candidate]], pool: PoolRule) -> list[Candidate]:
-    """The candidates a rule chooses from, given each iteration's candidates oldest first, in pool order."""
+def candidates_from(iterations: Sequence[Sequence[Candidate]], select_from: SelectFrom) -> list[Candidate]:
+    """The candidates a rule chooses from, given each iteration's candidates oldest first, in candidate order."""
     if not iterations:
         return []
-    if pool == "last":
+    if select_from == "last":
         return list(iterations[-1])
     return [c for candidates in reversed(iterations) for c in candidates]
 
@@ -93,7 +96,7 @@ def select(
     classes: Mapping[str, str] | None = None,
     confidence: ConfidenceVote | None = None,
 ) -> Candidate | None:
-    """The candidate ``rule`` returns from ``candidates`` (in pool order); None when every call failed.
+    """The candidate ``rule`` returns from ``candidates`` (in candidate order); None when every call failed.
     ``classes``: answer -> the key of its class of equal values; ``confidence``: how the confidence rules read the
     candidates (the defaults without it). See the module docstring."""
     usable = [c for c in candidates if c.error is None]
@@ -108,13 +111,13 @@ def select(
         rule = "vote"
     how = confidence or ConfidenceVote()
     if rule == "filtered_vote":
-        ranked = sorted(usable, key=lambda c: -_confidence(c, how))  # stable: ties keep pool order
+        ranked = sorted(usable, key=lambda c: -_confidence(c, how))  # stable: ties keep candidate order
         kept = {id(c) for c in ranked[: max(1, math.ceil(how.share * len(usable)))]}
         usable = [c for c in usable if id(c) in kept]
     groups: dict[str, list[Candidate]] = {}
     for c in usable:
         groups.setdefault(class_of(c.answer or "", classes), []).append(c)
-    # Dicts keep insertion order: the group index is the position of the answer's first holder in the pool.
+    # Dicts keep insertion order: the group index is the position of the answer's first holder among the candidates.
     order = {key: position for position, key in enumerate(groups)}
 
     def standing(key: str) -> tuple[float, float, int]:
@@ -129,9 +132,9 @@ def select(
     return _top_scored(groups[winner])
 
 
-def _best_score(pool: list[Candidate], mode: str, classes: Mapping[str, str] | None) -> Candidate:
-    best = max(_score(c) for c in pool)
-    tied = [c for c in pool if abs(_score(c) - best) < _EPS]
+def _best_score(candidates: list[Candidate], mode: str, classes: Mapping[str, str] | None) -> Candidate:
+    best = max(_score(c) for c in candidates)
+    tied = [c for c in candidates if abs(_score(c) - best) < _EPS]
     if mode == "numeric":
         counts: dict[str, int] = {}
         for c in tied:
@@ -146,7 +149,7 @@ def _best_score(pool: list[Candidate], mode: str, classes: Mapping[str, str] | N
 
 def select_answered(
     iterations: Sequence[Sequence[Candidate]],
-    pool: PoolRule,
+    select_from: SelectFrom,
     mode: str,
     rule: SelectRule | ConfidenceRule = "best_score",
     classes: Mapping[str, str] | None = None,
@@ -154,19 +157,19 @@ def select_answered(
     fallback: bool = True,
     confidence: ConfidenceVote | None = None,
 ) -> tuple[Candidate | None, dict[str, Any] | None]:
-    """The candidate ``rule`` returns from the ``pool`` of ``iterations`` (oldest first); in numeric mode, when it
+    """The candidate ``rule`` returns from ``select_from`` of ``iterations`` (oldest first); in numeric mode, when it
     has no answer and ``fallback`` is on, the best answered candidate of the earlier iterations instead.
 
     The second value describes a fallback that happened (None otherwise): the iteration and index of the candidate
     returned, and why. ``classes`` must cover the answers of every iteration.
     """
-    chosen = select(candidate_pool(iterations, pool), mode, rule, classes, confidence)
+    chosen = select(candidates_from(iterations, select_from), mode, rule, classes, confidence)
     if not fallback or mode != "numeric" or (chosen is not None and chosen.answer is not None):
         return chosen, None
     earlier = iterations[:-1]
     # The rule over every earlier candidate, newest iteration first (``select`` prefers answered candidates): ties go
-    # to the latest, most refined answer, as in the ``all`` pool.
-    backup = select(candidate_pool(earlier, "all"), mode, rule, classes, confidence)
+    # to the latest, most refined answer, as ``select_from = "all"`` orders them.
+    backup = select(candidates_from(earlier, "all"), mode, rule, classes, confidence)
     if backup is None or backup.answer is None:
         return chosen, None
     where = next(t for t, candidates in enumerate(earlier) if any(c is backup for c in candidates))
@@ -174,7 +177,7 @@ def select_answered(
         "iteration": where,
         "candidate": backup.index,
         "answer": backup.answer,
-        "reason": "no answered candidate in the " + ("last iteration" if pool == "last" else "pool"),
+        "reason": "no answered candidate in the " + ("last iteration" if select_from == "last" else "iterations"),
     }
     return backup, info
 

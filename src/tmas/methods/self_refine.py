@@ -16,14 +16,23 @@ from pydantic import Field
 
 from tmas.agents.baselines import self_refine_prompt
 from tmas.agents.solution import generation_prompt
-from tmas.methods.base import Candidate, Method, MethodParams, ProblemResult, ProblemSession, gather_all
-from tmas.methods.candidates import budget_note, finish, keeps_previous, notes_for, pick_answered, solve_call
-from tmas.methods.styled import StyledParams
+from tmas.methods.base import (
+    Candidate,
+    Iterations,
+    Method,
+    MethodParams,
+    ProblemResult,
+    ProblemSession,
+    gather_all,
+)
+from tmas.methods.baseline_steps import budget_note, finish, keeps_previous, notes_for, pick_answered, solve_call
+from tmas.methods.call_count import CallCount, count_calls
+from tmas.methods.style_params import StyledParams
 
 
 class SelfRefineParams(StyledParams):
     style_roles: ClassVar[tuple[str, ...]] = ("solution", "refiner")
-    iterations: int = Field(default=20, ge=1)
+    iterations: Iterations = 20
     # Parallel trajectories (paper: 8).
     n: int = Field(default=8, ge=1, le=256)
     # Beyond the paper (issue 16): a refinement with no extractable answer is asked once more with a reminder of the
@@ -37,6 +46,11 @@ class SelfRefine(Method[SelfRefineParams]):
     name: ClassVar[str] = "self_refine"
     Params: ClassVar[type[MethodParams]] = SelfRefineParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"n": 2, "iterations": 2, "style": "concise"}
+
+    def calls_per_problem(self) -> CallCount:
+        """N solution calls in iteration 0, N refiner calls in each of the T - 1 later ones: N x T."""
+        p = self.params
+        return count_calls({"solution": p.n, "refiner": p.n * (p.iterations - 1)})
 
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p, mode, q = self.params, self.params.mode, session.problem.question

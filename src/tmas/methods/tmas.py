@@ -13,7 +13,8 @@ Nothing reads the last iteration's summaries and banks, so by default (``skip_fi
 answer is the same, with N + 2 fewer calls; the ``paper`` preset runs them, as Algorithm 1 is written.
 The answer is the argmax over R_T of the mean verifier score. Ties: among the tied candidates, the answer most of
 them share (by value: methods/selection.py) wins, then the lowest candidate index; candidates without an answer
-(numeric mode) are chosen only when no candidate has one. The ``select`` and ``pool`` parameters choose other rules.
+(numeric mode) are chosen only when no candidate has one. The ``select`` and ``select_from`` parameters choose other
+rules.
 
 Two documented deviations keep a run from losing an answer (issue 16; ``answer_reminder`` and ``answer_fallback``
 turn them off): an exploit or explore reply with no extractable answer is asked once more, with a reminder of the
@@ -77,6 +78,7 @@ from tmas.methods.base import (
     gather_all,
     gather_pair,
 )
+from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.confidence_params import note_missing_confidence
 from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.selection import select_answered
@@ -150,6 +152,35 @@ class TMAS(Method[TMASParams]):
     name: ClassVar[str] = "tmas"
     Params: ClassVar[type[MethodParams]] = TMASParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"preset": "local"}
+
+    def calls_per_problem(self) -> CallCount:
+        """Algorithm 1, every iteration including the first and the last: N solution, N x M verifier, N summary,
+        one experience and one guideline call (none for an ablated bank): T x (N x (M + 2) + 2), 1,640 per problem
+        for N = M = 8, T = 20. ``skip_final_memory`` leaves out the last iteration's summaries and memory update.
+        With ``early_stop`` that is the most; the fewest is a problem settled after ``early_stop_patience``
+        iterations (the last of them without its memory update)."""
+        p, t = self.params, self.params.iterations
+        memory = t - 1 if p.skip_final_memory else t  # iterations whose summaries and banks are computed
+        roles = {
+            "solution": p.n * t,
+            "verifier": p.n * p.m * t,
+            "summary": p.n * memory,
+            "experience": 0 if p.no_experience else memory,
+            "guideline": 0 if p.no_guideline else memory,
+        }
+        settled = p.early_stop_patience  # the fewest iterations a problem can run: settled at once
+        if not p.early_stop or settled >= t:
+            return count_calls(roles)
+        least = {
+            "solution": p.n * settled,
+            "verifier": p.n * p.m * settled,
+            # The stopping iteration writes its summaries (inside each candidate's chain), not its memory update.
+            "summary": p.n * settled,
+            "experience": 0 if p.no_experience else settled - 1,
+            "guideline": 0 if p.no_guideline else settled - 1,
+        }
+        note = f"early_stop: from a problem settled after {settled} iteration(s) to all {t}"
+        return count_calls(roles, note, upper=roles, fewest=least)
 
     # ------------------------------------------------------------------------------------------ Algorithm 1
     async def solve(self, session: ProblemSession) -> ProblemResult:
@@ -252,8 +283,9 @@ class TMAS(Method[TMASParams]):
         if current is not None:
             iterations.append(current)
         classes = await session.answer_classes(c for candidates in iterations for c in candidates)
+        confidence = p.confidence_vote()
         return select_answered(
-            iterations, p.pool, p.mode, p.select, classes, fallback=p.answer_fallback, confidence=p.confidence_vote()
+            iterations, p.select_from, p.mode, p.select, classes, fallback=p.answer_fallback, confidence=confidence
         )
 
     # ------------------------------------------------------------------------------------------ solution agent

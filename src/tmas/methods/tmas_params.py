@@ -30,9 +30,10 @@ from pydantic import Field, ModelWrapValidatorHandler, PrivateAttr, model_valida
 
 from tmas.config import Sampling
 from tmas.memory.experience_bank import DEFAULT_DEDUP_THRESHOLD, DEFAULT_MAX_ENTRIES
+from tmas.methods.base import Iterations
 from tmas.methods.confidence_params import ConfidenceParams
-from tmas.methods.selection import ConfidenceRule, PoolRule, SelectRule
-from tmas.methods.styled import StyledParams
+from tmas.methods.selection import ConfidenceRule, SelectFrom, SelectRule
+from tmas.methods.style_params import StyledParams
 
 TMAS_ROLES = ("solution", "verifier", "summary", "experience", "guideline")
 # Section 4.1: "we set the maximum output length to 128K tokens". The LLM client lowers it per call to what the
@@ -78,10 +79,11 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 class TMASParams(StyledParams, ConfidenceParams):
     style_roles: ClassVar[tuple[str, ...]] = ("solution", "verifier")
+    renamed: ClassVar[dict[str, str]] = {"pool": "select_from"}
 
     preset: Literal["paper", "local"] | None = None
     # Algorithm 1's T, N, M and epsilon.
-    iterations: int = Field(default=20, ge=1)
+    iterations: Iterations = 20
     n: int = Field(default=8, ge=1, le=256)
     m: int = Field(default=8, ge=1, le=64)
     epsilon: float = Field(default=0.2, ge=0.0, le=1.0)
@@ -129,9 +131,9 @@ class TMASParams(StyledParams, ConfidenceParams):
         description="best_score (Algorithm 1), vote, score_weighted_vote, confidence_vote or filtered_vote"
         " (DeepConf, Fu et al. 2025)",
     )
-    pool: PoolRule = "last"
+    select_from: SelectFrom = "last"
     # Beyond the paper (issue 16): an exploit or explore reply with no extractable answer (numeric mode, not cut at
-    # max_tokens) is asked once more, with a reminder of the required output; and when the pool holds no answered
+    # max_tokens) is asked once more, with a reminder of the required output; and when R_T holds no answered
     # candidate, the answer falls back to the best answered candidate of earlier iterations, recorded as a fallback.
     # Both off: Algorithm 1 exactly (line 22 reads R_T alone).
     answer_reminder: bool = True

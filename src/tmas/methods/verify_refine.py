@@ -4,8 +4,8 @@ and its verification; N trajectories in parallel, none sees another.
 Per iteration and trajectory i: iteration 0 writes a solution with TMAS's generation prompt, later ones send the
 previous solution with its verification report to the corrector (role ``corrector``); the new solution then gets
 ``m`` verifications (TMAS's verification agent, role ``verifier``). Its score is their mean (1 / 0.5 / 0 scale) and
-the answer is the best-scored candidate's (``select`` and ``pool`` choose other rules: methods/selection.py). With
-m > 1 the corrector is shown the most critical report (lowest score). The iteration's candidates are the verified
+the answer is the best-scored candidate's (``select`` and ``select_from`` choose other rules: methods/selection.py).
+With m > 1 the corrector is shown the most critical report (lowest score). The iteration's candidates are the verified
 solutions of that iteration. A correction without an answer never silently replaces an answered solution
 (``answer_reminder``, ``answer_fallback``: issue 16).
 """
@@ -23,29 +23,33 @@ from tmas.agents.verification import Verification, VerificationReply, parse_veri
 from tmas.methods.base import (
     BudgetExhausted,
     Candidate,
+    Iterations,
     Method,
     MethodParams,
     ProblemResult,
     ProblemSession,
     gather_all,
 )
-from tmas.methods.candidates import budget_note, finish, keeps_previous, notes_for, solve_call
-from tmas.methods.selection import PoolRule, SelectRule, select_answered
-from tmas.methods.styled import StyledParams
+from tmas.methods.baseline_steps import budget_note, finish, keeps_previous, notes_for, solve_call
+from tmas.methods.call_count import CallCount, count_calls
+from tmas.methods.selection import SelectFrom, SelectRule, select_answered
+from tmas.methods.style_params import StyledParams
 
 
 class VerifyRefineParams(StyledParams):
     style_roles: ClassVar[tuple[str, ...]] = ("solution", "corrector", "verifier")
-    iterations: int = Field(default=20, ge=1)
+    renamed: ClassVar[dict[str, str]] = {"pool": "select_from"}
+    iterations: Iterations = 20
     n: int = Field(default=8, ge=1, le=256)
     # Verifications per solution (the paper's V-R uses one verifier).
     m: int = Field(default=1, ge=1, le=64)
     # Beyond the paper: which candidate is returned (see methods/selection.py); the default is the paper's.
     select: SelectRule = "best_score"
-    pool: PoolRule = "last"
+    select_from: SelectFrom = "last"
     # Beyond the paper (issue 16): a correction with no extractable answer is asked once more with a reminder of the
     # required output; one still without an answer does not replace its trajectory's answered solution, and when the
-    # pool has no answer, the best answered candidate of earlier iterations is returned, recorded as a fallback.
+    # last iteration has no answer, the best answered candidate of earlier iterations is returned, recorded as a
+    # fallback.
     answer_reminder: bool = True
     answer_fallback: bool = True
 
@@ -61,6 +65,11 @@ class VerifyRefine(Method[VerifyRefineParams]):
     name: ClassVar[str] = "verify_refine"
     Params: ClassVar[type[MethodParams]] = VerifyRefineParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"n": 2, "iterations": 2, "style": "concise"}
+
+    def calls_per_problem(self) -> CallCount:
+        """N solution + N x (T - 1) corrector + N x m x T verifier calls: N x T x (1 + m)."""
+        p, t = self.params, self.params.iterations
+        return count_calls({"solution": p.n, "corrector": p.n * (t - 1), "verifier": p.n * p.m * t})
 
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p = self.params
@@ -87,7 +96,7 @@ class VerifyRefine(Method[VerifyRefineParams]):
             iterations = [*(record.candidates for record in session.records), candidates]
             classes = await session.answer_classes(c for cands in iterations for c in cands)
             chosen, fallback = select_answered(
-                iterations, p.pool, p.mode, p.select, classes, fallback=p.answer_fallback
+                iterations, p.select_from, p.mode, p.select, classes, fallback=p.answer_fallback
             )
             if fallback is not None:
                 notes.append(f"answer from iteration {fallback['iteration']}: {fallback['reason']}")

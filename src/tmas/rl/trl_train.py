@@ -23,10 +23,10 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 from tmas.errors import ConfigError, InputError
 from tmas.llm.weights import resolve_model
 from tmas.rl.data import COLUMNS
-from tmas.rl.options import TrainOptions
 from tmas.rl.sampler import PromptGroupSampler, prompt_groups
 from tmas.rl.scoring import NoveltyJudge
 from tmas.rl.tiny import tiny_model, tiny_tokenizer
+from tmas.rl.train_options import TrainOptions
 from tmas.rl.trl_rewards import HybridReward
 
 

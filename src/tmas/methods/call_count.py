@@ -1,0 +1,71 @@
+"""The chat calls one problem costs under a method, by role: what each method states of its own structure
+(:meth:`tmas.methods.base.Method.calls_per_problem`) and the cost estimate adds up over problems and grid points.
+
+Counts assume every call succeeds: a failed call only ever lowers them (its candidate is not verified or summarised,
+a memory agent with no rollout is skipped). Embedding requests are not chat calls and are not counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass
+class CallCount:
+    """Chat calls per problem by role: ``expected`` when every call succeeds (and adaptive methods run to their
+    limit), ``upper`` the most there can be (retries included). ``exact``: the structure fixes the count."""
+
+    expected: dict[str, int]
+    upper: dict[str, int]
+    exact: bool = True
+    note: str = ""
+    # A call budget per problem (``--budget-calls``): no problem sends more, whatever the structure says.
+    cap: int | None = None
+    # The fewest calls by role, where a stopping rule may end a problem early (None: the count cannot go lower).
+    fewest: dict[str, int] | None = None
+    # Online stopping: calls by role (of the fewest) that may be stopped while they stream, and the fewest
+    # completion tokens such a call spends before it can be (one confidence window).
+    stoppable: dict[str, int] | None = None
+    stoppable_tokens: int = 0
+    # False for a method that states no count of its own: the estimate shows it as unknown, not as zero.
+    known: bool = True
+
+    @classmethod
+    def unknown(cls, method: str) -> CallCount:
+        """The count of a method that states none."""
+        return cls({}, {}, exact=False, note=f"method {method!r} states no calls per problem", known=False)
+
+    @property
+    def total(self) -> int:
+        total = sum(self.expected.values())
+        return total if self.cap is None else min(total, self.cap)
+
+    @property
+    def upper_total(self) -> int:
+        total = sum(self.upper.values())
+        return total if self.cap is None else min(total, self.cap)
+
+    @property
+    def fewest_total(self) -> int:
+        total = sum((self.fewest if self.fewest is not None else self.expected).values())
+        return total if self.cap is None else min(total, self.cap)
+
+    def share(self) -> float:
+        """The part of the structure's calls the cap leaves (1.0 without a cap)."""
+        full = sum(self.expected.values())
+        return self.total / full if full else 1.0
+
+
+def count_calls(
+    roles: Mapping[str, int],
+    note: str = "",
+    upper: Mapping[str, int] | None = None,
+    fewest: Mapping[str, int] | None = None,
+) -> CallCount:
+    """A :class:`CallCount` of ``roles`` (roles with no call left out): exact unless it has a ``note`` or an
+    ``upper`` bound of its own; ``fewest``: where a stopping rule may end a problem sooner."""
+    expected = {role: n for role, n in roles.items() if n}
+    ceiling = {role: n for role, n in (upper or roles).items() if n}
+    floor = {role: n for role, n in fewest.items() if n} if fewest is not None else None
+    return CallCount(expected, ceiling, exact=upper is None and not note, note=note, fewest=floor)
