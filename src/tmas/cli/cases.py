@@ -22,8 +22,8 @@ def import_cases(
     ],
 ) -> None:
     """Convert cases to the problems JSONL that `tmas run` reads."""
+    from tmas.data.case_import import READERS
     from tmas.errors import InputError
-    from tmas.eval.case_import import READERS
 
     if fmt not in READERS:
         raise InputError(f"unknown case format {fmt!r} (known: {', '.join(READERS)})")
@@ -47,7 +47,7 @@ def grade(
 ) -> None:
     """One JSON line per case, then the metrics."""
     from tmas.config import load_settings
-    from tmas.eval.case_grading import grade_cases
+    from tmas.grading.cases import grade_cases
 
     settings = load_settings(config, {"endpoint.base_url": base_url, "endpoint.model": model}) if judge else None
     graded = asyncio.run(grade_cases(run_dir, settings))

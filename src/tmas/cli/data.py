@@ -45,7 +45,7 @@ def data_filter(
     """Keep the problems a model solves fewer than --below times in k, then select n (TMAS appendix A.2)."""
     from tmas.cli.main import _grade_config
     from tmas.cli.options import ModelFlags
-    from tmas.eval.difficulty_filter import filter_settings, run_filter
+    from tmas.data.difficulty_filter import filter_settings, run_filter
     from tmas.problems import resolve_dataset
 
     grading = _grade_config(grade, judge_runs)
@@ -79,7 +79,7 @@ def data_import(
     ] = False,
 ) -> None:
     """Convert an official benchmark file into tmas problems (problem_id, question, answer, its other fields)."""
-    from tmas.eval.importers import LAYOUTS, import_problems, write_problems
+    from tmas.data.importers import LAYOUTS, import_problems, write_problems
 
     if source not in LAYOUTS:
         raise InputError(f"unknown source {source!r}; known: {', '.join(LAYOUTS)}")

@@ -299,7 +299,7 @@ JudgeModelOpt = Annotated[str | None, typer.Option("--judge-model", help="Model 
 
 
 def _grade_config(grade: str, judge_runs: int) -> Any:
-    from tmas.eval.grading import GradeConfig
+    from tmas.grading.grades import GradeConfig
 
     if grade not in ("combined", "rules", "judge"):
         raise InputError(f"--grade {grade!r}: choose combined, rules or judge")
@@ -343,7 +343,7 @@ def report(
     ] = None,
 ) -> None:
     """Grade runs and write a Markdown + HTML report with per-iteration tables and plots."""
-    from tmas.eval.report import build_report
+    from tmas.reports.report import build_report
 
     settings = _judge_settings(config, base_url, judge_base_url, judge_model)
     grade_config = _grade_config(grade, judge_runs)
@@ -376,7 +376,7 @@ def evaluate(
     limit: LimitOpt = None,
 ) -> None:
     """Run a method on problems, grade the run and write its report (run + report in one step)."""
-    from tmas.eval.report import build_report
+    from tmas.reports.report import build_report
 
     grade_config = _grade_config(grade, judge_runs)  # bad flags fail before any model call
     params = method_params(param, iterations=iterations, no_experience=no_experience, no_guideline=no_guideline)
@@ -498,7 +498,7 @@ def data_generate(
     level: Annotated[int, typer.Option("--level", help="Difficulty, 1 (easy) to 5.")] = 1,
 ) -> None:
     """Write problems whose answers are computed by code (tilings, recurrences, modular arithmetic, ...)."""
-    from tmas.eval.generators import FAMILIES, generate, write_jsonl
+    from tmas.data.generators import FAMILIES, generate, write_jsonl
 
     if family != "all" and family not in FAMILIES:
         raise InputError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}, all")

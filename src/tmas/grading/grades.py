@@ -18,10 +18,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from tmas.answer_rules import RuleChecker
 from tmas.config import Settings
-from tmas.eval.judge import judge_once
-from tmas.eval.rules import RuleChecker
-from tmas.eval.run_results import load_results
+from tmas.grading.judge import judge_once
+from tmas.grading.run_results import load_results
 from tmas.llm.client import LLMClient
 from tmas.llm.types import Usage
 from tmas.problems import Problem

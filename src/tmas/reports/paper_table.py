@@ -1,15 +1,15 @@
-"""The report's "paper beside ours" table: every published cell a run matches (eval/paper_numbers.py), the run's own
+"""The report's "paper beside ours" table: every published cell a run matches (reports/paper_numbers.py), the run's own
 value at the same iteration, and the difference."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tmas.eval.document import Document, Heading, Paragraph, Table
-from tmas.eval.paper_numbers import REPORTED_METRICS, PaperCell, matching_cells, setting_differences
+from tmas.reports.document import Document, Heading, Paragraph, Table
+from tmas.reports.paper_numbers import REPORTED_METRICS, PaperCell, matching_cells, setting_differences
 
 if TYPE_CHECKING:
-    from tmas.eval.report import RunEvaluation
+    from tmas.reports.report import RunEvaluation
 
 
 def ours(e: RunEvaluation, cell: PaperCell) -> float | None:
@@ -76,7 +76,7 @@ def paper_section(doc: Document, runs: list[RunEvaluation], paper_model: str | N
     doc.add(Heading(3, "Paper beside ours"))
     doc.add(
         Paragraph(
-            "Each published cell (tmas/eval/paper_numbers.csv) a run matches by model, benchmark and method, with "
+            "Each published cell (tmas/reports/paper_numbers.csv) a run matches by model, benchmark and method, with "
             "the run's value at the same iteration (Pass@1, or the returned answer's accuracy) in %, and ours minus "
             "the paper's. 'Setting' lists the run's parameters that differ from the paper's."
             + (f" {beyond} matched cells lie beyond the runs' last iterations." if beyond else "")
