@@ -15,7 +15,8 @@ import pytest
 
 from conftest import settings_for
 from tmas.data.generators import generate
-from tmas.grading.grades import GradeConfig, grade_run
+from tmas.grading.grades import GradeConfig
+from tmas.grading.runs import grade_run
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
 from tmas.methods.base import Candidate, IterationRecord
 from tmas.methods.confidence import Confidence

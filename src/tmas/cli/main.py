@@ -300,12 +300,13 @@ JudgeModelOpt = Annotated[str | None, typer.Option("--judge-model", help="Model 
 
 def _grade_config(grade: str, judge_runs: int) -> Any:
     from tmas.grading.grades import GradeConfig
+    from tmas.grading.registry import GRADERS
 
-    if grade not in ("combined", "rules", "judge"):
-        raise InputError(f"--grade {grade!r}: choose combined, rules or judge")
+    if grade not in GRADERS:
+        raise InputError(f"--grade {grade!r}: choose {', '.join(GRADERS)}")
     if judge_runs < 1:
         raise InputError("--judge-runs must be at least 1")
-    return GradeConfig(mode=grade, judge_runs=judge_runs)  # type: ignore[arg-type]
+    return GradeConfig(mode=grade, judge_runs=judge_runs)
 
 
 def _judge_settings(

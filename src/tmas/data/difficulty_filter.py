@@ -19,8 +19,9 @@ from typing import Any
 
 from tmas.config import Settings
 from tmas.errors import InputError
-from tmas.grading.grades import GradeConfig, Grades, grade_run
+from tmas.grading.grades import GradeConfig, Grades
 from tmas.grading.run_results import load_results
+from tmas.grading.runs import grade_run
 from tmas.problems import Problem, dataset_name, load_problems
 from tmas.runner import RunState, prepare_run, run_problems
 

@@ -24,7 +24,9 @@ from tmas.agents.utterance_judge import TeachingView
 from tmas.config import Settings
 from tmas.errors import InputError
 from tmas.grading.diagnosis import judge_rank, name_rank
-from tmas.grading.grades import SELECTED, GradeConfig, GradeMode, grade_run
+from tmas.grading.grades import SELECTED, GradeConfig
+from tmas.grading.registry import GradeMode
+from tmas.grading.runs import grade_run
 from tmas.llm.client import LLMClient
 from tmas.memory.transcript import Transcript, Utterance
 from tmas.problems import Problem

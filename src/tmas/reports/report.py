@@ -22,8 +22,9 @@ from pydantic import ValidationError
 
 from tmas.answer_rules import RuleEquivalence, math_verify_installed
 from tmas.config import Settings
-from tmas.grading.grades import GradeConfig, Grades, grade_run, load_grades
+from tmas.grading.grades import GradeConfig, Grades
 from tmas.grading.run_results import in_progress, load_results
+from tmas.grading.runs import grade_run, load_grades
 from tmas.llm.types import FALLBACKS
 from tmas.methods.base import ReplyTally
 from tmas.methods.selection import POOL_RULES, SELECT_RULES

@@ -16,7 +16,8 @@ from functools import lru_cache
 from typing import Any
 
 from tmas.answers import last_boxed, normalize_answer
-from tmas.grading.grades import SELECTED, GradeConfig, Grades, ItemKey, load_grades
+from tmas.grading.grades import SELECTED, GradeConfig, Grades, ItemKey
+from tmas.grading.runs import load_grades
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
 
