@@ -1,5 +1,5 @@
-"""``tmas data filter`` (the TMAS paper's difficulty filter, appendix A.2) and ``tmas data import`` (official benchmark
-files into tmas JSONL), added to the ``tmas data`` group."""
+"""The ``tmas data`` group: ``generate`` (problems whose answers code computes), ``filter`` (the TMAS paper's
+difficulty filter, appendix A.2) and ``import`` (official benchmark files into tmas JSONL)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,30 @@ import typer
 
 from tmas.errors import InputError
 
+data_app = typer.Typer(
+    help="Problem data: generate verifiable problems, filter by difficulty, import official files.",
+    no_args_is_help=True,
+)
 
-def add_data_commands(data_app: typer.Typer) -> None:
-    data_app.command("filter")(data_filter)
-    data_app.command("import")(data_import)
+
+@data_app.command("generate")
+def data_generate(
+    family: Annotated[str, typer.Option("--family", help="Problem family, or 'all' (N of each).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="JSONL file to write.")],
+    n: Annotated[int, typer.Option("--n", help="Problems per family.")] = 10,
+    seed: Annotated[int, typer.Option("--seed", help="Seed: the same seed gives the same problems.")] = 0,
+    level: Annotated[int, typer.Option("--level", help="Difficulty, 1 (easy) to 5.")] = 1,
+) -> None:
+    """Write problems whose answers are computed by code (tilings, recurrences, modular arithmetic, ...)."""
+    from tmas.data.generators import FAMILIES, generate, write_jsonl
+
+    if family != "all" and family not in FAMILIES:
+        raise InputError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}, all")
+    count = write_jsonl(generate(family, n, seed=seed, level=level), out)
+    typer.echo(f"wrote {count} problems to {out}")
 
 
+@data_app.command("filter")
 def data_filter(
     problems: Annotated[Path, typer.Argument(help="Problems JSONL or a benchmark name (imo-answerbench, ...).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Subset JSONL to write (its card goes beside it).")],
@@ -43,12 +61,12 @@ def data_filter(
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="Max tokens per sample.")] = None,
 ) -> None:
     """Keep the problems a model solves fewer than --below times in k, then select n (TMAS appendix A.2)."""
-    from tmas.cli.main import _grade_config
+    from tmas.cli.grade_flags import read_grade_flags
     from tmas.cli.options import ModelFlags
     from tmas.data.difficulty_filter import filter_settings, run_filter
     from tmas.problems import resolve_dataset
 
-    grading = _grade_config(grade, judge_runs)
+    grading = read_grade_flags(grade, judge_runs)
     flags = {"temperature": temperature, "top_p": top_p}
     settings = ModelFlags(
         config=config,
@@ -70,6 +88,7 @@ def data_filter(
     typer.echo(f"wrote {out} and its card ({out.stem}.card.json, .md); samples in {where}")
 
 
+@data_app.command("import")
 def data_import(
     source: Annotated[str, typer.Argument(help="hle, imo-answerbench or matharena.")],
     file: Annotated[Path, typer.Argument(help="The downloaded file (.csv, .jsonl, .json or .parquet).")],

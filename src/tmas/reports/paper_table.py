@@ -3,16 +3,27 @@ value at the same iteration, and the difference."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from tmas.reports.document import Document, Heading, Paragraph, Table
+from tmas.reports.metrics import RunMetrics
 from tmas.reports.paper_numbers import REPORTED_METRICS, PaperCell, matching_cells, setting_differences
 
-if TYPE_CHECKING:
-    from tmas.reports.report import RunEvaluation
+
+class PaperRun(Protocol):
+    """What the table reads of an evaluated run (tmas.reports.report.RunEvaluation has it)."""
+
+    label: str
+    benchmark: str
+    paper_benchmark: str | None
+    method: str
+    params: dict[str, Any]
+    model: str | None
+    metrics: RunMetrics
 
 
-def ours(e: RunEvaluation, cell: PaperCell) -> float | None:
+def ours(e: PaperRun, cell: PaperCell) -> float | None:
     """The run's value (in %) for the cell: Pass@1 at the cell's iteration, or the returned answer's accuracy (at
     the cell's iteration, else the run's last) for an accuracy cell such as MV@64."""
     if not e.metrics.iterations:
@@ -24,7 +35,7 @@ def ours(e: RunEvaluation, cell: PaperCell) -> float | None:
     return None if m is None else 100 * m.selected
 
 
-def paper_rows(e: RunEvaluation, paper_model: str | None = None) -> tuple[list[list[str]], int]:
+def paper_rows(e: PaperRun, paper_model: str | None = None) -> tuple[list[list[str]], int]:
     """Rows for the run (cells shared by several tables once, their sources joined) and how many matched cells lie
     beyond the run's last iteration."""
     benchmark = e.paper_benchmark or e.benchmark
@@ -63,7 +74,7 @@ def paper_rows(e: RunEvaluation, paper_model: str | None = None) -> tuple[list[l
     return rows, beyond
 
 
-def paper_section(doc: Document, runs: list[RunEvaluation], paper_model: str | None = None) -> None:
+def paper_section(doc: Document, runs: Sequence[PaperRun], paper_model: str | None = None) -> None:
     """The table for one benchmark's graded runs; nothing when no run matches a published cell."""
     rows: list[list[str]] = []
     beyond = 0
