@@ -39,9 +39,9 @@ from typing import Any
 from embedded_cpu import TMAS_CLI, _run
 
 from tmas.answer_classes import answer_classes
-from tmas.eval.generators import FAMILIES, generate, write_jsonl
-from tmas.eval.rules import RuleEquivalence, check_pair, math_verify_installed
-from tmas.eval.run_results import load_results
+from tmas.answer_rules import RuleEquivalence, check_pair, math_verify_installed
+from tmas.data.generators import FAMILIES, generate, write_jsonl
+from tmas.grading.run_results import load_results
 from tmas.methods.base import Candidate
 from tmas.methods.online_stop import ConfidenceWatch, stopping_threshold
 from tmas.methods.selection import ConfidenceVote, select

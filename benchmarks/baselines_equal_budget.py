@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 from tmas.config import Budget, Settings
-from tmas.eval.grading import GradeConfig
+from tmas.grading.grades import GradeConfig
 from tmas.sweep import Study, SweepSpec, report_sweep, run_sweep
 from tmas.testing import SimScript, SimServer
 

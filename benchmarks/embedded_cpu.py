@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from tmas.config import LocalModel
-from tmas.eval.generators import FAMILIES, generate, write_jsonl
-from tmas.eval.grading import GradeConfig
-from tmas.eval.report import evaluate_run
-from tmas.eval.run_results import load_results
+from tmas.data.generators import FAMILIES, generate, write_jsonl
+from tmas.grading.grades import GradeConfig
+from tmas.grading.run_results import load_results
 from tmas.llm.local_server import llama_server_bin_dir, replica_threads
 from tmas.llm.weights import resolve_model
+from tmas.reports.report import evaluate_run
 from tmas.store.run_store import RunStore
 
 QUESTION = "What is 17*23?"

@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from tmas.config import Budget, Settings
+from tmas.data.generators import FAMILIES, generate, write_jsonl
 from tmas.errors import ConfigError, TmasError
-from tmas.eval.generators import FAMILIES, generate, write_jsonl
-from tmas.eval.grading import GradeConfig
-from tmas.eval.report import build_report
+from tmas.grading.grades import GradeConfig
 from tmas.llm.provision import provisioned
 from tmas.problems import load_problems
+from tmas.reports.report import build_report
 from tmas.sweep import PointOutcome, SweepSpec, expand, load_spec, report_sweep, run_sweep
 from tmas.testing import SimScript, SimServer
 

@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 
 from tmas.config import Sampling, Settings
-from tmas.eval.generators import generate
+from tmas.data.generators import generate
 from tmas.llm.types import CallKey, ChatRequest, Completion, Message, Usage
 from tmas.methods.base import Candidate, IterationRecord, ProblemResult
 from tmas.problems import Problem

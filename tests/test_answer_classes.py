@@ -10,10 +10,10 @@ import pytest
 from conftest import settings_for
 from tmas.answer_classes import MAX_COMPARED, answer_classes, value_key
 from tmas.api import asolve
-from tmas.eval.metrics import majority_answer
 from tmas.methods.base import Candidate
 from tmas.methods.baseline_steps import vote
 from tmas.methods.selection import select
+from tmas.reports.metrics import majority_answer
 from tmas.testing import Rule, SimScript, SimServer
 
 
@@ -86,7 +86,7 @@ async def test_merging_is_transitive_and_bounded() -> None:
 
 async def test_the_grading_rules_merge_symbolic_spellings() -> None:
     pytest.importorskip("math_verify")
-    from tmas.eval.rules import RuleEquivalence
+    from tmas.answer_rules import RuleEquivalence
 
     equivalence = RuleEquivalence()
     try:

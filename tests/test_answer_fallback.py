@@ -10,7 +10,7 @@ from typing import Any
 from conftest import settings_for
 from tmas.agents.templates import render
 from tmas.api import asolve
-from tmas.eval.run_results import load_results
+from tmas.grading.run_results import load_results
 from tmas.methods.base import Candidate, ProblemResult
 from tmas.methods.selection import select_answered
 from tmas.store.run_store import RunStore

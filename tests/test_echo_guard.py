@@ -18,14 +18,14 @@ from tmas.agents.experience import experience_prompt
 from tmas.agents.rollouts import RolloutView
 from tmas.agents.solution import generation_prompt
 from tmas.api import asolve
-from tmas.eval.grading import GradeConfig
-from tmas.eval.report import build_report
+from tmas.grading.grades import GradeConfig
 from tmas.llm.types import Message
 from tmas.memory.experience_bank import ExperienceBank
 from tmas.memory.pool import Pool
 from tmas.methods.base import ProblemResult
 from tmas.pool.build import BuildConfig, build_pool
 from tmas.problems import Problem
+from tmas.reports.report import build_report
 from tmas.testing import Rule, SimScript, SimServer
 
 Q = "What is 17*23?"

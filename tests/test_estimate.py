@@ -14,7 +14,8 @@ import pytest
 
 from conftest import settings_for
 from tmas.config import Settings
-from tmas.eval.estimate import (
+from tmas.methods import create_method
+from tmas.planning.estimate import (
     Estimate,
     TokenRates,
     calls_per_problem,
@@ -23,7 +24,6 @@ from tmas.eval.estimate import (
     rates_from_role_costs,
     role_max_tokens,
 )
-from tmas.methods import create_method
 from tmas.problems import Problem
 from tmas.runner import RunState, prepare_run, run_problems
 from tmas.store.run_store import RunStore

@@ -6,15 +6,15 @@ from typing import Any
 
 import pytest
 
-from tmas.eval.analysis import (
+from tmas.grading.grades import Grades
+from tmas.reports.analysis import (
     experience_trace,
     score_dynamics,
     stopping_summary,
     stopping_tradeoff,
     unique_guidelines,
 )
-from tmas.eval.grading import Grades
-from tmas.eval.metrics import compute_metrics
+from tmas.reports.metrics import compute_metrics
 
 pytest.importorskip("scipy")
 

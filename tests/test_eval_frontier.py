@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from tmas.eval.frontier import equal_budget, iteration_frontier, mv_at_k, mv_frontier
-from tmas.eval.grading import SELECTED, Grades
-from tmas.eval.metrics import compute_metrics
-from tmas.eval.roc import confidence_separation, roc_area, score_separation
-from tmas.eval.selection_table import selection_table
+from tmas.grading.grades import SELECTED, Grades
+from tmas.reports.frontier import equal_budget, iteration_frontier, mv_at_k, mv_frontier
+from tmas.reports.metrics import compute_metrics
+from tmas.reports.roc import confidence_separation, roc_area, score_separation
+from tmas.reports.selection_table import selection_table
 
 
 def test_mv_at_k_by_enumeration_of_subsets() -> None:

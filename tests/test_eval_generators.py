@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from tmas.data.generators import FAMILIES, TILE_SETS, generate
 from tmas.errors import InputError
-from tmas.eval.generators import FAMILIES, TILE_SETS, generate
 from tmas.problems import load_problems
 
 
@@ -82,7 +82,7 @@ def test_answers_match_brute_force(family: str, level: int) -> None:
 def test_the_paper_case_study_count() -> None:
     # Appendix C: 2x4 board with 2x1, 2x2 and 2x4 tiles has T_4 = 12 tilings.
     assert brute_tilings(4, (2, 4)) == 12
-    from tmas.eval.generators import tilings_2xn
+    from tmas.data.generators import tilings_2xn
 
     assert tilings_2xn(4, (2, 4)) == 12
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from conftest import settings_for
-from tmas.eval.grading import SELECTED, GradeConfig, grade_run, load_grades
-from tmas.eval.judge import judge_once, majority, parse_judge_reply
-from tmas.eval.rules import RuleChecker, check_pair
+from tmas.answer_rules import RuleChecker, check_pair
+from tmas.grading.grades import SELECTED, GradeConfig
+from tmas.grading.judge import judge_once, majority, parse_judge_reply
+from tmas.grading.runs import grade_run, load_grades
 from tmas.llm.client import LLMClient
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from tmas.answers import normalize_answer
-from tmas.eval.grading import SELECTED, Grades
-from tmas.eval.metrics import compute_metrics, majority_answer, pass_at_1
+from tmas.grading.grades import SELECTED, Grades
+from tmas.reports.metrics import compute_metrics, majority_answer, pass_at_1
 
 
 def test_pass_at_1_by_hand() -> None:

@@ -12,12 +12,12 @@ from conftest import settings_for
 from tmas.agents.solution import generation_prompt
 from tmas.api import asolve
 from tmas.errors import ConfigError
-from tmas.eval.grading import GradeConfig
-from tmas.eval.reply_quality import role_replies
-from tmas.eval.report import build_report
+from tmas.grading.grades import GradeConfig
 from tmas.methods import METHODS, create_method
 from tmas.methods.base import ReplyTally
 from tmas.methods.style_params import StyledParams
+from tmas.reports.reply_quality import role_replies
+from tmas.reports.report import build_report
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, SimScript, SimServer
 

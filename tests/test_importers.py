@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tmas.data.importers import import_problems
 from tmas.errors import InputError
-from tmas.eval.importers import import_problems
 from tmas.problems import load_problems
 
 HLE_ROWS = [

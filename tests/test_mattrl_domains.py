@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 
 from conftest import settings_for
 from tmas.cli.main import app
+from tmas.data.case_import import read_rarebench, read_supergpqa
 from tmas.errors import InputError
-from tmas.eval.case_import import read_rarebench, read_supergpqa
-from tmas.eval.diagnosis import UnreadableJudgement, judge_rank, name_rank, parse_judge_rank, ranking_metrics
-from tmas.eval.teaching import teaching_metrics
+from tmas.grading.diagnosis import UnreadableJudgement, judge_rank, name_rank, parse_judge_rank, ranking_metrics
+from tmas.grading.teaching import teaching_metrics
 from tmas.llm.client import LLMClient
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool

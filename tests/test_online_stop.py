@@ -21,15 +21,15 @@ from test_settle import evaluation_of
 from tmas.api import aresume, arun, asolve
 from tmas.cli.main import app
 from tmas.config import Sampling
-from tmas.eval.analysis import stopping_summary
-from tmas.eval.document import Document
-from tmas.eval.report import _run_section
-from tmas.eval.run_results import load_results
+from tmas.grading.run_results import load_results
 from tmas.llm.client import LLMClient
 from tmas.llm.types import TokenLogprob, TopLogprob, user
 from tmas.llm.watch import UNWATCHED_NOTICE, WatchStop
 from tmas.methods.base import ProblemResult
 from tmas.methods.online_stop import CONFIDENCE_STOP, ONLINE_STOP_NOTICE, ConfidenceWatch, stopping_threshold
+from tmas.reports.analysis import stopping_summary
+from tmas.reports.document import Document
+from tmas.reports.report import _run_section
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedUsage, SimScript, SimServer
 from tmas.testing.responders import count_tokens

@@ -10,13 +10,13 @@ import pytest
 
 from conftest import settings_for
 from tmas.config import Settings
-from tmas.eval.case_import import read_rarebench, read_supergpqa
-from tmas.eval.estimate import calls_per_problem
+from tmas.data.case_import import read_rarebench, read_supergpqa
 from tmas.llm.client import LLMClient
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.methods import create_method
+from tmas.planning.estimate import calls_per_problem
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
 from tmas.sweep import SweepSpec, expand, load_spec, run_sweep, with_grid_sampling

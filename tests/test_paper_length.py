@@ -16,12 +16,12 @@ from typer.testing import CliRunner
 from tmas.api import asolve
 from tmas.cli.main import app
 from tmas.config import Settings, load_settings
-from tmas.eval.document import Document
-from tmas.eval.reply_quality import reply_quality_section
 from tmas.llm.client import CONTEXT_MARGIN_TOKENS
 from tmas.methods.base import ReplyTally, truncation_warnings
 from tmas.methods.tmas_params import PAPER_MAX_TOKENS
 from tmas.problems import Problem
+from tmas.reports.document import Document
+from tmas.reports.reply_quality import reply_quality_section
 from tmas.testing import Rule, SimScript, SimServer
 
 Q = "What is 17*23?"

@@ -6,10 +6,10 @@ from collections import defaultdict
 from pathlib import Path
 
 from conftest import settings_for
-from tmas.eval.grading import GradeConfig
-from tmas.eval.paper_numbers import load_cells, matching_cells, paper_methods, paper_model, setting_differences
-from tmas.eval.report import build_report
+from tmas.grading.grades import GradeConfig
 from tmas.problems import Problem
+from tmas.reports.paper_numbers import load_cells, matching_cells, paper_methods, paper_model, setting_differences
+from tmas.reports.report import build_report
 from tmas.runner import RunState, prepare_run, run_problems
 from tmas.testing import SimServer
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from conftest import settings_for
+from tmas.data.case_import import read_supergpqa
+from tmas.data.importers import read_rows
 from tmas.errors import InputError
-from tmas.eval.case_import import read_supergpqa
-from tmas.eval.importers import read_rows
 from tmas.problems import Problem, load_problems
 from tmas.runner import RunState, prepare_run, run_problems
 from tmas.testing import FaultRates, SimScript, SimServer

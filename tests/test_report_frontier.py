@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tmas.eval.grading import GradeConfig
-from tmas.eval.report import build_report
+from tmas.grading.grades import GradeConfig
+from tmas.reports.report import build_report
 from tmas.testing import Rule, SimScript, SimServer
 
 pytest.importorskip("math_verify")

@@ -10,7 +10,7 @@ from typing import Any
 from mattrl_runs import hand_worked_transcript
 from tmas.agents.utterance_judge import JudgeScoreReply
 from tmas.config import Settings
-from tmas.eval.judge import JudgeReplyFormat, judge_once
+from tmas.grading.judge import JudgeReplyFormat, judge_once
 from tmas.llm.client import LLMClient
 from tmas.llm.model import ChatModel
 from tmas.llm.replay import StoreReplay

@@ -15,17 +15,17 @@ from typer.testing import CliRunner
 from conftest import settings_for
 from tmas.api import arun, asolve
 from tmas.cli.main import app
-from tmas.eval.analysis import stopping_summary
-from tmas.eval.document import Document
-from tmas.eval.grading import Grades
-from tmas.eval.metrics import compute_metrics
-from tmas.eval.report import RunEvaluation, _run_section
-from tmas.eval.roc import confidence_separation
-from tmas.eval.run_results import load_results
+from tmas.grading.grades import Grades
+from tmas.grading.run_results import load_results
 from tmas.methods.base import ProblemResult
 from tmas.methods.confidence_params import CONFIDENCE_NOTICE
 from tmas.methods.majority import VOTE_DECIDED
 from tmas.methods.tmas import SETTLED
+from tmas.reports.analysis import stopping_summary
+from tmas.reports.document import Document
+from tmas.reports.metrics import compute_metrics
+from tmas.reports.report import RunEvaluation, _run_section
+from tmas.reports.roc import confidence_separation
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, SimScript, SimServer
 

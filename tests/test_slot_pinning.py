@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from conftest import settings_for
-from tmas.eval.estimate import calls_per_problem
 from tmas.llm.lanes import Lane, SlotQueue, chain, pinned_slot
 from tmas.methods import create_method
+from tmas.planning.estimate import calls_per_problem
 from tmas.problems import Problem
 from tmas.runner import RunSummary, prepare_run, run_problems
 from tmas.store.run_store import RunStore

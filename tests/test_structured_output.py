@@ -30,7 +30,7 @@ from tmas.agents.utterance_judge import JudgeScoreReply, RubricReply, parse_judg
 from tmas.agents.verification import VerificationReply, parse_verification
 from tmas.api import asolve
 from tmas.config import load_settings
-from tmas.eval.judge import JudgeReplyFormat, judge_once, parse_judge_reply
+from tmas.grading.judge import JudgeReplyFormat, judge_once, parse_judge_reply
 from tmas.llm.client import ClientStats, LLMClient
 from tmas.llm.factory import open_model
 from tmas.llm.schema import json_schema, response_format

@@ -125,7 +125,7 @@ async def test_sweep_resumes_after_interruption_without_repeating_finished_runs(
 
 
 async def test_sweep_report_has_every_curve(sim: SimServer, tmp_path: Path) -> None:
-    from tmas.eval.grading import GradeConfig
+    from tmas.grading.grades import GradeConfig
 
     spec = spec_for(write_problems(tmp_path / "problems.jsonl"))
     await run_sweep(spec, settings_for(sim), tmp_path / "sweep")

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from conftest import settings_for
-from tmas.eval.generators import generate
-from tmas.eval.grading import GradeConfig, grade_run
+from tmas.data.generators import generate
+from tmas.grading.grades import GradeConfig
+from tmas.grading.runs import grade_run
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
 from tmas.methods.base import Candidate, IterationRecord
 from tmas.methods.confidence import Confidence
@@ -327,7 +328,7 @@ def test_in_chromium_open_a_run_a_problem_an_iteration_its_bank_diff_and_a_call(
         problems = browser.find_element(By.ID, "problems").text
         assert "mult" in problems and "391" in problems and "correct" in problems
         assert "solution" in browser.find_element(By.ID, "costs").text
-        # Graded with the rules: the accuracy table and both charts (PNG from tmas.eval's plots) are there.
+        # Graded with the rules: the accuracy table and both charts (PNG from tmas.reports' plots) are there.
         assert "100.0%" in browser.find_element(By.ID, "metrics").text
         charts = browser.find_elements(By.CSS_SELECTOR, ".charts img")
         assert len(charts) == 2 and all(browser.execute_script("return arguments[0].naturalWidth", c) for c in charts)

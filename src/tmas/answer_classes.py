@@ -5,7 +5,7 @@ Two stages, cheapest first:
 1. :func:`value_key`: the spelling normalisation of :func:`tmas.answers.normalize_answer`, and plain numbers
    (integers, decimals, fractions ``a/b`` and ``\\frac{a}{b}``) written as their exact value;
 2. :func:`answer_classes`: the few distinct keys left are compared pairwise by an :class:`EquivalenceCheck` (the
-   project's grading rules, Math-Verify, run in worker processes: see ``tmas.eval.rules.RuleEquivalence``), and
+   project's grading rules, Math-Verify, run in worker processes: see ``tmas.answer_rules.RuleEquivalence``), and
    keys found equal are merged. Two plain numbers never need the check: their keys are equal exactly when their
    values are (so integer answers cost no check at all).
 

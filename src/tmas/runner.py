@@ -37,7 +37,7 @@ from tmas.problems import Problem, dataset_name, iter_problems, resolve_dataset
 from tmas.store.run_store import DB_NAME, RunStore, StoreError
 
 if TYPE_CHECKING:
-    from tmas.eval.rules import RuleEquivalence
+    from tmas.answer_rules import RuleEquivalence
 
 
 @dataclass
@@ -300,7 +300,7 @@ async def run_problems(
     started = time.monotonic()
     # The grading rules group the votes' answers where Math-Verify is installed (the eval extra); imported here, as
     # the local server is, so a run pays for the evaluation package only when it starts.
-    from tmas.eval.rules import RuleEquivalence, math_verify_installed
+    from tmas.answer_rules import RuleEquivalence, math_verify_installed
 
     equivalence = RuleEquivalence() if math_verify_installed() else None
     with prompts_from(settings.prompts_dir):

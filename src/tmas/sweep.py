@@ -29,12 +29,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tmas.config import Budget, Sampling, Settings, read_toml
 from tmas.errors import ConfigError, InputError
-from tmas.eval.grading import GradeConfig
-from tmas.eval.report import build_report
+from tmas.grading.grades import GradeConfig
 from tmas.llm.sampling import with_sampling
 from tmas.methods import create_method
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem, dataset_name, load_problems, resolve_dataset
+from tmas.reports.report import build_report
 from tmas.runner import RunState, RunSummary, prepare_run, resume_settings, run_fingerprint, run_problems
 from tmas.store.run_store import RunStore
 
@@ -74,7 +74,7 @@ class GridAbout(BaseModel):
     paper: str = ""
     # The tables or figures it reproduces, as the paper names them ("Table 1", "Figure 3").
     tables: list[str] = Field(default_factory=list)
-    # The paper's name of the benchmark the grid's problem file holds (eval/paper_numbers.py matches runs on it).
+    # The paper's name of the benchmark the grid's problem file holds (reports/paper_numbers.py matches runs on it).
     benchmark: str | None = None
     # Where the problem file comes from (a command, a download).
     expects: str = ""

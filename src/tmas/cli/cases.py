@@ -24,8 +24,8 @@ def import_cases(
     ],
 ) -> None:
     """Convert cases to the problems JSONL that `tmas run` reads."""
+    from tmas.data.case_import import READERS
     from tmas.errors import InputError
-    from tmas.eval.case_import import READERS
 
     if fmt not in READERS:
         raise InputError(f"unknown case format {fmt!r} (known: {', '.join(READERS)})")
@@ -47,7 +47,7 @@ def grade(
     ] = False,
 ) -> None:
     """One JSON line per case, then the metrics (with --judge, the endpoint flags name the judge's)."""
-    from tmas.eval.case_grading import grade_cases
+    from tmas.grading.cases import grade_cases
 
     settings = flags.settings() if judge else None
     graded = asyncio.run(grade_cases(run_dir, settings))

@@ -1,5 +1,5 @@
-"""``tmas data filter`` (the TMAS paper's difficulty filter, appendix A.2) and ``tmas data import`` (official benchmark
-files into tmas JSONL), added to the ``tmas data`` group."""
+"""The ``tmas data`` group: ``generate`` (problems whose answers code computes), ``filter`` (the TMAS paper's
+difficulty filter, appendix A.2) and ``import`` (official benchmark files into tmas JSONL)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,30 @@ import typer
 from tmas.cli.options import ModelFlags, model_options
 from tmas.errors import InputError
 
+data_app = typer.Typer(
+    help="Problem data: generate verifiable problems, filter by difficulty, import official files.",
+    no_args_is_help=True,
+)
 
-def add_data_commands(data_app: typer.Typer) -> None:
-    data_app.command("filter")(data_filter)
-    data_app.command("import")(data_import)
+
+@data_app.command("generate")
+def data_generate(
+    family: Annotated[str, typer.Option("--family", help="Problem family, or 'all' (N of each).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="JSONL file to write.")],
+    n: Annotated[int, typer.Option("--n", help="Problems per family.")] = 10,
+    seed: Annotated[int, typer.Option("--seed", help="Seed: the same seed gives the same problems.")] = 0,
+    level: Annotated[int, typer.Option("--level", help="Difficulty, 1 (easy) to 5.")] = 1,
+) -> None:
+    """Write problems whose answers are computed by code (tilings, recurrences, modular arithmetic, ...)."""
+    from tmas.data.generators import FAMILIES, generate, write_jsonl
+
+    if family != "all" and family not in FAMILIES:
+        raise InputError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}, all")
+    count = write_jsonl(generate(family, n, seed=seed, level=level), out)
+    typer.echo(f"wrote {count} problems to {out}")
 
 
+@data_app.command("filter")
 @model_options
 def data_filter(
     flags: ModelFlags,
@@ -40,11 +58,11 @@ def data_filter(
 
     The samples are drawn at the paper's temperature 1.0 and top_p 0.95 unless --temperature or --top-p say
     otherwise (the paper's filter model: Qwen3-4B-Thinking); the run seed (--seed) seeds the selection too."""
-    from tmas.cli.main import _grade_config
-    from tmas.eval.difficulty_filter import filter_settings, run_filter
+    from tmas.cli.grade_flags import read_grade_flags
+    from tmas.data.difficulty_filter import filter_settings, run_filter
     from tmas.problems import resolve_dataset
 
-    grading = _grade_config(grade, judge_runs)
+    grading = read_grade_flags(grade, judge_runs)
     settings = filter_settings(flags.settings(), k, flags.given("temperature", "top_p"))
     source = resolve_dataset(problems)
     where = run_dir or out.with_name(out.stem + ".filter-run")
@@ -55,6 +73,7 @@ def data_filter(
     typer.echo(f"wrote {out} and its card ({out.stem}.card.json, .md); samples in {where}")
 
 
+@data_app.command("import")
 def data_import(
     source: Annotated[str, typer.Argument(help="hle, imo-answerbench or matharena.")],
     file: Annotated[Path, typer.Argument(help="The downloaded file (.csv, .jsonl, .json or .parquet).")],
@@ -64,7 +83,7 @@ def data_import(
     ] = False,
 ) -> None:
     """Convert an official benchmark file into tmas problems (problem_id, question, answer, its other fields)."""
-    from tmas.eval.importers import LAYOUTS, import_problems, write_problems
+    from tmas.data.importers import LAYOUTS, import_problems, write_problems
 
     if source not in LAYOUTS:
         raise InputError(f"unknown source {source!r}; known: {', '.join(LAYOUTS)}")

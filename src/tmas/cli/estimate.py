@@ -15,8 +15,8 @@ import typer
 from tmas.cli.options import option_group
 from tmas.config import Settings
 from tmas.errors import InputError
-from tmas.eval.estimate import Estimate, TokenRates, estimate_point, format_estimate
 from tmas.methods import create_method
+from tmas.planning.estimate import Estimate, TokenRates, estimate_point, format_estimate
 from tmas.problems import Problem
 
 # Confirmation thresholds: above either, eval and sweep ask before starting.
@@ -80,7 +80,7 @@ def build_estimate(
     flags.check()
     rates: TokenRates | None = None
     if flags.pilot:
-        from tmas.eval.pilot import run_pilot
+        from tmas.planning.pilot import run_pilot
 
         typer.echo(
             f"tmas: pilot: {len(configs)} configuration(s) on {flags.pilot} problem(s) into {pilot_dir}", err=True

@@ -14,8 +14,9 @@ import typer
 
 from tmas import __version__
 from tmas.cli.cases import cases_app
-from tmas.cli.data import add_data_commands
+from tmas.cli.data import data_app
 from tmas.cli.estimate import EstimateFlags, estimate_options
+from tmas.cli.grade_flags import GradeModeOpt, JudgeRunsOpt, read_grade_flags
 from tmas.cli.method_help import method_parameters_help
 from tmas.cli.options import (
     BaseUrlOpt,
@@ -288,24 +289,10 @@ def models(config: ConfigOpt = None, base_url: BaseUrlOpt = None, api_key_env: K
         raise typer.Exit(1)
 
 
-GradeModeOpt = Annotated[
-    str, typer.Option("--grade", help="Grading: combined (rules, then the judge), rules, or judge.")
-]
-JudgeRunsOpt = Annotated[int, typer.Option("--judge-runs", help="Independent LLM-judge runs (paper: 4).")]
 JudgeUrlOpt = Annotated[
     str | None, typer.Option("--judge-base-url", help="Endpoint of the judge role (default: the run's endpoint).")
 ]
 JudgeModelOpt = Annotated[str | None, typer.Option("--judge-model", help="Model name of the judge role.")]
-
-
-def _grade_config(grade: str, judge_runs: int) -> Any:
-    from tmas.eval.grading import GradeConfig
-
-    if grade not in ("combined", "rules", "judge"):
-        raise InputError(f"--grade {grade!r}: choose combined, rules or judge")
-    if judge_runs < 1:
-        raise InputError("--judge-runs must be at least 1")
-    return GradeConfig(mode=grade, judge_runs=judge_runs)  # type: ignore[arg-type]
 
 
 def _judge_settings(
@@ -343,10 +330,10 @@ def report(
     ] = None,
 ) -> None:
     """Grade runs and write a Markdown + HTML report with per-iteration tables and plots."""
-    from tmas.eval.report import build_report
+    from tmas.reports.report import build_report
 
     settings = _judge_settings(config, base_url, judge_base_url, judge_model)
-    grade_config = _grade_config(grade, judge_runs)
+    grade_config = read_grade_flags(grade, judge_runs)
     written = asyncio.run(
         build_report(run_dirs, out, grade_config, settings, grade=not no_grade, paper_model=paper_model)
     )
@@ -376,9 +363,9 @@ def evaluate(
     limit: LimitOpt = None,
 ) -> None:
     """Run a method on problems, grade the run and write its report (run + report in one step)."""
-    from tmas.eval.report import build_report
+    from tmas.reports.report import build_report
 
-    grade_config = _grade_config(grade, judge_runs)  # bad flags fail before any model call
+    grade_config = read_grade_flags(grade, judge_runs)  # bad flags fail before any model call
     params = method_params(param, iterations=iterations, no_experience=no_experience, no_guideline=no_guideline)
     _new_run(problems, out, flags.settings(method, params), limit, estimate, ask=True)
     settings = _judge_settings(flags.config, flags.base_url, judge_base_url, judge_model)
@@ -430,7 +417,7 @@ def sweep(
         with_grid_sampling,
     )
 
-    grade_config = _grade_config(grade, judge_runs)
+    grade_config = read_grade_flags(grade, judge_runs)
     if resume is not None:
         if grid_file is not None or out is not None or method or grid:
             raise InputError("--resume takes the sweep directory alone: give no grid, --out, --method or --grid")
@@ -473,12 +460,7 @@ def sweep(
     typer.echo(json.dumps(summary.to_dict(), indent=2))
 
 
-data_app = typer.Typer(
-    help="Problem data: generate verifiable problems, filter by difficulty, import official files.",
-    no_args_is_help=True,
-)
 app.add_typer(data_app, name="data")
-add_data_commands(data_app)
 app.add_typer(pool_app, name="pool")
 # The name users know, kept as an alias of `tmas pool` (listed, so old scripts and docs keep working).
 app.add_typer(pool_app, name="experience", help="MATTRL's experience pool: the same commands as 'tmas pool'.")
@@ -487,23 +469,6 @@ app.add_typer(serve_app, name="serve")
 app.add_typer(view_app, name="view")
 app.add_typer(rl_app, name="rl")
 app.add_typer(prompts_app, name="prompts")
-
-
-@data_app.command("generate")
-def data_generate(
-    family: Annotated[str, typer.Option("--family", help="Problem family, or 'all' (N of each).")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="JSONL file to write.")],
-    n: Annotated[int, typer.Option("--n", help="Problems per family.")] = 10,
-    seed: Annotated[int, typer.Option("--seed", help="Seed: the same seed gives the same problems.")] = 0,
-    level: Annotated[int, typer.Option("--level", help="Difficulty, 1 (easy) to 5.")] = 1,
-) -> None:
-    """Write problems whose answers are computed by code (tilings, recurrences, modular arithmetic, ...)."""
-    from tmas.eval.generators import FAMILIES, generate, write_jsonl
-
-    if family != "all" and family not in FAMILIES:
-        raise InputError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}, all")
-    count = write_jsonl(generate(family, n, seed=seed, level=level), out)
-    typer.echo(f"wrote {count} problems to {out}")
 
 
 def main() -> None:

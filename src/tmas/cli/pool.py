@@ -299,7 +299,7 @@ def fewshot(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the draw.")] = 0,
 ) -> None:
     """The few-shot control of Table 6: each problem with K random solved exemplars prepended."""
-    from tmas.eval.generators import write_jsonl
+    from tmas.data.generators import write_jsonl
     from tmas.pool.fewshot import with_exemplars
     from tmas.problems import load_problems
 

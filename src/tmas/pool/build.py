@@ -37,7 +37,7 @@ from tmas.agents.pool_summarizer import (
 )
 from tmas.agents.utterance_judge import TeachingView, TurnView
 from tmas.config import Settings
-from tmas.eval.grading import GradeMode
+from tmas.grading.registry import GradeMode
 from tmas.llm.factory import open_model
 from tmas.llm.model import ChatModel
 from tmas.llm.types import CallKey

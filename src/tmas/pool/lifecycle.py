@@ -23,7 +23,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from tmas.config import Settings
-from tmas.eval.grading import GradeMode
+from tmas.grading.registry import GradeMode
 from tmas.memory.pool import Pool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.pool.outcomes import DiagnosisMatch, load_transcripts

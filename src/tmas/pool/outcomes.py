@@ -23,8 +23,10 @@ from tmas.agents.mattrl_team import teaching_role
 from tmas.agents.utterance_judge import TeachingView
 from tmas.config import Settings
 from tmas.errors import InputError
-from tmas.eval.diagnosis import judge_rank, name_rank
-from tmas.eval.grading import SELECTED, GradeConfig, GradeMode, grade_run
+from tmas.grading.diagnosis import judge_rank, name_rank
+from tmas.grading.grades import SELECTED, GradeConfig
+from tmas.grading.registry import GradeMode
+from tmas.grading.runs import grade_run
 from tmas.llm.factory import open_model
 from tmas.memory.transcript import Transcript, Utterance
 from tmas.problems import Problem

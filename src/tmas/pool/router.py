@@ -29,7 +29,7 @@ from pydantic import BaseModel, ValidationError
 
 from tmas.config import Settings
 from tmas.errors import ConfigError, InputError
-from tmas.eval.grading import GradeMode
+from tmas.grading.registry import GradeMode
 from tmas.pool.outcomes import graded_results
 from tmas.problems import Problem
 

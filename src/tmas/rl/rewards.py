@@ -1,6 +1,6 @@
 """The hybrid rewards of TMAS's RL scheme (paper section 3.3): pure functions of correctness, group and novelty.
 
-Each rollout is first graded correct or not (by :mod:`tmas.rl.grading`); the three task rewards then shape that
+Each rollout is first graded correct or not (by :mod:`tmas.grading.rollout`); the three task rewards then shape that
 signal, and GRPO turns a prompt group's rewards into advantages. Nothing here does I/O or knows about a trainer.
 """
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from tmas.agents.guideline_judge import StrategyView
-from tmas.rl.grading import is_correct
+from tmas.grading.rollout import is_correct
 from tmas.rl.rewards import (
     DEFAULT_BETA,
     Novelty,

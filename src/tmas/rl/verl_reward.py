@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tmas.config import load_settings
-from tmas.rl.grading import is_correct
+from tmas.grading.rollout import is_correct
 from tmas.rl.novelty import LLMNoveltyJudge
 from tmas.rl.rewards import DEFAULT_BETA, correctness_reward
 from tmas.rl.scoring import rollout_from_example, score_rollouts

@@ -80,7 +80,7 @@ CREATE TABLE IF NOT EXISTS iterations (
     record TEXT NOT NULL,
     PRIMARY KEY (problem_id, iteration)
 );
--- Grades of candidates by the evaluation harness (tmas.eval.grading): one row per grader and judge run.
+-- Grades of candidates by the evaluation harness (tmas.grading.grades): one row per grader and judge run.
 -- candidate -1 is the iteration's selected answer; verdict NULL means undecided.
 CREATE TABLE IF NOT EXISTS grades (
     problem_id TEXT NOT NULL,

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from tmas.eval.rules import MissingExtra
+from tmas.answer_rules import MissingExtra
 from tmas.store.run_store import StoreError
 from tmas.view.cache import RunCache
 from tmas.view.charts import accuracy_by_tokens_png, frontiers_png, pass1_by_iteration_png

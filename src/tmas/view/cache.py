@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tmas.eval.run_results import RUNNING
+from tmas.grading.run_results import RUNNING
 from tmas.store.run_store import RunStore
 from tmas.view.live_grades import Memo
 
@@ -72,7 +72,7 @@ class RunCache:
             return self._run_locks.setdefault(run_dir.resolve(), threading.Lock())
 
     def results(self, store: RunStore) -> list[dict[str, Any]]:
-        """What :func:`tmas.eval.run_results.load_results` returns, without texts, banks and notes."""
+        """What :func:`tmas.grading.run_results.load_results` returns, without texts, banks and notes."""
         run_dir = store.run_dir.resolve()
         cached = self._results.setdefault(run_dir, {})
         db = sqlite3.connect(f"{store.path.resolve().as_uri()}?mode=ro", uri=True)

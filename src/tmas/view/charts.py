@@ -1,4 +1,4 @@
-"""The run page's two charts as PNG bytes, drawn by the evaluation harness's own plots (``tmas.eval.plots``)."""
+"""The run page's two charts as PNG bytes, drawn by the evaluation harness's own plots (``tmas.reports.plots``)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tmas.eval.frontier import FrontierPoint, run_frontier
-from tmas.eval.grading import Grades
-from tmas.eval.metrics import RunMetrics
-from tmas.eval.plots import plot_frontier, plot_pass1
+from tmas.grading.grades import Grades
+from tmas.reports.frontier import FrontierPoint, run_frontier
+from tmas.reports.metrics import RunMetrics
+from tmas.reports.plots import plot_frontier, plot_pass1
 
 
 def _png(draw: Callable[[Path], Any]) -> bytes:

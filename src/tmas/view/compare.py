@@ -1,4 +1,4 @@
-"""Runs side by side: each run's accuracy-vs-completion-tokens frontier and equal-budget row (``tmas.eval.frontier``,
+"""Runs side by side: each run's accuracy-vs-completion-tokens frontier and equal-budget row (``tmas.reports.frontier``,
 the numbers ``tmas report`` shows), and a per-problem grid of who got which problem right at what cost.
 
 Runs still going are compared on what they have finished so far (the frontier's points say on how many problems).
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tmas.eval.frontier import BUDGETS, FrontierPoint, equal_budget, run_frontier
+from tmas.reports.frontier import BUDGETS, FrontierPoint, equal_budget, run_frontier
 from tmas.view.cache import RunCache
 from tmas.view.runs import ProblemRow, RunOverview, RunReader, RunRef
 

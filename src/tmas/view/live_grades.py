@@ -3,7 +3,7 @@
 The exact check decides what it can decide at once and nothing more: the same answer after the spelling
 normalization majority vote uses, or two exact numbers (integers, decimals, fractions as ``a/b`` or ``\\frac{a}{b}``)
 compared as rationals. Anything else (symbolic or textual answers) is left undecided for ``tmas report`` (Math-Verify
-and the LLM judge). Like ``tmas.eval.rules``, a "wrong" is only ever said between two numbers; an iteration that
+and the LLM judge). Like ``tmas.answer_rules``, a "wrong" is only ever said between two numbers; an iteration that
 returned no answer at all is wrong.
 """
 
@@ -16,7 +16,8 @@ from functools import lru_cache
 from typing import Any
 
 from tmas.answers import last_boxed, normalize_answer
-from tmas.eval.grading import SELECTED, GradeConfig, Grades, ItemKey, load_grades
+from tmas.grading.grades import SELECTED, GradeConfig, Grades, ItemKey
+from tmas.grading.runs import load_grades
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
 
@@ -126,7 +127,7 @@ def live_grades(
 def _exact_verdicts(
     result: dict[str, Any], reference: str, graded: set[ItemKey], runs: int
 ) -> dict[ItemKey, list[bool | None]]:
-    """The exact rules' verdict on every item of tmas.eval.grading.iter_items (each candidate and each iteration's
+    """The exact rules' verdict on every item of tmas.grading.grades.iter_items (each candidate and each iteration's
     selected answer) that has no stored grade; walked without building an Item each: big runs have 100,000."""
     pid = result["problem_id"]
     out: dict[ItemKey, list[bool | None]] = {}

@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tmas.eval.grading import SELECTED, Grades, ItemKey
-from tmas.eval.metrics import RunMetrics, compute_metrics
-from tmas.eval.run_results import RUNNING, load_results
+from tmas.grading.grades import SELECTED, Grades, ItemKey
+from tmas.grading.run_results import RUNNING, load_results
 from tmas.llm.local_server import model_alias
 from tmas.llm.weights import KNOWN_MODELS
 from tmas.problems import Problem
+from tmas.reports.metrics import RunMetrics, compute_metrics
 from tmas.store.run_store import DB_NAME, RunStore
 from tmas.view.bank_diff import BankChange, bank_diffs
 from tmas.view.cache import RunCache, file_state

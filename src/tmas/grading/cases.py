@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from tmas.config import Settings
-from tmas.eval.diagnosis import judge_rank, name_rank, ranking_metrics
-from tmas.eval.teaching import teaching_metrics
+from tmas.grading.diagnosis import judge_rank, name_rank, ranking_metrics
+from tmas.grading.teaching import teaching_metrics
 from tmas.llm.factory import open_model
 from tmas.store.run_store import RunStore
 

@@ -2,21 +2,31 @@
 
 The judge answers JSON ``{"reasoning": ..., "equivalent": true|false}``. A reply that is not such JSON is undecided:
 it is asked again (a fresh sample) up to ``retries`` times, and the last undecided outcome is recorded as such.
+
+The ``judge`` grader asks it R independent times per item (paper: 4) on the ``judge`` role's endpoint; verdicts are
+stored as grader ``judge``, runs 0..R-1.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ValidationError, field_validator
 
 from tmas.agents.templates import prompt
-from tmas.config import Sampling
+from tmas.config import Sampling, Settings
+from tmas.grading.grader import GradingContext, StoredGrades, Verdicts
+from tmas.grading.grades import GradeConfig, Item, ItemKey
+from tmas.llm.factory import open_model
 from tmas.llm.model import ChatModel
 from tmas.llm.types import CallKey, Usage
+from tmas.store.run_store import GradeRow
 
 JUDGE_ROLE = "judge"
 # What the judge sees of a candidate with no extracted answer: the end of its text, where a final result would be.
@@ -123,3 +133,79 @@ def majority(verdicts: list[bool | None]) -> bool | None:
     if yes == no:
         return None
     return yes > no
+
+
+class JudgeGrader:
+    name = JUDGE_ROLE
+
+    def runs(self, config: GradeConfig) -> int:
+        return config.judge_runs
+
+    async def grade(self, items: Sequence[Item], context: GradingContext) -> Verdicts:
+        if not items:
+            return {}
+        settings = context.settings
+        judged: dict[tuple[ItemKey, int], bool | None] = {}
+        if settings is None or settings.uses_local_model:
+            context.grades.notes.append(
+                f"no judge endpoint configured: {len(items)} answers the rules could not decide stay undecided"
+            )
+        else:
+            judged = await _judge_items(items, context, settings)
+        runs = self.runs(context.config)
+        return {item.key: [judged.get((item.key, r)) for r in range(runs)] for item in items}
+
+    def stored_runs(self, stored: StoredGrades) -> int:
+        return max([run for (_, grader, run) in stored if grader == JUDGE_ROLE], default=-1) + 1
+
+    def recall(self, items: Sequence[Item], stored: StoredGrades, runs: int) -> Verdicts:
+        return {
+            item.key: [
+                (row.verdict if (row := stored.get((item.key, JUDGE_ROLE, r))) is not None else None)
+                for r in range(runs)
+            ]
+            for item in items
+        }
+
+
+async def _judge_items(
+    items: Sequence[Item], context: GradingContext, settings: Settings
+) -> dict[tuple[ItemKey, int], bool | None]:
+    config, store, grades = context.config, context.store, context.grades
+    out: dict[tuple[ItemKey, int], bool | None] = {}
+    # Identical (problem, student answer) pairs are judged once per run and the verdict shared.
+    groups: dict[tuple[str, str, int], list[Item]] = defaultdict(list)
+    for item in items:
+        student = item.answer if item.answer is not None else item.text
+        for run in range(config.judge_runs):
+            row = context.stored.get((item.key, JUDGE_ROLE, run))
+            if row is not None and row.answer == item.answer:
+                out[(item.key, run)] = row.verdict
+            else:
+                groups[(item.problem.problem_id, student, run)].append(item)
+    if not groups:
+        return out
+    gate = asyncio.Semaphore(config.judge_concurrency)
+    async with open_model(settings, store, log_dir=store.run_dir) as llm:
+
+        async def one(pid: str, student: str, run: int, members: list[Item]) -> None:
+            problem = members[0].problem
+            async with gate:
+                verdict = await judge_once(
+                    llm,
+                    problem_id=pid,
+                    problem=problem.question,
+                    reference=problem.answer or "",
+                    student=student,
+                    run=run,
+                    retries=config.judge_retries,
+                )
+            grades.judge_calls += verdict.attempts
+            grades.judge_usage = grades.judge_usage + verdict.usage
+            rows = [GradeRow(*m.key, JUDGE_ROLE, run, m.answer, verdict.correct, verdict.detail) for m in members]
+            for m in members:
+                out[(m.key, run)] = verdict.correct
+            store.save_grades(rows)
+
+        await asyncio.gather(*(one(pid, s, r, members) for (pid, s, r), members in groups.items()))
+    return out

@@ -2,8 +2,8 @@
 
 Runs on the same problems (the same benchmark) share one table like the paper's Table 1 (selected iterations) and
 one like Tables 3-10 (every iteration), a plot of Pass@1 against iteration, and the accuracy-against-completion-tokens
-frontier of every run (eval/frontier.py) with its equal-budget table. Each run then gets its own section; a run still
-mid-way is reported from the iterations it finished (eval/run_results.py).
+frontier of every run (reports/frontier.py) with its equal-budget table. Each run then gets its own section; a run still
+mid-way is reported from the iterations it finished (grading/run_results.py).
 """
 
 from __future__ import annotations
@@ -20,8 +20,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tmas.answer_rules import RuleEquivalence, math_verify_installed
 from tmas.config import Settings
-from tmas.eval.analysis import (
+from tmas.grading.cases import case_metrics
+from tmas.grading.grades import GradeConfig, Grades
+from tmas.grading.run_results import in_progress, load_results
+from tmas.grading.runs import grade_run, load_grades
+from tmas.llm.types import FALLBACKS
+from tmas.methods.base import ReplyTally
+from tmas.methods.selection import SELECT_FROM, SELECT_RULES
+from tmas.reports.analysis import (
     ExperienceTrace,
     GuidelineDiversity,
     ScoreDynamics,
@@ -33,22 +41,15 @@ from tmas.eval.analysis import (
     stopping_tradeoff,
     unique_guidelines,
 )
-from tmas.eval.case_grading import case_metrics
-from tmas.eval.case_table import case_section
-from tmas.eval.document import Bullets, Document, Heading, Image, Paragraph, Table
-from tmas.eval.frontier import BUDGETS, FrontierPoint, equal_budget, run_frontier
-from tmas.eval.grading import GradeConfig, Grades, grade_run, load_grades
-from tmas.eval.metrics import RunMetrics, answer_classes_of, compute_metrics
-from tmas.eval.paper_table import paper_section
-from tmas.eval.plots import Series, plot_frontier, plot_pass1
-from tmas.eval.reply_quality import reply_quality_section, role_replies
-from tmas.eval.roc import ScoreSeparation, confidence_separation, score_separation
-from tmas.eval.rules import RuleEquivalence, math_verify_installed
-from tmas.eval.run_results import in_progress, load_results
-from tmas.eval.selection_table import SelectionTable, has_scores, selection_table
-from tmas.llm.types import FALLBACKS
-from tmas.methods.base import ReplyTally
-from tmas.methods.selection import SELECT_FROM, SELECT_RULES
+from tmas.reports.case_table import case_section
+from tmas.reports.document import Bullets, Document, Heading, Image, Paragraph, Table
+from tmas.reports.frontier import BUDGETS, FrontierPoint, equal_budget, run_frontier
+from tmas.reports.metrics import RunMetrics, answer_classes_of, compute_metrics
+from tmas.reports.paper_table import paper_section
+from tmas.reports.plots import Series, plot_frontier, plot_pass1
+from tmas.reports.reply_quality import reply_quality_section, role_replies
+from tmas.reports.roc import ScoreSeparation, confidence_separation, score_separation
+from tmas.reports.selection_table import SelectionTable, has_scores, selection_table
 from tmas.store.run_store import RunStore
 
 # At most this many columns in the "selected iterations" table (the paper shows six).
@@ -90,9 +91,9 @@ class RunEvaluation:
     notices: dict[str, str] = field(default_factory=dict)
     # Whether the candidates' confidence (DeepConf) tells right from wrong, where the run recorded confidence.
     confidence: ScoreSeparation | None = None
-    # The paper's name of the run's benchmark, where a paper grid set it (eval/paper_numbers.py).
+    # The paper's name of the run's benchmark, where a paper grid set it (reports/paper_numbers.py).
     paper_benchmark: str | None = None
-    # A medicine or education run's own metrics (eval/case_grading.py), with ``cases``, their count.
+    # A medicine or education run's own metrics (grading/cases.py), with ``cases``, their count.
     cases: dict[str, Any] | None = None
 
 
@@ -270,7 +271,7 @@ def _slug(text: str) -> str:
 
 def write_report(evaluations: list[RunEvaluation], out_dir: Path, *, paper_model: str | None = None) -> dict[str, Path]:
     """Write report.md, report.html and the PNG plots into ``out_dir``; returns the paths by kind. ``paper_model``:
-    the paper's model the runs stand for, where their model names do not say (see eval/paper_numbers.py)."""
+    the paper's model the runs stand for, where their model names do not say (see reports/paper_numbers.py)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     _unique_labels(evaluations)
     doc = Document("tmas evaluation report")

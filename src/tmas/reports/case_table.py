@@ -1,23 +1,29 @@
 """The report's table of the case domains' own metrics (paper 003, section 4, "Metrics"): Hit@1/3/5/10 and MRR for
-medicine, Acc_pre, Acc_post and their gain for education (eval/case_grading.py), one row per run of the benchmark."""
+medicine, Acc_pre, Acc_post and their gain for education (grading/cases.py), one row per run of the benchmark."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-from tmas.eval.document import Document, Heading, Paragraph, Table
+from tmas.reports.document import Document, Heading, Paragraph, Table
 
-if TYPE_CHECKING:
-    from tmas.eval.report import RunEvaluation
 
-# Metric key -> its column, per domain (the metric keys of eval/diagnosis.py and eval/teaching.py).
+class CaseRun(Protocol):
+    """What the table reads of an evaluated run (tmas.reports.report.RunEvaluation has it)."""
+
+    label: str
+    params: dict[str, Any]
+    cases: dict[str, Any] | None
+
+# Metric key -> its column, per domain (the metric keys of grading/diagnosis.py and grading/teaching.py).
 COLUMNS = {
     "medicine": {"hit@1": "Hit@1", "hit@3": "Hit@3", "hit@5": "Hit@5", "hit@10": "Hit@10", "mrr": "MRR"},
     "education": {"acc_pre": "Acc_pre", "acc_post": "Acc_post", "delta": "ΔAcc"},
 }
 
 
-def case_section(doc: Document, runs: list[RunEvaluation]) -> None:
+def case_section(doc: Document, runs: Sequence[CaseRun]) -> None:
     """One table per domain among ``runs`` (of one benchmark); nothing when no run has case metrics."""
     for domain, columns in COLUMNS.items():
         rows = [

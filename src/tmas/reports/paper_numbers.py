@@ -36,7 +36,7 @@ PAPER_SETTINGS: dict[str, dict[str, Any]] = {
     "majority": {"k": 64, "iterations": 1},
     "mattrl": {"team_size": 3, "iterations": 3},
 }
-# The case domains' metrics as the published cells name them -> as eval/case_grading.py does.
+# The case domains' metrics as the published cells name them -> as grading/cases.py does.
 CASE_METRICS = {
     "hit@1": "hit@1",
     "hit@3": "hit@3",

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from tmas.eval.document import Document, Heading, Paragraph, Table
 from tmas.methods.base import ReplyTally, truncation_warnings
+from tmas.reports.document import Document, Heading, Paragraph, Table
 from tmas.store.run_store import RunStore
 
 

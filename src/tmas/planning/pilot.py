@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from tmas.config import Settings
-from tmas.eval.estimate import TokenRates, rates_from_role_costs
 from tmas.methods import create_method
+from tmas.planning.estimate import TokenRates, rates_from_role_costs
 from tmas.problems import Problem
 from tmas.runner import RunState, prepare_run, run_problems
 from tmas.store.run_store import RunStore

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tmas.eval.grading import Grades
-from tmas.eval.metrics import labeled_results, reached
+from tmas.grading.grades import Grades
 from tmas.methods.base import Candidate
 from tmas.methods.selection import SELECT_FROM, SELECT_RULES, SelectFrom, SelectRule, select_answered
+from tmas.reports.metrics import labeled_results, reached
 
 
 @dataclass

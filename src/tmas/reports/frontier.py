@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tmas.answer_classes import class_of
-from tmas.eval.grading import SELECTED, Grades
-from tmas.eval.metrics import labeled_results, reached, record_at
+from tmas.grading.grades import SELECTED, Grades
+from tmas.reports.metrics import labeled_results, reached, record_at
 
 # Completion tokens per problem at which the equal-budget table reads every frontier.
 BUDGETS = (1000, 2000, 4000, 8000, 16000)

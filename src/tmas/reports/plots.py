@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tmas.eval.frontier import FrontierPoint
-from tmas.eval.metrics import RunMetrics
-from tmas.eval.rules import MissingExtra
+from tmas.answer_rules import MissingExtra
+from tmas.reports.frontier import FrontierPoint
+from tmas.reports.metrics import RunMetrics
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,31 @@
-"""The report's "paper beside ours" table: every published cell a run matches (eval/paper_numbers.py), the run's own
+"""The report's "paper beside ours" table: every published cell a run matches (reports/paper_numbers.py), the run's own
 value at the same iteration, and the difference."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-from tmas.eval.document import Document, Heading, Paragraph, Table
-from tmas.eval.paper_numbers import CASE_METRICS, REPORTED_METRICS, PaperCell, matching_cells, setting_differences
-
-if TYPE_CHECKING:
-    from tmas.eval.report import RunEvaluation
+from tmas.reports.document import Document, Heading, Paragraph, Table
+from tmas.reports.metrics import RunMetrics
+from tmas.reports.paper_numbers import CASE_METRICS, REPORTED_METRICS, PaperCell, matching_cells, setting_differences
 
 
-def ours(e: RunEvaluation, cell: PaperCell) -> float | None:
+class PaperRun(Protocol):
+    """What the table reads of an evaluated run (tmas.reports.report.RunEvaluation has it)."""
+
+    label: str
+    benchmark: str
+    paper_benchmark: str | None
+    method: str
+    params: dict[str, Any]
+    model: str | None
+    metrics: RunMetrics
+    # A case domain's metrics (medicine, education), None for answer-graded runs.
+    cases: dict[str, Any] | None
+
+
+def ours(e: PaperRun, cell: PaperCell) -> float | None:
     """The run's value (in %) for the cell: Pass@1 at the cell's iteration, the returned answer's accuracy (at the
     cell's iteration, else the run's last) for an accuracy cell such as MV@64, or a case domain's metric."""
     if cell.metric in CASE_METRICS:
@@ -27,7 +40,7 @@ def ours(e: RunEvaluation, cell: PaperCell) -> float | None:
     return None if m is None else 100 * m.selected
 
 
-def paper_rows(e: RunEvaluation, paper_model: str | None = None) -> tuple[list[list[str]], int]:
+def paper_rows(e: PaperRun, paper_model: str | None = None) -> tuple[list[list[str]], int]:
     """Rows for the run (cells shared by several tables once, their sources joined) and how many matched cells lie
     beyond the run's last iteration."""
     benchmark = e.paper_benchmark or e.benchmark
@@ -66,7 +79,7 @@ def paper_rows(e: RunEvaluation, paper_model: str | None = None) -> tuple[list[l
     return rows, beyond
 
 
-def paper_section(doc: Document, runs: list[RunEvaluation], paper_model: str | None = None) -> None:
+def paper_section(doc: Document, runs: Sequence[PaperRun], paper_model: str | None = None) -> None:
     """The table for one benchmark's graded runs; nothing when no run matches a published cell."""
     rows: list[list[str]] = []
     beyond = 0
@@ -79,7 +92,7 @@ def paper_section(doc: Document, runs: list[RunEvaluation], paper_model: str | N
     doc.add(Heading(3, "Paper beside ours"))
     doc.add(
         Paragraph(
-            "Each published cell (tmas/eval/paper_numbers.csv) a run matches by model, benchmark and method, with "
+            "Each published cell (tmas/reports/paper_numbers.csv) a run matches by model, benchmark and method, with "
             "the run's value at the same iteration (Pass@1, the returned answer's accuracy, or the domain's metric) in "
             "%, and ours minus the paper's. 'Setting' lists the run's parameters that differ from the paper's."
             + (f" {beyond} matched cells lie beyond the runs' last iterations." if beyond else "")

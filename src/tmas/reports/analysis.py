@@ -10,8 +10,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from tmas.eval.grading import Grades
-from tmas.eval.metrics import RunMetrics
+from tmas.grading.grades import Grades
+from tmas.reports.metrics import RunMetrics
 
 # Keys the TMAS method may use for its banks in IterationRecord.state (first match wins).
 GUIDELINE_KEYS = ("guideline_bank", "guidelines", "guideline")

@@ -19,8 +19,9 @@ from typing import Any
 
 from tmas.config import Sampling, Settings
 from tmas.errors import InputError
-from tmas.eval.grading import GradeConfig, Grades, grade_run
-from tmas.eval.run_results import load_results
+from tmas.grading.grades import GradeConfig, Grades
+from tmas.grading.run_results import load_results
+from tmas.grading.runs import grade_run
 from tmas.llm.sampling import with_sampling
 from tmas.problems import Problem, dataset_name, load_problems
 from tmas.runner import RunState, prepare_run, run_problems

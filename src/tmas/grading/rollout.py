@@ -1,7 +1,7 @@
 """Is a rollout correct? The evaluation harness's rules, applied in-process to one completion at a time.
 
 The final answer is the last ``\\boxed{}`` (numeric mode, as the solution agent's parser reads it). Equal normalised
-spellings are correct at once; otherwise Math-Verify decides (:func:`tmas.eval.rules.check_pair`, gold first). An
+spellings are correct at once; otherwise Math-Verify decides (:func:`tmas.answer_rules.check_pair`, gold first). An
 answer the rules cannot confirm counts as wrong, as in the harness: a reward is never given for an undecided answer.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import threading
 
+from tmas.answer_rules import check_pair
 from tmas.answers import last_boxed, normalize_answer
-from tmas.eval.rules import check_pair
 
 RULE_TIMEOUT_S = 5
 

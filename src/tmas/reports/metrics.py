@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tmas.answer_classes import EquivalenceCheck, answer_classes, class_of
-from tmas.eval.grading import SELECTED, Grades
-from tmas.eval.run_results import in_progress
+from tmas.grading.grades import SELECTED, Grades
+from tmas.grading.run_results import in_progress
 
 
 def pass_at_1(labels: Mapping[str, Sequence[Sequence[bool]]]) -> float:
@@ -173,7 +173,7 @@ def compute_metrics(
 
 async def answer_classes_of(results: list[dict[str, Any]], check: EquivalenceCheck | None) -> dict[str, dict[str, str]]:
     """Per problem, each candidate answer of every iteration -> the key of its class of equal values, for
-    :func:`compute_metrics` (``check``: e.g. ``tmas.eval.rules.RuleEquivalence``)."""
+    :func:`compute_metrics` (``check``: e.g. ``tmas.answer_rules.RuleEquivalence``)."""
     out: dict[str, dict[str, str]] = {}
     for result in results:
         answers = [c.get("answer") for record in result.get("iterations", []) for c in record.get("candidates", [])]

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tmas.eval.grading import Grades
-from tmas.eval.metrics import labeled_results
+from tmas.grading.grades import Grades
+from tmas.reports.metrics import labeled_results
 
 
 @dataclass

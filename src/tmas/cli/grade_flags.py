@@ -1,0 +1,26 @@
+"""The grading flags of ``tmas eval``, ``report``, ``sweep`` and ``data filter``: ``--grade`` (a registered
+grader's name) and ``--judge-runs``, read as one :class:`tmas.grading.grades.GradeConfig`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from tmas.errors import InputError
+from tmas.grading.grades import GradeConfig
+
+GradeModeOpt = Annotated[
+    str, typer.Option("--grade", help="Grading: combined (rules, then the judge), rules, or judge.")
+]
+JudgeRunsOpt = Annotated[int, typer.Option("--judge-runs", help="Independent LLM-judge runs (paper: 4).")]
+
+
+def read_grade_flags(grade: str, judge_runs: int) -> GradeConfig:
+    from tmas.grading.registry import GRADERS
+
+    if grade not in GRADERS:
+        raise InputError(f"--grade {grade!r}: choose {', '.join(GRADERS)}")
+    if judge_runs < 1:
+        raise InputError("--judge-runs must be at least 1")
+    return GradeConfig(mode=grade, judge_runs=judge_runs)

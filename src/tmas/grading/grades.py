@@ -1,0 +1,86 @@
+"""What grading works on and gives: a run's gradable items, the grading configuration, and the verdicts.
+
+An item is one candidate (or, at candidate index -1, the iteration's selected answer) of one iteration of a problem
+with a reference answer. A grader (:mod:`tmas.grading.grader`) gives each item one verdict per run: ``True``,
+``False`` or ``None`` (undecided, counted incorrect).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from tmas.llm.types import Usage
+from tmas.problems import Problem
+
+SELECTED = -1
+# Items are keyed by (problem_id, iteration, candidate index).
+ItemKey = tuple[str, int, int]
+
+
+@dataclass(frozen=True)
+class GradeConfig:
+    # A registered grader's name (tmas.grading.registry): rules, judge or combined as shipped.
+    mode: str = "combined"
+    judge_runs: int = 4
+    judge_retries: int = 2
+    rule_timeout_s: int = 5
+    workers: int = 2
+    # Most judge pairs in flight at once (the client's own concurrency cap applies as well).
+    judge_concurrency: int = 16
+
+
+@dataclass(frozen=True)
+class Item:
+    key: ItemKey
+    problem: Problem
+    answer: str | None
+    text: str
+
+
+@dataclass
+class Grades:
+    """Verdicts per item and judge run, as metrics consume them."""
+
+    runs: int
+    verdicts: dict[ItemKey, list[bool | None]] = field(default_factory=dict)
+    # Problems without a reference answer: solved, not graded.
+    unlabeled: list[str] = field(default_factory=list)
+    mode: str = "combined"
+    notes: list[str] = field(default_factory=list)
+    judge_usage: Usage = field(default_factory=Usage)
+    judge_calls: int = 0
+
+    def correct(self, key: ItemKey, run: int) -> bool:
+        """Undecided counts as incorrect: a reply nobody could confirm is not credited."""
+        verdicts = self.verdicts.get(key)
+        return bool(verdicts and verdicts[run] is True)
+
+    def share_correct(self, key: ItemKey) -> float:
+        """The share of judge runs that call the item correct."""
+        return sum(self.correct(key, r) for r in range(self.runs)) / self.runs
+
+    def majority_correct(self, key: ItemKey) -> bool:
+        """Correct when at least half of the judge runs say so (a candidate's one label across runs)."""
+        verdicts = self.verdicts.get(key) or []
+        return bool(verdicts) and sum(v is True for v in verdicts) * 2 >= len(verdicts)
+
+    def undecided(self) -> int:
+        return sum(v is None for verdicts in self.verdicts.values() for v in verdicts)
+
+
+def iter_items(problems: list[Problem], results: list[dict[str, Any]]) -> Iterator[Item]:
+    """Every gradable candidate (and selected answer) of every iteration of labeled problems."""
+    by_id = {p.problem_id: p for p in problems}
+    for result in results:
+        problem = by_id.get(result["problem_id"])
+        if problem is None or problem.answer is None:
+            continue
+        for record in result.get("iterations", []):
+            iteration = int(record["iteration"])
+            for cand in record.get("candidates", []):
+                key = (problem.problem_id, iteration, int(cand["index"]))
+                yield Item(key, problem, cand.get("answer"), cand.get("text") or "")
+            selected = record.get("selected")
+            yield Item((problem.problem_id, iteration, SELECTED), problem, selected, selected or "")

@@ -1,0 +1,68 @@
+"""The ``rules`` grader: Math-Verify alone (:mod:`tmas.answer_rules`, in worker processes), one verdict per item.
+
+An item without an extracted answer is not checked: with no text either it is wrong, else undecided (the judge may
+still read the text in combined mode). Verdicts are stored as grader ``rules``, run 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from tmas.answer_rules import RuleChecker
+from tmas.grading.grader import GradingContext, StoredGrades, Verdicts
+from tmas.grading.grades import GradeConfig, Item
+from tmas.store.run_store import GradeRow
+
+RULES = "rules"
+
+
+def _no_answer(item: Item) -> bool:
+    return item.answer is None and not item.text.strip()
+
+
+class RulesGrader:
+    name = RULES
+
+    def runs(self, config: GradeConfig) -> int:
+        return 1
+
+    async def grade(self, items: Sequence[Item], context: GradingContext) -> Verdicts:
+        out: dict[tuple[str, int, int], bool | None] = {}
+        todo: list[Item] = []
+        for item in items:
+            row = context.stored.get((item.key, RULES, 0))
+            if row is not None and row.answer == item.answer:
+                out[item.key] = row.verdict
+            elif item.answer is None:
+                # No extracted answer: nothing for the rules to compare (the judge may still read the text).
+                out[item.key] = False if _no_answer(item) else None
+                todo_row = GradeRow(*item.key, RULES, 0, None, out[item.key], "no extracted answer")
+                context.store.save_grades([todo_row])
+            else:
+                todo.append(item)
+        if todo:
+            config = context.config
+            async with RuleChecker(workers=config.workers, timeout_s=config.rule_timeout_s) as checker:
+                pairs = {(i.problem.answer or "", i.answer or "") for i in todo}
+                checked = await asyncio.gather(*(checker.check(g, p) for g, p in pairs))
+                verdicts = dict(zip(pairs, checked, strict=True))
+            rows = []
+            for item in todo:
+                verdict = verdicts[(item.problem.answer or "", item.answer or "")]
+                out[item.key] = verdict.correct
+                rows.append(GradeRow(*item.key, RULES, 0, item.answer, verdict.correct, verdict.detail))
+            context.store.save_grades(rows)
+        return {item.key: [out[item.key]] for item in items}
+
+    def stored_runs(self, stored: StoredGrades) -> int:
+        return 1
+
+    def recall(self, items: Sequence[Item], stored: StoredGrades, runs: int) -> Verdicts:
+        return {item.key: [rule_verdict(stored, item)] for item in items}
+
+
+def rule_verdict(stored: StoredGrades, item: Item) -> bool | None:
+    """The stored rules verdict of ``item`` (None when none is stored or the rules could not decide)."""
+    row = stored.get((item.key, RULES, 0))
+    return row.verdict if row is not None else None

@@ -1,0 +1,61 @@
+"""Grading a run's candidates against reference answers with a registered grader; grades are stored in the run and
+reused.
+
+Stored rows (table ``grades``): grader ``rules`` (run 0) and grader ``judge`` (runs 0..R-1), as the shipped graders
+write them. Candidate index -1 stands for the iteration's selected answer.
+"""
+
+from __future__ import annotations
+
+from tmas.config import Settings
+from tmas.grading.grader import GradingContext, index_grades
+from tmas.grading.grades import GradeConfig, Grades, iter_items
+from tmas.grading.registry import FALLBACK, grader_named
+from tmas.grading.run_results import load_results
+from tmas.store.run_store import RunStore
+
+
+async def grade_run(
+    store: RunStore,
+    config: GradeConfig,
+    settings: Settings | None = None,
+    *,
+    regrade: bool = False,
+) -> Grades:
+    """Grade the run in ``store`` (reusing stored grades unless ``regrade``) and return all verdicts."""
+    grader = grader_named(config.mode)
+    problems = store.problems()
+    results = load_results(store)
+    items = list(iter_items(problems, results))
+    grades = Grades(runs=grader.runs(config), mode=config.mode)
+    result_ids = {r["problem_id"] for r in results}
+    grades.unlabeled = [p.problem_id for p in problems if p.answer is None and p.problem_id in result_ids]
+    if regrade:
+        store.delete_grades()
+    context = GradingContext(store, config, settings, grades, index_grades(store.grades()))
+    grades.verdicts = await grader.grade(items, context)
+    return grades
+
+
+def load_grades(store: RunStore, config: GradeConfig) -> Grades | None:
+    """Verdicts from stored grades alone (no grading); None when the run has no grades. A run holding none of the
+    asked grader's verdicts is read as graded by the rules."""
+    problems = store.problems()
+    results = load_results(store)
+    items = list(iter_items(problems, results))
+    rows = store.grades()
+    if not rows:
+        return None
+    stored = index_grades(rows)
+    mode = config.mode
+    grader = grader_named(mode)
+    runs = grader.stored_runs(stored)
+    if not runs:
+        mode = FALLBACK
+        grader = grader_named(mode)
+        runs = grader.stored_runs(stored)
+    grades = Grades(runs=runs, mode=mode)
+    result_ids = {r["problem_id"] for r in results}
+    grades.unlabeled = [p.problem_id for p in problems if p.answer is None and p.problem_id in result_ids]
+    grades.verdicts = grader.recall(items, stored, runs)
+    return grades

@@ -1,0 +1,87 @@
+"""The grader seam: a grader defined in one place and registered by name grades a run, stores its verdicts, and is
+read back without grading; unknown names are refused where they are given."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from conftest import settings_for
+from tmas.answers import normalize_answer
+from tmas.errors import ConfigError
+from tmas.grading.grader import GradingContext, StoredGrades, Verdicts
+from tmas.grading.grades import SELECTED, GradeConfig, Item
+from tmas.grading.registry import GRADERS
+from tmas.grading.runs import grade_run, load_grades
+from tmas.pool.build import BuildConfig
+from tmas.problems import Problem
+from tmas.runner import prepare_run, run_problems
+from tmas.store.run_store import GradeRow, RunStore
+from tmas.testing import SimServer
+
+
+class ExactGrader:
+    """Equal normalised spellings only: two verdicts per item, the second always undecided."""
+
+    name = "exact"
+
+    def runs(self, config: GradeConfig) -> int:
+        return 2
+
+    async def grade(self, items: Sequence[Item], context: GradingContext) -> Verdicts:
+        rows = [
+            GradeRow(*item.key, self.name, 0, item.answer, _same(item), "spelling")
+            for item in items
+            if (item.key, self.name, 0) not in context.stored
+        ]
+        context.store.save_grades(rows)
+        context.grades.notes.append(f"exact: {len(rows)} new verdicts")
+        return {item.key: [_same(item), None] for item in items}
+
+    def stored_runs(self, stored: StoredGrades) -> int:
+        return 2 if any(grader == self.name for (_, grader, _) in stored) else 0
+
+    def recall(self, items: Sequence[Item], stored: StoredGrades, runs: int) -> Verdicts:
+        return {item.key: [stored[(item.key, self.name, 0)].verdict, None] for item in items}
+
+
+def _same(item: Item) -> bool:
+    return item.answer is not None and normalize_answer(item.answer) == normalize_answer(item.problem.answer or "")
+
+
+async def test_a_registered_grader_grades_stores_and_is_read_back(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(GRADERS, "exact", ExactGrader())
+    problems = [
+        Problem(problem_id="right", question="What is 6*7?", answer="42"),
+        Problem(problem_id="wrong", question="What is 2*3?", answer="7"),
+    ]
+    store, settings, todo = prepare_run(tmp_path / "run", settings_for(sim, method__name="cot"), problems, resume=False)
+    await run_problems(settings, todo, store)
+    config = GradeConfig(mode="exact")
+    grades = await grade_run(store, config)
+    assert grades.mode == "exact" and grades.runs == 2
+    assert grades.verdicts[("right", 0, 0)] == [True, None]
+    assert grades.verdicts[("wrong", 0, SELECTED)] == [False, None]
+    assert grades.notes == ["exact: 4 new verdicts"]
+    assert {row.grader for row in store.grades()} == {"exact"}
+    again = await grade_run(store, config)
+    assert again.verdicts == grades.verdicts and again.notes == ["exact: 0 new verdicts"]
+    loaded = load_grades(store, config)
+    assert loaded is not None and loaded.verdicts == grades.verdicts and loaded.runs == 2
+    # A run holding none of the asked grader's verdicts is read as graded by the rules (none stored: undecided).
+    fallback = load_grades(store, GradeConfig(mode="judge"))
+    assert fallback is not None and fallback.mode == "rules" and fallback.verdicts[("right", 0, 0)] == [None]
+    store.close()
+
+
+async def test_unknown_grader_names_are_refused_where_given(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="unknown grader 'exactly'"):
+        BuildConfig(grade_mode="exactly")
+    assert BuildConfig(grade_mode="rules").grade_mode == "rules"
+    with RunStore(tmp_path / "run") as store, pytest.raises(ConfigError, match=r"known: combined, rules, judge"):
+        await grade_run(store, GradeConfig(mode="exactly"))
