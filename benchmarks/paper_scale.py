@@ -11,8 +11,8 @@ cache of ``--cache-tokens``), answering every call with reasoning of 2K-60K toke
 answer of 300-2K tokens (tmas.testing.long_replies), streamed in deltas of 2,000 tokens at ``--tokens-per-s``: a
 reply above ``--timeout-s`` x the rate streams for longer in all than the client's ``timeout_s``, which bounds each
 gap between chunks, not the reply. 2 % of calls stall (the simulator goes silent past the timeout), 2 % are cut
-mid-stream, 1 % answer 503. The problems are generated arithmetic (a stand-in for HLE-Math: the simulator checks and
-answers them; 60 % of solutions right).
+mid-stream, 1 % answer 503 (``--faults``). The problems are generated arithmetic (a stand-in for HLE-Math: the
+simulator checks and answers them; 60 % of solutions right).
 
 ``tmas run`` runs in a subprocess; once half the calls are in its store it is killed with SIGKILL, then ``tmas run
 --resume`` finishes the run. Then ``tmas report`` (rules grading) is timed, and the viewer's first view of the run page
@@ -94,7 +94,7 @@ def sim_script(args: argparse.Namespace, replica: int) -> SimScript:
         context_length=262_144,
         long_replies=LongReplies(),
         latency_per_token_s=1.0 / args.tokens_per_s,
-        faults=FaultRates(stall=0.02, cut=0.02, http_503=0.01) if args.faults else FaultRates(),
+        faults=FaultRates(stall=args.faults[0], cut=args.faults[1], http_503=args.faults[2]),
         hang_s=3 * args.timeout_s,
         cache_report=True,
         prefix_cache_tokens=args.cache_tokens,
@@ -227,7 +227,7 @@ def first_half(args: argparse.Namespace, urls: list[str]) -> dict[str, Any]:
     )
     try:
         while child.running() and stored_calls(run) < total // 2:
-            time.sleep(0.2)
+            time.sleep(0.05)
         killed_at = time.time()
         figures = child.finish(kill=True)
     finally:
@@ -492,7 +492,7 @@ def calibrate(run_dirs: list[Path]) -> dict[str, Any]:
 # ---- main ------------------------------------------------------------------------------------------------------------
 
 
-def main() -> None:
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="folder of the runs and figures (a second call continues it)")
     parser.add_argument("--problems", type=int, default=100)
@@ -506,15 +506,27 @@ def main() -> None:
     parser.add_argument("--problems-in-flight", type=int, default=100)
     parser.add_argument("--cache-tokens", type=int, default=200_000, help="prefix cache per replica, tokens")
     parser.add_argument("--routing-problems", type=int, default=10, help="problems of each routing run (0: none)")
-    parser.add_argument("--no-faults", dest="faults", action="store_false", help="no stalls, cuts or 503s")
+    parser.add_argument(
+        "--faults",
+        type=float,
+        nargs=3,
+        default=[0.02, 0.02, 0.01],
+        metavar=("STALL", "CUT", "HTTP_503"),
+        help="share of calls that stall, are cut mid-stream, answer 503",
+    )
     parser.add_argument("--calibrate", type=Path, nargs="+", metavar="RUN_DIR", help="only calibrate, on these runs")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.out is None and not args.calibrate:
+        parser.error("--out is required")
+    return args
+
+
+def main() -> None:
+    args = arguments()
     if args.calibrate:
         print(json.dumps(calibrate(args.calibrate), indent=2))
-        return
-    if args.out is None:
-        parser.error("--out is required")
-    run(args)
+    else:
+        run(args)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
