@@ -178,6 +178,11 @@ class Child:
             "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),  # KiB on Linux
         }
 
+    def cpu_s(self) -> float:
+        """CPU seconds the process has used so far (Linux: /proc)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         if self.proc.returncode is None:
             self.finish(kill=True)
@@ -240,9 +245,17 @@ def first_half(args: argparse.Namespace, urls: list[str]) -> dict[str, Any]:
 
 def second_half(args: argparse.Namespace, urls: list[str]) -> dict[str, Any]:
     out, run = args.out, args.out / "run"
+    asked_before = sum(int(server_stats(url)["total_requests"]) for url in urls)  # type: ignore[call-overload]
     child = Child(tmas_command("run", "--resume", run), out / "run2.log")
     started = child.started
     try:
+        # The CPU the resumed process had used when its first new call reached a replica: what the resume itself
+        # costs, apart from the wait for a busy machine's cores.
+        cpu_at_first_call = None
+        while child.running() and cpu_at_first_call is None:
+            if sum(int(server_stats(url)["total_requests"]) for url in urls) > asked_before:  # type: ignore[call-overload]
+                cpu_at_first_call = round(child.cpu_s(), 2)
+            time.sleep(0.1)
         figures = child.finish()
     finally:
         child.stop()
@@ -269,6 +282,7 @@ def second_half(args: argparse.Namespace, urls: list[str]) -> dict[str, Any]:
     return {
         **figures,
         "first_new_call_s": round(min(r["received_at"] for r in after) - started, 2) if after else None,
+        "cpu_s_at_first_new_call": cpu_at_first_call,
         "requests_after_resume": len(after),
         "requests_with_a_finished_calls_seed": same_seed,
         "samples_asked_beyond_new_calls": beyond,
@@ -464,9 +478,7 @@ def calibrate(run_dirs: list[Path]) -> dict[str, Any]:
     replies: list[str] = []
     for run_dir in run_dirs:
         with RunStore(run_dir, read_only=True) as store:
-            replies += [c.content for c in store.calls() if c.content] + [
-                c.reasoning for c in store.calls() if c.reasoning
-            ]
+            replies += [text for c in store.calls() for text in (c.content, c.reasoning) if text]
     if not replies:
         raise SystemExit("no replies in those runs")
     compressor = zstandard.ZstdCompressor(level=3)
