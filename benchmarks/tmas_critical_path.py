@@ -40,7 +40,8 @@ from tmas.testing import SimScript, SimServer
 def sim_server(latency: float, in_process: bool, script: SimScript | None = None) -> Iterator[str]:
     """The simulated server's root URL: in a thread of this process, or (default) a process of its own, as a real
     server would be, so its request handling does not compete with the client for this interpreter's lock."""
-    script = (script or SimScript()).model_copy(update={"latency_s": latency, "log_limit": 0})
+    # Without a script of its own the request log is off: nothing reads it and it would only grow.
+    script = script.model_copy(update={"latency_s": latency}) if script else SimScript(latency_s=latency, log_limit=0)
     if in_process:
         with SimServer(script) as sim:
             yield sim.url

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tmas.testing.responders import RESPONDERS, SimRequest, count_tokens, register_responder
-from tmas.testing.script import FaultRates, Rule, ScriptedUsage, SimScript
+from tmas.testing.script import FaultRates, LongReplies, Rule, ScriptedUsage, SimScript
 
 if TYPE_CHECKING:
     from tmas.testing.scripted_model import ScriptedCall, ScriptedModel
@@ -15,6 +15,7 @@ __all__ = [
     "RESPONDERS",
     "FaultRates",
     "LoggedRequest",
+    "LongReplies",
     "Rule",
     "ScriptedCall",
     "ScriptedModel",

@@ -73,6 +73,9 @@ class Choice:
     logprobs: list[dict[str, Any]] | None
     reasoning_tokens: int
     completion_tokens: int
+    # The reasoning's and the content's streamed deltas, each with its token count, where they were cut in advance
+    # (tmas.testing.long_replies: thousands of tokens a delta, never counted again); None: cut and counted here.
+    pieces: tuple[list[tuple[str, int]], list[tuple[str, int]]] | None = None
 
 
 class _Part(NamedTuple):
@@ -242,16 +245,20 @@ class Reply:
         """One choice's deltas. A persona that hides reasoning streams none of it, but the first content delta still
         waits for the hidden tokens."""
         p = self.persona
+        if c.pieces is not None:
+            reasoning_pieces, content_pieces = c.pieces
+        else:
+            reasoning_pieces = [(piece, count_tokens(piece)) for piece in split(c.reasoning or "")]
+            content_pieces = [(piece, count_tokens(piece)) for piece in split(c.content)]
         parts: list[_Part] = []
         hidden = 0
-        for piece in split(c.reasoning or ""):
+        for piece, tokens in reasoning_pieces:
             if p.reasoning_key is None:
-                hidden += count_tokens(piece)
+                hidden += tokens
             else:
-                parts.append(_Part({p.reasoning_key: piece}, None, count_tokens(piece), True))
+                parts.append(_Part({p.reasoning_key: piece}, None, tokens, True))
         start = 0
-        for piece in split(c.content):
-            tokens = count_tokens(piece)
+        for piece, tokens in content_pieces:
             logprobs = c.logprobs[start : start + tokens] if c.logprobs is not None else None
             start += tokens
             parts.append(_Part({"content": piece}, logprobs, tokens + hidden, False))

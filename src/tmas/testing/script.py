@@ -141,6 +141,41 @@ class Rule(_Strict):
         return self._regex
 
 
+class LongReplies(_Strict):
+    """Thinking-model reply lengths (tmas.testing.long_replies): every reply of the listed roles carries reasoning of a
+    log-normal length clipped to [reasoning_min_tokens, reasoning_max_tokens] and an answer padded to a uniform length
+    in [answer_min_tokens, answer_max_tokens], both sliced from a generated corpus, and streams in deltas of
+    ``chunk_tokens`` (paced by the script's ``latency_per_token_s``)."""
+
+    reasoning_median_tokens: int = Field(default=6_000, ge=1)
+    reasoning_sigma: float = Field(default=0.9, ge=0.0)
+    reasoning_min_tokens: int = Field(default=2_000, ge=0)
+    reasoning_max_tokens: int = Field(default=60_000, ge=0)
+    answer_min_tokens: int = Field(default=300, ge=0)
+    answer_max_tokens: int = Field(default=2_000, ge=0)
+    chunk_tokens: int = Field(default=2_000, ge=1)
+    # Share of the corpus's sentences drawn from a small pool of stock phrases ("Wait, let me check that again."):
+    # how repetitive the text is, so how well zstd compresses it. The default is calibrated on real model replies
+    # (docs/performance.md, "The paper's scale rehearsed").
+    repeat_share: float = Field(default=0.78, ge=0.0, le=1.0)
+    corpus_tokens: int = Field(default=400_000, ge=1)
+    # Roles that get long replies (None: every role).
+    roles: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _ranges(self) -> LongReplies:
+        if self.reasoning_min_tokens > self.reasoning_max_tokens:
+            raise ValueError("long_replies: reasoning_min_tokens is above reasoning_max_tokens")
+        if self.answer_min_tokens > self.answer_max_tokens:
+            raise ValueError("long_replies: answer_min_tokens is above answer_max_tokens")
+        if self.corpus_tokens <= self.reasoning_max_tokens + self.answer_max_tokens:
+            raise ValueError("long_replies: corpus_tokens must exceed the longest reasoning and answer together")
+        return self
+
+    def covers(self, role: str) -> bool:
+        return self.roles is None or role in self.roles
+
+
 class SimScript(_Strict):
     """Everything the simulated server does. Replace it live with ``SimServer.set_script``."""
 
@@ -176,3 +211,8 @@ class SimScript(_Strict):
     prefix_cache_tokens: int | None = Field(default=None, ge=0)
     # llama-server's slots (-np): each keeps its last prompt cached, and n may not exceed them.
     slots: int = Field(default=4, ge=1)
+    # Thinking-length replies (None: the responders' short ones, with the short fake reasoning where asked).
+    long_replies: LongReplies | None = None
+    # Log each chat request's prompt digest, seed and n instead of its body (tmas.testing.long_replies.request_digest):
+    # a log of a whole paper-scale run stays small.
+    log_digests: bool = False

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 from aiohttp import web
 from pydantic import BaseModel
 
+from tmas.testing.long_replies import long_choice, request_digest
 from tmas.testing.personas import PERSONAS, Persona, cache_capacity, persona_of
 from tmas.testing.prefix_cache import PrefixCache, SlotCache, prompt_tokens
 from tmas.testing.replies import Choice, Reply, certain_logprobs, sse
@@ -349,6 +350,8 @@ class SimApp:
 
     def _log_request(self, request: web.Request, endpoint: str, role: str, body: dict[str, Any], at: float) -> None:
         headers = {name.lower(): value for name, value in request.headers.items() if name.lower() != "authorization"}
+        if endpoint == "chat" and self._active.script.log_digests:
+            body = request_digest(body)
         entry = _LogEntry(
             endpoint, role, request.headers.get(PROBLEM_HEADER), body, at, request.headers.get("Authorization"), headers
         )
@@ -648,6 +651,14 @@ class SimApp:
             content = rule.replies[(used + index) % len(rule.replies)]
         else:
             content = get_responder(role)(sim)
+        long = script.long_replies
+        if (
+            long is not None
+            and long.covers(role)
+            and fault not in ("garbage", "truncate")
+            and not (rule and rule.replies)
+        ):
+            return long_choice(long, sim, content, max_tokens, persona, script)
         reasoning: str | None = None
         if rule is not None and rule.reasoning is not None:
             reasoning = rule.reasoning
