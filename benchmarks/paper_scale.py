@@ -15,11 +15,13 @@ mid-stream, 1 % answer 503 (``--faults``). The problems are generated arithmetic
 simulator checks and answers them; 60 % of solutions right).
 
 ``tmas run`` runs in a subprocess; once half the calls are in its store it is killed with SIGKILL, then ``tmas run
---resume`` finishes the run. Then ``tmas report`` (rules grading) is timed, and the viewer's first view of the run page
-and of a comparison of the run with a copy of itself (no second run of 164,000 calls: the copy is the same run under
-another directory), each in a fresh viewer without its background warm-up, as benchmarks/view_pages.py times pages.
-Last, two runs of ``--routing-problems`` problems, least-loaded and cache-aware routing, give the prompt share served
-from the replicas' caches and the spread of load (benchmarks/replica_routing.py's figures, on these replies).
+--resume`` finishes the run (from a copy of the run as the kill left it, ``OUT/run-at-kill``, so that deleting
+``OUT/figures/second_half.json`` measures the resume again). Then ``tmas report`` (rules grading) is timed, and the
+viewer's first view of the run page and of a comparison of the run with a copy of itself (no second run of 164,000
+calls: the copy is the same run under another directory), each in a fresh viewer without its background warm-up, as
+benchmarks/view_pages.py times pages. Last, two runs of ``--routing-problems`` problems, least-loaded and cache-aware
+routing, give the prompt share served from the replicas' caches and the spread of load (benchmarks/replica_routing.py's
+figures, on these replies).
 
 Every part writes its figures to ``OUT/figures/PART.json`` and is skipped when they are there, so an interrupted
 benchmark continues where it stopped (a part cut short is run again). ``OUT/paper_scale.json`` gathers them; a
@@ -222,6 +224,10 @@ def save(out: Path, name: str, figures: dict[str, Any]) -> dict[str, Any]:
 # ---- the run: kill -9 half way, then --resume ----------------------------------------------------------------------
 
 
+# The run directory as the kill -9 left it.
+KILLED = "run-at-kill"
+
+
 def first_half(args: argparse.Namespace, urls: list[str]) -> dict[str, Any]:
     out, run = args.out, args.out / "run"
     shutil.rmtree(run, ignore_errors=True)
@@ -240,11 +246,16 @@ def first_half(args: argparse.Namespace, urls: list[str]) -> dict[str, Any]:
     before = finished_calls(run)
     (out / "figures").mkdir(parents=True, exist_ok=True)
     (out / "figures" / "finished_before_kill.json").write_text(json.dumps(before))
+    # The run as the kill left it: the resume can be measured again on it (delete figures/second_half.json).
+    shutil.rmtree(out / KILLED, ignore_errors=True)
+    shutil.copytree(run, out / KILLED)
     return {**figures, "calls_planned": total, "calls_at_kill": len(before), "killed_at": killed_at}
 
 
 def second_half(args: argparse.Namespace, urls: list[str]) -> dict[str, Any]:
     out, run = args.out, args.out / "run"
+    shutil.rmtree(run)
+    shutil.copytree(out / KILLED, run)
     asked_before = sum(int(server_stats(url)["total_requests"]) for url in urls)  # type: ignore[call-overload]
     child = Child(tmas_command("run", "--resume", run), out / "run2.log")
     started = child.started
