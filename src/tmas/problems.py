@@ -6,7 +6,6 @@ the id ``question_id`` or ``id`` are read too. Other fields are kept as metadata
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from tmas.errors import InputError
+from tmas.jsonl import read_objects
 
 ID_FIELDS = ("problem_id", "question_id", "id")
 
@@ -42,32 +42,14 @@ def iter_problems(path: str | Path) -> Iterator[Problem]:
     """Read problems one line at a time; a bad line raises :class:`InputError` naming file and line."""
     path = Path(path)
     seen: dict[str, int] = {}
-    try:
-        handle = path.open("rb")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot open: {exc.strerror}") from None
-    with handle:
-        for number, raw in enumerate(handle, start=1):
-            where = f"{path}:{number}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise InputError(f"{where}: not valid UTF-8 (byte {exc.start})") from None
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{where}: not valid JSON: {exc.msg} at column {exc.colno}") from None
-            if not isinstance(record, dict):
-                raise InputError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            problem = _problem(record, where)
-            if problem.problem_id in seen:
-                raise InputError(
-                    f"{where}: duplicate problem id {problem.problem_id!r} (first on line {seen[problem.problem_id]})"
-                )
-            seen[problem.problem_id] = number
-            yield problem
+    for where, number, record in read_objects(path):
+        problem = _problem(record, where)
+        if problem.problem_id in seen:
+            raise InputError(
+                f"{where}: duplicate problem id {problem.problem_id!r} (first on line {seen[problem.problem_id]})"
+            )
+        seen[problem.problem_id] = number
+        yield problem
 
 
 def load_problems(path: str | Path) -> list[Problem]:

@@ -9,12 +9,12 @@ The id is ``problem_id``, ``id`` or ``case_id``, else the line number.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from tmas.errors import InputError
+from tmas.jsonl import read_objects
 from tmas.problems import Problem
 
 RECORD_FIELDS = ("question", "patient", "case", "Phenotype")
@@ -33,27 +33,9 @@ def _text(value: Any, joiner: str) -> str | None:
 LETTERS = "ABCDEFGHIJ"
 
 
-def _records(path: Path) -> Iterator[tuple[str, int, dict[str, Any]]]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read: {exc}") from None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{where}: not valid JSON: {exc.msg}") from None
-        if not isinstance(record, dict):
-            raise InputError(f"{where}: expected a JSON object")
-        yield where, number, record
-
-
 def read_rarebench(path: Path) -> Iterator[Problem]:
     """RareBench-style cases as problems; a bad line is an :class:`InputError` naming file, line and field."""
-    for where, number, record in _records(path):
+    for where, number, record in read_objects(path):
         field = next((f for f in RECORD_FIELDS if f in record), None)
         patient = _text(record.get(field), "; ") if field else None
         if patient is None:
@@ -73,7 +55,7 @@ def read_supergpqa(path: Path) -> Iterator[Problem]:
     """SuperGPQA-style multiple choice: ``question``, ``options`` (a list, lettered A, B, ... in order) and
     ``answer_letter`` (or ``answer``, a letter or the text of an option). The question shown to the student lists
     the options as ``A) ...``; the reference answer is the letter."""
-    for where, number, record in _records(path):
+    for where, number, record in read_objects(path):
         question, options = record.get("question"), record.get("options")
         if not isinstance(question, str) or not question.strip():
             raise InputError(f"{where}: 'question' must be non-empty text")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tmas.errors import InputError
+from tmas.jsonl import read_objects
 
 
 @dataclass(frozen=True)
@@ -87,17 +88,7 @@ def read_rows(path: Path) -> Iterator[dict[str, Any]]:
         with path.open(newline="", encoding="utf-8-sig") as handle:
             yield from csv.DictReader(handle)
     elif suffix == ".jsonl":
-        with path.open(encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise InputError(f"{path}:{number}: not valid JSON: {exc.msg}") from None
-                if not isinstance(row, dict):
-                    raise InputError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
-                yield row
+        yield from (row for _, _, row in read_objects(path))
     elif suffix == ".json":
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
