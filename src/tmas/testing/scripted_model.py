@@ -37,6 +37,8 @@ class ScriptedCall:
     sources: dict[str, str]
     reply_model: type[BaseModel] | None
     body: dict[str, Any]
+    # What the call returned (a failed completion for a scripted fault).
+    reply: Completion
 
 
 @dataclass
@@ -87,10 +89,16 @@ class ScriptedModel:
         if not isinstance(sampling, ResolvedSampling):
             sampling = self.resolve_sampling(role, call=sampling)
         request = ChatRequest(model=self.model_name(role), messages=list(messages), sampling=sampling.sampling)
-        body = request.body()
+        reply = self._answer(role, key, messages, request)
         self.calls.append(
-            ScriptedCall(role, key, list(messages), sampling.sampling, sampling.sources, reply_model, body)
+            ScriptedCall(
+                role, key, list(messages), sampling.sampling, sampling.sources, reply_model, request.body(), reply
+            )
         )
+        return reply
+
+    def _answer(self, role: str, key: CallKey, messages: Sequence[Message], request: ChatRequest) -> Completion:
+        body = request.body()
         request_hash = request.request_hash(key)
         texts = [m.content for m in messages]
         prompt_tokens = sum(count_tokens(t) for t in texts) + 4 * len(texts)
