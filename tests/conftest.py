@@ -25,8 +25,21 @@ def sim2() -> Iterator[SimServer]:
 
 def settings_for(*servers: SimServer, **overrides: Any) -> Settings:
     """Settings whose default endpoint is the given server(s), with fast retries so fault tests stay quick."""
+    return _settings([s.base_url for s in servers], overrides)
+
+
+def scripted_settings(**overrides: Any) -> Settings:
+    """The same settings for an in-process :class:`tmas.testing.ScriptedModel` (its endpoint is never called; it is
+    named so that the settings are an endpoint's, not the embedded model's)."""
+    return _settings([SCRIPTED_URL], overrides)
+
+
+SCRIPTED_URL = "http://scripted.invalid/v1"
+
+
+def _settings(base_urls: list[str], overrides: dict[str, Any]) -> Settings:
     data: dict[str, Any] = {
-        "endpoint": {"base_url": [s.base_url for s in servers], "model": "sim-model", "timeout_s": 5},
+        "endpoint": {"base_url": base_urls, "model": "sim-model", "timeout_s": 5},
         "retry": {"max_attempts": 4, "backoff_base_s": 0.01, "backoff_max_s": 0.05},
         "sampling": {"temperature": 0.7, "max_tokens": 256},
     }

@@ -1,5 +1,6 @@
-"""The baselines end to end against the simulated server: each method's call graph per iteration (calls by role,
-and which earlier outputs each prompt contains), read from the run store and the server's request log."""
+"""The baselines' logic in process on the scripted model: each method's call graph per iteration (calls by role,
+and which earlier outputs each prompt contains). RSE's gold answer and embeddings, which cross the wire, are checked
+against the simulated server and the run store."""
 
 from __future__ import annotations
 
@@ -7,40 +8,47 @@ import re
 from pathlib import Path
 from typing import Any
 
-from conftest import settings_for
+from conftest import scripted_settings, settings_for
+from scripted_runs import solve_in_process
 from tmas.api import asolve
 from tmas.methods import METHODS
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import RunStore
-from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
 Q = "What is 17*23?"
 MARK = re.compile(r"M(\d+)Z")
 
 
-async def run(sim: SimServer, tmp_path: Path, method: str, **params: Any) -> ProblemResult:
-    settings = settings_for(sim, method={"name": method, "params": params})
-    return await asolve(Q, settings, run_dir=tmp_path / "run")
+async def run(method: str, script: SimScript | None = None, **params: Any) -> tuple[ProblemResult, ScriptedModel]:
+    model = ScriptedModel(script or SimScript(), scripted_settings(method={"name": method, "params": params}))
+    return await solve_in_process(model, Q), model
 
 
-def calls(run_dir: Path) -> list[dict[str, Any]]:
-    """Every stored call: iteration, role, sample, its user prompt and its reply."""
+def calls(model: ScriptedModel) -> list[dict[str, Any]]:
+    """Every call: iteration, role, sample, its user prompt and its reply."""
+    return [
+        {
+            "it": call.key.iteration,
+            "role": call.key.role,
+            "sample": call.key.sample,
+            "prompt": call.messages[-1].content,
+            "reply": call.reply.content,
+        }
+        for call in model.calls
+    ]
+
+
+def stored_calls(run_dir: Path) -> list[dict[str, Any]]:
+    """Every stored call's iteration, role and user prompt."""
     out = []
     with RunStore(run_dir, create=False) as store:
         for call in store.calls():
             assert call.call_id is not None
             prompt = store.call_messages(call.call_id)[-1]["content"]
-            out.append(
-                {
-                    "it": call.key.iteration,
-                    "role": call.key.role,
-                    "sample": call.key.sample,
-                    "prompt": prompt,
-                    "reply": call.content,
-                }
-            )
+            out.append({"it": call.key.iteration, "role": call.key.role, "prompt": prompt})
     return out
 
 
@@ -63,13 +71,13 @@ def test_every_baseline_is_registered() -> None:
     assert {"cot", "majority", "self_refine", "verify_refine", "pacore", "rse", "tmas"} <= set(METHODS)
 
 
-async def test_majority_votes_over_independent_samples(sim: SimServer, tmp_path: Path) -> None:
+async def test_majority_votes_over_independent_samples() -> None:
     answers = ["7", "5", "7", "9", "7"]
     replies = [f"So it is \\boxed{{{a}}}." for a in answers]
-    sim.set_script(SimScript(rules=[Rule(role="solution", replies=replies)]))
-    result = await run(sim, tmp_path, "majority", k=5)
+    script = SimScript(rules=[Rule(role="solution", replies=replies)])
+    result, model = await run("majority", script, k=5)
     assert result.answer == "7" and result.status == "done"
-    rows = calls(tmp_path / "run")
+    rows = calls(model)
     assert roles_by_iteration(rows) == {0: {"solution": 5}}
     assert len({r["prompt"] for r in rows}) == 1  # k samples of one prompt, none sees another
     [record] = result.iterations
@@ -77,27 +85,25 @@ async def test_majority_votes_over_independent_samples(sim: SimServer, tmp_path:
     assert record.selected == "7" and record.state["votes"] == {"7": 3, "5": 1, "9": 1}
 
 
-async def test_majority_iterations_vote_over_all_samples_so_far(sim: SimServer, tmp_path: Path) -> None:
-    sim.set_script(SimScript(rules=[Rule(role="solution", replies=["\\boxed{4}", "\\boxed{4}", "\\boxed{6}"])]))
-    result = await run(sim, tmp_path, "majority", k=1, iterations=3)
+async def test_majority_iterations_vote_over_all_samples_so_far() -> None:
+    script = SimScript(rules=[Rule(role="solution", replies=["\\boxed{4}", "\\boxed{4}", "\\boxed{6}"])])
+    result, _ = await run("majority", script, k=1, iterations=3)
     assert [len(r.candidates) for r in result.iterations] == [1, 1, 1]
     assert [r.state["samples"] for r in result.iterations] == [1, 2, 3]
     assert result.iterations[-1].selected == "4"
 
 
-async def test_self_refine_never_sees_a_sibling_trajectory(sim: SimServer, tmp_path: Path) -> None:
+async def test_self_refine_never_sees_a_sibling_trajectory() -> None:
     n, t = 3, 3
-    sim.set_script(
-        SimScript(
-            rules=[
-                Rule(role="solution", replies=marked_replies("s", n)),
-                Rule(role="refiner", replies=marked_replies("r", 100)[n:]),
-            ]
-        )
+    script = SimScript(
+        rules=[
+            Rule(role="solution", replies=marked_replies("s", n)),
+            Rule(role="refiner", replies=marked_replies("r", 100)[n:]),
+        ]
     )
-    result = await run(sim, tmp_path, "self_refine", n=n, iterations=t)
+    result, model = await run("self_refine", script, n=n, iterations=t)
     assert result.status == "done" and result.answer == "391"
-    rows = calls(tmp_path / "run")
+    rows = calls(model)
     assert roles_by_iteration(rows) == {0: {"solution": n}, 1: {"refiner": n}, 2: {"refiner": n}}
     produced = {(r["it"], r["sample"]): MARK.findall(r["reply"]) for r in rows}
     for r in rows:
@@ -111,20 +117,18 @@ async def test_self_refine_never_sees_a_sibling_trajectory(sim: SimServer, tmp_p
     assert [len(rec.candidates) for rec in result.iterations] == [n] * t
 
 
-async def test_verify_refine_corrects_from_own_solution_and_its_verification(sim: SimServer, tmp_path: Path) -> None:
+async def test_verify_refine_corrects_from_own_solution_and_its_verification() -> None:
     n, m = 2, 2
     verdicts = [f"## Analysis\nCheck V{k}Z: the last step is wrong.\n\n## Score\nScore: 0" for k in range(100)]
-    sim.set_script(
-        SimScript(
-            rules=[
-                Rule(role="solution", replies=marked_replies("s", n)),
-                Rule(role="corrector", replies=marked_replies("c", 100)[n:]),
-                Rule(role="verifier", replies=verdicts),
-            ]
-        )
+    script = SimScript(
+        rules=[
+            Rule(role="solution", replies=marked_replies("s", n)),
+            Rule(role="corrector", replies=marked_replies("c", 100)[n:]),
+            Rule(role="verifier", replies=verdicts),
+        ]
     )
-    result = await run(sim, tmp_path, "verify_refine", n=n, m=m, iterations=2)
-    rows = calls(tmp_path / "run")
+    result, model = await run("verify_refine", script, n=n, m=m, iterations=2)
+    rows = calls(model)
     assert roles_by_iteration(rows) == {
         0: {"solution": n, "verifier": n * m},
         1: {"corrector": n, "verifier": n * m},
@@ -145,16 +149,14 @@ async def test_verify_refine_corrects_from_own_solution_and_its_verification(sim
     assert all(c.score == 0.0 for rec in result.iterations for c in rec.candidates)
 
 
-async def test_pacore_rounds_see_compact_messages_of_the_whole_previous_round(sim: SimServer, tmp_path: Path) -> None:
+async def test_pacore_rounds_see_compact_messages_of_the_whole_previous_round() -> None:
     n = 3
     replies = [
         f"Long reasoning R{k}Q goes here.\n\n## Solution\nConclusion M{k}Z.\n\n\\boxed{{391}}" for k in range(100)
     ]
-    sim.set_script(
-        SimScript(rules=[Rule(role="solution", replies=replies), Rule(role="synthesis", replies=replies[50:])])
-    )
-    result = await run(sim, tmp_path, "pacore", responses_per_round=n, iterations=2)
-    rows = calls(tmp_path / "run")
+    script = SimScript(rules=[Rule(role="solution", replies=replies), Rule(role="synthesis", replies=replies[50:])])
+    result, model = await run("pacore", script, responses_per_round=n, iterations=2)
+    rows = calls(model)
     assert roles_by_iteration(rows) == {0: {"solution": n}, 1: {"solution": n}, 2: {"synthesis": 1}}
     produced = {t: sorted(k for r in rows if r["it"] == t for k in MARK.findall(r["reply"])) for t in (0, 1)}
     for r in rows:
@@ -175,7 +177,7 @@ async def test_rse_bank_is_distilled_without_the_gold_answer(sim: SimServer, tmp
     [result] = summary.results
     assert result.status == "done" and result.answer == "391"
     assert all(gold not in str(r.body) for r in sim.requests)
-    rows = calls(tmp_path / "run")
+    rows = stored_calls(tmp_path / "run")
     # The last iteration is not distilled: nothing would read its bank.
     assert roles_by_iteration(rows) == {
         0: {"solution": 2, "distiller": 2},
@@ -200,7 +202,8 @@ async def test_rse_bank_is_distilled_without_the_gold_answer(sim: SimServer, tmp
 
 async def test_rse_falls_back_to_jaccard_when_embeddings_fail(sim: SimServer, tmp_path: Path) -> None:
     sim.set_script(SimScript(rules=[Rule(role="embedding", fault="http_400")]))
-    result = await run(sim, tmp_path, "rse", n=2, iterations=2)
+    settings = settings_for(sim, method={"name": "rse", "params": {"n": 2, "iterations": 2}})
+    result = await asolve(Q, settings, run_dir=tmp_path / "run")
     state = result.iterations[0].state
     assert state["distill"]["similarity"] == "jaccard" and len(state["bank"]["propositions"]) == 2
     assert any("Jaccard" in note for note in result.iterations[0].notes)

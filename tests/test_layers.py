@@ -1,4 +1,4 @@
-"""Imports point down only (DESIGN.md, "Layers"): checked on the source, module by module."""
+"""Imports point down only (docs/architecture.md, "The layers"): checked on the source, module by module."""
 
 from __future__ import annotations
 

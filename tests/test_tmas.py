@@ -1,15 +1,15 @@
-"""TMAS end to end against the simulated server: Algorithm 1's call graph and ordering, epsilon, bad agent output,
-ablations, early stopping, selection and presets."""
+"""TMAS's logic in process on the scripted model: Algorithm 1's call graph and ordering, epsilon, bad agent output,
+ablations, early stopping, selection and presets. What its preset sends crosses the wire to the simulated server."""
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import settings_for
+from conftest import scripted_settings
+from scripted_runs import by_role, last_user_prompts, solve_in_process
 from tmas.api import asolve
 from tmas.config import Sampling, Settings
 from tmas.llm.sampling import resolve_role
@@ -18,49 +18,46 @@ from tmas.methods.base import ProblemResult
 from tmas.methods.selection import select
 from tmas.methods.tmas import TMAS
 from tmas.methods.tmas_params import TMASParams
-from tmas.store.run_store import RunStore
-from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
 Q = "What is 17*23?"
 EXPLORE_MARK = "<attempted_strategies>"
 REFINE_MARK = "<rollouts>"
 
 
-async def run_tmas(sim: SimServer, tmp_path: Path | None = None, **params: Any) -> ProblemResult:
+async def run_tmas(
+    script: SimScript | None = None, seed: int = 0, **params: Any
+) -> tuple[ProblemResult, ScriptedModel]:
     # Algorithm 1's whole call graph, the last iteration's summaries and memory updates included (their skip, the
     # default, is tested in test_slot_pinning.py).
     params = {"skip_final_memory": False, **params}
-    settings = settings_for(sim, method={"name": "tmas", "params": params})
-    return await asolve(Q, settings, run_dir=tmp_path / "run" if tmp_path else None)
+    model = ScriptedModel(
+        script or SimScript(), scripted_settings(seed=seed, method={"name": "tmas", "params": params})
+    )
+    return await solve_in_process(model, Q), model
 
 
-def solution_prompts(sim: SimServer) -> list[str]:
-    return [r.body["messages"][-1]["content"] for r in sim.requests if r.role == "solution"]
-
-
-def calls_by_iteration(run_dir: Path) -> dict[int, list[tuple[str, str]]]:
-    """iteration -> [(role, user prompt)] from the run store."""
+def calls_by_iteration(model: ScriptedModel) -> dict[int, list[tuple[str, str]]]:
+    """iteration -> [(role, user prompt)], in call order."""
     out: dict[int, list[tuple[str, str]]] = {}
-    with RunStore(run_dir, create=False) as store:
-        for call in store.calls():
-            assert call.call_id is not None and call.key.iteration is not None
-            prompt = store.call_messages(call.call_id)[-1]["content"]
-            out.setdefault(call.key.iteration, []).append((call.key.role, prompt))
+    for call in model.calls:
+        assert call.key.iteration is not None
+        out.setdefault(call.key.iteration, []).append((call.role, call.messages[-1].content))
     return out
 
 
-async def test_call_graph_per_iteration(sim: SimServer, tmp_path: Path) -> None:
+async def test_call_graph_per_iteration() -> None:
     n, m, t = 3, 2, 3
-    result = await run_tmas(sim, tmp_path, n=n, m=m, iterations=t)
+    result, model = await run_tmas(n=n, m=m, iterations=t)
     assert result.status == "done" and result.answer == "391"
-    assert sim.stats().by_role == {
+    assert by_role(model) == {
         "solution": n * t,
         "verifier": n * m * t,
         "summary": n * t,
         "experience": t,
         "guideline": t,
     }
-    for calls in calls_by_iteration(tmp_path / "run").values():
+    for calls in calls_by_iteration(model).values():
         roles = [role for role, _ in calls]
         assert {r: roles.count(r) for r in set(roles)} == {
             "solution": n,
@@ -76,16 +73,16 @@ async def test_call_graph_per_iteration(sim: SimServer, tmp_path: Path) -> None:
     assert "## Validated Steps" in first.meta["summary"]
 
 
-async def test_iteration_t_prompts_see_only_iteration_t_minus_1(sim: SimServer, tmp_path: Path) -> None:
+async def test_iteration_t_prompts_see_only_iteration_t_minus_1() -> None:
     # Each solution carries a marker M<call number>; calls of iteration t are numbers t*N .. t*N+N-1 since an
     # iteration starts only after the previous one finished.
     n, t = 3, 4
     replies = [f"Attempt M{k}Z: 17*23 = 391.\n\n\\boxed{{391}}" for k in range(n * t)]
-    sim.set_script(SimScript(rules=[Rule(role="solution", replies=replies)]))
-    result = await run_tmas(sim, tmp_path, n=n, m=2, iterations=t, epsilon=0.0)
+    script = SimScript(rules=[Rule(role="solution", replies=replies)])
+    result, model = await run_tmas(script, n=n, m=2, iterations=t, epsilon=0.0)
     assert result.status == "done"
     marks = re.compile(r"M(\d+)Z")
-    for it, calls in calls_by_iteration(tmp_path / "run").items():
+    for it, calls in calls_by_iteration(model).items():
         for role, prompt in calls:
             seen = {int(k) // n for k in marks.findall(prompt)}
             if role == "solution":
@@ -98,10 +95,10 @@ async def test_iteration_t_prompts_see_only_iteration_t_minus_1(sim: SimServer, 
 
 
 @pytest.mark.parametrize("epsilon", [0.0, 1.0])
-async def test_epsilon_extremes(sim: SimServer, tmp_path: Path, epsilon: float) -> None:
+async def test_epsilon_extremes(epsilon: float) -> None:
     n, t = 4, 3
-    result = await run_tmas(sim, tmp_path, n=n, m=1, iterations=t, epsilon=epsilon)
-    prompts = solution_prompts(sim)
+    result, model = await run_tmas(n=n, m=1, iterations=t, epsilon=epsilon)
+    prompts = last_user_prompts(model, "solution")
     assert len(prompts) == n * t
     explore = [EXPLORE_MARK in p for p in prompts]
     refine = [REFINE_MARK in p for p in prompts]
@@ -114,37 +111,36 @@ async def test_epsilon_extremes(sim: SimServer, tmp_path: Path, epsilon: float) 
     assert modes == ["generate"] * n + [expected] * n * (t - 1)
 
 
-async def test_draws_depend_on_the_run_seed_only(sim: SimServer, tmp_path: Path) -> None:
+async def test_draws_depend_on_the_run_seed_only() -> None:
     params = {"n": 8, "m": 1, "iterations": 3, "epsilon": 0.5}
-    a = await run_tmas(sim, **params)
-    b = await run_tmas(sim, **params)
-    settings = settings_for(sim, seed=7, method={"name": "tmas", "params": params})
-    c = await asolve(Q, settings)
+    a, _ = await run_tmas(**params)
+    b, _ = await run_tmas(**params)
+    c, _ = await run_tmas(seed=7, **params)
     modes = [[r.state["modes"] for r in x.iterations] for x in (a, b, c)]
     assert modes[0] == modes[1] != modes[2]
     assert {"explore", "exploit"} <= set(modes[0][1] + modes[0][2])
 
 
-async def test_explore_prompt_lists_the_previous_guideline_bank(sim: SimServer, tmp_path: Path) -> None:
-    result = await run_tmas(sim, tmp_path, n=2, m=1, iterations=2, epsilon=1.0)
+async def test_explore_prompt_lists_the_previous_guideline_bank() -> None:
+    result, model = await run_tmas(n=2, m=1, iterations=2, epsilon=1.0)
     logged = result.iterations[0].state["guideline_bank"]["strategies"]
     assert logged
-    explore = [p for p in solution_prompts(sim) if EXPLORE_MARK in p]
+    explore = [p for p in last_user_prompts(model, "solution") if EXPLORE_MARK in p]
     assert explore and all(f"[{s['id']}] {s['description']}" in p for p in explore for s in logged)
 
 
-async def test_exploit_prompt_carries_the_previous_experience_bank(sim: SimServer) -> None:
-    sim.set_script(SimScript(accuracy=0.5))
-    result = await run_tmas(sim, n=4, m=2, iterations=2, epsilon=0.0)
+async def test_exploit_prompt_carries_the_previous_experience_bank() -> None:
+    script = SimScript(accuracy=0.5)
+    result, model = await run_tmas(script, n=4, m=2, iterations=2, epsilon=0.0)
     entries = result.iterations[0].state["experience_bank"]["entries"]
     assert {e["kind"] for e in entries} == {"anchor", "heuristic"}
-    refine = [p for p in solution_prompts(sim) if REFINE_MARK in p]
+    refine = [p for p in last_user_prompts(model, "solution") if REFINE_MARK in p]
     assert refine and all(f"[{e['id']}]" in p and e["content"] in p for p in refine for e in entries)
 
 
-async def test_selection_prefers_verified_answers(sim: SimServer) -> None:
-    sim.set_script(SimScript(accuracy=0.5))
-    result = await run_tmas(sim, n=6, m=2, iterations=2, epsilon=0.0)
+async def test_selection_prefers_verified_answers() -> None:
+    script = SimScript(accuracy=0.5)
+    result, _ = await run_tmas(script, n=6, m=2, iterations=2, epsilon=0.0)
     last = result.iterations[-1].candidates
     answers = {c.answer for c in last}
     assert len(answers) > 1  # some candidates are wrong ...
@@ -169,9 +165,9 @@ def test_tie_rule() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- bad agent output
-async def test_solution_without_a_boxed_answer(sim: SimServer) -> None:
-    sim.set_script(SimScript(rules=[Rule(role="solution", replies=["It is roughly four hundred."])]))
-    result = await run_tmas(sim, n=2, m=2, iterations=2)
+async def test_solution_without_a_boxed_answer() -> None:
+    script = SimScript(rules=[Rule(role="solution", replies=["It is roughly four hundred."])])
+    result, _ = await run_tmas(script, n=2, m=2, iterations=2)
     assert result.status == "done" and result.answer is None
     assert result.counters["solution_no_answer"] == 4
     for record in result.iterations:
@@ -179,9 +175,9 @@ async def test_solution_without_a_boxed_answer(sim: SimServer) -> None:
         assert any("no extractable answer" in note for note in record.notes)
 
 
-async def test_verification_without_a_score(sim: SimServer) -> None:
-    sim.set_script(SimScript(rules=[Rule(role="verifier", replies=["It all looks plausible to me."])]))
-    result = await run_tmas(sim, n=2, m=3, iterations=1)
+async def test_verification_without_a_score() -> None:
+    script = SimScript(rules=[Rule(role="verifier", replies=["It all looks plausible to me."])])
+    result, _ = await run_tmas(script, n=2, m=3, iterations=1)
     assert result.counters["verification_unparseable"] == 6
     candidate = result.iterations[0].candidates[0]
     assert candidate.score == 0.0 and candidate.answer == "391"
@@ -202,12 +198,12 @@ async def test_verification_without_a_score(sim: SimServer) -> None:
     ],
 )
 async def test_invalid_experience_update_keeps_the_previous_bank(
-    sim: SimServer, reply: str, finish_reason: str | None, error: str
+    reply: str, finish_reason: str | None, error: str
 ) -> None:
     # The first update (empty bank) is the simulator's valid one; the second (bank holds E1) is the bad reply.
     rule = Rule(role="experience", pattern=r"\[E1\] ", replies=[reply], finish_reason=finish_reason)
-    sim.set_script(SimScript(rules=[rule]))
-    result = await run_tmas(sim, n=2, m=1, iterations=2)
+    script = SimScript(rules=[rule])
+    result, _ = await run_tmas(script, n=2, m=1, iterations=2)
     first, second = (r.state for r in result.iterations)
     assert first["experience_update"]["status"] == "applied" and first["experience_bank"]["entries"]
     assert second["experience_update"]["status"] == "invalid"
@@ -218,17 +214,17 @@ async def test_invalid_experience_update_keeps_the_previous_bank(
     assert second["guideline_update"]["status"] == "applied"
 
 
-async def test_invalid_guideline_update_keeps_the_previous_bank(sim: SimServer) -> None:
+async def test_invalid_guideline_update_keeps_the_previous_bank() -> None:
     rule = Rule(role="guideline", pattern=r"- \[G1\] ", replies=['```json\n{"rollouts": [{"rollout": 1,\n```'])
-    sim.set_script(SimScript(rules=[rule]))
-    result = await run_tmas(sim, n=2, m=1, iterations=3)
+    script = SimScript(rules=[rule])
+    result, _ = await run_tmas(script, n=2, m=1, iterations=3)
     banks = [r.state["guideline_bank"] for r in result.iterations]
     assert banks[0]["strategies"] and banks[1] == banks[0] == banks[2]
     assert result.counters["guideline_invalid"] == 2
     assert [r.state["guideline_update"]["status"] for r in result.iterations] == ["applied", "invalid", "invalid"]
 
 
-async def test_failed_calls_are_handled(sim: SimServer) -> None:
+async def test_failed_calls_are_handled() -> None:
     rules = [
         Rule(role="solution", fault="http_400", times=1),
         Rule(role="verifier", fault="http_400", times=2),
@@ -236,8 +232,8 @@ async def test_failed_calls_are_handled(sim: SimServer) -> None:
         Rule(role="experience", fault="http_400"),
         Rule(role="guideline", fault="http_400", times=1),
     ]
-    sim.set_script(SimScript(rules=rules))
-    result = await run_tmas(sim, n=3, m=2, iterations=2)
+    script = SimScript(rules=rules)
+    result, _ = await run_tmas(script, n=3, m=2, iterations=2)
     assert result.status == "done" and result.answer == "391"
     c = result.counters
     assert (c["solution_failed"], c["verification_failed"], c["summary_failed"]) == (1, 2, 1)
@@ -248,54 +244,54 @@ async def test_failed_calls_are_handled(sim: SimServer) -> None:
     assert result.failed_calls == 1 + 2 + 1 + 2 + 1
 
 
-async def test_every_solution_failing_fails_the_problem(sim: SimServer) -> None:
-    sim.set_script(SimScript(rules=[Rule(role="solution", fault="http_400")]))
-    result = await run_tmas(sim, n=2, m=1, iterations=2)
+async def test_every_solution_failing_fails_the_problem() -> None:
+    script = SimScript(rules=[Rule(role="solution", fault="http_400")])
+    result, model = await run_tmas(script, n=2, m=1, iterations=2)
     assert result.status == "failed" and "no candidate" in (result.error or "")
-    assert sim.stats().by_role == {"solution": 4}
+    assert by_role(model) == {"solution": 4}
 
 
 # ---------------------------------------------------------------------------------------------- ablations, stopping
-async def test_no_experience_ablation(sim: SimServer) -> None:
-    result = await run_tmas(sim, n=2, m=1, iterations=3, epsilon=0.0, no_experience=True)
-    assert "experience" not in sim.stats().by_role and sim.stats().by_role["guideline"] == 3
-    refine = [p for p in solution_prompts(sim) if REFINE_MARK in p]
+async def test_no_experience_ablation() -> None:
+    result, model = await run_tmas(n=2, m=1, iterations=3, epsilon=0.0, no_experience=True)
+    assert "experience" not in by_role(model) and by_role(model)["guideline"] == 3
+    refine = [p for p in last_user_prompts(model, "solution") if REFINE_MARK in p]
     assert len(refine) == 4 and not any("<experience>" in p for p in refine)
     assert all(r.state["experience_update"] == {"status": "disabled"} for r in result.iterations)
 
 
-async def test_no_guideline_ablation(sim: SimServer) -> None:
-    result = await run_tmas(sim, n=2, m=1, iterations=3, epsilon=1.0, no_guideline=True)
-    assert "guideline" not in sim.stats().by_role and sim.stats().by_role["experience"] == 3
-    assert not any(EXPLORE_MARK in p for p in solution_prompts(sim))
+async def test_no_guideline_ablation() -> None:
+    result, model = await run_tmas(n=2, m=1, iterations=3, epsilon=1.0, no_guideline=True)
+    assert "guideline" not in by_role(model) and by_role(model)["experience"] == 3
+    assert not any(EXPLORE_MARK in p for p in last_user_prompts(model, "solution"))
     assert [c.meta["prompt"] for c in result.iterations[2].candidates] == ["generate", "generate"]
 
 
-async def test_both_ablations(sim: SimServer) -> None:
-    await run_tmas(sim, n=2, m=1, iterations=2, no_experience=True, no_guideline=True)
-    assert set(sim.stats().by_role) == {"solution", "verifier", "summary"}
+async def test_both_ablations() -> None:
+    _, model = await run_tmas(n=2, m=1, iterations=2, no_experience=True, no_guideline=True)
+    assert set(by_role(model)) == {"solution", "verifier", "summary"}
 
 
-async def test_early_stopping_stops_and_says_why(sim: SimServer) -> None:
-    result = await run_tmas(sim, n=3, m=2, iterations=8, early_stop=True, early_stop_patience=2, early_stop_score=0.5)
+async def test_early_stopping_stops_and_says_why() -> None:
+    result, model = await run_tmas(n=3, m=2, iterations=8, early_stop=True, early_stop_patience=2, early_stop_score=0.5)
     assert len(result.iterations) == 2
     assert result.stopped_reason == "settled (early_stop)"
     last = result.iterations[-1]
     assert "settled for 2 consecutive iteration(s)" in last.state["early_stop"]["reason"]
     assert last.state["early_stop"]["iteration"] == 1 and last.state["experience_update"]["status"] == "skipped"
-    assert sim.stats().by_role["experience"] == 1  # the stopping iteration's memory update is skipped
+    assert by_role(model)["experience"] == 1  # the stopping iteration's memory update is skipped
     assert result.answer == "391"
 
 
-async def test_no_early_stop_by_default(sim: SimServer) -> None:
-    result = await run_tmas(sim, n=2, m=1, iterations=3)
+async def test_no_early_stop_by_default() -> None:
+    result, _ = await run_tmas(n=2, m=1, iterations=3)
     assert len(result.iterations) == 3 and result.stopped_reason is None
 
 
-async def test_top_k_limits_what_the_exploit_prompt_sees(sim: SimServer) -> None:
-    sim.set_script(SimScript(accuracy=0.5))
-    result = await run_tmas(sim, n=4, m=1, iterations=2, epsilon=0.0, top_k=2)
-    refine = [p for p in solution_prompts(sim) if REFINE_MARK in p]
+async def test_top_k_limits_what_the_exploit_prompt_sees() -> None:
+    script = SimScript(accuracy=0.5)
+    result, model = await run_tmas(script, n=4, m=1, iterations=2, epsilon=0.0, top_k=2)
+    refine = [p for p in last_user_prompts(model, "solution") if REFINE_MARK in p]
     assert refine and all(p.count("<rollout number=") == 2 for p in refine)
     assert any("exploit prompt: left out rollouts" in n for n in result.iterations[1].notes)
 

@@ -1,12 +1,8 @@
-"""JSON Lines files of objects (problem files, case files, imported rows), read one way everywhere.
-
-A file may start with a UTF-8 byte-order mark, as some Windows editors and spreadsheet exports write it; blank lines
-are skipped. A line that is not UTF-8, not JSON or not a JSON object is an :class:`InputError` naming file and line.
-"""
+"""Reading JSON Lines files of objects (problem files, imported benchmarks, cases, build outputs): one reader, so
+every such file is read alike and a bad line is named the same way."""
 
 from __future__ import annotations
 
-import codecs
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,9 +10,16 @@ from typing import Any
 
 from tmas.errors import InputError
 
+_BOM = b"\xef\xbb\xbf"
 
-def read_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Each object of the file at ``path`` with its line number, read one line at a time."""
+
+def read_objects(path: Path, *, lenient: bool = False) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    """Each non-blank line's JSON object, with where it is (``file:line``) and its line number, streamed.
+
+    The file is UTF-8, a leading byte-order mark allowed. A line that is not a JSON object raises
+    :class:`tmas.errors.InputError` naming file and line; ``lenient`` skips it instead (for files a reader can do
+    without, such as a build's credits).
+    """
     try:
         handle = path.open("rb")
     except OSError as exc:
@@ -24,18 +27,28 @@ def read_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     with handle:
         for number, raw in enumerate(handle, start=1):
             where = f"{path}:{number}"
-            if number == 1 and raw.startswith(codecs.BOM_UTF8):
-                raw = raw[len(codecs.BOM_UTF8) :]
             try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise InputError(f"{where}: not valid UTF-8 (byte {exc.start})") from None
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{where}: not valid JSON: {exc.msg} at column {exc.colno}") from None
-            if not isinstance(record, dict):
-                raise InputError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            yield number, record
+                record = _object(raw.removeprefix(_BOM) if number == 1 else raw, where)
+            except InputError:
+                if lenient:
+                    continue
+                raise
+            if record is not None:
+                yield where, number, record
+
+
+def _object(raw: bytes, where: str) -> dict[str, Any] | None:
+    """The line's object; None for a blank line."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{where}: not valid UTF-8 (byte {exc.start})") from None
+    if not line.strip():
+        return None
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{where}: not valid JSON: {exc.msg} at column {exc.colno}") from None
+    if not isinstance(record, dict):
+        raise InputError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    return record

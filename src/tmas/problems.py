@@ -42,8 +42,7 @@ def iter_problems(path: str | Path) -> Iterator[Problem]:
     """Read problems one line at a time; a bad line raises :class:`InputError` naming file and line."""
     path = Path(path)
     seen: dict[str, int] = {}
-    for number, record in read_objects(path):
-        where = f"{path}:{number}"
+    for where, number, record in read_objects(path):
         problem = _problem(record, where)
         if problem.problem_id in seen:
             raise InputError(

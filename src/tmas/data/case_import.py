@@ -33,14 +33,9 @@ def _text(value: Any, joiner: str) -> str | None:
 LETTERS = "ABCDEFGHIJ"
 
 
-def _records(path: Path) -> Iterator[tuple[str, int, dict[str, Any]]]:
-    for number, record in read_objects(path):
-        yield f"{path}:{number}", number, record
-
-
 def read_rarebench(path: Path) -> Iterator[Problem]:
     """RareBench-style cases as problems; a bad line is an :class:`InputError` naming file, line and field."""
-    for where, number, record in _records(path):
+    for where, number, record in read_objects(path):
         field = next((f for f in RECORD_FIELDS if f in record), None)
         patient = _text(record.get(field), "; ") if field else None
         if patient is None:
@@ -60,7 +55,7 @@ def read_supergpqa(path: Path) -> Iterator[Problem]:
     """SuperGPQA-style multiple choice: ``question``, ``options`` (a list, lettered A, B, ... in order) and
     ``answer_letter`` (or ``answer``, a letter or the text of an option). The question shown to the student lists
     the options as ``A) ...``; the reference answer is the letter."""
-    for where, number, record in _records(path):
+    for where, number, record in read_objects(path):
         question, options = record.get("question"), record.get("options")
         if not isinstance(question, str) or not question.strip():
             raise InputError(f"{where}: 'question' must be non-empty text")

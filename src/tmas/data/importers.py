@@ -88,7 +88,7 @@ def read_rows(path: Path) -> Iterator[dict[str, Any]]:
         with path.open(newline="", encoding="utf-8-sig") as handle:
             yield from csv.DictReader(handle)
     elif suffix == ".jsonl":
-        yield from (row for _, row in read_objects(path))
+        yield from (row for _, _, row in read_objects(path))
     elif suffix == ".json":
         try:
             data = json.loads(path.read_text(encoding="utf-8-sig"))

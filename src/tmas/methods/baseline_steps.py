@@ -11,7 +11,6 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from tmas.agents.answer_reminder import answer_reminder_prompt
 from tmas.agents.baselines import solution_section
 from tmas.agents.echo import EchoGuard
 from tmas.answer_classes import class_of
@@ -19,12 +18,10 @@ from tmas.answers import extract_answer
 from tmas.config import Sampling
 from tmas.llm.types import Completion, Message
 from tmas.llm.watch import TraceWatch
+from tmas.methods.answer_reminder import ask_with_reminder
 from tmas.methods.base import BUDGET_STOP, BudgetExhausted, Candidate, ProblemResult, ProblemSession
 from tmas.methods.confidence import trace_confidence
 from tmas.methods.echo_retry import chat_guarded
-
-# The first, answerless reply kept in a reminded candidate's record is cut to this length.
-REPLY_LIMIT = 4000
 
 
 async def solve_call(
@@ -100,31 +97,18 @@ async def solve_call(
     answer, source = _extracted(session, role, reply, mode)
     usage = reply.usage
     if remind and mode == "numeric" and reply.ok and answer is None and not reply.truncated:
-        reminded = answer_reminder_prompt(messages, reply.content)
         try:
-            retry = await session.chat(role, reminded, sample=calls, sampling=sampling)
-        except BudgetExhausted:
-            retry = None
-        reminder: dict[str, Any] = {"first_call_id": reply.call_id, "first_reply": reply.content[:REPLY_LIMIT]}
-        info["reminder"] = reminder
-        if retry is None:
-            reminder["error"] = "budget spent"
-        elif not retry.ok:
-            reminder["error"] = retry.error
-            usage = usage + retry.usage
-        else:
-            usage = usage + retry.usage
-            echo = EchoGuard.of(reminded).solution_echo(
-                solution_section(retry.content), extract_answer(retry.content).answer
+            reminded = await ask_with_reminder(
+                session, role, messages, reply, info, _section_and_answer, sample=calls, sampling=sampling
             )
-            if echo is not None:
-                # Never an answer (as for the first reply's echo); the honest, answerless first reply stays.
-                session.tally(role).echo += 1
-                reminder["echo"] = echo
-            else:
-                reply = retry
+        except BudgetExhausted:
+            info["reminder"]["error"] = "budget spent"
+        else:
+            usage = usage + reminded.reply.usage
+            if reminded.accepted:
+                reply = reminded.reply
                 answer, source = _extracted(session, role, reply, mode)
-                reminder["answered"] = answer is not None
+                info["reminder"]["answered"] = answer is not None
     if reply.ok and mode == "numeric":
         info["extraction"] = source
     if reply.truncated:
@@ -141,6 +125,10 @@ async def solve_call(
         confidence=None if confidence_window is None else trace_confidence(reply.logprobs, confidence_window),
         meta=info,
     )
+
+
+def _section_and_answer(content: str) -> tuple[str, str | None]:
+    return solution_section(content), extract_answer(content).answer
 
 
 def _extracted(session: ProblemSession, role: str, reply: Completion, mode: str) -> tuple[str | None, str]:

@@ -46,7 +46,6 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel
 
-from tmas.agents.answer_reminder import answer_reminder_prompt
 from tmas.agents.echo import EchoFiltered, EchoGuard
 from tmas.agents.experience import experience_prompt, experience_reply_model, parse_experience_update
 from tmas.agents.guideline import GuidelineReply, guideline_prompt, parse_guideline_update
@@ -69,6 +68,7 @@ from tmas.llm.lanes import affinity_key, in_chain
 from tmas.llm.types import Completion, Message, Usage
 from tmas.memory.experience_bank import ExperienceBank, apply_experience_ops
 from tmas.memory.guideline_bank import GuidelineBank, apply_strategy_classifications
+from tmas.methods.answer_reminder import ask_with_reminder
 from tmas.methods.base import (
     Candidate,
     Method,
@@ -485,27 +485,27 @@ class TMAS(Method[TMASParams]):
         data), else the first ones; and the retry's usage. Both replies stay in the run store; ``meta["reminder"]``
         keeps the first reply's call and text."""
         session.tally("solution").unusable += 1
-        reminded = answer_reminder_prompt(messages, reply.content)
-        retry = await session.chat(
-            "solution", reminded, sample=i, sampling=self.params.confidence_sampling(self.params.select)
+        p = self.params
+        sampling = p.confidence_sampling(p.select)
+
+        def read(content: str) -> tuple[str, str | None]:
+            return _text_and_answer(parse_solution(content, p.mode))
+
+        reminded = await ask_with_reminder(
+            session, "solution", messages, reply, meta, read, sample=i, sampling=sampling
         )
-        info: dict[str, Any] = {"first_call_id": reply.call_id, "first_reply": reply.content[:RAW_LIMIT]}
-        meta["reminder"] = info
+        retry = reminded.reply
         if not retry.ok:
-            info["error"] = retry.error
             log.bad(
                 "solution_reminder_failed", f"candidate {i}: no answer, and the reminder call failed: {retry.error}"
             )
             return reply, solution, retry.usage
-        retried = parse_solution(retry.content, self.params.mode)
-        echo = EchoGuard.of(reminded).solution_echo(*_text_and_answer(retried))
-        if echo is not None:
-            # Never an answer (as for the first reply's echo); the honest, answerless first reply stays.
-            session.tally("solution").echo += 1
-            info["echo"] = echo
+        if not reminded.accepted:
+            echo = meta["reminder"]["echo"]
             log.bad("solution_echo", f"candidate {i}: the reply to the reminder echoed its instructions ({echo})")
             return reply, solution, retry.usage
-        info["answered"] = retried.answer is not None
+        retried = parse_solution(retry.content, p.mode)
+        meta["reminder"]["answered"] = retried.answer is not None
         log.bad(
             "solution_reminded",
             f"candidate {i}: no extractable answer; asked again with a reminder of the required output: "

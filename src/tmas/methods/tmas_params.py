@@ -65,7 +65,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "early_stop": True,
         "early_stop_patience": 1,
         "sampling": {
-            # A 0.5B coder model is right far more often at a low temperature (see DESIGN.md); the per-call seeds
+            # A 0.5B coder model is right far more often at a low temperature; the per-call seeds
             # still make its parallel samples differ.
             "solution": {"temperature": 0.3, "max_tokens": 640},
             "verifier": {"temperature": 0.3, "max_tokens": 400},

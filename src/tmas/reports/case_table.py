@@ -16,6 +16,7 @@ class CaseRun(Protocol):
     params: dict[str, Any]
     cases: dict[str, Any] | None
 
+
 # Metric key -> its column, per domain (the metric keys of grading/diagnosis.py and grading/teaching.py).
 COLUMNS = {
     "medicine": {"hit@1": "Hit@1", "hit@3": "Hit@3", "hit@5": "Hit@5", "hit@10": "Hit@10", "mrr": "MRR"},

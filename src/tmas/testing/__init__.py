@@ -6,10 +6,11 @@ from typing import TYPE_CHECKING, Any
 
 from tmas.testing.responders import RESPONDERS, SimRequest, count_tokens, register_responder
 from tmas.testing.script import FaultRates, LongReplies, Rule, ScriptedUsage, SimScript
+from tmas.testing.sim_stats import LoggedRequest, SimStats
 
 if TYPE_CHECKING:
     from tmas.testing.scripted_model import ScriptedCall, ScriptedModel
-    from tmas.testing.sim_server import LoggedRequest, SimServer, SimStats
+    from tmas.testing.sim_server import SimServer
 
 __all__ = [
     "RESPONDERS",
@@ -28,7 +29,7 @@ __all__ = [
     "register_responder",
 ]
 
-_LAZY = frozenset({"LoggedRequest", "SimServer", "SimStats"})
+_LAZY = frozenset({"SimServer"})
 
 
 def __getattr__(name: str) -> Any:

@@ -9,7 +9,6 @@ test scripts it exactly as it scripts :class:`tmas.testing.SimServer`, and it re
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,12 +16,13 @@ from typing import Any
 from pydantic import BaseModel
 
 from tmas.config import Sampling, Settings
+from tmas.llm.reasoning import split_reasoning
 from tmas.llm.sampling import ResolvedSampling, resolve_role
 from tmas.llm.types import CallKey, ChatRequest, Completion, Message, Usage
 from tmas.llm.watch import TraceWatch
-from tmas.testing.responders import SimRequest, count_tokens, cut_tokens, garbage_text, get_responder
-from tmas.testing.script import Rule, SimScript
-from tmas.testing.sim_server import embed_text
+from tmas.testing.responders import SimRequest, count_tokens
+from tmas.testing.script import SimScript
+from tmas.testing.scripted_replies import RuleBook, embed_text, scripted_text
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,8 @@ class ScriptedCall:
     sources: dict[str, str]
     reply_model: type[BaseModel] | None
     body: dict[str, Any]
+    # What the call returned (a failed completion for a scripted fault).
+    reply: Completion
 
 
 @dataclass
@@ -47,7 +49,7 @@ class ScriptedModel:
     settings: Settings = field(default_factory=Settings)
     calls: list[ScriptedCall] = field(default_factory=list)
     embedded: list[str] = field(default_factory=list)
-    _rule_counts: dict[int, int] = field(default_factory=dict)
+    _rules: RuleBook | None = field(default=None, repr=False)
 
     def resolve_sampling(
         self,
@@ -87,37 +89,35 @@ class ScriptedModel:
         if not isinstance(sampling, ResolvedSampling):
             sampling = self.resolve_sampling(role, call=sampling)
         request = ChatRequest(model=self.model_name(role), messages=list(messages), sampling=sampling.sampling)
-        body = request.body()
+        reply = self._answer(role, key, messages, request)
         self.calls.append(
-            ScriptedCall(role, key, list(messages), sampling.sampling, sampling.sources, reply_model, body)
+            ScriptedCall(
+                role, key, list(messages), sampling.sampling, sampling.sources, reply_model, request.body(), reply
+            )
         )
+        return reply
+
+    def _answer(self, role: str, key: CallKey, messages: Sequence[Message], request: ChatRequest) -> Completion:
+        body = request.body()
         request_hash = request.request_hash(key)
         texts = [m.content for m in messages]
         prompt_tokens = sum(count_tokens(t) for t in texts) + 4 * len(texts)
-        rule, used = self._pick_rule(role, "\n".join(texts))
+        if self._rules is None or self._rules.rules is not self.script.rules:
+            self._rules = RuleBook(self.script)  # a script replaced between calls starts its rules afresh
+        rule, used = self._rules.pick(role, texts)
         if rule is not None and rule.fault is not None and rule.fault not in ("truncate", "garbage"):
             # Faults that replace the reply end the call as the HTTP client ends it after its retries.
             error = f"scripted {rule.fault}"
             return Completion(
                 key=key, request_hash=request_hash, model=request.model, error=error, error_cause=rule.fault
             )
-        if rule is not None and rule.replies:
-            content = rule.replies[used % len(rule.replies)]
-        else:
-            seed = request.sampling.seed
-            sim = SimRequest(role, key.problem_id or None, [m.model_dump() for m in messages], body, seed, self.script)
-            content = get_responder(role)(sim)
-        finish_reason = "stop"
-        max_tokens = request.sampling.max_tokens
-        if rule is not None and rule.fault == "garbage":
-            content = garbage_text(random.Random(request_hash))
-        if rule is not None and rule.fault == "truncate":
-            content, finish_reason = cut_tokens(content, max(1, count_tokens(content) // 2)), "length"
-        elif max_tokens is not None and count_tokens(content) > max_tokens:
-            content, finish_reason = cut_tokens(content, max_tokens), "length"
-        if rule is not None and rule.finish_reason is not None:
-            finish_reason = rule.finish_reason
-        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=count_tokens(content))
+        seed = request.sampling.seed
+        sim = SimRequest(role, key.problem_id or None, [m.model_dump() for m in messages], body, seed, self.script)
+        fault = rule.fault if rule is not None else None
+        text = scripted_text(sim, rule, used, fault=fault, max_tokens=request.sampling.max_tokens)
+        # Thinking is kept apart from the content as the HTTP client keeps it (reasoning field or <think> block).
+        content, reasoning = split_reasoning(text.content, text.reasoning)
+        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=text.completion_tokens)
         if rule is not None and rule.usage is not None:
             usage = Usage(prompt_tokens=rule.usage.prompt_tokens, completion_tokens=rule.usage.completion_tokens)
         return Completion(
@@ -126,24 +126,11 @@ class ScriptedModel:
             endpoint="scripted",
             model=request.model,
             content=content,
+            reasoning=reasoning,
             usage=usage,
-            finish_reason=finish_reason,
+            finish_reason=text.finish_reason,
         )
 
     async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
         self.embedded.extend(texts)
         return [embed_text(text, self.script.embedding_dim) for text in texts]
-
-    def _pick_rule(self, role: str, joined: str) -> tuple[Rule | None, int]:
-        """The first rule that matches and is not used up, and how often it applied before (as the server does)."""
-        for i, rule in enumerate(self.script.rules):
-            used = self._rule_counts.get(i, 0)
-            if rule.times is not None and used >= rule.times:
-                continue
-            if rule.role is not None and rule.role != role:
-                continue
-            if rule.regex is not None and rule.regex.search(joined) is None:
-                continue
-            self._rule_counts[i] = used + 1
-            return rule, used
-        return None, 0

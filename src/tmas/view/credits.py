@@ -6,9 +6,9 @@ so a change in that file costs the viewer its credit column, never a page.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from tmas.jsonl import read_objects
 from tmas.pool.build import CREDITS_FILE
 
 # (run directory, problem id, round (0-based, as in the transcript), agent) -> the turn's reward r.
@@ -21,9 +21,8 @@ def load_credits(run_dirs: list[Path]) -> dict[CreditKey, float]:
         path = run_dir / CREDITS_FILE
         if not path.is_file():
             continue
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        for _, _, row in read_objects(path, lenient=True):
             try:
-                row = json.loads(line)
                 # The transcript round where the build wrote it; older files only have the turn (t = round + 1).
                 round_ = int(row["round"]) if "round" in row else int(row["turn"]) - 1
                 key = (str(Path(row["run"]).resolve()), str(row["problem_id"]), round_, str(row["agent"]))

@@ -1,0 +1,130 @@
+"""What a script answers, shared by the simulated server (over HTTP) and the scripted model (in process).
+
+One request meets the script's rules here (first matching rule not used up), gets its reply text (the rule's
+replies in turn, else the role's default responder), and that text is shaped as a model would shape it: a garbage
+or truncate fault, stop strings, a chain of thought that spends the token budget first, a scripted finish reason
+and token counts. Embeddings are a hashed bag of words.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import zlib
+from dataclasses import dataclass
+
+from tmas.testing.responders import SimRequest, count_tokens, cut_tokens, fake_reasoning, garbage_text, get_responder
+from tmas.testing.script import FaultKind, Rule, SimScript
+
+_WORD_RE = re.compile(r"\w+")
+
+
+def embed_text(text: str, dim: int) -> list[float]:
+    """Hashed bag of words, L2-normalised: texts that share words point in similar directions."""
+    vec = [0.0] * dim
+    for word in _WORD_RE.findall(text.lower()):
+        # crc32, not hash(): the same vector in every process. The top bit picks a sign so unrelated words
+        # colliding in one bucket tend to cancel rather than add up.
+        h = zlib.crc32(word.encode())
+        vec[h % dim] += 1.0 if h & 0x80000000 else -1.0
+    norm = math.sqrt(sum(x * x for x in vec))
+    if norm == 0.0:
+        vec[0] = 1.0  # empty text: a fixed unit vector, so cosine maths never divides by zero
+        return vec
+    return [x / norm for x in vec]
+
+
+class RuleBook:
+    """A script's rules with how often each applied; a new script (or a reset) starts a new book.
+
+    Only one thread answers requests (the server's loop, or the test's), so the counts need no lock.
+    """
+
+    def __init__(self, script: SimScript) -> None:
+        self.rules = script.rules
+        self.counts = [0] * len(script.rules)
+
+    def pick(self, role: str, texts: list[str], uses: int = 1) -> tuple[Rule | None, int]:
+        """The first matching rule with ``times`` not used up, and how many times it applied before; it counts
+        ``uses`` applications (one per choice of the request)."""
+        joined: str | None = None
+        for i, rule in enumerate(self.rules):
+            used = self.counts[i]
+            if rule.times is not None and used >= rule.times:
+                continue
+            if rule.role is not None and rule.role != role:
+                continue
+            if rule.regex is not None:
+                if joined is None:
+                    joined = "\n".join(texts)
+                if rule.regex.search(joined) is None:
+                    continue
+            self.counts[i] = used + uses
+            return rule, used
+        return None, 0
+
+
+@dataclass(frozen=True)
+class ScriptedText:
+    """One choice's text as the script makes it, with its token counts."""
+
+    content: str
+    reasoning: str | None
+    finish_reason: str
+    reasoning_tokens: int
+    completion_tokens: int
+
+
+def scripted_text(
+    sim: SimRequest,
+    rule: Rule | None,
+    used: int,
+    *,
+    index: int = 0,
+    fault: FaultKind | None = None,
+    max_tokens: int | None = None,
+) -> ScriptedText:
+    """Choice ``index`` of the request ``sim`` (whose body gives the stop strings), ``rule`` having applied ``used``
+    times before it."""
+    script = sim.script
+    if rule is not None and rule.replies:
+        content = rule.replies[(used + index) % len(rule.replies)]
+    else:
+        content = get_responder(sim.role)(sim)
+    reasoning: str | None = None
+    if rule is not None and rule.reasoning is not None:
+        reasoning = rule.reasoning
+    elif script.reasoning or script.think_tags:
+        reasoning = fake_reasoning(sim)
+
+    finish_reason = "stop"
+    if fault == "garbage":
+        content = garbage_text(random.Random(sim.sample_key))
+    elif fault == "truncate":
+        content = cut_tokens(content, max(1, count_tokens(content) // 2))
+        finish_reason = "length"
+    stop = sim.body.get("stop")
+    stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+    for s in stops:
+        if isinstance(s, str) and s and s in content:
+            content = content[: content.index(s)]
+    if reasoning is not None and script.think_tags:
+        content = f"<think>\n{reasoning}\n</think>\n\n{content}"
+        reasoning = None
+
+    # max_tokens covers the whole completion: the chain of thought spends the budget first, as in a model.
+    reasoning_tokens = count_tokens(reasoning) if reasoning is not None else 0
+    content_tokens = count_tokens(content)
+    if max_tokens is not None and reasoning_tokens + content_tokens > max_tokens:
+        if reasoning is not None and reasoning_tokens >= max_tokens:
+            reasoning, reasoning_tokens = cut_tokens(reasoning, max_tokens), max_tokens
+        content = cut_tokens(content, max_tokens - reasoning_tokens)
+        content_tokens = count_tokens(content)
+        finish_reason = "length"
+    if rule is not None and rule.finish_reason is not None:
+        finish_reason = rule.finish_reason
+    completion_tokens = reasoning_tokens + content_tokens
+    if rule is not None and rule.usage is not None:
+        completion_tokens, reasoning_tokens = rule.usage.completion_tokens, rule.usage.reasoning_tokens
+    return ScriptedText(content, reasoning, finish_reason, reasoning_tokens, completion_tokens)

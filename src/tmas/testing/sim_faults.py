@@ -1,0 +1,84 @@
+"""The simulated server's faults: which one a request draws, and the response that replaces or breaks its reply."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from aiohttp import web
+
+from tmas.testing.replies import sse
+from tmas.testing.script import FaultKind
+
+_FAULT_STATUS: dict[str, tuple[int, str, str]] = {
+    "http_500": (500, "InternalServerError", "Simulated internal server error."),
+    "http_503": (503, "ServiceUnavailableError", "Simulated overload: the server is not ready."),
+    "http_429": (429, "RateLimitError", "Simulated rate limit: too many requests."),
+    "http_400": (400, "BadRequestError", "Simulated bad request."),
+}
+# The faults an embeddings request can meet (truncate and garbage mean nothing for a vector).
+EMBEDDING_FAULTS = frozenset(
+    {"http_500", "http_503", "http_429", "http_400", "timeout", "drop", "malformed", "stall", "cut", "stream_error"}
+)
+# A stream's faults on a reply sent whole: a stalled server hangs, a cut connection drops, an error is a 500.
+_UNSTREAMED: dict[FaultKind, FaultKind] = {"stall": "timeout", "cut": "drop", "stream_error": "http_500"}
+# The error event vLLM and SGLang send inside a stream when generation fails.
+_STREAM_ERROR = {
+    "error": {"message": "Simulated error mid-generation.", "type": "InternalServerError", "param": None, "code": 500}
+}
+_MALFORMED_BODY = '{"id": "chatcmpl-sim", "choices": ['
+
+
+def error_response(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> web.Response:
+    """An OpenAI-style error body."""
+    payload = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return web.json_response(payload, status=status, headers=headers)
+
+
+def draw_fault(rng: random.Random, cumulative: list[tuple[FaultKind, float]]) -> FaultKind | None:
+    """The random fault one uniform draw picks from ``FaultRates.cumulative()`` (None: none, or no rates at all)."""
+    if not cumulative:
+        return None  # no draw at all: a fault-free script costs nothing here
+    r = rng.random()
+    for kind, bound in cumulative:
+        if r < bound:
+            return kind
+    return None
+
+
+async def fault_response(
+    request: web.Request, fault: FaultKind, hang_s: float, stream: bool = False
+) -> web.StreamResponse | None:
+    """The response for faults that replace the answer altogether; ``None`` for those that alter it."""
+    if not stream:
+        fault = _UNSTREAMED.get(fault, fault)
+    if fault in _FAULT_STATUS:
+        status, kind, message = _FAULT_STATUS[fault]
+        headers = {"Retry-After": "0"} if status == 429 else None
+        return error_response(status, message, kind, headers)
+    if fault == "drop":
+        # Close the socket under the client: it sees a disconnect, never a status line. The empty
+        # response returned afterwards fails to write, which aiohttp takes as a client disconnect.
+        if request.transport is not None:
+            request.transport.close()
+        return web.Response()
+    if fault == "malformed" and not stream:
+        # (A stream instead gets one broken event and no [DONE]: see faulty_events.)
+        return web.Response(status=200, text=_MALFORMED_BODY, content_type="application/json")
+    if fault == "timeout":
+        await asyncio.sleep(hang_s)  # then answer normally, as a very slow server would
+    return None
+
+
+def faulty_events(events: list[tuple[bytes, int]], fault: FaultKind | None) -> list[tuple[bytes, int]]:
+    """A stream's events as ``fault`` breaks them: one broken event and no [DONE], or an error event mid-way."""
+    if fault == "malformed":
+        return [events[0], (b"data: " + _MALFORMED_BODY.encode() + b"\n\n", 0)]
+    if fault == "stream_error":
+        return [*events[:2], (sse(_STREAM_ERROR), 0), (b"data: [DONE]\n\n", 0)]
+    return events
+
+
+def stream_head(fault: FaultKind | None, events: int) -> int:
+    """How many events go out before a stall or a cut (the opening chunk and the first delta); else all but the last."""
+    return 2 if fault in ("stall", "cut") else events - 1

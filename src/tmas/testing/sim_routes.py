@@ -1,0 +1,519 @@
+"""The simulated server's routes: the OpenAI endpoints (chat completions, embeddings, models) and the control ones
+(``/_sim/...``), as an aiohttp application built by :class:`SimApp`.
+
+A request is checked as the persona's server checks it, meets the script (tmas.testing.scripted_replies), maybe a
+fault (tmas.testing.sim_faults), and is counted and logged (tmas.testing.sim_stats) before its reply goes out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import random
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from tmas.testing.long_replies import long_choice, request_digest
+from tmas.testing.personas import Persona, cache_capacity, persona_of
+from tmas.testing.prefix_cache import PrefixCache, SlotCache, prompt_tokens
+from tmas.testing.replies import Choice, Reply, certain_logprobs
+from tmas.testing.responders import SimRequest, content_text, count_tokens_cached, get_responder, stable_hash
+from tmas.testing.script import FaultKind, Rule, SimScript
+from tmas.testing.scripted_replies import RuleBook, embed_text, scripted_text
+from tmas.testing.sim_faults import (
+    EMBEDDING_FAULTS,
+    draw_fault,
+    error_response,
+    fault_response,
+    faulty_events,
+    stream_head,
+)
+from tmas.testing.sim_stats import LogEntry, LoggedRequest, SimRecorder, SimStats
+
+ROLE_HEADER = "X-Tmas-Role"
+PROBLEM_HEADER = "X-Tmas-Problem"
+
+
+@dataclass
+class _Active:
+    """The script with its per-script state, replaced wholesale so a request sees one consistent set."""
+
+    script: SimScript
+    rules: RuleBook
+    rng: random.Random
+    persona: Persona
+    # The replica's prefix cache (None: off); only the server's loop thread touches it.
+    cache: PrefixCache | SlotCache | None
+    faults: list[tuple[FaultKind, float]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, script: SimScript) -> _Active:
+        persona = persona_of(script)
+        capacity = cache_capacity(script)
+        cache: PrefixCache | SlotCache | None = None
+        if capacity > 0 and persona.slot_cache:
+            cache = SlotCache(script.slots)
+        elif capacity > 0:
+            if capacity < persona.cache_block_tokens:
+                raise ValueError(
+                    f"prefix_cache_tokens={capacity} is less than one {persona.name} cache block "
+                    f"({persona.cache_block_tokens} tokens)"
+                )
+            cache = PrefixCache(capacity, persona.cache_block_tokens)
+        rng = random.Random(script.seed)
+        return cls(script, RuleBook(script), rng, persona, cache, script.faults.cumulative())
+
+
+class _BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.code = code
+
+
+class SimApp:
+    """The simulator's state and request handlers; ``build()`` gives the aiohttp application."""
+
+    def __init__(self, script: SimScript | None = None) -> None:
+        self._lock = threading.Lock()
+        script = script or SimScript()
+        self._active = _Active.of(script)
+        self.recorder = SimRecorder(script.log_limit)
+
+    # ---- thread-safe control ---------------------------------------------------------------------
+
+    @property
+    def script(self) -> SimScript:
+        return self._active.script
+
+    def set_script(self, script: SimScript) -> None:
+        """Replace the script; rule counters and the fault generator start afresh, stats and log are kept."""
+        with self._lock:
+            self._active = _Active.of(script)
+            self.recorder.resize_log(script.log_limit)
+
+    def reset(self) -> None:
+        """Clear stats, the request log and rule counters (and reseed the fault generator)."""
+        with self._lock:
+            self.recorder.reset()
+            self._active = _Active.of(self._active.script)
+
+    def stats(self) -> SimStats:
+        return self.recorder.stats()
+
+    def requests(self, last: int | None = None) -> list[LoggedRequest]:
+        return self.recorder.requests(last)
+
+    # ---- application -----------------------------------------------------------------------------
+
+    def build(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/_sim/stats", self._get_stats)
+        app.router.add_post("/_sim/script", self._post_script)
+        app.router.add_post("/_sim/reset", self._post_reset)
+        app.router.add_get("/_sim/requests", self._get_requests)
+        return app
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        active = self._active
+        persona, script = active.persona, active.script
+        extra = persona.models_extra(script) if persona.models_extra is not None else {}
+        return web.json_response({**extra, "object": "list", "data": [persona.model_card(script)]})
+
+    async def _get_stats(self, request: web.Request) -> web.Response:
+        return web.json_response(self.stats().model_dump())
+
+    async def _post_script(self, request: web.Request) -> web.Response:
+        try:
+            self.set_script(SimScript.model_validate_json(await request.read()))
+        except ValueError as exc:  # pydantic's ValidationError included
+            return error_response(400, f"invalid script: {exc}", "BadRequestError")
+        return web.json_response({"ok": True})
+
+    async def _post_reset(self, request: web.Request) -> web.Response:
+        self.reset()
+        return web.json_response({"ok": True})
+
+    async def _get_requests(self, request: web.Request) -> web.Response:
+        last = request.query.get("last")
+        try:
+            entries = self.requests(int(last) if last is not None else None)
+        except ValueError:
+            return error_response(400, "last must be an integer", "BadRequestError")
+        return web.json_response([entry.model_dump() for entry in entries])
+
+    # ---- shared request plumbing -----------------------------------------------------------------
+
+    def _log_request(self, request: web.Request, endpoint: str, role: str, body: dict[str, Any], at: float) -> None:
+        headers = {name.lower(): value for name, value in request.headers.items() if name.lower() != "authorization"}
+        if endpoint == "chat" and self._active.script.log_digests:
+            body = request_digest(body)
+        entry = LogEntry(
+            endpoint, role, request.headers.get(PROBLEM_HEADER), body, at, request.headers.get("Authorization"), headers
+        )
+        self.recorder.log(entry)
+
+    @staticmethod
+    async def _read_json(request: web.Request) -> dict[str, Any]:
+        try:
+            body = json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise _BadRequest(f"Request body is not valid JSON: {exc}") from exc
+        if not isinstance(body, dict):
+            raise _BadRequest("Request body must be a JSON object.")
+        return body
+
+    # ---- /v1/chat/completions --------------------------------------------------------------------
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        received = time.time()
+        role = request.headers.get(ROLE_HEADER) or "default"
+        problem = request.headers.get(PROBLEM_HEADER)
+        self.recorder.enter(role)
+        self.recorder.problem_enter(problem)
+        persona = self._active.persona
+        try:
+            return await self._chat_inner(request, role, received)
+        except _BadRequest as exc:
+            self.recorder.count_error()
+            return web.json_response(persona.error(exc.status, exc.message, exc.param, exc.code), status=exc.status)
+        finally:
+            self.recorder.slot_leave(id(request))
+            self.recorder.problem_leave(problem)
+            self.recorder.leave()
+
+    async def _chat_inner(self, request: web.Request, role: str, received: float) -> web.StreamResponse:
+        problem = request.headers.get(PROBLEM_HEADER)
+        active = self._active
+        script, persona = active.script, active.persona
+        try:
+            body = await self._read_json(request)
+        except _BadRequest:
+            self._log_request(request, "chat", role, {}, received)
+            raise
+        self._log_request(request, "chat", role, body, received)
+        self.recorder.slot_enter(id(request), body.get("id_slot"))
+
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise _BadRequest("'messages' must be a non-empty list of message objects.")
+        n = 1 if body.get("n") is None else body["n"]
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise _BadRequest("n must be a positive integer.")
+        most = persona.max_n(script)
+        if most is not None and n > most:
+            raise _BadRequest(persona.n_refusal)
+        self._check_fields(active, body)
+        if body.get("response_format") is not None:
+            rf = body["response_format"]
+            kind = rf.get("type") if isinstance(rf, dict) else None
+            if script.response_format == "reject" or (
+                persona.response_formats is not None and kind not in persona.response_formats
+            ):
+                raise _BadRequest(f"response_format type {kind!r} is not supported by this server")
+        if script.stream == "refuse" and body.get("stream"):
+            raise _BadRequest("stream is not supported by this server")
+        streams = bool(body.get("stream")) and script.stream == "accept"
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            raise _BadRequest("max_tokens must be a positive integer.")
+        id_slot = body.get("id_slot")
+        valid_slot = id_slot in (None, -1) or (isinstance(id_slot, int) and 0 <= id_slot < script.slots)
+        if persona.slot_cache and not valid_slot:
+            raise _BadRequest("Invalid slot ID")
+
+        texts = [content_text(m.get("content")) for m in messages]
+        prompt_tokens = sum(count_tokens_cached(t) for t in texts) + 4 * len(texts)
+        requested = prompt_tokens + (max_tokens or 0)
+        if requested > script.context_length:
+            raise _BadRequest(
+                f"This model's maximum context length is {script.context_length} tokens. "
+                f"However, you requested {requested} tokens ({prompt_tokens} in the messages, "
+                f"{max_tokens or 0} in the completion). "
+                "Please reduce the length of the messages or completion."
+            )
+
+        rule, used = active.rules.pick(role, texts, n)
+        fault = rule.fault if rule is not None else draw_fault(active.rng, active.faults)
+        if fault is not None:
+            self.recorder.count_fault(fault)
+        fixed_latency = rule.latency_s if rule is not None and rule.latency_s is not None else script.latency_s
+        per_token = 0.0 if rule is not None and rule.latency_s is not None else script.latency_per_token_s
+        if fixed_latency > 0:
+            await asyncio.sleep(fixed_latency)
+        if fault is not None:
+            replaced = await fault_response(request, fault, script.hang_s, streams)
+            if replaced is not None:
+                return replaced
+
+        # The prompt is served from the cache once, whatever n is: the choices share its prefill.
+        cached = self._serve_cache(active, messages, texts, id_slot)
+        scripted = rule.usage if rule is not None else None
+        timings: dict[str, Any] | None = None
+        if scripted is not None:
+            prompt_tokens = scripted.prompt_tokens
+            if scripted.cached_tokens is not None and scripted.cached_in == "timings" and not persona.timings:
+                # A scripted llama-server shape: the tokens reused, and the ones computed.
+                timings = {"cache_n": scripted.cached_tokens, "prompt_n": prompt_tokens - scripted.cached_tokens}
+            elif scripted.cached_tokens is not None:
+                cached = scripted.cached_tokens
+        choices = [self._choice(active, role, problem, body, i, n, rule, used, fault, max_tokens) for i in range(n)]
+        model = body.get("model") if persona.echoes_model and isinstance(body.get("model"), str) else script.model
+        reply = Reply(
+            persona=persona,
+            script=script,
+            id=f"chatcmpl-{uuid.uuid4().hex}",
+            created=int(received),
+            model=str(model),
+            choices=choices,
+            prompt_tokens=prompt_tokens,
+            cached=cached,
+            timings=timings,
+        )
+        counts = reply.counts()
+        done = (prompt_tokens, counts.completion, counts.reasoning, cached or 0)
+        if streams:
+            stream_options = body.get("stream_options")
+            options = stream_options if isinstance(stream_options, dict) else {}
+            reply.continuous_usage = bool(options.get("continuous_usage_stats"))
+            include_usage = bool(options.get("include_usage"))
+            return await self._stream(
+                request, reply, include_usage, per_token, fault, script.hang_s, lambda: self.recorder.count_done(*done)
+            )
+        if per_token > 0 and counts.completion:
+            await asyncio.sleep(per_token * counts.completion)
+        self.recorder.count_done(*done)
+        return web.json_response(reply.completion())
+
+    def _check_fields(self, active: _Active, body: dict[str, Any]) -> None:
+        """What the persona's server does with the request's fields: unknown ones ignored (and counted) or refused;
+        a reasoning model's unsupported parameters; another model's name."""
+        persona, script = active.persona, active.script
+        if persona.known_fields is not None:
+            unknown = [name for name in body if name not in persona.known_fields]
+            if unknown and persona.rejects_unknown:
+                raise _BadRequest(f"Unrecognized request argument supplied: {unknown[0]}", param=unknown[0])
+            if unknown:
+                self.recorder.count_ignored(unknown)
+        if script.reasoning:  # the model reasons: a reasoning model's restrictions apply
+            for name, tail in persona.unsupported.items():
+                if body.get(name) is not None:
+                    message = f"Unsupported parameter: '{name}' is not supported with this model.{tail}"
+                    raise _BadRequest(message, param=name, code="unsupported_parameter")
+            for name in persona.default_only:
+                value = body.get(name)
+                if value is not None and value != 1:
+                    message = (
+                        f"Unsupported value: '{name}' does not support {value} with this model. "
+                        "Only the default (1) value is supported."
+                    )
+                    raise _BadRequest(message, param=name, code="unsupported_value")
+        model = body.get("model")
+        if persona.unknown_model is not None and model is not None and model != script.model:
+            raise _BadRequest(persona.unknown_model.format(model=model), 404, "model", "model_not_found")
+
+    @staticmethod
+    def _serve_cache(active: _Active, messages: list[dict[str, Any]], texts: list[str], id_slot: Any) -> int | None:
+        """Prompt tokens this replica's prefix cache served (None: it has none); the prompt then enters it."""
+        cache = active.cache
+        if cache is None:
+            return None
+        tokens = prompt_tokens([(str(m.get("role")), text) for m, text in zip(messages, texts, strict=True)])
+        if isinstance(cache, SlotCache):
+            slot = id_slot if isinstance(id_slot, int) and id_slot >= 0 else None
+            return cache.serve(tokens, slot)[1]
+        hits = cache.serve(tokens)
+        return hits if hits >= active.persona.cache_min_tokens else 0
+
+    def _choice(
+        self,
+        active: _Active,
+        role: str,
+        problem: str | None,
+        body: dict[str, Any],
+        index: int,
+        n: int,
+        rule: Rule | None,
+        used: int,
+        fault: FaultKind | None,
+        max_tokens: int | None,
+    ) -> Choice:
+        """Choice ``index`` of ``n``. With n > 1 each choice is sampled as if asked alone with its own seed (the
+        request's for the first, one derived from it and the index for the others), so the choices differ and are
+        the same on every run."""
+        script, persona = active.script, active.persona
+        seed = body.get("seed")
+        sample_body = body
+        if n > 1:
+            sample_body = {k: v for k, v in body.items() if k != "n"}
+            if index > 0:
+                seed = stable_hash(seed, "choice", index) % 2**31
+                sample_body["seed"] = seed
+        sim = SimRequest(
+            role=role,
+            problem_id=problem,
+            messages=body["messages"],
+            body=sample_body,
+            seed=seed if isinstance(seed, int) else None,
+            script=script,
+        )
+        long = script.long_replies
+        if (
+            long is not None
+            and long.covers(role)
+            and fault not in ("garbage", "truncate")
+            and not (rule and rule.replies)
+        ):
+            return long_choice(long, sim, get_responder(role)(sim), max_tokens, persona, script)
+        text = scripted_text(sim, rule, used, index=index, fault=fault, max_tokens=max_tokens)
+        logprobs: list[dict[str, Any]] | None = None
+        if body.get("logprobs") and script.logprobs:
+            given = rule.logprobs if rule is not None else None
+            top = body.get("top_logprobs")
+            top = persona.default_top_logprobs if top is None else top
+            logprobs = given if given is not None else certain_logprobs(text.content, top, persona)
+        return Choice(
+            text.content, text.reasoning, text.finish_reason, logprobs, text.reasoning_tokens, text.completion_tokens
+        )
+
+    async def _stream(
+        self,
+        request: web.Request,
+        reply: Reply,
+        include_usage: bool,
+        per_token: float,
+        fault: FaultKind | None,
+        hang_s: float,
+        answered: Callable[[], None],
+    ) -> web.StreamResponse:
+        """The reply as a stream; ``answered`` is told just before its last event goes out (so the stats count it
+        before the client can read it whole), and not at all where the client closed the stream first."""
+        response = web.StreamResponse(
+            status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        # With a per-token latency tokens trickle out one delta each, as from a real server; else in a few pieces.
+        events = faulty_events(reply.events(include_usage, per_token_deltas=per_token > 0), fault)
+        # stall and cut: the opening chunk and the first delta go out, then nothing for hang_s, or a closed socket.
+        head = stream_head(fault, len(events))
+        try:
+            await _write_events(response, events[:head], per_token)
+            if fault == "cut":
+                answered()
+                if request.transport is not None:
+                    request.transport.close()
+                return response
+            if fault == "stall":
+                await asyncio.sleep(hang_s)
+            await _write_events(response, events[head:-1], per_token)
+            answered()
+            await _write_events(response, events[-1:], per_token)
+            await response.write_eof()
+        except ConnectionResetError:
+            # The client closed the stream (e.g. it stopped a weak trace): the rest is never generated.
+            self.recorder.count_disconnect()
+            return response
+        except asyncio.CancelledError:
+            # The same, noticed first by the server (handler_cancellation), as vLLM and SGLang abort such a request.
+            self.recorder.count_disconnect()
+            raise
+        return response
+
+    # ---- /v1/embeddings --------------------------------------------------------------------------
+
+    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
+        received = time.time()
+        role = request.headers.get(ROLE_HEADER) or "default"
+        self.recorder.enter(role)
+        try:
+            return await self._embeddings_inner(request, role, received)
+        except _BadRequest as exc:
+            self.recorder.count_error()
+            return error_response(400, exc.message, "BadRequestError")
+        finally:
+            self.recorder.leave()
+
+    async def _embeddings_inner(self, request: web.Request, role: str, received: float) -> web.StreamResponse:
+        active = self._active
+        script = active.script
+        try:
+            body = await self._read_json(request)
+        except _BadRequest:
+            self._log_request(request, "embeddings", role, {}, received)
+            raise
+        self._log_request(request, "embeddings", role, body, received)
+
+        raw = body.get("input")
+        inputs = [raw] if isinstance(raw, str) else raw
+        if not isinstance(inputs, list) or not inputs or not all(isinstance(t, str) for t in inputs):
+            raise _BadRequest("'input' must be a string or a non-empty list of strings.")
+        dim = body.get("dimensions") or script.embedding_dim
+        if not isinstance(dim, int) or dim < 1:
+            raise _BadRequest("dimensions must be a positive integer.")
+        encoding = body.get("encoding_format") or "float"
+        if encoding not in ("float", "base64"):
+            raise _BadRequest("encoding_format must be 'float' or 'base64'.")
+        prompt_tokens = sum(count_tokens_cached(t) for t in inputs)
+        if max(count_tokens_cached(t) for t in inputs) > script.context_length:
+            raise _BadRequest(
+                f"This model's maximum context length is {script.context_length} tokens. "
+                "However, an input is longer. Please reduce the length of the input."
+            )
+
+        rule, _ = active.rules.pick(role, inputs)
+        fault = rule.fault if rule is not None else draw_fault(active.rng, active.faults)
+        if fault is not None and fault not in EMBEDDING_FAULTS:
+            fault = None  # truncate / garbage mean nothing for a vector
+        if fault is not None:
+            self.recorder.count_fault(fault)
+        latency = rule.latency_s if rule is not None and rule.latency_s is not None else script.latency_s
+        if latency > 0:
+            await asyncio.sleep(latency)
+        if fault is not None:
+            replaced = await fault_response(request, fault, script.hang_s)
+            if replaced is not None:
+                return replaced
+
+        data: list[dict[str, Any]] = []
+        for i, text in enumerate(inputs):
+            vec = embed_text(text, dim)
+            embedding: list[float] | str = vec
+            if encoding == "base64":  # little-endian float32, as the OpenAI SDK decodes it
+                embedding = base64.b64encode(struct.pack(f"<{dim}f", *vec)).decode()
+            data.append({"object": "embedding", "index": i, "embedding": embedding})
+        payload = {
+            "object": "list",
+            "data": data,
+            "model": script.model,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+        }
+        self.recorder.count_done(prompt_tokens, 0)
+        return web.json_response(payload)
+
+
+async def _write_events(response: web.StreamResponse, events: list[tuple[bytes, int]], per_token: float) -> None:
+    if per_token > 0:
+        # Tokens trickle out: each delta waits for its share of the per-token latency.
+        for data, tokens in events:
+            if tokens:
+                await asyncio.sleep(per_token * tokens)
+            await response.write(data)
+    elif events:
+        await response.write(b"".join(data for data, _ in events))  # one write: far fewer syscalls

@@ -1,0 +1,32 @@
+"""Methods run in process on :class:`tmas.testing.ScriptedModel`, as a run solves one problem on an endpoint: the
+tests of their logic (call graphs, prompts, parsing, banks, selection) without HTTP."""
+
+from __future__ import annotations
+
+from tmas.methods import create_method
+from tmas.methods.base import ProblemResult, ProblemSession
+from tmas.problems import Problem
+from tmas.testing import ScriptedModel
+
+
+async def solve_in_process(model: ScriptedModel, question: str, problem_id: str = "question") -> ProblemResult:
+    """The method of ``model.settings`` on one problem, with the run seed and budget a run gives its session."""
+    settings = model.settings
+    method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
+    session = ProblemSession(
+        Problem(problem_id=problem_id, question=question), model, None, seed=settings.seed, budget=settings.budget
+    )
+    return await method.solve(session)
+
+
+def by_role(model: ScriptedModel) -> dict[str, int]:
+    """Calls per role, as the simulated server's ``stats().by_role`` counts the requests it received."""
+    counts: dict[str, int] = {}
+    for call in model.calls:
+        counts[call.role] = counts.get(call.role, 0) + 1
+    return counts
+
+
+def last_user_prompts(model: ScriptedModel, role: str) -> list[str]:
+    """The last message of each call of ``role``, in call order."""
+    return [call.messages[-1].content for call in model.calls_of(role)]

@@ -1,0 +1,47 @@
+"""The one JSON Lines reader: every file of objects (problems, imports, cases, credits) is read alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tmas.data.importers import read_rows
+from tmas.errors import InputError
+from tmas.jsonl import read_objects
+from tmas.problems import load_problems
+
+
+def test_a_file_led_by_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"problem_id": "a", "question": "What is 1+1?"}\n\n{"id": 2, "question": "x"}\n')
+    assert [(p.problem_id, p.question) for p in load_problems(path)] == [("a", "What is 1+1?"), ("2", "x")]
+    assert [row["question"] for row in read_rows(path)] == ["What is 1+1?", "x"]
+
+
+def test_lines_and_their_places_come_in_order_blank_ones_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"a": 1}\n   \n{"a": 2}\n', encoding="utf-8")
+    assert list(read_objects(path)) == [(f"{path}:1", 1, {"a": 1}), (f"{path}:3", 3, {"a": 2})]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (b'{"a": ', "r.jsonl:2: not valid JSON"),
+        (b"[1]", "r.jsonl:2: expected a JSON object, got list"),
+        (b'{"a": "\xe9"}', "r.jsonl:2: not valid UTF-8"),
+        (b'\xef\xbb\xbf{"a": 2}', "r.jsonl:2: not valid JSON"),  # a byte-order mark leads the file only
+    ],
+)
+def test_a_bad_line_is_named_or_skipped_when_lenient(tmp_path: Path, line: bytes, message: str) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b'{"a": 1}\n' + line + b'\n{"a": 3}\n')
+    with pytest.raises(InputError, match=message):
+        list(read_objects(path))
+    assert [record for _, _, record in read_objects(path, lenient=True)] == [{"a": 1}, {"a": 3}]
+
+
+def test_a_missing_file_is_a_one_line_error(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="cannot open"):
+        list(read_objects(tmp_path / "none.jsonl"))
