@@ -14,7 +14,12 @@ async def solve_in_process(model: ScriptedModel, question: str, problem_id: str 
     settings = model.settings
     method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
     session = ProblemSession(
-        Problem(problem_id=problem_id, question=question), model, None, seed=settings.seed, budget=settings.budget
+        Problem(problem_id=problem_id, question=question),
+        model,
+        None,
+        seed=settings.seed,
+        budget=settings.budget,
+        params=method.params,
     )
     return await method.solve(session)
 

@@ -31,7 +31,8 @@ SETTINGS = Settings.model_validate({"sampling": {"temperature": 0.7, "max_tokens
 
 
 async def solve(model: ScriptedModel, method: str, **params: Any) -> ProblemResult:
-    return await create_method(method, params).solve(ProblemSession(Q, model, None, seed=3))
+    solver = create_method(method, params)
+    return await solver.solve(ProblemSession(Q, model, None, seed=3, params=solver.params))
 
 
 def test_both_implementations_satisfy_the_protocol() -> None:

@@ -319,6 +319,7 @@ async def run_problems(
                     equivalence=equivalence,
                     on_iteration=state.iteration_started,
                     bank=bank,
+                    params=method.params,
                 )
                 try:
                     result = await _solve_one(method, session)

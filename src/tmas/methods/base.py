@@ -232,6 +232,7 @@ class ProblemSession:
         equivalence: EquivalenceCheck | None = None,
         on_iteration: Callable[[str, int], None] | None = None,
         bank: TokenBank | None = None,
+        params: MethodParams | None = None,
     ) -> None:
         self.problem = problem
         self.llm = llm
@@ -265,9 +266,9 @@ class ProblemSession:
         # A pooled token budget's bank, and the tokens this problem drew from it past its own share.
         self.bank = bank
         self.drawn = 0
-        # Role -> (the method's preset sampling, the user's own method sampling) for that role: their layers of
-        # the one resolution (tmas.llm.sampling), set by a method that has them (TMAS).
-        self.method_sampling: dict[str, tuple[Sampling | None, Sampling | None]] = {}
+        # The parameters of the method solving the problem: their sampling layers (MethodParams.sampling_layers)
+        # enter every call's sampling resolution.
+        self.params = params
         # Kind -> the one-line notice this problem raised (see :meth:`notice`).
         self.notices: dict[str, str] = {}
 
@@ -358,7 +359,7 @@ class ProblemSession:
 
     def resolve_sampling(self, role: str, call: Sampling | None = None) -> ResolvedSampling:
         """What a call of ``role`` with the per-call override ``call`` sends (the seed aside), and who set what."""
-        preset, method = self.method_sampling.get(role, (None, None))
+        preset, method = self.params.sampling_layers(role) if self.params is not None else (None, None)
         return self.llm.resolve_sampling(role, preset=preset, method=method, call=call)
 
     def max_tokens(self, role: str, sampling: Sampling | None = None) -> int | None:

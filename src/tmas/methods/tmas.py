@@ -82,7 +82,7 @@ from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.confidence_params import note_missing_confidence
 from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.selection import select_answered
-from tmas.methods.tmas_params import TMAS_ROLES, TMASParams
+from tmas.methods.tmas_params import TMASParams
 
 Update = TypeVar("Update", bound=EchoFiltered)
 
@@ -185,8 +185,6 @@ class TMAS(Method[TMASParams]):
     # ------------------------------------------------------------------------------------------ Algorithm 1
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p = self.params
-        for role in TMAS_ROLES:  # the preset's and the user's own sampling: layers of the one resolution
-            session.method_sampling[role] = p.sampling_layers(role)
         state = MemoryState()  # line 2: E_0, G_0, R_0 = ∅
         totals: Counter[str] = Counter()
         streak = 0
