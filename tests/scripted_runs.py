@@ -6,11 +6,13 @@ from __future__ import annotations
 from tmas.methods import create_method
 from tmas.methods.base import ProblemResult, ProblemSession
 from tmas.problems import Problem
+from tmas.runner import _solve_one
 from tmas.testing import ScriptedModel
 
 
 async def solve_in_process(model: ScriptedModel, question: str, problem_id: str = "question") -> ProblemResult:
-    """The method of ``model.settings`` on one problem, with the run seed and budget a run gives its session."""
+    """The method of ``model.settings`` on one problem, with the run seed and budget a run gives its session, solved as
+    the runner solves it (its parameters' notices raised, a spent budget answered from the iterations so far)."""
     settings = model.settings
     method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
     session = ProblemSession(
@@ -21,7 +23,7 @@ async def solve_in_process(model: ScriptedModel, question: str, problem_id: str 
         budget=settings.budget,
         params=method.params,
     )
-    return await method.solve(session)
+    return await _solve_one(method, session)
 
 
 def by_role(model: ScriptedModel) -> dict[str, int]:

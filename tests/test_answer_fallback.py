@@ -1,20 +1,23 @@
 """Refinement never loses an answer (issue 16, part 6): an answerless refinement is asked again with a reminder of
 the required output, and when the last iteration holds no answer the earlier verified answer is returned, recorded
-as a fallback; the parameters turn both off (Algorithm 1's line 22 exactly)."""
+as a fallback; the parameters turn both off (Algorithm 1's line 22 exactly). The methods run in process on the scripted
+model; one run goes through the simulated server for what it sends and stores."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from conftest import settings_for
+from conftest import scripted_settings, settings_for
+from scripted_runs import solve_in_process
 from tmas.agents.templates import render
 from tmas.api import asolve
 from tmas.grading.run_results import load_results
+from tmas.llm.types import Message
 from tmas.methods.base import Candidate, ProblemResult
 from tmas.methods.selection import select_answered
 from tmas.store.run_store import RunStore
-from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
 Q = "What is 17*23?"
 REMINDER = render("answer_reminder.j2")
@@ -38,6 +41,20 @@ def stored_result(run_dir: Path) -> dict[str, Any]:
 
 def solution_bodies(sim: SimServer) -> list[dict[str, Any]]:
     return sim.chat_bodies("solution")
+
+
+async def solve(method: str, rules: list[Rule], **params: Any) -> tuple[ProblemResult, ScriptedModel]:
+    model = ScriptedModel(SimScript(rules=rules), scripted_settings(method={"name": method, "params": params}))
+    return await solve_in_process(model, Q), model
+
+
+async def solve_tmas(rules: list[Rule], **params: Any) -> tuple[ProblemResult, ScriptedModel]:
+    return await solve("tmas", rules, **{"n": 2, "m": 1, "iterations": 2, "epsilon": 0.0, **params})
+
+
+def solution_prompts(model: ScriptedModel, role: str = "solution") -> list[list[Message]]:
+    """The messages of each call of ``role``, in call order."""
+    return [call.messages for call in model.calls_of(role)]
 
 
 async def test_refinements_without_an_answer_return_the_earlier_verified_answer(sim: SimServer, tmp_path: Path) -> None:
@@ -76,16 +93,13 @@ async def test_refinements_without_an_answer_return_the_earlier_verified_answer(
     assert isinstance(reminded["first_call_id"], int) and reminded["first_call_id"] != last.candidates[0].call_id
 
 
-async def test_a_refinement_answering_after_the_reminder_is_the_candidate(sim: SimServer, tmp_path: Path) -> None:
-    sim.set_script(
-        SimScript(
-            rules=[
-                Rule(role="solution", pattern=REMINDED, replies=[ANSWERED]),
-                Rule(role="solution", pattern="<rollouts>", replies=[VERDICT]),
-            ]
-        )
+async def test_a_refinement_answering_after_the_reminder_is_the_candidate() -> None:
+    result, _ = await solve_tmas(
+        [
+            Rule(role="solution", pattern=REMINDED, replies=[ANSWERED]),
+            Rule(role="solution", pattern="<rollouts>", replies=[VERDICT]),
+        ]
     )
-    result = await asolve(Q, tmas_settings(sim), run_dir=tmp_path / "run")
     last = result.iterations[1]
     assert [c.answer for c in last.candidates] == ["391", "391"]
     assert all(c.meta["reminder"]["answered"] is True for c in last.candidates)
@@ -106,37 +120,31 @@ REFINE_ECHO = (
 REMINDER_ECHO = "Reply again with a complete solution to the problem, not a comment on earlier attempts: work it out."
 
 
-async def test_an_echo_is_asked_again_first_then_an_answerless_retry_is_reminded(
-    sim: SimServer, tmp_path: Path
-) -> None:
+async def test_an_echo_is_asked_again_first_then_an_answerless_retry_is_reminded() -> None:
     """The echo check comes first (its retry under another sample), the reminder after it, of the retry's reply."""
     rules = [
         Rule(role="solution", pattern=REMINDED, replies=[ANSWERED]),
         Rule(role="solution", pattern="<rollouts>", replies=[REFINE_ECHO], times=1),
         Rule(role="solution", pattern="<rollouts>", replies=[VERDICT]),
     ]
-    sim.set_script(SimScript(rules=rules))
-    result = await asolve(Q, tmas_settings(sim), run_dir=tmp_path / "run")
+    result, model = await solve_tmas(rules)
     last = result.iterations[1]
     assert [c.answer for c in last.candidates] == ["391", "391"]
     assert all(c.meta["reminder"]["answered"] is True for c in last.candidates)
     assert last.replies["solution"].echo == 1 and result.counters["solution_echo"] == 1
     # 2 first samples, 2 refinements, 1 echo retry, 2 reminders; every reminder sends back the honest verdict.
-    bodies = solution_bodies(sim)
-    assert len(bodies) == 7
-    reminders = [b["messages"] for b in bodies if b["messages"][-1]["content"] == REMINDER]
-    assert [m[2]["content"] for m in reminders] == [VERDICT, VERDICT]
+    prompts = solution_prompts(model)
+    assert len(prompts) == 7
+    reminders = [m for m in prompts if m[-1].content == REMINDER]
+    assert [m[2].content for m in reminders] == [VERDICT, VERDICT]
 
 
-async def test_a_reply_to_the_reminder_that_echoes_it_never_becomes_the_candidate(
-    sim: SimServer, tmp_path: Path
-) -> None:
+async def test_a_reply_to_the_reminder_that_echoes_it_never_becomes_the_candidate() -> None:
     rules = [
         Rule(role="solution", pattern=REMINDED, replies=[REMINDER_ECHO]),
         Rule(role="solution", pattern="<rollouts>", replies=[VERDICT]),
     ]
-    sim.set_script(SimScript(rules=rules))
-    result = await asolve(Q, tmas_settings(sim), run_dir=tmp_path / "run")
+    result, _ = await solve_tmas(rules)
     last = result.iterations[1]
     # Each candidate keeps its honest, answerless first reply; the answer comes from iteration 0.
     assert [(c.answer, c.text) for c in last.candidates] == [(None, VERDICT), (None, VERDICT)]
@@ -146,37 +154,31 @@ async def test_a_reply_to_the_reminder_that_echoes_it_never_becomes_the_candidat
     assert result.answer == "391" and result.fallback is not None
 
 
-async def test_a_baselines_reminder_reply_that_echoes_is_not_voted(sim: SimServer, tmp_path: Path) -> None:
+async def test_a_baselines_reminder_reply_that_echoes_is_not_voted() -> None:
     rules = [
         Rule(role="refiner", pattern=REMINDED, replies=[REMINDER_ECHO]),
         Rule(role="refiner", replies=[VERDICT]),
     ]
-    sim.set_script(SimScript(rules=rules))
-    settings = settings_for(sim, method={"name": "self_refine", "params": {"n": 1, "iterations": 2}})
-    result = await asolve(Q, settings, run_dir=tmp_path / "run")
+    result, model = await solve("self_refine", rules, n=1, iterations=2)
     [refined] = result.iterations[1].candidates
     assert (refined.answer, refined.text, refined.meta["reminder"]["echo"]) == (None, VERDICT, "solution text")
     assert "answered" not in refined.meta["reminder"] and result.iterations[1].replies["refiner"].echo == 1
-    assert len(sim.chat_bodies("refiner")) == 2 and result.answer == "391"
+    assert len(model.calls_of("refiner")) == 2 and result.answer == "391"
 
 
-async def test_both_off_is_algorithm_1_line_22(sim: SimServer, tmp_path: Path) -> None:
-    sim.set_script(SimScript(rules=[Rule(role="solution", pattern="<rollouts>", replies=[VERDICT])]))
-    settings = tmas_settings(sim, answer_reminder=False, answer_fallback=False)
-    result = await asolve(Q, settings, run_dir=tmp_path / "run")
-    # R_T holds no answer and line 22 reads R_T alone: no answer, and no reminder was sent.
+async def test_both_off_is_algorithm_1_line_22() -> None:
+    rules = [Rule(role="solution", pattern="<rollouts>", replies=[VERDICT])]
+    result, model = await solve_tmas(rules, answer_reminder=False, answer_fallback=False)
+    # R_T holds no answer and line 22 reads R_T alone: no answer, and no reminder was asked for.
     assert result.answer is None and result.fallback is None
-    assert len(solution_bodies(sim)) == 4
-    assert all(b["messages"][-1]["content"] != REMINDER for b in solution_bodies(sim))
+    assert len(solution_prompts(model)) == 4
+    assert all(m[-1].content != REMINDER for m in solution_prompts(model))
 
 
-async def test_the_first_iteration_is_not_reminded_and_no_answer_anywhere_stays_none(
-    sim: SimServer, tmp_path: Path
-) -> None:
-    sim.set_script(SimScript(rules=[Rule(role="solution", replies=[VERDICT])]))
-    result: ProblemResult = await asolve(Q, tmas_settings(sim), run_dir=tmp_path / "run")
+async def test_the_first_iteration_is_not_reminded_and_no_answer_anywhere_stays_none() -> None:
+    result, model = await solve_tmas([Rule(role="solution", replies=[VERDICT])])
     # Iteration 0 (the generation prompt) is not reminded; iteration 1's two refinements are.
-    assert len(solution_bodies(sim)) == 2 + 2 + 2
+    assert len(solution_prompts(model)) == 2 + 2 + 2
     assert result.answer is None and result.fallback is None
 
 
@@ -202,17 +204,14 @@ def test_fallback_selection_by_hand() -> None:
     assert select_answered([it2], "last", "numeric") == (it2[0], None)
 
 
-async def test_self_refine_and_verify_refine_keep_the_answer(sim: SimServer, tmp_path: Path) -> None:
+async def test_self_refine_and_verify_refine_keep_the_answer() -> None:
     for method, role in (("self_refine", "refiner"), ("verify_refine", "corrector")):
-        sim.set_script(SimScript(rules=[Rule(role=role, replies=[VERDICT])]))
-        sim.reset()
-        settings = settings_for(sim, method={"name": method, "params": {"n": 2, "iterations": 3}})
-        result = await asolve(Q, settings, run_dir=tmp_path / method)
+        result, model = await solve(method, [Rule(role=role, replies=[VERDICT])], n=2, iterations=3)
         # Each refinement was reminded once; none answered.
-        assert len(sim.chat_bodies(role)) == 2 * 2 * 2, method
+        assert len(solution_prompts(model, role)) == 2 * 2 * 2, method
         # The trajectories went on from their answered solutions: iteration 2 refined the first sample again.
-        last_refinements = sim.chat_bodies(role)[-4:]
-        assert all("\\boxed{391}" in b["messages"][1]["content"] for b in last_refinements), method
+        last_refinements = solution_prompts(model, role)[-4:]
+        assert all("\\boxed{391}" in m[1].content for m in last_refinements), method
         assert result.answer == "391", method
         assert result.fallback is not None and result.fallback["iteration"] == 0, method
         assert all(c.meta.get("kept_previous") for c in result.iterations[2].candidates), method

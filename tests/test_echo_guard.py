@@ -1,6 +1,7 @@
 """Issue 16, part 1: the echo guard. An agent output whose answer or content repeats its own prompt's instructions
 (not the problem) is rejected, counted per role as an ``echo``, asked again once, and never enters an answer, a bank
-or a pool. Unit checks on real prompts, then end to end against the simulated server."""
+or a pool. Unit checks on real prompts, then the methods in process on the scripted model; a run's report and the
+pool builds against the simulated server."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from conftest import settings_for
+from conftest import scripted_settings, settings_for
 from mattrl_runs import hand_worked_transcript, write_run
+from scripted_runs import by_role, solve_in_process
 from test_mattrl_domains import rubric, teach
 from test_pool_build import scripted_rules
 from tmas.agents.echo import EchoGuard, split_prompt
@@ -26,7 +28,7 @@ from tmas.methods.base import ProblemResult
 from tmas.pool.build import BuildConfig, build_pool
 from tmas.problems import Problem
 from tmas.reports.report import build_report
-from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing import Rule, ScriptedCall, ScriptedModel, SimScript, SimServer
 
 Q = "What is 17*23?"
 # A problem that shares words with the instructions: quoting it is still honest.
@@ -81,24 +83,30 @@ def test_bank_entries_copying_the_instructions_are_caught_and_own_words_are_not(
     assert not guard.echoes_text("17*23 = 391")  # quotes the rollout (data), too short to judge otherwise
 
 
-# ---------------------------------------------------------------------------------------------- end to end
-async def run_tmas(sim: SimServer, question: str = Q, **params: Any) -> ProblemResult:
+# ---------------------------------------------------------------------------------------------- methods
+async def solve(
+    method: str, rules: list[Rule], question: str = Q, **params: Any
+) -> tuple[ProblemResult, ScriptedModel]:
+    model = ScriptedModel(SimScript(rules=rules), scripted_settings(method={"name": method, "params": params}))
+    return await solve_in_process(model, question), model
+
+
+async def run_tmas(rules: list[Rule], question: str = Q, **params: Any) -> tuple[ProblemResult, ScriptedModel]:
     # One iteration that runs every agent: the memory agents' echoes are under test too.
     params = {"n": 1, "m": 1, "iterations": 1, "style": "concise", "skip_final_memory": False, **params}
-    return await asolve(question, settings_for(sim, method={"name": "tmas", "params": params}))
+    return await solve("tmas", rules, question, **params)
 
 
-def solution_requests(sim: SimServer) -> list[dict[str, Any]]:
-    return [r.body for r in sim.requests if r.role == "solution"]
+def solution_calls(model: ScriptedModel) -> list[ScriptedCall]:
+    return model.calls_of("solution")
 
 
-async def test_tmas_rejects_an_echoed_answer_asks_again_once_and_counts_it(sim: SimServer) -> None:
+async def test_tmas_rejects_an_echoed_answer_asks_again_once_and_counts_it() -> None:
     echo = f"{CONCISE_ECHO}.\n\\boxed{{the final answer you computed}}"
-    sim.set_script(SimScript(rules=[Rule(role="solution", replies=[echo], times=1)]))
-    result = await run_tmas(sim)
-    first, retry = solution_requests(sim)
+    result, model = await run_tmas([Rule(role="solution", replies=[echo], times=1)])
+    first, retry = solution_calls(model)
     # The same question again, as a distinct call: its own seed, so the model samples anew.
-    assert first["messages"] == retry["messages"] and first["seed"] != retry["seed"]
+    assert first.messages == retry.messages and first.sampling.seed != retry.sampling.seed
     assert result.answer == "391"
     record = result.iterations[0]
     assert record.replies["solution"].echo == 1 and record.replies["solution"].replies == 2
@@ -107,27 +115,25 @@ async def test_tmas_rejects_an_echoed_answer_asks_again_once_and_counts_it(sim: 
     assert any("echoed the prompt's instructions; asked again" in note for note in record.notes)
 
 
-async def test_tmas_never_takes_an_answer_that_echoes_twice(sim: SimServer) -> None:
+async def test_tmas_never_takes_an_answer_that_echoes_twice() -> None:
     echo = f"{CONCISE_ECHO}.\n\\boxed{{the final answer you computed}}"
-    sim.set_script(SimScript(rules=[Rule(role="solution", replies=[echo])]))
-    result = await run_tmas(sim)
-    assert len(solution_requests(sim)) == 2 and result.answer is None and result.status == "failed"
+    result, model = await run_tmas([Rule(role="solution", replies=[echo])])
+    assert len(solution_calls(model)) == 2 and result.answer is None and result.status == "failed"
     candidate = result.iterations[0].candidates[0]
     assert candidate.answer is None and candidate.meta["echo"] == "answer" and "echoed" in (candidate.error or "")
     # No rollout: nothing is verified, summarised or handed to the memory agents.
-    assert {r.role for r in sim.requests} == {"solution"}
+    assert {c.role for c in model.calls} == {"solution"}
     assert result.iterations[0].replies["solution"].echo == 2 and result.counters["solution_echo"] == 2
 
 
-async def test_an_honest_reply_quoting_the_problem_is_not_an_echo(sim: SimServer) -> None:
+async def test_an_honest_reply_quoting_the_problem_is_not_an_echo() -> None:
     honest = f"Restating: {WORDY}\nSo 17*23 = 340 + 51 = 391 trees.\n\\boxed{{391}}"
-    sim.set_script(SimScript(rules=[Rule(role="solution", replies=[honest])]))
-    result = await run_tmas(sim, WORDY, n=2)
-    assert len(solution_requests(sim)) == 2 and result.answer == "391"
+    result, model = await run_tmas([Rule(role="solution", replies=[honest])], WORDY, n=2)
+    assert len(solution_calls(model)) == 2 and result.answer == "391"
     assert result.iterations[0].replies["solution"].echo == 0 and "solution_echo" not in result.counters
 
 
-async def test_an_experience_entry_that_echoes_the_instructions_never_enters_the_bank(sim: SimServer) -> None:
+async def test_an_experience_entry_that_echoes_the_instructions_never_enters_the_bank() -> None:
     honest = "Writing 23 as 20 + 3 splits the product into 340 + 51, which both verifiers confirmed."
     ops = [
         {"op": "ADD", "kind": "anchor", "subtype": "structural_reduction", "content": EXPERIENCE_ECHO},
@@ -135,10 +141,9 @@ async def test_an_experience_entry_that_echoes_the_instructions_never_enters_the
     ]
     reply = "```json\n" + json.dumps({"operations": ops}) + "\n```"
     # Both the first reply and the retry echo: the echoing operation is dropped, the honest one applied.
-    sim.set_script(SimScript(rules=[Rule(role="experience", replies=[reply])]))
-    result = await run_tmas(sim, n=2)
-    experience = [r.body for r in sim.requests if r.role == "experience"]
-    assert len(experience) == 2 and experience[0]["messages"] == experience[1]["messages"]
+    result, model = await run_tmas([Rule(role="experience", replies=[reply])], n=2)
+    experience = model.calls_of("experience")
+    assert len(experience) == 2 and experience[0].messages == experience[1].messages
     record = result.iterations[0]
     contents = [e["content"] for e in record.state["experience_bank"]["entries"]]
     assert contents == [honest]
@@ -148,11 +153,10 @@ async def test_an_experience_entry_that_echoes_the_instructions_never_enters_the
     assert record.replies["experience"].echo == 2 and result.counters["experience_echo"] == 2
 
 
-async def test_a_guideline_strategy_that_echoes_the_instructions_is_dropped_after_one_retry(sim: SimServer) -> None:
+async def test_a_guideline_strategy_that_echoes_the_instructions_is_dropped_after_one_retry() -> None:
     echo = "the mathematical framework, the key structural insight and the angle of attack"
     reply = json.dumps({"rollouts": [{"rollout": 1, "strategy": echo, "novelty": 1, "same_as": None}]})
-    sim.set_script(SimScript(rules=[Rule(role="guideline", replies=[reply], times=1)]))
-    result = await run_tmas(sim)
+    result, _ = await run_tmas([Rule(role="guideline", replies=[reply], times=1)])
     record = result.iterations[0]
     # The retry (the sim's own guideline agent) names a real strategy; the echo never reached the log.
     strategies = [s["description"] for s in record.state["guideline_bank"]["strategies"]]
@@ -178,18 +182,16 @@ async def test_a_baseline_asks_again_on_an_echo_and_votes_without_it(sim: SimSer
     assert "| solution | 3 | 0.0% (0) | 0.0% (0) | 0.0% (0) | 33.3% (1) |" in markdown
 
 
-async def test_mattrl_opinions_and_reviews_that_echo_are_asked_again(sim: SimServer, tmp_path: Path) -> None:
+async def test_mattrl_opinions_and_reviews_that_echo_are_asked_again() -> None:
     opinion = "A one- or two-sentence reflection, the core reasoning, and \\boxed{the final answer alone}"
     review = {"analysis": "what holds up first, then the targeted criticism", "verdict": "accept", "issues": []}
     rules = [
         Rule(role="specialist", replies=[opinion], times=1),
         Rule(role="reviewer", replies=[json.dumps(review)], times=1),
     ]
-    sim.set_script(SimScript(rules=rules))
-    settings = settings_for(sim, method={"name": "mattrl", "params": {}})
-    result = await asolve(Q, settings, run_dir=tmp_path / "run")
+    result, model = await solve("mattrl", rules)
     assert result.answer == "391"
-    assert sim.stats().by_role == {"coordinator": 2, "specialist": 4, "reviewer": 7}
+    assert by_role(model) == {"coordinator": 2, "specialist": 4, "reviewer": 7}
     record = result.iterations[0]
     assert record.replies["specialist"].echo == 1 and record.replies["reviewer"].echo == 1
     opinions = [u for u in record.state["transcript"]["utterances"] if u["kind"] == "opinion"]
@@ -221,9 +223,7 @@ async def test_a_summarizer_entry_that_echoes_the_instructions_never_enters_the_
     assert not any("naming the move" in e.action for e in pool.entries)
 
 
-async def test_a_medicine_peer_review_that_echoes_is_asked_again_and_never_shared(
-    sim: SimServer, tmp_path: Path
-) -> None:
+async def test_a_medicine_peer_review_that_echoes_is_asked_again_and_never_shared() -> None:
     """A.4's critique of a differential is checked like a math review: its analysis and every point."""
     echo = {
         "analysis": "Analysis: first where you concur, then the disagreements that matter most.",
@@ -231,18 +231,17 @@ async def test_a_medicine_peer_review_that_echoes_is_asked_again_and_never_share
         "disagreements": None,
         "changes": ["A diagnosis to add, drop or move, and to which rank."],
     }
-    sim.set_script(SimScript(rules=[Rule(role="reviewer", replies=[json.dumps(echo)], times=1)]))
-    settings = settings_for(sim, method={"name": "mattrl", "params": {"domain": "medicine", "iterations": 2}})
-    result = await asolve(Q, settings, run_dir=tmp_path / "run")
+    rules = [Rule(role="reviewer", replies=[json.dumps(echo)], times=1)]
+    result, model = await solve("mattrl", rules, domain="medicine", iterations=2)
     assert result.status == "done", result.error
     first = result.iterations[0]
     # Six critiques in round 1, one of them asked twice; none in the final round.
-    assert sim.stats().by_role["reviewer"] == 7 and first.replies["reviewer"].echo == 1
+    assert by_role(model)["reviewer"] == 7 and first.replies["reviewer"].echo == 1
     utterances = first.state["transcript"]["utterances"]
     reviews = [u for u in utterances if u["kind"] == "review"]
     assert len(reviews) == 6 and not any("disagreements that matter most" in u["text"] for u in reviews)
     # Neither the bulletin nor any author's feedback carries the echoed points.
-    specialist = [str(r.body["messages"][-1]["content"]) for r in sim.requests if r.role == "specialist"]
+    specialist = [c.messages[-1].content for c in model.calls_of("specialist")]
     assert not any("to which rank" in text or "you concur with" in text for text in specialist[3:])
     assert not any("to which rank" in u["text"] for u in utterances if u["kind"] == "meeting")
 

@@ -1,5 +1,6 @@
 """Fair floors and small-model robustness: every method's first sample is the same request; the output style is
-chosen per role; replies per role are counted (no answer, truncated, fallback) into the records and the report."""
+chosen per role; replies per role are counted (no answer, truncated, fallback) into the records and the report. The
+methods run in process on the scripted model; the report reads a run stored through the simulated server."""
 
 from __future__ import annotations
 
@@ -8,18 +9,19 @@ from typing import Any
 
 import pytest
 
-from conftest import settings_for
+from conftest import scripted_settings, settings_for
+from scripted_runs import solve_in_process
 from tmas.agents.solution import generation_prompt
 from tmas.api import asolve
 from tmas.errors import ConfigError
 from tmas.grading.grades import GradeConfig
 from tmas.methods import METHODS, create_method
-from tmas.methods.base import ReplyTally
+from tmas.methods.base import ProblemResult, ReplyTally
 from tmas.methods.style_params import StyledParams
 from tmas.reports.reply_quality import role_replies
 from tmas.reports.report import build_report
 from tmas.store.run_store import RunStore
-from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
 Q = "What is 17*23?"
 # The smallest run of each method whose first call is its first sample.
@@ -36,33 +38,33 @@ PAPER_LAYOUT = "Give only your final version"
 CONCISE_LAYOUT = "Keep it short: the key steps only"
 
 
-def first_solution_messages(sim: SimServer) -> list[dict[str, Any]]:
-    first = next(r for r in sim.app.requests() if r.role == "solution")
-    messages: list[dict[str, Any]] = first.body["messages"]
-    return messages
+async def solve(method: str, rules: list[Rule] | None = None, **params: Any) -> tuple[ProblemResult, ScriptedModel]:
+    model = ScriptedModel(SimScript(rules=rules or []), scripted_settings(method={"name": method, "params": params}))
+    return await solve_in_process(model, Q), model
+
+
+def first_solution_messages(model: ScriptedModel) -> list[dict[str, Any]]:
+    return [m.model_dump() for m in model.calls_of("solution")[0].messages]
 
 
 @pytest.mark.parametrize("style", ["paper", "concise"])
-async def test_every_method_starts_from_the_same_first_sample(sim: SimServer, style: str) -> None:
+async def test_every_method_starts_from_the_same_first_sample(style: str) -> None:
     # Every method but MATTRL, whose first call is its coordinator recruiting a team, not a solution.
     assert set(SMALLEST) == set(METHODS) - {"mattrl"}
     sent: dict[str, list[dict[str, Any]]] = {}
     for name, params in SMALLEST.items():
-        sim.reset()
-        settings = settings_for(sim, method={"name": name, "params": {**params, "style": style}})
-        result = await asolve(Q, settings)
+        result, model = await solve(name, **params, style=style)
         assert result.status == "done" and result.answer == "391", name
-        sent[name] = first_solution_messages(sim)
+        sent[name] = first_solution_messages(model)
     expected = [m.model_dump() for m in generation_prompt(Q, "numeric", style)]  # type: ignore[arg-type]
     assert all(messages == expected for messages in sent.values()), {k: v[-1]["content"][:80] for k, v in sent.items()}
     assert expected[0]["role"] == "system" and "Do not write code" in expected[0]["content"]
     assert (PAPER_LAYOUT if style == "paper" else CONCISE_LAYOUT) in expected[1]["content"]
 
 
-async def test_style_is_chosen_per_role(sim: SimServer) -> None:
-    params = {"n": 1, "m": 1, "iterations": 1, "style": {"verifier": "concise"}}
-    await asolve(Q, settings_for(sim, method={"name": "tmas", "params": params}))
-    by_role = {r.role: r.body["messages"][-1]["content"] for r in sim.app.requests()}
+async def test_style_is_chosen_per_role() -> None:
+    _, model = await solve("tmas", n=1, m=1, iterations=1, style={"verifier": "concise"})
+    by_role = {c.role: c.messages[-1].content for c in model.calls}
     assert PAPER_LAYOUT in by_role["solution"] and CONCISE_LAYOUT not in by_role["solution"]
     assert "A short analysis, a few sentences at most" in by_role["verifier"]
     assert "## Analysis" not in by_role["verifier"]
@@ -86,9 +88,8 @@ def test_presets_and_the_embedded_model_choose_the_style() -> None:
     assert create_method("tmas", {"preset": "local", "style": "paper"}).params.style == "paper"  # type: ignore[attr-defined]
 
 
-async def test_cot_reads_an_unboxed_final_answer_as_a_fallback(sim: SimServer) -> None:
-    sim.set_script(SimScript(rules=[Rule(role="solution", replies=["17*23 = 391.\nThe answer is 391."])]))
-    result = await asolve(Q, settings_for(sim, method={"name": "cot"}))
+async def test_cot_reads_an_unboxed_final_answer_as_a_fallback() -> None:
+    result, _ = await solve("cot", [Rule(role="solution", replies=["17*23 = 391.\nThe answer is 391."])])
     [candidate] = result.iterations[0].candidates
     assert result.answer == "391" and candidate.meta["extraction"] == "fallback"
     assert result.iterations[0].replies == {"solution": ReplyTally(replies=1, fallback=1)}
@@ -118,12 +119,11 @@ async def test_reply_counts_per_role_reach_the_records_and_the_report(sim: SimSe
     assert "| solution | 4 | 25.0% (1) | 25.0% (1) | 25.0% (1) |" in markdown
 
 
-async def test_tmas_counts_unreadable_verifier_scores(sim: SimServer) -> None:
-    sim.set_script(SimScript(rules=[Rule(role="verifier", replies=["Looks plausible to me."])]))
+async def test_tmas_counts_unreadable_verifier_scores() -> None:
+    rules = [Rule(role="verifier", replies=["Looks plausible to me."])]
     # The last iteration's summaries run too (skip_final_memory off), so every reply kind is tallied.
     params = {"n": 2, "m": 2, "iterations": 1, "no_experience": True, "no_guideline": True}
-    params["skip_final_memory"] = False
-    result = await asolve(Q, settings_for(sim, method={"name": "tmas", "params": params}))
+    result, _ = await solve("tmas", rules, **params, skip_final_memory=False)
     replies = result.iterations[0].replies
     assert replies["verifier"] == ReplyTally(replies=4, unusable=4)
     assert replies["solution"] == ReplyTally(replies=2)

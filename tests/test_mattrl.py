@@ -1,5 +1,6 @@
-"""MATTRL end to end against the simulated server: team formation, review-driven convergence, the decision, bad
-output repaired or defaulted, per-role endpoints and sampling, experience injection, and kill + resume."""
+"""MATTRL in process on the scripted model: team formation, review-driven convergence, the decision, bad output
+repaired or defaulted, experience injection, the budget; against the simulated server, per-role endpoints and
+sampling, and kill + resume."""
 
 from __future__ import annotations
 
@@ -13,27 +14,28 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conftest import settings_for
+from conftest import scripted_settings, settings_for
+from scripted_runs import by_role, last_user_prompts, solve_in_process
 from tmas.agents.mattrl_decision import decision_prompt
 from tmas.api import asolve
-from tmas.llm.client import LLMClient
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import Transcript
 from tmas.methods.base import ProblemResult
 from tmas.store.run_store import RunStore
-from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
 Q = "What is 17*23?"
 WRONG = "Multiplying gives 17*23 = 390.\n\nTherefore, the final answer is \\boxed{390}."
 
 
 async def run(
-    sim: SimServer, tmp_path: Path, settings_extra: dict[str, Any] | None = None, **params: Any
-) -> ProblemResult:
-    settings = settings_for(sim, method={"name": "mattrl", "params": params}, **(settings_extra or {}))
-    return await asolve(Q, settings, run_dir=tmp_path / "run")
+    rules: list[Rule] | None = None, settings_extra: dict[str, Any] | None = None, **params: Any
+) -> tuple[ProblemResult, ScriptedModel]:
+    settings = scripted_settings(method={"name": "mattrl", "params": params}, **(settings_extra or {}))
+    model = ScriptedModel(SimScript(rules=rules or []), settings)
+    return await solve_in_process(model, Q), model
 
 
 def transcript(result: ProblemResult, record: int = -1) -> Transcript:
@@ -44,15 +46,15 @@ def chat_requests(sim: SimServer, role: str) -> list[dict[str, Any]]:
     return [r.body for r in sim.requests if r.endpoint == "chat" and r.role == role]
 
 
-def user_text(body: dict[str, Any]) -> str:
-    return str(body["messages"][-1]["content"])
+# The first round's slip of the leading specialist, once.
+SLIP = Rule(role="specialist", pattern="You are Arithmetic strategist", replies=[WRONG], times=1)
 
 
-async def test_a_team_that_agrees_at_once_decides_in_the_first_round(sim: SimServer, tmp_path: Path) -> None:
-    result = await run(sim, tmp_path)
+async def test_a_team_that_agrees_at_once_decides_in_the_first_round() -> None:
+    result, model = await run()
     assert result.answer == "391" and result.status == "done"
     [record] = result.iterations
-    assert sim.stats().by_role == {"coordinator": 2, "specialist": 3, "reviewer": 6}
+    assert by_role(model) == {"coordinator": 2, "specialist": 3, "reviewer": 6}
     t = transcript(result)
     assert [m.specialty for m in t.team] == ["Arithmetic strategist", "Computation checker", "Edge-case auditor"]
     assert [m.leader for m in t.team] == [True, False, False]
@@ -67,11 +69,8 @@ async def test_a_team_that_agrees_at_once_decides_in_the_first_round(sim: SimSer
     assert record.state["decision"]["answer"] == "391" and record.notes == []
 
 
-async def test_a_wrong_attempt_is_revised_from_peer_feedback_until_accepted(sim: SimServer, tmp_path: Path) -> None:
-    sim.set_script(
-        SimScript(rules=[Rule(role="specialist", pattern="You are Arithmetic strategist", replies=[WRONG], times=1)])
-    )
-    result = await run(sim, tmp_path)
+async def test_a_wrong_attempt_is_revised_from_peer_feedback_until_accepted() -> None:
+    result, model = await run([SLIP])
     assert result.answer == "391" and len(result.iterations) == 2
     first, second = result.iterations
     members = {m["id"]: m for m in first.state["members"]}
@@ -80,9 +79,9 @@ async def test_a_wrong_attempt_is_revised_from_peer_feedback_until_accepted(sim:
     assert [c.score for c in first.candidates] == [0.0, 1.0, 1.0]
     # Round 2: only the open specialist speaks again, and only its attempt is reviewed.
     assert [c.meta["member"] for c in second.candidates] == ["S1"]
-    specialist = chat_requests(sim, "specialist")
-    assert len(specialist) == 4 and len(chat_requests(sim, "reviewer")) == 6 + 2
-    revision = user_text(specialist[-1])
+    specialist = last_user_prompts(model, "specialist")
+    assert len(specialist) == 4 and len(model.calls_of("reviewer")) == 6 + 2
+    revision = specialist[-1]
     assert "<your_previous_attempt>" in revision and "\\boxed{390}" in revision
     feedback = json.loads(revision.split("<peer_feedback>\n", 1)[1].split("\n</peer_feedback>", 1)[0])
     assert feedback["verdicts"] == {"S2": "revise", "S3": "revise"}
@@ -93,18 +92,15 @@ async def test_a_wrong_attempt_is_revised_from_peer_feedback_until_accepted(sim:
     assert "<accepted_snapshot>" in revision and "S2 (Computation checker), accepted" in revision
     assert all(m["converged"] for m in second.state["members"])
     # Eq. 7: the chair reads every round's opinions, the revised-away attempt of round 1 included.
-    summary = user_text(chat_requests(sim, "coordinator")[-1]).split("<team_summary>", 1)[1]
+    summary = last_user_prompts(model, "coordinator")[-1].split("<team_summary>", 1)[1]
     assert summary.index('<round number="1">') < summary.index("\\boxed{390}") < summary.index('<round number="2">')
     assert summary.count("S1 Arithmetic strategist:") == 2
 
 
-async def test_the_discussion_is_fitted_to_the_chairs_window_older_rounds_first(sim: SimServer, tmp_path: Path) -> None:
-    sim.set_script(
-        SimScript(rules=[Rule(role="specialist", pattern="You are Arithmetic strategist", replies=[WRONG], times=1)])
-    )
-    result = await run(sim, tmp_path, {"endpoint__context_length": 920})
+async def test_the_discussion_is_fitted_to_the_chairs_window_older_rounds_first() -> None:
+    result, model = await run([SLIP], {"endpoint__context_length": 920})
     assert result.answer == "391" and len(result.iterations) == 2
-    decision = user_text(chat_requests(sim, "coordinator")[-1])
+    decision = last_user_prompts(model, "coordinator")[-1]
     summary = decision.split("<team_summary>\n", 1)[1].split("\n</team_summary>", 1)[0]
     # The window (920) less the reply's max_tokens (256) and the 256-token margin, at 4 characters a token, less
     # the decision prompt around the discussion.
@@ -118,20 +114,18 @@ async def test_the_discussion_is_fitted_to_the_chairs_window_older_rounds_first(
     assert opinion.strip() in second
 
 
-async def test_a_specialist_that_never_convinces_its_peers_runs_to_r_max(sim: SimServer, tmp_path: Path) -> None:
-    sim.set_script(SimScript(rules=[Rule(role="specialist", pattern="You are Arithmetic strategist", replies=[WRONG])]))
-    result = await run(sim, tmp_path, iterations=3)
+async def test_a_specialist_that_never_convinces_its_peers_runs_to_r_max() -> None:
+    result, model = await run([SLIP.model_copy(update={"times": None})], iterations=3)
     assert len(result.iterations) == 3 and result.answer == "391"
     assert [m["converged"] for m in result.iterations[-1].state["members"]] == [False, True, True]
     assert "decision" in result.iterations[-1].state and "decision" not in result.iterations[1].state
-    assert sim.stats().by_role["specialist"] == 3 + 1 + 1
+    assert by_role(model)["specialist"] == 3 + 1 + 1
 
 
-async def test_unusable_team_json_is_retried_then_the_default_team_is_used(sim: SimServer, tmp_path: Path) -> None:
-    sim.set_script(
-        SimScript(rules=[Rule(role="coordinator", pattern="Exactly one member", replies=["a team of experts", "[{}]"])])
+async def test_unusable_team_json_is_retried_then_the_default_team_is_used() -> None:
+    result, _ = await run(
+        [Rule(role="coordinator", pattern="Exactly one member", replies=["a team of experts", "[{}]"])]
     )
-    result = await run(sim, tmp_path)
     notes = result.iterations[0].notes
     assert notes[0] == "team formation attempt 1: unusable reply: no JSON array of team members in the reply"
     assert notes[1].startswith("team formation attempt 2: unusable reply: none of the 1 team members is usable")
@@ -144,12 +138,11 @@ async def test_unusable_team_json_is_retried_then_the_default_team_is_used(sim: 
     assert result.answer == "391"
 
 
-async def test_an_unreadable_review_is_retried_then_counted_as_revise(sim: SimServer, tmp_path: Path) -> None:
+async def test_an_unreadable_review_is_retried_then_counted_as_revise() -> None:
     rule = Rule(
         role="reviewer", pattern='"specialty": "Computation checker",\n  "role": "analyst"\n }\n}', replies=["no json"]
     )
-    sim.set_script(SimScript(rules=[rule]))
-    result = await run(sim, tmp_path, iterations=1)
+    result, model = await run([rule], iterations=1)
     first = result.iterations[0]
     bad = [n for n in first.notes if n.startswith("review of")]
     # S2 reviews S1 and S3; each review is asked twice (one retry) and stays unreadable.
@@ -157,31 +150,27 @@ async def test_an_unreadable_review_is_retried_then_counted_as_revise(sim: SimSe
         "review of S1 by S2: unusable (no valid JSON object in the reply); counted as revise",
         "review of S3 by S2: unusable (no valid JSON object in the reply); counted as revise",
     ]
-    assert sim.stats().by_role["reviewer"] == 6 + 2
+    assert by_role(model)["reviewer"] == 6 + 2
     assert [m["accepted"] for m in first.state["members"]] == [False, True, False]
     assert result.answer == "391"
 
 
-async def test_a_decision_without_tags_gets_one_rewrite_pass(sim: SimServer, tmp_path: Path) -> None:
-    sim.set_script(
-        SimScript(
-            rules=[Rule(role="coordinator", pattern="<team_summary>", replies=["So the answer is \\boxed{391}."])]
-        )
+async def test_a_decision_without_tags_gets_one_rewrite_pass() -> None:
+    result, model = await run(
+        [Rule(role="coordinator", pattern="<team_summary>", replies=["So the answer is \\boxed{391}."])]
     )
-    result = await run(sim, tmp_path)
     assert result.answer == "391"
     assert "decision: the required tags are missing; asked for one rewrite" in result.iterations[-1].notes
-    rewrite = user_text(chat_requests(sim, "coordinator")[-1])
+    rewrite = last_user_prompts(model, "coordinator")[-1]
     assert "<reply>\nSo the answer is \\boxed{391}.\n</reply>" in rewrite
 
 
-async def test_a_decision_unreadable_after_the_rewrite_falls_back_to_the_team(sim: SimServer, tmp_path: Path) -> None:
+async def test_a_decision_unreadable_after_the_rewrite_falls_back_to_the_team() -> None:
     rules = [
         Rule(role="specialist", pattern="You are Edge-case auditor", replies=[WRONG]),
         Rule(role="coordinator", pattern="<team_summary>|<reply>", replies=["I cannot decide."]),
     ]
-    sim.set_script(SimScript(rules=rules))
-    result = await run(sim, tmp_path, iterations=1)
+    result, _ = await run(rules, iterations=1)
     assert result.answer == "391"  # two of three specialists hold it
     assert (
         result.iterations[-1].notes[-1]
@@ -197,7 +186,8 @@ async def test_each_role_gets_its_own_model_and_sampling(sim: SimServer, sim2: S
     }
     # A fixed seed: the role sampling under test is then all the session merges (per-call seeds, and the merge bug
     # that drops a role's sampling when the session adds one, are issue 9's subject).
-    result = await run(sim, tmp_path, {"roles": roles, "sampling__seed": 11})
+    settings = settings_for(sim, method={"name": "mattrl", "params": {}}, roles=roles, sampling__seed=11)
+    result = await asolve(Q, settings, run_dir=tmp_path / "run")
     assert result.answer == "391"
     assert {r.role for r in sim2.requests} == {"specialist"} and "specialist" not in sim.stats().by_role
     for body in chat_requests(sim, "coordinator"):
@@ -209,7 +199,7 @@ async def test_each_role_gets_its_own_model_and_sampling(sim: SimServer, sim2: S
     assert len(chat_requests(sim, "reviewer")) == 6
 
 
-async def test_retrieved_experience_is_injected_and_recorded(sim: SimServer, tmp_path: Path) -> None:
+async def test_retrieved_experience_is_injected_and_recorded(tmp_path: Path) -> None:
     texts = [
         ("What is 17*23: multiply 17 by 23", "Split 23 into 20 + 3 and add the partial products of 17."),
         ("Draw the triangle", "A sketch of the angles shows which sides are equal."),
@@ -218,47 +208,42 @@ async def test_retrieved_experience_is_injected_and_recorded(sim: SimServer, tmp
         ("Count lattice paths", "Binomial coefficients count monotone paths on a grid."),
     ]
     entries = [PoolEntry(id=f"e{i}", action=a, experience=e) for i, (a, e) in enumerate(texts)]
-    async with LLMClient(settings_for(sim)) as llm:
-        embed = EndpointEmbedder(llm)
-        pool = Pool.create(tmp_path / "pool", embed.name)
-        await pool.add(entries, embed)
-        pool.save()
-    sim.reset()
-    result = await run(sim, tmp_path, pool=str(tmp_path / "pool"), top_k=2)
+    embed = EndpointEmbedder(ScriptedModel(settings=scripted_settings()))
+    pool = Pool.create(tmp_path / "pool", embed.name)
+    await pool.add(entries, embed)
+    pool.save()
+    result, model = await run(pool=str(tmp_path / "pool"), top_k=2)
     opinions = [u for u in transcript(result).utterances if u.kind == "opinion"]
     assert all(len(u.experience_ids) == 2 and u.experience_ids[0] == "e0" for u in opinions)
-    for body in chat_requests(sim, "specialist"):
-        prompt = user_text(body)
+    for prompt in last_user_prompts(model, "specialist"):
         hints = prompt.split("<experience_hints>\n", 1)[1].split("\n</experience_hints>", 1)[0]
         assert hints.count("- ACTION:") == 2 and "- ACTION: What is 17*23: multiply 17 by 23" in hints
         # The hints are data: after the problem, before the specialist's instructions (which name them).
         assert prompt.index("</problem>") < prompt.index("<experience_hints>") < prompt.index("You are ")
-    queries = [r.body["input"] for r in sim.requests if r.endpoint == "embeddings"]
+    queries = model.embedded
     assert len(queries) == 3 and all(Q in q[0] for q in queries)
     assert result.iterations[0].candidates[0].meta["experience_ids"] == opinions[0].experience_ids
 
 
-async def test_a_pool_built_with_another_model_fails_the_problem_with_a_clear_error(
-    sim: SimServer, tmp_path: Path
-) -> None:
+async def test_a_pool_built_with_another_model_fails_the_problem_with_a_clear_error(tmp_path: Path) -> None:
     Pool.create(tmp_path / "pool", "endpoint:other-embedder")
-    result = await run(sim, tmp_path, pool=str(tmp_path / "pool"))
+    result, _ = await run(pool=str(tmp_path / "pool"))
     assert result.status == "failed" and result.error is not None
     assert "built with embedding model 'endpoint:other-embedder', but 'endpoint:sim-model'" in result.error
 
 
-async def test_medicine_ranks_ten_diagnoses_with_a_catalog_team(sim: SimServer, tmp_path: Path) -> None:
-    result = await run(sim, tmp_path, domain="medicine")
+async def test_medicine_ranks_ten_diagnoses_with_a_catalog_team() -> None:
+    result, model = await run(domain="medicine")
     assert result.answer == "Fabry disease" and result.text.splitlines()[1] == "[2] Gaucher disease"
     t = transcript(result)
     assert [m.specialty for m in t.team] == ["Pediatrics", "Urology", "Hematology"]
     # Round 1: lists, then each member reviews the other two (A.4); round 2: the same lists again, so every
     # specialist converged and the final round asks for no review.
-    assert len(result.iterations) == 2 and sim.stats().by_role["reviewer"] == 6
+    assert len(result.iterations) == 2 and by_role(model)["reviewer"] == 6
     assert result.iterations[-1].state["decision"]["top10"][9] == "Amyloidosis"
-    recruit = user_text(chat_requests(sim, "coordinator")[0])
+    recruit = last_user_prompts(model, "coordinator")[0]
     assert "Traditional Chinese Medicine" in recruit
-    revision = next(t for t in map(user_text, chat_requests(sim, "specialist")[3:]) if "\nYou are Pediatrics (" in t)
+    revision = next(t for t in last_user_prompts(model, "specialist")[3:] if "\nYou are Pediatrics (" in t)
     # The bulletin shares each member's change (round 1: its whole list), not a pooled list.
     assert "S1 (Pediatrics): proposed Fabry disease; Gaucher disease; Pompe disease" in revision
     assert "Borda" not in revision and "<accepted_snapshot>" not in revision
@@ -278,7 +263,7 @@ REVIEW_OF_S1 = json.dumps(
 )
 
 
-async def test_medicine_reviews_reach_the_bulletin_and_the_author(sim: SimServer, tmp_path: Path) -> None:
+async def test_medicine_reviews_reach_the_bulletin_and_the_author() -> None:
     rules = [
         # S3 (Hematology) disputes S1's list twice over; S2 (Urology) raises the same disagreement in other words.
         Rule(
@@ -292,8 +277,7 @@ async def test_medicine_reviews_reach_the_bulletin_and_the_author(sim: SimServer
             replies=[REVIEW_OF_S1.replace("Fabry disease fits the angiokeratomas.", "Agreed on Fabry disease.")],
         ),
     ]
-    sim.set_script(SimScript(rules=rules))
-    result = await run(sim, tmp_path, domain="medicine", iterations=2)
+    result, model = await run(rules, domain="medicine", iterations=2)
     first = transcript(result, 0)
     reviews = [u for u in first.utterances if u.kind == "review"]
     assert {(u.agent, u.target) for u in reviews} == {
@@ -309,16 +293,14 @@ async def test_medicine_reviews_reach_the_bulletin_and_the_author(sim: SimServer
     ]
     assert meeting.text.count("Pompe disease does not explain") == 1
     assert not any("disagrees" in line for line in lines[3:])
-    s1 = next(b for b in chat_requests(sim, "specialist")[3:] if "\nYou are Pediatrics (" in user_text(b))
-    prompt = user_text(s1)
+    prompt = next(t for t in last_user_prompts(model, "specialist")[3:] if "\nYou are Pediatrics (" in t)
     assert "This is round 2. Revise your differential" in prompt
     feedback = json.loads(prompt.split("<peer_feedback>\n", 1)[1].split("\n</peer_feedback>", 1)[0])
     assert [f["reviewer"] for f in feedback] == ["S2", "S3"]
     assert feedback[1]["disagreements"] == ["Pompe disease does not explain the skin findings."]
     assert "<bulletin>\n" + meeting.text in prompt
     # The labelled Borda option adds the pooled list to the bulletin.
-    sim.reset()
-    pooled = await run(sim, tmp_path / "pooled", domain="medicine", iterations=2, pooled_differential=True)
+    pooled, _ = await run(rules, domain="medicine", iterations=2, pooled_differential=True)
     [meeting] = [u for u in transcript(pooled, 0).utterances if u.kind == "meeting"]
     assert meeting.text.splitlines()[-1].startswith(
         "Team differential by Borda count (pooled_differential option): Fabry disease; Gaucher disease"
@@ -394,20 +376,18 @@ def test_killed_mid_deliberation_and_resumed_equals_uninterrupted(tmp_path: Path
     assert _final(killed)[0][0] == "391"
 
 
-async def test_a_spent_budget_keeps_the_round_so_far_and_answers_by_majority(sim: SimServer, tmp_path: Path) -> None:
-    result = await run(sim, tmp_path, {"budget": {"calls": 6}})
+async def test_a_spent_budget_keeps_the_round_so_far_and_answers_by_majority() -> None:
+    result, model = await run(settings_extra={"budget": {"calls": 6}})
     assert result.stopped_reason == "budget" and result.answer == "391"
     [record] = result.iterations
     # The team (1 call) and three opinions (3) finished; two of the six reviews fit the budget.
-    assert sim.stats().by_role == {"coordinator": 1, "specialist": 3, "reviewer": 2} and record.calls == 6
+    assert by_role(model) == {"coordinator": 1, "specialist": 3, "reviewer": 2} and record.calls == 6
     assert [c.meta["member"] for c in record.candidates] == ["S1", "S2", "S3"]
     assert record.notes[-1].startswith("stopped: budget spent (6 calls of a budget of 6)")
     assert "decision" not in record.state and record.selected == "391"
 
 
-async def test_medicine_without_a_readable_decision_uses_the_pooled_differential(
-    sim: SimServer, tmp_path: Path
-) -> None:
+async def test_medicine_without_a_readable_decision_uses_the_pooled_differential() -> None:
     lists = [
         "<diagnosis>\n1. Wilson disease: a.\n2. Fabry disease: b.\n</diagnosis>",
         "<diagnosis>\n1. Fabry disease: a.\n2. Pompe disease: b.\n</diagnosis>",
@@ -418,8 +398,7 @@ async def test_medicine_without_a_readable_decision_uses_the_pooled_differential
         Rule(role="specialist", pattern="You are Hematology", replies=[lists[1]]),
         Rule(role="coordinator", pattern="<team_summary>|<reply>", replies=["No idea."]),
     ]
-    sim.set_script(SimScript(rules=rules))
-    result = await run(sim, tmp_path, domain="medicine", iterations=1)
+    result, _ = await run(rules, domain="medicine", iterations=1)
     # Borda: Fabry 9 + 10 + 10 = 29, Wilson 10, Pompe 9 + 9 = 18.
     assert result.iterations[-1].state["decision"]["top10"] == ["Fabry disease", "Pompe disease", "Wilson disease"]
     assert result.answer == "Fabry disease"

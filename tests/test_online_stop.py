@@ -2,7 +2,7 @@
 samples set and the watch, worked by hand; then majority vote against the simulated server: a sample whose streamed
 log-probabilities fall below the threshold is cut (the server sees the client go, the stored call is marked stopped,
 its partial text gives no answer, a resumed run replays it), a confident one runs to its end, and unstreamed calls
-degrade with one notice."""
+degrade with one notice; warm-up samples without log-probabilities in process on the scripted model."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from conftest import settings_for
+from conftest import scripted_settings, settings_for
+from scripted_runs import solve_in_process
 from test_settle import evaluation_of
 from tmas.api import aresume, arun, asolve
 from tmas.cli.main import app
@@ -31,7 +32,7 @@ from tmas.reports.analysis import stopping_summary
 from tmas.reports.document import Document
 from tmas.reports.report import _run_section
 from tmas.store.run_store import RunStore
-from tmas.testing import Rule, ScriptedUsage, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, ScriptedUsage, SimScript, SimServer
 from tmas.testing.responders import count_tokens
 
 Q = "What is 17*23?"
@@ -261,9 +262,9 @@ async def test_unstreamed_calls_run_to_their_end_with_one_notice(
         assert store.notices()["unwatched"] == UNWATCHED_NOTICE
 
 
-async def test_warm_up_samples_without_log_probabilities_set_no_threshold(sim: SimServer) -> None:
-    sim.set_script(SimScript(logprobs=False))
-    result = await asolve(Q, settings_for(sim, method={"name": "majority", "params": {**PARAMS, "k": 3}}))
+async def test_warm_up_samples_without_log_probabilities_set_no_threshold() -> None:
+    settings = scripted_settings(method={"name": "majority", "params": {**PARAMS, "k": 3}})
+    result = await solve_in_process(ScriptedModel(SimScript(logprobs=False), settings), Q)
     assert result.answer == "391" and result.stopped_traces == 0
     state = result.iterations[0].state["online_stop"]
     assert state["threshold"] is None and (state["warmup"], state["watched"]) == (2, 0)

@@ -1,5 +1,6 @@
 """Logprob verifier scoring: the expected score from a scripted ``logprobs`` payload (values worked by hand), the
-fallback to the text when the server sends none, the request body, and logprobs carried through client and store."""
+fallback to the text when the server sends none and the default payload's score (in process on the scripted model),
+the request body, and logprobs carried through client and store."""
 
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ from typing import Any
 
 import pytest
 
-from conftest import settings_for
+from conftest import scripted_settings, settings_for
+from scripted_runs import solve_in_process
 from tmas.agents.score_first import expected_score, parse_score_first
 from tmas.api import asolve
 from tmas.config import Sampling
 from tmas.llm.factory import open_model
 from tmas.llm.types import CallKey, TokenLogprob, user
 from tmas.store.run_store import RunStore
-from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
 
 def position(token: str, p: float, alternatives: dict[str, float]) -> dict[str, Any]:
@@ -101,23 +103,26 @@ async def test_tmas_logprob_scoring_sends_logprobs_and_reads_the_payload(sim: Si
     assert "verifier_logprob_fallback" not in result.counters
 
 
-async def test_tmas_logprob_scoring_falls_back_to_the_text_when_the_server_sends_none(sim: SimServer) -> None:
-    sim.set_script(SimScript(logprobs=False))  # a server that ignores the logprobs request
+def logprob_scoring(script: SimScript) -> ScriptedModel:
     params = {"iterations": 1, "n": 2, "m": 1, "verifier_score": "logprob"}
-    settings = settings_for(sim, method={"name": "tmas", "params": params})
-    result = await asolve("What is 17*23?", settings)
+    return ScriptedModel(script, scripted_settings(method={"name": "tmas", "params": params}))
+
+
+async def test_tmas_logprob_scoring_falls_back_to_the_text_when_the_server_sends_none() -> None:
+    model = logprob_scoring(SimScript(logprobs=False))  # a server that ignores the logprobs request
+    result = await solve_in_process(model, "What is 17*23?")
     candidates = result.iterations[0].candidates
     # The simulated verifier grades a right 391 "Score: 2" (or "1" for a minor gap): read from the text.
     assert all(c.score in (0.5, 1.0) for c in candidates)
     assert [v["source"] for c in candidates for v in c.meta["verifications"]] == ["text", "text"]
     assert result.counters["verifier_logprob_fallback"] == 2
     assert sum("no log-probabilities at the score" in n for n in result.iterations[0].notes) == 2
-    assert all(r.body.get("logprobs") is True for r in sim.app.requests() if r.role == "verifier")
+    # Asked for all the same (what is sent is the test above's).
+    assert all(c.sampling.extra_body.get("logprobs") is True for c in model.calls_of("verifier"))
 
 
-async def test_the_default_simulated_payload_gives_the_sampled_score(sim: SimServer) -> None:
-    params = {"iterations": 1, "n": 2, "m": 1, "verifier_score": "logprob"}
-    result = await asolve("What is 17*23?", settings_for(sim, method={"name": "tmas", "params": params}))
+async def test_the_default_simulated_payload_gives_the_sampled_score() -> None:
+    result = await solve_in_process(logprob_scoring(SimScript()), "What is 17*23?")
     entries = [v for c in result.iterations[0].candidates for v in c.meta["verifications"]]
     assert [v["source"] for v in entries] == ["logprob", "logprob"]
     assert all(v["score"] in (0.5, 1.0) and max(v["probabilities"].values()) == 1.0 for v in entries)

@@ -9,12 +9,12 @@ from typing import Any
 
 from mattrl_runs import hand_worked_transcript
 from tmas.agents.utterance_judge import JudgeScoreReply
-from tmas.config import Settings
+from tmas.config import Sampling, Settings
 from tmas.grading.judge import JudgeReplyFormat, judge_once
 from tmas.llm.client import LLMClient
 from tmas.llm.model import ChatModel
 from tmas.llm.replay import StoreReplay
-from tmas.llm.types import user
+from tmas.llm.types import TokenLogprob, user
 from tmas.llm.watch import UNWATCHED_NOTICE
 from tmas.methods import create_method
 from tmas.methods.base import ProblemResult, ProblemSession
@@ -174,3 +174,24 @@ async def test_a_watch_is_never_begun_in_process_and_the_session_says_so_once() 
         reply = await session.chat("solution", [user(Q.question)], sample=sample, watch=watch)
         assert reply.ok and reply.stopped_early is None and "\\boxed{391}" in reply.content
     assert not watch.began and session.notices == {"unwatched": UNWATCHED_NOTICE}
+
+
+async def test_logprobs_come_where_asked_and_calls_are_numbered_in_process() -> None:
+    payload = [{"token": "Score", "logprob": -0.5, "top_logprobs": [{"token": "Score", "logprob": -0.5}]}]
+    rules = [Rule(role="verifier", replies=["Score: 2"], logprobs=payload)]
+    model = ScriptedModel(SimScript(rules=rules), SETTINGS)
+    asked = Sampling(extra_body={"logprobs": True, "top_logprobs": 2})
+    scripted = await model.chat("verifier", [user("Grade it.")], sampling=asked)
+    certain = await model.chat("solution", [user(Q.question)], sampling=asked)
+    plain = await model.chat("solution", [user(Q.question)])
+    # The rule's payload, else every content token certain with itself as the one alternative; none unasked.
+    assert scripted.logprobs == [TokenLogprob.model_validate(p) for p in payload]
+    assert certain.logprobs is not None and "".join(t.token for t in certain.logprobs) == certain.content
+    assert all(t.logprob == 0.0 and [a.token for a in t.top_logprobs] == [t.token] for t in certain.logprobs)
+    assert plain.logprobs is None
+    assert [scripted.call_id, certain.call_id, plain.call_id] == [1, 2, 3]
+    # A script whose server ignores the request sends none.
+    silent = ScriptedModel(SimScript(logprobs=False), SETTINGS)
+    assert (await silent.chat("solution", [user(Q.question)], sampling=asked)).logprobs is None
+    vectors = await model.embed(["one text", "another"])
+    assert model.embedded == [["one text", "another"]] and len(vectors) == 2

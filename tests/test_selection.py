@@ -1,5 +1,6 @@
-"""Selection rules and pools (methods/selection.py): hand-made candidate sets, then TMAS and Verify-Refine against
-the simulated server with each rule."""
+"""Selection rules and pools (methods/selection.py): hand-made candidate sets, then TMAS and Verify-Refine in process
+on the scripted model with each rule; a renamed parameter's record in the run store goes through the simulated
+server."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from conftest import settings_for
+from conftest import scripted_settings, settings_for
+from scripted_runs import by_role, solve_in_process
 from tmas.api import asolve
 from tmas.methods.base import Candidate, ProblemResult
 from tmas.methods.confidence import Confidence
 from tmas.methods.selection import ConfidenceVote, candidates_from, lacks_confidence, select
 from tmas.methods.tmas_params import TMASParams
 from tmas.store.run_store import RunStore
-from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
 
 def cand(i: int, answer: str | None, score: float | None, error: str | None = None) -> Candidate:
@@ -147,87 +149,89 @@ def test_the_old_name_of_select_from_still_works_and_says_so() -> None:
         TMASParams.model_validate({"pool": "all", "select_from": "last"})
 
 
-# ---------------------------------------------------------------------------------------------- against the server
+# ---------------------------------------------------------------------------------------------- methods
 # Verifier verdicts by the answer the solution boxes: 7 is scored 1, 5 is scored 0.
 VERIFIER_RULES = [
     Rule(role="verifier", pattern=r"boxed\{7\}", replies=["## Analysis\nFine.\n\n## Score\nScore: 1"]),
     Rule(role="verifier", pattern=r"boxed\{5\}", replies=["## Analysis\nWrong.\n\n## Score\nScore: 0"]),
 ]
+Q = "What is 17*23?"
+RENAMED = "method parameter 'pool' is now called 'select_from'; the old name still works"
 
 
-async def solve_with(sim: SimServer, run_dir: Path, method: str, solutions: list[str], **params: Any) -> ProblemResult:
-    sim.set_script(SimScript(rules=[Rule(role="solution", replies=solutions), *VERIFIER_RULES]))
-    settings = settings_for(sim, method={"name": method, "params": params})
-    return await asolve("What is 17*23?", settings, run_dir=run_dir)
+def scripted(method: str, rules: list[Rule], **params: Any) -> ScriptedModel:
+    return ScriptedModel(SimScript(rules=rules), scripted_settings(method={"name": method, "params": params}))
 
 
-def solution_bodies(sim: SimServer) -> list[str]:
-    return [r.body["messages"][-1]["content"] for r in sim.requests if r.role == "solution"]
+async def solve_with(method: str, solutions: list[str], **params: Any) -> tuple[ProblemResult, ScriptedModel]:
+    model = scripted(method, [Rule(role="solution", replies=solutions), *VERIFIER_RULES], **params)
+    return await solve_in_process(model, Q), model
 
 
 @pytest.mark.parametrize(("rule", "expected"), [("best_score", "7"), ("vote", "5"), ("score_weighted_vote", "7")])
-async def test_tmas_returns_what_its_rule_selects(sim: SimServer, tmp_path: Path, rule: str, expected: str) -> None:
+async def test_tmas_returns_what_its_rule_selects(rule: str, expected: str) -> None:
     solutions = ["So \\boxed{5}.", "So \\boxed{5}.", "So \\boxed{7}."]
-    result = await solve_with(sim, tmp_path / "run", "tmas", solutions, n=3, m=1, iterations=1, select=rule)
+    result, model = await solve_with("tmas", solutions, n=3, m=1, iterations=1, select=rule)
     assert sorted(c.answer or "" for c in result.iterations[0].candidates) == ["5", "5", "7"]
     assert [c.score for c in result.iterations[0].candidates if c.answer == "7"] == [1.0]
     assert result.answer == expected and result.iterations[0].selected == expected
     # The rule changes what is returned, never what is asked: three solutions and three verifications.
-    assert sim.stats().by_role["solution"] == 3 and sim.stats().by_role["verifier"] == 3
+    assert by_role(model)["solution"] == 3 and by_role(model)["verifier"] == 3
+
+
+# Iteration 0 writes two 7s (scored 1), iteration 1 two 5s (scored 0): calls of iteration 1 come after those of
+# iteration 0, so the scripted replies are consumed in that order.
+SEVENS_THEN_FIVES = ["So \\boxed{7}.", "So \\boxed{7}.", "So \\boxed{5}.", "So \\boxed{5}."]
 
 
 @pytest.mark.parametrize(
     ("key", "select_from", "expected"),
     [("select_from", "last", "5"), ("select_from", "all", "7"), ("pool", "all", "7")],
 )
-async def test_tmas_select_from_reaches_back_to_earlier_iterations(
-    sim: SimServer, tmp_path: Path, key: str, select_from: str, expected: str
-) -> None:
-    # Iteration 0 writes two 7s (scored 1), iteration 1 two 5s (scored 0): calls of iteration 1 come after those
-    # of iteration 0, so the scripted replies are consumed in that order.
-    solutions = ["So \\boxed{7}.", "So \\boxed{7}.", "So \\boxed{5}.", "So \\boxed{5}."]
+async def test_tmas_select_from_reaches_back_to_earlier_iterations(key: str, select_from: str, expected: str) -> None:
     params = {key: select_from}
-    result = await solve_with(sim, tmp_path / "run", "tmas", solutions, n=2, m=1, iterations=2, **params)
+    result, model = await solve_with("tmas", SEVENS_THEN_FIVES, n=2, m=1, iterations=2, **params)
     assert [sorted(c.answer or "" for c in r.candidates) for r in result.iterations] == [["7", "7"], ["5", "5"]]
     assert result.iterations[0].selected == "7"
     assert result.answer == expected and result.iterations[1].selected == expected
-    assert len(solution_bodies(sim)) == 4
-    # The old name is recorded as the run's one-line notice, once, and stored under the new one.
-    renamed = ["method parameter 'pool' is now called 'select_from'; the old name still works"] * (key == "pool")
-    assert result.notices == renamed
+    assert len(model.calls_of("solution")) == 4
+    # The old name is the problem's one-line notice.
+    assert result.notices == [RENAMED] * (key == "pool")
+
+
+@pytest.mark.parametrize("key", ["select_from", "pool"])
+async def test_the_run_store_keeps_the_notice_once_and_the_parameter_under_its_new_name(
+    sim: SimServer, tmp_path: Path, key: str
+) -> None:
+    sim.set_script(SimScript(rules=[Rule(role="solution", replies=SEVENS_THEN_FIVES), *VERIFIER_RULES]))
+    params = {"n": 2, "m": 1, "iterations": 2, key: "all"}
+    result = await asolve(Q, settings_for(sim, method={"name": "tmas", "params": params}), run_dir=tmp_path / "run")
+    renamed = [RENAMED] * (key == "pool")
+    assert result.answer == "7" and result.notices == renamed
     with RunStore(tmp_path / "run", create=False) as store:
         assert list(store.notices().values()) == renamed
-        assert store.get_meta("method")["params"]["select_from"] == select_from
+        assert store.get_meta("method")["params"]["select_from"] == "all"
 
 
 @pytest.mark.parametrize(("params", "expected"), [({}, "7"), ({"select": "vote"}, "5")])
-async def test_verify_refine_select_parameter(
-    sim: SimServer, tmp_path: Path, params: dict[str, Any], expected: str
-) -> None:
+async def test_verify_refine_select_parameter(params: dict[str, Any], expected: str) -> None:
     solutions = ["So \\boxed{5}.", "So \\boxed{5}.", "So \\boxed{7}."]
-    result = await solve_with(sim, tmp_path / "run", "verify_refine", solutions, n=3, m=1, iterations=1, **params)
+    result, model = await solve_with("verify_refine", solutions, n=3, m=1, iterations=1, **params)
     assert sorted(c.answer or "" for c in result.iterations[0].candidates) == ["5", "5", "7"]
     assert result.answer == expected
-    assert sim.stats().by_role["verifier"] == 3
+    assert by_role(model)["verifier"] == 3
 
 
 @pytest.mark.parametrize(("select_from", "expected"), [("last", "5"), ("all", "7")])
-async def test_verify_refine_select_from_parameter(
-    sim: SimServer, tmp_path: Path, select_from: str, expected: str
-) -> None:
+async def test_verify_refine_select_from_parameter(select_from: str, expected: str) -> None:
     # One trajectory: a 7 (scored 1), then the corrector's 5 (scored 0).
-    sim.set_script(
-        SimScript(
-            rules=[
-                Rule(role="solution", replies=["So \\boxed{7}."]),
-                Rule(role="corrector", replies=["So \\boxed{5}."]),
-                *VERIFIER_RULES,
-            ]
-        )
-    )
-    params = {"n": 1, "iterations": 2, "select_from": select_from}
-    settings = settings_for(sim, method={"name": "verify_refine", "params": params})
-    result = await asolve("What is 17*23?", settings, run_dir=tmp_path / "run")
+    rules = [
+        Rule(role="solution", replies=["So \\boxed{7}."]),
+        Rule(role="corrector", replies=["So \\boxed{5}."]),
+        *VERIFIER_RULES,
+    ]
+    model = scripted("verify_refine", rules, n=1, iterations=2, select_from=select_from)
+    result = await solve_in_process(model, Q)
     assert [r.candidates[0].answer for r in result.iterations] == ["7", "5"]
     assert result.answer == expected
-    assert sim.stats().by_role == {"solution": 1, "corrector": 1, "verifier": 2}
+    assert by_role(model) == {"solution": 1, "corrector": 1, "verifier": 2}

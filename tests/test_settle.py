@@ -1,6 +1,7 @@
 """Compute that stops when the answer is settled, against the simulated server: the log-probabilities solution calls
 ask for (and no other role does), confidence-weighted votes read from the payloads the server sent, the one-line
-notice against a server that sends none, the samples majority vote's Beta stop saves, and TMAS's settled stop."""
+notice against a server that sends none; in process on the scripted model, the votes' logic, the samples majority
+vote's Beta stop saves, and TMAS's settled stop."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from conftest import settings_for
+from conftest import scripted_settings, settings_for
+from scripted_runs import by_role, solve_in_process
 from tmas.api import arun, asolve
 from tmas.cli.main import app
 from tmas.grading.grades import Grades
@@ -27,7 +29,7 @@ from tmas.reports.metrics import compute_metrics
 from tmas.reports.report import RunEvaluation, _run_section
 from tmas.reports.roc import confidence_separation
 from tmas.store.run_store import RunStore
-from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
 Q = "What is 17*23?"
 
@@ -66,6 +68,13 @@ async def tmas(sim: SimServer, **params: Any) -> ProblemResult:
     return await asolve(Q, settings_for(sim, method={"name": "tmas", "params": params}))
 
 
+async def in_process(
+    method: str, rules: list[Rule] | None = None, **params: Any
+) -> tuple[ProblemResult, ScriptedModel]:
+    model = ScriptedModel(SimScript(rules=rules or []), scripted_settings(method={"name": method, "params": params}))
+    return await solve_in_process(model, Q), model
+
+
 # ---------------------------------------------------------------------------------------------- confidence
 async def test_confidence_vote_asks_solution_calls_for_logprobs_and_weighs_the_votes(
     sim: SimServer, tmp_path: Path
@@ -90,17 +99,16 @@ async def test_plain_vote_asks_for_no_logprobs(sim: SimServer) -> None:
     assert all("logprobs" not in b and "top_logprobs" not in b for b in sim.chat_bodies())
 
 
-async def test_filtered_vote_lets_the_most_confident_share_vote(sim: SimServer) -> None:
+async def test_filtered_vote_lets_the_most_confident_share_vote() -> None:
     # Three samples box 7 at confidence 1 (V = 3), one boxes 9 at 2.5: the weighted vote returns 7; with eta = 0.25
     # only the most confident ceil(0.25 x 4) = 1 sample votes: 9.
     rules = [
         Rule(role="solution", times=3, replies=[boxed("7")], logprobs=payload(1.0)),
         Rule(role="solution", times=1, replies=[boxed("9")], logprobs=payload(2.5)),
     ]
-    sim.set_script(SimScript(rules=rules))
-    assert (await majority(sim, k=4, select="confidence_vote")).answer == "7"
-    sim.set_script(SimScript(rules=rules))
-    assert (await majority(sim, k=4, select="filtered_vote", confidence_share=0.25)).answer == "9"
+    assert (await in_process("majority", rules, k=4, select="confidence_vote"))[0].answer == "7"
+    filtered, _ = await in_process("majority", rules, k=4, select="filtered_vote", confidence_share=0.25)
+    assert filtered.answer == "9"
 
 
 async def test_tmas_confidence_asks_only_the_solution_role(sim: SimServer) -> None:
@@ -166,13 +174,12 @@ def test_run_help_lists_the_rules_and_their_sources() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- stopping
-async def test_beta_stop_saves_the_samples_a_decided_vote_does_not_need(sim: SimServer) -> None:
-    fixed = await majority(sim, k=16)
-    assert sim.stats().by_role == {"solution": 16} and fixed.stopped_reason is None
-    sim.reset()
+async def test_beta_stop_saves_the_samples_a_decided_vote_does_not_need() -> None:
+    fixed, model = await in_process("majority", k=16)
+    assert by_role(model) == {"solution": 16} and fixed.stopped_reason is None
     # Every sample boxes 391: after the first round of 4, P(leader stays ahead) = 31/32 >= 0.95.
-    adaptive = await majority(sim, k=16, stop="beta", round_size=4)
-    assert sim.stats().by_role == {"solution": 4} and adaptive.calls == 4
+    adaptive, model = await in_process("majority", k=16, stop="beta", round_size=4)
+    assert by_role(model) == {"solution": 4} and adaptive.calls == 4
     assert adaptive.answer == fixed.answer == "391" and adaptive.stopped_reason == VOTE_DECIDED
     stop = adaptive.iterations[0].state["stop"]
     assert (stop["drawn"], stop["k"], stop["leading"], stop["runner_up"], stop["stopped"]) == (4, 16, 4, 0, True)
@@ -180,11 +187,11 @@ async def test_beta_stop_saves_the_samples_a_decided_vote_does_not_need(sim: Sim
     assert any(n.startswith("stopped: after 4 of 16 samples") for n in adaptive.iterations[0].notes)
 
 
-async def test_beta_stop_never_draws_past_k(sim: SimServer) -> None:
+async def test_beta_stop_never_draws_past_k() -> None:
     # Alternating answers never decide the vote: every round is drawn, up to k, then the next iteration's k.
-    sim.set_script(SimScript(rules=[Rule(role="solution", replies=[boxed("7"), boxed("9")])]))
-    result = await majority(sim, k=6, stop="beta", round_size=4, iterations=2)
-    assert sim.stats().by_role == {"solution": 12} and result.stopped_reason is None
+    rules = [Rule(role="solution", replies=[boxed("7"), boxed("9")])]
+    result, model = await in_process("majority", rules, k=6, stop="beta", round_size=4, iterations=2)
+    assert by_role(model) == {"solution": 12} and result.stopped_reason is None
     stops = [r.state["stop"] for r in result.iterations]
     assert [(s["drawn"], s["stopped"]) for s in stops] == [(6, False), (6, False)]
     assert stops[0]["reason"].startswith("all 6 samples drawn")
@@ -192,18 +199,17 @@ async def test_beta_stop_never_draws_past_k(sim: SimServer) -> None:
     assert sorted(c.index for c in result.iterations[1].candidates) == list(range(6))
 
 
-async def test_tmas_stops_when_settled(sim: SimServer) -> None:
+async def test_tmas_stops_when_settled() -> None:
     # Both candidates box 391 and the verifier passes both: settled after iteration 0. The memory update and the
-    # later iterations are not sent: 2 solutions + 2 verifications + 2 summaries = 6 calls instead of 8 + 8 + 4.
-    settled = await tmas(sim, n=2, m=1, iterations=3, early_stop=True, early_stop_patience=1)
-    assert sim.stats().by_role == {"solution": 2, "verifier": 2, "summary": 2}
+    # later iterations are not asked for: 2 solutions + 2 verifications + 2 summaries = 6 calls instead of 8 + 8 + 4.
+    settled, model = await in_process("tmas", n=2, m=1, iterations=3, early_stop=True, early_stop_patience=1)
+    assert by_role(model) == {"solution": 2, "verifier": 2, "summary": 2}
     assert settled.calls == 6 and settled.stopped_reason == SETTLED and settled.answer == "391"
     record = settled.iterations[0].state["early_stop"]
     assert record["iteration"] == 0 and record["agreement"] == 1.0 and record["lowest_verification"] == 1.0
     assert "settled for 1 consecutive iteration(s)" in record["reason"]
     assert any(n.startswith("early stop: after iteration 0") for n in settled.iterations[0].notes)
-    sim.reset()
-    full = await tmas(sim, n=2, m=1, iterations=3)
+    full, _ = await in_process("tmas", n=2, m=1, iterations=3)
     assert full.calls == 20 and full.stopped_reason is None and len(full.iterations) == 3
 
 
@@ -214,9 +220,8 @@ async def test_tmas_stops_when_settled(sim: SimServer) -> None:
         ([Rule(role="verifier", times=1, replies=["## Analysis\nA gap.\n\n## Score\nScore: 0.5"])], "a 0.5 verdict"),
     ],
 )
-async def test_tmas_does_not_stop_unless_settled(sim: SimServer, rules: list[Rule], why: str) -> None:
-    sim.set_script(SimScript(rules=rules))
-    result = await tmas(sim, n=2, m=1, iterations=2, early_stop=True, early_stop_patience=1)
+async def test_tmas_does_not_stop_unless_settled(rules: list[Rule], why: str) -> None:
+    result, _ = await in_process("tmas", rules, n=2, m=1, iterations=2, early_stop=True, early_stop_patience=1)
     assert len(result.iterations) == 2 and result.stopped_reason is None, why
     assert "early_stop" not in result.iterations[0].state
 

@@ -3,8 +3,10 @@ building): no HTTP, no server, the same replies the simulated server gives.
 
 It answers with the simulator's script (rules by role and pattern, then the default responder of each role), so a
 test scripts it exactly as it scripts :class:`tmas.testing.SimServer`, and it records every call it was asked for
-(role, key, messages, resolved sampling, reply model) for the test to assert on. Tests of what crosses the wire
-(request bodies, retries, faults, the store) keep using the simulated server.
+(role, key, messages, resolved sampling, reply model) for the test to assert on. Its calls are numbered in order
+(``call_id``), as a run store numbers the calls it records, so a record that cites a call can be followed to it.
+Tests of what crosses the wire (request bodies, retries, faults, streaming, the store) keep using the simulated
+server.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ from pydantic import BaseModel
 from tmas.config import Sampling, Settings
 from tmas.llm.reasoning import split_reasoning
 from tmas.llm.sampling import ResolvedSampling, resolve_role
-from tmas.llm.types import CallKey, ChatRequest, Completion, Message, Usage
+from tmas.llm.types import CallKey, ChatRequest, Completion, Message, TokenLogprob, Usage
 from tmas.llm.watch import TraceWatch
+from tmas.testing.personas import persona_of
 from tmas.testing.responders import SimRequest, count_tokens
 from tmas.testing.script import SimScript
-from tmas.testing.scripted_replies import RuleBook, embed_text, scripted_text
+from tmas.testing.scripted_replies import RuleBook, embed_text, scripted_logprobs, scripted_text
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,8 @@ class ScriptedModel:
     script: SimScript = field(default_factory=SimScript)
     settings: Settings = field(default_factory=Settings)
     calls: list[ScriptedCall] = field(default_factory=list)
-    embedded: list[str] = field(default_factory=list)
+    # The texts of each embedding request, in order.
+    embedded: list[list[str]] = field(default_factory=list)
     _rules: RuleBook | None = field(default=None, repr=False)
 
     def resolve_sampling(
@@ -105,11 +109,17 @@ class ScriptedModel:
         if self._rules is None or self._rules.rules is not self.script.rules:
             self._rules = RuleBook(self.script)  # a script replaced between calls starts its rules afresh
         rule, used = self._rules.pick(role, texts)
+        call_id = len(self.calls) + 1
         if rule is not None and rule.fault is not None and rule.fault not in ("truncate", "garbage"):
             # Faults that replace the reply end the call as the HTTP client ends it after its retries.
             error = f"scripted {rule.fault}"
             return Completion(
-                key=key, request_hash=request_hash, model=request.model, error=error, error_cause=rule.fault
+                key=key,
+                request_hash=request_hash,
+                call_id=call_id,
+                model=request.model,
+                error=error,
+                error_cause=rule.fault,
             )
         seed = request.sampling.seed
         sim = SimRequest(role, key.problem_id or None, [m.model_dump() for m in messages], body, seed, self.script)
@@ -117,20 +127,24 @@ class ScriptedModel:
         text = scripted_text(sim, rule, used, fault=fault, max_tokens=request.sampling.max_tokens)
         # Thinking is kept apart from the content as the HTTP client keeps it (reasoning field or <think> block).
         content, reasoning = split_reasoning(text.content, text.reasoning)
+        logprobs = scripted_logprobs(self.script, body, rule, text.content, persona_of(self.script))
         usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=text.completion_tokens)
         if rule is not None and rule.usage is not None:
             usage = Usage(prompt_tokens=rule.usage.prompt_tokens, completion_tokens=rule.usage.completion_tokens)
         return Completion(
             key=key,
             request_hash=request_hash,
+            call_id=call_id,
             endpoint="scripted",
             model=request.model,
             content=content,
             reasoning=reasoning,
             usage=usage,
             finish_reason=text.finish_reason,
+            # An empty payload is none, as the HTTP client reads it.
+            logprobs=[TokenLogprob.model_validate(p) for p in logprobs] if logprobs else None,
         )
 
     async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
-        self.embedded.extend(texts)
+        self.embedded.append(list(texts))
         return [embed_text(text, self.script.embedding_dim) for text in texts]

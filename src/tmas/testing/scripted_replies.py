@@ -3,7 +3,7 @@
 One request meets the script's rules here (first matching rule not used up), gets its reply text (the rule's
 replies in turn, else the role's default responder), and that text is shaped as a model would shape it: a garbage
 or truncate fault, stop strings, a chain of thought that spends the token budget first, a scripted finish reason
-and token counts. Embeddings are a hashed bag of words.
+and token counts, with the content's log-probabilities where asked. Embeddings are a hashed bag of words.
 """
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ import random
 import re
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
+from tmas.testing.personas import Persona
+from tmas.testing.replies import certain_logprobs
 from tmas.testing.responders import SimRequest, count_tokens, cut_tokens, fake_reasoning, garbage_text, get_responder
 from tmas.testing.script import FaultKind, Rule, SimScript
 
@@ -128,3 +131,16 @@ def scripted_text(
     if rule is not None and rule.usage is not None:
         completion_tokens, reasoning_tokens = rule.usage.completion_tokens, rule.usage.reasoning_tokens
     return ScriptedText(content, reasoning, finish_reason, reasoning_tokens, completion_tokens)
+
+
+def scripted_logprobs(
+    script: SimScript, body: dict[str, Any], rule: Rule | None, content: str, persona: Persona
+) -> list[dict[str, Any]] | None:
+    """The content's log-probabilities (OpenAI's ``choices[0].logprobs.content``) where the request ``body`` asks for
+    them and the script's server sends them: the rule's payload, else every token certain."""
+    if not body.get("logprobs") or not script.logprobs:
+        return None
+    if rule is not None and rule.logprobs is not None:
+        return rule.logprobs
+    top = body.get("top_logprobs")
+    return certain_logprobs(content, persona.default_top_logprobs if top is None else top, persona)

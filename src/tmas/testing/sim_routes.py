@@ -24,10 +24,10 @@ from aiohttp import web
 from tmas.testing.long_replies import long_choice, request_digest
 from tmas.testing.personas import Persona, cache_capacity, persona_of
 from tmas.testing.prefix_cache import PrefixCache, SlotCache, prompt_tokens
-from tmas.testing.replies import Choice, Reply, certain_logprobs
+from tmas.testing.replies import Choice, Reply
 from tmas.testing.responders import SimRequest, content_text, count_tokens_cached, get_responder, stable_hash
 from tmas.testing.script import FaultKind, Rule, SimScript
-from tmas.testing.scripted_replies import RuleBook, embed_text, scripted_text
+from tmas.testing.scripted_replies import RuleBook, embed_text, scripted_logprobs, scripted_text
 from tmas.testing.sim_faults import (
     EMBEDDING_FAULTS,
     draw_fault,
@@ -383,12 +383,7 @@ class SimApp:
         ):
             return long_choice(long, sim, get_responder(role)(sim), max_tokens, persona, script)
         text = scripted_text(sim, rule, used, index=index, fault=fault, max_tokens=max_tokens)
-        logprobs: list[dict[str, Any]] | None = None
-        if body.get("logprobs") and script.logprobs:
-            given = rule.logprobs if rule is not None else None
-            top = body.get("top_logprobs")
-            top = persona.default_top_logprobs if top is None else top
-            logprobs = given if given is not None else certain_logprobs(text.content, top, persona)
+        logprobs = scripted_logprobs(script, body, rule, text.content, persona)
         return Choice(
             text.content, text.reasoning, text.finish_reason, logprobs, text.reasoning_tokens, text.completion_tokens
         )
