@@ -6,7 +6,7 @@ from __future__ import annotations
 from tmas.methods import create_method
 from tmas.methods.base import ProblemResult, ProblemSession
 from tmas.problems import Problem
-from tmas.runner import _solve_one
+from tmas.runner import solve_one
 from tmas.testing import ScriptedModel
 
 
@@ -23,7 +23,7 @@ async def solve_in_process(model: ScriptedModel, question: str, problem_id: str 
         budget=settings.budget,
         params=method.params,
     )
-    return await _solve_one(method, session)
+    return await solve_one(method, session)
 
 
 def by_role(model: ScriptedModel) -> dict[str, int]:

@@ -322,7 +322,7 @@ async def run_problems(
                     params=method.params,
                 )
                 try:
-                    result = await _solve_one(method, session)
+                    result = await solve_one(method, session)
                 finally:
                     state.active.pop(problem.problem_id, None)
                 if bank is not None and settings.budget.tokens is not None:
@@ -440,7 +440,9 @@ async def _closing(equivalence: RuleEquivalence | None) -> AsyncIterator[None]:
             await equivalence.aclose()
 
 
-async def _solve_one(method: Method[Any], session: ProblemSession) -> ProblemResult:
+async def solve_one(method: Method[Any], session: ProblemSession) -> ProblemResult:
+    """``method`` on the session's problem as a run solves it: its parameters' notices raised, a spent budget
+    answered from the iterations so far, a failure kept as the problem's result."""
     for kind, line in method.params.notices().items():
         session.notice(kind, line)
     try:
