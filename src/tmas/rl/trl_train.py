@@ -169,11 +169,20 @@ def load_policy(spec: str, dataset: Any = None) -> tuple[Any, Any]:
     path = Path(spec).expanduser()
     if path.is_dir():
         return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    import torch
+    from transformers import GgufConfig
+
     gguf = resolve_model(spec)
-    return (
-        AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name),
-        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name),
+    # Every weight unpacked into a dense float32 tensor (not kept in GGUF blocks), to train in full precision.
+    unpacked = GgufConfig(dequantize=True)
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, quantization_config=unpacked, dtype=torch.float32
     )
+    # The model still carries the GGUF quantizer, which the trainer refuses ("does not support training"): drop
+    # it, since nothing is left quantized.
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer.remove_quantization_config(model)
+    return model, AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
 
 
 def record_base(out: Path, spec: str, model: Any, tokenizer: Any) -> None:
