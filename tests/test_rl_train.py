@@ -282,3 +282,17 @@ def test_a_lora_adapter_merges_into_a_checkpoint_that_loads(tmp_path: Path) -> N
         want, got, before = adapted(ids).logits, loaded(ids).logits, base(ids).logits
     assert torch.allclose(got, want, atol=1e-5)
     assert not torch.allclose(got, before, atol=1e-3)
+
+
+def test_the_end_token_is_read_from_the_gguf(tmp_path: Path) -> None:
+    gguf = pytest.importorskip("gguf")
+    from tmas.rl.trl_train import gguf_eos_id
+
+    for name, eos in (("with.gguf", 151645), ("without.gguf", None)):
+        writer = gguf.GGUFWriter(str(tmp_path / name), "qwen2")
+        if eos is not None:
+            writer.add_eos_token_id(eos)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.close()
+        assert gguf_eos_id(tmp_path / name) == eos

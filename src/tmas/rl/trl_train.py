@@ -182,7 +182,21 @@ def load_policy(spec: str, dataset: Any = None) -> tuple[Any, Any]:
     # it, since nothing is left quantized.
     if getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer.remove_quantization_config(model)
-    return model, AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The tokenizer read from a GGUF may end text where the file's chat model does not (Qwen2.5 instruct:
+    # <|endoftext|>, not <|im_end|>); TRL stops generating and masks completions at the tokenizer's end.
+    eos = gguf_eos_id(gguf)
+    if eos is not None and tokenizer.eos_token_id != eos:
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
+    return model, tokenizer
+
+
+def gguf_eos_id(path: Path) -> int | None:
+    """The end-of-generation token a GGUF file names (``tokenizer.ggml.eos_token_id``)."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(path).fields.get("tokenizer.ggml.eos_token_id")
+    return int(field.parts[field.data[0]][0]) if field is not None else None
 
 
 def record_base(out: Path, spec: str, model: Any, tokenizer: Any) -> None:
