@@ -231,10 +231,12 @@ def train_policy(
         record_base(out, model_spec, policy, tokenizer)
     reward = reward_for(options, judge, out / REWARDS_FILE)
     trainer = build_trainer(policy, tokenizer, dataset, options, reward)
-    from transformers.trainer_callback import ProgressCallback
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     progress = TrainProgress(live=live)
+    # In place of the trainer's own display (a bar, or its logs printed when bars are off).
     trainer.remove_callback(ProgressCallback)
+    trainer.remove_callback(PrinterCallback)
     trainer.add_callback(progress)
     trainer.add_callback(StepLog(out, reward, on_row=progress.update, on_save=lambda p: plot_steps(p, out / PLOT_FILE)))
     result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
