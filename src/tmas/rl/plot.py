@@ -1,5 +1,6 @@
 """The training curve from ``OUT/steps.jsonl``: rewards above (all rollouts and each task's), the components of
-eq. 7-9 below (accuracy per task, the experience groups' p_base and bonus, the exploration rollouts' novel share)."""
+eq. 7-9 below (accuracy per task, the experience groups' p_base and bonus, the exploration rollouts' novel share).
+A step holds few prompt groups, so the reward of all rollouts is also drawn as a running mean."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from tmas.rl.step_log import Row, read_rows
+
+# Steps in the running mean of the reward.
+WINDOW = 5
 
 REWARDS = (
     ("reward", "all rollouts"),
@@ -51,6 +55,10 @@ def plot_steps(steps_jsonl: Path, png: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    steps, values = _series(rows, "reward")
+    if len(steps) >= WINDOW:
+        running = [sum(values[i - WINDOW + 1 : i + 1]) / WINDOW for i in range(WINDOW - 1, len(values))]
+        top.plot(steps[WINDOW - 1 :], running, color="black", linewidth=2, label=f"all, mean of {WINDOW} steps")
     _panel(top, rows, REWARDS, "mean reward")
     top.set_title(f"GRPO on the hybrid rewards: {len(rows)} steps ({steps_jsonl.parent.name})")
     _panel(bottom, rows, COMPONENTS, "share / bonus")
