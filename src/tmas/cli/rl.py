@@ -133,6 +133,7 @@ def train(
     from tmas.config import load_settings
     from tmas.rl.novelty import LLMNoveltyJudge
     from tmas.rl.options import TrainOptions
+    from tmas.rl.step_log import REWARDS_FILE, STEPS_FILE
     from tmas.rl.trl_train import PLOT_FILE, load_dataset, train_policy
 
     dataset = load_dataset(data)
@@ -158,7 +159,7 @@ def train(
     )
     final, steps = train_policy(dataset, options, model, judge, resume_from=start)
     typer.echo(f"trained {steps} steps; {'adapter' if lora_rank else 'checkpoint'} {final}")
-    typer.echo(f"per-step rewards {out / 'steps.jsonl'} (curve {out / PLOT_FILE}), per rollout {out / 'rewards.jsonl'}")
+    typer.echo(f"per-step rewards {out / STEPS_FILE} (curve {out / PLOT_FILE}), per rollout {out / REWARDS_FILE}")
 
 
 @rl_app.command("export-gguf")
