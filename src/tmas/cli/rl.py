@@ -108,13 +108,31 @@ def train(
         bool | None, typer.Option("--vllm/--no-vllm", help="vLLM generation (default: when installed with CUDA).")
     ] = train_default("use_vllm"),
     seed: Annotated[int, typer.Option("--seed")] = train_default("seed"),
+    lora_rank: Annotated[
+        int, typer.Option("--lora-rank", help="Train a LoRA adapter of this rank (peft); 0: every weight.", min=0)
+    ] = train_default("lora_rank"),
+    lora_alpha: Annotated[
+        int | None, typer.Option("--lora-alpha", help="LoRA's alpha (default: twice the rank).", min=1)
+    ] = train_default("lora_alpha"),
+    save_steps: Annotated[
+        int, typer.Option("--save-steps", help="A checkpoint in OUT every this many steps.", min=1)
+    ] = train_default("save_steps"),
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue a stopped run from OUT's last checkpoint.")
+    ] = False,
 ) -> None:
     """GRPO on the hybrid rewards with TRL (defaults from the paper's appendix A.4)."""
     if not data.is_file():  # before the slow imports below
         raise InputError(f"{data}: no such data file (build one with 'tmas rl build-data')")
+    from tmas.rl.checkpoints import resume_point
+
+    start = resume_point(out, resume)
+    if start is not None:
+        typer.echo(f"resuming from {start}")
     from tmas.rl.novelty import LLMNoveltyJudge
+    from tmas.rl.step_log import REWARDS_FILE, STEPS_FILE
     from tmas.rl.train_options import TrainOptions
-    from tmas.rl.trl_train import build_trainer, load_dataset, load_policy, reward_for
+    from tmas.rl.trl_train import PLOT_FILE, load_dataset, train_policy
 
     dataset = load_dataset(data)
     judge = None
@@ -134,25 +152,33 @@ def train(
         max_completion_length=max_completion_length,
         use_vllm=use_vllm,
         seed=seed,
+        lora_rank=lora_rank,
+        lora_alpha=lora_alpha,
+        save_steps=save_steps,
     )
-    policy, tokenizer = load_policy(model, dataset)
-    out.mkdir(parents=True, exist_ok=True)
-    trainer = build_trainer(policy, tokenizer, dataset, options, reward_for(options, judge, out / "rewards.jsonl"))
-    trainer.train()
-    final = out / "final"
-    trainer.save_model(str(final))
-    tokenizer.save_pretrained(str(final))
-    typer.echo(f"trained {max_steps} steps; checkpoint {final}; per-rollout rewards {out / 'rewards.jsonl'}")
+    final, steps = train_policy(dataset, options, model, judge, resume_from=start)
+    typer.echo(f"trained {steps} steps; {'adapter' if lora_rank else 'checkpoint'} {final}")
+    typer.echo(f"per-step rewards {out / STEPS_FILE} (curve {out / PLOT_FILE}), per rollout {out / REWARDS_FILE}")
 
 
 @rl_app.command("export-gguf")
 def export_gguf_cmd(
-    checkpoint: Annotated[Path, typer.Argument(help="Hugging Face checkpoint directory (e.g. OUT/final).")],
+    checkpoint: Annotated[
+        Path, typer.Argument(help="Hugging Face checkpoint or LoRA adapter directory (e.g. OUT/final).")
+    ],
     out: Annotated[Path, typer.Option("--out", "-o", help="GGUF file to write.")],
     outtype: Annotated[str, typer.Option("--outtype", help="f32, f16, bf16 or q8_0.")] = "f16",
     script: Annotated[Path | None, typer.Option("--convert-script", help="llama.cpp's convert_hf_to_gguf.py.")] = None,
+    base: Annotated[
+        str | None, typer.Option("--base", help="An adapter's base model (default: the --model it was trained on).")
+    ] = None,
+    merged_dir: Annotated[
+        Path | None, typer.Option("--merged-dir", help="Keep the adapter merged into its base here (HF checkpoint).")
+    ] = None,
 ) -> None:
-    """Convert a checkpoint to GGUF with llama.cpp's converter, to serve it with --local-model."""
+    """Convert a checkpoint to GGUF with llama.cpp's converter, to serve it with --local-model; a LoRA adapter is
+    merged into its base model first."""
     from tmas.rl.export import export_gguf
 
-    typer.echo(f"wrote {export_gguf(checkpoint, out, outtype=outtype, script=script)}")
+    written = export_gguf(checkpoint, out, outtype=outtype, script=script, base=base, merged_dir=merged_dir)
+    typer.echo(f"wrote {written}")

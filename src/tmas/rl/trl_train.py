@@ -14,6 +14,7 @@ hold whole groups (checked here), so the reward functions always see a prompt's 
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,12 +23,20 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 
 from tmas.errors import ConfigError, InputError
 from tmas.llm.weights import resolve_model
+from tmas.rl.checkpoints import checkpoint_step
 from tmas.rl.data import COLUMNS
+from tmas.rl.plot import plot_steps
 from tmas.rl.sampler import PromptGroupSampler, prompt_groups
 from tmas.rl.scoring import NoveltyJudge
+from tmas.rl.step_log import REWARDS_FILE, StepLog, trim_logs
 from tmas.rl.tiny import tiny_model, tiny_tokenizer
 from tmas.rl.train_options import TrainOptions
+from tmas.rl.train_progress import TrainProgress
 from tmas.rl.trl_rewards import HybridReward
+
+# Beside a LoRA adapter (OUT and OUT/final): the --model it was trained on, which export-gguf merges it into.
+BASE_FILE = "tmas_base.json"
+PLOT_FILE = "rewards.png"
 
 
 def vllm_available() -> bool:
@@ -65,6 +74,8 @@ def grpo_config(options: TrainOptions) -> GRPOConfig:
         vllm_mode="colocate",
         logging_steps=1,
         save_steps=options.save_steps,
+        # --resume needs only the last one; the one before survives a kill during a save.
+        save_total_limit=2,
         seed=options.seed,
         use_cpu=not cuda,
         bf16=cuda,
@@ -104,6 +115,20 @@ def reward_for(options: TrainOptions, judge: NoveltyJudge | None, log_path: Path
     return HybridReward(judge, beta=options.experience_beta, log_path=log_path)
 
 
+def lora_config(options: TrainOptions) -> Any:
+    """peft's LoRA on every linear layer of the blocks (not the output head), or None for full training."""
+    if not options.lora_rank:
+        return None
+    try:
+        from peft import LoraConfig
+    except ImportError:
+        raise ConfigError("--lora-rank needs peft: pip install 'tmas[rl]'") from None
+    alpha = options.lora_alpha or 2 * options.lora_rank
+    return LoraConfig(
+        r=options.lora_rank, lora_alpha=alpha, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
+    )
+
+
 def build_trainer(
     model: Any, tokenizer: Any, dataset: Any, options: TrainOptions, reward: HybridReward
 ) -> TMASGRPOTrainer:
@@ -115,6 +140,7 @@ def build_trainer(
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
+        peft_config=lora_config(options),
     )
 
 
@@ -143,8 +169,80 @@ def load_policy(spec: str, dataset: Any = None) -> tuple[Any, Any]:
     path = Path(spec).expanduser()
     if path.is_dir():
         return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    import torch
+    from transformers import GgufConfig
+
     gguf = resolve_model(spec)
-    return (
-        AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name),
-        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name),
+    # Every weight unpacked into a dense float32 tensor (not kept in GGUF blocks), to train in full precision.
+    unpacked = GgufConfig(dequantize=True)
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, quantization_config=unpacked, dtype=torch.float32
     )
+    # The model still carries the GGUF quantizer, which the trainer refuses ("does not support training"): drop
+    # it, since nothing is left quantized.
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer.remove_quantization_config(model)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The tokenizer read from a GGUF may end text where the file's chat model does not (Qwen2.5 instruct:
+    # <|endoftext|>, not <|im_end|>); TRL stops generating and masks completions at the tokenizer's end.
+    eos = gguf_eos_id(gguf)
+    if eos is not None and tokenizer.eos_token_id != eos:
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
+    return model, tokenizer
+
+
+def gguf_eos_id(path: Path) -> int | None:
+    """The end-of-generation token a GGUF file names (``tokenizer.ggml.eos_token_id``)."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(path).fields.get("tokenizer.ggml.eos_token_id")
+    return int(field.parts[field.data[0]][0]) if field is not None else None
+
+
+def record_base(out: Path, spec: str, model: Any, tokenizer: Any) -> None:
+    """Note the base model a LoRA run adapts; ``tiny`` (built, not loaded) is saved under OUT/base first."""
+    if spec == "tiny":
+        spec = str((out / "base").resolve())
+        model.save_pretrained(spec)
+        tokenizer.save_pretrained(spec)
+    elif Path(spec).expanduser().exists():
+        spec = str(Path(spec).expanduser().resolve())
+    (out / BASE_FILE).write_text(json.dumps({"model": spec}) + "\n", encoding="utf-8")
+
+
+def train_policy(
+    dataset: Any,
+    options: TrainOptions,
+    model_spec: str,
+    judge: NoveltyJudge | None,
+    *,
+    resume_from: Path | None = None,
+    live: bool | None = None,
+) -> tuple[Path, int]:
+    """Train, checkpointing every ``save_steps`` into OUT and continuing from ``resume_from``; write OUT/final
+    (the model, or the LoRA adapter and its base's name), OUT/steps.jsonl and the curve OUT/rewards.png.
+    Returns the final directory and the number of steps done."""
+    out = options.output_dir
+    out.mkdir(parents=True, exist_ok=True)
+    # Steps after the checkpoint are trained again; without one (a run stopped before its first), all of them.
+    trim_logs(out, checkpoint_step(resume_from) if resume_from is not None else 0)
+    policy, tokenizer = load_policy(model_spec, dataset)
+    if options.lora_rank:
+        record_base(out, model_spec, policy, tokenizer)
+    reward = reward_for(options, judge, out / REWARDS_FILE)
+    trainer = build_trainer(policy, tokenizer, dataset, options, reward)
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    progress = TrainProgress(live=live)
+    # In place of the trainer's own display (a bar, or its logs printed when bars are off).
+    trainer.remove_callback(ProgressCallback)
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(progress)
+    trainer.add_callback(StepLog(out, reward, on_row=progress.update, on_save=lambda p: plot_steps(p, out / PLOT_FILE)))
+    result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
+    final = out / "final"
+    trainer.save_model(str(final))
+    tokenizer.save_pretrained(str(final))
+    if options.lora_rank:
+        (final / BASE_FILE).write_text((out / BASE_FILE).read_text(encoding="utf-8"), encoding="utf-8")
+    return final, int(result.global_step)

@@ -2,7 +2,8 @@
 
 verl imports this file by path and calls one function by name; nothing here imports verl.
 
-- :func:`compute_score_batch` is the form to train with (``reward_model.reward_manager=batch``): verl calls it with
+- :func:`compute_score_batch` is the form to train with (``reward_model.reward_manager=batch``, verl 0.6.1: from
+  0.7 verl's reward loop scores one rollout at a time and has no batch manager): verl calls it with
   ``data_sources, solution_strs, ground_truths, extra_infos`` for the whole batch. It scores each prompt group
   (``extra_info.group``) together, so eq. 7-8 take p_base from the group's own Base rollouts, and it returns one
   dict per rollout whose ``uid`` is that group. verl's batch reward manager puts every key of such a dict beside
