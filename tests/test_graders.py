@@ -47,6 +47,9 @@ class ExactGrader:
     def recall(self, items: Sequence[Item], stored: StoredGrades, runs: int) -> Verdicts:
         return {item.key: [stored[(item.key, self.name, 0)].verdict, None] for item in items}
 
+    def grade_one(self, item: Item) -> bool | None:
+        return _same(item)
+
 
 def _same(item: Item) -> bool:
     return item.answer is not None and normalize_answer(item.answer) == normalize_answer(item.problem.answer or "")
@@ -83,5 +86,5 @@ async def test_unknown_grader_names_are_refused_where_given(tmp_path: Path) -> N
     with pytest.raises(ValidationError, match="unknown grader 'exactly'"):
         BuildConfig(grade_mode="exactly")
     assert BuildConfig(grade_mode="rules").grade_mode == "rules"
-    with RunStore(tmp_path / "run") as store, pytest.raises(ConfigError, match=r"known: combined, rules, judge"):
+    with RunStore(tmp_path / "run") as store, pytest.raises(ConfigError, match=r"known: combined, rules, judge, diagnosis, teaching\)"):
         await grade_run(store, GradeConfig(mode="exactly"))
