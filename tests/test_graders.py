@@ -1,5 +1,6 @@
 """The grader seam: a grader defined in one place and registered by name grades a run, stores its verdicts, and is
-read back without grading; unknown names are refused where they are given."""
+read back without grading; every shipped grader grades through the same seam; unknown names are refused where they
+are given."""
 
 from __future__ import annotations
 
@@ -13,14 +14,14 @@ from conftest import settings_for
 from tmas.answers import normalize_answer
 from tmas.errors import ConfigError
 from tmas.grading.grader import GradingContext, StoredGrades, Verdicts
-from tmas.grading.grades import SELECTED, GradeConfig, Item
+from tmas.grading.grades import SELECTED, GradeConfig, Grades, Item
 from tmas.grading.registry import GRADERS
 from tmas.grading.runs import grade_run, load_grades
 from tmas.pool.build import BuildConfig
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import GradeRow, RunStore
-from tmas.testing import SimServer
+from tmas.testing import Rule, SimScript, SimServer
 
 
 class ExactGrader:
@@ -46,6 +47,9 @@ class ExactGrader:
 
     def recall(self, items: Sequence[Item], stored: StoredGrades, runs: int) -> Verdicts:
         return {item.key: [stored[(item.key, self.name, 0)].verdict, None] for item in items}
+
+    def grade_one(self, item: Item) -> bool | None:
+        return _same(item)
 
 
 def _same(item: Item) -> bool:
@@ -83,5 +87,59 @@ async def test_unknown_grader_names_are_refused_where_given(tmp_path: Path) -> N
     with pytest.raises(ValidationError, match="unknown grader 'exactly'"):
         BuildConfig(grade_mode="exactly")
     assert BuildConfig(grade_mode="rules").grade_mode == "rules"
-    with RunStore(tmp_path / "run") as store, pytest.raises(ConfigError, match=r"known: combined, rules, judge"):
+    with (
+        RunStore(tmp_path / "run") as store,
+        pytest.raises(ConfigError, match=r"known: combined, rules, judge, diagnosis, teaching\)"),
+    ):
         await grade_run(store, GradeConfig(mode="exactly"))
+
+
+async def test_every_registered_grader_grades_one_item_through_the_registry(sim: SimServer, tmp_path: Path) -> None:
+    pytest.importorskip("math_verify")
+    sim.set_script(
+        SimScript(
+            rules=[
+                Rule(role="judge", pattern="<predicted>", replies=["<answer>2</answer>"]),
+                Rule(role="judge", pattern="<student>", replies=['{"reasoning": "5 is five", "equivalent": true}']),
+            ]
+        )
+    )
+    # The rules cannot decide a number against text; the judge can.
+    math = Item(
+        ("math", 0, SELECTED), Problem(problem_id="math", question="What is 2+3?", answer="\\text{five}"), "5", "5"
+    )
+    top10 = ["Gaucher disease", "Alpha-galactosidase A deficiency"]
+    medicine = Problem(problem_id="med", question="A rare disease case.", answer="Fabry disease")
+    education = Problem(problem_id="edu", question="Which letter?", answer="B")
+    teaching_state = {"pre": "A", "pre_correct": False, "post": "B", "post_correct": True}
+    cases = {
+        # name: (item, verdicts, findings, grade_one's verdict with no model)
+        "combined": (math, [True], {}, None),
+        "rules": (math, [None], {}, None),
+        "judge": (math, [True], {}, None),
+        "diagnosis": (
+            Item(("med", 1, SELECTED), medicine, top10[0], "", {"decision": {"top10": top10}}),
+            [True],
+            {"rank": 2},
+            False,  # by spelling alone Fabry disease is not in the list
+        ),
+        "teaching": (
+            Item(("edu", 1, SELECTED), education, "B", "", teaching_state),
+            [True],
+            {"pre": "A", "post": "B", "pre_correct": False},
+            True,
+        ),
+    }
+    assert list(GRADERS) == list(cases) and all(g.name == name for name, g in GRADERS.items())
+    for name, (item, verdicts, findings, one) in cases.items():
+        grader = GRADERS[name]
+        config = GradeConfig(mode=name, judge_runs=1)
+        with RunStore(tmp_path / name) as store:
+            grades = Grades(runs=grader.runs(config), mode=name)
+            context = GradingContext(store, config, settings_for(sim), grades, {})
+            assert await grader.grade([item], context) == {item.key: verdicts}, name
+        assert grades.findings == ({item.key: findings} if findings else {}), name
+        assert grader.grade_one(item) is one, name
+    judged = [str(r.body["messages"][-1]["content"]) for r in sim.requests if r.role == "judge"]
+    # One answer judgement each for combined and judge, one rank judgement for diagnosis; the others ask nothing.
+    assert sorted("<predicted>" in body for body in judged) == [False, False, True]

@@ -1,8 +1,9 @@
 """Grading a run of MATTRL's medicine or education cases by the domain's own metrics (``tmas cases grade``).
 
-Medicine: the rank of the gold disease in the team's final top-10, by spelling or by the ``judge`` role (A.5 rules),
-then Hit@1/3/5/10 and MRR. Education: the student's pre- and post-test answers, then Acc_pre, Acc_post and their
-delta. Only problems with a gold answer count.
+Medicine: the ``diagnosis`` grader ranks the gold disease in the team's final top-10, by spelling or by the
+``judge`` role (A.5 rules), then Hit@1/3/5/10 and MRR. Education: the ``teaching`` grader reads the student's pre-
+and post-test verdicts, then Acc_pre, Acc_post and their delta. Only each problem's last record counts, and only
+problems with a gold answer.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from tmas.config import Settings
-from tmas.grading.diagnosis import judge_rank, name_rank, ranking_metrics
-from tmas.grading.teaching import teaching_metrics
-from tmas.llm.factory import open_model
+from tmas.grading.diagnosis import DIAGNOSIS, ranking_metrics
+from tmas.grading.grader import GradingContext, index_grades
+from tmas.grading.grades import SELECTED, GradeConfig, Grades, Item, record_state
+from tmas.grading.registry import grader_named
+from tmas.grading.teaching import TEACHING, teaching_metrics
+from tmas.problems import Problem
 from tmas.store.run_store import RunStore
 
 # The domains whose runs are graded by their own metrics, not by the answer alone.
@@ -33,35 +37,27 @@ async def grade_cases(run_dir: Path, judge: Settings | None = None) -> CaseGrade
     """Grade the run in ``run_dir``; with ``judge`` settings, medicine names are matched by the judge role (its
     calls are kept in the run's own store), else by spelling."""
     with RunStore(run_dir, create=False) as store:
-        answers = {p.problem_id: p.answer for p in store.iter_problems()}
-        results = [r for r in store.results() if answers.get(r["problem_id"])]
-        states = [last_state(r) for r in results]
-        if any("pre" in s for s in states):
-            rows = [
-                {
-                    "problem_id": r["problem_id"],
-                    "pre": s.get("pre"),
-                    "post": s.get("post"),
-                    "pre_correct": bool(s.get("pre_correct")),
-                    "post_correct": bool(s.get("post_correct")),
-                }
-                for r, s in zip(results, states, strict=True)
-            ]
-            return CaseGrades(rows, {"cases": len(rows), **teaching_metrics(rows)})
-        cases = [
-            (r["problem_id"], final_top10(s), answers[r["problem_id"]] or "")
-            for r, s in zip(results, states, strict=True)
+        problems = {p.problem_id: p for p in store.iter_problems() if p.answer}
+        items = [last_item(r, problems[r["problem_id"]]) for r in store.results() if r["problem_id"] in problems]
+        name = TEACHING if any("pre" in item.state for item in items) else DIAGNOSIS
+        grades = Grades(runs=1, mode=name)
+        context = GradingContext(store, GradeConfig(mode=name), judge, grades, index_grades(store.grades()))
+        verdicts = await grader_named(name).grade(items, context)
+    found = [grades.findings.get(item.key, {}) for item in items]
+    if name == TEACHING:
+        rows = [
+            {
+                "problem_id": item.problem.problem_id,
+                "pre": f.get("pre"),
+                "post": f.get("post"),
+                "pre_correct": bool(f.get("pre_correct")),
+                "post_correct": verdicts[item.key][0] is True,
+            }
+            for item, f in zip(items, found, strict=True)
         ]
-        if judge is None:
-            ranked: list[tuple[int | None, str | None]] = [(name_rank(top, gold), None) for _, top, gold in cases]
-        else:
-            async with open_model(judge, store, log_dir=run_dir) as llm:
-                ranked = [await judge_rank(llm, pid, top, gold) for pid, top, gold in cases]
-    rows = [
-        {"problem_id": pid, "rank": rank, **({"error": why} if why else {})}
-        for (pid, _, _), (rank, why) in zip(cases, ranked, strict=True)
-    ]
-    return CaseGrades(rows, {"cases": len(cases), **ranking_metrics([rank for rank, _ in ranked])})
+        return CaseGrades(rows, {"cases": len(rows), **teaching_metrics(rows)})
+    rows = [{"problem_id": item.problem.problem_id, **f} for item, f in zip(items, found, strict=True)]
+    return CaseGrades(rows, {"cases": len(rows), **ranking_metrics([f.get("rank") for f in found])})
 
 
 async def case_metrics(run_dir: Path, params: dict[str, Any], judge: Settings | None) -> dict[str, Any] | None:
@@ -73,14 +69,10 @@ async def case_metrics(run_dir: Path, params: dict[str, Any], judge: Settings | 
     return graded.metrics if graded.rows else None
 
 
-def last_state(result: dict[str, Any]) -> dict[str, Any]:
-    """The state of a result's last iteration record (empty when it has none)."""
-    iterations = result.get("iterations") or []
-    state = iterations[-1].get("state", {}) if iterations else {}
-    return state if isinstance(state, dict) else {}
-
-
-def final_top10(state: dict[str, Any]) -> list[str]:
-    """The final differential of a result (its last record's decision)."""
-    decision = state.get("decision") or {}
-    return [str(name) for name in decision.get("top10", [])]
+def last_item(result: dict[str, Any], problem: Problem) -> Item:
+    """A result's final answer as an item: its last record's selected answer, with that record's state."""
+    records = result.get("iterations") or []
+    last = records[-1] if records else {}
+    iteration = int(last.get("iteration", 0))
+    selected = last.get("selected")
+    return Item((problem.problem_id, iteration, SELECTED), problem, selected, selected or "", record_state(last))

@@ -40,3 +40,6 @@ class CombinedGrader:
             item.key: [verdict] * runs if (verdict := rule_verdict(stored, item)) is not None else judged[item.key]
             for item in items
         }
+
+    def grade_one(self, item: Item) -> bool | None:
+        return self._rules.grade_one(item)  # the judge is never asked synchronously

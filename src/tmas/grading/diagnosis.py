@@ -1,17 +1,27 @@
 """Grading ranked differentials (MATTRL's medicine domain, paper 003 section 4 and A.5): the rank at which the
 reference diagnosis appears in a run's top-10, by name match or by an LLM judge using the A.5 matching rules, and
 the ranking metrics Hit@1/3/5/10 and MRR.
+
+The ``diagnosis`` grader grades an iteration's selected answer by its decision's top-10 (the record's state): right
+when the reference is ranked at all, wrong when not, undecided when the judge's reply could not be read; the rank
+is kept in ``Grades.findings`` (with ``error`` saying why a judgement could not be read). Nothing is stored in the
+grades table: ranks by spelling cost nothing, and the judge's calls replay from the run's store.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tmas.agents.templates import prompt
+from tmas.grading.grader import GradingContext, StoredGrades, Verdicts
+from tmas.grading.grades import SELECTED, GradeConfig, Item
+from tmas.llm.factory import open_model
 from tmas.llm.model import ChatModel
 from tmas.llm.types import CallKey
 
+DIAGNOSIS = "diagnosis"
 HITS = (1, 3, 5, 10)
 _ANSWER = re.compile(r"<answer>\s*(No|\d{1,2})\s*</answer>", re.I)
 _NON_WORD = re.compile(r"[^a-z0-9]+")
@@ -76,3 +86,46 @@ def ranking_metrics(ranks: Sequence[int | None]) -> dict[str, float]:
     metrics = {f"hit@{k}": sum(1 for r in ranks if r is not None and r <= k) / n for k in HITS}
     metrics["mrr"] = sum(1.0 / r for r in ranks if r is not None) / n
     return metrics
+
+
+def top10(state: Mapping[str, Any]) -> list[str]:
+    """The differential of a record (its state's decision)."""
+    decision = state.get("decision") or {}
+    return [str(name) for name in decision.get("top10", [])]
+
+
+class DiagnosisGrader:
+    name = DIAGNOSIS
+
+    def runs(self, config: GradeConfig) -> int:
+        return 1
+
+    async def grade(self, items: Sequence[Item], context: GradingContext) -> Verdicts:
+        """By spelling, or by the ``judge`` role where the context has its settings (one case at a time)."""
+        ranked = [item for item in items if item.key[2] == SELECTED]
+        if context.settings is None:
+            found: list[tuple[int | None, str | None]] = [
+                (name_rank(top10(item.state), item.problem.answer or ""), None) for item in ranked
+            ]
+        else:
+            async with open_model(context.settings, context.store, log_dir=context.store.run_dir) as llm:
+                found = [
+                    await judge_rank(llm, item.problem.problem_id, top10(item.state), item.problem.answer or "")
+                    for item in ranked
+                ]
+        out: Verdicts = {item.key: [None] for item in items}
+        for item, (rank, why) in zip(ranked, found, strict=True):
+            context.grades.findings[item.key] = {"rank": rank, **({"error": why} if why else {})}
+            out[item.key] = [None if why else rank is not None]
+        return out
+
+    def stored_runs(self, stored: StoredGrades) -> int:
+        return 1  # recalled by spelling: nothing to have stored
+
+    def recall(self, items: Sequence[Item], stored: StoredGrades, runs: int) -> Verdicts:
+        return {item.key: [self.grade_one(item)] for item in items}
+
+    def grade_one(self, item: Item) -> bool | None:
+        if item.key[2] != SELECTED:
+            return None
+        return name_rank(top10(item.state), item.problem.answer or "") is not None

@@ -59,3 +59,8 @@ class Grader(Protocol):
     def recall(self, items: Sequence[Item], stored: StoredGrades, runs: int) -> Verdicts:
         """The stored verdicts alone (no grading), ``runs`` per item; None where none is stored."""
         ...
+
+    def grade_one(self, item: Item) -> bool | None:
+        """One item at once, synchronously, with no model and no store (an RL trainer's reward threads); None where
+        this grader cannot decide that way."""
+        ...

@@ -2,12 +2,13 @@
 
 An item is one candidate (or, at candidate index -1, the iteration's selected answer) of one iteration of a problem
 with a reference answer. A grader (:mod:`tmas.grading.grader`) gives each item one verdict per run: ``True``,
-``False`` or ``None`` (undecided, counted incorrect).
+``False`` or ``None`` (undecided, counted incorrect), and may keep what it found besides (``Grades.findings``: the
+medicine domain's rank of the reference diagnosis, the education domain's pre-test verdict).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,8 @@ class Item:
     problem: Problem
     answer: str | None
     text: str
+    # The iteration record's state: what the method kept beside its answer (a domain grader reads it).
+    state: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
 @dataclass
@@ -51,6 +54,9 @@ class Grades:
     notes: list[str] = field(default_factory=list)
     judge_usage: Usage = field(default_factory=Usage)
     judge_calls: int = 0
+    # What a grader found besides right/wrong, by item (diagnosis: ``rank``; teaching: ``pre`` and
+    # ``pre_correct``): the domain metrics are computed from these and the verdicts.
+    findings: dict[ItemKey, dict[str, Any]] = field(default_factory=dict)
 
     def correct(self, key: ItemKey, run: int) -> bool:
         """Undecided counts as incorrect: a reply nobody could confirm is not credited."""
@@ -79,8 +85,15 @@ def iter_items(problems: list[Problem], results: list[dict[str, Any]]) -> Iterat
             continue
         for record in result.get("iterations", []):
             iteration = int(record["iteration"])
+            state = record_state(record)
             for cand in record.get("candidates", []):
                 key = (problem.problem_id, iteration, int(cand["index"]))
-                yield Item(key, problem, cand.get("answer"), cand.get("text") or "")
+                yield Item(key, problem, cand.get("answer"), cand.get("text") or "", state)
             selected = record.get("selected")
-            yield Item((problem.problem_id, iteration, SELECTED), problem, selected, selected or "")
+            yield Item((problem.problem_id, iteration, SELECTED), problem, selected, selected or "", state)
+
+
+def record_state(record: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An iteration record's state (empty when it has none)."""
+    state = record.get("state") or {}
+    return state if isinstance(state, Mapping) else {}

@@ -167,6 +167,9 @@ class JudgeGrader:
             for item in items
         }
 
+    def grade_one(self, item: Item) -> bool | None:
+        return None  # the judge is a model on an endpoint: never asked from a synchronous caller
+
 
 async def _judge_items(
     items: Sequence[Item], context: GradingContext, settings: Settings

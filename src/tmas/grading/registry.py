@@ -1,4 +1,5 @@
-"""The graders by name: what ``tmas eval --grade``, ``tmas report --grade`` and a pool's ``grade_mode`` accept."""
+"""The graders by name: what ``tmas eval --grade``, ``tmas report --grade`` and a pool's ``grade_mode`` accept;
+``tmas cases grade`` uses ``diagnosis`` and ``teaching``, RL's rewards ``rules`` (:meth:`Grader.grade_one`)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,15 @@ from pydantic import AfterValidator
 
 from tmas.errors import ConfigError
 from tmas.grading.combined import CombinedGrader
+from tmas.grading.diagnosis import DiagnosisGrader
 from tmas.grading.grader import Grader
 from tmas.grading.judge import JudgeGrader
 from tmas.grading.rules import RULES, RulesGrader
+from tmas.grading.teaching import TeachingGrader
 
-GRADERS: dict[str, Grader] = {g.name: g for g in (CombinedGrader(), RulesGrader(), JudgeGrader())}
+GRADERS: dict[str, Grader] = {
+    g.name: g for g in (CombinedGrader(), RulesGrader(), JudgeGrader(), DiagnosisGrader(), TeachingGrader())
+}
 # What a run's stored verdicts are read as when it holds none of the asked grader's own.
 FALLBACK = RULES
 

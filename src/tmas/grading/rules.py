@@ -2,19 +2,26 @@
 
 An item without an extracted answer is not checked: with no text either it is wrong, else undecided (the judge may
 still read the text in combined mode). Verdicts are stored as grader ``rules``, run 0.
+
+:meth:`RulesGrader.grade_one` checks one item in the calling thread (RL's rewards): equal normalised spellings are
+right at once, otherwise Math-Verify decides, gold first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Sequence
 
-from tmas.answer_rules import RuleChecker
+from tmas.answer_rules import RuleChecker, check_pair
+from tmas.answers import normalize_answer
 from tmas.grading.grader import GradingContext, StoredGrades, Verdicts
 from tmas.grading.grades import GradeConfig, Item
 from tmas.store.run_store import GradeRow
 
 RULES = "rules"
+# Math-Verify's bound on one check made by grade_one (the async grader's comes from its GradeConfig).
+RULE_TIMEOUT_S = 5
 
 
 def _no_answer(item: Item) -> bool:
@@ -60,6 +67,17 @@ class RulesGrader:
 
     def recall(self, items: Sequence[Item], stored: StoredGrades, runs: int) -> Verdicts:
         return {item.key: [rule_verdict(stored, item)] for item in items}
+
+    def grade_one(self, item: Item) -> bool | None:
+        if item.answer is None:
+            return False if _no_answer(item) else None
+        gold = item.problem.answer or ""
+        if normalize_answer(item.answer) == normalize_answer(gold):
+            return True
+        # Math-Verify's timeouts use signal.alarm, which works only in the main thread; elsewhere (a trainer's worker
+        # thread) it runs without one.
+        main = threading.current_thread() is threading.main_thread()
+        return check_pair(gold, item.answer, RULE_TIMEOUT_S if main else None).correct
 
 
 def rule_verdict(stored: StoredGrades, item: Item) -> bool | None:

@@ -1,9 +1,20 @@
-"""The education domain's metrics (paper 003, C.1): pre-test and post-test accuracy and the learning gain."""
+"""The education domain's grading (paper 003, C.1): pre-test and post-test accuracy and the learning gain.
+
+The method checks the student's pre- and post-test letters against the reference while it runs and keeps both
+verdicts in the record's state. The ``teaching`` grader reads them: an item's verdict is the post-test's (wrong
+until the teaching is done), and both answers and the pre-test's verdict are kept in ``Grades.findings``. Nothing is
+stored in the grades table: the run's records hold them.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from tmas.grading.grader import GradingContext, StoredGrades, Verdicts
+from tmas.grading.grades import GradeConfig, Item
+
+TEACHING = "teaching"
 
 
 def teaching_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -12,3 +23,32 @@ def teaching_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     pre = sum(bool(r["pre_correct"]) for r in rows) / n if n else 0.0
     post = sum(bool(r["post_correct"]) for r in rows) / n if n else 0.0
     return {"acc_pre": pre, "acc_post": post, "delta": post - pre}
+
+
+class TeachingGrader:
+    name = TEACHING
+
+    def runs(self, config: GradeConfig) -> int:
+        return 1
+
+    async def grade(self, items: Sequence[Item], context: GradingContext) -> Verdicts:
+        for item in items:
+            state = item.state
+            if "pre" in state:
+                found = {
+                    "pre": state.get("pre"),
+                    "post": state.get("post"),
+                    "pre_correct": bool(state.get("pre_correct")),
+                }
+                context.grades.findings[item.key] = found
+        return self.recall(items, context.stored, 1)
+
+    def stored_runs(self, stored: StoredGrades) -> int:
+        return 1  # the records' states hold the verdicts
+
+    def recall(self, items: Sequence[Item], stored: StoredGrades, runs: int) -> Verdicts:
+        return {item.key: [self.grade_one(item)] for item in items}
+
+    def grade_one(self, item: Item) -> bool | None:
+        """The post-test's verdict; None for a record of another domain."""
+        return bool(item.state.get("post_correct")) if "pre" in item.state else None

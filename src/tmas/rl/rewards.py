@@ -1,7 +1,7 @@
 """The hybrid rewards of TMAS's RL scheme (paper section 3.3): pure functions of correctness, group and novelty.
 
-Each rollout is first graded correct or not (by :mod:`tmas.grading.rollout`); the three task rewards then shape that
-signal, and GRPO turns a prompt group's rewards into advantages. Nothing here does I/O or knows about a trainer.
+Each rollout is first graded correct or not (:func:`tmas.rl.scoring.is_correct`); the three task rewards then shape
+that signal, and GRPO turns a prompt group's rewards into advantages. Nothing here does I/O or knows about a trainer.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """One batch of rollouts -> hybrid rewards (paper section 3.3), shared by the TRL and verl adapters.
 
 A rollout carries what its training example says (task, group, Base/Bank variant, question, guideline bank, ground
-truth) and the completion. Scoring grades every rollout, asks the guideline judge about the exploration rollouts,
-and applies eq. 8 per prompt group (never across groups: p_base comes from the Base half of the same group) and
-eq. 9 per rollout. Both trainers call :func:`score_rollouts`, so they give the same rewards on the same rollouts.
+truth) and the completion. Scoring grades every rollout (its last ``\\boxed{}`` answer, by the registered ``rules``
+grader in the calling thread; an undecided answer counts as wrong), asks the guideline judge about the exploration
+rollouts, and applies eq. 8 per prompt group (never across groups: p_base comes from the Base half of the same
+group) and eq. 9 per rollout. Both trainers call :func:`score_rollouts`, so they give the same rewards on the same
+rollouts.
 """
 
 from __future__ import annotations
@@ -14,7 +16,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from tmas.agents.guideline_judge import StrategyView
-from tmas.grading.rollout import is_correct
+from tmas.answers import last_boxed
+from tmas.grading.grades import Item
+from tmas.grading.registry import grader_named
+from tmas.grading.rules import RULES
+from tmas.problems import Problem
 from tmas.rl.rewards import (
     DEFAULT_BETA,
     Novelty,
@@ -64,6 +70,14 @@ class RewardBreakdown(BaseModel):
     group_note: str | None = None
 
 
+def is_correct(completion: str, ground_truth: str, *, question: str = "") -> bool:
+    """Whether a completion's final answer (its last ``\\boxed{}``) is right; a reward is never given for an
+    answer the rules cannot confirm."""
+    problem = Problem(problem_id="rollout", question=question, answer=ground_truth)
+    item = Item(("rollout", 0, 0), problem, last_boxed(completion) or None, completion)
+    return grader_named(RULES).grade_one(item) is True
+
+
 def rollout_from_example(extra_info: dict[str, Any], ground_truth: str, completion: str) -> RolloutInput:
     """A rollout of a training example, from the example's ``extra_info`` (as :mod:`tmas.rl.data` writes it)."""
     try:
@@ -90,7 +104,7 @@ def score_rollouts(
     """The hybrid reward of every rollout, in order. A group whose halves are not equal is an error unless
     ``partial_groups`` (verl, where a batch boundary can cut a group): then p_base comes from the Base rollouts
     present, a group with none gets plain correctness, and ``group_note`` says so."""
-    correct = [is_correct(r.completion, r.ground_truth) for r in rollouts]
+    correct = [is_correct(r.completion, r.ground_truth, question=r.question) for r in rollouts]
     out: list[RewardBreakdown | None] = [None] * len(rollouts)
 
     # Eq. 8, one prompt group at a time.

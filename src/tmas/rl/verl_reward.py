@@ -30,10 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from tmas.config import load_settings
-from tmas.grading.rollout import is_correct
 from tmas.rl.novelty import LLMNoveltyJudge
 from tmas.rl.rewards import DEFAULT_BETA, correctness_reward
-from tmas.rl.scoring import rollout_from_example, score_rollouts
+from tmas.rl.scoring import is_correct, rollout_from_example, score_rollouts
 
 # The keys of every dict compute_score_batch returns (verl needs the same keys on every rollout of a batch).
 SCORE_KEYS = ("score", "uid", "correct", "p_base", "group_incomplete")
