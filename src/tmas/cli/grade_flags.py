@@ -11,7 +11,12 @@ from tmas.errors import InputError
 from tmas.grading.grades import GradeConfig
 
 GradeModeOpt = Annotated[
-    str, typer.Option("--grade", help="Grading: combined (rules, then the judge), rules, or judge.")
+    str,
+    typer.Option(
+        "--grade",
+        help="A registered grader: combined (rules, then the judge), rules, judge; diagnosis and teaching grade"
+        " MATTRL's medicine and education runs.",
+    ),
 ]
 JudgeRunsOpt = Annotated[int, typer.Option("--judge-runs", help="Independent LLM-judge runs (paper: 4).")]
 
