@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -181,3 +182,21 @@ async def test_a_resumed_run_replays_one_problem_at_a_time_each_until_its_first_
     # Every stored call replayed, none sent again: the server saw iteration 2 alone (2 + 2 + 2 + 1 + 1 per problem).
     assert summary.done == 3 and summary.cached_calls == stored
     assert len(sim.requests) - stored == 3 * 8
+
+
+async def test_a_problem_that_replays_to_its_end_passes_the_turn_on(sim: SimServer, tmp_path: Path) -> None:
+    """A problem killed after its last call but before its result was saved replays to its end without a new call:
+    its end passes the turn on (else the next problem would wait for ever)."""
+    problems = [Problem(problem_id=f"p{k}", question=f"What is {k + 2}*7?", answer=str(7 * (k + 2))) for k in range(2)]
+    run_dir = tmp_path / "run"
+    settings = settings_for(sim, method__name="tmas", method__params={"n": 2, "m": 1, "iterations": 1})
+    store, settings, todo = prepare_run(run_dir, settings, problems, resume=False)
+    with store:
+        await run_problems(settings, todo, store)
+    stored = len(sim.requests)
+    with sqlite3.connect(run_dir / "run.sqlite") as db:
+        db.execute("DELETE FROM results")
+    store, settings, todo = prepare_run(run_dir, stored_settings(run_dir), None, resume=True)
+    with store:
+        summary = await asyncio.wait_for(run_problems(settings, todo, store), timeout=60)
+    assert summary.done == 2 and summary.cached_calls == stored and len(sim.requests) == stored
