@@ -257,7 +257,9 @@ def second_half(args: argparse.Namespace, urls: list[str]) -> dict[str, Any]:
     shutil.rmtree(run)
     shutil.copytree(out / KILLED, run)
     asked_before = sum(int(server_stats(url)["total_requests"]) for url in urls)  # type: ignore[call-overload]
-    child = Child(tmas_command("run", "--resume", run), out / "run2.log")
+    # The same settings with the replicas' addresses now: a resume measured again runs against new replicas.
+    write_config(out / "tmas.toml", urls, args, "cache")
+    child = Child(tmas_command("run", "--resume", run, "--config", out / "tmas.toml"), out / "run2.log")
     started = child.started
     try:
         # The CPU the resumed process had used when its first new call reached a replica: what the resume itself

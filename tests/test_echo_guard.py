@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,12 @@ from mattrl_runs import hand_worked_transcript, write_run
 from scripted_runs import by_role, solve_in_process
 from test_mattrl_domains import rubric, teach
 from test_pool_build import scripted_rules
-from tmas.agents.echo import EchoGuard, split_prompt
+from tmas.agents.echo import ECHO_SHARE, EchoGuard, split_prompt, tokens
 from tmas.agents.experience import experience_prompt
 from tmas.agents.rollouts import RolloutView
 from tmas.agents.solution import generation_prompt
+from tmas.agents.summary import summary_prompt
+from tmas.agents.verification import Verification
 from tmas.api import asolve
 from tmas.grading.grades import GradeConfig
 from tmas.llm.types import Message
@@ -81,6 +84,68 @@ def test_bank_entries_copying_the_instructions_are_caught_and_own_words_are_not(
     assert guard.echoes_text("The mistake, with the reason it is wrong")  # a field description, copied
     assert not guard.echoes_text("Splitting 23 as 20 + 3 gives 17*20 + 17*3 = 340 + 51 = 391, confirmed by both.")
     assert not guard.echoes_text("17*23 = 391")  # quotes the rollout (data), too short to judge otherwise
+
+
+def reference_share(messages: list[Message], text: str) -> float:
+    """The text check as defined: the share of the text's trigrams among the instructions' less the data's."""
+
+    def grams(words: list[str]) -> list[tuple[str, ...]]:
+        return [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
+
+    instructions, data = split_prompt(messages)
+    only = set(grams(tokens(instructions))) - set(grams(tokens(data)))
+    text_grams = grams(tokens(text))
+    return sum(g in only for g in text_grams) / len(text_grams) if text_grams else 0.0
+
+
+def test_the_guard_looks_up_data_lazily_and_from_cache_with_the_verdicts_of_the_definition() -> None:
+    """The guard keeps the instructions' trigrams only and looks each one up in the data's words when an output
+    holds it; blocks and whole prompts are cached by content. Its verdicts are the definition's, on long prompts
+    whose data shares phrases with the instructions, for fields made of runs of instruction and data words."""
+    rng = random.Random(5)
+    rollouts = [
+        RolloutView(
+            number=k,
+            solution=f"Following the standards, a careful solution {k}: 17*23 = 391 written out by hand. " * 40,
+            summary="## Validated Steps\n- the product\n## Remaining Flaws\n- none found\n## Verdict\nsound",
+            score_text="0.9",
+        )
+        for k in range(1, 9)
+    ]
+    verifications = [
+        Verification(feedback=f"Report {j}: the final answer is right, each step checked. " * 30, score=1.0)
+        for j in range(8)
+    ]
+    prompts = [
+        experience_prompt(Q, rollouts, ExperienceBank(), 35),
+        summary_prompt(Q, "17*23 = 391 by hand, the final answer 391.", verifications),
+        generation_prompt(WORDY, "numeric", "concise"),
+    ]
+
+    def run(words: list[str]) -> str:
+        at = rng.randrange(len(words))
+        return " ".join(words[at : at + rng.randrange(2, 12)])
+
+    verdicts: list[bool] = []
+    for messages in prompts:
+        instructions, data = split_prompt(messages)
+        sources = [tokens(instructions), tokens(data)]
+        for _ in range(60):
+            text = " ".join(run(rng.choice(sources)) for _ in range(rng.randrange(1, 4)))
+            expected = reference_share(messages, text)
+            # A first guard, then the cached one: both give the definition's share.
+            assert EchoGuard.of(messages).share(text) == expected
+            assert EchoGuard.of(list(messages)).share(text) == expected
+            verdicts.append(expected >= ECHO_SHARE)
+    assert EchoGuard.of(prompts[0]) is EchoGuard.of(list(prompts[0]))
+    assert any(verdicts) and not all(verdicts)
+    # A trigram across two data blocks (the first one's closing tag, the second one's opening tag and first word)
+    # is data, as in the blocks' joined text.
+    across = [
+        Message(role="user", content="<alpha>\nbeta\n</alpha>\n<gamma>\ndelta\n</gamma>\nWrite alpha gamma delta.")
+    ]
+    assert reference_share(across, "alpha gamma delta") == EchoGuard.of(across).share("alpha gamma delta") == 0.0
+    assert EchoGuard.of(across).share("write alpha gamma") == 1.0
 
 
 # ---------------------------------------------------------------------------------------------- methods

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -14,6 +15,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from conftest import settings_for
+from tmas.problems import Problem
+from tmas.runner import RunState, prepare_run, resume_settings, run_problems, stored_settings
 from tmas.store.run_store import RunStore
 from tmas.testing import SimScript, SimServer
 
@@ -151,3 +155,48 @@ def test_resume_with_more_iterations_continues_from_the_stored_ones(tmp_path: Pa
         assert sim.stats().total_requests - first == 8
     with RunStore(run_dir, create=False) as store:
         assert len(store.results()[0]["iterations"]) == 3
+
+
+async def test_a_resumed_run_replays_one_problem_at_a_time_each_until_its_first_new_call(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    """Replays answer at once: started together, the problems would replay in lockstep and the first new call would
+    wait for every problem's replays. Each replays in turn instead, until its first new call (here the first call
+    of iteration 2, after a run of 2 iterations resumed with 3), and the calls are still the same."""
+    problems = [Problem(problem_id=f"p{k}", question=f"What is {k + 2}*7?", answer=str(7 * (k + 2))) for k in range(3)]
+    run_dir = tmp_path / "run"
+    params = {"n": 2, "m": 1, "iterations": 2, "skip_final_memory": False}
+    settings = settings_for(sim, method__name="tmas", method__params=params, problems_in_flight=3)
+    store, settings, todo = prepare_run(run_dir, settings, problems, resume=False)
+    with store:
+        await run_problems(settings, todo, store)
+    stored = len(sim.requests)
+
+    begun: list[tuple[str, int]] = []
+    state = RunState(on_iteration=lambda problem_id, t: begun.append((problem_id, t)))
+    settings = resume_settings(stored_settings(run_dir), {}, params={"iterations": 3})
+    store, settings, todo = prepare_run(run_dir, settings, None, resume=True)
+    with store:
+        summary = await run_problems(settings, todo, store, state=state)
+    assert begun == [(p.problem_id, t) for p in problems for t in range(3)]
+    # Every stored call replayed, none sent again: the server saw iteration 2 alone (2 + 2 + 2 + 1 + 1 per problem).
+    assert summary.done == 3 and summary.cached_calls == stored
+    assert len(sim.requests) - stored == 3 * 8
+
+
+async def test_a_problem_that_replays_to_its_end_passes_the_turn_on(sim: SimServer, tmp_path: Path) -> None:
+    """A problem killed after its last call but before its result was saved replays to its end without a new call:
+    its end passes the turn on (else the next problem would wait for ever)."""
+    problems = [Problem(problem_id=f"p{k}", question=f"What is {k + 2}*7?", answer=str(7 * (k + 2))) for k in range(2)]
+    run_dir = tmp_path / "run"
+    settings = settings_for(sim, method__name="tmas", method__params={"n": 2, "m": 1, "iterations": 1})
+    store, settings, todo = prepare_run(run_dir, settings, problems, resume=False)
+    with store:
+        await run_problems(settings, todo, store)
+    stored = len(sim.requests)
+    with sqlite3.connect(run_dir / "run.sqlite") as db:
+        db.execute("DELETE FROM results")
+    store, settings, todo = prepare_run(run_dir, stored_settings(run_dir), None, resume=True)
+    with store:
+        summary = await asyncio.wait_for(run_problems(settings, todo, store), timeout=60)
+    assert summary.done == 2 and summary.cached_calls == stored and len(sim.requests) == stored

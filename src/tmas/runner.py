@@ -21,6 +21,7 @@ from tmas.errors import InputError, TmasError
 from tmas.llm.client import ClientStats, EndpointUnreachable
 from tmas.llm.factory import open_model
 from tmas.llm.lanes import enter_lane
+from tmas.llm.replay import ReplayTurns
 from tmas.llm.types import Usage
 from tmas.methods import create_method
 from tmas.methods.base import (
@@ -279,7 +280,8 @@ async def run_problems(
     A fixed pool of workers pulls problems from ``problems`` one at a time, so a run of any size holds only the
     problems being solved (at most :func:`problems_in_flight`: what the endpoint serves at once). Results are not
     kept in memory unless ``keep_results`` (e.g. for :func:`tmas.api.solve`); the summary is computed from counters
-    and the store. Votes group answers by the grading rules' equivalence where Math-Verify is installed.
+    and the store. Votes group answers by the grading rules' equivalence where Math-Verify is installed. On a resumed
+    run, the problems with finished calls replay them one at a time (:class:`tmas.llm.replay.ReplayTurns`).
     """
     state = state or RunState()
     method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
@@ -303,9 +305,11 @@ async def run_problems(
     from tmas.answer_rules import RuleEquivalence, math_verify_installed
 
     equivalence = RuleEquivalence() if math_verify_installed() else None
+    turns = ReplayTurns(store.problems_with_calls())
     with prompts_from(settings.prompts_dir):
         stats = ClientStats()
-        async with open_model(settings, store, log_dir=store.run_dir, stats=stats) as llm, _closing(equivalence):
+        model = open_model(settings, store, log_dir=store.run_dir, stats=stats, on_send=turns.sent)
+        async with model as llm, _closing(equivalence):
             state.stats = stats
 
             async def one(problem: Problem) -> None:
@@ -322,7 +326,8 @@ async def run_problems(
                     params=method.params,
                 )
                 try:
-                    result = await solve_one(method, session)
+                    async with turns.turn(problem.problem_id):
+                        result = await solve_one(method, session)
                 finally:
                     state.active.pop(problem.problem_id, None)
                 if bank is not None and settings.budget.tokens is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Protocol, Self
 
 from tmas.answers import extract_answer, normalize_answer
@@ -47,12 +48,25 @@ def tokens(text: str) -> list[str]:
 
 
 def _grams(words: Sequence[str]) -> list[tuple[str, ...]]:
-    return [tuple(words[i : i + NGRAM]) for i in range(len(words) - NGRAM + 1)]
+    return list(zip(*(words[i:] for i in range(NGRAM)), strict=False))
 
 
-def split_prompt(messages: Sequence[Message]) -> tuple[str, str]:
-    """(instructions, data) of a prompt: the text outside its tagged data blocks, and the text inside them (and
-    every assistant turn, the agent's own earlier reply)."""
+def _spaced(words: Iterable[str]) -> str:
+    """Words joined and padded by spaces: a run of whole words is then a substring (a token holds no space)."""
+    return f" {' '.join(words)} "
+
+
+@lru_cache(maxsize=256)
+def _block_words(block: str) -> str:
+    """A data block's words, joined by spaces. Cached by content: the rollouts block of iteration t is quoted word
+    for word in the memory agents' prompts and in every exploit prompt of t + 1, and a resumed run checks them all
+    again."""
+    return " ".join(tokens(block))
+
+
+def _prompt_parts(messages: Sequence[Message]) -> tuple[str, list[str]]:
+    """The instructions of a prompt (the text outside its tagged data blocks) and its data blocks (with every
+    assistant turn, the agent's own earlier reply)."""
     instructions: list[str] = []
     data: list[str] = []
     for message in messages:
@@ -61,7 +75,14 @@ def split_prompt(messages: Sequence[Message]) -> tuple[str, str]:
             continue
         data.extend(match.group(0) for match in DATA_BLOCK.finditer(message.content))
         instructions.append(DATA_BLOCK.sub("\n", message.content))
-    return "\n".join(instructions), "\n".join(data)
+    return "\n".join(instructions), data
+
+
+def split_prompt(messages: Sequence[Message]) -> tuple[str, str]:
+    """(instructions, data) of a prompt: the text outside its tagged data blocks, and the text inside them (and
+    every assistant turn, the agent's own earlier reply)."""
+    instructions, data = _prompt_parts(messages)
+    return instructions, "\n".join(data)
 
 
 def _boxed_values(text: str) -> list[str]:
@@ -82,34 +103,48 @@ def _boxed_values(text: str) -> list[str]:
 
 @dataclass
 class EchoGuard:
-    """The instruction text of one prompt, ready to check any number of output fields against."""
+    """The instruction text of one prompt, ready to check any number of output fields against.
+
+    The instructions are short and the data long (quoted solutions, reports, banks), so only the instructions'
+    trigrams are kept as a set; whether one of them also occurs in the data is looked up in the data's spaced words
+    when an output holds it, and remembered."""
 
     instructions: str
-    data: str
-    _only: set[tuple[str, ...]] = field(init=False, repr=False)
+    data: Sequence[str]
+    _grams: set[tuple[str, ...]] = field(init=False, repr=False)
     _words: str = field(init=False, repr=False)
     _data_words: str = field(init=False, repr=False)
     _literals: set[str] = field(init=False, repr=False)
+    _in_data: dict[tuple[str, ...], bool] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        words, data_words = tokens(self.instructions), tokens(self.data)
-        self._only = set(_grams(words)) - set(_grams(data_words))
-        # Space-delimited, so that a run of whole words can be looked up as a substring.
-        self._words, self._data_words = f" {' '.join(words)} ", f" {' '.join(data_words)} "
+        words = tokens(self.instructions)
+        self._grams = set(_grams(words))
+        # The words of the data as tokens("\n".join(data)) gives them: the newline between two blocks ends a token.
+        self._words, self._data_words = _spaced(words), _spaced(filter(None, map(_block_words, self.data)))
         stated = extract_answer(self.instructions).answer
         shown = [*_boxed_values(self.instructions), *([stated] if stated else [])]
         self._literals = {normalize_answer(value) for value in shown if value.strip()}
 
     @classmethod
     def of(cls, messages: Sequence[Message]) -> EchoGuard:
-        return cls(*split_prompt(messages))
+        return _guard_of(tuple(messages))
+
+    def _instruction_only(self, gram: tuple[str, ...]) -> bool:
+        """Whether ``gram`` occurs in the instructions and in no data block."""
+        if gram not in self._grams:
+            return False
+        known = self._in_data.get(gram)
+        if known is None:
+            known = self._in_data[gram] = _spaced(gram) in self._data_words
+        return not known
 
     def share(self, text: str) -> float:
         """The share of ``text``'s word trigrams that occur in the instructions and in no data block."""
         grams = _grams(tokens(text))
         if not grams:
             return 0.0
-        return sum(g in self._only for g in grams) / len(grams)
+        return sum(self._instruction_only(g) for g in grams) / len(grams)
 
     def echoes_text(self, text: str | None) -> bool:
         """Whether ``text`` (a bank entry, a strategy, a summary, a review, a solution) repeats the instructions."""
@@ -117,7 +152,7 @@ class EchoGuard:
             return False
         words = tokens(text)
         if len(words) < NGRAM:
-            run = f" {' '.join(words)} "
+            run = _spaced(words)
             return len(words) >= 2 and run in self._words and run not in self._data_words
         return self.share(text) >= ECHO_SHARE
 
@@ -127,7 +162,7 @@ class EchoGuard:
         if not answer or not answer.strip():
             return False
         key = normalize_answer(answer)
-        if key in self._literals and f" {' '.join(tokens(answer))} " not in self._data_words:
+        if key in self._literals and _spaced(tokens(answer)) not in self._data_words:
             return True
         return len(tokens(answer)) >= NGRAM and self.echoes_text(answer)
 
@@ -151,3 +186,9 @@ class EchoFiltered(Protocol):
     def without_echoes(self, guard: EchoGuard) -> tuple[Self, list[str]]:
         """The update without those items, and one line per item left out."""
         ...
+
+
+@lru_cache(maxsize=64)
+def _guard_of(messages: tuple[Message, ...]) -> EchoGuard:
+    """One guard per prompt (by content): the N candidates of an iteration share their few prompts."""
+    return EchoGuard(*_prompt_parts(messages))

@@ -10,7 +10,7 @@ client, so a finished call is answered from the store and every other one is mad
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -19,6 +19,7 @@ from tmas.llm.client import ClientStats, LLMClient, RunCallStore
 from tmas.llm.model import ChatModel
 from tmas.llm.provision import provisioned
 from tmas.llm.replay import StoreReplay
+from tmas.llm.types import CallKey
 
 
 @asynccontextmanager
@@ -28,12 +29,14 @@ async def open_model(
     *,
     log_dir: Path | None = None,
     stats: ClientStats | None = None,
+    on_send: Callable[[CallKey], None] | None = None,
 ) -> AsyncIterator[ChatModel]:
     """The model of ``settings``, replayed from and recorded in ``store`` where one is given. ``log_dir`` keeps a
-    started local server's log; ``stats`` counts the calls sent and replayed (for a progress display or summary)."""
+    started local server's log; ``stats`` counts the calls sent and replayed (for a progress display or summary);
+    ``on_send`` hears of each call the store could not answer, before it is sent."""
     stats = stats if stats is not None else ClientStats()
     async with provisioned(settings, log_dir=log_dir) as live, LLMClient(live, fallbacks=store, stats=stats) as client:
         if store is None:
             yield client
         else:
-            yield StoreReplay(client, store, on_replay=stats.count_replay)
+            yield StoreReplay(client, store, on_replay=stats.count_replay, on_send=on_send)

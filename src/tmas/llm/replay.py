@@ -7,11 +7,18 @@ the wrapped model and is made durable in the store before it is returned. A repl
 reply, and its call is sent. The run store is one such store (resume
 replays a run's finished calls); anything with ``lookup_call`` and ``record_call`` is another (a cache shared between
 runs, a fixture for tests).
+
+A replayed call answers at once, so the problems of a resumed run, started together, would replay in lockstep and
+none would send a new call before every one of them had replayed all its finished calls (at the paper's scale, tens
+of thousands). :class:`ReplayTurns` has them replay one at a time instead: each until its first new call, then the
+next, so new calls start after one problem's replays and the endpoint fills as the others catch up.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from contextlib import asynccontextmanager
 from typing import Protocol
 
 from pydantic import BaseModel
@@ -34,14 +41,21 @@ class CallStore(Protocol):
 class StoreReplay:
     """``StoreReplay(model, store)``: ``model`` with every finished call replayed from ``store``.
 
-    ``on_replay`` hears of each replayed call (the HTTP client counts them in its stats)."""
+    ``on_replay`` hears of each replayed call (the HTTP client counts them in its stats), ``on_send`` of each call
+    about to be sent (a problem's first one ends its replay turn: :class:`ReplayTurns`)."""
 
     def __init__(
-        self, inner: ChatModel, store: CallStore, *, on_replay: Callable[[Completion], None] | None = None
+        self,
+        inner: ChatModel,
+        store: CallStore,
+        *,
+        on_replay: Callable[[Completion], None] | None = None,
+        on_send: Callable[[CallKey], None] | None = None,
     ) -> None:
         self.inner = inner
         self.store = store
         self.on_replay = on_replay
+        self.on_send = on_send
         self.replayed = 0
 
     @property
@@ -74,6 +88,8 @@ class StoreReplay:
             if self.on_replay is not None:
                 self.on_replay(stored)
             return stored.model_copy(update={"cached": True})
+        if self.on_send is not None:
+            self.on_send(key)
         completion = await self.inner.chat(
             role, messages, key=key, sampling=sampling, reply_model=reply_model, watch=watch
         )
@@ -98,3 +114,35 @@ class StoreReplay:
 
     def model_name(self, role: str) -> str:
         return self.inner.model_name(role)
+
+
+class ReplayTurns:
+    """The problems of ``replaying`` (those with finished calls in the store) replay one at a time, in the order
+    they start: each holds the turn from its start until its first new call (:meth:`sent`, StoreReplay's
+    ``on_send``) or its end. Any other problem starts at once. The calls and their replies are the same in any
+    order; only when new calls begin changes."""
+
+    def __init__(self, replaying: Collection[str]) -> None:
+        self._replaying = replaying
+        self._lock = asyncio.Lock()
+        self._holder: str | None = None
+
+    @asynccontextmanager
+    async def turn(self, problem_id: str) -> AsyncIterator[None]:
+        """Solve ``problem_id`` inside this block: it waits here for its turn when it has calls to replay."""
+        if problem_id in self._replaying:
+            await self._lock.acquire()
+            self._holder = problem_id
+        try:
+            yield
+        finally:
+            self._release(problem_id)
+
+    def sent(self, key: CallKey) -> None:
+        """A call of ``key``'s problem is being sent: its replay is over, the next problem's turn begins."""
+        self._release(key.problem_id)
+
+    def _release(self, problem_id: str) -> None:
+        if self._holder == problem_id:
+            self._holder = None
+            self._lock.release()

@@ -324,6 +324,11 @@ class RunStore:
         for row in self._db.execute(query + " ORDER BY id", args):
             yield self._completion(row)
 
+    def problems_with_calls(self) -> set[str]:
+        """The problems with at least one finished call stored (what a resumed run replays)."""
+        rows = self._db.execute("SELECT DISTINCT problem_id FROM calls WHERE error IS NULL")
+        return {row[0] for row in rows}
+
     def call(self, call_id: int) -> Completion | None:
         row = self._db.execute(f"SELECT {_CALL_COLUMNS} FROM calls WHERE id = ?", (call_id,)).fetchone()
         return None if row is None else self._completion(row)
