@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,7 +84,6 @@ class RunOverview:
     problems: list[ProblemRow]
     costs: dict[str, int]
     roles: dict[str, dict[str, int]]
-    metrics: RunMetrics | None
     status_counts: dict[str, int] = field(default_factory=dict)
     grades: LiveGrades | None = None
     results: list[dict[str, Any]] = field(default_factory=list)
@@ -94,6 +94,11 @@ class RunOverview:
     def params_line(self) -> str:
         """The method's parameters that differ from its defaults, in one line (all of them are in the details)."""
         return params_line(self.method, self.params)
+
+    @functools.cached_property
+    def metrics(self) -> RunMetrics | None:
+        """Accuracy and costs by iteration, worked out when first shown (a comparison of runs never shows them)."""
+        return compute_metrics(self.results, self.grades.grades) if self.grades is not None else None
 
     @property
     def live_graded(self) -> bool:
@@ -243,7 +248,6 @@ class RunReader:
             problems=rows,
             costs=store.call_counts(),
             roles=store.role_costs(),
-            metrics=compute_metrics(results, grades) if grades is not None else None,
             status_counts=counts,
             grades=live,
             results=results,
