@@ -40,6 +40,7 @@ import platform
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -540,8 +541,14 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
         help="share of calls that stall, are cut mid-stream, answer 503",
     )
     parser.add_argument("--calibrate", type=Path, nargs="+", metavar="RUN_DIR", help="only calibrate, on these runs")
+    parser.add_argument(
+        "--view-only",
+        type=Path,
+        metavar="OUT",
+        help="only time the viewer's first views of a finished rehearsal's run (OUT as --out), 3 times: the medians",
+    )
     args = parser.parse_args(argv)
-    if args.out is None and not args.calibrate:
+    if args.out is None and not args.calibrate and not args.view_only:
         parser.error("--out is required")
     return args
 
@@ -550,6 +557,9 @@ def main() -> None:
     args = arguments()
     if args.calibrate:
         print(json.dumps(calibrate(args.calibrate), indent=2))
+    elif args.view_only:
+        timings = [view_figures(argparse.Namespace(out=args.view_only)) for _ in range(3)]
+        print(json.dumps({key: statistics.median(t[key] for t in timings) for key in ("run_page_s", "comparison_s")}))
     else:
         run(args)
 

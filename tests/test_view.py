@@ -555,6 +555,34 @@ def test_stored_grades_take_precedence_over_the_live_rules(sim: SimServer, tmp_p
     )
 
 
+def test_an_overview_reads_the_same_figures_as_the_full_reads(sim: SimServer, tmp_path: Path) -> None:
+    """The run page reads results once without texts, grades from them, and costs per role in one pass: the
+    figures equal those of the full reads (tmas report's load_grades, the store's call counts)."""
+    import asyncio
+
+    from tmas.grading.run_results import load_results
+    from tmas.grading.runs import load_grades
+    from tmas.reports.metrics import compute_metrics
+    from tmas.view.cache import RunCache
+    from tmas.view.runs import RunReader
+
+    run_dir = tmp_path / "maj"
+    _scripted_run(sim, run_dir, _scripted({"mult": ["391", "392"], "square": ["144"]}, 300), "majority", {"k": 3})
+    with RunStore(run_dir) as store:
+        asyncio.run(grade_run(store, GradeConfig(mode="rules")))
+        full = load_grades(store, GradeConfig())
+        metrics = compute_metrics(load_results(store), full) if full is not None else None
+        counts, roles = store.call_counts(), store.role_costs()
+    ref = run_ref_for([run_dir], run_dir)
+    assert ref is not None and full is not None
+    with RunReader(ref, RunCache()) as reader:
+        overview = reader.overview()
+    assert overview.grades is not None and overview.grades.grades.verdicts == full.verdicts
+    assert overview.metrics == metrics and metrics is not None and metrics.iterations
+    assert overview.roles == roles and roles["solution"]["calls"] == 6
+    assert overview.costs == {k: counts[k] for k in overview.costs} and overview.costs["calls"] == 6
+
+
 def test_a_comparison_needs_two_known_runs(tmp_path: Path) -> None:
     run_dir = tmp_path / "one"
     with RunStore(run_dir) as store:

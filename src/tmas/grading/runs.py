@@ -7,12 +7,14 @@ write them. Candidate index -1 stands for the iteration's selected answer.
 
 from __future__ import annotations
 
+from typing import Any
+
 from tmas.config import Settings
 from tmas.grading.grader import GradingContext, index_grades
 from tmas.grading.grades import GradeConfig, Grades, iter_items
 from tmas.grading.registry import FALLBACK, grader_named
 from tmas.grading.run_results import load_results
-from tmas.store.run_store import RunStore
+from tmas.store.run_store import GradeRow, RunStore
 
 
 async def grade_run(
@@ -37,13 +39,20 @@ async def grade_run(
     return grades
 
 
-def load_grades(store: RunStore, config: GradeConfig) -> Grades | None:
+def load_grades(
+    store: RunStore,
+    config: GradeConfig,
+    *,
+    results: list[dict[str, Any]] | None = None,
+    rows: list[GradeRow] | None = None,
+) -> Grades | None:
     """Verdicts from stored grades alone (no grading); None when the run has no grades. A run holding none of the
-    asked grader's verdicts is read as graded by the rules."""
+    asked grader's verdicts is read as graded by the rules. ``results`` and ``rows``: the run's results and grade
+    rows where the caller has read them already (a big run's results are its costliest read)."""
     problems = store.problems()
-    results = load_results(store)
+    results = load_results(store) if results is None else results
     items = list(iter_items(problems, results))
-    rows = store.grades()
+    rows = store.grades() if rows is None else rows
     if not rows:
         return None
     stored = index_grades(rows)

@@ -99,7 +99,7 @@ def live_grades(
     if not any(p.answer is not None for p in problems):
         return None
     rows = store.grades()
-    stored = load_grades(store, GradeConfig()) if rows else None
+    stored = load_grades(store, GradeConfig(), results=results, rows=rows) if rows else None
     graded = {(g.problem_id, g.iteration, g.candidate) for g in rows}
     grades = stored or Grades(runs=1, mode="rules")
     if stored is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,9 +82,8 @@ class RunOverview:
     model_detail: str | None
     params: dict[str, Any]
     problems: list[ProblemRow]
-    costs: dict[str, int]
-    roles: dict[str, dict[str, int]]
-    metrics: RunMetrics | None
+    # The run directory, whose store the call costs are read from when first shown.
+    run_dir: Path
     status_counts: dict[str, int] = field(default_factory=dict)
     grades: LiveGrades | None = None
     results: list[dict[str, Any]] = field(default_factory=list)
@@ -95,9 +95,29 @@ class RunOverview:
         """The method's parameters that differ from its defaults, in one line (all of them are in the details)."""
         return params_line(self.method, self.params)
 
+    @functools.cached_property
+    def roles(self) -> dict[str, dict[str, int]]:
+        """Calls, failed calls and tokens per agent role: one pass over every call of the run, made when first shown
+        (a comparison of runs never shows them)."""
+        with RunStore(self.run_dir, read_only=True) as store:
+            return store.role_costs()
+
+    @functools.cached_property
+    def costs(self) -> dict[str, int]:
+        """The totals of :attr:`roles` over all roles."""
+        return {key: sum(c[key] for c in self.roles.values()) for key in _COST_KEYS}
+
+    @functools.cached_property
+    def metrics(self) -> RunMetrics | None:
+        """Accuracy and costs by iteration, worked out when first shown (a comparison of runs never shows them)."""
+        return compute_metrics(self.results, self.grades.grades) if self.grades is not None else None
+
     @property
     def live_graded(self) -> bool:
         return self.grades is not None and bool(self.grades.live)
+
+
+_COST_KEYS = ("calls", "failed", "prompt_tokens", "completion_tokens", "cached_prompt_tokens")
 
 
 def params_line(method: str, params: dict[str, Any]) -> str:
@@ -241,9 +261,7 @@ class RunReader:
             model_detail=detail,
             params=params,
             problems=rows,
-            costs=store.call_counts(),
-            roles=store.role_costs(),
-            metrics=compute_metrics(results, grades) if grades is not None else None,
+            run_dir=self.ref.path,
             status_counts=counts,
             grades=live,
             results=results,
