@@ -22,7 +22,8 @@ from tmas.methods.base import Candidate, IterationRecord
 from tmas.methods.confidence import Confidence
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
-from tmas.store.run_store import RunStore, StoreError
+from tmas.store.run_store import SCHEMA_VERSION, RunStore, StoreError
+from tmas.store.summaries import summarize_result
 from tmas.testing import Rule, ScriptedUsage, SimScript, SimServer
 from tmas.view.app import view_app
 from tmas.view.bank_diff import bank_diffs, diff_entries
@@ -555,32 +556,90 @@ def test_stored_grades_take_precedence_over_the_live_rules(sim: SimServer, tmp_p
     )
 
 
-def test_an_overview_reads_the_same_figures_as_the_full_reads(sim: SimServer, tmp_path: Path) -> None:
-    """The run page reads results once without texts, grades from them, and costs per role in one pass: the
-    figures equal those of the full reads (tmas report's load_grades, the store's call counts)."""
+def _graded_majority_run(sim: SimServer, run_dir: Path) -> tuple[Any, Any]:
+    """A majority run graded by the rules, and its grades and metrics as ``tmas report`` reads them (full records)."""
     import asyncio
 
     from tmas.grading.run_results import load_results
     from tmas.grading.runs import load_grades
     from tmas.reports.metrics import compute_metrics
-    from tmas.view.cache import RunCache
-    from tmas.view.runs import RunReader
 
-    run_dir = tmp_path / "maj"
     _scripted_run(sim, run_dir, _scripted({"mult": ["391", "392"], "square": ["144"]}, 300), "majority", {"k": 3})
     with RunStore(run_dir) as store:
         asyncio.run(grade_run(store, GradeConfig(mode="rules")))
         full = load_grades(store, GradeConfig())
-        metrics = compute_metrics(load_results(store), full) if full is not None else None
-        counts, roles = store.call_counts(), store.role_costs()
+        assert full is not None
+        metrics = compute_metrics(load_results(store), full)
+    assert metrics.iterations
+    return full, metrics
+
+
+def _overview(run_dir: Path) -> Any:
+    from tmas.view.cache import RunCache
+    from tmas.view.runs import RunReader
+
     ref = run_ref_for([run_dir], run_dir)
-    assert ref is not None and full is not None
+    assert ref is not None
     with RunReader(ref, RunCache()) as reader:
-        overview = reader.overview()
+        return reader.overview()
+
+
+def test_an_overview_reads_the_same_figures_as_the_full_reads(sim: SimServer, tmp_path: Path) -> None:
+    """The run page reads each result's summary, grades from them, and costs per role in one pass: the figures
+    equal those of the full reads (tmas report's load_grades, the store's call counts)."""
+    import sqlite3
+
+    run_dir = tmp_path / "maj"
+    full, metrics = _graded_majority_run(sim, run_dir)
+    with RunStore(run_dir) as store:
+        counts, roles = store.call_counts(), store.role_costs()
+        summaries = {pid: summary for pid, _, summary in store.result_summaries()}
+    # Each result's summary was written with it, without the candidates' texts.
+    assert set(summaries) == {"mult", "square"}
+    candidates = [c for s in summaries.values() for r in s["iterations"] for c in r["candidates"]]
+    assert len(candidates) == 6 and all("text" not in c and c["answer"] for c in candidates)
+    # The full records made unreadable: a first view that read them would fail.
+    db = sqlite3.connect(run_dir / "run.sqlite")
+    db.execute("UPDATE results SET record = '{'")
+    db.commit()
+    db.close()
+    overview = _overview(run_dir)
     assert overview.grades is not None and overview.grades.grades.verdicts == full.verdicts
-    assert overview.metrics == metrics and metrics is not None and metrics.iterations
+    assert overview.metrics == metrics
+    assert [(p.answer, p.correct) for p in overview.problems] == [("391", True), ("144", True)]
     assert overview.roles == roles and roles["solution"]["calls"] == 6
     assert overview.costs == {k: counts[k] for k in overview.costs} and overview.costs["calls"] == 6
+
+
+def test_a_store_without_summaries_is_read_in_full_and_summarized_on_its_first_writable_open(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    import sqlite3
+
+    run_dir = tmp_path / "maj"
+    full, metrics = _graded_majority_run(sim, run_dir)
+    # The store as schema 2 left it: no summaries.
+    db = sqlite3.connect(run_dir / "run.sqlite")
+    db.executescript(
+        "DROP TRIGGER result_summaries_follow; DROP TABLE result_summaries;"
+        " UPDATE meta SET value = '2' WHERE key = 'schema_version';"
+    )
+    db.close()
+    overview = _overview(run_dir)
+    assert overview.grades is not None and overview.grades.grades.verdicts == full.verdicts
+    assert overview.metrics == metrics
+    with RunStore(run_dir, read_only=True) as reader:
+        assert reader.get_meta("schema_version") == 2  # a reader neither migrates nor writes
+    with RunStore(run_dir, create=False) as store:
+        assert store.get_meta("schema_version") == SCHEMA_VERSION
+        stored = store._db.execute("SELECT problem_id, summary FROM result_summaries ORDER BY problem_id").fetchall()
+        assert [pid for pid, _ in stored] == ["mult", "square"]
+        assert [json.loads(s) for _, s in stored] == [summarize_result(r) for r in store.results()]
+        # A result deleted takes its summary along.
+        store._db.execute("DELETE FROM results WHERE problem_id = 'square'")
+        assert [pid for pid, _, _ in store.result_summaries()] == ["mult"]
+    overview = _overview(run_dir)
+    assert overview.grades is not None and [p.status for p in overview.problems] == ["done", "running"]
 
 
 def test_a_comparison_needs_two_known_runs(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
+from functools import lru_cache
 from typing import Protocol
 
 from tmas.answers import normalize_answer
@@ -54,6 +55,7 @@ def _exact(text: str) -> Fraction | None:
     return -value if sign == "-" else value
 
 
+@lru_cache(maxsize=100_000)  # a pure function of the answer; a big run's metrics ask it of 100,000 candidates
 def value_key(answer: str) -> str:
     """The key votes group ``answer`` by without any rule check: a plain number's exact value, else its normalized
     spelling."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,14 +21,17 @@ from typing import Any
 from tmas.errors import TmasError
 from tmas.llm.types import FALLBACKS, CallKey, ChatRequest, Completion, FallbackKind, TokenLogprob, Usage
 from tmas.problems import Problem
+from tmas.store.summaries import summarize_result
 from tmas.store.texts import BLOBS_SCHEMA, Part, TextBlobs, blob_ids, join
 from tmas.version import __version__
 
 DB_NAME = "run.sqlite"
 # 2: call texts stored once each, compressed, in ``blobs`` (see tmas.store.texts); schema 1 stores open, are
 # migrated in place (their rows stay as they are) and read as before.
-SCHEMA_VERSION = 2
-_READABLE_SCHEMAS = (1, SCHEMA_VERSION)
+# 3: each result's summary (see tmas.store.summaries) in ``result_summaries``; older stores get theirs on their first
+# writable open, and read-only their results are summarized as they are read.
+SCHEMA_VERSION = 3
+_READABLE_SCHEMAS = (1, 2, SCHEMA_VERSION)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -101,6 +104,20 @@ CREATE TABLE IF NOT EXISTS results (
     finished_at REAL NOT NULL
 );
 """
+# Apart from the results, so reading a summary never walks the pages of its full record.
+_SUMMARIES_SCHEMA = """
+CREATE TABLE IF NOT EXISTS {schema}result_summaries (
+    problem_id TEXT PRIMARY KEY,
+    finished_at REAL NOT NULL,
+    summary TEXT NOT NULL
+);
+"""
+# A deleted result takes its summary along: no summary outlives its result.
+_SUMMARIES_TRIGGER = """
+CREATE TRIGGER IF NOT EXISTS result_summaries_follow AFTER DELETE ON results BEGIN
+    DELETE FROM result_summaries WHERE problem_id = old.problem_id;
+END;
+"""
 
 
 @dataclass(frozen=True)
@@ -142,6 +159,10 @@ class RunStore:
                 self._db.close()
                 raise StoreError(f"{self.path}: store schema {version} is not one this tmas reads {_READABLE_SCHEMAS}")
             self._shadow_missing_columns()
+            # An older store has no summaries: an empty temporary table stands in, and its results are summarized
+            # as they are read.
+            if version != SCHEMA_VERSION:
+                self._db.executescript(_SUMMARIES_SCHEMA.format(schema="temp."))
             self._texts = TextBlobs(self._db)
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -150,7 +171,7 @@ class RunStore:
         # NORMAL under WAL: a commit survives a killed process (only an OS crash can lose the last commits).
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=10000")
-        self._db.executescript(_SCHEMA + BLOBS_SCHEMA)
+        self._db.executescript(_SCHEMA + BLOBS_SCHEMA + _SUMMARIES_SCHEMA.format(schema="") + _SUMMARIES_TRIGGER)
         self._add_missing_columns()
         self._texts = TextBlobs(self._db)
         version = self.get_meta("schema_version")
@@ -158,8 +179,10 @@ class RunStore:
             self.set_meta("schema_version", SCHEMA_VERSION)
             self.set_meta("tmas_version", __version__)
             self.set_meta("created_at", time.time())
-        elif version == 1:
-            self.set_meta("schema_version", SCHEMA_VERSION)  # the blobs table and text_parts column were just added
+        elif version in (1, 2):
+            # The blobs table and text_parts column (schema 1) and the summaries table were just added.
+            self._summarize_results()
+            self.set_meta("schema_version", SCHEMA_VERSION)
         elif version != SCHEMA_VERSION:
             raise StoreError(f"{self.path}: store schema {version} is not one this tmas reads {_READABLE_SCHEMAS}")
 
@@ -456,6 +479,10 @@ class RunStore:
             (problem_id, iteration, json.dumps(record, ensure_ascii=False)),
         )
 
+    def problems_with_iterations(self) -> set[str]:
+        """The problems with at least one iteration record stored."""
+        return {row[0] for row in self._db.execute("SELECT DISTINCT problem_id FROM iterations")}
+
     def iterations(self, problem_id: str) -> list[dict[str, Any]]:
         rows = self._db.execute(
             "SELECT record FROM iterations WHERE problem_id = ? ORDER BY iteration", (problem_id,)
@@ -463,12 +490,67 @@ class RunStore:
         return [json.loads(r[0]) for r in rows]
 
     def save_result(self, problem_id: str, status: str, record: dict[str, Any]) -> None:
+        """Store the problem's result and its summary (one transaction: a reader never sees one without the other)."""
+        with self._transaction():
+            self._write_result(problem_id, status, json.dumps(record, ensure_ascii=False), time.time(), record)
+
+    def _write_result(
+        self, problem_id: str, status: str, record_json: str | None, finished_at: float, record: dict[str, Any]
+    ) -> None:
+        """Upsert a result (``record_json`` None: only its summary, the result being stored already)."""
+        if record_json is not None:
+            self._db.execute(
+                "INSERT INTO results (problem_id, status, record, finished_at) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT(problem_id) DO UPDATE SET status = excluded.status, record = excluded.record,"
+                " finished_at = excluded.finished_at",
+                (problem_id, status, record_json, finished_at),
+            )
         self._db.execute(
-            "INSERT INTO results (problem_id, status, record, finished_at) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT(problem_id) DO UPDATE SET status = excluded.status, record = excluded.record,"
-            " finished_at = excluded.finished_at",
-            (problem_id, status, json.dumps(record, ensure_ascii=False), time.time()),
+            "INSERT INTO result_summaries (problem_id, finished_at, summary) VALUES (?, ?, ?)"
+            " ON CONFLICT(problem_id) DO UPDATE SET finished_at = excluded.finished_at, summary = excluded.summary",
+            (problem_id, finished_at, json.dumps(summarize_result(record), ensure_ascii=False)),
         )
+
+    def _summarize_results(self) -> None:
+        """Write the summary of every result that has none (a store of an older schema), one result at a time."""
+        with self._transaction():
+            missing = self._db.execute(
+                "SELECT problem_id FROM results WHERE problem_id NOT IN (SELECT problem_id FROM result_summaries)"
+            ).fetchall()
+            for (pid,) in missing:
+                status, record, at = self._db.execute(
+                    "SELECT status, record, finished_at FROM results WHERE problem_id = ?", (pid,)
+                ).fetchone()
+                self._write_result(pid, status, None, at, json.loads(record))
+
+    def result_stamps(self) -> dict[str, float]:
+        """Problem id -> when its result was written, for every result (read from the summaries where stored)."""
+        stamps = dict(self._db.execute("SELECT problem_id, finished_at FROM result_summaries").fetchall())
+        for pid in self._unsummarized(stamps):
+            stamps[pid] = self._db.execute("SELECT finished_at FROM results WHERE problem_id = ?", (pid,)).fetchone()[0]
+        return stamps
+
+    def result_summaries(
+        self, problem_ids: Collection[str] | None = None
+    ) -> Iterator[tuple[str, float, dict[str, Any]]]:
+        """(problem id, when written, summary) of the given results (all with None), in no particular order. A
+        result without a stored summary (a store of an older schema, read-only) is read in full and summarized."""
+        wanted = None if problem_ids is None else set(problem_ids)
+        summarized = set()
+        for pid, at, summary in self._db.execute("SELECT problem_id, finished_at, summary FROM result_summaries"):
+            summarized.add(pid)
+            if wanted is None or pid in wanted:
+                yield pid, at, json.loads(summary)
+        for pid in self._unsummarized(summarized):
+            if wanted is None or pid in wanted:
+                at, record = self._db.execute(
+                    "SELECT finished_at, record FROM results WHERE problem_id = ?", (pid,)
+                ).fetchone()
+                yield pid, at, summarize_result(json.loads(record))
+
+    def _unsummarized(self, summarized: Collection[str]) -> list[str]:
+        """The results without a stored summary (read from the results' index alone, never their records)."""
+        return [pid for (pid,) in self._db.execute("SELECT problem_id FROM results") if pid not in summarized]
 
     def result(self, problem_id: str) -> dict[str, Any] | None:
         row = self._db.execute("SELECT record FROM results WHERE problem_id = ?", (problem_id,)).fetchone()

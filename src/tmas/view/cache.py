@@ -1,15 +1,14 @@
 """What keeps big runs fast: results parsed once, and whole run overviews reused until the run changes.
 
-A run of 1,000 problems with 100 samples each stores about 100 MB of result JSON; parsing it is most of what a run
-page costs. Results are immutable once written (a problem solved again gets a new ``finished_at``), so each is
-parsed once, kept without the texts the overview never shows, and re-read only when its ``finished_at`` moves.
+A run of 1,000 problems with 100 samples each stores about 100 MB of result JSON; the overview reads only each
+result's summary (tmas.store.summaries: a few % of it). Results are immutable once written (a problem solved again
+gets a new ``finished_at``), so each summary is parsed once and re-read only when its ``finished_at`` moves.
 The overview built from them is reused while the run's files are unchanged (any write to a SQLite database in WAL
 mode changes the size or time of its ``-wal`` file, or of the database itself after a checkpoint).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import threading
@@ -19,26 +18,10 @@ from typing import Any, TypeVar
 
 from tmas.grading.run_results import RUNNING
 from tmas.store.run_store import RunStore
+from tmas.store.summaries import summarize_iteration
 from tmas.view.live_grades import Memo
 
 T = TypeVar("T")
-
-# Fields of records the overview, the grades, the metrics and the frontiers never read: dropped from the cache.
-_RESULT_DROP = ("text",)
-_ITERATION_DROP = ("state", "notes", "replies")
-_CANDIDATE_DROP = ("text", "meta")
-
-
-def _slim(result: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in result.items() if k not in _RESULT_DROP}
-    out["iterations"] = [_slim_iteration(r) for r in result.get("iterations", [])]
-    return out
-
-
-def _slim_iteration(record: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in record.items() if k not in _ITERATION_DROP}
-    out["candidates"] = [{k: v for k, v in c.items() if k not in _CANDIDATE_DROP} for c in record.get("candidates", [])]
-    return out
 
 
 def file_state(run_dir: Path) -> tuple[tuple[int, int], ...]:
@@ -72,32 +55,24 @@ class RunCache:
             return self._run_locks.setdefault(run_dir.resolve(), threading.Lock())
 
     def results(self, store: RunStore) -> list[dict[str, Any]]:
-        """What :func:`tmas.grading.run_results.load_results` returns, without texts, banks and notes."""
+        """What :func:`tmas.grading.run_results.load_results` returns, as summaries (tmas.store.summaries)."""
         run_dir = store.run_dir.resolve()
         cached = self._results.setdefault(run_dir, {})
-        db = sqlite3.connect(f"{store.path.resolve().as_uri()}?mode=ro", uri=True)
-        try:
-            db.execute("PRAGMA busy_timeout=10000")
-            stamps = dict(db.execute("SELECT problem_id, finished_at FROM results").fetchall())
-            stale = [pid for pid, at in stamps.items() if pid not in cached or cached[pid][0] != at]
-            if stale:
-                query = "SELECT problem_id, finished_at, record FROM results"
-                if len(stale) < len(stamps):
-                    query += f" WHERE problem_id IN ({','.join('?' * len(stale))})"
-                for pid, at, record in db.execute(query, stale if len(stale) < len(stamps) else ()):
-                    cached[pid] = (at, _slim(json.loads(record)))
-            for pid in set(cached) - set(stamps):
-                del cached[pid]
-            started = {pid for (pid,) in db.execute("SELECT DISTINCT problem_id FROM iterations")} - set(stamps)
-        finally:
-            db.close()
+        stamps = store.result_stamps()
+        stale = [pid for pid, at in stamps.items() if pid not in cached or cached[pid][0] != at]
+        if stale:
+            for pid, at, summary in store.result_summaries(stale if len(stale) < len(stamps) else None):
+                cached[pid] = (at, summary)
+        for pid in set(cached) - set(stamps):
+            del cached[pid]
+        started = store.problems_with_iterations() - set(stamps)
         out = []
         for problem in store.iter_problems():
             pid = problem.problem_id
             if pid in cached:
                 out.append(cached[pid][1])
             elif pid in started:
-                iterations = [_slim_iteration(r) for r in store.iterations(pid)]
+                iterations = [summarize_iteration(r) for r in store.iterations(pid)]
                 if iterations:
                     out.append({"problem_id": pid, "status": RUNNING, "iterations": iterations})
         return out
