@@ -238,7 +238,8 @@ class ServedRuns:
     async def _solve(
         self, job: Job, settings: Settings, body: ChatBody, request: dict[str, Any], resume: bool
     ) -> ProblemResult:
-        with ObservedStore(job.run_dir, job.publish, create=not resume) as store:
+        store = await _open_store(job, create=not resume)
+        try:
             if not resume:
                 question, context = body.question()
                 problem = Problem(problem_id=job.run_id, question=question, metadata={"context": context})
@@ -247,6 +248,9 @@ class ServedRuns:
             RunSetup.check(settings).record(store)
             await run_problems(settings, store.problems(), store)
             record = store.result(job.run_id)
+        finally:
+            # Closing checkpoints the store's WAL (fsyncs): on a thread, so other requests go on meanwhile.
+            await asyncio.shield(asyncio.to_thread(store.close))
         if record is None:
             raise StoreError(f"{job.run_dir}: the run ended without a result")
         return ProblemResult.model_validate(record)
@@ -268,3 +272,20 @@ class ServedRuns:
         for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
+
+
+async def _open_store(job: Job, *, create: bool) -> ObservedStore:
+    """``job``'s store, opened on a thread: a new store's schema and WAL set-up wait on the disk, and the other
+    requests need not wait with them."""
+    opening = asyncio.ensure_future(asyncio.to_thread(ObservedStore, job.run_dir, job.publish, create=create))
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        # Cancelled while it opens (its client left): the store is closed once open, never left behind.
+        opening.add_done_callback(_close_opened)
+        raise
+
+
+def _close_opened(opening: asyncio.Future[ObservedStore]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()
