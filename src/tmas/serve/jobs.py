@@ -119,6 +119,8 @@ class ServedRuns:
         self.active: dict[str, Job] = {}
         # Request fingerprint -> the run directory of an unfinished run of that request.
         self.unfinished: dict[str, Path] = {}
+        # Stores of ended runs being closed (a WAL checkpoint): after the reply, not before it.
+        self._closing: set[asyncio.Task[None]] = set()
         serve_dir.mkdir(parents=True, exist_ok=True)
         self._scan()
 
@@ -249,11 +251,17 @@ class ServedRuns:
             await run_problems(settings, store.problems(), store)
             record = store.result(job.run_id)
         finally:
-            # Closing checkpoints the store's WAL (fsyncs): on a thread, so other requests go on meanwhile.
-            await asyncio.shield(asyncio.to_thread(store.close))
+            self._close_later(store)
         if record is None:
             raise StoreError(f"{job.run_dir}: the run ended without a result")
         return ProblemResult.model_validate(record)
+
+    def _close_later(self, store: ObservedStore) -> None:
+        """Close ``store`` on a thread once its run has ended: closing checkpoints the WAL (disk waits) and the
+        reply need not wait for it, as everything is committed already."""
+        closing = asyncio.create_task(asyncio.to_thread(store.close))
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
 
     def _finished(self, job: Job, task: asyncio.Task[ProblemResult]) -> None:
         self.active.pop(job.fingerprint, None)
@@ -272,6 +280,7 @@ class ServedRuns:
         for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
+        await asyncio.gather(*self._closing)
 
 
 async def _open_store(job: Job, *, create: bool) -> ObservedStore:
