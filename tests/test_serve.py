@@ -393,6 +393,20 @@ def test_a_client_gone_before_a_plain_reply_cancels_its_run_too(sim: SimServer, 
             assert store.results() == [] and not list(store.calls())
 
 
+def test_every_run_store_is_closed_by_the_time_the_server_has_stopped(sim: SimServer, tmp_path: Path) -> None:
+    # Stores are closed after their replies, off the request's path; a store left open would keep its WAL file.
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+        api = client(proxy)
+        for question in ("What is 2+2?", "What is 3*3?"):
+            api.chat.completions.create(model="cot/sim-model", messages=[{"role": "user", "content": question}])
+    runs = runs_in(tmp_path / "served")
+    assert len(runs) == 2
+    for run_dir in runs:
+        assert not (run_dir / "run.sqlite-wal").exists()
+        with RunStore(run_dir, read_only=True) as store:
+            assert [r["status"] for r in store.results()] == ["done"]
+
+
 def test_the_same_request_twice_at_once_is_one_run(sim: SimServer, tmp_path: Path) -> None:
     sim.set_script(SimScript(rules=[Rule(role="solution", latency_s=0.5)]))
     replies: list[Any] = []

@@ -119,6 +119,8 @@ class ServedRuns:
         self.active: dict[str, Job] = {}
         # Request fingerprint -> the run directory of an unfinished run of that request.
         self.unfinished: dict[str, Path] = {}
+        # Stores of ended runs being closed (a WAL checkpoint): after the reply, not before it.
+        self._closing: set[asyncio.Task[None]] = set()
         serve_dir.mkdir(parents=True, exist_ok=True)
         self._scan()
 
@@ -238,7 +240,8 @@ class ServedRuns:
     async def _solve(
         self, job: Job, settings: Settings, body: ChatBody, request: dict[str, Any], resume: bool
     ) -> ProblemResult:
-        with ObservedStore(job.run_dir, job.publish, create=not resume) as store:
+        store = await _open_store(job, create=not resume)
+        try:
             if not resume:
                 question, context = body.question()
                 problem = Problem(problem_id=job.run_id, question=question, metadata={"context": context})
@@ -247,9 +250,18 @@ class ServedRuns:
             RunSetup.check(settings).record(store)
             await run_problems(settings, store.problems(), store)
             record = store.result(job.run_id)
+        finally:
+            self._close_later(store)
         if record is None:
             raise StoreError(f"{job.run_dir}: the run ended without a result")
         return ProblemResult.model_validate(record)
+
+    def _close_later(self, store: ObservedStore) -> None:
+        """Close ``store`` on a thread once its run has ended: closing checkpoints the WAL (disk waits) and the
+        reply need not wait for it, as everything is committed already."""
+        closing = asyncio.create_task(asyncio.to_thread(store.close))
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
 
     def _finished(self, job: Job, task: asyncio.Task[ProblemResult]) -> None:
         self.active.pop(job.fingerprint, None)
@@ -268,3 +280,21 @@ class ServedRuns:
         for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
+        await asyncio.gather(*self._closing)
+
+
+async def _open_store(job: Job, *, create: bool) -> ObservedStore:
+    """``job``'s store, opened on a thread: a new store's schema and WAL set-up wait on the disk, and the other
+    requests need not wait with them."""
+    opening = asyncio.ensure_future(asyncio.to_thread(ObservedStore, job.run_dir, job.publish, create=create))
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        # Cancelled while it opens (its client left): the store is closed once open, never left behind.
+        opening.add_done_callback(_close_opened)
+        raise
+
+
+def _close_opened(opening: asyncio.Future[ObservedStore]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()
