@@ -8,6 +8,7 @@ Workers are spawned, not forked, because the parent may hold an event loop and o
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
@@ -113,8 +114,10 @@ class RuleChecker:
         return verdict
 
 
+@functools.cache
 def math_verify_installed() -> bool:
-    """Whether Math-Verify can be imported (found, not imported: importing it loads SymPy, which takes a while)."""
+    """Whether Math-Verify can be imported (found, not imported: importing it loads SymPy, which takes a while);
+    looked up once a process, not once a run (the proxy starts a run per request)."""
     return importlib.util.find_spec("math_verify") is not None
 
 
