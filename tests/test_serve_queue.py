@@ -59,7 +59,9 @@ def asked_upstream(sim: SimServer) -> list[str]:
 def test_requests_past_the_slots_wait_and_are_answered_in_arrival_order(
     sim: SimServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    sim.set_script(SimScript(rules=[Rule(role="solution", latency_s=0.3)]))
+    # Upstream calls last long enough that the first two runs are still in flight when the sixth client arrives,
+    # on a busy machine too (the clients enter one at a time).
+    sim.set_script(SimScript(rules=[Rule(role="solution", latency_s=1.5)]))
     caplog.set_level("INFO", logger="tmas.serve")
     replies: dict[int, Any] = {}
     options = ServeOptions(serve_dir=tmp_path / "served", max_problems=2)
