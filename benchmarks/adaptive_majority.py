@@ -61,6 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--level", type=int, default=1)
     parser.add_argument("--problem-seed", type=int, default=11)
     parser.add_argument("--warmup", type=int, default=4, help="online: samples that set the threshold")
+    parser.add_argument("--parallel", type=int, default=8, help="the embedded server's slots (k in flight at once)")
     parser.add_argument("--read-only", action="store_true", help="read the run as it stands; start nothing")
     return parser.parse_args(argv)
 
@@ -72,10 +73,16 @@ def run_command(out: Path, args: argparse.Namespace) -> list[str]:
             [p for f in FAMILIES for p in generate(f, args.per_family, level=args.level, seed=args.problem_seed)],
             problems,
         )
+    config = out / "tmas.toml"
+    if not config.exists():
+        config.write_text(f"[local]\nparallel = {args.parallel}\n")
     run_dir = run_dir_of(out, args.k)
     if run_dir.exists():  # an interrupted run continues from its store, with its own settings
-        return [*TMAS_CLI, "run", "--resume", str(run_dir), "-y"]
-    return [*TMAS_CLI, "run", str(problems), "-o", str(run_dir), "--method", "majority", "-p", f"k={args.k}", *SAMPLING]
+        return [*TMAS_CLI, "run", "--resume", str(run_dir), "-c", str(config), "-y"]
+    return [
+        *TMAS_CLI, "run", str(problems), "-o", str(run_dir), "-c", str(config),
+        "--method", "majority", "-p", f"k={args.k}", *SAMPLING,
+    ]  # fmt: skip
 
 
 # Majority vote's sampling in docs/results.md's earlier runs; filtered_vote asks for the log-probabilities.
@@ -253,8 +260,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    walls = out / "wall_s.json"  # one entry a run command: a resumed run adds its own
     if not args.read_only:
-        _run(run_command(out, args), out / "run.log")
+        seconds = _run(run_command(out, args), out / "run.log")
+        walls.write_text(json.dumps([*(json.loads(walls.read_text()) if walls.exists() else []), round(seconds, 1)]))
     run_dir = run_dir_of(out, args.k)
     problems, params = asyncio.run(load(run_dir))
     if not problems:
@@ -278,6 +287,7 @@ def main(argv: list[str] | None = None) -> None:
         "problems": len(problems),
         "k": k,
         "confidence_window": window,
+        "run_wall_s": json.loads(walls.read_text()) if walls.exists() else None,
         "rows": rows,
     }
     (out / "adaptive_majority.json").write_text(json.dumps(record, indent=2))
