@@ -7,7 +7,8 @@ rule is then read on those same samples, in their index order:
 - **adaptive** (Adaptive-Consistency, Aggarwal et al. 2023; methods/stopping.py): rounds of r samples until the Beta
   criterion says the leader cannot be overtaken with probability 0.95, never past k. A run with ``stop = "beta"``
   sends the same requests with the same sample indices (so the same seeds) in the same order, so the samples it
-  draws are the first ones of the fixed run and its completion tokens are theirs;
+  draws are drawn like the first ones of the fixed run (alike in distribution; a server's batched arithmetic can
+  still make a reply differ by a token), and its completion tokens are theirs;
 - **confidence** (DeepConf offline, Fu et al. 2025; methods/selection.py): votes weighted by each sample's confidence,
   and votes over the most confident share of the samples only;
 - **online** (DeepConf online; methods/online_stop.py): the first ``warmup`` samples set the threshold, and each later
@@ -43,6 +44,7 @@ from tmas.answer_rules import RuleEquivalence, check_pair, math_verify_installed
 from tmas.data.generators import FAMILIES, generate, write_jsonl
 from tmas.grading.run_results import load_results
 from tmas.methods.base import Candidate
+from tmas.methods.confidence import trace_confidence
 from tmas.methods.online_stop import ConfidenceWatch, stopping_threshold
 from tmas.methods.selection import ConfidenceVote, select
 from tmas.methods.stopping import BETA_THRESHOLD, beta_vote_stop
@@ -61,6 +63,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--level", type=int, default=1)
     parser.add_argument("--problem-seed", type=int, default=11)
     parser.add_argument("--warmup", type=int, default=4, help="online: samples that set the threshold")
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=64,
+        help="confidence group size in tokens for the confidence rules, read again from the stored log-probabilities"
+        " (the run's own confidence_window, 2048 as DeepConf's long traces, spans a whole short reply)",
+    )
     parser.add_argument("--parallel", type=int, default=8, help="the embedded server's slots (k in flight at once)")
     parser.add_argument("--read-only", action="store_true", help="read the run as it stands; start nothing")
     return parser.parse_args(argv)
@@ -179,12 +188,11 @@ def online(warmup: int, keep: float, window: int) -> Rule:
     return rule
 
 
-async def load(run_dir: Path) -> tuple[list[Problem], dict[str, Any]]:
+async def load(run_dir: Path, window: int) -> list[Problem]:
     equivalence = RuleEquivalence() if math_verify_installed() else None
     problems: list[Problem] = []
     try:
         with RunStore(run_dir, create=False) as store:
-            params = (store.get_meta("config") or {}).get("method", {}).get("params", {})
             gold = {q.problem_id: q.answer for q in store.problems()}
             for result in load_results(store):
                 if result.get("status") != "done":  # still running, or failed: no answer to read
@@ -198,6 +206,8 @@ async def load(run_dir: Path) -> tuple[list[Problem], dict[str, Any]]:
                 for c in samples:
                     call = store.call(c.call_id) if c.call_id is not None else None
                     positions.append(list(call.logprobs or []) if call is not None else [])
+                    if positions[-1]:  # the measures again, with groups of ``window`` tokens
+                        c.confidence = trace_confidence(positions[-1], window)
                 classes = await answer_classes((c.answer for c in samples if c.error is None), equivalence)
                 problems.append(
                     Problem(result["problem_id"], str(gold[result["problem_id"]]), samples, classes, positions)
@@ -205,7 +215,7 @@ async def load(run_dir: Path) -> tuple[list[Problem], dict[str, Any]]:
     finally:
         if equivalence is not None:
             await equivalence.aclose()
-    return problems, params
+    return problems
 
 
 def grade(problems: list[Problem], rules: dict[str, Rule]) -> list[dict[str, Any]]:
@@ -265,13 +275,11 @@ def main(argv: list[str] | None = None) -> None:
         seconds = _run(run_command(out, args), out / "run.log")
         walls.write_text(json.dumps([*(json.loads(walls.read_text()) if walls.exists() else []), round(seconds, 1)]))
     run_dir = run_dir_of(out, args.k)
-    problems, params = asyncio.run(load(run_dir))
+    problems = asyncio.run(load(run_dir, args.window))
     if not problems:
         sys.exit(f"adaptive_majority: no finished problem in {run_dir}")
     k = max(len(p.samples) for p in problems)
-    window = int(params.get("confidence_window", 0)) or max(
-        (c.confidence.window for p in problems for c in p.samples if c.confidence is not None), default=64
-    )
+    window = args.window
     rules: dict[str, Rule] = {f"fixed, k = {k}": fixed(k), f"fixed, k = {k // 2}": fixed(k // 2)}
     for r in (1, 2, 4):
         rules[f"adaptive (Beta 0.95), rounds of {r}, k <= {k}"] = adaptive(r)
