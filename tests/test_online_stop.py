@@ -27,7 +27,13 @@ from tmas.llm.client import LLMClient
 from tmas.llm.types import TokenLogprob, TopLogprob, user
 from tmas.llm.watch import UNWATCHED_NOTICE, WatchStop
 from tmas.methods.base import ProblemResult
-from tmas.methods.online_stop import CONFIDENCE_STOP, ONLINE_STOP_NOTICE, ConfidenceWatch, stopping_threshold
+from tmas.methods.online_stop import (
+    CONFIDENCE_STOP,
+    ONLINE_STOP_NOTICE,
+    SHORT_WARMUP_NOTICE,
+    ConfidenceWatch,
+    stopping_threshold,
+)
 from tmas.reports.analysis import stopping_summary
 from tmas.reports.document import Document
 from tmas.reports.report import _run_section
@@ -269,6 +275,21 @@ async def test_warm_up_samples_without_log_probabilities_set_no_threshold() -> N
     state = result.iterations[0].state["online_stop"]
     assert state["threshold"] is None and (state["warmup"], state["watched"]) == (2, 0)
     assert ONLINE_STOP_NOTICE in result.notices
+
+
+async def test_warm_up_samples_shorter_than_the_window_raise_one_notice_naming_both_lengths(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    sim.set_script(script())
+    result = await asolve(Q, settings(sim, confidence_window=1000), run_dir=tmp_path / "long")
+    warm = [c for c in result.iterations[0].candidates if c.meta.get("online_stop") == "warmup"]
+    longest = max(c.confidence.tokens for c in warm if c.confidence is not None)
+    assert len(warm) == 2 and 4 <= longest < 1000
+    assert result.notices == [SHORT_WARMUP_NOTICE.format(window=1000, longest=longest)]
+    with RunStore(tmp_path / "long", create=False) as store:
+        assert store.notices()["online_stop_window"] == result.notices[0]
+    # A window the replies fill (4 tokens) raises nothing.
+    assert (await asolve(Q, settings(sim), run_dir=tmp_path / "short")).notices == []
 
 
 async def test_the_report_counts_the_stopped_samples(sim: SimServer, tmp_path: Path) -> None:

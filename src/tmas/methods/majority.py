@@ -155,8 +155,11 @@ class MajorityVote(Method[MajorityParams]):
             asked = indices.stop
             finished = [c for c in got if c is not None]
             candidates += finished
-            if online is not None and warming and online.warmed(finished):
-                session.notice("online_stop", ONLINE_STOP_NOTICE)
+            if online is not None and warming:
+                if online.warmed(finished):
+                    session.notice("online_stop", ONLINE_STOP_NOTICE)
+                elif (short := online.short_warmup()) is not None:
+                    session.notice("online_stop_window", short)
             if session.budget_stop:
                 break
             if p.stop == "fixed":

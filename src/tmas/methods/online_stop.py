@@ -48,6 +48,12 @@ ONLINE_STOP_NOTICE = (
     "online_stop: the warm-up samples came without token log-probabilities, so no stopping threshold was set and"
     " every sample ran to its end"
 )
+# Raised once a run when a problem's warm-up samples were all shorter than the window, formatted with both lengths.
+SHORT_WARMUP_NOTICE = (
+    "online_stop: every warm-up sample was shorter than confidence_window ({window} tokens; the longest had"
+    " {longest}), so the threshold came from their whole-reply means and a later sample can be stopped only past"
+    " {window} tokens; a smaller confidence_window suits replies this short"
+)
 # meta["online_stop"] of a sample: a warm-up one (run to its end) or a watched one.
 WARMUP, WATCHED = "warmup", "watched"
 
@@ -145,6 +151,14 @@ class OnlineStop:
         lows = [c.confidence.lowest_group for c in self.warm if c.confidence is not None]
         self.threshold = stopping_threshold(lows, self.keep) if lows else None
         return self.threshold is None
+
+    def short_warmup(self) -> str | None:
+        """:data:`SHORT_WARMUP_NOTICE` where the threshold was set from warm-up samples none of which filled a group
+        (DeepConf's 2048-token windows against a small model's replies of a few hundred tokens), else None."""
+        lengths = [c.confidence.tokens for c in self.warm if c.confidence is not None]
+        if self.threshold is None or not lengths or max(lengths) >= self.window:
+            return None
+        return SHORT_WARMUP_NOTICE.format(window=self.window, longest=max(lengths))
 
     def watch(self) -> ConfidenceWatch | None:
         """A watch for the next sample; None before the threshold is set (or where none could be)."""
