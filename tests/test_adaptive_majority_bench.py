@@ -4,29 +4,19 @@ et al. 2023; DeepConf's online threshold, Fu et al. 2025, Algorithm 2)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from benchmark_scripts import load_benchmark
 from tmas.llm.types import TokenLogprob, TopLogprob, Usage
 from tmas.methods.base import Candidate
 from tmas.methods.confidence import Confidence
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-
 
 @pytest.fixture
 def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # it imports its sibling benchmarks
-    spec = importlib.util.spec_from_file_location("adaptive_majority", BENCHMARKS / "adaptive_majority.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "adaptive_majority", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("adaptive_majority", monkeypatch)
 
 
 def _sample(index: int, answer: str, tokens: int, lowest: float | None = None) -> Candidate:

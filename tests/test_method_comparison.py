@@ -4,7 +4,6 @@ written, and the configured sampling in every request."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from types import ModuleType
 
 import pytest
 
+from benchmark_scripts import load_benchmark
 from tmas.config import Budget
 from tmas.store.run_store import RunStore
 from tmas.sweep import expand, load_spec, read_manifest
@@ -23,15 +23,13 @@ SCRIPT = ROOT / "benchmarks" / "method_comparison.py"
 GRID = ROOT / "examples" / "method_comparison.toml"
 
 
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("method_comparison", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    return load_benchmark("method_comparison", monkeypatch)
 
 
-def test_every_study_of_the_grid_runs_at_the_budget(sim: SimServer, tmp_path: Path) -> None:
+def test_every_study_of_the_grid_runs_at_the_budget(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     problems = tmp_path / "problems.jsonl"
     rows = [{"problem_id": "a", "question": "What is 12*7+5?", "answer": "89"}]
     rows.append({"problem_id": "b", "question": "What is 45*3-8?", "answer": "127"})
@@ -39,7 +37,7 @@ def test_every_study_of_the_grid_runs_at_the_budget(sim: SimServer, tmp_path: Pa
     out = tmp_path / "cmp"
     args = ["--out", str(out), "--base-url", sim.base_url, "--endpoint-model", "sim-model", "--problems", str(problems)]
     args += ["--budget-tokens", "10000", "--temperature", "0.25", "--max-tokens", "300", "--no-report"]
-    assert _script().main([*args, "--skip-unsupported"]) == 0
+    assert _script(monkeypatch).main([*args, "--skip-unsupported"]) == 0
     record = json.loads((out / "comparison.json").read_text())
     assert record["problems"]["count"] == 2
 
@@ -83,19 +81,23 @@ def test_every_study_of_the_grid_runs_at_the_budget(sim: SimServer, tmp_path: Pa
     assert record["report"] == {}
 
 
-def test_the_configured_sampling_reaches_the_server(sim: SimServer, tmp_path: Path) -> None:
+def test_the_configured_sampling_reaches_the_server(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "cmp"
     args = ["--out", str(out), "--base-url", sim.base_url, "--studies", "cot,majority", "--per-family", "1"]
-    assert _script().main([*args, "--temperature", "0.25", "--max-tokens", "300", "--no-report"]) == 0
+    assert _script(monkeypatch).main([*args, "--temperature", "0.25", "--max-tokens", "300", "--no-report"]) == 0
     bodies = [r.body for r in sim.app.requests() if r.role == "solution"]
     assert len(bodies) > 7
     assert all(b.get("temperature") == 0.25 and b.get("max_tokens") == 300 for b in bodies)
 
 
-def test_an_unsupported_study_stops_the_run_unless_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unsupported_study_stops_the_run_unless_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     grid = tmp_path / "grid.toml"
     grid.write_text('[[study]]\nname = "future"\nmethod = "tmas"\nparams = { no_such_param = 1 }\n')
-    script = _script()
+    script = _script(monkeypatch)
     args = ["--out", str(tmp_path / "cmp"), "--sim", "--grid", str(grid), "--per-family", "1"]
     assert script.main(args) == 1
     assert "study 'future': method 'tmas': unknown parameter 'no_such_param'" in capsys.readouterr().err
@@ -131,8 +133,10 @@ def test_the_dry_run_is_one_command(tmp_path: Path) -> None:
     assert all(status == "skipped" for status in rerun["points"].values())
 
 
-def test_a_deadline_stops_the_sweep_and_the_same_command_resumes_it(tmp_path: Path) -> None:
-    script = _script()
+def test_a_deadline_stops_the_sweep_and_the_same_command_resumes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = _script(monkeypatch)
     out = tmp_path / "cmp"
     # Each call takes 0.5 s, so a 0.2 s deadline falls inside the first point's first calls.
     with SimServer(SimScript(latency_s=0.5)) as slow:

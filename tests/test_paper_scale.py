@@ -5,26 +5,17 @@ worked out from its files on disk and the text it holds."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from benchmark_scripts import load_benchmark
 from tmas.store.run_store import DB_NAME, RunStore
-
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 def _benchmark(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # it imports its sibling benchmarks
-    spec = importlib.util.spec_from_file_location("paper_scale", BENCHMARKS / "paper_scale.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "paper_scale", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("paper_scale", monkeypatch)
 
 
 def test_a_killed_run_resumes_without_sending_a_finished_call_again(
