@@ -283,12 +283,20 @@ def main(argv: list[str] | None = None) -> None:
     rules: dict[str, Rule] = {f"fixed, k = {k}": fixed(k), f"fixed, k = {k // 2}": fixed(k // 2)}
     for r in (1, 2, 4):
         rules[f"adaptive (Beta 0.95), rounds of {r}, k <= {k}"] = adaptive(r)
+    for threshold in (0.9, 0.8):  # looser criteria: 3 and 2 agreeing votes suffice (4 at 0.95)
+        rules[f"adaptive (Beta {threshold}), rounds of 1, k <= {k}"] = adaptive(1, threshold)
     rules[f"confidence-weighted vote, k = {k}"] = confidence("confidence_vote", 1.0)
     for share in (0.5, 0.1):
         rules[f"filtered vote, top {share:.0%} by confidence, k = {k}"] = confidence("filtered_vote", share)
     for keep in (0.9, 0.1):
         rules[f"online stop, warm-up {args.warmup}, keep {keep}, k = {k}"] = online(args.warmup, keep, window)
     rows = grade(problems, rules)
+    # By family (the generated problem ids begin with it): where the samples agree, adaptive stops.
+    pair = {name: rules[name] for name in (f"fixed, k = {k}", f"adaptive (Beta 0.95), rounds of 1, k <= {k}")}
+    families: dict[str, list[Problem]] = {}
+    for p in problems:
+        families.setdefault(p.problem_id.split("-")[0], []).append(p)
+    by_family = {family: grade(members, pair) for family, members in families.items()}
     record = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {platform.system()}",
@@ -297,9 +305,17 @@ def main(argv: list[str] | None = None) -> None:
         "confidence_window": window,
         "run_wall_s": json.loads(walls.read_text()) if walls.exists() else None,
         "rows": rows,
+        "by_family": by_family,
     }
     (out / "adaptive_majority.json").write_text(json.dumps(record, indent=2))
     print(table(rows))
+    print("\n| Family | Problems | Right, fixed | Right, adaptive | Tokens, fixed | Tokens, adaptive | Saved |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for family, (f, a) in by_family.items():
+        print(
+            f"| {family} | {f['problems']} | {f['right']} | {a['right']} | {f['completion_tokens_per_problem']:,.0f} |"
+            f" {a['completion_tokens_per_problem']:,.0f} | {100 * a['tokens_saved_vs_fixed']:.1f} % |"
+        )
 
 
 if __name__ == "__main__":
