@@ -91,3 +91,13 @@ def test_grade_reports_accuracy_its_standard_error_and_the_tokens_saved(bench: M
     assert adaptive_row["completion_tokens_per_problem"] == 300
     assert adaptive_row["samples_per_problem"] == 4
     assert adaptive_row["tokens_saved_vs_fixed"] == pytest.approx(0.5)
+
+
+def test_a_problem_opens_unanimous_when_its_first_four_samples_answer_alike(bench: ModuleType) -> None:
+    assert bench.opens_unanimous(_problem(bench, ["5", "5", "5", "5", "7"]))
+    assert not bench.opens_unanimous(_problem(bench, ["5", "5", "5", "7", "5"]))
+    # An unanswered sample among the first four: the criterion has three votes there, too few at 0.95.
+    unanswered = _problem(bench, ["5", "5", "5", "5"])
+    unanswered.samples[2].answer = None
+    assert not bench.opens_unanimous(unanswered)
+    assert not bench.opens_unanimous(_problem(bench, ["5", "5", "5"]))
