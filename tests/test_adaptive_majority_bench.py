@@ -48,8 +48,8 @@ def test_adaptive_stops_where_the_beta_criterion_passes_0_95(bench: ModuleType) 
     unanimous = _problem(bench, ["5"] * 8)
     for round_size in (1, 2, 4):
         assert bench.adaptive(round_size)(unanimous) == bench.Outcome("5", 400, 4)
-    # One dissent among the first four: after n votes of which one differs, Beta(n, 2) gives
-    # P = 1 - (n + 1) / 2^n: n = 4: 0.6875, 5: 0.8125, 6: 0.890625, 7: 0.9375, 8: 0.96484375.
+    # One dissent among the first four: after v votes of which one differs, Beta(v, 2) gives
+    # P = 1 - (v + 2) / 2^(v + 1): v = 4: 0.8125, 5: 0.890625, 6: 0.9375, 7: 0.96484375.
     # The dissent is the 2nd sample, so 7 votes (6 to 1) pass: rounds of 1 stop at 7 samples, rounds of 2 and 4 at 8.
     dissent = _problem(bench, ["5", "7", "5", "5", "5", "5", "5", "5"])
     assert bench.adaptive(1)(dissent) == bench.Outcome("5", 700, 7)
