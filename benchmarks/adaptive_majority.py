@@ -166,7 +166,7 @@ def opens_unanimous(p: Problem) -> bool:
     return (
         len(first) == 4
         and all(c.answer and c.error is None for c in first)
-        and len({p.classes[c.answer] for c in first if c.answer}) == 1
+        and len({p.classes[c.answer] for c in first}) == 1
     )
 
 
@@ -276,6 +276,22 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def family_table(by_family: dict[str, list[dict[str, Any]]], opened: dict[str, int]) -> str:
+    """Fixed k against adaptive (Beta 0.95) by family, with how many problems opened with four agreeing samples."""
+    lines = [
+        "| Family | Problems | First 4 samples agree | Right, fixed | Right, adaptive | Tokens, fixed |"
+        " Tokens, adaptive | Saved |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for family, (f, a) in by_family.items():
+        lines.append(
+            f"| {family} | {f['problems']} | {opened[family]} | {f['right']} | {a['right']} |"
+            f" {f['completion_tokens_per_problem']:,.0f} | {a['completion_tokens_per_problem']:,.0f} |"
+            f" {100 * a['tokens_saved_vs_fixed']:.1f} % |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     out: Path = args.out
@@ -289,7 +305,6 @@ def main(argv: list[str] | None = None) -> None:
     if not problems:
         sys.exit(f"adaptive_majority: no finished problem in {run_dir}")
     k = max(len(p.samples) for p in problems)
-    window = args.window
     rules: dict[str, Rule] = {f"fixed, k = {k}": fixed(k), f"fixed, k = {k // 2}": fixed(k // 2)}
     for r in (1, 2, 4):
         rules[f"adaptive (Beta 0.95), rounds of {r}, k <= {k}"] = adaptive(r)
@@ -299,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
     for share in (0.5, 0.1):
         rules[f"filtered vote, top {share:.0%} by confidence, k = {k}"] = confidence("filtered_vote", share)
     for keep in (0.9, 0.1):
-        rules[f"online stop, warm-up {args.warmup}, keep {keep}, k = {k}"] = online(args.warmup, keep, window)
+        rules[f"online stop, warm-up {args.warmup}, keep {keep}, k = {k}"] = online(args.warmup, keep, args.window)
     rows = grade(problems, rules)
     # By family (the generated problem ids begin with it): where the samples agree, adaptive stops.
     pair = {name: rules[name] for name in (f"fixed, k = {k}", f"adaptive (Beta 0.95), rounds of 1, k <= {k}")}
@@ -313,7 +328,7 @@ def main(argv: list[str] | None = None) -> None:
         "machine": f"{platform.machine()}, {platform.system()}",
         "problems": len(problems),
         "k": k,
-        "confidence_window": window,
+        "confidence_window": args.window,
         "run_wall_s": json.loads(walls.read_text()) if walls.exists() else None,
         "rows": rows,
         "by_family": by_family,
@@ -321,17 +336,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     (out / "adaptive_majority.json").write_text(json.dumps(record, indent=2))
     print(table(rows))
-    print(
-        "\n| Family | Problems | First 4 samples agree | Right, fixed | Right, adaptive | Tokens, fixed |"
-        " Tokens, adaptive | Saved |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for family, (f, a) in by_family.items():
-        print(
-            f"| {family} | {f['problems']} | {opened[family]} | {f['right']} | {a['right']} |"
-            f" {f['completion_tokens_per_problem']:,.0f} | {a['completion_tokens_per_problem']:,.0f} |"
-            f" {100 * a['tokens_saved_vs_fixed']:.1f} % |"
-        )
+    print(f"\n{family_table(by_family, opened)}")
 
 
 if __name__ == "__main__":

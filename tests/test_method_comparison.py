@@ -12,14 +12,14 @@ from types import ModuleType
 
 import pytest
 
-from benchmark_scripts import load_benchmark
+from benchmark_scripts import BENCHMARKS, load_benchmark
 from tmas.config import Budget
 from tmas.store.run_store import RunStore
 from tmas.sweep import expand, load_spec, read_manifest
 from tmas.testing import SimScript, SimServer
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "benchmarks" / "method_comparison.py"
+SCRIPT = BENCHMARKS / "method_comparison.py"
 GRID = ROOT / "examples" / "method_comparison.toml"
 
 

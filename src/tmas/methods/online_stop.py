@@ -15,7 +15,8 @@ Worked by hand: C_least of 1, 2, 3, 4, 5 and keep 0.9 put s at position 0.1 x 4 
 keep 0.1 at 3.6, s = 4.6.
 
 A group is read once n tokens have arrived, so a sample shorter than n tokens is never stopped (DeepConf's windows
-are 2048 tokens of long thinking traces; the embedded model's short replies want a smaller ``confidence_window``).
+are 2048 tokens of long thinking traces; the embedded model's short replies want a smaller ``confidence_window``,
+and a run whose warm-up replies all fall short of it says so once: :data:`SHORT_WARMUP_NOTICE`).
 The warm-up samples vote whatever their confidence (DeepConf's script also leaves warm-up traces below s out of its
 vote: ``select = "filtered_vote"`` filters every sample by confidence instead).
 
