@@ -11,8 +11,9 @@ import pytest
 from conftest import settings_for
 from tmas.config import Sampling
 from tmas.errors import ConfigError
-from tmas.llm.client import ClientStats, EndpointUnreachable, LLMClient
+from tmas.llm.client import LLMClient
 from tmas.llm.factory import open_model
+from tmas.llm.model import ClientStats, EndpointUnreachable
 from tmas.llm.types import CallKey, user
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, SimScript, SimServer
@@ -20,7 +21,7 @@ from tmas.testing import Rule, SimScript, SimServer
 QUESTION = [user("What is 17*23?")]
 
 
-@pytest.mark.parametrize("fault", ["http_500", "http_503", "http_429", "drop", "malformed", "timeout"])
+@pytest.mark.parametrize("fault", ["http_500", "http_503", "http_429", "drop", "malformed"])
 async def test_transient_faults_are_retried(sim: SimServer, fault: str, tmp_path: Path) -> None:
     sim.set_script(SimScript(rules=[Rule(fault=fault, times=2)], hang_s=5))  # type: ignore[arg-type]
     settings = settings_for(sim)
@@ -36,6 +37,27 @@ async def test_transient_faults_are_retried(sim: SimServer, fault: str, tmp_path
         assert sim.stats().total_requests == 3
         stored = list(store.calls())
     assert len(stored) == 1 and stored[0].error is None and stored[0].attempts == 3
+
+
+@pytest.mark.parametrize("stream", ["auto", "off"])
+async def test_a_silent_request_is_waited_for_streamed_and_retried_unstreamed(
+    sim: SimServer, stream: str, tmp_path: Path
+) -> None:
+    # The server holds the request 1.5 s before answering (a queue) and keeps answering /health. Streamed, the silence
+    # before the first chunk is waited out past timeout_s: one request. Unstreamed, timeout_s bounds the whole reply.
+    sim.set_script(SimScript(rules=[Rule(fault="timeout", times=1)], hang_s=1.5))
+    settings = settings_for(sim)
+    settings.endpoint.timeout_s = 0.5
+    settings.endpoint.stream = stream  # type: ignore[assignment]
+    stats = ClientStats()
+    async with open_model(settings, stats=stats) as llm:
+        reply = await llm.chat("solution", QUESTION)
+    assert reply.ok, reply.error
+    if stream == "auto":
+        assert reply.attempts == 1 and stats.retries == 0 and sim.stats().total_requests == 1
+        assert reply.first_token_s is not None and reply.first_token_s >= 1.5
+    else:
+        assert reply.attempts == 2 and stats.retries_by_cause == {"timeout": 1}
 
 
 async def test_client_error_fails_at_once_with_server_message(sim: SimServer, tmp_path: Path) -> None:

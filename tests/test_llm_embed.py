@@ -9,7 +9,8 @@ import pytest
 
 from conftest import settings_for
 from tmas.errors import LLMError
-from tmas.llm.client import EndpointUnreachable, LLMClient
+from tmas.llm.client import LLMClient
+from tmas.llm.model import EndpointUnreachable
 from tmas.testing import Rule, SimScript, SimServer
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import settings_for
-from tmas.llm.client import ClientStats, LLMClient
+from tmas.llm.client import LLMClient
 from tmas.llm.factory import open_model
+from tmas.llm.model import ClientStats
 from tmas.llm.replay import StoreReplay
 from tmas.llm.types import CallKey, user
 from tmas.store.run_store import RunStore

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from tmas.api import asolve
 from tmas.cli.main import app
 from tmas.config import Settings, load_settings
-from tmas.llm.client import CONTEXT_MARGIN_TOKENS
+from tmas.llm.refusals import CONTEXT_MARGIN_TOKENS
 from tmas.methods.base import ReplyTally, truncation_warnings
 from tmas.methods.tmas_params import PAPER_MAX_TOKENS
 from tmas.problems import Problem

@@ -14,7 +14,8 @@ import pytest
 
 from conftest import settings_for
 from mattrl_runs import hand_worked_transcript, write_run
-from tmas.llm.client import EndpointUnreachable, LLMClient
+from tmas.llm.client import LLMClient
+from tmas.llm.model import EndpointUnreachable
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool
 from tmas.pool.build import CREDITS_FILE, BuildConfig, build_dir_for, build_pool

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from conftest import settings_for
 from tmas.cli.main import app
-from tmas.llm.client import ClientStats
 from tmas.llm.factory import open_model
+from tmas.llm.model import ClientStats
 from tmas.llm.types import CallKey, ChatRequest, Completion, Usage, user
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedUsage, SimScript, SimServer

@@ -41,12 +41,12 @@ def arithmetic(n: int) -> list[dict[str, object]]:
 
 
 # ------------------------------------------------------------------------------------------------ 1. faults
-# The client-side cause each injected fault must be recorded under (drop = the server resets the connection).
+# The client-side cause each injected fault must be recorded under (drop = the server closes the connection unanswered).
 FAULT_CAUSES = {
     "http_500": "http_500",
     "http_503": "http_503",
     "http_429": "http_429",
-    "drop": "connection",
+    "drop": "disconnected",
     "malformed": "malformed",
 }
 
@@ -55,8 +55,8 @@ def test_twenty_percent_faults_of_every_kind_are_survived_stored_and_counted(tmp
     rates = FaultRates(**{kind: 0.025 for kind in (*FAULT_CAUSES, "timeout", "truncate", "garbage")})
     assert abs(rates.total() - 0.2) < 1e-9
     config = tmp_path / "tmas.toml"
-    # Two attempts only, so some calls fail for good and the failure path is exercised too; a short timeout
-    # against a server that hangs for longer makes "timeout" faults real client timeouts.
+    # Two attempts only, so some calls fail for good and the failure path is exercised too. A "timeout" fault holds a
+    # streamed request silent past timeout_s while the server answers /health: a queue, waited out, never retried.
     config.write_text(
         "[endpoint]\ntimeout_s = 1.5\n[retry]\nmax_attempts = 2\nbackoff_base_s = 0.01\nbackoff_max_s = 0.02\n"
     )
@@ -82,13 +82,11 @@ def test_twenty_percent_faults_of_every_kind_are_survived_stored_and_counted(tmp
     db.close()
 
     # Every injected fault is in the store under its cause: as a retried attempt or as the call's final failure.
-    # (A call slowed past the client timeout by a loaded machine would add a timeout: hence >= for timeouts.)
     seen = failed + retried
     for kind, cause in FAULT_CAUSES.items():
         assert seen[cause] == injected[kind], (kind, seen, injected)
-    assert seen["timeout"] >= injected["timeout"]
     assert truncated == injected["truncate"]
-    assert set(seen) <= {*FAULT_CAUSES.values(), "timeout"}
+    assert set(seen) <= set(FAULT_CAUSES.values())
     # The run summary counts them, by cause.
     assert summary["failed_calls"] == sum(failed.values()) > 0
     assert summary["failed_calls_by_cause"] == dict(sorted(failed.items()))
@@ -262,9 +260,9 @@ def test_a_thousand_queued_problems_never_exceed_the_cap_and_are_streamed(tmp_pa
     assert stats.total_requests == n
     assert stats.max_in_flight <= cap
     # Only the workers' problems are ever held: at most one per worker ahead of the finished ones, and the
-    # event loop holds a handful of tasks, not one per problem.
+    # event loop holds a handful of tasks, not one per problem (a worker and its call's exchange per call in flight).
     assert most_ahead <= cap
-    assert most_tasks <= cap + 8
+    assert most_tasks <= 2 * cap + 8
 
 
 # ------------------------------------------------------------------------------------------------ 5. secrets

@@ -12,8 +12,9 @@ import pytest
 
 from conftest import settings_for
 from tmas.config import Sampling, Settings, load_settings
-from tmas.llm.client import ClientStats, LLMClient
+from tmas.llm.client import LLMClient
 from tmas.llm.factory import open_model
+from tmas.llm.model import ClientStats
 from tmas.llm.types import CallKey, Completion, TokenLogprob, user
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedUsage, SimScript, SimServer
@@ -114,7 +115,7 @@ async def test_an_error_event_in_the_stream_is_a_retried_failure_with_the_server
 
 
 @pytest.mark.parametrize(
-    ("fault", "cause"), [("stall", "timeout"), ("cut", "connection"), ("stream_error", "http_500")]
+    ("fault", "cause"), [("stall", "timeout"), ("cut", "disconnected"), ("stream_error", "http_500")]
 )
 async def test_stream_faults_on_an_unstreamed_request_hang_or_drop(sim: SimServer, fault: str, cause: str) -> None:
     sim.set_script(SimScript(rules=[Rule(fault=fault, times=1)], hang_s=5))  # type: ignore[arg-type]

@@ -31,8 +31,9 @@ from tmas.agents.verification import VerificationReply, parse_verification
 from tmas.api import asolve
 from tmas.config import load_settings
 from tmas.grading.judge import JudgeReplyFormat, judge_once, parse_judge_reply
-from tmas.llm.client import ClientStats, LLMClient
+from tmas.llm.client import LLMClient
 from tmas.llm.factory import open_model
+from tmas.llm.model import ClientStats
 from tmas.llm.schema import json_schema, response_format
 from tmas.llm.types import user
 from tmas.pool.build import BuildConfig, build_pool
@@ -134,13 +135,16 @@ METHODS: list[tuple[str, dict[str, Any], dict[str, set[str | None]]]] = [
 async def test_each_structured_role_sends_its_reply_schema(
     sim: SimServer, method: str, params: dict[str, Any], wanted: dict[str, set[str | None]]
 ) -> None:
-    result = await asolve(Q, settings_for(sim, method={"name": method, "params": params}))
+    # "json_schema": every call sends its schema ("auto" holds it until a reply shows the model does not think
+    # inline: tested below).
+    settings = settings_for(sim, method={"name": method, "params": params}, endpoint__structured_output="json_schema")
+    result = await asolve(Q, settings)
     assert result.status == "done", result.error
     assert schema_names(sim) == wanted
 
 
 async def test_judges_send_their_reply_schemas(sim: SimServer, tmp_path: Path) -> None:
-    async with LLMClient(settings_for(sim)) as llm:
+    async with LLMClient(settings_for(sim, endpoint__structured_output="json_schema")) as llm:
         await judge_once(llm, problem_id="p", problem=Q, reference="391", student="\\boxed{391}", run=0)
     rollout = RolloutInput(
         task="guideline",
@@ -150,7 +154,7 @@ async def test_judges_send_their_reply_schemas(sim: SimServer, tmp_path: Path) -
         completion="\\boxed{391}",
         strategies=[StrategyView(id="G1", description="Multiply directly.")],
     )
-    await LLMNoveltyJudge(settings_for(sim)).judge([rollout])
+    await LLMNoveltyJudge(settings_for(sim, endpoint__structured_output="json_schema")).judge([rollout])
     assert schema_names(sim) == {"judge": {"JudgeReplyFormat", "NoveltyReply"}}
 
 
@@ -169,7 +173,7 @@ async def test_experience_construction_sends_judge_and_summarizer_schemas(tmp_pa
     ]
     with SimServer(SimScript(rules=rules)) as sim:
         config = BuildConfig(scheme="difference", lam=0.5, gamma=0.5, beta=1.0, grade_mode="rules")
-        await build_pool([run], tmp_path / "pool", settings_for(sim), config)
+        await build_pool([run], tmp_path / "pool", settings_for(sim, endpoint__structured_output="json_schema"), config)
         assert schema_names(sim) == {"judge": {"JudgeScoreReply"}, "summarizer": {"SummarizerReply"}}
 
 
@@ -192,7 +196,11 @@ TEACHING_ENTRY = {
 async def test_an_education_build_sends_the_rubric_and_teaching_summarizer_schemas(
     sim: SimServer, tmp_path: Path
 ) -> None:
-    settings = settings_for(sim, method={"name": "mattrl", "params": {"domain": "education", "iterations": 1}})
+    settings = settings_for(
+        sim,
+        method={"name": "mattrl", "params": {"domain": "education", "iterations": 1}},
+        endpoint__structured_output="json_schema",
+    )
     question = "Which quantity stays the same in free fall?\nA) speed\nB) acceleration\nC) height"
     problem = Problem(
         problem_id="q1", question=question, answer="B", metadata={"field": "Physics", "difficulty": "easy"}
@@ -210,7 +218,7 @@ async def test_an_education_build_sends_the_rubric_and_teaching_summarizer_schem
         )
     )
     config = BuildConfig(lam=0.5, gamma=0.5, grade_mode="rules")
-    summary = await build_pool([tmp_path / "run"], tmp_path / "pool", settings_for(sim), config)
+    summary = await build_pool([tmp_path / "run"], tmp_path / "pool", settings, config)
     assert summary.kept > 0
     built = {role: names for role, names in schema_names(sim).items() if role in ("judge", "summarizer")}
     assert built == {"judge": {"RubricReply"}, "summarizer": {"TeachingSummarizerReply"}}
@@ -302,6 +310,32 @@ def test_schemas_are_flat_and_put_reasoning_first() -> None:
     assert issue["additionalProperties"] is False
 
 
+# ------------------------------------------------------------------------------------------ thinking and schemas
+@pytest.mark.parametrize(
+    ("script", "schemas", "recorded"),
+    [
+        # No reasoning in the replies: from the second call on, the schema goes.
+        (SimScript(), [False, True], False),
+        # A reasoning parser on the server (reasoning in its own field): the grammar applies after it.
+        (SimScript(reasoning=True), [False, True], False),
+        # Thinking inline (<think> in the content, no parser): a grammar would forbid it; never sent, recorded.
+        (SimScript(think_tags=True), [False, False], True),
+    ],
+)
+async def test_auto_sends_a_schema_only_where_it_cannot_forbid_thinking(
+    sim: SimServer, script: SimScript, schemas: list[bool], recorded: bool
+) -> None:
+    sim.set_script(script)
+    stats = ClientStats()
+    async with LLMClient(settings_for(sim), stats=stats) as llm:
+        for text in ("Grade A.", "Grade B."):
+            reply = await llm.chat("verifier", [user(text)], reply_model=VerificationReply)
+            assert reply.ok
+    assert ["response_format" in r.body for r in sim.requests] == schemas
+    message = stats.fallbacks.get("structured_output", {}).get(sim.base_url, "")
+    assert ("thinks inside its reply" in message) == recorded
+
+
 # ------------------------------------------------------------------------------------------ modes and the fallback
 REFUSING = SimScript(response_format="reject")
 
@@ -310,6 +344,9 @@ async def _verify_twice(settings_mode: str, sim: SimServer, store: RunStore | No
     settings = settings_for(sim, endpoint__structured_output=settings_mode)
     stats = ClientStats()
     async with open_model(settings, store, stats=stats) as llm:
+        # A plain reply first: it shows the server's model does not think inline, so "auto" may send schemas.
+        await llm.chat("solution", [user("Solve.")])
+        sim.reset()
         first = await llm.chat("verifier", [user("Grade A.")], reply_model=VerificationReply)
         second = await llm.chat("verifier", [user("Grade B.")], reply_model=VerificationReply)
         return [first, second, stats.fallbacks.get("structured_output", {})]
@@ -331,7 +368,7 @@ async def test_auto_falls_back_once_per_endpoint_and_records_it(sim: SimServer, 
         assert list(recorded) == [sim.base_url]
         assert recorded[sim.base_url]["role"] == "verifier"
         assert "response_format" in recorded[sim.base_url]["message"]
-        assert [c.error for c in store.calls()] == [None, None]
+        assert [c.error for c in store.calls()] == [None, None, None]
 
 
 async def test_a_second_client_records_the_endpoint_once(sim: SimServer, tmp_path: Path) -> None:

@@ -88,7 +88,15 @@ class Sampling(Strict):
     max_tokens: int | None = Field(default=None, ge=1)
     seed: int | None = None
     stop: list[str] | None = None
-    # Passed through verbatim in the request body (e.g. vLLM's top_k, chat_template_kwargs).
+    # Accepted at the top level of a chat request by vLLM, SGLang and llama-server (which calls the repetition
+    # penalty repeat_penalty: the client renames it there); OpenAI refuses top_k, min_p and repetition_penalty, and the
+    # client then leaves them out (recorded). Unset, the server's default applies: vLLM and SGLang take the model's
+    # generation_config.json (e.g. top_k 20 for Qwen3) unless started with --generation-config vllm.
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    # Passed through verbatim in the request body (e.g. vLLM's chat_template_kwargs).
     extra_body: dict[str, Any] = Field(default_factory=dict)
 
     def merged(self, over: Sampling | None) -> Sampling:
@@ -112,6 +120,20 @@ class Sampling(Strict):
         # of this result replace a route's temperature or max_tokens with None (issue 9, part 1).
         return self.model_copy(update=update) if update else self
 
+
+# The sampling fields a request carries at its top level where set, in this order.
+SENT_SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+)
+# Fields added after runs were first stored: a call's hash includes them only when set (tmas.llm.types).
+LATER_SAMPLING_FIELDS = ("top_k", "min_p", "repetition_penalty", "presence_penalty")
 
 StructuredOutput = Literal["auto", "json_schema", "off"]
 StreamMode = Literal["auto", "on", "off"]
@@ -138,12 +160,18 @@ class Endpoint(Strict):
     # server unstreamed calls for the rest of the run (recorded); "on" always streams (a refusal fails the call);
     # "off" never does.
     stream: StreamMode = "auto"
-    # Longest wait in seconds for a reply's first byte and then between two chunks of a streamed reply (a stall past
-    # it is retried); for an unstreamed reply, the whole reply's limit.
+    # Longest silence in seconds between two chunks of a streamed reply once it began (a stall past it is retried);
+    # before the first chunk, how often the server's /health is asked whether it still lives (queue_timeout_s);
+    # for an unstreamed reply, the whole reply's limit.
     timeout_s: float = Field(default=600.0, gt=0)
-    # Longest a whole call may take, from sending it to its last byte (None: no bound, the default and the `paper`
-    # preset's, since a 128K-token reply can take an hour). A call past it fails with cause "deadline", not retried.
+    # Longest a whole call may take, from sending it (after tmas's own slots and caps) to its last byte (None: no
+    # bound, the default and the `paper` preset's, since a 128K-token reply can take an hour). A call past it fails
+    # with cause "deadline", not retried.
     deadline_s: float | None = Field(default=None, gt=0)
+    # Longest wait for a streamed reply's first chunk while the server answers /health (a request queued behind
+    # others, or preempted, is silent until its first token): None waits as long as the server lives, within
+    # deadline_s. Past it the request is closed (the server aborts it) and sent again (cause "queue_timeout").
+    queue_timeout_s: float | None = Field(default=None, gt=0)
     # Whether calls whose reply is JSON send `response_format = {"type": "json_schema", ...}` (constrained decoding
     # on llama-server, vLLM, SGLang, OpenAI): "auto" sends it until the server rejects it once, then sends none for
     # the rest of the run (recorded); "json_schema" always sends it (a rejection fails the call); "off" never does.
@@ -202,6 +230,7 @@ class RoleConfig(Strict):
     stream: StreamMode | None = None
     timeout_s: float | None = Field(default=None, gt=0)
     deadline_s: float | None = Field(default=None, gt=0)
+    queue_timeout_s: float | None = Field(default=None, gt=0)
     structured_output: StructuredOutput | None = None
     pin_slots: bool | None = None
     batch_samples: BatchSamples | None = None
@@ -380,6 +409,7 @@ ENV_KEYS: dict[str, str] = {
     "TMAS_STREAM": "endpoint.stream",
     "TMAS_TIMEOUT_S": "endpoint.timeout_s",
     "TMAS_DEADLINE_S": "endpoint.deadline_s",
+    "TMAS_QUEUE_TIMEOUT_S": "endpoint.queue_timeout_s",
     "TMAS_STRUCTURED_OUTPUT": "endpoint.structured_output",
     "TMAS_PIN_SLOTS": "endpoint.pin_slots",
     "TMAS_BATCH_SAMPLES": "endpoint.batch_samples",
@@ -389,6 +419,10 @@ ENV_KEYS: dict[str, str] = {
     "TMAS_LOCAL_SERVER": "local.server",
     "TMAS_TEMPERATURE": "sampling.temperature",
     "TMAS_TOP_P": "sampling.top_p",
+    "TMAS_TOP_K": "sampling.top_k",
+    "TMAS_MIN_P": "sampling.min_p",
+    "TMAS_REPETITION_PENALTY": "sampling.repetition_penalty",
+    "TMAS_PRESENCE_PENALTY": "sampling.presence_penalty",
     "TMAS_MAX_TOKENS": "sampling.max_tokens",
     "TMAS_SEED": "seed",
     "TMAS_BUDGET_TOKENS": "budget.tokens",

@@ -18,9 +18,9 @@ from tmas.agents.overrides import Override, check_overrides
 from tmas.agents.templates import prompts_from
 from tmas.config import Budget, Settings, load_settings, with_method_params, with_overrides
 from tmas.errors import InputError, TmasError
-from tmas.llm.client import ClientStats, EndpointUnreachable
 from tmas.llm.factory import open_model
 from tmas.llm.lanes import enter_lane
+from tmas.llm.model import ClientStats, EndpointUnreachable
 from tmas.llm.replay import ReplayTurns
 from tmas.llm.types import Usage
 from tmas.methods import create_method

@@ -259,7 +259,7 @@ def models(config: ConfigOpt = None, base_url: BaseUrlOpt = None, api_key_env: K
     """List each configured endpoint (default and per role) and whether it answers."""
     import os
 
-    from tmas.llm.client import list_models
+    from tmas.llm.replica import list_models
 
     settings = _settings(config, base_url=base_url, api_key_env=api_key_env)
     targets: list[tuple[str, str, str | None]] = []

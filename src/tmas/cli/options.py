@@ -46,6 +46,12 @@ PromptsDirOpt = Annotated[
 ]
 TemperatureOpt = Annotated[float | None, typer.Option("--temperature", help="Default sampling temperature.")]
 TopPOpt = Annotated[float | None, typer.Option("--top-p", help="Default nucleus sampling top_p.")]
+TopKOpt = Annotated[int | None, typer.Option("--top-k", help="Default top_k (vLLM, SGLang, llama-server).")]
+MinPOpt = Annotated[float | None, typer.Option("--min-p", help="Default min_p (vLLM, SGLang, llama-server).")]
+RepetitionPenaltyOpt = Annotated[
+    float | None, typer.Option("--repetition-penalty", help="Default repetition penalty (1 = none).")
+]
+PresencePenaltyOpt = Annotated[float | None, typer.Option("--presence-penalty", help="Default presence penalty.")]
 MaxTokensOpt = Annotated[int | None, typer.Option("--max-tokens", help="Default max tokens per call.")]
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="Run seed.")]
 BudgetTokensOpt = Annotated[
@@ -103,6 +109,10 @@ class ModelFlags:
     prompts_dir: PromptsDirOpt = None
     temperature: TemperatureOpt = None
     top_p: TopPOpt = None
+    top_k: TopKOpt = None
+    min_p: MinPOpt = None
+    repetition_penalty: RepetitionPenaltyOpt = None
+    presence_penalty: PresencePenaltyOpt = None
     max_tokens: MaxTokensOpt = None
     seed: SeedOpt = None
     budget_tokens: BudgetTokensOpt = None
@@ -138,6 +148,10 @@ FLAG_KEYS: dict[str, str] = {
     "prompts_dir": "prompts_dir",
     "temperature": "sampling.temperature",
     "top_p": "sampling.top_p",
+    "top_k": "sampling.top_k",
+    "min_p": "sampling.min_p",
+    "repetition_penalty": "sampling.repetition_penalty",
+    "presence_penalty": "sampling.presence_penalty",
     "max_tokens": "sampling.max_tokens",
     "seed": "seed",
     "budget_tokens": "budget.tokens",

@@ -35,9 +35,8 @@ from functools import partial
 from typing import Any, TypeVar
 
 from tmas.llm.sampling import DERIVED_SEED
-from tmas.llm.server_kind import ServerKind
 from tmas.llm.tokens import TokenCounter
-from tmas.llm.types import CallKey, ChatRequest, Completion, Usage
+from tmas.llm.types import CallKey, ChatRequest, Completion, ServerKind, Usage
 
 # Choices asked of one request; a bigger group goes as several requests (a server runs a request's choices as that
 # many sequences at once).

@@ -15,9 +15,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from tmas.config import Settings
-from tmas.llm.client import ClientStats, LLMClient, RunCallStore
-from tmas.llm.model import ChatModel
+from tmas.llm.client import LLMClient
+from tmas.llm.model import ChatModel, ClientStats
 from tmas.llm.provision import provisioned
+from tmas.llm.refusals import RunCallStore
 from tmas.llm.replay import StoreReplay
 from tmas.llm.types import CallKey
 

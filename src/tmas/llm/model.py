@@ -8,14 +8,53 @@ for unit tests of logic) can stand where :class:`tmas.llm.client.LLMClient` stan
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from pydantic import BaseModel
 
 from tmas.config import Sampling, Settings
+from tmas.errors import LLMError
 from tmas.llm.sampling import ResolvedSampling
-from tmas.llm.types import CallKey, Completion, Message
+from tmas.llm.types import CallKey, Completion, Message, Usage
 from tmas.llm.watch import TraceWatch
+
+
+class EndpointUnreachable(LLMError):
+    """No connection could be made to any replica of an endpoint after all retries: it ends a run."""
+
+
+@dataclass
+class ClientStats:
+    """What a run's model did: calls sent and replayed, failed, retried (by cause), tokens."""
+
+    calls: int = 0
+    cached: int = 0
+    failed: int = 0
+    retries: int = 0
+    retries_by_cause: dict[str, int] = field(default_factory=dict)
+    in_flight: int = 0
+    embedding_calls: int = 0
+    usage: Usage = field(default_factory=Usage)
+    # Kind (tmas.llm.types.FALLBACKS) -> replica URL -> the server's refusal, for what the run went on without.
+    fallbacks: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def count(self, completion: Completion) -> None:
+        """A call answered over the wire (failed or not)."""
+        self.calls += 1
+        self.usage = self.usage + completion.usage
+        if not completion.ok:
+            self.failed += 1
+
+    def retried(self, cause: str) -> None:
+        """An attempt failed for ``cause`` and the call goes again."""
+        self.retries += 1
+        self.retries_by_cause[cause] = self.retries_by_cause.get(cause, 0) + 1
+
+    def count_replay(self, completion: Completion) -> None:
+        """A call answered from a store (:class:`tmas.llm.replay.StoreReplay`'s ``on_replay``)."""
+        self.cached += 1
+        self.usage = self.usage + completion.usage
 
 
 class ChatModel(Protocol):

@@ -75,14 +75,10 @@ class StoreReplay:
         key = key or CallKey(role=role)
         if not isinstance(sampling, ResolvedSampling):
             sampling = self.inner.resolve_sampling(role, call=sampling)
-        # What the wrapped model hashes too (the response_format aside: it is no part of the hash).
-        request = ChatRequest(
-            model=self.inner.model_name(role),
-            messages=list(messages),
-            sampling=sampling.sampling,
-            sampling_sources=sampling.sources,
-        )
-        stored = self.store.lookup_call(request.request_hash(key), key.sample, stopped_early=watch is not None)
+        # Built as the wrapped model builds it (the response_format aside: it is no part of the hash).
+        request = ChatRequest.build(self.inner.model_name(role), messages, sampling)
+        request_hash = request.request_hash(key)
+        stored = self.store.lookup_call(request_hash, key.sample, stopped_early=watch is not None)
         if stored is not None:
             self.replayed += 1
             if self.on_replay is not None:
@@ -93,6 +89,8 @@ class StoreReplay:
         completion = await self.inner.chat(
             role, messages, key=key, sampling=sampling, reply_model=reply_model, watch=watch
         )
+        # Saved under the hash it was looked up by, so a resumed run finds it whatever the wrapped model hashed.
+        completion.request_hash = request_hash
         completion.call_id = self.store.record_call(completion, request)
         return completion
 

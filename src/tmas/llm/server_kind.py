@@ -8,9 +8,9 @@ unrecognised: nothing there tells OpenAI's own API from a look-alike.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-ServerKind = Literal["vllm", "sglang", "llama-server"]
+from tmas.llm.types import ServerKind
 
 _OWNERS: dict[str, ServerKind] = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llama-server"}
 

@@ -21,14 +21,19 @@ from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+# Marks a reply that holds only the choices that finished before its stream ended: their indices missing.
+PARTIAL = "tmas_partial"
+
 
 class StreamError(Exception):
     """A stream that cannot give a whole reply: ``cause`` is ``"malformed"`` (an event that is not a chunk),
     ``"stream_error"`` (the server sent an error event) or ``"cut"`` (it ended before every choice finished)."""
 
-    def __init__(self, message: str, cause: str) -> None:
+    def __init__(self, message: str, cause: str, error: Any = None) -> None:
         super().__init__(message)
         self.cause = cause
+        # The error event's own object (its message and status ``code``), for the failure's classification.
+        self.error = error
 
 
 @dataclass
@@ -89,7 +94,7 @@ class StreamAssembler:
             raise StreamError(f"stream event is not a JSON object: {value[:120]!r}", "malformed")
         if chunk.get("error"):
             # vLLM and SGLang report an internal error met mid-generation as an event {"error": {"message": ...}}.
-            raise StreamError(f"server error in stream: {_error_text(chunk)}", "stream_error")
+            raise StreamError(f"server error in stream: {_error_text(chunk)}", "stream_error", chunk["error"])
         self._take(chunk)
 
     def _take(self, chunk: dict[str, Any]) -> None:
@@ -132,6 +137,16 @@ class StreamAssembler:
                 choice.logprobs = []
             choice.logprobs.extend(tokens)
 
+    def finished_reply(self) -> dict[str, Any] | None:
+        """The choices that finished, in a reply's shape, when a stream of several choices ended early (SGLang sends
+        its choices' finishes only at the end, vLLM as each choice ends); None when none finished or none was
+        missing. The reply is marked :data:`PARTIAL` with the indices that did not finish."""
+        finished = {i: c for i, c in self._choices.items() if c.finish_reason is not None}
+        if not finished or len(finished) == len(self._choices):
+            return None
+        missing = sorted(set(self._choices) - set(finished))
+        return {**self._reply(finished), PARTIAL: missing}
+
     def reply(self) -> dict[str, Any]:
         """The whole reply in an unstreamed reply's shape; :class:`StreamError` (cause ``"cut"``) if the stream
         ended before every choice finished."""
@@ -141,8 +156,11 @@ class StreamAssembler:
         if unfinished:
             which = ", ".join(str(i) for i in unfinished)
             raise StreamError(f"stream ended before choice {which} finished", "cut")
+        return self._reply(self._choices)
+
+    def _reply(self, chosen: dict[int, _Choice]) -> dict[str, Any]:
         choices = []
-        for index, choice in sorted(self._choices.items()):
+        for index, choice in sorted(chosen.items()):
             message: dict[str, Any] = {"role": "assistant", "content": "".join(choice.content)}
             if choice.reasoning:
                 message["reasoning_content"] = "".join(choice.reasoning)

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tmas.config import Sampling
+from tmas.config import LATER_SAMPLING_FIELDS, SENT_SAMPLING_FIELDS, Sampling
+
+if TYPE_CHECKING:
+    from tmas.llm.sampling import ResolvedSampling
 
 
 class Message(BaseModel):
@@ -63,11 +67,28 @@ def cached_share_text(usage: Usage) -> str:
 # what the run did instead.
 FallbackKind = Literal["structured_output", "stream", "batch_samples", "sampling"]
 FALLBACKS: dict[str, str] = {
-    "structured_output": "refused response_format; its calls went on as plain text",
+    "structured_output": "refused response_format, or its model thinks inline; its calls went on as plain text",
     "stream": "could not stream; its calls went unstreamed, timeout_s bounding each whole reply",
-    "batch_samples": "refused n > 1; its samples went one request each",
+    "batch_samples": "refused n > 1, ignored it or gave identical choices; its samples went one request each",
     "sampling": "refused a sampling field; its calls went on without it, or under the name it asked for",
 }
+
+
+# Where a server puts a reply's reasoning, as its replies showed: in a field of its own (it runs a reasoning parser),
+# inline in the content (``<think>`` blocks: no parser), or nowhere (the model does not think).
+Reasoning = Literal["separate", "inline", "none"]
+# Which engine serves an endpoint (tmas.llm.server_kind).
+ServerKind = Literal["vllm", "sglang", "llama-server"]
+
+
+class ServerFindings(BaseModel):
+    """What a replica's probe found, recorded in the run."""
+
+    url: str
+    server_kind: ServerKind | None = None
+    context_length: int | None = None
+    serves_n: bool | None = None
+    reasoning: Reasoning | None = None
 
 
 class CallKey(BaseModel):
@@ -94,6 +115,23 @@ class ChatRequest(BaseModel):
     # Which source set each field of ``sampling`` (see tmas.llm.sampling): recorded with the call, not hashed.
     sampling_sources: dict[str, str] = Field(default_factory=dict)
 
+    @classmethod
+    def build(
+        cls,
+        model: str,
+        messages: Sequence[Message],
+        sampling: ResolvedSampling,
+        response_format: dict[str, Any] | None = None,
+    ) -> ChatRequest:
+        """The request of a call, as every :class:`tmas.llm.model.ChatModel` builds it (so all hash it alike)."""
+        return cls(
+            model=model,
+            messages=list(messages),
+            sampling=sampling.sampling,
+            sampling_sources=sampling.sources,
+            response_format=response_format,
+        )
+
     def body(self, max_tokens: int | None = None, *, structured: bool = False) -> dict[str, Any]:
         """The request body; ``structured`` adds the ``response_format`` (where the request has one)."""
         s = self.sampling
@@ -101,7 +139,7 @@ class ChatRequest(BaseModel):
             "model": self.model,
             "messages": [m.model_dump() for m in self.messages],
         }
-        for name in ("temperature", "top_p", "seed", "stop"):
+        for name in SENT_SAMPLING_FIELDS:
             value = getattr(s, name)
             if value is not None:
                 body[name] = value
@@ -121,10 +159,19 @@ class ChatRequest(BaseModel):
             "role": key.role,
             "model": self.model,
             "messages": [[m.role, m.content] for m in self.messages],
-            "sampling": self.sampling.model_dump(mode="json"),
+            "sampling": _hashed_sampling(self.sampling),
         }
         raw = json.dumps(payload, sort_keys=True, ensure_ascii=False).encode("utf-8")
         return hashlib.sha256(raw).hexdigest()
+
+
+def _hashed_sampling(sampling: Sampling) -> dict[str, Any]:
+    # Fields added after runs were first stored are hashed only when set, so stored calls keep their hashes.
+    dumped = sampling.model_dump(mode="json")
+    for name in LATER_SAMPLING_FIELDS:
+        if dumped.get(name) is None:
+            dumped.pop(name, None)
+    return dumped
 
 
 class TopLogprob(BaseModel):
@@ -176,6 +223,10 @@ class Completion(BaseModel):
     # Why the caller's watch stopped the reply while it streamed (tmas.llm.watch): the content is the part that
     # arrived and ``finish_reason`` the watch's; never an answer. None for a reply that ran to its end.
     stopped_early: str | None = None
+    # Seconds the call waited inside tmas (its slot, the caps) before it was sent, and from sending to the server's
+    # first chunk (its queue and the prompt's prefill): None where not measured (replayed from older runs).
+    queued_s: float | None = None
+    first_token_s: float | None = None
 
     @property
     def ok(self) -> bool:

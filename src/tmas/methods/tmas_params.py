@@ -39,6 +39,11 @@ TMAS_ROLES = ("solution", "verifier", "summary", "experience", "guideline")
 # Section 4.1: "we set the maximum output length to 128K tokens". The LLM client lowers it per call to what the
 # context window leaves after the prompt (read from /v1/models or learnt from the server's refusal).
 PAPER_MAX_TOKENS = 131_072
+# Section 4.1: temperature 1.0, top_p 0.95, 128K output tokens. top_k and min_p are not stated there and stay the
+# server's: vLLM and SGLang apply the model's generation_config.json, which for Qwen3-*-Thinking-2507 holds its card's
+# top_k 20 and min_p 0 (docs/servers.md says how to send them to other servers). Adding them here would change the
+# hash of every call of a paper-preset run, so a resumed run would send its finished calls again.
+PAPER_SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 0.95, "max_tokens": PAPER_MAX_TOKENS}
 
 PRESETS: dict[str, dict[str, Any]] = {
     "paper": {
@@ -52,7 +57,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "skip_final_memory": False,
         "early_stop": False,
         "confidence": False,
-        "sampling": {role: {"temperature": 1.0, "top_p": 0.95, "max_tokens": PAPER_MAX_TOKENS} for role in TMAS_ROLES},
+        "sampling": {role: PAPER_SAMPLING for role in TMAS_ROLES},
     },
     "local": {
         "n": 2,

@@ -13,8 +13,8 @@ import uvicorn
 
 from tmas.config import Settings
 from tmas.errors import ConfigError, LLMError
-from tmas.llm.client import list_models
 from tmas.llm.provision import provisioned
+from tmas.llm.replica import list_models
 from tmas.methods import METHODS
 from tmas.serve.app import ServeApp
 from tmas.serve.jobs import ServedRuns

@@ -19,7 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from tmas.errors import TmasError
-from tmas.llm.types import FALLBACKS, CallKey, ChatRequest, Completion, FallbackKind, TokenLogprob, Usage
+from tmas.llm.types import (
+    FALLBACKS,
+    CallKey,
+    ChatRequest,
+    Completion,
+    FallbackKind,
+    ServerFindings,
+    TokenLogprob,
+    Usage,
+)
 from tmas.problems import Problem
 from tmas.store.summaries import summarize_result
 from tmas.store.texts import BLOBS_SCHEMA, Part, TextBlobs, blob_ids, join
@@ -203,6 +212,10 @@ class RunStore:
         if "text_parts" not in have:
             # NULL in the rows of schema 1 stores: their texts are in the plain columns.
             self._db.execute("ALTER TABLE calls ADD COLUMN text_parts TEXT")
+        for name in ("queued_s", "first_token_s"):
+            if name not in have:
+                # NULL in older rows: where a call's time went was not measured then.
+                self._db.execute(f"ALTER TABLE calls ADD COLUMN {name} REAL")
 
     def _shadow_missing_columns(self) -> None:
         """Read-only, an older store cannot be altered: a temporary view named ``calls`` (temp names are looked up
@@ -293,8 +306,8 @@ class RunStore:
             "INSERT INTO calls (request_hash, sample, problem_id, iteration, role, endpoint, model, messages,"
             " sampling, content, reasoning, prompt_tokens, completion_tokens, reasoning_tokens, usage_estimated,"
             " finish_reason, max_tokens_sent, latency_s, attempts, error, created_at, error_cause, retry_causes,"
-            " logprobs, cached_prompt_tokens, sampling_sources, stopped_early, text_parts)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " logprobs, cached_prompt_tokens, sampling_sources, stopped_early, text_parts, queued_s, first_token_s)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 c.request_hash,
                 k.sample,
@@ -324,6 +337,8 @@ class RunStore:
                 json.dumps(request.sampling_sources, sort_keys=True),
                 c.stopped_early,
                 text_parts,
+                c.queued_s,
+                c.first_token_s,
             ),
         )
         return int(cursor.lastrowid or 0)
@@ -426,6 +441,16 @@ class RunStore:
         if endpoint not in fallbacks:
             fallbacks[endpoint] = {"role": role, "message": message, "at": time.time()}
             self.set_meta(meta_key, fallbacks)
+
+    def record_server(self, findings: ServerFindings) -> None:
+        """Record what a server said of itself when probed (its kind, context window, ``n``), per URL."""
+        servers = dict(self.get_meta("servers") or {})
+        servers[findings.url] = findings.model_dump(mode="json")
+        self.set_meta("servers", servers)
+
+    def servers(self) -> dict[str, dict[str, Any]]:
+        """URL -> what its server said of itself when the run probed it."""
+        return dict(self.get_meta("servers") or {})
 
     def fallbacks(self, kind: str) -> dict[str, dict[str, Any]]:
         """Endpoint URL -> the first refusal of this kind (role, server message, time), over the run."""
@@ -646,6 +671,8 @@ class RunStore:
             retry_causes=json.loads(row[20]),
             logprobs=None if logprobs is None else [TokenLogprob.model_validate(t) for t in json.loads(logprobs)],
             stopped_early=row[23],
+            queued_s=row[25],
+            first_token_s=row[26],
         )
 
     def _transaction(self) -> _Transaction:
@@ -664,11 +691,20 @@ class _Transaction:
 
 
 # Columns of the calls table added after schema 1 (nullable): older stores get them on open.
-_LATER_CALL_COLUMNS = ("logprobs", "cached_prompt_tokens", "sampling_sources", "stopped_early", "text_parts")
+_LATER_CALL_COLUMNS = (
+    "logprobs",
+    "cached_prompt_tokens",
+    "sampling_sources",
+    "stopped_early",
+    "text_parts",
+    "queued_s",
+    "first_token_s",
+)
 # The texts of a reply in text_parts (the call's messages are read only by call_messages).
 _REPLY_TEXTS = ("content", "reasoning", "logprobs")
 _CALL_COLUMNS = (
     "id, request_hash, sample, problem_id, iteration, role, endpoint, model, content, reasoning, prompt_tokens,"
     " completion_tokens, reasoning_tokens, usage_estimated, finish_reason, max_tokens_sent, latency_s, attempts,"
-    " error, error_cause, retry_causes, logprobs, cached_prompt_tokens, stopped_early, text_parts"
+    " error, error_cause, retry_causes, logprobs, cached_prompt_tokens, stopped_early, text_parts, queued_s,"
+    " first_token_s"
 )

@@ -92,7 +92,7 @@ class ScriptedModel:
         key = key or CallKey(role=role)
         if not isinstance(sampling, ResolvedSampling):
             sampling = self.resolve_sampling(role, call=sampling)
-        request = ChatRequest(model=self.model_name(role), messages=list(messages), sampling=sampling.sampling)
+        request = ChatRequest.build(self.model_name(role), messages, sampling)
         reply = self._answer(role, key, messages, request)
         self.calls.append(
             ScriptedCall(

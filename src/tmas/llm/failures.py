@@ -1,0 +1,225 @@
+"""What went wrong with a call, decided in one place: every failure the HTTP client meets (a status and its body, a
+stream's error event, a broken connection, a silence) becomes one :class:`Failure`, with a cause word for counting and
+whether sending it again can help. Every server wording the client recognises is here and nowhere else.
+
+The wordings come from the servers' own source: vLLM ``vllm/entrypoints/openai/serving_engine.py`` (the context checks
+of ``_validate_input`` and its successors in ``entrypoints/renderer.py``), SGLang
+``python/sglang/srt/managers/tokenizer_manager.py`` (``_validate_one_request``), llama.cpp ``tools/server/server-
+context.cpp`` (``exceed_context_size_error`` with ``n_prompt_tokens`` and ``n_ctx``), OpenAI's API reference.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+# Statuses worth sending again: the server (or a proxy in front) was busy or broke, not the request.
+RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+
+# OpenAI's wording of a field a model refuses: "Unsupported parameter: 'max_tokens' ... Use 'max_completion_tokens'
+# instead." and "Unsupported value: 'temperature' does not support 0.7 with this model. Only the default (1) value is
+# supported."; and of a field it does not know at all: "Unrecognized request argument supplied: top_k". Only the
+# sampling fields below are adapted; any other refusal fails the call.
+_REFUSED_FIELD = re.compile(
+    r"Unsupported (?:parameter|value): '(\w+)'(?:.*?Use '(\w+)' instead)?"
+    r"|Unrecognized request arguments? supplied: (\w+)",
+    re.S,
+)
+ADAPTABLE_FIELDS = frozenset(
+    {
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "logprobs",
+        "top_logprobs",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+    }
+)
+# How servers without (full) structured-output support word their refusal of a response_format: llama-server
+# ("response_format type not supported", grammar errors), vLLM/SGLang ("guided decoding", "xgrammar"), OpenAI.
+_SCHEMA_REFUSAL = re.compile(r"response_format|json_schema|json schema|grammar|guided|structured output", re.I)
+_SCHEMA_REFUSAL_STATUS = frozenset({400, 404, 415, 422, 500, 501})
+# How a server that cannot stream refuses a streamed request (a 4xx or 501 whose message names the field).
+_STREAM_REFUSAL = re.compile(r"\bstream", re.I)
+_STREAM_REFUSAL_STATUS = frozenset({400, 404, 415, 422, 501})
+
+# Context refusals. The window: vLLM "maximum context length is C tokens" (every version), SGLang "maximum context
+# length of C tokens", vLLM's "the model's context length is only C tokens".
+_WINDOW = re.compile(r"(?:maximum context length (?:is|of)|context length is only)\s+(\d+)\s+tokens", re.I)
+# The prompt's tokens, as each wording states them: vLLM "your request has N input tokens" (today's), "(N in the
+# messages, M in the completion)" (before 0.6), "your prompt contains at least N input tokens" and "You passed N input
+# tokens"; SGLang "N tokens from the input messages".
+_PROMPT = re.compile(
+    r"request has (\d+) input tokens|\((\d+) in the messages|contains at least (\d+) input tokens"
+    r"|passed (\d+) input tokens|(\d+) tokens from the input",
+    re.I,
+)
+# A 400 that names the context without numbers we can read (another server, another version): still a context
+# refusal, whose numbers the client then asks the server for (/tokenize, the model's card).
+_NAMES_CONTEXT = re.compile(r"context (?:length|window|size)|too many tokens|exceeds? .*tokens", re.I)
+
+
+@dataclass(frozen=True)
+class ContextRefusal:
+    """A server refused a call for the context window: its numbers where it stated them."""
+
+    context: int | None = None
+    prompt: int | None = None
+
+
+class Failure(Exception):
+    """One failed attempt of a call.
+
+    ``cause``: a word for counting (``connect``, ``disconnected``, ``timeout``, ``stall``, ``dead``, ``cut``,
+    ``malformed``, ``stream_error``, ``abort``, ``http_503``, ``context``, ``deadline``, ``structured_output``,
+    ``stream``, ``sampling``, ...). ``retry``: whether the same request may succeed if sent again. ``connect``: no
+    connection could be made at all. ``context`` / ``refused_field``: what a refusal said, for the client to adapt."""
+
+    def __init__(
+        self,
+        message: str,
+        cause: str,
+        *,
+        retry: bool,
+        retry_after: float | None = None,
+        connect: bool = False,
+        context: ContextRefusal | None = None,
+        refused_field: tuple[str, str | None] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.retry = retry
+        self.retry_after = retry_after
+        self.connect = connect
+        self.context = context
+        self.refused_field = refused_field
+
+
+def from_status(status: int, text: str, body: dict[str, Any], retry_after: str | None = None) -> Failure:
+    """The failure a non-200 reply to ``body`` means."""
+    message = error_message(text)
+    said = f"HTTP {status}: {message}"
+    if body.get("stream") and status in _STREAM_REFUSAL_STATUS and _STREAM_REFUSAL.search(message):
+        return Failure(said, "stream", retry=False)
+    if "response_format" in body and status in _SCHEMA_REFUSAL_STATUS and _SCHEMA_REFUSAL.search(message):
+        return Failure(said, "structured_output", retry=False)
+    if status in RETRYABLE_STATUS:
+        return Failure(said, f"http_{status}", retry=True, retry_after=_seconds(retry_after))
+    if status == 400 or status == 413 or status == 422:
+        refusal = context_refusal(message, _error_object(text))
+        if refusal is not None:
+            return Failure(said, "context", retry=False, context=refusal)
+        field = refused_field(message)
+        if field is not None:
+            return Failure(said, "sampling", retry=False, refused_field=field)
+    return Failure(said, f"http_{status}", retry=False)
+
+
+def from_stream_event(error: Any) -> Failure:
+    """The failure an ``{"error": ...}`` event in a stream means: vLLM and SGLang send one for an error met after the
+    stream began, with the status it would have had (``code``). A 4xx one is the request's fault and final (a context
+    one goes to the client's shrinking); anything else is the server's, and retried."""
+    message = _text_of(error)
+    code = error.get("code") if isinstance(error, dict) else None
+    status = code if isinstance(code, int) and not isinstance(code, bool) else None
+    said = f"server error in stream: {message}"
+    if status is not None and 400 <= status < 500 and status not in RETRYABLE_STATUS:
+        refusal = context_refusal(message, error if isinstance(error, dict) else None)
+        if refusal is not None:
+            return Failure(said, "context", retry=False, context=refusal)
+        return Failure(said, f"http_{status}", retry=False)
+    return Failure(said, "stream_error", retry=True)
+
+
+def from_exception(exc: BaseException, url: str, *, sent: bool) -> Failure:
+    """The failure an exception from aiohttp means. ``sent``: whether any byte of a reply had come back.
+
+    A connection closed before any byte of a reply (aiohttp's ``ServerDisconnectedError``) is most often one the
+    pool reused just as the server closed it for being idle (uvicorn, under vLLM and SGLang, and cpp-httplib, under
+    llama-server, close an idle keep-alive connection after 5 s; the client drops its own idle ones after 3 s so
+    that this stays rare), else a server that dropped the request: cause ``disconnected``."""
+    if isinstance(exc, TimeoutError):  # aiohttp's connect and read timeouts are both TimeoutError and ClientError
+        return Failure(f"no reply from {url} in time: {type(exc).__name__}", "timeout", retry=True)
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return Failure(f"cannot connect to {url}: {exc.os_error}", "connect", retry=True, connect=True)
+    if isinstance(exc, aiohttp.ServerDisconnectedError) and not sent:
+        return Failure(f"{url} closed the connection before answering: {exc}", "disconnected", retry=True)
+    if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError) and sent:
+        return Failure(f"reply from {url} cut: {type(exc).__name__}: {exc}", "cut", retry=True)
+    return Failure(f"connection to {url} failed: {type(exc).__name__}: {exc}", "connection", retry=True)
+
+
+def context_refusal(message: str, error: dict[str, Any] | None = None) -> ContextRefusal | None:
+    """The context refusal ``message`` (and the error object it came in) states, or None when it is none."""
+    if isinstance(error, dict) and error.get("type") == "exceed_context_size_error":
+        # llama-server: the numbers are fields of the error object, the prompt alone exceeds the window.
+        return ContextRefusal(context=_int(error.get("n_ctx")), prompt=_int(error.get("n_prompt_tokens")))
+    window = _WINDOW.search(message)
+    prompt = _PROMPT.search(message)
+    if window is None and prompt is None and not _NAMES_CONTEXT.search(message):
+        return None
+    prompt_tokens = next((int(g) for g in prompt.groups() if g), None) if prompt else None
+    return ContextRefusal(context=int(window.group(1)) if window else None, prompt=prompt_tokens)
+
+
+def refused_field(message: str) -> tuple[str, str | None] | None:
+    """(the sampling field a server refused, the name it asked for instead or None), where its message says so."""
+    match = _REFUSED_FIELD.search(message)
+    if match is None:
+        return None
+    name = match.group(1) or match.group(3)
+    if name not in ADAPTABLE_FIELDS:
+        return None
+    return name, match.group(2)
+
+
+def error_message(text: str) -> str:
+    """The server's own error message where it sent one in OpenAI's (or SGLang's flat) shape, else the body's
+    start."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text.strip()[:300] or "(empty body)"
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])[:300]
+        if isinstance(error, str):
+            return error[:300]
+        if data.get("message"):
+            return str(data["message"])[:300]
+    return text.strip()[:300]
+
+
+def _error_object(text: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    error = data.get("error") if isinstance(data, dict) else None
+    return error if isinstance(error, dict) else data if isinstance(data, dict) else None
+
+
+def _text_of(error: Any) -> str:
+    if isinstance(error, dict):
+        return str(error.get("message") or error)[:300]
+    return str(error)[:300]
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _seconds(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None

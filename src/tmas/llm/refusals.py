@@ -1,0 +1,256 @@
+"""What each server has shown it refuses or needs, and the request body built to fit it.
+
+One record per replica (:class:`tmas.llm.replica.Replica`) holds it: a ``response_format`` it refused, streaming,
+``n`` > 1, sampling fields it refused or names otherwise, its context window, and where its replies put reasoning.
+Each adaptation is recorded once per endpoint in the run (:data:`tmas.llm.types.FALLBACKS`), with what the server said.
+
+**Structured outputs never forbid thinking.** A ``json_schema`` grammar constrains a reply from its first token
+unless the server separates reasoning (vLLM and SGLang apply the grammar after the reasoning only when started with a
+``--reasoning-parser``). So under ``structured_output = "auto"`` a schema goes to a replica only once one of its replies
+showed where reasoning goes: in a field of its own, or nowhere (the model does not think). A replica whose model
+thinks inside its content gets none, and that is recorded.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import aiohttp
+from pydantic import BaseModel
+
+from tmas.config import Sampling
+from tmas.llm.batching import Sample, refuses_n, serves_samples
+from tmas.llm.failures import Failure
+from tmas.llm.model import ClientStats
+from tmas.llm.replay import CallStore
+from tmas.llm.replica import Replica, count_prompt
+from tmas.llm.routes import Route
+from tmas.llm.schema import response_format
+from tmas.llm.types import CallKey, ChatRequest, Completion, FallbackKind, ServerFindings
+
+# Room left for the chat template's own tokens when max_tokens is lowered to fit the context window.
+CONTEXT_MARGIN_TOKENS = 32
+# The length from which n identical choices at a temperature above 0 mean a server that ignores per-choice randomness.
+IDENTICAL_CHOICES_MIN_CHARS = 400
+# llama-server reads the repetition penalty as ``repeat_penalty`` (tools/server/server-task.cpp, params_from_json).
+_LLAMA_NAMES = {"repetition_penalty": "repeat_penalty"}
+
+
+class FallbackLog(Protocol):
+    """Where the client records what an endpoint refused and the run went on without (:data:`FALLBACKS`), and what
+    each server said of itself when probed (implemented by the run store)."""
+
+    def record_fallback(self, kind: FallbackKind, endpoint: str, role: str, message: str) -> None: ...
+
+    def record_server(self, findings: ServerFindings) -> None: ...
+
+    def servers(self) -> dict[str, dict[str, Any]]:
+        """URL -> what was recorded of its server (a resumed run starts from it)."""
+        ...
+
+
+class RunCallStore(CallStore, FallbackLog, Protocol):
+    """A store calls are replayed from and fallbacks recorded in (the run store)."""
+
+
+class Refusals:
+    def __init__(self, stats: ClientStats, log: FallbackLog | None) -> None:
+        self.stats = stats
+        self.log = log
+
+    # ------------------------------------------------------------------------------------------ the body
+    @staticmethod
+    def response_format(route: Route, sampling: Sampling, reply_model: type[BaseModel] | None) -> dict[str, Any] | None:
+        if reply_model is None or route.endpoint.structured_output == "off":
+            return None
+        if sampling.extra_body.get("logprobs"):
+            # Scores read from token log-probabilities stay unconstrained: llama-server was seen reporting
+            # log-probabilities of tokens other than the ones its grammar let through (a code fence first, where
+            # the constrained output began with "{"), so an expected score read from them would be wrong.
+            return None
+        return response_format(reply_model)
+
+    @staticmethod
+    def sends_schema(route: Route, replica: Replica, request: ChatRequest) -> bool:
+        if request.response_format is None:
+            return False
+        if route.endpoint.structured_output == "json_schema":
+            return True
+        return not replica.structured_refused and replica.reasoning in ("separate", "none")
+
+    def body(
+        self, route: Route, replica: Replica, request: ChatRequest, max_tokens: int | None, n: int
+    ) -> dict[str, Any]:
+        """The request body for ``replica``: its refused fields renamed or left out, ``n``, streaming."""
+        body = request.body(max_tokens, structured=self.sends_schema(route, replica, request))
+        if replica.server_kind == "llama-server":
+            body = {_LLAMA_NAMES.get(name, name): value for name, value in body.items()}
+        body = replica.adapted(body)
+        if n > 1:
+            body["n"] = n
+        mode = route.endpoint.stream
+        if mode == "on" or (mode == "auto" and not replica.stream_refused):
+            body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        return body
+
+    def fit_context(self, route: Route, replica: Replica, request: ChatRequest, max_tokens: int | None) -> int | None:
+        """max_tokens lowered so prompt + completion fit the known context window, instead of failing the call."""
+        context = replica.context_length
+        if context is None:
+            return max_tokens
+        # Checked even without max_tokens: a prompt that cannot fit is refused here rather than sent.
+        prompt = sum(route.counter.count(m.content) + 4 for m in request.messages)
+        if not route.counter.exact:
+            prompt = int(prompt * 1.1)  # estimates err low on math text; stay on the safe side
+        room = self.room(context, prompt)
+        if room < 1:
+            message = f"prompt of about {prompt} tokens does not fit the context window of {context} tokens"
+            raise Failure(message, "context", retry=False)
+        return None if max_tokens is None else min(max_tokens, room)
+
+    @staticmethod
+    def room(context: int, prompt: int) -> int:
+        return context - prompt - CONTEXT_MARGIN_TOKENS
+
+    async def shrunk(
+        self, session: aiohttp.ClientSession, route: Route, replica: Replica, request: ChatRequest, failure: Failure
+    ) -> int | None:
+        """The max_tokens that fits what a context refusal said (the prompt counted by the server's /tokenize where
+        the refusal did not say); None when the prompt alone does not fit (the failure's message then names both
+        numbers) or the numbers cannot be had."""
+        refusal = failure.context
+        assert refusal is not None
+        context = refusal.context or replica.context_length
+        prompt = refusal.prompt
+        if prompt is None:
+            prompt = await count_prompt(session, replica, route.api_key, route.model, request.messages)
+        if context is None or prompt is None:
+            return None
+        replica.context_length = context
+        room = self.room(context, prompt)
+        if room < 1:
+            failure.args = (f"prompt of {prompt} tokens does not fit the context window of {context} tokens "
+                            f"({failure})",)  # fmt: skip
+            return None
+        return room
+
+    # ------------------------------------------------------------------------------------------ refusals
+    def adapt(self, failure: Failure, route: Route, replica: Replica, key: CallKey, sent: dict[str, Any]) -> bool:
+        """Whether the call may go again at once after ``failure``, adapted to what the server refused (remembered
+        for the replica and recorded); False where it cannot (the endpoint's setting insists on what was refused)."""
+        if failure.cause in ("structured_output", "stream"):
+            setting = getattr(route.endpoint, failure.cause)
+            if setting in ("json_schema", "on"):
+                what = "streaming" if failure.cause == "stream" else "response_format"
+                failure.args = (f"server refused {what} ({failure.cause} = {setting!r}): {failure}",)
+                return False
+            if failure.cause == "stream":
+                self.stream_refused(replica, key.role, str(failure))
+            else:
+                replica.structured_refused = True
+                self.fell_back("structured_output", replica.url, key.role, str(failure))
+            return True
+        if failure.refused_field is not None and failure.refused_field[0] in sent:
+            # A sampling field this model refuses (OpenAI's reasoning models: max_tokens under another name,
+            # temperature and top_p only at their defaults; top_k unknown): sent again at once without it, or under
+            # the name the server asked for, and so for the rest of the run; recorded. (A call sent before another
+            # learnt the same refusal just goes again: the field is no longer in its body.)
+            name, replacement = failure.refused_field
+            replica.renamed[name] = replacement
+            self.fell_back("sampling", replica.url, key.role, str(failure))
+            return True
+        return False
+
+    def stream_refused(self, replica: Replica, role: str, message: str) -> None:
+        replica.stream_refused = True
+        self.fell_back("stream", replica.url, role, message)
+
+    def saw_reasoning(self, replica: Replica, role: str, place: str) -> None:
+        """A reply showed where this replica's replies put reasoning; an inline one stops schemas going to it."""
+        if replica.reasoning == "inline":
+            return
+        if place == "inline":
+            replica.reasoning = "inline"
+            message = (
+                "the model thinks inside its reply (the server runs no reasoning parser): a grammar from the first "
+                "token would forbid its thinking, so its calls go without response_format"
+            )
+            self.fell_back("structured_output", replica.url, role, message)
+        elif place == "separate" and replica.reasoning != "separate":
+            replica.reasoning = "separate"
+        elif replica.reasoning is None:
+            replica.reasoning = "none"
+        else:
+            return
+        # Recorded, so that a resumed run sends schemas from its first call on as this one does from now on.
+        if self.log is not None:
+            self.log.record_server(replica.findings(serves_samples([replica.server_kind])))
+
+    def fell_back(self, kind: FallbackKind, url: str, role: str, message: str) -> None:
+        """Record, once per endpoint and kind, what the run goes on without (tmas.llm.types.FALLBACKS)."""
+        seen = self.stats.fallbacks.setdefault(kind, {})
+        if url in seen:
+            return
+        seen[url] = message
+        if self.log is not None:
+            self.log.record_fallback(kind, url, role, message)
+
+    # ------------------------------------------------------------------------------------------ n
+    def batches(self, route: Route) -> bool | None:
+        """Whether alike calls of ``route`` go as one request with ``n`` (``batch_samples``); None while "auto"
+        waits for the servers' probes."""
+        endpoint = route.endpoint
+        if endpoint.batch_samples == "off" or endpoint.pin_slots or any(r.samples_refused for r in route.replicas):
+            return False
+        if endpoint.batch_samples == "on":
+            return True
+        if not all(r.probed for r in route.replicas):
+            return None
+        return serves_samples(r.server_kind for r in route.replicas)
+
+    def kept(self, route: Route, lead: Sample, done: list[Completion], n: int) -> list[Completion] | None:
+        """The completions of a request for ``n`` choices to hand out; None when the server refused ``n`` (every
+        sample then goes alone). A server that ignores ``n`` (one choice) or gives ``n`` identical choices at a
+        temperature above 0 (SGLang with deterministic inference samples every choice with the request's seed) has
+        the choices it owes asked one request each, each with its own seed, from then on."""
+        role = lead.key.role
+        if not done[0].ok and refuses_n(done[0]):
+            self._samples_refused(route, done[0].endpoint, role, done[0].error or "")
+            return None
+        if len(done) < n and "cut" not in done[0].retry_causes:
+            self._samples_refused(
+                route, done[0].endpoint, role, f"asked for n = {n} choices, the reply held {len(done)}"
+            )
+        temperature = lead.request.sampling.temperature
+        alike = {(c.content, c.reasoning) for c in done}
+        # Short replies may agree by chance (every sample boxing the same number); long ones at a temperature above 0
+        # agree only when the server sampled every choice alike.
+        long_enough = min(len(c.content) + len(c.reasoning) for c in done) >= IDENTICAL_CHOICES_MIN_CHARS
+        # vLLM samples choice i with seed + i: only another server can give identical choices.
+        kinds = {r.server_kind for r in route.replicas}
+        if (
+            len(done) > 1
+            and kinds != {"vllm"}
+            and all(c.ok for c in done)
+            and len(alike) == 1
+            and long_enough
+            and temperature != 0
+        ):
+            message = f"gave {len(done)} identical choices for n = {n} at temperature {temperature}"
+            self._samples_refused(route, done[0].endpoint, role, message)
+            # The first sample keeps one choice; the server's work on the others is charged to it.
+            first = done[0]
+            for other in done[1:]:
+                first.usage = first.usage + other.usage
+            return [first]
+        return done
+
+    def _samples_refused(self, route: Route, url: str, role: str, message: str) -> None:
+        for replica in route.replicas:
+            replica.samples_refused = True
+        self.fell_back("batch_samples", url, role, message)
+
+    def probed(self, route: Route, replica: Replica) -> None:
+        """Record what a replica said of itself."""
+        if self.log is not None:
+            self.log.record_server(replica.findings(serves_samples([replica.server_kind])))

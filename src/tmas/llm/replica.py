@@ -1,0 +1,176 @@
+"""One server of an endpoint, as the client has come to know it: what it said of itself when probed, what it has shown
+it refuses, and the small requests that ask it about itself (its model card, whether it is alive, how many tokens a
+prompt is).
+
+Every server answers ``GET /health`` with 200 while it serves (vLLM ``entrypoints/openai/api_server.py``, SGLang
+``srt/entrypoints/http_server.py``, llama-server ``tools/server/server.cpp``) and counts a prompt's tokens at
+``POST /tokenize`` (vLLM and SGLang take chat ``messages``; llama-server takes ``content``, the chat template applied
+first by ``POST /apply-template``). Their context window: ``max_model_len`` in vLLM's and SGLang's model cards,
+``default_generation_settings.n_ctx`` in llama-server's ``GET /props`` (its model card's ``n_ctx_train`` is the
+training window, not the server's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from tmas.errors import LLMError
+from tmas.llm.failures import error_message
+from tmas.llm.lanes import SlotQueue
+from tmas.llm.server_kind import server_kind
+from tmas.llm.types import Message, Reasoning, ServerFindings, ServerKind
+
+
+@dataclass
+class Replica:
+    url: str
+    cap: asyncio.Semaphore | None
+    # Calls routed to it and not finished (waiting for a cap, in flight or between retries): what routing balances.
+    load: int = 0
+    context_length: int | None = None
+    # Which engine serves it, as its model card said (read once, with the context window).
+    server_kind: ServerKind | None = None
+    probed: bool = False
+    # Where its replies put reasoning, from the first reply that showed it (None: not yet seen).
+    reasoning: Reasoning | None = None
+    # What it refused, once seen: a response_format, streaming, n > 1.
+    structured_refused: bool = False
+    stream_refused: bool = False
+    samples_refused: bool = False
+    # Sampling fields it refused -> the name it asked for instead, or None where the field is left out.
+    renamed: dict[str, str | None] = field(default_factory=dict)
+    # Calls that start together wait for the one probe instead of going out unchecked.
+    probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # The last call to it found no server listening: calls go to the replicas that answer while any does.
+    unreachable: bool = False
+    # pin_slots: one call at a time per server slot, a chain's calls together (tmas.llm.lanes), by the slot's index.
+    slot_queues: dict[int, SlotQueue] = field(default_factory=dict)
+
+    @property
+    def root(self) -> str:
+        """The server's address without the OpenAI prefix: where /health, /tokenize and /props live."""
+        return self.url[: -len("/v1")] if self.url.endswith("/v1") else self.url
+
+    def findings(self, serves_n: bool | None) -> ServerFindings:
+        return ServerFindings(
+            url=self.url,
+            server_kind=self.server_kind,
+            context_length=self.context_length,
+            serves_n=serves_n,
+            reasoning=self.reasoning,
+        )
+
+    def adapted(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` with the fields this server refused renamed as it asked, or left out."""
+        for name, replacement in self.renamed.items():
+            if name in body:
+                value = body.pop(name)
+                if replacement is not None:
+                    body[replacement] = value
+        return body
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+async def get_json(
+    session: aiohttp.ClientSession, url: str, api_key: str | None, timeout_s: float, body: Any = None
+) -> Any:
+    """The JSON a GET (or, with ``body``, a POST) of ``url`` answers with status 200; None for anything else."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    try:
+        if body is None:
+            request = session.get(url, headers=auth_headers(api_key), timeout=timeout)
+        else:
+            request = session.post(url, json=body, headers=auth_headers(api_key), timeout=timeout)
+        async with request as resp:
+            if resp.status != 200:
+                return None
+            return await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+
+
+async def probe(session: aiohttp.ClientSession, replica: Replica, api_key: str | None) -> bool:
+    """Read the replica's model card (and llama-server's /props); False when it did not answer yet (a replica still
+    loading, a key refused): the caller tries again later rather than taking silence for an answer."""
+    models = await get_json(session, f"{replica.url}/models", api_key, 10.0)
+    if not isinstance(models, dict):
+        return False
+    replica.server_kind = server_kind(models)
+    if replica.context_length is None:
+        replica.context_length = context_length(models)
+    if replica.context_length is None and replica.server_kind == "llama-server":
+        props = await get_json(session, f"{replica.root}/props", api_key, 10.0)
+        settings = props.get("default_generation_settings") if isinstance(props, dict) else None
+        n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+        replica.context_length = n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else None
+    replica.probed = True
+    return True
+
+
+async def alive(session: aiohttp.ClientSession, replica: Replica, api_key: str | None, timeout_s: float) -> bool:
+    """Whether the replica answers /health (a server working through a long queue still does)."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    try:
+        async with session.get(f"{replica.root}/health", headers=auth_headers(api_key), timeout=timeout) as resp:
+            return resp.status == 200
+    except (aiohttp.ClientError, TimeoutError):
+        return False
+
+
+async def count_prompt(
+    session: aiohttp.ClientSession, replica: Replica, api_key: str | None, model: str, messages: Sequence[Message]
+) -> int | None:
+    """The prompt's tokens as the server counts them (its own /tokenize), or None where it cannot say."""
+    chat = [m.model_dump() for m in messages]
+    if replica.server_kind == "llama-server":
+        templated = await get_json(session, f"{replica.root}/apply-template", api_key, 30.0, {"messages": chat})
+        prompt = templated.get("prompt") if isinstance(templated, dict) else None
+        if not isinstance(prompt, str):
+            return None
+        reply = await get_json(session, f"{replica.root}/tokenize", api_key, 30.0, {"content": prompt})
+    else:
+        reply = await get_json(session, f"{replica.root}/tokenize", api_key, 30.0, {"model": model, "messages": chat})
+    if not isinstance(reply, dict):
+        return None
+    if isinstance(reply.get("count"), int):
+        return int(reply["count"])
+    tokens = reply.get("tokens")
+    return len(tokens) if isinstance(tokens, list) else None
+
+
+def context_length(models: Any) -> int | None:
+    """The context window a /v1/models reply reports (vLLM's and SGLang's ``max_model_len``, or another name)."""
+    for model in models.get("data", []) if isinstance(models, dict) else []:
+        if not isinstance(model, dict):
+            continue
+        for name in ("max_model_len", "context_length", "context_window"):
+            if isinstance(model.get(name), int):
+                return int(model[name])
+    return None
+
+
+async def list_models(url: str, api_key: str | None = None) -> list[str]:
+    """Model ids served at ``url`` (raises :class:`LLMError` with the reason when it does not answer)."""
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(
+                f"{url}/models", headers=auth_headers(api_key), timeout=aiohttp.ClientTimeout(total=10)
+            ) as resp,
+        ):
+            text = await resp.text(errors="replace")
+            if resp.status != 200:
+                raise LLMError(f"HTTP {resp.status}: {error_message(text)}")
+            data = json.loads(text)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise LLMError(f"{type(exc).__name__}: {exc}") from None
+    return [str(m.get("id")) for m in data.get("data", []) if isinstance(m, dict)]

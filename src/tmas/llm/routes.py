@@ -1,0 +1,72 @@
+"""Where each role's calls go: its endpoint resolved against the default one, and the replicas behind it (shared by
+every role that names the same URL, so what a server showed is known to all of them)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from tmas.config import Endpoint, Settings
+from tmas.errors import ConfigError
+from tmas.llm.replica import Replica
+from tmas.llm.tokens import TokenCounter
+
+
+@dataclass
+class Route:
+    """A role's endpoint resolved against the default one: where to send (sampling is resolved per call)."""
+
+    endpoint: Endpoint
+    replicas: list[Replica]
+    api_key: str | None
+    counter: TokenCounter
+
+    @property
+    def model(self) -> str:
+        return self.endpoint.model or "default"
+
+
+@dataclass
+class Routes:
+    settings: Settings
+    # URL -> what a run recorded of its server before (a resumed run): where its replies put reasoning.
+    known: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _replicas: dict[str, Replica] = field(default_factory=dict)
+    _routes: dict[str, Route] = field(default_factory=dict)
+
+    def route(self, role: str) -> Route:
+        """The endpoint a role uses: its own endpoint fields where given, the default endpoint's elsewhere."""
+        if role in self._routes:
+            return self._routes[role]
+        data = self.settings.endpoint.model_dump()
+        override = self.settings.roles.get(role)
+        if override is not None:
+            for name in override.model_fields_set - {"sampling"}:
+                value = getattr(override, name)
+                if value is not None:
+                    data[name] = value
+        endpoint = Endpoint.model_validate(data)
+        if not endpoint.base_url:
+            raise ConfigError(f"role {role!r} has no base_url")
+        api_key = None
+        if endpoint.api_key_env:
+            api_key = os.environ.get(endpoint.api_key_env)
+            if not api_key:
+                raise ConfigError(
+                    f"environment variable {endpoint.api_key_env} (named by api_key_env for role {role!r}) is not set"
+                )
+        replicas = []
+        for url in endpoint.base_url:
+            if url not in self._replicas:
+                cap = asyncio.Semaphore(endpoint.max_in_flight) if endpoint.max_in_flight else None
+                replica = Replica(url=url, cap=cap, context_length=endpoint.context_length)
+                reasoning = self.known.get(url, {}).get("reasoning")
+                if reasoning in ("separate", "inline", "none"):
+                    replica.reasoning = reasoning
+                self._replicas[url] = replica
+            replicas.append(self._replicas[url])
+        route = Route(endpoint, replicas, api_key, TokenCounter(endpoint.tokenizer))
+        self._routes[role] = route
+        return route

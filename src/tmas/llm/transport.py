@@ -1,0 +1,244 @@
+"""Sending one request and reading its reply, streamed or whole, with the times it took.
+
+**Waiting is not stalling.** A server under load keeps a request in its queue (or preempts it) before its first token:
+vLLM sends its stream's headers at once and then nothing until that token (Starlette starts a ``StreamingResponse``
+before its generator yields), SGLang sends nothing at all (it awaits the first chunk before it returns the response),
+llama-server answers once a slot takes the request. Closing such a request aborts it and loses its place, so silence
+before the first chunk is waited out for as long as the server answers ``/health`` (checked every ``timeout_s`` of
+silence), bounded only by ``queue_timeout_s`` where set and by ``deadline_s``. Once chunks flow, a silence longer than
+``timeout_s`` is a stall. An unstreamed reply is silent until whole: ``timeout_s`` bounds it whole.
+
+``deadline_s`` counts from the moment the request is sent, after the client's own slots and caps let it go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from tmas.config import Endpoint
+from tmas.llm import failures
+from tmas.llm.failures import Failure
+from tmas.llm.replies import STOPPED_EARLY, logprobs
+from tmas.llm.stream import StreamAssembler, StreamError, lines
+from tmas.llm.watch import TraceWatch
+
+
+@dataclass
+class Timing:
+    """Where a call's time went: waiting for the server's first chunk (its queue and the prompt's prefill) and
+    streaming the rest."""
+
+    sent_at: float = 0.0
+    first_chunk_at: float | None = None
+    done_at: float | None = None
+    # A streamed request answered with a plain JSON reply: the server does not stream.
+    plain_reply: bool = False
+
+    @property
+    def first_token_s(self) -> float | None:
+        return None if self.first_chunk_at is None else self.first_chunk_at - self.sent_at
+
+    @property
+    def streaming_s(self) -> float | None:
+        if self.first_chunk_at is None or self.done_at is None:
+            return None
+        return self.done_at - self.first_chunk_at
+
+
+@dataclass
+class Exchange:
+    """One request to send: where, what, and how long its silences may last."""
+
+    session: aiohttp.ClientSession
+    url: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+    endpoint: Endpoint
+    # Whether the server still answers (its /health): asked after each timeout_s of silence before the first chunk.
+    alive: Callable[[], Awaitable[bool]]
+    watch: TraceWatch | None = None
+
+
+async def send(exchange: Exchange, timing: Timing) -> dict[str, Any]:
+    """POST the request; its whole reply as JSON (a streamed one assembled), or as far as ``watch`` let it run.
+    Raises :class:`Failure`."""
+    endpoint = exchange.endpoint
+    timing.sent_at = time.monotonic()
+    try:
+        async with asyncio.timeout(endpoint.deadline_s) as deadline:
+            if not exchange.body.get("stream"):
+                return await _whole(exchange, timing)
+            return await _wait_for_first_chunk(exchange, timing)
+    except TimeoutError:
+        if deadline.expired():
+            # Not retried: a call that ran out of its whole budget would most likely run out of it again.
+            raise Failure(
+                f"no whole reply from {exchange.url} within deadline_s = {endpoint.deadline_s:g}s",
+                "deadline",
+                retry=False,
+            ) from None
+        raise
+
+
+async def _whole(exchange: Exchange, timing: Timing) -> dict[str, Any]:
+    timeout = aiohttp.ClientTimeout(total=exchange.endpoint.timeout_s)
+    try:
+        async with exchange.session.post(
+            exchange.url, json=exchange.body, headers=exchange.headers, timeout=timeout
+        ) as resp:
+            timing.first_chunk_at = time.monotonic()
+            text = await resp.text(errors="replace")
+            status, retry_after = resp.status, resp.headers.get("Retry-After")
+    except TimeoutError:
+        raise Failure(
+            f"no reply from {exchange.url} within {exchange.endpoint.timeout_s:g}s", "timeout", retry=True
+        ) from None
+    except (aiohttp.ClientError, ConnectionError) as exc:
+        raise failures.from_exception(exc, exchange.url, sent=timing.first_chunk_at is not None) from None
+    timing.done_at = time.monotonic()
+    return _json_reply(status, text, exchange, retry_after)
+
+
+async def _wait_for_first_chunk(exchange: Exchange, timing: Timing) -> dict[str, Any]:
+    """Run the streamed exchange; while no chunk came, check every ``timeout_s`` that the server is alive."""
+    endpoint = exchange.endpoint
+    first = asyncio.Event()
+    task = asyncio.ensure_future(_streamed(exchange, timing, first))
+    try:
+        while True:
+            try:
+                # shield: a wait that times out leaves the exchange running.
+                return await asyncio.wait_for(asyncio.shield(task), endpoint.timeout_s)
+            except TimeoutError:
+                if task.done():
+                    return task.result()
+                if first.is_set():
+                    continue  # chunks flow: a stall between them is the reader's to see
+            waited = time.monotonic() - timing.sent_at
+            if endpoint.queue_timeout_s is not None and waited >= endpoint.queue_timeout_s:
+                raise Failure(
+                    f"{exchange.url} sent no first chunk within queue_timeout_s = {endpoint.queue_timeout_s:g}s",
+                    "queue_timeout",
+                    retry=True,
+                )
+            if not await exchange.alive():
+                raise Failure(
+                    f"{exchange.url} sent nothing for {waited:.0f}s and does not answer /health", "dead", retry=True
+                )
+    finally:
+        if not task.done():
+            task.cancel()  # closes the connection: the server aborts the request
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def _streamed(exchange: Exchange, timing: Timing, first: asyncio.Event) -> dict[str, Any]:
+    # No read bound of aiohttp's own: the wait for the first chunk is bounded by the liveness loop above, each later
+    # read by timeout_s below.
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=exchange.endpoint.timeout_s, sock_read=None)
+    got_headers = False
+    try:
+        async with exchange.session.post(
+            exchange.url, json=exchange.body, headers=exchange.headers, timeout=timeout
+        ) as resp:
+            got_headers = True
+            if resp.status == 200 and resp.content_type != "application/json":
+                data = await _read_stream(resp, exchange, timing, first)
+                timing.done_at = time.monotonic()
+                return data
+            text = await resp.text(errors="replace")
+            status, retry_after = resp.status, resp.headers.get("Retry-After")
+    except (aiohttp.ClientError, ConnectionError) as exc:
+        raise failures.from_exception(exc, exchange.url, sent=got_headers) from None
+    first.set()
+    timing.first_chunk_at = timing.done_at = time.monotonic()
+    timing.plain_reply = status == 200
+    return _json_reply(status, text, exchange, retry_after)
+
+
+async def _chunks(
+    resp: aiohttp.ClientResponse, exchange: Exchange, timing: Timing, first: asyncio.Event
+) -> AsyncIterator[bytes]:
+    """The reply's bytes as they come; a silence past ``timeout_s`` once they flow is a stall."""
+    timeout_s = exchange.endpoint.timeout_s
+    while True:
+        if first.is_set():
+            try:
+                chunk = await asyncio.wait_for(resp.content.readany(), timeout_s)
+            except TimeoutError:
+                raise Failure(
+                    f"stream from {exchange.url} stalled: no chunk within {timeout_s:g}s", "stall", retry=True
+                ) from None
+        else:
+            chunk = await resp.content.readany()
+            if chunk:
+                timing.first_chunk_at = time.monotonic()
+                first.set()
+        if not chunk:
+            return
+        yield chunk
+
+
+async def _read_stream(
+    resp: aiohttp.ClientResponse, exchange: Exchange, timing: Timing, first: asyncio.Event
+) -> dict[str, Any]:
+    """The whole reply of an event stream, in an unstreamed reply's shape (:mod:`tmas.llm.stream`).
+
+    A stream that breaks or ends before every choice finished fails with cause ``cut``, unless some choices had
+    finished: those are returned (the caller asks again only for the others). ``watch`` is told of the
+    log-probabilities as they arrive; when it stops the reply, the connection is closed there (the server aborts the
+    request) and the reply so far is returned, marked."""
+    watch = exchange.watch
+    assembler = StreamAssembler()
+    seen = 0
+    if watch is not None:
+        watch.begin()
+    try:
+        try:
+            async for line in lines(_chunks(resp, exchange, timing, first)):
+                assembler.feed(line)
+                if assembler.done:
+                    break
+                if watch is None or len(assembler.logprobs()) == seen:
+                    continue
+                arrived = assembler.logprobs()[seen:]
+                seen += len(arrived)
+                stop = watch.observe(logprobs({"content": arrived}) or [])
+                if stop is not None and not assembler.complete:
+                    resp.close()
+                    assembler.stop(stop.finish_reason)
+                    return {**assembler.reply(), STOPPED_EARLY: stop.detail}
+        except (aiohttp.ClientError, ConnectionError) as exc:
+            if not assembler.complete:
+                finished = assembler.finished_reply()
+                if finished is not None:
+                    return finished
+                raise Failure(
+                    f"stream from {exchange.url} cut: {type(exc).__name__}: {exc}", "cut", retry=True
+                ) from None
+        if not assembler.complete and (finished := assembler.finished_reply()) is not None:
+            return finished
+        return assembler.reply()
+    except StreamError as exc:
+        if exc.error is not None:
+            raise failures.from_stream_event(exc.error) from None
+        raise Failure(f"stream from {exchange.url}: {exc}", exc.cause, retry=True) from None
+
+
+def _json_reply(status: int, text: str, exchange: Exchange, retry_after: str | None) -> dict[str, Any]:
+    if status != 200:
+        raise failures.from_status(status, text, exchange.body, retry_after)
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise Failure(f"reply is not JSON: {text[:120]!r}", "malformed", retry=True) from None
+    wanted = "data" if exchange.url.endswith("/embeddings") else "choices"
+    if not isinstance(data, dict) or not data.get(wanted):
+        raise Failure(f"reply has no {wanted}: {text[:120]!r}", "malformed", retry=True)
+    return data

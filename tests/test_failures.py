@@ -1,0 +1,168 @@
+"""Failure classification without HTTP: each server's refusal bodies, stream error events and exceptions, as the
+personas send them, become the cause and retry decision the client acts on; and the retry policy's decisions."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import aiohttp
+import pytest
+
+from tmas.config import Retry
+from tmas.llm import failures
+from tmas.llm.failures import ContextRefusal, Failure
+from tmas.llm.retry import RetryPolicy
+
+
+def _vllm(message: str) -> str:
+    return json.dumps({"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}})
+
+
+def _sglang(message: str) -> str:
+    return json.dumps({"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400})
+
+
+CONTEXT_BODIES = {
+    "vllm, today": _vllm(
+        "'max_tokens' or 'max_completion_tokens' is too large: 4000. This model's maximum context length is 1500 "
+        "tokens and your request has 620 input tokens (4000 > 1500 - 620). None"
+    ),
+    "vllm, output tokens": _vllm(
+        "This model's maximum context length is 1500 tokens. However, you requested 4000 output tokens and your "
+        "prompt contains at least 621 input tokens, for a total of at least 4621 tokens. Please reduce the length of "
+        "the input prompt or the number of requested output tokens."
+    ),
+    "vllm, passed": _vllm(
+        "You passed 620 input tokens and requested 4000 output tokens. However, the model's context length is only "
+        "1500 tokens, resulting in a maximum input length of -2500 tokens. Please reduce the length of the input "
+        "prompt. (parameter=input_tokens, value=620)"
+    ),
+    "vllm, legacy": _vllm(
+        "This model's maximum context length is 1500 tokens. However, you requested 4620 tokens (620 in the "
+        "messages, 4000 in the completion). Please reduce the length of the messages or completion."
+    ),
+    "sglang": _sglang(
+        "Requested token count exceeds the model's maximum context length of 1500 tokens. You requested a total of "
+        "4620 tokens: 620 tokens from the input messages and 4000 tokens for the completion. Please reduce the "
+        "number of tokens in the input messages or the completion to fit within the limit."
+    ),
+}
+
+
+@pytest.mark.parametrize("server", sorted(CONTEXT_BODIES))
+def test_every_context_wording_gives_the_window_and_the_prompt(server: str) -> None:
+    failure = failures.from_status(400, CONTEXT_BODIES[server], {"max_tokens": 4000})
+    assert failure.cause == "context" and not failure.retry
+    assert failure.context is not None
+    assert failure.context.context == 1500
+    # "at least 621": the server's own lower bound is taken as the prompt.
+    assert failure.context.prompt in (620, 621)
+
+
+def test_llama_server_states_its_numbers_as_fields() -> None:
+    body = json.dumps(
+        {
+            "error": {
+                "code": 400,
+                "message": "request (2710 tokens) exceeds the available context size (512 tokens), try increasing it",
+                "type": "exceed_context_size_error",
+                "n_prompt_tokens": 2710,
+                "n_ctx": 512,
+            }
+        }
+    )
+    failure = failures.from_status(400, body, {})
+    assert failure.cause == "context"
+    assert failure.context == ContextRefusal(context=512, prompt=2710)
+
+
+def test_a_400_naming_the_context_without_numbers_is_still_a_context_refusal() -> None:
+    failure = failures.from_status(400, _vllm("Input is longer than the model's context window."), {})
+    assert failure.cause == "context" and failure.context == ContextRefusal()
+
+
+def test_other_refusals_keep_their_status_cause() -> None:
+    failure = failures.from_status(400, _vllm("messages must not be empty"), {})
+    assert (failure.cause, failure.retry, failure.context) == ("http_400", False, None)
+    assert failures.from_status(404, _vllm("The model `x` does not exist."), {}).cause == "http_404"
+
+
+@pytest.mark.parametrize("status", [429, 500, 502, 503, 504])
+def test_busy_and_broken_servers_are_retried_with_their_retry_after(status: int) -> None:
+    failure = failures.from_status(status, _vllm("busy"), {}, retry_after="7")
+    assert failure.retry and failure.cause == f"http_{status}" and failure.retry_after == 7.0
+
+
+def test_refused_fields_and_features() -> None:
+    openai = json.dumps({"error": {"message": "Unrecognized request argument supplied: top_k", "type": "x"}})
+    assert failures.from_status(400, openai, {}).refused_field == ("top_k", None)
+    renamed = json.dumps(
+        {
+            "error": {
+                "message": "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                "Use 'max_completion_tokens' instead.",
+                "type": "invalid_request_error",
+            }
+        }
+    )
+    assert failures.from_status(400, renamed, {}).refused_field == ("max_tokens", "max_completion_tokens")
+    stream = failures.from_status(400, _vllm("stream is not supported"), {"stream": True})
+    assert stream.cause == "stream" and not stream.retry
+    schema = failures.from_status(
+        400, _vllm("response_format type 'json_schema' is not supported"), {"response_format": {}}
+    )
+    assert schema.cause == "structured_output"
+
+
+def test_stream_error_events_by_status() -> None:
+    # vLLM and SGLang send the status an error would have had as the event's code.
+    server = failures.from_stream_event({"message": "CUDA error", "type": "InternalServerError", "code": 500})
+    assert server.retry and server.cause == "stream_error"
+    client = failures.from_stream_event({"message": "invalid grammar", "type": "BadRequestError", "code": 400})
+    assert not client.retry and client.cause == "http_400"
+    context = failures.from_stream_event(
+        {
+            "message": "This model's maximum context length is 1500 tokens and your request has 1600 input tokens",
+            "code": 400,
+        }
+    )
+    assert context.cause == "context" and context.context == ContextRefusal(context=1500, prompt=1600)
+    assert failures.from_stream_event("something broke").retry
+
+
+def test_exceptions_by_when_they_happened() -> None:
+    url = "http://127.0.0.1:1/v1"
+    closed = failures.from_exception(aiohttp.ServerDisconnectedError(), url, sent=False)
+    assert closed.cause == "disconnected" and closed.retry
+    cut = failures.from_exception(aiohttp.ServerDisconnectedError(), url, sent=True)
+    assert cut.cause == "cut"
+    timeout = failures.from_exception(aiohttp.ServerTimeoutError("read"), url, sent=False)
+    assert timeout.cause == "timeout"
+    other = failures.from_exception(aiohttp.ClientOSError(104, "reset"), url, sent=True)
+    assert other.cause == "connection" and other.retry
+
+
+def test_the_policy_gives_up_on_final_failures_and_after_max_attempts() -> None:
+    policy = RetryPolicy(Retry(max_attempts=3, backoff_base_s=1.0, backoff_max_s=10.0), random.Random(0))
+    final = policy.attempts()
+    final.begin()
+    assert final.after(Failure("no", "http_400", retry=False)) is None
+    busy = policy.attempts()
+    delays = []
+    for _ in range(3):
+        busy.begin()
+        delays.append(busy.after(Failure("busy", "http_503", retry=True, retry_after=2.0)))
+    # Two retries, each at least the Retry-After; the third failure ends the call.
+    assert delays[2] is None and all(d is not None and 2.0 <= d <= 10.0 for d in delays[:2])
+    assert busy.causes == ["http_503", "http_503"]
+
+
+def test_backoff_is_exponential_with_full_jitter() -> None:
+    # backoff = min(max, base * 2^(attempt-1)) * U[0, 1): with U fixed by the seed, the values are known.
+    rng = random.Random(5)
+    draws = [rng.random() for _ in range(3)]
+    policy = RetryPolicy(Retry(backoff_base_s=0.5, backoff_max_s=1.5), random.Random(5))
+    failure = Failure("busy", "http_503", retry=True)
+    got = [policy.backoff(a, failure) for a in (1, 2, 3)]
+    assert got == pytest.approx([0.5 * draws[0], 1.0 * draws[1], 1.5 * draws[2]])

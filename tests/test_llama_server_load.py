@@ -1,0 +1,129 @@
+"""The client against the real embedded llama-server under load: calls queued behind busy slots are waited for and
+sent once, a closed stream frees its slot, and a prompt the context cannot hold is refused with both numbers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from tmas.config import LocalModel, Sampling, Settings
+from tmas.llm.client import LLMClient
+from tmas.llm.local_server import LocalServer
+from tmas.llm.model import ClientStats
+from tmas.llm.types import CallKey, Message
+
+pytestmark = [
+    pytest.mark.local_model,
+    pytest.mark.skipif(os.environ.get("TMAS_SKIP_LOCAL_MODEL") == "1", reason="TMAS_SKIP_LOCAL_MODEL=1"),
+]
+
+
+@pytest.fixture
+async def one_slot(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalServer]:
+    cfg = LocalModel(
+        model="smollm2-135m", parallel=1, ctx_per_slot=512, startup_timeout_s=120, extra_args=["--metrics", "--slots"]
+    )
+    async with LocalServer(cfg, log_dir=tmp_path_factory.mktemp("llama")) as srv:
+        yield srv
+
+
+def _settings(srv: LocalServer, **endpoint: object) -> Settings:
+    return Settings.model_validate(
+        {
+            "endpoint": {"base_url": srv.base_url, "model": srv.model, **endpoint},
+            "retry": {"max_attempts": 3, "backoff_base_s": 0.01},
+        }
+    )
+
+
+async def _metric(session: aiohttp.ClientSession, srv: LocalServer, name: str) -> float:
+    async with session.get(srv.base_url.removesuffix("/v1") + "/metrics") as resp:
+        for line in (await resp.text()).splitlines():
+            if line.startswith(f"llamacpp:{name} "):
+                return float(line.split()[1])
+    raise AssertionError(f"no llamacpp:{name}")
+
+
+async def _slot_busy(session: aiohttp.ClientSession, srv: LocalServer) -> bool:
+    async with session.get(srv.base_url.removesuffix("/v1") + "/slots") as resp:
+        return any(slot.get("is_processing") for slot in await resp.json())
+
+
+async def test_calls_queued_behind_a_busy_slot_are_waited_for_and_sent_once(one_slot: LocalServer) -> None:
+    # One slot, four calls at once, each generating 160 tokens: three wait in llama-server's queue, silent (no
+    # headers), the last behind three whole calls. timeout_s is half of one call's time on this machine (measured by a
+    # first call), so every wait in the queue outlasts it while the gaps between tokens stay well inside it. While the
+    # server answers /health the queued calls are waited for, not sent again.
+    sampling = {"temperature": 0.0, "max_tokens": 160, "extra_body": {"ignore_eos": True}}
+    async with LLMClient(_settings(one_slot)) as llm:
+        warm = await llm.chat("solution", [Message(role="user", content="Count.")], sampling=Sampling.model_validate(sampling))
+    assert warm.ok, warm.error
+    stats = ClientStats()
+    settings = _settings(one_slot, timeout_s=max(0.2, warm.latency_s / 2))
+    deferred_seen = 0.0
+    async with LLMClient(settings, stats=stats) as llm, aiohttp.ClientSession() as session:
+        before = await _metric(session, one_slot, "tokens_predicted_total")
+        calls = [
+            asyncio.ensure_future(
+                llm.chat(
+                    "solution",
+                    [Message(role="user", content=f"Count from {i} upwards.")],
+                    key=CallKey(role="solution", sample=i),
+                    sampling=Sampling.model_validate(sampling),
+                )
+            )
+            for i in range(4)
+        ]
+        for _ in range(400):  # until the server reports a deferred request (bounded: 400 looks)
+            deferred_seen = max(deferred_seen, await _metric(session, one_slot, "requests_deferred"))
+            if deferred_seen or all(c.done() for c in calls):
+                break
+            await asyncio.sleep(0.02)
+        done = await asyncio.gather(*calls)
+        predicted = await _metric(session, one_slot, "tokens_predicted_total")
+    assert deferred_seen >= 1, "the server never queued a request: the test did not load it"
+    assert all(c.ok for c in done), [c.error for c in done]
+    assert [c.attempts for c in done] == [1, 1, 1, 1]
+    assert stats.retries == 0 and all(c.retry_causes == [] for c in done)
+    # Every token the server generated went to a reply that was used: nothing was generated twice.
+    assert predicted - before == sum(c.usage.completion_tokens for c in done) == 4 * 160
+    assert max(c.first_token_s or 0.0 for c in done) > settings.endpoint.timeout_s
+
+
+async def test_a_closed_stream_frees_its_slot(one_slot: LocalServer) -> None:
+    body = {
+        "model": one_slot.model,
+        "messages": [{"role": "user", "content": "Write a long story."}],
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{one_slot.base_url}/chat/completions", json=body) as resp:
+            assert resp.status == 200
+            await resp.content.readline()  # the first event: the slot is generating
+            assert await _slot_busy(session, one_slot)
+        # Closed after its first event: llama-server stops generating for it.
+        freed = False
+        for _ in range(200):  # bounded: 200 looks
+            if not await _slot_busy(session, one_slot):
+                freed = True
+                break
+            await asyncio.sleep(0.05)
+        assert freed
+        assert await _metric(session, one_slot, "tokens_predicted_total") < 400
+
+
+async def test_a_prompt_the_context_cannot_hold_is_refused_with_both_numbers(one_slot: LocalServer) -> None:
+    # The endpoint claims a larger window than the server has, so the prompt is sent and the server refuses it.
+    settings = _settings(one_slot, context_length=8192)
+    prompt = " ".join(f"item{i}" for i in range(900))
+    async with LLMClient(settings) as llm:
+        done = await llm.chat("solution", [Message(role="user", content=prompt)], sampling=Sampling(max_tokens=8))
+    assert not done.ok and done.error_cause == "context"
+    assert done.attempts == 1
+    assert "context window of 512 tokens" in (done.error or "")
