@@ -4,8 +4,9 @@ project's client against every persona."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -405,6 +406,72 @@ async def test_logprobs_in_each_servers_shape(
     streamed = [e["choices"][0] for e in events[:-1] if e["choices"] and e["choices"][0]["delta"].get("content")]
     assert all(c["logprobs"]["content"] for c in streamed)
     assert [t["token"] for c in streamed for t in c["logprobs"]["content"]] == [t["token"] for t in content]
+
+
+# ---- waiting for a turn (max_running) ---------------------------------------------------------------------
+
+HOLD = Rule(pattern="hold", latency_s=60.0)  # holds its turn until its client goes away
+
+
+async def eventually(condition: Callable[[], bool], tries: int = 400) -> None:
+    for _ in range(tries):
+        if condition():
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError("condition never became true")
+
+
+async def hold_the_only_turn(http: aiohttp.ClientSession, sim: SimServer) -> asyncio.Task[Any]:
+    holder = asyncio.create_task(post(http, sim, messages=[{"role": "user", "content": "hold"}]))
+    await eventually(lambda: sim.stats().running == 1)
+    return holder
+
+
+async def waiting_stream(http: aiohttp.ClientSession, sim: SimServer, seen: list[tuple[int, int]]) -> list[Any]:
+    """A streamed request; ``seen`` gets (waiting, running) as the server counted them when its headers came."""
+    payload = {"model": "sim-model", "messages": [{"role": "user", "content": Q}], "stream": True}
+    async with http.post(f"{sim.base_url}/chat/completions", json=payload) as resp:
+        stats = sim.stats()
+        seen.append((stats.waiting, stats.running))
+        text = (await resp.read()).decode()
+    return [e[len("data: ") :] for e in text.split("\n\n") if e]
+
+
+@pytest.mark.parametrize(("persona", "waiting_at_headers"), [("vllm", 1), ("sglang", 0), ("llama-server", 0)])
+async def test_what_a_waiting_stream_shows(
+    persona: PersonaName, waiting_at_headers: int, http: aiohttp.ClientSession
+) -> None:
+    """vLLM sends its headers at once and nothing more until its first token; SGLang sends nothing at all until
+    its first chunk; llama-server sends its headers when a slot takes the request."""
+    async with SimServer(SimScript(persona=persona, max_running=1, rules=[HOLD])) as sim:
+        holder = await hold_the_only_turn(http, sim)
+        seen: list[tuple[int, int]] = []
+        streamed = asyncio.create_task(waiting_stream(http, sim, seen))
+        await eventually(lambda: sim.stats().waiting == 1)
+        if waiting_at_headers:
+            await eventually(lambda: bool(seen))
+        else:
+            await asyncio.sleep(0.2)  # room for headers that should not come
+        # Whether the headers came while the request still waited (the holder has run all along).
+        assert len(seen) == waiting_at_headers and sim.stats().waiting == 1 and sim.stats().completed == 0
+        holder.cancel()
+        events = await streamed
+        assert events[-1] == "[DONE]" and sim.stats().completed == 1
+        assert len(seen) == 1
+
+
+async def test_llama_server_headers_come_with_the_slot_before_any_token(http: aiohttp.ClientSession) -> None:
+    slow = Rule(pattern="2\\+3", latency_s=60.0)  # the waiting request's first token is far off
+    async with SimServer(SimScript(persona="llama-server", max_running=1, rules=[HOLD, slow])) as sim:
+        holder = await hold_the_only_turn(http, sim)
+        seen: list[tuple[int, int]] = []
+        streamed = asyncio.create_task(waiting_stream(http, sim, seen))
+        await eventually(lambda: sim.stats().waiting == 1)
+        holder.cancel()
+        await eventually(lambda: bool(seen))
+        assert seen == [(0, 1)] and sim.stats().completed == 0  # its slot, no token yet
+        streamed.cancel()
+        await eventually(lambda: sim.stats().running == 0)
 
 
 # ---- /v1/models -------------------------------------------------------------------------------------------

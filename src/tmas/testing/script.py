@@ -216,3 +216,10 @@ class SimScript(_Strict):
     # Log each chat request's prompt digest, seed and n instead of its body (tmas.testing.long_replies.request_digest):
     # a log of a whole paper-scale run stays small.
     log_digests: bool = False
+    # The most chat requests generating at once (a server's batch, or llama-server's slots); the others wait in
+    # arrival order before their first chunk, shown as the persona's server shows it (tmas.testing.personas,
+    # ``Persona.headers_at``). None: all at once, as before.
+    max_running: int | None = Field(default=None, ge=1)
+    # /health: "ok" answers 200; "hang" answers nothing for ``hang_s`` then closes the connection; "error" answers
+    # 503, as a replica whose engine died does.
+    health: Literal["ok", "hang", "error"] = "ok"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import random
 import struct
@@ -24,8 +25,14 @@ from aiohttp import web
 from tmas.testing.long_replies import long_choice, request_digest
 from tmas.testing.personas import Persona, cache_capacity, persona_of
 from tmas.testing.prefix_cache import PrefixCache, SlotCache, prompt_tokens
-from tmas.testing.replies import Choice, Reply
-from tmas.testing.responders import SimRequest, content_text, count_tokens_cached, get_responder, stable_hash
+from tmas.testing.replies import DONE, Choice, Reply, sse
+from tmas.testing.responders import (
+    SimRequest,
+    content_text,
+    count_tokens_cached,
+    get_responder,
+    stable_hash,
+)
 from tmas.testing.script import FaultKind, Rule, SimScript
 from tmas.testing.scripted_replies import RuleBook, embed_text, scripted_logprobs, scripted_text
 from tmas.testing.sim_faults import (
@@ -36,6 +43,7 @@ from tmas.testing.sim_faults import (
     faulty_events,
     stream_head,
 )
+from tmas.testing.sim_queue import RunQueue
 from tmas.testing.sim_stats import LogEntry, LoggedRequest, SimRecorder, SimStats
 
 ROLE_HEADER = "X-Tmas-Role"
@@ -72,6 +80,12 @@ class _Active:
         return cls(script, RuleBook(script), rng, persona, cache, script.faults.cumulative())
 
 
+class _Turn:
+    """Whether a chat request holds a turn in the run queue (to give back when it is done)."""
+
+    held = False
+
+
 class _BadRequest(Exception):
     def __init__(self, message: str, status: int = 400, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -89,6 +103,7 @@ class SimApp:
         script = script or SimScript()
         self._active = _Active.of(script)
         self.recorder = SimRecorder(script.log_limit)
+        self.queue = RunQueue(self.recorder)
 
     # ---- thread-safe control ---------------------------------------------------------------------
 
@@ -101,6 +116,11 @@ class SimApp:
         with self._lock:
             self._active = _Active.of(script)
             self.recorder.resize_log(script.log_limit)
+        loop = self.queue.loop
+        if loop is not None and not loop.is_closed():
+            # A raised (or removed) max_running starts waiting requests at once, on the server's own thread.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self.queue.grant, script.max_running)
 
     def reset(self) -> None:
         """Clear stats, the request log and rule counters (and reseed the fault generator)."""
@@ -129,6 +149,15 @@ class SimApp:
         return app
 
     async def _health(self, request: web.Request) -> web.Response:
+        script = self._active.script
+        if script.health == "hang":
+            # A dead replica that still accepts connections: nothing comes back until the client gives up.
+            await asyncio.sleep(script.hang_s)
+            if request.transport is not None:
+                request.transport.close()
+            return web.Response()
+        if script.health == "error":
+            return error_response(503, "Service Unavailable", "ServiceUnavailableError")
         return web.json_response({"status": "ok"})
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -189,17 +218,20 @@ class SimApp:
         self.recorder.enter(role)
         self.recorder.problem_enter(problem)
         persona = self._active.persona
+        turn = _Turn()
         try:
-            return await self._chat_inner(request, role, received)
+            return await self._chat_inner(request, role, received, turn)
         except _BadRequest as exc:
             self.recorder.count_error()
             return web.json_response(persona.error(exc.status, exc.message, exc.param, exc.code), status=exc.status)
         finally:
+            if turn.held:
+                self.queue.leave(self._active.script.max_running)
             self.recorder.slot_leave(id(request))
             self.recorder.problem_leave(problem)
             self.recorder.leave()
 
-    async def _chat_inner(self, request: web.Request, role: str, received: float) -> web.StreamResponse:
+    async def _chat_inner(self, request: web.Request, role: str, received: float, turn: _Turn) -> web.StreamResponse:
         problem = request.headers.get(PROBLEM_HEADER)
         active = self._active
         script, persona = active.script, active.persona
@@ -256,10 +288,23 @@ class SimApp:
             self.recorder.count_fault(fault)
         fixed_latency = rule.latency_s if rule is not None and rule.latency_s is not None else script.latency_s
         per_token = 0.0 if rule is not None and rule.latency_s is not None else script.latency_per_token_s
+        # Wait for a turn to generate; a streamed request meanwhile shows what its server shows (headers or
+        # nothing). Without max_running no request waits and the headers go out with the first chunk, as before.
+        opened: web.StreamResponse | None = None
+        queued = script.max_running is not None
+        if streams and queued and persona.headers_at == "arrival":
+            opened = await self._open_stream(request)
+        await self.queue.enter(script.max_running)
+        turn.held = True
+        if streams and queued and persona.headers_at == "slot":
+            opened = await self._open_stream(request)
         if fixed_latency > 0:
             await asyncio.sleep(fixed_latency)
         if fault is not None:
             replaced = await fault_response(request, fault, script.hang_s, streams)
+            if isinstance(replaced, web.Response) and opened is not None and replaced.status >= 400:
+                # The status line is already out: the error goes as an event in the stream, as vLLM sends it.
+                return await self._stream_failure(opened, replaced.status, replaced.text or "")
             if replaced is not None:
                 return replaced
 
@@ -295,7 +340,14 @@ class SimApp:
             reply.continuous_usage = bool(options.get("continuous_usage_stats"))
             include_usage = bool(options.get("include_usage"))
             return await self._stream(
-                request, reply, include_usage, per_token, fault, script.hang_s, lambda: self.recorder.count_done(*done)
+                request,
+                reply,
+                include_usage,
+                per_token,
+                fault,
+                script.hang_s,
+                lambda: self.recorder.count_done(*done),
+                opened,
             )
         if per_token > 0 and counts.completion:
             await asyncio.sleep(per_token * counts.completion)
@@ -397,13 +449,12 @@ class SimApp:
         fault: FaultKind | None,
         hang_s: float,
         answered: Callable[[], None],
+        opened: web.StreamResponse | None = None,
     ) -> web.StreamResponse:
-        """The reply as a stream; ``answered`` is told just before its last event goes out (so the stats count it
-        before the client can read it whole), and not at all where the client closed the stream first."""
-        response = web.StreamResponse(
-            status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await response.prepare(request)
+        """The reply as a stream (on ``opened`` where its headers went out already); ``answered`` is told just
+        before its last event goes out (so the stats count it before the client can read it whole), and not at all
+        where the client closed the stream first."""
+        response = opened if opened is not None else await self._open_stream(request)
         # With a per-token latency tokens trickle out one delta each, as from a real server; else in a few pieces.
         events = faulty_events(reply.events(include_usage, per_token_deltas=per_token > 0), fault)
         # stall and cut: the opening chunk and the first delta go out, then nothing for hang_s, or a closed socket.
@@ -429,6 +480,29 @@ class SimApp:
             # The same, noticed first by the server (handler_cancellation), as vLLM and SGLang abort such a request.
             self.recorder.count_disconnect()
             raise
+        return response
+
+    @staticmethod
+    async def _open_stream(request: web.Request) -> web.StreamResponse:
+        """A 200 event-stream response with its status line and headers sent."""
+        response = web.StreamResponse(
+            status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        return response
+
+    async def _stream_failure(self, response: web.StreamResponse, status: int, body: str) -> web.StreamResponse:
+        """An error met after the headers went out: an error event carrying the status, then ``[DONE]``."""
+        try:
+            payload = json.loads(body) if body else {}
+        except ValueError:
+            payload = {}
+        error = payload.get("error") if isinstance(payload, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
+        event = {"error": {"message": message or "error", "type": "error", "param": None, "code": status}}
+        with contextlib.suppress(ConnectionResetError):
+            await response.write(sse(event) + DONE)
+            await response.write_eof()
         return response
 
     # ---- /v1/embeddings --------------------------------------------------------------------------
