@@ -474,6 +474,155 @@ async def test_llama_server_headers_come_with_the_slot_before_any_token(http: ai
         await eventually(lambda: sim.stats().running == 0)
 
 
+# ---- context refusals, token counting, the stated window -------------------------------------------------
+
+# Q is 10 prompt tokens; with a window of 100, max_tokens 90 fits exactly and 95 does not.
+VLLM_WORDINGS: dict[str, str] = {
+    "output_tokens": (
+        "This model's maximum context length is 100 tokens. However, you requested 95 output tokens and your "
+        "prompt contains at least 6 input tokens, for a total of at least 101 tokens. Please reduce the length of "
+        "the input prompt or the number of requested output tokens. (parameter=input_tokens, value=6)"
+    ),
+    "passed": (
+        "You passed 6 input tokens and requested 95 output tokens. However, the model's context length is only 100 "
+        "tokens, resulting in a maximum input length of 5 tokens. Please reduce the length of the input prompt. "
+        "(parameter=input_tokens, value=6)"
+    ),
+    "too_large": (
+        "'max_tokens' or 'max_completion_tokens' is too large: 95. This model's maximum context length is 100 "
+        "tokens and your request has 10 input tokens (95 > 100 - 10)."
+    ),
+    "legacy": (
+        "This model's maximum context length is 100 tokens. However, you requested 105 tokens (10 in the messages, "
+        "95 in the completion). Please reduce the length of the messages or completion."
+    ),
+}
+
+
+@pytest.mark.parametrize("wording", ["persona", *VLLM_WORDINGS, "generic"])
+async def test_vllm_context_refusal_in_each_wording(wording: str, http: aiohttp.ClientSession) -> None:
+    script = SimScript.model_validate({"persona": "vllm", "context_length": 100, "context_wording": wording})
+    async with SimServer(script) as sim:
+        assert (await post(http, sim, max_tokens=90))[0] == 200
+        status, body = await post(http, sim, max_tokens=95)
+    assert status == 400
+    error = body["error"]
+    assert (error["type"], error["code"]) == ("BadRequestError", 400)
+    if wording == "generic":
+        assert "context window" in error["message"] and not any(ch.isdigit() for ch in error["message"])
+        return
+    assert error["message"] == VLLM_WORDINGS["output_tokens" if wording == "persona" else wording]
+    assert error["param"] == ("input_tokens" if wording in ("persona", "output_tokens", "passed") else None)
+
+
+async def test_vllm_today_refuses_a_budget_over_the_whole_window(http: aiohttp.ClientSession) -> None:
+    async with SimServer(SimScript(persona="vllm", context_length=100)) as sim:
+        status, body = await post(http, sim, max_completion_tokens=150)
+    assert status == 400
+    assert body["error"]["message"].startswith("max_completion_tokens=150 cannot be greater than")
+    assert body["error"]["param"] == "max_completion_tokens"
+
+
+async def test_sglang_context_refusals_count_a_full_window_as_too_long(http: aiohttp.ClientSession) -> None:
+    async with SimServer(SimScript(persona="sglang", context_length=100)) as sim:
+        assert (await post(http, sim, max_tokens=89))[0] == 200
+        status, body = await post(http, sim, max_tokens=90)  # 100 tokens: refused, the limit is exclusive
+        assert status == 400
+        assert body == {
+            "object": "error",
+            "message": (
+                "Requested token count exceeds the model's maximum context length of 100 tokens. You requested a "
+                "total of 100 tokens: 10 tokens from the input messages and 90 tokens for the completion. Please "
+                "reduce the number of tokens in the input messages or the completion to fit within the limit."
+            ),
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+        }
+    async with SimServer(SimScript(persona="sglang", context_length=10)) as sim:
+        status, body = await post(http, sim)
+    assert status == 400
+    assert body["message"] == "The input (10 tokens) is longer than the model's context length (10 tokens)."
+
+
+async def test_llama_server_refuses_only_a_prompt_that_fills_the_slot(http: aiohttp.ClientSession) -> None:
+    async with SimServer(SimScript(persona="llama-server", context_length=10)) as sim:
+        status, body = await post(http, sim, max_tokens=5)
+    assert status == 400
+    assert body == {
+        "error": {
+            "code": 400,
+            "message": "request (10 tokens) exceeds the available context size (10 tokens), try increasing it",
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": 10,
+            "n_ctx": 10,
+        }
+    }
+    # A prompt that fits is generated until the context is full, whatever max_tokens asked.
+    rule = Rule(replies=["The answer is 5."])
+    async with SimServer(SimScript(persona="llama-server", context_length=13, rules=[rule])) as sim:
+        status, reply = await post(http, sim, max_tokens=100)
+    assert status == 200
+    assert reply["choices"][0]["finish_reason"] == "length"
+    assert reply["choices"][0]["message"]["content"] == "The answer is"
+    assert reply["usage"]["completion_tokens"] == 3
+
+
+async def test_openai_names_the_context_length_exceeded(http: aiohttp.ClientSession) -> None:
+    async with SimServer(SimScript(persona="openai", context_length=100)) as sim:
+        status, body = await post(http, sim, max_tokens=95)
+    assert status == 400
+    assert body["error"]["code"] == "context_length_exceeded"
+    assert "However, you requested 105 tokens (10 in the messages, 95 in the completion)" in body["error"]["message"]
+
+
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": Q}]
+
+
+async def test_vllm_tokenize_counts_what_the_context_check_counts(http: aiohttp.ClientSession) -> None:
+    async with SimServer(SimScript(persona="vllm", context_length=100)) as sim:
+        async with http.post(f"{sim.url}/tokenize", json={"model": "sim-model", "messages": CHAT}) as resp:
+            counted = await resp.json()
+        async with http.post(f"{sim.url}/tokenize", json={"model": "sim-model", "prompt": Q}) as resp:
+            assert (await resp.json())["count"] == 6  # a bare prompt: no template
+        _, reply = await post(http, sim, messages=CHAT)
+        n = counted["count"]
+        assert n == reply["usage"]["prompt_tokens"] == len(counted["tokens"])
+        assert counted["max_model_len"] == 100
+        assert (await post(http, sim, messages=CHAT, max_tokens=100 - n))[0] == 200
+        assert (await post(http, sim, messages=CHAT, max_tokens=101 - n))[0] == 400
+        async with http.get(f"{sim.url}/props") as resp:
+            assert resp.status == 404  # llama-server's
+
+
+async def test_sglang_tokenize_and_server_info(http: aiohttp.ClientSession) -> None:
+    async with SimServer(SimScript(persona="sglang", context_length=4096, max_running=8)) as sim:
+        async with http.post(f"{sim.base_url}/tokenize", json={"prompt": Q}) as resp:
+            counted = await resp.json()
+        assert (counted["count"], len(counted["tokens"]), counted["max_model_len"]) == (6, 6, 4096)
+        async with http.post(f"{sim.url}/tokenize", json={"messages": CHAT}) as resp:
+            assert resp.status == 400  # prompts only
+        async with http.get(f"{sim.url}/get_server_info") as resp:
+            info = await resp.json()
+        assert (info["context_length"], info["max_running_requests"]) == (4096, 8)
+        async with http.get(f"{sim.url}/get_model_info") as resp:
+            assert (await resp.json())["model_path"] == "sim-model"
+
+
+async def test_llama_server_template_tokenize_and_props(http: aiohttp.ClientSession) -> None:
+    async with SimServer(SimScript(persona="llama-server", context_length=2048, slots=3)) as sim:
+        async with http.post(f"{sim.url}/apply-template", json={"messages": CHAT}) as resp:
+            prompt = (await resp.json())["prompt"]
+        async with http.post(f"{sim.url}/tokenize", json={"content": prompt, "with_pieces": True}) as resp:
+            tokens = (await resp.json())["tokens"]
+        _, reply = await post(http, sim, messages=CHAT)
+        assert len(tokens) == reply["usage"]["prompt_tokens"]
+        assert "".join(t["piece"] for t in tokens) == "".join(prompt.split())
+        async with http.get(f"{sim.url}/props") as resp:
+            props = await resp.json()
+        assert (props["default_generation_settings"]["n_ctx"], props["total_slots"]) == (2048, 3)
+
+
 # ---- /v1/models -------------------------------------------------------------------------------------------
 
 

@@ -30,6 +30,9 @@ FaultKind = Literal[
     "stream_error",
 ]
 
+# The wording of a context refusal (SimScript.context_wording, tmas.testing.context_limits).
+ContextWording = Literal["persona", "output_tokens", "too_large", "passed", "legacy", "generic"]
+
 # Whose reply shapes the simulator answers in (tmas.testing.personas): its own ("sim"), or a real server's.
 PersonaName = Literal["sim", "vllm", "sglang", "llama-server", "openai"]
 
@@ -223,3 +226,7 @@ class SimScript(_Strict):
     # /health: "ok" answers 200; "hang" answers nothing for ``hang_s`` then closes the connection; "error" answers
     # 503, as a replica whose engine died does.
     health: Literal["ok", "hang", "error"] = "ok"
+    # The wording (and condition) of a context refusal (tmas.testing.context_limits): "persona", the persona's
+    # server today ("sim": "legacy"); or one of vLLM's over its releases: "output_tokens" (today's), "passed",
+    # "too_large", "legacy"; or "generic", a 400 that names the context window and no numbers.
+    context_wording: ContextWording = "persona"

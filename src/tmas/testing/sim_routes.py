@@ -22,12 +22,14 @@ from typing import Any
 
 from aiohttp import web
 
+from tmas.testing.context_limits import context_refusal, llama_cut
 from tmas.testing.long_replies import long_choice, request_digest
 from tmas.testing.personas import Persona, cache_capacity, persona_of
 from tmas.testing.prefix_cache import PrefixCache, SlotCache, prompt_tokens
 from tmas.testing.replies import DONE, Choice, Reply, sse
 from tmas.testing.responders import (
     SimRequest,
+    chat_prompt_tokens,
     content_text,
     count_tokens_cached,
     get_responder,
@@ -43,6 +45,7 @@ from tmas.testing.sim_faults import (
     faulty_events,
     stream_head,
 )
+from tmas.testing.sim_info import InfoRoutes
 from tmas.testing.sim_queue import RunQueue
 from tmas.testing.sim_stats import LogEntry, LoggedRequest, SimRecorder, SimStats
 
@@ -87,12 +90,21 @@ class _Turn:
 
 
 class _BadRequest(Exception):
-    def __init__(self, message: str, status: int = 400, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        param: str | None = None,
+        code: str | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.param = param
         self.code = code
+        # The whole error body, where the server's differs from the persona's usual shape.
+        self.body = body
 
 
 class SimApp:
@@ -110,6 +122,10 @@ class SimApp:
     @property
     def script(self) -> SimScript:
         return self._active.script
+
+    @property
+    def persona(self) -> Persona:
+        return self._active.persona
 
     def set_script(self, script: SimScript) -> None:
         """Replace the script; rule counters and the fault generator start afresh, stats and log are kept."""
@@ -146,6 +162,7 @@ class SimApp:
         app.router.add_post("/_sim/script", self._post_script)
         app.router.add_post("/_sim/reset", self._post_reset)
         app.router.add_get("/_sim/requests", self._get_requests)
+        InfoRoutes(self).add_to(app)
         return app
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -223,7 +240,8 @@ class SimApp:
             return await self._chat_inner(request, role, received, turn)
         except _BadRequest as exc:
             self.recorder.count_error()
-            return web.json_response(persona.error(exc.status, exc.message, exc.param, exc.code), status=exc.status)
+            payload = exc.body if exc.body is not None else persona.error(exc.status, exc.message, exc.param, exc.code)
+            return web.json_response(payload, status=exc.status)
         finally:
             if turn.held:
                 self.queue.leave(self._active.script.max_running)
@@ -272,15 +290,15 @@ class SimApp:
             raise _BadRequest("Invalid slot ID")
 
         texts = [content_text(m.get("content")) for m in messages]
-        prompt_tokens = sum(count_tokens_cached(t) for t in texts) + 4 * len(texts)
-        requested = prompt_tokens + (max_tokens or 0)
-        if requested > script.context_length:
-            raise _BadRequest(
-                f"This model's maximum context length is {script.context_length} tokens. "
-                f"However, you requested {requested} tokens ({prompt_tokens} in the messages, "
-                f"{max_tokens or 0} in the completion). "
-                "Please reduce the length of the messages or completion."
-            )
+        prompt_tokens = chat_prompt_tokens(texts)
+        field_name = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
+        refusal = context_refusal(
+            persona.name, script.context_wording, script.context_length, prompt_tokens, max_tokens, field_name
+        )
+        if refusal is not None:
+            raise _BadRequest(refusal.message, refusal.status, refusal.param, refusal.code, refusal.body)
+        # llama-server generates a prompt that fits until its context is full, whatever max_tokens says.
+        max_tokens = llama_cut(persona.name, script.context_wording, script.context_length, prompt_tokens, max_tokens)
 
         rule, used = active.rules.pick(role, texts, n)
         fault = rule.fault if rule is not None else draw_fault(active.rng, active.faults)
