@@ -623,6 +623,53 @@ async def test_llama_server_template_tokenize_and_props(http: aiohttp.ClientSess
         assert (props["default_generation_settings"]["n_ctx"], props["total_slots"]) == (2048, 3)
 
 
+# ---- the API key and a replica still loading --------------------------------------------------------------
+
+UNAUTHORIZED: dict[str, tuple[dict[str, Any], list[str]]] = {
+    # persona: (the 401 body, open paths besides /health)
+    "vllm": ({"error": "Unauthorized"}, ["/tokenize"]),
+    "sglang": ({"error": "Unauthorized"}, []),
+    "llama-server": (
+        {"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}},
+        ["/v1/models"],
+    ),
+}
+
+
+@pytest.mark.parametrize("persona", list(UNAUTHORIZED))
+async def test_api_key_guards_the_routes_its_server_guards(persona: PersonaName, http: aiohttp.ClientSession) -> None:
+    body, open_paths = UNAUTHORIZED[persona]
+    payload = {"model": "sim-model", "messages": [{"role": "user", "content": Q}]}
+    async with SimServer(SimScript(persona=persona, api_key="k-1")) as sim:
+        url = f"{sim.base_url}/chat/completions"
+        for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "k-1"}):
+            async with http.post(url, json=payload, headers=headers) as resp:
+                assert (resp.status, await resp.json()) == (401, body)
+        async with http.post(url, json=payload, headers={"Authorization": "Bearer k-1"}) as resp:
+            assert resp.status == 200
+        async with http.get(f"{sim.url}/health") as resp:
+            assert resp.status == 200
+        for path in open_paths:
+            method = http.post if path == "/tokenize" else http.get
+            async with method(f"{sim.url}{path}", json={"prompt": Q}) as resp:
+                assert resp.status == 200, path
+        stats = sim.stats()
+        assert (stats.unauthorized, stats.completed) == (3, 1)
+        assert [r.authorization for r in sim.requests] == ["Bearer k-1"]  # refused calls never reached the model
+
+
+async def test_models_answer_503_while_the_replica_loads(http: aiohttp.ClientSession) -> None:
+    async with SimServer(SimScript(persona="vllm", models_unavailable=2)) as sim:
+        statuses = []
+        for _ in range(3):
+            async with http.get(f"{sim.base_url}/models") as resp:
+                statuses.append(resp.status)
+                body = await resp.json()
+        assert statuses == [503, 503, 200]
+        assert body["data"][0]["max_model_len"] == 32768
+        assert sim.stats().models_unavailable == 2
+
+
 # ---- /v1/models -------------------------------------------------------------------------------------------
 
 

@@ -230,3 +230,8 @@ class SimScript(_Strict):
     # server today ("sim": "legacy"); or one of vLLM's over its releases: "output_tokens" (today's), "passed",
     # "too_large", "legacy"; or "generic", a 400 that names the context window and no numbers.
     context_wording: ContextWording = "persona"
+    # The server's API key (vLLM's --api-key, SGLang's --api-key, llama-server's --api-key): requests to its guarded
+    # routes without "Authorization: Bearer KEY" get the persona's 401 (tmas.testing.sim_access). None: open.
+    api_key: str | None = None
+    # The first that many /v1/models requests answer 503, as a replica still loading its model does; then normally.
+    models_unavailable: int = Field(default=0, ge=0)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from tmas.testing.context_limits import context_refusal, llama_cut
 from tmas.testing.long_replies import long_choice, request_digest
@@ -37,6 +38,7 @@ from tmas.testing.responders import (
 )
 from tmas.testing.script import FaultKind, Rule, SimScript
 from tmas.testing.scripted_replies import RuleBook, embed_text, scripted_logprobs, scripted_text
+from tmas.testing.sim_access import auth_refusal, loading_response
 from tmas.testing.sim_faults import (
     EMBEDDING_FAULTS,
     draw_fault,
@@ -64,6 +66,8 @@ class _Active:
     # The replica's prefix cache (None: off); only the server's loop thread touches it.
     cache: PrefixCache | SlotCache | None
     faults: list[tuple[FaultKind, float]] = field(default_factory=list)
+    # /v1/models requests answered 503 so far (SimScript.models_unavailable).
+    models_refused: int = 0
 
     @classmethod
     def of(cls, script: SimScript) -> _Active:
@@ -152,8 +156,20 @@ class SimApp:
 
     # ---- application -----------------------------------------------------------------------------
 
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The API key check, before any route (SimScript.api_key)."""
+        active = self._active
+        key = active.script.api_key
+        if key is not None:
+            refusal = auth_refusal(active.persona.name, request.path, request.headers.get("Authorization"), key)
+            if refusal is not None:
+                self.recorder.count_unauthorized()
+                return refusal
+        return await handler(request)
+
     def build(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._guard])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
@@ -180,6 +196,10 @@ class SimApp:
     async def _models(self, request: web.Request) -> web.Response:
         active = self._active
         persona, script = active.persona, active.script
+        if active.models_refused < script.models_unavailable:
+            active.models_refused += 1
+            self.recorder.count_models_unavailable()
+            return loading_response(persona.name)
         extra = persona.models_extra(script) if persona.models_extra is not None else {}
         return web.json_response({**extra, "object": "list", "data": [persona.model_card(script)]})
 

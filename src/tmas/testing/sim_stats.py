@@ -48,6 +48,10 @@ class SimStats(BaseModel):
     max_waiting: int = 0
     queued: int = 0
     aborted: int = 0
+    # Requests refused for a missing or wrong API key (SimScript.api_key), and /v1/models requests answered 503
+    # while the model was "loading" (SimScript.models_unavailable).
+    unauthorized: int = 0
+    models_unavailable: int = 0
 
 
 class LoggedRequest(BaseModel):
@@ -207,6 +211,14 @@ class SimRecorder:
             stats.max_waiting = max(stats.max_waiting, waiting)
             stats.queued += entered_queue
             stats.aborted += aborted
+
+    def count_unauthorized(self) -> None:
+        with self._lock:
+            self._stats.unauthorized += 1
+
+    def count_models_unavailable(self) -> None:
+        with self._lock:
+            self._stats.models_unavailable += 1
 
     def count_error(self) -> None:
         with self._lock:
