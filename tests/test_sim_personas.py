@@ -330,6 +330,119 @@ async def test_streamed_choices_are_interleaved_by_index(http: aiohttp.ClientSes
     assert events[-2]["usage"]["completion_tokens"] == 8 + 7
 
 
+TWO_LENGTHS = Rule(replies=["Short one.", "A much longer reply that keeps going for many more words than the first."])
+
+
+def finishes(events: list[Any]) -> list[tuple[int, int, str]]:
+    """(position in the stream, choice index, finish_reason) of each finishing chunk."""
+    return [
+        (pos, e["choices"][0]["index"], e["choices"][0]["finish_reason"])
+        for pos, e in enumerate(events)
+        if isinstance(e, dict) and e.get("choices") and e["choices"][0]["finish_reason"]
+    ]
+
+
+def last_content(events: list[Any], index: int) -> int:
+    return max(
+        pos
+        for pos, e in enumerate(events)
+        if isinstance(e, dict)
+        and e.get("choices")
+        and e["choices"][0]["index"] == index
+        and e["choices"][0]["delta"].get("content")
+    )
+
+
+async def test_when_each_choice_of_a_stream_finishes(http: aiohttp.ClientSession) -> None:
+    """vLLM finishes each choice on its own last delta; SGLang sends every finish after all the content."""
+    async with SimServer(SimScript(persona="vllm", rules=[TWO_LENGTHS])) as sim:
+        events = await stream(http, sim, n=2)
+    (short_at, short, _), (long_at, long, _) = finishes(events)
+    assert (short, long) == (0, 1)
+    assert short_at < last_content(events, 1) and long_at == last_content(events, 1)
+    async with SimServer(SimScript(persona="sglang", rules=[TWO_LENGTHS])) as sim:
+        events = await stream(http, sim, n=2)
+    found = finishes(events)
+    assert [i for _, i, _ in found] == [0, 1]
+    assert min(pos for pos, _, _ in found) > max(last_content(events, 0), last_content(events, 1))
+
+
+async def raw_stream(http: aiohttp.ClientSession, sim: SimServer, **body: Any) -> list[Any]:
+    """The events of a stream that may end without its end (a cut connection)."""
+    payload = {"model": "sim-model", "messages": [{"role": "user", "content": Q}], "stream": True, **body}
+    lines: list[bytes] = []
+    async with http.post(f"{sim.base_url}/chat/completions", json=payload) as resp:
+        try:
+            async for raw in resp.content:
+                lines.append(raw)
+        except aiohttp.ClientPayloadError:
+            pass
+    data = [line.decode().strip()[len("data: ") :] for line in lines if line.strip()]
+    return [d if d == "[DONE]" else json.loads(d) for d in data]
+
+
+async def test_a_stream_cut_after_its_first_choice_finished(http: aiohttp.ClientSession) -> None:
+    rule = TWO_LENGTHS.model_copy(update={"fault": "cut_after_finish"})
+    async with SimServer(SimScript(persona="vllm", rules=[rule])) as sim:
+        events = await raw_stream(http, sim, n=2)
+        assert sim.stats().faults == {"cut_after_finish": 1}
+    assert [(i, reason) for _, i, reason in finishes(events)] == [(0, "stop")]  # choice 1 never finished
+    assert events[-1] != "[DONE]"
+    assert (
+        "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"][0]["index"] == 0)
+        == (TWO_LENGTHS.replies[0])
+    )
+
+
+@pytest.mark.parametrize(
+    ("persona", "event"),
+    [
+        ("vllm", {"message": "Simulated error (400) mid-generation.", "type": "BadRequestError", "param": None}),
+        ("sglang", {"object": "error", "message": "Simulated error (400) mid-generation.", "type": "BAD_REQUEST"}),
+    ],
+)
+async def test_an_error_event_carrying_a_4xx(
+    persona: PersonaName, event: dict[str, Any], http: aiohttp.ClientSession
+) -> None:
+    rule = Rule(fault="stream_error", error_status=400)
+    async with SimServer(SimScript(persona=persona, rules=[rule])) as sim:
+        events = await stream(http, sim)
+        status, body = await post(http, sim)
+    assert events[-1] == "[DONE]"
+    assert events[-2] == {"error": {**event, **({"param": None} if persona == "sglang" else {}), "code": 400}}
+    assert status == 400  # unstreamed: the status itself, in the server's error body
+    assert body == (events[-2]["error"] if persona == "sglang" else events[-2])
+
+
+@pytest.mark.parametrize("persona", ["vllm", "sglang"])
+async def test_an_aborted_request_finishes_with_abort(persona: PersonaName, http: aiohttp.ClientSession) -> None:
+    rule = Rule(replies=["one two three four five six"], fault="abort")
+    async with SimServer(SimScript(persona=persona, rules=[rule])) as sim:
+        events = await stream(http, sim)
+        status, reply = await post(http, sim)
+    assert [reason for _, _, reason in finishes(events)] == ["abort"]
+    assert status == 200
+    assert reply["choices"][0]["finish_reason"] == "abort"
+    assert reply["choices"][0]["message"]["content"] == "one two three"
+
+
+async def test_sglang_seeds_count_only_with_deterministic_inference(http: aiohttp.ClientSession) -> None:
+    async def contents(deterministic: bool | None, **body: Any) -> list[str]:
+        async with SimServer(SimScript(persona="sglang", deterministic=deterministic)) as sim:
+            _, reply = await post(http, sim, role="seed-probe", **body)
+        return [c["message"]["content"] for c in reply["choices"]]
+
+    # Deterministic inference: the n choices all sample with the request's seed, so they are one reply n times.
+    same = await contents(True, n=3, seed=7)
+    assert len(set(same)) == 1 and same[0].startswith("seed=7 ")
+    assert await contents(True, n=3, seed=7) == same
+    # Without it the seed is ignored: the choices differ, and do not carry the seed asked for.
+    ignored = await contents(False, n=3, seed=7)
+    assert len(set(ignored)) == 3 and not any(text.startswith("seed=7 ") for text in ignored)
+    # Unset: the simulator's own seeding, as before.
+    assert (await contents(None, seed=7))[0].startswith("seed=7 ")
+
+
 # ---- request fields ---------------------------------------------------------------------------------------
 
 

@@ -26,8 +26,14 @@ FaultKind = Literal[
     # A streamed reply sends its first part, then closes the connection without its end (unstreamed: as "drop").
     "cut",
     # A streamed reply sends its first part, then an error event and [DONE], as vLLM and SGLang do on an internal
-    # error met mid-generation (unstreamed: as "http_500").
+    # error met mid-generation (unstreamed: as "http_500"). With a rule's ``error_status``, the event carries that
+    # status in the persona's shape (unstreamed: that status).
     "stream_error",
+    # A streamed reply of several choices goes out until the first choice has finished (its finish_reason sent),
+    # then the connection closes, the other choices unfinished (unstreamed: as "drop").
+    "cut_after_finish",
+    # The server aborts the request part way: each choice stops half way with finish_reason "abort", streamed or not.
+    "abort",
 ]
 
 # The wording of a context refusal (SimScript.context_wording, tmas.testing.context_limits).
@@ -55,6 +61,8 @@ class FaultRates(_Strict):
     stall: float = Field(default=0.0, ge=0.0, le=1.0)
     cut: float = Field(default=0.0, ge=0.0, le=1.0)
     stream_error: float = Field(default=0.0, ge=0.0, le=1.0)
+    cut_after_finish: float = Field(default=0.0, ge=0.0, le=1.0)
+    abort: float = Field(default=0.0, ge=0.0, le=1.0)
 
     @model_validator(mode="after")
     def _total_at_most_one(self) -> FaultRates:
@@ -91,6 +99,8 @@ _RANDOM_KINDS: tuple[FaultKind, ...] = (
     "stall",
     "cut",
     "stream_error",
+    "cut_after_finish",
+    "abort",
 )
 
 
@@ -116,6 +126,9 @@ class Rule(_Strict):
     # the server's own payload, in which every content token is certain).
     logprobs: list[dict[str, Any]] | None = None
     fault: FaultKind | None = None
+    # With fault "stream_error": the HTTP status the error carries (a 4xx for a request the server refuses part way),
+    # in the persona's error-event shape. None: the simulator's own 500 event.
+    error_status: int | None = Field(default=None, ge=400, le=599)
     times: int | None = Field(default=None, ge=0)
     latency_s: float | None = Field(default=None, ge=0.0)
     finish_reason: str | None = None
@@ -235,3 +248,8 @@ class SimScript(_Strict):
     api_key: str | None = None
     # The first that many /v1/models requests answer 503, as a replica still loading its model does; then normally.
     models_unavailable: int = Field(default=0, ge=0)
+    # SGLang's --enable-deterministic-inference: None keeps the simulator's own seeding (a request's seed gives its
+    # reply); False: the "sglang" persona ignores ``seed`` (each request samples afresh); True: the seed is honoured
+    # and every choice of an n > 1 request is sampled with it, so the n choices come out identical. Other personas
+    # ignore this field.
+    deterministic: bool | None = None

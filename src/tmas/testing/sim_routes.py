@@ -45,6 +45,7 @@ from tmas.testing.sim_faults import (
     error_response,
     fault_response,
     faulty_events,
+    status_error,
     stream_head,
 )
 from tmas.testing.sim_info import InfoRoutes
@@ -52,6 +53,8 @@ from tmas.testing.sim_queue import RunQueue
 from tmas.testing.sim_stats import LogEntry, LoggedRequest, SimRecorder, SimStats
 
 ROLE_HEADER = "X-Tmas-Role"
+# The seed SGLang's deterministic sampling uses when a request names none (not read from the source: an assumption).
+DETERMINISTIC_DEFAULT_SEED = 42
 PROBLEM_HEADER = "X-Tmas-Problem"
 
 
@@ -68,6 +71,8 @@ class _Active:
     faults: list[tuple[FaultKind, float]] = field(default_factory=list)
     # /v1/models requests answered 503 so far (SimScript.models_unavailable).
     models_refused: int = 0
+    # Fresh seeds for a server that ignores the request's (SimScript.deterministic False).
+    sampling_rng: random.Random = field(default_factory=random.Random)
 
     @classmethod
     def of(cls, script: SimScript) -> _Active:
@@ -84,7 +89,9 @@ class _Active:
                 )
             cache = PrefixCache(capacity, persona.cache_block_tokens)
         rng = random.Random(script.seed)
-        return cls(script, RuleBook(script), rng, persona, cache, script.faults.cumulative())
+        active = cls(script, RuleBook(script), rng, persona, cache, script.faults.cumulative())
+        active.sampling_rng.seed(f"{script.seed}/sampling")
+        return active
 
 
 class _Turn:
@@ -338,7 +345,14 @@ class SimApp:
             opened = await self._open_stream(request)
         if fixed_latency > 0:
             await asyncio.sleep(fixed_latency)
-        if fault is not None:
+        # A rule's error_status: the stream_error fault carries that status, in the persona's shape.
+        error_status = rule.error_status if rule is not None and fault == "stream_error" else None
+        error = None
+        if error_status is not None:
+            error = status_error(persona.name, error_status, f"Simulated error ({error_status}) mid-generation.")
+            if not streams:
+                return web.json_response(error if persona.name != "sglang" else error["error"], status=error_status)
+        if fault is not None and error is None:
             replaced = await fault_response(request, fault, script.hang_s, streams)
             if isinstance(replaced, web.Response) and opened is not None and replaced.status >= 400:
                 # The status line is already out: the error goes as an event in the stream, as vLLM sends it.
@@ -386,6 +400,7 @@ class SimApp:
                 script.hang_s,
                 lambda: self.recorder.count_done(*done),
                 opened,
+                error,
             )
         if per_token > 0 and counts.completion:
             await asyncio.sleep(per_token * counts.completion)
@@ -451,7 +466,17 @@ class SimApp:
         script, persona = active.script, active.persona
         seed = body.get("seed")
         sample_body = body
-        if n > 1:
+        if persona.name == "sglang" and script.deterministic is not None:
+            # serving_chat.py passes seed on as sampling_seed, which the sampler uses only with
+            # --enable-deterministic-inference: there the n copies of the request all sample with the same seed
+            # (the scheduler's default when none is given), so identical prompts give identical choices; without
+            # it the seed is ignored and every choice samples afresh.
+            if script.deterministic:
+                seed = seed if isinstance(seed, int) else DETERMINISTIC_DEFAULT_SEED
+            else:
+                seed = active.sampling_rng.randrange(2**31)
+            sample_body = {**{k: v for k, v in body.items() if k != "n"}, "seed": seed}
+        elif n > 1:
             sample_body = {k: v for k, v in body.items() if k != "n"}
             if index > 0:
                 seed = stable_hash(seed, "choice", index) % 2**31
@@ -468,7 +493,7 @@ class SimApp:
         if (
             long is not None
             and long.covers(role)
-            and fault not in ("garbage", "truncate")
+            and fault not in ("garbage", "truncate", "abort")
             and not (rule and rule.replies)
         ):
             return long_choice(long, sim, get_responder(role)(sim), max_tokens, persona, script)
@@ -488,18 +513,19 @@ class SimApp:
         hang_s: float,
         answered: Callable[[], None],
         opened: web.StreamResponse | None = None,
+        error: dict[str, Any] | None = None,
     ) -> web.StreamResponse:
         """The reply as a stream (on ``opened`` where its headers went out already); ``answered`` is told just
         before its last event goes out (so the stats count it before the client can read it whole), and not at all
         where the client closed the stream first."""
         response = opened if opened is not None else await self._open_stream(request)
         # With a per-token latency tokens trickle out one delta each, as from a real server; else in a few pieces.
-        events = faulty_events(reply.events(include_usage, per_token_deltas=per_token > 0), fault)
+        events = faulty_events(reply.events(include_usage, per_token_deltas=per_token > 0), fault, error)
         # stall and cut: the opening chunk and the first delta go out, then nothing for hang_s, or a closed socket.
-        head = stream_head(fault, len(events))
+        head = stream_head(fault, events)
         try:
             await _write_events(response, events[:head], per_token)
-            if fault == "cut":
+            if fault in ("cut", "cut_after_finish"):
                 answered()
                 if request.transport is not None:
                     request.transport.close()
