@@ -783,6 +783,38 @@ async def test_models_answer_503_while_the_replica_loads(http: aiohttp.ClientSes
         assert sim.stats().models_unavailable == 2
 
 
+# ---- sampling fields --------------------------------------------------------------------------------------
+
+SAMPLING = {"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.05, "presence_penalty": 0.5, "frequency_penalty": 0.1}
+
+
+@pytest.mark.parametrize(
+    ("persona", "ignored"),
+    [("vllm", {}), ("sglang", {}), ("llama-server", {"repetition_penalty": 1})],
+)
+async def test_sampling_fields_reach_the_server_and_which_it_reads(
+    persona: PersonaName, ignored: dict[str, int], http: aiohttp.ClientSession
+) -> None:
+    """vLLM and SGLang read all five at the top level of a chat request; llama-server reads top_k, min_p and the
+    two OpenAI penalties, and its own repeat_penalty, but not repetition_penalty."""
+    async with SimServer(SimScript(persona=persona)) as sim:
+        status, _ = await post(http, sim, **SAMPLING, repeat_penalty=1.1)
+        assert status == 200
+        [body] = sim.chat_bodies()
+        assert {k: body[k] for k in SAMPLING} == SAMPLING
+        expected = {**ignored, **({} if persona == "llama-server" else {"repeat_penalty": 1})}
+        assert sim.stats().ignored_fields == expected
+
+
+async def test_openai_refuses_the_sampling_fields_it_does_not_have(http: aiohttp.ClientSession) -> None:
+    async with SimServer(SimScript(persona="openai")) as sim:
+        assert (await post(http, sim, presence_penalty=0.5, frequency_penalty=0.1))[0] == 200
+        status, body = await post(http, sim, top_k=20)
+    assert status == 400
+    assert body["error"]["message"] == "Unrecognized request argument supplied: top_k"
+    assert body["error"]["param"] == "top_k"
+
+
 # ---- /v1/models -------------------------------------------------------------------------------------------
 
 

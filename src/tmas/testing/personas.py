@@ -249,7 +249,9 @@ SGLANG_EXTRA_FIELDS = frozenset(
         *("return_prompt_token_ids", "return_meta_info", "reasoning", "routed_dp_rank", "data_parallel_rank"),
     }
 )
-# server-task.cpp params_from_json_cmpl and server-common.cpp's chat parsing: what llama-server reads.
+# server-task.cpp params_from_json_cmpl and server-common.cpp's chat parsing: what llama-server reads. Its
+# repetition penalty is "repeat_penalty" (with frequency_penalty and presence_penalty); "repetition_penalty", vLLM's
+# and SGLang's name, is not read, so it is ignored (and counted).
 LLAMA_EXTRA_FIELDS = frozenset(
     {
         *("id_slot", "cache_prompt", "n_predict", "n_keep", "n_discard", "n_probs", "n_cmpl", "n_indent"),
