@@ -664,6 +664,42 @@ async def test_health_answers_hangs_or_fails(sim: SimServer, http: aiohttp.Clien
         assert resp.status == 200
 
 
+# ---- keep-alive ---------------------------------------------------------------------------------------------
+
+
+async def raw_get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str = "/health") -> bytes:
+    """One HTTP/1.1 request on an open connection; its status line and headers (the body is small and read)."""
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: sim\r\n\r\n".encode())
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = re.search(rb"(?i)content-length: (\d+)", head)
+    assert length is not None
+    await reader.readexactly(int(length.group(1)))
+    return head
+
+
+async def test_an_idle_keep_alive_connection_is_closed_by_the_server() -> None:
+    async with SimServer(keepalive_timeout=0.1) as sim:
+        reader, writer = await asyncio.open_connection(sim.host, sim.port)
+        head = await raw_get(reader, writer)
+        assert b"200 OK" in head and b"Connection: close" not in head
+        # Idle past the timeout: the server closes the connection; a request sent now would meet a closed socket.
+        assert await asyncio.wait_for(reader.read(), timeout=10) == b""
+        writer.close()
+
+
+async def test_the_server_closes_a_connection_after_its_max_requests() -> None:
+    async with SimServer(keepalive_max_requests=2) as sim:
+        reader, writer = await asyncio.open_connection(sim.host, sim.port)
+        first = await raw_get(reader, writer)
+        second = await raw_get(reader, writer)
+        assert b"Connection: close" not in first and b"Connection: close" in second
+        assert await asyncio.wait_for(reader.read(), timeout=10) == b""
+        writer.close()
+    with pytest.raises(ValueError):
+        SimServer(keepalive_max_requests=0)
+
+
 # ---- concurrency, control endpoints, lifecycle ------------------------------------------------------------
 
 

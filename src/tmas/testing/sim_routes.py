@@ -121,7 +121,12 @@ class _BadRequest(Exception):
 class SimApp:
     """The simulator's state and request handlers; ``build()`` gives the aiohttp application."""
 
-    def __init__(self, script: SimScript | None = None) -> None:
+    def __init__(self, script: SimScript | None = None, *, keepalive_max_requests: int | None = None) -> None:
+        if keepalive_max_requests is not None and keepalive_max_requests < 1:
+            raise ValueError("keepalive_max_requests must be at least 1")
+        self.keepalive_max_requests = keepalive_max_requests
+        # Requests answered per open connection (by the client's address), for keepalive_max_requests.
+        self._served: dict[Any, int] = {}
         self._lock = threading.Lock()
         script = script or SimScript()
         self._active = _Active.of(script)
@@ -163,6 +168,17 @@ class SimApp:
 
     # ---- application -----------------------------------------------------------------------------
 
+    async def _count_on_connection(self, request: web.Request, response: web.StreamResponse) -> None:
+        """cpp-httplib's keep-alive max count: the connection's last allowed answer says Connection: close."""
+        transport = request.transport
+        peer = transport.get_extra_info("peername") if transport is not None else None
+        served = self._served.get(peer, 0) + 1
+        self._served[peer] = served
+        if self.keepalive_max_requests is not None and served >= self.keepalive_max_requests:
+            self._served.pop(peer, None)
+            response.force_close()  # closed once answered; the header says so (headers are built by now)
+            response.headers["Connection"] = "close"
+
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """The API key check, before any route (SimScript.api_key)."""
@@ -177,6 +193,8 @@ class SimApp:
 
     def build(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._guard])
+        if self.keepalive_max_requests is not None:
+            app.on_response_prepare.append(self._count_on_connection)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
