@@ -587,6 +587,51 @@ async def test_llama_server_headers_come_with_the_slot_before_any_token(http: ai
         await eventually(lambda: sim.stats().running == 0)
 
 
+def gauges(text: str) -> dict[str, float]:
+    """Prometheus samples by metric name (labels dropped)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name.split("{")[0]] = float(value)
+    return out
+
+
+async def load_seen(http: aiohttp.ClientSession, sim: SimServer, persona: PersonaName) -> tuple[float, float]:
+    """(running, waiting) as the persona's load endpoints report them."""
+    async with http.get(f"{sim.url}/metrics") as resp:
+        metrics = gauges(await resp.text())
+    if persona == "vllm":
+        return metrics["vllm:num_requests_running"], metrics["vllm:num_requests_waiting"]
+    if persona == "sglang":
+        async with http.get(f"{sim.url}/get_load") as resp:
+            [load] = await resp.json()
+        assert (metrics["sglang:num_running_reqs"], metrics["sglang:num_queue_reqs"]) == (
+            load["num_reqs"] - load["num_waiting_reqs"],
+            load["num_waiting_reqs"],
+        )
+        return load["num_reqs"] - load["num_waiting_reqs"], load["num_waiting_reqs"]
+    async with http.get(f"{sim.url}/slots") as resp:
+        slots = await resp.json()
+    busy = sum(slot["is_processing"] for slot in slots)
+    assert busy == metrics["llamacpp:requests_processing"]
+    return busy, metrics["llamacpp:requests_deferred"]
+
+
+@pytest.mark.parametrize("persona", ["vllm", "sglang", "llama-server"])
+async def test_load_endpoints_count_running_and_waiting(persona: PersonaName, http: aiohttp.ClientSession) -> None:
+    async with SimServer(SimScript(persona=persona, max_running=1, slots=1, rules=[HOLD])) as sim:
+        assert await load_seen(http, sim, persona) == (0, 0)
+        holder = await hold_the_only_turn(http, sim)
+        waiting = asyncio.create_task(post(http, sim))
+        await eventually(lambda: sim.stats().waiting == 1)
+        assert await load_seen(http, sim, persona) == (1, 1)
+        holder.cancel()
+        assert (await waiting)[0] == 200
+        await eventually(lambda: sim.stats().running == 0)
+        assert await load_seen(http, sim, persona) == (0, 0)
+
+
 # ---- context refusals, token counting, the stated window -------------------------------------------------
 
 # Q is 10 prompt tokens; with a window of 100, max_tokens 90 fits exactly and 95 does not.

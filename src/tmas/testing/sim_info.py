@@ -65,6 +65,9 @@ class InfoRoutes:
             app.router.add_get(path, self.sglang_model_info)
         for path in ("/get_server_info", "/server_info"):
             app.router.add_get(path, self.sglang_server_info)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/get_load", self.sglang_load)
+        app.router.add_get("/slots", self.llama_slots)
 
     def _bad(self, message: str) -> web.Response:
         persona = self.sim.persona
@@ -209,3 +212,59 @@ class InfoRoutes:
                 "version": "sim",
             }
         )
+
+    # ---- load: requests running and waiting (SimScript.max_running) -----------------------------------------
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """Prometheus text with the run queue's gauges, under each server's metric names."""
+        name, model = self.sim.persona.name, self.sim.script.model
+        running, waiting = self.sim.queue.running, self.sim.queue.waiting
+        if name in ("vllm", "sim"):
+            # vllm/v1/metrics/loggers.py PrometheusStatLogger: gauges labelled with the model and the engine.
+            labels = f'{{engine="0",model_name="{model}"}}'
+            gauges = [
+                ("vllm:num_requests_running", "Number of requests in model execution batches.", running),
+                ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", waiting),
+            ]
+        elif name == "sglang":
+            # python/sglang/srt/metrics/collector.py (with --enable-metrics).
+            labels = f'{{model_name="{model}"}}'
+            gauges = [
+                ("sglang:num_running_reqs", "The number of running requests.", running),
+                ("sglang:num_queue_reqs", "The number of requests in the waiting queue.", waiting),
+            ]
+        elif name == "llama-server":
+            # server-task.cpp server_task_result_metrics::to_metrics (with --metrics).
+            labels = ""
+            gauges = [
+                ("llamacpp:requests_processing", "Number of requests processing.", running),
+                ("llamacpp:requests_deferred", "Number of requests deferred.", waiting),
+            ]
+        else:
+            return _not_found()
+        lines: list[str] = []
+        for metric, doc, value in gauges:
+            lines += [f"# HELP {metric} {doc}", f"# TYPE {metric} gauge", f"{metric}{labels} {float(value)}"]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def sglang_load(self, request: web.Request) -> web.Response:
+        # python/sglang/srt/entrypoints/http_server.py get_load: one entry per data-parallel rank (one here), its
+        # requests (running and waiting), those waiting, and its tokens in use (not simulated: 0).
+        if self.sim.persona.name != "sglang":
+            return _not_found()
+        running, waiting = self.sim.queue.running, self.sim.queue.waiting
+        entry = {"rid": None, "http_worker_ipc": None, "dp_rank": None, "num_reqs": running + waiting}
+        return web.json_response([{**entry, "num_waiting_reqs": waiting, "num_tokens": 0}])
+
+    async def llama_slots(self, request: web.Request) -> web.Response:
+        # tools/server/server-context.cpp slots handler: one object per slot; as many as are generating say
+        # is_processing (the requests waiting for a slot are not listed: /metrics counts them as deferred).
+        if self.sim.persona.name != "llama-server":
+            return _not_found()
+        script = self.sim.script
+        busy = self.sim.queue.running
+        slots = [
+            {"id": i, "id_task": -1, "n_ctx": script.context_length, "speculative": False, "is_processing": i < busy}
+            for i in range(script.slots)
+        ]
+        return web.json_response(slots)
