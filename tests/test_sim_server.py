@@ -770,6 +770,15 @@ def test_script_validation() -> None:
         Rule.model_validate({"fault": "explode"})
     script = SimScript.model_validate_json('{"rules": [{"role": "judge", "replies": ["x"], "times": 2}]}')
     assert script.rules[0].times == 2
+    for bad in ({"max_running": 0}, {"health": "dead"}, {"context_wording": "polite"}, {"models_unavailable": -1}):
+        with pytest.raises(ValidationError):
+            SimScript.model_validate(bad)
+    with pytest.raises(ValidationError):
+        Rule(fault="stream_error", error_status=200)
+    # The new fields default to the simulator as it was.
+    fresh = SimScript()
+    assert (fresh.max_running, fresh.health, fresh.context_wording, fresh.api_key) == (None, "ok", "persona", None)
+    assert (fresh.models_unavailable, fresh.deterministic) == (0, None)
 
 
 def test_sync_context_manager_and_stop_with_hung_request() -> None:
