@@ -573,6 +573,13 @@ async def test_what_a_waiting_stream_shows(
         assert len(seen) == 1
 
 
+async def test_vllm_fails_a_stream_whose_headers_went_out_with_an_error_event(http: aiohttp.ClientSession) -> None:
+    async with SimServer(SimScript(persona="vllm", max_running=1, rules=[Rule(fault="http_503")])) as sim:
+        events = await stream(http, sim)  # 200: the status line went out before the failure
+    assert events[-1] == "[DONE]"
+    assert events[-2]["error"]["code"] == 503
+
+
 async def test_llama_server_headers_come_with_the_slot_before_any_token(http: aiohttp.ClientSession) -> None:
     slow = Rule(pattern="2\\+3", latency_s=60.0)  # the waiting request's first token is far off
     async with SimServer(SimScript(persona="llama-server", max_running=1, rules=[HOLD, slow])) as sim:
