@@ -4,8 +4,9 @@ project's client against every persona."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -329,6 +330,119 @@ async def test_streamed_choices_are_interleaved_by_index(http: aiohttp.ClientSes
     assert events[-2]["usage"]["completion_tokens"] == 8 + 7
 
 
+TWO_LENGTHS = Rule(replies=["Short one.", "A much longer reply that keeps going for many more words than the first."])
+
+
+def finishes(events: list[Any]) -> list[tuple[int, int, str]]:
+    """(position in the stream, choice index, finish_reason) of each finishing chunk."""
+    return [
+        (pos, e["choices"][0]["index"], e["choices"][0]["finish_reason"])
+        for pos, e in enumerate(events)
+        if isinstance(e, dict) and e.get("choices") and e["choices"][0]["finish_reason"]
+    ]
+
+
+def last_content(events: list[Any], index: int) -> int:
+    return max(
+        pos
+        for pos, e in enumerate(events)
+        if isinstance(e, dict)
+        and e.get("choices")
+        and e["choices"][0]["index"] == index
+        and e["choices"][0]["delta"].get("content")
+    )
+
+
+async def test_when_each_choice_of_a_stream_finishes(http: aiohttp.ClientSession) -> None:
+    """vLLM finishes each choice on its own last delta; SGLang sends every finish after all the content."""
+    async with SimServer(SimScript(persona="vllm", rules=[TWO_LENGTHS])) as sim:
+        events = await stream(http, sim, n=2)
+    (short_at, short, _), (long_at, long, _) = finishes(events)
+    assert (short, long) == (0, 1)
+    assert short_at < last_content(events, 1) and long_at == last_content(events, 1)
+    async with SimServer(SimScript(persona="sglang", rules=[TWO_LENGTHS])) as sim:
+        events = await stream(http, sim, n=2)
+    found = finishes(events)
+    assert [i for _, i, _ in found] == [0, 1]
+    assert min(pos for pos, _, _ in found) > max(last_content(events, 0), last_content(events, 1))
+
+
+async def raw_stream(http: aiohttp.ClientSession, sim: SimServer, **body: Any) -> list[Any]:
+    """The events of a stream that may end without its end (a cut connection)."""
+    payload = {"model": "sim-model", "messages": [{"role": "user", "content": Q}], "stream": True, **body}
+    lines: list[bytes] = []
+    async with http.post(f"{sim.base_url}/chat/completions", json=payload) as resp:
+        try:
+            async for raw in resp.content:
+                lines.append(raw)
+        except aiohttp.ClientPayloadError:
+            pass
+    data = [line.decode().strip()[len("data: ") :] for line in lines if line.strip()]
+    return [d if d == "[DONE]" else json.loads(d) for d in data]
+
+
+async def test_a_stream_cut_after_its_first_choice_finished(http: aiohttp.ClientSession) -> None:
+    rule = TWO_LENGTHS.model_copy(update={"fault": "cut_after_finish"})
+    async with SimServer(SimScript(persona="vllm", rules=[rule])) as sim:
+        events = await raw_stream(http, sim, n=2)
+        assert sim.stats().faults == {"cut_after_finish": 1}
+    assert [(i, reason) for _, i, reason in finishes(events)] == [(0, "stop")]  # choice 1 never finished
+    assert events[-1] != "[DONE]"
+    assert (
+        "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"][0]["index"] == 0)
+        == (TWO_LENGTHS.replies[0])
+    )
+
+
+@pytest.mark.parametrize(
+    ("persona", "event"),
+    [
+        ("vllm", {"message": "Simulated error (400) mid-generation.", "type": "BadRequestError", "param": None}),
+        ("sglang", {"object": "error", "message": "Simulated error (400) mid-generation.", "type": "BAD_REQUEST"}),
+    ],
+)
+async def test_an_error_event_carrying_a_4xx(
+    persona: PersonaName, event: dict[str, Any], http: aiohttp.ClientSession
+) -> None:
+    rule = Rule(fault="stream_error", error_status=400)
+    async with SimServer(SimScript(persona=persona, rules=[rule])) as sim:
+        events = await stream(http, sim)
+        status, body = await post(http, sim)
+    assert events[-1] == "[DONE]"
+    assert events[-2] == {"error": {**event, **({"param": None} if persona == "sglang" else {}), "code": 400}}
+    assert status == 400  # unstreamed: the status itself, in the server's error body
+    assert body == (events[-2]["error"] if persona == "sglang" else events[-2])
+
+
+@pytest.mark.parametrize("persona", ["vllm", "sglang"])
+async def test_an_aborted_request_finishes_with_abort(persona: PersonaName, http: aiohttp.ClientSession) -> None:
+    rule = Rule(replies=["one two three four five six"], fault="abort")
+    async with SimServer(SimScript(persona=persona, rules=[rule])) as sim:
+        events = await stream(http, sim)
+        status, reply = await post(http, sim)
+    assert [reason for _, _, reason in finishes(events)] == ["abort"]
+    assert status == 200
+    assert reply["choices"][0]["finish_reason"] == "abort"
+    assert reply["choices"][0]["message"]["content"] == "one two three"
+
+
+async def test_sglang_seeds_count_only_with_deterministic_inference(http: aiohttp.ClientSession) -> None:
+    async def contents(deterministic: bool | None, **body: Any) -> list[str]:
+        async with SimServer(SimScript(persona="sglang", deterministic=deterministic)) as sim:
+            _, reply = await post(http, sim, role="seed-probe", **body)
+        return [c["message"]["content"] for c in reply["choices"]]
+
+    # Deterministic inference: the n choices all sample with the request's seed, so they are one reply n times.
+    same = await contents(True, n=3, seed=7)
+    assert len(set(same)) == 1 and same[0].startswith("seed=7 ")
+    assert await contents(True, n=3, seed=7) == same
+    # Without it the seed is ignored: the choices differ, and do not carry the seed asked for.
+    ignored = await contents(False, n=3, seed=7)
+    assert len(set(ignored)) == 3 and not any(text.startswith("seed=7 ") for text in ignored)
+    # Unset: the simulator's own seeding, as before.
+    assert (await contents(None, seed=7))[0].startswith("seed=7 ")
+
+
 # ---- request fields ---------------------------------------------------------------------------------------
 
 
@@ -405,6 +519,352 @@ async def test_logprobs_in_each_servers_shape(
     streamed = [e["choices"][0] for e in events[:-1] if e["choices"] and e["choices"][0]["delta"].get("content")]
     assert all(c["logprobs"]["content"] for c in streamed)
     assert [t["token"] for c in streamed for t in c["logprobs"]["content"]] == [t["token"] for t in content]
+
+
+# ---- waiting for a turn (max_running) ---------------------------------------------------------------------
+
+HOLD = Rule(pattern="hold", latency_s=60.0)  # holds its turn until its client goes away
+
+
+async def eventually(condition: Callable[[], bool], tries: int = 400) -> None:
+    for _ in range(tries):
+        if condition():
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError("condition never became true")
+
+
+async def hold_the_only_turn(http: aiohttp.ClientSession, sim: SimServer) -> asyncio.Task[Any]:
+    holder = asyncio.create_task(post(http, sim, messages=[{"role": "user", "content": "hold"}]))
+    await eventually(lambda: sim.stats().running == 1)
+    return holder
+
+
+async def waiting_stream(http: aiohttp.ClientSession, sim: SimServer, seen: list[tuple[int, int]]) -> list[Any]:
+    """A streamed request; ``seen`` gets (waiting, running) as the server counted them when its headers came."""
+    payload = {"model": "sim-model", "messages": [{"role": "user", "content": Q}], "stream": True}
+    async with http.post(f"{sim.base_url}/chat/completions", json=payload) as resp:
+        stats = sim.stats()
+        seen.append((stats.waiting, stats.running))
+        text = (await resp.read()).decode()
+    return [e[len("data: ") :] for e in text.split("\n\n") if e]
+
+
+@pytest.mark.parametrize(("persona", "waiting_at_headers"), [("vllm", 1), ("sglang", 0), ("llama-server", 0)])
+async def test_what_a_waiting_stream_shows(
+    persona: PersonaName, waiting_at_headers: int, http: aiohttp.ClientSession
+) -> None:
+    """vLLM sends its headers at once and nothing more until its first token; SGLang sends nothing at all until
+    its first chunk; llama-server sends its headers when a slot takes the request."""
+    async with SimServer(SimScript(persona=persona, max_running=1, rules=[HOLD])) as sim:
+        holder = await hold_the_only_turn(http, sim)
+        seen: list[tuple[int, int]] = []
+        streamed = asyncio.create_task(waiting_stream(http, sim, seen))
+        await eventually(lambda: sim.stats().waiting == 1)
+        if waiting_at_headers:
+            await eventually(lambda: bool(seen))
+        else:
+            await asyncio.sleep(0.2)  # room for headers that should not come
+        # Whether the headers came while the request still waited (the holder has run all along).
+        assert len(seen) == waiting_at_headers and sim.stats().waiting == 1 and sim.stats().completed == 0
+        holder.cancel()
+        events = await streamed
+        assert events[-1] == "[DONE]" and sim.stats().completed == 1
+        assert len(seen) == 1
+
+
+async def test_vllm_fails_a_stream_whose_headers_went_out_with_an_error_event(http: aiohttp.ClientSession) -> None:
+    async with SimServer(SimScript(persona="vllm", max_running=1, rules=[Rule(fault="http_503")])) as sim:
+        events = await stream(http, sim)  # 200: the status line went out before the failure
+    assert events[-1] == "[DONE]"
+    assert events[-2]["error"]["code"] == 503
+
+
+async def test_llama_server_headers_come_with_the_slot_before_any_token(http: aiohttp.ClientSession) -> None:
+    slow = Rule(pattern="2\\+3", latency_s=60.0)  # the waiting request's first token is far off
+    async with SimServer(SimScript(persona="llama-server", max_running=1, rules=[HOLD, slow])) as sim:
+        holder = await hold_the_only_turn(http, sim)
+        seen: list[tuple[int, int]] = []
+        streamed = asyncio.create_task(waiting_stream(http, sim, seen))
+        await eventually(lambda: sim.stats().waiting == 1)
+        holder.cancel()
+        await eventually(lambda: bool(seen))
+        assert seen == [(0, 1)] and sim.stats().completed == 0  # its slot, no token yet
+        streamed.cancel()
+        await eventually(lambda: sim.stats().running == 0)
+
+
+def gauges(text: str) -> dict[str, float]:
+    """Prometheus samples by metric name (labels dropped)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name.split("{")[0]] = float(value)
+    return out
+
+
+async def load_seen(http: aiohttp.ClientSession, sim: SimServer, persona: PersonaName) -> tuple[float, float]:
+    """(running, waiting) as the persona's load endpoints report them."""
+    async with http.get(f"{sim.url}/metrics") as resp:
+        metrics = gauges(await resp.text())
+    if persona == "vllm":
+        return metrics["vllm:num_requests_running"], metrics["vllm:num_requests_waiting"]
+    if persona == "sglang":
+        async with http.get(f"{sim.url}/get_load") as resp:
+            [load] = await resp.json()
+        assert (metrics["sglang:num_running_reqs"], metrics["sglang:num_queue_reqs"]) == (
+            load["num_reqs"] - load["num_waiting_reqs"],
+            load["num_waiting_reqs"],
+        )
+        return load["num_reqs"] - load["num_waiting_reqs"], load["num_waiting_reqs"]
+    async with http.get(f"{sim.url}/slots") as resp:
+        slots = await resp.json()
+    busy = sum(slot["is_processing"] for slot in slots)
+    assert busy == metrics["llamacpp:requests_processing"]
+    return busy, metrics["llamacpp:requests_deferred"]
+
+
+@pytest.mark.parametrize("persona", ["vllm", "sglang", "llama-server"])
+async def test_load_endpoints_count_running_and_waiting(persona: PersonaName, http: aiohttp.ClientSession) -> None:
+    async with SimServer(SimScript(persona=persona, max_running=1, slots=1, rules=[HOLD])) as sim:
+        assert await load_seen(http, sim, persona) == (0, 0)
+        holder = await hold_the_only_turn(http, sim)
+        waiting = asyncio.create_task(post(http, sim))
+        await eventually(lambda: sim.stats().waiting == 1)
+        assert await load_seen(http, sim, persona) == (1, 1)
+        holder.cancel()
+        assert (await waiting)[0] == 200
+        await eventually(lambda: sim.stats().running == 0)
+        assert await load_seen(http, sim, persona) == (0, 0)
+
+
+# ---- context refusals, token counting, the stated window -------------------------------------------------
+
+# Q is 10 prompt tokens; with a window of 100, max_tokens 90 fits exactly and 95 does not.
+VLLM_WORDINGS: dict[str, str] = {
+    "output_tokens": (
+        "This model's maximum context length is 100 tokens. However, you requested 95 output tokens and your "
+        "prompt contains at least 6 input tokens, for a total of at least 101 tokens. Please reduce the length of "
+        "the input prompt or the number of requested output tokens. (parameter=input_tokens, value=6)"
+    ),
+    "passed": (
+        "You passed 6 input tokens and requested 95 output tokens. However, the model's context length is only 100 "
+        "tokens, resulting in a maximum input length of 5 tokens. Please reduce the length of the input prompt. "
+        "(parameter=input_tokens, value=6)"
+    ),
+    "too_large": (
+        "'max_tokens' or 'max_completion_tokens' is too large: 95. This model's maximum context length is 100 "
+        "tokens and your request has 10 input tokens (95 > 100 - 10)."
+    ),
+    "legacy": (
+        "This model's maximum context length is 100 tokens. However, you requested 105 tokens (10 in the messages, "
+        "95 in the completion). Please reduce the length of the messages or completion."
+    ),
+}
+
+
+@pytest.mark.parametrize("wording", ["persona", *VLLM_WORDINGS, "generic"])
+async def test_vllm_context_refusal_in_each_wording(wording: str, http: aiohttp.ClientSession) -> None:
+    script = SimScript.model_validate({"persona": "vllm", "context_length": 100, "context_wording": wording})
+    async with SimServer(script) as sim:
+        assert (await post(http, sim, max_tokens=90))[0] == 200
+        status, body = await post(http, sim, max_tokens=95)
+    assert status == 400
+    error = body["error"]
+    assert (error["type"], error["code"]) == ("BadRequestError", 400)
+    if wording == "generic":
+        assert "context window" in error["message"] and not any(ch.isdigit() for ch in error["message"])
+        return
+    assert error["message"] == VLLM_WORDINGS["output_tokens" if wording == "persona" else wording]
+    assert error["param"] == ("input_tokens" if wording in ("persona", "output_tokens", "passed") else None)
+
+
+async def test_vllm_today_refuses_a_budget_over_the_whole_window(http: aiohttp.ClientSession) -> None:
+    async with SimServer(SimScript(persona="vllm", context_length=100)) as sim:
+        status, body = await post(http, sim, max_completion_tokens=150)
+    assert status == 400
+    assert body["error"]["message"].startswith("max_completion_tokens=150 cannot be greater than")
+    assert body["error"]["param"] == "max_completion_tokens"
+
+
+async def test_sglang_context_refusals_count_a_full_window_as_too_long(http: aiohttp.ClientSession) -> None:
+    async with SimServer(SimScript(persona="sglang", context_length=100)) as sim:
+        assert (await post(http, sim, max_tokens=89))[0] == 200
+        status, body = await post(http, sim, max_tokens=90)  # 100 tokens: refused, the limit is exclusive
+        assert status == 400
+        assert body == {
+            "object": "error",
+            "message": (
+                "Requested token count exceeds the model's maximum context length of 100 tokens. You requested a "
+                "total of 100 tokens: 10 tokens from the input messages and 90 tokens for the completion. Please "
+                "reduce the number of tokens in the input messages or the completion to fit within the limit."
+            ),
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+        }
+    async with SimServer(SimScript(persona="sglang", context_length=10)) as sim:
+        status, body = await post(http, sim)
+    assert status == 400
+    assert body["message"] == "The input (10 tokens) is longer than the model's context length (10 tokens)."
+
+
+async def test_llama_server_refuses_only_a_prompt_that_fills_the_slot(http: aiohttp.ClientSession) -> None:
+    async with SimServer(SimScript(persona="llama-server", context_length=10)) as sim:
+        status, body = await post(http, sim, max_tokens=5)
+    assert status == 400
+    assert body == {
+        "error": {
+            "code": 400,
+            "message": "request (10 tokens) exceeds the available context size (10 tokens), try increasing it",
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": 10,
+            "n_ctx": 10,
+        }
+    }
+    # A prompt that fits is generated until the context is full, whatever max_tokens asked.
+    rule = Rule(replies=["The answer is 5."])
+    async with SimServer(SimScript(persona="llama-server", context_length=13, rules=[rule])) as sim:
+        status, reply = await post(http, sim, max_tokens=100)
+    assert status == 200
+    assert reply["choices"][0]["finish_reason"] == "length"
+    assert reply["choices"][0]["message"]["content"] == "The answer is"
+    assert reply["usage"]["completion_tokens"] == 3
+
+
+async def test_openai_names_the_context_length_exceeded(http: aiohttp.ClientSession) -> None:
+    async with SimServer(SimScript(persona="openai", context_length=100)) as sim:
+        status, body = await post(http, sim, max_tokens=95)
+    assert status == 400
+    assert body["error"]["code"] == "context_length_exceeded"
+    assert "However, you requested 105 tokens (10 in the messages, 95 in the completion)" in body["error"]["message"]
+
+
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": Q}]
+
+
+async def test_vllm_tokenize_counts_what_the_context_check_counts(http: aiohttp.ClientSession) -> None:
+    async with SimServer(SimScript(persona="vllm", context_length=100)) as sim:
+        async with http.post(f"{sim.url}/tokenize", json={"model": "sim-model", "messages": CHAT}) as resp:
+            counted = await resp.json()
+        async with http.post(f"{sim.url}/tokenize", json={"model": "sim-model", "prompt": Q}) as resp:
+            assert (await resp.json())["count"] == 6  # a bare prompt: no template
+        _, reply = await post(http, sim, messages=CHAT)
+        n = counted["count"]
+        assert n == reply["usage"]["prompt_tokens"] == len(counted["tokens"])
+        assert counted["max_model_len"] == 100
+        assert (await post(http, sim, messages=CHAT, max_tokens=100 - n))[0] == 200
+        assert (await post(http, sim, messages=CHAT, max_tokens=101 - n))[0] == 400
+        async with http.get(f"{sim.url}/props") as resp:
+            assert resp.status == 404  # llama-server's
+
+
+async def test_sglang_tokenize_and_server_info(http: aiohttp.ClientSession) -> None:
+    async with SimServer(SimScript(persona="sglang", context_length=4096, max_running=8)) as sim:
+        async with http.post(f"{sim.base_url}/tokenize", json={"prompt": Q}) as resp:
+            counted = await resp.json()
+        assert (counted["count"], len(counted["tokens"]), counted["max_model_len"]) == (6, 6, 4096)
+        async with http.post(f"{sim.url}/tokenize", json={"messages": CHAT}) as resp:
+            assert resp.status == 400  # prompts only
+        async with http.get(f"{sim.url}/get_server_info") as resp:
+            info = await resp.json()
+        assert (info["context_length"], info["max_running_requests"]) == (4096, 8)
+        async with http.get(f"{sim.url}/get_model_info") as resp:
+            assert (await resp.json())["model_path"] == "sim-model"
+
+
+async def test_llama_server_template_tokenize_and_props(http: aiohttp.ClientSession) -> None:
+    async with SimServer(SimScript(persona="llama-server", context_length=2048, slots=3)) as sim:
+        async with http.post(f"{sim.url}/apply-template", json={"messages": CHAT}) as resp:
+            prompt = (await resp.json())["prompt"]
+        async with http.post(f"{sim.url}/tokenize", json={"content": prompt, "with_pieces": True}) as resp:
+            tokens = (await resp.json())["tokens"]
+        _, reply = await post(http, sim, messages=CHAT)
+        assert len(tokens) == reply["usage"]["prompt_tokens"]
+        assert "".join(t["piece"] for t in tokens) == "".join(prompt.split())
+        async with http.get(f"{sim.url}/props") as resp:
+            props = await resp.json()
+        assert (props["default_generation_settings"]["n_ctx"], props["total_slots"]) == (2048, 3)
+
+
+# ---- the API key and a replica still loading --------------------------------------------------------------
+
+UNAUTHORIZED: dict[str, tuple[dict[str, Any], list[str]]] = {
+    # persona: (the 401 body, open paths besides /health)
+    "vllm": ({"error": "Unauthorized"}, ["/tokenize"]),
+    "sglang": ({"error": "Unauthorized"}, []),
+    "llama-server": (
+        {"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}},
+        ["/v1/models"],
+    ),
+}
+
+
+@pytest.mark.parametrize("persona", list(UNAUTHORIZED))
+async def test_api_key_guards_the_routes_its_server_guards(persona: PersonaName, http: aiohttp.ClientSession) -> None:
+    body, open_paths = UNAUTHORIZED[persona]
+    payload = {"model": "sim-model", "messages": [{"role": "user", "content": Q}]}
+    async with SimServer(SimScript(persona=persona, api_key="k-1")) as sim:
+        url = f"{sim.base_url}/chat/completions"
+        for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "k-1"}):
+            async with http.post(url, json=payload, headers=headers) as resp:
+                assert (resp.status, await resp.json()) == (401, body)
+        async with http.post(url, json=payload, headers={"Authorization": "Bearer k-1"}) as resp:
+            assert resp.status == 200
+        async with http.get(f"{sim.url}/health") as resp:
+            assert resp.status == 200
+        for path in open_paths:
+            method = http.post if path == "/tokenize" else http.get
+            async with method(f"{sim.url}{path}", json={"prompt": Q}) as resp:
+                assert resp.status == 200, path
+        stats = sim.stats()
+        assert (stats.unauthorized, stats.completed) == (3, 1)
+        assert [r.authorization for r in sim.requests] == ["Bearer k-1"]  # refused calls never reached the model
+
+
+async def test_models_answer_503_while_the_replica_loads(http: aiohttp.ClientSession) -> None:
+    async with SimServer(SimScript(persona="vllm", models_unavailable=2)) as sim:
+        statuses = []
+        for _ in range(3):
+            async with http.get(f"{sim.base_url}/models") as resp:
+                statuses.append(resp.status)
+                body = await resp.json()
+        assert statuses == [503, 503, 200]
+        assert body["data"][0]["max_model_len"] == 32768
+        assert sim.stats().models_unavailable == 2
+
+
+# ---- sampling fields --------------------------------------------------------------------------------------
+
+SAMPLING = {"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.05, "presence_penalty": 0.5, "frequency_penalty": 0.1}
+
+
+@pytest.mark.parametrize(
+    ("persona", "ignored"),
+    [("vllm", {}), ("sglang", {}), ("llama-server", {"repetition_penalty": 1})],
+)
+async def test_sampling_fields_reach_the_server_and_which_it_reads(
+    persona: PersonaName, ignored: dict[str, int], http: aiohttp.ClientSession
+) -> None:
+    """vLLM and SGLang read all five at the top level of a chat request; llama-server reads top_k, min_p and the
+    two OpenAI penalties, and its own repeat_penalty, but not repetition_penalty."""
+    async with SimServer(SimScript(persona=persona)) as sim:
+        status, _ = await post(http, sim, **SAMPLING, repeat_penalty=1.1)
+        assert status == 200
+        [body] = sim.chat_bodies()
+        assert {k: body[k] for k in SAMPLING} == SAMPLING
+        expected = {**ignored, **({} if persona == "llama-server" else {"repeat_penalty": 1})}
+        assert sim.stats().ignored_fields == expected
+
+
+async def test_openai_refuses_the_sampling_fields_it_does_not_have(http: aiohttp.ClientSession) -> None:
+    async with SimServer(SimScript(persona="openai")) as sim:
+        assert (await post(http, sim, presence_penalty=0.5, frequency_penalty=0.1))[0] == 200
+        status, body = await post(http, sim, top_k=20)
+    assert status == 400
+    assert body["error"]["message"] == "Unrecognized request argument supplied: top_k"
+    assert body["error"]["param"] == "top_k"
 
 
 # ---- /v1/models -------------------------------------------------------------------------------------------

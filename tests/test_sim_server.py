@@ -588,6 +588,118 @@ async def test_models_and_health(sim: SimServer, http: aiohttp.ClientSession) ->
         assert resp.status == 200
 
 
+# ---- the run queue (max_running) and /health -------------------------------------------------------------
+
+HOLD = Rule(pattern="hold", latency_s=60.0)  # holds its turn until its client goes away
+
+
+async def test_run_queue_is_first_in_first_out(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(max_running=1, rules=[HOLD]))
+    first = asyncio.create_task(chat(http, sim, "hold 1"))
+    await eventually(lambda: sim.stats().running == 1)
+    quick = asyncio.create_task(chat(http, sim, "What is 1+1?"))
+    await eventually(lambda: sim.stats().waiting == 1)
+    slow = asyncio.create_task(chat(http, sim, "hold 2"))
+    await eventually(lambda: sim.stats().waiting == 2)
+    assert not quick.done() and sim.stats().max_waiting == 2
+
+    first.cancel()  # its client goes away: the longest-waiting request runs, and answers
+    status, reply = await quick
+    assert status == 200 and boxed(content_of(reply)) == "2"
+    await eventually(lambda: sim.stats().running == 1 and sim.stats().waiting == 0)
+    slow.cancel()
+    await eventually(lambda: sim.stats().running == 0)
+    stats = sim.stats()
+    assert (stats.queued, stats.completed, stats.aborted, stats.total_requests) == (2, 1, 0, 3)
+
+
+async def test_a_client_that_leaves_the_queue_aborts_its_request(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(max_running=1, rules=[HOLD]))
+    first = asyncio.create_task(chat(http, sim, "hold"))
+    await eventually(lambda: sim.stats().running == 1)
+    waiting = asyncio.create_task(chat(http, sim, "What is 1+1?"))
+    await eventually(lambda: sim.stats().waiting == 1)
+    waiting.cancel()
+    await eventually(lambda: sim.stats().aborted == 1)
+    assert sim.stats().waiting == 0 and sim.stats().running == 1
+    first.cancel()
+    await eventually(lambda: sim.stats().running == 0)
+    stats = sim.stats()
+    assert (stats.completed, stats.queued, stats.aborted) == (0, 1, 1)
+    # Each call reached the server once, and none ran after its client left.
+    assert [b["messages"][0]["content"] for b in sim.chat_bodies()] == ["hold", "What is 1+1?"]
+
+
+async def test_raising_max_running_starts_waiting_requests(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(max_running=1, rules=[HOLD]))
+    first = asyncio.create_task(chat(http, sim, "hold"))
+    await eventually(lambda: sim.stats().running == 1)
+    second = asyncio.create_task(chat(http, sim, "What is 2+2?"))
+    await eventually(lambda: sim.stats().waiting == 1)
+    sim.set_script(SimScript(max_running=2, rules=[HOLD]))
+    status, reply = await second
+    assert status == 200 and boxed(content_of(reply)) == "4"
+    assert sim.stats().queued == 1
+    first.cancel()
+    await eventually(lambda: sim.stats().running == 0)
+
+
+async def test_without_max_running_nothing_waits(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    results = await asyncio.gather(*(chat(http, sim, f"What is {i}+1?") for i in range(5)))
+    assert all(status == 200 for status, _ in results)
+    stats = sim.stats()
+    assert (stats.queued, stats.waiting, stats.max_waiting, stats.aborted, stats.running) == (0, 0, 0, 0, 0)
+
+
+async def test_health_answers_hangs_or_fails(sim: SimServer, http: aiohttp.ClientSession) -> None:
+    sim.set_script(SimScript(health="error"))
+    async with http.get(f"{sim.url}/health") as resp:
+        assert resp.status == 503
+    sim.set_script(SimScript(health="hang", hang_s=0.05))
+    with pytest.raises(aiohttp.ServerDisconnectedError):  # nothing came back before the connection closed
+        async with http.get(f"{sim.url}/health") as resp:
+            await resp.read()
+    sim.set_script(SimScript())
+    async with http.get(f"{sim.url}/health") as resp:
+        assert resp.status == 200
+
+
+# ---- keep-alive ---------------------------------------------------------------------------------------------
+
+
+async def raw_get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str = "/health") -> bytes:
+    """One HTTP/1.1 request on an open connection; its status line and headers (the body is small and read)."""
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: sim\r\n\r\n".encode())
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = re.search(rb"(?i)content-length: (\d+)", head)
+    assert length is not None
+    await reader.readexactly(int(length.group(1)))
+    return head
+
+
+async def test_an_idle_keep_alive_connection_is_closed_by_the_server() -> None:
+    async with SimServer(keepalive_timeout=0.1) as sim:
+        reader, writer = await asyncio.open_connection(sim.host, sim.port)
+        head = await raw_get(reader, writer)
+        assert b"200 OK" in head and b"Connection: close" not in head
+        # Idle past the timeout: the server closes the connection; a request sent now would meet a closed socket.
+        assert await asyncio.wait_for(reader.read(), timeout=10) == b""
+        writer.close()
+
+
+async def test_the_server_closes_a_connection_after_its_max_requests() -> None:
+    async with SimServer(keepalive_max_requests=2) as sim:
+        reader, writer = await asyncio.open_connection(sim.host, sim.port)
+        first = await raw_get(reader, writer)
+        second = await raw_get(reader, writer)
+        assert b"Connection: close" not in first and b"Connection: close" in second
+        assert await asyncio.wait_for(reader.read(), timeout=10) == b""
+        writer.close()
+    with pytest.raises(ValueError):
+        SimServer(keepalive_max_requests=0)
+
+
 # ---- concurrency, control endpoints, lifecycle ------------------------------------------------------------
 
 
@@ -658,6 +770,15 @@ def test_script_validation() -> None:
         Rule.model_validate({"fault": "explode"})
     script = SimScript.model_validate_json('{"rules": [{"role": "judge", "replies": ["x"], "times": 2}]}')
     assert script.rules[0].times == 2
+    for bad in ({"max_running": 0}, {"health": "dead"}, {"context_wording": "polite"}, {"models_unavailable": -1}):
+        with pytest.raises(ValidationError):
+            SimScript.model_validate(bad)
+    with pytest.raises(ValidationError):
+        Rule(fault="stream_error", error_status=200)
+    # The new fields default to the simulator as it was.
+    fresh = SimScript()
+    assert (fresh.max_running, fresh.health, fresh.context_wording, fresh.api_key) == (None, "ok", "persona", None)
+    assert (fresh.models_unavailable, fresh.deterministic) == (0, None)
 
 
 def test_sync_context_manager_and_stop_with_hung_request() -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from tmas.testing.script import PersonaName, SimScript
 
@@ -249,7 +249,9 @@ SGLANG_EXTRA_FIELDS = frozenset(
         *("return_prompt_token_ids", "return_meta_info", "reasoning", "routed_dp_rank", "data_parallel_rank"),
     }
 )
-# server-task.cpp params_from_json_cmpl and server-common.cpp's chat parsing: what llama-server reads.
+# server-task.cpp params_from_json_cmpl and server-common.cpp's chat parsing: what llama-server reads. Its
+# repetition penalty is "repeat_penalty" (with frequency_penalty and presence_penalty); "repetition_penalty", vLLM's
+# and SGLang's name, is not read, so it is ignored (and counted).
 LLAMA_EXTRA_FIELDS = frozenset(
     {
         *("id_slot", "cache_prompt", "n_predict", "n_keep", "n_discard", "n_probs", "n_cmpl", "n_indent"),
@@ -328,6 +330,11 @@ class Persona:
     default_cache_tokens: int
     # One cached prompt per slot (llama-server) instead of LRU blocks.
     slot_cache: bool = False
+    # ---- queueing (SimScript.max_running)
+    # When a streamed request that must wait for a turn gets its response headers: "arrival" (at once, then no
+    # chunk until its first token), "slot" (when a turn, llama-server's slot, takes it) or "first_chunk" (nothing
+    # at all, not even headers, until its first chunk).
+    headers_at: Literal["arrival", "slot", "first_chunk"] = "first_chunk"
 
 
 def _any_n(script: SimScript) -> int | None:
@@ -434,6 +441,10 @@ VLLM = Persona(
     # About the KV cache one 80 GB GPU holds for a 4B model in bf16 (36 layers x 8 KV heads x 128 x 2 x 2 bytes =
     # 144 KiB a token, some 60 GB free).
     default_cache_tokens=400_000,
+    # chat_completion/serving.py returns a StreamingResponse over the chunk generator as soon as the request is
+    # handed to the engine; Starlette's StreamingResponse sends the status line and headers before it asks the
+    # generator for its first chunk, which waits for the engine's first output.
+    headers_at="arrival",
 )
 
 SGLANG = Persona(
@@ -463,6 +474,9 @@ SGLANG = Persona(
     usage=_sglang_usage,
     usage_per_choice=False,
     timings=False,
+    # serving_chat.py (streaming): the handler awaits the generator's first chunk before it returns the
+    # StreamingResponse, so a request still waiting for the scheduler gets nothing at all, not even headers
+    # (headers_at keeps the default "first_chunk").
     # sse_utils.py: deltas omit unset fields; the finish comes in a chunk of its own per choice, after the content.
     first_delta={"role": "assistant", "content": ""},
     chunk_extra={},
@@ -521,6 +535,10 @@ LLAMA_SERVER = Persona(
     # Any positive capacity: each slot keeps its last prompt (cache_prompt, on by default).
     default_cache_tokens=1,
     slot_cache=True,
+    # server-context.cpp: a streamed completion's response starts (server-http.cpp sends its headers) once the
+    # first result of its task arrives, and a task waits in the queue while every slot is busy; observed: a second
+    # request with the only slot busy got its headers when the slot freed.
+    headers_at="slot",
 )
 
 OPENAI = Persona(

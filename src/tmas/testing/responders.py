@@ -44,6 +44,16 @@ def cut_tokens(text: str, limit: int) -> str:
     return text
 
 
+# The tokens a chat template adds around each message, in the simulator's count.
+MESSAGE_OVERHEAD_TOKENS = 4
+
+
+def chat_prompt_tokens(texts: list[str]) -> int:
+    """A chat prompt's tokens as the simulator counts them: each message's text plus its template overhead. The
+    context check and the tokenize routes both count with this."""
+    return sum(count_tokens_cached(t) for t in texts) + MESSAGE_OVERHEAD_TOKENS * len(texts)
+
+
 def content_text(content: Any) -> str:
     """The text of a message ``content``: a string, or a list of OpenAI content parts."""
     if isinstance(content, str):

@@ -26,9 +26,18 @@ FaultKind = Literal[
     # A streamed reply sends its first part, then closes the connection without its end (unstreamed: as "drop").
     "cut",
     # A streamed reply sends its first part, then an error event and [DONE], as vLLM and SGLang do on an internal
-    # error met mid-generation (unstreamed: as "http_500").
+    # error met mid-generation (unstreamed: as "http_500"). With a rule's ``error_status``, the event carries that
+    # status in the persona's shape (unstreamed: that status).
     "stream_error",
+    # A streamed reply of several choices goes out until the first choice has finished (its finish_reason sent),
+    # then the connection closes, the other choices unfinished (unstreamed: as "drop").
+    "cut_after_finish",
+    # The server aborts the request part way: each choice stops half way with finish_reason "abort", streamed or not.
+    "abort",
 ]
+
+# The wording of a context refusal (SimScript.context_wording, tmas.testing.context_limits).
+ContextWording = Literal["persona", "output_tokens", "too_large", "passed", "legacy", "generic"]
 
 # Whose reply shapes the simulator answers in (tmas.testing.personas): its own ("sim"), or a real server's.
 PersonaName = Literal["sim", "vllm", "sglang", "llama-server", "openai"]
@@ -52,6 +61,8 @@ class FaultRates(_Strict):
     stall: float = Field(default=0.0, ge=0.0, le=1.0)
     cut: float = Field(default=0.0, ge=0.0, le=1.0)
     stream_error: float = Field(default=0.0, ge=0.0, le=1.0)
+    cut_after_finish: float = Field(default=0.0, ge=0.0, le=1.0)
+    abort: float = Field(default=0.0, ge=0.0, le=1.0)
 
     @model_validator(mode="after")
     def _total_at_most_one(self) -> FaultRates:
@@ -88,6 +99,8 @@ _RANDOM_KINDS: tuple[FaultKind, ...] = (
     "stall",
     "cut",
     "stream_error",
+    "cut_after_finish",
+    "abort",
 )
 
 
@@ -113,6 +126,9 @@ class Rule(_Strict):
     # the server's own payload, in which every content token is certain).
     logprobs: list[dict[str, Any]] | None = None
     fault: FaultKind | None = None
+    # With fault "stream_error": the HTTP status the error carries (a 4xx for a request the server refuses part way),
+    # in the persona's error-event shape. None: the simulator's own 500 event.
+    error_status: int | None = Field(default=None, ge=400, le=599)
     times: int | None = Field(default=None, ge=0)
     latency_s: float | None = Field(default=None, ge=0.0)
     finish_reason: str | None = None
@@ -216,3 +232,24 @@ class SimScript(_Strict):
     # Log each chat request's prompt digest, seed and n instead of its body (tmas.testing.long_replies.request_digest):
     # a log of a whole paper-scale run stays small.
     log_digests: bool = False
+    # The most chat requests generating at once (a server's batch, or llama-server's slots); the others wait in
+    # arrival order before their first chunk, shown as the persona's server shows it (tmas.testing.personas,
+    # ``Persona.headers_at``). None: all at once, as before.
+    max_running: int | None = Field(default=None, ge=1)
+    # /health: "ok" answers 200; "hang" answers nothing for ``hang_s`` then closes the connection; "error" answers
+    # 503, as a replica whose engine died does.
+    health: Literal["ok", "hang", "error"] = "ok"
+    # The wording (and condition) of a context refusal (tmas.testing.context_limits): "persona", the persona's
+    # server today ("sim": "legacy"); or one of vLLM's over its releases: "output_tokens" (today's), "passed",
+    # "too_large", "legacy"; or "generic", a 400 that names the context window and no numbers.
+    context_wording: ContextWording = "persona"
+    # The server's API key (vLLM's --api-key, SGLang's --api-key, llama-server's --api-key): requests to its guarded
+    # routes without "Authorization: Bearer KEY" get the persona's 401 (tmas.testing.sim_access). None: open.
+    api_key: str | None = None
+    # The first that many /v1/models requests answer 503, as a replica still loading its model does; then normally.
+    models_unavailable: int = Field(default=0, ge=0)
+    # SGLang's --enable-deterministic-inference: None keeps the simulator's own seeding (a request's seed gives its
+    # reply); False: the "sglang" persona ignores ``seed`` (each request samples afresh); True: the seed is honoured
+    # and every choice of an n > 1 request is sampled with it, so the n choices come out identical. Other personas
+    # ignore this field.
+    deterministic: bool | None = None

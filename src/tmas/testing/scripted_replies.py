@@ -107,6 +107,11 @@ def scripted_text(
     elif fault == "truncate":
         content = cut_tokens(content, max(1, count_tokens(content) // 2))
         finish_reason = "length"
+    elif fault == "abort":
+        # vLLM's FinishReason.ABORT ("abort"), SGLang's abort finish reason without a status (its "type"): the reply
+        # so far, ended as aborted.
+        content = cut_tokens(content, max(1, count_tokens(content) // 2))
+        finish_reason = "abort"
     stop = sim.body.get("stop")
     stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
     for s in stops:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+from http import HTTPStatus
+from typing import Any
 
 from aiohttp import web
 
@@ -21,7 +23,12 @@ EMBEDDING_FAULTS = frozenset(
     {"http_500", "http_503", "http_429", "http_400", "timeout", "drop", "malformed", "stall", "cut", "stream_error"}
 )
 # A stream's faults on a reply sent whole: a stalled server hangs, a cut connection drops, an error is a 500.
-_UNSTREAMED: dict[FaultKind, FaultKind] = {"stall": "timeout", "cut": "drop", "stream_error": "http_500"}
+_UNSTREAMED: dict[FaultKind, FaultKind] = {
+    "stall": "timeout",
+    "cut": "drop",
+    "stream_error": "http_500",
+    "cut_after_finish": "drop",
+}
 # The error event vLLM and SGLang send inside a stream when generation fails.
 _STREAM_ERROR = {
     "error": {"message": "Simulated error mid-generation.", "type": "InternalServerError", "param": None, "code": 500}
@@ -70,15 +77,55 @@ async def fault_response(
     return None
 
 
-def faulty_events(events: list[tuple[bytes, int]], fault: FaultKind | None) -> list[tuple[bytes, int]]:
-    """A stream's events as ``fault`` breaks them: one broken event and no [DONE], or an error event mid-way."""
+def _error_type(status: int) -> str:
+    # vLLM names an error by its HTTP status (engine/protocol.py ErrorInfo.type: "BadRequestError", "NotFoundError",
+    # "InternalServerError", ...).
+    phrase = HTTPStatus(status).phrase.replace(" ", "").replace("-", "")
+    return phrase if phrase.endswith("Error") else f"{phrase}Error"
+
+
+def status_error(persona: str, status: int, message: str) -> dict[str, Any]:
+    """An error body carrying ``status`` in the persona's shape: the body of an HTTP error, and the payload of an
+    error event inside a stream (where the status line went out as 200 already)."""
+    if persona == "sglang":
+        # serving_chat.py: an abort carrying an HTTP status mid-stream is sent as
+        # create_streaming_error_response(message, status.name, status.value): the flat ErrorResponse under "error".
+        flat = {"object": "error", "message": message, "type": HTTPStatus(status).name, "param": None}
+        return {"error": {**flat, "code": status}}
+    if persona == "llama-server":
+        # server-common.cpp format_error_response: code, message and a type named for the error kind.
+        kinds = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error"}
+        kinds |= {404: "not_found_error", 501: "not_supported_error", 503: "unavailable_error"}
+        return {"error": {"code": status, "message": message, "type": kinds.get(status, "server_error")}}
+    if persona == "openai":
+        return {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
+    # vLLM (chat_completion/serving.py create_streaming_error_response): ErrorResponse(error=ErrorInfo(...)).
+    return {"error": {"message": message, "type": _error_type(status), "param": None, "code": status}}
+
+
+def faulty_events(
+    events: list[tuple[bytes, int]], fault: FaultKind | None, error: dict[str, Any] | None = None
+) -> list[tuple[bytes, int]]:
+    """A stream's events as ``fault`` breaks them: one broken event and no [DONE], or an error event mid-way
+    (``error``: its payload, else the simulator's own 500)."""
     if fault == "malformed":
         return [events[0], (b"data: " + _MALFORMED_BODY.encode() + b"\n\n", 0)]
     if fault == "stream_error":
-        return [*events[:2], (sse(_STREAM_ERROR), 0), (b"data: [DONE]\n\n", 0)]
+        return [*events[:2], (sse(error or _STREAM_ERROR), 0), (b"data: [DONE]\n\n", 0)]
     return events
 
 
-def stream_head(fault: FaultKind | None, events: int) -> int:
-    """How many events go out before a stall or a cut (the opening chunk and the first delta); else all but the last."""
-    return 2 if fault in ("stall", "cut") else events - 1
+def _first_finish(events: list[tuple[bytes, int]]) -> int:
+    """The position of the first event that finishes a choice (its finish_reason is not null)."""
+    for i, (data, _) in enumerate(events):
+        if b'"finish_reason": "' in data:
+            return i
+    return len(events) - 1
+
+
+def stream_head(fault: FaultKind | None, events: list[tuple[bytes, int]]) -> int:
+    """How many events go out before a stall or a cut (the opening chunk and the first delta; for
+    "cut_after_finish", up to the first choice's finish); else all but the last."""
+    if fault == "cut_after_finish":
+        return _first_finish(events) + 1
+    return 2 if fault in ("stall", "cut") else len(events) - 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import random
 import struct
@@ -20,25 +21,40 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
+from tmas.testing.context_limits import context_refusal, llama_cut
 from tmas.testing.long_replies import long_choice, request_digest
 from tmas.testing.personas import Persona, cache_capacity, persona_of
 from tmas.testing.prefix_cache import PrefixCache, SlotCache, prompt_tokens
-from tmas.testing.replies import Choice, Reply
-from tmas.testing.responders import SimRequest, content_text, count_tokens_cached, get_responder, stable_hash
+from tmas.testing.replies import DONE, Choice, Reply, sse
+from tmas.testing.responders import (
+    SimRequest,
+    chat_prompt_tokens,
+    content_text,
+    count_tokens_cached,
+    get_responder,
+    stable_hash,
+)
 from tmas.testing.script import FaultKind, Rule, SimScript
 from tmas.testing.scripted_replies import RuleBook, embed_text, scripted_logprobs, scripted_text
+from tmas.testing.sim_access import auth_refusal, loading_response
 from tmas.testing.sim_faults import (
     EMBEDDING_FAULTS,
     draw_fault,
     error_response,
     fault_response,
     faulty_events,
+    status_error,
     stream_head,
 )
+from tmas.testing.sim_info import InfoRoutes
+from tmas.testing.sim_queue import RunQueue
 from tmas.testing.sim_stats import LogEntry, LoggedRequest, SimRecorder, SimStats
 
 ROLE_HEADER = "X-Tmas-Role"
+# The seed SGLang's deterministic sampling uses when a request names none (not read from the source: an assumption).
+DETERMINISTIC_DEFAULT_SEED = 42
 PROBLEM_HEADER = "X-Tmas-Problem"
 
 
@@ -53,6 +69,10 @@ class _Active:
     # The replica's prefix cache (None: off); only the server's loop thread touches it.
     cache: PrefixCache | SlotCache | None
     faults: list[tuple[FaultKind, float]] = field(default_factory=list)
+    # /v1/models requests answered 503 so far (SimScript.models_unavailable).
+    models_refused: int = 0
+    # Fresh seeds for a server that ignores the request's (SimScript.deterministic False).
+    sampling_rng: random.Random = field(default_factory=random.Random)
 
     @classmethod
     def of(cls, script: SimScript) -> _Active:
@@ -69,26 +89,49 @@ class _Active:
                 )
             cache = PrefixCache(capacity, persona.cache_block_tokens)
         rng = random.Random(script.seed)
-        return cls(script, RuleBook(script), rng, persona, cache, script.faults.cumulative())
+        active = cls(script, RuleBook(script), rng, persona, cache, script.faults.cumulative())
+        active.sampling_rng.seed(f"{script.seed}/sampling")
+        return active
+
+
+class _Turn:
+    """Whether a chat request holds a turn in the run queue (to give back when it is done)."""
+
+    held = False
 
 
 class _BadRequest(Exception):
-    def __init__(self, message: str, status: int = 400, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        param: str | None = None,
+        code: str | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.param = param
         self.code = code
+        # The whole error body, where the server's differs from the persona's usual shape.
+        self.body = body
 
 
 class SimApp:
     """The simulator's state and request handlers; ``build()`` gives the aiohttp application."""
 
-    def __init__(self, script: SimScript | None = None) -> None:
+    def __init__(self, script: SimScript | None = None, *, keepalive_max_requests: int | None = None) -> None:
+        if keepalive_max_requests is not None and keepalive_max_requests < 1:
+            raise ValueError("keepalive_max_requests must be at least 1")
+        self.keepalive_max_requests = keepalive_max_requests
+        # Requests answered per open connection (by the client's address), for keepalive_max_requests.
+        self._served: dict[Any, int] = {}
         self._lock = threading.Lock()
         script = script or SimScript()
         self._active = _Active.of(script)
         self.recorder = SimRecorder(script.log_limit)
+        self.queue = RunQueue(self.recorder)
 
     # ---- thread-safe control ---------------------------------------------------------------------
 
@@ -96,11 +139,20 @@ class SimApp:
     def script(self) -> SimScript:
         return self._active.script
 
+    @property
+    def persona(self) -> Persona:
+        return self._active.persona
+
     def set_script(self, script: SimScript) -> None:
         """Replace the script; rule counters and the fault generator start afresh, stats and log are kept."""
         with self._lock:
             self._active = _Active.of(script)
             self.recorder.resize_log(script.log_limit)
+        loop = self.queue.loop
+        if loop is not None and not loop.is_closed():
+            # A raised (or removed) max_running starts waiting requests at once, on the server's own thread.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self.queue.grant, script.max_running)
 
     def reset(self) -> None:
         """Clear stats, the request log and rule counters (and reseed the fault generator)."""
@@ -116,8 +168,33 @@ class SimApp:
 
     # ---- application -----------------------------------------------------------------------------
 
+    async def _count_on_connection(self, request: web.Request, response: web.StreamResponse) -> None:
+        """cpp-httplib's keep-alive max count: the connection's last allowed answer says Connection: close."""
+        transport = request.transport
+        peer = transport.get_extra_info("peername") if transport is not None else None
+        served = self._served.get(peer, 0) + 1
+        self._served[peer] = served
+        if self.keepalive_max_requests is not None and served >= self.keepalive_max_requests:
+            self._served.pop(peer, None)
+            response.force_close()  # closed once answered; the header says so (headers are built by now)
+            response.headers["Connection"] = "close"
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The API key check, before any route (SimScript.api_key)."""
+        active = self._active
+        key = active.script.api_key
+        if key is not None:
+            refusal = auth_refusal(active.persona.name, request.path, request.headers.get("Authorization"), key)
+            if refusal is not None:
+                self.recorder.count_unauthorized()
+                return refusal
+        return await handler(request)
+
     def build(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._guard])
+        if self.keepalive_max_requests is not None:
+            app.on_response_prepare.append(self._count_on_connection)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
@@ -126,14 +203,28 @@ class SimApp:
         app.router.add_post("/_sim/script", self._post_script)
         app.router.add_post("/_sim/reset", self._post_reset)
         app.router.add_get("/_sim/requests", self._get_requests)
+        InfoRoutes(self).add_to(app)
         return app
 
     async def _health(self, request: web.Request) -> web.Response:
+        script = self._active.script
+        if script.health == "hang":
+            # A dead replica that still accepts connections: nothing comes back until the client gives up.
+            await asyncio.sleep(script.hang_s)
+            if request.transport is not None:
+                request.transport.close()
+            return web.Response()
+        if script.health == "error":
+            return error_response(503, "Service Unavailable", "ServiceUnavailableError")
         return web.json_response({"status": "ok"})
 
     async def _models(self, request: web.Request) -> web.Response:
         active = self._active
         persona, script = active.persona, active.script
+        if active.models_refused < script.models_unavailable:
+            active.models_refused += 1
+            self.recorder.count_models_unavailable()
+            return loading_response(persona.name)
         extra = persona.models_extra(script) if persona.models_extra is not None else {}
         return web.json_response({**extra, "object": "list", "data": [persona.model_card(script)]})
 
@@ -189,17 +280,21 @@ class SimApp:
         self.recorder.enter(role)
         self.recorder.problem_enter(problem)
         persona = self._active.persona
+        turn = _Turn()
         try:
-            return await self._chat_inner(request, role, received)
+            return await self._chat_inner(request, role, received, turn)
         except _BadRequest as exc:
             self.recorder.count_error()
-            return web.json_response(persona.error(exc.status, exc.message, exc.param, exc.code), status=exc.status)
+            payload = exc.body if exc.body is not None else persona.error(exc.status, exc.message, exc.param, exc.code)
+            return web.json_response(payload, status=exc.status)
         finally:
+            if turn.held:
+                self.queue.leave(self._active.script.max_running)
             self.recorder.slot_leave(id(request))
             self.recorder.problem_leave(problem)
             self.recorder.leave()
 
-    async def _chat_inner(self, request: web.Request, role: str, received: float) -> web.StreamResponse:
+    async def _chat_inner(self, request: web.Request, role: str, received: float, turn: _Turn) -> web.StreamResponse:
         problem = request.headers.get(PROBLEM_HEADER)
         active = self._active
         script, persona = active.script, active.persona
@@ -240,15 +335,15 @@ class SimApp:
             raise _BadRequest("Invalid slot ID")
 
         texts = [content_text(m.get("content")) for m in messages]
-        prompt_tokens = sum(count_tokens_cached(t) for t in texts) + 4 * len(texts)
-        requested = prompt_tokens + (max_tokens or 0)
-        if requested > script.context_length:
-            raise _BadRequest(
-                f"This model's maximum context length is {script.context_length} tokens. "
-                f"However, you requested {requested} tokens ({prompt_tokens} in the messages, "
-                f"{max_tokens or 0} in the completion). "
-                "Please reduce the length of the messages or completion."
-            )
+        prompt_tokens = chat_prompt_tokens(texts)
+        field_name = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
+        refusal = context_refusal(
+            persona.name, script.context_wording, script.context_length, prompt_tokens, max_tokens, field_name
+        )
+        if refusal is not None:
+            raise _BadRequest(refusal.message, refusal.status, refusal.param, refusal.code, refusal.body)
+        # llama-server generates a prompt that fits until its context is full, whatever max_tokens says.
+        max_tokens = llama_cut(persona.name, script.context_wording, script.context_length, prompt_tokens, max_tokens)
 
         rule, used = active.rules.pick(role, texts, n)
         fault = rule.fault if rule is not None else draw_fault(active.rng, active.faults)
@@ -256,10 +351,30 @@ class SimApp:
             self.recorder.count_fault(fault)
         fixed_latency = rule.latency_s if rule is not None and rule.latency_s is not None else script.latency_s
         per_token = 0.0 if rule is not None and rule.latency_s is not None else script.latency_per_token_s
+        # Wait for a turn to generate; a streamed request meanwhile shows what its server shows (headers or
+        # nothing). Without max_running no request waits and the headers go out with the first chunk, as before.
+        opened: web.StreamResponse | None = None
+        queued = script.max_running is not None
+        if streams and queued and persona.headers_at == "arrival":
+            opened = await self._open_stream(request)
+        await self.queue.enter(script.max_running)
+        turn.held = True
+        if streams and queued and persona.headers_at == "slot":
+            opened = await self._open_stream(request)
         if fixed_latency > 0:
             await asyncio.sleep(fixed_latency)
-        if fault is not None:
+        # A rule's error_status: the stream_error fault carries that status, in the persona's shape.
+        error_status = rule.error_status if rule is not None and fault == "stream_error" else None
+        error = None
+        if error_status is not None:
+            error = status_error(persona.name, error_status, f"Simulated error ({error_status}) mid-generation.")
+            if not streams:
+                return web.json_response(error if persona.name != "sglang" else error["error"], status=error_status)
+        if fault is not None and error is None:
             replaced = await fault_response(request, fault, script.hang_s, streams)
+            if isinstance(replaced, web.Response) and opened is not None and replaced.status >= 400:
+                # The status line is already out: the error goes as an event in the stream, as vLLM sends it.
+                return await self._stream_failure(opened, replaced.status, replaced.text or "")
             if replaced is not None:
                 return replaced
 
@@ -295,7 +410,15 @@ class SimApp:
             reply.continuous_usage = bool(options.get("continuous_usage_stats"))
             include_usage = bool(options.get("include_usage"))
             return await self._stream(
-                request, reply, include_usage, per_token, fault, script.hang_s, lambda: self.recorder.count_done(*done)
+                request,
+                reply,
+                include_usage,
+                per_token,
+                fault,
+                script.hang_s,
+                lambda: self.recorder.count_done(*done),
+                opened,
+                error,
             )
         if per_token > 0 and counts.completion:
             await asyncio.sleep(per_token * counts.completion)
@@ -361,7 +484,17 @@ class SimApp:
         script, persona = active.script, active.persona
         seed = body.get("seed")
         sample_body = body
-        if n > 1:
+        if persona.name == "sglang" and script.deterministic is not None:
+            # serving_chat.py passes seed on as sampling_seed, which the sampler uses only with
+            # --enable-deterministic-inference: there the n copies of the request all sample with the same seed
+            # (the scheduler's default when none is given), so identical prompts give identical choices; without
+            # it the seed is ignored and every choice samples afresh.
+            if script.deterministic:
+                seed = seed if isinstance(seed, int) else DETERMINISTIC_DEFAULT_SEED
+            else:
+                seed = active.sampling_rng.randrange(2**31)
+            sample_body = {**{k: v for k, v in body.items() if k != "n"}, "seed": seed}
+        elif n > 1:
             sample_body = {k: v for k, v in body.items() if k != "n"}
             if index > 0:
                 seed = stable_hash(seed, "choice", index) % 2**31
@@ -378,7 +511,7 @@ class SimApp:
         if (
             long is not None
             and long.covers(role)
-            and fault not in ("garbage", "truncate")
+            and fault not in ("garbage", "truncate", "abort")
             and not (rule and rule.replies)
         ):
             return long_choice(long, sim, get_responder(role)(sim), max_tokens, persona, script)
@@ -397,20 +530,20 @@ class SimApp:
         fault: FaultKind | None,
         hang_s: float,
         answered: Callable[[], None],
+        opened: web.StreamResponse | None = None,
+        error: dict[str, Any] | None = None,
     ) -> web.StreamResponse:
-        """The reply as a stream; ``answered`` is told just before its last event goes out (so the stats count it
-        before the client can read it whole), and not at all where the client closed the stream first."""
-        response = web.StreamResponse(
-            status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await response.prepare(request)
+        """The reply as a stream (on ``opened`` where its headers went out already); ``answered`` is told just
+        before its last event goes out (so the stats count it before the client can read it whole), and not at all
+        where the client closed the stream first."""
+        response = opened if opened is not None else await self._open_stream(request)
         # With a per-token latency tokens trickle out one delta each, as from a real server; else in a few pieces.
-        events = faulty_events(reply.events(include_usage, per_token_deltas=per_token > 0), fault)
+        events = faulty_events(reply.events(include_usage, per_token_deltas=per_token > 0), fault, error)
         # stall and cut: the opening chunk and the first delta go out, then nothing for hang_s, or a closed socket.
-        head = stream_head(fault, len(events))
+        head = stream_head(fault, events)
         try:
             await _write_events(response, events[:head], per_token)
-            if fault == "cut":
+            if fault in ("cut", "cut_after_finish"):
                 answered()
                 if request.transport is not None:
                     request.transport.close()
@@ -429,6 +562,29 @@ class SimApp:
             # The same, noticed first by the server (handler_cancellation), as vLLM and SGLang abort such a request.
             self.recorder.count_disconnect()
             raise
+        return response
+
+    @staticmethod
+    async def _open_stream(request: web.Request) -> web.StreamResponse:
+        """A 200 event-stream response with its status line and headers sent."""
+        response = web.StreamResponse(
+            status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        return response
+
+    async def _stream_failure(self, response: web.StreamResponse, status: int, body: str) -> web.StreamResponse:
+        """An error met after the headers went out: an error event carrying the status, then ``[DONE]``."""
+        try:
+            payload = json.loads(body) if body else {}
+        except ValueError:
+            payload = {}
+        error = payload.get("error") if isinstance(payload, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
+        event = {"error": {"message": message or "error", "type": "error", "param": None, "code": status}}
+        with contextlib.suppress(ConnectionResetError):
+            await response.write(sse(event) + DONE)
+            await response.write_eof()
         return response
 
     # ---- /v1/embeddings --------------------------------------------------------------------------

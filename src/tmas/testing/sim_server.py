@@ -52,11 +52,19 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def _start_site(app: SimApp, sock: socket.socket) -> web.AppRunner:
+# aiohttp's own idle keep-alive timeout, kept where none is asked for.
+_AIOHTTP_KEEPALIVE_S = 75.0
+
+
+async def _start_site(app: SimApp, sock: socket.socket, keepalive_timeout: float | None = None) -> web.AppRunner:
     # No access log (it costs more than the request itself); cancel handlers whose client went away so a hung
     # "timeout" fault does not linger after the client gave up.
     runner = web.AppRunner(
-        app.build(), access_log=None, handler_cancellation=True, shutdown_timeout=_SHUTDOWN_TIMEOUT_S
+        app.build(),
+        access_log=None,
+        handler_cancellation=True,
+        shutdown_timeout=_SHUTDOWN_TIMEOUT_S,
+        keepalive_timeout=_AIOHTTP_KEEPALIVE_S if keepalive_timeout is None else keepalive_timeout,
     )
     await runner.setup()
     site = web.SockSite(runner, sock)
@@ -73,10 +81,26 @@ def _url_host(host: str) -> str:
 
 
 class SimServer:
-    """The simulator in a background thread: ``with SimServer(script) as sim: ... sim.base_url ...``."""
+    """The simulator in a background thread: ``with SimServer(script) as sim: ... sim.base_url ...``.
 
-    def __init__(self, script: SimScript | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.app = SimApp(script)
+    ``keepalive_timeout``: seconds an idle keep-alive connection stays open before the server closes it (None:
+    aiohttp's 75). The servers' own: uvicorn under vLLM (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5) and SGLang (5), and
+    cpp-httplib under llama-server (``CPPHTTPLIB_KEEPALIVE_TIMEOUT_SECOND``, 5). ``keepalive_max_requests``: the
+    server closes a connection after answering that many requests on it (cpp-httplib's
+    ``CPPHTTPLIB_KEEPALIVE_MAX_COUNT``); None: no limit, as uvicorn. With these a test reproduces a client reusing a
+    connection the server has just closed."""
+
+    def __init__(
+        self,
+        script: SimScript | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        keepalive_timeout: float | None = None,
+        keepalive_max_requests: int | None = None,
+    ) -> None:
+        self.app = SimApp(script, keepalive_max_requests=keepalive_max_requests)
+        self.keepalive_timeout = keepalive_timeout
         self.host = host
         self.port = port
         self._thread: threading.Thread | None = None
@@ -121,7 +145,7 @@ class SimServer:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         try:
-            runner = loop.run_until_complete(_start_site(self.app, sock))
+            runner = loop.run_until_complete(_start_site(self.app, sock, self.keepalive_timeout))
         except BaseException as exc:
             failure.append(exc)
             sock.close()
@@ -204,10 +228,10 @@ class SimServer:
 # ---- command line -------------------------------------------------------------------------------
 
 
-async def _serve_forever(app: SimApp, host: str, port: int) -> None:
+async def _serve_forever(app: SimApp, host: str, port: int, keepalive_timeout: float | None = None) -> None:
     sock = _bind(host, port)
     bound_port = sock.getsockname()[1]
-    runner = await _start_site(app, sock)
+    runner = await _start_site(app, sock, keepalive_timeout)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -234,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
         choices=list(PERSONAS),
         help="answer in this server's shapes (overrides the script)",
     )
+    parser.add_argument(
+        "--keepalive-timeout", type=float, help="seconds an idle keep-alive connection stays open (default 75)"
+    )
     args = parser.parse_args(argv)
 
     try:
@@ -250,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: bad script: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_serve_forever(app, args.host, args.port))
+        asyncio.run(_serve_forever(app, args.host, args.port, args.keepalive_timeout))
     except OSError as exc:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1

@@ -40,6 +40,18 @@ class SimStats(BaseModel):
     ignored_fields: dict[str, int] = {}
     # Streams the client closed before their end (a real server then aborts the request): they are not completed.
     disconnected: int = 0
+    # SimScript.max_running: chat requests generating now, waiting now for a turn, the most ever waiting at once,
+    # how many had to wait at all, and how many left the queue because their client closed the connection
+    # (the server aborts them: they are neither completed nor answered).
+    running: int = 0
+    waiting: int = 0
+    max_waiting: int = 0
+    queued: int = 0
+    aborted: int = 0
+    # Requests refused for a missing or wrong API key (SimScript.api_key), and /v1/models requests answered 503
+    # while the model was "loading" (SimScript.models_unavailable).
+    unauthorized: int = 0
+    models_unavailable: int = 0
 
 
 class LoggedRequest(BaseModel):
@@ -102,10 +114,16 @@ class SimRecorder:
         return [LoggedRequest.model_construct(**entry._asdict()) for entry in entries]
 
     def reset(self) -> None:
-        """Clear the counters, the log and the spans; requests in flight stay counted as such."""
+        """Clear the counters, the log and the spans; requests in flight (running, waiting) stay counted as such."""
         with self._lock:
-            in_flight = self._stats.in_flight
-            self._stats = SimStats(in_flight=in_flight, max_in_flight=in_flight)
+            old = self._stats
+            self._stats = SimStats(
+                in_flight=old.in_flight,
+                max_in_flight=old.in_flight,
+                running=old.running,
+                waiting=old.waiting,
+                max_waiting=old.waiting,
+            )
             self._log.clear()
             self._spans.clear()
 
@@ -184,6 +202,23 @@ class SimRecorder:
     def count_disconnect(self) -> None:
         with self._lock:
             self._stats.disconnected += 1
+
+    def queue_state(self, running: int, waiting: int, *, entered_queue: bool = False, aborted: bool = False) -> None:
+        """The run queue's counts now; ``entered_queue``: one more request had to wait; ``aborted``: one left it."""
+        with self._lock:
+            stats = self._stats
+            stats.running, stats.waiting = running, waiting
+            stats.max_waiting = max(stats.max_waiting, waiting)
+            stats.queued += entered_queue
+            stats.aborted += aborted
+
+    def count_unauthorized(self) -> None:
+        with self._lock:
+            self._stats.unauthorized += 1
+
+    def count_models_unavailable(self) -> None:
+        with self._lock:
+            self._stats.models_unavailable += 1
 
     def count_error(self) -> None:
         with self._lock:

@@ -1,0 +1,204 @@
+"""What each server does with a request that does not fit its context window: the refusal's status, wording and
+body, or (llama-server) a reply cut short where the window fills up.
+
+The wordings are the servers' own because clients parse them (the numbers in them say how much to shrink); each
+cites the source it follows. ``N`` is the prompt's tokens as the simulator counts them (the same count its
+tokenize routes report), ``M`` the requested completion (``max_completion_tokens`` or ``max_tokens``), ``C`` the
+context window (``SimScript.context_length``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tmas.testing.script import ContextWording
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A context refusal before the persona shapes its body (``body`` set: the whole body, as llama-server's)."""
+
+    message: str
+    param: str | None = None
+    code: str | None = None
+    status: int = 400
+    body: dict[str, Any] | None = field(default=None)
+
+
+def _vllm_extras(message: str, parameter: str, value: int) -> str:
+    # vllm/exceptions.py VLLMValidationError.__str__: the parameter and value follow the message in parentheses,
+    # and the error body's "param" names the parameter.
+    return f"{message} (parameter={parameter}, value={value})"
+
+
+def _legacy(c: int, n: int, m: int | None) -> Refusal | None:
+    # The simulator's own check and wording (vLLM's, and OpenAI's, before vLLM 0.9): prompt + max_tokens > C.
+    requested = n + (m or 0)
+    if requested <= c:
+        return None
+    return Refusal(
+        f"This model's maximum context length is {c} tokens. However, you requested {requested} tokens "
+        f"({n} in the messages, {m or 0} in the completion). Please reduce the length of the messages or completion."
+    )
+
+
+def _too_large(c: int, n: int, m: int | None) -> Refusal | None:
+    # vLLM 0.9 to 0.11, entrypoints/openai/serving_engine.py _validate_input: a prompt that fills the window alone,
+    # else a max_tokens over what is left (the wordings as those releases answer them).
+    if n >= c:
+        return Refusal(
+            f"This model's maximum context length is {c} tokens. However, your request has {n} input tokens. "
+            "Please reduce the length of the input messages."
+        )
+    if m is not None and n + m > c:
+        return Refusal(
+            f"'max_tokens' or 'max_completion_tokens' is too large: {m}. This model's maximum context length is "
+            f"{c} tokens and your request has {n} input tokens ({m} > {c} - {n})."
+        )
+    return None
+
+
+def _max_output_check(c: int, m: int, field_name: str) -> Refusal:
+    # renderers/params.py TokenizeParams.__post_init__: a completion budget larger than the whole window.
+    message = (
+        f"{field_name}={m} cannot be greater than max_model_len=max_total_tokens={c}. "
+        "Please request fewer output tokens."
+    )
+    return Refusal(_vllm_extras(message, field_name, m), param=field_name)
+
+
+def _passed(c: int, n: int, m: int | None, field_name: str) -> Refusal | None:
+    # vLLM renderers/params.py (the renderer releases before the "output tokens" wording) _token_len_check. The
+    # prompt is tokenized with truncation at max_input_tokens + 1 (get_encode_kwargs), so the count it reports
+    # is never more than C - M + 1, whatever the prompt's true length.
+    out = m or 0
+    if out > c:
+        return _max_output_check(c, out, field_name)
+    if n <= c - out:
+        return None
+    seen = min(n, c - out + 1)
+    message = (
+        f"You passed {seen} input tokens and requested {out} output tokens. However, the model's context length is "
+        f"only {c} tokens, resulting in a maximum input length of {c - out} tokens. "
+        "Please reduce the length of the input prompt."
+    )
+    return Refusal(_vllm_extras(message, "input_tokens", seen), param="input_tokens")
+
+
+def _output_tokens(c: int, n: int, m: int | None, field_name: str) -> Refusal | None:
+    # vLLM today, renderers/params.py _token_len_check: the same truncated count (at most C - M + 1, hence
+    # "at least"), so the total it reports is C + 1 for any prompt too long.
+    out = m or 0
+    if out > c:
+        return _max_output_check(c, out, field_name)
+    if n <= c - out:
+        return None
+    seen = min(n, c - out + 1)
+    message = (
+        f"This model's maximum context length is {c} tokens. However, you requested {out} output tokens and your "
+        f"prompt contains at least {seen} input tokens, for a total of at least {seen + out} tokens. "
+        "Please reduce the length of the input prompt or the number of requested output tokens."
+    )
+    return Refusal(_vllm_extras(message, "input_tokens", seen), param="input_tokens")
+
+
+def _generic(c: int, n: int, m: int | None) -> Refusal | None:
+    # A server (or proxy) that names the context window but gives no numbers.
+    if n + (m or 0) <= c:
+        return None
+    return Refusal("The request does not fit in the model's context window. Please shorten the prompt or max_tokens.")
+
+
+def _sglang(c: int, n: int, m: int | None) -> Refusal | None:
+    # python/sglang/srt/managers/tokenizer_manager.py _validate_one_request: refused when the prompt alone, or the
+    # prompt and max_new_tokens together, reach the context length (>=, not >); without
+    # --allow-auto-truncate. serving_chat.py answers the ValueError with a 400.
+    if n >= c:
+        return Refusal(f"The input ({n} tokens) is longer than the model's context length ({c} tokens).")
+    if m is not None and n + m >= c:
+        return Refusal(
+            f"Requested token count exceeds the model's maximum context length of {c} tokens. You requested a total "
+            f"of {n + m} tokens: {n} tokens from the input messages and {m} tokens for the completion. Please reduce "
+            "the number of tokens in the input messages or the completion to fit within the limit."
+        )
+    return None
+
+
+def _llama(c: int, n: int, m: int | None) -> Refusal | None:
+    # tools/server/server-context.cpp: a prompt that fills the slot's context (n_tokens >= n_ctx) is refused with
+    # ERROR_TYPE_EXCEED_CONTEXT_SIZE (400); server-task.cpp server_task_result_error::to_json adds n_prompt_tokens
+    # and n_ctx beside the usual fields. A prompt that fits is generated, whatever n_predict asks (llama_cut).
+    if n < c:
+        return None
+    message = f"request ({n} tokens) exceeds the available context size ({c} tokens), try increasing it"
+    body = {
+        "error": {
+            "code": 400,
+            "message": message,
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": n,
+            "n_ctx": c,
+        }
+    }
+    return Refusal(message, body=body)
+
+
+def _openai(c: int, n: int, m: int | None) -> Refusal | None:
+    # OpenAI's context_length_exceeded (not read from a source: its long-standing wording, which vLLM's legacy
+    # one copied); without max_tokens the messages alone are named.
+    if n + (m or 0) <= c:
+        return None
+    if m is None:
+        message = (
+            f"This model's maximum context length is {c} tokens. However, your messages resulted in {n} tokens. "
+            "Please reduce the length of the messages."
+        )
+    else:
+        message = (
+            f"This model's maximum context length is {c} tokens. However, you requested {n + m} tokens ({n} in the "
+            f"messages, {m} in the completion). Please reduce the length of the messages or completion."
+        )
+    return Refusal(message, param="messages", code="context_length_exceeded")
+
+
+_PERSONA_WORDING: dict[str, ContextWording | Literal["sglang", "llama", "openai"]] = {
+    "sim": "legacy",
+    "vllm": "output_tokens",
+    "sglang": "sglang",
+    "llama-server": "llama",
+    "openai": "openai",
+}
+
+
+def context_refusal(
+    persona: str, wording: ContextWording, c: int, n: int, m: int | None, field_name: str = "max_tokens"
+) -> Refusal | None:
+    """The refusal a request of ``n`` prompt tokens asking ``m`` completion tokens (None: not said) meets under a
+    window of ``c`` tokens, or None where the server takes it. ``field_name``: the request's field for ``m``."""
+    kind = _PERSONA_WORDING[persona] if wording == "persona" else wording
+    if kind == "output_tokens":
+        return _output_tokens(c, n, m, field_name)
+    if kind == "passed":
+        return _passed(c, n, m, field_name)
+    if kind == "too_large":
+        return _too_large(c, n, m)
+    if kind == "generic":
+        return _generic(c, n, m)
+    if kind == "sglang":
+        return _sglang(c, n, m)
+    if kind == "llama":
+        return _llama(c, n, m)
+    if kind == "openai":
+        return _openai(c, n, m)
+    return _legacy(c, n, m)
+
+
+def llama_cut(persona: str, wording: ContextWording, c: int, n: int, m: int | None) -> int | None:
+    """llama-server's completion budget for a prompt that fits: tools/server/server-context.cpp stops a slot
+    (STOP_TYPE_LIMIT, finish_reason "length", truncated) once its cache plus one reaches n_ctx, which leaves the
+    reply C - N tokens at most, whatever max_tokens asked. None elsewhere (``m`` stands)."""
+    if persona != "llama-server" or wording != "persona" or n >= c:
+        return m
+    room = c - n
+    return room if m is None or m > room else m
