@@ -60,7 +60,9 @@ async def test_calls_queued_behind_a_busy_slot_are_waited_for_and_sent_once(one_
     # server answers /health the queued calls are waited for, not sent again.
     sampling = {"temperature": 0.0, "max_tokens": 160, "extra_body": {"ignore_eos": True}}
     async with LLMClient(_settings(one_slot)) as llm:
-        warm = await llm.chat("solution", [Message(role="user", content="Count.")], sampling=Sampling.model_validate(sampling))
+        warm = await llm.chat(
+            "solution", [Message(role="user", content="Count.")], sampling=Sampling.model_validate(sampling)
+        )
     assert warm.ok, warm.error
     stats = ClientStats()
     settings = _settings(one_slot, timeout_s=max(0.2, warm.latency_s / 2))

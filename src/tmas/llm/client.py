@@ -193,6 +193,7 @@ class LLMClient:
         started = time.monotonic()
         attempts = self.policy.attempts()
         max_tokens = request.sampling.max_tokens
+        # Set once a context refusal told what fits: the server's count then stands, not the client's estimate.
         shrunk = False
         pin = self._pinned(route)
         replica = route.replicas[0]
@@ -204,7 +205,7 @@ class LLMClient:
             body: dict[str, Any] = {}
             try:
                 await self._probe(route, replica)
-                sent_max = self.refusals.fit_context(route, replica, request, max_tokens)
+                sent_max = max_tokens if shrunk else self.refusals.fit_context(route, replica, request, max_tokens)
                 body = self.refusals.body(route, replica, request, sent_max, n)
                 data = await self._post(route, replica, body, key, timing, slot=pin[1] if pin else None, watch=watch)
                 if timing.plain_reply and body.get("stream") and route.endpoint.stream == "auto":

@@ -52,16 +52,25 @@ _STREAM_REFUSAL = re.compile(r"\bstream", re.I)
 _STREAM_REFUSAL_STATUS = frozenset({400, 404, 415, 422, 501})
 
 # Context refusals. The window: vLLM "maximum context length is C tokens" (every version), SGLang "maximum context
-# length of C tokens", vLLM's "the model's context length is only C tokens".
-_WINDOW = re.compile(r"(?:maximum context length (?:is|of)|context length is only)\s+(\d+)\s+tokens", re.I)
-# The prompt's tokens, as each wording states them: vLLM "your request has N input tokens" (today's), "(N in the
-# messages, M in the completion)" (before 0.6), "your prompt contains at least N input tokens" and "You passed N input
-# tokens"; SGLang "N tokens from the input messages".
-_PROMPT = re.compile(
-    r"request has (\d+) input tokens|\((\d+) in the messages|contains at least (\d+) input tokens"
-    r"|passed (\d+) input tokens|(\d+) tokens from the input",
+# length of C tokens" and "the model's context length (C tokens)", vLLM's "the model's context length is only C tokens"
+# and, for a max_tokens larger than the whole window, "cannot be greater than max_model_len=max_total_tokens=C".
+_WINDOW = re.compile(
+    r"(?:maximum context length (?:is|of)|context length is only)\s+(\d+)\s+tokens|context length \((\d+) tokens\)"
+    r"|max_model_len=(?:max_total_tokens=)?(\d+)",
     re.I,
 )
+# The prompt's tokens, as each wording states them: vLLM "your request has N input tokens" (0.9 to 0.11), "(N in the
+# messages, M in the completion)" (before 0.6); SGLang "N tokens from the input messages" and "The input (N tokens)";
+# llama-server "request (N tokens)".
+_PROMPT = re.compile(
+    r"request has (\d+) input tokens|\((\d+) in the messages|(\d+) tokens from the input|The input \((\d+) tokens\)"
+    r"|request \((\d+) tokens\)",
+    re.I,
+)
+# Today's vLLM tokenizes a prompt only as far as the window less max_tokens, plus one, before it refuses
+# (vllm/renderers/params.py): "your prompt contains at least N input tokens" and "You passed N input tokens" give that
+# bound, not the prompt's size, which the client then asks the server's /tokenize for.
+_PROMPT_AT_LEAST = re.compile(r"contains at least (\d+) input tokens|passed (\d+) input tokens", re.I)
 # A 400 that names the context without numbers we can read (another server, another version): still a context
 # refusal, whose numbers the client then asks the server for (/tokenize, the model's card).
 _NAMES_CONTEXT = re.compile(r"context (?:length|window|size)|too many tokens|exceeds? .*tokens", re.I)
@@ -73,6 +82,8 @@ class ContextRefusal:
 
     context: int | None = None
     prompt: int | None = None
+    # A lower bound of the prompt's tokens, where the server stated no more than that.
+    prompt_at_least: int | None = None
 
 
 class Failure(Exception):
@@ -164,10 +175,18 @@ def context_refusal(message: str, error: dict[str, Any] | None = None) -> Contex
         return ContextRefusal(context=_int(error.get("n_ctx")), prompt=_int(error.get("n_prompt_tokens")))
     window = _WINDOW.search(message)
     prompt = _PROMPT.search(message)
-    if window is None and prompt is None and not _NAMES_CONTEXT.search(message):
+    at_least = _PROMPT_AT_LEAST.search(message)
+    if window is None and prompt is None and at_least is None and not _NAMES_CONTEXT.search(message):
         return None
-    prompt_tokens = next((int(g) for g in prompt.groups() if g), None) if prompt else None
-    return ContextRefusal(context=int(window.group(1)) if window else None, prompt=prompt_tokens)
+    return ContextRefusal(
+        context=_first_number(window),
+        prompt=_first_number(prompt),
+        prompt_at_least=_first_number(at_least),
+    )
+
+
+def _first_number(match: re.Match[str] | None) -> int | None:
+    return next((int(g) for g in match.groups() if g), None) if match else None
 
 
 def refused_field(message: str) -> tuple[str, str | None] | None:

@@ -120,10 +120,12 @@ class Refusals:
         numbers) or the numbers cannot be had."""
         refusal = failure.context
         assert refusal is not None
-        context = refusal.context or replica.context_length
+        context = refusal.context or replica.reported_context or replica.context_length
         prompt = refusal.prompt
         if prompt is None:
             prompt = await count_prompt(session, replica, route.api_key, route.model, request.messages)
+        if prompt is None:
+            prompt = refusal.prompt_at_least
         if context is None or prompt is None:
             return None
         replica.context_length = context

@@ -34,6 +34,8 @@ class Replica:
     # Calls routed to it and not finished (waiting for a cap, in flight or between retries): what routing balances.
     load: int = 0
     context_length: int | None = None
+    # The window the server itself stated (its model card, /props), whatever the endpoint's setting says.
+    reported_context: int | None = None
     # Which engine serves it, as its model card said (read once, with the context window).
     server_kind: ServerKind | None = None
     probed: bool = False
@@ -105,13 +107,14 @@ async def probe(session: aiohttp.ClientSession, replica: Replica, api_key: str |
     if not isinstance(models, dict):
         return False
     replica.server_kind = server_kind(models)
-    if replica.context_length is None:
-        replica.context_length = context_length(models)
-    if replica.context_length is None and replica.server_kind == "llama-server":
+    replica.reported_context = context_length(models)
+    if replica.reported_context is None and replica.server_kind == "llama-server":
         props = await get_json(session, f"{replica.root}/props", api_key, 10.0)
         settings = props.get("default_generation_settings") if isinstance(props, dict) else None
         n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
-        replica.context_length = n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else None
+        replica.reported_context = n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else None
+    if replica.context_length is None:
+        replica.context_length = replica.reported_context
     replica.probed = True
     return True
 

@@ -1,0 +1,253 @@
+"""The client against the personas as the servers behave under load (tmas.testing, each behaviour citing the server
+source it follows): queued requests waited for and sent once, a dead replica's calls killed, every context refusal
+understood, the probe with the endpoint's key, n-choice streams cut or aborted, error events by status, identical
+choices, and the deadline counted from sending."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import settings_for
+from tmas.config import Sampling
+from tmas.llm.client import LLMClient
+from tmas.llm.factory import open_model
+from tmas.llm.model import ClientStats
+from tmas.llm.types import CallKey, Completion, user
+from tmas.store.run_store import RunStore
+from tmas.testing import Rule, SimScript, SimServer
+
+QUESTION = [user("What is 17*23?")]
+
+
+async def _alike(llm: LLMClient, k: int, sampling: Sampling | None = None, problem: str = "p") -> list[Completion]:
+    """k calls alike but for their sample index, sent together (what a method's k samples are)."""
+    return list(
+        await asyncio.gather(
+            *(
+                llm.chat(
+                    "solution", QUESTION, key=CallKey(problem_id=problem, role="solution", sample=i), sampling=sampling
+                )
+                for i in range(k)
+            )
+        )
+    )
+
+
+# ------------------------------------------------------------------------------------------------ the queue
+@pytest.mark.parametrize("persona", ["vllm", "sglang", "llama-server"])
+async def test_calls_queued_past_timeout_s_are_waited_for_and_sent_once(persona: str) -> None:
+    # One request generates at a time, each for 0.4 s: the sixth waits 2 s, five times timeout_s, silent (vLLM sends
+    # its headers, SGLang and llama-server nothing). The server answers /health, so nothing is closed or sent again.
+    script = SimScript(persona=persona, max_running=1, rules=[Rule(latency_s=0.4)])  # type: ignore[arg-type]
+    with SimServer(script) as sim:
+        stats = ClientStats()
+        settings = settings_for(sim, endpoint__timeout_s=0.4, endpoint__batch_samples="off", concurrency=16)
+        async with LLMClient(settings, stats=stats) as llm:
+            done = await asyncio.gather(*(llm.chat("solution", [user(f"What is {i}*7?")]) for i in range(6)))
+        served = sim.stats()
+    assert all(c.ok for c in done), [c.error for c in done]
+    assert served.total_requests == 6 and served.aborted == 0 and served.max_waiting >= 4
+    assert stats.retries == 0 and all(c.attempts == 1 for c in done)
+    # The last in line waited behind five others: its first chunk came after several timeout_s of silence.
+    assert max(c.first_token_s or 0.0 for c in done) >= 5 * 0.4
+
+
+async def test_a_queued_call_on_a_replica_that_stopped_answering_health_is_closed() -> None:
+    # The replica holds the call in its queue behind a long one (whose tokens keep coming) and stops answering
+    # /health: after timeout_s of silence and an unanswered /health the call is closed (the server counts the abort).
+    script = SimScript(persona="vllm", max_running=1, health="hang", hang_s=2.0, latency_per_token_s=0.05)
+    with SimServer(script) as sim:
+        settings = settings_for(sim, endpoint__timeout_s=0.3, retry__max_attempts=1, concurrency=4)
+        async with LLMClient(settings) as llm:
+            first = asyncio.ensure_future(llm.chat("solution", [user("What is 1*7?")]))
+            await asyncio.sleep(0.1)
+            queued = await llm.chat("solution", [user("What is 2*7?")])
+            assert (await first).ok
+        served = sim.stats()
+    assert not queued.ok and queued.error_cause == "dead"
+    assert "does not answer /health" in (queued.error or "")
+    assert served.aborted == 1
+
+
+async def test_queue_timeout_s_bounds_the_wait_for_the_first_chunk() -> None:
+    script = SimScript(persona="sglang", max_running=1, latency_per_token_s=0.05)
+    with SimServer(script) as sim:
+        settings = settings_for(sim, endpoint__timeout_s=0.2, endpoint__queue_timeout_s=0.5, retry__max_attempts=1)
+        async with LLMClient(settings) as llm:
+            first = asyncio.ensure_future(llm.chat("solution", [user("What is 1*7?")]))
+            await asyncio.sleep(0.1)
+            queued = await llm.chat("solution", [user("What is 2*7?")])
+            assert (await first).ok
+    assert queued.error_cause == "queue_timeout"
+
+
+async def test_the_deadline_counts_from_sending_not_from_waiting_in_tmas(sim: SimServer) -> None:
+    # One call at a time (concurrency 1), each 0.6 s at the server, deadline_s 1: the second waits 0.6 s inside tmas
+    # first, which its deadline does not count.
+    sim.set_script(SimScript(rules=[Rule(latency_s=0.6)]))
+    settings = settings_for(sim, concurrency=1, endpoint__deadline_s=1.0, endpoint__batch_samples="off")
+    async with LLMClient(settings) as llm:
+        done = await asyncio.gather(*(llm.chat("solution", [user(f"What is {i}*7?")]) for i in range(2)))
+    assert all(c.ok for c in done), [c.error for c in done]
+    assert max(c.queued_s or 0.0 for c in done) >= 0.6
+
+
+# ------------------------------------------------------------------------------------------------ context
+LONG = [user("Please compute the product carefully. " * 60 + "What is 17*23?")]
+
+
+@pytest.mark.parametrize(
+    ("persona", "wording"),
+    [
+        ("vllm", "persona"),
+        ("vllm", "output_tokens"),
+        ("vllm", "passed"),
+        ("vllm", "too_large"),
+        ("vllm", "legacy"),
+        ("vllm", "generic"),
+        ("sglang", "persona"),
+        ("sim", "persona"),
+    ],
+)
+async def test_every_context_refusal_is_met_with_a_smaller_max_tokens_in_one_extra_request(
+    persona: str, wording: str
+) -> None:
+    # The endpoint claims a window larger than the server's, so the first request goes out with max_tokens 4000 and
+    # is refused; the second asks for what the server's window leaves.
+    script = SimScript(persona=persona, context_length=1500, context_wording=wording)  # type: ignore[arg-type]
+    with SimServer(script) as sim:
+        settings = settings_for(sim, endpoint__context_length=100_000, sampling__max_tokens=4000)
+        async with LLMClient(settings) as llm:
+            reply = await llm.chat("solution", LONG)
+        bodies = sim.chat_bodies()
+        served = sim.stats()
+    assert reply.ok, reply.error
+    assert len(bodies) == 2 and reply.retry_causes == ["context"]
+    assert bodies[0]["max_tokens"] == 4000
+    prompt = served.prompt_tokens
+    # The second asks for the window less the prompt as the server counts it, less the template's margin.
+    assert bodies[1]["max_tokens"] == 1500 - prompt - 32
+
+
+async def test_llama_server_states_its_window_at_props_and_the_call_fits_before_it_is_sent() -> None:
+    with SimServer(SimScript(persona="llama-server", context_length=1500)) as sim:
+        settings = settings_for(sim, sampling__max_tokens=4000)
+        async with LLMClient(settings) as llm:
+            reply = await llm.chat("solution", LONG)
+            assert llm.context_window("solution") == 1500
+        [body] = sim.chat_bodies()
+    assert reply.ok and body["max_tokens"] < 1500
+
+
+@pytest.mark.parametrize("persona", ["vllm", "sglang", "llama-server"])
+async def test_a_prompt_the_window_cannot_hold_fails_at_once_naming_both_numbers(persona: str) -> None:
+    script = SimScript(persona=persona, context_length=100)  # type: ignore[arg-type]
+    with SimServer(script) as sim:
+        settings = settings_for(sim, endpoint__context_length=100_000, sampling__max_tokens=10)
+        async with LLMClient(settings) as llm:
+            reply = await llm.chat("solution", LONG)
+        requests = len(sim.chat_bodies())
+    assert not reply.ok and reply.error_cause == "context" and reply.attempts == 1
+    assert "does not fit the context window of 100 tokens" in (reply.error or "")
+    assert requests == 1
+
+
+# ------------------------------------------------------------------------------------------------ the probe
+async def test_the_probe_sends_the_key_and_asks_again_until_the_replica_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A vLLM replica behind --api-key, still loading for its first /v1/models: the first round of samples goes one
+    # request each (the server's kind unknown), the second, once the probe got its answer, as one request with n.
+    monkeypatch.setenv("SIM_KEY", "secret")
+    script = SimScript(persona="vllm", api_key="secret", models_unavailable=1)
+    with SimServer(script) as sim, RunStore(tmp_path) as store:
+        settings = settings_for(sim, endpoint__api_key_env="SIM_KEY")
+        async with open_model(settings, store) as llm:
+            assert isinstance(llm.inner, LLMClient)  # type: ignore[attr-defined]
+            first = await _alike(llm.inner, 3, problem="a")  # type: ignore[attr-defined]
+            second = await _alike(llm.inner, 3, problem="b")  # type: ignore[attr-defined]
+        served = sim.stats()
+        bodies = sim.chat_bodies()
+        servers = store.servers()
+    assert all(c.ok for c in first + second)
+    assert served.unauthorized == 0 and served.models_unavailable == 1
+    assert [b.get("n") for b in bodies] == [None, None, None, 3]
+    assert servers[sim.base_url]["server_kind"] == "vllm" and servers[sim.base_url]["context_length"] == 32768
+
+
+# ------------------------------------------------------------------------------------------------ streams
+async def test_a_cut_n_stream_keeps_its_finished_choices_and_asks_only_for_the_others() -> None:
+    script = SimScript(persona="vllm", rules=[Rule(fault="cut_after_finish", times=1)])
+    with SimServer(script) as sim:
+        async with LLMClient(settings_for(sim)) as llm:
+            done = await _alike(llm, 3)
+        bodies = sim.chat_bodies()
+    assert all(c.ok and "391" in c.content for c in done)
+    # One request for three; the first choice finished before the cut and is kept; the two others go alone.
+    assert [b.get("n") for b in bodies] == [3, None, None]
+    assert done[0].retry_causes == ["cut"]
+
+
+async def test_an_error_event_with_a_client_status_is_final() -> None:
+    script = SimScript(persona="vllm", rules=[Rule(fault="stream_error", error_status=400)])
+    with SimServer(script) as sim:
+        async with LLMClient(settings_for(sim)) as llm:
+            reply = await llm.chat("solution", QUESTION)
+        requests = len(sim.chat_bodies())
+    assert not reply.ok and reply.error_cause == "http_400" and requests == 1
+
+
+@pytest.mark.parametrize("stream", ["auto", "off"])
+async def test_an_aborted_reply_is_sent_again_never_kept(stream: str, tmp_path: Path) -> None:
+    script = SimScript(persona="sglang", rules=[Rule(fault="abort", times=1)])
+    with SimServer(script) as sim, RunStore(tmp_path) as store:
+        async with open_model(settings_for(sim, endpoint__stream=stream), store) as llm:
+            reply = await llm.chat("solution", QUESTION)
+        stored = list(store.calls())
+    assert reply.ok and reply.finish_reason != "abort" and reply.retry_causes == ["abort"]
+    assert [c.finish_reason for c in stored] == [reply.finish_reason]
+
+
+async def test_identical_long_choices_at_a_temperature_above_zero_go_one_request_each() -> None:
+    # SGLang with deterministic inference samples every choice with the request's seed: n alike choices.
+    long_reply = "Let me multiply step by step. " * 20 + "\\boxed{391}"
+    script = SimScript(persona="sglang", deterministic=True, rules=[Rule(replies=[long_reply])])
+    with SimServer(script) as sim:
+        stats = ClientStats()
+        async with LLMClient(settings_for(sim), stats=stats) as llm:
+            done = await _alike(llm, 3)
+            again = await _alike(llm, 2, problem="q")
+        bodies = sim.chat_bodies()
+    assert all(c.ok for c in done + again)
+    assert [b.get("n") for b in bodies] == [3, None, None, None, None]
+    assert "identical choices" in stats.fallbacks["batch_samples"][sim.base_url]
+    # The work the server did on the dropped choices is still counted.
+    served = sim.stats()
+    assert sum(c.usage.completion_tokens for c in done + again) == served.completion_tokens
+
+
+# ------------------------------------------------------------------------------------------------ sampling
+@pytest.mark.parametrize(
+    ("persona", "sent"),
+    [
+        ("vllm", {"top_k": 20, "min_p": 0.0, "repetition_penalty": 1.05, "presence_penalty": 0.5}),
+        ("llama-server", {"top_k": 20, "min_p": 0.0, "repeat_penalty": 1.05, "presence_penalty": 0.5}),
+        ("openai", {"presence_penalty": 0.5}),
+    ],
+)
+async def test_sampling_fields_reach_each_server_under_its_names(persona: str, sent: dict[str, Any]) -> None:
+    sampling = Sampling(top_k=20, min_p=0.0, repetition_penalty=1.05, presence_penalty=0.5)
+    with SimServer(SimScript(persona=persona)) as sim:  # type: ignore[arg-type]
+        stats = ClientStats()
+        async with LLMClient(settings_for(sim), stats=stats) as llm:
+            reply = await llm.chat("solution", QUESTION, sampling=sampling)
+        last = sim.chat_bodies()[-1]
+    assert reply.ok, reply.error
+    named = {"top_k", "min_p", "repetition_penalty", "repeat_penalty", "presence_penalty"}
+    assert {k: v for k, v in last.items() if k in named} == sent
+    # OpenAI refuses the fields it does not know: each left out at once, recorded.
+    assert ("sampling" in stats.fallbacks) == (persona == "openai")
