@@ -12,7 +12,7 @@ import pytest
 
 from tmas.errors import InputError
 from tmas.problems import DATASET_ALIASES, dataset_name, resolve_dataset
-from tmas.testing import SimScript, SimServer
+from tmas.testing import Rule, SimScript, SimServer
 
 pytest.importorskip("math_verify")
 pytest.importorskip("matplotlib")
@@ -126,3 +126,23 @@ def test_dataset_aliases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.chdir(tmp_path)
     with pytest.raises(InputError, match="not a named benchmark"):
         resolve_dataset("no-such-thing")
+
+
+def test_the_report_lists_retries_by_cause_and_where_the_calls_time_went(tmp_path: Path) -> None:
+    # Two 503s and a queue: six problems, two requests generate at a time, each held 0.2 s before its first chunk.
+    problems = tmp_path / "p.jsonl"
+    write_problems(problems)
+    script = SimScript(persona="vllm", max_running=2, rules=[Rule(fault="http_503", times=2), Rule(latency_s=0.2)])
+    with SimServer(script) as sim:
+        run = ("run", str(problems), "-o", str(tmp_path / "run"), "--method", "cot", "--base-url", sim.base_url)
+        out = tmas(*run, "--model", "sim-model")
+        assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    # vLLM had sent its stream's headers while the requests queued: the 503s came as error events in the streams.
+    assert summary["retries_by_cause"] == {"stream_error": 2}
+    out = tmas("report", str(tmp_path / "run"), "-o", str(tmp_path / "report"), "--grade", "rules")
+    assert out.returncode == 0, out.stderr
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    assert "attempts sent again: 2 (stream_error 2)" in markdown
+    assert "time to the first chunk (the server's queue and prefill): median" in markdown
+    assert "time waiting inside tmas for a slot: median" in markdown

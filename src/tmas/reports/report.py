@@ -89,6 +89,10 @@ class RunEvaluation:
     fallbacks: dict[str, dict[str, str]] = field(default_factory=dict)
     # The run's one-line notices (e.g. confidence rules on a server without log-probabilities).
     notices: dict[str, str] = field(default_factory=dict)
+    # Failed calls (``failed``) and retried attempts (``retried``) by cause, over the run.
+    causes: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Seconds the finished calls waited inside tmas (``queued``) and for the server's first chunk (``first_token``).
+    waits: dict[str, list[float]] = field(default_factory=dict)
     # Whether the candidates' confidence (DeepConf) tells right from wrong, where the run recorded confidence.
     confidence: ScoreSeparation | None = None
     # The paper's name of the run's benchmark, where a paper grid set it (reports/paper_numbers.py).
@@ -201,6 +205,8 @@ async def evaluate_run(
         evaluation.replies = role_replies(store)
         evaluation.fallbacks = store.fallback_messages()
         evaluation.notices = store.notices()
+        evaluation.causes = store.call_causes()
+        evaluation.waits = store.call_waits()
     # Medicine names match by spelling, then by the judge role, unless grading by rules alone or nothing new.
     judge = _judge_settings(settings, stored_settings) if grade and config.mode != "rules" else None
     evaluation.cases = await case_metrics(run_dir, params, judge)
@@ -427,6 +433,7 @@ def _run_section(doc: Document, e: RunEvaluation) -> None:
         for url, message in refusals.items():
             items.append(f"{kind.replace('_', ' ')}: {url} {FALLBACKS.get(kind, 'refused a request')} ({message})")
     items += [f"notice: {message}" for message in e.notices.values()]
+    items += _calls_lines(e)
     doc.add(Bullets(items))
     if e.metrics.iterations:
         rows = []
@@ -453,6 +460,25 @@ def _run_section(doc: Document, e: RunEvaluation) -> None:
         )
     for section in RUN_SECTIONS:
         section(doc, e)
+
+
+def _calls_lines(e: RunEvaluation) -> list[str]:
+    """Retries and failures by cause, and where the calls' time went."""
+    lines = []
+    for what, label in (("retried", "attempts sent again"), ("failed", "calls failed")):
+        counts = e.causes.get(what) or {}
+        if counts:
+            by_cause = ", ".join(f"{cause} {n}" for cause, n in counts.items())
+            lines.append(f"{label}: {sum(counts.values())} ({by_cause})")
+    for key, label in (
+        ("first_token", "time to the first chunk (the server's queue and prefill)"),
+        ("queued", "time waiting inside tmas for a slot"),
+    ):
+        values = sorted(e.waits.get(key) or [])
+        if values:
+            median, p95 = values[len(values) // 2], values[min(len(values) - 1, int(0.95 * len(values)))]
+            lines.append(f"{label}: median {median:.2f} s, p95 {p95:.2f} s, longest {values[-1]:.2f} s")
+    return lines
 
 
 def _frontier_points(doc: Document, e: RunEvaluation) -> None:

@@ -496,6 +496,17 @@ class RunStore:
                 retried[cause] = retried.get(cause, 0) + 1
         return {"failed": dict(sorted(failed.items())), "retried": dict(sorted(retried.items()))}
 
+    def call_waits(self) -> dict[str, list[float]]:
+        """Where the finished calls' time went, where measured: ``queued`` (waiting inside tmas for a slot) and
+        ``first_token`` (from sending to the server's first chunk: its queue and the prompt's prefill)."""
+        rows = self._db.execute(
+            "SELECT queued_s, first_token_s FROM calls WHERE error IS NULL AND first_token_s IS NOT NULL"
+        ).fetchall()
+        return {
+            "queued": [float(q) for q, _ in rows if q is not None],
+            "first_token": [float(f) for _, f in rows],
+        }
+
     # ------------------------------------------------------------------------------------------ method state
     def save_iteration(self, problem_id: str, iteration: int, record: dict[str, Any]) -> None:
         self._db.execute(
