@@ -129,3 +129,16 @@ async def test_a_prompt_the_context_cannot_hold_is_refused_with_both_numbers(one
     assert not done.ok and done.error_cause == "context"
     assert done.attempts == 1
     assert "context window of 512 tokens" in (done.error or "")
+
+
+async def test_a_connection_idle_as_long_as_the_servers_keep_alive_is_never_reused(one_slot: LocalServer) -> None:
+    # llama-server (cpp-httplib) closes a connection idle for 5 s. A pool that kept it longer (aiohttp's default is
+    # 15 s) and sent the next call on it just as the server closed it lost that call before the server read it
+    # ("Server disconnected"; seen at a 5.0 s gap). The client drops idle connections after 3 s.
+    stats = ClientStats()
+    async with LLMClient(_settings(one_slot), stats=stats) as llm:
+        for gap in (0.0, 5.0, 5.0, 4.0):
+            await asyncio.sleep(gap)
+            reply = await llm.chat("solution", [Message(role="user", content="Hi")], sampling=Sampling(max_tokens=2))
+            assert reply.ok and reply.retry_causes == [], reply.error
+    assert stats.retries == 0
