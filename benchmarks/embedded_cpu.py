@@ -41,7 +41,7 @@ from tmas.config import LocalModel
 from tmas.data.generators import FAMILIES, generate, write_jsonl
 from tmas.grading.grades import GradeConfig
 from tmas.grading.run_results import load_results
-from tmas.llm.local_server import llama_server_bin_dir, replica_threads
+from tmas.llm.local_command import llama_server_bin_dir, replica_threads
 from tmas.llm.weights import resolve_model
 from tmas.reports.report import evaluate_run
 from tmas.store.run_store import RunStore

@@ -145,7 +145,7 @@ def machine_info(local: bool) -> dict[str, Any]:
             ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
         )
     if local:
-        from tmas.llm.local_server import llama_server_backend, llama_server_bin_dir
+        from tmas.llm.local_command import llama_server_backend, llama_server_bin_dir
 
         with contextlib.suppress(TmasError):
             bin_dir = llama_server_bin_dir()

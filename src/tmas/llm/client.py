@@ -1,11 +1,10 @@
-"""The async client for OpenAI-compatible ``/v1/chat/completions`` endpoints: the only code that speaks HTTP.
+"""The async client for OpenAI-compatible endpoints, :class:`tmas.llm.model.ChatModel` over HTTP.
 
-It implements :class:`tmas.llm.model.ChatModel`. Per call: resolve the role's endpoint (:mod:`tmas.llm.routes`) and
-sampling (:mod:`tmas.llm.sampling`), join the alike calls sent with it where the endpoint takes several samples in one
-request (:mod:`tmas.llm.batching`), take a slot under the global cap, pick a replica (:mod:`tmas.llm.routing`), send
+Per call: resolve the role's endpoint (:mod:`tmas.llm.routes`) and sampling (:mod:`tmas.llm.sampling`), join alike
+calls into one request with ``n`` (:mod:`tmas.llm.batching`), take a slot under the global cap, pick a replica, send
 and read the reply (:mod:`tmas.llm.transport`: a queued request is waited for while its server lives), decide what a
 failure means (:mod:`tmas.llm.failures`) and what to do next (:mod:`tmas.llm.retry`), adapt to what a server refused
-(:mod:`tmas.llm.refusals`), and read the reply (:mod:`tmas.llm.replies`). It stores nothing: replay and durability are
+(:mod:`tmas.llm.refusals`), read the reply (:mod:`tmas.llm.replies`). It stores nothing: replay and durability are
 :class:`tmas.llm.replay.StoreReplay`'s, which :func:`tmas.llm.factory.open_model` wraps around it.
 """
 
@@ -27,7 +26,7 @@ from tmas.errors import ConfigError, LLMError
 from tmas.llm import replica as replicas
 from tmas.llm.batching import Sample, SampleBatcher, handed_out, one_per_choice, share_usage
 from tmas.llm.failures import Failure
-from tmas.llm.lanes import SlotQueue, call_affinity, current_lane, pinned_slot
+from tmas.llm.lanes import SlotQueue, call_affinity
 from tmas.llm.model import ClientStats, EndpointUnreachable
 from tmas.llm.refusals import FallbackLog, Refusals
 from tmas.llm.replica import Replica
@@ -35,7 +34,6 @@ from tmas.llm.replies import completion as read_completion
 from tmas.llm.replies import reasoning_place, vectors
 from tmas.llm.retry import Attempts, RetryPolicy
 from tmas.llm.routes import Route, Routes
-from tmas.llm.routing import PrefixRouter
 from tmas.llm.sampling import ResolvedSampling, resolve_role
 from tmas.llm.stream import PARTIAL
 from tmas.llm.transport import Exchange, Timing, send
@@ -67,7 +65,6 @@ class LLMClient:
         self._cap = asyncio.Semaphore(settings.concurrency)
         self._routes = Routes(settings, fallbacks.servers() if fallbacks is not None else {})
         self._session: aiohttp.ClientSession | None = None
-        self._router = PrefixRouter()
         self._batcher = SampleBatcher(self._send_samples)
 
     async def __aenter__(self) -> LLMClient:
@@ -142,7 +139,7 @@ class LLMClient:
         for each call left to its caller to send alone."""
         route = self.route(samples[0].key.role)
         if self.refusals.batches(route) is None:
-            await asyncio.gather(*(self._probe(route, r) for r in route.replicas))
+            await asyncio.gather(*(self.refusals.probe(self.session, route, r) for r in route.replicas))
         if not self.refusals.batches(route):
             return [None] * len(samples)
         lead = samples[0]
@@ -161,7 +158,7 @@ class LLMClient:
         attempts = self.policy.attempts()
         while True:
             attempts.begin()
-            replica = self._router.least_loaded(route.replicas)
+            replica = self._routes.router.least_loaded(route.replicas)
             replica.load += 1
             try:
                 data = await self._post(route, replica, body, CallKey(role=role), Timing(), path="embeddings")
@@ -195,16 +192,16 @@ class LLMClient:
         max_tokens = request.sampling.max_tokens
         # Set once a context refusal told what fits: the server's count then stands, not the client's estimate.
         shrunk = False
-        pin = self._pinned(route)
+        pin = self._routes.pinned(route)
         replica = route.replicas[0]
         while True:
             attempts.begin()
-            replica = route.replicas[pin[0]] if pin else self._pick(route, request.messages, key)
+            replica = route.replicas[pin[0]] if pin else self._routes.pick(route, request.messages, key)
             replica.load += 1
             timing = Timing()
             body: dict[str, Any] = {}
             try:
-                await self._probe(route, replica)
+                await self.refusals.probe(self.session, route, replica)
                 sent_max = max_tokens if shrunk else self.refusals.fit_context(route, replica, request, max_tokens)
                 body = self.refusals.body(route, replica, request, sent_max, n)
                 data = await self._post(route, replica, body, key, timing, slot=pin[1] if pin else None, watch=watch)
@@ -251,28 +248,6 @@ class LLMClient:
             error_cause=last.cause, retry_causes=attempts.causes,
         )  # fmt: skip
         return [failed]
-
-    async def _probe(self, route: Route, replica: Replica) -> None:
-        """Ask the replica about itself once it answers (with the endpoint's key); until then each call asks again."""
-        if replica.probed:
-            return
-        async with replica.probe_lock:
-            if not replica.probed and await replicas.probe(self.session, replica, route.api_key):
-                self.refusals.probed(route, replica)
-
-    def _pick(self, route: Route, messages: Sequence[Message], key: CallKey) -> Replica:
-        """The replica for a call (tmas.llm.routing): by its prompt's cached prefix with ``routing = "cache"``, else
-        the least loaded. The caller counts the call in the replica's ``load`` until it ends."""
-        if route.endpoint.routing == "load" or not messages:
-            return self._router.least_loaded(route.replicas)
-        affinity = call_affinity(key.problem_id, self.settings.seed)
-        return self._router.choose(messages, route.replicas, affinity, route.endpoint.routing_load_bound)
-
-    def _pinned(self, route: Route) -> tuple[int, int] | None:
-        """(replica index, slot index) this call is pinned to (tmas.llm.lanes), or None."""
-        if not route.endpoint.pin_slots:
-            return None
-        return pinned_slot(current_lane(), len(route.replicas), route.endpoint.max_in_flight)
 
     async def _post(
         self,

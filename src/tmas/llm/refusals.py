@@ -23,7 +23,7 @@ from tmas.llm.batching import Sample, refuses_n, serves_samples
 from tmas.llm.failures import Failure
 from tmas.llm.model import ClientStats
 from tmas.llm.replay import CallStore
-from tmas.llm.replica import Replica, count_prompt
+from tmas.llm.replica import Replica, count_prompt, probe
 from tmas.llm.routes import Route
 from tmas.llm.schema import response_format
 from tmas.llm.types import CallKey, ChatRequest, Completion, FallbackKind, ServerFindings
@@ -252,7 +252,11 @@ class Refusals:
             replica.samples_refused = True
         self.fell_back("batch_samples", url, role, message)
 
-    def probed(self, route: Route, replica: Replica) -> None:
-        """Record what a replica said of itself."""
-        if self.log is not None:
-            self.log.record_server(replica.findings(serves_samples([replica.server_kind])))
+    async def probe(self, session: aiohttp.ClientSession, route: Route, replica: Replica) -> None:
+        """Ask the replica about itself once it answers (with the endpoint's key), and record what it said; until it
+        answers, each call asks again (a replica still loading, a key refused)."""
+        if replica.probed:
+            return
+        async with replica.probe_lock:
+            if not replica.probed and await probe(session, replica, route.api_key) and self.log is not None:
+                self.log.record_server(replica.findings(serves_samples([replica.server_kind])))

@@ -1,17 +1,21 @@
-"""Where each role's calls go: its endpoint resolved against the default one, and the replicas behind it (shared by
-every role that names the same URL, so what a server showed is known to all of them)."""
+"""Where each role's calls go: its endpoint resolved against the default one, the replicas behind it (shared by every
+role that names the same URL, so what a server showed is known to all of them), and which replica takes a call."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tmas.config import Endpoint, Settings
 from tmas.errors import ConfigError
+from tmas.llm.lanes import call_affinity, current_lane, pinned_slot
 from tmas.llm.replica import Replica
+from tmas.llm.routing import PrefixRouter
 from tmas.llm.tokens import TokenCounter
+from tmas.llm.types import CallKey, Message
 
 
 @dataclass
@@ -33,6 +37,7 @@ class Routes:
     settings: Settings
     # URL -> what a run recorded of its server before (a resumed run): where its replies put reasoning.
     known: dict[str, dict[str, Any]] = field(default_factory=dict)
+    router: PrefixRouter = field(default_factory=PrefixRouter)
     _replicas: dict[str, Replica] = field(default_factory=dict)
     _routes: dict[str, Route] = field(default_factory=dict)
 
@@ -70,3 +75,18 @@ class Routes:
         route = Route(endpoint, replicas, api_key, TokenCounter(endpoint.tokenizer))
         self._routes[role] = route
         return route
+
+    def pick(self, route: Route, messages: Sequence[Message], key: CallKey) -> Replica:
+        """The replica for a call (tmas.llm.routing): by its prompt's cached prefix with ``routing = "cache"``, else
+        the least loaded. The caller counts the call in the replica's ``load`` until it ends."""
+        if route.endpoint.routing == "load" or not messages:
+            return self.router.least_loaded(route.replicas)
+        affinity = call_affinity(key.problem_id, self.settings.seed)
+        return self.router.choose(messages, route.replicas, affinity, route.endpoint.routing_load_bound)
+
+    @staticmethod
+    def pinned(route: Route) -> tuple[int, int] | None:
+        """(replica index, slot index) a call is pinned to (tmas.llm.lanes), or None."""
+        if not route.endpoint.pin_slots:
+            return None
+        return pinned_slot(current_lane(), len(route.replicas), route.endpoint.max_in_flight)

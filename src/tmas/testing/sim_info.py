@@ -10,14 +10,27 @@ from __future__ import annotations
 
 import json
 import zlib
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
+from tmas.testing.personas import Persona
 from tmas.testing.responders import TOKEN_RE, chat_prompt_tokens, content_text, count_tokens
+from tmas.testing.script import SimScript
+from tmas.testing.sim_queue import RunQueue
 
-if TYPE_CHECKING:
-    from tmas.testing.sim_routes import SimApp
+
+class SimApp(Protocol):
+    """What these routes read of the simulator's app (tmas.testing.sim_routes.SimApp)."""
+
+    queue: RunQueue
+
+    @property
+    def script(self) -> SimScript: ...
+
+    @property
+    def persona(self) -> Persona: ...
+
 
 # Stand-in vocabulary size for token ids (a Qwen3 tokenizer's).
 _VOCAB = 151936

@@ -10,7 +10,7 @@ from typing import Any
 
 from tmas.grading.grades import SELECTED, Grades, ItemKey
 from tmas.grading.run_results import RUNNING, load_results
-from tmas.llm.local_server import model_alias
+from tmas.llm.local_command import model_alias
 from tmas.llm.weights import KNOWN_MODELS
 from tmas.problems import Problem
 from tmas.reports.metrics import RunMetrics, compute_metrics
