@@ -173,3 +173,46 @@ def test_backoff_is_exponential_with_full_jitter() -> None:
     failure = Failure("busy", "http_503", retry=True)
     got = [policy.backoff(a, failure) for a in (1, 2, 3)]
     assert got == pytest.approx([0.5 * draws[0], 1.0 * draws[1], 1.5 * draws[2]])
+
+
+# Every refusal each persona sends (tmas.testing.context_limits, shaped by the persona's error body), read without
+# HTTP: the window always, the prompt where the wording states it, a bound where it states only that.
+PERSONA_WORDINGS = [
+    ("vllm", "persona"),
+    ("vllm", "output_tokens"),
+    ("vllm", "passed"),
+    ("vllm", "too_large"),
+    ("vllm", "legacy"),
+    ("vllm", "generic"),
+    ("sglang", "persona"),
+    ("llama-server", "persona"),
+    ("openai", "persona"),
+    ("sim", "persona"),
+]
+
+
+@pytest.mark.parametrize(("persona", "wording"), PERSONA_WORDINGS)
+@pytest.mark.parametrize(("prompt", "asked"), [(620, 4000), (1600, 10), (700, 1500)])
+def test_the_personas_refusals_are_read_without_http(persona: str, wording: str, prompt: int, asked: int) -> None:
+    from tmas.testing.context_limits import context_refusal
+    from tmas.testing.personas import PERSONAS
+
+    refusal = context_refusal(persona, wording, 1500, prompt, asked)  # type: ignore[arg-type]
+    if refusal is None:
+        # Taken: llama-server refuses only a prompt that alone fills the window (and cuts the reply instead).
+        assert persona == "llama-server" and prompt < 1500
+        return
+    body = refusal.body or PERSONAS[persona].error(refusal.status, refusal.message, refusal.param, refusal.code)
+    failure = failures.from_status(refusal.status, json.dumps(body), {"max_tokens": asked})
+    assert failure.cause == "context" and not failure.retry and failure.context is not None, refusal.message
+    if wording == "generic":
+        assert failure.context == ContextRefusal()
+        return
+    assert failure.context.context == 1500
+    stated = failure.context.prompt if failure.context.prompt is not None else failure.context.prompt_at_least
+    if wording in ("output_tokens", "passed") or (persona == "vllm" and wording == "persona"):
+        # Today's vLLM tokenizes the prompt only so far: the bound it states, never more than the prompt (none at all
+        # for a max_tokens over the whole window: "max_tokens=M cannot be greater than max_model_len=C").
+        assert failure.context.prompt is None and (stated is None or stated <= max(prompt, 1500 - asked + 1))
+    else:
+        assert stated == prompt
