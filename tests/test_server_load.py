@@ -56,10 +56,11 @@ async def test_calls_queued_past_timeout_s_are_waited_for_and_sent_once(persona:
     assert max(c.first_token_s or 0.0 for c in done) >= 5 * 0.4
 
 
-async def test_a_queued_call_on_a_replica_that_stopped_answering_health_is_closed() -> None:
-    # The replica holds the call in its queue behind a long one (whose tokens keep coming) and stops answering
-    # /health: after timeout_s of silence and an unanswered /health the call is closed (the server counts the abort).
-    script = SimScript(persona="vllm", max_running=1, health="hang", hang_s=2.0, latency_per_token_s=0.05)
+@pytest.mark.parametrize("health", ["hang", "error"])
+async def test_a_queued_call_on_a_replica_whose_health_fails_is_closed(health: str) -> None:
+    # The replica holds the call in its queue behind a long one (whose tokens keep coming) and its /health stops
+    # answering, or answers 503: after timeout_s of silence the call is closed (the server counts the abort).
+    script = SimScript(persona="vllm", max_running=1, health=health, hang_s=2.0, latency_per_token_s=0.05)  # type: ignore[arg-type]
     with SimServer(script) as sim:
         settings = settings_for(sim, endpoint__timeout_s=0.3, retry__max_attempts=1, concurrency=4)
         async with LLMClient(settings) as llm:

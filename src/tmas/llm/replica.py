@@ -120,11 +120,12 @@ async def probe(session: aiohttp.ClientSession, replica: Replica, api_key: str |
 
 
 async def alive(session: aiohttp.ClientSession, replica: Replica, api_key: str | None, timeout_s: float) -> bool:
-    """Whether the replica answers /health (a server working through a long queue still does)."""
+    """Whether the replica answers /health (a server working through a long queue still does). A 5xx is a server
+    that says it is unhealthy (vLLM, SGLang); a 404 one that has no such route but answered (a hosted API)."""
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     try:
         async with session.get(f"{replica.root}/health", headers=auth_headers(api_key), timeout=timeout) as resp:
-            return resp.status == 200
+            return resp.status < 500
     except (aiohttp.ClientError, TimeoutError):
         return False
 

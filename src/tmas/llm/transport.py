@@ -113,9 +113,12 @@ async def _wait_for_first_chunk(exchange: Exchange, timing: Timing) -> dict[str,
     task = asyncio.ensure_future(_streamed(exchange, timing, first))
     try:
         while True:
+            wait = endpoint.timeout_s
+            if endpoint.queue_timeout_s is not None and not first.is_set():
+                wait = max(0.0, min(wait, endpoint.queue_timeout_s - (time.monotonic() - timing.sent_at)))
             try:
                 # shield: a wait that times out leaves the exchange running.
-                return await asyncio.wait_for(asyncio.shield(task), endpoint.timeout_s)
+                return await asyncio.wait_for(asyncio.shield(task), wait)
             except TimeoutError:
                 if task.done():
                     return task.result()
