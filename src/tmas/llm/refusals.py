@@ -54,6 +54,9 @@ class RunCallStore(CallStore, FallbackLog, Protocol):
 
 
 class Refusals:
+    """The client's knowledge of what its servers refuse and need: the bodies built from it, the adaptations made to
+    a refusal, and their records."""
+
     def __init__(self, stats: ClientStats, log: FallbackLog | None) -> None:
         self.stats = stats
         self.log = log
