@@ -219,7 +219,7 @@ class LLMClient:
                     completion.retry_causes = list(causes)
                     completion.latency_s = time.monotonic() - started
                     completion.first_token_s = timing.first_token_s
-                    completion.queued_s = max(0.0, timing.sent_at - started) if timing.sent_at else None
+                    completion.queued_s = timing.queued_s
                 return share_usage(done, data, route.counter, replica.server_kind)
             except Failure as failure:
                 if self.refusals.adapt(failure, route, replica, key, body):

@@ -17,7 +17,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -32,14 +32,20 @@ from tmas.llm.watch import TraceWatch
 
 @dataclass
 class Timing:
-    """Where a call's time went: waiting for the server's first chunk (its queue and the prompt's prefill) and
-    streaming the rest."""
+    """Where an attempt's time went: waiting inside tmas for its slot and caps, then for the server's first chunk (its
+    queue and the prompt's prefill), then streaming the rest."""
 
+    # When the attempt began: before the client's own slot and caps let it go.
+    began_at: float = field(default_factory=time.monotonic)
     sent_at: float = 0.0
     first_chunk_at: float | None = None
     done_at: float | None = None
     # A streamed request answered with a plain JSON reply: the server does not stream.
     plain_reply: bool = False
+
+    @property
+    def queued_s(self) -> float | None:
+        return None if not self.sent_at else self.sent_at - self.began_at
 
     @property
     def first_token_s(self) -> float | None:
