@@ -1,4 +1,4 @@
-"""A run directory made before issue 19 (the ChatModel seam, sampling resolved once with its sources, prompt
+"""A run directory made before the ChatModel seam (and with it sampling resolved once with its sources, and prompt
 overrides) resumes: every finished call replays from the store (the request hashes did not change) and new calls
 send the sampling the old code sent.
 
