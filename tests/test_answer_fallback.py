@@ -21,7 +21,7 @@ from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
 Q = "What is 17*23?"
 REMINDER = render("answer_reminder.j2")
-# The reply once seen from the embedded model: a refinement that only judges the attempts, with no solution and no answer.
+# Once seen from the embedded model: a refinement that only judges the attempts, with no solution and no answer.
 VERDICT = "The solution is correct."
 # What the reminder asks for; the pattern matches only the follow-up turn.
 ANSWERED = "17*23 = 17*20 + 17*3 = 340 + 51 = 391.\n\n\\boxed{391}"
