@@ -1,4 +1,4 @@
-"""Majority vote fixed, adaptive and confidence-filtered, on one set of samples (issue 28, part 6).
+"""Majority vote fixed, adaptive and confidence-filtered, on one set of samples.
 
 One run draws k samples a problem with token log-probabilities (majority vote, ``select = "filtered_vote"``); every
 rule is then read on those same samples, in their index order:

@@ -1,7 +1,7 @@
-"""The embedded default on a CPU, measured as a new user runs it (issue 16, part 7).
+"""The embedded default on a CPU, measured as a new user runs it.
 
 Runs the README's commands on the embedded Qwen2.5-Coder-0.5B (llama-server on this machine's cores) and collects
-what the issue asks for, into OUT/embedded_cpu.json and a Markdown table on standard output:
+these figures into OUT/embedded_cpu.json and a Markdown table on standard output:
 
 - ``seeds``: ``tmas solve "What is 17*23?" --seed S`` for S = 1..N: the printed answers, how many are 391, the
   answers equal to a value the old prompts showed (42), wall time, tokens and the cached share of prompt tokens;
@@ -47,7 +47,7 @@ from tmas.reports.report import evaluate_run
 from tmas.store.run_store import RunStore
 
 QUESTION = "What is 17*23?"
-# A value the prompts used to show as an example answer (issue 16): an answer equal to it was copied.
+# A value the prompts used to show as an example answer: an answer equal to it was copied.
 OLD_EXAMPLE = "42"
 PARTS = ("seeds", "majority", "tmas", "ceiling")
 TMAS_CLI = [sys.executable, "-m", "tmas"]

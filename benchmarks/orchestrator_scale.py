@@ -1,4 +1,4 @@
-"""Issue 6 performance: critical-path and cap efficiency, orchestrator cost, paper scale, prefix reuse.
+"""The orchestrator at scale: critical-path and cap efficiency, orchestrator cost, paper scale, prefix reuse.
 
 The simulated server runs in a process of its own (as a real server would), answering every call after a fixed
 latency; this process is the orchestrator alone, so its CPU time is the orchestrator's cost.

@@ -1,4 +1,4 @@
-"""Issue 27 part 2: the paper's scale rehearsed. Table 1's HLE-Math-100 TMAS cell (``preset = "paper"``: N = 8, M = 8,
+"""The paper's scale rehearsed. Table 1's HLE-Math-100 TMAS cell (``preset = "paper"``: N = 8, M = 8,
 T = 20, 100 problems, 164,000 calls) run as a user runs it, against 8 simulated vLLM replicas with thinking-length
 replies, faults, a kill -9 half way and ``--resume``.
 
@@ -25,7 +25,7 @@ figures, on these replies).
 
 Every part writes its figures to ``OUT/figures/PART.json`` and is skipped when they are there, so an interrupted
 benchmark continues where it stopped (a part cut short is run again). ``OUT/paper_scale.json`` gathers them; a
-Markdown table against the issue's goals is printed at the end. ``--calibrate`` prints zstd's ratio on real model
+Markdown table against the goals is printed at the end. ``--calibrate`` prints zstd's ratio on real model
 replies read from run stores (read only) beside the simulated reasoning's, at three lengths.
 """
 
@@ -62,7 +62,7 @@ from tmas.view.app import view_app
 from tmas.view.runs import discover
 
 GIB = 2**30
-# The issue's goals.
+# The goals the rehearsal is checked against.
 GOALS = {
     "peak_rss_mib": 1024,
     "store_gb": 2.5,

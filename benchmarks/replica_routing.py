@@ -1,4 +1,4 @@
-"""Issue 26, part 3: prompt tokens served from cache and the spread of load over 8 replicas, least-loaded against
+"""Prompt tokens served from cache and the spread of load over 8 replicas, least-loaded against
 cache-aware routing, on the paper's call shapes.
 
     .venv/bin/python benchmarks/replica_routing.py [--problems 32] [--iterations 4] [--bounds 1.1 1.25]
@@ -217,7 +217,7 @@ def main() -> None:
     for run in runs:
         run["of_single_same_capacity"] = round(run["cached_share"] / single["cached_share_same_capacity"], 3)
         run["of_single_8x_capacity"] = round(run["cached_share"] / single["cached_share_8x_capacity"], 3)
-        # The issue's goal: 80 % of one replica's hit share (the 8x one: the same KV memory in all), the busiest
+        # The goal: 80 % of one replica's hit share (the 8x one: the same KV memory in all), the busiest
         # replica within 10 % of the mean.
         run["goal_met"] = (
             run["of_single_8x_capacity"] >= 0.8

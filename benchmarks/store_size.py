@@ -1,4 +1,4 @@
-"""Issue 27 part 1: the run store's size at the paper's reply lengths, plain (schema 1) against kept-once and
+"""The run store's size at the paper's reply lengths, plain (schema 1) against kept-once and
 compressed (schema 2), and what one call's write costs in each.
 
 One TMAS iteration of one problem at N = 8, M = 8 is 82 calls: 8 solutions (iteration 0 from the problem; later ones

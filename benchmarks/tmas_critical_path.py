@@ -1,4 +1,4 @@
-"""How close a TMAS iteration's wall time comes to its dependency chain (issue 3, Algorithm 1's parallelism).
+"""How close a TMAS iteration's wall time comes to its dependency chain (Algorithm 1's parallelism).
 
 The simulated server answers every call after a fixed latency, with no binding concurrency cap on either side. One
 iteration can then be no faster than its chain: solution + verification + summary + max(experience, guideline).

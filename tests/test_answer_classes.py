@@ -1,4 +1,4 @@
-"""Votes count values, not spellings (issue 16, part 3): answer keys, classes merged by an equivalence check, each
+"""Votes count values, not spellings: answer keys, classes merged by an equivalence check, each
 vote rule and MV@k grouping equal answers, and a majority run on the simulated server."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Refinement never loses an answer (issue 16, part 6): an answerless refinement is asked again with a reminder of
+"""Refinement never loses an answer: an answerless refinement is asked again with a reminder of
 the required output, and when the last iteration holds no answer the earlier verified answer is returned, recorded
 as a fallback; the parameters turn both off (Algorithm 1's line 22 exactly). The methods run in process on the scripted
 model; one run goes through the simulated server for what it sends and stores."""
@@ -21,7 +21,7 @@ from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
 Q = "What is 17*23?"
 REMINDER = render("answer_reminder.j2")
-# The reply of the issue: a refinement that only judges the attempts, with no solution and no answer.
+# Once seen from the embedded model: a refinement that only judges the attempts, with no solution and no answer.
 VERDICT = "The solution is correct."
 # What the reminder asks for; the pattern matches only the follow-up turn.
 ANSWERED = "17*23 = 17*20 + 17*3 = 340 + 51 = 391.\n\n\\boxed{391}"

@@ -1,4 +1,4 @@
-"""Several samples of one prompt as one request (issue 26, part 4): the grouping of alike calls, the split of one
+"""Several samples of one prompt as one request: the grouping of alike calls, the split of one
 reply's usage across its samples and the recognition of the servers that serve ``n``, in-process; then on the wire
 against the simulated server: the request bodies it received, the rows the run store kept, the fallback recorded."""
 

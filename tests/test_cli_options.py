@@ -1,4 +1,4 @@
-"""The model option group (issue 19, part 3): declared once, the same flags on every command that takes it, and
+"""The model option group: declared once, the same flags on every command that takes it, and
 each flag reaches the request bodies the simulated server receives and the settings the run records."""
 
 from __future__ import annotations

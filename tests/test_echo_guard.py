@@ -1,4 +1,4 @@
-"""Issue 16, part 1: the echo guard. An agent output whose answer or content repeats its own prompt's instructions
+"""The echo guard. An agent output whose answer or content repeats its own prompt's instructions
 (not the problem) is rejected, counted per role as an ``echo``, asked again once, and never enters an answer, a bank
 or a pool. Unit checks on real prompts, then the methods in process on the scripted model; a run's report and the
 pool builds against the simulated server."""
@@ -66,7 +66,7 @@ def test_a_solution_whose_answer_or_text_is_instruction_text_is_an_echo() -> Non
 
 
 def test_an_example_answer_in_the_instructions_is_caught_unless_the_data_holds_it() -> None:
-    """The issue's case: the old concise prompt showed \\boxed{42}, and a candidate answered 42 to 17*23."""
+    """The case once seen: the old concise prompt showed \\boxed{42}, and a candidate answered 42 to 17*23."""
     old = "Finish with one last line holding the final answer alone inside \\boxed{}, for example: \\boxed{42}"
 
     def guard(problem: str) -> EchoGuard:

@@ -185,7 +185,7 @@ async def test_each_role_gets_its_own_model_and_sampling(sim: SimServer, sim2: S
         "reviewer": {"model": "critic", "sampling": {"temperature": 0.2, "extra_body": {"top_k": 5}}},
     }
     # A fixed seed: the role sampling under test is then all the session merges (per-call seeds, and the merge bug
-    # that drops a role's sampling when the session adds one, are issue 9's subject).
+    # that drops a role's sampling when the session adds one, are not what this test checks).
     settings = settings_for(sim, method={"name": "mattrl", "params": {}}, roles=roles, sampling__seed=11)
     result = await asolve(Q, settings, run_dir=tmp_path / "run")
     assert result.answer == "391"

@@ -211,7 +211,7 @@ def test_differential_reads_the_diagnosis_block() -> None:
 def test_hints_block_lists_each_entry_and_is_empty_without_hints() -> None:
     entries = [PoolEntry(id="e1", action="Check n=0", experience="Small cases expose off-by-one errors.")]
     block = hints_block(entries)
-    # A tagged data block (issue 16: data ahead of the instructions, and the echo guard's data, not instructions).
+    # A tagged data block (data ahead of the instructions, and the echo guard's data, not instructions).
     assert block.splitlines()[0] == "<experience_hints>"
     assert "- ACTION: Check n=0\n  EXPERIENCE: Small cases expose off-by-one errors." in block
     assert block.splitlines()[-1] == "</experience_hints>"

@@ -1,4 +1,4 @@
-"""The `paper` preset's generation budget (issue 20, part 1): every TMAS role asks for the paper's 128K output cap,
+"""The `paper` preset's generation budget: every TMAS role asks for the paper's 128K output cap,
 the client lowers it to what the context window leaves, a user's own max_tokens wins, and a run whose replies are
 often cut at max_tokens says so at its end and in its report."""
 

@@ -1,4 +1,4 @@
-"""Runs that finish (issue 16, part 4): problems in flight default to what the endpoint serves, not the call cap;
+"""Runs that finish: problems in flight default to what the endpoint serves, not the call cap;
 the simulated server counts the problems in flight at once; progress names each active problem's iteration."""
 
 from __future__ import annotations

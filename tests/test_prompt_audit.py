@@ -1,4 +1,4 @@
-"""Issue 16, parts 1 and 5: no prompt template shows a value or sentence a model could hand back as its answer or as
+"""No prompt template shows a value or sentence a model could hand back as its answer or as
 a bank entry, review or plan; every template keeps its data in tagged blocks ahead of the role's instructions, so
 consecutive calls about one problem share the longest prefix (system text, then the problem).
 
@@ -322,7 +322,7 @@ def test_data_sits_in_tagged_blocks_ahead_of_the_instructions(builder: Builder) 
 
 
 # ---------------------------------------------------------------------------------------------- negative controls
-# The text this issue found copied, as it stood before (commit 7d850d1): the detectors must flag each.
+# The text models were found copying, as it stood before (commit 7d850d1): the detectors must flag each.
 OLD_CONCISE_OUTPUT = (
     "**What to output**\nKeep it short: the key steps only, a line or two each, every number worked out by hand.\n"
     "Finish with one last line holding the final answer alone inside \\boxed{}, for example: \\boxed{42}"

@@ -1,4 +1,4 @@
-"""Cached prompt tokens (issue 16, part 5): read per call from the server's usage (OpenAI's and vLLM's
+"""Cached prompt tokens: read per call from the server's usage (OpenAI's and vLLM's
 ``prompt_tokens_details.cached_tokens``, llama-server's ``timings.cache_n``), kept in the call records, summed in the
 run summary, ``tmas solve --json`` and ``tmas report``; stores written before the column existed still open."""
 

@@ -1,4 +1,4 @@
-"""Issue 6: a run survives faults of every kind, bad input, 1,000 queued problems and keeps the API key secret."""
+"""A run survives faults of every kind, bad input, 1,000 queued problems and keeps the API key secret."""
 
 from __future__ import annotations
 

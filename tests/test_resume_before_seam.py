@@ -1,8 +1,8 @@
-"""A run directory made before issue 19 (the ChatModel seam, sampling resolved once with its sources, prompt
+"""A run directory made before the ChatModel seam (and with it sampling resolved once with its sources, and prompt
 overrides) resumes: every finished call replays from the store (the request hashes did not change) and new calls
 send the sampling the old code sent.
 
-``data/pre_issue19_tmas_run.sql`` is the SQL dump of a run made by tmas at commit 6484367 on the simulated server:
+``data/pre_seam_tmas_run.sql`` is the SQL dump of a run made by tmas at commit 6484367 on the simulated server:
 TMAS with the ``local`` preset (N = 2, M = 1, T = 1), ``[sampling] temperature = 0.7`` (equal to the built-in
 default, so the old code sent the preset's temperatures), ``top_p = 0.9``, ``[roles.verifier.sampling] max_tokens =
 111`` and ``--max-tokens 500``. Its store has no ``sampling_sources`` column and its settings no sources.
@@ -21,7 +21,7 @@ from tmas.cli.main import app
 from tmas.store.run_store import RunStore
 from tmas.testing import SimServer
 
-DUMP = Path(__file__).parent / "data" / "pre_issue19_tmas_run.sql"
+DUMP = Path(__file__).parent / "data" / "pre_seam_tmas_run.sql"
 # What the old code sent per role: (temperature, top_p, max_tokens).
 OLD_SAMPLING = {
     "solution": (0.3, 0.9, 500),

@@ -1,4 +1,4 @@
-"""verl as the paper trains (issue 20, part 2): the batch reward gives a prompt's Base and Bank rollouts one GRPO
+"""verl as the paper trains: the batch reward gives a prompt's Base and Bank rollouts one GRPO
 group, so the experience bonus moves the advantages (eq. 6-8, worked by hand below and in docs/rl.md), and no batch
 boundary over a ``--layout verl`` file from a real TMAS run on the simulated server makes it raise."""
 

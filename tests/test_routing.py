@@ -1,4 +1,4 @@
-"""Cache-aware routing across replicas (issue 26, part 3): the router's choice, and the replica each call reached over
+"""Cache-aware routing across replicas: the router's choice, and the replica each call reached over
 HTTP: a TMAS candidate's calls keep to the replica of its solution, a problem's calls concentrate, a replica loaded
 past the bound is passed over, ``routing = "load"`` spreads as before, and a serving router gets a stable session key.
 """

@@ -1,4 +1,4 @@
-"""Prompt tokens that hit the cache (issue 16, part 5): with ``pin_slots``, each problem of a run keeps to one server
+"""Prompt tokens that hit the cache: with ``pin_slots``, each problem of a run keeps to one server
 slot (llama-server's ``id_slot``), one call at a time, so that slot's prompt cache holds the problem's prefixes; the
 exploit prompt starts with the memory agents' rollouts block; and the last iteration computes no summary or bank that
 nothing reads."""

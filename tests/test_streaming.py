@@ -1,4 +1,4 @@
-"""Streamed chat calls against the simulated server (issue 26, part 1): what goes on the wire per `stream` mode,
+"""Streamed chat calls against the simulated server: what goes on the wire per `stream` mode,
 timeout_s as the longest wait between chunks (a long reply that keeps coming arrives whole), deadline_s over a whole
 call, stalled and cut streams retried with nothing partial kept, reasoning, usage and logprobs assembled from the
 deltas, and the fallback of `stream = "auto"` on a server that cannot stream, recorded once per endpoint."""
@@ -48,7 +48,7 @@ async def test_streamed_requests_ask_for_usage_and_read_the_same_reply(sim: SimS
 
 # ------------------------------------------------------------------------------------------------ timeouts
 async def test_a_reply_longer_than_timeout_s_arrives_whole_while_its_chunks_keep_coming(sim: SimServer) -> None:
-    # The issue's check: unstreamed, a reply that takes longer than timeout_s never arrives however often it is sent
+    # What streaming is for: unstreamed, a reply that takes longer than timeout_s never arrives however often it is sent
     # (see the next test); streamed, each delta comes well inside timeout_s and the whole reply arrives at once.
     sim.set_script(SLOW)
     reply = await one_call(settings_for(sim, endpoint__timeout_s=0.4))

@@ -1,4 +1,4 @@
-"""Structured outputs on the wire (issue 16, part 2): every role whose reply is JSON sends its reply model's JSON
+"""Structured outputs on the wire: every role whose reply is JSON sends its reply model's JSON
 schema as ``response_format``; ``structured_output = "auto"`` falls back to plain text once a server refuses it and
 records that once per endpoint, ``"json_schema"`` fails the call with a clear error, ``"off"`` sends none. All
 asserted on the bodies the simulated server received and on the records the run store kept."""

@@ -1,7 +1,7 @@
 """Configured sampling reaches the wire: for every method and every role it calls, each way of setting sampling
 (``[sampling]``, ``[roles.R.sampling]``, ``[roles.R]`` endpoint fields, ``TMAS_*`` variables, CLI flags, TMAS's
 presets and per-role method params, ``--resume``, sweep points) is asserted on the request bodies the simulated
-server received, and so is the precedence among them (issue 9, part 1)."""
+server received, and so is the precedence among them."""
 
 from __future__ import annotations
 

@@ -117,7 +117,7 @@ class Sampling(Strict):
             elif value is not None:
                 update[key] = value
         # model_copy, not model_validate of a full dict: that would mark every field as set and let a later merge
-        # of this result replace a route's temperature or max_tokens with None (issue 9, part 1).
+        # of this result replace a route's temperature or max_tokens with None.
         return self.model_copy(update=update) if update else self
 
 

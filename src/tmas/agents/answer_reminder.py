@@ -1,7 +1,7 @@
 """The follow-up turn that asks a solution agent, once, for the final answer its reply left out.
 
-A small model asked to refine correct attempts may reply only that they are correct, with no solution and no answer
-(issue 16): the reply is sent back as the assistant turn with ``answer_reminder.j2``, which describes the required
+A small model asked to refine correct attempts may reply only that they are correct, with no solution and no answer:
+the reply is sent back as the assistant turn with ``answer_reminder.j2``, which describes the required
 output (a complete solution ending in a boxed final answer) without any example value.
 """
 

@@ -1,4 +1,4 @@
-"""The echo guard (issue 16, part 1): is an agent's answer or content field a copy of its own prompt's instructions?
+"""The echo guard: is an agent's answer or content field a copy of its own prompt's instructions?
 
 Small models copy what a prompt shows: a format description returned as a bank entry, an example value returned as
 the answer. The prompts hold no example values any more, but a model can still copy the wording of an instruction,

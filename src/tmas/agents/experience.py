@@ -20,7 +20,7 @@ from tmas.memory.experience_bank import ExperienceBank, ExperienceOp
 
 # An entry is one finding, not an essay. Under a schema the server must close the JSON, so the schema bounds each
 # entry and the number of operations to what the role's max_tokens holds: unbounded, the embedded 0.5B model repeated
-# one sentence inside "content" until the cut, and a cut update is no update (issue 16: 4 of 4 on its first run).
+# one sentence inside "content" until the cut, and a cut update is no update (4 of 4 on the first run measured).
 ENTRY_CHARS = 400
 # One operation under the schema: an entry of ENTRY_CHARS (about 100 tokens), its keys and the indentation a model
 # writes (measured on the embedded model: about 150 tokens a full operation).

@@ -40,7 +40,7 @@ def score_first_prompt(question: str, solution: str, mode: str) -> list[Message]
 
 def expected_score(tokens: list[TokenLogprob]) -> tuple[float, dict[str, float]] | None:
     """E[s] at the first score position: sum over the digits d listed there of p(d) * value(d) / sum of p(d)
-    (the expected verifier score of issue 9, part 6; beyond the paper, whose verifier score is the parsed text).
+    (an expected verifier score, beyond the paper, whose verifier score is the parsed text).
 
     The sampled token and its ``top_logprobs`` alternatives are pooled by token text (each counted once); tokens
     that differ only by spacing (" 2" and "2") add up. Returns the expected score with the renormalised digit

@@ -3,7 +3,7 @@
 Problem text, solutions and banks are passed as variables, so they are data: Jinja2 never evaluates template syntax
 that appears inside them.
 
-Every template follows two rules (issue 16; tests/test_prompt_audit.py checks both on every file):
+Every template follows two rules (tests/test_prompt_audit.py checks both on every file):
 - data first, in tagged blocks (an opening tag alone on a line, ``<problem>`` first), the role's instructions last,
   so calls about one problem share the longest prefix (prefix caches) and the echo guard can tell data from
   instructions (:mod:`tmas.agents.echo`);

@@ -23,7 +23,7 @@ or in flight: what the client knows). A replica takes a call for its cache only 
 replica within the bound, which the least loaded always is. The ``+ 1`` lets an idle endpoint take a burst of
 identical prompts (an iteration's first solutions, a candidate's verifications) two to a replica rather than one by
 one. The default bound,
-1.1, is the spread the issue set as its goal (the busiest replica within 10 % of the mean) applied to the calls in
+1.1, is the target spread (the busiest replica within 10 % of the mean) applied to the calls in
 flight at each moment, and it is what ``benchmarks/replica_routing.py`` confirmed on the paper's call shapes over 8
 replicas (docs/performance.md): with 8 to 32 problems in flight the busiest replica stayed within 8 % of the mean in
 calls and tokens, with 86-89 % of the cache hits one replica with all the KV memory gets; 1.2 let the spread pass

@@ -1,5 +1,5 @@
-"""An answerless solution reply asked once more, with a reminder of the required output (``answer_reminder.j2``,
-issue 16): the follow-up call, and whether its reply may replace the first one."""
+"""An answerless solution reply asked once more, with a reminder of the required output (``answer_reminder.j2``):
+the follow-up call, and whether its reply may replace the first one."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ Iteration 0 samples TMAS's plain generation prompt (as every method here does); 
 trajectory i's previous solution back to the model (role ``refiner``), which reviews it and writes an improved one.
 The paper's feedback and refine steps are one call here (a "## Feedback" section, then the solution): see
 docs/baselines.md. A trajectory whose last call failed starts afresh from the generation prompt. A refinement without
-an answer never silently replaces an answered solution (``answer_reminder``, ``answer_fallback``: issue 16).
+an answer never silently replaces an answered solution (``answer_reminder``, ``answer_fallback``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class SelfRefineParams(StyledParams):
     iterations: Iterations = 20
     # Parallel trajectories (paper: 8).
     n: int = Field(default=8, ge=1, le=256)
-    # Beyond the paper (issue 16): a refinement with no extractable answer is asked once more with a reminder of the
+    # Beyond the paper: a refinement with no extractable answer is asked once more with a reminder of the
     # required output; one still without an answer does not replace its trajectory's answered solution, and when the
     # last iteration has no answer, the latest earlier answer is returned, recorded as a fallback.
     answer_reminder: bool = True

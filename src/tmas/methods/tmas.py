@@ -16,7 +16,7 @@ them share (by value: methods/selection.py) wins, then the lowest candidate inde
 (numeric mode) are chosen only when no candidate has one. The ``select`` and ``select_from`` parameters choose other
 rules.
 
-Two documented deviations keep a run from losing an answer (issue 16; ``answer_reminder`` and ``answer_fallback``
+Two documented deviations keep a run from losing an answer (``answer_reminder`` and ``answer_fallback``
 turn them off): an exploit or explore reply with no extractable answer is asked once more, with a reminder of the
 required output (``answer_reminder.j2``); and when R_T holds no answered candidate, the answer is the best answered
 candidate of the earlier iterations, recorded in the result's ``fallback`` and the iteration's state.

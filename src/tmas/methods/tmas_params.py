@@ -65,8 +65,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "iterations": 2,
         "epsilon": 0.2,
         "style": "concise",
-        # Two candidates that agree, each verified as fully correct: the answer is settled (issue 28's demo spent 12
-        # calls on 17*23 where 6 give the same answer).
+        # Two candidates that agree, each verified as fully correct: the answer is settled (a demo run spent 12 calls
+        # on 17*23 where 6 give the same answer).
         "early_stop": True,
         "early_stop_patience": 1,
         "sampling": {
@@ -137,7 +137,7 @@ class TMASParams(StyledParams, ConfidenceParams):
         " (DeepConf, Fu et al. 2025)",
     )
     select_from: SelectFrom = "last"
-    # Beyond the paper (issue 16): an exploit or explore reply with no extractable answer (numeric mode, not cut at
+    # Beyond the paper: an exploit or explore reply with no extractable answer (numeric mode, not cut at
     # max_tokens) is asked once more, with a reminder of the required output; and when R_T holds no answered
     # candidate, the answer falls back to the best answered candidate of earlier iterations, recorded as a fallback.
     # Both off: Algorithm 1 exactly (line 22 reads R_T alone).

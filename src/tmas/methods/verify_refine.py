@@ -7,7 +7,7 @@ previous solution with its verification report to the corrector (role ``correcto
 the answer is the best-scored candidate's (``select`` and ``select_from`` choose other rules: methods/selection.py).
 With m > 1 the corrector is shown the most critical report (lowest score). The iteration's candidates are the verified
 solutions of that iteration. A correction without an answer never silently replaces an answered solution
-(``answer_reminder``, ``answer_fallback``: issue 16).
+(``answer_reminder``, ``answer_fallback``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class VerifyRefineParams(StyledParams):
     # Beyond the paper: which candidate is returned (see methods/selection.py); the default is the paper's.
     select: SelectRule = "best_score"
     select_from: SelectFrom = "last"
-    # Beyond the paper (issue 16): a correction with no extractable answer is asked once more with a reminder of the
+    # Beyond the paper: a correction with no extractable answer is asked once more with a reminder of the
     # required output; one still without an answer does not replace its trajectory's answered solution, and when the
     # last iteration has no answer, the best answered candidate of earlier iterations is returned, recorded as a
     # fallback.

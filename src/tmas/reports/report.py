@@ -184,7 +184,7 @@ async def evaluate_run(
         if not reason:
             evaluation.frontier = run_frontier(results, grades, majority=method == "majority", classes=classes)
             if has_scores(results):
-                # Replayed as the run selected: with the answer fallback only where the run had it (issue 16).
+                # Replayed as the run selected: with the answer fallback only where the run had it.
                 evaluation.selection = selection_table(
                     results,
                     grades,
