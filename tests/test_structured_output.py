@@ -336,6 +336,19 @@ async def test_auto_sends_a_schema_only_where_it_cannot_forbid_thinking(
     assert ("thinks inside its reply" in message) == recorded
 
 
+@pytest.mark.parametrize(
+    ("reasoning", "schemas"), [("none", [True, True]), ("separate", [True, True]), ("inline", [False, False])]
+)
+async def test_the_endpoint_may_say_where_its_reasoning_goes(
+    sim: SimServer, reasoning: str, schemas: list[bool]
+) -> None:
+    # Said in the settings (endpoint.reasoning), it holds from the first call: no reply needs to show it.
+    async with LLMClient(settings_for(sim, endpoint__reasoning=reasoning)) as llm:
+        for text in ("Grade A.", "Grade B."):
+            assert (await llm.chat("verifier", [user(text)], reply_model=VerificationReply)).ok
+    assert ["response_format" in r.body for r in sim.requests] == schemas
+
+
 # ------------------------------------------------------------------------------------------ modes and the fallback
 REFUSING = SimScript(response_format="reject")
 

@@ -136,6 +136,7 @@ SENT_SAMPLING_FIELDS = (
 LATER_SAMPLING_FIELDS = ("top_k", "min_p", "repetition_penalty", "presence_penalty")
 
 StructuredOutput = Literal["auto", "json_schema", "off"]
+ReasoningPlace = Literal["auto", "separate", "inline", "none"]
 StreamMode = Literal["auto", "on", "off"]
 BatchSamples = Literal["auto", "on", "off"]
 Routing = Literal["cache", "load"]
@@ -176,6 +177,11 @@ class Endpoint(Strict):
     # on llama-server, vLLM, SGLang, OpenAI): "auto" sends it until the server rejects it once, then sends none for
     # the rest of the run (recorded); "json_schema" always sends it (a rejection fails the call); "off" never does.
     structured_output: StructuredOutput = "auto"
+    # Where the server puts a thinking model's reasoning: "separate" (a reasoning parser runs: vLLM's and SGLang's
+    # --reasoning-parser, llama-server's --reasoning-format), "inline" (<think> blocks in the content), "none" (the
+    # model does not think). "auto" learns it from the server's first reply. structured_output = "auto" sends a schema
+    # only where it is "separate" or "none", since a grammar on an inline thinker forbids its thinking.
+    reasoning: ReasoningPlace = "auto"
     # llama-server only: with at least as many problems in flight as the endpoint has slots (max_in_flight times the
     # replicas), send each problem's calls to one slot (`id_slot`), one at a time, so that slot's prompt cache holds
     # that problem's shared prefixes (tmas.llm.lanes). On for the embedded model.
@@ -232,6 +238,7 @@ class RoleConfig(Strict):
     deadline_s: float | None = Field(default=None, gt=0)
     queue_timeout_s: float | None = Field(default=None, gt=0)
     structured_output: StructuredOutput | None = None
+    reasoning: ReasoningPlace | None = None
     pin_slots: bool | None = None
     batch_samples: BatchSamples | None = None
     routing: Routing | None = None
@@ -411,6 +418,7 @@ ENV_KEYS: dict[str, str] = {
     "TMAS_DEADLINE_S": "endpoint.deadline_s",
     "TMAS_QUEUE_TIMEOUT_S": "endpoint.queue_timeout_s",
     "TMAS_STRUCTURED_OUTPUT": "endpoint.structured_output",
+    "TMAS_REASONING": "endpoint.reasoning",
     "TMAS_PIN_SLOTS": "endpoint.pin_slots",
     "TMAS_BATCH_SAMPLES": "endpoint.batch_samples",
     "TMAS_CONCURRENCY": "concurrency",

@@ -16,6 +16,7 @@ async def provisioned(settings: Settings, log_dir: Path | None = None) -> AsyncI
         yield settings
         return
     from tmas.llm.local_server import LocalReplicas  # only needed without an endpoint
+    from tmas.llm.weights import KNOWN_MODELS
 
     local = settings.local
     async with LocalReplicas(local, log_dir=log_dir) as servers:
@@ -25,10 +26,13 @@ async def provisioned(settings: Settings, log_dir: Path | None = None) -> AsyncI
                 "base_url": servers.base_urls,
                 "model": servers.model,
                 "context_length": local.ctx_per_slot,
-                # Per replica: more calls than slots would only queue inside a server, where our timeouts run.
+                # Per replica: more calls than slots would only queue inside a server.
                 "max_in_flight": local.parallel,
                 # llama-server takes `id_slot`: one problem's calls share its slot's prompt cache (tmas.llm.lanes).
                 "pin_slots": local.server == "llama-server",
             }
         )
+        if local.model in KNOWN_MODELS and endpoint.reasoning == "auto":
+            # The packaged models do not think: their replies may be constrained from the first call.
+            endpoint = endpoint.model_copy(update={"reasoning": "none"})
         yield settings.model_copy(update={"endpoint": endpoint})

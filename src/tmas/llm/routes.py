@@ -67,7 +67,10 @@ class Routes:
             if url not in self._replicas:
                 cap = asyncio.Semaphore(endpoint.max_in_flight) if endpoint.max_in_flight else None
                 replica = Replica(url=url, cap=cap, context_length=endpoint.context_length)
-                reasoning = self.known.get(url, {}).get("reasoning")
+                # Where its replies put reasoning: as configured, else as a run recorded it before (a resumed run).
+                reasoning = (
+                    endpoint.reasoning if endpoint.reasoning != "auto" else self.known.get(url, {}).get("reasoning")
+                )
                 if reasoning in ("separate", "inline", "none"):
                     replica.reasoning = reasoning
                 self._replicas[url] = replica
