@@ -1,9 +1,11 @@
 """Every retry explained: many calls to the embedded model's llama-server, in bursts with idle gaps between them.
 
 Long runs on the embedded server used to send a few calls a second time after a "connection" error the server never
-logged. The cause: llama-server (cpp-httplib) closes a keep-alive connection idle for 5 s, and a client pool that
+logged. One cause: llama-server (cpp-httplib) closes a keep-alive connection idle for 5 s, and a client pool that
 keeps idle connections longer may send the next call on one just as the server closes it. The gaps here (seeded,
-uniform in 0-7 s) cross that 5 s again and again. The figures: calls, failed calls, retries by cause, wall time.
+uniform in 0-7 s) cross that 5 s again and again. The figures: calls, failed calls, retries by cause, wall time, and
+whether any retry cost generation: the tokens the server says it generated (its /metrics) against the completion
+tokens of the replies the client used. Equal, every retried attempt failed before the server generated anything.
 
     PYTHONPATH=src python benchmarks/embedded_retries.py [--rounds 50] [--burst 10] [--slots 8] [--model NAME]
 """
@@ -17,6 +19,8 @@ import platform
 import random
 import time
 
+import aiohttp
+
 from tmas.config import LocalModel, Sampling, Settings
 from tmas.llm.client import LLMClient
 from tmas.llm.local_server import LocalServer
@@ -26,7 +30,7 @@ from tmas.llm.types import CallKey, user
 
 async def measure(rounds: int, burst: int, slots: int, model: str, seed: int) -> dict[str, object]:
     rng = random.Random(seed)
-    cfg = LocalModel(model=model, parallel=slots, ctx_per_slot=1024, startup_timeout_s=300)
+    cfg = LocalModel(model=model, parallel=slots, ctx_per_slot=1024, startup_timeout_s=300, extra_args=["--metrics"])
     async with LocalServer(cfg) as server:
         settings = Settings.model_validate(
             {"endpoint": {"base_url": server.base_url, "model": server.model}, "concurrency": slots}
@@ -51,18 +55,28 @@ async def measure(rounds: int, burst: int, slots: int, model: str, seed: int) ->
                 gaps.append(gap)
                 await asyncio.sleep(gap)
         wall = time.monotonic() - started
+        generated = await _tokens_predicted(server.base_url.removesuffix("/v1"))
     return {
         "calls": stats.calls,
         "failed": stats.failed,
         "retries": stats.retries,
         "retries_by_cause": stats.retries_by_cause,
         "gaps_between_4_and_6_s": sum(4.0 <= g <= 6.0 for g in gaps),
-        "completion_tokens": stats.usage.completion_tokens,
+        "completion_tokens_used": stats.usage.completion_tokens,
+        "tokens_the_server_generated": generated,
         "wall_s": round(wall, 1),
         "model": model,
         "slots": slots,
         "machine": platform.platform(),
     }
+
+
+async def _tokens_predicted(root: str) -> float | None:
+    async with aiohttp.ClientSession() as session, session.get(f"{root}/metrics") as resp:
+        for line in (await resp.text()).splitlines():
+            if line.startswith("llamacpp:tokens_predicted_total "):
+                return float(line.split()[1])
+    return None
 
 
 def main() -> None:

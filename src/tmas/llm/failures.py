@@ -153,15 +153,16 @@ def from_stream_event(error: Any) -> Failure:
 def from_exception(exc: BaseException, url: str, *, sent: bool) -> Failure:
     """The failure an exception from aiohttp means. ``sent``: whether any byte of a reply had come back.
 
-    A connection closed before any byte of a reply (aiohttp's ``ServerDisconnectedError``) is most often one the
-    pool reused just as the server closed it for being idle (uvicorn, under vLLM and SGLang, and cpp-httplib, under
-    llama-server, close an idle keep-alive connection after 5 s; the client drops its own idle ones after 3 s so
-    that this stays rare), else a server that dropped the request: cause ``disconnected``."""
+    A connection closed before any byte of a reply (aiohttp's ``ServerDisconnectedError``, or a ``ClientOSError``
+    while it wrote the request) is cause ``disconnected``: most often a pooled connection the server closed as it was
+    reused (uvicorn, under vLLM and SGLang, and cpp-httplib, under llama-server, close one idle for 5 s; the client
+    drops its own idle ones after 3 s), else a server that dropped the request before reading it."""
     if isinstance(exc, TimeoutError):  # aiohttp's connect and read timeouts are both TimeoutError and ClientError
         return Failure(f"no reply from {url} in time: {type(exc).__name__}", "timeout", retry=True)
     if isinstance(exc, aiohttp.ClientConnectorError):
         return Failure(f"cannot connect to {url}: {exc.os_error}", "connect", retry=True, connect=True)
-    if isinstance(exc, aiohttp.ServerDisconnectedError) and not sent:
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError) and not sent:
+        # aiohttp says "Server disconnected", or "Can not write request body" where the close came while it wrote.
         return Failure(f"{url} closed the connection before answering: {exc}", "disconnected", retry=True)
     if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError) and sent:
         return Failure(f"reply from {url} cut: {type(exc).__name__}: {exc}", "cut", retry=True)
