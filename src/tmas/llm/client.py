@@ -261,8 +261,7 @@ class LLMClient:
         slot: int | None = None,
         watch: TraceWatch | None = None,
     ) -> dict[str, Any]:
-        """Send ``body`` once the client's caps (and, with ``slot``, that llama-server slot's previous call) let it
-        go; the reply as JSON. Raises :class:`Failure`."""
+        """The reply to ``body`` as JSON, sent once the caps (and ``slot``'s previous call) let it go; or Failure."""
         headers = {"X-Tmas-Role": key.role, **replicas.auth_headers(route.api_key)}
         if key.problem_id:
             headers["X-Tmas-Problem"] = key.problem_id
@@ -277,6 +276,7 @@ class LLMClient:
             return await replicas.alive(self.session, replica, route.api_key, min(route.endpoint.timeout_s, 30.0))
 
         exchange = Exchange(self.session, f"{replica.url}/{path}", body, headers, route.endpoint, alive, watch)
+        exchange.close_after_stream = replica.server_kind == "llama-server"
         async with turn, self._cap, replica.cap or contextlib.nullcontext():
             self.stats.in_flight += 1
             try:
