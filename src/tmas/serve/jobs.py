@@ -13,6 +13,7 @@ import contextlib
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from tmas.config import Sampling, Settings
 from tmas.errors import ConfigError, TmasError
 from tmas.llm.sampling import with_sampling
+from tmas.llm.types import Completion
 from tmas.methods import METHODS, create_method
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
@@ -109,9 +111,18 @@ class ServedRuns:
     ``max_queue``), and the unfinished runs to resume."""
 
     def __init__(
-        self, serve_dir: Path, settings: Settings, *, embedded: bool, max_problems: int, max_queue: int
+        self,
+        serve_dir: Path,
+        settings: Settings,
+        *,
+        embedded: bool,
+        max_problems: int,
+        max_queue: int,
+        on_call: Callable[[Completion], None] | None = None,
     ) -> None:
         self.serve_dir = serve_dir
+        # Told of every upstream call a run makes (the metrics).
+        self.on_call = on_call
         self.settings = settings
         # The upstream is the embedded model: methods get its small defaults, as on `tmas run`.
         self.embedded = embedded
@@ -240,7 +251,7 @@ class ServedRuns:
     async def _solve(
         self, job: Job, settings: Settings, body: ChatBody, request: dict[str, Any], resume: bool
     ) -> ProblemResult:
-        store = await _open_store(job, create=not resume)
+        store = await _open_store(job, create=not resume, on_call=self.on_call)
         try:
             if not resume:
                 question, context = body.question()
@@ -283,10 +294,12 @@ class ServedRuns:
         await asyncio.gather(*self._closing)
 
 
-async def _open_store(job: Job, *, create: bool) -> ObservedStore:
+async def _open_store(job: Job, *, create: bool, on_call: Callable[[Completion], None] | None) -> ObservedStore:
     """``job``'s store, opened on a thread: a new store's schema and WAL set-up wait on the disk, and the other
     requests need not wait with them."""
-    opening = asyncio.ensure_future(asyncio.to_thread(ObservedStore, job.run_dir, job.publish, create=create))
+    opening = asyncio.ensure_future(
+        asyncio.to_thread(ObservedStore, job.run_dir, job.publish, create=create, on_call=on_call)
+    )
     try:
         return await asyncio.shield(opening)
     except asyncio.CancelledError:

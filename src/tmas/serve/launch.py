@@ -18,6 +18,7 @@ from tmas.llm.provision import provisioned
 from tmas.methods import METHODS
 from tmas.serve.app import ServeApp
 from tmas.serve.jobs import ServedRuns
+from tmas.serve.metrics import ServeMetrics
 
 log = logging.getLogger("tmas.serve")
 
@@ -87,12 +88,15 @@ async def serve(
     options.serve_dir.mkdir(parents=True, exist_ok=True)
     embedded = settings.uses_local_model
     async with provisioned(settings, log_dir=options.serve_dir) as live:
+        # The gauges read the runs at each scrape (the names resolve then, once both exist).
+        metrics = ServeMetrics(queued=lambda: runs.admission.queued, in_flight=lambda: len(runs.active))
         runs = ServedRuns(
             options.serve_dir,
             live,
             embedded=embedded,
             max_problems=options.max_problems,
             max_queue=options.max_queue,
+            on_call=metrics.call_done,
         )
         app = ServeApp(
             runs,
@@ -100,6 +104,7 @@ async def serve(
             upstreams=await upstream_models(live),
             token=token,
             max_body_bytes=options.max_body_bytes,
+            metrics=metrics,
         )
         if options.resume:
             for job in runs.resume_all():
