@@ -58,11 +58,12 @@ def data_filter(
 
     The samples are drawn at the paper's temperature 1.0 and top_p 0.95 unless --temperature or --top-p say
     otherwise (the paper's filter model: Qwen3-4B-Thinking); the run seed (--seed) seeds the selection too."""
-    from tmas.cli.grade_flags import read_grade_flags
+    from tmas.cli.grade_flags import check_grading_installed, read_grade_flags
     from tmas.data.difficulty_filter import filter_settings, run_filter
     from tmas.problems import resolve_dataset
 
     grading = read_grade_flags(grade, judge_runs)
+    check_grading_installed(grading)  # before the model's calls are spent
     settings = filter_settings(flags.settings(), k, flags.given("temperature", "top_p"))
     source = resolve_dataset(problems)
     where = run_dir or out.with_name(out.stem + ".filter-run")
