@@ -19,11 +19,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from tmas.methods.base import ProblemResult
 from tmas.serve.api_errors import ApiError
+from tmas.serve.client_sampling import greedy_notice
 from tmas.serve.jobs import Job, ServedRuns, Waiting
 from tmas.serve.metrics import CLIENT_CLOSED, UNKNOWN_METHOD, ServeMetrics
 from tmas.serve.observed_store import Progress
-from tmas.serve.protocol import ChatBody, chunk_body, completion_body, split_model
+from tmas.serve.protocol import ChatBody, chunk_body, completion_body, cut_at_stop, split_model
 
 log = logging.getLogger("tmas.serve")
 
@@ -115,18 +117,18 @@ class ServeApp:
         if body.stream:
             # The stream counts itself once it ends (its status: 200, or the error it ended with).
             return StreamingResponse(
-                self._stream(entry, gone, body.model, lambda status: self._done(method, status, arrived)),
+                self._stream(entry, gone, body, method, lambda status: self._done(method, status, arrived)),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        response = await self._reply(entry, gone, body)
+        response = await self._reply(entry, gone, body, method)
         self._done(method, response.status_code, arrived)
         return response
 
     def _done(self, method: str, status: int, arrived: float) -> None:
         self.metrics.request_done(method, status, time.monotonic() - arrived)
 
-    async def _reply(self, entry: Job | Waiting, gone: asyncio.Task[None], body: ChatBody) -> Response:
+    async def _reply(self, entry: Job | Waiting, gone: asyncio.Task[None], body: ChatBody, method: str) -> Response:
         """The reply to a request without a stream, once its run has ended."""
         try:
             if isinstance(entry, Waiting):
@@ -153,16 +155,30 @@ class ServeApp:
             return _shutting_down().response()
         finally:
             gone.cancel()
-        extension = {"run_id": job.run_id, "answer": result.answer, "iterations": len(result.iterations)}
+        extension = self._extension(job, result, body, method)
         extension["calls"] = result.calls
-        return JSONResponse(completion_body(job.run_id, body.model, job.created, result.text, result.usage, extension))
+        text = cut_at_stop(result.text, body.stop_sequences())
+        return JSONResponse(completion_body(job.run_id, body.model, job.created, text, result.usage, extension))
+
+    def _extension(self, job: Job, result: ProblemResult, body: ChatBody, method: str) -> dict[str, Any]:
+        """What a tmas-aware client may read beside the reply: the run, the extracted answer, the notices."""
+        notices = list(result.notices)
+        greedy = greedy_notice(method, body, self.runs.client_sampling)
+        if greedy is not None:
+            log.warning("request %s: %s", job.run_id, greedy)
+            notices.append(greedy)
+        out: dict[str, Any] = {"run_id": job.run_id, "answer": result.answer, "iterations": len(result.iterations)}
+        if notices:
+            out["notices"] = notices
+        return out
 
     async def _stream(
-        self, entry: Job | Waiting, gone: asyncio.Task[None], model: str, ended: Callable[[int], None]
+        self, entry: Job | Waiting, gone: asyncio.Task[None], body: ChatBody, method: str, ended: Callable[[int], None]
     ) -> AsyncIterator[str]:
         def sse(obj: dict[str, Any]) -> str:
             return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
+        model = body.model
         status = 200  # what the stream's end says: 200, the status of the error it ended with, or the client gone
         try:
             if isinstance(entry, Waiting):
@@ -204,8 +220,9 @@ class ServeApp:
                 status = exc.status
                 yield sse(exc.body())
             else:
-                yield sse(chunk_body(job.run_id, model, created, {"content": result.text}))
-                done = {"run_id": job.run_id, "answer": result.answer, "iterations": len(result.iterations)}
+                text = cut_at_stop(result.text, body.stop_sequences())
+                yield sse(chunk_body(job.run_id, model, created, {"content": text}))
+                done = self._extension(job, result, body, method)
                 yield sse(chunk_body(job.run_id, model, created, {}, finish_reason="stop", progress=done))
                 yield sse(chunk_body(job.run_id, model, created, None, usage=result.usage))
             yield "data: [DONE]\n\n"

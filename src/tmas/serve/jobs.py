@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tmas.config import Sampling, Settings
+from tmas.config import Settings
 from tmas.errors import ConfigError, TmasError
 from tmas.llm.sampling import with_sampling
 from tmas.llm.types import Completion
@@ -28,6 +28,7 @@ from tmas.problems import Problem
 from tmas.runner import RunSetup, run_problems
 from tmas.serve.admission import Admission
 from tmas.serve.api_errors import ApiError
+from tmas.serve.client_sampling import ClientSampling, request_sampling
 from tmas.serve.observed_store import ObservedStore, Progress
 from tmas.serve.protocol import ChatBody
 from tmas.store.run_store import DB_NAME, RunStore, StoreError
@@ -119,8 +120,11 @@ class ServedRuns:
         max_problems: int,
         max_queue: int,
         on_call: Callable[[Completion], None] | None = None,
+        client_sampling: ClientSampling = "defaults",
     ) -> None:
         self.serve_dir = serve_dir
+        # What a request's temperature, top_p and max_tokens mean for its run's calls (tmas.serve.client_sampling).
+        self.client_sampling = client_sampling
         # Told of every upstream call a run makes (the metrics).
         self.on_call = on_call
         self.settings = settings
@@ -238,7 +242,7 @@ class ServedRuns:
         data["method"] = {"name": method, "params": params}
         data["seed"] = seed
         # The request's own sampling is set by its sender, as a flag is: a method's preset yields to it.
-        settings = with_sampling(Settings.model_validate(data), "flags", Sampling(**body.sampling_overrides()))
+        settings = with_sampling(Settings.model_validate(data), "flags", request_sampling(body, self.client_sampling))
         job = Job(run_id=run_dir.name, run_dir=run_dir, fingerprint=fingerprint)
         request: dict[str, Any] = {"fingerprint": fingerprint, "body": body.model_dump(mode="json")}
         request |= {"method": method, "upstream": upstream, "seed": seed}

@@ -17,6 +17,7 @@ from tmas.llm.client import list_models
 from tmas.llm.provision import provisioned
 from tmas.methods import METHODS
 from tmas.serve.app import ServeApp
+from tmas.serve.client_sampling import ClientSampling
 from tmas.serve.jobs import ServedRuns
 from tmas.serve.metrics import ServeMetrics
 
@@ -38,6 +39,8 @@ class ServeOptions:
     max_body_bytes: int = 1_000_000
     # Resume the unfinished runs found in serve_dir at start-up.
     resume: bool = True
+    # What a request's temperature, top_p and max_tokens mean for its run's calls (tmas.serve.client_sampling).
+    client_sampling: ClientSampling = "defaults"
 
 
 def is_loopback(host: str) -> bool:
@@ -97,6 +100,7 @@ async def serve(
             max_problems=options.max_problems,
             max_queue=options.max_queue,
             on_call=metrics.call_done,
+            client_sampling=options.client_sampling,
         )
         app = ServeApp(
             runs,
