@@ -4,6 +4,7 @@ every count is known in advance."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -167,3 +168,25 @@ def test_metrics_need_no_token(sim: SimServer, tmp_path: Path, monkeypatch: pyte
         assert ask(proxy, "cot/sim-model", "What is 1+1?")[0] == 401
         _, samples = scrape(proxy)
     assert value(samples, "tmas_requests_total", method="unknown", status="401") == 1
+
+
+def test_a_stream_whose_client_goes_away_counts_as_499(sim: SimServer, tmp_path: Path) -> None:
+    sim.set_script(SimScript(rules=[Rule(role="solution", latency_s=5.0)]))
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+        body = json.dumps(
+            {"model": "cot/sim-model", "messages": [{"role": "user", "content": "What is 9*9?"}], "stream": True}
+        ).encode()
+        sock = socket.create_connection(("127.0.0.1", proxy.options.port), timeout=20)
+        head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+        sock.sendall(head.encode() + body)
+        assert b"200 OK" in sock.recv(4096)  # the stream is open; its run waits on the slow upstream
+        wait_until(lambda: len(sim.chat_bodies()) == 1, what="the upstream call")
+        sock.close()
+
+        def counted() -> bool:
+            return value(scrape(proxy)[1], "tmas_requests_total", method="cot", status="499") == 1
+
+        wait_until(counted, what="the dropped stream to be counted")
+        _, samples = scrape(proxy)
+    assert value(samples, "tmas_requests_total", method="cot", status="200") == 0
+    assert value(samples, "tmas_upstream_calls_total", role="solution", cause="ok") == 0

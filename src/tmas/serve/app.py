@@ -226,6 +226,9 @@ class ServeApp:
                 yield sse(chunk_body(job.run_id, model, created, {}, finish_reason="stop", progress=done))
                 yield sse(chunk_body(job.run_id, model, created, None, usage=result.usage))
             yield "data: [DONE]\n\n"
+        except (asyncio.CancelledError, GeneratorExit):
+            status = CLIENT_CLOSED  # cut short: the client went away (or the server is stopping)
+            raise
         finally:
             # Ended normally or the client went away (the watcher has then cancelled the run already).
             if gone.done() and not gone.cancelled():
