@@ -173,9 +173,11 @@ NEEDS_EXTRA: list[tuple[list[str], str]] = [
     (["data", "filter", "PROBLEMS", "--out", "f.jsonl", "--base-url", "UPSTREAM", "--model", "sim-model"], "eval"),
     (["pool", "build", "RUN", "--out", "pool"], "pool"),
     (["pool", "show", "pool"], "pool"),
+    (["pool", "prune", "pool"], "pool"),
     (["experience", "search", "pool", "a question"], "pool"),
     (["pool", "router", "train", "--single", "RUN", "--mattrl", "RUN", "--out", "router.json"], "eval"),
     (["rl", "build-data", "RUN", "--out", "rl"], "rl"),
+    (["data", "import", "hle", "data.parquet", "--out", "imported.jsonl"], "rl"),
     (["rl", "train", "data.parquet", "--out", "trained"], "rl"),
     (["rl", "export-gguf", "checkpoint", "--out", "model.gguf"], "rl"),
     # No endpoint: the embedded model, whose server and weights are the local extra.
