@@ -25,6 +25,7 @@ PROBLEMS = [
     for i, (a, b) in enumerate((3 + i, 7 + 2 * i) for i in range(20))
 ]
 TMAS_PARAMS = {"n": 2, "m": 1, "iterations": 1}
+TOKEN = "lm-eval-test-token"
 
 
 def lm_eval(model: str, proxy: ProxyThread, task_dir: Path, out: Path, *extra: str) -> dict[str, Any]:
@@ -37,6 +38,8 @@ def lm_eval(model: str, proxy: ProxyThread, task_dir: Path, out: Path, *extra: s
     ]  # fmt: skip
     # No hub, no network: the task's documents are a local JSON file; the datasets cache stays in the test's folder.
     env = {**os.environ, "HF_HOME": str(out / "hf"), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    # local-chat-completions sends OPENAI_API_KEY as its bearer token: the proxy's, here.
+    env["OPENAI_API_KEY"] = TOKEN
     done = subprocess.run(
         [sys.executable, "-m", "lm_eval", "run", *args], env=env, capture_output=True, text=True, timeout=600
     )
@@ -60,8 +63,12 @@ def task_dir(tmp_path: Path) -> Path:
     return tmp_path / "task"
 
 
-def test_lm_eval_scores_cot_and_tmas_through_the_proxy(sim: SimServer, task_dir: Path, tmp_path: Path) -> None:
-    options = ServeOptions(serve_dir=tmp_path / "served", max_problems=4)
+def test_lm_eval_scores_cot_and_tmas_through_the_proxy(
+    sim: SimServer, task_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The proxy wants a bearer token, as it does beyond loopback.
+    monkeypatch.setenv("TMAS_LM_EVAL_TOKEN", TOKEN)
+    options = ServeOptions(serve_dir=tmp_path / "served", max_problems=4, token_env="TMAS_LM_EVAL_TOKEN")
     with ProxyThread(settings_for(sim), options) as proxy:
         cot = lm_eval("cot/sim-model", proxy, task_dir, tmp_path / "cot")
         cot_bodies = sim.chat_bodies()
