@@ -12,6 +12,7 @@ Math-Verify).
 
     PYTHONPATH=src .venv/bin/python benchmarks/lm_eval_vs_tmas_eval.py --limit 20 --methods cot tmas
     PYTHONPATH=src .venv/bin/python benchmarks/lm_eval_vs_tmas_eval.py --upstream sim --limit 6
+    PYTHONPATH=src .venv/bin/python benchmarks/lm_eval_vs_tmas_eval.py --base-url http://localhost:8000/v1 --model M
 """
 
 from __future__ import annotations
@@ -66,14 +67,22 @@ class Row:
 
 
 @contextlib.asynccontextmanager
-async def upstream(kind: str) -> AsyncIterator[Settings]:
-    """Settings whose endpoint answers: the simulator, or the embedded model started once for both paths."""
+async def upstream(kind: str, base_url: str | None, model: str | None) -> AsyncIterator[Settings]:
+    """Settings whose endpoint answers: your server, the simulator, or the embedded model started once for both."""
+    if base_url is not None:
+        yield Settings.model_validate({"endpoint": {"base_url": [base_url], "model": model}})
+        return
     if kind == "sim":
         with SimServer(SimScript()) as sim:
             yield Settings.model_validate({"endpoint": {"base_url": [sim.base_url], "model": "sim-model"}})
         return
     async with provisioned(Settings(), log_dir=Path(tempfile.mkdtemp(prefix="tmas-compare-"))) as live:
         yield live
+
+
+def embedded(args: argparse.Namespace) -> bool:
+    """The upstream is the embedded model: methods get their small local presets, as `tmas eval` gives them."""
+    return args.upstream == "embedded" and getattr(args, "base_url", None) is None
 
 
 def run_lm_eval(
@@ -114,7 +123,7 @@ async def compare_method(
     method: str, live: Settings, proxy: ProxyThread, problems: list[Problem], work: Path, args: argparse.Namespace
 ) -> list[Row]:
     params = {
-        **(METHODS[method].embedded_defaults if args.upstream == "embedded" else {}),
+        **(METHODS[method].embedded_defaults if embedded(args) else {}),
         **SMALL_PARAMS.get(method, {}),
     }
     model = f"{method}/{live.endpoint.model}"
@@ -190,7 +199,7 @@ async def main_async(args: argparse.Namespace) -> None:
     print(f"# {len(problems)} problems, temperature {args.temperature}, max_tokens {args.max_tokens}; work in {work}")
     print("| method | problems | lm-eval | tmas eval | verdicts agree | same transcript | seconds |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    async with upstream(args.upstream) as live:
+    async with upstream(args.upstream, args.base_url, args.model) as live:
         options = ServeOptions(serve_dir=work / "served", max_problems=args.concurrency)
         with ProxyThread(live, options) as proxy:
             for method in args.methods:
@@ -202,6 +211,8 @@ async def main_async(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--upstream", choices=["embedded", "sim"], default="embedded")
+    parser.add_argument("--base-url", help="An OpenAI-compatible server of yours instead (with --model).")
+    parser.add_argument("--model", help="Its model.")
     parser.add_argument("--problems", type=Path, help="Problems JSONL (default: generated arithmetic problems).")
     parser.add_argument("--limit", type=int, default=20)
     parser.add_argument("--methods", nargs="+", default=["cot", "tmas"], choices=sorted(METHODS))
@@ -210,7 +221,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4, help="lm-eval's num_concurrent and the proxy's slots.")
     parser.add_argument("--seed", type=int, default=0, help="Seed of the generated problems.")
     parser.add_argument("--work", type=Path, help="Working folder (default: a new temporary one).")
-    asyncio.run(main_async(parser.parse_args()))
+    args = parser.parse_args()
+    if (args.base_url is None) != (args.model is None):
+        parser.error("--base-url and --model go together")
+    asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":
