@@ -1,5 +1,6 @@
 """The ``tmas data`` group: ``generate`` (problems whose answers code computes), ``filter`` (the TMAS paper's
-difficulty filter, appendix A.2) and ``import`` (official benchmark files into tmas JSONL)."""
+difficulty filter, appendix A.2), ``import`` (official benchmark files into tmas JSONL) and ``lm-eval-task`` (an
+lm-evaluation-harness task over a problem file, to score ``tmas serve`` with it)."""
 
 from __future__ import annotations
 
@@ -58,11 +59,12 @@ def data_filter(
 
     The samples are drawn at the paper's temperature 1.0 and top_p 0.95 unless --temperature or --top-p say
     otherwise (the paper's filter model: Qwen3-4B-Thinking); the run seed (--seed) seeds the selection too."""
-    from tmas.cli.grade_flags import read_grade_flags
+    from tmas.cli.grade_flags import check_grading_installed, read_grade_flags
     from tmas.data.difficulty_filter import filter_settings, run_filter
     from tmas.problems import resolve_dataset
 
     grading = read_grade_flags(grade, judge_runs)
+    check_grading_installed(grading)  # before the model's calls are spent
     settings = filter_settings(flags.settings(), k, flags.given("temperature", "top_p"))
     source = resolve_dataset(problems)
     where = run_dir or out.with_name(out.stem + ".filter-run")
@@ -90,3 +92,31 @@ def data_import(
     records = import_problems(file, source, keep_all=keep_all)
     write_problems(records, out)
     typer.echo(f"wrote {len(records)} problems to {out}")
+
+
+@data_app.command("lm-eval-task")
+def data_lm_eval_task(
+    problems: Annotated[Path, typer.Argument(help="Problems JSONL or a benchmark name (with answers).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write NAME.yaml and NAME.jsonl into.")],
+    name: Annotated[str, typer.Option("--name", help="The task's name (lm_eval --tasks NAME).")] = "tmas_problems",
+    max_gen_toks: Annotated[
+        int, typer.Option("--max-gen-toks", help="max_tokens of every upstream call (lm-eval's default: 256).")
+    ] = 2048,
+    temperature: Annotated[
+        float, typer.Option("--temperature", help="Temperature of every upstream call (lm-eval's default: 0).")
+    ] = 0.7,
+    limit: Annotated[int | None, typer.Option("--limit", help="Only the first N problems.")] = None,
+) -> None:
+    """Write an lm-evaluation-harness task over the problems, to score `tmas serve` with lm-eval (docs/serve.md)."""
+    from itertools import islice
+
+    from tmas.data.lm_eval_task import write_task
+    from tmas.problems import iter_problems, resolve_dataset
+
+    chosen = list(islice(iter_problems(resolve_dataset(problems)), limit))
+    yaml_file, data_file = write_task(chosen, out, name, max_gen_toks=max_gen_toks, temperature=temperature)
+    typer.echo(f"wrote {yaml_file} and {data_file} ({len(chosen)} problems)")
+    typer.echo(
+        f"lm_eval run --model local-chat-completions --apply_chat_template --include_path {out} --tasks {name}"
+        " --model_args model=tmas/MODEL,base_url=http://127.0.0.1:8080/v1/chat/completions,num_concurrent=8"
+    )

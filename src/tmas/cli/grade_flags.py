@@ -29,3 +29,12 @@ def read_grade_flags(grade: str, judge_runs: int) -> GradeConfig:
     if judge_runs < 1:
         raise InputError("--judge-runs must be at least 1")
     return GradeConfig(mode=grade, judge_runs=judge_runs)
+
+
+def check_grading_installed(config: GradeConfig) -> None:
+    """Before a run whose report grades by rules: Math-Verify is there (else the run's calls would be spent before
+    the grading fails)."""
+    from tmas.answer_rules import ensure_math_verify
+
+    if config.mode in ("combined", "rules"):
+        ensure_math_verify()

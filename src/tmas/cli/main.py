@@ -16,7 +16,8 @@ from tmas import __version__
 from tmas.cli.cases import cases_app
 from tmas.cli.data import data_app
 from tmas.cli.estimate import EstimateFlags, estimate_options
-from tmas.cli.grade_flags import GradeModeOpt, JudgeRunsOpt, read_grade_flags
+from tmas.cli.extras import MISSING_EXTRA_EXIT, missing_extra
+from tmas.cli.grade_flags import GradeModeOpt, JudgeRunsOpt, check_grading_installed, read_grade_flags
 from tmas.cli.method_help import method_parameters_help
 from tmas.cli.options import (
     BaseUrlOpt,
@@ -366,6 +367,7 @@ def evaluate(
     from tmas.reports.report import build_report
 
     grade_config = read_grade_flags(grade, judge_runs)  # bad flags fail before any model call
+    check_grading_installed(grade_config)
     params = method_params(param, iterations=iterations, no_experience=no_experience, no_guideline=no_guideline)
     _new_run(problems, out, flags.settings(method, params), limit, estimate, ask=True)
     settings = _judge_settings(flags.config, flags.base_url, judge_base_url, judge_model)
@@ -418,6 +420,8 @@ def sweep(
     )
 
     grade_config = read_grade_flags(grade, judge_runs)
+    if not no_report:
+        check_grading_installed(grade_config)
     if resume is not None:
         if grid_file is not None or out is not None or method or grid:
             raise InputError("--resume takes the sweep directory alone: give no grid, --out, --method or --grid")
@@ -477,6 +481,13 @@ def main() -> None:
     except TmasError as exc:
         typer.echo(f"tmas: error: {exc}", err=True)
         sys.exit(exc.exit_code)
+    except ModuleNotFoundError as exc:
+        # A module of an extra that is not installed: say which extra, in one line (anything else is a bug).
+        message = missing_extra(exc.name, sys.argv[1:])
+        if message is None:
+            raise
+        typer.echo(f"tmas: error: {message}", err=True)
+        sys.exit(MISSING_EXTRA_EXIT)
     except KeyboardInterrupt:
         typer.echo("tmas: interrupted; finished work is kept (continue a run with --resume)", err=True)
         sys.exit(130)

@@ -49,14 +49,25 @@ def serve(
     resume: Annotated[
         bool, typer.Option("--resume/--no-resume", help="Resume unfinished requests found in --dir at start.")
     ] = True,
+    client_sampling: Annotated[
+        str,
+        typer.Option(
+            "--client-sampling",
+            help="A request's temperature, top_p and max_tokens: 'defaults' of every upstream call of its run, or"
+            " 'ignore' them (this server's settings decide; for harnesses that always send their own).",
+        ),
+    ] = "defaults",
 ) -> None:
     """Answer /v1/chat/completions with a method: the model name is <method>/<upstream model>."""
+    from tmas.serve.client_sampling import CLIENT_SAMPLING
     from tmas.serve.launch import ServeOptions, serve
 
     if max_problems < 1 or max_body_bytes < 1:
         raise ConfigError("--max-problems and --max-body-bytes must be at least 1")
     if max_queue < 0:
         raise ConfigError(f"--max-queue must be 0 or more (got {max_queue})")
+    if client_sampling not in CLIENT_SAMPLING:
+        raise ConfigError(f"--client-sampling {client_sampling!r}: choose {' or '.join(CLIENT_SAMPLING)}")
     # The group's flags configure the upstream and the defaults of every request (sampling, budget, prompts).
     settings = flags.settings()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -69,5 +80,6 @@ def serve(
         max_queue=max_queue,
         max_body_bytes=max_body_bytes,
         resume=resume,
+        client_sampling=client_sampling,
     )
     asyncio.run(serve(settings, options))

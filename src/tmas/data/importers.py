@@ -102,7 +102,8 @@ def read_rows(path: Path) -> Iterator[dict[str, Any]]:
             import pyarrow.parquet as pq  # type: ignore[import-not-found,unused-ignore]
         except ImportError:
             raise InputError(
-                f"{path}: reading Parquet needs pyarrow (pip install pyarrow), or convert it to JSONL"
+                f"{path}: reading Parquet needs pyarrow: pip install 'tmas[rl]' (or pyarrow alone),"
+                " or convert it to JSONL"
             ) from None
         yield from pq.read_table(path).to_pylist()
     else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import subprocess
@@ -121,6 +122,16 @@ def merge_adapter(adapter: Path, output: Path, base: str | None = None) -> Path:
     return output
 
 
+# What llama.cpp's converter imports (it runs in this interpreter): missing, it fails after the source download.
+CONVERTER_MODULES = ("torch", "transformers", "gguf", "sentencepiece")
+
+
+def _check_converter_modules() -> None:
+    missing = [name for name in CONVERTER_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ExportError(f"the GGUF converter needs {', '.join(missing)}: pip install 'tmas[rl]'")
+
+
 def export_gguf(
     checkpoint: Path,
     output: Path,
@@ -134,6 +145,7 @@ def export_gguf(
     adapter = is_adapter(checkpoint)
     if not adapter and not (checkpoint / "config.json").is_file():
         raise ExportError(f"{checkpoint}: not a Hugging Face checkpoint (no config.json) nor a LoRA adapter")
+    _check_converter_modules()
     found = find_convert_script(script) or fetch_llama_cpp_source()
     with contextlib.ExitStack() as stack:
         if adapter:

@@ -1,4 +1,4 @@
-"""The proxy's HTTP side (Starlette): ``/v1/chat/completions``, ``/v1/models``, ``/health``, ``/stats``.
+"""The proxy's HTTP side (Starlette): ``/v1/chat/completions``, ``/v1/models``, ``/health``, ``/stats``, ``/metrics``.
 
 Every reply that is not a success is OpenAI's error JSON with the matching status code; no traceback leaves.
 """
@@ -10,7 +10,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -19,10 +19,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from tmas.methods.base import ProblemResult
 from tmas.serve.api_errors import ApiError
+from tmas.serve.client_sampling import greedy_notice
 from tmas.serve.jobs import Job, ServedRuns, Waiting
+from tmas.serve.metrics import CLIENT_CLOSED, UNKNOWN_METHOD, ServeMetrics
 from tmas.serve.observed_store import Progress
-from tmas.serve.protocol import ChatBody, chunk_body, completion_body, split_model
+from tmas.serve.protocol import ChatBody, chunk_body, completion_body, cut_at_stop, split_model
 
 log = logging.getLogger("tmas.serve")
 
@@ -41,8 +44,10 @@ class ServeApp:
         upstreams: list[str],
         token: str | None,
         max_body_bytes: int,
+        metrics: ServeMetrics,
     ) -> None:
         self.runs = runs
+        self.metrics = metrics
         self.methods = methods
         self.upstreams = upstreams
         self.token = token
@@ -53,6 +58,7 @@ class ServeApp:
             routes=[
                 Route("/health", self.health, methods=["GET"]),
                 Route("/stats", self.stats, methods=["GET"]),
+                Route("/metrics", self.metrics_page, methods=["GET"]),
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
             ],
@@ -90,21 +96,40 @@ class ServeApp:
             }
         )
 
+    async def metrics_page(self, request: Request) -> Response:
+        """Prometheus' text format; no token needed, like /stats (it shows counts, never a prompt or a key)."""
+        page, content_type = self.metrics.page()
+        return Response(page, media_type=content_type)
+
     async def chat(self, request: Request) -> Response:
+        arrived = time.monotonic()
+        label = UNKNOWN_METHOD
         try:
             self._authorize(request)
             body = ChatBody.parse(await self._read_body(request))
             method, upstream = split_model(body.model, set(self.methods), self.upstreams)
+            label = method
             entry = self.runs.enter(body, method, upstream)
         except ApiError as exc:
+            self.metrics.request_done(label, exc.status, time.monotonic() - arrived)
             return exc.response()
         gone = asyncio.create_task(_disconnected(request))
         if body.stream:
+            # The stream counts itself once it ends (its status: 200, or the error it ended with).
             return StreamingResponse(
-                self._stream(entry, gone, body.model),
+                self._stream(entry, gone, body, method, lambda status: self._done(method, status, arrived)),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
+        response = await self._reply(entry, gone, body, method)
+        self._done(method, response.status_code, arrived)
+        return response
+
+    def _done(self, method: str, status: int, arrived: float) -> None:
+        self.metrics.request_done(method, status, time.monotonic() - arrived)
+
+    async def _reply(self, entry: Job | Waiting, gone: asyncio.Task[None], body: ChatBody, method: str) -> Response:
+        """The reply to a request without a stream, once its run has ended."""
         try:
             if isinstance(entry, Waiting):
                 turn = _Turn(self.runs, entry, gone)
@@ -112,28 +137,49 @@ class ServeApp:
                     pass
                 job = turn.job()
                 if job is None:
-                    return Response(status_code=499)  # nobody reads it: the client is gone
+                    return Response(status_code=CLIENT_CLOSED)  # nobody reads it: the client is gone
+                self.metrics.admitted(turn.waited_s)
             else:
                 job = _started(entry, body.model, body.stream, waited_s=None)
+                self.metrics.admitted(0.0)
             queue = _follow(job, gone)
             while await queue.get() is not None:
                 pass
             result = job.outcome()
         except ApiError as exc:
+            if gone.done() and not gone.cancelled():
+                return Response(status_code=CLIENT_CLOSED)  # its run was cancelled as its client went away
             return exc.response()
         except asyncio.CancelledError:
             # Only a server shutting down cancels a handler (a client going away is the watcher's business).
             return _shutting_down().response()
         finally:
             gone.cancel()
-        extension = {"run_id": job.run_id, "answer": result.answer, "iterations": len(result.iterations)}
+        extension = self._extension(job, result, body, method)
         extension["calls"] = result.calls
-        return JSONResponse(completion_body(job.run_id, body.model, job.created, result.text, result.usage, extension))
+        text = cut_at_stop(result.text, body.stop_sequences())
+        return JSONResponse(completion_body(job.run_id, body.model, job.created, text, result.usage, extension))
 
-    async def _stream(self, entry: Job | Waiting, gone: asyncio.Task[None], model: str) -> AsyncIterator[str]:
+    def _extension(self, job: Job, result: ProblemResult, body: ChatBody, method: str) -> dict[str, Any]:
+        """What a tmas-aware client may read beside the reply: the run, the extracted answer, the notices."""
+        notices = list(result.notices)
+        greedy = greedy_notice(method, body, self.runs.client_sampling)
+        if greedy is not None:
+            log.warning("request %s: %s", job.run_id, greedy)
+            notices.append(greedy)
+        out: dict[str, Any] = {"run_id": job.run_id, "answer": result.answer, "iterations": len(result.iterations)}
+        if notices:
+            out["notices"] = notices
+        return out
+
+    async def _stream(
+        self, entry: Job | Waiting, gone: asyncio.Task[None], body: ChatBody, method: str, ended: Callable[[int], None]
+    ) -> AsyncIterator[str]:
         def sse(obj: dict[str, Any]) -> str:
             return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
+        model = body.model
+        status = 200  # what the stream's end says: 200, the status of the error it ended with, or the client gone
         try:
             if isinstance(entry, Waiting):
                 # The stream is open while the request waits its turn: comments keep it so, and say why it waits.
@@ -144,14 +190,17 @@ class ServeApp:
                 try:
                     started = turn.job()
                 except ApiError as exc:
+                    status = exc.status
                     yield sse(exc.body())
                     yield "data: [DONE]\n\n"
                     return
                 if started is None:
                     return
                 job = started
+                self.metrics.admitted(turn.waited_s)
             else:
                 job = _started(entry, model, True, waited_s=None)
+                self.metrics.admitted(0.0)
             queue = _follow(job, gone)
             created = job.created
             yield sse(chunk_body(job.run_id, model, created, {"role": "assistant", "content": ""}))
@@ -168,16 +217,24 @@ class ServeApp:
             try:
                 result = job.outcome()
             except ApiError as exc:
+                status = exc.status
                 yield sse(exc.body())
             else:
-                yield sse(chunk_body(job.run_id, model, created, {"content": result.text}))
-                done = {"run_id": job.run_id, "answer": result.answer, "iterations": len(result.iterations)}
+                text = cut_at_stop(result.text, body.stop_sequences())
+                yield sse(chunk_body(job.run_id, model, created, {"content": text}))
+                done = self._extension(job, result, body, method)
                 yield sse(chunk_body(job.run_id, model, created, {}, finish_reason="stop", progress=done))
                 yield sse(chunk_body(job.run_id, model, created, None, usage=result.usage))
             yield "data: [DONE]\n\n"
+        except (asyncio.CancelledError, GeneratorExit):
+            status = CLIENT_CLOSED  # cut short: the client went away (or the server is stopping)
+            raise
         finally:
             # Ended normally or the client went away (the watcher has then cancelled the run already).
+            if gone.done() and not gone.cancelled():
+                status = CLIENT_CLOSED
             gone.cancel()
+            ended(status)
 
     # --------------------------------------------------------------------------------------------- checks
     def _authorize(self, request: Request) -> None:
@@ -213,6 +270,7 @@ class _Turn:
         self.since = time.monotonic()
         self.model = waiting.body.model
         self.stream = waiting.body.stream
+        self.waited_s = 0.0
         self.admit = asyncio.create_task(runs.admit(waiting))
 
     async def wait(self, tick_s: float | None) -> bool:
@@ -245,7 +303,8 @@ class _Turn:
                 return None
             raise _shutting_down()
         # Admitted even if the client has just gone: following the run then cancels it at once.
-        return _started(self.admit.result(), self.model, self.stream, waited_s=time.monotonic() - self.since)
+        self.waited_s = time.monotonic() - self.since
+        return _started(self.admit.result(), self.model, self.stream, waited_s=self.waited_s)
 
 
 def _shutting_down() -> ApiError:

@@ -13,19 +13,22 @@ import contextlib
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tmas.config import Sampling, Settings
+from tmas.config import Settings
 from tmas.errors import ConfigError, TmasError
 from tmas.llm.sampling import with_sampling
+from tmas.llm.types import Completion
 from tmas.methods import METHODS, create_method
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
 from tmas.runner import RunSetup, run_problems
 from tmas.serve.admission import Admission
 from tmas.serve.api_errors import ApiError
+from tmas.serve.client_sampling import ClientSampling, request_sampling
 from tmas.serve.observed_store import ObservedStore, Progress
 from tmas.serve.protocol import ChatBody
 from tmas.store.run_store import DB_NAME, RunStore, StoreError
@@ -109,9 +112,21 @@ class ServedRuns:
     ``max_queue``), and the unfinished runs to resume."""
 
     def __init__(
-        self, serve_dir: Path, settings: Settings, *, embedded: bool, max_problems: int, max_queue: int
+        self,
+        serve_dir: Path,
+        settings: Settings,
+        *,
+        embedded: bool,
+        max_problems: int,
+        max_queue: int,
+        on_call: Callable[[Completion], None] | None = None,
+        client_sampling: ClientSampling = "defaults",
     ) -> None:
         self.serve_dir = serve_dir
+        # What a request's temperature, top_p and max_tokens mean for its run's calls (tmas.serve.client_sampling).
+        self.client_sampling = client_sampling
+        # Told of every upstream call a run makes (the metrics).
+        self.on_call = on_call
         self.settings = settings
         # The upstream is the embedded model: methods get its small defaults, as on `tmas run`.
         self.embedded = embedded
@@ -227,7 +242,7 @@ class ServedRuns:
         data["method"] = {"name": method, "params": params}
         data["seed"] = seed
         # The request's own sampling is set by its sender, as a flag is: a method's preset yields to it.
-        settings = with_sampling(Settings.model_validate(data), "flags", Sampling(**body.sampling_overrides()))
+        settings = with_sampling(Settings.model_validate(data), "flags", request_sampling(body, self.client_sampling))
         job = Job(run_id=run_dir.name, run_dir=run_dir, fingerprint=fingerprint)
         request: dict[str, Any] = {"fingerprint": fingerprint, "body": body.model_dump(mode="json")}
         request |= {"method": method, "upstream": upstream, "seed": seed}
@@ -240,7 +255,7 @@ class ServedRuns:
     async def _solve(
         self, job: Job, settings: Settings, body: ChatBody, request: dict[str, Any], resume: bool
     ) -> ProblemResult:
-        store = await _open_store(job, create=not resume)
+        store = await _open_store(job, create=not resume, on_call=self.on_call)
         try:
             if not resume:
                 question, context = body.question()
@@ -283,10 +298,12 @@ class ServedRuns:
         await asyncio.gather(*self._closing)
 
 
-async def _open_store(job: Job, *, create: bool) -> ObservedStore:
+async def _open_store(job: Job, *, create: bool, on_call: Callable[[Completion], None] | None) -> ObservedStore:
     """``job``'s store, opened on a thread: a new store's schema and WAL set-up wait on the disk, and the other
     requests need not wait with them."""
-    opening = asyncio.ensure_future(asyncio.to_thread(ObservedStore, job.run_dir, job.publish, create=create))
+    opening = asyncio.ensure_future(
+        asyncio.to_thread(ObservedStore, job.run_dir, job.publish, create=create, on_call=on_call)
+    )
     try:
         return await asyncio.shield(opening)
     except asyncio.CancelledError:

@@ -17,7 +17,9 @@ from tmas.llm.provision import provisioned
 from tmas.llm.replica import list_models
 from tmas.methods import METHODS
 from tmas.serve.app import ServeApp
+from tmas.serve.client_sampling import ClientSampling
 from tmas.serve.jobs import ServedRuns
+from tmas.serve.metrics import ServeMetrics
 
 log = logging.getLogger("tmas.serve")
 
@@ -37,6 +39,8 @@ class ServeOptions:
     max_body_bytes: int = 1_000_000
     # Resume the unfinished runs found in serve_dir at start-up.
     resume: bool = True
+    # What a request's temperature, top_p and max_tokens mean for its run's calls (tmas.serve.client_sampling).
+    client_sampling: ClientSampling = "defaults"
 
 
 def is_loopback(host: str) -> bool:
@@ -87,12 +91,16 @@ async def serve(
     options.serve_dir.mkdir(parents=True, exist_ok=True)
     embedded = settings.uses_local_model
     async with provisioned(settings, log_dir=options.serve_dir) as live:
+        # The gauges read the runs at each scrape (the names resolve then, once both exist).
+        metrics = ServeMetrics(queued=lambda: runs.admission.queued, in_flight=lambda: len(runs.active))
         runs = ServedRuns(
             options.serve_dir,
             live,
             embedded=embedded,
             max_problems=options.max_problems,
             max_queue=options.max_queue,
+            on_call=metrics.call_done,
+            client_sampling=options.client_sampling,
         )
         app = ServeApp(
             runs,
@@ -100,6 +108,7 @@ async def serve(
             upstreams=await upstream_models(live),
             token=token,
             max_body_bytes=options.max_body_bytes,
+            metrics=metrics,
         )
         if options.resume:
             for job in runs.resume_all():

@@ -36,11 +36,21 @@ class Progress(BaseModel):
 
 
 class ObservedStore(RunStore):
-    """A :class:`RunStore` that calls ``on_progress`` after each call and iteration it makes durable."""
+    """A :class:`RunStore` that calls ``on_progress`` after each call and iteration it makes durable (and ``on_call``
+    with each call)."""
 
-    def __init__(self, run_dir: str | Path, on_progress: Callable[[Progress], None], *, create: bool = True) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        on_progress: Callable[[Progress], None],
+        *,
+        create: bool = True,
+        on_call: Callable[[Completion], None] | None = None,
+    ) -> None:
         super().__init__(run_dir, create=create)
         self._on_progress = on_progress
+        # Told of every call made durable here (the proxy's metrics); replayed calls are never recorded again.
+        self._on_call = on_call
         self._calls = 0
         self._candidates: dict[int | None, int] = {}
         self._best: float | None = None
@@ -48,6 +58,8 @@ class ObservedStore(RunStore):
 
     def record_call(self, completion: Completion, request: ChatRequest) -> int:
         call_id = super().record_call(completion, request)
+        if self._on_call is not None:
+            self._on_call(completion)
         key = completion.key
         self._calls += 1
         if key.role == "solution" and completion.ok:

@@ -17,6 +17,9 @@ from tmas.agents.templates import render
 from tmas.llm.types import Usage
 from tmas.serve.api_errors import ApiError
 
+# OpenAI's limit on stop sequences.
+MAX_STOP = 4
+
 
 class ChatMessageIn(BaseModel):
     # Clients add fields we have no use for (name, tool_calls, ...): they are ignored, not refused.
@@ -52,6 +55,9 @@ class ChatBody(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     seed: int | None = None
+    # Where the reply's content ends (OpenAI's up to 4 sequences): applied to the reply, never to the method's own
+    # calls, whose reasoning a client's stop sequence (lm-eval's default "\n\n") would cut at its first paragraph.
+    stop: str | list[str] | None = None
     n: int | None = Field(default=None, ge=1)
     # Method parameters (extra_body={"tmas": {...}}), validated by the method's own model.
     tmas: dict[str, Any] = Field(default_factory=dict)
@@ -70,11 +76,19 @@ class ChatBody(BaseModel):
             err = exc.errors()[0]
             loc = ".".join(str(p) for p in err["loc"])
             raise ApiError(400, f"bad value for {loc!r}: {err['msg']}", "invalid_value", loc or None) from None
+        stops = body.stop_sequences()
+        if len(stops) > MAX_STOP or not all(stops):
+            raise ApiError(400, f"stop: at most {MAX_STOP} non-empty sequences", "invalid_value", "stop")
         if body.n not in (None, 1):
             raise ApiError(
                 400, "only n=1 is supported (a method already samples many candidates)", "invalid_value", "n"
             )
         return body
+
+    def stop_sequences(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
     def sampling_overrides(self) -> dict[str, Any]:
         """The body's sampling fields, as settings keys: they become every upstream call's defaults."""
@@ -110,6 +124,12 @@ class ChatBody(BaseModel):
             "seed": self.seed,
         }
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def cut_at_stop(text: str, stops: list[str]) -> str:
+    """``text`` up to the first of ``stops`` (the sequence excluded), as an OpenAI server ends a reply."""
+    ends = [i for i in (text.find(stop) for stop in stops) if i >= 0]
+    return text[: min(ends)] if ends else text
 
 
 def split_model(name: str, methods: set[str], upstreams: list[str]) -> tuple[str, str]:

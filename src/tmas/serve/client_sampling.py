@@ -1,0 +1,45 @@
+"""What a client's sampling fields mean for a method's own upstream calls (``tmas serve --client-sampling``).
+
+``defaults`` (the default): the request's ``temperature``, ``top_p`` and ``max_tokens`` become the defaults of every
+upstream call of its run. They win over the method's presets and the server's own sampling flags and config; they
+yield to per-role settings (``[roles.<role>.sampling]``), to a method's own per-role parameters (TMAS
+``sampling = {verifier = {...}}``) and to what a method's code asks of one call (a score-first verifier's few tokens):
+the order of :mod:`tmas.llm.sampling`, where the request is the ``flags`` layer.
+
+``ignore``: the server's settings decide every call; the request's three fields are dropped. For clients that always
+send their own defaults whatever the user asked (lm-evaluation-harness sends temperature 0 and max_tokens 256 unless
+its task says otherwise).
+
+Either way ``seed`` is the run's seed (each call's seed is derived from it, so a method's samples still differ) and
+``stop`` ends the reply's content, never a method's call.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from tmas.config import Sampling
+from tmas.serve.protocol import ChatBody
+
+ClientSampling = Literal["defaults", "ignore"]
+CLIENT_SAMPLING: tuple[ClientSampling, ...] = ("defaults", "ignore")
+
+# Methods that follow one chain of calls: temperature 0 costs them no diversity.
+ONE_CHAIN_METHODS = frozenset({"cot", "self_refine", "verify_refine"})
+
+
+def request_sampling(body: ChatBody, policy: ClientSampling) -> Sampling:
+    """The sampling the request lays over the server's settings (as the ``flags`` layer)."""
+    return Sampling(**body.sampling_overrides()) if policy == "defaults" else Sampling()
+
+
+def greedy_notice(method: str, body: ChatBody, policy: ClientSampling) -> str | None:
+    """A notice for the reply when the request sets temperature 0 for a method that samples several candidates:
+    they are then alike (greedy decoding gives one text whatever the seed), and the method has little to choose from.
+    The request is served as asked: the notice says what it cost and how to ask otherwise."""
+    if policy != "defaults" or body.temperature != 0 or method in ONE_CHAIN_METHODS:
+        return None
+    return (
+        f"temperature 0 was applied to every upstream call of {method}, so its samples are alike: send a temperature"
+        " above 0 (lm-eval: generation_kwargs temperature), or start tmas serve with --client-sampling ignore"
+    )
