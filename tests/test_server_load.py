@@ -247,3 +247,19 @@ async def test_sampling_fields_reach_each_server_under_its_names(persona: str, s
     assert {k: v for k, v in last.items() if k in named} == sent
     # OpenAI refuses the fields it does not know: each left out at once, recorded.
     assert ("sampling" in stats.fallbacks) == (persona == "openai")
+
+
+@pytest.mark.parametrize(("persona", "connections"), [("llama-server", 4), ("vllm", 1)])
+async def test_a_connection_llama_server_closes_after_a_stream_is_never_handed_to_the_next_call(
+    persona: str, connections: int
+) -> None:
+    # llama-server closes its side after every streamed reply though its headers offer keep-alive: the client closes
+    # that connection too, so each call opens its own (a call given the closed one would be written into a closed
+    # socket). vLLM keeps its connections: one serves all four calls.
+    with SimServer(SimScript(persona=persona)) as sim:  # type: ignore[arg-type]
+        stats = ClientStats()
+        async with LLMClient(settings_for(sim), stats=stats) as llm:
+            for i in range(4):
+                assert (await llm.chat("solution", [user(f"What is {i}*7?")])).ok
+        served = sim.stats()
+    assert served.connections == connections and stats.retries == 0

@@ -39,7 +39,8 @@ async def sim() -> AsyncIterator[SimServer]:
 
 @pytest.fixture
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
+    # A new connection per request: the llama-server persona closes its side after a stream, as llama-server does.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
         yield session
 
 

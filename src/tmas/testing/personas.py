@@ -335,6 +335,12 @@ class Persona:
     # chunk until its first token), "slot" (when a turn, llama-server's slot, takes it) or "first_chunk" (nothing
     # at all, not even headers, until its first chunk).
     headers_at: Literal["arrival", "slot", "first_chunk"] = "first_chunk"
+    # ---- connections
+    # Whether the server closes its side of the connection after a streamed reply although its headers offer
+    # keep-alive. llama-server does (seen against the build tmas installs, with a raw socket: its streamed replies
+    # carry "Keep-Alive: timeout=5, max=100" and no "Connection: close", and the socket reads EOF right after the last
+    # chunk); a client that hands that connection to its next call writes into a closed socket.
+    closes_after_stream: bool = False
 
 
 def _any_n(script: SimScript) -> int | None:
@@ -535,6 +541,7 @@ LLAMA_SERVER = Persona(
     # Any positive capacity: each slot keeps its last prompt (cache_prompt, on by default).
     default_cache_tokens=1,
     slot_cache=True,
+    closes_after_stream=True,
     # server-context.cpp: a streamed completion's response starts (server-http.cpp sends its headers) once the
     # first result of its task arrives, and a task waits in the queue while every slot is busy; observed: a second
     # request with the only slot busy got its headers when the slot freed.

@@ -278,6 +278,7 @@ class SimApp:
         role = request.headers.get(ROLE_HEADER) or "default"
         problem = request.headers.get(PROBLEM_HEADER)
         self.recorder.enter(role)
+        self.recorder.connection(request.transport.get_extra_info("peername") if request.transport else None)
         self.recorder.problem_enter(problem)
         persona = self._active.persona
         turn = _Turn()
@@ -554,6 +555,8 @@ class SimApp:
             answered()
             await _write_events(response, events[-1:], per_token)
             await response.write_eof()
+            if self._active.persona.closes_after_stream and request.transport is not None:
+                request.transport.close()
         except ConnectionResetError:
             # The client closed the stream (e.g. it stopped a weak trace): the rest is never generated.
             self.recorder.count_disconnect()

@@ -52,6 +52,8 @@ class SimStats(BaseModel):
     # while the model was "loading" (SimScript.models_unavailable).
     unauthorized: int = 0
     models_unavailable: int = 0
+    # Distinct client connections (by the client's address and port) that carried chat requests.
+    connections: int = 0
 
 
 class LoggedRequest(BaseModel):
@@ -92,6 +94,7 @@ class SimRecorder:
         # id_slot -> requests naming it now in flight; a request's id -> the slot it named, until it is answered.
         self._slots: dict[str, int] = {}
         self._request_slots: dict[int, str] = {}
+        self._peers: set[object] = set()
 
     # ---- reading and resetting -------------------------------------------------------------------
 
@@ -126,6 +129,7 @@ class SimRecorder:
             )
             self._log.clear()
             self._spans.clear()
+            self._peers.clear()
 
     def resize_log(self, limit: int) -> None:
         with self._lock:
@@ -151,6 +155,13 @@ class SimRecorder:
     def log(self, entry: LogEntry) -> None:
         with self._lock:
             self._log.append(entry)
+
+    def connection(self, peer: object) -> None:
+        """A chat request arrived on the connection from ``peer`` (the client's address and port)."""
+        with self._lock:
+            if peer not in self._peers:
+                self._peers.add(peer)
+                self._stats.connections = len(self._peers)
 
     def enter(self, role: str) -> None:
         with self._lock:
