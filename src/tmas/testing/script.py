@@ -21,7 +21,9 @@ FaultKind = Literal[
     "malformed",
     "truncate",
     "garbage",
-    # A streamed reply sends its first part, then nothing for ``hang_s``, then the rest (unstreamed: as "timeout").
+    # A streamed reply sends its first part, then nothing for ``hang_s``, then the rest (unstreamed: as "timeout"). So
+    # pauses a stream that vLLM preempts (vllm/v1/core/sched/scheduler.py, _preempt_request: its KV cache freed, the
+    # request put back at the head of the waiting queue and its tokens computed again once it is rescheduled).
     "stall",
     # A streamed reply sends its first part, then closes the connection without its end (unstreamed: as "drop").
     "cut",
