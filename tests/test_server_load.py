@@ -253,9 +253,9 @@ async def test_sampling_fields_reach_each_server_under_its_names(persona: str, s
 async def test_a_connection_llama_server_closes_after_a_stream_is_never_handed_to_the_next_call(
     persona: str, connections: int
 ) -> None:
-    # llama-server closes its side after every streamed reply though its headers offer keep-alive: the client closes
-    # that connection too, so each call opens its own (a call given the closed one would be written into a closed
-    # socket). vLLM keeps its connections: one serves all four calls.
+    # llama-server closes its side after every streamed reply though its headers offer keep-alive: the client asks it
+    # to close each connection (Connection: close), so each call opens its own (a call given the closed one would be
+    # written into a closed socket). vLLM keeps its connections: one serves all four calls.
     with SimServer(SimScript(persona=persona)) as sim:  # type: ignore[arg-type]
         stats = ClientStats()
         async with LLMClient(settings_for(sim), stats=stats) as llm:

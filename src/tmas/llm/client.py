@@ -148,9 +148,8 @@ class LLMClient:
         return [None] * len(samples) if kept is None else handed_out(kept, samples)
 
     async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
-        """Embedding vectors of ``texts`` from ``role``'s ``/v1/embeddings``, in order, with the same routing, caps
-        and retry policy as chat calls. Raises :class:`LLMError` when the endpoint refuses or retries run out, and
-        :class:`EndpointUnreachable` when no replica can be reached."""
+        """``texts``' vectors from ``role``'s ``/v1/embeddings``, in order, with the caps and retry policy of chat
+        calls; :class:`LLMError` when refused or out of retries (:class:`EndpointUnreachable`: no replica answers)."""
         if not texts:
             return []
         route = self.route(role)
@@ -275,8 +274,9 @@ class LLMClient:
         async def alive() -> bool:
             return await replicas.alive(self.session, replica, route.api_key, min(route.endpoint.timeout_s, 30.0))
 
+        if replica.server_kind == "llama-server":
+            headers["Connection"] = "close"  # it drops a streamed reply's connection: never hand one to a next call
         exchange = Exchange(self.session, f"{replica.url}/{path}", body, headers, route.endpoint, alive, watch)
-        exchange.close_after_stream = replica.server_kind == "llama-server"
         async with turn, self._cap, replica.cap or contextlib.nullcontext():
             self.stats.in_flight += 1
             try:

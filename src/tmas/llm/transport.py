@@ -70,11 +70,6 @@ class Exchange:
     # Whether the server still answers (its /health): asked after each timeout_s of silence before the first chunk.
     alive: Callable[[], Awaitable[bool]]
     watch: TraceWatch | None = None
-    # Close the connection after a streamed reply instead of keeping it for the next call: llama-server closes its
-    # side after every streamed reply although its headers offer keep-alive (checked with a raw socket: EOF right
-    # after the last chunk), so a call that took the connection from the pool at once was written into a closed
-    # socket ("Server disconnected", "Can not write request body").
-    close_after_stream: bool = False
 
 
 async def send(exchange: Exchange, timing: Timing) -> dict[str, Any]:
@@ -165,8 +160,6 @@ async def _streamed(exchange: Exchange, timing: Timing, first: asyncio.Event) ->
             if resp.status == 200 and resp.content_type != "application/json":
                 data = await _read_stream(resp, exchange, timing, first)
                 timing.done_at = time.monotonic()
-                if exchange.close_after_stream:
-                    resp.close()
                 return data
             text = await resp.text(errors="replace")
             status, retry_after = resp.status, resp.headers.get("Retry-After")
