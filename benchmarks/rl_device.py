@@ -28,7 +28,7 @@ carry (see docs/rl.md, "On a CUDA machine without network access"):
 
 ``--model tiny`` rehearses the whole path on a CPU with a two-layer model built from a config (no weights, no GPU):
 
-    python benchmarks/rl_device.py run --model tiny --work /tmp/rl-rehearsal --out /tmp/rl-rehearsal/out \\
+    python benchmarks/rl_device.py run --model tiny --no-wheels --work /tmp/rl-rehearsal --out /tmp/rl-rehearsal/out \\
         --steps 2 --save-steps 1 --num-generations 2 --max-completion-length 8 --eval-limit 6 --eval-max-tokens 8
 """
 
@@ -207,10 +207,10 @@ def assemble(work: Path) -> Path | None:
 
 
 # -------------------------------------------------------------------------------------------------------- run
-def ensure_site(work: Path) -> None:
+def ensure_site(work: Path, wheel_dir: Path | None = WHEEL_DIR) -> None:
     """Install the carried wheels once (into WORK/site), then continue in a process that sees them."""
     site, stamp = work / "site", work / "site" / ".installed"
-    wheels = sorted(WHEEL_DIR.glob("*.whl"))
+    wheels = sorted(wheel_dir.glob("*.whl")) if wheel_dir is not None else []
     if wheels and not stamp.is_file():
         log(work, f"installing {len(wheels)} wheels into {site}")
         command = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
@@ -275,8 +275,8 @@ def run_eval(args: argparse.Namespace) -> None:
     if args.which == "trained":
         from peft import PeftModel
 
+        # Not merged: the adapter's small update, added into bfloat16 weights, would be partly rounded away.
         model = PeftModel.from_pretrained(model, work / "lora" / "final")
-        model = model.merge_and_unload()
     model = model.to("cuda" if cuda else "cpu").eval()
     problems = load_problems_file(args.eval, args.eval_limit)
     out = work / "eval"
@@ -370,7 +370,7 @@ def run(args: argparse.Namespace) -> None:
     work: Path = args.work
     started = time.monotonic()
     deadline = started + args.stop_after
-    ensure_site(work)
+    ensure_site(work, None if args.no_wheels else WHEEL_DIR)
     log(work, f"run: model {args.model}, data {args.data}, eval {args.eval}, stop after {args.stop_after} s")
     spec = args.model
     if spec != "tiny" and not Path(spec).is_file():
@@ -580,6 +580,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lora-rank", type=int, default=4, help="LoRA rank (4: the adapter is about 9 MB)")
     p.add_argument("--learning-rate", type=float, default=2e-5)
     p.add_argument("--seed", type=int, default=0, help="training seed")
+    p.add_argument("--no-wheels", action="store_true", help="use the packages installed here, not .whl/")
     p.add_argument("--no-judge", action="store_true", help="no in-process judge (guideline rows need one)")
     p.add_argument("--stop-after", type=float, default=540, help="seconds this command may take")
     p.add_argument("--reserve", type=float, default=150, help="seconds kept after training for the trained eval")
