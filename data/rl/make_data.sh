@@ -17,7 +17,7 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 RUNS=${RUNS:-runs/rl-data}
 mkdir -p "$RUNS"
 batches=("$@")
-[ ${#batches[@]} -gt 0 ] || batches=(a1 a2 b1 a3 b2 a4)
+[ ${#batches[@]} -gt 0 ] || batches=(a1 a2 a3 a4 b1 b2)
 
 iterations_of() {
   case "$1" in
@@ -35,9 +35,10 @@ for name in "${batches[@]}"; do
     "$PY" -m tmas run --resume "$dir"
   else
     # early_stop off: a settled iteration 0 would otherwise skip the memory update the experience and guideline
-    # prompts of iteration 1 are built from.
+    # prompts of iteration 1 are built from. The guideline agent gets 600 tokens (the preset: 300): cut at 300, its
+    # update was lost on 2 of the first 4 problems, and guideline prompts are what the paper's mix ran short of.
     "$PY" -m tmas run "data/rl/train-$name.jsonl" -m tmas -p preset=local -p iterations="$t" -p early_stop=false \
-      --local-model qwen2.5-coder-0.5b -o "$dir"
+      -p 'sampling={"guideline": {"max_tokens": 600}}' --local-model qwen2.5-coder-0.5b -o "$dir"
   fi
 done
 echo "== $(date -u +%FT%TZ) all batches done"
