@@ -164,9 +164,13 @@ def receive(work: Path, parts: Path = PARTS_DIR) -> Path | None:
     """Keep every verified piece found in ``parts`` under WORK/parts; the assembled GGUF once all are there."""
     store = work / "parts"
     store.mkdir(parents=True, exist_ok=True)
+    done = assembled(work)
+    if done is not None:
+        return done
     for folder in sorted(parts.glob("*")) if parts.is_dir() else []:
         piece, manifest_file = folder / PIECE_FILE, folder / MANIFEST
-        if not (piece.is_file() and manifest_file.is_file()):
+        # Pieces of earlier transfers may still be in the folder: each is checked and copied once.
+        if not (piece.is_file() and manifest_file.is_file()) or (store / f"{int(folder.name):02d}").is_file():
             continue
         manifest = json.loads(manifest_file.read_text())
         entry = manifest["pieces"][int(folder.name)]
@@ -179,14 +183,24 @@ def receive(work: Path, parts: Path = PARTS_DIR) -> Path | None:
     return assemble(work)
 
 
+def assembled(work: Path) -> Path | None:
+    """The GGUF, once assembled and checked (its pieces are then deleted)."""
+    manifest_file = work / "parts" / MANIFEST
+    if not manifest_file.is_file():
+        return None
+    manifest = json.loads(manifest_file.read_text())
+    target: Path = work / manifest["name"]
+    return target if target.is_file() and target.stat().st_size == manifest["bytes"] else None
+
+
 def assemble(work: Path) -> Path | None:
     store = work / "parts"
     if not (store / MANIFEST).is_file():
         return None
+    if (done := assembled(work)) is not None:
+        return done
     manifest = json.loads((store / MANIFEST).read_text())
     target: Path = work / manifest["name"]
-    if target.is_file() and target.stat().st_size == manifest["bytes"]:
-        return target
     missing = [p["index"] for p in manifest["pieces"] if not (store / f"{p['index']:02d}").is_file()]
     if missing:
         log(work, f"GGUF incomplete: pieces {missing} still to come")
