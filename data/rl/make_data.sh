@@ -17,7 +17,7 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 RUNS=${RUNS:-runs/rl-data}
 mkdir -p "$RUNS"
 batches=("$@")
-[ ${#batches[@]} -gt 0 ] || batches=(a1 a2 a3 a4 b1 b2)
+[ ${#batches[@]} -gt 0 ] || batches=(a1 b1 a2 a3 a4 b2)
 
 iterations_of() {
   case "$1" in
