@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -170,3 +171,65 @@ def test_evaluation_and_result_files_with_a_tiny_model(tmp_path: Path, monkeypat
     with tarfile.open(out / "details.tgz") as tar:
         assert "eval/trained-sampled.jsonl" in tar.getnames()
     assert "| trained | greedy | 3 |" in (out / "report.md").read_text()
+
+
+def guideline_data(path: Path, question: str) -> None:
+    from tmas.memory.guideline_bank import Strategy
+    from tmas.rl.data import write_parquet
+
+    strategy = Strategy(id="G1", description="Multiply directly.", first_iteration=0, last_iteration=0)
+    messages = explore_prompt(question, "numeric", [strategy], "concise")
+    write_parquet(
+        [
+            {
+                "prompt": [m.model_dump() for m in messages],
+                "data_source": "tmas/guideline",
+                "reward_model": {"style": "rule", "ground_truth": "391"},
+                "extra_info": {
+                    "task": "guideline",
+                    "group": "run/p1/1/guideline",
+                    "variant": None,
+                    "question": question,
+                    "guideline_bank": [{"id": "G1", "description": strategy.description}],
+                },
+                "_source": "guideline",
+            }
+        ],
+        path,
+    )
+
+
+def test_train_judges_guideline_rollouts_with_a_frozen_model_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    from typer.testing import CliRunner
+
+    from tmas.cli.main import app
+
+    for name in [k for k in os.environ if k.startswith("TMAS_")]:
+        monkeypatch.delenv(name)
+    question = "What is 17*23?"
+    data = tmp_path / "train.parquet"
+    guideline_data(data, question)
+    device = load_benchmark("rl_device", monkeypatch)
+    problems = tmp_path / "eval.jsonl"
+    problems.write_text(json.dumps({"problem_id": "e0", "question": question, "answer": "391"}) + "\n")
+    base = device.ensure_base(tmp_path / "work", "tiny", data, problems, None)
+    out = tmp_path / "lora"
+    args = ["rl", "train", str(data), "--model", str(base), "-o", str(out), "--max-steps", "1", "--save-steps", "1"]
+    args += ["--num-generations", "2", "--max-completion-length", "4", "--lora-rank", "2", "--no-vllm"]
+
+    # Guideline rows and no judge: refused, naming both ways to give one.
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code != 0
+    assert "--judge-model" in str(refused.exception or "") + refused.output
+
+    result = CliRunner().invoke(app, [*args, "--judge-model", str(base)])
+    assert result.exit_code == 0, result.output
+    rewards = [json.loads(line) for line in (out / "rewards.jsonl").read_text().splitlines()]
+    assert [r["task"] for r in rewards] == ["guideline", "guideline"]
+    # The frozen tiny model writes no JSON verdict: each rollout counts as known, with the reason.
+    assert all(r["novelty"] is None and "counted as known" in r["judge_note"] for r in rewards)
+    assert (out / "final" / "adapter_config.json").is_file()
