@@ -283,13 +283,13 @@ def run_eval(args: argparse.Namespace) -> None:
     work = args.work
     base = work / "base-hf"
     cuda = torch.cuda.is_available()
-    dtype = torch.bfloat16 if cuda else torch.float32
+    # float32 by default, both models: the adapter's small update is not rounded away in bfloat16 sums.
+    dtype = getattr(torch, args.eval_dtype)
     model: Any = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(base)
     if args.which == "trained":
         from peft import PeftModel
 
-        # Not merged: the adapter's small update, added into bfloat16 weights, would be partly rounded away.
         model = PeftModel.from_pretrained(model, work / "lora" / "final")
     model = model.to("cuda" if cuda else "cpu").eval()
     problems = load_problems_file(args.eval, args.eval_limit)
@@ -319,6 +319,7 @@ def eval_command(args: argparse.Namespace, which: str) -> list[str]:
     command += ["--eval", str(args.eval), "--eval-max-tokens", str(args.eval_max_tokens)]
     command += ["--eval-temperature", str(args.eval_temperature), "--eval-top-p", str(args.eval_top_p)]
     command += ["--eval-seed", str(args.eval_seed), "--eval-batch-size", str(args.eval_batch_size)]
+    command += ["--eval-dtype", args.eval_dtype]
     if args.eval_limit:
         command += ["--eval-limit", str(args.eval_limit)]
     return command
@@ -567,6 +568,7 @@ def add_eval_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-top-p", type=float, default=0.95, help="the sampled evaluation's top_p")
     parser.add_argument("--eval-seed", type=int, default=0, help="seed of the sampled evaluation (both models)")
     parser.add_argument("--eval-batch-size", type=int, default=512, help="prompts per generate call")
+    parser.add_argument("--eval-dtype", choices=("float32", "bfloat16"), default="float32", help="evaluation weights")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -138,6 +138,7 @@ def test_evaluation_and_result_files_with_a_tiny_model(tmp_path: Path, monkeypat
         eval_top_p=0.95,
         eval_seed=3,
         eval_batch_size=2,
+        eval_dtype="float32",
         which="base",
     )
     base = device.ensure_base(work, "tiny", data, problems, None)
