@@ -78,6 +78,8 @@ WHEELS = (
     "pydantic-core",
     "annotated-types",
     "typing-inspection",
+    # pydantic-core imports names only recent releases have; the image's own version is not known here.
+    "typing-extensions",
     "zstandard",
 )
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
