@@ -588,7 +588,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     p = sub.add_parser("run", help="train and evaluate (continues after a stop)")
     add_eval_options(p)
-    p.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
+    p.add_argument("--out", type=Path, default=None, help="folder for the eight result files (the ones to copy back)")
     p.add_argument("--model", default=EMBEDDED, help="'tiny' to rehearse on a CPU; else a GGUF (default: pieces)")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="parquet from 'tmas rl build-data'")
     p.add_argument("--steps", type=int, default=40, help="optimizer steps")
