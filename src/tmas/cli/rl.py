@@ -120,6 +120,14 @@ def train(
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue a stopped run from OUT's last checkpoint.")
     ] = False,
+    judge_model: Annotated[
+        str | None,
+        typer.Option(
+            "--judge-model",
+            help="Judge guideline rollouts (eq. 9) with this frozen model in-process (HF dir, GGUF or embedded name,"
+            " e.g. the base model) instead of the judge endpoint; never the model being trained.",
+        ),
+    ] = None,
 ) -> None:
     """GRPO on the hybrid rewards with TRL (defaults from the paper's appendix A.4)."""
     if not data.is_file():  # before the slow imports below
@@ -130,17 +138,24 @@ def train(
     if start is not None:
         typer.echo(f"resuming from {start}")
     from tmas.rl.novelty import LLMNoveltyJudge
+    from tmas.rl.scoring import NoveltyJudge
     from tmas.rl.step_log import REWARDS_FILE, STEPS_FILE
     from tmas.rl.train_options import TrainOptions
     from tmas.rl.trl_train import PLOT_FILE, load_dataset, train_policy
 
     dataset = load_dataset(data)
-    judge = None
-    if "guideline" in set(dataset["_source"]):
+    judge: NoveltyJudge | None = None
+    if "guideline" in set(dataset["_source"]) and judge_model is not None:
+        from tmas.rl.hf_judge import load_judge
+
+        judge = load_judge(judge_model)
+    elif "guideline" in set(dataset["_source"]):
         # Loaded as every command's are; the policy's --model and the training --seed are this command's own.
         settings = ModelFlags(config=config).settings()
         if settings.uses_local_model:
-            raise ConfigError("guideline rows need a judge endpoint: set [endpoint] or [roles.judge] (--config)")
+            raise ConfigError(
+                "guideline rows need a judge: --judge-model, or an endpoint in [endpoint] or [roles.judge] (--config)"
+            )
         judge = LLMNoveltyJudge(settings, out / "judge")
     options = TrainOptions(
         output_dir=out,

@@ -1,0 +1,624 @@
+"""GRPO with LoRA on the hybrid rewards, and the before/after evaluation, on a CUDA machine without network access.
+
+Everything the GPU machine does is one command, ``run``; what it needs comes over in pieces a file transfer can
+carry (see docs/rl.md, "On a CUDA machine without network access"):
+
+- ``pack`` (on a machine with network access, in the repository root): the Python wheels a plain CUDA/PyTorch image
+  lacks (TRL and what it needs, cp312 manylinux, versions as installed here) into ``.whl/``, and the embedded GGUF
+  (Qwen2.5-Coder-0.5B, assembled by ``pip install '.[local]'``) in pieces of at most ``--piece-mb`` MB, one folder
+  each under ``.gguf-parts/`` with a manifest of SHA-256 sums. Both folders are ignored by git.
+- ``receive`` (on the GPU machine, once per piece copied over): checks each piece in ``.gguf-parts/`` against its
+  manifest and keeps it under WORK; once all are there, assembles the GGUF and checks the whole file's SHA-256.
+- ``run`` (on the GPU machine): installs the wheels into WORK/site, receives any pieces present, dequantises the
+  GGUF once into a Hugging Face checkpoint (WORK/base-hf), and then, each phase skipped once done so that the same
+  command continues after a stop:
+
+  1. evaluates the base model (CoT prompt, in-process with transformers) on the held-out problems, greedy and
+     sampled with fixed seeds, in a background process while
+  2. ``tmas rl train`` runs GRPO with LoRA (groups of ``--num-generations``, ``--steps`` optimizer steps,
+     checkpoints every ``--save-steps`` in WORK/lora, ``--resume`` after a stop; the guideline judge of eq. 9 is the
+     frozen base model in-process, ``--judge-model``);
+  3. evaluates the trained adapter the same way (same problems, settings and seeds);
+  4. writes the report and copies at most eight files to ``--out``: the adapter (``adapter.tgz``), ``steps.jsonl``,
+     ``rewards.png``, ``eval.png``, ``eval_summary.json``, ``report.md``, ``details.tgz`` (per-problem outcomes,
+     per-rollout rewards, logs) and ``run.log``.
+
+  ``--stop-after SECONDS`` bounds the command: training is stopped (its last checkpoint kept) when the time left is
+  what the trained model's evaluation needs, and the results so far are still written.
+
+``--model tiny`` rehearses the whole path on a CPU with a two-layer model built from a config (no weights, no GPU):
+
+    python benchmarks/rl_device.py run --model tiny --no-wheels --work /tmp/rl-rehearsal --out /tmp/rl-rehearsal/out \\
+        --steps 2 --save-steps 1 --num-generations 2 --max-completion-length 8 --eval-limit 6 --eval-max-tokens 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+WHEEL_DIR = ROOT / ".whl"
+PARTS_DIR = ROOT / ".gguf-parts"
+MANIFEST = "manifest.json"
+PIECE_FILE = "piece.bin"
+DEFAULT_WORK = Path("/tmp/tmas-rl")
+DEFAULT_DATA = ROOT / "data" / "rl" / "train.parquet"
+DEFAULT_EVAL = ROOT / "data" / "rl" / "eval.jsonl"
+EMBEDDED = "qwen2.5-coder-0.5b"
+# Set in the process that continues with the installed wheels on its path (so it installs and restarts once).
+SITE_VARIABLE = "RL_DEVICE_SITE"
+# What TRL's GRPO, the rewards' grading and the GGUF reader need beyond an image with CUDA PyTorch, transformers,
+# accelerate, numpy, pandas, pyarrow, huggingface-hub, typer, rich, jinja2 and aiohttp. Versions are
+# those installed where ``pack`` runs, so the GPU machine runs what the CPU rehearsal ran.
+WHEELS = (
+    "trl",
+    "datasets",
+    "dill",
+    "multiprocess",
+    # datasets caps fsspec below the newest releases; the version installed here is one it accepts.
+    "fsspec",
+    "gguf",
+    "peft",
+    "math-verify",
+    "latex2sympy2_extended",
+    "antlr4-python3-runtime",
+    "pydantic",
+    "pydantic-core",
+    "annotated-types",
+    "typing-inspection",
+    # pydantic-core imports names only recent releases have; the image's own version is not known here.
+    "typing-extensions",
+    "zstandard",
+)
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+OUT_FILES = (
+    "adapter.tgz",
+    "steps.jsonl",
+    "rewards.png",
+    "eval.png",
+    "eval_summary.json",
+    "report.md",
+    "details.tgz",
+    "run.log",
+)
+EVALS = (("base", "greedy"), ("base", "sampled"), ("trained", "greedy"), ("trained", "sampled"))
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def log(work: Path, text: str) -> None:
+    line = f"[{time.strftime('%H:%M:%S')}] {text}"
+    print(line, flush=True)
+    work.mkdir(parents=True, exist_ok=True)
+    with (work / "run.log").open("a", encoding="utf-8") as handle:
+        handle.write(line + "\n")
+
+
+def child_env(work: Path) -> dict[str, str]:
+    """Subprocesses see this repository's src, the carried wheels, and no network."""
+    paths = [str(ROOT / "src"), str(work / "site")]
+    if os.environ.get("PYTHONPATH"):
+        paths.append(os.environ["PYTHONPATH"])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), PYTHONUNBUFFERED="1")
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+# ------------------------------------------------------------------------------------------------------- pack
+def split_file(path: Path, dest: Path, piece_bytes: int) -> dict[str, Any]:
+    """``path`` in pieces of ``piece_bytes``, ``dest/NN/piece.bin``, each folder with the manifest of all."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    pieces = []
+    with path.open("rb") as handle:
+        index = 0
+        while chunk := handle.read(piece_bytes):
+            folder = dest / f"{index:02d}"
+            folder.mkdir(parents=True)
+            (folder / PIECE_FILE).write_bytes(chunk)
+            pieces.append({"index": index, "bytes": len(chunk), "sha256": hashlib.sha256(chunk).hexdigest()})
+            index += 1
+    manifest = {"name": path.name, "bytes": path.stat().st_size, "sha256": sha256_of(path), "pieces": pieces}
+    for piece in pieces:
+        (dest / f"{piece['index']:02d}" / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def download_wheels(dest: Path) -> list[str]:
+    dest.mkdir(parents=True, exist_ok=True)
+    pinned = [f"{name}=={importlib.metadata.version(name)}" for name in WHEELS]
+    platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12"]
+    subprocess.run([*command, "--implementation", "cp", *platforms, "-d", str(dest), *pinned], check=True)
+    return pinned
+
+
+def pack(args: argparse.Namespace) -> None:
+    from tmas.llm.weights import resolve_model
+
+    pinned = download_wheels(WHEEL_DIR)
+    manifest = split_file(resolve_model(args.model), PARTS_DIR, args.piece_mb * 1_000_000)
+    wheels = sum(p.stat().st_size for p in WHEEL_DIR.glob("*.whl"))
+    print(json.dumps({"wheels": pinned, "wheel_bytes": wheels, "gguf": manifest}, indent=1))
+
+
+# ---------------------------------------------------------------------------------------------------- receive
+def receive(work: Path, parts: Path = PARTS_DIR) -> Path | None:
+    """Keep every verified piece found in ``parts`` under WORK/parts; the assembled GGUF once all are there."""
+    store = work / "parts"
+    store.mkdir(parents=True, exist_ok=True)
+    done = assembled(work)
+    if done is not None:
+        return done
+    for folder in sorted(parts.glob("*")) if parts.is_dir() else []:
+        piece, manifest_file = folder / PIECE_FILE, folder / MANIFEST
+        # Pieces of earlier transfers may still be in the folder: each is checked and copied once.
+        if not (piece.is_file() and manifest_file.is_file()) or (store / f"{int(folder.name):02d}").is_file():
+            continue
+        manifest = json.loads(manifest_file.read_text())
+        entry = manifest["pieces"][int(folder.name)]
+        if sha256_of(piece) != entry["sha256"]:
+            log(work, f"piece {folder.name}: SHA-256 differs from the manifest; not kept")
+            continue
+        shutil.copyfile(piece, store / f"{int(folder.name):02d}")
+        (store / MANIFEST).write_text(manifest_file.read_text())
+        log(work, f"piece {folder.name} of {len(manifest['pieces'])} checked and kept")
+    return assemble(work)
+
+
+def assembled(work: Path) -> Path | None:
+    """The GGUF, once assembled and checked (its pieces are then deleted)."""
+    manifest_file = work / "parts" / MANIFEST
+    if not manifest_file.is_file():
+        return None
+    manifest = json.loads(manifest_file.read_text())
+    target: Path = work / manifest["name"]
+    return target if target.is_file() and target.stat().st_size == manifest["bytes"] else None
+
+
+def assemble(work: Path) -> Path | None:
+    store = work / "parts"
+    if not (store / MANIFEST).is_file():
+        return None
+    if (done := assembled(work)) is not None:
+        return done
+    manifest = json.loads((store / MANIFEST).read_text())
+    target: Path = work / manifest["name"]
+    missing = [p["index"] for p in manifest["pieces"] if not (store / f"{p['index']:02d}").is_file()]
+    if missing:
+        log(work, f"GGUF incomplete: pieces {missing} still to come")
+        return None
+    partial = target.with_suffix(".partial")
+    with partial.open("wb") as out:
+        for p in manifest["pieces"]:
+            with (store / f"{p['index']:02d}").open("rb") as handle:
+                shutil.copyfileobj(handle, out)
+    if sha256_of(partial) != manifest["sha256"]:
+        partial.unlink()
+        raise SystemExit(f"assembled {manifest['name']}: SHA-256 differs from {manifest['sha256']}")
+    partial.rename(target)
+    for p in manifest["pieces"]:
+        (store / f"{p['index']:02d}").unlink()
+    log(work, f"assembled {target} ({manifest['bytes']} bytes, SHA-256 checked)")
+    return target
+
+
+# -------------------------------------------------------------------------------------------------------- run
+def ensure_site(work: Path, wheel_dir: Path | None = WHEEL_DIR) -> None:
+    """Install the carried wheels once (into WORK/site), then continue in a process that sees them."""
+    site, stamp = work / "site", work / "site" / ".installed"
+    wheels = sorted(wheel_dir.glob("*.whl")) if wheel_dir is not None else []
+    if wheels and not stamp.is_file():
+        log(work, f"installing {len(wheels)} wheels into {site}")
+        command = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
+        subprocess.run([*command, "--no-cache-dir", "--upgrade", "--target", str(site), *map(str, wheels)], check=True)
+        stamp.touch()
+    if stamp.is_file() and os.environ.get(SITE_VARIABLE) != str(site):
+        os.execve(sys.executable, [sys.executable, *sys.argv], child_env(work) | {SITE_VARIABLE: str(site)})
+
+
+def load_problems_file(path: Path, limit: int | None) -> list[Any]:
+    from tmas.problems import load_problems
+
+    problems = list(load_problems(path))
+    return problems[:limit] if limit else problems
+
+
+def ensure_base(work: Path, spec: str, data: Path, eval_file: Path, limit: int | None) -> Path:
+    """WORK/base-hf: the model to train and evaluate as a Hugging Face checkpoint, read once. ``tiny`` is built
+    from a config with a word-level tokenizer over the training and evaluation texts; a GGUF is dequantised."""
+    base = work / "base-hf"
+    if (base / "config.json").is_file():
+        return base
+    partial = work / "base-hf.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    if spec == "tiny":
+        import datasets
+
+        from tmas.rl.hf_eval import cot_messages
+        from tmas.rl.tiny import tiny_model, tiny_tokenizer
+
+        rows = datasets.Dataset.from_parquet(str(data))
+        texts = [m["content"] for row in rows for m in row["prompt"]]
+        texts += [str(row["reward_model"]["ground_truth"]) for row in rows]
+        texts += [m["content"] for p in load_problems_file(eval_file, limit) for m in cot_messages(p)]
+        tokenizer = tiny_tokenizer([*texts, "\\boxed{", "}"])
+        model = tiny_model(len(tokenizer))
+    else:
+        from tmas.rl.trl_train import load_policy
+
+        model, tokenizer = load_policy(spec)
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    partial.rename(base)
+    return base
+
+
+def run_eval(args: argparse.Namespace) -> None:
+    """One model (``--which``: base, or trained = base + WORK/lora/final) on the held-out problems, greedy and
+    sampled; WORK/eval/WHICH-MODE.jsonl and .summary.json."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tmas.rl.hf_eval import evaluate
+    from tmas.rl.hf_generate import GenerationSettings
+
+    work = args.work
+    base = work / "base-hf"
+    cuda = torch.cuda.is_available()
+    # float32 by default, both models: the adapter's small update is not rounded away in bfloat16 sums.
+    dtype = getattr(torch, args.eval_dtype)
+    model: Any = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    if args.which == "trained":
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, work / "lora" / "final")
+    model = model.to("cuda" if cuda else "cpu").eval()
+    problems = load_problems_file(args.eval, args.eval_limit)
+    out = work / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    for mode in ("greedy", "sampled"):
+        name = f"{args.which}-{mode}"
+        if (out / f"{name}.summary.json").is_file():
+            continue
+        settings = GenerationSettings(
+            temperature=0.0 if mode == "greedy" else args.eval_temperature,
+            top_p=1.0 if mode == "greedy" else args.eval_top_p,
+            max_new_tokens=args.eval_max_tokens,
+            seed=args.eval_seed,
+            batch_size=args.eval_batch_size,
+        )
+        started = time.monotonic()
+        outcomes, summary = evaluate(model, tokenizer, problems, settings, name)
+        (out / f"{name}.jsonl").write_text("".join(o.model_dump_json() + "\n" for o in outcomes))
+        record = summary.model_dump(mode="json") | {"wall_s": round(time.monotonic() - started, 1)}
+        (out / f"{name}.summary.json").write_text(json.dumps(record, indent=1) + "\n")
+        print(f"{name}: {summary.correct}/{summary.problems} right, cut {summary.cut_rate:.2f}", flush=True)
+
+
+def eval_command(args: argparse.Namespace, which: str) -> list[str]:
+    command = [sys.executable, str(Path(__file__).resolve()), "eval", "--which", which, "--work", str(args.work)]
+    command += ["--eval", str(args.eval), "--eval-max-tokens", str(args.eval_max_tokens)]
+    command += ["--eval-temperature", str(args.eval_temperature), "--eval-top-p", str(args.eval_top_p)]
+    command += ["--eval-seed", str(args.eval_seed), "--eval-batch-size", str(args.eval_batch_size)]
+    command += ["--eval-dtype", args.eval_dtype]
+    if args.eval_limit:
+        command += ["--eval-limit", str(args.eval_limit)]
+    return command
+
+
+def train_command(args: argparse.Namespace, base: Path, judge: bool) -> list[str]:
+    from tmas.rl.checkpoints import last_checkpoint
+
+    lora = args.work / "lora"
+    command = [sys.executable, "-m", "tmas", "rl", "train", str(args.data), "--model", str(base), "-o", str(lora)]
+    command += ["--max-steps", str(args.steps), "--num-generations", str(args.num_generations)]
+    command += ["--max-completion-length", str(args.max_completion_length), "--save-steps", str(args.save_steps)]
+    command += ["--lora-rank", str(args.lora_rank), "--learning-rate", str(args.learning_rate), "--no-vllm"]
+    command += ["--seed", str(args.seed)]
+    if judge:
+        command += ["--judge-model", str(base)]
+    if last_checkpoint(lora) is not None:
+        command.append("--resume")
+    return command
+
+
+def has_guideline_rows(data: Path) -> bool:
+    import pyarrow.parquet as pq
+
+    return "guideline" in set(pq.read_table(data, columns=["_source"]).column("_source").to_pylist())
+
+
+def stop(process: subprocess.Popen[bytes], work: Path, what: str) -> None:
+    """End a phase's process group (training keeps its last checkpoint for --resume)."""
+    log(work, f"stopping {what}: out of time")
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def start(command: list[str], work: Path, log_name: str) -> subprocess.Popen[bytes]:
+    handle = (work / log_name).open("ab")
+    return subprocess.Popen(
+        command, stdout=handle, stderr=subprocess.STDOUT, env=child_env(work), start_new_session=True
+    )
+
+
+def wait(process: subprocess.Popen[bytes], deadline: float, work: Path, what: str) -> bool:
+    """True when the process ended by itself with status 0 before the deadline."""
+    while process.poll() is None:
+        if time.monotonic() >= deadline:
+            stop(process, work, what)
+            return False
+        time.sleep(1)
+    if process.returncode:
+        log(work, f"{what} failed with status {process.returncode} (see its log in details.tgz)")
+    return process.returncode == 0
+
+
+def evaluated(work: Path, which: str) -> bool:
+    return all((work / "eval" / f"{w}-{m}.summary.json").is_file() for w, m in EVALS if w == which)
+
+
+def run(args: argparse.Namespace) -> None:
+    work: Path = args.work
+    started = time.monotonic()
+    deadline = started + args.stop_after
+    ensure_site(work, None if args.no_wheels else WHEEL_DIR)
+    log(work, f"run: model {args.model}, data {args.data}, eval {args.eval}, stop after {args.stop_after} s")
+    spec = args.model
+    if spec != "tiny" and not Path(spec).is_file():
+        gguf = receive(work)
+        if gguf is None:
+            log(work, "no complete GGUF yet: receive the remaining pieces, then run again")
+            collect(args)
+            return
+        spec = str(gguf)
+    base = ensure_base(work, spec, args.data, args.eval, args.eval_limit)
+    log(work, f"base checkpoint {base} ({time.monotonic() - started:.0f} s)")
+    phases: dict[str, Any] = {}
+    base_eval = None
+    if not evaluated(work, "base"):
+        base_eval = start(eval_command(args, "base"), work, "eval-base.log")
+    final = work / "lora" / "final"
+    if not (final / "adapter_config.json").is_file():
+        judge = has_guideline_rows(args.data) and not args.no_judge
+        command = train_command(args, base, judge)
+        log(work, "train: " + " ".join(command[1:]))
+        training = start(command, work, "train.log")
+        t0 = time.monotonic()
+        phases["train_done"] = wait(training, deadline - args.reserve, work, "training")
+        phases["train_wall_s"] = round(time.monotonic() - t0, 1)
+    if base_eval is not None:
+        phases["base_eval_done"] = wait(base_eval, deadline, work, "the base model's evaluation")
+    if (final / "adapter_config.json").is_file() and not evaluated(work, "trained"):
+        t0 = time.monotonic()
+        phases["trained_eval_done"] = wait(
+            start(eval_command(args, "trained"), work, "eval-trained.log"),
+            deadline,
+            work,
+            "the trained model's evaluation",
+        )
+        phases["trained_eval_wall_s"] = round(time.monotonic() - t0, 1)
+    phases["wall_s"] = round(time.monotonic() - started, 1)
+    log(work, "phases: " + json.dumps(phases))
+    collect(args)
+
+
+# ---------------------------------------------------------------------------------------------------- results
+def read_summaries(work: Path) -> dict[str, dict[str, Any]]:
+    out = {}
+    for which, mode in EVALS:
+        path = work / "eval" / f"{which}-{mode}.summary.json"
+        if path.is_file():
+            out[f"{which}-{mode}"] = json.loads(path.read_text())
+    return out
+
+
+def read_outcomes(work: Path, name: str) -> dict[str, bool] | None:
+    path = work / "eval" / f"{name}.jsonl"
+    if not path.is_file():
+        return None
+    return {row["problem_id"]: row["correct"] for row in map(json.loads, path.read_text().splitlines())}
+
+
+def comparisons(work: Path) -> dict[str, dict[str, Any]]:
+    from tmas.rl.hf_eval import paired_difference
+
+    out = {}
+    for mode in ("greedy", "sampled"):
+        before, after = read_outcomes(work, f"base-{mode}"), read_outcomes(work, f"trained-{mode}")
+        if before is None or after is None or before.keys() != after.keys():
+            continue
+        ids = sorted(before)
+        out[mode] = paired_difference([before[i] for i in ids], [after[i] for i in ids]).model_dump()
+    return out
+
+
+def training_state(work: Path) -> dict[str, Any]:
+    from tmas.rl.checkpoints import last_checkpoint
+
+    steps = work / "lora" / "steps.jsonl"
+    rows = [json.loads(line) for line in steps.read_text().splitlines()] if steps.is_file() else []
+    last = last_checkpoint(work / "lora")
+    return {
+        "steps_logged": len(rows),
+        "last_checkpoint": last.name if last else None,
+        "final_adapter": (work / "lora" / "final" / "adapter_config.json").is_file(),
+    }
+
+
+def report_text(summary: dict[str, Any]) -> str:
+    lines = ["# GRPO with LoRA: before and after", "", f"Model: `{summary['model']}`; data: `{summary['data']}`.", ""]
+    lines += ["| model | decoding | problems | accuracy | std. error | no answer | cut | mean tokens |"]
+    lines += ["|---|---|---:|---:|---:|---:|---:|---:|"]
+    for name, s in summary["evals"].items():
+        which, mode = name.split("-")
+        lines.append(
+            f"| {which} | {mode} | {s['problems']} | {s['accuracy']:.3f} | {s['stderr']:.3f} | "
+            f"{s['no_answer_rate']:.3f} | {s['cut_rate']:.3f} | {s['mean_tokens']:.0f} |"
+        )
+    for mode, d in summary["paired"].items():
+        lines.append(
+            f"\nTrained minus base, {mode}: {d['difference']:+.3f} (std. error {d['stderr']:.3f}, paired over"
+            f" {d['problems']} problems; {d['gained']} gained, {d['lost']} lost)."
+        )
+    t = summary["training"]
+    lines.append(
+        f"\nTraining: {t['steps_logged']} steps logged, last checkpoint {t['last_checkpoint']}, final adapter"
+        f" {'written' if t['final_adapter'] else 'not yet'}. Options: `{json.dumps(summary['options'])}`."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def plot_evals(summaries: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    names = list(summaries)
+    ax.bar(
+        names,
+        [summaries[n]["accuracy"] for n in names],
+        yerr=[summaries[n]["stderr"] for n in names],
+        capsize=4,
+        color=["#888" if n.startswith("base") else "#2a7" for n in names],
+    )
+    ax.set_ylabel("accuracy (± 1 std. error)")
+    ax.set_title(f"CoT on {next(iter(summaries.values()))['problems']} held-out problems")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def collect(args: argparse.Namespace) -> dict[str, Any]:
+    """The report in WORK, and the eight result files in --out (when given)."""
+    work: Path = args.work
+    options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in ("func",)}
+    summaries = read_summaries(work)
+    summary = {
+        "model": args.model,
+        "data": str(args.data),
+        "evals": summaries,
+        "paired": comparisons(work),
+        "training": training_state(work),
+        "options": options,
+    }
+    (work / "eval_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (work / "report.md").write_text(report_text(summary))
+    if summaries:
+        plot_evals(summaries, work / "eval.png")
+    if args.out is None:
+        return summary
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    lora = work / "lora"
+    final = lora / "final"
+    if (final / "adapter_config.json").is_file():
+        with tarfile.open(out / "adapter.tgz", "w:gz") as tar:
+            tar.add(final, arcname="final")
+    for name, source in (
+        ("steps.jsonl", lora / "steps.jsonl"),
+        ("rewards.png", lora / "rewards.png"),
+        ("eval.png", work / "eval.png"),
+        ("eval_summary.json", work / "eval_summary.json"),
+        ("report.md", work / "report.md"),
+        ("run.log", work / "run.log"),
+    ):
+        if source.is_file():
+            shutil.copyfile(source, out / name)
+    with tarfile.open(out / "details.tgz", "w:gz") as tar:
+        for path in [*sorted((work / "eval").glob("*")), lora / "rewards.jsonl", *sorted(work.glob("*.log"))]:
+            if path.is_file():
+                tar.add(path, arcname=str(path.relative_to(work)))
+    print(report_text(summary), flush=True)
+    return summary
+
+
+# ------------------------------------------------------------------------------------------------------- main
+def add_eval_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--work", type=Path, default=DEFAULT_WORK, help="working folder (keeps state between calls)")
+    parser.add_argument("--eval", type=Path, default=DEFAULT_EVAL, help="held-out problems (JSONL)")
+    parser.add_argument("--eval-limit", type=int, default=None, help="only the first N held-out problems")
+    parser.add_argument("--eval-max-tokens", type=int, default=640, help="tokens per evaluation reply")
+    parser.add_argument("--eval-temperature", type=float, default=0.3, help="the sampled evaluation's temperature")
+    parser.add_argument("--eval-top-p", type=float, default=0.95, help="the sampled evaluation's top_p")
+    parser.add_argument("--eval-seed", type=int, default=0, help="seed of the sampled evaluation (both models)")
+    parser.add_argument("--eval-batch-size", type=int, default=512, help="prompts per generate call")
+    parser.add_argument("--eval-dtype", choices=("float32", "bfloat16"), default="float32", help="evaluation weights")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("pack", help="wheels into .whl/ and the GGUF in pieces into .gguf-parts/ (needs network)")
+    p.add_argument("--model", default=EMBEDDED, help="embedded model name or GGUF path")
+    p.add_argument("--piece-mb", type=int, default=60, help="piece size in MB (10^6 bytes)")
+    p.set_defaults(func=pack)
+
+    p = sub.add_parser("receive", help="check and keep the GGUF pieces in .gguf-parts/; assemble when complete")
+    p.add_argument("--work", type=Path, default=DEFAULT_WORK)
+    p.set_defaults(func=lambda a: receive(a.work))
+
+    p = sub.add_parser("run", help="train and evaluate (continues after a stop)")
+    add_eval_options(p)
+    p.add_argument("--out", type=Path, default=None, help="folder for the eight result files (the ones to copy back)")
+    p.add_argument("--model", default=EMBEDDED, help="'tiny' to rehearse on a CPU; else a GGUF (default: pieces)")
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="parquet from 'tmas rl build-data'")
+    p.add_argument("--steps", type=int, default=40, help="optimizer steps")
+    p.add_argument("--num-generations", type=int, default=8, help="rollouts per prompt group")
+    p.add_argument("--max-completion-length", type=int, default=256, help="tokens per training rollout")
+    p.add_argument("--save-steps", type=int, default=5, help="a checkpoint every this many steps")
+    p.add_argument("--lora-rank", type=int, default=4, help="LoRA rank (4: the adapter is about 9 MB)")
+    p.add_argument("--learning-rate", type=float, default=2e-5)
+    p.add_argument("--seed", type=int, default=0, help="training seed")
+    p.add_argument("--no-wheels", action="store_true", help="use the packages installed here, not .whl/")
+    p.add_argument("--no-judge", action="store_true", help="no in-process judge (guideline rows need one)")
+    p.add_argument("--stop-after", type=float, default=540, help="seconds this command may take")
+    p.add_argument("--reserve", type=float, default=150, help="seconds kept after training for the trained eval")
+    p.set_defaults(func=run)
+
+    p = sub.add_parser("eval", help="(used by run) evaluate one model, greedy and sampled")
+    add_eval_options(p)
+    p.add_argument("--which", choices=("base", "trained"), required=True)
+    p.set_defaults(func=run_eval)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    # This checkout's tmas, whether or not it is installed.
+    sys.path.insert(0, str(ROOT / "src"))
+    args = parse_args(argv)
+    if getattr(args, "work", None) is not None:
+        args.work = args.work.resolve()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

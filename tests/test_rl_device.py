@@ -1,0 +1,236 @@
+"""The pieces of ``benchmarks/rl_device.py`` on a CPU: the standard errors worked by hand, the GGUF's pieces checked
+and reassembled, the in-process judge and evaluation on a tiny model built from a config, and the result files a
+run writes (the training step itself is ``tmas rl train``, run by test_rl_cli and test_rl_train)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmark_scripts import load_benchmark
+from tmas.agents.guideline_judge import StrategyView
+from tmas.agents.solution import explore_prompt, generation_prompt
+from tmas.rl.hf_eval import paired_difference, proportion_stderr
+from tmas.rl.scoring import RolloutInput
+
+
+# ------------------------------------------------------------------------------------------ arithmetic
+def test_proportion_stderr_by_hand() -> None:
+    # sqrt(p (1 - p) / n) with p = 3/12 = 0.25: sqrt(0.25 * 0.75 / 12) = sqrt(0.015625) = 0.125.
+    assert proportion_stderr(3, 12) == pytest.approx(0.125)
+    # All right or all wrong: no spread.
+    assert proportion_stderr(5, 5) == 0.0
+    assert proportion_stderr(0, 0) == 0.0
+
+
+def test_paired_difference_by_hand() -> None:
+    # d = after - before = [0, -1, 1, 1, 0]: mean 0.2; deviations -0.2, -1.2, 0.8, 0.8, -0.2, squares summing to
+    # 2.8; sample variance 2.8 / (5 - 1) = 0.7; standard error sqrt(0.7 / 5) = sqrt(0.14) = 0.3742.
+    d = paired_difference([True, True, False, False, False], [True, False, True, True, False])
+    assert d.difference == pytest.approx(0.2)
+    assert d.stderr == pytest.approx(math.sqrt(0.14))
+    assert (d.gained, d.lost, d.problems) == (2, 1, 5)
+    with pytest.raises(ValueError, match="same problems"):
+        paired_difference([True], [True, False])
+
+
+# ------------------------------------------------------------------------------------------ GGUF pieces
+def test_pieces_are_checked_kept_and_assembled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    device = load_benchmark("rl_device", monkeypatch)
+    original = tmp_path / "model.gguf"
+    original.write_bytes(bytes(range(256)) * 3 + b"tail")  # 772 bytes: pieces of 300, 300 and 172
+    parts, work = tmp_path / "parts", tmp_path / "work"
+    manifest = device.split_file(original, parts, 300)
+    assert [p["bytes"] for p in manifest["pieces"]] == [300, 300, 172]
+
+    # The first call carries pieces 00 and 01 only: kept, nothing assembled yet.
+    later = tmp_path / "later"
+    later.mkdir()
+    (parts / "02").rename(later / "02")
+    assert device.receive(work, parts) is None
+    assert "pieces [2] still to come" in (work / "run.log").read_text()
+
+    # A damaged piece is refused; the intact one completes the file, whose whole SHA-256 is checked.
+    (parts / "02").mkdir()
+    (parts / "02" / device.MANIFEST).write_text((later / "02" / device.MANIFEST).read_text())
+    (parts / "02" / device.PIECE_FILE).write_bytes(b"x" * 172)
+    assert device.receive(work, parts) is None
+    assert "piece 02: SHA-256 differs" in (work / "run.log").read_text()
+    (parts / "02" / device.PIECE_FILE).write_bytes((later / "02" / device.PIECE_FILE).read_bytes())
+    assembled = device.receive(work, parts)
+    assert assembled is not None and assembled.read_bytes() == original.read_bytes()
+    # Received again (the same pieces still carried): the assembled file is kept as it is.
+    assert device.receive(work, parts) == assembled
+
+
+# ------------------------------------------------------------------------------------------ in-process model
+def tiny(texts: list[str]) -> tuple[Any, Any]:
+    pytest.importorskip("transformers")
+    from tmas.rl.tiny import tiny_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer([*texts, "\\boxed{", "}"])
+    return tiny_model(len(tokenizer)), tokenizer
+
+
+def test_in_process_judge_counts_unusable_replies_as_known() -> None:
+    from tmas.rl.hf_judge import TransformersNoveltyJudge
+
+    question = "What is 17*23?"
+    strategies = [StrategyView(id="G1", description="Multiply directly.")]
+    prompt = explore_prompt(question, "numeric", [])
+    model, tokenizer = tiny([m.content for m in prompt] + [question, strategies[0].description])
+    judge = TransformersNoveltyJudge(model, tokenizer, max_new_tokens=3)
+    rollout = RolloutInput(
+        task="guideline", group="g", question=question, ground_truth="391", completion="391", strategies=strategies
+    )
+    outcomes = judge([rollout, rollout])
+    # An untrained model writes no JSON verdict: each reply counts as known, with the reason.
+    assert [o.novelty for o in outcomes] == [None, None]
+    assert all(o.note and "counted as known" in o.note for o in outcomes)
+    assert not any(p.requires_grad for p in model.parameters())  # frozen
+    assert judge([]) == []
+
+
+def write_training_data(path: Path, question: str) -> None:
+    from tmas.rl.data import write_parquet
+
+    messages = generation_prompt(question, "numeric", "concise")
+    write_parquet(
+        [
+            {
+                "prompt": [m.model_dump() for m in messages],
+                "data_source": "tmas/normal",
+                "reward_model": {"style": "rule", "ground_truth": "391"},
+                "extra_info": {"task": "normal", "group": "run/p1/0/normal", "variant": None, "question": question},
+                "_source": "normal",
+            }
+        ],
+        path,
+    )
+
+
+def test_evaluation_and_result_files_with_a_tiny_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("peft")
+    pytest.importorskip("datasets")
+    device = load_benchmark("rl_device", monkeypatch)
+    problems = tmp_path / "eval.jsonl"
+    lines = [{"problem_id": f"e{i}", "question": f"What is {i} plus {i}?", "answer": str(2 * i)} for i in range(3)]
+    problems.write_text("".join(json.dumps(p) + "\n" for p in lines))
+    data = tmp_path / "train.parquet"
+    write_training_data(data, "What is 17*23?")
+    work, out = tmp_path / "work", tmp_path / "out"
+    args = argparse.Namespace(
+        work=work,
+        out=out,
+        model="tiny",
+        data=data,
+        eval=problems,
+        eval_limit=None,
+        eval_max_tokens=4,
+        eval_temperature=0.7,
+        eval_top_p=0.95,
+        eval_seed=3,
+        eval_batch_size=2,
+        eval_dtype="float32",
+        which="base",
+    )
+    base = device.ensure_base(work, "tiny", data, problems, None)
+    assert (base / "config.json").is_file()
+    device.run_eval(args)
+
+    # A LoRA adapter where training leaves its final one (training itself: test_rl_cli, test_rl_train).
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    adapter = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(base), LoraConfig(r=2, target_modules="all-linear", task_type="CAUSAL_LM")
+    )
+    adapter.save_pretrained(work / "lora" / "final")
+    device.run_eval(argparse.Namespace(**{**vars(args), "which": "trained"}))
+
+    summary = device.collect(args)
+    assert sorted(summary["evals"]) == ["base-greedy", "base-sampled", "trained-greedy", "trained-sampled"]
+    for s in summary["evals"].values():
+        assert s["problems"] == 3 and 0 <= s["accuracy"] <= 1
+        # Four tokens never reach an end token nor a boxed answer.
+        assert s["cut_rate"] == 1.0 and s["no_answer_rate"] == 1.0
+    assert summary["evals"]["base-sampled"]["settings"]["seed"] == 3
+    assert set(summary["paired"]) == {"greedy", "sampled"}
+    assert summary["paired"]["greedy"]["problems"] == 3
+    written = {p.name for p in out.iterdir()}
+    assert {"adapter.tgz", "eval.png", "eval_summary.json", "report.md", "details.tgz"} <= written
+    assert written <= set(device.OUT_FILES)  # at most the eight files a transfer brings back
+    with tarfile.open(out / "adapter.tgz") as tar:
+        assert "final/adapter_config.json" in tar.getnames()
+    with tarfile.open(out / "details.tgz") as tar:
+        assert "eval/trained-sampled.jsonl" in tar.getnames()
+    assert "| trained | greedy | 3 |" in (out / "report.md").read_text()
+
+
+def guideline_data(path: Path, question: str) -> None:
+    from tmas.memory.guideline_bank import Strategy
+    from tmas.rl.data import write_parquet
+
+    strategy = Strategy(id="G1", description="Multiply directly.", first_iteration=0, last_iteration=0)
+    messages = explore_prompt(question, "numeric", [strategy], "concise")
+    write_parquet(
+        [
+            {
+                "prompt": [m.model_dump() for m in messages],
+                "data_source": "tmas/guideline",
+                "reward_model": {"style": "rule", "ground_truth": "391"},
+                "extra_info": {
+                    "task": "guideline",
+                    "group": "run/p1/1/guideline",
+                    "variant": None,
+                    "question": question,
+                    "guideline_bank": [{"id": "G1", "description": strategy.description}],
+                },
+                "_source": "guideline",
+            }
+        ],
+        path,
+    )
+
+
+def test_train_judges_guideline_rollouts_with_a_frozen_model_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    from typer.testing import CliRunner
+
+    from tmas.cli.main import app
+
+    for name in [k for k in os.environ if k.startswith("TMAS_")]:
+        monkeypatch.delenv(name)
+    question = "What is 17*23?"
+    data = tmp_path / "train.parquet"
+    guideline_data(data, question)
+    device = load_benchmark("rl_device", monkeypatch)
+    problems = tmp_path / "eval.jsonl"
+    problems.write_text(json.dumps({"problem_id": "e0", "question": question, "answer": "391"}) + "\n")
+    base = device.ensure_base(tmp_path / "work", "tiny", data, problems, None)
+    out = tmp_path / "lora"
+    args = ["rl", "train", str(data), "--model", str(base), "-o", str(out), "--max-steps", "1", "--save-steps", "1"]
+    args += ["--num-generations", "2", "--max-completion-length", "4", "--lora-rank", "2", "--no-vllm"]
+
+    # Guideline rows and no judge: refused, naming both ways to give one.
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code != 0
+    assert "--judge-model" in str(refused.exception or "") + refused.output
+
+    result = CliRunner().invoke(app, [*args, "--judge-model", str(base)])
+    assert result.exit_code == 0, result.output
+    rewards = [json.loads(line) for line in (out / "rewards.jsonl").read_text().splitlines()]
+    assert [r["task"] for r in rewards] == ["guideline", "guideline"]
+    # The frozen tiny model writes no JSON verdict: each rollout counts as known, with the reason.
+    assert all(r["novelty"] is None and "counted as known" in r["judge_note"] for r in rewards)
+    assert (out / "final" / "adapter_config.json").is_file()
