@@ -3,7 +3,7 @@
 # after another, each a run directory under RUNS that `tmas run --resume` continues. Run it again after a stop: a
 # finished batch resumes with nothing to do, an unfinished one goes on. See data/rl/README.md.
 #
-#   PY=.venv/bin/python RUNS=/root/rl-work/runs data/rl/make_data.sh [batch ...]
+#   PY=.venv/bin/python RUNS=runs/rl data/rl/make_data.sh [batch ...]
 #
 # Batches (problem file data/rl/train-NAME.jsonl, iterations): "aN" run two iterations, "bN" one. A two-iteration
 # problem gives a normal, an experience and a guideline prompt group; a one-iteration problem a normal group only,
