@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import aiohttp
 import pytest
 
 from tmas.config import Settings
@@ -50,3 +52,19 @@ def _settings(base_urls: list[str], overrides: dict[str, Any]) -> Settings:
             node = node.setdefault(part, {})
         node[last] = value
     return Settings.model_validate(data)
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    # A new connection per request: the llama-server persona closes its side after a stream, as llama-server does.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+        yield session
+
+
+async def eventually(condition: Callable[[], bool], tries: int = 400) -> None:
+    """Poll ``condition`` (for state another thread changes); fail after ``tries`` polls."""
+    for _ in range(tries):
+        if condition():
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError("condition never became true")

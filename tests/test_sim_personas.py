@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from conftest import settings_for
+from conftest import eventually, settings_for
 from tmas.api import asolve
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, SimRequest, SimScript, SimServer, register_responder
@@ -31,13 +30,6 @@ RULE = Rule(replies=["The answer is 5."], reasoning="Add two and three.")
 @register_responder("seed-probe")
 def _seed_probe(req: SimRequest) -> str:
     return f"seed={req.seed} key={req.sample_key}"
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    # A new connection per request: the llama-server persona closes its side after a stream, as llama-server does.
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
-        yield session
 
 
 async def post(
@@ -525,14 +517,6 @@ async def test_logprobs_in_each_servers_shape(
 # ---- waiting for a turn (max_running) ---------------------------------------------------------------------
 
 HOLD = Rule(pattern="hold", latency_s=60.0)  # holds its turn until its client goes away
-
-
-async def eventually(condition: Callable[[], bool], tries: int = 400) -> None:
-    for _ in range(tries):
-        if condition():
-            return
-        await asyncio.sleep(0.025)
-    raise AssertionError("condition never became true")
 
 
 async def hold_the_only_turn(http: aiohttp.ClientSession, sim: SimServer) -> asyncio.Task[Any]:

@@ -13,7 +13,7 @@ import struct
 import subprocess
 import sys
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 from pydantic import ValidationError
 
+from conftest import eventually
 from tmas.testing import FaultRates, Rule, SimScript, SimServer, count_tokens
 from tmas.testing.responders import evaluate_expression
 
@@ -35,13 +36,6 @@ CONTEXT_MSG = re.compile(
 async def sim() -> AsyncIterator[SimServer]:
     async with SimServer() as server:
         yield server
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    # A new connection per request: the llama-server persona closes its side after a stream, as llama-server does.
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
-        yield session
 
 
 def user(text: str) -> list[dict[str, str]]:
@@ -89,15 +83,6 @@ async def read_sse(resp: aiohttp.ClientResponse) -> list[Any]:
         data = line[len("data: ") :]
         events.append(data if data == "[DONE]" else json.loads(data))
     return events
-
-
-async def eventually(condition: Callable[[], bool], tries: int = 400) -> None:
-    """Poll ``condition`` (for state another thread changes); fail after ``tries`` polls."""
-    for _ in range(tries):
-        if condition():
-            return
-        await asyncio.sleep(0.025)
-    raise AssertionError("condition never became true")
 
 
 # ---- plain completions ------------------------------------------------------------------------------------
