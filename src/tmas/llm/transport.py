@@ -33,13 +33,12 @@ from tmas.llm.watch import TraceWatch
 @dataclass
 class Timing:
     """Where an attempt's time went: waiting inside tmas for its slot and caps, then for the server's first chunk (its
-    queue and the prompt's prefill), then streaming the rest."""
+    queue and the prompt's prefill); the rest of a call's ``latency_s`` is the reply streaming."""
 
     # When the attempt began: before the client's own slot and caps let it go.
     began_at: float = field(default_factory=time.monotonic)
     sent_at: float = 0.0
     first_chunk_at: float | None = None
-    done_at: float | None = None
     # A streamed request answered with a plain JSON reply: the server does not stream.
     plain_reply: bool = False
 
@@ -50,12 +49,6 @@ class Timing:
     @property
     def first_token_s(self) -> float | None:
         return None if self.first_chunk_at is None else self.first_chunk_at - self.sent_at
-
-    @property
-    def streaming_s(self) -> float | None:
-        if self.first_chunk_at is None or self.done_at is None:
-            return None
-        return self.done_at - self.first_chunk_at
 
 
 @dataclass
@@ -108,7 +101,6 @@ async def _whole(exchange: Exchange, timing: Timing) -> dict[str, Any]:
         ) from None
     except (aiohttp.ClientError, ConnectionError) as exc:
         raise failures.from_exception(exc, exchange.url, sent=timing.first_chunk_at is not None) from None
-    timing.done_at = time.monotonic()
     return _json_reply(status, text, exchange, retry_after)
 
 
@@ -158,15 +150,13 @@ async def _streamed(exchange: Exchange, timing: Timing, first: asyncio.Event) ->
         ) as resp:
             got_headers = True
             if resp.status == 200 and resp.content_type != "application/json":
-                data = await _read_stream(resp, exchange, timing, first)
-                timing.done_at = time.monotonic()
-                return data
+                return await _read_stream(resp, exchange, timing, first)
             text = await resp.text(errors="replace")
             status, retry_after = resp.status, resp.headers.get("Retry-After")
     except (aiohttp.ClientError, ConnectionError) as exc:
         raise failures.from_exception(exc, exchange.url, sent=got_headers) from None
     first.set()
-    timing.first_chunk_at = timing.done_at = time.monotonic()
+    timing.first_chunk_at = time.monotonic()
     timing.plain_reply = status == 200
     return _json_reply(status, text, exchange, retry_after)
 
