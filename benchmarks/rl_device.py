@@ -35,6 +35,7 @@ carry (see docs/rl.md, "On a CUDA machine without network access"):
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import importlib.metadata
 import json
@@ -124,19 +125,25 @@ def child_env(work: Path) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------------------------- pack
-def split_file(path: Path, dest: Path, piece_bytes: int) -> dict[str, Any]:
-    """``path`` in pieces of ``piece_bytes``, ``dest/NN/piece.bin``, each folder with the manifest of all."""
+def split_file(path: Path, dest: Path, piece_bytes: int, first_bytes: int | None = None) -> dict[str, Any]:
+    """``path`` gzip-compressed, in pieces of ``piece_bytes`` (the first of ``first_bytes``, where it travels with
+    the wheels), ``dest/NN/piece.bin``, each folder with the manifest of all."""
     if dest.exists():
         shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    compressed = dest / (path.name + ".gz")
+    with path.open("rb") as source, gzip.open(compressed, "wb", compresslevel=9) as out:
+        shutil.copyfileobj(source, out, 1 << 20)
     pieces = []
-    with path.open("rb") as handle:
+    with compressed.open("rb") as handle:
         index = 0
-        while chunk := handle.read(piece_bytes):
+        while chunk := handle.read(first_bytes if index == 0 and first_bytes else piece_bytes):
             folder = dest / f"{index:02d}"
             folder.mkdir(parents=True)
             (folder / PIECE_FILE).write_bytes(chunk)
             pieces.append({"index": index, "bytes": len(chunk), "sha256": hashlib.sha256(chunk).hexdigest()})
             index += 1
+    compressed.unlink()
     manifest = {"name": path.name, "bytes": path.stat().st_size, "sha256": sha256_of(path), "pieces": pieces}
     for piece in pieces:
         (dest / f"{piece['index']:02d}" / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
@@ -156,8 +163,12 @@ def pack(args: argparse.Namespace) -> None:
     from tmas.llm.weights import resolve_model
 
     pinned = download_wheels(WHEEL_DIR)
-    manifest = split_file(resolve_model(args.model), PARTS_DIR, args.piece_mb * 1_000_000)
     wheels = sum(p.stat().st_size for p in WHEEL_DIR.glob("*.whl"))
+    carry = int(args.carry_mb * 1_000_000)
+    if wheels >= carry:
+        raise SystemExit(f"the wheels ({wheels} bytes) alone exceed --carry-mb {args.carry_mb}")
+    # One transfer each: the wheels with piece 00, then one piece a transfer.
+    manifest = split_file(resolve_model(args.model), PARTS_DIR, carry, first_bytes=carry - wheels)
     print(json.dumps({"wheels": pinned, "wheel_bytes": wheels, "gguf": manifest}, indent=1))
 
 
@@ -207,11 +218,14 @@ def assemble(work: Path) -> Path | None:
     if missing:
         log(work, f"GGUF incomplete: pieces {missing} still to come")
         return None
-    partial = target.with_suffix(".partial")
-    with partial.open("wb") as out:
+    compressed, partial = target.with_suffix(".gz"), target.with_suffix(".partial")
+    with compressed.open("wb") as out:
         for p in manifest["pieces"]:
             with (store / f"{p['index']:02d}").open("rb") as handle:
                 shutil.copyfileobj(handle, out)
+    with gzip.open(compressed, "rb") as source, partial.open("wb") as out:
+        shutil.copyfileobj(source, out, 1 << 20)
+    compressed.unlink()
     if sha256_of(partial) != manifest["sha256"]:
         partial.unlink()
         raise SystemExit(f"assembled {manifest['name']}: SHA-256 differs from {manifest['sha256']}")
@@ -223,8 +237,8 @@ def assemble(work: Path) -> Path | None:
 
 
 # -------------------------------------------------------------------------------------------------------- run
-def ensure_site(work: Path, wheel_dir: Path | None = WHEEL_DIR) -> None:
-    """Install the carried wheels once (into WORK/site), then continue in a process that sees them."""
+def install_wheels(work: Path, wheel_dir: Path | None = WHEEL_DIR) -> bool:
+    """The carried wheels installed once into WORK/site; True once they are."""
     site, stamp = work / "site", work / "site" / ".installed"
     wheels = sorted(wheel_dir.glob("*.whl")) if wheel_dir is not None else []
     if wheels and not stamp.is_file():
@@ -232,7 +246,13 @@ def ensure_site(work: Path, wheel_dir: Path | None = WHEEL_DIR) -> None:
         command = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
         subprocess.run([*command, "--no-cache-dir", "--upgrade", "--target", str(site), *map(str, wheels)], check=True)
         stamp.touch()
-    if stamp.is_file() and os.environ.get(SITE_VARIABLE) != str(site):
+    return stamp.is_file()
+
+
+def ensure_site(work: Path, wheel_dir: Path | None = WHEEL_DIR) -> None:
+    """Install the carried wheels once, then continue in a process that sees them."""
+    site = work / "site"
+    if install_wheels(work, wheel_dir) and os.environ.get(SITE_VARIABLE) != str(site):
         os.execve(sys.executable, [sys.executable, *sys.argv], child_env(work) | {SITE_VARIABLE: str(site)})
 
 
@@ -292,7 +312,8 @@ def run_eval(args: argparse.Namespace) -> None:
     if args.which == "trained":
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, work / "lora" / "final")
+        # Merged in float32 (exact to rounding): generation then runs the plain model's kernels, no adapter's.
+        model = PeftModel.from_pretrained(model, work / "lora" / "final").merge_and_unload()
     model = model.to("cuda" if cuda else "cpu").eval()
     problems = load_problems_file(args.eval, args.eval_limit)
     out = work / "eval"
@@ -327,7 +348,7 @@ def eval_command(args: argparse.Namespace, which: str) -> list[str]:
     return command
 
 
-def train_command(args: argparse.Namespace, base: Path, judge: bool) -> list[str]:
+def train_command(args: argparse.Namespace, base: Path, judge: bool, max_time: float) -> list[str]:
     from tmas.rl.checkpoints import last_checkpoint
 
     lora = args.work / "lora"
@@ -335,7 +356,8 @@ def train_command(args: argparse.Namespace, base: Path, judge: bool) -> list[str
     command += ["--max-steps", str(args.steps), "--num-generations", str(args.num_generations)]
     command += ["--max-completion-length", str(args.max_completion_length), "--save-steps", str(args.save_steps)]
     command += ["--lora-rank", str(args.lora_rank), "--learning-rate", str(args.learning_rate), "--no-vllm"]
-    command += ["--seed", str(args.seed)]
+    command += ["--seed", str(args.seed), "--groups-per-step", str(args.groups_per_step)]
+    command += ["--max-time", str(round(max(1.0, max_time)))]
     if judge:
         command += ["--judge-model", str(base)]
     if last_checkpoint(lora) is not None:
@@ -406,11 +428,14 @@ def run(args: argparse.Namespace) -> None:
     final = work / "lora" / "final"
     if not (final / "adapter_config.json").is_file():
         judge = has_guideline_rows(args.data) and not args.no_judge
-        command = train_command(args, base, judge)
+        # Training ends itself after the step that passes its time (its start-up and one step are allowed for);
+        # it is stopped, keeping its last checkpoint, only if it runs well past that.
+        end = deadline - args.reserve
+        command = train_command(args, base, judge, end - time.monotonic() - args.train_margin)
         log(work, "train: " + " ".join(command[1:]))
         training = start(command, work, "train.log")
         t0 = time.monotonic()
-        phases["train_done"] = wait(training, deadline - args.reserve, work, "training")
+        phases["train_done"] = wait(training, end + args.train_margin / 2, work, "training")
         phases["train_wall_s"] = round(time.monotonic() - t0, 1)
     if base_eval is not None:
         phases["base_eval_done"] = wait(base_eval, deadline, work, "the base model's evaluation")
@@ -579,12 +604,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     p = sub.add_parser("pack", help="wheels into .whl/ and the GGUF in pieces into .gguf-parts/ (needs network)")
     p.add_argument("--model", default=EMBEDDED, help="embedded model name or GGUF path")
-    p.add_argument("--piece-mb", type=int, default=60, help="piece size in MB (10^6 bytes)")
+    p.add_argument(
+        "--carry-mb", type=float, default=61.7, help="MB (10^6 bytes) of wheels and pieces one transfer carries"
+    )
     p.set_defaults(func=pack)
 
-    p = sub.add_parser("receive", help="check and keep the GGUF pieces in .gguf-parts/; assemble when complete")
+    p = sub.add_parser(
+        "receive", help="install the wheels; keep the checked GGUF pieces (assembled when all are there)"
+    )
     p.add_argument("--work", type=Path, default=DEFAULT_WORK)
-    p.set_defaults(func=lambda a: receive(a.work))
+    p.set_defaults(func=lambda a: (install_wheels(a.work), receive(a.work)))
 
     p = sub.add_parser("run", help="train and evaluate (continues after a stop)")
     add_eval_options(p)
@@ -594,6 +623,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=40, help="optimizer steps")
     p.add_argument("--num-generations", type=int, default=8, help="rollouts per prompt group")
     p.add_argument("--max-completion-length", type=int, default=256, help="tokens per training rollout")
+    p.add_argument("--groups-per-step", type=int, default=4, help="prompt groups per optimizer step")
     p.add_argument("--save-steps", type=int, default=5, help="a checkpoint every this many steps")
     p.add_argument("--lora-rank", type=int, default=4, help="LoRA rank (4: the adapter is about 9 MB)")
     p.add_argument("--learning-rate", type=float, default=2e-5)
@@ -602,6 +632,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-judge", action="store_true", help="no in-process judge (guideline rows need one)")
     p.add_argument("--stop-after", type=float, default=540, help="seconds this command may take")
     p.add_argument("--reserve", type=float, default=150, help="seconds kept after training for the trained eval")
+    p.add_argument(
+        "--train-margin", type=float, default=50, help="seconds allowed for training's start-up and its last step"
+    )
     p.set_defaults(func=run)
 
     p = sub.add_parser("eval", help="(used by run) evaluate one model, greedy and sampled")

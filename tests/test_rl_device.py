@@ -8,6 +8,7 @@ import argparse
 import json
 import math
 import os
+import random
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -45,10 +46,13 @@ def test_paired_difference_by_hand() -> None:
 def test_pieces_are_checked_kept_and_assembled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     device = load_benchmark("rl_device", monkeypatch)
     original = tmp_path / "model.gguf"
-    original.write_bytes(bytes(range(256)) * 3 + b"tail")  # 772 bytes: pieces of 300, 300 and 172
+    original.write_bytes(random.Random(0).randbytes(700))  # gzip cannot shrink it: about 730 bytes compressed
     parts, work = tmp_path / "parts", tmp_path / "work"
-    manifest = device.split_file(original, parts, 300)
-    assert [p["bytes"] for p in manifest["pieces"]] == [300, 300, 172]
+    # The first piece travels with the wheels, so it is the smaller one.
+    manifest = device.split_file(original, parts, 300, first_bytes=200)
+    sizes = [p["bytes"] for p in manifest["pieces"]]
+    assert sizes[:2] == [200, 300] and 0 < sizes[2] <= 300 and len(sizes) == 3
+    assert manifest["bytes"] == 700 and sorted(p.name for p in parts.iterdir()) == ["00", "01", "02"]
 
     # The first call carries pieces 00 and 01 only: kept, nothing assembled yet.
     later = tmp_path / "later"
@@ -60,7 +64,7 @@ def test_pieces_are_checked_kept_and_assembled(tmp_path: Path, monkeypatch: pyte
     # A damaged piece is refused; the intact one completes the file, whose whole SHA-256 is checked.
     (parts / "02").mkdir()
     (parts / "02" / device.MANIFEST).write_text((later / "02" / device.MANIFEST).read_text())
-    (parts / "02" / device.PIECE_FILE).write_bytes(b"x" * 172)
+    (parts / "02" / device.PIECE_FILE).write_bytes(b"x" * sizes[2])
     assert device.receive(work, parts) is None
     assert "piece 02: SHA-256 differs" in (work / "run.log").read_text()
     (parts / "02" / device.PIECE_FILE).write_bytes((later / "02" / device.PIECE_FILE).read_bytes())

@@ -141,6 +141,29 @@ def test_one_grpo_step_changes_the_weights(judge_sim: SimServer, tmp_path: Path)
     assert not math.isnan(history["rewards/exploration/mean"])
 
 
+def test_a_time_limit_ends_training_after_a_step_with_its_final_adapter(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    pytest.importorskip("peft")
+    from tmas.rl.trl_train import TrainOptions, train_policy
+
+    dataset = datasets.Dataset.from_list([row("normal", f"p{i}") for i in range(3)])
+    out = tmp_path / "out"
+    options = TrainOptions(
+        output_dir=out,
+        num_generations=2,
+        max_steps=3,
+        max_completion_length=4,
+        use_vllm=False,
+        save_steps=100,
+        lora_rank=2,
+        max_time_s=1e-6,  # passed during the first step
+    )
+    final, steps = train_policy(dataset, options, "tiny", None, live=False)
+    assert steps == 1
+    assert (final / "adapter_config.json").is_file() and (final / "tmas_base.json").is_file()
+    assert len((out / "steps.jsonl").read_text().splitlines()) == 1
+
+
 def test_group_alignment_is_checked(tmp_path: Path) -> None:
     pytest.importorskip("trl")
     from tmas.errors import ConfigError

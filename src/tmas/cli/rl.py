@@ -117,6 +117,12 @@ def train(
     save_steps: Annotated[
         int, typer.Option("--save-steps", help="A checkpoint in OUT every this many steps.", min=1)
     ] = train_default("save_steps"),
+    max_time: Annotated[
+        float | None,
+        typer.Option(
+            "--max-time", help="Stop after the step that passes this many seconds, writing OUT/final as usual.", min=1
+        ),
+    ] = train_default("max_time_s"),
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue a stopped run from OUT's last checkpoint.")
     ] = False,
@@ -170,6 +176,7 @@ def train(
         lora_rank=lora_rank,
         lora_alpha=lora_alpha,
         save_steps=save_steps,
+        max_time_s=max_time,
     )
     final, steps = train_policy(dataset, options, model, judge, resume_from=start)
     typer.echo(f"trained {steps} steps; {'adapter' if lora_rank else 'checkpoint'} {final}")

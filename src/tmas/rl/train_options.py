@@ -32,6 +32,9 @@ class TrainOptions(BaseModel):
     use_vllm: bool | None = None
     # A checkpoint every this many steps (the last two are kept): what --resume continues from.
     save_steps: int = Field(default=5, ge=1)
+    # Training stops after the step that passes this many seconds (counted from its first step) and writes OUT/final
+    # as after the last step; None: no limit.
+    max_time_s: float | None = Field(default=None, gt=0)
     seed: int = 0
     # LoRA (peft) rank; 0 trains every weight, as the paper does. A LoRA run saves only the adapter, which
     # 'tmas rl export-gguf' merges into the base weights.

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import time
 from pathlib import Path
 from typing import Any, cast
 
+from transformers import TrainerCallback
 from trl.trainer.grpo_config import GRPOConfig
 from trl.trainer.grpo_trainer import GRPOTrainer
 
@@ -98,6 +100,22 @@ class TMASGRPOTrainer(GRPOTrainer):
             shuffle=bool(self.shuffle_dataset),
             seed=args.seed,
         )
+
+
+class TimeLimit(TrainerCallback):
+    """Ends training after the step that passes ``seconds`` (from the first step of this process), so that a
+    bounded run still writes its final adapter; ``--resume`` continues it."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.started = time.monotonic()
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.started = time.monotonic()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if time.monotonic() - self.started >= self.seconds:
+            control.should_training_stop = True
 
 
 def check_group_alignment(config: GRPOConfig) -> None:
@@ -238,6 +256,8 @@ def train_policy(
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(progress)
+    if options.max_time_s is not None:
+        trainer.add_callback(TimeLimit(options.max_time_s))
     trainer.add_callback(StepLog(out, reward, on_row=progress.update, on_save=lambda p: plot_steps(p, out / PLOT_FILE)))
     result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
     final = out / "final"
