@@ -357,7 +357,7 @@ def train_command(args: argparse.Namespace, base: Path, judge: bool, max_time: f
     command += ["--max-completion-length", str(args.max_completion_length), "--save-steps", str(args.save_steps)]
     command += ["--lora-rank", str(args.lora_rank), "--learning-rate", str(args.learning_rate), "--no-vllm"]
     command += ["--seed", str(args.seed), "--groups-per-step", str(args.groups_per_step)]
-    command += ["--max-time", str(round(max(1.0, max_time)))]
+    command += ["--max-time", f"{max(0.001, max_time):.3f}"]
     if judge:
         command += ["--judge-model", str(base)]
     if last_checkpoint(lora) is not None:
@@ -401,6 +401,12 @@ def wait(process: subprocess.Popen[bytes], deadline: float, work: Path, what: st
     return process.returncode == 0
 
 
+def trained(work: Path, steps: int) -> bool:
+    """The final adapter is there, with all ``steps`` trained (not one stopped for time)."""
+    state = training_state(work)
+    return bool(state["final_adapter"]) and int(state["steps_logged"]) >= steps
+
+
 def evaluated(work: Path, which: str) -> bool:
     return all((work / "eval" / f"{w}-{m}.summary.json").is_file() for w, m in EVALS if w == which)
 
@@ -426,7 +432,11 @@ def run(args: argparse.Namespace) -> None:
     if not evaluated(work, "base"):
         base_eval = start(eval_command(args, "base"), work, "eval-base.log")
     final = work / "lora" / "final"
-    if not (final / "adapter_config.json").is_file():
+    if not trained(work, args.steps):
+        # Training stopped for time by an earlier call goes on from its last step; the adapter changes, so an
+        # evaluation of the earlier one is dropped.
+        for stale in (work / "eval").glob("trained-*"):
+            stale.unlink()
         judge = has_guideline_rows(args.data) and not args.no_judge
         # Training ends itself after the step that passes its time (its start-up and one step are allowed for);
         # it is stopped, keeping its last checkpoint, only if it runs well past that.
@@ -439,7 +449,9 @@ def run(args: argparse.Namespace) -> None:
         phases["train_wall_s"] = round(time.monotonic() - t0, 1)
     if base_eval is not None:
         phases["base_eval_done"] = wait(base_eval, deadline, work, "the base model's evaluation")
-    if (final / "adapter_config.json").is_file() and not evaluated(work, "trained"):
+    if args.reserve <= 0:
+        log(work, "--reserve 0: the trained model is evaluated by a later call")
+    elif (final / "adapter_config.json").is_file() and not evaluated(work, "trained"):
         t0 = time.monotonic()
         phases["trained_eval_done"] = wait(
             start(eval_command(args, "trained"), work, "eval-trained.log"),
@@ -620,7 +632,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help="folder for the eight result files (the ones to copy back)")
     p.add_argument("--model", default=EMBEDDED, help="'tiny' to rehearse on a CPU; else a GGUF (default: pieces)")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="parquet from 'tmas rl build-data'")
-    p.add_argument("--steps", type=int, default=40, help="optimizer steps")
+    p.add_argument("--steps", type=int, default=40, help="optimizer steps in all (a call stopped for time goes on)")
     p.add_argument("--num-generations", type=int, default=8, help="rollouts per prompt group")
     p.add_argument("--max-completion-length", type=int, default=256, help="tokens per training rollout")
     p.add_argument("--groups-per-step", type=int, default=4, help="prompt groups per optimizer step")
@@ -631,7 +643,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-wheels", action="store_true", help="use the packages installed here, not .whl/")
     p.add_argument("--no-judge", action="store_true", help="no in-process judge (guideline rows need one)")
     p.add_argument("--stop-after", type=float, default=540, help="seconds this command may take")
-    p.add_argument("--reserve", type=float, default=150, help="seconds kept after training for the trained eval")
+    p.add_argument(
+        "--reserve",
+        type=float,
+        default=150,
+        help="seconds kept after training for the trained model's evaluation; 0: train only (a later call evaluates)",
+    )
     p.add_argument(
         "--train-margin", type=float, default=50, help="seconds allowed for training's start-up and its last step"
     )

@@ -238,3 +238,35 @@ def test_train_judges_guideline_rollouts_with_a_frozen_model_in_process(
     # The frozen tiny model writes no JSON verdict: each rollout counts as known, with the reason.
     assert all(r["novelty"] is None and "counted as known" in r["judge_note"] for r in rewards)
     assert (out / "final" / "adapter_config.json").is_file()
+
+
+def test_training_stopped_for_time_goes_on_in_the_next_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two calls of ``run``: the first trains until its time is up and leaves the evaluation to the next
+    (``--reserve 0``); the second continues from the step the first stopped at, then evaluates."""
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    device = load_benchmark("rl_device", monkeypatch)
+    monkeypatch.setattr(device, "child_env", lambda work: dict(os.environ, PYTHONPATH=str(device.ROOT / "src")))
+    problems = tmp_path / "eval.jsonl"
+    problems.write_text(json.dumps({"problem_id": "e1", "question": "What is 2 plus 2?", "answer": "4"}) + "\n")
+    data = tmp_path / "train.parquet"
+    write_training_data(data, "What is 17*23?")
+    work, out = tmp_path / "work", tmp_path / "out"
+    common = ["--model", "tiny", "--no-wheels", "--work", str(work), "--out", str(out), "--data", str(data)]
+    common += ["--eval", str(problems), "--eval-max-tokens", "2", "--steps", "2", "--num-generations", "2"]
+    common += ["--groups-per-step", "1", "--max-completion-length", "2", "--save-steps", "5"]
+
+    # Its margin takes all its time: training gets the least (--max-time 0.001) and stops after its first step.
+    device.run(device.parse_args(["run", *common, "--reserve", "0", "--stop-after", "600", "--train-margin", "600"]))
+    lora = work / "lora"
+    assert [json.loads(line)["step"] for line in (lora / "steps.jsonl").read_text().splitlines()] == [1]
+    assert (lora / "checkpoint-1").is_dir() and (lora / "final" / "adapter_config.json").is_file()
+    assert device.evaluated(work, "base") and not list((work / "eval").glob("trained-*"))
+    assert "--reserve 0: the trained model is evaluated by a later call" in (work / "run.log").read_text()
+
+    device.run(device.parse_args(["run", *common, "--reserve", "300", "--stop-after", "900", "--train-margin", "30"]))
+    assert [json.loads(line)["step"] for line in (lora / "steps.jsonl").read_text().splitlines()] == [1, 2]
+    assert "resuming from" in (work / "train.log").read_text()
+    assert device.evaluated(work, "trained")
+    summary = json.loads((out / "eval_summary.json").read_text())
+    assert summary["training"]["steps_logged"] == 2 and summary["training"]["final_adapter"]

@@ -162,6 +162,8 @@ def test_a_time_limit_ends_training_after_a_step_with_its_final_adapter(tmp_path
     assert steps == 1
     assert (final / "adapter_config.json").is_file() and (final / "tmas_base.json").is_file()
     assert len((out / "steps.jsonl").read_text().splitlines()) == 1
+    # The step it stopped at is a checkpoint (save_steps alone would give none), so --resume goes on from it.
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1"]
 
 
 def test_group_alignment_is_checked(tmp_path: Path) -> None:

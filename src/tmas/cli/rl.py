@@ -120,7 +120,9 @@ def train(
     max_time: Annotated[
         float | None,
         typer.Option(
-            "--max-time", help="Stop after the step that passes this many seconds, writing OUT/final as usual.", min=1
+            "--max-time",
+            help="Stop after the step that passes this many seconds, with a checkpoint and OUT/final as usual.",
+            min=0.001,
         ),
     ] = train_default("max_time_s"),
     resume: Annotated[

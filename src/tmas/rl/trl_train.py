@@ -103,8 +103,9 @@ class TMASGRPOTrainer(GRPOTrainer):
 
 
 class TimeLimit(TrainerCallback):
-    """Ends training after the step that passes ``seconds`` (from the first step of this process), so that a
-    bounded run still writes its final adapter; ``--resume`` continues it."""
+    """Ends training after the step that passes ``seconds`` (from the first step of this process), with a
+    checkpoint of that step, so that a bounded run still writes its final adapter and ``--resume`` continues from
+    exactly where it stopped."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
@@ -116,6 +117,7 @@ class TimeLimit(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if time.monotonic() - self.started >= self.seconds:
             control.should_training_stop = True
+            control.should_save = True
 
 
 def check_group_alignment(config: GRPOConfig) -> None:
