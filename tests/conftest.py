@@ -1,9 +1,14 @@
-"""Shared fixtures: simulated OpenAI-compatible servers on loopback and settings pointing at them."""
+"""Shared fixtures: simulated OpenAI-compatible servers on loopback, settings pointing at them, and the command line
+run as a user runs it."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -68,3 +73,48 @@ async def eventually(condition: Callable[[], bool], tries: int = 400) -> None:
             return
         await asyncio.sleep(0.025)
     raise AssertionError("condition never became true")
+
+
+def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without any ``TMAS_*`` variable, so that a child's settings come from its
+    arguments (and ``extra``) alone, whatever the machine running the tests has set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+    return {**env, **(extra or {})}
+
+
+def run_tmas(
+    *args: str,
+    text: bool = False,
+    stdin: bytes | str | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[Any]:
+    """``python -m tmas ARGS`` in a child process (:func:`clean_env`, plus ``env``), its output captured. Its stdin
+    is a pipe, never a terminal, so a confirmation gate fails rather than waits."""
+    given = stdin if stdin is not None else ("" if text else b"")
+    return subprocess.run(
+        [sys.executable, "-m", "tmas", *args],
+        input=given,
+        capture_output=True,
+        text=text,
+        env=clean_env(env),
+        cwd=cwd,
+        timeout=timeout,
+    )
+
+
+def isolate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No ``./tmas.toml`` and no ``TMAS_*`` variable reaches settings read in this process (an in-process CLI
+    call): the working directory is an empty folder of ``tmp_path``."""
+    workdir = tmp_path / "cwd"
+    workdir.mkdir(exist_ok=True)
+    monkeypatch.chdir(workdir)
+    for var in [v for v in os.environ if v.startswith("TMAS_")]:
+        monkeypatch.delenv(var)
+
+
+@pytest.fixture
+def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """:func:`isolate` as a fixture."""
+    isolate(monkeypatch, tmp_path)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import sqlite3
@@ -14,14 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import clean_env, run_tmas
 from tmas.testing import SimScript, SimServer
 
 
 def tmas(*args: str, stdin: bytes | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
-    return subprocess.run(
-        [sys.executable, "-m", "tmas", *args], input=stdin, capture_output=True, env=env, cwd=cwd, timeout=120
-    )
+    return run_tmas(*args, stdin=stdin, cwd=cwd, timeout=120)
 
 
 def write_problems(path: Path, n: int) -> list[tuple[str, int]]:
@@ -138,7 +135,7 @@ def test_bad_config_is_one_line_exit_2(tmp_path: Path, toml: str, message: str) 
 
 
 def test_environment_variables_configure_the_endpoint(sim: SimServer) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+    env = clean_env()
     env |= {"TMAS_BASE_URL": sim.base_url, "TMAS_MODEL": "from-env"}
     out = subprocess.run(
         [sys.executable, "-m", "tmas", "solve", "What is 2*21?", "-m", "cot"], capture_output=True, env=env, timeout=60
@@ -185,7 +182,7 @@ def test_killed_run_resumes_without_repeating_finished_calls(tmp_path: Path) -> 
     write_problems(tmp_path / "p.jsonl", n)
     run_dir = tmp_path / "run"
     with SimServer(SimScript(latency_s=0.3)) as sim:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+        env = clean_env()
         proc = subprocess.Popen(
             [
                 *(sys.executable, "-m", "tmas", "run", str(tmp_path / "p.jsonl"), "-o", str(run_dir)),

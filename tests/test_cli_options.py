@@ -3,7 +3,6 @@ each flag reaches the request bodies the simulated server receives and the setti
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from conftest import isolate
 from tmas.agents.overrides import packaged_source
 from tmas.cli.main import app
 from tmas.cli.options import FLAG_KEYS, GROUP, ModelFlags
@@ -78,14 +78,6 @@ def test_each_flag_maps_to_one_settings_key() -> None:
     assert set(overrides) == {*FLAG_KEYS.values(), "method.name"}
 
 
-def _isolate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    workdir = tmp_path / "cwd"
-    workdir.mkdir()
-    monkeypatch.chdir(workdir)
-    for var in [v for v in os.environ if v.startswith("TMAS_")]:
-        monkeypatch.delenv(var)
-
-
 def _group_args(sim: SimServer, tmp_path: Path) -> list[str]:
     prompts = tmp_path / "prompts"
     prompts.mkdir()
@@ -117,7 +109,7 @@ def _command_args(command: str, tmp_path: Path) -> list[str]:
 def test_each_flag_of_the_group_reaches_the_wire_and_the_run(
     sim: SimServer, tmp_path: Path, command: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _isolate(monkeypatch, tmp_path)
+    isolate(monkeypatch, tmp_path)
     monkeypatch.setenv("TMAS_GROUP_TEST_KEY", "sk-group")
     result = CliRunner().invoke(app, [*_command_args(command, tmp_path), *_group_args(sim, tmp_path)])
     assert result.exit_code == 0, result.output

@@ -4,11 +4,10 @@ selected; the samples are a resumable run; the request bodies carry the paper's 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
+from conftest import run_tmas
 from tmas.store.run_store import RunStore
 from tmas.testing import SimScript, SimServer
 from tmas.testing.script import Rule
@@ -36,8 +35,7 @@ def script() -> SimScript:
 
 
 def tmas(*args: str) -> subprocess.CompletedProcess[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
-    return subprocess.run([sys.executable, "-m", "tmas", *args], input=b"", capture_output=True, env=env, timeout=120)
+    return run_tmas(*args, timeout=120)
 
 
 def test_filter_keeps_the_problems_solved_fewer_than_t_times_and_selects_n(sim: SimServer, tmp_path: Path) -> None:

@@ -4,15 +4,13 @@ really sends, and the CLI's --dry-run and confirmation gate."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import settings_for
+from conftest import run_tmas, settings_for
 from tmas.config import Settings
 from tmas.methods import create_method
 from tmas.planning.estimate import (
@@ -270,11 +268,8 @@ def test_threshold() -> None:
 
 
 def tmas_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
     # stdin is a pipe, never a terminal: the confirmation gate must fail rather than wait.
-    return subprocess.run(
-        [sys.executable, "-m", "tmas", *args], input=b"", capture_output=True, env=env, cwd=cwd, timeout=120
-    )
+    return run_tmas(*args, cwd=cwd, timeout=120)
 
 
 def write_problems(path: Path, n: int) -> Path:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import run_tmas
 from tmas.errors import InputError
 from tmas.problems import DATASET_ALIASES, dataset_name, resolve_dataset
 from tmas.testing import Rule, SimScript, SimServer
@@ -19,10 +18,7 @@ pytest.importorskip("matplotlib")
 
 
 def tmas(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
-    return subprocess.run(
-        [sys.executable, "-m", "tmas", *args], capture_output=True, text=True, env={**clean, **(env or {})}, timeout=180
-    )
+    return run_tmas(*args, text=True, env=env, timeout=180)
 
 
 def write_problems(path: Path) -> None:

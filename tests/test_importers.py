@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import clean_env
 from tmas.data.importers import import_problems
 from tmas.errors import InputError
 from tmas.problems import load_problems
@@ -175,7 +175,7 @@ def test_malformed_files_are_one_line_errors(
 
 def test_cli_import_writes_problems_tmas_reads(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "hle.jsonl", HLE_ROWS)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+    env = clean_env()
     run = [sys.executable, "-m", "tmas", "data", "import"]
     done = subprocess.run([*run, "hle", str(src), "-o", str(tmp_path / "hle-math.jsonl")], capture_output=True, env=env)
     assert done.returncode == 0, done.stderr.decode()

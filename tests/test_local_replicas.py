@@ -18,6 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from conftest import clean_env
 from tmas.config import LocalModel, Settings, load_settings
 from tmas.errors import ConfigError, LocalModelError
 from tmas.llm import local_command, local_server
@@ -275,7 +276,7 @@ def test_the_description_says_build_layers_and_replicas(tmp_path: Path, monkeypa
 def test_tmas_models_shows_the_local_setup(tmp_path: Path) -> None:
     config = tmp_path / "tmas.toml"
     config.write_text('[local]\nreplicas = 3\ngpu_layers = "auto"\n')
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+    env = clean_env()
     argv = [sys.executable, "-m", "tmas", "models", "-c", str(config)]
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False)
     assert done.returncode == 0, done.stderr

@@ -5,7 +5,6 @@ sampling, and kill + resume."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -14,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conftest import scripted_settings, settings_for
+from conftest import clean_env, run_tmas, scripted_settings, settings_for
 from scripted_runs import by_role, last_user_prompts, solve_in_process
 from tmas.agents.mattrl_decision import decision_prompt
 from tmas.api import asolve
@@ -307,10 +306,6 @@ async def test_medicine_reviews_reach_the_bulletin_and_the_author() -> None:
     )
 
 
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
-
-
 def _final(run_dir: Path) -> list[Any]:
     with RunStore(run_dir, create=False) as store:
         return [
@@ -340,7 +335,7 @@ def test_killed_mid_deliberation_and_resumed_equals_uninterrupted(tmp_path: Path
         args = ["run", str(problems), "--base-url", sim.base_url, "--method", "mattrl", "--seed", "2"]
         ref = subprocess.run(
             [sys.executable, "-m", "tmas", *args, "-o", str(tmp_path / "ref")],
-            env=_env(),
+            env=clean_env(),
             capture_output=True,
             timeout=120,
         )
@@ -350,7 +345,7 @@ def test_killed_mid_deliberation_and_resumed_equals_uninterrupted(tmp_path: Path
         killed = tmp_path / "killed"
         proc = subprocess.Popen(
             [sys.executable, "-m", "tmas", *args, "-o", str(killed)],
-            env=_env(),
+            env=clean_env(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -362,9 +357,7 @@ def test_killed_mid_deliberation_and_resumed_equals_uninterrupted(tmp_path: Path
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         before = sim.stats().total_requests
-        resumed = subprocess.run(
-            [sys.executable, "-m", "tmas", "run", "--resume", str(killed)], env=_env(), capture_output=True, timeout=120
-        )
+        resumed = run_tmas("run", "--resume", str(killed), timeout=120)
         assert resumed.returncode == 0, resumed.stderr.decode()
         summary = json.loads(resumed.stdout)
         asked_again = sim.stats().total_requests - before

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import settings_for
+from conftest import clean_env, settings_for
 from tmas.config import Settings, load_settings
 from tmas.problems import Problem
 from tmas.runner import RunState, prepare_run, problems_in_flight, run_problems
@@ -91,7 +90,7 @@ def test_progress_names_each_active_problem_and_its_iteration(sim: SimServer, tm
     problems.write_text("".join(json.dumps(row) + "\n" for row in rows))
     run_dir = tmp_path / "run"
     args = [str(problems), "-o", str(run_dir), "--base-url", sim.base_url, "-m", "majority", "-T", "2"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+    env = clean_env()
     out = subprocess.run(
         [sys.executable, "-m", "tmas", "run", *args, "-p", "k=2", "--problems-in-flight", "1"],
         capture_output=True,

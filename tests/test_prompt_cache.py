@@ -5,7 +5,6 @@ run summary, ``tmas solve --json`` and ``tmas report``; stores written before th
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from pathlib import Path
 
@@ -37,16 +36,6 @@ RULES = [
         usage=ScriptedUsage(prompt_tokens=100, completion_tokens=10, cached_tokens=50, cached_in="timings"),
     ),
 ]
-
-
-@pytest.fixture
-def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No ./tmas.toml and no TMAS_* variable reaches an in-process CLI call."""
-    workdir = tmp_path / "cwd"
-    workdir.mkdir()
-    monkeypatch.chdir(workdir)
-    for var in [v for v in os.environ if v.startswith("TMAS_")]:
-        monkeypatch.delenv(var)
 
 
 async def test_cached_tokens_are_read_from_usage_and_from_timings(tmp_path: Path) -> None:

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sqlite3
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from conftest import settings_for
+from conftest import run_tmas, settings_for
 from tmas.data.case_import import read_supergpqa
 from tmas.data.importers import read_rows
 from tmas.errors import InputError
@@ -26,9 +24,7 @@ TMAS_SMALL = ["--method", "tmas", "-T", "2", "-p", "n=2", "-p", "m=2", "--seed",
 
 
 def tmas(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
-    env.update(extra_env or {})
-    return subprocess.run([sys.executable, "-m", "tmas", *args], capture_output=True, env=env, timeout=300)
+    return run_tmas(*args, env=extra_env, timeout=300)
 
 
 def write_jsonl(path: Path, records: list[dict[str, object]]) -> Path:

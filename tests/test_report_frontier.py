@@ -4,14 +4,13 @@ table, the selection-rule table and ROC area, and a run whose problems are all m
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import run_tmas
 from tmas.grading.grades import GradeConfig
 from tmas.reports.report import build_report
 from tmas.testing import Rule, SimScript, SimServer
@@ -24,8 +23,7 @@ FILLER = "step " * 595  # 595 tokens for the simulator; "\boxed{5}" adds five mo
 
 
 def tmas(*args: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
-    return subprocess.run([sys.executable, "-m", "tmas", *args], capture_output=True, text=True, env=clean, timeout=180)
+    return run_tmas(*args, text=True, timeout=180)
 
 
 def write_problems(path: Path) -> Path:

@@ -10,7 +10,6 @@ default, so the old code sent the preset's temperatures), ``top_p = 0.9``, ``[ro
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from pathlib import Path
 
@@ -44,16 +43,7 @@ def old_run(tmp_path: Path) -> Path:
     return run_dir
 
 
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    workdir = tmp_path / "cwd"
-    workdir.mkdir()
-    monkeypatch.chdir(workdir)
-    for var in [v for v in os.environ if v.startswith("TMAS_")]:
-        monkeypatch.delenv(var)
-
-
-@pytest.mark.usefixtures("clean_env")
+@pytest.mark.usefixtures("isolated")
 def test_a_run_made_before_the_change_replays_every_call_and_extends_with_the_old_sampling(
     sim: SimServer, tmp_path: Path
 ) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,17 +14,14 @@ from typing import Any
 
 import pytest
 
-from conftest import settings_for
+from conftest import clean_env, run_tmas, settings_for
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
 from tmas.testing import Rule, SimScript, SimServer
 
 
 def tmas(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
-    return subprocess.run(
-        [sys.executable, "-m", "tmas", *args], capture_output=True, text=True, env=env, timeout=timeout
-    )
+    return run_tmas(*args, text=True, timeout=timeout)
 
 
 def verdict(novelty: int) -> str:
@@ -69,7 +65,7 @@ async def test_run_to_data_to_lora_training_killed_and_resumed(sim: SimServer, t
             ]
         )
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+    env = clean_env()
     log = tmp_path / "first.err"
     with log.open("w") as err:
         proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "tmas", *args, env=env, stderr=err)

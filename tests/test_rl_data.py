@@ -4,7 +4,6 @@ project's own prompts, the banks of the right iteration, the exclude list and th
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import settings_for
+from conftest import clean_env, settings_for
 from tmas.agents.solution import generation_prompt
 from tmas.problems import Problem
 from tmas.rl.data import build_dataset, mix_targets, question_hash
@@ -32,7 +31,7 @@ PROBLEMS = [
 
 
 def tmas(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+    env = clean_env()
     return subprocess.run([sys.executable, "-m", "tmas", *args], capture_output=True, text=True, env=env, timeout=120)
 
 

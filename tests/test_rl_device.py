@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from benchmark_scripts import load_benchmark
+from conftest import isolate
 from tmas.agents.guideline_judge import StrategyView
 from tmas.agents.solution import explore_prompt, generation_prompt
 from tmas.rl.hf_eval import paired_difference, proportion_stderr
@@ -213,8 +214,7 @@ def test_train_judges_guideline_rollouts_with_a_frozen_model_in_process(
 
     from tmas.cli.main import app
 
-    for name in [k for k in os.environ if k.startswith("TMAS_")]:
-        monkeypatch.delenv(name)
+    isolate(monkeypatch, tmp_path)
     question = "What is 17*23?"
     data = tmp_path / "train.parquet"
     guideline_data(data, question)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from typing import Any
 import openai
 import pytest
 
-from conftest import settings_for
+from conftest import clean_env, settings_for
 from tmas.errors import ConfigError
 from tmas.methods import METHODS
 from tmas.serve.api_errors import ApiError
@@ -367,7 +366,7 @@ def test_keys_reach_no_store_page_or_log(
 
 
 def test_the_cli_refuses_an_open_address_without_a_token(sim: SimServer, tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+    env = clean_env()
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src")
     cmd = [sys.executable, "-m", "tmas", "serve", "--host", "0.0.0.0", "--base-url", sim.base_url, "--model", "m"]
     done = subprocess.run([*cmd, "--dir", str(tmp_path / "s")], capture_output=True, env=env, timeout=60, text=True)

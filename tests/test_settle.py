@@ -6,14 +6,13 @@ vote's Beta stop saves, and TMAS's settled stop."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-from conftest import scripted_settings, settings_for
+from conftest import isolate, scripted_settings, settings_for
 from scripted_runs import by_role, solve_in_process
 from tmas.api import arun, asolve
 from tmas.cli.main import app
@@ -140,9 +139,7 @@ async def test_a_server_without_logprobs_gets_one_notice_per_run(sim: SimServer,
 
 
 def test_the_cli_prints_the_notice_once(sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    for var in [v for v in os.environ if v.startswith("TMAS_")]:
-        monkeypatch.delenv(var)
+    isolate(monkeypatch, tmp_path)
     sim.set_script(SimScript(logprobs=False))
     problems = tmp_path / "p.jsonl"
     problems.write_text("".join(json.dumps({"problem_id": f"q{i}", "question": Q}) + "\n" for i in range(3)))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import signal
 import sqlite3
@@ -15,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from conftest import settings_for
+from conftest import clean_env, run_tmas, settings_for
 from tmas.problems import Problem
 from tmas.runner import RunState, prepare_run, resume_settings, run_problems, stored_settings
 from tmas.store.run_store import RunStore
@@ -28,12 +27,8 @@ PROBLEMS = [
 ARGS = ["--method", "tmas", "-T", "4", "-p", "n=3", "-p", "m=2", "-p", "epsilon=0.5", "--seed", "3"]
 
 
-def env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
-
-
 def tmas(*args: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", "tmas", *args], capture_output=True, env=env(), timeout=120)
+    return run_tmas(*args, timeout=120)
 
 
 def progress(run_dir: Path) -> tuple[int, int, int]:
@@ -109,7 +104,10 @@ def test_killed_three_times_at_random_moments_and_resumed_equals_uninterrupted(t
         for i, threshold in enumerate(thresholds):
             args = [*base, "-o", str(killed)] if i == 0 else ["run", "--resume", str(killed)]
             proc = subprocess.Popen(
-                [sys.executable, "-m", "tmas", *args], env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                [sys.executable, "-m", "tmas", *args],
+                env=clean_env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and progress(killed)[1] < threshold and proc.poll() is None:

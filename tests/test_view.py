@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from conftest import settings_for
+from conftest import clean_env, settings_for
 from tmas.data.generators import generate
 from tmas.grading.grades import GradeConfig
 from tmas.grading.runs import grade_run
@@ -133,7 +133,7 @@ def test_the_viewer_reads_a_run_another_process_is_writing(sim: SimServer, tmp_p
     run_dir = tmp_path / "live"
     problems = tmp_path / "p.jsonl"
     problems.write_text("".join(p.model_dump_json() + "\n" for p in PROBLEMS))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+    env = clean_env()
     env["PYTHONPATH"] = str(REPO / "src")
     cmd = [sys.executable, "-m", "tmas", "run", str(problems), "-o", str(run_dir), "--base-url", sim.base_url]
     cmd += ["--model", "sim-model", "-m", "tmas", "-T", "3", "-p", "n=2", "-p", "m=1"]

@@ -7,7 +7,6 @@ Every command that needs an extra must end, without it, with one line naming the
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import venv
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import clean_env
 from tmas.testing import SimScript, SimServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,7 +37,7 @@ class Installed:
 
     def run(self, *args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         # No TMAS_* variable of the developer's may reach it: the commands read only their flags.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TMAS_")}
+        env = clean_env()
         env["NO_COLOR"] = "1"
         return subprocess.run(
             [str(self.tmas), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False

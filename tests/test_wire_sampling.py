@@ -5,13 +5,13 @@ server received, and so is the precedence among them."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
+from conftest import isolate
 from tmas.api import asolve
 from tmas.cli.main import app
 from tmas.config import Sampling, Settings, load_settings
@@ -127,15 +127,6 @@ async def test_environment_sampling_reaches_every_role(sim: SimServer, tmp_path:
     env = {"TMAS_TEMPERATURE": "0.35", "TMAS_TOP_P": "0.8", "TMAS_MAX_TOKENS": "444", "TMAS_MODEL": "env-model"}
     await asolve(Q, settings_from(tmp_path, toml(sim, method), env))
     assert_every_body(sim, method, {"temperature": 0.35, "top_p": 0.8, "max_tokens": 444}, model="env-model")
-
-
-def isolate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No ./tmas.toml and no TMAS_* variable reaches an in-process CLI call."""
-    workdir = tmp_path / "cwd"
-    workdir.mkdir()
-    monkeypatch.chdir(workdir)
-    for var in [v for v in os.environ if v.startswith("TMAS_")]:
-        monkeypatch.delenv(var)
 
 
 @pytest.mark.parametrize("method", ALL)

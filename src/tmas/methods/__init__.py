@@ -8,6 +8,7 @@ is known to every command, the proxy and the viewer."""
 
 from __future__ import annotations
 
+import importlib.metadata
 from typing import Any
 
 from pydantic import ValidationError
@@ -21,6 +22,7 @@ from tmas.methods.pacore import PaCoRe
 from tmas.methods.rse import RSE
 from tmas.methods.self_refine import SelfRefine
 from tmas.methods.tmas import TMAS
+from tmas.methods.traits import DEFAULT_TRAITS, Traits
 from tmas.methods.verify_refine import VerifyRefine
 
 # The registry: name -> method class. Every command, the proxy and the viewer find methods here alone.
@@ -40,6 +42,39 @@ def register_method(cls: type[Method[Any]]) -> type[Method[Any]]:
 for _cls in (TMAS, CoT, MajorityVote, SelfRefine, VerifyRefine, PaCoRe, RSE, MATTRL):
     register_method(_cls)
 
+# Methods from other installed packages: each entry point of this group names a Method subclass
+# (``[project.entry-points."tmas.methods"] NAME = "package.module:Class"`` in the package's pyproject.toml).
+PLUGIN_GROUP = "tmas.methods"
+# Entry-point name -> why its method could not be registered; said when a command asks for it.
+PLUGIN_ERRORS: dict[str, str] = {}
+
+
+def load_plugins() -> None:
+    """Register every method that installed packages declare under :data:`PLUGIN_GROUP`. One that fails to load
+    is left out with its reason (naming its package), so the other methods and commands still work."""
+    for entry in importlib.metadata.entry_points(group=PLUGIN_GROUP):
+        package = entry.dist.name if entry.dist is not None else "an unknown package"
+        try:
+            cls = entry.load()
+            if not (isinstance(cls, type) and issubclass(cls, Method)):
+                raise TypeError(f"{entry.value} is not a tmas.methods.base.Method subclass")
+            register_method(cls)
+        except Exception as exc:  # any failure of foreign code: recorded, never fatal to the registry
+            reason = str(exc).splitlines()[0] if str(exc) else ""
+            PLUGIN_ERRORS[entry.name] = (
+                f"method plugin {entry.name!r} from package {package!r} failed to load: {type(exc).__name__}: {reason}"
+            )
+
+
+load_plugins()
+
+
+def method_traits(name: str) -> Traits:
+    """What the method ``name`` declares of itself; a method not registered here (a stored run of a plugin that is
+    not installed) has the default traits."""
+    cls = METHODS.get(name)
+    return cls.traits if cls is not None else DEFAULT_TRAITS
+
 
 def method_names() -> str:
     """The registered methods' names, for help texts and errors."""
@@ -52,6 +87,8 @@ def create_method(name: str, params: dict[str, Any] | None = None, *, embedded: 
     ``embedded``: the run uses the embedded local model, so the method's ``embedded_defaults`` go under ``params``.
     """
     cls = METHODS.get(name)
+    if cls is None and name in PLUGIN_ERRORS:
+        raise ConfigError(PLUGIN_ERRORS[name])
     if cls is None:
         raise ConfigError(f"unknown method {name!r} (known: {', '.join(sorted(METHODS))})")
     if embedded:

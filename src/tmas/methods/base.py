@@ -23,6 +23,7 @@ from tmas.llm.types import CallKey, Completion, Message, Usage
 from tmas.llm.watch import UNWATCHED_NOTICE, TraceWatch
 from tmas.methods.call_count import CallCount
 from tmas.methods.confidence import Confidence
+from tmas.methods.traits import DEFAULT_TRAITS, Traits
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
 
@@ -463,6 +464,10 @@ class Method(ABC, Generic[P]):
 
     name: ClassVar[str]
     Params: ClassVar[type[MethodParams]] = MethodParams
+    # What the method is (its frontier, selection, roles...), for every reader that must not go by its name.
+    traits: ClassVar[Traits] = DEFAULT_TRAITS
+    # The parameters its paper ran it with, so that a report says where a run differs (empty: no paper setting).
+    paper_settings: ClassVar[dict[str, Any]] = {}
     # Params put under the user's own when the run uses the embedded local model (e.g. a small preset).
     embedded_defaults: ClassVar[dict[str, Any]] = {}
 
@@ -474,6 +479,12 @@ class Method(ABC, Generic[P]):
     @abstractmethod
     async def solve(self, session: ProblemSession) -> ProblemResult:
         """Solve ``session.problem``; every LLM call goes through ``session.chat``."""
+
+    @classmethod
+    def paper_names(cls, params: Mapping[str, Any]) -> list[str]:
+        """The names the papers' tables give a run of this method with these (stored) parameters, to put the run
+        beside its published numbers (reports/paper_numbers.py); none by default."""
+        return []
 
     def calls_per_problem(self) -> CallCount:
         """The chat calls one problem costs, by role, as the method's structure fixes them (the cost estimate adds

@@ -6,6 +6,7 @@ layout), so a comparison with CoT measures what a method adds after that sample,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from tmas.agents.solution import generation_prompt
@@ -13,6 +14,7 @@ from tmas.methods.base import Method, MethodParams, ProblemResult, ProblemSessio
 from tmas.methods.baseline_steps import finish, notes_for, solve_call
 from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.style_params import StyledParams
+from tmas.methods.traits import Traits
 
 
 class CoTParams(StyledParams):
@@ -21,8 +23,13 @@ class CoTParams(StyledParams):
 
 class CoT(Method[CoTParams]):
     name: ClassVar[str] = "cot"
+    traits: ClassVar[Traits] = Traits(one_chain=True)
     Params: ClassVar[type[MethodParams]] = CoTParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"style": "concise"}
+
+    @classmethod
+    def paper_names(cls, params: Mapping[str, Any]) -> list[str]:
+        return ["Single Agent"]
 
     def calls_per_problem(self) -> CallCount:
         """One solution call."""

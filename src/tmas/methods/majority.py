@@ -23,7 +23,7 @@ Beyond the paper:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
@@ -39,6 +39,7 @@ from tmas.methods.online_stop import ONLINE_STOP_NOTICE, WARMUP, WATCHED, Online
 from tmas.methods.selection import ConfidenceRule, select
 from tmas.methods.stopping import BETA_THRESHOLD, VoteStop, beta_vote_stop, fewest_votes_to_stop
 from tmas.methods.style_params import StyledParams
+from tmas.methods.traits import Traits
 
 # The reason a decided vote gives as the problem's ``stopped_reason``.
 VOTE_DECIDED = "vote decided (Beta stopping criterion)"
@@ -64,8 +65,15 @@ class MajorityParams(StyledParams, OnlineStopParams):
 
 class MajorityVote(Method[MajorityParams]):
     name: ClassVar[str] = "majority"
+    traits: ClassVar[Traits] = Traits(frontier="votes")
+    # The setting the TMAS paper ran this baseline with (4.1, A.3).
+    paper_settings: ClassVar[dict[str, Any]] = {"k": 64, "iterations": 1}
     Params: ClassVar[type[MethodParams]] = MajorityParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"k": 4, "style": "concise"}
+
+    @classmethod
+    def paper_names(cls, params: Mapping[str, Any]) -> list[str]:
+        return ["MV@64"]
 
     def calls_per_problem(self) -> CallCount:
         """k x T solution calls (MV@k is k samples; each further iteration draws k more). With ``stop = "beta"``

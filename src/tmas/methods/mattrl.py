@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
@@ -73,6 +73,7 @@ from tmas.methods.base import (
 from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.mattrl_teaching import teach, teaching_tier
+from tmas.methods.traits import Traits
 
 if TYPE_CHECKING:  # the pool needs numpy and faiss (the `pool` extra): imported only when a pool is configured
     from tmas.memory.pool import Pool
@@ -134,8 +135,21 @@ class Retriever:
 
 class MATTRL(Method[MATTRLParams]):
     name: ClassVar[str] = "mattrl"
+    traits: ClassVar[Traits] = Traits(roles=("coordinator", "specialist", "reviewer", "student", "embedding"))
+    # The setting of the MATTRL paper (4.1).
+    paper_settings: ClassVar[dict[str, Any]] = {"team_size": 3, "iterations": 3}
     Params: ClassVar[type[MethodParams]] = MATTRLParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"iterations": 2, "team_size": 2}
+
+    @classmethod
+    def paper_names(cls, params: Mapping[str, Any]) -> list[str]:
+        if params.get("domain") == "education" and params.get("teaching") == "single":
+            return ["Single Agent"]
+        pool = params.get("pool")
+        if not pool:
+            return ["Multi-Agent"]
+        scheme = next((s for s in ("naive", "difference", "shapley") if s in str(pool).lower()), None)
+        return ["MATTRL"] + ([f"MATTRL ({scheme} credit)"] if scheme else [])
 
     def calls_per_problem(self) -> CallCount:
         """Math: a recruit call, then per round an opinion per specialist and a review of each by each other

@@ -11,6 +11,7 @@ Each round is one iteration record; the synthesis round is one more, so T rounds
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -30,6 +31,7 @@ from tmas.methods.base import (
 from tmas.methods.baseline_steps import budget_note, finish, notes_for, pick, solve_call
 from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.style_params import StyledParams
+from tmas.methods.traits import Traits
 
 
 class PaCoReParams(StyledParams):
@@ -46,8 +48,15 @@ class PaCoReParams(StyledParams):
 
 class PaCoRe(Method[PaCoReParams]):
     name: ClassVar[str] = "pacore"
+    traits: ClassVar[Traits] = Traits(roles=("solution", "synthesis"))
+    # The setting the TMAS paper ran this baseline with (4.1, A.3).
+    paper_settings: ClassVar[dict[str, Any]] = {"responses_per_round": 8}
     Params: ClassVar[type[MethodParams]] = PaCoReParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"responses_per_round": 2, "iterations": 2, "style": "concise"}
+
+    @classmethod
+    def paper_names(cls, params: Mapping[str, Any]) -> list[str]:
+        return ["PaCoRe"]
 
     def calls_per_problem(self) -> CallCount:
         """R x T solution calls (R responses per round), plus the synthesis round's S calls when ``synthesis``."""

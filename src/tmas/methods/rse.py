@@ -14,6 +14,7 @@ endpoint fails, duplicates are judged by word-set Jaccard similarity instead, an
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -46,6 +47,7 @@ from tmas.methods.baseline_steps import budget_note, finish, notes_for, pick, so
 from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.style_params import StyledParams
+from tmas.methods.traits import Traits
 
 KINDS = ("propositions", "pitfalls")
 
@@ -80,8 +82,15 @@ class Merge:
 
 class RSE(Method[RSEParams]):
     name: ClassVar[str] = "rse"
+    traits: ClassVar[Traits] = Traits(roles=("solution", "distiller", "embedding"))
+    # The setting the TMAS paper ran this baseline with (4.1, A.3).
+    paper_settings: ClassVar[dict[str, Any]] = {"n": 8}
     Params: ClassVar[type[MethodParams]] = RSEParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"n": 2, "iterations": 2, "style": "concise"}
+
+    @classmethod
+    def paper_names(cls, params: Mapping[str, Any]) -> list[str]:
+        return ["RSE"]
 
     def calls_per_problem(self) -> CallCount:
         """N x T solution calls and N x (T - 1) distiller calls (the last iteration is not distilled); its embedding

@@ -10,6 +10,7 @@ an answer never silently replaces an answered solution (``answer_reminder``, ``a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -28,6 +29,7 @@ from tmas.methods.base import (
 from tmas.methods.baseline_steps import budget_note, finish, keeps_previous, notes_for, pick_answered, solve_call
 from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.style_params import StyledParams
+from tmas.methods.traits import Traits
 
 
 class SelfRefineParams(StyledParams):
@@ -44,8 +46,15 @@ class SelfRefineParams(StyledParams):
 
 class SelfRefine(Method[SelfRefineParams]):
     name: ClassVar[str] = "self_refine"
+    traits: ClassVar[Traits] = Traits(roles=("solution", "refiner"))
+    # The setting the TMAS paper ran this baseline with (4.1, A.3).
+    paper_settings: ClassVar[dict[str, Any]] = {"n": 8}
     Params: ClassVar[type[MethodParams]] = SelfRefineParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"n": 2, "iterations": 2, "style": "concise"}
+
+    @classmethod
+    def paper_names(cls, params: Mapping[str, Any]) -> list[str]:
+        return ["Self-Refine"]
 
     def calls_per_problem(self) -> CallCount:
         """N solution calls in iteration 0, N refiner calls in each of the T - 1 later ones: N x T."""

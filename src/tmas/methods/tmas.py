@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -82,7 +82,8 @@ from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.confidence_params import note_missing_confidence
 from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.selection import select_answered
-from tmas.methods.tmas_params import TMASParams
+from tmas.methods.tmas_params import TMAS_ROLES, TMASParams
+from tmas.methods.traits import Traits
 
 Update = TypeVar("Update", bound=EchoFiltered)
 
@@ -150,8 +151,17 @@ class CandidateOutcome:
 
 class TMAS(Method[TMASParams]):
     name: ClassVar[str] = "tmas"
+    traits: ClassVar[Traits] = Traits(selects=True, keeps_banks=True, roles=TMAS_ROLES)
+    # The setting of the TMAS paper (4.1, A.3).
+    paper_settings: ClassVar[dict[str, Any]] = {"n": 8, "m": 8, "epsilon": 0.2}
     Params: ClassVar[type[MethodParams]] = TMASParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"preset": "local"}
+
+    @classmethod
+    def paper_names(cls, params: Mapping[str, Any]) -> list[str]:
+        ablations = (("guideline", "no_guideline"), ("experience", "no_experience"))
+        off = [name for name, flag in ablations if params.get(flag)]
+        return ["TMAS w/o both" if len(off) == 2 else f"TMAS w/o {off[0]}" if off else "TMAS"]
 
     def calls_per_problem(self) -> CallCount:
         """Algorithm 1, every iteration including the first and the last: N solution, N x M verifier, N summary,

@@ -12,6 +12,7 @@ solutions of that iteration. A correction without an answer never silently repla
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -34,6 +35,7 @@ from tmas.methods.baseline_steps import budget_note, finish, keeps_previous, not
 from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.selection import SelectFrom, SelectRule, select_answered
 from tmas.methods.style_params import StyledParams
+from tmas.methods.traits import Traits
 
 
 class VerifyRefineParams(StyledParams):
@@ -63,8 +65,15 @@ class Verified:
 
 class VerifyRefine(Method[VerifyRefineParams]):
     name: ClassVar[str] = "verify_refine"
+    traits: ClassVar[Traits] = Traits(selects=True, roles=("solution", "verifier", "corrector"))
+    # The setting the TMAS paper ran this baseline with (4.1, A.3).
+    paper_settings: ClassVar[dict[str, Any]] = {"n": 8, "m": 1}
     Params: ClassVar[type[MethodParams]] = VerifyRefineParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"n": 2, "iterations": 2, "style": "concise"}
+
+    @classmethod
+    def paper_names(cls, params: Mapping[str, Any]) -> list[str]:
+        return ["V-R"]
 
     def calls_per_problem(self) -> CallCount:
         """N solution + N x (T - 1) corrector + N x m x T verifier calls: N x T x (1 + m)."""

@@ -24,18 +24,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from tmas.methods import METHODS
+
 DATA = Path(__file__).with_name("paper_numbers.csv")
 
-# The settings each paper ran a method with, to say where a run differs (TMAS 4.1 and A.3; MATTRL 4.1).
-PAPER_SETTINGS: dict[str, dict[str, Any]] = {
-    "tmas": {"n": 8, "m": 8, "epsilon": 0.2},
-    "self_refine": {"n": 8},
-    "verify_refine": {"n": 8, "m": 1},
-    "pacore": {"responses_per_round": 8},
-    "rse": {"n": 8},
-    "majority": {"k": 64, "iterations": 1},
-    "mattrl": {"team_size": 3, "iterations": 3},
-}
 # The case domains' metrics as the published cells name them -> as grading/cases.py does.
 CASE_METRICS = {
     "hit@1": "hit@1",
@@ -103,29 +95,10 @@ def load_cells(path: Path = DATA) -> tuple[PaperCell, ...]:
 
 
 def paper_methods(method: str, params: dict[str, Any]) -> list[str]:
-    """The papers' names for a run of ``method`` with ``params`` (several where tables name it differently)."""
-    if method == "tmas":
-        off = [
-            name for name, flag in (("guideline", "no_guideline"), ("experience", "no_experience")) if params.get(flag)
-        ]
-        return ["TMAS w/o both" if len(off) == 2 else f"TMAS w/o {off[0]}" if off else "TMAS"]
-    if method == "majority":
-        return ["MV@64"]
-    fixed = {"self_refine": "Self-Refine", "verify_refine": "V-R", "pacore": "PaCoRe", "rse": "RSE"}
-    if method in fixed:
-        return [fixed[method]]
-    if method == "cot":
-        return ["Single Agent"]
-    if method == "mattrl":
-        if params.get("domain") == "education" and params.get("teaching") == "single":
-            return ["Single Agent"]
-        pool = params.get("pool")
-        if not pool:
-            return ["Multi-Agent"]
-        names = ["MATTRL"]
-        scheme = next((s for s in ("naive", "difference", "shapley") if s in str(pool).lower()), None)
-        return names + ([f"MATTRL ({scheme} credit)"] if scheme else [])
-    return []
+    """The papers' names for a run of ``method`` with ``params`` (several where tables name it differently), as
+    the method states them (``Method.paper_names``); none for a method not registered."""
+    cls = METHODS.get(method)
+    return cls.paper_names(params) if cls is not None else []
 
 
 def paper_model(run_model: str | None, override: str | None = None) -> str | None:
@@ -157,7 +130,8 @@ def matching_cells(
 def setting_differences(method: str, params: dict[str, Any]) -> list[str]:
     """The run's parameters that differ from the paper's setting of the method (``n=2 (paper 8)``)."""
     out = []
-    for name, value in PAPER_SETTINGS.get(method, {}).items():
+    cls = METHODS.get(method)
+    for name, value in (cls.paper_settings if cls is not None else {}).items():
         if name in params and params[name] != value:
             out.append(f"{name}={params[name]} (paper {value})")
     return out

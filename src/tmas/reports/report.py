@@ -27,6 +27,7 @@ from tmas.grading.grades import GradeConfig, Grades
 from tmas.grading.run_results import in_progress, load_results
 from tmas.grading.runs import grade_run, load_grades
 from tmas.llm.types import FALLBACKS
+from tmas.methods import method_traits
 from tmas.methods.base import ReplyTally
 from tmas.methods.selection import SELECT_FROM, SELECT_RULES
 from tmas.reports.analysis import (
@@ -54,8 +55,6 @@ from tmas.store.run_store import RunStore
 
 # At most this many columns in the "selected iterations" table (the paper shows six).
 SELECTED_COLUMNS = 6
-# Methods whose returned answer follows the select/pool parameters.
-SELECTING = ("tmas", "verify_refine")
 # At most this many iteration columns in the selection-rule table.
 RULE_COLUMNS = 10
 
@@ -182,7 +181,8 @@ async def evaluate_run(
             },
         )
         if not reason:
-            evaluation.frontier = run_frontier(results, grades, majority=method == "majority", classes=classes)
+            votes = method_traits(method).frontier == "votes"
+            evaluation.frontier = run_frontier(results, grades, majority=votes, classes=classes)
             if has_scores(results):
                 # Replayed as the run selected: with the answer fallback only where the run had it.
                 evaluation.selection = selection_table(
@@ -498,7 +498,7 @@ def _selection_rules(doc: Document, e: RunEvaluation) -> None:
     # Methods with select and select_from parameters (``pool`` in runs stored before it was renamed): mark the rule
     # the run itself used.
     select_from = e.params.get("select_from", e.params.get("pool", "last"))
-    own = (e.params.get("select", "best_score"), select_from) if e.method in SELECTING else None
+    own = (e.params.get("select", "best_score"), select_from) if method_traits(e.method).selects else None
     columns = selected_iterations(table.iterations[-1], columns=RULE_COLUMNS)
     rows = []
     for rule in SELECT_RULES:

@@ -48,6 +48,7 @@ from tmas.llm.sampling import resolve_role
 from tmas.llm.types import Message
 from tmas.memory.experience_bank import ExperienceBank
 from tmas.memory.guideline_bank import GuidelineBank
+from tmas.methods import method_traits
 from tmas.methods.tmas import rollout_budget_chars
 from tmas.methods.tmas_params import TMASParams
 from tmas.problems import Problem, load_problems
@@ -379,8 +380,11 @@ def build_dataset(
             raise InputError(f"{run_dir}: {exc}") from None
         with store:
             method = store.get_meta("method") or {}
-            if method.get("name") != "tmas":
-                raise InputError(f"{run_dir}: method {method.get('name')!r} is not tmas; build-data reads TMAS runs")
+            if not method_traits(str(method.get("name"))).keeps_banks:
+                raise InputError(
+                    f"{run_dir}: method {method.get('name')!r} keeps no experience or guideline banks;"
+                    " build-data reads runs of a method that does (tmas)"
+                )
             params = dict(method.get("params") or {})
             if params.get("mode", "numeric") != "numeric":
                 raise InputError(f"{run_dir}: mode {params.get('mode')!r}: rewards need numeric answers")

@@ -19,13 +19,11 @@ from __future__ import annotations
 from typing import Literal
 
 from tmas.config import Sampling
+from tmas.methods import method_traits
 from tmas.serve.protocol import ChatBody
 
 ClientSampling = Literal["defaults", "ignore"]
 CLIENT_SAMPLING: tuple[ClientSampling, ...] = ("defaults", "ignore")
-
-# Methods that follow one chain of calls: temperature 0 costs them no diversity.
-ONE_CHAIN_METHODS = frozenset({"cot", "self_refine", "verify_refine"})
 
 
 def request_sampling(body: ChatBody, policy: ClientSampling) -> Sampling:
@@ -37,7 +35,7 @@ def greedy_notice(method: str, body: ChatBody, policy: ClientSampling) -> str | 
     """A notice for the reply when the request sets temperature 0 for a method that samples several candidates:
     they are then alike (greedy decoding gives one text whatever the seed), and the method has little to choose from.
     The request is served as asked: the notice says what it cost and how to ask otherwise."""
-    if policy != "defaults" or body.temperature != 0 or method in ONE_CHAIN_METHODS:
+    if policy != "defaults" or body.temperature != 0 or method_traits(method).one_chain:
         return None
     return (
         f"temperature 0 was applied to every upstream call of {method}, so its samples are alike: send a temperature"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tmas.methods import method_traits
 from tmas.reports.frontier import BUDGETS, FrontierPoint, equal_budget, run_frontier
 from tmas.view.cache import RunCache
 from tmas.view.runs import ProblemRow, RunOverview, RunReader, RunRef
@@ -58,7 +59,8 @@ def compare_runs(refs: list[RunRef], budgets: list[int] | None = None, cache: Ru
         def frontier(overview: RunOverview = overview) -> list[FrontierPoint]:
             if overview.grades is None:
                 return []
-            return run_frontier(overview.results, overview.grades.grades, majority=overview.method == "majority")
+            votes = method_traits(overview.method).frontier == "votes"
+            return run_frontier(overview.results, overview.grades.grades, majority=votes)
 
         # The frontier of an unchanged run is reused (MV@k over many samples is the comparison's costliest part).
         points = cache.reuse(ref.path, "frontier", overview.stamp, frontier) if cache is not None else frontier()

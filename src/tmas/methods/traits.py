@@ -1,0 +1,29 @@
+"""What a method is, declared by the method itself: reports, the viewer, the proxy and RL data read these traits,
+never the method's name, so a method added in its own file (or package) is handled by what it declares."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Traits(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    # What the accuracy-per-budget frontier runs over: the method's iterations, or votes drawn from one pool of
+    # independent samples (majority vote: the frontier at k votes needs no run at k).
+    frontier: Literal["iterations", "votes"] = "iterations"
+    # The returned answer follows ``select`` / ``select_from`` parameters (the report's selection-rule table marks
+    # the run's own rule).
+    selects: bool = False
+    # One chain of calls, no parallel samples: a request's temperature 0 costs it no diversity (the proxy's notice).
+    one_chain: bool = False
+    # Each iteration's state holds TMAS's experience and guideline banks, from which `tmas rl build-data` makes
+    # training prompts.
+    keeps_banks: bool = False
+    # The agent roles its calls go out under (``[roles.NAME]`` settings and per-role sampling apply to these).
+    roles: tuple[str, ...] = ("solution",)
+
+
+DEFAULT_TRAITS = Traits()
