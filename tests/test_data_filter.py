@@ -7,6 +7,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from conftest import run_tmas
 from tmas.store.run_store import RunStore
 from tmas.testing import SimScript, SimServer
@@ -38,6 +40,7 @@ def tmas(*args: str) -> subprocess.CompletedProcess[bytes]:
     return run_tmas(*args, timeout=120)
 
 
+@pytest.mark.slow
 def test_filter_keeps_the_problems_solved_fewer_than_t_times_and_selects_n(sim: SimServer, tmp_path: Path) -> None:
     sim.set_script(script())
     problems = tmp_path / "bench.jsonl"
@@ -76,6 +79,7 @@ def test_filter_keeps_the_problems_solved_fewer_than_t_times_and_selects_n(sim: 
     assert json.loads((tmp_path / "bench-hard.card.json").read_text())["selected"] == ["beta", "gamma", "epsilon"]
 
 
+@pytest.mark.slow
 def test_filter_flags_set_the_sampling(sim: SimServer, tmp_path: Path) -> None:
     sim.set_script(script())
     problems = tmp_path / "b.jsonl"
@@ -93,6 +97,7 @@ def test_filter_flags_set_the_sampling(sim: SimServer, tmp_path: Path) -> None:
     assert any("fewer than n = 50" in note for note in card["notes"])
 
 
+@pytest.mark.slow
 def test_a_problem_whose_every_sample_failed_is_left_out_not_kept(sim: SimServer, tmp_path: Path) -> None:
     rules = [*script().rules, Rule(role="solution", pattern="Eta:", fault="http_400")]
     sim.set_script(SimScript(rules=rules))

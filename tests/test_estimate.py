@@ -12,7 +12,7 @@ import pytest
 
 from conftest import run_tmas, settings_for
 from tmas.config import Settings
-from tmas.methods import create_method
+from tmas.methods import METHODS, create_method
 from tmas.planning.estimate import (
     Estimate,
     TokenRates,
@@ -217,6 +217,26 @@ async def test_estimate_equals_a_simulated_runs_calls(
     assert chat == sent
 
 
+@pytest.mark.parametrize("method", sorted(METHODS))
+async def test_every_registered_method_is_estimated_as_it_runs(sim: SimServer, tmp_path: Path, method: str) -> None:
+    """Each method with its own example parameters: an exact count equals the calls a simulated run sends; a
+    range holds them."""
+    params = METHODS[method].example_params
+    if params is None:
+        pytest.skip(f"{method} declares no example_params")
+    settings = settings_for(sim, method__name=method, method__params=params)
+    store, settings, todo = prepare_run(tmp_path / "run", settings, PROBLEMS, resume=False)
+    with store:
+        summary = await run_problems(settings, todo, store, state=RunState())
+        sent = {role: c["calls"] for role, c in store.role_costs().items()}
+    assert summary.failed == 0 and sent
+    count = calls_per_problem(create_method(method, params))
+    if count.exact:
+        assert sent == {role: n * len(PROBLEMS) for role, n in count.expected.items()}
+    else:
+        assert all(sent[role] <= count.upper.get(role, 0) * len(PROBLEMS) for role in sent), (sent, count.upper)
+
+
 async def test_mattrl_run_stays_within_its_upper_bound(sim: SimServer, tmp_path: Path) -> None:
     params = {"team_size": 2, "iterations": 2}
     settings = settings_for(sim, method__name="mattrl", method__params=params)
@@ -297,6 +317,7 @@ def test_sweep_dry_run_prints_the_estimate_and_sends_nothing(sim: SimServer, tmp
     assert not (tmp_path / "sw" / "runs").exists()
 
 
+@pytest.mark.slow
 def test_eval_over_the_threshold_without_a_terminal_asks_for_yes(sim: SimServer, tmp_path: Path) -> None:
     problems = write_problems(tmp_path / "p.jsonl", 3)
     base = ["eval", str(problems), "--out", str(tmp_path / "run"), "--base-url", sim.base_url, "--grade", "rules"]

@@ -89,6 +89,7 @@ async def _cot_run(sim: SimServer, run_dir: Path, problems: list[Problem]) -> Ru
     return store
 
 
+@pytest.mark.slow
 async def test_combined_grading_uses_the_judge_only_where_rules_cannot_decide(sim: SimServer, tmp_path: Path) -> None:
     problems = [
         Problem(problem_id="num", question="What is 6*7?", answer="42"),
@@ -117,6 +118,7 @@ async def test_combined_grading_uses_the_judge_only_where_rules_cannot_decide(si
     store.close()
 
 
+@pytest.mark.slow
 async def test_judge_mode_grades_everything_with_the_judge(sim: SimServer, tmp_path: Path) -> None:
     store = await _cot_run(sim, tmp_path / "run", [Problem(problem_id="a", question="What is 6*7?", answer="41")])
     # The judge is scripted to disagree with the rules' obvious answer: judge mode must follow the judge.

@@ -27,6 +27,7 @@ def write_problems(path: Path) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+@pytest.mark.slow
 def test_report_from_simulated_runs(tmp_path: Path) -> None:
     problems = tmp_path / "p.jsonl"
     write_problems(problems)
@@ -66,6 +67,7 @@ def test_report_from_simulated_runs(tmp_path: Path) -> None:
     assert "no guideline bank" in markdown
 
 
+@pytest.mark.slow
 def test_eval_runs_grades_and_reports_in_one_step(tmp_path: Path) -> None:
     problems = tmp_path / "p.jsonl"
     write_problems(problems)
@@ -124,6 +126,7 @@ def test_dataset_aliases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         resolve_dataset("no-such-thing")
 
 
+@pytest.mark.slow
 def test_the_report_lists_retries_by_cause_and_where_the_calls_time_went(tmp_path: Path) -> None:
     # Two 503s and a queue: six problems, two requests generate at a time, each held 0.2 s before its first chunk.
     problems = tmp_path / "p.jsonl"

@@ -54,6 +54,7 @@ async def _slot_busy(session: aiohttp.ClientSession, srv: LocalServer) -> bool:
         return any(slot.get("is_processing") for slot in await resp.json())
 
 
+@pytest.mark.slow
 async def test_calls_queued_behind_a_busy_slot_are_waited_for_and_sent_once(one_slot: LocalServer) -> None:
     # One slot, four calls at once, each generating 160 tokens: three wait in llama-server's queue, silent (no
     # headers), the last behind three whole calls. timeout_s is half of one call's time on this machine (measured by a
@@ -97,6 +98,7 @@ async def test_calls_queued_behind_a_busy_slot_are_waited_for_and_sent_once(one_
     assert max(c.first_token_s or 0.0 for c in done) > settings.endpoint.timeout_s
 
 
+@pytest.mark.slow
 async def test_a_closed_stream_frees_its_slot(one_slot: LocalServer) -> None:
     body = {
         "model": one_slot.model,
@@ -121,6 +123,7 @@ async def test_a_closed_stream_frees_its_slot(one_slot: LocalServer) -> None:
         assert await _metric(session, one_slot, "tokens_predicted_total") < 400
 
 
+@pytest.mark.slow
 async def test_a_prompt_the_context_cannot_hold_is_refused_with_both_numbers(one_slot: LocalServer) -> None:
     # The endpoint claims a larger window than the server has, so the prompt is sent and the server refuses it.
     settings = _settings(one_slot, context_length=8192)
@@ -132,6 +135,7 @@ async def test_a_prompt_the_context_cannot_hold_is_refused_with_both_numbers(one
     assert "context window of 512 tokens" in (done.error or "")
 
 
+@pytest.mark.slow
 async def test_no_call_is_sent_on_a_connection_llama_server_closed(one_slot: LocalServer) -> None:
     # llama-server closes its side after every streamed reply, and a connection idle for 5 s. A pool that handed
     # such a connection to the next call lost that call before the server read it ("Server disconnected", "Can not

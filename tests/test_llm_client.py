@@ -39,6 +39,7 @@ async def test_transient_faults_are_retried(sim: SimServer, fault: str, tmp_path
     assert len(stored) == 1 and stored[0].error is None and stored[0].attempts == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stream", ["auto", "off"])
 async def test_a_silent_request_is_waited_for_streamed_and_retried_unstreamed(
     sim: SimServer, stream: str, tmp_path: Path

@@ -31,6 +31,7 @@ def calls(bodies: list[dict[str, object]]) -> Counter[str]:
     return Counter(json.dumps({k: b[k] for k in ("messages", "seed", "temperature", "max_tokens")}) for b in bodies)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["cot", "tmas"])
 async def test_both_paths_ask_the_same_calls_and_the_table_shows_the_grading_difference(
     sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str

@@ -55,6 +55,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+@pytest.mark.slow
 def test_qwen_is_assembled_into_the_cache_once(shared_cache: Path) -> None:
     path = resolve_model("qwen2.5-coder-0.5b")
     assert path == shared_cache / "models" / "qwen2.5-coder-0.5b.gguf"
@@ -68,6 +69,7 @@ def test_qwen_is_assembled_into_the_cache_once(shared_cache: Path) -> None:
     assert not list(path.parent.glob("*.part"))
 
 
+@pytest.mark.slow
 def test_corrupt_cached_file_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TMAS_CACHE_DIR", str(tmp_path))
     target = tmp_path / "models" / "qwen2.5-coder-0.5b.gguf"
@@ -119,6 +121,7 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+@pytest.mark.slow
 async def test_local_server_answers_a_chat_completion(tmp_path: Path) -> None:
     cfg = LocalModel(model="smollm2-135m", parallel=2, ctx_per_slot=2048, startup_timeout_s=120)
     async with LocalServer(cfg, log_dir=tmp_path) as srv:
@@ -150,6 +153,7 @@ def _cmdline(pid: int) -> list[bytes]:
     return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
 
 
+@pytest.mark.slow
 async def test_a_recorded_crash_makes_later_starts_skip_repacking(tmp_path: Path) -> None:
     # On VMs that advertise AMX but fault on it, the first start crashes and is retried with --no-repack; the crash
     # is remembered so that later starts go straight to the working mode.
@@ -207,6 +211,7 @@ def _metric(text: str, name: str) -> float:
     raise AssertionError(f"no llamacpp:{name} in /metrics")
 
 
+@pytest.mark.slow
 async def test_two_replicas_of_smollm2_each_answer_calls(tmp_path: Path) -> None:
     # Two real llama-server processes on CPU listed as replicas of one endpoint: a run's calls reach both.
     settings = Settings.model_validate(

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from conftest import clean_env, run_tmas, scripted_settings, settings_for
 from scripted_runs import by_role, last_user_prompts, solve_in_process
 from tmas.agents.mattrl_decision import decision_prompt
@@ -324,6 +326,7 @@ def _strip_call_ids(state: list[Any]) -> list[Any]:
     return json.loads(re.sub(r'"call_id": \d+', '"call_id": 0', json.dumps(state)))
 
 
+@pytest.mark.slow
 def test_killed_mid_deliberation_and_resumed_equals_uninterrupted(tmp_path: Path) -> None:
     problems = tmp_path / "p.jsonl"
     problems.write_text(json.dumps({"problem_id": "mult", "question": Q, "answer": "391"}) + "\n")

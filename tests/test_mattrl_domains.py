@@ -328,6 +328,7 @@ async def test_an_education_build_credits_the_teachers_never_the_student(sim: Si
     assert sorted(i for u in used.utterances for i in u.experience_ids) == sorted(e.id for e in pool.entries)
 
 
+@pytest.mark.slow
 def test_report_shows_each_domains_metrics_beside_the_papers(sim: SimServer, tmp_path: Path) -> None:
     runner = CliRunner()
 

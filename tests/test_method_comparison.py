@@ -27,6 +27,7 @@ def _script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     return load_benchmark("method_comparison", monkeypatch)
 
 
+@pytest.mark.slow
 def test_every_study_of_the_grid_runs_at_the_budget(
     sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -109,6 +110,7 @@ def test_an_unsupported_study_stops_the_run_unless_skipped(
     assert "the sweep has no points" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_dry_run_is_one_command(tmp_path: Path) -> None:
     out = tmp_path / "cmp"
     cmd = [sys.executable, str(SCRIPT), "--sim", "--out", str(out), "--studies", "cot,majority", "--per-family", "1"]
@@ -133,6 +135,7 @@ def test_the_dry_run_is_one_command(tmp_path: Path) -> None:
     assert all(status == "skipped" for status in rerun["points"].values())
 
 
+@pytest.mark.slow
 def test_a_deadline_stops_the_sweep_and_the_same_command_resumes_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -9,19 +9,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
+import openai
 import pytest
 from typer.testing import CliRunner
 
+from conftest import settings_for
 from tmas.agents.solution import generation_prompt
 from tmas.cli.main import app
 from tmas.methods import METHODS, register_method
 from tmas.methods.base import Candidate, Iterations, Method, MethodParams, ProblemResult, ProblemSession
 from tmas.methods.baseline_steps import finish, solve_call
 from tmas.methods.call_count import CallCount, count_calls
+from tmas.serve.launch import ServeOptions
 from tmas.store.run_store import RunStore
 from tmas.testing import SimServer
 from tmas.view.app import view_app
-from web_helpers import AppThread, get, run_ref_for
+from web_helpers import AppThread, ProxyThread, get, run_ref_for
 
 
 class RedrawParams(MethodParams):
@@ -62,6 +65,7 @@ def invoke(*args: str) -> Any:
     return out
 
 
+@pytest.mark.slow
 def test_a_method_registered_outside_goes_through_every_command(redraw: None, sim: SimServer, tmp_path: Path) -> None:
     url = ("--base-url", sim.base_url, "-m", "redraw")
     assert invoke("solve", "What is 17*23?", *url).stdout.strip() == "391"
@@ -90,6 +94,30 @@ def test_a_method_registered_outside_goes_through_every_command(redraw: None, si
         _, problem = get(f"{viewer.url}/run/{ref.key}/problem?id=p3")
     assert status == 200 and b"redraw" in page
     assert b"What is 3*7?" in problem and b"21" in problem
+
+
+def test_a_method_registered_outside_is_served_and_swept(redraw: None, sim: SimServer, tmp_path: Path) -> None:
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+        api = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused")
+        assert "redraw/sim-model" in {m.id for m in api.models.list()}
+        reply = api.chat.completions.create(
+            model="redraw/sim-model",
+            messages=[{"role": "user", "content": "What is 17*23?"}],
+            extra_body={"tmas": {"iterations": 3}},
+        )
+    assert "\\boxed{391}" in (reply.choices[0].message.content or "")
+    assert sim.stats().by_role == {"solution": 3}  # its own parameter reached the method
+
+    problems = tmp_path / "p.jsonl"
+    problems.write_text(json.dumps({"problem_id": "a", "question": "What is 3*7?", "answer": "21"}) + "\n")
+    args = ["sweep", "--out", str(tmp_path / "sw"), "--problems", str(problems), "-m", "redraw"]
+    invoke(*args, "--grid", "iterations=1,2", "--base-url", sim.base_url, "--no-report")
+    runs = sorted(p.name for p in (tmp_path / "sw" / "runs").iterdir())
+    assert runs == ["redraw__iterations=1", "redraw__iterations=2"]
+    for name, iterations in zip(runs, (1, 2), strict=True):
+        with RunStore(tmp_path / "sw" / "runs" / name, create=False) as store:
+            [row] = list(store.results())
+        assert row["answer"] == "21" and len(row["iterations"]) == iterations
 
 
 def test_the_estimate_shows_a_method_without_a_count_as_unknown(sim: SimServer, tmp_path: Path) -> None:

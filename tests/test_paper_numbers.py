@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 from conftest import settings_for
 from tmas.grading.grades import GradeConfig
 from tmas.problems import Problem
@@ -80,6 +82,7 @@ def test_method_names_and_models() -> None:
     assert setting_differences("tmas", {"n": 2, "m": 8, "epsilon": 0.2}) == ["n=2 (paper 8)"]
 
 
+@pytest.mark.slow
 async def test_report_puts_the_published_cell_beside_a_scripted_run(sim: SimServer, tmp_path: Path) -> None:
     problems = [Problem(problem_id=f"p{i}", question=f"What is {i + 4}*6?", answer=str((i + 4) * 6)) for i in range(2)]
     settings = settings_for(

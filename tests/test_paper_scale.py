@@ -18,6 +18,7 @@ def _benchmark(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     return load_benchmark("paper_scale", monkeypatch)
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_without_sending_a_finished_call_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from mattrl_runs import hand_worked_transcript, write_run
 from test_cli import tmas
 from test_pool_build import scripted_rules
@@ -12,6 +14,7 @@ from tmas.problems import Problem
 from tmas.testing import SimScript, SimServer
 
 
+@pytest.mark.slow
 def test_build_then_prune_from_the_command_line(tmp_path: Path) -> None:
     problem = Problem(problem_id="p1", question="What is 6*7?", answer="42")
     run = write_run(tmp_path / "run", [(problem, hand_worked_transcript(), "42")])
@@ -56,6 +59,7 @@ def test_build_then_prune_from_the_command_line(tmp_path: Path) -> None:
             assert bad.returncode == 2 and f"experience build: {option[2:]}: " in bad.stderr.decode()
 
 
+@pytest.mark.slow
 def test_fewshot_and_router_route(tmp_path: Path) -> None:
     lines = [json.dumps({"problem_id": f"e{i}", "question": f"What is {i}+1?", "answer": str(i + 1)}) for i in range(4)]
     (tmp_path / "build.jsonl").write_text("\n".join(lines) + "\n")

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from conftest import settings_for
 from tmas.memory.pool import Pool
 from tmas.memory.transcript import Transcript
@@ -30,6 +32,7 @@ async def mattrl_run(sim: SimServer, run_dir: Path, **params: Any) -> None:
         await run_problems(settings, PROBLEMS, store)
 
 
+@pytest.mark.slow
 async def test_build_from_real_mattrl_runs_then_retrieve_and_prune(tmp_path: Path) -> None:
     rules = [
         Rule(role="judge", replies=[json.dumps({"analysis": "sound step", "score": 3})]),

@@ -29,6 +29,7 @@ def problems() -> list[tuple[Problem, bool, bool]]:
     return out
 
 
+@pytest.mark.slow
 def test_router_trains_reports_and_routes(tmp_path: Path) -> None:
     import asyncio
 

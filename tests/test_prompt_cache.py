@@ -66,6 +66,7 @@ async def test_cached_tokens_are_read_from_usage_and_from_timings(tmp_path: Path
         assert again.cached and again.usage.cached_prompt_tokens == 150
 
 
+@pytest.mark.slow
 def test_run_summary_solve_json_and_report_show_the_cached_share(tmp_path: Path, isolated: None) -> None:
     pytest.importorskip("math_verify")
     pytest.importorskip("matplotlib")

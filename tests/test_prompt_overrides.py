@@ -105,6 +105,7 @@ def test_prompts_dir_from_the_config_file_and_the_environment(tmp_path: Path) ->
     assert load_settings(None, environ={"TMAS_PROMPTS_DIR": "/p"}).prompts_dir == "/p"
 
 
+@pytest.mark.slow
 def test_the_prompts_commands(tmp_path: Path) -> None:
     cli = CliRunner()
     listed = cli.invoke(app, ["prompts", "list"])

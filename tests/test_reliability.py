@@ -47,6 +47,7 @@ FAULT_CAUSES = {
 }
 
 
+@pytest.mark.slow
 def test_twenty_percent_faults_of_every_kind_are_survived_stored_and_counted(tmp_path: Path) -> None:
     rates = FaultRates(**{kind: 0.025 for kind in (*FAULT_CAUSES, "timeout", "truncate", "garbage")})
     assert abs(rates.total() - 0.2) < 1e-9
@@ -93,6 +94,7 @@ def test_twenty_percent_faults_of_every_kind_are_survived_stored_and_counted(tmp
 
 
 # ------------------------------------------------------------------------------------------------ 3. bad input
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("content", "message"),
     [
@@ -217,6 +219,7 @@ def test_a_question_longer_than_the_context_fails_its_problem_only(tmp_path: Pat
 
 
 # ------------------------------------------------------------------------------------------------ 4. limits
+@pytest.mark.slow
 def test_a_thousand_queued_problems_never_exceed_the_cap_and_are_streamed(tmp_path: Path) -> None:
     cap = 8
     n = 1000
@@ -265,6 +268,7 @@ def test_a_thousand_queued_problems_never_exceed_the_cap_and_are_streamed(tmp_pa
 SECRET = "sk-test-TOPSECRET-1234567890abcdef"
 
 
+@pytest.mark.slow
 def test_the_api_key_is_sent_but_never_written_anywhere(tmp_path: Path) -> None:
     problems = write_jsonl(tmp_path / "p.jsonl", arithmetic(2))
     run_dir = tmp_path / "run"

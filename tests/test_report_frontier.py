@@ -49,6 +49,7 @@ async def report_here(out: Path, *runs: Path) -> str:
     return written["markdown"].read_text()
 
 
+@pytest.mark.slow
 async def test_frontier_and_equal_budget_of_a_scripted_majority_run(sim: SimServer, tmp_path: Path) -> None:
     boxed = [f"{FILLER}\\boxed{{{a}}}" for a in ("5", "5", "6", "7", "8", "9", "9")]
     sim.set_script(
@@ -79,6 +80,7 @@ async def test_frontier_and_equal_budget_of_a_scripted_majority_run(sim: SimServ
     assert not list((tmp_path / "report").glob("pass1_vs_tokens*"))
 
 
+@pytest.mark.slow
 async def test_selection_rules_and_roc_area_in_the_report(sim: SimServer, tmp_path: Path) -> None:
     # Verify-Refine, one iteration of three trajectories per problem: two wrong answers the verifier scores 0 and
     # one right answer it scores 1.
@@ -104,6 +106,7 @@ async def test_selection_rules_and_roc_area_in_the_report(sim: SimServer, tmp_pa
     assert "mean score right 1.000, wrong 0.000" in markdown
 
 
+@pytest.mark.slow
 def test_a_run_stopped_mid_way_is_reported_from_its_finished_iterations(sim: SimServer, tmp_path: Path) -> None:
     problems = write_problems(tmp_path / "p.jsonl")
     run_dir = tmp_path / "tmas"

@@ -36,6 +36,7 @@ def rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 async def test_run_to_data_to_lora_training_killed_and_resumed(sim: SimServer, tmp_path: Path) -> None:
     pytest.importorskip("trl")
     pytest.importorskip("peft")

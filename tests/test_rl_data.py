@@ -129,6 +129,7 @@ async def test_validation_split_is_by_question(sim: SimServer, tmp_path: Path) -
     assert train_q | val_q == {question_hash(p.question) for p in PROBLEMS[:3]}
 
 
+@pytest.mark.slow
 def test_build_data_bad_input(tmp_path: Path) -> None:
     done = tmas("rl", "build-data", str(tmp_path), "-o", str(tmp_path / "x.parquet"))
     assert done.returncode == 2 and "not a run directory" in done.stderr

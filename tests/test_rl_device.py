@@ -121,6 +121,7 @@ def write_training_data(path: Path, question: str) -> None:
     )
 
 
+@pytest.mark.slow
 def test_evaluation_and_result_files_with_a_tiny_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("peft")
     pytest.importorskip("datasets")
@@ -205,6 +206,7 @@ def guideline_data(path: Path, question: str) -> None:
     )
 
 
+@pytest.mark.slow
 def test_train_judges_guideline_rollouts_with_a_frozen_model_in_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -240,6 +242,8 @@ def test_train_judges_guideline_rollouts_with_a_frozen_model_in_process(
     assert (out / "final" / "adapter_config.json").is_file()
 
 
+@pytest.mark.slow
+@pytest.mark.slow
 def test_training_stopped_for_time_goes_on_in_the_next_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two calls of ``run``: the first trains until its time is up and leaves the evaluation to the next
     (``--reserve 0``); the second continues from the step the first stopped at, then evaluates."""

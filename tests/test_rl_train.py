@@ -95,6 +95,7 @@ def judge_sim() -> Iterator[SimServer]:
         yield server
 
 
+@pytest.mark.slow
 def test_one_grpo_step_changes_the_weights(judge_sim: SimServer, tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     datasets = pytest.importorskip("datasets")
@@ -141,6 +142,8 @@ def test_one_grpo_step_changes_the_weights(judge_sim: SimServer, tmp_path: Path)
     assert not math.isnan(history["rewards/exploration/mean"])
 
 
+@pytest.mark.slow
+@pytest.mark.slow
 def test_a_time_limit_ends_training_after_a_step_with_its_final_adapter(tmp_path: Path) -> None:
     datasets = pytest.importorskip("datasets")
     pytest.importorskip("peft")

@@ -169,6 +169,7 @@ async def test_no_batch_boundary_raises(sim: SimServer, tmp_path: Path) -> None:
     assert incomplete  # odd sizes and the shifted start did cut experience groups, and were scored
 
 
+@pytest.mark.slow
 def test_verls_own_reward_path_in_its_environment() -> None:
     """test_rl_verl_manager.py in the environment verl is installed in (``make verl-env``; ``make test`` names it
     in ``TMAS_VERL_PYTHON``, so there a missing one fails rather than skips)."""

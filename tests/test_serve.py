@@ -451,6 +451,7 @@ def test_an_unreachable_upstream_is_a_502_and_the_run_stays_resumable(sim: SimSe
         assert store.results() == [] and store.get_meta("serve_request")["method"] == "cot"
 
 
+@pytest.mark.slow
 def test_stopping_the_server_answers_503_and_keeps_the_run_resumable(sim: SimServer, tmp_path: Path) -> None:
     sim.set_script(SimScript(rules=[Rule(role="verifier", latency_s=30.0)]))
     errors: list[openai.APIStatusError] = []

@@ -63,6 +63,7 @@ def task_dir(tmp_path: Path) -> Path:
     return tmp_path / "task"
 
 
+@pytest.mark.slow
 def test_lm_eval_scores_cot_and_tmas_through_the_proxy(
     sim: SimServer, task_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

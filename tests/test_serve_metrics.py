@@ -53,6 +53,7 @@ def ask(proxy: ProxyThread, model: str, question: str, **extra: Any) -> tuple[in
     return post(f"{proxy.url}/v1/chat/completions", json.dumps(body).encode())
 
 
+@pytest.mark.slow
 def test_metrics_count_a_scripted_load_exactly(sim: SimServer, tmp_path: Path) -> None:
     sim.set_script(
         SimScript(

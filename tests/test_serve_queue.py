@@ -56,6 +56,7 @@ def asked_upstream(sim: SimServer) -> list[str]:
     return [json.dumps(r.body["messages"]) for r in sim.requests]
 
 
+@pytest.mark.slow
 def test_requests_past_the_slots_wait_and_are_answered_in_arrival_order(
     sim: SimServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

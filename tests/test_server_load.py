@@ -39,6 +39,7 @@ async def _alike(llm: LLMClient, k: int, sampling: Sampling | None = None, probl
 
 
 # ------------------------------------------------------------------------------------------------ the queue
+@pytest.mark.slow
 @pytest.mark.parametrize("persona", ["vllm", "sglang", "llama-server"])
 async def test_calls_queued_past_timeout_s_are_waited_for_and_sent_once(persona: str) -> None:
     # One request generates at a time, each for 0.4 s: the sixth waits 2 s, five times timeout_s, silent (vLLM sends
@@ -67,6 +68,7 @@ async def _behind_a_running_call(settings: Settings) -> Completion:
     return queued
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("health", ["hang", "error"])
 async def test_a_queued_call_on_a_replica_whose_health_fails_is_closed(health: str) -> None:
     # The replica holds the call in its queue behind a long one (whose tokens keep coming) and its /health stops
@@ -81,6 +83,7 @@ async def test_a_queued_call_on_a_replica_whose_health_fails_is_closed(health: s
     assert served.aborted == 1
 
 
+@pytest.mark.slow
 async def test_queue_timeout_s_bounds_the_wait_for_the_first_chunk() -> None:
     script = SimScript(persona="sglang", max_running=1, latency_per_token_s=0.05)
     with SimServer(script) as sim:

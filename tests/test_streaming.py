@@ -215,6 +215,7 @@ def test_stream_timeout_and_deadline_per_endpoint_role_and_environment(tmp_path:
 
 
 # ------------------------------------------------------------------------------------------------ thinking lengths
+@pytest.mark.slow
 @pytest.mark.parametrize("persona", ["vllm", "sglang"])
 async def test_a_thinking_length_reply_streams_whole_with_its_reasoning_apart(persona: str) -> None:
     # A thinking model's reply: 30,000 tokens of reasoning, then the answer, streamed in the shapes vLLM and SGLang

@@ -124,6 +124,7 @@ async def test_sweep_resumes_after_interruption_without_repeating_finished_runs(
     assert all(p["finished"] for p in manifest["points"].values())
 
 
+@pytest.mark.slow
 async def test_sweep_report_has_every_curve(sim: SimServer, tmp_path: Path) -> None:
     from tmas.grading.grades import GradeConfig
 

@@ -14,6 +14,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from conftest import clean_env, run_tmas, settings_for
 from tmas.problems import Problem
 from tmas.runner import RunState, prepare_run, resume_settings, run_problems, stored_settings
@@ -85,6 +87,7 @@ def finished_keys(run_dir: Path) -> set[str]:
         }
 
 
+@pytest.mark.slow
 def test_killed_three_times_at_random_moments_and_resumed_equals_uninterrupted(tmp_path: Path) -> None:
     problems = tmp_path / "p.jsonl"
     problems.write_text("".join(json.dumps(p) + "\n" for p in PROBLEMS))
@@ -138,6 +141,7 @@ def test_killed_three_times_at_random_moments_and_resumed_equals_uninterrupted(t
     assert mult["answer"] == mult["iterations"][-1]["selected"]
 
 
+@pytest.mark.slow
 def test_resume_with_more_iterations_continues_from_the_stored_ones(tmp_path: Path) -> None:
     problems = tmp_path / "p.jsonl"
     problems.write_text(json.dumps(PROBLEMS[0]) + "\n")

@@ -127,6 +127,7 @@ def _tmas_run(sim: SimServer, run_dir: Path, iterations: int = 2) -> None:
         asyncio.run(grade_run(store, GradeConfig(mode="rules")))
 
 
+@pytest.mark.slow
 def test_the_viewer_reads_a_run_another_process_is_writing(sim: SimServer, tmp_path: Path) -> None:
     # At least 3 iterations x 0.5 s of verifying: long enough to be watched while it is written.
     sim.set_script(SimScript(rules=[Rule(role="verifier", latency_s=0.5)]))
@@ -310,6 +311,7 @@ def _shot(driver: Any, tmp_path: Path, name: str, top: Any = None) -> None:
         Image.open(path).convert("RGB").quantize(colors=128).save(path, optimize=True)
 
 
+@pytest.mark.slow
 def test_in_chromium_open_a_run_a_problem_an_iteration_its_bank_diff_and_a_call(
     sim: SimServer, tmp_path: Path, browser: Any
 ) -> None:
@@ -373,6 +375,7 @@ def test_in_chromium_open_a_run_a_problem_an_iteration_its_bank_diff_and_a_call(
         _shot(browser, tmp_path, "call")
 
 
+@pytest.mark.slow
 def test_in_chromium_a_problem_page_follows_a_run_as_it_goes(tmp_path: Path, browser: Any) -> None:
     from selenium.webdriver.common.by import By
 
@@ -426,6 +429,7 @@ def _scripted_run(sim: SimServer, run_dir: Path, script: SimScript, method: str,
         asyncio.run(run_problems(settings, problems, store))
 
 
+@pytest.mark.slow
 def test_in_chromium_two_runs_compared_with_math_rendered_and_graded_live(
     sim: SimServer, tmp_path: Path, browser: Any
 ) -> None:
@@ -673,6 +677,7 @@ def test_a_comparison_needs_two_known_runs(tmp_path: Path) -> None:
             assert get(marker)[1] != before
 
 
+@pytest.mark.slow
 def test_a_thousand_problem_run_from_the_simulated_server_renders(sim: SimServer, tmp_path: Path) -> None:
     """Index and run pages of 1,000 generated problems (their render time is measured in benchmarks/view_pages.py)."""
     import asyncio
@@ -715,6 +720,7 @@ $\{2\}$, which is $\frac{2^2}{2} = 2$, as it should be; and $512 \equiv 0 \pmod{
 **Final answer:** $\boxed{512}$"""
 
 
+@pytest.mark.slow
 def test_in_chromium_a_solution_a_bank_and_a_transcript_read_as_mathematics(tmp_path: Path, browser: Any) -> None:
     from selenium.webdriver.common.by import By
 

@@ -80,6 +80,7 @@ def problems_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_the_core_install_holds_no_extra(installed: Installed) -> None:
     probe = (
         "import importlib.util, json, sys; print(json.dumps([m for m in sys.argv[1:] if importlib.util.find_spec(m)]))"
@@ -185,6 +186,7 @@ NEEDS_EXTRA: list[tuple[list[str], str]] = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "extra"), NEEDS_EXTRA, ids=[" ".join(a[:2]) for a, _ in NEEDS_EXTRA])
 def test_a_missing_extra_is_one_line_naming_it(
     installed: Installed,

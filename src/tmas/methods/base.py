@@ -468,6 +468,9 @@ class Method(ABC, Generic[P]):
     traits: ClassVar[Traits] = DEFAULT_TRAITS
     # The parameters its paper ran it with, so that a report says where a run differs (empty: no paper setting).
     paper_settings: ClassVar[dict[str, Any]] = {}
+    # Small parameters under which one problem runs quickly and reaches the roles of its default setting: the test
+    # suite runs every registered method with them (None: the method gives none, and the suite says so).
+    example_params: ClassVar[dict[str, Any] | None] = None
     # Params put under the user's own when the run uses the embedded local model (e.g. a small preset).
     embedded_defaults: ClassVar[dict[str, Any]] = {}
 

@@ -136,6 +136,7 @@ class Retriever:
 class MATTRL(Method[MATTRLParams]):
     name: ClassVar[str] = "mattrl"
     traits: ClassVar[Traits] = Traits(roles=("coordinator", "specialist", "reviewer", "student", "embedding"))
+    example_params: ClassVar[dict[str, Any] | None] = {"team_size": 2, "iterations": 2}
     # The setting of the MATTRL paper (4.1).
     paper_settings: ClassVar[dict[str, Any]] = {"team_size": 3, "iterations": 3}
     Params: ClassVar[type[MethodParams]] = MATTRLParams

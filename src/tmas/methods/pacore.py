@@ -49,6 +49,7 @@ class PaCoReParams(StyledParams):
 class PaCoRe(Method[PaCoReParams]):
     name: ClassVar[str] = "pacore"
     traits: ClassVar[Traits] = Traits(roles=("solution", "synthesis"))
+    example_params: ClassVar[dict[str, Any] | None] = {"responses_per_round": 1, "iterations": 1}
     # The setting the TMAS paper ran this baseline with (4.1, A.3).
     paper_settings: ClassVar[dict[str, Any]] = {"responses_per_round": 8}
     Params: ClassVar[type[MethodParams]] = PaCoReParams

@@ -83,6 +83,7 @@ class Merge:
 class RSE(Method[RSEParams]):
     name: ClassVar[str] = "rse"
     traits: ClassVar[Traits] = Traits(roles=("solution", "distiller", "embedding"))
+    example_params: ClassVar[dict[str, Any] | None] = {"n": 1, "iterations": 2}
     # The setting the TMAS paper ran this baseline with (4.1, A.3).
     paper_settings: ClassVar[dict[str, Any]] = {"n": 8}
     Params: ClassVar[type[MethodParams]] = RSEParams

@@ -47,6 +47,7 @@ class SelfRefineParams(StyledParams):
 class SelfRefine(Method[SelfRefineParams]):
     name: ClassVar[str] = "self_refine"
     traits: ClassVar[Traits] = Traits(roles=("solution", "refiner"))
+    example_params: ClassVar[dict[str, Any] | None] = {"n": 1, "iterations": 2}
     # The setting the TMAS paper ran this baseline with (4.1, A.3).
     paper_settings: ClassVar[dict[str, Any]] = {"n": 8}
     Params: ClassVar[type[MethodParams]] = SelfRefineParams

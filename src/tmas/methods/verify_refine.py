@@ -66,6 +66,7 @@ class Verified:
 class VerifyRefine(Method[VerifyRefineParams]):
     name: ClassVar[str] = "verify_refine"
     traits: ClassVar[Traits] = Traits(selects=True, roles=("solution", "verifier", "corrector"))
+    example_params: ClassVar[dict[str, Any] | None] = {"n": 1, "m": 1, "iterations": 2}
     # The setting the TMAS paper ran this baseline with (4.1, A.3).
     paper_settings: ClassVar[dict[str, Any]] = {"n": 8, "m": 1}
     Params: ClassVar[type[MethodParams]] = VerifyRefineParams
