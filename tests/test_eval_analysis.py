@@ -61,17 +61,20 @@ def test_score_dynamics_without_scores_says_so() -> None:
 
 
 def test_unique_guidelines_and_trace_read_the_tmas_banks() -> None:
+    def strategy(sid: str, text: str) -> dict[str, Any]:
+        return {"id": sid, "description": text, "first_iteration": 0, "last_iteration": 1}
+
+    def entry(eid: str, text: str) -> dict[str, Any]:
+        return {"id": eid, "kind": "heuristic", "content": text}
+
+    # As TMAS stores them (TMASState): banks keep their ids when the agent rewords an entry.
     bank_0 = {
-        "guideline_bank": {"strategies": [{"id": "G1", "description": "direct"}]},
-        "experience_bank": {"entries": [{"id": "E1", "content": "tile 2x1 both ways"}]},
+        "guideline_bank": {"strategies": [strategy("G1", "direct")]},
+        "experience_bank": {"entries": [entry("E1", "tile 2x1 both ways")]},
     }
     bank_1 = {
-        "guideline_bank": {
-            "strategies": [{"id": "G1", "description": "direct, reworded"}, {"id": "G2", "description": "DP"}]
-        },
-        "experience_bank": {
-            "entries": [{"id": "E1", "content": "tile 2x1 both ways"}, {"id": "E2", "content": "T(2)=3"}]
-        },
+        "guideline_bank": {"strategies": [strategy("G1", "direct, reworded"), strategy("G2", "DP")]},
+        "experience_bank": {"entries": [entry("E1", "tile 2x1 both ways"), entry("E2", "T(2)=3")]},
     }
     result = _result("p", [[0.5, 0.5], [0.5, 0.5]], [[False, False], [True, False]])
     result["iterations"][0]["state"], result["iterations"][1]["state"] = bank_0, bank_1

@@ -58,8 +58,9 @@ def test_bank_diff_worked_by_hand() -> None:
     assert changes[1].before == "T_2 = 3" and changes[1].text == "T_2 = 3 and T_3 = 0"
     assert changes[2].details == changes[3].details == {"kind": "insight"}
     # A guideline strategy followed again keeps its text and changes its counts: updated, not refined.
-    prev = {"guideline_bank": {"strategies": [{"id": "S1", "description": "induction", "attempts": 1}]}}
-    state = {"guideline_bank": {"strategies": [{"id": "S1", "description": "induction", "attempts": 2}]}}
+    strategy = {"id": "S1", "description": "induction", "first_iteration": 0, "last_iteration": 0}
+    prev = {"guideline_bank": {"strategies": [{**strategy, "attempts": 1}]}}
+    state = {"guideline_bank": {"strategies": [{**strategy, "last_iteration": 1, "attempts": 2}]}}
     diffs = bank_diffs(prev, state)
     assert list(diffs) == ["guideline_bank"] and diffs["guideline_bank"][0].change == "updated"
     # The first iteration is compared with empty banks; a state without banks has no diff at all.
@@ -737,7 +738,9 @@ def test_in_chromium_a_solution_a_bank_and_a_transcript_read_as_mathematics(tmp_
     )
     state = {
         "experience_bank": {
-            "entries": [{"id": "E1", "kind": "insight", "content": r"Toggling $1$ pairs subsets: $\frac{1}{2}$ each."}]
+            "entries": [
+                {"id": "E1", "kind": "heuristic", "content": r"Toggling $1$ pairs subsets: $\frac{1}{2}$ each."}
+            ]
         },
         "transcript": Transcript(
             problem_id="subsets",

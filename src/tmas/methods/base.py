@@ -23,6 +23,7 @@ from tmas.llm.types import CallKey, Completion, Message, Usage
 from tmas.llm.watch import UNWATCHED_NOTICE, TraceWatch
 from tmas.methods.call_count import CallCount
 from tmas.methods.confidence import Confidence
+from tmas.methods.state import MethodState
 from tmas.methods.traits import DEFAULT_TRAITS, Traits
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
@@ -464,6 +465,8 @@ class Method(ABC, Generic[P]):
 
     name: ClassVar[str]
     Params: ClassVar[type[MethodParams]] = MethodParams
+    # The shape of its IterationRecord.state (methods/state.py): readers validate stored states through it.
+    State: ClassVar[type[MethodState]] = MethodState
     # What the method is (its frontier, selection, roles...), for every reader that must not go by its name.
     traits: ClassVar[Traits] = DEFAULT_TRAITS
     # The parameters its paper ran it with, so that a report says where a run differs (empty: no paper setting).

@@ -82,6 +82,7 @@ from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.confidence_params import note_missing_confidence
 from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.selection import select_answered
+from tmas.methods.state import MethodState, TMASState
 from tmas.methods.tmas_params import TMAS_ROLES, TMASParams
 from tmas.methods.traits import Traits
 
@@ -156,6 +157,7 @@ class TMAS(Method[TMASParams]):
     # The setting of the TMAS paper (4.1, A.3).
     paper_settings: ClassVar[dict[str, Any]] = {"n": 8, "m": 8, "epsilon": 0.2}
     Params: ClassVar[type[MethodParams]] = TMASParams
+    State: ClassVar[type[MethodState]] = TMASState
     embedded_defaults: ClassVar[dict[str, Any]] = {"preset": "local"}
 
     @classmethod
@@ -247,20 +249,22 @@ class TMAS(Method[TMASParams]):
                 extra["answer_fallback"] = fallback
                 log.bad("answer_fallback", f"answer from iteration {fallback['iteration']}: {fallback['reason']}")
             totals.update(log.anomalies)
+            recorded = TMASState(
+                modes=plan.modes,
+                mean_score=_mean([c.score or 0.0 for c in candidates]),
+                agreement=_agreement(candidates, p.mode),
+                experience_bank=experience,
+                guideline_bank=guideline,
+                experience_update=exp_info,
+                guideline_update=guide_info,
+                anomalies=dict(log.anomalies),
+                **extra,
+            )
             session.end_iteration(
                 candidates,
                 selected=selected.answer if selected else None,
-                state={
-                    "modes": plan.modes,
-                    "mean_score": _mean([c.score or 0.0 for c in candidates]),
-                    "agreement": _agreement(candidates, p.mode),
-                    "experience_bank": experience.model_dump(mode="json"),
-                    "guideline_bank": guideline.model_dump(mode="json"),
-                    "experience_update": exp_info,
-                    "guideline_update": guide_info,
-                    "anomalies": dict(log.anomalies),
-                    **extra,
-                },
+                # The fields a stop or a fallback did not set are left out, as before the state was typed.
+                state={k: v for k, v in recorded.model_dump(mode="json").items() if v is not None},
                 notes=log.notes,
             )
             if stopped is not None:

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import ValidationError
 
 from tmas.grading.grades import Grades
+from tmas.methods.state import BankState
 from tmas.reports.metrics import RunMetrics
-
-# Keys the TMAS method may use for its banks in IterationRecord.state (first match wins).
-GUIDELINE_KEYS = ("guideline_bank", "guidelines", "guideline")
-EXPERIENCE_KEYS = ("experience_bank", "experiences", "experience")
 
 
 # ------------------------------------------------------------------------------------------ B.4
@@ -80,31 +79,18 @@ def score_dynamics(results: list[dict[str, Any]], grades: Grades) -> ScoreDynami
 
 
 # ------------------------------------------------------------------------------------------ B.3
-def _bank_entries(state: dict[str, Any], keys: tuple[str, ...]) -> list[tuple[str, str]] | None:
-    """A bank's entries in a method state as (id, text) pairs; None when the state has no such bank.
-
-    TMAS stores ``guideline_bank = {"strategies": [{id, description, ...}]}`` and
-    ``experience_bank = {"entries": [{id, content, ...}]}``; plain lists of strings are read too.
-    """
-    for key in keys:
-        if key not in state:
-            continue
-        bank = state[key]
-        if isinstance(bank, dict):
-            bank = next((bank[k] for k in ("strategies", "entries", "items") if k in bank), [])
-        if not isinstance(bank, list):
-            return []
-        out = []
-        for entry in bank:
-            if isinstance(entry, dict):
-                text = next((entry[k] for k in ("description", "content", "text") if k in entry), None)
-                text = str(text) if text is not None else repr(sorted(entry.items()))
-                # Ids survive rewording by the bank's agent; texts are the fallback identity.
-                out.append((str(entry.get("id") or _norm(text)), text))
-            else:
-                out.append((_norm(str(entry)), str(entry)))
-        return out
-    return None
+def _bank_entries(state: dict[str, Any], bank: Literal["experience", "guideline"]) -> list[tuple[str, str]] | None:
+    """A bank's entries in an iteration's state as (id, text) pairs (ids survive rewording by the bank's agent);
+    None when the state keeps no such bank (a method whose ``State`` is no ``BankState``)."""
+    if f"{bank}_bank" not in state:
+        return None
+    try:
+        banks = BankState.model_validate(state)
+    except ValidationError:
+        return None  # not the banks of a method that keeps them: read as none
+    if bank == "guideline":
+        return [(s.id, s.description) for s in banks.guideline_bank.strategies]
+    return [(e.id, e.content) for e in banks.experience_bank.entries]
 
 
 def _norm(text: str) -> str:
@@ -129,7 +115,7 @@ def unique_guidelines(results: list[dict[str, Any]], method: dict[str, Any] | No
         seen: set[str] = set()
         found = False
         for record in result.get("iterations", []):
-            entries = _bank_entries(record.get("state") or {}, GUIDELINE_KEYS)
+            entries = _bank_entries(record.get("state") or {}, "guideline")
             if entries is None:
                 continue
             found = True
@@ -137,7 +123,7 @@ def unique_guidelines(results: list[dict[str, Any]], method: dict[str, Any] | No
         if found:
             per_problem[result["problem_id"]] = len(seen)
     if not per_problem:
-        return GuidelineDiversity(False, f"no guideline bank in the iteration state (looked for {GUIDELINE_KEYS})")
+        return GuidelineDiversity(False, "no guideline bank in the iteration state (the method keeps none)")
     return GuidelineDiversity(
         True,
         epsilon=float(epsilon) if isinstance(epsilon, int | float) else None,
@@ -182,7 +168,7 @@ def experience_trace(result: dict[str, Any], grades: Grades) -> ExperienceTrace:
         hits = [grades.majority_correct((pid, it, int(c["index"]))) for c in cands]
         modes = [(c.get("meta") or {}).get("mode") for c in cands]
         exploit = [h for h, m in zip(hits, modes, strict=True) if m == "exploit"]
-        entries = _bank_entries(record.get("state") or {}, EXPERIENCE_KEYS)
+        entries = _bank_entries(record.get("state") or {}, "experience")
         new: list[str] = []
         if entries is not None:
             any_bank = True
@@ -201,7 +187,7 @@ def experience_trace(result: dict[str, Any], grades: Grades) -> ExperienceTrace:
         )
     if not any_bank:
         trace.available = False
-        trace.reason = f"no experience bank in the iteration state (looked for {EXPERIENCE_KEYS})"
+        trace.reason = "no experience bank in the iteration state (the method keeps none)"
     return trace
 
 

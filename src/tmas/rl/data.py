@@ -49,6 +49,7 @@ from tmas.llm.types import Message
 from tmas.memory.experience_bank import ExperienceBank
 from tmas.memory.guideline_bank import GuidelineBank
 from tmas.methods import method_traits
+from tmas.methods.state import BankState
 from tmas.methods.tmas import rollout_budget_chars
 from tmas.methods.tmas_params import TMASParams
 from tmas.problems import Problem, load_problems
@@ -253,9 +254,8 @@ def problem_rows(
     rows = [_row("normal", generation_prompt(q, mode, style), problem, run=run, iteration=0)]
     for prev, record in pairwise(records):
         t = int(record["iteration"])
-        state = prev.get("state") or {}
-        experience = ExperienceBank.model_validate(state.get("experience_bank") or {})
-        guideline = GuidelineBank.model_validate(state.get("guideline_bank") or {})
+        banks = BankState.model_validate(prev.get("state") or {})
+        experience, guideline = banks.experience_bank, banks.guideline_bank
         rollouts = _rollouts(prev)
         # Both banks of t-1 go with every row of iteration t: the state its prompt came from.
         row = partial(_row, problem=problem, run=run, iteration=t, experience=experience, guideline=guideline)

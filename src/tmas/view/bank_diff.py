@@ -5,9 +5,12 @@ Banks are compared by entry id (ids are never reused, so the same id is the same
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
+
+from tmas.methods.state import BankState
 
 ChangeKind = Literal["added", "refined", "updated", "kept", "deleted"]
 
@@ -20,10 +23,6 @@ class BankChange(BaseModel):
     before: str | None = None
     # The rest of the entry (kind, subtype, attempts, scores, ...), for display.
     details: dict[str, Any] = {}
-
-
-# The bank keys of a TMAS iteration record's state: (list field, text field of an entry).
-BANKS = {"experience_bank": ("entries", "content"), "guideline_bank": ("strategies", "description")}
 
 
 def diff_entries(before: list[dict[str, Any]], after: list[dict[str, Any]], text_key: str) -> list[BankChange]:
@@ -61,11 +60,24 @@ def _details(entry: dict[str, Any], text_key: str) -> dict[str, Any]:
 
 
 def bank_diffs(previous: dict[str, Any] | None, state: dict[str, Any]) -> dict[str, list[BankChange]]:
-    """Per bank present in ``state``: its changes since ``previous`` (the prior iteration's state; None: empty)."""
+    """Per bank the state keeps (a method whose ``State`` is a ``BankState``): its changes since ``previous`` (the
+    prior iteration's state; None: empty banks). Both states are read through ``BankState``; a state it cannot
+    read (not written by a method that keeps banks) shows no changes rather than failing the page."""
+    try:
+        after, before = BankState.model_validate(state), BankState.model_validate(previous or {})
+    except ValidationError:
+        return {}
     out = {}
-    for bank, (list_key, text_key) in BANKS.items():
-        if not isinstance(state.get(bank), dict):
-            continue
-        before = (previous or {}).get(bank) or {}
-        out[bank] = diff_entries(list(before.get(list_key, [])), list(state[bank].get(list_key, [])), text_key)
+    if "experience_bank" in state:
+        out["experience_bank"] = diff_entries(
+            _dumped(before.experience_bank.entries), _dumped(after.experience_bank.entries), "content"
+        )
+    if "guideline_bank" in state:
+        out["guideline_bank"] = diff_entries(
+            _dumped(before.guideline_bank.strategies), _dumped(after.guideline_bank.strategies), "description"
+        )
     return out
+
+
+def _dumped(entries: Sequence[BaseModel]) -> list[dict[str, Any]]:
+    return [e.model_dump(mode="json") for e in entries]

@@ -1,0 +1,45 @@
+"""An iteration's method state as the store keeps it (``IterationRecord.state``), typed: each method declares its
+``State`` model beside its ``Params``, and every reader validates a stored state through it
+(:func:`tmas.methods.method_state`) instead of reading keys by name. Keys a model does not name are kept, so runs
+stored before a field was added read as they were written."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tmas.memory.experience_bank import ExperienceBank
+from tmas.memory.guideline_bank import GuidelineBank
+
+
+class MethodState(BaseModel):
+    """A state with no fields of its own (a method that keeps none)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class BankState(MethodState):
+    """The state of a method that keeps TMAS's banks: the experience bank E_t and guideline bank G_t after the
+    iteration (read by the report's analyses, the viewer's bank changes and ``tmas rl build-data``)."""
+
+    experience_bank: ExperienceBank = Field(default_factory=ExperienceBank)
+    guideline_bank: GuidelineBank = Field(default_factory=GuidelineBank)
+
+
+class TMASState(BankState):
+    """TMAS's state after iteration t (Algorithm 1)."""
+
+    # Each candidate's mode: explore (a strategy asked for) or exploit.
+    modes: list[str] = Field(default_factory=list)
+    # Mean verification score of the iteration's candidates, and the share that gives the most common answer.
+    mean_score: float = 0.0
+    agreement: float = 0.0
+    # What each memory agent's update did (or ``{"status": "skipped"}``).
+    experience_update: dict[str, Any] = Field(default_factory=dict)
+    guideline_update: dict[str, Any] = Field(default_factory=dict)
+    # Handled bad agent outputs by kind.
+    anomalies: dict[str, int] = Field(default_factory=dict)
+    # Why the problem stopped here (``early_stop``), and the earlier answer returned when this pool had none.
+    early_stop: dict[str, Any] | None = None
+    answer_fallback: dict[str, Any] | None = None
