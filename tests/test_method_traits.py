@@ -55,7 +55,7 @@ def test_the_comparison_finder_finds_one(tmp_path: Path) -> None:
 
 
 def test_readers_get_the_declared_traits_and_defaults_for_unknown_methods() -> None:
-    assert method_traits("majority").frontier == "votes" and method_traits("tmas").keeps_banks
+    assert method_traits("majority").frontier == "votes" and method_traits("cot").one_chain
     assert method_traits("tmas").selects and method_traits("verify_refine").selects
     assert method_traits("a-plugin-not-installed") == DEFAULT_TRAITS
 

@@ -9,7 +9,6 @@ is known to every command, the proxy and the viewer."""
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -22,7 +21,6 @@ from tmas.methods.mattrl import MATTRL
 from tmas.methods.pacore import PaCoRe
 from tmas.methods.rse import RSE
 from tmas.methods.self_refine import SelfRefine
-from tmas.methods.state import MethodState
 from tmas.methods.tmas import TMAS
 from tmas.methods.traits import DEFAULT_TRAITS, Traits
 from tmas.methods.verify_refine import VerifyRefine
@@ -76,14 +74,6 @@ def method_traits(name: str) -> Traits:
     not installed) has the default traits."""
     cls = METHODS.get(name)
     return cls.traits if cls is not None else DEFAULT_TRAITS
-
-
-def method_state(name: str, state: Mapping[str, Any] | None) -> MethodState:
-    """A stored iteration state read through the method's ``State`` model (a method not registered here: the
-    plain model, every key kept)."""
-    cls = METHODS.get(name)
-    model = cls.State if cls is not None else MethodState
-    return model.model_validate(dict(state or {}))
 
 
 def method_names() -> str:

@@ -1,7 +1,8 @@
 """An iteration's method state as the store keeps it (``IterationRecord.state``), typed: each method declares its
-``State`` model beside its ``Params``, and every reader validates a stored state through it
-(:func:`tmas.methods.method_state`) instead of reading keys by name. Keys a model does not name are kept, so runs
-stored before a field was added read as they were written."""
+``State`` model beside its ``Params`` (``Method.State``), and readers validate a stored state through the model
+they need instead of reading keys by name: the banks through :class:`BankState`, which every method that keeps
+TMAS's banks extends (``tmas rl build-data`` reads runs of such methods only). Keys a model does not name are kept,
+so runs stored before a field was added read as they were written."""
 
 from __future__ import annotations
 

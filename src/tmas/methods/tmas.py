@@ -152,7 +152,7 @@ class CandidateOutcome:
 
 class TMAS(Method[TMASParams]):
     name: ClassVar[str] = "tmas"
-    traits: ClassVar[Traits] = Traits(selects=True, keeps_banks=True, roles=TMAS_ROLES)
+    traits: ClassVar[Traits] = Traits(selects=True, roles=TMAS_ROLES)
     example_params: ClassVar[dict[str, Any] | None] = {"n": 1, "m": 1, "iterations": 2}
     # The setting of the TMAS paper (4.1, A.3).
     paper_settings: ClassVar[dict[str, Any]] = {"n": 8, "m": 8, "epsilon": 0.2}

@@ -19,9 +19,6 @@ class Traits(BaseModel):
     selects: bool = False
     # One chain of calls, no parallel samples: a request's temperature 0 costs it no diversity (the proxy's notice).
     one_chain: bool = False
-    # Each iteration's state holds TMAS's experience and guideline banks, from which `tmas rl build-data` makes
-    # training prompts.
-    keeps_banks: bool = False
     # The agent roles its calls go out under (``[roles.NAME]`` settings and per-role sampling apply to these).
     roles: tuple[str, ...] = ("solution",)
 

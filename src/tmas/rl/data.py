@@ -48,7 +48,7 @@ from tmas.llm.sampling import resolve_role
 from tmas.llm.types import Message
 from tmas.memory.experience_bank import ExperienceBank
 from tmas.memory.guideline_bank import GuidelineBank
-from tmas.methods import method_traits
+from tmas.methods import METHODS
 from tmas.methods.state import BankState
 from tmas.methods.tmas import rollout_budget_chars
 from tmas.methods.tmas_params import TMASParams
@@ -380,7 +380,8 @@ def build_dataset(
             raise InputError(f"{run_dir}: {exc}") from None
         with store:
             method = store.get_meta("method") or {}
-            if not method_traits(str(method.get("name"))).keeps_banks:
+            cls = METHODS.get(str(method.get("name")))
+            if cls is None or not issubclass(cls.State, BankState):
                 raise InputError(
                     f"{run_dir}: method {method.get('name')!r} keeps no experience or guideline banks;"
                     " build-data reads runs of a method that does (tmas)"
