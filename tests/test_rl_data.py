@@ -139,6 +139,16 @@ def test_build_data_bad_input(tmp_path: Path) -> None:
         assert done.returncode == 2 and f"--mix {mix!r}" in done.stderr
 
 
+def test_build_data_reads_only_runs_of_a_method_that_keeps_banks(tmp_path: Path) -> None:
+    from tmas.errors import InputError
+    from tmas.store.run_store import RunStore
+
+    with RunStore(tmp_path / "cot-run") as store:
+        store.set_meta("method", {"name": "cot", "params": {}})
+    with pytest.raises(InputError, match="method 'cot' keeps no experience or guideline banks"):
+        build_dataset([tmp_path / "cot-run"])
+
+
 def test_mix_targets_by_hand() -> None:
     # Section 4.2's 2.2 : 1.6 : 0.6 on 40 / 120 / 120 groups: scale min(40/2.2, 120/1.6, 120/0.6) = 18.18
     # -> 2.2*18.18 = 40, 1.6*18.18 = 29.1 -> 29, 0.6*18.18 = 10.9 -> 11.
