@@ -20,6 +20,7 @@ from tmas.grading.grades import SELECTED, GradeConfig, Item
 from tmas.llm.factory import open_model
 from tmas.llm.model import ChatModel
 from tmas.llm.types import CallKey
+from tmas.methods.state import MATTRLState
 
 DIAGNOSIS = "diagnosis"
 HITS = (1, 3, 5, 10)
@@ -89,9 +90,9 @@ def ranking_metrics(ranks: Sequence[int | None]) -> dict[str, float]:
 
 
 def top10(state: Mapping[str, Any]) -> list[str]:
-    """The differential of a record (its state's decision)."""
-    decision = state.get("decision") or {}
-    return [str(name) for name in decision.get("top10", [])]
+    """The differential of a record (its MATTRL state's decision)."""
+    decision = MATTRLState.model_validate(dict(state)).decision
+    return list(decision.top10) if decision is not None else []
 
 
 class DiagnosisGrader:

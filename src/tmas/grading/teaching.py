@@ -13,6 +13,7 @@ from typing import Any
 
 from tmas.grading.grader import GradingContext, StoredGrades, Verdicts
 from tmas.grading.grades import GradeConfig, Item
+from tmas.methods.state import MATTRLState
 
 TEACHING = "teaching"
 
@@ -33,13 +34,9 @@ class TeachingGrader:
 
     async def grade(self, items: Sequence[Item], context: GradingContext) -> Verdicts:
         for item in items:
-            state = item.state
-            if "pre" in state:
-                found = {
-                    "pre": state.get("pre"),
-                    "post": state.get("post"),
-                    "pre_correct": bool(state.get("pre_correct")),
-                }
+            state = _teaching_state(item.state)
+            if state is not None:
+                found = {"pre": state.pre, "post": state.post, "pre_correct": bool(state.pre_correct)}
                 context.grades.findings[item.key] = found
         return self.recall(items, context.stored, 1)
 
@@ -51,4 +48,10 @@ class TeachingGrader:
 
     def grade_one(self, item: Item) -> bool | None:
         """The post-test's verdict; None for a record of another domain."""
-        return bool(item.state.get("post_correct")) if "pre" in item.state else None
+        state = _teaching_state(item.state)
+        return bool(state.post_correct) if state is not None else None
+
+
+def _teaching_state(state: Mapping[str, Any]) -> MATTRLState | None:
+    """A record's state read as MATTRL's (methods/state.py) when it holds a teaching pre-test; else None."""
+    return MATTRLState.model_validate(dict(state)) if "pre" in state else None

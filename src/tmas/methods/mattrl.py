@@ -73,6 +73,7 @@ from tmas.methods.base import (
 from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.mattrl_teaching import teach, teaching_tier
+from tmas.methods.state import MATTRLState, MethodState, SeatRecord
 from tmas.methods.traits import Traits
 
 if TYPE_CHECKING:  # the pool needs numpy and faiss (the `pool` extra): imported only when a pool is configured
@@ -140,6 +141,7 @@ class MATTRL(Method[MATTRLParams]):
     # The setting of the MATTRL paper (4.1).
     paper_settings: ClassVar[dict[str, Any]] = {"team_size": 3, "iterations": 3}
     Params: ClassVar[type[MethodParams]] = MATTRLParams
+    State: ClassVar[type[MethodState]] = MATTRLState
     embedded_defaults: ClassVar[dict[str, Any]] = {"iterations": 2, "team_size": 2}
 
     @classmethod
@@ -778,13 +780,10 @@ class MATTRL(Method[MATTRLParams]):
 
     @staticmethod
     def _state(r: int, seats: list[Seat], transcript: Transcript, decision: Decision | None) -> dict[str, Any]:
-        state: dict[str, Any] = {
-            "round": r,
-            "members": [
-                {"id": s.member.id, "answer": s.answer, "accepted": s.accepted, "converged": s.converged} for s in seats
-            ],
-            "transcript": transcript.model_dump(mode="json"),
-        }
+        members = [
+            SeatRecord(id=s.member.id, answer=s.answer, accepted=s.accepted, converged=s.converged) for s in seats
+        ]
+        state = MATTRLState(round=r, members=members, transcript=transcript)
         if decision is not None:
-            state["decision"] = decision.model_dump(mode="json")
-        return state
+            state.decision = decision
+        return state.stored()

@@ -34,6 +34,7 @@ from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
 from tmas.methods.base import Candidate, ProblemResult, ProblemSession, gather_all
 from tmas.methods.echo_retry import chat_guarded
+from tmas.methods.state import MATTRLState
 
 
 def teaching_tier(role: str, subject: str, difficulty: str) -> Callable[[PoolEntry], int | None]:
@@ -91,32 +92,26 @@ async def teach(
     transcript.utterances.append(
         Utterance(round=0, agent="student", kind="opinion", text=pre.content, answer=pre_letter, call_id=pre.call_id)
     )
-    state: dict[str, Any] = {
-        "teaching": "team" if team else "single",
-        "pre": pre_letter,
-        "pre_correct": _same(pre_letter, gold),
-    }
+    teaching = "team" if team else "single"
+    state = MATTRLState(teaching=teaching, pre=pre_letter, pre_correct=_same(pre_letter, gold), transcript=transcript)
     candidates = [_candidate(0, pre, pre_letter, "pre-test")]
-    if state["pre_correct"] or not gold:
+    if state.pre_correct or not gold:
         if not gold:
             notes.append("no reference answer: nothing to teach toward, the post-test reuses the pre-test")
         transcript.final_answer = pre_letter
-        state |= {"post": pre_letter, "post_correct": state["pre_correct"], "skipped": True}
-        session.end_iteration(
-            candidates, selected=pre_letter, state={**state, "transcript": _dump(transcript)}, notes=notes
-        )
+        state.post, state.post_correct, state.skipped = pre_letter, state.pre_correct, True
+        session.end_iteration(candidates, selected=pre_letter, state=state.stored(), notes=notes)
         return session.result(name, answer=pre_letter, text=pre.content)
     members = await form_team(session, notes) if team else []
     # The single teacher is seat S1 of a team of one, so experience construction reads both modes alike.
     transcript.team = members or [TeamMember(id="S1", specialty="Teacher", role="single teacher", leader=True)]
-    session.end_iteration(
-        candidates, selected=pre_letter, state={**state, "transcript": _dump(transcript)}, notes=notes
-    )
+    session.end_iteration(candidates, selected=pre_letter, state=state.stored(), notes=notes)
     dialogue: tuple[Turn, ...] = ()
     post_letter: str | None = None
     post = pre
     for r in range(1, rounds + 1):
         session.begin_iteration(r)
+        state.round = r
         notes = []
         case = Case(problem.question, gold, pre_letter, pre.content, dialogue)
         asked = await _question(session, case, r, rounds, members, retrieve, transcript, notes)
@@ -148,12 +143,12 @@ async def teach(
                 )
             )
             transcript.final_answer = post_letter
-            state |= {"post": post_letter, "post_correct": _same(post_letter, gold)}
+            state.post, state.post_correct = post_letter, _same(post_letter, gold)
             candidates.append(_candidate(1, post, post_letter, "post-test"))
         session.end_iteration(
             candidates,
             selected=post_letter if r == rounds else pre_letter,
-            state={**state, "round": r, "transcript": _dump(transcript)},
+            state=state.stored(),
             notes=notes,
         )
     return session.result(name, answer=post_letter, text=post.content)

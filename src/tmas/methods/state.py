@@ -6,12 +6,14 @@ so runs stored before a field was added read as they were written."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tmas.agents.mattrl_decision import Decision
 from tmas.memory.experience_bank import ExperienceBank
 from tmas.memory.guideline_bank import GuidelineBank
+from tmas.memory.transcript import Transcript
 
 
 class MethodState(BaseModel):
@@ -44,3 +46,34 @@ class TMASState(BankState):
     # Why the problem stopped here (``early_stop``), and the earlier answer returned when this pool had none.
     early_stop: dict[str, Any] | None = None
     answer_fallback: dict[str, Any] | None = None
+
+
+class SeatRecord(BaseModel):
+    """One MATTRL team member after a round: its answer, and whether it accepted the others' and converged."""
+
+    id: str
+    answer: str | None = None
+    accepted: bool | None = None
+    converged: bool | None = None
+
+
+class MATTRLState(MethodState):
+    """MATTRL's state after a round: the discussion so far (experience construction and the pool read it), the
+    seats, and the decision of the last round (medicine: its ranked differential, which diagnosis grading reads).
+    Education's teaching records the pre- and post-test instead of seats and decision."""
+
+    round: int | None = None
+    members: list[SeatRecord] = Field(default_factory=list)
+    transcript: Transcript | None = None
+    decision: Decision | None = None
+    teaching: Literal["team", "single"] | None = None
+    pre: str | None = None
+    pre_correct: bool | None = None
+    post: str | None = None
+    post_correct: bool | None = None
+    # The pre-test was right (or there was nothing to teach toward): no dialogue, the post-test is the pre-test.
+    skipped: bool | None = None
+
+    def stored(self) -> dict[str, Any]:
+        """As the store keeps it: the fields this round set (a field left unset is no key), each whole."""
+        return {k: v for k, v in self.model_dump(mode="json").items() if k in self.model_fields_set}

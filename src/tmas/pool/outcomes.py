@@ -23,7 +23,7 @@ from tmas.agents.mattrl_team import teaching_role
 from tmas.agents.utterance_judge import TeachingView
 from tmas.config import Settings
 from tmas.errors import InputError
-from tmas.grading.diagnosis import judge_rank, name_rank
+from tmas.grading.diagnosis import judge_rank, name_rank, top10
 from tmas.grading.grades import SELECTED, GradeConfig
 from tmas.grading.registry import GradeMode
 from tmas.grading.runs import grade_run
@@ -223,8 +223,7 @@ async def load_transcripts(
                 continue
             case = LabelledTranscript(str(run_dir), problem, transcript, 1.0 if graded.correct else 0.0)
             if transcript.domain == "medicine":
-                top10 = ((records[-1].get("state") or {}).get("decision") or {}).get("top10") or []
-                medicine.append((case, [str(name) for name in top10]))
+                medicine.append((case, top10(records[-1].get("state") or {})))
             cases.append(case)
         ranks = await diagnosis_ranks(
             run_dir, settings, [(c.problem.problem_id, t, c.gold) for c, t in medicine], match, notes
