@@ -30,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 from tmas.config import Settings
 from tmas.errors import ConfigError, InputError
 from tmas.grading.registry import GradeMode
+from tmas.methods.state import MATTRLState
 from tmas.pool.outcomes import graded_results
 from tmas.problems import Problem
 
@@ -209,8 +210,8 @@ async def paired_cases(
 
 def _domain(result: dict[str, Any]) -> str:
     iterations = result.get("iterations") or []
-    state = (iterations[-1].get("state") or {}) if iterations else {}
-    return str((state.get("transcript") or {}).get("domain") or "math")
+    state = MATTRLState.model_validate((iterations[-1].get("state") or {}) if iterations else {})
+    return state.transcript.domain if state.transcript is not None else "math"
 
 
 def _completion_tokens(result: dict[str, Any]) -> int:
