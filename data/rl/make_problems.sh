@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The problem files of data/rl/ (see README.md): generated, level 2, all seven families; every question once.
+# The problem files of data/rl/ (see README.md): generated, level 2 (LEVEL=N for another), all seven families; every
+# question once.
 # Held-out evaluation first; each training batch then keeps only questions not in the evaluation set nor in an
 # earlier batch (tiling and combinatorics have few distinct level-2 questions, so they are scarce in training).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-python3}
+LEVEL=${LEVEL:-2}
 tmp=$(mktemp -d)
-gen() { PYTHONPATH=src "$PY" -m tmas data generate --family all --level 2 --n "$1" --seed "$2" -o "$tmp/$3.jsonl"; }
+gen() { PYTHONPATH=src "$PY" -m tmas data generate --family all --level "$LEVEL" --n "$1" --seed "$2" -o "$tmp/$3.jsonl"; }
 gen 56 9000 eval
 PYTHONPATH=src "$PY" data/rl/distinct.py "$tmp/eval.jsonl" data/rl/eval.jsonl
 previous=(--exclude data/rl/eval.jsonl)
