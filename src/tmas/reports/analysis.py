@@ -93,10 +93,6 @@ def _bank_entries(state: dict[str, Any], bank: Literal["experience", "guideline"
     return [(e.id, e.content) for e in banks.experience_bank.entries]
 
 
-def _norm(text: str) -> str:
-    return " ".join(text.split()).lower()
-
-
 @dataclass
 class GuidelineDiversity:
     available: bool
