@@ -16,7 +16,6 @@ Retrieval (C.1.1) is keyed by the teacher's role and the question's subject and 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from tmas.agents.echo import EchoGuard
 from tmas.agents.mattrl_teaching import (
@@ -207,7 +206,3 @@ async def _question(
         Utterance(round=r, agent="coordinator", kind="meeting", text=plan.content, call_id=plan.call_id)
     )
     return asked
-
-
-def _dump(transcript: Transcript) -> dict[str, Any]:
-    return transcript.model_dump(mode="json")
