@@ -66,7 +66,7 @@ pytest: $(DEV_STAMP) $(VERL_STAMP) browser
 
 test: lint typecheck pytest
 
-# The logic alone (no child processes, real models, browser or training stacks): for a quick check while working.
+# The logic alone (no test marked slow: real models, the browser, training stacks, longer command-line runs).
 test-fast: $(DEV_STAMP)
 	$(BIN)/pytest -q -m "not slow and not local_model"
 
