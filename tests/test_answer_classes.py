@@ -148,6 +148,7 @@ async def test_majority_vote_counts_values_on_the_wire(sim: SimServer, tmp_path:
     assert result.iterations[0].state["votes"] == {"1/4": 3, "2": 2}
 
 
+@pytest.mark.slow
 async def test_tmas_votes_group_by_the_grading_rules_on_the_wire(sim: SimServer, tmp_path: Path) -> None:
     pytest.importorskip("math_verify")
     # Equal scores everywhere; by spelling three answers tie and the first (7) wins, by value the two spellings of

@@ -149,6 +149,7 @@ def test_environment_variables_configure_the_endpoint(sim: SimServer) -> None:
     assert sim.requests[0].body["model"] == "from-env"
 
 
+@pytest.mark.slow
 def test_models_reports_each_endpoint(sim: SimServer) -> None:
     out = tmas("models", "--base-url", sim.base_url)
     assert out.returncode == 0 and "ok, models: sim-model" in out.stdout.decode()
@@ -218,6 +219,7 @@ def test_killed_run_resumes_without_repeating_finished_calls(tmp_path: Path) -> 
     assert asked_after | finished_before == {f"p{i}" for i in range(n)}
 
 
+@pytest.mark.slow
 def test_resume_of_a_finished_run_asks_nothing_again(sim: SimServer, tmp_path: Path) -> None:
     write_problems(tmp_path / "p.jsonl", 3)
     run_dir = tmp_path / "run"

@@ -105,6 +105,7 @@ def _command_args(command: str, tmp_path: Path) -> list[str]:
     }[command]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["solve", "run", "eval", "sweep"])
 def test_each_flag_of_the_group_reaches_the_wire_and_the_run(
     sim: SimServer, tmp_path: Path, command: str, monkeypatch: pytest.MonkeyPatch

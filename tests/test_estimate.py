@@ -302,6 +302,7 @@ def write_problems(path: Path, n: int) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_sweep_dry_run_prints_the_estimate_and_sends_nothing(sim: SimServer, tmp_path: Path) -> None:
     problems = write_problems(tmp_path / "p.jsonl", 100)
     out = tmas_cli(

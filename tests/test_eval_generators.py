@@ -70,6 +70,7 @@ def test_there_are_at_least_six_families() -> None:
     assert len(FAMILIES) >= 6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("level", [1, 2, 3])
 def test_answers_match_brute_force(family: str, level: int) -> None:

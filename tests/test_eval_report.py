@@ -92,6 +92,7 @@ def test_report_on_a_missing_run_is_a_clear_error(tmp_path: Path) -> None:
     assert out.returncode == 2 and "not a run directory" in out.stderr
 
 
+@pytest.mark.slow
 def test_data_generate_cli(tmp_path: Path) -> None:
     out = tmas(
         "data",

@@ -94,6 +94,7 @@ async def test_unknown_grader_names_are_refused_where_given(tmp_path: Path) -> N
         await grade_run(store, GradeConfig(mode="exactly"))
 
 
+@pytest.mark.slow
 async def test_every_registered_grader_grades_one_item_through_the_registry(sim: SimServer, tmp_path: Path) -> None:
     pytest.importorskip("math_verify")
     sim.set_script(

@@ -173,6 +173,7 @@ def test_malformed_files_are_one_line_errors(
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_cli_import_writes_problems_tmas_reads(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "hle.jsonl", HLE_ROWS)
     env = clean_env()

@@ -168,6 +168,7 @@ def test_bad_gpu_settings_are_rejected(data: dict[str, object], key: str) -> Non
         load_settings(overrides={f"local.{k}": v for k, v in data.items()}, environ={})
 
 
+@pytest.mark.slow
 async def test_replicas_are_listed_used_and_stopped(fake_llama: Path, gguf: Path, tmp_path: Path) -> None:
     settings = Settings.model_validate(
         {

@@ -129,6 +129,7 @@ def plugin_site(root: Path) -> dict[str, str]:
     return {"PYTHONPATH": path}
 
 
+@pytest.mark.slow
 def test_a_method_from_another_package_is_found_by_its_entry_point(sim: SimServer, tmp_path: Path) -> None:
     env = plugin_site(tmp_path)
     done = run_tmas("solve", "What is 17*23?", "--base-url", sim.base_url, "-m", "twice", env=env, text=True)
@@ -139,6 +140,7 @@ def test_a_method_from_another_package_is_found_by_its_entry_point(sim: SimServe
     assert "twice" in listed.stdout
 
 
+@pytest.mark.slow
 def test_a_plugin_that_fails_to_load_is_named_with_its_package(sim: SimServer, tmp_path: Path) -> None:
     env = plugin_site(tmp_path)
     broken = run_tmas("solve", "What is 17*23?", "--base-url", sim.base_url, "-m", "broken", env=env, text=True)

@@ -277,6 +277,7 @@ async def test_warm_up_samples_without_log_probabilities_set_no_threshold() -> N
     assert ONLINE_STOP_NOTICE in result.notices
 
 
+@pytest.mark.slow
 async def test_warm_up_samples_shorter_than_the_window_raise_one_notice_naming_both_lengths(
     sim: SimServer, tmp_path: Path
 ) -> None:

@@ -164,6 +164,7 @@ async def make_pools(spec: SweepSpec, settings: Settings) -> None:
             pool.save()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", GRIDS)
 async def test_grid_runs_end_to_end_on_the_simulated_server(
     sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str

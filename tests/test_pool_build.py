@@ -185,6 +185,7 @@ async def test_wrong_team_and_unlabelled_problems(tmp_path: Path) -> None:
     assert c[(1, "S1")]["G"] == 0.0 and c[(1, "S1")]["r"] == pytest.approx(0.4)
 
 
+@pytest.mark.slow
 async def test_medicine_outcome_is_the_reciprocal_rank_of_the_gold_diagnosis(tmp_path: Path) -> None:
     record = "Patient record: angiokeratomas, acroparesthesia."
     problem = Problem(problem_id="m1", question=record, answer="Fabry disease")
@@ -227,6 +228,7 @@ async def test_a_build_cut_off_by_an_unreachable_endpoint_resumes_from_its_store
         assert summary.added == 2
 
 
+@pytest.mark.slow
 async def test_a_synonym_diagnosis_is_matched_by_the_judge_and_credited(tmp_path: Path) -> None:
     problem = Problem(problem_id="m1", question="Patient record: angiokeratomas.", answer="Fabry disease")
     transcript = hand_worked_transcript("m1").model_copy(update={"domain": "medicine"})

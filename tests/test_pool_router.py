@@ -59,6 +59,7 @@ def test_router_trains_reports_and_routes(tmp_path: Path) -> None:
     assert loaded.route(data[0][0].question) == TEAM and loaded.route("What is 5 plus 9?") == SINGLE
 
 
+@pytest.mark.slow
 def test_one_class_gives_a_constant_router(tmp_path: Path) -> None:
     import asyncio
 
@@ -83,6 +84,7 @@ def test_features_and_bad_router_file(tmp_path: Path) -> None:
         RouterModel.load(bad)
 
 
+@pytest.mark.slow
 def test_medicine_and_education_routers_read_their_own_features(tmp_path: Path) -> None:
     import asyncio
 

@@ -262,6 +262,7 @@ class _RecordingLoader(jinja2.BaseLoader):
         return self.inner.get_source(environment, template)
 
 
+@pytest.mark.slow
 def test_every_template_file_is_rendered_by_this_audit(monkeypatch: pytest.MonkeyPatch) -> None:
     """Discovered by globbing the prompts folder: a new template without a builder here fails this test."""
     base = templates._environment()

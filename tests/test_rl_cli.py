@@ -104,6 +104,7 @@ async def test_run_to_data_to_lora_training_killed_and_resumed(sim: SimServer, t
     assert json.loads((final / "tmas_base.json").read_text()) == {"model": str((out / "base").resolve())}
 
 
+@pytest.mark.slow
 def test_train_and_export_errors(tmp_path: Path) -> None:
     done = tmas("rl", "train", str(tmp_path / "none.parquet"), "-o", str(tmp_path / "o"), "--model", "tiny")
     assert done.returncode == 2 and "no such data file" in done.stderr

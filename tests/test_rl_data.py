@@ -42,6 +42,7 @@ async def tmas_run(sim: SimServer, run_dir: Path, iterations: int = 3) -> None:
         await run_problems(settings, todo, store)
 
 
+@pytest.mark.slow
 async def test_build_data_writes_the_release_schema(sim: SimServer, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     await tmas_run(sim, run_dir)
@@ -115,6 +116,7 @@ async def test_build_data_writes_the_release_schema(sim: SimServer, tmp_path: Pa
     assert "Left out: 1 evaluation problems" in card and "1 without a reference answer" in card
 
 
+@pytest.mark.slow
 async def test_validation_split_is_by_question(sim: SimServer, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     await tmas_run(sim, run_dir, iterations=2)
@@ -165,6 +167,7 @@ def test_mix_targets_by_hand() -> None:
     }  # fmt: skip
 
 
+@pytest.mark.slow
 async def test_mix_draws_groups_by_problem(sim: SimServer, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     await tmas_run(sim, run_dir)  # 3 labeled problems, T = 3: 3 normal, 6 experience, 6 guideline groups

@@ -84,6 +84,7 @@ def tiny(texts: list[str]) -> tuple[Any, Any]:
     return tiny_model(len(tokenizer)), tokenizer
 
 
+@pytest.mark.slow
 def test_in_process_judge_counts_unusable_replies_as_known() -> None:
     from tmas.rl.hf_judge import TransformersNoveltyJudge
 

@@ -207,6 +207,7 @@ def test_bad_bodies_get_400_errors_without_tracebacks(sim: SimServer, proxy: Pro
     assert sim.stats().total_requests == 0
 
 
+@pytest.mark.slow
 def test_oversized_bodies_413_and_too_many_problems_429(sim: SimServer, tmp_path: Path) -> None:
     sim.set_script(SimScript(rules=[Rule(role="solution", latency_s=1.0)]))
     # No queue: a request past the one slot is turned away at once.
@@ -268,6 +269,7 @@ def _stream_until_progress(url: str, body: dict[str, Any]) -> None:
             seen += data
 
 
+@pytest.mark.slow
 def test_a_disconnected_client_cancels_its_run_and_a_restart_resumes_it(sim: SimServer, tmp_path: Path) -> None:
     sim.set_script(SimScript(rules=[Rule(role="verifier", latency_s=0.4)]))
     serve_dir = tmp_path / "served"
@@ -406,6 +408,7 @@ def test_every_run_store_is_closed_by_the_time_the_server_has_stopped(sim: SimSe
             assert [r["status"] for r in store.results()] == ["done"]
 
 
+@pytest.mark.slow
 def test_the_same_request_twice_at_once_is_one_run(sim: SimServer, tmp_path: Path) -> None:
     sim.set_script(SimScript(rules=[Rule(role="solution", latency_s=0.5)]))
     replies: list[Any] = []

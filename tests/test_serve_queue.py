@@ -92,6 +92,7 @@ def test_requests_past_the_slots_wait_and_are_answered_in_arrival_order(
     assert after == {**after, "queued": 0, "peak_queued": 4, "rejected": 0, "max_queue": 1024}
 
 
+@pytest.mark.slow
 def test_a_full_queue_answers_429_with_retry_after(sim: SimServer, tmp_path: Path) -> None:
     sim.set_script(SimScript(rules=[Rule(role="solution", latency_s=0.5)]))
     options = ServeOptions(serve_dir=tmp_path / "served", max_problems=2, max_queue=2)
@@ -142,6 +143,7 @@ def test_retry_after_is_the_time_the_full_queue_takes_to_move_one_place() -> Non
     assert admission.rejected == 3 and admission.held == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_client_gone_while_queued_is_never_run(sim: SimServer, tmp_path: Path, stream: bool) -> None:
     sim.set_script(SimScript(rules=[Rule(role="solution", latency_s=0.5)]))
@@ -165,6 +167,7 @@ def test_a_client_gone_while_queued_is_never_run(sim: SimServer, tmp_path: Path,
     assert len([p for p in (tmp_path / "served").iterdir() if (p / "run.sqlite").is_file()]) == 2
 
 
+@pytest.mark.slow
 def test_queued_streams_open_at_once_and_get_their_answers(sim: SimServer, tmp_path: Path) -> None:
     sim.set_script(SimScript(rules=[Rule(role="solution", latency_s=0.3)]))
     options = ServeOptions(serve_dir=tmp_path / "served", max_problems=1)

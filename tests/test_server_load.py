@@ -92,6 +92,7 @@ async def test_queue_timeout_s_bounds_the_wait_for_the_first_chunk() -> None:
     assert queued.error_cause == "queue_timeout"
 
 
+@pytest.mark.slow
 async def test_the_deadline_counts_from_sending_not_from_waiting_in_tmas(sim: SimServer) -> None:
     # One call at a time (concurrency 1), each 0.6 s at the server, deadline_s 1: the second waits 0.6 s inside tmas
     # first, which its deadline does not count.

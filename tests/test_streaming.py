@@ -47,6 +47,7 @@ async def test_streamed_requests_ask_for_usage_and_read_the_same_reply(sim: SimS
 
 
 # ------------------------------------------------------------------------------------------------ timeouts
+@pytest.mark.slow
 async def test_a_reply_longer_than_timeout_s_arrives_whole_while_its_chunks_keep_coming(sim: SimServer) -> None:
     # What streaming is for: unstreamed, a reply that takes longer than timeout_s never arrives however often it is sent
     # (see the next test); streamed, each delta comes well inside timeout_s and the whole reply arrives at once.

@@ -18,6 +18,9 @@ import pytest
 from conftest import clean_env
 from tmas.testing import SimScript, SimServer
 
+# Every test here installs the built wheel in a fresh virtual environment first.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 PROBLEMS = [
     {"problem_id": "p1", "question": "What is 17*23?", "answer": "391"},
@@ -80,7 +83,6 @@ def problems_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.slow
 def test_the_core_install_holds_no_extra(installed: Installed) -> None:
     probe = (
         "import importlib.util, json, sys; print(json.dumps([m for m in sys.argv[1:] if importlib.util.find_spec(m)]))"
@@ -186,7 +188,6 @@ NEEDS_EXTRA: list[tuple[list[str], str]] = [
 ]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("args", "extra"), NEEDS_EXTRA, ids=[" ".join(a[:2]) for a, _ in NEEDS_EXTRA])
 def test_a_missing_extra_is_one_line_naming_it(
     installed: Installed,

@@ -14,6 +14,7 @@ silence), bounded only by ``queue_timeout_s`` where set and by ``deadline_s``. O
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -28,6 +29,9 @@ from tmas.llm.failures import Failure
 from tmas.llm.replies import STOPPED_EARLY, logprobs
 from tmas.llm.stream import StreamAssembler, StreamError, lines
 from tmas.llm.watch import TraceWatch
+
+# Seconds a stream's end is read for after its end marker (see _drain); the rest of a proper reply is already there.
+DRAIN_S = 0.25
 
 
 @dataclass
@@ -203,6 +207,7 @@ async def _read_stream(
             async for line in lines(_chunks(resp, exchange, timing, first)):
                 assembler.feed(line)
                 if assembler.done:
+                    await _drain(resp)
                     break
                 if watch is None or len(assembler.logprobs()) == seen:
                     continue
@@ -228,6 +233,14 @@ async def _read_stream(
         if exc.error is not None:
             raise failures.from_stream_event(exc.error) from None
         raise Failure(f"stream from {exchange.url}: {exc}", exc.cause, retry=True) from None
+
+
+async def _drain(resp: aiohttp.ClientResponse) -> None:
+    """Read what follows the stream's end marker (the chunked body's last, empty chunk), so that the connection goes
+    back to the pool: left unread, aiohttp closes the connection instead, and the next call opens another. A server
+    that sends nothing more within ``DRAIN_S`` is not waited for (its connection is closed)."""
+    with contextlib.suppress(TimeoutError, aiohttp.ClientError, ConnectionError):
+        await asyncio.wait_for(resp.content.read(), DRAIN_S)
 
 
 def _json_reply(status: int, text: str, exchange: Exchange, retry_after: str | None) -> dict[str, Any]:
