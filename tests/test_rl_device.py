@@ -133,21 +133,9 @@ def test_evaluation_and_result_files_with_a_tiny_model(tmp_path: Path, monkeypat
     data = tmp_path / "train.parquet"
     write_training_data(data, "What is 17*23?")
     work, out = tmp_path / "work", tmp_path / "out"
-    args = argparse.Namespace(
-        work=work,
-        out=out,
-        model="tiny",
-        data=data,
-        eval=problems,
-        eval_limit=None,
-        eval_max_tokens=4,
-        eval_temperature=0.7,
-        eval_top_p=0.95,
-        eval_seed=3,
-        eval_batch_size=2,
-        eval_dtype="float32",
-        which="base",
-    )
+    options = ["--model", "tiny", "--work", str(work), "--out", str(out), "--data", str(data), "--eval", str(problems)]
+    options += ["--eval-max-tokens", "4", "--eval-temperature", "0.7", "--eval-seed", "3", "--eval-batch-size", "2"]
+    args = argparse.Namespace(**vars(device.parse_args(["run", *options])), which="base")
     base = device.ensure_base(work, "tiny", data, problems, None)
     assert (base / "config.json").is_file()
     device.run_eval(args)

@@ -60,7 +60,7 @@ def load_plugins() -> None:
                 raise TypeError(f"{entry.value} is not a tmas.methods.base.Method subclass")
             register_method(cls)
         except Exception as exc:  # any failure of foreign code: recorded, never fatal to the registry
-            reason = str(exc).splitlines()[0] if str(exc) else ""
+            reason = next(iter(str(exc).splitlines()), "")
             PLUGIN_ERRORS[entry.name] = (
                 f"method plugin {entry.name!r} from package {package!r} failed to load: {type(exc).__name__}: {reason}"
             )
