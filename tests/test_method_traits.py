@@ -4,20 +4,23 @@ methods from other packages are found by their entry points."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
-from conftest import run_tmas
+from conftest import run_tmas, settings_for
 from tmas.config import ROLES
 from tmas.methods import METHODS, method_traits, register_method
 from tmas.methods.base import Method
 from tmas.methods.traits import DEFAULT_TRAITS, Traits
 from tmas.serve.client_sampling import greedy_notice
+from tmas.serve.launch import ServeOptions
 from tmas.serve.protocol import ChatBody
 from tmas.testing import SimServer
+from web_helpers import ProxyThread, post
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "tmas"
 
@@ -77,6 +80,25 @@ def test_the_proxy_warns_of_temperature_zero_by_the_methods_traits() -> None:
         assert greedy_notice("one_chain_toy", body, "defaults") is None
     finally:
         del METHODS["one_chain_toy"]
+
+
+def test_the_proxy_notes_temperature_zero_for_parallel_samples(sim: SimServer, tmp_path: Path) -> None:
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+        replies = {}
+        for method, params in (("cot", {}), ("self_refine", {"n": 2, "iterations": 1})):
+            body = {
+                "model": f"{method}/sim-model",
+                "messages": [{"role": "user", "content": "What is 17*23?"}],
+                "temperature": 0,
+                "tmas": params,
+            }
+            status, replies[method] = post(f"{proxy.url}/v1/chat/completions", json.dumps(body).encode())
+            assert status == 200, replies[method]
+    # What the server received: temperature 0 on every call of both methods.
+    assert {r.body["temperature"] for r in sim.requests if r.endpoint == "chat"} == {0}
+    assert "notices" not in replies["cot"]["tmas"]
+    [notice] = replies["self_refine"]["tmas"]["notices"]
+    assert notice.startswith("temperature 0 was applied to every upstream call of self_refine")
 
 
 # ------------------------------------------------------------------------------------------ entry points
