@@ -17,7 +17,7 @@ from tmas.llm.replay import StoreReplay
 from tmas.llm.types import TokenLogprob, user
 from tmas.llm.watch import UNWATCHED_NOTICE
 from tmas.methods import create_method
-from tmas.methods.base import ProblemResult, ProblemSession
+from tmas.methods.base import MethodParams, ProblemResult, ProblemSession
 from tmas.methods.mattrl import MATTRL, MATTRLParams
 from tmas.methods.online_stop import ConfidenceWatch
 from tmas.pool.outcomes import LabelledTranscript
@@ -106,13 +106,13 @@ async def test_mattrl_team_formation_repairs_nothing_on_a_good_reply_and_falls_b
     method = MATTRL(MATTRLParams(retries=1))
     good = ScriptedModel(settings=SETTINGS)
     notes: list[str] = []
-    team = await method._form_team(ProblemSession(Q, good, None), notes)
+    team = await method._form_team(ProblemSession(Q, good, None, params=method.params), notes)
     assert [m.specialty for m in team] == ["Arithmetic strategist", "Computation checker", "Edge-case auditor"]
     assert notes == [] and good.calls[0].reply_model is not None  # the team's schema goes with the call
 
     bad = ScriptedModel(SimScript(rules=[Rule(role="coordinator", replies=["no team here"])]), SETTINGS)
     notes = []
-    team = await method._form_team(ProblemSession(Q, bad, None), notes)
+    team = await method._form_team(ProblemSession(Q, bad, None, params=method.params), notes)
     assert len(bad.calls) == 2  # the first try and one retry
     assert notes[-1] == "team formation: no usable team from the coordinator; the default team is used"
     assert len(team) == MATTRLParams().team_size
@@ -130,15 +130,14 @@ async def test_store_replay_wraps_any_model(tmp_path: Path) -> None:
     # The run store's replay is a wrapper (tmas.llm.replay): around the scripted model, a second solve of the same
     # problem with the same seed is answered from the store alone, with the same result.
     with RunStore(tmp_path / "run") as store:
+        method = create_method("tmas", {"n": 2, "m": 1, "iterations": 2})
         first_model = ScriptedModel(settings=SETTINGS)
-        first = await create_method("tmas", {"n": 2, "m": 1, "iterations": 2}).solve(
-            ProblemSession(Q, StoreReplay(first_model, store), store, seed=3)
+        first = await method.solve(
+            ProblemSession(Q, StoreReplay(first_model, store), store, seed=3, params=method.params)
         )
         again_model = ScriptedModel(settings=SETTINGS)
         replay = StoreReplay(again_model, store)
-        again = await create_method("tmas", {"n": 2, "m": 1, "iterations": 2}).solve(
-            ProblemSession(Q, replay, store, seed=3)
-        )
+        again = await method.solve(ProblemSession(Q, replay, store, seed=3, params=method.params))
         assert again_model.calls == [] and replay.replayed == len(first_model.calls) == len(list(store.calls()))
         assert again.answer == first.answer == "391"
         assert [c.text for r in again.iterations for c in r.candidates] == [
@@ -168,7 +167,7 @@ async def test_experience_turn_scoring_retries_an_unreadable_judge_reply_in_proc
 
 async def test_a_watch_is_never_begun_in_process_and_the_session_says_so_once() -> None:
     # The scripted model answers whole, as an unstreamed call: the watch sees nothing and stops nothing.
-    session = ProblemSession(Q, ScriptedModel(settings=SETTINGS), None)
+    session = ProblemSession(Q, ScriptedModel(settings=SETTINGS), None, params=MethodParams())
     watch = ConfidenceWatch(threshold=2.0, window=4)
     for sample in range(2):
         reply = await session.chat("solution", [user(Q.question)], sample=sample, watch=watch)

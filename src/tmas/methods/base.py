@@ -228,13 +228,13 @@ class ProblemSession:
         llm: ChatModel,
         store: RunStore | None,
         *,
+        params: MethodParams,
         seed: int = 0,
         active: dict[str, int] | None = None,
         budget: Budget | None = None,
         equivalence: EquivalenceCheck | None = None,
         on_iteration: Callable[[str, int], None] | None = None,
         bank: TokenBank | None = None,
-        params: MethodParams | None = None,
     ) -> None:
         self.problem = problem
         self.llm = llm
@@ -269,7 +269,8 @@ class ProblemSession:
         self.bank = bank
         self.drawn = 0
         # The parameters of the method solving the problem: their sampling layers (MethodParams.sampling_layers)
-        # enter every call's sampling resolution.
+        # enter every call's sampling resolution. Required, so that no session leaves a method's sampling out
+        # unseen (a session outside a method passes ``MethodParams()``, which sets none).
         self.params = params
         # Kind -> the one-line notice this problem raised (see :meth:`notice`).
         self.notices: dict[str, str] = {}
@@ -361,7 +362,7 @@ class ProblemSession:
 
     def resolve_sampling(self, role: str, call: Sampling | None = None) -> ResolvedSampling:
         """What a call of ``role`` with the per-call override ``call`` sends (the seed aside), and who set what."""
-        preset, method = self.params.sampling_layers(role) if self.params is not None else (None, None)
+        preset, method = self.params.sampling_layers(role)
         return self.llm.resolve_sampling(role, preset=preset, method=method, call=call)
 
     def max_tokens(self, role: str, sampling: Sampling | None = None) -> int | None:
