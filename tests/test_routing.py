@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from conftest import settings_for
-from tmas.config import load_settings
+from tmas.config import Sampling, load_settings
 from tmas.errors import ConfigError
 from tmas.llm.client import LLMClient
-from tmas.llm.lanes import affinity_key, chain
+from tmas.llm.lanes import affinity_key, call_affinity
 from tmas.llm.routing import PrefixRouter, prompt_blocks
-from tmas.llm.types import CallKey, Message, user
+from tmas.llm.types import CallKey, ChainKey, ChatRequest, Message, user
 from tmas.problems import Problem
 from tmas.runner import RunSummary, prepare_run, run_problems
 from tmas.store.run_store import RunStore
@@ -324,11 +324,40 @@ def test_a_router_gets_a_session_key_per_chain_the_same_on_resume(tmp_path: Path
     assert {where: next(iter(values)) for where, values in again.items()} == {w: value[w] for w in again}
 
 
+def test_a_call_s_affinity_is_read_from_its_key_and_stays_what_runs_sent_before() -> None:
+    # A chain's calls share the chain's key, fixed by the run seed, the problem, the iteration and the chain index;
+    # the values are those runs sent when the chain came from the calling task, so a run resumed across the change
+    # keeps its chains on their replicas.
+    solution = CallKey(problem_id="q0", role="solution", sample=1, iteration=0, chain=1)
+    verifier = CallKey(problem_id="q0", role="verifier", sample=3, iteration=0, chain=1)
+    assert call_affinity(solution, 3) == call_affinity(verifier, 3) == affinity_key(3, "q0", 0, 1) == "3fc2567a0bb26baf"
+    assert call_affinity(solution.model_copy(update={"chain": 0}), 3) != call_affinity(solution, 3)
+    assert call_affinity(solution.model_copy(update={"iteration": 1}), 3) != call_affinity(solution, 3)
+    # Outside chains, the problem's key; no problem, no affinity.
+    memory = CallKey(problem_id="q0", role="experience", iteration=0)
+    assert call_affinity(memory, 3) == affinity_key(3, "q0") == "9364822c8c616485"
+    assert call_affinity(CallKey(role="judge"), 3) is None
+
+
+def test_the_chain_is_no_part_of_a_call_s_stored_identity() -> None:
+    # The store finds a call by its request hash and sample: a chain in the key changes neither, so a run stored
+    # before keys named chains replays its calls (tests/test_resume_before_seam.py resumes such a run).
+    request = ChatRequest(
+        model="m", messages=[user("What is 17*23?")], sampling=Sampling(temperature=0.6, max_tokens=100, seed=7)
+    )
+    plain = CallKey(problem_id="q0", role="solution", sample=1, iteration=0)
+    chained = plain.model_copy(update={"chain": 1})
+    expected = "6899893fd42a0fe0f47d95e5cc877d4dcbc67b69a82af705455279f057b77822"  # as hashed before chains
+    assert request.request_hash(plain) == request.request_hash(chained) == expected
+    assert plain.chain_key is None
+    assert chained.chain_key == ChainKey(problem_id="q0", iteration=0, chain=1)
+
+
 def test_no_session_header_unless_configured(sim: SimServer) -> None:
     async def ask() -> None:
         async with LLMClient(settings_for(sim)) as llm:
-            with chain(affinity_key(3, "q0", 0, 1)):
-                await llm.chat("solution", [user("What is 17*23?")], key=CallKey(problem_id="q0", role="solution"))
+            key = CallKey(problem_id="q0", role="solution", iteration=0, chain=1)
+            await llm.chat("solution", [user("What is 17*23?")], key=key)
 
     asyncio.run(ask())
     [request] = sim.requests

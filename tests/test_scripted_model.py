@@ -139,6 +139,8 @@ async def test_store_replay_wraps_any_model(tmp_path: Path) -> None:
         replay = StoreReplay(again_model, store)
         again = await method.solve(ProblemSession(Q, replay, store, seed=3, params=method.params))
         assert again_model.calls == [] and replay.replayed == len(first_model.calls) == len(list(store.calls()))
+        # The chains end through the wrapper, replayed or sent.
+        assert again_model.ended_chains == first_model.ended_chains and len(first_model.ended_chains) == 4
         assert again.answer == first.answer == "391"
         assert [c.text for r in again.iterations for c in r.candidates] == [
             c.text for r in first.iterations for c in r.candidates

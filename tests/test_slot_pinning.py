@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from conftest import settings_for
-from tmas.llm.lanes import Lane, SlotQueue, chain, pinned_slot
+from tmas.llm.lanes import Lane, SlotQueue, pinned_slot
+from tmas.llm.types import ChainKey
 from tmas.methods import create_method
 from tmas.planning.estimate import calls_per_problem
 from tmas.problems import Problem
@@ -108,19 +109,26 @@ def test_each_candidate_s_calls_run_back_to_back_on_its_slot(tmp_path: Path, sim
 def test_a_chain_keeps_its_slot_between_calls_until_it_ends() -> None:
     order: list[str] = []
 
-    async def call(queue: SlotQueue, name: str) -> None:
-        async with queue.turn():
+    async def call(queue: SlotQueue, name: str, chain: ChainKey | None = None) -> None:
+        async with queue.turn(chain):
             order.append(name)
             await asyncio.sleep(0)
 
     async def chained(queue: SlotQueue, name: str, started: asyncio.Event) -> None:
-        with chain():
-            await call(queue, f"{name}1")
+        # The chain is named by the calls' keys: equal keys, built apart, are one chain.
+        index = ord(name) - ord("a")
+        try:
+            await call(queue, f"{name}1", ChainKey(problem_id="q0", iteration=0, chain=index))
             started.set()
             # Work between the chain's calls: another caller is queued meanwhile, and waits.
             for _ in range(5):
                 await asyncio.sleep(0)
-            await asyncio.gather(call(queue, f"{name}2a"), call(queue, f"{name}2b"))
+            await asyncio.gather(
+                call(queue, f"{name}2a", ChainKey(problem_id="q0", iteration=0, chain=index)),
+                call(queue, f"{name}2b", ChainKey(problem_id="q0", iteration=0, chain=index)),
+            )
+        finally:
+            queue.chain_ended(ChainKey(problem_id="q0", iteration=0, chain=index))
 
     async def main() -> None:
         queue = SlotQueue()

@@ -4,15 +4,19 @@ ablations, early stopping, selection and presets. What its preset sends crosses 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 from conftest import scripted_settings
 from scripted_runs import by_role, last_user_prompts, solve_in_process
+from tmas.agents.echo import ECHO_RETRY_SAMPLE
 from tmas.api import asolve
 from tmas.config import Sampling, Settings
 from tmas.llm.sampling import resolve_role
+from tmas.llm.types import ChainKey, Completion, Message
 from tmas.methods import create_method
 from tmas.methods.base import ProblemResult
 from tmas.methods.selection import select
@@ -162,6 +166,85 @@ def test_tie_rule() -> None:
     # Candidates with an answer beat a better-scored one without.
     assert select([cand(0, None, 1.0), cand(1, "3", 0.0)], "numeric").index == 1  # type: ignore[union-attr]
     assert select([cand(0, "1", 0.5), cand(1, "2", 0.5)], "numeric").index == 0  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------------------------------------- chains
+@dataclass
+class ChainLog(ScriptedModel):
+    """The scripted model, with how many calls it had answered when each chain ended; a call of ``fail_role`` with
+    chain ``fail_chain`` raises (a method error, after which the rollouts still running are cancelled)."""
+
+    ended_after: dict[ChainKey, int] = field(default_factory=dict)
+    fail_role: str | None = None
+    fail_chain: int | None = None
+
+    async def chat(self, role: str, messages: Sequence[Message], **kwargs: Any) -> Completion:
+        key = kwargs.get("key")
+        if role == self.fail_role and key is not None and key.chain == self.fail_chain:
+            raise RuntimeError("scripted failure")
+        return await super().chat(role, messages, **kwargs)
+
+    def end_chain(self, chain: ChainKey) -> None:
+        super().end_chain(chain)
+        assert chain not in self.ended_after, f"{chain} ended twice"
+        self.ended_after[chain] = len(self.calls)
+
+
+def chain_log(script: SimScript | None = None, budget: dict[str, int] | None = None, **params: Any) -> ChainLog:
+    settings = scripted_settings(method={"name": "tmas", "params": params}, **({"budget": budget} if budget else {}))
+    return ChainLog(script or SimScript(), settings)
+
+
+def assert_chains_closed(model: ChainLog) -> None:
+    """Every chain that made a call was ended once, after its last call."""
+    chains = {call.key.chain_key for call in model.calls} - {None}
+    assert chains == set(model.ended_after) == set(model.ended_chains)
+    for position, call in enumerate(model.calls):
+        chain = call.key.chain_key
+        assert chain is None or position < model.ended_after[chain], (position, call.role, chain)
+
+
+async def test_a_candidate_s_calls_carry_its_chain_and_the_chain_ends_after_them() -> None:
+    n, m = 3, 2
+    echo = "Finish with one last line that holds nothing but the final answer you computed.\n\\boxed{the final answer}"
+    rules = [
+        # Iteration 0: a solution that echoes its instructions, asked again; iteration 1 (all exploit): an answerless
+        # solution, asked again with the reminder. Both second calls stay in the candidate's chain.
+        Rule(role="solution", pattern="<problem>", replies=[echo], times=1),
+        Rule(role="solution", pattern=REFINE_MARK, replies=["It is roughly four hundred."], times=1),
+    ]
+    model = chain_log(
+        SimScript(rules=rules), n=n, m=m, iterations=2, epsilon=0.0, style="concise", skip_final_memory=False
+    )
+    result = await solve_in_process(model, Q)
+    assert result.status == "done" and result.answer == "391"
+    assert result.counters["solution_echo"] == 1 and result.counters["solution_reminded"] == 1
+    for call in model.calls:
+        sample = call.key.sample % ECHO_RETRY_SAMPLE
+        expected = {"solution": sample, "summary": sample, "verifier": sample // m}.get(call.role)
+        assert call.key.chain == expected, (call.role, call.key)
+    assert len(model.calls_of("solution")) == 2 * n + 2
+    # Chain i of iteration t: one per candidate and iteration, each ended once, after its last call.
+    assert sorted(model.ended_chains, key=lambda c: (c.iteration or 0, c.chain)) == [
+        ChainKey(problem_id="question", iteration=t, chain=i) for t in range(2) for i in range(n)
+    ]
+    assert_chains_closed(model)
+
+
+async def test_chains_end_when_a_budget_stops_them_or_a_failure_cancels_them() -> None:
+    # A call budget spent among the verifications: the rollouts stop at their next call, and their chains end.
+    model = chain_log(budget={"calls": 4}, n=2, m=2, iterations=1)
+    result = await solve_in_process(model, Q)
+    assert result.stopped_reason == "budget" and len(model.calls) == 4
+    assert {c.chain for c in model.ended_chains} == {0, 1}
+    assert_chains_closed(model)
+    # A failure in one rollout cancels the others; every chain that began ends.
+    model = chain_log(n=3, m=2, iterations=1)
+    model.fail_role, model.fail_chain = "verifier", 1
+    result = await solve_in_process(model, Q)
+    assert result.status == "failed" and "scripted failure" in (result.error or "")
+    assert model.ended_chains and all(c.iteration == 0 for c in model.ended_chains)
+    assert_chains_closed(model)
 
 
 # ---------------------------------------------------------------------------------------------- bad agent output

@@ -37,7 +37,7 @@ from tmas.llm.routes import Route, Routes
 from tmas.llm.sampling import ResolvedSampling, resolve_role
 from tmas.llm.stream import PARTIAL
 from tmas.llm.transport import Exchange, Timing, send
-from tmas.llm.types import CallKey, ChatRequest, Completion, Message
+from tmas.llm.types import CallKey, ChainKey, ChatRequest, Completion, Message
 from tmas.llm.watch import TraceWatch
 
 
@@ -133,6 +133,13 @@ class LLMClient:
             [completion] = await self._call(route, request, key, request_hash, watch=watch)
         self.stats.count(completion)
         return completion
+
+    def end_chain(self, chain: ChainKey) -> None:
+        """``chain`` made its last call (see :meth:`tmas.llm.model.ChatModel.end_chain`): a pinned slot it holds
+        goes to the next call in line (tmas.llm.lanes.SlotQueue)."""
+        for replica in self._routes.replicas():
+            for queue in replica.slot_queues.values():
+                queue.chain_ended(chain)
 
     async def _send_samples(self, samples: list[Sample]) -> list[Completion | None]:
         """Two or more alike calls as one request with ``n`` where the endpoint serves it (tmas.llm.batching); None
@@ -264,12 +271,12 @@ class LLMClient:
         headers = {"X-Tmas-Role": key.role, **replicas.auth_headers(route.api_key)}
         if key.problem_id:
             headers["X-Tmas-Problem"] = key.problem_id
-        if route.endpoint.session_header and (session_key := call_affinity(key.problem_id, self.settings.seed)):
+        if route.endpoint.session_header and (session_key := call_affinity(key, self.settings.seed)):
             headers[route.endpoint.session_header] = session_key  # a serving router keeps the chain on one server
         turn: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
         if slot is not None:
             body = {**body, "id_slot": slot}
-            turn = replica.slot_queues.setdefault(slot, SlotQueue()).turn()
+            turn = replica.slot_queues.setdefault(slot, SlotQueue()).turn(key.chain_key)
 
         async def alive() -> bool:
             return await replicas.alive(self.session, replica, route.api_key, min(route.endpoint.timeout_s, 30.0))

@@ -9,12 +9,15 @@ problem worker is a lane: the client sends the calls of lane ``w`` to one slot (
 slot's cache holds the lane's own previous prompt. With fewer problems than slots (one ``tmas solve``) nothing is
 pinned: the parallel calls of one problem then use every slot.
 
-A lane's calls wait their turn in a :class:`SlotQueue`; a method marks the calls that build on each other as a
-:class:`Chain` (:func:`in_chain`), and a chain that got the slot keeps it until it ends, so its calls run back to back.
+A lane's calls wait their turn in a :class:`SlotQueue`. A method names the calls that build on each other as one
+chain in their keys (``CallKey.chain``: a TMAS candidate's index; the session puts it there) and ends the chain when
+its last call is done (``ChatModel.end_chain``); a chain that got the slot keeps it until it ends, so its calls run
+back to back.
 
-Across replicas a chain's key (and outside chains, the problem's) is the call's affinity (:func:`call_affinity`): the
-client's router prefers the replica that served the chain's last call (tmas.llm.routing), and a serving router in
-front of the replicas reads it from a session header (``Endpoint.session_header``).
+Across replicas a chain's affinity key (and outside chains, the problem's) is the call's affinity
+(:func:`call_affinity`, read from the call's key and the run seed): the client's router prefers the replica that
+served the chain's last call (tmas.llm.routing), and a serving router in front of the replicas reads it from a session
+header (``Endpoint.session_header``).
 """
 
 from __future__ import annotations
@@ -22,13 +25,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TypeVar
 
-T = TypeVar("T")
+from tmas.llm.types import CallKey, ChainKey
 
 
 @dataclass(frozen=True)
@@ -57,81 +59,47 @@ def pinned_slot(lane: Lane | None, replicas: int, slots_per_replica: int) -> tup
     return lane.index % replicas, (lane.index // replicas) % slots_per_replica
 
 
-class Chain:
-    """A sequence of calls that build on each other (one TMAS candidate: its solution, verifications, summary). On a
-    pinned slot, the chain that got the slot keeps it until the chain ends, so each of its calls finds the previous
-    one's prompt in the slot's cache (a summary shares the problem and the candidate with its verification). Without
-    it the lane's queue is first come, first served, and the candidates' calls interleave (solution 1, solution 2,
-    verification 1, ...), each finding the other chain's prompt (llama-server's host-memory prompt cache then restores
-    some of it: docs/performance.md measures both orders).
-    """
-
-    def __init__(self, key: str | None = None) -> None:
-        # Stable across runs and resumes (see affinity_key): where the chain's calls should go.
-        self.key = key
-        # The slot queues this chain holds (one, on a pinned lane), told when it ends.
-        self.held: set[SlotQueue] = set()
-
-    def end(self) -> None:
-        for queue in list(self.held):
-            queue.chain_ended(self)
-        self.held.clear()
-
-
-_chain: ContextVar[Chain | None] = ContextVar("tmas_chain", default=None)
-
-
 def affinity_key(*parts: object) -> str:
     """A short key fixed by ``parts`` (run seed, problem id, ...), the same in every process: safe as a header value
     whatever the problem id holds."""
     return hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).hexdigest()
 
 
-def call_affinity(problem_id: str, seed: int) -> str | None:
-    """The affinity key of a call made now: its chain's key, else its problem's; None for a call of neither."""
-    current = _chain.get()
-    if current is not None and current.key is not None:
-        return current.key
-    return affinity_key(seed, problem_id) if problem_id else None
-
-
-@contextmanager
-def chain(key: str | None = None) -> Iterator[Chain]:
-    """Run the block's calls, and those of the tasks it starts, as one :class:`Chain` with affinity ``key``."""
-    current = Chain(key)
-    token = _chain.set(current)
-    try:
-        yield current
-    finally:
-        _chain.reset(token)
-        current.end()
-
-
-async def in_chain(aw: Awaitable[T], key: str | None = None) -> T:
-    """Await ``aw`` as one :class:`Chain` (run it as its own task, as ``gather`` does, so the chain is its own)."""
-    with chain(key):
-        return await aw
+def call_affinity(key: CallKey, seed: int) -> str | None:
+    """The affinity key of the call ``key`` in a run of ``seed``: its chain's (fixed by the run seed, the problem, the
+    iteration and the chain index, so a resumed run sends the same), else its problem's; None for a call of
+    neither."""
+    if key.chain is not None:
+        return affinity_key(seed, key.problem_id, key.iteration, key.chain)
+    return affinity_key(seed, key.problem_id) if key.problem_id else None
 
 
 class SlotQueue:
-    """One server slot's calls, one at a time, first come first served, except that a :class:`Chain` holding the
-    slot keeps it between its calls until it ends (its later calls go first; other calls wait)."""
+    """One server slot's calls, one at a time, first come first served, except that a chain (the ``chain_key`` of
+    its calls' keys) holding the slot keeps it between its calls until it ends (its later calls go first; other calls
+    wait). The chain that got the slot keeps it until :meth:`chain_ended`, so each of its calls finds the previous
+    one's prompt in the slot's cache (a summary shares the problem and the candidate with its verification). Without
+    chains the queue is first come, first served, and the candidates' calls interleave (solution 1, solution 2,
+    verification 1, ...), each finding the other chain's prompt (llama-server's host-memory prompt cache then restores
+    some of it: docs/performance.md measures both orders). A chain's calls must all come before its end: one after it
+    would take the slot again, with no end to give it back."""
 
     def __init__(self) -> None:
         self._busy = False
-        self._holder: Chain | None = None
-        self._waiters: deque[tuple[Chain | None, asyncio.Future[None]]] = deque()
+        self._holder: ChainKey | None = None
+        self._waiters: deque[tuple[ChainKey | None, asyncio.Future[None]]] = deque()
 
     @asynccontextmanager
-    async def turn(self) -> AsyncIterator[None]:
-        await self._acquire(_chain.get())
+    async def turn(self, chain: ChainKey | None = None) -> AsyncIterator[None]:
+        """The slot, for one call of ``chain`` (None: a call of no chain)."""
+        await self._acquire(chain)
         try:
             yield
         finally:
             self._busy = False
             self._wake()
 
-    async def _acquire(self, chain: Chain | None) -> None:
+    async def _acquire(self, chain: ChainKey | None) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (chain, future)
         self._waiters.append(entry)
@@ -146,14 +114,13 @@ class SlotQueue:
             self._wake()
             raise
 
-    def _admits(self, chain: Chain | None) -> bool:
-        return self._holder is None or self._holder is chain
+    def _admits(self, chain: ChainKey | None) -> bool:
+        return self._holder is None or self._holder == chain
 
-    def _grant(self, chain: Chain | None) -> None:
+    def _grant(self, chain: ChainKey | None) -> None:
         self._busy = True
         if chain is not None and self._holder is None:
             self._holder = chain
-            chain.held.add(self)
 
     def _wake(self) -> None:
         if self._busy:
@@ -167,7 +134,8 @@ class SlotQueue:
                 future.set_result(None)
                 return
 
-    def chain_ended(self, chain: Chain) -> None:
-        if self._holder is chain:
+    def chain_ended(self, chain: ChainKey) -> None:
+        """``chain`` made its last call: if it holds the slot, the next call in line gets it."""
+        if self._holder == chain:
             self._holder = None
             self._wake()

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from tmas.config import Sampling, Settings
 from tmas.errors import LLMError
 from tmas.llm.sampling import ResolvedSampling
-from tmas.llm.types import CallKey, Completion, Message, Usage
+from tmas.llm.types import CallKey, ChainKey, Completion, Message, Usage
 from tmas.llm.watch import TraceWatch
 
 
@@ -79,8 +79,15 @@ class ChatModel(Protocol):
         a per-call override resolved here as the ``call`` layer (None: the role's own); ``key`` names
         the call for storage and replay; ``reply_model`` is the pydantic model of a JSON reply (its schema may be
         sent as ``response_format``); ``watch`` follows a streamed reply and may stop it early (an implementation
-        that cannot stream never begins it: :mod:`tmas.llm.watch`). A failed call returns a :class:`Completion`
+        that cannot stream never begins it: :mod:`tmas.llm.watch`); ``key.chain`` names the chain of calls it belongs to
+        (kept together until :meth:`end_chain`). A failed call returns a :class:`Completion`
         whose ``error`` says why."""
+        ...
+
+    def end_chain(self, chain: ChainKey) -> None:
+        """``chain``'s calls (those whose key's ``chain_key`` it is) are over: what the model kept together for them
+        (a pinned server slot it held: tmas.llm.lanes) is let go. A method ends each chain it names once its last
+        call is done, also when the chain failed or was cancelled; a model that keeps nothing for chains ignores it."""
         ...
 
     async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:

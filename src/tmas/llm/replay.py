@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from tmas.config import Sampling, Settings
 from tmas.llm.model import ChatModel
 from tmas.llm.sampling import ResolvedSampling
-from tmas.llm.types import CallKey, ChatRequest, Completion, Message
+from tmas.llm.types import CallKey, ChainKey, ChatRequest, Completion, Message
 from tmas.llm.watch import TraceWatch
 
 
@@ -93,6 +93,10 @@ class StoreReplay:
         completion.request_hash = request_hash
         completion.call_id = self.store.record_call(completion, request)
         return completion
+
+    def end_chain(self, chain: ChainKey) -> None:
+        # Replayed or sent, the chain's calls are over: the wrapped model lets go of what it kept for them.
+        self.inner.end_chain(chain)
 
     async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
         return await self.inner.embed(texts, role=role)

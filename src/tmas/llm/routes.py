@@ -79,12 +79,16 @@ class Routes:
         self._routes[role] = route
         return route
 
+    def replicas(self) -> list[Replica]:
+        """Every replica any role's calls went to so far."""
+        return list(self._replicas.values())
+
     def pick(self, route: Route, messages: Sequence[Message], key: CallKey) -> Replica:
         """The replica for a call (tmas.llm.routing): by its prompt's cached prefix with ``routing = "cache"``, else
         the least loaded. The caller counts the call in the replica's ``load`` until it ends."""
         if route.endpoint.routing == "load" or not messages:
             return self.router.least_loaded(route.replicas)
-        affinity = call_affinity(key.problem_id, self.settings.seed)
+        affinity = call_affinity(key, self.settings.seed)
         return self.router.choose(messages, route.replicas, affinity, route.endpoint.routing_load_bound)
 
     @staticmethod

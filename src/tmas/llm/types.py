@@ -91,6 +91,18 @@ class ServerFindings(BaseModel):
     reasoning: Reasoning | None = None
 
 
+class ChainKey(BaseModel):
+    """One chain of calls that build on each other (a TMAS candidate: its solution, verifications, summary): the
+    problem, the iteration and the chain's index within it. The client keeps a chain's calls together: back to back
+    on a pinned server slot, on one replica across replicas (:mod:`tmas.llm.lanes`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    problem_id: str
+    iteration: int | None
+    chain: int
+
+
 class CallKey(BaseModel):
     """Identifies a call for caching and replay: the same request with the same sample index is the same call."""
 
@@ -101,6 +113,17 @@ class CallKey(BaseModel):
     # Distinguishes repeated identical requests (e.g. the N candidates of iteration 0 share one prompt).
     sample: int = 0
     iteration: int | None = None
+    # The chain the call belongs to within its problem's iteration (a TMAS candidate's index); None for a call of
+    # no chain. Where the call goes, never what it asks: no part of the request hash, nor of the run store's row, so
+    # runs stored before it existed replay their calls.
+    chain: int | None = None
+
+    @property
+    def chain_key(self) -> ChainKey | None:
+        """The chain of this call, or None."""
+        if self.chain is None:
+            return None
+        return ChainKey(problem_id=self.problem_id, iteration=self.iteration, chain=self.chain)
 
 
 class ChatRequest(BaseModel):

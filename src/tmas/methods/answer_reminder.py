@@ -36,8 +36,10 @@ async def ask_with_reminder(
     *,
     sample: int,
     sampling: Sampling | None = None,
+    chain: int | None = None,
 ) -> Reminded:
-    """``first`` (a reply to ``messages`` with no answer) sent back with the reminder, under the same sample index.
+    """``first`` (a reply to ``messages`` with no answer) sent back with the reminder, under the same sample index
+    and in the same ``chain``.
 
     ``meta["reminder"]`` keeps the first reply's call and text, then the retry's ``error`` or ``echo``; ``read`` gives
     a reply's solution text and answer, as the echo guard checks them. Both replies stay in the run store. A call the
@@ -46,7 +48,7 @@ async def ask_with_reminder(
     info: dict[str, Any] = {"first_call_id": first.call_id, "first_reply": first.content[:REPLY_LIMIT]}
     meta["reminder"] = info
     reminded = answer_reminder_prompt(messages, first.content)
-    retry = await session.chat(role, reminded, sample=sample, sampling=sampling)
+    retry = await session.chat(role, reminded, sample=sample, sampling=sampling, chain=chain)
     if not retry.ok:
         info["error"] = retry.error
         return Reminded(retry, accepted=False)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Annotated, Any, ClassVar, Generic, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, PrivateAttr, model_validator
@@ -19,7 +20,7 @@ from tmas.answer_classes import EquivalenceCheck, answer_classes
 from tmas.config import Budget, Sampling
 from tmas.llm.model import ChatModel
 from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling
-from tmas.llm.types import CallKey, Completion, Message, Usage
+from tmas.llm.types import CallKey, ChainKey, Completion, Message, Usage
 from tmas.llm.watch import UNWATCHED_NOTICE, TraceWatch
 from tmas.methods.call_count import CallCount
 from tmas.methods.confidence import Confidence
@@ -293,12 +294,16 @@ class ProblemSession:
         sampling: Sampling | None = None,
         reply_model: type[BaseModel] | None = None,
         watch: TraceWatch | None = None,
+        chain: int | None = None,
     ) -> Completion:
         """One call of this problem (see :meth:`ChatModel.chat`; ``reply_model``: the pydantic model of a JSON
         reply, sent as its schema where the endpoint allows; ``watch``: follows the streamed reply and may stop it,
-        and a reply that came unstreamed raises the run's one-line notice :data:`UNWATCHED_NOTICE`)."""
+        and a reply that came unstreamed raises the run's one-line notice :data:`UNWATCHED_NOTICE`; ``chain``: the
+        chain of calls of this iteration it belongs to, in its key, ended by :meth:`chain`'s block)."""
         self.check_budget()
-        key = CallKey(problem_id=self.problem.problem_id, role=role, sample=sample, iteration=self.iteration)
+        key = CallKey(
+            problem_id=self.problem.problem_id, role=role, sample=sample, iteration=self.iteration, chain=chain
+        )
         resolved = self.resolve_sampling(role, sampling)
         if resolved.sampling.seed is None:
             # A distinct, reproducible seed per call: parallel samples of one prompt differ, and a rerun with the
@@ -326,6 +331,17 @@ class ProblemSession:
             self._iteration_failed += 1
             self.spent_failed += 1
         return completion
+
+    @contextmanager
+    def chain(self, chain: int) -> Iterator[None]:
+        """The block makes the calls of chain ``chain`` of the current iteration (each passes ``chain=chain`` to
+        :meth:`chat`); on leaving it, however (an error, a cancel), the chain ends (:meth:`ChatModel.end_chain`),
+        so a server slot it held goes on to the problem's other calls."""
+        ended = ChainKey(problem_id=self.problem.problem_id, iteration=self.iteration, chain=chain)
+        try:
+            yield
+        finally:
+            self.llm.end_chain(ended)
 
     def tally(self, role: str) -> ReplyTally:
         """``role``'s reply counts in this iteration, for the method to add what it found in them."""

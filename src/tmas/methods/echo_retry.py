@@ -34,16 +34,26 @@ async def chat_guarded(
     sampling: Sampling | None = None,
     reply_model: type[BaseModel] | None = None,
     watch: TraceWatch | None = None,
+    chain: int | None = None,
 ) -> GuardedReply:
     """``session.chat``, then ``echo_of(reply)`` (what echoes, or None) on a successful reply; one retry on an echo.
-    A reply ``watch`` stopped early is returned as it is: its partial text is no reply to check."""
-    reply = await session.chat(role, messages, sample=sample, sampling=sampling, reply_model=reply_model, watch=watch)
+    A reply ``watch`` stopped early is returned as it is: its partial text is no reply to check. Both calls belong to
+    ``chain`` (:meth:`ProblemSession.chat`)."""
+    reply = await session.chat(
+        role, messages, sample=sample, sampling=sampling, reply_model=reply_model, watch=watch, chain=chain
+    )
     first = echo_of(reply) if reply.ok and reply.stopped_early is None else None
     if first is None:
         return GuardedReply(reply)
     session.tally(role).echo += 1
     retry = await session.chat(
-        role, messages, sample=sample + ECHO_RETRY_SAMPLE, sampling=sampling, reply_model=reply_model, watch=watch
+        role,
+        messages,
+        sample=sample + ECHO_RETRY_SAMPLE,
+        sampling=sampling,
+        reply_model=reply_model,
+        watch=watch,
+        chain=chain,
     )
     again = echo_of(retry) if retry.ok and retry.stopped_early is None else None
     if again is not None:

@@ -64,7 +64,6 @@ from tmas.agents.summary import Summary, fallback_summary, parse_summary, summar
 from tmas.agents.verification import Verification, VerificationReply, parse_verification, verification_prompt
 from tmas.answer_classes import value_key
 from tmas.config import Sampling
-from tmas.llm.lanes import affinity_key, in_chain
 from tmas.llm.types import Completion, Message, Usage
 from tmas.memory.experience_bank import ExperienceBank, apply_experience_ops
 from tmas.memory.guideline_bank import GuidelineBank, apply_strategy_classifications
@@ -210,16 +209,11 @@ class TMAS(Method[TMASParams]):
             # Lines 6-17: candidates in parallel; each one's verifications start as soon as it is written.
             # Nothing reads the last iteration's summaries and banks (line 22 reads the candidates and scores alone).
             last = p.skip_final_memory and t == p.iterations - 1
-            # Each candidate's calls are a chain: on a pinned server slot they run back to back, so each finds the
-            # previous one's prompt in the slot's cache; across replicas they keep to one (tmas.llm.lanes). The
-            # chain's key is fixed by the run, so a resumed run sends the same.
-            problem_id = session.problem.problem_id
+            # Each candidate's calls are chain i (in their keys): on a pinned server slot they run back to back, so
+            # each finds the previous one's prompt in the slot's cache; across replicas they keep to one
+            # (tmas.llm.lanes). The chain ends when its rollout does, however it ends.
             outcomes = await gather_all(
-                in_chain(
-                    self._rollout(session, i, plan, log, summarize=not last),
-                    affinity_key(session.seed, problem_id, t, i),
-                )
-                for i in range(p.n)
+                self._chained_rollout(session, i, plan, log, summarize=not last) for i in range(p.n)
             )
             rollouts = [o.rollout for o in outcomes if o.rollout is not None]  # line 18: R_t
             candidates = [o.candidate for o in outcomes]
@@ -362,6 +356,14 @@ class TMAS(Method[TMASParams]):
         budget = rollout_budget_chars(base, context_tokens=p.context_tokens, window=window, reply_tokens=reply)
         return fit_rollouts(rollouts, top_k=p.top_k, max_solution_chars=p.max_solution_chars, budget_chars=budget)
 
+    async def _chained_rollout(
+        self, session: ProblemSession, i: int, plan: SolutionPlan, log: IterationLog, *, summarize: bool
+    ) -> CandidateOutcome:
+        """Candidate i's rollout as chain i of the iteration: its calls carry ``chain=i``, and the chain ends with the
+        rollout (also on an error or a cancel)."""
+        with session.chain(i):
+            return await self._rollout(session, i, plan, log, summarize=summarize)
+
     # ------------------------------------------------------------------------------------------ one rollout
     async def _rollout(
         self,
@@ -384,6 +386,7 @@ class TMAS(Method[TMASParams]):
             lambda r: guard.solution_echo(*_text_and_answer(parse_solution(r.content, p.mode))),
             sample=i,
             sampling=p.confidence_sampling(p.select),
+            chain=i,
         )
         reply = guarded.reply
         candidate = Candidate(
@@ -452,6 +455,7 @@ class TMAS(Method[TMASParams]):
             s_messages,
             lambda r: "summary" if s_guard.echoes_text(r.content) else None,
             sample=i,
+            chain=i,
         )
         s_reply = s_guarded.reply
         if s_guarded.first_echo is not None:
@@ -505,7 +509,7 @@ class TMAS(Method[TMASParams]):
             return _text_and_answer(parse_solution(content, p.mode))
 
         reminded = await ask_with_reminder(
-            session, "solution", messages, reply, meta, read, sample=i, sampling=sampling
+            session, "solution", messages, reply, meta, read, sample=i, sampling=sampling, chain=i
         )
         retry = reminded.reply
         if not retry.ok:
@@ -553,7 +557,8 @@ class TMAS(Method[TMASParams]):
         # Text scoring only: logprob scores are read from unconstrained tokens (see LLMClient._response_format).
         shape = None if logprob else VerificationReply
         replies = await gather_all(
-            session.chat("verifier", check, sample=i * p.m + j, sampling=over, reply_model=shape) for j in range(p.m)
+            session.chat("verifier", check, sample=i * p.m + j, sampling=over, reply_model=shape, chain=i)
+            for j in range(p.m)
         )
         verifications: list[Verification] = []
         records: list[dict[str, Any]] = []

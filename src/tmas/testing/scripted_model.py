@@ -3,8 +3,9 @@ building): no HTTP, no server, the same replies the simulated server gives.
 
 It answers with the simulator's script (rules by role and pattern, then the default responder of each role), so a
 test scripts it exactly as it scripts :class:`tmas.testing.SimServer`, and it records every call it was asked for
-(role, key, messages, resolved sampling, reply model) for the test to assert on. Its calls are numbered in order
-(``call_id``), as a run store numbers the calls it records, so a record that cites a call can be followed to it.
+(role, key, messages, resolved sampling, reply model) and every chain ended, for the test to assert on. Its calls are
+numbered in order (``call_id``), as a run store numbers the calls it records, so a record that cites a call can be
+followed to it.
 Tests of what crosses the wire (request bodies, retries, faults, streaming, the store) keep using the simulated
 server.
 """
@@ -20,7 +21,7 @@ from pydantic import BaseModel
 from tmas.config import Sampling, Settings
 from tmas.llm.reasoning import split_reasoning
 from tmas.llm.sampling import ResolvedSampling, resolve_role
-from tmas.llm.types import CallKey, ChatRequest, Completion, Message, TokenLogprob, Usage
+from tmas.llm.types import CallKey, ChainKey, ChatRequest, Completion, Message, TokenLogprob, Usage
 from tmas.llm.watch import TraceWatch
 from tmas.testing.personas import persona_of
 from tmas.testing.responders import SimRequest, count_tokens
@@ -53,6 +54,9 @@ class ScriptedModel:
     calls: list[ScriptedCall] = field(default_factory=list)
     # The texts of each embedding request, in order.
     embedded: list[list[str]] = field(default_factory=list)
+    # The chains ended (ChatModel.end_chain), in order: with each call's ``key.chain``, what a test asserts a
+    # method's chains by.
+    ended_chains: list[ChainKey] = field(default_factory=list)
     _rules: RuleBook | None = field(default=None, repr=False)
 
     def resolve_sampling(
@@ -144,6 +148,9 @@ class ScriptedModel:
             # An empty payload is none, as the HTTP client reads it.
             logprobs=[TokenLogprob.model_validate(p) for p in logprobs] if logprobs else None,
         )
+
+    def end_chain(self, chain: ChainKey) -> None:
+        self.ended_chains.append(chain)
 
     async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
         self.embedded.append(list(texts))
