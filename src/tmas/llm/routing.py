@@ -13,7 +13,7 @@ hash to the replicas that served it (a bit set): :data:`MAX_BLOCKS` blocks, 33 m
 times what 8 GPU replicas keep in their KV caches), in about 23 MiB, plus up to 8 MiB of affinity keys (measured with
 tracemalloc), however many calls a run makes (164,000 at the paper's 100-problem scale). A call goes to the replica
 that holds the longest known prefix of its prompt among the replicas within the load bound; ties go to the replica
-that last served the call's affinity key (its TMAS candidate chain, else its problem: see
+that last served the call's affinity key (the TMAS candidate chain its key names, else its problem: see
 :func:`tmas.llm.lanes.call_affinity`), then to the least loaded, in turn. Replicas that did not answer their last call
 are chosen only when none answers.
 
