@@ -21,7 +21,7 @@ import typer
 
 from tmas.config import Settings, load_settings, with_method_params
 from tmas.errors import InputError
-from tmas.methods import method_names
+from tmas.methods import check_roles, method_names
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file (default: ./tmas.toml).")]
 BaseUrlOpt = Annotated[
@@ -127,9 +127,11 @@ class ModelFlags:
         return {**{key: values[name] for name, key in FLAG_KEYS.items()}, "method.name": method}
 
     def settings(self, method: str | None = None, params: dict[str, Any] | None = None) -> Settings:
-        """Settings from the config file, ``TMAS_*`` variables and these flags (and ``method``), with method
-        ``params`` on top."""
-        return with_method_params(load_settings(self.config, overrides=self.overrides(method)), params)
+        """Settings from the config file, ``TMAS_*`` variables and these flags (and ``method``), their ``[roles]``
+        checked against the registered methods, with method ``params`` on top."""
+        settings = load_settings(self.config, overrides=self.overrides(method))
+        check_roles(settings)
+        return with_method_params(settings, params)
 
     def given(self, *names: str) -> set[str]:
         """Which of ``names`` were given."""

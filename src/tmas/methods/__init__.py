@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tmas.config import SERVICE_ROLES, Settings
 from tmas.errors import ConfigError
 from tmas.methods.base import Method
 from tmas.methods.cot import CoT
@@ -74,6 +75,35 @@ def method_traits(name: str) -> Traits:
     not installed) has the default traits."""
     cls = METHODS.get(name)
     return cls.traits if cls is not None else DEFAULT_TRAITS
+
+
+def known_roles() -> dict[str, list[str]]:
+    """Every role a ``[roles.NAME]`` table may configure -> the registered methods whose agents take it (none for the
+    roles of no method: :data:`tmas.config.SERVICE_ROLES`)."""
+    roles: dict[str, list[str]] = {role: [] for role in SERVICE_ROLES}
+    for name, cls in METHODS.items():
+        for role in cls.traits.roles:
+            roles.setdefault(role, []).append(name)
+    return roles
+
+
+def check_roles(settings: Settings) -> None:
+    """A one-line ConfigError for a ``[roles.NAME]`` table that no registered method's agents and no service take.
+
+    The known roles are every method's, not only the run's: one config file serves several methods (a sweep's points,
+    a team's shared ``tmas.toml``), and a role the run's method never calls is simply unused. Checked where settings
+    meet the methods (every run's setup, every command that reads settings), not in :class:`tmas.config.Settings`,
+    which sees no registry and also reads the stored settings of runs whose plugin method is not installed.
+    """
+    known = known_roles()
+    unknown = [role for role in settings.roles if role not in known]
+    if unknown:
+        name = settings.method.name
+        own = ", ".join(method_traits(name).roles) if name in METHODS else "(not a registered method)"
+        others = ", ".join(role for role in known if role not in method_traits(name).roles)
+        raise ConfigError(
+            f"unknown role {unknown[0]!r} in [roles] (method {name!r} takes: {own}; other known roles: {others})"
+        )
 
 
 def method_names() -> str:
