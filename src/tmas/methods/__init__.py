@@ -10,13 +10,14 @@ is known to every command, the proxy and the viewer."""
 from __future__ import annotations
 
 import importlib.metadata
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
 from tmas.config import SERVICE_ROLES, Settings
 from tmas.errors import ConfigError
-from tmas.methods.base import Method
+from tmas.methods.base import Method, MethodParams
 from tmas.methods.cot import CoT
 from tmas.methods.majority import MajorityVote
 from tmas.methods.mattrl import MATTRL
@@ -138,6 +139,22 @@ def check_roles(settings: Settings) -> None:
         raise ConfigError(
             f"unknown role {unknown[0]!r} in [roles] (method {name!r} takes: {own}; other known roles: {others})"
         )
+
+
+def stored_params(name: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A stored run's method parameters as its method reads them now, for readers of stored runs (reports, the
+    viewer, RL data): each old name under its current one (``Params.renamed``), and each parameter the run did not
+    store (one added since) at its default, taken from the method's parameter model rather than copied by the reader.
+    A method not registered here (a plugin that is not installed) gets the defaults every method's parameters share;
+    keys of no parameter are kept as stored."""
+    cls = METHODS.get(name)
+    model: type[MethodParams] = cls.Params if cls is not None else MethodParams
+    given = dict(params or {})
+    for old, new in model.renamed.items():
+        if old in given:
+            value = given.pop(old)
+            given.setdefault(new, value)
+    return {**model.model_construct().model_dump(mode="json"), **given}
 
 
 def method_names() -> str:
