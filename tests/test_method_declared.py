@@ -4,6 +4,7 @@ stored runs take a missing parameter's default from its parameter model."""
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from tmas.cli.main import app
 from tmas.cli.options import MethodFlags, method_options
 from tmas.config import SERVICE_ROLES, RoleConfig
 from tmas.errors import ConfigError
-from tmas.methods import METHODS, flag_params, known_roles, register_method, stored_params
+from tmas.methods import METHODS, flag_params, known_roles, method_flags, register_method, stored_params
 from tmas.methods.base import Method, MethodParams, ProblemResult, ProblemSession
 from tmas.methods.baseline_steps import finish, solve_call
 from tmas.methods.param_flags import cli_flag
@@ -200,3 +201,17 @@ def test_stored_params_fill_defaults_from_the_parameter_model(oracle: None) -> N
     # A method not installed: the parameters every method has, and what was stored.
     gone = stored_params("a-plugin-not-installed", {"depth": 2})
     assert gone == {"iterations": 1, "mode": "numeric", "depth": 2}
+
+
+def test_the_cli_names_no_methods_parameter_shortcut() -> None:
+    """The shortcuts' flags and parameters are read from the registry: no string in src/tmas/cli is one of them."""
+    declared = {text for flag, methods in method_flags().items() for text in (flag, methods[0][1].param)}
+    assert {"--no-experience", "no_experience", "--domain", "domain"} <= declared
+    cli = Path(__file__).resolve().parents[1] / "src" / "tmas" / "cli"
+    found = [
+        f"{path.name}:{node.lineno} {node.value!r}"
+        for path in sorted(cli.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant) and node.value in declared
+    ]
+    assert found == []
