@@ -18,6 +18,7 @@ from tmas.api import arun, asolve
 from tmas.cli.main import app
 from tmas.grading.grades import Grades
 from tmas.grading.run_results import load_results
+from tmas.methods import stored_params
 from tmas.methods.base import ProblemResult
 from tmas.methods.confidence_params import CONFIDENCE_NOTICE
 from tmas.methods.majority import VOTE_DECIDED
@@ -268,7 +269,7 @@ def evaluation_of(run_dir: Path) -> RunEvaluation:
         label="majority",
         benchmark="b",
         method="majority",
-        params={},
+        params=stored_params("majority", {}),
         model=None,
         problems=1,
         done=1,

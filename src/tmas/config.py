@@ -28,26 +28,11 @@ class TokenCounts(Protocol):
     def completion_tokens(self) -> int: ...
 
 
-ROLES = (
-    "solution",
-    "verifier",
-    "summary",
-    "experience",
-    "guideline",
-    "judge",
-    # MATTRL's agents (tmas.methods.mattrl) and its experience construction's summarizer.
-    "coordinator",
-    "specialist",
-    "reviewer",
-    "student",
-    "summarizer",
-    "embedding",
-    # Baselines' own agents (tmas.methods: self_refine, verify_refine, pacore, rse).
-    "refiner",
-    "corrector",
-    "synthesis",
-    "distiller",
-)
+# The roles of no method: the grader's judge (tmas.grading, and the RL novelty judge), and the experience pool's
+# summarizer and embedder (tmas.pool, tmas.memory). Each method declares its own agents' roles (``Method.traits``);
+# ``[roles.NAME]`` tables are checked against both where settings meet the methods (tmas.methods.check_roles), so a
+# method from another package brings its roles with it.
+SERVICE_ROLES = ("judge", "summarizer", "embedding")
 
 
 def _split_urls(value: Any) -> Any:
@@ -365,6 +350,8 @@ class Settings(Strict):
 
     endpoint: Endpoint = Field(default_factory=Endpoint)
     sampling: Sampling = Field(default_factory=lambda: Sampling(**DEFAULT_SAMPLING))
+    # Per agent role: ``[roles.NAME]``. Which names are known depends on the registered methods, which this layer
+    # does not see: a run checks them (tmas.methods.check_roles), and so does every command as it reads its settings.
     roles: dict[str, RoleConfig] = Field(default_factory=dict)
     # Global cap on LLM calls in flight across all endpoints (the official code's --concurrency).
     concurrency: int = Field(default=64, ge=1)
@@ -393,14 +380,6 @@ class Settings(Strict):
         if isinstance(value, Sampling):
             value = value.model_dump(exclude_unset=True)
         return {**DEFAULT_SAMPLING, **value} if isinstance(value, dict) else value
-
-    @field_validator("roles")
-    @classmethod
-    def _known_roles(cls, value: dict[str, RoleConfig]) -> dict[str, RoleConfig]:
-        for role in value:
-            if role not in ROLES:
-                raise ValueError(f"unknown role {role!r} (known: {', '.join(ROLES)})")
-        return value
 
     @property
     def uses_local_model(self) -> bool:

@@ -23,7 +23,7 @@ from tmas.llm.lanes import enter_lane
 from tmas.llm.model import ClientStats, EndpointUnreachable
 from tmas.llm.replay import ReplayTurns
 from tmas.llm.types import Usage
-from tmas.methods import create_method
+from tmas.methods import check_roles, create_method
 from tmas.methods.base import (
     BUDGET_STOP,
     BudgetExhausted,
@@ -196,8 +196,9 @@ def stored_settings(run_dir: Path) -> Settings:
 
 @dataclass(frozen=True)
 class RunSetup:
-    """What a run is set up with, checked before anything is made: its settings, the method they name (parameters
-    validated) and the packaged templates its prompt overrides replace (a bad override is a one-line error)."""
+    """What a run is set up with, checked before anything is made: its settings (their ``[roles]`` known to the
+    registered methods), the method they name (parameters validated) and the packaged templates its prompt overrides
+    replace (a bad override is a one-line error)."""
 
     settings: Settings
     method: Method[Any]
@@ -206,6 +207,7 @@ class RunSetup:
     @classmethod
     def check(cls, settings: Settings) -> RunSetup:
         method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
+        check_roles(settings)
         overrides = check_overrides(settings.prompts_dir) if settings.prompts_dir else []
         return cls(settings, method, overrides)
 

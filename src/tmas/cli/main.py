@@ -22,15 +22,12 @@ from tmas.cli.method_help import method_parameters_help
 from tmas.cli.options import (
     BaseUrlOpt,
     ConfigOpt,
-    DomainOpt,
-    IterationsOpt,
     KeyEnvOpt,
+    MethodFlags,
     MethodOpt,
     ModelFlags,
-    NoExperienceOpt,
-    NoGuidelineOpt,
     ParamOpt,
-    method_params,
+    method_options,
     model_options,
     parse_params,
 )
@@ -39,7 +36,7 @@ from tmas.cli.prompts import prompts_app
 from tmas.cli.rl import rl_app
 from tmas.cli.serve import serve_app
 from tmas.cli.view import view_app
-from tmas.config import Settings
+from tmas.config import Settings, with_method_params
 from tmas.errors import InputError, TmasError
 
 if TYPE_CHECKING:
@@ -101,16 +98,14 @@ def _read_question(question: str | None, file: Path | None) -> str:
 
 
 @app.command(epilog=METHOD_PARAMETERS)
+@method_options
 @model_options
 def solve(
     flags: ModelFlags,
+    given: MethodFlags,
     question: Annotated[str | None, typer.Argument(help="The question; '-' or none reads standard input.")] = None,
     file: Annotated[Path | None, typer.Option("--file", "-f", help="Read the question from a file.")] = None,
     method: MethodOpt = None,
-    param: ParamOpt = None,
-    iterations: IterationsOpt = None,
-    no_experience: NoExperienceOpt = False,
-    no_guideline: NoGuidelineOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the full result record as JSON.")] = False,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", "-o", help="Keep the run (store) here.")] = None,
 ) -> None:
@@ -119,8 +114,7 @@ def solve(
     from tmas.llm.types import cached_share_text
 
     text = _read_question(question, file)
-    params = method_params(param, iterations=iterations, no_experience=no_experience, no_guideline=no_guideline)
-    settings = flags.settings(method, params)
+    settings = flags.settings(method, given)
     if settings.uses_local_model:
         typer.echo(f"tmas: no endpoint configured; starting the embedded model {settings.local.model}", err=True)
     result = asyncio.run(asolve(text, settings, run_dir=run_dir))
@@ -144,10 +138,12 @@ def solve(
 
 
 @app.command(epilog=METHOD_PARAMETERS)
+@method_options
 @model_options
 @estimate_options
 def run(
     flags: ModelFlags,
+    given: MethodFlags,
     estimate: EstimateFlags,
     problems: Annotated[
         Path | None,
@@ -156,25 +152,17 @@ def run(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory to create.")] = None,
     resume: Annotated[Path | None, typer.Option("--resume", help="Continue the run in this directory.")] = None,
     method: MethodOpt = None,
-    param: ParamOpt = None,
-    iterations: IterationsOpt = None,
-    no_experience: NoExperienceOpt = False,
-    no_guideline: NoGuidelineOpt = False,
     limit: LimitOpt = None,
-    domain: DomainOpt = None,
 ) -> None:
     """Solve a file of problems into a run directory (resumable with --resume)."""
-    params = method_params(
-        param, iterations=iterations, no_experience=no_experience, no_guideline=no_guideline, domain=domain
-    )
     if resume is not None:
         if problems is not None or out is not None:
             raise InputError("--resume takes the run directory alone: give no problem file and no --out")
-        _resume_run(resume, flags, method, params, estimate)
+        _resume_run(resume, flags, method, given, estimate)
     else:
         if problems is None or out is None:
             raise InputError("give a problem file and --out RUN_DIR (or --resume RUN_DIR)")
-        _new_run(problems, out, flags.settings(method, params), limit, estimate, ask=False)
+        _new_run(problems, out, flags.settings(method, given), limit, estimate, ask=False)
 
 
 def _new_run(
@@ -196,14 +184,15 @@ def _new_run(
 
 
 def _resume_run(
-    run_dir: Path, flags: ModelFlags, method: str | None, params: dict[str, Any], estimate: EstimateFlags
+    run_dir: Path, flags: ModelFlags, method: str | None, given: MethodFlags, estimate: EstimateFlags
 ) -> None:
     from tmas.cli.estimate import build_estimate, gate
     from tmas.runner import prepare_run, resume_settings, stored_settings
     from tmas.store.run_store import RunStore
 
     # The stored settings are the base; flags given now (e.g. a larger --iterations) go on top.
-    settings = resume_settings(stored_settings(run_dir), flags.overrides(method), config=flags.config, params=params)
+    settings = resume_settings(stored_settings(run_dir), flags.overrides(method), config=flags.config)
+    settings = with_method_params(settings, given.params(settings.method.name))
     if estimate.dry_run or estimate.pilot is not None:
         with RunStore(run_dir, create=False) as peek:
             listed = peek.problems()
@@ -342,10 +331,12 @@ def report(
 
 
 @app.command("eval", epilog=METHOD_PARAMETERS)
+@method_options
 @model_options
 @estimate_options
 def evaluate(
     flags: ModelFlags,
+    given: MethodFlags,
     estimate: EstimateFlags,
     problems: Annotated[Path, typer.Argument(help="Problems as JSONL, or a benchmark name (hmmt25, ...).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Run directory to create.")],
@@ -357,10 +348,6 @@ def evaluate(
     judge_base_url: JudgeUrlOpt = None,
     judge_model: JudgeModelOpt = None,
     method: MethodOpt = None,
-    param: ParamOpt = None,
-    iterations: IterationsOpt = None,
-    no_experience: NoExperienceOpt = False,
-    no_guideline: NoGuidelineOpt = False,
     limit: LimitOpt = None,
 ) -> None:
     """Run a method on problems, grade the run and write its report (run + report in one step)."""
@@ -368,8 +355,7 @@ def evaluate(
 
     grade_config = read_grade_flags(grade, judge_runs)  # bad flags fail before any model call
     check_grading_installed(grade_config)
-    params = method_params(param, iterations=iterations, no_experience=no_experience, no_guideline=no_guideline)
-    _new_run(problems, out, flags.settings(method, params), limit, estimate, ask=True)
+    _new_run(problems, out, flags.settings(method, given), limit, estimate, ask=True)
     settings = _judge_settings(flags.config, flags.base_url, judge_base_url, judge_model)
     written = asyncio.run(build_report([out], report_dir or out / "report", grade_config, settings))
     typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))

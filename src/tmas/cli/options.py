@@ -13,7 +13,7 @@ import functools
 import inspect
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -21,7 +21,8 @@ import typer
 
 from tmas.config import Settings, load_settings, with_method_params
 from tmas.errors import InputError
-from tmas.methods import method_names
+from tmas.methods import check_roles, flag_params, method_flags, method_names
+from tmas.methods.param_flags import ParamFlag
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file (default: ./tmas.toml).")]
 BaseUrlOpt = Annotated[
@@ -84,15 +85,6 @@ ParamOpt = Annotated[
 IterationsOpt = Annotated[
     int | None, typer.Option("--iterations", "-T", help="Iterations (on --resume: the total target).")
 ]
-NoExperienceOpt = Annotated[
-    bool, typer.Option("--no-experience", help="TMAS ablation: no experience bank (param no_experience=true).")
-]
-NoGuidelineOpt = Annotated[
-    bool, typer.Option("--no-guideline", help="TMAS ablation: no guideline bank (param no_guideline=true).")
-]
-DomainOpt = Annotated[
-    str | None, typer.Option("--domain", help="MATTRL's domain: math, medicine or education (param domain=...).")
-]
 
 
 @dataclass(frozen=True)
@@ -126,10 +118,12 @@ class ModelFlags:
         values = asdict(self)
         return {**{key: values[name] for name, key in FLAG_KEYS.items()}, "method.name": method}
 
-    def settings(self, method: str | None = None, params: dict[str, Any] | None = None) -> Settings:
-        """Settings from the config file, ``TMAS_*`` variables and these flags (and ``method``), with method
-        ``params`` on top."""
-        return with_method_params(load_settings(self.config, overrides=self.overrides(method)), params)
+    def settings(self, method: str | None = None, given: MethodFlags | None = None) -> Settings:
+        """Settings from the config file, ``TMAS_*`` variables and these flags (and ``method``), their ``[roles]``
+        checked against the registered methods, with the method parameters ``given`` on the command line on top."""
+        settings = load_settings(self.config, overrides=self.overrides(method))
+        check_roles(settings)
+        return with_method_params(settings, given.params(settings.method.name) if given is not None else None)
 
     def given(self, *names: str) -> set[str]:
         """Which of ``names`` were given."""
@@ -165,26 +159,22 @@ GROUP: tuple[str, ...] = tuple(f.name for f in fields(ModelFlags))
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def option_group(group: type[Any], parameter: str) -> Callable[[F], F]:
-    """A decorator giving a command the dataclass ``group``'s fields as flags (each field's annotation is its typer
-    option, its default the flag's); the command receives them as one ``parameter`` value of that class."""
-    names = [f.name for f in fields(group)]
-    defaults = {f.name: f.default for f in fields(group)}
-    hints = inspect.get_annotations(group, eval_str=True)
+def with_options(
+    parameter: str, added: list[inspect.Parameter], build: Callable[[dict[str, Any]], Any]
+) -> Callable[[F], F]:
+    """A decorator giving a command the ``added`` keyword parameters (each annotation a typer option); the command
+    receives ``build`` of their values as its one ``parameter`` instead."""
+    names = [p.name for p in added]
 
     def decorate(command: F) -> F:
         own = inspect.signature(command, eval_str=True)
         if parameter not in own.parameters:
-            raise TypeError(f"{command.__name__}: a command with {group.__name__} takes a {parameter!r} parameter")
-        added = [
-            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=defaults[name], annotation=hints[name])
-            for name in names
-        ]
+            raise TypeError(f"{command.__name__}: a command with these options takes a {parameter!r} parameter")
         kept = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own.parameters.values() if p.name != parameter]
 
         @functools.wraps(command)
         def wrapper(**kwargs: Any) -> Any:
-            value = group(**{name: kwargs.pop(name, defaults[name]) for name in names})
+            value = build({name: kwargs.pop(name) for name in names if name in kwargs})
             return command(**{parameter: value}, **kwargs)
 
         wrapper.__signature__ = own.replace(parameters=[*kept, *added])  # type: ignore[attr-defined]
@@ -194,8 +184,27 @@ def option_group(group: type[Any], parameter: str) -> Callable[[F], F]:
     return decorate
 
 
+def option_group(group: type[Any], parameter: str) -> Callable[[F], F]:
+    """A decorator giving a command the dataclass ``group``'s fields as flags (each field's annotation is its typer
+    option, its default the flag's); the command receives them as one ``parameter`` value of that class."""
+    hints = inspect.get_annotations(group, eval_str=True)
+    added = [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
+        for f in fields(group)
+    ]
+    return with_options(parameter, added, lambda values: group(**values))
+
+
 # The model, sampling and budget flags: the command receives them as ``flags: ModelFlags``.
 model_options = option_group(ModelFlags, "flags")
+
+
+def _param_value(raw: str) -> Any:
+    """A parameter's value as given on the command line: JSON, else the text itself."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
 
 
 def parse_params(items: list[str] | None) -> dict[str, Any]:
@@ -205,29 +214,77 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise InputError(f"--param {item!r}: expected KEY=VALUE")
-        try:
-            params[key.strip()] = json.loads(raw)
-        except ValueError:
-            params[key.strip()] = raw
+        params[key.strip()] = _param_value(raw)
     return params
 
 
-def method_params(
-    param: list[str] | None,
-    *,
-    iterations: int | None = None,
-    no_experience: bool = False,
-    no_guideline: bool = False,
-    domain: str | None = None,
-) -> dict[str, Any]:
-    """``--param`` items and the flags that stand for method parameters (ablations, --domain, --iterations)."""
-    params = parse_params(param)
-    if no_experience:
-        params["no_experience"] = True
-    if no_guideline:
-        params["no_guideline"] = True
-    if domain:
-        params["domain"] = domain
-    if iterations is not None:
-        params["iterations"] = iterations
-    return params
+@dataclass(frozen=True)
+class MethodFlags:
+    """The method parameters given on the command line: ``--param`` items, ``--iterations`` (every method's T) and
+    the shortcut flags that the methods' parameters declare (:mod:`tmas.methods.param_flags`), each given flag ->
+    its value."""
+
+    param: list[str] | None = None
+    iterations: int | None = None
+    shortcuts: dict[str, Any] = field(default_factory=dict)
+
+    def params(self, method: str) -> dict[str, Any]:
+        """The parameters of ``method`` these flags set; a shortcut that is not one of its parameters is a one-line
+        error naming the flag and the method."""
+        params = {**parse_params(self.param), **flag_params(method, self.shortcuts)}
+        if self.iterations is not None:
+            params["iterations"] = self.iterations
+        return params
+
+
+def _declared_flags(command: Callable[..., Any]) -> set[str]:
+    """The option strings a command declares already (a method's shortcut never shadows one)."""
+    names: set[str] = set()
+    for p in inspect.signature(command, eval_str=True).parameters.values():
+        for meta in getattr(p.annotation, "__metadata__", ()):
+            if isinstance(meta, typer.models.OptionInfo):
+                names.update(meta.param_decls or ())
+        names.add("--" + p.name.replace("_", "-"))
+    return names
+
+
+def _shortcut_option(flag: str, declared: list[tuple[str, ParamFlag]]) -> inspect.Parameter:
+    """The typer option of one method parameter's shortcut, its help from the parameter's declaration."""
+    first = declared[0][1]
+    methods = ", ".join(name for name, _ in declared)
+    setting = f"{first.param}=true" if first.switch else f"{first.param}=VALUE"
+    option = typer.Option(flag, help=f"{first.help.rstrip('.')} (--param {setting}; method: {methods}).")
+    annotation = Annotated[bool, option] if first.switch else Annotated[str | None, option]
+    name = "shortcut_" + flag.removeprefix("--").replace("-", "_")
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=False if first.switch else None, annotation=annotation
+    )
+
+
+def method_options(command: F) -> F:
+    """Give a command ``--param``, ``--iterations`` and every registered method's parameter shortcuts (one that a
+    command declares already is left out: ``--param`` sets that parameter); the command receives them as one
+    ``given: MethodFlags``. Put it right under ``@app.command`` so that it sees the command's other options."""
+    taken = _declared_flags(command)
+    shortcuts = {
+        flag: _shortcut_option(flag, declared) for flag, declared in method_flags().items() if flag not in taken
+    }
+    by_name = {p.name: flag for flag, p in shortcuts.items()}
+    switches = {flag for flag, declared in method_flags().items() if declared[0][1].switch}
+    added = [
+        inspect.Parameter("param", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ParamOpt),
+        inspect.Parameter("iterations", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=IterationsOpt),
+        *shortcuts.values(),
+    ]
+
+    def build(values: dict[str, Any]) -> MethodFlags:
+        given = {}
+        for name, flag in by_name.items():
+            value = values.get(name)
+            if flag in switches and value:
+                given[flag] = True
+            elif flag not in switches and value is not None:
+                given[flag] = _param_value(value)
+        return MethodFlags(values.get("param"), values.get("iterations"), given)
+
+    return with_options("given", added, build)(command)

@@ -2,23 +2,27 @@
 
 Beside the methods: the steps the baselines share (``baseline_steps``), the candidate selection rules
 (``selection``), stopping and confidence rules (``stopping``, ``confidence``, ``online_stop``), parameters several
-methods take (``style_params``, ``confidence_params``), TMAS's parameters (``tmas_params``) and the calls per
-problem a method states for the cost estimate (``call_count``). A method registered here (:func:`register_method`)
+methods take (``style_params``, ``confidence_params``), TMAS's parameters (``tmas_params``), the command-line
+shortcuts a parameter declares (``param_flags``) and the calls per problem a method states for the cost estimate
+(``call_count``). A method registered here (:func:`register_method`)
 is known to every command, the proxy and the viewer."""
 
 from __future__ import annotations
 
 import importlib.metadata
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
+from tmas.config import SERVICE_ROLES, Settings
 from tmas.errors import ConfigError
-from tmas.methods.base import Method
+from tmas.methods.base import Method, MethodParams
 from tmas.methods.cot import CoT
 from tmas.methods.majority import MajorityVote
 from tmas.methods.mattrl import MATTRL
 from tmas.methods.pacore import PaCoRe
+from tmas.methods.param_flags import ParamFlag, param_flags
 from tmas.methods.rse import RSE
 from tmas.methods.self_refine import SelfRefine
 from tmas.methods.tmas import TMAS
@@ -29,12 +33,30 @@ from tmas.methods.verify_refine import VerifyRefine
 METHODS: dict[str, type[Method[Any]]] = {}
 
 
+def method_flags() -> dict[str, list[tuple[str, ParamFlag]]]:
+    """Every command-line shortcut the registered methods' parameters declare (:mod:`tmas.methods.param_flags`) ->
+    the methods that declare it, each with its declaration. Methods that share a flag share its parameter (checked
+    by :func:`register_method`)."""
+    flags: dict[str, list[tuple[str, ParamFlag]]] = {}
+    for name, cls in METHODS.items():
+        for declared in param_flags(cls.Params):
+            flags.setdefault(declared.flag, []).append((name, declared))
+    return flags
+
+
 def register_method(cls: type[Method[Any]]) -> type[Method[Any]]:
-    """Add ``cls`` to the registry under its ``name`` (a class decorator too); a name taken by another class is an
-    error."""
+    """Add ``cls`` to the registry under its ``name`` (a class decorator too); a name taken by another class, or a
+    parameter shortcut flag that another method declares for another parameter, is an error."""
     known = METHODS.get(cls.name)
     if known is not None and known is not cls:
         raise ConfigError(f"method name {cls.name!r} is taken by {known.__qualname__}")
+    for own in param_flags(cls.Params):
+        for other, declared in method_flags().get(own.flag, []):
+            if other != cls.name and (declared.param, declared.switch) != (own.param, own.switch):
+                raise ConfigError(
+                    f"method {cls.name!r}: flag {own.flag} of parameter {own.param!r} is already the flag of"
+                    f" method {other!r}'s parameter {declared.param!r}"
+                )
     METHODS[cls.name] = cls
     return cls
 
@@ -74,6 +96,65 @@ def method_traits(name: str) -> Traits:
     not installed) has the default traits."""
     cls = METHODS.get(name)
     return cls.traits if cls is not None else DEFAULT_TRAITS
+
+
+def flag_params(method: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of ``method`` that shortcut flags set: ``given`` maps each flag given to its value. A flag the
+    method's parameters do not declare is a one-line ConfigError naming the flag, the method and those that have it."""
+    cls = METHODS.get(method)
+    own = {f.flag: f for f in param_flags(cls.Params)} if cls is not None else {}
+    params: dict[str, Any] = {}
+    for flag, value in given.items():
+        if flag not in own:
+            others = ", ".join(name for name, _ in method_flags().get(flag, [])) or "none"
+            raise ConfigError(f"{flag} is not a parameter of method {method!r} (methods that take it: {others})")
+        params[own[flag].param] = value
+    return params
+
+
+def known_roles() -> dict[str, list[str]]:
+    """Every role a ``[roles.NAME]`` table may configure -> the registered methods whose agents take it (none for the
+    roles of no method: :data:`tmas.config.SERVICE_ROLES`)."""
+    roles: dict[str, list[str]] = {role: [] for role in SERVICE_ROLES}
+    for name, cls in METHODS.items():
+        for role in cls.traits.roles:
+            roles.setdefault(role, []).append(name)
+    return roles
+
+
+def check_roles(settings: Settings) -> None:
+    """A one-line ConfigError for a ``[roles.NAME]`` table that no registered method's agents and no service take.
+
+    The known roles are every method's, not only the run's: one config file serves several methods (a sweep's points,
+    a team's shared ``tmas.toml``), and a role the run's method never calls is simply unused. Checked where settings
+    meet the methods (every run's setup, every command that reads settings), not in :class:`tmas.config.Settings`,
+    which sees no registry and also reads the stored settings of runs whose plugin method is not installed.
+    """
+    known = known_roles()
+    unknown = [role for role in settings.roles if role not in known]
+    if unknown:
+        name = settings.method.name
+        own = ", ".join(method_traits(name).roles) if name in METHODS else "(not a registered method)"
+        others = ", ".join(role for role in known if role not in method_traits(name).roles)
+        raise ConfigError(
+            f"unknown role {unknown[0]!r} in [roles] (method {name!r} takes: {own}; other known roles: {others})"
+        )
+
+
+def stored_params(name: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A stored run's method parameters as its method reads them now, for readers of stored runs (reports, the
+    viewer, RL data): each old name under its current one (``Params.renamed``), and each parameter the run did not
+    store (one added since) at its default, taken from the method's parameter model rather than copied by the reader.
+    A method not registered here (a plugin that is not installed) gets the defaults every method's parameters share;
+    keys of no parameter are kept as stored."""
+    cls = METHODS.get(name)
+    model: type[MethodParams] = cls.Params if cls is not None else MethodParams
+    given = dict(params or {})
+    for old, new in model.renamed.items():
+        if old in given:
+            value = given.pop(old)
+            given.setdefault(new, value)
+    return {**model.model_construct().model_dump(mode="json"), **given}
 
 
 def method_names() -> str:

@@ -73,6 +73,7 @@ from tmas.methods.base import (
 from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.mattrl_teaching import teach, teaching_tier
+from tmas.methods.param_flags import cli_flag
 from tmas.methods.state import MATTRLState, MethodState, SeatRecord
 from tmas.methods.traits import Traits
 
@@ -91,7 +92,9 @@ _PROMPT_MARGIN_TOKENS = 256
 class MATTRLParams(MethodParams):
     # R_max, the most deliberation rounds (paper: 3).
     iterations: Annotated[Iterations, Field(le=20)] = 3
-    domain: Literal["math", "medicine", "education"] = "math"
+    domain: Literal["math", "medicine", "education"] = Field(
+        default="math", json_schema_extra=cli_flag("--domain", "MATTRL's domain: math, medicine or education.")
+    )
     # Education: one teacher, or a recruited team (with experience when a pool is given).
     teaching: Literal["single", "team"] = "team"
     # n, the most specialists the coordinator may recruit.

@@ -32,6 +32,7 @@ from tmas.config import Sampling
 from tmas.memory.experience_bank import DEFAULT_DEDUP_THRESHOLD, DEFAULT_MAX_ENTRIES
 from tmas.methods.base import Iterations
 from tmas.methods.confidence_params import ConfidenceParams
+from tmas.methods.param_flags import cli_flag
 from tmas.methods.selection import ConfidenceRule, SelectFrom, SelectRule
 from tmas.methods.style_params import StyledParams
 
@@ -94,8 +95,12 @@ class TMASParams(StyledParams, ConfidenceParams):
     epsilon: float = Field(default=0.2, ge=0.0, le=1.0)
     # Ablations (Table 2): leave the experience context out of the exploit prompt / the guideline constraint out of
     # the explore prompt, and skip that memory agent's calls.
-    no_experience: bool = False
-    no_guideline: bool = False
+    no_experience: bool = Field(
+        default=False, json_schema_extra=cli_flag("--no-experience", "TMAS ablation: no experience bank.")
+    )
+    no_guideline: bool = Field(
+        default=False, json_schema_extra=cli_flag("--no-guideline", "TMAS ablation: no guideline bank.")
+    )
     # What the exploit prompt (and the memory agents) see of R_{t-1}: all N by default; top-k by score and a cap on
     # each solution's length on request, and automatically when the context window demands (recorded in the notes).
     top_k: int | None = Field(default=None, ge=1)

@@ -27,7 +27,7 @@ from tmas.grading.grades import GradeConfig, Grades
 from tmas.grading.run_results import in_progress, load_results
 from tmas.grading.runs import grade_run, load_grades
 from tmas.llm.types import FALLBACKS
-from tmas.methods import method_traits
+from tmas.methods import method_traits, stored_params
 from tmas.methods.base import ReplyTally
 from tmas.methods.selection import SELECT_FROM, SELECT_RULES
 from tmas.reports.analysis import (
@@ -65,6 +65,7 @@ class RunEvaluation:
     label: str
     benchmark: str
     method: str
+    # The method's parameters as stored, with the defaults of those the run did not store (stored_params).
     params: dict[str, Any]
     model: str | None
     problems: int
@@ -134,13 +135,13 @@ async def evaluate_run(
         method_meta = store.get_meta("method") or {}
         stored_settings = store.get_meta("settings") or {}
         method = str(method_meta.get("name") or stored_settings.get("method", {}).get("name", "?"))
-        params = dict(method_meta.get("params") or {})
+        params = stored_params(method, method_meta.get("params"))
         model = (stored_settings.get("endpoint") or {}).get("model")
         results = load_results(store)
         problems = store.problems()
         reason = ""
         grades: Grades | None = None
-        if params.get("mode") == "proof":
+        if params["mode"] == "proof":
             reason = "proof mode: answers are proofs, not graded"
         elif not any(p.answer is not None for p in problems):
             reason = "no problem has a reference answer (unlabeled): nothing graded"
@@ -188,13 +189,16 @@ async def evaluate_run(
                 evaluation.selection = selection_table(
                     results,
                     grades,
-                    str(params.get("mode", "numeric")),
+                    str(params["mode"]),
                     classes=classes,
-                    fallback=bool(params.get("answer_fallback", False)),
+                    # Only a method with the parameter falls back.
+                    fallback=params.get("answer_fallback") is True,
                 )
                 evaluation.separation = score_separation(results, grades)
-            measured = confidence_separation(results, grades, str(params.get("confidence_measure", "tail")))
-            evaluation.confidence = measured if measured.available else None
+            # Confidence, by the measure the run's rules read (a method without confidence parameters has none).
+            measure = params.get("confidence_measure")
+            measured = confidence_separation(results, grades, str(measure)) if measure is not None else None
+            evaluation.confidence = measured if measured is not None and measured.available else None
             evaluation.dynamics = score_dynamics(results, grades)
             improved = most_improved(results, grades)
             evaluation.trace = experience_trace(improved, grades) if improved else None
@@ -495,10 +499,9 @@ def _selection_rules(doc: Document, e: RunEvaluation) -> None:
     if table is None or not table.iterations:
         return
     doc.add(Heading(4, "Accuracy (%) of every selection rule, from the stored scores"))
-    # Methods with select and select_from parameters (``pool`` in runs stored before it was renamed): mark the rule
-    # the run itself used.
-    select_from = e.params.get("select_from", e.params.get("pool", "last"))
-    own = (e.params.get("select", "best_score"), select_from) if method_traits(e.method).selects else None
+    # Methods with select and select_from parameters (old names and missing keys read by stored_params): mark the
+    # rule the run itself used.
+    own = (e.params.get("select"), e.params.get("select_from")) if method_traits(e.method).selects else None
     columns = selected_iterations(table.iterations[-1], columns=RULE_COLUMNS)
     rows = []
     for rule in SELECT_RULES:
@@ -521,7 +524,7 @@ def _score_separation(doc: Document, e: RunEvaluation) -> None:
         doc.add(Paragraph(_separation_text(s, "scored", "score")))
     c = e.confidence
     if c is not None:
-        measure = e.params.get("confidence_measure", "tail")
+        measure = e.params.get("confidence_measure")
         doc.add(Heading(4, "Does the model's confidence tell right from wrong? ROC area of candidate confidence"))
         doc.add(Paragraph(_separation_text(c, "measured", f"{measure} confidence (DeepConf)")))
 

@@ -48,7 +48,7 @@ from tmas.llm.sampling import resolve_role
 from tmas.llm.types import Message
 from tmas.memory.experience_bank import ExperienceBank
 from tmas.memory.guideline_bank import GuidelineBank
-from tmas.methods import METHODS
+from tmas.methods import METHODS, stored_params
 from tmas.methods.state import BankState
 from tmas.methods.tmas import rollout_budget_chars
 from tmas.methods.tmas_params import TMASParams
@@ -247,9 +247,10 @@ def problem_rows(
     run: str,
     rendering: Rendering | None = None,
 ) -> list[dict[str, Any]]:
-    """The rows one problem of one TMAS run gives (see the module docstring), rendered as ``rendering`` says."""
+    """The rows one problem of one TMAS run gives (see the module docstring), rendered as ``rendering`` says;
+    ``params`` are the run's as :func:`tmas.methods.stored_params` reads them (every parameter present)."""
     render = rendering or Rendering()
-    mode = str(params.get("mode", "numeric"))
+    mode = str(params["mode"])
     q, style = problem.question, render.style
     rows = [_row("normal", generation_prompt(q, mode, style), problem, run=run, iteration=0)]
     for prev, record in pairwise(records):
@@ -386,11 +387,11 @@ def build_dataset(
                     f"{run_dir}: method {method.get('name')!r} keeps no experience or guideline banks;"
                     " build-data reads runs of a method that does (tmas)"
                 )
-            params = dict(method.get("params") or {})
-            if params.get("mode", "numeric") != "numeric":
-                raise InputError(f"{run_dir}: mode {params.get('mode')!r}: rewards need numeric answers")
+            params = stored_params(str(method.get("name")), method.get("params"))
+            if params["mode"] != "numeric":
+                raise InputError(f"{run_dir}: mode {params['mode']!r}: rewards need numeric answers")
             try:
-                tmas_params = TMASParams.model_validate(params)
+                tmas_params = TMASParams.model_validate(method.get("params") or {})
                 stored = store.get_meta("settings")
                 settings = Settings.model_validate(stored) if stored else None
             except ValidationError as exc:

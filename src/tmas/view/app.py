@@ -18,6 +18,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from tmas.answer_rules import MissingExtra
+from tmas.methods import stored_params
 from tmas.store.run_store import StoreError
 from tmas.view.cache import RunCache
 from tmas.view.charts import accuracy_by_tokens_png, frontiers_png, pass1_by_iteration_png
@@ -133,7 +134,8 @@ class Viewer:
             last = records[-1] if records else None
             final = _verdict(live, (pid, int(last["iteration"]), -1)) if last else (None, None)
             # A confidence column where a candidate has one, by the measure the run's rules read.
-            params = (run.store.get_meta("method") or {}).get("params") or {}
+            stored = run.store.get_meta("method") or {}
+            params = stored_params(str(stored.get("name")), stored.get("params"))
             measured = any(c.get("confidence") for r in records for c in r["candidates"])
             return self._page(
                 "problem.html",
@@ -143,7 +145,7 @@ class Viewer:
                 records=records,
                 verdicts=verdicts,
                 final=final,
-                measure=params.get("confidence_measure", "tail") if measured else None,
+                measure=params.get("confidence_measure") if measured else None,
                 live=True,
             )
 
