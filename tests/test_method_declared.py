@@ -25,6 +25,7 @@ from tmas.methods import METHODS, flag_params, known_roles, method_flags, regist
 from tmas.methods.base import Method, MethodParams, ProblemResult, ProblemSession
 from tmas.methods.baseline_steps import finish, solve_call
 from tmas.methods.param_flags import cli_flag
+from tmas.methods.tmas_params import TMASParams
 from tmas.methods.traits import Traits
 from tmas.runner import RunSetup
 from tmas.testing import SimServer
@@ -197,6 +198,9 @@ def test_stored_params_fill_defaults_from_the_parameter_model(oracle: None) -> N
     old = stored_params("tmas", {"pool": "all", "n": 4})
     assert old["select_from"] == "all" and "pool" not in old and old["n"] == 4
     assert old["select"] == "best_score" and old["confidence_measure"] == "tail" and old["mode"] == "numeric"
+    # It ran before the answer fallback existed (on by default since): replayed without it, as it ran.
+    assert old["answer_fallback"] is False and TMASParams().answer_fallback is True
+    assert stored_params("tmas", {"answer_fallback": True})["answer_fallback"] is True
     assert stored_params("oracle_toy", {})["hints"] == 1
     # A method not installed: the parameters every method has, and what was stored.
     gone = stored_params("a-plugin-not-installed", {"depth": 2})

@@ -144,7 +144,8 @@ def check_roles(settings: Settings) -> None:
 def stored_params(name: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
     """A stored run's method parameters as its method reads them now, for readers of stored runs (reports, the
     viewer, RL data): each old name under its current one (``Params.renamed``), and each parameter the run did not
-    store (one added since) at its default, taken from the method's parameter model rather than copied by the reader.
+    store (one added since) at the value such runs ran with (``Params.before_added``), else at its default, taken from
+    the method's parameter model rather than copied by the reader.
     A method not registered here (a plugin that is not installed) gets the defaults every method's parameters share;
     keys of no parameter are kept as stored."""
     cls = METHODS.get(name)
@@ -154,7 +155,7 @@ def stored_params(name: str, params: Mapping[str, Any] | None) -> dict[str, Any]
         if old in given:
             value = given.pop(old)
             given.setdefault(new, value)
-    return {**model.model_construct().model_dump(mode="json"), **given}
+    return {**model.model_construct().model_dump(mode="json"), **model.before_added, **given}
 
 
 def method_names() -> str:

@@ -183,6 +183,9 @@ class MethodParams(BaseModel):
     # Old name -> current name of each parameter the method renamed: the old name still works, and a run that uses
     # it raises a one-line notice (:meth:`notices`).
     renamed: ClassVar[dict[str, str]] = {}
+    # Parameter -> the value runs stored before it existed ran with, where that is not its default (a behaviour added
+    # later, on by default): readers of stored runs (:func:`tmas.methods.stored_params`) replay those runs as they ran.
+    before_added: ClassVar[dict[str, Any]] = {}
 
     iterations: Iterations = 1
     mode: str = Field(default="numeric", pattern="^(numeric|proof)$")

@@ -86,6 +86,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 class TMASParams(StyledParams, ConfidenceParams):
     style_roles: ClassVar[tuple[str, ...]] = ("solution", "verifier")
     renamed: ClassVar[dict[str, str]] = {"pool": "select_from"}
+    # Runs from before the answer fallback existed chose from the last candidates alone.
+    before_added: ClassVar[dict[str, Any]] = {"answer_fallback": False}
 
     preset: Literal["paper", "local"] | None = None
     # Algorithm 1's T, N, M and epsilon.

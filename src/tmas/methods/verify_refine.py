@@ -41,6 +41,8 @@ from tmas.methods.traits import Traits
 class VerifyRefineParams(StyledParams):
     style_roles: ClassVar[tuple[str, ...]] = ("solution", "corrector", "verifier")
     renamed: ClassVar[dict[str, str]] = {"pool": "select_from"}
+    # Runs from before the answer fallback existed chose from the last candidates alone.
+    before_added: ClassVar[dict[str, Any]] = {"answer_fallback": False}
     iterations: Iterations = 20
     n: int = Field(default=8, ge=1, le=256)
     # Verifications per solution (the paper's V-R uses one verifier).
