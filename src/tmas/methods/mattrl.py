@@ -76,7 +76,7 @@ from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.mattrl_teaching import teach, teaching_tier
 from tmas.methods.state import MATTRLState, MethodState, SeatRecord
-from tmas.methods.steps import solution_step
+from tmas.methods.steps import solve_call
 from tmas.methods.traits import Traits
 
 if TYPE_CHECKING:  # the pool needs numpy and faiss (the `pool` extra): imported only when a pool is configured
@@ -360,7 +360,7 @@ class MATTRL(Method[MATTRLParams]):
         )
         # A solution-like call (methods/steps.py): the echo guard, extraction and tally of every solution writer; an
         # opinion's answer is its boxed value (math) or its top diagnosis (medicine).
-        said = await solution_step(
+        said = await solve_call(
             session,
             "specialist",
             messages,
@@ -368,6 +368,9 @@ class MATTRL(Method[MATTRLParams]):
             mode="numeric" if p.domain == "math" else p.domain,
             parse=partial(_read_opinion, domain=p.domain),
         )
+        if said is None:
+            # The budget refused the call: the round keeps what finished (see solve).
+            raise BudgetExhausted(session.budget_stop or "budget spent")
         if said.meta.get("echo_retry"):
             notes.append(
                 f"{seat.member.id}: the opinion's {said.meta['echo_retry']} echoed the instructions; asked again"

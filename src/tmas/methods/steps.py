@@ -4,8 +4,8 @@ record), and the end of a baseline's run (budget stops included). Which candidat
 fallback, is in selection.py.
 
 A candidate's call that the budget refuses comes back as ``None`` from :func:`solve_call`: a baseline records the
-candidates finished so far and stops, so an equal-compute comparison keeps every token that was spent.
-:func:`solution_step` lets the refusal go on up instead, for a method that the runner stops (TMAS).
+candidates finished so far and stops, so an equal-compute comparison keeps every token that was spent (TMAS raises
+the stop again, for the runner to end the problem with its finished iterations).
 """
 
 from __future__ import annotations
@@ -44,43 +44,8 @@ async def solve_call(
     confidence_window: int | None = None,
     watch: TraceWatch | None = None,
 ) -> Candidate | None:
-    """:func:`solution_step`, or None when the budget refused its call."""
-    try:
-        return await solution_step(
-            session,
-            role,
-            messages,
-            index=index,
-            mode=mode,
-            parse=parse,
-            sample=sample,
-            sampling=sampling,
-            meta=meta,
-            remind=remind,
-            confidence_window=confidence_window,
-            watch=watch,
-        )
-    except BudgetExhausted:
-        return None
-
-
-async def solution_step(
-    session: ProblemSession,
-    role: str,
-    messages: list[Message],
-    *,
-    index: int,
-    mode: str,
-    parse: SolutionParser = parse_section,
-    sample: int | None = None,
-    sampling: Sampling | None = None,
-    meta: dict[str, Any] | None = None,
-    remind: bool = False,
-    confidence_window: int | None = None,
-    watch: TraceWatch | None = None,
-) -> Candidate:
-    """One solution-writing call of ``role`` as candidate ``index`` (sample ``sample``, else ``index``); a call the
-    budget refuses raises :class:`BudgetExhausted`.
+    """One solution-writing call of ``role`` as candidate ``index`` (sample ``sample``, else ``index``); None when the
+    budget refused the call.
 
     ``parse`` reads a reply's solution text and answer (the baselines' :func:`parse_section` unless given; TMAS
     passes :func:`tmas.agents.solution.parse_solution`). ``confidence_window``: the reply's log-probabilities (asked
@@ -109,35 +74,23 @@ async def solution_step(
         parsed = parse(r.content, mode)
         return guard.solution_echo(parsed.text, parsed.answer)
 
-    guarded = await chat_guarded(session, role, messages, echo_of, sample=calls, sampling=sampling, watch=watch)
+    try:
+        guarded = await chat_guarded(session, role, messages, echo_of, sample=calls, sampling=sampling, watch=watch)
+    except BudgetExhausted:
+        return None
     reply = guarded.reply
     info = dict(meta or {})
     if guarded.first_echo is not None:
         info["echo_retry"] = guarded.first_echo
     if reply.stopped_early is not None:
         info["stopped_early"] = reply.stopped_early
-        return Candidate(
-            index=index,
-            text=reply.content,
-            call_id=reply.call_id,
-            usage=reply.usage,
-            finish_reason=reply.finish_reason,
-            error=f"stopped early: {reply.stopped_early}",
-            confidence=_confidence(reply, confidence_window),
-            meta=info,
-        )
+        error = f"stopped early: {reply.stopped_early}"
+        return _unusable(index, reply, reply.content, error, info, _confidence(reply, confidence_window))
     solution = parse(reply.content, mode)
     if guarded.echo is not None:
         info["echo"] = guarded.echo
-        return Candidate(
-            index=index,
-            text=solution.text,
-            call_id=reply.call_id,
-            usage=reply.usage,
-            finish_reason=reply.finish_reason,
-            error=f"the {guarded.echo} echoed the prompt's instructions (asked twice)",
-            meta=info,
-        )
+        error = f"the {guarded.echo} echoed the prompt's instructions (asked twice)"
+        return _unusable(index, reply, solution.text, error, info)
     _tally(session, role, reply, solution, mode)
     usage = reply.usage
     if remind and mode == "numeric" and reply.ok and solution.answer is None and not reply.truncated:
@@ -179,6 +132,22 @@ async def solution_step(
     )
 
 
+def _unusable(
+    index: int, reply: Completion, text: str, error: str, info: dict[str, Any], confidence: Confidence | None = None
+) -> Candidate:
+    """A candidate with no answer and an error (a reply stopped early, or echoing twice): no vote or prompt uses it."""
+    return Candidate(
+        index=index,
+        text=text,
+        call_id=reply.call_id,
+        usage=reply.usage,
+        finish_reason=reply.finish_reason,
+        error=error,
+        confidence=confidence,
+        meta=info,
+    )
+
+
 def _confidence(reply: Completion, window: int | None) -> Confidence | None:
     return None if window is None else trace_confidence(reply.logprobs, window)
 
@@ -191,7 +160,7 @@ def _tally(session: ProblemSession, role: str, reply: Completion, solution: Solu
 
 
 def solution_anomalies(c: Candidate, mode: str) -> list[Anomaly]:
-    """What of candidate ``c`` (from :func:`solution_step`) is worth a note in the iteration record, each with the
+    """What of candidate ``c`` (from :func:`solve_call`) is worth a note in the iteration record, each with the
     counter kind it counts under: TMAS counts them in ``ProblemResult.counters``; the baselines keep the notes."""
     found: list[Anomaly] = []
     at = f"candidate {c.index}"

@@ -68,6 +68,7 @@ from tmas.llm.types import Completion, Message
 from tmas.memory.experience_bank import ExperienceBank, apply_experience_ops
 from tmas.memory.guideline_bank import GuidelineBank, apply_strategy_classifications
 from tmas.methods.base import (
+    BudgetExhausted,
     Candidate,
     Method,
     MethodParams,
@@ -81,7 +82,7 @@ from tmas.methods.confidence_params import note_missing_confidence
 from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.selection import select_answered
 from tmas.methods.state import MethodState, TMASState
-from tmas.methods.steps import Anomaly, solution_anomalies, solution_step
+from tmas.methods.steps import Anomaly, solution_anomalies, solve_call
 from tmas.methods.tmas_params import TMAS_ROLES, TMASParams
 from tmas.methods.traits import Traits
 
@@ -384,7 +385,7 @@ class TMAS(Method[TMASParams]):
         p = self.params
         # Lines 9-12: c_{t,i} = A_sol(x, ...) with the prompt z_{t,i} chose (the shared solution step, methods/steps.py:
         # echo guard, extraction, confidence; the answer reminder only after an exploit or explore prompt).
-        candidate = await solution_step(
+        candidate = await solve_call(
             session,
             "solution",
             plan.messages[i],
@@ -396,6 +397,9 @@ class TMAS(Method[TMASParams]):
             remind=p.answer_reminder and plan.prompt_names[i] != "generate",
             confidence_window=p.confidence_window if p.asks_confidence(p.select) else None,
         )
+        if candidate is None:
+            # The budget refused the call: the runner ends the problem with the iterations finished.
+            raise BudgetExhausted(session.budget_stop or "budget spent")
         candidate.score = 0.0
         log.record(solution_anomalies(candidate, p.mode))
         if candidate.error is not None:
