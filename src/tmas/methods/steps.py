@@ -4,8 +4,8 @@ record), and the end of a baseline's run (budget stops included). Which candidat
 fallback, is in selection.py.
 
 A candidate's call that the budget refuses comes back as ``None`` from :func:`solve_call`: a baseline records the
-candidates finished so far and stops, so an equal-compute comparison keeps every token that was spent (TMAS raises
-the stop again, for the runner to end the problem with its finished iterations).
+candidates finished so far and stops, so an equal-compute comparison keeps every token that was spent. TMAS and MATTRL
+raise the stop again: the runner (TMAS) or the method's own round (MATTRL) ends the problem with what finished.
 """
 
 from __future__ import annotations
