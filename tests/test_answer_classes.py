@@ -11,7 +11,6 @@ from conftest import settings_for
 from tmas.answer_classes import MAX_COMPARED, answer_classes, value_key
 from tmas.api import asolve
 from tmas.methods.base import Candidate
-from tmas.methods.baseline_steps import vote
 from tmas.methods.selection import select
 from tmas.reports.metrics import majority_answer
 from tmas.testing import Rule, SimScript, SimServer
@@ -27,6 +26,10 @@ class TableCheck:
     async def equivalent(self, first: str, second: str) -> bool:
         self.asked.append((first, second))
         return frozenset((first, second)) in self.equal
+
+
+def unscored(pool: list[Candidate]) -> list[Candidate]:
+    return [c.model_copy(update={"score": None}) for c in pool]
 
 
 def cand(i: int, answer: str | None, score: float | None = None) -> Candidate:
@@ -114,8 +117,9 @@ def test_each_vote_rule_groups_equal_values() -> None:
     # best_score: tied top scores share the answer most of them give, by value.
     tied = [cand(0, "3", 1.0), cand(1, "0.5", 1.0), cand(2, "\\frac{1}{2}", 1.0)]
     assert select(tied, "numeric", "best_score") is tied[1]
-    # The unscored majority vote and MV@k.
-    assert vote(pool) is pool[1]
+    # The unscored majority vote (the baselines': the first holder of the most frequent value) and MV@k.
+    bare = unscored(pool)
+    assert select(bare, "numeric", "vote") is bare[1]
     assert majority_answer([c.answer for c in pool]) == 1
     assert majority_answer(["3", "0.5", "1/2"]) == 1
 
@@ -127,7 +131,8 @@ def test_vote_rules_use_the_classes_given() -> None:
     assert select(pool, "numeric", "vote") is pool[0]  # without classes: three answers, one vote each
     assert select(pool, "numeric", "vote", classes) is pool[2]  # the class's best-scored holder
     assert select(pool, "numeric", "score_weighted_vote", classes) is pool[2]  # 1.25 against 1.0
-    assert vote(pool, classes) is pool[1]
+    bare = unscored(pool)
+    assert select(bare, "numeric", "vote", classes) is bare[1]
     assert majority_answer([c.answer for c in pool], classes) == 1
 
 

@@ -23,8 +23,8 @@ from tmas.config import SERVICE_ROLES, RoleConfig
 from tmas.errors import ConfigError
 from tmas.methods import METHODS, flag_params, known_roles, method_flags, register_method, stored_params
 from tmas.methods.base import Method, MethodParams, ProblemResult, ProblemSession
-from tmas.methods.baseline_steps import finish, solve_call
 from tmas.methods.param_flags import cli_flag
+from tmas.methods.steps import finish, solve_call
 from tmas.methods.tmas_params import TMASParams
 from tmas.methods.traits import Traits
 from tmas.runner import RunSetup

@@ -18,8 +18,8 @@ from tmas.agents.solution import generation_prompt
 from tmas.cli.main import app
 from tmas.methods import METHODS, register_method
 from tmas.methods.base import Candidate, Iterations, Method, MethodParams, ProblemResult, ProblemSession
-from tmas.methods.baseline_steps import finish, solve_call
 from tmas.methods.call_count import CallCount, count_calls
+from tmas.methods.steps import finish, solve_call
 from tmas.serve.launch import ServeOptions
 from tmas.store.run_store import RunStore
 from tmas.testing import SimServer

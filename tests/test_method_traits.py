@@ -106,7 +106,7 @@ from typing import ClassVar
 
 from tmas.agents.solution import generation_prompt
 from tmas.methods.base import Iterations, Method, MethodParams, ProblemResult, ProblemSession
-from tmas.methods.baseline_steps import finish, solve_call
+from tmas.methods.steps import finish, solve_call
 from tmas.methods.traits import Traits
 
 

@@ -15,7 +15,14 @@ from scripted_runs import by_role, solve_in_process
 from tmas.api import asolve
 from tmas.methods.base import Candidate, ProblemResult
 from tmas.methods.confidence import Confidence
-from tmas.methods.selection import ConfidenceVote, candidates_from, lacks_confidence, select
+from tmas.methods.selection import (
+    ConfidenceVote,
+    FallbackFrom,
+    candidates_from,
+    lacks_confidence,
+    select,
+    select_answered,
+)
 from tmas.methods.tmas_params import TMASParams
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
@@ -235,3 +242,58 @@ async def test_verify_refine_select_from_parameter(select_from: str, expected: s
     assert [r.candidates[0].answer for r in result.iterations] == ["7", "5"]
     assert result.answer == expected
     assert by_role(model) == {"solution": 1, "corrector": 1, "verifier": 2}
+
+
+def test_the_fallback_takes_the_rule_over_all_earlier_iterations_or_the_latest_answered_one() -> None:
+    # Iteration 0 agrees on 7 twice; iteration 1 says 9 once (its other candidate has no answer); the last none.
+    it0 = [cand(0, "7", None), cand(1, "7", None)]
+    it1 = [cand(0, "9", None), cand(1, None, None)]
+    it2 = [cand(0, None, None), cand(1, None, None)]
+    # "all": the vote over the four earlier candidates, 7 (2 votes) against 9 (1): iteration 0's first holder.
+    chosen, info = select_answered([it0, it1, it2], "last", "numeric", "vote")
+    assert chosen is it0[0]
+    assert info == {
+        "iteration": 0,
+        "candidate": 0,
+        "answer": "7",
+        "reason": "no answered candidate in the last iteration",
+    }
+    # "latest": the vote of iteration 1 alone, the latest with an answer.
+    chosen, info = select_answered([it0, it1, it2], "last", "numeric", "vote", fallback_from="latest")
+    assert chosen is it1[0] and info is not None and (info["iteration"], info["answer"]) == (1, "9")
+    # An iteration with no answered candidate is passed over: iteration 0's vote, then.
+    chosen, info = select_answered([it0, it2, it2], "last", "numeric", "vote", fallback_from="latest")
+    assert chosen is it0[0] and info is not None and info["iteration"] == 0
+
+
+def test_fallback_ties_go_to_the_latest_iteration_then_the_earliest_candidate() -> None:
+    it0, it1, last = [cand(0, "7", None)], [cand(0, "9", None)], [cand(0, None, None)]
+    # One vote each: over every earlier candidate, newest iteration first, 9's holder comes first.
+    hows: tuple[FallbackFrom, ...] = ("all", "latest")
+    for how in hows:
+        chosen, info = select_answered([it0, it1, last], "last", "numeric", "vote", fallback_from=how)
+        assert chosen is it1[0] and info is not None and info["iteration"] == 1
+    # Within one iteration: a failed call never votes; 5 and 3 tie, 5's holder (candidate 1) comes first.
+    tied = [cand(0, "4", None, error="HTTP 500"), cand(1, "5", None), cand(2, "3", None)]
+    chosen, info = select_answered([tied, last], "last", "numeric", "vote", fallback_from="latest")
+    assert chosen is tied[1] and info is not None and info["candidate"] == 1
+
+
+def test_with_scores_the_fallback_rule_reads_them() -> None:
+    it0, it1, last = [cand(0, "7", 1.0)], [cand(0, "9", 0.5), cand(1, "8", 0.75)], [cand(0, None, 0.0)]
+    # best_score over every earlier candidate: 7 (1.0); over the latest answered iteration alone: 8 (0.75).
+    assert select_answered([it0, it1, last], "last", "numeric")[0] is it0[0]
+    assert select_answered([it0, it1, last], "last", "numeric", fallback_from="latest")[0] is it1[1]
+    # Off, or in proof mode, or with an answer in the last iteration: no fallback.
+    assert select_answered([it0, it1, last], "last", "numeric", fallback=False) == (last[0], None)
+    assert select_answered([it0, it1, last], "last", "proof")[1] is None
+    assert select_answered([it0, it1], "last", "numeric", fallback_from="latest") == (it1[1], None)
+
+
+def test_unscored_vote_is_the_plain_majority_with_ties_to_the_first_holder() -> None:
+    # 7 and 9 tie at two votes; 7's first holder (candidate 1) comes before 9's (candidate 2).
+    pool = [cand(0, None, None), cand(1, "7", None), cand(2, "9", None), cand(3, "9", None), cand(4, "7.0", None)]
+    assert select(pool, "numeric", "vote") is pool[1]
+    # No answer at all: the first candidate whose call succeeded.
+    bare = [cand(0, None, None, error="HTTP 500"), cand(1, None, None), cand(2, None, None)]
+    assert select(bare, "numeric", "vote") is bare[1] and select(bare, "proof", "vote") is bare[1]

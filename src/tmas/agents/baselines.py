@@ -15,20 +15,12 @@ from pydantic import BaseModel, Field
 
 from tmas.agents.echo import EchoGuard
 from tmas.agents.output import AgentOutputError, extract_json_object
+from tmas.agents.solution import solution_section
 from tmas.agents.style import Style
 from tmas.agents.templates import MATH_SYSTEM, prompt
 from tmas.llm.types import Message
 
-_SOLUTION_HEADING = re.compile(r"^#{1,6}\s*Solution\s*:?\s*$", re.I | re.M)
 _THINK = re.compile(r"<think>.*?</think>", re.S)
-
-
-def solution_section(text: str) -> str:
-    """What follows the last ``## Solution`` heading (the whole text without one): a reply minus its feedback."""
-    matches = list(_SOLUTION_HEADING.finditer(text))
-    if not matches:
-        return text.strip()
-    return text[matches[-1].end() :].strip() or text.strip()
 
 
 def self_refine_prompt(question: str, mode: str, attempt: str, style: Style = "paper") -> list[Message]:

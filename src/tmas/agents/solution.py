@@ -6,7 +6,9 @@ rse), so methods differ only in what they do after it.
 Numeric mode (the official ``--no_proof``): the final answer is the last ``\\boxed{}``; without one, an explicit
 final-answer statement ("Final answer: X", "The answer is X"), and ``extraction`` says which it was. Proof mode: the
 text under ``## Solution`` is the solution; when the heading is missing, the whole reply is used and ``has_section``
-says so.
+says so. Two readers of a reply: :func:`parse_solution` (TMAS: in numeric mode the whole reply is the solution) and
+:func:`parse_section` (the baselines: in every mode the text under the last heading, so a refinement's feedback
+written before its solution is left out).
 """
 
 from __future__ import annotations
@@ -68,13 +70,25 @@ def explore_prompt(question: str, mode: str, strategies: list[Strategy], style: 
     )
 
 
+def solution_section(text: str) -> str:
+    """What follows the last ``## Solution`` heading (the whole text without one): a reply minus its feedback."""
+    matches = list(_SECTION.finditer(text))
+    if not matches:
+        return text.strip()
+    return text[matches[-1].end() :].strip() or text.strip()
+
+
 def parse_solution(content: str, mode: str) -> SolutionOutput:
-    matches = list(_SECTION.finditer(content))
-    has_section = bool(matches)
-    text = content.strip()
-    if mode == "proof" and matches:
-        text = content[matches[-1].end() :].strip() or text
+    """TMAS's reading: the solution under the heading in proof mode, the whole reply in numeric mode."""
+    has_section = _SECTION.search(content) is not None
+    text = solution_section(content) if mode == "proof" else content.strip()
     if mode != "numeric":
         return SolutionOutput(text=text, answer=None, has_section=has_section)
     answer, source = extract_answer(content)
     return SolutionOutput(text=text, answer=answer, extraction=source, has_section=has_section)
+
+
+def parse_section(content: str, mode: str) -> SolutionOutput:
+    """The baselines' reading: as :func:`parse_solution`, but the text under the last heading in every mode (their
+    refinement replies put feedback before the solution)."""
+    return parse_solution(content, mode).model_copy(update={"text": solution_section(content)})

@@ -1,6 +1,6 @@
 """Test-time scaling methods, one module each, on the interface in :mod:`tmas.methods.base`, and their registry.
 
-Beside the methods: the steps the baselines share (``baseline_steps``), the candidate selection rules
+Beside the methods: the toolkit every method's steps come from (``steps``), the candidate selection rules
 (``selection``), stopping and confidence rules (``stopping``, ``confidence``, ``online_stop``), parameters several
 methods take (``style_params``, ``confidence_params``), TMAS's parameters (``tmas_params``), the command-line
 shortcuts a parameter declares (``param_flags``) and the calls per problem a method states for the cost estimate

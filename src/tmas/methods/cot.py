@@ -11,8 +11,8 @@ from typing import Any, ClassVar
 
 from tmas.agents.solution import generation_prompt
 from tmas.methods.base import Method, MethodParams, ProblemResult, ProblemSession
-from tmas.methods.baseline_steps import finish, notes_for, solve_call
 from tmas.methods.call_count import CallCount, count_calls
+from tmas.methods.steps import finish, notes_for, solve_call
 from tmas.methods.style_params import StyledParams
 from tmas.methods.traits import Traits
 

@@ -32,11 +32,11 @@ from tmas.agents.solution import generation_prompt
 from tmas.config import Sampling
 from tmas.llm.types import Message
 from tmas.methods.base import Candidate, Method, MethodParams, ProblemResult, ProblemSession, gather_all
-from tmas.methods.baseline_steps import budget_note, finish, notes_for, solve_call
 from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.confidence_params import note_missing_confidence
 from tmas.methods.online_stop import ONLINE_STOP_NOTICE, WARMUP, WATCHED, OnlineStop, OnlineStopParams
 from tmas.methods.selection import ConfidenceRule, select
+from tmas.methods.steps import budget_note, finish, notes_for, solve_call
 from tmas.methods.stopping import BETA_THRESHOLD, VoteStop, beta_vote_stop, fewest_votes_to_stop
 from tmas.methods.style_params import StyledParams
 from tmas.methods.traits import Traits

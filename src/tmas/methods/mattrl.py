@@ -27,6 +27,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
 
@@ -51,6 +52,7 @@ from tmas.agents.mattrl_review import (
 from tmas.agents.mattrl_teaching import difficulty_of, subject_of
 from tmas.agents.mattrl_team import TeamReply, default_team, parse_team, recruit_prompt, teaching_role
 from tmas.agents.output import AgentOutputError
+from tmas.agents.solution import SolutionOutput, parse_solution
 from tmas.answers import last_boxed, normalize_answer
 from tmas.errors import LLMError
 from tmas.llm.tokens import CHARS_PER_TOKEN
@@ -75,6 +77,7 @@ from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.mattrl_teaching import teach, teaching_tier
 from tmas.methods.param_flags import cli_flag
 from tmas.methods.state import MATTRLState, MethodState, SeatRecord
+from tmas.methods.steps import solve_call
 from tmas.methods.traits import Traits
 
 if TYPE_CHECKING:  # the pool needs numpy and faiss (the `pool` extra): imported only when a pool is configured
@@ -221,7 +224,7 @@ class MATTRL(Method[MATTRLParams]):
             snapshot = "\n\n".join(
                 f"{s.member.id} ({s.member.specialty}), accepted:\n{s.attempt}" for s in seats if s.accepted
             )
-            spoke: dict[str, tuple[Completion, Utterance]] = {}
+            spoke: dict[str, tuple[Candidate, Utterance]] = {}
             reviews: dict[str, list[Review]] = {}
             critiques: dict[str, list[DifferentialReview]] = {}
             start = len(notes)
@@ -340,7 +343,7 @@ class MATTRL(Method[MATTRLParams]):
         snapshot: str,
         bulletin: str,
         retriever: Retriever | None,
-        spoke: dict[str, tuple[Completion, Utterance]],
+        spoke: dict[str, tuple[Candidate, Utterance]],
         notes: list[str],
     ) -> None:
         """The specialist's opinion of round ``r``, into ``spoke`` with its utterance (kept if the round stops)."""
@@ -358,28 +361,34 @@ class MATTRL(Method[MATTRLParams]):
             bulletin=bulletin,
             hints=hints,
         )
-        guard = EchoGuard.of(messages)
-        guarded = await chat_guarded(
+        # A solution-like call (methods/steps.py): the echo guard, extraction and tally of every solution writer; an
+        # opinion's answer is its boxed value (math) or its top diagnosis (medicine).
+        said = await solve_call(
             session,
             "specialist",
             messages,
-            lambda reply: guard.solution_echo(reply.content, opinion_answer(reply.content, p.domain)),
-            sample=seat.index,
+            index=seat.index,
+            mode="numeric" if p.domain == "math" else p.domain,
+            parse=partial(_read_opinion, domain=p.domain),
         )
-        reply = guarded.reply
-        if guarded.first_echo is not None:
-            notes.append(f"{seat.member.id}: the opinion's {guarded.first_echo} echoed the instructions; asked again")
+        if said is None:
+            # The budget refused the call: the round keeps what finished (see solve).
+            raise BudgetExhausted(session.budget_stop or "budget spent")
+        if said.meta.get("echo_retry"):
+            notes.append(
+                f"{seat.member.id}: the opinion's {said.meta['echo_retry']} echoed the instructions; asked again"
+            )
         seat.previous_answer, previous_top10 = seat.answer, seat.top10
         seat.previous_top10 = previous_top10
-        if guarded.echo is not None:
+        if said.meta.get("echo"):
             notes.append(f"{seat.member.id}: the retried opinion echoed the instructions too; keeps its attempt")
-        elif not reply.ok or not reply.content.strip():
-            notes.append(f"{seat.member.id}: opinion call failed ({reply.error or 'empty reply'}); keeps its attempt")
+        elif said.error or not said.text.strip():
+            notes.append(f"{seat.member.id}: opinion call failed ({said.error or 'empty reply'}); keeps its attempt")
         else:
-            if reply.truncated:
+            if said.meta.get("truncated"):
                 notes.append(f"{seat.member.id}: opinion truncated at max_tokens")
-            seat.attempt = reply.content.strip()
-            seat.answer = opinion_answer(seat.attempt, p.domain)
+            seat.attempt = said.text.strip()
+            seat.answer = said.answer
             if p.domain == "medicine":
                 seat.top10 = parse_differential(seat.attempt)
                 if len(seat.top10) < 10:
@@ -389,14 +398,14 @@ class MATTRL(Method[MATTRLParams]):
             elif seat.answer is None:
                 notes.append(f"{seat.member.id}: opinion states no final answer")
         spoke[seat.member.id] = (
-            reply,
+            said,
             Utterance(
                 round=r,
                 agent=seat.member.id,
                 kind="opinion",
-                text=reply.content,
-                answer=seat.answer if reply.ok and guarded.echo is None else None,
-                call_id=reply.call_id,
+                text=said.text,
+                answer=seat.answer if said.error is None else None,
+                call_id=said.call_id,
                 experience_ids=[h.id for h in hints],
             ),
         )
@@ -755,7 +764,8 @@ class MATTRL(Method[MATTRLParams]):
         return next(s.answer for s in order if s.index in answers and counts[answers[s.index]] == top)
 
     @staticmethod
-    def _candidate(seat: Seat, reply: Completion, opinion: Utterance, reviews: list[Review], r: int) -> Candidate:
+    def _candidate(seat: Seat, said: Candidate, opinion: Utterance, reviews: list[Review], r: int) -> Candidate:
+        """The seat's candidate of round ``r``: its opinion (from the solution step) with where the seat stands."""
         meta: dict[str, Any] = {
             "member": seat.member.id,
             "specialty": seat.member.specialty,
@@ -763,23 +773,13 @@ class MATTRL(Method[MATTRLParams]):
             "accepted": seat.accepted,
             "converged": seat.converged,
             "experience_ids": opinion.experience_ids,
+            **said.meta,
         }
-        if reply.truncated:
-            meta["truncated"] = True
         if seat.top10:
             meta["top10"] = seat.top10
-        return Candidate(
-            index=seat.index,
-            text=reply.content,
-            answer=opinion.answer,
-            # The share of peers that accepted the attempt (math), so reports can rank attempts.
-            score=sum(rv.verdict == "accept" for rv in reviews) / len(reviews) if reviews else None,
-            call_id=reply.call_id,
-            usage=reply.usage,
-            finish_reason=reply.finish_reason,
-            error=reply.error,
-            meta=meta,
-        )
+        # The share of peers that accepted the attempt (math), so reports can rank attempts.
+        score = sum(rv.verdict == "accept" for rv in reviews) / len(reviews) if reviews else None
+        return said.model_copy(update={"answer": opinion.answer, "score": score, "meta": meta})
 
     @staticmethod
     def _state(r: int, seats: list[Seat], transcript: Transcript, decision: Decision | None) -> dict[str, Any]:
@@ -790,3 +790,10 @@ class MATTRL(Method[MATTRLParams]):
         if decision is not None:
             state.decision = decision
         return state.stored()
+
+
+def _read_opinion(content: str, mode: str, *, domain: str) -> SolutionOutput:
+    """An opinion as a solution: the whole reply, and the answer it states (:func:`opinion_answer`); in math, where
+    it came from (boxed or a final-answer statement)."""
+    parsed = parse_solution(content, mode)
+    return parsed.model_copy(update={"text": content, "answer": opinion_answer(content, domain)})

@@ -6,7 +6,7 @@ lowest group confidences C_least (methods/confidence.py). Every later sample str
 :class:`ConfidenceWatch` and is stopped as soon as its running group confidence, the mean token confidence of its last
 n tokens (n = ``confidence_window``), falls below s: the client closes the connection and the server aborts the
 request (:mod:`tmas.llm.watch`). A stopped sample does not vote: its candidate carries an error and
-``meta["stopped_early"]`` (methods/baseline_steps.py).
+``meta["stopped_early"]`` (methods/steps.py).
 
 The threshold is the (1 - ``online_keep``) quantile of the warm-up samples' C_least, interpolated linearly between
 order statistics (numpy's default percentile, which DeepConf's own script calls), so that about ``online_keep`` of

@@ -28,8 +28,9 @@ from tmas.methods.base import (
     ProblemSession,
     gather_all,
 )
-from tmas.methods.baseline_steps import budget_note, finish, notes_for, pick, solve_call
 from tmas.methods.call_count import CallCount, count_calls
+from tmas.methods.selection import select
+from tmas.methods.steps import budget_note, finish, notes_for, solve_call
 from tmas.methods.style_params import StyledParams
 from tmas.methods.traits import Traits
 
@@ -92,7 +93,7 @@ class PaCoRe(Method[PaCoReParams]):
             candidates = [c for c in drawn if c is not None]
             if not candidates:
                 break
-            chosen = pick(candidates, mode, await session.answer_classes(candidates))
+            chosen = select(candidates, mode, "vote", await session.answer_classes(candidates))
             notes = notes_for(candidates, mode)
             if kind == "generate" and t > 0:
                 notes.append("no successful response in the previous round: sampled without messages")

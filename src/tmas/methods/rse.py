@@ -43,9 +43,10 @@ from tmas.methods.base import (
     ProblemSession,
     gather_all,
 )
-from tmas.methods.baseline_steps import budget_note, finish, notes_for, pick, solve_call
 from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.echo_retry import chat_guarded
+from tmas.methods.selection import select
+from tmas.methods.steps import budget_note, finish, notes_for, solve_call
 from tmas.methods.style_params import StyledParams
 from tmas.methods.traits import Traits
 
@@ -116,7 +117,7 @@ class RSE(Method[RSEParams]):
             candidates = [c for c in drawn if c is not None]
             if not candidates:
                 break
-            chosen = pick(candidates, mode, await session.answer_classes(candidates))
+            chosen = select(candidates, mode, "vote", await session.answer_classes(candidates))
             notes = notes_for(candidates, mode)
             state: dict[str, Any] = {"bank_in": _dump(bank)}
             if not session.budget_stop and t < p.iterations - 1:

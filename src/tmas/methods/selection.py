@@ -34,10 +34,20 @@ Every rule skips candidates whose call failed; in numeric mode it prefers candid
 candidate has one (or in proof mode, where there are no answers to count) every vote falls back to ``best_score``.
 A missing score counts 0.
 
-Answer fallback (``select_answered``, beyond the paper): when the candidates it selects from hold no answered one
-(numeric mode), the answer comes from the best answered candidate of the earlier iterations (the rule applied to all
-of them, as ``select_from = "all"`` orders them), recorded as a fallback. With it off, the rule reads those candidates
-alone, as Algorithm 1's line 22 does.
+Answer fallback (``select_answered``, beyond the paper; every method that falls back uses it): when the candidates
+it selects from hold no answered one (numeric mode), the answer comes from an answered candidate of the earlier
+iterations, recorded as a fallback (its iteration, candidate, answer and why). Which one (``fallback_from``):
+
+- ``all`` (TMAS, Verify-Refine): the rule applied to every earlier candidate, as ``select_from = "all"`` orders them
+  (newest iteration first), so a vote counts the answers of all earlier iterations;
+- ``latest`` (Self-Refine): the rule applied to the latest earlier iteration that has an answered candidate alone.
+  Each Self-Refine round rewrites the one before it, so an older round's answer is an older draft of the same
+  trajectories and must not outvote the newer ones.
+
+With the fallback off, the rule reads those candidates alone, as Algorithm 1's line 22 does.
+
+Without scores (the baselines' candidates), ``vote`` is the plain majority vote (self-consistency): the most
+frequent answer, ties to the answer whose first holder comes earliest, and that first holder is returned.
 
 Which candidates (``select_from``, called ``pool`` before): ``last`` is the last iteration's candidates; ``all`` is
 every iteration's, ordered newest iteration first, then by candidate index, so "earliest in candidate order" prefers
@@ -58,6 +68,7 @@ from tmas.methods.confidence import ConfidenceMeasure
 SelectRule = Literal["best_score", "vote", "score_weighted_vote"]
 ConfidenceRule = Literal["confidence_vote", "filtered_vote"]
 SelectFrom = Literal["last", "all"]
+FallbackFrom = Literal["all", "latest"]
 SELECT_RULES: tuple[SelectRule, ...] = get_args(SelectRule)
 CONFIDENCE_RULES: tuple[ConfidenceRule, ...] = get_args(ConfidenceRule)
 SELECT_FROM: tuple[SelectFrom, ...] = get_args(SelectFrom)
@@ -155,22 +166,25 @@ def select_answered(
     classes: Mapping[str, str] | None = None,
     *,
     fallback: bool = True,
+    fallback_from: FallbackFrom = "all",
     confidence: ConfidenceVote | None = None,
 ) -> tuple[Candidate | None, dict[str, Any] | None]:
     """The candidate ``rule`` returns from ``select_from`` of ``iterations`` (oldest first); in numeric mode, when it
-    has no answer and ``fallback`` is on, the best answered candidate of the earlier iterations instead.
+    has no answer and ``fallback`` is on, an answered candidate of the earlier iterations instead, as
+    ``fallback_from`` says (see the module docstring).
 
     The second value describes a fallback that happened (None otherwise): the iteration and index of the candidate
-    returned, and why. ``classes`` must cover the answers of every iteration.
+    returned, its answer, and why. ``classes`` must cover the answers of every iteration.
     """
     chosen = select(candidates_from(iterations, select_from), mode, rule, classes, confidence)
     if not fallback or mode != "numeric" or (chosen is not None and chosen.answer is not None):
         return chosen, None
     earlier = iterations[:-1]
-    # The rule over every earlier candidate, newest iteration first (``select`` prefers answered candidates): ties go
-    # to the latest, most refined answer, as ``select_from = "all"`` orders them.
-    backup = select(candidates_from(earlier, "all"), mode, rule, classes, confidence)
-    if backup is None or backup.answer is None:
+    # ``select`` prefers answered candidates; over every earlier one, ties go to the latest, most refined answer.
+    pools = [candidates_from(earlier, "all")] if fallback_from == "all" else [list(c) for c in reversed(earlier)]
+    picks = (select(pool, mode, rule, classes, confidence) for pool in pools)
+    backup = next((c for c in picks if c is not None and c.answer is not None), None)
+    if backup is None:
         return chosen, None
     where = next(t for t, candidates in enumerate(earlier) if any(c is backup for c in candidates))
     info = {

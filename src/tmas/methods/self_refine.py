@@ -26,8 +26,9 @@ from tmas.methods.base import (
     ProblemSession,
     gather_all,
 )
-from tmas.methods.baseline_steps import budget_note, finish, keeps_previous, notes_for, pick_answered, solve_call
 from tmas.methods.call_count import CallCount, count_calls
+from tmas.methods.selection import select_answered
+from tmas.methods.steps import budget_note, finish, keeps_previous, notes_for, solve_call
 from tmas.methods.style_params import StyledParams
 from tmas.methods.traits import Traits
 
@@ -98,8 +99,12 @@ class SelfRefine(Method[SelfRefineParams]):
                     notes.append(f"candidate {c.index}: no answer; the trajectory goes on from its previous solution")
                 else:
                     latest[c.index] = c
-            recorded = [record.candidates for record in session.records]
-            chosen, fallback = await pick_answered(session, [*recorded, candidates], mode, fallback=p.answer_fallback)
+            # The majority of the last round; without an answer there, of the latest earlier round that has one.
+            iterations = [*(record.candidates for record in session.records), candidates]
+            classes = await session.answer_classes(c for cands in iterations for c in cands)
+            chosen, fallback = select_answered(
+                iterations, "last", mode, "vote", classes, fallback=p.answer_fallback, fallback_from="latest"
+            )
             if fallback is not None:
                 notes.append(f"answer from iteration {fallback['iteration']}: {fallback['reason']}")
             if session.budget_stop:

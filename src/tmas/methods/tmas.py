@@ -53,7 +53,6 @@ from tmas.agents.output import AgentOutputError
 from tmas.agents.rollouts import CHARS_PER_TOKEN, Rollout, RolloutFit, fit_rollouts
 from tmas.agents.score_first import parse_score_first, score_first_prompt
 from tmas.agents.solution import (
-    SolutionOutput,
     SolutionPrompt,
     explore_prompt,
     generation_prompt,
@@ -64,11 +63,11 @@ from tmas.agents.summary import Summary, fallback_summary, parse_summary, summar
 from tmas.agents.verification import Verification, VerificationReply, parse_verification, verification_prompt
 from tmas.answer_classes import value_key
 from tmas.config import Sampling
-from tmas.llm.types import Completion, Message, Usage
+from tmas.llm.types import Completion, Message
 from tmas.memory.experience_bank import ExperienceBank, apply_experience_ops
 from tmas.memory.guideline_bank import GuidelineBank, apply_strategy_classifications
-from tmas.methods.answer_reminder import ask_with_reminder
 from tmas.methods.base import (
+    BudgetExhausted,
     Candidate,
     Method,
     MethodParams,
@@ -82,6 +81,7 @@ from tmas.methods.confidence_params import note_missing_confidence
 from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.selection import select_answered
 from tmas.methods.state import MethodState, TMASState
+from tmas.methods.steps import Anomaly, solution_anomalies, solve_call
 from tmas.methods.tmas_params import TMAS_ROLES, TMASParams
 from tmas.methods.traits import Traits
 
@@ -132,6 +132,14 @@ class IterationLog:
     def bad(self, kind: str, note: str) -> None:
         self.anomalies[kind] += 1
         self.notes.append(note)
+
+    def record(self, anomalies: list[Anomaly]) -> None:
+        """A candidate's anomalies (methods/steps.py): each noted, and counted under its kind where it has one."""
+        for kind, note in anomalies:
+            if kind is None:
+                self.notes.append(note)
+            else:
+                self.bad(kind, note)
 
 
 @dataclass
@@ -376,78 +384,55 @@ class TMAS(Method[TMASParams]):
     ) -> CandidateOutcome:
         """Lines 9-16 for candidate i: c_{t,i}, then V_{t,i} (M passes in parallel), then s_{t,i} (unless not
         ``summarize``: the rollout then has no summary)."""
-        p, q = self.params, session.problem.question
-        meta: dict[str, Any] = {"mode": plan.modes[i], "prompt": plan.prompt_names[i]}
-        guard = EchoGuard.of(plan.messages[i])
-        guarded = await chat_guarded(
+        p = self.params
+        # Lines 9-12: c_{t,i} = A_sol(x, ...) with the prompt z_{t,i} chose (the shared solution step, methods/steps.py:
+        # echo guard, extraction, confidence; the answer reminder only after an exploit or explore prompt).
+        candidate = await solve_call(
             session,
             "solution",
             plan.messages[i],
-            lambda r: guard.solution_echo(*_text_and_answer(parse_solution(r.content, p.mode))),
-            sample=i,
+            index=i,
+            mode=p.mode,
+            parse=parse_solution,
             sampling=p.confidence_sampling(p.select),
+            meta={"mode": plan.modes[i], "prompt": plan.prompt_names[i]},
+            remind=p.answer_reminder and plan.prompt_names[i] != "generate",
+            confidence_window=p.confidence_window if p.asks_confidence(p.select) else None,
             chain=i,
         )
-        reply = guarded.reply
-        candidate = Candidate(
-            index=i,
-            text=reply.content,
-            call_id=reply.call_id,
-            usage=reply.usage,
-            finish_reason=reply.finish_reason,
-            error=reply.error,
-            score=0.0,
-            meta=meta,
-        )
-        meta = candidate.meta  # pydantic copied the dict: fill in the candidate's own
-        if guarded.first_echo is not None:
-            log.bad(
-                "solution_echo",
-                f"candidate {i}: its {guarded.first_echo} echoed the prompt's instructions; asked again",
-            )
-        if not reply.ok:
-            log.bad("solution_failed", f"candidate {i}: solution call failed: {reply.error}")
+        if candidate is None:
+            # The budget refused the call: the runner ends the problem with the iterations finished.
+            raise BudgetExhausted(session.budget_stop or "budget spent")
+        candidate.score = 0.0
+        log.record(solution_anomalies(candidate, p.mode))
+        if candidate.error is not None:
+            # A failed call or an echo never becomes a rollout: the candidate stays in the record, unusable.
             return CandidateOutcome(candidate, None)
-        if guarded.echo is not None:
-            # An echo never becomes an answer or a rollout: the candidate stays in the record, unusable.
-            meta["echo"] = guarded.echo
-            candidate.answer, candidate.error = None, f"the {guarded.echo} echoed the prompt's instructions"
-            log.bad("solution_echo", f"candidate {i}: the retry's {guarded.echo} echoed the instructions too; dropped")
-            return CandidateOutcome(candidate, None)
-        solution = parse_solution(reply.content, p.mode)
-        if self._remind(solution.answer, reply.truncated, plan.prompt_names[i]):
-            reply, solution, spent = await self._reminded(session, i, plan.messages[i], reply, solution, log, meta)
-            candidate.call_id, candidate.finish_reason = reply.call_id, reply.finish_reason
-            candidate.usage = candidate.usage + spent
-        candidate.text, candidate.answer = solution.text, solution.answer
-        if p.asks_confidence(p.select):
-            candidate.confidence = p.confidence_of(reply)
-        if reply.truncated:
-            meta["truncated"] = True
-            log.bad("solution_truncated", f"candidate {i}: solution truncated at max_tokens")
-        if p.mode == "numeric":
-            meta["extraction"] = solution.extraction
-            session.tally("solution").fallback += solution.extraction == "fallback"
-        if p.mode == "numeric" and solution.answer is None:
-            session.tally("solution").unusable += 1
-            log.bad("solution_no_answer", f"candidate {i}: no extractable answer; scored 0")
-        elif p.mode == "proof" and not solution.has_section:
-            log.notes.append(f"candidate {i}: no '## Solution' heading; the whole reply is taken as the solution")
+        meta, text, answer = candidate.meta, candidate.text, candidate.answer
 
         # Line 14: M independent verification passes, in parallel.
-        verifications, records = await self._verify(session, i, solution.text, log)
+        verifications, records = await self._verify(session, i, text, log)
         meta["verifications"] = records
         score = _mean([v.effective_score for v in verifications])
-        if p.mode == "numeric" and solution.answer is None:
+        if p.mode == "numeric" and answer is None:
             score = 0.0
         candidate.score = score
         if not summarize:
-            return CandidateOutcome(
-                candidate, Rollout(index=i, solution=solution.text, summary="", score=score, answer=solution.answer)
-            )
+            return CandidateOutcome(candidate, Rollout(index=i, solution=text, summary="", score=score, answer=answer))
 
         # Line 15: s_{t,i} = A_sum(x, c_{t,i}, V_{t,i}).
-        s_messages = summary_prompt(q, solution.text, verifications, max_tokens=session.max_tokens("summary"))
+        summary, call_id = await self._summarize(session, i, text, verifications, log)
+        meta["summary"], meta["summary_call_id"] = summary.text, call_id
+        rollout = Rollout(index=i, solution=text, summary=summary.text, score=score, answer=answer)
+        return CandidateOutcome(candidate, rollout)
+
+    async def _summarize(
+        self, session: ProblemSession, i: int, solution: str, verifications: list[Verification], log: IterationLog
+    ) -> tuple[Summary, int | None]:
+        """s_{t,i} = A_sum(x, c_{t,i}, V_{t,i}) and its call; a summary built from the scores where the reply is
+        unusable (failed, invalid, or echoing its instructions twice)."""
+        q = session.problem.question
+        s_messages = summary_prompt(q, solution, verifications, max_tokens=session.max_tokens("summary"))
         s_guard = EchoGuard.of(s_messages)
         s_guarded = await chat_guarded(
             session,
@@ -474,61 +459,7 @@ class TMAS(Method[TMASParams]):
                 session.tally("summary").unusable += 1
                 log.bad("summary_invalid", f"candidate {i}: summary unusable ({exc}): {s_reply.content[:200]!r}")
                 summary = fallback_summary(verifications, str(exc))
-        meta["summary"] = summary.text
-        meta["summary_call_id"] = s_reply.call_id
-        rollout = Rollout(index=i, solution=solution.text, summary=summary.text, score=score, answer=solution.answer)
-        return CandidateOutcome(candidate, rollout)
-
-    def _remind(self, answer: str | None, truncated: bool, prompt_name: SolutionPrompt) -> bool:
-        """Whether an answerless exploit or explore reply is asked once more (a truncated one is not: the same
-        max_tokens would cut the retry too)."""
-        p = self.params
-        return (
-            p.answer_reminder and p.mode == "numeric" and answer is None and not truncated and prompt_name != "generate"
-        )
-
-    async def _reminded(
-        self,
-        session: ProblemSession,
-        i: int,
-        messages: list[Message],
-        reply: Completion,
-        solution: SolutionOutput,
-        log: IterationLog,
-        meta: dict[str, Any],
-    ) -> tuple[Completion, SolutionOutput, Usage]:
-        """The answerless reply sent back with the reminder of the required output: the retry's reply and parse
-        where the retry succeeded and echoes nothing of its instructions (the echo guard reads the first reply as
-        data), else the first ones; and the retry's usage. Both replies stay in the run store; ``meta["reminder"]``
-        keeps the first reply's call and text."""
-        session.tally("solution").unusable += 1
-        p = self.params
-        sampling = p.confidence_sampling(p.select)
-
-        def read(content: str) -> tuple[str, str | None]:
-            return _text_and_answer(parse_solution(content, p.mode))
-
-        reminded = await ask_with_reminder(
-            session, "solution", messages, reply, meta, read, sample=i, sampling=sampling, chain=i
-        )
-        retry = reminded.reply
-        if not retry.ok:
-            log.bad(
-                "solution_reminder_failed", f"candidate {i}: no answer, and the reminder call failed: {retry.error}"
-            )
-            return reply, solution, retry.usage
-        if not reminded.accepted:
-            echo = meta["reminder"]["echo"]
-            log.bad("solution_echo", f"candidate {i}: the reply to the reminder echoed its instructions ({echo})")
-            return reply, solution, retry.usage
-        retried = parse_solution(retry.content, p.mode)
-        meta["reminder"]["answered"] = retried.answer is not None
-        log.bad(
-            "solution_reminded",
-            f"candidate {i}: no extractable answer; asked again with a reminder of the required output: "
-            + ("answered" if retried.answer is not None else "still no answer"),
-        )
-        return retry, retried, retry.usage
+        return summary, s_reply.call_id
 
     async def _verify(
         self,
@@ -757,10 +688,6 @@ class TMAS(Method[TMASParams]):
 def _bernoulli(seed: int, problem_id: str, t: int, i: int, epsilon: float) -> bool:
     """z_{t,i} ~ Bernoulli(epsilon), from an RNG fixed by (run seed, problem, iteration, candidate)."""
     return random.Random(f"{seed}\x1f{problem_id}\x1f{t}\x1f{i}").random() < epsilon
-
-
-def _text_and_answer(solution: SolutionOutput) -> tuple[str, str | None]:
-    return solution.text, solution.answer
 
 
 def _mean(values: list[float]) -> float:

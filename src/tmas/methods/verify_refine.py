@@ -31,9 +31,9 @@ from tmas.methods.base import (
     ProblemSession,
     gather_all,
 )
-from tmas.methods.baseline_steps import budget_note, finish, keeps_previous, notes_for, solve_call
 from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.selection import SelectFrom, SelectRule, select_answered
+from tmas.methods.steps import budget_note, finish, keeps_previous, notes_for, solve_call
 from tmas.methods.style_params import StyledParams
 from tmas.methods.traits import Traits
 

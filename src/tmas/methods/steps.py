@@ -1,0 +1,242 @@
+"""The toolkit every method's steps come from: one solution-writing call as a :class:`Candidate` (:func:`solve_call`,
+used by TMAS, MATTRL and the baselines), the anomalies it reports (kinds for counters, notes for the iteration
+record), and the end of a baseline's run (budget stops included). Which candidate a method returns, with the answer
+fallback, is in selection.py.
+
+A candidate's call that the budget refuses comes back as ``None`` from :func:`solve_call`: a baseline records the
+candidates finished so far and stops, so an equal-compute comparison keeps every token that was spent. TMAS and MATTRL
+raise the stop again: the runner (TMAS) or the method's own round (MATTRL) ends the problem with what finished.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tmas.agents.echo import EchoGuard
+from tmas.agents.solution import SolutionOutput, parse_section
+from tmas.config import Sampling
+from tmas.llm.types import Completion, Message
+from tmas.llm.watch import TraceWatch
+from tmas.methods.answer_reminder import ask_with_reminder
+from tmas.methods.base import BUDGET_STOP, BudgetExhausted, Candidate, ProblemResult, ProblemSession
+from tmas.methods.confidence import Confidence, trace_confidence
+from tmas.methods.echo_retry import chat_guarded
+
+# How a reply is read: (content, mode) -> its solution text, answer, extraction and heading (tmas.agents.solution).
+SolutionParser = Callable[[str, str], SolutionOutput]
+# One anomaly of a candidate: the counter kind it counts under (None: a note only) and its note.
+Anomaly = tuple[str | None, str]
+
+
+async def solve_call(
+    session: ProblemSession,
+    role: str,
+    messages: list[Message],
+    *,
+    index: int,
+    mode: str,
+    parse: SolutionParser = parse_section,
+    sample: int | None = None,
+    sampling: Sampling | None = None,
+    meta: dict[str, Any] | None = None,
+    remind: bool = False,
+    confidence_window: int | None = None,
+    watch: TraceWatch | None = None,
+    chain: int | None = None,
+) -> Candidate | None:
+    """One solution-writing call of ``role`` as candidate ``index`` (sample ``sample``, else ``index``); None when the
+    budget refused the call. Its calls (echo retry and reminder included) belong to ``chain``
+    (:meth:`ProblemSession.chat`).
+
+    ``parse`` reads a reply's solution text and answer (the baselines' :func:`parse_section` unless given; TMAS
+    passes :func:`tmas.agents.solution.parse_solution`). ``confidence_window``: the reply's log-probabilities (asked
+    for in ``sampling``) are reduced to the candidate's ``confidence`` with groups of that many tokens
+    (methods/confidence.py).
+
+    ``watch`` follows the streamed reply and may stop it (:mod:`tmas.llm.watch`): a stopped reply's candidate carries
+    ``meta["stopped_early"]`` and an error, so its partial text gives no answer and no vote.
+
+    Numeric mode: the answer is the last box, else an explicit final-answer statement; ``meta["extraction"]`` says
+    which ("boxed" / "fallback" / "none"), and a reply with neither counts as unusable for ``role``. Proof mode: a
+    reply without a ``## Solution`` heading is taken whole, marked ``meta["no_solution_heading"]``.
+
+    A reply whose answer or solution echoes the prompt's instructions is asked again once (:mod:`tmas.agents.echo`),
+    marked ``meta["echo_retry"]``; when the retry echoes too, the candidate carries ``meta["echo"]`` and an error, so
+    no answer, vote or later prompt uses it. With ``remind``, a reply without an answer (not cut at max_tokens) is
+    sent back once with a reminder of the required output (``answer_reminder.j2``); the retry's reply is the
+    candidate's where it succeeded and echoes nothing of its instructions, and ``meta["reminder"]`` keeps the first
+    reply's call and text, then the retry's ``error`` (a refused call: "budget spent"), ``echo`` or ``answered``.
+    :func:`solution_anomalies` reads all of this back as counters and notes.
+    """
+    calls = sample if sample is not None else index
+    guard = EchoGuard.of(messages)
+
+    def echo_of(r: Completion) -> str | None:
+        parsed = parse(r.content, mode)
+        return guard.solution_echo(parsed.text, parsed.answer)
+
+    try:
+        guarded = await chat_guarded(
+            session, role, messages, echo_of, sample=calls, sampling=sampling, watch=watch, chain=chain
+        )
+    except BudgetExhausted:
+        return None
+    reply = guarded.reply
+    info = dict(meta or {})
+    if guarded.first_echo is not None:
+        info["echo_retry"] = guarded.first_echo
+    if reply.stopped_early is not None:
+        info["stopped_early"] = reply.stopped_early
+        error = f"stopped early: {reply.stopped_early}"
+        return _unusable(index, reply, reply.content, error, info, _confidence(reply, confidence_window))
+    solution = parse(reply.content, mode)
+    if guarded.echo is not None:
+        info["echo"] = guarded.echo
+        error = f"the {guarded.echo} echoed the prompt's instructions (asked twice)"
+        return _unusable(index, reply, solution.text, error, info)
+    _tally(session, role, reply, solution, mode)
+    usage = reply.usage
+    if remind and mode == "numeric" and reply.ok and solution.answer is None and not reply.truncated:
+
+        def read(content: str) -> tuple[str, str | None]:
+            parsed = parse(content, mode)
+            return parsed.text, parsed.answer
+
+        try:
+            reminded = await ask_with_reminder(
+                session, role, messages, reply, info, read, sample=calls, sampling=sampling, chain=chain
+            )
+        except BudgetExhausted:
+            info["reminder"]["error"] = "budget spent"
+        else:
+            usage = usage + reminded.reply.usage
+            if reminded.accepted:
+                reply = reminded.reply
+                solution = parse(reply.content, mode)
+                _tally(session, role, reply, solution, mode)
+                info["reminder"]["answered"] = solution.answer is not None
+    if reply.ok and mode == "numeric":
+        info["extraction"] = solution.extraction
+    if reply.ok and mode == "proof" and not solution.has_section:
+        info["no_solution_heading"] = True
+    if reply.truncated:
+        info["truncated"] = True
+    return Candidate(
+        index=index,
+        # The text later prompts see (with parse_section: the solution without any feedback section before it).
+        text=solution.text,
+        answer=solution.answer if reply.ok else None,
+        call_id=reply.call_id,
+        usage=usage,
+        finish_reason=reply.finish_reason,
+        error=reply.error,
+        confidence=_confidence(reply, confidence_window),
+        meta=info,
+    )
+
+
+def _unusable(
+    index: int, reply: Completion, text: str, error: str, info: dict[str, Any], confidence: Confidence | None = None
+) -> Candidate:
+    """A candidate with no answer and an error (a reply stopped early, or echoing twice): no vote or prompt uses it."""
+    return Candidate(
+        index=index,
+        text=text,
+        call_id=reply.call_id,
+        usage=reply.usage,
+        finish_reason=reply.finish_reason,
+        error=error,
+        confidence=confidence,
+        meta=info,
+    )
+
+
+def _confidence(reply: Completion, window: int | None) -> Confidence | None:
+    return None if window is None else trace_confidence(reply.logprobs, window)
+
+
+def _tally(session: ProblemSession, role: str, reply: Completion, solution: SolutionOutput, mode: str) -> None:
+    """A successful reply's extraction (numeric mode) in ``role``'s reply tally."""
+    if reply.ok and mode == "numeric":
+        session.tally(role).unusable += solution.extraction == "none"
+        session.tally(role).fallback += solution.extraction == "fallback"
+
+
+def solution_anomalies(c: Candidate, mode: str) -> list[Anomaly]:
+    """What of candidate ``c`` (from :func:`solve_call`) is worth a note in the iteration record, each with the
+    counter kind it counts under: TMAS counts them in ``ProblemResult.counters``; the baselines keep the notes."""
+    found: list[Anomaly] = []
+    at = f"candidate {c.index}"
+    if c.meta.get("echo_retry"):
+        found.append(
+            ("solution_echo", f"{at}: its {c.meta['echo_retry']} echoed the prompt's instructions; asked again")
+        )
+    if c.meta.get("stopped_early"):
+        found.append(("solution_stopped_early", f"{at}: {c.error}"))
+    elif c.meta.get("echo"):
+        found.append(("solution_echo", f"{at}: unusable: {c.error}"))
+    elif c.error:
+        found.append(("solution_failed", f"{at}: call failed: {c.error}"))
+    reminder = c.meta.get("reminder")
+    if reminder is not None:
+        asked = f"{at}: first reply had no answer; asked again with a reminder of the required output"
+        if reminder.get("error"):
+            found.append(("solution_reminder_failed", f"{asked}: no answer ({reminder['error']})"))
+        elif reminder.get("echo"):
+            found.append(("solution_echo", f"{asked}: the reply echoed its instructions ({reminder['echo']})"))
+        else:
+            found.append(
+                ("solution_reminded", f"{asked}: {'answered' if reminder.get('answered') else 'no answer again'}")
+            )
+    if mode == "numeric" and c.error is None and c.answer is None:
+        found.append(("solution_no_answer", f"{at}: no extractable answer"))
+    if c.meta.get("no_solution_heading"):
+        found.append((None, f"{at}: no '## Solution' heading; the whole reply is taken as the solution"))
+    if c.meta.get("truncated"):
+        found.append(("solution_truncated", f"{at}: truncated at max_tokens"))
+    return found
+
+
+def notes_for(candidates: list[Candidate], mode: str) -> list[str]:
+    """The per-candidate anomalies worth a note in the iteration record."""
+    return [note for c in candidates for _, note in solution_anomalies(c, mode)]
+
+
+def keeps_previous(candidate: Candidate, previous: Candidate | None, mode: str) -> bool:
+    """Whether a refinement without an answer must not replace ``previous``, an answered solution of the same
+    trajectory (numeric mode): the trajectory goes on from ``previous``, and the new reply is only recorded."""
+    return (
+        mode == "numeric"
+        and candidate.error is None
+        and candidate.answer is None
+        and previous is not None
+        and previous.error is None
+        and previous.answer is not None
+    )
+
+
+def finish(session: ProblemSession, method: str, chosen: Candidate | None, *, stopped: bool) -> ProblemResult:
+    """The problem's result from the chosen candidate; ``stopped``: the budget ended the run early."""
+    result = session.result(
+        method,
+        answer=chosen.answer if chosen else None,
+        text=chosen.text if chosen else "",
+        stopped_reason=BUDGET_STOP if stopped else None,
+    )
+    if stopped:
+        result.counters = {"budget_stops": 1}
+    if chosen is None:
+        last = session.records[-1].candidates if session.records else []
+        errors = sorted({c.error for c in last if c.error})
+        result.status = "failed"
+        if not session.records and stopped:
+            result.error = f"{session.budget_stop}, before any candidate finished"
+        else:
+            result.error = "no candidate of the last iteration succeeded" + (f": {errors[0]}" if errors else "")
+    return result
+
+
+def budget_note(session: ProblemSession, finished: int, planned: int) -> list[str]:
+    """The note of an iteration the budget cut short."""
+    return [f"stopped: {session.budget_stop}; {finished} of {planned} candidates finished"]
