@@ -3,11 +3,17 @@ tests of their logic (call graphs, prompts, parsing, banks, selection) without H
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from conftest import scripted_settings
 from tmas.methods import create_method
 from tmas.methods.base import ProblemResult, ProblemSession
 from tmas.problems import Problem
 from tmas.runner import solve_one
-from tmas.testing import ScriptedModel
+from tmas.testing import Rule, ScriptedModel, SimScript
+
+QUESTION = "What is 17*23?"
 
 
 async def solve_in_process(model: ScriptedModel, question: str, problem_id: str = "question") -> ProblemResult:
@@ -24,6 +30,23 @@ async def solve_in_process(model: ScriptedModel, question: str, problem_id: str 
         params=method.params,
     )
     return await solve_one(method, session)
+
+
+async def run_in_process(
+    method: str,
+    rules: Sequence[Rule] = (),
+    question: str = QUESTION,
+    *,
+    script: SimScript | None = None,
+    settings: Mapping[str, Any] | None = None,
+    **params: Any,
+) -> tuple[ProblemResult, ScriptedModel]:
+    """``method`` with ``params`` on ``question``, solved in process on a scripted model answering with ``rules`` (or
+    the whole ``script``); ``settings`` holds further :func:`scripted_settings` overrides (``budget=...``). The result
+    and the model, whose ``calls`` say what was asked."""
+    script = script or SimScript(rules=list(rules))
+    model = ScriptedModel(script, scripted_settings(method={"name": method, "params": params}, **(settings or {})))
+    return await solve_in_process(model, question), model
 
 
 def by_role(model: ScriptedModel) -> dict[str, int]:

@@ -130,7 +130,12 @@ class ScriptedModel:
         logprobs = scripted_logprobs(self.script, body, rule, text.content, persona_of(self.script))
         usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=text.completion_tokens)
         if rule is not None and rule.usage is not None:
-            usage = Usage(prompt_tokens=rule.usage.prompt_tokens, completion_tokens=rule.usage.completion_tokens)
+            usage = Usage(
+                prompt_tokens=rule.usage.prompt_tokens,
+                completion_tokens=rule.usage.completion_tokens,
+                reasoning_tokens=rule.usage.reasoning_tokens,
+                cached_prompt_tokens=rule.usage.cached_tokens or 0,
+            )
         return Completion(
             key=key,
             request_hash=request_hash,
