@@ -49,6 +49,15 @@ async def run_in_process(
     return await solve_in_process(model, question), model
 
 
+async def run_problems_in_process(
+    method: str, problems: Sequence[Problem], rules: Sequence[Rule] = (), **params: Any
+) -> tuple[list[ProblemResult], ScriptedModel]:
+    """``method`` with ``params`` on each of ``problems`` in turn, on one scripted model answering with ``rules`` (a
+    run with one problem in flight): the results in order, and the model holding every problem's calls."""
+    model = ScriptedModel(SimScript(rules=list(rules)), scripted_settings(method={"name": method, "params": params}))
+    return [await solve_in_process(model, p.question, p.problem_id) for p in problems], model
+
+
 def by_role(model: ScriptedModel) -> dict[str, int]:
     """Calls per role, as the simulated server's ``stats().by_role`` counts the requests it received."""
     counts: dict[str, int] = {}
