@@ -16,13 +16,17 @@ from tmas.testing import Rule, ScriptedModel, SimScript
 QUESTION = "What is 17*23?"
 
 
-async def solve_in_process(model: ScriptedModel, question: str, problem_id: str = "question") -> ProblemResult:
-    """The method of ``model.settings`` on one problem, with the run seed and budget a run gives its session, solved as
-    the runner solves it (its parameters' notices raised, a spent budget answered from the iterations so far)."""
+async def solve_in_process(
+    model: ScriptedModel, question: str | Problem, problem_id: str = "question"
+) -> ProblemResult:
+    """The method of ``model.settings`` on one problem (a question, or a whole problem with its answer and metadata),
+    with the run seed and budget a run gives its session, solved as the runner solves it (its parameters' notices
+    raised, a spent budget answered from the iterations so far)."""
     settings = model.settings
     method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
+    problem = question if isinstance(question, Problem) else Problem(problem_id=problem_id, question=question)
     session = ProblemSession(
-        Problem(problem_id=problem_id, question=question),
+        problem,
         model,
         None,
         seed=settings.seed,
@@ -35,7 +39,7 @@ async def solve_in_process(model: ScriptedModel, question: str, problem_id: str 
 async def run_in_process(
     method: str,
     rules: Sequence[Rule] = (),
-    question: str = QUESTION,
+    question: str | Problem = QUESTION,
     *,
     script: SimScript | None = None,
     settings: Mapping[str, Any] | None = None,
@@ -55,7 +59,7 @@ async def run_problems_in_process(
     """``method`` with ``params`` on each of ``problems`` in turn, on one scripted model answering with ``rules`` (a
     run with one problem in flight): the results in order, and the model holding every problem's calls."""
     model = ScriptedModel(SimScript(rules=list(rules)), scripted_settings(method={"name": method, "params": params}))
-    return [await solve_in_process(model, p.question, p.problem_id) for p in problems], model
+    return [await solve_in_process(model, p) for p in problems], model
 
 
 def by_role(model: ScriptedModel) -> dict[str, int]:
