@@ -17,7 +17,6 @@ from tmas.data.case_import import read_rarebench, read_supergpqa
 from tmas.errors import InputError
 from tmas.grading.diagnosis import UnreadableJudgement, judge_rank, name_rank, parse_judge_rank, ranking_metrics
 from tmas.grading.teaching import teaching_metrics
-from tmas.llm.client import LLMClient
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool
 from tmas.memory.pool_entry import PoolEntry
@@ -236,18 +235,18 @@ async def test_team_teaching_with_experience_injects_hints_into_the_analyses(tmp
     assert not any("<experience_hints>" in b for b in others)
 
 
-async def test_the_judge_ranks_names_that_do_not_match_by_spelling(sim: SimServer) -> None:
+async def test_the_judge_ranks_names_that_do_not_match_by_spelling() -> None:
     top = ["Gaucher disease", "Alpha-galactosidase A deficiency", "Wilson disease"]
-    sim.set_script(
-        SimScript(rules=[Rule(role="judge", replies=["<think>2 is Fabry by its enzyme.</think><answer>2</answer>"])])
+    llm = ScriptedModel(
+        SimScript(rules=[Rule(role="judge", replies=["<think>2 is Fabry by its enzyme.</think><answer>2</answer>"])]),
+        scripted_settings(),
     )
-    async with LLMClient(settings_for(sim)) as llm:
-        assert await judge_rank(llm, "c1", top, "Fabry disease") == (2, None)
-        assert await judge_rank(llm, "c2", top, "Wilson disease") == (3, None)  # by spelling: no call
-        sim.set_script(SimScript(rules=[Rule(role="judge", replies=["probably the second"])]))
-        rank, why = await judge_rank(llm, "c3", top, "Fabry disease")
+    assert await judge_rank(llm, "c1", top, "Fabry disease") == (2, None)
+    assert await judge_rank(llm, "c2", top, "Wilson disease") == (3, None)  # by spelling: no call
+    llm.script = SimScript(rules=[Rule(role="judge", replies=["probably the second"])])
+    rank, why = await judge_rank(llm, "c3", top, "Fabry disease")
     assert rank is None and why is not None and why.startswith("judge reply has no <answer>No|1-10</answer>")
-    judged = [r.body["messages"][-1]["content"] for r in sim.requests if r.role == "judge"]
+    judged = last_user_prompts(llm, "judge")
     assert len(judged) == 1 + 2  # one call, then an unreadable reply and its retry
     assert (
         "[2] Alpha-galactosidase A deficiency" in judged[0] and "<reference>\nFabry disease\n</reference>" in judged[0]
