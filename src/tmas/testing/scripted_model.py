@@ -11,6 +11,7 @@ server.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,6 +90,9 @@ class ScriptedModel:
         watch: TraceWatch | None = None,
     ) -> Completion:
         # Replies come whole, as an unstreamed call's: a ``watch`` is never begun (tmas.llm.watch).
+        # Calls gathered together are all asked before any is answered, as a server gets them: each was sent at the
+        # spend before any of them (so a token budget stops parallel calls as a run against an endpoint does).
+        await asyncio.sleep(0)
         key = key or CallKey(role=role)
         if not isinstance(sampling, ResolvedSampling):
             sampling = self.resolve_sampling(role, call=sampling)
