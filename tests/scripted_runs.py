@@ -36,7 +36,7 @@ async def solve_in_process(
     return await solve_one(method, session)
 
 
-async def run_in_process(
+async def run_scripted(
     method: str,
     rules: Sequence[Rule] = (),
     question: str | Problem = QUESTION,
@@ -53,7 +53,7 @@ async def run_in_process(
     return await solve_in_process(model, question), model
 
 
-async def run_problems_in_process(
+async def run_scripted_problems(
     method: str, problems: Sequence[Problem], rules: Sequence[Rule] = (), **params: Any
 ) -> tuple[list[ProblemResult], ScriptedModel]:
     """``method`` with ``params`` on each of ``problems`` in turn, on one scripted model answering with ``rules`` (a

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import settings_for
-from scripted_runs import run_in_process
+from scripted_runs import run_scripted
 from tmas.cli.main import app
 from tmas.config import Budget, Settings, load_settings
 from tmas.errors import ConfigError, InputError
@@ -31,7 +31,7 @@ Q = "What is 17*23?"
 
 
 async def solve(method: str, budget: dict[str, int], **params: Any) -> tuple[ProblemResult, ScriptedModel]:
-    return await run_in_process(method, settings={"budget": budget}, **params)
+    return await run_scripted(method, settings={"budget": budget}, **params)
 
 
 @pytest.mark.parametrize("method", ["self_refine", "rse", "pacore"])
@@ -127,7 +127,7 @@ SCRIPTED = SimScript(rules=[Rule(usage=ScriptedUsage(prompt_tokens=100, completi
 async def test_token_budget_counts_completion_or_total_tokens(count: str, tokens: int, calls: int, spent: int) -> None:
     params = {"n": 1, "m": 1, "iterations": 5}
     budget = {"tokens": tokens, "count": count}
-    result, model = await run_in_process("tmas", script=SCRIPTED, settings={"budget": budget}, **params)
+    result, model = await run_scripted("tmas", script=SCRIPTED, settings={"budget": budget}, **params)
     assert len(model.calls) == calls and result.calls == calls
     assert result.stopped_reason == "budget" and [r.iteration for r in result.iterations] == [0]
     note = f"stopped: budget spent ({spent} {count} tokens of a budget of {tokens}) in iteration 1"

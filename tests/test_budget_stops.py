@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from scripted_runs import by_role, run_in_process
+from scripted_runs import by_role, run_scripted
 from tmas.methods import METHODS
 from tmas.testing import Rule, ScriptedModel, ScriptedUsage, SimScript
 
@@ -18,7 +18,7 @@ THIRTY = SimScript(rules=[Rule(usage=ScriptedUsage(prompt_tokens=100, completion
 
 
 async def solve(method: str, budget: dict[str, Any], script: SimScript | None = None, **params: Any) -> Any:
-    return await run_in_process(method, script=script, settings={"budget": budget}, **params)
+    return await run_scripted(method, script=script, settings={"budget": budget}, **params)
 
 
 def asked(model: ScriptedModel) -> Counter[tuple[str, str]]:
@@ -35,7 +35,7 @@ async def test_a_call_budget_one_short_stops_every_method_at_that_call(method: s
     params = METHODS[method].example_params
     if params is None:
         pytest.skip(f"{method} declares no example_params")
-    free, unlimited = await run_in_process(method, **params)
+    free, unlimited = await run_scripted(method, **params)
     assert free.stopped_reason is None and free.status == "done"
     needed = len(unlimited.calls)
     if needed == 1:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from scripted_runs import by_role, run_in_process
+from scripted_runs import by_role, run_scripted
 from tmas.methods import create_method
 from tmas.methods.tmas import SETTLED
 from tmas.planning.estimate import calls_per_problem
@@ -30,7 +30,7 @@ async def test_patience_counts_settled_iterations_in_a_row() -> None:
         Rule(role="solution", times=1, replies=[boxed("390")]),
         PASS,
     ]
-    result, model = await run_in_process("tmas", rules, n=2, m=1, iterations=5, early_stop=True, early_stop_patience=2)
+    result, model = await run_scripted("tmas", rules, n=2, m=1, iterations=5, early_stop=True, early_stop_patience=2)
     assert result.stopped_reason == SETTLED and result.answer == "391"
     assert [r.iteration for r in result.iterations] == [0, 1, 2, 3]
     assert sorted(c.answer or "" for c in result.iterations[1].candidates) == ["390", "391"]
@@ -47,7 +47,7 @@ async def test_the_score_a_settled_iteration_needs_is_a_parameter(score: float |
     params: dict[str, Any] = {"n": 2, "m": 1, "iterations": 2, "early_stop": True, "early_stop_patience": 1}
     if score is not None:
         params["early_stop_score"] = score
-    result, model = await run_in_process("tmas", [GAP], **params)
+    result, model = await run_scripted("tmas", [GAP], **params)
     assert (result.stopped_reason == SETTLED) is stops and result.answer == "391"
     if stops:
         assert by_role(model) == {"solution": 2, "verifier": 2, "summary": 2}
@@ -61,9 +61,9 @@ async def test_a_split_vote_settles_at_the_agreement_it_is_given() -> None:
     # agreeing candidate's verification alone counts.
     rules = [Rule(role="solution", replies=[boxed("391"), boxed("390")]), PASS]
     params = {"n": 2, "m": 1, "iterations": 3, "early_stop": True, "early_stop_patience": 1}
-    strict, _ = await run_in_process("tmas", rules, **params)
+    strict, _ = await run_scripted("tmas", rules, **params)
     assert strict.stopped_reason is None and len(strict.iterations) == 3
-    split, model = await run_in_process("tmas", rules, early_stop_agreement=0.5, **params)
+    split, model = await run_scripted("tmas", rules, early_stop_agreement=0.5, **params)
     assert split.stopped_reason == SETTLED and len(model.calls) == 6
     record = split.iterations[0].state["early_stop"]
     assert (record["agreement"], record["lowest_verification"]) == (0.5, 1.0)
@@ -80,7 +80,7 @@ async def test_a_split_vote_settles_at_the_agreement_it_is_given() -> None:
 )
 async def test_a_run_that_settles_sends_the_estimates_fewest_calls(params: dict[str, Any]) -> None:
     params = {**params, "early_stop": True}
-    result, model = await run_in_process("tmas", [PASS], **params)
+    result, model = await run_scripted("tmas", [PASS], **params)
     count = calls_per_problem(create_method("tmas", params))
     assert result.stopped_reason == SETTLED and count.fewest is not None
     assert by_role(model) == count.fewest and len(model.calls) == count.fewest_total < count.total
@@ -89,7 +89,7 @@ async def test_a_run_that_settles_sends_the_estimates_fewest_calls(params: dict[
 async def test_settling_on_the_last_iteration_saves_nothing_and_is_no_stop() -> None:
     # Patience 2 over 2 iterations: settled only once the last one ends, with nothing left to skip.
     params = {"n": 2, "m": 1, "iterations": 2, "early_stop": True}
-    result, model = await run_in_process("tmas", [PASS], **params)
+    result, model = await run_scripted("tmas", [PASS], **params)
     assert result.stopped_reason is None and len(result.iterations) == 2
     count = calls_per_problem(create_method("tmas", params))
     assert count.exact and len(model.calls) == count.total == 12

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from conftest import run_tmas
-from scripted_runs import by_role, run_problems_in_process
+from scripted_runs import by_role, run_scripted_problems
 from tmas.config import Settings
 from tmas.methods import METHODS, create_method
 from tmas.planning.estimate import (
@@ -145,7 +145,7 @@ async def test_a_settled_run_sends_the_fewest_calls(method: str, params: dict[st
     # The simulator's script answers every sample right, and here its verifier passes them all: each problem stops
     # as early as it can.
     passed = Rule(role="verifier", replies=["## Analysis\nEvery step checks out.\n\n## Score\nScore: 1"])
-    results, model = await run_problems_in_process(method, PROBLEMS, [passed], **params)
+    results, model = await run_scripted_problems(method, PROBLEMS, [passed], **params)
     fewest = calls_per_problem(create_method(method, params)).fewest
     assert all(r.stopped_reason is not None for r in results)
     assert fewest is not None and by_role(model) == {role: n * len(PROBLEMS) for role, n in fewest.items()}
@@ -200,7 +200,7 @@ PROBLEMS = [Problem(problem_id=f"p{i}", question=f"What is {i + 3}*7?", answer=s
     ],
 )
 async def test_estimate_equals_a_runs_calls(method: str, params: dict[str, Any]) -> None:
-    results, model = await run_problems_in_process(method, PROBLEMS, **params)
+    results, model = await run_scripted_problems(method, PROBLEMS, **params)
     assert [r.status for r in results] == ["done"] * len(PROBLEMS)
     expected = calls_per_problem(create_method(method, params)).expected
     # Exactly those chat calls (RSE's embedding requests are not chat calls), and as many as each result counts.
@@ -215,7 +215,7 @@ async def test_every_registered_method_is_estimated_as_it_runs(method: str) -> N
     params = METHODS[method].example_params
     if params is None:
         pytest.skip(f"{method} declares no example_params")
-    results, model = await run_problems_in_process(method, PROBLEMS, **params)
+    results, model = await run_scripted_problems(method, PROBLEMS, **params)
     sent = by_role(model)
     assert [r.status for r in results] == ["done"] * len(PROBLEMS) and sent
     count = calls_per_problem(create_method(method, params))
@@ -227,7 +227,7 @@ async def test_every_registered_method_is_estimated_as_it_runs(method: str) -> N
 
 async def test_mattrl_run_stays_within_its_upper_bound() -> None:
     params = {"team_size": 2, "iterations": 2}
-    _, model = await run_problems_in_process("mattrl", PROBLEMS[:1], **params)
+    _, model = await run_scripted_problems("mattrl", PROBLEMS[:1], **params)
     sent = by_role(model)
     bound = calls_per_problem(create_method("mattrl", params)).upper
     assert sent and all(sent[role] <= bound.get(role, 0) for role in sent)

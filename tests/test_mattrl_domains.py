@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import scripted_settings, settings_for
-from scripted_runs import by_role, last_user_prompts, run_in_process
+from scripted_runs import by_role, last_user_prompts, run_scripted
 from tmas.cli.main import app
 from tmas.data.case_import import read_rarebench, read_supergpqa
 from tmas.errors import InputError
@@ -50,7 +50,7 @@ def bodies(sim: SimServer, role: str) -> list[str]:
 
 async def teach_in_process(gold: str, **params: Any) -> tuple[ProblemResult, ScriptedModel]:
     problem = Problem(problem_id="q1", question=QUESTION, answer=gold, metadata=METADATA)
-    return await run_in_process("mattrl", question=problem, domain="education", **params)
+    return await run_scripted("mattrl", question=problem, domain="education", **params)
 
 
 async def test_team_teaching_turns_a_wrong_pretest_into_a_right_posttest() -> None:

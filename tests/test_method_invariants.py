@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from scripted_runs import run_in_process
+from scripted_runs import run_scripted
 from tmas.methods import METHODS
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
@@ -26,7 +26,7 @@ async def run(
     params = METHODS[method].example_params
     if params is None:
         pytest.skip(f"{method} declares no example_params")
-    return await run_in_process(method, question=question, script=THIRTY, settings={"seed": seed}, **params)
+    return await run_scripted(method, question=question, script=THIRTY, settings={"seed": seed}, **params)
 
 
 @pytest.mark.parametrize("method", ALL)

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import scripted_settings, settings_for
-from scripted_runs import run_in_process, solve_in_process
+from scripted_runs import run_scripted, solve_in_process
 from test_settle import evaluation_of
 from tmas.api import aresume, arun, asolve
 from tmas.cli.main import app
@@ -278,14 +278,14 @@ async def test_warm_up_samples_without_log_probabilities_set_no_threshold() -> N
 
 
 async def test_warm_up_samples_shorter_than_the_window_raise_one_notice_naming_both_lengths() -> None:
-    result, _ = await run_in_process("majority", script=script(), **{**PARAMS, "confidence_window": 1000})
+    result, _ = await run_scripted("majority", script=script(), **{**PARAMS, "confidence_window": 1000})
     warm = [c for c in result.iterations[0].candidates if c.meta.get("online_stop") == "warmup"]
     longest = max(c.confidence.tokens for c in warm if c.confidence is not None)
     assert len(warm) == 2 and 4 <= longest < 1000
     # In process every reply comes whole, so the watched samples also raise the unstreamed notice.
     assert result.notices == [SHORT_WARMUP_NOTICE.format(window=1000, longest=longest), UNWATCHED_NOTICE]
     # A window the replies fill (4 tokens) raises no warm-up notice.
-    short, _ = await run_in_process("majority", script=script(), **PARAMS)
+    short, _ = await run_scripted("majority", script=script(), **PARAMS)
     assert short.notices == [UNWATCHED_NOTICE]
 
 

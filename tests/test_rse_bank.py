@@ -4,7 +4,7 @@ samples see it, a wrong attempt becomes a pitfall, and an unusable distillation 
 
 from __future__ import annotations
 
-from scripted_runs import by_role, last_user_prompts, run_in_process
+from scripted_runs import by_role, last_user_prompts, run_scripted
 from tmas.testing import Rule
 
 # What the simulator's distiller finds in a right attempt at 17*23 (tmas.testing.baseline_responders).
@@ -19,7 +19,7 @@ def boxed(answer: str) -> str:
 
 async def test_two_right_attempts_bank_their_findings_once_and_the_next_samples_see_them() -> None:
     # n = 2: each distillation finds the same two propositions; the second pair are duplicates (cosine 1).
-    result, model = await run_in_process("rse", n=2, iterations=2)
+    result, model = await run_scripted("rse", n=2, iterations=2)
     assert by_role(model) == {"solution": 4, "distiller": 2}
     first, second = result.iterations
     assert first.state["distill"] == {
@@ -40,7 +40,7 @@ async def test_two_right_attempts_bank_their_findings_once_and_the_next_samples_
 
 
 async def test_the_bank_keeps_its_newest_items_past_bank_max() -> None:
-    result, _ = await run_in_process("rse", n=2, iterations=2, bank_max=1)
+    result, _ = await run_scripted("rse", n=2, iterations=2, bank_max=1)
     distill = result.iterations[0].state["distill"]
     assert (distill["added"], distill["duplicates"], distill["dropped_old"]) == (2, 2, 1)
     assert result.iterations[0].state["bank"]["propositions"] == [STEPS]
@@ -49,7 +49,7 @@ async def test_the_bank_keeps_its_newest_items_past_bank_max() -> None:
 async def test_a_wrong_attempt_becomes_a_pitfall() -> None:
     # The first sample boxes 390: its distillation brings the slip; the right one its two propositions.
     rules = [Rule(role="solution", replies=[boxed("390")], times=1)]
-    result, model = await run_in_process("rse", rules, n=2, iterations=2)
+    result, model = await run_scripted("rse", rules, n=2, iterations=2)
     bank = result.iterations[0].state["bank"]
     assert bank == {"propositions": [EXPRESSION, STEPS], "pitfalls": [SLIP]}
     assert (result.iterations[0].state["distill"]["added"], result.answer) == (3, "391")
@@ -60,7 +60,7 @@ async def test_a_wrong_attempt_becomes_a_pitfall() -> None:
 
 async def test_an_unusable_distillation_adds_nothing_and_the_next_samples_start_afresh() -> None:
     rules = [Rule(role="distiller", replies=["Nothing to report."])]
-    result, model = await run_in_process("rse", rules, n=1, iterations=2)
+    result, model = await run_scripted("rse", rules, n=1, iterations=2)
     first, second = result.iterations
     assert first.state["distill"]["distilled"] == 0 and first.state["bank"] == {"propositions": [], "pitfalls": []}
     assert first.replies["distiller"].unusable == 1
