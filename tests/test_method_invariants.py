@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from scripted_runs import run_scripted
+from test_reliability import TEMPLATE_QUESTIONS
 from tmas.methods import METHODS
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
@@ -68,3 +69,17 @@ async def test_the_run_seed_alone_sets_what_is_sampled(method: str) -> None:
     _, other = await run(method, seed=7)
     seeds = {c.sampling.seed for c in first.calls}
     assert None not in seeds and not seeds & {c.sampling.seed for c in other.calls}
+
+
+@pytest.mark.parametrize("method", ALL)
+async def test_every_method_shows_a_question_with_template_syntax_verbatim(method: str) -> None:
+    # Template syntax in a question is data (tests/test_reliability.py runs TMAS on them through the command line).
+    for question in TEMPLATE_QUESTIONS:
+        result, model = await run(method, question=question)
+        assert result.status == "done", (question, result.error)
+        # The first call of every method is asked the problem, character for character.
+        first = "\n".join(m.content for m in model.calls[0].messages)
+        assert question in first, question
+        # No prompt holds a rendered piece of it ("What is 42?" for "What is {{ 6 * 7 }}?", a loop's "looploop").
+        texts = [m.content for c in model.calls for m in c.messages]
+        assert not any("What is 42?" in t or "looploop" in t for t in texts)
