@@ -3,20 +3,30 @@ tests of their logic (call graphs, prompts, parsing, banks, selection) without H
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from conftest import scripted_settings
 from tmas.methods import create_method
 from tmas.methods.base import ProblemResult, ProblemSession
 from tmas.problems import Problem
 from tmas.runner import solve_one
-from tmas.testing import ScriptedModel
+from tmas.testing import Rule, ScriptedModel, SimScript
+
+QUESTION = "What is 17*23?"
 
 
-async def solve_in_process(model: ScriptedModel, question: str, problem_id: str = "question") -> ProblemResult:
-    """The method of ``model.settings`` on one problem, with the run seed and budget a run gives its session, solved as
-    the runner solves it (its parameters' notices raised, a spent budget answered from the iterations so far)."""
+async def solve_in_process(
+    model: ScriptedModel, question: str | Problem, problem_id: str = "question"
+) -> ProblemResult:
+    """The method of ``model.settings`` on one problem (a question, or a whole problem with its answer and metadata),
+    with the run seed and budget a run gives its session, solved as the runner solves it (its parameters' notices
+    raised, a spent budget answered from the iterations so far)."""
     settings = model.settings
     method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
+    problem = question if isinstance(question, Problem) else Problem(problem_id=problem_id, question=question)
     session = ProblemSession(
-        Problem(problem_id=problem_id, question=question),
+        problem,
         model,
         None,
         seed=settings.seed,
@@ -24,6 +34,32 @@ async def solve_in_process(model: ScriptedModel, question: str, problem_id: str 
         params=method.params,
     )
     return await solve_one(method, session)
+
+
+async def run_scripted(
+    method: str,
+    rules: Sequence[Rule] = (),
+    question: str | Problem = QUESTION,
+    *,
+    script: SimScript | None = None,
+    settings: Mapping[str, Any] | None = None,
+    **params: Any,
+) -> tuple[ProblemResult, ScriptedModel]:
+    """``method`` with ``params`` on ``question``, solved in process on a scripted model answering with ``rules`` (or
+    the whole ``script``); ``settings`` holds further :func:`scripted_settings` overrides (``budget=...``). The result
+    and the model, whose ``calls`` say what was asked."""
+    script = script or SimScript(rules=list(rules))
+    model = ScriptedModel(script, scripted_settings(method={"name": method, "params": params}, **(settings or {})))
+    return await solve_in_process(model, question), model
+
+
+async def run_scripted_problems(
+    method: str, problems: Sequence[Problem], rules: Sequence[Rule] = (), **params: Any
+) -> tuple[list[ProblemResult], ScriptedModel]:
+    """``method`` with ``params`` on each of ``problems`` in turn, on one scripted model answering with ``rules`` (a
+    run with one problem in flight): the results in order, and the model holding every problem's calls."""
+    model = ScriptedModel(SimScript(rules=list(rules)), scripted_settings(method={"name": method, "params": params}))
+    return [await solve_in_process(model, p) for p in problems], model
 
 
 def by_role(model: ScriptedModel) -> dict[str, int]:

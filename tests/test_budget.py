@@ -1,5 +1,7 @@
 """Equal-compute budgets: a problem stops at the first call past its token or call budget, keeps what finished, and
-its record says so; for the baselines (handled in the method) and TMAS (handled by the runner) alike."""
+its record says so; for the baselines (handled in the method) and TMAS (handled by the runner) alike. What a budget
+stops is worked in process on the scripted model; the flags, the run summary and the pooled budget of a run against
+the simulated server."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import settings_for
-from tmas.api import asolve
+from scripted_runs import run_scripted
 from tmas.cli.main import app
 from tmas.config import Budget, Settings, load_settings
 from tmas.errors import ConfigError, InputError
@@ -23,57 +25,56 @@ from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import RunStore
 from tmas.sweep import point_name
-from tmas.testing import Rule, ScriptedUsage, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, ScriptedUsage, SimScript, SimServer
 
 Q = "What is 17*23?"
 
 
-async def solve(sim: SimServer, method: str, budget: dict[str, int], **params: Any) -> ProblemResult:
-    settings = settings_for(sim, method={"name": method, "params": params}, budget=budget)
-    return await asolve(Q, settings)
+async def solve(method: str, budget: dict[str, int], **params: Any) -> tuple[ProblemResult, ScriptedModel]:
+    return await run_scripted(method, settings={"budget": budget}, **params)
 
 
 @pytest.mark.parametrize("method", ["self_refine", "rse", "pacore"])
-async def test_call_budget_is_never_exceeded_and_partial_iteration_is_kept(sim: SimServer, method: str) -> None:
+async def test_call_budget_is_never_exceeded_and_partial_iteration_is_kept(method: str) -> None:
     params = {"responses_per_round": 2} if method == "pacore" else {"n": 2}
-    result = await solve(sim, method, {"calls": 5}, iterations=10, **params)
-    chat = [r for r in sim.requests if r.endpoint == "chat"]
-    assert len(chat) == 5 and result.calls == 5
+    result, model = await solve(method, {"calls": 5}, iterations=10, **params)
+    assert len(model.calls) == 5 and result.calls == 5
     assert result.stopped_reason == "budget" and result.status == "done" and result.answer == "391"
     assert result.counters == {"budget_stops": 1}
     last = result.iterations[-1]
     assert any(note.startswith("stopped: budget spent (5 calls of a budget of 5)") for note in last.notes)
 
 
-async def test_token_budget_stops_at_the_first_call_past_it(sim: SimServer) -> None:
+async def test_token_budget_stops_at_the_first_call_past_it() -> None:
     # One call per iteration, so the spend before each call is known exactly.
     budget = 300
-    result = await solve(sim, "majority", {"tokens": budget}, k=1, iterations=50)
+    result, model = await solve("majority", {"tokens": budget}, k=1, iterations=50)
     spends = [r.usage.completion_tokens for r in result.iterations]  # completion tokens: the default count
     assert result.stopped_reason == "budget" and len(spends) < 50
     # Every call but the last was sent with the spend below the budget; after the last, it was reached.
     assert sum(spends[:-1]) < budget <= sum(spends)
-    assert len(sim.requests) == len(spends)
+    assert len(model.calls) == len(spends)
 
 
-async def test_tmas_is_stopped_by_the_runner_with_its_finished_iterations(sim: SimServer) -> None:
+async def test_tmas_is_stopped_by_the_runner_with_its_finished_iterations() -> None:
     # n=2, m=1: an iteration is 2 solutions + 2 verifications + 2 summaries + experience + guideline = 8 calls.
-    result = await solve(sim, "tmas", {"calls": 10}, n=2, m=1, iterations=5)
-    assert len(sim.requests) == 10
+    result, model = await solve("tmas", {"calls": 10}, n=2, m=1, iterations=5)
+    assert len(model.calls) == 10
     assert result.stopped_reason == "budget" and result.status == "done"
     assert [r.iteration for r in result.iterations] == [0] and result.answer == "391"
     assert "stopped: budget spent" in result.iterations[-1].notes[-1]
 
 
-async def test_budget_before_any_iteration_is_a_failed_problem(sim: SimServer) -> None:
-    result = await solve(sim, "tmas", {"calls": 3}, n=2, m=1, iterations=5)
+async def test_budget_before_any_iteration_is_a_failed_problem() -> None:
+    result, model = await solve("tmas", {"calls": 3}, n=2, m=1, iterations=5)
     assert result.status == "failed" and result.stopped_reason == "budget" and not result.iterations
-    assert result.error is not None and "before any iteration finished" in result.error
+    assert result.error is not None and "before any iteration finished" in result.error and len(model.calls) == 3
 
 
-async def test_no_budget_means_no_stop(sim: SimServer) -> None:
-    result = await solve(sim, "self_refine", {}, n=2, iterations=3)
+async def test_no_budget_means_no_stop() -> None:
+    result, model = await solve("self_refine", {}, n=2, iterations=3)
     assert result.stopped_reason is None and len(result.iterations) == 3 and Budget().limited is False
+    assert len(model.calls) == result.calls
 
 
 def test_cli_budget_flags(sim: SimServer, tmp_path: Path) -> None:
@@ -123,14 +124,11 @@ SCRIPTED = SimScript(rules=[Rule(usage=ScriptedUsage(prompt_tokens=100, completi
         ("total", 700, 6, 780),
     ],
 )
-async def test_token_budget_counts_completion_or_total_tokens(
-    sim: SimServer, count: str, tokens: int, calls: int, spent: int
-) -> None:
-    sim.set_script(SCRIPTED)
+async def test_token_budget_counts_completion_or_total_tokens(count: str, tokens: int, calls: int, spent: int) -> None:
     params = {"n": 1, "m": 1, "iterations": 5}
-    settings = settings_for(sim, method={"name": "tmas", "params": params}, budget={"tokens": tokens, "count": count})
-    result = await asolve(Q, settings)
-    assert len(sim.chat_bodies()) == calls and result.calls == calls
+    budget = {"tokens": tokens, "count": count}
+    result, model = await run_scripted("tmas", script=SCRIPTED, settings={"budget": budget}, **params)
+    assert len(model.calls) == calls and result.calls == calls
     assert result.stopped_reason == "budget" and [r.iteration for r in result.iterations] == [0]
     note = f"stopped: budget spent ({spent} {count} tokens of a budget of {tokens}) in iteration 1"
     assert result.iterations[-1].notes[-1] == note

@@ -1,5 +1,6 @@
-"""The cost estimate: call counts worked by hand from each method's structure, checked against what a simulated run
-really sends, and the CLI's --dry-run and confirmation gate."""
+"""The cost estimate: call counts worked by hand from each method's structure, checked against what a run really
+sends (in process on the scripted model), and the CLI's --dry-run and confirmation gate (against the simulated
+server)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from conftest import run_tmas, settings_for
+from conftest import run_tmas
+from scripted_runs import by_role, run_scripted_problems
 from tmas.config import Settings
 from tmas.methods import METHODS, create_method
 from tmas.planning.estimate import (
@@ -23,9 +25,8 @@ from tmas.planning.estimate import (
     role_max_tokens,
 )
 from tmas.problems import Problem
-from tmas.runner import RunState, prepare_run, run_problems
 from tmas.store.run_store import RunStore
-from tmas.testing import SimServer
+from tmas.testing import Rule, SimServer
 
 
 def count(method: str, **params: Any) -> dict[str, int]:
@@ -140,17 +141,14 @@ def test_online_stop_with_the_beta_stop_ends_a_round_where_the_warm_up_does() ->
         ("majority", {"k": 16, "stop": "beta", "round_size": 4, "online_stop": True, "warmup": 3}),
     ],
 )
-async def test_a_settled_run_sends_the_fewest_calls(
-    sim: SimServer, tmp_path: Path, method: str, params: dict[str, Any]
-) -> None:
-    # The simulator answers every sample right and its verifier passes them: each problem stops as early as it can.
-    settings = settings_for(sim, method__name=method, method__params=params)
-    store, settings, todo = prepare_run(tmp_path / "run", settings, PROBLEMS, resume=False)
-    with store:
-        await run_problems(settings, todo, store, state=RunState())
-        sent = {role: c["calls"] for role, c in store.role_costs().items()}
+async def test_a_settled_run_sends_the_fewest_calls(method: str, params: dict[str, Any]) -> None:
+    # The simulator's script answers every sample right, and here its verifier passes them all: each problem stops
+    # as early as it can.
+    passed = Rule(role="verifier", replies=["## Analysis\nEvery step checks out.\n\n## Score\nScore: 1"])
+    results, model = await run_scripted_problems(method, PROBLEMS, [passed], **params)
     fewest = calls_per_problem(create_method(method, params)).fewest
-    assert fewest is not None and sent == {role: n * len(PROBLEMS) for role, n in fewest.items()}
+    assert all(r.stopped_reason is not None for r in results)
+    assert fewest is not None and by_role(model) == {role: n * len(PROBLEMS) for role, n in fewest.items()}
 
 
 @pytest.mark.parametrize(
@@ -201,35 +199,25 @@ PROBLEMS = [Problem(problem_id=f"p{i}", question=f"What is {i + 3}*7?", answer=s
         ("tmas", {"n": 3, "m": 1, "iterations": 2, "no_guideline": True}),
     ],
 )
-async def test_estimate_equals_a_simulated_runs_calls(
-    sim: SimServer, tmp_path: Path, method: str, params: dict[str, Any]
-) -> None:
-    settings = settings_for(sim, method__name=method, method__params=params)
-    store, settings, todo = prepare_run(tmp_path / "run", settings, PROBLEMS, resume=False)
-    with store:
-        summary = await run_problems(settings, todo, store, state=RunState())
-        sent = {role: c["calls"] for role, c in store.role_costs().items()}
-    assert summary.failed == 0
+async def test_estimate_equals_a_runs_calls(method: str, params: dict[str, Any]) -> None:
+    results, model = await run_scripted_problems(method, PROBLEMS, **params)
+    assert [r.status for r in results] == ["done"] * len(PROBLEMS)
     expected = calls_per_problem(create_method(method, params)).expected
-    assert sent == {role: n * len(PROBLEMS) for role, n in expected.items()}
-    # And the server saw exactly those chat requests (RSE's embedding requests are not chat calls).
-    chat = {role: n for role, n in sim.stats().by_role.items() if role != "embedding"}
-    assert chat == sent
+    # Exactly those chat calls (RSE's embedding requests are not chat calls), and as many as each result counts.
+    assert by_role(model) == {role: n * len(PROBLEMS) for role, n in expected.items()}
+    assert [r.calls for r in results] == [sum(expected.values())] * len(PROBLEMS)
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
-async def test_every_registered_method_is_estimated_as_it_runs(sim: SimServer, tmp_path: Path, method: str) -> None:
-    """Each method with its own example parameters: an exact count equals the calls a simulated run sends; a
-    range holds them."""
+async def test_every_registered_method_is_estimated_as_it_runs(method: str) -> None:
+    """Each method with its own example parameters: an exact count equals the calls a run sends; a range holds
+    them."""
     params = METHODS[method].example_params
     if params is None:
         pytest.skip(f"{method} declares no example_params")
-    settings = settings_for(sim, method__name=method, method__params=params)
-    store, settings, todo = prepare_run(tmp_path / "run", settings, PROBLEMS, resume=False)
-    with store:
-        summary = await run_problems(settings, todo, store, state=RunState())
-        sent = {role: c["calls"] for role, c in store.role_costs().items()}
-    assert summary.failed == 0 and sent
+    results, model = await run_scripted_problems(method, PROBLEMS, **params)
+    sent = by_role(model)
+    assert [r.status for r in results] == ["done"] * len(PROBLEMS) and sent
     count = calls_per_problem(create_method(method, params))
     if count.exact:
         assert sent == {role: n * len(PROBLEMS) for role, n in count.expected.items()}
@@ -237,13 +225,10 @@ async def test_every_registered_method_is_estimated_as_it_runs(sim: SimServer, t
         assert all(sent[role] <= count.upper.get(role, 0) * len(PROBLEMS) for role in sent), (sent, count.upper)
 
 
-async def test_mattrl_run_stays_within_its_upper_bound(sim: SimServer, tmp_path: Path) -> None:
+async def test_mattrl_run_stays_within_its_upper_bound() -> None:
     params = {"team_size": 2, "iterations": 2}
-    settings = settings_for(sim, method__name="mattrl", method__params=params)
-    store, settings, todo = prepare_run(tmp_path / "run", settings, PROBLEMS[:1], resume=False)
-    with store:
-        await run_problems(settings, todo, store, state=RunState())
-        sent = {role: c["calls"] for role, c in store.role_costs().items()}
+    _, model = await run_scripted_problems("mattrl", PROBLEMS[:1], **params)
+    sent = by_role(model)
     bound = calls_per_problem(create_method("mattrl", params)).upper
     assert sent and all(sent[role] <= bound.get(role, 0) for role in sent)
 

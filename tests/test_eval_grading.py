@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from conftest import settings_for
+from conftest import scripted_settings, settings_for
 from tmas.answer_rules import RuleChecker, check_pair
 from tmas.grading.grades import SELECTED, GradeConfig
 from tmas.grading.judge import judge_once, majority, parse_judge_reply
 from tmas.grading.runs import grade_run, load_grades
-from tmas.llm.client import LLMClient
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import RunStore
-from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
 pytest.importorskip("math_verify")
 
@@ -69,17 +67,15 @@ def test_majority_over_runs() -> None:
     assert majority([False, False, True]) is False
 
 
-async def test_judge_retries_invalid_json_then_records_undecided(sim: SimServer) -> None:
-    sim.set_script(SimScript(rules=[Rule(role="judge", replies=["no json here"], times=1)]))
-    async with LLMClient(settings_for(sim)) as llm:
-        verdict = await judge_once(llm, problem_id="p", problem="Q?", reference="1", student="1", run=0)
+async def test_judge_retries_invalid_json_then_records_undecided() -> None:
+    llm = ScriptedModel(SimScript(rules=[Rule(role="judge", replies=["no json here"], times=1)]), scripted_settings())
+    verdict = await judge_once(llm, problem_id="p", problem="Q?", reference="1", student="1", run=0)
     assert verdict.correct is True and verdict.attempts == 2
-    sim.set_script(SimScript(rules=[Rule(role="judge", replies=["still not json"])]))
-    async with LLMClient(settings_for(sim)) as llm:
-        verdict = await judge_once(llm, problem_id="p", problem="Q?", reference="1", student="2", run=0, retries=2)
+    llm.script = SimScript(rules=[Rule(role="judge", replies=["still not json"])])
+    verdict = await judge_once(llm, problem_id="p", problem="Q?", reference="1", student="2", run=0, retries=2)
     assert verdict.correct is None and verdict.attempts == 3 and "not valid JSON" in verdict.detail
-    judged = [r for r in sim.requests if r.role == "judge"]
-    assert judged and "<reference>" in json.dumps(judged[-1].body)
+    judged = llm.calls_of("judge")
+    assert len(judged) == 2 + 3 and "<reference>" in judged[-1].messages[-1].content
 
 
 async def _cot_run(sim: SimServer, run_dir: Path, problems: list[Problem]) -> RunStore:

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from conftest import settings_for
+from conftest import scripted_settings, settings_for
+from scripted_runs import by_role, last_user_prompts, run_scripted
 from tmas.cli.main import app
 from tmas.data.case_import import read_rarebench, read_supergpqa
 from tmas.errors import InputError
 from tmas.grading.diagnosis import UnreadableJudgement, judge_rank, name_rank, parse_judge_rank, ranking_metrics
 from tmas.grading.teaching import teaching_metrics
-from tmas.llm.client import LLMClient
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool
 from tmas.memory.pool_entry import PoolEntry
@@ -25,7 +25,7 @@ from tmas.methods.base import ProblemResult
 from tmas.pool.build import CREDITS_FILE, BuildConfig, build_dir_for, build_pool
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
-from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 from tmas.view.credits import load_credits
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "mattrl"
@@ -48,13 +48,18 @@ def bodies(sim: SimServer, role: str) -> list[str]:
     return [str(r.body["messages"][-1]["content"]) for r in sim.requests if r.endpoint == "chat" and r.role == role]
 
 
-async def test_team_teaching_turns_a_wrong_pretest_into_a_right_posttest(sim: SimServer, tmp_path: Path) -> None:
-    result = await teach(sim, tmp_path, "B", iterations=2)
+async def teach_in_process(gold: str, **params: Any) -> tuple[ProblemResult, ScriptedModel]:
+    problem = Problem(problem_id="q1", question=QUESTION, answer=gold, metadata=METADATA)
+    return await run_scripted("mattrl", question=problem, domain="education", **params)
+
+
+async def test_team_teaching_turns_a_wrong_pretest_into_a_right_posttest() -> None:
+    result, model = await teach_in_process("B", iterations=2)
     assert result.answer == "B" and len(result.iterations) == 3
     last = result.iterations[-1].state
     assert (last["pre"], last["pre_correct"], last["post"], last["post_correct"]) == ("A", False, "B", True)
     # student: pre-test, two replies, post-test; teachers: 3 analyses a round; coordinator: team, 2 plans, guidance.
-    assert sim.stats().by_role == {"student": 4, "specialist": 6, "coordinator": 4}
+    assert by_role(model) == {"student": 4, "specialist": 6, "coordinator": 4}
     t = Transcript.model_validate(last["transcript"])
     assert [m.specialty for m in t.team] == ["Mathematics", "Engineering", "Physics"]
     # C.4.2: a Diagnostician, a Pedagogy Strategist, a Subject Matter Expert, and no forced leader.
@@ -63,24 +68,25 @@ async def test_team_teaching_turns_a_wrong_pretest_into_a_right_posttest(sim: Si
     assert [u.kind for u in t.utterances if u.agent == "coordinator"] == ["meeting", "meeting", "report"]
     assert t.final_answer == "B"
     # Teachers see the correct answer, the student never does.
-    assert all("<correct_answer>\nB\n</correct_answer>" in b for b in bodies(sim, "specialist"))
-    assert not any("correct_answer" in b for b in bodies(sim, "student"))
+    assert all("<correct_answer>\nB\n</correct_answer>" in b for b in last_user_prompts(model, "specialist"))
+    student = last_user_prompts(model, "student")
+    assert not any("correct_answer" in b for b in student)
     # The student hears the planned question without its "ROUND k:" label.
-    assert "Teacher: Which assumption in your reasoning would you test first?" in bodies(sim, "student")[2]
-    assert "ROUND" not in bodies(sim, "student")[2]
+    assert "Teacher: Which assumption in your reasoning would you test first?" in student[2]
+    assert "ROUND" not in student[2]
 
 
-async def test_single_teacher_asks_itself_and_gives_the_guidance(sim: SimServer, tmp_path: Path) -> None:
-    result = await teach(sim, tmp_path, "B", iterations=2, teaching="single")
+async def test_single_teacher_asks_itself_and_gives_the_guidance() -> None:
+    result, model = await teach_in_process("B", iterations=2, teaching="single")
     assert result.answer == "B"
-    assert sim.stats().by_role == {"student": 4, "specialist": 3}
+    assert by_role(model) == {"student": 4, "specialist": 3}
 
 
-async def test_a_right_pretest_skips_the_teaching(sim: SimServer, tmp_path: Path) -> None:
-    result = await teach(sim, tmp_path, "A")
+async def test_a_right_pretest_skips_the_teaching() -> None:
+    result, model = await teach_in_process("A")
     [record] = result.iterations
     assert record.state["skipped"] and record.state["post"] == "A" and record.state["post_correct"]
-    assert sim.stats().by_role == {"student": 1}
+    assert by_role(model) == {"student": 1}
 
 
 def test_rarebench_and_supergpqa_examples_import() -> None:
@@ -194,7 +200,7 @@ def entry(id_: str, role: str, **keys: str) -> PoolEntry:
     return PoolEntry(id=id_, action=f"Key {id_}", experience=f"Lesson {id_}.", domain="education", role=role, **keys)
 
 
-async def test_team_teaching_with_experience_injects_hints_into_the_analyses(sim: SimServer, tmp_path: Path) -> None:
+async def test_team_teaching_with_experience_injects_hints_into_the_analyses(tmp_path: Path) -> None:
     # C.1.1: each teacher retrieves by its role, the question's subject (Physics) and difficulty (easy).
     entries = [
         entry("d1", "Diagnostician", difficulty="easy"),
@@ -204,15 +210,16 @@ async def test_team_teaching_with_experience_injects_hints_into_the_analyses(sim
         entry("x2", "Subject Matter Expert", scope="case", subject="Physics", difficulty="hard"),
         PoolEntry(id="m1", action="Key m1", experience="A math lesson.", role="Subject Matter Expert"),
     ]
-    async with LLMClient(settings_for(sim)) as llm:
-        embed = EndpointEmbedder(llm)
-        pool = Pool.create(tmp_path / "pool", embed.name)
-        await pool.add(entries, embed)
-        pool.save()
-    result = await teach(sim, tmp_path, "B", iterations=1, pool=str(tmp_path / "pool"), top_k=2)
+    embed = EndpointEmbedder(ScriptedModel(settings=scripted_settings()))
+    pool = Pool.create(tmp_path / "pool", embed.name)
+    await pool.add(entries, embed)
+    pool.save()
+    result, model = await teach_in_process("B", iterations=1, pool=str(tmp_path / "pool"), top_k=2)
     assert result.answer == "B"
-    analyses = bodies(sim, "specialist")
+    analyses = last_user_prompts(model, "specialist")
     assert len(analyses) == 3 and all("<experience_hints>" in b for b in analyses)
+    # The question's texts were embedded to search the pool, as an endpoint's embeddings are asked for.
+    assert model.embedded
     t = Transcript.model_validate(result.iterations[-1].state["transcript"])
     # The Diagnostician: both of its role's entries, the same difficulty first; the Strategist: its one entry; the
     # subject expert: only the Physics entry (another subject's specific entry and the math entry never come).
@@ -224,21 +231,22 @@ async def test_team_teaching_with_experience_injects_hints_into_the_analyses(sim
     diagnostician = next(b for b in analyses if "You are the Diagnostician" in b)
     assert "- ACTION: Key d1" in diagnostician
     assert not any("Key x1" in b or "Key m1" in b for b in analyses)
-    assert not any("<experience_hints>" in b for b in bodies(sim, "student") + bodies(sim, "coordinator"))
+    others = last_user_prompts(model, "student") + last_user_prompts(model, "coordinator")
+    assert not any("<experience_hints>" in b for b in others)
 
 
-async def test_the_judge_ranks_names_that_do_not_match_by_spelling(sim: SimServer) -> None:
+async def test_the_judge_ranks_names_that_do_not_match_by_spelling() -> None:
     top = ["Gaucher disease", "Alpha-galactosidase A deficiency", "Wilson disease"]
-    sim.set_script(
-        SimScript(rules=[Rule(role="judge", replies=["<think>2 is Fabry by its enzyme.</think><answer>2</answer>"])])
+    llm = ScriptedModel(
+        SimScript(rules=[Rule(role="judge", replies=["<think>2 is Fabry by its enzyme.</think><answer>2</answer>"])]),
+        scripted_settings(),
     )
-    async with LLMClient(settings_for(sim)) as llm:
-        assert await judge_rank(llm, "c1", top, "Fabry disease") == (2, None)
-        assert await judge_rank(llm, "c2", top, "Wilson disease") == (3, None)  # by spelling: no call
-        sim.set_script(SimScript(rules=[Rule(role="judge", replies=["probably the second"])]))
-        rank, why = await judge_rank(llm, "c3", top, "Fabry disease")
+    assert await judge_rank(llm, "c1", top, "Fabry disease") == (2, None)
+    assert await judge_rank(llm, "c2", top, "Wilson disease") == (3, None)  # by spelling: no call
+    llm.script = SimScript(rules=[Rule(role="judge", replies=["probably the second"])])
+    rank, why = await judge_rank(llm, "c3", top, "Fabry disease")
     assert rank is None and why is not None and why.startswith("judge reply has no <answer>No|1-10</answer>")
-    judged = [r.body["messages"][-1]["content"] for r in sim.requests if r.role == "judge"]
+    judged = last_user_prompts(llm, "judge")
     assert len(judged) == 1 + 2  # one call, then an unreadable reply and its retry
     assert (
         "[2] Alpha-galactosidase A deficiency" in judged[0] and "<reference>\nFabry disease\n</reference>" in judged[0]

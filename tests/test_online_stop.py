@@ -2,7 +2,7 @@
 samples set and the watch, worked by hand; then majority vote against the simulated server: a sample whose streamed
 log-probabilities fall below the threshold is cut (the server sees the client go, the stored call is marked stopped,
 its partial text gives no answer, a resumed run replays it), a confident one runs to its end, and unstreamed calls
-degrade with one notice; warm-up samples without log-probabilities in process on the scripted model."""
+degrade with one notice; the warm-up samples' notices in process on the scripted model."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import scripted_settings, settings_for
-from scripted_runs import solve_in_process
+from scripted_runs import run_scripted, solve_in_process
 from test_settle import evaluation_of
 from tmas.api import aresume, arun, asolve
 from tmas.cli.main import app
@@ -277,20 +277,16 @@ async def test_warm_up_samples_without_log_probabilities_set_no_threshold() -> N
     assert ONLINE_STOP_NOTICE in result.notices
 
 
-@pytest.mark.slow
-async def test_warm_up_samples_shorter_than_the_window_raise_one_notice_naming_both_lengths(
-    sim: SimServer, tmp_path: Path
-) -> None:
-    sim.set_script(script())
-    result = await asolve(Q, settings(sim, confidence_window=1000), run_dir=tmp_path / "long")
+async def test_warm_up_samples_shorter_than_the_window_raise_one_notice_naming_both_lengths() -> None:
+    result, _ = await run_scripted("majority", script=script(), **{**PARAMS, "confidence_window": 1000})
     warm = [c for c in result.iterations[0].candidates if c.meta.get("online_stop") == "warmup"]
     longest = max(c.confidence.tokens for c in warm if c.confidence is not None)
     assert len(warm) == 2 and 4 <= longest < 1000
-    assert result.notices == [SHORT_WARMUP_NOTICE.format(window=1000, longest=longest)]
-    with RunStore(tmp_path / "long", create=False) as store:
-        assert store.notices()["online_stop_window"] == result.notices[0]
-    # A window the replies fill (4 tokens) raises nothing.
-    assert (await asolve(Q, settings(sim), run_dir=tmp_path / "short")).notices == []
+    # In process every reply comes whole, so the watched samples also raise the unstreamed notice.
+    assert result.notices == [SHORT_WARMUP_NOTICE.format(window=1000, longest=longest), UNWATCHED_NOTICE]
+    # A window the replies fill (4 tokens) raises no warm-up notice.
+    short, _ = await run_scripted("majority", script=script(), **PARAMS)
+    assert short.notices == [UNWATCHED_NOTICE]
 
 
 async def test_the_report_counts_the_stopped_samples(sim: SimServer, tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""The experience pool on disk: add, search (FAISS over the simulated /v1/embeddings and the local MiniLM model),
-versions, remove/update, corrupt files and embedder mismatches; and ``tmas experience show|search``."""
+"""The experience pool on disk: add, search (FAISS over the scripted model's embeddings, the simulated server's
+vectors in process, and the local MiniLM model), versions, remove/update, corrupt files and embedder mismatches; and
+``tmas experience show|search`` against the simulated server."""
 
 from __future__ import annotations
 
@@ -12,13 +13,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from conftest import settings_for
+from conftest import scripted_settings
 from tmas.cli.main import app
-from tmas.llm.client import LLMClient
 from tmas.memory.embedders import LOCAL_NAME, EndpointEmbedder, LocalEmbedder
 from tmas.memory.pool import Pool, PoolError
 from tmas.memory.pool_entry import PoolEntry
-from tmas.testing import SimServer
+from tmas.testing import ScriptedModel, SimServer
 
 ENTRIES = [
     PoolEntry(id="parity", action="Check parity first", experience="Odd and even cases of the sum split cleanly."),
@@ -27,30 +27,34 @@ ENTRIES = [
 ]
 
 
-async def build(sim: SimServer, path: Path) -> Pool:
-    async with LLMClient(settings_for(sim)) as llm:
-        embed = EndpointEmbedder(llm)
-        pool = Pool.create(path, embed.name)
-        await pool.add([e.model_copy() for e in ENTRIES], embed)
-        pool.save()
+def embedder() -> tuple[EndpointEmbedder, ScriptedModel]:
+    """The endpoint embedder on an in-process scripted model: the simulated server's vectors, without HTTP."""
+    model = ScriptedModel(settings=scripted_settings())
+    return EndpointEmbedder(model), model
+
+
+async def build(path: Path) -> Pool:
+    embed, _ = embedder()
+    pool = Pool.create(path, embed.name)
+    await pool.add([e.model_copy() for e in ENTRIES], embed)
+    pool.save()
     return pool
 
 
-async def test_search_returns_the_nearest_entries_best_first(sim: SimServer, tmp_path: Path) -> None:
-    pool = await build(sim, tmp_path / "pool")
-    async with LLMClient(settings_for(sim)) as llm:
-        embed = EndpointEmbedder(llm)
-        hits = await pool.search("tiling boards of width two: the recurrence", 2, embed)
-        assert [e.id for e, _ in hits] == ["tiling", hits[1][0].id] and hits[0][1] > hits[1][1]
-        [(best, score)] = await pool.search("remainders modulo nine from digit sums", 1, embed)
+async def test_search_returns_the_nearest_entries_best_first(tmp_path: Path) -> None:
+    embed, model = embedder()
+    pool = Pool.create(tmp_path / "pool", embed.name)
+    await pool.add([e.model_copy() for e in ENTRIES], embed)
+    hits = await pool.search("tiling boards of width two: the recurrence", 2, embed)
+    assert [e.id for e, _ in hits] == ["tiling", hits[1][0].id] and hits[0][1] > hits[1][1]
+    [(best, score)] = await pool.search("remainders modulo nine from digit sums", 1, embed)
     assert best.id == "modular" and 0.0 < score <= 1.0 + 1e-6
-    embeds = [r for r in sim.requests if r.endpoint == "embeddings"]
-    assert embeds[0].body["input"] == [e.text for e in ENTRIES] and embeds[0].role == "embedding"
-    assert embeds[-1].body["input"] == ["remainders modulo nine from digit sums"]
+    assert model.embedded[0] == [e.text for e in ENTRIES]
+    assert model.embedded[-1] == ["remainders modulo nine from digit sums"] and len(model.embedded) == 3
 
 
-async def test_saved_pool_reopens_with_its_version_vectors_and_entries(sim: SimServer, tmp_path: Path) -> None:
-    pool = await build(sim, tmp_path / "pool")
+async def test_saved_pool_reopens_with_its_version_vectors_and_entries(tmp_path: Path) -> None:
+    pool = await build(tmp_path / "pool")
     again = Pool.open(tmp_path / "pool", "endpoint:sim-model")
     assert (
         again.meta.version == 1 and again.meta.dim == 256 and [e.id for e in again.entries] == [e.id for e in ENTRIES]
@@ -67,10 +71,8 @@ async def test_saved_pool_reopens_with_its_version_vectors_and_entries(sim: SimS
     assert third.vectors.shape == (2, 256) and np.allclose(third.vectors, pool.vectors[1:])
 
 
-async def test_a_pool_written_before_the_teaching_keys_loads_and_tiers_filter_search(
-    sim: SimServer, tmp_path: Path
-) -> None:
-    await build(sim, tmp_path / "pool")
+async def test_a_pool_written_before_the_teaching_keys_loads_and_tiers_filter_search(tmp_path: Path) -> None:
+    await build(tmp_path / "pool")
     entries = tmp_path / "pool" / "entries.jsonl"
     old = [json.loads(line) for line in entries.read_text().splitlines()]
     for row in old:  # the entry format before role, subject, difficulty and category existed
@@ -81,24 +83,22 @@ async def test_a_pool_written_before_the_teaching_keys_loads_and_tiers_filter_se
     assert {(e.role, e.subject, e.difficulty, e.category) for e in pool.entries} == {("", "", "", "")}
     # A tier keys the search: None never comes back, a lower tier always before a higher one.
     tiers = {"parity": 1, "tiling": None, "modular": 0}
-    async with LLMClient(settings_for(sim)) as llm:
-        hits = await pool.search("tiling boards of width two", 3, EndpointEmbedder(llm), lambda e: tiers[e.id])
+    hits = await pool.search("tiling boards of width two", 3, embedder()[0], lambda e: tiers[e.id])
     assert [e.id for e, _ in hits] == ["modular", "parity"]
 
 
-async def test_add_rejects_duplicate_ids_and_update_rejects_changed_text(sim: SimServer, tmp_path: Path) -> None:
-    pool = await build(sim, tmp_path / "pool")
-    async with LLMClient(settings_for(sim)) as llm:
-        with pytest.raises(PoolError, match="'parity' is already in the pool"):
-            await pool.add([ENTRIES[0].model_copy()], EndpointEmbedder(llm))
+async def test_add_rejects_duplicate_ids_and_update_rejects_changed_text(tmp_path: Path) -> None:
+    pool = await build(tmp_path / "pool")
+    with pytest.raises(PoolError, match="'parity' is already in the pool"):
+        await pool.add([ENTRIES[0].model_copy()], embedder()[0])
     with pytest.raises(PoolError, match="text changed"):
         pool.update([ENTRIES[0].model_copy(update={"experience": "new"})])
     with pytest.raises(PoolError, match="no entry 'ghost'"):
         pool.update([PoolEntry(id="ghost", action="a", experience="b")])
 
 
-async def test_another_embedding_model_is_a_clear_error(sim: SimServer, tmp_path: Path) -> None:
-    await build(sim, tmp_path / "pool")
+async def test_another_embedding_model_is_a_clear_error(tmp_path: Path) -> None:
+    await build(tmp_path / "pool")
     with pytest.raises(PoolError, match=r"built with embedding model 'endpoint:sim-model', but 'endpoint:other'"):
         Pool.open(tmp_path / "pool", "endpoint:other")
     pool = Pool.open(tmp_path / "pool")
@@ -121,9 +121,9 @@ async def test_another_embedding_model_is_a_clear_error(sim: SimServer, tmp_path
     ],
 )
 async def test_corrupt_pool_files_are_one_line_errors_naming_the_file(
-    sim: SimServer, tmp_path: Path, damage: object, message: str
+    tmp_path: Path, damage: object, message: str
 ) -> None:
-    await build(sim, tmp_path / "pool")
+    await build(tmp_path / "pool")
     damage(tmp_path / "pool")  # type: ignore[operator]
     with pytest.raises(PoolError, match=message) as info:
         Pool.open(tmp_path / "pool")
@@ -154,7 +154,8 @@ async def test_local_minilm_embedder_retrieves_by_meaning(tmp_path: Path) -> Non
 
 
 def test_cli_show_and_search(sim: SimServer, tmp_path: Path) -> None:
-    asyncio.run(build(sim, tmp_path / "pool"))
+    # Built in process: the server's /v1/embeddings gives the same vectors, so the command's search reads it.
+    asyncio.run(build(tmp_path / "pool"))
     runner = CliRunner()
     shown = runner.invoke(app, ["experience", "show", str(tmp_path / "pool"), "--json"])
     assert shown.exit_code == 0, shown.output

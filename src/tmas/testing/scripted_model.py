@@ -12,6 +12,7 @@ server.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,6 +94,9 @@ class ScriptedModel:
         watch: TraceWatch | None = None,
     ) -> Completion:
         # Replies come whole, as an unstreamed call's: a ``watch`` is never begun (tmas.llm.watch).
+        # Calls gathered together are all asked before any is answered, as a server gets them: each was sent at the
+        # spend before any of them (so a token budget stops parallel calls as a run against an endpoint does).
+        await asyncio.sleep(0)
         key = key or CallKey(role=role)
         if not isinstance(sampling, ResolvedSampling):
             sampling = self.resolve_sampling(role, call=sampling)
@@ -134,7 +138,12 @@ class ScriptedModel:
         logprobs = scripted_logprobs(self.script, body, rule, text.content, persona_of(self.script))
         usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=text.completion_tokens)
         if rule is not None and rule.usage is not None:
-            usage = Usage(prompt_tokens=rule.usage.prompt_tokens, completion_tokens=rule.usage.completion_tokens)
+            usage = Usage(
+                prompt_tokens=rule.usage.prompt_tokens,
+                completion_tokens=rule.usage.completion_tokens,
+                reasoning_tokens=rule.usage.reasoning_tokens,
+                cached_prompt_tokens=rule.usage.cached_tokens or 0,
+            )
         return Completion(
             key=key,
             request_hash=request_hash,

@@ -1,0 +1,153 @@
+"""Where a budget stops each method, in process on the scripted model: every registered method stops at the call its
+budget refuses and asks nothing it would not have asked without one; then, per method, the call refused in the middle
+of an iteration (worked by hand from the method's call graph) and what the cut iteration keeps."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from scripted_runs import by_role, run_scripted
+from tmas.methods import METHODS
+from tmas.testing import Rule, ScriptedModel, ScriptedUsage, SimScript
+
+# Every reply reports 30 completion tokens, so token spends are worked by hand.
+THIRTY = SimScript(rules=[Rule(usage=ScriptedUsage(prompt_tokens=100, completion_tokens=30))])
+
+
+async def solve(method: str, budget: dict[str, Any], script: SimScript | None = None, **params: Any) -> Any:
+    return await run_scripted(method, script=script, settings={"budget": budget}, **params)
+
+
+def asked(model: ScriptedModel) -> Counter[tuple[str, str]]:
+    """Each call's role and whole conversation, counted: what a run asked, whatever the order of parallel calls."""
+    return Counter((c.role, "\n".join(m.content for m in c.messages)) for c in model.calls)
+
+
+def cut_note(result: Any) -> str:
+    return result.iterations[-1].notes[-1]
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+async def test_a_call_budget_one_short_stops_every_method_at_that_call(method: str) -> None:
+    params = METHODS[method].example_params
+    if params is None:
+        pytest.skip(f"{method} declares no example_params")
+    free, unlimited = await run_scripted(method, **params)
+    assert free.stopped_reason is None and free.status == "done"
+    needed = len(unlimited.calls)
+    if needed == 1:
+        # One call is all the method asks: a budget of one call is no stop.
+        stopped, limited = await solve(method, {"calls": 1}, **params)
+        assert stopped.stopped_reason is None and asked(limited) == asked(unlimited)
+        return
+    stopped, limited = await solve(method, {"calls": needed - 1}, **params)
+    assert len(limited.calls) == stopped.calls == needed - 1
+    assert stopped.stopped_reason == "budget" and stopped.counters == {"budget_stops": 1}
+    # The budget changes where the run ends, never what it asks before that.
+    assert not asked(limited) - asked(unlimited)
+    # The iterations that finished are kept, and the answer comes from them.
+    assert stopped.status == "done" and stopped.iterations and stopped.answer == free.answer == "391"
+
+
+async def test_verify_refine_keeps_a_correction_its_budget_left_unverified() -> None:
+    # n = 2, m = 1: iteration 0 is 2 solutions and 2 verifications (4 calls). Iteration 1's two corrections start
+    # together: the first is the 5th call, the second is refused, and so is the first one's verification.
+    result, model = await solve("verify_refine", {"calls": 5}, n=2, m=1, iterations=3)
+    assert [c.role for c in model.calls] == ["solution", "solution", "verifier", "verifier", "corrector"]
+    assert result.stopped_reason == "budget" and result.answer == "391"
+    [cut] = result.iterations[1].candidates
+    assert (cut.index, cut.meta["prompt"], cut.meta["unverified"], cut.score) == (0, "correct", True, None)
+    assert (
+        cut_note(result)
+        == "stopped: budget spent (5 calls of a budget of 5) in iteration 1; 1 of 2 candidates finished"
+    )
+    # Iteration 0's candidates were verified before the stop.
+    assert [c.score for c in result.iterations[0].candidates] == [1.0, 1.0]
+
+
+async def test_verify_refine_refused_at_an_iterations_start_keeps_the_last_whole_one() -> None:
+    # 30 completion tokens a call. Iteration 0's solutions go together at a spend of 0 (60), its verifications at 60
+    # (120); at 120 >= 100 iteration 1's corrections are refused: no candidate, so no iteration 1 record.
+    result, model = await solve("verify_refine", {"tokens": 100}, THIRTY, n=2, m=1, iterations=3)
+    assert by_role(model) == {"solution": 2, "verifier": 2}
+    assert result.stopped_reason == "budget" and result.answer == "391" and result.status == "done"
+    assert [r.iteration for r in result.iterations] == [0] and result.usage.completion_tokens == 120
+
+
+async def test_majority_cut_mid_iteration_votes_over_the_samples_it_has() -> None:
+    # k = 4, 3 calls: the 4th sample is refused; the vote is over 3.
+    result, model = await solve("majority", {"calls": 3}, k=4)
+    assert by_role(model) == {"solution": 3} and result.answer == "391"
+    assert len(result.iterations[0].candidates) == 3
+    assert (
+        cut_note(result)
+        == "stopped: budget spent (3 calls of a budget of 3) in iteration 0; 3 of 4 candidates finished"
+    )
+
+
+async def test_majority_token_budget_reached_by_a_round_of_parallel_samples() -> None:
+    # k = 2 a round, 30 tokens a sample: rounds go at 0 and 60 (each check before its round), the third is refused
+    # at 120 >= 100. Parallel calls may take the spend past the budget; none is sent once it is reached.
+    result, model = await solve("majority", {"tokens": 100}, THIRTY, k=2, iterations=5)
+    assert by_role(model) == {"solution": 4} and result.usage.completion_tokens == 120
+    assert [len(r.candidates) for r in result.iterations] == [2, 2] and result.stopped_reason == "budget"
+
+
+async def test_rse_cut_at_its_distillation_keeps_the_iterations_samples() -> None:
+    # n = 2: iteration 0's 2 samples, then its distillation (the 3rd call); iteration 1's first sample is refused.
+    result, model = await solve("rse", {"calls": 3}, n=2, iterations=3)
+    assert [c.role for c in model.calls] == ["solution", "solution", "distiller"]
+    assert [r.iteration for r in result.iterations] == [0] and len(result.iterations[0].candidates) == 2
+    assert (
+        cut_note(result)
+        == "stopped: budget spent (3 calls of a budget of 3) in iteration 0; 2 of 2 candidates finished"
+    )
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "second", "prompt"),
+    [
+        ("self_refine", {"n": 2, "iterations": 3}, "refiner", "refine"),
+        ("pacore", {"responses_per_round": 2, "iterations": 2}, "solution", "round"),
+    ],
+)
+async def test_a_trajectory_method_cut_in_its_second_round_keeps_the_one_that_went(
+    method: str, params: dict[str, Any], second: str, prompt: str
+) -> None:
+    # Two first solutions, then the second round's first call; the second round's other call is refused.
+    result, model = await solve(method, {"calls": 3}, **params)
+    assert [c.role for c in model.calls] == ["solution", "solution", second]
+    [kept] = result.iterations[1].candidates
+    assert (kept.index, kept.meta["prompt"], kept.answer) == (0, prompt, "391")
+    assert (
+        cut_note(result)
+        == "stopped: budget spent (3 calls of a budget of 3) in iteration 1; 1 of 2 candidates finished"
+    )
+
+
+async def test_tmas_cut_in_its_second_iteration_answers_from_the_first() -> None:
+    # n = 2, m = 2: iteration 0 is 2 solutions, 4 verifications, 2 summaries, experience and guideline (10 calls);
+    # iteration 1's first solution is the 11th, its second is refused. The runner keeps iteration 0 and its answer.
+    result, model = await solve("tmas", {"calls": 11}, n=2, m=2, iterations=2)
+    assert by_role(model) == {"solution": 3, "verifier": 4, "summary": 2, "experience": 1, "guideline": 1}
+    assert model.calls[-1].role == "solution" and model.calls[-1].key.iteration == 1
+    assert [r.iteration for r in result.iterations] == [0] and result.answer == "391"
+    assert cut_note(result) == "stopped: budget spent (11 calls of a budget of 11) in iteration 1"
+
+
+async def test_tmas_token_budget_past_its_verifications_skips_the_memory_update() -> None:
+    # n = 1, m = 1, 30 tokens a call: solution at 0, verification at 30, summary at 60, the memory calls together at
+    # 90; iteration 1's solution at 150 >= 120 is refused. With 80: the summary (at 60) goes, the memory calls (at
+    # 90) are refused, before iteration 0 finished: the problem fails with nothing to answer from.
+    kept, model = await solve("tmas", {"tokens": 120}, THIRTY, n=1, m=1, iterations=3)
+    assert len(model.calls) == 5 and kept.status == "done" and kept.answer == "391"
+    failed, model = await solve("tmas", {"tokens": 80}, THIRTY, n=1, m=1, iterations=3)
+    assert [c.role for c in model.calls] == ["solution", "verifier", "summary"]
+    assert failed.status == "failed" and failed.stopped_reason == "budget" and not failed.iterations
+    assert (
+        failed.error
+        == "budget spent (90 completion tokens of a budget of 80) in iteration 0, before any iteration finished"
+    )
