@@ -118,7 +118,7 @@ async def _evaluation(run_dir: Path) -> dict[str, Any]:
             role: {"replies": t.replies, "unusable": t.unusable, "truncated": t.truncated, "echo": t.echo}
             for role, t in e.replies.items()
         },
-        "fallbacks": e.fallbacks,
+        "fallbacks": e.downgrades,
     }
 
 

@@ -177,7 +177,7 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
         "resume_finished_s": round(resume_s, 2),
         "resume_skipped": skipped.skipped,
         "replay_s": round(replay_s, 1),
-        "replay_cached_calls": replayed.cached_calls,
+        "replayed_calls": replayed.replayed_calls,
         "replay_server_requests": asked,
     }
 

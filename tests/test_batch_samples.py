@@ -337,11 +337,11 @@ async def test_a_server_that_refuses_n_falls_back_to_one_request_per_sample_reco
     store, settings, todo = prepare_run(tmp_path / "run", settings, [Problem(problem_id="p", question=Q)], resume=False)
     with store:
         summary = await run_problems(settings, todo, store)
-        fallbacks = store.fallbacks("batch_samples")
+        fallbacks = store.downgrades("batch_samples")
         rows = list(store.calls())
     bodies = sim.chat_bodies("solution")
     assert [b.get("n") for b in bodies] == [5] + [None] * 10  # refused once, then never asked again
-    assert list(fallbacks) == [sim.base_url] and list(summary.fallbacks.get("batch_samples", {})) == [sim.base_url]
+    assert list(fallbacks) == [sim.base_url] and list(summary.downgrades.get("batch_samples", {})) == [sim.base_url]
     assert fallbacks[sim.base_url]["role"] == "solution" and "n_cmpl" in fallbacks[sim.base_url]["message"]
     assert sorted((c.key.iteration, c.key.sample) for c in rows) == [(t, i) for t in range(2) for i in range(5)]
     assert all(c.ok for c in rows) and summary.calls == 10
@@ -353,7 +353,7 @@ async def test_pinned_slots_never_batch(sim: SimServer, tmp_path: Path) -> None:
     await asolve(Q, settings, run_dir=tmp_path / "run")
     assert [b.get("n") for b in sim.chat_bodies("solution")] == [None] * 3
     with RunStore(tmp_path / "run", create=False) as store:
-        assert store.fallbacks("batch_samples") == {}
+        assert store.downgrades("batch_samples") == {}
 
 
 def test_batch_samples_is_set_per_endpoint_role_and_environment() -> None:

@@ -243,7 +243,7 @@ async def test_a_baseline_asks_again_on_an_echo_and_votes_without_it(sim: SimSer
     # The report's per-role table counts it: 3 replies (2 samples and 1 retry), 1 echo.
     paths = await build_report([tmp_path / "run"], tmp_path / "report", GradeConfig(), None, grade=False)
     markdown = paths["markdown"].read_text(encoding="utf-8")
-    assert "| Role | Replies | No answer/score | Truncated | Answer by fallback | Echo |" in markdown
+    assert "| Role | Replies | No answer/score | Truncated | Answer stated, no box | Echo |" in markdown
     assert "| solution | 3 | 0.0% (0) | 0.0% (0) | 0.0% (0) | 33.3% (1) |" in markdown
 
 

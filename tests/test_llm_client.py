@@ -243,5 +243,5 @@ async def test_finished_calls_replay_from_the_store(sim: SimServer, tmp_path: Pa
             again = await llm.chat("solution", QUESTION, key=CallKey(problem_id="p", role="solution"))
             other = await llm.chat("solution", QUESTION, key=CallKey(problem_id="p", role="solution", sample=1))
         assert sim.stats().total_requests == 2
-        assert again.cached and again.content == first.content and again.usage == first.usage
-        assert not other.cached
+        assert again.replayed and again.content == first.content and again.usage == first.usage
+        assert not other.replayed

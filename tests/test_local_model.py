@@ -238,7 +238,7 @@ async def test_two_replicas_of_smollm2_each_answer_calls(tmp_path: Path) -> None
             summary = await run_problems(live, todo, store)
         assert summary.calls == 4 and summary.failed == 0
         # llama-server streams (stream = "auto"): no fallback to unstreamed calls.
-        assert summary.fallbacks == {} and summary.retries_by_cause == {}
+        assert summary.downgrades == {} and summary.retries_by_cause == {}
         predicted = []
         async with aiohttp.ClientSession() as session:
             for url in urls:

@@ -366,7 +366,7 @@ def test_killed_mid_deliberation_and_resumed_equals_uninterrupted(tmp_path: Path
         asked_again = sim.stats().total_requests - before
     # Round 1 (1 + 3 + 6 calls) and round 2's opinion came from the store: only round 2's unfinished reviews and
     # the decision were asked again.
-    assert summary["done"] == 1 and summary["cached_calls"] >= 11
+    assert summary["done"] == 1 and summary["replayed_calls"] >= 11
     assert 1 <= asked_again <= 3
     assert _strip_call_ids(_final(killed)) == _strip_call_ids(_final(tmp_path / "ref"))
     assert _final(killed)[0][0] == "391"

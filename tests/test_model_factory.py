@@ -27,8 +27,8 @@ async def test_with_a_store_calls_are_recorded_and_replayed_and_counted(sim: Sim
         [stored] = store.calls()
     assert sim.stats().total_requests == 1
     assert stored.content == first.content and first.call_id == stored.call_id
-    assert again.cached and not first.cached
-    assert (stats.calls, stats.cached) == (1, 1)
+    assert again.replayed and not first.replayed
+    assert (stats.calls, stats.replayed) == (1, 1)
     assert stats.usage == first.usage + again.usage
 
 
@@ -38,14 +38,14 @@ async def test_without_a_store_every_call_goes_over_the_wire(sim: SimServer) -> 
         first = await llm.chat("solution", QUESTION, key=KEY)
         again = await llm.chat("solution", QUESTION, key=KEY)
     assert sim.stats().total_requests == 2
-    assert not first.cached and not again.cached
+    assert not first.replayed and not again.replayed
 
 
 async def test_the_client_alone_records_only_what_an_endpoint_refused(sim: SimServer, tmp_path: Path) -> None:
     sim.set_script(SimScript(stream="refuse", rules=[Rule(replies=["\\boxed{391}"])]))
     with RunStore(tmp_path) as store:
-        async with LLMClient(settings_for(sim, endpoint__stream="auto"), fallbacks=store) as llm:
+        async with LLMClient(settings_for(sim, endpoint__stream="auto"), downgrade_log=store) as llm:
             reply = await llm.chat("solution", QUESTION, key=KEY)
         assert reply.ok
         assert list(store.calls()) == []
-        assert list(store.fallbacks("stream")) == [sim.base_url]
+        assert list(store.downgrades("stream")) == [sim.base_url]

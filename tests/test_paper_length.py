@@ -149,7 +149,7 @@ async def test_a_run_from_the_old_paper_preset_resumes_as_documented(
         store, settings, todo = prepare_run(tmp_path / "run", pinned, None, resume=True)
         with store:
             summary = await run_problems(settings, todo, store)
-        assert summary.done == 1 and summary.cached_calls == first and len(sim.chat_bodies()) == first
+        assert summary.done == 1 and summary.replayed_calls == first and len(sim.chat_bodies()) == first
         # Resumed as it is (the copy): solved again with the new budget, in new calls.
         store, settings, todo = prepare_run(tmp_path / "copy", Settings.model_validate(base), None, resume=True)
         with store:

@@ -63,7 +63,7 @@ async def test_cached_tokens_are_read_from_usage_and_from_timings(tmp_path: Path
         # A replayed call brings its cached count along.
         async with open_model(settings_for(sim), store) as llm:
             again = await llm.chat("solution", [user("What is 3*7?")])
-        assert again.cached and again.usage.cached_prompt_tokens == 150
+        assert again.replayed and again.usage.cached_prompt_tokens == 150
 
 
 @pytest.mark.slow

@@ -100,7 +100,7 @@ async def test_tmas_logprob_scoring_sends_logprobs_and_reads_the_payload(sim: Si
         assert "Reply with the grade first" in body["messages"][-1]["content"]
     # The solution's own call asks for no logprobs.
     assert all("logprobs" not in r.body for r in sim.app.requests() if r.role == "solution")
-    assert "verifier_logprob_fallback" not in result.counters
+    assert "verifier_logprob_missing" not in result.counters
 
 
 def logprob_scoring(script: SimScript) -> ScriptedModel:
@@ -115,7 +115,7 @@ async def test_tmas_logprob_scoring_falls_back_to_the_text_when_the_server_sends
     # The simulated verifier grades a right 391 "Score: 2" (or "1" for a minor gap): read from the text.
     assert all(c.score in (0.5, 1.0) for c in candidates)
     assert [v["source"] for c in candidates for v in c.meta["verifications"]] == ["text", "text"]
-    assert result.counters["verifier_logprob_fallback"] == 2
+    assert result.counters["verifier_logprob_missing"] == 2
     assert sum("no log-probabilities at the score" in n for n in result.iterations[0].notes) == 2
     # Asked for all the same (what is sent is the test above's).
     assert all(c.sampling.extra_body.get("logprobs") is True for c in model.calls_of("verifier"))
@@ -140,7 +140,7 @@ async def test_logprobs_reach_the_completion_and_are_replayed_from_the_store(sim
             replayed = await llm.chat("verifier", [user("Grade it.")], key=key, sampling=asked)
     assert first.logprobs == tokens(PAYLOAD[:3])
     assert plain.logprobs is None  # not asked for, not sent
-    assert replayed.cached and replayed.logprobs == first.logprobs
+    assert replayed.replayed and replayed.logprobs == first.logprobs
     assert sim.stats().total_requests == 2
 
 

@@ -224,7 +224,7 @@ async def test_identical_long_choices_at_a_temperature_above_zero_go_one_request
         bodies = sim.chat_bodies()
     assert all(c.ok for c in done + again)
     assert [b.get("n") for b in bodies] == [3, None, None, None, None]
-    assert "identical choices" in stats.fallbacks["batch_samples"][sim.base_url]
+    assert "identical choices" in stats.downgrades["batch_samples"][sim.base_url]
     # The work the server did on the dropped choices is still counted.
     served = sim.stats()
     assert sum(c.usage.completion_tokens for c in done + again) == served.completion_tokens
@@ -250,7 +250,7 @@ async def test_sampling_fields_reach_each_server_under_its_names(persona: str, s
     named = {"top_k", "min_p", "repetition_penalty", "repeat_penalty", "presence_penalty"}
     assert {k: v for k, v in last.items() if k in named} == sent
     # OpenAI refuses the fields it does not know: each left out at once, recorded.
-    assert ("sampling" in stats.fallbacks) == (persona == "openai")
+    assert ("sampling" in stats.downgrades) == (persona == "openai")
 
 
 @pytest.mark.parametrize(("persona", "connections"), [("llama-server", 4), ("vllm", 1)])

@@ -1043,7 +1043,7 @@ async def test_majority_vote_against_an_openai_reasoning_model(tmp_path: Path) -
         bodies = sim.chat_bodies("solution")
         stats = sim.stats()
     with RunStore(tmp_path / "run") as store:
-        recorded = store.fallbacks("sampling")
+        recorded = store.downgrades("sampling")
     assert result.status == "done" and result.answer == "391"
     # Each sample was refused once or twice (the three go out together), then accepted as the server asked.
     accepted = [b for b in bodies if "max_tokens" not in b and "temperature" not in b]

@@ -42,10 +42,10 @@ async def test_both_parsers_give_the_same_candidate_of_a_plain_reply() -> None:
         c = await solve_call(session, "solution", PROMPT, index=0, mode="numeric", **parse)
         assert c is not None
         made.append(c)
-        assert session.tally("solution").fallback == 1 and session.tally("solution").unusable == 0
+        assert session.tally("solution").stated == 1 and session.tally("solution").unusable == 0
     baseline, tmas = made
     assert baseline == tmas
-    assert (tmas.text, tmas.answer, tmas.error, tmas.meta) == (STATED, "391", None, {"extraction": "fallback"})
+    assert (tmas.text, tmas.answer, tmas.error, tmas.meta) == (STATED, "391", None, {"extraction": "stated"})
     assert solution_anomalies(tmas, "numeric") == []
 
 
@@ -73,7 +73,7 @@ async def test_tmas_and_a_baseline_make_the_same_candidate_of_the_same_first_rep
     [cot], [tmas] = (r.iterations[0].candidates for r in results)
     same = ("index", "text", "answer", "finish_reason", "error", "usage", "confidence")
     assert {k: getattr(cot, k) for k in same} == {k: getattr(tmas, k) for k in same}
-    assert cot.meta["extraction"] == tmas.meta["extraction"] == "fallback"
+    assert cot.meta["extraction"] == tmas.meta["extraction"] == "stated"
     assert results[0].iterations[0].replies["solution"] == results[1].iterations[0].replies["solution"]
 
 

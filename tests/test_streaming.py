@@ -164,7 +164,7 @@ async def _twice(sim: SimServer, mode: str, store: RunStore | None) -> tuple[Com
     async with open_model(settings_for(sim, endpoint__stream=mode), store, stats=stats) as llm:
         first = await llm.chat("solution", QUESTION)
         second = await llm.chat("solution", QUESTION, key=CallKey(role="solution", sample=1))
-        return first, second, stats.fallbacks.get("stream", {})
+        return first, second, stats.downgrades.get("stream", {})
 
 
 async def test_auto_falls_back_once_on_a_server_that_refuses_to_stream(sim: SimServer, tmp_path: Path) -> None:
@@ -176,11 +176,11 @@ async def test_auto_falls_back_once_on_a_server_that_refuses_to_stream(sim: SimS
         assert [b.get("stream", False) for b in sim.chat_bodies()] == [True, False, False]
         assert first.retry_causes == ["stream"] and first.attempts == 1 and second.retry_causes == []
         assert list(fallbacks) == [sim.base_url] and "stream" in fallbacks[sim.base_url]
-        recorded = store.fallbacks("stream")
+        recorded = store.downgrades("stream")
         assert list(recorded) == [sim.base_url] and recorded[sim.base_url]["role"] == "solution"
         # A resumed run finds the refusal again, but the record stays one per endpoint.
         await _twice(sim, "auto", store)
-        assert len(store.fallbacks("stream")) == 1
+        assert len(store.downgrades("stream")) == 1
 
 
 async def test_auto_uses_the_whole_reply_of_a_server_that_ignores_stream(sim: SimServer, tmp_path: Path) -> None:
@@ -189,7 +189,7 @@ async def test_auto_uses_the_whole_reply_of_a_server_that_ignores_stream(sim: Si
         first, second, fallbacks = await _twice(sim, "auto", store)
         assert first.ok and second.ok and first.retry_causes == []
         assert [b.get("stream", False) for b in sim.chat_bodies()] == [True, False]
-        assert list(fallbacks) == [sim.base_url] and list(store.fallbacks("stream")) == [sim.base_url]
+        assert list(fallbacks) == [sim.base_url] and list(store.downgrades("stream")) == [sim.base_url]
 
 
 async def test_on_fails_the_call_a_server_refuses_to_stream(sim: SimServer, tmp_path: Path) -> None:
@@ -199,7 +199,7 @@ async def test_on_fails_the_call_a_server_refuses_to_stream(sim: SimServer, tmp_
         assert not first.ok and first.error_cause == "stream" and first.attempts == 1
         assert first.error is not None and first.error.startswith("server refused streaming (stream = 'on'): HTTP 400")
         assert [b.get("stream") for b in sim.chat_bodies()] == [True, True]
-        assert fallbacks == {} and store.fallbacks("stream") == {}
+        assert fallbacks == {} and store.downgrades("stream") == {}
 
 
 # ------------------------------------------------------------------------------------------------ configuration

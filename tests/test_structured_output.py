@@ -332,7 +332,7 @@ async def test_auto_sends_a_schema_only_where_it_cannot_forbid_thinking(
             reply = await llm.chat("verifier", [user(text)], reply_model=VerificationReply)
             assert reply.ok
     assert ["response_format" in r.body for r in sim.requests] == schemas
-    message = stats.fallbacks.get("structured_output", {}).get(sim.base_url, "")
+    message = stats.downgrades.get("structured_output", {}).get(sim.base_url, "")
     assert ("thinks inside its reply" in message) == recorded
 
 
@@ -362,7 +362,7 @@ async def _verify_twice(settings_mode: str, sim: SimServer, store: RunStore | No
         sim.reset()
         first = await llm.chat("verifier", [user("Grade A.")], reply_model=VerificationReply)
         second = await llm.chat("verifier", [user("Grade B.")], reply_model=VerificationReply)
-        return [first, second, stats.fallbacks.get("structured_output", {})]
+        return [first, second, stats.downgrades.get("structured_output", {})]
 
 
 async def test_auto_falls_back_once_per_endpoint_and_records_it(sim: SimServer, tmp_path: Path) -> None:
@@ -377,7 +377,7 @@ async def test_auto_falls_back_once_per_endpoint_and_records_it(sim: SimServer, 
         assert first.retry_causes == ["structured_output"] and first.attempts == 1
         assert second.retry_causes == []
         assert list(fallbacks) == [sim.base_url]
-        recorded = store.fallbacks("structured_output")
+        recorded = store.downgrades("structured_output")
         assert list(recorded) == [sim.base_url]
         assert recorded[sim.base_url]["role"] == "verifier"
         assert "response_format" in recorded[sim.base_url]["message"]
@@ -393,7 +393,7 @@ async def test_a_second_client_records_the_endpoint_once(sim: SimServer, tmp_pat
         async with open_model(settings, store) as llm:
             reply = await llm.chat("verifier", [user("Grade C.")], reply_model=VerificationReply)
         assert reply.ok
-        assert len(store.fallbacks("structured_output")) == 1
+        assert len(store.downgrades("structured_output")) == 1
 
 
 async def test_json_schema_mode_fails_the_call_with_a_clear_error(sim: SimServer, tmp_path: Path) -> None:
@@ -407,7 +407,7 @@ async def test_json_schema_mode_fails_the_call_with_a_clear_error(sim: SimServer
         assert first.error_cause == "structured_output"
         # Not retried, not fallen back: each call was sent once, with its schema.
         assert ["response_format" in r.body for r in sim.requests] == [True, True]
-        assert fallbacks == {} and store.fallbacks("structured_output") == {}
+        assert fallbacks == {} and store.downgrades("structured_output") == {}
 
 
 async def test_off_sends_no_schema(sim: SimServer) -> None:
@@ -421,7 +421,7 @@ async def test_other_client_errors_are_not_taken_for_a_refusal(sim: SimServer) -
     async with LLMClient(settings_for(sim)) as llm:
         reply = await llm.chat("verifier", [user("Grade A.")], reply_model=VerificationReply)
         assert (
-            not reply.ok and reply.error_cause == "http_400" and llm.stats.fallbacks.get("structured_output", {}) == {}
+            not reply.ok and reply.error_cause == "http_400" and llm.stats.downgrades.get("structured_output", {}) == {}
         )
     assert len(sim.requests) == 1
 

@@ -42,8 +42,8 @@ def test_solution_parsing_by_mode() -> None:
     assert numeric.answer == "\\frac{1}{2}" and numeric.has_section and numeric.text == text.strip()
     proof = parse_solution(text, "proof")
     assert proof.answer is None and proof.text.startswith("We get")
-    stated = parse_solution("The answer is 4.", "numeric")  # no box: the explicit statement, as a fallback
-    assert (stated.answer, stated.extraction) == ("4", "fallback")
+    stated = parse_solution("The answer is 4.", "numeric")  # no box: the explicit statement
+    assert (stated.answer, stated.extraction) == ("4", "stated")
     assert parse_solution("It is roughly four hundred", "numeric").answer is None
 
 

@@ -124,7 +124,7 @@ def test_killed_three_times_at_random_moments_and_resumed_equals_uninterrupted(t
         resumed = tmas("run", "--resume", str(killed))
         assert resumed.returncode == 0, resumed.stderr.decode()
         summary = json.loads(resumed.stdout)
-        assert summary["done"] == 2 and summary["cached_calls"] >= len(finished_at_kills[-1][0])
+        assert summary["done"] == 2 and summary["replayed_calls"] >= len(finished_at_kills[-1][0])
         sent = [sent_key(r.body["messages"], r.body.get("seed")) for r in sim.requests]
     # The server saw no finished call twice: a call stored before a kill was replayed after it, never asked again
     # (a call in flight at a kill was not finished, and may be asked again).
@@ -182,7 +182,7 @@ async def test_a_resumed_run_replays_one_problem_at_a_time_each_until_its_first_
         summary = await run_problems(settings, todo, store, state=state)
     assert begun == [(p.problem_id, t) for p in problems for t in range(3)]
     # Every stored call replayed, none sent again: the server saw iteration 2 alone (2 + 2 + 2 + 1 + 1 per problem).
-    assert summary.done == 3 and summary.cached_calls == stored
+    assert summary.done == 3 and summary.replayed_calls == stored
     assert len(sim.requests) - stored == 3 * 8
 
 
@@ -201,4 +201,4 @@ async def test_a_problem_that_replays_to_its_end_passes_the_turn_on(sim: SimServ
     store, settings, todo = prepare_run(run_dir, stored_settings(run_dir), None, resume=True)
     with store:
         summary = await asyncio.wait_for(run_problems(settings, todo, store), timeout=60)
-    assert summary.done == 2 and summary.cached_calls == stored and len(sim.requests) == stored
+    assert summary.done == 2 and summary.replayed_calls == stored and len(sim.requests) == stored

@@ -16,7 +16,7 @@ _FINAL_ANSWER = re.compile(
 # A stated answer longer than this many words is a sentence about the answer, not the answer itself.
 _MAX_STATED_WORDS = 6
 
-ExtractionSource = Literal["boxed", "fallback", "none"]
+ExtractionSource = Literal["boxed", "stated", "none"]
 
 
 class Extraction(NamedTuple):
@@ -49,7 +49,7 @@ def extract_answer(text: str) -> Extraction:
         return Extraction(boxed, "boxed")
     matches = [m.strip().strip("*_ ").strip() for m in _FINAL_ANSWER.findall(text)]
     matches = [m for m in matches if m and len(m.split()) <= _MAX_STATED_WORDS]
-    return Extraction(matches[-1], "fallback") if matches else Extraction(None, "none")
+    return Extraction(matches[-1], "stated") if matches else Extraction(None, "none")
 
 
 _TEXT_WRAPPER = re.compile(r"\\(?:text|mathrm|textbf|mathbf|operatorname)\s*\{([^{}]*)\}")

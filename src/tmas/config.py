@@ -175,7 +175,8 @@ class Endpoint(Strict):
     # candidate's verifications), sent together, go as one request with `n` = their count (tmas.llm.batching): the
     # server computes the shared prompt once. "auto": where /v1/models names the server vLLM or SGLang (`owned_by`),
     # off elsewhere (llama-server refuses n > 1, or more than its slots; docs/sampling_and_budgets.md says why OpenAI
-    # too); "on": always, falling back to one request per sample (recorded) once a server refuses `n`; "off": never.
+    # too); "on": always, going on with one request per sample (a recorded downgrade) once a server refuses `n`;
+    # "off": never.
     # Never with pin_slots.
     batch_samples: BatchSamples = "auto"
     # How a call picks one of several replicas (tmas.llm.routing): "cache" sends it to the replica that served the

@@ -72,7 +72,7 @@ class RunSummary:
     failed: int
     skipped: int
     calls: int
-    cached_calls: int
+    replayed_calls: int
     failed_calls: int
     # Over every call of the run: prompt, completion, and the part of completion that was reasoning.
     prompt_tokens: int
@@ -96,8 +96,8 @@ class RunSummary:
     # Prompt tokens the servers took from their prompt caches (as they reported), over the whole run.
     cached_prompt_tokens: int = 0
     # Kind -> endpoint URL -> the server's refusal, for each thing a server refused and the run went on without
-    # (tmas.llm.types.FALLBACKS: response_format, streaming, n > 1, a sampling field).
-    fallbacks: dict[str, dict[str, str]] = field(default_factory=dict)
+    # (tmas.llm.types.DOWNGRADES: response_format, streaming, n > 1, a sampling field).
+    downgrades: dict[str, dict[str, str]] = field(default_factory=dict)
     # The run's one-line notices (e.g. confidence rules on a server without log-probabilities), each kind once.
     notices: list[str] = field(default_factory=list)
 
@@ -370,7 +370,7 @@ async def run_problems(
         failed=tally.failed,
         skipped=state.skipped,
         calls=stats.calls,
-        cached_calls=stats.cached,
+        replayed_calls=stats.replayed,
         failed_calls=counts["failed"],
         prompt_tokens=counts["prompt_tokens"],
         completion_tokens=counts["completion_tokens"],
@@ -385,7 +385,7 @@ async def run_problems(
         failed_calls_by_cause=causes["failed"],
         retries_by_cause=causes["retried"],
         cached_prompt_tokens=counts["cached_prompt_tokens"],
-        fallbacks=store.fallback_messages(),
+        downgrades=store.downgrade_messages(),
         notices=list(store.notices().values()),
     )
 

@@ -2,7 +2,7 @@
 
 A reply with the three sections (Validated Steps, Remaining Flaws, Verdict) is parsed into lists; a non-empty reply
 without them is kept whole (``structured`` False). An empty or failed reply is replaced by
-:func:`fallback_summary`, built from the verifier scores alone, so the rollout still carries its evidence.
+:func:`summary_from_scores`, built from the verifier scores alone, so the rollout still carries its evidence.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def parse_summary(content: str, *, truncated: bool = False) -> Summary:
     )
 
 
-def fallback_summary(verifications: list[Verification], reason: str) -> Summary:
+def summary_from_scores(verifications: list[Verification], reason: str) -> Summary:
     scores = ", ".join("unreadable" if v.score is None else score_text(v.score) for v in verifications) or "none"
     text = f"(No summary: {reason}.) Verifier scores: {scores}. Treat every step of this attempt as unconfirmed."
     return Summary(text=text, verdict=text)

@@ -44,7 +44,7 @@ def _calls_text(state: RunState) -> str:
         return "starting"
     where = active_text(state) + " · "
     return where + (
-        f"{s.in_flight} in flight · {s.calls} calls · {s.cached} replayed · {s.failed} failed · "
+        f"{s.in_flight} in flight · {s.calls} calls · {s.replayed} replayed · {s.failed} failed · "
         f"{s.usage.prompt_tokens:,} prompt{cached_share_text(s.usage)}"
         f" + {s.usage.completion_tokens:,} completion tokens"
     )

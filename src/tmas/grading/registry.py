@@ -19,7 +19,7 @@ GRADERS: dict[str, Grader] = {
     g.name: g for g in (CombinedGrader(), RulesGrader(), JudgeGrader(), DiagnosisGrader(), TeachingGrader())
 }
 # What a run's stored verdicts are read as when it holds none of the asked grader's own.
-FALLBACK = RULES
+DEFAULT_GRADER = RULES
 
 
 def grader_named(name: str) -> Grader:

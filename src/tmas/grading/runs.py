@@ -12,7 +12,7 @@ from typing import Any
 from tmas.config import Settings
 from tmas.grading.grader import GradingContext, index_grades
 from tmas.grading.grades import GradeConfig, Grades, iter_items
-from tmas.grading.registry import FALLBACK, grader_named
+from tmas.grading.registry import DEFAULT_GRADER, grader_named
 from tmas.grading.run_results import load_results
 from tmas.store.run_store import GradeRow, RunStore
 
@@ -60,7 +60,7 @@ def load_grades(
     grader = grader_named(mode)
     runs = grader.stored_runs(stored)
     if not runs:
-        mode = FALLBACK
+        mode = DEFAULT_GRADER
         grader = grader_named(mode)
         runs = grader.stored_runs(stored)
     grades = Grades(runs=runs, mode=mode)

@@ -28,7 +28,7 @@ from tmas.llm.batching import Sample, SampleBatcher, handed_out, one_per_choice,
 from tmas.llm.failures import Failure
 from tmas.llm.lanes import SlotQueue, call_affinity
 from tmas.llm.model import ClientStats, EndpointUnreachable
-from tmas.llm.refusals import FallbackLog, Refusals
+from tmas.llm.refusals import DowngradeLog, Refusals
 from tmas.llm.replica import Replica
 from tmas.llm.replies import completion as read_completion
 from tmas.llm.replies import reasoning_place, vectors
@@ -45,14 +45,14 @@ class LLMClient:
     """The HTTP implementation of :class:`tmas.llm.model.ChatModel`, one per run.
 
     Use as ``async with LLMClient(settings) as llm: await llm.chat(...)``; a run's model (provisioned, replayed from
-    its store) comes from :func:`tmas.llm.factory.open_model`. ``fallbacks`` hears of what an endpoint refused and
+    its store) comes from :func:`tmas.llm.factory.open_model`. ``downgrade_log`` hears of what an endpoint refused and
     the run went on without, and of what each server said of itself; ``stats`` counts the calls."""
 
     def __init__(
         self,
         settings: Settings,
         *,
-        fallbacks: FallbackLog | None = None,
+        downgrade_log: DowngradeLog | None = None,
         stats: ClientStats | None = None,
         rng: random.Random | None = None,
     ) -> None:
@@ -60,10 +60,10 @@ class LLMClient:
             raise ConfigError("no endpoint configured: set endpoint.base_url (or TMAS_BASE_URL) or use the local model")
         self.settings = settings
         self.stats = stats if stats is not None else ClientStats()
-        self.refusals = Refusals(self.stats, fallbacks)
+        self.refusals = Refusals(self.stats, downgrade_log)
         self.policy = RetryPolicy(settings.retry, rng or random.Random())
         self._cap = asyncio.Semaphore(settings.concurrency)
-        self._routes = Routes(settings, fallbacks.servers() if fallbacks is not None else {})
+        self._routes = Routes(settings, downgrade_log.servers() if downgrade_log is not None else {})
         self._session: aiohttp.ClientSession | None = None
         self._batcher = SampleBatcher(self._send_samples)
 

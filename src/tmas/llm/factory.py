@@ -36,7 +36,10 @@ async def open_model(
     started local server's log; ``stats`` counts the calls sent and replayed (for a progress display or summary);
     ``on_send`` hears of each call the store could not answer, before it is sent."""
     stats = stats if stats is not None else ClientStats()
-    async with provisioned(settings, log_dir=log_dir) as live, LLMClient(live, fallbacks=store, stats=stats) as client:
+    async with (
+        provisioned(settings, log_dir=log_dir) as live,
+        LLMClient(live, downgrade_log=store, stats=stats) as client,
+    ):
         if store is None:
             yield client
         else:

@@ -126,7 +126,7 @@ def build_command(
 ) -> tuple[list[str], dict[str, str], str]:
     """The server's argv, environment and readiness path for ``cfg.server``.
 
-    ``no_repack`` turns off llama.cpp's repacked CPU kernels (which include AMX): the fallback for builds that
+    ``no_repack`` turns off llama.cpp's repacked CPU kernels (which include AMX): the way out for builds that
     use instructions this CPU or VM does not allow.
     """
     threads = replica_threads(cfg)

@@ -29,15 +29,16 @@ class ClientStats:
     """What a run's model did: calls sent and replayed, failed, retried (by cause), tokens."""
 
     calls: int = 0
-    cached: int = 0
+    # Calls answered from the run store (replayed), not sent.
+    replayed: int = 0
     failed: int = 0
     retries: int = 0
     retries_by_cause: dict[str, int] = field(default_factory=dict)
     in_flight: int = 0
     embedding_calls: int = 0
     usage: Usage = field(default_factory=Usage)
-    # Kind (tmas.llm.types.FALLBACKS) -> replica URL -> the server's refusal, for what the run went on without.
-    fallbacks: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Kind (tmas.llm.types.DOWNGRADES) -> replica URL -> the server's refusal, for what the run went on without.
+    downgrades: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def count(self, completion: Completion) -> None:
         """A call answered over the wire (failed or not)."""
@@ -53,7 +54,7 @@ class ClientStats:
 
     def count_replay(self, completion: Completion) -> None:
         """A call answered from a store (:class:`tmas.llm.replay.StoreReplay`'s ``on_replay``)."""
-        self.cached += 1
+        self.replayed += 1
         self.usage = self.usage + completion.usage
 
 

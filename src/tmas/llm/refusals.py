@@ -2,7 +2,7 @@
 
 One record per replica (:class:`tmas.llm.replica.Replica`) holds it: a ``response_format`` it refused, streaming,
 ``n`` > 1, sampling fields it refused or names otherwise, its context window, and where its replies put reasoning.
-Each adaptation is recorded once per endpoint in the run (:data:`tmas.llm.types.FALLBACKS`), with what the server said.
+Each adaptation is recorded once per endpoint in the run (:data:`tmas.llm.types.DOWNGRADES`), with what the server said.
 
 **Structured outputs never forbid thinking.** A ``json_schema`` grammar constrains a reply from its first token
 unless the server separates reasoning (vLLM and SGLang apply the grammar after the reasoning only when started with a
@@ -26,7 +26,7 @@ from tmas.llm.replay import CallStore
 from tmas.llm.replica import Replica, count_prompt, probe
 from tmas.llm.routes import Route
 from tmas.llm.schema import response_format
-from tmas.llm.types import CallKey, ChatRequest, Completion, FallbackKind, ServerFindings
+from tmas.llm.types import CallKey, ChatRequest, Completion, DowngradeKind, ServerFindings
 
 # Room left for the chat template's own tokens when max_tokens is lowered to fit the context window.
 CONTEXT_MARGIN_TOKENS = 32
@@ -36,11 +36,11 @@ IDENTICAL_CHOICES_MIN_CHARS = 400
 _LLAMA_NAMES = {"repetition_penalty": "repeat_penalty"}
 
 
-class FallbackLog(Protocol):
-    """Where the client records what an endpoint refused and the run went on without (:data:`FALLBACKS`), and what
+class DowngradeLog(Protocol):
+    """Where the client records what an endpoint refused and the run went on without (:data:`DOWNGRADES`), and what
     each server said of itself when probed (implemented by the run store)."""
 
-    def record_fallback(self, kind: FallbackKind, endpoint: str, role: str, message: str) -> None: ...
+    def record_downgrade(self, kind: DowngradeKind, endpoint: str, role: str, message: str) -> None: ...
 
     def record_server(self, findings: ServerFindings) -> None: ...
 
@@ -49,15 +49,15 @@ class FallbackLog(Protocol):
         ...
 
 
-class RunCallStore(CallStore, FallbackLog, Protocol):
-    """A store calls are replayed from and fallbacks recorded in (the run store)."""
+class RunCallStore(CallStore, DowngradeLog, Protocol):
+    """A store calls are replayed from and downgrades recorded in (the run store)."""
 
 
 class Refusals:
     """The client's knowledge of what its servers refuse and need: the bodies built from it, the adaptations made to
     a refusal, and their records."""
 
-    def __init__(self, stats: ClientStats, log: FallbackLog | None) -> None:
+    def __init__(self, stats: ClientStats, log: DowngradeLog | None) -> None:
         self.stats = stats
         self.log = log
 
@@ -153,7 +153,7 @@ class Refusals:
                 self.stream_refused(replica, key.role, str(failure))
             else:
                 replica.structured_refused = True
-                self.fell_back("structured_output", replica.url, key.role, str(failure))
+                self.downgraded("structured_output", replica.url, key.role, str(failure))
             return True
         if failure.refused_field is not None and failure.refused_field[0] in sent:
             # A sampling field this model refuses (OpenAI's reasoning models: max_tokens under another name,
@@ -162,13 +162,13 @@ class Refusals:
             # learnt the same refusal just goes again: the field is no longer in its body.)
             name, replacement = failure.refused_field
             replica.renamed[name] = replacement
-            self.fell_back("sampling", replica.url, key.role, str(failure))
+            self.downgraded("sampling", replica.url, key.role, str(failure))
             return True
         return False
 
     def stream_refused(self, replica: Replica, role: str, message: str) -> None:
         replica.stream_refused = True
-        self.fell_back("stream", replica.url, role, message)
+        self.downgraded("stream", replica.url, role, message)
 
     def saw_reasoning(self, replica: Replica, role: str, place: str) -> None:
         """A reply showed where this replica's replies put reasoning; an inline one stops schemas going to it."""
@@ -180,7 +180,7 @@ class Refusals:
                 "the model thinks inside its reply (the server runs no reasoning parser): a grammar from the first "
                 "token would forbid its thinking, so its calls go without response_format"
             )
-            self.fell_back("structured_output", replica.url, role, message)
+            self.downgraded("structured_output", replica.url, role, message)
         elif place == "separate" and replica.reasoning != "separate":
             replica.reasoning = "separate"
         elif replica.reasoning is None:
@@ -191,14 +191,14 @@ class Refusals:
         if self.log is not None:
             self.log.record_server(replica.findings(serves_samples([replica.server_kind])))
 
-    def fell_back(self, kind: FallbackKind, url: str, role: str, message: str) -> None:
-        """Record, once per endpoint and kind, what the run goes on without (tmas.llm.types.FALLBACKS)."""
-        seen = self.stats.fallbacks.setdefault(kind, {})
+    def downgraded(self, kind: DowngradeKind, url: str, role: str, message: str) -> None:
+        """Record, once per endpoint and kind, what the run goes on without (tmas.llm.types.DOWNGRADES)."""
+        seen = self.stats.downgrades.setdefault(kind, {})
         if url in seen:
             return
         seen[url] = message
         if self.log is not None:
-            self.log.record_fallback(kind, url, role, message)
+            self.log.record_downgrade(kind, url, role, message)
 
     # ------------------------------------------------------------------------------------------ n
     def batches(self, route: Route) -> bool | None:
@@ -253,7 +253,7 @@ class Refusals:
     def _samples_refused(self, route: Route, url: str, role: str, message: str) -> None:
         for replica in route.replicas:
             replica.samples_refused = True
-        self.fell_back("batch_samples", url, role, message)
+        self.downgraded("batch_samples", url, role, message)
 
     async def probe(self, session: aiohttp.ClientSession, route: Route, replica: Replica) -> None:
         """Ask the replica about itself once it answers (with the endpoint's key), and record what it said; until it

@@ -1,7 +1,7 @@
 """Replay from a call store, as a wrapper around any :class:`tmas.llm.model.ChatModel`.
 
 A call whose request (model, messages, resolved sampling, role, problem) and sample index are already in the store
-with a reply is answered from there, marked ``cached``, and never reaches the wrapped model; any other call goes to
+with a reply is answered from there, marked ``replayed``, and never reaches the wrapped model; any other call goes to
 the wrapped model and is made durable in the store before it is returned. A reply a watch stopped early
 (:mod:`tmas.llm.watch`) answers a caller that watches again, still stopped; a caller without a watch wants the whole
 reply, and its call is sent. The run store is one such store (resume
@@ -83,7 +83,7 @@ class StoreReplay:
             self.replayed += 1
             if self.on_replay is not None:
                 self.on_replay(stored)
-            return stored.model_copy(update={"cached": True})
+            return stored.model_copy(update={"replayed": True})
         if self.on_send is not None:
             self.on_send(key)
         completion = await self.inner.chat(

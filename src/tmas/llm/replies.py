@@ -122,7 +122,8 @@ def cached_tokens(usage: dict[str, Any], timings: Any) -> int:
 
 def logprobs(raw: Any) -> list[TokenLogprob] | None:
     """The content tokens' log-probabilities in OpenAI's shape (``{"content": [{token, logprob, top_logprobs}]}``);
-    None when the server sent none or sent them in a shape we cannot read (the caller then falls back to the text)."""
+    None when the server sent none or sent them in a shape we cannot read (the caller then reads the score from the
+    text)."""
     content = raw.get("content") if isinstance(raw, dict) else None
     if not isinstance(content, list) or not content:
         return None

@@ -63,10 +63,10 @@ def cached_share_text(usage: Usage) -> str:
     return f" ({usage.cached_prompt_tokens:,} cached, {share:.0%})"
 
 
-# What a server may refuse that a run goes on without, recorded once per endpoint (the run store's fallbacks), and
+# What a server may refuse that a run goes on without, recorded once per endpoint (the run store's downgrades), and
 # what the run did instead.
-FallbackKind = Literal["structured_output", "stream", "batch_samples", "sampling"]
-FALLBACKS: dict[str, str] = {
+DowngradeKind = Literal["structured_output", "stream", "batch_samples", "sampling"]
+DOWNGRADES: dict[str, str] = {
     "structured_output": "refused response_format, or its model thinks inline; its calls went on as plain text",
     "stream": "could not stream; its calls went unstreamed, timeout_s bounding each whole reply",
     "batch_samples": "refused n > 1, ignored it or gave identical choices; its samples went one request each",
@@ -240,7 +240,8 @@ class Completion(BaseModel):
     error_cause: str | None = None
     # The causes of the attempts that failed before the last one (retried transient failures), in order.
     retry_causes: list[str] = Field(default_factory=list)
-    cached: bool = False
+    # Answered from the run store (replayed), not sent now.
+    replayed: bool = False
     # Per-token log-probabilities of the content, when the request asked for them and the server sent them.
     logprobs: list[TokenLogprob] | None = None
     # Why the caller's watch stopped the reply while it streamed (tmas.llm.watch): the content is the part that

@@ -128,7 +128,7 @@ def apply_strategy_classifications(
         if item.novelty == 0:
             position = next((i for i, s in enumerate(strategies) if s.id == item.same_as), None)
             if position is None and item.strategy:
-                # The id is missing or wrong: fall back on the wording, if it is close enough to one entry.
+                # The id is missing or wrong: match on the wording instead, if it is close enough to one entry.
                 position = _closest(strategies, item.strategy, dedup_threshold)
             if position is None:
                 report.rejected.append(f"rollout {item.rollout}: 'same_as' {item.same_as!r} names no logged strategy")

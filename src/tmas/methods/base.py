@@ -14,7 +14,15 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Se
 from contextlib import contextmanager
 from typing import Annotated, Any, ClassVar, Generic, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, PrivateAttr, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    model_validator,
+)
 
 from tmas.answer_classes import EquivalenceCheck, answer_classes
 from tmas.config import Budget, Sampling
@@ -54,7 +62,8 @@ class ReplyTally(BaseModel):
     replies: int = 0
     truncated: int = 0
     unusable: int = 0
-    fallback: int = 0
+    # Stored as ``fallback`` by earlier versions.
+    stated: int = Field(default=0, validation_alias=AliasChoices("stated", "fallback"))
     echo: int = 0
 
     def __add__(self, other: ReplyTally) -> ReplyTally:
@@ -62,7 +71,7 @@ class ReplyTally(BaseModel):
             replies=self.replies + other.replies,
             truncated=self.truncated + other.truncated,
             unusable=self.unusable + other.unusable,
-            fallback=self.fallback + other.fallback,
+            stated=self.stated + other.stated,
             echo=self.echo + other.echo,
         )
 
@@ -224,7 +233,8 @@ P = TypeVar("P", bound=MethodParams)
 
 
 class ProblemSession:
-    """What a method sees of the run while it solves one problem: calls (cached and stored), iteration bookkeeping."""
+    """What a method sees of the run while it solves one problem: calls (replayed or sent, and stored), iteration
+    bookkeeping."""
 
     def __init__(
         self,
@@ -319,7 +329,7 @@ class ProblemSession:
             )
         finally:
             self.calls_in_flight -= 1
-        if watch is not None and completion.ok and not completion.cached and not watch.began:
+        if watch is not None and completion.ok and not completion.replayed and not watch.began:
             self.notice("unwatched", UNWATCHED_NOTICE)
         self.spent_calls += 1
         self.spent_tokens += self.budget.spent(completion.usage)

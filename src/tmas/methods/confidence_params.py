@@ -20,7 +20,7 @@ from tmas.methods.selection import CONFIDENCE_RULES, ConfidenceVote, lacks_confi
 
 CONFIDENCE_NOTICE = (
     "the server sent no token log-probabilities with the solution replies: no confidence recorded, and the"
-    " confidence rules fell back to plain votes"
+    " confidence rules counted plain votes instead"
 )
 
 

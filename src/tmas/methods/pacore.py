@@ -79,7 +79,7 @@ class PaCoRe(Method[PaCoReParams]):
                 role, count, kind = "synthesis", p.synthesis_responses, "synthesis"
                 style = p.style_of(role)
                 prompt: list[Message] = pacore_synthesis_prompt(q, mode, messages, style) if messages else []
-                if not prompt:  # nothing to synthesise from: a plain sample is the honest fallback
+                if not prompt:  # nothing to synthesise from: a plain sample is the honest substitute
                     prompt, kind = generation_prompt(q, mode, style), "generate"
             else:
                 role, count = "solution", p.responses_per_round

@@ -19,9 +19,9 @@ from each candidate's confidence (methods/confidence.py) by the measure ``Confid
   candidates vote (``ConfidenceVote.share``; DeepConf's 10 % and 90 %), the top ceil(eta x n) of them, at least
   one; ties at the cut go to the earlier candidate in candidate order.
 
-Where any answered candidate has no confidence (the server sent no log-probabilities), both fall back to ``vote``:
-confidences of some candidates only would weigh against the others for want of data, not of certainty
-(:func:`lacks_confidence` tells the caller, which notes it).
+Where any answered candidate has no confidence (the server sent no log-probabilities), both count plain votes
+(``vote``) instead: confidences of some candidates only would weigh against the others for want of data, not of
+certainty (:func:`lacks_confidence` tells the caller, which notes it).
 
 Answers count by value, not spelling: ``0.5``, ``1/2`` and ``\\frac{1}{2}`` are one answer. ``classes`` maps each
 answer to its class, as :func:`tmas.answer_classes.answer_classes` builds it (normalized spelling and exact numbers,
@@ -31,7 +31,7 @@ alone groups them. The same grouping decides which answer "most tied candidates 
 For every vote the returned candidate is the winning answer's best-scored holder (ties: earliest in candidate order).
 
 Every rule skips candidates whose call failed; in numeric mode it prefers candidates that have an answer, and where no
-candidate has one (or in proof mode, where there are no answers to count) every vote falls back to ``best_score``.
+candidate has one (or in proof mode, where there are no answers to count) every vote rule reads as ``best_score``.
 A missing score counts 0.
 
 Answer fallback (``select_answered``, beyond the paper; every method that falls back uses it): when the candidates
@@ -198,7 +198,7 @@ def select_answered(
 
 def lacks_confidence(candidates: Sequence[Candidate]) -> bool:
     """Whether an answered candidate of ``candidates`` that succeeded has no confidence (the confidence rules then
-    fall back to ``vote``)."""
+    count plain votes instead)."""
     return any(c.confidence is None for c in candidates if c.error is None and c.answer is not None)
 
 

@@ -58,7 +58,7 @@ async def solve_call(
     ``meta["stopped_early"]`` and an error, so its partial text gives no answer and no vote.
 
     Numeric mode: the answer is the last box, else an explicit final-answer statement; ``meta["extraction"]`` says
-    which ("boxed" / "fallback" / "none"), and a reply with neither counts as unusable for ``role``. Proof mode: a
+    which ("boxed" / "stated" / "none"), and a reply with neither counts as unusable for ``role``. Proof mode: a
     reply without a ``## Solution`` heading is taken whole, marked ``meta["no_solution_heading"]``.
 
     A reply whose answer or solution echoes the prompt's instructions is asked again once (:mod:`tmas.agents.echo`),
@@ -160,7 +160,7 @@ def _tally(session: ProblemSession, role: str, reply: Completion, solution: Solu
     """A successful reply's extraction (numeric mode) in ``role``'s reply tally."""
     if reply.ok and mode == "numeric":
         session.tally(role).unusable += solution.extraction == "none"
-        session.tally(role).fallback += solution.extraction == "fallback"
+        session.tally(role).stated += solution.extraction == "stated"
 
 
 def solution_anomalies(c: Candidate, mode: str) -> list[Anomaly]:

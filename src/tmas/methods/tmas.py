@@ -30,10 +30,10 @@ vote by each candidate's confidence (methods/confidence_params.py).
 Bad agent output never crashes a problem: a failed or answerless solution scores 0, an unreadable verification
 counts 0, a missing summary is replaced by one built from the scores, and an invalid experience or guideline update
 leaves the previous bank in place. An output that echoes its prompt's instructions (:mod:`tmas.agents.echo`) is
-asked again once; a solution that echoes twice gives no answer and no rollout, a summary falls back to the scores,
-and echoing bank items are dropped. Each case is noted (with the raw reply) in the iteration record and counted in
-``ProblemResult.counters``. Resume needs no state of its own: every call is replayed from the run store, and every
-draw depends only on the run seed, so re-running reaches the same state.
+asked again once; a solution that echoes twice gives no answer and no rollout, a summary is built from the scores
+instead, and echoing bank items are dropped. Each case is noted (with the raw reply) in the iteration record and
+counted in ``ProblemResult.counters``. Resume needs no state of its own: every call is replayed from the run store,
+and every draw depends only on the run seed, so re-running reaches the same state.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from tmas.agents.solution import (
     parse_solution,
     refine_prompt,
 )
-from tmas.agents.summary import Summary, fallback_summary, parse_summary, summary_prompt
+from tmas.agents.summary import Summary, parse_summary, summary_from_scores, summary_prompt
 from tmas.agents.verification import Verification, VerificationReply, parse_verification, verification_prompt
 from tmas.answer_classes import value_key
 from tmas.config import Sampling
@@ -448,17 +448,17 @@ class TMAS(Method[TMASParams]):
         summary: Summary
         if s_guarded.echo is not None:
             log.bad("summary_echo", f"candidate {i}: the retried summary echoed the instructions too; scores used")
-            summary = fallback_summary(verifications, "the summary echoed its instructions")
+            summary = summary_from_scores(verifications, "the summary echoed its instructions")
         elif not s_reply.ok:
             log.bad("summary_failed", f"candidate {i}: summary call failed: {s_reply.error}")
-            summary = fallback_summary(verifications, "the summary call failed")
+            summary = summary_from_scores(verifications, "the summary call failed")
         else:
             try:
                 summary = parse_summary(s_reply.content, truncated=s_reply.truncated)
             except AgentOutputError as exc:
                 session.tally("summary").unusable += 1
                 log.bad("summary_invalid", f"candidate {i}: summary unusable ({exc}): {s_reply.content[:200]!r}")
-                summary = fallback_summary(verifications, str(exc))
+                summary = summary_from_scores(verifications, str(exc))
         return summary, s_reply.call_id
 
     async def _verify(
@@ -472,7 +472,7 @@ class TMAS(Method[TMASParams]):
 
         ``verifier_score = "text"`` (the paper): M analyses, each one's "Score:" line parsed. ``"logprob"`` (beyond
         the paper): M short score-first replies, each scored by the expected value of its score token's
-        log-probabilities; a reply without them is scored from its text, counted as ``verifier_logprob_fallback``.
+        log-probabilities; a reply without them is scored from its text, counted as ``verifier_logprob_missing``.
         """
         p, q = self.params, session.problem.question
         logprob = p.verifier_score == "logprob"
@@ -507,7 +507,7 @@ class TMAS(Method[TMASParams]):
                     entry["probabilities"] = scored.probabilities
                 if scored.source == "text":
                     log.bad(
-                        "verifier_logprob_fallback",
+                        "verifier_logprob_missing",
                         f"candidate {i}, verifier {j}: no log-probabilities at the score; the sampled score was used",
                     )
             else:

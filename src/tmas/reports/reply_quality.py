@@ -51,12 +51,12 @@ def reply_quality_section(doc: Document, replies: dict[str, ReplyTally]) -> None
             str(t.replies),
             _share(t.unusable, t.replies),
             _share(t.truncated, t.replies),
-            _share(t.fallback, t.replies),
+            _share(t.stated, t.replies),
             _share(t.echo, t.replies),
         ]
         for role, t in replies.items()
     ]
-    doc.add(Table(["Role", "Replies", "No answer/score", "Truncated", "Answer by fallback", "Echo"], rows))
+    doc.add(Table(["Role", "Replies", "No answer/score", "Truncated", "Answer stated, no box", "Echo"], rows))
     warnings = truncation_warnings({role: (t.replies, t.truncated) for role, t in replies.items()})
     if warnings:
         doc.add(Paragraph("**Warning: many replies cut at max_tokens.** " + " ".join(f"{w}." for w in warnings)))

@@ -26,7 +26,7 @@ from tmas.grading.cases import case_metrics
 from tmas.grading.grades import GradeConfig, Grades
 from tmas.grading.run_results import in_progress, load_results
 from tmas.grading.runs import grade_run, load_grades
-from tmas.llm.types import FALLBACKS
+from tmas.llm.types import DOWNGRADES
 from tmas.methods import method_traits, stored_params
 from tmas.methods.base import ReplyTally
 from tmas.methods.selection import SELECT_FROM, SELECT_RULES
@@ -85,8 +85,8 @@ class RunEvaluation:
     selection: SelectionTable | None = None
     separation: ScoreSeparation | None = None
     replies: dict[str, ReplyTally] = field(default_factory=dict)
-    # Kind -> endpoint URL -> the server's refusal, for what the run went on without (tmas.llm.types.FALLBACKS).
-    fallbacks: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Kind -> endpoint URL -> the server's refusal, for what the run went on without (tmas.llm.types.DOWNGRADES).
+    downgrades: dict[str, dict[str, str]] = field(default_factory=dict)
     # The run's one-line notices (e.g. confidence rules on a server without log-probabilities).
     notices: dict[str, str] = field(default_factory=dict)
     # Failed calls (``failed``) and retried attempts (``retried``) by cause, over the run.
@@ -207,7 +207,7 @@ async def evaluate_run(
         evaluation.guidelines = unique_guidelines(results, method_meta)
         evaluation.stopping = stopping_summary(results)
         evaluation.replies = role_replies(store)
-        evaluation.fallbacks = store.fallback_messages()
+        evaluation.downgrades = store.downgrade_messages()
         evaluation.notices = store.notices()
         evaluation.causes = store.call_causes()
         evaluation.waits = store.call_waits()
@@ -433,9 +433,9 @@ def _run_section(doc: Document, e: RunEvaluation) -> None:
     if prompt:
         share = cached_share(e.cost.get("cached_prompt_tokens", 0), prompt)
         items.append(f"prompt tokens served from the servers' prompt caches: {share} of {prompt}")
-    for kind, refusals in e.fallbacks.items():
+    for kind, refusals in e.downgrades.items():
         for url, message in refusals.items():
-            items.append(f"{kind.replace('_', ' ')}: {url} {FALLBACKS.get(kind, 'refused a request')} ({message})")
+            items.append(f"{kind.replace('_', ' ')}: {url} {DOWNGRADES.get(kind, 'refused a request')} ({message})")
     items += [f"notice: {message}" for message in e.notices.values()]
     items += _calls_lines(e)
     doc.add(Bullets(items))

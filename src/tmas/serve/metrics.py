@@ -22,7 +22,7 @@ CLIENT_CLOSED = 499
 # The cause of an upstream call that succeeded.
 CALL_OK = "ok"
 
-# Request latencies run from a cached one-call CoT (milliseconds) to TMAS on a thinking model (an hour or more).
+# Request latencies run from a replayed one-call CoT (milliseconds) to TMAS on a thinking model (an hour or more).
 REQUEST_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
 # One upstream call: a short verification to a long thinking reply.
 CALL_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200)

@@ -20,11 +20,11 @@ from typing import Any
 
 from tmas.errors import TmasError
 from tmas.llm.types import (
-    FALLBACKS,
+    DOWNGRADES,
     CallKey,
     ChatRequest,
     Completion,
-    FallbackKind,
+    DowngradeKind,
     ServerFindings,
     TokenLogprob,
     Usage,
@@ -433,14 +433,13 @@ class RunStore:
             "cached_prompt_tokens": row[6],
         }
 
-    def record_fallback(self, kind: FallbackKind, endpoint: str, role: str, message: str) -> None:
+    def record_downgrade(self, kind: DowngradeKind, endpoint: str, role: str, message: str) -> None:
         """Record, once per endpoint and kind, that its server refused what the client asked and the run went on
-        without it (:data:`FALLBACKS` says what each kind is)."""
-        meta_key = f"{kind}_fallbacks"
-        fallbacks = dict(self.get_meta(meta_key) or {})
-        if endpoint not in fallbacks:
-            fallbacks[endpoint] = {"role": role, "message": message, "at": time.time()}
-            self.set_meta(meta_key, fallbacks)
+        without it (:data:`DOWNGRADES` says what each kind is)."""
+        recorded = self.downgrades(kind)
+        if endpoint not in recorded:
+            recorded[endpoint] = {"role": role, "message": message, "at": time.time()}
+            self.set_meta(f"{kind}_downgrades", recorded)
 
     def record_server(self, findings: ServerFindings) -> None:
         """Record what a server said of itself when probed (its kind, context window, ``n``), per URL."""
@@ -452,14 +451,16 @@ class RunStore:
         """URL -> what its server said of itself when the run probed it."""
         return dict(self.get_meta("servers") or {})
 
-    def fallbacks(self, kind: str) -> dict[str, dict[str, Any]]:
-        """Endpoint URL -> the first refusal of this kind (role, server message, time), over the run."""
-        return dict(self.get_meta(f"{kind}_fallbacks") or {})
+    def downgrades(self, kind: str) -> dict[str, dict[str, Any]]:
+        """Endpoint URL -> the first refusal of this kind (role, server message, time), over the run (runs stored by
+        earlier versions kept them under ``KIND_fallbacks``)."""
+        stored = self.get_meta(f"{kind}_downgrades") or self.get_meta(f"{kind}_fallbacks")
+        return dict(stored or {})
 
-    def fallback_messages(self) -> dict[str, dict[str, str]]:
-        """Kind -> endpoint URL -> the server's message, for each kind of fallback the run made."""
+    def downgrade_messages(self) -> dict[str, dict[str, str]]:
+        """Kind -> endpoint URL -> the server's message, for each kind of downgrade the run made."""
         found = {
-            kind: {url: str(f.get("message", "")) for url, f in self.fallbacks(kind).items()} for kind in FALLBACKS
+            kind: {url: str(f.get("message", "")) for url, f in self.downgrades(kind).items()} for kind in DOWNGRADES
         }
         return {kind: urls for kind, urls in found.items() if urls}
 

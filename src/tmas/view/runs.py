@@ -138,7 +138,7 @@ def params_line(method: str, params: dict[str, Any]) -> str:
 
 
 def describe_model(settings: dict[str, Any], call_model: str | None) -> tuple[str | None, str | None]:
-    """The run's model name and where it runs, from its stored settings (the first call's model as a fallback)."""
+    """The run's model name and where it runs, from its stored settings (else the first call's model)."""
     endpoint = settings.get("endpoint") or {}
     urls = [str(u) for u in endpoint.get("base_url") or []]
     if urls or not settings:
