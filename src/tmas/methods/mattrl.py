@@ -62,7 +62,6 @@ from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.similarity import jaccard
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
 from tmas.methods.base import (
-    BUDGET_STOP,
     BudgetExhausted,
     Candidate,
     Iterations,
@@ -273,9 +272,9 @@ class MATTRL(Method[MATTRLParams]):
         text = (decision.proof or decision.report) if decision else ""
         if decision and decision.top10:
             text = "\n".join(f"[{i}] {name}" for i, name in enumerate(decision.top10, start=1))
-        result = session.result(self.name, answer=chosen, text=text, stopped_reason=BUDGET_STOP if stopped else None)
+        result = session.result(self.name, answer=chosen, text=text)
         if stopped:
-            result.counters = {"budget_stops": 1}
+            session.budget_stopped(result)
         if chosen is None:
             result.status = "failed"
             result.error = "the team reached no answer"
