@@ -5,12 +5,18 @@ of an iteration (worked by hand from the method's call graph) and what the cut i
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from conftest import scripted_settings
 from scripted_runs import by_role, run_scripted
-from tmas.methods import METHODS
+from tmas.methods import METHODS, create_method
+from tmas.methods.base import ProblemSession
+from tmas.problems import Problem
+from tmas.runner import solve_one
+from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, ScriptedUsage, SimScript
 
 # Every reply reports 30 completion tokens, so token spends are worked by hand.
@@ -151,3 +157,59 @@ async def test_tmas_token_budget_past_its_verifications_skips_the_memory_update(
         failed.error
         == "budget spent (90 completion tokens of a budget of 80) in iteration 0, before any iteration finished"
     )
+
+
+def stop_notes(result: Any) -> list[str]:
+    return [n for n in result.iterations[-1].notes if n.startswith("stopped: budget spent")]
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+async def test_every_methods_budget_stop_is_noted_in_its_last_record(method: str) -> None:
+    # Each budget that stops the method: one call short of the whole run, and each that refuses a whole iteration
+    # (its first call). However the stop came, the last record says so, once.
+    params = METHODS[method].example_params
+    if params is None:
+        pytest.skip(f"{method} declares no example_params")
+    params = {**params, "iterations": max(2, params.get("iterations", 1))}
+    _, unlimited = await run_scripted(method, **params)
+    starts = {t: i for i, c in reversed(list(enumerate(unlimited.calls))) if (t := c.key.iteration or 0)}
+    budgets = sorted({*starts.values(), len(unlimited.calls) - 1} - {0})
+    if not budgets:
+        pytest.skip(f"{method} asks one call: no call budget stops it")
+    for calls in budgets:
+        stopped, limited = await solve(method, {"calls": calls}, **params)
+        assert len(limited.calls) == calls and stopped.stopped_reason == "budget"
+        assert stopped.counters["budget_stops"] == 1
+        [note] = stop_notes(stopped)
+        assert note.startswith(f"stopped: budget spent ({calls} calls of a budget of {calls}) in iteration ")
+
+
+async def test_a_baseline_refused_a_whole_iteration_notes_it_on_the_one_before() -> None:
+    # n = 2, 30 tokens a call: iteration 0 is 2 solutions and 2 verifications (120 tokens); iteration 1's first
+    # correction is refused. No record of iteration 1: iteration 0's says where the run stopped.
+    result, _ = await solve("verify_refine", {"tokens": 100}, THIRTY, n=2, m=1, iterations=3)
+    assert [r.iteration for r in result.iterations] == [0]
+    assert cut_note(result) == "stopped: budget spent (120 completion tokens of a budget of 100) in iteration 1"
+
+
+@pytest.mark.parametrize(("method", "params", "calls"), [("self_refine", {"n": 1}, 1), ("tmas", {"n": 1, "m": 1}, 5)])
+async def test_the_stop_note_is_in_the_stored_iteration_record(
+    method: str, params: dict[str, Any], calls: int, tmp_path: Path
+) -> None:
+    # ``calls`` is iteration 0's calls: iteration 1's first is refused. The note joins iteration 0's record, already
+    # stored: it is stored again, so readers of the store's iterations see it too.
+    settings = scripted_settings(
+        method={"name": method, "params": {**params, "iterations": 3}}, budget={"calls": calls}
+    )
+    model = ScriptedModel(SimScript(), settings)
+    problem = Problem(problem_id="q", question="What is 17*23?")
+    solver = create_method(method, settings.method.params)
+    with RunStore(tmp_path / "run") as store:
+        store.add_problems([problem])
+        session = ProblemSession(problem, model, store, budget=settings.budget, params=solver.params)
+        result = await solve_one(solver, session)
+        stored = store.iterations("q")
+    note = f"stopped: budget spent ({calls} calls of a budget of {calls}) in iteration 1"
+    assert result.stopped_reason == "budget" and [r["iteration"] for r in stored] == [0]
+    assert stored[0]["notes"][-1] == cut_note(result) == note
+    assert stored[0]["notes"].count(note) == 1

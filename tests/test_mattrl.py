@@ -166,6 +166,21 @@ async def test_a_decision_without_tags_gets_one_rewrite_pass() -> None:
     assert "<reply>\nSo the answer is \\boxed{391}.\n</reply>" in rewrite
 
 
+async def test_the_decision_and_its_rewrite_are_calls_apart_from_the_team_formations() -> None:
+    # Round 0 is the last: the decision and its rewrite share the team formation's role and iteration, and must not
+    # share its attempts' sample indices (0 and 1 here: the first reply is unusable, the second forms the team).
+    rules = [
+        Rule(role="coordinator", pattern="Exactly one member", replies=["a team of experts"], times=1),
+        Rule(role="coordinator", pattern="<team_summary>", replies=["So the answer is \\boxed{391}."]),
+    ]
+    result, model = await run(rules, iterations=1)
+    coordinator = [c.key for c in model.calls_of("coordinator")]
+    assert [(k.iteration, k.sample) for k in coordinator] == [(0, 0), (0, 1), (0, 3000), (0, 3001)]
+    assert result.answer == "391" and "decision: the required tags are missing; asked for one rewrite" in (
+        result.iterations[-1].notes
+    )
+
+
 async def test_a_decision_unreadable_after_the_rewrite_falls_back_to_the_team() -> None:
     rules = [
         Rule(role="specialist", pattern="You are Edge-case auditor", replies=[WRONG]),

@@ -1,6 +1,7 @@
 """What holds of every registered method's run, in process on the scripted model with the method's own example
-parameters: each call is a request of its own (so a resumed run can replay each), the iteration records account for
-every call and token, every call carries its problem, and the run seed alone sets what is sampled."""
+parameters: each call is a request of its own with a key of its own (so a resumed run can replay each), the
+iteration records account for every call and token, every call carries its problem, and the run seed alone sets what
+is sampled."""
 
 from __future__ import annotations
 
@@ -36,6 +37,15 @@ async def test_every_call_of_a_run_is_a_request_of_its_own(method: str) -> None:
     hashes = [c.reply.request_hash for c in model.calls]
     assert result.status == "done" and len(hashes) > 0
     assert len(set(hashes)) == len(hashes)
+
+
+@pytest.mark.parametrize("method", ALL)
+async def test_every_call_of_a_run_has_a_key_of_its_own(method: str) -> None:
+    # A key identifies a call (the same request with the same sample index is the same call): two calls of one
+    # role in one iteration and chain never share a sample index.
+    _, model = await run(method)
+    keys = Counter(c.key for c in model.calls)
+    assert [key for key, n in keys.items() if n > 1] == []
 
 
 @pytest.mark.parametrize("method", ALL)

@@ -1,6 +1,7 @@
 """What each baseline answers, through a whole run in process on the scripted model: majority vote's plurality and
 its ties over every iteration so far, Self-Refine's vote over its last trajectories, RSE's vote over its samples, and
-PaCoRe's synthesis (or, without one, its last round). TMAS's and V-R's rules are in tests/test_selection.py."""
+PaCoRe's synthesis (or, without one or without an answer in it, its last round). TMAS's and V-R's rules are in
+tests/test_selection.py."""
 
 from __future__ import annotations
 
@@ -61,3 +62,30 @@ async def test_pacore_without_synthesis_answers_its_last_round() -> None:
         "pacore", [SEVEN_NINE_NINE], responses_per_round=3, iterations=1, synthesis=False
     )
     assert result.answer == "9" and by_role(model) == {"solution": 3} and len(result.iterations) == 1
+
+
+async def test_pacore_with_an_unanswerable_synthesis_answers_its_last_round_recorded_as_a_fallback() -> None:
+    # The round votes 9 (candidates 1 and 2); the synthesis only judges and boxes nothing.
+    rules = [SEVEN_NINE_NINE, Rule(role="synthesis", replies=["The solution is correct."])]
+    result, _ = await run_scripted("pacore", rules, responses_per_round=3, iterations=1)
+    fallback = {"iteration": 0, "candidate": 1, "answer": "9", "reason": "no answered candidate in the last iteration"}
+    assert result.status == "done" and result.answer == "9" and result.fallback == fallback
+    synthesis = result.iterations[1]
+    assert [c.answer for c in synthesis.candidates] == [None]
+    assert synthesis.selected == "9" and synthesis.state["answer_fallback"] == fallback
+    assert "answer from iteration 0: no answered candidate in the last iteration" in synthesis.notes
+    # Off: the synthesis's missing answer is the problem's.
+    off, _ = await run_scripted("pacore", rules, responses_per_round=3, iterations=1, answer_fallback=False)
+    assert off.answer is None and off.fallback is None and "answer_fallback" not in off.iterations[1].state
+
+
+async def test_pacore_falls_back_to_the_latest_round_with_an_answer_not_a_vote_over_all() -> None:
+    # Round 0 votes 7 (7, 7, 7); round 1 votes 9 (9, 9, 7); the synthesis boxes nothing: round 1's 9, the newest
+    # round's, though 7 leads over both rounds.
+    rules = [
+        Rule(role="solution", replies=[boxed("7"), boxed("7"), boxed("7"), boxed("9"), boxed("9"), boxed("7")]),
+        Rule(role="synthesis", replies=["The solution is correct."]),
+    ]
+    result, _ = await run_scripted("pacore", rules, responses_per_round=3, iterations=2)
+    assert [r.selected for r in result.iterations] == ["7", "9", "9"]
+    assert result.answer == "9" and result.fallback is not None and result.fallback["iteration"] == 1

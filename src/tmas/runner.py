@@ -25,7 +25,6 @@ from tmas.llm.replay import ReplayTurns
 from tmas.llm.types import Usage
 from tmas.methods import check_roles, create_method
 from tmas.methods.base import (
-    BUDGET_STOP,
     BudgetExhausted,
     Method,
     ProblemResult,
@@ -429,12 +428,10 @@ def budget_result(method: str, session: ProblemSession, detail: str) -> ProblemR
     text = ""
     if last is not None and last.selected is not None:
         text = next((c.text for c in last.candidates if c.answer == last.selected), "")
-    result = session.result(method, answer=last.selected if last else None, text=text, stopped_reason=BUDGET_STOP)
-    result.counters = {"budget_stops": 1}
+    result = session.result(method, answer=last.selected if last else None, text=text)
+    session.budget_stopped(result, detail)
     if last is None:
         result.status, result.error = "failed", f"{detail}, before any iteration finished"
-    else:
-        last.notes.append(f"stopped: {detail}")
     return result
 
 

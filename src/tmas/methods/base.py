@@ -439,6 +439,28 @@ class ProblemSession:
             self.store.save_iteration(self.problem.problem_id, self.iteration, record.model_dump(mode="json"))
         return record
 
+    def budget_stopped(self, result: ProblemResult, detail: str | None = None) -> None:
+        """Mark ``result`` as ended by the budget (``stopped_reason``, the ``budget_stops`` counter) and say where in
+        the records: the last iteration record gets the note ``stopped: <detail>`` (``detail``: the stop the session
+        recorded unless given), stored again with it.
+
+        Every method's budget stop goes through here (:func:`tmas.methods.steps.finish`, the runner's result of a stop
+        a method let through, MATTRL), so the records read the same whichever method ran: a stop that refused a whole
+        iteration leaves no record of that iteration, and the note on the one before is all that shows it. A record
+        that already notes this stop (a method's note on the iteration the budget cut, saying how much of it
+        finished) is left as it is."""
+        detail = detail or self.budget_stop or "budget spent"
+        result.stopped_reason = BUDGET_STOP
+        result.counters["budget_stops"] = 1
+        if not self.records:
+            return
+        last, note = self.records[-1], f"stopped: {detail}"
+        if any(n.startswith(note) for n in last.notes):
+            return
+        last.notes.append(note)
+        if self.store is not None:
+            self.store.save_iteration(self.problem.problem_id, last.iteration, last.model_dump(mode="json"))
+
     def result(self, method: str, *, answer: str | None, text: str, stopped_reason: str | None = None) -> ProblemResult:
         # Calls and tokens of every call, those of an iteration a budget or an error cut short included, so the
         # result shows what the problem cost (the iteration records show what each finished iteration cost).

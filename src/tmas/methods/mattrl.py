@@ -62,7 +62,6 @@ from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.similarity import jaccard
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
 from tmas.methods.base import (
-    BUDGET_STOP,
     BudgetExhausted,
     Candidate,
     Iterations,
@@ -85,8 +84,11 @@ if TYPE_CHECKING:  # the pool needs numpy and faiss (the `pool` extra): imported
 
 # A parsed peer review: a math review or a medicine critique of a differential.
 ReviewT = TypeVar("ReviewT", Review, DifferentialReview)
-# Call sample numbers: distinct per call of one iteration, so each gets its own cache slot and sampling seed.
-_REVIEW_SAMPLE, _RETRY_OFFSET = 1000, 500
+# Call sample numbers: distinct per call of one iteration, so each gets its own cache slot and sampling seed. The
+# coordinator's decision (and its rewrite) count from _DECISION_SAMPLE, clear of its team formation's attempts (0 to
+# ``retries``), which share its role and, when the decision comes in round 0, its iteration. Runs stored before it
+# had the decision at samples 0 and 1: replayed now, their decision calls are not found and are sent again.
+_REVIEW_SAMPLE, _RETRY_OFFSET, _DECISION_SAMPLE = 1000, 500, 3000
 _DUPLICATE_ISSUE = 0.8  # word-set Jaccard at which two issues say the same thing
 # Tokens kept free beside the decision prompt and its reply, as TMAS keeps beside its rollouts.
 _PROMPT_MARGIN_TOKENS = 256
@@ -273,9 +275,9 @@ class MATTRL(Method[MATTRLParams]):
         text = (decision.proof or decision.report) if decision else ""
         if decision and decision.top10:
             text = "\n".join(f"[{i}] {name}" for i, name in enumerate(decision.top10, start=1))
-        result = session.result(self.name, answer=chosen, text=text, stopped_reason=BUDGET_STOP if stopped else None)
+        result = session.result(self.name, answer=chosen, text=text)
         if stopped:
-            result.counters = {"budget_stops": 1}
+            session.budget_stopped(result)
         if chosen is None:
             result.status = "failed"
             result.error = "the team reached no answer"
@@ -678,7 +680,7 @@ class MATTRL(Method[MATTRLParams]):
             found = parse_decision(reply.content, domain)
             return "final answer" if found is not None and guard.echoes_answer(found.answer) else None
 
-        guarded = await chat_guarded(session, "coordinator", messages, echo_of)
+        guarded = await chat_guarded(session, "coordinator", messages, echo_of, sample=_DECISION_SAMPLE)
         reply = guarded.reply
         if guarded.first_echo is not None:
             notes.append("decision: the final answer echoed the prompt's instructions; asked again")
@@ -686,7 +688,9 @@ class MATTRL(Method[MATTRLParams]):
         final = reply
         if decision is None and reply.ok and reply.content.strip() and guarded.echo is None:
             notes.append("decision: the required tags are missing; asked for one rewrite")
-            final = await session.chat("coordinator", rewrite_prompt(reply.content, domain), sample=1)
+            final = await session.chat(
+                "coordinator", rewrite_prompt(reply.content, domain), sample=_DECISION_SAMPLE + 1
+            )
             decision = parse_decision(final.content, domain) if final.ok else None
         if decision is None:
             boxed = last_boxed(reply.content) if domain == "math" and reply.ok and guarded.echo is None else None

@@ -4,7 +4,14 @@ Round 0 samples ``responses_per_round`` responses to TMAS's plain generation pro
 many again, each conditioned on the compact messages of *all* successful responses of the previous round: their
 final conclusions (the end of the final content, reasoning left out), not their whole reasoning. With ``synthesis``
 a last round (iteration T, role ``synthesis``) writes ``synthesis_responses`` final solutions from the last round's
-messages; the answer is theirs (majority among them), else the majority of the last round.
+messages; the answer is theirs (majority among them).
+
+Beyond the paper (``answer_fallback``, default on): when the last round, the synthesis included, holds no answered
+response (numeric mode: none boxed an answer, or every call failed), the answer is the majority of the latest
+earlier round that has one, recorded as a fallback (the result's ``fallback``, the round's ``state.answer_fallback``
+and a note), as Self-Refine's (methods/selection.py, ``fallback_from = "latest"``): each round is written from the
+one before it, so an older round must not outvote a newer one. Off, a synthesis without an answer leaves the problem
+without one.
 
 Each round is one iteration record; the synthesis round is one more, so T rounds give T + 1 records.
 """
@@ -29,7 +36,7 @@ from tmas.methods.base import (
     gather_all,
 )
 from tmas.methods.call_count import CallCount, count_calls
-from tmas.methods.selection import select
+from tmas.methods.selection import select_answered
 from tmas.methods.steps import budget_note, finish, notes_for, solve_call
 from tmas.methods.style_params import StyledParams
 from tmas.methods.traits import Traits
@@ -37,6 +44,8 @@ from tmas.methods.traits import Traits
 
 class PaCoReParams(StyledParams):
     style_roles: ClassVar[tuple[str, ...]] = ("solution", "synthesis")
+    # Runs from before the answer fallback existed answered from the last round alone.
+    before_added: ClassVar[dict[str, Any]] = {"answer_fallback": False}
     iterations: Iterations = 20
     # Parallel responses per round (paper: num_responses_per_round = 8).
     responses_per_round: int = Field(default=8, ge=1, le=256)
@@ -45,6 +54,8 @@ class PaCoReParams(StyledParams):
     synthesis_responses: int = Field(default=1, ge=1, le=64)
     # Longest compact message, in characters (cut from the start: the conclusion is at the end).
     message_chars: int = Field(default=1500, ge=100)
+    # Beyond the paper: a last round without an answer answers with the latest earlier round that has one.
+    answer_fallback: bool = True
 
 
 class PaCoRe(Method[PaCoReParams]):
@@ -71,6 +82,7 @@ class PaCoRe(Method[PaCoReParams]):
         p, q, mode = self.params, session.problem.question, self.params.mode
         messages: list[str] = []  # the compact messages of the previous round
         chosen: Candidate | None = None
+        fallback: dict[str, Any] | None = None
         rounds = p.iterations + (1 if p.synthesis else 0)
         for t in range(rounds):
             session.begin_iteration(t)
@@ -93,19 +105,26 @@ class PaCoRe(Method[PaCoReParams]):
             candidates = [c for c in drawn if c is not None]
             if not candidates:
                 break
-            chosen = select(candidates, mode, "vote", await session.answer_classes(candidates))
+            # The majority of this round; without an answer here, of the latest earlier round that has one.
+            iterations = [*(record.candidates for record in session.records), candidates]
+            classes = await session.answer_classes(c for cands in iterations for c in cands)
+            chosen, fallback = select_answered(
+                iterations, "last", mode, "vote", classes, fallback=p.answer_fallback, fallback_from="latest"
+            )
             notes = notes_for(candidates, mode)
             if kind == "generate" and t > 0:
                 notes.append("no successful response in the previous round: sampled without messages")
+            if fallback is not None:
+                notes.append(f"answer from iteration {fallback['iteration']}: {fallback['reason']}")
             if session.budget_stop:
                 notes += budget_note(session, len(candidates), count)
-            session.end_iteration(
-                candidates,
-                selected=chosen.answer if chosen else None,
-                state={"round": "synthesis" if synthesis else t, "messages_in": len(messages)},
-                notes=notes,
-            )
+            state: dict[str, Any] = {"round": "synthesis" if synthesis else t, "messages_in": len(messages)}
+            if fallback is not None:
+                state["answer_fallback"] = fallback
+            session.end_iteration(candidates, selected=chosen.answer if chosen else None, state=state, notes=notes)
             if session.budget_stop:
                 break
             messages = [compact_message(c.text, p.message_chars) for c in candidates if c.error is None]
-        return finish(session, self.name, chosen, stopped=session.budget_stop is not None)
+        result = finish(session, self.name, chosen, stopped=session.budget_stop is not None)
+        result.fallback = fallback
+        return result

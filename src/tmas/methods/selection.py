@@ -40,9 +40,9 @@ iterations, recorded as a fallback (its iteration, candidate, answer and why). W
 
 - ``all`` (TMAS, Verify-Refine): the rule applied to every earlier candidate, as ``select_from = "all"`` orders them
   (newest iteration first), so a vote counts the answers of all earlier iterations;
-- ``latest`` (Self-Refine): the rule applied to the latest earlier iteration that has an answered candidate alone.
-  Each Self-Refine round rewrites the one before it, so an older round's answer is an older draft of the same
-  trajectories and must not outvote the newer ones.
+- ``latest`` (Self-Refine, PaCoRe): the rule applied to the latest earlier iteration that has an answered candidate
+  alone. Each round of these rewrites the one before it, so an older round's answer is an older draft and must not
+  outvote the newer ones.
 
 With the fallback off, the rule reads those candidates alone, as Algorithm 1's line 22 does.
 

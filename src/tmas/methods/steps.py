@@ -6,6 +6,8 @@ fallback, is in selection.py.
 A candidate's call that the budget refuses comes back as ``None`` from :func:`solve_call`: a baseline records the
 candidates finished so far and stops, so an equal-compute comparison keeps every token that was spent. TMAS and MATTRL
 raise the stop again: the runner (TMAS) or the method's own round (MATTRL) ends the problem with what finished.
+Whichever ends it, the stop is recorded one way (:meth:`ProblemSession.budget_stopped`): the stop reason, the
+``budget_stops`` counter, and a ``stopped:`` note in the last iteration record.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from tmas.config import Sampling
 from tmas.llm.types import Completion, Message
 from tmas.llm.watch import TraceWatch
 from tmas.methods.answer_reminder import ask_with_reminder
-from tmas.methods.base import BUDGET_STOP, BudgetExhausted, Candidate, ProblemResult, ProblemSession
+from tmas.methods.base import BudgetExhausted, Candidate, ProblemResult, ProblemSession
 from tmas.methods.confidence import Confidence, trace_confidence
 from tmas.methods.echo_retry import chat_guarded
 
@@ -217,15 +219,11 @@ def keeps_previous(candidate: Candidate, previous: Candidate | None, mode: str) 
 
 
 def finish(session: ProblemSession, method: str, chosen: Candidate | None, *, stopped: bool) -> ProblemResult:
-    """The problem's result from the chosen candidate; ``stopped``: the budget ended the run early."""
-    result = session.result(
-        method,
-        answer=chosen.answer if chosen else None,
-        text=chosen.text if chosen else "",
-        stopped_reason=BUDGET_STOP if stopped else None,
-    )
+    """The problem's result from the chosen candidate; ``stopped``: the budget ended the run early, recorded as every
+    method records it (:meth:`ProblemSession.budget_stopped`)."""
+    result = session.result(method, answer=chosen.answer if chosen else None, text=chosen.text if chosen else "")
     if stopped:
-        result.counters = {"budget_stops": 1}
+        session.budget_stopped(result)
     if chosen is None:
         last = session.records[-1].candidates if session.records else []
         errors = sorted({c.error for c in last if c.error})
@@ -238,5 +236,6 @@ def finish(session: ProblemSession, method: str, chosen: Candidate | None, *, st
 
 
 def budget_note(session: ProblemSession, finished: int, planned: int) -> list[str]:
-    """The note of an iteration the budget cut short."""
+    """The note of an iteration the budget cut short, for its own record (:func:`finish` then adds no other; a stop
+    that refused a whole iteration is noted by :func:`finish` on the record before)."""
     return [f"stopped: {session.budget_stop}; {finished} of {planned} candidates finished"]
