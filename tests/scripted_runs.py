@@ -7,10 +7,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from conftest import scripted_settings
-from tmas.methods import create_method
-from tmas.methods.base import ProblemResult, ProblemSession
+from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
-from tmas.runner import solve_one
+from tmas.runner import problem_solver, run_method
 from tmas.testing import Rule, ScriptedModel, SimScript
 
 QUESTION = "What is 17*23?"
@@ -20,20 +19,13 @@ async def solve_in_process(
     model: ScriptedModel, question: str | Problem, problem_id: str = "question"
 ) -> ProblemResult:
     """The method of ``model.settings`` on one problem (a question, or a whole problem with its answer and metadata),
-    with the run seed and budget a run gives its session, solved as the runner solves it (its parameters' notices
-    raised, a spent budget answered from the iterations so far)."""
+    solved through the runner's own solver (:func:`tmas.runner.problem_solver`): the session a run gives it (seed,
+    budget, a pooled budget's token bank, the answer equivalence votes group by), its parameters' notices raised, a
+    spent budget answered from the iterations so far. No run store: every call reaches the model."""
     settings = model.settings
-    method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
     problem = question if isinstance(question, Problem) else Problem(problem_id=problem_id, question=question)
-    session = ProblemSession(
-        problem,
-        model,
-        None,
-        seed=settings.seed,
-        budget=settings.budget,
-        params=method.params,
-    )
-    return await solve_one(method, session)
+    async with problem_solver(settings, model, run_method(settings, own_model=True)) as solver:
+        return await solver.solve(problem)
 
 
 async def run_scripted(
