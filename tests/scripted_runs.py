@@ -1,15 +1,18 @@
-"""Methods run in process on :class:`tmas.testing.ScriptedModel`, as a run solves one problem on an endpoint: the
-tests of their logic (call graphs, prompts, parsing, banks, selection) without HTTP."""
+"""Methods and whole runs in process on :class:`tmas.testing.ScriptedModel`, as a run solves its problems on an
+endpoint: the tests of their logic (call graphs, prompts, parsing, banks, selection; a run's store, resume, records
+and what is built from them) without HTTP."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from conftest import scripted_settings
+from tmas.config import Settings
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
-from tmas.runner import problem_solver, run_method
+from tmas.runner import RunState, RunSummary, open_new_run, prepare_run, problem_solver, run_method, run_problems
 from tmas.testing import Rule, ScriptedModel, SimScript
 
 QUESTION = "What is 17*23?"
@@ -65,3 +68,24 @@ def by_role(model: ScriptedModel) -> dict[str, int]:
 def last_user_prompts(model: ScriptedModel, role: str) -> list[str]:
     """The last message of each call of ``role``, in call order."""
     return [call.messages[-1].content for call in model.calls_of(role)]
+
+
+async def scripted_run(
+    model: ScriptedModel,
+    run_dir: Path,
+    problems: Sequence[Problem] | Path | None = None,
+    *,
+    settings: Settings | None = None,
+    state: RunState | None = None,
+) -> RunSummary:
+    """A whole run on ``model`` into ``run_dir``, as ``tmas run`` makes it but in process: a new run of ``problems``
+    (or of a problem file, whose name the run records as its benchmark's), or (without them) the run in ``run_dir``
+    resumed. ``settings`` are the run's (``model.settings`` by default; a resume's new ones). The store, its replay,
+    the summary and the records are the real ones."""
+    settings = settings or model.settings
+    if isinstance(problems, Path):
+        store, settings, todo = open_new_run(run_dir, settings, problems, own_model=True)
+    else:
+        store, settings, todo = prepare_run(run_dir, settings, problems, resume=problems is None, own_model=True)
+    with store:
+        return await run_problems(settings, todo, store, state=state, model=model)
