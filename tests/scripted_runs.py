@@ -1,16 +1,18 @@
-"""Methods run in process on :class:`tmas.testing.ScriptedModel`, as a run solves one problem on an endpoint: the
-tests of their logic (call graphs, prompts, parsing, banks, selection) without HTTP."""
+"""Methods and whole runs in process on :class:`tmas.testing.ScriptedModel`, as a run solves its problems on an
+endpoint: the tests of their logic (call graphs, prompts, parsing, banks, selection; a run's store, resume, records
+and what is built from them) without HTTP."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from conftest import scripted_settings
-from tmas.methods import create_method
-from tmas.methods.base import ProblemResult, ProblemSession
+from tmas.config import Settings
+from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
-from tmas.runner import solve_one
+from tmas.runner import RunState, RunSummary, open_new_run, prepare_run, problem_solver, run_method, run_problems
 from tmas.testing import Rule, ScriptedModel, SimScript
 
 QUESTION = "What is 17*23?"
@@ -20,20 +22,13 @@ async def solve_in_process(
     model: ScriptedModel, question: str | Problem, problem_id: str = "question"
 ) -> ProblemResult:
     """The method of ``model.settings`` on one problem (a question, or a whole problem with its answer and metadata),
-    with the run seed and budget a run gives its session, solved as the runner solves it (its parameters' notices
-    raised, a spent budget answered from the iterations so far)."""
+    solved through the runner's own solver (:func:`tmas.runner.problem_solver`): the session a run gives it (seed,
+    budget, a pooled budget's token bank, the answer equivalence votes group by), its parameters' notices raised, a
+    spent budget answered from the iterations so far. No run store: every call reaches the model."""
     settings = model.settings
-    method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
     problem = question if isinstance(question, Problem) else Problem(problem_id=problem_id, question=question)
-    session = ProblemSession(
-        problem,
-        model,
-        None,
-        seed=settings.seed,
-        budget=settings.budget,
-        params=method.params,
-    )
-    return await solve_one(method, session)
+    async with problem_solver(settings, model, run_method(settings, own_model=True)) as solver:
+        return await solver.solve(problem)
 
 
 async def run_scripted(
@@ -73,3 +68,24 @@ def by_role(model: ScriptedModel) -> dict[str, int]:
 def last_user_prompts(model: ScriptedModel, role: str) -> list[str]:
     """The last message of each call of ``role``, in call order."""
     return [call.messages[-1].content for call in model.calls_of(role)]
+
+
+async def scripted_run(
+    model: ScriptedModel,
+    run_dir: Path,
+    problems: Sequence[Problem] | Path | None = None,
+    *,
+    settings: Settings | None = None,
+    state: RunState | None = None,
+) -> RunSummary:
+    """A whole run on ``model`` into ``run_dir``, as ``tmas run`` makes it but in process: a new run of ``problems``
+    (or of a problem file, whose name the run records as its benchmark's), or (without them) the run in ``run_dir``
+    resumed. ``settings`` are the run's (``model.settings`` by default; a resume's new ones). The store, its replay,
+    the summary and the records are the real ones."""
+    settings = settings or model.settings
+    if isinstance(problems, Path):
+        store, settings, todo = open_new_run(run_dir, settings, problems, own_model=True)
+    else:
+        store, settings, todo = prepare_run(run_dir, settings, problems, resume=problems is None, own_model=True)
+    with store:
+        return await run_problems(settings, todo, store, state=state, model=model)

@@ -14,15 +14,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from conftest import settings_for
-from scripted_runs import run_scripted
+from conftest import scripted_settings
+from scripted_runs import run_scripted, scripted_run
 from tmas.cli.main import app
 from tmas.config import Budget, Settings, load_settings
 from tmas.errors import ConfigError, InputError
 from tmas.llm.types import Usage
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
-from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import RunStore
 from tmas.sweep import point_name
 from tmas.testing import Rule, ScriptedModel, ScriptedUsage, SimScript, SimServer
@@ -163,13 +162,10 @@ def test_budget_count_is_part_of_a_token_budgets_identity() -> None:
         Budget(pool=True)
 
 
-async def test_run_summary_splits_prompt_completion_and_reasoning_tokens(sim: SimServer, tmp_path: Path) -> None:
-    sim.set_script(SCRIPTED)
-    settings = settings_for(sim, method={"name": "cot", "params": {}})
+async def test_run_summary_splits_prompt_completion_and_reasoning_tokens(tmp_path: Path) -> None:
+    model = ScriptedModel(SCRIPTED, scripted_settings(method={"name": "cot", "params": {}}))
     problems = [Problem(problem_id=f"p{i}", question=Q) for i in range(2)]
-    store, settings, todo = prepare_run(tmp_path / "run", settings, problems, resume=False)
-    with store:
-        summary = await run_problems(settings, todo, store)
+    summary = await scripted_run(model, tmp_path / "run", problems)
     data = summary.to_dict()
     assert (data["prompt_tokens"], data["completion_tokens"], data["reasoning_tokens"]) == (200, 60, 20)
     assert data["budget_count"] == "completion"
@@ -220,28 +216,30 @@ SETTLED_AND_OPEN = [Problem(problem_id="a", question=Q), Problem(problem_id="b",
 POOLED_PARAMS = {"k": 4, "stop": "beta", "round_size": 2, "iterations": 9}
 
 
-async def pooled_run(sim: SimServer, run_dir: Path, pool: bool) -> dict[str, ProblemResult]:
-    sim.set_script(POOLED)
-    settings = settings_for(
-        sim,
+def pooled_model(pool: bool) -> ScriptedModel:
+    """A majority vote under a token budget of 90 per problem (pooled or not), answering with POOLED in process."""
+    settings = scripted_settings(
         method={"name": "majority", "params": POOLED_PARAMS},
         budget={"tokens": 90, "pool": pool},
         problems_in_flight=1,  # "a" finishes before "b" starts: the hand-worked order
     )
-    store, settings, todo = prepare_run(run_dir, settings, SETTLED_AND_OPEN, resume=False)
-    with store:
-        await run_problems(settings, todo, store)
+    return ScriptedModel(POOLED, settings)
+
+
+async def pooled_run(run_dir: Path, pool: bool) -> dict[str, ProblemResult]:
+    await scripted_run(pooled_model(pool), run_dir, SETTLED_AND_OPEN)
+    with RunStore(run_dir, create=False) as store:
         return {r["problem_id"]: ProblemResult.model_validate(r) for r in store.results()}
 
 
-async def test_a_pooled_budget_gives_what_a_settled_problem_left_to_an_open_one(sim: SimServer, tmp_path: Path) -> None:
+async def test_a_pooled_budget_gives_what_a_settled_problem_left_to_an_open_one(tmp_path: Path) -> None:
     # Rounds of 2 parallel calls are checked at the spend before the round. "a" stops after 40 tokens and leaves 50 of
     # its 90. Alone, "b" sends rounds at 0, 20, ..., 80 and is refused at 100: 10 calls. Pooled, at 100 it draws the
     # 50 "a" left (limit 140), sends rounds at 100 and 120 and is refused at 140, halfway through iteration 3: 14
     # calls. The run spends 40 + 140 = 180, its two shares.
-    alone = await pooled_run(sim, tmp_path / "alone", pool=False)
+    alone = await pooled_run(tmp_path / "alone", pool=False)
     assert (alone["a"].calls, alone["b"].calls, alone["b"].budget_drawn) == (4, 10, 0)
-    pooled = await pooled_run(sim, tmp_path / "pooled", pool=True)
+    pooled = await pooled_run(tmp_path / "pooled", pool=True)
     a, b = pooled["a"], pooled["b"]
     assert (a.calls, a.stopped_reason, a.budget_drawn) == (4, "vote decided (Beta stopping criterion)", 0)
     assert (b.calls, b.usage.completion_tokens, b.stopped_reason, b.budget_drawn) == (14, 140, "budget", 50)
@@ -259,22 +257,15 @@ async def test_a_pooled_budget_gives_what_a_settled_problem_left_to_an_open_one(
     )
 
 
-async def test_a_resumed_pooled_run_banks_what_finished_problems_left(sim: SimServer, tmp_path: Path) -> None:
-    await pooled_run(sim, tmp_path / "run", pool=True)
+async def test_a_resumed_pooled_run_banks_what_finished_problems_left(tmp_path: Path) -> None:
+    await pooled_run(tmp_path / "run", pool=True)
     db = sqlite3.connect(tmp_path / "run" / "run.sqlite")
     db.execute("DELETE FROM results WHERE problem_id = 'b'")  # "b" did not finish
     db.commit()
     db.close()
-    sim.reset()
-    settings = settings_for(
-        sim,
-        method={"name": "majority", "params": POOLED_PARAMS},
-        budget={"tokens": 90, "pool": True},
-        problems_in_flight=1,
-    )
-    store, settings, todo = prepare_run(tmp_path / "run", settings, None, resume=True)
-    with store:
-        await run_problems(settings, todo, store)
+    resumed = pooled_model(pool=True)
+    await scripted_run(resumed, tmp_path / "run")
+    with RunStore(tmp_path / "run", create=False) as store:
         b = ProblemResult.model_validate(store.result("b"))
     # The 50 tokens "a" left are banked again from its stored result: "b" replays its 14 calls and sends none.
-    assert (b.calls, b.budget_drawn) == (14, 50) and sim.chat_bodies() == []
+    assert (b.calls, b.budget_drawn) == (14, 50) and resumed.calls == []

@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import scripted_settings, settings_for
+from conftest import scripted_settings
+from scripted_runs import scripted_run
 from tmas.answer_rules import RuleChecker, check_pair
 from tmas.grading.grades import SELECTED, GradeConfig
 from tmas.grading.judge import judge_once, majority, parse_judge_reply
 from tmas.grading.runs import grade_run, load_grades
 from tmas.problems import Problem
-from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import RunStore
-from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript
 
 pytest.importorskip("math_verify")
 
@@ -78,15 +78,19 @@ async def test_judge_retries_invalid_json_then_records_undecided() -> None:
     assert len(judged) == 2 + 3 and "<reference>" in judged[-1].messages[-1].content
 
 
-async def _cot_run(sim: SimServer, run_dir: Path, problems: list[Problem]) -> RunStore:
-    settings = settings_for(sim)
-    store, settings, todo = prepare_run(run_dir, settings, problems, resume=False)
-    await run_problems(settings, todo, store)
-    return store
+async def _cot_run(run_dir: Path, problems: list[Problem]) -> RunStore:
+    """A chain-of-thought run of ``problems`` in process on the simulator's script; its store, open."""
+    await scripted_run(ScriptedModel(SimScript(), scripted_settings()), run_dir, problems)
+    return RunStore(run_dir, create=False)
+
+
+def _judge(reply: str) -> ScriptedModel:
+    """A judge model of the caller's own, answering every judge call with ``reply``."""
+    return ScriptedModel(SimScript(rules=[Rule(role="judge", replies=[reply])]), scripted_settings())
 
 
 @pytest.mark.slow
-async def test_combined_grading_uses_the_judge_only_where_rules_cannot_decide(sim: SimServer, tmp_path: Path) -> None:
+async def test_combined_grading_uses_the_judge_only_where_rules_cannot_decide(tmp_path: Path) -> None:
     problems = [
         Problem(problem_id="num", question="What is 6*7?", answer="42"),
         Problem(problem_id="wrong", question="What is 2*3?", answer="7"),
@@ -94,10 +98,10 @@ async def test_combined_grading_uses_the_judge_only_where_rules_cannot_decide(si
         Problem(problem_id="text", question="What is 2+3?", answer="\\text{five}"),
         Problem(problem_id="unlabeled", question="What is 1+1?"),
     ]
-    store = await _cot_run(sim, tmp_path / "run", problems)
-    sim.set_script(SimScript(rules=[Rule(role="judge", replies=['{"reasoning": "5 is five", "equivalent": true}'])]))
+    store = await _cot_run(tmp_path / "run", problems)
+    judge = _judge('{"reasoning": "5 is five", "equivalent": true}')
     config = GradeConfig(mode="combined", judge_runs=3)
-    grades = await grade_run(store, config, settings_for(sim))
+    grades = await grade_run(store, config, None, model=judge)
     assert grades.verdicts[("num", 0, 0)] == [True] * 3
     assert grades.verdicts[("wrong", 0, 0)] == [False] * 3
     assert grades.verdicts[("text", 0, 0)] == [True] * 3
@@ -105,21 +109,21 @@ async def test_combined_grading_uses_the_judge_only_where_rules_cannot_decide(si
     assert grades.unlabeled == ["unlabeled"]
     assert not any(key[0] == "unlabeled" for key in grades.verdicts)
     # One judge call per run for the "text" answer (candidate and selected answer share it).
-    assert sim.stats().by_role.get("judge") == 3
+    assert len(judge.calls_of("judge")) == 3
     # Stored grades are reused: grading again sends nothing.
-    again = await grade_run(store, config, settings_for(sim))
-    assert again.verdicts == grades.verdicts and sim.stats().by_role.get("judge") == 3
+    again = await grade_run(store, config, None, model=judge)
+    assert again.verdicts == grades.verdicts and len(judge.calls_of("judge")) == 3
     loaded = load_grades(store, config)
     assert loaded is not None and loaded.verdicts == grades.verdicts
     store.close()
 
 
 @pytest.mark.slow
-async def test_judge_mode_grades_everything_with_the_judge(sim: SimServer, tmp_path: Path) -> None:
-    store = await _cot_run(sim, tmp_path / "run", [Problem(problem_id="a", question="What is 6*7?", answer="41")])
+async def test_judge_mode_grades_everything_with_the_judge(tmp_path: Path) -> None:
+    store = await _cot_run(tmp_path / "run", [Problem(problem_id="a", question="What is 6*7?", answer="41")])
     # The judge is scripted to disagree with the rules' obvious answer: judge mode must follow the judge.
-    sim.set_script(SimScript(rules=[Rule(role="judge", replies=['{"reasoning": "r", "equivalent": true}'])]))
-    grades = await grade_run(store, GradeConfig(mode="judge", judge_runs=2), settings_for(sim))
+    judge = _judge('{"reasoning": "r", "equivalent": true}')
+    grades = await grade_run(store, GradeConfig(mode="judge", judge_runs=2), judge.settings, model=judge)
     assert grades.verdicts[("a", 0, 0)] == [True, True]
     rules = await grade_run(store, GradeConfig(mode="rules"), None)
     assert rules.verdicts[("a", 0, 0)] == [False]

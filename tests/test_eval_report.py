@@ -1,4 +1,4 @@
-"""Reports built from simulated-server runs, as a user runs them; dataset aliases."""
+"""Reports built from runs (in process, and as a user runs them on the simulated server); dataset aliases."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_tmas
+from conftest import run_tmas, scripted_settings
+from scripted_runs import scripted_run
 from tmas.errors import InputError
+from tmas.grading.grades import GradeConfig
 from tmas.problems import DATASET_ALIASES, dataset_name, resolve_dataset
-from tmas.testing import Rule, SimScript, SimServer
+from tmas.reports.report import build_report
+from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
 pytest.importorskip("math_verify")
 pytest.importorskip("matplotlib")
@@ -27,28 +30,14 @@ def write_problems(path: Path) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-@pytest.mark.slow
-def test_report_from_simulated_runs(tmp_path: Path) -> None:
+async def test_report_from_simulated_runs(tmp_path: Path) -> None:
     problems = tmp_path / "p.jsonl"
     write_problems(problems)
-    with SimServer(SimScript()) as good, SimServer(SimScript(accuracy=0.4, seed=3)) as sloppy:
-        for name, server in (("good", good), ("sloppy", sloppy)):
-            out = tmas(
-                "run", str(problems), "-o", str(tmp_path / name), "--method", "cot", "--base-url", server.base_url
-            )
-            assert out.returncode == 0, out.stderr
-        report_dir = tmp_path / "report"
-        out = tmas(
-            "report",
-            str(tmp_path / "good"),
-            str(tmp_path / "sloppy"),
-            "-o",
-            str(report_dir),
-            "--grade",
-            "rules",
-        )
-        assert out.returncode == 0, out.stderr
-    written = json.loads(out.stdout)
+    for name, script in (("good", SimScript()), ("sloppy", SimScript(accuracy=0.4, seed=3))):
+        await scripted_run(ScriptedModel(script, scripted_settings(method__name="cot")), tmp_path / name, problems)
+    report_dir = tmp_path / "report"
+    runs = [tmp_path / "good", tmp_path / "sloppy"]
+    written = await build_report(runs, report_dir, GradeConfig(mode="rules"), None)
     markdown = (report_dir / "report.md").read_text()
     html = (report_dir / "report.html").read_text()
     assert "Pass@1 (%) at selected iterations" in markdown and "Pass@1 (%) at every iteration" in markdown

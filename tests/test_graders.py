@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from conftest import settings_for
+from conftest import scripted_settings
+from scripted_runs import scripted_run
 from tmas.answers import normalize_answer
 from tmas.errors import ConfigError
 from tmas.grading.grader import GradingContext, StoredGrades, Verdicts
@@ -19,9 +20,8 @@ from tmas.grading.registry import GRADERS
 from tmas.grading.runs import grade_run, load_grades
 from tmas.pool.build import BuildConfig
 from tmas.problems import Problem
-from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import GradeRow, RunStore
-from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript
 
 
 class ExactGrader:
@@ -57,15 +57,15 @@ def _same(item: Item) -> bool:
 
 
 async def test_a_registered_grader_grades_stores_and_is_read_back(
-    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(GRADERS, "exact", ExactGrader())
     problems = [
         Problem(problem_id="right", question="What is 6*7?", answer="42"),
         Problem(problem_id="wrong", question="What is 2*3?", answer="7"),
     ]
-    store, settings, todo = prepare_run(tmp_path / "run", settings_for(sim, method__name="cot"), problems, resume=False)
-    await run_problems(settings, todo, store)
+    await scripted_run(ScriptedModel(SimScript(), scripted_settings(method__name="cot")), tmp_path / "run", problems)
+    store = RunStore(tmp_path / "run", create=False)
     config = GradeConfig(mode="exact")
     grades = await grade_run(store, config)
     assert grades.mode == "exact" and grades.runs == 2
@@ -95,16 +95,15 @@ async def test_unknown_grader_names_are_refused_where_given(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
-async def test_every_registered_grader_grades_one_item_through_the_registry(sim: SimServer, tmp_path: Path) -> None:
+async def test_every_registered_grader_grades_one_item_through_the_registry(tmp_path: Path) -> None:
     pytest.importorskip("math_verify")
-    sim.set_script(
-        SimScript(
-            rules=[
-                Rule(role="judge", pattern="<predicted>", replies=["<answer>2</answer>"]),
-                Rule(role="judge", pattern="<student>", replies=['{"reasoning": "5 is five", "equivalent": true}']),
-            ]
-        )
+    script = SimScript(
+        rules=[
+            Rule(role="judge", pattern="<predicted>", replies=["<answer>2</answer>"]),
+            Rule(role="judge", pattern="<student>", replies=['{"reasoning": "5 is five", "equivalent": true}']),
+        ]
     )
+    judge = ScriptedModel(script, scripted_settings())
     # The rules cannot decide a number against text; the judge can.
     math = Item(
         ("math", 0, SELECTED), Problem(problem_id="math", question="What is 2+3?", answer="\\text{five}"), "5", "5"
@@ -137,10 +136,10 @@ async def test_every_registered_grader_grades_one_item_through_the_registry(sim:
         config = GradeConfig(mode=name, judge_runs=1)
         with RunStore(tmp_path / name) as store:
             grades = Grades(runs=grader.runs(config), mode=name)
-            context = GradingContext(store, config, settings_for(sim), grades, {})
+            context = GradingContext(store, config, judge.settings, grades, {}, judge)
             assert await grader.grade([item], context) == {item.key: verdicts}, name
         assert grades.findings == ({item.key: findings} if findings else {}), name
         assert grader.grade_one(item) is one, name
-    judged = [str(r.body["messages"][-1]["content"]) for r in sim.requests if r.role == "judge"]
+    judged = [call.messages[-1].content for call in judge.calls_of("judge")]
     # One answer judgement each for combined and judge, one rank judgement for diagnosis; the others ask nothing.
     assert sorted("<predicted>" in body for body in judged) == [False, False, True]

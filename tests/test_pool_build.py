@@ -1,6 +1,7 @@
-"""``build_pool`` against the simulated server: scripted judge and summarizer replies over HTTP, sim embeddings;
-the credits it writes match the hand-worked values of tests/test_pool_credit.py, the pool it writes is read
-back by the pool's own search, and a rebuild replays every call from the build store."""
+"""``build_pool`` on a scripted model in process (and, where an endpoint is cut off, on the simulated server):
+scripted judge and summarizer replies, the simulator's embeddings; the credits it writes match the hand-worked
+values of tests/test_pool_credit.py, the pool it writes is read back by the pool's own search, and a rebuild
+replays every call from the build store."""
 
 from __future__ import annotations
 
@@ -12,16 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import settings_for
+from conftest import scripted_settings, settings_for
 from mattrl_runs import hand_worked_transcript, write_run
-from tmas.llm.client import LLMClient
 from tmas.llm.model import EndpointUnreachable
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool
-from tmas.pool.build import CREDITS_FILE, BuildConfig, build_dir_for, build_pool
+from tmas.pool.build import CREDITS_FILE, BuildConfig, BuildSummary, build_dir_for, build_pool
 from tmas.pool.scoring import NO_OP
 from tmas.problems import Problem
-from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
 TEXTS = {1: {"S1": "R1-S1", "S2": "R1-S2", "S3": "R1-S3"}, 2: {"S1": "R2-S1", "S2": "R2-S2"}}
 # Judge scores of 5 (tests/test_pool_credit.py): s = 0.8, 0.2, 0.0 in turn 1; 1.0, 0.0 in turn 2.
@@ -87,6 +87,16 @@ def run_dir(tmp_path: Path) -> Path:
     return write_run(tmp_path / "run", [(problem, hand_worked_transcript(), "42")])
 
 
+def scripted(rules: list[Rule]) -> ScriptedModel:
+    """A judge and summarizer answering with ``rules``, in process."""
+    return ScriptedModel(SimScript(rules=rules), scripted_settings())
+
+
+async def build(run_dirs: list[Path], pool: Path, config: BuildConfig, model: ScriptedModel) -> BuildSummary:
+    """``build_pool`` on ``model``."""
+    return await build_pool(run_dirs, pool, model.settings, config, model=model)
+
+
 def credits(pool: Path) -> dict[tuple[int, str], dict[str, object]]:
     lines = (build_dir_for(pool) / CREDITS_FILE).read_text().splitlines()
     return {(row["turn"], row["agent"]): row for row in map(json.loads, lines)}
@@ -94,79 +104,76 @@ def credits(pool: Path) -> dict[tuple[int, str], dict[str, object]]:
 
 async def test_difference_build_matches_hand_values_and_search_reads_it(tmp_path: Path, run_dir: Path) -> None:
     beta = 15 * math.log(2)
-    with SimServer(SimScript(rules=scripted_rules())) as sim:
-        settings = settings_for(sim)
-        config = BuildConfig(scheme="difference", lam=0.5, gamma=0.5, beta=beta, grade_mode="rules")
-        pool_path = tmp_path / "pool"
-        summary = await build_pool([run_dir], pool_path, settings, config)
-        assert (summary.cases, summary.turns, summary.kept, summary.added) == (1, 5, 2, 2)
-        c = credits(pool_path)
-        # Eq. 17 + 16 + 12 worked by hand in tests/test_pool_credit.py.
-        assert c[(1, "S1")]["q"] == pytest.approx(0.4) and c[(1, "S3")]["q"] == pytest.approx(0.0)
-        assert c[(1, "S1")]["r"] == pytest.approx(0.4 + 16 / 129)
-        assert c[(1, "S2")]["r"] == pytest.approx(0.1 + 16 / 129)
-        assert c[(2, "S1")]["r"] == pytest.approx(0.5 + 0.5 * 32768 / 32769)
-        assert c[(1, "S1")]["G"] == 1.0 and c[(1, "S1")]["w"] == pytest.approx(0.5)
-        assert [k for k, row in c.items() if row["kept"]] == [(1, "S1"), (2, "S1")]
+    model = scripted(scripted_rules())
+    config = BuildConfig(scheme="difference", lam=0.5, gamma=0.5, beta=beta, grade_mode="rules")
+    pool_path = tmp_path / "pool"
+    summary = await build([run_dir], pool_path, config, model)
+    assert (summary.cases, summary.turns, summary.kept, summary.added) == (1, 5, 2, 2)
+    c = credits(pool_path)
+    # Eq. 17 + 16 + 12 worked by hand in tests/test_pool_credit.py.
+    assert c[(1, "S1")]["q"] == pytest.approx(0.4) and c[(1, "S3")]["q"] == pytest.approx(0.0)
+    assert c[(1, "S1")]["r"] == pytest.approx(0.4 + 16 / 129)
+    assert c[(1, "S2")]["r"] == pytest.approx(0.1 + 16 / 129)
+    assert c[(2, "S1")]["r"] == pytest.approx(0.5 + 0.5 * 32768 / 32769)
+    assert c[(1, "S1")]["G"] == 1.0 and c[(1, "S1")]["w"] == pytest.approx(0.5)
+    assert [k for k, row in c.items() if row["kept"]] == [(1, "S1"), (2, "S1")]
 
-        judge_bodies = [r.body for r in sim.requests if r.role == "judge"]
-        # 5 turn scores + turn 1: F(123), F(23), F(13), F(12) + turn 2: F(12), F(2), F(1) (F of nobody is 0).
-        assert len(judge_bodies) == 12
-        assert {b["temperature"] for b in judge_bodies} == {0.7} and {b["max_tokens"] for b in judge_bodies} == {256}
-        # S2's turn-1 review of S1 is part of S2's turn.
-        s2 = next(b for b in judge_bodies if '<target_turn round="1" agent="S2"' in b["messages"][-1]["content"])
-        assert "R1-S2-review" in s2["messages"][-1]["content"] and "[review of S1]" in s2["messages"][-1]["content"]
-        assert len([r for r in sim.requests if r.role == "summarizer"]) == 2
+    judge_bodies = [call.body for call in model.calls_of("judge")]
+    # 5 turn scores + turn 1: F(123), F(23), F(13), F(12) + turn 2: F(12), F(2), F(1) (F of nobody is 0).
+    assert len(judge_bodies) == 12
+    assert {b["temperature"] for b in judge_bodies} == {0.7} and {b["max_tokens"] for b in judge_bodies} == {256}
+    # S2's turn-1 review of S1 is part of S2's turn.
+    s2 = next(b for b in judge_bodies if '<target_turn round="1" agent="S2"' in b["messages"][-1]["content"])
+    assert "R1-S2-review" in s2["messages"][-1]["content"] and "[review of S1]" in s2["messages"][-1]["content"]
+    assert len(model.calls_of("summarizer")) == 2
 
-        pool = Pool.open(pool_path)
-        assert {(e.source_round, e.source_agent) for e in pool.entries} == {(1, "S1"), (2, "S1")}
-        entry = next(e for e in pool.entries if e.source_round == 2)
-        assert entry.reward == pytest.approx(0.5 + 0.5 * 32768 / 32769)
-        assert entry.tags == ["difference"] and entry.specialty == "algebra" and entry.source_problem == "p1"
-        async with LLMClient(settings) as llm:
-            hits = await pool.search("factor products before adding (S1 turn 2)", 1, EndpointEmbedder(llm))
-        assert hits[0][0].id == entry.id
+    pool = Pool.open(pool_path)
+    assert {(e.source_round, e.source_agent) for e in pool.entries} == {(1, "S1"), (2, "S1")}
+    entry = next(e for e in pool.entries if e.source_round == 2)
+    assert entry.reward == pytest.approx(0.5 + 0.5 * 32768 / 32769)
+    assert entry.tags == ["difference"] and entry.specialty == "algebra" and entry.source_problem == "p1"
+    hits = await pool.search("factor products before adding (S1 turn 2)", 1, EndpointEmbedder(model))
+    assert hits[0][0].id == entry.id
 
-        # A rebuild replays every call from the build store and adds nothing twice.
-        chat_before = len([r for r in sim.requests if r.endpoint == "chat"])
-        again = await build_pool([run_dir], pool_path, settings, config)
-        assert len([r for r in sim.requests if r.endpoint == "chat"]) == chat_before
-        assert (again.added, again.already_in_pool) == (0, 2)
-        assert len(Pool.open(pool_path)) == 2
+    # A rebuild replays every call from the build store and adds nothing twice.
+    chat_before = len(model.calls)
+    again = await build([run_dir], pool_path, config, model)
+    assert len(model.calls) == chat_before
+    assert (again.added, again.already_in_pool) == (0, 2)
+    assert len(Pool.open(pool_path)) == 2
 
 
 async def test_shapley_build_uses_every_coalition(tmp_path: Path, run_dir: Path) -> None:
-    with SimServer(SimScript(rules=scripted_rules())) as sim:
-        config = BuildConfig(
-            scheme="shapley", lam=0.5, gamma=0.5, beta=15 * math.log(2), permutations=6, grade_mode="rules", tau=0.6
-        )
-        summary = await build_pool([run_dir], tmp_path / "pool", settings_for(sim), config)
-        c = credits(tmp_path / "pool")
-        assert c[(1, "S1")]["q"] == pytest.approx(7 / 15)
-        assert c[(1, "S2")]["q"] == pytest.approx(4 / 15)
-        assert c[(1, "S1")]["r"] == pytest.approx(0.4 + 32 / 146)
-        # Eq. 13 with tau = 0.6: r(1, S1) = 0.619 and r(2, S1) = 1.0 pass.
-        assert summary.kept == 2
-        # 5 turn scores + 7 non-empty coalitions of turn 1 + 3 of turn 2.
-        assert len([r for r in sim.requests if r.role == "judge"]) == 15
+    model = scripted(scripted_rules())
+    config = BuildConfig(
+        scheme="shapley", lam=0.5, gamma=0.5, beta=15 * math.log(2), permutations=6, grade_mode="rules", tau=0.6
+    )
+    summary = await build([run_dir], tmp_path / "pool", config, model)
+    c = credits(tmp_path / "pool")
+    assert c[(1, "S1")]["q"] == pytest.approx(7 / 15)
+    assert c[(1, "S2")]["q"] == pytest.approx(4 / 15)
+    assert c[(1, "S1")]["r"] == pytest.approx(0.4 + 32 / 146)
+    # Eq. 13 with tau = 0.6: r(1, S1) = 0.619 and r(2, S1) = 1.0 pass.
+    assert summary.kept == 2
+    # 5 turn scores + 7 non-empty coalitions of turn 1 + 3 of turn 2.
+    assert len(model.calls_of("judge")) == 15
 
 
 async def test_unparseable_judge_is_retried_then_defaulted_and_recorded(tmp_path: Path, run_dir: Path) -> None:
-    rules = scripted_rules(garbage_for=(1, "S3"), flaky_for=(1, "S2"))
-    with SimServer(SimScript(rules=rules)) as sim:
-        config = BuildConfig(scheme="naive", lam=0.5, gamma=0.5, grade_mode="rules", retries=2)
-        summary = await build_pool([run_dir], tmp_path / "pool", settings_for(sim), config)
-        c = credits(tmp_path / "pool")
-        # S2: the first reply is no JSON, the retry parses (s = 0.2): the naive r of the hand-worked example.
-        assert c[(1, "S2")]["r"] == pytest.approx(0.15) and c[(1, "S2")]["judge_defaulted"] is None
-        # S3: three unusable replies (1 + 2 retries), then the default 0, recorded.
-        assert c[(1, "S3")]["s"] == 0.0
-        assert "3 judge replies unusable" in str(c[(1, "S3")]["judge_defaulted"])
-        assert summary.defaulted_scores == 1 and any("turn 1 of S3" in n for n in summary.notes)
-        target = '<target_turn round="1" agent="S3"'
-        s3 = [r for r in sim.requests if r.role == "judge" and target in r.body["messages"][-1]["content"]]
-        assert len(s3) == 3
-        assert c[(1, "S1")]["r"] == pytest.approx(0.6) and c[(2, "S1")]["r"] == pytest.approx(1.0)
+    model = scripted(scripted_rules(garbage_for=(1, "S3"), flaky_for=(1, "S2")))
+    config = BuildConfig(scheme="naive", lam=0.5, gamma=0.5, grade_mode="rules", retries=2)
+    summary = await build([run_dir], tmp_path / "pool", config, model)
+    c = credits(tmp_path / "pool")
+    # S2: the first reply is no JSON, the retry parses (s = 0.2): the naive r of the hand-worked example.
+    assert c[(1, "S2")]["r"] == pytest.approx(0.15) and c[(1, "S2")]["judge_defaulted"] is None
+    # S3: three unusable replies (1 + 2 retries), then the default 0, recorded.
+    assert c[(1, "S3")]["s"] == 0.0
+    assert "3 judge replies unusable" in str(c[(1, "S3")]["judge_defaulted"])
+    assert summary.defaulted_scores == 1 and any("turn 1 of S3" in n for n in summary.notes)
+    target = '<target_turn round="1" agent="S3"'
+    s3 = [call for call in model.calls_of("judge") if target in call.messages[-1].content]
+    assert len(s3) == 3
+    assert c[(1, "S1")]["r"] == pytest.approx(0.6) and c[(2, "S1")]["r"] == pytest.approx(1.0)
 
 
 async def test_wrong_team_and_unlabelled_problems(tmp_path: Path) -> None:
@@ -176,9 +183,8 @@ async def test_wrong_team_and_unlabelled_problems(tmp_path: Path) -> None:
         tmp_path / "run",
         [(wrong, hand_worked_transcript("p1"), "42"), (unlabelled, hand_worked_transcript("p2"), "42")],
     )
-    with SimServer(SimScript(rules=scripted_rules())) as sim:
-        config = BuildConfig(lam=0.5, gamma=0.5, grade_mode="rules")
-        summary = await build_pool([run], tmp_path / "pool", settings_for(sim), config)
+    config = BuildConfig(lam=0.5, gamma=0.5, grade_mode="rules")
+    summary = await build([run], tmp_path / "pool", config, scripted(scripted_rules()))
     assert summary.cases == 1 and any("p2: no gold answer" in n for n in summary.notes)
     c = credits(tmp_path / "pool")
     # G = 0: r = lambda s only.
@@ -197,10 +203,9 @@ async def test_medicine_outcome_is_the_reciprocal_rank_of_the_gold_diagnosis(tmp
         Rule(role="judge", replies=[_judge(5)]),
         Rule(role="summarizer", replies=[json.dumps({"entries": [{"action": "a", "experience": "b"}]})]),
     ]
-    with SimServer(SimScript(rules=rules)) as sim:
-        config = BuildConfig(lam=0.5, gamma=0.5, grade_mode="rules")
-        await build_pool([run], tmp_path / "pool", settings_for(sim), config)
-        prompts = [r.body["messages"][-1]["content"] for r in sim.requests if r.endpoint == "chat"]
+    model = scripted(rules)
+    await build([run], tmp_path / "pool", BuildConfig(lam=0.5, gamma=0.5, grade_mode="rules"), model)
+    prompts = [call.messages[-1].content for call in model.calls]
     c = credits(tmp_path / "pool")
     # Gold at rank 2 (spelling-insensitive): G = 1/2. Turn 2, S1 and S2 both scored 1.0: c = 0.5 each (Eq. 11),
     # r = 0.5 * 1 + 0.5 * 0.5 * 1 * 0.5 = 0.625.
@@ -240,26 +245,26 @@ async def test_a_synonym_diagnosis_is_matched_by_the_judge_and_credited(tmp_path
         Rule(role="judge", replies=[_judge(5)]),
         Rule(role="summarizer", replies=[json.dumps({"entries": [{"action": "a", "experience": "b"}]})]),
     ]
-    with SimServer(SimScript(rules=rules)) as sim:
-        config = BuildConfig(lam=0.5, gamma=0.5, grade_mode="rules")
-        await build_pool([run], tmp_path / "pool", settings_for(sim), config)
-        asked = [r.body["messages"][-1]["content"] for r in sim.requests if r.role == "judge"]
-        matcher = [a for a in asked if "<reference>" in a]
-        # Spelling finds no match, so the judge is asked once, with the differential and the reference.
-        assert len(matcher) == 1
-        assert "[1] Alpha-galactosidase A deficiency" in matcher[0] and "<reference>\nFabry disease\n" in matcher[0]
-        c = credits(tmp_path / "pool")
-        # G = 1/1 = 1. Every judge score is 5 (s = 1). Turn 2 (S1, S2): c = 1/2 (Eq. 11), w = 1:
-        # r = 0.5 * 1 + 0.5 * 1 * 1 * 0.5 = 0.75. Turn 1 (S1, S2, S3): c = 1/3, w = 0.5^(2-1) = 0.5:
-        # r = 0.5 + 0.5 * 1 * 0.5 / 3 = 7/12. By spelling alone G would be 0 and every r = 0.5.
-        assert c[(2, "S1")]["G"] == 1.0
-        assert c[(2, "S1")]["r"] == pytest.approx(0.75)
-        assert c[(1, "S3")]["r"] == pytest.approx(7 / 12)
-        # The verdict is stored in the run itself: another build replays it, with no new matcher call.
-        await build_pool([run], tmp_path / "pool2", settings_for(sim), config)
-        assert len([r for r in sim.requests if r.role == "judge" and "<reference>" in str(r.body)]) == 1
-        assert credits(tmp_path / "pool2")[(2, "S1")]["G"] == 1.0
-        # Spelling only (--match spelling): the synonym is missed and G = 0.
-        spelled = BuildConfig(lam=0.5, gamma=0.5, grade_mode="rules", match="spelling")
-        await build_pool([run], tmp_path / "pool3", settings_for(sim), spelled)
-        assert credits(tmp_path / "pool3")[(2, "S1")]["r"] == pytest.approx(0.5)
+    model = scripted(rules)
+    config = BuildConfig(lam=0.5, gamma=0.5, grade_mode="rules")
+    await build([run], tmp_path / "pool", config, model)
+    asked = [call.messages[-1].content for call in model.calls_of("judge")]
+    matcher = [a for a in asked if "<reference>" in a]
+    # Spelling finds no match, so the judge is asked once, with the differential and the reference.
+    assert len(matcher) == 1
+    assert "[1] Alpha-galactosidase A deficiency" in matcher[0] and "<reference>\nFabry disease\n" in matcher[0]
+    c = credits(tmp_path / "pool")
+    # G = 1/1 = 1. Every judge score is 5 (s = 1). Turn 2 (S1, S2): c = 1/2 (Eq. 11), w = 1:
+    # r = 0.5 * 1 + 0.5 * 1 * 1 * 0.5 = 0.75. Turn 1 (S1, S2, S3): c = 1/3, w = 0.5^(2-1) = 0.5:
+    # r = 0.5 + 0.5 * 1 * 0.5 / 3 = 7/12. By spelling alone G would be 0 and every r = 0.5.
+    assert c[(2, "S1")]["G"] == 1.0
+    assert c[(2, "S1")]["r"] == pytest.approx(0.75)
+    assert c[(1, "S3")]["r"] == pytest.approx(7 / 12)
+    # The verdict is stored in the run itself: another build replays it, with no new matcher call.
+    await build([run], tmp_path / "pool2", config, model)
+    assert len([call for call in model.calls_of("judge") if "<reference>" in str(call.body)]) == 1
+    assert credits(tmp_path / "pool2")[(2, "S1")]["G"] == 1.0
+    # Spelling only (--match spelling): the synonym is missed and G = 0.
+    spelled = BuildConfig(lam=0.5, gamma=0.5, grade_mode="rules", match="spelling")
+    await build([run], tmp_path / "pool3", spelled, model)
+    assert credits(tmp_path / "pool3")[(2, "S1")]["r"] == pytest.approx(0.5)

@@ -7,16 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import settings_for
+from conftest import scripted_settings
 from mattrl_runs import write_run
-from tmas.llm.client import LLMClient
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
 from tmas.pool.lifecycle import EntryUsage, PruneConfig, prune_pool, recency_weight, wrong_correlated
 from tmas.problems import Problem
-from tmas.testing import SimServer
+from tmas.testing import ScriptedModel, SimScript
 
 
 def entry(id_: str, action: str, experience: str, reward: float = 0.5) -> PoolEntry:
@@ -32,34 +31,33 @@ def used(problem_id: str, ids: list[str]) -> Transcript:
     )
 
 
-async def make_pool(path: Path, sim: SimServer) -> None:
-    async with LLMClient(settings_for(sim)) as llm:
-        embed = EndpointEmbedder(llm)
-        pool = Pool.create(path, embed.name)
-        await pool.add(
-            [
-                entry("keep", "Check small cases", "Good practice: try n = 1, 2, 3 before a general argument.", 0.9),
-                entry("dup", "Check small cases", "Good practice: try n = 1, 2, 3 before a general argument!", 0.4),
-                entry("wrong", "Guess from the pattern", "Pitfall: extrapolate the first two terms."),
-                entry("old", "Draw the figure", "Good practice: sketch the triangle and mark the given angles."),
-                entry(
-                    "fine", "Verify the final answer", "Good practice: substitute the result back into the equation."
-                ),
-            ],
-            embed,
-        )
-        pool.save()
-        # The "old" entry dates from version 1; the pool is now at version 12: weight 0.8^11 = 0.086 < 0.1.
-        pool.meta.version = 11
-        pool.save()
-        assert pool.meta.version == 12
-        pool.update([e.model_copy(update={"added_version": 12}) for e in pool.entries if e.id != "old"])
-        pool.save()
+async def make_pool(path: Path, model: ScriptedModel) -> None:
+    """The pool the tests prune, embedded by ``model`` (the simulator's embeddings, in process)."""
+    embed = EndpointEmbedder(model)
+    pool = Pool.create(path, embed.name)
+    await pool.add(
+        [
+            entry("keep", "Check small cases", "Good practice: try n = 1, 2, 3 before a general argument.", 0.9),
+            entry("dup", "Check small cases", "Good practice: try n = 1, 2, 3 before a general argument!", 0.4),
+            entry("wrong", "Guess from the pattern", "Pitfall: extrapolate the first two terms."),
+            entry("old", "Draw the figure", "Good practice: sketch the triangle and mark the given angles."),
+            entry("fine", "Verify the final answer", "Good practice: substitute the result back into the equation."),
+        ],
+        embed,
+    )
+    pool.save()
+    # The "old" entry dates from version 1; the pool is now at version 12: weight 0.8^11 = 0.086 < 0.1.
+    pool.meta.version = 11
+    pool.save()
+    assert pool.meta.version == 12
+    pool.update([e.model_copy(update={"added_version": 12}) for e in pool.entries if e.id != "old"])
+    pool.save()
 
 
-async def test_prune_merges_ages_out_and_drops_wrong_correlated(tmp_path: Path, sim: SimServer) -> None:
+async def test_prune_merges_ages_out_and_drops_wrong_correlated(tmp_path: Path) -> None:
     pool_path = tmp_path / "pool"
-    await make_pool(pool_path, sim)
+    model = ScriptedModel(SimScript(), scripted_settings())
+    await make_pool(pool_path, model)
     # Six graded problems: p1-p3 wrong and all retrieved "wrong"; p4-p6 right and retrieved "fine"; p1 also "fine".
     # Base wrong rate 3/6 = 0.5. "wrong": 3 uses, 3 wrong: 1.0 >= 0.5 + 0.3 -> removed.
     # "fine": 4 uses, 1 wrong: 0.25 -> kept.
@@ -72,7 +70,7 @@ async def test_prune_merges_ages_out_and_drops_wrong_correlated(tmp_path: Path, 
         cases.append((problem, used(f"p{i}", ids), "2" if i <= 3 else "1"))
     run = write_run(tmp_path / "run", cases)
 
-    summary = await prune_pool(pool_path, [run], settings_for(sim), PruneConfig(grade_mode="rules"))
+    summary = await prune_pool(pool_path, [run], model.settings, PruneConfig(grade_mode="rules"), model=model)
     assert summary.base_wrong_rate == pytest.approx(0.5)
     assert summary.wrong == ["wrong"]
     assert summary.merged == {"keep": ["dup"]}
@@ -84,14 +82,13 @@ async def test_prune_merges_ages_out_and_drops_wrong_correlated(tmp_path: Path, 
     fine = pool.get("fine")
     assert fine is not None and (fine.retrieved, fine.retrieved_wrong) == (4, 1)
     # The pool still answers searches after the removals.
-    async with LLMClient(settings_for(sim)) as llm:
-        hits = await pool.search("substitute the result back", 1, EndpointEmbedder(llm))
+    hits = await pool.search("substitute the result back", 1, EndpointEmbedder(model))
     assert hits[0][0].id == "fine"
 
 
-async def test_dry_run_changes_nothing(tmp_path: Path, sim: SimServer) -> None:
+async def test_dry_run_changes_nothing(tmp_path: Path) -> None:
     pool_path = tmp_path / "pool"
-    await make_pool(pool_path, sim)
+    await make_pool(pool_path, ScriptedModel(SimScript(), scripted_settings()))
     summary = await prune_pool(pool_path, [], None, PruneConfig(dry_run=True))
     assert summary.merged == {"keep": ["dup"]} and summary.stale == ["old"] and summary.wrong == []
     assert len(Pool.open(pool_path)) == 5

@@ -1,19 +1,20 @@
-"""`tmas report` on scripted simulated-server runs: the frontier (checked by the data it plots), the equal-budget
+"""`tmas report` on scripted runs (in process): the frontier (checked by the data it plots), the equal-budget
 table, the selection-rule table and ROC area, and a run whose problems are all mid-way."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from conftest import run_tmas
+from conftest import scripted_settings
+from scripted_runs import scripted_run
 from tmas.grading.grades import GradeConfig
 from tmas.reports.report import build_report
-from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript
 
 pytest.importorskip("math_verify")
 pytest.importorskip("matplotlib")
@@ -22,48 +23,39 @@ PROBLEMS = [("p1", "What is 2+3?", "5"), ("p2", "What is 4+4?", "8")]
 FILLER = "step " * 595  # 595 tokens for the simulator; "\boxed{5}" adds five more: 600 per sample
 
 
-def tmas(*args: str) -> subprocess.CompletedProcess[str]:
-    return run_tmas(*args, text=True, timeout=180)
-
-
 def write_problems(path: Path) -> Path:
     path.write_text("".join(json.dumps({"problem_id": i, "question": q, "answer": a}) + "\n" for i, q, a in PROBLEMS))
     return path
 
 
-def run(problems: Path, out: Path, sim: SimServer, *args: str) -> None:
-    done = tmas("run", str(problems), "-o", str(out), "--base-url", sim.base_url, *args)
-    assert done.returncode == 0, done.stderr
-
-
-def report(out: Path, *runs: Path) -> str:
-    """`tmas report RUN... -o OUT --grade rules`, as a user runs it."""
-    done = tmas("report", *map(str, runs), "-o", str(out), "--grade", "rules")
-    assert done.returncode == 0, done.stderr
-    return (out / "report.md").read_text()
+async def run(problems: Path, out: Path, script: SimScript, method: str, **params: Any) -> ScriptedModel:
+    """A run of ``method`` with ``params`` on the problem file, in process on a model answering with ``script`` (its
+    replies whole: room for 600 tokens)."""
+    settings = scripted_settings(method__name=method, method__params=params, sampling__max_tokens=4096)
+    model = ScriptedModel(script, settings)
+    await scripted_run(model, out, problems)
+    return model
 
 
 async def report_here(out: Path, *runs: Path) -> str:
-    """The same report built in this process (one interpreter start less on a busy machine)."""
+    """`tmas report RUN... -o OUT --grade rules`, built in this process."""
     written = await build_report(list(runs), out, GradeConfig(mode="rules"), None)
     return written["markdown"].read_text()
 
 
 @pytest.mark.slow
-async def test_frontier_and_equal_budget_of_a_scripted_majority_run(sim: SimServer, tmp_path: Path) -> None:
+async def test_frontier_and_equal_budget_of_a_scripted_majority_run(tmp_path: Path) -> None:
     boxed = [f"{FILLER}\\boxed{{{a}}}" for a in ("5", "5", "6", "7", "8", "9", "9")]
-    sim.set_script(
-        SimScript(
-            rules=[
-                # p1: 5, 5 (right), 6, 7. p2: 8 (right), 9, 9 and one reply with no answer (600 tokens).
-                Rule(role="solution", pattern=r"2\+3", replies=boxed[:4]),
-                Rule(role="solution", pattern=r"4\+4", replies=[*boxed[4:], "step " * 600]),
-            ]
-        )
+    script = SimScript(
+        rules=[
+            # p1: 5, 5 (right), 6, 7. p2: 8 (right), 9, 9 and one reply with no answer (600 tokens).
+            Rule(role="solution", pattern=r"2\+3", replies=boxed[:4]),
+            Rule(role="solution", pattern=r"4\+4", replies=[*boxed[4:], "step " * 600]),
+        ]
     )
     problems = write_problems(tmp_path / "p.jsonl")
-    run(problems, tmp_path / "mv", sim, "--method", "majority", "-p", "k=4")
-    assert sim.stats().by_role["solution"] == 8
+    model = await run(problems, tmp_path / "mv", script, "majority", k=4)
+    assert len(model.calls_of("solution")) == 8
     markdown = await report_here(tmp_path / "report", tmp_path / "mv")
     frontier = json.loads((tmp_path / "report" / "frontier_p.json").read_text())
     (series,) = frontier.values()
@@ -74,28 +66,26 @@ async def test_frontier_and_equal_budget_of_a_scripted_majority_run(sim: SimServ
     assert [p["label"] for p in series["points"]] == ["MV@1", "MV@2", "MV@4"]
     assert [p["problems"] for p in series["points"]] == [2, 2, 2]
     # Read off the frontier: <= 1k MV@1, <= 2k MV@2, from 4k on MV@4.
-    assert "| majority | 37.50 | 41.67 | 50.00 | 50.00 | 50.00 |" in markdown
+    assert "| majority [sim-model] | 37.50 | 41.67 | 50.00 | 50.00 | 50.00 |" in markdown
     assert (tmp_path / "report" / "frontier_p.png").stat().st_size > 1000
     # The old mix of per-sample Pass@1 and other methods' rollouts against tokens is gone.
     assert not list((tmp_path / "report").glob("pass1_vs_tokens*"))
 
 
 @pytest.mark.slow
-async def test_selection_rules_and_roc_area_in_the_report(sim: SimServer, tmp_path: Path) -> None:
+async def test_selection_rules_and_roc_area_in_the_report(tmp_path: Path) -> None:
     # Verify-Refine, one iteration of three trajectories per problem: two wrong answers the verifier scores 0 and
     # one right answer it scores 1.
-    sim.set_script(
-        SimScript(
-            rules=[
-                Rule(role="solution", pattern=r"2\+3", replies=["\\boxed{4}", "\\boxed{4}", "\\boxed{5}"]),
-                Rule(role="solution", pattern=r"4\+4", replies=["\\boxed{7}", "\\boxed{7}", "\\boxed{8}"]),
-                Rule(role="verifier", pattern=r"boxed\{[58]\}", replies=["Score: 1"]),
-                Rule(role="verifier", replies=["Score: 0"]),
-            ]
-        )
+    script = SimScript(
+        rules=[
+            Rule(role="solution", pattern=r"2\+3", replies=["\\boxed{4}", "\\boxed{4}", "\\boxed{5}"]),
+            Rule(role="solution", pattern=r"4\+4", replies=["\\boxed{7}", "\\boxed{7}", "\\boxed{8}"]),
+            Rule(role="verifier", pattern=r"boxed\{[58]\}", replies=["Score: 1"]),
+            Rule(role="verifier", replies=["Score: 0"]),
+        ]
     )
     problems = write_problems(tmp_path / "p.jsonl")
-    run(problems, tmp_path / "vr", sim, "--method", "verify_refine", "-p", "n=3", "-T", "1")
+    await run(problems, tmp_path / "vr", script, "verify_refine", n=3, iterations=1)
     markdown = await report_here(tmp_path / "report", tmp_path / "vr")
     # Best score returns the right answer on both problems; the plurality goes to the wrong one; the weighted vote
     # (1 against 0 + 0) to the right one.
@@ -107,16 +97,16 @@ async def test_selection_rules_and_roc_area_in_the_report(sim: SimServer, tmp_pa
 
 
 @pytest.mark.slow
-def test_a_run_stopped_mid_way_is_reported_from_its_finished_iterations(sim: SimServer, tmp_path: Path) -> None:
+async def test_a_run_stopped_mid_way_is_reported_from_its_finished_iterations(tmp_path: Path) -> None:
     problems = write_problems(tmp_path / "p.jsonl")
     run_dir = tmp_path / "tmas"
-    run(problems, run_dir, sim, "--method", "tmas", "-p", "n=2", "-p", "m=1", "-T", "3")
+    await run(problems, run_dir, SimScript(), "tmas", n=2, m=1, iterations=3)
     # What a run killed mid-way leaves: finished iterations, no results (p1 got through two, p2 through one).
     with sqlite3.connect(run_dir / "run.sqlite") as db:
         db.execute("DELETE FROM results")
         db.execute("DELETE FROM iterations WHERE iteration > (CASE problem_id WHEN 'p1' THEN 1 ELSE 0 END)")
         db.execute("DELETE FROM grades")
-    markdown = report(tmp_path / "report", run_dir)
+    markdown = await report_here(tmp_path / "report", run_dir)
     assert "problems: 2 (0 done, 0 failed, 2 mid-way: reported from their finished iterations)" in markdown
     assert "| It0 | 2 | 100.00 |" in markdown and "| It1 | 1 | 100.00 |" in markdown and "| It2 |" not in markdown
     series = next(iter(json.loads((tmp_path / "report" / "frontier_p.json").read_text()).values()))

@@ -1,4 +1,4 @@
-"""``tmas rl build-data`` on a TMAS run made against the simulated server: the release's columns and types, the
+"""``tmas rl build-data`` on a TMAS run made in process on the simulator's script: the release's columns and types, the
 project's own prompts, the banks of the right iteration, the exclude list and the dataset card."""
 
 from __future__ import annotations
@@ -8,16 +8,17 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from conftest import clean_env, settings_for
+from conftest import clean_env, scripted_settings
+from scripted_runs import scripted_run
 from tmas.agents.solution import generation_prompt
 from tmas.problems import Problem
 from tmas.rl.data import build_dataset, mix_targets, question_hash
-from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import RunStore
-from tmas.testing import SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -35,17 +36,20 @@ def tmas(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tmas", *args], capture_output=True, text=True, env=env, timeout=120)
 
 
-async def tmas_run(sim: SimServer, run_dir: Path, iterations: int = 3) -> None:
-    settings = settings_for(sim, method={"name": "tmas", "params": {"n": 2, "m": 1, "iterations": iterations}})
-    store, settings, todo = prepare_run(run_dir, settings, PROBLEMS, resume=False)
-    with store:
-        await run_problems(settings, todo, store)
+async def tmas_run(run_dir: Path, iterations: int = 3, script: SimScript | None = None, **params: Any) -> ScriptedModel:
+    """A TMAS run of PROBLEMS (or ``params["problems"]``) in process on ``script`` (the simulator's by default); the
+    model, whose calls are what the run sent."""
+    problems = params.pop("problems", PROBLEMS)
+    method = {"name": "tmas", "params": {"n": 2, "m": 1, "iterations": iterations, **params}}
+    model = ScriptedModel(script or SimScript(), scripted_settings(method=method))
+    await scripted_run(model, run_dir, problems)
+    return model
 
 
 @pytest.mark.slow
-async def test_build_data_writes_the_release_schema(sim: SimServer, tmp_path: Path) -> None:
+async def test_build_data_writes_the_release_schema(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    await tmas_run(sim, run_dir)
+    model = await tmas_run(run_dir)
     # An evaluation file naming p3 by its question under another id: it must stay out.
     evalset = tmp_path / "eval.jsonl"
     evalset.write_text(json.dumps({"problem_id": "aime-7", "question": "what is  9*9?", "answer": "81"}) + "\n")
@@ -77,7 +81,7 @@ async def test_build_data_writes_the_release_schema(sim: SimServer, tmp_path: Pa
     # normal: the iteration-0 prompt TMAS itself sends, one per problem.
     normal = {r["extra_info"]["problem_id"]: r for r in by_source["normal"]}
     assert normal["p1"]["prompt"] == [m.model_dump() for m in generation_prompt("What is 17*23?", "numeric")]
-    sent = [r.body["messages"] for r in sim.requests if r.role == "solution" and "17*23" in str(r.body)]
+    sent = [c.body["messages"] for c in model.calls_of("solution") if "17*23" in str(c.body)]
     assert normal["p1"]["prompt"] in sent
 
     with RunStore(run_dir, create=False) as store:
@@ -117,9 +121,9 @@ async def test_build_data_writes_the_release_schema(sim: SimServer, tmp_path: Pa
 
 
 @pytest.mark.slow
-async def test_validation_split_is_by_question(sim: SimServer, tmp_path: Path) -> None:
+async def test_validation_split_is_by_question(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    await tmas_run(sim, run_dir, iterations=2)
+    await tmas_run(run_dir, iterations=2)
     out = tmp_path / "d.parquet"
     done = tmas("rl", "build-data", str(run_dir), "-o", str(out), "--val-fraction", "0.5", "--mix", "all")
     assert done.returncode == 0, done.stderr
@@ -168,9 +172,12 @@ def test_mix_targets_by_hand() -> None:
 
 
 @pytest.mark.slow
-async def test_mix_draws_groups_by_problem(sim: SimServer, tmp_path: Path) -> None:
+async def test_mix_draws_groups_by_problem(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    await tmas_run(sim, run_dir)  # 3 labeled problems, T = 3: 3 normal, 6 experience, 6 guideline groups
+    # Every verification confirms its candidate, so every iteration's experience bank gains an anchor (the default
+    # verifier doubts some steps, and a bank left empty gives no experience group).
+    confirmed = SimScript(rules=[Rule(role="verifier", replies=["Every step checks out.\n\nScore: 1"])])
+    await tmas_run(run_dir, script=confirmed)  # 3 labeled problems, T = 3: 3 normal, 6 experience, 6 guideline groups
     everything = build_dataset([run_dir], mix=None).report
     assert (everything.groups["normal"], everything.groups["experience"], everything.groups["guideline"]) == (3, 6, 6)
 
@@ -207,17 +214,15 @@ async def test_mix_draws_groups_by_problem(sim: SimServer, tmp_path: Path) -> No
     assert "| guideline | novel strategy exploration (eq. 9) | 6 | 1 | 1 | 0 |" in card
 
 
-async def test_prompts_are_rendered_as_the_run_rendered_them(sim: SimServer, tmp_path: Path) -> None:
+async def test_prompts_are_rendered_as_the_run_rendered_them(tmp_path: Path) -> None:
     # A run in the concise style whose exploit prompts were fitted to a 512-token prompt budget (epsilon 0: every
     # candidate of iterations 1 and 2 exploits, so the Bank prompt of each is one the run sent).
-    params = {"n": 2, "m": 1, "iterations": 3, "epsilon": 0.0, "style": "concise", "context_tokens": 512}
-    settings = settings_for(sim, method={"name": "tmas", "params": params})
-    store, settings, todo = prepare_run(tmp_path / "run", settings, PROBLEMS[:1], resume=False)
-    with store:
-        await run_problems(settings, todo, store)
+    params = {"epsilon": 0.0, "style": "concise", "context_tokens": 512}
+    model = await tmas_run(tmp_path / "run", 3, problems=PROBLEMS[:1], **params)
+    with RunStore(tmp_path / "run", create=False) as store:
         notes = [n for record in store.iterations("p1") for n in record.get("notes", [])]
     assert any(n.startswith("exploit prompt:") for n in notes)  # the run did fit R_{t-1}
-    sent = [r.body["messages"] for r in sim.requests if r.role == "solution"]
+    sent = [c.body["messages"] for c in model.calls_of("solution")]
     data = build_dataset([tmp_path / "run"], mix=None)
     bank = [r["prompt"] for r in data.train if r["extra_info"]["variant"] == "bank"]
     normal = [r["prompt"] for r in data.train if r["_source"] == "normal"]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from conftest import scripted_settings, settings_for
+from conftest import scripted_settings
 from scripted_runs import by_role, solve_in_process
 from tmas.api import asolve
 from tmas.methods.base import Candidate, ProblemResult
@@ -25,7 +25,7 @@ from tmas.methods.selection import (
 )
 from tmas.methods.tmas_params import TMASParams
 from tmas.store.run_store import RunStore
-from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript
 
 
 def cand(i: int, answer: str | None, score: float | None, error: str | None = None) -> Candidate:
@@ -208,11 +208,12 @@ async def test_tmas_select_from_reaches_back_to_earlier_iterations(key: str, sel
 
 @pytest.mark.parametrize("key", ["select_from", "pool"])
 async def test_the_run_store_keeps_the_notice_once_and_the_parameter_under_its_new_name(
-    sim: SimServer, tmp_path: Path, key: str
+    tmp_path: Path, key: str
 ) -> None:
-    sim.set_script(SimScript(rules=[Rule(role="solution", replies=SEVENS_THEN_FIVES), *VERIFIER_RULES]))
+    script = SimScript(rules=[Rule(role="solution", replies=SEVENS_THEN_FIVES), *VERIFIER_RULES])
     params = {"n": 2, "m": 1, "iterations": 2, key: "all"}
-    result = await asolve(Q, settings_for(sim, method={"name": "tmas", "params": params}), run_dir=tmp_path / "run")
+    model = ScriptedModel(script, scripted_settings(method={"name": "tmas", "params": params}))
+    result = await asolve(Q, run_dir=tmp_path / "run", model=model)
     renamed = [RENAMED] * (key == "pool")
     assert result.answer == "7" and result.notices == renamed
     with RunStore(tmp_path / "run", create=False) as store:

@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from conftest import clean_env, run_tmas, settings_for
+from conftest import clean_env, run_tmas, scripted_settings
+from scripted_runs import scripted_run
 from tmas.problems import Problem
-from tmas.runner import RunState, prepare_run, resume_settings, run_problems, stored_settings
+from tmas.runner import RunState, resume_settings, stored_settings
 from tmas.store.run_store import RunStore
-from tmas.testing import SimScript, SimServer
+from tmas.testing import ScriptedModel, SimScript, SimServer
 
 PROBLEMS = [
     {"problem_id": "mult", "question": "What is 17*23?", "answer": "391"},
@@ -141,64 +142,55 @@ def test_killed_three_times_at_random_moments_and_resumed_equals_uninterrupted(t
     assert mult["answer"] == mult["iterations"][-1]["selected"]
 
 
-@pytest.mark.slow
-def test_resume_with_more_iterations_continues_from_the_stored_ones(tmp_path: Path) -> None:
-    problems = tmp_path / "p.jsonl"
-    problems.write_text(json.dumps(PROBLEMS[0]) + "\n")
-    with SimServer(SimScript()) as sim:
-        run_dir = tmp_path / "run"
-        small = ["--method", "tmas", "-T", "2", "-p", "n=2", "-p", "m=1"]
-        out = tmas("run", str(problems), "-o", str(run_dir), "--base-url", sim.base_url, *small)
-        assert out.returncode == 0, out.stderr.decode()
-        first = sim.stats().total_requests
-        out = tmas("run", "--resume", str(run_dir), "--iterations", "3")
-        assert out.returncode == 0, out.stderr.decode()
-        # Iterations 0-1 are replayed from the store; only iteration 2 (2 + 2 + 2 + 1 + 1 calls) is new.
-        assert sim.stats().total_requests - first == 8
+async def test_resume_with_more_iterations_continues_from_the_stored_ones(tmp_path: Path) -> None:
+    problem = Problem.model_validate(PROBLEMS[0])
+    run_dir = tmp_path / "run"
+    small = scripted_settings(method__name="tmas", method__params={"n": 2, "m": 1, "iterations": 2})
+    await scripted_run(ScriptedModel(SimScript(), small), run_dir, [problem])
+    settings = resume_settings(stored_settings(run_dir), {}, params={"iterations": 3})
+    resumed = ScriptedModel(SimScript(), settings)
+    summary = await scripted_run(resumed, run_dir)
+    # Iterations 0-1 are replayed from the store; only iteration 2 (2 + 2 + 2 + 1 + 1 calls) is new.
+    assert len(resumed.calls) == 8 and summary.calls == 8 and summary.replayed_calls > 0
     with RunStore(run_dir, create=False) as store:
         assert len(store.results()[0]["iterations"]) == 3
 
 
-async def test_a_resumed_run_replays_one_problem_at_a_time_each_until_its_first_new_call(
-    sim: SimServer, tmp_path: Path
-) -> None:
+async def test_a_resumed_run_replays_one_problem_at_a_time_each_until_its_first_new_call(tmp_path: Path) -> None:
     """Replays answer at once: started together, the problems would replay in lockstep and the first new call would
     wait for every problem's replays. Each replays in turn instead, until its first new call (here the first call
     of iteration 2, after a run of 2 iterations resumed with 3), and the calls are still the same."""
     problems = [Problem(problem_id=f"p{k}", question=f"What is {k + 2}*7?", answer=str(7 * (k + 2))) for k in range(3)]
     run_dir = tmp_path / "run"
     params = {"n": 2, "m": 1, "iterations": 2, "skip_final_memory": False}
-    settings = settings_for(sim, method__name="tmas", method__params=params, problems_in_flight=3)
-    store, settings, todo = prepare_run(run_dir, settings, problems, resume=False)
-    with store:
-        await run_problems(settings, todo, store)
-    stored = len(sim.requests)
+    first = ScriptedModel(
+        SimScript(), scripted_settings(method__name="tmas", method__params=params, problems_in_flight=3)
+    )
+    await scripted_run(first, run_dir, problems)
+    stored = len(first.calls)
 
     begun: list[tuple[str, int]] = []
     state = RunState(on_iteration=lambda problem_id, t: begun.append((problem_id, t)))
     settings = resume_settings(stored_settings(run_dir), {}, params={"iterations": 3})
-    store, settings, todo = prepare_run(run_dir, settings, None, resume=True)
-    with store:
-        summary = await run_problems(settings, todo, store, state=state)
+    resumed = ScriptedModel(SimScript(), settings)
+    summary = await scripted_run(resumed, run_dir, state=state)
     assert begun == [(p.problem_id, t) for p in problems for t in range(3)]
-    # Every stored call replayed, none sent again: the server saw iteration 2 alone (2 + 2 + 2 + 1 + 1 per problem).
+    # Every stored call replayed, none asked again: the model saw iteration 2 alone (2 + 2 + 2 + 1 + 1 per problem).
     assert summary.done == 3 and summary.replayed_calls == stored
-    assert len(sim.requests) - stored == 3 * 8
+    assert len(resumed.calls) == 3 * 8
 
 
-async def test_a_problem_that_replays_to_its_end_passes_the_turn_on(sim: SimServer, tmp_path: Path) -> None:
+async def test_a_problem_that_replays_to_its_end_passes_the_turn_on(tmp_path: Path) -> None:
     """A problem killed after its last call but before its result was saved replays to its end without a new call:
     its end passes the turn on (else the next problem would wait for ever)."""
     problems = [Problem(problem_id=f"p{k}", question=f"What is {k + 2}*7?", answer=str(7 * (k + 2))) for k in range(2)]
     run_dir = tmp_path / "run"
-    settings = settings_for(sim, method__name="tmas", method__params={"n": 2, "m": 1, "iterations": 1})
-    store, settings, todo = prepare_run(run_dir, settings, problems, resume=False)
-    with store:
-        await run_problems(settings, todo, store)
-    stored = len(sim.requests)
+    model = ScriptedModel(
+        SimScript(), scripted_settings(method__name="tmas", method__params={"n": 2, "m": 1, "iterations": 1})
+    )
+    await scripted_run(model, run_dir, problems)
+    stored = len(model.calls)
     with sqlite3.connect(run_dir / "run.sqlite") as db:
         db.execute("DELETE FROM results")
-    store, settings, todo = prepare_run(run_dir, stored_settings(run_dir), None, resume=True)
-    with store:
-        summary = await asyncio.wait_for(run_problems(settings, todo, store), timeout=60)
-    assert summary.done == 2 and summary.replayed_calls == stored and len(sim.requests) == stored
+    summary = await asyncio.wait_for(scripted_run(model, run_dir, settings=stored_settings(run_dir)), timeout=60)
+    assert summary.done == 2 and summary.replayed_calls == stored and len(model.calls) == stored

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from conftest import clean_env, settings_for
+from conftest import SCRIPTED_URL, clean_env, scripted_settings
+from scripted_runs import scripted_run
 from tmas.data.generators import generate
 from tmas.grading.grades import GradeConfig
 from tmas.grading.runs import grade_run
@@ -21,10 +22,9 @@ from tmas.memory.transcript import TeamMember, Transcript, Utterance
 from tmas.methods.base import Candidate, IterationRecord
 from tmas.methods.confidence import Confidence
 from tmas.problems import Problem
-from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import SCHEMA_VERSION, RunStore, StoreError
 from tmas.store.summaries import summarize_result
-from tmas.testing import Rule, ScriptedUsage, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, ScriptedUsage, SimScript, SimServer
 from tmas.view.app import view_app
 from tmas.view.bank_diff import bank_diffs, diff_entries
 from web_helpers import AppThread, get, run_ref_for, wait_until
@@ -115,16 +115,16 @@ EXPERIENCE_RULE = Rule(
 )
 
 
-def _tmas_run(sim: SimServer, run_dir: Path, iterations: int = 2) -> None:
-    sim.set_script(SimScript(rules=[EXPERIENCE_RULE]))
-    settings = settings_for(
-        sim, method__name="tmas", method__params={"n": 3, "m": 1, "iterations": iterations, "skip_final_memory": False}
-    )
-    store, settings, problems = prepare_run(run_dir, settings, PROBLEMS, resume=False)
-    with store:
-        import asyncio
+def _tmas_run(run_dir: Path, iterations: int = 2) -> None:
+    """A TMAS run of PROBLEMS in process, graded by the rules."""
+    import asyncio
 
-        asyncio.run(run_problems(settings, problems, store))
+    params = {"n": 3, "m": 1, "iterations": iterations, "skip_final_memory": False}
+    model = ScriptedModel(
+        SimScript(rules=[EXPERIENCE_RULE]), scripted_settings(method__name="tmas", method__params=params)
+    )
+    asyncio.run(scripted_run(model, run_dir, PROBLEMS))
+    with RunStore(run_dir) as store:
         asyncio.run(grade_run(store, GradeConfig(mode="rules")))
 
 
@@ -313,13 +313,11 @@ def _shot(driver: Any, tmp_path: Path, name: str, top: Any = None) -> None:
 
 
 @pytest.mark.slow
-def test_in_chromium_open_a_run_a_problem_an_iteration_its_bank_diff_and_a_call(
-    sim: SimServer, tmp_path: Path, browser: Any
-) -> None:
+def test_in_chromium_open_a_run_a_problem_an_iteration_its_bank_diff_and_a_call(tmp_path: Path, browser: Any) -> None:
     from selenium.webdriver.common.by import By
 
     run_dir = tmp_path / "runs" / "tmas-demo"
-    _tmas_run(sim, run_dir)
+    _tmas_run(run_dir)
     with RunStore(run_dir, read_only=True) as store:
         records = store.iterations("mult")
         expected = bank_diffs(records[0]["state"], records[1]["state"])
@@ -420,20 +418,16 @@ def _scripted(answers: dict[str, list[str]], completion_tokens: int) -> SimScrip
     )
 
 
-def _scripted_run(sim: SimServer, run_dir: Path, script: SimScript, method: str, params: dict[str, Any]) -> None:
+def _scripted_run(run_dir: Path, script: SimScript, method: str, params: dict[str, Any]) -> None:
+    """A run of ``method`` on PROBLEMS in process, answered by ``script``."""
     import asyncio
 
-    sim.set_script(script)
-    settings = settings_for(sim, method__name=method, method__params=params)
-    store, settings, problems = prepare_run(run_dir, settings, PROBLEMS, resume=False)
-    with store:
-        asyncio.run(run_problems(settings, problems, store))
+    model = ScriptedModel(script, scripted_settings(method__name=method, method__params=params))
+    asyncio.run(scripted_run(model, run_dir, PROBLEMS))
 
 
 @pytest.mark.slow
-def test_in_chromium_two_runs_compared_with_math_rendered_and_graded_live(
-    sim: SimServer, tmp_path: Path, browser: Any
-) -> None:
+def test_in_chromium_two_runs_compared_with_math_rendered_and_graded_live(tmp_path: Path, browser: Any) -> None:
     from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
@@ -441,13 +435,12 @@ def test_in_chromium_two_runs_compared_with_math_rendered_and_graded_live(
     # Majority vote, k=4 samples of 100 completion tokens: mult gets 391 three times (reference 391), square 144
     # twice (reference 144); chain of thought, one sample of 300 tokens: right on mult, wrong on square.
     _scripted_run(
-        sim,
         runs / "a-majority",
         _scripted({"mult": ["391", "391", "390", "391"], "square": ["144", "144", "140", "141"]}, 100),
         "majority",
         {"k": 4},
     )
-    _scripted_run(sim, runs / "b-cot", _scripted({"mult": ["391"], "square": ["145"]}, 300), "cot", {})
+    _scripted_run(runs / "b-cot", _scripted({"mult": ["391"], "square": ["145"]}, 300), "cot", {})
     with AppThread(view_app([runs])) as viewer:
         browser.get(viewer.url)
         for box in browser.find_elements(By.CSS_SELECTOR, "#compare-form input[name=run]"):
@@ -530,7 +523,7 @@ def test_in_chromium_two_runs_compared_with_math_rendered_and_graded_live(
         browser.find_element(By.LINK_TEXT, "b-cot").click()
         title = browser.find_element(By.ID, "run-title").text
         assert title == "cot on sim-model", title  # every parameter at its default: none named
-        assert browser.find_element(By.ID, "model-detail").text == sim.base_url
+        assert browser.find_element(By.ID, "model-detail").text == SCRIPTED_URL
         rows = {
             r.find_elements(By.TAG_NAME, "td")[0].text.split()[0]: r.find_elements(By.TAG_NAME, "td")[4].text
             for r in browser.find_elements(By.CSS_SELECTOR, "#problems tr")[1:]
@@ -540,11 +533,11 @@ def test_in_chromium_two_runs_compared_with_math_rendered_and_graded_live(
         _shot(browser, tmp_path, "run_graded_live")
 
 
-def test_stored_grades_take_precedence_over_the_live_rules(sim: SimServer, tmp_path: Path) -> None:
+def test_stored_grades_take_precedence_over_the_live_rules(tmp_path: Path) -> None:
     import asyncio
 
     run_dir = tmp_path / "cot"
-    _scripted_run(sim, run_dir, _scripted({"mult": ["391"], "square": ["145"]}, 300), "cot", {})
+    _scripted_run(run_dir, _scripted({"mult": ["391"], "square": ["145"]}, 300), "cot", {})
     with RunStore(run_dir) as store:
         asyncio.run(grade_run(store, GradeConfig(mode="rules")))
     with AppThread(view_app([run_dir])) as viewer:
@@ -561,7 +554,7 @@ def test_stored_grades_take_precedence_over_the_live_rules(sim: SimServer, tmp_p
     )
 
 
-def _graded_majority_run(sim: SimServer, run_dir: Path) -> tuple[Any, Any]:
+def _graded_majority_run(run_dir: Path) -> tuple[Any, Any]:
     """A majority run graded by the rules, and its grades and metrics as ``tmas report`` reads them (full records)."""
     import asyncio
 
@@ -569,7 +562,7 @@ def _graded_majority_run(sim: SimServer, run_dir: Path) -> tuple[Any, Any]:
     from tmas.grading.runs import load_grades
     from tmas.reports.metrics import compute_metrics
 
-    _scripted_run(sim, run_dir, _scripted({"mult": ["391", "392"], "square": ["144"]}, 300), "majority", {"k": 3})
+    _scripted_run(run_dir, _scripted({"mult": ["391", "392"], "square": ["144"]}, 300), "majority", {"k": 3})
     with RunStore(run_dir) as store:
         asyncio.run(grade_run(store, GradeConfig(mode="rules")))
         full = load_grades(store, GradeConfig())
@@ -589,13 +582,13 @@ def _overview(run_dir: Path) -> Any:
         return reader.overview()
 
 
-def test_an_overview_reads_the_same_figures_as_the_full_reads(sim: SimServer, tmp_path: Path) -> None:
+def test_an_overview_reads_the_same_figures_as_the_full_reads(tmp_path: Path) -> None:
     """The run page reads each result's summary, grades from them, and costs per role in one pass: the figures
     equal those of the full reads (tmas report's load_grades, the store's call counts)."""
     import sqlite3
 
     run_dir = tmp_path / "maj"
-    full, metrics = _graded_majority_run(sim, run_dir)
+    full, metrics = _graded_majority_run(run_dir)
     with RunStore(run_dir) as store:
         counts, roles = store.call_counts(), store.role_costs()
         summaries = {pid: summary for pid, _, summary in store.result_summaries()}
@@ -616,13 +609,11 @@ def test_an_overview_reads_the_same_figures_as_the_full_reads(sim: SimServer, tm
     assert overview.costs == {k: counts[k] for k in overview.costs} and overview.costs["calls"] == 6
 
 
-def test_a_store_without_summaries_is_read_in_full_and_summarized_on_its_first_writable_open(
-    sim: SimServer, tmp_path: Path
-) -> None:
+def test_a_store_without_summaries_is_read_in_full_and_summarized_on_its_first_writable_open(tmp_path: Path) -> None:
     import sqlite3
 
     run_dir = tmp_path / "maj"
-    full, metrics = _graded_majority_run(sim, run_dir)
+    full, metrics = _graded_majority_run(run_dir)
     # The store as schema 2 left it: no summaries.
     db = sqlite3.connect(run_dir / "run.sqlite")
     db.executescript(
@@ -679,17 +670,15 @@ def test_a_comparison_needs_two_known_runs(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_thousand_problem_run_from_the_simulated_server_renders(sim: SimServer, tmp_path: Path) -> None:
+def test_a_thousand_problem_run_from_the_simulated_server_renders(tmp_path: Path) -> None:
     """Index and run pages of 1,000 generated problems (their render time is measured in benchmarks/view_pages.py)."""
     import asyncio
 
     records = list(generate("all", 143, seed=0))[:1000]
     problems = [Problem(problem_id=r["problem_id"], question=r["question"], answer=r["answer"]) for r in records]
     run_dir = tmp_path / "big"
-    settings = settings_for(sim, method__name="cot", concurrency=64)
-    store, settings, stored = prepare_run(run_dir, settings, problems, resume=False)
-    with store:
-        asyncio.run(run_problems(settings, stored, store))
+    model = ScriptedModel(SimScript(), scripted_settings(method__name="cot", concurrency=64))
+    asyncio.run(scripted_run(model, run_dir, problems))
     with AppThread(view_app([tmp_path])) as viewer:
         status, index = get(viewer.url)
         assert status == 200 and b"1000 done" in index

@@ -1,5 +1,10 @@
 """The Python API: solve one question (``tmas solve``), a problem file into a run, or resume a run (``tmas run``),
-through the same library functions as the CLI."""
+through the same library functions as the CLI.
+
+Each takes an optional ``model``: a :class:`tmas.llm.model.ChatModel` of the caller's own (a backend that is not an
+OpenAI-compatible endpoint, or :class:`tmas.testing.ScriptedModel`) that the run uses instead of the endpoint of its
+settings, replayed from and recorded in the run's store as an endpoint's calls are. Without ``settings`` the run takes
+the model's own."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tmas.config import Settings, load_settings
+from tmas.llm.model import ChatModel
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem, check_question
 from tmas.runner import RunSummary, open_new_run, prepare_run, resume_settings, run_problems, stored_settings
@@ -21,10 +27,11 @@ async def asolve(
     method: str | None = None,
     params: dict[str, Any] | None = None,
     run_dir: str | Path | None = None,
+    model: ChatModel | None = None,
 ) -> ProblemResult:
     """Solve ``question``; with ``run_dir`` the whole run (every call, every iteration) is kept there."""
     check_question(question, "question")
-    settings = settings or load_settings()
+    settings = _settings_of(settings, model)
     if method is not None or params:
         chosen = settings.method.model_copy(
             update={
@@ -35,9 +42,12 @@ async def asolve(
         settings = settings.model_copy(update={"method": chosen})
     problem = Problem(problem_id="question", question=question)
     with tempfile.TemporaryDirectory(prefix="tmas-solve-") as scratch:
-        store, settings, problems = prepare_run(Path(run_dir or scratch), settings, [problem], resume=False)
+        own = model is not None
+        store, settings, problems = prepare_run(
+            Path(run_dir or scratch), settings, [problem], resume=False, own_model=own
+        )
         with store:
-            summary = await run_problems(settings, problems, store, keep_results=True)
+            summary = await run_problems(settings, problems, store, keep_results=True, model=model)
     return summary.results[0]
 
 
@@ -48,18 +58,25 @@ def solve(
     method: str | None = None,
     params: dict[str, Any] | None = None,
     run_dir: str | Path | None = None,
+    model: ChatModel | None = None,
 ) -> ProblemResult:
     """Blocking form of :func:`asolve`."""
-    return asyncio.run(asolve(question, settings, method=method, params=params, run_dir=run_dir))
+    return asyncio.run(asolve(question, settings, method=method, params=params, run_dir=run_dir, model=model))
 
 
 async def arun(
-    problems: str | Path, out: str | Path, settings: Settings | None = None, *, limit: int | None = None
+    problems: str | Path,
+    out: str | Path,
+    settings: Settings | None = None,
+    *,
+    limit: int | None = None,
+    model: ChatModel | None = None,
 ) -> RunSummary:
     """Solve a problem file (JSONL or a benchmark name) into a new run directory ``out``, as ``tmas run`` does."""
-    store, settings, todo = open_new_run(Path(out), settings or load_settings(), problems, limit=limit)
+    own = model is not None
+    store, settings, todo = open_new_run(Path(out), _settings_of(settings, model), problems, limit=limit, own_model=own)
     with store:
-        return await run_problems(settings, todo, store)
+        return await run_problems(settings, todo, store, model=model)
 
 
 async def aresume(
@@ -68,12 +85,21 @@ async def aresume(
     *,
     config: str | Path | None = None,
     params: dict[str, Any] | None = None,
+    model: ChatModel | None = None,
 ) -> RunSummary:
     """Continue the run in ``run_dir`` as ``tmas run --resume`` does: its stored settings with dotted-key
     ``overrides`` (e.g. ``{"sampling.temperature": 0.6}``) and method ``params`` (e.g. ``{"iterations": 4}``) on top,
-    by the rule of :func:`tmas.runner.resume_settings`."""
+    by the rule of :func:`tmas.runner.resume_settings`. With ``model`` the run goes on on that model: the calls it
+    finished are replayed from the store wherever the model asks them again."""
     run_dir = Path(run_dir)
     settings = resume_settings(stored_settings(run_dir), overrides or {}, config=config, params=params)
-    store, settings, todo = prepare_run(run_dir, settings, None, resume=True)
+    store, settings, todo = prepare_run(run_dir, settings, None, resume=True, own_model=model is not None)
     with store:
-        return await run_problems(settings, todo, store)
+        return await run_problems(settings, todo, store, model=model)
+
+
+def _settings_of(settings: Settings | None, model: ChatModel | None) -> Settings:
+    """The settings given, else the model's own (where a model is given), else those of the configuration."""
+    if settings is not None:
+        return settings
+    return model.settings if model is not None else load_settings()

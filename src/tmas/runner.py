@@ -7,7 +7,7 @@ import hashlib
 import json
 import shutil
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sized
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Sized
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from itertools import islice
@@ -20,7 +20,7 @@ from tmas.config import Budget, Settings, load_settings, with_method_params, wit
 from tmas.errors import InputError, TmasError
 from tmas.llm.factory import open_model
 from tmas.llm.lanes import enter_lane
-from tmas.llm.model import ClientStats, EndpointUnreachable
+from tmas.llm.model import ChatModel, ClientStats, EndpointUnreachable
 from tmas.llm.replay import ReplayTurns
 from tmas.llm.types import Usage
 from tmas.methods import check_roles, create_method
@@ -37,7 +37,7 @@ from tmas.problems import Problem, dataset_name, iter_problems, resolve_dataset
 from tmas.store.run_store import DB_NAME, RunStore, StoreError
 
 if TYPE_CHECKING:
-    from tmas.answer_rules import RuleEquivalence
+    from tmas.answer_classes import EquivalenceCheck
 
 
 @dataclass
@@ -127,10 +127,11 @@ def run_fingerprint(method: Method[Any], settings: Settings) -> str:
     return params_fingerprint(method.name, method.params.model_dump(mode="json"), settings.budget.identity())
 
 
-def problems_in_flight(settings: Settings) -> int:
+def problems_in_flight(settings: Settings, *, own_model: bool = False) -> int:
     """How many problems a run solves at once: ``settings.problems_in_flight`` where set, else what the solution
     role's endpoint serves at once (``max_in_flight`` per replica times its replicas: for the embedded model, as
     provisioned, its slots times its replicas), else the call cap; never more than the call cap (``concurrency``).
+    A run on a model of the caller's own (``own_model``) has no endpoint to size by: the call cap.
 
     More problems than the endpoint has slots would only share the slots: every problem slows down, and the first
     one finishes after most of the run's time instead of after its own.
@@ -138,6 +139,8 @@ def problems_in_flight(settings: Settings) -> int:
     cap = settings.concurrency
     if settings.problems_in_flight is not None:
         return min(settings.problems_in_flight, cap)
+    if own_model:
+        return cap
     if settings.uses_local_model:
         slots = settings.local.parallel * settings.local.replicas
     else:
@@ -204,8 +207,9 @@ class RunSetup:
     overrides: list[Override]
 
     @classmethod
-    def check(cls, settings: Settings) -> RunSetup:
-        method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
+    def check(cls, settings: Settings, *, own_model: bool = False) -> RunSetup:
+        """``own_model``: the run is on a model of the caller's own, not the embedded one (:func:`run_method`)."""
+        method = run_method(settings, own_model=own_model)
         check_roles(settings)
         overrides = check_overrides(settings.prompts_dir) if settings.prompts_dir else []
         return cls(settings, method, overrides)
@@ -219,24 +223,26 @@ class RunSetup:
 
 
 def open_new_run(
-    run_dir: Path, settings: Settings, problems: str | Path, *, limit: int | None = None
+    run_dir: Path, settings: Settings, problems: str | Path, *, limit: int | None = None, own_model: bool = False
 ) -> tuple[RunStore, Settings, StoredProblems]:
     """A new run in ``run_dir`` of the problems in a JSONL file or a benchmark name (the first ``limit``): the
     problems are streamed into the store, which records the benchmark name that reports group runs by."""
     reader = iter_problems(resolve_dataset(Path(problems)))
-    store, settings, todo = prepare_run(run_dir, settings, islice(reader, limit) if limit else reader, resume=False)
+    todo = islice(reader, limit) if limit else reader
+    store, settings, stored = prepare_run(run_dir, settings, todo, resume=False, own_model=own_model)
     store.set_meta("dataset", dataset_name(Path(problems)))
-    return store, settings, todo
+    return store, settings, stored
 
 
 def prepare_run(
-    run_dir: Path, settings: Settings, problems: Iterable[Problem] | None, *, resume: bool
+    run_dir: Path, settings: Settings, problems: Iterable[Problem] | None, *, resume: bool, own_model: bool = False
 ) -> tuple[RunStore, Settings, StoredProblems]:
     """A run's one preparation, in order: its settings checked (:class:`RunSetup`: the method's parameters, the
     prompt overrides) before a run directory exists; then its store, where a new run records its problems (streamed:
     ``problems`` may be a lazy reader of a file, and a bad line in it leaves no run directory behind) and a resumed
-    one reads them back, and either records its setup. :func:`run_problems` then opens the model, once."""
-    setup = RunSetup.check(settings)
+    one reads them back, and either records its setup. :func:`run_problems` then opens the model, once (``own_model``:
+    a model of the caller's own, not the embedded one, where the settings name no endpoint)."""
+    setup = RunSetup.check(settings, own_model=own_model)
     if resume:
         store = RunStore(run_dir, create=False)
         stored = store.get_meta("settings")
@@ -273,10 +279,12 @@ async def run_problems(
     state: RunState | None = None,
     on_result: Callable[[ProblemResult], None] | None = None,
     keep_results: bool = False,
+    model: ChatModel | None = None,
 ) -> RunSummary:
     """Solve every problem not already finished with the same method parameters; results are stored as they come.
     The store holds the run's setup (:func:`prepare_run`, or :meth:`RunSetup.record`); the model is opened here, through
-    :func:`tmas.llm.factory.open_model`.
+    :func:`tmas.llm.factory.open_model`: the endpoint of ``settings``, or ``model``, a
+    :class:`tmas.llm.model.ChatModel` of the caller's own, replayed from and recorded in the store all the same.
 
     A fixed pool of workers pulls problems from ``problems`` one at a time, so a run of any size holds only the
     problems being solved (at most :func:`problems_in_flight`: what the endpoint serves at once). Results are not
@@ -285,12 +293,11 @@ async def run_problems(
     run, the problems with finished calls replay them one at a time (:class:`tmas.llm.replay.ReplayTurns`).
     """
     state = state or RunState()
-    method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
+    method = run_method(settings, own_model=model is not None)
     fingerprint = run_fingerprint(method, settings)
     finished = store.finished_problem_ids(fingerprint)
     state.total = len(problems) if isinstance(problems, Sized) else store.problem_count()
     tally = _Tally()
-    bank = _token_bank(store, settings.budget, finished)
 
     def pending() -> Iterator[Problem]:
         for problem in problems:
@@ -301,38 +308,19 @@ async def run_problems(
 
     todo = pending()
     started = time.monotonic()
-    # The grading rules group the votes' answers where Math-Verify is installed (the eval extra); imported here, as
-    # the local server is, so a run pays for the evaluation package only when it starts.
-    from tmas.answer_rules import RuleEquivalence, math_verify_installed
-
-    equivalence = RuleEquivalence() if math_verify_installed() else None
     turns = ReplayTurns(store.problems_with_calls())
     with prompts_from(settings.prompts_dir):
         stats = ClientStats()
-        model = open_model(settings, store, log_dir=store.run_dir, stats=stats, on_send=turns.sent)
-        async with model as llm, _closing(equivalence):
+        opened = open_model(settings, store, log_dir=store.run_dir, stats=stats, on_send=turns.sent, model=model)
+        async with (
+            opened as llm,
+            problem_solver(settings, llm, method, store, state=state, finished=finished) as solver,
+        ):
             state.stats = stats
 
             async def one(problem: Problem) -> None:
-                session = ProblemSession(
-                    problem,
-                    llm,
-                    store,
-                    seed=settings.seed,
-                    active=state.active,
-                    budget=settings.budget,
-                    equivalence=equivalence,
-                    on_iteration=state.iteration_started,
-                    bank=bank,
-                    params=method.params,
-                )
-                try:
-                    async with turns.turn(problem.problem_id):
-                        result = await solve_one(method, session)
-                finally:
-                    state.active.pop(problem.problem_id, None)
-                if bank is not None and settings.budget.tokens is not None:
-                    bank.deposit(settings.budget.tokens + session.drawn - session.spent_tokens)
+                async with turns.turn(problem.problem_id):
+                    result = await solver.solve(problem)
                 record = result.model_dump(mode="json")
                 record["fingerprint"] = fingerprint
                 store.save_result(problem.problem_id, result.status, record)
@@ -351,7 +339,7 @@ async def run_problems(
                 for problem in todo:
                     await one(problem)
 
-            state.problem_slots = problems_in_flight(llm.settings)
+            state.problem_slots = problems_in_flight(llm.settings, own_model=model is not None)
             workers = max(1, min(state.problem_slots, state.total - len(finished)))
             try:
                 await gather_all(worker(w, workers) for w in range(workers))
@@ -389,6 +377,77 @@ async def run_problems(
     )
 
 
+def run_method(settings: Settings, *, own_model: bool = False) -> Method[Any]:
+    """The method a run of ``settings`` solves with: the embedded model's defaults under its parameters when the run
+    is on the embedded local model (no endpoint, and no model of the caller's own: ``own_model``)."""
+    embedded = settings.uses_local_model and not own_model
+    return create_method(settings.method.name, settings.method.params, embedded=embedded)
+
+
+@dataclass
+class ProblemSolver:
+    """Solves one problem after another as a run does (:func:`problem_solver` makes it): each in a session with the
+    run's seed, budget and shared token bank, the progress display's live state, and the answer equivalence votes
+    group by; what a problem left of its pooled token share goes back to the bank when it is done."""
+
+    settings: Settings
+    llm: ChatModel
+    store: RunStore | None
+    method: Method[Any]
+    state: RunState
+    equivalence: EquivalenceCheck | None
+    bank: TokenBank | None
+
+    async def solve(self, problem: Problem) -> ProblemResult:
+        settings, state = self.settings, self.state
+        session = ProblemSession(
+            problem,
+            self.llm,
+            self.store,
+            seed=settings.seed,
+            active=state.active,
+            budget=settings.budget,
+            equivalence=self.equivalence,
+            on_iteration=state.iteration_started,
+            bank=self.bank,
+            params=self.method.params,
+        )
+        try:
+            result = await solve_one(self.method, session)
+        finally:
+            state.active.pop(problem.problem_id, None)
+        if self.bank is not None and settings.budget.tokens is not None:
+            self.bank.deposit(settings.budget.tokens + session.drawn - session.spent_tokens)
+        return result
+
+
+@asynccontextmanager
+async def problem_solver(
+    settings: Settings,
+    llm: ChatModel,
+    method: Method[Any],
+    store: RunStore | None = None,
+    *,
+    state: RunState | None = None,
+    finished: Collection[str] = (),
+) -> AsyncIterator[ProblemSolver]:
+    """The solver of a run of ``method`` (:func:`run_method`) on ``llm``: :func:`run_problems` solves each problem
+    through it, and a caller that solves problems without a run directory (a test in process) solves them the same
+    way. A pooled budget's bank holds what the ``finished`` problems of ``store`` left. Votes group answers by the
+    grading rules' equivalence where Math-Verify is installed; its worker pool stops on leaving."""
+    bank = _token_bank(store, settings.budget, finished)
+    # The grading rules group the votes' answers where Math-Verify is installed (the eval extra); imported here, as
+    # the local server is, so a run pays for the evaluation package only when it starts.
+    from tmas.answer_rules import RuleEquivalence, math_verify_installed
+
+    equivalence = RuleEquivalence() if math_verify_installed() else None
+    try:
+        yield ProblemSolver(settings, llm, store, method, state or RunState(), equivalence, bank)
+    finally:
+        if equivalence is not None:
+            await equivalence.aclose()
+
+
 @dataclass
 class _Tally:
     """What the summary needs of the results, accumulated as they come instead of keeping them all."""
@@ -409,13 +468,13 @@ class _Tally:
             self.results.append(result)
 
 
-def _token_bank(store: RunStore, budget: Budget, finished: set[str]) -> TokenBank | None:
+def _token_bank(store: RunStore | None, budget: Budget, finished: Collection[str]) -> TokenBank | None:
     """A pooled token budget's bank (None without one), holding what the problems finished before (a resumed run)
     left unused of their shares and draws."""
     if not budget.pool or budget.tokens is None:
         return None
     bank = TokenBank()
-    for result in store.results():
+    for result in store.results() if store is not None and finished else ():
         if result["problem_id"] in finished:
             spent = budget.spent(Usage.model_validate(result.get("usage") or {}))
             bank.deposit(budget.tokens + int(result.get("budget_drawn", 0)) - spent)
@@ -433,15 +492,6 @@ def budget_result(method: str, session: ProblemSession, detail: str) -> ProblemR
     if last is None:
         result.status, result.error = "failed", f"{detail}, before any iteration finished"
     return result
-
-
-@asynccontextmanager
-async def _closing(equivalence: RuleEquivalence | None) -> AsyncIterator[None]:
-    try:
-        yield
-    finally:
-        if equivalence is not None:
-            await equivalence.aclose()
 
 
 async def solve_one(method: Method[Any], session: ProblemSession) -> ProblemResult:

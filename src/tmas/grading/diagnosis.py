@@ -17,7 +17,6 @@ from typing import Any
 from tmas.agents.templates import prompt
 from tmas.grading.grader import GradingContext, StoredGrades, Verdicts
 from tmas.grading.grades import SELECTED, GradeConfig, Item
-from tmas.llm.factory import open_model
 from tmas.llm.model import ChatModel
 from tmas.llm.types import CallKey
 from tmas.methods.state import MATTRLState
@@ -104,12 +103,13 @@ class DiagnosisGrader:
     async def grade(self, items: Sequence[Item], context: GradingContext) -> Verdicts:
         """By spelling, or by the ``judge`` role where the context has its settings (one case at a time)."""
         ranked = [item for item in items if item.key[2] == SELECTED]
-        if context.settings is None:
+        settings = context.judge_settings
+        if settings is None:
             found: list[tuple[int | None, str | None]] = [
                 (name_rank(top10(item.state), item.problem.answer or ""), None) for item in ranked
             ]
         else:
-            async with open_model(context.settings, context.store, log_dir=context.store.run_dir) as llm:
+            async with context.open_judge(settings) as llm:
                 found = [
                     await judge_rank(llm, item.problem.problem_id, top10(item.state), item.problem.answer or "")
                     for item in ranked

@@ -9,11 +9,14 @@ and a pool's ``grade_mode = "NAME"`` then use it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
 from tmas.config import Settings
 from tmas.grading.grades import GradeConfig, Grades, Item, ItemKey
+from tmas.llm.factory import open_model
+from tmas.llm.model import ChatModel
 from tmas.store.run_store import GradeRow, RunStore
 
 # A run's stored verdicts by (item, grader name, judge run).
@@ -29,13 +32,26 @@ def index_grades(rows: Sequence[GradeRow]) -> StoredGrades:
 @dataclass
 class GradingContext:
     """The run being graded: its store (for stored verdicts and new ones), the configuration, the settings of the
-    ``judge`` role's endpoint (None: no judge), and the grades under way (for notes and the judge's usage)."""
+    ``judge`` role's endpoint (None: no judge), the grades under way (for notes and the judge's usage), and a judge
+    ``model`` of the caller's own, used instead of the endpoint (its own settings where none are given)."""
 
     store: RunStore
     config: GradeConfig
     settings: Settings | None
     grades: Grades
     stored: StoredGrades
+    model: ChatModel | None = None
+
+    @property
+    def judge_settings(self) -> Settings | None:
+        """What the judge role resolves against: the settings given, else the judge model's; None: no judge."""
+        if self.settings is None and self.model is not None:
+            return self.model.settings
+        return self.settings
+
+    def open_judge(self, settings: Settings) -> AbstractAsyncContextManager[ChatModel]:
+        """The judge model on ``settings``, its calls asked once and replayed afterwards from the run's store."""
+        return open_model(settings, self.store, log_dir=self.store.run_dir, model=self.model)
 
 
 class Grader(Protocol):

@@ -23,7 +23,6 @@ from tmas.agents.templates import prompt
 from tmas.config import Sampling, Settings
 from tmas.grading.grader import GradingContext, StoredGrades, Verdicts
 from tmas.grading.grades import GradeConfig, Item, ItemKey
-from tmas.llm.factory import open_model
 from tmas.llm.model import ChatModel
 from tmas.llm.types import CallKey, Usage
 from tmas.store.run_store import GradeRow
@@ -144,9 +143,10 @@ class JudgeGrader:
     async def grade(self, items: Sequence[Item], context: GradingContext) -> Verdicts:
         if not items:
             return {}
-        settings = context.settings
+        settings = context.judge_settings
         judged: dict[tuple[ItemKey, int], bool | None] = {}
-        if settings is None or settings.uses_local_model:
+        # The embedded model is no judge; a judge model of the caller's own is, whatever its settings name.
+        if settings is None or (settings.uses_local_model and context.model is None):
             context.grades.notes.append(
                 f"no judge endpoint configured: {len(items)} answers the rules could not decide stay undecided"
             )
@@ -189,7 +189,7 @@ async def _judge_items(
     if not groups:
         return out
     gate = asyncio.Semaphore(config.judge_concurrency)
-    async with open_model(settings, store, log_dir=store.run_dir) as llm:
+    async with context.open_judge(settings) as llm:
 
         async def one(pid: str, student: str, run: int, members: list[Item]) -> None:
             problem = members[0].problem

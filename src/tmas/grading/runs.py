@@ -14,6 +14,7 @@ from tmas.grading.grader import GradingContext, index_grades
 from tmas.grading.grades import GradeConfig, Grades, iter_items
 from tmas.grading.registry import DEFAULT_GRADER, grader_named
 from tmas.grading.run_results import load_results
+from tmas.llm.model import ChatModel
 from tmas.store.run_store import GradeRow, RunStore
 
 
@@ -23,8 +24,10 @@ async def grade_run(
     settings: Settings | None = None,
     *,
     regrade: bool = False,
+    model: ChatModel | None = None,
 ) -> Grades:
-    """Grade the run in ``store`` (reusing stored grades unless ``regrade``) and return all verdicts."""
+    """Grade the run in ``store`` (reusing stored grades unless ``regrade``) and return all verdicts. A judge asks
+    the ``judge`` role of ``settings``' endpoint, or ``model``, a judge model of the caller's own."""
     grader = grader_named(config.mode)
     problems = store.problems()
     results = load_results(store)
@@ -34,7 +37,7 @@ async def grade_run(
     grades.unlabeled = [p.problem_id for p in problems if p.answer is None and p.problem_id in result_ids]
     if regrade:
         store.delete_grades()
-    context = GradingContext(store, config, settings, grades, index_grades(store.grades()))
+    context = GradingContext(store, config, settings, grades, index_grades(store.grades()), model)
     grades.verdicts = await grader.grade(items, context)
     return grades
 

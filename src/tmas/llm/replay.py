@@ -42,7 +42,8 @@ class StoreReplay:
     """``StoreReplay(model, store)``: ``model`` with every finished call replayed from ``store``.
 
     ``on_replay`` hears of each replayed call (the HTTP client counts them in its stats), ``on_send`` of each call
-    about to be sent (a problem's first one ends its replay turn: :class:`ReplayTurns`)."""
+    about to be sent (a problem's first one ends its replay turn: :class:`ReplayTurns`), ``on_sent`` of each
+    completion the wrapped model returned (counted there for a model that keeps no stats of its own)."""
 
     def __init__(
         self,
@@ -51,11 +52,13 @@ class StoreReplay:
         *,
         on_replay: Callable[[Completion], None] | None = None,
         on_send: Callable[[CallKey], None] | None = None,
+        on_sent: Callable[[Completion], None] | None = None,
     ) -> None:
         self.inner = inner
         self.store = store
         self.on_replay = on_replay
         self.on_send = on_send
+        self.on_sent = on_sent
         self.replayed = 0
 
     @property
@@ -89,6 +92,8 @@ class StoreReplay:
         completion = await self.inner.chat(
             role, messages, key=key, sampling=sampling, reply_model=reply_model, watch=watch
         )
+        if self.on_sent is not None:
+            self.on_sent(completion)
         # Saved under the hash it was looked up by, so a resumed run finds it whatever the wrapped model hashed.
         completion.request_hash = request_hash
         completion.call_id = self.store.record_call(completion, request)

@@ -327,12 +327,15 @@ async def build_pool(
     config: BuildConfig,
     *,
     progress: ProgressFn | None = None,
+    model: ChatModel | None = None,
 ) -> BuildSummary:
-    """Build (or extend) the pool at ``pool_path`` from the labelled MATTRL runs in ``run_dirs``."""
+    """Build (or extend) the pool at ``pool_path`` from the labelled MATTRL runs in ``run_dirs``. Every judge (the
+    runs' grading, the turn credits, the summaries) asks the endpoint of ``settings``, or ``model``, a
+    :class:`tmas.llm.model.ChatModel` of the caller's own, its calls kept in the build's store either way."""
     summary = BuildSummary(pool=pool_path)
     step: ProgressFn = progress or (lambda stage, done, total: None)
     cases = await load_transcripts(
-        run_dirs, settings, grade_mode=config.grade_mode, notes=summary.notes, match=config.match
+        run_dirs, settings, grade_mode=config.grade_mode, notes=summary.notes, match=config.match, model=model
     )
     case_turns = {(c.run, c.problem.problem_id): (c, c.turns()) for c in cases}
     summary.cases = len(cases)
@@ -340,7 +343,7 @@ async def build_pool(
     build_dir.mkdir(parents=True, exist_ok=True)
     with RunStore(build_dir) as store:
         store.set_meta("experience_build", config.model_dump(mode="json"))
-        async with open_model(settings, store, log_dir=build_dir) as llm:
+        async with open_model(settings, store, log_dir=build_dir, model=model) as llm:
             judge = TurnJudge(llm, retries=config.retries, concurrency=settings.concurrency)
             finished = 0
 

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tmas.config import Settings
 from tmas.grading.registry import GradeMode
+from tmas.llm.model import ChatModel
 from tmas.memory.pool import Pool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.pool.outcomes import DiagnosisMatch, load_transcripts
@@ -76,10 +77,12 @@ async def retrieval_usage(
     grade_mode: GradeMode,
     notes: list[str],
     match: DiagnosisMatch = "judge",
+    *,
+    model: ChatModel | None = None,
 ) -> tuple[dict[str, EntryUsage], float | None]:
     """Per entry id: in how many graded problems it was retrieved, and how many of those ended wrong; and the
-    base wrong rate over all those problems (None without any)."""
-    cases = await load_transcripts(run_dirs, settings, grade_mode=grade_mode, notes=notes, match=match)
+    base wrong rate over all those problems (None without any). The grading's judge is ``model`` where given."""
+    cases = await load_transcripts(run_dirs, settings, grade_mode=grade_mode, notes=notes, match=match, model=model)
     usage: dict[str, EntryUsage] = {}
     for case in cases:
         ids = {i for u in case.transcript.utterances for i in u.experience_ids}
@@ -121,12 +124,21 @@ def duplicate_groups(entries: list[PoolEntry], vectors: np.ndarray, threshold: f
 
 
 async def prune_pool(
-    pool_path: Path, run_dirs: list[Path], settings: Settings | None, config: PruneConfig
+    pool_path: Path,
+    run_dirs: list[Path],
+    settings: Settings | None,
+    config: PruneConfig,
+    *,
+    model: ChatModel | None = None,
 ) -> PruneSummary:
+    """Prune the pool at ``pool_path`` by ``config``, counting each entry's uses (and wrong ones) in ``run_dirs``;
+    their grading's judge asks the endpoint of ``settings``, or ``model``, the caller's own."""
     pool = Pool.open(pool_path)
     summary = PruneSummary(pool=pool_path, before=len(pool))
     if run_dirs:
-        usage, base = await retrieval_usage(run_dirs, settings, config.grade_mode, summary.notes, config.match)
+        usage, base = await retrieval_usage(
+            run_dirs, settings, config.grade_mode, summary.notes, config.match, model=model
+        )
         summary.base_wrong_rate = base
         counted = []
         for entry in pool.entries:

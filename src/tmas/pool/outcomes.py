@@ -28,6 +28,7 @@ from tmas.grading.grades import SELECTED, GradeConfig
 from tmas.grading.registry import GradeMode
 from tmas.grading.runs import grade_run
 from tmas.llm.factory import open_model
+from tmas.llm.model import ChatModel
 from tmas.memory.transcript import Transcript, Utterance
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore, StoreError
@@ -176,17 +177,22 @@ class GradedResult:
 
 
 async def graded_results(
-    run_dir: Path, settings: Settings | None, grade_mode: GradeMode, notes: list[str]
+    run_dir: Path,
+    settings: Settings | None,
+    grade_mode: GradeMode,
+    notes: list[str],
+    *,
+    model: ChatModel | None = None,
 ) -> list[GradedResult]:
     """The run's finished, labelled problems, graded by the evaluation harness (grades stored in the run and
-    reused); what is skipped and why goes to ``notes``."""
+    reused; a judge on ``model`` where one is given); what is skipped and why goes to ``notes``."""
     try:
         store = RunStore(run_dir, create=False)
     except StoreError as exc:
         raise InputError(str(exc)) from None
     out: list[GradedResult] = []
     with store:
-        grades = await grade_run(store, GradeConfig(mode=grade_mode, judge_runs=1), settings)
+        grades = await grade_run(store, GradeConfig(mode=grade_mode, judge_runs=1), settings, model=model)
         problems = {p.problem_id: p for p in store.problems()}
         for result in store.results():
             pid = result["problem_id"]
@@ -209,12 +215,14 @@ async def load_transcripts(
     grade_mode: GradeMode = "combined",
     notes: list[str],
     match: DiagnosisMatch = "judge",
+    model: ChatModel | None = None,
 ) -> list[LabelledTranscript]:
-    """The labelled, finished MATTRL problems of ``run_dirs``; what is skipped and why goes to ``notes``."""
+    """The labelled, finished MATTRL problems of ``run_dirs``; what is skipped and why goes to ``notes``. The judges
+    (grading, diagnosis matching) ask the endpoint of ``settings``, or ``model``, the caller's own."""
     cases: list[LabelledTranscript] = []
     for run_dir in run_dirs:
         medicine: list[tuple[LabelledTranscript, list[str]]] = []
-        for graded in await graded_results(run_dir, settings, grade_mode, notes):
+        for graded in await graded_results(run_dir, settings, grade_mode, notes, model=model):
             problem, records = graded.problem, graded.records
             where = f"{run_dir}: problem {problem.problem_id}"
             transcript = transcript_of(records, where)
@@ -226,7 +234,7 @@ async def load_transcripts(
                 medicine.append((case, top10(records[-1].get("state") or {})))
             cases.append(case)
         ranks = await diagnosis_ranks(
-            run_dir, settings, [(c.problem.problem_id, t, c.gold) for c, t in medicine], match, notes
+            run_dir, settings, [(c.problem.problem_id, t, c.gold) for c, t in medicine], match, notes, model=model
         )
         for case, _ in medicine:
             rank = ranks[case.problem.problem_id]
@@ -240,6 +248,8 @@ async def diagnosis_ranks(
     cases: list[tuple[str, list[str], str]],
     match: DiagnosisMatch,
     notes: list[str],
+    *,
+    model: ChatModel | None = None,
 ) -> dict[str, int | None]:
     """The gold diagnosis's rank in each ``(problem_id, top10, gold)``: by spelling, then (``match="judge"``) by
     the diagnosis judge for the differentials spelling did not match. The judge's calls go through the run's
@@ -248,6 +258,8 @@ async def diagnosis_ranks(
     todo = [(pid, top, gold) for pid, top, gold in cases if ranks[pid] is None and top]
     if not todo or match == "spelling":
         return ranks
+    if settings is None and model is not None:
+        settings = model.settings
     if settings is None:
         notes.append(f"{run_dir}: no endpoint configured: {len(todo)} differentials matched by spelling only")
         return ranks
@@ -256,7 +268,7 @@ async def diagnosis_ranks(
     except StoreError as exc:
         raise InputError(str(exc)) from None
     with store:
-        async with open_model(settings, store, log_dir=run_dir) as llm:
+        async with open_model(settings, store, log_dir=run_dir, model=model) as llm:
             judged = await asyncio.gather(*(judge_rank(llm, pid, top, gold) for pid, top, gold in todo))
     for (pid, _, _), (rank, why) in zip(todo, judged, strict=True):
         ranks[pid] = rank

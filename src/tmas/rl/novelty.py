@@ -26,9 +26,13 @@ ROLE = "judge"
 
 
 class LLMNoveltyJudge:
-    def __init__(self, settings: Settings, store_dir: Path | None = None) -> None:
+    """The judge on the ``judge`` role of ``settings``' endpoint, or on ``model``, a
+    :class:`tmas.llm.model.ChatModel` of the caller's own; with ``store_dir`` its calls are kept and replayed."""
+
+    def __init__(self, settings: Settings, store_dir: Path | None = None, *, model: ChatModel | None = None) -> None:
         self.settings = settings
         self.store_dir = store_dir
+        self.model = model
 
     def __call__(self, rollouts: Sequence[RolloutInput]) -> list[JudgeOutcome]:
         """Synchronous, as trainers call reward functions; from inside a running event loop it uses a thread."""
@@ -42,7 +46,7 @@ class LLMNoveltyJudge:
     async def judge(self, rollouts: Sequence[RolloutInput]) -> list[JudgeOutcome]:
         store = RunStore(self.store_dir) if self.store_dir is not None else None
         try:
-            async with open_model(self.settings, store, log_dir=self.store_dir) as llm:
+            async with open_model(self.settings, store, log_dir=self.store_dir, model=self.model) as llm:
                 return list(await asyncio.gather(*(self._one(llm, r) for r in rollouts)))
         finally:
             if store is not None:
