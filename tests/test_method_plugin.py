@@ -1,10 +1,12 @@
-"""A method registered from outside the package goes through every command: solve, run, eval (its cost estimate
-included), report and view, with no other file of the project changed. The toy method here is the smallest whole
-method: a file to copy for a new one."""
+"""A new method is one file: found as a module of a methods package (as tmas finds its own) or as an installed
+package's entry point, it goes through every command with no other file of the project changed: solve, run, eval (its
+cost estimate included), report, view, serve and sweep, and RL data where its state keeps the banks. The method file
+here is the smallest whole method: the one to copy for a new one."""
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -14,17 +16,27 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import settings_for
-from tmas.agents.solution import generation_prompt
 from tmas.cli.main import app
-from tmas.methods import METHODS, register_method
-from tmas.methods.base import Candidate, Iterations, Method, MethodParams, ProblemResult, ProblemSession
-from tmas.methods.call_count import CallCount, count_calls
-from tmas.methods.steps import finish, solve_call
+from tmas.errors import InputError
+from tmas.methods import METHODS, load_plugins, methods_in, register_method
+from tmas.methods.base import Method, MethodParams, ProblemResult, ProblemSession
+from tmas.rl.data import build_dataset
 from tmas.serve.launch import ServeOptions
 from tmas.store.run_store import RunStore
 from tmas.testing import SimServer
 from tmas.view.app import view_app
 from web_helpers import AppThread, ProxyThread, get, run_ref_for
+
+# The method file: a new method is this one file, in tmas's methods package or in a package of its own. Redraw keeps
+# no banks (RL data refuses its runs); TmasLite is TMAS under a name of its own, whose state keeps the banks.
+METHOD_FILE = '''
+from typing import ClassVar
+
+from tmas.agents.solution import generation_prompt
+from tmas.methods.base import Candidate, Iterations, Method, MethodParams, ProblemResult, ProblemSession
+from tmas.methods.call_count import CallCount, count_calls
+from tmas.methods.steps import finish, solve_call
+from tmas.methods.tmas import TMAS
 
 
 class RedrawParams(MethodParams):
@@ -52,11 +64,55 @@ class Redraw(Method[RedrawParams]):
         return finish(session, self.name, last, stopped=False)
 
 
-@pytest.fixture
-def redraw() -> Iterator[None]:
-    register_method(Redraw)
-    yield
-    del METHODS[Redraw.name]
+class TmasLite(TMAS):
+    """TMAS under a name of its own."""
+
+    name: ClassVar[str] = "tmas_lite"
+'''
+NEW_METHODS = ("redraw", "tmas_lite")
+
+
+@pytest.fixture(params=["file", "entry_point"])
+def redraw(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The method file found as tmas finds its own methods (a module of a methods package, :func:`methods_in`) or as
+    an installed package's entry point (:func:`load_plugins`, a dist-info as pip leaves one)."""
+    root = tmp_path / "site"
+    if request.param == "file":
+        package = root / "extra_methods"
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text("")
+        (package / "redraw.py").write_text(METHOD_FILE)
+        monkeypatch.syspath_prepend(str(root))
+        for cls in methods_in("extra_methods", [str(package)]):
+            register_method(cls)
+        modules = ("extra_methods", "extra_methods.redraw")
+    else:
+        (root / "redraw_methods").mkdir(parents=True)
+        (root / "redraw_methods" / "__init__.py").write_text(METHOD_FILE)
+        info = root / "redraw_methods-0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: redraw-methods\nVersion: 0.1\n")
+        entry_points = "".join(
+            f"{name} = redraw_methods:{cls}\n" for name, cls in zip(NEW_METHODS, ("Redraw", "TmasLite"), strict=True)
+        )
+        (info / "entry_points.txt").write_text("[tmas.methods]\n" + entry_points)
+        monkeypatch.syspath_prepend(str(root))
+        load_plugins()
+        modules = ("redraw_methods",)
+    assert set(NEW_METHODS) <= set(METHODS)
+    yield request.param
+    for name in NEW_METHODS:
+        METHODS.pop(name, None)
+    for module in modules:
+        sys.modules.pop(module, None)
+
+
+def test_tmas_registers_its_own_methods_the_same_way() -> None:
+    import tmas.methods
+
+    found = {cls.name: cls for cls in methods_in("tmas.methods", list(tmas.methods.__path__))}
+    assert found == {name: cls for name, cls in METHODS.items() if name in found}
+    assert set(found) == {"cot", "majority", "mattrl", "pacore", "rse", "self_refine", "tmas", "verify_refine"}
 
 
 def invoke(*args: str) -> Any:
@@ -66,7 +122,7 @@ def invoke(*args: str) -> Any:
 
 
 @pytest.mark.slow
-def test_a_method_registered_outside_goes_through_every_command(redraw: None, sim: SimServer, tmp_path: Path) -> None:
+def test_a_new_method_goes_through_every_command(redraw: str, sim: SimServer, tmp_path: Path) -> None:
     url = ("--base-url", sim.base_url, "-m", "redraw")
     assert invoke("solve", "What is 17*23?", *url).stdout.strip() == "391"
     assert sim.stats().by_role == {"solution": 2}
@@ -96,7 +152,7 @@ def test_a_method_registered_outside_goes_through_every_command(redraw: None, si
     assert b"What is 3*7?" in problem and b"21" in problem
 
 
-def test_a_method_registered_outside_is_served_and_swept(redraw: None, sim: SimServer, tmp_path: Path) -> None:
+def test_a_new_method_is_served_and_swept(redraw: str, sim: SimServer, tmp_path: Path) -> None:
     with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
         api = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused")
         assert "redraw/sim-model" in {m.id for m in api.models.list()}
@@ -120,10 +176,27 @@ def test_a_method_registered_outside_is_served_and_swept(redraw: None, sim: SimS
         assert row["answer"] == "21" and len(row["iterations"]) == iterations
 
 
+def test_rl_data_is_built_from_a_new_method_that_keeps_the_banks(redraw: str, sim: SimServer, tmp_path: Path) -> None:
+    problems = tmp_path / "p.jsonl"
+    rows = [{"problem_id": f"p{i}", "question": f"What is {i}*7?", "answer": str(7 * i)} for i in (2, 3)]
+    problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    url = ("--base-url", sim.base_url)
+    invoke("run", str(problems), "-o", str(tmp_path / "lite"), *url, "-m", "tmas_lite", "-p", "n=2", "-p", "m=1")
+    data = build_dataset([tmp_path / "lite"], mix=None)
+    assert data.report.problems == 2 and data.report.groups["normal"] == 2
+    assert {row["extra_info"]["problem_id"] for row in data.train} == {"p2", "p3"}
+    # A method whose state keeps no banks gives no RL data: said in one line.
+    invoke("run", str(problems), "-o", str(tmp_path / "redraw"), *url, "-m", "redraw")
+    with pytest.raises(InputError, match="method 'redraw' keeps no experience or guideline banks"):
+        build_dataset([tmp_path / "redraw"])
+
+
 def test_the_estimate_shows_a_method_without_a_count_as_unknown(sim: SimServer, tmp_path: Path) -> None:
-    class Uncounted(Redraw):
+    class Uncounted(Method[MethodParams]):
         name: ClassVar[str] = "uncounted"
-        calls_per_problem = Method.calls_per_problem
+
+        async def solve(self, session: ProblemSession) -> ProblemResult:
+            raise AssertionError("a dry run solves nothing")
 
     register_method(Uncounted)
     try:

@@ -1,4 +1,6 @@
-"""Test-time scaling methods, one module each, on the interface in :mod:`tmas.methods.base`, and their registry.
+"""Test-time scaling methods, one module each, on the interface in :mod:`tmas.methods.base`, and their registry:
+every method a module of this package defines is registered (:func:`methods_in`), so adding a method is adding a
+file.
 
 Beside the methods: the toolkit every method's steps come from (``steps``), the candidate selection rules
 (``selection``), stopping and confidence rules (``stopping``, ``confidence``, ``online_stop``), parameters several
@@ -9,7 +11,10 @@ is known to every command, the proxy and the viewer."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
+import inspect
+import pkgutil
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,16 +23,8 @@ from pydantic import ValidationError
 from tmas.config import SERVICE_ROLES, Settings
 from tmas.errors import ConfigError
 from tmas.methods.base import Method, MethodParams
-from tmas.methods.cot import CoT
-from tmas.methods.majority import MajorityVote
-from tmas.methods.mattrl import MATTRL
-from tmas.methods.pacore import PaCoRe
 from tmas.methods.param_flags import ParamFlag, param_flags
-from tmas.methods.rse import RSE
-from tmas.methods.self_refine import SelfRefine
-from tmas.methods.tmas import TMAS
 from tmas.methods.traits import DEFAULT_TRAITS, Traits
-from tmas.methods.verify_refine import VerifyRefine
 
 # The registry: name -> method class. Every command, the proxy and the viewer find methods here alone.
 METHODS: dict[str, type[Method[Any]]] = {}
@@ -61,7 +58,26 @@ def register_method(cls: type[Method[Any]]) -> type[Method[Any]]:
     return cls
 
 
-for _cls in (TMAS, CoT, MajorityVote, SelfRefine, VerifyRefine, PaCoRe, RSE, MATTRL):
+def methods_in(package: str, path: list[str]) -> list[type[Method[Any]]]:
+    """Every method a module of ``package`` (found on ``path``) defines: each concrete ``Method`` subclass with a
+    ``name`` of its own, modules in name order. Importing them is what registers tmas's own methods, so a new method
+    is one new file in this package."""
+    found: list[type[Method[Any]]] = []
+    for info in sorted(pkgutil.iter_modules(path), key=lambda module: module.name):
+        module = importlib.import_module(f"{package}.{info.name}")
+        for value in vars(module).values():
+            if (
+                isinstance(value, type)
+                and issubclass(value, Method)
+                and value.__module__ == module.__name__
+                and "name" in vars(value)
+                and not inspect.isabstract(value)
+            ):
+                found.append(value)
+    return found
+
+
+for _cls in methods_in(__name__, __path__):
     register_method(_cls)
 
 # Methods from other installed packages: each entry point of this group names a Method subclass
