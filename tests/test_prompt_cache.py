@@ -82,7 +82,7 @@ def test_run_summary_solve_json_and_report_show_the_cached_share(tmp_path: Path,
         summary = json.loads(out.stdout[out.stdout.index("{") :])
         assert (summary["prompt_tokens"], summary["cached_prompt_tokens"]) == (300, 200)
         assert summary["cached_prompt_share"] == pytest.approx(2 / 3)
-        assert summary["fallbacks"] == {}
+        assert summary["downgrades"] == {}
 
         solved = runner.invoke(app, ["solve", "What is 3*7?", "-m", "cot", "--json", "--base-url", sim.base_url])
         assert solved.exit_code == 0, solved.output
