@@ -4,16 +4,22 @@ and the combined report."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from conftest import settings_for
+from conftest import scripted_settings, settings_for
+from tmas.config import Budget
 from tmas.errors import ConfigError
+from tmas.llm.model import EndpointUnreachable
+from tmas.llm.types import Completion, Message
 from tmas.methods.base import ProblemResult
 from tmas.runner import Unreachable
+from tmas.store.run_store import RunStore
 from tmas.sweep import PointOutcome, Study, SweepSpec, expand, load_spec, report_sweep, run_sweep
-from tmas.testing import SimScript, SimServer
+from tmas.testing import ScriptedModel, SimScript, SimServer
 
 PROBLEMS = [("p1", "What is 12*11?", "132"), ("p2", "What is 7*8?", "56"), ("p3", "What is 9*9?", "81")]
 
@@ -73,22 +79,32 @@ def test_grid_file(tmp_path: Path) -> None:
     ]
 
 
+class Cut(ScriptedModel):
+    """A scripted model that goes away when ``cut`` is set: its calls then end the run, as an endpoint that can no
+    longer be reached ends it."""
+
+    cut: bool = False
+
+    async def chat(self, role: str, messages: Sequence[Message], **kwargs: Any) -> Completion:
+        if self.cut:
+            raise EndpointUnreachable(f"{role}: the model went away")
+        return await super().chat(role, messages, **kwargs)
+
+
 async def test_sweep_resumes_after_interruption_without_repeating_finished_runs(tmp_path: Path) -> None:
     problems = write_problems(tmp_path / "problems.jsonl")
     spec = spec_for(problems)
     names = [p.name for p in expand(spec)]
     assert names == ["cot", "majority", "self_refine__iterations=2__n=1", "self_refine__iterations=2__n=2"]
+    settings = scripted_settings(concurrency=1)
 
     # The uninterrupted sweep, for reference.
-    with SimServer(SimScript()) as ref:
-        settings = settings_for(ref, concurrency=1)
-        await run_sweep(spec, settings, tmp_path / "ref")
-        total = ref.stats().total_requests
+    ref = ScriptedModel(SimScript(), settings)
+    await run_sweep(spec, settings, tmp_path / "ref", model=ref)
+    total = len(ref.calls)
 
-    # The same sweep, cut off by the endpoint going away in the middle of the third point (after its first problem).
-    sim = SimServer(SimScript()).start()
-    port = int(sim.base_url.rsplit(":", 1)[1].split("/")[0])
-    settings = settings_for(sim, concurrency=1)
+    # The same sweep, cut off by the model going away in the middle of the third point (after its first problem).
+    model = Cut(SimScript(), settings)
     finished: list[str] = []
     solved_in_third: list[str] = []
 
@@ -98,38 +114,76 @@ async def test_sweep_resumes_after_interruption_without_repeating_finished_runs(
     def on_result(result: ProblemResult) -> None:
         if len(finished) == 2:
             solved_in_third.append(result.problem_id)
-            sim.stop()
+            model.cut = True
 
     with pytest.raises(Unreachable):
-        await run_sweep(spec, settings, tmp_path / "sweep", on_point=on_point, on_result=on_result)
-    first = sim.stats().total_requests
+        await run_sweep(spec, settings, tmp_path / "sweep", on_point=on_point, on_result=on_result, model=model)
+    first = len(model.calls)
     assert finished == names[:2] and solved_in_third == ["p1"]
 
-    with SimServer(SimScript(), port=port) as again:
-        summary = await run_sweep(spec, settings, tmp_path / "sweep")
-        resumed = again.requests
+    again = ScriptedModel(SimScript(), settings)
+    summary = await run_sweep(spec, settings, tmp_path / "sweep", model=again)
     assert [o.status for o in summary.outcomes] == ["skipped", "skipped", "resumed", "new"]
-    # Nothing finished was asked again: the two runs together made exactly the uninterrupted sweep's requests,
-    # and the resumed point asked only about the problems it had not finished.
-    assert first + len(resumed) == total
+    # Nothing finished was asked again: the two runs together made exactly the uninterrupted sweep's calls, and
+    # the resumed point asked only about the problems it had not finished.
+    assert first + len(again.calls) == total
     # p1 was finished in the third point before the cut: it is asked about only in the fourth (n=2, 2 iterations).
-    assert sum(r.problem_id == "p1" for r in resumed) == 2 * 2
+    assert sum(c.key.problem_id == "p1" for c in again.calls) == 2 * 2
+    # Each point's summary counts its own calls: the resumed one replays what it had sent before the cut.
+    points = {p["name"]: p for p in summary.to_dict()["points"]}
+    assert sum(p["calls"] for p in points.values()) == len(again.calls)
+    assert points["cot"]["calls"] == points["majority"]["calls"] == 0
 
     # A third run does nothing at all.
-    with SimServer(SimScript(), port=port) as idle:
-        summary = await run_sweep(spec, settings, tmp_path / "sweep")
-        assert idle.stats().total_requests == 0
+    idle = ScriptedModel(SimScript(), settings)
+    summary = await run_sweep(spec, settings, tmp_path / "sweep", model=idle)
+    assert idle.calls == []
     assert [o.status for o in summary.outcomes] == ["skipped"] * 4
     manifest = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
     assert all(p["finished"] for p in manifest["points"].values())
 
 
+async def test_sweep_on_an_endpoint_resumes_on_it(sim: SimServer, tmp_path: Path) -> None:
+    # The sweep as the command line runs it, on an endpoint: a second run of a finished sweep sends nothing.
+    spec = SweepSpec(problems=write_problems(tmp_path / "problems.jsonl"), study=[Study(methods=["cot"])])
+    first = await run_sweep(spec, settings_for(sim), tmp_path / "sweep")
+    assert [o.status for o in first.outcomes] == ["new"] and sim.stats().total_requests == len(PROBLEMS)
+    again = await run_sweep(spec, settings_for(sim), tmp_path / "sweep")
+    assert [o.status for o in again.outcomes] == ["skipped"] and sim.stats().total_requests == len(PROBLEMS)
+
+
+async def test_each_point_runs_under_its_studys_budget(tmp_path: Path) -> None:
+    # A study's own budget overrides the sweep's, and each point's run holds the one it ran under.
+    spec = SweepSpec(
+        problems=write_problems(tmp_path / "problems.jsonl"),
+        budget=Budget(calls=3),
+        study=[
+            Study(name="wide", method="majority", params={"k": 4}),
+            Study(name="narrow", method="majority", params={"k": 4}, budget=Budget(calls=2)),
+        ],
+    )
+    model = ScriptedModel(SimScript(), scripted_settings())
+    summary = await run_sweep(spec, model.settings, tmp_path / "sweep", model=model)
+    assert [o.point.name for o in summary.outcomes] == [
+        "majority__k=4__budget_calls=3",
+        "majority__k=4__budget_calls=2",
+    ]
+    for outcome, calls in zip(summary.outcomes, (3, 2), strict=True):
+        with RunStore(tmp_path / "sweep" / "runs" / outcome.point.name, create=False) as store:
+            assert store.get_meta("settings")["budget"]["calls"] == calls
+            results = store.results()
+        assert outcome.summary is not None and outcome.summary.calls == calls * len(PROBLEMS)
+        assert all(len(r["iterations"][0]["candidates"]) == calls for r in results)
+    assert len(model.calls) == (3 + 2) * len(PROBLEMS)
+
+
 @pytest.mark.slow
-async def test_sweep_report_has_every_curve(sim: SimServer, tmp_path: Path) -> None:
+async def test_sweep_report_has_every_curve(tmp_path: Path) -> None:
     from tmas.grading.grades import GradeConfig
 
     spec = spec_for(write_problems(tmp_path / "problems.jsonl"))
-    await run_sweep(spec, settings_for(sim), tmp_path / "sweep")
+    model = ScriptedModel(SimScript(), scripted_settings())
+    await run_sweep(spec, model.settings, tmp_path / "sweep", model=model)
     written = await report_sweep(spec, tmp_path / "sweep", GradeConfig(mode="rules"), None)
     report = written["markdown"].read_text()
     for label in ("cot", "majority", "self_refine [sim-model] (n=1)", "self_refine [sim-model] (n=2)"):
