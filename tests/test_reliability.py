@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_tmas, settings_for
+from conftest import run_tmas, scripted_settings, settings_for
+from tmas.api import arun
 from tmas.data.case_import import read_supergpqa
 from tmas.data.importers import read_rows
 from tmas.errors import InputError
 from tmas.problems import Problem, load_problems
 from tmas.runner import RunState, prepare_run, run_problems
-from tmas.testing import FaultRates, SimScript, SimServer
+from tmas.testing import FaultRates, ScriptedModel, SimScript, SimServer
 
 TMAS_SMALL = ["--method", "tmas", "-T", "2", "-p", "n=2", "-p", "m=2", "--seed", "5"]
 
@@ -178,21 +179,21 @@ TEMPLATE_QUESTIONS = [
 ]
 
 
-def test_template_syntax_in_questions_reaches_the_model_verbatim(tmp_path: Path) -> None:
+async def test_template_syntax_in_questions_reaches_the_model_verbatim(tmp_path: Path) -> None:
     records: list[dict[str, object]] = [
         {"problem_id": f"t{i}", "question": q} for i, q in enumerate(TEMPLATE_QUESTIONS)
     ]
     problems = write_jsonl(tmp_path / "p.jsonl", records)
-    with SimServer(SimScript()) as sim:
-        out = tmas("run", str(problems), "-o", str(tmp_path / "run"), "--base-url", sim.base_url, *TMAS_SMALL)
-        assert out.returncode == 0, out.stderr.decode()
-        requests = sim.requests
-    assert json.loads(out.stdout)["done"] == len(TEMPLATE_QUESTIONS)
+    # The run `tmas run ... TMAS_SMALL` makes, in process.
+    params = {"n": 2, "m": 2, "iterations": 2}
+    model = ScriptedModel(SimScript(), scripted_settings(seed=5, method={"name": "tmas", "params": params}))
+    summary = await arun(problems, tmp_path / "run", model=model)
+    assert summary.done == len(TEMPLATE_QUESTIONS)
     for i, question in enumerate(TEMPLATE_QUESTIONS):
-        mine = [r for r in requests if r.problem_id == f"t{i}"]
+        mine = [call for call in model.calls if call.key.problem_id == f"t{i}"]
         # The agents shown the problem (solution, verifier, ...) got it character for character, unrendered.
         for role in ("solution", "verifier"):
-            prompts = ["\n".join(m["content"] for m in r.body["messages"]) for r in mine if r.role == role]
+            prompts = ["\n".join(m.content for m in call.messages) for call in mine if call.role == role]
             assert prompts and all(question in p for p in prompts), (role, question)
 
 
