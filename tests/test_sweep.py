@@ -4,17 +4,14 @@ and the combined report."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from conftest import scripted_settings, settings_for
+from scripted_runs import GoneModel
 from tmas.config import Budget
 from tmas.errors import ConfigError
-from tmas.llm.model import EndpointUnreachable
-from tmas.llm.types import Completion, Message
 from tmas.methods.base import ProblemResult
 from tmas.runner import Unreachable
 from tmas.store.run_store import RunStore
@@ -79,18 +76,6 @@ def test_grid_file(tmp_path: Path) -> None:
     ]
 
 
-class Cut(ScriptedModel):
-    """A scripted model that goes away when ``cut`` is set: its calls then end the run, as an endpoint that can no
-    longer be reached ends it."""
-
-    cut: bool = False
-
-    async def chat(self, role: str, messages: Sequence[Message], **kwargs: Any) -> Completion:
-        if self.cut:
-            raise EndpointUnreachable(f"{role}: the model went away")
-        return await super().chat(role, messages, **kwargs)
-
-
 async def test_sweep_resumes_after_interruption_without_repeating_finished_runs(tmp_path: Path) -> None:
     problems = write_problems(tmp_path / "problems.jsonl")
     spec = spec_for(problems)
@@ -104,7 +89,7 @@ async def test_sweep_resumes_after_interruption_without_repeating_finished_runs(
     total = len(ref.calls)
 
     # The same sweep, cut off by the model going away in the middle of the third point (after its first problem).
-    model = Cut(SimScript(), settings)
+    model = GoneModel(SimScript(), settings)
     finished: list[str] = []
     solved_in_third: list[str] = []
 
@@ -114,7 +99,7 @@ async def test_sweep_resumes_after_interruption_without_repeating_finished_runs(
     def on_result(result: ProblemResult) -> None:
         if len(finished) == 2:
             solved_in_third.append(result.problem_id)
-            model.cut = True
+            model.gone = True
 
     with pytest.raises(Unreachable):
         await run_sweep(spec, settings, tmp_path / "sweep", on_point=on_point, on_result=on_result, model=model)
