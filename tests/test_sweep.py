@@ -15,7 +15,7 @@ from tmas.errors import ConfigError
 from tmas.methods.base import ProblemResult
 from tmas.runner import Unreachable
 from tmas.store.run_store import RunStore
-from tmas.sweep import PointOutcome, Study, SweepSpec, expand, load_spec, report_sweep, run_sweep
+from tmas.sweep import GridAbout, PointOutcome, Study, SweepSpec, expand, load_spec, report_sweep, run_sweep
 from tmas.testing import ScriptedModel, SimScript, SimServer
 
 PROBLEMS = [("p1", "What is 12*11?", "132"), ("p2", "What is 7*8?", "56"), ("p3", "What is 9*9?", "81")]
@@ -176,3 +176,21 @@ async def test_sweep_report_has_every_curve(tmp_path: Path) -> None:
     assert any(k.startswith("frontier_") and k.endswith(".png") for k in written)
     assert "Accuracy (%) at equal completion-token budgets" in report
     assert (tmp_path / "sweep" / "report" / "refine" / "report.md").exists()
+
+
+async def test_each_new_point_records_its_place_in_the_sweep_and_the_papers_benchmark(tmp_path: Path) -> None:
+    spec = spec_for(write_problems(tmp_path / "problems.jsonl"))
+    spec.about = GridAbout(paper="TMAS", benchmark="AIME 2025")
+    spec.limit = 1
+    model = ScriptedModel(SimScript(), scripted_settings())
+    summary = await run_sweep(spec, model.settings, tmp_path / "sweep", model=model)
+    assert [o.status for o in summary.outcomes] == ["new"] * 4
+    for outcome in summary.outcomes:
+        with RunStore(tmp_path / "sweep" / "runs" / outcome.point.name, create=False) as store:
+            assert store.get_meta("sweep") == {"point": outcome.point.name, "studies": outcome.point.studies}
+            assert store.get_meta("paper_benchmark") == "AIME 2025"
+            assert [p.problem_id for p in store.iter_problems()] == ["p1"]
+    # The manifest holds the grid and the settings a resume reads back.
+    manifest = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    assert manifest["spec"]["about"]["benchmark"] == "AIME 2025" and manifest["spec"]["limit"] == 1
+    assert manifest["points"]["cot"] == {"method": "cot", "params": {}, "studies": ["baselines"], "finished": True}
