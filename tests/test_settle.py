@@ -1,8 +1,7 @@
-"""Compute that stops when the answer is settled, against the simulated server: the log-probabilities solution calls
-ask for (and no other role does) and the command line's one notice against a server that sends none; in process on
-the scripted model, confidence-weighted votes read from the payloads the model sent, a run's one notice against a
-model that sends none, the votes' logic, the samples majority vote's Beta stop saves, TMAS's settled stop and the
-report of them."""
+"""Compute that stops when the answer is settled: in process on the scripted model, the log-probabilities solution
+calls ask for (and no other role does), confidence-weighted votes read from the payloads the model sent, a run's one
+notice against a model that sends none, the votes' logic, the samples majority vote's Beta stop saves, TMAS's
+settled stop and the report of them; the command line's one notice against a simulated server that sends none."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from conftest import isolate, scripted_settings, settings_for
+from conftest import isolate, scripted_settings
 from scripted_runs import by_role, solve_in_process
 from tmas.api import arun, asolve
 from tmas.cli.main import app
@@ -60,14 +59,6 @@ SPLIT = [
 ]
 
 
-async def majority(sim: SimServer, **params: Any) -> ProblemResult:
-    return await asolve(Q, settings_for(sim, method={"name": "majority", "params": params}))
-
-
-async def tmas(sim: SimServer, **params: Any) -> ProblemResult:
-    return await asolve(Q, settings_for(sim, method={"name": "tmas", "params": params}))
-
-
 async def in_process(
     method: str, rules: list[Rule] | None = None, **params: Any
 ) -> tuple[ProblemResult, ScriptedModel]:
@@ -91,11 +82,10 @@ async def test_confidence_vote_asks_solution_calls_for_logprobs_and_weighs_the_v
     assert sorted(c["confidence"]["tail"] for c in stored) == [1.0, 1.0, 3.0]
 
 
-async def test_plain_vote_asks_for_no_logprobs(sim: SimServer) -> None:
-    sim.set_script(SimScript(rules=SPLIT))
-    result = await majority(sim, k=3)
+async def test_plain_vote_asks_for_no_logprobs() -> None:
+    result, model = await in_process("majority", SPLIT, k=3)
     assert result.answer == "7" and all(c.confidence is None for c in result.iterations[0].candidates)
-    assert all("logprobs" not in b and "top_logprobs" not in b for b in sim.chat_bodies())
+    assert all("logprobs" not in c.body and "top_logprobs" not in c.body for c in model.calls)
 
 
 async def test_filtered_vote_lets_the_most_confident_share_vote() -> None:
@@ -110,15 +100,16 @@ async def test_filtered_vote_lets_the_most_confident_share_vote() -> None:
     assert filtered.answer == "9"
 
 
-async def test_tmas_confidence_asks_only_the_solution_role(sim: SimServer) -> None:
-    result = await tmas(sim, n=2, m=1, iterations=2, select="confidence_vote", skip_final_memory=False)
-    assert set(sim.stats().by_role) == {"solution", "verifier", "summary", "experience", "guideline"}
-    assert all(b["logprobs"] is True and b["top_logprobs"] == 5 for b in sim.chat_bodies("solution"))
+async def test_tmas_confidence_asks_only_the_solution_role() -> None:
+    params = {"n": 2, "m": 1, "iterations": 2, "select": "confidence_vote", "skip_final_memory": False}
+    result, model = await in_process("tmas", **params)
+    assert set(by_role(model)) == {"solution", "verifier", "summary", "experience", "guideline"}
+    assert all(c.body["logprobs"] is True and c.body["top_logprobs"] == 5 for c in model.calls_of("solution"))
     for role in ("verifier", "summary", "experience", "guideline"):
-        bodies = sim.chat_bodies(role)
+        bodies = [c.body for c in model.calls_of(role)]
         assert bodies and all("logprobs" not in b and "top_logprobs" not in b for b in bodies), role
-    # The simulator's own payload lists one alternative per token: no confidence can be read from it, so the rule
-    # votes plainly and says so once.
+    # The simulator's own payload (the scripted model's too) lists one alternative per token: no confidence can be
+    # read from it, so the rule votes plainly and says so once.
     assert result.answer == "391" and result.notices == [CONFIDENCE_NOTICE]
     assert result.counters["confidence_missing"] == 2
 
