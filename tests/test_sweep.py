@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import scripted_settings, settings_for
+from conftest import scripted_settings
 from scripted_runs import GoneModel
 from tmas.config import Budget
 from tmas.errors import ConfigError
@@ -16,7 +16,7 @@ from tmas.methods.base import ProblemResult
 from tmas.runner import Unreachable
 from tmas.store.run_store import RunStore
 from tmas.sweep import GridAbout, PointOutcome, Study, SweepSpec, expand, load_spec, report_sweep, run_sweep
-from tmas.testing import ScriptedModel, SimScript, SimServer
+from tmas.testing import ScriptedModel, SimScript
 
 PROBLEMS = [("p1", "What is 12*11?", "132"), ("p2", "What is 7*8?", "56"), ("p3", "What is 9*9?", "81")]
 
@@ -126,15 +126,6 @@ async def test_sweep_resumes_after_interruption_without_repeating_finished_runs(
     assert [o.status for o in summary.outcomes] == ["skipped"] * 4
     manifest = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
     assert all(p["finished"] for p in manifest["points"].values())
-
-
-async def test_sweep_on_an_endpoint_resumes_on_it(sim: SimServer, tmp_path: Path) -> None:
-    # The sweep as the command line runs it, on an endpoint: a second run of a finished sweep sends nothing.
-    spec = SweepSpec(problems=write_problems(tmp_path / "problems.jsonl"), study=[Study(methods=["cot"])])
-    first = await run_sweep(spec, settings_for(sim), tmp_path / "sweep")
-    assert [o.status for o in first.outcomes] == ["new"] and sim.stats().total_requests == len(PROBLEMS)
-    again = await run_sweep(spec, settings_for(sim), tmp_path / "sweep")
-    assert [o.status for o in again.outcomes] == ["skipped"] and sim.stats().total_requests == len(PROBLEMS)
 
 
 async def test_each_point_runs_under_its_studys_budget(tmp_path: Path) -> None:
