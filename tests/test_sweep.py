@@ -185,3 +185,18 @@ async def test_each_new_point_records_its_place_in_the_sweep_and_the_papers_benc
     manifest = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
     assert manifest["spec"]["about"]["benchmark"] == "AIME 2025" and manifest["spec"]["limit"] == 1
     assert manifest["points"]["cot"] == {"method": "cot", "params": {}, "studies": ["baselines"], "finished": True}
+
+
+async def test_a_sweep_on_a_model_without_an_endpoint_skips_its_finished_points(tmp_path: Path) -> None:
+    # Settings that name no endpoint would mean the embedded model, whose defaults change a method's parameters:
+    # on a model of one's own the points keep theirs, so a second sweep finds every point finished.
+    spec = SweepSpec(problems=write_problems(tmp_path / "problems.jsonl"), study=[Study(methods=["tmas"])])
+    spec.study[0].params = {"n": 1, "m": 1, "iterations": 1}
+    model = ScriptedModel(SimScript())
+    assert model.settings.uses_local_model
+    first = await run_sweep(spec, model.settings, tmp_path / "sweep", model=model)
+    assert [o.status for o in first.outcomes] == ["new"] and first.outcomes[0].summary is not None
+    assert first.outcomes[0].summary.done == len(PROBLEMS)
+    again = ScriptedModel(SimScript())
+    second = await run_sweep(spec, again.settings, tmp_path / "sweep", model=again)
+    assert [o.status for o in second.outcomes] == ["skipped"] and again.calls == []
