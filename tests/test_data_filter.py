@@ -122,3 +122,19 @@ async def test_a_problem_whose_every_sample_failed_is_left_out_not_kept(tmp_path
     assert card["failed_problems"] == ["eta"] and card["failed_samples"] == 4
     assert card["solved_counts"] == {"0": 1} and card["selected"] == ["gamma"]
     assert "1 problems failed (no usable sample): left out of the filter" in card["notes"]
+
+
+async def test_a_judge_of_ones_own_grades_the_samples(tmp_path: Path) -> None:
+    # The judge, on the model that drew the samples, calls every answer right: no problem is hard, none kept.
+    rules = SimScript(rules=[Rule(role="judge", replies=['{"reasoning": "r", "equivalent": true}']), *script().rules])
+    model = on_model(rules, 2)
+    problems = tmp_path / "b.jsonl"
+    problems.write_text(json.dumps({"problem_id": "gamma", "question": CASES[2][1], "answer": "49"}) + "\n")
+    grading = GradeConfig(mode="judge", judge_runs=1)
+    out = tmp_path / "hard.jsonl"
+    card = await run_filter(
+        problems, tmp_path / "run", out, model.settings, grading, k=2, below=2, n=5, seed=0, model=model
+    )
+    # Both samples box the same 1000: one judgement serves both.
+    assert by_role(model) == {"solution": 2, "judge": 1}
+    assert card.solved_counts == {2: 1} and card.kept == 0 and card.selected == []
