@@ -245,3 +245,14 @@ async def test_a_reply_models_schema_is_sent_where_the_http_client_sends_it() ->
         again = await model.chat("verifier", [user("Grade it again.")], reply_model=JudgeScoreReply)
         assert reply.ok and ["response_format" in c.body for c in model.calls] == [mode == "json_schema", sent], mode
         assert again.ok
+
+
+async def test_a_roles_own_endpoint_fields_decide_its_schema() -> None:
+    # The default endpoint sends schemas always; the verifier's own endpoint sends none, and the judge's ("auto", on
+    # an address of its own) learns from its own first reply: the default endpoint's replies teach it nothing.
+    judge = {"base_url": "http://judge.invalid/v1", "structured_output": "auto"}
+    roles = {"verifier": {"structured_output": "off"}, "judge": judge}
+    model = ScriptedModel(SimScript(), scripted_settings(endpoint__structured_output="json_schema", roles=roles))
+    for role in ("solution", "verifier", "judge", "judge"):
+        await model.chat(role, [user("Grade it.")], reply_model=JudgeScoreReply)
+    assert ["response_format" in call.body for call in model.calls] == [True, False, False, True]
