@@ -209,8 +209,8 @@ async def run_filter(
         store, settings, todo = prepare_run(run_dir, settings, None, resume=True, own_model=own)
     else:
         problems = load_problems(source)
-        todo = problems[:limit] if limit else problems
-        store, settings, todo = prepare_run(run_dir, settings, todo, resume=False, own_model=own)
+        chosen = problems[:limit] if limit else problems
+        store, settings, todo = prepare_run(run_dir, settings, chosen, resume=False, own_model=own)
         store.set_meta("dataset", dataset_name(source))
     with store:
         await run_problems(settings, todo, store, state=RunState(), model=model)
