@@ -146,3 +146,11 @@ def test_exploration_without_a_judge_is_an_error() -> None:
 def test_judge_outcomes_are_json_serialisable(judge_sim: SimServer) -> None:
     scored = score_rollouts([explore("ROUTE-VAGUE \\boxed{1}")], LLMNoveltyJudge(settings_for(judge_sim)))
     assert json.loads(scored[0].model_dump_json())["reward"] == -1.0
+
+
+async def test_the_judge_called_from_a_running_event_loop_answers_on_its_own_model() -> None:
+    # A trainer may call the reward function from inside its own event loop: the judge runs in a thread of its own.
+    model = ScriptedModel(judge_script())
+    judge = LLMNoveltyJudge(model.settings, model=model)
+    [outcome] = judge([explore("ROUTE-NEW ... so \\boxed{391}")])
+    assert outcome.novelty == 1 and len(model.calls_of("judge")) == 1
