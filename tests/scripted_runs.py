@@ -5,17 +5,35 @@ and what is built from them) without HTTP."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from conftest import scripted_settings
 from tmas.config import Settings
+from tmas.llm.model import EndpointUnreachable
+from tmas.llm.types import Completion, Message
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
 from tmas.runner import RunState, RunSummary, open_new_run, prepare_run, problem_solver, run_method, run_problems
 from tmas.testing import Rule, ScriptedModel, SimScript
 
 QUESTION = "What is 17*23?"
+
+
+@dataclass
+class GoneModel(ScriptedModel):
+    """A scripted model that goes away: a call of a role in ``gone_roles``, or any call once ``gone`` is set, raises
+    :class:`tmas.llm.model.EndpointUnreachable`, as an endpoint that can no longer be reached ends a run or a build
+    (what finished is kept for its resume)."""
+
+    gone: bool = False
+    gone_roles: frozenset[str] = frozenset()
+
+    async def chat(self, role: str, messages: Sequence[Message], **kwargs: Any) -> Completion:
+        if self.gone or role in self.gone_roles:
+            raise EndpointUnreachable(f"{role}: the model went away")
+        return await super().chat(role, messages, **kwargs)
 
 
 async def solve_in_process(

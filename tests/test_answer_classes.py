@@ -1,5 +1,5 @@
 """Votes count values, not spellings: answer keys, classes merged by an equivalence check, each
-vote rule and MV@k grouping equal answers, and a majority run on the simulated server."""
+vote rule and MV@k grouping equal answers, and whole runs in process."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import settings_for
+from conftest import scripted_settings
 from tmas.answer_classes import MAX_COMPARED, answer_classes, value_key
 from tmas.api import asolve
 from tmas.methods.base import Candidate
 from tmas.methods.selection import select
 from tmas.reports.metrics import majority_answer
-from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript
 
 
 class TableCheck:
@@ -136,7 +136,7 @@ def test_vote_rules_use_the_classes_given() -> None:
     assert majority_answer([c.answer for c in pool], classes) == 1
 
 
-async def test_majority_vote_counts_values_on_the_wire(sim: SimServer, tmp_path: Path) -> None:
+async def test_majority_vote_counts_values_in_a_run(tmp_path: Path) -> None:
     # Five samples: 0.25 spelled three ways (3 votes) against 2 (2 votes).
     replies = [
         "So the answer is \\boxed{2}.",
@@ -145,25 +145,25 @@ async def test_majority_vote_counts_values_on_the_wire(sim: SimServer, tmp_path:
         "So the answer is \\boxed{\\frac{1}{4}}.",
         "So the answer is \\boxed{1/4}.",
     ]
-    sim.set_script(SimScript(rules=[Rule(role="solution", replies=replies)]))
-    settings = settings_for(sim, concurrency=1, method={"name": "majority", "params": {"k": 5}})
-    result = await asolve("What is 1/4 of 1?", settings, run_dir=tmp_path / "run")
-    assert len(sim.chat_bodies("solution")) == 5
+    settings = scripted_settings(concurrency=1, method={"name": "majority", "params": {"k": 5}})
+    model = ScriptedModel(SimScript(rules=[Rule(role="solution", replies=replies)]), settings)
+    result = await asolve("What is 1/4 of 1?", model=model, run_dir=tmp_path / "run")
+    assert len(model.calls_of("solution")) == 5
     assert result.answer is not None and value_key(result.answer) == "1/4"
     assert result.iterations[0].state["votes"] == {"1/4": 3, "2": 2}
 
 
 @pytest.mark.slow
-async def test_tmas_votes_group_by_the_grading_rules_on_the_wire(sim: SimServer, tmp_path: Path) -> None:
+async def test_tmas_votes_group_by_the_grading_rules_in_a_run(tmp_path: Path) -> None:
     pytest.importorskip("math_verify")
     # Equal scores everywhere; by spelling three answers tie and the first (7) wins, by value the two spellings of
     # sqrt(2)/2 hold two votes of three.
     solutions = ["So \\boxed{7}.", "So \\boxed{\\frac{\\sqrt{2}}{2}}.", "So \\boxed{\\frac{1}{\\sqrt{2}}}."]
     verdict = Rule(role="verifier", replies=["## Analysis\nFine.\n\n## Score\nScore: 1"])
-    sim.set_script(SimScript(rules=[Rule(role="solution", replies=solutions), verdict]))
     params = {"n": 3, "m": 1, "iterations": 1, "select": "vote"}
-    settings = settings_for(sim, concurrency=1, method={"name": "tmas", "params": params})
-    result = await asolve("What is sin(pi/4)?", settings, run_dir=tmp_path / "run")
+    settings = scripted_settings(concurrency=1, method={"name": "tmas", "params": params})
+    model = ScriptedModel(SimScript(rules=[Rule(role="solution", replies=solutions), verdict]), settings)
+    result = await asolve("What is sin(pi/4)?", model=model, run_dir=tmp_path / "run")
     assert [c.answer for c in result.iterations[0].candidates] == [
         "7",
         "\\frac{\\sqrt{2}}{2}",

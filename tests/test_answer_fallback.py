@@ -1,14 +1,14 @@
 """Refinement never loses an answer: an answerless refinement is asked again with a reminder of
 the required output, and when the last iteration holds no answer the earlier verified answer is returned, recorded
 as a fallback; the parameters turn both off (Algorithm 1's line 22 exactly). The methods run in process on the scripted
-model; one run goes through the simulated server for what it sends and stores."""
+model, and one whole run for what it sends and stores."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from conftest import scripted_settings, settings_for
+from conftest import scripted_settings
 from scripted_runs import solve_in_process
 from tmas.agents.templates import render
 from tmas.api import asolve
@@ -17,7 +17,7 @@ from tmas.llm.types import Message
 from tmas.methods.base import Candidate, ProblemResult
 from tmas.methods.selection import select_answered
 from tmas.store.run_store import RunStore
-from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript
 
 Q = "What is 17*23?"
 REMINDER = render("answer_reminder.j2")
@@ -28,19 +28,10 @@ ANSWERED = "17*23 = 17*20 + 17*3 = 340 + 51 = 391.\n\n\\boxed{391}"
 REMINDED = r"states no final answer"
 
 
-def tmas_settings(sim: SimServer, **params: Any) -> Any:
-    base = {"n": 2, "m": 1, "iterations": 2, "epsilon": 0.0}
-    return settings_for(sim, method={"name": "tmas", "params": {**base, **params}})
-
-
 def stored_result(run_dir: Path) -> dict[str, Any]:
     with RunStore(run_dir, create=False) as store:
         (record,) = load_results(store)
     return record
-
-
-def solution_bodies(sim: SimServer) -> list[dict[str, Any]]:
-    return sim.chat_bodies("solution")
 
 
 async def solve(method: str, rules: list[Rule], **params: Any) -> tuple[ProblemResult, ScriptedModel]:
@@ -57,11 +48,13 @@ def solution_prompts(model: ScriptedModel, role: str = "solution") -> list[list[
     return [call.messages for call in model.calls_of(role)]
 
 
-async def test_refinements_without_an_answer_return_the_earlier_verified_answer(sim: SimServer, tmp_path: Path) -> None:
+async def test_refinements_without_an_answer_return_the_earlier_verified_answer(tmp_path: Path) -> None:
     # Iteration 0 answers 391 (the default replies, full verifier scores); every refinement, and every reply to the
-    # reminder, is the bare verdict.
-    sim.set_script(SimScript(rules=[Rule(role="solution", pattern="<rollouts>", replies=[VERDICT])]))
-    result = await asolve(Q, tmas_settings(sim), run_dir=tmp_path / "run")
+    # reminder, is the bare verdict. A whole run, in process.
+    params = {"n": 2, "m": 1, "iterations": 2, "epsilon": 0.0}
+    script = SimScript(rules=[Rule(role="solution", pattern="<rollouts>", replies=[VERDICT])])
+    model = ScriptedModel(script, scripted_settings(method={"name": "tmas", "params": params}))
+    result = await asolve(Q, model=model, run_dir=tmp_path / "run")
     assert result.status == "done" and result.answer == "391"
     # The best-scored first candidate (the verifier may give one of them 0.5; ties: the lower index).
     scores = [c.score or 0.0 for c in result.iterations[0].candidates]
@@ -79,9 +72,9 @@ async def test_refinements_without_an_answer_return_the_earlier_verified_answer(
     assert [c.answer for c in last.candidates] == [None, None]
     assert any("answer from iteration 0" in note for note in last.notes)
     assert result.counters["answer_fallback"] == 1 and result.counters["solution_reminded"] == 2
-    # On the wire: 2 first samples, 2 refinements, 2 reminders; each reminder is the refinement prompt, the
-    # answerless reply as the assistant turn, then the reminder.
-    bodies = solution_bodies(sim)
+    # As sent: 2 first samples, 2 refinements, 2 reminders; each reminder is the refinement prompt, the answerless
+    # reply as the assistant turn, then the reminder.
+    bodies = [call.body for call in model.calls_of("solution")]
     assert len(bodies) == 6
     reminders = [b["messages"] for b in bodies if b["messages"][-1]["content"] == REMINDER]
     assert len(reminders) == 2

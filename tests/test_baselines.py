@@ -1,6 +1,6 @@
 """The baselines' logic in process on the scripted model: each method's call graph per iteration (calls by role,
-and which earlier outputs each prompt contains). RSE's gold answer and embeddings, which cross the wire, are checked
-against the simulated server and the run store."""
+and which earlier outputs each prompt contains), and RSE's bank from a whole run, the gold answer never in a call;
+its fallback when the embedding endpoint fails against the simulated server."""
 
 from __future__ import annotations
 
@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from conftest import scripted_settings, settings_for
-from scripted_runs import solve_in_process
+from scripted_runs import scripted_run, solve_in_process
 from tmas.api import asolve
 from tmas.methods import METHODS
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
-from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
@@ -167,16 +166,17 @@ async def test_pacore_rounds_see_compact_messages_of_the_whole_previous_round() 
     assert result.iterations[-1].state["round"] == "synthesis" and result.answer == "391"
 
 
-async def test_rse_bank_is_distilled_without_the_gold_answer(sim: SimServer, tmp_path: Path) -> None:
+async def test_rse_bank_is_distilled_without_the_gold_answer(tmp_path: Path) -> None:
     gold = "GOLD-4471-QX"
-    settings = settings_for(sim, method={"name": "rse", "params": {"n": 2, "iterations": 3}})
-    problem = Problem(problem_id="p1", question=Q, answer=gold)
-    store, settings, todo = prepare_run(tmp_path / "run", settings, [problem], resume=False)
-    with store:
-        summary = await run_problems(settings, todo, store, keep_results=True)
-    [result] = summary.results
+    settings = scripted_settings(method={"name": "rse", "params": {"n": 2, "iterations": 3}})
+    model = ScriptedModel(SimScript(), settings)
+    await scripted_run(model, tmp_path / "run", [Problem(problem_id="p1", question=Q, answer=gold)])
+    with RunStore(tmp_path / "run", create=False) as store:
+        [record] = store.results()
+    result = ProblemResult.model_validate(record)
     assert result.status == "done" and result.answer == "391"
-    assert all(gold not in str(r.body) for r in sim.requests)
+    assert model.calls and all(gold not in str(call.body) for call in model.calls)
+    assert all(gold not in text for texts in model.embedded for text in texts)
     rows = stored_calls(tmp_path / "run")
     # The last iteration is not distilled: nothing would read its bank.
     assert roles_by_iteration(rows) == {
@@ -184,7 +184,7 @@ async def test_rse_bank_is_distilled_without_the_gold_answer(sim: SimServer, tmp
         1: {"solution": 2, "distiller": 2},
         2: {"solution": 2},
     }
-    assert sum(r.endpoint == "embeddings" for r in sim.requests) >= 2
+    assert len(model.embedded) >= 2
     bank = result.iterations[0].state["bank"]
     assert bank["propositions"] and gold not in str(bank)
     # Two trajectories distil the same facts: the embedding dedup keeps one copy of each.

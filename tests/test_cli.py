@@ -1,4 +1,5 @@
-"""The ``tmas`` command end to end, as a user runs it, against the simulated server."""
+"""The ``tmas`` command end to end, as a user runs it, against the simulated server; a finished run's resume in
+process."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env, run_tmas
-from tmas.testing import SimScript, SimServer
+from conftest import clean_env, run_tmas, scripted_settings
+from tmas.api import aresume, arun
+from tmas.testing import ScriptedModel, SimScript, SimServer
 
 
 def tmas(*args: str, stdin: bytes | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[bytes]:
@@ -219,14 +221,14 @@ def test_killed_run_resumes_without_repeating_finished_calls(tmp_path: Path) -> 
     assert asked_after | finished_before == {f"p{i}" for i in range(n)}
 
 
-@pytest.mark.slow
-def test_resume_of_a_finished_run_asks_nothing_again(sim: SimServer, tmp_path: Path) -> None:
+async def test_resume_of_a_finished_run_asks_nothing_again(tmp_path: Path) -> None:
+    # The run itself, as `tmas run` and `tmas run --resume` make it, in process on a scripted model.
     write_problems(tmp_path / "p.jsonl", 3)
     run_dir = tmp_path / "run"
-    args = ("run", str(tmp_path / "p.jsonl"), "-o", str(run_dir), "--base-url", sim.base_url, "--method", "cot")
-    assert tmas(*args).returncode == 0
-    out = tmas("run", "--resume", str(run_dir))
-    assert out.returncode == 0
-    summary = json.loads(out.stdout)
-    assert summary["skipped"] == 3 and summary["calls"] == 0
-    assert sim.stats().total_requests == 3
+    model = ScriptedModel(SimScript(), scripted_settings(method={"name": "cot", "params": {}}))
+    first = await arun(tmp_path / "p.jsonl", run_dir, model=model)
+    assert (first.done, first.calls) == (3, 3)
+    again = ScriptedModel(SimScript(), model.settings)
+    summary = await aresume(run_dir, model=again)
+    assert summary.skipped == 3 and summary.calls == 0 and summary.to_dict()["calls"] == 0
+    assert again.calls == [] and len(model.calls) == 3

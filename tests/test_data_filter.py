@@ -1,17 +1,22 @@
-"""``tmas data filter`` (TMAS appendix A.2) on a scripted server: the counts worked by hand decide what is kept and
-selected; the samples are a resumable run; the request bodies carry the paper's sampling."""
+"""``tmas data filter`` (TMAS appendix A.2): in process on a scripted model, the counts worked by hand decide what
+is kept and selected, the samples are a resumable run at the paper's sampling, failed problems are left out; the
+command itself against the simulated server, its flags in the request bodies."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from conftest import run_tmas
+from conftest import run_tmas, scripted_settings
+from scripted_runs import by_role
+from tmas.data.difficulty_filter import FilterCard, filter_settings, run_filter
+from tmas.grading.grades import GradeConfig
 from tmas.store.run_store import RunStore
-from tmas.testing import SimScript, SimServer
+from tmas.testing import ScriptedModel, SimScript, SimServer
 from tmas.testing.script import Rule
 
 # name, question, answer, how many of the k = 4 samples the script answers right.
@@ -40,41 +45,47 @@ def tmas(*args: str) -> subprocess.CompletedProcess[bytes]:
     return run_tmas(*args, timeout=120)
 
 
-@pytest.mark.slow
-def test_filter_keeps_the_problems_solved_fewer_than_t_times_and_selects_n(sim: SimServer, tmp_path: Path) -> None:
-    sim.set_script(script())
+def on_model(rules: SimScript, k: int, **overrides: Any) -> ScriptedModel:
+    """A scripted model answering with ``rules``, on the settings ``tmas data filter -k K`` gives a run."""
+    return ScriptedModel(rules, filter_settings(scripted_settings(**overrides), k, set()))
+
+
+async def test_filter_keeps_the_problems_solved_fewer_than_t_times_and_selects_n(tmp_path: Path) -> None:
     problems = tmp_path / "bench.jsonl"
     problems.write_text(
         "".join(json.dumps({"id": n, "question": q, "answer": a, "src": "x"}) + "\n" for n, q, a, _ in CASES)
     )
-    out = tmp_path / "bench-hard.jsonl"
-    args = ["data", "filter", str(problems), "-o", str(out), "-k", "4", "--below", "2", "-n", "2", "--seed", "0"]
-    args += ["--grade", "rules", "--base-url", sim.base_url, "--model", "filter-model"]
-    done = tmas(*args)
-    assert done.returncode == 0, done.stderr.decode()
+    out, run_dir = tmp_path / "bench-hard.jsonl", tmp_path / "bench-hard.filter-run"
+    model = on_model(script(), 4, endpoint__model="filter-model")
+
+    async def run_filter_on(model: ScriptedModel, n: int, seed: int) -> FilterCard:
+        return await run_filter(
+            problems, run_dir, out, model.settings, GradeConfig(mode="rules"), k=4, below=2, n=n, seed=seed, model=model
+        )
+
+    card = await run_filter_on(model, 2, 0)
     # Solved counts by hand: alpha 4, beta 1, gamma 0, delta 2, epsilon 1, zeta 0.
-    assert "solved-of-4 counts {0: 2, 1: 2, 2: 1, 3: 0, 4: 1}; kept 4; selected 2" in done.stdout.decode()
-    card = json.loads((tmp_path / "bench-hard.card.json").read_text())
-    assert card["solved_counts"] == {"0": 2, "1": 2, "2": 1, "4": 1}
-    assert card["kept"] == 4 and card["k"] == 4 and card["below"] == 2 and card["model"] == "filter-model"
+    assert card.solved_counts == {0: 2, 1: 2, 2: 1, 4: 1}
+    stored = json.loads((tmp_path / "bench-hard.card.json").read_text())
+    assert stored["solved_counts"] == {"0": 2, "1": 2, "2": 1, "4": 1}
+    assert stored["kept"] == 4 and stored["k"] == 4 and stored["below"] == 2 and stored["model"] == "filter-model"
     # Kept: beta, gamma, epsilon, zeta; seed 0 draws gamma and zeta (listed in file order).
-    assert card["selected"] == ["gamma", "zeta"]
+    assert stored["selected"] == ["gamma", "zeta"]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["problem_id"], r["answer"], r["src"]) for r in rows] == [("gamma", "49", "x"), ("zeta", "64", "x")]
     assert "| 1 | 2 | yes |" in (tmp_path / "bench-hard.card.md").read_text()
     # Every sample was a plain chain-of-thought call at the paper's sampling: 6 problems x 4 samples.
-    bodies = sim.chat_bodies()
-    assert len(bodies) == 24
-    assert {(b["temperature"], b["top_p"], b["model"]) for b in bodies} == {(1.0, 0.95, "filter-model")}
-    with RunStore(tmp_path / "bench-hard.filter-run", create=False) as store:
+    assert len(model.calls) == 24 and set(by_role(model)) == {"solution"}
+    assert {(c.body["temperature"], c.body["top_p"], c.body["model"]) for c in model.calls} == {
+        (1.0, 0.95, "filter-model")
+    }
+    with RunStore(run_dir, create=False) as store:
         assert store.get_meta("method")["params"]["k"] == 4
 
-    # Run again (another n and seed): the samples are resumed from the store, no request is sent.
-    before = sim.stats().total_requests
-    args[args.index("-n") + 1], args[args.index("--seed") + 1] = "3", "7"
-    again = tmas(*args)
-    assert again.returncode == 0, again.stderr.decode()
-    assert sim.stats().total_requests == before
+    # Run again (another n and seed): the samples are resumed from the store, no call is made.
+    again = on_model(script(), 4, endpoint__model="filter-model")
+    card = await run_filter_on(again, 3, 7)
+    assert again.calls == []
     # Seed 7 draws epsilon, beta and gamma of the four kept (listed in file order).
     assert json.loads((tmp_path / "bench-hard.card.json").read_text())["selected"] == ["beta", "gamma", "epsilon"]
 
@@ -90,6 +101,7 @@ def test_filter_flags_set_the_sampling(sim: SimServer, tmp_path: Path) -> None:
         "--temperature", "0.6", "--max-tokens", "300",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr.decode()
+    assert "solved-of-2 counts {0: 0, 1: 0, 2: 1}; kept 0; selected 0" in done.stdout.decode()
     assert {(b["temperature"], b["top_p"], b["max_tokens"]) for b in sim.chat_bodies()} == {(0.6, 0.95, 300)}
     # Solved 2 of 2: nothing is kept, and the card says only that many were kept.
     card = json.loads((tmp_path / "hard.card.json").read_text())
@@ -97,20 +109,32 @@ def test_filter_flags_set_the_sampling(sim: SimServer, tmp_path: Path) -> None:
     assert any("fewer than n = 50" in note for note in card["notes"])
 
 
-@pytest.mark.slow
-def test_a_problem_whose_every_sample_failed_is_left_out_not_kept(sim: SimServer, tmp_path: Path) -> None:
-    rules = [*script().rules, Rule(role="solution", pattern="Eta:", fault="http_400")]
-    sim.set_script(SimScript(rules=rules))
+async def test_a_problem_whose_every_sample_failed_is_left_out_not_kept(tmp_path: Path) -> None:
+    model = on_model(SimScript(rules=[*script().rules, Rule(role="solution", pattern="Eta:", fault="http_400")]), 4)
     problems = tmp_path / "b.jsonl"
     rows = [("gamma", CASES[2][1], "49"), ("eta", "Eta: what is 9*9?", "81")]
     problems.write_text("".join(json.dumps({"problem_id": i, "question": q, "answer": a}) + "\n" for i, q, a in rows))
     out = tmp_path / "hard.jsonl"
-    done = tmas(
-        "data", "filter", str(problems), "-o", str(out), "-k", "4", "--grade", "rules", "--base-url", sim.base_url,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr.decode()
+    grading = GradeConfig(mode="rules")
+    await run_filter(problems, tmp_path / "run", out, model.settings, grading, k=4, below=2, n=50, seed=0, model=model)
     card = json.loads((tmp_path / "hard.card.json").read_text())
     # eta's four calls were refused: it failed, so it is neither counted as unsolved nor selected.
     assert card["failed_problems"] == ["eta"] and card["failed_samples"] == 4
     assert card["solved_counts"] == {"0": 1} and card["selected"] == ["gamma"]
     assert "1 problems failed (no usable sample): left out of the filter" in card["notes"]
+
+
+async def test_a_judge_of_ones_own_grades_the_samples(tmp_path: Path) -> None:
+    # The judge, on the model that drew the samples, calls every answer right: no problem is hard, none kept.
+    rules = SimScript(rules=[Rule(role="judge", replies=['{"reasoning": "r", "equivalent": true}']), *script().rules])
+    model = on_model(rules, 2)
+    problems = tmp_path / "b.jsonl"
+    problems.write_text(json.dumps({"problem_id": "gamma", "question": CASES[2][1], "answer": "49"}) + "\n")
+    grading = GradeConfig(mode="judge", judge_runs=1)
+    out = tmp_path / "hard.jsonl"
+    card = await run_filter(
+        problems, tmp_path / "run", out, model.settings, grading, k=2, below=2, n=5, seed=0, model=model
+    )
+    # Both samples box the same 1000: one judgement serves both.
+    assert by_role(model) == {"solution": 2, "judge": 1}
+    assert card.solved_counts == {2: 1} and card.kept == 0 and card.selected == []

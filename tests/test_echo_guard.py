@@ -1,7 +1,7 @@
 """The echo guard. An agent output whose answer or content repeats its own prompt's instructions
 (not the problem) is rejected, counted per role as an ``echo``, asked again once, and never enters an answer, a bank
-or a pool. Unit checks on real prompts, then the methods in process on the scripted model; a run's report and the
-pool builds against the simulated server."""
+or a pool. Unit checks on real prompts, then the methods in process on the scripted model; then a run's report and
+the pool builds, in process too."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import random
 from pathlib import Path
 from typing import Any
 
-from conftest import scripted_settings, settings_for
+from conftest import scripted_settings
 from mattrl_runs import hand_worked_transcript, write_run
 from scripted_runs import by_role, solve_in_process
-from test_mattrl_domains import rubric, teach
+from test_mattrl_domains import build_model, rubric, teach
 from test_pool_build import scripted_rules
 from tmas.agents.echo import ECHO_SHARE, EchoGuard, split_prompt, tokens
 from tmas.agents.experience import experience_prompt
@@ -31,7 +31,7 @@ from tmas.methods.base import ProblemResult
 from tmas.pool.build import BuildConfig, build_pool
 from tmas.problems import Problem
 from tmas.reports.report import build_report
-from tmas.testing import Rule, ScriptedCall, ScriptedModel, SimScript, SimServer
+from tmas.testing import Rule, ScriptedCall, ScriptedModel, SimScript
 
 Q = "What is 17*23?"
 # A problem that shares words with the instructions: quoting it is still honest.
@@ -229,12 +229,12 @@ async def test_a_guideline_strategy_that_echoes_the_instructions_is_dropped_afte
     assert record.replies["guideline"].echo == 1 and result.counters["guideline_echo"] == 1
 
 
-async def test_a_baseline_asks_again_on_an_echo_and_votes_without_it(sim: SimServer, tmp_path: Path) -> None:
+async def test_a_baseline_asks_again_on_an_echo_and_votes_without_it(tmp_path: Path) -> None:
     echo = f"{CONCISE_ECHO}.\n\\boxed{{the final answer you computed}}"
-    sim.set_script(SimScript(rules=[Rule(role="solution", replies=[echo], times=1)]))
-    settings = settings_for(sim, method={"name": "majority", "params": {"k": 2, "style": "concise"}})
-    result = await asolve(Q, settings, run_dir=tmp_path / "run")
-    seeds = [r.body["seed"] for r in sim.requests if r.role == "solution"]
+    settings = scripted_settings(method={"name": "majority", "params": {"k": 2, "style": "concise"}})
+    model = ScriptedModel(SimScript(rules=[Rule(role="solution", replies=[echo], times=1)]), settings)
+    result = await asolve(Q, model=model, run_dir=tmp_path / "run")
+    seeds = [call.body["seed"] for call in model.calls_of("solution")]
     assert len(seeds) == len(set(seeds)) == 3 and result.answer == "391"
     record = result.iterations[0]
     assert record.replies["solution"].echo == 1
@@ -278,10 +278,10 @@ async def test_a_summarizer_entry_that_echoes_the_instructions_never_enters_the_
     echoing = Rule(
         role="summarizer", pattern='<contribution round="2" agent="S1"', replies=[json.dumps({"entries": [echo]})]
     )
-    with SimServer(SimScript(rules=[echoing.model_copy(update={"times": 2}), *scripted_rules()])) as sim:
-        config = BuildConfig(scheme="difference", lam=0.5, gamma=0.5, beta=15 * math.log(2), grade_mode="rules")
-        summary = await build_pool([run], tmp_path / "pool", settings_for(sim), config)
-        assert len([r for r in sim.requests if r.role == "summarizer"]) == 3
+    model = ScriptedModel(SimScript(rules=[echoing.model_copy(update={"times": 2}), *scripted_rules()]))
+    config = BuildConfig(scheme="difference", lam=0.5, gamma=0.5, beta=15 * math.log(2), grade_mode="rules")
+    summary = await build_pool([run], tmp_path / "pool", scripted_settings(), config, model=model)
+    assert len(model.calls_of("summarizer")) == 3
     assert summary.summarizer_echoes == 2 and summary.added == 1
     pool = Pool.open(tmp_path / "pool")
     assert [(e.source_round, e.source_agent) for e in pool.entries] == [(1, "S1")]
@@ -311,9 +311,9 @@ async def test_a_medicine_peer_review_that_echoes_is_asked_again_and_never_share
     assert not any("to which rank" in u["text"] for u in utterances if u["kind"] == "meeting")
 
 
-async def test_an_education_summarizer_entry_that_echoes_never_enters_the_pool(sim: SimServer, tmp_path: Path) -> None:
+async def test_an_education_summarizer_entry_that_echoes_never_enters_the_pool(tmp_path: Path) -> None:
     """C.4.7's entries are checked like the math summarizer's: an echo is asked again once, then dropped."""
-    result = await teach(sim, tmp_path, "B", iterations=2)
+    result, _ = await teach(tmp_path, "B", iterations=2)
     assert result.iterations[-1].state["post_correct"]
     echo = {
         "class": "GUIDANCE",
@@ -327,26 +327,24 @@ async def test_an_education_summarizer_entry_that_echoes_never_enters_the_pool(s
         "experience": "Good practice: contrast two quantities under one condition.",
         "scope": "subject",
     }
-    sim.set_script(
-        SimScript(
-            rules=[
-                # Only the Diagnostician's turns are kept (score 5; the others score 2).
-                Rule(role="judge", pattern='role="Diagnostician">', replies=[rubric(5, 5, 5, 5)]),
-                Rule(role="judge", replies=[rubric(2, 2, 2, 2)]),
-                # Round 1's summary echoes in the reply and in the retry; round 2's is the team's own words.
-                Rule(
-                    role="summarizer",
-                    pattern='<teacher_utterance round="1"',
-                    replies=[json.dumps({"entries": [echo]})],
-                    times=2,
-                ),
-                Rule(role="summarizer", replies=[json.dumps({"entries": [honest]})]),
-            ]
-        )
+    model = build_model(
+        [
+            # Only the Diagnostician's turns are kept (score 5; the others score 2).
+            Rule(role="judge", pattern='role="Diagnostician">', replies=[rubric(5, 5, 5, 5)]),
+            Rule(role="judge", replies=[rubric(2, 2, 2, 2)]),
+            # Round 1's summary echoes in the reply and in the retry; round 2's is the team's own words.
+            Rule(
+                role="summarizer",
+                pattern='<teacher_utterance round="1"',
+                replies=[json.dumps({"entries": [echo]})],
+                times=2,
+            ),
+            Rule(role="summarizer", replies=[json.dumps({"entries": [honest]})]),
+        ]
     )
     config = BuildConfig(lam=0.5, gamma=0.5, grade_mode="rules")
-    summary = await build_pool([tmp_path / "run"], tmp_path / "pool", settings_for(sim), config)
-    assert len([r for r in sim.requests if r.role == "summarizer"]) == 3
+    summary = await build_pool([tmp_path / "run"], tmp_path / "pool", model.settings, config, model=model)
+    assert len(model.calls_of("summarizer")) == 3
     assert summary.summarizer_echoes == 2 and summary.added == 1
     pool = Pool.open(tmp_path / "pool")
     assert [(e.source_round, e.category, e.action) for e in pool.entries] == [(2, "STRATEGY", honest["action"])]

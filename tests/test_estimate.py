@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from conftest import run_tmas
+from conftest import run_tmas, scripted_settings
 from scripted_runs import by_role, run_scripted_problems
 from tmas.config import Settings
 from tmas.methods import METHODS, create_method
@@ -24,9 +24,10 @@ from tmas.planning.estimate import (
     rates_from_role_costs,
     role_max_tokens,
 )
+from tmas.planning.pilot import run_pilot
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
-from tmas.testing import Rule, SimServer
+from tmas.testing import Rule, ScriptedModel, ScriptedUsage, SimScript, SimServer
 
 
 def count(method: str, **params: Any) -> dict[str, int]:
@@ -356,3 +357,28 @@ def test_max_tokens_per_role_follow_what_tmas_sends() -> None:
     assert role_max_tokens(Settings(), local, "verifier") == 400
     # ... and a max_tokens the user set wins over the preset's, as on the wire.
     assert role_max_tokens(Settings.model_validate({"sampling": {"max_tokens": 900}}), local, "solution") == 900
+
+
+async def test_a_pilot_measures_tokens_per_role_and_a_second_one_resumes_it(tmp_path: Path) -> None:
+    # Solutions report 40 completion tokens on 30 prompt tokens, verifications 10 on 50: the pilot's means by role.
+    rules = [
+        Rule(role="solution", usage=ScriptedUsage(prompt_tokens=30, completion_tokens=40)),
+        Rule(role="verifier", usage=ScriptedUsage(prompt_tokens=50, completion_tokens=10)),
+    ]
+    settings = scripted_settings(method={"name": "tmas", "params": {"n": 2, "m": 1, "iterations": 3}})
+    problems = [Problem(problem_id="p0", question="What is 2*7?", answer="14")]
+    model = ScriptedModel(SimScript(rules=rules), settings)
+    rates = await run_pilot([("tmas", settings)], problems, tmp_path / "pilot", model=model)
+    # Two iterations of the three: 8 + 4 = 12 calls, 8 of them solutions or verifications.
+    assert len(model.calls) == 12 and (by_role(model)["solution"], by_role(model)["verifier"]) == (4, 4)
+    assert rates.source == "pilot"
+    assert (rates.completion["solution"], rates.prompt["solution"]) == (40, 30)
+    assert (rates.completion["verifier"], rates.prompt["verifier"]) == (10, 50)
+    with RunStore(tmp_path / "pilot" / "tmas", create=False) as store:
+        assert store.get_meta("method")["params"]["iterations"] == 2
+        assert store.call_counts()["calls"] == 12
+    # A second pilot resumes the first: no call, the same rates, and no throughput from replayed calls.
+    again = ScriptedModel(SimScript(rules=rules), settings)
+    resumed = await run_pilot([("tmas", settings)], problems, tmp_path / "pilot", model=again)
+    assert again.calls == [] and resumed.throughput is None
+    assert (resumed.completion, resumed.prompt) == (rates.completion, rates.prompt)

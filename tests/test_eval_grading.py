@@ -128,3 +128,18 @@ async def test_judge_mode_grades_everything_with_the_judge(tmp_path: Path) -> No
     rules = await grade_run(store, GradeConfig(mode="rules"), None)
     assert rules.verdicts[("a", 0, 0)] == [False]
     store.close()
+
+
+async def test_a_judge_of_ones_own_needs_no_endpoint_in_any_settings(tmp_path: Path) -> None:
+    store = await _cot_run(tmp_path / "run", [Problem(problem_id="a", question="What is 6*7?", answer="41")])
+    # No settings given and the judge model's own name no endpoint: it alone is asked, its calls kept in the run.
+    judge = ScriptedModel(SimScript(rules=[Rule(role="judge", replies=['{"reasoning": "r", "equivalent": true}'])]))
+    assert not judge.settings.endpoint.base_url
+    config = GradeConfig(mode="judge", judge_runs=2)
+    grades = await grade_run(store, config, None, model=judge)
+    assert grades.verdicts[("a", 0, 0)] == [True, True] and len(judge.calls_of("judge")) == 2
+    # Graded again (regraded, not read back from the stored grades), the judge's calls replay from the store.
+    again = ScriptedModel(SimScript(rules=[Rule(role="judge", replies=['{"reasoning": "r", "equivalent": false}'])]))
+    regraded = await grade_run(store, config, None, regrade=True, model=again)
+    assert regraded.verdicts == grades.verdicts and again.calls == []
+    store.close()

@@ -10,10 +10,13 @@ import pytest
 
 from conftest import run_tmas, scripted_settings
 from scripted_runs import scripted_run
+from tmas.api import arun
 from tmas.errors import InputError
 from tmas.grading.grades import GradeConfig
+from tmas.grading.runs import grade_run
 from tmas.problems import DATASET_ALIASES, dataset_name, resolve_dataset
 from tmas.reports.report import build_report
+from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
 pytest.importorskip("math_verify")
@@ -57,17 +60,21 @@ async def test_report_from_simulated_runs(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_eval_runs_grades_and_reports_in_one_step(tmp_path: Path) -> None:
+async def test_eval_runs_grades_and_reports_in_one_step(tmp_path: Path) -> None:
+    # What `tmas eval p.jsonl --judge-runs 2 -m tmas -p n=2 -p m=2 -T 3` does, in process: the run, then its report
+    # graded by the combined rules and judge.
     problems = tmp_path / "p.jsonl"
     write_problems(problems)
-    with SimServer(SimScript()) as sim:
-        out = tmas(
-            *("eval", str(problems), "-o", str(tmp_path / "run"), "--base-url", sim.base_url, "--judge-runs", "2"),
-            *("--method", "tmas", "-p", "n=2", "-p", "m=2", "-T", "3"),
-        )
-        assert out.returncode == 0, out.stderr
-        # Every answer is numeric and the rules decide all of them: the judge is never asked.
-        assert sim.stats().by_role.get("judge", 0) == 0
+    params = {"n": 2, "m": 2, "iterations": 3}
+    model = ScriptedModel(SimScript(), scripted_settings(method={"name": "tmas", "params": params}))
+    await arun(problems, tmp_path / "run", model=model)
+    grading = GradeConfig(mode="combined", judge_runs=2)
+    with RunStore(tmp_path / "run", create=False) as store:
+        await grade_run(store, grading, None, model=model)
+    # Every answer is numeric and the rules decide all of them: the judge is never asked.
+    assert model.calls_of("judge") == []
+    # The report reads the grades stored in the run.
+    await build_report([tmp_path / "run"], tmp_path / "run" / "report", grading, None)
     markdown = (tmp_path / "run" / "report" / "report.md").read_text()
     assert "grading: combined, 2 judge run(s)" in markdown
     assert "| Method | It0 | It1 | It2 |" in markdown

@@ -1,15 +1,20 @@
 """A failed call in a whole run, in process on the scripted model (a scripted fault ends a call as the HTTP client
 ends it after its retries): it costs its candidate only, that trajectory starts afresh, and a problem fails only when
-no candidate of its last iteration succeeded."""
+no candidate of its last iteration succeeded; a model gone mid-run ends it, and its resume asks only the rest."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from scripted_runs import by_role, run_scripted
-from tmas.testing import Rule
+from conftest import scripted_settings
+from scripted_runs import GoneModel, by_role, run_scripted, scripted_run
+from tmas.methods.base import ProblemResult
+from tmas.problems import Problem
+from tmas.runner import Unreachable, prepare_run, run_problems
+from tmas.testing import Rule, ScriptedModel, SimScript
 
 # The first solution call fails; every later one answers.
 FIRST_FAILS = Rule(role="solution", fault="http_500", times=1)
@@ -79,3 +84,22 @@ async def test_pacore_with_no_message_to_synthesise_samples_plainly() -> None:
     [synthesis] = model.calls_of("synthesis")
     assert synthesis.messages == model.calls_of("solution")[0].messages
     assert result.iterations[-1].candidates[0].meta["prompt"] == "generate"
+
+
+async def test_a_model_gone_mid_run_ends_it_and_a_resume_asks_only_the_rest(tmp_path: Path) -> None:
+    # One problem at a time; the model goes away once the first is finished: the run ends, naming the resume.
+    problems = [Problem(problem_id=f"q{i}", question=f"What is {i + 2}*7?", answer=str((i + 2) * 7)) for i in range(3)]
+    settings = scripted_settings(concurrency=1, method={"name": "majority", "params": {"k": 2}})
+    model = GoneModel(SimScript(), settings)
+    store, settings, todo = prepare_run(tmp_path / "run", settings, problems, resume=False, own_model=True)
+
+    def gone(_: ProblemResult) -> None:
+        model.gone = True
+
+    with store, pytest.raises(Unreachable, match="continue with 'tmas run --resume"):
+        await run_problems(settings, todo, store, on_result=gone, model=model)
+    assert {call.key.problem_id for call in model.calls} == {"q0"}
+    again = ScriptedModel(SimScript(), settings)
+    summary = await scripted_run(again, tmp_path / "run")
+    assert (summary.done, summary.skipped) == (3, 1)
+    assert sorted({call.key.problem_id for call in again.calls}) == ["q1", "q2"] and len(again.calls) == 4

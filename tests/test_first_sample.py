@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from conftest import scripted_settings, settings_for
+from conftest import scripted_settings
 from scripted_runs import solve_in_process
 from tmas.agents.solution import generation_prompt
 from tmas.api import asolve
@@ -21,7 +21,7 @@ from tmas.methods.style_params import StyledParams
 from tmas.reports.reply_quality import role_replies
 from tmas.reports.report import build_report
 from tmas.store.run_store import RunStore
-from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript
 
 Q = "What is 17*23?"
 # The smallest run of each method whose first call is its first sample.
@@ -95,18 +95,16 @@ async def test_cot_reads_an_unboxed_final_answer_as_a_fallback() -> None:
     assert result.iterations[0].replies == {"solution": ReplyTally(replies=1, stated=1)}
 
 
-async def test_reply_counts_per_role_reach_the_records_and_the_report(sim: SimServer, tmp_path: Path) -> None:
+async def test_reply_counts_per_role_reach_the_records_and_the_report(tmp_path: Path) -> None:
     replies = ["So \\boxed{391}.", "Final answer: 391", "I would write a Python program for this."]
-    sim.set_script(
-        SimScript(
-            rules=[
-                Rule(role="solution", replies=["It is \\boxed{391}"], finish_reason="length", times=1),
-                Rule(role="solution", replies=replies),
-            ]
-        )
+    script = SimScript(
+        rules=[
+            Rule(role="solution", replies=["It is \\boxed{391}"], finish_reason="length", times=1),
+            Rule(role="solution", replies=replies),
+        ]
     )
-    settings = settings_for(sim, method={"name": "majority", "params": {"k": 4}})
-    result = await asolve(Q, settings, run_dir=tmp_path / "run")
+    model = ScriptedModel(script, scripted_settings(method={"name": "majority", "params": {"k": 4}}))
+    result = await asolve(Q, model=model, run_dir=tmp_path / "run")
     [record] = result.iterations
     assert record.replies == {"solution": ReplyTally(replies=4, truncated=1, unusable=1, stated=1)}
     assert sorted(c.meta["extraction"] for c in record.candidates) == ["boxed", "boxed", "none", "stated"]

@@ -3,6 +3,7 @@ of the medicine and education domains (RareBench / SuperGPQA import, Hit@k and M
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -10,8 +11,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from conftest import scripted_settings, settings_for
-from scripted_runs import by_role, last_user_prompts, run_scripted
+from conftest import scripted_settings
+from scripted_runs import by_role, last_user_prompts, run_scripted, scripted_run
+from tmas.api import arun
 from tmas.cli.main import app
 from tmas.data.case_import import read_rarebench, read_supergpqa
 from tmas.errors import InputError
@@ -24,8 +26,8 @@ from tmas.memory.transcript import Transcript
 from tmas.methods.base import ProblemResult
 from tmas.pool.build import CREDITS_FILE, BuildConfig, build_dir_for, build_pool
 from tmas.problems import Problem
-from tmas.runner import prepare_run, run_problems
-from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
+from tmas.store.run_store import RunStore
+from tmas.testing import Rule, ScriptedModel, SimScript
 from tmas.view.credits import load_credits
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "mattrl"
@@ -35,17 +37,21 @@ QUESTION = "Which quantity stays the same in free fall?\nA) speed\nB) accelerati
 METADATA = {"field": "Physics", "difficulty": "easy"}
 
 
-async def teach(sim: SimServer, tmp_path: Path, gold: str, **params: Any) -> ProblemResult:
-    settings = settings_for(sim, method={"name": "mattrl", "params": {"domain": "education", **params}})
+async def teach(tmp_path: Path, gold: str, **params: Any) -> tuple[ProblemResult, ScriptedModel]:
+    """The education team teaching one question of gold ``gold``: a whole run into ``tmp_path / "run"``, in process
+    on a scripted model (the result, and the model holding its calls)."""
+    settings = scripted_settings(method={"name": "mattrl", "params": {"domain": "education", **params}})
+    model = ScriptedModel(SimScript(), settings)
     problem = Problem(problem_id="q1", question=QUESTION, answer=gold, metadata=METADATA)
-    store, settings, todo = prepare_run(tmp_path / "run", settings, [problem], resume=False)
-    with store:
-        summary = await run_problems(settings, todo, store, keep_results=True)
-    return summary.results[0]
+    await scripted_run(model, tmp_path / "run", [problem])
+    with RunStore(tmp_path / "run", create=False) as store:
+        [record] = store.results()
+    return ProblemResult.model_validate(record), model
 
 
-def bodies(sim: SimServer, role: str) -> list[str]:
-    return [str(r.body["messages"][-1]["content"]) for r in sim.requests if r.endpoint == "chat" and r.role == role]
+def build_model(rules: list[Rule]) -> ScriptedModel:
+    """The judge and summarizer of a pool build, in process, answering with ``rules``."""
+    return ScriptedModel(SimScript(rules=rules), scripted_settings())
 
 
 async def teach_in_process(gold: str, **params: Any) -> tuple[ProblemResult, ScriptedModel]:
@@ -154,31 +160,17 @@ def test_teaching_metrics_worked_by_hand() -> None:
     assert teaching_metrics(rows) == {"acc_pre": 0.25, "acc_post": 0.75, "delta": 0.5}
 
 
-def test_cli_imports_runs_and_grades_medicine_cases(sim: SimServer, tmp_path: Path) -> None:
+def test_cli_imports_runs_and_grades_medicine_cases(tmp_path: Path) -> None:
     runner = CliRunner()
     problems = tmp_path / "med.jsonl"
     out = runner.invoke(
         app, ["cases", "import", str(EXAMPLES / "medicine_rarebench.jsonl"), "-f", "rarebench", "-o", str(problems)]
     )
     assert out.exit_code == 0, out.output
-    run = runner.invoke(
-        app,
-        [
-            "run",
-            str(problems),
-            "--method",
-            "mattrl",
-            "--domain",
-            "medicine",
-            "-T",
-            "2",
-            "-o",
-            str(tmp_path / "r"),
-            "--base-url",
-            sim.base_url,
-        ],
-    )
-    assert run.exit_code == 0, run.output
+    # The run as `tmas run med.jsonl --method mattrl --domain medicine -T 2` makes it, in process.
+    settings = scripted_settings(method={"name": "mattrl", "params": {"domain": "medicine", "iterations": 2}})
+    model = ScriptedModel(SimScript(), settings)
+    asyncio.run(arun(problems, tmp_path / "r", model=model))
     graded = runner.invoke(app, ["cases", "grade", str(tmp_path / "r")])
     assert graded.exit_code == 0, graded.output
     lines = [json.loads(line) for line in graded.output.splitlines()]
@@ -192,8 +184,8 @@ def test_cli_imports_runs_and_grades_medicine_cases(sim: SimServer, tmp_path: Pa
         "hit@10": 1.0,
         "mrr": (1 + 1 / 4 + 1 / 5) / 3,
     }
-    bodies_seen = [r.body for r in sim.requests if r.role == "specialist"]
-    assert bodies_seen and all("<diagnosis>" in str(b["messages"][-1]["content"]) for b in bodies_seen)
+    asked = last_user_prompts(model, "specialist")
+    assert asked and all("<diagnosis>" in prompt for prompt in asked)
 
 
 def entry(id_: str, role: str, **keys: str) -> PoolEntry:
@@ -265,8 +257,8 @@ def rubric(c: int, i: int, r: int, clarity: int) -> str:
     )
 
 
-async def test_an_education_build_credits_the_teachers_never_the_student(sim: SimServer, tmp_path: Path) -> None:
-    result = await teach(sim, tmp_path, "B", iterations=2)
+async def test_an_education_build_credits_the_teachers_never_the_student(tmp_path: Path) -> None:
+    result, _ = await teach(tmp_path, "B", iterations=2)
     assert result.iterations[-1].state["post_correct"]  # G = 1: the post-test is right
     summary_entries = [
         {
@@ -282,20 +274,18 @@ async def test_an_education_build_credits_the_teachers_never_the_student(sim: Si
             "scope": "subject",
         },
     ]
-    sim.set_script(
-        SimScript(
-            rules=[
-                # C.4.6 by role: Diagnostician 5,5,5,5 -> 5 (s = 1); Strategist 4,3,3,2 -> 3.1 -> 3 (s = 0.6);
-                # Subject Matter Expert 2,2,2,3 -> 2.2 -> 2 (s = 0.4).
-                Rule(role="judge", pattern='role="Diagnostician">', replies=[rubric(5, 5, 5, 5)]),
-                Rule(role="judge", pattern='role="Pedagogy Strategist">', replies=[rubric(4, 3, 3, 2)]),
-                Rule(role="judge", pattern='role="Subject Matter Expert">', replies=[rubric(2, 2, 2, 3)]),
-                Rule(role="summarizer", replies=[json.dumps({"entries": summary_entries})]),
-            ]
-        )
+    model = build_model(
+        [
+            # C.4.6 by role: Diagnostician 5,5,5,5 -> 5 (s = 1); Strategist 4,3,3,2 -> 3.1 -> 3 (s = 0.6);
+            # Subject Matter Expert 2,2,2,3 -> 2.2 -> 2 (s = 0.4).
+            Rule(role="judge", pattern='role="Diagnostician">', replies=[rubric(5, 5, 5, 5)]),
+            Rule(role="judge", pattern='role="Pedagogy Strategist">', replies=[rubric(4, 3, 3, 2)]),
+            Rule(role="judge", pattern='role="Subject Matter Expert">', replies=[rubric(2, 2, 2, 3)]),
+            Rule(role="summarizer", replies=[json.dumps({"entries": summary_entries})]),
+        ]
     )
     config = BuildConfig(lam=0.5, gamma=0.5, grade_mode="rules")
-    summary = await build_pool([tmp_path / "run"], tmp_path / "pool", settings_for(sim), config)
+    summary = await build_pool([tmp_path / "run"], tmp_path / "pool", model.settings, config, model=model)
     rows = [json.loads(line) for line in (build_dir_for(tmp_path / "pool") / CREDITS_FILE).read_text().splitlines()]
     # Only the three teachers' turns, in dialogue rounds 1 and 2: the student's pre-test, replies and post-test
     # are context, never credited.
@@ -312,9 +302,9 @@ async def test_an_education_build_credits_the_teachers_never_the_student(sim: Si
     assert {k: row["r"] for k, row in r.items()} == pytest.approx(expected)
     assert r[(1, "S1")]["w"] == 1.0 and r[(2, "S1")]["w"] == 0.5 and r[(1, "S2")]["s"] == pytest.approx(0.6)
     assert summary.kept == 2 and [k for k, row in r.items() if row["kept"]] == [(1, "S1"), (2, "S1")]
-    judged = bodies(sim, "judge")
+    judged = last_user_prompts(model, "judge")
     assert len(judged) == 6 and all("<student_pretest>\nAnswer: A" in b for b in judged)
-    assert not any("math problem" in b for b in judged + bodies(sim, "summarizer"))
+    assert not any("math problem" in b for b in judged + last_user_prompts(model, "summarizer"))
     # The round-2 judge sees round 1's question and the student's reply as the dialogue so far.
     round2 = next(b for b in judged if '<teacher_utterance round="2" role="Diagnostician">' in b)
     assert "<dialogue_so_far>\nTeacher: Which assumption in your reasoning would you test first?\nStudent: " in round2
@@ -326,9 +316,8 @@ async def test_an_education_build_credits_the_teachers_never_the_student(sim: Si
         ("Diagnostician", "Physics", "easy", "STRATEGY", "case"),
     ]
     # Table 3's MATTRL condition: the team teaches again with the pool; only the Diagnostician's role has entries.
-    sim.reset()
-    again = await teach(sim, tmp_path / "again", "B", iterations=1, pool=str(tmp_path / "pool"))
-    analyses = bodies(sim, "specialist")
+    again, teaching = await teach(tmp_path / "again", "B", iterations=1, pool=str(tmp_path / "pool"))
+    analyses = last_user_prompts(teaching, "specialist")
     diagnostician = next(b for b in analyses if "\nYou are the Diagnostician" in b)
     assert diagnostician.count("- ACTION: Diagnostician") == 4
     assert sum("<experience_hints>" in b for b in analyses) == 1
@@ -337,7 +326,7 @@ async def test_an_education_build_credits_the_teachers_never_the_student(sim: Si
 
 
 @pytest.mark.slow
-def test_report_shows_each_domains_metrics_beside_the_papers(sim: SimServer, tmp_path: Path) -> None:
+def test_report_shows_each_domains_metrics_beside_the_papers(tmp_path: Path) -> None:
     runner = CliRunner()
 
     def invoke(*args: str) -> str:
@@ -356,21 +345,9 @@ def test_report_shows_each_domains_metrics_beside_the_papers(sim: SimServer, tmp
     medicine = tmp_path / "med.jsonl"
     invoke("cases", "import", str(EXAMPLES / "medicine_rarebench.jsonl"), "-f", "rarebench", "-o", str(medicine))
     for domain, problems in (("education", education), ("medicine", medicine)):
-        out = tmp_path / domain
-        invoke(
-            "run",
-            str(problems),
-            "-m",
-            "mattrl",
-            "--domain",
-            domain,
-            "-T",
-            "1",
-            "-o",
-            str(out),
-            "--base-url",
-            sim.base_url,
-        )
+        # Each run as `tmas run FILE -m mattrl --domain DOMAIN -T 1` makes it, on a scripted model.
+        settings = scripted_settings(method={"name": "mattrl", "params": {"domain": domain, "iterations": 1}})
+        asyncio.run(arun(problems, tmp_path / domain, model=ScriptedModel(SimScript(), settings)))
     invoke(
         *("report", str(tmp_path / "education"), str(tmp_path / "medicine"), "-o", str(tmp_path / "report")),
         *("--grade", "rules", "--paper-model", "GPT-5"),

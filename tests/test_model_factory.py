@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+import types
 from pathlib import Path
 
-from conftest import settings_for
+import pytest
+
+from conftest import isolate, settings_for
 from tmas.llm.client import LLMClient
 from tmas.llm.factory import open_model
 from tmas.llm.model import ClientStats
@@ -49,3 +53,26 @@ async def test_the_client_alone_records_only_what_an_endpoint_refused(sim: SimSe
         assert reply.ok
         assert list(store.calls()) == []
         assert list(store.downgrades("stream")) == [sim.base_url]
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_the_readmes_model_of_ones_own_runs_as_shown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The README's example, as a user copies it: a model that sets no request hash; the run's store hashes the
+    # requests itself, so a resume finds every call.
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("### Runs on a model of your own") :]
+    code = section[section.index("```python\n") + len("```python\n") : section.index("```\n\nIt prints")]
+    assert "request_hash" not in code
+    isolate(monkeypatch, tmp_path)
+    Path("problems.jsonl").write_text('{"problem_id": "p1", "question": "What is 17*23?", "answer": "391"}\n')
+    module = types.ModuleType("readme_example")  # a module of its own, as a user's script is (dataclasses need one)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    exec(compile(code, "README.md", "exec"), module.__dict__)
+    assert capsys.readouterr().out == "391\n1 1\n"
+    with RunStore(Path("runs/mine"), create=False) as store:
+        [call] = store.calls()
+        assert len(call.request_hash) == 64 and store.lookup_call(call.request_hash, 0) is not None

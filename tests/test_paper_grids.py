@@ -1,5 +1,5 @@
 """The paper grids (examples/papers/*.toml): they parse and expand to the published configurations, their cost is
-the count worked by hand, and every one runs end to end on the simulated server at a small size."""
+the count worked by hand, and every one runs end to end in process at a small size."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 
-from conftest import settings_for
+from conftest import scripted_settings
 from tmas.config import Settings
 from tmas.data.case_import import read_rarebench, read_supergpqa
-from tmas.llm.client import LLMClient
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool
 from tmas.memory.pool_entry import PoolEntry
@@ -20,7 +19,7 @@ from tmas.planning.estimate import calls_per_problem
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
 from tmas.sweep import SweepSpec, expand, load_spec, run_sweep, with_grid_sampling
-from tmas.testing import SimServer
+from tmas.testing import ScriptedModel, SimScript
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 PAPERS = EXAMPLES / "papers"
@@ -152,28 +151,28 @@ def problems_for(name: str, tmp_path: Path) -> Path:
     return write(tmp_path / "problems.jsonl", ARITHMETIC)
 
 
-async def make_pools(spec: SweepSpec, settings: Settings) -> None:
-    """Small pools at the paths the grid names (relative to the working directory), embedded by the sim server."""
+async def make_pools(spec: SweepSpec, model: ScriptedModel) -> None:
+    """Small pools at the paths the grid names (relative to the working directory), embedded by ``model``."""
     paths = {p.params["pool"] for p in expand(spec) if p.params.get("pool")}
-    async with LLMClient(settings) as llm:
-        embed = EndpointEmbedder(llm)
-        for path in paths:
-            pool = Pool.create(path, embed.name)
-            entry = PoolEntry(id="e1", action="state the evidence first", experience="rank by the sharpest sign")
-            await pool.add([entry], embed)
-            pool.save()
+    embed = EndpointEmbedder(model)
+    for path in paths:
+        pool = Pool.create(path, embed.name)
+        entry = PoolEntry(id="e1", action="state the evidence first", experience="rank by the sharpest sign")
+        await pool.add([entry], embed)
+        pool.save()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", GRIDS)
-async def test_grid_runs_end_to_end_on_the_simulated_server(
-    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
-) -> None:
+async def test_grid_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    # Every point of the grid, in process on one scripted model.
     monkeypatch.chdir(tmp_path)  # pool paths are relative to the working directory
     spec = shrink(load_spec(PAPERS / name), problems_for(name, tmp_path))
-    settings = with_grid_sampling(settings_for(sim, endpoint__model="Qwen/Qwen3-30B-A3B-Thinking-2507"), spec, set())
-    await make_pools(spec, settings)
-    summary = await run_sweep(spec, settings, tmp_path / "sweep")
+    base = scripted_settings(endpoint__model="Qwen/Qwen3-30B-A3B-Thinking-2507")
+    settings = with_grid_sampling(base, spec, set())
+    model = ScriptedModel(SimScript(), settings)
+    await make_pools(spec, model)
+    summary = await run_sweep(spec, settings, tmp_path / "sweep", model=model)
     assert [o.status for o in summary.outcomes] == ["new"] * len(expand(spec))
     for outcome in summary.outcomes:
         assert outcome.summary is not None and outcome.summary.failed == 0, outcome.point.name
@@ -187,5 +186,5 @@ async def test_grid_runs_end_to_end_on_the_simulated_server(
         if name.startswith("tmas_"):
             assert (sent["temperature"], sent["top_p"]) == (1.0, 0.95)
     if name.startswith("tmas_"):
-        # What crossed the wire: every call of every method at the paper's temperature and top_p.
-        assert {(b["temperature"], b["top_p"]) for b in sim.chat_bodies()} == {(1.0, 0.95)}
+        # What was asked: every call of every method at the paper's temperature and top_p.
+        assert {(call.body["temperature"], call.body["top_p"]) for call in model.calls} == {(1.0, 0.95)}

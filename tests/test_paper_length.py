@@ -1,6 +1,6 @@
 """The `paper` preset's generation budget: every TMAS role asks for the paper's 128K output cap,
 the client lowers it to what the context window leaves, a user's own max_tokens wins, and a run whose replies are
-often cut at max_tokens says so at its end and in its report."""
+often cut at max_tokens says so at its end and in its report; a run from the old preset resumes, in process."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from conftest import SCRIPTED_URL
+from scripted_runs import scripted_run
 from tmas.api import asolve
 from tmas.cli.main import app
 from tmas.config import Settings, load_settings
@@ -22,7 +24,7 @@ from tmas.methods.tmas_params import PAPER_MAX_TOKENS
 from tmas.problems import Problem
 from tmas.reports.document import Document
 from tmas.reports.reply_quality import reply_quality_section
-from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
 Q = "What is 17*23?"
 ROLES = {"solution", "verifier", "summary", "experience", "guideline"}
@@ -126,33 +128,30 @@ async def test_a_run_from_the_old_paper_preset_resumes_as_documented(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tmas.methods import tmas_params
-    from tmas.runner import prepare_run, run_problems
 
     problems = [Problem(problem_id="p1", question=Q, answer="391")]
     params = {"preset": "paper", "n": 1, "m": 1, "iterations": 1}
-    with SimServer(SimScript()) as sim:
-        base = {"endpoint": {"base_url": [sim.base_url], "model": "m"}, "method": {"name": "tmas", "params": params}}
-        # The preset as it was: temperature and top_p only, so every call sent the global 2048.
-        old = {role: {"temperature": 1.0, "top_p": 0.95} for role in ROLES}
-        monkeypatch.setitem(tmas_params.PRESETS["paper"], "sampling", old)
-        store, settings, todo = prepare_run(tmp_path / "run", Settings.model_validate(base), problems, resume=False)
-        with store:
-            await run_problems(settings, todo, store)
-        first = len(sim.chat_bodies())
-        assert {b["max_tokens"] for b in sim.chat_bodies()} == {2048}
-        monkeypatch.undo()
-        shutil.copytree(tmp_path / "run", tmp_path / "copy")
+    base = {"endpoint": {"base_url": [SCRIPTED_URL], "model": "m"}, "method": {"name": "tmas", "params": params}}
 
-        # Resumed with the five roles at 2048: the problem is solved again from the stored calls, none sent.
-        roles = {role: {"sampling": {"max_tokens": 2048}} for role in ROLES}
-        pinned = Settings.model_validate({**base, "roles": roles})
-        store, settings, todo = prepare_run(tmp_path / "run", pinned, None, resume=True)
-        with store:
-            summary = await run_problems(settings, todo, store)
-        assert summary.done == 1 and summary.replayed_calls == first and len(sim.chat_bodies()) == first
-        # Resumed as it is (the copy): solved again with the new budget, in new calls.
-        store, settings, todo = prepare_run(tmp_path / "copy", Settings.model_validate(base), None, resume=True)
-        with store:
-            await run_problems(settings, todo, store)
-        new = sim.chat_bodies()[first:]
-        assert new and all(b["max_tokens"] > 2048 for b in new)
+    def max_tokens(model: ScriptedModel) -> list[int]:
+        return [call.body["max_tokens"] for call in model.calls]
+
+    # The preset as it was: temperature and top_p only, so every call sent the global 2048.
+    old = {role: {"temperature": 1.0, "top_p": 0.95} for role in ROLES}
+    monkeypatch.setitem(tmas_params.PRESETS["paper"], "sampling", old)
+    model = ScriptedModel(SimScript(), Settings.model_validate(base))
+    await scripted_run(model, tmp_path / "run", problems)
+    first = len(model.calls)
+    assert set(max_tokens(model)) == {2048}
+    monkeypatch.undo()
+    shutil.copytree(tmp_path / "run", tmp_path / "copy")
+
+    # Resumed with the five roles at 2048: the problem is solved again from the stored calls, none sent.
+    roles = {role: {"sampling": {"max_tokens": 2048}} for role in ROLES}
+    pinned = ScriptedModel(SimScript(), Settings.model_validate({**base, "roles": roles}))
+    summary = await scripted_run(pinned, tmp_path / "run")
+    assert summary.done == 1 and summary.replayed_calls == first and pinned.calls == []
+    # Resumed as it is (the copy): solved again with the new budget, in new calls.
+    again = ScriptedModel(SimScript(), Settings.model_validate(base))
+    await scripted_run(again, tmp_path / "copy")
+    assert again.calls and all(tokens > 2048 for tokens in max_tokens(again))

@@ -1,4 +1,4 @@
-"""``build_pool`` on a scripted model in process (and, where an endpoint is cut off, on the simulated server):
+"""``build_pool`` on a scripted model in process (one that goes away part way, too):
 scripted judge and summarizer replies, the simulator's embeddings; the credits it writes match the hand-worked
 values of tests/test_pool_credit.py, the pool it writes is read back by the pool's own search, and a rebuild
 replays every call from the build store."""
@@ -8,20 +8,20 @@ from __future__ import annotations
 import json
 import math
 import re
-import socket
 from pathlib import Path
 
 import pytest
 
-from conftest import scripted_settings, settings_for
+from conftest import scripted_settings
 from mattrl_runs import hand_worked_transcript, write_run
+from scripted_runs import GoneModel, by_role
 from tmas.llm.model import EndpointUnreachable
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool
 from tmas.pool.build import CREDITS_FILE, BuildConfig, BuildSummary, build_dir_for, build_pool
 from tmas.pool.scoring import NO_OP
 from tmas.problems import Problem
-from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript
 
 TEXTS = {1: {"S1": "R1-S1", "S2": "R1-S2", "S3": "R1-S3"}, 2: {"S1": "R2-S1", "S2": "R2-S2"}}
 # Judge scores of 5 (tests/test_pool_credit.py): s = 0.8, 0.2, 0.0 in turn 1; 1.0, 0.0 in turn 2.
@@ -216,21 +216,17 @@ async def test_medicine_outcome_is_the_reciprocal_rank_of_the_gold_diagnosis(tmp
 
 
 async def test_a_build_cut_off_by_an_unreachable_endpoint_resumes_from_its_store(tmp_path: Path, run_dir: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
-    with SimServer(SimScript(rules=scripted_rules())) as sim:
-        config = BuildConfig(scheme="difference", lam=0.5, gamma=0.5, grade_mode="rules")
-        broken = settings_for(sim, roles={"summarizer": {"base_url": dead}})
-        with pytest.raises(EndpointUnreachable):
-            await build_pool([run_dir], tmp_path / "pool", broken, config)
-        judged = len([r for r in sim.requests if r.role == "judge"])
-        assert judged == 12 and not (tmp_path / "pool").exists()
-        summary = await build_pool([run_dir], tmp_path / "pool", settings_for(sim), config)
-        # The judge's 12 calls are replayed from POOL.build/, only the summarizer's go out.
-        assert len([r for r in sim.requests if r.role == "judge"]) == judged
-        assert len([r for r in sim.requests if r.role == "summarizer"]) == 2
-        assert summary.added == 2
+    config = BuildConfig(scheme="difference", lam=0.5, gamma=0.5, grade_mode="rules")
+    # The summarizer's endpoint cannot be reached: the build stops at its first call.
+    broken = GoneModel(SimScript(rules=scripted_rules()), scripted_settings(), gone_roles=frozenset({"summarizer"}))
+    with pytest.raises(EndpointUnreachable):
+        await build([run_dir], tmp_path / "pool", config, broken)
+    assert len(broken.calls_of("judge")) == len(broken.calls) == 12 and not (tmp_path / "pool").exists()
+    model = scripted(scripted_rules())
+    summary = await build([run_dir], tmp_path / "pool", config, model)
+    # The judge's 12 calls are replayed from POOL.build/, only the summarizer's are asked.
+    assert by_role(model) == {"summarizer": 2}
+    assert summary.added == 2
 
 
 @pytest.mark.slow

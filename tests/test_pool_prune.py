@@ -15,7 +15,7 @@ from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
 from tmas.pool.lifecycle import EntryUsage, PruneConfig, prune_pool, recency_weight, wrong_correlated
 from tmas.problems import Problem
-from tmas.testing import ScriptedModel, SimScript
+from tmas.testing import Rule, ScriptedModel, SimScript
 
 
 def entry(id_: str, action: str, experience: str, reward: float = 0.5) -> PoolEntry:
@@ -101,3 +101,21 @@ def test_rules_by_hand() -> None:
     usage = {"a": EntryUsage(uses=2, wrong=2), "b": EntryUsage(uses=4, wrong=3), "c": EntryUsage(uses=4, wrong=2)}
     # base 0.4, margin 0.3: needs >= 3 uses and a wrong rate >= 0.7: "b" (0.75) only; "a" has too few uses.
     assert wrong_correlated(usage, 0.4, 3, 0.3) == ["b"]
+
+
+async def test_prune_grades_the_runs_with_a_judge_of_ones_own_without_an_endpoint(tmp_path: Path) -> None:
+    pool_path = tmp_path / "pool"
+    await make_pool(pool_path, ScriptedModel(SimScript(), scripted_settings()))
+    # p1-p3 answer 2 to a reference of 1, every one retrieving "wrong": by the rules "wrong" goes. The judge, a model
+    # whose settings name no endpoint, calls every answer right: nothing is wrong, and "wrong" stays.
+    cases = []
+    for i in range(1, 7):
+        problem = Problem(problem_id=f"p{i}", question=f"Question {i}?", answer="1")
+        cases.append((problem, used(f"p{i}", ["wrong"] if i <= 3 else ["fine"]), "2" if i <= 3 else "1"))
+    run = write_run(tmp_path / "run", cases)
+    judge = ScriptedModel(SimScript(rules=[Rule(role="judge", replies=['{"reasoning": "r", "equivalent": true}'])]))
+    assert not judge.settings.endpoint.base_url
+    summary = await prune_pool(pool_path, [run], None, PruneConfig(grade_mode="judge"), model=judge)
+    assert summary.base_wrong_rate == 0.0 and summary.wrong == []
+    assert len(judge.calls_of("judge")) == 6
+    assert "wrong" in {e.id for e in Pool.open(pool_path).entries}

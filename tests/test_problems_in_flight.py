@@ -1,23 +1,22 @@
 """Runs that finish: problems in flight default to what the endpoint serves, not the call cap;
-the simulated server counts the problems in flight at once; progress names each active problem's iteration."""
+the simulated server counts the problems in flight at once; progress (in process) names each active problem's
+iteration, a run on a model of one's own sized by the run's problems_in_flight."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import clean_env, settings_for
-from tmas.config import Settings, load_settings
+from conftest import scripted_settings, settings_for
+from tmas.cli.progress import RunProgress
+from tmas.config import Settings, load_settings, with_overrides
 from tmas.problems import Problem
 from tmas.runner import RunState, prepare_run, problems_in_flight, run_problems
 from tmas.store.run_store import RunStore
-from tmas.testing import SimScript, SimServer
+from tmas.testing import ScriptedModel, SimScript, SimServer
 
 
 def remote(**data: Any) -> Settings:
@@ -84,23 +83,26 @@ def test_problems_in_flight_never_exceed_the_endpoints_slots(tmp_path: Path) -> 
         assert sim.stats().max_problems_in_flight > 2
 
 
-def test_progress_names_each_active_problem_and_its_iteration(sim: SimServer, tmp_path: Path) -> None:
-    problems = tmp_path / "p.jsonl"
-    rows = [{"problem_id": p.problem_id, "question": p.question, "answer": p.answer} for p in _problems(3)]
-    problems.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    run_dir = tmp_path / "run"
-    args = [str(problems), "-o", str(run_dir), "--base-url", sim.base_url, "-m", "majority", "-T", "2"]
-    env = clean_env()
-    out = subprocess.run(
-        [sys.executable, "-m", "tmas", "run", *args, "-p", "k=2", "--problems-in-flight", "1"],
-        capture_output=True,
-        env=env,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr.decode()
-    log = out.stderr.decode().splitlines()
+async def test_progress_names_each_active_problem_and_its_iteration(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The progress `tmas run -m majority -p k=2 -T 2 --problems-in-flight 1` prints without a terminal, in process.
+    params = {"k": 2, "iterations": 2}
+    model = ScriptedModel(SimScript(), scripted_settings(method={"name": "majority", "params": params}))
+    # The flag is the run's: the model's own settings do not hold it.
+    settings = with_overrides(model.settings, {"problems_in_flight": 1})
+    store, settings, todo = prepare_run(tmp_path / "run", settings, _problems(3), resume=False, own_model=True)
+    state = RunState()
+    progress = RunProgress(state, live=False)
+    with store:
+        async with progress.running():
+            await run_problems(settings, todo, store, state=state, on_result=progress.on_result, model=model)
+    log = capsys.readouterr().err.splitlines()
     # One problem at a time: each iteration's line names that problem alone, with its iteration.
     started = [line for line in log if ": iteration " in line]
     assert started == [f"q{i}: iteration {t} · 1/1 active: q{i}@{t}" for i in range(3) for t in range(2)]
-    with RunStore(run_dir, create=False) as store:
+    assert [line.split(" answer=")[0] for line in log if " answer=" in line] == [
+        f"[{i + 1}/3] q{i}: done" for i in range(3)
+    ]
+    with RunStore(tmp_path / "run", create=False) as store:
         assert store.get_meta("settings")["problems_in_flight"] == 1

@@ -1,6 +1,7 @@
 """Cached prompt tokens: read per call from the server's usage (OpenAI's and vLLM's
 ``prompt_tokens_details.cached_tokens``, llama-server's ``timings.cache_n``), kept in the call records, summed in the
-run summary, ``tmas solve --json`` and ``tmas report``; stores written before the column existed still open."""
+run summary and its report (a run in process), in ``tmas solve --json``; stores written before the column existed
+still open."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import settings_for
+from conftest import scripted_settings, settings_for
+from tmas.api import arun
 from tmas.cli.main import app
+from tmas.grading.grades import GradeConfig
 from tmas.llm.factory import open_model
 from tmas.llm.model import ClientStats
 from tmas.llm.types import CallKey, ChatRequest, Completion, Usage, user
+from tmas.reports.report import build_report
 from tmas.store.run_store import RunStore
-from tmas.testing import Rule, ScriptedUsage, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, ScriptedUsage, SimScript, SimServer
 
 # Two problems, each answered once by cot, with usage scripted so the totals can be worked by hand:
 # p3: 200 prompt tokens, 150 of them cached (OpenAI's usage field); p4: 100 prompt tokens, 50 cached (llama-server's
@@ -67,36 +71,36 @@ async def test_cached_tokens_are_read_from_usage_and_from_timings(tmp_path: Path
 
 
 @pytest.mark.slow
-def test_run_summary_solve_json_and_report_show_the_cached_share(tmp_path: Path, isolated: None) -> None:
+async def test_run_summary_and_report_show_the_cached_share(tmp_path: Path, isolated: None) -> None:
     pytest.importorskip("math_verify")
     pytest.importorskip("matplotlib")
     problems = tmp_path / "p.jsonl"
     rows = [{"problem_id": f"p{i}", "question": f"What is {i}*7?", "answer": str(i * 7)} for i in (3, 4)]
     problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    runner = CliRunner()
-    with SimServer(SimScript(rules=RULES)) as sim:
-        out = runner.invoke(
-            app, ["run", str(problems), "-o", str(tmp_path / "run"), "-m", "cot", "--base-url", sim.base_url]
-        )
-        assert out.exit_code == 0, out.output
-        summary = json.loads(out.stdout[out.stdout.index("{") :])
-        assert (summary["prompt_tokens"], summary["cached_prompt_tokens"]) == (300, 200)
-        assert summary["cached_prompt_share"] == pytest.approx(2 / 3)
-        assert summary["downgrades"] == {}
+    # The run `tmas run p.jsonl -m cot` makes, in process; its summary is what the command prints.
+    model = ScriptedModel(SimScript(rules=RULES), scripted_settings(method={"name": "cot"}))
+    summary = (await arun(problems, tmp_path / "run", model=model)).to_dict()
+    assert (summary["prompt_tokens"], summary["cached_prompt_tokens"]) == (300, 200)
+    assert summary["cached_prompt_share"] == pytest.approx(2 / 3)
+    assert summary["downgrades"] == {}
 
-        solved = runner.invoke(app, ["solve", "What is 3*7?", "-m", "cot", "--json", "--base-url", sim.base_url])
-        assert solved.exit_code == 0, solved.output
-        usage = json.loads(solved.stdout)["usage"]
-        assert (usage["prompt_tokens"], usage["cached_prompt_tokens"], usage["cached_prompt_share"]) == (200, 150, 0.75)
-
-    report = runner.invoke(app, ["report", str(tmp_path / "run"), "-o", str(tmp_path / "report"), "--grade", "rules"])
-    assert report.exit_code == 0, report.output
-    markdown = (tmp_path / "report" / "report.md").read_text()
+    paths = await build_report([tmp_path / "run"], tmp_path / "report", GradeConfig(mode="rules"), None)
+    markdown = paths["markdown"].read_text()
     assert "| Cached prompt |" in markdown
     # 200 of 300 prompt tokens: 66.7 %.
     assert "| 300 | 66.7% (200) |" in markdown
     assert "prompt tokens served from the servers' prompt caches: 66.7% (200) of 300" in markdown
     assert "66.7% (200)" in (tmp_path / "report" / "report.html").read_text()
+
+
+@pytest.mark.slow
+def test_solve_json_shows_the_cached_share(isolated: None) -> None:
+    with SimServer(SimScript(rules=RULES)) as sim:
+        args = ["solve", "What is 3*7?", "-m", "cot", "--json", "--base-url", sim.base_url]
+        solved = CliRunner().invoke(app, args)
+    assert solved.exit_code == 0, solved.output
+    usage = json.loads(solved.stdout)["usage"]
+    assert (usage["prompt_tokens"], usage["cached_prompt_tokens"], usage["cached_prompt_share"]) == (200, 150, 0.75)
 
 
 def _completion(cached: int) -> tuple[Completion, ChatRequest]:

@@ -9,17 +9,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import settings_for
+from conftest import scripted_settings
 from tmas.agents.overrides import check_overrides, packaged_source, packaged_variables
 from tmas.agents.templates import prompts_from, render
 from tmas.api import asolve
 from tmas.cli.main import app
 from tmas.config import load_settings
 from tmas.errors import ConfigError
-from tmas.problems import Problem
-from tmas.runner import prepare_run
 from tmas.store.run_store import RunStore
-from tmas.testing import SimServer
+from tmas.testing import ScriptedModel, SimScript
 
 MARK = "ZQX-OVERRIDE-MARK"
 
@@ -75,28 +73,29 @@ def test_an_override_replaces_the_packaged_template_only_inside_its_block(tmp_pa
     assert MARK not in render("tmas_verify.j2", **variables)
 
 
-async def test_a_run_with_an_overridden_template_sends_it_and_records_its_hash(sim: SimServer, tmp_path: Path) -> None:
+async def test_a_run_with_an_overridden_template_sends_it_and_records_its_hash(tmp_path: Path) -> None:
     path = write(tmp_path / "mine", "tmas_verify.j2", packaged_source("tmas_verify.j2") + f"\n{MARK}\n")
     params = {"n": 1, "m": 1, "iterations": 1}
-    settings = settings_for(sim, method={"name": "tmas", "params": params}, prompts_dir=str(tmp_path / "mine"))
-    await asolve("What is 17*23?", settings, run_dir=tmp_path / "run")
-    sent = {r.role: r.body["messages"][-1]["content"] for r in sim.requests}
+    settings = scripted_settings(method={"name": "tmas", "params": params}, prompts_dir=str(tmp_path / "mine"))
+    model = ScriptedModel(SimScript(), settings)
+    await asolve("What is 17*23?", model=model, run_dir=tmp_path / "run")
+    sent = {call.role: call.messages[-1].content for call in model.calls}
     assert MARK in sent["verifier"] and MARK not in sent["solution"]
     with RunStore(tmp_path / "run", create=False) as store:
         assert store.get_meta("prompt_overrides") == {"tmas_verify.j2": hashlib.sha256(path.read_bytes()).hexdigest()}
     # A run without overrides records that it has none.
-    await asolve("What is 17*23?", settings_for(sim, method={"name": "cot"}), run_dir=tmp_path / "plain")
+    plain = ScriptedModel(SimScript(), scripted_settings(method={"name": "cot"}))
+    await asolve("What is 17*23?", model=plain, run_dir=tmp_path / "plain")
     with RunStore(tmp_path / "plain", create=False) as store:
         assert store.get_meta("prompt_overrides") == {}
 
 
-def test_a_bad_override_stops_a_run_before_its_directory_exists(sim: SimServer, tmp_path: Path) -> None:
+async def test_a_bad_override_stops_a_run_before_its_directory_exists(tmp_path: Path) -> None:
     write(tmp_path / "mine", "tmas_generate.j2", "{{ problem }}")
-    settings = settings_for(sim, prompts_dir=str(tmp_path / "mine"))
-    problem = Problem(problem_id="a", question="What is 17*23?")
+    model = ScriptedModel(SimScript(), scripted_settings(prompts_dir=str(tmp_path / "mine")))
     with pytest.raises(ConfigError, match="unknown variable 'problem'"):
-        prepare_run(tmp_path / "run", settings, [problem], resume=False)
-    assert not (tmp_path / "run").exists() and not sim.requests
+        await asolve("What is 17*23?", model=model, run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists() and model.calls == []
 
 
 def test_prompts_dir_from_the_config_file_and_the_environment(tmp_path: Path) -> None:

@@ -7,18 +7,22 @@ import json
 import sqlite3
 import subprocess
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from conftest import run_tmas, settings_for
+from conftest import run_tmas, scripted_settings
+from tmas.api import arun
 from tmas.data.case_import import read_supergpqa
 from tmas.data.importers import read_rows
 from tmas.errors import InputError
+from tmas.llm.types import Completion, Message
 from tmas.problems import Problem, load_problems
 from tmas.runner import RunState, prepare_run, run_problems
-from tmas.testing import FaultRates, SimScript, SimServer
+from tmas.testing import FaultRates, ScriptedModel, SimScript, SimServer
 
 TMAS_SMALL = ["--method", "tmas", "-T", "2", "-p", "n=2", "-p", "m=2", "--seed", "5"]
 
@@ -178,21 +182,21 @@ TEMPLATE_QUESTIONS = [
 ]
 
 
-def test_template_syntax_in_questions_reaches_the_model_verbatim(tmp_path: Path) -> None:
+async def test_template_syntax_in_questions_reaches_the_model_verbatim(tmp_path: Path) -> None:
     records: list[dict[str, object]] = [
         {"problem_id": f"t{i}", "question": q} for i, q in enumerate(TEMPLATE_QUESTIONS)
     ]
     problems = write_jsonl(tmp_path / "p.jsonl", records)
-    with SimServer(SimScript()) as sim:
-        out = tmas("run", str(problems), "-o", str(tmp_path / "run"), "--base-url", sim.base_url, *TMAS_SMALL)
-        assert out.returncode == 0, out.stderr.decode()
-        requests = sim.requests
-    assert json.loads(out.stdout)["done"] == len(TEMPLATE_QUESTIONS)
+    # The run `tmas run ... TMAS_SMALL` makes, in process.
+    params = {"n": 2, "m": 2, "iterations": 2}
+    model = ScriptedModel(SimScript(), scripted_settings(seed=5, method={"name": "tmas", "params": params}))
+    summary = await arun(problems, tmp_path / "run", model=model)
+    assert summary.done == len(TEMPLATE_QUESTIONS)
     for i, question in enumerate(TEMPLATE_QUESTIONS):
-        mine = [r for r in requests if r.problem_id == f"t{i}"]
+        mine = [call for call in model.calls if call.key.problem_id == f"t{i}"]
         # The agents shown the problem (solution, verifier, ...) got it character for character, unrendered.
         for role in ("solution", "verifier"):
-            prompts = ["\n".join(m["content"] for m in r.body["messages"]) for r in mine if r.role == role]
+            prompts = ["\n".join(m.content for m in call.messages) for call in mine if call.role == role]
             assert prompts and all(question in p for p in prompts), (role, question)
 
 
@@ -219,6 +223,24 @@ def test_a_question_longer_than_the_context_fails_its_problem_only(tmp_path: Pat
 
 
 # ------------------------------------------------------------------------------------------------ 4. limits
+@dataclass
+class Counted(ScriptedModel):
+    """A scripted model that counts the calls it answers at once (each takes a few turns of the event loop)."""
+
+    in_flight: int = 0
+    most_in_flight: int = 0
+
+    async def chat(self, role: str, messages: Sequence[Message], **kwargs: Any) -> Completion:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            for _ in range(3):
+                await asyncio.sleep(0)
+            return await super().chat(role, messages, **kwargs)
+        finally:
+            self.in_flight -= 1
+
+
 @pytest.mark.slow
 def test_a_thousand_queued_problems_never_exceed_the_cap_and_are_streamed(tmp_path: Path) -> None:
     cap = 8
@@ -239,27 +261,26 @@ def test_a_thousand_queued_problems_never_exceed_the_cap_and_are_streamed(tmp_pa
         finished += 1
         most_tasks = max(most_tasks, len(asyncio.all_tasks()))
 
-    with SimServer(SimScript(latency_s=0.002, log_limit=0)) as sim:
-        settings = settings_for(sim, concurrency=cap, method={"name": "cot"})
-        store, settings, todo = prepare_run(tmp_path / "run", settings, source(), resume=False)
+    model = Counted(SimScript(), scripted_settings(concurrency=cap, method={"name": "cot"}))
+    store, settings, todo = prepare_run(tmp_path / "run", model.settings, source(), resume=False, own_model=True)
 
-        class Watched:
-            """The stored problems, noting how far the runner has read ahead of the finished ones."""
+    class Watched:
+        """The stored problems, noting how far the runner has read ahead of the finished ones."""
 
-            def __iter__(self) -> Iterator[Problem]:
-                nonlocal most_ahead
-                for read, problem in enumerate(todo, start=1):
-                    most_ahead = max(most_ahead, read - finished)
-                    yield problem
+        def __iter__(self) -> Iterator[Problem]:
+            nonlocal most_ahead
+            for read, problem in enumerate(todo, start=1):
+                most_ahead = max(most_ahead, read - finished)
+                yield problem
 
-        with store:
-            summary = asyncio.run(run_problems(settings, Watched(), store, state=RunState(), on_result=on_result))
-        stats = sim.stats()
+    with store:
+        run = run_problems(settings, Watched(), store, state=RunState(), on_result=on_result, model=model)
+        summary = asyncio.run(run)
     assert summary.done == n and summary.results == []
-    assert stats.total_requests == n
-    assert stats.max_in_flight <= cap
+    assert len(model.calls) == n
+    assert 1 < model.most_in_flight <= cap
     # Only the workers' problems are ever held: at most one per worker ahead of the finished ones, and the
-    # event loop holds a handful of tasks, not one per problem (a worker and its call's exchange per call in flight).
+    # event loop holds a handful of tasks, not one per problem (a worker per call in flight).
     assert most_ahead <= cap
     assert most_tasks <= 2 * cap + 8
 

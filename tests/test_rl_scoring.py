@@ -14,7 +14,7 @@ from tmas.agents.guideline_judge import StrategyView, judge_prompt, parse_novelt
 from tmas.agents.output import AgentOutputError
 from tmas.rl.novelty import LLMNoveltyJudge
 from tmas.rl.scoring import RolloutInput, score_rollouts
-from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
 STRATEGIES = [StrategyView(id="G1", description="Multiply directly.")]
 
@@ -23,8 +23,7 @@ def verdict(novelty: int) -> str:
     return f'```json\n{{"identified_strategy": "something", "novelty": {novelty}, "same_as": null}}\n```'
 
 
-@pytest.fixture
-def judge_sim() -> Iterator[SimServer]:
+def judge_script() -> SimScript:
     """The judge answers by a marker in the student's solution: NEW -> 1, OLD -> 0, VAGUE -> -1, else garbage."""
     rules = [
         Rule(role="judge", pattern="ROUTE-NEW", replies=[verdict(1)]),
@@ -32,7 +31,13 @@ def judge_sim() -> Iterator[SimServer]:
         Rule(role="judge", pattern="ROUTE-VAGUE", replies=[verdict(-1)]),
         Rule(role="judge", replies=["I think it is rather new, honestly."]),
     ]
-    with SimServer(SimScript(rules=rules)) as server:
+    return SimScript(rules=rules)
+
+
+@pytest.fixture
+def judge_sim() -> Iterator[SimServer]:
+    """:func:`judge_script` served over HTTP."""
+    with SimServer(judge_script()) as server:
         yield server
 
 
@@ -65,8 +70,11 @@ def test_judge_prompt_keeps_problem_text_as_data() -> None:
     assert "Answer {% raw %}" in messages[-1].content
 
 
-def test_novelty_table_through_the_judge(judge_sim: SimServer, tmp_path: Path) -> None:
-    judge = LLMNoveltyJudge(settings_for(judge_sim), store_dir=tmp_path / "judge")
+def test_novelty_table_through_the_judge(tmp_path: Path) -> None:
+    # The judge on a model of one's own, whose settings name no endpoint: nothing is provisioned or asked but it.
+    model = ScriptedModel(judge_script())
+    assert not model.settings.endpoint.base_url
+    judge = LLMNoveltyJudge(model.settings, store_dir=tmp_path / "judge", model=model)
     rollouts = [
         explore("ROUTE-NEW ... so \\boxed{391}"),  # correct, novel
         explore("ROUTE-OLD ... so \\boxed{391}"),  # correct, known
@@ -83,12 +91,11 @@ def test_novelty_table_through_the_judge(judge_sim: SimServer, tmp_path: Path) -
     assert scored[5].judge_note is not None and "unusable" in scored[5].judge_note
     assert [b.judge_note for b in scored[:4]] == [None] * 4
     # One judge call per rollout, each showing the guideline bank and that rollout.
-    calls = [r for r in judge_sim.requests if r.role == "judge"]
-    assert len(calls) == 6
-    assert all("- [G1] Multiply directly." in r.body["messages"][-1]["content"] for r in calls)
-    # The calls are kept: a second scoring replays them from the store without asking the server again.
+    assert len(model.calls) == len(model.calls_of("judge")) == 6
+    assert all("- [G1] Multiply directly." in call.messages[-1].content for call in model.calls)
+    # The calls are kept: a second scoring replays them from the store without asking the model again.
     assert [b.reward for b in score_rollouts(rollouts, judge)] == [1.0, 0.2, -0.5, -1.0, 0.2, 0.2]
-    assert len([r for r in judge_sim.requests if r.role == "judge"]) == 6
+    assert len(model.calls) == 6
 
 
 def test_experience_groups_are_scored_apart() -> None:
@@ -139,3 +146,11 @@ def test_exploration_without_a_judge_is_an_error() -> None:
 def test_judge_outcomes_are_json_serialisable(judge_sim: SimServer) -> None:
     scored = score_rollouts([explore("ROUTE-VAGUE \\boxed{1}")], LLMNoveltyJudge(settings_for(judge_sim)))
     assert json.loads(scored[0].model_dump_json())["reward"] == -1.0
+
+
+async def test_the_judge_called_from_a_running_event_loop_answers_on_its_own_model() -> None:
+    # A trainer may call the reward function from inside its own event loop: the judge runs in a thread of its own.
+    model = ScriptedModel(judge_script())
+    judge = LLMNoveltyJudge(model.settings, model=model)
+    [outcome] = judge([explore("ROUTE-NEW ... so \\boxed{391}")])
+    assert outcome.novelty == 1 and len(model.calls_of("judge")) == 1

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from conftest import settings_for
+from conftest import scripted_settings
 from tmas.api import asolve
 from tmas.config import Sampling, Settings, load_settings, with_overrides
 from tmas.llm.sampling import SOURCES, resolve_role, resolve_sampling, with_sampling
 from tmas.methods.tmas_params import TMASParams
 from tmas.store.run_store import RunStore
-from tmas.testing import SimServer
+from tmas.testing import ScriptedModel, SimScript
 
 # One distinct value per source for every field: the value sent says which source won.
 VALUES: dict[str, list[Any]] = {
@@ -143,10 +143,10 @@ def test_recorded_sources_survive_the_stored_settings(tmp_path: Path) -> None:
     assert with_overrides(back, {"sampling.top_p": 0.5}).sampling_sources == {"temperature": "config", "top_p": "flags"}
 
 
-async def test_every_call_records_its_sampling_and_sources(sim: SimServer, tmp_path: Path) -> None:
-    settings = settings_for(sim, method={"name": "tmas", "params": {"preset": "local", "iterations": 1}})
-    settings = with_overrides(settings, {"sampling.top_p": 0.8})
-    await asolve("What is 17*23?", settings, run_dir=tmp_path / "run")
+async def test_every_call_records_its_sampling_and_sources(tmp_path: Path) -> None:
+    settings = scripted_settings(method={"name": "tmas", "params": {"preset": "local", "iterations": 1}})
+    model = ScriptedModel(SimScript(), with_overrides(settings, {"sampling.top_p": 0.8}))
+    await asolve("What is 17*23?", model=model, run_dir=tmp_path / "run")
     with RunStore(tmp_path / "run", create=False) as store:
         calls = list(store.calls())
         assert calls
@@ -154,8 +154,8 @@ async def test_every_call_records_its_sampling_and_sources(sim: SimServer, tmp_p
             assert call.call_id is not None
             sources = store.call_sampling_sources(call.call_id)
             sampling = store.call_sampling(call.call_id)
-            # settings_for sets temperature 0.7 and max_tokens 256 in Python (no sources recorded): 0.7 reads as the
-            # built-in default, which the preset replaces; 256 is the user's and beats the preset's max_tokens.
+            # scripted_settings sets temperature 0.7 and max_tokens 256 in Python (no sources recorded): 0.7 reads as
+            # the built-in default, which the preset replaces; 256 is the user's and beats the preset's max_tokens.
             assert sources == {
                 "temperature": "preset",
                 "max_tokens": "config",
@@ -163,7 +163,7 @@ async def test_every_call_records_its_sampling_and_sources(sim: SimServer, tmp_p
                 "seed": "derived seed",
             }
             assert sampling["top_p"] == 0.8 and sampling["max_tokens"] == 256 and isinstance(sampling["seed"], int)
-    bodies = [r.body for r in sim.requests if r.role == "solution"]
+    bodies = [call.body for call in model.calls_of("solution")]
     assert bodies and {b["temperature"] for b in bodies} == {0.3}
 
 

@@ -1,5 +1,6 @@
 """Methods, a MATTRL stage, the judge and the turn judge on the in-process scripted model (no HTTP): their logic, and
-what they asked the model for, through the ChatModel protocol alone."""
+what they asked the model for, through the ChatModel protocol alone; and the scripted model answering a request as
+the simulated server does (the body the HTTP client would send, a reply model's schema where it would send one)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from conftest import scripted_settings, settings_for
 from mattrl_runs import hand_worked_transcript
 from tmas.agents.utterance_judge import JudgeScoreReply
+from tmas.api import asolve
 from tmas.config import Sampling, Settings
 from tmas.grading.judge import JudgeReplyFormat, judge_once
 from tmas.llm.client import LLMClient
@@ -24,7 +27,7 @@ from tmas.pool.outcomes import LabelledTranscript
 from tmas.pool.scoring import TurnJudge
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
-from tmas.testing import Rule, ScriptedModel, SimScript
+from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
 Q = Problem(problem_id="p1", question="What is 17*23?", answer="391")
 SETTINGS = Settings.model_validate({"sampling": {"temperature": 0.7, "max_tokens": 256}})
@@ -196,3 +199,60 @@ async def test_logprobs_come_where_asked_and_calls_are_numbered_in_process() -> 
     assert (await silent.chat("solution", [user(Q.question)], sampling=asked)).logprobs is None
     vectors = await model.embed(["one text", "another"])
     assert model.embedded == [["one text", "another"]] and len(vectors) == 2
+
+
+async def test_a_run_answers_alike_in_process_and_on_the_simulated_server(tmp_path: Path) -> None:
+    # The default verifier's random scores come from a hash of the request body: in process the body is the one the
+    # HTTP client sends (a reply model's schema included), so every call gets the same reply either way.
+    params = {"n": 3, "m": 2, "iterations": 2}
+    with SimServer(SimScript()) as sim:
+        on_wire = await asolve(Q.question, settings_for(sim, method={"name": "tmas", "params": params}))
+        sent = sorted(json.dumps(delivered(r.body), sort_keys=True) for r in sim.requests if r.endpoint == "chat")
+    model = ScriptedModel(SimScript(), scripted_settings(method={"name": "tmas", "params": params}))
+    in_process = await asolve(Q.question, model=model)
+    assert sorted(json.dumps(call.body, sort_keys=True) for call in model.calls) == sent
+    assert any("response_format" in call.body for call in model.calls_of("verifier"))
+
+    def scores(result: ProblemResult) -> list[list[float | None]]:
+        return [[c.score for c in record.candidates] for record in result.iterations]
+
+    assert scores(in_process) == scores(on_wire) and in_process.answer == on_wire.answer
+
+
+def delivered(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` less how it was delivered (streamed or not): what a reply depends on."""
+    return {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+
+
+async def test_a_reply_models_schema_is_sent_where_the_http_client_sends_it() -> None:
+    def verifier_formats() -> list[bool]:
+        return ["response_format" in call.body for call in model.calls_of("verifier")]
+
+    params = {"n": 1, "m": 1, "iterations": 1}
+    # auto: not before the endpoint's first reply has shown where it puts reasoning, then with every reply model.
+    model = ScriptedModel(SimScript(), scripted_settings(method={"name": "tmas", "params": params}))
+    await solve(model, "tmas", **params)
+    first = model.calls[0]
+    assert first.reply_model is None and verifier_formats() == [True]
+    # off: never; json_schema: always; auto against a model that thinks inside its reply: never.
+    for mode, script, sent in (
+        ("off", SimScript(), False),
+        ("json_schema", SimScript(), True),
+        ("auto", SimScript(rules=[Rule(replies=["<think>17*23</think>\\boxed{391}"])]), False),
+    ):
+        model = ScriptedModel(script, scripted_settings(endpoint__structured_output=mode))
+        reply = await model.chat("verifier", [user("Grade it.")], reply_model=JudgeScoreReply)
+        again = await model.chat("verifier", [user("Grade it again.")], reply_model=JudgeScoreReply)
+        assert reply.ok and ["response_format" in c.body for c in model.calls] == [mode == "json_schema", sent], mode
+        assert again.ok
+
+
+async def test_a_roles_own_endpoint_fields_decide_its_schema() -> None:
+    # The default endpoint sends schemas always; the verifier's own endpoint sends none, and the judge's ("auto", on
+    # an address of its own) learns from its own first reply: the default endpoint's replies teach it nothing.
+    judge = {"base_url": "http://judge.invalid/v1", "structured_output": "auto"}
+    roles = {"verifier": {"structured_output": "off"}, "judge": judge}
+    model = ScriptedModel(SimScript(), scripted_settings(endpoint__structured_output="json_schema", roles=roles))
+    for role in ("solution", "verifier", "judge", "judge"):
+        await model.chat(role, [user("Grade it.")], reply_model=JudgeScoreReply)
+    assert ["response_format" in call.body for call in model.calls] == [True, False, False, True]

@@ -1,7 +1,7 @@
-"""Compute that stops when the answer is settled, against the simulated server: the log-probabilities solution calls
-ask for (and no other role does), confidence-weighted votes read from the payloads the server sent, the one-line
-notice against a server that sends none; in process on the scripted model, the votes' logic, the samples majority
-vote's Beta stop saves, and TMAS's settled stop."""
+"""Compute that stops when the answer is settled: in process on the scripted model, the log-probabilities solution
+calls ask for (and no other role does), confidence-weighted votes read from the payloads the model sent, a run's one
+notice against a model that sends none, the votes' logic, the samples majority vote's Beta stop saves, TMAS's
+settled stop and the report of them; the command line's one notice against a simulated server that sends none."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from conftest import isolate, scripted_settings, settings_for
+from conftest import isolate, scripted_settings
 from scripted_runs import by_role, solve_in_process
 from tmas.api import arun, asolve
 from tmas.cli.main import app
@@ -59,15 +59,6 @@ SPLIT = [
 ]
 
 
-async def majority(sim: SimServer, tmp_path: Path | None = None, **params: Any) -> ProblemResult:
-    settings = settings_for(sim, method={"name": "majority", "params": params})
-    return await asolve(Q, settings, run_dir=tmp_path / "run" if tmp_path else None)
-
-
-async def tmas(sim: SimServer, **params: Any) -> ProblemResult:
-    return await asolve(Q, settings_for(sim, method={"name": "tmas", "params": params}))
-
-
 async def in_process(
     method: str, rules: list[Rule] | None = None, **params: Any
 ) -> tuple[ProblemResult, ScriptedModel]:
@@ -76,12 +67,11 @@ async def in_process(
 
 
 # ---------------------------------------------------------------------------------------------- confidence
-async def test_confidence_vote_asks_solution_calls_for_logprobs_and_weighs_the_votes(
-    sim: SimServer, tmp_path: Path
-) -> None:
-    sim.set_script(SimScript(rules=SPLIT))
-    result = await majority(sim, tmp_path, k=3, select="confidence_vote", confidence_top_logprobs=3)
-    bodies = sim.chat_bodies("solution")
+async def test_confidence_vote_asks_solution_calls_for_logprobs_and_weighs_the_votes(tmp_path: Path) -> None:
+    params = {"k": 3, "select": "confidence_vote", "confidence_top_logprobs": 3}
+    model = ScriptedModel(SimScript(rules=SPLIT), scripted_settings(method={"name": "majority", "params": params}))
+    result = await asolve(Q, model=model, run_dir=tmp_path / "run")
+    bodies = [call.body for call in model.calls_of("solution")]
     assert len(bodies) == 3 and all((b["logprobs"], b["top_logprobs"]) == (True, 3) for b in bodies)
     assert result.answer == "9" and result.notices == []
     tails = sorted((c.answer, c.confidence.tail) for c in result.iterations[0].candidates if c.confidence)
@@ -92,11 +82,10 @@ async def test_confidence_vote_asks_solution_calls_for_logprobs_and_weighs_the_v
     assert sorted(c["confidence"]["tail"] for c in stored) == [1.0, 1.0, 3.0]
 
 
-async def test_plain_vote_asks_for_no_logprobs(sim: SimServer) -> None:
-    sim.set_script(SimScript(rules=SPLIT))
-    result = await majority(sim, k=3)
+async def test_plain_vote_asks_for_no_logprobs() -> None:
+    result, model = await in_process("majority", SPLIT, k=3)
     assert result.answer == "7" and all(c.confidence is None for c in result.iterations[0].candidates)
-    assert all("logprobs" not in b and "top_logprobs" not in b for b in sim.chat_bodies())
+    assert all("logprobs" not in c.body and "top_logprobs" not in c.body for c in model.calls)
 
 
 async def test_filtered_vote_lets_the_most_confident_share_vote() -> None:
@@ -111,27 +100,28 @@ async def test_filtered_vote_lets_the_most_confident_share_vote() -> None:
     assert filtered.answer == "9"
 
 
-async def test_tmas_confidence_asks_only_the_solution_role(sim: SimServer) -> None:
-    result = await tmas(sim, n=2, m=1, iterations=2, select="confidence_vote", skip_final_memory=False)
-    assert set(sim.stats().by_role) == {"solution", "verifier", "summary", "experience", "guideline"}
-    assert all(b["logprobs"] is True and b["top_logprobs"] == 5 for b in sim.chat_bodies("solution"))
+async def test_tmas_confidence_asks_only_the_solution_role() -> None:
+    params = {"n": 2, "m": 1, "iterations": 2, "select": "confidence_vote", "skip_final_memory": False}
+    result, model = await in_process("tmas", **params)
+    assert set(by_role(model)) == {"solution", "verifier", "summary", "experience", "guideline"}
+    assert all(c.body["logprobs"] is True and c.body["top_logprobs"] == 5 for c in model.calls_of("solution"))
     for role in ("verifier", "summary", "experience", "guideline"):
-        bodies = sim.chat_bodies(role)
+        bodies = [c.body for c in model.calls_of(role)]
         assert bodies and all("logprobs" not in b and "top_logprobs" not in b for b in bodies), role
-    # The simulator's own payload lists one alternative per token: no confidence can be read from it, so the rule
-    # votes plainly and says so once.
+    # The simulator's own payload (the scripted model's too) lists one alternative per token: no confidence can be
+    # read from it, so the rule votes plainly and says so once.
     assert result.answer == "391" and result.notices == [CONFIDENCE_NOTICE]
     assert result.counters["confidence_missing"] == 2
 
 
-async def test_a_server_without_logprobs_gets_one_notice_per_run(sim: SimServer, tmp_path: Path) -> None:
-    sim.set_script(SimScript(logprobs=False))
+async def test_a_model_without_logprobs_gets_one_notice_per_run(tmp_path: Path) -> None:
     problems = tmp_path / "p.jsonl"
     problems.write_text("".join(json.dumps({"problem_id": f"q{i}", "question": Q}) + "\n" for i in range(2)))
-    settings = settings_for(sim, method={"name": "majority", "params": {"k": 2, "select": "confidence_vote"}})
-    summary = await arun(problems, tmp_path / "run", settings)
+    settings = scripted_settings(method={"name": "majority", "params": {"k": 2, "select": "confidence_vote"}})
+    model = ScriptedModel(SimScript(logprobs=False), settings)
+    summary = await arun(problems, tmp_path / "run", model=model)
     assert summary.done == 2 and summary.notices == [CONFIDENCE_NOTICE]
-    assert all(b["logprobs"] is True for b in sim.chat_bodies("solution"))
+    assert all(call.body["logprobs"] is True for call in model.calls_of("solution"))
     with RunStore(tmp_path / "run", create=False) as store:
         assert list(store.notices().values()) == [CONFIDENCE_NOTICE]
         for result in store.results():
@@ -225,7 +215,7 @@ async def test_tmas_does_not_stop_unless_settled(rules: list[Rule], why: str) ->
 
 
 # ---------------------------------------------------------------------------------------------- report
-async def test_the_report_shows_confidence_stops_and_notices(sim: SimServer, tmp_path: Path) -> None:
+async def test_the_report_shows_confidence_stops_and_notices(tmp_path: Path) -> None:
     problems = tmp_path / "p.jsonl"
     problems.write_text(json.dumps({"problem_id": "q", "question": Q, "answer": "391"}) + "\n")
     # Run 1: two right samples at confidence 3, two wrong at 1, weighted by confidence.
@@ -233,13 +223,13 @@ async def test_the_report_shows_confidence_stops_and_notices(sim: SimServer, tmp
         Rule(role="solution", times=2, replies=[boxed("391")], logprobs=payload(3.0)),
         Rule(role="solution", times=2, replies=[boxed("390")], logprobs=payload(1.0)),
     ]
-    sim.set_script(SimScript(rules=rules))
     params: dict[str, Any] = {"k": 4, "select": "confidence_vote"}
-    await arun(problems, tmp_path / "weighted", settings_for(sim, method={"name": "majority", "params": params}))
-    # Run 2: a server without log-probabilities; every sample right, so the Beta stop ends it after one round.
-    sim.set_script(SimScript(logprobs=False))
+    weighted = ScriptedModel(SimScript(rules=rules), scripted_settings(method={"name": "majority", "params": params}))
+    await arun(problems, tmp_path / "weighted", model=weighted)
+    # Run 2: a model without log-probabilities; every sample right, so the Beta stop ends it after one round.
     params = {"k": 8, "select": "confidence_vote", "stop": "beta"}
-    await arun(problems, tmp_path / "stopped", settings_for(sim, method={"name": "majority", "params": params}))
+    stopped = ScriptedModel(SimScript(logprobs=False), scripted_settings(method={"name": "majority", "params": params}))
+    await arun(problems, tmp_path / "stopped", model=stopped)
     doc = Document("report")
     for name in ("weighted", "stopped"):
         _run_section(doc, evaluation_of(tmp_path / name))

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from conftest import settings_for
+from conftest import scripted_settings, settings_for
 from mattrl_runs import hand_worked_transcript, write_run
 from tmas.agents.baselines import DistillationReply, parse_distillation
 from tmas.agents.experience import ExperienceReply, experience_reply_model, parse_experience_update
@@ -42,7 +42,7 @@ from tmas.rl.novelty import LLMNoveltyJudge
 from tmas.rl.scoring import RolloutInput
 from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import RunStore
-from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
 Q = "What is 17*23?"
 SUMMARY_JSON = [user("Reply with JSON.")]
@@ -463,20 +463,21 @@ def test_the_experience_schema_holds_what_max_tokens_can_hold() -> None:
     assert response_format(experience_reply_model(450))["json_schema"]["name"] == "ExperienceReply"
 
 
-async def test_the_local_preset_bounds_what_its_summary_and_experience_calls_ask_for(sim: SimServer) -> None:
+async def test_the_local_preset_bounds_what_its_summary_and_experience_calls_ask_for() -> None:
     """The local preset caps the summary at 220 tokens and the experience agent at 450: the summary prompt asks for
-    at most int(220 * 0.55) // 10 * 10 = 120 words, and the experience schema for at most 450 // 170 = 2 operations."""
+    at most int(220 * 0.55) // 10 * 10 = 120 words, and the experience schema for at most 450 // 170 = 2 operations.
+    In process: the scripted model's bodies are the HTTP client's, the reply schema where the client sends it."""
     # No global max_tokens: a user's value would win over the preset's per-role ones.
-    settings = settings_for(
-        sim,
+    settings = scripted_settings(
         sampling={"temperature": 0.7},
         method__params={"preset": "local", "iterations": 1, "skip_final_memory": False},
     )
-    await asolve(Q, settings)
-    summaries = [e.body for e in sim.requests if e.endpoint == "chat" and e.role == "summary"]
+    model = ScriptedModel(SimScript(), settings)
+    await asolve(Q, model=model)
+    summaries = [call.body for call in model.calls_of("summary")]
     assert summaries and all(b["max_tokens"] == 220 for b in summaries)
     assert all("Stay under 120 words." in b["messages"][-1]["content"] for b in summaries)
-    experience = [e.body for e in sim.requests if e.endpoint == "chat" and e.role == "experience"]
+    experience = [call.body for call in model.calls_of("experience")]
     assert experience and all(b["max_tokens"] == 450 for b in experience)
     schema = experience[0]["response_format"]["json_schema"]["schema"]
     assert schema["properties"]["operations"]["maxItems"] == 2

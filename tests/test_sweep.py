@@ -8,12 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import settings_for
+from conftest import scripted_settings
+from scripted_runs import GoneModel
+from tmas.config import Budget
 from tmas.errors import ConfigError
 from tmas.methods.base import ProblemResult
 from tmas.runner import Unreachable
-from tmas.sweep import PointOutcome, Study, SweepSpec, expand, load_spec, report_sweep, run_sweep
-from tmas.testing import SimScript, SimServer
+from tmas.store.run_store import RunStore
+from tmas.sweep import GridAbout, PointOutcome, Study, SweepSpec, expand, load_spec, report_sweep, run_sweep
+from tmas.testing import ScriptedModel, SimScript
 
 PROBLEMS = [("p1", "What is 12*11?", "132"), ("p2", "What is 7*8?", "56"), ("p3", "What is 9*9?", "81")]
 
@@ -78,17 +81,15 @@ async def test_sweep_resumes_after_interruption_without_repeating_finished_runs(
     spec = spec_for(problems)
     names = [p.name for p in expand(spec)]
     assert names == ["cot", "majority", "self_refine__iterations=2__n=1", "self_refine__iterations=2__n=2"]
+    settings = scripted_settings(concurrency=1)
 
     # The uninterrupted sweep, for reference.
-    with SimServer(SimScript()) as ref:
-        settings = settings_for(ref, concurrency=1)
-        await run_sweep(spec, settings, tmp_path / "ref")
-        total = ref.stats().total_requests
+    ref = ScriptedModel(SimScript(), settings)
+    await run_sweep(spec, settings, tmp_path / "ref", model=ref)
+    total = len(ref.calls)
 
-    # The same sweep, cut off by the endpoint going away in the middle of the third point (after its first problem).
-    sim = SimServer(SimScript()).start()
-    port = int(sim.base_url.rsplit(":", 1)[1].split("/")[0])
-    settings = settings_for(sim, concurrency=1)
+    # The same sweep, cut off by the model going away in the middle of the third point (after its first problem).
+    model = GoneModel(SimScript(), settings)
     finished: list[str] = []
     solved_in_third: list[str] = []
 
@@ -98,38 +99,67 @@ async def test_sweep_resumes_after_interruption_without_repeating_finished_runs(
     def on_result(result: ProblemResult) -> None:
         if len(finished) == 2:
             solved_in_third.append(result.problem_id)
-            sim.stop()
+            model.gone = True
 
     with pytest.raises(Unreachable):
-        await run_sweep(spec, settings, tmp_path / "sweep", on_point=on_point, on_result=on_result)
-    first = sim.stats().total_requests
+        await run_sweep(spec, settings, tmp_path / "sweep", on_point=on_point, on_result=on_result, model=model)
+    first = len(model.calls)
     assert finished == names[:2] and solved_in_third == ["p1"]
 
-    with SimServer(SimScript(), port=port) as again:
-        summary = await run_sweep(spec, settings, tmp_path / "sweep")
-        resumed = again.requests
+    again = ScriptedModel(SimScript(), settings)
+    summary = await run_sweep(spec, settings, tmp_path / "sweep", model=again)
     assert [o.status for o in summary.outcomes] == ["skipped", "skipped", "resumed", "new"]
-    # Nothing finished was asked again: the two runs together made exactly the uninterrupted sweep's requests,
-    # and the resumed point asked only about the problems it had not finished.
-    assert first + len(resumed) == total
+    # Nothing finished was asked again: the two runs together made exactly the uninterrupted sweep's calls, and
+    # the resumed point asked only about the problems it had not finished.
+    assert first + len(again.calls) == total
     # p1 was finished in the third point before the cut: it is asked about only in the fourth (n=2, 2 iterations).
-    assert sum(r.problem_id == "p1" for r in resumed) == 2 * 2
+    assert sum(c.key.problem_id == "p1" for c in again.calls) == 2 * 2
+    # Each point's summary counts its own calls: the resumed one replays what it had sent before the cut.
+    points = {p["name"]: p for p in summary.to_dict()["points"]}
+    assert sum(p["calls"] for p in points.values()) == len(again.calls)
+    assert points["cot"]["calls"] == points["majority"]["calls"] == 0
 
     # A third run does nothing at all.
-    with SimServer(SimScript(), port=port) as idle:
-        summary = await run_sweep(spec, settings, tmp_path / "sweep")
-        assert idle.stats().total_requests == 0
+    idle = ScriptedModel(SimScript(), settings)
+    summary = await run_sweep(spec, settings, tmp_path / "sweep", model=idle)
+    assert idle.calls == []
     assert [o.status for o in summary.outcomes] == ["skipped"] * 4
     manifest = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
     assert all(p["finished"] for p in manifest["points"].values())
 
 
+async def test_each_point_runs_under_its_studys_budget(tmp_path: Path) -> None:
+    # A study's own budget overrides the sweep's, and each point's run holds the one it ran under.
+    spec = SweepSpec(
+        problems=write_problems(tmp_path / "problems.jsonl"),
+        budget=Budget(calls=3),
+        study=[
+            Study(name="wide", method="majority", params={"k": 4}),
+            Study(name="narrow", method="majority", params={"k": 4}, budget=Budget(calls=2)),
+        ],
+    )
+    model = ScriptedModel(SimScript(), scripted_settings())
+    summary = await run_sweep(spec, model.settings, tmp_path / "sweep", model=model)
+    assert [o.point.name for o in summary.outcomes] == [
+        "majority__k=4__budget_calls=3",
+        "majority__k=4__budget_calls=2",
+    ]
+    for outcome, calls in zip(summary.outcomes, (3, 2), strict=True):
+        with RunStore(tmp_path / "sweep" / "runs" / outcome.point.name, create=False) as store:
+            assert store.get_meta("settings")["budget"]["calls"] == calls
+            results = store.results()
+        assert outcome.summary is not None and outcome.summary.calls == calls * len(PROBLEMS)
+        assert all(len(r["iterations"][0]["candidates"]) == calls for r in results)
+    assert len(model.calls) == (3 + 2) * len(PROBLEMS)
+
+
 @pytest.mark.slow
-async def test_sweep_report_has_every_curve(sim: SimServer, tmp_path: Path) -> None:
+async def test_sweep_report_has_every_curve(tmp_path: Path) -> None:
     from tmas.grading.grades import GradeConfig
 
     spec = spec_for(write_problems(tmp_path / "problems.jsonl"))
-    await run_sweep(spec, settings_for(sim), tmp_path / "sweep")
+    model = ScriptedModel(SimScript(), scripted_settings())
+    await run_sweep(spec, model.settings, tmp_path / "sweep", model=model)
     written = await report_sweep(spec, tmp_path / "sweep", GradeConfig(mode="rules"), None)
     report = written["markdown"].read_text()
     for label in ("cot", "majority", "self_refine [sim-model] (n=1)", "self_refine [sim-model] (n=2)"):
@@ -137,3 +167,36 @@ async def test_sweep_report_has_every_curve(sim: SimServer, tmp_path: Path) -> N
     assert any(k.startswith("frontier_") and k.endswith(".png") for k in written)
     assert "Accuracy (%) at equal completion-token budgets" in report
     assert (tmp_path / "sweep" / "report" / "refine" / "report.md").exists()
+
+
+async def test_each_new_point_records_its_place_in_the_sweep_and_the_papers_benchmark(tmp_path: Path) -> None:
+    spec = spec_for(write_problems(tmp_path / "problems.jsonl"))
+    spec.about = GridAbout(paper="TMAS", benchmark="AIME 2025")
+    spec.limit = 1
+    model = ScriptedModel(SimScript(), scripted_settings())
+    summary = await run_sweep(spec, model.settings, tmp_path / "sweep", model=model)
+    assert [o.status for o in summary.outcomes] == ["new"] * 4
+    for outcome in summary.outcomes:
+        with RunStore(tmp_path / "sweep" / "runs" / outcome.point.name, create=False) as store:
+            assert store.get_meta("sweep") == {"point": outcome.point.name, "studies": outcome.point.studies}
+            assert store.get_meta("paper_benchmark") == "AIME 2025"
+            assert [p.problem_id for p in store.iter_problems()] == ["p1"]
+    # The manifest holds the grid and the settings a resume reads back.
+    manifest = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    assert manifest["spec"]["about"]["benchmark"] == "AIME 2025" and manifest["spec"]["limit"] == 1
+    assert manifest["points"]["cot"] == {"method": "cot", "params": {}, "studies": ["baselines"], "finished": True}
+
+
+async def test_a_sweep_on_a_model_without_an_endpoint_skips_its_finished_points(tmp_path: Path) -> None:
+    # Settings that name no endpoint would mean the embedded model, whose defaults change a method's parameters:
+    # on a model of one's own the points keep theirs, so a second sweep finds every point finished.
+    spec = SweepSpec(problems=write_problems(tmp_path / "problems.jsonl"), study=[Study(methods=["tmas"])])
+    spec.study[0].params = {"n": 1, "m": 1, "iterations": 1}
+    model = ScriptedModel(SimScript())
+    assert model.settings.uses_local_model
+    first = await run_sweep(spec, model.settings, tmp_path / "sweep", model=model)
+    assert [o.status for o in first.outcomes] == ["new"] and first.outcomes[0].summary is not None
+    assert first.outcomes[0].summary.done == len(PROBLEMS)
+    again = ScriptedModel(SimScript())
+    second = await run_sweep(spec, again.settings, tmp_path / "sweep", model=again)
+    assert [o.status for o in second.outcomes] == ["skipped"] and again.calls == []

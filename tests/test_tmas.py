@@ -1,5 +1,5 @@
 """TMAS's logic in process on the scripted model: Algorithm 1's call graph and ordering, epsilon, bad agent output,
-ablations, early stopping, selection and presets. What its preset sends crosses the wire to the simulated server."""
+ablations, early stopping, selection and presets, and what its paper preset asks for."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from conftest import scripted_settings
+from conftest import SCRIPTED_URL, scripted_settings
 from scripted_runs import by_role, last_user_prompts, solve_in_process
 from tmas.agents.echo import ECHO_RETRY_SAMPLE
 from tmas.api import asolve
@@ -22,7 +22,7 @@ from tmas.methods.base import ProblemResult
 from tmas.methods.selection import select
 from tmas.methods.tmas import TMAS
 from tmas.methods.tmas_params import TMASParams
-from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript
 
 Q = "What is 17*23?"
 EXPLORE_MARK = "<attempted_strategies>"
@@ -416,13 +416,15 @@ def test_preset_sampling_yields_to_the_users_settings() -> None:
     assert sent(user, "solution", mine).temperature == 0.1
 
 
-async def test_paper_preset_sends_its_sampling(sim: SimServer) -> None:
+async def test_paper_preset_sends_its_sampling() -> None:
+    # Settings of no sampling of their own, as a user's (the wire's view: tests/test_wire_sampling.py).
     settings = Settings.model_validate(
         {
-            "endpoint": {"base_url": [sim.base_url]},
+            "endpoint": {"base_url": [SCRIPTED_URL]},
             "method": {"name": "tmas", "params": {"preset": "paper", "iterations": 1, "n": 1, "m": 1}},
         }
     )
-    await asolve(Q, settings)
-    bodies = [r.body for r in sim.requests]
+    model = ScriptedModel(SimScript(), settings)
+    await asolve(Q, model=model)
+    bodies = [call.body for call in model.calls]
     assert bodies and all(b["temperature"] == 1.0 and b["top_p"] == 0.95 for b in bodies)

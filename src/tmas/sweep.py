@@ -12,6 +12,9 @@ param tables, each one point); its points are methods x variants x grid combinat
 
 Resuming (run the same command again, or ``tmas sweep --resume DIR``): a point whose problems are all finished
 with the same method, params and budget is skipped without a call; an unfinished one is resumed from its store.
+
+``run_sweep(..., model=mine)`` runs every point on a :class:`tmas.llm.model.ChatModel` of the caller's own, as
+``run_problems(..., model=mine)`` runs one run (each point's store replays and records its calls all the same).
 """
 
 from __future__ import annotations
@@ -30,12 +33,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from tmas.config import Budget, Sampling, Settings, read_toml
 from tmas.errors import ConfigError, InputError
 from tmas.grading.grades import GradeConfig
+from tmas.llm.model import ChatModel
 from tmas.llm.sampling import with_sampling
 from tmas.methods import create_method
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem, dataset_name, load_problems, resolve_dataset
 from tmas.reports.report import build_report
-from tmas.runner import RunState, RunSummary, prepare_run, resume_settings, run_fingerprint, run_problems
+from tmas.runner import (
+    RunState,
+    RunSummary,
+    prepare_run,
+    resume_settings,
+    run_fingerprint,
+    run_method,
+    run_problems,
+)
 from tmas.store.run_store import RunStore
 
 MANIFEST = "sweep.json"
@@ -256,9 +268,10 @@ def resumed_sweep(
     return spec, resume_settings(stored, overrides, config=config)
 
 
-def _pending(store: RunStore, settings: Settings) -> int:
-    """How many of the run's problems are not finished with the point's method, params and budget."""
-    method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
+def _pending(store: RunStore, settings: Settings, *, own_model: bool) -> int:
+    """How many of the run's problems are not finished with the point's method, params and budget (``own_model``:
+    the points run on a model of the caller's own, as :func:`tmas.runner.run_method` tells it)."""
+    method = run_method(settings, own_model=own_model)
     fingerprint = run_fingerprint(method, settings)
     done = store.finished_problem_ids(fingerprint)
     return sum(p.problem_id not in done for p in store.iter_problems())
@@ -287,18 +300,25 @@ def prepare_sweep(
 
 
 def open_point(
-    point: SweepPoint, settings: Settings, out_dir: Path, problems: list[Problem], dataset: str
+    point: SweepPoint,
+    settings: Settings,
+    out_dir: Path,
+    problems: list[Problem],
+    dataset: str,
+    *,
+    own_model: bool = False,
 ) -> tuple[str, RunStore | None, Settings, Iterable[Problem]]:
-    """The point's run: ("skipped", None, ...) when finished, else its store opened new or for resuming."""
+    """The point's run: ("skipped", None, ...) when finished, else its store opened new or for resuming
+    (``own_model``: on a model of the caller's own, as :func:`tmas.runner.prepare_run` takes it)."""
     run_dir = out_dir / "runs" / point.name
     point_settings = point.settings(settings)
     if (run_dir / "run.sqlite").exists():
         with RunStore(run_dir, create=False) as peek:
-            if _pending(peek, point_settings) == 0:
+            if _pending(peek, point_settings, own_model=own_model) == 0:
                 return "skipped", None, point_settings, []
-        store, point_settings, todo = prepare_run(run_dir, point_settings, None, resume=True)
+        store, point_settings, todo = prepare_run(run_dir, point_settings, None, resume=True, own_model=own_model)
         return "resumed", store, point_settings, todo
-    store, point_settings, todo = prepare_run(run_dir, point_settings, problems, resume=False)
+    store, point_settings, todo = prepare_run(run_dir, point_settings, problems, resume=False, own_model=own_model)
     store.set_meta("dataset", dataset)
     store.set_meta("sweep", {"point": point.name, "studies": point.studies})
     return "new", store, point_settings, todo
@@ -311,20 +331,25 @@ async def run_sweep(
     *,
     on_point: Callable[[PointOutcome], None] | None = None,
     on_result: Callable[[ProblemResult], None] | None = None,
+    model: ChatModel | None = None,
 ) -> SweepSummary:
-    """Run every point of ``spec`` not finished yet into ``out_dir``; see the module docstring."""
+    """Run every point of ``spec`` not finished yet into ``out_dir``, on the endpoint of ``settings`` or on ``model``
+    (a :class:`tmas.llm.model.ChatModel` of the caller's own, for every point); see the module docstring."""
     points, problems, manifest = prepare_sweep(spec, settings, out_dir)
     dataset = dataset_name(spec.problems or "")
     outcomes: list[PointOutcome] = []
     for point in points:
-        status, store, point_settings, todo = open_point(point, settings, out_dir, problems, dataset)
+        own = model is not None
+        status, store, point_settings, todo = open_point(point, settings, out_dir, problems, dataset, own_model=own)
         if status == "new" and store is not None and spec.about is not None and spec.about.benchmark:
             # The paper's name for these problems: the report puts the published cells beside this run's.
             store.set_meta("paper_benchmark", spec.about.benchmark)
         outcome = PointOutcome(point, status)
         if store is not None:
             with store:
-                outcome.summary = await run_problems(point_settings, todo, store, state=RunState(), on_result=on_result)
+                outcome.summary = await run_problems(
+                    point_settings, todo, store, state=RunState(), on_result=on_result, model=model
+                )
         manifest["points"][point.name]["finished"] = True
         _write_manifest(out_dir, manifest)
         outcomes.append(outcome)

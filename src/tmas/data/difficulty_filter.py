@@ -22,6 +22,7 @@ from tmas.errors import InputError
 from tmas.grading.grades import GradeConfig, Grades
 from tmas.grading.run_results import load_results
 from tmas.grading.runs import grade_run
+from tmas.llm.model import ChatModel
 from tmas.llm.sampling import with_sampling
 from tmas.problems import Problem, dataset_name, load_problems
 from tmas.runner import RunState, prepare_run, run_problems
@@ -196,20 +197,24 @@ async def run_filter(
     n: int,
     seed: int,
     limit: int | None = None,
+    model: ChatModel | None = None,
 ) -> FilterCard:
     """Sample (or resume sampling) every problem k times into ``run_dir``, grade the samples, and write the selected
-    subset to ``out`` with its card beside it."""
+    subset to ``out`` with its card beside it. The samples (and a judge's grades) come from the endpoint of
+    ``settings``, or from ``model``, a :class:`tmas.llm.model.ChatModel` of the caller's own."""
     if k < 1 or below < 1 or n < 1:
         raise InputError("the filter needs k >= 1, --below >= 1 and -n >= 1")
+    own = model is not None
     if (run_dir / "run.sqlite").exists():
-        store, settings, todo = prepare_run(run_dir, settings, None, resume=True)
+        store, settings, todo = prepare_run(run_dir, settings, None, resume=True, own_model=own)
     else:
         problems = load_problems(source)
-        store, settings, todo = prepare_run(run_dir, settings, problems[:limit] if limit else problems, resume=False)
+        chosen = problems[:limit] if limit else problems
+        store, settings, todo = prepare_run(run_dir, settings, chosen, resume=False, own_model=own)
         store.set_meta("dataset", dataset_name(source))
     with store:
-        await run_problems(settings, todo, store, state=RunState())
-        grades = await grade_run(store, grading, settings)
+        await run_problems(settings, todo, store, state=RunState(), model=model)
+        grades = await grade_run(store, grading, settings, model=model)
         problems = store.problems()
         results = load_results(store)
     card = build_card(str(source), settings, problems, results, grades, k=k, below=below, n=n, seed=seed)

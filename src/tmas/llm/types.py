@@ -221,7 +221,10 @@ class Completion(BaseModel):
     """A finished (or failed) call, as stored in the run store."""
 
     key: CallKey
-    request_hash: str
+    # The hash of the request (ChatRequest.request_hash) a resume looks the call up by. The run's store sets it as it
+    # records the call (tmas.llm.replay.StoreReplay), whatever the model answering put here, so a ChatModel of one's
+    # own leaves it empty; the HTTP client fills it in for calls made without a store.
+    request_hash: str = ""
     # Row id in the run store, once stored.
     call_id: int | None = None
     endpoint: str = ""

@@ -8,6 +8,10 @@ numbered in order (``call_id``), as a run store numbers the calls it records, so
 followed to it.
 Tests of what crosses the wire (request bodies, retries, faults, streaming, the store) keep using the simulated
 server.
+
+A call's reply depends on its request body as the simulator's does (the default verifier's random scores come from
+a hash of it), and the body is the one the HTTP client would send: a reply model goes as a ``response_format`` where
+the client would send it (:meth:`ScriptedModel.schema`), so a request answers alike in process and on the simulator.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pydantic import BaseModel
 from tmas.config import Sampling, Settings
 from tmas.llm.reasoning import split_reasoning
 from tmas.llm.sampling import ResolvedSampling, resolve_role
+from tmas.llm.schema import response_format
 from tmas.llm.types import CallKey, ChainKey, ChatRequest, Completion, Message, TokenLogprob, Usage
 from tmas.llm.watch import TraceWatch
 from tmas.testing.personas import persona_of
@@ -59,6 +64,8 @@ class ScriptedModel:
     # method's chains by.
     ended_chains: list[ChainKey] = field(default_factory=list)
     _rules: RuleBook | None = field(default=None, repr=False)
+    # Where each endpoint's replies put reasoning, as the HTTP client learns it from the first reply it reads.
+    _reasoning: dict[str, str] = field(default_factory=dict, repr=False)
 
     def resolve_sampling(
         self,
@@ -100,17 +107,57 @@ class ScriptedModel:
         key = key or CallKey(role=role)
         if not isinstance(sampling, ResolvedSampling):
             sampling = self.resolve_sampling(role, call=sampling)
-        request = ChatRequest.build(self.model_name(role), messages, sampling)
+        schema = self.schema(role, sampling.sampling, reply_model)
+        request = ChatRequest.build(self.model_name(role), messages, sampling, schema)
         reply = self._answer(role, key, messages, request)
+        body = request.body(structured=True)
         self.calls.append(
-            ScriptedCall(
-                role, key, list(messages), sampling.sampling, sampling.sources, reply_model, request.body(), reply
-            )
+            ScriptedCall(role, key, list(messages), sampling.sampling, sampling.sources, reply_model, body, reply)
         )
         return reply
 
+    def schema(self, role: str, sampling: Sampling, reply_model: type[BaseModel] | None) -> dict[str, Any] | None:
+        """The ``response_format`` the HTTP client sends for ``reply_model`` (:mod:`tmas.llm.refusals`): none where
+        structured output is off or log-probabilities are asked for; always with ``json_schema``; with ``auto``
+        once the endpoint's replies are known to keep reasoning out of the content (configured, or learnt from the
+        first reply)."""
+        endpoint = self._endpoint(role)
+        mode = endpoint["structured_output"]
+        if reply_model is None or mode == "off" or sampling.extra_body.get("logprobs"):
+            return None
+        place = endpoint["reasoning"]
+        if place == "auto":
+            place = self._reasoning.get(endpoint["url"])
+        return response_format(reply_model) if mode == "json_schema" or place in ("separate", "none") else None
+
+    def _endpoint(self, role: str) -> dict[str, Any]:
+        """The structured output mode, reasoning place and (first) address of the endpoint ``role`` calls: its own
+        fields where the role sets them, the default endpoint's elsewhere (as :class:`tmas.llm.routes.Routes`)."""
+        default = self.settings.endpoint
+        override = self.settings.roles.get(role)
+        urls = (override.base_url if override is not None else None) or default.base_url
+        return {
+            "structured_output": (override.structured_output if override is not None else None)
+            or default.structured_output,
+            "reasoning": (override.reasoning if override is not None else None) or default.reasoning,
+            "url": urls[0] if urls else "",
+        }
+
+    def _saw_reasoning(self, role: str, content: str, reasoning: str | None) -> None:
+        """Where a reply put its reasoning (a field of its own, as the simulator sends it, or a think block in the
+        content), learnt as the HTTP client learns it (:meth:`tmas.llm.refusals.Refusals.saw_reasoning`)."""
+        url = self._endpoint(role)["url"]
+        if self._reasoning.get(url) == "inline":
+            return
+        if reasoning:
+            self._reasoning[url] = "separate"
+        elif "</think>" in content:
+            self._reasoning[url] = "inline"
+        else:
+            self._reasoning.setdefault(url, "none")
+
     def _answer(self, role: str, key: CallKey, messages: Sequence[Message], request: ChatRequest) -> Completion:
-        body = request.body()
+        body = request.body(structured=True)
         request_hash = request.request_hash(key)
         texts = [m.content for m in messages]
         prompt_tokens = sum(count_tokens(t) for t in texts) + 4 * len(texts)
@@ -133,6 +180,7 @@ class ScriptedModel:
         sim = SimRequest(role, key.problem_id or None, [m.model_dump() for m in messages], body, seed, self.script)
         fault = rule.fault if rule is not None else None
         text = scripted_text(sim, rule, used, fault=fault, max_tokens=request.sampling.max_tokens)
+        self._saw_reasoning(role, text.content, text.reasoning)
         # Thinking is kept apart from the content as the HTTP client keeps it (reasoning field or <think> block).
         content, reasoning = split_reasoning(text.content, text.reasoning)
         logprobs = scripted_logprobs(self.script, body, rule, text.content, persona_of(self.script))
