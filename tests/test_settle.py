@@ -158,7 +158,7 @@ def test_run_help_lists_the_rules_and_their_sources() -> None:
         "select (tmas): best_score (Algorithm 1), vote, score_weighted_vote, confidence_vote or filtered_vote" in text
     )
     assert "the candidates agree and every verification passes (beyond the TMAS paper; on in the local preset)" in text
-    assert "confidence_share (tmas, majority): filtered_vote: the most confident share eta that votes" in text
+    assert "confidence_share (majority, tmas): filtered_vote: the most confident share eta that votes" in text
 
 
 # ---------------------------------------------------------------------------------------------- stopping
