@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import isolate, settings_for
+from conftest import isolate, scripted_settings, settings_for
+from tmas.api import aresume, arun
 from tmas.llm.client import LLMClient
 from tmas.llm.factory import open_model
 from tmas.llm.model import ClientStats
 from tmas.llm.replay import StoreReplay
 from tmas.llm.types import CallKey, user
 from tmas.store.run_store import RunStore
-from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
 QUESTION = [user("What is 17*23?")]
 KEY = CallKey(problem_id="p", role="solution")
@@ -76,3 +77,19 @@ def test_the_readmes_model_of_ones_own_runs_as_shown(
     with RunStore(Path("runs/mine"), create=False) as store:
         [call] = store.calls()
         assert len(call.request_hash) == 64 and store.lookup_call(call.request_hash, 0) is not None
+
+
+async def test_a_model_of_ones_own_gets_the_runs_sampling_not_its_own(tmp_path: Path) -> None:
+    """The run's settings (config, flags, a resume's overrides) decide each call's sampling, as for an endpoint, even
+    where the caller's model was built on other settings: a configured value never stops short of the model."""
+    problems = tmp_path / "p.jsonl"
+    problems.write_text('{"problem_id": "a", "question": "What is 17*23?", "answer": "391"}\n')
+    model = ScriptedModel(SimScript(), scripted_settings(method={"name": "cot"}))  # temperature 0.7
+    run = scripted_settings(method={"name": "cot"}, sampling__temperature=0.2, sampling__max_tokens=300)
+    await arun(problems, tmp_path / "run", run, model=model)
+    [first] = model.calls
+    assert (first.sampling.temperature, first.sampling.max_tokens) == (0.2, 300)
+    assert first.sources["temperature"] != "built-in"
+    # Resumed with one more iteration and another temperature: the new call is sent with it.
+    await aresume(tmp_path / "run", {"sampling.temperature": 0.4}, params={"iterations": 2}, model=model)
+    assert [c.sampling.temperature for c in model.calls] == [0.2, 0.4]

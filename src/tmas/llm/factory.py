@@ -16,17 +16,21 @@ a model of one's own is the same run.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from tmas.config import Settings
+from pydantic import BaseModel
+
+from tmas.config import Sampling, Settings
 from tmas.llm.client import LLMClient
 from tmas.llm.model import ChatModel, ClientStats
 from tmas.llm.provision import provisioned
 from tmas.llm.refusals import RunCallStore
 from tmas.llm.replay import StoreReplay
-from tmas.llm.types import CallKey
+from tmas.llm.sampling import ResolvedSampling, resolve_role
+from tmas.llm.types import CallKey, ChainKey, Completion, Message
+from tmas.llm.watch import TraceWatch
 
 
 @asynccontextmanager
@@ -43,12 +47,14 @@ async def open_model(
     is given. ``log_dir`` keeps a started local server's log; ``stats`` counts the calls sent and replayed (for a
     progress display or summary); ``on_send`` hears of each call the store could not answer, before it is sent.
 
-    ``model`` is used as it is: its ``settings`` are what its roles resolve against (build it on the run's settings,
-    as ``ScriptedModel(script, settings)`` is), and it is neither started nor closed here. Without a store it is
-    yielded unwrapped, and ``stats`` stays untouched."""
+    ``model`` is neither started nor closed here. Its calls' sampling is resolved from ``settings`` (the run's: its
+    config, flags, preset and resume overrides), as an endpoint's is, even where the model was built on other
+    settings, so what the user configured reaches the model's ``chat``. Without a store it is not wrapped for
+    replay, and ``stats`` stays untouched."""
     stats = stats if stats is not None else ClientStats()
     if model is not None:
-        yield model if store is None else _replaying(model, store, stats, on_send, count_sent=True)
+        own = model if model.settings is settings else UnderSettings(model, settings)
+        yield own if store is None else _replaying(own, store, stats, on_send, count_sent=True)
         return
     async with (
         provisioned(settings, log_dir=log_dir) as live,
@@ -69,3 +75,53 @@ def _replaying(
     does not count them itself (the HTTP client does; a caller's own model does not)."""
     on_sent = stats.count if count_sent else None
     return StoreReplay(inner, store, on_replay=stats.count_replay, on_send=on_send, on_sent=on_sent)
+
+
+class UnderSettings:
+    """A caller's own model run under the run's settings: every call's sampling is resolved from ``settings``
+    (:func:`tmas.llm.sampling.resolve_role`), so the run's configured sampling reaches ``inner.chat`` as it reaches an
+    endpoint; the calls themselves, the chains, embeddings, context windows and model names are ``inner``'s."""
+
+    def __init__(self, inner: ChatModel, settings: Settings) -> None:
+        self.inner = inner
+        self._settings = settings
+
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
+    async def chat(
+        self,
+        role: str,
+        messages: Sequence[Message],
+        *,
+        key: CallKey | None = None,
+        sampling: Sampling | ResolvedSampling | None = None,
+        reply_model: type[BaseModel] | None = None,
+        watch: TraceWatch | None = None,
+    ) -> Completion:
+        if not isinstance(sampling, ResolvedSampling):
+            sampling = self.resolve_sampling(role, call=sampling)
+        return await self.inner.chat(role, messages, key=key, sampling=sampling, reply_model=reply_model, watch=watch)
+
+    def end_chain(self, chain: ChainKey) -> None:
+        self.inner.end_chain(chain)
+
+    async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
+        return await self.inner.embed(texts, role=role)
+
+    def resolve_sampling(
+        self,
+        role: str,
+        *,
+        preset: Sampling | None = None,
+        method: Sampling | None = None,
+        call: Sampling | None = None,
+    ) -> ResolvedSampling:
+        return resolve_role(self._settings, role, preset=preset, method=method, call=call)
+
+    def context_window(self, role: str) -> int | None:
+        return self.inner.context_window(role)
+
+    def model_name(self, role: str) -> str:
+        return self.inner.model_name(role)
