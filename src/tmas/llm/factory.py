@@ -16,21 +16,18 @@ a model of one's own is the same run.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from pydantic import BaseModel
-
 from tmas.config import Sampling, Settings
 from tmas.llm.client import LLMClient
-from tmas.llm.model import ChatModel, ClientStats
+from tmas.llm.model import ChatModel, ClientStats, WrappedModel
 from tmas.llm.provision import provisioned
 from tmas.llm.refusals import RunCallStore
 from tmas.llm.replay import StoreReplay
 from tmas.llm.sampling import ResolvedSampling, resolve_role
-from tmas.llm.types import CallKey, ChainKey, Completion, Message
-from tmas.llm.watch import TraceWatch
+from tmas.llm.types import CallKey
 
 
 @asynccontextmanager
@@ -77,38 +74,19 @@ def _replaying(
     return StoreReplay(inner, store, on_replay=stats.count_replay, on_send=on_send, on_sent=on_sent)
 
 
-class UnderSettings:
+class UnderSettings(WrappedModel):
     """A caller's own model run under the run's settings: every call's sampling is resolved from ``settings``
     (:func:`tmas.llm.sampling.resolve_role`), so the run's configured sampling reaches ``inner.chat`` as it reaches an
-    endpoint; the calls themselves, the chains, embeddings, context windows and model names are ``inner``'s."""
+    endpoint (:class:`WrappedModel` resolves a call's own override the same way); the calls themselves, the chains,
+    embeddings, context windows and model names are ``inner``'s."""
 
     def __init__(self, inner: ChatModel, settings: Settings) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self._settings = settings
 
     @property
     def settings(self) -> Settings:
         return self._settings
-
-    async def chat(
-        self,
-        role: str,
-        messages: Sequence[Message],
-        *,
-        key: CallKey | None = None,
-        sampling: Sampling | ResolvedSampling | None = None,
-        reply_model: type[BaseModel] | None = None,
-        watch: TraceWatch | None = None,
-    ) -> Completion:
-        if not isinstance(sampling, ResolvedSampling):
-            sampling = self.resolve_sampling(role, call=sampling)
-        return await self.inner.chat(role, messages, key=key, sampling=sampling, reply_model=reply_model, watch=watch)
-
-    def end_chain(self, chain: ChainKey) -> None:
-        self.inner.end_chain(chain)
-
-    async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
-        return await self.inner.embed(texts, role=role)
 
     def resolve_sampling(
         self,
@@ -119,9 +97,3 @@ class UnderSettings:
         call: Sampling | None = None,
     ) -> ResolvedSampling:
         return resolve_role(self._settings, role, preset=preset, method=method, call=call)
-
-    def context_window(self, role: str) -> int | None:
-        return self.inner.context_window(role)
-
-    def model_name(self, role: str) -> str:
-        return self.inner.model_name(role)

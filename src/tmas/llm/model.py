@@ -114,3 +114,53 @@ class ChatModel(Protocol):
     def model_name(self, role: str) -> str:
         """The model ``role`` asks for (``"default"`` when the endpoint names none)."""
         ...
+
+
+class WrappedModel:
+    """A :class:`ChatModel` around another, ``inner``: every member is ``inner``'s unless a subclass changes it (the
+    store's replay, a caller's model under the run's settings)."""
+
+    def __init__(self, inner: ChatModel) -> None:
+        self.inner = inner
+
+    @property
+    def settings(self) -> Settings:
+        return self.inner.settings
+
+    async def chat(
+        self,
+        role: str,
+        messages: Sequence[Message],
+        *,
+        key: CallKey | None = None,
+        sampling: Sampling | ResolvedSampling | None = None,
+        reply_model: type[BaseModel] | None = None,
+        watch: TraceWatch | None = None,
+    ) -> Completion:
+        # A per-call override is resolved by this model's own resolution, so a wrapper that changes the resolution
+        # changes what ``inner`` is asked.
+        if not isinstance(sampling, ResolvedSampling):
+            sampling = self.resolve_sampling(role, call=sampling)
+        return await self.inner.chat(role, messages, key=key, sampling=sampling, reply_model=reply_model, watch=watch)
+
+    def end_chain(self, chain: ChainKey) -> None:
+        self.inner.end_chain(chain)
+
+    async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
+        return await self.inner.embed(texts, role=role)
+
+    def resolve_sampling(
+        self,
+        role: str,
+        *,
+        preset: Sampling | None = None,
+        method: Sampling | None = None,
+        call: Sampling | None = None,
+    ) -> ResolvedSampling:
+        return self.inner.resolve_sampling(role, preset=preset, method=method, call=call)
+
+    def context_window(self, role: str) -> int | None:
+        return self.inner.context_window(role)
+
+    def model_name(self, role: str) -> str:
+        return self.inner.model_name(role)

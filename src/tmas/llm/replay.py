@@ -23,10 +23,10 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
-from tmas.config import Sampling, Settings
-from tmas.llm.model import ChatModel
+from tmas.config import Sampling
+from tmas.llm.model import ChatModel, WrappedModel
 from tmas.llm.sampling import ResolvedSampling
-from tmas.llm.types import CallKey, ChainKey, ChatRequest, Completion, Message
+from tmas.llm.types import CallKey, ChatRequest, Completion, Message
 from tmas.llm.watch import TraceWatch
 
 
@@ -38,7 +38,7 @@ class CallStore(Protocol):
     def record_call(self, completion: Completion, request: ChatRequest) -> int: ...
 
 
-class StoreReplay:
+class StoreReplay(WrappedModel):
     """``StoreReplay(model, store)``: ``model`` with every finished call replayed from ``store``.
 
     ``on_replay`` hears of each replayed call (the HTTP client counts them in its stats), ``on_send`` of each call
@@ -54,16 +54,12 @@ class StoreReplay:
         on_send: Callable[[CallKey], None] | None = None,
         on_sent: Callable[[Completion], None] | None = None,
     ) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.store = store
         self.on_replay = on_replay
         self.on_send = on_send
         self.on_sent = on_sent
         self.replayed = 0
-
-    @property
-    def settings(self) -> Settings:
-        return self.inner.settings
 
     async def chat(
         self,
@@ -99,28 +95,8 @@ class StoreReplay:
         completion.call_id = self.store.record_call(completion, request)
         return completion
 
-    def end_chain(self, chain: ChainKey) -> None:
-        # Replayed or sent, the chain's calls are over: the wrapped model lets go of what it kept for them.
-        self.inner.end_chain(chain)
-
-    async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
-        return await self.inner.embed(texts, role=role)
-
-    def resolve_sampling(
-        self,
-        role: str,
-        *,
-        preset: Sampling | None = None,
-        method: Sampling | None = None,
-        call: Sampling | None = None,
-    ) -> ResolvedSampling:
-        return self.inner.resolve_sampling(role, preset=preset, method=method, call=call)
-
-    def context_window(self, role: str) -> int | None:
-        return self.inner.context_window(role)
-
-    def model_name(self, role: str) -> str:
-        return self.inner.model_name(role)
+    # end_chain: replayed or sent, the chain's calls are over, and the wrapped model lets go of what it kept for them
+    # (WrappedModel passes it on); embeddings, sampling resolution, windows and names are the wrapped model's too.
 
 
 class ReplayTurns:
