@@ -339,9 +339,8 @@ async def run_problems(
                 for problem in todo:
                     await one(problem)
 
-            # The endpoint's settings as provisioned; on a model of the caller's own, the run's own.
-            sized_by = settings if model is not None else llm.settings
-            state.problem_slots = problems_in_flight(sized_by, own_model=model is not None)
+            # The settings as provisioned (a caller's own model runs under the run's: tmas.llm.factory.UnderSettings).
+            state.problem_slots = problems_in_flight(llm.settings, own_model=model is not None)
             workers = max(1, min(state.problem_slots, state.total - len(finished)))
             try:
                 await gather_all(worker(w, workers) for w in range(workers))

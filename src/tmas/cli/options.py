@@ -266,11 +266,10 @@ def method_options(command: F) -> F:
     command declares already is left out: ``--param`` sets that parameter); the command receives them as one
     ``given: MethodFlags``. Put it right under ``@app.command`` so that it sees the command's other options."""
     taken = _declared_flags(command)
-    shortcuts = {
-        flag: _shortcut_option(flag, declared) for flag, declared in method_flags().items() if flag not in taken
-    }
+    declared_flags = {flag: declared for flag, declared in method_flags().items() if flag not in taken}
+    shortcuts = {flag: _shortcut_option(flag, declared) for flag, declared in declared_flags.items()}
     by_name = {p.name: flag for flag, p in shortcuts.items()}
-    switches = {flag for flag, declared in method_flags().items() if declared[0][1].switch}
+    switches = {flag for flag, declared in declared_flags.items() if declared[0][1].switch}
     added = [
         inspect.Parameter("param", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ParamOpt),
         inspect.Parameter("iterations", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=IterationsOpt),

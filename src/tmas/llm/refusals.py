@@ -53,6 +53,30 @@ class RunCallStore(CallStore, DowngradeLog, Protocol):
     """A store calls are replayed from and downgrades recorded in (the run store)."""
 
 
+def requested_schema(
+    structured_output: str, sampling: Sampling, reply_model: type[BaseModel] | None
+) -> dict[str, Any] | None:
+    """The ``response_format`` a call of ``reply_model`` asks for under the endpoint's ``structured_output`` mode
+    (whether it goes is :func:`schema_goes`): none for a plain reply, with the mode off, or where log-probabilities
+    are asked for."""
+    if reply_model is None or structured_output == "off":
+        return None
+    if sampling.extra_body.get("logprobs"):
+        # Scores read from token log-probabilities stay unconstrained: llama-server was seen reporting
+        # log-probabilities of tokens other than the ones its grammar let through (a code fence first, where
+        # the constrained output began with "{"), so an expected score read from them would be wrong.
+        return None
+    return response_format(reply_model)
+
+
+def schema_goes(structured_output: str, reasoning: str | None, *, refused: bool = False) -> bool:
+    """Whether an asked-for schema is sent to a server: always under ``json_schema``; under ``auto`` once its replies
+    showed the reasoning kept out of the content (``reasoning``: "separate" or "none"), unless it refused one."""
+    if structured_output == "json_schema":
+        return True
+    return not refused and reasoning in ("separate", "none")
+
+
 class Refusals:
     """The client's knowledge of what its servers refuse and need: the bodies built from it, the adaptations made to
     a refusal, and their records."""
@@ -64,22 +88,13 @@ class Refusals:
     # ------------------------------------------------------------------------------------------ the body
     @staticmethod
     def response_format(route: Route, sampling: Sampling, reply_model: type[BaseModel] | None) -> dict[str, Any] | None:
-        if reply_model is None or route.endpoint.structured_output == "off":
-            return None
-        if sampling.extra_body.get("logprobs"):
-            # Scores read from token log-probabilities stay unconstrained: llama-server was seen reporting
-            # log-probabilities of tokens other than the ones its grammar let through (a code fence first, where
-            # the constrained output began with "{"), so an expected score read from them would be wrong.
-            return None
-        return response_format(reply_model)
+        return requested_schema(route.endpoint.structured_output, sampling, reply_model)
 
     @staticmethod
     def sends_schema(route: Route, replica: Replica, request: ChatRequest) -> bool:
         if request.response_format is None:
             return False
-        if route.endpoint.structured_output == "json_schema":
-            return True
-        return not replica.structured_refused and replica.reasoning in ("separate", "none")
+        return schema_goes(route.endpoint.structured_output, replica.reasoning, refused=replica.structured_refused)
 
     def body(
         self, route: Route, replica: Replica, request: ChatRequest, max_tokens: int | None, n: int

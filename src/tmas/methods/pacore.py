@@ -36,8 +36,7 @@ from tmas.methods.base import (
     gather_all,
 )
 from tmas.methods.call_count import CallCount, count_calls
-from tmas.methods.selection import select_answered
-from tmas.methods.steps import budget_note, finish, notes_for, solve_call
+from tmas.methods.steps import budget_note, fallback_note, finish, notes_for, select_answer, solve_call
 from tmas.methods.style_params import StyledParams
 from tmas.methods.traits import Traits
 
@@ -106,16 +105,14 @@ class PaCoRe(Method[PaCoReParams]):
             if not candidates:
                 break
             # The majority of this round; without an answer here, of the latest earlier round that has one.
-            iterations = [*(record.candidates for record in session.records), candidates]
-            classes = await session.answer_classes(c for cands in iterations for c in cands)
-            chosen, fallback = select_answered(
-                iterations, "last", mode, "vote", classes, fallback=p.answer_fallback, fallback_from="latest"
+            chosen, fallback = await select_answer(
+                session, candidates, mode, fallback=p.answer_fallback, fallback_from="latest"
             )
             notes = notes_for(candidates, mode)
             if kind == "generate" and t > 0:
                 notes.append("no successful response in the previous round: sampled without messages")
             if fallback is not None:
-                notes.append(f"answer from iteration {fallback['iteration']}: {fallback['reason']}")
+                notes.append(fallback_note(fallback))
             if session.budget_stop:
                 notes += budget_note(session, len(candidates), count)
             state: dict[str, Any] = {"round": "synthesis" if synthesis else t, "messages_in": len(messages)}

@@ -27,8 +27,15 @@ from tmas.methods.base import (
     gather_all,
 )
 from tmas.methods.call_count import CallCount, count_calls
-from tmas.methods.selection import select_answered
-from tmas.methods.steps import budget_note, finish, keeps_previous, notes_for, solve_call
+from tmas.methods.steps import (
+    budget_note,
+    fallback_note,
+    finish,
+    keeps_previous,
+    notes_for,
+    select_answer,
+    solve_call,
+)
 from tmas.methods.style_params import StyledParams
 from tmas.methods.traits import Traits
 
@@ -100,13 +107,11 @@ class SelfRefine(Method[SelfRefineParams]):
                 else:
                     latest[c.index] = c
             # The majority of the last round; without an answer there, of the latest earlier round that has one.
-            iterations = [*(record.candidates for record in session.records), candidates]
-            classes = await session.answer_classes(c for cands in iterations for c in cands)
-            chosen, fallback = select_answered(
-                iterations, "last", mode, "vote", classes, fallback=p.answer_fallback, fallback_from="latest"
+            chosen, fallback = await select_answer(
+                session, candidates, mode, fallback=p.answer_fallback, fallback_from="latest"
             )
             if fallback is not None:
-                notes.append(f"answer from iteration {fallback['iteration']}: {fallback['reason']}")
+                notes.append(fallback_note(fallback))
             if session.budget_stop:
                 notes += budget_note(session, len(candidates), p.n)
             session.end_iteration(

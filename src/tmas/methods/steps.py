@@ -24,6 +24,7 @@ from tmas.methods.answer_reminder import ask_with_reminder
 from tmas.methods.base import BudgetExhausted, Candidate, ProblemResult, ProblemSession
 from tmas.methods.confidence import Confidence, trace_confidence
 from tmas.methods.echo_retry import chat_guarded
+from tmas.methods.selection import ConfidenceRule, ConfidenceVote, FallbackFrom, SelectFrom, SelectRule, select_answered
 
 # How a reply is read: (content, mode) -> its solution text, answer, extraction and heading (tmas.agents.solution).
 SolutionParser = Callable[[str, str], SolutionOutput]
@@ -203,6 +204,41 @@ def solution_anomalies(c: Candidate, mode: str) -> list[Anomaly]:
 def notes_for(candidates: list[Candidate], mode: str) -> list[str]:
     """The per-candidate anomalies worth a note in the iteration record."""
     return [note for c in candidates for _, note in solution_anomalies(c, mode)]
+
+
+async def select_answer(
+    session: ProblemSession,
+    current: list[Candidate] | None,
+    mode: str,
+    rule: SelectRule | ConfidenceRule = "vote",
+    *,
+    select_from: SelectFrom = "last",
+    fallback: bool = True,
+    fallback_from: FallbackFrom = "all",
+    confidence: ConfidenceVote | None = None,
+) -> tuple[Candidate | None, dict[str, Any] | None]:
+    """The answer of the iterations recorded so far and ``current`` (the one being finished; None: the records
+    alone) by :func:`tmas.methods.selection.select_answered`, answers grouped by value as the run groups them, and
+    the answer fallback it took, if any (:func:`fallback_note` says it in a line)."""
+    iterations = [record.candidates for record in session.records]
+    if current is not None:
+        iterations.append(current)
+    classes = await session.answer_classes(c for candidates in iterations for c in candidates)
+    return select_answered(
+        iterations,
+        select_from,
+        mode,
+        rule,
+        classes,
+        fallback=fallback,
+        fallback_from=fallback_from,
+        confidence=confidence,
+    )
+
+
+def fallback_note(fallback: dict[str, Any]) -> str:
+    """The iteration record's note of an answer taken from an earlier iteration."""
+    return f"answer from iteration {fallback['iteration']}: {fallback['reason']}"
 
 
 def keeps_previous(candidate: Candidate, previous: Candidate | None, mode: str) -> bool:

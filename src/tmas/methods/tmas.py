@@ -79,9 +79,8 @@ from tmas.methods.base import (
 from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.confidence_params import note_missing_confidence
 from tmas.methods.echo_retry import chat_guarded
-from tmas.methods.selection import select_answered
 from tmas.methods.state import MethodState, TMASState
-from tmas.methods.steps import Anomaly, solution_anomalies, solve_call
+from tmas.methods.steps import Anomaly, fallback_note, select_answer, solution_anomalies, solve_call
 from tmas.methods.tmas_params import TMAS_ROLES, TMASParams
 from tmas.methods.traits import Traits
 
@@ -249,7 +248,7 @@ class TMAS(Method[TMASParams]):
             selected, fallback = await self._select(session, candidates)
             if fallback is not None:
                 extra["answer_fallback"] = fallback
-                log.bad("answer_fallback", f"answer from iteration {fallback['iteration']}: {fallback['reason']}")
+                log.bad("answer_fallback", fallback_note(fallback))
             totals.update(log.anomalies)
             recorded = TMASState(
                 modes=plan.modes,
@@ -294,13 +293,14 @@ class TMAS(Method[TMASParams]):
         """The answer from the iterations recorded so far, plus ``current`` (the iteration being finished), and the
         fallback it took, if any."""
         p = self.params
-        iterations = [record.candidates for record in session.records]
-        if current is not None:
-            iterations.append(current)
-        classes = await session.answer_classes(c for candidates in iterations for c in candidates)
-        confidence = p.confidence_vote()
-        return select_answered(
-            iterations, p.select_from, p.mode, p.select, classes, fallback=p.answer_fallback, confidence=confidence
+        return await select_answer(
+            session,
+            current,
+            p.mode,
+            p.select,
+            select_from=p.select_from,
+            fallback=p.answer_fallback,
+            confidence=p.confidence_vote(),
         )
 
     # ------------------------------------------------------------------------------------------ solution agent

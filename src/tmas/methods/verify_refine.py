@@ -32,8 +32,16 @@ from tmas.methods.base import (
     gather_all,
 )
 from tmas.methods.call_count import CallCount, count_calls
-from tmas.methods.selection import SelectFrom, SelectRule, select_answered
-from tmas.methods.steps import budget_note, finish, keeps_previous, notes_for, solve_call
+from tmas.methods.selection import SelectFrom, SelectRule
+from tmas.methods.steps import (
+    budget_note,
+    fallback_note,
+    finish,
+    keeps_previous,
+    notes_for,
+    select_answer,
+    solve_call,
+)
 from tmas.methods.style_params import StyledParams
 from tmas.methods.traits import Traits
 
@@ -105,13 +113,11 @@ class VerifyRefine(Method[VerifyRefineParams]):
                     )
                 else:
                     latest[v.candidate.index] = v
-            iterations = [*(record.candidates for record in session.records), candidates]
-            classes = await session.answer_classes(c for cands in iterations for c in cands)
-            chosen, fallback = select_answered(
-                iterations, p.select_from, p.mode, p.select, classes, fallback=p.answer_fallback
+            chosen, fallback = await select_answer(
+                session, candidates, p.mode, p.select, select_from=p.select_from, fallback=p.answer_fallback
             )
             if fallback is not None:
-                notes.append(f"answer from iteration {fallback['iteration']}: {fallback['reason']}")
+                notes.append(fallback_note(fallback))
             if session.budget_stop:
                 notes += budget_note(session, len(candidates), p.n)
             scores = [c.score for c in candidates if c.score is not None]

@@ -25,8 +25,8 @@ from pydantic import BaseModel
 
 from tmas.config import Sampling, Settings
 from tmas.llm.reasoning import split_reasoning
+from tmas.llm.refusals import requested_schema, schema_goes
 from tmas.llm.sampling import ResolvedSampling, resolve_role
-from tmas.llm.schema import response_format
 from tmas.llm.types import CallKey, ChainKey, ChatRequest, Completion, Message, TokenLogprob, Usage
 from tmas.llm.watch import TraceWatch
 from tmas.testing.personas import persona_of
@@ -123,12 +123,11 @@ class ScriptedModel:
         first reply)."""
         endpoint = self._endpoint(role)
         mode = endpoint["structured_output"]
-        if reply_model is None or mode == "off" or sampling.extra_body.get("logprobs"):
-            return None
+        schema = requested_schema(mode, sampling, reply_model)
         place = endpoint["reasoning"]
         if place == "auto":
             place = self._reasoning.get(endpoint["url"])
-        return response_format(reply_model) if mode == "json_schema" or place in ("separate", "none") else None
+        return schema if schema is not None and schema_goes(mode, place) else None
 
     def _endpoint(self, role: str) -> dict[str, Any]:
         """The structured output mode, reasoning place and (first) address of the endpoint ``role`` calls: its own
