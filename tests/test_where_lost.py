@@ -17,6 +17,8 @@ from tmas.problems import Problem
 from tmas.reports.where_lost import WhereLost, run_where_lost
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript
+from tmas.view.app import view_app
+from web_helpers import AppThread, get, run_ref_for
 
 PROBLEMS = [
     Problem(problem_id="p1", question="What is 17*23?", answer="391"),
@@ -182,3 +184,51 @@ async def test_parts_apply_by_the_methods_traits(tmp_path: Path) -> None:
     assert set(lost.why_not) == {"selection", "verifier", "changes"}
     assert lost.replies == {"solution": ReplyTally(replies=3)}
     assert isinstance(lost, WhereLost)
+
+
+async def test_the_viewer_page_shows_where_the_run_lost_its_answers(tmp_path: Path) -> None:
+    # Not graded by tmas report: the viewer's live exact rules grade the integers as the report's rules do.
+    run_dir = tmp_path / "vr"
+    await verify_refine_run(run_dir)
+    with AppThread(view_app([run_dir], warm_up=False)) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        status, run_page = get(f"{viewer.url}/run/{ref.key}")
+        assert status == 200 and f'href="/run/{ref.key}/where-lost"' in run_page.decode()
+        status, body = get(f"{viewer.url}/run/{ref.key}/where-lost")
+    assert status == 200
+    page = body.decode()
+
+    def cells(table: str) -> list[str]:
+        part = page.split(f'id="{table}"')[1].split("</table>")[0]
+        return [c.split(">", 1)[1] for c in part.split("<td")[1:] for c in [c.split("</td>")[0]]]
+
+    # The figures worked out in test_a_verify_refine_run_says_where_it_lost_each_answer.
+    assert cells("lost-selection") == ["4", "25.0% (1)", "50.0% (2)", "25.0% (1)", "25.0% (1)", "25.0% (1)"]
+    assert cells("lost-verifier") == ["50.0% (2 of 4)", "27.3% (3 of 11)", "0.614", "0", "1"]
+    assert cells("lost-changes") == ["4", "75.0% (3)", "25.0% (1)", "25.0% (1)", "25.0% (1)"]
+    assert cells("lost-replies") == [
+        *["corrector", "8", "0.0% (0)", "0.0% (0)"],
+        *["solution", "8", "12.5% (1)", "12.5% (1)"],
+        *["verifier", "16", "0.0% (0)", "0.0% (0)"],
+    ]
+    # Each problem passed over and each step that changed the answer links to its page.
+    assert f'href="/run/{ref.key}/problem?id=p1">p1</a>' in page.split('id="lost-in-last"')[1].split("</p>")[0]
+    assert f'href="/run/{ref.key}/problem?id=p2">p2</a>' in page.split('id="lost-only-earlier"')[1].split("</p>")[0]
+    assert 'iteration?id=p3&amp;t=1">p3 it1</a>' in page.split('id="changes-better"')[1].split("</p>")[0]
+    assert 'iteration?id=p2&amp;t=1">p2 it1</a>' in page.split('id="changes-worse"')[1].split("</p>")[0]
+    assert "live" in page and "exact rules cannot decide" in page
+
+
+async def test_the_viewer_page_of_a_run_without_references_shows_the_replies_alone(tmp_path: Path) -> None:
+    run_dir = tmp_path / "free"
+    unlabeled = [p.model_copy(update={"answer": None}) for p in PROBLEMS[:1]]
+    settings = scripted_settings(method={"name": "majority", "params": {"k": 2}})
+    await scripted_run(ScriptedModel(SimScript(), settings), run_dir, unlabeled)
+    with AppThread(view_app([run_dir], warm_up=False)) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        status, body = get(f"{viewer.url}/run/{ref.key}/where-lost")
+    page = body.decode()
+    assert status == 200 and "nothing to grade" in page and 'id="lost-selection"' not in page
+    assert '<td>solution</td><td class="num">2</td>' in page
