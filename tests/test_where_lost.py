@@ -14,7 +14,7 @@ from tmas.grading.grades import GradeConfig, Grades
 from tmas.grading.runs import grade_run
 from tmas.methods.base import ReplyTally
 from tmas.problems import Problem
-from tmas.reports.where_lost import WhereLost, run_where_lost
+from tmas.reports.where_lost import WhereLost, run_where_lost, where_lost
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript
 from tmas.view.app import view_app
@@ -232,3 +232,21 @@ async def test_the_viewer_page_of_a_run_without_references_shows_the_replies_alo
     page = body.decode()
     assert status == 200 and "nothing to grade" in page and 'id="lost-selection"' not in page
     assert '<td>solution</td><td class="num">2</td>' in page
+
+
+def test_a_half_score_does_not_pass_and_verifications_without_a_score_are_left_out() -> None:
+    # One problem, one iteration: a right candidate verified 1, 0.5 and unreadable; a wrong one verified 0.5 and
+    # failed; a failed call (never counted); an answerless candidate with one verification.
+    candidates = [
+        {"index": 0, "answer": "391", "score": 0.5, "meta": {"verifications": [{"score": 1}, {"score": 0.5}, {}]}},
+        {"index": 1, "answer": "390", "score": 0.25, "meta": {"verifications": [{"score": 0.5}, {"score": None}]}},
+        {"index": 2, "answer": None, "error": "timeout", "meta": {"verifications": [{"score": 1}]}},
+        {"index": 3, "answer": None, "score": 0.0, "meta": {"verifications": [{"score": 1}]}},
+    ]
+    results = [{"problem_id": "p1", "iterations": [{"iteration": 0, "candidates": candidates, "selected": "391"}]}]
+    grades = Grades(runs=1, verdicts={("p1", 0, 0): [True], ("p1", 0, 1): [False], ("p1", 0, -1): [True]})
+    v = where_lost("verify_refine", results, grades, {}).verifier
+    assert v is not None
+    assert (v.right_passed, v.right, v.wrong_passed, v.wrong, v.no_score, v.answerless) == (1, 2, 0, 1, 2, 1)
+    # Scores of the answered candidates: right 0.5 against wrong 0.25.
+    assert v.separation is not None and v.separation.auc == 1.0
