@@ -142,3 +142,24 @@ def test_the_report_lists_retries_by_cause_and_where_the_calls_time_went(tmp_pat
     assert "attempts sent again: 2 (stream_error 2)" in markdown
     assert "time to the first chunk (the server's queue and prefill): median" in markdown
     assert "time waiting inside tmas for a slot: median" in markdown
+
+
+async def test_the_report_says_where_each_run_lost_its_answers(tmp_path: Path) -> None:
+    # The scripted Verify-Refine run of test_where_lost.py (every figure worked out there by hand) and a CoT run of
+    # the same four problems, right on all of them: one benchmark, one section.
+    from test_where_lost import PROBLEMS, verify_refine_run
+
+    await verify_refine_run(tmp_path / "vr")
+    await scripted_run(ScriptedModel(SimScript(), scripted_settings(method__name="cot")), tmp_path / "cot", PROBLEMS)
+    await build_report([tmp_path / "vr", tmp_path / "cot"], tmp_path / "report", GradeConfig(mode="rules"), None)
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    part = markdown.split("### Where the runs lose their answers")[1].split("\n### ")[0]
+    vr, cot = "verify_refine [sim-model]", "cot [sim-model]"
+    # CoT selects nothing and has no verifier; its one iteration changes nothing: it is in the replies part alone.
+    assert part.count(cot) == 1 and f"| {cot} | solution | 4 | 0.0% (0) | 0.0% (0) |" in part
+    assert f"| {vr} | 4 | 25.0% (1) | 50.0% (2) | 25.0% (1) | 25.0% (1) | 25.0% (1) |" in part
+    assert f"{vr}: right answer passed over in p1, p2." in part
+    assert f"| {vr} | 50.0% (2 of 4) | 27.3% (3 of 11) | 0.614 | 0 | 1 |" in part
+    assert f"| {vr} | 4 | 75.0% (3) | 25.0% (1) | 25.0% (1) | 25.0% (1) |" in part
+    assert f"| {vr} | solution | 8 | 12.5% (1) | 12.5% (1) |" in part
+    assert f"| {vr} | verifier | 16 | 0.0% (0) | 0.0% (0) |" in part

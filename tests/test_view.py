@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -814,3 +815,28 @@ def test_the_cache_parses_each_result_once_and_follows_the_run(tmp_path: Path) -
                 fresh = run.overview()
                 assert fresh is not overview and fresh.problems[0].correct is True
                 assert fresh.status_counts == {"done": 1, "running": 1}
+
+
+@pytest.mark.slow
+def test_in_chromium_a_run_page_leads_to_where_the_run_lost_its_answers(tmp_path: Path, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    from test_where_lost import verify_refine_run
+
+    run_dir = tmp_path / "runs" / "vr-demo"
+    asyncio.run(verify_refine_run(run_dir))
+    with AppThread(view_app([run_dir])) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        browser.get(f"{viewer.url}/run/{ref.key}")
+        browser.find_element(By.ID, "where-lost-link").click()
+        # The figures worked out by hand in test_where_lost.py.
+        selection = browser.find_element(By.ID, "lost-selection").text
+        assert "25.0% (1) 50.0% (2) 25.0% (1) 25.0% (1) 25.0% (1)" in selection
+        assert "50.0% (2 of 4) 27.3% (3 of 11) 0.614" in browser.find_element(By.ID, "lost-verifier").text
+        assert "solution 8 12.5% (1) 12.5% (1)" in browser.find_element(By.ID, "lost-replies").text
+        _shot(browser, tmp_path, "where_lost")
+        # From the step that made p2 worse to that iteration's page.
+        browser.find_element(By.ID, "changes-worse").find_element(By.LINK_TEXT, "p2 it1").click()
+        assert len(browser.find_elements(By.CSS_SELECTOR, ".candidate")) == 2
+        assert "141" in browser.page_source

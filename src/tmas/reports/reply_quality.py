@@ -29,7 +29,8 @@ def role_replies(store: RunStore) -> dict[str, ReplyTally]:
     return dict(sorted(totals.items()))
 
 
-def _share(part: int, whole: int) -> str:
+def share(part: int, whole: int) -> str:
+    """``part`` as a share of ``whole`` with its count, as the report prints it ("-" when ``whole`` is 0)."""
     return f"{100 * part / whole:.1f}% ({part})" if whole else "-"
 
 
@@ -49,10 +50,10 @@ def reply_quality_section(doc: Document, replies: dict[str, ReplyTally]) -> None
         [
             role,
             str(t.replies),
-            _share(t.unusable, t.replies),
-            _share(t.truncated, t.replies),
-            _share(t.stated, t.replies),
-            _share(t.echo, t.replies),
+            share(t.unusable, t.replies),
+            share(t.truncated, t.replies),
+            share(t.stated, t.replies),
+            share(t.echo, t.replies),
         ]
         for role, t in replies.items()
     ]

@@ -51,6 +51,7 @@ from tmas.reports.plots import Series, plot_frontier, plot_pass1
 from tmas.reports.reply_quality import reply_quality_section, role_replies
 from tmas.reports.roc import ScoreSeparation, confidence_separation, score_separation
 from tmas.reports.selection_table import SelectionTable, has_scores, selection_table
+from tmas.reports.where_lost import where_lost_section
 from tmas.store.run_store import RunStore
 
 # At most this many columns in the "selected iterations" table (the paper shows six).
@@ -311,6 +312,7 @@ def write_report(evaluations: list[RunEvaluation], out_dir: Path, *, paper_model
             doc.add(Image(name, f"Pass@1 against iteration on {bench}"))
             written.update(_frontier_part(doc, graded, bench, out_dir))
             _stopping_comparisons(graded)
+            where_lost_section(doc, graded)
         for e in runs:
             _run_section(doc, e)
     written["markdown"] = out_dir / "report.md"

@@ -70,6 +70,7 @@ class Viewer:
                 Route("/run/{key}", _threaded(self.run)),
                 Route("/run/{key}/marker", _threaded(self.marker)),
                 Route("/run/{key}/chart/{x}.png", _threaded(self.chart)),
+                Route("/run/{key}/where-lost", _threaded(self.where_lost)),
                 Route("/run/{key}/problem", _threaded(self.problem)),
                 Route("/run/{key}/iteration", _threaded(self.iteration)),
                 Route("/run/{key}/call/{call_id:int}", _threaded(self.call)),
@@ -116,6 +117,11 @@ class Viewer:
             raise HTTPException(404, f"no page {page}: the problems fill {pages} page(s)")
         shown = overview.problems[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
         return self._page("run.html", ref=run.ref, run=overview, shown=shown, page=page, pages=pages, live=True)
+
+    def where_lost(self, request: Request) -> Response:
+        with self._open(request) as run:
+            page = run.where_lost()
+        return self._page("where_lost.html", ref=run.ref, page=page, live=True)
 
     def problem(self, request: Request) -> Response:
         pid = request.query_params.get("id", "")

@@ -14,6 +14,8 @@ from tmas.llm.local_command import model_alias
 from tmas.llm.weights import KNOWN_MODELS
 from tmas.problems import Problem
 from tmas.reports.metrics import RunMetrics, compute_metrics
+from tmas.reports.reply_quality import role_replies
+from tmas.reports.where_lost import WhereLost, where_lost
 from tmas.store.run_store import DB_NAME, RunStore
 from tmas.view.bank_diff import BankChange, bank_diffs
 from tmas.view.cache import RunCache, file_state
@@ -115,6 +117,18 @@ class RunOverview:
     @property
     def live_graded(self) -> bool:
         return self.grades is not None and bool(self.grades.live)
+
+
+@dataclass
+class LostAnswers:
+    """The run's "where it loses" page: its method, the figures (with no problem graded, only the reply counts),
+    whether any problem has a reference answer, and whether any verdict is the viewer's own exact rule
+    (live_grades.py)."""
+
+    method: str
+    lost: WhereLost
+    graded: bool
+    live_graded: bool
 
 
 _COST_KEYS = ("calls", "failed", "prompt_tokens", "completion_tokens", "cached_prompt_tokens")
@@ -266,6 +280,25 @@ class RunReader:
             grades=live,
             results=results,
         )
+
+    def where_lost(self) -> LostAnswers:
+        """Where the run loses its answers (tmas.reports.where_lost). Read from the full records (the overview's
+        summaries leave out the candidates' verifications and the reply counts), so only when asked; with a cache,
+        reused until the run's files change."""
+        if self.cache is None:
+            return self._where_lost()
+        return self.cache.reuse(self.ref.path, "where_lost", file_state(self.ref.path), self._where_lost)
+
+    def _where_lost(self) -> LostAnswers:
+        method = self._names()[0]
+        replies = role_replies(self.store)
+        results = load_results(self.store)
+        # No memo: it keeps the verdicts of the overview's summaries, and these are other result objects.
+        live = live_grades(self.store, self.store.problems(), results)
+        if live is None:
+            return LostAnswers(method, WhereLost(replies=replies), graded=False, live_graded=False)
+        lost = where_lost(method, results, live.grades, replies)
+        return LostAnswers(method, lost, graded=True, live_graded=bool(live.live))
 
     def records(self, problem_id: str) -> list[dict[str, Any]]:
         """The problem's iteration records: from its result when finished, else as stored so far."""
