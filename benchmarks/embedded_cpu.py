@@ -1,7 +1,8 @@
 """The embedded default on a CPU, measured as a new user runs it.
 
-Runs the README's commands on the embedded Qwen2.5-Coder-0.5B (llama-server on this machine's cores) and collects
-these figures into OUT/embedded_cpu.json and a Markdown table on standard output:
+Runs the README's commands on an embedded model (the default, Qwen2.5-Coder-1.5B, or ``--local-model NAME``;
+llama-server on this machine's cores) and collects these figures into OUT/embedded_cpu.json and a Markdown table
+on standard output:
 
 - ``seeds``: ``tmas solve "What is 17*23?" --seed S`` for S = 1..N: the printed answers, how many are 391, the
   answers equal to a value the old prompts showed (42), wall time, tokens and the cached share of prompt tokens;
@@ -21,6 +22,7 @@ interrupted part is resumed (``--resume``), so running the same command again co
 
     python benchmarks/embedded_cpu.py --out /tmp/cpu                 # every part
     python benchmarks/embedded_cpu.py --out /tmp/cpu --parts tmas,ceiling    # TMAS, then the machine's speed
+    python benchmarks/embedded_cpu.py --out /tmp/cpu05 --local-model qwen2.5-coder-0.5b --parts seeds,ceiling
 """
 
 from __future__ import annotations
@@ -61,7 +63,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--per-family", type=int, default=4, help="generated problems per family (7 families)")
     parser.add_argument("--level", type=int, default=1)
     parser.add_argument("--problem-seed", type=int, default=7)
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--local-model", default=LocalModel().model, help="embedded model name or GGUF path (default: the default)"
+    )
+    args = parser.parse_args(argv)
+    # Every command of every part runs on this model; a record made on another one is not continued.
+    args.model_flags = ["--local-model", args.local_model]
+    return args
 
 
 def _run(command: list[str], log: Path) -> float:
@@ -122,7 +130,7 @@ async def _evaluation(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def part_seeds(out: Path, seeds: int) -> dict[str, Any]:
+def part_seeds(out: Path, seeds: int, model_flags: list[str]) -> dict[str, Any]:
     rows = []
     for seed in range(1, seeds + 1):
         run_dir = out / "seeds" / f"seed{seed}"
@@ -130,7 +138,8 @@ def part_seeds(out: Path, seeds: int) -> dict[str, Any]:
             rows.append(json.loads((run_dir / "row.json").read_text()))
             continue
         run_dir.parent.mkdir(parents=True, exist_ok=True)
-        wall = _run([*TMAS_CLI, "solve", QUESTION, "--seed", str(seed), "--run-dir", str(run_dir)], out / "seeds.log")
+        command = [*TMAS_CLI, "solve", QUESTION, "--seed", str(seed), "--run-dir", str(run_dir), *model_flags]
+        wall = _run(command, out / "seeds.log")
         row = {"seed": seed, "wall_s": round(wall, 1), **_store_figures(run_dir)}
         row["answer"] = row.pop("answers")[0]
         row["replies"] = asyncio.run(_evaluation(run_dir))["replies"]
@@ -138,7 +147,7 @@ def part_seeds(out: Path, seeds: int) -> dict[str, Any]:
         rows.append(row)
         print(f"seed {seed}: {row['answer']!r} in {wall:.0f} s", flush=True)
     return {
-        "command": f'tmas solve "{QUESTION}" --seed S',
+        "command": f'tmas solve "{QUESTION}" --seed S {" ".join(model_flags)}',
         "runs": rows,
         "printed_391": sum(r["answer"] == "391" for r in rows),
         "printed_old_example": sum(r["answer"] == OLD_EXAMPLE for r in rows),
@@ -162,6 +171,7 @@ def part_run(out: Path, args: argparse.Namespace, method: str, extra: list[str])
     problems = _problems(out, args)
     run_dir = out / method
     command = [*TMAS_CLI, "run", str(problems), "--method", method, "-o", str(run_dir), "--seed", "1", *extra]
+    command += args.model_flags
     # An interrupted part continues from its store (its settings are stored with it).
     started = [*TMAS_CLI, "run", "--resume", str(run_dir)] if run_dir.exists() else command
     wall = _run(started, out / f"{method}.log")
@@ -175,12 +185,12 @@ def part_run(out: Path, args: argparse.Namespace, method: str, extra: list[str])
     }
 
 
-def part_ceiling(record: dict[str, Any]) -> dict[str, Any]:
+def part_ceiling(record: dict[str, Any], model: str) -> dict[str, Any]:
     """llama-bench's prompt-processing (512 tokens) and generation (64 tokens, one sequence) speed on the embedded
     model and threads, and the ``tmas`` part's tokens over them: the time those tokens need on these cores alone."""
     bin_dir, local = llama_server_bin_dir(), LocalModel()
     threads = replica_threads(local)
-    command = [str(bin_dir / "llama-bench"), "-m", str(resolve_model(local.model)), "-t", str(threads)]
+    command = [str(bin_dir / "llama-bench"), "-m", str(resolve_model(model)), "-t", str(threads)]
     command += ["-p", "512", "-n", "64", "-r", "3", "-o", "json"]
     env = {**os.environ, "LD_LIBRARY_PATH": str(bin_dir)}
     done = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
@@ -188,6 +198,7 @@ def part_ceiling(record: dict[str, Any]) -> dict[str, Any]:
     speed = {("prompt" if row["n_prompt"] else "generation"): row["avg_ts"] for row in rows}
     figures: dict[str, Any] = {
         "command": " ".join(["llama-bench", *command[1:]]),
+        "model": model,
         "threads": threads,
         "prompt_tokens_per_s": round(speed["prompt"], 1),
         "generation_tokens_per_s": round(speed["generation"], 1),
@@ -208,6 +219,9 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     record_path = out / "embedded_cpu.json"
     record: dict[str, Any] = json.loads(record_path.read_text()) if record_path.exists() else {}
+    record.setdefault("model", args.local_model)
+    if record["model"] != args.local_model:
+        sys.exit(f"embedded_cpu: {record_path} was measured on {record['model']}; give another --out")
     record.setdefault(
         "machine",
         {"cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
@@ -219,9 +233,9 @@ def main(argv: list[str] | None = None) -> None:
             continue
         started = datetime.now(UTC).isoformat(timespec="seconds")
         if part == "seeds":
-            figures = part_seeds(out, args.seeds)
+            figures = part_seeds(out, args.seeds, args.model_flags)
         elif part == "ceiling":
-            figures = part_ceiling(record)
+            figures = part_ceiling(record, args.local_model)
         elif part == "majority":
             figures = part_run(out, args, "majority", ["--temperature", "0.3", "--max-tokens", "640"])
         else:

