@@ -19,7 +19,7 @@ from tmas.agents.experience import ExperienceReply, experience_reply_model, pars
 from tmas.agents.guideline import GuidelineReply, parse_guideline_update
 from tmas.agents.guideline_judge import NoveltyReply, StrategyView, parse_novelty
 from tmas.agents.mattrl_review import DifferentialReviewReply, ReviewReply, parse_differential_review, parse_review
-from tmas.agents.mattrl_team import TeamReply, parse_team
+from tmas.agents.mattrl_team import TeamReply
 from tmas.agents.pool_summarizer import (
     SummarizerReply,
     TeachingSummarizerReply,
@@ -36,6 +36,7 @@ from tmas.llm.factory import open_model
 from tmas.llm.model import ClientStats
 from tmas.llm.schema import json_schema, response_format
 from tmas.llm.types import user
+from tmas.methods.mattrl_domains import domain_named
 from tmas.pool.build import BuildConfig, build_pool
 from tmas.problems import Problem
 from tmas.rl.novelty import LLMNoveltyJudge
@@ -243,7 +244,7 @@ def test_every_parser_reads_the_bare_json_its_schema_forces() -> None:
     entries, _ = parse_summarizer(json.dumps({"entries": [{"action": "a", "experience": "e", "scope": "case"}]}))
     assert entries[0].scope == "case"
     members = [{"specialty": "Algebra", "role": "leader", "description": "d"}, {"specialty": "Geometry"}]
-    team, _ = parse_team(json.dumps({"members": members}), "math", 3)
+    team, _ = domain_named("math").parse_team(json.dumps({"members": members}), 3)
     assert [m.specialty for m in team] == ["Algebra", "Geometry"] and team[0].leader
     review = {
         "analysis": "Sound.",

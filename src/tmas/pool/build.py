@@ -80,7 +80,7 @@ class BuildConfig(BaseModel):
     lam: float = Field(default=0.4, ge=0.0, le=1.0)
     gamma: float = Field(default=0.85, gt=0.0, le=1.0)
     # Eq. 10's direction: "later" (Eq. 10: the last turn weighs 1), "earlier" (appendix C.1's education setting:
-    # the first turn weighs 1), or "auto": earlier for education cases, later for the others.
+    # the first turn weighs 1), or "auto": each case's domain's (``Domain.credit_decay``: earlier for education).
     decay: Literal["auto", "later", "earlier"] = "auto"
     # Eq. 16's softmax sharpness for the difference and Shapley schemes (see credit.DEFAULT_BETA).
     beta: float = Field(default=DEFAULT_BETA, gt=0.0)
@@ -195,7 +195,7 @@ async def _case_credits(
                 credits[turn] = difference_credits(values[full], {a: values[full - {a}] for a in team})
             else:
                 credits[turn] = shapley_credits(perms, values)
-    earlier = config.decay == "earlier" or (config.decay == "auto" and case.transcript.domain == "education")
+    earlier = config.decay == "earlier" or (config.decay == "auto" and case.domain.credit_decay == "earlier")
     result = assign_credit(
         scores,
         case.rounds,
@@ -220,7 +220,7 @@ async def _distil(
     """Eq. 14: the kept turn as pool entries (none, with a note, when no summarizer reply is usable)."""
     target = next(t for t in turns if t.turn == record.turn and t.agent == record.agent)
     view = TurnView(agent=target.agent, specialty=target.specialty, text=target.text)
-    teaching = case.teaching_view(target) if case.transcript.domain == "education" else None
+    teaching = case.teaching_view(target) if case.domain.teaching else None
     if teaching is not None:
         messages = teaching_summarizer_prompt(
             question=case.problem.question,
