@@ -41,7 +41,7 @@ from tmas.grading.registry import GradeMode
 from tmas.llm.factory import open_model
 from tmas.llm.model import ChatModel
 from tmas.llm.types import CallKey
-from tmas.memory.embedders import embedder_for
+from tmas.memory.embedders import Embedder, embedder_for
 from tmas.memory.pool import META, Pool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.pool.credit import (
@@ -65,6 +65,9 @@ SUMMARIZER_ROLE = "summarizer"
 
 # (stage, done, total): how far the build is, for a progress bar.
 ProgressFn = Callable[[str, int, int], None]
+
+# (run, problem id) -> the labelled case and its specialist turns.
+CaseTurns = dict[tuple[str, str], tuple[LabelledTranscript, list[AgentTurn]]]
 
 # The turn credits of a build, one JSON line per credited turn, beside the pool (the viewer reads this file).
 CREDITS_FILE = "credits.jsonl"
@@ -337,7 +340,7 @@ async def build_pool(
     cases = await load_transcripts(
         run_dirs, settings, grade_mode=config.grade_mode, notes=summary.notes, match=config.match, model=model
     )
-    case_turns = {(c.run, c.problem.problem_id): (c, c.turns()) for c in cases}
+    case_turns: CaseTurns = {(c.run, c.problem.problem_id): (c, c.turns()) for c in cases}
     summary.cases = len(cases)
     build_dir = build_dir_for(pool_path)
     build_dir.mkdir(parents=True, exist_ok=True)
@@ -345,67 +348,88 @@ async def build_pool(
         store.set_meta("experience_build", config.model_dump(mode="json"))
         async with open_model(settings, store, log_dir=build_dir, model=model) as llm:
             judge = TurnJudge(llm, retries=config.retries, concurrency=settings.concurrency)
-            finished = 0
-
-            async def credit_case(case: LabelledTranscript, turns: list[AgentTurn]) -> list[TurnRecord]:
-                nonlocal finished
-                judged, credits = await _case_credits(judge, case, turns, config)
-                finished += 1
-                step("credit", finished, len(cases))
-                rounds = {t.turn: t.round for t in turns}
-                return [
-                    TurnRecord(
-                        case.run,
-                        case.problem.problem_id,
-                        t,
-                        a,
-                        case.outcome,
-                        config.scheme,
-                        c,
-                        judged[(t, a)],
-                        round=rounds[t],
-                    )
-                    for t, by_agent in credits.items()
-                    for a, c in by_agent.items()
-                ]
-
-            step("credit", 0, len(cases))
-            parts = await asyncio.gather(*(credit_case(c, t) for c, t in case_turns.values()))
-            records = [record for part in parts for record in part]
-            summary.turns = len(records)
-            summary.judge_calls = judge.calls
-            for r in records:
-                if r.judge.defaulted:
-                    summary.defaulted_scores += 1
-                    summary.notes.append(
-                        f"{r.run}: problem {r.problem_id}: turn {r.turn} of {r.agent}: {r.judge.defaulted}"
-                    )
+            records = await _credit_turns(judge, case_turns, config, summary, step)
             kept = _select(records, config)
             summary.kept = len(kept)
-
-            distilled = 0
-            step("distil", 0, len(kept))
-
-            async def distil(record: TurnRecord) -> list[PoolEntry]:
-                nonlocal distilled
-                case, turns = case_turns[(record.run, record.problem_id)]
-                entries = await _distil(llm, case, turns, record, config.retries, summary)
-                record.entries = [e.id for e in entries]
-                distilled += 1
-                step("distil", distilled, len(kept))
-                return entries
-
-            new_entries = [e for part in await asyncio.gather(*(distil(r) for r in kept)) for e in part]
+            entries = await _distil_kept(llm, case_turns, kept, config, summary, step)
             _write_credits(build_dir / CREDITS_FILE, records)
-            embed = embedder_for(config.embedder, llm)
-            pool = _open_or_create(pool_path, embed.name)
-            known = {e.id for e in pool.entries}
-            fresh = [e for e in new_entries if e.id not in known]
-            summary.already_in_pool = len(new_entries) - len(fresh)
-            await pool.add(fresh, embed)
-            summary.version = pool.save()
-            summary.added = len(fresh)
+            await _add_to_pool(pool_path, entries, embedder_for(config.embedder, llm), summary)
     return summary
+
+
+async def _credit_turns(
+    judge: TurnJudge, case_turns: CaseTurns, config: BuildConfig, summary: BuildSummary, step: ProgressFn
+) -> list[TurnRecord]:
+    """Eq. 9-12 for every case: each specialist turn's judged score, credit and reward, one record per turn."""
+    finished = 0
+
+    async def credit_case(case: LabelledTranscript, turns: list[AgentTurn]) -> list[TurnRecord]:
+        nonlocal finished
+        judged, credits = await _case_credits(judge, case, turns, config)
+        finished += 1
+        step("credit", finished, len(case_turns))
+        rounds = {t.turn: t.round for t in turns}
+        return [
+            TurnRecord(
+                case.run,
+                case.problem.problem_id,
+                t,
+                a,
+                case.outcome,
+                config.scheme,
+                c,
+                judged[(t, a)],
+                round=rounds[t],
+            )
+            for t, by_agent in credits.items()
+            for a, c in by_agent.items()
+        ]
+
+    step("credit", 0, len(case_turns))
+    parts = await asyncio.gather(*(credit_case(c, t) for c, t in case_turns.values()))
+    records = [record for part in parts for record in part]
+    summary.turns = len(records)
+    summary.judge_calls = judge.calls
+    for r in records:
+        if r.judge.defaulted:
+            summary.defaulted_scores += 1
+            summary.notes.append(f"{r.run}: problem {r.problem_id}: turn {r.turn} of {r.agent}: {r.judge.defaulted}")
+    return records
+
+
+async def _distil_kept(
+    llm: ChatModel,
+    case_turns: CaseTurns,
+    kept: list[TurnRecord],
+    config: BuildConfig,
+    summary: BuildSummary,
+    step: ProgressFn,
+) -> list[PoolEntry]:
+    """Eq. 14 for every kept turn: its entries, each record told the ids of the entries it gave."""
+    distilled = 0
+    step("distil", 0, len(kept))
+
+    async def distil(record: TurnRecord) -> list[PoolEntry]:
+        nonlocal distilled
+        case, turns = case_turns[(record.run, record.problem_id)]
+        entries = await _distil(llm, case, turns, record, config.retries, summary)
+        record.entries = [e.id for e in entries]
+        distilled += 1
+        step("distil", distilled, len(kept))
+        return entries
+
+    return [e for part in await asyncio.gather(*(distil(r) for r in kept)) for e in part]
+
+
+async def _add_to_pool(pool_path: Path, entries: list[PoolEntry], embed: Embedder, summary: BuildSummary) -> None:
+    """Eq. 15: the entries the pool does not hold yet, embedded and saved as its next version."""
+    pool = _open_or_create(pool_path, embed.name)
+    known = {e.id for e in pool.entries}
+    fresh = [e for e in entries if e.id not in known]
+    summary.already_in_pool = len(entries) - len(fresh)
+    await pool.add(fresh, embed)
+    summary.version = pool.save()
+    summary.added = len(fresh)
 
 
 def _open_or_create(path: Path, embedder_name: str) -> Pool:
