@@ -45,9 +45,6 @@ def problem_features(
     return domain_named(domain).case_features(question, metadata or {})
 
 
-FEATURES = tuple(problem_features(""))
-
-
 def feature_names(domain: str) -> tuple[str, ...]:
     return tuple(problem_features("", domain))
 
