@@ -40,7 +40,7 @@ from tmas.config import Settings
 from tmas.grading.registry import GradeMode
 from tmas.llm.factory import open_model
 from tmas.llm.model import ChatModel
-from tmas.llm.types import CallKey
+from tmas.llm.types import CallKey, Message
 from tmas.memory.embedders import Embedder, embedder_for
 from tmas.memory.pool import META, Pool
 from tmas.memory.pool_entry import PoolEntry
@@ -222,31 +222,8 @@ async def _distil(
 ) -> list[PoolEntry]:
     """Eq. 14: the kept turn as pool entries (none, with a note, when no summarizer reply is usable)."""
     target = next(t for t in turns if t.turn == record.turn and t.agent == record.agent)
-    view = TurnView(agent=target.agent, specialty=target.specialty, text=target.text)
     teaching = case.teaching_view(target) if case.domain.teaching else None
-    if teaching is not None:
-        messages = teaching_summarizer_prompt(
-            question=case.problem.question,
-            gold=case.gold,
-            outcome=case.outcome,
-            view=teaching,
-            target=view,
-            round_number=target.turn,
-            reward=record.credit.r,
-            judge_analysis=record.judge.analysis,
-        )
-    else:
-        messages = summarizer_prompt(
-            question=case.problem.question,
-            gold=case.gold,
-            outcome=case.outcome,
-            history=history_before(turns, target.turn),
-            target=view,
-            round_number=target.turn,
-            reward=record.credit.r,
-            judge_analysis=record.judge.analysis,
-            domain=case.transcript.domain,
-        )
+    messages = _summarizer_prompt(case, turns, target, record, teaching)
     where = f"{case.run}: problem {case.problem.problem_id}: turn {target.turn} of {target.agent}"
     reason = ""
     guard = EchoGuard.of(messages)
@@ -297,6 +274,40 @@ async def _distil(
         ]
     summary.notes.append(f"{where}: no usable summary after {retries + 1} attempts ({reason}); no entry")
     return []
+
+
+def _summarizer_prompt(
+    case: LabelledTranscript,
+    turns: list[AgentTurn],
+    target: AgentTurn,
+    record: TurnRecord,
+    teaching: TeachingView | None,
+) -> list[Message]:
+    """The summarizer's call for ``target``: a teaching domain's (C.4.7, against the session's ``teaching`` view) or
+    the deliberation's (the turns before it)."""
+    view = TurnView(agent=target.agent, specialty=target.specialty, text=target.text)
+    if teaching is not None:
+        return teaching_summarizer_prompt(
+            question=case.problem.question,
+            gold=case.gold,
+            outcome=case.outcome,
+            view=teaching,
+            target=view,
+            round_number=target.turn,
+            reward=record.credit.r,
+            judge_analysis=record.judge.analysis,
+        )
+    return summarizer_prompt(
+        question=case.problem.question,
+        gold=case.gold,
+        outcome=case.outcome,
+        history=history_before(turns, target.turn),
+        target=view,
+        round_number=target.turn,
+        reward=record.credit.r,
+        judge_analysis=record.judge.analysis,
+        domain=case.transcript.domain,
+    )
 
 
 def _teaching_keys(entry: DistilledEntry, teaching: TeachingView | None) -> dict[str, str]:
