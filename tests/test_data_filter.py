@@ -7,14 +7,17 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 from conftest import run_tmas, scripted_settings
 from scripted_runs import by_role
 from tmas.data.difficulty_filter import FilterCard, filter_settings, run_filter
+from tmas.errors import ConfigError
 from tmas.grading.grades import GradeConfig
+from tmas.methods import METHODS, register_method
+from tmas.methods.traits import Traits
 from tmas.store.run_store import RunStore
 from tmas.testing import ScriptedModel, SimScript, SimServer
 from tmas.testing.script import Rule
@@ -138,3 +141,26 @@ async def test_a_judge_of_ones_own_grades_the_samples(tmp_path: Path) -> None:
     # Both samples box the same 1000: one judgement serves both.
     assert by_role(model) == {"solution": 2, "judge": 1}
     assert card.solved_counts == {2: 1} and card.kept == 0 and card.selected == []
+
+
+def test_the_sampling_method_is_the_one_the_registry_declares() -> None:
+    # By default the first registered method whose traits name a sample-count parameter: majority vote's k.
+    settings = filter_settings(scripted_settings(), 4, set())
+    assert (settings.method.name, settings.method.params) == ("majority", {"k": 4, "iterations": 1})
+    # Settings that configure a sampling method keep it and its own parameters; k and one iteration are the filter's.
+    own = scripted_settings(method={"name": "majority", "params": {"k": 64, "style": "concise"}})
+    assert filter_settings(own, 8, set()).method.params == {"k": 8, "style": "concise", "iterations": 1}
+
+    class Draws(METHODS["majority"]):  # type: ignore[misc,valid-type]
+        name: ClassVar[str] = "draws_toy"
+        traits: ClassVar[Traits] = Traits(frontier="votes", samples="k")
+
+    register_method(Draws)
+    try:
+        chosen = filter_settings(scripted_settings(), 3, set(), method="draws_toy").method
+        assert (chosen.name, chosen.params) == ("draws_toy", {"k": 3, "iterations": 1})
+    finally:
+        del METHODS["draws_toy"]
+    # A method that draws no independent samples cannot be the filter's.
+    with pytest.raises(ConfigError, match="'tmas' is not one"):
+        filter_settings(scripted_settings(), 3, set(), method="tmas")

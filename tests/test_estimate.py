@@ -168,7 +168,12 @@ async def test_a_settled_run_sends_the_fewest_calls(method: str, params: dict[st
         ("rse", {"n": 8, "iterations": 20}, {"solution": 160, "distiller": 152}),
         # 3 specialists, 3 rounds: recruit + decision, 3 opinions and 3 x 2 reviews a round: 2 + 9 + 18 = 29.
         ("mattrl", {"team_size": 3, "iterations": 3}, {"coordinator": 2, "specialist": 9, "reviewer": 18}),
-        ("mattrl", {"team_size": 3, "iterations": 3, "domain": "medicine"}, {"coordinator": 2, "specialist": 9}),
+        # Medicine: the same opinions; 3 x 2 critiques in each round but the last (A.4: none to feed): 2 + 9 + 12.
+        (
+            "mattrl",
+            {"team_size": 3, "iterations": 3, "domain": "medicine"},
+            {"coordinator": 2, "specialist": 9, "reviewer": 12},
+        ),
         # Education, one teacher, 2 rounds: pre-test, 2 replies, post-test (student 4); 2 questions + guidance (3).
         ("mattrl", {"domain": "education", "teaching": "single", "iterations": 2}, {"student": 4, "specialist": 3}),
     ],

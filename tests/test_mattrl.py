@@ -17,13 +17,13 @@ import pytest
 
 from conftest import clean_env, run_tmas, scripted_settings, settings_for
 from scripted_runs import by_role, last_user_prompts, solve_in_process
-from tmas.agents.mattrl_decision import decision_prompt
 from tmas.api import asolve
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import Transcript
 from tmas.methods.base import ProblemResult
+from tmas.methods.mattrl_domains import domain_named
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
@@ -105,7 +105,7 @@ async def test_the_discussion_is_fitted_to_the_chairs_window_older_rounds_first(
     summary = decision.split("<team_summary>\n", 1)[1].split("\n</team_summary>", 1)[0]
     # The window (920) less the reply's max_tokens (256) and the 256-token margin, at 4 characters a token, less
     # the decision prompt around the discussion.
-    budget = (920 - 256 - 256) * 4 - sum(len(m.content) for m in decision_prompt(Q, "math", ""))
+    budget = (920 - 256 - 256) * 4 - sum(len(m.content) for m in domain_named("math").decision_prompt(Q, ""))
     assert len(summary) <= budget
     first, second = summary.split('<round number="2">')
     # Round 1's three opinions are cut, head and tail kept; round 2 (the latest) is whole.

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from tmas.agents.mattrl_decision import discussion_record, parse_decision
-from tmas.agents.mattrl_opinion import hints_block, opinion_prompt, parse_differential
+from tmas.agents.mattrl_decision import discussion_record
+from tmas.agents.mattrl_opinion import hints_block, parse_differential
 from tmas.agents.mattrl_review import (
     Issue,
     Review,
@@ -18,10 +18,11 @@ from tmas.agents.mattrl_review import (
     parse_review,
     unreadable_review,
 )
-from tmas.agents.mattrl_team import MEDICINE_CATALOG, default_team, parse_team, recruit_prompt
+from tmas.agents.mattrl_team import MEDICINE_CATALOG
 from tmas.agents.output import AgentOutputError
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember
+from tmas.methods.mattrl_domains import domain_named
 
 
 def member(specialty: str, role: str = "leader") -> dict[str, str]:
@@ -34,7 +35,7 @@ def test_team_parses_a_fenced_array_with_one_leader() -> None:
         + json.dumps([member("Invariant designer"), member("Case splitter", "analyst")])
         + "\n```"
     )
-    team, notes = parse_team(reply, "math", 3)
+    team, notes = domain_named("math").parse_team(reply, 3)
     assert [(m.id, m.specialty, m.leader) for m in team] == [
         ("S1", "Invariant designer", True),
         ("S2", "Case splitter", False),
@@ -44,21 +45,21 @@ def test_team_parses_a_fenced_array_with_one_leader() -> None:
 
 def test_team_repairs_trailing_commas_wrapper_leaders_and_size() -> None:
     raw = '{"team": [' + ",".join(json.dumps(member(s, "leader")) for s in ("A", "B", "C", "D")) + ",]}"
-    team, notes = parse_team(raw, "math", 3)
+    team, notes = domain_named("math").parse_team(raw, 3)
     assert [m.specialty for m in team] == ["A", "B", "C"]
     assert [m.leader for m in team] == [True, False, False]
     assert any("at most 3" in n for n in notes) and any("3 members have the leader role" in n for n in notes)
 
 
 def test_team_without_leader_gets_the_first_as_leader() -> None:
-    team, notes = parse_team(json.dumps([member("A", "analyst"), member("B", "critic")]), "math", 3)
+    team, notes = domain_named("math").parse_team(json.dumps([member("A", "analyst"), member("B", "critic")]), 3)
     assert [m.leader for m in team] == [True, False]
     assert notes == ["no member has the leader role; the first one leads"]
 
 
 def test_catalog_domains_keep_only_catalog_specialties_in_catalog_spelling() -> None:
     raw = json.dumps([member("neurology"), member("Astrology", "consultant"), member("Neurology", "x")])
-    team, notes = parse_team(raw, "medicine", 5)
+    team, notes = domain_named("medicine").parse_team(raw, 5)
     assert [m.specialty for m in team] == ["Neurology"]
     assert "Neurology" in MEDICINE_CATALOG
     assert any("'Astrology' is not in the medicine catalog" in n for n in notes)
@@ -68,11 +69,11 @@ def test_catalog_domains_keep_only_catalog_specialties_in_catalog_spelling() -> 
 @pytest.mark.parametrize("reply", ["", "no json here", "[]", '[{"role": "leader"}]', '{"a": 1}'])
 def test_unusable_team_replies_raise(reply: str) -> None:
     with pytest.raises(AgentOutputError):
-        parse_team(reply, "math", 3)
+        domain_named("math").parse_team(reply, 3)
 
 
 def test_default_team_has_one_leader_and_respects_size() -> None:
-    team = default_team("medicine", 2)
+    team = domain_named("medicine").default_team(2, {})
     assert [m.specialty for m in team] == ["General Practice", "Pathology"]
     assert sum(m.leader for m in team) == 1
 
@@ -88,7 +89,7 @@ def test_education_team_follows_c42_roles_without_a_forced_leader() -> None:
             member("History", "cheerleader"),
         ]
     )
-    team, notes = parse_team(raw, "education", 5)
+    team, notes = domain_named("education").parse_team(raw, 5)
     assert [(m.specialty, m.role) for m in team] == [
         ("Educational Psychology", "Diagnostician"),
         ("Pedagogy", "Pedagogy Strategist"),
@@ -100,28 +101,28 @@ def test_education_team_follows_c42_roles_without_a_forced_leader() -> None:
     assert "team member 'History': role 'cheerleader' is not a teaching role; dropped" in notes
     # An optional lead teacher leads; at n = 3 the required roles are kept before it.
     lead = json.dumps([member("Education", "lead teacher"), *json.loads(raw)[:3]])
-    team, notes = parse_team(lead, "education", 3)
+    team, notes = domain_named("education").parse_team(lead, 3)
     assert [m.role for m in team] == ["Diagnostician", "Pedagogy Strategist", "Subject Matter Expert"]
     assert not any(m.leader for m in team)
-    team, _ = parse_team(lead, "education", 4)
+    team, _ = domain_named("education").parse_team(lead, 4)
     assert [m.leader for m in team] == [True, False, False, False]
 
 
 def test_education_team_without_a_required_role_is_unusable() -> None:
     raw = json.dumps([member("Pedagogy", "Diagnostician"), member("Physics", "Subject Matter Expert")])
     with pytest.raises(AgentOutputError, match="the teaching team has no Pedagogy Strategist"):
-        parse_team(raw, "education", 3)
+        domain_named("education").parse_team(raw, 3)
     # A team of two needs the Diagnostician and the Strategist, not yet a subject expert.
     with pytest.raises(AgentOutputError, match="no Pedagogy Strategist"):
-        parse_team(raw, "education", 2)
-    team = default_team("education", 3, subject="physics")
+        domain_named("education").parse_team(raw, 2)
+    team = domain_named("education").default_team(3, {"subject": "physics"})
     assert [(m.specialty, m.role, m.leader) for m in team] == [
         ("Educational Psychology", "Diagnostician", False),
         ("Pedagogy", "Pedagogy Strategist", False),
         ("Physics", "Subject Matter Expert", False),
     ]
-    assert default_team("education", 3, subject="Astrology")[2].specialty == "STEM"
-    prompt = recruit_prompt("Q", "education", 3)[-1].content
+    assert domain_named("education").default_team(3, {"subject": "Astrology"})[2].specialty == "STEM"
+    prompt = domain_named("education").recruit_prompt("Q", 3)[-1].content
     assert '"Pedagogy Strategist"' in prompt and 'leader"' not in prompt and "Exactly one member" not in prompt
 
 
@@ -186,19 +187,19 @@ def test_decision_math_tags_and_missing_tags() -> None:
         "<analysis>\n- idea\n</analysis>\n<final_answer>\n- $\\boxed{391}$\n</final_answer>\n"
         "<formal_proof>p</formal_proof>"
     )
-    decision = parse_decision(reply, "math")
+    decision = domain_named("math").parse_decision(reply)
     assert decision is not None and (decision.answer, decision.report, decision.proof) == ("391", "- idea", "p")
-    assert parse_decision("The answer is 391.", "math") is None
-    na = parse_decision("<final_answer>N/A</final_answer>", "math")
+    assert domain_named("math").parse_decision("The answer is 391.") is None
+    na = domain_named("math").parse_decision("<final_answer>N/A</final_answer>")
     assert na is not None and na.answer is None
 
 
 def test_decision_medicine_top10() -> None:
     reply = "<analysis>x</analysis>\n<top10>\n[1] Fabry disease\n[2] Gaucher disease\n[3] fabry disease\n</top10>"
-    decision = parse_decision(reply, "medicine")
+    decision = domain_named("medicine").parse_decision(reply)
     assert decision is not None and decision.top10 == ["Fabry disease", "Gaucher disease"]
     assert decision.answer == "Fabry disease"
-    assert parse_decision("<top10></top10>", "medicine") is None
+    assert domain_named("medicine").parse_decision("<top10></top10>") is None
 
 
 def test_differential_reads_the_diagnosis_block() -> None:
@@ -220,7 +221,7 @@ def test_hints_block_lists_each_entry_and_is_empty_without_hints() -> None:
 
 def test_problem_text_is_data_not_template_syntax() -> None:
     question = "Compute {{ 7*7 }} and {% if x %}y{% endif %}."
-    [_, user] = opinion_prompt(question, TeamMember(id="S1", specialty="A"), "math")
+    [_, user] = domain_named("math").opinion_prompt(question, TeamMember(id="S1", specialty="A"))
     assert question in user.content
 
 

@@ -32,11 +32,8 @@ from tmas.agents.echo import DATA_BLOCK, split_prompt
 from tmas.agents.experience import experience_prompt
 from tmas.agents.guideline import guideline_prompt
 from tmas.agents.guideline_judge import StrategyView, judge_prompt
-from tmas.agents.mattrl_decision import decision_prompt, rewrite_prompt
-from tmas.agents.mattrl_opinion import opinion_prompt
 from tmas.agents.mattrl_review import differential_review_prompt, review_prompt
 from tmas.agents.mattrl_teaching import Case, Turn, plan_prompt, student_prompt, student_reply_prompt, teacher_prompt
-from tmas.agents.mattrl_team import recruit_prompt
 from tmas.agents.pool_summarizer import summarizer_prompt, teaching_summarizer_prompt
 from tmas.agents.rollouts import RolloutView
 from tmas.agents.score_first import score_first_prompt
@@ -58,13 +55,13 @@ from tmas.memory.experience_bank import ExperienceBank, ExperienceEntry
 from tmas.memory.guideline_bank import GuidelineBank, Strategy
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember
+from tmas.methods.mattrl_domains import DOMAINS, domain_named
 from tmas.problems import Problem
 
 PROMPTS = Path(__file__).resolve().parents[1] / "src" / "tmas" / "agents" / "prompts"
 MARK = "zqx"
 STYLES: tuple[Style, ...] = ("paper", "concise")
 MODES = ("numeric", "proof")
-DOMAINS = ("math", "medicine", "education")
 
 
 def d(name: str) -> str:
@@ -127,14 +124,15 @@ def _baselines(style: Style, mode: str, domain: str) -> list[Prompt]:
 def _mattrl(style: Style, mode: str, domain: str) -> list[Prompt]:
     later = {"previous": d("previous"), "feedback": d("feedback"), "snapshot": d("snapshot"), "bulletin": d("news")}
     judged = {"question": Q, "gold": d("gold"), "history": ROUNDS, "domain": domain}
+    declared = domain_named(domain)
     return [
-        recruit_prompt(Q, domain, 3),
-        opinion_prompt(Q, MEMBER, domain, hints=HINTS),
-        opinion_prompt(Q, MEMBER, domain, round_=1, hints=HINTS, **later),
+        declared.recruit_prompt(Q, 3),
+        declared.opinion_prompt(Q, MEMBER, hints=HINTS),
+        declared.opinion_prompt(Q, MEMBER, round_=1, hints=HINTS, **later),
         review_prompt(Q, PEER, MEMBER, d("attempt")),
         differential_review_prompt(Q, PEER, MEMBER, d("differential")),
-        decision_prompt(Q, domain, d("team summary")),
-        rewrite_prompt(d("reply"), domain),
+        declared.decision_prompt(Q, d("team summary")),
+        declared.rewrite_prompt(d("reply")),
         summarizer_prompt(**judged, outcome=0.5, target=TARGET, round_number=1, reward=0.5, judge_analysis=d("ja")),
         utterance_score_prompt(**judged, final_answer=d("final"), target=TARGET, round_number=1),
         turn_value_prompt(**judged, turn=RoundView(number=2, turns=[TARGET])),
@@ -416,12 +414,12 @@ def test_consecutive_tmas_calls_about_one_problem_share_the_prefix_up_to_the_pro
 
 
 def test_mattrl_math_calls_about_one_problem_share_the_prefix_up_to_the_problem() -> None:
-    q = "What is 17*23?"
+    q, math = "What is 17*23?", domain_named("math")
     calls = [
-        recruit_prompt(q, "math", 3),
-        opinion_prompt(q, MEMBER, "math"),
-        opinion_prompt(q, PEER, "math", round_=1, previous="391", feedback="ok", hints=HINTS),
-        decision_prompt(q, "math", "S1: answer 391"),
+        math.recruit_prompt(q, 3),
+        math.opinion_prompt(q, MEMBER),
+        math.opinion_prompt(q, PEER, round_=1, previous="391", feedback="ok", hints=HINTS),
+        math.decision_prompt(q, "S1: answer 391"),
     ]
     assert all(m[0] == calls[0][0] and m[0].role == "system" for m in calls)
     assert all(m[1].content.startswith(f"<problem>\n{q}\n</problem>\n") for m in calls)

@@ -14,7 +14,10 @@ import pytest
 
 from conftest import clean_env, scripted_settings
 from scripted_runs import scripted_run
+from tmas.agents.overrides import packaged_source
 from tmas.agents.solution import generation_prompt
+from tmas.errors import InputError
+from tmas.llm.types import Message
 from tmas.problems import Problem
 from tmas.rl.data import build_dataset, mix_targets, question_hash
 from tmas.store.run_store import RunStore
@@ -40,8 +43,10 @@ async def tmas_run(run_dir: Path, iterations: int = 3, script: SimScript | None 
     """A TMAS run of PROBLEMS (or ``params["problems"]``) in process on ``script`` (the simulator's by default); the
     model, whose calls are what the run sent."""
     problems = params.pop("problems", PROBLEMS)
+    prompts_dir = params.pop("prompts_dir", None)
     method = {"name": "tmas", "params": {"n": 2, "m": 1, "iterations": iterations, **params}}
-    model = ScriptedModel(script or SimScript(), scripted_settings(method=method))
+    settings = scripted_settings(method=method, **({"prompts_dir": prompts_dir} if prompts_dir else {}))
+    model = ScriptedModel(script or SimScript(), settings)
     await scripted_run(model, run_dir, problems)
     return model
 
@@ -146,7 +151,6 @@ def test_build_data_bad_input(tmp_path: Path) -> None:
 
 
 def test_build_data_reads_only_runs_of_a_method_that_keeps_banks(tmp_path: Path) -> None:
-    from tmas.errors import InputError
     from tmas.store.run_store import RunStore
 
     with RunStore(tmp_path / "cot-run") as store:
@@ -228,3 +232,49 @@ async def test_prompts_are_rendered_as_the_run_rendered_them(tmp_path: Path) -> 
     normal = [r["prompt"] for r in data.train if r["_source"] == "normal"]
     assert len(bank) == 2 and all(p in sent for p in bank) and normal[0] in sent
     assert "style concise, prompt budget 512 tokens" in data.report.rendering[0]
+
+
+async def test_a_change_to_tmas_prompt_builders_reaches_the_rl_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # RL data is built by TMAS's own prompt builders (methods/training_prompts.py), not by a copy of them: a change
+    # to how TMAS builds its solution prompts changes every training prompt the same way.
+    await tmas_run(tmp_path / "run", 3, problems=PROBLEMS[:1], epsilon=0.5)
+    before = build_dataset([tmp_path / "run"], mix=None).train
+    assert {r["_source"] for r in before} == {"normal", "experience", "guideline"}
+    import tmas.methods.tmas as tmas_method
+
+    def marked(builder: Any) -> Any:
+        def build(*args: Any, **kwargs: Any) -> list[Message]:
+            *head, last = builder(*args, **kwargs)
+            return [*head, last.model_copy(update={"content": last.content + "\nZQX-CHANGED"})]
+
+        return build
+
+    for name in ("generation_prompt", "refine_prompt", "explore_prompt"):
+        monkeypatch.setattr(tmas_method, name, marked(getattr(tmas_method, name)))
+    after = build_dataset([tmp_path / "run"], mix=None).train
+    assert len(after) == len(before)
+    for old, new in zip(before, after, strict=True):
+        assert new["prompt"][-1]["content"] == old["prompt"][-1]["content"] + "\nZQX-CHANGED"
+        assert new["prompt"][:-1] == old["prompt"][:-1] and new["extra_info"] == old["extra_info"]
+
+
+async def test_a_runs_prompt_overrides_reach_its_rl_data_and_must_not_change(tmp_path: Path) -> None:
+    # A run made with its own solution templates: its training prompts are the ones it sent, in its templates.
+    overrides = tmp_path / "my-prompts"
+    overrides.mkdir()
+    for name in ("tmas_generate.j2", "tmas_refine.j2", "tmas_explore.j2"):
+        (overrides / name).write_text(packaged_source(name) + "\nOverridden zqx template.\n")
+    model = await tmas_run(tmp_path / "run", 3, problems=PROBLEMS[:1], epsilon=0.0, prompts_dir=str(overrides))
+    sent = [c.body["messages"] for c in model.calls_of("solution")]
+    assert sent and all("Overridden zqx template." in m[-1]["content"] for m in sent)
+    data = build_dataset([tmp_path / "run"], mix=None)
+    normal = [r["prompt"] for r in data.train if r["_source"] == "normal"]
+    bank = [r["prompt"] for r in data.train if r["extra_info"]["variant"] == "bank"]
+    assert bank and normal[0] in sent and all(p in sent for p in bank)
+    assert all("Overridden zqx template." in r["prompt"][-1]["content"] for r in data.train)
+    # Edited since the run: the rows would not be the run's prompts, so none are built.
+    (overrides / "tmas_refine.j2").write_text(packaged_source("tmas_refine.j2") + "\nEdited later.\n")
+    with pytest.raises(InputError, match=r"prompt template tmas_refine\.j2 in .* is not the one the run used"):
+        build_dataset([tmp_path / "run"], mix=None)

@@ -14,6 +14,7 @@ import pytest
 
 from conftest import eventually, settings_for
 from tmas.api import asolve
+from tmas.methods import METHODS
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, SimRequest, SimScript, SimServer, register_responder
 from tmas.testing.prefix_cache import PrefixCache, SlotCache, prompt_tokens
@@ -1001,7 +1002,8 @@ def test_prefix_and_slot_caches_by_hand() -> None:
 
 # ---- TMAS, majority vote and MATTRL through the client ----------------------------------------------------
 
-METHODS = {
+# Registered methods whose calls repeat prompt prefixes, with parameters that make them repeat.
+PERSONA_RUNS = {
     "tmas": {"n": 2, "m": 1, "iterations": 2},
     # Two rounds: on vLLM and SGLang a round's 3 samples go as one request (one prefill, nothing cached), the second
     # round's finds the first's prompt in the cache.
@@ -1010,15 +1012,16 @@ METHODS = {
 }
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", list(PERSONA_RUNS))
 @pytest.mark.parametrize("persona", PERSONAS)
 async def test_methods_run_against_every_persona(persona: PersonaName, method: str, tmp_path: Path) -> None:
+    assert method in METHODS, f"{method} is not a registered method"
     # A thinking model behind each server with the switch a user sets to see cached tokens; behind OpenAI a chat model
     # (a reasoning one refuses what tmas sends: see the next test).
     reasoning = persona != "openai"
     script = SimScript(persona=persona, reasoning=reasoning, cache_report=True)
     async with SimServer(script) as sim:
-        settings = settings_for(sim, method={"name": method, "params": METHODS[method]})
+        settings = settings_for(sim, method={"name": method, "params": PERSONA_RUNS[method]})
         result = await asolve("What is 17*23?", settings, run_dir=tmp_path / "run")
         stats = sim.stats()
     assert result.status == "done" and result.answer == "391"
@@ -1055,7 +1058,7 @@ async def test_majority_vote_against_an_openai_reasoning_model(tmp_path: Path) -
 
 async def test_without_the_cache_flag_the_client_sees_no_cached_tokens(tmp_path: Path) -> None:
     async with SimServer(SimScript(persona="vllm", reasoning=True)) as sim:
-        settings = settings_for(sim, method={"name": "majority", "params": METHODS["majority"]})
+        settings = settings_for(sim, method={"name": "majority", "params": PERSONA_RUNS["majority"]})
         result = await asolve("What is 17*23?", settings, run_dir=tmp_path / "run")
         stats = sim.stats()
     assert result.answer == "391"

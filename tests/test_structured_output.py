@@ -19,7 +19,7 @@ from tmas.agents.experience import ExperienceReply, experience_reply_model, pars
 from tmas.agents.guideline import GuidelineReply, parse_guideline_update
 from tmas.agents.guideline_judge import NoveltyReply, StrategyView, parse_novelty
 from tmas.agents.mattrl_review import DifferentialReviewReply, ReviewReply, parse_differential_review, parse_review
-from tmas.agents.mattrl_team import TeamReply, parse_team
+from tmas.agents.mattrl_team import TeamReply
 from tmas.agents.pool_summarizer import (
     SummarizerReply,
     TeachingSummarizerReply,
@@ -36,6 +36,8 @@ from tmas.llm.factory import open_model
 from tmas.llm.model import ClientStats
 from tmas.llm.schema import json_schema, response_format
 from tmas.llm.types import user
+from tmas.methods import METHODS
+from tmas.methods.mattrl_domains import domain_named
 from tmas.pool.build import BuildConfig, build_pool
 from tmas.problems import Problem
 from tmas.rl.novelty import LLMNoveltyJudge
@@ -85,8 +87,9 @@ MODELS: dict[str, type[BaseModel]] = {
     )
 }
 
-# method, params, and per role the reply models its calls send (None: calls whose reply is free text or tags).
-METHODS: list[tuple[str, dict[str, Any], dict[str, set[str | None]]]] = [
+# A registered method, params, and per role (each one the method declares) the reply models its calls send (None:
+# calls whose reply is free text or tags).
+SCHEMA_CASES: list[tuple[str, dict[str, Any], dict[str, set[str | None]]]] = [
     (
         "tmas",
         {"n": 1, "m": 1, "iterations": 1, "skip_final_memory": False},
@@ -131,10 +134,13 @@ METHODS: list[tuple[str, dict[str, Any], dict[str, set[str | None]]]] = [
 ]
 
 
-@pytest.mark.parametrize(("method", "params", "wanted"), METHODS, ids=[f"{m[0]}-{i}" for i, m in enumerate(METHODS)])
+@pytest.mark.parametrize(
+    ("method", "params", "wanted"), SCHEMA_CASES, ids=[f"{m[0]}-{i}" for i, m in enumerate(SCHEMA_CASES)]
+)
 async def test_each_structured_role_sends_its_reply_schema(
     sim: SimServer, method: str, params: dict[str, Any], wanted: dict[str, set[str | None]]
 ) -> None:
+    assert set(wanted) <= set(METHODS[method].traits.roles), f"{method} declares roles {METHODS[method].traits.roles}"
     # "json_schema": every call sends its schema ("auto" holds it until a reply shows the model does not think
     # inline: tested below).
     settings = settings_for(sim, method={"name": method, "params": params}, endpoint__structured_output="json_schema")
@@ -243,7 +249,7 @@ def test_every_parser_reads_the_bare_json_its_schema_forces() -> None:
     entries, _ = parse_summarizer(json.dumps({"entries": [{"action": "a", "experience": "e", "scope": "case"}]}))
     assert entries[0].scope == "case"
     members = [{"specialty": "Algebra", "role": "leader", "description": "d"}, {"specialty": "Geometry"}]
-    team, _ = parse_team(json.dumps({"members": members}), "math", 3)
+    team, _ = domain_named("math").parse_team(json.dumps({"members": members}), 3)
     assert [m.specialty for m in team] == ["Algebra", "Geometry"] and team[0].leader
     review = {
         "analysis": "Sound.",

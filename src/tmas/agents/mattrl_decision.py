@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pydantic import BaseModel, Field
 
 from tmas.agents.mattrl_opinion import ranked_names
-from tmas.agents.templates import MATH_SYSTEM, prompt
+from tmas.agents.templates import prompt
 from tmas.answers import last_boxed
 from tmas.llm.types import Message
 
@@ -30,10 +30,10 @@ def _tag(text: str, name: str) -> str | None:
     return found[-1].strip() if found else None
 
 
-def decision_prompt(question: str, domain: str, summary: str) -> list[Message]:
-    # Math: the specialists' system text, so the decision shares their prefix up to the problem (prefix caches).
-    system = MATH_SYSTEM if domain == "math" else None
-    return prompt("mattrl_decision.j2", system_name=system, question=question, domain=domain, summary=summary)
+def decision_prompt(question: str, domain: str, summary: str, *, system_name: str | None = None) -> list[Message]:
+    """The chair's decision call; ``system_name``: the specialists' system text where the domain has one, so the
+    decision shares their prefix up to the problem (prefix caches)."""
+    return prompt("mattrl_decision.j2", system_name=system_name, question=question, domain=domain, summary=summary)
 
 
 def rewrite_prompt(reply: str, domain: str) -> list[Message]:
@@ -46,22 +46,27 @@ def _clean_answer(raw: str) -> str | None:
     return None if not text or text.upper() in ("N/A", "NA", "UNKNOWN") else text
 
 
-def parse_decision(content: str, domain: str) -> Decision | None:
-    """The decision in its tags; None when the decision tag is missing (the caller then asks for a rewrite)."""
-    report = _tag(content, "analysis") or ""
-    if domain == "medicine":
-        block = _tag(content, "top10")
-        if block is None:
-            return None
-        ranked = ranked_names(block)
-        if not ranked:
-            return None
-        return Decision(report=report, answer=ranked[0], top10=ranked)
+def parse_final_answer(content: str) -> Decision | None:
+    """A decision in ``<final_answer>`` (with its ``<analysis>`` and any ``<formal_proof>``); None when the tag is
+    missing (the caller then asks for a rewrite)."""
     final = _tag(content, "final_answer")
     if final is None:
         return None
     first_line = next((line for line in final.splitlines() if line.strip()), "")
+    report = _tag(content, "analysis") or ""
     return Decision(report=report, answer=_clean_answer(first_line), proof=_tag(content, "formal_proof") or "")
+
+
+def parse_top10(content: str) -> Decision | None:
+    """A ranked decision in ``<top10>`` (with its ``<analysis>``), the first name its answer; None when the tag is
+    missing or names nothing."""
+    block = _tag(content, "top10")
+    if block is None:
+        return None
+    ranked = ranked_names(block)
+    if not ranked:
+        return None
+    return Decision(report=_tag(content, "analysis") or "", answer=ranked[0], top10=ranked)
 
 
 # ---- the chair's reading of the discussion (Eq. 7) ------------------------------------------------------------

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import re
 
-from tmas.agents.templates import MATH_SYSTEM, prompt, render
-from tmas.answers import extract_answer
+from tmas.agents.templates import prompt, render
 from tmas.llm.types import Message
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember
@@ -35,10 +34,13 @@ def opinion_prompt(
     snapshot: str = "",
     bulletin: str = "",
     hints: list[PoolEntry] | None = None,
+    system_name: str | None = None,
 ) -> list[Message]:
+    """The specialist's opinion call of round ``round_`` in ``domain`` (``system_name``: the domain's specialists'
+    system text, when it has one)."""
     return prompt(
         "mattrl_opinion.j2",
-        system_name=MATH_SYSTEM if domain == "math" else None,
+        system_name=system_name,
         question=question,
         member=member,
         domain=domain,
@@ -67,9 +69,7 @@ def parse_differential(content: str) -> list[str]:
     return ranked_names(block.group(1) if block else content)
 
 
-def opinion_answer(content: str, domain: str) -> str | None:
-    """The answer an opinion states: math, its boxed (or "final answer:") value; medicine, its top diagnosis."""
-    if domain == "medicine":
-        ranked = parse_differential(content)
-        return ranked[0] if ranked else None
-    return extract_answer(content).answer
+def top_diagnosis(content: str) -> str | None:
+    """The answer a medicine opinion states: the first diagnosis of its differential."""
+    ranked = parse_differential(content)
+    return ranked[0] if ranked else None

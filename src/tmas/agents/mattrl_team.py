@@ -7,19 +7,22 @@ Subject Matter Experts (with n < 3: the Diagnostician, then the Strategist); a t
 
 The parser repairs what it can (a fenced block, an object wrapping the array, trailing commas, specialties outside
 the catalog, a missing or doubled leader, duplicates, too many members) and says what it repaired; a reply with no
-usable member is an :class:`AgentOutputError`, after which the method retries once and then uses :func:`default_team`.
+usable member is an :class:`AgentOutputError`, after which the method retries once and then uses the domain's default
+line-up (:func:`line_up_team`). Which catalog, rule and line-up a domain uses is its declaration's
+(:mod:`tmas.methods.mattrl_domains`); the functions here take them as arguments.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from tmas.agents.output import AgentOutputError
-from tmas.agents.templates import MATH_SYSTEM, prompt
+from tmas.agents.templates import prompt
 from tmas.llm.types import Message
 from tmas.memory.transcript import TeamMember
 
@@ -38,6 +41,9 @@ EDUCATION_CATALOG = (
     *("Philosophy", "Sociology", "Language Arts", "Pedagogy", "Educational Psychology"),
     *("Assessment and Evaluation", "Curriculum Design", "STEM", "Humanities", "Social Sciences"),
 )
+
+# The catalogs by the name of the domain that recruits from them, for the simulator's coordinator, which tells the
+# domain from the prompt as a server would; the method reads each domain's own declaration.
 CATALOGS: dict[str, tuple[str, ...]] = {"medicine": MEDICINE_CATALOG, "education": EDUCATION_CATALOG}
 
 # C.4.2's teaching roles, in the order a small team fills them, and the optional coordinator.
@@ -48,24 +54,6 @@ DIAGNOSTICIAN, STRATEGIST, SUBJECT_EXPERT, LEAD_TEACHER = (
     "lead teacher",
 )
 TEACHING_ROLES = (DIAGNOSTICIAN, STRATEGIST, SUBJECT_EXPERT)
-
-_DEFAULTS: dict[str, list[tuple[str, str, str]]] = {
-    "math": [
-        ("Problem analyst", "leader", "Restate the problem, fix the notation and drive the main line of attack."),
-        ("Computation checker", "verifier", "Recompute every numeric and algebraic step independently."),
-        ("Edge-case auditor", "critic", "Look for missed cases, boundary values and counterexamples."),
-    ],
-    "medicine": [
-        ("General Practice", "leader", "Weigh the whole record and keep the differential broad before narrowing."),
-        ("Pathology", "consultant", "Tie each finding to the disease mechanisms that explain it."),
-        ("Neurology", "consultant", "Check the neurological findings against the candidate diagnoses."),
-    ],
-    "education": [
-        ("Educational Psychology", DIAGNOSTICIAN, "Work out why the student chose the wrong option."),
-        ("Pedagogy", STRATEGIST, "Decide how to teach this student next, one targeted question at a time."),
-        ("STEM", SUBJECT_EXPERT, "Explain the discipline's knowledge the student is missing."),
-    ],
-}
 
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n(.*?)```", re.S)
 _TRAILING_COMMA = re.compile(r",\s*([\]}])")
@@ -139,15 +127,13 @@ def _fill_rank(recruits: list[Recruit], i: int) -> int:
     return 0 if role in TEACHING_ROLES and first == i else 1
 
 
-def recruit_prompt(question: str, domain: str, n: int) -> list[Message]:
+def recruit_prompt(
+    question: str, domain: str, n: int, *, catalog: Sequence[str] = (), system_name: str | None = None
+) -> list[Message]:
+    """The coordinator's recruiting call for a team of at most ``n`` from ``catalog`` (empty: any specialty);
+    ``system_name``: the domain's specialists' system text, so every call about the problem shares one prefix."""
     return prompt(
-        "mattrl_recruit.j2",
-        # Math: the specialists' system text, so every call about the problem shares one prefix (prefix caches).
-        system_name=MATH_SYSTEM if domain == "math" else None,
-        question=question,
-        domain=domain,
-        n=n,
-        catalog=CATALOGS.get(domain, ()),
+        "mattrl_recruit.j2", system_name=system_name, question=question, domain=domain, n=n, catalog=tuple(catalog)
     )
 
 
@@ -172,17 +158,18 @@ def _json_array(text: str) -> list[Any]:
     raise AgentOutputError("no JSON array of team members in the reply")
 
 
-def _catalog_name(specialty: str, catalog: tuple[str, ...]) -> str | None:
+def catalog_name(specialty: str, catalog: Sequence[str]) -> str | None:
+    """``specialty`` as ``catalog`` spells it (case and spacing forgiven), or None when the catalog lacks it."""
     wanted = " ".join(specialty.lower().split())
     return next((name for name in catalog if name.lower() == wanted), None)
 
 
-def parse_team(content: str, domain: str, n: int) -> tuple[list[TeamMember], list[str]]:
-    """The team (ids S1, S2, ... in reply order) and notes on every repair; raises when no member is usable."""
+def read_recruits(content: str, catalog: Sequence[str], domain: str) -> tuple[list[Recruit], list[str]]:
+    """The recruits of a reply in reply order, those outside ``catalog`` (when it is not empty) and duplicates
+    dropped, with notes on every repair; raises when no member is usable."""
     if not content.strip():
         raise AgentOutputError("empty reply")
     raw = _json_array(content)
-    catalog = CATALOGS.get(domain, ())
     notes: list[str] = []
     recruits: list[Recruit] = []
     for position, item in enumerate(raw, start=1):
@@ -192,7 +179,7 @@ def parse_team(content: str, domain: str, n: int) -> tuple[list[TeamMember], lis
             notes.append(f"team member {position}: not an object with a specialty; dropped")
             continue
         if catalog:
-            name = _catalog_name(recruit.specialty, catalog)
+            name = catalog_name(recruit.specialty, catalog)
             if name is None:
                 notes.append(f"team member {position}: {recruit.specialty!r} is not in the {domain} catalog; dropped")
                 continue
@@ -203,10 +190,12 @@ def parse_team(content: str, domain: str, n: int) -> tuple[list[TeamMember], lis
         recruits.append(recruit)
     if not recruits:
         raise AgentOutputError(f"none of the {len(raw)} team members is usable" + (f" ({notes[0]})" if notes else ""))
-    if domain == "education":
-        recruits = _teaching_team(recruits, n, notes)
-        lead = next((i for i, r in enumerate(recruits) if r.role == LEAD_TEACHER), None)
-        return _members(recruits, lead), notes
+    return recruits, notes
+
+
+def led_team(recruits: list[Recruit], n: int, notes: list[str]) -> list[TeamMember]:
+    """A team of at most ``n`` with exactly one leader (math, medicine): the first ``n`` recruits, led by the
+    first whose role says leader (else the first); each repair noted."""
     if len(recruits) > n:
         notes.append(f"{len(recruits)} members recruited, at most {n} allowed; kept the first {n}")
         recruits = recruits[:n]
@@ -215,7 +204,14 @@ def parse_team(content: str, domain: str, n: int) -> tuple[list[TeamMember], lis
         notes.append("no member has the leader role; the first one leads")
     elif len(leaders) > 1:
         notes.append(f"{len(leaders)} members have the leader role; the first of them leads")
-    return _members(recruits, leaders[0] if leaders else 0), notes
+    return _members(recruits, leaders[0] if leaders else 0)
+
+
+def teaching_team(recruits: list[Recruit], n: int, notes: list[str]) -> list[TeamMember]:
+    """An education team (C.4.2): the teaching roles checked and repaired, led by its lead teacher if it has one."""
+    kept = _teaching_team(recruits, n, notes)
+    lead = next((i for i, r in enumerate(kept) if r.role == LEAD_TEACHER), None)
+    return _members(kept, lead)
 
 
 def _members(recruits: list[Recruit], lead: int | None) -> list[TeamMember]:
@@ -231,20 +227,10 @@ def _members(recruits: list[Recruit], lead: int | None) -> list[TeamMember]:
     ]
 
 
-def default_team(domain: str, n: int, subject: str = "") -> list[TeamMember]:
-    """The team used when the coordinator's replies give none: a fixed, sensible line-up for the domain (math and
-    medicine: the first leads; education: no leader, the Subject Matter Expert from ``subject`` when Table 8
-    has it)."""
-    line_up = list(_DEFAULTS.get(domain, _DEFAULTS["math"]))
-    if domain == "education" and (name := _catalog_name(subject, EDUCATION_CATALOG)):
-        line_up[2] = (name, *line_up[2][1:])
+def line_up_team(line_up: Sequence[tuple[str, str, str]], n: int, *, led: bool) -> list[TeamMember]:
+    """The first ``n`` of a fixed ``(specialty, role, description)`` line-up as a team, the first member leading
+    when ``led``: the team used when the coordinator's replies give none."""
     return [
-        TeamMember(
-            id=f"S{i + 1}",
-            specialty=specialty,
-            role=role,
-            description=description,
-            leader=i == 0 and domain != "education",
-        )
+        TeamMember(id=f"S{i + 1}", specialty=specialty, role=role, description=description, leader=led and i == 0)
         for i, (specialty, role, description) in enumerate(line_up[:n])
     ]

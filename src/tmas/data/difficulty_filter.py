@@ -2,10 +2,12 @@
 plain chain of thought (paper: k = 8 runs of Qwen3-4B-Thinking-2507 at temperature 1.0, top_p 0.95), keep the
 problems solved fewer than t times (paper: t = 2), and select n of them (paper: 50) with a seed.
 
-The k samples are one ordinary run of ``majority`` with ``k`` samples and one iteration (each sample is the plain
-generation prompt, the first sample every method shares), so the filter resumes like any run and its samples can be
-reported, viewed and graded like any other. The paper does not say how its 50 were picked from the kept pool; here it
-is a uniform draw with the given seed, listed in the original file order.
+The k samples are one ordinary run, of one iteration, of a method that draws independent samples of the plain
+generation prompt (the first sample every method shares): a method whose traits name its sample-count parameter
+(``Traits.samples``; majority vote's ``k`` among tmas's own), the settings' own where they configure one, else the
+first registered (:func:`sampling_method`). So the filter resumes like any run and its samples can be reported,
+viewed and graded like any other. The paper does not say how its 50 were picked from the kept pool; here it is a
+uniform draw with the given seed, listed in the original file order.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from tmas.config import Sampling, Settings
-from tmas.errors import InputError
+from tmas.errors import ConfigError, InputError
 from tmas.grading.grades import GradeConfig, Grades
 from tmas.grading.run_results import load_results
 from tmas.grading.runs import grade_run
 from tmas.llm.model import ChatModel
 from tmas.llm.sampling import with_sampling
+from tmas.methods import METHODS, method_names
 from tmas.problems import Problem, dataset_name, load_problems
 from tmas.runner import RunState, prepare_run, run_problems
 
@@ -82,11 +85,37 @@ class FilterCard:
         return "\n".join(lines) + "\n"
 
 
-def filter_settings(settings: Settings, k: int, flags: set[str]) -> Settings:
-    """The run settings of the filter: ``majority`` with k samples and one iteration, at the paper's temperature and
-    top_p unless the command line set them (``flags`` names those given)."""
+def sampling_method(settings: Settings, method: str | None = None) -> str:
+    """The method the filter samples with: ``method`` when given, else the settings' method where it draws
+    independent samples, else the first registered method that does. A named method that does not (its traits name
+    no ``samples`` parameter) is a one-line error."""
+    if method is not None:
+        cls = METHODS.get(method)
+        if cls is None or not cls.traits.samples:
+            raise ConfigError(
+                f"the difficulty filter samples with a method that draws independent samples of the plain prompt;"
+                f" {method!r} is not one (methods: {method_names()})"
+            )
+        return method
+    configured = METHODS.get(settings.method.name)
+    if configured is not None and configured.traits.samples:
+        return settings.method.name
+    found = next((name for name, cls in METHODS.items() if cls.traits.samples), None)
+    if found is None:
+        raise ConfigError(f"no registered method draws independent samples (methods: {method_names()})")
+    return found
+
+
+def filter_settings(settings: Settings, k: int, flags: set[str], method: str | None = None) -> Settings:
+    """The run settings of the filter: its sampling method (:func:`sampling_method`) drawing k samples in one
+    iteration, at the paper's temperature and top_p unless the command line set them (``flags`` names those given).
+    The method's other parameters are the settings' own where the settings configure that method."""
+    name = sampling_method(settings, method)
+    count = METHODS[name].traits.samples
+    assert count is not None
+    own = settings.method.params if settings.method.name == name else {}
     data = settings.model_dump(mode="json")
-    data["method"] = {"name": "majority", "params": {"k": k, "iterations": 1}}
+    data["method"] = {"name": name, "params": {**own, count: k, "iterations": 1}}
     paper = Sampling(**{key: value for key, value in PAPER_SAMPLING.items() if key not in flags})
     return with_sampling(Settings.model_validate(data), "config", paper)
 

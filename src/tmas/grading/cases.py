@@ -18,11 +18,9 @@ from tmas.grading.grader import GradingContext, index_grades
 from tmas.grading.grades import SELECTED, GradeConfig, Grades, Item, record_state
 from tmas.grading.registry import grader_named
 from tmas.grading.teaching import TEACHING, teaching_metrics
+from tmas.methods.mattrl_domains import DOMAINS
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
-
-# The domains whose runs are graded by their own metrics, not by the answer alone.
-CASE_DOMAINS = ("medicine", "education")
 
 
 @dataclass
@@ -61,12 +59,15 @@ async def grade_cases(run_dir: Path, judge: Settings | None = None) -> CaseGrade
 
 
 async def case_metrics(run_dir: Path, params: dict[str, Any], judge: Settings | None) -> dict[str, Any] | None:
-    """The domain's metrics of a run of a case domain (``domain`` in its method parameters), with ``cases``, their
-    count; None for a run of any other domain, or with no graded case."""
-    if params.get("domain") not in CASE_DOMAINS:
+    """The metrics a case domain declares (``Domain.metrics``) of a run of that domain (``domain`` in its method
+    parameters), with ``cases``, their count; None for a run of any other domain, or with no graded case."""
+    domain = DOMAINS.get(str(params.get("domain")))
+    if domain is None or domain.grader is None:
         return None
     graded = await grade_cases(run_dir, judge)
-    return graded.metrics if graded.rows else None
+    if not graded.rows:
+        return None
+    return {"cases": graded.metrics["cases"], **{key: graded.metrics[key] for key in domain.metrics}}
 
 
 def last_item(result: dict[str, Any], problem: Problem) -> Item:

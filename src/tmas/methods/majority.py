@@ -65,7 +65,7 @@ class MajorityParams(StyledParams, OnlineStopParams):
 
 class MajorityVote(Method[MajorityParams]):
     name: ClassVar[str] = "majority"
-    traits: ClassVar[Traits] = Traits(frontier="votes")
+    traits: ClassVar[Traits] = Traits(frontier="votes", samples="k")
     example_params: ClassVar[dict[str, Any] | None] = {"k": 2}
     # The setting the TMAS paper ran this baseline with (4.1, A.3).
     paper_settings: ClassVar[dict[str, Any]] = {"k": 64, "iterations": 1}

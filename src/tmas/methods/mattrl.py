@@ -1,65 +1,48 @@
 """MATTRL, multi-agent deliberation with a test-time experience pool (paper 003, sections 3.1-3.3, appendices A-B).
 
+:meth:`MATTRL.solve` runs the paper's three stages:
+
 - Stage I (:meth:`MATTRL._form_team`): the coordinator recruits at most ``team_size`` specialists, one of them the
-  leader (education: C.4.2's roles, checked, no forced leader); unusable JSON is retried once, then a default team
-  is used; the record says which.
-- Stage II (rounds r = 0 .. R_max - 1, one iteration record each): every specialist not yet converged retrieves its
-  top-K pool entries for the case and its current context and gives its opinion. Math: every attempt is reviewed by
-  each other specialist (B.4 JSON); it is accepted only when every verdict is accept and no issue remains. A
-  specialist converges when its attempt is accepted, or when a revision keeps its answer while no peer raised a
-  fatal or major issue (nothing changes under critique: this project's reading of B.3). Medicine: each specialist
-  gives a strict top-10, each other specialist critiques it (A.4: agreements, disagreements, changes; the final
-  round has no reviews), and a specialist converges when its list no longer changes. The meeting step then turns
-  the round's updates into a bulletin (math: new, de-duplicated issues; medicine: each list's changes and new
-  review points) and each specialist's own feedback for the next round.
+  leader (education: C.4.2's roles, checked, no forced leader); unusable JSON is retried once, then the domain's
+  default team is used; the record says which.
+- Stage II (:meth:`MATTRL._round`, rounds r = 0 .. R_max - 1, one iteration record each): every specialist not yet
+  converged retrieves its top-K pool entries for the case and its current context and gives its opinion
+  (:meth:`MATTRL._opinion`); the domain's peer review reviews the opinions and says who has converged, and the
+  meeting step turns the round's updates into a bulletin and each specialist's own feedback for the next round
+  (:mod:`tmas.methods.mattrl_deliberation`: math's verdicts, B.4; medicine's critiques of differentials, A.4).
   Deliberation halts when all have converged or at R_max.
 - Stage III (:meth:`MATTRL._decide`, in the last round's record): the coordinator reads every round's opinions
   (Eq. 7, fitted to its context window) and writes the discussion report and the decision in tags, with one
-  rewrite pass when the tags are missing; failing that, the team's majority answer.
+  rewrite pass when the tags are missing; failing that, what the domain reads from the reply, the team's pooled
+  differential or its majority answer.
 
-Every record's ``state["transcript"]`` is the :class:`Transcript` so far (experience construction reads it).
-The education domain (pre-test, teaching dialogue, post-test) is :mod:`tmas.methods.mattrl_teaching`.
+What differs between domains is each domain's declaration (:mod:`tmas.methods.mattrl_domains`); a teaching domain
+(education) runs C.1's pre-test, teaching dialogue and post-test instead (:mod:`tmas.methods.mattrl_teaching`).
+Every record's state is a :class:`MATTRLState` whose transcript is the discussion so far (experience construction
+reads it).
 """
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from tmas.agents.echo import EchoGuard
-from tmas.agents.mattrl_decision import Decision, decision_prompt, discussion_record, parse_decision, rewrite_prompt
-from tmas.agents.mattrl_opinion import opinion_answer, opinion_prompt, parse_differential
-from tmas.agents.mattrl_review import (
-    DifferentialReview,
-    DifferentialReviewReply,
-    Review,
-    ReviewReply,
-    accepted,
-    differential_review_prompt,
-    parse_differential_review,
-    parse_review,
-    review_prompt,
-    unreadable_differential_review,
-    unreadable_review,
-)
-from tmas.agents.mattrl_teaching import difficulty_of, subject_of
-from tmas.agents.mattrl_team import TeamReply, default_team, parse_team, recruit_prompt, teaching_role
+from tmas.agents.mattrl_decision import Decision, discussion_record
+from tmas.agents.mattrl_team import TeamReply
 from tmas.agents.output import AgentOutputError
 from tmas.agents.solution import SolutionOutput, parse_solution
-from tmas.answers import last_boxed, normalize_answer
+from tmas.answers import normalize_answer
 from tmas.errors import LLMError
 from tmas.llm.tokens import CHARS_PER_TOKEN
-from tmas.llm.types import Completion, Message
+from tmas.llm.types import Completion
 from tmas.memory.embedders import Embedder, embedder_for
 from tmas.memory.pool_entry import PoolEntry
-from tmas.memory.similarity import jaccard
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
 from tmas.methods.base import (
     BudgetExhausted,
@@ -73,7 +56,9 @@ from tmas.methods.base import (
 )
 from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.echo_retry import chat_guarded
-from tmas.methods.mattrl_teaching import teach, teaching_tier
+from tmas.methods.mattrl_deliberation import PeerReview, Reviews, Seat, pooled_differential
+from tmas.methods.mattrl_domains import DEFAULT_DOMAIN, DOMAINS, Domain, DomainName, domain_named, domain_names
+from tmas.methods.mattrl_teaching import teach
 from tmas.methods.param_flags import cli_flag
 from tmas.methods.state import MATTRLState, MethodState, SeatRecord
 from tmas.methods.steps import solve_call
@@ -82,14 +67,12 @@ from tmas.methods.traits import Traits
 if TYPE_CHECKING:  # the pool needs numpy and faiss (the `pool` extra): imported only when a pool is configured
     from tmas.memory.pool import Pool
 
-# A parsed peer review: a math review or a medicine critique of a differential.
-ReviewT = TypeVar("ReviewT", Review, DifferentialReview)
 # Call sample numbers: distinct per call of one iteration, so each gets its own cache slot and sampling seed. The
 # coordinator's decision (and its rewrite) count from _DECISION_SAMPLE, clear of its team formation's attempts (0 to
 # ``retries``), which share its role and, when the decision comes in round 0, its iteration. Runs stored before it
-# had the decision at samples 0 and 1: replayed now, their decision calls are not found and are sent again.
-_REVIEW_SAMPLE, _RETRY_OFFSET, _DECISION_SAMPLE = 1000, 500, 3000
-_DUPLICATE_ISSUE = 0.8  # word-set Jaccard at which two issues say the same thing
+# had the decision at samples 0 and 1: replayed now, their decision calls are not found and are sent again. (The
+# reviews' numbers are the peer review's: mattrl_deliberation.REVIEW_SAMPLE.)
+_DECISION_SAMPLE = 3000
 # Tokens kept free beside the decision prompt and its reply, as TMAS keeps beside its rollouts.
 _PROMPT_MARGIN_TOKENS = 256
 
@@ -97,8 +80,8 @@ _PROMPT_MARGIN_TOKENS = 256
 class MATTRLParams(MethodParams):
     # R_max, the most deliberation rounds (paper: 3).
     iterations: Annotated[Iterations, Field(le=20)] = 3
-    domain: Literal["math", "medicine", "education"] = Field(
-        default="math", json_schema_extra=cli_flag("--domain", "MATTRL's domain: math, medicine or education.")
+    domain: DomainName = Field(
+        default=DEFAULT_DOMAIN, json_schema_extra=cli_flag("--domain", f"MATTRL's domain: {domain_names()}.")
     )
     # Education: one teacher, or a recruited team (with experience when a pool is given).
     teaching: Literal["single", "team"] = "team"
@@ -117,29 +100,34 @@ class MATTRLParams(MethodParams):
 
 
 @dataclass
-class Seat:
-    """A specialist and where it stands in the deliberation."""
-
-    index: int
-    member: TeamMember
-    attempt: str = ""
-    answer: str | None = None
-    # The answer before this round's revision (convergence compares the two).
-    previous_answer: str | None = None
-    top10: list[str] = field(default_factory=list)
-    # Medicine: the differential before this round's revision (the bulletin shares the change).
-    previous_top10: list[str] = field(default_factory=list)
-    accepted: bool = False
-    converged: bool = False
-    # The feedback addressed to it by the last meeting (JSON text), for its next revision.
-    feedback: str = ""
-
-
-@dataclass
 class Retriever:
     pool: Pool
     embed: Embedder
     k: int
+
+
+@dataclass
+class Deliberation:
+    """The discussion of one case so far: its transcript, the seats, the domain's peer review, the points the
+    bulletins already shared, the decision, and whether the budget ended it."""
+
+    transcript: Transcript
+    review: PeerReview
+    retriever: Retriever | None
+    seats: list[Seat] = field(default_factory=list)
+    seen: list[str] = field(default_factory=list)
+    decision: Decision | None = None
+    stopped: bool = False
+
+    def bulletin(self) -> str:
+        """The last meeting's bulletin (empty before the first meeting)."""
+        return next((u.text for u in reversed(self.transcript.utterances) if u.kind == "meeting"), "")
+
+    def snapshot(self) -> str:
+        """The attempts the team has accepted so far."""
+        return "\n\n".join(
+            f"{s.member.id} ({s.member.specialty}), accepted:\n{s.attempt}" for s in self.seats if s.accepted
+        )
 
 
 class MATTRL(Method[MATTRLParams]):
@@ -154,7 +142,8 @@ class MATTRL(Method[MATTRLParams]):
 
     @classmethod
     def paper_names(cls, params: Mapping[str, Any]) -> list[str]:
-        if params.get("domain") == "education" and params.get("teaching") == "single":
+        domain = DOMAINS.get(str(params.get("domain", DEFAULT_DOMAIN)))
+        if domain is not None and domain.teaching and params.get("teaching") == "single":
             return ["Single Agent"]
         pool = params.get("pool")
         if not pool:
@@ -167,12 +156,12 @@ class MATTRL(Method[MATTRLParams]):
         specialist, then the decision: 2 + R x n^2 with n specialists and R rounds. Deliberation stops when everyone
         has converged, so this is an upper bound; unusable replies are retried (``retries``), raising the ceiling to
         (1 + retries) + R x (n + n(n - 1)(1 + retries)) + 2 (the decision's one rewrite pass included). Medicine
-        has no reviews: 2 + R x n. Education: a right pre-test ends the case after 1 call; otherwise single teacher
-        2R + 3, team 2 + R x (n + 2) + 2 (formation, per round n analyses, a plan and the student's reply, then
-        guidance and post-test)."""
+        reviews every round but the last: 2 + R x n + (R - 1) x n(n - 1). Education: a right pre-test ends the case
+        after 1 call; otherwise single teacher 2R + 3, team 2 + R x (n + 2) + 2 (formation, per round n analyses, a
+        plan and the student's reply, then guidance and post-test)."""
         p = self.params
         n, rounds, tries = p.team_size, p.iterations, 1 + p.retries
-        if p.domain == "education":
+        if self.domain.teaching:
             if p.teaching == "single":
                 roles = {"student": rounds + 2, "specialist": rounds + 1}
                 return count_calls(roles, "at most: a right pre-test ends the case after 1 call", upper=roles)
@@ -180,7 +169,8 @@ class MATTRL(Method[MATTRLParams]):
             upper = {**roles, "coordinator": tries + rounds + 1}
             note = "at most: a right pre-test ends the case after 1 call; team formation may retry"
             return count_calls(roles, note, upper)
-        reviews = n * (n - 1) * rounds if p.domain == "math" else 0
+        review = self.domain.review
+        reviews = review.calls(n, rounds) if review is not None else 0
         roles = {"coordinator": 2, "specialist": n * rounds, "reviewer": reviews}
         upper = {"coordinator": tries + 2, "specialist": n * rounds, "reviewer": reviews * tries}
         note = "at most, with the full team for every round: deliberation stops once every specialist has converged"
@@ -190,110 +180,61 @@ class MATTRL(Method[MATTRLParams]):
         super().__init__(params)
         self._pool: Pool | None = None
 
+    @property
+    def domain(self) -> Domain:
+        """The declaration of the run's domain."""
+        return domain_named(self.params.domain)
+
     async def solve(self, session: ProblemSession) -> ProblemResult:
-        p = self.params
-        retriever = self._retriever(session)
-        if p.domain == "education":
-            metadata = session.problem.metadata
-            subject, difficulty = subject_of(metadata), difficulty_of(metadata)
-
-            async def retrieve(member: TeamMember, context: str, notes: list[str]) -> list[PoolEntry]:
-                tier = teaching_tier(teaching_role(member.role) or member.role, subject, difficulty)
-                return await self._hints(retriever, member, [context], notes, tier)
-
-            return await teach(
-                session,
-                rounds=p.iterations,
-                team=p.teaching == "team",
-                form_team=self._form_team,
-                retrieve=retrieve,
-                name=self.name,
-            )
+        if self.domain.teaching:
+            return await self._teach(session)
+        review = self.domain.review
+        assert review is not None, f"domain {self.domain.name!r} neither deliberates nor teaches"
         session.begin_iteration(0)
         notes: list[str] = []
-        transcript = Transcript(problem_id=session.problem.problem_id, domain=p.domain)
+        transcript = Transcript(problem_id=session.problem.problem_id, domain=self.domain.name)
+        talk = Deliberation(transcript, review(self.params), self._retriever(session))
+        # Stage I: the coordinator recruits the team.
         transcript.team = await self._form_team(session, notes)
-        seats = [Seat(i, m) for i, m in enumerate(transcript.team)]
-        seen_issues: list[str] = []
-        decision: Decision | None = None
-        stopped = False
-        for r in range(p.iterations):
+        talk.seats = [Seat(i, m) for i, m in enumerate(transcript.team)]
+        # Stage II, round by round until every specialist has converged or R_max; Stage III ends the last round.
+        for r in range(self.params.iterations):
             if r:
                 session.begin_iteration(r)
-            active = [s for s in seats if not s.converged]
-            bulletin = next((u.text for u in reversed(transcript.utterances) if u.kind == "meeting"), "")
-            # Built once per round, before anyone speaks, so every prompt of the round sees the same team state.
-            snapshot = "\n\n".join(
-                f"{s.member.id} ({s.member.specialty}), accepted:\n{s.attempt}" for s in seats if s.accepted
-            )
-            spoke: dict[str, tuple[Candidate, Utterance]] = {}
-            reviews: dict[str, list[Review]] = {}
-            critiques: dict[str, list[DifferentialReview]] = {}
-            start = len(notes)
-            try:
-                try:
-                    await gather_all(
-                        self._opinion(session, s, r, snapshot, bulletin, retriever, spoke, notes) for s in active
-                    )
-                finally:
-                    # Replies arrive in any order; the transcript and the notes list them in seat order, so a
-                    # resumed run (replayed calls return at once) records exactly what the first run did.
-                    transcript.utterances += [spoke[s.member.id][1] for s in active if s.member.id in spoke]
-                    notes[start:] = sorted(notes[start:])
-                if p.domain == "math":
-                    reviews = await self._review_round(session, active, seats, r, transcript, notes)
-                elif p.domain == "medicine" and r < p.iterations - 1 and not all(s.converged for s in seats):
-                    # Reviews feed the next round's revisions; the final round has none to feed.
-                    critiques = await self._differential_reviews(session, active, seats, r, transcript, notes)
-                last = r == p.iterations - 1 or all(s.converged for s in seats)
-                if last:
-                    decision = await self._decide(session, seats, r, transcript, notes)
-                    transcript.final_answer = decision.answer
-                elif p.domain == "medicine":
-                    self._medicine_meeting(seats, active, critiques, r, transcript, seen_issues)
-                else:
-                    self._meeting(seats, active, reviews, r, transcript, seen_issues)
-            except BudgetExhausted:
-                # Keep what the round finished; the team's majority stands in for the decision it could not make.
-                stopped = last = True
-                notes.append(f"stopped: {session.budget_stop}; the team's majority answer is used")
-            candidates = [
-                self._candidate(s, *spoke[s.member.id], reviews.get(s.member.id, []), r)
-                for s in active
-                if s.member.id in spoke
-            ]
-            session.end_iteration(
-                candidates,
-                selected=decision.answer if decision else self._majority(seats),
-                state=self._state(r, seats, transcript, decision),
-                notes=notes,
-            )
+            last = await self._round(session, talk, r, notes)
             notes = []
             if last:
                 break
-        chosen = decision.answer if decision else self._majority(seats) if stopped else None
-        text = (decision.proof or decision.report) if decision else ""
-        if decision and decision.top10:
-            text = "\n".join(f"[{i}] {name}" for i, name in enumerate(decision.top10, start=1))
-        result = session.result(self.name, answer=chosen, text=text)
-        if stopped:
-            session.budget_stopped(result)
-        if chosen is None:
-            result.status = "failed"
-            result.error = "the team reached no answer"
-        return result
+        return self._result(session, talk)
+
+    async def _teach(self, session: ProblemSession) -> ProblemResult:
+        """C.1: the student's pre-test, the team's (or a single teacher's) dialogue, the post-test."""
+        p, retriever, metadata = self.params, self._retriever(session), session.problem.metadata
+
+        async def retrieve(member: TeamMember, context: str, notes: list[str]) -> list[PoolEntry]:
+            return await self._hints(retriever, member, [context], notes, metadata)
+
+        return await teach(
+            session,
+            rounds=p.iterations,
+            team=p.teaching == "team",
+            form_team=self._form_team,
+            retrieve=retrieve,
+            name=self.name,
+            domain=self.domain.name,
+        )
 
     # ---- Stage I --------------------------------------------------------------------------------
 
     async def _form_team(self, session: ProblemSession, notes: list[str]) -> list[TeamMember]:
-        p = self.params
-        messages = recruit_prompt(session.problem.question, p.domain, p.team_size)
+        p, domain = self.params, self.domain
+        messages = domain.recruit_prompt(session.problem.question, p.team_size)
         for attempt in range(1 + p.retries):
             reply = await session.chat("coordinator", messages, sample=attempt, reply_model=TeamReply)
             why = reply.error or ("reply truncated at max_tokens" if reply.truncated else None)
             if why is None:
                 try:
-                    team, repairs = parse_team(reply.content, p.domain, p.team_size)
+                    team, repairs = domain.parse_team(reply.content, p.team_size)
                 except AgentOutputError as exc:
                     session.tally("coordinator").unusable += 1
                     why = str(exc)
@@ -302,9 +243,66 @@ class MATTRL(Method[MATTRLParams]):
                     return team
             notes.append(f"team formation attempt {attempt + 1}: unusable reply: {why}")
         notes.append("team formation: no usable team from the coordinator; the default team is used")
-        return default_team(p.domain, p.team_size, subject_of(session.problem.metadata))
+        return domain.default_team(p.team_size, session.problem.metadata)
 
     # ---- Stage II -------------------------------------------------------------------------------
+
+    async def _round(self, session: ProblemSession, talk: Deliberation, r: int, notes: list[str]) -> bool:
+        """Round ``r``: the opinions of the specialists not yet converged, the domain's peer review, then the
+        meeting step, or in the last round Stage III's decision; the round's record. True when it was the last."""
+        final = r == self.params.iterations - 1
+        active = [s for s in talk.seats if not s.converged]
+        # Built once per round, before anyone speaks, so every prompt of the round sees the same team state.
+        bulletin, snapshot = talk.bulletin(), talk.snapshot()
+        spoke: dict[str, tuple[Candidate, Utterance]] = {}
+        reviews: Reviews = {}
+        try:
+            await self._opinions(session, talk, active, r, snapshot, bulletin, spoke, notes)
+            reviews = await talk.review.review(session, active, talk.seats, r, talk.transcript, notes, final=final)
+            last = final or all(s.converged for s in talk.seats)
+            if last:
+                talk.decision = await self._decide(session, talk, r, notes)
+                talk.transcript.final_answer = talk.decision.answer
+            else:
+                talk.review.meeting(talk.seats, active, reviews, r, talk.transcript, talk.seen)
+        except BudgetExhausted:
+            # Keep what the round finished; the team's majority stands in for the decision it could not make.
+            talk.stopped = last = True
+            notes.append(f"stopped: {session.budget_stop}; the team's majority answer is used")
+        candidates = [
+            self._candidate(s, *spoke[s.member.id], talk.review.score(reviews.get(s.member.id, [])), r)
+            for s in active
+            if s.member.id in spoke
+        ]
+        session.end_iteration(
+            candidates,
+            selected=talk.decision.answer if talk.decision else self._majority(talk.seats),
+            state=self._state(r, talk),
+            notes=notes,
+        )
+        return last
+
+    async def _opinions(
+        self,
+        session: ProblemSession,
+        talk: Deliberation,
+        active: list[Seat],
+        r: int,
+        snapshot: str,
+        bulletin: str,
+        spoke: dict[str, tuple[Candidate, Utterance]],
+        notes: list[str],
+    ) -> None:
+        """Every active specialist's opinion of round ``r``, into ``spoke`` and the transcript (what finished is
+        kept when the budget stops the round)."""
+        start = len(notes)
+        try:
+            await gather_all(self._opinion(session, talk, s, r, snapshot, bulletin, spoke, notes) for s in active)
+        finally:
+            # Replies arrive in any order; the transcript and the notes list them in seat order, so a resumed run
+            # (replayed calls return at once) records exactly what the first run did.
+            talk.transcript.utterances += [spoke[s.member.id][1] for s in active if s.member.id in spoke]
+            notes[start:] = sorted(notes[start:])
 
     def _retriever(self, session: ProblemSession) -> Retriever | None:
         p = self.params
@@ -317,19 +315,20 @@ class MATTRL(Method[MATTRLParams]):
             self._pool = Pool.open(Path(p.pool), embed.name)
         return Retriever(self._pool, embed, p.top_k)
 
-    @staticmethod
     async def _hints(
+        self,
         retriever: Retriever | None,
         member: TeamMember,
         context: list[str],
         notes: list[str],
-        tier: Callable[[PoolEntry], int | None] | None = None,
+        metadata: Mapping[str, Any],
     ) -> list[PoolEntry]:
-        """The top-K entries for the case, the specialist and its current context (B.9), keyed by ``tier`` when
-        given (education: role, subject, difficulty)."""
+        """The top-K entries for the case, the specialist and its current context (B.9), ranked first by the
+        domain's retrieval keys where it declares them (education: role, subject, difficulty)."""
         if retriever is None:
             return []
         parts = [context[0], f"Specialist: {member.specialty}. {member.description}", *context[1:]]
+        tier = self.domain.retrieval_tier(member, metadata)
         try:
             hits = await retriever.pool.search("\n\n".join(c for c in parts if c), retriever.k, retriever.embed, tier)
         except LLMError as exc:
@@ -340,22 +339,21 @@ class MATTRL(Method[MATTRLParams]):
     async def _opinion(
         self,
         session: ProblemSession,
+        talk: Deliberation,
         seat: Seat,
         r: int,
         snapshot: str,
         bulletin: str,
-        retriever: Retriever | None,
         spoke: dict[str, tuple[Candidate, Utterance]],
         notes: list[str],
     ) -> None:
         """The specialist's opinion of round ``r``, into ``spoke`` with its utterance (kept if the round stops)."""
-        p, question = self.params, session.problem.question
+        question, domain = session.problem.question, self.domain
         context = [question, seat.attempt, seat.feedback] if seat.attempt else [question]
-        hints = await self._hints(retriever, seat.member, context, notes)
-        messages = opinion_prompt(
+        hints = await self._hints(talk.retriever, seat.member, context, notes, session.problem.metadata)
+        messages = domain.opinion_prompt(
             question,
             seat.member,
-            p.domain,
             round_=r,
             previous=seat.attempt,
             feedback=seat.feedback,
@@ -364,24 +362,18 @@ class MATTRL(Method[MATTRLParams]):
             hints=hints,
         )
         # A solution-like call (methods/steps.py): the echo guard, extraction and tally of every solution writer; an
-        # opinion's answer is its boxed value (math) or its top diagnosis (medicine).
+        # opinion's answer is the one the domain reads from it.
         said = await solve_call(
-            session,
-            "specialist",
-            messages,
-            index=seat.index,
-            mode="numeric" if p.domain == "math" else p.domain,
-            parse=partial(_read_opinion, domain=p.domain),
+            session, "specialist", messages, index=seat.index, mode=domain.answer_mode, parse=self._read_opinion
         )
         if said is None:
-            # The budget refused the call: the round keeps what finished (see solve).
+            # The budget refused the call: the round keeps what finished (see _round).
             raise BudgetExhausted(session.budget_stop or "budget spent")
         if said.meta.get("echo_retry"):
             notes.append(
                 f"{seat.member.id}: the opinion's {said.meta['echo_retry']} echoed the instructions; asked again"
             )
-        seat.previous_answer, previous_top10 = seat.answer, seat.top10
-        seat.previous_top10 = previous_top10
+        seat.previous_answer, seat.previous_top10 = seat.answer, seat.top10
         if said.meta.get("echo"):
             notes.append(f"{seat.member.id}: the retried opinion echoed the instructions too; keeps its attempt")
         elif said.error or not said.text.strip():
@@ -391,14 +383,7 @@ class MATTRL(Method[MATTRLParams]):
                 notes.append(f"{seat.member.id}: opinion truncated at max_tokens")
             seat.attempt = said.text.strip()
             seat.answer = said.answer
-            if p.domain == "medicine":
-                seat.top10 = parse_differential(seat.attempt)
-                if len(seat.top10) < 10:
-                    notes.append(f"{seat.member.id}: differential has {len(seat.top10)} of 10 diagnoses")
-                # Medicine converges when a specialist's differential no longer changes between rounds.
-                seat.converged = r > 0 and bool(seat.top10) and seat.top10 == previous_top10
-            elif seat.answer is None:
-                notes.append(f"{seat.member.id}: opinion states no final answer")
+            talk.review.read_opinion(seat, r, notes)
         spoke[seat.member.id] = (
             said,
             Utterance(
@@ -412,295 +397,42 @@ class MATTRL(Method[MATTRLParams]):
             ),
         )
 
-    async def _review_round(
-        self,
-        session: ProblemSession,
-        active: list[Seat],
-        seats: list[Seat],
-        r: int,
-        transcript: Transcript,
-        notes: list[str],
-    ) -> dict[str, list[Review]]:
-        """B.4: every active attempt reviewed by every other specialist; then acceptance and convergence."""
-        pairs = [(t, s) for t in active for s in seats if s is not t and t.attempt]
-        start = len(notes)
-        done = await gather_all(
-            self._review(session, reviewer, target, len(seats), notes) for target, reviewer in pairs
-        )
-        notes[start:] = sorted(notes[start:])  # in a fixed order, whatever order the reviews came back in
-        reviews: dict[str, list[Review]] = {s.member.id: [] for s in active}
-        for (target, _), (review, reply) in zip(pairs, done, strict=True):
-            reviews[target.member.id].append(review)
-            transcript.utterances.append(
-                Utterance(
-                    round=r,
-                    agent=review.reviewer,
-                    kind="review",
-                    text=reply.content if reply is not None else review.analysis,
-                    target=target.member.id,
-                    answer=review.verdict,
-                    call_id=reply.call_id if reply is not None else None,
-                )
-            )
-        for seat in active:
-            own = reviews[seat.member.id]
-            seat.accepted = accepted(own)
-            serious = any(i.severity in ("fatal", "major") for rv in own for i in rv.issues)
-            kept = (
-                r > 0
-                and seat.answer is not None
-                and normalize_answer(seat.answer) == normalize_answer(seat.previous_answer or "")
-            )
-            seat.converged = seat.accepted or (kept and not serious and all(rv.verdict != "reject" for rv in own))
-        return reviews
-
-    async def _review(
-        self, session: ProblemSession, reviewer: Seat, target: Seat, team: int, notes: list[str]
-    ) -> tuple[Review, Completion | None]:
-        review, reply, why = await self._ask_reviewer(
-            session,
-            review_prompt(session.problem.question, reviewer.member, target.member, target.attempt),
-            _REVIEW_SAMPLE + target.index * team + reviewer.index,
-            ReviewReply,
-            lambda r: parse_review(r.content, reviewer.member.id, target.member.id, truncated=r.truncated),
-            lambda rv: [("analysis", rv.analysis), *((f"issue {i.type}", f"{i.note} {i.fix}") for i in rv.issues)],
-        )
-        if review is not None:
-            return review, reply
-        notes.append(f"review of {target.member.id} by {reviewer.member.id}: unusable ({why}); counted as revise")
-        return unreadable_review(reviewer.member.id, target.member.id, why), reply
-
-    async def _ask_reviewer(
-        self,
-        session: ProblemSession,
-        messages: list[Message],
-        sample: int,
-        reply_model: type[BaseModel],
-        parse: Callable[[Completion], ReviewT],
-        fields: Callable[[ReviewT], list[tuple[str, str | None]]],
-    ) -> tuple[ReviewT | None, Completion | None, str]:
-        """One peer review, asked again (within ``retries``) when the call failed, the reply could not be read or it
-        echoed its instructions; (None, the last reply, why) when no attempt gave a usable review."""
-        guard = EchoGuard.of(messages)
-        why = ""
-        reply: Completion | None = None
-        for attempt in range(1 + self.params.retries):
-            reply = await session.chat(
-                "reviewer", messages, sample=sample + attempt * _RETRY_OFFSET, reply_model=reply_model
-            )
-            if not reply.ok:
-                why = reply.error or "call failed"
-                continue
-            try:
-                review = parse(reply)
-            except AgentOutputError as exc:
-                # Counted per reply, so the report's parse-failure share per role compares runs with and without
-                # structured outputs.
-                session.tally("reviewer").unusable += 1
-                why = str(exc)
-                continue
-            echoed = guard.first_echo(fields(review))
-            if echoed is not None:
-                # A review that repeats its instructions is no review: asked again, never counted or shared.
-                session.tally("reviewer").echo += 1
-                why = f"its {echoed} echoes the prompt's instructions"
-                continue
-            return review, reply, ""
-        return None, reply, why
-
-    def _meeting(
-        self,
-        seats: list[Seat],
-        active: list[Seat],
-        reviews: dict[str, list[Review]],
-        r: int,
-        transcript: Transcript,
-        seen_issues: list[str],
-    ) -> None:
-        """The meeting step: each specialist's own feedback, and a bulletin of the round's new, distinct issues."""
-        lines: list[str] = []
-        for seat in active:
-            own = reviews.get(seat.member.id, [])
-            fresh = []
-            for review in own:
-                for issue in review.issues:
-                    key = f"{issue.note} {issue.fix}"
-                    if any(jaccard(key, seen) >= _DUPLICATE_ISSUE for seen in seen_issues):
-                        continue
-                    seen_issues.append(key)
-                    fresh.append(issue)
-            hints = sorted({rv.alt_hint.strip() for rv in own if rv.alt_hint and rv.alt_hint.strip()})
-            seat.feedback = json.dumps(
-                {
-                    "verdicts": {rv.reviewer: rv.verdict for rv in own},
-                    "issues": [i.model_dump() for rv in own for i in rv.issues],
-                    "alt_hints": hints,
-                },
-                ensure_ascii=False,
-            )
-            status = "accepted" if seat.accepted else ("converged" if seat.converged else "open")
-            lines.append(f"{seat.member.id} ({seat.member.specialty}): {status}, answer {seat.answer or 'none'}")
-            lines += [f"  - [{i.severity} {i.type}] {i.note}" + (f" Fix: {i.fix}" if i.fix else "") for i in fresh]
-        transcript.utterances.append(Utterance(round=r, agent="coordinator", kind="meeting", text="\n".join(lines)))
-
-    async def _differential_reviews(
-        self,
-        session: ProblemSession,
-        active: list[Seat],
-        seats: list[Seat],
-        r: int,
-        transcript: Transcript,
-        notes: list[str],
-    ) -> dict[str, list[DifferentialReview]]:
-        """A.4: every active differential critiqued by every other specialist (agreements, disagreements,
-        changes)."""
-        pairs = [(t, s) for t in active for s in seats if s is not t and t.attempt]
-        start = len(notes)
-        done = await gather_all(
-            self._critique(session, reviewer, target, len(seats), notes) for target, reviewer in pairs
-        )
-        notes[start:] = sorted(notes[start:])
-        critiques: dict[str, list[DifferentialReview]] = {s.member.id: [] for s in active}
-        for (target, _), (review, reply) in zip(pairs, done, strict=True):
-            critiques[target.member.id].append(review)
-            transcript.utterances.append(
-                Utterance(
-                    round=r,
-                    agent=review.reviewer,
-                    kind="review",
-                    text=reply.content if reply is not None and reply.ok else review.analysis,
-                    target=target.member.id,
-                    call_id=reply.call_id if reply is not None else None,
-                )
-            )
-        return critiques
-
-    async def _critique(
-        self, session: ProblemSession, reviewer: Seat, target: Seat, team: int, notes: list[str]
-    ) -> tuple[DifferentialReview, Completion | None]:
-        review, reply, why = await self._ask_reviewer(
-            session,
-            differential_review_prompt(session.problem.question, reviewer.member, target.member, target.attempt),
-            _REVIEW_SAMPLE + target.index * team + reviewer.index,
-            DifferentialReviewReply,
-            lambda r: parse_differential_review(r.content, reviewer.member.id, target.member.id, truncated=r.truncated),
-            lambda rv: [
-                ("analysis", rv.analysis),
-                *(("agreement", point) for point in rv.agreements),
-                *(("disagreement", point) for point in rv.disagreements),
-                *(("change", point) for point in rv.changes),
-            ],
-        )
-        if review is not None:
-            return review, reply
-        notes.append(f"review of {target.member.id} by {reviewer.member.id}: unusable ({why}); nothing shared")
-        return unreadable_differential_review(reviewer.member.id, target.member.id, why), reply
-
-    def _medicine_meeting(
-        self,
-        seats: list[Seat],
-        active: list[Seat],
-        critiques: dict[str, list[DifferentialReview]],
-        r: int,
-        transcript: Transcript,
-        seen: list[str],
-    ) -> None:
-        """Eq. 6 for medicine: each specialist's change to its differential (Delta O_s) and the round's peer-review
-        points not raised before, de-duplicated; each specialist's own reviews become its feedback."""
-        lines: list[str] = []
-        for seat in active:
-            own = critiques.get(seat.member.id, [])
-            seat.feedback = json.dumps(
-                [
-                    {
-                        "reviewer": rv.reviewer,
-                        "analysis": rv.analysis,
-                        "agreements": rv.agreements,
-                        "disagreements": rv.disagreements,
-                        "changes": rv.changes,
-                    }
-                    for rv in own
-                    if rv.readable
-                ],
-                ensure_ascii=False,
-            )
-            lines.append(f"{seat.member.id} ({seat.member.specialty}): {self._differential_change(seat)}")
-            for rv in own:
-                for label, points in (("disagrees", rv.disagreements), ("asks to change", rv.changes)):
-                    for point in points:
-                        if any(jaccard(point, old) >= _DUPLICATE_ISSUE for old in seen):
-                            continue
-                        seen.append(point)
-                        lines.append(f"  - {rv.reviewer} {label}: {point}")
-        if self.params.pooled_differential:
-            pooled = self._pooled_differential(seats)
-            if pooled:
-                lines.append("Team differential by Borda count (pooled_differential option): " + "; ".join(pooled))
-        transcript.utterances.append(Utterance(round=r, agent="coordinator", kind="meeting", text="\n".join(lines)))
-
-    @staticmethod
-    def _differential_change(seat: Seat) -> str:
-        """Delta O_s (Eq. 5) of a differential: what entered and what left the list this round."""
-        if not seat.top10:
-            return "no readable differential"
-        before = {n.lower() for n in seat.previous_top10}
-        after = {n.lower() for n in seat.top10}
-        if not seat.previous_top10:
-            return "proposed " + "; ".join(seat.top10)
-        added = [n for n in seat.top10 if n.lower() not in before]
-        dropped = [n for n in seat.previous_top10 if n.lower() not in after]
-        if not added and not dropped:
-            return "unchanged" if seat.top10 == seat.previous_top10 else "reordered its list"
-        parts = [f"added {'; '.join(added)}"] if added else []
-        parts += [f"dropped {'; '.join(dropped)}"] if dropped else []
-        return ", ".join(parts)
-
-    @staticmethod
-    def _pooled_differential(seats: list[Seat]) -> list[str]:
-        """Medicine: the team's ten best diagnoses by Borda count (rank 1 earns 10 points, rank 10 earns 1)."""
-        points: Counter[str] = Counter()
-        spelled: dict[str, str] = {}
-        for seat in seats:
-            for rank, name in enumerate(seat.top10[:10]):
-                points[name.lower()] += 10 - rank
-                spelled.setdefault(name.lower(), name)
-        return [spelled[k] for k, _ in points.most_common(10)]
+    def _read_opinion(self, content: str, mode: str) -> SolutionOutput:
+        """An opinion as a solution: the whole reply, and the answer the domain reads from it; in math, where it
+        came from (boxed or a final-answer statement)."""
+        parsed = parse_solution(content, mode)
+        return parsed.model_copy(update={"text": content, "answer": self.domain.opinion_answer(content)})
 
     # ---- Stage III ------------------------------------------------------------------------------
 
-    async def _decide(
-        self, session: ProblemSession, seats: list[Seat], r: int, transcript: Transcript, notes: list[str]
-    ) -> Decision:
-        domain = self.params.domain
-        summary = self._summary(session, seats, transcript)
-        messages = decision_prompt(session.problem.question, domain, summary)
+    async def _decide(self, session: ProblemSession, talk: Deliberation, r: int, notes: list[str]) -> Decision:
+        domain, seats = self.domain, talk.seats
+        messages = domain.decision_prompt(session.problem.question, self._summary(session, talk))
         guard = EchoGuard.of(messages)
 
         def echo_of(reply: Completion) -> str | None:
-            found = parse_decision(reply.content, domain)
+            found = domain.parse_decision(reply.content)
             return "final answer" if found is not None and guard.echoes_answer(found.answer) else None
 
         guarded = await chat_guarded(session, "coordinator", messages, echo_of, sample=_DECISION_SAMPLE)
         reply = guarded.reply
         if guarded.first_echo is not None:
             notes.append("decision: the final answer echoed the prompt's instructions; asked again")
-        decision = parse_decision(reply.content, domain) if reply.ok and guarded.echo is None else None
+        decision = domain.parse_decision(reply.content) if reply.ok and guarded.echo is None else None
         final = reply
         if decision is None and reply.ok and reply.content.strip() and guarded.echo is None:
             notes.append("decision: the required tags are missing; asked for one rewrite")
-            final = await session.chat(
-                "coordinator", rewrite_prompt(reply.content, domain), sample=_DECISION_SAMPLE + 1
-            )
-            decision = parse_decision(final.content, domain) if final.ok else None
+            final = await session.chat("coordinator", domain.rewrite_prompt(reply.content), sample=_DECISION_SAMPLE + 1)
+            decision = domain.parse_decision(final.content) if final.ok else None
         if decision is None:
-            boxed = last_boxed(reply.content) if domain == "math" and reply.ok and guarded.echo is None else None
-            pooled = self._pooled_differential(seats)
-            decision = Decision(report=reply.content if reply.ok else "", answer=boxed or self._majority(seats))
+            read = domain.decision_fallback(reply.content) if reply.ok and guarded.echo is None else None
+            pooled = pooled_differential(seats)
+            decision = Decision(report=reply.content if reply.ok else "", answer=read or self._majority(seats))
             if pooled:
                 decision.top10, decision.answer = pooled, pooled[0]
             source = (
-                "its boxed answer"
-                if boxed
+                "the answer read from its reply"
+                if read
                 else "the team's pooled differential"
                 if pooled
                 else "the team's majority answer"
@@ -709,10 +441,10 @@ class MATTRL(Method[MATTRLParams]):
                 "its answer echoed the instructions twice" if guarded.echo else "no tags after the rewrite"
             )
             notes.append(f"decision: unreadable ({why}); {source} is used")
-        transcript.utterances.append(
+        talk.transcript.utterances.append(
             Utterance(round=r, agent="coordinator", kind="report", text=decision.report, call_id=reply.call_id)
         )
-        transcript.utterances.append(
+        talk.transcript.utterances.append(
             Utterance(
                 round=r,
                 agent="coordinator",
@@ -724,7 +456,7 @@ class MATTRL(Method[MATTRLParams]):
         )
         return decision
 
-    def _summary(self, session: ProblemSession, seats: list[Seat], transcript: Transcript) -> str:
+    def _summary(self, session: ProblemSession, talk: Deliberation) -> str:
         """What the chair reads (Eq. 7: the union of every specialist's opinions over every round, B.5): each
         specialist's final status and answer, then every round's opinions, fitted to the coordinator's context
         window (older rounds shortened first) when the window is known."""
@@ -732,11 +464,11 @@ class MATTRL(Method[MATTRLParams]):
             f"{s.member.id} {s.member.specialty} ({s.member.role or 'member'}): "
             f"{'accepted' if s.accepted else 'converged' if s.converged else 'unresolved'}; "
             f"answer: {s.answer or 'none'}"
-            for s in seats
+            for s in talk.seats
         ]
-        names = {s.member.id: f"{s.member.id} {s.member.specialty}" for s in seats}
+        names = {s.member.id: f"{s.member.id} {s.member.specialty}" for s in talk.seats}
         rounds: dict[int, list[tuple[str, str]]] = {}
-        for u in transcript.utterances:
+        for u in talk.transcript.utterances:
             if u.kind == "opinion" and u.agent in names and u.text.strip():
                 rounds.setdefault(u.round, []).append((names[u.agent], u.text.strip()))
         return discussion_record(
@@ -750,11 +482,26 @@ class MATTRL(Method[MATTRLParams]):
         if window is None:
             return None
         reply = session.max_tokens("coordinator") or window // 4
-        frame = decision_prompt(session.problem.question, self.params.domain, "")
+        frame = self.domain.decision_prompt(session.problem.question, "")
         tokens = window - reply - _PROMPT_MARGIN_TOKENS
         return max(0, int(tokens * CHARS_PER_TOKEN) - sum(len(m.content) for m in frame))
 
     # ---- records --------------------------------------------------------------------------------
+
+    def _result(self, session: ProblemSession, talk: Deliberation) -> ProblemResult:
+        """The decision's answer (the team's majority where the budget stopped the deliberation first)."""
+        decision = talk.decision
+        chosen = decision.answer if decision else self._majority(talk.seats) if talk.stopped else None
+        text = (decision.proof or decision.report) if decision else ""
+        if decision and decision.top10:
+            text = "\n".join(f"[{i}] {name}" for i, name in enumerate(decision.top10, start=1))
+        result = session.result(self.name, answer=chosen, text=text)
+        if talk.stopped:
+            session.budget_stopped(result)
+        if chosen is None:
+            result.status = "failed"
+            result.error = "the team reached no answer"
+        return result
 
     @staticmethod
     def _majority(seats: list[Seat]) -> str | None:
@@ -768,8 +515,9 @@ class MATTRL(Method[MATTRLParams]):
         return next(s.answer for s in order if s.index in answers and counts[answers[s.index]] == top)
 
     @staticmethod
-    def _candidate(seat: Seat, said: Candidate, opinion: Utterance, reviews: list[Review], r: int) -> Candidate:
-        """The seat's candidate of round ``r``: its opinion (from the solution step) with where the seat stands."""
+    def _candidate(seat: Seat, said: Candidate, opinion: Utterance, score: float | None, r: int) -> Candidate:
+        """The seat's candidate of round ``r``: its opinion (from the solution step) with where the seat stands, and
+        the score its reviews give (math: the share of peers that accepted it, so reports can rank attempts)."""
         meta: dict[str, Any] = {
             "member": seat.member.id,
             "specialty": seat.member.specialty,
@@ -781,23 +529,14 @@ class MATTRL(Method[MATTRLParams]):
         }
         if seat.top10:
             meta["top10"] = seat.top10
-        # The share of peers that accepted the attempt (math), so reports can rank attempts.
-        score = sum(rv.verdict == "accept" for rv in reviews) / len(reviews) if reviews else None
         return said.model_copy(update={"answer": opinion.answer, "score": score, "meta": meta})
 
     @staticmethod
-    def _state(r: int, seats: list[Seat], transcript: Transcript, decision: Decision | None) -> dict[str, Any]:
+    def _state(r: int, talk: Deliberation) -> dict[str, Any]:
         members = [
-            SeatRecord(id=s.member.id, answer=s.answer, accepted=s.accepted, converged=s.converged) for s in seats
+            SeatRecord(id=s.member.id, answer=s.answer, accepted=s.accepted, converged=s.converged) for s in talk.seats
         ]
-        state = MATTRLState(round=r, members=members, transcript=transcript)
-        if decision is not None:
-            state.decision = decision
+        state = MATTRLState(round=r, members=members, transcript=talk.transcript)
+        if talk.decision is not None:
+            state.decision = talk.decision
         return state.stored()
-
-
-def _read_opinion(content: str, mode: str, *, domain: str) -> SolutionOutput:
-    """An opinion as a solution: the whole reply, and the answer it states (:func:`opinion_answer`); in math, where
-    it came from (boxed or a final-answer statement)."""
-    parsed = parse_solution(content, mode)
-    return parsed.model_copy(update={"text": content, "answer": opinion_answer(content, domain)})

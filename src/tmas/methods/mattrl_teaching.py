@@ -7,7 +7,8 @@ retrieved experience when a pool is configured, and the coordinator plans the ro
 student replies. The last round's record also holds the closing guidance and the post-test. The teachers know the
 reference answer (the paper's setting), so this domain reads ``problem.answer``; the student never sees it.
 
-Retrieval (C.1.1) is keyed by the teacher's role and the question's subject and difficulty (:func:`teaching_tier`).
+Retrieval (C.1.1) is keyed by the teacher's role and the question's subject and difficulty (the domain's
+declaration: :meth:`tmas.methods.mattrl_domains.education.Education.retrieval_tier`).
 
 ``state``: ``pre``/``post`` letters and whether each is correct (Acc_pre, Acc_post and their delta come from them),
 ``teaching`` (``single`` or ``team``), and the transcript.
@@ -35,26 +36,6 @@ from tmas.methods.base import Candidate, ProblemResult, ProblemSession, gather_a
 from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.state import MATTRLState
 
-
-def teaching_tier(role: str, subject: str, difficulty: str) -> Callable[[PoolEntry], int | None]:
-    """C.1.1's keyed retrieval as a tier per pool entry (lower first, None never): only education entries of the
-    teacher's role (entries without a role, written before roles were recorded, come after all others);
-    subject-specific entries only for the same subject; entries of the same difficulty (or of none recorded)
-    before those of another. Within a tier the pool ranks by cosine similarity."""
-
-    def same(a: str, b: str) -> bool:
-        return not a or not b or a.strip().lower() == b.strip().lower()
-
-    def tier(entry: PoolEntry) -> int | None:
-        if entry.domain != "education" or (entry.role and entry.role != role):
-            return None
-        if entry.scope == "case" and not same(entry.subject, subject):
-            return None
-        return (0 if same(entry.difficulty, difficulty) else 1) + (0 if entry.role else 2)
-
-    return tier
-
-
 FormTeam = Callable[[ProblemSession, list[str]], Awaitable[list[TeamMember]]]
 Retrieve = Callable[[TeamMember, str, list[str]], Awaitable[list[PoolEntry]]]
 
@@ -77,11 +58,20 @@ def _same(letter: str | None, gold: str | None) -> bool:
 
 
 async def teach(
-    session: ProblemSession, *, rounds: int, team: bool, form_team: FormTeam, retrieve: Retrieve, name: str
+    session: ProblemSession,
+    *,
+    rounds: int,
+    team: bool,
+    form_team: FormTeam,
+    retrieve: Retrieve,
+    name: str,
+    domain: str,
 ) -> ProblemResult:
+    """The case of ``session`` taught over ``rounds`` rounds by a team (``form_team``) or one teacher; ``name`` is
+    the method's, ``domain`` the teaching domain's (its transcript's)."""
     problem = session.problem
     gold = (problem.answer or "").strip()
-    transcript = Transcript(problem_id=problem.problem_id, domain="education")
+    transcript = Transcript(problem_id=problem.problem_id, domain=domain)
     notes: list[str] = []
     session.begin_iteration(0)
     pre = await session.chat("student", student_prompt(problem.question))

@@ -50,7 +50,7 @@ from tmas.agents.echo import EchoFiltered, EchoGuard
 from tmas.agents.experience import experience_prompt, experience_reply_model, parse_experience_update
 from tmas.agents.guideline import GuidelineReply, guideline_prompt, parse_guideline_update
 from tmas.agents.output import AgentOutputError
-from tmas.agents.rollouts import CHARS_PER_TOKEN, Rollout, RolloutFit, fit_rollouts
+from tmas.agents.rollouts import CHARS_PER_TOKEN, Rollout, RolloutFit, RolloutView, fit_rollouts
 from tmas.agents.score_first import parse_score_first, score_first_prompt
 from tmas.agents.solution import (
     SolutionPrompt,
@@ -62,7 +62,8 @@ from tmas.agents.solution import (
 from tmas.agents.summary import Summary, parse_summary, summary_from_scores, summary_prompt
 from tmas.agents.verification import Verification, VerificationReply, parse_verification, verification_prompt
 from tmas.answer_classes import value_key
-from tmas.config import Sampling
+from tmas.config import Sampling, Settings
+from tmas.llm.sampling import resolve_role
 from tmas.llm.types import Completion, Message
 from tmas.memory.experience_bank import ExperienceBank, apply_experience_ops
 from tmas.memory.guideline_bank import GuidelineBank, apply_strategy_classifications
@@ -82,6 +83,7 @@ from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.state import MethodState, TMASState
 from tmas.methods.steps import Anomaly, fallback_note, select_answer, solution_anomalies, solve_call
 from tmas.methods.tmas_params import TMAS_ROLES, TMASParams
+from tmas.methods.training_prompts import IterationPrompts, Rendering
 from tmas.methods.traits import Traits
 
 Update = TypeVar("Update", bound=EchoFiltered)
@@ -100,7 +102,7 @@ def rollout_budget_chars(
 ) -> int | None:
     """Characters left for R_{t-1} in a prompt whose other parts are ``base``: ``context_tokens`` when given, else
     the context window less the reply's max_tokens (a quarter of the window when unset) and a margin; None when
-    neither is known. Shared by inference and the RL data builder, so training prompts are fitted the same way."""
+    neither is known."""
     tokens = context_tokens
     if tokens is None and window is not None:
         # A reply budget as large as the window (the paper preset's 128K) would leave the prompt nothing: keep half
@@ -312,10 +314,9 @@ class TMAS(Method[TMASParams]):
         log: IterationLog,
     ) -> SolutionPlan:
         """z_{t,i} ~ Bernoulli(epsilon) per candidate (line 7) and the prompt each one gets (lines 8-12, eq. 1)."""
-        p, q, mode = self.params, session.problem.question, self.params.mode
-        style = p.style_of("solution")
+        p, q = self.params, session.problem.question
         if t == 0:
-            first = generation_prompt(q, mode, style)
+            first = self._generation_prompt(q)
             return SolutionPlan(["generate"] * p.n, ["generate"] * p.n, [first] * p.n)
         draws = [_bernoulli(session.seed, session.problem.problem_id, t, i, p.epsilon) for i in range(p.n)]
         cache: dict[str, list[Message]] = {}
@@ -326,16 +327,15 @@ class TMAS(Method[TMASParams]):
             name = self._prompt_name(z, bool(prev.rollouts))
             if name not in cache:
                 if name == "explore":
-                    cache[name] = explore_prompt(q, mode, prev.guideline.strategies, style)
+                    cache[name] = self._explore_prompt(q, prev.guideline)
                 elif name == "refine":
                     experience = None if p.no_experience else prev.experience
-                    base = refine_prompt(q, mode, [], experience, style)
-                    fit = self._fit(session, "solution", prev.rollouts, base)
+                    window, reply = self._window(session, "solution")
+                    cache[name], fit = self._exploit_prompt(q, prev.rollouts, experience, window, reply)
                     if fit.changed:
                         log.notes.append(f"exploit prompt: {fit.describe()}")
-                    cache[name] = refine_prompt(q, mode, fit.views, experience, style)
                 else:
-                    cache[name] = generation_prompt(q, mode, style)
+                    cache[name] = self._generation_prompt(q)
             modes.append("explore" if z else "exploit")
             names.append(name)
             messages.append(cache[name])
@@ -349,6 +349,39 @@ class TMAS(Method[TMASParams]):
         # A_sol(x, R_{t-1}, E_{t-1}); with no usable rollout left, a fresh sample
         return "refine" if have_rollouts else "generate"
 
+    def _generation_prompt(self, question: str) -> list[Message]:
+        """A_sol(x): the plain solution prompt (iteration 0, and a fresh sample)."""
+        return generation_prompt(question, self.params.mode, self.params.style_of("solution"))
+
+    def _explore_prompt(self, question: str, guideline: GuidelineBank) -> list[Message]:
+        """A_sol(x, G_{t-1}) (line 12): the solution prompt with the guideline constraint listing G_{t-1}."""
+        p = self.params
+        return explore_prompt(question, p.mode, guideline.strategies, p.style_of("solution"))
+
+    def _refine_prompt(
+        self, question: str, views: list[RolloutView], experience: ExperienceBank | None
+    ) -> list[Message]:
+        p = self.params
+        return refine_prompt(question, p.mode, views, experience, p.style_of("solution"))
+
+    def _exploit_prompt(
+        self,
+        question: str,
+        rollouts: list[Rollout],
+        experience: ExperienceBank | None,
+        window: int | None,
+        reply_tokens: int | None,
+    ) -> tuple[list[Message], RolloutFit]:
+        """A_sol(x, R_{t-1}, E_{t-1}) (line 10): the refine prompt, R_{t-1} fitted to the prompt budget a context
+        ``window`` and ``reply_tokens`` leave beside E_{t-1} (None: no bank in the prompt)."""
+        fit = self._fit_to(rollouts, self._refine_prompt(question, [], experience), window, reply_tokens)
+        return self._refine_prompt(question, fit.views, experience), fit
+
+    def _window(self, session: ProblemSession, role: str) -> tuple[int | None, int | None]:
+        """``role``'s context window and reply max_tokens, where they bound its prompts (not with context_tokens)."""
+        window = session.context_window(role) if self.params.context_tokens is None else None
+        return window, session.max_tokens(role) if window is not None else None
+
     def _fit(
         self,
         session: ProblemSession,
@@ -358,11 +391,59 @@ class TMAS(Method[TMASParams]):
     ) -> RolloutFit:
         """R_{t-1} as a prompt of ``role`` shows it: all of it, unless top_k / max_solution_chars / the window say
         otherwise."""
+        return self._fit_to(rollouts, base, *self._window(session, role))
+
+    def _fit_to(
+        self, rollouts: list[Rollout], base: list[Message], window: int | None, reply_tokens: int | None
+    ) -> RolloutFit:
         p = self.params
-        window = session.context_window(role) if p.context_tokens is None else None
-        reply = session.max_tokens(role) if window is not None else None
-        budget = rollout_budget_chars(base, context_tokens=p.context_tokens, window=window, reply_tokens=reply)
+        budget = rollout_budget_chars(base, context_tokens=p.context_tokens, window=window, reply_tokens=reply_tokens)
         return fit_rollouts(rollouts, top_k=p.top_k, max_solution_chars=p.max_solution_chars, budget_chars=budget)
+
+    # ------------------------------------------------------------------------------------------ what RL trains on
+    # tmas rl build-data (section 3.3) reads a stored run's solution prompts through these
+    # (methods/training_prompts.py), built by the builders above, so training sees what inference sent.
+    def rendering(self, settings: Settings | None, context_length: int | None) -> Rendering:
+        """The solution agent's style and prompt budget of a run, from its parameters and settings. The window is
+        the solution role's configured ``context_length`` (the embedded model's ``ctx_per_slot``); one the run only
+        learnt from its server at run time is not stored, and ``context_length`` gives it."""
+        p = self.params
+        window = context_length
+        reply = None
+        if settings is not None:
+            role = settings.roles.get("solution")
+            if window is None:
+                window = (role.context_length if role else None) or settings.endpoint.context_length
+                if window is None and settings.uses_local_model:
+                    window = settings.local.ctx_per_slot
+            preset, own = p.sampling_layers("solution")
+            reply = resolve_role(settings, "solution", preset=preset, method=own).sampling.max_tokens
+        return Rendering(
+            style=p.style_of("solution"),
+            top_k=p.top_k,
+            max_solution_chars=p.max_solution_chars,
+            context_tokens=p.context_tokens,
+            window=window,
+            reply_tokens=reply,
+        )
+
+    def first_prompt(self, question: str, rendering: Rendering) -> list[Message]:
+        return self._generation_prompt(question)
+
+    def prompts_after(self, question: str, record: dict[str, Any], rendering: Rendering) -> IterationPrompts:
+        """Iteration t's exploit prompts (Base and Bank, R_{t-1} fitted as inference fits the exploit prompt, with
+        the bank, and shown the same way in both halves) and explore prompt, from the stored record of t-1."""
+        p = self.params
+        banks = TMASState.model_validate(record.get("state") or {})
+        experience, guideline = banks.experience_bank, banks.guideline_bank
+        rollouts = _stored_rollouts(record)
+        exploit = None
+        if rollouts and len(experience) and not p.no_experience:
+            _, fit = self._exploit_prompt(question, rollouts, experience, rendering.window, rendering.reply_tokens)
+            base, bank = (self._refine_prompt(question, fit.views, shown) for shown in (None, experience))
+            exploit = (base, bank)
+        explore = self._explore_prompt(question, guideline) if len(guideline) and not p.no_guideline else None
+        return IterationPrompts(experience, guideline, exploit, explore)
 
     async def _chained_rollout(
         self, session: ProblemSession, i: int, plan: SolutionPlan, log: IterationLog, *, summarize: bool
@@ -685,6 +766,25 @@ class TMAS(Method[TMASParams]):
 
 
 # ---------------------------------------------------------------------------------------------- helpers
+def _stored_rollouts(record: dict[str, Any]) -> list[Rollout]:
+    """R_t of a stored iteration record: the candidates whose solution call succeeded, with their summaries."""
+    out = []
+    for cand in record.get("candidates", []):
+        if cand.get("error"):
+            continue
+        meta = cand.get("meta") or {}
+        out.append(
+            Rollout(
+                index=int(cand["index"]),
+                solution=cand.get("text") or "",
+                summary=str(meta.get("summary") or ""),
+                score=float(cand.get("score") or 0.0),
+                answer=cand.get("answer"),
+            )
+        )
+    return out
+
+
 def _bernoulli(seed: int, problem_id: str, t: int, i: int, epsilon: float) -> bool:
     """z_{t,i} ~ Bernoulli(epsilon), from an RNG fixed by (run seed, problem, iteration, candidate)."""
     return random.Random(f"{seed}\x1f{problem_id}\x1f{t}\x1f{i}").random() < epsilon

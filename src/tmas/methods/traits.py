@@ -21,6 +21,9 @@ class Traits(BaseModel):
     one_chain: bool = False
     # The agent roles its calls go out under (``[roles.NAME]`` settings and per-role sampling apply to these).
     roles: tuple[str, ...] = ("solution",)
+    # The parameter that sets how many independent samples of the plain solution prompt one iteration draws, for a
+    # method that draws nothing else (majority vote's ``k``); the difficulty filter samples with such a method.
+    samples: str | None = None
 
 
 DEFAULT_TRAITS = Traits()

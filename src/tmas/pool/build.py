@@ -40,8 +40,8 @@ from tmas.config import Settings
 from tmas.grading.registry import GradeMode
 from tmas.llm.factory import open_model
 from tmas.llm.model import ChatModel
-from tmas.llm.types import CallKey
-from tmas.memory.embedders import embedder_for
+from tmas.llm.types import CallKey, Message
+from tmas.memory.embedders import Embedder, embedder_for
 from tmas.memory.pool import META, Pool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.pool.credit import (
@@ -66,6 +66,9 @@ SUMMARIZER_ROLE = "summarizer"
 # (stage, done, total): how far the build is, for a progress bar.
 ProgressFn = Callable[[str, int, int], None]
 
+# (run, problem id) -> the labelled case and its specialist turns.
+CaseTurns = dict[tuple[str, str], tuple[LabelledTranscript, list[AgentTurn]]]
+
 # The turn credits of a build, one JSON line per credited turn, beside the pool (the viewer reads this file).
 CREDITS_FILE = "credits.jsonl"
 
@@ -80,7 +83,7 @@ class BuildConfig(BaseModel):
     lam: float = Field(default=0.4, ge=0.0, le=1.0)
     gamma: float = Field(default=0.85, gt=0.0, le=1.0)
     # Eq. 10's direction: "later" (Eq. 10: the last turn weighs 1), "earlier" (appendix C.1's education setting:
-    # the first turn weighs 1), or "auto": earlier for education cases, later for the others.
+    # the first turn weighs 1), or "auto": each case's domain's (``Domain.credit_decay``: earlier for education).
     decay: Literal["auto", "later", "earlier"] = "auto"
     # Eq. 16's softmax sharpness for the difference and Shapley schemes (see credit.DEFAULT_BETA).
     beta: float = Field(default=DEFAULT_BETA, gt=0.0)
@@ -195,7 +198,7 @@ async def _case_credits(
                 credits[turn] = difference_credits(values[full], {a: values[full - {a}] for a in team})
             else:
                 credits[turn] = shapley_credits(perms, values)
-    earlier = config.decay == "earlier" or (config.decay == "auto" and case.transcript.domain == "education")
+    earlier = config.decay == "earlier" or (config.decay == "auto" and case.domain.credit_decay == "earlier")
     result = assign_credit(
         scores,
         case.rounds,
@@ -219,31 +222,8 @@ async def _distil(
 ) -> list[PoolEntry]:
     """Eq. 14: the kept turn as pool entries (none, with a note, when no summarizer reply is usable)."""
     target = next(t for t in turns if t.turn == record.turn and t.agent == record.agent)
-    view = TurnView(agent=target.agent, specialty=target.specialty, text=target.text)
-    teaching = case.teaching_view(target) if case.transcript.domain == "education" else None
-    if teaching is not None:
-        messages = teaching_summarizer_prompt(
-            question=case.problem.question,
-            gold=case.gold,
-            outcome=case.outcome,
-            view=teaching,
-            target=view,
-            round_number=target.turn,
-            reward=record.credit.r,
-            judge_analysis=record.judge.analysis,
-        )
-    else:
-        messages = summarizer_prompt(
-            question=case.problem.question,
-            gold=case.gold,
-            outcome=case.outcome,
-            history=history_before(turns, target.turn),
-            target=view,
-            round_number=target.turn,
-            reward=record.credit.r,
-            judge_analysis=record.judge.analysis,
-            domain=case.transcript.domain,
-        )
+    teaching = case.teaching_view(target) if case.domain.teaching else None
+    messages = _summarizer_prompt(case, turns, target, record, teaching)
     where = f"{case.run}: problem {case.problem.problem_id}: turn {target.turn} of {target.agent}"
     reason = ""
     guard = EchoGuard.of(messages)
@@ -296,6 +276,40 @@ async def _distil(
     return []
 
 
+def _summarizer_prompt(
+    case: LabelledTranscript,
+    turns: list[AgentTurn],
+    target: AgentTurn,
+    record: TurnRecord,
+    teaching: TeachingView | None,
+) -> list[Message]:
+    """The summarizer's call for ``target``: a teaching domain's (C.4.7, against the session's ``teaching`` view) or
+    the deliberation's (the turns before it)."""
+    view = TurnView(agent=target.agent, specialty=target.specialty, text=target.text)
+    if teaching is not None:
+        return teaching_summarizer_prompt(
+            question=case.problem.question,
+            gold=case.gold,
+            outcome=case.outcome,
+            view=teaching,
+            target=view,
+            round_number=target.turn,
+            reward=record.credit.r,
+            judge_analysis=record.judge.analysis,
+        )
+    return summarizer_prompt(
+        question=case.problem.question,
+        gold=case.gold,
+        outcome=case.outcome,
+        history=history_before(turns, target.turn),
+        target=view,
+        round_number=target.turn,
+        reward=record.credit.r,
+        judge_analysis=record.judge.analysis,
+        domain=case.transcript.domain,
+    )
+
+
 def _teaching_keys(entry: DistilledEntry, teaching: TeachingView | None) -> dict[str, str]:
     """Education entries are keyed by role, subject and difficulty (C.1.1) and carry their C.4.7 class."""
     if teaching is None:
@@ -337,7 +351,7 @@ async def build_pool(
     cases = await load_transcripts(
         run_dirs, settings, grade_mode=config.grade_mode, notes=summary.notes, match=config.match, model=model
     )
-    case_turns = {(c.run, c.problem.problem_id): (c, c.turns()) for c in cases}
+    case_turns: CaseTurns = {(c.run, c.problem.problem_id): (c, c.turns()) for c in cases}
     summary.cases = len(cases)
     build_dir = build_dir_for(pool_path)
     build_dir.mkdir(parents=True, exist_ok=True)
@@ -345,67 +359,88 @@ async def build_pool(
         store.set_meta("experience_build", config.model_dump(mode="json"))
         async with open_model(settings, store, log_dir=build_dir, model=model) as llm:
             judge = TurnJudge(llm, retries=config.retries, concurrency=settings.concurrency)
-            finished = 0
-
-            async def credit_case(case: LabelledTranscript, turns: list[AgentTurn]) -> list[TurnRecord]:
-                nonlocal finished
-                judged, credits = await _case_credits(judge, case, turns, config)
-                finished += 1
-                step("credit", finished, len(cases))
-                rounds = {t.turn: t.round for t in turns}
-                return [
-                    TurnRecord(
-                        case.run,
-                        case.problem.problem_id,
-                        t,
-                        a,
-                        case.outcome,
-                        config.scheme,
-                        c,
-                        judged[(t, a)],
-                        round=rounds[t],
-                    )
-                    for t, by_agent in credits.items()
-                    for a, c in by_agent.items()
-                ]
-
-            step("credit", 0, len(cases))
-            parts = await asyncio.gather(*(credit_case(c, t) for c, t in case_turns.values()))
-            records = [record for part in parts for record in part]
-            summary.turns = len(records)
-            summary.judge_calls = judge.calls
-            for r in records:
-                if r.judge.defaulted:
-                    summary.defaulted_scores += 1
-                    summary.notes.append(
-                        f"{r.run}: problem {r.problem_id}: turn {r.turn} of {r.agent}: {r.judge.defaulted}"
-                    )
+            records = await _credit_turns(judge, case_turns, config, summary, step)
             kept = _select(records, config)
             summary.kept = len(kept)
-
-            distilled = 0
-            step("distil", 0, len(kept))
-
-            async def distil(record: TurnRecord) -> list[PoolEntry]:
-                nonlocal distilled
-                case, turns = case_turns[(record.run, record.problem_id)]
-                entries = await _distil(llm, case, turns, record, config.retries, summary)
-                record.entries = [e.id for e in entries]
-                distilled += 1
-                step("distil", distilled, len(kept))
-                return entries
-
-            new_entries = [e for part in await asyncio.gather(*(distil(r) for r in kept)) for e in part]
+            entries = await _distil_kept(llm, case_turns, kept, config, summary, step)
             _write_credits(build_dir / CREDITS_FILE, records)
-            embed = embedder_for(config.embedder, llm)
-            pool = _open_or_create(pool_path, embed.name)
-            known = {e.id for e in pool.entries}
-            fresh = [e for e in new_entries if e.id not in known]
-            summary.already_in_pool = len(new_entries) - len(fresh)
-            await pool.add(fresh, embed)
-            summary.version = pool.save()
-            summary.added = len(fresh)
+            await _add_to_pool(pool_path, entries, embedder_for(config.embedder, llm), summary)
     return summary
+
+
+async def _credit_turns(
+    judge: TurnJudge, case_turns: CaseTurns, config: BuildConfig, summary: BuildSummary, step: ProgressFn
+) -> list[TurnRecord]:
+    """Eq. 9-12 for every case: each specialist turn's judged score, credit and reward, one record per turn."""
+    finished = 0
+
+    async def credit_case(case: LabelledTranscript, turns: list[AgentTurn]) -> list[TurnRecord]:
+        nonlocal finished
+        judged, credits = await _case_credits(judge, case, turns, config)
+        finished += 1
+        step("credit", finished, len(case_turns))
+        rounds = {t.turn: t.round for t in turns}
+        return [
+            TurnRecord(
+                case.run,
+                case.problem.problem_id,
+                t,
+                a,
+                case.outcome,
+                config.scheme,
+                c,
+                judged[(t, a)],
+                round=rounds[t],
+            )
+            for t, by_agent in credits.items()
+            for a, c in by_agent.items()
+        ]
+
+    step("credit", 0, len(case_turns))
+    parts = await asyncio.gather(*(credit_case(c, t) for c, t in case_turns.values()))
+    records = [record for part in parts for record in part]
+    summary.turns = len(records)
+    summary.judge_calls = judge.calls
+    for r in records:
+        if r.judge.defaulted:
+            summary.defaulted_scores += 1
+            summary.notes.append(f"{r.run}: problem {r.problem_id}: turn {r.turn} of {r.agent}: {r.judge.defaulted}")
+    return records
+
+
+async def _distil_kept(
+    llm: ChatModel,
+    case_turns: CaseTurns,
+    kept: list[TurnRecord],
+    config: BuildConfig,
+    summary: BuildSummary,
+    step: ProgressFn,
+) -> list[PoolEntry]:
+    """Eq. 14 for every kept turn: its entries, each record told the ids of the entries it gave."""
+    distilled = 0
+    step("distil", 0, len(kept))
+
+    async def distil(record: TurnRecord) -> list[PoolEntry]:
+        nonlocal distilled
+        case, turns = case_turns[(record.run, record.problem_id)]
+        entries = await _distil(llm, case, turns, record, config.retries, summary)
+        record.entries = [e.id for e in entries]
+        distilled += 1
+        step("distil", distilled, len(kept))
+        return entries
+
+    return [e for part in await asyncio.gather(*(distil(r) for r in kept)) for e in part]
+
+
+async def _add_to_pool(pool_path: Path, entries: list[PoolEntry], embed: Embedder, summary: BuildSummary) -> None:
+    """Eq. 15: the entries the pool does not hold yet, embedded and saved as its next version."""
+    pool = _open_or_create(pool_path, embed.name)
+    known = {e.id for e in pool.entries}
+    fresh = [e for e in entries if e.id not in known]
+    summary.already_in_pool = len(entries) - len(fresh)
+    await pool.add(fresh, embed)
+    summary.version = pool.save()
+    summary.added = len(fresh)
 
 
 def _open_or_create(path: Path, embedder_name: str) -> Pool:

@@ -1,11 +1,12 @@
-"""Labelled transcripts of MATTRL runs, read back from run directories: each finished problem's transcript, its gold
-answer and the terminal outcome G of Eq. 12 (what the pool is built and pruned from; "cases" alone means the
-medicine and education cases of ``tmas cases``). Math: the final answer graded against gold by the evaluation
-harness (1 or 0). Medicine: the reciprocal rank of the gold disease in the team's top-10 (1 at rank 1, 1/3 at
-rank 3, 0 when absent), so a near miss still earns part of the credit. Names are matched by spelling first; a
-differential with no spelled match goes to the diagnosis judge (the ``judge`` role with the A.5 rules, as
-``tmas cases grade --judge``), whose calls are stored in the run's own store, so build, prune and grading share one
-verdict per case.
+"""Labelled transcripts of MATTRL runs, read back from run directories: each finished problem's transcript (read
+through MATTRL's declared state, :class:`tmas.methods.state.MATTRLState`), its gold answer and the terminal outcome
+G of Eq. 12 (what the pool is built and pruned from; "cases" alone means the medicine and education cases of
+``tmas cases``). Which G a domain has is its declaration's (``Domain.outcome``): the final answer graded against
+gold by the evaluation harness (1 or 0: math, education), or the reciprocal rank of the gold answer in the team's
+ranked decision (medicine's top-10: 1 at rank 1, 1/3 at rank 3, 0 when absent), so a near miss still earns part of
+the credit. Names are matched by spelling first; a differential with no spelled match goes to the diagnosis judge
+(the ``judge`` role with the A.5 rules, as ``tmas cases grade --judge``), whose calls are stored in the run's own
+store, so build, prune and grading share one verdict per case.
 
 Only team members' turns are credited: in education the student's pre-test and replies are context, not turns."""
 
@@ -19,7 +20,6 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from tmas.agents.mattrl_teaching import difficulty_of, parse_plan, subject_of
-from tmas.agents.mattrl_team import teaching_role
 from tmas.agents.utterance_judge import TeachingView
 from tmas.config import Settings
 from tmas.errors import InputError
@@ -30,6 +30,8 @@ from tmas.grading.runs import grade_run
 from tmas.llm.factory import open_model
 from tmas.llm.model import ChatModel
 from tmas.memory.transcript import Transcript, Utterance
+from tmas.methods.mattrl_domains import Domain, domain_named
+from tmas.methods.state import MATTRLState
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore, StoreError
 
@@ -67,6 +69,11 @@ class LabelledTranscript:
     def gold(self) -> str:
         return self.problem.answer or ""
 
+    @property
+    def domain(self) -> Domain:
+        """The declaration of the transcript's domain."""
+        return domain_named(self.transcript.domain)
+
     def turns(self) -> list[AgentTurn]:
         """The team members' turns, in round then agent order; an agent's several utterances in a round are one turn.
 
@@ -75,7 +82,8 @@ class LabelledTranscript:
         numbered 1..R over the rounds in which a member spoke (education's round 0 is the student's pre-test alone).
         """
         specialties = {m.id: m.specialty for m in self.transcript.team}
-        roles = {m.id: m.role for m in self.transcript.team}
+        # The role each member's turns are credited and keyed under (education: its C.4.2 teaching role).
+        roles = {m.id: self.domain.member_role(m.role) for m in self.transcript.team}
         grouped: dict[tuple[int, str], list[Utterance]] = {}
         for u in self.transcript.utterances:
             if u.kind in SPECIALIST_KINDS and u.agent in specialties:
@@ -85,10 +93,7 @@ class LabelledTranscript:
         for (round_, agent), utterances in sorted(grouped.items()):
             text = "\n\n".join(_utterance_text(u) for u in utterances)
             ids = list(dict.fromkeys(i for u in utterances for i in u.experience_ids))
-            role = roles[agent]
-            if self.transcript.domain == "education":
-                role = teaching_role(role) or role
-            out.append(AgentTurn(number[round_], agent, specialties[agent], text, ids, role, round_))
+            out.append(AgentTurn(number[round_], agent, specialties[agent], text, ids, roles[agent], round_))
         return out
 
     def teaching_view(self, turn: AgentTurn) -> TeachingView:
@@ -128,26 +133,30 @@ def _utterance_text(u: Utterance) -> str:
     return u.text
 
 
+def mattrl_state(record: dict[str, Any], where: str) -> MATTRLState:
+    """An iteration record's state read as MATTRL's; a state that is not one is a one-line InputError."""
+    try:
+        return MATTRLState.model_validate(record.get("state") or {})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(map(str, first["loc"]))
+        raise InputError(
+            f"{where}: iteration {record.get('iteration')}: bad MATTRL state at {loc}: {first['msg']}"
+        ) from None
+
+
 def transcript_of(records: list[dict[str, Any]], where: str) -> Transcript | None:
     """The problem's transcript from its iteration records (one per round; the last holds the decision).
 
-    Each record's ``state["transcript"]`` may hold the whole discussion so far or only its round: utterances are
-    merged across records without repeats, the team and final answer taken from the latest record that has them.
+    Each record's transcript may hold the whole discussion so far or only its round: utterances are merged across
+    records without repeats, the team and final answer taken from the latest record that has them.
     """
     merged: Transcript | None = None
     seen: set[tuple[int, str, str, str | None, str]] = set()
     for record in records:
-        raw = (record.get("state") or {}).get("transcript")
-        if raw is None:
+        part = mattrl_state(record, where).transcript
+        if part is None:
             continue
-        try:
-            part = Transcript.model_validate(raw)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            loc = ".".join(map(str, first["loc"]))
-            raise InputError(
-                f"{where}: iteration {record.get('iteration')}: bad transcript at {loc}: {first['msg']}"
-            ) from None
         if merged is None:
             merged = part.model_copy(update={"utterances": []})
         if part.team:
@@ -221,7 +230,8 @@ async def load_transcripts(
     (grading, diagnosis matching) ask the endpoint of ``settings``, or ``model``, the caller's own."""
     cases: list[LabelledTranscript] = []
     for run_dir in run_dirs:
-        medicine: list[tuple[LabelledTranscript, list[str]]] = []
+        # The cases whose G is the reciprocal rank of the gold answer in their decision's ranked list.
+        ranked: list[tuple[LabelledTranscript, list[str]]] = []
         for graded in await graded_results(run_dir, settings, grade_mode, notes, model=model):
             problem, records = graded.problem, graded.records
             where = f"{run_dir}: problem {problem.problem_id}"
@@ -230,13 +240,13 @@ async def load_transcripts(
                 notes.append(f"{where}: no MATTRL transcript in its records, skipped")
                 continue
             case = LabelledTranscript(str(run_dir), problem, transcript, 1.0 if graded.correct else 0.0)
-            if transcript.domain == "medicine":
-                medicine.append((case, top10(records[-1].get("state") or {})))
+            if case.domain.outcome == "reciprocal_rank":
+                ranked.append((case, top10(records[-1].get("state") or {})))
             cases.append(case)
         ranks = await diagnosis_ranks(
-            run_dir, settings, [(c.problem.problem_id, t, c.gold) for c, t in medicine], match, notes, model=model
+            run_dir, settings, [(c.problem.problem_id, t, c.gold) for c, t in ranked], match, notes, model=model
         )
-        for case, _ in medicine:
+        for case, _ in ranked:
             rank = ranks[case.problem.problem_id]
             case.outcome = 1.0 / rank if rank else 0.0
     return cases

@@ -1,12 +1,13 @@
 """The adaptive router of paper 003, section 5.2 (Table 5): a small classifier over case features that sends each
 case to the single agent or to MATTRL, trained from a single-agent run and a MATTRL run of the same problems.
 
-Features are read from the case alone (its text, and for education its metadata), so routing costs no call. They
-depend on the domain: math reads length, quantities, notation and topics; medicine reads the paper's clinical cues
-(symptom complexity as the number of findings, the specialties involved as the organ systems the findings touch,
-the need for a team as findings in more than one system, and whether lab or genetic results are given); education
-reads the question's size, its option count, negation cues and the stated difficulty. The paper's cross-specialty
-divergence needs a team run first and is not a feature.
+Features are read from the case alone (its text, and for education its metadata), so routing costs no call. Each
+domain declares its own (``Domain.case_features`` in :mod:`tmas.methods.mattrl_domains`): math reads length,
+quantities, notation and topics; medicine reads the paper's clinical cues (symptom complexity as the number of
+findings, the specialties involved as the organ systems the findings touch, the need for a team as findings in more
+than one system, and whether lab or genetic results are given); education reads the question's size, its option
+count, negation cues and the stated difficulty. The paper's cross-specialty divergence needs a team run first and is
+not a feature.
 Label: MATTRL (1) exactly where the team was right and the single agent wrong; elsewhere the single agent (0),
 which is as good there and cheaper. The model is a standardised logistic regression (scikit-learn, extra
 ``router``); it is saved as plain JSON (weights, means, scales), so routing needs neither scikit-learn nor pickle.
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,98 +30,19 @@ from pydantic import BaseModel, ValidationError
 from tmas.config import Settings
 from tmas.errors import ConfigError, InputError
 from tmas.grading.registry import GradeMode
+from tmas.methods.mattrl_domains import DEFAULT_DOMAIN, domain_named
 from tmas.methods.state import MATTRLState
 from tmas.pool.outcomes import graded_results
 from tmas.problems import Problem
 
 SINGLE, TEAM = "single", "mattrl"
-_NUMBER = re.compile(r"\d+(?:\.\d+)?")
-_LATEX = re.compile(r"\\[A-Za-z]+")
-_OPERATORS = re.compile(r"[=+\-*/^<>≤≥]")
-_TOPICS = {
-    "proof": ("prove", "show that", "justify"),
-    "counting": ("how many", "number of ways", "count"),
-    "probability": ("probability", "expected", "random"),
-    "geometry": ("triangle", "circle", "angle", "polygon", "area"),
-    "number_theory": ("prime", "divisible", "remainder", "mod", "integer"),
-}
 
 
-# Medicine: cue words of the organ systems a finding may belong to (each roughly a department of Table 7).
-_SYSTEMS = {
-    "neuro": ("seizure", "neuro", "ataxia", "hypotonia", "intellectual", "developmental delay", "brain", "nerve"),
-    "cardio": ("cardi", "heart", "arrhythm", "murmur", "aort", "vascular"),
-    "renal": ("renal", "kidney", "protein", "hematuria", "nephr"),
-    "skin": ("skin", "derma", "rash", "angiokeratoma", "hair", "nail"),
-    "eye": ("eye", "ocular", "retina", "lens", "vision", "cornea", "optic"),
-    "skeletal": ("skelet", "bone", "joint", "scoliosis", "stature", "vertebra", "limb", "arachnodactyly"),
-    "digestive": ("liver", "hepat", "spleen", "gastro", "bowel", "diarrh", "vomit"),
-    "blood": ("anemia", "anaemia", "platelet", "thrombocyt", "leuk", "bleeding", "hemat"),
-    "lung": ("lung", "pulmon", "respirat", "cough", "dyspnea", "breath"),
-    "endocrine": ("endocrin", "thyroid", "glucose", "diabet", "growth hormone", "puberty", "metabol"),
-    "immune": ("immun", "infection", "fever", "autoimmun"),
-    "ear": ("hearing", "deaf", "ear ", "otitis"),
-}
-_LABS = ("level", "elevated", "decreased", "serum", "urine", "gene", "mutation", "variant", "biopsy", "mri", "ct ")
-_NEGATION = (" not ", " except", " false", " incorrect", " least ")
-_DIFFICULTY = {"easy": 0.0, "middle": 1.0, "medium": 1.0, "hard": 2.0}
-
-
-def problem_features(question: str, domain: str = "math", metadata: dict[str, Any] | None = None) -> dict[str, float]:
-    """What the router sees of a case in ``domain`` (see the module docstring)."""
-    if domain == "medicine":
-        return _clinical_features(question)
-    if domain == "education":
-        return _teaching_features(question, metadata or {})
-    return _math_features(question)
-
-
-def _clinical_features(record: str) -> dict[str, float]:
-    text = f" {record.lower()} "
-    findings = [f for f in re.split(r"[;,\n]", record) if f.strip()]
-    systems = [name for name, cues in _SYSTEMS.items() if any(cue in text for cue in cues)]
-    features = {
-        "log_chars": math.log1p(len(record)),
-        "findings": float(len(findings)),
-        "systems": float(len(systems)),
-        "multisystem": float(len(systems) > 1),
-        "labs_or_genetics": float(sum(cue in text for cue in _LABS)),
-    }
-    for name in _SYSTEMS:
-        features[f"system_{name}"] = float(name in systems)
-    return features
-
-
-def _teaching_features(question: str, metadata: dict[str, Any]) -> dict[str, float]:
-    text = f" {question.lower()} "
-    difficulty = str(metadata.get("difficulty") or "").strip().lower()
-    return {
-        "log_chars": math.log1p(len(question)),
-        "options": float(len(re.findall(r"^[A-J]\) ", question, re.M))),
-        "numbers": float(len(_NUMBER.findall(question))),
-        "negation": float(any(cue in text for cue in _NEGATION)),
-        "difficulty": _DIFFICULTY.get(difficulty, 1.0),
-    }
-
-
-def _math_features(question: str) -> dict[str, float]:
-    """Math: size, quantities, notation density, and topic flags."""
-    text = question.lower()
-    words = text.split()
-    features = {
-        "log_chars": math.log1p(len(question)),
-        "log_words": math.log1p(len(words)),
-        "numbers": float(len(_NUMBER.findall(question))),
-        "latex_commands": float(len(_LATEX.findall(question))),
-        "operators": float(len(_OPERATORS.findall(question))),
-        "sentences": float(max(1, question.count(".") + question.count("?"))),
-    }
-    for topic, cues in _TOPICS.items():
-        features[f"topic_{topic}"] = float(any(cue in text for cue in cues))
-    return features
-
-
-FEATURES = tuple(problem_features(""))
+def problem_features(
+    question: str, domain: str = DEFAULT_DOMAIN, metadata: dict[str, Any] | None = None
+) -> dict[str, float]:
+    """What the router sees of a case in ``domain``: the domain's declared features (see the module docstring)."""
+    return domain_named(domain).case_features(question, metadata or {})
 
 
 def feature_names(domain: str) -> tuple[str, ...]:
@@ -132,8 +53,8 @@ class RouterModel(BaseModel):
     """The saved router: z = (x - mean) / scale, p(MATTRL) = sigmoid(w . z + b); a constant router has no weights."""
 
     features: list[str]
-    # The domain whose features the router reads (files written before domains were recorded are math).
-    domain: str = "math"
+    # The domain whose features the router reads (files written before domains were recorded: the default one).
+    domain: str = DEFAULT_DOMAIN
     mean: list[float]
     scale: list[float]
     weights: list[float]
@@ -178,7 +99,7 @@ class PairedCase:
     single_tokens: int
     team_tokens: int
     # The MATTRL run's domain (from its transcripts), which picks the features.
-    domain: str = "math"
+    domain: str = DEFAULT_DOMAIN
 
     @property
     def label(self) -> int:
@@ -211,7 +132,7 @@ async def paired_cases(
 def _domain(result: dict[str, Any]) -> str:
     iterations = result.get("iterations") or []
     state = MATTRLState.model_validate((iterations[-1].get("state") or {}) if iterations else {})
-    return state.transcript.domain if state.transcript is not None else "math"
+    return state.transcript.domain if state.transcript is not None else DEFAULT_DOMAIN
 
 
 def _completion_tokens(result: dict[str, Any]) -> int:
@@ -262,7 +183,7 @@ def train_router(cases: list[PairedCase], *, seed: int = 0) -> RouterModel:
     domains = sorted({c.domain for c in cases})
     if len(domains) > 1:
         raise InputError(f"the runs mix domains ({', '.join(domains)}): train one router per domain")
-    domain = domains[0] if domains else "math"
+    domain = domains[0] if domains else DEFAULT_DOMAIN
     names = feature_names(domain)
     if len(set(labels)) < 2:
         only = TEAM if labels and labels[0] else SINGLE

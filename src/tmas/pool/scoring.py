@@ -1,8 +1,8 @@
 """The judge's calls for experience construction: individual scores s_{i,t} (Eq. 9) and turn objectives F_t(S)
 (Eq. 17-18), each through the project's LLM client, so a build store replays them on a rebuild.
 
-Education scores a teacher's turn with appendix C.4.6's rubric (correctness, information gain, relevance, clarity)
-against the question, the student's pre-test, the correct answer and the dialogue so far.
+A teaching domain (education) scores a teacher's turn with appendix C.4.6's rubric (correctness, information gain,
+relevance, clarity) against the question, the student's pre-test, the correct answer and the dialogue so far.
 
 A reply that cannot be parsed (or a failed call) is retried with a new sample index; after ``retries`` retries
 the score defaults to 0 (no credit for what could not be judged) and the reason is recorded with it.
@@ -108,7 +108,7 @@ class TurnJudge:
         """s_{i,t} (Eq. 9) of ``target``, judged against the earlier turns, the gold and the team's final answer
         (education: C.4.6's rubric against the pre-test, the correct answer and the dialogue so far)."""
         key = CallKey(problem_id=case.problem.problem_id, role=JUDGE_ROLE, iteration=target.turn)
-        if case.transcript.domain == "education":
+        if case.domain.teaching:
             rubric = teaching_score_prompt(
                 question=case.problem.question,
                 gold=case.gold,

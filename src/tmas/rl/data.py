@@ -8,10 +8,12 @@ Each TMAS run (any teacher endpoint) gives, per labeled problem:
   written next to each other, Base first (eq. 7-8 need both halves in one group);
 - ``guideline``: for each iteration t >= 1 whose G_{t-1} is non-empty, the explore prompt listing G_{t-1} (eq. 9).
 
-Prompts are rendered by the same agent functions TMAS uses at inference, in the run's own output style and with
-R_{t-1} fitted to the same prompt budget as the run fitted it (its stored settings and parameters), so training
-matches inference. Columns: ``prompt`` (chat messages), ``data_source``, ``reward_model`` ({style, ground_truth}),
-``extra_info`` (task, group, variant, copy, question, banks, provenance) and ``_source``. Evaluation problems never
+Prompts are built by the run's method itself (:class:`tmas.methods.training_prompts.BankPrompts`: TMAS's own prompt
+builders), from the method made with the run's stored parameters, in the run's output style, with R_{t-1} fitted to
+the same prompt budget as the run fitted it (its stored settings) and with the run's own prompt templates (its
+``prompts_dir``, checked against the overrides the run recorded), so training matches inference. Columns:
+``prompt`` (chat messages), ``data_source``, ``reward_model`` ({style, ground_truth}), ``extra_info`` (task, group,
+variant, copy, question, banks, provenance) and ``_source``. Evaluation problems never
 get in: problems whose id or question hash appears in an ``exclude`` JSONL file are dropped, and the optional
 validation split is a function of the question hash, so one question is always on the same side.
 
@@ -39,19 +41,15 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from tmas.agents.rollouts import Rollout, fit_rollouts
-from tmas.agents.solution import explore_prompt, generation_prompt, refine_prompt
-from tmas.agents.style import Style
+from tmas.agents.overrides import check_overrides
+from tmas.agents.templates import prompts_from
 from tmas.config import Settings
-from tmas.errors import InputError
-from tmas.llm.sampling import resolve_role
+from tmas.errors import ConfigError, InputError
 from tmas.llm.types import Message
 from tmas.memory.experience_bank import ExperienceBank
 from tmas.memory.guideline_bank import GuidelineBank
 from tmas.methods import METHODS, stored_params
-from tmas.methods.state import BankState
-from tmas.methods.tmas import rollout_budget_chars
-from tmas.methods.tmas_params import TMASParams
+from tmas.methods.training_prompts import BankPrompts, Rendering
 from tmas.problems import Problem, load_problems
 from tmas.rl.scoring import TASKS, Task
 from tmas.store.run_store import RunStore, StoreError
@@ -123,53 +121,6 @@ class BuildReport:
 
 
 @dataclass
-class Rendering:
-    """How a run rendered its solution prompts: the output style, and what fitted R_{t-1} to the prompt budget."""
-
-    style: Style = "paper"
-    top_k: int | None = None
-    max_solution_chars: int | None = None
-    context_tokens: int | None = None
-    window: int | None = None
-    reply_tokens: int | None = None
-
-    def describe(self) -> str:
-        if self.context_tokens is not None:
-            budget = f"prompt budget {self.context_tokens} tokens (context_tokens)"
-        elif self.window is not None:
-            budget = f"context window {self.window} tokens, reply max_tokens {self.reply_tokens or 'unset'}"
-        else:
-            budget = "no context window known: R_{t-1} shown whole"
-        extra = [f"top_k {self.top_k}"] * (self.top_k is not None)
-        extra += [f"max_solution_chars {self.max_solution_chars}"] * (self.max_solution_chars is not None)
-        return ", ".join([f"style {self.style}", budget, *extra])
-
-
-def run_rendering(params: TMASParams, settings: Settings | None, context_length: int | None = None) -> Rendering:
-    """The solution agent's style and prompt budget of a run, from its stored parameters and settings. The window
-    is the solution role's configured ``context_length`` (the embedded model's ``ctx_per_slot``); one the run only
-    learnt from its server at run time is not stored, and ``context_length`` gives it."""
-    window = context_length
-    reply = None
-    if settings is not None:
-        role = settings.roles.get("solution")
-        if window is None:
-            window = (role.context_length if role else None) or settings.endpoint.context_length
-            if window is None and settings.uses_local_model:
-                window = settings.local.ctx_per_slot
-        preset, own = params.sampling_layers("solution")
-        reply = resolve_role(settings, "solution", preset=preset, method=own).sampling.max_tokens
-    return Rendering(
-        style=params.style_of("solution"),
-        top_k=params.top_k,
-        max_solution_chars=params.max_solution_chars,
-        context_tokens=params.context_tokens,
-        window=window,
-        reply_tokens=reply,
-    )
-
-
-@dataclass
 class Dataset:
     train: list[dict[str, Any]]
     val: list[dict[str, Any]]
@@ -221,63 +172,35 @@ def _row(
     }
 
 
-def _rollouts(record: dict[str, Any]) -> list[Rollout]:
-    """R_t of a stored TMAS iteration record: the candidates whose solution call succeeded (as TMAS keeps them)."""
-    out = []
-    for cand in record.get("candidates", []):
-        if cand.get("error"):
-            continue
-        meta = cand.get("meta") or {}
-        out.append(
-            Rollout(
-                index=int(cand["index"]),
-                solution=cand.get("text") or "",
-                summary=str(meta.get("summary") or ""),
-                score=float(cand.get("score") or 0.0),
-                answer=cand.get("answer"),
-            )
-        )
-    return out
-
-
 def problem_rows(
     problem: Problem,
     records: list[dict[str, Any]],
-    params: dict[str, Any],
+    method: BankPrompts,
     run: str,
     rendering: Rendering | None = None,
 ) -> list[dict[str, Any]]:
-    """The rows one problem of one TMAS run gives (see the module docstring), rendered as ``rendering`` says;
-    ``params`` are the run's as :func:`tmas.methods.stored_params` reads them (every parameter present)."""
+    """The rows one problem of one run gives (see the module docstring), its prompts built by ``method`` (made with
+    the run's parameters) as ``rendering`` says."""
     render = rendering or Rendering()
-    mode = str(params["mode"])
-    q, style = problem.question, render.style
-    rows = [_row("normal", generation_prompt(q, mode, style), problem, run=run, iteration=0)]
+    rows = [_row("normal", method.first_prompt(problem.question, render), problem, run=run, iteration=0)]
     for prev, record in pairwise(records):
         t = int(record["iteration"])
-        banks = BankState.model_validate(prev.get("state") or {})
-        experience, guideline = banks.experience_bank, banks.guideline_bank
-        rollouts = _rollouts(prev)
+        prompts = method.prompts_after(problem.question, prev, render)
         # Both banks of t-1 go with every row of iteration t: the state its prompt came from.
-        row = partial(_row, problem=problem, run=run, iteration=t, experience=experience, guideline=guideline)
-        if rollouts and len(experience) and not params.get("no_experience"):
-            # Fitted as inference fits the exploit prompt (with the bank), and shown the same way in both halves:
+        row = partial(
+            _row,
+            problem=problem,
+            run=run,
+            iteration=t,
+            experience=prompts.experience_bank,
+            guideline=prompts.guideline_bank,
+        )
+        if prompts.exploit is not None:
             # Base and Bank share the problem and the trajectories (section 3.3).
-            budget = rollout_budget_chars(
-                refine_prompt(q, mode, [], experience, style),
-                context_tokens=render.context_tokens,
-                window=render.window,
-                reply_tokens=render.reply_tokens,
-            )
-            views = fit_rollouts(
-                rollouts, top_k=render.top_k, max_solution_chars=render.max_solution_chars, budget_chars=budget
-            ).views
-            for variant, bank in (("base", None), ("bank", experience)):
-                messages = refine_prompt(q, mode, views, bank, style)
+            for variant, messages in zip(("base", "bank"), prompts.exploit, strict=True):
                 rows.append(row("experience", messages, variant=variant))
-        if len(guideline) and not params.get("no_guideline"):
-            messages = explore_prompt(q, mode, guideline.strategies, style)
-            rows.append(row("guideline", messages))
+        if prompts.explore is not None:
+            rows.append(row("guideline", prompts.explore))
     return rows
 
 
@@ -380,24 +303,8 @@ def build_dataset(
         except StoreError as exc:
             raise InputError(f"{run_dir}: {exc}") from None
         with store:
-            method = store.get_meta("method") or {}
-            cls = METHODS.get(str(method.get("name")))
-            if cls is None or not issubclass(cls.State, BankState):
-                raise InputError(
-                    f"{run_dir}: method {method.get('name')!r} keeps no experience or guideline banks;"
-                    " build-data reads runs of a method that does (tmas)"
-                )
-            params = stored_params(str(method.get("name")), method.get("params"))
-            if params["mode"] != "numeric":
-                raise InputError(f"{run_dir}: mode {params['mode']!r}: rewards need numeric answers")
-            try:
-                tmas_params = TMASParams.model_validate(method.get("params") or {})
-                stored = store.get_meta("settings")
-                settings = Settings.model_validate(stored) if stored else None
-            except ValidationError as exc:
-                first = str(exc).splitlines()[0]
-                raise InputError(f"{run_dir}: stored TMAS parameters or settings unreadable: {first}") from None
-            rendering = run_rendering(tmas_params, settings, context_length)
+            method, settings = _bank_method(store, run_dir)
+            rendering = method.rendering(settings, context_length)
             run = run_dir.resolve().name
             report.runs.append(str(run_dir))
             report.rendering.append(f"`{run_dir}`: {rendering.describe()}")
@@ -414,7 +321,8 @@ def build_dataset(
                 report.problems += 1
                 target = val if in_validation(problem.question, val_fraction) else train
                 try:
-                    rows = problem_rows(problem, records, params, run, rendering)
+                    with prompts_from(settings.prompts_dir if settings is not None else None):
+                        rows = problem_rows(problem, records, method, run, rendering)
                 except (ValidationError, KeyError, TypeError, ValueError) as exc:
                     first = str(exc).splitlines()[0]
                     raise InputError(
@@ -440,6 +348,51 @@ def build_dataset(
         if info["variant"] != "bank" and not info["copy"]:
             report.groups[row["_source"]] += 1
     return Dataset(train, val, report)
+
+
+def _bank_method(store: RunStore, run_dir: Path) -> tuple[BankPrompts, Settings | None]:
+    """The run's method, made with its stored parameters, and its stored settings: a method that builds the prompts
+    RL trains on (one that keeps TMAS's banks), with numeric answers, its prompt overrides as the run had them."""
+    stored = store.get_meta("method") or {}
+    name = str(stored.get("name"))
+    cls = METHODS.get(name)
+    if cls is None or not issubclass(cls, BankPrompts):
+        raise InputError(
+            f"{run_dir}: method {stored.get('name')!r} keeps no experience or guideline banks;"
+            " build-data reads runs of a method that does (tmas)"
+        )
+    mode = stored_params(name, stored.get("params"))["mode"]
+    if mode != "numeric":
+        raise InputError(f"{run_dir}: mode {mode!r}: rewards need numeric answers")
+    try:
+        method = cls(cls.Params.model_validate(stored.get("params") or {}))
+        raw = store.get_meta("settings")
+        settings = Settings.model_validate(raw) if raw else None
+    except ValidationError as exc:
+        first = str(exc).splitlines()[0]
+        raise InputError(f"{run_dir}: stored {name} parameters or settings unreadable: {first}") from None
+    _check_overrides(run_dir, settings, store.get_meta("prompt_overrides"))
+    assert isinstance(method, BankPrompts)
+    return method, settings
+
+
+def _check_overrides(run_dir: Path, settings: Settings | None, recorded: dict[str, str] | None) -> None:
+    """The run's prompt templates are still the ones it ran with: its ``prompts_dir`` reads, and holds exactly the
+    overrides the run recorded, each with the same SHA-256 (runs stored before overrides were recorded: not
+    compared). Else the rows would not be the prompts the run was given."""
+    folder = settings.prompts_dir if settings is not None else None
+    if folder is None:
+        return
+    try:
+        found = {o.name: o.sha256 for o in check_overrides(folder)}
+    except ConfigError as exc:
+        raise InputError(f"{run_dir}: the run's prompt overrides cannot be read: {exc}") from None
+    changed = sorted(n for n in {*(recorded or {}), *found} if recorded is not None and recorded.get(n) != found.get(n))
+    if changed:
+        raise InputError(
+            f"{run_dir}: prompt template {changed[0]} in {folder} is not the one the run used:"
+            " restore the run's overrides to build its training prompts"
+        )
 
 
 def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:

@@ -1,0 +1,169 @@
+"""Every LLM call of the run, its texts kept as parts (see tmas.store.texts): committed before its result is used, and
+found again by request hash and sample index (what replay answers from)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from tmas.llm.types import CallKey, ChatRequest, Completion, TokenLogprob, Usage
+from tmas.store.database import transaction
+from tmas.store.texts import Part, TextBlobs, blob_ids, join
+
+# The texts of a reply in text_parts (the call's messages are read only by CallLog.messages).
+_REPLY_TEXTS = ("content", "reasoning", "logprobs")
+_CALL_COLUMNS = (
+    "id, request_hash, sample, problem_id, iteration, role, endpoint, model, content, reasoning, prompt_tokens,"
+    " completion_tokens, reasoning_tokens, usage_estimated, finish_reason, max_tokens_sent, latency_s, attempts,"
+    " error, error_cause, retry_causes, logprobs, cached_prompt_tokens, stopped_early, text_parts, queued_s,"
+    " first_token_s"
+)
+
+
+class CallLog:
+    def __init__(self, db: sqlite3.Connection, texts: TextBlobs) -> None:
+        self._db = db
+        self._texts = texts
+
+    def record(self, completion: Completion, request: ChatRequest) -> int:
+        """Commit a finished or failed call, its texts as parts (see tmas.store.texts); returns its row id."""
+        c = completion
+        with transaction(self._db):
+            texts = {
+                "messages": [[m.role, self._texts.put(m.content)] for m in request.messages],
+                "content": self._texts.put(c.content),
+                "reasoning": self._texts.put(c.reasoning, split=False),
+                "logprobs": None
+                if c.logprobs is None
+                else self._texts.put(json.dumps([t.model_dump() for t in c.logprobs]), split=False),
+            }
+            return self._insert_call(c, request, json.dumps(texts, ensure_ascii=False))
+
+    def _insert_call(self, c: Completion, request: ChatRequest, text_parts: str) -> int:
+        u, k = c.usage, c.key
+        cursor = self._db.execute(
+            "INSERT INTO calls (request_hash, sample, problem_id, iteration, role, endpoint, model, messages,"
+            " sampling, content, reasoning, prompt_tokens, completion_tokens, reasoning_tokens, usage_estimated,"
+            " finish_reason, max_tokens_sent, latency_s, attempts, error, created_at, error_cause, retry_causes,"
+            " logprobs, cached_prompt_tokens, sampling_sources, stopped_early, text_parts, queued_s, first_token_s)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                c.request_hash,
+                k.sample,
+                k.problem_id,
+                k.iteration,
+                k.role,
+                c.endpoint,
+                c.model,
+                "",
+                request.sampling.model_dump_json(),
+                "",
+                "",
+                u.prompt_tokens,
+                u.completion_tokens,
+                u.reasoning_tokens,
+                int(u.estimated),
+                c.finish_reason,
+                c.max_tokens_sent,
+                c.latency_s,
+                c.attempts,
+                c.error,
+                time.time(),
+                c.error_cause,
+                json.dumps(c.retry_causes),
+                None,
+                u.cached_prompt_tokens,
+                json.dumps(request.sampling_sources, sort_keys=True),
+                c.stopped_early,
+                text_parts,
+                c.queued_s,
+                c.first_token_s,
+            ),
+        )
+        return int(cursor.lastrowid or 0)
+
+    def lookup(self, request_hash: str, sample: int, *, stopped_early: bool = False) -> Completion | None:
+        """The finished call for this request and sample index, if any. Failed calls are not replayed, nor are
+        replies a watch stopped early unless ``stopped_early`` (the caller watches again: tmas.llm.watch)."""
+        row = self._db.execute(
+            f"SELECT {_CALL_COLUMNS} FROM calls WHERE request_hash = ? AND sample = ? AND error IS NULL"
+            " AND (? OR stopped_early IS NULL) ORDER BY id LIMIT 1",
+            (request_hash, sample, stopped_early),
+        ).fetchone()
+        return None if row is None else self._completion(row)
+
+    def iterate(self, problem_id: str | None = None) -> Iterator[Completion]:
+        query = f"SELECT {_CALL_COLUMNS} FROM calls"
+        args: tuple[Any, ...] = ()
+        if problem_id is not None:
+            query += " WHERE problem_id = ?"
+            args = (problem_id,)
+        for row in self._db.execute(query + " ORDER BY id", args):
+            yield self._completion(row)
+
+    def problem_ids(self) -> set[str]:
+        """The problems with at least one finished call stored (what a resumed run replays)."""
+        rows = self._db.execute("SELECT DISTINCT problem_id FROM calls WHERE error IS NULL")
+        return {row[0] for row in rows}
+
+    def get(self, call_id: int) -> Completion | None:
+        row = self._db.execute(f"SELECT {_CALL_COLUMNS} FROM calls WHERE id = ?", (call_id,)).fetchone()
+        return None if row is None else self._completion(row)
+
+    def sampling(self, call_id: int) -> dict[str, Any]:
+        row = self._db.execute("SELECT sampling FROM calls WHERE id = ?", (call_id,)).fetchone()
+        return {} if row is None else dict(json.loads(row[0]))
+
+    def sampling_sources(self, call_id: int) -> dict[str, str] | None:
+        """Which source set each field of the call's sampling (see tmas.llm.sampling); None for calls stored
+        before sources were kept."""
+        row = self._db.execute("SELECT sampling_sources FROM calls WHERE id = ?", (call_id,)).fetchone()
+        return None if row is None or row[0] is None else dict(json.loads(row[0]))
+
+    def messages(self, call_id: int) -> list[dict[str, str]]:
+        row = self._db.execute("SELECT messages, text_parts FROM calls WHERE id = ?", (call_id,)).fetchone()
+        if row is None:
+            return []
+        if row[1] is None:
+            return list(json.loads(row[0]))
+        messages: list[tuple[str, list[Part]]] = json.loads(row[1])["messages"]
+        texts = self._texts.load(i for _, parts in messages for i in blob_ids(parts))
+        return [{"role": role, "content": join(parts, texts)} for role, parts in messages]
+
+    def _completion(self, row: tuple[Any, ...]) -> Completion:
+        content, reasoning, logprobs = row[8], row[9], row[21]
+        if row[24] is not None:
+            parts = json.loads(row[24])
+            texts = self._texts.load(i for key in _REPLY_TEXTS for i in blob_ids(parts[key] or ()))
+            content, reasoning = join(parts["content"], texts), join(parts["reasoning"], texts)
+            logprobs = None if parts["logprobs"] is None else join(parts["logprobs"], texts)
+        return Completion(
+            call_id=row[0],
+            request_hash=row[1],
+            key=CallKey(sample=row[2], problem_id=row[3], iteration=row[4], role=row[5]),
+            endpoint=row[6],
+            model=row[7],
+            content=content,
+            reasoning=reasoning,
+            usage=Usage(
+                prompt_tokens=row[10],
+                completion_tokens=row[11],
+                reasoning_tokens=row[12],
+                cached_prompt_tokens=row[22] or 0,
+                estimated=bool(row[13]),
+            ),
+            finish_reason=row[14],
+            max_tokens_sent=row[15],
+            latency_s=row[16],
+            attempts=row[17],
+            error=row[18],
+            error_cause=row[19],
+            retry_causes=json.loads(row[20]),
+            logprobs=None if logprobs is None else [TokenLogprob.model_validate(t) for t in json.loads(logprobs)],
+            stopped_early=row[23],
+            queued_s=row[25],
+            first_token_s=row[26],
+        )

@@ -1,0 +1,78 @@
+"""Figures over the run's calls: counts, tokens and failures per role, retry causes, where the time went."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+
+class CallStats:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def by_role(self) -> dict[str, dict[str, int]]:
+        """Calls, failed calls and tokens per agent role, over the whole run."""
+        rows = self._db.execute(
+            "SELECT role, COUNT(*), COALESCE(SUM(error IS NOT NULL), 0), COALESCE(SUM(prompt_tokens), 0),"
+            " COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cached_prompt_tokens), 0) FROM calls"
+            " GROUP BY role ORDER BY role"
+        )
+        return {
+            r[0]: {
+                "calls": r[1],
+                "failed": r[2],
+                "prompt_tokens": r[3],
+                "completion_tokens": r[4],
+                "cached_prompt_tokens": r[5],
+            }
+            for r in rows
+        }
+
+    def totals(self) -> dict[str, int]:
+        row = self._db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(error IS NOT NULL), 0), COALESCE(SUM(prompt_tokens), 0),"
+            " COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(reasoning_tokens), 0),"
+            " COALESCE(SUM(finish_reason = 'length'), 0), COALESCE(SUM(cached_prompt_tokens), 0) FROM calls"
+        ).fetchone()
+        return {
+            "calls": row[0],
+            "failed": row[1],
+            "prompt_tokens": row[2],
+            "completion_tokens": row[3],
+            "reasoning_tokens": row[4],
+            "truncated": row[5],
+            "cached_prompt_tokens": row[6],
+        }
+
+    def replies(self) -> dict[str, tuple[int, int]]:
+        """Successful calls per role over the whole run, and how many of them were cut at max_tokens."""
+        rows = self._db.execute(
+            "SELECT role, COUNT(*), COALESCE(SUM(finish_reason = 'length'), 0) FROM calls"
+            " WHERE error IS NULL GROUP BY role ORDER BY role"
+        ).fetchall()
+        return {role: (int(n), int(cut)) for role, n, cut in rows}
+
+    def causes(self) -> dict[str, dict[str, int]]:
+        """Failed calls by cause (``failed``) and retried attempts by cause (``retried``), over the whole run."""
+        failed: dict[str, int] = {}
+        for cause, count in self._db.execute(
+            "SELECT COALESCE(error_cause, 'unknown'), COUNT(*) FROM calls WHERE error IS NOT NULL GROUP BY 1"
+        ):
+            failed[cause] = count
+        retried: dict[str, int] = {}
+        # Most calls have no retry: only the others are read and decoded.
+        for (raw,) in self._db.execute("SELECT retry_causes FROM calls WHERE retry_causes != '[]'"):
+            for cause in json.loads(raw):
+                retried[cause] = retried.get(cause, 0) + 1
+        return {"failed": dict(sorted(failed.items())), "retried": dict(sorted(retried.items()))}
+
+    def waits(self) -> dict[str, list[float]]:
+        """Where the finished calls' time went, where measured: ``queued`` (waiting inside tmas for a slot) and
+        ``first_token`` (from sending to the server's first chunk: its queue and the prompt's prefill)."""
+        rows = self._db.execute(
+            "SELECT queued_s, first_token_s FROM calls WHERE error IS NULL AND first_token_s IS NOT NULL"
+        ).fetchall()
+        return {
+            "queued": [float(q) for q, _ in rows if q is not None],
+            "first_token": [float(f) for _, f in rows],
+        }

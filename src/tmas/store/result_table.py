@@ -1,0 +1,99 @@
+"""Each problem's result record and its summary (see tmas.store.summaries), written in one transaction."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Collection, Iterator
+from typing import Any
+
+from tmas.store.database import transaction
+from tmas.store.summaries import summarize_result
+
+
+class ResultTable:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def save(self, problem_id: str, status: str, record: dict[str, Any]) -> None:
+        """Store the problem's result and its summary (one transaction: a reader never sees one without the other)."""
+        with transaction(self._db):
+            self._write_result(problem_id, status, json.dumps(record, ensure_ascii=False), time.time(), record)
+
+    def _write_result(
+        self, problem_id: str, status: str, record_json: str | None, finished_at: float, record: dict[str, Any]
+    ) -> None:
+        """Upsert a result (``record_json`` None: only its summary, the result being stored already)."""
+        if record_json is not None:
+            self._db.execute(
+                "INSERT INTO results (problem_id, status, record, finished_at) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT(problem_id) DO UPDATE SET status = excluded.status, record = excluded.record,"
+                " finished_at = excluded.finished_at",
+                (problem_id, status, record_json, finished_at),
+            )
+        self._db.execute(
+            "INSERT INTO result_summaries (problem_id, finished_at, summary) VALUES (?, ?, ?)"
+            " ON CONFLICT(problem_id) DO UPDATE SET finished_at = excluded.finished_at, summary = excluded.summary",
+            (problem_id, finished_at, json.dumps(summarize_result(record), ensure_ascii=False)),
+        )
+
+    def summarize_missing(self) -> None:
+        """Write the summary of every result that has none (a store of an older schema), one result at a time."""
+        with transaction(self._db):
+            missing = self._db.execute(
+                "SELECT problem_id FROM results WHERE problem_id NOT IN (SELECT problem_id FROM result_summaries)"
+            ).fetchall()
+            for (pid,) in missing:
+                status, record, at = self._db.execute(
+                    "SELECT status, record, finished_at FROM results WHERE problem_id = ?", (pid,)
+                ).fetchone()
+                self._write_result(pid, status, None, at, json.loads(record))
+
+    def stamps(self) -> dict[str, float]:
+        """Problem id -> when its result was written, for every result (read from the summaries where stored)."""
+        stamps = dict(self._db.execute("SELECT problem_id, finished_at FROM result_summaries").fetchall())
+        for pid in self._unsummarized(stamps):
+            stamps[pid] = self._db.execute("SELECT finished_at FROM results WHERE problem_id = ?", (pid,)).fetchone()[0]
+        return stamps
+
+    def summaries(self, problem_ids: Collection[str] | None = None) -> Iterator[tuple[str, float, dict[str, Any]]]:
+        """(problem id, when written, summary) of the given results (all with None), in no particular order. A
+        result without a stored summary (a store of an older schema, read-only) is read in full and summarized."""
+        wanted = None if problem_ids is None else set(problem_ids)
+        summarized = set()
+        for pid, at, summary in self._db.execute("SELECT problem_id, finished_at, summary FROM result_summaries"):
+            summarized.add(pid)
+            if wanted is None or pid in wanted:
+                yield pid, at, json.loads(summary)
+        for pid in self._unsummarized(summarized):
+            if wanted is None or pid in wanted:
+                at, record = self._db.execute(
+                    "SELECT finished_at, record FROM results WHERE problem_id = ?", (pid,)
+                ).fetchone()
+                yield pid, at, summarize_result(json.loads(record))
+
+    def _unsummarized(self, summarized: Collection[str]) -> list[str]:
+        """The results without a stored summary (read from the results' index alone, never their records)."""
+        return [pid for (pid,) in self._db.execute("SELECT problem_id FROM results") if pid not in summarized]
+
+    def get(self, problem_id: str) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT record FROM results WHERE problem_id = ?", (problem_id,)).fetchone()
+        return None if row is None else dict(json.loads(row[0]))
+
+    def finished_ids(self, fingerprint: str | None = None) -> set[str]:
+        """Problems with a result of status done (with ``fingerprint``: only those solved with it)."""
+        if fingerprint is None:
+            rows = self._db.execute("SELECT problem_id FROM results WHERE status = 'done'").fetchall()
+        else:
+            rows = self._db.execute(
+                "SELECT problem_id FROM results WHERE status = 'done' AND json_extract(record, '$.fingerprint') = ?",
+                (fingerprint,),
+            ).fetchall()
+        return {r[0] for r in rows}
+
+    def in_order(self) -> list[dict[str, Any]]:
+        rows = self._db.execute(
+            "SELECT r.record FROM results r JOIN problems p USING (problem_id) ORDER BY p.position"
+        ).fetchall()
+        return [json.loads(r[0]) for r in rows]

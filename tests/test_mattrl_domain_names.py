@@ -1,0 +1,64 @@
+"""MATTRL's domains are declared objects (``tmas.methods.mattrl_domains``): nothing outside the declarations compares a
+domain's name, and every declaration is whole (a grader that exists, features for the router, one procedure)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tmas.grading.registry import GRADERS
+from tmas.methods.mattrl_domains import DOMAINS
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "tmas"
+DECLARATIONS = SRC / "methods" / "mattrl_domains"
+# The simulator's coordinator tells the domain from the prompt's wording, as a server would; it reads no run's
+# settings, so it has no declaration to ask.
+SIMULATOR = SRC / "testing" / "mattrl_responders.py"
+
+
+def domain_name_comparisons(path: Path) -> list[str]:
+    """Comparisons of a value with a declared domain's name (``== "medicine"``, ``in ("math", ...)``) in one file."""
+    names = set(DOMAINS)
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Compare):
+            continue
+        for side in [node.left, *node.comparators]:
+            consts = side.elts if isinstance(side, ast.Tuple | ast.List | ast.Set) else [side]
+            hits = [c.value for c in consts if isinstance(c, ast.Constant) and c.value in names]
+            found += [f"{path.relative_to(path.parents[1])}:{node.lineno} compares with {h!r}" for h in hits]
+    return found
+
+
+def outside_the_declarations(src: Path) -> list[Path]:
+    declarations = src / "methods" / "mattrl_domains"
+    simulator = src / "testing" / "mattrl_responders.py"
+    return [p for p in sorted(src.rglob("*.py")) if declarations not in p.parents and p != simulator]
+
+
+def test_no_code_outside_the_declarations_compares_a_domain_name() -> None:
+    assert [hit for p in outside_the_declarations(SRC) for hit in domain_name_comparisons(p)] == []
+
+
+def test_the_comparison_finder_finds_one(tmp_path: Path) -> None:
+    """The check above can fail: planted comparisons are found, one per name compared."""
+    planted = tmp_path / "pkg" / "planted.py"
+    planted.parent.mkdir()
+    planted.write_text('def f(d):\n    return d == "medicine" or d in ("math", "x") or "education" != d\n')
+    assert len(domain_name_comparisons(planted)) == 3
+
+
+@pytest.mark.parametrize("name", sorted(DOMAINS))
+def test_each_declaration_is_whole(name: str) -> None:
+    domain = DOMAINS[name]
+    assert domain.name == name
+    # One procedure: a deliberation with its peer review, or a teaching dialogue.
+    assert (domain.review is None) == domain.teaching
+    # Its grader is a registered one, and a domain graded by its own grader reports metrics.
+    assert domain.grader is None or domain.grader in GRADERS
+    assert bool(domain.metrics) == (domain.grader is not None)
+    # The router reads the same features of every case of the domain.
+    assert domain.case_features("", {}) and set(domain.case_features("Q?", {})) == set(domain.case_features("", {}))
+    assert 1 <= len(domain.default_team(3, {})) <= 3
