@@ -138,10 +138,10 @@ def stream_head(fault: FaultKind | None, events: list[tuple[bytes, int]], after_
         return len(events) - 1
     if after_tokens is None:
         return 2
-    head, streamed = 1, 0
+    head, streamed = 1, 0  # the opening chunk goes out in any case
     for _, tokens in events[1:]:
         if streamed + tokens > after_tokens or (tokens == 0 and streamed > 0):
             break
         streamed += tokens
         head += 1
-    return max(head, 2)
+    return head
