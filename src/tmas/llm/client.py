@@ -250,7 +250,7 @@ class LLMClient:
                         continue
                 elif failure.context is not None:
                     failure.args = (f"{failure} (refused again after max_tokens was lowered {shrinks.done} times)",)
-                if failure.connect:
+                if failure.connect or replica.avoided:
                     pin = None  # its replica is down: the retries go wherever the others can serve
                 delay = attempts.after(failure)
                 if delay is None:

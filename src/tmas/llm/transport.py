@@ -141,6 +141,8 @@ async def _watched(exchange: Exchange, timing: Timing) -> dict[str, Any]:
             if now - silent_since < endpoint.timeout_s:
                 continue  # a chunk came meanwhile: this silence has not lasted timeout_s yet
             failure = await exchange.judge(silent_since, began)
+            if failure is not None and task.done() and not task.cancelled() and task.exception() is None:
+                return task.result()  # the reply came whole while the replica was being asked
             if failure is not None:
                 raise failure
             timing.checked_at = time.monotonic()
