@@ -33,15 +33,12 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import aiohttp
 
 from tmas.config import Endpoint
 from tmas.llm.failures import Failure
-
-if TYPE_CHECKING:
-    from tmas.llm.replica import Replica
 
 # Counters whose movement is an engine's progress, under each server's name.
 PROGRESS_COUNTERS = frozenset(
@@ -84,6 +81,24 @@ class Vitals:
 
     def progressed(self) -> None:
         self.seen_at = time.monotonic()
+
+
+class Replica(Protocol):
+    """What a look reads and marks of a replica (:class:`tmas.llm.replica.Replica`)."""
+
+    vitals: Vitals
+    down: str | None
+    down_at: float
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def root(self) -> str: ...
+
+    def leave(self, cause: str) -> None: ...
+
+    def back(self) -> None: ...
 
 
 def check_interval(endpoint: Endpoint) -> float:
