@@ -14,7 +14,7 @@ from tmas.llm.client import LLMClient
 from tmas.llm.model import ClientStats
 from tmas.llm.types import Completion, user
 from tmas.llm.vitals import load_counters, prometheus_counters
-from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing import FaultRates, Rule, SimScript, SimServer
 
 # Checks of a silence come timeout_s after it began, then every min(timeout_s, progress_timeout_s).
 FAST = {"endpoint__timeout_s": 0.3, "endpoint__progress_timeout_s": 1.0}
@@ -110,6 +110,16 @@ async def test_a_stream_whose_replica_stops_progressing_is_sent_again() -> None:
             reply = await llm.chat("solution", [user("What is 17*23?")])
         served = sim.stats()
     assert reply.ok and reply.retry_causes == ["stall"] and served.total_requests == 2
+
+
+async def test_freezes_drawn_as_a_rate_end_each_attempt_as_a_stall() -> None:
+    script = SimScript(persona="vllm", faults=FaultRates(freeze=1.0), hang_s=5)
+    with SimServer(script) as sim:
+        async with LLMClient(settings_for(sim, retry__max_attempts=2, **FAST)) as llm:
+            reply = await llm.chat("solution", [user("What is 17*23?")])
+        served = sim.stats()
+    assert not reply.ok and reply.error_cause == "stall" and reply.retry_causes == ["stall"]
+    assert served.total_requests == 2 and served.faults == {"freeze": 2}
 
 
 # ------------------------------------------------------------------------------------------------ routing

@@ -68,6 +68,7 @@ class FaultRates(_Strict):
     stream_error: float = Field(default=0.0, ge=0.0, le=1.0)
     cut_after_finish: float = Field(default=0.0, ge=0.0, le=1.0)
     abort: float = Field(default=0.0, ge=0.0, le=1.0)
+    freeze: float = Field(default=0.0, ge=0.0, le=1.0)
 
     @model_validator(mode="after")
     def _total_at_most_one(self) -> FaultRates:
@@ -106,6 +107,8 @@ _RANDOM_KINDS: tuple[FaultKind, ...] = (
     "stream_error",
     "cut_after_finish",
     "abort",
+    # Last, so that a seed draws the same faults of the kinds before it as when it was not there.
+    "freeze",
 )
 
 

@@ -20,7 +20,19 @@ _FAULT_STATUS: dict[str, tuple[int, str, str]] = {
 }
 # The faults an embeddings request can meet (truncate and garbage mean nothing for a vector).
 EMBEDDING_FAULTS = frozenset(
-    {"http_500", "http_503", "http_429", "http_400", "timeout", "drop", "malformed", "stall", "cut", "stream_error"}
+    {
+        "http_500",
+        "http_503",
+        "http_429",
+        "http_400",
+        "timeout",
+        "drop",
+        "malformed",
+        "stall",
+        "freeze",
+        "cut",
+        "stream_error",
+    }
 )
 # A stream's faults on a reply sent whole: a stalled server hangs, a cut connection drops, an error is a 500.
 _UNSTREAMED: dict[FaultKind, FaultKind] = {
