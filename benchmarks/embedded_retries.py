@@ -30,7 +30,8 @@ from tmas.llm.types import CallKey, user
 
 async def measure(rounds: int, burst: int, slots: int, model: str, seed: int) -> dict[str, object]:
     rng = random.Random(seed)
-    cfg = LocalModel(model=model, parallel=slots, ctx_per_slot=1024, startup_timeout_s=300, extra_args=["--metrics"])
+    # The server runs with --metrics (tmas.llm.local_command): the tokens it generated are read there.
+    cfg = LocalModel(model=model, parallel=slots, ctx_per_slot=1024, startup_timeout_s=300)
     async with LocalServer(cfg) as server:
         settings = Settings.model_validate(
             {"endpoint": {"base_url": server.base_url, "model": server.model}, "concurrency": slots}

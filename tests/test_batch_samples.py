@@ -200,7 +200,8 @@ def test_a_replys_usage_is_split_so_the_samples_add_up_to_it() -> None:
         Completion(key=key(i), request_hash="h", content=c, reasoning=r, usage=reported)
         for i, (c, r) in enumerate(texts)
     ]
-    data = {"usage": {"prompt_tokens": 120, "completion_tokens": 101}}
+    details = {"reasoning_tokens": 30}
+    data = {"usage": {"prompt_tokens": 120, "completion_tokens": 101, "completion_tokens_details": details}}
     shares = [c.usage for c in share_usage(completions, data, counter)]
     assert [(u.prompt_tokens, u.cached_prompt_tokens) for u in shares] == [(120, 64), (0, 0), (0, 0)]
     # 101 by 10:30:0 -> 25, 76, 0; reasoning 30 by 0:12:0 -> 0, 30, 0.
@@ -213,6 +214,27 @@ def test_a_replys_usage_is_split_so_the_samples_add_up_to_it() -> None:
         30,
         64,
     )
+
+
+def test_reasoning_the_server_did_not_count_stays_each_choice_s_own() -> None:
+    # Worked by hand: vLLM before 2026-08 reports no reasoning tokens. Each choice's were counted from its own reasoning
+    # text as it was read (none: 0; 48 characters, 4 a token: 12), and stay its own rather than the first choice's
+    # count shared out; the completion tokens are shared as before: 101 by 10:30 -> 25, 76.
+    counter = TokenCounter()
+    texts = [("x" * 40, ""), ("y" * 72, "z" * 48)]
+    read = [
+        Usage(prompt_tokens=120, completion_tokens=101),
+        Usage(prompt_tokens=120, completion_tokens=101, reasoning_tokens=12, estimated=True),
+    ]
+    completions = [
+        Completion(key=key(i), request_hash="h", content=c, reasoning=r, usage=u)
+        for i, ((c, r), u) in enumerate(zip(texts, read, strict=True))
+    ]
+    data = {"usage": {"prompt_tokens": 120, "completion_tokens": 101}}
+    shares = [c.usage for c in share_usage(completions, data, counter)]
+    assert [u.completion_tokens for u in shares] == [25, 76]
+    assert [u.reasoning_tokens for u in shares] == [0, 12]
+    assert shares[1].estimated
 
 
 def test_without_reported_usage_each_choice_keeps_its_own_count_and_the_prompt_counts_once() -> None:

@@ -84,6 +84,74 @@ def test_llama_server_states_its_numbers_as_fields() -> None:
     assert sglang.context == ContextRefusal(context=512, prompt=2710)
 
 
+def test_the_two_wordings_once_unread() -> None:
+    # vLLM's engine (vllm/v1/engine/input_processor.py): the prompt's length and the window.
+    decoder = failures.from_status(
+        400,
+        _vllm(
+            "The decoder prompt (length 12324) is longer than the maximum model length of 8192. Make sure that "
+            "`max_model_len` is no smaller than the number of text tokens."
+        ),
+        {},
+    )
+    assert decoder.cause == "context" and decoder.context == ContextRefusal(context=8192, prompt=12324)
+    # SGLang's serving_chat.py, a max_tokens over --context-length (no space after the first period): the window.
+    sglang = failures.from_status(
+        400, _sglang("max_completion_tokens is too large: 4000.This model supports at most 3000 completion tokens."), {}
+    )
+    assert sglang.cause == "context" and sglang.context == ContextRefusal(context=3000)
+    # OpenAI's: a cap on the reply, not the window.
+    openai = json.dumps(
+        {
+            "error": {
+                "message": "max_tokens is too large: 64000. This model supports at most 16384 completion tokens, "
+                "whereas you provided 64000.",
+                "type": "invalid_request_error",
+                "param": "max_tokens",
+                "code": "invalid_value",
+            }
+        }
+    )
+    assert failures.from_status(400, openai, {}).context == ContextRefusal(completion_cap=16384)
+
+
+@pytest.mark.parametrize(
+    ("event", "began", "cause"),
+    [
+        # A 5xx event is the server's: retried as before.
+        ({"message": "boom", "code": 500}, True, "stream_error"),
+        # vLLM's 400 for an OverflowError, a RuntimeError naming CUDA, a TypeError: the engine's, before or after text.
+        ({"message": "out of range integral type conversion attempted", "code": 400}, True, "engine_fault"),
+        ({"message": "CUDA error: an illegal memory access was encountered", "code": 400}, False, "engine_fault"),
+        ({"message": "'NoneType' object is not subscriptable", "code": 400}, True, "engine_fault"),
+        # Saying nothing of the request after text began: the engine's.
+        ({"message": "Simulated error (400) mid-generation.", "code": 400}, True, "engine_fault"),
+        # Before any text: the request's.
+        ({"message": "Simulated error (400) mid-generation.", "code": 400}, False, "http_400"),
+        # Naming the request, or a parameter (vLLM's VLLMValidationError), after text began: still the request's.
+        ({"message": "Invalid JSON schema in response_format", "code": 400}, True, "http_400"),
+        ({"message": "value out of range", "param": "top_logprobs", "code": 400}, True, "http_400"),
+        # A context refusal mid-stream goes to the client's shrinking.
+        ({"message": "The decoder prompt (length 9) is longer than the maximum model length of 8.", "code": 400},
+         False, "context"),
+    ],
+)  # fmt: skip
+def test_a_4xx_error_event_is_told_apart_by_what_it_says(event: dict[str, object], began: bool, cause: str) -> None:
+    failure = failures.from_stream_event(event, began=began)
+    assert failure.cause == cause
+    assert failure.retry == (cause in ("stream_error", "engine_fault"))
+
+
+def test_an_engine_fault_is_sent_again_once_per_call() -> None:
+    attempts = RetryPolicy(Retry(max_attempts=6, backoff_base_s=0.0), random.Random(0)).attempts()
+    fault = failures.from_stream_event({"message": "out of range integral type conversion attempted", "code": 400})
+    attempts.begin()
+    assert attempts.after(fault) is not None
+    attempts.begin()
+    again = failures.from_stream_event({"message": "out of range integral type conversion attempted", "code": 400})
+    assert attempts.after(again) is None and "a second time in this call" in str(again)
+
+
 def test_a_400_naming_the_context_without_numbers_is_still_a_context_refusal() -> None:
     failure = failures.from_status(400, _vllm("Input is longer than the model's context window."), {})
     assert failure.cause == "context" and failure.context == ContextRefusal()
@@ -181,6 +249,7 @@ def test_backoff_is_exponential_with_full_jitter() -> None:
 # HTTP: the window always, the prompt where the wording states it, a bound where it states only that.
 PERSONA_WORDINGS = [
     ("vllm", "persona"),
+    ("vllm", "decoder_prompt"),
     ("vllm", "output_tokens"),
     ("vllm", "passed"),
     ("vllm", "too_large"),
@@ -201,8 +270,9 @@ def test_the_personas_refusals_are_read_without_http(persona: str, wording: str,
 
     refusal = context_refusal(persona, wording, 1500, prompt, asked)  # type: ignore[arg-type]
     if refusal is None:
-        # Taken: llama-server refuses only a prompt that alone fills the window (and cuts the reply instead).
-        assert persona == "llama-server" and prompt < 1500
+        # Taken: llama-server and vLLM's engine refuse only a prompt that alone passes the window (and cut the reply
+        # instead).
+        assert (persona == "llama-server" or wording == "decoder_prompt") and prompt < 1500
         return
     body = refusal.body or PERSONAS[persona].error(refusal.status, refusal.message, refusal.param, refusal.code)
     failure = failures.from_status(refusal.status, json.dumps(body), {"max_tokens": asked})
@@ -216,5 +286,8 @@ def test_the_personas_refusals_are_read_without_http(persona: str, wording: str,
         # Today's vLLM tokenizes the prompt only so far: the bound it states, never more than the prompt (none at all
         # for a max_tokens over the whole window: "max_tokens=M cannot be greater than max_model_len=C").
         assert failure.context.prompt is None and (stated is None or stated <= max(prompt, 1500 - asked + 1))
+    elif persona == "sglang" and asked > 1500:
+        # SGLang refuses a max_tokens over its --context-length before it counts the prompt: the window alone.
+        assert stated is None
     else:
         assert stated == prompt

@@ -58,8 +58,9 @@ async def _slot_busy(session: aiohttp.ClientSession, srv: LocalServer) -> bool:
 async def test_calls_queued_behind_a_busy_slot_are_waited_for_and_sent_once(one_slot: LocalServer) -> None:
     # One slot, four calls at once, each generating 160 tokens: three wait in llama-server's queue, silent (no
     # headers), the last behind three whole calls. timeout_s is half of one call's time on this machine (measured by a
-    # first call), so every wait in the queue outlasts it while the gaps between tokens stay well inside it. While the
-    # server answers /health the queued calls are waited for, not sent again.
+    # first call), so every wait in the queue outlasts it while the gaps between tokens stay well inside it, and
+    # progress_timeout_s one call's time, which the last call's wait outlasts three times. While the server answers
+    # /health and its /metrics counters move, the queued calls are waited for, not sent again.
     sampling = {"temperature": 0.0, "max_tokens": 160, "extra_body": {"ignore_eos": True}}
     async with LLMClient(_settings(one_slot)) as llm:
         warm = await llm.chat(
@@ -67,7 +68,7 @@ async def test_calls_queued_behind_a_busy_slot_are_waited_for_and_sent_once(one_
         )
     assert warm.ok, warm.error
     stats = ClientStats()
-    settings = _settings(one_slot, timeout_s=max(0.2, warm.latency_s / 2))
+    settings = _settings(one_slot, timeout_s=max(0.2, warm.latency_s / 2), progress_timeout_s=max(0.4, warm.latency_s))
     deferred_seen = 0.0
     async with LLMClient(settings, stats=stats) as llm, aiohttp.ClientSession() as session:
         before = await _metric(session, one_slot, "tokens_predicted_total")

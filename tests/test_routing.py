@@ -33,7 +33,7 @@ from tmas.testing import Rule, SimScript, SimServer
 class Fake:
     url: str
     load: int = 0
-    unreachable: bool = False
+    avoided: bool = False
 
 
 def fakes(n: int) -> list[Fake]:
@@ -98,15 +98,15 @@ def test_the_memory_is_bounded_and_forgets_the_oldest() -> None:
     assert router.choose(prompt(LONG_A), replicas, None, 1.1) is not holder
 
 
-def test_unreachable_replicas_come_last() -> None:
+def test_replicas_out_of_routing_come_last() -> None:
     router, replicas = PrefixRouter(), fakes(3)
     holder = router.choose(prompt(LONG_A), replicas, None, 1.1)
-    holder.unreachable = True
+    holder.avoided = True
     others = [r for r in replicas if r is not holder]
     others[0].load = 3
     assert router.choose(prompt(LONG_A), replicas, None, 1.1) is others[1]
     for replica in replicas:
-        replica.unreachable = True
+        replica.avoided = True
     assert router.choose(prompt(LONG_A), replicas, None, 1.1) is not others[0]  # the least loaded of all
 
 
@@ -114,7 +114,7 @@ def test_a_busy_replica_that_alone_answers_still_gets_the_call() -> None:
     # The bound is taken over the replicas that answer: an idle unreachable one must not push every answering one
     # past it (which would leave nothing to choose from).
     router, (down, up) = PrefixRouter(), fakes(2)
-    down.unreachable, up.load = True, 5
+    down.avoided, up.load = True, 5
     assert router.choose(prompt(LONG_A), [down, up], None, 1.1) is up
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from conftest import settings_for
 from test_failures import PERSONA_WORDINGS
@@ -20,6 +21,7 @@ from tmas.llm.model import ClientStats
 from tmas.llm.types import CallKey, Completion, user
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing.responders import count_tokens
 
 QUESTION = [user("What is 17*23?")]
 
@@ -110,8 +112,9 @@ LONG = [user("Please compute the product carefully. " * 60 + "What is 17*23?")]
 
 @pytest.mark.parametrize(
     ("persona", "wording"),
-    # llama-server refuses only a prompt that alone fills the window (below); OpenAI has no /tokenize to count with.
-    [(p, w) for p, w in PERSONA_WORDINGS if p not in ("llama-server", "openai")],
+    # llama-server and vLLM's engine refuse only a prompt that alone fills the window (below); OpenAI has no /tokenize
+    # to count with.
+    [(p, w) for p, w in PERSONA_WORDINGS if p not in ("llama-server", "openai") and w != "decoder_prompt"],
 )
 async def test_every_context_refusal_is_met_with_a_smaller_max_tokens_in_one_extra_request(
     persona: str, wording: str
@@ -131,6 +134,96 @@ async def test_every_context_refusal_is_met_with_a_smaller_max_tokens_in_one_ext
     prompt = served.prompt_tokens
     # The second asks for the window less the prompt as the server counts it, less the template's margin.
     assert bodies[1]["max_tokens"] == 1500 - prompt - 32
+
+
+# A prompt the client's estimate (4 characters a token) counts low: 13 simulator tokens in each 14 characters, 525 in
+# all (13 x 40, "Compute", and the 4 of the message's template).
+SYMBOLS = [user("Compute " + "(1+2)*(3-4)/5 " * 40)]
+# Each wording behind a gateway with no /tokenize: (persona, wording, window). The issue's case is vLLM's today, a
+# 4000-token max_tokens on a 4100-token window; SGLang with a window under max_tokens first refuses max_tokens alone.
+GATEWAY_CASES = [
+    *(("vllm", w, 4100) for w in ("persona", "output_tokens", "passed", "too_large", "legacy", "generic")),
+    ("vllm", "decoder_prompt", 4100),
+    ("sglang", "persona", 4100),
+    ("sglang", "persona", 3000),
+    ("llama-server", "persona", 4100),
+    ("openai", "persona", 4100),
+    ("sim", "persona", 4100),
+]
+
+
+@pytest.mark.parametrize(("persona", "wording", "window"), GATEWAY_CASES)
+async def test_a_context_refusal_behind_a_gateway_without_tokenize_is_answered_within_two_extra_requests(
+    persona: str, wording: str, window: int
+) -> None:
+    script = SimScript(persona=persona, context_length=window, context_wording=wording, tokenize=False)  # type: ignore[arg-type]
+    with SimServer(script) as sim:
+        settings = settings_for(sim, endpoint__context_length=100_000, sampling__max_tokens=4000)
+        async with LLMClient(settings) as llm:
+            reply = await llm.chat("solution", SYMBOLS)
+        bodies = sim.chat_bodies()
+        served = sim.stats()
+    assert reply.ok, reply.error
+    assert len(bodies) <= 3 and reply.retry_causes == ["context"] * (len(bodies) - 1)
+    # What was answered fits the window, as the server counted it.
+    assert served.prompt_tokens == 525 and served.prompt_tokens + served.completion_tokens <= window
+
+
+async def test_with_the_model_s_tokenizer_a_refusal_takes_one_extra_request(tmp_path: Path) -> None:
+    # Today's vLLM states only a bound of the prompt, and the gateway has no /tokenize: the model's own tokenizer
+    # (here one that splits as the simulator does) counts it, and the second request asks for what is left.
+    tokenizer = _simulator_tokenizer(tmp_path)
+    script = SimScript(persona="vllm", context_length=4100, tokenize=False)
+    with SimServer(script) as sim:
+        settings = settings_for(
+            sim, endpoint__context_length=100_000, endpoint__tokenizer=tokenizer, sampling__max_tokens=4000
+        )
+        async with LLMClient(settings) as llm:
+            reply = await llm.chat("solution", SYMBOLS)
+        bodies = sim.chat_bodies()
+        prompt = sim.stats().prompt_tokens
+    assert reply.ok and len(bodies) == 2 and reply.retry_causes == ["context"]
+    assert bodies[1]["max_tokens"] == 4100 - prompt - 32
+
+
+async def test_sglang_counts_the_prompt_at_its_tokenize_from_the_prompt_text() -> None:
+    # SGLang refuses max_tokens over its --context-length naming only the window; its /tokenize takes a prompt, not
+    # messages: the client counts the texts there, adds each message's template tokens, and fits in one request more.
+    with SimServer(SimScript(persona="sglang", context_length=3000)) as sim:
+        settings = settings_for(sim, endpoint__context_length=100_000, sampling__max_tokens=4000)
+        async with LLMClient(settings) as llm:
+            reply = await llm.chat("solution", SYMBOLS)
+        bodies = sim.chat_bodies()
+        prompt = sim.stats().prompt_tokens
+    assert reply.ok and len(bodies) == 2 and reply.retry_causes == ["context"]
+    assert bodies[1]["max_tokens"] == 3000 - prompt - 32
+
+
+@pytest.mark.parametrize("stream", ["auto", "off"])
+async def test_vllm_s_decoder_prompt_refusal_fails_at_once_naming_both_numbers(stream: str) -> None:
+    # Streamed, vLLM's engine refuses the prompt after the stream's headers went out: an error event with code 400.
+    script = SimScript(persona="vllm", context_length=100, context_wording="decoder_prompt")
+    with SimServer(script) as sim:
+        settings = settings_for(sim, endpoint__context_length=100_000, endpoint__stream=stream)
+        async with LLMClient(settings) as llm:
+            reply = await llm.chat("solution", SYMBOLS)
+        requests = len(sim.chat_bodies())
+    assert not reply.ok and reply.error_cause == "context" and requests == 1
+    assert "prompt of 525 tokens does not fit the context window of 100 tokens" in (reply.error or "")
+
+
+def _simulator_tokenizer(folder: Path) -> str:
+    """A Hugging Face tokenizer.json that counts as the simulator does (a word or a punctuation mark a token)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import Regex, models, pre_tokenizers
+
+    tokenizer = tokenizers.Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(Regex(r"\w+|[^\w\s]"), behavior="isolated")]
+    )
+    path = folder / "tokenizer.json"
+    tokenizer.save(str(path))
+    return str(path)
 
 
 async def test_llama_server_states_its_window_at_props_and_the_call_fits_before_it_is_sent() -> None:
@@ -192,9 +285,52 @@ async def test_a_cut_n_stream_keeps_its_finished_choices_and_asks_only_for_the_o
     assert done[0].retry_causes == ["cut"]
 
 
-async def test_an_error_event_with_a_client_status_is_final() -> None:
-    script = SimScript(persona="vllm", rules=[Rule(fault="stream_error", error_status=400)])
+# vLLM's detokenizer's OverflowError (a token id out of its vocabulary's range), which vLLM's serving code sends
+# mid-stream with code 400 as it does every ValueError, TypeError, RuntimeError and OverflowError.
+OVERFLOW = "out of range integral type conversion attempted"
+# 10,000 tokens of thinking (the simulator's tokens: a word each), streamed before the fault.
+THOUGHT = "step " * 10_000
+
+
+@pytest.mark.parametrize("persona", ["vllm", "sglang"])
+async def test_a_400_event_naming_an_engine_fault_after_10000_tokens_is_retried_once_and_answered(persona: str) -> None:
+    fault = Rule(
+        fault="stream_error", error_status=400, error_message=OVERFLOW, fault_after_tokens=10_000, times=1,
+        reasoning=THOUGHT,
+    )  # fmt: skip
+    script = SimScript(persona=persona, rules=[fault, Rule(reasoning=THOUGHT)])  # type: ignore[arg-type]
     with SimServer(script) as sim:
+        stats = ClientStats()
+        async with LLMClient(settings_for(sim, sampling__max_tokens=20_000), stats=stats) as llm:
+            reply = await llm.chat("solution", QUESTION)
+        requests = len(sim.chat_bodies())
+    assert reply.ok and "\\boxed{391}" in reply.content and reply.reasoning.count("step") == 10_000
+    assert reply.retry_causes == ["engine_fault"] and requests == 2
+    assert stats.retries_by_cause == {"engine_fault": 1}
+
+
+async def test_an_engine_fault_met_twice_in_one_call_is_final() -> None:
+    fault = Rule(fault="stream_error", error_status=400, error_message=OVERFLOW, fault_after_tokens=1000, times=2)
+    with SimServer(SimScript(persona="vllm", rules=[fault])) as sim:
+        async with LLMClient(settings_for(sim)) as llm:
+            reply = await llm.chat("solution", QUESTION)
+        requests = len(sim.chat_bodies())
+    assert not reply.ok and reply.error_cause == "engine_fault" and requests == 2
+    assert "a second time in this call" in (reply.error or "")
+
+
+@pytest.mark.parametrize(
+    ("message", "after"),
+    [
+        # Before any text: the request's own fault unless it names the engine.
+        (None, 0),
+        # After text began, one that names the request (its schema) is still the request's.
+        ("Invalid JSON schema in response_format: unknown keyword", 1000),
+    ],
+)
+async def test_a_400_event_that_is_the_request_s_own_fault_is_final(message: str | None, after: int) -> None:
+    fault = Rule(fault="stream_error", error_status=400, error_message=message, fault_after_tokens=after)
+    with SimServer(SimScript(persona="vllm", rules=[fault])) as sim:
         async with LLMClient(settings_for(sim)) as llm:
             reply = await llm.chat("solution", QUESTION)
         requests = len(sim.chat_bodies())
@@ -267,3 +403,78 @@ async def test_a_connection_llama_server_closes_after_a_stream_is_never_handed_t
                 assert (await llm.chat("solution", [user(f"What is {i}*7?")])).ok
         served = sim.stats()
     assert served.connections == connections and stats.retries == 0
+
+
+# ------------------------------------------------------------------------------------------------ reasoning
+class Verdict(BaseModel):
+    reasoning: str
+    score: int
+
+
+# A thinking model's reply whose chat template opened the think block in the prompt: the content holds the thinking
+# and no tag at all until "</think>".
+OPENED_IN_PROMPT = "Let me multiply seventeen by twenty three step by step . " * 20 + "</think> \\boxed{391}"
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        # Cut inside a think block the reply opened: "<think>" and no closing tag yet.
+        SimScript(persona="vllm", reasoning=True, think_tags=True),
+        # Cut inside a think block the template opened: no tag at all.
+        SimScript(persona="vllm", rules=[Rule(replies=[OPENED_IN_PROMPT])]),
+    ],
+)
+async def test_a_replica_whose_first_reply_is_cut_mid_thought_gets_no_schema_that_forbids_thinking(
+    first: SimScript,
+) -> None:
+    # vLLM without a reasoning parser: the thinking stays in the content, and a grammar from the first token would
+    # forbid it. A first reply cut by max_tokens shows nothing of where reasoning goes; the next call, whose reply is
+    # parsed as JSON, still goes without response_format, and a finished reply then shows the thinking inline.
+    with SimServer(first) as sim:
+        async with LLMClient(settings_for(sim)) as llm:
+            cut = await llm.chat("solution", QUESTION, sampling=Sampling(max_tokens=8))
+            parsed = await llm.chat("verifier", [user("Grade the candidate 391.")], reply_model=Verdict)
+            again = await llm.chat("verifier", [user("Grade the candidate 392.")], reply_model=Verdict)
+        bodies = sim.chat_bodies()
+    assert cut.ok and cut.finish_reason == "length"
+    assert parsed.ok and parsed.finish_reason == "stop"
+    assert [("response_format" in b) for b in bodies] == [False, False, False]
+    assert again.ok
+
+
+async def test_reasoning_tokens_of_a_vllm_persona_s_thinking_replies_come_within_2_percent(tmp_path: Path) -> None:
+    # vLLM's chat completions before 2026-08 report no reasoning tokens, with a reasoning parser or without one (the
+    # thinking then stays in the content): counted from the reasoning text with the model's tokenizer (one that
+    # splits as the simulator does), they are the true count.
+    tokenizer = _simulator_tokenizer(tmp_path)
+    thought = "I multiply seventeen by twenty three : 17 * 23 = 391 , and check it by 391 / 17 = 23 . " * 30
+    truth = 4 * count_tokens(thought)
+    for script in (
+        SimScript(persona="vllm", reports_reasoning_tokens=False, rules=[Rule(reasoning=thought)]),
+        SimScript(persona="vllm", think_tags=True, rules=[Rule(reasoning=thought)]),
+    ):
+        with SimServer(script) as sim:
+            for configured in (tokenizer, None):
+                settings = settings_for(sim, endpoint__tokenizer=configured, sampling__max_tokens=4000)
+                async with LLMClient(settings) as llm:
+                    done = await asyncio.gather(*(llm.chat("solution", [user(f"What is {i}*23?")]) for i in range(4)))
+                counted = sum(c.usage.reasoning_tokens for c in done)
+                if configured is not None:
+                    assert abs(counted - truth) <= 0.02 * truth and not any(c.usage.estimated for c in done)
+                else:
+                    # Without a tokenizer: estimated (4 characters a token), and marked so.
+                    assert counted > 0 and all(c.usage.estimated for c in done)
+
+
+async def test_cached_tokens_never_pass_the_prompt_where_older_sglang_sums_them_over_choices() -> None:
+    # Older SGLang reports the first choice's cached tokens plus the whole prompt for each other choice: for three
+    # samples of a new prompt, twice the prompt. The client never records more cached tokens than prompt tokens.
+    script = SimScript(persona="sglang", cache_report=True, cached_summed_over_choices=True)
+    with SimServer(script) as sim:
+        async with LLMClient(settings_for(sim)) as llm:
+            done = await _alike(llm, 3)
+        served = sim.stats()
+    assert [c.usage.prompt_tokens for c in done] == [served.prompt_tokens, 0, 0]
+    assert done[0].usage.cached_prompt_tokens <= done[0].usage.prompt_tokens
+    assert sum(c.usage.cached_prompt_tokens for c in done) <= served.prompt_tokens

@@ -77,13 +77,16 @@ async def test_deadline_s_fails_a_slow_call_without_retrying_it(sim: SimServer, 
 
 
 async def test_a_stalled_stream_is_retried_and_the_retry_used(sim: SimServer, tmp_path: Path) -> None:
-    sim.set_script(SimScript(rules=[Rule(fault="stall", times=1)], hang_s=5))
+    # The stream pauses and its server makes no progress meanwhile (its counters stand still): past timeout_s the
+    # replica is asked, and once it showed no progress for progress_timeout_s the call goes again.
+    sim.set_script(SimScript(rules=[Rule(fault="freeze", times=1)], hang_s=5))
     with RunStore(tmp_path) as store:
-        reply = await one_call(settings_for(sim, endpoint__timeout_s=0.3), store)
+        settings = settings_for(sim, endpoint__timeout_s=0.3, endpoint__progress_timeout_s=0.6)
+        reply = await one_call(settings, store)
         [stored] = store.calls()
     assert reply.ok and reply.retry_causes == ["stall"] and reply.attempts == 2
     assert "\\boxed{391}" in reply.content and stored.content == reply.content
-    assert sim.stats().total_requests == 2 and sim.stats().faults == {"stall": 1}
+    assert sim.stats().total_requests == 2 and sim.stats().faults == {"freeze": 1}
 
 
 async def test_a_cut_stream_is_retried_and_nothing_partial_is_kept(sim: SimServer, tmp_path: Path) -> None:

@@ -146,9 +146,9 @@ class Endpoint(Strict):
     # server unstreamed calls for the rest of the run (recorded); "on" always streams (a refusal fails the call);
     # "off" never does.
     stream: StreamMode = "auto"
-    # Longest silence in seconds between two chunks of a streamed reply once it began (a stall past it is retried);
-    # before the first chunk, how often the server's /health is asked whether it still lives (queue_timeout_s);
-    # for an unstreamed reply, the whole reply's limit.
+    # Seconds of silence in a streamed reply (before its first chunk, or between two chunks) after which the replica
+    # is asked whether it still works (its /health and progress: progress_timeout_s), and how often it is asked again
+    # while the silence lasts; for an unstreamed reply, the whole reply's limit.
     timeout_s: float = Field(default=600.0, gt=0)
     # Longest a whole call may take, from sending it (after tmas's own slots and caps) to its last byte (None: no
     # bound, the default and the `paper` preset's, since a 128K-token reply can take an hour). A call past it fails
@@ -158,6 +158,12 @@ class Endpoint(Strict):
     # others, or preempted, is silent until its first token): None waits as long as the server lives, within
     # deadline_s. Past it the request is closed (the server aborts it) and sent again (cause "queue_timeout").
     queue_timeout_s: float | None = Field(default=None, gt=0)
+    # Longest a call waiting for a chunk (its first, or the next after a pause past timeout_s) waits on a replica that
+    # shows no progress: no chunk to any of this client's calls, its /metrics (or SGLang's /get_load) counters standing
+    # still, or its /health failing (tmas.llm.vitals). Past it the call is closed and sent again, to another replica
+    # where there is one (cause "no_progress" before the first chunk, "stall" after it), and the replica leaves routing
+    # until it shows life. None: a silence is waited out as long as the replica answers /health.
+    progress_timeout_s: float | None = Field(default=600.0, gt=0)
     # Whether calls whose reply is JSON send `response_format = {"type": "json_schema", ...}` (constrained decoding
     # on llama-server, vLLM, SGLang, OpenAI): "auto" sends it until the server rejects it once, then sends none for
     # the rest of the run (recorded); "json_schema" always sends it (a rejection fails the call); "off" never does.
@@ -223,6 +229,7 @@ class RoleConfig(Strict):
     timeout_s: float | None = Field(default=None, gt=0)
     deadline_s: float | None = Field(default=None, gt=0)
     queue_timeout_s: float | None = Field(default=None, gt=0)
+    progress_timeout_s: float | None = Field(default=None, gt=0)
     structured_output: StructuredOutput | None = None
     reasoning: ReasoningPlace | None = None
     pin_slots: bool | None = None
@@ -397,6 +404,7 @@ ENV_KEYS: dict[str, str] = {
     "TMAS_TIMEOUT_S": "endpoint.timeout_s",
     "TMAS_DEADLINE_S": "endpoint.deadline_s",
     "TMAS_QUEUE_TIMEOUT_S": "endpoint.queue_timeout_s",
+    "TMAS_PROGRESS_TIMEOUT_S": "endpoint.progress_timeout_s",
     "TMAS_STRUCTURED_OUTPUT": "endpoint.structured_output",
     "TMAS_REASONING": "endpoint.reasoning",
     "TMAS_PIN_SLOTS": "endpoint.pin_slots",

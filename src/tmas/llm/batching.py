@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
+from tmas.llm.replies import reported_reasoning
 from tmas.llm.sampling import DERIVED_SEED
 from tmas.llm.tokens import TokenCounter
 from tmas.llm.types import CallKey, ChatRequest, Completion, ServerKind, Usage
@@ -199,12 +200,17 @@ def share_usage(
                 estimated=not counter.exact,
             )
         return completions
-    # Each completion was read with the whole reply's usage; its own text says how much of it is its own.
+    # Each completion was read with the whole reply's usage; its own text says how much of it is its own. Reasoning
+    # the server did not count was counted from each completion's own text: that count stays its own.
+    own = None if reported_reasoning(data.get("usage")) else [c.usage for c in completions]
     weights = [counter.count(c.content) + counter.count(c.reasoning) for c in completions]
     reasoning_weights = [counter.count(c.reasoning) for c in completions]
-    for completion, usage in zip(
-        completions, split_usage(completions[0].usage, weights, reasoning_weights), strict=True
+    for i, (completion, usage) in enumerate(
+        zip(completions, split_usage(completions[0].usage, weights, reasoning_weights), strict=True)
     ):
+        if own is not None:
+            usage.reasoning_tokens = min(own[i].reasoning_tokens, usage.completion_tokens)
+            usage.estimated = usage.estimated or own[i].estimated
         completion.usage = usage
     return completions
 

@@ -15,6 +15,7 @@ import contextlib
 import random
 import time
 from collections.abc import Sequence
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -24,11 +25,12 @@ from pydantic import BaseModel
 from tmas.config import Sampling, Settings
 from tmas.errors import ConfigError, LLMError
 from tmas.llm import replica as replicas
+from tmas.llm import vitals
 from tmas.llm.batching import Sample, SampleBatcher, handed_out, one_per_choice, share_usage
 from tmas.llm.failures import Failure
 from tmas.llm.lanes import SlotQueue, call_affinity
 from tmas.llm.model import ClientStats, EndpointUnreachable
-from tmas.llm.refusals import DowngradeLog, Refusals
+from tmas.llm.refusals import MAX_SHRINKS, DowngradeLog, Refusals, Shrinks
 from tmas.llm.replica import Replica
 from tmas.llm.replies import completion as read_completion
 from tmas.llm.replies import reasoning_place, vectors
@@ -66,6 +68,8 @@ class LLMClient:
         self._routes = Routes(settings, downgrade_log.servers() if downgrade_log is not None else {})
         self._session: aiohttp.ClientSession | None = None
         self._batcher = SampleBatcher(self._send_samples)
+        # Background looks at replicas out of routing, by URL (at most one each).
+        self._rechecks: dict[str, asyncio.Future[None]] = {}
 
     async def __aenter__(self) -> LLMClient:
         # The global cap bounds what we send; the connector must not add a lower hidden bound of its own. Idle
@@ -78,6 +82,9 @@ class LLMClient:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        for task in list(self._rechecks.values()):
+            task.cancel()
+        await asyncio.gather(*self._rechecks.values(), return_exceptions=True)
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -164,6 +171,7 @@ class LLMClient:
         attempts = self.policy.attempts()
         while True:
             attempts.begin()
+            self._recheck(route)
             replica = self._routes.router.least_loaded(route.replicas)
             replica.load += 1
             try:
@@ -196,19 +204,22 @@ class LLMClient:
         started = time.monotonic()
         attempts = self.policy.attempts()
         max_tokens = request.sampling.max_tokens
-        # Set once a context refusal told what fits: the server's count then stands, not the client's estimate.
-        shrunk = False
+        # Once a context refusal told what fits, the max_tokens it gave stands, not the client's estimate.
+        shrinks = Shrinks()
         pin = self._routes.pinned(route)
         replica = route.replicas[0]
         while True:
             attempts.begin()
+            self._recheck(route)
             replica = route.replicas[pin[0]] if pin else self._routes.pick(route, request.messages, key)
             replica.load += 1
             timing = Timing()
             body: dict[str, Any] = {}
             try:
                 await self.refusals.probe(self.session, route, replica)
-                sent_max = max_tokens if shrunk else self.refusals.fit_context(route, replica, request, max_tokens)
+                sent_max = max_tokens
+                if not shrinks.done:
+                    sent_max = self.refusals.fit_context(route, replica, request, max_tokens)
                 body = self.refusals.body(route, replica, request, sent_max, n)
                 data = await self._post(route, replica, body, key, timing, slot=pin[1] if pin else None, watch=watch)
                 if timing.plain_reply and body.get("stream") and route.endpoint.stream == "auto":
@@ -231,13 +242,15 @@ class LLMClient:
                 if self.refusals.adapt(failure, route, replica, key, body):
                     attempts.again_at_once(failure.cause)
                     continue
-                if failure.context is not None and not shrunk:
-                    shrunk = True
-                    max_tokens = await self.refusals.shrunk(self.session, route, replica, request, failure)
-                    if max_tokens is not None:
+                if failure.context is not None and shrinks.done < MAX_SHRINKS:
+                    shrunk = await self.refusals.shrunk(self.session, route, replica, request, failure, shrinks)
+                    if shrunk is not None:
+                        max_tokens = shrunk
                         attempts.again_at_once("context")
                         continue
-                if failure.connect:
+                elif failure.context is not None:
+                    failure.args = (f"{failure} (refused again after max_tokens was lowered {shrinks.done} times)",)
+                if failure.connect or replica.avoided:
                     pin = None  # its replica is down: the retries go wherever the others can serve
                 delay = attempts.after(failure)
                 if delay is None:
@@ -278,23 +291,47 @@ class LLMClient:
             body = {**body, "id_slot": slot}
             turn = replica.slot_queues.setdefault(slot, SlotQueue()).turn(key.chain_key)
 
-        async def alive() -> bool:
-            return await replicas.alive(self.session, replica, route.api_key, min(route.endpoint.timeout_s, 30.0))
+        def on_chunk() -> None:
+            replica.vitals.progressed()
+            replica.back()
 
         if replica.server_kind == "llama-server":
             headers["Connection"] = "close"  # it drops a streamed reply's connection: never hand one to a next call
-        exchange = Exchange(self.session, f"{replica.url}/{path}", body, headers, route.endpoint, alive, watch)
+        judge = vitals.judge(self.session, replica, route.endpoint, route.api_key)
+        url = f"{replica.url}/{path}"
+        exchange = Exchange(self.session, url, body, headers, route.endpoint, judge, on_chunk, watch)
         async with turn, self._cap, replica.cap or contextlib.nullcontext():
             self.stats.in_flight += 1
             try:
                 data = await send(exchange, timing)
             except Failure as failure:
-                replica.unreachable = failure.connect
+                if failure.connect:
+                    replica.unreachable = True
                 raise
             finally:
                 self.stats.in_flight -= 1
-        replica.unreachable = False
+        replica.vitals.progressed()
+        replica.back()
         return data
+
+    def _recheck(self, route: Route) -> None:
+        """Look again, in the background, at the replicas of ``route`` out of routing whose last look is older than
+        the recheck interval: each comes back once it shows life (tmas.llm.vitals.recheck)."""
+        if len(route.replicas) < 2:
+            return
+        every = min(route.endpoint.timeout_s, vitals.LOOK_TIMEOUT_S)
+        now = time.monotonic()
+        for replica in route.replicas:
+            if not replica.avoided or replica.url in self._rechecks or now - replica.vitals.looked_at < every:
+                continue
+            task = asyncio.ensure_future(vitals.recheck(self.session, replica, route.endpoint, route.api_key))
+            self._rechecks[replica.url] = task
+            task.add_done_callback(partial(self._recheck_done, replica.url))
+
+    def _recheck_done(self, url: str, task: asyncio.Future[None]) -> None:
+        self._rechecks.pop(url, None)
+        if not task.cancelled():
+            task.exception()  # retrieved, so that asyncio does not warn of it (a look answers aiohttp's errors itself)
 
 
 def _unreachable(route: Route, role: str, attempts: Attempts) -> Failure:

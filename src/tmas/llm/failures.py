@@ -53,24 +53,49 @@ _STREAM_REFUSAL_STATUS = frozenset({400, 404, 415, 422, 501})
 
 # Context refusals. The window: vLLM "maximum context length is C tokens" (every version), SGLang "maximum context
 # length of C tokens" and "the model's context length (C tokens)", vLLM's "the model's context length is only C tokens"
-# and, for a max_tokens larger than the whole window, "cannot be greater than max_model_len=max_total_tokens=C".
+# and, for a max_tokens larger than the whole window, "cannot be greater than max_model_len=max_total_tokens=C"; vLLM's
+# engine "The decoder prompt (length N) is longer than the maximum model length of C" (vllm/v1/engine/
+# input_processor.py, _validate_model_input: a ValueError raised as the request enters the engine, so a streamed request
+# meets it as an error event after its headers); SGLang's "max_completion_tokens is too large: M.This model supports at
+# most C completion tokens." (python/sglang/srt/entrypoints/openai/serving_chat.py, _validate_request: a max_tokens
+# over the window given by --context-length; C is that window).
 _WINDOW = re.compile(
     r"(?:maximum context length (?:is|of)|context length is only)\s+(\d+)\s+tokens|context length \((\d+) tokens\)"
-    r"|max_model_len=(?:max_total_tokens=)?(\d+)",
+    r"|max_model_len=(?:max_total_tokens=)?(\d+)|maximum model length of (\d+)"
+    r"|max_completion_tokens is too large: \d+\.\s*This model supports at most (\d+) completion tokens",
     re.I,
 )
 # The prompt's tokens, as each wording states them: vLLM "your request has N input tokens" (0.9 to 0.11), "(N in the
-# messages, M in the completion)" (before 0.6); SGLang "N tokens from the input messages" and "The input (N tokens)";
-# llama-server "request (N tokens)".
+# messages, M in the completion)" (before 0.6), "The decoder prompt (length N)"; SGLang "N tokens from the input
+# messages" and "The input (N tokens)"; llama-server "request (N tokens)".
 _PROMPT = re.compile(
     r"request has (\d+) input tokens|\((\d+) in the messages|(\d+) tokens from the input|The input \((\d+) tokens\)"
-    r"|request \((\d+) tokens\)",
+    r"|request \((\d+) tokens\)|prompt \(length (\d+)\)",
     re.I,
+)
+# OpenAI's cap on a reply, not on the window: "max_tokens is too large: M. This model supports at most C completion
+# tokens, whereas you provided M." The call goes again with max_tokens C.
+_COMPLETION_CAP = re.compile(
+    r"max_tokens is too large: \d+\.\s*This model supports at most (\d+) completion tokens", re.I
 )
 # Today's vLLM tokenizes a prompt only as far as the window less max_tokens, plus one, before it refuses
 # (vllm/renderers/params.py): "your prompt contains at least N input tokens" and "You passed N input tokens" give that
 # bound, not the prompt's size, which the client then asks the server's /tokenize for.
 _PROMPT_AT_LEAST = re.compile(r"contains at least (\d+) input tokens|passed (\d+) input tokens", re.I)
+# A 4xx error event mid-stream that names a fault of the engine, not of the request: CUDA and memory errors, vLLM's
+# detokenizer's OverflowError ("out of range integral type conversion attempted"), a Python fault in the serving code
+# (TypeError, AttributeError, IndexError wordings), a dead engine or scheduler.
+_ENGINE_FAULT = re.compile(
+    r"cuda|out of memory|\boom\b|nccl|illegal memory|device-side|cublas|triton|overflow|out of range|integral type"
+    r"|nonetype|has no attribute|not subscriptable|index out of|engine ?core|engine (?:is )?dead|scheduler|internal",
+    re.I,
+)
+# One that names the request: its fields, its prompt, its schema, a value it may not have.
+_REQUEST_FAULT = re.compile(
+    r"prompt|message|max_tokens|max_completion_tokens|schema|grammar|template|json|tool|invalid|must be|not supported"
+    r"|unsupported|too (?:long|large|many)|exceed|parameter|argument|expected",
+    re.I,
+)
 # A 400 that names the context without numbers we can read (another server, another version): still a context
 # refusal, whose numbers the client then asks the server for (/tokenize, the model's card).
 _NAMES_CONTEXT = re.compile(r"context (?:length|window|size)|too many tokens|exceeds? .*tokens", re.I)
@@ -84,15 +109,18 @@ class ContextRefusal:
     prompt: int | None = None
     # A lower bound of the prompt's tokens, where the server stated no more than that.
     prompt_at_least: int | None = None
+    # The most completion tokens the model gives whatever the prompt (OpenAI's output cap), where that was refused.
+    completion_cap: int | None = None
 
 
 class Failure(Exception):
     """One failed attempt of a call.
 
-    ``cause``: a word for counting (``connect``, ``disconnected``, ``timeout``, ``stall``, ``dead``, ``cut``,
-    ``malformed``, ``stream_error``, ``abort``, ``http_503``, ``context``, ``deadline``, ``structured_output``,
-    ``stream``, ``sampling``, ...). ``retry``: whether the same request may succeed if sent again. ``connect``: no
-    connection could be made at all. ``context`` / ``refused_field``: what a refusal said, for the client to adapt."""
+    ``cause``: a word for counting (``connect``, ``disconnected``, ``timeout``, ``stall``, ``dead``, ``no_progress``,
+    ``cut``, ``malformed``, ``stream_error``, ``engine_fault``, ``abort``, ``http_503``, ``context``, ``deadline``,
+    ``structured_output``, ``stream``, ``sampling``, ...). ``retry``: whether the same request may succeed if sent
+    again. ``connect``: no connection could be made at all. ``context`` / ``refused_field``: what a refusal said, for
+    the client to adapt."""
 
     def __init__(
         self,
@@ -134,20 +162,30 @@ def from_status(status: int, text: str, body: dict[str, Any], retry_after: str |
     return Failure(said, f"http_{status}", retry=False)
 
 
-def from_stream_event(error: Any) -> Failure:
+def from_stream_event(error: Any, *, began: bool = False) -> Failure:
     """The failure an ``{"error": ...}`` event in a stream means: vLLM and SGLang send one for an error met after the
-    stream began, with the status it would have had (``code``). A 4xx one is the request's fault and final (a context
-    one goes to the client's shrinking); anything else is the server's, and retried."""
+    stream began, with the status it would have had (``code``); ``began``: whether reply text had streamed before it.
+
+    A 5xx one (or one without a status) is the server's, and retried. A 4xx one is told apart by what it says, since
+    both servers give 400 to faults of their own: vLLM's serving code answers a ValueError, TypeError, RuntimeError or
+    OverflowError met mid-stream with code 400 (vllm/entrypoints/serve/engine/serving.py, create_error_response), SGLang
+    any ValueError (serving_chat.py, create_streaming_error_response). One that names the request (a parameter
+    (vLLM's ``param``), the context window, the prompt, a schema) stays final; one that names the engine (CUDA, memory,
+    an overflow, a Python fault), or says nothing of the request after reply text began, is an engine fault: cause
+    ``engine_fault``, sent again once per call (tmas.llm.retry)."""
     message = _text_of(error)
     code = error.get("code") if isinstance(error, dict) else None
     status = code if isinstance(code, int) and not isinstance(code, bool) else None
     said = f"server error in stream: {message}"
-    if status is not None and 400 <= status < 500 and status not in RETRYABLE_STATUS:
-        refusal = context_refusal(message, error if isinstance(error, dict) else None)
-        if refusal is not None:
-            return Failure(said, "context", retry=False, context=refusal)
-        return Failure(said, f"http_{status}", retry=False)
-    return Failure(said, "stream_error", retry=True)
+    if status is None or not 400 <= status < 500 or status in RETRYABLE_STATUS:
+        return Failure(said, "stream_error", retry=True)
+    refusal = context_refusal(message, error if isinstance(error, dict) else None)
+    if refusal is not None:
+        return Failure(said, "context", retry=False, context=refusal)
+    param = error.get("param") if isinstance(error, dict) else None
+    if not param and (_ENGINE_FAULT.search(message) or (began and not _REQUEST_FAULT.search(message))):
+        return Failure(f"{said} (HTTP {status}, an engine fault)", "engine_fault", retry=True)
+    return Failure(said, f"http_{status}", retry=False)
 
 
 def from_exception(exc: BaseException, url: str, *, sent: bool) -> Failure:
@@ -174,6 +212,9 @@ def context_refusal(message: str, error: dict[str, Any] | None = None) -> Contex
     if isinstance(error, dict) and error.get("type") == "exceed_context_size_error":
         # llama-server: the numbers are fields of the error object, the prompt alone exceeds the window.
         return ContextRefusal(context=_int(error.get("n_ctx")), prompt=_int(error.get("n_prompt_tokens")))
+    cap = _COMPLETION_CAP.search(message)
+    if cap is not None:
+        return ContextRefusal(completion_cap=int(cap.group(1)))
     window = _WINDOW.search(message)
     prompt = _PROMPT.search(message)
     at_least = _PROMPT_AT_LEAST.search(message)

@@ -154,6 +154,8 @@ def build_command(
             # of at least this many tokens even after a change earlier in the prompt, by shifting them in the cache.
             "--cache-prompt",
             "--cache-reuse", str(CACHE_REUSE_TOKENS),
+            # Its progress counters at /metrics: a call's silence is judged by them (tmas.llm.vitals).
+            "--metrics",
             *(["--no-repack"] if no_repack else []),
             *cfg.extra_args,
         ]  # fmt: skip

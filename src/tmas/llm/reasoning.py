@@ -1,8 +1,10 @@
-"""Separate a reasoning model's thinking from its final answer."""
+"""Separate a reasoning model's thinking from its final answer, and tell from a reply where its server puts it."""
 
 from __future__ import annotations
 
 import re
+
+from tmas.llm.types import Reasoning
 
 _THINK = re.compile(r"<think>(.*?)</think>", re.S)
 
@@ -28,3 +30,19 @@ def split_reasoning(content: str, reasoning_field: str | None = None) -> tuple[s
         parts.append(tail.strip())
         content = head
     return content.strip(), "\n\n".join(p for p in parts if p)
+
+
+# The finish reasons of a reply that ran to its end (not cut by max_tokens, aborted, or stopped by its reader).
+FINISHED = frozenset({"stop", "tool_calls"})
+
+
+def reply_place(content: str, reasoning_field: str | None, finish_reason: str | None) -> Reasoning | None:
+    """Where a reply shows its server puts reasoning: ``separate`` (a field of its own, in any reply), ``inline`` (a
+    think tag in the content of a reply that finished), ``none`` (a reply that finished without either). A reply cut
+    before its end shows nothing (None): it may be cut inside thinking whose closing tag has not come yet, or whose
+    opening tag the chat template put in the prompt, so that its content holds no tag at all."""
+    if reasoning_field:
+        return "separate"
+    if finish_reason not in FINISHED:
+        return None
+    return "inline" if "</think>" in content or "<think>" in content else "none"

@@ -13,6 +13,7 @@ thinks inside its content gets none, and that is recorded.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
@@ -20,16 +21,38 @@ from pydantic import BaseModel
 
 from tmas.config import Sampling
 from tmas.llm.batching import Sample, refuses_n, serves_samples
-from tmas.llm.failures import Failure
+from tmas.llm.failures import ContextRefusal, Failure
 from tmas.llm.model import ClientStats
 from tmas.llm.replay import CallStore
-from tmas.llm.replica import Replica, count_prompt, probe
+from tmas.llm.replica import MESSAGE_TEMPLATE_TOKENS, Replica, count_prompt, probe
 from tmas.llm.routes import Route
 from tmas.llm.schema import response_format
-from tmas.llm.types import CallKey, ChatRequest, Completion, DowngradeKind, ServerFindings
+from tmas.llm.types import CallKey, ChatRequest, Completion, DowngradeKind, Reasoning, ServerFindings
 
 # Room left for the chat template's own tokens when max_tokens is lowered to fit the context window.
 CONTEXT_MARGIN_TOKENS = 32
+# Context refusals a call shrinks its max_tokens for, at most (tmas.llm.refusals.Refusals.shrunk).
+MAX_SHRINKS = 2
+# Estimates (characters per token) err low on math text: a prompt estimated is taken this much larger.
+ESTIMATE_SAFETY = 1.1
+
+
+@dataclass
+class Shrinks:
+    """One call's shrinks of max_tokens after context refusals: how many, and the prompt the last one assumed."""
+
+    done: int = 0
+    prompt: int | None = None
+
+
+def prompt_estimate(route: Route, request: ChatRequest) -> int:
+    """The prompt's tokens as the client counts them: each message's text (with the endpoint's tokenizer where it
+    has one, else estimated, and then taken larger) and its template's tokens."""
+    counter = route.counter
+    prompt = sum(counter.count(m.content) + MESSAGE_TEMPLATE_TOKENS for m in request.messages)
+    return prompt if counter.exact else int(prompt * ESTIMATE_SAFETY)
+
+
 # The length from which n identical choices at a temperature above 0 mean a server that ignores per-choice randomness.
 IDENTICAL_CHOICES_MIN_CHARS = 400
 # llama-server reads the repetition penalty as ``repeat_penalty`` (tools/server/server-task.cpp, params_from_json).
@@ -117,9 +140,7 @@ class Refusals:
         if context is None:
             return max_tokens
         # Checked even without max_tokens: a prompt that cannot fit is refused here rather than sent.
-        prompt = sum(route.counter.count(m.content) + 4 for m in request.messages)
-        if not route.counter.exact:
-            prompt = int(prompt * 1.1)  # estimates err low on math text; stay on the safe side
+        prompt = prompt_estimate(route, request)
         room = self.room(context, prompt)
         if room < 1:
             message = f"prompt of about {prompt} tokens does not fit the context window of {context} tokens"
@@ -131,28 +152,68 @@ class Refusals:
         return context - prompt - CONTEXT_MARGIN_TOKENS
 
     async def shrunk(
-        self, session: aiohttp.ClientSession, route: Route, replica: Replica, request: ChatRequest, failure: Failure
+        self,
+        session: aiohttp.ClientSession,
+        route: Route,
+        replica: Replica,
+        request: ChatRequest,
+        failure: Failure,
+        shrinks: Shrinks,
     ) -> int | None:
-        """The max_tokens that fits what a context refusal said (the prompt counted by the server's /tokenize where
-        the refusal did not say); None when the prompt alone does not fit (the failure's message then names both
-        numbers) or the numbers cannot be had."""
+        """The max_tokens that fits what a context refusal said, counted in ``shrinks``; None when the prompt alone
+        does not fit (the failure's message then names both numbers) or the numbers cannot be had.
+
+        The window is the refusal's (else the replica's); the prompt the refusal's where it states it. Where it states
+        a bound at most (today's vLLM) or nothing, the first shrink counts the prompt with the endpoint's tokenizer,
+        else at the server's /tokenize, else takes the client's estimate (never below the bound); a second refusal
+        means that count was short, and the second shrink takes a prompt no BPE tokenizer can exceed (a token per
+        byte of its texts) where the window holds it, else twice the first count, else half way to the window."""
         refusal = failure.context
         assert refusal is not None
+        if refusal.completion_cap is not None:
+            shrinks.done += 1
+            return refusal.completion_cap
         context = refusal.context or replica.reported_context or replica.context_length
-        prompt = refusal.prompt
-        if prompt is None:
-            prompt = await count_prompt(session, replica, route.api_key, route.model, request.messages)
-        if prompt is None:
-            prompt = refusal.prompt_at_least
-        if context is None or prompt is None:
+        if context is None:
             return None
         replica.context_length = context
+        prompt, stated = refusal.prompt, True
+        if prompt is None:
+            stated = False
+            prompt = await self._prompt_guess(session, route, replica, request, refusal, shrinks, context)
         room = self.room(context, prompt)
         if room < 1:
-            failure.args = (f"prompt of {prompt} tokens does not fit the context window of {context} tokens "
+            about = "" if stated else "about "
+            failure.args = (f"prompt of {about}{prompt} tokens does not fit the context window of {context} tokens "
                             f"({failure})",)  # fmt: skip
             return None
+        shrinks.done += 1
+        shrinks.prompt = prompt
         return room
+
+    async def _prompt_guess(
+        self,
+        session: aiohttp.ClientSession,
+        route: Route,
+        replica: Replica,
+        request: ChatRequest,
+        refusal: ContextRefusal,
+        shrinks: Shrinks,
+        context: int,
+    ) -> int:
+        """The prompt's tokens to shrink by where the refusal did not state them (see :meth:`shrunk`)."""
+        bound = refusal.prompt_at_least or 0
+        if shrinks.done == 0:
+            counted = prompt_estimate(route, request) if route.counter.exact else None
+            if counted is None:
+                counted = await count_prompt(session, replica, route.api_key, route.model, request.messages)
+            return max(bound, counted if counted is not None else prompt_estimate(route, request))
+        first = max(bound, shrinks.prompt or 0)
+        most = sum(len(m.content.encode()) + MESSAGE_TEMPLATE_TOKENS for m in request.messages)
+        for guess in (most, 2 * first, (first + context - CONTEXT_MARGIN_TOKENS) // 2):
+            if self.room(context, max(bound, guess)) >= 1:
+                return max(bound, guess)
+        return max(bound, first + 1)
 
     # ------------------------------------------------------------------------------------------ refusals
     def adapt(self, failure: Failure, route: Route, replica: Replica, key: CallKey, sent: dict[str, Any]) -> bool:
@@ -185,9 +246,10 @@ class Refusals:
         replica.stream_refused = True
         self.downgraded("stream", replica.url, role, message)
 
-    def saw_reasoning(self, replica: Replica, role: str, place: str) -> None:
-        """A reply showed where this replica's replies put reasoning; an inline one stops schemas going to it."""
-        if replica.reasoning == "inline":
+    def saw_reasoning(self, replica: Replica, role: str, place: Reasoning | None) -> None:
+        """A reply showed where this replica's replies put reasoning (None: it showed nothing, being cut before its
+        end: tmas.llm.reasoning.reply_place); an inline one stops schemas going to it."""
+        if place is None or replica.reasoning == "inline":
             return
         if place == "inline":
             replica.reasoning = "inline"

@@ -2,10 +2,11 @@
 it refuses, and the small requests that ask it about itself (its model card, whether it is alive, how many tokens a
 prompt is).
 
-Every server answers ``GET /health`` with 200 while it serves (vLLM ``entrypoints/openai/api_server.py``, SGLang
-``srt/entrypoints/http_server.py``, llama-server ``tools/server/server.cpp``) and counts a prompt's tokens at
-``POST /tokenize`` (vLLM and SGLang take chat ``messages``; llama-server takes ``content``, the chat template applied
-first by ``POST /apply-template``). Their context window: ``max_model_len`` in vLLM's and SGLang's model cards,
+Every server answers ``GET /health`` while it serves (what each one's answer says: :mod:`tmas.llm.vitals`) and counts
+a prompt's tokens at ``POST /tokenize``: vLLM takes chat ``messages`` (``vllm/entrypoints/serve/tokenize``), SGLang a
+``prompt`` string, not messages (``python/sglang/srt/entrypoints/http_server.py``, ``openai_v1_tokenize``),
+llama-server ``content``, the chat template applied first by ``POST /apply-template``. A gateway in front (LiteLLM,
+most Kubernetes routers) has none of them. Their context window: ``max_model_len`` in vLLM's and SGLang's model cards,
 ``default_generation_settings.n_ctx`` in llama-server's ``GET /props`` (its model card's ``n_ctx_train`` is the
 training window, not the server's).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +27,10 @@ from tmas.llm.failures import error_message
 from tmas.llm.lanes import SlotQueue
 from tmas.llm.server_kind import server_kind
 from tmas.llm.types import Message, Reasoning, ServerFindings, ServerKind
+from tmas.llm.vitals import Vitals
+
+# Tokens a chat template adds around each message (role markers, separators), counted where only the texts are.
+MESSAGE_TEMPLATE_TOKENS = 4
 
 
 @dataclass
@@ -51,8 +57,29 @@ class Replica:
     probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # The last call to it found no server listening: calls go to the replicas that answer while any does.
     unreachable: bool = False
+    # Why it is out of routing, where it is: "dead" (its /health failed) or "no_progress" (a call waited on it past
+    # progress_timeout_s while it showed no progress: tmas.llm.vitals); since when (time.monotonic()).
+    down: str | None = None
+    down_at: float = 0.0
+    # Its health and progress as this client has seen them.
+    vitals: Vitals = field(default_factory=Vitals)
     # pin_slots: one call at a time per server slot, a chain's calls together (tmas.llm.lanes), by the slot's index.
     slot_queues: dict[int, SlotQueue] = field(default_factory=dict)
+
+    @property
+    def avoided(self) -> bool:
+        """Out of routing: calls go to it only when every replica is."""
+        return self.unreachable or self.down is not None
+
+    def leave(self, cause: str) -> None:
+        """Take it out of routing for ``cause`` (kept from the first time until it is back)."""
+        if self.down is None:
+            self.down, self.down_at = cause, time.monotonic()
+
+    def back(self) -> None:
+        """It answered: back in routing."""
+        self.unreachable = False
+        self.down = None
 
     @property
     def root(self) -> str:
@@ -119,30 +146,29 @@ async def probe(session: aiohttp.ClientSession, replica: Replica, api_key: str |
     return True
 
 
-async def alive(session: aiohttp.ClientSession, replica: Replica, api_key: str | None, timeout_s: float) -> bool:
-    """Whether the replica answers /health (a server working through a long queue still does). A 5xx is a server
-    that says it is unhealthy (vLLM, SGLang); a 404 one that has no such route but answered (a hosted API)."""
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    try:
-        async with session.get(f"{replica.root}/health", headers=auth_headers(api_key), timeout=timeout) as resp:
-            return resp.status < 500
-    except (aiohttp.ClientError, TimeoutError):
-        return False
-
-
 async def count_prompt(
     session: aiohttp.ClientSession, replica: Replica, api_key: str | None, model: str, messages: Sequence[Message]
 ) -> int | None:
-    """The prompt's tokens as the server counts them (its own /tokenize), or None where it cannot say."""
+    """The prompt's tokens as the server counts them (its own /tokenize), or None where it cannot say. SGLang's (and
+    any server's that takes no messages) counts the messages' texts, and each message's template tokens are added."""
     chat = [m.model_dump() for m in messages]
+    url = f"{replica.root}/tokenize"
     if replica.server_kind == "llama-server":
         templated = await get_json(session, f"{replica.root}/apply-template", api_key, 30.0, {"messages": chat})
         prompt = templated.get("prompt") if isinstance(templated, dict) else None
         if not isinstance(prompt, str):
             return None
-        reply = await get_json(session, f"{replica.root}/tokenize", api_key, 30.0, {"content": prompt})
-    else:
-        reply = await get_json(session, f"{replica.root}/tokenize", api_key, 30.0, {"model": model, "messages": chat})
+        return _count(await get_json(session, url, api_key, 30.0, {"content": prompt}))
+    if replica.server_kind != "sglang":
+        count = _count(await get_json(session, url, api_key, 30.0, {"model": model, "messages": chat}))
+        if count is not None:
+            return count
+    text = "\n".join(m.content for m in messages)
+    count = _count(await get_json(session, url, api_key, 30.0, {"model": model, "prompt": text}))
+    return None if count is None else count + MESSAGE_TEMPLATE_TOKENS * len(messages)
+
+
+def _count(reply: Any) -> int | None:
     if not isinstance(reply, dict):
         return None
     if isinstance(reply.get("count"), int):

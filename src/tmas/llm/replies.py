@@ -1,6 +1,7 @@
 """A server's reply read into the layer's types: the completion of one choice, its usage and log-probabilities, an
-embeddings reply's vectors. Usage is the server's where it reports it (vLLM's and OpenAI's fields, SGLang's
-``reasoning_tokens`` in usage itself, llama-server's ``timings.cache_n``), else counted here and marked estimated.
+embeddings reply's vectors, where it puts reasoning. Usage is the server's where it reports it (vLLM's and OpenAI's
+fields, SGLang's ``reasoning_tokens`` in usage itself, llama-server's ``timings.cache_n``), else counted here (with the
+tokenizer where configured, else estimated and marked so).
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from tmas.llm.failures import Failure
-from tmas.llm.reasoning import split_reasoning
+from tmas.llm.reasoning import reply_place, split_reasoning
 from tmas.llm.tokens import TokenCounter
-from tmas.llm.types import CallKey, ChatRequest, Completion, Message, TokenLogprob, Usage
+from tmas.llm.types import CallKey, ChatRequest, Completion, Message, Reasoning, TokenLogprob, Usage
 
 # Where a reply a watch stopped carries the watch's reason, from the stream reader to the completion.
 STOPPED_EARLY = "tmas_stopped_early"
@@ -47,7 +48,7 @@ def completion(
     if finish == "abort":
         raise Failure(f"{url} aborted the request (finish_reason 'abort')", "abort", retry=True)
     content, reasoning = split_reasoning(raw, field_reasoning)
-    counted = usage(data, counter, request.messages, raw, field_reasoning or "")
+    counted = usage(data, counter, request.messages, [raw, field_reasoning or ""], reasoning)
     tokens = logprobs(choice.get("logprobs"))
     stopped = data.get(STOPPED_EARLY)
     if stopped is not None and not isinstance(data.get("usage"), dict):
@@ -87,27 +88,46 @@ def vectors(data: dict[str, Any], count: int) -> list[list[float]]:
 
 
 def usage(
-    data: dict[str, Any], counter: TokenCounter, messages: Sequence[Message], content: str, reasoning: str
+    data: dict[str, Any], counter: TokenCounter, messages: Sequence[Message], generated: Sequence[str], reasoning: str
 ) -> Usage:
+    """The reply's usage as the server reported it, its gaps filled: reasoning tokens counted from the reasoning text
+    where the server reported none for a reply that has some (vLLM's chat completions before 2026-08, PR 45802, and
+    any server without a reasoning parser, whose thinking stays in the content), with the tokenizer where configured,
+    else estimated and marked so; cached tokens never above the prompt's (older SGLang summed them over all ``n``
+    choices: its usage_processor.py). ``generated``: the reply's texts (its content and reasoning field);
+    ``reasoning``: its reasoning, from the field or the content's think blocks."""
     raw = data.get("usage")
     if isinstance(raw, dict) and isinstance(raw.get("completion_tokens"), int):
-        details = raw.get("completion_tokens_details") or {}
-        reasoning_tokens = details.get("reasoning_tokens") if isinstance(details, dict) else None
-        if reasoning_tokens is None:
-            reasoning_tokens = raw.get("reasoning_tokens")  # SGLang's place: in usage itself
-        return Usage(
-            prompt_tokens=int(raw.get("prompt_tokens") or 0),
+        prompt = int(raw.get("prompt_tokens") or 0)
+        counted = Usage(
+            prompt_tokens=prompt,
             completion_tokens=raw["completion_tokens"],
-            reasoning_tokens=int(reasoning_tokens or 0),
-            cached_prompt_tokens=cached_tokens(raw, data.get("timings")),
+            reasoning_tokens=reported_reasoning(raw) or 0,
+            cached_prompt_tokens=min(cached_tokens(raw, data.get("timings")), prompt),
         )
+        if not counted.reasoning_tokens and reasoning:
+            counted.reasoning_tokens = min(counter.count(reasoning), counted.completion_tokens)
+            counted.estimated = not counter.exact
+        return counted
     # No usage from the server: count ourselves, and say so unless a real tokenizer did the counting.
     return Usage(
         prompt_tokens=sum(counter.count(m.content) + 4 for m in messages),
-        completion_tokens=counter.count(content) + counter.count(reasoning),
+        completion_tokens=sum(counter.count(text) for text in generated),
         reasoning_tokens=counter.count(reasoning),
         estimated=not counter.exact,
     )
+
+
+def reported_reasoning(usage: Any) -> int | None:
+    """The reasoning tokens a usage object reports: OpenAI's and vLLM's ``completion_tokens_details.reasoning_tokens``,
+    else SGLang's ``reasoning_tokens`` in usage itself; None where neither is there."""
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("completion_tokens_details")
+    value = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    if value is None:
+        value = usage.get("reasoning_tokens")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def cached_tokens(usage: dict[str, Any], timings: Any) -> int:
@@ -133,16 +153,25 @@ def logprobs(raw: Any) -> list[TokenLogprob] | None:
         return None
 
 
-def reasoning_place(data: dict[str, Any]) -> str:
-    """Where the reply's first choice put its reasoning: ``separate`` (a field of its own), ``inline`` (think blocks
-    in the content) or ``none``."""
+def reasoning_place(data: dict[str, Any]) -> Reasoning | None:
+    """Where the reply's choices show their server puts reasoning (:func:`tmas.llm.reasoning.reply_place`): a
+    reasoning field in any choice, else think tags in a finished one, else a finished one without; None where no
+    choice shows anything (every one cut before its end)."""
+    places: set[Reasoning] = set()
     choices = data.get("choices")
-    message = (
-        choices[0].get("message") if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-    )
-    if not isinstance(message, dict):
-        return "none"
-    if message.get("reasoning_content") or message.get("reasoning"):
-        return "separate"
-    content = message.get("content")
-    return "inline" if isinstance(content, str) and "</think>" in content else "none"
+    for choice in choices if isinstance(choices, list) else []:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        field = message.get("reasoning_content") or message.get("reasoning")
+        place = reply_place(
+            content if isinstance(content, str) else "", field if isinstance(field, str) else None,
+            choice.get("finish_reason"),
+        )  # fmt: skip
+        if place is not None:
+            places.add(place)
+    return next((place for place in _STRONGEST_FIRST if place in places), None)
+
+
+_STRONGEST_FIRST: tuple[Reasoning, ...] = ("separate", "inline", "none")

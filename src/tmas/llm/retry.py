@@ -1,9 +1,10 @@
 """One retry policy for every kind of call (chat, batched samples, embeddings): what to do after a failed attempt.
 
 A failure the request itself caused is final. One the server or the network caused is sent again after a backoff
-(exponential, full jitter, at least the server's Retry-After), up to ``retry.max_attempts`` attempts. A call that
-adapts to a refusal (a field left out, a smaller max_tokens) goes again at once without costing an attempt. Every
-retry is counted by its cause.
+(exponential, full jitter, at least the server's Retry-After), up to ``retry.max_attempts`` attempts; an engine
+fault reported with a client status (:data:`ONCE_PER_CALL`) only once, since a second one is more likely the
+request's. A call that adapts to a refusal (a field left out, a smaller max_tokens) goes again at once without costing
+an attempt. Every retry is counted by its cause.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from dataclasses import dataclass, field
 
 from tmas.config import Retry
 from tmas.llm.failures import Failure
+
+# Causes sent again at most once per call: a 4xx error event told to be the engine's fault (tmas.llm.failures).
+ONCE_PER_CALL = frozenset({"engine_fault"})
 
 
 @dataclass
@@ -38,6 +42,9 @@ class Attempts:
         self.last = failure
         self.unreachable = self.unreachable and failure.connect
         if not failure.retry:
+            return None
+        if failure.cause in ONCE_PER_CALL and failure.cause in self.causes:
+            failure.args = (f"{failure} (a second time in this call: not sent again)",)
             return None
         if not self.left:
             return None

@@ -14,8 +14,9 @@ times what 8 GPU replicas keep in their KV caches), in about 23 MiB, plus up to 
 tracemalloc), however many calls a run makes (164,000 at the paper's 100-problem scale). A call goes to the replica
 that holds the longest known prefix of its prompt among the replicas within the load bound; ties go to the replica
 that last served the call's affinity key (the TMAS candidate chain its key names, else its problem: see
-:func:`tmas.llm.lanes.call_affinity`), then to the least loaded, in turn. Replicas that did not answer their last call
-are chosen only when none answers.
+:func:`tmas.llm.lanes.call_affinity`), then to the least loaded, in turn. Replicas out of routing (no server listening
+at their last call, a failed /health, no progress while a call waited: :mod:`tmas.llm.vitals`) are chosen only when
+every replica is.
 
 **The load bound.** A replica's load is the calls this client routed to it that have not finished (waiting for a cap
 or in flight: what the client knows). A replica takes a call for its cache only while its load is below
@@ -60,7 +61,7 @@ class Replica(Protocol):
     def load(self) -> int: ...
 
     @property
-    def unreachable(self) -> bool: ...
+    def avoided(self) -> bool: ...
 
 
 R = TypeVar("R", bound=Replica)
@@ -104,14 +105,14 @@ class PrefixRouter:
         self._turn += 1
         n = len(replicas)
         order = [replicas[(self._turn + i) % n] for i in range(n)]
-        return min(order, key=lambda r: (r.unreachable, r.load))
+        return min(order, key=lambda r: (r.avoided, r.load))
 
     def choose(self, messages: Sequence[Message], replicas: Sequence[R], key: str | None, bound: float) -> R:
         """The replica for a call (see the module's docstring), remembered as the one now holding its prompt."""
         if len(replicas) == 1:
             return replicas[0]
         blocks = prompt_blocks(messages, self.block_chars)
-        answering = [r for r in replicas if not r.unreachable]
+        answering = [r for r in replicas if not r.avoided]
         if not answering:
             chosen = self.least_loaded(replicas)
         else:

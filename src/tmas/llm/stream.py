@@ -29,11 +29,13 @@ class StreamError(Exception):
     """A stream that cannot give a whole reply: ``cause`` is ``"malformed"`` (an event that is not a chunk),
     ``"stream_error"`` (the server sent an error event) or ``"cut"`` (it ended before every choice finished)."""
 
-    def __init__(self, message: str, cause: str, error: Any = None) -> None:
+    def __init__(self, message: str, cause: str, error: Any = None, *, began: bool = False) -> None:
         super().__init__(message)
         self.cause = cause
         # The error event's own object (its message and status ``code``), for the failure's classification.
         self.error = error
+        # Whether reply text (content or reasoning) had arrived before the error event.
+        self.began = began
 
 
 @dataclass
@@ -94,7 +96,9 @@ class StreamAssembler:
             raise StreamError(f"stream event is not a JSON object: {value[:120]!r}", "malformed")
         if chunk.get("error"):
             # vLLM and SGLang report an internal error met mid-generation as an event {"error": {"message": ...}}.
-            raise StreamError(f"server error in stream: {_error_text(chunk)}", "stream_error", chunk["error"])
+            began = any(c.content or c.reasoning for c in self._choices.values())
+            message = f"server error in stream: {_error_text(chunk)}"
+            raise StreamError(message, "stream_error", chunk["error"], began=began)
         self._take(chunk)
 
     def _take(self, chunk: dict[str, Any]) -> None:

@@ -3,10 +3,13 @@
 **Waiting is not stalling.** A server under load keeps a request in its queue (or preempts it) before its first token:
 vLLM sends its stream's headers at once and then nothing until that token (Starlette starts a ``StreamingResponse``
 before its generator yields), SGLang sends nothing at all (it awaits the first chunk before it returns the response),
-llama-server answers once a slot takes the request. Closing such a request aborts it and loses its place, so silence
-before the first chunk is waited out for as long as the server answers ``/health`` (checked every ``timeout_s`` of
-silence), bounded only by ``queue_timeout_s`` where set and by ``deadline_s``. Once chunks flow, a silence longer than
-``timeout_s`` is a stall. An unstreamed reply is silent until whole: ``timeout_s`` bounds it whole.
+llama-server answers once a slot takes the request; vLLM pauses a stream it preempted until it computed it again.
+Closing such a request aborts it and loses its place. So a silence of a streamed reply (before its first chunk, or
+between two) is judged, once it passes ``timeout_s`` and then every check interval, by what its replica shows
+(:mod:`tmas.llm.vitals`): it is waited out while the replica answers ``/health`` and shows progress within
+``progress_timeout_s``, and ends the attempt otherwise (causes ``dead``, ``no_progress``, ``stall``); the wait for the
+first chunk is bounded too by ``queue_timeout_s`` where set, and the whole call by ``deadline_s``. An unstreamed reply
+is silent until whole: ``timeout_s`` bounds it whole.
 
 ``deadline_s`` counts from the moment the request is sent, after the client's own slots and caps let it go.
 """
@@ -17,7 +20,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +31,7 @@ from tmas.llm import failures
 from tmas.llm.failures import Failure
 from tmas.llm.replies import STOPPED_EARLY, logprobs
 from tmas.llm.stream import StreamAssembler, StreamError, lines
+from tmas.llm.vitals import Judge, check_interval
 from tmas.llm.watch import TraceWatch
 
 # Seconds a stream's end is read for after its end marker (see _drain); the rest of a proper reply is already there.
@@ -43,6 +47,9 @@ class Timing:
     began_at: float = field(default_factory=time.monotonic)
     sent_at: float = 0.0
     first_chunk_at: float | None = None
+    last_chunk_at: float | None = None
+    # When the replica was last asked about a silence of this attempt.
+    checked_at: float | None = None
     # A streamed request answered with a plain JSON reply: the server does not stream.
     plain_reply: bool = False
 
@@ -64,8 +71,10 @@ class Exchange:
     body: dict[str, Any]
     headers: dict[str, str]
     endpoint: Endpoint
-    # Whether the server still answers (its /health): asked after each timeout_s of silence before the first chunk.
-    alive: Callable[[], Awaitable[bool]]
+    # What ends a silence past timeout_s, asked of the replica (tmas.llm.vitals.judge).
+    judge: Judge
+    # Told of each chunk that arrives: the replica progresses.
+    on_chunk: Callable[[], None] = lambda: None
     watch: TraceWatch | None = None
 
 
@@ -78,7 +87,7 @@ async def send(exchange: Exchange, timing: Timing) -> dict[str, Any]:
         async with asyncio.timeout(endpoint.deadline_s) as deadline:
             if not exchange.body.get("stream"):
                 return await _whole(exchange, timing)
-            return await _wait_for_first_chunk(exchange, timing)
+            return await _watched(exchange, timing)
     except TimeoutError:
         if deadline.expired():
             # Not retried: a call that ran out of its whole budget would most likely run out of it again.
@@ -108,44 +117,56 @@ async def _whole(exchange: Exchange, timing: Timing) -> dict[str, Any]:
     return _json_reply(status, text, exchange, retry_after)
 
 
-async def _wait_for_first_chunk(exchange: Exchange, timing: Timing) -> dict[str, Any]:
-    """Run the streamed exchange; while no chunk came, check every ``timeout_s`` that the server is alive."""
+async def _watched(exchange: Exchange, timing: Timing) -> dict[str, Any]:
+    """Run the streamed exchange; each silence past ``timeout_s`` is judged (see the module's docstring)."""
     endpoint = exchange.endpoint
-    first = asyncio.Event()
-    task = asyncio.ensure_future(_streamed(exchange, timing, first))
+    task = asyncio.ensure_future(_streamed(exchange, timing))
     try:
         while True:
-            wait = endpoint.timeout_s
-            if endpoint.queue_timeout_s is not None and not first.is_set():
-                wait = max(0.0, min(wait, endpoint.queue_timeout_s - (time.monotonic() - timing.sent_at)))
             try:
                 # shield: a wait that times out leaves the exchange running.
-                return await asyncio.wait_for(asyncio.shield(task), wait)
+                return await asyncio.wait_for(asyncio.shield(task), _until_next_check(endpoint, timing))
             except TimeoutError:
                 if task.done():
                     return task.result()
-                if first.is_set():
-                    continue  # chunks flow: a stall between them is the reader's to see
-            waited = time.monotonic() - timing.sent_at
-            if endpoint.queue_timeout_s is not None and waited >= endpoint.queue_timeout_s:
+            now = time.monotonic()
+            began = timing.first_chunk_at is not None
+            silent_since = timing.last_chunk_at if timing.last_chunk_at is not None else timing.sent_at
+            if not began and endpoint.queue_timeout_s is not None and now - timing.sent_at >= endpoint.queue_timeout_s:
                 raise Failure(
                     f"{exchange.url} sent no first chunk within queue_timeout_s = {endpoint.queue_timeout_s:g}s",
                     "queue_timeout",
                     retry=True,
                 )
-            if not await exchange.alive():
-                raise Failure(
-                    f"{exchange.url} sent nothing for {waited:.0f}s and does not answer /health", "dead", retry=True
-                )
+            if now - silent_since < endpoint.timeout_s:
+                continue  # a chunk came meanwhile: this silence has not lasted timeout_s yet
+            failure = await exchange.judge(silent_since, began)
+            if failure is not None and task.done() and not task.cancelled() and task.exception() is None:
+                return task.result()  # the reply came whole while the replica was being asked
+            if failure is not None:
+                raise failure
+            timing.checked_at = time.monotonic()
     finally:
         if not task.done():
             task.cancel()  # closes the connection: the server aborts the request
             await asyncio.gather(task, return_exceptions=True)
 
 
-async def _streamed(exchange: Exchange, timing: Timing, first: asyncio.Event) -> dict[str, Any]:
-    # No read bound of aiohttp's own: the wait for the first chunk is bounded by the liveness loop above, each later
-    # read by timeout_s below.
+def _until_next_check(endpoint: Endpoint, timing: Timing) -> float:
+    """Seconds until the current silence is next judged: when it reaches ``timeout_s``, then every check interval
+    after the last check; no later than ``queue_timeout_s`` before the first chunk."""
+    now = time.monotonic()
+    silent_since = timing.last_chunk_at if timing.last_chunk_at is not None else timing.sent_at
+    due = silent_since + endpoint.timeout_s
+    if timing.checked_at is not None and timing.checked_at > silent_since:
+        due = max(due, timing.checked_at + check_interval(endpoint))
+    if timing.first_chunk_at is None and endpoint.queue_timeout_s is not None:
+        due = min(due, timing.sent_at + endpoint.queue_timeout_s)
+    return max(0.0, due - now)
+
+
+async def _streamed(exchange: Exchange, timing: Timing) -> dict[str, Any]:
+    # No read bound of aiohttp's own: silences are judged by the loop above.
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=exchange.endpoint.timeout_s, sock_read=None)
     got_headers = False
     try:
@@ -154,43 +175,30 @@ async def _streamed(exchange: Exchange, timing: Timing, first: asyncio.Event) ->
         ) as resp:
             got_headers = True
             if resp.status == 200 and resp.content_type != "application/json":
-                return await _read_stream(resp, exchange, timing, first)
+                return await _read_stream(resp, exchange, timing)
             text = await resp.text(errors="replace")
             status, retry_after = resp.status, resp.headers.get("Retry-After")
     except (aiohttp.ClientError, ConnectionError) as exc:
         raise failures.from_exception(exc, exchange.url, sent=got_headers) from None
-    first.set()
-    timing.first_chunk_at = time.monotonic()
+    timing.first_chunk_at = timing.last_chunk_at = time.monotonic()
     timing.plain_reply = status == 200
     return _json_reply(status, text, exchange, retry_after)
 
 
-async def _chunks(
-    resp: aiohttp.ClientResponse, exchange: Exchange, timing: Timing, first: asyncio.Event
-) -> AsyncIterator[bytes]:
-    """The reply's bytes as they come; a silence past ``timeout_s`` once they flow is a stall."""
-    timeout_s = exchange.endpoint.timeout_s
+async def _chunks(resp: aiohttp.ClientResponse, exchange: Exchange, timing: Timing) -> AsyncIterator[bytes]:
+    """The reply's bytes as they come, each arrival noted (its silences are judged by :func:`_watched`)."""
     while True:
-        if first.is_set():
-            try:
-                chunk = await asyncio.wait_for(resp.content.readany(), timeout_s)
-            except TimeoutError:
-                raise Failure(
-                    f"stream from {exchange.url} stalled: no chunk within {timeout_s:g}s", "stall", retry=True
-                ) from None
-        else:
-            chunk = await resp.content.readany()
-            if chunk:
-                timing.first_chunk_at = time.monotonic()
-                first.set()
+        chunk = await resp.content.readany()
         if not chunk:
             return
+        timing.last_chunk_at = time.monotonic()
+        if timing.first_chunk_at is None:
+            timing.first_chunk_at = timing.last_chunk_at
+        exchange.on_chunk()
         yield chunk
 
 
-async def _read_stream(
-    resp: aiohttp.ClientResponse, exchange: Exchange, timing: Timing, first: asyncio.Event
-) -> dict[str, Any]:
+async def _read_stream(resp: aiohttp.ClientResponse, exchange: Exchange, timing: Timing) -> dict[str, Any]:
     """The whole reply of an event stream, in an unstreamed reply's shape (:mod:`tmas.llm.stream`).
 
     A stream that breaks or ends before every choice finished fails with cause ``cut``, unless some choices had
@@ -204,7 +212,7 @@ async def _read_stream(
         watch.begin()
     try:
         try:
-            async for line in lines(_chunks(resp, exchange, timing, first)):
+            async for line in lines(_chunks(resp, exchange, timing)):
                 assembler.feed(line)
                 if assembler.done:
                     await _drain(resp)
@@ -231,7 +239,7 @@ async def _read_stream(
         return assembler.reply()
     except StreamError as exc:
         if exc.error is not None:
-            raise failures.from_stream_event(exc.error) from None
+            raise failures.from_stream_event(exc.error, began=exc.began) from None
         raise Failure(f"stream from {exchange.url}: {exc}", exc.cause, retry=True) from None
 
 

@@ -24,6 +24,8 @@ class Refusal:
     code: str | None = None
     status: int = 400
     body: dict[str, Any] | None = field(default=None)
+    # Met after a streamed request's headers went out: an error event in the stream, not an HTTP status.
+    midstream: bool = False
 
 
 def _vllm_extras(message: str, parameter: str, value: int) -> str:
@@ -103,6 +105,21 @@ def _output_tokens(c: int, n: int, m: int | None, field_name: str) -> Refusal | 
     return Refusal(_vllm_extras(message, "input_tokens", seen), param="input_tokens")
 
 
+def _decoder_prompt(c: int, n: int, m: int | None) -> Refusal | None:
+    # vLLM's engine, where no front-end check came first (vllm/v1/engine/input_processor.py, _validate_model_input: a
+    # ValueError for a prompt longer than max_model_len). It is raised as the request enters the engine, inside the
+    # generator a stream iterates after its headers went out: the stream carries it as an error event with code 400
+    # (chat_completion/serving.py, create_streaming_error_response). A prompt that fits is generated until the window
+    # is full (window_budget).
+    if n <= c:
+        return None
+    message = (
+        f"The decoder prompt (length {n}) is longer than the maximum model length of {c}. "
+        "Make sure that `max_model_len` is no smaller than the number of text tokens."
+    )
+    return Refusal(message, midstream=True)
+
+
 def _generic(c: int, n: int, m: int | None) -> Refusal | None:
     # A server (or proxy) that names the context window but gives no numbers.
     if n + (m or 0) <= c:
@@ -111,6 +128,10 @@ def _generic(c: int, n: int, m: int | None) -> Refusal | None:
 
 
 def _sglang(c: int, n: int, m: int | None) -> Refusal | None:
+    # python/sglang/srt/entrypoints/openai/serving_chat.py _validate_request first: a max_tokens over the window given
+    # by --context-length (the persona's server is started with it), worded with no space after the first period.
+    if m is not None and m > c:
+        return Refusal(f"max_completion_tokens is too large: {m}.This model supports at most {c} completion tokens.")
     # python/sglang/srt/managers/tokenizer_manager.py _validate_one_request: refused when the prompt alone, or the
     # prompt and max_new_tokens together, reach the context length (>=, not >); without
     # --allow-auto-truncate. serving_chat.py answers the ValueError with a 400.
@@ -128,7 +149,7 @@ def _sglang(c: int, n: int, m: int | None) -> Refusal | None:
 def _llama(c: int, n: int, m: int | None) -> Refusal | None:
     # tools/server/server-context.cpp: a prompt that fills the slot's context (n_tokens >= n_ctx) is refused with
     # ERROR_TYPE_EXCEED_CONTEXT_SIZE (400); server-task.cpp server_task_result_error::to_json adds n_prompt_tokens
-    # and n_ctx beside the usual fields. A prompt that fits is generated, whatever n_predict asks (llama_cut).
+    # and n_ctx beside the usual fields. A prompt that fits is generated, whatever n_predict asks (window_budget).
     if n < c:
         return None
     message = f"request ({n} tokens) exceeds the available context size ({c} tokens), try increasing it"
@@ -185,6 +206,8 @@ def context_refusal(
         return _too_large(c, n, m)
     if kind == "generic":
         return _generic(c, n, m)
+    if kind == "decoder_prompt":
+        return _decoder_prompt(c, n, m)
     if kind == "sglang":
         return _sglang(c, n, m)
     if kind == "llama":
@@ -194,11 +217,13 @@ def context_refusal(
     return _legacy(c, n, m)
 
 
-def llama_cut(persona: str, wording: ContextWording, c: int, n: int, m: int | None) -> int | None:
-    """llama-server's completion budget for a prompt that fits: tools/server/server-context.cpp stops a slot
-    (STOP_TYPE_LIMIT, finish_reason "length", truncated) once its cache plus one reaches n_ctx, which leaves the
-    reply C - N tokens at most, whatever max_tokens asked. None elsewhere (``m`` stands)."""
-    if persona != "llama-server" or wording != "persona" or n >= c:
+def window_budget(persona: str, wording: ContextWording, c: int, n: int, m: int | None) -> int | None:
+    """The completion budget of a prompt that fits where no check refused ``m``: llama-server (tools/server/
+    server-context.cpp stops a slot, STOP_TYPE_LIMIT, finish_reason "length", once its cache plus one reaches n_ctx)
+    and vLLM's engine ("decoder_prompt": vllm/v1/core/sched/utils.py check_stop ends a request at max_model_len) leave
+    the reply C - N tokens at most, whatever max_tokens asked. Elsewhere ``m`` stands."""
+    engine_only = (persona == "llama-server" and wording == "persona") or wording == "decoder_prompt"
+    if not engine_only or n >= c:
         return m
     room = c - n
     return room if m is None or m > room else m

@@ -33,6 +33,8 @@ class TokenCounts:
     cached: int | None
     # Whether the reply carried reasoning apart from its content (the server runs a reasoning parser).
     separate_reasoning: bool
+    # The choices counted.
+    choices: int = 1
 
 
 UsageShape = Callable[[TokenCounts, SimScript, bool], dict[str, Any]]  # (counts, script, streamed) -> usage
@@ -45,7 +47,7 @@ def _totals(c: TokenCounts) -> dict[str, Any]:
 
 def _sim_usage(c: TokenCounts, script: SimScript, streamed: bool) -> dict[str, Any]:
     usage = _totals(c)
-    if c.separate_reasoning or c.reasoning:
+    if (c.separate_reasoning or c.reasoning) and script.reports_reasoning_tokens:
         usage["completion_tokens_details"] = {"reasoning_tokens": c.reasoning}
     if c.cached is not None:
         usage["prompt_tokens_details"] = {"cached_tokens": c.cached}
@@ -54,25 +56,30 @@ def _sim_usage(c: TokenCounts, script: SimScript, streamed: bool) -> dict[str, A
 
 def _vllm_usage(c: TokenCounts, script: SimScript, streamed: bool) -> dict[str, Any]:
     # serving.py: prompt_tokens_details only with --enable-prompt-tokens-details (_make_prompt_tokens_details),
-    # completion_tokens_details only when a reasoning parser runs (_include_reasoning_tokens_details). The plain
-    # reply is model_dump()ed (the nulls stay); the final stream chunk drops them (exclude_none).
+    # completion_tokens_details only when a reasoning parser runs (_include_reasoning_tokens_details; releases before
+    # 2026-08, PR 45802, have none: reports_reasoning_tokens False). The plain reply is model_dump()ed (the nulls
+    # stay); the final stream chunk drops them (exclude_none).
+    reasoning = c.separate_reasoning and script.reports_reasoning_tokens
     usage: dict[str, Any] = {
         **_totals(c),
         "prompt_tokens_details": {"cached_tokens": c.cached} if script.cache_report and c.cached is not None else None,
-        "completion_tokens_details": {"reasoning_tokens": c.reasoning} if c.separate_reasoning else None,
+        "completion_tokens_details": {"reasoning_tokens": c.reasoning} if reasoning else None,
     }
     return {k: v for k, v in usage.items() if v is not None} if streamed else usage
 
 
 def _sglang_usage(c: TokenCounts, script: SimScript, streamed: bool) -> dict[str, Any]:
     # usage_processor.py: prompt_tokens_details only with --enable-cache-report and only when something was cached
-    # (_details_if_cached), else null; reasoning_tokens sits in usage itself (protocol.py UsageInfo), not in
-    # completion_tokens_details.
+    # (_details_if_cached), else null, counted over the first choice of each prompt (older releases summed it over
+    # every choice, whose prompts the first one's prefill left cached); reasoning_tokens sits in usage itself
+    # (protocol.py UsageInfo), not in completion_tokens_details, 0 where the scheduler counted none.
     cached = c.cached or 0
+    if script.cached_summed_over_choices and c.choices > 1:
+        cached += (c.choices - 1) * c.prompt
     return {
         **_totals(c),
         "prompt_tokens_details": {"cached_tokens": cached} if script.cache_report and cached > 0 else None,
-        "reasoning_tokens": c.reasoning,
+        "reasoning_tokens": c.reasoning if script.reports_reasoning_tokens else 0,
     }
 
 

@@ -114,6 +114,7 @@ class Reply:
             reasoning=sum(c.reasoning_tokens for c in chosen),
             cached=self.cached,
             separate_reasoning=any(c.reasoning is not None for c in chosen),
+            choices=len(chosen),
         )
 
     def usage(self, choice: int | None = None, streamed: bool = False) -> dict[str, Any] | None:

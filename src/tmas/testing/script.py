@@ -23,8 +23,11 @@ FaultKind = Literal[
     "garbage",
     # A streamed reply sends its first part, then nothing for ``hang_s``, then the rest (unstreamed: as "timeout"). So
     # pauses a stream that vLLM preempts (vllm/v1/core/sched/scheduler.py, _preempt_request: its KV cache freed, the
-    # request put back at the head of the waiting queue and its tokens computed again once it is rescheduled).
+    # request put back at the head of the waiting queue and its tokens computed again once it is rescheduled); the
+    # engine works on meanwhile, and its progress counters move (/metrics).
     "stall",
+    # As "stall", but the engine makes no progress during the pause (its counters stand still): a wedge mid-generation.
+    "freeze",
     # A streamed reply sends its first part, then closes the connection without its end (unstreamed: as "drop").
     "cut",
     # A streamed reply sends its first part, then an error event and [DONE], as vLLM and SGLang do on an internal
@@ -39,7 +42,7 @@ FaultKind = Literal[
 ]
 
 # The wording of a context refusal (SimScript.context_wording, tmas.testing.context_limits).
-ContextWording = Literal["persona", "output_tokens", "too_large", "passed", "legacy", "generic"]
+ContextWording = Literal["persona", "output_tokens", "too_large", "passed", "legacy", "generic", "decoder_prompt"]
 
 # Whose reply shapes the simulator answers in (tmas.testing.personas): its own ("sim"), or a real server's.
 PersonaName = Literal["sim", "vllm", "sglang", "llama-server", "openai"]
@@ -65,6 +68,7 @@ class FaultRates(_Strict):
     stream_error: float = Field(default=0.0, ge=0.0, le=1.0)
     cut_after_finish: float = Field(default=0.0, ge=0.0, le=1.0)
     abort: float = Field(default=0.0, ge=0.0, le=1.0)
+    freeze: float = Field(default=0.0, ge=0.0, le=1.0)
 
     @model_validator(mode="after")
     def _total_at_most_one(self) -> FaultRates:
@@ -103,6 +107,8 @@ _RANDOM_KINDS: tuple[FaultKind, ...] = (
     "stream_error",
     "cut_after_finish",
     "abort",
+    # Last, so that a seed draws the same faults of the kinds before it as when it was not there.
+    "freeze",
 )
 
 
@@ -131,6 +137,11 @@ class Rule(_Strict):
     # With fault "stream_error": the HTTP status the error carries (a 4xx for a request the server refuses part way),
     # in the persona's error-event shape. None: the simulator's own 500 event.
     error_status: int | None = Field(default=None, ge=400, le=599)
+    # The error's message with ``error_status`` (None: a message of the simulator's own).
+    error_message: str | None = None
+    # With a fault that breaks a stream part way ("stall", "freeze", "cut", "stream_error"): the tokens that stream
+    # before it (the events up to that many). None: the opening chunk and the first delta.
+    fault_after_tokens: int | None = Field(default=None, ge=0)
     times: int | None = Field(default=None, ge=0)
     latency_s: float | None = Field(default=None, ge=0.0)
     finish_reason: str | None = None
@@ -241,6 +252,26 @@ class SimScript(_Strict):
     # /health: "ok" answers 200; "hang" answers nothing for ``hang_s`` then closes the connection; "error" answers
     # 503, as a replica whose engine died does.
     health: Literal["ok", "hang", "error"] = "ok"
+    # A wedged engine: it accepts chat requests (a vLLM stream gets its headers) and never answers them, its progress
+    # counters stand still, and /health answers as the persona's server answers then: vLLM 200 (an error flag only),
+    # SGLang 503 after ``health_check_timeout_s``, llama-server 200 while its /metrics and /slots wait for the main loop
+    # (for ``hang_s``). Setting it back to False lets the waiting requests go on.
+    wedged: bool = False
+    # SGLang's SGLANG_HEALTH_CHECK_TIMEOUT: how long its /health waits for output of a wedged scheduler before 503.
+    health_check_timeout_s: float = Field(default=20.0, ge=0.0)
+    # The server's token counting routes (/tokenize, /v1/tokenize, /apply-template); False: a gateway in front that has
+    # none (LiteLLM, most Kubernetes routers), where they answer 404.
+    tokenize: bool = True
+    # The metrics route: vLLM's always there; SGLang's with --enable-metrics (False: 404); llama-server's with --metrics
+    # (False: its 501 "This server does not support metrics endpoint").
+    metrics: bool = True
+    # Whether usage reports reasoning tokens where the persona's server counts them. False: vLLM's chat completions
+    # before 2026-08 (PR 45802 added completion_tokens_details.reasoning_tokens with a reasoning parser), and SGLang
+    # where its scheduler counted none (reasoning_tokens 0).
+    reports_reasoning_tokens: bool = True
+    # Older SGLang (usage_processor.py summing meta_info cached_tokens over every response): with n choices, the cached
+    # tokens reported are the first choice's plus the whole prompt for each other one (their prompt found cached).
+    cached_summed_over_choices: bool = False
     # The wording (and condition) of a context refusal (tmas.testing.context_limits): "persona", the persona's
     # server today ("sim": "legacy"); or one of vLLM's over its releases: "output_tokens" (today's), "passed",
     # "too_large", "legacy"; or "generic", a 400 that names the context window and no numbers.

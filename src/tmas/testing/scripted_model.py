@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from tmas.config import Sampling, Settings
-from tmas.llm.reasoning import split_reasoning
+from tmas.llm.reasoning import reply_place, split_reasoning
 from tmas.llm.refusals import requested_schema, schema_goes
 from tmas.llm.sampling import ResolvedSampling, resolve_role
 from tmas.llm.types import CallKey, ChainKey, ChatRequest, Completion, Message, TokenLogprob, Usage
@@ -142,18 +142,18 @@ class ScriptedModel:
             "url": urls[0] if urls else "",
         }
 
-    def _saw_reasoning(self, role: str, content: str, reasoning: str | None) -> None:
+    def _saw_reasoning(self, role: str, content: str, reasoning: str | None, finish_reason: str) -> None:
         """Where a reply put its reasoning (a field of its own, as the simulator sends it, or a think block in the
-        content), learnt as the HTTP client learns it (:meth:`tmas.llm.refusals.Refusals.saw_reasoning`)."""
+        content of a reply that finished), learnt as the HTTP client learns it (:func:`tmas.llm.reasoning.reply_place`,
+        :meth:`tmas.llm.refusals.Refusals.saw_reasoning`)."""
         url = self._endpoint(role)["url"]
-        if self._reasoning.get(url) == "inline":
+        place = reply_place(content, reasoning, finish_reason)
+        if place is None or self._reasoning.get(url) == "inline":
             return
-        if reasoning:
-            self._reasoning[url] = "separate"
-        elif "</think>" in content:
-            self._reasoning[url] = "inline"
-        else:
+        if place == "none":
             self._reasoning.setdefault(url, "none")
+        else:
+            self._reasoning[url] = place
 
     def _answer(self, role: str, key: CallKey, messages: Sequence[Message], request: ChatRequest) -> Completion:
         body = request.body(structured=True)
@@ -179,7 +179,7 @@ class ScriptedModel:
         sim = SimRequest(role, key.problem_id or None, [m.model_dump() for m in messages], body, seed, self.script)
         fault = rule.fault if rule is not None else None
         text = scripted_text(sim, rule, used, fault=fault, max_tokens=request.sampling.max_tokens)
-        self._saw_reasoning(role, text.content, text.reasoning)
+        self._saw_reasoning(role, text.content, text.reasoning, text.finish_reason)
         # Thinking is kept apart from the content as the HTTP client keeps it (reasoning field or <think> block).
         content, reasoning = split_reasoning(text.content, text.reasoning)
         logprobs = scripted_logprobs(self.script, body, rule, text.content, persona_of(self.script))

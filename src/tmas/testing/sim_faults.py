@@ -20,11 +20,24 @@ _FAULT_STATUS: dict[str, tuple[int, str, str]] = {
 }
 # The faults an embeddings request can meet (truncate and garbage mean nothing for a vector).
 EMBEDDING_FAULTS = frozenset(
-    {"http_500", "http_503", "http_429", "http_400", "timeout", "drop", "malformed", "stall", "cut", "stream_error"}
+    {
+        "http_500",
+        "http_503",
+        "http_429",
+        "http_400",
+        "timeout",
+        "drop",
+        "malformed",
+        "stall",
+        "freeze",
+        "cut",
+        "stream_error",
+    }
 )
 # A stream's faults on a reply sent whole: a stalled server hangs, a cut connection drops, an error is a 500.
 _UNSTREAMED: dict[FaultKind, FaultKind] = {
     "stall": "timeout",
+    "freeze": "timeout",
     "cut": "drop",
     "stream_error": "http_500",
     "cut_after_finish": "drop",
@@ -104,14 +117,14 @@ def status_error(persona: str, status: int, message: str) -> dict[str, Any]:
 
 
 def faulty_events(
-    events: list[tuple[bytes, int]], fault: FaultKind | None, error: dict[str, Any] | None = None
+    events: list[tuple[bytes, int]], fault: FaultKind | None, error: dict[str, Any] | None = None, head: int = 2
 ) -> list[tuple[bytes, int]]:
-    """A stream's events as ``fault`` breaks them: one broken event and no [DONE], or an error event mid-way
-    (``error``: its payload, else the simulator's own 500)."""
+    """A stream's events as ``fault`` breaks them: one broken event and no [DONE], or an error event after the first
+    ``head`` events (``error``: its payload, else the simulator's own 500)."""
     if fault == "malformed":
         return [events[0], (b"data: " + _MALFORMED_BODY.encode() + b"\n\n", 0)]
     if fault == "stream_error":
-        return [*events[:2], (sse(error or _STREAM_ERROR), 0), (b"data: [DONE]\n\n", 0)]
+        return [*events[:head], (sse(error or _STREAM_ERROR), 0), (b"data: [DONE]\n\n", 0)]
     return events
 
 
@@ -123,9 +136,24 @@ def _first_finish(events: list[tuple[bytes, int]]) -> int:
     return len(events) - 1
 
 
-def stream_head(fault: FaultKind | None, events: list[tuple[bytes, int]]) -> int:
-    """How many events go out before a stall or a cut (the opening chunk and the first delta; for
-    "cut_after_finish", up to the first choice's finish); else all but the last."""
+# The faults that break a stream part way, after its head (stream_head).
+PART_WAY: frozenset[FaultKind] = frozenset({"stall", "freeze", "cut", "stream_error"})
+
+
+def stream_head(fault: FaultKind | None, events: list[tuple[bytes, int]], after_tokens: int | None = None) -> int:
+    """How many events go out before a fault that breaks the stream part way: the opening chunk and the first delta,
+    or (``after_tokens``) the deltas up to that many tokens (no finish or usage chunk after them); for
+    "cut_after_finish", up to the first choice's finish. Without such a fault, all but the last."""
     if fault == "cut_after_finish":
         return _first_finish(events) + 1
-    return 2 if fault in ("stall", "cut") else len(events) - 1
+    if fault not in PART_WAY:
+        return len(events) - 1
+    if after_tokens is None:
+        return 2
+    head, streamed = 1, 0  # the opening chunk goes out in any case
+    for _, tokens in events[1:]:
+        if streamed + tokens > after_tokens or (tokens == 0 and streamed > 0):
+            break
+        streamed += tokens
+        head += 1
+    return head

@@ -8,6 +8,7 @@ overhead the context check adds. A route the persona's server does not have answ
 
 from __future__ import annotations
 
+import asyncio
 import json
 import zlib
 from typing import Any, Protocol
@@ -18,12 +19,14 @@ from tmas.testing.personas import Persona
 from tmas.testing.responders import TOKEN_RE, chat_prompt_tokens, content_text, count_tokens
 from tmas.testing.script import SimScript
 from tmas.testing.sim_queue import RunQueue
+from tmas.testing.sim_stats import SimRecorder
 
 
 class SimApp(Protocol):
     """What these routes read of the simulator's app (tmas.testing.sim_routes.SimApp)."""
 
     queue: RunQueue
+    recorder: SimRecorder
 
     @property
     def script(self) -> SimScript: ...
@@ -90,6 +93,8 @@ class InfoRoutes:
 
     async def tokenize(self, request: web.Request) -> web.Response:
         name = self.sim.persona.name
+        if not self.sim.script.tokenize:
+            return _not_found()
         if name == "sglang":
             return await self.sglang_tokenize(request)
         if name == "llama-server":
@@ -128,7 +133,7 @@ class InfoRoutes:
         # python/sglang/srt/entrypoints/openai/serving_tokenize.py: "prompt" (a string or a list of them) only, no
         # messages; "tokens", "count" and "max_model_len". The real server reports its tokenizer's
         # model_max_length there, which need not be the served context length; the simulator reports the latter.
-        if self.sim.persona.name != "sglang":
+        if self.sim.persona.name != "sglang" or not self.sim.script.tokenize:
             return _not_found()
         body = await _json_body(request)
         prompt = body.get("prompt") if body is not None else None
@@ -161,7 +166,7 @@ class InfoRoutes:
     async def apply_template(self, request: web.Request) -> web.Response:
         # tools/server/server-context.cpp (apply-template handler): the chat messages rendered with the model's
         # template, as "prompt"; /tokenize of that prompt counts what the context check counts.
-        if self.sim.persona.name != "llama-server":
+        if self.sim.persona.name != "llama-server" or not self.sim.script.tokenize:
             return _not_found()
         body = await _json_body(request)
         messages = body.get("messages") if body is not None else None
@@ -229,36 +234,65 @@ class InfoRoutes:
     # ---- load: requests running and waiting (SimScript.max_running) -----------------------------------------
 
     async def metrics(self, request: web.Request) -> web.Response:
-        """Prometheus text with the run queue's gauges, under each server's metric names."""
-        name, model = self.sim.persona.name, self.sim.script.model
+        """Prometheus text with the run queue's gauges and the engine's progress counters, under each server's metric
+        names."""
+        name, script = self.sim.persona.name, self.sim.script
+        if name == "sglang" and not script.metrics:
+            return _not_found()  # started without --enable-metrics
+        if name == "llama-server" and not script.metrics:
+            # server-context.cpp get_metrics without --metrics: ERROR_TYPE_NOT_SUPPORTED.
+            message = "This server does not support metrics endpoint. Start it with `--metrics`"
+            body = {"error": {"code": 501, "message": message, "type": "not_supported_error"}}
+            return web.json_response(body, status=501)
+        if name == "llama-server":
+            await self._llama_main_loop()
         running, waiting = self.sim.queue.running, self.sim.queue.waiting
+        stats = self.sim.recorder.stats()
+        prompt, generated = stats.engine_prompt_tokens, stats.engine_generated_tokens
+        model = script.model
         if name in ("vllm", "sim"):
-            # vllm/v1/metrics/loggers.py PrometheusStatLogger: gauges labelled with the model and the engine.
+            # vllm/v1/metrics/loggers.py PrometheusStatLogger: gauges and counters labelled with the model and the
+            # engine, recorded every engine step.
             labels = f'{{engine="0",model_name="{model}"}}'
-            gauges = [
-                ("vllm:num_requests_running", "Number of requests in model execution batches.", running),
-                ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", waiting),
+            series = [
+                ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", running),
+                ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", waiting),
+                ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", prompt),
+                ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", generated),
             ]
         elif name == "sglang":
             # python/sglang/srt/metrics/collector.py (with --enable-metrics).
             labels = f'{{model_name="{model}"}}'
-            gauges = [
-                ("sglang:num_running_reqs", "The number of running requests.", running),
-                ("sglang:num_queue_reqs", "The number of requests in the waiting queue.", waiting),
+            series = [
+                ("sglang:num_running_reqs", "gauge", "The number of running requests.", running),
+                ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", waiting),
+                ("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", prompt),
+                ("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.", generated),
             ]
         elif name == "llama-server":
             # server-task.cpp server_task_result_metrics::to_metrics (with --metrics).
             labels = ""
-            gauges = [
-                ("llamacpp:requests_processing", "Number of requests processing.", running),
-                ("llamacpp:requests_deferred", "Number of requests deferred.", waiting),
+            series = [
+                ("llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.", prompt),
+                ("llamacpp:tokens_predicted_total", "counter", "Number of generation tokens processed.", generated),
+                ("llamacpp:requests_processing", "gauge", "Number of requests processing.", running),
+                ("llamacpp:requests_deferred", "gauge", "Number of requests deferred.", waiting),
             ]
         else:
             return _not_found()
         lines: list[str] = []
-        for metric, doc, value in gauges:
-            lines += [f"# HELP {metric} {doc}", f"# TYPE {metric} gauge", f"{metric}{labels} {float(value)}"]
+        for metric, kind, doc, value in series:
+            lines += [f"# HELP {metric} {doc}", f"# TYPE {metric} {kind}", f"{metric}{labels} {float(value)}"]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def _llama_main_loop(self) -> None:
+        """llama-server answers /metrics and /slots from its main loop (server-context.cpp posts them as tasks): a
+        wedged one answers only once the wedge is gone, or after ``hang_s``."""
+        script = self.sim.script
+        waited = 0.0
+        while self.sim.script.wedged and waited < script.hang_s:
+            await asyncio.sleep(0.02)
+            waited += 0.02
 
     async def sglang_load(self, request: web.Request) -> web.Response:
         # python/sglang/srt/entrypoints/http_server.py get_load: one entry per data-parallel rank (one here), its
@@ -266,14 +300,18 @@ class InfoRoutes:
         if self.sim.persona.name != "sglang":
             return _not_found()
         running, waiting = self.sim.queue.running, self.sim.queue.waiting
+        stats = self.sim.recorder.stats()
+        # num_tokens: the simulator's stand-in for the tokens in use, its engine's counters (they move while it works).
+        tokens = stats.engine_prompt_tokens + stats.engine_generated_tokens
         entry = {"rid": None, "http_worker_ipc": None, "dp_rank": None, "num_reqs": running + waiting}
-        return web.json_response([{**entry, "num_waiting_reqs": waiting, "num_tokens": 0}])
+        return web.json_response([{**entry, "num_waiting_reqs": waiting, "num_tokens": tokens}])
 
     async def llama_slots(self, request: web.Request) -> web.Response:
         # tools/server/server-context.cpp slots handler: one object per slot; as many as are generating say
         # is_processing (the requests waiting for a slot are not listed: /metrics counts them as deferred).
         if self.sim.persona.name != "llama-server":
             return _not_found()
+        await self._llama_main_loop()
         script = self.sim.script
         busy = self.sim.queue.running
         slots = [

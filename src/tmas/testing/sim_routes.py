@@ -23,7 +23,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from tmas.testing.context_limits import context_refusal, llama_cut
+from tmas.testing.context_limits import context_refusal, window_budget
 from tmas.testing.long_replies import long_choice, request_digest
 from tmas.testing.personas import Persona, cache_capacity, persona_of
 from tmas.testing.prefix_cache import PrefixCache, SlotCache, prompt_tokens
@@ -53,6 +53,8 @@ from tmas.testing.sim_queue import RunQueue
 from tmas.testing.sim_stats import LogEntry, LoggedRequest, SimRecorder, SimStats
 
 ROLE_HEADER = "X-Tmas-Role"
+# Seconds between the engine's progress ticks while it works (SimApp._tick).
+TICK_S = 0.02
 # The seed SGLang's deterministic sampling uses when a request names none (not read from the source: an assumption).
 DETERMINISTIC_DEFAULT_SEED = 42
 PROBLEM_HEADER = "X-Tmas-Problem"
@@ -132,6 +134,9 @@ class SimApp:
         self._active = _Active.of(script)
         self.recorder = SimRecorder(script.log_limit)
         self.queue = RunQueue(self.recorder)
+        # Requests waiting on the engine's work now, and the task that moves its counters meanwhile (SimApp._working).
+        self._busy = 0
+        self._ticker: asyncio.Future[None] | None = None
 
     # ---- thread-safe control ---------------------------------------------------------------------
 
@@ -216,6 +221,14 @@ class SimApp:
             return web.Response()
         if script.health == "error":
             return error_response(503, "Service Unavailable", "ServiceUnavailableError")
+        if script.wedged and self._active.persona.name == "sglang":
+            # python/sglang/srt/entrypoints/http_server.py health_generate: it waits for any output of the scheduler
+            # (sending a one-token request of its own) and answers 503 after SGLANG_HEALTH_CHECK_TIMEOUT without.
+            # vLLM's /health reads its engine's error flag only (vllm/v1/engine/async_llm.py check_health) and
+            # llama-server's answers from its HTTP thread (tools/server/server-context.cpp get_health): both 200.
+            await asyncio.sleep(script.health_check_timeout_s)
+            if self._active.script.wedged:
+                return web.Response(status=503)
         return web.json_response({"status": "ok"})
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -341,10 +354,15 @@ class SimApp:
         refusal = context_refusal(
             persona.name, script.context_wording, script.context_length, prompt_tokens, max_tokens, field_name
         )
+        if refusal is not None and refusal.midstream and streams:
+            event = status_error(persona.name, refusal.status, refusal.message)
+            return await self._error_event(await self._open_stream(request), event)
         if refusal is not None:
             raise _BadRequest(refusal.message, refusal.status, refusal.param, refusal.code, refusal.body)
         # llama-server generates a prompt that fits until its context is full, whatever max_tokens says.
-        max_tokens = llama_cut(persona.name, script.context_wording, script.context_length, prompt_tokens, max_tokens)
+        max_tokens = window_budget(
+            persona.name, script.context_wording, script.context_length, prompt_tokens, max_tokens
+        )
 
         rule, used = active.rules.pick(role, texts, n)
         fault = rule.fault if rule is not None else draw_fault(active.rng, active.faults)
@@ -355,20 +373,24 @@ class SimApp:
         # Wait for a turn to generate; a streamed request meanwhile shows what its server shows (headers or
         # nothing). Without max_running no request waits and the headers go out with the first chunk, as before.
         opened: web.StreamResponse | None = None
-        queued = script.max_running is not None
+        queued = script.max_running is not None or script.wedged
         if streams and queued and persona.headers_at == "arrival":
             opened = await self._open_stream(request)
-        await self.queue.enter(script.max_running)
+        await self._while_wedged()
+        await self.queue.enter(self._active.script.max_running)
         turn.held = True
+        self.recorder.prefilled(prompt_tokens)
         if streams and queued and persona.headers_at == "slot":
             opened = await self._open_stream(request)
         if fixed_latency > 0:
-            await asyncio.sleep(fixed_latency)
+            await self._working(fixed_latency)
         # A rule's error_status: the stream_error fault carries that status, in the persona's shape.
         error_status = rule.error_status if rule is not None and fault == "stream_error" else None
         error = None
         if error_status is not None:
-            error = status_error(persona.name, error_status, f"Simulated error ({error_status}) mid-generation.")
+            said = rule.error_message if rule is not None else None
+            said = said or f"Simulated error ({error_status}) mid-generation."
+            error = status_error(persona.name, error_status, said)
             if not streams:
                 return web.json_response(error if persona.name != "sglang" else error["error"], status=error_status)
         if fault is not None and error is None:
@@ -420,9 +442,11 @@ class SimApp:
                 lambda: self.recorder.count_done(*done),
                 opened,
                 error,
+                rule.fault_after_tokens if rule is not None else None,
             )
         if per_token > 0 and counts.completion:
-            await asyncio.sleep(per_token * counts.completion)
+            await self._working(per_token * counts.completion)
+        self.recorder.generated(counts.completion)
         self.recorder.count_done(*done)
         return web.json_response(reply.completion())
 
@@ -533,27 +557,34 @@ class SimApp:
         answered: Callable[[], None],
         opened: web.StreamResponse | None = None,
         error: dict[str, Any] | None = None,
+        fault_after_tokens: int | None = None,
     ) -> web.StreamResponse:
         """The reply as a stream (on ``opened`` where its headers went out already); ``answered`` is told just
         before its last event goes out (so the stats count it before the client can read it whole), and not at all
         where the client closed the stream first."""
         response = opened if opened is not None else await self._open_stream(request)
         # With a per-token latency tokens trickle out one delta each, as from a real server; else in a few pieces.
-        events = faulty_events(reply.events(include_usage, per_token_deltas=per_token > 0), fault, error)
-        # stall and cut: the opening chunk and the first delta go out, then nothing for hang_s, or a closed socket.
-        head = stream_head(fault, events)
+        events = reply.events(include_usage, per_token_deltas=per_token > 0)
+        # stall, freeze and cut: the opening chunk and the first delta (or fault_after_tokens) go out, then nothing
+        # for hang_s, or a closed socket; stream_error: an error event there.
+        head = stream_head(fault, events, fault_after_tokens)
+        if fault in ("stream_error", "malformed"):
+            events = faulty_events(events, fault, error, head)
+            head = len(events) - 1
         try:
-            await _write_events(response, events[:head], per_token)
+            await self._write_events(response, events[:head], per_token)
             if fault in ("cut", "cut_after_finish"):
                 answered()
                 if request.transport is not None:
                     request.transport.close()
                 return response
             if fault == "stall":
+                await self._working(hang_s)  # preempted: the engine works on other sequences meanwhile
+            elif fault == "freeze":
                 await asyncio.sleep(hang_s)
-            await _write_events(response, events[head:-1], per_token)
+            await self._write_events(response, events[head:-1], per_token)
             answered()
-            await _write_events(response, events[-1:], per_token)
+            await self._write_events(response, events[-1:], per_token)
             await response.write_eof()
             if self._active.persona.closes_after_stream and request.transport is not None:
                 request.transport.close()
@@ -576,6 +607,13 @@ class SimApp:
         await response.prepare(request)
         return response
 
+    async def _error_event(self, response: web.StreamResponse, event: dict[str, Any]) -> web.StreamResponse:
+        """An error met after a stream's headers went out: the error event, then ``[DONE]``."""
+        with contextlib.suppress(ConnectionResetError):
+            await response.write(sse(event) + DONE)
+            await response.write_eof()
+        return response
+
     async def _stream_failure(self, response: web.StreamResponse, status: int, body: str) -> web.StreamResponse:
         """An error met after the headers went out: an error event carrying the status, then ``[DONE]``."""
         try:
@@ -589,6 +627,55 @@ class SimApp:
             await response.write(sse(event) + DONE)
             await response.write_eof()
         return response
+
+    async def _write_events(
+        self, response: web.StreamResponse, events: list[tuple[bytes, int]], per_token: float
+    ) -> None:
+        """``events`` written out, their tokens counted as generated as they go."""
+        if per_token > 0:
+            # Tokens trickle out: each delta waits for its share of the per-token latency.
+            for data, tokens in events:
+                if tokens:
+                    await self._working(per_token * tokens)
+                await response.write(data)
+                self.recorder.generated(tokens)
+        elif events:
+            await response.write(b"".join(data for data, _ in events))  # one write: far fewer syscalls
+            self.recorder.generated(sum(tokens for _, tokens in events))
+
+    # ---- the engine ------------------------------------------------------------------------------
+
+    async def _working(self, seconds: float) -> None:
+        """Wait ``seconds`` while the engine works (on this request, or on others while this one waits): its progress
+        counters move (:meth:`_tick`), unless it is wedged."""
+        self._busy += 1
+        if self._ticker is None or self._ticker.done():
+            self._ticker = asyncio.ensure_future(self._tick())
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self._busy -= 1
+
+    async def _tick(self) -> None:
+        """One token generated every :data:`TICK_S` while any request waits on the engine's work (a real engine's
+        counters move every step), none while it is wedged."""
+        while True:
+            await asyncio.sleep(TICK_S)
+            if self._busy and not self._active.script.wedged:
+                self.recorder.generated(1)
+
+    async def _while_wedged(self) -> None:
+        """A wedged engine holds a request it accepted, silent, until the script is no longer wedged (or the client
+        goes: the server aborts it, counted as a disconnect)."""
+        if not self._active.script.wedged:
+            return
+        try:
+            # Polled: the script is replaced from the test's thread.
+            while self._active.script.wedged:  # noqa: ASYNC110
+                await asyncio.sleep(TICK_S)
+        except asyncio.CancelledError:
+            self.recorder.count_disconnect()
+            raise
 
     # ---- /v1/embeddings --------------------------------------------------------------------------
 
@@ -660,14 +747,3 @@ class SimApp:
         }
         self.recorder.count_done(prompt_tokens, 0)
         return web.json_response(payload)
-
-
-async def _write_events(response: web.StreamResponse, events: list[tuple[bytes, int]], per_token: float) -> None:
-    if per_token > 0:
-        # Tokens trickle out: each delta waits for its share of the per-token latency.
-        for data, tokens in events:
-            if tokens:
-                await asyncio.sleep(per_token * tokens)
-            await response.write(data)
-    elif events:
-        await response.write(b"".join(data for data, _ in events))  # one write: far fewer syscalls

@@ -54,6 +54,12 @@ class SimStats(BaseModel):
     models_unavailable: int = 0
     # Distinct client connections (by the client's address and port) that carried chat requests.
     connections: int = 0
+    # The engine's progress counters, as its /metrics shows them: prompt tokens of the requests it began generating,
+    # and tokens generated, counted as they stream out (an unstreamed reply's when it is answered), plus the work it
+    # does on other sequences meanwhile (a request's latency, a preempted stream's pause: one token each few ms).
+    # A wedged engine's stand still.
+    engine_prompt_tokens: int = 0
+    engine_generated_tokens: int = 0
 
 
 class LoggedRequest(BaseModel):
@@ -126,6 +132,9 @@ class SimRecorder:
                 running=old.running,
                 waiting=old.waiting,
                 max_waiting=old.waiting,
+                # A server's counters count from its start, whatever a test resets.
+                engine_prompt_tokens=old.engine_prompt_tokens,
+                engine_generated_tokens=old.engine_generated_tokens,
             )
             self._log.clear()
             self._spans.clear()
@@ -239,6 +248,16 @@ class SimRecorder:
         with self._lock:
             for name in names:
                 self._stats.ignored_fields[name] = self._stats.ignored_fields.get(name, 0) + 1
+
+    def prefilled(self, tokens: int) -> None:
+        """The engine began generating a request of ``tokens`` prompt tokens."""
+        with self._lock:
+            self._stats.engine_prompt_tokens += tokens
+
+    def generated(self, tokens: int) -> None:
+        """The engine generated ``tokens`` more tokens."""
+        with self._lock:
+            self._stats.engine_generated_tokens += tokens
 
     def count_done(self, prompt_tokens: int, completion_tokens: int, reasoning: int = 0, cached: int = 0) -> None:
         with self._lock:
