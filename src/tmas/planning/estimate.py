@@ -140,7 +140,7 @@ def estimate_point(
     if per_call is not None:
         per_problem = _completion(counted, per_call) * count.share()
         if budget.tokens is not None and budget.count == "completion" and per_problem > budget.tokens:
-            # Calls in flight when the budget runs out still finish: a problem may pass it by that much.
+            # A problem stops at the budget, passing it by one call's tokens at most (ProblemSession._admit).
             per_problem = float(budget.tokens)
             where = (
                 f"the pooled token budget stops the run near {budget.tokens * problems}"
