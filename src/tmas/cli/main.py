@@ -15,7 +15,7 @@ import typer
 from tmas import __version__
 from tmas.cli.cases import cases_app
 from tmas.cli.data import data_app
-from tmas.cli.estimate import EstimateFlags, estimate_options
+from tmas.cli.estimate import EstimateFlags, GateFlags, estimate_options, gate_options
 from tmas.cli.extras import MISSING_EXTRA_EXIT, missing_extra
 from tmas.cli.grade_flags import GradeModeOpt, JudgeRunsOpt, check_grading_installed, read_grade_flags
 from tmas.cli.method_help import method_parameters_help
@@ -31,6 +31,7 @@ from tmas.cli.options import (
     model_options,
     parse_params,
 )
+from tmas.cli.outcome import EXIT_ALL_FAILED, exit_code, failed_line
 from tmas.cli.pool import pool_app
 from tmas.cli.prompts import prompts_app
 from tmas.cli.rl import rl_app
@@ -100,23 +101,31 @@ def _read_question(question: str | None, file: Path | None) -> str:
 @app.command(epilog=METHOD_PARAMETERS)
 @method_options
 @model_options
+@gate_options
 def solve(
     flags: ModelFlags,
     given: MethodFlags,
+    gate: GateFlags,
     question: Annotated[str | None, typer.Argument(help="The question; '-' or none reads standard input.")] = None,
     file: Annotated[Path | None, typer.Option("--file", "-f", help="Read the question from a file.")] = None,
     method: MethodOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the full result record as JSON.")] = False,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", "-o", help="Keep the run (store) here.")] = None,
 ) -> None:
-    """Solve one question and print the answer."""
-    from tmas.api import asolve
+    """Solve one question and print the answer (on your endpoint, TMAS runs its quick preset unless told otherwise:
+    at most 48 calls)."""
+    from tmas.api import asolve, question_settings
+    from tmas.cli.estimate import QUESTION_CONFIRM_CALLS, question_estimate
+    from tmas.cli.estimate import gate as cost_gate
     from tmas.llm.types import cached_share_text
 
     text = _read_question(question, file)
-    settings = flags.settings(method, given)
+    settings = question_settings(flags.settings(method, given))
+    cost_gate(question_estimate(settings), gate, calls=QUESTION_CONFIRM_CALLS)
     if settings.uses_local_model:
         typer.echo(f"tmas: no endpoint configured; starting the embedded model {settings.local.model}", err=True)
+    else:
+        check_endpoint(settings)  # nothing listening, or no /v1: said before a run directory is made
     result = asyncio.run(asolve(text, settings, run_dir=run_dir))
     if as_json:
         data = result.model_dump(mode="json")
@@ -133,8 +142,8 @@ def solve(
     for line in result.notices:
         typer.echo(f"tmas: notice: {line}", err=True)
     if result.status != "done":
-        typer.echo(f"tmas: the method failed: {result.error}", err=True)
-        raise typer.Exit(1)
+        typer.echo(f"tmas: the question failed: {result.error or 'no answer'}", err=True)
+        raise typer.Exit(EXIT_ALL_FAILED)
 
 
 @app.command(epilog=METHOD_PARAMETERS)
@@ -158,34 +167,36 @@ def run(
     if resume is not None:
         if problems is not None or out is not None:
             raise InputError("--resume takes the run directory alone: give no problem file and no --out")
-        _resume_run(resume, flags, method, given, estimate)
+        code = _resume_run(resume, flags, method, given, estimate)
     else:
         if problems is None or out is None:
             raise InputError("give a problem file and --out RUN_DIR (or --resume RUN_DIR)")
-        _new_run(problems, out, flags.settings(method, given), limit, estimate, ask=False)
+        code = _new_run(problems, out, flags.settings(method, given), limit, estimate)
+    if code:
+        raise typer.Exit(code)
 
 
-def _new_run(
-    problems: Path, out: Path, settings: Settings, limit: int | None, estimate: EstimateFlags, *, ask: bool
-) -> None:
-    """``tmas run`` (and the run of ``tmas eval``, which asks above the thresholds): a new run directory."""
+def _new_run(problems: Path, out: Path, settings: Settings, limit: int | None, estimate: EstimateFlags) -> int:
+    """``tmas run`` (and the run of ``tmas eval``): the cost gate, then a new run directory; the exit code."""
     from tmas.cli.estimate import build_estimate, gate
     from tmas.problems import iter_problems, resolve_dataset
     from tmas.runner import open_new_run
 
-    # The estimate is worked out when asked for (--dry-run, --pilot) and before eval's runs, which confirm it.
-    if estimate.dry_run or estimate.pilot is not None or ask:
-        source = resolve_dataset(problems)
-        listed = list(islice(iter_problems(source), limit) if limit else iter_problems(source))
-        gate(build_estimate([(out.name, settings)], listed, estimate, out / "pilot"), estimate, ask=ask)
+    source = resolve_dataset(problems)
+    reader = islice(iter_problems(source), limit) if limit else iter_problems(source)
+    # A pilot runs on the first problems; otherwise only their count matters (a big file is not held).
+    listed = list(reader) if estimate.pilot is not None else sum(1 for _ in reader)
+    gate(build_estimate([(out.name, settings)], listed, estimate, out / "pilot"), estimate)
+    if not settings.uses_local_model:
+        check_endpoint(settings)  # nothing listening, or no /v1: said before the run directory is made
     # Streamed into the store (a bad line anywhere stops before any call and leaves no run behind).
     store, settings, todo = open_new_run(out, settings, problems, limit=limit)
-    _execute(store, settings, todo)
+    return _execute(store, settings, todo)
 
 
 def _resume_run(
     run_dir: Path, flags: ModelFlags, method: str | None, given: MethodFlags, estimate: EstimateFlags
-) -> None:
+) -> int:
     from tmas.cli.estimate import build_estimate, gate
     from tmas.runner import prepare_run, resume_settings, stored_settings
     from tmas.store.run_store import RunStore
@@ -193,16 +204,28 @@ def _resume_run(
     # The stored settings are the base; flags given now (e.g. a larger --iterations) go on top.
     settings = resume_settings(stored_settings(run_dir), flags.overrides(method), config=flags.config)
     settings = with_method_params(settings, given.params(settings.method.name))
-    if estimate.dry_run or estimate.pilot is not None:
-        with RunStore(run_dir, create=False) as peek:
-            listed = peek.problems()
-        gate(build_estimate([(run_dir.name, settings)], listed, estimate, run_dir / "pilot"), estimate, ask=False)
+    with RunStore(run_dir, create=False) as peek:
+        listed = peek.problems() if estimate.pilot is not None else peek.problem_count()
+        counts = peek.call_counts()
+    planned = build_estimate([(run_dir.name, settings)], listed, estimate, run_dir / "pilot")
+    # Answered calls are replayed, not sent: the gate asks about what is still to send.
+    planned.stored_calls = counts["calls"] - counts["failed"]
+    gate(planned, estimate)
     store, settings, todo = prepare_run(run_dir, settings, None, resume=True)
-    _execute(store, settings, todo)
+    return _execute(store, settings, todo)
 
 
-def _execute(store: RunStore, settings: Settings, todo: StoredProblems) -> None:
-    """Solve a prepared run's problems with a progress line, then print its summary."""
+def check_endpoint(settings: Settings) -> None:
+    """Whether anything answers at the endpoints the method's roles call (:mod:`tmas.llm.preflight`)."""
+    from tmas.llm.preflight import check_endpoints
+    from tmas.runner import run_method
+
+    asyncio.run(check_endpoints(settings, run_method(settings).traits.roles))
+
+
+def _execute(store: RunStore, settings: Settings, todo: StoredProblems) -> int:
+    """Solve a prepared run's problems with a progress line, then print its summary and, last, how many problems
+    failed and why; the exit code that says so (:mod:`tmas.cli.outcome`)."""
     from tmas.cli.progress import RunProgress
     from tmas.runner import RunState, run_problems
 
@@ -220,6 +243,10 @@ def _execute(store: RunStore, settings: Settings, todo: StoredProblems) -> None:
         typer.echo(f"warning: {line}", err=True)
     for line in summary.notices:
         typer.echo(f"notice: {line}", err=True)
+    done = summary.done
+    where = f" (every problem's error: tmas export {summary.run_dir})" if summary.failed else ""
+    typer.echo(failed_line(done, summary.failed, summary.failures, where), err=True)
+    return exit_code(done, summary.failed)
 
 
 @app.command()
@@ -355,10 +382,12 @@ def evaluate(
 
     grade_config = read_grade_flags(grade, judge_runs)  # bad flags fail before any model call
     check_grading_installed(grade_config)
-    _new_run(problems, out, flags.settings(method, given), limit, estimate, ask=True)
+    code = _new_run(problems, out, flags.settings(method, given), limit, estimate)
     settings = _judge_settings(flags.config, flags.base_url, judge_base_url, judge_model)
     written = asyncio.run(build_report([out], report_dir or out / "report", grade_config, settings))
     typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command(epilog=METHOD_PARAMETERS)
@@ -443,7 +472,7 @@ def sweep(
         typer.echo(f"tmas sweep: {outcome.point.name}: {outcome.status}", err=True)
 
     configs = [(point.name, point.settings(settings)) for point in expand(spec)]
-    gate(build_estimate(configs, sweep_problems(spec), estimate, out / "pilot"), estimate, ask=True)
+    gate(build_estimate(configs, sweep_problems(spec), estimate, out / "pilot"), estimate)
     summary = asyncio.run(run_sweep(spec, settings, out, on_point=progress))
     if not no_report:
         summary.report = asyncio.run(report_sweep(spec, out, grade_config, settings))
