@@ -9,7 +9,6 @@ it has still to send."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Annotated
 
 import typer
 
+from tmas.cli import interrupt
 from tmas.cli.options import option_group
 from tmas.config import Settings
 from tmas.errors import InputError
@@ -118,7 +118,7 @@ def build_estimate(
         typer.echo(
             f"tmas: pilot: {len(configs)} configuration(s) on {flags.pilot} problem(s) into {pilot_dir}", err=True
         )
-        rates = asyncio.run(run_pilot(configs, list(problems[: flags.pilot]), pilot_dir))
+        rates = interrupt.run(run_pilot(configs, list(problems[: flags.pilot]), pilot_dir))
     elif flags.tokens_per_call is not None:
         rates = TokenRates(default_completion=flags.tokens_per_call, source="given")
     points = [_point(name, settings, count, rates) for name, settings in configs]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from tmas import __version__
+from tmas.cli import interrupt
 from tmas.cli.cases import cases_app
 from tmas.cli.data import data_app
 from tmas.cli.estimate import EstimateFlags, GateFlags, estimate_options, gate_options
@@ -31,7 +31,7 @@ from tmas.cli.options import (
     model_options,
     parse_params,
 )
-from tmas.cli.outcome import EXIT_ALL_FAILED, exit_code, failed_line
+from tmas.cli.outcome import EXIT_ALL_FAILED, EXIT_INTERRUPTED, exit_code, failed_line
 from tmas.cli.pool import pool_app
 from tmas.cli.prompts import prompts_app
 from tmas.cli.rl import rl_app
@@ -126,7 +126,13 @@ def solve(
         typer.echo(f"tmas: no endpoint configured; starting the embedded model {settings.local.model}", err=True)
     else:
         check_endpoint(settings)  # nothing listening, or no /v1: said before a run directory is made
-    result = asyncio.run(asolve(text, settings, run_dir=run_dir))
+    try:
+        result = interrupt.run(asolve(text, settings, run_dir=run_dir))
+    except interrupt.Stopped as stop:
+        kept = "nothing was kept (tmas solve --run-dir DIR keeps a question's calls)"
+        if run_dir is not None:
+            kept = f"its finished calls are kept: continue with 'tmas run --resume {run_dir}'"
+        raise stop.saying(kept) from None
     if as_json:
         data = result.model_dump(mode="json")
         data["usage"]["cached_prompt_share"] = result.usage.cached_prompt_share
@@ -220,7 +226,7 @@ def check_endpoint(settings: Settings) -> None:
     from tmas.llm.preflight import check_endpoints
     from tmas.runner import run_method
 
-    asyncio.run(check_endpoints(settings, run_method(settings).traits.roles))
+    interrupt.run(check_endpoints(settings, run_method(settings).traits.roles))
 
 
 def _execute(store: RunStore, settings: Settings, todo: StoredProblems) -> int:
@@ -237,7 +243,12 @@ def _execute(store: RunStore, settings: Settings, todo: StoredProblems) -> int:
             return await run_problems(settings, todo, store, state=state, on_result=reporter.on_result)
 
     with store:
-        summary = asyncio.run(go())
+        try:
+            summary = interrupt.run(go())
+        except interrupt.Stopped as stop:
+            finished = state.done + state.failed + state.skipped
+            kept = f"finished work is kept ({finished} of {state.total} problems finished, and every finished call)"
+            raise stop.saying(f"{kept}: continue with 'tmas run --resume {store.run_dir}'") from None
     typer.echo(json.dumps(summary.to_dict(), indent=2))
     for line in summary.warnings:
         typer.echo(f"warning: {line}", err=True)
@@ -302,7 +313,7 @@ def models(config: ConfigOpt = None, base_url: BaseUrlOpt = None, api_key_env: K
                 healthy = False
         return healthy
 
-    if not asyncio.run(probe()):
+    if not interrupt.run(probe()):
         raise typer.Exit(1)
 
 
@@ -351,7 +362,7 @@ def report(
 
     settings = _judge_settings(config, base_url, judge_base_url, judge_model)
     grade_config = read_grade_flags(grade, judge_runs)
-    written = asyncio.run(
+    written = interrupt.run(
         build_report(run_dirs, out, grade_config, settings, grade=not no_grade, paper_model=paper_model)
     )
     typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
@@ -382,9 +393,15 @@ def evaluate(
 
     grade_config = read_grade_flags(grade, judge_runs)  # bad flags fail before any model call
     check_grading_installed(grade_config)
-    code = _new_run(problems, out, flags.settings(method, given), limit, estimate)
+    report_dir = report_dir or out / "report"
+    try:
+        code = _new_run(problems, out, flags.settings(method, given), limit, estimate)
+    except interrupt.Stopped as stop:
+        if stop.next_step is None:  # stopped before its run began
+            raise
+        raise stop.saying(f"{stop.next_step}, then 'tmas report {out} -o {report_dir}'") from None
     settings = _judge_settings(flags.config, flags.base_url, judge_base_url, judge_model)
-    written = asyncio.run(build_report([out], report_dir or out / "report", grade_config, settings))
+    written = interrupt.run(build_report([out], report_dir, grade_config, settings))
     typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
     if code:
         raise typer.Exit(code)
@@ -473,9 +490,12 @@ def sweep(
 
     configs = [(point.name, point.settings(settings)) for point in expand(spec)]
     gate(build_estimate(configs, sweep_problems(spec), estimate, out / "pilot"), estimate)
-    summary = asyncio.run(run_sweep(spec, settings, out, on_point=progress))
+    try:
+        summary = interrupt.run(run_sweep(spec, settings, out, on_point=progress))
+    except interrupt.Stopped as stop:
+        raise stop.saying(f"finished points and calls are kept: continue with 'tmas sweep --resume {out}'") from None
     if not no_report:
-        summary.report = asyncio.run(report_sweep(spec, out, grade_config, settings))
+        summary.report = interrupt.run(report_sweep(spec, out, grade_config, settings))
     typer.echo(json.dumps(summary.to_dict(), indent=2))
 
 
@@ -491,8 +511,12 @@ app.add_typer(prompts_app, name="prompts")
 
 
 def main() -> None:
+    interrupt.install()
     try:
         app()
+    except interrupt.Stopped as stop:
+        typer.echo(stop.line(), err=True)
+        sys.exit(stop.exit_code)
     except TmasError as exc:
         typer.echo(f"tmas: error: {exc}", err=True)
         sys.exit(exc.exit_code)
@@ -504,5 +528,5 @@ def main() -> None:
         typer.echo(f"tmas: error: {message}", err=True)
         sys.exit(MISSING_EXTRA_EXIT)
     except KeyboardInterrupt:
-        typer.echo("tmas: interrupted; finished work is kept (continue a run with --resume)", err=True)
-        sys.exit(130)
+        typer.echo("tmas: stopped by Ctrl-C; finished work is kept", err=True)
+        sys.exit(EXIT_INTERRUPTED)
