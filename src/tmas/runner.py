@@ -56,6 +56,8 @@ class RunState:
     stats: ClientStats | None = None
     # Most problems solved at once (see :func:`problems_in_flight`); 0 until the run starts.
     problem_slots: int = 0
+    # The iterations each problem is planned to run (the method's T), for the progress display's ETA.
+    iterations: int = 1
     # Called as each problem starts an iteration, with its id and the iteration.
     on_iteration: Callable[[str, int], None] | None = None
 
@@ -305,6 +307,7 @@ async def run_problems(
     fingerprint = run_fingerprint(method, settings)
     finished = store.finished_problem_ids(fingerprint)
     state.total = len(problems) if isinstance(problems, Sized) else store.problem_count()
+    state.iterations = method.params.iterations
     tally = _Tally()
 
     def pending() -> Iterator[Problem]:

@@ -36,6 +36,7 @@ from tmas.cli.pool import pool_app
 from tmas.cli.prompts import prompts_app
 from tmas.cli.rl import rl_app
 from tmas.cli.serve import serve_app
+from tmas.cli.steps import Steps
 from tmas.cli.view import view_app
 from tmas.config import Settings, with_method_params
 from tmas.errors import InputError, TmasError
@@ -362,8 +363,13 @@ def report(
 
     settings = _judge_settings(config, base_url, judge_base_url, judge_model)
     grade_config = read_grade_flags(grade, judge_runs)
+    steps = Steps("report")
     written = interrupt.run(
-        build_report(run_dirs, out, grade_config, settings, grade=not no_grade, paper_model=paper_model)
+        steps.during(
+            build_report(
+                run_dirs, out, grade_config, settings, grade=not no_grade, paper_model=paper_model, on_step=steps.step
+            )
+        )
     )
     typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
 
@@ -401,7 +407,8 @@ def evaluate(
             raise
         raise stop.saying(f"{stop.next_step}, then 'tmas report {out} -o {report_dir}'") from None
     settings = _judge_settings(flags.config, flags.base_url, judge_base_url, judge_model)
-    written = interrupt.run(build_report([out], report_dir, grade_config, settings))
+    steps = Steps("eval")
+    written = interrupt.run(steps.during(build_report([out], report_dir, grade_config, settings, on_step=steps.step)))
     typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
     if code:
         raise typer.Exit(code)
@@ -438,6 +445,8 @@ def sweep(
 ) -> None:
     """Run a grid of methods x parameters over one problem set (one run per point, resumable) and report it."""
     from tmas.cli.estimate import build_estimate, gate
+    from tmas.cli.progress import plain_status
+    from tmas.runner import RunState
     from tmas.sweep import (
         expand,
         load_spec,
@@ -485,18 +494,37 @@ def sweep(
             spec.limit = limit
         settings = with_grid_sampling(settings, spec, flags.given("temperature", "top_p", "max_tokens", "seed"))
 
-    def progress(outcome: Any) -> None:
+    points = expand(spec)
+    steps = Steps("sweep")
+    started = iter(range(1, len(points) + 1))
+
+    def begins(point: Any, state: RunState) -> None:
+        steps.step(f"point {next(started)} of {len(points)}: {point.name}", status=lambda: plain_status(state))
+
+    def ends(outcome: Any) -> None:
+        if outcome.status == "skipped":
+            next(started)
         typer.echo(f"tmas sweep: {outcome.point.name}: {outcome.status}", err=True)
 
-    configs = [(point.name, point.settings(settings)) for point in expand(spec)]
+    configs = [(point.name, point.settings(settings)) for point in points]
     gate(build_estimate(configs, sweep_problems(spec), estimate, out / "pilot"), estimate)
     try:
-        summary = interrupt.run(run_sweep(spec, settings, out, on_point=progress))
+        summary = interrupt.run(steps.during(run_sweep(spec, settings, out, on_point=ends, on_start=begins)))
     except interrupt.Stopped as stop:
         raise stop.saying(f"finished points and calls are kept: continue with 'tmas sweep --resume {out}'") from None
     if not no_report:
-        summary.report = interrupt.run(report_sweep(spec, out, grade_config, settings))
+        report = report_sweep(spec, out, grade_config, settings, on_step=steps.step)
+        summary.report = interrupt.run(steps.during(report))
     typer.echo(json.dumps(summary.to_dict(), indent=2))
+    runs = [o.summary for o in summary.outcomes if o.summary is not None]
+    done, failed = sum(r.done for r in runs), sum(r.failed for r in runs)
+    reasons: dict[str, int] = {}
+    for run_summary in runs:
+        for why, count in run_summary.failures.items():
+            reasons[why] = reasons.get(why, 0) + count
+    typer.echo(failed_line(done, failed, reasons, " (over the sweep's points)" if failed else ""), err=True)
+    if code := exit_code(done, failed):
+        raise typer.Exit(code)
 
 
 app.add_typer(data_app, name="data")

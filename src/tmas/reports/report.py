@@ -637,6 +637,13 @@ async def build_report(
     *,
     grade: bool = True,
     paper_model: str | None = None,
+    on_step: Callable[[str], None] | None = None,
 ) -> dict[str, Path]:
-    evaluations = [await evaluate_run(d, config, settings, grade=grade) for d in run_dirs]
+    """Evaluate ``run_dirs`` and write their report; ``on_step`` hears of each step as it begins."""
+    say = on_step or (lambda _: None)
+    evaluations = []
+    for i, run_dir in enumerate(run_dirs, start=1):
+        say(f"{'grading' if grade else 'reading'} run {i} of {len(run_dirs)}: {run_dir}")
+        evaluations.append(await evaluate_run(run_dir, config, settings, grade=grade))
+    say(f"writing the report (tables, plots) into {out_dir}")
     return write_report(evaluations, out_dir, paper_model=paper_model)
