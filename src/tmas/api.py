@@ -109,9 +109,10 @@ async def aresume(
 def question_settings(
     settings: Settings, method: str | None = None, params: dict[str, Any] | None = None, *, own_model: bool = False
 ) -> Settings:
-    """The settings one question runs with: ``method`` and ``params`` over those of ``settings``, and on a user's
-    endpoint (or model) the method's question defaults under them (:func:`tmas.methods.question_params`: TMAS's
-    ``quick`` preset); on the embedded model its embedded defaults apply instead, as for a run."""
+    """The settings one question runs with: ``method`` and ``params`` over those of ``settings``; on a user's
+    endpoint (or model), where no parameter is given at all, the method's question defaults
+    (:func:`tmas.methods.question_params`: TMAS's ``quick`` preset). On the embedded model its embedded defaults
+    apply instead, as for a run."""
     name = method or settings.method.name
     chosen = {**settings.method.params, **(params or {})} if name == settings.method.name else dict(params or {})
     if own_model or not settings.uses_local_model:

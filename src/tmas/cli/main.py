@@ -18,6 +18,7 @@ from tmas.cli.data import data_app
 from tmas.cli.estimate import EstimateFlags, GateFlags, estimate_options, gate_options
 from tmas.cli.extras import MISSING_EXTRA_EXIT, missing_extra
 from tmas.cli.grade_flags import GradeModeOpt, JudgeRunsOpt, check_grading_installed, read_grade_flags
+from tmas.cli.help_format import command_of
 from tmas.cli.method_help import method_parameters_help
 from tmas.cli.options import (
     BaseUrlOpt,
@@ -26,6 +27,7 @@ from tmas.cli.options import (
     MethodFlags,
     MethodOpt,
     ModelFlags,
+    ModelOpt,
     ParamOpt,
     method_options,
     model_options,
@@ -74,9 +76,11 @@ def _root(
     """tmas: TMAS, MATTRL and baselines on any OpenAI-compatible endpoint."""
 
 
-def _settings(config: Path | None, *, base_url: str | None = None, api_key_env: str | None = None) -> Settings:
+def _settings(
+    config: Path | None, *, base_url: str | None = None, model: str | None = None, api_key_env: str | None = None
+) -> Settings:
     """Settings of a command that takes only a few of the group's flags (``models``, the judge of reports)."""
-    return ModelFlags(config=config, base_url=base_url, api_key_env=api_key_env).settings()
+    return ModelFlags(config=config, base_url=base_url, model=model, api_key_env=api_key_env).settings()
 
 
 def _read_question(question: str | None, file: Path | None) -> str:
@@ -113,7 +117,7 @@ def solve(
     as_json: Annotated[bool, typer.Option("--json", help="Print the full result record as JSON.")] = False,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", "-o", help="Keep the run (store) here.")] = None,
 ) -> None:
-    """Solve one question and print the answer (on your endpoint, TMAS runs its quick preset unless told otherwise:
+    """Solve one question and print the answer (on your endpoint, given no parameters, TMAS runs its quick preset:
     at most 48 calls)."""
     from tmas.api import asolve, question_settings
     from tmas.cli.estimate import QUESTION_CONFIRM_CALLS, question_estimate
@@ -284,14 +288,17 @@ def export(
 
 
 @app.command()
-def models(config: ConfigOpt = None, base_url: BaseUrlOpt = None, api_key_env: KeyEnvOpt = None) -> None:
-    """List each configured endpoint (default and per role) and whether it answers."""
+def models(
+    config: ConfigOpt = None, base_url: BaseUrlOpt = None, model: ModelOpt = None, api_key_env: KeyEnvOpt = None
+) -> None:
+    """List each configured endpoint (default and per role), whether it answers, and whether it serves the
+    configured model (--model)."""
     import os
 
     from tmas.llm.replica import list_models
 
-    settings = _settings(config, base_url=base_url, api_key_env=api_key_env)
-    targets: list[tuple[str, str, str | None]] = []
+    settings = _settings(config, base_url=base_url, model=model, api_key_env=api_key_env)
+    targets: list[tuple[str, str, str | None, str | None]] = []
     if settings.uses_local_model:
         from tmas.llm.local_command import describe
 
@@ -299,19 +306,26 @@ def models(config: ConfigOpt = None, base_url: BaseUrlOpt = None, api_key_env: K
     for role, override in [("default", None), *settings.roles.items()]:
         urls = (override.base_url if override else None) or settings.endpoint.base_url
         key_env = (override.api_key_env if override else None) or settings.endpoint.api_key_env
+        wanted = (override.model if override else None) or settings.endpoint.model
         if role != "default" and not (override and override.base_url):
             continue  # a role on the default endpoint is probed with it
-        targets.extend((role, url, os.environ.get(key_env) if key_env else None) for url in urls)
+        targets.extend((role, url, os.environ.get(key_env) if key_env else None, wanted) for url in urls)
 
     async def probe() -> bool:
         healthy = True
-        for role, url, key in targets:
+        for role, url, key, wanted in targets:
             try:
                 ids = await list_models(url, key)
-                typer.echo(f"{role}: {url} ok, models: {', '.join(ids) or '(none listed)'}")
             except TmasError as exc:
                 typer.echo(f"{role}: {url} NOT ANSWERING: {exc}")
                 healthy = False
+                continue
+            listed = ", ".join(ids) or "(none listed)"
+            if wanted is not None and ids and wanted not in ids:
+                typer.echo(f"{role}: {url} answers but DOES NOT SERVE {wanted!r}; models: {listed}")
+                healthy = False
+            else:
+                typer.echo(f"{role}: {url} ok, models: {listed}")
         return healthy
 
     if not interrupt.run(probe()):
@@ -541,7 +555,7 @@ app.add_typer(prompts_app, name="prompts")
 def main() -> None:
     interrupt.install()
     try:
-        app()
+        command_of(app)(prog_name="tmas")
     except interrupt.Stopped as stop:
         typer.echo(stop.line(), err=True)
         sys.exit(stop.exit_code)

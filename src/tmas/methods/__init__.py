@@ -212,7 +212,7 @@ def _known_params(cls: type[Method[Any]], given: str) -> str:
 
 def question_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
     """The parameters one question asked of a user's endpoint runs ``name`` with (``tmas solve``, ``tmas.solve``, a
-    ``tmas serve`` request): the method's ``question_defaults`` under ``params`` (TMAS: its ``quick`` preset, which
-    a preset given in ``params`` replaces)."""
+    ``tmas serve`` request): ``params``, or where none is given at all, the method's ``question_defaults`` (TMAS:
+    its ``quick`` preset). Parameters given are a configuration of one's own, run as given."""
     cls = METHODS.get(name)
-    return {**(cls.question_defaults if cls is not None else {}), **params}
+    return dict(cls.question_defaults) if not params and cls is not None else dict(params)

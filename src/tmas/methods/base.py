@@ -573,8 +573,8 @@ class Method(ABC, Generic[P]):
     example_params: ClassVar[dict[str, Any] | None] = None
     # Params put under the user's own when the run uses the embedded local model (e.g. a small preset).
     embedded_defaults: ClassVar[dict[str, Any]] = {}
-    # Params put under the user's own when one question is asked of a user's endpoint (``tmas solve``, ``tmas.solve``,
-    # a ``tmas serve`` request): a question asked interactively should not cost a benchmark run (tmas_params.py).
+    # Params of one question asked of a user's endpoint with no parameters given (``tmas solve``, ``tmas.solve``, a
+    # ``tmas serve`` request): a question asked interactively should not cost a benchmark run (tmas_params.py).
     question_defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, params: MethodParams) -> None:

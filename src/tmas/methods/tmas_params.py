@@ -14,8 +14,8 @@ run's own sampling settings. Presets fill in every parameter the user did not gi
   there, without the memory update and the later iterations. It is chosen automatically when the embedded model is
   used and no preset is given (explicit parameters such as ``iterations`` still win over it).
 - ``quick``: N = 4, M = 2, T = 3 and the settled stop (patience 1), with the run's own sampling: at most 48 calls a
-  question, often 12 (a settled first iteration), against the paper configuration's 1,630. It is what one question
-  runs (``tmas solve``, ``tmas.solve``, a ``tmas serve`` request) on a user's endpoint where no preset is given:
+  question, 16 when the first iteration settles, against the paper configuration's 1,630. It is what one question
+  runs (``tmas solve``, ``tmas.solve``, a ``tmas serve`` request) on a user's endpoint where no parameter is given:
   N = 4 and M = 2 is the smallest setting at which the verifier's scores and the memory had something to choose
   from in the project's measurements, and a question asked interactively should cost about what majority vote over
   a few dozen samples costs, not a benchmark run's worth.

@@ -1,6 +1,6 @@
 """The proxy's cost gate: a request whose run could make more upstream calls than the server allows is refused before
 anything runs, in one line saying how many and how to ask for fewer. The same estimate as ``tmas solve``'s gate
-(:mod:`tmas.planning.estimate`); a request with no ``tmas`` object runs the method's question defaults (TMAS's
+(:mod:`tmas.planning.estimate`); a request that gives no parameters runs the method's question defaults (TMAS's
 ``quick`` preset), well under the default cap."""
 
 from __future__ import annotations
