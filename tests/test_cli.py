@@ -81,7 +81,7 @@ def test_run_writes_a_run_directory_and_exports(sim: SimServer, tmp_path: Path) 
     summary = json.loads(out.stdout)
     assert (summary["problems"], summary["done"], summary["failed"], summary["calls"]) == (6, 6, 0, 6)
     # Without a terminal, progress is plain log lines, one per problem.
-    assert out.stderr.decode().count("answer=") == 6
+    assert out.stderr.decode().count(": done · answer '") == 6
     exported = tmas("export", str(run_dir))
     rows = [json.loads(line) for line in exported.stdout.decode().splitlines()]
     assert [(r["problem_id"], r["answer"]) for r in rows] == [(pid, str(ans)) for pid, ans in problems]

@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_tmas
+from conftest import run_tmas, scripted_settings
+from scripted_runs import GoneModel
+from tmas.api import asolve
+from tmas.runner import Unreachable
 from tmas.testing import Rule, SimScript, SimServer
 
 Q = "What is 17*23?"
@@ -141,3 +144,16 @@ def test_models_takes_model_and_says_whether_it_is_served(sim: SimServer) -> Non
     missing = run_tmas("models", "--base-url", sim.base_url, "--model", "other", text=True)
     assert missing.returncode == 1
     assert f"default: {sim.base_url} answers but DOES NOT SERVE 'other'; models: sim-model" in missing.stdout
+
+
+async def test_a_solve_whose_endpoint_goes_away_points_at_nothing_deleted(tmp_path: Path) -> None:
+    # Without a run directory the question's scratch directory is deleted on the way out: no resume hint names it.
+    model = GoneModel(SimScript(), scripted_settings(method={"name": "cot", "params": {}}), gone=True)
+    with pytest.raises(Unreachable) as caught:
+        await asolve(Q, model=model)
+    said = str(caught.value)
+    assert "the model went away" in said and "--resume" not in said and "tmas-solve-" not in said
+    assert said.endswith("nothing was kept (a run directory keeps a question's calls: tmas solve --run-dir DIR)")
+    # With one, the run is kept and the hint names it.
+    with pytest.raises(Unreachable, match=f"continue with 'tmas run --resume {tmp_path / 'kept'}'"):
+        await asolve(Q, model=GoneModel(SimScript(), model.settings, gone=True), run_dir=tmp_path / "kept")

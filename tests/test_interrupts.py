@@ -74,6 +74,7 @@ def test_a_signal_stops_the_run_cleanly_and_the_resume_repeats_no_call(
 
         out = run_tmas("run", "--resume", str(run_dir), timeout=120)
         assert out.returncode == 0, out.stderr.decode()
+        assert ": iteration " not in out.stderr.decode()  # replayed iterations are not said as new ones
         summary = json.loads(out.stdout)
         sent_after = sim.stats().total_requests - sent_before
     # Every finished call came from the store; what was sent is exactly what was missing.

@@ -155,4 +155,4 @@ def gate(estimate: Estimate, flags: GateFlags, *, calls: int = DEFAULT_CONFIRM_C
             " (or --confirm-calls N, --dry-run to see it whole)"
         )
     if not typer.confirm(f"tmas: the estimate is {why}. Start?", default=False, err=True):
-        raise typer.Exit(1)
+        raise typer.Exit(2)  # nothing was run, as when it refuses without a terminal

@@ -276,10 +276,12 @@ class ProblemSession:
         self.spent_usage = Usage()
         self.spent_failed = 0
         # Calls sent and not yet answered: a call budget counts them (so it is never exceeded). A token budget
-        # counts each at what it may cost at most (``reserved``: its max_tokens, plus its prompt where the budget
-        # counts prompts) and holds a call back while those could spend what is left (:meth:`_admit`).
+        # counts each at what it may cost at most (``reserved_tokens``: its max_tokens, plus its prompt where the
+        # budget counts prompts) and holds a call back while they could reach the limit (:meth:`_admit`).
         self.calls_in_flight = 0
         self.reserved_tokens = 0
+        # Calls in flight with no max_tokens: nothing bounds what they spend, so no other call goes beside them.
+        self._unbounded_in_flight = 0
         # Set (and replaced) each time a call of the problem ends: a call held back waits for it.
         self._call_ended = asyncio.Event()
         # Set when the budget refused a call; says what was spent against what limit.
@@ -331,14 +333,14 @@ class ProblemSession:
             resolved = resolved.over(DERIVED_SEED, Sampling(seed=self.derive_seed("call", role, sample)))
         reserve = await self._admit(self._most_tokens(resolved, messages))
         self.calls_in_flight += 1
-        self.reserved_tokens += reserve
+        self._hold(reserve, +1)
         try:
             completion = await self.llm.chat(
                 role, messages, key=key, sampling=resolved, reply_model=reply_model, watch=watch
             )
         finally:
             self.calls_in_flight -= 1
-            self.reserved_tokens -= reserve
+            self._hold(reserve, -1)
             # The calls held back look again once this task yields: after its spend is counted below.
             self._wake_held()
         if watch is not None and completion.ok and not completion.replayed and not watch.began:
@@ -372,6 +374,13 @@ class ProblemSession:
         """``role``'s reply counts in this iteration, for the method to add what it found in them."""
         return self._iteration_replies.setdefault(role, ReplyTally())
 
+    def _hold(self, reserve: int | None, sign: int) -> None:
+        """Count a call's hold on the token budget in (``sign`` +1) or out (-1); None: a call nothing bounds."""
+        if reserve is None:
+            self._unbounded_in_flight += sign
+        else:
+            self.reserved_tokens += sign * reserve
+
     def _wake_held(self) -> None:
         """A call ended: the calls held back by the budget look again."""
         self._call_ended.set()
@@ -389,19 +398,20 @@ class ProblemSession:
             most += sum(estimate_tokens(m.content) for m in messages)
         return most
 
-    async def _admit(self, most: int | None) -> int:
-        """Wait until a call that may spend ``most`` tokens can go without the budget being passed by more than one
-        call; the tokens it holds while in flight. Under a token budget a call goes when the calls in flight and it
-        cannot together pass the limit, each counted at ``most``, or when none is in flight (the one call that may
-        pass it); otherwise it waits for one to end and looks again. So a problem overshoots its token budget by
-        one call's tokens at most (a majority vote's k samples then go as the budget allows, not all at once), and
-        a resumed run holds the calls back in the same order. Raises :class:`BudgetExhausted` once it is spent."""
+    async def _admit(self, most: int | None) -> int | None:
+        """Wait until a call that may spend ``most`` tokens (None: no bound) can go; what it holds while in flight.
+
+        Under a token budget a call goes while the calls in flight, each counted at what it may spend, cannot reach
+        the limit; otherwise it waits for one to end and looks again. The spend and what the calls in flight hold
+        then stay under the limit plus one call: a problem passes its token budget by one call's tokens at most
+        (a majority vote's k samples go as the budget allows, not all at once), and a resumed run holds its calls
+        back in the same order. Raises :class:`BudgetExhausted` once the budget is spent."""
         while True:
             self.check_budget()
-            if self.budget.tokens is None or self.calls_in_flight == 0:
-                return most or 0
+            if self.budget.tokens is None:
+                return 0
             limit = self.budget.tokens + self.drawn
-            if most is not None and self.spent_tokens + self.reserved_tokens + most <= limit:
+            if not self._unbounded_in_flight and self.spent_tokens + self.reserved_tokens < limit:
                 return most
             await self._call_ended.wait()
 

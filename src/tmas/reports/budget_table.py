@@ -40,7 +40,7 @@ class BudgetSpend:
         return ", ".join(parts) or "none"
 
 
-def budget_spend(settings: Mapping[str, Any] | None, results: Sequence[Mapping[str, Any]]) -> BudgetSpend | None:
+def budget_spend(settings: Mapping[str, Any] | None, results: Sequence[dict[str, Any]]) -> BudgetSpend | None:
     """The budget of a run's stored ``settings`` and the spend of its finished ``results``; None without a budget."""
     try:
         budget = Budget.model_validate((settings or {}).get("budget") or {})
