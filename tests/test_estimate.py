@@ -312,7 +312,8 @@ def test_eval_over_the_threshold_without_a_terminal_asks_for_yes(sim: SimServer,
     assert out.returncode != 0
     last = out.stderr.decode().strip().splitlines()[-1]
     why = "the estimate is 12 calls (threshold 5)"
-    assert last == f"tmas: error: {why}: pass --yes to start it without a terminal to confirm on"
+    said = "pass --yes to start it without a terminal to confirm on (or --confirm-calls N, --dry-run to see it whole)"
+    assert last == f"tmas: error: {why}: {said}"
     assert sim.stats().total_requests == 0
     ok = tmas_cli(*base, "--method", "majority", "-p", "k=4", "--confirm-calls", "5", "--yes")
     assert ok.returncode == 0, ok.stderr.decode()
