@@ -14,10 +14,11 @@ import pytest
 from conftest import run_tmas, scripted_settings
 from scripted_runs import by_role, run_scripted_problems
 from tmas.config import Settings
-from tmas.methods import METHODS, create_method
+from tmas.methods import METHODS, create_method, question_params
 from tmas.planning.estimate import (
     Estimate,
     TokenRates,
+    brief_estimate,
     calls_per_problem,
     estimate_point,
     format_estimate,
@@ -271,6 +272,28 @@ def test_threshold() -> None:
     estimate = Estimate([point])
     assert estimate.over(200_000, None) is None
     assert estimate.over(100_000, None) == "164,000 calls (threshold 100,000)"
+
+
+def test_a_resume_is_gated_on_what_it_has_still_to_send() -> None:
+    # Majority k = 4 on 10 problems, max_tokens 100: 40 calls, 4,000 completion tokens at most. With 30 answered
+    # calls stored, 10 are still to send, and a quarter of the tokens: 1,000.
+    settings = Settings.model_validate({"sampling": {"max_tokens": 100}})
+    estimate = Estimate([estimate_point("mv", create_method("majority", {"k": 4}), settings, 10, None)])
+    estimate.stored_calls = 30
+    assert (estimate.calls_to_send, estimate.tokens_to_send) == (10, 1000.0)
+    assert estimate.over(20, None) is None and estimate.over(5, None) == "10 calls (threshold 5)"
+    assert estimate.over(None, 2000) is None and estimate.over(None, 500) == "1.0k completion tokens (threshold 500)"
+    assert brief_estimate(estimate) == "10 calls to send (30 stored, replayed), <=1.0k completion tokens"
+    assert "stored: 30 answered calls, replayed rather than sent; at most 10 still to send" in format_estimate(estimate)
+
+
+def test_one_question_runs_tmas_quick_preset_where_no_parameter_is_given() -> None:
+    # N = 4, M = 2, T = 3: an iteration is 4 solutions, 8 verifications, 4 summaries and 2 memory updates (18 calls),
+    # the last one without its summaries and memory updates (12): 48 at most; a first iteration that settles: 16.
+    count = create_method("tmas", question_params("tmas", {})).calls_per_problem()
+    assert (count.fewest_total, count.upper_total) == (16, 48)
+    assert question_params("tmas", {"n": 2}) == {"n": 2}  # given parameters are run as given
+    assert question_params("majority", {}) == {}
 
 
 def tmas_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[bytes]:

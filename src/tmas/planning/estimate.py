@@ -187,6 +187,14 @@ class Estimate:
         return max(0, self.upper_calls - self.stored_calls)
 
     @property
+    def tokens_to_send(self) -> float | None:
+        """Completion tokens of the calls still to send (their share of the whole estimate's), None where unknown."""
+        tokens = self.completion_tokens
+        if tokens is None or not self.stored_calls or not self.upper_calls:
+            return tokens
+        return tokens * self.calls_to_send / self.upper_calls
+
+    @property
     def calls(self) -> int:
         return sum(p.total_calls for p in self.points)
 
@@ -226,9 +234,7 @@ class Estimate:
         """Why this estimate needs a confirmation (None when it is under both thresholds)."""
         if max_calls is not None and self.calls_to_send > max_calls:
             return f"{self.calls_to_send:,} calls (threshold {max_calls:,})"
-        if self.stored_calls:
-            return None  # a resumed run: its tokens so far are counted in the estimate, not worth asking again
-        tokens = self.completion_tokens
+        tokens = self.tokens_to_send
         if max_tokens is not None and tokens is not None and tokens > max_tokens:
             return f"{_tokens(tokens)} completion tokens (threshold {_tokens(max_tokens)})"
         return None
@@ -284,7 +290,7 @@ def brief_estimate(estimate: Estimate) -> str:
         shown += f" to send ({estimate.stored_calls:,} stored, replayed)"
     if any(not p.calls.known for p in estimate.points):
         shown += " and calls of unknown count"
-    tokens = estimate.completion_tokens
+    tokens = estimate.tokens_to_send
     if tokens is not None:
         ceiling = any(p.basis == "max_tokens" for p in estimate.points)
         shown += f", {'<=' if ceiling else '~'}{_tokens(tokens)} completion tokens"
