@@ -3,8 +3,8 @@ is cancelled, so its calls are closed (the servers abort them), a local server t
 every finished call stays in the run's store; then the command says how to go on and exits 130 or 143.
 
 :func:`run` is ``asyncio.run`` with both signals cancelling the work; it raises :class:`Stopped`, which a command
-gives the line to continue with (:meth:`Stopped.saying`). Outside it, :func:`install` makes SIGTERM stop as Ctrl-C
-does (a ``KeyboardInterrupt``-like :class:`Stopped` in the synchronous code around the runs).
+gives the line to continue with (:meth:`Stopped.saying`). Outside it, :func:`install` makes both signals raise a
+``KeyboardInterrupt``-like :class:`Stopped` in the synchronous code around the runs.
 """
 
 from __future__ import annotations
@@ -45,8 +45,12 @@ class Stopped(BaseException):
 
 
 def install() -> None:
-    """SIGTERM raises :class:`Stopped` wherever the command is (:func:`run` handles it within its event loop)."""
+    """SIGTERM, and Ctrl-C where it is not ignored, raise :class:`Stopped` wherever the command is (:func:`run`
+    handles them within its event loop); the command line's own handling of ``KeyboardInterrupt`` would end it
+    silently."""
     signal.signal(signal.SIGTERM, _raise_stopped)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _raise_stopped)
 
 
 def _raise_stopped(signum: int, frame: FrameType | None) -> None:
@@ -72,8 +76,9 @@ async def _cancellable(work: Coroutine[Any, Any, T]) -> T:
         got.append(signum)
         task.cancel()
 
-    previous = {sig: signal.getsignal(sig) for sig in NAMES}
-    for sig in NAMES:
+    # A signal the command was started ignoring (a background job's Ctrl-C) stays ignored.
+    previous = {sig: signal.getsignal(sig) for sig in NAMES if signal.getsignal(sig) is not signal.SIG_IGN}
+    for sig in previous:
         loop.add_signal_handler(sig, stop, sig)
     try:
         return await work
