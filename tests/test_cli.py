@@ -179,6 +179,8 @@ def test_unreachable_endpoint_stops_the_run_and_keeps_state(sim: SimServer, tmp_
         ).returncode
         == 0
     )
+    with sqlite3.connect(tmp_path / "run" / "run.sqlite") as db:
+        db.execute("DELETE FROM results WHERE problem_id = 'p1'")  # left to do
     out = tmas("run", "--resume", str(tmp_path / "run"), "--base-url", dead)
     assert out.returncode == 1
     last = out.stderr.decode().strip().splitlines()[-1]

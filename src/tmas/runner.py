@@ -354,7 +354,7 @@ async def run_problems(
             state.problem_slots = problems_in_flight(llm.settings, own_model=model is not None)
             workers = max(1, min(state.problem_slots, state.total - len(finished)))
             try:
-                if model is None:
+                if model is None and state.total > len(finished):
                     # Nothing listening, or a base URL without its /v1: said in seconds, before any call.
                     await check_endpoints(llm.settings, method.traits.roles)
                 await gather_all(worker(w, workers) for w in range(workers))
