@@ -57,7 +57,10 @@ MaxTokensOpt = Annotated[int | None, typer.Option("--max-tokens", help="Default 
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="Run seed.")]
 BudgetTokensOpt = Annotated[
     int | None,
-    typer.Option("--budget-tokens", help="Per problem: stop at the first call once this many tokens are spent."),
+    typer.Option(
+        "--budget-tokens",
+        help="Per problem: send no call once this many tokens are spent (passed by one call at most).",
+    ),
 ]
 BudgetCallsOpt = Annotated[
     int | None, typer.Option("--budget-calls", help="Per problem: stop at the first call past this many calls.")

@@ -163,7 +163,7 @@ class TokenBank:
     A problem that has spent its own ``budget.tokens`` draws up to that much again from the bank before its budget
     refuses a call, so the tokens a settled problem saved reach several open problems rather than the first one
     alone; when it finishes, what it did not spend of its share and its draws goes back. The run never spends more
-    than its problems' shares together (calls in flight aside, as for any token budget). With more than one problem
+    than its problems' shares together (and one call each, as for any token budget). With more than one problem
     in flight, which open problem gets them depends on the order they finish in.
     """
 
