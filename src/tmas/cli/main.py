@@ -143,7 +143,8 @@ def solve(
         data["usage"]["cached_prompt_share"] = result.usage.cached_prompt_share
         typer.echo(json.dumps(data, indent=2, ensure_ascii=False))
     else:
-        typer.echo(result.answer if result.answer is not None else (result.text or "(no answer)"))
+        if result.status == "done":  # a failed question prints no answer: its last line says why
+            typer.echo(result.answer if result.answer is not None else (result.text or "(no answer)"))
         u = result.usage
         typer.echo(
             f"tmas: {result.calls} calls; tokens: prompt {u.prompt_tokens}{cached_share_text(u)}, completion"
