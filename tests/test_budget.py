@@ -233,12 +233,14 @@ async def pooled_run(run_dir: Path, pool: bool) -> dict[str, ProblemResult]:
 
 
 async def test_a_pooled_budget_gives_what_a_settled_problem_left_to_an_open_one(tmp_path: Path) -> None:
-    # Rounds of 2 parallel calls are checked at the spend before the round. "a" stops after 40 tokens and leaves 50 of
-    # its 90. Alone, "b" sends rounds at 0, 20, ..., 80 and is refused at 100: 10 calls. Pooled, at 100 it draws the
-    # 50 "a" left (limit 140), sends rounds at 100 and 120 and is refused at 140, halfway through iteration 3: 14
-    # calls. The run spends 40 + 140 = 180, its two shares.
+    # A call may cost its max_tokens (256), more than the whole budget, so each problem's calls go one at a time
+    # (ProblemSession._admit), each checked at the spend before it. "a" stops after 40 tokens and leaves 50 of its 90.
+    # Alone, "b" sends calls at 0, 10, ..., 80 and is refused at 90: 9 calls, its budget exactly. Pooled, at 90 it
+    # draws the 50 "a" left (limit 140), sends calls at 90, ..., 130 and is refused at 140, halfway through iteration
+    # 3: 14 calls. The run spends 40 + 140 = 180, its two shares.
     alone = await pooled_run(tmp_path / "alone", pool=False)
-    assert (alone["a"].calls, alone["b"].calls, alone["b"].budget_drawn) == (4, 10, 0)
+    assert (alone["a"].calls, alone["b"].calls, alone["b"].budget_drawn) == (4, 9, 0)
+    assert alone["b"].usage.completion_tokens == 90
     pooled = await pooled_run(tmp_path / "pooled", pool=True)
     a, b = pooled["a"], pooled["b"]
     assert (a.calls, a.stopped_reason, a.budget_drawn) == (4, "vote decided (Beta stopping criterion)", 0)

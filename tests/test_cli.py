@@ -81,7 +81,7 @@ def test_run_writes_a_run_directory_and_exports(sim: SimServer, tmp_path: Path) 
     summary = json.loads(out.stdout)
     assert (summary["problems"], summary["done"], summary["failed"], summary["calls"]) == (6, 6, 0, 6)
     # Without a terminal, progress is plain log lines, one per problem.
-    assert out.stderr.decode().count("answer=") == 6
+    assert out.stderr.decode().count(": done · answer '") == 6
     exported = tmas("export", str(run_dir))
     rows = [json.loads(line) for line in exported.stdout.decode().splitlines()]
     assert [(r["problem_id"], r["answer"]) for r in rows] == [(pid, str(ans)) for pid, ans in problems]
@@ -162,16 +162,29 @@ def test_models_reports_each_endpoint(sim: SimServer) -> None:
     assert out.returncode == 1 and "NOT ANSWERING" in out.stdout.decode()
 
 
-def test_unreachable_endpoint_stops_the_run_and_keeps_state(tmp_path: Path) -> None:
+def test_unreachable_endpoint_stops_the_run_and_keeps_state(sim: SimServer, tmp_path: Path) -> None:
     write_problems(tmp_path / "p.jsonl", 2)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
-    config = tmp_path / "tmas.toml"
-    config.write_text("[retry]\nmax_attempts = 2\nbackoff_base_s = 0.01\n")
-    out = tmas("run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "-c", str(config), "--base-url", dead)
+    # Nothing listens there: one line naming it, before a run directory is made (nothing to resume).
+    out = tmas("run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "-m", "cot", "--base-url", dead)
     assert out.returncode == 1
-    assert "unreachable" in out.stderr.decode() and "--resume" in out.stderr.decode()
+    assert f"cannot connect to {dead}: connection refused" in out.stderr.decode()
+    assert not (tmp_path / "run").exists()
+    # A run whose endpoint is gone when it goes on: its state is kept and the line says how to continue.
+    assert (
+        tmas(
+            "run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "-m", "cot", "--base-url", sim.base_url
+        ).returncode
+        == 0
+    )
+    with sqlite3.connect(tmp_path / "run" / "run.sqlite") as db:
+        db.execute("DELETE FROM results WHERE problem_id = 'p1'")  # left to do
+    out = tmas("run", "--resume", str(tmp_path / "run"), "--base-url", dead)
+    assert out.returncode == 1
+    last = out.stderr.decode().strip().splitlines()[-1]
+    assert dead in last and f"continue with 'tmas run --resume {tmp_path / 'run'}'" in last
     assert (tmp_path / "run" / "run.sqlite").exists()
 
 

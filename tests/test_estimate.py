@@ -14,10 +14,11 @@ import pytest
 from conftest import run_tmas, scripted_settings
 from scripted_runs import by_role, run_scripted_problems
 from tmas.config import Settings
-from tmas.methods import METHODS, create_method
+from tmas.methods import METHODS, create_method, question_params
 from tmas.planning.estimate import (
     Estimate,
     TokenRates,
+    brief_estimate,
     calls_per_problem,
     estimate_point,
     format_estimate,
@@ -278,6 +279,28 @@ def test_threshold() -> None:
     assert estimate.over(100_000, None) == "164,000 calls (threshold 100,000)"
 
 
+def test_a_resume_is_gated_on_what_it_has_still_to_send() -> None:
+    # Majority k = 4 on 10 problems, max_tokens 100: 40 calls, 4,000 completion tokens at most. With 30 answered
+    # calls stored, 10 are still to send, and a quarter of the tokens: 1,000.
+    settings = Settings.model_validate({"sampling": {"max_tokens": 100}})
+    estimate = Estimate([estimate_point("mv", create_method("majority", {"k": 4}), settings, 10, None)])
+    estimate.stored_calls = 30
+    assert (estimate.calls_to_send, estimate.tokens_to_send) == (10, 1000.0)
+    assert estimate.over(20, None) is None and estimate.over(5, None) == "10 calls (threshold 5)"
+    assert estimate.over(None, 2000) is None and estimate.over(None, 500) == "1.0k completion tokens (threshold 500)"
+    assert brief_estimate(estimate) == "10 calls to send (30 stored, replayed), <=1.0k completion tokens"
+    assert "stored: 30 answered calls, replayed rather than sent; at most 10 still to send" in format_estimate(estimate)
+
+
+def test_one_question_runs_tmas_quick_preset_where_no_parameter_is_given() -> None:
+    # N = 4, M = 2, T = 3: an iteration is 4 solutions, 8 verifications, 4 summaries and 2 memory updates (18 calls),
+    # the last one without its summaries and memory updates (12): 48 at most; a first iteration that settles: 16.
+    count = create_method("tmas", question_params("tmas", {})).calls_per_problem()
+    assert (count.fewest_total, count.upper_total) == (16, 48)
+    assert question_params("tmas", {"n": 2}) == {"n": 2}  # given parameters are run as given
+    assert question_params("majority", {}) == {}
+
+
 def tmas_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[bytes]:
     # stdin is a pipe, never a terminal: the confirmation gate must fail rather than wait.
     return run_tmas(*args, cwd=cwd, timeout=120)
@@ -317,7 +340,8 @@ def test_eval_over_the_threshold_without_a_terminal_asks_for_yes(sim: SimServer,
     assert out.returncode != 0
     last = out.stderr.decode().strip().splitlines()[-1]
     why = "the estimate is 12 calls (threshold 5)"
-    assert last == f"tmas: error: {why}: pass --yes to start it without a terminal to confirm on"
+    said = "pass --yes to start it without a terminal to confirm on (or --confirm-calls N, --dry-run to see it whole)"
+    assert last == f"tmas: error: {why}: {said}"
     assert sim.stats().total_requests == 0
     ok = tmas_cli(*base, "--method", "majority", "-p", "k=4", "--confirm-calls", "5", "--yes")
     assert ok.returncode == 0, ok.stderr.decode()

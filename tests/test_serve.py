@@ -270,7 +270,10 @@ def _stream_until_progress(url: str, body: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
-def test_a_disconnected_client_cancels_its_run_and_a_restart_resumes_it(sim: SimServer, tmp_path: Path) -> None:
+def test_a_disconnected_client_cancels_its_run_and_a_restart_resumes_it(
+    sim: SimServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="tmas.serve")
     sim.set_script(SimScript(rules=[Rule(role="verifier", latency_s=0.4)]))
     serve_dir = tmp_path / "served"
     body = {
@@ -307,6 +310,10 @@ def test_a_disconnected_client_cancels_its_run_and_a_restart_resumes_it(sim: Sim
             [result] = store.results()
             total = sum(1 for c in store.calls() if c.ok)
         assert result["status"] == "done" and result["answer"] == "391"
+        # Its start and its end are both logged, though no client asked for it this time.
+        wait_until(lambda: f"request {run_dir.name}: done in " in caplog.text, what="the end to be logged")
+        assert f"resuming unfinished request {run_dir.name}" in caplog.text
+        assert f"request {run_dir.name}: cancelled after " in caplog.text  # the first proxy's end of it
         # Every call of the run: 2 solutions + 4 verifications per iteration, then 2 summaries and 2 bank updates in
         # the first iteration only (the last one skips them: skip_final_memory).
         assert total == 2 * (2 + 4) + 2 + 2

@@ -15,9 +15,18 @@ from typing import Any
 
 from tmas.config import Settings, load_settings
 from tmas.llm.model import ChatModel
+from tmas.methods import question_params
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem, check_question
-from tmas.runner import RunSummary, open_new_run, prepare_run, resume_settings, run_problems, stored_settings
+from tmas.runner import (
+    RunSummary,
+    Unreachable,
+    open_new_run,
+    prepare_run,
+    resume_settings,
+    run_problems,
+    stored_settings,
+)
 
 
 async def asolve(
@@ -31,15 +40,7 @@ async def asolve(
 ) -> ProblemResult:
     """Solve ``question``; with ``run_dir`` the whole run (every call, every iteration) is kept there."""
     check_question(question, "question")
-    settings = _settings_of(settings, model)
-    if method is not None or params:
-        chosen = settings.method.model_copy(
-            update={
-                "name": method or settings.method.name,
-                "params": {**settings.method.params, **(params or {})},
-            }
-        )
-        settings = settings.model_copy(update={"method": chosen})
+    settings = question_settings(_settings_of(settings, model), method, params, own_model=model is not None)
     problem = Problem(problem_id="question", question=question)
     with tempfile.TemporaryDirectory(prefix="tmas-solve-") as scratch:
         own = model is not None
@@ -47,7 +48,14 @@ async def asolve(
             Path(run_dir or scratch), settings, [problem], resume=False, own_model=own
         )
         with store:
-            summary = await run_problems(settings, problems, store, keep_results=True, model=model)
+            try:
+                summary = await run_problems(settings, problems, store, keep_results=True, model=model)
+            except Unreachable as exc:
+                if run_dir is not None:
+                    raise
+                # The scratch directory goes with this block: point at nothing that will not be there.
+                kept = "nothing was kept (a run directory keeps a question's calls: tmas solve --run-dir DIR)"
+                raise Unreachable(f"{exc.reason}; {kept}", None) from None
     return summary.results[0]
 
 
@@ -96,6 +104,20 @@ async def aresume(
     store, settings, todo = prepare_run(run_dir, settings, None, resume=True, own_model=model is not None)
     with store:
         return await run_problems(settings, todo, store, model=model)
+
+
+def question_settings(
+    settings: Settings, method: str | None = None, params: dict[str, Any] | None = None, *, own_model: bool = False
+) -> Settings:
+    """The settings one question runs with: ``method`` and ``params`` over those of ``settings``; on a user's
+    endpoint (or model), where no parameter is given at all, the method's question defaults
+    (:func:`tmas.methods.question_params`: TMAS's ``quick`` preset). On the embedded model its embedded defaults
+    apply instead, as for a run."""
+    name = method or settings.method.name
+    chosen = {**settings.method.params, **(params or {})} if name == settings.method.name else dict(params or {})
+    if own_model or not settings.uses_local_model:
+        chosen = question_params(name, chosen)
+    return settings.model_copy(update={"method": settings.method.model_copy(update={"name": name, "params": chosen})})
 
 
 def _settings_of(settings: Settings | None, model: ChatModel | None) -> Settings:

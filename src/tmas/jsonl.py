@@ -45,6 +45,8 @@ def _object(raw: bytes, where: str) -> dict[str, Any] | None:
         raise InputError(f"{where}: not valid UTF-8 (byte {exc.start})") from None
     if not line.strip():
         return None
+    # Without its line ending: an object cut short is then reported where it ends, not at column 1 past the end.
+    line = line.rstrip("\r\n")
     try:
         record = json.loads(line)
     except json.JSONDecodeError as exc:

@@ -21,6 +21,7 @@ from tmas.errors import InputError, TmasError
 from tmas.llm.factory import open_model
 from tmas.llm.lanes import enter_lane
 from tmas.llm.model import ChatModel, ClientStats, EndpointUnreachable
+from tmas.llm.preflight import check_endpoints
 from tmas.llm.replay import ReplayTurns
 from tmas.llm.types import Usage
 from tmas.methods import check_roles, create_method
@@ -55,6 +56,8 @@ class RunState:
     stats: ClientStats | None = None
     # Most problems solved at once (see :func:`problems_in_flight`); 0 until the run starts.
     problem_slots: int = 0
+    # The iterations each problem is planned to run (the method's T), for the progress display's ETA.
+    iterations: int = 1
     # Called as each problem starts an iteration, with its id and the iteration.
     on_iteration: Callable[[str, int], None] | None = None
 
@@ -99,6 +102,8 @@ class RunSummary:
     downgrades: dict[str, dict[str, str]] = field(default_factory=dict)
     # The run's one-line notices (e.g. confidence rules on a server without log-probabilities), each kind once.
     notices: list[str] = field(default_factory=list)
+    # Why the problems that failed in this session failed: each error (the first line of it) -> how many.
+    failures: dict[str, int] = field(default_factory=dict)
 
     @property
     def cached_prompt_share(self) -> float | None:
@@ -155,7 +160,12 @@ def problems_in_flight(settings: Settings, *, own_model: bool = False) -> int:
 
 
 class Unreachable(TmasError):
-    """The endpoint could not be reached; finished work is kept for --resume."""
+    """The endpoint could not be reached; finished work is kept for --resume (in ``run_dir``, where one is kept)."""
+
+    def __init__(self, reason: str, run_dir: Path | None) -> None:
+        kept = f"; finished work is kept: continue with 'tmas run --resume {run_dir}'" if run_dir is not None else ""
+        super().__init__(reason + kept)
+        self.reason = reason
 
 
 class StoredProblems:
@@ -297,6 +307,7 @@ async def run_problems(
     fingerprint = run_fingerprint(method, settings)
     finished = store.finished_problem_ids(fingerprint)
     state.total = len(problems) if isinstance(problems, Sized) else store.problem_count()
+    state.iterations = method.params.iterations
     tally = _Tally()
 
     def pending() -> Iterator[Problem]:
@@ -343,11 +354,12 @@ async def run_problems(
             state.problem_slots = problems_in_flight(llm.settings, own_model=model is not None)
             workers = max(1, min(state.problem_slots, state.total - len(finished)))
             try:
+                if model is None and state.total > len(finished):
+                    # Nothing listening, or a base URL without its /v1: said in seconds, before any call.
+                    await check_endpoints(llm.settings, method.traits.roles)
                 await gather_all(worker(w, workers) for w in range(workers))
             except EndpointUnreachable as exc:
-                raise Unreachable(
-                    f"{exc}; finished work is kept: continue with 'tmas run --resume {store.run_dir}'"
-                ) from None
+                raise Unreachable(str(exc), store.run_dir) from None
     counts = store.call_counts()
     causes = store.call_causes()
     by_role = store.replies_by_role()
@@ -375,6 +387,7 @@ async def run_problems(
         cached_prompt_tokens=counts["cached_prompt_tokens"],
         downgrades=store.downgrade_messages(),
         notices=list(store.notices().values()),
+        failures=dict(sorted(tally.failures.items(), key=lambda item: -item[1])),
     )
 
 
@@ -449,6 +462,10 @@ async def problem_solver(
             await equivalence.aclose()
 
 
+# Distinct reasons for failed problems a run summary keeps.
+MAX_FAILURE_REASONS = 20
+
+
 @dataclass
 class _Tally:
     """What the summary needs of the results, accumulated as they come instead of keeping them all."""
@@ -456,6 +473,7 @@ class _Tally:
     done: int = 0
     failed: int = 0
     anomalies: dict[str, int] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)
     results: list[ProblemResult] = field(default_factory=list)
 
     def add(self, result: ProblemResult, keep: bool) -> None:
@@ -463,6 +481,10 @@ class _Tally:
             self.done += 1
         else:
             self.failed += 1
+            why = (result.error or "no answer").splitlines()[0]
+            # A few distinct reasons say why; a run whose every problem failed differently need not keep them all.
+            if why in self.failures or len(self.failures) < MAX_FAILURE_REASONS:
+                self.failures[why] = self.failures.get(why, 0) + 1
         for kind, count in result.counters.items():
             self.anomalies[kind] = self.anomalies.get(kind, 0) + count
         if keep:

@@ -331,10 +331,12 @@ async def run_sweep(
     *,
     on_point: Callable[[PointOutcome], None] | None = None,
     on_result: Callable[[ProblemResult], None] | None = None,
+    on_start: Callable[[SweepPoint, RunState], None] | None = None,
     model: ChatModel | None = None,
 ) -> SweepSummary:
     """Run every point of ``spec`` not finished yet into ``out_dir``, on the endpoint of ``settings`` or on ``model``
-    (a :class:`tmas.llm.model.ChatModel` of the caller's own, for every point); see the module docstring."""
+    (a :class:`tmas.llm.model.ChatModel` of the caller's own, for every point); see the module docstring.
+    ``on_start`` hears of each point that runs as it begins, with the live state of its run."""
     points, problems, manifest = prepare_sweep(spec, settings, out_dir)
     dataset = dataset_name(spec.problems or "")
     outcomes: list[PointOutcome] = []
@@ -346,9 +348,12 @@ async def run_sweep(
             store.set_meta("paper_benchmark", spec.about.benchmark)
         outcome = PointOutcome(point, status)
         if store is not None:
+            state = RunState()
+            if on_start is not None:
+                on_start(point, state)
             with store:
                 outcome.summary = await run_problems(
-                    point_settings, todo, store, state=RunState(), on_result=on_result, model=model
+                    point_settings, todo, store, state=state, on_result=on_result, model=model
                 )
         manifest["points"][point.name]["finished"] = True
         _write_manifest(out_dir, manifest)
@@ -407,17 +412,24 @@ def study_groups(spec: SweepSpec, out_dir: Path) -> dict[str, list[Path]]:
 
 
 async def report_sweep(
-    spec: SweepSpec, out_dir: Path, config: GradeConfig, settings: Settings | None
+    spec: SweepSpec,
+    out_dir: Path,
+    config: GradeConfig,
+    settings: Settings | None,
+    *,
+    on_step: Callable[[str], None] | None = None,
 ) -> dict[str, Path]:
     """The combined report of every point (graded once, grades stored in each run), then one per study that has
-    several points, from the stored grades."""
+    several points, from the stored grades; ``on_step`` hears of each step as it begins."""
     points = expand(spec)
-    written = await build_report([out_dir / "runs" / p.name for p in points], out_dir / "report", config, settings)
+    dirs = [out_dir / "runs" / p.name for p in points]
+    written = await build_report(dirs, out_dir / "report", config, settings, on_step=on_step)
     groups = study_groups(spec, out_dir)
     if len(groups) > 1:
         for study, dirs in groups.items():
             if len(dirs) > 1:
-                sub = await build_report(dirs, out_dir / "report" / _slug(study), config, settings, grade=False)
+                where = out_dir / "report" / _slug(study)
+                sub = await build_report(dirs, where, config, settings, grade=False, on_step=on_step)
                 written[f"{study}/markdown"] = sub["markdown"]
     return written
 

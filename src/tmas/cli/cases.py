@@ -3,13 +3,13 @@ domain's own metrics (medicine: Hit@1/3/5/10 and MRR; education: Acc_pre, Acc_po
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from tmas.cli import interrupt
 from tmas.cli.options import ModelFlags, model_options
 
 cases_app = typer.Typer(help="MATTRL's medicine and education cases: import, grade.", no_args_is_help=True)
@@ -50,7 +50,7 @@ def grade(
     from tmas.grading.cases import grade_cases
 
     settings = flags.settings() if judge else None
-    graded = asyncio.run(grade_cases(run_dir, settings))
+    graded = interrupt.run(grade_cases(run_dir, settings))
     for row in graded.rows:
         typer.echo(json.dumps(row))
     typer.echo(json.dumps(graded.metrics))

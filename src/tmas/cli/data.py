@@ -4,12 +4,12 @@ lm-evaluation-harness task over a problem file, to score ``tmas serve`` with it)
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from tmas.cli import interrupt
 from tmas.cli.options import ModelFlags, model_options
 from tmas.errors import InputError
 
@@ -69,7 +69,9 @@ def data_filter(
     source = resolve_dataset(problems)
     where = run_dir or out.with_name(out.stem + ".filter-run")
     seed = settings.seed
-    card = asyncio.run(run_filter(source, where, out, settings, grading, k=k, below=below, n=n, seed=seed, limit=limit))
+    card = interrupt.run(
+        run_filter(source, where, out, settings, grading, k=k, below=below, n=n, seed=seed, limit=limit)
+    )
     counts = ", ".join(f"{c}: {card.solved_counts.get(c, 0)}" for c in range(k + 1))
     typer.echo(f"solved-of-{k} counts {{{counts}}}; kept {card.kept}; selected {len(card.selected)}")
     typer.echo(f"wrote {out} and its card ({out.stem}.card.json, .md); samples in {where}")

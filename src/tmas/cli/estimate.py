@@ -1,26 +1,42 @@
-"""The cost estimate of ``tmas run``, ``tmas eval`` and ``tmas sweep``: ``--dry-run`` prints it and stops; ``eval``
-and ``sweep`` print it before starting and ask for a confirmation above a threshold (``--yes`` skips; with no
-terminal to ask on, they stop with a one-line error instead of waiting)."""
+"""The cost gate every command that starts model calls passes: ``solve``, ``run``, ``eval`` and ``sweep`` work out
+what they will send before they send anything (``tmas serve`` does so per request: tmas.serve.cost_gate). Under the
+threshold the estimate is one line and the command starts; above it the whole estimate is shown and the command
+asks on a terminal, and without one refuses in one line unless ``--yes``. ``--dry-run`` prints it and stops.
+
+The thresholds: ``--confirm-calls`` (default 500 calls for one question, 20,000 for a run, an evaluation or a sweep)
+and ``--confirm-tokens`` (50M completion tokens, where the estimate knows them). A resumed run counts only the calls
+it has still to send."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from tmas.cli import interrupt
 from tmas.cli.options import option_group
 from tmas.config import Settings
 from tmas.errors import InputError
 from tmas.methods import create_method
-from tmas.planning.estimate import Estimate, TokenRates, estimate_point, format_estimate
+from tmas.planning.estimate import (
+    QUESTION_CALLS,
+    Estimate,
+    PointEstimate,
+    TokenRates,
+    brief_estimate,
+    estimate_point,
+    format_estimate,
+)
 from tmas.problems import Problem
 
-# Confirmation thresholds: above either, eval and sweep ask before starting.
+# Confirmation thresholds: above either, the command asks before starting.
 DEFAULT_CONFIRM_CALLS = 20_000
+# One question (tmas solve; a tmas serve request's cap too).
+QUESTION_CONFIRM_CALLS = QUESTION_CALLS
 DEFAULT_CONFIRM_TOKENS = 50_000_000
 
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the cost estimate (calls, tokens, hours) and stop.")]
@@ -36,25 +52,39 @@ ThroughputOpt = Annotated[
 ]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Start without asking, whatever the estimate.")]
 ConfirmCallsOpt = Annotated[
-    int, typer.Option("--confirm-calls", help="Ask before starting when the estimate exceeds this many calls.")
+    int | None,
+    typer.Option(
+        "--confirm-calls",
+        help="Ask before starting when the estimate exceeds this many calls; without a terminal, refuse unless --yes"
+        f" (default: {QUESTION_CONFIRM_CALLS} for solve, {DEFAULT_CONFIRM_CALLS:,} otherwise).",
+    ),
 ]
 ConfirmTokensOpt = Annotated[
     float,
-    typer.Option("--confirm-tokens", help="Ask before starting above this many completion tokens (when known)."),
+    typer.Option(
+        "--confirm-tokens", help="Ask before starting above this many completion tokens, where the estimate knows them."
+    ),
 ]
 
 
 @dataclass
-class EstimateFlags:
-    """The estimate's flags as given; a command takes them with :data:`estimate_options`."""
+class GateFlags:
+    """The cost gate's flags as given; ``solve`` takes them with :data:`gate_options`."""
 
     dry_run: DryRunOpt = False
+    yes: YesOpt = False
+    confirm_calls: ConfirmCallsOpt = None
+    confirm_tokens: ConfirmTokensOpt = DEFAULT_CONFIRM_TOKENS
+
+
+@dataclass
+class EstimateFlags(GateFlags):
+    """The gate's flags and the estimate's own; ``run``, ``eval`` and ``sweep`` take them with
+    :data:`estimate_options`."""
+
     pilot: PilotOpt = None
     tokens_per_call: TokensPerCallOpt = None
     throughput: ThroughputOpt = None
-    yes: YesOpt = False
-    confirm_calls: ConfirmCallsOpt = DEFAULT_CONFIRM_CALLS
-    confirm_tokens: ConfirmTokensOpt = DEFAULT_CONFIRM_TOKENS
 
     def check(self) -> None:
         if self.pilot is not None and self.pilot < 1:
@@ -65,49 +95,64 @@ class EstimateFlags:
             raise InputError("--throughput must be positive")
 
 
-# The estimate's flags: a command decorated with it receives them as ``estimate: EstimateFlags``.
+# A command decorated with these receives them as ``estimate: EstimateFlags`` (``gate: GateFlags``).
 estimate_options = option_group(EstimateFlags, "estimate")
+gate_options = option_group(GateFlags, "gate")
 
 
 def build_estimate(
     configs: list[tuple[str, Settings]],
-    problems: list[Problem],
+    problems: Sequence[Problem] | int,
     flags: EstimateFlags,
     pilot_dir: Path,
 ) -> Estimate:
-    """The estimate of running each (name, settings) over ``problems``; with ``--pilot`` the configurations first
-    run on that many problems (into ``pilot_dir``) to measure tokens per call and throughput."""
+    """The estimate of running each (name, settings) over ``problems`` (or that many: without ``--pilot`` only their
+    count matters); with ``--pilot`` the configurations first run on that many problems (into ``pilot_dir``) to
+    measure tokens per call and throughput."""
     flags.check()
     rates: TokenRates | None = None
-    if flags.pilot:
+    count = problems if isinstance(problems, int) else len(problems)
+    if flags.pilot and not isinstance(problems, int):
         from tmas.planning.pilot import run_pilot
 
         typer.echo(
             f"tmas: pilot: {len(configs)} configuration(s) on {flags.pilot} problem(s) into {pilot_dir}", err=True
         )
-        rates = asyncio.run(run_pilot(configs, problems[: flags.pilot], pilot_dir))
+        rates = interrupt.run(run_pilot(configs, list(problems[: flags.pilot]), pilot_dir))
     elif flags.tokens_per_call is not None:
         rates = TokenRates(default_completion=flags.tokens_per_call, source="given")
-    points = []
-    for name, settings in configs:
-        method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
-        points.append(estimate_point(name, method, settings, len(problems), rates))
+    points = [_point(name, settings, count, rates) for name, settings in configs]
     throughput = flags.throughput or (rates.throughput if rates else None)
     return Estimate(points, rates, throughput)
 
 
-def gate(estimate: Estimate, flags: EstimateFlags, *, ask: bool) -> None:
-    """Print the estimate (standard error); stop after it on ``--dry-run``; when ``ask`` and it is over a threshold,
-    ask for confirmation, or fail in one line when there is no terminal and no ``--yes``."""
-    typer.echo(format_estimate(estimate), err=True)
+def question_estimate(settings: Settings) -> Estimate:
+    """The estimate of one question (``tmas solve``) under ``settings``."""
+    return Estimate([_point("question", settings, 1, None)])
+
+
+def _point(name: str, settings: Settings, problems: int, rates: TokenRates | None) -> PointEstimate:
+    method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
+    return estimate_point(name, method, settings, problems, rates)
+
+
+def gate(estimate: Estimate, flags: GateFlags, *, calls: int = DEFAULT_CONFIRM_CALLS) -> None:
+    """The cost gate: the estimate in one line (standard error), or whole with ``--dry-run`` (which then stops) and
+    when it is over a threshold (``--confirm-calls``, else ``calls``; ``--confirm-tokens``): then it asks on a
+    terminal, and without one fails in one line unless ``--yes``."""
+    threshold = flags.confirm_calls if flags.confirm_calls is not None else calls
+    why = estimate.over(threshold, flags.confirm_tokens)
     if flags.dry_run:
+        typer.echo(format_estimate(estimate), err=True)
         raise typer.Exit(0)
-    if not ask or flags.yes:
+    if why is None or flags.yes:
+        typer.echo(f"tmas: estimate: {brief_estimate(estimate)}", err=True)
         return
-    why = estimate.over(flags.confirm_calls, flags.confirm_tokens)
-    if why is None:
-        return
+    typer.echo(format_estimate(estimate), err=True)
     if not sys.stdin.isatty():
-        raise InputError(f"the estimate is {why}: pass --yes to start it without a terminal to confirm on")
+        raise InputError(
+            f"the estimate is {why}: pass --yes to start it without a terminal to confirm on"
+            " (or --confirm-calls N, --dry-run to see it whole)"
+        )
     if not typer.confirm(f"tmas: the estimate is {why}. Start?", default=False, err=True):
-        raise typer.Exit(1)
+        raise typer.Exit(2)  # nothing was run, as when it refuses without a terminal

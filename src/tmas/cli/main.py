@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections.abc import Iterator
@@ -13,11 +12,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from tmas import __version__
+from tmas.cli import interrupt
 from tmas.cli.cases import cases_app
 from tmas.cli.data import data_app
-from tmas.cli.estimate import EstimateFlags, estimate_options
+from tmas.cli.estimate import EstimateFlags, GateFlags, estimate_options, gate_options
 from tmas.cli.extras import MISSING_EXTRA_EXIT, missing_extra
 from tmas.cli.grade_flags import GradeModeOpt, JudgeRunsOpt, check_grading_installed, read_grade_flags
+from tmas.cli.help_format import command_of
 from tmas.cli.method_help import method_parameters_help
 from tmas.cli.options import (
     BaseUrlOpt,
@@ -26,15 +27,18 @@ from tmas.cli.options import (
     MethodFlags,
     MethodOpt,
     ModelFlags,
+    ModelOpt,
     ParamOpt,
     method_options,
     model_options,
     parse_params,
 )
+from tmas.cli.outcome import EXIT_ALL_FAILED, EXIT_INTERRUPTED, exit_code, failed_line
 from tmas.cli.pool import pool_app
 from tmas.cli.prompts import prompts_app
 from tmas.cli.rl import rl_app
 from tmas.cli.serve import serve_app
+from tmas.cli.steps import Steps
 from tmas.cli.view import view_app
 from tmas.config import Settings, with_method_params
 from tmas.errors import InputError, TmasError
@@ -72,9 +76,11 @@ def _root(
     """tmas: TMAS, MATTRL and baselines on any OpenAI-compatible endpoint."""
 
 
-def _settings(config: Path | None, *, base_url: str | None = None, api_key_env: str | None = None) -> Settings:
+def _settings(
+    config: Path | None, *, base_url: str | None = None, model: str | None = None, api_key_env: str | None = None
+) -> Settings:
     """Settings of a command that takes only a few of the group's flags (``models``, the judge of reports)."""
-    return ModelFlags(config=config, base_url=base_url, api_key_env=api_key_env).settings()
+    return ModelFlags(config=config, base_url=base_url, model=model, api_key_env=api_key_env).settings()
 
 
 def _read_question(question: str | None, file: Path | None) -> str:
@@ -100,30 +106,45 @@ def _read_question(question: str | None, file: Path | None) -> str:
 @app.command(epilog=METHOD_PARAMETERS)
 @method_options
 @model_options
+@gate_options
 def solve(
     flags: ModelFlags,
     given: MethodFlags,
+    gate: GateFlags,
     question: Annotated[str | None, typer.Argument(help="The question; '-' or none reads standard input.")] = None,
     file: Annotated[Path | None, typer.Option("--file", "-f", help="Read the question from a file.")] = None,
     method: MethodOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the full result record as JSON.")] = False,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", "-o", help="Keep the run (store) here.")] = None,
 ) -> None:
-    """Solve one question and print the answer."""
-    from tmas.api import asolve
+    """Solve one question and print the answer (on your endpoint, given no parameters, TMAS runs its quick preset:
+    at most 48 calls)."""
+    from tmas.api import asolve, question_settings
+    from tmas.cli.estimate import QUESTION_CONFIRM_CALLS, question_estimate
+    from tmas.cli.estimate import gate as cost_gate
     from tmas.llm.types import cached_share_text
 
     text = _read_question(question, file)
-    settings = flags.settings(method, given)
+    settings = question_settings(flags.settings(method, given))
+    cost_gate(question_estimate(settings), gate, calls=QUESTION_CONFIRM_CALLS)
     if settings.uses_local_model:
         typer.echo(f"tmas: no endpoint configured; starting the embedded model {settings.local.model}", err=True)
-    result = asyncio.run(asolve(text, settings, run_dir=run_dir))
+    else:
+        check_endpoint(settings)  # nothing listening, or no /v1: said before a run directory is made
+    try:
+        result = interrupt.run(asolve(text, settings, run_dir=run_dir))
+    except interrupt.Stopped as stop:
+        kept = "nothing was kept (tmas solve --run-dir DIR keeps a question's calls)"
+        if run_dir is not None:
+            kept = f"its finished calls are kept: continue with 'tmas run --resume {run_dir}'"
+        raise stop.saying(kept) from None
     if as_json:
         data = result.model_dump(mode="json")
         data["usage"]["cached_prompt_share"] = result.usage.cached_prompt_share
         typer.echo(json.dumps(data, indent=2, ensure_ascii=False))
     else:
-        typer.echo(result.answer if result.answer is not None else (result.text or "(no answer)"))
+        if result.status == "done":  # a failed question prints no answer: its last line says why
+            typer.echo(result.answer if result.answer is not None else (result.text or "(no answer)"))
         u = result.usage
         typer.echo(
             f"tmas: {result.calls} calls; tokens: prompt {u.prompt_tokens}{cached_share_text(u)}, completion"
@@ -133,8 +154,8 @@ def solve(
     for line in result.notices:
         typer.echo(f"tmas: notice: {line}", err=True)
     if result.status != "done":
-        typer.echo(f"tmas: the method failed: {result.error}", err=True)
-        raise typer.Exit(1)
+        typer.echo(f"tmas: the question failed: {result.error or 'no answer'}", err=True)
+        raise typer.Exit(EXIT_ALL_FAILED)
 
 
 @app.command(epilog=METHOD_PARAMETERS)
@@ -158,34 +179,36 @@ def run(
     if resume is not None:
         if problems is not None or out is not None:
             raise InputError("--resume takes the run directory alone: give no problem file and no --out")
-        _resume_run(resume, flags, method, given, estimate)
+        code = _resume_run(resume, flags, method, given, estimate)
     else:
         if problems is None or out is None:
             raise InputError("give a problem file and --out RUN_DIR (or --resume RUN_DIR)")
-        _new_run(problems, out, flags.settings(method, given), limit, estimate, ask=False)
+        code = _new_run(problems, out, flags.settings(method, given), limit, estimate)
+    if code:
+        raise typer.Exit(code)
 
 
-def _new_run(
-    problems: Path, out: Path, settings: Settings, limit: int | None, estimate: EstimateFlags, *, ask: bool
-) -> None:
-    """``tmas run`` (and the run of ``tmas eval``, which asks above the thresholds): a new run directory."""
+def _new_run(problems: Path, out: Path, settings: Settings, limit: int | None, estimate: EstimateFlags) -> int:
+    """``tmas run`` (and the run of ``tmas eval``): the cost gate, then a new run directory; the exit code."""
     from tmas.cli.estimate import build_estimate, gate
     from tmas.problems import iter_problems, resolve_dataset
     from tmas.runner import open_new_run
 
-    # The estimate is worked out when asked for (--dry-run, --pilot) and before eval's runs, which confirm it.
-    if estimate.dry_run or estimate.pilot is not None or ask:
-        source = resolve_dataset(problems)
-        listed = list(islice(iter_problems(source), limit) if limit else iter_problems(source))
-        gate(build_estimate([(out.name, settings)], listed, estimate, out / "pilot"), estimate, ask=ask)
+    source = resolve_dataset(problems)
+    reader = islice(iter_problems(source), limit) if limit else iter_problems(source)
+    # A pilot runs on the first problems; otherwise only their count matters (a big file is not held).
+    listed = list(reader) if estimate.pilot is not None else sum(1 for _ in reader)
+    gate(build_estimate([(out.name, settings)], listed, estimate, out / "pilot"), estimate)
+    if not settings.uses_local_model:
+        check_endpoint(settings)  # nothing listening, or no /v1: said before the run directory is made
     # Streamed into the store (a bad line anywhere stops before any call and leaves no run behind).
     store, settings, todo = open_new_run(out, settings, problems, limit=limit)
-    _execute(store, settings, todo)
+    return _execute(store, settings, todo)
 
 
 def _resume_run(
     run_dir: Path, flags: ModelFlags, method: str | None, given: MethodFlags, estimate: EstimateFlags
-) -> None:
+) -> int:
     from tmas.cli.estimate import build_estimate, gate
     from tmas.runner import prepare_run, resume_settings, stored_settings
     from tmas.store.run_store import RunStore
@@ -193,16 +216,28 @@ def _resume_run(
     # The stored settings are the base; flags given now (e.g. a larger --iterations) go on top.
     settings = resume_settings(stored_settings(run_dir), flags.overrides(method), config=flags.config)
     settings = with_method_params(settings, given.params(settings.method.name))
-    if estimate.dry_run or estimate.pilot is not None:
-        with RunStore(run_dir, create=False) as peek:
-            listed = peek.problems()
-        gate(build_estimate([(run_dir.name, settings)], listed, estimate, run_dir / "pilot"), estimate, ask=False)
+    with RunStore(run_dir, create=False) as peek:
+        listed = peek.problems() if estimate.pilot is not None else peek.problem_count()
+        counts = peek.call_counts()
+    planned = build_estimate([(run_dir.name, settings)], listed, estimate, run_dir / "pilot")
+    # Answered calls are replayed, not sent: the gate asks about what is still to send.
+    planned.stored_calls = counts["calls"] - counts["failed"]
+    gate(planned, estimate)
     store, settings, todo = prepare_run(run_dir, settings, None, resume=True)
-    _execute(store, settings, todo)
+    return _execute(store, settings, todo)
 
 
-def _execute(store: RunStore, settings: Settings, todo: StoredProblems) -> None:
-    """Solve a prepared run's problems with a progress line, then print its summary."""
+def check_endpoint(settings: Settings) -> None:
+    """Whether anything answers at the endpoints the method's roles call (:mod:`tmas.llm.preflight`)."""
+    from tmas.llm.preflight import check_endpoints
+    from tmas.runner import run_method
+
+    interrupt.run(check_endpoints(settings, run_method(settings).traits.roles))
+
+
+def _execute(store: RunStore, settings: Settings, todo: StoredProblems) -> int:
+    """Solve a prepared run's problems with a progress line, then print its summary and, last, how many problems
+    failed and why; the exit code that says so (:mod:`tmas.cli.outcome`)."""
     from tmas.cli.progress import RunProgress
     from tmas.runner import RunState, run_problems
 
@@ -214,12 +249,21 @@ def _execute(store: RunStore, settings: Settings, todo: StoredProblems) -> None:
             return await run_problems(settings, todo, store, state=state, on_result=reporter.on_result)
 
     with store:
-        summary = asyncio.run(go())
+        try:
+            summary = interrupt.run(go())
+        except interrupt.Stopped as stop:
+            finished = state.done + state.failed + state.skipped
+            kept = f"finished work is kept ({finished} of {state.total} problems finished, and every finished call)"
+            raise stop.saying(f"{kept}: continue with 'tmas run --resume {store.run_dir}'") from None
     typer.echo(json.dumps(summary.to_dict(), indent=2))
     for line in summary.warnings:
         typer.echo(f"warning: {line}", err=True)
     for line in summary.notices:
         typer.echo(f"notice: {line}", err=True)
+    done = summary.done
+    where = f" (every problem's error: tmas export {summary.run_dir})" if summary.failed else ""
+    typer.echo(failed_line(done, summary.failed, summary.failures, where), err=True)
+    return exit_code(done, summary.failed)
 
 
 @app.command()
@@ -245,14 +289,17 @@ def export(
 
 
 @app.command()
-def models(config: ConfigOpt = None, base_url: BaseUrlOpt = None, api_key_env: KeyEnvOpt = None) -> None:
-    """List each configured endpoint (default and per role) and whether it answers."""
+def models(
+    config: ConfigOpt = None, base_url: BaseUrlOpt = None, model: ModelOpt = None, api_key_env: KeyEnvOpt = None
+) -> None:
+    """List each configured endpoint (default and per role), whether it answers, and whether it serves the
+    configured model (--model)."""
     import os
 
     from tmas.llm.replica import list_models
 
-    settings = _settings(config, base_url=base_url, api_key_env=api_key_env)
-    targets: list[tuple[str, str, str | None]] = []
+    settings = _settings(config, base_url=base_url, model=model, api_key_env=api_key_env)
+    targets: list[tuple[str, str, str | None, str | None]] = []
     if settings.uses_local_model:
         from tmas.llm.local_command import describe
 
@@ -261,22 +308,29 @@ def models(config: ConfigOpt = None, base_url: BaseUrlOpt = None, api_key_env: K
     for role, override in [("default", None), *settings.roles.items()]:
         urls = (override.base_url if override else None) or settings.endpoint.base_url
         key_env = (override.api_key_env if override else None) or settings.endpoint.api_key_env
+        wanted = (override.model if override else None) or settings.endpoint.model
         if role != "default" and not (override and override.base_url):
             continue  # a role on the default endpoint is probed with it
-        targets.extend((role, url, os.environ.get(key_env) if key_env else None) for url in urls)
+        targets.extend((role, url, os.environ.get(key_env) if key_env else None, wanted) for url in urls)
 
     async def probe() -> bool:
         healthy = True
-        for role, url, key in targets:
+        for role, url, key, wanted in targets:
             try:
                 ids = await list_models(url, key)
-                typer.echo(f"{role}: {url} ok, models: {', '.join(ids) or '(none listed)'}")
             except TmasError as exc:
                 typer.echo(f"{role}: {url} NOT ANSWERING: {exc}")
                 healthy = False
+                continue
+            listed = ", ".join(ids) or "(none listed)"
+            if wanted is not None and ids and wanted not in ids:
+                typer.echo(f"{role}: {url} answers but DOES NOT SERVE {wanted!r}; models: {listed}")
+                healthy = False
+            else:
+                typer.echo(f"{role}: {url} ok, models: {listed}")
         return healthy
 
-    if not asyncio.run(probe()):
+    if not interrupt.run(probe()):
         raise typer.Exit(1)
 
 
@@ -337,8 +391,13 @@ def report(
 
     settings = _judge_settings(config, base_url, judge_base_url, judge_model)
     grade_config = read_grade_flags(grade, judge_runs)
-    written = asyncio.run(
-        build_report(run_dirs, out, grade_config, settings, grade=not no_grade, paper_model=paper_model)
+    steps = Steps("report")
+    written = interrupt.run(
+        steps.during(
+            build_report(
+                run_dirs, out, grade_config, settings, grade=not no_grade, paper_model=paper_model, on_step=steps.step
+            )
+        )
     )
     typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
 
@@ -368,10 +427,19 @@ def evaluate(
 
     grade_config = read_grade_flags(grade, judge_runs)  # bad flags fail before any model call
     check_grading_installed(grade_config)
-    _new_run(problems, out, flags.settings(method, given), limit, estimate, ask=True)
+    report_dir = report_dir or out / "report"
+    try:
+        code = _new_run(problems, out, flags.settings(method, given), limit, estimate)
+    except interrupt.Stopped as stop:
+        if stop.next_step is None:  # stopped before its run began
+            raise
+        raise stop.saying(f"{stop.next_step}, then 'tmas report {out} -o {report_dir}'") from None
     settings = _judge_settings(flags.config, flags.base_url, judge_base_url, judge_model)
-    written = asyncio.run(build_report([out], report_dir or out / "report", grade_config, settings))
+    steps = Steps("eval")
+    written = interrupt.run(steps.during(build_report([out], report_dir, grade_config, settings, on_step=steps.step)))
     typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command(epilog=METHOD_PARAMETERS)
@@ -405,6 +473,8 @@ def sweep(
 ) -> None:
     """Run a grid of methods x parameters over one problem set (one run per point, resumable) and report it."""
     from tmas.cli.estimate import build_estimate, gate
+    from tmas.cli.progress import plain_status
+    from tmas.runner import RunState
     from tmas.sweep import (
         expand,
         load_spec,
@@ -452,15 +522,37 @@ def sweep(
             spec.limit = limit
         settings = with_grid_sampling(settings, spec, flags.given("temperature", "top_p", "max_tokens", "seed"))
 
-    def progress(outcome: Any) -> None:
+    points = expand(spec)
+    steps = Steps("sweep")
+    started = iter(range(1, len(points) + 1))
+
+    def begins(point: Any, state: RunState) -> None:
+        steps.step(f"point {next(started)} of {len(points)}: {point.name}", status=lambda: plain_status(state))
+
+    def ends(outcome: Any) -> None:
+        if outcome.status == "skipped":
+            next(started)
         typer.echo(f"tmas sweep: {outcome.point.name}: {outcome.status}", err=True)
 
-    configs = [(point.name, point.settings(settings)) for point in expand(spec)]
-    gate(build_estimate(configs, sweep_problems(spec), estimate, out / "pilot"), estimate, ask=True)
-    summary = asyncio.run(run_sweep(spec, settings, out, on_point=progress))
+    configs = [(point.name, point.settings(settings)) for point in points]
+    gate(build_estimate(configs, sweep_problems(spec), estimate, out / "pilot"), estimate)
+    try:
+        summary = interrupt.run(steps.during(run_sweep(spec, settings, out, on_point=ends, on_start=begins)))
+    except interrupt.Stopped as stop:
+        raise stop.saying(f"finished points and calls are kept: continue with 'tmas sweep --resume {out}'") from None
     if not no_report:
-        summary.report = asyncio.run(report_sweep(spec, out, grade_config, settings))
+        report = report_sweep(spec, out, grade_config, settings, on_step=steps.step)
+        summary.report = interrupt.run(steps.during(report))
     typer.echo(json.dumps(summary.to_dict(), indent=2))
+    runs = [o.summary for o in summary.outcomes if o.summary is not None]
+    done, failed = sum(r.done for r in runs), sum(r.failed for r in runs)
+    reasons: dict[str, int] = {}
+    for run_summary in runs:
+        for why, count in run_summary.failures.items():
+            reasons[why] = reasons.get(why, 0) + count
+    typer.echo(failed_line(done, failed, reasons, " (over the sweep's points)" if failed else ""), err=True)
+    if code := exit_code(done, failed):
+        raise typer.Exit(code)
 
 
 app.add_typer(data_app, name="data")
@@ -475,8 +567,12 @@ app.add_typer(prompts_app, name="prompts")
 
 
 def main() -> None:
+    interrupt.install()
     try:
-        app()
+        command_of(app)(prog_name="tmas")
+    except interrupt.Stopped as stop:
+        typer.echo(stop.line(), err=True)
+        sys.exit(stop.exit_code)
     except TmasError as exc:
         typer.echo(f"tmas: error: {exc}", err=True)
         sys.exit(exc.exit_code)
@@ -488,5 +584,5 @@ def main() -> None:
         typer.echo(f"tmas: error: {message}", err=True)
         sys.exit(MISSING_EXTRA_EXIT)
     except KeyboardInterrupt:
-        typer.echo("tmas: interrupted; finished work is kept (continue a run with --resume)", err=True)
-        sys.exit(130)
+        typer.echo("tmas: stopped by Ctrl-C; finished work is kept", err=True)
+        sys.exit(EXIT_INTERRUPTED)

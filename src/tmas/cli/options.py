@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, get_type_hints
 
 import typer
 
@@ -57,7 +57,10 @@ MaxTokensOpt = Annotated[int | None, typer.Option("--max-tokens", help="Default 
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="Run seed.")]
 BudgetTokensOpt = Annotated[
     int | None,
-    typer.Option("--budget-tokens", help="Per problem: stop at the first call once this many tokens are spent."),
+    typer.Option(
+        "--budget-tokens",
+        help="Per problem: send no call once this many tokens are spent (passed by one call at most).",
+    ),
 ]
 BudgetCallsOpt = Annotated[
     int | None, typer.Option("--budget-calls", help="Per problem: stop at the first call past this many calls.")
@@ -187,7 +190,7 @@ def with_options(
 def option_group(group: type[Any], parameter: str) -> Callable[[F], F]:
     """A decorator giving a command the dataclass ``group``'s fields as flags (each field's annotation is its typer
     option, its default the flag's); the command receives them as one ``parameter`` value of that class."""
-    hints = inspect.get_annotations(group, eval_str=True)
+    hints = get_type_hints(group, include_extras=True)  # a subclass's fields and its bases' alike
     added = [
         inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
         for f in fields(group)

@@ -3,7 +3,6 @@ search it; build, prune, the few-shot control and the adaptive router (docs/expe
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -11,6 +10,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from pydantic import BaseModel
 
+from tmas.cli import interrupt
 from tmas.cli.options import ModelFlags, model_options
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -75,7 +75,7 @@ def search(
             opened.check_embedder(embed.name)
             return await opened.search(query, k, embed)
 
-    for entry, score in asyncio.run(go()):
+    for entry, score in interrupt.run(go()):
         if as_json:
             typer.echo(json.dumps({"score": round(score, 6), "entry": entry.model_dump(mode="json")}))
         else:
@@ -155,7 +155,7 @@ def build(
     }
     build_config = _checked(BuildConfig, "build", options)
     with _StageProgress() as progress:
-        summary = asyncio.run(build_pool(runs, out, flags.settings(), build_config, progress=progress.update))
+        summary = interrupt.run(build_pool(runs, out, flags.settings(), build_config, progress=progress.update))
     typer.echo(json.dumps(summary.to_dict(), indent=2))
 
 
@@ -204,7 +204,7 @@ def prune(
     }
     prune_config = _checked(PruneConfig, "prune", options)
     settings = flags.settings() if runs else None
-    summary = asyncio.run(prune_pool(pool, runs or [], settings, prune_config))
+    summary = interrupt.run(prune_pool(pool, runs or [], settings, prune_config))
     typer.echo(json.dumps(summary.to_dict(), indent=2))
 
 
@@ -226,7 +226,7 @@ def router_train(
     from tmas.pool.router import RouterTraining, paired_cases, save_router, train_router
 
     checked = _checked(RouterTraining, "router train", {"grade_mode": grade})
-    cases = asyncio.run(paired_cases(single, mattrl, flags.settings(), checked.grade_mode))
+    cases = interrupt.run(paired_cases(single, mattrl, flags.settings(), checked.grade_mode))
     router = train_router(cases, seed=flags.seed or 0)
     save_router(router, out)
     typer.echo(json.dumps(router.report, indent=2))

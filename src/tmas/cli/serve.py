@@ -11,6 +11,7 @@ import typer
 
 from tmas.cli.options import ModelFlags, model_options
 from tmas.errors import ConfigError
+from tmas.planning.estimate import QUESTION_CALLS
 
 serve_app = typer.Typer(help="Serve every method as an OpenAI-compatible endpoint.")
 
@@ -49,6 +50,14 @@ def serve(
     resume: Annotated[
         bool, typer.Option("--resume/--no-resume", help="Resume unfinished requests found in --dir at start.")
     ] = True,
+    max_request_calls: Annotated[
+        int,
+        typer.Option(
+            "--max-request-calls",
+            envvar="TMAS_SERVE_MAX_REQUEST_CALLS",
+            help="Most upstream calls one request's run may make, as estimated before it starts (400 past).",
+        ),
+    ] = QUESTION_CALLS,
     client_sampling: Annotated[
         str,
         typer.Option(
@@ -62,8 +71,8 @@ def serve(
     from tmas.serve.client_sampling import CLIENT_SAMPLING
     from tmas.serve.launch import ServeOptions, serve
 
-    if max_problems < 1 or max_body_bytes < 1:
-        raise ConfigError("--max-problems and --max-body-bytes must be at least 1")
+    if max_problems < 1 or max_body_bytes < 1 or max_request_calls < 1:
+        raise ConfigError("--max-problems, --max-body-bytes and --max-request-calls must be at least 1")
     if max_queue < 0:
         raise ConfigError(f"--max-queue must be 0 or more (got {max_queue})")
     if client_sampling not in CLIENT_SAMPLING:
@@ -81,5 +90,6 @@ def serve(
         max_body_bytes=max_body_bytes,
         resume=resume,
         client_sampling=client_sampling,
+        max_request_calls=max_request_calls,
     )
     asyncio.run(serve(settings, options))

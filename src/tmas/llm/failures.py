@@ -142,10 +142,15 @@ class Failure(Exception):
         self.refused_field = refused_field
 
 
-def from_status(status: int, text: str, body: dict[str, Any], retry_after: str | None = None) -> Failure:
-    """The failure a non-200 reply to ``body`` means."""
+def from_status(
+    status: int, text: str, body: dict[str, Any], retry_after: str | None = None, *, url: str | None = None
+) -> Failure:
+    """The failure a non-200 reply to ``body`` (sent to ``url``, which the message names) means."""
     message = error_message(text)
-    said = f"HTTP {status}: {message}"
+    said = f"HTTP {status}{f' from {url}' if url else ''}: {message}"
+    if status == 404 and url is not None and "/v1/" not in url:
+        # Every OpenAI-compatible server answers under /v1: a base URL without it 404s on every call.
+        said += " (the base URL has no /v1, under which OpenAI-compatible servers answer)"
     if body.get("stream") and status in _STREAM_REFUSAL_STATUS and _STREAM_REFUSAL.search(message):
         return Failure(said, "stream", retry=False)
     if "response_format" in body and status in _SCHEMA_REFUSAL_STATUS and _SCHEMA_REFUSAL.search(message):

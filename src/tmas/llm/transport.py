@@ -253,7 +253,7 @@ async def _drain(resp: aiohttp.ClientResponse) -> None:
 
 def _json_reply(status: int, text: str, exchange: Exchange, retry_after: str | None) -> dict[str, Any]:
     if status != 200:
-        raise failures.from_status(status, text, exchange.body, retry_after)
+        raise failures.from_status(status, text, exchange.body, retry_after, url=exchange.url)
     try:
         data = json.loads(text)
     except ValueError:

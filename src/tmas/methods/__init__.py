@@ -11,6 +11,7 @@ is known to every command, the proxy and the viewer."""
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata
 import inspect
@@ -196,5 +197,22 @@ def create_method(name: str, params: dict[str, Any] | None = None, *, embedded: 
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
-        what = "unknown parameter" if err["type"] == "extra_forbidden" else f"bad value ({err['msg']}) for"
-        raise ConfigError(f"method {name!r}: {what} {loc!r}") from None
+        if err["type"] == "extra_forbidden":
+            raise ConfigError(f"method {name!r}: unknown parameter {loc!r} ({_known_params(cls, loc)})") from None
+        raise ConfigError(f"method {name!r}: bad value ({err['msg']}) for {loc!r}") from None
+
+
+def _known_params(cls: type[Method[Any]], given: str) -> str:
+    """The parameters ``cls`` takes, the ones spelt like ``given`` first."""
+    known = sorted(cls.Params.model_fields)
+    close = difflib.get_close_matches(given, known, n=2)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+    return f"{hint}known: {', '.join(known)}"
+
+
+def question_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters one question asked of a user's endpoint runs ``name`` with (``tmas solve``, ``tmas.solve``, a
+    ``tmas serve`` request): ``params``, or where none is given at all, the method's ``question_defaults`` (TMAS:
+    its ``quick`` preset). Parameters given are a configuration of one's own, run as given."""
+    cls = METHODS.get(name)
+    return dict(cls.question_defaults) if not params and cls is not None else dict(params)

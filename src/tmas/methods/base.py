@@ -28,6 +28,7 @@ from tmas.answer_classes import EquivalenceCheck, answer_classes
 from tmas.config import Budget, Sampling
 from tmas.llm.model import ChatModel
 from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling
+from tmas.llm.tokens import estimate_tokens
 from tmas.llm.types import CallKey, ChainKey, Completion, Message, Usage
 from tmas.llm.watch import UNWATCHED_NOTICE, TraceWatch
 from tmas.methods.call_count import CallCount
@@ -162,7 +163,7 @@ class TokenBank:
     A problem that has spent its own ``budget.tokens`` draws up to that much again from the bank before its budget
     refuses a call, so the tokens a settled problem saved reach several open problems rather than the first one
     alone; when it finishes, what it did not spend of its share and its draws goes back. The run never spends more
-    than its problems' shares together (calls in flight aside, as for any token budget). With more than one problem
+    than its problems' shares together (and one call each, as for any token budget). With more than one problem
     in flight, which open problem gets them depends on the order they finish in.
     """
 
@@ -274,9 +275,15 @@ class ProblemSession:
         # Every call's usage and failures, the unfinished iteration's included: what the result reports.
         self.spent_usage = Usage()
         self.spent_failed = 0
-        # Calls sent and not yet answered: a call budget counts them (so it is never exceeded); a token budget
-        # cannot know their cost in advance, so parallel calls may take the spend past it.
+        # Calls sent and not yet answered: a call budget counts them (so it is never exceeded). A token budget
+        # counts each at what it may cost at most (``reserved_tokens``: its max_tokens, plus its prompt where the
+        # budget counts prompts) and holds a call back while they could reach the limit (:meth:`_admit`).
         self.calls_in_flight = 0
+        self.reserved_tokens = 0
+        # Calls in flight with no max_tokens: nothing bounds what they spend, so no other call goes beside them.
+        self._unbounded_in_flight = 0
+        # Set (and replaced) each time a call of the problem ends: a call held back waits for it.
+        self._call_ended = asyncio.Event()
         # Set when the budget refused a call; says what was spent against what limit.
         self.budget_stop: str | None = None
         # A pooled token budget's bank, and the tokens this problem drew from it past its own share.
@@ -312,8 +319,10 @@ class ProblemSession:
         """One call of this problem (see :meth:`ChatModel.chat`; ``reply_model``: the pydantic model of a JSON
         reply, sent as its schema where the endpoint allows; ``watch``: follows the streamed reply and may stop it,
         and a reply that came unstreamed raises the run's one-line notice :data:`UNWATCHED_NOTICE`; ``chain``: the
-        chain of calls of this iteration it belongs to, in its key, ended by :meth:`chain`'s block)."""
-        self.check_budget()
+        chain of calls of this iteration it belongs to, in its key, ended by :meth:`chain`'s block).
+
+        Under a budget the call may wait for calls of the problem in flight (:meth:`_admit`), and raises
+        :class:`BudgetExhausted` instead of going out once the budget is spent."""
         key = CallKey(
             problem_id=self.problem.problem_id, role=role, sample=sample, iteration=self.iteration, chain=chain
         )
@@ -322,13 +331,18 @@ class ProblemSession:
             # A distinct, reproducible seed per call: parallel samples of one prompt differ, and a rerun with the
             # same run seed asks the same questions (servers that honour `seed`, e.g. vLLM, answer the same too).
             resolved = resolved.over(DERIVED_SEED, Sampling(seed=self.derive_seed("call", role, sample)))
+        reserve = await self._admit(self._most_tokens(resolved, messages))
         self.calls_in_flight += 1
+        self._hold(reserve, +1)
         try:
             completion = await self.llm.chat(
                 role, messages, key=key, sampling=resolved, reply_model=reply_model, watch=watch
             )
         finally:
             self.calls_in_flight -= 1
+            self._hold(reserve, -1)
+            # The calls held back look again once this task yields: after its spend is counted below.
+            self._wake_held()
         if watch is not None and completion.ok and not completion.replayed and not watch.began:
             self.notice("unwatched", UNWATCHED_NOTICE)
         self.spent_calls += 1
@@ -359,6 +373,47 @@ class ProblemSession:
     def tally(self, role: str) -> ReplyTally:
         """``role``'s reply counts in this iteration, for the method to add what it found in them."""
         return self._iteration_replies.setdefault(role, ReplyTally())
+
+    def _hold(self, reserve: int | None, sign: int) -> None:
+        """Count a call's hold on the token budget in (``sign`` +1) or out (-1); None: a call nothing bounds."""
+        if reserve is None:
+            self._unbounded_in_flight += sign
+        else:
+            self.reserved_tokens += sign * reserve
+
+    def _wake_held(self) -> None:
+        """A call ended: the calls held back by the budget look again."""
+        self._call_ended.set()
+        self._call_ended = asyncio.Event()
+
+    def _most_tokens(self, resolved: ResolvedSampling, messages: Sequence[Message]) -> int | None:
+        """What a call may spend of a token budget at most: its max_tokens, plus its prompt (estimated from its
+        characters) where the budget counts prompts; None where no max_tokens bounds it."""
+        if self.budget.tokens is None:
+            return 0
+        most = resolved.sampling.max_tokens
+        if most is None:
+            return None
+        if self.budget.count == "total":
+            most += sum(estimate_tokens(m.content) for m in messages)
+        return most
+
+    async def _admit(self, most: int | None) -> int | None:
+        """Wait until a call that may spend ``most`` tokens (None: no bound) can go; what it holds while in flight.
+
+        Under a token budget a call goes while the calls in flight, each counted at what it may spend, cannot reach
+        the limit; otherwise it waits for one to end and looks again. The spend and what the calls in flight hold
+        then stay under the limit plus one call: a problem passes its token budget by one call's tokens at most
+        (a majority vote's k samples go as the budget allows, not all at once), and a resumed run holds its calls
+        back in the same order. Raises :class:`BudgetExhausted` once the budget is spent."""
+        while True:
+            self.check_budget()
+            if self.budget.tokens is None:
+                return 0
+            limit = self.budget.tokens + self.drawn
+            if not self._unbounded_in_flight and self.spent_tokens + self.reserved_tokens < limit:
+                return most
+            await self._call_ended.wait()
 
     def check_budget(self) -> None:
         """Raise :class:`BudgetExhausted` when the problem has spent its token or call budget."""
@@ -528,6 +583,9 @@ class Method(ABC, Generic[P]):
     example_params: ClassVar[dict[str, Any] | None] = None
     # Params put under the user's own when the run uses the embedded local model (e.g. a small preset).
     embedded_defaults: ClassVar[dict[str, Any]] = {}
+    # Params of one question asked of a user's endpoint with no parameters given (``tmas solve``, ``tmas.solve``, a
+    # ``tmas serve`` request): a question asked interactively should not cost a benchmark run (tmas_params.py).
+    question_defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, params: MethodParams) -> None:
         if not isinstance(params, self.Params):

@@ -167,6 +167,7 @@ class TMAS(Method[TMASParams]):
     Params: ClassVar[type[MethodParams]] = TMASParams
     State: ClassVar[type[MethodState]] = TMASState
     embedded_defaults: ClassVar[dict[str, Any]] = {"preset": "local"}
+    question_defaults: ClassVar[dict[str, Any]] = {"preset": "quick"}
 
     @classmethod
     def paper_names(cls, params: Mapping[str, Any]) -> list[str]:

@@ -18,6 +18,10 @@ from tmas.llm.sampling import resolve_role
 from tmas.methods.base import Method
 from tmas.methods.call_count import CallCount
 
+# The calls one question may cost before ``tmas solve`` asks (and a ``tmas serve`` request's cap, by default): a few
+# hundred is what a baseline costs at its paper setting; the TMAS paper's 1,630 is a benchmark run's worth.
+QUESTION_CALLS = 500
+
 
 def calls_per_problem(method: Method[Any]) -> CallCount:
     """Chat calls one problem costs under ``method``, as the method states them."""
@@ -140,7 +144,7 @@ def estimate_point(
     if per_call is not None:
         per_problem = _completion(counted, per_call) * count.share()
         if budget.tokens is not None and budget.count == "completion" and per_problem > budget.tokens:
-            # Calls in flight when the budget runs out still finish: a problem may pass it by that much.
+            # A problem stops at the budget, passing it by one call's tokens at most (ProblemSession._admit).
             per_problem = float(budget.tokens)
             where = (
                 f"the pooled token budget stops the run near {budget.tokens * problems}"
@@ -174,6 +178,21 @@ class Estimate:
     rates: TokenRates | None = None
     # Completion tokens per second the hours are worked at: given, or measured by the pilot.
     throughput: float | None = None
+    # Calls a resumed run holds already (answered, so replayed rather than sent): what the gate need not ask about.
+    stored_calls: int = 0
+
+    @property
+    def calls_to_send(self) -> int:
+        """The most calls still to be sent: the upper count less those stored."""
+        return max(0, self.upper_calls - self.stored_calls)
+
+    @property
+    def tokens_to_send(self) -> float | None:
+        """Completion tokens of the calls still to send (their share of the whole estimate's), None where unknown."""
+        tokens = self.completion_tokens
+        if tokens is None or not self.stored_calls or not self.upper_calls:
+            return tokens
+        return tokens * self.calls_to_send / self.upper_calls
 
     @property
     def calls(self) -> int:
@@ -213,9 +232,9 @@ class Estimate:
 
     def over(self, max_calls: int | None, max_tokens: float | None) -> str | None:
         """Why this estimate needs a confirmation (None when it is under both thresholds)."""
-        if max_calls is not None and self.upper_calls > max_calls:
-            return f"{self.upper_calls:,} calls (threshold {max_calls:,})"
-        tokens = self.completion_tokens
+        if max_calls is not None and self.calls_to_send > max_calls:
+            return f"{self.calls_to_send:,} calls (threshold {max_calls:,})"
+        tokens = self.tokens_to_send
         if max_tokens is not None and tokens is not None and tokens > max_tokens:
             return f"{_tokens(tokens)} completion tokens (threshold {_tokens(max_tokens)})"
         return None
@@ -249,6 +268,7 @@ class Estimate:
             "fewest_completion_tokens": self.fewest_completion_tokens,
             "throughput_tokens_per_s": self.throughput,
             "hours": self.hours,
+            "stored_calls": self.stored_calls,
         }
 
 
@@ -257,6 +277,24 @@ def _tokens(value: float) -> str:
         if value >= size:
             return f"{value / size:.{1 if value < 10 * size else 0}f}{unit}"
     return f"{value:.0f}"
+
+
+def brief_estimate(estimate: Estimate) -> str:
+    """The estimate in one line: the calls (still to send, on a resume) and the completion-token ceiling or mean."""
+    calls = estimate.calls_to_send
+    if estimate.fewest_calls < estimate.upper_calls and not estimate.stored_calls:
+        shown = f"{estimate.fewest_calls:,} to {calls:,} calls"
+    else:
+        shown = f"{'at most ' if estimate.calls != estimate.upper_calls else ''}{calls:,} calls"
+    if estimate.stored_calls:
+        shown += f" to send ({estimate.stored_calls:,} stored, replayed)"
+    if any(not p.calls.known for p in estimate.points):
+        shown += " and calls of unknown count"
+    tokens = estimate.tokens_to_send
+    if tokens is not None:
+        ceiling = any(p.basis == "max_tokens" for p in estimate.points)
+        shown += f", {'<=' if ceiling else '~'}{_tokens(tokens)} completion tokens"
+    return shown
 
 
 def format_estimate(estimate: Estimate) -> str:
@@ -290,6 +328,11 @@ def format_estimate(estimate: Estimate) -> str:
     else:
         at_most = "" if estimate.calls == estimate.upper_calls else " at most"
         lines.append(f"  total: {estimate.upper_calls:,} calls{at_most}{unknown}")
+    if estimate.stored_calls:
+        lines.append(
+            f"  stored: {estimate.stored_calls:,} answered calls, replayed rather than sent; at most"
+            f" {estimate.calls_to_send:,} still to send"
+        )
     if total is None:
         lines.append("  tokens: unknown (give --tokens-per-call, --pilot N, or set max_tokens for a ceiling)")
     else:

@@ -42,6 +42,7 @@ from tmas.reports.analysis import (
     stopping_tradeoff,
     unique_guidelines,
 )
+from tmas.reports.budget_table import BudgetSpend, budget_section, budget_spend
 from tmas.reports.case_table import case_section
 from tmas.reports.document import Bullets, Document, Heading, Image, Paragraph, Table
 from tmas.reports.frontier import BUDGETS, FrontierPoint, equal_budget, run_frontier
@@ -100,6 +101,8 @@ class RunEvaluation:
     paper_benchmark: str | None = None
     # A medicine or education run's own metrics (grading/cases.py), with ``cases``, their count.
     cases: dict[str, Any] | None = None
+    # The run's budget per problem and what its problems spent, as the budget counts (None: no budget).
+    budget: BudgetSpend | None = None
 
 
 def benchmark_name(store: RunStore) -> str:
@@ -207,6 +210,7 @@ async def evaluate_run(
         evaluation.paper_benchmark = paper_benchmark if isinstance(paper_benchmark, str) else None
         evaluation.guidelines = unique_guidelines(results, method_meta)
         evaluation.stopping = stopping_summary(results)
+        evaluation.budget = budget_spend(stored_settings, results)
         evaluation.replies = role_replies(store)
         evaluation.downgrades = store.downgrade_messages()
         evaluation.notices = store.notices()
@@ -385,20 +389,25 @@ def _benchmark_tables(doc: Document, runs: list[RunEvaluation]) -> None:
                 cached_share(c.get("cached_prompt_tokens", 0), c["prompt_tokens"]),
                 str(c["completion_tokens"]),
                 str(c["reasoning_tokens"]),
+                f"{c['completion_tokens'] / max(1, e.problems):.0f}",
                 f"{(c['prompt_tokens'] + c['completion_tokens']) / max(1, e.problems):.0f}",
                 str(c["judge_calls"]),
                 str(c["judge_prompt_tokens"] + c["judge_completion_tokens"]),
             ]
         )
     headers = ["Method", "Calls", "Failed", "Prompt tokens", "Cached prompt", "Completion tokens", "Reasoning tokens"]
-    doc.add(Table([*headers, "Tokens/problem", "Judge calls", "Judge tokens"], rows))
+    per_problem = ["Completion tokens/problem", "Prompt + completion tokens/problem"]
+    doc.add(Table([*headers, *per_problem, "Judge calls", "Judge tokens"], rows))
     doc.add(
         Paragraph(
-            "Reasoning tokens are part of completion tokens, where the server reports them. Cached prompt: the share "
-            "of prompt tokens the server took from its prompt cache instead of computing them, as it reported them "
-            "(0 where it did not)."
+            "Every call of the method's roles, the judge's apart. Reasoning tokens are part of completion tokens, "
+            "where the server reports them. Cached prompt: the share of prompt tokens the server took from its prompt "
+            "cache instead of computing them, as it reported them (0 where it did not). Completion tokens/problem is "
+            "what the frontier and the equal-budget table count; prompt + completion tokens/problem is what a hosted "
+            "API bills."
         )
     )
+    budget_section(doc, runs)
 
 
 def _stopping_comparisons(runs: list[RunEvaluation]) -> None:
@@ -639,6 +648,13 @@ async def build_report(
     *,
     grade: bool = True,
     paper_model: str | None = None,
+    on_step: Callable[[str], None] | None = None,
 ) -> dict[str, Path]:
-    evaluations = [await evaluate_run(d, config, settings, grade=grade) for d in run_dirs]
+    """Evaluate ``run_dirs`` and write their report; ``on_step`` hears of each step as it begins."""
+    say = on_step or (lambda _: None)
+    evaluations = []
+    for i, run_dir in enumerate(run_dirs, start=1):
+        say(f"{'grading' if grade else 'reading'} run {i} of {len(run_dirs)}: {run_dir}")
+        evaluations.append(await evaluate_run(run_dir, config, settings, grade=grade))
+    say(f"writing the report (tables, plots) into {out_dir}")
     return write_report(evaluations, out_dir, paper_model=paper_model)

@@ -22,13 +22,15 @@ from tmas.config import Settings
 from tmas.errors import ConfigError, TmasError
 from tmas.llm.sampling import with_sampling
 from tmas.llm.types import Completion
-from tmas.methods import METHODS, create_method
+from tmas.methods import METHODS, question_params
 from tmas.methods.base import ProblemResult
+from tmas.planning.estimate import QUESTION_CALLS
 from tmas.problems import Problem
 from tmas.runner import RunSetup, run_problems
 from tmas.serve.admission import Admission
 from tmas.serve.api_errors import ApiError
 from tmas.serve.client_sampling import ClientSampling, request_sampling
+from tmas.serve.cost_gate import check_request_cost
 from tmas.serve.observed_store import ObservedStore, Progress
 from tmas.serve.protocol import ChatBody
 from tmas.store.run_store import DB_NAME, RunStore, StoreError
@@ -121,8 +123,11 @@ class ServedRuns:
         max_queue: int,
         on_call: Callable[[Completion], None] | None = None,
         client_sampling: ClientSampling = "defaults",
+        max_request_calls: int = QUESTION_CALLS,
     ) -> None:
         self.serve_dir = serve_dir
+        # The most upstream calls one request's run may make (tmas.serve.cost_gate).
+        self.max_request_calls = max_request_calls
         # What a request's temperature, top_p and max_tokens mean for its run's calls (tmas.serve.client_sampling).
         self.client_sampling = client_sampling
         # Told of every upstream call a run makes (the metrics).
@@ -218,10 +223,11 @@ class ServedRuns:
 
     def _params(self, method: str, body: ChatBody) -> dict[str, Any]:
         params = {**self.settings.method.params, **body.tmas} if method == self.settings.method.name else body.tmas
-        if self.embedded:
-            params = {**METHODS[method].embedded_defaults, **params}
+        # One question: the embedded model's small defaults there, a user's endpoint the method's question defaults.
+        params = {**METHODS[method].embedded_defaults, **params} if self.embedded else question_params(method, params)
         try:
-            create_method(method, params)  # bad parameters are the client's error, found before anything runs
+            # Bad parameters and a run past the cost cap are the client's error, found before anything runs.
+            check_request_cost(method, params, self.settings, self.max_request_calls)
         except ConfigError as exc:
             raise ApiError(400, str(exc), "invalid_value", "tmas") from None
         return params
@@ -283,6 +289,7 @@ class ServedRuns:
         self.admission.release(time.monotonic() - job.started)
         if not task.cancelled() and task.exception() is None:
             self.unfinished.pop(job.fingerprint, None)
+        log.info("request %s: %s", job.run_id, _ending(task, time.monotonic() - job.started))
         job.ended()
 
     async def close(self) -> None:
@@ -296,6 +303,18 @@ class ServedRuns:
             with contextlib.suppress(BaseException):
                 await task
         await asyncio.gather(*self._closing)
+
+
+def _ending(task: asyncio.Task[ProblemResult], took_s: float) -> str:
+    """How a request's run ended, for the log line every run (a resumed one too) ends with."""
+    if task.cancelled():
+        return f"cancelled after {took_s:.1f} s; its run stays resumable"
+    exc = task.exception()
+    if exc is not None:
+        return f"failed after {took_s:.1f} s: {str(exc).split('; finished work is kept')[0]}; its run stays resumable"
+    result = task.result()
+    ended = "done" if result.status == "done" else f"failed ({result.error or 'no answer'})"
+    return f"{ended} in {took_s:.1f} s: answer {result.answer!r}, {result.calls} calls"
 
 
 async def _open_store(job: Job, *, create: bool, on_call: Callable[[Completion], None] | None) -> ObservedStore:

@@ -16,6 +16,7 @@ from tmas.errors import ConfigError, LLMError
 from tmas.llm.provision import provisioned
 from tmas.llm.replica import list_models
 from tmas.methods import METHODS
+from tmas.planning.estimate import QUESTION_CALLS
 from tmas.serve.app import ServeApp
 from tmas.serve.client_sampling import ClientSampling
 from tmas.serve.jobs import ServedRuns
@@ -41,6 +42,8 @@ class ServeOptions:
     resume: bool = True
     # What a request's temperature, top_p and max_tokens mean for its run's calls (tmas.serve.client_sampling).
     client_sampling: ClientSampling = "defaults"
+    # The most upstream calls one request's run may make (tmas.serve.cost_gate).
+    max_request_calls: int = QUESTION_CALLS
 
 
 def is_loopback(host: str) -> bool:
@@ -101,6 +104,7 @@ async def serve(
             max_queue=options.max_queue,
             on_call=metrics.call_done,
             client_sampling=options.client_sampling,
+            max_request_calls=options.max_request_calls,
         )
         app = ServeApp(
             runs,

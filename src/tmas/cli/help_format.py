@@ -1,0 +1,27 @@
+"""``--help`` as it should read: a flag takes no value, so its line shows no type (Typer shows ``<bool>`` beside every
+flag, ``--help`` included, as if it took one)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+
+def command_of(app: typer.Typer) -> Any:
+    """``app``'s command with every flag's type hidden in its help, subcommands included."""
+    command = typer.main.get_command(app)
+    _plain_flags(command)
+    return command
+
+
+def _plain_flags(command: Any) -> None:
+    for param in command.params:
+        if getattr(param, "is_flag", False):
+            param.metavar = ""
+    # The help option is made on demand (and kept): make it now, as a flag like the others.
+    help_option = command.get_help_option(typer.Context(command))
+    if help_option is not None:
+        help_option.metavar = ""
+    for sub in getattr(command, "commands", {}).values():
+        _plain_flags(sub)

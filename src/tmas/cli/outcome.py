@@ -1,0 +1,40 @@
+"""How a command that solves problems ends: its exit code and its last line, which says how many problems failed
+and why.
+
+The codes (the README lists them): 0 every problem done; 1 an error stopped the command (an endpoint gone, ...);
+2 bad input or configuration, nothing run; 3 the command finished but some problems failed; 4 every problem failed;
+130 stopped by Ctrl-C and 143 by SIGTERM, finished work kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+EXIT_SOME_FAILED = 3
+EXIT_ALL_FAILED = 4
+# The shell's 128 + the signal's number.
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+
+# Reasons the last line names; the rest are counted.
+SHOWN_REASONS = 2
+
+
+def exit_code(done: int, failed: int) -> int:
+    """0 when nothing failed, else whether some or all problems failed."""
+    if not failed:
+        return 0
+    return EXIT_ALL_FAILED if not done else EXIT_SOME_FAILED
+
+
+def failed_line(done: int, failed: int, reasons: Mapping[str, int], where: str = "") -> str:
+    """``tmas: 3 of 14 problems failed: 2 x REASON; 1 x REASON`` (the most common reasons first), or how many were
+    done when none failed; ``where`` names what to read for every problem's error."""
+    total = done + failed
+    if not failed:
+        return f"tmas: {total} of {total} problems done"
+    ranked = sorted(reasons.items(), key=lambda item: -item[1])
+    shown = "; ".join(f"{count} x {why}" for why, count in ranked[:SHOWN_REASONS])
+    rest = failed - sum(count for _, count in ranked[:SHOWN_REASONS])
+    more = f"; {rest} more" if rest > 0 else ""
+    return f"tmas: {failed} of {total} problems failed: {shown}{more}{where}"

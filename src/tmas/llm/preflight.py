@@ -1,0 +1,84 @@
+"""Before a run sends its first call: does anything answer where its roles' calls go?
+
+Two mistakes a new user makes first cost nothing to find out beforehand: an endpoint nobody listens at (a server not
+started, a wrong port) and a base URL without its ``/v1`` (every OpenAI-compatible server, vLLM, SGLang,
+llama-server and OpenAI itself, answers under ``/v1``; a URL without it gets a 404 on every call). Left to the calls,
+the first is a run that retries for many seconds before it says so and the second a run whose every problem fails.
+Here each is one line naming the URL, within seconds. Anything else (a server still loading, a refused key, a
+``/models`` route the server lacks) is left to the calls, which say what went wrong with each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+import aiohttp
+
+from tmas.config import Settings
+from tmas.errors import ConfigError
+from tmas.llm.model import EndpointUnreachable
+from tmas.llm.replica import auth_headers
+from tmas.llm.routes import Routes
+
+# A refused connection is tried this many times, this far apart: a server just restarting gets a moment, a server
+# that is not there is said to be so within about a second.
+CONNECT_TRIES = 3
+CONNECT_PAUSE_S = 0.5
+# How long a probe waits for a connection and for the model card; a slow answer is not this check's business.
+PROBE_TIMEOUT_S = 5.0
+# The replica sets that answered in this process: a command checks before it makes a run directory, and the run it
+# then starts (or a sweep's next point, a proxy's next request) need not ask again.
+_ANSWERED: set[tuple[str, ...]] = set()
+
+
+async def check_endpoints(settings: Settings, roles: Iterable[str]) -> None:
+    """Raise :class:`EndpointUnreachable` when no replica of a role's endpoint accepts a connection, and
+    :class:`ConfigError` when a base URL lacks the ``/v1`` its server answers under; each names the URL."""
+    routes = Routes(settings)
+    checked: set[tuple[str, ...]] = set()
+    async with aiohttp.ClientSession() as session:
+        for role in dict.fromkeys(roles):
+            route = routes.route(role)
+            urls = tuple(r.url for r in route.replicas)
+            if urls in checked or urls in _ANSWERED:
+                continue
+            checked.add(urls)
+            answers = await asyncio.gather(*(_models_status(session, url, route.api_key) for url in urls))
+            if all(isinstance(a, str) for a in answers):
+                whose = "" if role == "solution" else f" (the endpoint of role {role!r})"
+                raise EndpointUnreachable(
+                    f"cannot connect to {', '.join(urls)}{whose}: {answers[0]}; start the server there or correct"
+                    " --base-url ('tmas models --base-url URL' checks an endpoint)"
+                )
+            for url, status in zip(urls, answers, strict=True):
+                if status == 404 and not url.endswith("/v1"):
+                    await _missing_v1(session, url, route.api_key)
+            _ANSWERED.add(urls)
+
+
+async def _models_status(session: aiohttp.ClientSession, url: str, api_key: str | None) -> int | str:
+    """The status ``GET url/models`` answers with, or why no connection could be made."""
+    timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
+    reason = ""
+    for attempt in range(CONNECT_TRIES):
+        if attempt:
+            await asyncio.sleep(CONNECT_PAUSE_S)
+        try:
+            async with session.get(f"{url}/models", headers=auth_headers(api_key), timeout=timeout) as resp:
+                return resp.status
+        except aiohttp.ClientConnectorError as exc:
+            error = exc.os_error
+            reason = "connection refused" if isinstance(error, ConnectionRefusedError) else str(error)
+        except (aiohttp.ClientError, TimeoutError):
+            return 0  # connected, or slow: the calls will say more
+    return reason
+
+
+async def _missing_v1(session: aiohttp.ClientSession, url: str, api_key: str | None) -> None:
+    """``url`` answered 404 for its model card: when the same server answers under ``url/v1``, say so."""
+    if await _models_status(session, f"{url}/v1", api_key) == 200:
+        raise ConfigError(
+            f"{url}/models answered HTTP 404 and {url}/v1/models answers: the base URL lacks its /v1;"
+            f" give --base-url {url}/v1"
+        )

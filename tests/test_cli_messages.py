@@ -1,0 +1,159 @@
+"""What a new user meets first, as they meet it: the command line against the simulated server. A run where problems
+failed exits non-zero and says how many and why; a base URL without /v1 is named before any call; every command that
+starts model calls shows its cost and asks above a threshold (refusing without a terminal unless --yes); a single
+solve costs a few dozen calls by default; and the small things: help without ``<bool>``, an unknown parameter's
+valid ones, a bad JSON line's column, ``tmas models --model``, a resume's dry run counting its stored calls."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import run_tmas, scripted_settings
+from scripted_runs import GoneModel
+from tmas.api import asolve
+from tmas.runner import Unreachable
+from tmas.testing import Rule, SimScript, SimServer
+
+Q = "What is 17*23?"
+
+
+def write_problems(path: Path, n: int) -> None:
+    lines = [json.dumps({"problem_id": f"p{i}", "question": f"What is {i + 2}*7?"}) for i in range(n)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def last_line(out: object) -> str:
+    return out.stderr.decode().strip().splitlines()[-1]  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------------------------------------ failures said
+@pytest.mark.parametrize(("failing", "code", "said"), [(r"What is 2\*7", 3, "1 of 3"), (r"What is", 4, "3 of 3")])
+def test_failed_problems_exit_non_zero_and_the_last_line_says_how_many_and_why(
+    sim: SimServer, tmp_path: Path, failing: str, code: int, said: str
+) -> None:
+    sim.set_script(SimScript(rules=[Rule(pattern=failing, fault="http_400")]))
+    write_problems(tmp_path / "p.jsonl", 3)
+    out = run_tmas(
+        "run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "-m", "cot", "--base-url", sim.base_url
+    )
+    assert out.returncode == code, out.stderr.decode()
+    line = last_line(out)
+    assert line.startswith(f"tmas: {said} problems failed: ")
+    assert f"HTTP 400 from {sim.base_url}/chat/completions: " in line
+    assert line.endswith(f"(every problem's error: tmas export {tmp_path / 'run'})")
+
+
+def test_a_failed_solve_exits_4_naming_why(sim: SimServer) -> None:
+    sim.set_script(SimScript(rules=[Rule(fault="http_400")]))
+    out = run_tmas("solve", Q, "-m", "cot", "--base-url", sim.base_url)
+    assert out.returncode == 4 and out.stdout == b""  # no "(no answer)" standing for an answer
+    assert last_line(out).startswith("tmas: the question failed: no candidate") and sim.base_url in last_line(out)
+
+
+def test_a_base_url_without_v1_is_named_before_any_call(sim: SimServer, tmp_path: Path) -> None:
+    write_problems(tmp_path / "p.jsonl", 3)
+    out = run_tmas("run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "-m", "majority", "-p", "k=4",
+                   "--base-url", sim.url)  # fmt: skip
+    assert out.returncode == 2
+    assert last_line(out) == (
+        f"tmas: error: {sim.url}/models answered HTTP 404 and {sim.url}/v1/models answers: the base URL lacks its"
+        f" /v1; give --base-url {sim.url}/v1"
+    )
+    assert sim.stats().total_requests == 0 and not (tmp_path / "run").exists()
+
+
+def test_a_404_from_a_url_without_v1_says_so(sim: SimServer, tmp_path: Path) -> None:
+    # A URL under which nothing answers at all (not even /v1 below it): every call's error names it, and says why.
+    write_problems(tmp_path / "p.jsonl", 2)
+    wrong = f"{sim.url}/api"
+    out = run_tmas("run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "-m", "cot", "--base-url", wrong)
+    assert out.returncode == 4
+    assert (
+        f"HTTP 404 from {wrong}/chat/completions: 404: Not Found (the base URL has no /v1, under which"
+        " OpenAI-compatible servers answer)"
+    ) in last_line(out)
+
+
+# ------------------------------------------------------------------------------------------------ cost asked
+def test_solve_costs_a_few_dozen_calls_by_default_and_asks_before_the_papers(sim: SimServer) -> None:
+    out = run_tmas("solve", Q, "--base-url", sim.base_url)
+    assert out.returncode == 0, out.stderr.decode()
+    assert "tmas: estimate: 16 to 48 calls" in out.stderr.decode()
+    assert 16 <= len(sim.chat_bodies()) <= 48
+    sim.reset()
+    paper = run_tmas("solve", Q, "--base-url", sim.base_url, "-p", "preset=paper")
+    assert paper.returncode == 2 and sim.stats().total_requests == 0
+    assert last_line(paper).startswith("tmas: error: the estimate is 1,640 calls (threshold 500): pass --yes")
+
+
+def test_run_asks_above_its_threshold_and_confirm_calls_sets_it(sim: SimServer, tmp_path: Path) -> None:
+    write_problems(tmp_path / "p.jsonl", 4)
+    args = ["run", str(tmp_path / "p.jsonl"), "-m", "majority", "-p", "k=8", "--base-url", sim.base_url]
+    refused = run_tmas(*args, "-o", str(tmp_path / "a"), "--confirm-calls", "20")
+    assert refused.returncode == 2 and "the estimate is 32 calls (threshold 20)" in last_line(refused)
+    assert "cost estimate (before any call):" in refused.stderr.decode()  # shown whole before it refuses
+    assert sim.stats().total_requests == 0 and not (tmp_path / "a").exists()
+    assert run_tmas(*args, "-o", str(tmp_path / "b"), "--confirm-calls", "32").returncode == 0
+    assert run_tmas(*args, "-o", str(tmp_path / "c"), "--confirm-calls", "20", "--yes").returncode == 0
+    assert len(sim.chat_bodies()) == 2 * 32
+
+
+def test_a_resume_dry_run_counts_the_calls_it_holds(sim: SimServer, tmp_path: Path) -> None:
+    write_problems(tmp_path / "p.jsonl", 2)
+    run_dir = tmp_path / "run"
+    args = ["-m", "majority", "-p", "k=3", "--base-url", sim.base_url]
+    assert run_tmas("run", str(tmp_path / "p.jsonl"), "-o", str(run_dir), *args).returncode == 0
+    out = run_tmas("run", "--resume", str(run_dir), "--iterations", "2", "--dry-run")
+    assert out.returncode == 0
+    assert "stored: 6 answered calls, replayed rather than sent; at most 6 still to send" in out.stderr.decode()
+    assert len(sim.chat_bodies()) == 6
+
+
+# ------------------------------------------------------------------------------------------------ smaller items
+def test_help_shows_no_type_beside_a_flag() -> None:
+    for command in (["--help"], ["run", "--help"], ["serve", "--help"], ["pool", "build", "--help"]):
+        out = run_tmas(*command, env={"COLUMNS": "120"}, text=True)
+        assert out.returncode == 0 and "<bool>" not in out.stdout, command
+    assert re.search(r"--dry-run +Print the cost estimate", run_tmas("run", "--help", text=True).stdout)
+
+
+def test_an_unknown_parameter_lists_the_valid_ones(sim: SimServer) -> None:
+    out = run_tmas("solve", Q, "-m", "majority", "-p", "n=4", "--base-url", sim.base_url)
+    assert out.returncode == 2
+    assert last_line(out).startswith("tmas: error: method 'majority': unknown parameter 'n' (known: ")
+    assert re.search(r"known: .*\bk, .*round_size", last_line(out))
+
+
+def test_a_bad_json_line_names_its_column(sim: SimServer, tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    bad = '{"problem_id": "b", "question": "What is 1+1?", "answer": "2"'  # no closing brace: cut at its end
+    path.write_text('{"problem_id": "a", "question": "What is 1+1?"}\n' + bad + "\n")
+    out = run_tmas("run", str(path), "-o", str(tmp_path / "run"), "--base-url", sim.base_url)
+    assert out.returncode == 2
+    assert len(bad) == 61  # the column past its last character, not column 1 of the line after
+    assert last_line(out) == f"tmas: error: {path}:2: not valid JSON: Expecting ',' delimiter at column 62"
+
+
+def test_models_takes_model_and_says_whether_it_is_served(sim: SimServer) -> None:
+    served = run_tmas("models", "--base-url", sim.base_url, "--model", "sim-model", text=True)
+    assert served.returncode == 0 and f"default: {sim.base_url} ok, models: sim-model" in served.stdout
+    missing = run_tmas("models", "--base-url", sim.base_url, "--model", "other", text=True)
+    assert missing.returncode == 1
+    assert f"default: {sim.base_url} answers but DOES NOT SERVE 'other'; models: sim-model" in missing.stdout
+
+
+async def test_a_solve_whose_endpoint_goes_away_points_at_nothing_deleted(tmp_path: Path) -> None:
+    # Without a run directory the question's scratch directory is deleted on the way out: no resume hint names it.
+    model = GoneModel(SimScript(), scripted_settings(method={"name": "cot", "params": {}}), gone=True)
+    with pytest.raises(Unreachable) as caught:
+        await asolve(Q, model=model)
+    said = str(caught.value)
+    assert "the model went away" in said and "--resume" not in said and "tmas-solve-" not in said
+    assert said.endswith("nothing was kept (a run directory keeps a question's calls: tmas solve --run-dir DIR)")
+    # With one, the run is kept and the hint names it.
+    with pytest.raises(Unreachable, match=f"continue with 'tmas run --resume {tmp_path / 'kept'}'"):
+        await asolve(Q, model=GoneModel(SimScript(), model.settings, gone=True), run_dir=tmp_path / "kept")

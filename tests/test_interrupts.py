@@ -1,0 +1,83 @@
+"""Ctrl-C and SIGTERM stop a run cleanly: its calls in flight are closed, every finished call is kept, the last line
+says how to go on, the exit code is 130 or 143; and the resumed run sends no call it had finished. As a user runs it,
+against the simulated server."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import clean_env, run_tmas
+from tmas.testing import SimScript, SimServer
+
+PROBLEMS, K, T = 3, 2, 6
+
+
+def write_problems(path: Path) -> None:
+    lines = [json.dumps({"problem_id": f"p{i}", "question": f"What is {i + 2}*7?"}) for i in range(PROBLEMS)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def stored_calls(run_dir: Path) -> int:
+    """Answered calls in the run's store (0 while it is being made)."""
+    try:
+        db = sqlite3.connect(run_dir / "run.sqlite")
+        try:
+            return int(db.execute("SELECT COUNT(*) FROM calls WHERE error IS NULL").fetchone()[0])
+        finally:
+            db.close()
+    except sqlite3.OperationalError:
+        return 0
+
+
+def default_sigint() -> None:
+    # A child started from a non-interactive shell's background job inherits SIGINT ignored: give it Ctrl-C back.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize(("signum", "code", "name"), [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "Ctrl-C")])
+def test_a_signal_stops_the_run_cleanly_and_the_resume_repeats_no_call(
+    tmp_path: Path, signum: int, code: int, name: str
+) -> None:
+    write_problems(tmp_path / "p.jsonl")
+    run_dir = tmp_path / "run"
+    with SimServer(SimScript(latency_s=0.15)) as sim:
+        args = ["run", str(tmp_path / "p.jsonl"), "-o", str(run_dir), "-m", "majority", "-p", f"k={K}", "-T", str(T)]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tmas", *args, "--base-url", sim.base_url],
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=default_sigint,
+        )
+        deadline = time.monotonic() + 60
+        while stored_calls(run_dir) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+        lines = err.decode().strip().splitlines()
+        assert proc.returncode == code, err.decode()
+        assert lines[-1].startswith(f"tmas: stopped by {name}; finished work is kept")
+        assert lines[-1].endswith(f"continue with 'tmas run --resume {run_dir}'")
+        # The calls in flight were closed, not left running on the server.
+        assert sim.stats().in_flight == 0
+        kept = stored_calls(run_dir)
+        assert 4 <= kept < PROBLEMS * K * T
+        sent_before = sim.stats().total_requests
+
+        out = run_tmas("run", "--resume", str(run_dir), timeout=120)
+        assert out.returncode == 0, out.stderr.decode()
+        assert ": iteration " not in out.stderr.decode()  # replayed iterations are not said as new ones
+        summary = json.loads(out.stdout)
+        sent_after = sim.stats().total_requests - sent_before
+    # Every finished call came from the store; what was sent is exactly what was missing.
+    assert summary["done"] == PROBLEMS and summary["replayed_calls"] == kept
+    assert summary["calls"] == sent_after == PROBLEMS * K * T - kept
+    assert stored_calls(run_dir) == PROBLEMS * K * T

@@ -1,0 +1,63 @@
+"""The report puts each run's budget beside what its problems spent (as the budget counts), and its cost table says
+which tokens each per-problem column counts. Runs made in process on the scripted model, figures worked by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import scripted_settings
+from scripted_runs import scripted_run
+from tmas.grading.grades import GradeConfig
+from tmas.reports.report import build_report
+from tmas.testing import Rule, ScriptedModel, ScriptedUsage, SimScript
+
+pytest.importorskip("matplotlib")
+
+# Every reply: 100 prompt and 30 completion tokens.
+THIRTY = SimScript(rules=[Rule(usage=ScriptedUsage(prompt_tokens=100, completion_tokens=30))])
+
+
+def table_rows(markdown: str, heading: str) -> list[list[str]]:
+    """The rows of the first table after ``heading``, as cells."""
+    lines = markdown[markdown.index(heading) :].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    table = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        table.append([cell.strip() for cell in line.strip("|").split("|")])
+    return table
+
+
+async def test_the_report_shows_budget_and_spend_side_by_side(tmp_path: Path) -> None:
+    problems = tmp_path / "p.jsonl"
+    rows = [{"problem_id": f"p{i}", "question": f"What is {i + 3}*7?", "answer": str((i + 3) * 7)} for i in range(2)]
+    problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # Majority vote, one sample an iteration, 50 iterations; 100 completion tokens a problem: calls at 0, 30, 60 and
+    # 90 go (each alone: max_tokens 256 passes what is left), the fifth, at 120, is refused. 120 spent, 4 calls.
+    one_a_time = {"name": "majority", "params": {"k": 1, "iterations": 50}}
+    budgeted = scripted_settings(method=one_a_time, budget={"tokens": 100})
+    await scripted_run(ScriptedModel(THIRTY, budgeted), tmp_path / "budgeted", problems)
+    # The same by prompt + completion, 300 a problem: 130 a call, so calls at 0 and 130 go, the third at 260 goes
+    # too (260 < 300), and 390 stops it: 390 spent, 3 calls.
+    total = scripted_settings(method=one_a_time, budget={"tokens": 300, "count": "total"})
+    await scripted_run(ScriptedModel(THIRTY, total), tmp_path / "total", problems)
+    free = scripted_settings(method={"name": "cot", "params": {}})
+    await scripted_run(ScriptedModel(THIRTY, free), tmp_path / "free", problems)
+
+    runs = [tmp_path / "budgeted", tmp_path / "total", tmp_path / "free"]
+    await build_report(runs, tmp_path / "report", GradeConfig(mode="rules"), None)
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    assert table_rows(markdown, "Budget and spend per problem") == [
+        ["majority [sim-model] <budgeted>", "100 completion tokens", "120 tokens", "120 tokens", "2 of 2"],
+        ["majority [sim-model] <total>", "300 total tokens", "390 tokens", "390 tokens", "2 of 2"],
+    ]
+    cost = table_rows(markdown, "### Cost")
+    header = markdown[markdown.index("### Cost") :].splitlines()
+    assert any("Completion tokens/problem | Prompt + completion tokens/problem" in line for line in header[:6])
+    # cot: one call a problem, 30 completion and 130 prompt + completion tokens.
+    assert [row[7:9] for row in cost if row[0].startswith("cot")] == [["30", "130"]]
+    assert "Completion tokens/problem is what the frontier and the equal-budget table count" in markdown
