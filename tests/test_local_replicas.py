@@ -262,7 +262,7 @@ def test_the_description_says_build_layers_and_replicas(tmp_path: Path, monkeypa
     bin_dir = _bin_dir(tmp_path, "cuda")
     monkeypatch.setattr(local_command, "llama_server_bin_dir", lambda: bin_dir)
     assert local_command.describe(LocalModel(replicas=8)) == (
-        "qwen2.5-coder-0.5b (llama-server, cuda build, -ngl all, 8 replicas x 4 slots)"
+        "qwen2.5-coder-1.5b (llama-server, cuda build, -ngl all, 8 replicas x 4 slots)"
     )
     cpu = LocalModel(model="smollm2-135m", gpu_layers=0, parallel=2)
     assert local_command.describe(cpu) == "smollm2-135m (llama-server, cuda build, -ngl 0, 1 server x 2 slots)"
