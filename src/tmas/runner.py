@@ -23,7 +23,6 @@ from tmas.llm.lanes import enter_lane
 from tmas.llm.model import ChatModel, ClientStats, EndpointUnreachable
 from tmas.llm.preflight import check_endpoints
 from tmas.llm.replay import ReplayTurns
-from tmas.llm.types import Usage
 from tmas.methods import check_roles, create_method
 from tmas.methods.base import (
     BudgetExhausted,
@@ -332,9 +331,8 @@ async def run_problems(
             async def one(problem: Problem) -> None:
                 async with turns.turn(problem.problem_id):
                     result = await solver.solve(problem)
-                record = result.model_dump(mode="json")
-                record["fingerprint"] = fingerprint
-                store.save_result(problem.problem_id, result.status, record)
+                result.fingerprint = fingerprint
+                store.save_result(result)
                 tally.add(result, keep_results)
                 if result.status == "done":
                     state.done += 1
@@ -498,9 +496,8 @@ def _token_bank(store: RunStore | None, budget: Budget, finished: Collection[str
         return None
     bank = TokenBank()
     for result in store.results() if store is not None and finished else ():
-        if result["problem_id"] in finished:
-            spent = budget.spent(Usage.model_validate(result.get("usage") or {}))
-            bank.deposit(budget.tokens + int(result.get("budget_drawn", 0)) - spent)
+        if result.problem_id in finished:
+            bank.deposit(budget.tokens + result.budget_drawn - budget.spent(result.usage))
     return bank
 
 

@@ -277,7 +277,9 @@ def export(
 
     with RunStore(run_dir, create=False) as store:
         rows: Iterator[dict[str, Any]] = (
-            (c.model_dump(mode="json") for c in store.calls()) if calls else iter(store.results())
+            (c.model_dump(mode="json") for c in store.calls())
+            if calls
+            else (r.model_dump(mode="json") for r in store.results())
         )
         handle = out.open("w", encoding="utf-8") if out else sys.stdout
         try:

@@ -32,7 +32,7 @@ from tmas.agents.mattrl_teaching import (
 from tmas.llm.types import Completion
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
-from tmas.methods.base import Candidate, ProblemResult, ProblemSession, gather_all
+from tmas.methods.base import Candidate, CandidateMeta, ProblemResult, ProblemSession, gather_all
 from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.state import MATTRLState
 
@@ -49,7 +49,7 @@ def _candidate(index: int, reply: Completion, answer: str | None, kind: str) -> 
         usage=reply.usage,
         finish_reason=reply.finish_reason,
         error=reply.error,
-        meta={"stage": kind},
+        meta=CandidateMeta(stage=kind),
     )
 
 
@@ -89,12 +89,12 @@ async def teach(
             notes.append("no reference answer: nothing to teach toward, the post-test reuses the pre-test")
         transcript.final_answer = pre_letter
         state.post, state.post_correct, state.skipped = pre_letter, state.pre_correct, True
-        session.end_iteration(candidates, selected=pre_letter, state=state.stored(), notes=notes)
+        session.end_iteration(candidates, selected=pre_letter, state=state, notes=notes)
         return session.result(name, answer=pre_letter, text=pre.content)
     members = await form_team(session, notes) if team else []
     # The single teacher is seat S1 of a team of one, so experience construction reads both modes alike.
     transcript.team = members or [TeamMember(id="S1", specialty="Teacher", role="single teacher", leader=True)]
-    session.end_iteration(candidates, selected=pre_letter, state=state.stored(), notes=notes)
+    session.end_iteration(candidates, selected=pre_letter, state=state, notes=notes)
     dialogue: tuple[Turn, ...] = ()
     post_letter: str | None = None
     post = pre
@@ -137,7 +137,7 @@ async def teach(
         session.end_iteration(
             candidates,
             selected=post_letter if r == rounds else pre_letter,
-            state=state.stored(),
+            state=state,
             notes=notes,
         )
     return session.result(name, answer=post_letter, text=post.content)

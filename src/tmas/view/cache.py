@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tmas.grading.run_results import RUNNING
+from tmas.grading.run_results import RUNNING, run_method_name
+from tmas.store.records import ProblemResult, running_result
 from tmas.store.run_store import RunStore
 from tmas.store.summaries import summarize_iteration
 from tmas.view.live_grades import Memo
@@ -42,7 +43,7 @@ class RunCache:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._run_locks: dict[Path, threading.Lock] = {}
-        self._results: dict[Path, dict[str, tuple[float, dict[str, Any]]]] = {}
+        self._results: dict[Path, dict[str, tuple[float, ProblemResult]]] = {}
         self._built: dict[tuple[Path, str], tuple[object, Any]] = {}
         self._verdicts: dict[Path, Memo] = {}
 
@@ -54,7 +55,7 @@ class RunCache:
         with self._lock:
             return self._run_locks.setdefault(run_dir.resolve(), threading.Lock())
 
-    def results(self, store: RunStore) -> list[dict[str, Any]]:
+    def results(self, store: RunStore) -> list[ProblemResult]:
         """What :func:`tmas.grading.run_results.load_results` returns, as summaries (tmas.store.summaries)."""
         run_dir = store.run_dir.resolve()
         cached = self._results.setdefault(run_dir, {})
@@ -74,7 +75,7 @@ class RunCache:
             elif pid in started:
                 iterations = [summarize_iteration(r) for r in store.iterations(pid)]
                 if iterations:
-                    out.append({"problem_id": pid, "status": RUNNING, "iterations": iterations})
+                    out.append(running_result(pid, run_method_name(store), iterations))
         return out
 
     @staticmethod
