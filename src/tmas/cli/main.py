@@ -140,7 +140,11 @@ def solve(
         raise stop.saying(kept) from None
     if as_json:
         data = result.model_dump(mode="json")
-        data["usage"]["cached_prompt_share"] = result.usage.cached_prompt_share
+        # The usage with its cached share of the prompt, which the record keeps as its parts.
+        data["usage"] = {
+            **result.usage.model_dump(mode="json"),
+            "cached_prompt_share": result.usage.cached_prompt_share,
+        }
         typer.echo(json.dumps(data, indent=2, ensure_ascii=False))
     else:
         if result.status == "done":  # a failed question prints no answer: its last line says why

@@ -8,7 +8,7 @@ import time
 from collections.abc import Collection, Iterator
 
 from tmas.store.database import transaction
-from tmas.store.records import ProblemResult, read_result
+from tmas.store.records import RUNNING, ProblemResult, read_result
 from tmas.store.summaries import summarize_result
 
 
@@ -80,6 +80,15 @@ class ResultTable:
     def get(self, problem_id: str) -> ProblemResult | None:
         row = self._db.execute("SELECT record FROM results WHERE problem_id = ?", (problem_id,)).fetchone()
         return None if row is None else read_result(row[0], self._where(problem_id))
+
+    def status_counts(self) -> dict[str, int]:
+        """Results by status, and as ``running`` the problems with iteration records and no result yet (read from
+        the tables' indices alone, never a record)."""
+        counts = dict(self._db.execute("SELECT status, COUNT(*) FROM results GROUP BY status").fetchall())
+        (running,) = self._db.execute(
+            "SELECT COUNT(DISTINCT problem_id) FROM iterations WHERE problem_id NOT IN (SELECT problem_id FROM results)"
+        ).fetchone()
+        return {**counts, **({RUNNING: running} if running else {})}
 
     def finished_ids(self, fingerprint: str | None = None) -> set[str]:
         """Problems with a result of status done (with ``fingerprint``: only those solved with it)."""

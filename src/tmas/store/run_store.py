@@ -189,6 +189,9 @@ class RunStore:
     def result_stamps(self) -> dict[str, float]:
         return self._results.stamps()
 
+    def status_counts(self) -> dict[str, int]:
+        return self._results.status_counts()
+
     def finished_problem_ids(self, fingerprint: str | None = None) -> set[str]:
         return self._results.finished_ids(fingerprint)
 

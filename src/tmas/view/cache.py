@@ -10,13 +10,12 @@ mode changes the size or time of its ``-wal`` file, or of the database itself af
 from __future__ import annotations
 
 import os
-import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tmas.grading.run_results import RUNNING, run_method_name
+from tmas.grading.run_results import run_method_name
 from tmas.store.records import ProblemResult, running_result
 from tmas.store.run_store import RunStore
 from tmas.store.summaries import summarize_iteration
@@ -81,18 +80,9 @@ class RunCache:
     @staticmethod
     def status_counts(store: RunStore) -> dict[str, int]:
         """Problems by status (done, failed, ..., running: iterations but no result, pending: nothing yet)."""
-        db = sqlite3.connect(f"{store.path.resolve().as_uri()}?mode=ro", uri=True)
-        try:
-            db.execute("PRAGMA busy_timeout=10000")
-            counts = dict(db.execute("SELECT status, COUNT(*) FROM results GROUP BY status").fetchall())
-            (running,) = db.execute(
-                "SELECT COUNT(DISTINCT problem_id) FROM iterations"
-                " WHERE problem_id NOT IN (SELECT problem_id FROM results)"
-            ).fetchone()
-        finally:
-            db.close()
-        pending = store.problem_count() - sum(counts.values()) - running
-        return {**counts, **({RUNNING: running} if running else {}), **({"pending": pending} if pending else {})}
+        counts = store.status_counts()
+        pending = store.problem_count() - sum(counts.values())
+        return {**counts, **({"pending": pending} if pending else {})}
 
     def reuse(self, run_dir: Path, name: str, key: object, build: Callable[[], T]) -> T:
         """``build()``'s value for this run and ``name``, rebuilt only when ``key`` differs from the last one."""
