@@ -19,10 +19,10 @@ from tmas.agents.templates import prompts_from
 from tmas.config import Budget, Settings, load_settings, with_method_params, with_overrides
 from tmas.errors import InputError, TmasError
 from tmas.llm.factory import open_model
-from tmas.llm.lanes import enter_lane
 from tmas.llm.model import ChatModel, ClientStats, EndpointUnreachable
 from tmas.llm.preflight import check_endpoints
 from tmas.llm.replay import ReplayTurns
+from tmas.llm.types import Lane
 from tmas.methods import check_roles, create_method
 from tmas.methods.base import (
     BudgetExhausted,
@@ -328,9 +328,9 @@ async def run_problems(
         ):
             state.stats = stats
 
-            async def one(problem: Problem) -> None:
+            async def one(problem: Problem, lane: Lane) -> None:
                 async with turns.turn(problem.problem_id):
-                    result = await solver.solve(problem)
+                    result = await solver.solve(problem, lane)
                 result.fingerprint = fingerprint
                 store.save_result(result)
                 tally.add(result, keep_results)
@@ -341,12 +341,10 @@ async def run_problems(
                 if on_result is not None:
                     on_result(result)
 
-            async def worker(lane: int, lanes: int) -> None:
-                # Each worker is a lane (tmas.llm.lanes): on an endpoint with pin_slots, its calls share one slot.
-                enter_lane(lane, lanes)
+            async def worker(lane: Lane) -> None:
                 # The workers share one iterator; next() runs without awaiting, so each problem goes to one worker.
                 for problem in todo:
-                    await one(problem)
+                    await one(problem, lane)
 
             # The settings as provisioned (a caller's own model runs under the run's: tmas.llm.factory.UnderSettings).
             state.problem_slots = problems_in_flight(llm.settings, own_model=model is not None)
@@ -355,7 +353,8 @@ async def run_problems(
                 if model is None and state.total > len(finished):
                     # Nothing listening, or a base URL without its /v1: said in seconds, before any call.
                     await check_endpoints(llm.settings, method.traits.roles)
-                await gather_all(worker(w, workers) for w in range(workers))
+                # Each worker is a lane (tmas.llm.lanes): on an endpoint with pin_slots, its calls share one slot.
+                await gather_all(worker(Lane(w, workers)) for w in range(workers))
             except EndpointUnreachable as exc:
                 raise Unreachable(str(exc), store.run_dir) from None
     counts = store.call_counts()
@@ -410,7 +409,8 @@ class ProblemSolver:
     equivalence: EquivalenceCheck | None
     bank: TokenBank | None
 
-    async def solve(self, problem: Problem) -> ProblemResult:
+    async def solve(self, problem: Problem, lane: Lane | None = None) -> ProblemResult:
+        """``problem`` solved in a session of its own (``lane``: the run's worker solving it, in every call's key)."""
         settings, state = self.settings, self.state
         session = ProblemSession(
             problem,
@@ -423,6 +423,7 @@ class ProblemSolver:
             on_iteration=state.iteration_started,
             bank=self.bank,
             params=self.method.params,
+            lane=lane,
         )
         try:
             result = await solve_one(self.method, session)

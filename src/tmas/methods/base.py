@@ -28,7 +28,7 @@ from tmas.config import Budget, Sampling
 from tmas.llm.model import ChatModel
 from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling
 from tmas.llm.tokens import estimate_tokens
-from tmas.llm.types import CallKey, ChainKey, Completion, Message, Usage
+from tmas.llm.types import CallKey, ChainKey, Completion, Lane, Message, Usage
 from tmas.llm.watch import UNWATCHED_NOTICE, TraceWatch
 from tmas.methods.call_count import CallCount
 from tmas.methods.state import MethodState
@@ -192,6 +192,7 @@ class ProblemSession:
         equivalence: EquivalenceCheck | None = None,
         on_iteration: Callable[[str, int], None] | None = None,
         bank: TokenBank | None = None,
+        lane: Lane | None = None,
     ) -> None:
         self.problem = problem
         self.llm = llm
@@ -237,6 +238,9 @@ class ProblemSession:
         self.params = params
         # Kind -> the one-line notice this problem raised (see :meth:`notice`).
         self.notices: dict[str, str] = {}
+        # The run's problem worker solving the problem (tmas.llm.lanes), in every call's key: an endpoint with
+        # ``pin_slots`` keeps its calls on one server slot. None outside a run's workers.
+        self.lane = lane
 
     def notice(self, kind: str, message: str) -> None:
         """Raise the run-level notice ``kind`` (one line): kept once in this problem's result and once in the run's
@@ -261,12 +265,18 @@ class ProblemSession:
         """One call of this problem (see :meth:`ChatModel.chat`; ``reply_model``: the pydantic model of a JSON
         reply, sent as its schema where the endpoint allows; ``watch``: follows the streamed reply and may stop it,
         and a reply that came unstreamed raises the run's one-line notice :data:`UNWATCHED_NOTICE`; ``chain``: the
-        chain of calls of this iteration it belongs to, in its key, ended by :meth:`chain`'s block).
+        chain of calls of this iteration it belongs to, in its key, ended by :meth:`chain`'s block; the key holds the
+        session's ``lane`` too).
 
         Under a budget the call may wait for calls of the problem in flight (:meth:`_admit`), and raises
         :class:`BudgetExhausted` instead of going out once the budget is spent."""
         key = CallKey(
-            problem_id=self.problem.problem_id, role=role, sample=sample, iteration=self.iteration, chain=chain
+            problem_id=self.problem.problem_id,
+            role=role,
+            sample=sample,
+            iteration=self.iteration,
+            chain=chain,
+            lane=self.lane,
         )
         resolved = self.resolve_sampling(role, sampling)
         if resolved.sampling.seed is None:
