@@ -308,15 +308,7 @@ async def run_problems(
     state.total = len(problems) if isinstance(problems, Sized) else store.problem_count()
     state.iterations = method.params.iterations
     tally = _Tally()
-
-    def pending() -> Iterator[Problem]:
-        for problem in problems:
-            if problem.problem_id in finished:
-                state.skipped += 1
-            else:
-                yield problem
-
-    todo = pending()
+    todo = _pending(problems, finished, state)
     started = time.monotonic()
     turns = ReplayTurns(store.problems_with_calls())
     with prompts_from(settings.prompts_dir):
@@ -357,6 +349,23 @@ async def run_problems(
                 await gather_all(worker(Lane(w, workers)) for w in range(workers))
             except EndpointUnreachable as exc:
                 raise Unreachable(str(exc), store.run_dir) from None
+    return _summary(store, settings, state, tally, stats, time.monotonic() - started)
+
+
+def _pending(problems: Iterable[Problem], finished: Collection[str], state: RunState) -> Iterator[Problem]:
+    """The problems not finished yet, one at a time (each finished one counted as skipped as it is passed)."""
+    for problem in problems:
+        if problem.problem_id in finished:
+            state.skipped += 1
+        else:
+            yield problem
+
+
+def _summary(
+    store: RunStore, settings: Settings, state: RunState, tally: _Tally, stats: ClientStats, wall_s: float
+) -> RunSummary:
+    """The run's summary: its problems from ``tally`` and ``state``, its calls and tokens from the store (every
+    stored call, replayed ones included), what was sent from ``stats``."""
     counts = store.call_counts()
     causes = store.call_causes()
     by_role = store.replies_by_role()
@@ -373,7 +382,7 @@ async def run_problems(
         completion_tokens=counts["completion_tokens"],
         reasoning_tokens=counts["reasoning_tokens"],
         budget_count=settings.budget.count,
-        wall_s=time.monotonic() - started,
+        wall_s=wall_s,
         results=tally.results,
         anomalies=dict(sorted(tally.anomalies.items())),
         truncated_calls=counts["truncated"],

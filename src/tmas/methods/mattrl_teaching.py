@@ -53,6 +53,29 @@ def _candidate(index: int, reply: Completion, answer: str | None, kind: str) -> 
     )
 
 
+async def _post_test(
+    session: ProblemSession, case: Case, rounds: int, team: bool, transcript: Transcript, notes: list[str]
+) -> tuple[Completion, str | None]:
+    """The last round's closing guidance (the coordinator's for a team, the teacher's alone), then the student's
+    post-test: its reply and the letter it answers (None: no 'Answer: X' line, noted), both in the transcript."""
+    guide_role, guide_agent = ("coordinator", "coordinator") if team else ("specialist", "S1")
+    guidance = await session.chat(guide_role, teacher_prompt(case, task="guidance", round_=rounds, rounds=rounds))
+    transcript.utterances.append(
+        Utterance(round=rounds, agent=guide_agent, kind="report", text=guidance.content, call_id=guidance.call_id)
+    )
+    post = await session.chat("student", student_prompt(case.question, case.dialogue, guidance.content))
+    letter = parse_letter(post.content) if post.ok else None
+    if letter is None:
+        notes.append(f"post-test: no 'Answer: X' line ({post.error or 'unreadable reply'})")
+    transcript.utterances.append(
+        Utterance(
+            round=rounds, agent="student", kind="decision", text=post.content, answer=letter, call_id=post.call_id
+        )
+    )
+    transcript.final_answer = letter
+    return post, letter
+
+
 def _same(letter: str | None, gold: str | None) -> bool:
     return letter is not None and gold is not None and letter.strip().upper() == gold.strip().upper()
 
@@ -112,26 +135,7 @@ async def teach(
         candidates = [_candidate(0, reply, None, "dialogue")]
         if r == rounds:
             case = Case(problem.question, gold, pre_letter, pre.content, dialogue)
-            guide_role, guide_agent = ("coordinator", "coordinator") if members else ("specialist", "S1")
-            guidance = await session.chat(guide_role, teacher_prompt(case, task="guidance", round_=r, rounds=rounds))
-            transcript.utterances.append(
-                Utterance(round=r, agent=guide_agent, kind="report", text=guidance.content, call_id=guidance.call_id)
-            )
-            post = await session.chat("student", student_prompt(problem.question, dialogue, guidance.content))
-            post_letter = parse_letter(post.content) if post.ok else None
-            if post_letter is None:
-                notes.append(f"post-test: no 'Answer: X' line ({post.error or 'unreadable reply'})")
-            transcript.utterances.append(
-                Utterance(
-                    round=r,
-                    agent="student",
-                    kind="decision",
-                    text=post.content,
-                    answer=post_letter,
-                    call_id=post.call_id,
-                )
-            )
-            transcript.final_answer = post_letter
+            post, post_letter = await _post_test(session, case, rounds, bool(members), transcript, notes)
             state.post, state.post_correct = post_letter, _same(post_letter, gold)
             candidates.append(_candidate(1, post, post_letter, "post-test"))
         session.end_iteration(

@@ -60,24 +60,20 @@ async def solve_call(
     """One solution-writing call of ``role`` as candidate ``index`` (sample ``sample``, else ``index``); None when the
     budget refused the call. Its calls (echo retry and reminder included) belong to ``chain``
     (:meth:`ProblemSession.chat`); ``meta``: what the method records of the candidate beforehand (its prompt).
+    What the steps below find is kept in the candidate's meta (``CandidateMeta``), and :func:`solution_anomalies`
+    reads it back as counters and notes.
 
     ``parse`` reads a reply's solution text and answer (the baselines' :func:`parse_section` unless given; TMAS
-    passes :func:`tmas.agents.solution.parse_solution`). ``confidence_window``: the reply's log-probabilities (asked
-    for in ``sampling``) are reduced to the candidate's ``confidence`` with groups of that many tokens
-    (methods/confidence.py).
+    passes :func:`tmas.agents.solution.parse_solution`): in numeric mode the last box, else an explicit final-answer
+    statement (``meta.extraction``; a reply with neither counts as unusable for ``role``); in proof mode a reply
+    without a ``## Solution`` heading is taken whole. ``confidence_window``: the reply's log-probabilities (asked for
+    in ``sampling``) are reduced to the candidate's ``confidence`` with groups of that many tokens. ``watch`` follows
+    the streamed reply and may stop it (:mod:`tmas.llm.watch`): a stopped reply gives no answer and no vote.
 
-    ``watch`` follows the streamed reply and may stop it (:mod:`tmas.llm.watch`): a stopped reply's candidate carries
-    ``meta.stopped_early`` and an error, so its partial text gives no answer and no vote.
-
-    Numeric mode: the answer is the last box, else an explicit final-answer statement; ``meta.extraction`` says
-    which ("boxed" / "stated" / "none"), and a reply with neither counts as unusable for ``role``. Proof mode: a
-    reply without a ``## Solution`` heading is taken whole, marked ``meta.no_solution_heading``.
-
-    A reply whose answer or solution echoes the prompt's instructions is asked again once (:mod:`tmas.agents.echo`),
-    marked ``meta.echo_retry``; when the retry echoes too, the candidate carries ``meta.echo`` and an error, so
-    no answer, vote or later prompt uses it. With ``remind``, a reply without an answer (not cut at max_tokens) is
-    sent back once with a reminder of the required output (:func:`_remind`). :func:`solution_anomalies` reads all of
-    this back as counters and notes.
+    A reply that echoes the prompt's instructions is asked again once (:mod:`tmas.agents.echo`); when the retry
+    echoes too, the candidate has an error, so no answer, vote or later prompt uses it. With ``remind``, a reply
+    without an answer (not cut at max_tokens) is sent back once with a reminder of the required output
+    (:func:`_remind`).
     """
     calls = sample if sample is not None else index
     guard = EchoGuard.of(messages)
@@ -109,6 +105,19 @@ async def solve_call(
     if remind and mode == "numeric" and reply.ok and solution.answer is None and not reply.truncated:
         ask = _Asked(session, role, messages, parse, mode, calls, sampling, chain)
         reply, solution, usage = await _remind(ask, reply, solution, info)
+    return _candidate(index, reply, solution, usage, info, mode, _confidence(reply, confidence_window))
+
+
+def _candidate(
+    index: int,
+    reply: Completion,
+    solution: SolutionOutput,
+    usage: Usage,
+    info: CandidateMeta,
+    mode: str,
+    confidence: Confidence | None,
+) -> Candidate:
+    """The candidate of a read reply, with how its answer was read and whether it was cut in its meta."""
     if reply.ok and mode == "numeric":
         info.extraction = solution.extraction
     if reply.ok and mode == "proof" and not solution.has_section:
@@ -124,7 +133,7 @@ async def solve_call(
         usage=usage,
         finish_reason=reply.finish_reason,
         error=reply.error,
-        confidence=_confidence(reply, confidence_window),
+        confidence=confidence,
         meta=info,
     )
 
