@@ -563,6 +563,13 @@ def _selection_rules(doc: Document, e: RunEvaluation) -> None:
     if table is None or not table.iterations:
         return
     doc.add(Heading(4, "Accuracy (%) of every selection rule, from the stored scores"))
+    if table.own is not None:
+        doc.add(
+            Paragraph(
+                "This run's rule is what the run returned after each iteration, as it stored it; every other rule "
+                "is replayed on the stored candidates and scores."
+            )
+        )
     # Methods with select and select_from parameters (old names and missing keys read by stored_params): mark the
     # rule the run itself used.
     columns = selected_iterations(table.iterations[-1], columns=RULE_COLUMNS)
