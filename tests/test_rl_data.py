@@ -111,7 +111,7 @@ async def test_build_data_writes_the_release_schema(tmp_path: Path) -> None:
     assert len(guideline) == 4
     for r in guideline:
         t, pid = r["extra_info"]["iteration"], r["extra_info"]["problem_id"]
-        strategies = records[pid][t - 1]["state"]["guideline_bank"]["strategies"]
+        strategies = records[pid][t - 1].state["guideline_bank"]["strategies"]
         assert strategies and [s["id"] for s in r["extra_info"]["guideline_bank"]] == [s["id"] for s in strategies]
         assert all(f"[{s['id']}] {s['description']}" in r["prompt"][-1]["content"] for s in strategies)
         assert "<attempted_strategies>" in r["prompt"][-1]["content"]

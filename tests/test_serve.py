@@ -309,7 +309,7 @@ def test_a_disconnected_client_cancels_its_run_and_a_restart_resumes_it(
         with RunStore(run_dir, read_only=True) as store:
             [result] = store.results()
             total = sum(1 for c in store.calls() if c.ok)
-        assert result["status"] == "done" and result["answer"] == "391"
+        assert result.status == "done" and result.answer == "391"
         # Its start and its end are both logged, though no client asked for it this time.
         wait_until(lambda: f"request {run_dir.name}: done in " in caplog.text, what="the end to be logged")
         assert f"resuming unfinished request {run_dir.name}" in caplog.text
