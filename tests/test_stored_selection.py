@@ -26,7 +26,7 @@ def chosen(result: ProblemResult) -> list[tuple[str | None, str | None]]:
             out.append((None, record.selected))
             continue
         [source] = [r for r in result.iterations if r.iteration == where.iteration]
-        candidate = source.candidate(where.candidate)
+        candidate = next((c for c in source.candidates if c.index == where.candidate), None)
         out.append((candidate.answer if candidate else "missing", record.selected))
     return out
 

@@ -1,6 +1,6 @@
-"""The records a run keeps of what its method did, typed: each problem's :class:`ProblemResult` with its
-:class:`IterationRecord` s, their :class:`Candidate` s (with what a candidate's call and steps said of it,
-:class:`CandidateMeta`), and the reply counts per role (:class:`ReplyTally`).
+"""The records a run keeps of what its method did, typed: each problem's result (:class:`ProblemResult`) with a
+record per iteration (:class:`IterationRecord`), their candidates (:class:`Candidate`, with what a candidate's call
+and steps said of it: :class:`CandidateMeta`), and the reply counts per role (:class:`ReplyTally`).
 
 Methods write them (through ``tmas.methods.base``, which re-exports them), the store keeps them as JSON, and
 everything that reads a run (the report, the viewer, grading, the pool, RL data, a resumed TMAS) gets them back as
@@ -215,10 +215,6 @@ class IterationRecord(BaseModel):
     notes: list[str] = Field(default_factory=list)
     # Successful replies per role, with how many were truncated or unusable.
     replies: dict[str, ReplyTally] = Field(default_factory=dict)
-
-    def candidate(self, index: int) -> Candidate | None:
-        """The candidate with ``index``, or None."""
-        return next((c for c in self.candidates if c.index == index), None)
 
 
 # A result's ``stopped_reason`` when its budget ended it (``ProblemSession.budget_stopped``).
