@@ -205,13 +205,9 @@ async def load(run_dir: Path, window: int) -> list[Problem]:
         with RunStore(run_dir, create=False) as store:
             gold = {q.problem_id: q.answer for q in store.problems()}
             for result in load_results(store):
-                if result.get("status") != "done":  # still running, or failed: no answer to read
+                if result.status != "done":  # still running, or failed: no answer to read
                     continue
-                iterations = result.get("iterations") or []
-                samples = sorted(
-                    (Candidate.model_validate(c) for it in iterations for c in it.get("candidates", [])),
-                    key=lambda c: c.index,
-                )
+                samples = sorted((c for it in result.iterations for c in it.candidates), key=lambda c: c.index)
                 positions = []
                 for c in samples:
                     call = store.call(c.call_id) if c.call_id is not None else None
@@ -219,9 +215,7 @@ async def load(run_dir: Path, window: int) -> list[Problem]:
                     if positions[-1]:  # the measures again, with groups of ``window`` tokens
                         c.confidence = trace_confidence(positions[-1], window)
                 classes = await answer_classes((c.answer for c in samples if c.error is None), equivalence)
-                problems.append(
-                    Problem(result["problem_id"], str(gold[result["problem_id"]]), samples, classes, positions)
-                )
+                problems.append(Problem(result.problem_id, str(gold[result.problem_id]), samples, classes, positions))
     finally:
         if equivalence is not None:
             await equivalence.aclose()

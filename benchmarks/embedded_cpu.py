@@ -91,8 +91,8 @@ def _store_figures(run_dir: Path) -> dict[str, Any]:
         results = load_results(store)
     prompt = sum(c.usage.prompt_tokens for c in calls)
     cached = sum(c.usage.cached_prompt_tokens or 0 for c in calls)
-    candidates = [c for r in results for it in r.get("iterations", []) for c in it.get("candidates", [])]
-    answers = [c.get("answer") for c in candidates]
+    candidates = [c for r in results for it in r.iterations for c in it.candidates]
+    answers = [c.answer for c in candidates]
     return {
         "calls": len(calls),
         "prompt_tokens": prompt,
@@ -103,7 +103,7 @@ def _store_figures(run_dir: Path) -> dict[str, Any]:
         "candidates": len(candidates),
         "candidates_answering_old_example": sum(a == OLD_EXAMPLE for a in answers),
         "candidates_without_answer": sum(a is None for a in answers),
-        "answers": [r.get("answer") for r in results],
+        "answers": [r.answer for r in results],
     }
 
 

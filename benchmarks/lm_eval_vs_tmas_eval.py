@@ -43,6 +43,7 @@ from tmas.methods import METHODS
 from tmas.problems import Problem, load_problems
 from tmas.serve.jobs import REQUEST_META
 from tmas.serve.launch import ServeOptions
+from tmas.store.records import ProblemResult
 from tmas.store.run_store import RunStore
 from tmas.testing import SimScript, SimServer
 from tmas.testing.web_servers import ProxyThread
@@ -106,7 +107,7 @@ def run_lm_eval(
     return samples
 
 
-def served_runs(serve_dir: Path, method: str) -> dict[str, tuple[str, int, dict[str, Any]]]:
+def served_runs(serve_dir: Path, method: str) -> dict[str, tuple[str, int, ProblemResult]]:
     """Question -> (served run id, its seed, its result) of ``method``'s requests."""
     out = {}
     for run_dir in sorted(p for p in serve_dir.iterdir() if (p / "run.sqlite").is_file()):
@@ -150,9 +151,10 @@ async def compare_method(
     rows = []
     with RunStore(work / f"eval-{method}", read_only=True) as store:
         for problem in renamed:
-            result = store.result(problem.problem_id) or {}
-            answer = result.get("answer")
-            item = Item(key=(problem.problem_id, 0, 0), problem=problem, answer=answer, text=result.get("text", ""))
+            result = store.result(problem.problem_id)
+            answer = result.answer if result is not None else None
+            text = result.text if result is not None else ""
+            item = Item(key=(problem.problem_id, 0, 0), problem=problem, answer=answer, text=text)
             sample = scored[problem.question]
             rows.append(
                 Row(
@@ -163,7 +165,7 @@ async def compare_method(
                     lm_eval_correct=bool(sample["exact_match"]),
                     tmas_answer=answer,
                     tmas_correct=grader.grade_one(item),
-                    same_text=result.get("text") == served[problem.question][2].get("text"),
+                    same_text=result is not None and result.text == served[problem.question][2].text,
                 )
             )
     return rows

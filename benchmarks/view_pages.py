@@ -104,7 +104,7 @@ def build_run(run_dir: Path, problems: list[Problem], samples: int, method: str,
                 usage=total,
                 state={"samples": k, "votes": votes},
             )
-            store.save_iteration(problem.problem_id, 0, record.model_dump(mode="json"))
+            store.save_iteration(record)
             result = ProblemResult(
                 problem_id=problem.problem_id,
                 method=method,
@@ -114,7 +114,7 @@ def build_run(run_dir: Path, problems: list[Problem], samples: int, method: str,
                 calls=k,
                 usage=total,
             )
-            store.save_result(problem.problem_id, "done", result.model_dump(mode="json"))
+            store.save_result(result)
 
 
 def _fetch(url: str) -> tuple[float, int]:
@@ -164,7 +164,7 @@ def main() -> None:
         with RunStore(majority) as store:
             result = store.result(first)
             assert result is not None
-            store.save_result(first, "done", result)
+            store.save_result(result)
         for name, path in [("run, after one more result", pages["run, page 1 of problems"])]:
             seconds, size = _fetch(viewer.url + path)
             rows.append({"page": name, "cold_s": round(seconds, 3), "warm_s": None, "kib": size // 1024})

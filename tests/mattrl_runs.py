@@ -56,7 +56,7 @@ def write_run(
                 iterations=records,
                 usage=Usage(completion_tokens=tokens),
             )
-            store.save_result(problem.problem_id, "done", result.model_dump(mode="json"))
+            store.save_result(result)
     return run_dir
 
 

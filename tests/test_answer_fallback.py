@@ -14,7 +14,7 @@ from tmas.agents.templates import render
 from tmas.api import asolve
 from tmas.grading.run_results import load_results
 from tmas.llm.types import Message
-from tmas.methods.base import Candidate, ProblemResult
+from tmas.methods.base import Candidate, Fallback, ProblemResult
 from tmas.methods.selection import select_answered
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript
@@ -28,7 +28,7 @@ ANSWERED = "17*23 = 17*20 + 17*3 = 340 + 51 = 391.\n\n\\boxed{391}"
 REMINDED = r"states no final answer"
 
 
-def stored_result(run_dir: Path) -> dict[str, Any]:
+def stored_result(run_dir: Path) -> ProblemResult:
     with RunStore(run_dir, create=False) as store:
         (record,) = load_results(store)
     return record
@@ -58,17 +58,17 @@ async def test_refinements_without_an_answer_return_the_earlier_verified_answer(
     assert result.status == "done" and result.answer == "391"
     # The best-scored first candidate (the verifier may give one of them 0.5; ties: the lower index).
     scores = [c.score or 0.0 for c in result.iterations[0].candidates]
-    assert result.fallback == {
-        "iteration": 0,
-        "candidate": scores.index(max(scores)),
-        "answer": "391",
-        "reason": "no answered candidate in the last iteration",
-    }
+    assert result.fallback == Fallback(
+        iteration=0,
+        candidate=scores.index(max(scores)),
+        answer="391",
+        reason="no answered candidate in the last iteration",
+    )
     # Recorded: in the stored result, in the last iteration's state, answer and notes, and in the counters.
     record = stored_result(tmp_path / "run")
-    assert record["fallback"] == result.fallback and record["answer"] == "391"
+    assert record.fallback == result.fallback and record.answer == "391"
     last = result.iterations[1]
-    assert last.selected == "391" and last.state["answer_fallback"] == result.fallback
+    assert last.selected == "391" and Fallback.model_validate(last.state["answer_fallback"]) == result.fallback
     assert [c.answer for c in last.candidates] == [None, None]
     assert any("answer from iteration 0" in note for note in last.notes)
     assert result.counters["answer_fallback"] == 1 and result.counters["solution_reminded"] == 2
@@ -81,9 +81,9 @@ async def test_refinements_without_an_answer_return_the_earlier_verified_answer(
     for messages in reminders:
         assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
         assert "<rollouts>" in messages[1]["content"] and messages[2]["content"] == VERDICT
-    reminded = last.candidates[0].meta["reminder"]
-    assert reminded["answered"] is False and reminded["first_reply"] == VERDICT
-    assert isinstance(reminded["first_call_id"], int) and reminded["first_call_id"] != last.candidates[0].call_id
+    reminded = last.candidates[0].meta.reminder
+    assert reminded.answered is False and reminded.first_reply == VERDICT
+    assert isinstance(reminded.first_call_id, int) and reminded.first_call_id != last.candidates[0].call_id
 
 
 async def test_a_refinement_answering_after_the_reminder_is_the_candidate() -> None:
@@ -95,14 +95,14 @@ async def test_a_refinement_answering_after_the_reminder_is_the_candidate() -> N
     )
     last = result.iterations[1]
     assert [c.answer for c in last.candidates] == ["391", "391"]
-    assert all(c.meta["reminder"]["answered"] is True for c in last.candidates)
+    assert all(c.meta.reminder.answered is True for c in last.candidates)
     assert all(c.text == ANSWERED for c in last.candidates)
     # Verified like any other answer (an answerless candidate scores 0), and no fallback was needed.
     assert all((c.score or 0.0) > 0 for c in last.candidates)
     assert result.answer == "391" and result.fallback is None and "answer_fallback" not in last.state
     # The candidate's cost is both calls'.
     first = last.candidates[0]
-    assert first.usage.completion_tokens > 0 and first.call_id != first.meta["reminder"]["first_call_id"]
+    assert first.usage.completion_tokens > 0 and first.call_id != first.meta.reminder.first_call_id
 
 
 # Instruction text as a small model copies it: of the refinement prompt, and of the reminder itself.
@@ -123,7 +123,7 @@ async def test_an_echo_is_asked_again_first_then_an_answerless_retry_is_reminded
     result, model = await solve_tmas(rules)
     last = result.iterations[1]
     assert [c.answer for c in last.candidates] == ["391", "391"]
-    assert all(c.meta["reminder"]["answered"] is True for c in last.candidates)
+    assert all(c.meta.reminder.answered is True for c in last.candidates)
     assert last.replies["solution"].echo == 1 and result.counters["solution_echo"] == 1
     # 2 first samples, 2 refinements, 1 echo retry, 2 reminders; every reminder sends back the honest verdict.
     prompts = solution_prompts(model)
@@ -141,8 +141,8 @@ async def test_a_reply_to_the_reminder_that_echoes_it_never_becomes_the_candidat
     last = result.iterations[1]
     # Each candidate keeps its honest, answerless first reply; the answer comes from iteration 0.
     assert [(c.answer, c.text) for c in last.candidates] == [(None, VERDICT), (None, VERDICT)]
-    assert all(c.meta["reminder"]["echo"] == "solution text" for c in last.candidates)
-    assert all(c.call_id == c.meta["reminder"]["first_call_id"] for c in last.candidates)
+    assert all(c.meta.reminder.echo == "solution text" for c in last.candidates)
+    assert all(c.call_id == c.meta.reminder.first_call_id for c in last.candidates)
     assert last.replies["solution"].echo == 2 and result.counters["solution_echo"] == 2
     assert result.answer == "391" and result.fallback is not None
 
@@ -154,8 +154,8 @@ async def test_a_baselines_reminder_reply_that_echoes_is_not_voted() -> None:
     ]
     result, model = await solve("self_refine", rules, n=1, iterations=2)
     [refined] = result.iterations[1].candidates
-    assert (refined.answer, refined.text, refined.meta["reminder"]["echo"]) == (None, VERDICT, "solution text")
-    assert "answered" not in refined.meta["reminder"] and result.iterations[1].replies["refiner"].echo == 1
+    assert (refined.answer, refined.text, refined.meta.reminder.echo) == (None, VERDICT, "solution text")
+    assert refined.meta.reminder.answered is None and result.iterations[1].replies["refiner"].echo == 1
     assert len(model.calls_of("refiner")) == 2 and result.answer == "391"
 
 
@@ -184,11 +184,11 @@ def test_fallback_selection_by_hand() -> None:
     it2 = [cand(0, None, 1.0), cand(1, None, 0.0)]
     chosen, info = select_answered([it0, it1, it2], "last", "numeric")
     # The best answered earlier candidate: "14" (score 1.0) in iteration 1.
-    assert chosen is it1[1] and info is not None and (info["iteration"], info["candidate"]) == (1, 1)
+    assert chosen is it1[1] and info is not None and (info.iteration, info.candidate) == (1, 1)
     # Equal scores: the newest iteration's answer.
     tie = [[cand(0, "12", 0.5)], [cand(0, "15", 0.5)], [cand(0, None, 0.0)]]
     chosen, info = select_answered(tie, "last", "numeric")
-    assert chosen is tie[1][0] and info is not None and info["iteration"] == 1
+    assert chosen is tie[1][0] and info is not None and info.iteration == 1
     # Off, or an answered last iteration, or proof mode: no fallback.
     assert select_answered([it0, it1, it2], "last", "numeric", fallback=False) == (it2[0], None)
     assert select_answered([it0, it1], "last", "numeric") == (it1[1], None)
@@ -206,5 +206,5 @@ async def test_self_refine_and_verify_refine_keep_the_answer() -> None:
         last_refinements = solution_prompts(model, role)[-4:]
         assert all("\\boxed{391}" in m[1].content for m in last_refinements), method
         assert result.answer == "391", method
-        assert result.fallback is not None and result.fallback["iteration"] == 0, method
-        assert all(c.meta.get("kept_previous") for c in result.iterations[2].candidates), method
+        assert result.fallback is not None and result.fallback.iteration == 0, method
+        assert all(c.meta.kept_previous for c in result.iterations[2].candidates), method

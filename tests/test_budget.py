@@ -185,7 +185,7 @@ def test_sweep_budget_flags_and_environment(sim: SimServer, tmp_path: Path, monk
     with RunStore(run_dir, create=False) as store:
         [row] = list(store.results())
     # 130 total tokens a call: the first call reaches 90, the second is refused.
-    assert row["calls"] == 1 and row["stopped_reason"] == "budget"
+    assert row.calls == 1 and row.stopped_reason == "budget"
 
 
 def test_solve_prints_the_token_split(sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -229,7 +229,7 @@ def pooled_model(pool: bool) -> ScriptedModel:
 async def pooled_run(run_dir: Path, pool: bool) -> dict[str, ProblemResult]:
     await scripted_run(pooled_model(pool), run_dir, SETTLED_AND_OPEN)
     with RunStore(run_dir, create=False) as store:
-        return {r["problem_id"]: ProblemResult.model_validate(r) for r in store.results()}
+        return {r.problem_id: r for r in store.results()}
 
 
 async def test_a_pooled_budget_gives_what_a_settled_problem_left_to_an_open_one(tmp_path: Path) -> None:
@@ -268,6 +268,7 @@ async def test_a_resumed_pooled_run_banks_what_finished_problems_left(tmp_path: 
     resumed = pooled_model(pool=True)
     await scripted_run(resumed, tmp_path / "run")
     with RunStore(tmp_path / "run", create=False) as store:
-        b = ProblemResult.model_validate(store.result("b"))
+        b = store.result("b")
+    assert b is not None
     # The 50 tokens "a" left are banked again from its stored result: "b" replays its 14 calls and sends none.
     assert (b.calls, b.budget_drawn) == (14, 50) and resumed.calls == []

@@ -30,17 +30,17 @@ def test_majority_k16_under_a_200_token_budget_spends_at_most_one_call_past_it(t
         bodies = sim.chat_bodies()
         assert all(b["max_tokens"] == 256 for b in bodies)
     with RunStore(run_dir, create=False) as store:
-        results = {r["problem_id"]: r for r in store.results()}
+        results = {r.problem_id: r for r in store.results()}
         calls = list(store.calls())
     assert len(calls) == len(bodies)  # every request sent was answered and stored
     for pid, result in results.items():
         spent = [c.usage.completion_tokens for c in calls if c.key.problem_id == pid]
-        assert result["stopped_reason"] == "budget", pid
+        assert result.stopped_reason == "budget", pid
         assert len(spent) < 16
         # Every call but the last went with the spend under the budget; the last reached it.
         assert sum(spent[:-1]) < 200 <= sum(spent) <= 200 + max(spent)
-        assert result["usage"]["completion_tokens"] == sum(spent)
-        assert result["iterations"][-1]["notes"][-1].startswith(f"stopped: budget spent ({sum(spent)} completion")
+        assert result.usage.completion_tokens == sum(spent)
+        assert result.iterations[-1].notes[-1].startswith(f"stopped: budget spent ({sum(spent)} completion")
 
 
 def test_a_total_count_budget_is_kept_within_one_call(tmp_path: Path) -> None:
@@ -59,7 +59,7 @@ def test_a_total_count_budget_is_kept_within_one_call(tmp_path: Path) -> None:
         results = list(store.results())
         calls = list(store.calls())
     for result in results:
-        pid = result["problem_id"]
+        pid = result.problem_id
         spent = [c.usage.prompt_tokens + c.usage.completion_tokens for c in calls if c.key.problem_id == pid]
-        assert result["stopped_reason"] == "budget"
+        assert result.stopped_reason == "budget"
         assert sum(spent[:-1]) < 4000 <= sum(spent) <= 4000 + max(spent)

@@ -65,7 +65,7 @@ async def test_verify_refine_keeps_a_correction_its_budget_left_unverified() -> 
     assert [c.role for c in model.calls] == ["solution", "solution", "verifier", "verifier", "corrector"]
     assert result.stopped_reason == "budget" and result.answer == "391"
     [cut] = result.iterations[1].candidates
-    assert (cut.index, cut.meta["prompt"], cut.meta["unverified"], cut.score) == (0, "correct", True, None)
+    assert (cut.index, cut.meta.prompt, cut.meta.unverified, cut.score) == (0, "correct", True, None)
     assert (
         cut_note(result)
         == "stopped: budget spent (5 calls of a budget of 5) in iteration 1; 1 of 2 candidates finished"
@@ -127,7 +127,7 @@ async def test_a_trajectory_method_cut_in_its_second_round_keeps_the_one_that_we
     result, model = await solve(method, {"calls": 3}, **params)
     assert [c.role for c in model.calls] == ["solution", "solution", second]
     [kept] = result.iterations[1].candidates
-    assert (kept.index, kept.meta["prompt"], kept.answer) == (0, prompt, "391")
+    assert (kept.index, kept.meta.prompt, kept.answer) == (0, prompt, "391")
     assert (
         cut_note(result)
         == "stopped: budget spent (3 calls of a budget of 3) in iteration 1; 1 of 2 candidates finished"
@@ -212,6 +212,6 @@ async def test_the_stop_note_is_in_the_stored_iteration_record(
         result = await solve_one(solver, session)
         stored = store.iterations("q")
     note = f"stopped: budget spent ({calls} calls of a budget of {calls}) in iteration 1"
-    assert result.stopped_reason == "budget" and [r["iteration"] for r in stored] == [0]
-    assert stored[0]["notes"][-1] == cut_note(result) == note
-    assert stored[0]["notes"].count(note) == 1
+    assert result.stopped_reason == "budget" and [r.iteration for r in stored] == [0]
+    assert stored[0].notes[-1] == cut_note(result) == note
+    assert stored[0].notes.count(note) == 1

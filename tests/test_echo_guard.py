@@ -185,7 +185,7 @@ async def test_tmas_never_takes_an_answer_that_echoes_twice() -> None:
     result, model = await run_tmas([Rule(role="solution", replies=[echo])])
     assert len(solution_calls(model)) == 2 and result.answer is None and result.status == "failed"
     candidate = result.iterations[0].candidates[0]
-    assert candidate.answer is None and candidate.meta["echo"] == "answer" and "echoed" in (candidate.error or "")
+    assert candidate.answer is None and candidate.meta.echo == "answer" and "echoed" in (candidate.error or "")
     # No rollout: nothing is verified, summarised or handed to the memory agents.
     assert {c.role for c in model.calls} == {"solution"}
     assert result.iterations[0].replies["solution"].echo == 2 and result.counters["solution_echo"] == 2

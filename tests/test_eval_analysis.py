@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from stored_records import as_results, as_stored
 from tmas.grading.grades import Grades
 from tmas.reports.analysis import (
     experience_trace,
@@ -45,7 +46,7 @@ def test_score_dynamics_groups_and_test() -> None:
         _result("n1", [[0.9, 0.9], [1.0, 0.8]], [[False, False], [False, False]]),
         _result("n2", [[0.8, 1.0], [0.9, 0.9]], [[False, False], [False, False]]),
     ]
-    d = score_dynamics(results, _grades(results))
+    d = score_dynamics(as_results(results), _grades(results))
     assert d.available and d.ever_correct == ["e1", "e2"] and d.never_correct == ["n1", "n2"]
     # Per-problem means: e1 0.7, e2 0.55, n1 0.9, n2 0.9.
     assert d.ever_mean == pytest.approx(0.625) and d.never_mean == pytest.approx(0.9)
@@ -57,7 +58,7 @@ def test_score_dynamics_groups_and_test() -> None:
 def test_score_dynamics_without_scores_says_so() -> None:
     results = [_result("a", [[0.5]], [[True]])]
     results[0]["iterations"][0]["candidates"][0]["score"] = None
-    assert not score_dynamics(results, _grades(results)).available
+    assert not score_dynamics(as_results(results), _grades(results)).available
 
 
 def test_unique_guidelines_and_trace_read_the_tmas_banks() -> None:
@@ -78,12 +79,12 @@ def test_unique_guidelines_and_trace_read_the_tmas_banks() -> None:
     }
     result = _result("p", [[0.5, 0.5], [0.5, 0.5]], [[False, False], [True, False]])
     result["iterations"][0]["state"], result["iterations"][1]["state"] = bank_0, bank_1
-    diversity = unique_guidelines([result], {"name": "tmas", "params": {"epsilon": 0.2}})
+    diversity = unique_guidelines(as_results([result]), {"name": "tmas", "params": {"epsilon": 0.2}})
     assert diversity.available and diversity.per_problem == {"p": 2} and diversity.epsilon == 0.2
-    trace = experience_trace(result, _grades([result]))
+    trace = experience_trace(as_stored(result), _grades([result]))
     assert trace.available
     assert [(r.correct, r.new_entries) for r in trace.rows] == [(0, ["tile 2x1 both ways"]), (1, ["T(2)=3"])]
-    assert not unique_guidelines([_result("q", [[0.1]], [[True]])], None).available
+    assert not unique_guidelines(as_results([_result("q", [[0.1]], [[True]])]), None).available
 
 
 def test_stopping_tradeoff_against_a_full_run() -> None:
@@ -92,8 +93,9 @@ def test_stopping_tradeoff_against_a_full_run() -> None:
     for runs in (full, stopped):
         for rec in runs[0]["iterations"]:
             rec["usage"] = {"prompt_tokens": 50, "completion_tokens": 50}
-    summary = stopping_summary(stopped)
+    summary = stopping_summary(as_results(stopped))
     assert summary.stopped == 1 and summary.reasons == {"agreement": 1} and summary.mean_stop_iteration == 0
-    stopping_tradeoff(summary, compute_metrics(stopped, _grades(stopped)), compute_metrics(full, _grades(full)))
+    stopped_metrics = compute_metrics(as_results(stopped), _grades(stopped))
+    stopping_tradeoff(summary, stopped_metrics, compute_metrics(as_results(full), _grades(full)))
     assert summary.tokens_saved == 100 and summary.tokens_saved_share == pytest.approx(0.5)
     assert summary.pass1_lost == pytest.approx(1.0)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from stored_records import as_results
 from tmas.grading.grades import SELECTED, Grades
 from tmas.reports.frontier import equal_budget, iteration_frontier, mv_at_k, mv_frontier
 from tmas.reports.metrics import compute_metrics
@@ -86,7 +87,7 @@ def test_mv_frontier_from_stored_samples() -> None:
         },
     ]
     grades = _grade(results, {"a": "1", "b": "6"})
-    points = mv_frontier(results, grades)
+    points = mv_frontier(as_results(results), grades)
     assert [p.label for p in points] == ["MV@1", "MV@2", "MV@4"]
     # a: MV@1 1/2, MV@2 1/2 (as in the enumeration test), MV@4 1.
     # b: MV@1 1/4. MV@2 over 6 pairs: {5,5} {5,-} {5,-} wrong, {5,6} x2 ties (1/2 each), {-,6} right -> 2/6 = 1/3.
@@ -128,7 +129,7 @@ def partial_run() -> tuple[list[dict[str, Any]], Grades]:
 
 def test_iteration_frontier_and_equal_budget_table() -> None:
     results, grades = partial_run()
-    points = iteration_frontier(results, grades)
+    points = iteration_frontier(as_results(results), grades)
     assert [p.label for p in points] == ["It0", "It1", "It2"]
     # It0: a 0, b 1, c 1 -> 2/3 at (1000 + 600 + 800) / 3 = 800 tokens.
     # It1: a 1, b 1, c 0 -> 2/3 at (2500 + 600 + 1800) / 3 = 4900/3.
@@ -142,7 +143,7 @@ def test_iteration_frontier_and_equal_budget_table() -> None:
     assert [p.accuracy if p else None for p in table] == pytest.approx([None, 2 / 3, 2 / 3, 1.0])
     assert table[3] is not None and table[3].label == "It2"
     # Metrics count the mid-way problem the same way, and split tokens by kind.
-    metrics = compute_metrics(results, grades)
+    metrics = compute_metrics(as_results(results), grades)
     assert [m.problems for m in metrics.iterations] == [3, 3, 2]
     assert [m.selected for m in metrics.iterations] == pytest.approx([2 / 3, 2 / 3, 1.0])
     assert [m.completion_tokens for m in metrics.iterations] == [2400, 2500, 2000]
@@ -162,7 +163,7 @@ def test_every_selection_rule_from_stored_scores() -> None:
             ],
         }
     ]
-    table = selection_table(results, _grade(results, {"p": "7"}), "numeric")
+    table = selection_table(as_results(results), _grade(results, {"p": "7"}), "numeric")
     acc = table.accuracy
     assert table.iterations == [0, 1] and table.problems == [1, 1]
     # It0 (both pools alike): best score 7; vote 1:1, tie to the larger score sum: 7; weighted: 1.0 vs 0: 7.
@@ -196,7 +197,7 @@ def test_score_separation_of_a_run() -> None:
             ],
         }
     ]
-    s = score_separation(results, _grade(results, {"p": "7"}))
+    s = score_separation(as_results(results), _grade(results, {"p": "7"}))
     # Right: 1.0, 0.5; wrong: 0.5, 0.5; the answerless one is left out.
     # Pairs: 1.0 beats both (2), 0.5 ties both (1) -> 3/4.
     assert s.available and s.auc == pytest.approx(0.75)
@@ -205,7 +206,7 @@ def test_score_separation_of_a_run() -> None:
     unscored = [
         {"problem_id": "p", "iterations": [{"iteration": 0, "selected": "7", "candidates": _cands(["7"], [0])}]}
     ]
-    assert not score_separation(unscored, _grade(unscored, {"p": "7"})).available
+    assert not score_separation(as_results(unscored), _grade(unscored, {"p": "7"})).available
 
 
 def test_confidence_separation_reads_the_runs_measure() -> None:
@@ -218,7 +219,7 @@ def test_confidence_separation_reads_the_runs_measure() -> None:
     results = [{"problem_id": "p", "iterations": [{"iteration": 0, "selected": "7", "candidates": cands}]}]
     grades = _grade(results, {"p": "7"})
     # By the tail: right 3, 2 against wrong 1: every pair won, ROC area 1; the answerless one is left out.
-    tail = confidence_separation(results, grades, "tail")
+    tail = confidence_separation(as_results(results), grades, "tail")
     assert (tail.auc, tail.right, tail.wrong, tail.answerless, tail.right_mean, tail.wrong_mean) == (
         1.0,
         2,
@@ -228,6 +229,6 @@ def test_confidence_separation_reads_the_runs_measure() -> None:
         1.0,
     )
     # By the mean: right 1, 2 against wrong 2: a loss and a tie, (0 + 0.5) / 2.
-    assert confidence_separation(results, grades, "mean").auc == 0.25
+    assert confidence_separation(as_results(results), grades, "mean").auc == 0.25
     plain = [{"problem_id": "p", "iterations": [{"iteration": 0, "selected": "7", "candidates": _cands(["7"], [0])}]}]
-    assert not confidence_separation(plain, _grade(plain, {"p": "7"}), "tail").available
+    assert not confidence_separation(as_results(plain), _grade(plain, {"p": "7"}), "tail").available

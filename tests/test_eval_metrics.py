@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from stored_records import as_results
 from tmas.answers import normalize_answer
 from tmas.grading.grades import SELECTED, Grades
 from tmas.reports.metrics import compute_metrics, majority_answer, pass_at_1
@@ -60,7 +61,7 @@ def test_compute_metrics_per_iteration() -> None:
                 second = not ok if (pid, it, c["index"]) == ("a", 0, 0) else ok
                 grades.verdicts[(pid, it, c["index"])] = [ok, second]
             grades.verdicts[(pid, it, SELECTED)] = [rec["selected"] == gold[pid]] * 2
-    metrics = compute_metrics(results, grades)
+    metrics = compute_metrics(as_results(results), grades)
     it0, it1 = metrics.iterations
     # It0 run 0: a 1/3, b 1, c 0 -> 4/9; run 1: a 0/3, b 1, c 0 -> 1/3. Mean 7/18.
     assert it0.pass1 == pytest.approx(7 / 18)
@@ -79,5 +80,5 @@ def test_mv_at_k_uses_the_first_k_candidates() -> None:
     grades = Grades(runs=1)
     for i, ok in enumerate([True, False, False]):
         grades.verdicts[("a", 0, i)] = [ok]
-    assert compute_metrics(results, grades, mv_k=1).iterations[0].mv == 1.0
-    assert compute_metrics(results, grades, mv_k=3).iterations[0].mv == 0.0
+    assert compute_metrics(as_results(results), grades, mv_k=1).iterations[0].mv == 1.0
+    assert compute_metrics(as_results(results), grades, mv_k=3).iterations[0].mv == 0.0

@@ -83,7 +83,7 @@ async def test_pacore_with_no_message_to_synthesise_samples_plainly() -> None:
     assert by_role(model) == {"solution": 4, "synthesis": 1} and result.answer == "391"
     [synthesis] = model.calls_of("synthesis")
     assert synthesis.messages == model.calls_of("solution")[0].messages
-    assert result.iterations[-1].candidates[0].meta["prompt"] == "generate"
+    assert result.iterations[-1].candidates[0].meta.prompt == "generate"
 
 
 async def test_a_model_gone_mid_run_ends_it_and_a_resume_asks_only_the_rest(tmp_path: Path) -> None:

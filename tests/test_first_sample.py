@@ -91,7 +91,7 @@ def test_presets_and_the_embedded_model_choose_the_style() -> None:
 async def test_cot_reads_an_unboxed_final_answer_as_a_fallback() -> None:
     result, _ = await solve("cot", [Rule(role="solution", replies=["17*23 = 391.\nThe answer is 391."])])
     [candidate] = result.iterations[0].candidates
-    assert result.answer == "391" and candidate.meta["extraction"] == "stated"
+    assert result.answer == "391" and candidate.meta.extraction == "stated"
     assert result.iterations[0].replies == {"solution": ReplyTally(replies=1, stated=1)}
 
 
@@ -107,7 +107,7 @@ async def test_reply_counts_per_role_reach_the_records_and_the_report(tmp_path: 
     result = await asolve(Q, model=model, run_dir=tmp_path / "run")
     [record] = result.iterations
     assert record.replies == {"solution": ReplyTally(replies=4, truncated=1, unusable=1, stated=1)}
-    assert sorted(c.meta["extraction"] for c in record.candidates) == ["boxed", "boxed", "none", "stated"]
+    assert sorted(c.meta.extraction for c in record.candidates) == ["boxed", "boxed", "none", "stated"]
     assert any("no extractable answer" in n for n in record.notes)
     with RunStore(tmp_path / "run", create=False) as store:
         assert role_replies(store) == record.replies

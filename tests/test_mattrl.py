@@ -79,7 +79,7 @@ async def test_a_wrong_attempt_is_revised_from_peer_feedback_until_accepted() ->
     assert members["S2"]["accepted"] and members["S3"]["accepted"]
     assert [c.score for c in first.candidates] == [0.0, 1.0, 1.0]
     # Round 2: only the open specialist speaks again, and only its attempt is reviewed.
-    assert [c.meta["member"] for c in second.candidates] == ["S1"]
+    assert [c.meta.member for c in second.candidates] == ["S1"]
     specialist = last_user_prompts(model, "specialist")
     assert len(specialist) == 4 and len(model.calls_of("reviewer")) == 6 + 2
     revision = specialist[-1]
@@ -238,7 +238,7 @@ async def test_retrieved_experience_is_injected_and_recorded(tmp_path: Path) -> 
         assert prompt.index("</problem>") < prompt.index("<experience_hints>") < prompt.index("You are ")
     queries = model.embedded
     assert len(queries) == 3 and all(Q in q[0] for q in queries)
-    assert result.iterations[0].candidates[0].meta["experience_ids"] == opinions[0].experience_ids
+    assert result.iterations[0].candidates[0].meta.experience_ids == opinions[0].experience_ids
 
 
 async def test_a_pool_built_with_another_model_fails_the_problem_with_a_clear_error(tmp_path: Path) -> None:
@@ -327,10 +327,10 @@ def _final(run_dir: Path) -> list[Any]:
     with RunStore(run_dir, create=False) as store:
         return [
             (
-                r["answer"],
+                r.answer,
                 [
-                    (it["selected"], it["state"]["members"], it["state"]["transcript"]["utterances"], it["notes"])
-                    for it in r["iterations"]
+                    (it.selected, it.state["members"], it.state["transcript"]["utterances"], it.notes)
+                    for it in r.iterations
                 ],
             )
             for r in store.results()
@@ -393,7 +393,7 @@ async def test_a_spent_budget_keeps_the_round_so_far_and_answers_by_majority() -
     [record] = result.iterations
     # The team (1 call) and three opinions (3) finished; two of the six reviews fit the budget.
     assert by_role(model) == {"coordinator": 1, "specialist": 3, "reviewer": 2} and record.calls == 6
-    assert [c.meta["member"] for c in record.candidates] == ["S1", "S2", "S3"]
+    assert [c.meta.member for c in record.candidates] == ["S1", "S2", "S3"]
     assert record.notes[-1].startswith("stopped: budget spent (6 calls of a budget of 6)")
     assert "decision" not in record.state and record.selected == "391"
 

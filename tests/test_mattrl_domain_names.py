@@ -13,9 +13,6 @@ from tmas.methods.mattrl_domains import DOMAINS
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "tmas"
 DECLARATIONS = SRC / "methods" / "mattrl_domains"
-# The simulator's coordinator tells the domain from the prompt's wording, as a server would; it reads no run's
-# settings, so it has no declaration to ask.
-SIMULATOR = SRC / "testing" / "mattrl_responders.py"
 
 
 def domain_name_comparisons(path: Path) -> list[str]:
@@ -34,8 +31,7 @@ def domain_name_comparisons(path: Path) -> list[str]:
 
 def outside_the_declarations(src: Path) -> list[Path]:
     declarations = src / "methods" / "mattrl_domains"
-    simulator = src / "testing" / "mattrl_responders.py"
-    return [p for p in sorted(src.rglob("*.py")) if declarations not in p.parents and p != simulator]
+    return [p for p in sorted(src.rglob("*.py")) if declarations not in p.parents]
 
 
 def test_no_code_outside_the_declarations_compares_a_domain_name() -> None:
@@ -59,6 +55,8 @@ def test_each_declaration_is_whole(name: str) -> None:
     # Its grader is a registered one, and a domain graded by its own grader reports metrics.
     assert domain.grader is None or domain.grader in GRADERS
     assert bool(domain.metrics) == (domain.grader is not None)
+    # The report's table of those metrics says what they are.
+    assert bool(domain.metrics_note) == bool(domain.metrics)
     # The router reads the same features of every case of the domain.
     assert domain.case_features("", {}) and set(domain.case_features("Q?", {})) == set(domain.case_features("", {}))
     assert 1 <= len(domain.default_team(3, {})) <= 3

@@ -70,9 +70,9 @@ def test_every_study_of_the_grid_runs_at_the_budget(
             iterations += 1  # PaCoRe's synthesis round is one more record after its T rounds
         for r in results:
             # Each method stops where the budget says, or at its own last iteration, never before one finished.
-            assert 1 <= len(r["iterations"]) <= iterations, point.name
-            assert r["stopped_reason"] == "budget" or len(r["iterations"]) == iterations, point.name
-            budget_stops += r["stopped_reason"] == "budget"
+            assert 1 <= len(r.iterations) <= iterations, point.name
+            assert r.stopped_reason == "budget" or len(r.iterations) == iterations, point.name
+            budget_stops += r.stopped_reason == "budget"
         methods.add(point.method)
     assert {"cot", "majority", "tmas", "self_refine", "rse", "verify_refine", "pacore"} <= methods
     assert budget_stops > 0

@@ -132,7 +132,7 @@ def test_a_new_method_goes_through_every_command(redraw: str, sim: SimServer, tm
     problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
     invoke("run", str(problems), "-o", str(tmp_path / "run"), *url, "-T", "3")
     with RunStore(tmp_path / "run", create=False) as store:
-        assert {r["problem_id"]: len(r["iterations"]) for r in store.results()} == {"p2": 3, "p3": 3}
+        assert {r.problem_id: len(r.iterations) for r in store.results()} == {"p2": 3, "p3": 3}
 
     # The estimate is the method's own count: 2 problems x 2 iterations, each call at most max_tokens (2048).
     out = invoke("eval", str(problems), "-o", str(tmp_path / "eval"), *url, "--grade", "rules")
@@ -173,7 +173,7 @@ def test_a_new_method_is_served_and_swept(redraw: str, sim: SimServer, tmp_path:
     for name, iterations in zip(runs, (1, 2), strict=True):
         with RunStore(tmp_path / "sw" / "runs" / name, create=False) as store:
             [row] = list(store.results())
-        assert row["answer"] == "21" and len(row["iterations"]) == iterations
+        assert row.answer == "21" and len(row.iterations) == iterations
 
 
 def test_rl_data_is_built_from_a_new_method_that_keeps_the_banks(redraw: str, sim: SimServer, tmp_path: Path) -> None:

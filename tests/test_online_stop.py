@@ -164,7 +164,7 @@ async def server_saw(sim: SimServer, **expected: int) -> dict[str, int]:
 
 
 def stopped_of(result: ProblemResult) -> list[Any]:
-    return [c for r in result.iterations for c in r.candidates if c.meta.get("stopped_early")]
+    return [c for r in result.iterations for c in r.candidates if c.meta.stopped_early]
 
 
 async def test_a_weak_trace_is_cut_and_a_confident_one_runs_to_its_end(sim: SimServer, tmp_path: Path) -> None:
@@ -185,14 +185,14 @@ async def test_a_weak_trace_is_cut_and_a_confident_one_runs_to_its_end(sim: SimS
     [cut] = stopped_of(result)
     assert cut.answer is None and cut.text == WEAK_PART and cut.finish_reason == CONFIDENCE_STOP
     detail = "group confidence 1.750 of the last 4 tokens fell below the threshold 2.000 after 8 tokens"
-    assert cut.error == f"stopped early: {detail}" and cut.meta["online_stop"] == "watched"
+    assert cut.error == f"stopped early: {detail}" and cut.meta.online_stop == "watched"
     # No usage from a stream cut by its client: 8 log-probabilities arrived (more than ceil(22 chars / 4) = 6).
     assert cut.usage.completion_tokens == 8 and cut.usage.estimated
     record = result.iterations[0]
     assert f"candidate {cut.index}: stopped early: {detail}" in record.notes
     kept = [c for c in record.candidates if c is not cut]
     assert [c.answer for c in kept] == ["391"] * 3
-    assert sorted(c.meta["online_stop"] for c in kept) == ["warmup", "warmup", "watched"]
+    assert sorted(c.meta.online_stop for c in kept) == ["warmup", "warmup", "watched"]
     # Saved: the warm-up samples' mean of 100 completion tokens less the 8 spent.
     assert record.state["online_stop"] == {
         "rule": "deepconf_online",
@@ -234,7 +234,7 @@ async def test_a_resumed_run_replays_the_stopped_call_and_a_run_without_watch_se
     assert sim.stats().total_requests == 0  # every call replayed, the stopped one still stopped
     with RunStore(run_dir, create=False) as store:
         [resumed] = load_results(store)
-    assert resumed["stopped_traces"] == 1 and resumed["answer"] == "391"
+    assert resumed.stopped_traces == 1 and resumed.answer == "391"
 
     unfinish()
     sim.reset()
@@ -243,8 +243,8 @@ async def test_a_resumed_run_replays_the_stopped_call_and_a_run_without_watch_se
     assert sim.stats().total_requests == 1 and sim.stats().disconnected == 0
     with RunStore(run_dir, create=False) as store:
         [full] = load_results(store)
-    assert full["stopped_traces"] == 0
-    assert all(c["answer"] is not None for c in full["iterations"][0]["candidates"])
+    assert full.stopped_traces == 0
+    assert all(c.answer is not None for c in full.iterations[0].candidates)
 
 
 @pytest.mark.parametrize(
@@ -279,7 +279,7 @@ async def test_warm_up_samples_without_log_probabilities_set_no_threshold() -> N
 
 async def test_warm_up_samples_shorter_than_the_window_raise_one_notice_naming_both_lengths() -> None:
     result, _ = await run_scripted("majority", script=script(), **{**PARAMS, "confidence_window": 1000})
-    warm = [c for c in result.iterations[0].candidates if c.meta.get("online_stop") == "warmup"]
+    warm = [c for c in result.iterations[0].candidates if c.meta.online_stop == "warmup"]
     longest = max(c.confidence.tokens for c in warm if c.confidence is not None)
     assert len(warm) == 2 and 4 <= longest < 1000
     # In process every reply comes whole, so the watched samples also raise the unstreamed notice.
@@ -292,7 +292,7 @@ async def test_warm_up_samples_shorter_than_the_window_raise_one_notice_naming_b
 async def test_the_report_counts_the_stopped_samples(sim: SimServer, tmp_path: Path) -> None:
     sim.set_script(script())
     result = await asolve(Q, settings(sim), run_dir=tmp_path / "run")
-    summary = stopping_summary([result.model_dump(mode="json")])
+    summary = stopping_summary([result])
     assert (summary.stopped, summary.stopped_traces, summary.stopped_tokens_saved) == (0, 1, 92)
     doc = Document("report")
     _run_section(doc, evaluation_of(tmp_path / "run"))

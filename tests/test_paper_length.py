@@ -79,7 +79,7 @@ async def test_a_small_window_gets_what_the_prompt_leaves(tmp_path: Path) -> Non
             assert 2_048 < body["max_tokens"] < 32_768
     # Iteration 1 exploits (epsilon 0) and its prompt shows both rollouts whole: the 128K reply budget does not eat
     # the prompt's room (half the window stays for the prompt).
-    assert [c.meta["prompt"] for c in result.iterations[1].candidates] == ["refine", "refine"]
+    assert [c.meta.prompt for c in result.iterations[1].candidates] == ["refine", "refine"]
     assert not any(note.startswith("exploit prompt:") for note in result.iterations[1].notes)
 
 

@@ -58,7 +58,7 @@ def test_a_run_made_before_the_change_replays_every_call_and_extends_with_the_ol
     with RunStore(run_dir, create=False) as store:
         assert [(c.key.role, c.request_hash, c.content) for c in store.calls()] == before
         [result] = store.results()
-        assert result["answer"] == "391" and result["status"] == "done"
+        assert result.answer == "391" and result.status == "done"
     # One more iteration: new calls, with what the old code sent each role (its summaries and memory updates too).
     # The local preset now stops a settled problem after iteration 0, as this one is: extend it without the stop.
     more = ["-T", "2", "-p", "skip_final_memory=false", "-p", "early_stop=false"]

@@ -98,20 +98,20 @@ async def test_build_data_writes_the_release_schema(tmp_path: Path) -> None:
         assert (base["extra_info"]["variant"], bank["extra_info"]["variant"]) == ("base", "bank")
         assert base["extra_info"]["group"] == bank["extra_info"]["group"]
         t, pid = bank["extra_info"]["iteration"], bank["extra_info"]["problem_id"]
-        entries = records[pid][t - 1]["state"]["experience_bank"]["entries"]
+        entries = records[pid][t - 1].state["experience_bank"]["entries"]
         assert [e["content"] for e in bank["extra_info"]["experience_bank"]] == [e["content"] for e in entries]
         assert "<rollouts>" in base["prompt"][-1]["content"]
         assert "<experience>" in bank["prompt"][-1]["content"] and "<experience>" not in base["prompt"][-1]["content"]
         assert all(e["content"] in bank["prompt"][-1]["content"] for e in entries)
         # Each rollout of R_{t-1} is shown with its summary.
-        for cand in records[pid][t - 1]["candidates"]:
-            assert cand["meta"]["summary"] in base["prompt"][-1]["content"]
+        for cand in records[pid][t - 1].candidates:
+            assert cand.meta.summary in base["prompt"][-1]["content"]
     # guideline: the explore prompt listing G_{t-1}.
     guideline = by_source["guideline"]
     assert len(guideline) == 4
     for r in guideline:
         t, pid = r["extra_info"]["iteration"], r["extra_info"]["problem_id"]
-        strategies = records[pid][t - 1]["state"]["guideline_bank"]["strategies"]
+        strategies = records[pid][t - 1].state["guideline_bank"]["strategies"]
         assert strategies and [s["id"] for s in r["extra_info"]["guideline_bank"]] == [s["id"] for s in strategies]
         assert all(f"[{s['id']}] {s['description']}" in r["prompt"][-1]["content"] for s in strategies)
         assert "<attempted_strategies>" in r["prompt"][-1]["content"]
@@ -224,7 +224,7 @@ async def test_prompts_are_rendered_as_the_run_rendered_them(tmp_path: Path) -> 
     params = {"epsilon": 0.0, "style": "concise", "context_tokens": 512}
     model = await tmas_run(tmp_path / "run", 3, problems=PROBLEMS[:1], **params)
     with RunStore(tmp_path / "run", create=False) as store:
-        notes = [n for record in store.iterations("p1") for n in record.get("notes", [])]
+        notes = [n for record in store.iterations("p1") for n in record.notes]
     assert any(n.startswith("exploit prompt:") for n in notes)  # the run did fit R_{t-1}
     sent = [c.body["messages"] for c in model.calls_of("solution")]
     data = build_dataset([tmp_path / "run"], mix=None)

@@ -34,7 +34,7 @@ async def test_two_right_attempts_bank_their_findings_once_and_the_next_samples_
     assert len(model.embedded) == 1 and len(model.embedded[0]) == 4
     # The next iteration's samples are asked with the bank; the last iteration is not distilled.
     assert second.state["bank_in"] == first.state["bank"] and "distill" not in second.state
-    assert [c.meta["prompt"] for c in second.candidates] == ["with_bank", "with_bank"]
+    assert [c.meta.prompt for c in second.candidates] == ["with_bank", "with_bank"]
     prompt = last_user_prompts(model, "solution")[-1]
     assert f"Verified propositions:\n- {EXPRESSION}\n- {STEPS}\n\nCritical pitfalls:\n- (none yet)" in prompt
 
@@ -66,6 +66,6 @@ async def test_an_unusable_distillation_adds_nothing_and_the_next_samples_start_
     assert first.replies["distiller"].unusable == 1
     assert "distillation of candidate 0 unusable: no valid JSON object in the reply" in first.notes
     # With an empty bank the next sample is the plain first sample again, and nothing was embedded.
-    assert [c.meta["prompt"] for c in second.candidates] == ["generate"] and model.embedded == []
+    assert [c.meta.prompt for c in second.candidates] == ["generate"] and model.embedded == []
     solution = model.calls_of("solution")
     assert solution[0].messages == solution[1].messages

@@ -92,7 +92,7 @@ async def test_tmas_logprob_scoring_sends_logprobs_and_reads_the_payload(sim: Si
     result = await asolve("What is 17*23?", settings)
     [candidate] = result.iterations[0].candidates
     assert candidate.score == pytest.approx(EXPECTED)
-    assert [v["source"] for v in candidate.meta["verifications"]] == ["logprob", "logprob"]
+    assert [v.source for v in candidate.meta.verifications] == ["logprob", "logprob"]
     bodies = [r.body for r in sim.app.requests() if r.role == "verifier"]
     assert len(bodies) == 2
     for body in bodies:
@@ -114,7 +114,7 @@ async def test_tmas_logprob_scoring_falls_back_to_the_text_when_the_server_sends
     candidates = result.iterations[0].candidates
     # The simulated verifier grades a right 391 "Score: 2" (or "1" for a minor gap): read from the text.
     assert all(c.score in (0.5, 1.0) for c in candidates)
-    assert [v["source"] for c in candidates for v in c.meta["verifications"]] == ["text", "text"]
+    assert [v.source for c in candidates for v in c.meta.verifications] == ["text", "text"]
     assert result.counters["verifier_logprob_missing"] == 2
     assert sum("no log-probabilities at the score" in n for n in result.iterations[0].notes) == 2
     # Asked for all the same (what is sent is the test above's).
@@ -123,9 +123,9 @@ async def test_tmas_logprob_scoring_falls_back_to_the_text_when_the_server_sends
 
 async def test_the_default_simulated_payload_gives_the_sampled_score() -> None:
     result = await solve_in_process(logprob_scoring(SimScript()), "What is 17*23?")
-    entries = [v for c in result.iterations[0].candidates for v in c.meta["verifications"]]
-    assert [v["source"] for v in entries] == ["logprob", "logprob"]
-    assert all(v["score"] in (0.5, 1.0) and max(v["probabilities"].values()) == 1.0 for v in entries)
+    entries = [v for c in result.iterations[0].candidates for v in c.meta.verifications]
+    assert [v.source for v in entries] == ["logprob", "logprob"]
+    assert all(v.score in (0.5, 1.0) and max(v.probabilities.values()) == 1.0 for v in entries)
 
 
 async def test_logprobs_reach_the_completion_and_are_replayed_from_the_store(sim: SimServer, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from conftest import scripted_settings
 from scripted_runs import by_role, solve_in_process
 from tmas.api import asolve
-from tmas.methods.base import Candidate, ProblemResult
+from tmas.methods.base import Candidate, Fallback, ProblemResult
 from tmas.methods.confidence import Confidence
 from tmas.methods.selection import (
     ConfidenceVote,
@@ -253,18 +253,13 @@ def test_the_fallback_takes_the_rule_over_all_earlier_iterations_or_the_latest_a
     # "all": the vote over the four earlier candidates, 7 (2 votes) against 9 (1): iteration 0's first holder.
     chosen, info = select_answered([it0, it1, it2], "last", "numeric", "vote")
     assert chosen is it0[0]
-    assert info == {
-        "iteration": 0,
-        "candidate": 0,
-        "answer": "7",
-        "reason": "no answered candidate in the last iteration",
-    }
+    assert info == Fallback(iteration=0, candidate=0, answer="7", reason="no answered candidate in the last iteration")
     # "latest": the vote of iteration 1 alone, the latest with an answer.
     chosen, info = select_answered([it0, it1, it2], "last", "numeric", "vote", fallback_from="latest")
-    assert chosen is it1[0] and info is not None and (info["iteration"], info["answer"]) == (1, "9")
+    assert chosen is it1[0] and info is not None and (info.iteration, info.answer) == (1, "9")
     # An iteration with no answered candidate is passed over: iteration 0's vote, then.
     chosen, info = select_answered([it0, it2, it2], "last", "numeric", "vote", fallback_from="latest")
-    assert chosen is it0[0] and info is not None and info["iteration"] == 0
+    assert chosen is it0[0] and info is not None and info.iteration == 0
 
 
 def test_fallback_ties_go_to_the_latest_iteration_then_the_earliest_candidate() -> None:
@@ -273,11 +268,11 @@ def test_fallback_ties_go_to_the_latest_iteration_then_the_earliest_candidate() 
     hows: tuple[FallbackFrom, ...] = ("all", "latest")
     for how in hows:
         chosen, info = select_answered([it0, it1, last], "last", "numeric", "vote", fallback_from=how)
-        assert chosen is it1[0] and info is not None and info["iteration"] == 1
+        assert chosen is it1[0] and info is not None and info.iteration == 1
     # Within one iteration: a failed call never votes; 5 and 3 tie, 5's holder (candidate 1) comes first.
     tied = [cand(0, "4", None, error="HTTP 500"), cand(1, "5", None), cand(2, "3", None)]
     chosen, info = select_answered([tied, last], "last", "numeric", "vote", fallback_from="latest")
-    assert chosen is tied[1] and info is not None and info["candidate"] == 1
+    assert chosen is tied[1] and info is not None and info.candidate == 1
 
 
 def test_with_scores_the_fallback_rule_reads_them() -> None:

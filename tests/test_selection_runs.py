@@ -6,6 +6,7 @@ tests/test_selection.py."""
 from __future__ import annotations
 
 from scripted_runs import by_role, run_scripted
+from tmas.methods.base import Fallback
 from tmas.testing import Rule
 
 
@@ -68,11 +69,11 @@ async def test_pacore_with_an_unanswerable_synthesis_answers_its_last_round_reco
     # The round votes 9 (candidates 1 and 2); the synthesis only judges and boxes nothing.
     rules = [SEVEN_NINE_NINE, Rule(role="synthesis", replies=["The solution is correct."])]
     result, _ = await run_scripted("pacore", rules, responses_per_round=3, iterations=1)
-    fallback = {"iteration": 0, "candidate": 1, "answer": "9", "reason": "no answered candidate in the last iteration"}
+    fallback = Fallback(iteration=0, candidate=1, answer="9", reason="no answered candidate in the last iteration")
     assert result.status == "done" and result.answer == "9" and result.fallback == fallback
     synthesis = result.iterations[1]
     assert [c.answer for c in synthesis.candidates] == [None]
-    assert synthesis.selected == "9" and synthesis.state["answer_fallback"] == fallback
+    assert synthesis.selected == "9" and synthesis.state["answer_fallback"] == fallback.model_dump()
     assert "answer from iteration 0: no answered candidate in the last iteration" in synthesis.notes
     # Off: the synthesis's missing answer is the problem's.
     off, _ = await run_scripted("pacore", rules, responses_per_round=3, iterations=1, answer_fallback=False)
@@ -88,4 +89,4 @@ async def test_pacore_falls_back_to_the_latest_round_with_an_answer_not_a_vote_o
     ]
     result, _ = await run_scripted("pacore", rules, responses_per_round=3, iterations=2)
     assert [r.selected for r in result.iterations] == ["7", "9", "9"]
-    assert result.answer == "9" and result.fallback is not None and result.fallback["iteration"] == 1
+    assert result.answer == "9" and result.fallback is not None and result.fallback.iteration == 1

@@ -109,7 +109,7 @@ def test_tmas_reply_carries_the_selected_solution_and_the_upstream_usage(
         [problem] = store.problems()
         calls = list(store.calls())
     # The selected solution is the reply; the upstream spend is the usage (as the simulated upstream counted it).
-    assert reply.choices[0].message.content == result["text"]
+    assert reply.choices[0].message.content == result.text
     assert "\\boxed{391}" in (reply.choices[0].message.content or "")
     assert reply.model_extra is not None and reply.model_extra["tmas"]["answer"] == "391"
     stats = sim.stats()
@@ -153,7 +153,7 @@ def test_stream_shows_progress_then_the_answer_and_usage(sim: SimServer, proxy: 
     assert first_content > 0 and "\\boxed{144}" in content
     [run_dir] = runs_in(tmp_path / "served")
     with RunStore(run_dir, read_only=True) as store:
-        assert content == store.results()[0]["text"]
+        assert content == store.results()[0].text
     usage = chunks[-1].usage
     assert usage is not None and usage.total_tokens == sim.stats().prompt_tokens + sim.stats().completion_tokens
     assert chunks[last_progress].choices[0].finish_reason == "stop"
@@ -309,7 +309,7 @@ def test_a_disconnected_client_cancels_its_run_and_a_restart_resumes_it(
         with RunStore(run_dir, read_only=True) as store:
             [result] = store.results()
             total = sum(1 for c in store.calls() if c.ok)
-        assert result["status"] == "done" and result["answer"] == "391"
+        assert result.status == "done" and result.answer == "391"
         # Its start and its end are both logged, though no client asked for it this time.
         wait_until(lambda: f"request {run_dir.name}: done in " in caplog.text, what="the end to be logged")
         assert f"resuming unfinished request {run_dir.name}" in caplog.text
@@ -412,7 +412,7 @@ def test_every_run_store_is_closed_by_the_time_the_server_has_stopped(sim: SimSe
     for run_dir in runs:
         assert not (run_dir / "run.sqlite-wal").exists()
         with RunStore(run_dir, read_only=True) as store:
-            assert [r["status"] for r in store.results()] == ["done"]
+            assert [r.status for r in store.results()] == ["done"]
 
 
 @pytest.mark.slow
@@ -503,10 +503,10 @@ def test_mattrl_is_served_and_its_deliberation_shows_in_the_viewer(
     with RunStore(run_dir, read_only=True) as store:
         pid = store.problems()[0].problem_id
         last = store.iterations(pid)[-1]
-    transcript = last["state"]["transcript"]
+    transcript = last.state["transcript"]
     with AppThread(view_app([served])) as viewer:
         ref = run_ref_for([served], run_dir)
         assert ref is not None
-        status, page = get(f"{viewer.url}/run/{ref.key}/iteration?id={pid}&t={last['iteration']}")
+        status, page = get(f"{viewer.url}/run/{ref.key}/iteration?id={pid}&t={last.iteration}")
     assert status == 200 and b'id="transcript"' in page
     assert page.count(b"<td>opinion</td>") == sum(u["kind"] == "opinion" for u in transcript["utterances"])

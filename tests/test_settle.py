@@ -78,8 +78,8 @@ async def test_confidence_vote_asks_solution_calls_for_logprobs_and_weighs_the_v
     assert tails == [("7", 1.0), ("7", 1.0), ("9", 3.0)]
     # The measures are part of the stored iteration record.
     with RunStore(tmp_path / "run", create=False) as store:
-        stored = store.iterations("question")[0]["candidates"]
-    assert sorted(c["confidence"]["tail"] for c in stored) == [1.0, 1.0, 3.0]
+        stored = store.iterations("question")[0].candidates
+    assert sorted(c.confidence.tail for c in stored if c.confidence) == [1.0, 1.0, 3.0]
 
 
 async def test_plain_vote_asks_for_no_logprobs() -> None:
@@ -125,8 +125,8 @@ async def test_a_model_without_logprobs_gets_one_notice_per_run(tmp_path: Path) 
     with RunStore(tmp_path / "run", create=False) as store:
         assert list(store.notices().values()) == [CONFIDENCE_NOTICE]
         for result in store.results():
-            assert result["notices"] == [CONFIDENCE_NOTICE]
-            assert "confidence rules vote plainly" in " ".join(result["iterations"][0]["notes"])
+            assert result.notices == [CONFIDENCE_NOTICE]
+            assert "confidence rules vote plainly" in " ".join(result.iterations[0].notes)
 
 
 def test_the_cli_prints_the_notice_once(sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -251,9 +251,9 @@ def evaluation_of(run_dir: Path) -> RunEvaluation:
         notices = store.notices()
     grades = Grades(runs=1)
     for r in results:
-        for rec in r["iterations"]:
-            for c in rec["candidates"]:
-                grades.verdicts[(r["problem_id"], rec["iteration"], c["index"])] = [c["answer"] == "391"]
+        for rec in r.iterations:
+            for c in rec.candidates:
+                grades.verdicts[(r.problem_id, rec.iteration, c.index)] = [c.answer == "391"]
     e = RunEvaluation(
         run_dir=run_dir,
         label="majority",

@@ -12,15 +12,18 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from conftest import settings_for
+from conftest import scripted_settings, settings_for
+from scripted_runs import scripted_run, solve_in_process
+from tmas.config import Settings
 from tmas.llm.lanes import Lane, SlotQueue, pinned_slot
-from tmas.llm.types import ChainKey
+from tmas.llm.routes import Routes
+from tmas.llm.types import CallKey, ChainKey
 from tmas.methods import create_method
 from tmas.planning.estimate import calls_per_problem
 from tmas.problems import Problem
 from tmas.runner import RunSummary, prepare_run, run_problems
 from tmas.store.run_store import RunStore
-from tmas.testing import SimScript, SimServer
+from tmas.testing import ScriptedModel, SimScript, SimServer
 
 TMAS = {"name": "tmas", "params": {"n": 2, "m": 1, "iterations": 2, "epsilon": 0.0}}
 
@@ -35,6 +38,31 @@ def test_lanes_fill_slot_zero_of_every_replica_first_and_never_leave_a_slot_idle
     assert [pinned_slot(Lane(w, 4), 2, 2) for w in range(4)] == [(0, 0), (1, 0), (0, 1), (1, 1)]
     # More lanes than slots: lanes share slots, evenly.
     assert [pinned_slot(Lane(w, 6), 2, 2) for w in range(6)] == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 0), (1, 0)]
+
+
+async def test_the_lane_is_data_in_every_call_key_of_a_runs_worker(tmp_path: Path) -> None:
+    """The runner gives each worker's sessions their lane; every call of a problem carries it in its key, and the
+    client pins by the key (no state of the task that sends it)."""
+    settings = scripted_settings(method={"name": "cot", "params": {}}, problems_in_flight=2)
+    model = ScriptedModel(SimScript(), settings)
+    await scripted_run(model, tmp_path / "run", _problems(4))
+    lanes: dict[str, set[Lane | None]] = defaultdict(set)
+    for call in model.calls:
+        lanes[call.key.problem_id].add(call.key.lane)
+    assert len(lanes) == 4 and all(len(per) == 1 for per in lanes.values())
+    assert set().union(*lanes.values()) == {Lane(0, 2), Lane(1, 2)}
+    # Outside a run's workers (one problem solved in process) a call has no lane.
+    alone = ScriptedModel(SimScript(), settings)
+    await solve_in_process(alone, "What is 2+2?")
+    assert {call.key.lane for call in alone.calls} == {None}
+    # The routes read the lane from the key: lane 1 of 2 on one replica of two slots is slot 1.
+    route = Routes(settings_for_pins()).route("solution")
+    assert Routes.pinned(route, CallKey(role="solution", lane=Lane(1, 2))) == (0, 1)
+    assert Routes.pinned(route, CallKey(role="solution")) is None
+
+
+def settings_for_pins() -> Settings:
+    return scripted_settings(endpoint={"base_url": ["http://127.0.0.1:9/v1"], "max_in_flight": 2, "pin_slots": True})
 
 
 def _problems(n: int) -> list[Problem]:

@@ -9,7 +9,7 @@ from conftest import scripted_settings
 from scripted_runs import solve_in_process
 from tmas.agents.solution import generation_prompt, parse_solution
 from tmas.config import Budget
-from tmas.methods.base import Candidate, MethodParams, ProblemSession
+from tmas.methods.base import Candidate, CandidateMeta, MethodParams, ProblemSession
 from tmas.methods.steps import notes_for, solution_anomalies, solve_call
 from tmas.problems import Problem
 from tmas.testing import Rule, ScriptedModel, SimScript
@@ -45,7 +45,7 @@ async def test_both_parsers_give_the_same_candidate_of_a_plain_reply() -> None:
         assert session.tally("solution").stated == 1 and session.tally("solution").unusable == 0
     baseline, tmas = made
     assert baseline == tmas
-    assert (tmas.text, tmas.answer, tmas.error, tmas.meta) == (STATED, "391", None, {"extraction": "stated"})
+    assert (tmas.text, tmas.answer, tmas.error, tmas.meta) == (STATED, "391", None, CandidateMeta(extraction="stated"))
     assert solution_anomalies(tmas, "numeric") == []
 
 
@@ -73,19 +73,21 @@ async def test_tmas_and_a_baseline_make_the_same_candidate_of_the_same_first_rep
     [cot], [tmas] = (r.iterations[0].candidates for r in results)
     same = ("index", "text", "answer", "finish_reason", "error", "usage", "confidence")
     assert {k: getattr(cot, k) for k in same} == {k: getattr(tmas, k) for k in same}
-    assert cot.meta["extraction"] == tmas.meta["extraction"] == "stated"
+    assert cot.meta.extraction == tmas.meta.extraction == "stated"
     assert results[0].iterations[0].replies["solution"] == results[1].iterations[0].replies["solution"]
 
 
 async def test_an_answerless_reply_is_reminded_under_its_own_sample_and_the_answer_taken() -> None:
     rules = [Rule(role="r", pattern=REMINDED, replies=[ANSWERED]), Rule(role="r", replies=[VERDICT])]
     session, model = session_on(rules)
-    c = await solve_call(session, "r", PROMPT, index=1, sample=7, mode="numeric", remind=True, meta={"prompt": "x"})
+    c = await solve_call(
+        session, "r", PROMPT, index=1, sample=7, mode="numeric", remind=True, meta=CandidateMeta(prompt="x")
+    )
     assert c is not None and c.answer == "391" and c.error is None
     first, retry = model.calls_of("r")
     assert first.sampling.seed == retry.sampling.seed  # the same sample index: one seed, replayed on resume
-    assert c.call_id != c.meta["reminder"]["first_call_id"] and c.meta["reminder"]["answered"] is True
-    assert c.meta["prompt"] == "x" and c.meta["extraction"] == "boxed"
+    assert c.call_id != c.meta.reminder.first_call_id and c.meta.reminder.answered is True
+    assert c.meta.prompt == "x" and c.meta.extraction == "boxed"
     assert session.tally("r").unusable == 1  # the first reply; the retry's is boxed
     assert kinds(c) == ["solution_reminded"]
     assert notes_for([c], "numeric") == [
@@ -105,7 +107,7 @@ async def test_an_answer_echoing_twice_is_an_error_with_both_echo_kinds() -> Non
     session, model = session_on([Rule(role="r", replies=[echo])])
     # The concise prompt shows the answer format this reply copies.
     c = await solve_call(session, "r", generation_prompt(Q, "numeric", "concise"), index=0, mode="numeric")
-    assert c is not None and c.answer is None and c.meta["echo"] == c.meta["echo_retry"] == "answer"
+    assert c is not None and c.answer is None and c.meta.echo == c.meta.echo_retry == "answer"
     assert c.error == "the answer echoed the prompt's instructions (asked twice)"
     assert len(model.calls) == 2 and session.tally("r").echo == 2
     assert kinds(c) == ["solution_echo", "solution_echo"]
@@ -114,7 +116,7 @@ async def test_an_answer_echoing_twice_is_an_error_with_both_echo_kinds() -> Non
 async def test_failure_truncation_and_a_missing_heading_are_reported() -> None:
     session, _ = session_on([Rule(role="r", replies=["A proof without its heading."], finish_reason="length")])
     c = await solve_call(session, "r", PROMPT, index=2, mode="proof")
-    assert c is not None and c.meta == {"no_solution_heading": True, "truncated": True}
+    assert c is not None and c.meta == CandidateMeta(no_solution_heading=True, truncated=True)
     assert solution_anomalies(c, "proof") == [
         (None, "candidate 2: no '## Solution' heading; the whole reply is taken as the solution"),
         ("solution_truncated", "candidate 2: truncated at max_tokens"),

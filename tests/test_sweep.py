@@ -149,7 +149,7 @@ async def test_each_point_runs_under_its_studys_budget(tmp_path: Path) -> None:
             assert store.get_meta("settings")["budget"]["calls"] == calls
             results = store.results()
         assert outcome.summary is not None and outcome.summary.calls == calls * len(PROBLEMS)
-        assert all(len(r["iterations"][0]["candidates"]) == calls for r in results)
+        assert all(len(r.iterations[0].candidates) == calls for r in results)
     assert len(model.calls) == (3 + 2) * len(PROBLEMS)
 
 

@@ -22,6 +22,7 @@ from tmas.methods.base import ProblemResult
 from tmas.methods.selection import select
 from tmas.methods.tmas import TMAS
 from tmas.methods.tmas_params import TMASParams
+from tmas.store.records import VerificationRecord
 from tmas.testing import Rule, ScriptedModel, SimScript
 
 Q = "What is 17*23?"
@@ -73,8 +74,8 @@ async def test_call_graph_per_iteration() -> None:
     assert [len(r.candidates) for r in result.iterations] == [n] * t
     assert all(r.calls == n + n * m + n + 2 for r in result.iterations)
     first = result.iterations[0].candidates[0]
-    assert first.meta["mode"] == "generate" and len(first.meta["verifications"]) == m
-    assert "## Validated Steps" in first.meta["summary"]
+    assert first.meta.mode == "generate" and len(first.meta.verifications) == m
+    assert "## Validated Steps" in first.meta.summary
 
 
 async def test_iteration_t_prompts_see_only_iteration_t_minus_1() -> None:
@@ -110,7 +111,7 @@ async def test_epsilon_extremes(epsilon: float) -> None:
         assert not any(explore) and sum(refine) == n * (t - 1)
     else:
         assert sum(explore) == n * (t - 1) and not any(refine)
-    modes = [c.meta["mode"] for r in result.iterations for c in r.candidates]
+    modes = [c.meta.mode for r in result.iterations for c in r.candidates]
     expected = "exploit" if epsilon == 0.0 else "explore"
     assert modes == ["generate"] * n + [expected] * n * (t - 1)
 
@@ -264,11 +265,11 @@ async def test_verification_without_a_score() -> None:
     assert result.counters["verification_unparseable"] == 6
     candidate = result.iterations[0].candidates[0]
     assert candidate.score == 0.0 and candidate.answer == "391"
-    assert candidate.meta["verifications"][0] == {
-        "score": None,
-        "call_id": candidate.meta["verifications"][0]["call_id"],
-        "raw": "It all looks plausible to me.",
-    }
+    assert candidate.meta.verifications[0] == VerificationRecord(
+        score=None,
+        call_id=candidate.meta.verifications[0].call_id,
+        raw="It all looks plausible to me.",
+    )
 
 
 @pytest.mark.parametrize(
@@ -347,7 +348,7 @@ async def test_no_guideline_ablation() -> None:
     result, model = await run_tmas(n=2, m=1, iterations=3, epsilon=1.0, no_guideline=True)
     assert "guideline" not in by_role(model) and by_role(model)["experience"] == 3
     assert not any(EXPLORE_MARK in p for p in last_user_prompts(model, "solution"))
-    assert [c.meta["prompt"] for c in result.iterations[2].candidates] == ["generate", "generate"]
+    assert [c.meta.prompt for c in result.iterations[2].candidates] == ["generate", "generate"]
 
 
 async def test_both_ablations() -> None:

@@ -55,21 +55,21 @@ def final_state(run_dir: Path) -> dict[str, Any]:
     with RunStore(run_dir, create=False) as store:
         for result in store.results():
             iterations = []
-            for record in result["iterations"]:
+            for record in result.iterations:
                 candidates = [
                     {
-                        "text": c["text"],
-                        "answer": c["answer"],
-                        "score": c["score"],
-                        "mode": c["meta"]["mode"],
-                        "summary": c["meta"].get("summary"),
-                        "verifier_scores": [v["score"] for v in c["meta"].get("verifications", [])],
+                        "text": c.text,
+                        "answer": c.answer,
+                        "score": c.score,
+                        "mode": c.meta.mode,
+                        "summary": c.meta.summary,
+                        "verifier_scores": [v.score for v in c.meta.verifications or []],
                     }
-                    for c in record["candidates"]
+                    for c in record.candidates
                 ]
-                state = {k: record["state"][k] for k in ("modes", "experience_bank", "guideline_bank", "mean_score")}
-                iterations.append({"candidates": candidates, "state": state, "selected": record["selected"]})
-            out[result["problem_id"]] = {"answer": result["answer"], "iterations": iterations}
+                state = {k: record.state[k] for k in ("modes", "experience_bank", "guideline_bank", "mean_score")}
+                iterations.append({"candidates": candidates, "state": state, "selected": record.selected})
+            out[result.problem_id] = {"answer": result.answer, "iterations": iterations}
     return out
 
 
@@ -153,7 +153,7 @@ async def test_resume_with_more_iterations_continues_from_the_stored_ones(tmp_pa
     # Iterations 0-1 are replayed from the store; only iteration 2 (2 + 2 + 2 + 1 + 1 calls) is new.
     assert len(resumed.calls) == 8 and summary.calls == 8 and summary.replayed_calls > 0
     with RunStore(run_dir, create=False) as store:
-        assert len(store.results()[0]["iterations"]) == 3
+        assert len(store.results()[0].iterations) == 3
 
 
 async def test_a_resumed_run_replays_one_problem_at_a_time_each_until_its_first_new_call(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from tmas.data.generators import generate
 from tmas.grading.grades import GradeConfig
 from tmas.grading.runs import grade_run
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
-from tmas.methods.base import Candidate, IterationRecord
+from tmas.methods.base import Candidate, CandidateMeta, IterationRecord, ProblemResult
 from tmas.methods.confidence import Confidence
 from tmas.problems import Problem
 from tmas.store.run_store import SCHEMA_VERSION, RunStore, StoreError
@@ -77,7 +77,7 @@ def test_a_read_only_store_writes_nothing(tmp_path: Path) -> None:
         writer.add_problems(PROBLEMS)
         with RunStore(tmp_path / "run", read_only=True) as reader:
             before = reader.change_marker()
-            writer.save_iteration("mult", 0, {"iteration": 0})
+            writer.save_iteration(IterationRecord(problem_id="mult", iteration=0, candidates=[]))
             assert reader.change_marker() != before
             assert [p.problem_id for p in reader.problems()] == ["mult", "square"]
             with pytest.raises(Exception, match="readonly"):
@@ -177,7 +177,7 @@ def test_a_mattrl_transcript_shows_with_the_credits_of_its_turns(tmp_path: Path)
         store.add_problems(PROBLEMS[:1])
         record = IterationRecord(problem_id="mult", iteration=0, candidates=[], selected="391")
         record.state = {"transcript": transcript.model_dump(mode="json")}
-        store.save_iteration("mult", 0, record.model_dump(mode="json"))
+        store.save_iteration(record)
     build = tmp_path / "pool.build"
     RunStore(build).close()
     rows = [
@@ -242,7 +242,7 @@ def test_confidence_and_why_a_problem_stopped_show(tmp_path: Path) -> None:
                 },
             },
         )
-        store.save_iteration("mult", 0, record.model_dump(mode="json"))
+        store.save_iteration(record)
     with AppThread(view_app([run_dir])) as viewer:
         ref = run_ref_for([run_dir], run_dir)
         assert ref is not None
@@ -321,8 +321,8 @@ def test_in_chromium_open_a_run_a_problem_an_iteration_its_bank_diff_and_a_call(
     _tmas_run(run_dir)
     with RunStore(run_dir, read_only=True) as store:
         records = store.iterations("mult")
-        expected = bank_diffs(records[0]["state"], records[1]["state"])
-        first_call = store.call(IterationRecord.model_validate(records[1]).candidates[0].call_id or 0)
+        expected = bank_diffs(records[0].state, records[1].state)
+        first_call = store.call(records[1].candidates[0].call_id or 0)
         assert first_call is not None
     with AppThread(view_app([tmp_path / "runs"])) as viewer:
         browser.get(viewer.url)
@@ -358,7 +358,7 @@ def test_in_chromium_open_a_run_a_problem_an_iteration_its_bank_diff_and_a_call(
         assert len(browser.find_elements(By.CSS_SELECTOR, ".candidate")) == 3
         # Every call of the iteration, all roles, is listed (and linked).
         call_rows = browser.find_element(By.ID, "calls").find_elements(By.CSS_SELECTOR, "tr")[1:]
-        assert len(call_rows) == records[1]["calls"] == 11
+        assert len(call_rows) == records[1].calls == 11
         assert {r.find_elements(By.TAG_NAME, "td")[1].text for r in call_rows} == {
             "solution",
             "verifier",
@@ -383,14 +383,14 @@ def test_in_chromium_a_problem_page_follows_a_run_as_it_goes(tmp_path: Path, bro
     with RunStore(run_dir) as writer:
         writer.add_problems(PROBLEMS[:1])
         record = IterationRecord(problem_id="mult", iteration=0, candidates=[], selected="390")
-        writer.save_iteration("mult", 0, record.model_dump(mode="json"))
+        writer.save_iteration(record)
         with AppThread(view_app([run_dir])) as viewer:
             ref = run_ref_for([run_dir], run_dir)
             assert ref is not None
             browser.get(f"{viewer.url}/run/{ref.key}/problem?id=mult")
             assert "in progress" in browser.page_source and "iteration 1" not in browser.page_source
             later = record.model_copy(update={"iteration": 1, "selected": "391"})
-            writer.save_iteration("mult", 1, later.model_dump(mode="json"))
+            writer.save_iteration(later)
             wait_until(lambda: "iteration 1" in browser.page_source, timeout=15, what="the page to update itself")
             assert browser.find_elements(By.LINK_TEXT, "iteration 1")
 
@@ -595,8 +595,8 @@ def test_an_overview_reads_the_same_figures_as_the_full_reads(tmp_path: Path) ->
         summaries = {pid: summary for pid, _, summary in store.result_summaries()}
     # Each result's summary was written with it, without the candidates' texts.
     assert set(summaries) == {"mult", "square"}
-    candidates = [c for s in summaries.values() for r in s["iterations"] for c in r["candidates"]]
-    assert len(candidates) == 6 and all("text" not in c and c["answer"] for c in candidates)
+    candidates = [c for s in summaries.values() for r in s.iterations for c in r.candidates]
+    assert len(candidates) == 6 and all(c.text == "" and c.answer for c in candidates)
     # The full records made unreadable: a first view that read them would fail.
     db = sqlite3.connect(run_dir / "run.sqlite")
     db.execute("UPDATE results SET record = '{'")
@@ -664,9 +664,7 @@ def test_a_comparison_needs_two_known_runs(tmp_path: Path) -> None:
             marker = f"{viewer.url}/compare/marker?run={ref.key}&run={second.key}"
             got, before = get(marker)
             assert got == 200 and before.count(b"/") == 1
-            writer.save_iteration(
-                "mult", 0, IterationRecord(problem_id="mult", iteration=0, candidates=[]).model_dump()
-            )
+            writer.save_iteration(IterationRecord(problem_id="mult", iteration=0, candidates=[]))
             assert get(marker)[1] != before
 
 
@@ -743,7 +741,7 @@ def test_in_chromium_a_solution_a_bank_and_a_transcript_read_as_mathematics(tmp_
     with RunStore(run_dir) as store:
         store.add_problems([problem])
         record = IterationRecord(problem_id="subsets", iteration=0, candidates=[candidate], selected="512", state=state)
-        store.save_iteration("subsets", 0, record.model_dump(mode="json"))
+        store.save_iteration(record)
     with AppThread(view_app([run_dir])) as viewer:
         ref = run_ref_for([run_dir], run_dir)
         assert ref is not None
@@ -771,46 +769,41 @@ def test_the_cache_parses_each_result_once_and_follows_the_run(tmp_path: Path) -
     from tmas.view.cache import RunCache
     from tmas.view.runs import RunReader
 
-    def result(answer: str) -> dict[str, Any]:
+    def result(answer: str) -> ProblemResult:
         candidate = Candidate(index=0, text="long text \\boxed{" + answer + "}", answer=answer, meta={"mode": "x"})
         record = IterationRecord(problem_id="mult", iteration=0, candidates=[candidate], selected=answer)
         record.state = {"experience_bank": {"entries": []}}
-        return {
-            "problem_id": "mult",
-            "status": "done",
-            "answer": answer,
-            "text": "t",
-            "iterations": [record.model_dump()],
-        }
+        return ProblemResult(
+            problem_id="mult", method="tmas", status="done", answer=answer, text="t", iterations=[record]
+        )
 
     run_dir = tmp_path / "run"
     cache = RunCache()
     with RunStore(run_dir) as writer:
         writer.add_problems(PROBLEMS)
-        writer.save_result("mult", "done", result("390"))
+        writer.save_result(result("390"))
         ref = run_ref_for([run_dir], run_dir)
         assert ref is not None
         with RunStore(run_dir, read_only=True) as reader:
             first = cache.results(reader)
             # Kept without the texts, banks and candidate metadata no overview reads.
-            assert [r["problem_id"] for r in first] == ["mult"] and "text" not in first[0]
-            assert "state" not in first[0]["iterations"][0]
-            assert first[0]["iterations"][0]["candidates"][0] == {
-                k: v for k, v in result("390")["iterations"][0]["candidates"][0].items() if k not in ("text", "meta")
-            }
+            assert [r.problem_id for r in first] == ["mult"] and first[0].text == ""
+            assert first[0].iterations[0].state == {}
+            written = result("390").iterations[0].candidates[0]
+            assert first[0].iterations[0].candidates[0] == written.model_copy(
+                update={"text": "", "meta": CandidateMeta()}
+            )
             assert cache.results(reader)[0] is first[0]  # not parsed again
             with RunReader(ref, cache) as run:
                 overview = run.overview()
                 assert overview.problems[0].correct is False and run.overview() is overview
             # The problem is solved again (a new finished_at) and another one starts: both are seen.
             time.sleep(0.01)
-            writer.save_result("mult", "done", result("391"))
-            writer.save_iteration(
-                "square", 0, IterationRecord(problem_id="square", iteration=0, candidates=[]).model_dump()
-            )
+            writer.save_result(result("391"))
+            writer.save_iteration(IterationRecord(problem_id="square", iteration=0, candidates=[]))
             again = cache.results(reader)
-            assert again[0] is not first[0] and again[0]["answer"] == "391"
-            assert [(r["problem_id"], r["status"]) for r in again] == [("mult", "done"), ("square", "running")]
+            assert again[0] is not first[0] and again[0].answer == "391"
+            assert [(r.problem_id, r.status) for r in again] == [("mult", "done"), ("square", "running")]
             with RunReader(ref, cache) as run:
                 fresh = run.overview()
                 assert fresh is not overview and fresh.problems[0].correct is True

@@ -10,6 +10,7 @@ import pytest
 
 from conftest import scripted_settings
 from scripted_runs import scripted_run
+from stored_records import as_results
 from tmas.grading.grades import GradeConfig, Grades
 from tmas.grading.runs import grade_run
 from tmas.methods.base import ReplyTally
@@ -92,7 +93,7 @@ def answers(run_dir: Path) -> dict[str, list[list[str | None]]]:
     """Each problem's candidate answers per iteration, as stored."""
     with RunStore(run_dir, read_only=True) as store:
         return {
-            p.problem_id: [[c["answer"] for c in r["candidates"]] for r in store.iterations(p.problem_id)]
+            p.problem_id: [[c.answer for c in r.candidates] for r in store.iterations(p.problem_id)]
             for p in store.problems()
         }
 
@@ -245,7 +246,7 @@ def test_a_half_score_does_not_pass_and_verifications_without_a_score_are_left_o
     ]
     results = [{"problem_id": "p1", "iterations": [{"iteration": 0, "candidates": candidates, "selected": "391"}]}]
     grades = Grades(runs=1, verdicts={("p1", 0, 0): [True], ("p1", 0, 1): [False], ("p1", 0, -1): [True]})
-    v = where_lost("verify_refine", results, grades, {}).verifier
+    v = where_lost("verify_refine", as_results(results, "verify_refine"), grades, {}).verifier
     assert v is not None
     assert (v.right_passed, v.right, v.wrong_passed, v.wrong, v.no_score, v.answerless) == (1, 2, 0, 1, 2, 1)
     # Scores of the answered candidates: right 0.5 against wrong 0.25.

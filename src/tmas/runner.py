@@ -19,11 +19,10 @@ from tmas.agents.templates import prompts_from
 from tmas.config import Budget, Settings, load_settings, with_method_params, with_overrides
 from tmas.errors import InputError, TmasError
 from tmas.llm.factory import open_model
-from tmas.llm.lanes import enter_lane
 from tmas.llm.model import ChatModel, ClientStats, EndpointUnreachable
 from tmas.llm.preflight import check_endpoints
 from tmas.llm.replay import ReplayTurns
-from tmas.llm.types import Usage
+from tmas.llm.types import Lane
 from tmas.methods import check_roles, create_method
 from tmas.methods.base import (
     BudgetExhausted,
@@ -309,15 +308,7 @@ async def run_problems(
     state.total = len(problems) if isinstance(problems, Sized) else store.problem_count()
     state.iterations = method.params.iterations
     tally = _Tally()
-
-    def pending() -> Iterator[Problem]:
-        for problem in problems:
-            if problem.problem_id in finished:
-                state.skipped += 1
-            else:
-                yield problem
-
-    todo = pending()
+    todo = _pending(problems, finished, state)
     started = time.monotonic()
     turns = ReplayTurns(store.problems_with_calls())
     with prompts_from(settings.prompts_dir):
@@ -329,12 +320,11 @@ async def run_problems(
         ):
             state.stats = stats
 
-            async def one(problem: Problem) -> None:
+            async def one(problem: Problem, lane: Lane) -> None:
                 async with turns.turn(problem.problem_id):
-                    result = await solver.solve(problem)
-                record = result.model_dump(mode="json")
-                record["fingerprint"] = fingerprint
-                store.save_result(problem.problem_id, result.status, record)
+                    result = await solver.solve(problem, lane)
+                result.fingerprint = fingerprint
+                store.save_result(result)
                 tally.add(result, keep_results)
                 if result.status == "done":
                     state.done += 1
@@ -343,12 +333,10 @@ async def run_problems(
                 if on_result is not None:
                     on_result(result)
 
-            async def worker(lane: int, lanes: int) -> None:
-                # Each worker is a lane (tmas.llm.lanes): on an endpoint with pin_slots, its calls share one slot.
-                enter_lane(lane, lanes)
+            async def worker(lane: Lane) -> None:
                 # The workers share one iterator; next() runs without awaiting, so each problem goes to one worker.
                 for problem in todo:
-                    await one(problem)
+                    await one(problem, lane)
 
             # The settings as provisioned (a caller's own model runs under the run's: tmas.llm.factory.UnderSettings).
             state.problem_slots = problems_in_flight(llm.settings, own_model=model is not None)
@@ -357,9 +345,27 @@ async def run_problems(
                 if model is None and state.total > len(finished):
                     # Nothing listening, or a base URL without its /v1: said in seconds, before any call.
                     await check_endpoints(llm.settings, method.traits.roles)
-                await gather_all(worker(w, workers) for w in range(workers))
+                # Each worker is a lane (tmas.llm.lanes): on an endpoint with pin_slots, its calls share one slot.
+                await gather_all(worker(Lane(w, workers)) for w in range(workers))
             except EndpointUnreachable as exc:
                 raise Unreachable(str(exc), store.run_dir) from None
+    return _summary(store, settings, state, tally, stats, time.monotonic() - started)
+
+
+def _pending(problems: Iterable[Problem], finished: Collection[str], state: RunState) -> Iterator[Problem]:
+    """The problems not finished yet, one at a time (each finished one counted as skipped as it is passed)."""
+    for problem in problems:
+        if problem.problem_id in finished:
+            state.skipped += 1
+        else:
+            yield problem
+
+
+def _summary(
+    store: RunStore, settings: Settings, state: RunState, tally: _Tally, stats: ClientStats, wall_s: float
+) -> RunSummary:
+    """The run's summary: its problems from ``tally`` and ``state``, its calls and tokens from the store (every
+    stored call, replayed ones included), what was sent from ``stats``."""
     counts = store.call_counts()
     causes = store.call_causes()
     by_role = store.replies_by_role()
@@ -376,7 +382,7 @@ async def run_problems(
         completion_tokens=counts["completion_tokens"],
         reasoning_tokens=counts["reasoning_tokens"],
         budget_count=settings.budget.count,
-        wall_s=time.monotonic() - started,
+        wall_s=wall_s,
         results=tally.results,
         anomalies=dict(sorted(tally.anomalies.items())),
         truncated_calls=counts["truncated"],
@@ -412,7 +418,8 @@ class ProblemSolver:
     equivalence: EquivalenceCheck | None
     bank: TokenBank | None
 
-    async def solve(self, problem: Problem) -> ProblemResult:
+    async def solve(self, problem: Problem, lane: Lane | None = None) -> ProblemResult:
+        """``problem`` solved in a session of its own (``lane``: the run's worker solving it, in every call's key)."""
         settings, state = self.settings, self.state
         session = ProblemSession(
             problem,
@@ -425,6 +432,7 @@ class ProblemSolver:
             on_iteration=state.iteration_started,
             bank=self.bank,
             params=self.method.params,
+            lane=lane,
         )
         try:
             result = await solve_one(self.method, session)
@@ -498,9 +506,8 @@ def _token_bank(store: RunStore | None, budget: Budget, finished: Collection[str
         return None
     bank = TokenBank()
     for result in store.results() if store is not None and finished else ():
-        if result["problem_id"] in finished:
-            spent = budget.spent(Usage.model_validate(result.get("usage") or {}))
-            bank.deposit(budget.tokens + int(result.get("budget_drawn", 0)) - spent)
+        if result.problem_id in finished:
+            bank.deposit(budget.tokens + result.budget_drawn - budget.spent(result.usage))
     return bank
 
 

@@ -42,10 +42,6 @@ EDUCATION_CATALOG = (
     *("Assessment and Evaluation", "Curriculum Design", "STEM", "Humanities", "Social Sciences"),
 )
 
-# The catalogs by the name of the domain that recruits from them, for the simulator's coordinator, which tells the
-# domain from the prompt as a server would; the method reads each domain's own declaration.
-CATALOGS: dict[str, tuple[str, ...]] = {"medicine": MEDICINE_CATALOG, "education": EDUCATION_CATALOG}
-
 # C.4.2's teaching roles, in the order a small team fills them, and the optional coordinator.
 DIAGNOSTICIAN, STRATEGIST, SUBJECT_EXPERT, LEAD_TEACHER = (
     "Diagnostician",

@@ -140,7 +140,11 @@ def solve(
         raise stop.saying(kept) from None
     if as_json:
         data = result.model_dump(mode="json")
-        data["usage"]["cached_prompt_share"] = result.usage.cached_prompt_share
+        # The usage with its cached share of the prompt, which the record keeps as its parts.
+        data["usage"] = {
+            **result.usage.model_dump(mode="json"),
+            "cached_prompt_share": result.usage.cached_prompt_share,
+        }
         typer.echo(json.dumps(data, indent=2, ensure_ascii=False))
     else:
         if result.status == "done":  # a failed question prints no answer: its last line says why
@@ -277,7 +281,9 @@ def export(
 
     with RunStore(run_dir, create=False) as store:
         rows: Iterator[dict[str, Any]] = (
-            (c.model_dump(mode="json") for c in store.calls()) if calls else iter(store.results())
+            (c.model_dump(mode="json") for c in store.calls())
+            if calls
+            else (r.model_dump(mode="json") for r in store.results())
         )
         handle = out.open("w", encoding="utf-8") if out else sys.stdout
         try:

@@ -29,6 +29,7 @@ from tmas.llm.sampling import with_sampling
 from tmas.methods import METHODS, method_names
 from tmas.problems import Problem, dataset_name, load_problems
 from tmas.runner import RunState, prepare_run, run_problems
+from tmas.store.records import ProblemResult
 
 # The paper's sampling for the filter runs (section 4.1), used where the user set none of their own.
 PAPER_SAMPLING = {"temperature": 1.0, "top_p": 0.95}
@@ -120,10 +121,10 @@ def filter_settings(settings: Settings, k: int, flags: set[str], method: str | N
     return with_sampling(Settings.model_validate(data), "config", paper)
 
 
-def solved_counts(problems: list[Problem], results: list[dict[str, Any]], grades: Grades) -> dict[str, int]:
+def solved_counts(problems: list[Problem], results: list[ProblemResult], grades: Grades) -> dict[str, int]:
     """Correct samples per labeled problem: a sample counts when most judge runs call it correct."""
     counts: dict[str, int] = {}
-    finished = {r["problem_id"]: r for r in results if r.get("status") in ("done", "failed")}
+    finished = {r.problem_id: r for r in results if r.status in ("done", "failed")}
     missing = [p.problem_id for p in problems if p.answer is not None and p.problem_id not in finished]
     if missing:
         # An unfinished problem would look hard (no sample solved it): never count it, finish it first.
@@ -132,14 +133,12 @@ def solved_counts(problems: list[Problem], results: list[dict[str, Any]], grades
             "resume them"
         )
     for problem in problems:
-        if problem.answer is None or finished[problem.problem_id].get("status") == "failed":
+        if problem.answer is None or finished[problem.problem_id].status == "failed":
             continue  # a failed problem (no usable sample) says nothing about its difficulty: left out
         result = finished[problem.problem_id]
-        first = next((rec for rec in result.get("iterations", []) if int(rec["iteration"]) == 0), None)
-        candidates = first.get("candidates", []) if first else []
-        counts[problem.problem_id] = sum(
-            grades.majority_correct((problem.problem_id, 0, int(c["index"]))) for c in candidates
-        )
+        first = next((rec for rec in result.iterations if rec.iteration == 0), None)
+        candidates = first.candidates if first else []
+        counts[problem.problem_id] = sum(grades.majority_correct((problem.problem_id, 0, c.index)) for c in candidates)
     return counts
 
 
@@ -155,7 +154,7 @@ def build_card(
     source: str,
     settings: Settings,
     problems: list[Problem],
-    results: list[dict[str, Any]],
+    results: list[ProblemResult],
     grades: Grades,
     *,
     k: int,
@@ -178,10 +177,8 @@ def build_card(
         kept=kept,
         selected=selected,
         unlabeled=[p.problem_id for p in problems if p.answer is None],
-        failed_samples=sum(
-            bool(c.get("error")) for r in results for rec in r.get("iterations", []) for c in rec.get("candidates", [])
-        ),
-        failed_problems=[r["problem_id"] for r in results if r.get("status") == "failed"],
+        failed_samples=sum(bool(c.error) for r in results for rec in r.iterations for c in rec.candidates),
+        failed_problems=[r.problem_id for r in results if r.status == "failed"],
         notes=list(grades.notes),
     )
     if card.failed_problems:

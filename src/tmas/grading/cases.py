@@ -15,11 +15,13 @@ from typing import Any
 from tmas.config import Settings
 from tmas.grading.diagnosis import DIAGNOSIS, ranking_metrics
 from tmas.grading.grader import GradingContext, index_grades
-from tmas.grading.grades import SELECTED, GradeConfig, Grades, Item, record_state
+from tmas.grading.grades import SELECTED, GradeConfig, Grades, Item
 from tmas.grading.registry import grader_named
 from tmas.grading.teaching import TEACHING, teaching_metrics
 from tmas.methods.mattrl_domains import DOMAINS
+from tmas.methods.state import MATTRLState
 from tmas.problems import Problem
+from tmas.store.records import ProblemResult
 from tmas.store.run_store import RunStore
 
 
@@ -36,8 +38,9 @@ async def grade_cases(run_dir: Path, judge: Settings | None = None) -> CaseGrade
     calls are kept in the run's own store), else by spelling."""
     with RunStore(run_dir, create=False) as store:
         problems = {p.problem_id: p for p in store.iter_problems() if p.answer}
-        items = [last_item(r, problems[r["problem_id"]]) for r in store.results() if r["problem_id"] in problems]
-        name = TEACHING if any("pre" in item.state for item in items) else DIAGNOSIS
+        items = [last_item(r, problems[r.problem_id]) for r in store.results() if r.problem_id in problems]
+        # A teaching run's records keep the pre-test; a deliberation's do not.
+        name = TEACHING if any(MATTRLState.model_validate(item.state).pre is not None for item in items) else DIAGNOSIS
         grades = Grades(runs=1, mode=name)
         context = GradingContext(store, GradeConfig(mode=name), judge, grades, index_grades(store.grades()))
         verdicts = await grader_named(name).grade(items, context)
@@ -70,10 +73,10 @@ async def case_metrics(run_dir: Path, params: dict[str, Any], judge: Settings | 
     return {"cases": graded.metrics["cases"], **{key: graded.metrics[key] for key in domain.metrics}}
 
 
-def last_item(result: dict[str, Any], problem: Problem) -> Item:
+def last_item(result: ProblemResult, problem: Problem) -> Item:
     """A result's final answer as an item: its last record's selected answer, with that record's state."""
-    records = result.get("iterations") or []
-    last = records[-1] if records else {}
-    iteration = int(last.get("iteration", 0))
-    selected = last.get("selected")
-    return Item((problem.problem_id, iteration, SELECTED), problem, selected, selected or "", record_state(last))
+    last = result.last
+    if last is None:
+        return Item((problem.problem_id, 0, SELECTED), problem, None, "")
+    selected = last.selected
+    return Item((problem.problem_id, last.iteration, SELECTED), problem, selected, selected or "", last.state)

@@ -14,6 +14,7 @@ from typing import Any
 
 from tmas.llm.types import Usage
 from tmas.problems import Problem
+from tmas.store.records import ProblemResult
 
 SELECTED = -1
 # Items are keyed by (problem_id, iteration, candidate index).
@@ -38,7 +39,8 @@ class Item:
     problem: Problem
     answer: str | None
     text: str
-    # The iteration record's state: what the method kept beside its answer (a domain grader reads it).
+    # The iteration record's state: what the method kept beside its answer (a domain grader reads it through the
+    # method's declared State).
     state: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
@@ -76,24 +78,17 @@ class Grades:
         return sum(v is None for verdicts in self.verdicts.values() for v in verdicts)
 
 
-def iter_items(problems: list[Problem], results: list[dict[str, Any]]) -> Iterator[Item]:
+def iter_items(problems: list[Problem], results: list[ProblemResult]) -> Iterator[Item]:
     """Every gradable candidate (and selected answer) of every iteration of labeled problems."""
     by_id = {p.problem_id: p for p in problems}
     for result in results:
-        problem = by_id.get(result["problem_id"])
+        problem = by_id.get(result.problem_id)
         if problem is None or problem.answer is None:
             continue
-        for record in result.get("iterations", []):
-            iteration = int(record["iteration"])
-            state = record_state(record)
-            for cand in record.get("candidates", []):
-                key = (problem.problem_id, iteration, int(cand["index"]))
-                yield Item(key, problem, cand.get("answer"), cand.get("text") or "", state)
-            selected = record.get("selected")
-            yield Item((problem.problem_id, iteration, SELECTED), problem, selected, selected or "", state)
-
-
-def record_state(record: Mapping[str, Any]) -> Mapping[str, Any]:
-    """An iteration record's state (empty when it has none)."""
-    state = record.get("state") or {}
-    return state if isinstance(state, Mapping) else {}
+        for record in result.iterations:
+            iteration = record.iteration
+            for cand in record.candidates:
+                key = (problem.problem_id, iteration, cand.index)
+                yield Item(key, problem, cand.answer, cand.text, record.state)
+            selected = record.selected
+            yield Item((problem.problem_id, iteration, SELECTED), problem, selected, selected or "", record.state)

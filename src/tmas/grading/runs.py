@@ -7,14 +7,13 @@ write them. Candidate index -1 stands for the iteration's selected answer.
 
 from __future__ import annotations
 
-from typing import Any
-
 from tmas.config import Settings
 from tmas.grading.grader import GradingContext, index_grades
 from tmas.grading.grades import GradeConfig, Grades, iter_items
 from tmas.grading.registry import DEFAULT_GRADER, grader_named
 from tmas.grading.run_results import load_results
 from tmas.llm.model import ChatModel
+from tmas.store.records import ProblemResult
 from tmas.store.run_store import GradeRow, RunStore
 
 
@@ -33,7 +32,7 @@ async def grade_run(
     results = load_results(store)
     items = list(iter_items(problems, results))
     grades = Grades(runs=grader.runs(config), mode=config.mode)
-    result_ids = {r["problem_id"] for r in results}
+    result_ids = {r.problem_id for r in results}
     grades.unlabeled = [p.problem_id for p in problems if p.answer is None and p.problem_id in result_ids]
     if regrade:
         store.delete_grades()
@@ -46,7 +45,7 @@ def load_grades(
     store: RunStore,
     config: GradeConfig,
     *,
-    results: list[dict[str, Any]] | None = None,
+    results: list[ProblemResult] | None = None,
     rows: list[GradeRow] | None = None,
 ) -> Grades | None:
     """Verdicts from stored grades alone (no grading); None when the run has no grades. A run holding none of the
@@ -67,7 +66,7 @@ def load_grades(
         grader = grader_named(mode)
         runs = grader.stored_runs(stored)
     grades = Grades(runs=runs, mode=mode)
-    result_ids = {r["problem_id"] for r in results}
+    result_ids = {r.problem_id for r in results}
     grades.unlabeled = [p.problem_id for p in problems if p.answer is None and p.problem_id in result_ids]
     grades.verdicts = grader.recall(items, stored, runs)
     return grades

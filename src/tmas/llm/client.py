@@ -206,7 +206,7 @@ class LLMClient:
         max_tokens = request.sampling.max_tokens
         # Once a context refusal told what fits, the max_tokens it gave stands, not the client's estimate.
         shrinks = Shrinks()
-        pin = self._routes.pinned(route)
+        pin = self._routes.pinned(route, key)
         replica = route.replicas[0]
         while True:
             attempts.begin()

@@ -6,7 +6,9 @@ prompt shares a prefix with what its slot holds skips that prefix. TMAS's calls 
 text, the problem and often the rollouts, but sent in parallel they land on whichever slot is free and mostly find
 another problem's prompt there. When a run has at least as many problems in flight as the endpoint has slots, each
 problem worker is a lane: the client sends the calls of lane ``w`` to one slot (``id_slot``), one at a time, and that
-slot's cache holds the lane's own previous prompt. With fewer problems than slots (one ``tmas solve``) nothing is
+slot's cache holds the lane's own previous prompt. The lane is data, as the chain is: the runner gives each worker's
+problem session its :class:`Lane`, the session puts it in every call's key (``CallKey.lane``), and the client reads
+it there (:func:`pinned_slot`). With fewer problems than slots (one ``tmas solve``) nothing is
 pinned: the parallel calls of one problem then use every slot.
 
 A lane's calls wait their turn in a :class:`SlotQueue`. A method names the calls that build on each other as one
@@ -27,28 +29,10 @@ import hashlib
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass
 
-from tmas.llm.types import CallKey, ChainKey
+from tmas.llm.types import CallKey, ChainKey, Lane
 
-
-@dataclass(frozen=True)
-class Lane:
-    index: int
-    count: int
-
-
-_current: ContextVar[Lane | None] = ContextVar("tmas_lane", default=None)
-
-
-def enter_lane(index: int, count: int) -> None:
-    """Mark the running task, and the tasks it starts from now on, as lane ``index`` of ``count``."""
-    _current.set(Lane(index, count))
-
-
-def current_lane() -> Lane | None:
-    return _current.get()
+__all__ = ["Lane", "SlotQueue", "affinity_key", "call_affinity", "pinned_slot"]
 
 
 def pinned_slot(lane: Lane | None, replicas: int, slots_per_replica: int) -> tuple[int, int] | None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from tmas.config import Endpoint, Settings
 from tmas.errors import ConfigError
-from tmas.llm.lanes import call_affinity, current_lane, pinned_slot
+from tmas.llm.lanes import call_affinity, pinned_slot
 from tmas.llm.replica import Replica
 from tmas.llm.routing import PrefixRouter
 from tmas.llm.tokens import TokenCounter
@@ -92,8 +92,8 @@ class Routes:
         return self.router.choose(messages, route.replicas, affinity, route.endpoint.routing_load_bound)
 
     @staticmethod
-    def pinned(route: Route) -> tuple[int, int] | None:
-        """(replica index, slot index) a call is pinned to (tmas.llm.lanes), or None."""
+    def pinned(route: Route, key: CallKey) -> tuple[int, int] | None:
+        """(replica index, slot index) the call ``key`` is pinned to (its lane: tmas.llm.lanes), or None."""
         if not route.endpoint.pin_slots:
             return None
-        return pinned_slot(current_lane(), len(route.replicas), route.endpoint.max_in_flight)
+        return pinned_slot(key.lane, len(route.replicas), route.endpoint.max_in_flight)

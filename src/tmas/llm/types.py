@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -103,6 +104,15 @@ class ChainKey(BaseModel):
     chain: int
 
 
+@dataclass(frozen=True)
+class Lane:
+    """Which of a run's problem workers a call comes from: worker ``index`` of ``count`` (:mod:`tmas.llm.lanes`). On
+    an endpoint with ``pin_slots`` a lane's calls keep to one server slot."""
+
+    index: int
+    count: int
+
+
 class CallKey(BaseModel):
     """Identifies a call for caching and replay: the same request with the same sample index is the same call."""
 
@@ -117,6 +127,10 @@ class CallKey(BaseModel):
     # no chain. Where the call goes, never what it asks: no part of the request hash, nor of the run store's row, so
     # runs stored before it existed replay their calls.
     chain: int | None = None
+    # The problem worker the call comes from (None: a call of no run's worker, e.g. a grader's), which an endpoint
+    # with ``pin_slots`` keeps on one server slot. Where the call goes, as ``chain``: no part of the request hash or
+    # of the run store's row.
+    lane: Lane | None = None
 
     @property
     def chain_key(self) -> ChainKey | None:

@@ -9,6 +9,7 @@ silently empty the bank, only an explicit DELETE removes an entry.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -142,20 +143,45 @@ def apply_experience_ops(
     dropped, the earlier entry winning; then ADDs beyond ``max_entries`` are refused.
     """
     report = ExperienceReport()
-    existing = {e.id: e for e in bank.entries}
-    touched: dict[str, str] = {}  # entry id -> the operation that claimed it
-    refinements: dict[str, ExperienceOp] = {}
-    removed: set[str] = set()
-    additions: list[ExperienceOp] = []
+    claims = _claims(bank, ops, report)
+    entries = _edited(bank, claims, iteration)
+    # Unmentioned entries stay (KEEP is the default), so they count as kept too.
+    report.kept.extend(e.id for e in bank.entries if e.id not in claims.touched)
+    new_ids = [f"E{bank.next_id + i}" for i in range(len(claims.additions))]
+    entries += [_new_entry(entry_id, op, iteration) for entry_id, op in zip(new_ids, claims.additions, strict=True)]
+    kept = _deduplicated(entries, dedup_threshold, report)
+    while len(kept) > max_entries and kept[-1].id in new_ids:
+        dropped = kept.pop()
+        report.rejected.append(f"ADD {dropped.id}: the bank is full ({max_entries} entries)")
+    final_ids = {e.id for e in kept}
+    report.added = [i for i in new_ids if i in final_ids]
+    return ExperienceBank(entries=kept, next_id=bank.next_id + len(new_ids)), report
+
+
+@dataclass
+class _Claims:
+    """An update's operations sorted against E_{t-1}: which operation claimed each existing entry, the
+    refinements by entry, the entries removed (deleted or merged), and the valid ADDs in order."""
+
+    touched: dict[str, str] = field(default_factory=dict)
+    refinements: dict[str, ExperienceOp] = field(default_factory=dict)
+    removed: set[str] = field(default_factory=set)
+    additions: list[ExperienceOp] = field(default_factory=list)
+
+
+def _claims(bank: ExperienceBank, ops: list[ExperienceOp], report: ExperienceReport) -> _Claims:
+    """Each operation checked and sorted (refused ones in ``report.rejected``, with why); one operation per entry."""
+    existing = {e.id for e in bank.entries}
+    out = _Claims()
 
     def claim(entry_id: str, op: ExperienceOp) -> bool:
         if entry_id not in existing:
             report.rejected.append(f"{op.op} {entry_id}: no such entry")
             return False
-        if entry_id in touched:
-            report.rejected.append(f"{op.op} {entry_id}: entry already claimed by {touched[entry_id]}")
+        if entry_id in out.touched:
+            report.rejected.append(f"{op.op} {entry_id}: entry already claimed by {out.touched[entry_id]}")
             return False
-        touched[entry_id] = op.op
+        out.touched[entry_id] = op.op
         return True
 
     for op in ops:
@@ -163,7 +189,7 @@ def apply_experience_ops(
             if op.content is None or op.kind is None:
                 report.rejected.append("ADD: needs both 'kind' and 'content'")
             else:
-                additions.append(op)
+                out.additions.append(op)
             continue
         if op.id is None:
             report.rejected.append(f"{op.op}: needs the 'id' of an existing entry")
@@ -174,23 +200,27 @@ def apply_experience_ops(
         if not claim(op.id, op):
             continue
         if op.op == "DELETE":
-            removed.add(op.id)
+            out.removed.add(op.id)
             report.deleted.append(op.id)
         elif op.op == "KEEP":
             report.kept.append(op.id)
         else:
-            refinements[op.id] = op
+            out.refinements[op.id] = op
             report.refined.append(op.id)
             for merged in op.merges:
                 if merged != op.id and claim(merged, op):
-                    removed.add(merged)
+                    out.removed.add(merged)
                     report.deleted.append(merged)
+    return out
 
+
+def _edited(bank: ExperienceBank, claims: _Claims, iteration: int) -> list[ExperienceEntry]:
+    """E_{t-1} without the removed entries, each refined one rewritten (its kind and sub-type where given)."""
     entries: list[ExperienceEntry] = []
     for entry in bank.entries:
-        if entry.id in removed:
+        if entry.id in claims.removed:
             continue
-        refine = refinements.get(entry.id)
+        refine = claims.refinements.get(entry.id)
         if refine is not None and refine.content is not None:
             kind = refine.kind or entry.kind
             subtype = (refine.subtype or entry.subtype) if kind == "anchor" else None
@@ -198,40 +228,25 @@ def apply_experience_ops(
                 update={"content": refine.content, "kind": kind, "subtype": subtype, "updated_at": iteration}
             )
         entries.append(entry)
-    # Unmentioned entries stay (KEEP is the default), so they count as kept too.
-    report.kept.extend(e.id for e in bank.entries if e.id not in touched)
+    return entries
 
-    next_id = bank.next_id
-    new_ids: list[str] = []
-    for op in additions:
-        assert op.kind is not None and op.content is not None
-        entry_id = f"E{next_id}"
-        next_id += 1
-        entries.append(
-            ExperienceEntry(
-                id=entry_id,
-                kind=op.kind,
-                subtype=op.subtype if op.kind == "anchor" else None,
-                content=op.content,
-                added_at=iteration,
-                updated_at=iteration,
-            )
-        )
-        new_ids.append(entry_id)
 
+def _new_entry(entry_id: str, op: ExperienceOp, iteration: int) -> ExperienceEntry:
+    """The entry an ADD makes (checked to have its kind and content)."""
+    assert op.kind is not None and op.content is not None
+    subtype = op.subtype if op.kind == "anchor" else None
+    return ExperienceEntry(
+        id=entry_id, kind=op.kind, subtype=subtype, content=op.content, added_at=iteration, updated_at=iteration
+    )
+
+
+def _deduplicated(entries: list[ExperienceEntry], threshold: float, report: ExperienceReport) -> list[ExperienceEntry]:
+    """``entries`` without the near-duplicates of an earlier entry of the same kind (noted in the report)."""
     kept: list[ExperienceEntry] = []
     for entry in entries:
-        twin = next(
-            (k for k in kept if k.kind == entry.kind and jaccard(k.content, entry.content) >= dedup_threshold), None
-        )
+        twin = next((k for k in kept if k.kind == entry.kind and jaccard(k.content, entry.content) >= threshold), None)
         if twin is None:
             kept.append(entry)
         else:
             report.deduplicated.append(f"{entry.id} (near-duplicate of {twin.id})")
-
-    while len(kept) > max_entries and kept[-1].id in new_ids:
-        dropped = kept.pop()
-        report.rejected.append(f"ADD {dropped.id}: the bank is full ({max_entries} entries)")
-    final_ids = {e.id for e in kept}
-    report.added = [i for i in new_ids if i in final_ids]
-    return ExperienceBank(entries=kept, next_id=next_id), report
+    return kept

@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from typing import Annotated, Any, ClassVar, Generic, TypeVar, cast
 
 from pydantic import (
-    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -29,52 +28,44 @@ from tmas.config import Budget, Sampling
 from tmas.llm.model import ChatModel
 from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling
 from tmas.llm.tokens import estimate_tokens
-from tmas.llm.types import CallKey, ChainKey, Completion, Message, Usage
+from tmas.llm.types import CallKey, ChainKey, Completion, Lane, Message, Usage
 from tmas.llm.watch import UNWATCHED_NOTICE, TraceWatch
 from tmas.methods.call_count import CallCount
-from tmas.methods.confidence import Confidence
 from tmas.methods.state import MethodState
 from tmas.methods.traits import DEFAULT_TRAITS, Traits
 from tmas.problems import Problem
+from tmas.store.records import (
+    BUDGET_STOP,
+    Candidate,
+    CandidateMeta,
+    Fallback,
+    IterationRecord,
+    ProblemResult,
+    ReplyTally,
+    Selection,
+)
 from tmas.store.run_store import RunStore
 
-
-class Candidate(BaseModel):
-    index: int
-    text: str
-    answer: str | None = None
-    # Method's own score of the candidate (TMAS: mean verifier score); None when the method has none.
-    score: float | None = None
-    call_id: int | None = None
-    usage: Usage = Field(default_factory=Usage)
-    finish_reason: str | None = None
-    error: str | None = None
-    # How sure the model was of the reply, from its token log-probabilities (DeepConf's measures: see
-    # methods/confidence.py); None unless the method asked for them and the server sent them.
-    confidence: Confidence | None = None
-    meta: dict[str, Any] = Field(default_factory=dict)
-
-
-class ReplyTally(BaseModel):
-    """One role's replies in one iteration: how many arrived, were cut at max_tokens, held nothing usable (no
-    extractable answer, no readable score, an invalid update), gave their answer only in a final-answer statement
-    (no box), or echoed their prompt's instructions (:mod:`tmas.agents.echo`; each echo is asked again once)."""
-
-    replies: int = 0
-    truncated: int = 0
-    unusable: int = 0
-    # Stored as ``fallback`` by earlier versions.
-    stated: int = Field(default=0, validation_alias=AliasChoices("stated", "fallback"))
-    echo: int = 0
-
-    def __add__(self, other: ReplyTally) -> ReplyTally:
-        return ReplyTally(
-            replies=self.replies + other.replies,
-            truncated=self.truncated + other.truncated,
-            unusable=self.unusable + other.unusable,
-            stated=self.stated + other.stated,
-            echo=self.echo + other.echo,
-        )
+# The records a method emits are the store's (tmas.store.records); methods import them from here.
+__all__ = [
+    "BUDGET_STOP",
+    "BudgetExhausted",
+    "Candidate",
+    "CandidateMeta",
+    "Fallback",
+    "IterationRecord",
+    "Iterations",
+    "Method",
+    "MethodParams",
+    "ProblemResult",
+    "ProblemSession",
+    "ReplyTally",
+    "Selection",
+    "TokenBank",
+    "gather_all",
+    "gather_pair",
+    "truncation_warnings",
+]
 
 
 # Above this share of a role's replies cut at max_tokens, the run warns: a cut solution has no answer and scores 0, a
@@ -96,52 +87,6 @@ def truncation_warnings(replies: Mapping[str, tuple[int, int]], threshold: float
     return out
 
 
-class IterationRecord(BaseModel):
-    problem_id: str
-    iteration: int
-    candidates: list[Candidate]
-    # The answer the method would return if it stopped after this iteration.
-    selected: str | None = None
-    # Every call of the iteration, all roles.
-    calls: int = 0
-    failed_calls: int = 0
-    usage: Usage = Field(default_factory=Usage)
-    # Method state after the iteration (e.g. TMAS's experience and guideline banks).
-    state: dict[str, Any] = Field(default_factory=dict)
-    # Bad agent outputs that were handled, truncations, and other things worth knowing.
-    notes: list[str] = Field(default_factory=list)
-    # Successful replies per role, with how many were truncated or unusable.
-    replies: dict[str, ReplyTally] = Field(default_factory=dict)
-
-
-class ProblemResult(BaseModel):
-    problem_id: str
-    method: str
-    answer: str | None = None
-    text: str = ""
-    status: str = "done"
-    error: str | None = None
-    stopped_reason: str | None = None
-    iterations: list[IterationRecord] = Field(default_factory=list)
-    calls: int = 0
-    failed_calls: int = 0
-    usage: Usage = Field(default_factory=Usage)
-    # Handled anomalies by kind (e.g. TMAS's bad agent outputs), summed over iterations for the run summary.
-    counters: dict[str, int] = Field(default_factory=dict)
-    # Set when the answer is not from the last iteration's pool, which held no answered candidate (numeric mode):
-    # the earlier iteration and candidate it came from, and why (see methods/selection.py, ``select_answered``).
-    fallback: dict[str, Any] | None = None
-    # One-line notices about the run this problem raised (e.g. confidence rules without log-probabilities), each once;
-    # the run store keeps each kind once for the whole run (``RunStore.notices``).
-    notices: list[str] = Field(default_factory=list)
-    # Under a pooled token budget: the tokens this problem drew past its own share (see ``TokenBank``).
-    budget_drawn: int = 0
-    # Samples stopped while they streamed (online stopping: methods/online_stop.py), and the completion tokens that
-    # saved, estimated from the problem's samples that ran to their end.
-    stopped_traces: int = 0
-    stopped_tokens_saved: int = 0
-
-
 class BudgetExhausted(Exception):
     """Raised by :meth:`ProblemSession.chat` instead of sending a call once the problem's budget is spent.
 
@@ -152,9 +97,6 @@ class BudgetExhausted(Exception):
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
         self.detail = detail
-
-
-BUDGET_STOP = "budget"
 
 
 class TokenBank:
@@ -250,6 +192,7 @@ class ProblemSession:
         equivalence: EquivalenceCheck | None = None,
         on_iteration: Callable[[str, int], None] | None = None,
         bank: TokenBank | None = None,
+        lane: Lane | None = None,
     ) -> None:
         self.problem = problem
         self.llm = llm
@@ -295,6 +238,9 @@ class ProblemSession:
         self.params = params
         # Kind -> the one-line notice this problem raised (see :meth:`notice`).
         self.notices: dict[str, str] = {}
+        # The run's problem worker solving the problem (tmas.llm.lanes), in every call's key: an endpoint with
+        # ``pin_slots`` keeps its calls on one server slot. None outside a run's workers.
+        self.lane = lane
 
     def notice(self, kind: str, message: str) -> None:
         """Raise the run-level notice ``kind`` (one line): kept once in this problem's result and once in the run's
@@ -319,12 +265,18 @@ class ProblemSession:
         """One call of this problem (see :meth:`ChatModel.chat`; ``reply_model``: the pydantic model of a JSON
         reply, sent as its schema where the endpoint allows; ``watch``: follows the streamed reply and may stop it,
         and a reply that came unstreamed raises the run's one-line notice :data:`UNWATCHED_NOTICE`; ``chain``: the
-        chain of calls of this iteration it belongs to, in its key, ended by :meth:`chain`'s block).
+        chain of calls of this iteration it belongs to, in its key, ended by :meth:`chain`'s block; the key holds the
+        session's ``lane`` too).
 
         Under a budget the call may wait for calls of the problem in flight (:meth:`_admit`), and raises
         :class:`BudgetExhausted` instead of going out once the budget is spent."""
         key = CallKey(
-            problem_id=self.problem.problem_id, role=role, sample=sample, iteration=self.iteration, chain=chain
+            problem_id=self.problem.problem_id,
+            role=role,
+            sample=sample,
+            iteration=self.iteration,
+            chain=chain,
+            lane=self.lane,
         )
         resolved = self.resolve_sampling(role, sampling)
         if resolved.sampling.seed is None:
@@ -473,26 +425,47 @@ class ProblemSession:
         self,
         candidates: list[Candidate],
         *,
-        selected: str | None,
-        state: dict[str, Any] | None = None,
+        chosen: Candidate | None = None,
+        fallback: Fallback | None = None,
+        selected: str | None = None,
+        state: MethodState | None = None,
         notes: list[str] | None = None,
     ) -> IterationRecord:
+        """Record the iteration: its ``candidates``, the answer the method would return after it, the method's
+        ``state`` (its declared ``State``; the fields it set) and ``notes``.
+
+        ``chosen``: the candidate the method returns (this iteration's or an earlier one's; ``fallback``: taken by
+        the answer fallback), kept as the record's ``selection`` with its answer as ``selected``, so no reader
+        chooses again; ``selected`` alone: an answer that is no candidate's (MATTRL's decision)."""
+        selection = None
+        if chosen is not None:
+            selected = chosen.answer
+            selection = Selection(iteration=self._iteration_of(chosen, candidates), candidate=chosen.index)
+            selection.fallback = fallback is not None
         record = IterationRecord(
             problem_id=self.problem.problem_id,
             iteration=self.iteration,
             candidates=candidates,
             selected=selected,
+            selection=selection,
             calls=self._iteration_calls,
             failed_calls=self._iteration_failed,
             usage=self._iteration_usage,
-            state=state or {},
+            state=state.stored() if state is not None else {},
             notes=notes or [],
             replies=dict(sorted(self._iteration_replies.items())),
         )
         self.records.append(record)
         if self.store is not None:
-            self.store.save_iteration(self.problem.problem_id, self.iteration, record.model_dump(mode="json"))
+            self.store.save_iteration(record)
         return record
+
+    def _iteration_of(self, chosen: Candidate, current: list[Candidate]) -> int:
+        """The iteration ``chosen`` was written in: the current one's ``current`` candidates, or an earlier record's."""
+        if any(c is chosen for c in current):
+            return self.iteration
+        found = (r.iteration for r in reversed(self.records) if any(c is chosen for c in r.candidates))
+        return next(found, self.iteration)
 
     def budget_stopped(self, result: ProblemResult, detail: str | None = None) -> None:
         """Mark ``result`` as ended by the budget (``stopped_reason``, the ``budget_stops`` counter) and say where in
@@ -514,7 +487,7 @@ class ProblemSession:
             return
         last.notes.append(note)
         if self.store is not None:
-            self.store.save_iteration(self.problem.problem_id, last.iteration, last.model_dump(mode="json"))
+            self.store.save_iteration(last)
 
     def result(self, method: str, *, answer: str | None, text: str, stopped_reason: str | None = None) -> ProblemResult:
         # Calls and tokens of every call, those of an iteration a budget or an error cut short included, so the

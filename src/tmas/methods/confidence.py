@@ -24,28 +24,20 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable
-from typing import Literal, get_args
-
-from pydantic import BaseModel
 
 from tmas.llm.types import TokenLogprob
 
-ConfidenceMeasure = Literal["lowest_group", "tail", "mean"]
-CONFIDENCE_MEASURES: tuple[ConfidenceMeasure, ...] = get_args(ConfidenceMeasure)
+# A candidate's measures are part of its stored record (tmas.store.records); computed here.
+from tmas.store.records import CONFIDENCE_MEASURES, Confidence, ConfidenceMeasure
 
-
-class Confidence(BaseModel):
-    """One candidate's confidence measures (see the module docstring), over the ``tokens`` content positions that
-    listed log-probabilities, with groups of ``window`` tokens."""
-
-    mean: float
-    lowest_group: float
-    tail: float
-    tokens: int
-    window: int
-
-    def value(self, measure: ConfidenceMeasure) -> float:
-        return float(getattr(self, measure))
+__all__ = [
+    "CONFIDENCE_MEASURES",
+    "Confidence",
+    "ConfidenceMeasure",
+    "SlidingGroups",
+    "token_confidence",
+    "trace_confidence",
+]
 
 
 def token_confidence(position: TokenLogprob) -> float | None:

@@ -44,5 +44,5 @@ class CoT(Method[CoTParams]):
         if candidate is None:  # a budget too small for even one call
             return finish(session, self.name, None, stopped=True)
         chosen = candidate if candidate.error is None else None
-        session.end_iteration([candidate], selected=candidate.answer, notes=notes_for([candidate], p.mode))
+        session.end_iteration([candidate], chosen=chosen, notes=notes_for([candidate], p.mode))
         return finish(session, self.name, chosen, stopped=False)

@@ -26,16 +26,32 @@ from collections import Counter
 from collections.abc import Awaitable, Mapping
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from tmas.agents.solution import generation_prompt
 from tmas.config import Sampling
 from tmas.llm.types import Message
-from tmas.methods.base import Candidate, Method, MethodParams, ProblemResult, ProblemSession, gather_all
+from tmas.methods.base import (
+    Candidate,
+    CandidateMeta,
+    Method,
+    MethodParams,
+    ProblemResult,
+    ProblemSession,
+    gather_all,
+)
 from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.confidence_params import note_missing_confidence
-from tmas.methods.online_stop import ONLINE_STOP_NOTICE, WARMUP, WATCHED, OnlineStop, OnlineStopParams
+from tmas.methods.online_stop import (
+    ONLINE_STOP_NOTICE,
+    WARMUP,
+    WATCHED,
+    OnlineStop,
+    OnlineStopParams,
+    OnlineStopRecord,
+)
 from tmas.methods.selection import ConfidenceRule, select
+from tmas.methods.state import MethodState
 from tmas.methods.steps import budget_note, finish, notes_for, solve_call
 from tmas.methods.stopping import BETA_THRESHOLD, VoteStop, beta_vote_stop, fewest_votes_to_stop
 from tmas.methods.style_params import StyledParams
@@ -63,6 +79,31 @@ class MajorityParams(StyledParams, OnlineStopParams):
     round_size: int = Field(default=4, ge=1, le=1024, description="stop=beta: samples drawn together before a check")
 
 
+class VoteStopRecord(BaseModel):
+    """What an iteration's record says of the stopping rule (``stop = "beta"``): the samples drawn of k, the
+    criterion's reading (the leader's and the runner-up's votes, the probability the leader stays ahead), whether it
+    stopped the problem, and why the iteration ended, in words."""
+
+    rule: Literal["beta"] = "beta"
+    drawn: int
+    k: int
+    leading: int
+    runner_up: int
+    probability: float
+    stopped: bool
+    reason: str
+
+
+class MajorityState(MethodState):
+    """An iteration's vote: the samples drawn so far, the ten leading answers' votes (by answer class), and where
+    set, the Beta stop's record and online stopping's."""
+
+    samples: int = 0
+    votes: dict[str, int] = Field(default_factory=dict)
+    stop: VoteStopRecord | None = None
+    online_stop: OnlineStopRecord | None = None
+
+
 class MajorityVote(Method[MajorityParams]):
     name: ClassVar[str] = "majority"
     traits: ClassVar[Traits] = Traits(frontier="votes", samples="k")
@@ -70,6 +111,7 @@ class MajorityVote(Method[MajorityParams]):
     # The setting the TMAS paper ran this baseline with (4.1, A.3).
     paper_settings: ClassVar[dict[str, Any]] = {"k": 64, "iterations": 1}
     Params: ClassVar[type[MethodParams]] = MajorityParams
+    State: ClassVar[type[MethodState]] = MajorityState
     embedded_defaults: ClassVar[dict[str, Any]] = {"k": 4, "style": "concise"}
 
     @classmethod
@@ -121,15 +163,15 @@ class MajorityVote(Method[MajorityParams]):
             if session.budget_stop:
                 notes += budget_note(session, len(candidates), p.k)
             keys = [classes[c.answer] for c in pool if c.answer and c.error is None]
-            state: dict[str, Any] = {"samples": len(pool), "votes": dict(Counter(keys).most_common(10))}
+            state = MajorityState(samples=len(pool), votes=dict(Counter(keys).most_common(10)))
             if p.stop == "beta":
                 reading = decided or beta_vote_stop(keys, p.stop_threshold)
-                state["stop"] = self._stop_record(session, drawn, reading, decided=decided is not None)
+                state.stop = self._stop_record(session, drawn, reading, decided=decided is not None)
                 if decided is not None:
-                    notes.append(f"stopped: {state['stop']['reason']}")
+                    notes.append(f"stopped: {state.stop.reason}")
             if online is not None:
-                state["online_stop"] = online.record(candidates)
-            session.end_iteration(candidates, selected=chosen.answer if chosen else None, state=state, notes=notes)
+                state.online_stop = online.record(candidates)
+            session.end_iteration(candidates, chosen=chosen, state=state, notes=notes)
             if session.budget_stop or decided is not None:
                 break
         chosen = select(pool, mode, p.select, await session.answer_classes(pool), p.confidence_vote())
@@ -137,7 +179,7 @@ class MajorityVote(Method[MajorityParams]):
         if decided is not None and result.stopped_reason is None:
             result.stopped_reason = VOTE_DECIDED
         if online is not None:
-            stopped = [c for c in pool if c.meta.get("stopped_early")]
+            stopped = [c for c in pool if c.meta.stopped_early]
             result.stopped_traces = len(stopped)
             result.stopped_tokens_saved = sum(online.saved(c) for c in stopped)
         return result
@@ -204,10 +246,10 @@ class MajorityVote(Method[MajorityParams]):
             sampling=sampling,
             confidence_window=window,
             watch=watch,
-            meta={"online_stop": kind} if kind is not None else None,
+            meta=CandidateMeta(online_stop=kind),
         )
 
-    def _stop_record(self, session: ProblemSession, drawn: int, decision: VoteStop, *, decided: bool) -> dict[str, Any]:
+    def _stop_record(self, session: ProblemSession, drawn: int, decision: VoteStop, *, decided: bool) -> VoteStopRecord:
         """What the iteration record says of the stopping rule: samples drawn, the criterion's reading, and why the
         iteration ended (``decided``: the criterion stopped it; a budget stop is no decision, whatever the reading)."""
         p = self.params
@@ -220,16 +262,15 @@ class MajorityVote(Method[MajorityParams]):
             reason = f"the budget stopped sampling after {drawn} of {p.k} samples"
         else:
             reason = f"all {p.k} samples drawn (probability {decision.probability:.3f} < {p.stop_threshold:g})"
-        return {
-            "rule": "beta",
-            "drawn": drawn,
-            "k": p.k,
-            "leading": decision.leading,
-            "runner_up": decision.runner_up,
-            "probability": decision.probability,
-            "stopped": decided,
-            "reason": reason,
-        }
+        return VoteStopRecord(
+            drawn=drawn,
+            k=p.k,
+            leading=decision.leading,
+            runner_up=decision.runner_up,
+            probability=decision.probability,
+            stopped=decided,
+            reason=reason,
+        )
 
 
 def fewest_samples(k: int, iterations: int, round_size: int, votes: int, warmup: int = 0) -> int:

@@ -369,17 +369,15 @@ class MATTRL(Method[MATTRLParams]):
         if said is None:
             # The budget refused the call: the round keeps what finished (see _round).
             raise BudgetExhausted(session.budget_stop or "budget spent")
-        if said.meta.get("echo_retry"):
-            notes.append(
-                f"{seat.member.id}: the opinion's {said.meta['echo_retry']} echoed the instructions; asked again"
-            )
+        if said.meta.echo_retry:
+            notes.append(f"{seat.member.id}: the opinion's {said.meta.echo_retry} echoed the instructions; asked again")
         seat.previous_answer, seat.previous_top10 = seat.answer, seat.top10
-        if said.meta.get("echo"):
+        if said.meta.echo:
             notes.append(f"{seat.member.id}: the retried opinion echoed the instructions too; keeps its attempt")
         elif said.error or not said.text.strip():
             notes.append(f"{seat.member.id}: opinion call failed ({said.error or 'empty reply'}); keeps its attempt")
         else:
-            if said.meta.get("truncated"):
+            if said.meta.truncated:
                 notes.append(f"{seat.member.id}: opinion truncated at max_tokens")
             seat.attempt = said.text.strip()
             seat.answer = said.answer
@@ -518,25 +516,25 @@ class MATTRL(Method[MATTRLParams]):
     def _candidate(seat: Seat, said: Candidate, opinion: Utterance, score: float | None, r: int) -> Candidate:
         """The seat's candidate of round ``r``: its opinion (from the solution step) with where the seat stands, and
         the score its reviews give (math: the share of peers that accepted it, so reports can rank attempts)."""
-        meta: dict[str, Any] = {
-            "member": seat.member.id,
-            "specialty": seat.member.specialty,
-            "round": r,
-            "accepted": seat.accepted,
-            "converged": seat.converged,
-            "experience_ids": opinion.experience_ids,
-            **said.meta,
-        }
-        if seat.top10:
-            meta["top10"] = seat.top10
+        meta = said.meta.model_copy(
+            update={
+                "member": seat.member.id,
+                "specialty": seat.member.specialty,
+                "round": r,
+                "accepted": seat.accepted,
+                "converged": seat.converged,
+                "experience_ids": opinion.experience_ids,
+                "top10": seat.top10 or None,
+            }
+        )
         return said.model_copy(update={"answer": opinion.answer, "score": score, "meta": meta})
 
     @staticmethod
-    def _state(r: int, talk: Deliberation) -> dict[str, Any]:
+    def _state(r: int, talk: Deliberation) -> MATTRLState:
         members = [
             SeatRecord(id=s.member.id, answer=s.answer, accepted=s.accepted, converged=s.converged) for s in talk.seats
         ]
         state = MATTRLState(round=r, members=members, transcript=talk.transcript)
         if talk.decision is not None:
             state.decision = talk.decision
-        return state.stored()
+        return state

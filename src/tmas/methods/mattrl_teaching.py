@@ -32,7 +32,7 @@ from tmas.agents.mattrl_teaching import (
 from tmas.llm.types import Completion
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
-from tmas.methods.base import Candidate, ProblemResult, ProblemSession, gather_all
+from tmas.methods.base import Candidate, CandidateMeta, ProblemResult, ProblemSession, gather_all
 from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.state import MATTRLState
 
@@ -49,8 +49,31 @@ def _candidate(index: int, reply: Completion, answer: str | None, kind: str) -> 
         usage=reply.usage,
         finish_reason=reply.finish_reason,
         error=reply.error,
-        meta={"stage": kind},
+        meta=CandidateMeta(stage=kind),
     )
+
+
+async def _post_test(
+    session: ProblemSession, case: Case, rounds: int, team: bool, transcript: Transcript, notes: list[str]
+) -> tuple[Completion, str | None]:
+    """The last round's closing guidance (the coordinator's for a team, the teacher's alone), then the student's
+    post-test: its reply and the letter it answers (None: no 'Answer: X' line, noted), both in the transcript."""
+    guide_role, guide_agent = ("coordinator", "coordinator") if team else ("specialist", "S1")
+    guidance = await session.chat(guide_role, teacher_prompt(case, task="guidance", round_=rounds, rounds=rounds))
+    transcript.utterances.append(
+        Utterance(round=rounds, agent=guide_agent, kind="report", text=guidance.content, call_id=guidance.call_id)
+    )
+    post = await session.chat("student", student_prompt(case.question, case.dialogue, guidance.content))
+    letter = parse_letter(post.content) if post.ok else None
+    if letter is None:
+        notes.append(f"post-test: no 'Answer: X' line ({post.error or 'unreadable reply'})")
+    transcript.utterances.append(
+        Utterance(
+            round=rounds, agent="student", kind="decision", text=post.content, answer=letter, call_id=post.call_id
+        )
+    )
+    transcript.final_answer = letter
+    return post, letter
 
 
 def _same(letter: str | None, gold: str | None) -> bool:
@@ -89,12 +112,12 @@ async def teach(
             notes.append("no reference answer: nothing to teach toward, the post-test reuses the pre-test")
         transcript.final_answer = pre_letter
         state.post, state.post_correct, state.skipped = pre_letter, state.pre_correct, True
-        session.end_iteration(candidates, selected=pre_letter, state=state.stored(), notes=notes)
+        session.end_iteration(candidates, selected=pre_letter, state=state, notes=notes)
         return session.result(name, answer=pre_letter, text=pre.content)
     members = await form_team(session, notes) if team else []
     # The single teacher is seat S1 of a team of one, so experience construction reads both modes alike.
     transcript.team = members or [TeamMember(id="S1", specialty="Teacher", role="single teacher", leader=True)]
-    session.end_iteration(candidates, selected=pre_letter, state=state.stored(), notes=notes)
+    session.end_iteration(candidates, selected=pre_letter, state=state, notes=notes)
     dialogue: tuple[Turn, ...] = ()
     post_letter: str | None = None
     post = pre
@@ -112,32 +135,13 @@ async def teach(
         candidates = [_candidate(0, reply, None, "dialogue")]
         if r == rounds:
             case = Case(problem.question, gold, pre_letter, pre.content, dialogue)
-            guide_role, guide_agent = ("coordinator", "coordinator") if members else ("specialist", "S1")
-            guidance = await session.chat(guide_role, teacher_prompt(case, task="guidance", round_=r, rounds=rounds))
-            transcript.utterances.append(
-                Utterance(round=r, agent=guide_agent, kind="report", text=guidance.content, call_id=guidance.call_id)
-            )
-            post = await session.chat("student", student_prompt(problem.question, dialogue, guidance.content))
-            post_letter = parse_letter(post.content) if post.ok else None
-            if post_letter is None:
-                notes.append(f"post-test: no 'Answer: X' line ({post.error or 'unreadable reply'})")
-            transcript.utterances.append(
-                Utterance(
-                    round=r,
-                    agent="student",
-                    kind="decision",
-                    text=post.content,
-                    answer=post_letter,
-                    call_id=post.call_id,
-                )
-            )
-            transcript.final_answer = post_letter
+            post, post_letter = await _post_test(session, case, rounds, bool(members), transcript, notes)
             state.post, state.post_correct = post_letter, _same(post_letter, gold)
             candidates.append(_candidate(1, post, post_letter, "post-test"))
         session.end_iteration(
             candidates,
             selected=post_letter if r == rounds else pre_letter,
-            state=state.stored(),
+            state=state,
             notes=notes,
         )
     return session.result(name, answer=post_letter, text=post.content)

@@ -33,9 +33,9 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from tmas.llm.types import TokenLogprob
 from tmas.llm.watch import WatchStop
@@ -55,8 +55,24 @@ SHORT_WARMUP_NOTICE = (
     " {longest}), so the threshold came from their whole-reply means and a later sample can be stopped only past"
     " {window} tokens; a smaller confidence_window suits replies this short"
 )
-# meta["online_stop"] of a sample: a warm-up one (run to its end) or a watched one.
-WARMUP, WATCHED = "warmup", "watched"
+# meta.online_stop of a sample: a warm-up one (run to its end) or a watched one.
+WARMUP: Literal["warmup"] = "warmup"
+WATCHED: Literal["watched"] = "watched"
+
+
+class OnlineStopRecord(BaseModel):
+    """What an iteration's record says of online stopping (``state.online_stop``): the rule, its threshold (None:
+    none could be set), the share of groups it keeps and their window, and of the iteration's samples, the warm-up
+    ones, the watched ones, those stopped, and the completion tokens that saved (estimated)."""
+
+    rule: Literal["deepconf_online"] = "deepconf_online"
+    threshold: float | None
+    keep: float
+    window: int
+    warmup: int
+    watched: int
+    stopped: int
+    tokens_saved: int
 
 
 class OnlineStopParams(ConfidenceParams):
@@ -174,20 +190,19 @@ class OnlineStop:
     def saved(self, candidate: Candidate) -> int:
         """The completion tokens ``candidate`` saved by being stopped (0 for one not stopped; see the module)."""
         full = self.full_length()
-        if not candidate.meta.get("stopped_early") or full is None:
+        if not candidate.meta.stopped_early or full is None:
             return 0
         return max(0, round(full - candidate.usage.completion_tokens))
 
-    def record(self, candidates: Sequence[Candidate]) -> dict[str, Any]:
+    def record(self, candidates: Sequence[Candidate]) -> OnlineStopRecord:
         """What an iteration's record says of online stopping, over its ``candidates``."""
-        stopped = [c for c in candidates if c.meta.get("stopped_early")]
-        return {
-            "rule": "deepconf_online",
-            "threshold": self.threshold,
-            "keep": self.keep,
-            "window": self.window,
-            "warmup": sum(c.meta.get("online_stop") == WARMUP for c in candidates),
-            "watched": sum(c.meta.get("online_stop") == WATCHED for c in candidates),
-            "stopped": len(stopped),
-            "tokens_saved": sum(self.saved(c) for c in stopped),
-        }
+        stopped = [c for c in candidates if c.meta.stopped_early]
+        return OnlineStopRecord(
+            threshold=self.threshold,
+            keep=self.keep,
+            window=self.window,
+            warmup=sum(c.meta.online_stop == WARMUP for c in candidates),
+            watched=sum(c.meta.online_stop == WATCHED for c in candidates),
+            stopped=len(stopped),
+            tokens_saved=sum(self.saved(c) for c in stopped),
+        )

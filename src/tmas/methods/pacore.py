@@ -19,7 +19,7 @@ Each round is one iteration record; the synthesis round is one more, so T rounds
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -27,7 +27,7 @@ from tmas.agents.baselines import compact_message, pacore_round_prompt, pacore_s
 from tmas.agents.solution import generation_prompt
 from tmas.llm.types import Message
 from tmas.methods.base import (
-    Candidate,
+    CandidateMeta,
     Iterations,
     Method,
     MethodParams,
@@ -36,7 +36,8 @@ from tmas.methods.base import (
     gather_all,
 )
 from tmas.methods.call_count import CallCount, count_calls
-from tmas.methods.steps import budget_note, fallback_note, finish, notes_for, select_answer, solve_call
+from tmas.methods.state import FallbackState, MethodState
+from tmas.methods.steps import Chosen, close_iteration, finish, notes_for, solve_call
 from tmas.methods.style_params import StyledParams
 from tmas.methods.traits import Traits
 
@@ -57,6 +58,14 @@ class PaCoReParams(StyledParams):
     answer_fallback: bool = True
 
 
+class PaCoReState(FallbackState):
+    """A round's record: which round (its index, or the synthesis), how many compact messages it was given, and its
+    answer fallback, if any."""
+
+    round: int | Literal["synthesis"] = 0
+    messages_in: int = 0
+
+
 class PaCoRe(Method[PaCoReParams]):
     name: ClassVar[str] = "pacore"
     traits: ClassVar[Traits] = Traits(roles=("solution", "synthesis"))
@@ -64,6 +73,7 @@ class PaCoRe(Method[PaCoReParams]):
     # The setting the TMAS paper ran this baseline with (4.1, A.3).
     paper_settings: ClassVar[dict[str, Any]] = {"responses_per_round": 8}
     Params: ClassVar[type[MethodParams]] = PaCoReParams
+    State: ClassVar[type[MethodState]] = PaCoReState
     embedded_defaults: ClassVar[dict[str, Any]] = {"responses_per_round": 2, "iterations": 2, "style": "concise"}
 
     @classmethod
@@ -80,8 +90,7 @@ class PaCoRe(Method[PaCoReParams]):
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p, q, mode = self.params, session.problem.question, self.params.mode
         messages: list[str] = []  # the compact messages of the previous round
-        chosen: Candidate | None = None
-        fallback: dict[str, Any] | None = None
+        chosen = Chosen()
         rounds = p.iterations + (1 if p.synthesis else 0)
         for t in range(rounds):
             session.begin_iteration(t)
@@ -99,29 +108,28 @@ class PaCoRe(Method[PaCoReParams]):
                     pacore_round_prompt(q, mode, messages, style) if messages else generation_prompt(q, mode, style)
                 )
             drawn = await gather_all(
-                solve_call(session, role, prompt, index=i, mode=mode, meta={"prompt": kind}) for i in range(count)
+                solve_call(session, role, prompt, index=i, mode=mode, meta=CandidateMeta(prompt=kind))
+                for i in range(count)
             )
             candidates = [c for c in drawn if c is not None]
             if not candidates:
                 break
-            # The majority of this round; without an answer here, of the latest earlier round that has one.
-            chosen, fallback = await select_answer(
-                session, candidates, mode, fallback=p.answer_fallback, fallback_from="latest"
-            )
             notes = notes_for(candidates, mode)
             if kind == "generate" and t > 0:
                 notes.append("no successful response in the previous round: sampled without messages")
-            if fallback is not None:
-                notes.append(fallback_note(fallback))
-            if session.budget_stop:
-                notes += budget_note(session, len(candidates), count)
-            state: dict[str, Any] = {"round": "synthesis" if synthesis else t, "messages_in": len(messages)}
-            if fallback is not None:
-                state["answer_fallback"] = fallback
-            session.end_iteration(candidates, selected=chosen.answer if chosen else None, state=state, notes=notes)
+            # The majority of this round; without an answer here, of the latest earlier round that has one.
+            chosen = await close_iteration(
+                session,
+                candidates,
+                PaCoReState(round="synthesis" if synthesis else t, messages_in=len(messages)),
+                notes,
+                planned=count,
+                mode=mode,
+                fallback=p.answer_fallback,
+                fallback_from="latest",
+            )
             if session.budget_stop:
                 break
             messages = [compact_message(c.text, p.message_chars) for c in candidates if c.error is None]
-        result = finish(session, self.name, chosen, stopped=session.budget_stop is not None)
-        result.fallback = fallback
-        return result
+        stopped = session.budget_stop is not None
+        return finish(session, self.name, chosen.candidate, stopped=stopped, fallback=chosen.fallback)

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from tmas.agents.baselines import (
     Distillation,
@@ -36,6 +36,7 @@ from tmas.memory.similarity import jaccard
 from tmas.methods.base import (
     BudgetExhausted,
     Candidate,
+    CandidateMeta,
     Iterations,
     Method,
     MethodParams,
@@ -46,6 +47,7 @@ from tmas.methods.base import (
 from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.selection import select
+from tmas.methods.state import MethodState
 from tmas.methods.steps import budget_note, finish, notes_for, solve_call
 from tmas.methods.style_params import StyledParams
 from tmas.methods.traits import Traits
@@ -63,13 +65,35 @@ class RSEParams(StyledParams):
     bank_max: int = Field(default=40, ge=1)
 
 
-@dataclass
-class ExperienceBank:
-    propositions: list[str] = field(default_factory=list)
-    pitfalls: list[str] = field(default_factory=list)
+class ExperienceBank(BaseModel):
+    """RSE's bank: the verified propositions and the critical pitfalls distilled so far."""
+
+    propositions: list[str] = Field(default_factory=list)
+    pitfalls: list[str] = Field(default_factory=list)
 
     def items(self, kind: str) -> list[str]:
         return self.propositions if kind == "propositions" else self.pitfalls
+
+
+class Distilled(BaseModel):
+    """What an iteration's distillation did: the trajectories distilled, the items added, those dropped as
+    duplicates (judged by ``similarity``: embeddings, or word-set Jaccard where they failed) and as the oldest past
+    the cap."""
+
+    distilled: int
+    added: int
+    duplicates: int
+    dropped_old: int
+    similarity: str
+
+
+class RSEState(MethodState):
+    """The bank an iteration's samples saw, its distillation (none in the last iteration, or where the budget
+    stopped it) and the bank after it."""
+
+    bank_in: ExperienceBank = Field(default_factory=ExperienceBank)
+    distill: Distilled | None = None
+    bank: ExperienceBank = Field(default_factory=ExperienceBank)
 
 
 @dataclass
@@ -88,6 +112,7 @@ class RSE(Method[RSEParams]):
     # The setting the TMAS paper ran this baseline with (4.1, A.3).
     paper_settings: ClassVar[dict[str, Any]] = {"n": 8}
     Params: ClassVar[type[MethodParams]] = RSEParams
+    State: ClassVar[type[MethodState]] = RSEState
     embedded_defaults: ClassVar[dict[str, Any]] = {"n": 2, "iterations": 2, "style": "concise"}
 
     @classmethod
@@ -112,28 +137,28 @@ class RSE(Method[RSEParams]):
             else:  # no experience yet: the first sample every method shares
                 prompt, kind = generation_prompt(q, mode, style), "generate"
             drawn = await gather_all(
-                solve_call(session, "solution", prompt, index=i, mode=mode, meta={"prompt": kind}) for i in range(p.n)
+                solve_call(session, "solution", prompt, index=i, mode=mode, meta=CandidateMeta(prompt=kind))
+                for i in range(p.n)
             )
             candidates = [c for c in drawn if c is not None]
             if not candidates:
                 break
             chosen = select(candidates, mode, "vote", await session.answer_classes(candidates))
             notes = notes_for(candidates, mode)
-            state: dict[str, Any] = {"bank_in": _dump(bank)}
+            state = RSEState(bank_in=bank.model_copy(deep=True))
             if not session.budget_stop and t < p.iterations - 1:
-                bank, info = await self._distill(session, candidates, bank, notes)
-                state["distill"] = info
+                bank, state.distill = await self._distill(session, candidates, bank, notes)
             if session.budget_stop:
                 notes += budget_note(session, len(candidates), p.n)
-            state["bank"] = _dump(bank)
-            session.end_iteration(candidates, selected=chosen.answer if chosen else None, state=state, notes=notes)
+            state.bank = bank.model_copy(deep=True)
+            session.end_iteration(candidates, chosen=chosen, state=state, notes=notes)
             if session.budget_stop:
                 break
         return finish(session, self.name, chosen, stopped=session.budget_stop is not None)
 
     async def _distill(
         self, session: ProblemSession, candidates: list[Candidate], bank: ExperienceBank, notes: list[str]
-    ) -> tuple[ExperienceBank, dict[str, Any]]:
+    ) -> tuple[ExperienceBank, Distilled]:
         """Distil every successful trajectory (in parallel) and merge what they found into a new bank."""
         p, q = self.params, session.problem.question
 
@@ -177,18 +202,18 @@ class RSE(Method[RSEParams]):
 
         found = [d for d in await gather_all(one(c) for c in candidates if c.error is None) if d is not None]
         merge = Merge()
-        new = ExperienceBank(list(bank.propositions), list(bank.pitfalls))
+        new = bank.model_copy(deep=True)
         for kind in KINDS:
             proposed = [item for d in found for item in getattr(d, kind)]
             await self._merge(session, new.items(kind), proposed, merge)
         notes += merge.notes
-        info = {
-            "distilled": len(found),
-            "added": merge.added,
-            "duplicates": merge.duplicates,
-            "dropped_old": merge.dropped_old,
-            "similarity": merge.similarity,
-        }
+        info = Distilled(
+            distilled=len(found),
+            added=merge.added,
+            duplicates=merge.duplicates,
+            dropped_old=merge.dropped_old,
+            similarity=merge.similarity,
+        )
         return new, info
 
     async def _merge(self, session: ProblemSession, items: list[str], proposed: list[str], merge: Merge) -> None:
@@ -227,7 +252,3 @@ def _cosine(a: list[float], b: list[float]) -> float:
     dot = sum(x * y for x, y in zip(a, b, strict=False))
     norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
     return dot / norm if norm else 0.0
-
-
-def _dump(bank: ExperienceBank) -> dict[str, list[str]]:
-    return {"propositions": list(bank.propositions), "pitfalls": list(bank.pitfalls)}

@@ -59,10 +59,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 from tmas.answer_classes import class_of
-from tmas.methods.base import Candidate
+from tmas.methods.base import Candidate, Fallback
 from tmas.methods.confidence import ConfidenceMeasure
 
 SelectRule = Literal["best_score", "vote", "score_weighted_vote"]
@@ -168,7 +168,7 @@ def select_answered(
     fallback: bool = True,
     fallback_from: FallbackFrom = "all",
     confidence: ConfidenceVote | None = None,
-) -> tuple[Candidate | None, dict[str, Any] | None]:
+) -> tuple[Candidate | None, Fallback | None]:
     """The candidate ``rule`` returns from ``select_from`` of ``iterations`` (oldest first); in numeric mode, when it
     has no answer and ``fallback`` is on, an answered candidate of the earlier iterations instead, as
     ``fallback_from`` says (see the module docstring).
@@ -187,13 +187,8 @@ def select_answered(
     if backup is None:
         return chosen, None
     where = next(t for t, candidates in enumerate(earlier) if any(c is backup for c in candidates))
-    info = {
-        "iteration": where,
-        "candidate": backup.index,
-        "answer": backup.answer,
-        "reason": "no answered candidate in the " + ("last iteration" if select_from == "last" else "iterations"),
-    }
-    return backup, info
+    reason = "no answered candidate in the " + ("last iteration" if select_from == "last" else "iterations")
+    return backup, Fallback(iteration=where, candidate=backup.index, answer=backup.answer, reason=reason)
 
 
 def lacks_confidence(candidates: Sequence[Candidate]) -> bool:

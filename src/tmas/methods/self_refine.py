@@ -19,6 +19,7 @@ from tmas.agents.baselines import self_refine_prompt
 from tmas.agents.solution import generation_prompt
 from tmas.methods.base import (
     Candidate,
+    CandidateMeta,
     Iterations,
     Method,
     MethodParams,
@@ -27,15 +28,8 @@ from tmas.methods.base import (
     gather_all,
 )
 from tmas.methods.call_count import CallCount, count_calls
-from tmas.methods.steps import (
-    budget_note,
-    fallback_note,
-    finish,
-    keeps_previous,
-    notes_for,
-    select_answer,
-    solve_call,
-)
+from tmas.methods.state import FallbackState, MethodState
+from tmas.methods.steps import Chosen, close_iteration, finish, keeps_previous, notes_for, solve_call
 from tmas.methods.style_params import StyledParams
 from tmas.methods.traits import Traits
 
@@ -59,6 +53,8 @@ class SelfRefine(Method[SelfRefineParams]):
     # The setting the TMAS paper ran this baseline with (4.1, A.3).
     paper_settings: ClassVar[dict[str, Any]] = {"n": 8}
     Params: ClassVar[type[MethodParams]] = SelfRefineParams
+    # An iteration records the answer fallback it took, if any.
+    State: ClassVar[type[MethodState]] = FallbackState
     embedded_defaults: ClassVar[dict[str, Any]] = {"n": 2, "iterations": 2, "style": "concise"}
 
     @classmethod
@@ -74,8 +70,7 @@ class SelfRefine(Method[SelfRefineParams]):
         p, mode, q = self.params, self.params.mode, session.problem.question
         # Trajectory i's latest solution; None before the first or after a failed call.
         latest: list[Candidate | None] = [None] * p.n
-        chosen: Candidate | None = None
-        fallback: dict[str, Any] | None = None
+        chosen = Chosen()
         for t in range(p.iterations):
             session.begin_iteration(t)
 
@@ -83,7 +78,9 @@ class SelfRefine(Method[SelfRefineParams]):
                 prev = latest[i]
                 if prev is None or prev.error is not None:
                     first = generation_prompt(q, mode, p.style_of("solution"))
-                    return await solve_call(session, "solution", first, index=i, mode=mode, meta={"prompt": "generate"})
+                    return await solve_call(
+                        session, "solution", first, index=i, mode=mode, meta=CandidateMeta(prompt="generate")
+                    )
                 messages = self_refine_prompt(q, mode, prev.text, p.style_of("refiner"))
                 return await solve_call(
                     session,
@@ -91,7 +88,7 @@ class SelfRefine(Method[SelfRefineParams]):
                     messages,
                     index=i,
                     mode=mode,
-                    meta={"prompt": "refine"},
+                    meta=CandidateMeta(prompt="refine"),
                     remind=p.answer_reminder,
                 )
 
@@ -102,26 +99,22 @@ class SelfRefine(Method[SelfRefineParams]):
             notes = notes_for(candidates, mode)
             for c in candidates:
                 if p.answer_fallback and keeps_previous(c, latest[c.index], mode):
-                    c.meta["kept_previous"] = True
+                    c.meta.kept_previous = True
                     notes.append(f"candidate {c.index}: no answer; the trajectory goes on from its previous solution")
                 else:
                     latest[c.index] = c
             # The majority of the last round; without an answer there, of the latest earlier round that has one.
-            chosen, fallback = await select_answer(
-                session, candidates, mode, fallback=p.answer_fallback, fallback_from="latest"
-            )
-            if fallback is not None:
-                notes.append(fallback_note(fallback))
-            if session.budget_stop:
-                notes += budget_note(session, len(candidates), p.n)
-            session.end_iteration(
+            chosen = await close_iteration(
+                session,
                 candidates,
-                selected=chosen.answer if chosen else None,
-                state={"answer_fallback": fallback} if fallback else None,
-                notes=notes,
+                FallbackState(),
+                notes,
+                planned=p.n,
+                mode=mode,
+                fallback=p.answer_fallback,
+                fallback_from="latest",
             )
             if session.budget_stop:
                 break
-        result = finish(session, self.name, chosen, stopped=session.budget_stop is not None)
-        result.fallback = fallback
-        return result
+        stopped = session.budget_stop is not None
+        return finish(session, self.name, chosen.candidate, stopped=stopped, fallback=chosen.fallback)

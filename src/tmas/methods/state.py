@@ -14,12 +14,25 @@ from tmas.agents.mattrl_decision import Decision
 from tmas.memory.experience_bank import ExperienceBank
 from tmas.memory.guideline_bank import GuidelineBank
 from tmas.memory.transcript import Transcript
+from tmas.store.records import Fallback
 
 
 class MethodState(BaseModel):
     """A state with no fields of its own (a method that keeps none)."""
 
     model_config = ConfigDict(extra="allow")
+
+    def stored(self) -> dict[str, Any]:
+        """As the store keeps it (``IterationRecord.state``): the fields the iteration set (a field left unset is no
+        key, as a stop or a fallback that did not happen), each whole."""
+        return {k: v for k, v in self.model_dump(mode="json").items() if k in self.model_fields_set}
+
+
+class FallbackState(MethodState):
+    """The state of a method whose answer may fall back to an earlier iteration's (``answer_fallback``): the fallback
+    this iteration took, where it took one (the closing step of ``tmas.methods.steps`` sets it)."""
+
+    answer_fallback: Fallback | None = None
 
 
 class BankState(MethodState):
@@ -30,7 +43,18 @@ class BankState(MethodState):
     guideline_bank: GuidelineBank = Field(default_factory=GuidelineBank)
 
 
-class TMASState(BankState):
+class EarlyStop(BaseModel):
+    """Why TMAS stopped a settled problem after an iteration (``early_stop``): the iteration, the reason in words,
+    and the readings that settled it."""
+
+    iteration: int
+    reason: str
+    agreement: float
+    lowest_verification: float | None = None
+    mean_score: float = 0.0
+
+
+class TMASState(BankState, FallbackState):
     """TMAS's state after iteration t (Algorithm 1)."""
 
     # Each candidate's mode: explore (a strategy asked for) or exploit.
@@ -43,9 +67,9 @@ class TMASState(BankState):
     guideline_update: dict[str, Any] = Field(default_factory=dict)
     # Handled bad agent outputs by kind.
     anomalies: dict[str, int] = Field(default_factory=dict)
-    # Why the problem stopped here (``early_stop``), and the earlier answer returned when this pool had none.
-    early_stop: dict[str, Any] | None = None
-    answer_fallback: dict[str, Any] | None = None
+    # Why the problem stopped here (``early_stop``); the earlier answer returned when this pool had none is
+    # ``answer_fallback`` (FallbackState).
+    early_stop: EarlyStop | None = None
 
 
 class SeatRecord(BaseModel):
@@ -73,7 +97,3 @@ class MATTRLState(MethodState):
     post_correct: bool | None = None
     # The pre-test was right (or there was nothing to teach toward): no dialogue, the post-test is the pre-test.
     skipped: bool | None = None
-
-    def stored(self) -> dict[str, Any]:
-        """As the store keeps it: the fields this round set (a field left unset is no key), each whole."""
-        return {k: v for k, v in self.model_dump(mode="json").items() if k in self.model_fields_set}

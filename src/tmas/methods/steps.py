@@ -1,7 +1,8 @@
 """The toolkit every method's steps come from: one solution-writing call as a :class:`Candidate` (:func:`solve_call`,
 used by TMAS, MATTRL and the baselines), the anomalies it reports (kinds for counters, notes for the iteration
-record), and the end of a baseline's run (budget stops included). Which candidate a method returns, with the answer
-fallback, is in selection.py.
+record), the closing of an iteration of a baseline that selects an answer (:func:`close_iteration`) and the end of a
+baseline's run (:func:`finish`, budget stops included). Which candidate a method returns, with the answer fallback,
+is in selection.py.
 
 A candidate's call that the budget refuses comes back as ``None`` from :func:`solve_call`: a baseline records the
 candidates finished so far and stops, so an equal-compute comparison keeps every token that was spent. TMAS and MATTRL
@@ -13,18 +14,26 @@ Whichever ends it, the stop is recorded one way (:meth:`ProblemSession.budget_st
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import NamedTuple
 
 from tmas.agents.echo import EchoGuard
 from tmas.agents.solution import SolutionOutput, parse_section
 from tmas.config import Sampling
-from tmas.llm.types import Completion, Message
+from tmas.llm.types import Completion, Message, Usage
 from tmas.llm.watch import TraceWatch
 from tmas.methods.answer_reminder import ask_with_reminder
-from tmas.methods.base import BudgetExhausted, Candidate, ProblemResult, ProblemSession
+from tmas.methods.base import (
+    BudgetExhausted,
+    Candidate,
+    CandidateMeta,
+    Fallback,
+    ProblemResult,
+    ProblemSession,
+)
 from tmas.methods.confidence import Confidence, trace_confidence
 from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.selection import ConfidenceRule, ConfidenceVote, FallbackFrom, SelectFrom, SelectRule, select_answered
+from tmas.methods.state import FallbackState
 
 # How a reply is read: (content, mode) -> its solution text, answer, extraction and heading (tmas.agents.solution).
 SolutionParser = Callable[[str, str], SolutionOutput]
@@ -42,7 +51,7 @@ async def solve_call(
     parse: SolutionParser = parse_section,
     sample: int | None = None,
     sampling: Sampling | None = None,
-    meta: dict[str, Any] | None = None,
+    meta: CandidateMeta | None = None,
     remind: bool = False,
     confidence_window: int | None = None,
     watch: TraceWatch | None = None,
@@ -50,27 +59,21 @@ async def solve_call(
 ) -> Candidate | None:
     """One solution-writing call of ``role`` as candidate ``index`` (sample ``sample``, else ``index``); None when the
     budget refused the call. Its calls (echo retry and reminder included) belong to ``chain``
-    (:meth:`ProblemSession.chat`).
+    (:meth:`ProblemSession.chat`); ``meta``: what the method records of the candidate beforehand (its prompt).
+    What the steps below find is kept in the candidate's meta (``CandidateMeta``), and :func:`solution_anomalies`
+    reads it back as counters and notes.
 
     ``parse`` reads a reply's solution text and answer (the baselines' :func:`parse_section` unless given; TMAS
-    passes :func:`tmas.agents.solution.parse_solution`). ``confidence_window``: the reply's log-probabilities (asked
-    for in ``sampling``) are reduced to the candidate's ``confidence`` with groups of that many tokens
-    (methods/confidence.py).
+    passes :func:`tmas.agents.solution.parse_solution`): in numeric mode the last box, else an explicit final-answer
+    statement (``meta.extraction``; a reply with neither counts as unusable for ``role``); in proof mode a reply
+    without a ``## Solution`` heading is taken whole. ``confidence_window``: the reply's log-probabilities (asked for
+    in ``sampling``) are reduced to the candidate's ``confidence`` with groups of that many tokens. ``watch`` follows
+    the streamed reply and may stop it (:mod:`tmas.llm.watch`): a stopped reply gives no answer and no vote.
 
-    ``watch`` follows the streamed reply and may stop it (:mod:`tmas.llm.watch`): a stopped reply's candidate carries
-    ``meta["stopped_early"]`` and an error, so its partial text gives no answer and no vote.
-
-    Numeric mode: the answer is the last box, else an explicit final-answer statement; ``meta["extraction"]`` says
-    which ("boxed" / "stated" / "none"), and a reply with neither counts as unusable for ``role``. Proof mode: a
-    reply without a ``## Solution`` heading is taken whole, marked ``meta["no_solution_heading"]``.
-
-    A reply whose answer or solution echoes the prompt's instructions is asked again once (:mod:`tmas.agents.echo`),
-    marked ``meta["echo_retry"]``; when the retry echoes too, the candidate carries ``meta["echo"]`` and an error, so
-    no answer, vote or later prompt uses it. With ``remind``, a reply without an answer (not cut at max_tokens) is
-    sent back once with a reminder of the required output (``answer_reminder.j2``); the retry's reply is the
-    candidate's where it succeeded and echoes nothing of its instructions, and ``meta["reminder"]`` keeps the first
-    reply's call and text, then the retry's ``error`` (a refused call: "budget spent"), ``echo`` or ``answered``.
-    :func:`solution_anomalies` reads all of this back as counters and notes.
+    A reply that echoes the prompt's instructions is asked again once (:mod:`tmas.agents.echo`); when the retry
+    echoes too, the candidate has an error, so no answer, vote or later prompt uses it. With ``remind``, a reply
+    without an answer (not cut at max_tokens) is sent back once with a reminder of the required output
+    (:func:`_remind`).
     """
     calls = sample if sample is not None else index
     guard = EchoGuard.of(messages)
@@ -86,45 +89,41 @@ async def solve_call(
     except BudgetExhausted:
         return None
     reply = guarded.reply
-    info = dict(meta or {})
-    if guarded.first_echo is not None:
-        info["echo_retry"] = guarded.first_echo
+    info = meta.model_copy(deep=True) if meta is not None else CandidateMeta()
+    info.echo_retry = guarded.first_echo
     if reply.stopped_early is not None:
-        info["stopped_early"] = reply.stopped_early
+        info.stopped_early = reply.stopped_early
         error = f"stopped early: {reply.stopped_early}"
         return _unusable(index, reply, reply.content, error, info, _confidence(reply, confidence_window))
     solution = parse(reply.content, mode)
     if guarded.echo is not None:
-        info["echo"] = guarded.echo
+        info.echo = guarded.echo
         error = f"the {guarded.echo} echoed the prompt's instructions (asked twice)"
         return _unusable(index, reply, solution.text, error, info)
     _tally(session, role, reply, solution, mode)
     usage = reply.usage
     if remind and mode == "numeric" and reply.ok and solution.answer is None and not reply.truncated:
+        ask = _Asked(session, role, messages, parse, mode, calls, sampling, chain)
+        reply, solution, usage = await _remind(ask, reply, solution, info)
+    return _candidate(index, reply, solution, usage, info, mode, _confidence(reply, confidence_window))
 
-        def read(content: str) -> tuple[str, str | None]:
-            parsed = parse(content, mode)
-            return parsed.text, parsed.answer
 
-        try:
-            reminded = await ask_with_reminder(
-                session, role, messages, reply, info, read, sample=calls, sampling=sampling, chain=chain
-            )
-        except BudgetExhausted:
-            info["reminder"]["error"] = "budget spent"
-        else:
-            usage = usage + reminded.reply.usage
-            if reminded.accepted:
-                reply = reminded.reply
-                solution = parse(reply.content, mode)
-                _tally(session, role, reply, solution, mode)
-                info["reminder"]["answered"] = solution.answer is not None
+def _candidate(
+    index: int,
+    reply: Completion,
+    solution: SolutionOutput,
+    usage: Usage,
+    info: CandidateMeta,
+    mode: str,
+    confidence: Confidence | None,
+) -> Candidate:
+    """The candidate of a read reply, with how its answer was read and whether it was cut in its meta."""
     if reply.ok and mode == "numeric":
-        info["extraction"] = solution.extraction
+        info.extraction = solution.extraction
     if reply.ok and mode == "proof" and not solution.has_section:
-        info["no_solution_heading"] = True
+        info.no_solution_heading = True
     if reply.truncated:
-        info["truncated"] = True
+        info.truncated = True
     return Candidate(
         index=index,
         # The text later prompts see (with parse_section: the solution without any feedback section before it).
@@ -134,13 +133,65 @@ async def solve_call(
         usage=usage,
         finish_reason=reply.finish_reason,
         error=reply.error,
-        confidence=_confidence(reply, confidence_window),
+        confidence=confidence,
         meta=info,
     )
 
 
+class _Asked(NamedTuple):
+    """How a solution call was asked, for its reminder: the same role, prompt, reading, sample and chain."""
+
+    session: ProblemSession
+    role: str
+    messages: list[Message]
+    parse: SolutionParser
+    mode: str
+    sample: int
+    sampling: Sampling | None
+    chain: int | None
+
+
+async def _remind(
+    ask: _Asked, reply: Completion, solution: SolutionOutput, info: CandidateMeta
+) -> tuple[Completion, SolutionOutput, Usage]:
+    """An answerless ``reply`` sent back once with a reminder of the required output (``answer_reminder.j2``): the
+    retry's reply and reading where it succeeded and echoes nothing of its instructions, else the first's; the usage
+    of both. ``info.reminder`` keeps the first reply's call and text, then the retry's ``error`` (a refused call:
+    "budget spent"), ``echo`` or ``answered``."""
+    session, mode = ask.session, ask.mode
+
+    def read(content: str) -> tuple[str, str | None]:
+        parsed = ask.parse(content, mode)
+        return parsed.text, parsed.answer
+
+    try:
+        reminded = await ask_with_reminder(
+            session,
+            ask.role,
+            ask.messages,
+            reply,
+            info,
+            read,
+            sample=ask.sample,
+            sampling=ask.sampling,
+            chain=ask.chain,
+        )
+    except BudgetExhausted:
+        if info.reminder is not None:
+            info.reminder.error = "budget spent"
+        return reply, solution, reply.usage
+    usage = reply.usage + reminded.reply.usage
+    if not reminded.accepted:
+        return reply, solution, usage
+    solution = ask.parse(reminded.reply.content, mode)
+    _tally(session, ask.role, reminded.reply, solution, mode)
+    if info.reminder is not None:
+        info.reminder.answered = solution.answer is not None
+    return reminded.reply, solution, usage
+
+
 def _unusable(
-    index: int, reply: Completion, text: str, error: str, info: dict[str, Any], confidence: Confidence | None = None
+    index: int, reply: Completion, text: str, error: str, info: CandidateMeta, confidence: Confidence | None = None
 ) -> Candidate:
     """A candidate with no answer and an error (a reply stopped early, or echoing twice): no vote or prompt uses it."""
     return Candidate(
@@ -170,33 +221,29 @@ def solution_anomalies(c: Candidate, mode: str) -> list[Anomaly]:
     """What of candidate ``c`` (from :func:`solve_call`) is worth a note in the iteration record, each with the
     counter kind it counts under: TMAS counts them in ``ProblemResult.counters``; the baselines keep the notes."""
     found: list[Anomaly] = []
-    at = f"candidate {c.index}"
-    if c.meta.get("echo_retry"):
-        found.append(
-            ("solution_echo", f"{at}: its {c.meta['echo_retry']} echoed the prompt's instructions; asked again")
-        )
-    if c.meta.get("stopped_early"):
+    at, meta = f"candidate {c.index}", c.meta
+    if meta.echo_retry:
+        found.append(("solution_echo", f"{at}: its {meta.echo_retry} echoed the prompt's instructions; asked again"))
+    if meta.stopped_early:
         found.append(("solution_stopped_early", f"{at}: {c.error}"))
-    elif c.meta.get("echo"):
+    elif meta.echo:
         found.append(("solution_echo", f"{at}: unusable: {c.error}"))
     elif c.error:
         found.append(("solution_failed", f"{at}: call failed: {c.error}"))
-    reminder = c.meta.get("reminder")
+    reminder = meta.reminder
     if reminder is not None:
         asked = f"{at}: first reply had no answer; asked again with a reminder of the required output"
-        if reminder.get("error"):
-            found.append(("solution_reminder_failed", f"{asked}: no answer ({reminder['error']})"))
-        elif reminder.get("echo"):
-            found.append(("solution_echo", f"{asked}: the reply echoed its instructions ({reminder['echo']})"))
+        if reminder.error:
+            found.append(("solution_reminder_failed", f"{asked}: no answer ({reminder.error})"))
+        elif reminder.echo:
+            found.append(("solution_echo", f"{asked}: the reply echoed its instructions ({reminder.echo})"))
         else:
-            found.append(
-                ("solution_reminded", f"{asked}: {'answered' if reminder.get('answered') else 'no answer again'}")
-            )
+            found.append(("solution_reminded", f"{asked}: {'answered' if reminder.answered else 'no answer again'}"))
     if mode == "numeric" and c.error is None and c.answer is None:
         found.append(("solution_no_answer", f"{at}: no extractable answer"))
-    if c.meta.get("no_solution_heading"):
+    if meta.no_solution_heading:
         found.append((None, f"{at}: no '## Solution' heading; the whole reply is taken as the solution"))
-    if c.meta.get("truncated"):
+    if meta.truncated:
         found.append(("solution_truncated", f"{at}: truncated at max_tokens"))
     return found
 
@@ -204,6 +251,14 @@ def solution_anomalies(c: Candidate, mode: str) -> list[Anomaly]:
 def notes_for(candidates: list[Candidate], mode: str) -> list[str]:
     """The per-candidate anomalies worth a note in the iteration record."""
     return [note for c in candidates for _, note in solution_anomalies(c, mode)]
+
+
+class Chosen(NamedTuple):
+    """The candidate a method returns after an iteration (None: every call failed) and the answer fallback that took
+    it, if one did."""
+
+    candidate: Candidate | None = None
+    fallback: Fallback | None = None
 
 
 async def select_answer(
@@ -216,7 +271,7 @@ async def select_answer(
     fallback: bool = True,
     fallback_from: FallbackFrom = "all",
     confidence: ConfidenceVote | None = None,
-) -> tuple[Candidate | None, dict[str, Any] | None]:
+) -> Chosen:
     """The answer of the iterations recorded so far and ``current`` (the one being finished; None: the records
     alone) by :func:`tmas.methods.selection.select_answered`, answers grouped by value as the run groups them, and
     the answer fallback it took, if any (:func:`fallback_note` says it in a line)."""
@@ -224,7 +279,7 @@ async def select_answer(
     if current is not None:
         iterations.append(current)
     classes = await session.answer_classes(c for candidates in iterations for c in candidates)
-    return select_answered(
+    chosen, fell_back = select_answered(
         iterations,
         select_from,
         mode,
@@ -234,11 +289,41 @@ async def select_answer(
         fallback_from=fallback_from,
         confidence=confidence,
     )
+    return Chosen(chosen, fell_back)
 
 
-def fallback_note(fallback: dict[str, Any]) -> str:
+def fallback_note(fallback: Fallback) -> str:
     """The iteration record's note of an answer taken from an earlier iteration."""
-    return f"answer from iteration {fallback['iteration']}: {fallback['reason']}"
+    return f"answer from iteration {fallback.iteration}: {fallback.reason}"
+
+
+async def close_iteration(
+    session: ProblemSession,
+    candidates: list[Candidate],
+    state: FallbackState,
+    notes: list[str],
+    *,
+    planned: int,
+    mode: str,
+    rule: SelectRule = "vote",
+    select_from: SelectFrom = "last",
+    fallback: bool = True,
+    fallback_from: FallbackFrom = "all",
+) -> Chosen:
+    """The end of an iteration of a baseline that selects its answer among its candidates (Self-Refine,
+    Verify-Refine, PaCoRe): the answer by ``rule`` (:func:`select_answer`, with the answer fallback where on), the
+    fallback's note and ``state.answer_fallback``, the note of a budget that cut the iteration short (``planned``
+    candidates asked), and the iteration's record with the candidate chosen. The method's own ``notes`` come first."""
+    chosen = await select_answer(
+        session, candidates, mode, rule, select_from=select_from, fallback=fallback, fallback_from=fallback_from
+    )
+    if chosen.fallback is not None:
+        notes.append(fallback_note(chosen.fallback))
+        state.answer_fallback = chosen.fallback
+    if session.budget_stop:
+        notes += budget_note(session, len(candidates), planned)
+    session.end_iteration(candidates, chosen=chosen.candidate, fallback=chosen.fallback, state=state, notes=notes)
+    return chosen
 
 
 def keeps_previous(candidate: Candidate, previous: Candidate | None, mode: str) -> bool:
@@ -254,10 +339,18 @@ def keeps_previous(candidate: Candidate, previous: Candidate | None, mode: str) 
     )
 
 
-def finish(session: ProblemSession, method: str, chosen: Candidate | None, *, stopped: bool) -> ProblemResult:
-    """The problem's result from the chosen candidate; ``stopped``: the budget ended the run early, recorded as every
-    method records it (:meth:`ProblemSession.budget_stopped`)."""
+def finish(
+    session: ProblemSession,
+    method: str,
+    chosen: Candidate | None,
+    *,
+    stopped: bool,
+    fallback: Fallback | None = None,
+) -> ProblemResult:
+    """The problem's result from the chosen candidate (``fallback``: the answer fallback that took it); ``stopped``:
+    the budget ended the run early, recorded as every method records it (:meth:`ProblemSession.budget_stopped`)."""
     result = session.result(method, answer=chosen.answer if chosen else None, text=chosen.text if chosen else "")
+    result.fallback = fallback
     if stopped:
         session.budget_stopped(result)
     if chosen is None:

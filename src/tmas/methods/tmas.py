@@ -23,7 +23,7 @@ candidate of the earlier iterations, recorded in the result's ``fallback`` and t
 
 Beyond the paper, off by default and pinned off by the ``paper`` preset (the ``local`` preset turns the first on):
 ``early_stop`` ends a problem once its answer is settled, every candidate giving one answer that every verification
-passes (or the agreement share and score it states), recorded in the iteration's ``state["early_stop"]``; and the
+passes (or the agreement share and score it states), recorded in the iteration's ``state.early_stop``; and the
 confidence rules of ``select`` (DeepConf) ask the solution calls for token log-probabilities and weigh or filter the
 vote by each candidate's confidence (methods/confidence_params.py).
 
@@ -70,6 +70,8 @@ from tmas.memory.guideline_bank import GuidelineBank, apply_strategy_classificat
 from tmas.methods.base import (
     BudgetExhausted,
     Candidate,
+    CandidateMeta,
+    IterationRecord,
     Method,
     MethodParams,
     ProblemResult,
@@ -80,17 +82,18 @@ from tmas.methods.base import (
 from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.confidence_params import note_missing_confidence
 from tmas.methods.echo_retry import chat_guarded
-from tmas.methods.state import MethodState, TMASState
-from tmas.methods.steps import Anomaly, fallback_note, select_answer, solution_anomalies, solve_call
+from tmas.methods.state import EarlyStop, MethodState, TMASState
+from tmas.methods.steps import Anomaly, Chosen, fallback_note, select_answer, solution_anomalies, solve_call
 from tmas.methods.tmas_params import TMAS_ROLES, TMASParams
 from tmas.methods.training_prompts import IterationPrompts, Rendering
 from tmas.methods.traits import Traits
+from tmas.store.records import VerificationRecord
 
 Update = TypeVar("Update", bound=EchoFiltered)
 
 # Raw replies kept in the record for bad outputs are cut to this length.
 RAW_LIMIT = 4000
-# A problem's ``stopped_reason`` when ``early_stop`` ended it (the stopping iteration's ``state["early_stop"]`` says
+# A problem's ``stopped_reason`` when ``early_stop`` ended it (the stopping iteration's ``state.early_stop`` says
 # when and on what figures).
 SETTLED = "settled (early_stop)"
 # Room for the instructions, question and banks when a prompt's rollouts are fitted to the context window.
@@ -150,6 +153,16 @@ class SolutionPlan:
     modes: list[str]
     prompt_names: list[SolutionPrompt]
     messages: list[list[Message]]
+
+
+@dataclass
+class MemoryUpdate:
+    """Lines 19-20's outcome: E_t and G_t, with what each agent's update did (or ``{"status": "skipped"}``)."""
+
+    experience: ExperienceBank
+    guideline: GuidelineBank
+    experience_info: dict[str, Any]
+    guideline_info: dict[str, Any]
 
 
 @dataclass
@@ -229,70 +242,76 @@ class TMAS(Method[TMASParams]):
             candidates = [o.candidate for o in outcomes]
             if p.asks_confidence(p.select) and note_missing_confidence(session, candidates, log.notes):
                 log.anomalies["confidence_missing"] += 1
-            streak, stop_note = self._early_stop(t, candidates, streak)
-            extra: dict[str, Any] = {"early_stop": stop_note} if stop_note else {}
-            if stop_note is not None or last:
-                # Nothing will read E_t or G_t: skip their calls (the saving early stopping is for).
-                if stop_note is not None:
-                    stopped = SETTLED
-                    log.notes.append(f"early stop: {stop_note['reason']}; memory update of this iteration skipped")
-                else:
-                    log.notes.append("last iteration: summaries and memory update skipped (skip_final_memory)")
-                experience, guideline = state.experience, state.guideline
-                exp_info: dict[str, Any] = {"status": "skipped"}
-                guide_info: dict[str, Any] = {"status": "skipped"}
-            else:
-                # Lines 19-20: the two memory agents in parallel.
-                (experience, exp_info), (guideline, guide_info) = await gather_pair(
-                    self._update_experience(session, rollouts, state.experience, log),
-                    self._update_guideline(session, rollouts, state.guideline, log),
-                )
-            state = MemoryState(rollouts=rollouts, experience=experience, guideline=guideline)
-            selected, fallback = await self._select(session, candidates)
-            if fallback is not None:
-                extra["answer_fallback"] = fallback
-                log.bad("answer_fallback", fallback_note(fallback))
+            streak, settled = self._early_stop(t, candidates, streak)
+            if settled is not None:
+                stopped = SETTLED
+                log.notes.append(f"early stop: {settled.reason}; memory update of this iteration skipped")
+            elif last:
+                log.notes.append("last iteration: summaries and memory update skipped (skip_final_memory)")
+            # Lines 19-20, unless nothing will read E_t or G_t (the saving early stopping is for).
+            memory = await self._update_memory(session, rollouts, state, log, skip=settled is not None or last)
+            state = MemoryState(rollouts=rollouts, experience=memory.experience, guideline=memory.guideline)
+            chosen = await self._select(session, candidates)
+            if chosen.fallback is not None:
+                log.bad("answer_fallback", fallback_note(chosen.fallback))
             totals.update(log.anomalies)
             recorded = TMASState(
                 modes=plan.modes,
                 mean_score=_mean([c.score or 0.0 for c in candidates]),
                 agreement=_agreement(candidates, p.mode),
-                experience_bank=experience,
-                guideline_bank=guideline,
-                experience_update=exp_info,
-                guideline_update=guide_info,
+                experience_bank=memory.experience,
+                guideline_bank=memory.guideline,
+                experience_update=memory.experience_info,
+                guideline_update=memory.guideline_info,
                 anomalies=dict(log.anomalies),
-                **extra,
             )
+            # The fields a stop or a fallback did not set are no keys of the stored state.
+            if settled is not None:
+                recorded.early_stop = settled
+            if chosen.fallback is not None:
+                recorded.answer_fallback = chosen.fallback
             session.end_iteration(
-                candidates,
-                selected=selected.answer if selected else None,
-                # The fields a stop or a fallback did not set are left out, as before the state was typed.
-                state={k: v for k, v in recorded.model_dump(mode="json").items() if v is not None},
-                notes=log.notes,
+                candidates, chosen=chosen.candidate, fallback=chosen.fallback, state=recorded, notes=log.notes
             )
             if stopped is not None:
                 break
+        result = await self._result(session, stopped)
+        result.counters = dict(sorted(totals.items()))
+        return result
+
+    async def _update_memory(
+        self, session: ProblemSession, rollouts: list[Rollout], prev: MemoryState, log: IterationLog, *, skip: bool
+    ) -> MemoryUpdate:
+        """Lines 19-20: the two memory agents in parallel on R_t; with ``skip``, E_{t-1} and G_{t-1} stand."""
+        if skip:
+            skipped = {"status": "skipped"}
+            return MemoryUpdate(prev.experience, prev.guideline, dict(skipped), dict(skipped))
+        (experience, exp_info), (guideline, guide_info) = await gather_pair(
+            self._update_experience(session, rollouts, prev.experience, log),
+            self._update_guideline(session, rollouts, prev.guideline, log),
+        )
+        return MemoryUpdate(experience, guideline, exp_info, guide_info)
+
+    async def _result(self, session: ProblemSession, stopped: str | None) -> ProblemResult:
+        """Line 22: argmax over R_T of Score(c) (with the defaults), or the earlier answer R_T lacks
+        (answer_fallback)."""
         final = session.records[-1].candidates
-        # Line 22: argmax over R_T of Score(c) (with the defaults), or the earlier answer R_T lacks (answer_fallback).
-        best, fallback = await self._select(session)
+        best = await self._select(session)
+        chosen = best.candidate
         result = session.result(
             self.name,
-            answer=best.answer if best else None,
-            text=best.text if best else "",
+            answer=chosen.answer if chosen else None,
+            text=chosen.text if chosen else "",
             stopped_reason=stopped,
         )
-        result.counters = dict(sorted(totals.items()))
-        result.fallback = fallback
-        if best is None:
+        result.fallback = best.fallback
+        if chosen is None:
             errors = {c.error for c in final if c.error}
             result.status = "failed"
             result.error = "no candidate of the last iteration succeeded" + (f": {sorted(errors)[0]}" if errors else "")
         return result
 
-    async def _select(
-        self, session: ProblemSession, current: list[Candidate] | None = None
-    ) -> tuple[Candidate | None, dict[str, Any] | None]:
+    async def _select(self, session: ProblemSession, current: list[Candidate] | None = None) -> Chosen:
         """The answer from the iterations recorded so far, plus ``current`` (the iteration being finished), and the
         fallback it took, if any."""
         p = self.params
@@ -431,11 +450,11 @@ class TMAS(Method[TMASParams]):
     def first_prompt(self, question: str, rendering: Rendering) -> list[Message]:
         return self._generation_prompt(question)
 
-    def prompts_after(self, question: str, record: dict[str, Any], rendering: Rendering) -> IterationPrompts:
+    def prompts_after(self, question: str, record: IterationRecord, rendering: Rendering) -> IterationPrompts:
         """Iteration t's exploit prompts (Base and Bank, R_{t-1} fitted as inference fits the exploit prompt, with
         the bank, and shown the same way in both halves) and explore prompt, from the stored record of t-1."""
         p = self.params
-        banks = TMASState.model_validate(record.get("state") or {})
+        banks = TMASState.model_validate(record.state)
         experience, guideline = banks.experience_bank, banks.guideline_bank
         rollouts = _stored_rollouts(record)
         exploit = None
@@ -477,7 +496,7 @@ class TMAS(Method[TMASParams]):
             mode=p.mode,
             parse=parse_solution,
             sampling=p.confidence_sampling(p.select),
-            meta={"mode": plan.modes[i], "prompt": plan.prompt_names[i]},
+            meta=CandidateMeta(mode=plan.modes[i], prompt=plan.prompt_names[i]),
             remind=p.answer_reminder and plan.prompt_names[i] != "generate",
             confidence_window=p.confidence_window if p.asks_confidence(p.select) else None,
             chain=i,
@@ -494,7 +513,7 @@ class TMAS(Method[TMASParams]):
 
         # Line 14: M independent verification passes, in parallel.
         verifications, records = await self._verify(session, i, text, log)
-        meta["verifications"] = records
+        meta.verifications = records
         score = _mean([v.effective_score for v in verifications])
         if p.mode == "numeric" and answer is None:
             score = 0.0
@@ -504,7 +523,7 @@ class TMAS(Method[TMASParams]):
 
         # Line 15: s_{t,i} = A_sum(x, c_{t,i}, V_{t,i}).
         summary, call_id = await self._summarize(session, i, text, verifications, log)
-        meta["summary"], meta["summary_call_id"] = summary.text, call_id
+        meta.summary, meta.summary_call_id = summary.text, call_id
         rollout = Rollout(index=i, solution=text, summary=summary.text, score=score, answer=answer)
         return CandidateOutcome(candidate, rollout)
 
@@ -549,7 +568,7 @@ class TMAS(Method[TMASParams]):
         i: int,
         solution: str,
         log: IterationLog,
-    ) -> tuple[list[Verification], list[dict[str, Any]]]:
+    ) -> tuple[list[Verification], list[VerificationRecord]]:
         """V_{t,i}: M verifications of candidate i, with what each one's record keeps.
 
         ``verifier_score = "text"`` (the paper): M analyses, each one's "Score:" line parsed. ``"logprob"`` (beyond
@@ -574,19 +593,19 @@ class TMAS(Method[TMASParams]):
             for j in range(p.m)
         )
         verifications: list[Verification] = []
-        records: list[dict[str, Any]] = []
+        records: list[VerificationRecord] = []
         for j, v_reply in enumerate(replies):
-            entry: dict[str, Any] = {"call_id": v_reply.call_id}
+            entry = VerificationRecord(call_id=v_reply.call_id)
             if not v_reply.ok:
                 verification = Verification(feedback="(verification failed)", score=None)
                 log.bad("verification_failed", f"candidate {i}, verifier {j}: call failed: {v_reply.error}")
-                entry["error"] = v_reply.error
+                entry.error = v_reply.error
             elif logprob:
                 scored = parse_score_first(v_reply.content, v_reply.logprobs)
                 verification = Verification(feedback=scored.feedback, score=scored.score)
-                entry["source"] = scored.source
+                entry.source = scored.source
                 if scored.probabilities:
-                    entry["probabilities"] = scored.probabilities
+                    entry.probabilities = scored.probabilities
                 if scored.source == "text":
                     log.bad(
                         "verifier_logprob_missing",
@@ -595,13 +614,14 @@ class TMAS(Method[TMASParams]):
             else:
                 verification = parse_verification(v_reply.content)
                 if verification.snapped:
-                    entry["snapped"] = True
+                    entry.snapped = True
             if v_reply.ok and verification.score is None:
                 session.tally("verifier").unusable += 1
                 log.bad("verification_unparseable", f"candidate {i}, verifier {j}: no readable score; counted 0")
-                entry["raw"] = v_reply.content[:RAW_LIMIT]
+                entry.raw = v_reply.content[:RAW_LIMIT]
             verifications.append(verification)
-            records.append({"score": verification.score, **entry})
+            entry.score = verification.score
+            records.append(entry)
         return verifications, records
 
     # ------------------------------------------------------------------------------------------ memory agents
@@ -741,7 +761,7 @@ class TMAS(Method[TMASParams]):
         return update, info
 
     # ------------------------------------------------------------------------------------------ early stopping
-    def _early_stop(self, t: int, candidates: list[Candidate], streak: int) -> tuple[int, dict[str, Any] | None]:
+    def _early_stop(self, t: int, candidates: list[Candidate], streak: int) -> tuple[int, EarlyStop | None]:
         """Beyond the paper: stop once the answer is settled (the candidates agree and every verification of the
         agreeing ones passes) for `early_stop_patience` iterations in a row. Never after the last iteration, which
         has nothing left to save."""
@@ -757,33 +777,23 @@ class TMAS(Method[TMASParams]):
             f"{p.early_stop_agreement:g} and every verification of the agreeing candidates scored >= "
             f"{p.early_stop_score:g} (lowest {weakest:.2f})"
         )
-        return streak, {
-            "iteration": t,
-            "reason": reason,
-            "agreement": agreement,
-            "lowest_verification": weakest,
-            "mean_score": _mean([c.score or 0.0 for c in candidates]),
-        }
+        return streak, EarlyStop(
+            iteration=t,
+            reason=reason,
+            agreement=agreement,
+            lowest_verification=weakest,
+            mean_score=_mean([c.score or 0.0 for c in candidates]),
+        )
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _stored_rollouts(record: dict[str, Any]) -> list[Rollout]:
+def _stored_rollouts(record: IterationRecord) -> list[Rollout]:
     """R_t of a stored iteration record: the candidates whose solution call succeeded, with their summaries."""
-    out = []
-    for cand in record.get("candidates", []):
-        if cand.get("error"):
-            continue
-        meta = cand.get("meta") or {}
-        out.append(
-            Rollout(
-                index=int(cand["index"]),
-                solution=cand.get("text") or "",
-                summary=str(meta.get("summary") or ""),
-                score=float(cand.get("score") or 0.0),
-                answer=cand.get("answer"),
-            )
-        )
-    return out
+    return [
+        Rollout(index=c.index, solution=c.text, summary=c.meta.summary or "", score=c.score or 0.0, answer=c.answer)
+        for c in record.candidates
+        if not c.error
+    ]
 
 
 def _bernoulli(seed: int, problem_id: str, t: int, i: int, epsilon: float) -> bool:
@@ -805,7 +815,7 @@ def _weakest_verification(candidates: list[Candidate], mode: str) -> float | Non
             return None
         leading = Counter(keys).most_common(1)[0][0]
         usable = [c for c in usable if c.answer is not None and value_key(c.answer) == leading]
-    scores = [v.get("score") for c in usable for v in c.meta.get("verifications", [])]
+    scores = [v.score for c in usable for v in c.meta.verifications or []]
     return min((s if s is not None else 0.0 for s in scores), default=None)
 
 

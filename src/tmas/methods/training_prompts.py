@@ -7,13 +7,14 @@ method prompts reaches what RL trains on. A method that keeps TMAS's banks and c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from tmas.agents.style import Style
 from tmas.config import Settings
 from tmas.llm.types import Message
 from tmas.memory.experience_bank import ExperienceBank
 from tmas.memory.guideline_bank import GuidelineBank
+from tmas.store.records import IterationRecord
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,6 @@ class BankPrompts(Protocol):
         """Iteration 0's prompt (the normal task)."""
         ...
 
-    def prompts_after(self, question: str, record: dict[str, Any], rendering: Rendering) -> IterationPrompts:
+    def prompts_after(self, question: str, record: IterationRecord, rendering: Rendering) -> IterationPrompts:
         """The prompts of the iteration after the stored iteration ``record``."""
         ...

@@ -24,6 +24,7 @@ from tmas.agents.verification import Verification, VerificationReply, parse_veri
 from tmas.methods.base import (
     BudgetExhausted,
     Candidate,
+    CandidateMeta,
     Iterations,
     Method,
     MethodParams,
@@ -33,17 +34,11 @@ from tmas.methods.base import (
 )
 from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.selection import SelectFrom, SelectRule
-from tmas.methods.steps import (
-    budget_note,
-    fallback_note,
-    finish,
-    keeps_previous,
-    notes_for,
-    select_answer,
-    solve_call,
-)
+from tmas.methods.state import FallbackState, MethodState
+from tmas.methods.steps import Chosen, close_iteration, finish, keeps_previous, notes_for, solve_call
 from tmas.methods.style_params import StyledParams
 from tmas.methods.traits import Traits
+from tmas.store.records import VerificationRecord
 
 
 class VerifyRefineParams(StyledParams):
@@ -66,6 +61,12 @@ class VerifyRefineParams(StyledParams):
     answer_fallback: bool = True
 
 
+class VerifyRefineState(FallbackState):
+    """An iteration's mean candidate score (None: no candidate was scored), and its answer fallback, if any."""
+
+    mean_score: float | None = None
+
+
 @dataclass
 class Verified:
     candidate: Candidate
@@ -80,6 +81,7 @@ class VerifyRefine(Method[VerifyRefineParams]):
     # The setting the TMAS paper ran this baseline with (4.1, A.3).
     paper_settings: ClassVar[dict[str, Any]] = {"n": 8, "m": 1}
     Params: ClassVar[type[MethodParams]] = VerifyRefineParams
+    State: ClassVar[type[MethodState]] = VerifyRefineState
     embedded_defaults: ClassVar[dict[str, Any]] = {"n": 2, "iterations": 2, "style": "concise"}
 
     @classmethod
@@ -94,8 +96,7 @@ class VerifyRefine(Method[VerifyRefineParams]):
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p = self.params
         latest: list[Verified | None] = [None] * p.n
-        chosen: Candidate | None = None
-        fallback: dict[str, Any] | None = None
+        chosen = Chosen()
         for t in range(p.iterations):
             session.begin_iteration(t)
             stepped = await gather_all(self._step(session, i, latest[i]) for i in range(p.n))
@@ -107,29 +108,29 @@ class VerifyRefine(Method[VerifyRefineParams]):
             for v in done:
                 previous = latest[v.candidate.index]
                 if p.answer_fallback and keeps_previous(v.candidate, previous.candidate if previous else None, p.mode):
-                    v.candidate.meta["kept_previous"] = True
+                    v.candidate.meta.kept_previous = True
                     notes.append(
                         f"candidate {v.candidate.index}: no answer; the trajectory goes on from its previous one"
                     )
                 else:
                     latest[v.candidate.index] = v
-            chosen, fallback = await select_answer(
-                session, candidates, p.mode, p.select, select_from=p.select_from, fallback=p.answer_fallback
-            )
-            if fallback is not None:
-                notes.append(fallback_note(fallback))
-            if session.budget_stop:
-                notes += budget_note(session, len(candidates), p.n)
             scores = [c.score for c in candidates if c.score is not None]
-            state: dict[str, Any] = {"mean_score": sum(scores) / len(scores) if scores else None}
-            if fallback is not None:
-                state["answer_fallback"] = fallback
-            session.end_iteration(candidates, selected=chosen.answer if chosen else None, state=state, notes=notes)
+            state = VerifyRefineState(mean_score=sum(scores) / len(scores) if scores else None)
+            chosen = await close_iteration(
+                session,
+                candidates,
+                state,
+                notes,
+                planned=p.n,
+                mode=p.mode,
+                rule=p.select,
+                select_from=p.select_from,
+                fallback=p.answer_fallback,
+            )
             if session.budget_stop:
                 break
-        result = finish(session, self.name, chosen, stopped=session.budget_stop is not None)
-        result.fallback = fallback
-        return result
+        stopped = session.budget_stop is not None
+        return finish(session, self.name, chosen.candidate, stopped=stopped, fallback=chosen.fallback)
 
     async def _step(self, session: ProblemSession, i: int, prev: Verified | None) -> Verified | None:
         """Trajectory i's solution (fresh or corrected) and its verifications."""
@@ -143,7 +144,9 @@ class VerifyRefine(Method[VerifyRefineParams]):
             )
             role, kind = "corrector", "correct"
         remind = p.answer_reminder and kind == "correct"
-        candidate = await solve_call(session, role, messages, index=i, mode=mode, meta={"prompt": kind}, remind=remind)
+        candidate = await solve_call(
+            session, role, messages, index=i, mode=mode, meta=CandidateMeta(prompt=kind), remind=remind
+        )
         if candidate is None:
             return None
         if candidate.error is not None:
@@ -156,7 +159,7 @@ class VerifyRefine(Method[VerifyRefineParams]):
             )
         except BudgetExhausted:
             # The solution is finished but unverified: kept, unscored, and not corrected from a report it never got.
-            candidate.meta["unverified"] = True
+            candidate.meta.unverified = True
             return Verified(candidate, None)
         reports = [
             parse_verification(r.content) if r.ok else Verification(feedback="(verification failed)", score=None)
@@ -169,7 +172,7 @@ class VerifyRefine(Method[VerifyRefineParams]):
         if mode == "numeric" and candidate.answer is None:
             score = 0.0
         candidate.score = score
-        candidate.meta["verifications"] = [
-            {"score": v.score, "call_id": r.call_id} for v, r in zip(reports, replies, strict=True)
+        candidate.meta.verifications = [
+            VerificationRecord(score=v.score, call_id=r.call_id) for v, r in zip(reports, replies, strict=True)
         ]
         return Verified(candidate, min(reports, key=lambda v: v.effective_score))

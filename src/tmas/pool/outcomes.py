@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import ValidationError
 
@@ -33,6 +33,7 @@ from tmas.memory.transcript import Transcript, Utterance
 from tmas.methods.mattrl_domains import Domain, domain_named
 from tmas.methods.state import MATTRLState
 from tmas.problems import Problem
+from tmas.store.records import IterationRecord, ProblemResult
 from tmas.store.run_store import RunStore, StoreError
 
 # Utterance kinds a specialist speaks; the coordinator's meeting, report and decision are context, not team turns.
@@ -133,19 +134,17 @@ def _utterance_text(u: Utterance) -> str:
     return u.text
 
 
-def mattrl_state(record: dict[str, Any], where: str) -> MATTRLState:
+def mattrl_state(record: IterationRecord, where: str) -> MATTRLState:
     """An iteration record's state read as MATTRL's; a state that is not one is a one-line InputError."""
     try:
-        return MATTRLState.model_validate(record.get("state") or {})
+        return MATTRLState.model_validate(record.state)
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(map(str, first["loc"]))
-        raise InputError(
-            f"{where}: iteration {record.get('iteration')}: bad MATTRL state at {loc}: {first['msg']}"
-        ) from None
+        raise InputError(f"{where}: iteration {record.iteration}: bad MATTRL state at {loc}: {first['msg']}") from None
 
 
-def transcript_of(records: list[dict[str, Any]], where: str) -> Transcript | None:
+def transcript_of(records: list[IterationRecord], where: str) -> Transcript | None:
     """The problem's transcript from its iteration records (one per round; the last holds the decision).
 
     Each record's transcript may hold the whole discussion so far or only its round: utterances are merged across
@@ -177,12 +176,12 @@ class GradedResult:
     (undecided counts as wrong, as everywhere in the harness)."""
 
     problem: Problem
-    result: dict[str, Any]
+    result: ProblemResult
     correct: bool
 
     @property
-    def records(self) -> list[dict[str, Any]]:
-        return list(self.result["iterations"])
+    def records(self) -> list[IterationRecord]:
+        return self.result.iterations
 
 
 async def graded_results(
@@ -204,15 +203,14 @@ async def graded_results(
         grades = await grade_run(store, GradeConfig(mode=grade_mode, judge_runs=1), settings, model=model)
         problems = {p.problem_id: p for p in store.problems()}
         for result in store.results():
-            pid = result["problem_id"]
+            pid, last = result.problem_id, result.last
             problem = problems.get(pid)
-            records = result.get("iterations") or []
             if problem is None or problem.answer is None:
                 notes.append(f"{run_dir}: problem {pid}: no gold answer, skipped")
-            elif result.get("status") != "done" or not records:
+            elif result.status != "done" or last is None:
                 notes.append(f"{run_dir}: problem {pid}: not finished, skipped")
             else:
-                correct = grades.correct((pid, int(records[-1]["iteration"]), SELECTED), 0)
+                correct = grades.correct((pid, last.iteration, SELECTED), 0)
                 out.append(GradedResult(problem, result, correct))
     return out
 
@@ -241,7 +239,7 @@ async def load_transcripts(
                 continue
             case = LabelledTranscript(str(run_dir), problem, transcript, 1.0 if graded.correct else 0.0)
             if case.domain.outcome == "reciprocal_rank":
-                ranked.append((case, top10(records[-1].get("state") or {})))
+                ranked.append((case, top10(records[-1].state)))
             cases.append(case)
         ranks = await diagnosis_ranks(
             run_dir, settings, [(c.problem.problem_id, t, c.gold) for c, t in ranked], match, notes, model=model

@@ -34,6 +34,7 @@ from tmas.methods.mattrl_domains import DEFAULT_DOMAIN, domain_named
 from tmas.methods.state import MATTRLState
 from tmas.pool.outcomes import graded_results
 from tmas.problems import Problem
+from tmas.store.records import ProblemResult
 
 SINGLE, TEAM = "single", "mattrl"
 
@@ -129,15 +130,15 @@ async def paired_cases(
     ]
 
 
-def _domain(result: dict[str, Any]) -> str:
-    iterations = result.get("iterations") or []
-    state = MATTRLState.model_validate((iterations[-1].get("state") or {}) if iterations else {})
+def _domain(result: ProblemResult) -> str:
+    last = result.last
+    state = MATTRLState.model_validate(last.state if last is not None else {})
     return state.transcript.domain if state.transcript is not None else DEFAULT_DOMAIN
 
 
-def _completion_tokens(result: dict[str, Any]) -> int:
+def _completion_tokens(result: ProblemResult) -> int:
     # Completion tokens, the cost the project's budgets and equal-budget comparisons count.
-    return int((result.get("usage") or {}).get("completion_tokens", 0))
+    return result.usage.completion_tokens
 
 
 def _sklearn() -> Any:

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from tmas.grading.grades import Grades
 from tmas.methods.state import BankState
 from tmas.reports.metrics import RunMetrics
+from tmas.store.records import IterationRecord, ProblemResult
 
 
 # ------------------------------------------------------------------------------------------ B.4
@@ -38,19 +39,19 @@ class ScoreDynamics:
     p_value: float | None = None
 
 
-def score_dynamics(results: list[dict[str, Any]], grades: Grades) -> ScoreDynamics:
-    graded = [r for r in results if any(key[0] == r["problem_id"] for key in grades.verdicts)]
+def score_dynamics(results: list[ProblemResult], grades: Grades) -> ScoreDynamics:
+    graded_ids = {key[0] for key in grades.verdicts}
     scores: dict[str, dict[int, list[float]]] = {}
     ever: dict[str, bool] = {}
-    for result in graded:
-        pid = result["problem_id"]
+    for result in (r for r in results if r.problem_id in graded_ids):
+        pid = result.problem_id
         ever[pid] = False
-        for record in result.get("iterations", []):
-            it = int(record["iteration"])
-            for cand in record.get("candidates", []):
-                ever[pid] = ever[pid] or grades.majority_correct((pid, it, int(cand["index"])))
-                if cand.get("score") is not None:
-                    scores.setdefault(pid, {}).setdefault(it, []).append(float(cand["score"]))
+        for record in result.iterations:
+            it = record.iteration
+            for cand in record.candidates:
+                ever[pid] = ever[pid] or grades.majority_correct((pid, it, cand.index))
+                if cand.score is not None:
+                    scores.setdefault(pid, {}).setdefault(it, []).append(cand.score)
     if not scores:
         return ScoreDynamics(False, "the method records no candidate scores (e.g. no verifier)")
     out = ScoreDynamics(True)
@@ -79,15 +80,15 @@ def score_dynamics(results: list[dict[str, Any]], grades: Grades) -> ScoreDynami
 
 
 # ------------------------------------------------------------------------------------------ B.3
-def _bank_entries(state: dict[str, Any], bank: Literal["experience", "guideline"]) -> list[tuple[str, str]] | None:
+def _bank_entries(record: IterationRecord, bank: Literal["experience", "guideline"]) -> list[tuple[str, str]] | None:
     """A bank's entries in an iteration's state as (id, text) pairs (ids survive rewording by the bank's agent);
     None when the state keeps no such bank (a method whose ``State`` is no ``BankState``)."""
-    if f"{bank}_bank" not in state:
-        return None
     try:
-        banks = BankState.model_validate(state)
+        banks = BankState.model_validate(record.state)
     except ValidationError:
         return None  # not the banks of a method that keeps them: read as none
+    if f"{bank}_bank" not in banks.model_fields_set:
+        return None
     if bank == "guideline":
         return [(s.id, s.description) for s in banks.guideline_bank.strategies]
     return [(e.id, e.content) for e in banks.experience_bank.entries]
@@ -102,22 +103,23 @@ class GuidelineDiversity:
     mean_unique: float | None = None
 
 
-def unique_guidelines(results: list[dict[str, Any]], method: dict[str, Any] | None) -> GuidelineDiversity:
-    """Unique guideline texts per problem over all iterations (paper, appendix B.3), with the run's epsilon."""
+def unique_guidelines(results: list[ProblemResult], method: dict[str, Any] | None) -> GuidelineDiversity:
+    """Unique guideline texts per problem over all iterations (paper, appendix B.3), with the run's epsilon (from
+    its stored ``method``, where the method has one)."""
     params = (method or {}).get("params", {})
     epsilon = params.get("epsilon")
     per_problem: dict[str, int] = {}
     for result in results:
         seen: set[str] = set()
         found = False
-        for record in result.get("iterations", []):
-            entries = _bank_entries(record.get("state") or {}, "guideline")
+        for record in result.iterations:
+            entries = _bank_entries(record, "guideline")
             if entries is None:
                 continue
             found = True
             seen.update(ident for ident, _ in entries)
         if found:
-            per_problem[result["problem_id"]] = len(seen)
+            per_problem[result.problem_id] = len(seen)
     if not per_problem:
         return GuidelineDiversity(False, "no guideline bank in the iteration state (the method keeps none)")
     return GuidelineDiversity(
@@ -153,18 +155,18 @@ class ExperienceTrace:
     rows: list[TraceRow] = field(default_factory=list)
 
 
-def experience_trace(result: dict[str, Any], grades: Grades) -> ExperienceTrace:
-    pid = result["problem_id"]
+def experience_trace(result: ProblemResult, grades: Grades) -> ExperienceTrace:
+    pid = result.problem_id
     trace = ExperienceTrace(pid, True)
     known: set[str] = set()
     any_bank = False
-    for record in result.get("iterations", []):
-        it = int(record["iteration"])
-        cands = record.get("candidates", [])
-        hits = [grades.majority_correct((pid, it, int(c["index"]))) for c in cands]
-        modes = [(c.get("meta") or {}).get("mode") for c in cands]
+    for record in result.iterations:
+        it = record.iteration
+        cands = record.candidates
+        hits = [grades.majority_correct((pid, it, c.index)) for c in cands]
+        modes = [c.meta.mode for c in cands]
         exploit = [h for h, m in zip(hits, modes, strict=True) if m == "exploit"]
-        entries = _bank_entries(record.get("state") or {}, "experience")
+        entries = _bank_entries(record, "experience")
         new: list[str] = []
         if entries is not None:
             any_bank = True
@@ -187,18 +189,18 @@ def experience_trace(result: dict[str, Any], grades: Grades) -> ExperienceTrace:
     return trace
 
 
-def most_improved(results: list[dict[str, Any]], grades: Grades) -> dict[str, Any] | None:
+def most_improved(results: list[ProblemResult], grades: Grades) -> ProblemResult | None:
     """The problem whose correct-rollout share rose most from its first to its last iteration (a case to trace)."""
     best, best_gain = None, 0.0
     for result in results:
-        records = result.get("iterations", [])
+        records = result.iterations
         if len(records) < 2:
             continue
-        pid = result["problem_id"]
+        pid = result.problem_id
 
-        def share(record: dict[str, Any], pid: str = pid) -> float:
-            cands = record.get("candidates", [])
-            hits = sum(grades.majority_correct((pid, int(record["iteration"]), int(c["index"]))) for c in cands)
+        def share(record: IterationRecord, pid: str = pid) -> float:
+            cands = record.candidates
+            hits = sum(grades.majority_correct((pid, record.iteration, c.index)) for c in cands)
             return hits / len(cands) if cands else 0.0
 
         gain = share(records[-1]) - share(records[0])
@@ -230,21 +232,21 @@ class StoppingSummary:
     pass1_lost: float | None = None
 
 
-def stopping_summary(results: list[dict[str, Any]]) -> StoppingSummary:
+def stopping_summary(results: list[ProblemResult]) -> StoppingSummary:
     """Problems stopped early, why, and at which iteration on average; samples stopped while they streamed."""
-    stopped = [r for r in results if r.get("stopped_reason")]
+    stopped = [r for r in results if r.stopped_reason]
     reasons: dict[str, int] = {}
     for r in stopped:
-        reasons[str(r["stopped_reason"])] = reasons.get(str(r["stopped_reason"]), 0) + 1
-    stop_its = [max(int(rec["iteration"]) for rec in r["iterations"]) for r in stopped if r.get("iterations")]
-    calls = [int(r["calls"]) for r in stopped if "calls" in r]
+        reasons[str(r.stopped_reason)] = reasons.get(str(r.stopped_reason), 0) + 1
+    stop_its = [max(rec.iteration for rec in r.iterations) for r in stopped if r.iterations]
+    calls = [r.calls for r in stopped]
     return StoppingSummary(
         len(stopped),
         reasons,
         statistics.fmean(stop_its) if stop_its else None,
         mean_calls=statistics.fmean(calls) if calls else None,
-        stopped_traces=sum(int(r.get("stopped_traces", 0)) for r in results),
-        stopped_tokens_saved=sum(int(r.get("stopped_tokens_saved", 0)) for r in results),
+        stopped_traces=sum(r.stopped_traces for r in results),
+        stopped_tokens_saved=sum(r.stopped_tokens_saved for r in results),
     )
 
 

@@ -12,9 +12,8 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from tmas.config import Budget
-from tmas.grading.run_results import in_progress
-from tmas.llm.types import Usage
 from tmas.reports.document import Document, Heading, Paragraph, Table
+from tmas.store.records import BUDGET_STOP, ProblemResult
 
 
 @dataclass
@@ -40,7 +39,7 @@ class BudgetSpend:
         return ", ".join(parts) or "none"
 
 
-def budget_spend(settings: Mapping[str, Any] | None, results: Sequence[dict[str, Any]]) -> BudgetSpend | None:
+def budget_spend(settings: Mapping[str, Any] | None, results: Sequence[ProblemResult]) -> BudgetSpend | None:
     """The budget of a run's stored ``settings`` and the spend of its finished ``results``; None without a budget."""
     try:
         budget = Budget.model_validate((settings or {}).get("budget") or {})
@@ -48,12 +47,12 @@ def budget_spend(settings: Mapping[str, Any] | None, results: Sequence[dict[str,
         return None
     if not budget.limited:
         return None
-    finished = [r for r in results if not in_progress(r)]
+    finished = [r for r in results if not r.in_progress]
     return BudgetSpend(
         budget,
-        [budget.spent(Usage.model_validate(r.get("usage") or {})) for r in finished],
-        [int(r.get("calls", 0)) for r in finished],
-        sum(r.get("stopped_reason") == "budget" for r in finished),
+        [budget.spent(r.usage) for r in finished],
+        [r.calls for r in finished],
+        sum(r.stopped_reason == BUDGET_STOP for r in finished),
     )
 
 

@@ -17,11 +17,11 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from tmas.answer_classes import class_of
 from tmas.grading.grades import SELECTED, Grades
-from tmas.reports.metrics import labeled_results, reached, record_at
+from tmas.reports.metrics import labeled_results, last_iteration, reached, record_at
+from tmas.store.records import Candidate, ProblemResult
 
 # Completion tokens per problem at which the equal-budget table reads every frontier.
 BUDGETS = (1000, 2000, 4000, 8000, 16000)
@@ -37,7 +37,7 @@ class FrontierPoint:
 
 
 def run_frontier(
-    results: list[dict[str, Any]],
+    results: list[ProblemResult],
     grades: Grades,
     *,
     majority: bool,
@@ -49,10 +49,9 @@ def run_frontier(
     return mv_frontier(labeled, grades, classes) if majority else iteration_frontier(labeled, grades)
 
 
-def iteration_frontier(results: list[dict[str, Any]], grades: Grades) -> list[FrontierPoint]:
-    last = max((int(rec["iteration"]) for r in results for rec in r.get("iterations", [])), default=-1)
+def iteration_frontier(results: list[ProblemResult], grades: Grades) -> list[FrontierPoint]:
     points = []
-    for t in range(last + 1):
+    for t in range(last_iteration(results) + 1):
         accuracy: list[float] = []
         tokens: list[float] = []
         for result in results:
@@ -61,25 +60,22 @@ def iteration_frontier(results: list[dict[str, Any]], grades: Grades) -> list[Fr
             record = record_at(result, t)
             if record is None:  # failed before any iteration: nothing returned
                 accuracy.append(0.0)
-                tokens.append(float(_completion(result)))
+                tokens.append(float(result.usage.completion_tokens))
                 continue
-            it = int(record["iteration"])
-            accuracy.append(grades.share_correct((result["problem_id"], it, SELECTED)))
-            tokens.append(float(sum(_completion(r) for r in result["iterations"] if int(r["iteration"]) <= t)))
+            accuracy.append(grades.share_correct((result.problem_id, record.iteration, SELECTED)))
+            spent = sum(r.usage.completion_tokens for r in result.iterations if r.iteration <= t)
+            tokens.append(float(spent))
         if accuracy:
             points.append(_point(f"It{t}", tokens, accuracy))
     return points
 
 
 def mv_frontier(
-    results: list[dict[str, Any]], grades: Grades, classes: Mapping[str, Mapping[str, str]] | None = None
+    results: list[ProblemResult], grades: Grades, classes: Mapping[str, Mapping[str, str]] | None = None
 ) -> list[FrontierPoint]:
     """MV@k for k = 1, 2, 4, ... and the largest K; a problem counts at MV@k when it has at least k samples."""
     # Every stored sample of every iteration (majority vote's later iterations draw more samples).
-    samples = {
-        r["problem_id"]: [(int(rec["iteration"]), c) for rec in r.get("iterations", []) for c in rec["candidates"]]
-        for r in results
-    }
+    samples = {r.problem_id: [(rec.iteration, c) for rec in r.iterations for c in rec.candidates] for r in results}
     largest = max((len(s) for s in samples.values()), default=0)
     ks = [2**i for i in range(largest.bit_length())]
     if largest and ks[-1] != largest:
@@ -93,7 +89,7 @@ def mv_frontier(
                 continue
             groups, others = _answer_groups(pid, drawn, grades, (classes or {}).get(pid))
             accuracy.append(mv_at_k(groups, others, k))
-            tokens.append(k * statistics.fmean(_completion(c) for _, c in drawn))
+            tokens.append(k * statistics.fmean(c.usage.completion_tokens for _, c in drawn))
         if accuracy:
             points.append(_point(f"MV@{k}", tokens, accuracy))
     return points
@@ -151,24 +147,19 @@ def equal_budget(points: Sequence[FrontierPoint], budgets: Sequence[int] = BUDGE
 
 
 def _answer_groups(
-    pid: str, drawn: list[tuple[int, dict[str, Any]]], grades: Grades, classes: Mapping[str, str] | None
+    pid: str, drawn: list[tuple[int, Candidate]], grades: Grades, classes: Mapping[str, str] | None
 ) -> tuple[list[tuple[int, float]], int]:
     """Distinct answers (by value) of a problem's samples as (count, correctness), and the number of answerless
     samples."""
     members: dict[str, list[float]] = {}
     others = 0
     for it, c in drawn:
-        if c.get("answer") is None or c.get("error") is not None:
+        if c.answer is None or c.error is not None:
             others += 1
             continue
-        key = (pid, it, int(c["index"]))
-        members.setdefault(class_of(str(c["answer"]), classes), []).append(grades.share_correct(key))
+        members.setdefault(class_of(c.answer, classes), []).append(grades.share_correct((pid, it, c.index)))
     # An answer's correctness is the mean over its holders (they agree unless a judge was inconsistent).
     return [(len(v), statistics.fmean(v)) for v in members.values()], others
-
-
-def _completion(item: dict[str, Any]) -> int:
-    return int((item.get("usage") or {}).get("completion_tokens", 0))
 
 
 def _point(label: str, tokens: list[float], accuracy: list[float]) -> FrontierPoint:

@@ -11,11 +11,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from tmas.answer_classes import EquivalenceCheck, answer_classes, class_of
 from tmas.grading.grades import SELECTED, Grades
-from tmas.grading.run_results import in_progress
+from tmas.store.records import IterationRecord, ProblemResult
 
 
 def pass_at_1(labels: Mapping[str, Sequence[Sequence[bool]]]) -> float:
@@ -84,25 +83,30 @@ class RunMetrics:
         return next((m for m in self.iterations if m.iteration == iteration), None)
 
 
-def reached(result: dict[str, Any], iteration: int) -> bool:
+def reached(result: ProblemResult, iteration: int) -> bool:
     """Whether the problem counts at ``iteration``: a finished problem always (its last answer stands), one still
     mid-way only up to the last iteration it finished."""
-    if not in_progress(result):
+    if not result.in_progress:
         return True
-    return any(int(record["iteration"]) >= iteration for record in result.get("iterations", []))
+    return any(record.iteration >= iteration for record in result.iterations)
 
 
-def record_at(result: dict[str, Any], iteration: int) -> dict[str, Any] | None:
+def record_at(result: ProblemResult, iteration: int) -> IterationRecord | None:
     """The problem's record for ``iteration``, or its last earlier one (it stopped: its answer stands)."""
     chosen = None
-    for record in result.get("iterations", []):
-        if int(record["iteration"]) <= iteration:
+    for record in result.iterations:
+        if record.iteration <= iteration:
             chosen = record
     return chosen
 
 
+def last_iteration(results: Sequence[ProblemResult]) -> int:
+    """The last iteration any problem of ``results`` reached (-1: none reached one)."""
+    return max((record.iteration for r in results for record in r.iterations), default=-1)
+
+
 def compute_metrics(
-    results: list[dict[str, Any]],
+    results: list[ProblemResult],
     grades: Grades,
     *,
     mv_k: int | None = None,
@@ -112,40 +116,35 @@ def compute_metrics(
     ``classes``: per problem, answer -> class key (:func:`answer_classes_of`), so MV@k groups answers by the grading
     rules' equivalence; without it, by normalized spelling and exact numbers."""
     labeled = labeled_results(results, grades)
-    last = max((int(rec["iteration"]) for r in results for rec in r.get("iterations", [])), default=-1)
     out = RunMetrics(labeled=len(labeled), unlabeled=len(grades.unlabeled), judge_runs=grades.runs, mv_k=mv_k)
     cumulative_calls = cumulative_tokens = 0
-    for t in range(last + 1):
+    for t in range(last_iteration(results) + 1):
         labels: dict[str, list[list[bool]]] = {}
         mv_hits = selected_hits = 0.0
         present = [r for r in labeled if reached(r, t)]
         for result in present:
-            pid = result["problem_id"]
+            pid = result.problem_id
             record = record_at(result, t)
-            cands = record.get("candidates", []) if record else []
+            cands = record.candidates if record else []
             labels[pid] = [
-                [grades.correct((pid, int(record["iteration"]), int(c["index"])), r) for c in cands] if record else []
+                [grades.correct((pid, record.iteration, c.index), r) for c in cands] if record else []
                 for r in range(grades.runs)
             ]
             if record is None:
                 continue
-            it = int(record["iteration"])
-            voted = majority_answer([c.get("answer") for c in cands[:mv_k]], (classes or {}).get(pid))
+            it = record.iteration
+            voted = majority_answer([c.answer for c in cands[:mv_k]], (classes or {}).get(pid))
             for r in range(grades.runs):
                 if voted is not None:
-                    mv_hits += grades.correct((pid, it, int(cands[voted]["index"])), r)
+                    mv_hits += grades.correct((pid, it, cands[voted].index), r)
                 selected_hits += grades.correct((pid, it, SELECTED), r)
         denominator = max(1, len(present) * grades.runs)
         # Cost counts every problem (labeled or not) and only iterations actually run.
-        calls = prompt = completion = reasoning = 0
-        for result in results:
-            for record in result.get("iterations", []):
-                if int(record["iteration"]) == t:
-                    calls += int(record.get("calls", 0))
-                    usage = record.get("usage", {})
-                    prompt += int(usage.get("prompt_tokens", 0))
-                    completion += int(usage.get("completion_tokens", 0))
-                    reasoning += int(usage.get("reasoning_tokens", 0))
+        ran = [record for result in results for record in result.iterations if record.iteration == t]
+        calls = sum(record.calls for record in ran)
+        prompt = sum(record.usage.prompt_tokens for record in ran)
+        completion = sum(record.usage.completion_tokens for record in ran)
+        reasoning = sum(record.usage.reasoning_tokens for record in ran)
         tokens = prompt + completion
         cumulative_calls += calls
         cumulative_tokens += tokens
@@ -171,22 +170,18 @@ def compute_metrics(
     return out
 
 
-async def answer_classes_of(results: list[dict[str, Any]], check: EquivalenceCheck | None) -> dict[str, dict[str, str]]:
+async def answer_classes_of(results: list[ProblemResult], check: EquivalenceCheck | None) -> dict[str, dict[str, str]]:
     """Per problem, each candidate answer of every iteration -> the key of its class of equal values, for
     :func:`compute_metrics` (``check``: e.g. ``tmas.answer_rules.RuleEquivalence``)."""
     out: dict[str, dict[str, str]] = {}
     for result in results:
-        answers = [c.get("answer") for record in result.get("iterations", []) for c in record.get("candidates", [])]
-        out[result["problem_id"]] = await answer_classes(answers, check)
+        answers = [c.answer for record in result.iterations for c in record.candidates]
+        out[result.problem_id] = await answer_classes(answers, check)
     return out
 
 
-def labeled_results(results: list[dict[str, Any]], grades: Grades) -> list[dict[str, Any]]:
+def labeled_results(results: list[ProblemResult], grades: Grades) -> list[ProblemResult]:
     """The problems accuracies count: those with grades, and labeled ones that failed before any iteration (as 0)."""
     graded = {key[0] for key in grades.verdicts}
     unlabeled = set(grades.unlabeled)
-    return [
-        r
-        for r in results
-        if r["problem_id"] in graded or (not r.get("iterations") and r["problem_id"] not in unlabeled)
-    ]
+    return [r for r in results if r.problem_id in graded or (not r.iterations and r.problem_id not in unlabeled)]

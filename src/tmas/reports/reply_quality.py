@@ -8,8 +8,6 @@ its last finished iteration. Records written before these counts existed contrib
 
 from __future__ import annotations
 
-from pydantic import ValidationError
-
 from tmas.methods.base import ReplyTally, truncation_warnings
 from tmas.reports.document import Document, Heading, Paragraph, Table
 from tmas.store.run_store import RunStore
@@ -20,11 +18,7 @@ def role_replies(store: RunStore) -> dict[str, ReplyTally]:
     totals: dict[str, ReplyTally] = {}
     for problem in store.iter_problems():
         for record in store.iterations(problem.problem_id):
-            for role, raw in (record.get("replies") or {}).items():
-                try:
-                    tally = ReplyTally.model_validate(raw)
-                except ValidationError:
-                    continue  # a record from another version: counted as absent rather than guessed at
+            for role, tally in record.replies.items():
                 totals[role] = totals.get(role, ReplyTally()) + tally
     return dict(sorted(totals.items()))
 

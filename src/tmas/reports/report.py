@@ -24,12 +24,13 @@ from tmas.answer_rules import RuleEquivalence, math_verify_installed
 from tmas.config import Settings
 from tmas.grading.cases import case_metrics
 from tmas.grading.grades import GradeConfig, Grades
-from tmas.grading.run_results import in_progress, load_results
+from tmas.grading.run_results import load_results, run_method_name
 from tmas.grading.runs import grade_run, load_grades
-from tmas.llm.types import DOWNGRADES
+from tmas.llm.types import DOWNGRADES, Usage
 from tmas.methods import method_traits, stored_params
-from tmas.methods.base import ReplyTally
-from tmas.methods.selection import SELECT_FROM, SELECT_RULES
+from tmas.methods.base import ProblemResult, ReplyTally
+from tmas.methods.selection import SELECT_FROM, SELECT_RULES, SelectFrom, SelectRule
+from tmas.problems import Problem
 from tmas.reports.analysis import (
     ExperienceTrace,
     GuidelineDiversity,
@@ -76,7 +77,7 @@ class RunEvaluation:
     metrics: RunMetrics
     grades: Grades | None
     not_graded_reason: str = ""
-    cost: dict[str, int] = field(default_factory=dict)
+    cost: RunCost = field(default_factory=lambda: RunCost())
     dynamics: ScoreDynamics | None = None
     guidelines: GuidelineDiversity | None = None
     trace: ExperienceTrace | None = None
@@ -115,7 +116,7 @@ def benchmark_name(store: RunStore) -> str:
     return f"problems-{len(ids)}-{digest}"
 
 
-async def _answer_classes(results: list[dict[str, Any]], config: GradeConfig) -> dict[str, dict[str, str]] | None:
+async def _answer_classes(results: list[ProblemResult], config: GradeConfig) -> dict[str, dict[str, str]] | None:
     """Candidate answers grouped by the grading rules' equivalence, so MV@k counts votes as the methods do; None
     without Math-Verify (votes then group by spelling and exact numbers)."""
     if not math_verify_installed():
@@ -131,108 +132,160 @@ def _label(method: str, model: str | None) -> str:
     return method + (f" [{model}]" if model else "")
 
 
+@dataclass
+class StoredSetup:
+    """What a run's store says of its setup: the method and its parameters (stored_params), the settings as
+    stored, and the model."""
+
+    method: str
+    params: dict[str, Any]
+    settings: dict[str, Any]
+    meta: dict[str, Any]
+    model: str | None
+
+    @classmethod
+    def read(cls, store: RunStore) -> StoredSetup:
+        meta = store.get_meta("method") or {}
+        settings = store.get_meta("settings") or {}
+        method = run_method_name(store)
+        model = (settings.get("endpoint") or {}).get("model")
+        return cls(method, stored_params(method, meta.get("params")), settings, meta, model)
+
+
 async def evaluate_run(
     run_dir: Path, config: GradeConfig, settings: Settings | None, *, grade: bool = True
 ) -> RunEvaluation:
     """Grade (or read stored grades of) one run and compute everything the report shows."""
     with RunStore(run_dir, create=False) as store:
-        method_meta = store.get_meta("method") or {}
-        stored_settings = store.get_meta("settings") or {}
-        method = str(method_meta.get("name") or stored_settings.get("method", {}).get("name", "?"))
-        params = stored_params(method, method_meta.get("params"))
-        model = (stored_settings.get("endpoint") or {}).get("model")
+        setup = StoredSetup.read(store)
         results = load_results(store)
         problems = store.problems()
-        reason = ""
-        grades: Grades | None = None
-        if params["mode"] == "proof":
-            reason = "proof mode: answers are proofs, not graded"
-        elif not any(p.answer is not None for p in problems):
-            reason = "no problem has a reference answer (unlabeled): nothing graded"
-        elif grade:
-            grades = await grade_run(store, config, _judge_settings(settings, stored_settings))
-        else:
-            grades = load_grades(store, config)
-            if grades is None:
-                reason = "not graded yet (run 'tmas report' without --no-grade)"
-        if grades is None:
-            grades = Grades(runs=1, unlabeled=[p.problem_id for p in problems if p.answer is None])
-        judge_calls = judge_prompt = judge_completion = 0
-        for call in store.calls():
-            if call.key.role == "judge":
-                judge_calls += 1
-                judge_prompt += call.usage.prompt_tokens
-                judge_completion += call.usage.completion_tokens
+        grades, reason = await _grades(store, setup, problems, config, settings, grade=grade)
         classes = await _answer_classes(results, config)
         evaluation = RunEvaluation(
             run_dir=run_dir,
-            label=_label(method, model),
+            label=_label(setup.method, setup.model),
             benchmark=benchmark_name(store),
-            method=method,
-            params=params,
-            model=model,
+            method=setup.method,
+            params=setup.params,
+            model=setup.model,
             problems=len(problems),
-            done=sum(r.get("status") == "done" for r in results),
-            failed=sum(r.get("status") != "done" and not in_progress(r) for r in results),
-            running=sum(in_progress(r) for r in results),
+            done=sum(r.status == "done" for r in results),
+            failed=sum(r.status != "done" and not r.in_progress for r in results),
+            running=sum(r.in_progress for r in results),
             metrics=compute_metrics(results, grades, mv_k=None, classes=classes),
             grades=None if reason else grades,
             not_graded_reason=reason,
-            cost={
-                **_run_cost(results),
-                "judge_calls": judge_calls,
-                "judge_prompt_tokens": judge_prompt,
-                "judge_completion_tokens": judge_completion,
-            },
+            cost=run_cost(results, store),
         )
         if not reason:
-            votes = method_traits(method).frontier == "votes"
-            evaluation.frontier = run_frontier(results, grades, majority=votes, classes=classes)
-            if has_scores(results):
-                # Replayed as the run selected: with the answer fallback only where the run had it.
-                evaluation.selection = selection_table(
-                    results,
-                    grades,
-                    str(params["mode"]),
-                    classes=classes,
-                    # Only a method with the parameter falls back.
-                    fallback=params.get("answer_fallback") is True,
-                )
-                evaluation.separation = score_separation(results, grades)
-            # Confidence, by the measure the run's rules read (a method without confidence parameters has none).
-            measure = params.get("confidence_measure")
-            measured = confidence_separation(results, grades, str(measure)) if measure is not None else None
-            evaluation.confidence = measured if measured is not None and measured.available else None
-            evaluation.dynamics = score_dynamics(results, grades)
-            improved = most_improved(results, grades)
-            evaluation.trace = experience_trace(improved, grades) if improved else None
-        paper_benchmark = store.get_meta("paper_benchmark")
-        evaluation.paper_benchmark = paper_benchmark if isinstance(paper_benchmark, str) else None
-        evaluation.guidelines = unique_guidelines(results, method_meta)
-        evaluation.stopping = stopping_summary(results)
-        evaluation.budget = budget_spend(stored_settings, results)
-        evaluation.replies = role_replies(store)
-        evaluation.downgrades = store.downgrade_messages()
-        evaluation.notices = store.notices()
-        evaluation.causes = store.call_causes()
-        evaluation.waits = store.call_waits()
+            _graded_analyses(evaluation, results, grades, classes)
+        _run_records(evaluation, store, results, setup)
     # Medicine names match by spelling, then by the judge role, unless grading by rules alone or nothing new.
-    judge = _judge_settings(settings, stored_settings) if grade and config.mode != "rules" else None
-    evaluation.cases = await case_metrics(run_dir, params, judge)
+    judge = _judge_settings(settings, setup.settings) if grade and config.mode != "rules" else None
+    evaluation.cases = await case_metrics(run_dir, setup.params, judge)
     return evaluation
 
 
-def _run_cost(results: list[dict[str, Any]]) -> dict[str, int]:
-    """Calls and tokens by kind; a problem still mid-way is counted from its finished iterations."""
-    kinds = ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_prompt_tokens")
-    cost = dict.fromkeys(("calls", "failed_calls", *kinds), 0)
+async def _grades(
+    store: RunStore,
+    setup: StoredSetup,
+    problems: list[Problem],
+    config: GradeConfig,
+    settings: Settings | None,
+    *,
+    grade: bool,
+) -> tuple[Grades, str]:
+    """The run's grades (graded now, or as stored with ``grade`` off), and why there are none where there are not
+    (then grades that only name the unlabeled problems)."""
+    grades: Grades | None = None
+    reason = ""
+    if setup.params["mode"] == "proof":
+        reason = "proof mode: answers are proofs, not graded"
+    elif not any(p.answer is not None for p in problems):
+        reason = "no problem has a reference answer (unlabeled): nothing graded"
+    elif grade:
+        grades = await grade_run(store, config, _judge_settings(settings, setup.settings))
+    else:
+        grades = load_grades(store, config)
+        if grades is None:
+            reason = "not graded yet (run 'tmas report' without --no-grade)"
+    if grades is None:
+        grades = Grades(runs=1, unlabeled=[p.problem_id for p in problems if p.answer is None])
+    return grades, reason
+
+
+def _graded_analyses(
+    e: RunEvaluation, results: list[ProblemResult], grades: Grades, classes: dict[str, dict[str, str]] | None
+) -> None:
+    """What only a graded run shows: its frontier, the selection rules and the scores' separation, the confidence's,
+    the score dynamics and the trace of its most improved problem."""
+    e.frontier = run_frontier(results, grades, majority=method_traits(e.method).frontier == "votes", classes=classes)
+    if has_scores(results):
+        e.selection = selection_table(
+            results,
+            grades,
+            str(e.params["mode"]),
+            classes=classes,
+            # Replayed as the run selected: with the answer fallback only where the run had it.
+            fallback=e.params.get("answer_fallback") is True,
+            own=own_rule(e.method, e.params),
+        )
+        e.separation = score_separation(results, grades)
+    # Confidence, by the measure the run's rules read (a method without confidence parameters has none).
+    measure = e.params.get("confidence_measure")
+    measured = confidence_separation(results, grades, str(measure)) if measure is not None else None
+    e.confidence = measured if measured is not None and measured.available else None
+    e.dynamics = score_dynamics(results, grades)
+    improved = most_improved(results, grades)
+    e.trace = experience_trace(improved, grades) if improved else None
+
+
+def own_rule(method: str, params: dict[str, Any]) -> tuple[SelectRule, SelectFrom] | None:
+    """The selection rule and candidates a run of ``method`` returned its answer by (its stored ``select`` and
+    ``select_from``), where its method declares that its answer follows them; None otherwise."""
+    rule, pool = params.get("select"), params.get("select_from")
+    if not method_traits(method).selects or rule not in SELECT_RULES or pool not in SELECT_FROM:
+        return None
+    return rule, pool
+
+
+def _run_records(e: RunEvaluation, store: RunStore, results: list[ProblemResult], setup: StoredSetup) -> None:
+    """What every run shows, graded or not, read from its store."""
+    paper_benchmark = store.get_meta("paper_benchmark")
+    e.paper_benchmark = paper_benchmark if isinstance(paper_benchmark, str) else None
+    e.guidelines = unique_guidelines(results, setup.meta)
+    e.stopping = stopping_summary(results)
+    e.budget = budget_spend(setup.settings, results)
+    e.replies = role_replies(store)
+    e.downgrades = store.downgrade_messages()
+    e.notices = store.notices()
+    e.causes = store.call_causes()
+    e.waits = store.call_waits()
+
+
+@dataclass
+class RunCost:
+    """A run's calls and tokens: the method's roles (a problem still mid-way counted from its finished iterations),
+    and the judge's apart."""
+
+    calls: int = 0
+    failed_calls: int = 0
+    usage: Usage = field(default_factory=Usage)
+    judge_calls: int = 0
+    judge_tokens: int = 0
+
+
+def run_cost(results: list[ProblemResult], store: RunStore) -> RunCost:
+    cost = RunCost()
     for r in results:
-        parts = r["iterations"] if in_progress(r) else [r]
-        for part in parts:
-            cost["calls"] += int(part.get("calls", 0))
-            cost["failed_calls"] += int(part.get("failed_calls", 0))
-            for kind in kinds:
-                cost[kind] += int((part.get("usage") or {}).get(kind, 0))
+        cost.calls += r.calls
+        cost.failed_calls += r.failed_calls
+        cost.usage = cost.usage + r.usage
+    for call in store.calls():
+        if call.key.role == "judge":
+            cost.judge_calls += 1
+            cost.judge_tokens += call.usage.prompt_tokens + call.usage.completion_tokens
     return cost
 
 
@@ -379,20 +432,20 @@ def _benchmark_tables(doc: Document, runs: list[RunEvaluation]) -> None:
     doc.add(Heading(3, "Cost"))
     rows = []
     for e in runs:
-        c = e.cost
+        c, u = e.cost, e.cost.usage
         rows.append(
             [
                 e.label,
-                str(c["calls"]),
-                str(c["failed_calls"]),
-                str(c["prompt_tokens"]),
-                cached_share(c.get("cached_prompt_tokens", 0), c["prompt_tokens"]),
-                str(c["completion_tokens"]),
-                str(c["reasoning_tokens"]),
-                f"{c['completion_tokens'] / max(1, e.problems):.0f}",
-                f"{(c['prompt_tokens'] + c['completion_tokens']) / max(1, e.problems):.0f}",
-                str(c["judge_calls"]),
-                str(c["judge_prompt_tokens"] + c["judge_completion_tokens"]),
+                str(c.calls),
+                str(c.failed_calls),
+                str(u.prompt_tokens),
+                cached_share(u.cached_prompt_tokens, u.prompt_tokens),
+                str(u.completion_tokens),
+                str(u.reasoning_tokens),
+                f"{u.completion_tokens / max(1, e.problems):.0f}",
+                f"{(u.prompt_tokens + u.completion_tokens) / max(1, e.problems):.0f}",
+                str(c.judge_calls),
+                str(c.judge_tokens),
             ]
         )
     headers = ["Method", "Calls", "Failed", "Prompt tokens", "Cached prompt", "Completion tokens", "Reasoning tokens"]
@@ -440,9 +493,9 @@ def _run_section(doc: Document, e: RunEvaluation) -> None:
         items.append(f"{e.metrics.unlabeled} problems have no reference answer: solved but not graded")
     if e.not_graded_reason:
         items.append(e.not_graded_reason)
-    prompt = e.cost.get("prompt_tokens", 0)
+    prompt = e.cost.usage.prompt_tokens
     if prompt:
-        share = cached_share(e.cost.get("cached_prompt_tokens", 0), prompt)
+        share = cached_share(e.cost.usage.cached_prompt_tokens, prompt)
         items.append(f"prompt tokens served from the servers' prompt caches: {share} of {prompt}")
     for kind, refusals in e.downgrades.items():
         for url, message in refusals.items():
@@ -510,15 +563,21 @@ def _selection_rules(doc: Document, e: RunEvaluation) -> None:
     if table is None or not table.iterations:
         return
     doc.add(Heading(4, "Accuracy (%) of every selection rule, from the stored scores"))
+    if table.own is not None:
+        doc.add(
+            Paragraph(
+                "This run's rule is what the run returned after each iteration, as it stored it; every other rule "
+                "is replayed on the stored candidates and scores."
+            )
+        )
     # Methods with select and select_from parameters (old names and missing keys read by stored_params): mark the
     # rule the run itself used.
-    own = (e.params.get("select"), e.params.get("select_from")) if method_traits(e.method).selects else None
     columns = selected_iterations(table.iterations[-1], columns=RULE_COLUMNS)
     rows = []
     for rule in SELECT_RULES:
         for candidates in SELECT_FROM:
             values = table.accuracy[(rule, candidates)]
-            name = f"{rule} / {candidates}" + (" (this run's rule)" if (rule, candidates) == own else "")
+            name = f"{rule} / {candidates}" + (" (this run's rule)" if (rule, candidates) == table.own else "")
             rows.append([name, *[_pct(values[t]) for t in columns]])
     rows.append(["problems", *[str(table.problems[t]) for t in columns]])
     doc.add(Table(["Rule / candidates from", *[f"It{t}" for t in columns]], rows))

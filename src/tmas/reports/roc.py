@@ -11,10 +11,10 @@ import bisect
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from tmas.grading.grades import Grades
 from tmas.reports.metrics import labeled_results
+from tmas.store.records import Candidate, ProblemResult
 
 
 @dataclass
@@ -44,44 +44,43 @@ def roc_area(right: Sequence[float], wrong: Sequence[float]) -> float | None:
     return wins / (len(right) * len(wrong))
 
 
-def score_separation(results: list[dict[str, Any]], grades: Grades) -> ScoreSeparation:
+def score_separation(results: list[ProblemResult], grades: Grades) -> ScoreSeparation:
     return _separation(
         results,
         grades,
-        lambda cand: cand.get("score"),
+        lambda cand: cand.score,
         "no scored candidate with an answer (the method records no verifier scores)",
     )
 
 
-def confidence_separation(results: list[dict[str, Any]], grades: Grades, measure: str) -> ScoreSeparation:
+def confidence_separation(results: list[ProblemResult], grades: Grades, measure: str) -> ScoreSeparation:
     """The same question of the candidates' confidence (DeepConf's ``measure``: methods/confidence.py): does the
     model's own certainty tell right answers from wrong ones?"""
     return _separation(
         results,
         grades,
-        lambda cand: (cand.get("confidence") or {}).get(measure),
+        lambda cand: cand.confidence.value(measure) if cand.confidence is not None else None,
         "no candidate with an answer has a confidence (the run asked for no log-probabilities, or got none)",
     )
 
 
 def _separation(
-    results: list[dict[str, Any]], grades: Grades, value_of: Callable[[dict[str, Any]], Any], none: str
+    results: list[ProblemResult], grades: Grades, value_of: Callable[[Candidate], float | None], none: str
 ) -> ScoreSeparation:
     right: list[float] = []
     wrong: list[float] = []
     answerless = 0
     for result in labeled_results(results, grades):
-        pid = result["problem_id"]
-        for record in result.get("iterations", []):
-            for cand in record.get("candidates", []):
+        for record in result.iterations:
+            for cand in record.candidates:
                 value = value_of(cand)
-                if value is None or cand.get("error") is not None:
+                if value is None or cand.error is not None:
                     continue
-                if cand.get("answer") is None:
+                if cand.answer is None:
                     answerless += 1
                     continue
-                correct = grades.majority_correct((pid, int(record["iteration"]), int(cand["index"])))
-                (right if correct else wrong).append(float(value))
+                correct = grades.majority_correct((result.problem_id, record.iteration, cand.index))
+                (right if correct else wrong).append(value)
     if not right and not wrong:
         return ScoreSeparation(False, none)
     out = ScoreSeparation(True, right=len(right), wrong=len(wrong), answerless=answerless)

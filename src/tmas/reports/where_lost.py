@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from tmas.answer_classes import value_key
 from tmas.grading.grades import SELECTED, Grades
@@ -39,6 +39,7 @@ from tmas.reports.document import Document, Heading, Paragraph, Table
 from tmas.reports.metrics import labeled_results
 from tmas.reports.reply_quality import role_replies, share
 from tmas.reports.roc import ScoreSeparation, score_separation
+from tmas.store.records import IterationRecord, ProblemResult
 from tmas.store.run_store import RunStore
 
 # The role whose verdicts the verifier part reads (TMAS's verification agent, Verify-Refine's verifier).
@@ -108,7 +109,7 @@ class WhereLost:
     why_not: dict[str, str] = field(default_factory=dict)
 
 
-def where_lost(method: str, results: list[dict[str, Any]], grades: Grades, replies: dict[str, ReplyTally]) -> WhereLost:
+def where_lost(method: str, results: list[ProblemResult], grades: Grades, replies: dict[str, ReplyTally]) -> WhereLost:
     """Every part that applies to a run of ``method`` (its results as load_results gives them, with texts and
     metas, graded by ``grades``; ``replies``: its reply counts per role, :func:`role_replies`)."""
     traits = method_traits(method)
@@ -137,16 +138,15 @@ def run_where_lost(run_dir: Path, method: str, grades: Grades) -> WhereLost:
         return where_lost(method, load_results(store), grades, role_replies(store))
 
 
-def _right_candidate(pid: str, record: dict[str, Any], grades: Grades) -> bool:
-    it = int(record["iteration"])
-    return any(grades.majority_correct((pid, it, int(c["index"]))) for c in record.get("candidates", []))
+def _right_candidate(pid: str, record: IterationRecord, grades: Grades) -> bool:
+    return any(grades.majority_correct((pid, record.iteration, c.index)) for c in record.candidates)
 
 
-def selection_losses(labeled: list[dict[str, Any]], grades: Grades) -> SelectionLosses:
+def selection_losses(labeled: list[ProblemResult], grades: Grades) -> SelectionLosses:
     out = SelectionLosses(problems=len(labeled))
     for result in labeled:
-        pid, records = result["problem_id"], result.get("iterations", [])
-        if records and grades.majority_correct((pid, int(records[-1]["iteration"]), SELECTED)):
+        pid, records = result.problem_id, result.iterations
+        if records and grades.majority_correct((pid, records[-1].iteration, SELECTED)):
             out.returned_right += 1
         elif records and _right_candidate(pid, records[-1], grades):
             out.in_last.append(pid)
@@ -157,28 +157,27 @@ def selection_losses(labeled: list[dict[str, Any]], grades: Grades) -> Selection
     return out
 
 
-def verifier_passes(labeled: list[dict[str, Any]], grades: Grades) -> VerifierPasses | None:
+def verifier_passes(labeled: list[ProblemResult], grades: Grades) -> VerifierPasses | None:
     """None when no candidate records a verification (a run stored before verifications were kept, or none ran)."""
     out = VerifierPasses()
     found = False
     for result in labeled:
-        pid = result["problem_id"]
-        for record in result.get("iterations", []):
-            for cand in record.get("candidates", []):
-                checks = (cand.get("meta") or {}).get("verifications") or []
-                if cand.get("error") is not None or not checks:
+        pid = result.problem_id
+        for record in result.iterations:
+            for cand in record.candidates:
+                checks = cand.meta.verifications or []
+                if cand.error is not None or not checks:
                     continue
                 found = True
-                if cand.get("answer") is None:
+                if cand.answer is None:
                     out.answerless += len(checks)
                     continue
-                right = grades.majority_correct((pid, int(record["iteration"]), int(cand["index"])))
+                right = grades.majority_correct((pid, record.iteration, cand.index))
                 for check in checks:
-                    score = check.get("score") if isinstance(check, dict) else None
-                    if not isinstance(score, int | float):
+                    if check.score is None:
                         out.no_score += 1
                         continue
-                    passed = float(score) > PASS_ABOVE
+                    passed = check.score > PASS_ABOVE
                     if right:
                         out.right, out.right_passed = out.right + 1, out.right_passed + passed
                     else:
@@ -189,22 +188,22 @@ def verifier_passes(labeled: list[dict[str, Any]], grades: Grades) -> VerifierPa
     return out
 
 
-def _value(answer: Any) -> str | None:
-    return value_key(answer) if isinstance(answer, str) and answer.strip() else None
+def _value(answer: str | None) -> str | None:
+    return value_key(answer) if answer is not None and answer.strip() else None
 
 
-def answer_changes(labeled: list[dict[str, Any]], grades: Grades) -> AnswerChanges:
+def answer_changes(labeled: list[ProblemResult], grades: Grades) -> AnswerChanges:
     out = AnswerChanges()
     for result in labeled:
-        pid, records = result["problem_id"], result.get("iterations", [])
-        for before, after in pairwise(records):
+        pid = result.problem_id
+        for before, after in pairwise(result.iterations):
             out.steps += 1
-            it = int(after["iteration"])
-            was = grades.majority_correct((pid, int(before["iteration"]), SELECTED))
+            it = after.iteration
+            was = grades.majority_correct((pid, before.iteration, SELECTED))
             now = grades.majority_correct((pid, it, SELECTED))
             if was != now:
                 (out.better if now else out.worse).append((pid, it))
-            elif _value(before.get("selected")) != _value(after.get("selected")):
+            elif _value(before.selected) != _value(after.selected):
                 out.neither.append((pid, it))
     return out
 

@@ -52,6 +52,7 @@ from tmas.methods import METHODS, stored_params
 from tmas.methods.training_prompts import BankPrompts, Rendering
 from tmas.problems import Problem, load_problems
 from tmas.rl.scoring import TASKS, Task
+from tmas.store.records import IterationRecord
 from tmas.store.run_store import RunStore, StoreError
 
 COLUMNS = ("prompt", "data_source", "reward_model", "extra_info", "_source")
@@ -174,7 +175,7 @@ def _row(
 
 def problem_rows(
     problem: Problem,
-    records: list[dict[str, Any]],
+    records: list[IterationRecord],
     method: BankPrompts,
     run: str,
     rendering: Rendering | None = None,
@@ -184,7 +185,7 @@ def problem_rows(
     render = rendering or Rendering()
     rows = [_row("normal", method.first_prompt(problem.question, render), problem, run=run, iteration=0)]
     for prev, record in pairwise(records):
-        t = int(record["iteration"])
+        t = record.iteration
         prompts = method.prompts_after(problem.question, prev, render)
         # Both banks of t-1 go with every row of iteration t: the state its prompt came from.
         row = partial(
@@ -315,12 +316,12 @@ def build_dataset(
                 if exclude.excludes(problem):
                     report.excluded += 1
                     continue
-                records = store.iterations(problem.problem_id)
-                if not records:
-                    continue
-                report.problems += 1
-                target = val if in_validation(problem.question, val_fraction) else train
                 try:
+                    records = store.iterations(problem.problem_id)
+                    if not records:
+                        continue
+                    report.problems += 1
+                    target = val if in_validation(problem.question, val_fraction) else train
                     with prompts_from(settings.prompts_dir if settings is not None else None):
                         rows = problem_rows(problem, records, method, run, rendering)
                 except (ValidationError, KeyError, TypeError, ValueError) as exc:

@@ -270,12 +270,12 @@ class ServedRuns:
                 store.set_meta(REQUEST_META, request)
             RunSetup.check(settings).record(store)
             await run_problems(settings, store.problems(), store)
-            record = store.result(job.run_id)
+            result = store.result(job.run_id)
         finally:
             self._close_later(store)
-        if record is None:
+        if result is None:
             raise StoreError(f"{job.run_dir}: the run ended without a result")
-        return ProblemResult.model_validate(record)
+        return result
 
     def _close_later(self, store: ObservedStore) -> None:
         """Close ``store`` on a thread once its run has ended: closing checkpoints the WAL (disk waits) and the

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel
 
 from tmas.llm.types import ChatRequest, Completion
+from tmas.store.records import IterationRecord
 from tmas.store.run_store import RunStore
 
 
@@ -77,18 +77,17 @@ class ObservedStore(RunStore):
         )
         return call_id
 
-    def save_iteration(self, problem_id: str, iteration: int, record: dict[str, Any]) -> None:
-        super().save_iteration(problem_id, iteration, record)
-        candidates = record.get("candidates", [])
-        scores = [float(c["score"]) for c in candidates if c.get("score") is not None]
+    def save_iteration(self, record: IterationRecord) -> None:
+        super().save_iteration(record)
+        scores = [c.score for c in record.candidates if c.score is not None]
         self._best = max(scores) if scores else None
-        self._selected = record.get("selected")
+        self._selected = record.selected
         self._on_progress(
             Progress(
                 kind="iteration",
-                iteration=iteration,
+                iteration=record.iteration,
                 calls=self._calls,
-                candidates=len(candidates),
+                candidates=len(record.candidates),
                 best_score=self._best,
                 selected=self._selected,
             )

@@ -6,36 +6,36 @@ import json
 import sqlite3
 import time
 from collections.abc import Collection, Iterator
-from typing import Any
 
 from tmas.store.database import transaction
+from tmas.store.records import RUNNING, ProblemResult, read_result
 from tmas.store.summaries import summarize_result
 
 
 class ResultTable:
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: sqlite3.Connection, origin: str = "") -> None:
         self._db = db
+        # The run directory, for a record that cannot be read.
+        self._origin = origin
 
-    def save(self, problem_id: str, status: str, record: dict[str, Any]) -> None:
+    def save(self, result: ProblemResult) -> None:
         """Store the problem's result and its summary (one transaction: a reader never sees one without the other)."""
         with transaction(self._db):
-            self._write_result(problem_id, status, json.dumps(record, ensure_ascii=False), time.time(), record)
+            self._write_result(result, time.time(), stored=False)
 
-    def _write_result(
-        self, problem_id: str, status: str, record_json: str | None, finished_at: float, record: dict[str, Any]
-    ) -> None:
-        """Upsert a result (``record_json`` None: only its summary, the result being stored already)."""
-        if record_json is not None:
+    def _write_result(self, result: ProblemResult, finished_at: float, *, stored: bool) -> None:
+        """Upsert a result (``stored``: only its summary, the result being stored already)."""
+        if not stored:
             self._db.execute(
                 "INSERT INTO results (problem_id, status, record, finished_at) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT(problem_id) DO UPDATE SET status = excluded.status, record = excluded.record,"
                 " finished_at = excluded.finished_at",
-                (problem_id, status, record_json, finished_at),
+                (result.problem_id, result.status, result.model_dump_json(), finished_at),
             )
         self._db.execute(
             "INSERT INTO result_summaries (problem_id, finished_at, summary) VALUES (?, ?, ?)"
             " ON CONFLICT(problem_id) DO UPDATE SET finished_at = excluded.finished_at, summary = excluded.summary",
-            (problem_id, finished_at, json.dumps(summarize_result(record), ensure_ascii=False)),
+            (result.problem_id, finished_at, json.dumps(summarize_result(result), ensure_ascii=False)),
         )
 
     def summarize_missing(self) -> None:
@@ -45,10 +45,10 @@ class ResultTable:
                 "SELECT problem_id FROM results WHERE problem_id NOT IN (SELECT problem_id FROM result_summaries)"
             ).fetchall()
             for (pid,) in missing:
-                status, record, at = self._db.execute(
-                    "SELECT status, record, finished_at FROM results WHERE problem_id = ?", (pid,)
+                record, at = self._db.execute(
+                    "SELECT record, finished_at FROM results WHERE problem_id = ?", (pid,)
                 ).fetchone()
-                self._write_result(pid, status, None, at, json.loads(record))
+                self._write_result(read_result(record, self._where(pid)), at, stored=True)
 
     def stamps(self) -> dict[str, float]:
         """Problem id -> when its result was written, for every result (read from the summaries where stored)."""
@@ -57,7 +57,7 @@ class ResultTable:
             stamps[pid] = self._db.execute("SELECT finished_at FROM results WHERE problem_id = ?", (pid,)).fetchone()[0]
         return stamps
 
-    def summaries(self, problem_ids: Collection[str] | None = None) -> Iterator[tuple[str, float, dict[str, Any]]]:
+    def summaries(self, problem_ids: Collection[str] | None = None) -> Iterator[tuple[str, float, ProblemResult]]:
         """(problem id, when written, summary) of the given results (all with None), in no particular order. A
         result without a stored summary (a store of an older schema, read-only) is read in full and summarized."""
         wanted = None if problem_ids is None else set(problem_ids)
@@ -65,21 +65,30 @@ class ResultTable:
         for pid, at, summary in self._db.execute("SELECT problem_id, finished_at, summary FROM result_summaries"):
             summarized.add(pid)
             if wanted is None or pid in wanted:
-                yield pid, at, json.loads(summary)
+                yield pid, at, read_result(summary, self._where(pid, "summary"))
         for pid in self._unsummarized(summarized):
             if wanted is None or pid in wanted:
                 at, record = self._db.execute(
                     "SELECT finished_at, record FROM results WHERE problem_id = ?", (pid,)
                 ).fetchone()
-                yield pid, at, summarize_result(json.loads(record))
+                yield pid, at, ProblemResult.model_validate(summarize_result(read_result(record, self._where(pid))))
 
     def _unsummarized(self, summarized: Collection[str]) -> list[str]:
         """The results without a stored summary (read from the results' index alone, never their records)."""
         return [pid for (pid,) in self._db.execute("SELECT problem_id FROM results") if pid not in summarized]
 
-    def get(self, problem_id: str) -> dict[str, Any] | None:
+    def get(self, problem_id: str) -> ProblemResult | None:
         row = self._db.execute("SELECT record FROM results WHERE problem_id = ?", (problem_id,)).fetchone()
-        return None if row is None else dict(json.loads(row[0]))
+        return None if row is None else read_result(row[0], self._where(problem_id))
+
+    def status_counts(self) -> dict[str, int]:
+        """Results by status, and as ``running`` the problems with iteration records and no result yet (read from
+        the tables' indices alone, never a record)."""
+        counts = dict(self._db.execute("SELECT status, COUNT(*) FROM results GROUP BY status").fetchall())
+        (running,) = self._db.execute(
+            "SELECT COUNT(DISTINCT problem_id) FROM iterations WHERE problem_id NOT IN (SELECT problem_id FROM results)"
+        ).fetchone()
+        return {**counts, **({RUNNING: running} if running else {})}
 
     def finished_ids(self, fingerprint: str | None = None) -> set[str]:
         """Problems with a result of status done (with ``fingerprint``: only those solved with it)."""
@@ -92,8 +101,11 @@ class ResultTable:
             ).fetchall()
         return {r[0] for r in rows}
 
-    def in_order(self) -> list[dict[str, Any]]:
+    def in_order(self) -> list[ProblemResult]:
         rows = self._db.execute(
-            "SELECT r.record FROM results r JOIN problems p USING (problem_id) ORDER BY p.position"
+            "SELECT r.problem_id, r.record FROM results r JOIN problems p USING (problem_id) ORDER BY p.position"
         ).fetchall()
-        return [json.loads(r[0]) for r in rows]
+        return [read_result(record, self._where(pid)) for pid, record in rows]
+
+    def _where(self, problem_id: str, what: str = "result") -> str:
+        return f"{self._origin}: the {what} of problem {problem_id!r}"

@@ -9,7 +9,8 @@ at any moment loses no finished call; on resume the same calls are replayed from
 of its endpoints (:class:`RunMeta`), the problems (:class:`ProblemTable`), the calls (:class:`CallLog`) and figures
 over them (:class:`CallStats`), the iteration records (:class:`IterationTable`), the results with their summaries
 (:class:`ResultTable`), the grades (:class:`GradeTable`) and the call texts (:class:`tmas.store.texts.TextBlobs`).
-Callers use the facade's methods; each is the part's own.
+Callers use the facade's methods; each is the part's own. Results and iteration records go in and come out as the
+typed records of :mod:`tmas.store.records`, validated as they are read, whatever version wrote them.
 
 The methods are synchronous on purpose: each is one small local transaction (tens of microseconds under WAL with
 ``synchronous=NORMAL``), cheaper than a hop to a worker thread, and it keeps commit order equal to call order.
@@ -29,6 +30,7 @@ from tmas.store.database import DB_NAME, SCHEMA_VERSION, StoreError, mark_curren
 from tmas.store.grade_table import GradeRow, GradeTable
 from tmas.store.iteration_table import IterationTable
 from tmas.store.problem_table import ProblemTable
+from tmas.store.records import IterationRecord, ProblemResult
 from tmas.store.result_table import ResultTable
 from tmas.store.run_meta import RunMeta
 from tmas.store.texts import TextBlobs
@@ -53,8 +55,8 @@ class RunStore:
         self._problems = ProblemTable(self._db)
         self._call_log = CallLog(self._db, TextBlobs(self._db))
         self._call_stats = CallStats(self._db)
-        self._iterations = IterationTable(self._db)
-        self._results = ResultTable(self._db)
+        self._iterations = IterationTable(self._db, str(self.run_dir))
+        self._results = ResultTable(self._db, str(self.run_dir))
         self._grades = GradeTable(self._db)
         if migrate:
             self._results.summarize_missing()
@@ -160,32 +162,35 @@ class RunStore:
         return "-".join(str(v) for v in row)
 
     # ---- iteration records (IterationTable) -------------------------------------------------------------------
-    def save_iteration(self, problem_id: str, iteration: int, record: dict[str, Any]) -> None:
-        self._iterations.save(problem_id, iteration, record)
+    def save_iteration(self, record: IterationRecord) -> None:
+        self._iterations.save(record)
 
-    def iterations(self, problem_id: str) -> list[dict[str, Any]]:
+    def iterations(self, problem_id: str) -> list[IterationRecord]:
         return self._iterations.of(problem_id)
 
     def problems_with_iterations(self) -> set[str]:
         return self._iterations.problem_ids()
 
     # ---- results and their summaries (ResultTable) ------------------------------------------------------------
-    def save_result(self, problem_id: str, status: str, record: dict[str, Any]) -> None:
-        self._results.save(problem_id, status, record)
+    def save_result(self, result: ProblemResult) -> None:
+        self._results.save(result)
 
-    def result(self, problem_id: str) -> dict[str, Any] | None:
+    def result(self, problem_id: str) -> ProblemResult | None:
         return self._results.get(problem_id)
 
-    def results(self) -> list[dict[str, Any]]:
+    def results(self) -> list[ProblemResult]:
         return self._results.in_order()
 
     def result_summaries(
         self, problem_ids: Collection[str] | None = None
-    ) -> Iterator[tuple[str, float, dict[str, Any]]]:
+    ) -> Iterator[tuple[str, float, ProblemResult]]:
         return self._results.summaries(problem_ids)
 
     def result_stamps(self) -> dict[str, float]:
         return self._results.stamps()
+
+    def status_counts(self) -> dict[str, int]:
+        return self._results.status_counts()
 
     def finished_problem_ids(self, fingerprint: str | None = None) -> set[str]:
         return self._results.finished_ids(fingerprint)

@@ -2,28 +2,32 @@
 
 The viewer's first views (a run page, a comparison) read answers, scores, usage and indices of every candidate of
 every iteration; at a thinking model's reply lengths those are about 2 % of a result's JSON. The store keeps each
-result's summary beside it (written in the same transaction), so those views parse the 2 % and not the whole.
+result's summary beside it (written in the same transaction), so those views parse the 2 % and not the whole. A
+summary reads back as the same :class:`tmas.store.records.ProblemResult`, its dropped fields at their defaults.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from tmas.store.records import IterationRecord, ProblemResult
+
 # Fields the run page, the grades, the metrics and the frontiers never read.
-_RESULT_DROP = ("text",)
-_ITERATION_DROP = ("state", "notes", "replies")
-_CANDIDATE_DROP = ("text", "meta")
+_CANDIDATE_DROP = {"text": True, "meta": True}
+_ITERATION_DROP: dict[str, Any] = {
+    "state": True,
+    "notes": True,
+    "replies": True,
+    "candidates": {"__all__": _CANDIDATE_DROP},
+}
+_RESULT_DROP: dict[str, Any] = {"text": True, "iterations": {"__all__": _ITERATION_DROP}}
 
 
-def summarize_result(result: dict[str, Any]) -> dict[str, Any]:
-    """The result without its texts, and each of its iterations summarized."""
-    out = {k: v for k, v in result.items() if k not in _RESULT_DROP}
-    out["iterations"] = [summarize_iteration(r) for r in result.get("iterations", [])]
-    return out
+def summarize_result(result: ProblemResult) -> dict[str, Any]:
+    """The result without its texts, and each of its iterations summarized, as the store keeps it."""
+    return result.model_dump(mode="json", exclude=_RESULT_DROP)
 
 
-def summarize_iteration(record: dict[str, Any]) -> dict[str, Any]:
+def summarize_iteration(record: IterationRecord) -> IterationRecord:
     """An iteration record without its banks, notes and replies, and its candidates without their texts."""
-    out = {k: v for k, v in record.items() if k not in _ITERATION_DROP}
-    out["candidates"] = [{k: v for k, v in c.items() if k not in _CANDIDATE_DROP} for c in record.get("candidates", [])]
-    return out
+    return IterationRecord.model_validate(record.model_dump(mode="json", exclude=_ITERATION_DROP))

@@ -15,8 +15,8 @@ import re
 from dataclasses import replace
 
 from tmas.agents.mattrl_opinion import parse_differential
-from tmas.agents.mattrl_team import CATALOGS, TEACHING_ROLES
 from tmas.answers import last_boxed
+from tmas.methods.mattrl_domains import DOMAINS, Domain
 from tmas.testing.responders import SimRequest, register_responder, solution_responder
 from tmas.testing.tmas_responders import expected_answer, tag
 
@@ -27,12 +27,19 @@ SIM_DIFFERENTIAL = (
 )
 
 
+def _recruiting_domain(text: str) -> Domain | None:
+    """The domain whose catalog a recruiting prompt lists, as a model reads it from the prompt (None: a domain with
+    no catalog, whose coordinator names its own specialists)."""
+    return next((d for d in DOMAINS.values() if d.catalog and "; ".join(d.catalog) in text), None)
+
+
 def _team(req: SimRequest) -> str:
-    text = req.question
-    domain = "medicine" if "multidisciplinary team (MDT)" in text else "education" if "teaching team" in text else ""
-    names = CATALOGS[domain][:3] if domain else ("Arithmetic strategist", "Computation checker", "Edge-case auditor")
-    # Education (C.4.2): the three teaching roles, no leader; otherwise one leader.
-    roles = TEACHING_ROLES if domain == "education" else ("leader", "analyst", "critic")
+    domain = _recruiting_domain(req.question)
+    names = domain.catalog[:3] if domain else ("Arithmetic strategist", "Computation checker", "Edge-case auditor")
+    # A teaching domain (C.4.2): its line-up's teaching roles, no leader; otherwise one leader.
+    roles = (
+        [r for _, r, _ in domain.line_up] if domain is not None and domain.teaching else ["leader", "analyst", "critic"]
+    )
     return json.dumps(
         [
             {"specialty": n, "role": r, "description": f"Work on the case as the {n.lower()} and report clearly."}

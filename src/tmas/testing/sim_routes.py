@@ -102,6 +102,20 @@ class _Turn:
     held = False
 
 
+@dataclass
+class _Asked:
+    """A chat request's fields, checked: its messages and their texts, the choices asked for, whether it streams,
+    its max_tokens and the slot it names."""
+
+    body: dict[str, Any]
+    messages: list[dict[str, Any]]
+    texts: list[str]
+    n: int
+    streams: bool
+    max_tokens: int | None
+    id_slot: Any
+
+
 class _BadRequest(Exception):
     def __init__(
         self,
@@ -309,6 +323,8 @@ class SimApp:
             self.recorder.leave()
 
     async def _chat_inner(self, request: web.Request, role: str, received: float, turn: _Turn) -> web.StreamResponse:
+        """One chat request: read and checked as the persona's server checks it, refused where its prompt does not
+        fit, generated in its turn (a scripted rule's reply, a drawn fault), then answered whole or streamed."""
         problem = request.headers.get(PROBLEM_HEADER)
         active = self._active
         script, persona = active.script, active.persona
@@ -319,7 +335,65 @@ class SimApp:
             raise
         self._log_request(request, "chat", role, body, received)
         self.recorder.slot_enter(id(request), body.get("id_slot"))
+        asked = self._checked(active, body)
+        prompt_tokens = chat_prompt_tokens(asked.texts)
+        refused = await self._context_refusal(request, active, asked, prompt_tokens)
+        if refused is not None:
+            return refused
+        # llama-server generates a prompt that fits until its context is full, whatever max_tokens says.
+        max_tokens = window_budget(
+            persona.name, script.context_wording, script.context_length, prompt_tokens, asked.max_tokens
+        )
+        rule, used = active.rules.pick(role, asked.texts, asked.n)
+        fault = rule.fault if rule is not None else draw_fault(active.rng, active.faults)
+        if fault is not None:
+            self.recorder.count_fault(fault)
+        per_token = 0.0 if rule is not None and rule.latency_s is not None else script.latency_per_token_s
+        opened = await self._generation_turn(request, active, asked, rule, turn, prompt_tokens)
+        # A rule's error_status: the stream_error fault carries that status, in the persona's shape.
+        error_status = rule.error_status if rule is not None and fault == "stream_error" else None
+        error = None
+        if error_status is not None:
+            said = rule.error_message if rule is not None else None
+            said = said or f"Simulated error ({error_status}) mid-generation."
+            error = status_error(persona.name, error_status, said)
+            if not asked.streams:
+                return web.json_response(error if persona.name != "sglang" else error["error"], status=error_status)
+        if fault is not None and error is None:
+            replaced = await fault_response(request, fault, script.hang_s, asked.streams)
+            if isinstance(replaced, web.Response) and opened is not None and replaced.status >= 400:
+                # The status line is already out: the error goes as an event in the stream, as vLLM sends it.
+                return await self._stream_failure(opened, replaced.status, replaced.text or "")
+            if replaced is not None:
+                return replaced
+        reply = self._reply(active, role, problem, asked, rule, used, fault, max_tokens, received, prompt_tokens)
+        counts = reply.counts()
+        done = (reply.prompt_tokens, counts.completion, counts.reasoning, reply.cached or 0)
+        if asked.streams:
+            stream_options = body.get("stream_options")
+            options: dict[str, Any] = stream_options if isinstance(stream_options, dict) else {}
+            reply.continuous_usage = bool(options.get("continuous_usage_stats"))
+            return await self._stream(
+                request,
+                reply,
+                bool(options.get("include_usage")),
+                per_token,
+                fault,
+                script.hang_s,
+                lambda: self.recorder.count_done(*done),
+                opened,
+                error,
+                rule.fault_after_tokens if rule is not None else None,
+            )
+        if per_token > 0 and counts.completion:
+            await self._working(per_token * counts.completion)
+        self.recorder.generated(counts.completion)
+        self.recorder.count_done(*done)
+        return web.json_response(reply.completion())
 
+    def _checked(self, active: _Active, body: dict[str, Any]) -> _Asked:
+        """The request's fields as the persona's server checks them (a field it refuses is a 400)."""
+        script, persona = active.script, active.persona
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise _BadRequest("'messages' must be a non-empty list of message objects.")
@@ -339,7 +413,6 @@ class SimApp:
                 raise _BadRequest(f"response_format type {kind!r} is not supported by this server")
         if script.stream == "refuse" and body.get("stream"):
             raise _BadRequest("stream is not supported by this server")
-        streams = bool(body.get("stream")) and script.stream == "accept"
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise _BadRequest("max_tokens must be a positive integer.")
@@ -347,62 +420,72 @@ class SimApp:
         valid_slot = id_slot in (None, -1) or (isinstance(id_slot, int) and 0 <= id_slot < script.slots)
         if persona.slot_cache and not valid_slot:
             raise _BadRequest("Invalid slot ID")
-
-        texts = [content_text(m.get("content")) for m in messages]
-        prompt_tokens = chat_prompt_tokens(texts)
-        field_name = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
-        refusal = context_refusal(
-            persona.name, script.context_wording, script.context_length, prompt_tokens, max_tokens, field_name
+        return _Asked(
+            body=body,
+            messages=messages,
+            texts=[content_text(m.get("content")) for m in messages],
+            n=n,
+            streams=bool(body.get("stream")) and script.stream == "accept",
+            max_tokens=max_tokens,
+            id_slot=id_slot,
         )
-        if refusal is not None and refusal.midstream and streams:
+
+    async def _context_refusal(
+        self, request: web.Request, active: _Active, asked: _Asked, prompt_tokens: int
+    ) -> web.StreamResponse | None:
+        """The refusal of a prompt and max_tokens the context cannot hold, in the persona's wording: a 400 (raised),
+        or an error event in a stream already open (returned); None when it fits."""
+        script, persona = active.script, active.persona
+        field_name = "max_completion_tokens" if asked.body.get("max_completion_tokens") else "max_tokens"
+        refusal = context_refusal(
+            persona.name, script.context_wording, script.context_length, prompt_tokens, asked.max_tokens, field_name
+        )
+        if refusal is not None and refusal.midstream and asked.streams:
             event = status_error(persona.name, refusal.status, refusal.message)
             return await self._error_event(await self._open_stream(request), event)
         if refusal is not None:
             raise _BadRequest(refusal.message, refusal.status, refusal.param, refusal.code, refusal.body)
-        # llama-server generates a prompt that fits until its context is full, whatever max_tokens says.
-        max_tokens = window_budget(
-            persona.name, script.context_wording, script.context_length, prompt_tokens, max_tokens
-        )
+        return None
 
-        rule, used = active.rules.pick(role, texts, n)
-        fault = rule.fault if rule is not None else draw_fault(active.rng, active.faults)
-        if fault is not None:
-            self.recorder.count_fault(fault)
-        fixed_latency = rule.latency_s if rule is not None and rule.latency_s is not None else script.latency_s
-        per_token = 0.0 if rule is not None and rule.latency_s is not None else script.latency_per_token_s
-        # Wait for a turn to generate; a streamed request meanwhile shows what its server shows (headers or
-        # nothing). Without max_running no request waits and the headers go out with the first chunk, as before.
+    async def _generation_turn(
+        self, request: web.Request, active: _Active, asked: _Asked, rule: Rule | None, turn: _Turn, prompt_tokens: int
+    ) -> web.StreamResponse | None:
+        """Wait for a turn to generate and prefill the prompt; a streamed request meanwhile shows what its server
+        shows (headers at arrival or at its slot, else nothing). Without max_running no request waits and the
+        headers go out with the first chunk. The stream opened so far, if any."""
+        script, persona = active.script, active.persona
         opened: web.StreamResponse | None = None
         queued = script.max_running is not None or script.wedged
-        if streams and queued and persona.headers_at == "arrival":
+        if asked.streams and queued and persona.headers_at == "arrival":
             opened = await self._open_stream(request)
         await self._while_wedged()
         await self.queue.enter(self._active.script.max_running)
         turn.held = True
         self.recorder.prefilled(prompt_tokens)
-        if streams and queued and persona.headers_at == "slot":
+        if asked.streams and queued and persona.headers_at == "slot":
             opened = await self._open_stream(request)
+        fixed_latency = rule.latency_s if rule is not None and rule.latency_s is not None else script.latency_s
         if fixed_latency > 0:
             await self._working(fixed_latency)
-        # A rule's error_status: the stream_error fault carries that status, in the persona's shape.
-        error_status = rule.error_status if rule is not None and fault == "stream_error" else None
-        error = None
-        if error_status is not None:
-            said = rule.error_message if rule is not None else None
-            said = said or f"Simulated error ({error_status}) mid-generation."
-            error = status_error(persona.name, error_status, said)
-            if not streams:
-                return web.json_response(error if persona.name != "sglang" else error["error"], status=error_status)
-        if fault is not None and error is None:
-            replaced = await fault_response(request, fault, script.hang_s, streams)
-            if isinstance(replaced, web.Response) and opened is not None and replaced.status >= 400:
-                # The status line is already out: the error goes as an event in the stream, as vLLM sends it.
-                return await self._stream_failure(opened, replaced.status, replaced.text or "")
-            if replaced is not None:
-                return replaced
+        return opened
 
-        # The prompt is served from the cache once, whatever n is: the choices share its prefill.
-        cached = self._serve_cache(active, messages, texts, id_slot)
+    def _reply(
+        self,
+        active: _Active,
+        role: str,
+        problem: str | None,
+        asked: _Asked,
+        rule: Rule | None,
+        used: int,
+        fault: FaultKind | None,
+        max_tokens: int | None,
+        received: float,
+        prompt_tokens: int,
+    ) -> Reply:
+        """The reply's choices and usage: the prompt served from the cache once, whatever n is (the choices share
+        its prefill), or a rule's scripted usage."""
+        script, persona, body = active.script, active.persona, asked.body
+        cached = self._serve_cache(active, asked.messages, asked.texts, asked.id_slot)
         scripted = rule.usage if rule is not None else None
         timings: dict[str, Any] | None = None
         if scripted is not None:
@@ -412,9 +495,10 @@ class SimApp:
                 timings = {"cache_n": scripted.cached_tokens, "prompt_n": prompt_tokens - scripted.cached_tokens}
             elif scripted.cached_tokens is not None:
                 cached = scripted.cached_tokens
+        n = asked.n
         choices = [self._choice(active, role, problem, body, i, n, rule, used, fault, max_tokens) for i in range(n)]
         model = body.get("model") if persona.echoes_model and isinstance(body.get("model"), str) else script.model
-        reply = Reply(
+        return Reply(
             persona=persona,
             script=script,
             id=f"chatcmpl-{uuid.uuid4().hex}",
@@ -425,30 +509,6 @@ class SimApp:
             cached=cached,
             timings=timings,
         )
-        counts = reply.counts()
-        done = (prompt_tokens, counts.completion, counts.reasoning, cached or 0)
-        if streams:
-            stream_options = body.get("stream_options")
-            options = stream_options if isinstance(stream_options, dict) else {}
-            reply.continuous_usage = bool(options.get("continuous_usage_stats"))
-            include_usage = bool(options.get("include_usage"))
-            return await self._stream(
-                request,
-                reply,
-                include_usage,
-                per_token,
-                fault,
-                script.hang_s,
-                lambda: self.recorder.count_done(*done),
-                opened,
-                error,
-                rule.fault_after_tokens if rule is not None else None,
-            )
-        if per_token > 0 and counts.completion:
-            await self._working(per_token * counts.completion)
-        self.recorder.generated(counts.completion)
-        self.recorder.count_done(*done)
-        return web.json_response(reply.completion())
 
     def _check_fields(self, active: _Active, body: dict[str, Any]) -> None:
         """What the persona's server does with the request's fields: unknown ones ignored (and counted) or refused;

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -18,7 +19,10 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from tmas.answer_rules import MissingExtra
+from tmas.grading.grades import SELECTED
+from tmas.memory.transcript import Transcript
 from tmas.methods import stored_params
+from tmas.methods.state import MATTRLState
 from tmas.store.run_store import StoreError
 from tmas.view.cache import RunCache
 from tmas.view.charts import accuracy_by_tokens_png, frontiers_png, pass1_by_iteration_png
@@ -43,7 +47,7 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
+    env.filters["pretty"] = _pretty
     env.filters["score"] = lambda value: "-" if value is None else f"{float(value):.2f}"
     env.filters["rich"] = rich
     env.filters["answer"] = answer
@@ -133,16 +137,16 @@ class Viewer:
             records = run.records(pid)
             live = run.problem_grades(problem, result, records)
             verdicts = {
-                (int(r["iteration"]), int(c["index"])): _verdict(live, (pid, int(r["iteration"]), int(c["index"])))
+                (r.iteration, c.index): _verdict(live, (pid, r.iteration, c.index))
                 for r in records
-                for c in r["candidates"]
+                for c in r.candidates
             }
             last = records[-1] if records else None
-            final = _verdict(live, (pid, int(last["iteration"]), -1)) if last else (None, None)
+            final = _verdict(live, (pid, last.iteration, SELECTED)) if last else (None, None)
             # A confidence column where a candidate has one, by the measure the run's rules read.
             stored = run.store.get_meta("method") or {}
             params = stored_params(str(stored.get("name")), stored.get("params"))
-            measured = any(c.get("confidence") for r in records for c in r["candidates"])
+            measured = any(c.confidence is not None for r in records for c in r.candidates)
             return self._page(
                 "problem.html",
                 ref=run.ref,
@@ -168,7 +172,7 @@ class Viewer:
             record, diffs = found
             problem = next((p for p in run.store.iter_problems() if p.problem_id == pid), None)
             live = run.problem_grades(problem, run.store.result(pid), run.records(pid)) if problem else None
-            verdicts = {int(c["index"]): _verdict(live, (pid, t, int(c["index"]))) for c in record["candidates"]}
+            verdicts = {c.index: _verdict(live, (pid, t, c.index)) for c in record.candidates}
             calls = [c for c in run.store.calls(pid) if c.key.iteration == t]
             run_path = str(run.ref.path.resolve())
             credits = {
@@ -184,7 +188,7 @@ class Viewer:
                 diffs=diffs,
                 verdicts=verdicts,
                 calls=calls,
-                transcript=record.get("state", {}).get("transcript"),
+                transcript=_transcript(record.state),
                 credits=credits,
                 live=True,
             )
@@ -302,6 +306,20 @@ def _threaded(page: Callable[[Request], Response]) -> Callable[[Request], Awaita
         return await run_in_threadpool(page, request)
 
     return endpoint
+
+
+def _transcript(state: dict[str, Any]) -> Transcript | None:
+    """The deliberation transcript an iteration's state keeps (MATTRL's state), or None (a state of another kind)."""
+    try:
+        return MATTRLState.model_validate(state).transcript
+    except ValidationError:
+        return None
+
+
+def _pretty(value: Any) -> str:
+    """A record (a model of tmas.store.records) or plain data as indented JSON."""
+    data = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+    return json.dumps(data, indent=2, ensure_ascii=False)
 
 
 def _verdict(live: LiveGrades | None, key: tuple[str, int, int]) -> tuple[bool | None, str | None]:

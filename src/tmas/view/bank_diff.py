@@ -5,7 +5,7 @@ Banks are compared by entry id (ids are never reused, so the same id is the same
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
@@ -59,7 +59,7 @@ def _details(entry: dict[str, Any], text_key: str) -> dict[str, Any]:
     return {k: v for k, v in entry.items() if k not in ("id", text_key) and v is not None}
 
 
-def bank_diffs(previous: dict[str, Any] | None, state: dict[str, Any]) -> dict[str, list[BankChange]]:
+def bank_diffs(previous: Mapping[str, Any] | None, state: Mapping[str, Any]) -> dict[str, list[BankChange]]:
     """Per bank the state keeps (a method whose ``State`` is a ``BankState``): its changes since ``previous`` (the
     prior iteration's state; None: empty banks). Both states are read through ``BankState``; a state it cannot
     read (not written by a method that keeps banks) shows no changes rather than failing the page."""
@@ -68,11 +68,12 @@ def bank_diffs(previous: dict[str, Any] | None, state: dict[str, Any]) -> dict[s
     except ValidationError:
         return {}
     out = {}
-    if "experience_bank" in state:
+    kept = after.model_fields_set
+    if "experience_bank" in kept:
         out["experience_bank"] = diff_entries(
             _dumped(before.experience_bank.entries), _dumped(after.experience_bank.entries), "content"
         )
-    if "guideline_bank" in state:
+    if "guideline_bank" in kept:
         out["guideline_bank"] = diff_entries(
             _dumped(before.guideline_bank.strategies), _dumped(after.guideline_bank.strategies), "description"
         )

@@ -10,13 +10,13 @@ mode changes the size or time of its ``-wal`` file, or of the database itself af
 from __future__ import annotations
 
 import os
-import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tmas.grading.run_results import RUNNING
+from tmas.grading.run_results import run_method_name
+from tmas.store.records import ProblemResult, running_result
 from tmas.store.run_store import RunStore
 from tmas.store.summaries import summarize_iteration
 from tmas.view.live_grades import Memo
@@ -42,7 +42,7 @@ class RunCache:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._run_locks: dict[Path, threading.Lock] = {}
-        self._results: dict[Path, dict[str, tuple[float, dict[str, Any]]]] = {}
+        self._results: dict[Path, dict[str, tuple[float, ProblemResult]]] = {}
         self._built: dict[tuple[Path, str], tuple[object, Any]] = {}
         self._verdicts: dict[Path, Memo] = {}
 
@@ -54,7 +54,7 @@ class RunCache:
         with self._lock:
             return self._run_locks.setdefault(run_dir.resolve(), threading.Lock())
 
-    def results(self, store: RunStore) -> list[dict[str, Any]]:
+    def results(self, store: RunStore) -> list[ProblemResult]:
         """What :func:`tmas.grading.run_results.load_results` returns, as summaries (tmas.store.summaries)."""
         run_dir = store.run_dir.resolve()
         cached = self._results.setdefault(run_dir, {})
@@ -74,24 +74,15 @@ class RunCache:
             elif pid in started:
                 iterations = [summarize_iteration(r) for r in store.iterations(pid)]
                 if iterations:
-                    out.append({"problem_id": pid, "status": RUNNING, "iterations": iterations})
+                    out.append(running_result(pid, run_method_name(store), iterations))
         return out
 
     @staticmethod
     def status_counts(store: RunStore) -> dict[str, int]:
         """Problems by status (done, failed, ..., running: iterations but no result, pending: nothing yet)."""
-        db = sqlite3.connect(f"{store.path.resolve().as_uri()}?mode=ro", uri=True)
-        try:
-            db.execute("PRAGMA busy_timeout=10000")
-            counts = dict(db.execute("SELECT status, COUNT(*) FROM results GROUP BY status").fetchall())
-            (running,) = db.execute(
-                "SELECT COUNT(DISTINCT problem_id) FROM iterations"
-                " WHERE problem_id NOT IN (SELECT problem_id FROM results)"
-            ).fetchone()
-        finally:
-            db.close()
-        pending = store.problem_count() - sum(counts.values()) - running
-        return {**counts, **({RUNNING: running} if running else {}), **({"pending": pending} if pending else {})}
+        counts = store.status_counts()
+        pending = store.problem_count() - sum(counts.values())
+        return {**counts, **({"pending": pending} if pending else {})}
 
     def reuse(self, run_dir: Path, name: str, key: object, build: Callable[[], T]) -> T:
         """``build()``'s value for this run and ``name``, rebuilt only when ``key`` differs from the last one."""

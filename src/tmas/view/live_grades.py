@@ -13,12 +13,12 @@ import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
-from typing import Any
 
 from tmas.answers import last_boxed, normalize_answer
 from tmas.grading.grades import SELECTED, GradeConfig, Grades, ItemKey
 from tmas.grading.runs import load_grades
 from tmas.problems import Problem
+from tmas.store.records import ProblemResult
 from tmas.store.run_store import RunStore
 
 # The source of a verdict the viewer worked out itself (shown as "rules"; stored ones show their grading mode).
@@ -87,11 +87,11 @@ class LiveGrades:
 
 # Per problem: the result record the verdicts were worked out from (the cache keeps an unchanged result as the same
 # object) and those verdicts.
-Memo = dict[str, tuple[dict[str, Any], dict[ItemKey, list[bool | None]]]]
+Memo = dict[str, tuple[ProblemResult, dict[ItemKey, list[bool | None]]]]
 
 
 def live_grades(
-    store: RunStore, problems: list[Problem], results: list[dict[str, Any]], memo: Memo | None = None
+    store: RunStore, problems: list[Problem], results: list[ProblemResult], memo: Memo | None = None
 ) -> LiveGrades | None:
     """Stored verdicts where graded, exact-rule verdicts elsewhere; None when no problem has a reference answer.
 
@@ -103,12 +103,12 @@ def live_grades(
     graded = {(g.problem_id, g.iteration, g.candidate) for g in rows}
     grades = stored or Grades(runs=1, mode="rules")
     if stored is None:
-        result_ids = {r["problem_id"] for r in results}
+        result_ids = {r.problem_id for r in results}
         grades.unlabeled = [p.problem_id for p in problems if p.answer is None and p.problem_id in result_ids]
     out = LiveGrades(grades, stored_mode=stored.mode if stored else None)
     references = {p.problem_id: p.answer for p in problems if p.answer is not None}
     for result in results:
-        pid = result["problem_id"]
+        pid = result.problem_id
         reference = references.get(pid)
         if reference is None:
             continue
@@ -125,16 +125,16 @@ def live_grades(
 
 
 def _exact_verdicts(
-    result: dict[str, Any], reference: str, graded: set[ItemKey], runs: int
+    result: ProblemResult, reference: str, graded: set[ItemKey], runs: int
 ) -> dict[ItemKey, list[bool | None]]:
     """The exact rules' verdict on every item of tmas.grading.grades.iter_items (each candidate and each iteration's
     selected answer) that has no stored grade; walked without building an Item each: big runs have 100,000."""
-    pid = result["problem_id"]
+    pid = result.problem_id
     out: dict[ItemKey, list[bool | None]] = {}
-    for record in result.get("iterations", []):
-        it = int(record["iteration"])
-        pairs = [((pid, it, int(c["index"])), c.get("answer")) for c in record.get("candidates", [])]
-        pairs.append(((pid, it, SELECTED), record.get("selected")))
+    for record in result.iterations:
+        it = record.iteration
+        pairs = [((pid, it, c.index), c.answer) for c in record.candidates]
+        pairs.append(((pid, it, SELECTED), record.selected))
         for key, given in pairs:
             if key not in graded:
                 out[key] = [exact_verdict(reference, given)] * runs

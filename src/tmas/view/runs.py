@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from tmas.grading.grades import SELECTED, Grades, ItemKey
-from tmas.grading.run_results import RUNNING, load_results
+from tmas.grading.run_results import load_results, run_method_name
 from tmas.llm.local_command import model_alias
 from tmas.llm.weights import KNOWN_MODELS
 from tmas.problems import Problem
 from tmas.reports.metrics import RunMetrics, compute_metrics
 from tmas.reports.reply_quality import role_replies
 from tmas.reports.where_lost import WhereLost, where_lost
+from tmas.store.records import IterationRecord, ProblemResult, running_result
 from tmas.store.run_store import DB_NAME, RunStore
 from tmas.view.bank_diff import BankChange, bank_diffs
 from tmas.view.cache import RunCache, file_state
@@ -44,6 +45,10 @@ def discover(paths: list[Path]) -> list[RunRef]:
         elif path.is_dir():
             found.extend(sorted(p for p in path.iterdir() if (p / DB_NAME).is_file()))
     return [RunRef(hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:10], p) for p in found]
+
+
+# A problem's status on the run page before any iteration of it finished.
+PENDING = "pending"
 
 
 @dataclass
@@ -88,7 +93,7 @@ class RunOverview:
     run_dir: Path
     status_counts: dict[str, int] = field(default_factory=dict)
     grades: LiveGrades | None = None
-    results: list[dict[str, Any]] = field(default_factory=list)
+    results: list[ProblemResult] = field(default_factory=list)
     # Identifies this overview: what is derived from it (a frontier) is reused while the overview is.
     stamp: object = field(default_factory=object, compare=False)
 
@@ -168,11 +173,6 @@ def describe_model(settings: dict[str, Any], call_model: str | None) -> tuple[st
     return model_alias(local), f"embedded: {known.description}; file {file}"
 
 
-def _tokens(record: dict[str, Any]) -> int:
-    usage = record.get("usage", {})
-    return int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
-
-
 def verdict(grades: Grades | None, key: tuple[str, int, int]) -> bool | None:
     """Correct in most judge runs (None when ungraded or undecided everywhere)."""
     if grades is None or key not in grades.verdicts:
@@ -195,21 +195,21 @@ class RunReader:
     def __exit__(self, *exc: object) -> None:
         self.store.close()
 
-    def results(self) -> list[dict[str, Any]]:
+    def results(self) -> list[ProblemResult]:
         """Finished problems' results and running problems' iterations so far (without texts when cached)."""
         return self.cache.results(self.store) if self.cache is not None else load_results(self.store)
 
-    def grades(self, results: list[dict[str, Any]] | None = None) -> LiveGrades | None:
+    def grades(self, results: list[ProblemResult] | None = None) -> LiveGrades | None:
         """Stored grades, and the viewer's own exact-rule verdicts where there are none (see live_grades.py)."""
         memo = self.cache.verdicts(self.ref.path) if self.cache is not None and results is not None else None
         return live_grades(self.store, self.store.problems(), self.results() if results is None else results, memo)
 
     def problem_grades(
-        self, problem: Problem, result: dict[str, Any] | None, records: list[dict[str, Any]]
+        self, problem: Problem, result: ProblemResult | None, records: list[IterationRecord]
     ) -> LiveGrades | None:
         """Grades of one problem's page (only its own answers are checked)."""
         if result is None:
-            result = {"problem_id": problem.problem_id, "status": RUNNING, "iterations": records}
+            result = running_result(problem.problem_id, self._names()[0], records)
         return live_grades(self.store, [problem], [result])
 
     def first_call_model(self) -> str | None:
@@ -226,9 +226,8 @@ class RunReader:
     def _names(self) -> tuple[str, dict[str, Any], str | None, str | None]:
         method_meta = self.store.get_meta("method") or {}
         settings = self.store.get_meta("settings") or {}
-        method = str(method_meta.get("name") or settings.get("method", {}).get("name", "?"))
         model, detail = describe_model(settings, self.first_call_model())
-        return method, dict(method_meta.get("params") or {}), model, detail
+        return run_method_name(self.store), dict(method_meta.get("params") or {}), model, detail
 
     def overview(self) -> RunOverview:
         """Everything the run page shows; with a cache, reused until the run's files change."""
@@ -243,27 +242,27 @@ class RunReader:
         results = self.results()
         live = self.grades(results)
         grades = live.grades if live is not None else None
-        by_id = {r["problem_id"]: r for r in results}
+        by_id = {r.problem_id: r for r in results}
         rows = []
         for problem in store.iter_problems():
             pid = problem.problem_id
-            result = by_id.get(pid, {"status": "pending", "iterations": []})
-            records = result["iterations"]
+            result = by_id.get(pid)
+            records = result.iterations if result is not None else []
             last = records[-1] if records else None
-            key: ItemKey | None = (pid, int(last["iteration"]), SELECTED) if last else None
+            key: ItemKey | None = (pid, last.iteration, SELECTED) if last else None
             rows.append(
                 ProblemRow(
                     problem_id=pid,
                     question=problem.question,
                     reference=problem.answer,
-                    status=result["status"],
-                    answer=result["answer"] if "answer" in result else (last or {}).get("selected"),
+                    status=result.status if result is not None else PENDING,
+                    answer=result.answer if result is not None else None,
                     correct=verdict(grades, key) if key else None,
                     grade_source=live.source(key) if live is not None and key else None,
                     iterations=len(records),
-                    calls=sum(int(r.get("calls", 0)) for r in records),
-                    tokens=sum(_tokens(r) for r in records),
-                    completion_tokens=sum(int(r.get("usage", {}).get("completion_tokens", 0)) for r in records),
+                    calls=sum(r.calls for r in records),
+                    tokens=sum(r.usage.total_tokens for r in records),
+                    completion_tokens=sum(r.usage.completion_tokens for r in records),
                 )
             )
         counts: dict[str, int] = {}
@@ -300,16 +299,16 @@ class RunReader:
         lost = where_lost(method, results, live.grades, replies)
         return LostAnswers(method, lost, graded=True, live_graded=bool(live.live))
 
-    def records(self, problem_id: str) -> list[dict[str, Any]]:
+    def records(self, problem_id: str) -> list[IterationRecord]:
         """The problem's iteration records: from its result when finished, else as stored so far."""
         result = self.store.result(problem_id)
-        return list(result["iterations"]) if result else self.store.iterations(problem_id)
+        return result.iterations if result else self.store.iterations(problem_id)
 
-    def iteration(self, problem_id: str, iteration: int) -> tuple[dict[str, Any], dict[str, list[BankChange]]] | None:
+    def iteration(self, problem_id: str, iteration: int) -> tuple[IterationRecord, dict[str, list[BankChange]]] | None:
         """One iteration's record and what it changed in each memory bank."""
         records = self.records(problem_id)
-        index = next((i for i, r in enumerate(records) if int(r["iteration"]) == iteration), None)
+        index = next((i for i, r in enumerate(records) if r.iteration == iteration), None)
         if index is None:
             return None
-        previous = records[index - 1]["state"] if index > 0 else None
-        return records[index], bank_diffs(previous, records[index].get("state", {}))
+        previous = records[index - 1].state if index > 0 else None
+        return records[index], bank_diffs(previous, records[index].state)

@@ -13,7 +13,7 @@ graders, the pool (credit, scoring, distilling, retrieval) and the router read t
   of deliberating (:mod:`tmas.methods.mattrl_teaching`);
 - Stage III: the decision's prompts and how it is read, and what stands in when it cannot be read;
 - grading: the ``grader`` of its own metrics (by name, in ``tmas.grading.registry``; None: graded by its answer)
-  and the ``metrics`` it reports;
+  and the ``metrics`` it reports, each with its column in the report's table, and the report's ``metrics_note``;
 - the pool: the terminal outcome G of Eq. 12 (``outcome``), Eq. 10's direction under ``decay = "auto"``
   (``credit_decay``), how entries are keyed for retrieval (:meth:`Domain.retrieval_tier`) and what the adaptive
   router reads of a case (:meth:`Domain.case_features`).
@@ -53,9 +53,11 @@ class Domain:
     answer_mode: ClassVar[str] = "numeric"
     # C.1: a pre-test, a teaching dialogue by the team, a post-test, instead of a deliberation.
     teaching: ClassVar[bool] = False
-    # ---- grading: the grader of the domain's own metrics (None: graded by its answer), metric key -> its column.
+    # ---- grading: the grader of the domain's own metrics (None: graded by its answer), metric key -> its column,
+    # and what the report says of them (one paragraph).
     grader: ClassVar[str | None] = None
     metrics: ClassVar[Mapping[str, str]] = {}
+    metrics_note: ClassVar[str] = ""
     # ---- the pool: G of Eq. 12 (the graded answer, or the reciprocal rank of the gold answer in the decision's
     # ranked list), and Eq. 10's direction when a build says "auto".
     outcome: ClassVar[Literal["graded", "reciprocal_rank"]] = "graded"

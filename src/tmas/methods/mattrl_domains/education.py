@@ -42,6 +42,10 @@ class Education(Domain):
     teaching: ClassVar[bool] = True
     grader: ClassVar[str | None] = "teaching"
     metrics: ClassVar[Mapping[str, str]] = {"acc_pre": "Acc_pre", "acc_post": "Acc_post", "delta": "ΔAcc"}
+    metrics_note: ClassVar[str] = (
+        "Acc_pre and Acc_post: the shares of cases the student answers right before and after teaching;"
+        " ΔAcc = Acc_post - Acc_pre."
+    )
     # C.1: "higher credit to earlier instructional turns".
     credit_decay: ClassVar[Literal["later", "earlier"]] = "earlier"
 

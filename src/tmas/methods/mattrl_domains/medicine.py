@@ -52,6 +52,11 @@ class Medicine(Domain):
         "hit@10": "Hit@10",
         "mrr": "MRR",
     }
+    metrics_note: ClassVar[str] = (
+        "Hit@k: the share of cases whose gold disease is within the team's final top k; MRR: the mean of 1 / rank of"
+        " the gold disease (0 where it is not in the top 10). Names match by spelling, then by the judge role (A.5"
+        " rules) unless grading by rules alone."
+    )
     # A near miss still earns part of the credit: 1 at rank 1, 1/3 at rank 3, 0 when absent.
     outcome: ClassVar[Literal["graded", "reciprocal_rank"]] = "reciprocal_rank"
 
