@@ -38,9 +38,7 @@ def test_groups_with_a_spread_are_chosen_first_then_the_others_fill() -> None:
 def test_the_batch_is_cut_to_the_groups_kept_and_its_tokens_counted_again() -> None:
     torch = pytest.importorskip("torch")
     # Three groups of two rollouts; completion masks with 4, 3, 2, 1, 4, 0 tokens.
-    completion_mask = torch.tensor(
-        [[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]]
-    )
+    completion_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
     batch = {
         "prompt_ids": torch.arange(18).view(6, 3),
         "completion_mask": completion_mask,
@@ -153,3 +151,25 @@ def test_a_grpo_step_trains_only_on_groups_whose_rewards_differ(tmp_path: Path) 
     trainable = {str(p.dtype) for p in trainer.model.parameters() if p.requires_grad}
     frozen = {str(p.dtype) for p in trainer.model.parameters() if not p.requires_grad}
     assert trainable == {"torch.float32"} and frozen == {"torch.bfloat16"}
+
+
+def test_train_command_passes_the_rollout_options_on(tmp_path: Path) -> None:
+    pytest.importorskip("datasets")
+    from typer.testing import CliRunner
+
+    from test_rl_train import row
+    from tmas.cli.main import app
+    from tmas.errors import InputError
+    from tmas.rl.data import write_parquet
+
+    data = tmp_path / "train.parquet"
+    write_parquet([row("normal", "p1")], data)
+    base = ["rl", "train", str(data), "-o", str(tmp_path / "out"), "--model", "tiny", "--num-generations", "2"]
+    refused = CliRunner().invoke(app, [*base, "--groups-per-step", "2", "--generate-groups", "1"])
+    assert isinstance(refused.exception, ConfigError)
+    assert "--generate-groups 1 is below --groups-per-step 2" in str(refused.exception)
+    refused = CliRunner().invoke(app, [*base, "--dtype", "float16"])
+    assert isinstance(refused.exception, InputError) and "--dtype 'float16'" in str(refused.exception)
+    help_text = CliRunner().invoke(app, ["rl", "train", "--help"], env={"COLUMNS": "200"}).output
+    for flag in ("--generate-groups", "--continuous-batching", "--dtype", "--temperature"):
+        assert flag in help_text

@@ -141,7 +141,7 @@ def generate_continuous(
     """Every prompt through transformers' continuous-batching engine at once (it schedules them itself)."""
     import torch
     from transformers import GenerationConfig
-    from transformers.generation import ContinuousBatchingConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
