@@ -436,9 +436,11 @@ def training_plan(args: argparse.Namespace) -> tuple[Path, float]:
     """The data training reads and its rollout temperature: the pilot's kept rows and chosen temperature where it
     ran and kept some (--temperature, when given, wins), else --data at --temperature (1.0 when not given)."""
     kept, report = pilot_paths(args.work)
-    chosen = json.loads(report.read_text())["chosen_temperature"] if report.is_file() else None
-    data = kept if kept.is_file() else args.data
-    return data, float(args.temperature or chosen or 1.0)
+    pilot = json.loads(report.read_text()) if report.is_file() else {}
+    # A step generates whole groups only: fewer kept than a step generates could never fill one.
+    enough = pilot.get("kept_groups", 0) >= max(args.generate_groups or 0, args.groups_per_step)
+    data = kept if kept.is_file() and enough else args.data
+    return data, float(args.temperature or pilot.get("chosen_temperature") or 1.0)
 
 
 def train_command(args: argparse.Namespace, base: Path, judge: bool, max_time: float) -> list[str]:
@@ -532,8 +534,8 @@ def run(args: argparse.Namespace) -> None:
     phases: dict[str, Any] = {}
     if args.pilot_samples and not pilot_paths(work)[1].is_file():
         run_phase(phases, "pilot", pilot_command(args, base), work, deadline, "the pilot")
-        if not pilot_paths(work)[0].is_file():
-            log(work, f"the pilot kept no prompt group (see pilot.log): training reads {args.data}")
+        if training_plan(args)[0] != pilot_paths(work)[0]:
+            log(work, f"the pilot kept fewer groups than a step generates (pilot.log): training reads {args.data}")
     if not evaluated(work, "base", eval_modes(args)):
         run_phase(phases, "eval-base", eval_command(args, "base"), work, deadline, "the base model's evaluation")
     final = work / "lora" / "final"

@@ -401,3 +401,22 @@ def test_reward_curve_by_hand(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     steps.write_text("".join(json.dumps(r) + "\n" for r in rows[:6]))
     assert device.reward_curve(steps)["window"] == 3
     assert device.reward_curve(tmp_path / "none.jsonl") is None
+
+
+def test_training_reads_the_pilots_rows_when_they_fill_a_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    device = load_benchmark("rl_device", monkeypatch)
+    work = tmp_path / "work"
+    kept, report = device.pilot_paths(work)
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(b"rows")
+    args = device.parse_args(["run", "--work", str(work), "--data", str(tmp_path / "all.parquet")])
+    args.generate_groups, args.groups_per_step = 16, 8
+    # No pilot ran: all of --data at temperature 1.
+    assert device.training_plan(args) == (tmp_path / "all.parquet", 1.0)
+    report.write_text(json.dumps({"kept_groups": 15, "chosen_temperature": 0.6}))
+    # 15 groups kept, 16 generated a step: --data, still at the pilot's temperature.
+    assert device.training_plan(args) == (tmp_path / "all.parquet", 0.6)
+    report.write_text(json.dumps({"kept_groups": 16, "chosen_temperature": 0.6}))
+    assert device.training_plan(args) == (kept, 0.6)
+    args.temperature = 0.8  # given: it wins
+    assert device.training_plan(args) == (kept, 0.8)

@@ -173,3 +173,18 @@ def test_train_command_passes_the_rollout_options_on(tmp_path: Path) -> None:
     help_text = CliRunner().invoke(app, ["rl", "train", "--help"], env={"COLUMNS": "200"}).output
     for flag in ("--generate-groups", "--continuous-batching", "--dtype", "--temperature"):
         assert flag in help_text
+
+
+def test_data_with_fewer_groups_than_a_step_generates_is_refused(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    pytest.importorskip("trl")
+    from test_rl_train import row
+    from tmas.rl.trl_rewards import HybridReward
+    from tmas.rl.trl_train import build_trainer, load_policy
+
+    rows = [row("normal", "p1"), row("experience", "p2", "base"), row("experience", "p2", "bank")]
+    dataset = datasets.Dataset.from_list(rows)
+    model, tokenizer = load_policy("tiny", dataset)
+    options = TrainOptions(output_dir=tmp_path, num_generations=2, groups_per_step=1, generate_groups=3, use_vllm=False)
+    with pytest.raises(ConfigError, match="has 2 prompt groups, fewer than the 3 a step generates"):
+        build_trainer(model, tokenizer, dataset, options, HybridReward())

@@ -212,6 +212,13 @@ def build_trainer(
 ) -> TMASGRPOTrainer:
     config = grpo_config(options)
     check_group_alignment(config)
+    groups = len(prompt_groups(dataset["extra_info"]))
+    if groups < options.generated_groups:
+        # The sampler yields whole generation batches only: none would ever be filled.
+        raise ConfigError(
+            f"the data has {groups} prompt groups, fewer than the {options.generated_groups} a step generates"
+            " (--generate-groups, else --groups-per-step)"
+        )
     return TMASGRPOTrainer(
         model=model,
         reward_funcs=list[Any](reward.functions()),
