@@ -7,8 +7,9 @@ carry (see docs/rl.md, "On a CUDA machine without network access"):
   lacks (TRL and what it needs, cp312 manylinux, versions as installed here) into ``.whl/``; the embedded GGUF
   (Qwen2.5-Coder-0.5B, named explicitly: it is the model these runs train) gzip-compressed in pieces, one folder
   each under ``.gguf-parts/`` with a manifest of SHA-256 sums, sized so that each transfer carries ``--carry-mb``
-  MB; and the GGUF's tokenizer converted here (``tokenizer.tgz``, converting it there took 75 s), which travels in
-  piece 00's folder with the wheels. Both folders are ignored by git.
+  MB; and the GGUF's tokenizer converted here (``tokenizer.tgz``: converting it there was nearly all of the 82 s
+  the base checkpoint took on 2026-11-27), which travels in piece 00's folder with the wheels. Both folders are
+  ignored by git.
 - ``receive`` (on the GPU machine, once per transfer): installs the wheels once, checks each piece in
   ``.gguf-parts/`` against its manifest and keeps it under WORK (the tokenizer unpacked into WORK/tokenizer); once
   all are there, assembles and decompresses the GGUF and checks the whole file's SHA-256.
@@ -175,7 +176,8 @@ def split_file(
 
 def pack_tokenizer(gguf: Path, dest: Path) -> Path:
     """The GGUF's tokenizer as training reads it (converted by transformers, ending text at the file's end token),
-    saved and packed: converting it took 75 s of the GPU machine's time on 2026-11-27, and it is the same each run."""
+    saved and packed: converting it was nearly all of the 82 s the GPU machine's base checkpoint took on 2026-11-27,
+    and it is the same each run."""
     import tempfile
 
     from tmas.rl.trl_train import gguf_tokenizer
