@@ -628,6 +628,8 @@ def reward_curve(steps_file: Path, window: int = 10) -> dict[str, Any] | None:
         return None
     n = max(1, min(window, len(rows) // 2))
     speeds = [r["rollout/generated_tokens_per_s"] for r in rows if r.get("rollout/generated_tokens_per_s")]
+    filled = "dynamic/groups_trained_without_spread"
+    unspread = [r[filled] for r in rows if filled in r]
     first = sum(r["reward"] for r in rows[:n]) / n
     last = sum(r["reward"] for r in rows[-n:]) / n
     return {
@@ -640,6 +642,8 @@ def reward_curve(steps_file: Path, window: int = 10) -> dict[str, Any] | None:
         "step_s_median": sorted(r["step_s"] for r in rows)[len(rows) // 2],
         "train_s": sum(r["step_s"] for r in rows),
         "generated_tokens_per_s_mean": sum(speeds) / len(speeds) if speeds else None,
+        # Dynamic sampling: groups a step trained although their rewards did not differ (too few others).
+        "trained_without_spread_mean": sum(unspread) / len(unspread) if unspread else None,
     }
 
 
@@ -667,6 +671,11 @@ def report_text(summary: dict[str, Any]) -> str:
             f" {c['step_s_median']:.1f} s (median); rollouts {c['generated_tokens_per_s_mean'] or 0:.0f} generated"
             " tokens per second of generation."
         )
+        if c.get("trained_without_spread_mean") is not None:
+            lines.append(
+                f"Dynamic sampling: {c['trained_without_spread_mean']:.2f} groups a step trained without a spread"
+                " of rewards, on average."
+            )
     if summary.get("pilot"):
         pilot = summary["pilot"]
         lines.append(

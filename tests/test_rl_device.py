@@ -388,6 +388,8 @@ def test_reward_curve_by_hand(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     ]
     rows[0]["rollout/generated_tokens_per_s"] = 3000.0
     rows[1]["rollout/generated_tokens_per_s"] = 5000.0
+    rows[0]["dynamic/groups_trained_without_spread"] = 3.0
+    rows[1]["dynamic/groups_trained_without_spread"] = 0.0
     steps.write_text("".join(json.dumps(r) + "\n" for r in rows))
     curve = device.reward_curve(steps)
     # Last 10 rewards: -0.75 .. -0.30 in steps of 0.05, mean -0.525; the first 10: -1.0; a rise of 0.475.
@@ -397,6 +399,7 @@ def test_reward_curve_by_hand(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert curve["zero_std_mean"] == pytest.approx(0.375)
     assert (curve["step_s_median"], curve["train_s"]) == (7.0, 168.0)
     assert curve["generated_tokens_per_s_mean"] == 4000.0
+    assert curve["trained_without_spread_mean"] == 1.5  # over the steps that logged it
     # A run of 6 steps compares its first 3 with its last 3.
     steps.write_text("".join(json.dumps(r) + "\n" for r in rows[:6]))
     assert device.reward_curve(steps)["window"] == 3
