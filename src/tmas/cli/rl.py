@@ -93,8 +93,24 @@ def train(
         int, typer.Option("--num-generations", help="Rollouts per prompt (A.4: 16).")
     ] = train_default("num_generations"),
     groups_per_step: Annotated[
-        int, typer.Option("--groups-per-step", help="Prompt groups per step and process.")
+        int, typer.Option("--groups-per-step", help="Prompt groups an optimizer step trains on (per process).")
     ] = train_default("groups_per_step"),
+    generate_groups: Annotated[
+        int | None,
+        typer.Option(
+            "--generate-groups",
+            help="Groups generated per step; above --groups-per-step, dynamic sampling (DAPO) drops groups whose"
+            " rollouts all got one reward and trains on --groups-per-step of the others.",
+            min=1,
+        ),
+    ] = train_default("generate_groups"),
+    gradient_accumulation_steps: Annotated[
+        int,
+        typer.Option("--gradient-accumulation-steps", help="Micro-batches a step's groups are split into.", min=1),
+    ] = train_default("gradient_accumulation_steps"),
+    temperature: Annotated[
+        float, typer.Option("--temperature", help="Rollout sampling temperature (A.4 leaves it open).", min=0.01)
+    ] = train_default("temperature"),
     learning_rate: Annotated[float, typer.Option("--learning-rate", help="A.4: 1e-6.")] = train_default(
         "learning_rate"
     ),
@@ -107,6 +123,16 @@ def train(
     use_vllm: Annotated[
         bool | None, typer.Option("--vllm/--no-vllm", help="vLLM generation (default: when installed with CUDA).")
     ] = train_default("use_vllm"),
+    continuous_batching: Annotated[
+        bool,
+        typer.Option(
+            "--continuous-batching/--padded-generate",
+            help="Rollouts by transformers' continuous-batching engine, or by padded generate.",
+        ),
+    ] = train_default("continuous_batching"),
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="The policy's weights: float32 or bfloat16 (a LoRA adapter stays float32).")
+    ] = train_default("dtype"),
     seed: Annotated[int, typer.Option("--seed")] = train_default("seed"),
     lora_rank: Annotated[
         int, typer.Option("--lora-rank", help="Train a LoRA adapter of this rank (peft); 0: every weight.", min=0)
@@ -140,6 +166,8 @@ def train(
     """GRPO on the hybrid rewards with TRL (defaults from the paper's appendix A.4)."""
     if not data.is_file():  # before the slow imports below
         raise InputError(f"{data}: no such data file (build one with 'tmas rl build-data')")
+    if dtype not in ("float32", "bfloat16"):
+        raise InputError(f"--dtype {dtype!r}: expected float32 or bfloat16")
     from tmas.rl.checkpoints import resume_point
 
     start = resume_point(out, resume)
@@ -170,6 +198,11 @@ def train(
         max_steps=max_steps,
         num_generations=num_generations,
         groups_per_step=groups_per_step,
+        generate_groups=generate_groups,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        temperature=temperature,
+        continuous_batching=continuous_batching,
+        dtype="bfloat16" if dtype == "bfloat16" else "float32",
         learning_rate=learning_rate,
         experience_beta=experience_beta,
         max_completion_length=max_completion_length,
@@ -183,6 +216,77 @@ def train(
     final, steps = train_policy(dataset, options, model, judge, resume_from=start)
     typer.echo(f"trained {steps} steps; {'adapter' if lora_rank else 'checkpoint'} {final}")
     typer.echo(f"per-step rewards {out / STEPS_FILE} (curve {out / PLOT_FILE}), per rollout {out / REWARDS_FILE}")
+
+
+@rl_app.command("pilot")
+def pilot(
+    data: Annotated[Path, typer.Argument(help="Parquet from 'tmas rl build-data'.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Parquet of the prompt groups kept (rates beside it).")],
+    model: Annotated[
+        str, typer.Option("--model", help="HF checkpoint dir, GGUF file, embedded model name, or 'tiny'.")
+    ] = "qwen2.5-coder-0.5b",
+    samples: Annotated[
+        int, typer.Option("--samples", help="Rollouts per prompt group (as --num-generations).", min=2)
+    ] = 8,
+    temperatures: Annotated[
+        list[float] | None,
+        typer.Option("--temperature", help="Rollout temperature to try (repeatable; the best is chosen).", min=0.01),
+    ] = None,
+    top_p: Annotated[float, typer.Option("--top-p", min=0.01, max=1.0)] = train_default("top_p"),
+    max_completion_length: Annotated[
+        int, typer.Option("--max-completion-length", help="Tokens per rollout.", min=1)
+    ] = 384,
+    min_rate: Annotated[
+        float, typer.Option("--min-rate", help="Keep groups right at least this often.", min=0, max=1)
+    ] = 0.1,
+    max_rate: Annotated[float, typer.Option("--max-rate", help="... and at most this often.", min=0, max=1)] = 0.9,
+    engine: Annotated[
+        str, typer.Option("--engine", help="continuous (transformers' continuous batching) or padded (generate).")
+    ] = "continuous",
+    dtype: Annotated[str, typer.Option("--dtype", help="float32 or bfloat16.")] = "bfloat16",
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts per padded generate call.", min=1)] = 256,
+    limit_groups: Annotated[
+        int | None, typer.Option("--limit-groups", help="Only the first N prompt groups of DATA.", min=1)
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+) -> None:
+    """Sample every prompt group before training, at each --temperature, and keep the groups the model gets right
+    --min-rate..--max-rate of the time, at the temperature that keeps the most (rates and a card beside OUT)."""
+    if not data.is_file():
+        raise InputError(f"{data}: no such data file (build one with 'tmas rl build-data')")
+    if engine not in ("continuous", "padded") or dtype not in ("float32", "bfloat16"):
+        raise InputError(f"--engine {engine!r} / --dtype {dtype!r}: expected continuous|padded and float32|bfloat16")
+    if min_rate > max_rate:
+        raise InputError(f"--min-rate {min_rate} is above --max-rate {max_rate}")
+    from tmas.rl.hf_generate import GenerationSettings
+    from tmas.rl.pilot import pilot_paths, run_pilot
+
+    settings = GenerationSettings(
+        top_p=top_p,
+        max_new_tokens=max_completion_length,
+        seed=seed,
+        batch_size=batch_size,
+        engine="continuous" if engine == "continuous" else "padded",
+    )
+    report = run_pilot(
+        data,
+        out,
+        model,
+        temperatures=temperatures or [train_default("temperature")],
+        samples=samples,
+        settings=settings,
+        min_rate=min_rate,
+        max_rate=max_rate,
+        dtype=dtype,
+        limit_groups=limit_groups,
+    )
+    for s in report.temperatures:
+        typer.echo(
+            f"temperature {s.temperature:g}: right {s.right_rate:.1%} of {s.rollouts} rollouts, {s.groups_in_band} of"
+            f" {s.groups} groups in band, {s.groups_with_spread} with a spread"
+        )
+    typer.echo(f"chosen temperature {report.chosen_temperature:g}; kept {report.kept_rows} of {report.rows} rows")
+    typer.echo(f"wrote {out} (rates {pilot_paths(out)['rates']}, card {pilot_paths(out)['card']})")
 
 
 @rl_app.command("export-gguf")

@@ -1,15 +1,17 @@
 """Batched chat completions in-process with transformers, where no inference server runs (a CUDA machine without
 llama.cpp or vLLM, a CPU rehearsal): the before/after evaluation and the in-process guideline judge use it.
 
-Prompts are rendered with the tokenizer's chat template and padded on the left, so every row of a batch continues
-its own prompt. A completion is ``cut`` when it reached ``max_new_tokens`` without an end token: the same notion as
-a server's ``finish_reason == "length"``.
+Prompts are rendered with the tokenizer's chat template. Two engines: ``padded`` pads a batch on the left and runs
+``generate`` (every row continues its own prompt; a batch runs until its longest row ends), ``continuous`` hands
+every prompt to transformers' continuous-batching engine (``generate_batch``: paged cache, a finished row's place
+taken by the next prompt). A completion is ``cut`` when it reached ``max_new_tokens`` without an end token: the same
+notion as a server's ``finish_reason == "length"``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -20,9 +22,11 @@ class GenerationSettings(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(default=640, ge=1)
     # Batch b is sampled after torch.manual_seed(seed + b): two models given the same prompts, settings and seed
-    # draw from the same random streams.
+    # draw from the same random streams (padded engine; the continuous one seeds once, and which row draws which
+    # number depends on the scheduling).
     seed: int = 0
     batch_size: int = Field(default=64, ge=1)
+    engine: Literal["padded", "continuous"] = "padded"
 
     @property
     def greedy(self) -> bool:
@@ -55,48 +59,111 @@ def generate(
     model: Any, tokenizer: Any, conversations: Sequence[Sequence[dict[str, str]]], settings: GenerationSettings
 ) -> list[Completion]:
     """One completion per conversation, in order."""
+    stops = stop_ids(model, tokenizer)
+    texts = [render(tokenizer, c) for c in conversations]
+    if settings.engine == "continuous":
+        rows = generate_continuous(model, tokenizer, texts, settings, stops)
+    else:
+        rows = generate_padded(model, tokenizer, texts, settings, stops)
+    return [completion(tokenizer, row, stops, settings.max_new_tokens) for row in rows]
+
+
+def completion(tokenizer: Any, row: Sequence[int], stops: Sequence[int], max_new_tokens: int) -> Completion:
+    """A completion's text up to its first end token (counted in its tokens, not in its text)."""
+    end = next((i for i, token in enumerate(row) if token in stops), None)
+    body = list(row if end is None else row[:end])
+    return Completion(
+        text=tokenizer.decode(body, skip_special_tokens=True),
+        tokens=len(body) + (end is not None),
+        cut=end is None and len(row) >= max_new_tokens,
+    )
+
+
+def sampling_kwargs(settings: GenerationSettings) -> dict[str, Any]:
+    # top_k 0: no top-k cut, only top_p (a model's generation config may name one of its own).
+    if settings.greedy:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p, "top_k": 0}
+
+
+def generate_padded(
+    model: Any, tokenizer: Any, texts: Sequence[str], settings: GenerationSettings, stops: Sequence[int]
+) -> list[list[int]]:
     import torch
 
-    stops = stop_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
-    texts = [render(tokenizer, c) for c in conversations]
     device = next(model.parameters()).device
-    previous_side = tokenizer.padding_side
+    previous_side, previous_pad = tokenizer.padding_side, tokenizer.pad_token
     tokenizer.padding_side = "left"
-    out: list[Completion] = []
+    # A tokenizer without a pad token (SmolLM2's from its GGUF) pads with the end token, as TRL does.
+    tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad)
+    rows: list[list[int]] = []
     try:
         for b, start in enumerate(range(0, len(texts), settings.batch_size)):
             batch = tokenizer(
-                texts[start : start + settings.batch_size],
+                list(texts[start : start + settings.batch_size]),
                 return_tensors="pt",
                 padding=True,
                 add_special_tokens=False,
             ).to(device)
             torch.manual_seed(settings.seed + b)
-            sampling: dict[str, Any] = (
-                {"do_sample": False}
-                if settings.greedy
-                else {"do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p, "top_k": 0}
-            )
             with torch.inference_mode():
                 generated = model.generate(
                     **batch,
                     max_new_tokens=settings.max_new_tokens,
-                    eos_token_id=stops,
+                    eos_token_id=list(stops),
                     pad_token_id=pad,
-                    **sampling,
+                    **sampling_kwargs(settings),
                 )
             width = batch["input_ids"].shape[1]
-            for row in generated[:, width:].tolist():
-                end = next((i for i, token in enumerate(row) if token in stops), None)
-                body = row if end is None else row[:end]
-                out.append(
-                    Completion(
-                        text=tokenizer.decode(body, skip_special_tokens=True),
-                        tokens=len(body) + (end is not None),
-                        cut=end is None and len(row) >= settings.max_new_tokens,
-                    )
-                )
+            rows.extend(generated[:, width:].tolist())
     finally:
         tokenizer.padding_side = previous_side
-    return out
+        if previous_pad is None:
+            tokenizer.pad_token = None
+    return rows
+
+
+# On a CPU the engine sizes its paged cache from the machine's memory (half of it under TRL) and allocates and
+# clears it on every call, which took 15-30 s a call for a two-layer model on a 24 GiB machine; a rehearsal's
+# prompts fit in a few hundred MB. On a GPU the engine's own sizing is kept.
+CPU_CACHE_MEMORY_SHARE = 0.02
+
+
+def continuous_batching_options(cuda: bool) -> dict[str, Any]:
+    """``ContinuousBatchingConfig`` fields for this device (none on a GPU)."""
+    return {} if cuda else {"max_memory_percent": CPU_CACHE_MEMORY_SHARE}
+
+
+def generate_continuous(
+    model: Any, tokenizer: Any, texts: Sequence[str], settings: GenerationSettings, stops: Sequence[int]
+) -> list[list[int]]:
+    """Every prompt through transformers' continuous-batching engine at once (it schedules them itself)."""
+    import torch
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
+    config = GenerationConfig(  # type: ignore[no-untyped-call]
+        max_new_tokens=settings.max_new_tokens, eos_token_id=list(stops), pad_token_id=pad, **sampling_kwargs(settings)
+    )
+    torch.manual_seed(settings.seed)
+    # no_grad, not inference_mode: the engine's thread updates in place tensors this thread made.
+    with torch.no_grad():
+        outputs = model.generate_batch(
+            inputs=ids,
+            generation_config=config,
+            continuous_batching_config=ContinuousBatchingConfig(
+                **continuous_batching_options(torch.cuda.is_available())
+            ),
+            progress_bar=False,
+        )
+    # The engine logs a failed or missing request and returns the others: a missing completion is an error here.
+    results = list(outputs.values())
+    failed = [r for r in results if r.error is not None]
+    if len(results) != len(ids) or failed:
+        first = failed[0].error if failed else "no result"
+        done = len(results) - len(failed)
+        raise RuntimeError(f"continuous batching returned {done} completions of {len(ids)} (first error: {first})")
+    return [list(r.generated_tokens) for r in results]

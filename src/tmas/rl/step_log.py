@@ -5,7 +5,9 @@ accuracy; for ``experience`` also the Base and Bank accuracies, p_base (eq. 7, a
 the bonus eq. 8 paid per Bank rollout; for ``guideline`` the share the judge found novel (eq. 9). From TRL: the mean
 and spread of the rewards (eq. 6 divides by that spread; ``frac_reward_zero_std`` is the share of groups whose
 rollouts all got one reward, so no advantage), the loss, the completion lengths, and tokens (prompt + completion)
-per second of the step. A resumed run first drops the lines past its checkpoint, so every step appears once.
+per second of the step; from the trainer, the rollouts' generation time and generated tokens per second of it
+(``rollout/*``), and what dynamic sampling did (``dynamic/*``). A resumed run first drops the lines past its
+checkpoint, so every step appears once.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ TRL_KEYS = (
     "entropy",
     "num_tokens",
 )
+# Families of the trainer's own figures copied whole: the rollouts' generation (time, generated tokens per second
+# of it) and dynamic sampling (groups generated, with a spread of rewards, trained without one).
+TRAINER_PREFIXES = ("rollout/", "dynamic/")
 
 Row = dict[str, Any]
 
@@ -120,6 +125,7 @@ class StepLog(TrainerCallback):
         row["elapsed_s"] = round(now - self._started, 3)
         row["tokens_per_s"] = round((tokens - self._tokens) / max(now - self._clock, 1e-9), 2)
         row.update({k: logs[k] for k in TRL_KEYS if k in logs})
+        row.update({k: v for k, v in logs.items() if k.startswith(TRAINER_PREFIXES)})
         row.update(reward_components(self.reward.drain()))
         self._clock, self._tokens = now, tokens
         with self.path.open("a", encoding="utf-8") as fh:

@@ -6,10 +6,11 @@ Kept apart from :mod:`tmas.rl.trl_train` so that reading them imports neither to
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
+from tmas.errors import ConfigError
 from tmas.rl.rewards import DEFAULT_BETA
 
 
@@ -28,8 +29,17 @@ class TrainOptions(BaseModel):
     max_steps: int = Field(default=190, ge=1)
     # Prompt groups per optimizer step, per process (A.4: 128 prompts over all GPUs).
     groups_per_step: int = Field(default=1, ge=1)
+    # Groups generated per step; more than groups_per_step turns on dynamic sampling (DAPO): groups whose rollouts
+    # all got one reward are dropped and the step trains on groups_per_step of the others. None: groups_per_step.
+    generate_groups: int | None = Field(default=None, ge=1)
+    # Micro-batches an optimizer step's groups are split into (each a forward and backward pass).
     gradient_accumulation_steps: int = Field(default=1, ge=1)
     use_vllm: bool | None = None
+    # transformers' continuous-batching engine for the rollouts (TRL's use_transformers_continuous_batching) rather
+    # than padded generate.
+    continuous_batching: bool = False
+    # The policy's weights as loaded; a LoRA adapter's own weights stay float32 (peft keeps them so).
+    dtype: Literal["float32", "bfloat16"] = "float32"
     # A checkpoint every this many steps (the last two are kept): what --resume continues from.
     save_steps: int = Field(default=5, ge=1)
     # Training stops after the step that passes this many seconds (counted from its first step) and writes OUT/final
@@ -41,6 +51,27 @@ class TrainOptions(BaseModel):
     lora_rank: int = Field(default=0, ge=0)
     # LoRA's scale numerator; None: twice the rank.
     lora_alpha: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _batches_divide(self) -> TrainOptions:
+        generated, accumulation = self.generated_groups, self.gradient_accumulation_steps
+        if generated < self.groups_per_step:
+            raise ConfigError(f"--generate-groups {generated} is below --groups-per-step {self.groups_per_step}")
+        for groups in {generated, self.groups_per_step}:
+            if (groups * self.num_generations) % accumulation:
+                raise ConfigError(
+                    f"{groups} groups x {self.num_generations} rollouts do not split into {accumulation} equal "
+                    "micro-batches (--gradient-accumulation-steps)"
+                )
+        return self
+
+    @property
+    def generated_groups(self) -> int:
+        return self.generate_groups or self.groups_per_step
+
+    @property
+    def dynamic_sampling(self) -> bool:
+        return self.generated_groups > self.groups_per_step
 
 
 def train_default(name: str) -> Any:

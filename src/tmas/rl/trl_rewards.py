@@ -64,6 +64,12 @@ class HybridReward:
                     fh.write(json.dumps({"step": step, **b.model_dump(mode="json")}, ensure_ascii=False) + "\n")
         return scored
 
+    def last_scored(self) -> list[RewardBreakdown]:
+        """The last batch scored, in the batch's order (what the reward functions returned for it)."""
+        if self._last is None:
+            raise RuntimeError("no batch scored yet")
+        return self._last[1]
+
     def drain(self) -> list[RewardBreakdown]:
         """The rollouts scored since the last call."""
         pending, self._pending = self._pending, []

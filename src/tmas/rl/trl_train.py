@@ -27,6 +27,8 @@ from tmas.errors import ConfigError, InputError
 from tmas.llm.weights import resolve_model
 from tmas.rl.checkpoints import checkpoint_step
 from tmas.rl.data import COLUMNS
+from tmas.rl.dynamic_sampling import choose_groups, group_rows, groups_with_spread, keep_rows
+from tmas.rl.hf_generate import continuous_batching_options
 from tmas.rl.plot import plot_steps
 from tmas.rl.sampler import PromptGroupSampler, prompt_groups
 from tmas.rl.scoring import NoveltyJudge
@@ -50,15 +52,19 @@ def vllm_available() -> bool:
 
 
 def grpo_config(options: TrainOptions) -> GRPOConfig:
+    """TRL's configuration. A step generates ``generated_groups`` groups in one batch (TRL's generation batch:
+    ``per_device_train_batch_size * steps_per_generation`` rows, ``steps_per_generation`` defaulting to the
+    accumulation steps) and trains on ``groups_per_step`` of them, split into the accumulation's micro-batches."""
     import torch
 
     cuda = torch.cuda.is_available()
     use_vllm = vllm_available() if options.use_vllm is None else options.use_vllm
+    accumulation = options.gradient_accumulation_steps
     return GRPOConfig(
         output_dir=str(options.output_dir),
         num_generations=options.num_generations,
-        per_device_train_batch_size=options.groups_per_step * options.num_generations,
-        gradient_accumulation_steps=options.gradient_accumulation_steps,
+        per_device_train_batch_size=options.generated_groups * options.num_generations // accumulation,
+        gradient_accumulation_steps=accumulation,
         learning_rate=options.learning_rate,
         epsilon=options.epsilon,
         epsilon_high=options.epsilon_high,
@@ -74,19 +80,44 @@ def grpo_config(options: TrainOptions) -> GRPOConfig:
         # Colocated only: TRL's server mode generates for every num_generations-th prompt alone (it assumes a
         # group repeats one prompt), which would give an experience group's Bank rollouts the Base prompt.
         vllm_mode="colocate",
+        use_transformers_continuous_batching=options.continuous_batching and not use_vllm,
+        transformers_continuous_batching_config=continuous_batching_options(cuda) or None,
         logging_steps=1,
         save_steps=options.save_steps,
         # --resume needs only the last one; the one before survives a kill during a save.
         save_total_limit=2,
         seed=options.seed,
         use_cpu=not cuda,
-        bf16=cuda,
+        bf16=mixed_precision(options, cuda),
         report_to=[],
     )
 
 
+def mixed_precision(options: TrainOptions, cuda: bool) -> bool:
+    """Autocast to bfloat16 (weights kept float32) on a GPU, for a float32 policy generating with padded generate
+    as before. Off for a bfloat16 policy, and with continuous batching: TRL's engine path casts the whole model,
+    a LoRA adapter's float32 weights included, to bfloat16 before each generation when this is on, and the adapter
+    would then train in bfloat16. There the policy generates in its own ``dtype``."""
+    return cuda and options.dtype == "float32" and not options.continuous_batching
+
+
 class TMASGRPOTrainer(GRPOTrainer):
-    """TRL's GRPO trainer with the prompt-group sampler (see :mod:`tmas.rl.sampler`)."""
+    """TRL's GRPO trainer with the prompt-group sampler (see :mod:`tmas.rl.sampler`), the rollouts' generation
+    timed (``rollout/*`` in the step's log) and, where more groups are generated than trained, dynamic sampling
+    (see :mod:`tmas.rl.dynamic_sampling`; ``dynamic/*`` in the step's log)."""
+
+    def __init__(self, *args: Any, hybrid_reward: HybridReward, train_groups: int | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.hybrid_reward = hybrid_reward
+        # Groups a step trains on; None: every group generated.
+        self.train_groups = train_groups
+        # The groups (extra_info.group) the last step trained on.
+        self.last_trained_groups: list[str] = []
+        if train_groups is not None and self.accelerator.num_processes > 1:
+            raise ConfigError("dynamic sampling (--generate-groups) runs in one process only")
+
+    def training_mode(self) -> bool:
+        return bool(getattr(self.model, "training", False))
 
     def _get_train_sampler(self, dataset: Any = None) -> Any:
         dataset = self.train_dataset if dataset is None else dataset
@@ -100,6 +131,33 @@ class TMASGRPOTrainer(GRPOTrainer):
             shuffle=bool(self.shuffle_dataset),
             seed=args.seed,
         )
+
+    def _generate_single_turn(self, *args: Any, **kwargs: Any) -> Any:
+        started = time.monotonic()
+        completion_ids, logprobs = super()._generate_single_turn(*args, **kwargs)  # type: ignore[no-untyped-call]
+        seconds = max(time.monotonic() - started, 1e-9)
+        tokens = sum(len(ids) for ids in completion_ids)
+        mode = "train" if self.training_mode() else "eval"
+        self._metrics[mode]["rollout/generate_s"].append(seconds)
+        self._metrics[mode]["rollout/generated_tokens_per_s"].append(tokens / seconds)
+        return completion_ids, logprobs
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = super()._generate_and_score_completions(inputs)
+        n = int(self.num_generations or 1)
+        groups = [str(x["extra_info"]["group"]) for x in inputs[::n]]
+        if self.train_groups is None or not self.training_mode():
+            self.last_trained_groups = groups
+            return batch
+        rewards = [b.reward for b in self.hybrid_reward.last_scored()]
+        spread = groups_with_spread(rewards, n)
+        chosen = choose_groups(spread, self.train_groups)
+        metrics = self._metrics["train"]
+        metrics["dynamic/groups_generated"].append(float(len(spread)))
+        metrics["dynamic/groups_with_spread"].append(float(sum(spread)))
+        metrics["dynamic/groups_trained_without_spread"].append(float(sum(not spread[g] for g in chosen)))
+        self.last_trained_groups = [groups[g] for g in chosen]
+        return keep_rows(batch, group_rows(chosen, n), len(inputs))
 
 
 class TimeLimit(TrainerCallback):
@@ -154,6 +212,13 @@ def build_trainer(
 ) -> TMASGRPOTrainer:
     config = grpo_config(options)
     check_group_alignment(config)
+    groups = len(prompt_groups(dataset["extra_info"]))
+    if groups < options.generated_groups:
+        # The sampler yields whole generation batches only: none would ever be filled.
+        raise ConfigError(
+            f"the data has {groups} prompt groups, fewer than the {options.generated_groups} a step generates"
+            " (--generate-groups, else --groups-per-step)"
+        )
     return TMASGRPOTrainer(
         model=model,
         reward_funcs=list[Any](reward.functions()),
@@ -161,6 +226,8 @@ def build_trainer(
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=lora_config(options),
+        hybrid_reward=reward,
+        train_groups=options.groups_per_step if options.dynamic_sampling else None,
     )
 
 
@@ -176,20 +243,25 @@ def load_dataset(path: Path) -> Any:
     return data
 
 
-def load_policy(spec: str, dataset: Any = None) -> tuple[Any, Any]:
+def load_policy(
+    spec: str, dataset: Any = None, dtype: str = "float32", tokenizer_dir: Path | None = None
+) -> tuple[Any, Any]:
     """The model to train and its tokenizer: ``tiny`` (from a config, for smoke runs), a Hugging Face checkpoint
-    directory, or a GGUF file / embedded model name (dequantised by transformers, which needs ``gguf``)."""
+    directory, or a GGUF file / embedded model name (dequantised by transformers, which needs ``gguf``), with its
+    weights in ``dtype``. ``tokenizer_dir`` is a tokenizer saved from this GGUF before (converting the GGUF's own
+    takes a minute or more): it is read instead."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    weights = getattr(torch, dtype)
     if spec == "tiny":
         texts = [m["content"] for row in (dataset or []) for m in row["prompt"]]
         texts += [str(row["reward_model"]["ground_truth"]) for row in (dataset or [])]
         tokenizer = tiny_tokenizer([*texts, "\\boxed{", "}"])
-        return tiny_model(len(tokenizer)), tokenizer
+        return tiny_model(len(tokenizer)).to(weights), tokenizer
     path = Path(spec).expanduser()
     if path.is_dir():
-        return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
-    import torch
+        return AutoModelForCausalLM.from_pretrained(path, dtype=weights), AutoTokenizer.from_pretrained(path)
     from transformers import GgufConfig
 
     gguf = resolve_model(spec)
@@ -202,13 +274,24 @@ def load_policy(spec: str, dataset: Any = None) -> tuple[Any, Any]:
     # it, since nothing is left quantized.
     if getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer.remove_quantization_config(model)
+    model = model.to(weights)
+    if tokenizer_dir is not None:
+        return model, AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer = gguf_tokenizer(gguf)
+    return model, tokenizer
+
+
+def gguf_tokenizer(gguf: Path) -> Any:
+    """The tokenizer of a GGUF file, converted by transformers, ending text where the file's chat model does."""
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # The tokenizer read from a GGUF may end text where the file's chat model does not (Qwen2.5 instruct:
     # <|endoftext|>, not <|im_end|>); TRL stops generating and masks completions at the tokenizer's end.
     eos = gguf_eos_id(gguf)
     if eos is not None and tokenizer.eos_token_id != eos:
         tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
-    return model, tokenizer
+    return tokenizer
 
 
 def gguf_eos_id(path: Path) -> int | None:
@@ -246,7 +329,7 @@ def train_policy(
     out.mkdir(parents=True, exist_ok=True)
     # Steps after the checkpoint are trained again; without one (a run stopped before its first), all of them.
     trim_logs(out, checkpoint_step(resume_from) if resume_from is not None else 0)
-    policy, tokenizer = load_policy(model_spec, dataset)
+    policy, tokenizer = load_policy(model_spec, dataset, options.dtype)
     if options.lora_rank:
         record_base(out, model_spec, policy, tokenizer)
     reward = reward_for(options, judge, out / REWARDS_FILE)

@@ -1,0 +1,268 @@
+"""Pilot rollouts: how often the model about to be trained gets each training prompt group right, before training.
+
+A GRPO group whose rollouts are all right or all wrong has no advantage (eq. 6) and trains nothing. The pilot
+samples every prompt group of the training data ``samples`` times, as training will (an experience group's Base
+and Bank rows half the samples each, :mod:`tmas.rl.sampler`), at each temperature asked, grades each rollout as the
+rewards do (:func:`tmas.rl.scoring.is_correct`), and keeps the groups right in ``min_rate`` .. ``max_rate`` of their
+rollouts (both included) at the temperature that keeps the most of them: a sweep of the rollout temperature and a
+difficulty filter in one measurement. It grades correctness only: a guideline rollout's novelty (eq. 9), which the
+judge decides during training, is not asked here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from tmas.rl.hf_generate import Completion, GenerationSettings
+from tmas.rl.sampler import PromptGroupSampler, prompt_groups
+from tmas.rl.scoring import is_correct
+
+Conversation = Sequence[dict[str, str]]
+Generate = Callable[[Sequence[Conversation], GenerationSettings], list[Completion]]
+
+
+class GroupRate(BaseModel):
+    """One prompt group's pilot rollouts at one temperature."""
+
+    group: str
+    task: str
+    problem_id: str | None
+    temperature: float
+    samples: int
+    right: int
+    cut: int
+
+    @property
+    def rate(self) -> float:
+        return self.right / self.samples
+
+
+class TemperatureSummary(BaseModel):
+    temperature: float
+    groups: int
+    rollouts: int
+    # Share of all rollouts right, and cut at the token limit.
+    right_rate: float
+    cut_rate: float
+    # Groups with right and wrong rollouts both (they carry a gradient at this group size).
+    groups_with_spread: int
+    # Groups right in min_rate .. max_rate of their rollouts (kept at this temperature).
+    groups_in_band: int
+
+
+class PilotReport(BaseModel):
+    model: str
+    data: str
+    samples: int
+    max_new_tokens: int
+    top_p: float
+    min_rate: float
+    max_rate: float
+    temperatures: list[TemperatureSummary]
+    chosen_temperature: float
+    reason: str
+    kept_groups: int
+    kept_rows: int
+    rows: int
+
+
+def expanded_rows(extra_info: Sequence[dict[str, Any]], samples: int) -> tuple[list[list[int]], list[int]]:
+    """The prompt groups (row indices) and, per pilot rollout, the row it samples: each group ``samples`` times as
+    the training sampler expands it."""
+    groups = prompt_groups(extra_info)
+    sampler = PromptGroupSampler(groups, num_generations=samples, shuffle=False)
+    return groups, [row for group in groups for row in sampler.expand(group)]
+
+
+def measure(
+    generate: Generate,
+    rows: Sequence[dict[str, Any]],
+    temperatures: Sequence[float],
+    samples: int,
+    settings: GenerationSettings,
+) -> list[GroupRate]:
+    """Every group sampled ``samples`` times at each temperature (``settings`` gives the rest of the sampling)."""
+    if samples < 2:
+        raise ValueError("a group needs at least two pilot rollouts to show a spread")
+    groups, order = expanded_rows([r["extra_info"] for r in rows], samples)
+    conversations = [rows[i]["prompt"] for i in order]
+    out: list[GroupRate] = []
+    for temperature in temperatures:
+        completions = generate(conversations, settings.model_copy(update={"temperature": temperature}))
+        for g, group in enumerate(groups):
+            first = rows[group[0]]
+            right = cut = 0
+            for k in range(g * samples, (g + 1) * samples):
+                row = rows[order[k]]
+                right += is_correct(
+                    completions[k].text,
+                    str(row["reward_model"]["ground_truth"]),
+                    question=str(row["extra_info"].get("question") or ""),
+                )
+                cut += completions[k].cut
+            out.append(
+                GroupRate(
+                    group=str(first["extra_info"]["group"]),
+                    task=str(first["extra_info"]["task"]),
+                    problem_id=first["extra_info"].get("problem_id"),
+                    temperature=temperature,
+                    samples=samples,
+                    right=right,
+                    cut=cut,
+                )
+            )
+    return out
+
+
+def in_band(rate: GroupRate, min_rate: float, max_rate: float) -> bool:
+    return min_rate <= rate.rate <= max_rate
+
+
+def summarize(rates: Sequence[GroupRate], min_rate: float, max_rate: float) -> list[TemperatureSummary]:
+    out = []
+    for temperature in sorted({r.temperature for r in rates}):
+        mine = [r for r in rates if r.temperature == temperature]
+        rollouts = sum(r.samples for r in mine)
+        out.append(
+            TemperatureSummary(
+                temperature=temperature,
+                groups=len(mine),
+                rollouts=rollouts,
+                right_rate=sum(r.right for r in mine) / rollouts,
+                cut_rate=sum(r.cut for r in mine) / rollouts,
+                groups_with_spread=sum(0 < r.right < r.samples for r in mine),
+                groups_in_band=sum(in_band(r, min_rate, max_rate) for r in mine),
+            )
+        )
+    return out
+
+
+def choose_temperature(summaries: Sequence[TemperatureSummary]) -> tuple[float, str]:
+    """The temperature keeping the most groups in the band; a tie goes to more groups with a spread, then to the
+    lower temperature (fewer incoherent rollouts)."""
+    if not summaries:
+        raise ValueError("no temperature measured")
+    best = max(summaries, key=lambda s: (s.groups_in_band, s.groups_with_spread, -s.temperature))
+    reason = (
+        f"{best.groups_in_band} of {best.groups} groups in the band and {best.groups_with_spread} with a spread of"
+        f" outcomes at temperature {best.temperature:g} (right {best.right_rate:.1%} of {best.rollouts} rollouts),"
+        " the most of the temperatures tried"
+    )
+    return best.temperature, reason
+
+
+def kept_groups(rates: Sequence[GroupRate], temperature: float, min_rate: float, max_rate: float) -> set[str]:
+    return {r.group for r in rates if r.temperature == temperature and in_band(r, min_rate, max_rate)}
+
+
+def card(report: PilotReport) -> str:
+    lines = [
+        "# Pilot rollouts",
+        "",
+        f"Model `{report.model}` on `{report.data}`: every prompt group sampled {report.samples} times per"
+        f" temperature (top_p {report.top_p:g}, at most {report.max_new_tokens} tokens), each rollout graded as the"
+        " rewards grade it (correctness only).",
+        "",
+        "| temperature | groups | rollouts right | cut | groups with a spread | groups in band |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for s in report.temperatures:
+        lines.append(
+            f"| {s.temperature:g} | {s.groups} | {s.right_rate:.1%} | {s.cut_rate:.1%} | {s.groups_with_spread} |"
+            f" {s.groups_in_band} |"
+        )
+    lines += [
+        "",
+        f"Band: right in {report.min_rate:.0%} to {report.max_rate:.0%} of a group's rollouts (both included).",
+        f"Chosen temperature: {report.chosen_temperature:g}: {report.reason}.",
+        f"Kept: {report.kept_groups} groups, {report.kept_rows} of {report.rows} rows.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def pilot_paths(out: Path) -> dict[str, Path]:
+    """Beside the kept rows' parquet: the per-group rates, the report and its card."""
+    stem = out.with_suffix("")
+    return {
+        "rates": stem.with_name(stem.name + ".pilot.jsonl"),
+        "report": stem.with_name(stem.name + ".pilot.json"),
+        "card": stem.with_name(stem.name + ".pilot.md"),
+    }
+
+
+def run_pilot(
+    data: Path,
+    out: Path,
+    model_spec: str,
+    *,
+    temperatures: Sequence[float],
+    samples: int,
+    settings: GenerationSettings,
+    min_rate: float,
+    max_rate: float,
+    dtype: str = "float32",
+    limit_groups: int | None = None,
+    generate: Generate | None = None,
+) -> PilotReport:
+    """Measure, write the rates, the report and its card beside ``out``, then the kept rows to ``out`` (a parquet
+    in the training data's schema). ``generate`` defaults to ``model_spec`` loaded in-process with transformers
+    (on the GPU when there is one)."""
+    from tmas.errors import ConfigError
+    from tmas.rl.data import write_parquet
+    from tmas.rl.trl_train import load_dataset
+
+    dataset = load_dataset(data)
+    rows = dataset.to_list()
+    if limit_groups is not None:
+        groups = prompt_groups([r["extra_info"] for r in rows])[:limit_groups]
+        rows = [rows[i] for group in groups for i in group]
+    if generate is None:
+        generate = in_process_generator(model_spec, dtype, dataset)
+    rates = measure(generate, rows, temperatures, samples, settings)
+    paths = pilot_paths(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    paths["rates"].write_text("".join(r.model_dump_json() + "\n" for r in rates), encoding="utf-8")
+    summaries = summarize(rates, min_rate, max_rate)
+    temperature, reason = choose_temperature(summaries)
+    keep = kept_groups(rates, temperature, min_rate, max_rate)
+    kept = [r for r in rows if str(r["extra_info"]["group"]) in keep]
+    report = PilotReport(
+        model=model_spec,
+        data=str(data),
+        samples=samples,
+        max_new_tokens=settings.max_new_tokens,
+        top_p=settings.top_p,
+        min_rate=min_rate,
+        max_rate=max_rate,
+        temperatures=summaries,
+        chosen_temperature=temperature,
+        reason=reason,
+        kept_groups=len(keep),
+        kept_rows=len(kept),
+        rows=len(rows),
+    )
+    paths["report"].write_text(report.model_dump_json(indent=1) + "\n", encoding="utf-8")
+    paths["card"].write_text(card(report), encoding="utf-8")
+    if not kept:
+        raise ConfigError(
+            f"no prompt group was right in {min_rate:.0%}-{max_rate:.0%} of its rollouts at any temperature tried:"
+            f" nothing to train on (rates in {paths['rates']})"
+        )
+    write_parquet(kept, out)
+    return report
+
+
+def in_process_generator(model_spec: str, dtype: str, dataset: Any = None) -> Generate:
+    """``model_spec`` as training loads it (``dataset`` gives ``tiny`` its vocabulary)."""
+    import torch
+
+    from tmas.rl.hf_generate import generate
+    from tmas.rl.trl_train import load_policy
+
+    model, tokenizer = load_policy(model_spec, dataset, dtype)
+    model = model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
+    return lambda conversations, settings: generate(model, tokenizer, conversations, settings)

@@ -1,0 +1,66 @@
+"""In-process generation engines (``tmas.rl.hf_generate``): transformers' continuous batching gives padded
+``generate``'s greedy completions on a real model, and the rollout-speed benchmark runs both engines on the same
+prompts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmark_scripts import load_benchmark
+from test_rl_train import row
+
+
+@pytest.mark.slow
+def test_continuous_batching_gives_the_padded_greedy_completions() -> None:
+    pytest.importorskip("gguf")
+    from tmas.llm.weights import resolve_model
+    from tmas.rl.hf_generate import GenerationSettings, generate
+    from tmas.rl.trl_train import load_policy
+
+    try:
+        resolve_model("smollm2-135m")
+    except Exception as exc:  # the embedded weights are a package of their own
+        pytest.skip(f"SmolLM2-135M not installed: {exc}")
+    # SmolLM2-135M-Instruct read from its GGUF, float32; prompts of different lengths, so padded generate pads.
+    model, tokenizer = load_policy("smollm2-135m")
+    questions = [f"What is {7 * i} plus {13 * i}? Put the answer in \\boxed{{}}." + " Be brief." * i for i in range(6)]
+    conversations = [[{"role": "user", "content": q}] for q in questions]
+    settings = GenerationSettings(max_new_tokens=24, batch_size=6)
+    padded = generate(model, tokenizer, conversations, settings)
+    continuous = generate(model, tokenizer, conversations, settings.model_copy(update={"engine": "continuous"}))
+    assert [c.text for c in continuous] == [c.text for c in padded]
+    assert [(c.tokens, c.cut) for c in continuous] == [(c.tokens, c.cut) for c in padded]
+    assert any(not c.cut for c in padded) and any(c.text for c in padded)  # some ended, and said something
+
+
+@pytest.mark.slow
+def test_rollout_speed_benchmark_runs_both_engines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("peft")
+    from tmas.rl.data import write_parquet
+
+    bench = load_benchmark("rl_rollout_speed", monkeypatch)
+    data = tmp_path / "train.parquet"
+    write_parquet([row("normal", "p1"), row("experience", "p2", "base"), row("experience", "p2", "bank")], data)
+    out = tmp_path / "speed.json"
+    args = ["--model", "tiny", "--data", str(data), "--groups", "2", "--num-generations", "2"]
+    args += ["--max-new-tokens", "4", "--temperature", "0", "--dtype", "float32"]
+    args += ["--lora-rank", "0", "--lora-rank", "2"]
+    bench.main([*args, "--out", str(out)])
+    report = json.loads(out.read_text())
+    rows = report["rows"]
+    assert [(r["engine"], r["lora_rank"]) for r in rows] == [
+        ("padded", 0),
+        ("continuous", 0),
+        ("padded", 2),
+        ("continuous", 2),
+    ]
+    # Two groups of two rollouts each; greedy, so both engines generate the same tokens.
+    assert {r["sequences"] for r in rows} == {4}
+    assert rows[0]["generated_tokens"] == rows[1]["generated_tokens"] > 0
+    assert all(r["generated_tokens_per_s"] > 0 for r in rows)
+    assert report["settings"]["groups"] == 2 and report["device"] == "cpu"
+    with pytest.raises(SystemExit, match="fewer than --groups 3"):
+        bench.main([*args[:4], "--groups", "3", "--dtype", "float32"])

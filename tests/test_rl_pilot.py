@@ -1,0 +1,150 @@
+"""Pilot rollouts before GRPO (``tmas rl pilot``): each prompt group's right rate per temperature, the temperature
+that keeps the most groups right 10-90 % of the time, and the kept rows, worked by hand on scripted completions;
+then the command end to end with a tiny model built from a config."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from test_rl_train import row
+from tmas.rl.hf_generate import Completion, GenerationSettings
+from tmas.rl.pilot import (
+    GroupRate,
+    TemperatureSummary,
+    choose_temperature,
+    kept_groups,
+    measure,
+    summarize,
+)
+
+
+def with_answer(base: dict[str, Any], pid: str, gold: str) -> dict[str, Any]:
+    """A build-data row of problem ``pid`` whose reference answer is ``gold`` (the question names it, so the
+    scripted model below can tell the rows apart)."""
+    out = json.loads(json.dumps(base))
+    out["reward_model"]["ground_truth"] = gold
+    out["extra_info"]["question"] = f"problem {pid}"
+    for message in out["prompt"]:
+        message["content"] = f"[{pid}] " + message["content"]
+    return out
+
+
+class ScriptedRollouts:
+    """A generator answering each problem from a script: per (problem, temperature), the answers of its rollouts in
+    order. The Base half of an experience group is asked first, then the Bank half, as training samples them."""
+
+    def __init__(self, script: dict[tuple[str, float], list[str]]) -> None:
+        self.script = script
+        self.calls: list[tuple[int, float]] = []
+
+    def __call__(self, conversations: Sequence[Sequence[dict[str, str]]], settings: GenerationSettings) -> list[Any]:
+        self.calls.append((len(conversations), settings.temperature))
+        asked: dict[str, int] = defaultdict(int)
+        out = []
+        for conversation in conversations:
+            pid = conversation[-1]["content"].split("]")[0].lstrip("[")
+            answer = self.script[(pid, settings.temperature)][asked[pid]]
+            asked[pid] += 1
+            out.append(Completion(text=f"so \\boxed{{{answer}}}", tokens=5, cut=False))
+        return out
+
+
+def test_rates_per_temperature_and_the_temperature_that_keeps_most_groups() -> None:
+    rows = [
+        with_answer(row("normal", "A"), "A", "4"),
+        with_answer(row("experience", "B", "base"), "B", "6"),
+        with_answer(row("experience", "B", "bank"), "B", "6"),
+        with_answer(row("normal", "C"), "C", "9"),
+    ]
+    script = {
+        # 4 of 4, 2 of 4 (the Bank half right, the Base half wrong), 0 of 4.
+        ("A", 0.5): ["4", "4", "4", "4"],
+        ("B", 0.5): ["5", "5", "6", "6"],
+        ("C", 0.5): ["1", "1", "1", "1"],
+        # 3 of 4, 1 of 4, 1 of 4.
+        ("A", 1.0): ["4", "4", "3", "4"],
+        ("B", 1.0): ["6", "5", "5", "5"],
+        ("C", 1.0): ["9", "2", "2", "2"],
+    }
+    generate = ScriptedRollouts(script)
+    rates = measure(generate, rows, [0.5, 1.0], 4, GenerationSettings(max_new_tokens=16))
+    # One call per temperature, every group's 4 rollouts in it.
+    assert generate.calls == [(12, 0.5), (12, 1.0)]
+    got = {(r.group.split("/")[1], r.temperature): (r.right, r.samples, r.task) for r in rates}
+    assert got[("A", 0.5)] == (4, 4, "normal") and got[("B", 0.5)] == (2, 4, "experience")
+    assert got[("C", 0.5)] == (0, 4, "normal") and got[("A", 1.0)] == (3, 4, "normal")
+    assert got[("B", 1.0)] == (1, 4, "experience") and got[("C", 1.0)] == (1, 4, "normal")
+
+    cold, hot = summarize(rates, 0.1, 0.9)
+    # T 0.5: right 4 + 2 + 0 = 6 of 12; only B (0.5) is within 10-90 %.
+    assert (cold.temperature, cold.right_rate, cold.groups_in_band, cold.groups_with_spread) == (0.5, 0.5, 1, 1)
+    # T 1.0: right 3 + 1 + 1 = 5 of 12; A (0.75), B (0.25) and C (0.25) are all within it.
+    assert (hot.right_rate, hot.groups_in_band, hot.groups_with_spread) == (pytest.approx(5 / 12), 3, 3)
+    temperature, reason = choose_temperature([cold, hot])
+    assert temperature == 1.0 and "3 of 3 groups in the band" in reason
+    assert {g.split("/")[1] for g in kept_groups(rates, 1.0, 0.1, 0.9)} == {"A", "B", "C"}
+    assert {g.split("/")[1] for g in kept_groups(rates, 0.5, 0.1, 0.9)} == {"B"}
+    # The band's ends are included: 1 of 4 is kept by a 0.25 floor, 4 of 4 by a ceiling of 1.
+    assert {g.split("/")[1] for g in kept_groups(rates, 1.0, 0.25, 0.5)} == {"B", "C"}
+    assert {g.split("/")[1] for g in kept_groups(rates, 0.5, 0.5, 1.0)} == {"A", "B"}
+    with pytest.raises(ValueError, match="at least two"):
+        measure(generate, rows, [0.5], 1, GenerationSettings())
+
+
+def test_ties_go_to_more_spread_then_to_the_lower_temperature() -> None:
+    def summary(t: float, band: int, spread: int) -> TemperatureSummary:
+        return TemperatureSummary(
+            temperature=t,
+            groups=10,
+            rollouts=80,
+            right_rate=0.2,
+            cut_rate=0.0,
+            groups_with_spread=spread,
+            groups_in_band=band,
+        )
+
+    assert choose_temperature([summary(0.6, 4, 5), summary(1.0, 4, 6)])[0] == 1.0
+    assert choose_temperature([summary(1.0, 4, 5), summary(0.6, 4, 5)])[0] == 0.6
+    assert GroupRate(group="g", task="normal", problem_id=None, temperature=1, samples=8, right=2, cut=0).rate == 0.25
+
+
+@pytest.mark.slow
+def test_pilot_command_with_a_tiny_model(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("pyarrow")
+    from typer.testing import CliRunner
+
+    from tmas.cli.main import app
+    from tmas.errors import ConfigError
+    from tmas.rl.data import write_parquet
+
+    data = tmp_path / "train.parquet"
+    write_parquet([row("normal", "p1"), row("experience", "p2", "base"), row("experience", "p2", "bank")], data)
+    out = tmp_path / "kept.parquet"
+    args = ["rl", "pilot", str(data), "-o", str(out), "--model", "tiny", "--samples", "2", "--temperature", "0.7"]
+    args += ["--temperature", "1.0", "--max-completion-length", "3", "--dtype", "float32"]
+
+    # An untrained model is never right: no group in the default band, so nothing to train on; the rates stay.
+    refused = CliRunner().invoke(app, [*args, "--engine", "padded"])
+    assert isinstance(refused.exception, ConfigError)  # exit status 2 from the command line
+    assert "nothing to train on" in str(refused.exception)
+    rates = [json.loads(line) for line in (tmp_path / "kept.pilot.jsonl").read_text().splitlines()]
+    assert len(rates) == 2 * 2 and {r["right"] for r in rates} == {0}
+    assert not out.exists()
+
+    # A band of 0-100 % keeps every group; the tie (no spread anywhere) goes to the lower temperature.
+    result = CliRunner().invoke(app, [*args, "--engine", "continuous", "--min-rate", "0", "--max-rate", "1"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "kept.pilot.json").read_text())
+    assert report["chosen_temperature"] == 0.7 and (report["kept_rows"], report["rows"]) == (3, 3)
+    assert [t["rollouts"] for t in report["temperatures"]] == [4, 4]
+    assert "| 0.7 | 2 | 0.0% |" in (tmp_path / "kept.pilot.md").read_text()
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(out).num_rows == 3
