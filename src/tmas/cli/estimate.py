@@ -15,6 +15,7 @@ import typer
 from tmas.cli.options import option_group
 from tmas.config import Settings
 from tmas.errors import InputError
+from tmas.llm.provision import on_embedded_model
 from tmas.methods import create_method
 from tmas.planning.estimate import Estimate, TokenRates, estimate_point, format_estimate
 from tmas.problems import Problem
@@ -90,7 +91,7 @@ def build_estimate(
         rates = TokenRates(default_completion=flags.tokens_per_call, source="given")
     points = []
     for name, settings in configs:
-        method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
+        method = create_method(settings.method.name, settings.method.params, embedded=on_embedded_model(settings))
         points.append(estimate_point(name, method, settings, len(problems), rates))
     throughput = flags.throughput or (rates.throughput if rates else None)
     return Estimate(points, rates, throughput)

@@ -117,6 +117,8 @@ def solve(
     settings = flags.settings(method, given)
     if settings.uses_local_model:
         typer.echo(f"tmas: no endpoint configured; starting the embedded model {settings.local.model}", err=True)
+    elif settings.uses_in_process_model:
+        typer.echo(f"tmas: no endpoint configured; loading {settings.hf.model} in process", err=True)
     result = asyncio.run(asolve(text, settings, run_dir=run_dir))
     if as_json:
         data = result.model_dump(mode="json")
