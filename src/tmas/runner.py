@@ -19,9 +19,9 @@ from tmas.agents.templates import prompts_from
 from tmas.config import Budget, Settings, load_settings, with_method_params, with_overrides
 from tmas.errors import InputError, TmasError
 from tmas.llm.factory import open_model
-from tmas.llm.provision import on_embedded_model
 from tmas.llm.lanes import enter_lane
 from tmas.llm.model import ChatModel, ClientStats, EndpointUnreachable
+from tmas.llm.provision import on_embedded_model
 from tmas.llm.replay import ReplayTurns
 from tmas.llm.types import Usage
 from tmas.methods import check_roles, create_method
