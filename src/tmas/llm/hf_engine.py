@@ -21,7 +21,9 @@ transformers 5.17's (``continuous_api.py``: ``ContinuousBatchProcessor.update_ba
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import queue
 import threading
 import time
 from collections import deque
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tmas.errors import LLMError, LocalModelError
-from tmas.llm.hf_sampling import RequestSampling, RequestTable, sampling_processors
+from tmas.llm.hf_sampling import Filter, RequestSampling, RequestTable, sampling_processors
 
 # transformers names a request's children so (continuous_api.py, ContinuousBatchProcessor.update_batch).
 CHILD_SUFFIX = "__child#"
@@ -166,6 +168,13 @@ class HFEngine:
         )
         manager = self.model.init_continuous_batching(generation_config=generation, continuous_batching_config=config)
         processors = sampling_processors(self.table)
+        resolved = manager.continuous_batching_config
+        if any(resolved.cuda_graph_booleans) or resolved.use_async_batching:
+            # Captured graphs replay every operation whatever the values, and an asynchronous step prepares the
+            # next step's values before this one runs: no filter may be skipped then.
+            for processor in processors:
+                if isinstance(processor, Filter):
+                    processor.always = True
         listed = ContinuousBatchingLogitsProcessorList(LogitsProcessorList(processors))
         # One int32 argument per request per processor (the engine counts them only for its own converted ones).
         listed.tensors_required = len(processors)
@@ -181,6 +190,7 @@ class HFEngine:
                 raise LocalModelError(f"the in-process engine did not start within {START_TIMEOUT_S:.0f} s")
             time.sleep(0.01)
         self._watch_prefix_reuse(manager.batch_processor.cache)
+        self._watch_cancels(manager.batch_processor.scheduler)
         self._manager = manager
 
     def _watch_prefix_reuse(self, cache: Any) -> None:
@@ -195,6 +205,20 @@ class HFEngine:
             return found
 
         cache.search_prefix_match = recorded
+
+    def _watch_cancels(self, scheduler: Any) -> None:
+        """Forget a cancelled request's sampling once the engine has dropped it (it draws tokens until then)."""
+        clear = scheduler.clear_cancelled_requests
+
+        def cleared() -> list[Any]:
+            with scheduler._cancellation_lock:
+                asked = list(scheduler._requests_to_cancel)
+            states: list[Any] = clear()
+            for request_id in asked:
+                self.table.remove(request_id)
+            return states
+
+        scheduler.clear_cancelled_requests = cleared
 
     def stop(self) -> None:
         """Stop the engine's thread, failing what is still in it; blocking."""
@@ -239,11 +263,12 @@ class HFEngine:
             return list(await asyncio.gather(*(watch.future for watch in watches)))
         finally:
             for watch in watches:
-                if not watch.finished:
+                self._forget(manager, watch.request_id)
+                if watch.finished:
+                    self.table.remove(watch.request_id)
+                else:
+                    # Its sampling is forgotten once the engine has dropped it (_watch_cancels).
                     manager.cancel_request(watch.request_id)
-            for rid in ids:
-                self.table.remove(rid)
-                self._forget(manager, rid)
 
     @staticmethod
     def _submit(
@@ -270,6 +295,9 @@ class HFEngine:
             router.result_handlers.pop(request_id, None)
         with self._reused_lock:
             self._reused.pop(request_id, None)
+        # A cancelled request may deliver an output or two before the engine drops it; with no handler left, the
+        # engine puts them in its shared queue, which nothing else here reads.
+        drain_queue(router.output_queue)
 
     def reused(self, request_id: str, prompt_tokens: int) -> int:
         """The prompt tokens ``request_id`` took from the cache: a child's whole prompt but its last token (it was
@@ -282,6 +310,12 @@ class HFEngine:
 
     def text(self, tokens: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(tokens), skip_special_tokens=True))
+
+
+def drain_queue(q: queue.Queue[Any]) -> None:
+    with contextlib.suppress(queue.Empty):
+        while True:
+            q.get_nowait()
 
 
 def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:

@@ -6,20 +6,22 @@ and top-p can differ per request. Here the engine runs greedy (argmax) and these
 order on each new token's scores, do the sampling:
 
 1. :class:`Temperature` divides the scores by the request's temperature (1 for a greedy request);
-2. :class:`TopK` keeps the k best (k = the vocabulary where unset);
+2. :class:`TopK` keeps the k best (all where unset);
 3. :class:`TopP` keeps the smallest set of best tokens whose probability reaches p;
 4. :class:`MinP` keeps the tokens whose probability is at least min_p times the best one's;
-5. :class:`SeededGumbel` adds Gumbel noise drawn from the request's seed and its token's position, so the engine's
-   argmax is a draw from the filtered distribution (the Gumbel-max trick: argmax_i(z_i + G_i) with G_i independent
-   standard Gumbel is distributed as softmax(z)). A greedy request gets no noise.
+5. :class:`SeededDraw` draws the token from what is left by inverting its cumulative distribution at a uniform
+   number made from the request's seed and the token's position, and leaves only that token standing, so the
+   engine's argmax takes it. A greedy request's scores pass unchanged (its argmax is the greedy token).
 
-The noise of a request's n-th token is a counter-based hash of (seed, n, token id), computed on the device, so two
-requests with the same seed and prompt draw the same tokens in any batch (up to the floating-point differences of
-different batch shapes), and a resumed run's sample draws what the first run's did.
+The uniform number of a request's n-th token is a hash of (seed, n), so two requests with the same seed and prompt
+draw the same tokens in any batch (up to the floating-point differences of different batch shapes), and a resumed
+run's sample draws what the first run's did.
 
 The engine hands each processor one 32-bit value per request per step (``prepare_tensor_args``); the values come
 from a :class:`RequestTable` the engine fills as it submits requests (a request the table does not hold, such as the
-engine's own warm-up, is greedy).
+engine's own warm-up, is greedy). Where no request of a step uses a filter, the filter is skipped (its sort is the
+costly part), unless the engine replays captured CUDA graphs, where every step must run the same operations
+(:attr:`Filter.always`).
 """
 
 from __future__ import annotations
@@ -71,12 +73,10 @@ def stream_key(seed: int, position: int) -> int:
     return (mixed >> 33) | 1
 
 
-def uniform_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
-    """A [rows, vocab] float32 tensor of values in (0, 1), each a hash of its row's key and its column: every
-    operation stays below 2**63 in int64, so it is exact on any device and inside a CUDA graph."""
-    k = keys.to(torch.int64) & _MASK32
-    column = torch.arange(vocab, device=keys.device, dtype=torch.int64)
-    x = (k.unsqueeze(-1) * 0x27D4EB2F + column * 0x165667B1) & _MASK32
+def uniform_of(keys: torch.Tensor) -> torch.Tensor:
+    """One float32 value in (0, 1) per 31-bit key, a hash of it: exact on any device and inside a CUDA graph (every
+    product stays below 2**63 in int64)."""
+    x = (keys.to(torch.int64) & _MASK32) * 0x27D4EB2F & _MASK32
     x = x ^ (x >> 15)
     x = (x * 0x2C1B3C6D) & _MASK32
     x = x ^ (x >> 12)
@@ -86,9 +86,12 @@ def uniform_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     return ((x >> 8).to(torch.float32) + 0.5) / float(1 << 24)
 
 
-def gumbel_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Standard Gumbel noise, -log(-log(U)), from :func:`uniform_noise`."""
-    return -torch.log(-torch.log(uniform_noise(keys, vocab)))
+def draw(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """The token of each row of ``probs`` whose cumulative probability first reaches ``uniform`` times the row's
+    total: a draw from the row's distribution (inverse transform sampling); a token of probability 0 is never drawn."""
+    cumulative = probs.cumsum(dim=-1)
+    target = (uniform * cumulative[:, -1]).unsqueeze(-1)
+    return torch.searchsorted(cumulative, target).clamp(max=probs.size(-1) - 1)
 
 
 class RequestTable:
@@ -138,7 +141,13 @@ def _rows(requests: list[Any]) -> list[str]:
 
 
 class _PerRequest(ContinuousBatchingLogitsProcessor):
-    """A processor whose per-request value comes from the :class:`RequestTable`."""
+    """A processor whose per-request value comes from the :class:`RequestTable`: ``value`` of each request's
+    sampling, carried as an int32 (a float as the int32 of its float32 bits, as the engine's own processors carry
+    theirs)."""
+
+    dtype = torch.int32
+    # The value that leaves a request's scores as they are.
+    neutral: float = 0
 
     def __init__(self, table: RequestTable) -> None:
         self.table = table
@@ -146,97 +155,114 @@ class _PerRequest(ContinuousBatchingLogitsProcessor):
         self.supported_kwargs = {}
         self.ignored_kwargs = ()
 
-
-class _FloatParameter(_PerRequest):
-    """One float per request, carried as the int32 of its float32 bits (as the engine's own processors carry
-    theirs)."""
-
-    default = 1.0
-
     def value(self, sampling: RequestSampling) -> float:
         raise NotImplementedError
 
     def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
-        default = torch.empty_like(int32_tensor, dtype=torch.float32).fill_(self.default)
+        default = torch.empty_like(int32_tensor, dtype=self.dtype).fill_(self.neutral)
         int32_tensor.copy_(default.view(dtype=torch.int32))
 
+    def values(self, requests_with_new_token: list[Any]) -> list[float]:
+        return [self.value(self.table.get(rid)) for rid in _rows(requests_with_new_token)]
+
     def prepare_tensor_args(self, requests_with_new_token: list[Any]) -> torch.Tensor:
-        values = [self.value(self.table.get(rid)) for rid in _rows(requests_with_new_token)]
-        return torch.tensor(values, dtype=torch.float32).view(dtype=torch.int32)
+        return torch.tensor(self.values(requests_with_new_token), dtype=self.dtype).view(dtype=torch.int32)
 
-    @staticmethod
-    def floats(tensor_arg: torch.Tensor, rows: int) -> torch.Tensor:
-        return tensor_arg[:rows].view(dtype=torch.float32).unsqueeze(-1)
+    def rows(self, tensor_arg: torch.Tensor, rows: int) -> torch.Tensor:
+        """This step's values, one row each."""
+        return tensor_arg[:rows].view(dtype=self.dtype).unsqueeze(-1)
 
 
-class Temperature(_FloatParameter):
+class Filter(_PerRequest):
+    """A processor that removes tokens, skipped in a step where every request's value is neutral. ``always`` makes
+    every step run it (captured CUDA graphs replay the same operations whatever the values)."""
+
+    always = False
+
+    def __init__(self, table: RequestTable) -> None:
+        super().__init__(table)
+        self._used = True
+
+    def prepare_tensor_args(self, requests_with_new_token: list[Any]) -> torch.Tensor:
+        values = self.values(requests_with_new_token)
+        self._used = any(v != self.neutral for v in values)
+        return torch.tensor(values, dtype=self.dtype).view(dtype=torch.int32)
+
+    def __call__(self, scores: torch.FloatTensor, tensor_arg: torch.Tensor) -> torch.FloatTensor:
+        if not (self.always or self._used):
+            return scores
+        return _scores(self.filtered(scores, self.rows(tensor_arg, scores.size(0))))
+
+    def filtered(self, scores: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Temperature(_PerRequest):
+    dtype = torch.float32
+    neutral = 1.0
+
     def value(self, sampling: RequestSampling) -> float:
         # A greedy request takes the argmax of its unscaled scores.
         return 1.0 if sampling.greedy else sampling.temperature
 
     def __call__(self, scores: torch.FloatTensor, tensor_arg: torch.Tensor) -> torch.FloatTensor:
-        return _scores(scores / self.floats(tensor_arg, scores.size(0)))
+        return _scores(scores / self.rows(tensor_arg, scores.size(0)))
 
 
-class TopK(_PerRequest):
-    def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
-        int32_tensor.fill_(0)
+class TopK(Filter):
+    def value(self, sampling: RequestSampling) -> float:
+        return max(0, sampling.top_k)
 
-    def prepare_tensor_args(self, requests_with_new_token: list[Any]) -> torch.Tensor:
-        values = [max(0, self.table.get(rid).top_k) for rid in _rows(requests_with_new_token)]
-        return torch.tensor(values, dtype=torch.int32)
-
-    def __call__(self, scores: torch.FloatTensor, tensor_arg: torch.Tensor) -> torch.FloatTensor:
+    def filtered(self, scores: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         vocab = scores.size(-1)
-        k = tensor_arg[: scores.size(0)].to(torch.int64)
+        k = values.to(torch.int64)
         # 0 (unset) keeps every token; k is at most the vocabulary.
         k = torch.where(k <= 0, torch.full_like(k, vocab), k.clamp(max=vocab))
         ordered = torch.sort(scores, dim=-1, descending=True).values
-        threshold = ordered.gather(-1, (k - 1).unsqueeze(-1))
-        return _scores(scores.masked_fill(scores < threshold, _FILTERED))
+        return scores.masked_fill(scores < ordered.gather(-1, k - 1), _FILTERED)
 
 
-class TopP(_FloatParameter):
+class TopP(Filter):
+    dtype = torch.float32
+    neutral = 1.0
+
     def value(self, sampling: RequestSampling) -> float:
         return sampling.top_p
 
-    def __call__(self, scores: torch.FloatTensor, tensor_arg: torch.Tensor) -> torch.FloatTensor:
-        top_p = self.floats(tensor_arg, scores.size(0))
+    def filtered(self, scores: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         ordered, order = torch.sort(scores, dim=-1, descending=False)
         cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
         # Drop the worst tokens while what they hold together is at most 1 - p; the best token always stays.
-        drop = cumulative <= (1.0 - top_p)
+        drop = cumulative <= (1.0 - values)
         drop[..., -1] = False
-        return _scores(scores.masked_fill(drop.scatter(-1, order, drop), _FILTERED))
+        return scores.masked_fill(drop.scatter(-1, order, drop), _FILTERED)
 
 
-class MinP(_FloatParameter):
-    default = 0.0
+class MinP(Filter):
+    dtype = torch.float32
+    neutral = 0.0
 
     def value(self, sampling: RequestSampling) -> float:
         return sampling.min_p
 
-    def __call__(self, scores: torch.FloatTensor, tensor_arg: torch.Tensor) -> torch.FloatTensor:
-        min_p = self.floats(tensor_arg, scores.size(0))
+    def filtered(self, scores: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         probs = scores.softmax(dim=-1)
-        floor = min_p * probs.max(dim=-1, keepdim=True).values
-        return _scores(scores.masked_fill(probs < floor, _FILTERED))
+        floor = values * probs.max(dim=-1, keepdim=True).values
+        return scores.masked_fill(probs < floor, _FILTERED)
 
 
-class SeededGumbel(_PerRequest):
-    def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
-        int32_tensor.fill_(0)
-
+class SeededDraw(_PerRequest):
     def prepare_tensor_args(self, requests_with_new_token: list[Any]) -> torch.Tensor:
         # Called once per step for the requests that draw a token in it: each request's stream moves on by one.
         return torch.tensor([self.table.next_key(rid) for rid in _rows(requests_with_new_token)], dtype=torch.int32)
 
     def __call__(self, scores: torch.FloatTensor, tensor_arg: torch.Tensor) -> torch.FloatTensor:
         keys = tensor_arg[: scores.size(0)]
-        noise = gumbel_noise(keys, scores.size(-1))
-        return _scores(torch.where((keys != 0).unsqueeze(-1), scores + noise, scores))
+        token = draw(scores.softmax(dim=-1), uniform_of(keys))
+        drawn = torch.full_like(scores, _FILTERED).scatter(-1, token, 0.0)
+        return _scores(torch.where((keys != 0).unsqueeze(-1), drawn, scores))
 
 
 def sampling_processors(table: RequestTable) -> list[ContinuousBatchingLogitsProcessor]:
     """The processors in the order the module's docstring gives."""
-    return [Temperature(table), TopK(table), TopP(table), MinP(table), SeededGumbel(table)]
+    return [Temperature(table), TopK(table), TopP(table), MinP(table), SeededDraw(table)]
