@@ -154,9 +154,9 @@ def split_file(path: Path, dest: Path, piece_bytes: int, first_bytes: int | None
     return manifest
 
 
-def download_wheels(dest: Path) -> list[str]:
+def download_wheels(dest: Path, names: tuple[str, ...] = WHEELS) -> list[str]:
     dest.mkdir(parents=True, exist_ok=True)
-    pinned = [f"{name}=={importlib.metadata.version(name)}" for name in WHEELS]
+    pinned = [f"{name}=={importlib.metadata.version(name)}" for name in names]
     platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12"]
     subprocess.run([*command, "--implementation", "cp", *platforms, "-d", str(dest), *pinned], check=True)

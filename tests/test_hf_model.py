@@ -248,7 +248,7 @@ def test_a_saved_tokenizer_goes_with_a_conversion_instead_of_the_ggufs(
     folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     carried = tmp_path / "tokenizer"
-    hf_checkpoint.save_tokenizer(folder, carried)
+    hf_checkpoint.write_tokenizer(resolve_model(MODEL), carried)
 
     def never(gguf: Path) -> None:
         raise AssertionError("the GGUF's tokenizer was converted")

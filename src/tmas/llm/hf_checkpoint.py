@@ -25,8 +25,6 @@ from tmas.llm.weights import KNOWN_MODELS, cache_dir, locked, resolve_model
 # What marks a finished checkpoint folder (written by save_pretrained, the tokenizer last).
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer_config.json"
-# The files of a saved tokenizer that a machine without network access needs beside the GGUF.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 INSTALL_HINT = "pip install 'tmas[hf]'"
 
 
@@ -136,13 +134,8 @@ def gguf_eos_id(path: Path) -> int | None:
     return int(field.parts[field.data[0]][0]) if field is not None else None
 
 
-def save_tokenizer(checkpoint_dir: Path, out: Path) -> list[Path]:
-    """Copy the saved tokenizer of ``checkpoint_dir`` into ``out`` (to carry it beside a GGUF); the files copied."""
+def write_tokenizer(gguf: Path, out: Path) -> None:
+    """The tokenizer of ``gguf``, converted once, saved in ``out``: carried beside the GGUF to a machine without
+    network access, it goes with that machine's conversion (``tokenizer``) instead of converting it there."""
     out.mkdir(parents=True, exist_ok=True)
-    copied = []
-    for name in TOKENIZER_FILES:
-        source = checkpoint_dir / name
-        if source.is_file():
-            shutil.copyfile(source, out / name)
-            copied.append(out / name)
-    return copied
+    gguf_tokenizer(gguf).save_pretrained(out)
