@@ -150,11 +150,14 @@ def receive(args: argparse.Namespace) -> dict[str, str | None]:
 
 
 def model_file(work: Path, model: str) -> str | None:
-    """The model's assembled GGUF under WORK/MODEL (receiving what was carried), its tokenizer kept beside it."""
+    """The model's GGUF assembled under WORK/MODEL from the pieces carried so far (this call's and earlier calls'),
+    its carried tokenizer kept beside it; None while pieces are missing or none were ever carried."""
     place = work / model
     carried = TOKENIZER_DIR / model
     if carried.is_dir() and not (place / "tokenizer").is_dir():
         shutil.copytree(carried, place / "tokenizer")
+    if not (PARTS_DIR / model).is_dir() and not (place / "parts").is_dir():
+        return None
     gguf = rl_device.receive(place, PARTS_DIR / model)
     return str(gguf) if gguf is not None else None
 
@@ -177,12 +180,12 @@ def run(args: argparse.Namespace) -> None:
     work: Path = args.work
     rl_device.ensure_site(work, None if args.no_wheels else WHEEL_DIR)
     os.environ.update(rl_device.child_env(work) | {"TMAS_CACHE_DIR": str(work / "cache")})
-    gguf = model_file(work, args.model) if PARTS_DIR.joinpath(args.model).is_dir() else None
+    gguf = model_file(work, args.model)
     spec = gguf or args.model
     tokenizer = work / args.model / "tokenizer"
     log = lambda text: rl_device.log(work, text)  # noqa: E731
     log(f"run: model {args.model} ({spec}), {args.minutes} minutes, problems {args.problems}")
-    if gguf is None and PARTS_DIR.joinpath(args.model).is_dir():
+    if gguf is None and (work / args.model / "parts").is_dir():
         log("the model's pieces are not all here yet: receive them, then run again")
         return
     summary = asyncio.run(compare(args, clock, spec, tokenizer if tokenizer.is_dir() else None, log))
@@ -279,7 +282,7 @@ def archive(args: argparse.Namespace, run_dir: Path, archived: int, record: dict
         with tarfile.open(target, "r:xz") as old:
             members += [work_runs(args) / n for n in {m.name.split("/")[0] for m in old.getmembers()}]
     partial = target.with_suffix(".partial")
-    with tarfile.open(partial, "w:xz") as tar:
+    with tarfile.open(partial, "w:xz", preset=9) as tar:
         for member in dict.fromkeys(members):
             tar.add(member, arcname=member.name)
     if partial.stat().st_size > ARCHIVE_LIMIT:
