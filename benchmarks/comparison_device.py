@@ -507,7 +507,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.3, help="sampling of runs without a preset of their own")
     p.add_argument("--max-tokens", type=int, default=640, help="max_tokens of runs without a preset of their own")
     p.add_argument("--max-tokens-all", type=int, help="max_tokens of every call, presets' too (a CPU rehearsal)")
-    p.add_argument("--concurrency", type=int, default=1024, help="calls in flight (the engine's batch)")
+    p.add_argument("--concurrency", type=int, default=256, help="calls in flight (the engine's batch)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))

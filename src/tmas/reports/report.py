@@ -136,7 +136,8 @@ async def evaluate_run(
         stored_settings = store.get_meta("settings") or {}
         method = str(method_meta.get("name") or stored_settings.get("method", {}).get("name", "?"))
         params = stored_params(method, method_meta.get("params"))
-        model = (stored_settings.get("endpoint") or {}).get("model")
+        # The endpoint's model, or the one run in process (--hf-model).
+        model = (stored_settings.get("endpoint") or {}).get("model") or (stored_settings.get("hf") or {}).get("model")
         results = load_results(store)
         problems = store.problems()
         reason = ""
