@@ -391,7 +391,8 @@ def section(runs: list[Evaluated], summary: dict[str, Any], plot: str, command: 
     baseline = next((r for r in runs if r.majority and "beta" not in r.name), None)
     lines = [
         SECTION_START,
-        "## On a GPU: every method against majority vote at equal completion tokens",
+        f"## Every method against majority vote at equal completion tokens: {summary.get('model')} on "
+        f"{m.get('gpu') or engine.get('device')}",
         "",
         f"{summary.get('model')} in process (transformers {m.get('transformers')} continuous batching, "
         f"{engine.get('dtype')} on {m.get('gpu') or engine.get('device')}), {m.get('date', '')[:10]}; "
@@ -407,6 +408,9 @@ def section(runs: list[Evaluated], summary: dict[str, Any], plot: str, command: 
         "|---|---|---:|---:|---:|---|---:|",
     ]
     for r in runs:
+        if not r.final:
+            lines.append(f"| {r.name} | {r.status} | 0 | - | - | - | - |")
+            continue
         accuracy, se = mean_se([a for a, _ in r.final.values()])
         tokens, _ = mean_se([t for _, t in r.final.values()])
         pair = nearest_majority(r.final, baseline.majority) if baseline is not None and r is not baseline else None
