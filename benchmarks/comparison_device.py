@@ -59,13 +59,11 @@ PARTS_DIR = ROOT / ".cmp-parts"
 TOKENIZER_DIR = ROOT / ".cmp-tok"
 DEFAULT_WORK = Path("/tmp/tmas-cmp")
 DEFAULT_PROBLEMS = ROOT / "data" / "rl" / "level1" / "eval.jsonl"
-# What tmas and the GGUF reader need beyond an image with CUDA PyTorch, accelerate, numpy, typer, rich, jinja2 and
-# aiohttp; transformers itself, so the engine is the 5.17 the in-process model is written against.
+# What tmas and the GGUF reader need beyond an image with CUDA PyTorch, transformers 5.17 (and so its tokenizers,
+# safetensors and huggingface-hub), accelerate, numpy, typer, rich, jinja2 and aiohttp; transformers itself too, pinned
+# to the 5.17.0 the in-process engine is written against (pure Python, its dependencies the image's own).
 WHEELS = (
     "transformers",
-    "tokenizers",
-    "huggingface-hub",
-    "safetensors",
     "gguf",
     "pydantic",
     "pydantic-core",
