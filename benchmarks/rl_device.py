@@ -180,7 +180,7 @@ def pack_tokenizer(gguf: Path, dest: Path) -> Path:
     and it is the same each run."""
     import tempfile
 
-    from tmas.rl.trl_train import gguf_tokenizer
+    from tmas.llm.hf_checkpoint import gguf_tokenizer
 
     with tempfile.TemporaryDirectory() as folder:
         gguf_tokenizer(gguf).save_pretrained(folder)
@@ -189,9 +189,9 @@ def pack_tokenizer(gguf: Path, dest: Path) -> Path:
     return dest
 
 
-def download_wheels(dest: Path) -> list[str]:
+def download_wheels(dest: Path, names: tuple[str, ...] = WHEELS) -> list[str]:
     dest.mkdir(parents=True, exist_ok=True)
-    pinned = [f"{name}=={importlib.metadata.version(name)}" for name in WHEELS]
+    pinned = [f"{name}=={importlib.metadata.version(name)}" for name in names]
     platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12"]
     subprocess.run([*command, "--implementation", "cp", *platforms, "-d", str(dest), *pinned], check=True)

@@ -314,7 +314,7 @@ def test_a_lora_adapter_merges_into_a_checkpoint_that_loads(tmp_path: Path) -> N
 
 def test_the_end_token_is_read_from_the_gguf(tmp_path: Path) -> None:
     gguf = pytest.importorskip("gguf")
-    from tmas.rl.trl_train import gguf_eos_id
+    from tmas.llm.hf_checkpoint import gguf_eos_id
 
     for name, eos in (("with.gguf", 151645), ("without.gguf", None)):
         writer = gguf.GGUFWriter(str(tmp_path / name), "qwen2")

@@ -282,6 +282,30 @@ class LocalModel(Strict):
     extra_args: list[str] = Field(default_factory=list)
 
 
+class InProcessModel(Strict):
+    """A Hugging Face model answering every call in this process through transformers' continuous-batching engine
+    (``--hf-model``; tmas.llm.hf_model), used when no endpoint is configured and a model is named here."""
+
+    # A checkpoint folder, a GGUF file or a known embedded model name (a GGUF is dequantised once into the cache).
+    model: str | None = None
+    # A folder holding the model's saved tokenizer, used by a GGUF's conversion instead of converting the file's own.
+    tokenizer: str | None = None
+    # "auto": cuda where torch sees a GPU, else cpu.
+    device: str = "auto"
+    # Weights' dtype; "auto": bfloat16 on a GPU, float32 on a CPU.
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # transformers' attention implementation, run paged by the engine ("sdpa", "eager", "flash_attention_2", ...).
+    attn_implementation: str = "sdpa"
+    # Tokens per KV cache block: prompts share their common prefix in whole blocks.
+    block_size: int = Field(default=32, ge=4)
+    # KV cache size in tokens; None: what the GPU's free memory holds, or 32768 on a CPU.
+    cache_tokens: int | None = Field(default=None, ge=64)
+    # Most tokens one forward step processes; None: the engine's choice on a GPU, 256 on a CPU.
+    max_batch_tokens: int | None = Field(default=None, ge=16)
+    # Torch's CPU threads (None: torch's default).
+    threads: int | None = Field(default=None, ge=1)
+
+
 class MethodConfig(Strict):
     # TMAS is the default; on the embedded model it runs its small `local` preset unless told otherwise.
     name: str = "tmas"
@@ -369,6 +393,7 @@ class Settings(Strict):
     problems_in_flight: int | None = Field(default=None, ge=1)
     retry: Retry = Field(default_factory=Retry)
     local: LocalModel = Field(default_factory=LocalModel)
+    hf: InProcessModel = Field(default_factory=InProcessModel)
     method: MethodConfig = Field(default_factory=MethodConfig)
     budget: Budget = Field(default_factory=Budget)
     seed: int = 0
@@ -391,7 +416,13 @@ class Settings(Strict):
 
     @property
     def uses_local_model(self) -> bool:
-        return not self.endpoint.base_url
+        """Whether the embedded llama-server model answers: no endpoint and no in-process model configured."""
+        return not self.endpoint.base_url and not self.uses_in_process_model
+
+    @property
+    def uses_in_process_model(self) -> bool:
+        """Whether a Hugging Face model answers in this process (``hf.model``): no endpoint configured."""
+        return not self.endpoint.base_url and self.hf.model is not None
 
 
 # Environment variables read on top of the TOML file: name -> dotted config key.
@@ -413,6 +444,7 @@ ENV_KEYS: dict[str, str] = {
     "TMAS_PROBLEMS_IN_FLIGHT": "problems_in_flight",
     "TMAS_LOCAL_MODEL": "local.model",
     "TMAS_LOCAL_SERVER": "local.server",
+    "TMAS_HF_MODEL": "hf.model",
     "TMAS_TEMPERATURE": "sampling.temperature",
     "TMAS_TOP_P": "sampling.top_p",
     "TMAS_TOP_K": "sampling.top_k",

@@ -21,6 +21,7 @@ from tmas.errors import InputError, TmasError
 from tmas.llm.factory import open_model
 from tmas.llm.model import ChatModel, ClientStats, EndpointUnreachable
 from tmas.llm.preflight import check_endpoints
+from tmas.llm.provision import on_embedded_model
 from tmas.llm.replay import ReplayTurns
 from tmas.llm.types import Lane
 from tmas.methods import check_roles, create_method
@@ -399,8 +400,9 @@ def _summary(
 
 def run_method(settings: Settings, *, own_model: bool = False) -> Method[Any]:
     """The method a run of ``settings`` solves with: the embedded model's defaults under its parameters when the run
-    is on the embedded local model (no endpoint, and no model of the caller's own: ``own_model``)."""
-    embedded = settings.uses_local_model and not own_model
+    is on an embedded model (the local server's, or one run in process by name; no model of the caller's own:
+    ``own_model``)."""
+    embedded = on_embedded_model(settings) and not own_model
     return create_method(settings.method.name, settings.method.params, embedded=embedded)
 
 

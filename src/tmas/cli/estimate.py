@@ -21,6 +21,7 @@ from tmas.cli import interrupt
 from tmas.cli.options import option_group
 from tmas.config import Settings
 from tmas.errors import InputError
+from tmas.llm.provision import on_embedded_model
 from tmas.methods import create_method
 from tmas.planning.estimate import (
     QUESTION_CALLS,
@@ -132,7 +133,7 @@ def question_estimate(settings: Settings) -> Estimate:
 
 
 def _point(name: str, settings: Settings, problems: int, rates: TokenRates | None) -> PointEstimate:
-    method = create_method(settings.method.name, settings.method.params, embedded=settings.uses_local_model)
+    method = create_method(settings.method.name, settings.method.params, embedded=on_embedded_model(settings))
     return estimate_point(name, method, settings, problems, rates)
 
 

@@ -129,8 +129,9 @@ def solve(
     cost_gate(question_estimate(settings), gate, calls=QUESTION_CONFIRM_CALLS)
     if settings.uses_local_model:
         typer.echo(f"tmas: no endpoint configured; starting the embedded model {settings.local.model}", err=True)
-    else:
-        check_endpoint(settings)  # nothing listening, or no /v1: said before a run directory is made
+    elif settings.uses_in_process_model:
+        typer.echo(f"tmas: no endpoint configured; loading {settings.hf.model} in process", err=True)
+    check_endpoint(settings)  # nothing listening, or no /v1: said before a run directory is made
     try:
         result = interrupt.run(asolve(text, settings, run_dir=run_dir))
     except interrupt.Stopped as stop:
@@ -203,8 +204,7 @@ def _new_run(problems: Path, out: Path, settings: Settings, limit: int | None, e
     # A pilot runs on the first problems; otherwise only their count matters (a big file is not held).
     listed = list(reader) if estimate.pilot is not None else sum(1 for _ in reader)
     gate(build_estimate([(out.name, settings)], listed, estimate, out / "pilot"), estimate)
-    if not settings.uses_local_model:
-        check_endpoint(settings)  # nothing listening, or no /v1: said before the run directory is made
+    check_endpoint(settings)  # nothing listening, or no /v1: said before the run directory is made
     # Streamed into the store (a bad line anywhere stops before any call and leaves no run behind).
     store, settings, todo = open_new_run(out, settings, problems, limit=limit)
     return _execute(store, settings, todo)
@@ -232,10 +232,13 @@ def _resume_run(
 
 
 def check_endpoint(settings: Settings) -> None:
-    """Whether anything answers at the endpoints the method's roles call (:mod:`tmas.llm.preflight`)."""
+    """Whether anything answers at the endpoints the method's roles call (:mod:`tmas.llm.preflight`); a model
+    tmas starts itself (embedded or in process) has none to check."""
     from tmas.llm.preflight import check_endpoints
     from tmas.runner import run_method
 
+    if settings.uses_local_model or settings.uses_in_process_model:
+        return
     interrupt.run(check_endpoints(settings, run_method(settings).traits.roles))
 
 

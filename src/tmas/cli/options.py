@@ -41,6 +41,13 @@ ProblemsInFlightOpt = Annotated[
 LocalModelOpt = Annotated[
     str | None, typer.Option("--local-model", help="Embedded model name or GGUF path (when no endpoint).")
 ]
+HFModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--hf-model",
+        help="Hugging Face checkpoint folder, GGUF path or embedded model name, run in process (when no endpoint).",
+    ),
+]
 PromptsDirOpt = Annotated[
     str | None,
     typer.Option("--prompts-dir", help="Folder of NAME.j2 templates that replace the packaged prompts (tmas prompts)."),
@@ -101,6 +108,7 @@ class ModelFlags:
     concurrency: ConcurrencyOpt = None
     problems_in_flight: ProblemsInFlightOpt = None
     local_model: LocalModelOpt = None
+    hf_model: HFModelOpt = None
     prompts_dir: PromptsDirOpt = None
     temperature: TemperatureOpt = None
     top_p: TopPOpt = None
@@ -142,6 +150,7 @@ FLAG_KEYS: dict[str, str] = {
     "concurrency": "concurrency",
     "problems_in_flight": "problems_in_flight",
     "local_model": "local.model",
+    "hf_model": "hf.model",
     "prompts_dir": "prompts_dir",
     "temperature": "sampling.temperature",
     "top_p": "sampling.top_p",

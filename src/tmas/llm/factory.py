@@ -7,6 +7,9 @@ records in ``store`` what an endpoint refused), and, with a store, :class:`tmas.
 client, so a finished call is answered from the store and every other one is made durable there before it is used.
 ``llm.settings`` are the settings as provisioned (the local model's address and slots in place).
 
+With ``hf.model`` set and no endpoint, the model is a Hugging Face model run in this process
+(:class:`tmas.llm.hf_model.HFChatModel`, started and stopped here), replayed and counted like a model of one's own.
+
 ``open_model(settings, store, model=mine)`` runs on a :class:`tmas.llm.model.ChatModel` of the caller's own instead
 (a backend that is not an OpenAI-compatible endpoint, an in-process model for tests): nothing is provisioned and no
 HTTP client is made, and the same store replay goes around ``mine``, so its calls are replayed, recorded and counted
@@ -52,6 +55,12 @@ async def open_model(
     if model is not None:
         own = model if model.settings is settings else UnderSettings(model, settings)
         yield own if store is None else _replaying(own, store, stats, on_send, count_sent=True)
+        return
+    if settings.uses_in_process_model:
+        from tmas.llm.hf_model import open_hf_model  # torch and transformers only where a model runs in process
+
+        async with open_hf_model(settings) as in_process:
+            yield in_process if store is None else _replaying(in_process, store, stats, on_send, count_sent=True)
         return
     async with (
         provisioned(settings, log_dir=log_dir) as live,

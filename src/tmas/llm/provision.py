@@ -9,6 +9,14 @@ from pathlib import Path
 from tmas.config import Settings
 
 
+def on_embedded_model(settings: Settings) -> bool:
+    """Whether the run's model is one of the packaged embedded models, served by the embedded llama-server or run in
+    process by name (``--hf-model qwen2.5-coder-0.5b``): the methods' small-model defaults apply to both."""
+    from tmas.llm.weights import KNOWN_MODELS
+
+    return settings.uses_local_model or (settings.uses_in_process_model and settings.hf.model in KNOWN_MODELS)
+
+
 @asynccontextmanager
 async def provisioned(settings: Settings, log_dir: Path | None = None) -> AsyncIterator[Settings]:
     """Yield settings whose default endpoint answers; with none configured, start and later stop the local model."""

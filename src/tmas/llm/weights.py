@@ -175,7 +175,7 @@ def _hash_file(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
+def locked(lock_path: Path) -> Iterator[None]:
     """An exclusive advisory lock, so that two processes never assemble the same model at once."""
     with lock_path.open("a") as fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
@@ -213,7 +213,7 @@ def _assemble(model: KnownModel) -> Path:
         models_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise LocalModelError(f"cannot create the model cache {models_dir}: {exc.strerror}") from None
-    with _locked(models_dir / f"{model.name}.lock"):
+    with locked(models_dir / f"{model.name}.lock"):
         # Another process may have finished the job while we waited for the lock.
         if _cached_ok(model, target):
             return target

@@ -52,47 +52,66 @@ def run_frontier(
 def iteration_frontier(results: list[ProblemResult], grades: Grades) -> list[FrontierPoint]:
     points = []
     for t in range(last_iteration(results) + 1):
-        accuracy: list[float] = []
-        tokens: list[float] = []
-        for result in results:
-            if not reached(result, t):
-                continue
-            record = record_at(result, t)
-            if record is None:  # failed before any iteration: nothing returned
-                accuracy.append(0.0)
-                tokens.append(float(result.usage.completion_tokens))
-                continue
-            accuracy.append(grades.share_correct((result.problem_id, record.iteration, SELECTED)))
-            spent = sum(r.usage.completion_tokens for r in result.iterations if r.iteration <= t)
-            tokens.append(float(spent))
-        if accuracy:
-            points.append(_point(f"It{t}", tokens, accuracy))
+        at = returned_by_problem(results, grades, t)
+        if at:
+            points.append(_point(f"It{t}", [tokens for _, tokens in at.values()], [acc for acc, _ in at.values()]))
     return points
+
+
+def returned_by_problem(
+    results: list[ProblemResult], grades: Grades, iteration: int | None = None
+) -> dict[str, tuple[float, float]]:
+    """Per problem that counts at ``iteration`` (None: its last), the correctness of the answer returned then and the
+    completion tokens spent up to it; a problem that failed before any iteration returned nothing (0)."""
+    out: dict[str, tuple[float, float]] = {}
+    for result in results:
+        t = iteration
+        if t is None:
+            t = max((rec.iteration for rec in result.iterations), default=0)
+        if not reached(result, t):
+            continue
+        record = record_at(result, t)
+        if record is None:  # failed before any iteration: nothing returned
+            out[result.problem_id] = (0.0, float(result.usage.completion_tokens))
+            continue
+        spent = sum(r.usage.completion_tokens for r in result.iterations if r.iteration <= t)
+        out[result.problem_id] = (grades.share_correct((result.problem_id, record.iteration, SELECTED)), float(spent))
+    return out
 
 
 def mv_frontier(
     results: list[ProblemResult], grades: Grades, classes: Mapping[str, Mapping[str, str]] | None = None
 ) -> list[FrontierPoint]:
     """MV@k for k = 1, 2, 4, ... and the largest K; a problem counts at MV@k when it has at least k samples."""
-    # Every stored sample of every iteration (majority vote's later iterations draw more samples).
-    samples = {r.problem_id: [(rec.iteration, c) for rec in r.iterations for c in rec.candidates] for r in results}
-    largest = max((len(s) for s in samples.values()), default=0)
+    largest = max((len(s) for s in _samples(results).values()), default=0)
     ks = [2**i for i in range(largest.bit_length())]
     if largest and ks[-1] != largest:
         ks.append(largest)
     points = []
     for k in ks:
-        accuracy: list[float] = []
-        tokens: list[float] = []
-        for pid, drawn in samples.items():
-            if len(drawn) < k:
-                continue
-            groups, others = _answer_groups(pid, drawn, grades, (classes or {}).get(pid))
-            accuracy.append(mv_at_k(groups, others, k))
-            tokens.append(k * statistics.fmean(c.usage.completion_tokens for _, c in drawn))
-        if accuracy:
-            points.append(_point(f"MV@{k}", tokens, accuracy))
+        at = mv_by_problem(results, grades, k, classes)
+        if at:
+            points.append(_point(f"MV@{k}", [tokens for _, tokens in at.values()], [acc for acc, _ in at.values()]))
     return points
+
+
+def mv_by_problem(
+    results: list[ProblemResult], grades: Grades, k: int, classes: Mapping[str, Mapping[str, str]] | None = None
+) -> dict[str, tuple[float, float]]:
+    """Per problem with at least k stored samples, MV@k (:func:`mv_at_k`) and its expected completion tokens (k times
+    the problem's mean per sample)."""
+    out: dict[str, tuple[float, float]] = {}
+    for pid, drawn in _samples(results).items():
+        if len(drawn) < k:
+            continue
+        groups, others = _answer_groups(pid, drawn, grades, (classes or {}).get(pid))
+        out[pid] = (mv_at_k(groups, others, k), k * statistics.fmean(c.usage.completion_tokens for _, c in drawn))
+    return out
+
+
+def _samples(results: list[ProblemResult]) -> dict[str, list[tuple[int, Candidate]]]:
+    # Every stored sample of every iteration (majority vote's later iterations draw more samples).
+    return {r.problem_id: [(rec.iteration, c) for rec in r.iterations for c in rec.candidates] for r in results}
 
 
 def mv_at_k(groups: Sequence[tuple[int, float]], others: int, k: int) -> float:

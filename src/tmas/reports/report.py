@@ -148,7 +148,8 @@ class StoredSetup:
         meta = store.get_meta("method") or {}
         settings = store.get_meta("settings") or {}
         method = run_method_name(store)
-        model = (settings.get("endpoint") or {}).get("model")
+        # The endpoint's model, or the one run in process (--hf-model).
+        model = (settings.get("endpoint") or {}).get("model") or (settings.get("hf") or {}).get("model")
         return cls(method, stored_params(method, meta.get("params")), settings, meta, model)
 
 

@@ -24,6 +24,7 @@ from trl.trainer.grpo_config import GRPOConfig
 from trl.trainer.grpo_trainer import GRPOTrainer
 
 from tmas.errors import ConfigError, InputError
+from tmas.llm.hf_checkpoint import gguf_tokenizer, load_gguf
 from tmas.llm.weights import resolve_model
 from tmas.rl.checkpoints import checkpoint_step
 from tmas.rl.data import COLUMNS
@@ -262,44 +263,13 @@ def load_policy(
     path = Path(spec).expanduser()
     if path.is_dir():
         return AutoModelForCausalLM.from_pretrained(path, dtype=weights), AutoTokenizer.from_pretrained(path)
-    from transformers import GgufConfig
-
     gguf = resolve_model(spec)
-    # Every weight unpacked into a dense float32 tensor (not kept in GGUF blocks), to train in full precision.
-    unpacked = GgufConfig(dequantize=True)
-    model: Any = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, quantization_config=unpacked, dtype=torch.float32
-    )
-    # The model still carries the GGUF quantizer, which the trainer refuses ("does not support training"): drop
-    # it, since nothing is left quantized.
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer.remove_quantization_config(model)
-    model = model.to(weights)
+    # Every weight unpacked into a dense float32 tensor (not kept in GGUF blocks), then cast to the training dtype.
+    model = load_gguf(gguf, dtype=torch.float32).to(weights)
     if tokenizer_dir is not None:
         return model, AutoTokenizer.from_pretrained(tokenizer_dir)
-    tokenizer = gguf_tokenizer(gguf)
-    return model, tokenizer
-
-
-def gguf_tokenizer(gguf: Path) -> Any:
-    """The tokenizer of a GGUF file, converted by transformers, ending text where the file's chat model does."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # The tokenizer read from a GGUF may end text where the file's chat model does not (Qwen2.5 instruct:
-    # <|endoftext|>, not <|im_end|>); TRL stops generating and masks completions at the tokenizer's end.
-    eos = gguf_eos_id(gguf)
-    if eos is not None and tokenizer.eos_token_id != eos:
-        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
-    return tokenizer
-
-
-def gguf_eos_id(path: Path) -> int | None:
-    """The end-of-generation token a GGUF file names (``tokenizer.ggml.eos_token_id``)."""
-    from gguf import GGUFReader
-
-    field = GGUFReader(path).fields.get("tokenizer.ggml.eos_token_id")
-    return int(field.parts[field.data[0]][0]) if field is not None else None
+    # Its end of text where the file's chat model ends (TRL stops generating and masks completions there).
+    return model, gguf_tokenizer(gguf)
 
 
 def record_base(out: Path, spec: str, model: Any, tokenizer: Any) -> None:

@@ -90,6 +90,9 @@ async def serve(
 ) -> None:
     """Serve until interrupted; runs cut short stay resumable in ``options.serve_dir``. ``on_start`` gets the
     uvicorn server before it starts (to stop it from elsewhere: ``server.should_exit = True``)."""
+    if settings.uses_in_process_model:
+        # Each served request is a run that opens its model: an in-process model would be loaded once per request.
+        raise ConfigError("tmas serve needs an endpoint or the embedded server; --hf-model runs in process only")
     token = resolve_token(options)
     options.serve_dir.mkdir(parents=True, exist_ok=True)
     embedded = settings.uses_local_model

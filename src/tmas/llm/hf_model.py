@@ -1,0 +1,233 @@
+"""A Hugging Face model answering in this process: :class:`tmas.llm.model.ChatModel` over transformers'
+continuous-batching engine (:mod:`tmas.llm.hf_engine`), on a GPU or a CPU, with no server to build or start.
+
+``hf.model`` (``--hf-model DIR_OR_GGUF``, or a known embedded model's name) with no endpoint configured makes
+:func:`tmas.llm.factory.open_model` open it: the checkpoint is found or converted once (:mod:`tmas.llm.hf_checkpoint`),
+loaded, and the engine started for as long as the model is open. The store's replay wraps it as it wraps the HTTP
+client, so a run on it resumes and replays like a run on any endpoint.
+
+What a call sends, the engine gets: the chat template's tokens of the messages (``extra_body.chat_template_kwargs``
+passed to the template), and per sample its temperature (0: greedy), top_p, top_k, min_p, seed (each sample its own
+stream: :mod:`tmas.llm.hf_sampling`), max_tokens (lowered to fit the context window, as the client lowers it) and
+stop strings. Alike calls that arrive together (the k samples of a prompt) go as one request with children, as the
+HTTP client sends them with ``n`` (:mod:`tmas.llm.batching`): the prompt is computed once, the first sample carries
+the prompt tokens and the others none. Token counts are the engine's own: the prompt's tokens, every token generated
+(its end token included), and the prompt tokens reused from the KV cache as ``cached_prompt_tokens``.
+
+What it does not do, and says so: a repetition or presence penalty, or another ``extra_body`` field, fails the call
+with a one-line error naming the field (``logprobs`` and ``top_logprobs`` are accepted and no log-probabilities come
+back, as from a server that sends none, so confidence measures and online stopping have nothing to read); a reply
+model's schema constrains nothing (the parsers read the plain reply, as after a structured-output downgrade); a
+watched call is not streamed to its watch; there are no embeddings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+from pydantic import BaseModel
+
+from tmas.config import Sampling, Settings
+from tmas.errors import ConfigError, LLMError
+from tmas.llm.batching import Sample, SampleBatcher, handed_out
+from tmas.llm.hf_checkpoint import checkpoint, checkpoint_name
+from tmas.llm.hf_engine import EngineError, EngineReply, HFEngine, resolve_options
+from tmas.llm.hf_sampling import RequestSampling
+from tmas.llm.reasoning import split_reasoning
+from tmas.llm.sampling import ResolvedSampling, resolve_role
+from tmas.llm.types import CallKey, ChainKey, ChatRequest, Completion, Message, Usage
+from tmas.llm.watch import TraceWatch
+
+ENDPOINT = "in-process"
+# extra_body keys read here; any other is refused.
+TEMPLATE_KWARGS = "chat_template_kwargs"
+# Asked by confidence measures; accepted, and no log-probabilities come back.
+NO_LOGPROBS = frozenset({"logprobs", "top_logprobs"})
+
+
+class HFChatModel:
+    """The in-process model of ``settings.hf`` over a started :class:`HFEngine`; open it with :func:`open_hf_model`."""
+
+    def __init__(self, settings: Settings, engine: HFEngine, name: str) -> None:
+        self._settings = settings
+        self.engine = engine
+        self.name = name
+        self._cap = asyncio.Semaphore(settings.concurrency)
+        self._batcher = SampleBatcher(self._send_samples)
+
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
+    def resolve_sampling(
+        self,
+        role: str,
+        *,
+        preset: Sampling | None = None,
+        method: Sampling | None = None,
+        call: Sampling | None = None,
+    ) -> ResolvedSampling:
+        return resolve_role(self._settings, role, preset=preset, method=method, call=call)
+
+    def context_window(self, role: str) -> int | None:
+        return self._settings.endpoint.context_length or self.engine.context_window
+
+    def model_name(self, role: str) -> str:
+        return self.name
+
+    def end_chain(self, chain: ChainKey) -> None:
+        """Nothing is kept for a chain: the engine's KV cache shares prefixes across all requests."""
+
+    async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
+        raise LLMError(f"the in-process model {self.name} gives no embeddings: configure an embedder")
+
+    async def chat(
+        self,
+        role: str,
+        messages: Sequence[Message],
+        *,
+        key: CallKey | None = None,
+        sampling: Sampling | ResolvedSampling | None = None,
+        reply_model: type[BaseModel] | None = None,
+        watch: TraceWatch | None = None,
+    ) -> Completion:
+        """One chat completion (see :meth:`tmas.llm.model.ChatModel.chat`); a failed call returns a completion whose
+        ``error`` says why."""
+        key = key or CallKey(role=role)
+        if not isinstance(sampling, ResolvedSampling):
+            sampling = self.resolve_sampling(role, call=sampling)
+        request = ChatRequest.build(self.name, messages, sampling)
+        refused = unsupported(request.sampling)
+        if refused is not None:
+            return self._failed(request, key, refused, "unsupported")
+        async with self._cap:
+            completion = await self._batcher.submit(request, key, "")
+            if completion is None:
+                [completion] = await self._generate(request, [key])
+        return completion
+
+    async def _send_samples(self, samples: list[Sample]) -> list[Completion | None]:
+        """Alike calls that came together: one request with children (tmas.llm.batching)."""
+        done = await self._generate(samples[0].request, [s.key for s in samples], [s.request for s in samples])
+        return handed_out(done, samples)
+
+    async def _generate(
+        self, request: ChatRequest, keys: list[CallKey], requests: list[ChatRequest] | None = None
+    ) -> list[Completion]:
+        """The completions of ``keys``, samples of ``request`` (each with the seed of its own request, where given)."""
+        started = time.monotonic()
+        try:
+            template = request.sampling.extra_body.get(TEMPLATE_KWARGS)
+            prompt = self.engine.prompt_ids([m.model_dump() for m in request.messages], template)
+        except Exception as exc:  # a template that cannot render these messages fails the call, not the run
+            return [self._failed(request, keys[0], f"chat template: {exc}", "template")]
+        window = self.context_window(keys[0].role)
+        wanted = request.sampling.max_tokens
+        max_tokens = wanted if wanted is not None else (window or len(prompt) + 1) - len(prompt)
+        if window is not None:
+            if len(prompt) >= window:
+                message = f"the prompt has {len(prompt)} tokens; the model's context window is {window}"
+                return [self._failed(request, keys[0], message, "context")]
+            max_tokens = min(max_tokens, window - len(prompt))
+        samples = [request_sampling(r.sampling) for r in (requests or [request])]
+        try:
+            replies = await self.engine.generate(prompt, samples, max_tokens, request.sampling.stop or ())
+        except EngineError as exc:
+            return [self._failed(request, keys[0], str(exc), "engine")]
+        latency = time.monotonic() - started
+        lowered = max_tokens if max_tokens != wanted else None
+        return [
+            self._completion(key, reply, len(prompt) if i == 0 else 0, latency, lowered)
+            for i, (key, reply) in enumerate(zip(keys, replies, strict=True))
+        ]
+
+    def _completion(
+        self, key: CallKey, reply: EngineReply, prompt_tokens: int, latency: float, lowered: int | None
+    ) -> Completion:
+        content, reasoning = split_reasoning(reply.text)
+        usage = Usage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=len(reply.tokens),
+            cached_prompt_tokens=reply.cached_prompt_tokens if prompt_tokens else 0,
+        )
+        return Completion(
+            key=key,
+            endpoint=ENDPOINT,
+            model=self.name,
+            content=content,
+            reasoning=reasoning,
+            usage=usage,
+            finish_reason=reply.finish_reason,
+            latency_s=latency,
+            max_tokens_sent=lowered,
+        )
+
+    def _failed(self, request: ChatRequest, key: CallKey, error: str, cause: str) -> Completion:
+        return Completion(key=key, endpoint=ENDPOINT, model=request.model, error=error, error_cause=cause)
+
+
+def unsupported(sampling: Sampling) -> str | None:
+    """Why the engine cannot honour ``sampling`` (one line naming the field), or None."""
+    if sampling.repetition_penalty not in (None, 1.0):
+        return "repetition_penalty is not supported by the in-process model"
+    if sampling.presence_penalty not in (None, 0.0):
+        return "presence_penalty is not supported by the in-process model"
+    for name in sampling.extra_body:
+        if name != TEMPLATE_KWARGS and name not in NO_LOGPROBS:
+            return f"extra_body.{name} is not supported by the in-process model"
+    return None
+
+
+def request_sampling(sampling: Sampling) -> RequestSampling:
+    """A call's sampling as the engine draws it: unset fields filter nothing; no seed draws a fresh one."""
+    seed = sampling.seed
+    return RequestSampling(
+        temperature=sampling.temperature if sampling.temperature is not None else 1.0,
+        top_k=sampling.top_k if sampling.top_k is not None and sampling.top_k > 0 else 0,
+        top_p=sampling.top_p if sampling.top_p is not None else 1.0,
+        min_p=sampling.min_p if sampling.min_p is not None else 0.0,
+        seed=seed if seed is not None else _fresh_seed(),
+    )
+
+
+def _fresh_seed() -> int:
+    import secrets
+
+    return secrets.randbits(63)
+
+
+@asynccontextmanager
+async def open_hf_model(settings: Settings) -> AsyncIterator[HFChatModel]:
+    """The in-process model of ``settings.hf``: converted where needed, loaded and started, stopped on leaving."""
+    hf = settings.hf
+    if hf.model is None:
+        raise ConfigError("no in-process model configured: set hf.model (--hf-model)")
+    own = [role for role, override in settings.roles.items() if override.base_url]
+    if own:
+        raise ConfigError(f"roles {', '.join(own)} name an endpoint; the in-process model answers every role")
+    options = resolve_options(
+        hf.device,
+        hf.dtype,
+        attn_implementation=hf.attn_implementation,
+        block_size=hf.block_size,
+        cache_tokens=hf.cache_tokens,
+        max_batch_tokens=hf.max_batch_tokens,
+        threads=hf.threads,
+    )
+    spec = hf.model
+    folder = await asyncio.to_thread(checkpoint, spec, dtype=options.dtype, tokenizer=hf.tokenizer)
+    engine = await asyncio.to_thread(HFEngine.load, folder, options)
+    await asyncio.to_thread(engine.start)
+    try:
+        yield HFChatModel(settings, engine, checkpoint_name(spec))
+    finally:
+        await asyncio.to_thread(engine.stop)
+
+
+def describe(settings: Settings) -> str:
+    """One line naming the in-process model, for a command's notice."""
+    hf = settings.hf
+    return f"{hf.model} in process (transformers, {hf.device} device, {hf.dtype} weights)"

