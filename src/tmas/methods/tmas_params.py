@@ -9,7 +9,7 @@ run's own sampling settings. Presets fill in every parameter the user did not gi
   2048-token global default), and the paper's output layout (``style = "paper"``);
 - ``local``: N = 2, M = 1, T = 2, a low solver temperature, modest per-role ``max_tokens`` and the ``concise`` output
   style for the solution and verifier agents (a small model otherwise often spends its budget before its answer), so
-  one question on the embedded 0.5B model finishes in minutes on two CPU cores; and the settled stop
+  one question on the embedded model finishes in about a minute on two CPU cores; and the settled stop
   (``early_stop``, patience 1): a problem whose candidates all give one answer that every verification passes ends
   there, without the memory update and the later iterations. It is chosen automatically when the embedded model is
   used and no preset is given (explicit parameters such as ``iterations`` still win over it).
