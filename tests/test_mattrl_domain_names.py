@@ -3,11 +3,11 @@ domain's name, and every declaration is whole (a grader that exists, features fo
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 
+from name_comparisons import name_comparisons
 from tmas.grading.registry import GRADERS
 from tmas.methods.mattrl_domains import DOMAINS
 
@@ -17,16 +17,7 @@ DECLARATIONS = SRC / "methods" / "mattrl_domains"
 
 def domain_name_comparisons(path: Path) -> list[str]:
     """Comparisons of a value with a declared domain's name (``== "medicine"``, ``in ("math", ...)``) in one file."""
-    names = set(DOMAINS)
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if not isinstance(node, ast.Compare):
-            continue
-        for side in [node.left, *node.comparators]:
-            consts = side.elts if isinstance(side, ast.Tuple | ast.List | ast.Set) else [side]
-            hits = [c.value for c in consts if isinstance(c, ast.Constant) and c.value in names]
-            found += [f"{path.relative_to(path.parents[1])}:{node.lineno} compares with {h!r}" for h in hits]
-    return found
+    return name_comparisons(path, set(DOMAINS))
 
 
 def outside_the_declarations(src: Path) -> list[Path]:

@@ -3,7 +3,6 @@ methods from other packages are found by their entry points."""
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any, ClassVar
 import pytest
 
 from conftest import run_tmas, settings_for
+from name_comparisons import name_comparisons
 from tmas.methods import METHODS, known_roles, method_traits, register_method
 from tmas.methods.base import Method
 from tmas.methods.traits import DEFAULT_TRAITS, Traits
@@ -32,16 +32,7 @@ def test_every_role_a_method_declares_can_be_configured(name: str) -> None:
 
 def method_name_comparisons(path: Path) -> list[str]:
     """Comparisons of a value with a registered method's name (``== "tmas"``, ``in ("cot", ...)``) in one file."""
-    names = set(METHODS)
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if not isinstance(node, ast.Compare):
-            continue
-        for side in [node.left, *node.comparators]:
-            consts = side.elts if isinstance(side, ast.Tuple | ast.List | ast.Set) else [side]
-            hits = [c.value for c in consts if isinstance(c, ast.Constant) and c.value in names]
-            found += [f"{path.name}:{node.lineno} compares with {h!r}" for h in hits]
-    return found
+    return name_comparisons(path, set(METHODS))
 
 
 def test_no_code_outside_the_methods_compares_a_method_name() -> None:
