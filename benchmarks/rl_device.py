@@ -517,7 +517,7 @@ def evaluated(work: Path, which: str, modes: list[str] | None = None) -> bool:
 def run(args: argparse.Namespace) -> None:
     """The phases not done yet, one after another, each skipped once done: the base checkpoint, the pilot
     rollouts (--pilot-samples), the base model's evaluation, training, the trained model's evaluation; --until
-    stops after a phase, so that each call of a machine lent for a few minutes at a time does one part."""
+    stops after a phase, so that a machine held for a few minutes at a time does one part per command."""
     work: Path = args.work
     started = time.monotonic()
     deadline = started + args.stop_after
