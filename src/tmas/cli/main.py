@@ -237,7 +237,7 @@ def check_endpoint(settings: Settings) -> None:
     from tmas.llm.preflight import check_endpoints
     from tmas.runner import run_method
 
-    if settings.uses_local_model or settings.uses_in_process_model:
+    if settings.uses_local_model:
         return
     interrupt.run(check_endpoints(settings, run_method(settings).traits.roles))
 
@@ -400,6 +400,8 @@ def report(
 
     settings = _judge_settings(config, base_url, judge_base_url, judge_model)
     grade_config = read_grade_flags(grade, judge_runs)
+    if not no_grade:
+        check_grading_installed(grade_config)  # a missing extra said before any step starts
     steps = Steps("report")
     written = interrupt.run(
         steps.during(

@@ -34,7 +34,10 @@ _ANSWERED: set[tuple[str, ...]] = set()
 
 async def check_endpoints(settings: Settings, roles: Iterable[str]) -> None:
     """Raise :class:`EndpointUnreachable` when no replica of a role's endpoint accepts a connection, and
-    :class:`ConfigError` when a base URL lacks the ``/v1`` its server answers under; each names the URL."""
+    :class:`ConfigError` when a base URL lacks the ``/v1`` its server answers under; each names the URL. A model
+    answering in this process has no endpoint to check."""
+    if settings.uses_in_process_model:
+        return
     routes = Routes(settings)
     checked: set[tuple[str, ...]] = set()
     async with aiohttp.ClientSession() as session:
