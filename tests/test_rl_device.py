@@ -327,7 +327,7 @@ def test_training_stopped_for_time_goes_on_in_the_next_call(tmp_path: Path, monk
 
 @pytest.mark.slow
 def test_phases_over_calls_with_the_pilot_and_the_new_rollouts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What a machine lent a few minutes at a time does, one call per part: prepare (base checkpoint, pilot, the
+    """What a GPU machine used a few minutes at a time does, one call per part: prepare (base checkpoint, pilot, the
     base model's greedy evaluation), train (on the pilot's kept rows at its chosen temperature, continuous batching,
     bfloat16, dynamic sampling), then the trained model's evaluation and the report."""
     pytest.importorskip("trl")
