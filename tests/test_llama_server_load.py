@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
 
 from tmas.config import LocalModel, Sampling, Settings
+from tmas.llm import vitals
 from tmas.llm.client import LLMClient
+from tmas.llm.failures import Failure
 from tmas.llm.local_server import LocalServer
 from tmas.llm.model import ClientStats
 from tmas.llm.types import CallKey, Message
@@ -55,20 +58,35 @@ async def _slot_busy(session: aiohttp.ClientSession, srv: LocalServer) -> bool:
 
 
 @pytest.mark.slow
-async def test_calls_queued_behind_a_busy_slot_are_waited_for_and_sent_once(one_slot: LocalServer) -> None:
+async def test_calls_queued_behind_a_busy_slot_are_waited_for_and_sent_once(
+    one_slot: LocalServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # One slot, four calls at once, each generating 160 tokens: three wait in llama-server's queue, silent (no
-    # headers), the last behind three whole calls. timeout_s is half of one call's time on this machine (measured by a
-    # first call), so every wait in the queue outlasts it while the gaps between tokens stay well inside it, and
-    # progress_timeout_s one call's time, which the last call's wait outlasts three times. While the server answers
-    # /health and its /metrics counters move, the queued calls are waited for, not sent again.
+    # headers), the last behind three whole calls. timeout_s is short, so the queued calls' silences are judged (the
+    # spy below sees each verdict); progress_timeout_s is at least one call's time (measured by a first call), so a
+    # slow machine's steps still count as progress. While the server answers /health and its /metrics counters move,
+    # the queued calls are waited for, not sent again.
     sampling = {"temperature": 0.0, "max_tokens": 160, "extra_body": {"ignore_eos": True}}
     async with LLMClient(_settings(one_slot)) as llm:
         warm = await llm.chat(
             "solution", [Message(role="user", content="Count.")], sampling=Sampling.model_validate(sampling)
         )
     assert warm.ok, warm.error
+    verdicts: list[tuple[bool, Failure | None]] = []  # (streaming, what the judge said) of each silence judged
+    judge = vitals.judge
+
+    def spied(*args: Any) -> vitals.Judge:
+        verdict = judge(*args)
+
+        async def said(silent_since: float, streaming: bool) -> Failure | None:
+            verdicts.append((streaming, failure := await verdict(silent_since, streaming)))
+            return failure
+
+        return said
+
+    monkeypatch.setattr(vitals, "judge", spied)
     stats = ClientStats()
-    settings = _settings(one_slot, timeout_s=max(0.2, warm.latency_s / 2), progress_timeout_s=max(0.4, warm.latency_s))
+    settings = _settings(one_slot, timeout_s=0.2, progress_timeout_s=max(5.0, 2 * warm.latency_s))
     deferred_seen = 0.0
     async with LLMClient(settings, stats=stats) as llm, aiohttp.ClientSession() as session:
         before = await _metric(session, one_slot, "tokens_predicted_total")
@@ -96,7 +114,9 @@ async def test_calls_queued_behind_a_busy_slot_are_waited_for_and_sent_once(one_
     assert stats.retries == 0 and all(c.retry_causes == [] for c in done)
     # Every token the server generated went to a reply that was used: nothing was generated twice.
     assert predicted - before == sum(c.usage.completion_tokens for c in done) == 4 * 160
-    assert max(c.first_token_s or 0.0 for c in done) > settings.endpoint.timeout_s
+    # A queued call's silence before its first chunk was judged, and the judge kept it waiting.
+    assert (False, None) in verdicts
+    assert all(failure is None for _, failure in verdicts)
 
 
 @pytest.mark.slow
