@@ -14,6 +14,10 @@ from tmas.cli.options import ConfigOpt, ModelFlags
 from tmas.errors import ConfigError, InputError
 from tmas.rl.train_options import train_default
 
+# The policy model of training and of the pilot's rollouts.
+PolicyOpt = Annotated[
+    str, typer.Option("--model", help="HF checkpoint dir, GGUF file, embedded model name, or 'tiny'.")
+]
 rl_app = typer.Typer(
     help="Hybrid-reward RL: training data from TMAS runs, GRPO training, GGUF export.", no_args_is_help=True
 )
@@ -82,9 +86,7 @@ def build_data(
 def train(
     data: Annotated[Path, typer.Argument(help="Parquet from 'tmas rl build-data'.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory (checkpoints, rewards.jsonl, final/).")],
-    model: Annotated[
-        str, typer.Option("--model", help="HF checkpoint dir, GGUF file, embedded model name, or 'tiny'.")
-    ] = "qwen2.5-coder-0.5b",
+    model: PolicyOpt = "qwen2.5-coder-0.5b",
     config: ConfigOpt = None,
     max_steps: Annotated[int, typer.Option("--max-steps", help="Optimizer steps (A.4: 190).")] = train_default(
         "max_steps"
@@ -222,9 +224,7 @@ def train(
 def pilot(
     data: Annotated[Path, typer.Argument(help="Parquet from 'tmas rl build-data'.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Parquet of the prompt groups kept (rates beside it).")],
-    model: Annotated[
-        str, typer.Option("--model", help="HF checkpoint dir, GGUF file, embedded model name, or 'tiny'.")
-    ] = "qwen2.5-coder-0.5b",
+    model: PolicyOpt = "qwen2.5-coder-0.5b",
     samples: Annotated[
         int, typer.Option("--samples", help="Rollouts per prompt group (as --num-generations).", min=2)
     ] = 8,
