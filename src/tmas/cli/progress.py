@@ -58,8 +58,8 @@ def tokens(value: int) -> str:
 
 
 def eta(state: RunState, now: float | None = None) -> str:
-    """Time left, from the share of the work done this session: finished problems, and each active problem's
-    iterations begun of the planned ones; ``?`` until something is done."""
+    """Time left, from the share of the work done since this command started: finished problems, and each active
+    problem's iterations begun of the planned ones; ``?`` until something is done."""
     todo = state.total - state.skipped
     if todo <= 0:
         return "0s"
