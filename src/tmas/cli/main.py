@@ -46,6 +46,7 @@ from tmas.errors import InputError, TmasError
 if TYPE_CHECKING:
     from tmas.runner import StoredProblems
     from tmas.store.run_store import RunStore
+    from tmas.sweep import SweepSpec, SweepSummary
 
 app = typer.Typer(
     name="tmas",
@@ -453,6 +454,66 @@ def evaluate(
         raise typer.Exit(code)
 
 
+def _sweep_plan(
+    flags: ModelFlags,
+    grid_file: Path | None,
+    out: Path | None,
+    resume: Path | None,
+    *,
+    problems: str | None,
+    limit: int | None,
+    method: list[str] | None,
+    param: list[str] | None,
+    grid: list[str] | None,
+) -> tuple[SweepSpec, Settings, Path]:
+    """The sweep's grid, settings and directory: a resumed sweep's own, a grid file's, or the flags'."""
+    from tmas.sweep import load_spec, parse_grid_flag, resumed_sweep, spec_from_flags, sweep_budget, with_grid_sampling
+
+    if resume is not None:
+        if grid_file is not None or out is not None or method or grid:
+            raise InputError("--resume takes the sweep directory alone: give no grid, --out, --method or --grid")
+        spec, settings = resumed_sweep(resume, flags.overrides(), config=flags.config)
+        return spec, settings, resume
+    if out is None:
+        raise InputError("give --out SWEEP_DIR (or --resume SWEEP_DIR)")
+    # The budget from the config file, TMAS_BUDGET_* and the flags; sweep_budget puts a grid file's in between.
+    settings = flags.settings()
+    if grid_file is not None:
+        if method or grid or param:
+            raise InputError("give either a grid file or --method/--param/--grid, not both")
+        spec = load_spec(grid_file)
+        given = {key: getattr(flags, f"budget_{key}") for key in ("tokens", "calls", "count")}
+        spec.budget = sweep_budget(
+            spec.budget, settings.budget, {key: value for key, value in given.items() if value is not None}
+        )
+    else:
+        if not method:
+            raise InputError("give a grid file or at least one --method")
+        axes = dict(parse_grid_flag(item) for item in grid or [])
+        spec = spec_from_flags(problems, method, parse_params(param), axes, limit=limit, budget=settings.budget)
+    if problems is not None:
+        spec.problems = problems
+        if spec.about is not None:
+            spec.about.benchmark = None  # other problems than the grid's: the report matches on their name
+    if limit is not None:
+        spec.limit = limit
+    settings = with_grid_sampling(settings, spec, flags.given("temperature", "top_p", "max_tokens", "seed"))
+    return spec, settings, out
+
+
+def _sweep_exit(summary: SweepSummary) -> None:
+    """The last line over every point's problems, and the exit code it implies."""
+    runs = [o.summary for o in summary.outcomes if o.summary is not None]
+    done, failed = sum(r.done for r in runs), sum(r.failed for r in runs)
+    reasons: dict[str, int] = {}
+    for run_summary in runs:
+        for why, count in run_summary.failures.items():
+            reasons[why] = reasons.get(why, 0) + count
+    typer.echo(failed_line(done, failed, reasons, " (over the sweep's points)" if failed else ""), err=True)
+    if code := exit_code(done, failed):
+        raise typer.Exit(code)
+
+
 @app.command(epilog=METHOD_PARAMETERS)
 @model_options
 @estimate_options
@@ -486,52 +547,14 @@ def sweep(
     from tmas.cli.estimate import build_estimate, gate
     from tmas.cli.progress import plain_status
     from tmas.runner import RunState
-    from tmas.sweep import (
-        expand,
-        load_spec,
-        parse_grid_flag,
-        report_sweep,
-        resumed_sweep,
-        run_sweep,
-        spec_from_flags,
-        sweep_budget,
-        sweep_problems,
-        with_grid_sampling,
-    )
+    from tmas.sweep import expand, report_sweep, run_sweep, sweep_problems
 
     grade_config = read_grade_flags(grade, judge_runs)
     if not no_report:
         check_grading_installed(grade_config)
-    if resume is not None:
-        if grid_file is not None or out is not None or method or grid:
-            raise InputError("--resume takes the sweep directory alone: give no grid, --out, --method or --grid")
-        spec, settings = resumed_sweep(resume, flags.overrides(), config=flags.config)
-        out = resume
-    else:
-        if out is None:
-            raise InputError("give --out SWEEP_DIR (or --resume SWEEP_DIR)")
-        # The budget from the config file, TMAS_BUDGET_* and the flags; sweep_budget puts a grid file's in between.
-        settings = flags.settings()
-        if grid_file is not None:
-            if method or grid or param:
-                raise InputError("give either a grid file or --method/--param/--grid, not both")
-            spec = load_spec(grid_file)
-            given = {key: getattr(flags, f"budget_{key}") for key in ("tokens", "calls", "count")}
-            spec.budget = sweep_budget(
-                spec.budget, settings.budget, {key: value for key, value in given.items() if value is not None}
-            )
-        else:
-            if not method:
-                raise InputError("give a grid file or at least one --method")
-            axes = dict(parse_grid_flag(item) for item in grid or [])
-            spec = spec_from_flags(problems, method, parse_params(param), axes, limit=limit, budget=settings.budget)
-        if problems is not None:
-            spec.problems = problems
-            if spec.about is not None:
-                spec.about.benchmark = None  # other problems than the grid's: the report matches on their name
-        if limit is not None:
-            spec.limit = limit
-        settings = with_grid_sampling(settings, spec, flags.given("temperature", "top_p", "max_tokens", "seed"))
+    spec, settings, out = _sweep_plan(
+        flags, grid_file, out, resume, problems=problems, limit=limit, method=method, param=param, grid=grid
+    )
 
     points = expand(spec)
     steps = Steps("sweep")
@@ -555,15 +578,7 @@ def sweep(
         report = report_sweep(spec, out, grade_config, settings, on_step=steps.step)
         summary.report = interrupt.run(steps.during(report))
     typer.echo(json.dumps(summary.to_dict(), indent=2))
-    runs = [o.summary for o in summary.outcomes if o.summary is not None]
-    done, failed = sum(r.done for r in runs), sum(r.failed for r in runs)
-    reasons: dict[str, int] = {}
-    for run_summary in runs:
-        for why, count in run_summary.failures.items():
-            reasons[why] = reasons.get(why, 0) + count
-    typer.echo(failed_line(done, failed, reasons, " (over the sweep's points)" if failed else ""), err=True)
-    if code := exit_code(done, failed):
-        raise typer.Exit(code)
+    _sweep_exit(summary)
 
 
 app.add_typer(data_app, name="data")
