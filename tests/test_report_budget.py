@@ -11,7 +11,9 @@ import pytest
 from conftest import scripted_settings
 from scripted_runs import scripted_run
 from tmas.grading.grades import GradeConfig
+from tmas.problems import Problem
 from tmas.reports.report import build_report
+from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, ScriptedUsage, SimScript
 
 pytest.importorskip("matplotlib")
@@ -61,3 +63,21 @@ async def test_the_report_shows_budget_and_spend_side_by_side(tmp_path: Path) ->
     # cot: one call a problem, 30 completion and 130 prompt + completion tokens.
     assert [row[7:9] for row in cost if row[0].startswith("cot")] == [["30", "130"]]
     assert "Completion tokens/problem is what the frontier and the equal-budget table count" in markdown
+
+
+async def test_a_run_stopped_early_costs_per_problem_it_started(tmp_path: Path) -> None:
+    problems = tmp_path / "p.jsonl"
+    rows = [{"problem_id": f"p{i}", "question": f"What is {i + 3}*7?", "answer": str((i + 3) * 7)} for i in range(2)]
+    problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = tmp_path / "cot"
+    await scripted_run(ScriptedModel(THIRTY, scripted_settings(method={"name": "cot", "params": {}})), run, problems)
+    # Two more problems in the run that it never started (as when a long run is stopped and reported).
+    with RunStore(run) as store:
+        store.add_problems(
+            [Problem(problem_id=f"later{i}", question=f"What is {i}+1?", answer=str(i + 1)) for i in (1, 2)]
+        )
+
+    await build_report([run], tmp_path / "report", GradeConfig(mode="rules"), None)
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    # 2 calls of 30 completion and 130 prompt + completion tokens over the 2 problems started, not the 4 it holds.
+    assert [row[7:9] for row in table_rows(markdown, "### Cost")] == [["30", "130"]]

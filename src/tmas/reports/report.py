@@ -268,8 +268,10 @@ def _run_records(e: RunEvaluation, store: RunStore, results: list[ProblemResult]
 @dataclass
 class RunCost:
     """A run's calls and tokens: the method's roles (a problem still mid-way counted from its finished iterations),
-    and the judge's apart."""
+    and the judge's apart; ``problems`` is how many problems they were spent on (a run stopped early has started
+    only some)."""
 
+    problems: int = 0
     calls: int = 0
     failed_calls: int = 0
     usage: Usage = field(default_factory=Usage)
@@ -278,7 +280,7 @@ class RunCost:
 
 
 def run_cost(results: list[ProblemResult], store: RunStore) -> RunCost:
-    cost = RunCost()
+    cost = RunCost(problems=len(results))
     for r in results:
         cost.calls += r.calls
         cost.failed_calls += r.failed_calls
@@ -443,8 +445,8 @@ def _benchmark_tables(doc: Document, runs: list[RunEvaluation]) -> None:
                 cached_share(u.cached_prompt_tokens, u.prompt_tokens),
                 str(u.completion_tokens),
                 str(u.reasoning_tokens),
-                f"{u.completion_tokens / max(1, e.problems):.0f}",
-                f"{(u.prompt_tokens + u.completion_tokens) / max(1, e.problems):.0f}",
+                f"{u.completion_tokens / max(1, c.problems):.0f}",
+                f"{(u.prompt_tokens + u.completion_tokens) / max(1, c.problems):.0f}",
                 str(c.judge_calls),
                 str(c.judge_tokens),
             ]
@@ -456,9 +458,9 @@ def _benchmark_tables(doc: Document, runs: list[RunEvaluation]) -> None:
         Paragraph(
             "Every call of the method's roles, the judge's apart. Reasoning tokens are part of completion tokens, "
             "where the server reports them. Cached prompt: the share of prompt tokens the server took from its prompt "
-            "cache instead of computing them, as it reported them (0 where it did not). Completion tokens/problem is "
-            "what the frontier and the equal-budget table count; prompt + completion tokens/problem is what a hosted "
-            "API bills."
+            "cache instead of computing them, as it reported them (0 where it did not). Per problem: over the problems "
+            "the run started. Completion tokens/problem is what the frontier and the equal-budget table count; "
+            "prompt + completion tokens/problem is what a hosted API bills."
         )
     )
     budget_section(doc, runs)
