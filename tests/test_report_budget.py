@@ -34,10 +34,16 @@ def table_rows(markdown: str, heading: str) -> list[list[str]]:
     return table
 
 
-async def test_the_report_shows_budget_and_spend_side_by_side(tmp_path: Path) -> None:
+def two_problems(tmp_path: Path) -> Path:
+    """A JSONL of two multiplication problems."""
     problems = tmp_path / "p.jsonl"
     rows = [{"problem_id": f"p{i}", "question": f"What is {i + 3}*7?", "answer": str((i + 3) * 7)} for i in range(2)]
     problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return problems
+
+
+async def test_the_report_shows_budget_and_spend_side_by_side(tmp_path: Path) -> None:
+    problems = two_problems(tmp_path)
     # Majority vote, one sample an iteration, 50 iterations; 100 completion tokens a problem: calls at 0, 30, 60 and
     # 90 go (each alone: max_tokens 256 passes what is left), the fifth, at 120, is refused. 120 spent, 4 calls.
     one_a_time = {"name": "majority", "params": {"k": 1, "iterations": 50}}
@@ -66,9 +72,7 @@ async def test_the_report_shows_budget_and_spend_side_by_side(tmp_path: Path) ->
 
 
 async def test_a_run_stopped_early_costs_per_problem_it_started(tmp_path: Path) -> None:
-    problems = tmp_path / "p.jsonl"
-    rows = [{"problem_id": f"p{i}", "question": f"What is {i + 3}*7?", "answer": str((i + 3) * 7)} for i in range(2)]
-    problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    problems = two_problems(tmp_path)
     run = tmp_path / "cot"
     await scripted_run(ScriptedModel(THIRTY, scripted_settings(method={"name": "cot", "params": {}})), run, problems)
     # Two more problems in the run that it never started (as when a long run is stopped and reported).

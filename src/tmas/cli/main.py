@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
@@ -505,10 +506,9 @@ def _sweep_exit(summary: SweepSummary) -> None:
     """The last line over every point's problems, and the exit code it implies."""
     runs = [o.summary for o in summary.outcomes if o.summary is not None]
     done, failed = sum(r.done for r in runs), sum(r.failed for r in runs)
-    reasons: dict[str, int] = {}
+    reasons: Counter[str] = Counter()
     for run_summary in runs:
-        for why, count in run_summary.failures.items():
-            reasons[why] = reasons.get(why, 0) + count
+        reasons.update(run_summary.failures)
     typer.echo(failed_line(done, failed, reasons, " (over the sweep's points)" if failed else ""), err=True)
     if code := exit_code(done, failed):
         raise typer.Exit(code)
