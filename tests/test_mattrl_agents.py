@@ -190,6 +190,9 @@ def test_decision_math_tags_and_missing_tags() -> None:
     decision = domain_named("math").parse_decision(reply)
     assert decision is not None and (decision.answer, decision.report, decision.proof) == ("391", "- idea", "p")
     assert domain_named("math").parse_decision("The answer is 391.") is None
+    # A small model writes a sentence in the tag: the value it states is the answer.
+    stated = domain_named("math").parse_decision("<final_answer>The final answer is 35.</final_answer>")
+    assert stated is not None and stated.answer == "35"
     na = domain_named("math").parse_decision("<final_answer>N/A</final_answer>")
     assert na is not None and na.answer is None
 

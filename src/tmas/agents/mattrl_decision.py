@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 
 from tmas.agents.mattrl_opinion import ranked_names
 from tmas.agents.templates import prompt
-from tmas.answers import last_boxed
+from tmas.answers import extract_answer
 from tmas.llm.types import Message
 
 
@@ -42,7 +42,8 @@ def rewrite_prompt(reply: str, domain: str) -> list[Message]:
 
 def _clean_answer(raw: str) -> str | None:
     text = raw.strip().lstrip("-").strip()
-    text = last_boxed(text) or text.strip("$").strip()
+    # A boxed value, else a stated one ("the final answer is ..."), else the line as written.
+    text = extract_answer(text).answer or text.strip("$").strip()
     return None if not text or text.upper() in ("N/A", "NA", "UNKNOWN") else text
 
 
