@@ -194,6 +194,28 @@ async def test_a_decision_unreadable_after_the_rewrite_falls_back_to_the_team() 
     )
 
 
+async def test_a_decision_with_no_answer_in_its_tags_falls_back_to_the_team() -> None:
+    rules = [
+        Rule(role="specialist", pattern="You are Edge-case auditor", replies=[WRONG]),
+        Rule(role="coordinator", pattern="<team_summary>", replies=["<final_answer>N/A</final_answer>"]),
+    ]
+    result, model = await run(rules, iterations=1)
+    assert result.answer == "391" and result.status != "failed"
+    assert (
+        result.iterations[-1].notes[-1]
+        == "decision: unreadable (its tags hold no answer); the team's majority answer is used"
+    )
+    assert not any("<reply>" in prompt for prompt in last_user_prompts(model, "coordinator"))
+
+
+async def test_a_decision_cut_inside_its_final_answer_is_read_without_a_rewrite() -> None:
+    cut = "<analysis>tally</analysis>\n<final_answer>\nThe final answer is \\(\\boxed{391}\\).\n\n<formal_proof>\nBy"
+    result, model = await run([Rule(role="coordinator", pattern="<team_summary>", replies=[cut])], iterations=1)
+    assert result.answer == "391"
+    assert not any("rewrite" in note for note in result.iterations[-1].notes)
+    assert not any("<reply>" in prompt for prompt in last_user_prompts(model, "coordinator"))
+
+
 async def test_each_role_gets_its_own_model_and_sampling(sim: SimServer, sim2: SimServer, tmp_path: Path) -> None:
     roles = {
         "coordinator": {"model": "chair", "sampling": {"temperature": 0.1, "max_tokens": 900}},

@@ -193,6 +193,11 @@ def test_decision_math_tags_and_missing_tags() -> None:
     # A small model writes a sentence in the tag: the value it states is the answer.
     stated = domain_named("math").parse_decision("<final_answer>The final answer is 35.</final_answer>")
     assert stated is not None and stated.answer == "35"
+    # A reply cut short, or going on to its next tag without closing this one: read up to the next tag.
+    cut = domain_named("math").parse_decision(
+        "<analysis>x</analysis>\n<final_answer>\nThe final answer is \\(\\boxed{31}\\).\n\n<formal_proof>\nSo"
+    )
+    assert cut is not None and (cut.answer, cut.report, cut.proof) == ("31", "x", "So")
     na = domain_named("math").parse_decision("<final_answer>N/A</final_answer>")
     assert na is not None and na.answer is None
 

@@ -26,8 +26,15 @@ class Decision(BaseModel):
 
 
 def _tag(text: str, name: str) -> str | None:
+    """The last ``<name>...</name>`` block; where the tag was opened and never closed (a reply cut at its token
+    limit, or one that goes on to its next tag), what follows the last opening up to the next tag."""
     found = re.findall(rf"<{name}>(.*?)</{name}>", text, re.S | re.I)
-    return found[-1].strip() if found else None
+    if found:
+        return str(found[-1]).strip()
+    opened = re.split(rf"<{name}>", text, flags=re.I)
+    if len(opened) < 2:
+        return None
+    return re.split(r"</?[a-z_][a-z0-9_]*>", opened[-1], maxsplit=1, flags=re.I)[0].strip()
 
 
 def decision_prompt(question: str, domain: str, summary: str, *, system_name: str | None = None) -> list[Message]:

@@ -422,7 +422,14 @@ class MATTRL(Method[MATTRLParams]):
             notes.append("decision: the required tags are missing; asked for one rewrite")
             final = await session.chat("coordinator", domain.rewrite_prompt(reply.content), sample=_DECISION_SAMPLE + 1)
             decision = domain.parse_decision(final.content) if final.ok else None
-        if decision is None:
+        if decision is None or decision.answer is None:
+            why = reply.error or (
+                "its answer echoed the instructions twice"
+                if guarded.echo
+                else "no tags after the rewrite"
+                if decision is None
+                else "its tags hold no answer"
+            )
             read = domain.decision_fallback(reply.content) if reply.ok and guarded.echo is None else None
             pooled = pooled_differential(seats)
             decision = Decision(report=reply.content if reply.ok else "", answer=read or self._majority(seats))
@@ -434,9 +441,6 @@ class MATTRL(Method[MATTRLParams]):
                 else "the team's pooled differential"
                 if pooled
                 else "the team's majority answer"
-            )
-            why = reply.error or (
-                "its answer echoed the instructions twice" if guarded.echo else "no tags after the rewrite"
             )
             notes.append(f"decision: unreadable ({why}); {source} is used")
         talk.transcript.utterances.append(
