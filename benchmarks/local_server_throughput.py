@@ -40,7 +40,8 @@ from typing import Any
 import aiohttp
 
 from tmas.config import LocalModel
-from tmas.llm.local_server import LocalServer, default_threads
+from tmas.llm.local_command import default_threads
+from tmas.llm.local_server import LocalServer
 
 RESULTS = Path(__file__).parent / "results" / "local_server_throughput.json"
 GEN_TOKENS = 128
