@@ -469,6 +469,47 @@ def test_the_experience_schema_holds_what_max_tokens_can_hold() -> None:
     assert response_format(experience_reply_model(450))["json_schema"]["name"] == "ExperienceReply"
 
 
+@pytest.mark.parametrize(
+    ("domain", "iterations", "model"), [("math", 1, "ReviewReply"), ("medicine", 2, "DifferentialReviewReply")]
+)
+async def test_the_review_schemas_sent_bound_their_texts_and_lists(
+    sim: SimServer, domain: str, iterations: int, model: str
+) -> None:
+    """Unbounded, the embedded model repeated one "validated" phrase until max_tokens cut the review (a cut review is
+    unreadable): the reviewer's schema on the wire bounds the analysis to 600 characters, each phrase to 160, each
+    note and fix to 300, and the lists (6 phrases, 4 issues of the prompt's seven types; 10 points in medicine)."""
+    settings = settings_for(
+        sim,
+        method={"name": "mattrl", "params": {"team_size": 2, "iterations": iterations, "domain": domain}},
+        endpoint__structured_output="json_schema",
+    )
+    assert (await asolve(Q, settings)).status == "done"
+    sent = [body["response_format"]["json_schema"] for body in sim.chat_bodies("reviewer")]
+    assert sent and {s["name"] for s in sent} == {model}
+    fields = sent[0]["schema"]["properties"]
+    assert fields["analysis"] == {"type": "string", "maxLength": 600}
+    if domain == "medicine":
+        assert fields["agreements"] == {"type": "array", "items": {"type": "string", "maxLength": 300}, "maxItems": 10}
+        assert {"type": "array", "items": {"type": "string", "maxLength": 300}, "maxItems": 10} in fields[
+            "disagreements"
+        ]["anyOf"]
+        return
+    assert fields["validated"] == {"type": "array", "items": {"type": "string", "maxLength": 160}, "maxItems": 6}
+    assert fields["issues"]["maxItems"] == 4
+    issue = fields["issues"]["items"]["properties"]
+    assert issue["note"] == issue["fix"] == {"type": "string", "maxLength": 300}
+    assert issue["type"]["enum"] == [
+        "algebra_error",
+        "logic_gap",
+        "missing_case",
+        "theorem_misuse",
+        "undefined_symbol",
+        "computation_error",
+        "other",
+    ]
+    assert {"type": "string", "maxLength": 300} in fields["alt_hint"]["anyOf"]
+
+
 async def test_the_local_preset_bounds_what_its_summary_and_experience_calls_ask_for() -> None:
     """The local preset caps the summary at 220 tokens and the experience agent at 450: the summary prompt asks for
     at most int(220 * 0.55) // 10 * 10 = 120 words, and the experience schema for at most 450 // 170 = 2 operations.

@@ -10,7 +10,7 @@ agreements, disagreements, changes); there is no verdict, a specialist converges
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
@@ -21,6 +21,25 @@ from tmas.memory.transcript import TeamMember
 
 Verdict = Literal["accept", "revise", "reject"]
 Severity = Literal["fatal", "major", "minor"]
+IssueType = Literal[
+    "algebra_error", "logic_gap", "missing_case", "theorem_misuse", "undefined_symbol", "computation_error", "other"
+]
+
+# A server closes a constrained reply's JSON only where the schema lets it. Unbounded, the embedded 0.5B model wrote
+# analyses of up to 3,000 characters and one phrase of "validated" over and over until max_tokens cut the reply (65
+# of 147 math reviews at 640 tokens, 25 of them after their verdict), and a cut review counts as no review. So the
+# reply schemas bound what the review prompts already ask to keep short (an analysis of two to four sentences, short
+# phrases, one entry per criticism); reading a reply stays unbounded.
+ANALYSIS_CHARS = 600
+PHRASE_CHARS = 160
+NOTE_CHARS = 300
+MAX_VALIDATED = 6
+MAX_ISSUES = 4
+# A.4's lists: a differential has ten entries, so ten points each at most.
+MAX_POINTS = 10
+
+Phrase = Annotated[str, Field(max_length=PHRASE_CHARS)]
+Note = Annotated[str, Field(max_length=NOTE_CHARS)]
 
 
 class Issue(BaseModel):
@@ -82,15 +101,15 @@ class Review(BaseModel):
 
 
 class IssueReply(BaseModel):
-    type: str
+    type: IssueType
     severity: Severity
-    note: str
-    fix: str
+    note: Note
+    fix: Note
 
 
 class CounterexampleReply(BaseModel):
     found: bool
-    example: str | None = None
+    example: Note | None = None
 
 
 class ReviewTestsReply(BaseModel):
@@ -99,15 +118,16 @@ class ReviewTestsReply(BaseModel):
 
 
 class ReviewReply(BaseModel):
-    """The reply's shape (B.4), sent as the call's JSON schema (``reply_model``): analysis first, verdict after it.
-    Read by :func:`parse_review` into :class:`Review`, which also says who reviewed whom."""
+    """The reply's shape (B.4), sent as the call's JSON schema (``reply_model``): analysis first, verdict after it,
+    each text and list bounded (see :data:`ANALYSIS_CHARS`). Read by :func:`parse_review` into :class:`Review`, which
+    also says who reviewed whom."""
 
-    analysis: str
+    analysis: str = Field(max_length=ANALYSIS_CHARS)
     verdict: Verdict
-    validated: list[str]
-    issues: list[IssueReply]
+    validated: list[Phrase] = Field(max_length=MAX_VALIDATED)
+    issues: list[IssueReply] = Field(max_length=MAX_ISSUES)
     tests: ReviewTestsReply
-    alt_hint: str | None = None
+    alt_hint: Note | None = None
     confidence: float | None = Field(default=None, ge=0.0, le=1.0)
 
 
@@ -195,13 +215,13 @@ class DifferentialReview(BaseModel):
 
 class DifferentialReviewReply(BaseModel):
     """A.4's reply shape, sent as the call's JSON schema (``reply_model``), fields in the template's order: the
-    analysis first, then the points; ``disagreements`` is null when the reviewer fully concurs. Read by
-    :func:`parse_differential_review` into :class:`DifferentialReview`."""
+    analysis first, then the points, each text and list bounded like the math review's; ``disagreements`` is null
+    when the reviewer fully concurs. Read by :func:`parse_differential_review` into :class:`DifferentialReview`."""
 
-    analysis: str
-    agreements: list[str]
-    disagreements: list[str] | None
-    changes: list[str]
+    analysis: str = Field(max_length=ANALYSIS_CHARS)
+    agreements: list[Note] = Field(max_length=MAX_POINTS)
+    disagreements: list[Note] | None = Field(max_length=MAX_POINTS)
+    changes: list[Note] = Field(max_length=MAX_POINTS)
 
 
 def differential_review_prompt(question: str, reviewer: TeamMember, target: TeamMember, attempt: str) -> list[Message]:
