@@ -6,6 +6,7 @@ asserted on the bodies the simulated server received and on the records the run 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from tmas.agents.pool_summarizer import (
     parse_teaching_summarizer,
 )
 from tmas.agents.utterance_judge import JudgeScoreReply, RubricReply, parse_judge_score, parse_rubric_score
-from tmas.agents.verification import VerificationReply, parse_verification
+from tmas.agents.verification import VerificationReply, parse_verification, verification_reply_model
 from tmas.api import asolve
 from tmas.config import load_settings
 from tmas.grading.judge import JudgeReplyFormat, judge_once, parse_judge_reply
@@ -58,16 +59,20 @@ def schema_names(sim: SimServer) -> dict[str, set[str | None]]:
             continue
         fmt = entry.body.get("response_format")
         if fmt is not None:
-            # Each schema sent is exactly its reply model's (flattened) schema; the experience agent's is bounded by
-            # the max_tokens of the same request.
+            # Each schema sent is exactly its reply model's (flattened) schema; the experience agent's and the
+            # verifier's are bounded by the max_tokens of the same request.
             name = fmt["json_schema"]["name"]
-            model = experience_reply_model(entry.body.get("max_tokens")) if name == "ExperienceReply" else MODELS[name]
+            model = BY_MAX_TOKENS[name](entry.body.get("max_tokens")) if name in BY_MAX_TOKENS else MODELS[name]
             assert fmt["type"] == "json_schema"
             assert fmt["json_schema"]["schema"] == json_schema(model), name
         out.setdefault(entry.role, set()).add(None if fmt is None else fmt["json_schema"]["name"])
     return out
 
 
+BY_MAX_TOKENS: dict[str, Callable[[int | None], type[BaseModel]]] = {
+    "ExperienceReply": experience_reply_model,
+    "VerificationReply": verification_reply_model,
+}
 MODELS: dict[str, type[BaseModel]] = {
     m.__name__: m
     for m in (
@@ -528,3 +533,29 @@ async def test_the_local_preset_bounds_what_its_summary_and_experience_calls_ask
     assert experience and all(b["max_tokens"] == 450 for b in experience)
     schema = experience[0]["response_format"]["json_schema"]["schema"]
     assert schema["properties"]["operations"]["maxItems"] == 2
+    # The verifier's 400 tokens hold an analysis of (400 - 24) * 2.5 = 940 characters before its score.
+    verifier = [call.body for call in model.calls_of("verifier")]
+    assert verifier and all(b["max_tokens"] == 400 for b in verifier)
+    analysis = verifier[0]["response_format"]["json_schema"]["schema"]["properties"]["analysis"]
+    assert analysis == {"type": "string", "maxLength": 940}
+
+
+async def test_the_verifier_schema_on_the_wire_bounds_its_analysis_by_max_tokens(sim: SimServer) -> None:
+    """Verify-Refine over HTTP: the analysis bound follows the max_tokens of the same body, (max_tokens - 24) * 2.5
+    characters; 200 tokens for the verifier give 440, and the built-in default of 2048 gives 5,060."""
+    for roles, sent, bound in (({"verifier": {"sampling": {"max_tokens": 200}}}, 200, 440), ({}, 2048, 5060)):
+        sim.reset()
+        settings = settings_for(
+            sim,
+            method={"name": "verify_refine", "params": {"n": 1, "m": 1, "iterations": 1}},
+            endpoint__structured_output="json_schema",
+            sampling={"temperature": 0.7},
+            roles=roles,
+        )
+        assert (await asolve(Q, settings)).status == "done"
+        bodies = sim.chat_bodies("verifier")
+        assert bodies and all(b["max_tokens"] == sent for b in bodies)
+        for body in bodies:
+            analysis = body["response_format"]["json_schema"]["schema"]["properties"]["analysis"]
+            assert analysis == {"type": "string", "maxLength": bound}
+    assert verification_reply_model(None) is VerificationReply

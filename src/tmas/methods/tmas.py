@@ -60,7 +60,12 @@ from tmas.agents.solution import (
     refine_prompt,
 )
 from tmas.agents.summary import Summary, parse_summary, summary_from_scores, summary_prompt
-from tmas.agents.verification import Verification, VerificationReply, parse_verification, verification_prompt
+from tmas.agents.verification import (
+    Verification,
+    parse_verification,
+    verification_prompt,
+    verification_reply_model,
+)
 from tmas.answer_classes import value_key
 from tmas.config import Sampling, Settings
 from tmas.llm.sampling import resolve_role
@@ -587,7 +592,7 @@ class TMAS(Method[TMASParams]):
         else:
             check = verification_prompt(q, solution, p.mode, p.style_of("verifier"))
         # Text scoring only: logprob scores are read from unconstrained tokens (see LLMClient._response_format).
-        shape = None if logprob else VerificationReply
+        shape = None if logprob else verification_reply_model(session.max_tokens("verifier"))
         replies = await gather_all(
             session.chat("verifier", check, sample=i * p.m + j, sampling=over, reply_model=shape, chain=i)
             for j in range(p.m)

@@ -20,7 +20,12 @@ from pydantic import Field
 
 from tmas.agents.baselines import correction_prompt
 from tmas.agents.solution import generation_prompt
-from tmas.agents.verification import Verification, VerificationReply, parse_verification, verification_prompt
+from tmas.agents.verification import (
+    Verification,
+    parse_verification,
+    verification_prompt,
+    verification_reply_model,
+)
 from tmas.methods.base import (
     BudgetExhausted,
     Candidate,
@@ -153,9 +158,10 @@ class VerifyRefine(Method[VerifyRefineParams]):
             candidate.score = 0.0
             return Verified(candidate, None)
         check = verification_prompt(q, candidate.text, mode, p.style_of("verifier"))
+        shape = verification_reply_model(session.max_tokens("verifier"))
         try:
             replies = await gather_all(
-                session.chat("verifier", check, sample=i * p.m + j, reply_model=VerificationReply) for j in range(p.m)
+                session.chat("verifier", check, sample=i * p.m + j, reply_model=shape) for j in range(p.m)
             )
         except BudgetExhausted:
             # The solution is finished but unverified: kept, unscored, and not corrected from a report it never got.

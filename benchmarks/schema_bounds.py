@@ -1,0 +1,333 @@
+"""A role's JSON replies under its reply schema with and without the schema's length bounds, on the same prompts.
+
+The prompts are a run's own: every MATTRL math peer review (``--role reviewer``, the first attempt of each) or every
+verification of TMAS or Verify-Refine (``--role verifier``) the run stored. Each is sent again to the embedded model
+twice: once under the reply schema as it was before its bounds (``maxLength`` and ``maxItems`` taken out), once
+under the schema the method sends now, each with the run's own temperature and ``max_tokens`` and the stored seed,
+both arms of a prompt side by side so that they meet the same load. Each reply is read as the method reads it. The
+table gives, per arm: replies cut at ``max_tokens``, replies the method cannot use (a review without its verdict, a
+verification without its score), what the usable ones said (verdicts and issues; scores), completion tokens a reply,
+and the paired difference in unusable replies with its standard error. For verifications it also gives the ROC area
+of the scores the method uses (an unusable one counts 0) between right and wrong candidates (their answers graded
+against the reference by rules).
+
+Run, in the repository root, on a run made with the embedded model::
+
+    python benchmarks/schema_bounds.py runs/mattrl --role reviewer --out bounds-review   # --limit N: first N
+    python benchmarks/schema_bounds.py runs/tmas --role verifier --out bounds-verifier
+
+Resumable: the replies go to ``OUT/replies.jsonl`` as they come, and a second run sends only the missing ones; the
+summary goes to ``OUT/summary.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import math
+import platform
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tmas.agents.mattrl_review import ReviewReply, parse_review
+from tmas.agents.output import AgentOutputError
+from tmas.agents.verification import SCALE, parse_verification, verification_reply_model
+from tmas.answer_rules import check_pair
+from tmas.answers import extract_answer
+from tmas.config import LocalModel
+from tmas.llm.local_command import default_threads
+from tmas.llm.local_server import LocalServer
+from tmas.llm.schema import json_schema
+from tmas.methods.mattrl_deliberation import RETRY_OFFSET, REVIEW_SAMPLE
+from tmas.reports.roc import roc_area
+from tmas.store.run_store import RunStore
+
+ARMS = ("unbounded", "bounded")
+_BOUNDS = frozenset({"maxLength", "maxItems"})
+_SOLUTION = re.compile(r"<solution>\n(.*)\n</solution>", re.S)
+
+
+def unbounded(node: Any) -> Any:
+    """``node`` (a JSON schema) without its length bounds: the schema as it was before them."""
+    if isinstance(node, list):
+        return [unbounded(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    return {key: unbounded(value) for key, value in node.items() if key not in _BOUNDS}
+
+
+def review_read(content: str, finish_reason: str | None) -> dict[str, Any]:
+    """What MATTRL makes of a review: its verdict and issues, or why it could not be read."""
+    try:
+        review = parse_review(content, "reviewer", "author", truncated=finish_reason == "length")
+    except AgentOutputError as exc:
+        return {"usable": False, "why": str(exc)}
+    return {"usable": True, "verdict": review.verdict, "issues": len(review.issues)}
+
+
+def verification_read(content: str, finish_reason: str | None) -> dict[str, Any]:
+    """What TMAS and Verify-Refine make of a verification: its score, or none."""
+    score = parse_verification(content).score
+    return {"usable": score is not None, "score": score}
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    # The reply model as sent now, for a prompt's max_tokens; its name on the wire.
+    bounded: Callable[[int | None], dict[str, Any]]
+    schema_name: str
+    read: Callable[[str, str | None], dict[str, Any]]
+    # Whether a stored call of the role is a prompt here (its key's sample, its last message).
+    wanted: Callable[[int, str], bool]
+
+
+ROLES = {
+    "reviewer": Role(
+        "reviewer",
+        lambda _max_tokens: json_schema(ReviewReply),
+        "ReviewReply",
+        review_read,
+        # A review asked again (unreadable, or echoing its prompt) has its sample moved by RETRY_OFFSET; a medicine
+        # review (A.4) has no verdict to read.
+        lambda sample, text: sample < REVIEW_SAMPLE + RETRY_OFFSET and '"verdict"' in text,
+    ),
+    "verifier": Role(
+        "verifier",
+        lambda max_tokens: json_schema(verification_reply_model(max_tokens)),
+        "VerificationReply",
+        verification_read,
+        lambda _sample, text: "<solution>" in text,
+    ),
+}
+
+
+def schemas(role: Role, max_tokens: int | None) -> dict[str, dict[str, Any]]:
+    bounded = role.bounded(max_tokens)
+    return {"unbounded": unbounded(bounded), "bounded": bounded}
+
+
+def right(solution_prompt: str, gold: str | None) -> bool | None:
+    """Whether the candidate a verification prompt holds answers ``gold`` (by rules; None: cannot tell)."""
+    found = _SOLUTION.search(solution_prompt)
+    answer = extract_answer(found.group(1)).answer if found else None
+    if gold is None or answer is None:
+        return None if gold is None else False
+    return check_pair(gold, answer).correct
+
+
+def prompts(run_dir: Path, role: Role, limit: int | None) -> list[dict[str, Any]]:
+    """The role's prompts in the run, in the order they were made (verifications with whether their candidate is
+    right)."""
+    store = RunStore(run_dir, create=False, read_only=True)
+    try:
+        gold = {p.problem_id: p.answer for p in store.problems()}
+        found = []
+        for call in store.calls():
+            if call.key.role != role.name or call.error is not None:
+                continue
+            messages = store.call_messages(call.call_id)
+            if not messages or not role.wanted(call.key.sample, messages[-1]["content"]):
+                continue
+            sampling = store.call_sampling(call.call_id)
+            found.append(
+                {
+                    "index": len(found),
+                    "problem_id": call.key.problem_id,
+                    "model": call.model,
+                    "messages": messages,
+                    "temperature": sampling.get("temperature"),
+                    "max_tokens": sampling.get("max_tokens"),
+                    "seed": sampling.get("seed"),
+                }
+            )
+            if len(found) == limit:
+                break
+    finally:
+        store.close()
+    if not found:
+        raise SystemExit(f"{run_dir}: no {role.name} prompt of the kind measured here is stored")
+    if role.name == "verifier":
+        for p in found:
+            p["right"] = right(p["messages"][-1]["content"], gold.get(p["problem_id"]))
+    return found
+
+
+async def ask(
+    session: aiohttp.ClientSession, base_url: str, role: Role, prompt: dict[str, Any], arm: str
+) -> dict[str, Any]:
+    schema = schemas(role, prompt["max_tokens"])[arm]
+    body: dict[str, Any] = {
+        "model": prompt["model"],
+        "messages": prompt["messages"],
+        "response_format": {"type": "json_schema", "json_schema": {"name": role.schema_name, "schema": schema}},
+    }
+    for field in ("temperature", "max_tokens", "seed"):
+        if prompt[field] is not None:
+            body[field] = prompt[field]
+    async with session.post(f"{base_url}/chat/completions", json=body) as resp:
+        reply = await resp.json()
+        if resp.status != 200:
+            raise RuntimeError(f"prompt {prompt['index']} ({arm}): HTTP {resp.status}: {json.dumps(reply)[:300]}")
+    choice = reply["choices"][0]
+    content = choice["message"].get("content") or ""
+    return {
+        "index": prompt["index"],
+        "arm": arm,
+        "finish_reason": choice.get("finish_reason"),
+        "completion_tokens": reply["usage"]["completion_tokens"],
+        "content": content,
+        **role.read(content, choice.get("finish_reason")),
+    }
+
+
+def kept(replies: Path) -> list[dict[str, Any]]:
+    if not replies.exists():
+        return []
+    return [json.loads(line) for line in replies.read_text().splitlines() if line.strip()]
+
+
+async def collect(role: Role, prompts_: list[dict[str, Any]], model: str, out: Path, parallel: int) -> None:
+    """Sends every missing (prompt, arm) to the embedded model, ``parallel`` at a time, appending each reply."""
+    replies = out / "replies.jsonl"
+    have = {(row["index"], row["arm"]) for row in kept(replies)}
+    todo = [(p, arm) for p in prompts_ for arm in ARMS if (p["index"], arm) not in have]
+    print(f"{len(todo)} replies to ask for ({len(have)} kept)", file=sys.stderr, flush=True)
+    if not todo:
+        return
+    gate = asyncio.Semaphore(parallel)
+    cfg = LocalModel(model=model, parallel=parallel, startup_timeout_s=600)
+    async with LocalServer(cfg) as srv, aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as session:
+
+        async def one(prompt: dict[str, Any], arm: str) -> None:
+            async with gate:
+                row = await ask(session, srv.base_url, role, prompt, arm)
+            with replies.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            said = "usable" if row["usable"] else "unusable"
+            print(
+                f"prompt {row['index']} {arm}: {row['finish_reason']}, {row['completion_tokens']} tokens, {said}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        await asyncio.gather(*(one(p, arm) for p, arm in todo))
+
+
+def share(hits: int, n: int) -> dict[str, float]:
+    """A proportion and its standard error sqrt(p (1 - p) / n)."""
+    p = hits / n if n else 0.0
+    return {"share": p, "stderr": math.sqrt(p * (1 - p) / n) if n else 0.0}
+
+
+def paired_mean(diffs: list[int]) -> dict[str, float]:
+    """The mean of per-prompt differences and its standard error (sample standard deviation / sqrt(n))."""
+    n = len(diffs)
+    mean = sum(diffs) / n if n else 0.0
+    var = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
+    return {"prompts": n, "difference": mean, "stderr": math.sqrt(var / n) if n else 0.0}
+
+
+def summarize(rows: list[dict[str, Any]], labels: dict[int, bool | None] | None = None) -> dict[str, Any]:
+    """Per arm: replies cut, unusable, what the usable ones said, tokens (and, with ``labels``, whether each prompt's
+    candidate is right, the ROC area of the scores used); the paired difference (unbounded minus bounded) in unusable
+    replies over the prompts both arms answered."""
+    by_arm: dict[str, dict[int, dict[str, Any]]] = {arm: {} for arm in ARMS}
+    for row in rows:
+        by_arm[row["arm"]][row["index"]] = row
+    arms: dict[str, Any] = {}
+    for arm, got in by_arm.items():
+        n = len(got)
+        usable = [r for r in got.values() if r["usable"]]
+        s: dict[str, Any] = {
+            "replies": n,
+            "cut": share(sum(r["finish_reason"] == "length" for r in got.values()), n),
+            "unusable": share(n - len(usable), n),
+            "completion_tokens_per_reply": sum(r["completion_tokens"] for r in got.values()) / n if n else 0.0,
+        }
+        if labels is None:
+            s["verdicts"] = {v: sum(r["verdict"] == v for r in usable) for v in ("accept", "revise", "reject")}
+            s["issues_per_usable"] = sum(r["issues"] for r in usable) / len(usable) if usable else 0.0
+        else:
+            s["scores"] = {str(v): sum(r["score"] == v for r in usable) for v in SCALE}
+            used = {i: r["score"] if r["usable"] else 0.0 for i, r in got.items()}
+            s["roc_area"] = roc_area(
+                [v for i, v in used.items() if labels.get(i) is True],
+                [v for i, v in used.items() if labels.get(i) is False],
+            )
+        arms[arm] = s
+    both = sorted(set(by_arm["unbounded"]) & set(by_arm["bounded"]))
+    diffs = [int(not by_arm["unbounded"][i]["usable"]) - int(not by_arm["bounded"][i]["usable"]) for i in both]
+    return {"arms": arms, "unusable_paired": paired_mean(diffs)}
+
+
+def table(summary: dict[str, Any]) -> str:
+    verifier = "scores" in summary["arms"]["bounded"]
+    said = "0 / 0.5 / 1 | ROC area, right vs wrong" if verifier else "accept / revise / reject | Issues a usable review"
+    lines = [
+        f"| Schema | Replies | Cut at max_tokens | Unusable (± SE) | {said} | Completion tokens a reply |",
+        "|---|---:|---:|---:|---|---:|---:|",
+    ]
+    for arm, s in summary["arms"].items():
+        if verifier:
+            counts = " / ".join(str(c) for c in s["scores"].values())
+            auc = "n/a" if s["roc_area"] is None else f"{s['roc_area']:.2f}"
+            what = f"{counts} | {auc}"
+        else:
+            v = s["verdicts"]
+            what = f"{v['accept']} / {v['revise']} / {v['reject']} | {s['issues_per_usable']:.2f}"
+        lines.append(
+            f"| {arm} | {s['replies']} | {s['cut']['share']:.1%} | {s['unusable']['share']:.1%} "
+            f"(± {s['unusable']['stderr']:.1%}) | {what} | {s['completion_tokens_per_reply']:.0f} |"
+        )
+    p = summary["unusable_paired"]
+    lines.append(
+        f"\nUnusable, unbounded minus bounded, paired over {p['prompts']} prompts: "
+        f"{p['difference']:+.1%} (± {p['stderr']:.1%})"
+    )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", type=Path, help="a run made with the embedded model")
+    parser.add_argument("--role", choices=sorted(ROLES), required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    parser.add_argument("--model", default=None, help="the embedded model (default: the one the run used)")
+    parser.add_argument("--parallel", type=int, default=4, help="llama-server slots, and calls in flight")
+    args = parser.parse_args()
+    role = ROLES[args.role]
+    args.out.mkdir(parents=True, exist_ok=True)
+    found = prompts(args.run_dir, role, args.limit)
+    model = args.model or found[0]["model"]
+    started = dt.datetime.now(dt.UTC)
+    asyncio.run(collect(role, found, model, args.out, args.parallel))
+    wanted = {p["index"] for p in found}
+    rows = [r for r in kept(args.out / "replies.jsonl") if r["index"] in wanted]
+    labels = {p["index"]: p["right"] for p in found} if role.name == "verifier" else None
+    summary = {
+        "run": str(args.run_dir),
+        "role": role.name,
+        "model": model,
+        "prompts": len(found),
+        "labelled": None if labels is None else {str(k): sum(v is k for v in labels.values()) for k in (True, False)},
+        "machine": f"{platform.machine()}, {default_threads()} threads",
+        "started": started.isoformat(timespec="seconds"),
+        **summarize(rows, labels),
+    }
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(table(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
