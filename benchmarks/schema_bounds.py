@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from pydantic import BaseModel
 
 from tmas.agents.mattrl_review import ReviewReply, parse_review
 from tmas.agents.output import AgentOutputError
@@ -48,6 +49,7 @@ from tmas.llm.local_server import LocalServer
 from tmas.llm.schema import json_schema
 from tmas.methods.mattrl_deliberation import RETRY_OFFSET, REVIEW_SAMPLE
 from tmas.reports.roc import roc_area
+from tmas.rl.hf_eval import proportion_stderr
 from tmas.store.run_store import RunStore
 
 ARMS = ("unbounded", "bounded")
@@ -82,19 +84,19 @@ def verification_read(content: str, finish_reason: str | None) -> dict[str, Any]
 @dataclass(frozen=True)
 class Role:
     name: str
-    # The reply model as sent now, for a prompt's max_tokens; its name on the wire.
-    bounded: Callable[[int | None], dict[str, Any]]
-    schema_name: str
+    # The reply model the method sends now, for a prompt's max_tokens.
+    reply_model: Callable[[int | None], type[BaseModel]]
     read: Callable[[str, str | None], dict[str, Any]]
     # Whether a stored call of the role is a prompt here (its key's sample, its last message).
     wanted: Callable[[int, str], bool]
+    # Whether each prompt's candidate is graded, for the ROC area of the scores.
+    labelled: bool = False
 
 
 ROLES = {
     "reviewer": Role(
         "reviewer",
-        lambda _max_tokens: json_schema(ReviewReply),
-        "ReviewReply",
+        lambda _max_tokens: ReviewReply,
         review_read,
         # A review asked again (unreadable, or echoing its prompt) has its sample moved by RETRY_OFFSET; a medicine
         # review (A.4) has no verdict to read.
@@ -102,16 +104,16 @@ ROLES = {
     ),
     "verifier": Role(
         "verifier",
-        lambda max_tokens: json_schema(verification_reply_model(max_tokens)),
-        "VerificationReply",
+        verification_reply_model,
         verification_read,
         lambda _sample, text: "<solution>" in text,
+        labelled=True,
     ),
 }
 
 
 def schemas(role: Role, max_tokens: int | None) -> dict[str, dict[str, Any]]:
-    bounded = role.bounded(max_tokens)
+    bounded = json_schema(role.reply_model(max_tokens))
     return {"unbounded": unbounded(bounded), "bounded": bounded}
 
 
@@ -155,7 +157,7 @@ def prompts(run_dir: Path, role: Role, limit: int | None) -> list[dict[str, Any]
         store.close()
     if not found:
         raise SystemExit(f"{run_dir}: no {role.name} prompt of the kind measured here is stored")
-    if role.name == "verifier":
+    if role.labelled:
         for p in found:
             p["right"] = right(p["messages"][-1]["content"], gold.get(p["problem_id"]))
     return found
@@ -165,10 +167,11 @@ async def ask(
     session: aiohttp.ClientSession, base_url: str, role: Role, prompt: dict[str, Any], arm: str
 ) -> dict[str, Any]:
     schema = schemas(role, prompt["max_tokens"])[arm]
+    name = role.reply_model(prompt["max_tokens"]).__name__
     body: dict[str, Any] = {
         "model": prompt["model"],
         "messages": prompt["messages"],
-        "response_format": {"type": "json_schema", "json_schema": {"name": role.schema_name, "schema": schema}},
+        "response_format": {"type": "json_schema", "json_schema": {"name": name, "schema": schema}},
     }
     for field in ("temperature", "max_tokens", "seed"):
         if prompt[field] is not None:
@@ -224,8 +227,7 @@ async def collect(role: Role, prompts_: list[dict[str, Any]], model: str, out: P
 
 def share(hits: int, n: int) -> dict[str, float]:
     """A proportion and its standard error sqrt(p (1 - p) / n)."""
-    p = hits / n if n else 0.0
-    return {"share": p, "stderr": math.sqrt(p * (1 - p) / n) if n else 0.0}
+    return {"share": hits / n if n else 0.0, "stderr": proportion_stderr(hits, n)}
 
 
 def paired_mean(diffs: list[int]) -> dict[str, float]:
@@ -313,7 +315,7 @@ def main() -> int:
     asyncio.run(collect(role, found, model, args.out, args.parallel))
     wanted = {p["index"] for p in found}
     rows = [r for r in kept(args.out / "replies.jsonl") if r["index"] in wanted]
-    labels = {p["index"]: p["right"] for p in found} if role.name == "verifier" else None
+    labels = {p["index"]: p["right"] for p in found} if role.labelled else None
     summary = {
         "run": str(args.run_dir),
         "role": role.name,
