@@ -1,20 +1,23 @@
 """A role's JSON replies under its reply schema with and without the schema's length bounds, on the same prompts.
 
-The prompts are a run's own: every MATTRL math peer review (``--role reviewer``, the first attempt of each) or every
-verification of TMAS or Verify-Refine (``--role verifier``) the run stored. Each is sent again to the embedded model
-twice: once under the reply schema as it was before its bounds (``maxLength`` and ``maxItems`` taken out), once
-under the schema the method sends now, each with the run's own temperature and ``max_tokens`` and the stored seed,
-both arms of a prompt side by side so that they meet the same load. Each reply is read as the method reads it. The
+The prompts are a run's own: every MATTRL math peer review (``--role reviewer``, the first attempt of each), every
+verification of TMAS or Verify-Refine (``--role verifier``) or every RSE distillation (``--role distiller``, the first
+attempt of each) the run stored. Each is sent again to the embedded model twice: once under the reply schema as it
+was before its bounds (``maxLength`` and ``maxItems`` taken out), once under the schema the method sends now, each
+with the run's own temperature and ``max_tokens`` and the stored seed, both arms of a prompt side by side so that they
+meet the same load. Each reply is read as the method reads it. The
 table gives, per arm: replies cut at ``max_tokens``, replies the method cannot use (a review without its verdict, a
-verification without its score), what the usable ones said (verdicts and issues; scores), completion tokens a reply,
-and the paired difference in unusable replies with its standard error. For verifications it also gives the ROC area
-of the scores the method uses (an unusable one counts 0) between right and wrong candidates (their answers graded
-against the reference by rules).
+verification without its score, a distillation without its lists), what the usable ones said (verdicts and issues;
+scores; items, and how many of them run to the schema's length bound, where the server closed them), completion
+tokens a reply, and the paired difference in unusable replies with its standard error. For verifications it also
+gives the ROC area of the scores the method uses (an unusable one counts 0) between right and wrong candidates (their
+answers graded against the reference by rules).
 
 Run, in the repository root, on a run made with the embedded model::
 
     python benchmarks/schema_bounds.py runs/mattrl --role reviewer --out bounds-review   # --limit N: first N
     python benchmarks/schema_bounds.py runs/tmas --role verifier --out bounds-verifier
+    python benchmarks/schema_bounds.py runs/rse --role distiller --out bounds-distiller
 
 Resumable: the replies go to ``OUT/replies.jsonl`` as they come, and a second run sends only the missing ones; the
 summary goes to ``OUT/summary.json``.
@@ -30,7 +33,7 @@ import math
 import platform
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,8 +41,10 @@ from typing import Any
 import aiohttp
 from pydantic import BaseModel
 
+from tmas.agents.baselines import distillation_reply_model, parse_distillation
+from tmas.agents.echo import ECHO_RETRY_SAMPLE
 from tmas.agents.mattrl_review import ReviewReply, parse_review
-from tmas.agents.output import AgentOutputError
+from tmas.agents.output import AgentOutputError, extract_json_object
 from tmas.agents.verification import SCALE, parse_verification, verification_reply_model
 from tmas.answer_rules import check_pair
 from tmas.answers import extract_answer
@@ -48,6 +53,7 @@ from tmas.llm.local_command import default_threads
 from tmas.llm.local_server import LocalServer
 from tmas.llm.schema import json_schema
 from tmas.methods.mattrl_deliberation import RETRY_OFFSET, REVIEW_SAMPLE
+from tmas.methods.rse import KINDS, RSEParams
 from tmas.reports.roc import roc_area
 from tmas.rl.hf_eval import proportion_stderr
 from tmas.store.run_store import RunStore
@@ -81,14 +87,88 @@ def verification_read(content: str, finish_reason: str | None) -> dict[str, Any]
     return {"usable": score is not None, "score": score}
 
 
+def distillation_read(content: str, finish_reason: str | None) -> dict[str, Any]:
+    """Whether RSE can read a distillation, and the length of each item as the reply wrote it (every item, before
+    the method's whitespace clean-up and its cap on items: a bound closes an item at its written length)."""
+    try:
+        parse_distillation(content, max_items=1, truncated=finish_reason == "length")
+    except AgentOutputError as exc:
+        return {"usable": False, "why": str(exc)}
+    data = extract_json_object(content)
+    lists = [data.get(kind) for kind in KINDS]
+    return {
+        "usable": True,
+        "item_chars": [len(i) for items in lists if isinstance(items, list) for i in items if isinstance(i, str)],
+    }
+
+
+def distillation_model(max_tokens: int | None, params: Mapping[str, Any]) -> type[BaseModel]:
+    return distillation_reply_model(max_tokens, RSEParams.model_validate(params).items_per_trajectory)
+
+
+Rows = dict[int, dict[str, Any]]
+
+
+def review_said(usable: list[dict[str, Any]], _got: Rows, _labels: dict[int, bool | None] | None) -> dict[str, Any]:
+    return {
+        "verdicts": {v: sum(r["verdict"] == v for r in usable) for v in ("accept", "revise", "reject")},
+        "issues_per_usable": sum(r["issues"] for r in usable) / len(usable) if usable else 0.0,
+    }
+
+
+def review_cells(s: dict[str, Any]) -> str:
+    v = s["verdicts"]
+    return f"{v['accept']} / {v['revise']} / {v['reject']} | {s['issues_per_usable']:.2f}"
+
+
+def verification_said(usable: list[dict[str, Any]], got: Rows, labels: dict[int, bool | None] | None) -> dict[str, Any]:
+    labels = labels or {}
+    used = {i: r["score"] if r["usable"] else 0.0 for i, r in got.items()}
+    return {
+        "scores": {str(v): sum(r["score"] == v for r in usable) for v in SCALE},
+        "roc_area": roc_area(
+            [v for i, v in used.items() if labels.get(i) is True],
+            [v for i, v in used.items() if labels.get(i) is False],
+        ),
+    }
+
+
+def verification_cells(s: dict[str, Any]) -> str:
+    auc = "n/a" if s["roc_area"] is None else f"{s['roc_area']:.2f}"
+    return f"{' / '.join(str(c) for c in s['scores'].values())} | {auc}"
+
+
+def distillation_said(
+    usable: list[dict[str, Any]], _got: Rows, _labels: dict[int, bool | None] | None
+) -> dict[str, Any]:
+    """Items a usable reply, their mean length, and how many reach the bounded schema's length bound (closed there
+    by the server in the bounded arm; longer than it allows in the other)."""
+    chars = [c for r in usable for c in r["item_chars"]]
+    at_bound = sum(c >= r["item_bound"] for r in usable if r["item_bound"] is not None for c in r["item_chars"])
+    return {
+        "items_per_usable": len(chars) / len(usable) if usable else 0.0,
+        "item_chars_mean": sum(chars) / len(chars) if chars else 0.0,
+        "items_at_bound": share(at_bound, len(chars)),
+    }
+
+
+def distillation_cells(s: dict[str, Any]) -> str:
+    return f"{s['items_per_usable']:.1f} | {s['item_chars_mean']:.0f} | {s['items_at_bound']['share']:.1%}"
+
+
 @dataclass(frozen=True)
 class Role:
     name: str
-    # The reply model the method sends now, for a prompt's max_tokens.
-    reply_model: Callable[[int | None], type[BaseModel]]
+    # The reply model the method sends now, for a prompt's max_tokens and the run's method parameters.
+    reply_model: Callable[[int | None, Mapping[str, Any]], type[BaseModel]]
     read: Callable[[str, str | None], dict[str, Any]]
     # Whether a stored call of the role is a prompt here (its key's sample, its last message).
     wanted: Callable[[int, str], bool]
+    # What an arm's replies said (its usable replies, all its replies by prompt, whether each prompt's candidate is
+    # right), and that as the table's columns after "Unusable".
+    said: Callable[[list[dict[str, Any]], Rows, dict[int, bool | None] | None], dict[str, Any]]
+    columns: str
+    cells: Callable[[dict[str, Any]], str]
     # Whether each prompt's candidate is graded, for the ROC area of the scores.
     labelled: bool = False
 
@@ -96,24 +176,40 @@ class Role:
 ROLES = {
     "reviewer": Role(
         "reviewer",
-        lambda _max_tokens: ReviewReply,
+        lambda _max_tokens, _params: ReviewReply,
         review_read,
         # A review asked again (unreadable, or echoing its prompt) has its sample moved by RETRY_OFFSET; a medicine
         # review (A.4) has no verdict to read.
         lambda sample, text: sample < REVIEW_SAMPLE + RETRY_OFFSET and '"verdict"' in text,
+        review_said,
+        "accept / revise / reject | Issues a usable review",
+        review_cells,
     ),
     "verifier": Role(
         "verifier",
-        verification_reply_model,
+        lambda max_tokens, _params: verification_reply_model(max_tokens),
         verification_read,
         lambda _sample, text: "<solution>" in text,
+        verification_said,
+        "0 / 0.5 / 1 | ROC area, right vs wrong",
+        verification_cells,
         labelled=True,
+    ),
+    "distiller": Role(
+        "distiller",
+        distillation_model,
+        distillation_read,
+        # A distillation asked again (echoing its prompt) has its sample moved by ECHO_RETRY_SAMPLE.
+        lambda sample, _text: sample < ECHO_RETRY_SAMPLE,
+        distillation_said,
+        "Items a usable reply | Characters an item | Items at the bound",
+        distillation_cells,
     ),
 }
 
 
-def schemas(role: Role, max_tokens: int | None) -> dict[str, dict[str, Any]]:
-    bounded = json_schema(role.reply_model(max_tokens))
+def schemas(role: Role, prompt: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    bounded = json_schema(role.reply_model(prompt["max_tokens"], prompt["params"]))
     return {"unbounded": unbounded(bounded), "bounded": bounded}
 
 
@@ -132,6 +228,7 @@ def prompts(run_dir: Path, role: Role, limit: int | None) -> list[dict[str, Any]
     store = RunStore(run_dir, create=False, read_only=True)
     try:
         gold = {p.problem_id: p.answer for p in store.problems()}
+        params = (store.get_meta("method") or {}).get("params") or {}
         found = []
         for call in store.calls():
             if call.key.role != role.name or call.error is not None:
@@ -149,6 +246,7 @@ def prompts(run_dir: Path, role: Role, limit: int | None) -> list[dict[str, Any]
                     "temperature": sampling.get("temperature"),
                     "max_tokens": sampling.get("max_tokens"),
                     "seed": sampling.get("seed"),
+                    "params": params,
                 }
             )
             if len(found) == limit:
@@ -166,8 +264,9 @@ def prompts(run_dir: Path, role: Role, limit: int | None) -> list[dict[str, Any]
 async def ask(
     session: aiohttp.ClientSession, base_url: str, role: Role, prompt: dict[str, Any], arm: str
 ) -> dict[str, Any]:
-    schema = schemas(role, prompt["max_tokens"])[arm]
-    name = role.reply_model(prompt["max_tokens"]).__name__
+    shapes = schemas(role, prompt)
+    schema = shapes[arm]
+    name = role.reply_model(prompt["max_tokens"], prompt["params"]).__name__
     body: dict[str, Any] = {
         "model": prompt["model"],
         "messages": prompt["messages"],
@@ -182,7 +281,7 @@ async def ask(
             raise RuntimeError(f"prompt {prompt['index']} ({arm}): HTTP {resp.status}: {json.dumps(reply)[:300]}")
     choice = reply["choices"][0]
     content = choice["message"].get("content") or ""
-    return {
+    row = {
         "index": prompt["index"],
         "arm": arm,
         "finish_reason": choice.get("finish_reason"),
@@ -190,6 +289,9 @@ async def ask(
         "content": content,
         **role.read(content, choice.get("finish_reason")),
     }
+    if "item_chars" in row:  # the bounded schema's bound, in both arms: what it closes, or would have
+        row["item_bound"] = shapes["bounded"]["properties"][KINDS[0]]["items"].get("maxLength")
+    return row
 
 
 def kept(replies: Path) -> list[dict[str, Any]]:
@@ -238,57 +340,39 @@ def paired_mean(diffs: list[int]) -> dict[str, float]:
     return {"prompts": n, "difference": mean, "stderr": math.sqrt(var / n) if n else 0.0}
 
 
-def summarize(rows: list[dict[str, Any]], labels: dict[int, bool | None] | None = None) -> dict[str, Any]:
-    """Per arm: replies cut, unusable, what the usable ones said, tokens (and, with ``labels``, whether each prompt's
-    candidate is right, the ROC area of the scores used); the paired difference (unbounded minus bounded) in unusable
-    replies over the prompts both arms answered."""
-    by_arm: dict[str, dict[int, dict[str, Any]]] = {arm: {} for arm in ARMS}
+def summarize(rows: list[dict[str, Any]], role: Role, labels: dict[int, bool | None] | None = None) -> dict[str, Any]:
+    """Per arm: replies cut, unusable, what the usable ones said (with ``labels``, whether each prompt's candidate is
+    right), tokens; the paired difference (unbounded minus bounded) in unusable replies over the prompts both arms
+    answered."""
+    by_arm: dict[str, Rows] = {arm: {} for arm in ARMS}
     for row in rows:
         by_arm[row["arm"]][row["index"]] = row
     arms: dict[str, Any] = {}
     for arm, got in by_arm.items():
         n = len(got)
         usable = [r for r in got.values() if r["usable"]]
-        s: dict[str, Any] = {
+        arms[arm] = {
             "replies": n,
             "cut": share(sum(r["finish_reason"] == "length" for r in got.values()), n),
             "unusable": share(n - len(usable), n),
             "completion_tokens_per_reply": sum(r["completion_tokens"] for r in got.values()) / n if n else 0.0,
+            **role.said(usable, got, labels),
         }
-        if labels is None:
-            s["verdicts"] = {v: sum(r["verdict"] == v for r in usable) for v in ("accept", "revise", "reject")}
-            s["issues_per_usable"] = sum(r["issues"] for r in usable) / len(usable) if usable else 0.0
-        else:
-            s["scores"] = {str(v): sum(r["score"] == v for r in usable) for v in SCALE}
-            used = {i: r["score"] if r["usable"] else 0.0 for i, r in got.items()}
-            s["roc_area"] = roc_area(
-                [v for i, v in used.items() if labels.get(i) is True],
-                [v for i, v in used.items() if labels.get(i) is False],
-            )
-        arms[arm] = s
     both = sorted(set(by_arm["unbounded"]) & set(by_arm["bounded"]))
     diffs = [int(not by_arm["unbounded"][i]["usable"]) - int(not by_arm["bounded"][i]["usable"]) for i in both]
     return {"arms": arms, "unusable_paired": paired_mean(diffs)}
 
 
-def table(summary: dict[str, Any]) -> str:
-    verifier = "scores" in summary["arms"]["bounded"]
-    said = "0 / 0.5 / 1 | ROC area, right vs wrong" if verifier else "accept / revise / reject | Issues a usable review"
+def table(summary: dict[str, Any], role: Role) -> str:
+    columns = role.columns.count("|") + 1
     lines = [
-        f"| Schema | Replies | Cut at max_tokens | Unusable (± SE) | {said} | Completion tokens a reply |",
-        "|---|---:|---:|---:|---|---:|---:|",
+        f"| Schema | Replies | Cut at max_tokens | Unusable (± SE) | {role.columns} | Completion tokens a reply |",
+        "|---|---:|---:|---:|" + "---|" * columns + "---:|",
     ]
     for arm, s in summary["arms"].items():
-        if verifier:
-            counts = " / ".join(str(c) for c in s["scores"].values())
-            auc = "n/a" if s["roc_area"] is None else f"{s['roc_area']:.2f}"
-            what = f"{counts} | {auc}"
-        else:
-            v = s["verdicts"]
-            what = f"{v['accept']} / {v['revise']} / {v['reject']} | {s['issues_per_usable']:.2f}"
         lines.append(
             f"| {arm} | {s['replies']} | {s['cut']['share']:.1%} | {s['unusable']['share']:.1%} "
-            f"(± {s['unusable']['stderr']:.1%}) | {what} | {s['completion_tokens_per_reply']:.0f} |"
+            f"(± {s['unusable']['stderr']:.1%}) | {role.cells(s)} | {s['completion_tokens_per_reply']:.0f} |"
         )
     p = summary["unusable_paired"]
     lines.append(
@@ -324,10 +408,10 @@ def main() -> int:
         "labelled": None if labels is None else {str(k): sum(v is k for v in labels.values()) for k in (True, False)},
         "machine": f"{platform.machine()}, {default_threads()} threads",
         "started": started.isoformat(timespec="seconds"),
-        **summarize(rows, labels),
+        **summarize(rows, role, labels),
     }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(table(summary))
+    print(table(summary, role))
     return 0
 
 

@@ -1,6 +1,6 @@
-"""benchmarks/schema_bounds.py: the prompts it takes from a stored run (MATTRL's reviews, first attempts only;
-TMAS's verifications, with whether their candidate is right), the schemas it sends as the ones before the bounds, how
-it reads replies and its table's figures, worked by hand."""
+"""benchmarks/schema_bounds.py: the prompts it takes from a stored run (MATTRL's reviews and RSE's distillations,
+first attempts only; TMAS's verifications, with whether their candidate is right), the schemas it sends as the ones
+before the bounds, how it reads replies and its table's figures, worked by hand."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 
 
 def test_the_schema_before_the_bounds_is_the_schema_without_them(bench: ModuleType) -> None:
-    shapes = bench.schemas(bench.ROLES["reviewer"], 640)
+    shapes = bench.schemas(bench.ROLES["reviewer"], {"max_tokens": 640, "params": {}})
     assert shapes["bounded"] == json_schema(ReviewReply)
     text = json.dumps(shapes["unbounded"])
     assert "maxLength" not in text and "maxItems" not in text
@@ -99,7 +99,7 @@ def test_the_review_summary_by_hand(bench: ModuleType) -> None:
         _row(2, "unbounded", False, cut=True, tokens=640),
         _row(2, "bounded", False, tokens=150),
     ]
-    summary = bench.summarize(rows)
+    summary = bench.summarize(rows, bench.ROLES["reviewer"])
     unbounded, bounded = summary["arms"]["unbounded"], summary["arms"]["bounded"]
     assert unbounded["replies"] == bounded["replies"] == 3
     assert unbounded["cut"]["share"] == pytest.approx(2 / 3) and bounded["cut"]["share"] == 0
@@ -116,11 +116,11 @@ def test_the_review_summary_by_hand(bench: ModuleType) -> None:
     paired = summary["unusable_paired"]
     assert paired["prompts"] == 3
     assert paired["difference"] == pytest.approx(1 / 3) and paired["stderr"] == pytest.approx(1 / 3)
-    assert "+33.3% (± 33.3%)" in bench.table(summary)
+    assert "+33.3% (± 33.3%)" in bench.table(summary, bench.ROLES["reviewer"])
 
 
 def test_the_verifier_schemas_follow_the_prompts_max_tokens(bench: ModuleType) -> None:
-    shapes = bench.schemas(bench.ROLES["verifier"], 400)
+    shapes = bench.schemas(bench.ROLES["verifier"], {"max_tokens": 400, "params": {}})
     assert shapes["bounded"]["properties"]["analysis"] == {"type": "string", "maxLength": (400 - 24) * 5 // 2}
     assert shapes["unbounded"]["properties"]["analysis"] == {"type": "string"}
     assert shapes["unbounded"]["properties"]["score"] == shapes["bounded"]["properties"]["score"]
@@ -152,7 +152,7 @@ def test_the_verifier_summary_by_hand(bench: ModuleType) -> None:
         _row(2, "bounded", True, score=0.5),
         _row(3, "bounded", True, score=0.0),
     ]
-    summary = bench.summarize(rows, labels)
+    summary = bench.summarize(rows, bench.ROLES["verifier"], labels)
     unbounded, bounded = summary["arms"]["unbounded"], summary["arms"]["bounded"]
     assert unbounded["scores"] == {"0.0": 0, "0.5": 1, "1.0": 1}
     assert bounded["scores"] == {"0.0": 1, "0.5": 1, "1.0": 2}
@@ -164,4 +164,67 @@ def test_the_verifier_summary_by_hand(bench: ModuleType) -> None:
     # standard error sqrt(1/3 / 4).
     paired = summary["unusable_paired"]
     assert paired["difference"] == 0.5 and paired["stderr"] == pytest.approx((1 / 12) ** 0.5)
-    assert "| bounded | 4 | 0.0% | 0.0% (± 0.0%) | 1 / 1 / 2 | 1.00 | 100 |" in bench.table(summary)
+    assert "| bounded | 4 | 0.0% | 0.0% (± 0.0%) | 1 / 1 / 2 | 1.00 | 100 |" in bench.table(
+        summary, bench.ROLES["verifier"]
+    )
+
+
+def test_the_distillation_schemas_follow_the_runs_items_and_max_tokens(bench: ModuleType) -> None:
+    # ((640 - 16) / (2 * 3) - 3) * 2.5 = 252 characters an item, 3 items a list.
+    shapes = bench.schemas(bench.ROLES["distiller"], {"max_tokens": 640, "params": {"items_per_trajectory": 3}})
+    bounded = {"type": "array", "items": {"type": "string", "maxLength": 252}, "maxItems": 3}
+    assert shapes["bounded"]["properties"] == {"propositions": bounded, "pitfalls": bounded}
+    plain = {"type": "array", "items": {"type": "string"}}
+    assert shapes["unbounded"]["properties"] == {"propositions": plain, "pitfalls": plain}
+
+
+async def test_distillation_prompts_are_the_first_attempt_of_each(bench: ModuleType, tmp_path: Path) -> None:
+    # The first distillation echoes the prompt's instructions: RSE asks again, under a sample moved past the first.
+    echo = json.dumps({"propositions": ["Extract reusable experience from it for later attempts"], "pitfalls": []})
+    script = SimScript(rules=[Rule(role="distiller", replies=[echo], times=1)])
+    params = {"n": 2, "iterations": 2, "items_per_trajectory": 3}
+    settings = scripted_settings(method={"name": "rse", "params": params}, sampling={"temperature": 0.3})
+    model = ScriptedModel(script, settings)
+    await scripted_run(model, tmp_path / "run", [Problem(problem_id="p1", question="What is 17*23?", answer="391")])
+    calls = model.calls_of("distiller")
+    assert len(calls) == 3
+    firsts = sorted(c.body["seed"] for c in calls if c.key.sample < 2)
+    found = bench.prompts(tmp_path / "run", bench.ROLES["distiller"], None)
+    assert sorted(p["seed"] for p in found) == firsts and len(found) == 2
+    # The run's own parameters travel with each prompt, so the schema is the one the run sent.
+    assert all(p["params"]["items_per_trajectory"] == 3 for p in found)
+    sent = calls[0].body["response_format"]["json_schema"]["schema"]
+    assert bench.schemas(bench.ROLES["distiller"], found[0])["bounded"] == sent
+
+
+def test_distillations_are_read_as_written(bench: ModuleType) -> None:
+    reply = {"propositions": ["a_n = 2^n - 1", "  spaced   out  "], "pitfalls": ["n = 0", "x", "y", "z", "w"]}
+    # Every item counts, past the method's cap, at the length the reply wrote it.
+    assert bench.distillation_read(json.dumps(reply), "stop") == {
+        "usable": True,
+        "item_chars": [13, 16, 5, 1, 1, 1, 1],
+    }
+    cut = bench.distillation_read('{"propositions": ["a_n = 2', "length")
+    assert cut["usable"] is False and "truncated at max_tokens" in cut["why"]
+    assert bench.distillation_read("[]", "stop")["usable"] is False
+
+
+def test_the_distillation_summary_by_hand(bench: ModuleType) -> None:
+    rows = [
+        _row(0, "unbounded", True, item_chars=[100, 200, 300], item_bound=187),
+        _row(0, "bounded", True, item_chars=[100, 187], item_bound=187),
+        _row(1, "unbounded", False, cut=True, tokens=640),
+        _row(1, "bounded", True, item_chars=[50], item_bound=187),
+    ]
+    summary = bench.summarize(rows, bench.ROLES["distiller"])
+    unbounded, bounded = summary["arms"]["unbounded"], summary["arms"]["bounded"]
+    # Unbounded: one usable reply of 3 items, mean 200 characters, 2 of them past 187.
+    assert unbounded["items_per_usable"] == 3 and unbounded["item_chars_mean"] == 200
+    assert unbounded["items_at_bound"]["share"] == pytest.approx(2 / 3)
+    # Bounded: 3 items in 2 replies, mean (100 + 187 + 50) / 3, one closed at the bound.
+    assert bounded["items_per_usable"] == 1.5 and bounded["item_chars_mean"] == pytest.approx(337 / 3)
+    assert bounded["items_at_bound"]["share"] == pytest.approx(1 / 3)
+    assert summary["unusable_paired"]["difference"] == 0.5
+    assert "| bounded | 2 | 0.0% | 0.0% (± 0.0%) | 1.5 | 112 | 33.3% | 100 |" in bench.table(
+        summary, bench.ROLES["distiller"]
+    )

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from conftest import scripted_settings, settings_for
 from mattrl_runs import hand_worked_transcript, write_run
-from tmas.agents.baselines import DistillationReply, parse_distillation
+from tmas.agents.baselines import distillation_reply_model, parse_distillation
 from tmas.agents.experience import ExperienceReply, experience_reply_model, parse_experience_update
 from tmas.agents.guideline import GuidelineReply, parse_guideline_update
 from tmas.agents.guideline_judge import NoveltyReply, StrategyView, parse_novelty
@@ -59,8 +59,8 @@ def schema_names(sim: SimServer) -> dict[str, set[str | None]]:
             continue
         fmt = entry.body.get("response_format")
         if fmt is not None:
-            # Each schema sent is exactly its reply model's (flattened) schema; the experience agent's and the
-            # verifier's are bounded by the max_tokens of the same request.
+            # Each schema sent is exactly its reply model's (flattened) schema; the experience agent's, the
+            # verifier's and the distiller's are bounded by the max_tokens of the same request.
             name = fmt["json_schema"]["name"]
             model = BY_MAX_TOKENS[name](entry.body.get("max_tokens")) if name in BY_MAX_TOKENS else MODELS[name]
             assert fmt["type"] == "json_schema"
@@ -72,6 +72,8 @@ def schema_names(sim: SimServer) -> dict[str, set[str | None]]:
 BY_MAX_TOKENS: dict[str, Callable[[int | None], type[BaseModel]]] = {
     "ExperienceReply": experience_reply_model,
     "VerificationReply": verification_reply_model,
+    # RSE's default of 4 items of each kind a distillation.
+    "DistillationReply": lambda max_tokens: distillation_reply_model(max_tokens, 4),
 }
 MODELS: dict[str, type[BaseModel]] = {
     m.__name__: m
@@ -81,7 +83,6 @@ MODELS: dict[str, type[BaseModel]] = {
         GuidelineReply,
         TeamReply,
         ReviewReply,
-        DistillationReply,
         JudgeReplyFormat,
         NoveltyReply,
         JudgeScoreReply,
@@ -559,3 +560,32 @@ async def test_the_verifier_schema_on_the_wire_bounds_its_analysis_by_max_tokens
             analysis = body["response_format"]["json_schema"]["schema"]["properties"]["analysis"]
             assert analysis == {"type": "string", "maxLength": bound}
     assert verification_reply_model(None) is VerificationReply
+
+
+async def test_the_distillation_schema_on_the_wire_holds_both_lists_within_max_tokens(sim: SimServer) -> None:
+    """RSE over HTTP: each list holds at most items_per_trajectory items (the prompt's "at most N of each kind"), and
+    each item an equal share of max_tokens after 16 tokens of keys and 3 of quotes an item, at 2.5 characters a
+    token, at most 400. Unbounded, 24 of 209 distillations of the embedded 0.5B model were cut at 640 tokens.
+    640 tokens, 4 items: ((640 - 16) / 8 - 3) * 2.5 = 187; 300 tokens, 2 items: ((300 - 16) / 4 - 3) * 2.5 = 170;
+    the built-in 2048, 2 items: ((2048 - 16) / 4 - 3) * 2.5 = 1262, so 400."""
+    for items, roles, sent, bound in (
+        (4, {"distiller": {"sampling": {"max_tokens": 640}}}, 640, 187),
+        (2, {"distiller": {"sampling": {"max_tokens": 300}}}, 300, 170),
+        (2, {}, 2048, 400),
+    ):
+        sim.reset()
+        settings = settings_for(
+            sim,
+            method={"name": "rse", "params": {"n": 2, "iterations": 2, "items_per_trajectory": items}},
+            endpoint__structured_output="json_schema",
+            sampling={"temperature": 0.7},
+            roles=roles,
+        )
+        assert (await asolve(Q, settings)).status == "done"
+        bodies = sim.chat_bodies("distiller")
+        assert len(bodies) == 2 and all(b["max_tokens"] == sent for b in bodies)
+        for body in bodies:
+            fields = body["response_format"]["json_schema"]["schema"]["properties"]
+            bounded = {"type": "array", "items": {"type": "string", "maxLength": bound}, "maxItems": items}
+            assert fields == {"propositions": bounded, "pitfalls": bounded}
+    assert distillation_reply_model(None, 4).model_json_schema()["properties"]["pitfalls"]["maxItems"] == 4

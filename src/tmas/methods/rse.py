@@ -24,8 +24,8 @@ from pydantic import BaseModel, Field
 
 from tmas.agents.baselines import (
     Distillation,
-    DistillationReply,
     distill_prompt,
+    distillation_reply_model,
     parse_distillation,
     rse_solve_prompt,
 )
@@ -176,6 +176,8 @@ class RSE(Method[RSEParams]):
         """Distil every successful trajectory (in parallel) and merge what they found into a new bank."""
         p, q = self.params, session.problem.question
 
+        shape = distillation_reply_model(session.max_tokens("distiller"), p.items_per_trajectory)
+
         def parse(r: Completion) -> Distillation:
             return parse_distillation(r.content, max_items=p.items_per_trajectory, truncated=r.truncated)
 
@@ -191,9 +193,7 @@ class RSE(Method[RSEParams]):
                 return f"{len(dropped)} item(s)" if dropped else None
 
             try:
-                guarded = await chat_guarded(
-                    session, "distiller", messages, echo_of, sample=c.index, reply_model=DistillationReply
-                )
+                guarded = await chat_guarded(session, "distiller", messages, echo_of, sample=c.index, reply_model=shape)
             except BudgetExhausted:
                 return None
             reply = guarded.reply
