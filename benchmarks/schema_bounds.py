@@ -18,6 +18,11 @@ Run, in the repository root, on a run made with the embedded model::
     python benchmarks/schema_bounds.py runs/mattrl --role reviewer --out bounds-review   # --limit N: first N
     python benchmarks/schema_bounds.py runs/tmas --role verifier --out bounds-verifier
     python benchmarks/schema_bounds.py runs/rse --role distiller --out bounds-distiller
+    python benchmarks/schema_bounds.py runs/tmas --role distiller --from-solutions --out bounds-distiller
+
+``--from-solutions`` builds the distillation prompts RSE would make of a run's first-iteration solutions (TMAS's and
+majority vote's first samples are RSE's), for a run of another method. ``--base-url`` sends to a server already
+running instead of starting the embedded one.
 
 Resumable: the replies go to ``OUT/replies.jsonl`` as they come, and a second run sends only the missing ones; the
 summary goes to ``OUT/summary.json``.
@@ -34,6 +39,7 @@ import platform
 import re
 import sys
 from collections.abc import Callable, Mapping
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,10 +47,11 @@ from typing import Any
 import aiohttp
 from pydantic import BaseModel
 
-from tmas.agents.baselines import distillation_reply_model, parse_distillation
+from tmas.agents.baselines import distill_prompt, distillation_reply_model, parse_distillation
 from tmas.agents.echo import ECHO_RETRY_SAMPLE
 from tmas.agents.mattrl_review import ReviewReply, parse_review
 from tmas.agents.output import AgentOutputError, extract_json_object
+from tmas.agents.solution import parse_section
 from tmas.agents.verification import SCALE, parse_verification, verification_reply_model
 from tmas.answer_rules import check_pair
 from tmas.answers import extract_answer
@@ -100,6 +107,10 @@ def distillation_read(content: str, finish_reason: str | None) -> dict[str, Any]
         "usable": True,
         "item_chars": [len(i) for items in lists if isinstance(items, list) for i in items if isinstance(i, str)],
     }
+
+
+# RSE's default items of each kind a distillation.
+ITEMS = RSEParams().items_per_trajectory
 
 
 def distillation_model(max_tokens: int | None, params: Mapping[str, Any]) -> type[BaseModel]:
@@ -222,20 +233,34 @@ def right(solution_prompt: str, gold: str | None) -> bool | None:
     return check_pair(gold, answer).correct
 
 
-def prompts(run_dir: Path, role: Role, limit: int | None) -> list[dict[str, Any]]:
+def prompts(run_dir: Path, role: Role, limit: int | None, *, from_solutions: bool = False) -> list[dict[str, Any]]:
     """The role's prompts in the run, in the order they were made (verifications with whether their candidate is
-    right)."""
+    right). ``from_solutions`` (distillations only): the prompts RSE, with its defaults, would make of the run's first
+    samples (TMAS's and majority vote's are RSE's), each first-iteration solution read as the baselines read it, with
+    that call's sampling and seed."""
     store = RunStore(run_dir, create=False, read_only=True)
     try:
-        gold = {p.problem_id: p.answer for p in store.problems()}
+        problems = {p.problem_id: p for p in store.problems()}
         params = (store.get_meta("method") or {}).get("params") or {}
+        mode = params.get("mode", "numeric")
+        if from_solutions:
+            params = {}
         found = []
         for call in store.calls():
-            if call.key.role != role.name or call.error is not None:
+            if call.error is not None:
                 continue
-            messages = store.call_messages(call.call_id)
-            if not messages or not role.wanted(call.key.sample, messages[-1]["content"]):
-                continue
+            if from_solutions:
+                if call.key.role != "solution" or call.key.iteration != 0 or call.key.sample >= ECHO_RETRY_SAMPLE:
+                    continue
+                attempt = parse_section(call.content, mode).text
+                asked = distill_prompt(problems[call.key.problem_id].question, attempt, ITEMS)
+                messages = [m.model_dump() for m in asked]
+            else:
+                if call.key.role != role.name:
+                    continue
+                messages = store.call_messages(call.call_id)
+                if not messages or not role.wanted(call.key.sample, messages[-1]["content"]):
+                    continue
             sampling = store.call_sampling(call.call_id)
             found.append(
                 {
@@ -257,7 +282,7 @@ def prompts(run_dir: Path, role: Role, limit: int | None) -> list[dict[str, Any]
         raise SystemExit(f"{run_dir}: no {role.name} prompt of the kind measured here is stored")
     if role.labelled:
         for p in found:
-            p["right"] = right(p["messages"][-1]["content"], gold.get(p["problem_id"]))
+            p["right"] = right(p["messages"][-1]["content"], problems[p["problem_id"]].answer)
     return found
 
 
@@ -300,8 +325,11 @@ def kept(replies: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in replies.read_text().splitlines() if line.strip()]
 
 
-async def collect(role: Role, prompts_: list[dict[str, Any]], model: str, out: Path, parallel: int) -> None:
-    """Sends every missing (prompt, arm) to the embedded model, ``parallel`` at a time, appending each reply."""
+async def collect(
+    role: Role, prompts_: list[dict[str, Any]], model: str, out: Path, parallel: int, base_url: str | None = None
+) -> None:
+    """Sends every missing (prompt, arm) to the embedded model (or the server at ``base_url``), ``parallel`` at a
+    time, appending each reply."""
     replies = out / "replies.jsonl"
     have = {(row["index"], row["arm"]) for row in kept(replies)}
     todo = [(p, arm) for p in prompts_ for arm in ARMS if (p["index"], arm) not in have]
@@ -309,12 +337,16 @@ async def collect(role: Role, prompts_: list[dict[str, Any]], model: str, out: P
     if not todo:
         return
     gate = asyncio.Semaphore(parallel)
-    cfg = LocalModel(model=model, parallel=parallel, startup_timeout_s=600)
-    async with LocalServer(cfg) as srv, aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as session:
+    async with AsyncExitStack() as stack:
+        if base_url is None:
+            cfg = LocalModel(model=model, parallel=parallel, startup_timeout_s=600)
+            base_url = (await stack.enter_async_context(LocalServer(cfg))).base_url
+        timeout = aiohttp.ClientTimeout(total=3600)
+        session = await stack.enter_async_context(aiohttp.ClientSession(timeout=timeout))
 
         async def one(prompt: dict[str, Any], arm: str) -> None:
             async with gate:
-                row = await ask(session, srv.base_url, role, prompt, arm)
+                row = await ask(session, base_url, role, prompt, arm)
             with replies.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             said = "usable" if row["usable"] else "unusable"
@@ -390,19 +422,30 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=None, help="only the first N prompts")
     parser.add_argument("--model", default=None, help="the embedded model (default: the one the run used)")
     parser.add_argument("--parallel", type=int, default=4, help="llama-server slots, and calls in flight")
+    parser.add_argument(
+        "--base-url", default=None, help="a server already serving the run's model (.../v1), instead of starting one"
+    )
+    parser.add_argument(
+        "--from-solutions",
+        action="store_true",
+        help="distiller: the prompts RSE would make of the run's first-iteration solutions (a run of another method)",
+    )
     args = parser.parse_args()
     role = ROLES[args.role]
+    if args.from_solutions and role.name != "distiller":
+        parser.error("--from-solutions makes distillation prompts: it goes with --role distiller")
     args.out.mkdir(parents=True, exist_ok=True)
-    found = prompts(args.run_dir, role, args.limit)
+    found = prompts(args.run_dir, role, args.limit, from_solutions=args.from_solutions)
     model = args.model or found[0]["model"]
     started = dt.datetime.now(dt.UTC)
-    asyncio.run(collect(role, found, model, args.out, args.parallel))
+    asyncio.run(collect(role, found, model, args.out, args.parallel, args.base_url))
     wanted = {p["index"] for p in found}
     rows = [r for r in kept(args.out / "replies.jsonl") if r["index"] in wanted]
     labels = {p["index"]: p["right"] for p in found} if role.labelled else None
     summary = {
         "run": str(args.run_dir),
         "role": role.name,
+        "from_solutions": args.from_solutions,
         "model": model,
         "prompts": len(found),
         "labelled": None if labels is None else {str(k): sum(v is k for v in labels.values()) for k in (True, False)},

@@ -228,3 +228,21 @@ def test_the_distillation_summary_by_hand(bench: ModuleType) -> None:
     assert "| bounded | 2 | 0.0% | 0.0% (± 0.0%) | 1.5 | 112 | 33.3% | 100 |" in bench.table(
         summary, bench.ROLES["distiller"]
     )
+
+
+async def test_distillation_prompts_from_solutions_are_the_ones_rse_sends(bench: ModuleType, tmp_path: Path) -> None:
+    # Built from an RSE run's own first-iteration solutions, they are exactly the distillation prompts it sent, with
+    # each solution call's sampling; a TMAS run's first samples give the same prompts for the same replies.
+    settings = scripted_settings(
+        method={"name": "rse", "params": {"n": 2, "iterations": 2}}, sampling={"temperature": 0.3}
+    )
+    model = ScriptedModel(SimScript(), settings)
+    problem = Problem(problem_id="p1", question="What is 17*23?", answer="391")
+    await scripted_run(model, tmp_path / "run", [problem])
+    sent = sorted(json.dumps(c.body["messages"]) for c in model.calls_of("distiller"))
+    found = bench.prompts(tmp_path / "run", bench.ROLES["distiller"], None, from_solutions=True)
+    assert sorted(json.dumps(p["messages"]) for p in found) == sent and len(sent) == 2
+    seeds = {c.body["seed"]: c.body for c in model.calls_of("solution") if c.key.iteration == 0}
+    for p in found:
+        assert (p["temperature"], p["max_tokens"]) == (0.3, seeds[p["seed"]].get("max_tokens"))
+        assert p["params"] == {}
