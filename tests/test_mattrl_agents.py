@@ -51,6 +51,14 @@ def test_team_repairs_trailing_commas_wrapper_leaders_and_size() -> None:
     assert any("at most 3" in n for n in notes) and any("3 members have the leader role" in n for n in notes)
 
 
+def test_team_descriptions_keep_their_latex() -> None:
+    # As the coordinator writes it, one backslash a command: "\times" and "\frac" are JSON escapes (a tab, a form feed).
+    said = r'"description": "Tiles $2\times n$ with $\frac{n}{2}$."'
+    raw = '{"members": [{"specialty": "Tiler", "role": "leader", ' + said + "}]}"
+    team, _ = domain_named("math").parse_team(raw, 3)
+    assert team[0].description == "Tiles $2\\times n$ with $\\frac{n}{2}$."
+
+
 def test_team_without_leader_gets_the_first_as_leader() -> None:
     team, notes = domain_named("math").parse_team(json.dumps([member("A", "analyst"), member("B", "critic")]), 3)
     assert [m.leader for m in team] == [True, False]

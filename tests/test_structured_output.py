@@ -589,3 +589,22 @@ async def test_the_distillation_schema_on_the_wire_holds_both_lists_within_max_t
             bounded = {"type": "array", "items": {"type": "string", "maxLength": bound}, "maxItems": items}
             assert fields == {"propositions": bounded, "pitfalls": bounded}
     assert distillation_reply_model(None, 4).model_json_schema()["properties"]["pitfalls"]["maxItems"] == 4
+
+
+async def test_latex_in_a_verifiers_json_reaches_the_corrector_as_latex() -> None:
+    """A model writes LaTeX in a JSON string with one backslash: "\\frac" and "\\times" are JSON escapes (a form feed,
+    a tab). The corrector's prompt shows the verifier's analysis with its commands, not control characters."""
+    wrong = "Multiplying gives 17*23 = 390.\n\nTherefore, the final answer is \\boxed{390}."
+    analysis = r'{"analysis": "Wrong: $17 \times 23 = \frac{782}{2}$ is 391.", "score": 0}'
+    rules = [Rule(role="solution", replies=[wrong]), Rule(role="verifier", replies=[analysis], times=1)]
+    with SimServer(SimScript(rules=rules)) as sim:
+        settings = settings_for(
+            sim,
+            method={"name": "verify_refine", "params": {"n": 1, "m": 1, "iterations": 2}},
+            endpoint__structured_output="json_schema",
+        )
+        assert (await asolve(Q, settings)).status == "done"
+        [corrector] = sim.chat_bodies("corrector")
+    shown = corrector["messages"][-1]["content"]
+    assert "Wrong: $17 \\times 23 = \\frac{782}{2}$ is 391." in shown
+    assert "\t" not in shown and "\x0c" not in shown

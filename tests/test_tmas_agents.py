@@ -91,6 +91,27 @@ def test_json_extraction() -> None:
             extract_json_object(bad)
 
 
+def test_latex_in_json_strings_is_read_as_latex() -> None:
+    # As a model writes it: one backslash a command. "\f", "\b", "\t", "\n" and "\r" are JSON escapes, so these
+    # decode into control characters unless written back; "\sum" and "\cdot" are no escapes at all.
+    written = r'{"a": "$\frac{1}{2} \times \binom{4}{2} \neq x \rightarrow \theta \to y$", "b": ["\boxed{3}"]}'
+    assert extract_json_object(written) == {
+        "a": "$\\frac{1}{2} \\times \\binom{4}{2} \\neq x \\rightarrow \\theta \\to y$",
+        "b": ["\\boxed{3}"],
+    }
+    assert extract_json_object(r"```json" + "\n" + r'{"a": "\sum_{k} k \cdot 2 = \frac{n}{2}"}' + "\n```") == {
+        "a": "\\sum_{k} k \\cdot 2 = \\frac{n}{2}"
+    }
+    assert extract_json_object(r'The JSON: {"a": "\sum_k \binom{n}{k}"} done') == {"a": "\\sum_k \\binom{n}{k}"}
+    # Escapes meant as escapes stay: newlines and tabs before words that end no command, an escaped backslash,
+    # a quote, a code point.
+    meant = r'{"a": "Step 1.\nThe sum\tis 3.\nequals\nnot\\times \"q\" \u00e9"}'
+    assert extract_json_object(meant) == {"a": 'Step 1.\nThe sum\tis 3.\nequals\nnot\\times "q" é'}
+    # The verifier's JSON reply: its analysis is the feedback later prompts show.
+    scored = parse_verification(r'{"analysis": "Uses \binom{5}{2} \times 2 correctly.", "score": 1}')
+    assert scored.feedback == "Uses \\binom{5}{2} \\times 2 correctly." and scored.score == 1.0
+
+
 def test_experience_update_parsing() -> None:
     update = parse_experience_update(
         '```json\n{"operations": [{"op": "keep", "id": "E1"}, {"op": "MERGE"},'

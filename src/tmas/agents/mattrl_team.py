@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from tmas.agents.output import AgentOutputError
+from tmas.agents.output import AgentOutputError, latex_restored
 from tmas.agents.templates import prompt
 from tmas.llm.types import Message
 from tmas.memory.transcript import TeamMember
@@ -149,7 +149,8 @@ def _json_array(text: str) -> list[Any]:
                 if isinstance(value, dict):
                     value = next((v for v in value.values() if isinstance(v, list)), None)
                 if isinstance(value, list) and value:
-                    return value
+                    restored: list[Any] = latex_restored(value)
+                    return restored
                 break
     raise AgentOutputError("no JSON array of team members in the reply")
 

@@ -10,13 +10,13 @@ lone boxed number in the ``## Score`` section. A value inside [0, 1] off the sca
 
 from __future__ import annotations
 
-import json
 import re
 from fractions import Fraction
 from functools import lru_cache
 
 from pydantic import BaseModel, Field, create_model
 
+from tmas.agents.output import loads_reply
 from tmas.agents.style import Style
 from tmas.agents.templates import MATH_SYSTEM, prompt
 from tmas.answers import last_boxed
@@ -93,7 +93,7 @@ def _json_reply(content: str) -> tuple[str, str | None] | None:
     if not text.startswith("{"):
         return None
     try:
-        data = json.loads(text)
+        data = loads_reply(text)
     except ValueError:
         return None
     if not isinstance(data, dict) or "score" not in data:
