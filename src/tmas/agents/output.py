@@ -19,8 +19,8 @@ class AgentOutputError(ValueError):
 
 # A model writing LaTeX inside a JSON string writes one backslash. "\frac", "\binom", "\times", "\neq" and
 # "\rightarrow" then begin with valid JSON escapes (form feed, backspace, tab, newline, carriage return) and decode into
-# control characters in the middle of the mathematics ("\times" as a tab and "imes"): seen in about one JSON reply in
-# ten of the embedded model's. Read back: a backspace or form feed always (no reply means one), and a tab, newline or
+# control characters in the middle of the mathematics ("\times" as a tab and "imes"): 131 of 862 JSON replies of the
+# embedded 0.5B model. Read back: a backspace or form feed always (no reply means one), and a tab, newline or
 # carriage return where the letters after it end a common command's name. Other commands ("\sum", "\cdot") are
 # invalid escapes: where the text parses only with them, their backslash is taken literally.
 _LATEX_CONTROL = re.compile(
