@@ -105,8 +105,8 @@ def test_latex_in_json_strings_is_read_as_latex() -> None:
     assert extract_json_object(r'The JSON: {"a": "\sum_k \binom{n}{k}"} done') == {"a": "\\sum_k \\binom{n}{k}"}
     # Escapes meant as escapes stay: newlines and tabs before words that end no command, an escaped backslash,
     # a quote, a code point.
-    meant = r'{"a": "Step 1.\nThe sum\tis 3.\nequals\nnot\\times \"q\" \u00e9"}'
-    assert extract_json_object(meant) == {"a": 'Step 1.\nThe sum\tis 3.\nequals\nnot\\times "q" é'}
+    meant = r'{"a": "Step 1.\nThe sum\tis 3.\nequals\nnot\\times \"q\" \u00e9\nmid-way\tan"}'
+    assert extract_json_object(meant) == {"a": 'Step 1.\nThe sum\tis 3.\nequals\nnot\\times "q" é\nmid-way\tan'}
     # The verifier's JSON reply: its analysis is the feedback later prompts show.
     scored = parse_verification(r'{"analysis": "Uses \binom{5}{2} \times 2 correctly.", "score": 1}')
     assert scored.feedback == "Uses \\binom{5}{2} \\times 2 correctly." and scored.score == 1.0

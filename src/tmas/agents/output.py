@@ -25,8 +25,8 @@ class AgentOutputError(ValueError):
 # invalid escapes: where the text parses only with them, their backslash is taken literally.
 _LATEX_CONTROL = re.compile(
     "\x08|\x0c"
-    "|\t(?=(?:imes|ext[a-z]*|heta|au|o|an|frac|binom|riangle|ilde|op)(?![A-Za-z]))"
-    "|\n(?=(?:eq|eg|ot|otin|abla|mid|leq|geq)(?![A-Za-z]))"
+    "|\t(?=(?:imes|ext[a-z]*|heta|au|o|frac|binom|riangle|ilde|op)(?![A-Za-z]))"
+    "|\n(?=(?:eq|eg|ot|otin|abla|leq|geq)(?![A-Za-z]))"
     "|\r(?=(?:ight[a-z]*|ho|angle|floor|ceil)(?![A-Za-z]))"
 )
 _ESCAPE_OF = {"\x08": "\\b", "\x0c": "\\f", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
