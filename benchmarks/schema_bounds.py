@@ -5,11 +5,11 @@ verification of TMAS or Verify-Refine (``--role verifier``) or every RSE distill
 attempt of each) the run stored. Each is sent again to the embedded model twice: once under the reply schema as it
 was before its bounds (``maxLength`` and ``maxItems`` taken out), once under the schema the method sends now, each
 with the run's own temperature and ``max_tokens`` and the stored seed, both arms of a prompt side by side so that they
-meet the same load. Each reply is read as the method reads it. The
-table gives, per arm: replies cut at ``max_tokens``, replies the method cannot use (a review without its verdict, a
-verification without its score, a distillation without its lists), what the usable ones said (verdicts and issues;
-scores; items, and how many of them run to the schema's length bound, where the server closed them), completion
-tokens a reply, and the paired difference in unusable replies with its standard error. For verifications it also
+meet the same load. Each reply is read as the method reads it. The table gives, per arm: replies cut at
+``max_tokens``, replies the method cannot use (a review without its verdict, a verification without its score, a
+distillation without its lists), what the usable ones said (verdicts and issues; scores; items, and how many of them
+run to the schema's length bound, where the server closed them), completion tokens a reply, and the paired difference
+in unusable replies with its standard error. For verifications it also
 gives the ROC area of the scores the method uses (an unusable one counts 0) between right and wrong candidates (their
 answers graded against the reference by rules).
 
