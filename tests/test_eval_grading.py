@@ -53,6 +53,8 @@ def test_unparseable_answers_are_undecided() -> None:
         ("they are equal", None),
         ('{"reasoning": "no verdict"}', None),
         ('{"equivalent": 1}', None),
+        # LaTeX with one backslash: "\sqrt" begins no JSON escape; the verdict is read all the same.
+        (r'{"reasoning": "\sqrt{4} = 2 and \frac{4}{2} = 2", "equivalent": true}', True),
     ],
 )
 def test_judge_reply_parsing(text: str, expected: bool | None) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import re
 from collections import defaultdict
 from collections.abc import Sequence
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ValidationError, field_validator
 
+from tmas.agents.output import loads_reply
 from tmas.agents.templates import prompt
 from tmas.config import Sampling, Settings
 from tmas.grading.grader import GradingContext, StoredGrades, Verdicts
@@ -64,7 +64,7 @@ def parse_judge_reply(text: str) -> JudgeReply | None:
         candidates.append(cleaned[start : end + 1])
     for raw in candidates:
         try:
-            data = json.loads(raw)
+            data = loads_reply(raw)
         except ValueError:
             continue
         if not isinstance(data, dict) or not isinstance(data.get("equivalent"), bool | str):
