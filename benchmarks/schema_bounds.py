@@ -109,10 +109,6 @@ def distillation_read(content: str, finish_reason: str | None) -> dict[str, Any]
     }
 
 
-# RSE's default items of each kind a distillation.
-ITEMS = RSEParams().items_per_trajectory
-
-
 def distillation_model(max_tokens: int | None, params: Mapping[str, Any]) -> type[BaseModel]:
     return distillation_reply_model(max_tokens, RSEParams.model_validate(params).items_per_trajectory)
 
@@ -243,7 +239,8 @@ def prompts(run_dir: Path, role: Role, limit: int | None, *, from_solutions: boo
         problems = {p.problem_id: p for p in store.problems()}
         params = (store.get_meta("method") or {}).get("params") or {}
         mode = params.get("mode", "numeric")
-        if from_solutions:
+        items = RSEParams().items_per_trajectory
+        if from_solutions:  # the prompts and schemas of RSE with its defaults
             params = {}
         found = []
         for call in store.calls():
@@ -253,7 +250,7 @@ def prompts(run_dir: Path, role: Role, limit: int | None, *, from_solutions: boo
                 if call.key.role != "solution" or call.key.iteration != 0 or call.key.sample >= ECHO_RETRY_SAMPLE:
                     continue
                 attempt = parse_section(call.content, mode).text
-                asked = distill_prompt(problems[call.key.problem_id].question, attempt, ITEMS)
+                asked = distill_prompt(problems[call.key.problem_id].question, attempt, items)
                 messages = [m.model_dump() for m in asked]
             else:
                 if call.key.role != role.name:
