@@ -12,6 +12,7 @@ import pytest
 from conftest import eventually, settings_for
 from tmas.llm.client import LLMClient
 from tmas.llm.model import ClientStats
+from tmas.llm.replica import Replica
 from tmas.llm.types import Completion, user
 from tmas.llm.vitals import load_counters, prometheus_counters
 from tmas.testing import FaultRates, Rule, SimScript, SimServer
@@ -44,11 +45,28 @@ async def test_a_wedged_replica_s_calls_are_answered_by_another_and_it_leaves_ro
         at_bad = bad.stats()
     assert all(c.ok for c in done), [c.error for c in done if not c.ok]
     moved = [c for c in done if c.retry_causes]
-    assert moved and all(c.retry_causes == [cause] for c in moved)
+    assert moved and all(c.retry_causes == [cause] for c in moved), [c.retry_causes for c in moved]
     assert stats.retries_by_cause == {cause: len(moved)}
     # Each of them reached the wedged replica once, and it aborted each when the client closed it.
     assert at_bad.total_requests == len(moved) and at_bad.completed == 0
     await eventually(lambda: bad.stats().disconnected == len(moved))
+
+
+async def test_a_call_is_not_sent_again_to_the_replica_that_showed_no_progress_once_it_is_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The call's prompt draws its retry to the replica holding its prefix (routing = "cache"), and a wedged replica
+    # can be back in routing by then (another call's look brings it back after progress_timeout_s out). Here it never
+    # leaves: the retry still goes to the other replica, and the call is answered after one wait.
+    monkeypatch.setattr(Replica, "leave", lambda self, cause: None)
+    with SimServer(SimScript()) as good, SimServer(SimScript(wedged=True)) as bad:
+        settings = settings_for(good, bad, endpoint__batch_samples="off", **FAST)
+        async with asyncio.timeout(30), LLMClient(settings) as llm:
+            reply = await llm.chat("solution", [user("What is 6*7?")])
+        at_good, at_bad = good.stats(), bad.stats()
+    # Its first attempt went to the wedged replica (the only one that can end an attempt with no_progress).
+    assert reply.ok and reply.retry_causes == ["no_progress"], (reply.retry_causes, reply.error)
+    assert at_bad.total_requests == 1 and at_good.total_requests == 1
 
 
 async def test_calls_on_a_lone_wedged_replica_fail_with_a_named_cause() -> None:

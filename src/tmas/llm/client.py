@@ -208,10 +208,13 @@ class LLMClient:
         shrinks = Shrinks()
         pin = self._routes.pinned(route, key)
         replica = route.replicas[0]
+        # Replicas that ended an attempt of this call by their vitals: its retries go to another while one is left,
+        # even where such a replica is back in routing by then (its prompt's prefix would draw the call back to it).
+        shunned: frozenset[str] = frozenset()
         while True:
             attempts.begin()
             self._recheck(route)
-            replica = route.replicas[pin[0]] if pin else self._routes.pick(route, request.messages, key)
+            replica = route.replicas[pin[0]] if pin else self._routes.pick(route, request.messages, key, shunned)
             replica.load += 1
             timing = Timing()
             body: dict[str, Any] = {}
@@ -252,6 +255,8 @@ class LLMClient:
                     failure.args = (f"{failure} (refused again after max_tokens was lowered {shrinks.done} times)",)
                 if failure.connect or replica.avoided:
                     pin = None  # its replica is down: the retries go wherever the others can serve
+                if failure.cause in vitals.LIFELESS:
+                    shunned |= {replica.url}
                 delay = attempts.after(failure)
                 if delay is None:
                     break

@@ -83,13 +83,17 @@ class Routes:
         """Every replica any role's calls went to so far."""
         return list(self._replicas.values())
 
-    def pick(self, route: Route, messages: Sequence[Message], key: CallKey) -> Replica:
+    def pick(
+        self, route: Route, messages: Sequence[Message], key: CallKey, shunned: frozenset[str] = frozenset()
+    ) -> Replica:
         """The replica for a call (tmas.llm.routing): by its prompt's cached prefix with ``routing = "cache"``, else
-        the least loaded. The caller counts the call in the replica's ``load`` until it ends."""
+        the least loaded; never one whose URL is in ``shunned`` while another is left. The caller counts the call in
+        the replica's ``load`` until it ends."""
+        replicas = [r for r in route.replicas if r.url not in shunned] or route.replicas
         if route.endpoint.routing == "load" or not messages:
-            return self.router.least_loaded(route.replicas)
+            return self.router.least_loaded(replicas)
         affinity = call_affinity(key, self.settings.seed)
-        return self.router.choose(messages, route.replicas, affinity, route.endpoint.routing_load_bound)
+        return self.router.choose(messages, replicas, affinity, route.endpoint.routing_load_bound)
 
     @staticmethod
     def pinned(route: Route, key: CallKey) -> tuple[int, int] | None:

@@ -54,6 +54,8 @@ PROGRESS_COUNTERS = frozenset(
 )
 # SGLang's /get_load fields (one entry per data-parallel rank), read where /metrics is off.
 LOAD_FIELDS = ("num_reqs", "num_waiting_reqs", "num_tokens")
+# The causes of a failure the replica's own vitals gave: it does not answer /health, or showed no progress.
+LIFELESS = frozenset({"dead", "no_progress", "stall"})
 # Seconds between a look's two readings (at most half of timeout_s): an engine that works moves its counters every
 # step, tens of milliseconds.
 READING_GAP_S = 1.0
