@@ -89,7 +89,9 @@ class Routes:
         """The replica for a call (tmas.llm.routing): by its prompt's cached prefix with ``routing = "cache"``, else
         the least loaded; never one whose URL is in ``shunned`` while another is left. The caller counts the call in
         the replica's ``load`` until it ends."""
-        replicas = [r for r in route.replicas if r.url not in shunned] or route.replicas
+        replicas = route.replicas
+        if shunned:
+            replicas = [r for r in replicas if r.url not in shunned] or replicas
         if route.endpoint.routing == "load" or not messages:
             return self.router.least_loaded(replicas)
         affinity = call_affinity(key, self.settings.seed)
