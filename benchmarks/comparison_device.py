@@ -65,6 +65,7 @@ DEFAULT_PROBLEMS = ROOT / "data" / "rl" / "level1" / "eval.jsonl"
 WHEELS = (
     "transformers",
     "gguf",
+    "llguidance",
     "pydantic",
     "pydantic-core",
     "annotated-types",

@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from pydantic import BaseModel
@@ -55,17 +55,30 @@ from tmas.agents.solution import parse_section
 from tmas.agents.verification import SCALE, parse_verification, verification_reply_model
 from tmas.answer_rules import check_pair
 from tmas.answers import extract_answer
-from tmas.config import LocalModel
+from tmas.config import LocalModel, Sampling, Settings
 from tmas.llm.local_command import default_threads
 from tmas.llm.local_server import LocalServer
 from tmas.llm.schema import json_schema
+from tmas.llm.types import Message
 from tmas.methods.mattrl_deliberation import RETRY_OFFSET, REVIEW_SAMPLE
 from tmas.methods.rse import KINDS, RSEParams
 from tmas.reports.roc import roc_area
 from tmas.rl.hf_eval import proportion_stderr
 from tmas.store.run_store import RunStore
 
+# Over HTTP: the schema without its bounds against the schema sent now. In process (--hf-model): no schema against
+# the schema sent now, which the engine holds replies to (tmas.llm.hf_grammar).
+if TYPE_CHECKING:
+    from tmas.llm.hf_model import HFChatModel
+
 ARMS = ("unbounded", "bounded")
+IN_PROCESS_ARMS = ("none", "bounded")
+
+
+def arms_of(hf_model: str | None) -> tuple[str, str]:
+    return ARMS if hf_model is None else IN_PROCESS_ARMS
+
+
 _BOUNDS = frozenset({"maxLength", "maxItems"})
 _SOLUTION = re.compile(r"<solution>\n(.*)\n</solution>", re.S)
 
@@ -303,16 +316,35 @@ async def ask(
             raise RuntimeError(f"prompt {prompt['index']} ({arm}): HTTP {resp.status}: {json.dumps(reply)[:300]}")
     choice = reply["choices"][0]
     content = choice["message"].get("content") or ""
+    tokens = reply["usage"]["completion_tokens"]
+    return reply_row(role, prompt, arm, content, choice.get("finish_reason"), tokens)
+
+
+async def ask_in_process(llm: HFChatModel, role: Role, prompt: dict[str, Any], arm: str) -> dict[str, Any]:
+    """The prompt to the in-process model: under the reply schema the method sends now (arm "bounded", which the
+    model's structured_output makes it follow) or under none (arm "none")."""
+    reply_model = role.reply_model(prompt["max_tokens"], prompt["params"]) if arm == "bounded" else None
+    sampling = Sampling(**{f: prompt[f] for f in ("temperature", "max_tokens", "seed") if prompt[f] is not None})
+    messages = [Message.model_validate(m) for m in prompt["messages"]]
+    done = await llm.chat(role.name, messages, sampling=sampling, reply_model=reply_model)
+    if done.error is not None:
+        raise RuntimeError(f"prompt {prompt['index']} ({arm}): {done.error}")
+    return reply_row(role, prompt, arm, done.content, done.finish_reason, done.usage.completion_tokens)
+
+
+def reply_row(
+    role: Role, prompt: dict[str, Any], arm: str, content: str, finish_reason: str | None, tokens: int
+) -> dict[str, Any]:
     row = {
         "index": prompt["index"],
         "arm": arm,
-        "finish_reason": choice.get("finish_reason"),
-        "completion_tokens": reply["usage"]["completion_tokens"],
+        "finish_reason": finish_reason,
+        "completion_tokens": tokens,
         "content": content,
-        **role.read(content, choice.get("finish_reason")),
+        **role.read(content, finish_reason),
     }
-    if "item_chars" in row:  # the bounded schema's bound, in both arms: what it closes, or would have
-        row["item_bound"] = shapes["bounded"]["properties"][KINDS[0]]["items"].get("maxLength")
+    if "item_chars" in row:  # the bounded schema's bound, in every arm: what it closes, or would have
+        row["item_bound"] = schemas(role, prompt)["bounded"]["properties"][KINDS[0]]["items"].get("maxLength")
     return row
 
 
@@ -323,19 +355,32 @@ def kept(replies: Path) -> list[dict[str, Any]]:
 
 
 async def collect(
-    role: Role, prompts_: list[dict[str, Any]], model: str, out: Path, parallel: int, base_url: str | None = None
+    role: Role,
+    prompts_: list[dict[str, Any]],
+    model: str,
+    out: Path,
+    parallel: int,
+    base_url: str | None = None,
+    hf_model: str | None = None,
 ) -> None:
-    """Sends every missing (prompt, arm) to the embedded model (or the server at ``base_url``), ``parallel`` at a
-    time, appending each reply."""
+    """Sends every missing (prompt, arm) to the embedded model (or the server at ``base_url``, or ``hf_model`` in
+    process), ``parallel`` at a time, appending each reply."""
     replies = out / "replies.jsonl"
     have = {(row["index"], row["arm"]) for row in kept(replies)}
-    todo = [(p, arm) for p in prompts_ for arm in ARMS if (p["index"], arm) not in have]
+    todo = [(p, arm) for p in prompts_ for arm in arms_of(hf_model) if (p["index"], arm) not in have]
     print(f"{len(todo)} replies to ask for ({len(have)} kept)", file=sys.stderr, flush=True)
     if not todo:
         return
     gate = asyncio.Semaphore(parallel)
     async with AsyncExitStack() as stack:
-        if base_url is None:
+        if hf_model is not None:
+            from tmas.llm.hf_model import open_hf_model  # torch and transformers only for a model in process
+
+            settings = {"hf": {"model": hf_model}, "endpoint": {"structured_output": "json_schema"}}
+            llm = await stack.enter_async_context(
+                open_hf_model(Settings.model_validate({**settings, "concurrency": parallel}))
+            )
+        elif base_url is None:
             cfg = LocalModel(model=model, parallel=parallel, startup_timeout_s=600)
             base_url = (await stack.enter_async_context(LocalServer(cfg))).base_url
         timeout = aiohttp.ClientTimeout(total=3600)
@@ -343,7 +388,11 @@ async def collect(
 
         async def one(prompt: dict[str, Any], arm: str) -> None:
             async with gate:
-                row = await ask(session, base_url, role, prompt, arm)
+                if hf_model is not None:
+                    row = await ask_in_process(llm, role, prompt, arm)
+                else:
+                    assert base_url is not None
+                    row = await ask(session, base_url, role, prompt, arm)
             with replies.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             said = "usable" if row["usable"] else "unusable"
@@ -369,11 +418,16 @@ def paired_mean(diffs: list[int]) -> dict[str, float]:
     return {"prompts": n, "difference": mean, "stderr": math.sqrt(var / n) if n else 0.0}
 
 
-def summarize(rows: list[dict[str, Any]], role: Role, labels: dict[int, bool | None] | None = None) -> dict[str, Any]:
+def summarize(
+    rows: list[dict[str, Any]],
+    role: Role,
+    labels: dict[int, bool | None] | None = None,
+    arms_: tuple[str, str] = ARMS,
+) -> dict[str, Any]:
     """Per arm: replies cut, unusable, what the usable ones said (with ``labels``, whether each prompt's candidate is
-    right), tokens; the paired difference (unbounded minus bounded) in unusable replies over the prompts both arms
-    answered."""
-    by_arm: dict[str, Rows] = {arm: {} for arm in ARMS}
+    right), tokens; the paired difference (the first arm minus the second) in unusable replies over the prompts both
+    arms answered."""
+    by_arm: dict[str, Rows] = {arm: {} for arm in arms_}
     for row in rows:
         by_arm[row["arm"]][row["index"]] = row
     arms: dict[str, Any] = {}
@@ -387,9 +441,10 @@ def summarize(rows: list[dict[str, Any]], role: Role, labels: dict[int, bool | N
             "completion_tokens_per_reply": sum(r["completion_tokens"] for r in got.values()) / n if n else 0.0,
             **role.said(usable, got, labels),
         }
-    both = sorted(set(by_arm["unbounded"]) & set(by_arm["bounded"]))
-    diffs = [int(not by_arm["unbounded"][i]["usable"]) - int(not by_arm["bounded"][i]["usable"]) for i in both]
-    return {"arms": arms, "unusable_paired": paired_mean(diffs)}
+    first, second = (by_arm[arm] for arm in arms_)
+    both = sorted(set(first) & set(second))
+    diffs = [int(not first[i]["usable"]) - int(not second[i]["usable"]) for i in both]
+    return {"arms": arms, "unusable_paired": {"arms": list(arms_), **paired_mean(diffs)}}
 
 
 def table(summary: dict[str, Any], role: Role) -> str:
@@ -405,7 +460,7 @@ def table(summary: dict[str, Any], role: Role) -> str:
         )
     p = summary["unusable_paired"]
     lines.append(
-        f"\nUnusable, unbounded minus bounded, paired over {p['prompts']} prompts: "
+        f"\nUnusable, {p['arms'][0]} minus {p['arms'][1]}, paired over {p['prompts']} prompts: "
         f"{p['difference']:+.1%} (± {p['stderr']:.1%})"
     )
     return "\n".join(lines)
@@ -423,6 +478,11 @@ def main() -> int:
         "--base-url", default=None, help="a server already serving the run's model (.../v1), instead of starting one"
     )
     parser.add_argument(
+        "--hf-model",
+        default=None,
+        help="send to this model in process (a GGUF, checkpoint or embedded name): no schema against the bounded one",
+    )
+    parser.add_argument(
         "--from-solutions",
         action="store_true",
         help="distiller: the prompts RSE would make of the run's first-iteration solutions (a run of another method)",
@@ -435,7 +495,7 @@ def main() -> int:
     found = prompts(args.run_dir, role, args.limit, from_solutions=args.from_solutions)
     model = args.model or found[0]["model"]
     started = dt.datetime.now(dt.UTC)
-    asyncio.run(collect(role, found, model, args.out, args.parallel, args.base_url))
+    asyncio.run(collect(role, found, model, args.out, args.parallel, args.base_url, args.hf_model))
     wanted = {p["index"] for p in found}
     rows = [r for r in kept(args.out / "replies.jsonl") if r["index"] in wanted]
     labels = {p["index"]: p["right"] for p in found} if role.labelled else None
@@ -448,7 +508,8 @@ def main() -> int:
         "labelled": None if labels is None else {str(k): sum(v is k for v in labels.values()) for k in (True, False)},
         "machine": f"{platform.machine()}, {default_threads()} threads",
         "started": started.isoformat(timespec="seconds"),
-        **summarize(rows, role, labels),
+        "in_process": args.hf_model,
+        **summarize(rows, role, labels, arms_of(args.hf_model)),
     }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(table(summary, role))

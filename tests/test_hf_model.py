@@ -23,14 +23,18 @@ pytest.importorskip("gguf")
 from typer.testing import CliRunner
 
 from conftest import isolate
+from tmas.agents.verification import verification_reply_model
 from tmas.cli.main import app
 from tmas.config import Endpoint, Sampling, Settings
 from tmas.llm import hf_checkpoint
 from tmas.llm.hf_checkpoint import checkpoint, convert
 from tmas.llm.hf_engine import HFEngine, resolve_options
+from tmas.llm.hf_grammar import SchemaMask
 from tmas.llm.hf_model import HFChatModel, request_sampling, unsupported
 from tmas.llm.hf_sampling import GREEDY, RequestSampling
+from tmas.llm.reasoning import reply_place
 from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling
+from tmas.llm.schema import json_schema
 from tmas.llm.types import CallKey, Message
 from tmas.llm.weights import package_dir, resolve_model
 from tmas.store.run_store import RunStore
@@ -222,6 +226,115 @@ async def test_an_unsupported_field_fails_the_call_before_the_engine(engine: HFE
     failed = await llm.chat("solution", MESSAGES, sampling=Sampling(repetition_penalty=1.2))
     assert failed.error == "repetition_penalty is not supported by the in-process model"
     assert failed.error_cause == "unsupported" and len(engine.submitted) == before
+
+
+# ---------------------------------------------------------------------------------------- reply schemas
+VERIFY = [Message(role="user", content="Is 2+2=4 right? Reply in JSON with your analysis and a score.")]
+
+
+@pytest.mark.slow
+@needs_weights
+def test_llguidance_reads_the_converted_tokenizers_tokens_as_the_tokenizer_does(engine: HFEngine) -> None:
+    import llguidance.hf
+
+    text = ' {"analysis": "a b",\n  "score": 1}'
+    ids = engine.tokenizer.encode(text, add_special_tokens=False)
+    assert engine.grammars is not None
+    assert engine.grammars.tokenizer.decode_str(ids) == engine.tokenizer.decode(ids) == text
+    # As llguidance would read the GGUF's converted tokenizer on its own: a space as "Ġ".
+    plain = llguidance.hf.from_tokenizer(engine.tokenizer, n_vocab=engine.vocab_size)
+    assert plain.decode_str(ids) != text
+
+
+@pytest.mark.slow
+@needs_weights
+async def test_a_reply_model_s_schema_constrains_every_sample(engine: HFEngine) -> None:
+    reply_model = verification_reply_model(48)
+    llm = model_on(
+        engine, endpoint=Endpoint(structured_output="json_schema"), sampling={"temperature": 1.0, "max_tokens": 96}
+    )
+    calls = [
+        llm.chat(
+            "verification",
+            VERIFY,
+            key=CallKey(role="verification", sample=i),
+            sampling=derived(llm, 40 + i),
+            reply_model=reply_model,
+        )
+        for i in range(4)
+    ]
+    done = await asyncio.gather(*calls)
+    sent = engine.submitted[-1]
+    assert [s.schema for s in sent.samples] == [json.dumps(json_schema(reply_model))] * 4
+    [mask] = [p for p in engine._manager.logit_processor.logits_processor if isinstance(p, SchemaMask)]
+    assert mask.failed == 0
+    for completion in done:
+        # SmolLM2 at temperature 1 writes no JSON unconstrained (none of four such replies parsed).
+        assert completion.finish_reason == "stop", completion.content
+        reply = reply_model.model_validate_json(completion.content)
+        assert len(reply.analysis) <= 60 and reply.score in (0.0, 0.5, 1.0)
+    # A call that asks for log-probabilities is not constrained (tmas.llm.refusals.requested_schema).
+    logprobs = Sampling(seed=50, max_tokens=4, extra_body={"logprobs": True})
+    await llm.chat("verification", VERIFY, sampling=logprobs, reply_model=reply_model)
+    assert engine.submitted[-1].samples[0].schema is None
+
+
+@pytest.mark.slow
+@needs_weights
+async def test_a_constrained_reply_decodes_beside_a_prompt_still_being_read(engine: HFEngine) -> None:
+    # The engine reads a long prompt over several steps (256 tokens a step on a CPU); in those steps its batch holds
+    # more rows of scores than requests drawing a token, and the mask covers only the latter.
+    reply_model = verification_reply_model(48)
+    llm = model_on(
+        engine, endpoint=Endpoint(structured_output="json_schema"), sampling={"temperature": 1.0, "max_tokens": 96}
+    )
+    scheduler = engine._manager.batch_processor.scheduler
+    # Two samples, so that the mask has rows of its own to be told from the step's.
+    constrained = [
+        asyncio.create_task(
+            llm.chat(
+                "verification",
+                VERIFY,
+                key=CallKey(role="verification", sample=i),
+                sampling=derived(llm, 3 + i),
+                reply_model=reply_model,
+            )
+        )
+        for i in range(2)
+    ]
+    assert await until(lambda: sum(bool(s.generated_tokens) for s in scheduler.active_requests.values()) == 2)
+    long = [Message(role="user", content="Count the words: " + " ".join(["tile"] * 900))]
+    plain = await llm.chat("solution", long, sampling=Sampling(seed=4, max_tokens=4))
+    done = await asyncio.gather(*constrained)
+    assert plain.ok and all(c.ok for c in done), (plain.error, [c.error for c in done])
+    for completion in done:
+        reply_model.model_validate_json(completion.content)
+
+
+@pytest.mark.slow
+@needs_weights
+async def test_under_auto_a_schema_goes_once_a_finished_reply_showed_no_inline_thinking(engine: HFEngine) -> None:
+    llm = model_on(engine, sampling={"temperature": 0.0, "max_tokens": 64})
+    reply_model = verification_reply_model(48)
+    await llm.chat("verification", VERIFY, sampling=Sampling(max_tokens=2), reply_model=reply_model)
+    # Cut at 2 tokens, the reply showed nothing of where the model thinks: still no schema.
+    assert engine.submitted[-1].samples[0].schema is None
+    finished = await llm.chat("solution", MESSAGES)
+    assert finished.finish_reason == "stop" and "<think>" not in finished.content
+    await llm.chat("verification", VERIFY, reply_model=reply_model)
+    assert engine.submitted[-1].samples[0].schema == json.dumps(json_schema(reply_model))
+    # A model seen thinking inside its reply gets no schema from then on (it would forbid the thinking).
+    llm._saw_reasoning(reply_place("<think>a</think> b", None, "stop"))
+    await llm.chat("verification", VERIFY, sampling=Sampling(max_tokens=2), reply_model=reply_model)
+    assert engine.submitted[-1].samples[0].schema is None
+    # An embedded model does not think, and endpoint.reasoning says so for any other: a schema from the first call.
+    for said in ({"hf": {"model": MODEL}}, {"endpoint": {"reasoning": "none"}}):
+        fresh = model_on(engine, **said)
+        await fresh.chat("verification", VERIFY, sampling=Sampling(max_tokens=2), reply_model=reply_model)
+        assert engine.submitted[-1].samples[0].schema is not None
+    thinking = model_on(engine, hf={"model": MODEL}, endpoint={"reasoning": "inline"})
+    await thinking.chat("verification", VERIFY, sampling=Sampling(max_tokens=2), reply_model=reply_model)
+    assert engine.submitted[-1].samples[0].schema is None
 
 
 # ------------------------------------------------------------------------------------------ the checkpoint

@@ -24,11 +24,12 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "numpy": "pool",
     "threadpoolctl": "pool",
     "tokenizers": "tokenizer",
-    # A model run in process (--hf-model) needs these four; `rl` commands name their own extra (COMMAND_EXTRA).
+    # A model run in process (--hf-model) needs these five; `rl` commands name their own extra (COMMAND_EXTRA).
     "torch": "hf",
     "transformers": "hf",
     "accelerate": "hf",
     "gguf": "hf",
+    "llguidance": "hf",
     "trl": "rl",
     "datasets": "rl",
     "pyarrow": "rl",

@@ -12,6 +12,7 @@ OpenAI-compatible server). Each sample draws from its own seeded stream (:mod:`t
   cancelled in the engine and its reply ends before the stop string, as servers end theirs.
 - A caller that is cancelled (an asyncio cancel: a run stopped, a budget spent, a sibling failed) cancels its
   requests in the engine, which frees their blocks at its next step.
+- A sample whose sampling carries a JSON schema draws only what the schema allows (:mod:`tmas.llm.hf_grammar`).
 
 The request ids the engine gives a request's children (``<id>__child#<i>``) and the queue a request goes into are
 transformers 5.17's (``continuous_api.py``: ``ContinuousBatchProcessor.update_batch`` and
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from tmas.errors import LLMError, LocalModelError
+from tmas.llm.hf_grammar import Grammars
 from tmas.llm.hf_sampling import Filter, RequestSampling, RequestTable, sampling_processors
 
 # transformers names a request's children so (continuous_api.py, ContinuousBatchProcessor.update_batch).
@@ -112,6 +114,9 @@ class HFEngine:
         self.options = options
         self.table = RequestTable()
         self.stop_ids = stop_token_ids(model, tokenizer)
+        # What constrains replies to JSON schemas; None where the engine cannot (set by start()).
+        self.grammars: Grammars | None = None
+        self.no_grammar = "the in-process engine is not started"
         self._manager: Any = None
         self._ids = itertools.count()
         # Request id -> prompt tokens its request took from the cache (written by the engine's thread).
@@ -138,6 +143,22 @@ class HFEngine:
     def context_window(self) -> int | None:
         value = getattr(self.model.config, "max_position_embeddings", None)
         return int(value) if isinstance(value, int) else None
+
+    @property
+    def vocab_size(self) -> int:
+        """The number of scores the model gives each token (its output layer's rows)."""
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    def schema_error(self, schema: str) -> str | None:
+        """Why ``schema`` cannot constrain a reply here (this engine follows none, or llguidance cannot compile it),
+        or None; compiling it here keeps the engine's thread from doing so."""
+        if self.grammars is None:
+            return self.no_grammar
+        try:
+            self.grammars.matcher(schema)
+        except ValueError as exc:
+            return str(exc)
+        return None
 
     @property
     def running(self) -> bool:
@@ -167,9 +188,20 @@ class HFEngine:
             max_memory_percent=0.8,
         )
         manager = self.model.init_continuous_batching(generation_config=generation, continuous_batching_config=config)
-        processors = sampling_processors(self.table)
         resolved = manager.continuous_batching_config
-        if any(resolved.cuda_graph_booleans) or resolved.use_async_batching:
+        ahead = any(resolved.cuda_graph_booleans) or resolved.use_async_batching
+        # A step prepared while the one before runs cannot know that step's tokens: no schema can be followed then
+        # (tmas.llm.hf_grammar).
+        self.grammars = None
+        if ahead:
+            self.no_grammar = "the in-process engine follows no schema with CUDA graphs or asynchronous batching"
+        else:
+            try:
+                self.grammars = Grammars(self.tokenizer, self.vocab_size, self.stop_ids)
+            except ValueError as exc:
+                self.no_grammar = f"the in-process engine follows no schema: {exc}"
+        processors = sampling_processors(self.table, self.grammars)
+        if ahead:
             # Captured graphs replay every operation whatever the values, and an asynchronous step prepares the
             # next step's values before this one runs: no filter may be skipped then.
             for processor in processors:

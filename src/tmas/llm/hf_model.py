@@ -16,9 +16,13 @@ the prompt tokens and the others none. Token counts are the engine's own: the pr
 
 What it does not do, and says so: a repetition or presence penalty, or another ``extra_body`` field, fails the call
 with a one-line error naming the field (``logprobs`` and ``top_logprobs`` are accepted and no log-probabilities come
-back, as from a server that sends none, so confidence measures and online stopping have nothing to read); a reply
-model's schema constrains nothing (the parsers read the plain reply, as after a structured-output downgrade); a
+back, as from a server that sends none, so confidence measures and online stopping have nothing to read); a
 watched call is not streamed to its watch; there are no embeddings.
+
+A reply model's JSON schema constrains the reply as ``response_format`` does on a server (:mod:`tmas.llm.hf_grammar`),
+under the same ``structured_output`` rule: not where log-probabilities are asked for, and under ``auto`` only where
+the model does not think inside its content (``endpoint.reasoning``; an embedded model does not; else learnt from the
+first finished reply).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -35,11 +40,14 @@ from tmas.errors import ConfigError, LLMError
 from tmas.llm.batching import Sample, SampleBatcher, handed_out
 from tmas.llm.hf_checkpoint import checkpoint, checkpoint_name
 from tmas.llm.hf_engine import EngineError, EngineReply, HFEngine, resolve_options
+from tmas.llm.hf_grammar import schema_text
 from tmas.llm.hf_sampling import RequestSampling
-from tmas.llm.reasoning import split_reasoning
+from tmas.llm.reasoning import reply_place, split_reasoning
+from tmas.llm.refusals import requested_schema, schema_goes
 from tmas.llm.sampling import ResolvedSampling, resolve_role
-from tmas.llm.types import CallKey, ChainKey, ChatRequest, Completion, Message, Usage
+from tmas.llm.types import CallKey, ChainKey, ChatRequest, Completion, Message, Reasoning, Usage
 from tmas.llm.watch import TraceWatch
+from tmas.llm.weights import KNOWN_MODELS
 
 ENDPOINT = "in-process"
 # extra_body keys read here; any other is refused.
@@ -57,6 +65,14 @@ class HFChatModel:
         self.name = name
         self._cap = asyncio.Semaphore(settings.concurrency)
         self._batcher = SampleBatcher(self._send_samples)
+        # Where the model's replies put reasoning: endpoint.reasoning where given (an embedded model: none), else
+        # from the first finished reply (None: not yet seen).
+        said = settings.endpoint.reasoning
+        self._reasoning: Reasoning | None = None
+        if said != "auto":
+            self._reasoning = said
+        elif settings.hf.model in KNOWN_MODELS:
+            self._reasoning = "none"
 
     @property
     def settings(self) -> Settings:
@@ -99,25 +115,42 @@ class HFChatModel:
         key = key or CallKey(role=role)
         if not isinstance(sampling, ResolvedSampling):
             sampling = self.resolve_sampling(role, call=sampling)
-        request = ChatRequest.build(self.name, messages, sampling)
+        asked = requested_schema(self._settings.endpoint.structured_output, sampling.sampling, reply_model)
+        request = ChatRequest.build(self.name, messages, sampling, asked)
         refused = unsupported(request.sampling)
         if refused is not None:
             return self._failed(request, key, refused, "unsupported")
+        schema = self._schema(asked)
         async with self._cap:
             completion = await self._batcher.submit(request, key, "")
             if completion is None:
-                [completion] = await self._generate(request, [key])
+                [completion] = await self._generate(request, [key], schema=schema)
         return completion
+
+    def _schema(self, asked: dict[str, Any] | None) -> str | None:
+        """The schema text a call's samples follow: the one asked for, unless the model thinks inline (as for a
+        server under ``structured_output``: tmas.llm.refusals.schema_goes) or the engine cannot follow it."""
+        schema = schema_text(asked)
+        if schema is None or not schema_goes(self._settings.endpoint.structured_output, self._reasoning):
+            return None
+        return schema if self.engine.schema_error(schema) is None else None
 
     async def _send_samples(self, samples: list[Sample]) -> list[Completion | None]:
         """Alike calls that came together: one request with children (tmas.llm.batching)."""
-        done = await self._generate(samples[0].request, [s.key for s in samples], [s.request for s in samples])
+        first = samples[0].request
+        schema = self._schema(first.response_format)
+        done = await self._generate(first, [s.key for s in samples], [s.request for s in samples], schema)
         return handed_out(done, samples)
 
     async def _generate(
-        self, request: ChatRequest, keys: list[CallKey], requests: list[ChatRequest] | None = None
+        self,
+        request: ChatRequest,
+        keys: list[CallKey],
+        requests: list[ChatRequest] | None = None,
+        schema: str | None = None,
     ) -> list[Completion]:
-        """The completions of ``keys``, samples of ``request`` (each with the seed of its own request, where given)."""
+        """The completions of ``keys``, samples of ``request`` (each with the seed of its own request, where given),
+        following ``schema`` where given."""
         started = time.monotonic()
         try:
             template = request.sampling.extra_body.get(TEMPLATE_KWARGS)
@@ -132,17 +165,24 @@ class HFChatModel:
                 message = f"the prompt has {len(prompt)} tokens; the model's context window is {window}"
                 return [self._failed(request, keys[0], message, "context")]
             max_tokens = min(max_tokens, window - len(prompt))
-        samples = [request_sampling(r.sampling) for r in (requests or [request])]
+        samples = [request_sampling(r.sampling, schema) for r in (requests or [request])]
         try:
             replies = await self.engine.generate(prompt, samples, max_tokens, request.sampling.stop or ())
         except EngineError as exc:
             return [self._failed(request, keys[0], str(exc), "engine")]
         latency = time.monotonic() - started
+        for reply in replies:
+            self._saw_reasoning(reply_place(reply.text, None, reply.finish_reason))
         lowered = max_tokens if max_tokens != wanted else None
         return [
             self._completion(key, reply, len(prompt) if i == 0 else 0, latency, lowered)
             for i, (key, reply) in enumerate(zip(keys, replies, strict=True))
         ]
+
+    def _saw_reasoning(self, place: Reasoning | None) -> None:
+        """Where the model's replies put reasoning (tmas.llm.reasoning.reply_place): inline, once seen, for good."""
+        if place is not None and self._reasoning != "inline":
+            self._reasoning = place
 
     def _completion(
         self, key: CallKey, reply: EngineReply, prompt_tokens: int, latency: float, lowered: int | None
@@ -181,8 +221,9 @@ def unsupported(sampling: Sampling) -> str | None:
     return None
 
 
-def request_sampling(sampling: Sampling) -> RequestSampling:
-    """A call's sampling as the engine draws it: unset fields filter nothing; no seed draws a fresh one."""
+def request_sampling(sampling: Sampling, schema: str | None = None) -> RequestSampling:
+    """A call's sampling as the engine draws it: unset fields filter nothing; no seed draws a fresh one; ``schema``
+    (a JSON schema's text) constrains the reply."""
     seed = sampling.seed
     return RequestSampling(
         temperature=sampling.temperature if sampling.temperature is not None else 1.0,
@@ -190,6 +231,7 @@ def request_sampling(sampling: Sampling) -> RequestSampling:
         top_p=sampling.top_p if sampling.top_p is not None else 1.0,
         min_p=sampling.min_p if sampling.min_p is not None else 0.0,
         seed=seed if seed is not None else _fresh_seed(),
+        schema=schema,
     )
 
 

@@ -3,7 +3,8 @@ per request, each request drawing its tokens from its own seeded stream whatever
 
 transformers 5.17's engine samples every request of a batch with one random generator, and only temperature, top-k
 and top-p can differ per request. Here the engine runs greedy (argmax) and these logits processors, run in this
-order on each new token's scores, do the sampling:
+order on each new token's scores (after :class:`tmas.llm.hf_grammar.SchemaMask` where replies are constrained to
+schemas), do the sampling:
 
 1. :class:`Temperature` divides the scores by the request's temperature (1 for a greedy request);
 2. :class:`TopK` keeps the k best (all where unset);
@@ -34,6 +35,8 @@ from typing import Any, cast
 import torch
 from transformers.generation.continuous_batching.cb_logits_processors import ContinuousBatchingLogitsProcessor
 
+from tmas.llm.hf_grammar import Grammars, SchemaMask
+
 _MASK32 = 0xFFFFFFFF
 _MASK64 = 0xFFFFFFFFFFFFFFFF
 _FILTERED = -math.inf
@@ -42,13 +45,15 @@ _FILTERED = -math.inf
 @dataclass(frozen=True)
 class RequestSampling:
     """What one request samples with. ``temperature`` 0 is greedy; ``top_k`` 0, ``top_p`` 1 and ``min_p`` 0 filter
-    nothing; ``seed`` is the request's stream."""
+    nothing; ``seed`` is the request's stream; ``schema``, a JSON schema's text, constrains what it draws
+    (:mod:`tmas.llm.hf_grammar`)."""
 
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int = 0
+    schema: str | None = None
 
     @property
     def greedy(self) -> bool:
@@ -263,6 +268,12 @@ class SeededDraw(_PerRequest):
         return _scores(torch.where((keys != 0).unsqueeze(-1), drawn, scores))
 
 
-def sampling_processors(table: RequestTable) -> list[ContinuousBatchingLogitsProcessor]:
-    """The processors in the order the module's docstring gives."""
-    return [Temperature(table), TopK(table), TopP(table), MinP(table), SeededDraw(table)]
+def sampling_processors(
+    table: RequestTable, grammars: Grammars | None = None
+) -> list[ContinuousBatchingLogitsProcessor]:
+    """The processors in the order the module's docstring gives, after the schema mask where ``grammars`` is given
+    (the draw is from the tokens a request's schema allows)."""
+    processors: list[ContinuousBatchingLogitsProcessor] = []
+    if grammars is not None:
+        processors.append(SchemaMask(grammars, lambda request_id: table.get(request_id).schema))
+    return [*processors, Temperature(table), TopK(table), TopP(table), MinP(table), SeededDraw(table)]
