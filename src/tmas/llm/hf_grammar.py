@@ -47,7 +47,6 @@ JSON_OPTIONS: dict[str, Any] = {
 TOKENIZER_CHECK = ' {"analysis": "x \u00e9",\n  "score": 7}'
 # Schemas whose compiled matcher is kept.
 SCHEMAS_KEPT = 256
-_ALLOWED_ALL = -1  # a bitmask word with every bit set
 
 
 def schema_text(response_format: dict[str, Any] | None) -> str | None:
@@ -138,7 +137,8 @@ class SchemaMask(ContinuousBatchingLogitsProcessor):
         self.ignored_kwargs = ()
         # Request id -> (its matcher, how many of its tokens it has consumed); used by the engine's thread only.
         self._matchers: dict[str, tuple[Any, int]] = {}
-        self._mask: torch.Tensor | None = None
+        # This step's constrained rows (their indices among the step's score rows) and their bitmasks.
+        self._mask: tuple[torch.Tensor, torch.Tensor] | None = None
         # How many requests' matchers failed; those requests went on unconstrained.
         self.failed = 0
 
@@ -158,9 +158,12 @@ class SchemaMask(ContinuousBatchingLogitsProcessor):
         if rows:
             import llguidance.torch as lltorch
 
-            mask = torch.full((len(requests_with_new_token), self.grammars.words), _ALLOWED_ALL, dtype=torch.int32)
-            lltorch.fill_next_token_bitmask_par(self.grammars.executor, rows, mask)
-            self._mask = mask
+            # One bitmask row per constrained request, in the order of its score row.
+            mask = torch.empty((len(rows), self.grammars.words), dtype=torch.int32)
+            lltorch.fill_next_token_bitmask_par(
+                self.grammars.executor, [(matcher, i) for i, (matcher, _) in enumerate(rows)], mask
+            )
+            self._mask = (torch.tensor([index for _, index in rows]), mask)
         # Nothing travels in the engine's per-request argument: the mask is this processor's own.
         return torch.zeros(len(requests_with_new_token), dtype=torch.int32)
 
@@ -174,7 +177,7 @@ class SchemaMask(ContinuousBatchingLogitsProcessor):
                 return None
             try:
                 held = (self.grammars.matcher(schema), 0)
-            except ValueError:  # checked before the request was sent (HFEngine.generate): not expected here
+            except ValueError:  # compiled before the request was sent (HFEngine.schema_error): not expected
                 self.failed += 1
                 held = (None, 0)
         matcher, consumed = held
@@ -190,13 +193,12 @@ class SchemaMask(ContinuousBatchingLogitsProcessor):
         return matcher
 
     def __call__(self, scores: torch.FloatTensor, tensor_arg: torch.Tensor) -> torch.FloatTensor:
-        mask = self._mask
-        if mask is None:
+        if self._mask is None:
             return scores
-        rows = scores.size(0)
-        if rows > mask.size(0):
-            # The engine pads a step's rows past its requests (as it pads its own processors' arguments).
-            mask = torch.nn.functional.pad(mask, (0, 0, 0, rows - mask.size(0)), value=_ALLOWED_ALL)
-        allowed = allowed_of(mask[:rows].to(scores.device), scores.size(-1))
-        masked: Any = scores.masked_fill(~allowed, -torch.inf)
+        # Only the constrained requests' rows are touched: a step's scores may also hold rows past its requests that
+        # draw a token (a prompt still being read), which the engine discards.
+        rows, mask = (t.to(scores.device) for t in self._mask)
+        allowed = allowed_of(mask, scores.size(-1))
+        kept = scores.index_select(0, rows).masked_fill(~allowed, -torch.inf)
+        masked: Any = scores.index_copy(0, rows, kept)
         return masked  # type: ignore[no-any-return]
