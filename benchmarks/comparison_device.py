@@ -201,14 +201,19 @@ async def compare(
     problems = load_problems(args.problems)[: args.limit] if args.limit else load_problems(args.problems)
     hf = {"model": spec, "tokenizer": str(tokenizer) if tokenizer else None, "device": args.device}
     hf |= {"dtype": args.dtype, "attn_implementation": args.attn, "threads": args.threads}
-    base = Settings.model_validate({"hf": hf, "concurrency": args.concurrency, "seed": args.seed})
+    # The embedded models do not think: their JSON replies are held to their schemas from the first call, as on the
+    # embedded llama-server (tmas.llm.provision).
+    endpoint = {"reasoning": "none"}
+    base = Settings.model_validate({"hf": hf, "endpoint": endpoint, "concurrency": args.concurrency, "seed": args.seed})
     summary: dict[str, Any] = {"machine": machine(), "model": args.model, "file": spec, "problems": len(problems)}
     summary["options"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "func"}
     summary["runs"] = []
     t0 = time.monotonic()
     async with open_hf_model(base) as model:
         summary["load_s"] = round(time.monotonic() - t0, 1)
-        summary["engine"] = {"device": model.engine.options.device, "dtype": model.engine.options.dtype}
+        engine = model.engine
+        schemas = "followed" if engine.grammars is not None else engine.no_grammar
+        summary["engine"] = {"device": engine.options.device, "dtype": engine.options.dtype, "schemas": schemas}
         log(f"model loaded in {summary['load_s']} s ({summary['engine']})")
         plan = studies(args)
         for i, study in enumerate(plan):
@@ -396,7 +401,9 @@ def section(runs: list[Evaluated], summary: dict[str, Any], plot: str, command: 
         f"{summary.get('model')} in process (transformers {m.get('transformers')} continuous batching, "
         f"{engine.get('dtype')} on {m.get('gpu') or engine.get('device')}), {m.get('date', '')[:10]}; "
         f"{summary.get('problems')} held-out problems (`data/rl/level1/eval.jsonl`), graded by rules. "
-        f"Model loaded in {summary.get('load_s')} s. Each run's answer is the one it returned; a run cut at its time "
+        f"Model loaded in {summary.get('load_s')} s. JSON replies (verifications, memory updates, distillations, "
+        f"reviews) held to their schemas: {engine.get('schemas', 'not recorded')}. "
+        "Each run's answer is the one it returned; a run cut at its time "
         "counts the problems and iterations it finished. The difference is the run's accuracy minus majority vote's "
         "MV@k at the k whose completion tokens per problem are nearest the run's, paired over the problems both "
         "answered (standard error of the mean difference).",
