@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -35,7 +36,7 @@ from tmas.llm.hf_sampling import GREEDY, RequestSampling
 from tmas.llm.reasoning import reply_place
 from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling
 from tmas.llm.schema import json_schema
-from tmas.llm.types import CallKey, Message
+from tmas.llm.types import CallKey, Completion, Message
 from tmas.llm.weights import package_dir, resolve_model
 from tmas.store.run_store import RunStore
 
@@ -232,6 +233,28 @@ async def test_an_unsupported_field_fails_the_call_before_the_engine(engine: HFE
 VERIFY = [Message(role="user", content="Is 2+2=4 right? Reply in JSON with your analysis and a score.")]
 
 
+def constrained_model(engine: HFEngine) -> HFChatModel:
+    return model_on(
+        engine, endpoint=Endpoint(structured_output="json_schema"), sampling={"temperature": 1.0, "max_tokens": 96}
+    )
+
+
+def verifications(
+    llm: HFChatModel, reply_model: type[BaseModel], seeds: list[int]
+) -> list[Coroutine[Any, Any, Completion]]:
+    """Verification calls alike but for their seeds (derived: they go as one request with children)."""
+    return [
+        llm.chat(
+            "verification",
+            VERIFY,
+            key=CallKey(role="verification", sample=i),
+            sampling=derived(llm, seed),
+            reply_model=reply_model,
+        )
+        for i, seed in enumerate(seeds)
+    ]
+
+
 @pytest.mark.slow
 @needs_weights
 def test_llguidance_reads_the_converted_tokenizers_tokens_as_the_tokenizer_does(engine: HFEngine) -> None:
@@ -250,20 +273,8 @@ def test_llguidance_reads_the_converted_tokenizers_tokens_as_the_tokenizer_does(
 @needs_weights
 async def test_a_reply_model_s_schema_constrains_every_sample(engine: HFEngine) -> None:
     reply_model = verification_reply_model(48)
-    llm = model_on(
-        engine, endpoint=Endpoint(structured_output="json_schema"), sampling={"temperature": 1.0, "max_tokens": 96}
-    )
-    calls = [
-        llm.chat(
-            "verification",
-            VERIFY,
-            key=CallKey(role="verification", sample=i),
-            sampling=derived(llm, 40 + i),
-            reply_model=reply_model,
-        )
-        for i in range(4)
-    ]
-    done = await asyncio.gather(*calls)
+    llm = constrained_model(engine)
+    done = await asyncio.gather(*verifications(llm, reply_model, [40, 41, 42, 43]))
     sent = engine.submitted[-1]
     assert [s.schema for s in sent.samples] == [json.dumps(json_schema(reply_model))] * 4
     [mask] = [p for p in engine._manager.logit_processor.logits_processor if isinstance(p, SchemaMask)]
@@ -282,26 +293,13 @@ async def test_a_reply_model_s_schema_constrains_every_sample(engine: HFEngine) 
 @pytest.mark.slow
 @needs_weights
 async def test_a_constrained_reply_decodes_beside_a_prompt_still_being_read(engine: HFEngine) -> None:
-    # The engine reads a long prompt over several steps (256 tokens a step on a CPU); in those steps its batch holds
-    # more rows of scores than requests drawing a token, and the mask covers only the latter.
+    # The engine reads a long prompt over several steps (256 tokens a step on a CPU); in those steps its scores hold
+    # rows past those of the requests drawing a token, and the mask must land on the constrained requests' own rows.
     reply_model = verification_reply_model(48)
-    llm = model_on(
-        engine, endpoint=Endpoint(structured_output="json_schema"), sampling={"temperature": 1.0, "max_tokens": 96}
-    )
+    llm = constrained_model(engine)
     scheduler = engine._manager.batch_processor.scheduler
     # Two samples, so that the mask has rows of its own to be told from the step's.
-    constrained = [
-        asyncio.create_task(
-            llm.chat(
-                "verification",
-                VERIFY,
-                key=CallKey(role="verification", sample=i),
-                sampling=derived(llm, 3 + i),
-                reply_model=reply_model,
-            )
-        )
-        for i in range(2)
-    ]
+    constrained = [asyncio.create_task(call) for call in verifications(llm, reply_model, [3, 4])]
     assert await until(lambda: sum(bool(s.generated_tokens) for s in scheduler.active_requests.values()) == 2)
     long = [Message(role="user", content="Count the words: " + " ".join(["tile"] * 900))]
     plain = await llm.chat("solution", long, sampling=Sampling(seed=4, max_tokens=4))
