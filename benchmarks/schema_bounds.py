@@ -22,7 +22,10 @@ Run, in the repository root, on a run made with the embedded model::
 
 ``--from-solutions`` builds the distillation prompts RSE would make of a run's first-iteration solutions (TMAS's and
 majority vote's first samples are RSE's), for a run of another method. ``--base-url`` sends to a server already
-running instead of starting the embedded one.
+running instead of starting the embedded one. ``--hf-model MODEL`` sends to the model in process instead, where the
+two arms are no schema and the schema sent now (the engine holds replies to it: ``tmas.llm.hf_grammar``)::
+
+    python benchmarks/schema_bounds.py runs/tmas --role verifier --hf-model qwen2.5-coder-0.5b --out schema-in-process
 
 Resumable: the replies go to ``OUT/replies.jsonl`` as they come, and a second run sends only the missing ones; the
 summary goes to ``OUT/summary.json``.
@@ -66,11 +69,11 @@ from tmas.reports.roc import roc_area
 from tmas.rl.hf_eval import proportion_stderr
 from tmas.store.run_store import RunStore
 
-# Over HTTP: the schema without its bounds against the schema sent now. In process (--hf-model): no schema against
-# the schema sent now, which the engine holds replies to (tmas.llm.hf_grammar).
 if TYPE_CHECKING:
     from tmas.llm.hf_model import HFChatModel
 
+# Over HTTP: the schema without its bounds against the schema sent now. In process (--hf-model): no schema against
+# the schema sent now, which the engine holds replies to (tmas.llm.hf_grammar).
 ARMS = ("unbounded", "bounded")
 IN_PROCESS_ARMS = ("none", "bounded")
 
