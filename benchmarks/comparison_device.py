@@ -488,13 +488,15 @@ def report(args: argparse.Namespace) -> None:
 
 # ------------------------------------------------------------------------------------------------------- main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from tmas.llm.weights import DEFAULT_MODEL
+    from tmas.config import LocalModel
 
+    # The embedded default model, as `tmas run` starts it with no endpoint configured.
+    default_model = LocalModel().model
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("pack", help="wheels, GGUF pieces and tokenizers for the GPU machine (needs network)")
-    p.add_argument("--models", default=DEFAULT_MODEL, help="comma-separated embedded model names or GGUF paths")
+    p.add_argument("--models", default=default_model, help="comma-separated embedded model names or GGUF paths")
     p.add_argument("--carry-mb", type=float, default=61.7, help="MB (10^6 bytes) one transfer carries")
     p.add_argument("--no-wheels", action="store_true", help="pack no wheels (a CPU rehearsal)")
     p.set_defaults(func=pack)
@@ -507,7 +509,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = sub.add_parser("run", help="every method in turn within --minutes; results into --out")
     p.add_argument("--out", type=Path, required=True, help="folder for the (at most eight) files to bring back")
     p.add_argument("--work", type=Path, default=DEFAULT_WORK, help="working folder (keeps state between calls)")
-    p.add_argument("--model", default=DEFAULT_MODEL, help="a model packed here, a GGUF or a checkpoint folder")
+    p.add_argument("--model", default=default_model, help="a model packed here, a GGUF or a checkpoint folder")
     p.add_argument("--problems", type=Path, default=DEFAULT_PROBLEMS)
     p.add_argument("--limit", type=int, help="only the first N problems")
     p.add_argument("--minutes", type=float, default=9.0, help="minutes of work, loading the model included")
