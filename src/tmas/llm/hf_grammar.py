@@ -99,7 +99,6 @@ class Grammars:
         import llguidance
 
         self._llguidance = llguidance
-        self.vocab_size = vocab_size
         self.words = -(-vocab_size // 32)
         # Once a schema's value is complete, the reply ends with the model's own end token.
         self.tokenizer = llguidance.LLTokenizer(tokenizer_json(tokenizer), n_vocab=vocab_size, eos_token=end_ids[0])
