@@ -155,7 +155,7 @@ class HFEngine:
         if self.grammars is None:
             return self.no_grammar
         try:
-            self.grammars.matcher(schema)
+            self.grammars.compile(schema)
         except ValueError as exc:
             return str(exc)
         return None

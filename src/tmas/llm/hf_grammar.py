@@ -109,9 +109,9 @@ class Grammars:
         self._compiled: dict[str, Any] = {}
         self._lock = threading.Lock()
 
-    def matcher(self, schema: str) -> Any:
-        """A fresh matcher of ``schema`` (its text as :func:`schema_text` writes it); raises ValueError where
-        llguidance cannot compile it."""
+    def compile(self, schema: str) -> Any:
+        """``schema``'s compiled matcher (its text as :func:`schema_text` writes it), kept for the next request;
+        raises ValueError where llguidance cannot compile it."""
         with self._lock:
             template = self._compiled.get(schema)
             if template is None:
@@ -122,7 +122,11 @@ class Grammars:
                 if len(self._compiled) >= SCHEMAS_KEPT:
                     self._compiled.pop(next(iter(self._compiled)))
                 self._compiled[schema] = template
-            return template.deep_copy()
+            return template
+
+    def matcher(self, schema: str) -> Any:
+        """A fresh matcher of ``schema`` for one request (a copy of the compiled one)."""
+        return self.compile(schema).deep_copy()
 
 
 class SchemaMask(ContinuousBatchingLogitsProcessor):
@@ -150,8 +154,10 @@ class SchemaMask(ContinuousBatchingLogitsProcessor):
             matcher = self._advanced(request.state)
             if matcher is not None:
                 rows.append((matcher, index))
-        # A request that has left the engine (finished or cancelled) has no schema any more: its matcher goes.
-        for request_id in [r for r in self._matchers if self.schema_of(r) is None]:
+        # A request that has left the engine (finished or cancelled) has no schema any more: its matcher goes. Those
+        # drawing a token in this step are still there.
+        drawing = {request.state.request_id for request in requests_with_new_token}
+        for request_id in [r for r in self._matchers if r not in drawing and self.schema_of(r) is None]:
             del self._matchers[request_id]
         self._mask = None
         if rows:

@@ -120,11 +120,10 @@ class HFChatModel:
         refused = unsupported(request.sampling)
         if refused is not None:
             return self._failed(request, key, refused, "unsupported")
-        schema = self._schema(asked)
         async with self._cap:
             completion = await self._batcher.submit(request, key, "")
             if completion is None:
-                [completion] = await self._generate(request, [key], schema=schema)
+                [completion] = await self._generate(request, [key], schema=self._schema(asked))
         return completion
 
     def _schema(self, asked: dict[str, Any] | None) -> str | None:
