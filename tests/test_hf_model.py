@@ -1,7 +1,8 @@
 """The in-process model (tmas.llm.hf_model over transformers' continuous batching) on SmolLM2-135M read from its
 GGUF: what each call asks of the engine (prompt tokens, sampling per sample, max tokens, stop strings), the token
 counts a completion reports, the samples of one prompt as one request with children, a cancelled call cancelled in
-the engine, the checkpoint converted once, and a run that resumes from its store like a run on any endpoint.
+the engine, the checkpoint converted once, a schema not followed recorded as a downgrade, and a run that resumes from
+its store like a run on any endpoint.
 
 The engine's request record (``HFEngine.submitted``) is to these tests what the simulated server's request log is
 to the HTTP client's."""
@@ -27,11 +28,12 @@ from conftest import isolate
 from tmas.agents.verification import verification_reply_model
 from tmas.cli.main import app
 from tmas.config import Endpoint, Sampling, Settings
-from tmas.llm import hf_checkpoint
+from tmas.llm import hf_checkpoint, hf_engine
+from tmas.llm.factory import open_model
 from tmas.llm.hf_checkpoint import checkpoint, convert
 from tmas.llm.hf_engine import HFEngine, resolve_options
 from tmas.llm.hf_grammar import SchemaMask
-from tmas.llm.hf_model import HFChatModel, request_sampling, unsupported
+from tmas.llm.hf_model import THINKS_INLINE, HFChatModel, request_sampling, unsupported
 from tmas.llm.hf_sampling import GREEDY, RequestSampling
 from tmas.llm.reasoning import reply_place
 from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling
@@ -333,6 +335,45 @@ async def test_under_auto_a_schema_goes_once_a_finished_reply_showed_no_inline_t
     thinking = model_on(engine, hf={"model": MODEL}, endpoint={"reasoning": "inline"})
     await thinking.chat("verification", VERIFY, sampling=Sampling(max_tokens=2), reply_model=reply_model)
     assert engine.submitted[-1].samples[0].schema is None
+
+
+@pytest.mark.slow
+@needs_weights
+async def test_a_schema_not_followed_is_recorded_in_the_run_once(
+    cache: Path, folder: Path, engine: HFEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reply_model = verification_reply_model(48)
+    cut = Sampling(max_tokens=2)
+    # A model seen thinking inside its replies: the schema is not sent, and the run says why.
+    with RunStore(tmp_path / "thinks") as store:
+        thinking = HFChatModel(Settings.model_validate({"endpoint": {"reasoning": "inline"}}), engine, MODEL, store)
+        await thinking.chat("verifier", VERIFY, sampling=cut, reply_model=reply_model)
+        assert engine.submitted[-1].samples[0].schema is None
+        assert store.downgrade_messages() == {"structured_output": {"in-process": THINKS_INLINE}}
+    # An engine that cannot follow schemas (here: llguidance misreading the tokenizer, found as the engine starts),
+    # opened for a run as `tmas run --hf-model` opens it: the first call asking for a schema is recorded, once.
+    misread = "llguidance reads the model's tokens as other text than its tokenizer does"
+
+    def refuse(*_args: Any) -> None:
+        raise ValueError(misread)
+
+    monkeypatch.setattr(hf_engine, "Grammars", refuse)
+    settings = Settings.model_validate({"hf": {"model": MODEL}, "sampling": {"max_tokens": 2}})
+    with RunStore(tmp_path / "run") as store:
+        async with open_model(settings, store) as llm:
+            plain = await llm.chat("solution", MESSAGES, key=CallKey(role="solution"))
+            assert plain.ok and store.downgrade_messages() == {}
+            for sample, role in enumerate(["verifier", "verifier", "reviewer"]):
+                done = await llm.chat(role, VERIFY, key=CallKey(role=role, sample=sample), reply_model=reply_model)
+                assert done.ok, done.error
+        [(endpoint, first)] = store.downgrades("structured_output").items()
+    assert endpoint == "in-process" and first["role"] == "verifier"
+    assert first["message"] == f"the in-process engine follows no schema: {misread}; its calls went on as plain text"
+    # A model that follows schemas records nothing.
+    with RunStore(tmp_path / "follows") as store:
+        follows = HFChatModel(Settings.model_validate({"hf": {"model": MODEL}}), engine, MODEL, store)
+        await follows.chat("verifier", VERIFY, sampling=cut, reply_model=reply_model)
+        assert engine.submitted[-1].samples[0].schema is not None and store.downgrade_messages() == {}
 
 
 # ------------------------------------------------------------------------------------------ the checkpoint

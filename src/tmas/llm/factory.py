@@ -59,7 +59,7 @@ async def open_model(
     if settings.uses_in_process_model:
         from tmas.llm.hf_model import open_hf_model  # torch and transformers only where a model runs in process
 
-        async with open_hf_model(settings) as in_process:
+        async with open_hf_model(settings, downgrade_log=store) as in_process:
             yield in_process if store is None else _replaying(in_process, store, stats, on_send, count_sent=True)
         return
     async with (

@@ -22,7 +22,8 @@ watched call is not streamed to its watch; there are no embeddings.
 A reply model's JSON schema constrains the reply as ``response_format`` does on a server (:mod:`tmas.llm.hf_grammar`),
 under the same ``structured_output`` rule: not where log-probabilities are asked for, and under ``auto`` only where
 the model does not think inside its content (``endpoint.reasoning``; an embedded model does not; else learnt from the
-first finished reply).
+first finished reply). A schema asked for and not followed (the model thinks inline, or the engine follows none) is
+recorded in the run as a server's refusal is: a ``structured_output`` downgrade of the endpoint ``in-process``.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from tmas.llm.hf_engine import EngineError, EngineReply, HFEngine, resolve_optio
 from tmas.llm.hf_grammar import schema_text
 from tmas.llm.hf_sampling import RequestSampling
 from tmas.llm.reasoning import reply_place, split_reasoning
-from tmas.llm.refusals import requested_schema, schema_goes
+from tmas.llm.refusals import DowngradeLog, requested_schema, schema_goes
 from tmas.llm.sampling import ResolvedSampling, resolve_role
 from tmas.llm.types import CallKey, ChainKey, ChatRequest, Completion, Message, Reasoning, Usage
 from tmas.llm.watch import TraceWatch
@@ -52,6 +53,11 @@ from tmas.llm.weights import KNOWN_MODELS
 ENDPOINT = "in-process"
 # extra_body keys read here; any other is refused.
 TEMPLATE_KWARGS = "chat_template_kwargs"
+# Why a model seen thinking inside its replies gets no schema (a grammar from the first token would forbid it).
+THINKS_INLINE = (
+    "the model thinks inside its reply: a grammar from the first token would forbid its thinking, so its calls went on"
+    " as plain text"
+)
 # Asked by confidence measures; accepted, and no log-probabilities come back.
 NO_LOGPROBS = frozenset({"logprobs", "top_logprobs"})
 
@@ -59,10 +65,15 @@ NO_LOGPROBS = frozenset({"logprobs", "top_logprobs"})
 class HFChatModel:
     """The in-process model of ``settings.hf`` over a started :class:`HFEngine`; open it with :func:`open_hf_model`."""
 
-    def __init__(self, settings: Settings, engine: HFEngine, name: str) -> None:
+    def __init__(
+        self, settings: Settings, engine: HFEngine, name: str, downgrade_log: DowngradeLog | None = None
+    ) -> None:
         self._settings = settings
         self.engine = engine
         self.name = name
+        # Where a schema asked for and not followed is recorded, once (tmas.llm.types.DOWNGRADES).
+        self._log = downgrade_log
+        self._downgraded = False
         self._cap = asyncio.Semaphore(settings.concurrency)
         self._batcher = SampleBatcher(self._send_samples)
         # Where the model's replies put reasoning: endpoint.reasoning where given (an embedded model: none), else
@@ -123,21 +134,35 @@ class HFChatModel:
         async with self._cap:
             completion = await self._batcher.submit(request, key, "")
             if completion is None:
-                [completion] = await self._generate(request, [key], schema=self._schema(asked))
+                [completion] = await self._generate(request, [key], schema=self._schema(asked, role))
         return completion
 
-    def _schema(self, asked: dict[str, Any] | None) -> str | None:
+    def _schema(self, asked: dict[str, Any] | None, role: str) -> str | None:
         """The schema text a call's samples follow: the one asked for, unless the model thinks inline (as for a
-        server under ``structured_output``: tmas.llm.refusals.schema_goes) or the engine cannot follow it."""
+        server under ``structured_output``: tmas.llm.refusals.schema_goes) or the engine cannot follow it; a schema
+        not followed for either reason is recorded as the run's ``structured_output`` downgrade."""
         schema = schema_text(asked)
-        if schema is None or not schema_goes(self._settings.endpoint.structured_output, self._reasoning):
+        if schema is None:
             return None
-        return schema if self.engine.schema_error(schema) is None else None
+        if not schema_goes(self._settings.endpoint.structured_output, self._reasoning):
+            if self._reasoning == "inline":
+                self._downgrade(role, THINKS_INLINE)
+            return None
+        error = self.engine.schema_error(schema)
+        if error is not None:
+            self._downgrade(role, f"{error}; its calls went on as plain text")
+            return None
+        return schema
+
+    def _downgrade(self, role: str, message: str) -> None:
+        if self._log is not None and not self._downgraded:
+            self._log.record_downgrade("structured_output", ENDPOINT, role, message)
+        self._downgraded = True
 
     async def _send_samples(self, samples: list[Sample]) -> list[Completion | None]:
         """Alike calls that came together: one request with children (tmas.llm.batching)."""
         first = samples[0].request
-        schema = self._schema(first.response_format)
+        schema = self._schema(first.response_format, samples[0].key.role)
         done = await self._generate(first, [s.key for s in samples], [s.request for s in samples], schema)
         return handed_out(done, samples)
 
@@ -241,8 +266,9 @@ def _fresh_seed() -> int:
 
 
 @asynccontextmanager
-async def open_hf_model(settings: Settings) -> AsyncIterator[HFChatModel]:
-    """The in-process model of ``settings.hf``: converted where needed, loaded and started, stopped on leaving."""
+async def open_hf_model(settings: Settings, downgrade_log: DowngradeLog | None = None) -> AsyncIterator[HFChatModel]:
+    """The in-process model of ``settings.hf``: converted where needed, loaded and started, stopped on leaving; a
+    schema it cannot follow is recorded in ``downgrade_log`` (the run's store)."""
     hf = settings.hf
     if hf.model is None:
         raise ConfigError("no in-process model configured: set hf.model (--hf-model)")
@@ -263,7 +289,7 @@ async def open_hf_model(settings: Settings) -> AsyncIterator[HFChatModel]:
     engine = await asyncio.to_thread(HFEngine.load, folder, options)
     await asyncio.to_thread(engine.start)
     try:
-        yield HFChatModel(settings, engine, checkpoint_name(spec))
+        yield HFChatModel(settings, engine, checkpoint_name(spec), downgrade_log)
     finally:
         await asyncio.to_thread(engine.stop)
 
