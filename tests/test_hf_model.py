@@ -339,9 +339,7 @@ async def test_under_auto_a_schema_goes_once_a_finished_reply_showed_no_inline_t
 
 @pytest.mark.slow
 @needs_weights
-async def test_a_schema_not_followed_is_recorded_in_the_run_once(
-    cache: Path, folder: Path, engine: HFEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_model_thinking_inline_or_following_schemas_records_so(engine: HFEngine, tmp_path: Path) -> None:
     reply_model = verification_reply_model(48)
     cut = Sampling(max_tokens=2)
     # A model seen thinking inside its replies: the schema is not sent, and the run says why.
@@ -350,14 +348,32 @@ async def test_a_schema_not_followed_is_recorded_in_the_run_once(
         await thinking.chat("verifier", VERIFY, sampling=cut, reply_model=reply_model)
         assert engine.submitted[-1].samples[0].schema is None
         assert store.downgrade_messages() == {"structured_output": {"in-process": THINKS_INLINE}}
-    # An engine that cannot follow schemas (here: llguidance misreading the tokenizer, found as the engine starts),
-    # opened for a run as `tmas run --hf-model` opens it: the first call asking for a schema is recorded, once.
-    misread = "llguidance reads the model's tokens as other text than its tokenizer does"
+    # A model that follows schemas records nothing.
+    with RunStore(tmp_path / "follows") as store:
+        follows = HFChatModel(Settings.model_validate({"hf": {"model": MODEL}}), engine, MODEL, store)
+        await follows.chat("verifier", VERIFY, sampling=cut, reply_model=reply_model)
+        assert engine.submitted[-1].samples[0].schema is not None and store.downgrade_messages() == {}
 
+
+MISREAD = "llguidance reads the model's tokens as other text than its tokenizer does"
+
+
+@pytest.mark.slow
+@needs_weights
+@pytest.mark.parametrize(
+    ("refusal", "why"),
+    [(ValueError(MISREAD), MISREAD), (ImportError("llguidance"), "llguidance is not installed (tmas[hf] has it)")],
+)
+async def test_an_engine_following_no_schema_is_recorded_in_the_run_once(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refusal: Exception, why: str
+) -> None:
+    # The engine finds it cannot follow schemas as it starts (llguidance misreading the tokenizer, or missing); opened
+    # for a run as `tmas run --hf-model` opens it, the first call asking for a schema is recorded, once.
     def refuse(*_args: Any) -> None:
-        raise ValueError(misread)
+        raise refusal
 
     monkeypatch.setattr(hf_engine, "Grammars", refuse)
+    reply_model = verification_reply_model(48)
     settings = Settings.model_validate({"hf": {"model": MODEL}, "sampling": {"max_tokens": 2}})
     with RunStore(tmp_path / "run") as store:
         async with open_model(settings, store) as llm:
@@ -368,12 +384,7 @@ async def test_a_schema_not_followed_is_recorded_in_the_run_once(
                 assert done.ok, done.error
         [(endpoint, first)] = store.downgrades("structured_output").items()
     assert endpoint == "in-process" and first["role"] == "verifier"
-    assert first["message"] == f"the in-process engine follows no schema: {misread}; its calls went on as plain text"
-    # A model that follows schemas records nothing.
-    with RunStore(tmp_path / "follows") as store:
-        follows = HFChatModel(Settings.model_validate({"hf": {"model": MODEL}}), engine, MODEL, store)
-        await follows.chat("verifier", VERIFY, sampling=cut, reply_model=reply_model)
-        assert engine.submitted[-1].samples[0].schema is not None and store.downgrade_messages() == {}
+    assert first["message"] == f"the in-process engine follows no schema: {why}; its calls went on as plain text"
 
 
 # ------------------------------------------------------------------------------------------ the checkpoint

@@ -198,8 +198,9 @@ class HFEngine:
         else:
             try:
                 self.grammars = Grammars(self.tokenizer, self.vocab_size, self.stop_ids)
-            except ValueError as exc:
-                self.no_grammar = f"the in-process engine follows no schema: {exc}"
+            except (ImportError, ValueError) as exc:
+                why = "llguidance is not installed (tmas[hf] has it)" if isinstance(exc, ImportError) else exc
+                self.no_grammar = f"the in-process engine follows no schema: {why}"
         processors = sampling_processors(self.table, self.grammars)
         if ahead:
             # Captured graphs replay every operation whatever the values, and an asynchronous step prepares the
