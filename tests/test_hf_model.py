@@ -13,6 +13,7 @@ import asyncio
 import json
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,7 +22,10 @@ from pydantic import BaseModel
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
+pytest.importorskip("llguidance")
 
+import llguidance.torch as lltorch
+import torch
 from typer.testing import CliRunner
 
 from conftest import isolate
@@ -32,12 +36,12 @@ from tmas.llm import hf_checkpoint, hf_engine
 from tmas.llm.factory import open_model
 from tmas.llm.hf_checkpoint import checkpoint, convert
 from tmas.llm.hf_engine import HFEngine, resolve_options
-from tmas.llm.hf_grammar import SchemaMask
+from tmas.llm.hf_grammar import SchemaMask, allowed_of, schema_text
 from tmas.llm.hf_model import THINKS_INLINE, HFChatModel, request_sampling, unsupported
 from tmas.llm.hf_sampling import GREEDY, RequestSampling
 from tmas.llm.reasoning import reply_place
 from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling
-from tmas.llm.schema import json_schema
+from tmas.llm.schema import json_schema, response_format
 from tmas.llm.types import CallKey, Completion, Message
 from tmas.llm.weights import package_dir, resolve_model
 from tmas.store.run_store import RunStore
@@ -290,6 +294,40 @@ async def test_a_reply_model_s_schema_constrains_every_sample(engine: HFEngine) 
     logprobs = Sampling(seed=50, max_tokens=4, extra_body={"logprobs": True})
     await llm.chat("verification", VERIFY, sampling=logprobs, reply_model=reply_model)
     assert engine.submitted[-1].samples[0].schema is None
+
+
+@needs_weights
+def test_each_steps_mask_is_its_own_though_filled_beside_the_step(engine: HFEngine) -> None:
+    # The mask is filled on a worker thread between the step's preparation and its scores. Driven as the engine drives
+    # it: a step that fails before its scores leaves no fill to race the next step's matchers, and each masked row
+    # allows exactly what a matcher fed the same tokens in line allows.
+    assert engine.grammars is not None
+    schema = schema_text(response_format(verification_reply_model(48)))
+    assert schema is not None
+    reply = engine.tokenizer.encode('{"analysis": "ok", "score": 1}', add_special_tokens=False)
+    states = {name: SimpleNamespace(request_id=name, generated_tokens=[], initial_tokens=[]) for name in "ab"}
+    mask = SchemaMask(engine.grammars, lambda request_id: schema if request_id == "a" else None)
+    vocab = engine.vocab_size
+
+    def step(drawn: int) -> torch.Tensor:
+        states["a"].generated_tokens = reply[:drawn]
+        requests = [SimpleNamespace(state=states[name]) for name in "ab"]
+        arg = mask.prepare_tensor_args(requests)
+        return mask(torch.zeros(2, vocab), arg)
+
+    def expected(drawn: int) -> torch.Tensor:
+        inline = engine.grammars.matcher(schema)
+        assert inline.consume_tokens(reply[:drawn])
+        bits = torch.empty((1, engine.grammars.words), dtype=torch.int32)
+        lltorch.fill_next_token_bitmask(inline, bits)
+        return allowed_of(bits, vocab)[0]
+
+    mask.prepare_tensor_args([SimpleNamespace(state=states["a"])])  # its scores never come: the step failed
+    for drawn in range(len(reply)):
+        scores = step(drawn)
+        assert torch.equal(scores[0].isfinite(), expected(drawn)), drawn
+        assert scores[1].isfinite().all()  # the unconstrained request's row is untouched
+    assert mask.failed == 0
 
 
 @pytest.mark.slow

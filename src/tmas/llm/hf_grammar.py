@@ -9,8 +9,11 @@ draw a token in it:
 1. each constrained request's matcher consumes the tokens the request drew since the last step (read from the
    engine's request state, where every drawn token is by then);
 2. the matcher writes the request's allowed tokens into one row of a bitmask (32 tokens a 32-bit word); once the
-   schema's value is complete only the model's end token is allowed, so the reply ends there;
-3. every token not allowed gets a score of minus infinity, before temperature, the filters and the draw.
+   schema's value is complete only the model's end token is allowed, so the reply ends there. The rows are filled
+   on a worker thread, in parallel on llguidance's own threads, while the engine runs the step's forward pass (the
+   engine prepares the processors' arguments before it): on a GPU the fill hides behind the forward pass;
+3. every token not allowed gets a score of minus infinity, before temperature, the filters and the draw (waiting
+   for the fill where it is not done yet).
 
 JSON is written without free whitespace (``", "`` between items, ``": "`` after keys): a small model left free
 whitespace can fill its reply with blank lines, as llama-server bounds its own grammar's whitespace for that reason.
@@ -26,10 +29,12 @@ which comes with its CUDA graphs) does not, and there :class:`tmas.llm.hf_engine
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, cast
 
 import torch
@@ -140,8 +145,10 @@ class SchemaMask(ContinuousBatchingLogitsProcessor):
         self.ignored_kwargs = ()
         # Request id -> (its matcher, how many of its tokens it has consumed); used by the engine's thread only.
         self._matchers: dict[str, tuple[Any, int]] = {}
-        # This step's constrained rows (their indices among the step's score rows) and their bitmasks.
-        self._mask: tuple[torch.Tensor, torch.Tensor] | None = None
+        # This step's constrained rows (their indices among the step's score rows) and their bitmasks, being filled
+        # by the worker.
+        self._mask: Future[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tmas-schema-mask")
         # How many requests' matchers failed; those requests went on unconstrained.
         self.failed = 0
 
@@ -149,6 +156,9 @@ class SchemaMask(ContinuousBatchingLogitsProcessor):
         int32_tensor.zero_()
 
     def prepare_tensor_args(self, requests_with_new_token: list[Any]) -> torch.Tensor:
+        # A step that never reached its scores (it failed) may have left its fill running: it ends before the
+        # matchers move on.
+        self._settle()
         rows: list[tuple[Any, int]] = []
         for index, request in enumerate(requests_with_new_token):
             matcher = self._advanced(request.state)
@@ -159,18 +169,28 @@ class SchemaMask(ContinuousBatchingLogitsProcessor):
         drawing = {request.state.request_id for request in requests_with_new_token}
         for request_id in [r for r in self._matchers if r not in drawing and self.schema_of(r) is None]:
             del self._matchers[request_id]
-        self._mask = None
-        if rows:
-            import llguidance.torch as lltorch
-
-            # One bitmask row per constrained request, in the order of its score row.
-            mask = torch.empty((len(rows), self.grammars.words), dtype=torch.int32)
-            lltorch.fill_next_token_bitmask_par(
-                self.grammars.executor, [(matcher, i) for i, (matcher, _) in enumerate(rows)], mask
-            )
-            self._mask = (torch.tensor([index for _, index in rows]), mask)
         # Nothing travels in the engine's per-request argument: the mask is this processor's own.
-        return torch.zeros(len(requests_with_new_token), dtype=torch.int32)
+        unused = torch.zeros(len(requests_with_new_token), dtype=torch.int32)
+        if rows:
+            # Filled beside the step's forward pass (llguidance releases the GIL), awaited where the scores come.
+            self._mask = self._worker.submit(self._fill, rows)
+        return unused
+
+    def _fill(self, rows: list[tuple[Any, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The constrained rows' indices among the step's score rows, and one bitmask row for each, in that order."""
+        import llguidance.torch as lltorch
+
+        mask = torch.empty((len(rows), self.grammars.words), dtype=torch.int32)
+        lltorch.fill_next_token_bitmask_par(
+            self.grammars.executor, [(matcher, i) for i, (matcher, _) in enumerate(rows)], mask
+        )
+        return torch.tensor([index for _, index in rows]), mask
+
+    def _settle(self) -> None:
+        pending, self._mask = self._mask, None
+        if pending is not None:
+            with contextlib.suppress(Exception):
+                pending.result()
 
     def _advanced(self, state: Any) -> Any:
         """The request's matcher, fed the tokens drawn since the last step; None for an unconstrained request."""
@@ -198,11 +218,12 @@ class SchemaMask(ContinuousBatchingLogitsProcessor):
         return matcher
 
     def __call__(self, scores: torch.FloatTensor, tensor_arg: torch.Tensor) -> torch.FloatTensor:
-        if self._mask is None:
+        pending, self._mask = self._mask, None
+        if pending is None:
             return scores
         # Only the constrained requests' rows are touched: a step's scores may also hold rows past its requests that
         # draw a token (a prompt still being read), which the engine discards.
-        rows, mask = (t.to(scores.device) for t in self._mask)
+        rows, mask = (t.to(scores.device) for t in pending.result())
         allowed = allowed_of(mask, scores.size(-1))
         kept = scores.index_select(0, rows).masked_fill(~allowed, -torch.inf)
         masked: Any = scores.index_copy(0, rows, kept)
