@@ -18,16 +18,21 @@ thread beside the forward pass and waits for them where the scores come. Here th
   schemas that the forward pass does not hide. With ``--forward-ms 0`` it is the whole cost, as if filled in line.
   "Masking" is :meth:`SchemaMask.__call__` on this CPU's tensors (on a GPU it runs there).
 
-Writes OUT/mask_cost.json (machine, settings, each row) and prints a table. A timing means something only on a
-machine running nothing else. ::
+Writes OUT/mask_cost.json (machine, settings, each row) and prints a table. ``--engine`` measures the whole engine
+instead: ``--calls`` verifications at once through the in-process model under the verification schema, the mask
+filled beside the forward pass (as the engine does) against in line, in alternating pairs with the same prompts and
+seeds; generated tokens/s each, into OUT/engine_ab.json. A timing means something only on a machine running nothing
+else. ::
 
     python benchmarks/schema_mask_cost.py --reply runs/tmas:verifier --reply runs/tmas:experience \\
         --reply runs/rse:distiller --reply runs/mattrl:reviewer --out mask-cost     # 0.5B tokenizer, R 16/64/256
+    python benchmarks/schema_mask_cost.py --engine --model smollm2-135m --calls 64 --max-tokens 64 --out mask-ab
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -67,7 +72,15 @@ WARM_UP = 20
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reply", action="append", required=True, metavar="RUN:ROLE", help="a run's replies of a role")
+    parser.add_argument("--reply", action="append", metavar="RUN:ROLE", help="a run's replies of a role")
+    parser.add_argument(
+        "--engine",
+        action="store_true",
+        help="instead: --calls constrained calls at once through the in-process model (--model), the mask filled "
+        "beside the forward pass against in line, alternating --repeats times",
+    )
+    parser.add_argument("--calls", type=int, default=64, help="--engine: calls at once")
+    parser.add_argument("--repeats", type=int, default=3, help="--engine: pairs of runs")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--model", default="qwen2.5-coder-0.5b", help="whose tokenizer: checkpoint, GGUF or name")
     parser.add_argument("--rows", default="16,64,256", help="comma-separated numbers of constrained requests")
@@ -228,8 +241,83 @@ def measure(
     }
 
 
+async def engine_ab(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Generated tokens/s of ``args.calls`` verifications at once through the in-process model, each under the
+    verification schema at temperature 1, the mask filled beside the forward pass (as the engine does) and in line,
+    alternating; each pair sends the same prompts and seeds."""
+    from tmas.agents.verification import verification_reply_model
+    from tmas.config import Sampling, Settings
+    from tmas.llm import hf_grammar, hf_sampling
+    from tmas.llm.hf_model import open_hf_model
+    from tmas.llm.types import CallKey, Message
+
+    class InLine(hf_grammar.SchemaMask):
+        """The fill waited for where it is handed over: the mask as if computed in line."""
+
+        def prepare_tensor_args(self, requests_with_new_token: list[Any]) -> Any:
+            unused = super().prepare_tensor_args(requests_with_new_token)
+            if self._mask is not None:
+                self._mask.result()
+            return unused
+
+    settings = Settings.model_validate(
+        {"hf": {"model": args.model}, "endpoint": {"structured_output": "json_schema"}, "concurrency": args.calls}
+    )
+    shape = verification_reply_model(args.max_tokens)
+    asks = [f"Is {i} + {i} = {2 * i} right? Reply in JSON with your analysis and a score." for i in range(args.calls)]
+    rows = []
+    for repeat in range(args.repeats):
+        for mode, mask in (("beside", hf_grammar.SchemaMask), ("in line", InLine)):
+            hf_sampling.SchemaMask = mask  # type: ignore[misc]  # the class the engine's processors are built from
+            async with open_hf_model(settings) as llm:
+                warm = Sampling(seed=10**6, max_tokens=4, temperature=1.0)
+                await llm.chat("verifier", [Message(role="user", content=asks[0])], sampling=warm, reply_model=shape)
+                start = time.perf_counter()
+                done = await asyncio.gather(
+                    *[
+                        llm.chat(
+                            "verifier",
+                            [Message(role="user", content=ask)],
+                            key=CallKey(role="verifier", sample=i),
+                            sampling=Sampling(
+                                seed=args.seed + 1000 * repeat + i, max_tokens=args.max_tokens, temperature=1.0
+                            ),
+                            reply_model=shape,
+                        )
+                        for i, ask in enumerate(asks)
+                    ]
+                )
+                seconds = time.perf_counter() - start
+            tokens = sum(c.usage.completion_tokens for c in done)
+            row = {"repeat": repeat, "mode": mode, "tokens": tokens, "seconds": round(seconds, 2)}
+            row |= {"tokens_per_s": round(tokens / seconds, 1), "failed": sum(not c.ok for c in done)}
+            rows.append(row)
+            print(f"| {repeat} | {mode} | {tokens} | {seconds:.1f} | {tokens / seconds:.1f} |", flush=True)
+    hf_sampling.SchemaMask = hf_grammar.SchemaMask  # type: ignore[misc]
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.engine:
+        print("| Pair | Mask | Completion tokens | Seconds | Tokens/s |\n|---:|---|---:|---:|---:|")
+        rows = asyncio.run(engine_ab(args))
+        rate = {m: statistics.fmean(r["tokens_per_s"] for r in rows if r["mode"] == m) for m in ("beside", "in line")}
+        print(f"beside / in line: {rate['beside'] / rate['in line']:.3f}")
+        args.out.mkdir(parents=True, exist_ok=True)
+        summary = {
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}",
+            "model": args.model,
+            "calls": args.calls,
+            "max_tokens": args.max_tokens,
+            "rows": rows,
+            "beside_over_in_line": round(rate["beside"] / rate["in line"], 3),
+        }
+        (args.out / "engine_ab.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return 0
+    if not args.reply:
+        raise SystemExit("give --reply RUN:ROLE (one or more), or --engine")
     import llguidance
     from transformers import AutoConfig, AutoTokenizer
 
