@@ -82,7 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--calls", type=int, default=64, help="--engine: calls at once")
     parser.add_argument("--repeats", type=int, default=3, help="--engine: pairs of runs")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--model", default="qwen2.5-coder-0.5b", help="whose tokenizer: checkpoint, GGUF or name")
+    parser.add_argument(
+        "--model", default="qwen2.5-coder-0.5b", help="checkpoint, GGUF or name: its tokenizer (with --engine: it runs)"
+    )
     parser.add_argument("--rows", default="16,64,256", help="comma-separated numbers of constrained requests")
     parser.add_argument("--threads", default="1,2", help="comma-separated numbers of llguidance executor threads")
     parser.add_argument("--steps", type=int, default=200, help=f"steps timed at each setting (after {WARM_UP} untimed)")
