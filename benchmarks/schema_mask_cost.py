@@ -117,15 +117,14 @@ def canonical(content: str) -> str | None:
 def stored_replies(spec: str, max_tokens: int) -> tuple[str, list[str]]:
     """(the role's schema text, its replies in the run that are one JSON object each) of ``RUN:ROLE``."""
     from tmas.llm.hf_grammar import schema_text
-    from tmas.llm.schema import json_schema
+    from tmas.llm.schema import response_format
 
     run, _, role = spec.rpartition(":")
     if not run:
         raise SystemExit(f"--reply {spec!r}: expected RUN:ROLE")
     if role not in REPLY_MODELS:
         raise SystemExit(f"--reply {spec!r}: the role is not one of {', '.join(REPLY_MODELS)}")
-    schema = json_schema(REPLY_MODELS[role](max_tokens))
-    text = schema_text({"type": "json_schema", "json_schema": {"schema": schema}})
+    text = schema_text(response_format(REPLY_MODELS[role](max_tokens)))
     assert text is not None
     store = RunStore(Path(run), create=False, read_only=True)
     try:
@@ -266,37 +265,56 @@ async def engine_ab(args: argparse.Namespace) -> list[dict[str, Any]]:
         {"hf": {"model": args.model}, "endpoint": {"structured_output": "json_schema"}, "concurrency": args.calls}
     )
     shape = verification_reply_model(args.max_tokens)
-    asks = [f"Is {i} + {i} = {2 * i} right? Reply in JSON with your analysis and a score." for i in range(args.calls)]
+    question = "Is {0} + {0} = {1} right? Reply in JSON with your analysis and a score."
+    asks = [[Message(role="user", content=question.format(i, 2 * i))] for i in range(args.calls)]
+
+    async def timed(repeat: int) -> tuple[list[Any], float]:
+        async with open_hf_model(settings) as llm:
+            warm = Sampling(seed=10**6, max_tokens=4, temperature=1.0)
+            await llm.chat("verifier", asks[0], sampling=warm, reply_model=shape)
+            start = time.perf_counter()
+            done = await asyncio.gather(
+                *[
+                    llm.chat(
+                        "verifier",
+                        ask,
+                        key=CallKey(role="verifier", sample=i),
+                        sampling=Sampling(
+                            seed=args.seed + 1000 * repeat + i, max_tokens=args.max_tokens, temperature=1.0
+                        ),
+                        reply_model=shape,
+                    )
+                    for i, ask in enumerate(asks)
+                ]
+            )
+            return done, time.perf_counter() - start
+
     rows = []
-    for repeat in range(args.repeats):
-        for mode, mask in (("beside", hf_grammar.SchemaMask), ("in line", InLine)):
-            hf_sampling.SchemaMask = mask  # type: ignore[misc]  # the class the engine's processors are built from
-            async with open_hf_model(settings) as llm:
-                warm = Sampling(seed=10**6, max_tokens=4, temperature=1.0)
-                await llm.chat("verifier", [Message(role="user", content=asks[0])], sampling=warm, reply_model=shape)
-                start = time.perf_counter()
-                done = await asyncio.gather(
-                    *[
-                        llm.chat(
-                            "verifier",
-                            [Message(role="user", content=ask)],
-                            key=CallKey(role="verifier", sample=i),
-                            sampling=Sampling(
-                                seed=args.seed + 1000 * repeat + i, max_tokens=args.max_tokens, temperature=1.0
-                            ),
-                            reply_model=shape,
-                        )
-                        for i, ask in enumerate(asks)
-                    ]
-                )
-                seconds = time.perf_counter() - start
-            tokens = sum(c.usage.completion_tokens for c in done)
-            row = {"repeat": repeat, "mode": mode, "tokens": tokens, "seconds": round(seconds, 2)}
-            row |= {"tokens_per_s": round(tokens / seconds, 1), "failed": sum(not c.ok for c in done)}
-            rows.append(row)
-            print(f"| {repeat} | {mode} | {tokens} | {seconds:.1f} | {tokens / seconds:.1f} |", flush=True)
-    hf_sampling.SchemaMask = hf_grammar.SchemaMask  # type: ignore[misc]
+    try:
+        for repeat in range(args.repeats):
+            for mode, mask in (("beside", hf_grammar.SchemaMask), ("in line", InLine)):
+                hf_sampling.SchemaMask = mask  # type: ignore[misc]  # the class the engine's processors are built from
+                done, seconds = await timed(repeat)
+                tokens = sum(c.usage.completion_tokens for c in done)
+                row = {"repeat": repeat, "mode": mode, "tokens": tokens, "seconds": round(seconds, 2)}
+                row |= {"tokens_per_s": round(tokens / seconds, 1), "failed": sum(not c.ok for c in done)}
+                rows.append(row)
+                print(f"| {repeat} | {mode} | {tokens} | {seconds:.1f} | {tokens / seconds:.1f} |", flush=True)
+    finally:
+        hf_sampling.SchemaMask = hf_grammar.SchemaMask  # type: ignore[misc]
     return rows
+
+
+def write_summary(out: Path, name: str, figures: dict[str, Any]) -> None:
+    """``figures`` with the date and machine, as OUT/``name``."""
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}",
+        **figures,
+    }
+    (out / name).write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"wrote {out / name}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,17 +324,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = asyncio.run(engine_ab(args))
         rate = {m: statistics.fmean(r["tokens_per_s"] for r in rows if r["mode"] == m) for m in ("beside", "in line")}
         print(f"beside / in line: {rate['beside'] / rate['in line']:.3f}")
-        args.out.mkdir(parents=True, exist_ok=True)
-        summary = {
-            "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}",
-            "model": args.model,
-            "calls": args.calls,
-            "max_tokens": args.max_tokens,
-            "rows": rows,
-            "beside_over_in_line": round(rate["beside"] / rate["in line"], 3),
-        }
-        (args.out / "engine_ab.json").write_text(json.dumps(summary, indent=2) + "\n")
+        figures = {"model": args.model, "calls": args.calls, "max_tokens": args.max_tokens, "rows": rows}
+        write_summary(
+            args.out, "engine_ab.json", {**figures, "beside_over_in_line": round(rate["beside"] / rate["in line"], 3)}
+        )
         return 0
     if not args.reply:
         raise SystemExit("give --reply RUN:ROLE (one or more), or --engine")
@@ -358,10 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                     f" {row['lost_us_per_row']:.0f} | {row['apply_ms']:.2f} | {row['matchers_failed']} |",
                     flush=True,
                 )
-    args.out.mkdir(parents=True, exist_ok=True)
-    summary = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}",
+    figures = {
         "llguidance": version("llguidance"),
         "model": args.model,
         "vocab": config.vocab_size,
@@ -370,8 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         "mean_reply_tokens": round(statistics.fmean(len(t) for _, t in replies), 1),
         "rows": rows_out,
     }
-    (args.out / "mask_cost.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"wrote {args.out / 'mask_cost.json'}")
+    write_summary(args.out, "mask_cost.json", figures)
     return 0
 
 
