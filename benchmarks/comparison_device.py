@@ -268,6 +268,8 @@ async def one_run(
         costs = store.role_costs().values()
         for kind in ("calls", "failed", "prompt_tokens", "completion_tokens", "cached_prompt_tokens"):
             record[kind] = sum(c[kind] for c in costs)
+        # What the model did not do as asked in this run (a schema it could not follow), as the run recorded it.
+        record["downgrades"] = store.downgrade_messages()
     # Generated tokens a second over the run (a resumed run's earlier calls count too).
     record["completion_tokens_per_s"] = round(record["completion_tokens"] / max(record["wall_s"], 1e-9), 1)
     log(f"{study.name}: {record['status']} after {record['wall_s']} s, {record['problems_done']} problems done")
@@ -426,6 +428,15 @@ def section(runs: list[Evaluated], summary: dict[str, Any], plot: str, command: 
             f"| {r.name} | {r.status} | {len(r.final)} | {accuracy:.1%} (± {se:.1%}) | {tokens:,.0f} | "
             f"{paired_with} | {difference} |"
         )
+    downgraded = {
+        r["name"]: message
+        for r in summary.get("runs", [])
+        for endpoints in r.get("downgrades", {}).values()
+        for message in endpoints.values()
+    }
+    if downgraded:
+        lines += ["", "Runs whose JSON replies went as plain text, and why (as each run recorded it):", ""]
+        lines += [f"- {name}: {message}" for name, message in downgraded.items()]
     if baseline is not None:
         lines += ["", "Majority vote, MV@k from its one run of k samples per problem (MV@1 is CoT's expectation):", ""]
         lines += ["| k | " + " | ".join(str(k) for k in baseline.majority) + " |"]

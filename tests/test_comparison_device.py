@@ -61,3 +61,29 @@ def test_the_section_goes_before_the_cpu_point_then_replaces_itself(device: Modu
     second = f"{device.SECTION_START}\n## On a GPU\n\nTwo.\n{device.SECTION_END}\n"
     device.into_docs(page, second)
     assert page.read_text() == f"# Results\n\nIntro.\n\n{second}\n## A small CPU data point\n\nText.\n"
+
+
+def test_the_section_pairs_each_run_with_majority_and_names_its_downgrades(device: ModuleType) -> None:
+    # Worked by hand: the majority run's MV@1 costs 50 tokens a problem, MV@2 100 (p1 right, p2 wrong); TMAS spends
+    # 120 and 80 (mean 100), so it pairs with MV@2: differences 0 and +1, mean +0.5, SE stdev(0, 1) / sqrt(2) = 0.5.
+    mv1 = {"p1": (1.0, 50.0), "p2": (0.0, 50.0)}
+    mv2 = {"p1": (1.0, 100.0), "p2": (0.0, 100.0)}
+    majority = device.Evaluated("majority", "majority", mv2, [], {1: mv1, 2: mv2}, "done")
+    tmas = device.Evaluated("tmas-local", "tmas", {"p1": (1.0, 120.0), "p2": (1.0, 80.0)}, [], {}, "cut at its time")
+    cut = device.Evaluated("mattrl", "mattrl", {}, [], {}, "not run: out of time")
+    why = "the in-process engine follows no schema: llguidance is not installed; its calls went on as plain text"
+    summary = {
+        "model": "m",
+        "problems": 2,
+        "runs": [
+            {"name": "majority", "downgrades": {}},
+            {"name": "tmas-local", "downgrades": {"structured_output": {"in-process": why}}},
+            {"name": "mattrl", "status": "not run: out of time"},
+        ],
+    }
+    lines = device.section([majority, tmas, cut], summary, "plot.png", "cmd").splitlines()
+    assert "| majority | done | 2 | 50.0% (± 50.0%) | 100 | - | - |" in lines
+    assert "| tmas-local | cut at its time | 2 | 100.0% (± 0.0%) | 100 | MV@2 (100) | +50.0 (± 50.0) |" in lines
+    assert "| mattrl | not run: out of time | 0 | - | - | - | - |" in lines
+    assert lines[lines.index(f"- tmas-local: {why}") - 2].startswith("Runs whose JSON replies went as plain text")
+    assert "| accuracy | 50.0% | 50.0% |" in lines and "| tokens | 50 | 100 |" in lines

@@ -393,6 +393,28 @@ async def test_a_model_thinking_inline_or_following_schemas_records_so(engine: H
         assert engine.submitted[-1].samples[0].schema is not None and store.downgrade_messages() == {}
 
 
+@pytest.mark.slow
+@needs_weights
+async def test_a_model_opened_once_records_in_each_run_it_serves(engine: HFEngine, tmp_path: Path) -> None:
+    # A benchmark opens the in-process model once and runs method after method on it, each run with its own store
+    # (open_model(..., model=...)): each run records the schema it did not get, and a store left is written no more.
+    reply_model = verification_reply_model(48)
+    thinking = HFChatModel(Settings.model_validate({"endpoint": {"reasoning": "inline"}}), engine, MODEL)
+    run_settings = Settings.model_validate({"sampling": {"max_tokens": 2}})
+    for name in ("first", "second"):
+        with RunStore(tmp_path / name) as store:
+            async with open_model(run_settings, store, model=thinking) as llm:
+                for sample, role in enumerate(["verifier", "reviewer"]):
+                    key = CallKey(role=role, sample=sample)
+                    await llm.chat(role, VERIFY, key=key, reply_model=reply_model)
+                    assert engine.submitted[-1].samples[0].schema is None
+            [(endpoint, first)] = store.downgrades("structured_output").items()
+            assert (endpoint, first["role"], first["message"]) == ("in-process", "verifier", THINKS_INLINE)
+    # Outside any run, a schema not followed is recorded nowhere (the stores were left).
+    await thinking.chat("verifier", VERIFY, sampling=Sampling(max_tokens=2), reply_model=reply_model)
+    assert thinking._logs == [] and thinking._told == []
+
+
 MISREAD = "llguidance reads the model's tokens as other text than its tokenizer does"
 
 

@@ -10,24 +10,25 @@ client, so a finished call is answered from the store and every other one is mad
 With ``hf.model`` set and no endpoint, the model is a Hugging Face model run in this process
 (:class:`tmas.llm.hf_model.HFChatModel`, started and stopped here), replayed and counted like a model of one's own.
 
-``open_model(settings, store, model=mine)`` runs on a :class:`tmas.llm.model.ChatModel` of the caller's own instead
-(a backend that is not an OpenAI-compatible endpoint, an in-process model for tests): nothing is provisioned and no
-HTTP client is made, and the same store replay goes around ``mine``, so its calls are replayed, recorded and counted
-as an endpoint's are. Every opener (a run, a pool build, the judge grader) takes its model through here, so a run on
-a model of one's own is the same run.
+``open_model(settings, store, model=mine)`` runs on a :class:`tmas.llm.model.ChatModel` of the caller's own instead (a
+backend that is not an OpenAI-compatible endpoint, an in-process model for tests): nothing is provisioned and no HTTP
+client is made, and the same store replay goes around ``mine``, so its calls are replayed, recorded and counted as an
+endpoint's are, and what it adapts of what it is asked (the in-process model: a schema it cannot follow) is recorded
+in ``store`` as an endpoint's refusals are. Every opener (a run, a pool build, the judge grader) takes its model
+through here, so a run on a model of one's own is the same run.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from pathlib import Path
 
 from tmas.config import Sampling, Settings
 from tmas.llm.client import LLMClient
 from tmas.llm.model import ChatModel, ClientStats, WrappedModel
 from tmas.llm.provision import provisioned
-from tmas.llm.refusals import RunCallStore
+from tmas.llm.refusals import RecordsDowngrades, RunCallStore
 from tmas.llm.replay import StoreReplay
 from tmas.llm.sampling import ResolvedSampling, resolve_role
 from tmas.llm.types import CallKey
@@ -54,7 +55,13 @@ async def open_model(
     stats = stats if stats is not None else ClientStats()
     if model is not None:
         own = model if model.settings is settings else UnderSettings(model, settings)
-        yield own if store is None else _replaying(own, store, stats, on_send, count_sent=True)
+        if store is None:
+            yield own
+            return
+        # A model that adapts what it is asked (the in-process model opened once for several runs) records it here.
+        recording = model.downgrades_into(store) if isinstance(model, RecordsDowngrades) else nullcontext()
+        with recording:
+            yield _replaying(own, store, stats, on_send, count_sent=True)
         return
     if settings.uses_in_process_model:
         from tmas.llm.hf_model import open_hf_model  # torch and transformers only where a model runs in process

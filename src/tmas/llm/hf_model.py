@@ -23,15 +23,16 @@ A reply model's JSON schema constrains the reply as ``response_format`` does on 
 under the same ``structured_output`` rule: not where log-probabilities are asked for, and under ``auto`` only where
 the model does not think inside its content (``endpoint.reasoning``; an embedded model does not; else learnt from the
 first finished reply). A schema asked for and not followed (the model thinks inline, or the engine follows none) is
-recorded in the run as a server's refusal is: a ``structured_output`` downgrade of the endpoint ``in-process``.
+recorded in each run the model serves as a server's refusal is: a ``structured_output`` downgrade of the endpoint
+``in-process``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from pydantic import BaseModel
@@ -71,9 +72,10 @@ class HFChatModel:
         self._settings = settings
         self.engine = engine
         self.name = name
-        # Where a schema asked for and not followed is recorded, once (tmas.llm.types.DOWNGRADES).
-        self._log = downgrade_log
-        self._downgraded = False
+        # Where a schema asked for and not followed is recorded (tmas.llm.types.DOWNGRADES): each run the model
+        # serves, once a run; the runs already told.
+        self._logs: list[DowngradeLog] = [] if downgrade_log is None else [downgrade_log]
+        self._told: list[DowngradeLog] = []
         self._cap = asyncio.Semaphore(settings.concurrency)
         self._batcher = SampleBatcher(self._send_samples)
         # Where the model's replies put reasoning: endpoint.reasoning where given (an embedded model: none), else
@@ -154,10 +156,22 @@ class HFChatModel:
             return None
         return schema
 
+    @contextmanager
+    def downgrades_into(self, log: DowngradeLog) -> Iterator[None]:
+        """While inside, a schema not followed is recorded in ``log`` too (a run on a model opened once for several
+        runs, each with its own store: :func:`tmas.llm.factory.open_model` joins it)."""
+        self._logs.append(log)
+        try:
+            yield
+        finally:
+            self._logs.remove(log)
+            self._told = [told for told in self._told if told is not log]
+
     def _downgrade(self, role: str, message: str) -> None:
-        if self._log is not None and not self._downgraded:
-            self._log.record_downgrade("structured_output", ENDPOINT, role, message)
-        self._downgraded = True
+        for log in self._logs:
+            if not any(told is log for told in self._told):
+                log.record_downgrade("structured_output", ENDPOINT, role, message)
+                self._told.append(log)
 
     async def _send_samples(self, samples: list[Sample]) -> list[Completion | None]:
         """Alike calls that came together: one request with children (tmas.llm.batching)."""

@@ -13,8 +13,9 @@ thinks inside its content gets none, and that is recorded.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
 from pydantic import BaseModel
@@ -70,6 +71,14 @@ class DowngradeLog(Protocol):
     def servers(self) -> dict[str, dict[str, Any]]:
         """URL -> what was recorded of its server (a resumed run starts from it)."""
         ...
+
+
+@runtime_checkable
+class RecordsDowngrades(Protocol):
+    """A model of one's own that can adapt what it is asked, and says so in a run's log while the run is on it (the
+    in-process model: :meth:`tmas.llm.hf_model.HFChatModel.downgrades_into`)."""
+
+    def downgrades_into(self, log: DowngradeLog) -> AbstractContextManager[None]: ...
 
 
 class RunCallStore(CallStore, DowngradeLog, Protocol):
