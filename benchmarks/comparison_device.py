@@ -21,9 +21,12 @@ Steps (see docs/results.md, "On a CUDA machine without network access"):
      7. PaCoRe; 8. RSE; 9. MATTRL (math).
 
   Each run may take its share of the time left (:class:`Study` ``weight``); one cut short keeps its finished problems
-  and iterations. As each run ends, its directory is compressed into ``--out``: at most seven archives (the runs past
-  the seventh share the seventh), each at most 16 MiB, and ``summary.json`` (machine, timings, each run's calls and
-  tokens, the log), so ``--out`` never holds more than eight files.
+  and iterations. ``--throughput-s`` seconds are kept from the runs for a closing speed measurement: the loaded
+  model's generated tokens a second at ``--throughput`` calls at once (64 and 256), then padded ``generate`` on the
+  same prompts (``benchmarks/hf_throughput.py``'s measures), into the summary. As each run ends, its directory is
+  compressed into ``--out``: at most seven archives (the runs past the seventh share the seventh), each at most 16
+  MiB, and ``summary.json`` (machine, timings, each run's calls and tokens, the log), so ``--out`` never holds more
+  than eight files.
 - ``report`` (anywhere with the ``eval`` extra): the returned archives graded by rules into accuracy with its standard
   error, completion tokens per problem, each method paired with majority vote at the nearest completion-token budget,
   and the frontier plot; a section of docs/results.md (``--docs``) and its plot beside it.
@@ -216,8 +219,10 @@ async def compare(
         summary["engine"] = {"device": engine.options.device, "dtype": engine.options.dtype, "schemas": schemas}
         log(f"model loaded in {summary['load_s']} s ({summary['engine']})")
         plan = studies(args)
+        levels = throughput_levels(args)
+        kept = args.throughput_s if levels else 0.0
         for i, study in enumerate(plan):
-            left = clock.left - args.reserve
+            left = clock.left - args.reserve - kept
             if left < args.min_run:
                 summary["runs"].append({"name": study.name, "status": "not run: out of time"})
                 log(f"{study.name}: not run, {left:.0f} s left")
@@ -227,7 +232,52 @@ async def compare(
             summary["runs"].append(record)
             archive(args, work_runs(args) / study.name, len([r for r in summary["runs"] if "archive" in r]), record)
             write_summary(args, summary)
+        if levels:
+            summary["throughput"] = await throughput(args, model, spec, tokenizer, levels, clock, log)
+            write_summary(args, summary)
     return summary
+
+
+def throughput_levels(args: argparse.Namespace) -> list[int]:
+    return [int(c) for c in args.throughput.split(",") if c.strip()]
+
+
+async def throughput(
+    args: argparse.Namespace, model: Any, spec: str, tokenizer: Path | None, levels: list[int], clock: Clock, log: Any
+) -> list[dict[str, Any]]:
+    """Generated tokens a second of the loaded model at each number of calls at once in ``levels``, then of padded
+    ``generate`` on a second copy of it with the same prompts and sampling (benchmarks/hf_throughput.py's measures),
+    each only while more than --reserve seconds are left."""
+    import hf_throughput
+
+    from tmas.config import Sampling
+    from tmas.llm.hf_checkpoint import checkpoint
+
+    sampling = Sampling(temperature=args.temperature, max_tokens=args.throughput_tokens)
+    rows: list[dict[str, Any]] = []
+    for c in levels:
+        if clock.left <= args.reserve:
+            break
+        convs = hf_throughput.conversations(args.problems, c)
+        measured = await hf_throughput.timed_calls(model, convs, args.seed, sampling)
+        rows.append({"backend": "in-process", "concurrency": c, **measured})
+        log(f"throughput: {json.dumps(rows[-1])}")
+    if clock.left <= args.reserve:
+        return rows
+    options = model.engine.options
+    folder = await asyncio.to_thread(checkpoint, spec, dtype=options.dtype, tokenizer=tokenizer)
+    warm_up = hf_throughput.conversations(args.problems, 1)
+    loaded = await asyncio.to_thread(hf_throughput.load_for_generate, folder, options.device, options.dtype, warm_up)
+    for c in levels:
+        if clock.left <= args.reserve:
+            break
+        convs = hf_throughput.conversations(args.problems, c)
+        row = await asyncio.to_thread(
+            hf_throughput.padded_row, *loaded, convs, args.temperature, args.throughput_tokens, args.seed
+        )
+        rows.append(row)
+        log(f"throughput: {json.dumps(row)}")
+    return rows
 
 
 def work_runs(args: argparse.Namespace) -> Path:
@@ -445,6 +495,19 @@ def section(runs: list[Evaluated], summary: dict[str, Any], plot: str, command: 
         lines += ["| accuracy | " + " | ".join(f"{a:.1%}" for a, _ in cells) + " |"]
         tokens_k = [mean_se([t for _, t in at.values()])[0] for at in baseline.majority.values()]
         lines += ["| tokens | " + " | ".join(f"{t:,.0f}" for t in tokens_k) + " |"]
+    speed = summary.get("throughput")
+    if speed:
+        import hf_throughput
+
+        lines += [
+            "",
+            "Generated tokens a second of the same model on the same machine after the runs: each call a held-out "
+            f"problem's CoT prompt, up to {summary.get('options', {}).get('throughput_tokens')} tokens, all of them "
+            "at once through the in-process engine, then in one padded `generate` batch "
+            "(`benchmarks/hf_throughput.py`'s measures):",
+            "",
+            hf_throughput.table(speed),
+        ]
     lines += ["", f"![accuracy against completion tokens per problem]({plot})", "", SECTION_END]
     return "\n".join(lines) + "\n"
 
@@ -536,6 +599,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     p.add_argument("--attn", default="sdpa", help="the engine's attention implementation")
     p.add_argument("--threads", type=int, help="torch CPU threads")
+    p.add_argument("--throughput", default="64,256", help="calls at once of the closing speed measurement ('': none)")
+    p.add_argument("--throughput-s", type=float, default=45.0, help="seconds kept from the runs for it")
+    p.add_argument("--throughput-tokens", type=int, default=256, help="max_tokens of its calls")
     p.add_argument("--no-wheels", action="store_true", help="use the packages installed here, not .cmp-whl/")
     p.set_defaults(func=run)
 

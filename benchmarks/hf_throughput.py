@@ -90,15 +90,19 @@ def settings_for(args: argparse.Namespace, concurrency: int, **endpoint: Any) ->
     return Settings.model_validate(data)
 
 
-async def timed_calls(llm: Any, convs: list[list[dict[str, str]]], seed: int) -> dict[str, Any]:
-    """The conversations as concurrent solution calls, each with its own seed: generated tokens and wall time."""
+async def timed_calls(llm: Any, convs: list[list[dict[str, str]]], seed: int, sampling: Any = None) -> dict[str, Any]:
+    """The conversations as concurrent solution calls, each with its own seed (over ``sampling``, a
+    :class:`tmas.config.Sampling`, where the model's settings do not already hold the run's): generated tokens and
+    wall time."""
     from tmas.config import Sampling
     from tmas.llm.types import CallKey, Message
+
+    base = sampling if sampling is not None else Sampling()
 
     async def one(i: int, conv: list[dict[str, str]]) -> Any:
         messages = [Message(role=m["role"], content=m["content"]) for m in conv]  # type: ignore[arg-type]
         key = CallKey(problem_id=f"p{i}", role="solution")
-        return await llm.chat("solution", messages, key=key, sampling=Sampling(seed=seed + i))
+        return await llm.chat("solution", messages, key=key, sampling=base.model_copy(update={"seed": seed + i}))
 
     started = time.perf_counter()
     done = await asyncio.gather(*(one(i, c) for i, c in enumerate(convs)))
@@ -138,6 +142,19 @@ async def in_process(args: argparse.Namespace, levels: list[int]) -> list[dict[s
 def padded_generate(
     args: argparse.Namespace, levels: list[int], folder: Path, device: str, dtype: str
 ) -> list[dict[str, Any]]:
+    model, tokenizer = load_for_generate(folder, device, dtype, conversations(args.problems, 1))
+    rows = []
+    for c in levels:
+        rows.append(
+            padded_row(model, tokenizer, conversations(args.problems, c), args.temperature, args.max_tokens, args.seed)
+        )
+        print(json.dumps(rows[-1]), flush=True)
+    del model
+    return rows
+
+
+def load_for_generate(folder: Path, device: str, dtype: str, warm_up: list[list[dict[str, str]]]) -> tuple[Any, Any]:
+    """The checkpoint's model and tokenizer for padded ``generate``, warmed up with ``warm_up`` (8 tokens)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -147,34 +164,36 @@ def padded_generate(
     tokenizer = AutoTokenizer.from_pretrained(folder)
     if tokenizer.pad_token is None:  # SmolLM2's has none; left padding needs one (never attended to)
         tokenizer.pad_token = tokenizer.eos_token
-    rows = []
-    generate(model, tokenizer, conversations(args.problems, 1), GenerationSettings(max_new_tokens=8))  # warm-up
-    for c in levels:
-        settings = GenerationSettings(
-            temperature=args.temperature, max_new_tokens=args.max_tokens, seed=args.seed, batch_size=c
-        )
-        started = time.perf_counter()
-        done = generate(model, tokenizer, conversations(args.problems, c), settings)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        wall = time.perf_counter() - started
-        tokens = sum(d.tokens for d in done)
-        rows.append(
-            {
-                "backend": "padded generate",
-                "concurrency": c,
-                "calls": c,
-                "failed": 0,
-                "first_error": None,
-                "generated_tokens": tokens,
-                "cut": sum(d.cut for d in done),
-                "wall_s": round(wall, 3),
-                "tokens_per_s": round(tokens / wall, 1),
-            }
-        )
-        print(json.dumps(rows[-1]), flush=True)
-    del model
-    return rows
+    generate(model, tokenizer, warm_up, GenerationSettings(max_new_tokens=8))
+    return model, tokenizer
+
+
+def padded_row(
+    model: Any, tokenizer: Any, convs: list[list[dict[str, str]]], temperature: float, max_tokens: int, seed: int
+) -> dict[str, Any]:
+    """The conversations in one left-padded ``generate`` batch: generated tokens and wall time."""
+    import torch
+
+    from tmas.rl.hf_generate import GenerationSettings, generate
+
+    settings = GenerationSettings(temperature=temperature, max_new_tokens=max_tokens, seed=seed, batch_size=len(convs))
+    started = time.perf_counter()
+    done = generate(model, tokenizer, convs, settings)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - started
+    tokens = sum(d.tokens for d in done)
+    return {
+        "backend": "padded generate",
+        "concurrency": len(convs),
+        "calls": len(convs),
+        "failed": 0,
+        "first_error": None,
+        "generated_tokens": tokens,
+        "cut": sum(d.cut for d in done),
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(tokens / wall, 1),
+    }
 
 
 def free_port() -> int:

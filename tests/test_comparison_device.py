@@ -63,7 +63,7 @@ def test_the_section_goes_before_the_cpu_point_then_replaces_itself(device: Modu
     assert page.read_text() == f"# Results\n\nIntro.\n\n{second}\n## A small CPU data point\n\nText.\n"
 
 
-def test_the_section_pairs_each_run_with_majority_and_names_its_downgrades(device: ModuleType) -> None:
+def test_the_section_pairs_each_run_with_majority_names_its_downgrades_and_shows_its_speed(device: ModuleType) -> None:
     # Worked by hand: the majority run's MV@1 costs 50 tokens a problem, MV@2 100 (p1 right, p2 wrong); TMAS spends
     # 120 and 80 (mean 100), so it pairs with MV@2: differences 0 and +1, mean +0.5, SE stdev(0, 1) / sqrt(2) = 0.5.
     mv1 = {"p1": (1.0, 50.0), "p2": (0.0, 50.0)}
@@ -75,15 +75,26 @@ def test_the_section_pairs_each_run_with_majority_and_names_its_downgrades(devic
     summary = {
         "model": "m",
         "problems": 2,
+        "options": {"throughput_tokens": 256},
         "runs": [
             {"name": "majority", "downgrades": {}},
             {"name": "tmas-local", "downgrades": {"structured_output": {"in-process": why}}},
             {"name": "mattrl", "status": "not run: out of time"},
         ],
+        "throughput": [
+            {"backend": "in-process", "concurrency": 64, "generated_tokens": 16384, "cut": 64, "wall_s": 2.0},
+            {"backend": "padded generate", "concurrency": 64, "generated_tokens": 15000, "cut": 50, "wall_s": 7.5},
+        ],
     }
+    for row in summary["throughput"]:
+        row |= {"failed": 0, "tokens_per_s": row["generated_tokens"] / row["wall_s"]}
     lines = device.section([majority, tmas, cut], summary, "plot.png", "cmd").splitlines()
     assert "| majority | done | 2 | 50.0% (± 50.0%) | 100 | - | - |" in lines
     assert "| tmas-local | cut at its time | 2 | 100.0% (± 0.0%) | 100 | MV@2 (100) | +50.0 (± 50.0) |" in lines
     assert "| mattrl | not run: out of time | 0 | - | - | - | - |" in lines
     assert lines[lines.index(f"- tmas-local: {why}") - 2].startswith("Runs whose JSON replies went as plain text")
     assert "| accuracy | 50.0% | 50.0% |" in lines and "| tokens | 50 | 100 |" in lines
+    assert any("CoT prompt, up to 256 tokens, all of them at once" in line for line in lines)
+    # 16,384 tokens in 2 s and 15,000 in 7.5 s.
+    assert "| in-process | 64 | 16,384 | 64 | 2.0 | 8,192 |" in lines
+    assert "| padded generate | 64 | 15,000 | 50 | 7.5 | 2,000 |" in lines
