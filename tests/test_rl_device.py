@@ -9,6 +9,7 @@ import json
 import math
 import os
 import random
+import subprocess
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,25 @@ def test_pieces_are_checked_kept_and_assembled(tmp_path: Path, monkeypatch: pyte
     assert assembled is not None and assembled.read_bytes() == original.read_bytes()
     # Received again (the same pieces still carried): the assembled file is kept as it is.
     assert device.receive(work, parts) == assembled
+
+
+def test_a_transfer_carries_what_64_mib_hold_beside_the_repository(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    device = load_benchmark("rl_device", monkeypatch)
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".gitignore").write_text(".whl/\n")  # 6 bytes, untracked and not ignored: it travels
+    (repo / "src" / "a.py").write_bytes(b"a" * 100)
+    subprocess.run(["git", "-C", str(repo), "add", "src/a.py"], check=True)
+    (repo / "notes.md").write_bytes(b"n" * 50)  # untracked, not ignored: travels
+    (repo / ".whl").mkdir()
+    (repo / ".whl" / "x.whl").write_bytes(b"w" * 1000)  # ignored: travels only when carried
+    assert device.repository_bytes(repo) == 100 + 50 + 6
+    # 64 MiB = 67,108,864 bytes, less the repository's 156 and the 1 MiB margin (1,048,576): 66,060,132.
+    assert device.carry_bytes(None, repo) == 66_060_132
+    assert device.carry_bytes(40, repo) == 40_000_000
 
 
 def test_the_tokenizer_travels_with_the_first_piece(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
