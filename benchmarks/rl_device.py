@@ -18,8 +18,9 @@ carry (see docs/rl.md, "On a CUDA machine without network access"):
   yet, one after another (each skipped once done, so the same command continues after a stop):
 
   1. the pilot (``--pilot-samples``): ``tmas rl pilot`` samples every prompt group at each
-     ``--pilot-temperature``, keeps the groups right ``--min-rate``..``--max-rate`` of the time at the temperature
-     that keeps the most, and training reads those rows at that temperature;
+     ``--pilot-temperature`` (in chunks, for at most ``--pilot-time`` seconds, reporting on the groups reached),
+     keeps the groups right ``--min-rate``..``--max-rate`` of the time at the temperature that keeps the most, and
+     training reads those rows at that temperature;
   2. the base model's evaluation (CoT prompt, in-process with transformers) on the held-out problems, greedy
      and/or sampled with fixed seeds (``--eval-mode``);
   3. ``tmas rl train``: GRPO with LoRA (groups of ``--num-generations``, ``--steps`` optimizer steps, rollouts by
@@ -72,6 +73,8 @@ DEFAULT_WORK = Path("/tmp/tmas-rl")
 # folders carried with them; less room for the repository to grow between ``pack`` and the transfers.
 TRANSFER_BYTES = 64 * 2**20
 TRANSFER_MARGIN = 2**20
+# Seconds of a call kept after the pilot's time: its last chunk's overrun, its report and the next phase's start.
+PILOT_MARGIN = 30.0
 CARRY_HELP = "MB (10^6 bytes) of wheels and pieces one transfer carries (default: 64 MiB less the repository and 1 MiB)"
 DEFAULT_DATA = ROOT / "data" / "rl" / "train.parquet"
 DEFAULT_EVAL = ROOT / "data" / "rl" / "eval.jsonl"
@@ -443,9 +446,10 @@ def pilot_paths(work: Path) -> tuple[Path, Path]:
     return work / "pilot" / "train.parquet", work / "pilot" / "train.pilot.json"
 
 
-def pilot_command(args: argparse.Namespace, base: Path) -> list[str]:
+def pilot_command(args: argparse.Namespace, base: Path, max_time: float) -> list[str]:
     kept, _ = pilot_paths(args.work)
     command = [sys.executable, "-m", "tmas", "rl", "pilot", str(args.data), "-o", str(kept), "--model", str(base)]
+    command += ["--max-time", f"{max(1.0, max_time):.0f}"]
     command += ["--samples", str(args.pilot_samples), "--max-completion-length", str(args.max_completion_length)]
     command += ["--min-rate", str(args.min_rate), "--max-rate", str(args.max_rate), "--seed", str(args.seed)]
     command += ["--engine", "continuous" if args.continuous_batching else "padded", "--dtype", args.dtype]
@@ -558,7 +562,9 @@ def run(args: argparse.Namespace) -> None:
     log(work, f"base checkpoint {base} ({time.monotonic() - started:.0f} s)")
     phases: dict[str, Any] = {}
     if args.pilot_samples and not pilot_paths(work)[1].is_file():
-        run_phase(phases, "pilot", pilot_command(args, base), work, deadline, "the pilot")
+        # The pilot stops starting chunks of groups in time to report on those it reached, before the call's end.
+        max_time = min(args.pilot_time, deadline - time.monotonic() - PILOT_MARGIN)
+        run_phase(phases, "pilot", pilot_command(args, base, max_time), work, deadline, "the pilot")
         if training_plan(args)[0] != pilot_paths(work)[0]:
             log(work, f"the pilot kept fewer groups than a step generates (pilot.log): training reads {args.data}")
     if not evaluated(work, "base", eval_modes(args)):
@@ -843,6 +849,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--pilot-samples", type=int, default=0, help="pilot rollouts per prompt group before training (0: none)"
     )
     p.add_argument("--pilot-temperature", type=float, action="append", help="the pilot's temperatures (repeatable)")
+    p.add_argument(
+        "--pilot-time", type=float, default=180.0, help="seconds the pilot may take, its loading included (at most)"
+    )
     p.add_argument("--min-rate", type=float, default=0.1, help="train on groups right at least this often")
     p.add_argument("--max-rate", type=float, default=0.9, help="... and at most this often (in the pilot)")
     p.add_argument("--train-time", type=float, default=None, help="seconds of training at most (its --max-time)")

@@ -375,7 +375,10 @@ def test_phases_over_calls_with_the_pilot_and_the_new_rollouts(tmp_path: Path, m
     assert report["chosen_temperature"] == 0.7 and report["kept_rows"] == 3
     assert device.evaluated(work, "base", ["greedy"]) and not (work / "eval" / "base-sampled.summary.json").exists()
     assert not (work / "lora").exists()
-    assert "--engine continuous" in " ".join(device.pilot_command(device.parse_args(["run", *common]), work))
+    # The pilot's time: --pilot-time (180 s by default), or less where the call has less left.
+    assert (report["max_time_s"], report["measured_groups"], report["groups"]) == (180, 2, 2)
+    command = " ".join(device.pilot_command(device.parse_args(["run", *common]), work, 60.4))
+    assert "--engine continuous" in command and "--max-time 60" in command
 
     device.run(device.parse_args(["run", *common, "--until", "train"]))
     log = (work / "run.log").read_text()

@@ -97,6 +97,83 @@ def test_rates_per_temperature_and_the_temperature_that_keeps_most_groups() -> N
         measure(generate, rows, [0.5], 1, GenerationSettings())
 
 
+class TickingRollouts(ScriptedRollouts):
+    """Scripted rollouts on a clock that each generate call moves on by ``seconds``."""
+
+    def __init__(self, script: dict[tuple[str, float], list[str]], seconds: float) -> None:
+        super().__init__(script)
+        self.now = 0.0
+        self.seconds = seconds
+
+    def __call__(self, conversations: Sequence[Sequence[dict[str, str]]], settings: GenerationSettings) -> list[Any]:
+        self.now += self.seconds
+        return super().__call__(conversations, settings)
+
+
+def six_problems() -> tuple[list[dict[str, Any]], dict[tuple[str, float], list[str]]]:
+    # Problem P right in 1 of its 2 rollouts at 0.5 and in both at 1.0; every problem alike.
+    pids = "ABCDEF"
+    rows = [with_answer(row("normal", pid), pid, "7") for pid in pids]
+    script = {(pid, t): ["7", "0"] if t == 0.5 else ["7", "7"] for pid in pids for t in (0.5, 1.0)}
+    return rows, script
+
+
+def test_a_pilot_with_a_deadline_stops_between_chunks_and_reports_the_groups_reached() -> None:
+    rows, script = six_problems()
+    # batch_size 4 / 2 samples: chunks of 2 groups (4 rollouts), each chunk one call per temperature, 10 s a call.
+    settings = GenerationSettings(max_new_tokens=16, batch_size=4, seed=3)
+    generate = TickingRollouts(script, 10.0)
+    # Chunk 1 starts at 0 and ends at 20; chunk 2 starts at 20 and, taking as long, would end at 40 <= 45: it runs;
+    # chunk 3 would start at 40 and end at 60 > 45: not started. 4 of the 6 groups, each at both temperatures.
+    rates = measure(generate, rows, [0.5, 1.0], 2, settings, deadline=45.0, clock=lambda: generate.now)
+    assert generate.calls == [(4, 0.5), (4, 1.0), (4, 0.5), (4, 1.0)]
+    reached = {r.group for r in rates}
+    assert len(reached) == 4 and len(rates) == 8
+    assert all((r.right, r.samples) == ((1, 2) if r.temperature == 0.5 else (2, 2)) for r in rates)
+    # The groups reached are a seeded draw, not the file's first four; the same seed draws the same ones.
+    again = TickingRollouts(script, 10.0)
+    assert {
+        r.group for r in measure(again, rows, [0.5, 1.0], 2, settings, deadline=45.0, clock=lambda: again.now)
+    } == reached
+    # Without a deadline: one call a temperature with every group, in the file's order.
+    whole = TickingRollouts(script, 10.0)
+    assert len(measure(whole, rows, [0.5, 1.0], 2, settings)) == 12 and whole.calls == [(12, 0.5), (12, 1.0)]
+    # The first chunk always runs, even past the deadline.
+    late = TickingRollouts(script, 10.0)
+    assert len(measure(late, rows, [0.5], 2, settings, deadline=-1.0, clock=lambda: late.now)) == 2
+
+
+def test_a_pilot_stopped_for_time_says_so_and_keeps_only_groups_it_measured(tmp_path: Path) -> None:
+    pytest.importorskip("datasets")
+    from tmas.rl.data import write_parquet
+    from tmas.rl.pilot import run_pilot
+
+    rows, script = six_problems()
+    data = tmp_path / "train.parquet"
+    write_parquet(rows, data)
+    generate = TickingRollouts(script, 10.0)
+    settings = GenerationSettings(max_new_tokens=16, batch_size=4, seed=3)
+    # The limit counts from the start (0): 45 s as above, 4 of 6 groups. At 0.5 every group is right 1 of 2 (in the
+    # 10-90 % band), at 1.0 2 of 2 (not): 0.5 keeps the 4 measured groups.
+    out = tmp_path / "kept.parquet"
+    report = run_pilot(
+        data,
+        out,
+        "scripted",
+        temperatures=[0.5, 1.0],
+        samples=2,
+        settings=settings,
+        min_rate=0.1,
+        max_rate=0.9,
+        max_time_s=45,
+        generate=generate,
+        clock=lambda: generate.now,
+    )
+    assert (report.groups, report.measured_groups, report.max_time_s) == (6, 4, 45)
+    assert (report.chosen_temperature, report.kept_groups, report.kept_rows, report.rows) == (0.5, 4, 4, 6)
+    assert "Stopped for time (45 s): 4 of 6 groups sampled" in (tmp_path / "kept.pilot.md").read_text()
+
+
 def test_ties_go_to_more_spread_then_to_the_lower_temperature() -> None:
     def summary(t: float, band: int, spread: int) -> TemperatureSummary:
         return TemperatureSummary(

@@ -249,6 +249,14 @@ def pilot(
         int | None, typer.Option("--limit-groups", help="Only the first N prompt groups of DATA.", min=1)
     ] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    max_time: Annotated[
+        float | None,
+        typer.Option(
+            "--max-time",
+            help="Seconds (loading included) after which no chunk of groups starts; the groups reached are reported.",
+            min=1,
+        ),
+    ] = None,
 ) -> None:
     """Sample every prompt group before training, at each --temperature, and keep the groups the model gets right
     --min-rate..--max-rate of the time, at the temperature that keeps the most (rates and a card beside OUT)."""
@@ -279,12 +287,15 @@ def pilot(
         max_rate=max_rate,
         dtype=dtype,
         limit_groups=limit_groups,
+        max_time_s=max_time,
     )
     for s in report.temperatures:
         typer.echo(
             f"temperature {s.temperature:g}: right {s.right_rate:.1%} of {s.rollouts} rollouts, {s.groups_in_band} of"
             f" {s.groups} groups in band, {s.groups_with_spread} with a spread"
         )
+    if report.measured_groups < report.groups:
+        typer.echo(f"stopped for time: {report.measured_groups} of {report.groups} prompt groups sampled")
     typer.echo(f"chosen temperature {report.chosen_temperature:g}; kept {report.kept_rows} of {report.rows} rows")
     typer.echo(f"wrote {out} (rates {pilot_paths(out)['rates']}, card {pilot_paths(out)['card']})")
 

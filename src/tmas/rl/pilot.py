@@ -7,10 +7,16 @@ rewards do (:func:`tmas.rl.scoring.is_correct`), and keeps the groups right in `
 rollouts (both included) at the temperature that keeps the most of them: a sweep of the rollout temperature and a
 difficulty filter in one measurement. It grades correctness only: a guideline rollout's novelty (eq. 9), which the
 judge decides during training, is not asked here.
+
+A pilot with a time limit (``max_time_s``: a GPU held for minutes) samples the groups in chunks of about a batch of
+rollouts, in an order shuffled by the seed, every temperature on each chunk, and starts no chunk that the last one's
+time says would end past the limit: it reports on the groups it reached, each measured at every temperature.
 """
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -68,6 +74,10 @@ class PilotReport(BaseModel):
     kept_groups: int
     kept_rows: int
     rows: int
+    # Prompt groups in the data, and the ones sampled before the time limit (all of them without one).
+    groups: int = 0
+    measured_groups: int = 0
+    max_time_s: float | None = None
 
 
 def expanded_rows(extra_info: Sequence[dict[str, Any]], samples: int) -> tuple[list[list[int]], list[int]]:
@@ -84,33 +94,64 @@ def measure(
     temperatures: Sequence[float],
     samples: int,
     settings: GenerationSettings,
+    *,
+    deadline: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> list[GroupRate]:
-    """Every group sampled ``samples`` times at each temperature (``settings`` gives the rest of the sampling)."""
+    """Every group sampled ``samples`` times at each temperature (``settings`` gives the rest of the sampling). With
+    a ``deadline`` (a ``clock`` time), in chunks of about ``settings.batch_size`` rollouts, the groups shuffled by
+    ``settings.seed``; after the first chunk, none starts that the one before says would end past the deadline."""
     if samples < 2:
         raise ValueError("a group needs at least two pilot rollouts to show a spread")
     groups, order = expanded_rows([r["extra_info"] for r in rows], samples)
-    conversations = [rows[i]["prompt"] for i in order]
+    # Each group with the rows its rollouts sample.
+    sampled = [(group, order[g * samples : (g + 1) * samples]) for g, group in enumerate(groups)]
+    size = len(sampled)
+    if deadline is not None:
+        random.Random(settings.seed).shuffle(sampled)
+        size = max(1, settings.batch_size // samples)
+    out: list[GroupRate] = []
+    last = 0.0
+    for start in range(0, len(sampled), size):
+        began = clock()
+        if deadline is not None and out and began + last > deadline:
+            break
+        out += measure_chunk(generate, rows, sampled[start : start + size], temperatures, settings)
+        last = clock() - began
+    return out
+
+
+def measure_chunk(
+    generate: Generate,
+    rows: Sequence[dict[str, Any]],
+    sampled: Sequence[tuple[Sequence[int], Sequence[int]]],
+    temperatures: Sequence[float],
+    settings: GenerationSettings,
+) -> list[GroupRate]:
+    """Groups (each with the rows its rollouts sample) at each temperature, one ``generate`` call a temperature."""
+    conversations = [rows[i]["prompt"] for _, rollouts in sampled for i in rollouts]
     out: list[GroupRate] = []
     for temperature in temperatures:
-        completions = generate(conversations, settings.model_copy(update={"temperature": temperature}))
-        for g, group in enumerate(groups):
+        completions = iter(generate(conversations, settings.model_copy(update={"temperature": temperature})))
+        for group, rollouts in sampled:
             first = rows[group[0]]
             right = cut = 0
-            for k in range(g * samples, (g + 1) * samples):
-                row = rows[order[k]]
+            for i in rollouts:
+                completion = next(completions)
+                row = rows[i]
                 right += is_correct(
-                    completions[k].text,
+                    completion.text,
                     str(row["reward_model"]["ground_truth"]),
                     question=str(row["extra_info"].get("question") or ""),
                 )
-                cut += completions[k].cut
+                cut += completion.cut
             out.append(
                 GroupRate(
                     group=str(first["extra_info"]["group"]),
                     task=str(first["extra_info"]["task"]),
                     problem_id=first["extra_info"].get("problem_id"),
                     temperature=temperature,
-                    samples=samples,
+                    samples=len(rollouts),
                     right=right,
                     cut=cut,
                 )
@@ -181,6 +222,11 @@ def card(report: PilotReport) -> str:
         f"Chosen temperature: {report.chosen_temperature:g}: {report.reason}.",
         f"Kept: {report.kept_groups} groups, {report.kept_rows} of {report.rows} rows.",
     ]
+    if report.measured_groups < report.groups:
+        lines.append(
+            f"Stopped for time ({report.max_time_s:g} s): {report.measured_groups} of {report.groups} groups sampled,"
+            " in an order shuffled by the seed; the others were not measured and are not kept."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -206,15 +252,19 @@ def run_pilot(
     max_rate: float,
     dtype: str = "float32",
     limit_groups: int | None = None,
+    max_time_s: float | None = None,
     generate: Generate | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> PilotReport:
     """Measure, write the rates, the report and its card beside ``out``, then the kept rows to ``out`` (a parquet
     in the training data's schema). ``generate`` defaults to ``model_spec`` loaded in-process with transformers
-    (on the GPU when there is one)."""
+    (on the GPU when there is one). ``max_time_s``: seconds from here (the model's loading included) after which no
+    chunk of groups starts (:func:`measure`)."""
     from tmas.errors import ConfigError
     from tmas.rl.data import write_parquet
     from tmas.rl.trl_train import load_dataset
 
+    deadline = None if max_time_s is None else clock() + max_time_s
     dataset = load_dataset(data)
     rows = dataset.to_list()
     if limit_groups is not None:
@@ -222,7 +272,7 @@ def run_pilot(
         rows = [rows[i] for group in groups for i in group]
     if generate is None:
         generate = in_process_generator(model_spec, dtype, dataset)
-    rates = measure(generate, rows, temperatures, samples, settings)
+    rates = measure(generate, rows, temperatures, samples, settings, deadline=deadline, clock=clock)
     paths = pilot_paths(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     paths["rates"].write_text("".join(r.model_dump_json() + "\n" for r in rates), encoding="utf-8")
@@ -244,6 +294,9 @@ def run_pilot(
         kept_groups=len(keep),
         kept_rows=len(kept),
         rows=len(rows),
+        groups=len(prompt_groups([r["extra_info"] for r in rows])),
+        measured_groups=len({r.group for r in rates}),
+        max_time_s=max_time_s,
     )
     paths["report"].write_text(report.model_dump_json(indent=1) + "\n", encoding="utf-8")
     paths["card"].write_text(card(report), encoding="utf-8")
