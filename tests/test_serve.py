@@ -285,12 +285,15 @@ def test_a_disconnected_client_cancels_its_run_and_a_restart_resumes_it(
     }
     with ProxyThread(settings_for(sim), ServeOptions(serve_dir=serve_dir)) as proxy:
         _stream_until_progress(proxy.url, body)
-        # The run is cancelled: nothing is left in flight upstream, and nothing more is asked.
+        # The run is cancelled: nothing is left in flight upstream, and nothing more is asked. Calls already written
+        # to the wire when it was cancelled may still reach the simulator late (first-iteration solutions and
+        # verifications); a run that went on would ask its summaries, bank updates and second iteration once the
+        # verifications' 0.4 s had passed.
         wait_until(lambda: json.loads(get(f"{proxy.url}/health")[1])["active_problems"] == 0, what="cancellation")
         wait_until(lambda: sim.stats().in_flight == 0, what="upstream calls to end")
-        asked = sim.stats().total_requests
         time.sleep(0.6)
-        assert sim.stats().total_requests == asked
+        asked = sim.stats().by_role
+        assert set(asked) <= {"solution", "verifier"} and asked["solution"] <= 2 and asked.get("verifier", 0) <= 4
     [run_dir] = runs_in(serve_dir)
     with RunStore(run_dir, read_only=True) as store:
         assert store.results() == []
