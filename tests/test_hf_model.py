@@ -412,7 +412,7 @@ async def test_a_model_opened_once_records_in_each_run_it_serves(engine: HFEngin
             assert (endpoint, first["role"], first["message"]) == ("in-process", "verifier", THINKS_INLINE)
     # Outside any run, a schema not followed is recorded nowhere (the stores were left).
     await thinking.chat("verifier", VERIFY, sampling=Sampling(max_tokens=2), reply_model=reply_model)
-    assert thinking._logs == [] and thinking._told == []
+    assert thinking._logs == {}
 
 
 MISREAD = "llguidance reads the model's tokens as other text than its tokenizer does"

@@ -73,9 +73,8 @@ class HFChatModel:
         self.engine = engine
         self.name = name
         # Where a schema asked for and not followed is recorded (tmas.llm.types.DOWNGRADES): each run the model
-        # serves, once a run; the runs already told.
-        self._logs: list[DowngradeLog] = [] if downgrade_log is None else [downgrade_log]
-        self._told: list[DowngradeLog] = []
+        # serves, once a run (the flag: already told).
+        self._logs: dict[DowngradeLog, bool] = {} if downgrade_log is None else {downgrade_log: False}
         self._cap = asyncio.Semaphore(settings.concurrency)
         self._batcher = SampleBatcher(self._send_samples)
         # Where the model's replies put reasoning: endpoint.reasoning where given (an embedded model: none), else
@@ -160,18 +159,17 @@ class HFChatModel:
     def downgrades_into(self, log: DowngradeLog) -> Iterator[None]:
         """While inside, a schema not followed is recorded in ``log`` too (a run on a model opened once for several
         runs, each with its own store: :func:`tmas.llm.factory.open_model` joins it)."""
-        self._logs.append(log)
+        self._logs[log] = False
         try:
             yield
         finally:
-            self._logs.remove(log)
-            self._told = [told for told in self._told if told is not log]
+            del self._logs[log]
 
     def _downgrade(self, role: str, message: str) -> None:
-        for log in self._logs:
-            if not any(told is log for told in self._told):
+        for log, told in self._logs.items():
+            if not told:
                 log.record_downgrade("structured_output", ENDPOINT, role, message)
-                self._told.append(log)
+                self._logs[log] = True
 
     async def _send_samples(self, samples: list[Sample]) -> list[Completion | None]:
         """Alike calls that came together: one request with children (tmas.llm.batching)."""
