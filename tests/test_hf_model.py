@@ -509,3 +509,41 @@ def test_a_run_in_process_resumes_from_its_store(
     assert again["calls"] == 2
     with RunStore(out, create=False) as store:
         assert store.get_meta("settings")["hf"]["model"] == MODEL
+
+
+@pytest.mark.slow
+@needs_weights
+def test_a_sweep_in_process_loads_the_model_once_for_its_points(
+    cache: Path, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    isolate(monkeypatch, tmp_path)
+    monkeypatch.setenv("TMAS_CACHE_DIR", str(cache))
+    loads: list[Path] = []
+    load = HFEngine.load
+
+    def counted(checkpoint: Path, options: Any) -> HFEngine:
+        loads.append(checkpoint)
+        return load(checkpoint, options)
+
+    monkeypatch.setattr(HFEngine, "load", staticmethod(counted))
+    problems = tmp_path / "p.jsonl"
+    problems.write_text('{"problem_id": "a", "question": "What is 2+3?", "answer": "5"}\n', encoding="utf-8")
+    out = tmp_path / "sweep"
+    args = ["sweep", "-o", str(out), "--problems", str(problems), "-m", "majority", "-g", "k=1,2"]
+    model = ["--hf-model", MODEL, "--max-tokens", "12", "--temperature", "0.7", "--seed", "3", "--no-report"]
+    first = CliRunner().invoke(app, [*args, *model])
+    assert first.exit_code == 0, first.output
+    summary = json.loads(first.stdout[first.stdout.index("{") :])
+    assert [p["status"] for p in summary["points"]] == ["new", "new"]
+    assert loads == [folder]
+    # The points ran as runs that open the model themselves: with the embedded model's defaults (a point resumed on
+    # its own finds its problem finished), and a second sweep has nothing to run, so it loads nothing.
+    point = out / "runs" / summary["points"][1]["name"]
+    resumed = CliRunner().invoke(app, ["run", "--resume", str(point)])
+    assert resumed.exit_code == 0, resumed.output
+    assert json.loads(resumed.stdout[resumed.stdout.index("{") :])["calls"] == 0
+    loaded = len(loads)
+    again = CliRunner().invoke(app, ["sweep", "--resume", str(out), "--no-report"])
+    assert again.exit_code == 0, again.output
+    assert [p["status"] for p in json.loads(again.stdout[again.stdout.index("{") :])["points"]] == ["skipped"] * 2
+    assert len(loads) == loaded

@@ -8,7 +8,7 @@ import json
 import shutil
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Sized
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -290,11 +290,14 @@ async def run_problems(
     on_result: Callable[[ProblemResult], None] | None = None,
     keep_results: bool = False,
     model: ChatModel | None = None,
+    own_model: bool | None = None,
 ) -> RunSummary:
     """Solve every problem not already finished with the same method parameters; results are stored as they come.
     The store holds the run's setup (:func:`prepare_run`, or :meth:`RunSetup.record`); the model is opened here, through
     :func:`tmas.llm.factory.open_model`: the endpoint of ``settings``, or ``model``, a
     :class:`tmas.llm.model.ChatModel` of the caller's own, replayed from and recorded in the store all the same.
+    ``own_model`` False says that ``model`` is the one ``settings`` name, already open (:class:`SeriesModel`): the run
+    is then as one that opens it (by default, whether ``model`` is given).
 
     A fixed pool of workers pulls problems from ``problems`` one at a time, so a run of any size holds only the
     problems being solved (at most :func:`problems_in_flight`: what the endpoint serves at once). Results are not
@@ -303,7 +306,8 @@ async def run_problems(
     run, the problems with finished calls replay them one at a time (:class:`tmas.llm.replay.ReplayTurns`).
     """
     state = state or RunState()
-    method = run_method(settings, own_model=model is not None)
+    own_model = model is not None if own_model is None else own_model
+    method = run_method(settings, own_model=own_model)
     fingerprint = run_fingerprint(method, settings)
     finished = store.finished_problem_ids(fingerprint)
     state.total = len(problems) if isinstance(problems, Sized) else store.problem_count()
@@ -340,7 +344,7 @@ async def run_problems(
                     await one(problem, lane)
 
             # The settings as provisioned (a caller's own model runs under the run's: tmas.llm.factory.UnderSettings).
-            state.problem_slots = problems_in_flight(llm.settings, own_model=model is not None)
+            state.problem_slots = problems_in_flight(llm.settings, own_model=own_model)
             workers = max(1, min(state.problem_slots, state.total - len(finished)))
             try:
                 if model is None and state.total > len(finished):
@@ -351,6 +355,53 @@ async def run_problems(
             except EndpointUnreachable as exc:
                 raise Unreachable(str(exc), store.run_dir) from None
     return _summary(store, settings, state, tally, stats, time.monotonic() - started)
+
+
+class SeriesModel:
+    """The model of a series of runs (a sweep's points, a pilot's configurations), for :func:`run_problems`: the
+    caller's own where one is given; else the in-process model their settings name, loaded at the first run that
+    starts and kept open for the rest (loaded again only for other ``hf`` settings), which spares each later run the
+    load and keeps it out of their wall times; else none, and each run opens its endpoint."""
+
+    def __init__(self, model: ChatModel | None = None) -> None:
+        self.own = model is not None
+        self._model = model
+        self._loaded: AsyncExitStack | None = None
+        self._hf: object = None
+
+    async def __aenter__(self) -> SeriesModel:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._unload()
+
+    async def run(
+        self,
+        settings: Settings,
+        problems: Iterable[Problem],
+        store: RunStore,
+        *,
+        state: RunState | None = None,
+        on_result: Callable[[ProblemResult], None] | None = None,
+    ) -> RunSummary:
+        """:func:`run_problems` of ``settings`` on the series' model."""
+        if not self.own and settings.uses_in_process_model and settings.hf != self._hf:
+            await self._unload()
+            from tmas.llm.hf_model import open_hf_model  # torch and transformers only where a model runs in process
+
+            self._loaded = AsyncExitStack()
+            self._model = await self._loaded.enter_async_context(open_hf_model(settings))
+            self._hf = settings.hf
+        model = self._model if self.own or settings.uses_in_process_model else None
+        return await run_problems(
+            settings, problems, store, state=state, on_result=on_result, model=model, own_model=self.own
+        )
+
+    async def _unload(self) -> None:
+        loaded = self._loaded
+        if loaded is not None:
+            self._loaded, self._model, self._hf = None, None, None
+            await loaded.aclose()
 
 
 def _pending(problems: Iterable[Problem], finished: Collection[str], state: RunState) -> Iterator[Problem]:

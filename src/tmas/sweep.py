@@ -14,7 +14,8 @@ Resuming (run the same command again, or ``tmas sweep --resume DIR``): a point w
 with the same method, params and budget is skipped without a call; an unfinished one is resumed from its store.
 
 ``run_sweep(..., model=mine)`` runs every point on a :class:`tmas.llm.model.ChatModel` of the caller's own, as
-``run_problems(..., model=mine)`` runs one run (each point's store replays and records its calls all the same).
+``run_problems(..., model=mine)`` runs one run (each point's store replays and records its calls all the same). A
+model run in process (``--hf-model``) is loaded once, at the first point that runs, for every point.
 """
 
 from __future__ import annotations
@@ -42,11 +43,11 @@ from tmas.reports.report import build_report
 from tmas.runner import (
     RunState,
     RunSummary,
+    SeriesModel,
     prepare_run,
     resume_settings,
     run_fingerprint,
     run_method,
-    run_problems,
 )
 from tmas.store.run_store import RunStore
 
@@ -340,26 +341,26 @@ async def run_sweep(
     points, problems, manifest = prepare_sweep(spec, settings, out_dir)
     dataset = dataset_name(spec.problems or "")
     outcomes: list[PointOutcome] = []
-    for point in points:
-        own = model is not None
-        status, store, point_settings, todo = open_point(point, settings, out_dir, problems, dataset, own_model=own)
-        if status == "new" and store is not None and spec.about is not None and spec.about.benchmark:
-            # The paper's name for these problems: the report puts the published cells beside this run's.
-            store.set_meta("paper_benchmark", spec.about.benchmark)
-        outcome = PointOutcome(point, status)
-        if store is not None:
-            state = RunState()
-            if on_start is not None:
-                on_start(point, state)
-            with store:
-                outcome.summary = await run_problems(
-                    point_settings, todo, store, state=state, on_result=on_result, model=model
-                )
-        manifest["points"][point.name]["finished"] = True
-        _write_manifest(out_dir, manifest)
-        outcomes.append(outcome)
-        if on_point is not None:
-            on_point(outcome)
+    async with SeriesModel(model) as series:
+        for point in points:
+            status, store, point_settings, todo = open_point(
+                point, settings, out_dir, problems, dataset, own_model=series.own
+            )
+            if status == "new" and store is not None and spec.about is not None and spec.about.benchmark:
+                # The paper's name for these problems: the report puts the published cells beside this run's.
+                store.set_meta("paper_benchmark", spec.about.benchmark)
+            outcome = PointOutcome(point, status)
+            if store is not None:
+                state = RunState()
+                if on_start is not None:
+                    on_start(point, state)
+                with store:
+                    outcome.summary = await series.run(point_settings, todo, store, state=state, on_result=on_result)
+            manifest["points"][point.name]["finished"] = True
+            _write_manifest(out_dir, manifest)
+            outcomes.append(outcome)
+            if on_point is not None:
+                on_point(outcome)
     return SweepSummary(out_dir, outcomes)
 
 

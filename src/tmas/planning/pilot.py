@@ -3,19 +3,19 @@ method speaks by then), to measure tokens per call by role and the throughput th
 
 Pilot runs are ordinary run directories under ``<out>/pilot/<name>``: a second ``--pilot`` resumes them instead of
 paying again, and ``tmas report`` or the viewer open them like any run. ``run_pilot(..., model=mine)`` runs them on
-a :class:`tmas.llm.model.ChatModel` of the caller's own, as ``run_problems(..., model=mine)`` does one run.
+a :class:`tmas.llm.model.ChatModel` of the caller's own, as ``run_problems(..., model=mine)`` does one run; a model
+run in process is loaded once for them all.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from tmas.config import Settings
 from tmas.llm.model import ChatModel
 from tmas.planning.estimate import TokenRates, rates_from_role_costs
 from tmas.problems import Problem
-from tmas.runner import RunState, prepare_run, run_method, run_problems
+from tmas.runner import RunState, SeriesModel, prepare_run, run_method
 from tmas.store.run_store import RunStore
 
 # Iterations a pilot runs at most: iteration 1 is where refiners, correctors and distillers first speak.
@@ -38,19 +38,22 @@ async def run_pilot(
 ) -> TokenRates:
     """Run every configuration on ``problems`` into ``pilot_dir/<name>`` (on the endpoint of its settings, or on
     ``model``, the caller's own) and return the tokens they spent per call."""
-    own = model is not None
-    started = time.monotonic()
     costs = []
     resumed = False
-    for name, settings in configs:
-        run_dir = pilot_dir / name
-        pilot = pilot_settings(settings, own_model=own)
-        resume = (run_dir / "run.sqlite").exists()
-        resumed = resumed or resume
-        store, pilot, todo = prepare_run(run_dir, pilot, None if resume else problems, resume=resume, own_model=own)
-        with store:
-            await run_problems(pilot, todo, store, state=RunState(), model=model)
-    wall = time.monotonic() - started
+    # The runs' own wall times: a model run in process is loaded before its first run starts, so its load is no
+    # part of the throughput.
+    wall = 0.0
+    async with SeriesModel(model) as series:
+        for name, settings in configs:
+            run_dir = pilot_dir / name
+            pilot = pilot_settings(settings, own_model=series.own)
+            resume = (run_dir / "run.sqlite").exists()
+            resumed = resumed or resume
+            store, pilot, todo = prepare_run(
+                run_dir, pilot, None if resume else problems, resume=resume, own_model=series.own
+            )
+            with store:
+                wall += (await series.run(pilot, todo, store, state=RunState())).wall_s
     for name, _ in configs:
         with RunStore(pilot_dir / name, create=False) as store:
             costs.append(store.role_costs())
