@@ -483,15 +483,26 @@ def test_a_saved_tokenizer_goes_with_a_conversion_instead_of_the_ggufs(
 
 
 # --------------------------------------------------------------------------------------------------- a run
+def one_problem(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A problem file of one question, for commands run in an isolated home on this module's checkpoint cache."""
+    isolate(monkeypatch, tmp_path)
+    monkeypatch.setenv("TMAS_CACHE_DIR", str(cache))
+    problems = tmp_path / "p.jsonl"
+    problems.write_text('{"problem_id": "a", "question": "What is 2+3?", "answer": "5"}\n', encoding="utf-8")
+    return problems
+
+
+def printed(result: Any) -> Any:
+    """The JSON a command printed after any progress lines."""
+    return json.loads(result.stdout[result.stdout.index("{") :])
+
+
 @pytest.mark.slow
 @needs_weights
 def test_a_run_in_process_resumes_from_its_store(
     cache: Path, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    isolate(monkeypatch, tmp_path)
-    monkeypatch.setenv("TMAS_CACHE_DIR", str(cache))
-    problems = tmp_path / "p.jsonl"
-    problems.write_text('{"problem_id": "a", "question": "What is 2+3?", "answer": "5"}\n', encoding="utf-8")
+    problems = one_problem(cache, tmp_path, monkeypatch)
     out = tmp_path / "run"
     common = ["--max-tokens", "12", "--temperature", "0.7", "--seed", "3"]
     first = CliRunner().invoke(
@@ -499,12 +510,12 @@ def test_a_run_in_process_resumes_from_its_store(
         ["run", str(problems), "-o", str(out), "-m", "majority", "-p", "k=2", "-T", "1", "--hf-model", MODEL, *common],
     )
     assert first.exit_code == 0, first.output
-    summary = json.loads(first.stdout[first.stdout.index("{") :])
+    summary = printed(first)
     assert (summary["done"], summary["calls"], summary["replayed_calls"]) == (1, 2, 0)
     # A second iteration: the first one's two calls come from the store, two more are asked.
     resumed = CliRunner().invoke(app, ["run", "--resume", str(out), "-T", "2"])
     assert resumed.exit_code == 0, resumed.output
-    again = json.loads(resumed.stdout[resumed.stdout.index("{") :])
+    again = printed(resumed)
     assert (again["done"], again["replayed_calls"]) == (1, 2)
     assert again["calls"] == 2
     with RunStore(out, create=False) as store:
@@ -516,8 +527,7 @@ def test_a_run_in_process_resumes_from_its_store(
 def test_a_sweep_in_process_loads_the_model_once_for_its_points(
     cache: Path, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    isolate(monkeypatch, tmp_path)
-    monkeypatch.setenv("TMAS_CACHE_DIR", str(cache))
+    problems = one_problem(cache, tmp_path, monkeypatch)
     loads: list[Path] = []
     load = HFEngine.load
 
@@ -526,14 +536,12 @@ def test_a_sweep_in_process_loads_the_model_once_for_its_points(
         return load(checkpoint, options)
 
     monkeypatch.setattr(HFEngine, "load", staticmethod(counted))
-    problems = tmp_path / "p.jsonl"
-    problems.write_text('{"problem_id": "a", "question": "What is 2+3?", "answer": "5"}\n', encoding="utf-8")
     out = tmp_path / "sweep"
     args = ["sweep", "-o", str(out), "--problems", str(problems), "-m", "majority", "-g", "k=1,2"]
     model = ["--hf-model", MODEL, "--max-tokens", "12", "--temperature", "0.7", "--seed", "3", "--no-report"]
     first = CliRunner().invoke(app, [*args, *model])
     assert first.exit_code == 0, first.output
-    summary = json.loads(first.stdout[first.stdout.index("{") :])
+    summary = printed(first)
     assert [p["status"] for p in summary["points"]] == ["new", "new"]
     assert loads == [folder]
     # The points ran as runs that open the model themselves: with the embedded model's defaults (a point resumed on
@@ -541,9 +549,9 @@ def test_a_sweep_in_process_loads_the_model_once_for_its_points(
     point = out / "runs" / summary["points"][1]["name"]
     resumed = CliRunner().invoke(app, ["run", "--resume", str(point)])
     assert resumed.exit_code == 0, resumed.output
-    assert json.loads(resumed.stdout[resumed.stdout.index("{") :])["calls"] == 0
+    assert printed(resumed)["calls"] == 0
     loaded = len(loads)
     again = CliRunner().invoke(app, ["sweep", "--resume", str(out), "--no-report"])
     assert again.exit_code == 0, again.output
-    assert [p["status"] for p in json.loads(again.stdout[again.stdout.index("{") :])["points"]] == ["skipped"] * 2
+    assert [p["status"] for p in printed(again)["points"]] == ["skipped"] * 2
     assert len(loads) == loaded
