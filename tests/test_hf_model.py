@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -25,6 +26,7 @@ pytest.importorskip("gguf")
 pytest.importorskip("llguidance")
 
 import llguidance.torch as lltorch
+import openai
 import torch
 from typer.testing import CliRunner
 
@@ -44,7 +46,10 @@ from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling
 from tmas.llm.schema import json_schema, response_format
 from tmas.llm.types import CallKey, Completion, Message
 from tmas.llm.weights import package_dir, resolve_model
+from tmas.methods import METHODS
+from tmas.serve.launch import ServeOptions
 from tmas.store.run_store import RunStore
+from tmas.testing.web_servers import ProxyThread
 
 MODEL = "smollm2-135m"
 MESSAGES = [Message(role="user", content="What is 2+3? Answer in one short sentence.")]
@@ -492,6 +497,19 @@ def one_problem(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     return problems
 
 
+def count_loads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The checkpoints the engine loads from now on, in order."""
+    loads: list[Path] = []
+    load = HFEngine.load
+
+    def counted(checkpoint: Path, options: Any) -> HFEngine:
+        loads.append(checkpoint)
+        return load(checkpoint, options)
+
+    monkeypatch.setattr(HFEngine, "load", staticmethod(counted))
+    return loads
+
+
 def printed(result: Any) -> Any:
     """The JSON a command printed after any progress lines."""
     return json.loads(result.stdout[result.stdout.index("{") :])
@@ -528,14 +546,7 @@ def test_a_sweep_in_process_loads_the_model_once_for_its_points(
     cache: Path, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     problems = one_problem(cache, tmp_path, monkeypatch)
-    loads: list[Path] = []
-    load = HFEngine.load
-
-    def counted(checkpoint: Path, options: Any) -> HFEngine:
-        loads.append(checkpoint)
-        return load(checkpoint, options)
-
-    monkeypatch.setattr(HFEngine, "load", staticmethod(counted))
+    loads = count_loads(monkeypatch)
     out = tmp_path / "sweep"
     args = ["sweep", "-o", str(out), "--problems", str(problems), "-m", "majority", "-g", "k=1,2"]
     model = ["--hf-model", MODEL, "--max-tokens", "12", "--temperature", "0.7", "--seed", "3", "--no-report"]
@@ -555,3 +566,38 @@ def test_a_sweep_in_process_loads_the_model_once_for_its_points(
     assert again.exit_code == 0, again.output
     assert [p["status"] for p in printed(again)["points"]] == ["skipped"] * 2
     assert len(loads) == loaded
+
+
+@pytest.mark.slow
+@needs_weights
+def test_tmas_serve_answers_every_request_from_one_in_process_model(
+    cache: Path, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    isolate(monkeypatch, tmp_path)
+    monkeypatch.setenv("TMAS_CACHE_DIR", str(cache))
+    loads = count_loads(monkeypatch)
+    settings = Settings.model_validate({"hf": {"model": MODEL, "threads": 2, "cache_tokens": 16384}})
+    served = tmp_path / "served"
+    with ProxyThread(settings, ServeOptions(serve_dir=served), start_s=300) as proxy:
+        api = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0, timeout=300)
+        assert {m.id for m in api.models.list()} == {f"{method}/{MODEL}" for method in METHODS}
+        question = [{"role": "user", "content": "What is 2+3?"}]
+        with ThreadPoolExecutor(2) as pool:
+            asked = [
+                pool.submit(
+                    api.chat.completions.create, model=f"{method}/{MODEL}", messages=question, max_tokens=12, seed=5
+                )
+                for method in ("cot", "majority")
+            ]
+            replies = [a.result() for a in asked]
+    assert all(r.choices[0].message.content for r in replies)
+    assert loads == [folder]
+    runs = {}
+    for run_dir in sorted(p for p in served.iterdir() if (p / "run.sqlite").is_file()):
+        with RunStore(run_dir, read_only=True) as store:
+            calls = list(store.calls())
+            runs[store.get_meta("method")["name"]] = (store.get_meta("method")["params"], calls)
+    # Each request's run is as `tmas run` makes it on the embedded model: its small defaults (majority: 4 samples),
+    # its calls answered by the in-process model under the request's max_tokens.
+    assert runs["majority"][0]["k"] == 4 and len(runs["majority"][1]) == 4 and len(runs["cot"][1]) == 1
+    assert all(0 < c.usage.completion_tokens <= 12 for _, calls in runs.values() for c in calls)

@@ -20,6 +20,7 @@ from typing import Any
 
 from tmas.config import Settings
 from tmas.errors import ConfigError, TmasError
+from tmas.llm.model import ChatModel
 from tmas.llm.sampling import with_sampling
 from tmas.llm.types import Completion
 from tmas.methods import METHODS, question_params
@@ -119,6 +120,7 @@ class ServedRuns:
         settings: Settings,
         *,
         embedded: bool,
+        model: ChatModel | None = None,
         max_problems: int,
         max_queue: int,
         on_call: Callable[[Completion], None] | None = None,
@@ -133,8 +135,10 @@ class ServedRuns:
         # Told of every upstream call a run makes (the metrics).
         self.on_call = on_call
         self.settings = settings
-        # The upstream is the embedded model: methods get its small defaults, as on `tmas run`.
+        # The upstream is an embedded model: methods get its small defaults, as on `tmas run`.
         self.embedded = embedded
+        # The model run in process that answers every run's calls (loaded once); None: the runs go to the endpoint.
+        self.model = model
         self.admission = Admission(max_problems, max_queue)
         self.active: dict[str, Job] = {}
         # Request fingerprint -> the run directory of an unfinished run of that request.
@@ -269,7 +273,8 @@ class ServedRuns:
                 store.add_problems([problem])
                 store.set_meta(REQUEST_META, request)
             RunSetup.check(settings).record(store)
-            await run_problems(settings, store.problems(), store)
+            # An in-process model is the settings' own, opened once here: each run is as one that opens it.
+            await run_problems(settings, store.problems(), store, model=self.model, own_model=False)
             result = store.result(job.run_id)
         finally:
             self._close_later(store)

@@ -1,11 +1,13 @@
-"""Start the proxy: refuse an open address without a token, resolve the upstream, run uvicorn until stopped."""
+"""Start the proxy: refuse an open address without a token, resolve the upstream (or load the model run in process),
+run uvicorn until stopped."""
 
 from __future__ import annotations
 
 import ipaddress
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +15,8 @@ import uvicorn
 
 from tmas.config import Settings
 from tmas.errors import ConfigError, LLMError
-from tmas.llm.provision import provisioned
+from tmas.llm.model import ChatModel
+from tmas.llm.provision import on_embedded_model, provisioned
 from tmas.llm.replica import list_models
 from tmas.methods import METHODS
 from tmas.planning.estimate import QUESTION_CALLS
@@ -85,24 +88,34 @@ async def upstream_models(settings: Settings) -> list[str]:
     return names
 
 
+@asynccontextmanager
+async def in_process(settings: Settings) -> AsyncIterator[ChatModel | None]:
+    """The model ``settings`` run in process (``--hf-model``), loaded once for every request's run; else None (the
+    runs go to the endpoint)."""
+    if not settings.uses_in_process_model:
+        yield None
+        return
+    from tmas.llm.hf_model import open_hf_model  # torch and transformers only where a model runs in process
+
+    async with open_hf_model(settings) as model:
+        yield model
+
+
 async def serve(
     settings: Settings, options: ServeOptions, *, on_start: Callable[[uvicorn.Server], None] | None = None
 ) -> None:
     """Serve until interrupted; runs cut short stay resumable in ``options.serve_dir``. ``on_start`` gets the
     uvicorn server before it starts (to stop it from elsewhere: ``server.should_exit = True``)."""
-    if settings.uses_in_process_model:
-        # Each served request is a run that opens its model: an in-process model would be loaded once per request.
-        raise ConfigError("tmas serve needs an endpoint or the embedded server; --hf-model runs in process only")
     token = resolve_token(options)
     options.serve_dir.mkdir(parents=True, exist_ok=True)
-    embedded = settings.uses_local_model
-    async with provisioned(settings, log_dir=options.serve_dir) as live:
+    async with provisioned(settings, log_dir=options.serve_dir) as live, in_process(live) as model:
         # The gauges read the runs at each scrape (the names resolve then, once both exist).
         metrics = ServeMetrics(queued=lambda: runs.admission.queued, in_flight=lambda: len(runs.active))
         runs = ServedRuns(
             options.serve_dir,
             live,
-            embedded=embedded,
+            embedded=on_embedded_model(settings),
+            model=model,
             max_problems=options.max_problems,
             max_queue=options.max_queue,
             on_call=metrics.call_done,
@@ -112,7 +125,7 @@ async def serve(
         app = ServeApp(
             runs,
             methods=sorted(METHODS),
-            upstreams=await upstream_models(live),
+            upstreams=[model.model_name("solution")] if model is not None else await upstream_models(live),
             token=token,
             max_body_bytes=options.max_body_bytes,
             metrics=metrics,

@@ -46,9 +46,11 @@ def _answers(url: str) -> bool:
 class ProxyThread:
     """``tmas serve`` (the real launch code) in a thread; ``url`` is its base URL."""
 
-    def __init__(self, settings: Settings, options: ServeOptions) -> None:
+    def __init__(self, settings: Settings, options: ServeOptions, *, start_s: float = 20.0) -> None:
+        """``start_s``: how long it may take to answer ``/health`` (a model loaded in process takes longer)."""
         options.port = free_port()
         self.options = options
+        self.start_s = start_s
         self.url = f"http://127.0.0.1:{options.port}"
         self._server: uvicorn.Server | None = None
         self._failure: list[BaseException] = []
@@ -71,7 +73,7 @@ class ProxyThread:
                 raise self._failure[0]
             return _answers(f"{self.url}/health")
 
-        wait_until(up, what="the proxy to start")
+        wait_until(up, self.start_s, what="the proxy to start")
         return self
 
     def __exit__(self, *exc: object) -> None:
