@@ -137,7 +137,10 @@ class HFEngine:
             checkpoint, dtype=getattr(torch, options.dtype), attn_implementation=options.attn_implementation
         )
         model = model.to(options.device).eval()
-        return cls(model, AutoTokenizer.from_pretrained(checkpoint), options)
+        # Spelled out: transformers ignores the clean-up for byte-level BPE anyway, and says so at every load of a
+        # tokenizer converted from a GGUF that sets it.
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint, clean_up_tokenization_spaces=False)
+        return cls(model, tokenizer, options)
 
     @property
     def context_window(self) -> int | None:
