@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from tmas.agents.overrides import Override, check_overrides
 from tmas.agents.templates import prompts_from
-from tmas.config import Budget, Settings, load_settings, with_method_params, with_overrides
+from tmas.config import Budget, InProcessModel, Settings, load_settings, with_method_params, with_overrides
 from tmas.errors import InputError, TmasError
 from tmas.llm.factory import open_model
 from tmas.llm.model import ChatModel, ClientStats, EndpointUnreachable
@@ -367,7 +367,7 @@ class SeriesModel:
         self.own = model is not None
         self._model = model
         self._loaded: AsyncExitStack | None = None
-        self._hf: object = None
+        self._hf: InProcessModel | None = None
 
     async def __aenter__(self) -> SeriesModel:
         return self
