@@ -11,12 +11,13 @@ from rich.console import Console
 
 from conftest import run_tmas, scripted_settings
 from scripted_runs import scripted_run
-from tmas.cli.progress import RunProgress, active_text, eta, headline, plain_line
+from tmas.cli.progress import RunProgress, active_text, eta, headline, plain_line, result_line
 from tmas.cli.steps import Steps
 from tmas.llm.model import ClientStats
 from tmas.llm.types import Usage
 from tmas.problems import Problem
 from tmas.runner import RunState
+from tmas.store.records import IterationRecord, ProblemResult
 from tmas.testing import ScriptedModel, SimScript
 
 
@@ -51,6 +52,16 @@ def test_the_headline_counts_problems_and_the_eta_from_iterations_begun() -> Non
     assert eta(state, now=state.started_at + 100.0) == "2m00s"
     assert headline(state).startswith("5/14 problems (1 failed) · eta ")
     assert RunState(total=3).iterations == 1 and eta(RunState(total=3)) == "?"
+
+
+def test_a_finished_problem_s_line_counts_in_words_that_agree() -> None:
+    state = RunState(total=3, done=2)
+    first = IterationRecord(problem_id="p1", iteration=0, candidates=[])
+    one = ProblemResult(problem_id="p1", method="cot", answer="42", iterations=[first], calls=1)
+    one.usage = Usage(completion_tokens=90)
+    assert result_line(state, one) == "[2/3] p1: done · answer '42' · 1 iteration · 1 call · 90 completion tokens"
+    two = one.model_copy(update={"iterations": [first, first.model_copy(update={"iteration": 1})], "calls": 12})
+    assert " · 2 iterations · 12 calls · " in result_line(state, two)
 
 
 def test_problems_and_the_concurrency_cap_are_named_apart() -> None:

@@ -119,8 +119,10 @@ def result_line(state: RunState, result: ProblemResult) -> str:
     one's error."""
     n = state.done + state.failed + state.skipped
     what = f"answer {result.answer!r}" if result.status == "done" else (result.error or "no answer")
-    cost = f"{len(result.iterations)} iterations · {result.calls} calls · {result.usage.completion_tokens} completion"
-    return f"[{n}/{state.total}] {result.problem_id}: {result.status} · {what} · {cost} tokens"
+    iterations, calls = len(result.iterations), result.calls
+    cost = f"{iterations} iteration{'s' * (iterations != 1)} · {calls} call{'s' * (calls != 1)}"
+    cost += f" · {result.usage.completion_tokens} completion tokens"
+    return f"[{n}/{state.total}] {result.problem_id}: {result.status} · {what} · {cost}"
 
 
 class _Board(Progress):
