@@ -146,6 +146,19 @@ def test_models_takes_model_and_says_whether_it_is_served(sim: SimServer) -> Non
     assert f"default: {sim.base_url} answers but DOES NOT SERVE 'other'; models: sim-model" in missing.stdout
 
 
+def test_models_names_the_model_run_in_process_and_loads_nothing() -> None:
+    out = run_tmas("models", "--hf-model", "smollm2-135m", text=True)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == (
+        "default: smollm2-135m run in process by transformers (device auto, dtype auto), loaded by each command that"
+        " runs it"
+    )
+    assert lines[1] == "embedded models (--local-model NAME or --hf-model NAME, or a GGUF path):"
+    assert [line[:3] for line in lines[2:]] == [" * " if "smollm2-135m:" in line else "   " for line in lines[2:]]
+    assert "Loading weights" not in out.stderr
+
+
 async def test_a_solve_whose_endpoint_goes_away_points_at_nothing_deleted(tmp_path: Path) -> None:
     # Without a run directory the question's scratch directory is deleted on the way out: no resume hint names it.
     model = GoneModel(SimScript(), scripted_settings(method={"name": "cot", "params": {}}), gone=True)

@@ -24,6 +24,7 @@ from tmas.cli.method_help import method_parameters_help
 from tmas.cli.options import (
     BaseUrlOpt,
     ConfigOpt,
+    HFModelOpt,
     KeyEnvOpt,
     MethodFlags,
     MethodOpt,
@@ -79,10 +80,17 @@ def _root(
 
 
 def _settings(
-    config: Path | None, *, base_url: str | None = None, model: str | None = None, api_key_env: str | None = None
+    config: Path | None,
+    *,
+    base_url: str | None = None,
+    model: str | None = None,
+    api_key_env: str | None = None,
+    hf_model: str | None = None,
 ) -> Settings:
     """Settings of a command that takes only a few of the group's flags (``models``, the judge of reports)."""
-    return ModelFlags(config=config, base_url=base_url, model=model, api_key_env=api_key_env).settings()
+    return ModelFlags(
+        config=config, base_url=base_url, model=model, api_key_env=api_key_env, hf_model=hf_model
+    ).settings()
 
 
 def _read_question(question: str | None, file: Path | None) -> str:
@@ -301,21 +309,32 @@ def export(
 
 @app.command()
 def models(
-    config: ConfigOpt = None, base_url: BaseUrlOpt = None, model: ModelOpt = None, api_key_env: KeyEnvOpt = None
+    config: ConfigOpt = None,
+    base_url: BaseUrlOpt = None,
+    model: ModelOpt = None,
+    api_key_env: KeyEnvOpt = None,
+    hf_model: HFModelOpt = None,
 ) -> None:
     """List each configured endpoint (default and per role), whether it answers, and whether it serves the
-    configured model (--model)."""
+    configured model (--model); or the model run in process (--hf-model)."""
     import os
 
     from tmas.llm.replica import list_models
 
-    settings = _settings(config, base_url=base_url, model=model, api_key_env=api_key_env)
+    settings = _settings(config, base_url=base_url, model=model, api_key_env=api_key_env, hf_model=hf_model)
     targets: list[tuple[str, str, str | None, str | None]] = []
     if settings.uses_local_model:
         from tmas.llm.local_command import describe
 
         typer.echo(f"default: embedded model {describe(settings.local)}, started on demand")
         typer.echo(_embedded_models(settings.local.model))
+    elif settings.uses_in_process_model:
+        hf = settings.hf
+        typer.echo(
+            f"default: {hf.model} run in process by transformers (device {hf.device}, dtype {hf.dtype}),"
+            " loaded by each command that runs it"
+        )
+        typer.echo(_embedded_models(str(hf.model)))
     for role, override in [("default", None), *settings.roles.items()]:
         urls = (override.base_url if override else None) or settings.endpoint.base_url
         key_env = (override.api_key_env if override else None) or settings.endpoint.api_key_env
@@ -349,7 +368,7 @@ def _embedded_models(chosen: str) -> str:
     """The known embedded models, one line each: name, size, what it is for, whether its weights are installed."""
     from tmas.llm.weights import INSTALL_HINT, KNOWN_MODELS, installed
 
-    lines = ["embedded models (--local-model NAME, or a GGUF path):"]
+    lines = ["embedded models (--local-model NAME or --hf-model NAME, or a GGUF path):"]
     for name, known in KNOWN_MODELS.items():
         mark = "*" if name == chosen else " "
         state = "installed" if installed(known) else f"not installed: {INSTALL_HINT}"

@@ -304,9 +304,3 @@ async def open_hf_model(settings: Settings, downgrade_log: DowngradeLog | None =
         yield HFChatModel(settings, engine, checkpoint_name(spec), downgrade_log)
     finally:
         await asyncio.to_thread(engine.stop)
-
-
-def describe(settings: Settings) -> str:
-    """One line naming the in-process model, for a command's notice."""
-    hf = settings.hf
-    return f"{hf.model} in process (transformers, {hf.device} device, {hf.dtype} weights)"
