@@ -194,3 +194,21 @@ def test_tmas_pool_and_tmas_experience_are_one_command_group(tmp_path: Path) -> 
     outputs = [CliRunner().invoke(app, [name, "show", str(tmp_path)]) for name in ("pool", "experience")]
     assert outputs[0].exit_code == outputs[1].exit_code != 0
     assert str(outputs[0].exception) == str(outputs[1].exception)
+
+
+@pytest.mark.slow
+def test_eval_s_judge_asks_the_run_s_model_with_its_key_and_its_own_sampling(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    isolate(monkeypatch, tmp_path)
+    monkeypatch.setenv("TMAS_GROUP_TEST_KEY", "sk-group")
+    args = [*_command_args("eval", tmp_path), "--grade", "judge", "--judge-runs", "1", "--temperature", "0.35"]
+    endpoint = ["--base-url", sim.base_url, "--model", "group-model", "--api-key-env", "TMAS_GROUP_TEST_KEY"]
+    result = CliRunner().invoke(app, [*args, *endpoint])
+    assert result.exit_code == 0, result.output
+    judged = [entry for entry in sim.requests if entry.role == "judge"]
+    assert len(judged) == 1
+    # The run's endpoint, model name and key; not the run's sampling flags.
+    assert judged[0].body["model"] == "group-model" and judged[0].authorization == "Bearer sk-group"
+    assert judged[0].body["temperature"] != 0.35
+    assert [entry.body["temperature"] for entry in sim.requests if entry.role == "solution"] == [0.35]

@@ -79,20 +79,6 @@ def _root(
     """tmas: TMAS, MATTRL and baselines on any OpenAI-compatible endpoint."""
 
 
-def _settings(
-    config: Path | None,
-    *,
-    base_url: str | None = None,
-    model: str | None = None,
-    api_key_env: str | None = None,
-    hf_model: str | None = None,
-) -> Settings:
-    """Settings of a command that takes only a few of the group's flags (``models``, the judge of reports)."""
-    return ModelFlags(
-        config=config, base_url=base_url, model=model, api_key_env=api_key_env, hf_model=hf_model
-    ).settings()
-
-
 def _read_question(question: str | None, file: Path | None) -> str:
     if file is not None:
         try:
@@ -321,7 +307,8 @@ def models(
 
     from tmas.llm.replica import list_models
 
-    settings = _settings(config, base_url=base_url, model=model, api_key_env=api_key_env, hf_model=hf_model)
+    chosen = ModelFlags(config=config, base_url=base_url, model=model, api_key_env=api_key_env, hf_model=hf_model)
+    settings = chosen.settings()
     targets: list[tuple[str, str, str | None, str | None]] = []
     if settings.uses_local_model:
         from tmas.llm.local_command import describe
@@ -382,10 +369,10 @@ JudgeUrlOpt = Annotated[
 JudgeModelOpt = Annotated[str | None, typer.Option("--judge-model", help="Model name of the judge role.")]
 
 
-def _judge_settings(
-    config: Path | None, base_url: str | None, judge_base_url: str | None, judge_model: str | None
-) -> Settings:
-    settings = _settings(config, base_url=base_url)
+def _judge_settings(model: ModelFlags, judge_base_url: str | None, judge_model: str | None) -> Settings:
+    """The judge's settings: the model ``model``'s flags choose (the runs' endpoint, its model and key, or the model
+    run by tmas, without their sampling flags), with the judge's own endpoint and model on top."""
+    settings = model.settings()
     role: dict[str, Any] = {}
     if judge_base_url:
         role["base_url"] = judge_base_url
@@ -419,7 +406,7 @@ def report(
     """Grade runs and write a Markdown + HTML report with per-iteration tables and plots."""
     from tmas.reports.report import build_report
 
-    settings = _judge_settings(config, base_url, judge_base_url, judge_model)
+    settings = _judge_settings(ModelFlags(config=config, base_url=base_url), judge_base_url, judge_model)
     grade_config = read_grade_flags(grade, judge_runs)
     if not no_grade:
         check_grading_installed(grade_config)  # a missing extra said before any step starts
@@ -466,7 +453,16 @@ def evaluate(
         if stop.next_step is None:  # stopped before its run began
             raise
         raise stop.saying(f"{stop.next_step}, then 'tmas report {out} -o {report_dir}'") from None
-    settings = _judge_settings(flags.config, flags.base_url, judge_base_url, judge_model)
+    # The judge defaults to the run's own model: its endpoint, model name and key, or the model tmas runs.
+    chosen = ModelFlags(
+        config=flags.config,
+        base_url=flags.base_url,
+        model=flags.model,
+        api_key_env=flags.api_key_env,
+        local_model=flags.local_model,
+        hf_model=flags.hf_model,
+    )
+    settings = _judge_settings(chosen, judge_base_url, judge_model)
     steps = Steps("eval")
     written = interrupt.run(steps.during(build_report([out], report_dir, grade_config, settings, on_step=steps.step)))
     typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
