@@ -197,18 +197,19 @@ def test_tmas_pool_and_tmas_experience_are_one_command_group(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-def test_eval_s_judge_asks_the_run_s_model_with_its_key_and_its_own_sampling(
-    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("command", ["eval", "sweep"])
+def test_the_judge_asks_the_run_s_model_as_the_run_s_flags_set_it(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
 ) -> None:
     isolate(monkeypatch, tmp_path)
     monkeypatch.setenv("TMAS_GROUP_TEST_KEY", "sk-group")
-    args = [*_command_args("eval", tmp_path), "--grade", "judge", "--judge-runs", "1", "--temperature", "0.35"]
+    args = [a for a in _command_args(command, tmp_path) if a not in ("--grade", "rules", "--no-report")]
+    args += ["--grade", "judge", "--judge-runs", "1", "--temperature", "0.35", "--max-tokens", "4096"]
     endpoint = ["--base-url", sim.base_url, "--model", "group-model", "--api-key-env", "TMAS_GROUP_TEST_KEY"]
     result = CliRunner().invoke(app, [*args, *endpoint])
     assert result.exit_code == 0, result.output
     judged = [entry for entry in sim.requests if entry.role == "judge"]
     assert len(judged) == 1
-    # The run's endpoint, model name and key; not the run's sampling flags.
+    # The run's endpoint, model name, key and sampling (a thinking model judging needs the run's max_tokens).
     assert judged[0].body["model"] == "group-model" and judged[0].authorization == "Bearer sk-group"
-    assert judged[0].body["temperature"] != 0.35
-    assert [entry.body["temperature"] for entry in sim.requests if entry.role == "solution"] == [0.35]
+    assert (judged[0].body["temperature"], judged[0].body["max_tokens"]) == (0.35, 4096)

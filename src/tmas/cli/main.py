@@ -369,10 +369,9 @@ JudgeUrlOpt = Annotated[
 JudgeModelOpt = Annotated[str | None, typer.Option("--judge-model", help="Model name of the judge role.")]
 
 
-def _judge_settings(model: ModelFlags, judge_base_url: str | None, judge_model: str | None) -> Settings:
-    """The judge's settings: the model ``model``'s flags choose (the runs' endpoint, its model and key, or the model
-    run by tmas, without their sampling flags), with the judge's own endpoint and model on top."""
-    settings = model.settings()
+def _judge_settings(settings: Settings, judge_base_url: str | None, judge_model: str | None) -> Settings:
+    """The judge's settings: the runs' ``settings`` (their endpoint, model name, key and sampling, or the model tmas
+    runs), with the judge's own endpoint and model on top."""
     role: dict[str, Any] = {}
     if judge_base_url:
         role["base_url"] = judge_base_url
@@ -406,7 +405,7 @@ def report(
     """Grade runs and write a Markdown + HTML report with per-iteration tables and plots."""
     from tmas.reports.report import build_report
 
-    settings = _judge_settings(ModelFlags(config=config, base_url=base_url), judge_base_url, judge_model)
+    settings = _judge_settings(ModelFlags(config=config, base_url=base_url).settings(), judge_base_url, judge_model)
     grade_config = read_grade_flags(grade, judge_runs)
     if not no_grade:
         check_grading_installed(grade_config)  # a missing extra said before any step starts
@@ -453,16 +452,8 @@ def evaluate(
         if stop.next_step is None:  # stopped before its run began
             raise
         raise stop.saying(f"{stop.next_step}, then 'tmas report {out} -o {report_dir}'") from None
-    # The judge defaults to the run's own model: its endpoint, model name and key, or the model tmas runs.
-    chosen = ModelFlags(
-        config=flags.config,
-        base_url=flags.base_url,
-        model=flags.model,
-        api_key_env=flags.api_key_env,
-        local_model=flags.local_model,
-        hf_model=flags.hf_model,
-    )
-    settings = _judge_settings(chosen, judge_base_url, judge_model)
+    # The judge defaults to the run's own model, as the run's flags set it up (a sweep's report does the same).
+    settings = _judge_settings(flags.settings(), judge_base_url, judge_model)
     steps = Steps("eval")
     written = interrupt.run(steps.during(build_report([out], report_dir, grade_config, settings, on_step=steps.step)))
     typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
