@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from tmas.agents.overrides import Override, check_overrides
 from tmas.agents.templates import prompts_from
-from tmas.config import Budget, InProcessModel, Settings, load_settings, with_method_params, with_overrides
+from tmas.config import Budget, Settings, load_settings, with_method_params, with_overrides
 from tmas.errors import InputError, TmasError
 from tmas.llm.factory import open_model
 from tmas.llm.model import ChatModel, ClientStats, EndpointUnreachable
@@ -367,7 +367,6 @@ class SeriesModel:
         self.own = model is not None
         self._model = model
         self._loaded: AsyncExitStack | None = None
-        self._hf: InProcessModel | None = None
 
     async def __aenter__(self) -> SeriesModel:
         return self
@@ -385,13 +384,13 @@ class SeriesModel:
         on_result: Callable[[ProblemResult], None] | None = None,
     ) -> RunSummary:
         """:func:`run_problems` of ``settings`` on the series' model."""
-        if not self.own and settings.uses_in_process_model and settings.hf != self._hf:
+        loaded = self._model.settings.hf if self._model is not None else None
+        if not self.own and settings.uses_in_process_model and settings.hf != loaded:
             await self._unload()
             from tmas.llm.hf_model import open_hf_model  # torch and transformers only where a model runs in process
 
             self._loaded = AsyncExitStack()
             self._model = await self._loaded.enter_async_context(open_hf_model(settings))
-            self._hf = settings.hf
         model = self._model if self.own or settings.uses_in_process_model else None
         return await run_problems(
             settings, problems, store, state=state, on_result=on_result, model=model, own_model=self.own
@@ -400,7 +399,7 @@ class SeriesModel:
     async def _unload(self) -> None:
         loaded = self._loaded
         if loaded is not None:
-            self._loaded, self._model, self._hf = None, None, None
+            self._loaded, self._model = None, None
             await loaded.aclose()
 
 
