@@ -488,10 +488,15 @@ def test_a_saved_tokenizer_goes_with_a_conversion_instead_of_the_ggufs(
 
 
 # --------------------------------------------------------------------------------------------------- a run
-def one_problem(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A problem file of one question, for commands run in an isolated home on this module's checkpoint cache."""
+def isolated(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commands from here on run in an isolated home, on this module's checkpoint cache."""
     isolate(monkeypatch, tmp_path)
     monkeypatch.setenv("TMAS_CACHE_DIR", str(cache))
+
+
+def one_problem(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A problem file of one question, for commands run in an isolated home on this module's checkpoint cache."""
+    isolated(cache, tmp_path, monkeypatch)
     problems = tmp_path / "p.jsonl"
     problems.write_text('{"problem_id": "a", "question": "What is 2+3?", "answer": "5"}\n', encoding="utf-8")
     return problems
@@ -573,8 +578,7 @@ def test_a_sweep_in_process_loads_the_model_once_for_its_points(
 def test_tmas_serve_answers_every_request_from_one_in_process_model(
     cache: Path, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    isolate(monkeypatch, tmp_path)
-    monkeypatch.setenv("TMAS_CACHE_DIR", str(cache))
+    isolated(cache, tmp_path, monkeypatch)
     loads = count_loads(monkeypatch)
     settings = Settings.model_validate({"hf": {"model": MODEL, "threads": 2, "cache_tokens": 16384}})
     served = tmp_path / "served"
