@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import weakref
+from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,12 +36,12 @@ from conftest import isolate
 from tmas.agents.verification import verification_reply_model
 from tmas.cli.main import app
 from tmas.config import Endpoint, Sampling, Settings
-from tmas.llm import hf_checkpoint, hf_engine
+from tmas.llm import hf_checkpoint, hf_engine, hf_kept
 from tmas.llm.factory import open_model
 from tmas.llm.hf_checkpoint import checkpoint, convert
 from tmas.llm.hf_engine import HFEngine, resolve_options
 from tmas.llm.hf_grammar import SchemaMask, allowed_of, schema_text
-from tmas.llm.hf_model import THINKS_INLINE, HFChatModel, request_sampling, unsupported
+from tmas.llm.hf_model import THINKS_INLINE, HFChatModel, open_hf_model, request_sampling, unsupported
 from tmas.llm.hf_sampling import GREEDY, RequestSampling
 from tmas.llm.reasoning import reply_place
 from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling
@@ -504,6 +506,7 @@ def one_problem(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 def count_loads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """The checkpoints the engine loads from now on, in order."""
+    hf_kept.release()  # a model an earlier test closed would be taken back, not loaded
     loads: list[Path] = []
     load = HFEngine.load
 
@@ -571,6 +574,73 @@ def test_a_sweep_in_process_loads_the_model_once_for_its_points(
     assert again.exit_code == 0, again.output
     assert [p["status"] for p in printed(again)["points"]] == ["skipped"] * 2
     assert len(loads) == loaded
+
+
+@pytest.mark.slow
+@needs_weights
+def test_a_model_closed_stays_loaded_for_the_next_open_of_it(
+    cache: Path, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    isolated(cache, tmp_path, monkeypatch)
+    loads = count_loads(monkeypatch)
+    engines: list[weakref.ref[HFEngine]] = []
+    counted = HFEngine.load
+
+    def tracked(checkpoint: Path, options: Any) -> HFEngine:
+        engine = counted(checkpoint, options)
+        engines.append(weakref.ref(engine))
+        return engine
+
+    monkeypatch.setattr(HFEngine, "load", staticmethod(tracked))
+    base = {"hf": {"model": MODEL, "threads": 2, "cache_tokens": 16384}, "sampling": {"max_tokens": 8}}
+
+    def reply(settings: dict[str, Any]) -> str:
+        async def ask() -> str:
+            async with open_hf_model(Settings.model_validate(settings)) as llm:
+                return (await llm.chat("solution", MESSAGES, sampling=Sampling(temperature=0.0))).content
+
+        return asyncio.run(ask())  # each open in an event loop of its own, as tmas eval's run and judge are
+
+    first = reply(base)
+    # Opened again: the kept engine started again, not loaded, and it answers as before.
+    assert reply(base) == first
+    assert loads == [folder]
+    # Other engine options load anew, the kept engine released before the load; back to the first options, the
+    # model is loaded again, and after release() too.
+    reply({**base, "hf": {**base["hf"], "cache_tokens": 8192}})
+    assert engines[0]() is None and engines[1]() is not None
+    reply(base)
+    hf_kept.release()
+    assert all(e() is None for e in engines)
+    assert reply(base) == first
+    assert loads == [folder] * 4
+
+
+@pytest.mark.slow
+@needs_weights
+def test_tmas_eval_loads_the_model_once_for_its_pilot_run_and_judge(
+    cache: Path, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    problems = one_problem(cache, tmp_path, monkeypatch)
+    loads = count_loads(monkeypatch)
+    out = tmp_path / "eval"
+    model = ["--hf-model", MODEL, "--max-tokens", "12", "--temperature", "0.7", "--seed", "3"]
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval", str(problems), "-o", str(out), "-m", "majority", "-p", "k=2", "-T", "1", *model,
+            "--pilot", "1", "--yes", "--grade", "judge", "--judge-runs", "1",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    # Three opens of one model in three event loops: the pilot's, the run's and the judge's.
+    with RunStore(out / "pilot" / out.name, create=False) as pilot:
+        assert len(list(pilot.calls())) == 2
+    with RunStore(out, create=False) as store:
+        roles = Counter(call.key.role for call in store.calls())
+        assert roles["solution"] == 2 and roles["judge"] >= 1
+        assert store.grades("judge")
+    assert loads == [folder]
 
 
 @pytest.mark.slow

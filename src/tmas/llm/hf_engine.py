@@ -105,8 +105,8 @@ def resolve_options(device: str, dtype: str, **rest: Any) -> EngineOptions:
 
 
 class HFEngine:
-    """``HFEngine.load(checkpoint, options)``, then :meth:`start`, :meth:`generate` from the event loop, and
-    :meth:`stop`."""
+    """``HFEngine.load(checkpoint, options)``, then :meth:`start`, :meth:`generate` from any event loop, and
+    :meth:`stop`; started again after a stop, it takes requests as before."""
 
     def __init__(self, model: Any, tokenizer: Any, options: EngineOptions) -> None:
         self.model = model
@@ -178,6 +178,10 @@ class HFEngine:
         from transformers.generation.logits_process import LogitsProcessorList
 
         o = self.options
+        # An engine started again (tmas.llm.hf_kept) forgets the requests its last run left behind when it stopped.
+        self.table = RequestTable()
+        with self._reused_lock:
+            self._reused.clear()
         # Greedy in the engine: the sampling is the processors' (tmas.llm.hf_sampling), per request.
         generation = GenerationConfig(  # type: ignore[no-untyped-call]
             do_sample=False, eos_token_id=self.stop_ids, max_new_tokens=1

@@ -3,7 +3,8 @@ continuous-batching engine (:mod:`tmas.llm.hf_engine`), on a GPU or a CPU, with 
 
 ``hf.model`` (``--hf-model DIR_OR_GGUF``, or a known embedded model's name) with no endpoint configured makes
 :func:`tmas.llm.factory.open_model` open it: the checkpoint is found or converted once (:mod:`tmas.llm.hf_checkpoint`),
-loaded, and the engine started for as long as the model is open. The store's replay wraps it as it wraps the HTTP
+loaded, and the engine started for as long as the model is open; closed, it stays loaded for the next open of the
+same model in the process (:mod:`tmas.llm.hf_kept`). The store's replay wraps it as it wraps the HTTP
 client, so a run on it resumes and replays like a run on any endpoint.
 
 What a call sends, the engine gets: the chat template's tokens of the messages (``extra_body.chat_template_kwargs``
@@ -39,6 +40,7 @@ from pydantic import BaseModel
 
 from tmas.config import Sampling, Settings
 from tmas.errors import ConfigError, LLMError
+from tmas.llm import hf_kept
 from tmas.llm.batching import Sample, SampleBatcher, handed_out
 from tmas.llm.hf_checkpoint import checkpoint, checkpoint_name
 from tmas.llm.hf_engine import EngineError, EngineReply, HFEngine, resolve_options
@@ -298,9 +300,14 @@ async def open_hf_model(settings: Settings, downgrade_log: DowngradeLog | None =
     )
     spec = hf.model
     folder = await asyncio.to_thread(checkpoint, spec, dtype=options.dtype, tokenizer=hf.tokenizer)
-    engine = await asyncio.to_thread(HFEngine.load, folder, options)
+    # The same model closed before in this process is still loaded (tmas.llm.hf_kept): only started again.
+    key = hf_kept.key_of(folder, options)
+    engine = hf_kept.take(key)
+    if engine is None:
+        engine = await asyncio.to_thread(HFEngine.load, folder, options)
     await asyncio.to_thread(engine.start)
     try:
         yield HFChatModel(settings, engine, checkpoint_name(spec), downgrade_log)
     finally:
         await asyncio.to_thread(engine.stop)
+        hf_kept.keep(key, engine)
