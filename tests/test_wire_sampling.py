@@ -16,6 +16,8 @@ from conftest import isolate
 from tmas.api import asolve
 from tmas.cli.main import app
 from tmas.config import Sampling, Settings, load_settings
+from tmas.grading.judge import judge_once
+from tmas.llm.factory import open_model
 from tmas.methods import METHODS
 from tmas.sweep import Study, SweepSpec, run_sweep
 from tmas.testing import Rule, SimScript, SimServer
@@ -351,3 +353,28 @@ async def test_sweep_points_keep_the_sampling(sim: SimServer, tmp_path: Path) ->
     assert all((b["temperature"], b["max_tokens"], b["top_k"]) == (0.25, 333, 7) for v in bodies.values() for b in v)
     assert {b["model"] for b in bodies["verifier"]} == {"checker"}
     assert {b["model"] for b in bodies["solution"]} == {"wire-model"}
+
+
+@pytest.mark.parametrize(
+    ("body", "seeds"),
+    [
+        # A seed for the judge, or for every role, is sent as it is; the judge's temperature over the default one.
+        ("[sampling]\nseed = 1234\n[roles.judge.sampling]\nseed = 7\ntemperature = 0.0\n", [7, 7]),
+        ("[sampling]\nseed = 1234\n[roles.judge.sampling]\ntemperature = 0.0\n", [1234, 1234]),
+        # No seed configured: each judge run draws its own.
+        ("[sampling]\ntemperature = 0.3\n[roles.judge.sampling]\ntemperature = 0.0\n", None),
+    ],
+)
+async def test_the_judge_sends_the_sampling_configured_for_it(
+    sim: SimServer, tmp_path: Path, body: str, seeds: list[int] | None
+) -> None:
+    settings = settings_from(tmp_path, f'[endpoint]\nbase_url = "{sim.base_url}"\nmodel = "wire-model"\n{body}')
+    async with open_model(settings) as llm:
+        for run in range(2):
+            await judge_once(llm, problem_id="p", problem="What is 1+1?", reference="2", student="2", run=run)
+    judged = bodies_by_role(sim)["judge"]
+    assert [b["temperature"] for b in judged] == [0.0, 0.0]
+    if seeds is None:
+        assert len({b["seed"] for b in judged}) == 2
+    else:
+        assert [b["seed"] for b in judged] == seeds
