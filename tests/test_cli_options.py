@@ -15,6 +15,7 @@ from tmas.agents.overrides import packaged_source
 from tmas.cli.main import app
 from tmas.cli.options import FLAG_KEYS, GROUP, ModelFlags
 from tmas.store.run_store import RunStore
+from tmas.sweep import resumed_sweep
 from tmas.testing import SimServer
 
 GROUP_COMMANDS = (
@@ -213,3 +214,37 @@ def test_the_judge_asks_the_run_s_model_as_the_run_s_flags_set_it(
     # The run's endpoint, model name, key and sampling (a thinking model judging needs the run's max_tokens).
     assert judged[0].body["model"] == "group-model" and judged[0].authorization == "Bearer sk-group"
     assert (judged[0].body["temperature"], judged[0].body["max_tokens"]) == (0.35, 4096)
+
+
+@pytest.mark.slow
+def test_a_grid_files_sampling_and_budget_sit_under_every_flag(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    isolate(monkeypatch, tmp_path)
+    problems = tmp_path / "p.jsonl"
+    problems.write_text('{"problem_id": "a", "question": "What is 17*23?", "answer": "391"}\n', encoding="utf-8")
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        f'problems = "{problems}"\n[budget]\ntokens = 100000\n'
+        "[sampling]\ntemperature = 0.33\ntop_k = 40\nmin_p = 0.2\nseed = 42\n"
+        '[[study]]\nname = "s"\nmethod = "cot"\n',
+        encoding="utf-8",
+    )
+    config = tmp_path / "cfg.toml"
+    config.write_text(f'[endpoint]\nbase_url = "{sim.base_url}"\n', encoding="utf-8")
+    out = tmp_path / "sweep"
+    flags = ["--top-k", "20", "--seed", "3", "--budget-tokens", "5000", "--budget-pool", "--no-report"]
+    result = CliRunner().invoke(app, ["sweep", str(grid), "-o", str(out), "--config", str(config), *flags])
+    assert result.exit_code == 0, result.output
+    [body] = [entry.body for entry in sim.requests if entry.endpoint == "chat"]
+    # --top-k over the grid's top_k; --seed is the run's seed, so the grid's sampling seed is still sent.
+    assert (body["temperature"], body["top_k"], body["min_p"], body["seed"]) == (0.33, 20, 0.2, 42)
+    [store_file] = out.rglob("run.sqlite")
+    with RunStore(store_file.parent, create=False) as store:
+        stored: dict[str, Any] = store.get_meta("settings")
+    assert stored["budget"] == {"tokens": 5000, "calls": None, "count": "completion", "pool": True}
+    assert stored["seed"] == 3
+    # Resumed with the config file read afresh: the grid's sampling is laid on it again, under a flag given now.
+    _, settings = resumed_sweep(out, ModelFlags(min_p=0.1).overrides(), config=config)
+    assert settings.sampling.temperature == 0.33 and settings.sampling.seed == 42
+    assert (settings.sampling.top_k, settings.sampling.min_p) == (40, 0.1)

@@ -266,7 +266,14 @@ def resumed_sweep(
     manifest = read_manifest(sweep_dir)
     spec = SweepSpec.model_validate(manifest["spec"])
     stored = Settings.model_validate(manifest["settings"])
-    return spec, resume_settings(stored, overrides, config=config)
+    settings = resume_settings(stored, overrides, config=config)
+    if config is not None:
+        # A config file read afresh holds none of the grid's sampling: it goes on again, under the flags given now.
+        given = {
+            k.removeprefix("sampling.") for k, v in overrides.items() if k.startswith("sampling.") and v is not None
+        }
+        settings = with_grid_sampling(settings, spec, given)
+    return spec, settings
 
 
 def _pending(store: RunStore, settings: Settings, *, own_model: bool) -> int:

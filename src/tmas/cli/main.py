@@ -489,7 +489,7 @@ def _sweep_plan(
         if method or grid or param:
             raise InputError("give either a grid file or --method/--param/--grid, not both")
         spec = load_spec(grid_file)
-        given = {key: getattr(flags, f"budget_{key}") for key in ("tokens", "calls", "count")}
+        given = {key: getattr(flags, f"budget_{key}") for key in ("tokens", "calls", "count", "pool")}
         spec.budget = sweep_budget(
             spec.budget, settings.budget, {key: value for key, value in given.items() if value is not None}
         )
@@ -504,7 +504,7 @@ def _sweep_plan(
             spec.about.benchmark = None  # other problems than the grid's: the report matches on their name
     if limit is not None:
         spec.limit = limit
-    settings = with_grid_sampling(settings, spec, flags.given("temperature", "top_p", "max_tokens", "seed"))
+    settings = with_grid_sampling(settings, spec, flags.given_sampling())
     return spec, settings, out
 
 
