@@ -217,6 +217,33 @@ def test_the_judge_asks_the_run_s_model_as_the_run_s_flags_set_it(
 
 
 @pytest.mark.slow
+def test_tmas_report_asks_the_judge_named_without_a_default_endpoint(
+    sim: SimServer, sim2: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    isolate(monkeypatch, tmp_path)
+    run_dir = tmp_path / "out"
+    ran = CliRunner().invoke(app, [*_command_args("run", tmp_path), "--base-url", sim.base_url, "--model", "run-model"])
+    assert ran.exit_code == 0, ran.output
+    judge_only = tmp_path / "judge.toml"
+    judge_only.write_text(f'[roles.judge]\nbase_url = "{sim2.base_url}"\nmodel = "judge-y"\n', encoding="utf-8")
+    report = ["report", str(run_dir), "--grade", "judge", "--judge-runs", "1"]
+    asked = {}
+    # --judge-model alone: the run's endpoint, under the judge's model name; a config naming the judge role's own
+    # endpoint alone: that endpoint, and nothing started for the other roles.
+    for name, extra in (("model", ["--judge-model", "judge-x"]), ("config", ["--config", str(judge_only)])):
+        sim.reset()
+        sim2.reset()
+        result = CliRunner().invoke(app, [*report, "-o", str(tmp_path / name), *extra])
+        assert result.exit_code == 0, result.output
+        asked[name] = [
+            (server, e.body["model"]) for server in (sim, sim2) for e in server.requests if e.role == "judge"
+        ]
+        with RunStore(run_dir, create=False) as store:
+            store.delete_grades()
+    assert asked == {"model": [(sim, "judge-x")], "config": [(sim2, "judge-y")]}
+
+
+@pytest.mark.slow
 def test_a_grid_files_sampling_and_budget_sit_under_every_flag(
     sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -380,8 +380,6 @@ def _judge_settings(settings: Settings, judge_base_url: str | None, judge_model:
     if role:
         data = settings.model_dump(mode="json", exclude_unset=True)
         data.setdefault("roles", {}).setdefault("judge", {}).update(role)
-        if not settings.endpoint.base_url and judge_base_url:
-            data.setdefault("endpoint", {})["base_url"] = [judge_base_url]
         settings = Settings.model_validate(data)
     return settings
 

@@ -175,6 +175,7 @@ def train(
     start = resume_point(out, resume)
     if start is not None:
         typer.echo(f"resuming from {start}")
+    from tmas.grading.judge import judge_route
     from tmas.rl.novelty import LLMNoveltyJudge
     from tmas.rl.scoring import NoveltyJudge
     from tmas.rl.step_log import REWARDS_FILE, STEPS_FILE
@@ -189,12 +190,12 @@ def train(
         judge = load_judge(judge_model)
     elif "guideline" in set(dataset["_source"]):
         # Loaded as every command's are; the policy's --model and the training --seed are this command's own.
-        settings = ModelFlags(config=config).settings()
-        if settings.uses_local_model:
+        route = judge_route(ModelFlags(config=config).settings())
+        if route is None:
             raise ConfigError(
                 "guideline rows need a judge: --judge-model, or an endpoint in [endpoint] or [roles.judge] (--config)"
             )
-        judge = LLMNoveltyJudge(settings, out / "judge")
+        judge = LLMNoveltyJudge(route, out / "judge")
     options = TrainOptions(
         output_dir=out,
         max_steps=max_steps,

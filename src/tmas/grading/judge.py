@@ -85,6 +85,20 @@ class JudgeVerdict:
     usage: Usage
 
 
+def judge_route(settings: Settings | None) -> Settings | None:
+    """The settings a judge is opened on: where only the judge role names an endpoint (``[roles.judge] base_url``,
+    ``--judge-base-url``), ``settings`` with it made the default endpoint, so that nothing else is started; else
+    ``settings`` where an endpoint or a model in process answers every role; None where no judge answers (no
+    settings, or the embedded model alone, which is no judge)."""
+    if settings is None:
+        return None
+    own = settings.roles.get(JUDGE_ROLE)
+    if not settings.endpoint.base_url and own is not None and own.base_url:
+        endpoint = settings.endpoint.model_copy(update={"base_url": own.base_url})
+        return settings.model_copy(update={"endpoint": endpoint})
+    return None if settings.uses_local_model else settings
+
+
 def _seed(*parts: object) -> int:
     # Distinct seeds make the R runs independent samples, reproducible on servers that honour `seed`.
     return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=4).digest(), "big") >> 1
@@ -152,12 +166,13 @@ class JudgeGrader:
         settings = context.judge_settings
         judged: dict[tuple[ItemKey, int], bool | None] = {}
         # The embedded model is no judge; a judge model of the caller's own is, whatever its settings name.
-        if settings is None or (settings.uses_local_model and context.model is None):
+        route = settings if context.model is not None else judge_route(settings)
+        if route is None:
             context.grades.notes.append(
                 f"no judge endpoint configured: {len(items)} answers the rules could not decide stay undecided"
             )
         else:
-            judged = await _judge_items(items, context, settings)
+            judged = await _judge_items(items, context, route)
         runs = self.runs(context.config)
         return {item.key: [judged.get((item.key, r)) for r in range(runs)] for item in items}
 

@@ -24,6 +24,7 @@ from tmas.answer_rules import RuleEquivalence, math_verify_installed
 from tmas.config import Settings
 from tmas.grading.cases import case_metrics
 from tmas.grading.grades import GradeConfig, Grades
+from tmas.grading.judge import JUDGE_ROLE, judge_route
 from tmas.grading.run_results import load_results, run_method_name
 from tmas.grading.runs import grade_run, load_grades
 from tmas.llm.types import DOWNGRADES, Usage
@@ -293,13 +294,20 @@ def run_cost(results: list[ProblemResult], store: RunStore) -> RunCost:
 
 
 def _judge_settings(given: Settings | None, stored: dict[str, Any]) -> Settings | None:
-    """The settings the judge uses: those given when they name an endpoint, else the run's own."""
-    if given is not None and not given.uses_local_model:
+    """The settings the judge uses: those given when they name a judge (:func:`tmas.grading.judge.judge_route`),
+    else the run's own with the judge role given (``--judge-model``, ``[roles.judge]``) on top of the run's."""
+    if judge_route(given) is not None:
         return given
     try:
-        return Settings.model_validate(stored) if stored else given
+        run = Settings.model_validate(stored) if stored else None
     except ValidationError:
-        return given
+        run = None
+    if run is None or given is None or JUDGE_ROLE not in given.roles:
+        return run or given
+    data = run.model_dump(mode="json")
+    judge = given.roles[JUDGE_ROLE].model_dump(mode="json", exclude_unset=True)
+    data["roles"][JUDGE_ROLE] = {**data["roles"].get(JUDGE_ROLE, {}), **judge}
+    return Settings.model_validate(data)
 
 
 def _unique_labels(evaluations: list[RunEvaluation]) -> None:
