@@ -1060,6 +1060,25 @@ async def test_majority_vote_against_an_openai_reasoning_model(tmp_path: Path) -
     assert result.status == "done" and result.answer == "391"
 
 
+async def test_a_field_one_model_refuses_is_still_sent_to_another_model_at_the_same_url(tmp_path: Path) -> None:
+    # A hosted API serves a reasoning model (the solver: it refuses temperature) and a chat model (the refiner: it
+    # takes it) at one URL; what the first refused is learnt for it alone.
+    script = SimScript(persona="openai", reasoning=True, model="o3-mini", also_serves=["gpt-4.1"])
+    async with SimServer(script) as sim:
+        roles = {"refiner": {"model": "gpt-4.1", "sampling": {"temperature": 0.2}}}
+        method = {"name": "self_refine", "params": {"n": 1, "iterations": 2}}
+        settings = settings_for(
+            sim, endpoint={"model": "o3-mini", "base_url": [sim.base_url]}, roles=roles, method=method
+        )
+        result = await asolve("What is 17*23?", settings, run_dir=tmp_path / "run")
+        solver, refiner = sim.chat_bodies("solution"), sim.chat_bodies("refiner")
+    assert result.status == "done"
+    assert refiner and all(b["model"] == "gpt-4.1" and b["temperature"] == 0.2 for b in refiner)
+    assert all("max_completion_tokens" not in b for b in refiner)
+    # The solver's were refused until sent without what its model refuses.
+    assert solver[-1]["model"] == "o3-mini" and "temperature" not in solver[-1] and "max_tokens" not in solver[-1]
+
+
 async def test_without_the_cache_flag_the_client_sees_no_cached_tokens(tmp_path: Path) -> None:
     async with SimServer(SimScript(persona="vllm", reasoning=True)) as sim:
         settings = settings_for(sim, method={"name": "majority", "params": PERSONA_RUNS["majority"]})

@@ -175,6 +175,17 @@ async def test_role_sampling_and_endpoint_fields_reach_their_role_only(
             )
 
 
+async def test_a_roles_context_length_bounds_its_calls_at_a_url_another_role_shares(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # The refiner's window is set smaller than the server's; the solver, first at the same URL, keeps the default.
+    body = "\n[sampling]\nmax_tokens = 4000\n[roles.refiner]\ncontext_length = 1200\n"
+    await asolve(Q, settings_from(tmp_path, toml(sim, "self_refine", body, n=1, iterations=2)))
+    bodies = bodies_by_role(sim)
+    assert [b["max_tokens"] for b in bodies["solution"]] == [4000]
+    assert bodies["refiner"] and all(b["max_tokens"] < 1200 for b in bodies["refiner"])
+
+
 @pytest.mark.parametrize("method", ALL)
 async def test_configured_seed_is_sent_as_is(sim: SimServer, tmp_path: Path, method: str) -> None:
     await asolve(Q, settings_from(tmp_path, toml(sim, method, SAMPLING_TOML + "seed = 1234\n")))

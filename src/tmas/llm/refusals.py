@@ -144,10 +144,12 @@ class Refusals:
         return body
 
     def fit_context(self, route: Route, replica: Replica, request: ChatRequest, max_tokens: int | None) -> int | None:
-        """max_tokens lowered so prompt + completion fit the known context window, instead of failing the call."""
-        context = replica.context_length
-        if context is None:
+        """max_tokens lowered so prompt + completion fit the known context window (the smaller of the role's own
+        ``context_length`` and what is known of the server's), instead of failing the call."""
+        known = [c for c in (route.endpoint.context_length, replica.context_length) if c]
+        if not known:
             return max_tokens
+        context = min(known)
         # Checked even without max_tokens: a prompt that cannot fit is refused here rather than sent.
         prompt = prompt_estimate(route, request)
         room = self.room(context, prompt)

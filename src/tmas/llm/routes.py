@@ -1,5 +1,6 @@
 """Where each role's calls go: its endpoint resolved against the default one, the replicas behind it (shared by every
-role that names the same URL, so what a server showed is known to all of them), and which replica takes a call."""
+role that names the same URL and model, so what a server showed of that model is known to all of them; a gateway or
+a hosted API serves several models at one URL, each refusing its own fields), and which replica takes a call."""
 
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ class Routes:
     # URL -> what a run recorded of its server before (a resumed run): where its replies put reasoning.
     known: dict[str, dict[str, Any]] = field(default_factory=dict)
     router: PrefixRouter = field(default_factory=PrefixRouter)
-    _replicas: dict[str, Replica] = field(default_factory=dict)
+    # (URL, model) -> its replica; URL -> the cap on calls in flight there, whatever the model (the first role's).
+    _replicas: dict[tuple[str, str], Replica] = field(default_factory=dict)
+    _caps: dict[str, asyncio.Semaphore | None] = field(default_factory=dict)
     _routes: dict[str, Route] = field(default_factory=dict)
 
     def route(self, role: str) -> Route:
@@ -63,18 +66,20 @@ class Routes:
                     f"environment variable {endpoint.api_key_env} (named by api_key_env for role {role!r}) is not set"
                 )
         replicas = []
+        model = endpoint.model or "default"
         for url in endpoint.base_url:
-            if url not in self._replicas:
-                cap = asyncio.Semaphore(endpoint.max_in_flight) if endpoint.max_in_flight else None
-                replica = Replica(url=url, cap=cap, context_length=endpoint.context_length)
+            if (url, model) not in self._replicas:
+                if url not in self._caps:
+                    self._caps[url] = asyncio.Semaphore(endpoint.max_in_flight) if endpoint.max_in_flight else None
+                replica = Replica(url=url, cap=self._caps[url], context_length=endpoint.context_length)
                 # Where its replies put reasoning: as configured, else as a run recorded it before (a resumed run).
                 reasoning = (
                     endpoint.reasoning if endpoint.reasoning != "auto" else self.known.get(url, {}).get("reasoning")
                 )
                 if reasoning in ("separate", "inline", "none"):
                     replica.reasoning = reasoning
-                self._replicas[url] = replica
-            replicas.append(self._replicas[url])
+                self._replicas[url, model] = replica
+            replicas.append(self._replicas[url, model])
         route = Route(endpoint, replicas, api_key, TokenCounter(endpoint.tokenizer))
         self._routes[role] = route
         return route

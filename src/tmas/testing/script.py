@@ -209,6 +209,9 @@ class SimScript(_Strict):
     """Everything the simulated server does. Replace it live with ``SimServer.set_script``."""
 
     model: str = "sim-model"
+    # Other models served at the same URL, as a hosted API or a gateway serves several: answered as ``model`` is, but
+    # never as a reasoning model (a chat model beside a reasoning one, each with its own restrictions).
+    also_serves: list[str] = Field(default_factory=list)
     context_length: int = Field(default=32768, ge=1)
     latency_s: float = Field(default=0.0, ge=0.0)
     latency_per_token_s: float = Field(default=0.0, ge=0.0)

@@ -253,7 +253,8 @@ class SimApp:
             self.recorder.count_models_unavailable()
             return loading_response(persona.name)
         extra = persona.models_extra(script) if persona.models_extra is not None else {}
-        return web.json_response({**extra, "object": "list", "data": [persona.model_card(script)]})
+        served = [script, *(script.model_copy(update={"model": name}) for name in script.also_serves)]
+        return web.json_response({**extra, "object": "list", "data": [persona.model_card(s) for s in served]})
 
     async def _get_stats(self, request: web.Request) -> web.Response:
         return web.json_response(self.stats().model_dump())
@@ -497,7 +498,9 @@ class SimApp:
                 cached = scripted.cached_tokens
         n = asked.n
         choices = [self._choice(active, role, problem, body, i, n, rule, used, fault, max_tokens) for i in range(n)]
-        model = body.get("model") if persona.echoes_model and isinstance(body.get("model"), str) else script.model
+        named = body.get("model")
+        own = isinstance(named, str) and (persona.echoes_model or named in script.also_serves)
+        model = named if own else script.model
         return Reply(
             persona=persona,
             script=script,
@@ -520,7 +523,8 @@ class SimApp:
                 raise _BadRequest(f"Unrecognized request argument supplied: {unknown[0]}", param=unknown[0])
             if unknown:
                 self.recorder.count_ignored(unknown)
-        if script.reasoning:  # the model reasons: a reasoning model's restrictions apply
+        model = body.get("model")
+        if script.reasoning and model not in script.also_serves:  # a reasoning model's restrictions apply
             for name, tail in persona.unsupported.items():
                 if body.get(name) is not None:
                     message = f"Unsupported parameter: '{name}' is not supported with this model.{tail}"
@@ -533,8 +537,8 @@ class SimApp:
                         "Only the default (1) value is supported."
                     )
                     raise _BadRequest(message, param=name, code="unsupported_value")
-        model = body.get("model")
-        if persona.unknown_model is not None and model is not None and model != script.model:
+        served = model == script.model or model in script.also_serves
+        if persona.unknown_model is not None and model is not None and not served:
             raise _BadRequest(persona.unknown_model.format(model=model), 404, "model", "model_not_found")
 
     @staticmethod
