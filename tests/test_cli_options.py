@@ -275,3 +275,24 @@ def test_a_grid_files_sampling_and_budget_sit_under_every_flag(
     _, settings = resumed_sweep(out, ModelFlags(min_p=0.1).overrides(), config=config)
     assert settings.sampling.temperature == 0.33 and settings.sampling.seed == 42
     assert (settings.sampling.top_k, settings.sampling.min_p) == (40, 0.1)
+
+
+@pytest.mark.slow
+def test_a_sweep_point_keeps_the_config_files_params_of_its_method(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    isolate(monkeypatch, tmp_path)
+    config = tmp_path / "cfg.toml"
+    config.write_text(
+        f'[endpoint]\nbase_url = "{sim.base_url}"\n'
+        '[method]\nname = "tmas"\n'
+        "params = { n = 3, m = 1, iterations = 1, sampling = { solution = { temperature = 0.11 } } }\n",
+        encoding="utf-8",
+    )
+    args = [*_command_args("sweep", tmp_path), "--config", str(config)]
+    # The point's own params win (n from the grid); the rest are the config file's, as tmas run keeps them.
+    args = [a if a != "cot" else "tmas" for a in args] + ["-g", "n=2"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    bodies = [entry.body for entry in sim.requests if entry.role == "solution"]
+    assert len(bodies) == 2 and {b["temperature"] for b in bodies} == {0.11}

@@ -118,8 +118,11 @@ class SweepPoint:
     studies: list[str] = field(default_factory=list)
 
     def settings(self, base: Settings) -> Settings:
+        """``base`` running this point: its method, with its params over those ``base`` configures for that method
+        (a config file's ``[method] params``, as ``tmas run`` keeps them), and its budget."""
         data = base.model_dump(mode="json")
-        data["method"] = {"name": self.method, "params": self.params}
+        configured = data["method"]["params"] if data["method"]["name"] == self.method else {}
+        data["method"] = {"name": self.method, "params": {**configured, **self.params}}
         data["budget"] = self.budget.model_dump(mode="json")
         return Settings.model_validate(data)
 
