@@ -38,6 +38,15 @@ async def test_embed_uses_the_embedding_role_endpoint(sim: SimServer, sim2: SimS
     assert [r.body["model"] for r in sim2.requests] == ["embedder"]
 
 
+async def test_embed_sends_the_embedding_roles_own_extra_body_only(sim: SimServer) -> None:
+    roles = {"embedding": {"sampling": {"extra_body": {"dimensions": 64}}}}
+    settings = settings_for(sim, roles=roles, sampling={"extra_body": {"top_k": 20}})
+    async with LLMClient(settings) as llm:
+        await llm.embed(["x"])
+    [request] = sim.requests
+    assert request.body == {"dimensions": 64, "model": "sim-model", "input": ["x"]}
+
+
 async def test_embed_retries_transient_faults(sim: SimServer) -> None:
     sim.set_script(SimScript(rules=[Rule(fault="http_503", times=2)]))
     async with LLMClient(settings_for(sim)) as llm:

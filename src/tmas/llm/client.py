@@ -163,11 +163,14 @@ class LLMClient:
 
     async def embed(self, texts: Sequence[str], *, role: str = "embedding") -> list[list[float]]:
         """``texts``' vectors from ``role``'s ``/v1/embeddings``, in order, with the caps and retry policy of chat
-        calls; :class:`LLMError` when refused or out of retries (:class:`EndpointUnreachable`: no replica answers)."""
+        calls; :class:`LLMError` when refused or out of retries (:class:`EndpointUnreachable`: no replica answers).
+        The role's own ``extra_body`` (``[roles.embedding.sampling]``: ``dimensions``, ``encoding_format``, ...) goes
+        in the body; the default sampling's, meant for chat, does not."""
         if not texts:
             return []
         route = self.route(role)
-        body = {"model": route.model, "input": list(texts)}
+        own = self.settings.roles.get(role)
+        body = {**(own.sampling.extra_body if own is not None else {}), "model": route.model, "input": list(texts)}
         attempts = self.policy.attempts()
         while True:
             attempts.begin()
