@@ -72,6 +72,14 @@ def test_solve_rejects_bad_questions(sim: SimServer, tmp_path: Path, content: by
     assert sim.stats().total_requests == 0
 
 
+def test_solve_rejects_an_argument_that_is_not_utf8(sim: SimServer) -> None:
+    # The byte 0xff in argv (Python hands it over as the lone surrogate U+DCFF).
+    out = tmas("solve", "What is \udcff 2?", "--base-url", sim.base_url)
+    assert out.returncode == 2
+    assert "tmas: error: the argument: question is not valid UTF-8 (byte 8)" in out.stderr.decode()
+    assert sim.stats().total_requests == 0
+
+
 @pytest.mark.slow
 def test_run_writes_a_run_directory_and_exports(sim: SimServer, tmp_path: Path) -> None:
     problems = write_problems(tmp_path / "p.jsonl", 6)
@@ -130,6 +138,8 @@ def test_bad_problem_files_fail_with_one_line_naming_the_place(
         ("concurrency = 'many'\n", "bad value for 'concurrency'"),
         ('[roles.wizard]\nmodel = "m"\n', "unknown role 'wizard'"),
         ("[endpoint\n", "not valid TOML"),
+        # inf is valid TOML, and no timeout (aiohttp cannot wait for it).
+        ("[endpoint]\ntimeout_s = inf\n", "bad value for 'endpoint.timeout_s': Input should be a finite number"),
     ],
 )
 def test_bad_config_is_one_line_exit_2(tmp_path: Path, toml: str, message: str) -> None:
@@ -139,6 +149,20 @@ def test_bad_config_is_one_line_exit_2(tmp_path: Path, toml: str, message: str) 
     err = out.stderr.decode().strip()
     assert out.returncode == 2
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_a_path_the_command_cannot_use_is_one_line(sim: SimServer, tmp_path: Path) -> None:
+    write_problems(tmp_path / "p.jsonl", 1)
+    (tmp_path / "taken").write_text("", encoding="utf-8")
+    for args, path in [
+        (("solve", "What is 1+1?", "--config", str(tmp_path)), tmp_path),  # a directory where a file goes
+        (("run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "taken"), "-m", "cot", "--base-url", sim.base_url),
+         tmp_path / "taken"),  # a file where a directory goes
+    ]:  # fmt: skip
+        out = tmas(*args)
+        errors = [line for line in out.stderr.decode().splitlines() if not line.startswith("tmas: estimate:")]
+        assert out.returncode in (1, 2) and len(errors) == 1, errors
+        assert errors[0].startswith(f"tmas: error: {path}"), errors
 
 
 def test_environment_variables_configure_the_endpoint(sim: SimServer) -> None:

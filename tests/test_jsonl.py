@@ -32,6 +32,9 @@ def test_lines_and_their_places_come_in_order_blank_ones_skipped(tmp_path: Path)
         (b"[1]", "r.jsonl:2: expected a JSON object, got list"),
         (b'{"a": "\xe9"}', "r.jsonl:2: not valid UTF-8"),
         (b'\xef\xbb\xbf{"a": 2}', "r.jsonl:2: not valid JSON"),  # a byte-order mark leads the file only
+        (b'{"a": ' + b"9" * 5000 + b"}", "r.jsonl:2: JSON this reader does not take: Exceeds the limit"),
+        (b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "r.jsonl:2: JSON this reader does not take: maximum"),
+        (b'{"a": "x \\ud800"}', "r.jsonl:2: a .u escape of half a UTF-16 surrogate pair"),
     ],
 )
 def test_a_bad_line_is_named_or_skipped_when_lenient(tmp_path: Path, line: bytes, message: str) -> None:
@@ -40,6 +43,12 @@ def test_a_bad_line_is_named_or_skipped_when_lenient(tmp_path: Path, line: bytes
     with pytest.raises(InputError, match=message):
         list(read_objects(path))
     assert [record for _, _, record in read_objects(path, lenient=True)] == [{"a": 1}, {"a": 3}]
+
+
+def test_an_escaped_surrogate_pair_is_one_character(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b'{"a": "\\ud83d\\ude00"}\n')
+    assert [record for _, _, record in read_objects(path)] == [{"a": "\U0001f600"}]
 
 
 def test_a_missing_file_is_a_one_line_error(tmp_path: Path) -> None:

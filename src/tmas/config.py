@@ -60,9 +60,10 @@ def _check_header(name: str | None) -> str | None:
 
 
 class Strict(BaseModel):
-    """Base for config models: unknown keys are errors, values are validated on assignment too."""
+    """Base for config models: unknown keys are errors, values are validated on assignment too, and a number is
+    finite (``inf`` or ``nan`` is no timeout, temperature or budget)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class Sampling(Strict):

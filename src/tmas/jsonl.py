@@ -51,6 +51,13 @@ def _object(raw: bytes, where: str) -> dict[str, Any] | None:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
         raise InputError(f"{where}: not valid JSON: {exc.msg} at column {exc.colno}") from None
+    except (ValueError, RecursionError) as exc:  # an integer of thousands of digits; arrays nested past the stack
+        raise InputError(f"{where}: JSON this reader does not take: {exc}") from None
     if not isinstance(record, dict):
         raise InputError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        # A \u escape of half a UTF-16 pair: valid JSON, but no text that holds it can be stored or sent.
+        raise InputError(f"{where}: a \\u escape of half a UTF-16 surrogate pair, which is no character") from None
     return record

@@ -51,7 +51,7 @@ def data_filter(
         int, typer.Option("--below", help="Keep problems solved fewer than this many times (paper: 2).")
     ] = 2,
     n: Annotated[int, typer.Option("-n", help="Problems to select from those kept (paper: 50).")] = 50,
-    limit: Annotated[int | None, typer.Option("--limit", help="Only the first N problems of the file.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N problems of the file.")] = None,
     grade: Annotated[str, typer.Option("--grade", help="Grading: rules, judge or combined.")] = "combined",
     judge_runs: Annotated[int, typer.Option("--judge-runs", help="Judge runs per sample (majority decides).")] = 1,
 ) -> None:
@@ -107,7 +107,7 @@ def data_lm_eval_task(
     temperature: Annotated[
         float, typer.Option("--temperature", help="Temperature of every upstream call (lm-eval's default: 0).")
     ] = 0.7,
-    limit: Annotated[int | None, typer.Option("--limit", help="Only the first N problems.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N problems.")] = None,
 ) -> None:
     """Write an lm-evaluation-harness task over the problems, to score `tmas serve` with lm-eval (docs/serve.md)."""
     from itertools import islice

@@ -59,7 +59,7 @@ app = typer.Typer(
 )
 
 # The option group every command that talks to a model shares is declared once, in tmas.cli.options.
-LimitOpt = Annotated[int | None, typer.Option("--limit", help="Only the first N problems.")]
+LimitOpt = Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N problems.")]
 # Every method's parameters and the stopping and confidence rules, at the end of --help of the commands with --param.
 METHOD_PARAMETERS = method_parameters_help()
 
@@ -92,7 +92,8 @@ def _read_question(question: str | None, file: Path | None) -> str:
         raw = sys.stdin.buffer.read()
         where = "standard input"
     else:
-        return question
+        # Bytes that are not UTF-8 reach argv as lone surrogates (Python's surrogateescape), which no text can hold.
+        raw, where = question.encode("utf-8", "surrogateescape"), "the argument"
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -606,6 +607,12 @@ def main() -> None:
     except TmasError as exc:
         typer.echo(f"tmas: error: {exc}", err=True)
         sys.exit(exc.exit_code)
+    except OSError as exc:
+        # A path the command cannot read or write (a directory where a file goes, a missing parent, a full disk):
+        # the system's own words, with the path.
+        where = f"{exc.filename}: " if exc.filename else ""
+        typer.echo(f"tmas: error: {where}{exc.strerror or exc}", err=True)
+        sys.exit(1)
     except ModuleNotFoundError as exc:
         # A module of an extra that is not installed: say which extra, in one line (anything else is a bug).
         message = missing_extra(exc.name, sys.argv[1:])

@@ -28,7 +28,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON object a line in
 @pool_app.command("show")
 def show(
     pool: PoolArg,
-    limit: Annotated[int | None, typer.Option("--limit", "-n", help="Only the first N entries.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", "-n", min=1, help="Only the first N entries.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Print the pool's metadata and its entries."""

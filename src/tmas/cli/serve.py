@@ -23,7 +23,7 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="Address to listen on (beyond loopback: --token-env needed).")] = (
         "127.0.0.1"
     ),
-    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8080,
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")] = 8080,
     serve_dir: Annotated[
         Path, typer.Option("--dir", "-o", help="Where each request's run is kept (viewable with tmas view).")
     ] = Path("serve-runs"),

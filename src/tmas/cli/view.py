@@ -19,7 +19,7 @@ def view(
         list[Path], typer.Argument(help="Run directories, or directories of runs (tmas serve --dir, sweeps).")
     ],
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8090,
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")] = 8090,
 ) -> None:
     """Show runs, problems, iterations, memory banks and every call, updating live; never writes to a run."""
     import uvicorn
