@@ -96,6 +96,11 @@ def test_run_writes_a_run_directory_and_exports(sim: SimServer, tmp_path: Path) 
     calls = tmas("export", str(run_dir), "--calls", "-o", str(tmp_path / "calls.jsonl"))
     assert calls.returncode == 0
     assert len((tmp_path / "calls.jsonl").read_text().splitlines()) == 6
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["calls.jsonl", "p.jsonl"]
+    # Exported onto the run's own store: refused, and the run is whole.
+    onto = tmas("export", str(run_dir), "-o", str(tmp_path / "." / "run" / "run.sqlite"))
+    assert onto.returncode == 2 and "is the run's own store" in onto.stderr.decode()
+    assert tmas("export", str(run_dir)).stdout == exported.stdout
 
 
 @pytest.mark.slow

@@ -277,21 +277,26 @@ def export(
     calls: Annotated[bool, typer.Option("--calls", help="Export every LLM call instead of the results.")] = False,
 ) -> None:
     """Write a run's results (or calls) as JSONL."""
-    from tmas.store.run_store import RunStore
+    from tmas.store.run_store import DB_NAME, RunStore
 
+    if out is not None and out.resolve().parent == run_dir.resolve() and out.name.startswith(DB_NAME):
+        raise InputError(f"--out {out} is the run's own store: export to another file")
     with RunStore(run_dir, create=False) as store:
         rows: Iterator[dict[str, Any]] = (
             (c.model_dump(mode="json") for c in store.calls())
             if calls
             else (r.model_dump(mode="json") for r in store.results())
         )
-        handle = out.open("w", encoding="utf-8") if out else sys.stdout
-        try:
+        if out is None:
+            for row in rows:
+                sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
+            return
+        # Written beside it, then put in its place: an export cut short leaves an earlier file as it was.
+        part = out.with_name(f"{out.name}.part")
+        with part.open("w", encoding="utf-8") as handle:
             for row in rows:
                 handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-        finally:
-            if out:
-                handle.close()
+        part.replace(out)
 
 
 @app.command()
