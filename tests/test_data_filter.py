@@ -12,12 +12,13 @@ from typing import Any, ClassVar
 import pytest
 
 from conftest import run_tmas, scripted_settings
-from scripted_runs import by_role
+from scripted_runs import by_role, scripted_run
 from tmas.data.difficulty_filter import FilterCard, filter_settings, run_filter
-from tmas.errors import ConfigError
+from tmas.errors import ConfigError, InputError
 from tmas.grading.grades import GradeConfig
 from tmas.methods import METHODS, register_method
 from tmas.methods.traits import Traits
+from tmas.problems import Problem
 from tmas.store.run_store import RunStore
 from tmas.testing import ScriptedModel, SimScript, SimServer
 from tmas.testing.script import Rule
@@ -91,6 +92,15 @@ async def test_filter_keeps_the_problems_solved_fewer_than_t_times_and_selects_n
     assert again.calls == []
     # Seed 7 draws epsilon, beta and gamma of the four kept (listed in file order).
     assert json.loads((tmp_path / "bench-hard.card.json").read_text())["selected"] == ["beta", "gamma", "epsilon"]
+
+    # The samples of another k, or a run no filter made, are not sampled over.
+    with pytest.raises(InputError, match=r"holds the samples of a filter of bench with k=4, not of bench with k=2"):
+        await run_filter(problems, run_dir, out, model.settings, GradeConfig(mode="rules"), k=2, below=2, n=1, seed=0)
+    other = tmp_path / "other-run"
+    await scripted_run(on_model(script(), 1), other, [Problem(problem_id="a", question="What is 2+3?", answer="5")])
+    with pytest.raises(InputError, match=r"other-run holds no filter's samples, not of bench with k=4"):
+        await run_filter(problems, other, out, model.settings, GradeConfig(mode="rules"), k=4, below=2, n=1, seed=0)
+    assert again.calls == []
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ from tmas.methods import METHODS, method_names
 from tmas.problems import Problem, dataset_name, load_problems
 from tmas.runner import RunState, prepare_run, run_problems
 from tmas.store.records import ProblemResult
+from tmas.store.run_store import DB_NAME, RunStore
 
 # The paper's sampling for the filter runs (section 4.1), used where the user set none of their own.
 PAPER_SAMPLING = {"temperature": 1.0, "top_p": 0.95}
@@ -105,6 +106,11 @@ def sampling_method(settings: Settings, method: str | None = None) -> str:
     if found is None:
         raise ConfigError(f"no registered method draws independent samples (methods: {method_names()})")
     return found
+
+
+# What a filter's run directory records of the filter that made it (its problems' name and k), so that a resume
+# samples the same filter's problems and no other run is sampled over.
+FILTER_META = "filter"
 
 
 def filter_settings(settings: Settings, k: int, flags: set[str], method: str | None = None) -> Settings:
@@ -231,13 +237,23 @@ async def run_filter(
     if k < 1 or below < 1 or n < 1:
         raise InputError("the filter needs k >= 1, --below >= 1 and -n >= 1")
     own = model is not None
-    if (run_dir / "run.sqlite").exists():
+    made = {"source": dataset_name(source), "k": k}
+    if (run_dir / DB_NAME).exists():
+        with RunStore(run_dir, read_only=True) as earlier:
+            found = earlier.get_meta(FILTER_META)
+        if found != made:
+            # Another run (or another filter's samples) is not sampled again under this filter's settings.
+            what = (
+                f"the samples of a filter of {found['source']} with k={found['k']}" if found else "no filter's samples"
+            )
+            raise InputError(f"--run-dir {run_dir} holds {what}, not of {made['source']} with k={k}: give another")
         store, settings, todo = prepare_run(run_dir, settings, None, resume=True, own_model=own)
     else:
         problems = load_problems(source)
         chosen = problems[:limit] if limit else problems
         store, settings, todo = prepare_run(run_dir, settings, chosen, resume=False, own_model=own)
         store.set_meta("dataset", dataset_name(source))
+        store.set_meta(FILTER_META, made)
     with store:
         await run_problems(settings, todo, store, state=RunState(), model=model)
         grades = await grade_run(store, grading, settings, model=model)
