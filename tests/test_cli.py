@@ -104,6 +104,22 @@ def test_run_writes_a_run_directory_and_exports(sim: SimServer, tmp_path: Path) 
 
 
 @pytest.mark.slow
+def test_a_resume_keeps_the_runs_method(sim: SimServer, tmp_path: Path) -> None:
+    write_problems(tmp_path / "p.jsonl", 1)
+    run_dir = str(tmp_path / "run")
+    assert tmas("run", str(tmp_path / "p.jsonl"), "-o", run_dir, "--base-url", sim.base_url, "-m", "cot").returncode == 0
+    before = tmas("export", run_dir).stdout
+    other = tmas("run", "--resume", run_dir, "-m", "majority", "-y")
+    assert other.returncode == 2 and "made with method 'cot': resumed with 'majority'" in other.stderr.decode()
+    # A config file naming no method continues the run's own: its finished problem is not solved again.
+    config = tmp_path / "cfg.toml"
+    config.write_text(f'[endpoint]\nbase_url = "{sim.base_url}"\n', encoding="utf-8")
+    again = tmas("run", "--resume", run_dir, "--config", str(config))
+    assert again.returncode == 0, again.stderr.decode()
+    assert json.loads(again.stdout)["calls"] == 0 and tmas("export", run_dir).stdout == before
+
+
+@pytest.mark.slow
 def test_run_refuses_to_overwrite_a_run(sim: SimServer, tmp_path: Path) -> None:
     write_problems(tmp_path / "p.jsonl", 1)
     args = ("run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "--base-url", sim.base_url, "-m", "cot")

@@ -187,13 +187,24 @@ def resume_settings(
     *,
     config: str | Path | None = None,
     params: dict[str, Any] | None = None,
+    same_method: bool = True,
 ) -> Settings:
     """A resumed run's settings: the ``stored`` ones with every dotted-key override given now (None = not given)
     and method ``params`` on top. A ``config`` file replaces the stored settings (read with the environment, as a
-    new run's are); without one the environment is not read again: a run continues as it was set up unless a flag
-    says otherwise. The CLI's ``run --resume`` and ``sweep --resume`` and :func:`tmas.api.aresume` use this rule."""
+    new run's are), its method and parameters the stored ones where it names none; without one the environment is
+    not read again: a run continues as it was set up unless a flag says otherwise. ``same_method``: another method
+    than the stored one is refused (it would solve every finished problem again and replace its result). The CLI's
+    ``run --resume`` and ``sweep --resume`` (whose points set their own methods) and :func:`tmas.api.aresume` use
+    this rule."""
     fresh = config is not None
     settings = load_settings(config, overrides=overrides) if fresh else with_overrides(stored, overrides)
+    if fresh and "method" not in settings.model_fields_set:
+        settings = settings.model_copy(update={"method": stored.method})
+    if same_method and settings.method.name != stored.method.name:
+        raise InputError(
+            f"the run was made with method {stored.method.name!r}: resumed with {settings.method.name!r}, every"
+            " finished result would be replaced; start a new run for it"
+        )
     return with_method_params(settings, params)
 
 

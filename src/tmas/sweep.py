@@ -269,7 +269,7 @@ def resumed_sweep(
     manifest = read_manifest(sweep_dir)
     spec = SweepSpec.model_validate(manifest["spec"])
     stored = Settings.model_validate(manifest["settings"])
-    settings = resume_settings(stored, overrides, config=config)
+    settings = resume_settings(stored, overrides, config=config, same_method=False)
     if config is not None:
         # A config file read afresh holds none of the grid's sampling: it goes on again, under the flags given now.
         given = {
