@@ -107,7 +107,9 @@ def test_run_writes_a_run_directory_and_exports(sim: SimServer, tmp_path: Path) 
 def test_a_resume_keeps_the_runs_method(sim: SimServer, tmp_path: Path) -> None:
     write_problems(tmp_path / "p.jsonl", 1)
     run_dir = str(tmp_path / "run")
-    assert tmas("run", str(tmp_path / "p.jsonl"), "-o", run_dir, "--base-url", sim.base_url, "-m", "cot").returncode == 0
+    assert (
+        tmas("run", str(tmp_path / "p.jsonl"), "-o", run_dir, "--base-url", sim.base_url, "-m", "cot").returncode == 0
+    )
     before = tmas("export", run_dir).stdout
     other = tmas("run", "--resume", run_dir, "-m", "majority", "-y")
     assert other.returncode == 2 and "made with method 'cot': resumed with 'majority'" in other.stderr.decode()

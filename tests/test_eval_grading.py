@@ -145,3 +145,21 @@ async def test_a_judge_of_ones_own_needs_no_endpoint_in_any_settings(tmp_path: P
     regraded = await grade_run(store, config, None, regrade=True, model=again)
     assert regraded.verdicts == grades.verdicts and again.calls == []
     store.close()
+
+
+async def test_verdicts_a_judge_outage_left_undecided_are_asked_again(tmp_path: Path) -> None:
+    store = await _cot_run(tmp_path / "run", [Problem(problem_id="a", question="What is 6*7?", answer="41")])
+    config = GradeConfig(mode="judge", judge_runs=1)
+    down = ScriptedModel(SimScript(rules=[Rule(role="judge", fault="http_500")]), scripted_settings())
+    grades = await grade_run(store, config, None, model=down)
+    assert grades.verdicts[("a", 0, 0)] == [None]
+    assert any("left undecided by failed calls" in note for note in grades.notes)
+    # Graded again with the judge back: the undecided verdicts are asked, the stored ones not reused.
+    back = _judge('{"reasoning": "r", "equivalent": true}')
+    again = await grade_run(store, config, None, model=back)
+    assert again.verdicts[("a", 0, 0)] == [True] and len(back.calls_of("judge")) == 1
+    assert not any("failed calls" in note for note in again.notes)
+    # Decided verdicts are kept: a third grading asks nothing.
+    third = _judge('{"reasoning": "r", "equivalent": false}')
+    assert (await grade_run(store, config, None, model=third)).verdicts == again.verdicts and third.calls == []
+    store.close()

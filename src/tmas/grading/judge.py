@@ -29,6 +29,8 @@ from tmas.llm.types import CallKey, Usage
 from tmas.store.run_store import GradeRow
 
 JUDGE_ROLE = "judge"
+# How a verdict left undecided by failed calls says so.
+CALL_FAILED = "judge call failed"
 # What the judge sees of a candidate with no extracted answer: the end of its text, where a final result would be.
 STUDENT_TAIL_CHARS = 2000
 _FENCE = re.compile(r"^```(?:json)?\s*|\s*```$", re.I)
@@ -136,7 +138,7 @@ async def judge_once(
         reply = await llm.chat(JUDGE_ROLE, messages, key=key, sampling=sampling, reply_model=JudgeReplyFormat)
         usage = usage + reply.usage
         if not reply.ok:
-            detail = f"judge call failed: {reply.error}"
+            detail = f"{CALL_FAILED}: {reply.error}"
             continue
         parsed = parse_judge_reply(reply.content)
         if parsed is not None:
@@ -203,13 +205,16 @@ async def _judge_items(
         student = item.answer if item.answer is not None else item.text
         for run in range(config.judge_runs):
             row = context.stored.get((item.key, JUDGE_ROLE, run))
-            if row is not None and row.answer == item.answer:
+            # An undecided verdict is asked again: a judge that was down is asked anew, and unreadable replies come
+            # back from the store's calls at no cost.
+            if row is not None and row.answer == item.answer and row.verdict is not None:
                 out[(item.key, run)] = row.verdict
             else:
                 groups[(item.problem.problem_id, student, run)].append(item)
     if not groups:
         return out
     gate = asyncio.Semaphore(config.judge_concurrency)
+    details: list[str] = []
     async with context.open_judge(settings) as llm:
 
         async def one(pid: str, student: str, run: int, members: list[Item]) -> None:
@@ -226,10 +231,15 @@ async def _judge_items(
                 )
             grades.judge_calls += verdict.attempts
             grades.judge_usage = grades.judge_usage + verdict.usage
+            details.append(verdict.detail)
             rows = [GradeRow(*m.key, JUDGE_ROLE, run, m.answer, verdict.correct, verdict.detail) for m in members]
             for m in members:
                 out[(m.key, run)] = verdict.correct
             store.save_grades(rows)
 
         await asyncio.gather(*(one(pid, s, r, members) for (pid, s, r), members in groups.items()))
+    if failed := sum(detail.startswith(CALL_FAILED) for detail in details):
+        grades.notes.append(
+            f"{failed} of the judge's questions were left undecided by failed calls: grading again asks them again"
+        )
     return out
