@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -135,6 +136,7 @@ def test_stream_shows_progress_then_the_answer_and_usage(sim: SimServer, proxy: 
         model="tmas/sim-model",
         messages=[{"role": "user", "content": "What is 12*12?"}],
         stream=True,
+        stream_options={"include_usage": True},
         extra_body={"tmas": {"n": 2, "m": 1, "iterations": 2}},
     )
     chunks = list(stream)
@@ -157,6 +159,25 @@ def test_stream_shows_progress_then_the_answer_and_usage(sim: SimServer, proxy: 
     usage = chunks[-1].usage
     assert usage is not None and usage.total_tokens == sim.stats().prompt_tokens + sim.stats().completion_tokens
     assert chunks[last_progress].choices[0].finish_reason == "stop"
+    # As OpenAI streams it: the usage chunk alone has no choices, every other says "usage": null.
+    assert chunks[-1].choices == [] and all(c.choices and c.usage is None for c in chunks[:-1])
+
+
+def test_a_stream_not_asked_for_usage_has_a_choice_in_every_chunk(sim: SimServer, proxy: ProxyThread) -> None:
+    question = [{"role": "user", "content": "What is 12*12?"}]
+    stream = client(proxy).chat.completions.create(model="cot/sim-model", messages=question, stream=True)
+    # The common client loop reads choices[0] of every chunk.
+    assert "\\boxed{144}" in "".join(chunk.choices[0].delta.content or "" for chunk in stream)
+    raw = httpx.post(
+        f"{proxy.url}/v1/chat/completions", json={"model": "cot/sim-model", "messages": question, "stream": True}
+    )
+    events = [json.loads(line[6:]) for line in raw.text.splitlines() if line.startswith("data: {")]
+    assert events and all(e["choices"] and "usage" not in e for e in events)
+    # "stream": null is no stream, as OpenAI reads it.
+    plain = httpx.post(
+        f"{proxy.url}/v1/chat/completions", json={"model": "cot/sim-model", "messages": question, "stream": None}
+    )
+    assert plain.status_code == 200 and plain.json()["object"] == "chat.completion"
 
 
 def test_majority_and_cot_are_served_too(sim: SimServer, proxy: ProxyThread) -> None:

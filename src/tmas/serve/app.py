@@ -203,7 +203,8 @@ class ServeApp:
                 self.metrics.admitted(0.0)
             queue = _follow(job, gone)
             created = job.created
-            yield sse(chunk_body(job.run_id, model, created, {"role": "assistant", "content": ""}))
+            usage = body.include_usage
+            yield sse(chunk_body(job.run_id, model, created, {"role": "assistant", "content": ""}, with_usage=usage))
             while True:
                 try:
                     event = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
@@ -213,7 +214,7 @@ class ServeApp:
                 if event is None:
                     break
                 delta = {"reasoning_content": event.line() + "\n"}
-                yield sse(chunk_body(job.run_id, model, created, delta, progress=event.model_dump()))
+                yield sse(chunk_body(job.run_id, model, created, delta, with_usage=usage, progress=event.model_dump()))
             try:
                 result = job.outcome()
             except ApiError as exc:
@@ -221,10 +222,12 @@ class ServeApp:
                 yield sse(exc.body())
             else:
                 text = cut_at_stop(result.text, body.stop_sequences())
-                yield sse(chunk_body(job.run_id, model, created, {"content": text}))
+                yield sse(chunk_body(job.run_id, model, created, {"content": text}, with_usage=usage))
                 done = self._extension(job, result, body, method)
-                yield sse(chunk_body(job.run_id, model, created, {}, finish_reason="stop", progress=done))
-                yield sse(chunk_body(job.run_id, model, created, None, usage=result.usage))
+                end = chunk_body(job.run_id, model, created, {}, finish_reason="stop", with_usage=usage, progress=done)
+                yield sse(end)
+                if usage:
+                    yield sse(chunk_body(job.run_id, model, created, None, usage=result.usage))
             yield "data: [DONE]\n\n"
         except (asyncio.CancelledError, GeneratorExit):
             status = CLIENT_CLOSED  # cut short: the client went away (or the server is stopping)

@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tmas.agents.templates import render
 from tmas.llm.types import Usage
@@ -42,6 +42,13 @@ class ChatMessageIn(BaseModel):
         return "\n".join(texts)
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    # A last chunk with the whole reply's usage and no choices (every chunk before it carries "usage": null).
+    include_usage: bool | None = None
+
+
 class ChatBody(BaseModel):
     """A ``/v1/chat/completions`` body. Fields the proxy does not use are ignored, as OpenAI's server does."""
 
@@ -50,6 +57,7 @@ class ChatBody(BaseModel):
     model: str
     messages: list[ChatMessageIn] = Field(min_length=1)
     stream: bool = False
+    stream_options: StreamOptions | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -61,6 +69,16 @@ class ChatBody(BaseModel):
     n: int | None = Field(default=None, ge=1)
     # Method parameters (extra_body={"tmas": {...}}), validated by the method's own model.
     tmas: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("stream", mode="before")
+    @classmethod
+    def _null_is_not_streamed(cls, value: object) -> object:
+        return False if value is None else value  # null as OpenAI reads it
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk (``stream_options.include_usage``)."""
+        return bool(self.stream_options and self.stream_options.include_usage)
 
     @classmethod
     def parse(cls, raw: bytes) -> ChatBody:
@@ -188,9 +206,11 @@ def chunk_body(
     *,
     finish_reason: str | None = None,
     usage: Usage | None = None,
+    with_usage: bool = False,
     progress: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One ``chat.completion.chunk``; with ``delta`` None it is the final usage chunk (no choices)."""
+    """One ``chat.completion.chunk``; with ``delta`` None it is the final usage chunk (no choices). ``with_usage``:
+    the stream reports usage (``stream_options.include_usage``), so a chunk without it says "usage": null."""
     body: dict[str, Any] = {
         "id": run_id,
         "object": "chat.completion.chunk",
@@ -198,8 +218,8 @@ def chunk_body(
         "model": model,
         "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
     }
-    if usage is not None:
-        body["usage"] = usage_body(usage)
+    if usage is not None or with_usage:
+        body["usage"] = None if usage is None else usage_body(usage)
     if progress is not None:
         body["tmas_progress"] = progress
     return body
