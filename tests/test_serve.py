@@ -440,7 +440,8 @@ def test_every_run_store_is_closed_by_the_time_the_server_has_stopped(sim: SimSe
 
 
 @pytest.mark.slow
-def test_the_same_request_twice_at_once_is_one_run(sim: SimServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("seed", [7, None])
+def test_the_same_seeded_request_twice_at_once_is_one_run(sim: SimServer, tmp_path: Path, seed: int | None) -> None:
     sim.set_script(SimScript(rules=[Rule(role="solution", latency_s=0.5)]))
     replies: list[Any] = []
     with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
@@ -451,6 +452,7 @@ def test_the_same_request_twice_at_once_is_one_run(sim: SimServer, tmp_path: Pat
                 api.chat.completions.create(
                     model="majority/sim-model",
                     messages=[{"role": "user", "content": "What is 11*11?"}],
+                    seed=seed,
                     extra_body={"tmas": {"k": 3}},
                 )
             )
@@ -460,9 +462,16 @@ def test_the_same_request_twice_at_once_is_one_run(sim: SimServer, tmp_path: Pat
             thread.start()
         for thread in threads:
             thread.join()
-    assert len(replies) == 2 and replies[0].id == replies[1].id
-    assert replies[0].choices[0].message.content == replies[1].choices[0].message.content
-    assert len(runs_in(tmp_path / "served")) == 1 and sim.stats().total_requests == 3
+    assert len(replies) == 2
+    if seed is not None:
+        # A retry, or lm-eval's repeats: the same reply.
+        assert replies[0].id == replies[1].id
+        assert replies[0].choices[0].message.content == replies[1].choices[0].message.content
+        assert len(runs_in(tmp_path / "served")) == 1 and sim.stats().total_requests == 3
+    else:
+        # Without a seed each request is a sample of its own, as at OpenAI.
+        assert replies[0].id != replies[1].id
+        assert len(runs_in(tmp_path / "served")) == 2 and sim.stats().total_requests == 6
 
 
 def test_an_unreachable_upstream_is_a_502_and_the_run_stays_resumable(sim: SimServer, tmp_path: Path) -> None:

@@ -163,9 +163,10 @@ class ServedRuns:
         """The job answering ``body`` (the same request's active run, or its run started in a free slot), or its
         place in the queue. A bad parameter is a 400 and a full queue a 429, both before any waiting."""
         fingerprint = body.fingerprint()
-        job = self.active.get(fingerprint)
+        job = self._joined(body, fingerprint)
         if job is not None:
             return job
+        fingerprint = self._own_key(body, fingerprint)
         params = self._params(method, body)
         turn = self.admission.enter()
         if turn is not None:
@@ -179,12 +180,26 @@ class ServedRuns:
         except BaseException:
             self.admission.leave(waiting.turn)
             raise
-        job = self.active.get(waiting.fingerprint)
+        job = self._joined(waiting.body, waiting.fingerprint)
         if job is not None:
             # The same request arrived again meanwhile and got its run going: follow that, and pass the slot on.
             self.admission.release()
             return job
-        return self._open_held(waiting.body, waiting.method, waiting.upstream, waiting.params, waiting.fingerprint)
+        fingerprint = self._own_key(waiting.body, waiting.fingerprint)
+        return self._open_held(waiting.body, waiting.method, waiting.upstream, waiting.params, fingerprint)
+
+    def _joined(self, body: ChatBody, fingerprint: str) -> Job | None:
+        """The active run a request with a ``seed`` joins: the same seeded request running already (a retry, or
+        lm-eval's repeats), whose reply is its reply. A request without one is a sample of its own, as at OpenAI."""
+        return self.active.get(fingerprint) if body.seed is not None else None
+
+    def _own_key(self, body: ChatBody, fingerprint: str) -> str:
+        """The key a request's run is kept under: its fingerprint, or, for a request without a seed whose twin is
+        running, one of its own (so its twin's run is not taken over; an unfinished run of an earlier twin that
+        went away is resumed by the plain fingerprint)."""
+        if fingerprint in self.active:
+            return f"{fingerprint}-{secrets.token_hex(4)}"
+        return fingerprint
 
     def _open_held(self, body: ChatBody, method: str, upstream: str, params: dict[str, Any], fingerprint: str) -> Job:
         """Start ``body``'s run in the slot the caller holds (given back if the run cannot start)."""
