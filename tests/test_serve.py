@@ -163,6 +163,20 @@ def test_stream_shows_progress_then_the_answer_and_usage(sim: SimServer, proxy: 
     assert chunks[-1].choices == [] and all(c.choices and c.usage is None for c in chunks[:-1])
 
 
+def test_a_reply_cut_at_max_tokens_says_length(sim: SimServer, proxy: ProxyThread) -> None:
+    api = client(proxy)
+    question = [{"role": "user", "content": "What is 17*23?"}]
+    cut = api.chat.completions.create(model="cot/sim-model", messages=question, max_tokens=8)
+    assert cut.choices[0].finish_reason == "length" and cut.choices[0].message.content
+    streamed = list(api.chat.completions.create(model="cot/sim-model", messages=question, max_tokens=8, stream=True))
+    assert [c.choices[0].finish_reason for c in streamed if c.choices[0].finish_reason] == ["length"]
+    # Whole, or cut at a stop sequence: "stop".
+    whole = api.chat.completions.create(model="cot/sim-model", messages=question)
+    assert whole.choices[0].finish_reason == "stop"
+    stopped = api.chat.completions.create(model="cot/sim-model", messages=question, max_tokens=8, stop=[" "])
+    assert stopped.choices[0].finish_reason == "stop"
+
+
 def test_a_stream_not_asked_for_usage_has_a_choice_in_every_chunk(sim: SimServer, proxy: ProxyThread) -> None:
     question = [{"role": "user", "content": "What is 12*12?"}]
     stream = client(proxy).chat.completions.create(model="cot/sim-model", messages=question, stream=True)

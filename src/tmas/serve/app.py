@@ -25,7 +25,7 @@ from tmas.serve.client_sampling import greedy_notice
 from tmas.serve.jobs import Job, ServedRuns, Waiting
 from tmas.serve.metrics import CLIENT_CLOSED, UNKNOWN_METHOD, ServeMetrics
 from tmas.serve.observed_store import Progress
-from tmas.serve.protocol import ChatBody, chunk_body, completion_body, cut_at_stop, split_model
+from tmas.serve.protocol import ChatBody, chunk_body, completion_body, cut_at_stop, finish_reason, split_model
 
 log = logging.getLogger("tmas.serve")
 
@@ -158,7 +158,8 @@ class ServeApp:
         extension = self._extension(job, result, body, method)
         extension["calls"] = result.calls
         text = cut_at_stop(result.text, body.stop_sequences())
-        return JSONResponse(completion_body(job.run_id, body.model, job.created, text, result.usage, extension))
+        finish = finish_reason(result, text)
+        return JSONResponse(completion_body(job.run_id, body.model, job.created, text, finish, result.usage, extension))
 
     def _extension(self, job: Job, result: ProblemResult, body: ChatBody, method: str) -> dict[str, Any]:
         """What a tmas-aware client may read beside the reply: the run, the extracted answer, the notices."""
@@ -224,7 +225,8 @@ class ServeApp:
                 text = cut_at_stop(result.text, body.stop_sequences())
                 yield sse(chunk_body(job.run_id, model, created, {"content": text}, with_usage=usage))
                 done = self._extension(job, result, body, method)
-                end = chunk_body(job.run_id, model, created, {}, finish_reason="stop", with_usage=usage, progress=done)
+                finish = finish_reason(result, text)
+                end = chunk_body(job.run_id, model, created, {}, finish_reason=finish, with_usage=usage, progress=done)
                 yield sse(end)
                 if usage:
                     yield sse(chunk_body(job.run_id, model, created, None, usage=result.usage))

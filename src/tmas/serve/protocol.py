@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tmas.agents.templates import render
 from tmas.llm.types import Usage
 from tmas.serve.api_errors import ApiError
+from tmas.store.records import ProblemResult
 
 # OpenAI's limit on stop sequences.
 MAX_STOP = 4
@@ -144,6 +145,15 @@ class ChatBody(BaseModel):
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:24]
 
 
+def finish_reason(result: ProblemResult, reply: str) -> str:
+    """The reply's ``finish_reason``: "length" where it is a candidate's whole text and that candidate's call was cut
+    at max_tokens (a client then reads the reply as cut short), else "stop" (it ended, or a stop sequence cut it)."""
+    if not reply or reply != result.text:
+        return "stop"
+    cut = any(c.finish_reason == "length" and c.text == reply for r in result.iterations for c in r.candidates)
+    return "length" if cut else "stop"
+
+
 def cut_at_stop(text: str, stops: list[str]) -> str:
     """``text`` up to the first of ``stops`` (the sequence excluded), as an OpenAI server ends a reply."""
     ends = [i for i in (text.find(stop) for stop in stops) if i >= 0]
@@ -182,7 +192,7 @@ def usage_body(usage: Usage) -> dict[str, Any]:
 
 
 def completion_body(
-    run_id: str, model: str, created: int, text: str, usage: Usage, extension: dict[str, Any]
+    run_id: str, model: str, created: int, text: str, finish: str, usage: Usage, extension: dict[str, Any]
 ) -> dict[str, Any]:
     return {
         "id": run_id,
@@ -190,7 +200,7 @@ def completion_body(
         "created": created,
         "model": model,
         "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop", "logprobs": None}
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish, "logprobs": None}
         ],
         "usage": usage_body(usage),
         # What a plain OpenAI client ignores and a tmas-aware one may read: the run, the extracted answer.
