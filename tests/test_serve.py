@@ -59,6 +59,12 @@ def test_the_problem_is_the_last_user_message_with_the_rest_as_data() -> None:
     again = ChatBody.parse(b'{"model": "cot/m", "messages": [{"role": "user", "content": "What is 2+2?"}]}')
     other = ChatBody.parse(b'{"model": "cot/m", "messages": [{"role": "user", "content": "What is 2+2?"}], "seed": 1}')
     assert alone.fingerprint() == again.fingerprint() != other.fingerprint()
+    # A tool's result or an assistant's start after the last user message would go unread: refused.
+    for role in ("tool", "assistant"):
+        tail = {"model": "cot/m", "messages": [{"role": "user", "content": "2+2?"}, {"role": role, "content": "x"}]}
+        with pytest.raises(ApiError, match=rf"messages\[1\] \({role}\) follows the last user message") as caught:
+            ChatBody.parse(json.dumps(tail).encode()).question()
+        assert caught.value.status == 400 and caught.value.param == "messages"
 
 
 def test_model_names_split_at_the_first_slash() -> None:

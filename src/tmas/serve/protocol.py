@@ -125,6 +125,17 @@ class ChatBody(BaseModel):
         last = max((i for i, m in enumerate(self.messages) if m.role == "user"), default=None)
         if last is None:
             raise ApiError(400, "the messages hold no user message (the problem)", "invalid_value", "messages")
+        after = self.messages[last + 1 :]
+        if after:
+            # A method answers the last user message: a tool's result or an assistant's start after it would be
+            # dropped unread, so it is refused instead.
+            raise ApiError(
+                400,
+                f"messages[{last + 1}] ({after[0].role}) follows the last user message: a method answers that message,"
+                " so nothing may follow it",
+                "invalid_value",
+                "messages",
+            )
         problem = self.messages[last].text(f"messages[{last}]")
         if not problem.strip():
             raise ApiError(400, f"messages[{last}]: the problem (last user message) is empty", "invalid_value")
