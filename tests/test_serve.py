@@ -183,6 +183,17 @@ def test_a_reply_cut_at_max_tokens_says_length(sim: SimServer, proxy: ProxyThrea
     assert stopped.choices[0].finish_reason == "stop"
 
 
+def test_a_request_the_upstream_refuses_is_a_400_no_client_retries(sim: SimServer, proxy: ProxyThread) -> None:
+    sim.set_script(SimScript(rules=[Rule(role="solution", fault="http_400")]))
+    # As the OpenAI SDK sends it by default: a 502 it retries twice, a 400 never.
+    api = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", timeout=30)
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.chat.completions.create(model="cot/sim-model", messages=[{"role": "user", "content": "What is 1+1?"}])
+    assert caught.value.code == "upstream_refused" and "HTTP 400 from the upstream" in caught.value.message
+    assert sim.base_url not in caught.value.message
+    assert len(sim.chat_bodies("solution")) == 1
+
+
 def test_a_stream_not_asked_for_usage_has_a_choice_in_every_chunk(sim: SimServer, proxy: ProxyThread) -> None:
     question = [{"role": "user", "content": "What is 12*12?"}]
     stream = client(proxy).chat.completions.create(model="cot/sim-model", messages=question, stream=True)
@@ -508,6 +519,8 @@ def test_an_unreachable_upstream_is_a_502_and_the_run_stays_resumable(sim: SimSe
         assert caught.value.status_code == 502 and caught.value.code == "upstream_error"
         message = caught.value.message
         assert "cannot connect" in message and "send the request again" in message
+        # The operator's own: the upstream's address, the advice on flags and commands, the server's paths.
+        assert dead not in message and "--base-url" not in message and "tmas models" not in message
         assert str(tmp_path) not in message and "Traceback" not in message
     [run_dir] = runs_in(tmp_path / "served")
     with RunStore(run_dir, read_only=True) as store:

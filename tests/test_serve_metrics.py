@@ -58,7 +58,7 @@ def test_metrics_count_a_scripted_load_exactly(sim: SimServer, tmp_path: Path) -
     sim.set_script(
         SimScript(
             rules=[
-                # A client error upstream is final (not retried): its request fails with a 502.
+                # A client error upstream is final (not retried): its request fails with a 400, the upstream's.
                 Rule(role="solution", pattern="fails for good", fault="http_400"),
                 # A busy upstream once: the call is retried and succeeds.
                 Rule(role="solution", pattern="busy once", fault="http_503", times=1),
@@ -102,7 +102,7 @@ def test_metrics_count_a_scripted_load_exactly(sim: SimServer, tmp_path: Path) -
 
         assert ask(proxy, "cot/sim-model", "What is 5*5? busy once")[0] == 200
         assert ask(proxy, "tmas/sim-model", "What is 17*23?", tmas={"n": 2, "m": 1, "iterations": 1})[0] == 200
-        assert ask(proxy, "cot/sim-model", "This one fails for good.")[0] == 502
+        assert ask(proxy, "cot/sim-model", "This one fails for good.")[0] == 400
         assert ask(proxy, "nosuch/sim-model", "What is 1+1?")[0] == 404
         assert ask(proxy, "tmas/sim-model", "What is 1+1?", tmas={"nn": 2})[0] == 400
         streamed = client(proxy).chat.completions.create(
@@ -112,12 +112,12 @@ def test_metrics_count_a_scripted_load_exactly(sim: SimServer, tmp_path: Path) -
 
         _, after = scrape(proxy)
 
-    # Requests, by method and status: 4 CoT answered (the stream too), 1 CoT failed upstream, 1 TMAS answered,
+    # Requests, by method and status: 4 CoT answered (the stream too), 1 CoT refused upstream (a 400), 1 TMAS answered,
     # 1 TMAS refused for its parameter, 1 unknown method.
     requests = {
         dict(k[1])["method"] + "/" + dict(k[1])["status"]: v for k, v in after.items() if k[0] == "tmas_requests_total"
     }
-    assert requests == {"cot/200": 4, "cot/502": 1, "tmas/200": 1, "tmas/400": 1, "unknown/404": 1}
+    assert requests == {"cot/200": 4, "cot/400": 1, "tmas/200": 1, "tmas/400": 1, "unknown/404": 1}
     assert value(after, "tmas_request_duration_seconds_count", method="cot") == 5
     assert value(after, "tmas_request_duration_seconds_count", method="tmas") == 2
     assert value(after, "tmas_request_duration_seconds_count", method="unknown") == 1

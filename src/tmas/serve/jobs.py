@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -87,15 +88,31 @@ class Job:
             raise ApiError(500, "the request's run was cancelled; send it again to resume it", "cancelled")
         exc = self.task.exception()
         if isinstance(exc, TmasError):
-            # The runner's advice names a command and a server path: neither is for an API client.
-            reason = str(exc).split("; finished work is kept")[0]
+            reason = for_client(str(exc))
             raise ApiError(502, f"upstream: {reason}; send the request again to resume its run", "upstream_error")
         if exc is not None:
             raise ApiError(500, f"the run failed: {type(exc).__name__}", "server_error")
         result = self.task.result()
         if result.status != "done":
-            raise ApiError(502, f"the method failed: {result.error or 'no answer'}", "upstream_error")
+            error = result.error or "no answer"
+            if REFUSED.search(error):
+                # The upstream refused what the request asks (a prompt past its context window): a request sent
+                # again is refused again, so no client should retry it as it retries a 502.
+                raise ApiError(400, f"the upstream refused the request: {for_client(error)}", "upstream_refused")
+            raise ApiError(502, f"the method failed: {for_client(error)}", "upstream_error")
         return result
+
+
+# A request the upstream cannot serve as asked, in a failure's message: the upstream's refusal
+# (tmas.llm.failures), or a prompt the client found past the known context window (tmas.llm.refusals).
+REFUSED = re.compile(r"\bHTTP (400|413|422)\b|does not fit the context window")
+_URL = re.compile(r"https?://[^\s;,'\"()]*[^\s;,'\"():.]")
+
+
+def for_client(message: str) -> str:
+    """A failure's message as an API client gets it: without the upstream's address and the advice to the server's
+    operator (a command, a flag), both in the server's log."""
+    return _URL.sub("the upstream", message.split("; ")[0])
 
 
 @dataclass
