@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conftest import run_tmas, scripted_settings
+from conftest import run_tmas, scripted_settings, settings_for
 from tmas.api import arun
 from tmas.data.case_import import read_supergpqa
 from tmas.data.importers import read_rows
@@ -22,7 +22,8 @@ from tmas.errors import InputError
 from tmas.llm.types import Completion, Message
 from tmas.problems import Problem, load_problems
 from tmas.runner import RunState, prepare_run, run_problems
-from tmas.testing import FaultRates, ScriptedModel, SimScript, SimServer
+from tmas.store.run_store import RunStore
+from tmas.testing import FaultRates, Rule, ScriptedModel, SimScript, SimServer
 
 TMAS_SMALL = ["--method", "tmas", "-T", "2", "-p", "n=2", "-p", "m=2", "--seed", "5"]
 
@@ -198,6 +199,18 @@ async def test_template_syntax_in_questions_reaches_the_model_verbatim(tmp_path:
         for role in ("solution", "verifier"):
             prompts = ["\n".join(m.content for m in call.messages) for call in mine if call.role == role]
             assert prompts and all(question in p for p in prompts), (role, question)
+
+
+async def test_a_reply_escaping_half_a_surrogate_pair_is_stored(tmp_path: Path) -> None:
+    # Valid JSON from the server ("\ud800" in a string), which no UTF-8 store can hold as it is.
+    rules = [Rule(role="solution", replies=["Half a pair \ud800 then \\boxed{5}"])]
+    problems = write_jsonl(tmp_path / "p.jsonl", [{"problem_id": "a", "question": "What is 2+3?", "answer": "5"}])
+    async with SimServer(SimScript(rules=rules)) as sim:
+        summary = await arun(problems, tmp_path / "run", settings_for(sim, method={"name": "cot"}))
+        assert (summary.done, summary.failed) == (1, 0)
+        with RunStore(tmp_path / "run", create=False) as store:
+            [call] = list(store.calls())
+            assert call.content == "Half a pair \ufffd then \\boxed{5}" and store.results()[0].answer == "5"
 
 
 def test_a_question_longer_than_the_context_fails_its_problem_only(tmp_path: Path) -> None:

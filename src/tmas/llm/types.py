@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -231,6 +232,10 @@ class TokenLogprob(BaseModel):
         return [] if value is None else value
 
 
+# Half a UTF-16 surrogate pair: a pair that arrived whole is one character in a Python string.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 class Completion(BaseModel):
     """A finished (or failed) call, as stored in the run store."""
 
@@ -268,6 +273,13 @@ class Completion(BaseModel):
     # first chunk (its queue and the prompt's prefill): None where not measured (replayed from older runs).
     queued_s: float | None = None
     first_token_s: float | None = None
+
+    @field_validator("content", "reasoning", "error")
+    @classmethod
+    def _whole_characters(cls, value: str | None) -> str | None:
+        # A reply's JSON may escape half a UTF-16 pair (\ud800), which no store or later request can hold: it reads
+        # as U+FFFD, as a byte no UTF-8 decoder can read does.
+        return None if value is None else LONE_SURROGATE.sub("\ufffd", value)
 
     @property
     def ok(self) -> bool:
