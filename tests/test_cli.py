@@ -188,6 +188,39 @@ def test_a_path_the_command_cannot_use_is_one_line(sim: SimServer, tmp_path: Pat
         assert errors[0].startswith(f"tmas: error: {path}"), errors
 
 
+def test_a_damaged_or_foreign_store_is_one_line_and_left_alone(sim: SimServer, tmp_path: Path) -> None:
+    garbage, foreign, newer, sweep = (tmp_path / name for name in ("garbage", "foreign", "newer", "sweep"))
+    garbage.mkdir()
+    (garbage / "run.sqlite").write_bytes(bytes(range(256)) * 20)
+    foreign.mkdir()
+    with sqlite3.connect(foreign / "run.sqlite") as db:
+        db.execute("CREATE TABLE theirs (x)")
+    write_problems(tmp_path / "p.jsonl", 1)
+    assert (
+        tmas("run", str(tmp_path / "p.jsonl"), "-o", str(newer), "--base-url", sim.base_url, "-m", "cot").returncode
+        == 0
+    )
+    # Settings a newer tmas recorded, with a key this one does not know.
+    with sqlite3.connect(newer / "run.sqlite") as db:
+        [(text,)] = db.execute("SELECT value FROM meta WHERE key = 'settings'")
+        db.execute("UPDATE meta SET value = ? WHERE key = 'settings'", (json.dumps({**json.loads(text), "x": 1}),))
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text('{"spec": {', encoding="utf-8")
+    for args, says in [
+        (("run", "--resume", str(garbage)), "garbage/run.sqlite: not a readable run store (file is not a database)"),
+        (("export", str(garbage)), "not a readable run store"),
+        (("export", str(foreign)), "foreign/run.sqlite: a database, but not a tmas run store"),
+        (("run", "--resume", str(newer)), "newer: the run's recorded settings: unknown config key 'x'"),
+        (("sweep", "--resume", str(sweep)), "sweep/sweep.json: not a sweep manifest (Expecting property name"),
+    ]:
+        out = tmas(*args)
+        err = out.stderr.decode().strip()
+        assert out.returncode in (1, 2) and len(err.splitlines()) == 1 and says in err, err
+    # Nothing of tmas's was written into the other program's database.
+    with sqlite3.connect(foreign / "run.sqlite") as db:
+        assert [name for (name,) in db.execute("SELECT name FROM sqlite_master")] == ["theirs"]
+
+
 def test_environment_variables_configure_the_endpoint(sim: SimServer) -> None:
     env = clean_env()
     env |= {"TMAS_BASE_URL": sim.base_url, "TMAS_MODEL": "from-env"}

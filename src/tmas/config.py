@@ -473,7 +473,8 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[keys[-1]] = value
 
 
-def _format_error(exc: ValidationError, source: str) -> str:
+def validation_message(exc: ValidationError, source: str) -> str:
+    """The first error of settings read from ``source`` (a file, the environment, a run's record), in one line."""
     err = exc.errors()[0]
     loc = ".".join(str(part) for part in err["loc"])
     if err["type"] == "extra_forbidden":
@@ -515,7 +516,7 @@ def load_settings(
     try:
         Settings.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_error(exc, source)) from None
+        raise ConfigError(validation_message(exc, source)) from None
     sources: dict[str, SamplingSource] = {}
     table = data.get("sampling")
     if isinstance(table, dict):
@@ -534,7 +535,7 @@ def load_settings(
         try:
             Settings.model_validate(data)
         except ValidationError as exc:
-            raise ConfigError(_format_error(exc, f"environment ({', '.join(given)})")) from None
+            raise ConfigError(validation_message(exc, f"environment ({', '.join(given)})")) from None
     data["sampling_sources"] = sources
     return _overridden(data, overrides or {})
 
@@ -566,4 +567,4 @@ def _overridden(data: dict[str, Any], overrides: dict[str, Any]) -> Settings:
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_error(exc, "command line")) from None
+        raise ConfigError(validation_message(exc, "command line")) from None

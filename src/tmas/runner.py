@@ -14,9 +14,11 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from tmas.agents.overrides import Override, check_overrides
 from tmas.agents.templates import prompts_from
-from tmas.config import Budget, Settings, load_settings, with_method_params, with_overrides
+from tmas.config import Budget, Settings, load_settings, validation_message, with_method_params, with_overrides
 from tmas.errors import InputError, TmasError
 from tmas.llm.factory import open_model
 from tmas.llm.model import ChatModel, ClientStats, EndpointUnreachable
@@ -214,7 +216,10 @@ def stored_settings(run_dir: Path) -> Settings:
         data = store.get_meta("settings")
     if data is None:
         raise StoreError(f"{run_dir}: the run has no recorded settings")
-    return Settings.model_validate(data)
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:  # written by a newer tmas, or edited
+        raise StoreError(validation_message(exc, f"{run_dir}: the run's recorded settings")) from None
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tmas.config import Budget, Sampling, Settings, read_toml
+from tmas.config import Budget, Sampling, Settings, read_toml, validation_message
 from tmas.errors import ConfigError, InputError
 from tmas.grading.grades import GradeConfig
 from tmas.llm.model import ChatModel
@@ -243,8 +243,10 @@ def read_manifest(out_dir: Path) -> dict[str, Any]:
         data = json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(f"{out_dir}: no {MANIFEST}: not a sweep directory") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{out_dir / MANIFEST}: not a sweep manifest")
+    except ValueError as exc:  # not JSON, or not UTF-8
+        raise InputError(f"{out_dir / MANIFEST}: not a sweep manifest ({exc})") from None
+    if not isinstance(data, dict) or not {"spec", "settings", "points"} <= set(data):
+        raise InputError(f"{out_dir / MANIFEST}: not a sweep manifest (no spec, settings and points)")
     return data
 
 
@@ -267,8 +269,11 @@ def resumed_sweep(
     if any(value is not None for key, value in overrides.items() if key.startswith("budget.")):
         raise InputError("--resume keeps the sweep's budget (it names the points): give no --budget-* flag")
     manifest = read_manifest(sweep_dir)
-    spec = SweepSpec.model_validate(manifest["spec"])
-    stored = Settings.model_validate(manifest["settings"])
+    try:
+        spec = SweepSpec.model_validate(manifest["spec"])
+        stored = Settings.model_validate(manifest["settings"])
+    except ValidationError as exc:
+        raise InputError(validation_message(exc, f"{sweep_dir / MANIFEST}")) from None
     settings = resume_settings(stored, overrides, config=config, same_method=False)
     if config is not None:
         # A config file read afresh holds none of the grid's sampling: it goes on again, under the flags given now.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -612,6 +613,10 @@ def main() -> None:
     except TmasError as exc:
         typer.echo(f"tmas: error: {exc}", err=True)
         sys.exit(exc.exit_code)
+    except sqlite3.DatabaseError as exc:
+        # A run store damaged past what its opening checks.
+        typer.echo(f"tmas: error: a run store could not be read: {exc}", err=True)
+        sys.exit(1)
     except OSError as exc:
         # A path the command cannot read or write (a directory where a file goes, a missing parent, a full disk):
         # the system's own words, with the path.

@@ -175,6 +175,15 @@ def open_writable(path: Path) -> tuple[sqlite3.Connection, bool]:
     summaries (an older store: the caller writes them, then :func:`mark_current`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        # A damaged file, or another program's database, is said so, and nothing is written into the latter.
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        raise StoreError(f"{path}: not a readable run store ({exc})") from None
+    if tables and "meta" not in tables:
+        db.close()
+        raise StoreError(f"{path}: a database, but not a tmas run store (it has no meta table)")
     db.execute("PRAGMA journal_mode=WAL")
     # NORMAL under WAL: a commit survives a killed process (only an OS crash can lose the last commits).
     db.execute("PRAGMA synchronous=NORMAL")
