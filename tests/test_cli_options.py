@@ -14,6 +14,7 @@ from conftest import isolate
 from tmas.agents.overrides import packaged_source
 from tmas.cli.main import app
 from tmas.cli.options import FLAG_KEYS, GROUP, ModelFlags
+from tmas.errors import InputError
 from tmas.store.run_store import RunStore
 from tmas.sweep import resumed_sweep
 from tmas.testing import SimServer
@@ -296,3 +297,9 @@ def test_a_sweep_point_keeps_the_config_files_params_of_its_method(
     assert result.exit_code == 0, result.output
     bodies = [entry.body for entry in sim.requests if entry.role == "solution"]
     assert len(bodies) == 2 and {b["temperature"] for b in bodies} == {0.11}
+
+
+def test_a_grid_axis_given_twice_is_refused(tmp_path: Path) -> None:
+    args = [*_command_args("sweep", tmp_path), "-g", "k=2", "-g", "k=3"]
+    result = CliRunner().invoke(app, [a if a != "cot" else "majority" for a in args])
+    assert isinstance(result.exception, InputError) and "--grid k is given twice" in str(result.exception)

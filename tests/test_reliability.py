@@ -16,6 +16,7 @@ import pytest
 
 from conftest import run_tmas, scripted_settings, settings_for
 from tmas.api import arun
+from tmas.config import load_settings
 from tmas.data.case_import import read_supergpqa
 from tmas.data.importers import read_rows
 from tmas.errors import InputError
@@ -140,6 +141,9 @@ def test_files_that_start_with_a_byte_order_mark_are_read(tmp_path: Path) -> Non
     rows = tmp_path / "rows.json"
     rows.write_bytes(bom + b'[{"question": "q"}]')
     assert list(read_rows(rows)) == [{"question": "q"}]
+    config = tmp_path / "tmas.toml"
+    config.write_bytes(bom + b'[endpoint]\nmodel = "m"\n')
+    assert load_settings(config, environ={}).endpoint.model == "m"
     # Only at the very start: a mark inside the file is no JSON.
     problems.write_bytes(b'{"problem_id": "a", "question": "x"}\n' + bom + b'{"problem_id": "b", "question": "y"}\n')
     with pytest.raises(InputError, match=r"p\.jsonl:2: not valid JSON"):

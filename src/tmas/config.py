@@ -486,7 +486,8 @@ def validation_message(exc: ValidationError, source: str) -> str:
 def read_toml(path: Path, what: str) -> dict[str, Any]:
     """A TOML file's content; a missing or malformed file is a one-line :class:`ConfigError` naming it."""
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        # A byte-order mark (a Windows editor's) is no TOML statement.
+        return tomllib.loads(path.read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: {what} not found") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -501,7 +501,11 @@ def _sweep_plan(
     else:
         if not method:
             raise InputError("give a grid file or at least one --method")
-        axes = dict(parse_grid_flag(item) for item in grid or [])
+        axes: dict[str, list[Any]] = {}
+        for key, values in map(parse_grid_flag, grid or []):
+            if key in axes:
+                raise InputError(f"--grid {key} is given twice: list its values in one flag ({key}=V1,V2,...)")
+            axes[key] = values
         spec = spec_from_flags(problems, method, parse_params(param), axes, limit=limit, budget=settings.budget)
     if problems is not None:
         spec.problems = problems
