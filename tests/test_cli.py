@@ -4,6 +4,7 @@ process."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import sqlite3
@@ -16,6 +17,7 @@ import pytest
 
 from conftest import clean_env, run_tmas, scripted_settings
 from tmas.api import aresume, arun
+from tmas.store.run_lock import running
 from tmas.testing import ScriptedModel, SimScript, SimServer
 
 
@@ -119,6 +121,21 @@ def test_a_resume_keeps_the_runs_method(sim: SimServer, tmp_path: Path) -> None:
     again = tmas("run", "--resume", run_dir, "--config", str(config))
     assert again.returncode == 0, again.stderr.decode()
     assert json.loads(again.stdout)["calls"] == 0 and tmas("export", run_dir).stdout == before
+
+
+@pytest.mark.slow
+def test_a_run_another_process_is_running_is_not_run_twice(sim: SimServer, tmp_path: Path) -> None:
+    write_problems(tmp_path / "p.jsonl", 2)
+    run_dir = tmp_path / "run"
+    made = tmas("run", str(tmp_path / "p.jsonl"), "-o", str(run_dir), "--base-url", sim.base_url, "-m", "cot")
+    assert made.returncode == 0
+    sent = sim.stats().total_requests
+    with running(run_dir):  # as the other process holds it
+        again = tmas("run", "--resume", str(run_dir))
+    assert again.returncode == 2 and sim.stats().total_requests == sent
+    assert f"another tmas process (pid {os.getpid()}) is running this run" in again.stderr.decode()
+    # Once it has ended, the run goes on.
+    assert tmas("run", "--resume", str(run_dir)).returncode == 0
 
 
 @pytest.mark.slow

@@ -37,6 +37,7 @@ from tmas.methods.base import (
     truncation_warnings,
 )
 from tmas.problems import Problem, dataset_name, iter_problems, resolve_dataset
+from tmas.store.run_lock import running
 from tmas.store.run_store import DB_NAME, RunStore, StoreError
 
 if TYPE_CHECKING:
@@ -332,7 +333,8 @@ async def run_problems(
     todo = _pending(problems, finished, state)
     started = time.monotonic()
     turns = ReplayTurns(store.problems_with_calls())
-    with prompts_from(settings.prompts_dir):
+    # Another process running this directory would send its unfinished problems' calls a second time.
+    with running(store.run_dir), prompts_from(settings.prompts_dir):
         stats = ClientStats()
         opened = open_model(settings, store, log_dir=store.run_dir, stats=stats, on_send=turns.sent, model=model)
         async with (
