@@ -111,6 +111,9 @@ def test_twenty_percent_faults_of_every_kind_are_survived_stored_and_counted(tmp
         (b'["a", "b"]\n', "p.jsonl:1: expected a JSON object"),
         (b'{"problem_id": "", "question": "x"}\n', "p.jsonl:1: field 'problem_id' must be a non-empty"),
         (b'{"problem_id": "a", "question": "x", "answer": [1]}\n', "p.jsonl:1: field 'answer' must be"),
+        (b'{"problem_id": "a", "question": "x", "answer": true}\n', "p.jsonl:1: field 'answer' must be"),
+        (b'{"problem_id": "a", "question": "x", "answer": NaN}\n', "p.jsonl:1: field 'answer' must be"),
+        (b'{"problem_id": "a", "question": "x", "answer": 1e400}\n', "p.jsonl:1: field 'answer' must be"),
     ],
 )
 def test_more_bad_problem_files_fail_cleanly_before_any_call(

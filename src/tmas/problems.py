@@ -6,6 +6,7 @@ the id ``question_id`` or ``id`` are read too. Other fields are kept as metadata
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,6 +60,14 @@ def load_problems(path: str | Path) -> list[Problem]:
     return problems
 
 
+def _is_answer(value: object) -> bool:
+    """A string or a finite number: a JSON true or false is neither (though Python's bool is an int), and NaN or
+    1e400 (read as inf) is no answer a model could give."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, str | int) or (isinstance(value, float) and math.isfinite(value))
+
+
 def _problem(record: dict[str, Any], where: str) -> Problem:
     id_field = next((name for name in ID_FIELDS if name in record), None)
     if id_field is None:
@@ -70,8 +79,8 @@ def _problem(record: dict[str, Any], where: str) -> Problem:
         raise InputError(f"{where}: missing field 'question'")
     question = check_question(record["question"], where)
     answer = record.get("answer")
-    if answer is not None and not isinstance(answer, str | int | float):
-        raise InputError(f"{where}: field 'answer' must be a string or number")
+    if answer is not None and not _is_answer(answer):
+        raise InputError(f"{where}: field 'answer' must be a string or a finite number")
     metadata = {k: v for k, v in record.items() if k not in ("question", "answer", id_field)}
     return Problem(
         problem_id=str(raw_id).strip(),
