@@ -151,6 +151,39 @@ def test_iteration_frontier_and_equal_budget_table() -> None:
     assert [m.reasoning_tokens for m in metrics.iterations] == [240, 250, 200]
 
 
+def test_a_failed_problem_and_a_budget_cut_iteration_count_on_the_frontiers() -> None:
+    # Majority vote: p's samples 7 (right) and 8 (wrong), 100 tokens each; f failed before any sample, having spent
+    # 30 tokens on calls that failed. MV@1 = MV@2 = (1/2 + 0) / 2 = 1/4, on both problems (f returned nothing: 0).
+    # Tokens: p at k * 100; f at its 30 -> MV@1 (100 + 30) / 2 = 65, MV@2 (200 + 30) / 2 = 115.
+    voted = [
+        {
+            "problem_id": "p",
+            "iterations": [{"iteration": 0, "selected": "7", "candidates": _cands(["7", "8"], [100] * 2)}],
+        },
+        {"problem_id": "f", "status": "failed", "usage": {"completion_tokens": 30}, "iterations": []},
+    ]
+    grades = _grade(voted, {"p": "7", "f": "9"})
+    points = mv_frontier(as_results(voted), grades)
+    assert [(p.label, p.accuracy, p.tokens, p.problems) for p in points] == [
+        ("MV@1", 0.25, 65.0, 2),
+        ("MV@2", 0.25, 115.0, 2),
+    ]
+    # Iterations: a's budget stopped it inside It1, with 600 tokens in It0's record and 1000 spent in all; b ran It0
+    # and It1 at 600 each. It0: (600 + 600) / 2 = 600; It1: a's It0 answer stands, at all it spent (its cut It1
+    # included) -> (1000 + 1200) / 2 = 1100.
+    stopped = [
+        {
+            "problem_id": "a",
+            "status": "done",
+            "usage": {"completion_tokens": 1000},
+            "iterations": [_record(0, "1", 600)],
+        },
+        {"problem_id": "b", "status": "done", "iterations": [_record(0, "2", 600), _record(1, "2", 600)]},
+    ]
+    frontier = iteration_frontier(as_results(stopped), _grade(stopped, {"a": "1", "b": "2"}))
+    assert [(p.label, p.tokens) for p in frontier] == [("It0", 600.0), ("It1", 1100.0)]
+
+
 def test_every_selection_rule_from_stored_scores() -> None:
     # One problem, gold 7. It0: 7 (score 1), 5 (score 0). It1: 5 (0.5), 5 (0.5).
     results = [

@@ -75,6 +75,10 @@ def returned_by_problem(
             out[result.problem_id] = (0.0, float(result.usage.completion_tokens))
             continue
         spent = sum(r.usage.completion_tokens for r in result.iterations if r.iteration <= t)
+        if record.iteration < t and record is result.iterations[-1] and not result.in_progress:
+            # It stopped before t and its answer stands: at what the whole problem spent, an iteration a budget or
+            # an error cut short included (its calls are in the problem's usage, in no record).
+            spent = max(spent, result.usage.completion_tokens)
         out[result.problem_id] = (grades.share_correct((result.problem_id, record.iteration, SELECTED)), float(spent))
     return out
 
@@ -99,9 +103,13 @@ def mv_by_problem(
     results: list[ProblemResult], grades: Grades, k: int, classes: Mapping[str, Mapping[str, str]] | None = None
 ) -> dict[str, tuple[float, float]]:
     """Per problem with at least k stored samples, MV@k (:func:`mv_at_k`) and its expected completion tokens (k times
-    the problem's mean per sample)."""
+    the problem's mean per sample); a problem that failed before any sample returned nothing (0), at every k."""
     out: dict[str, tuple[float, float]] = {}
+    finished = {r.problem_id: r for r in results if not r.in_progress}
     for pid, drawn in _samples(results).items():
+        if not drawn and pid in finished:
+            out[pid] = (0.0, float(finished[pid].usage.completion_tokens))
+            continue
         if len(drawn) < k:
             continue
         groups, others = _answer_groups(pid, drawn, grades, (classes or {}).get(pid))
