@@ -16,6 +16,7 @@ from tmas.reports.analysis import (
     unique_guidelines,
 )
 from tmas.reports.metrics import compute_metrics
+from tmas.reports.report import without_stopping
 
 pytest.importorskip("scipy")
 
@@ -99,3 +100,17 @@ def test_stopping_tradeoff_against_a_full_run() -> None:
     stopping_tradeoff(summary, stopped_metrics, compute_metrics(as_results(full), _grades(full)))
     assert summary.tokens_saved == 100 and summary.tokens_saved_share == pytest.approx(0.5)
     assert summary.pass1_lost == pytest.approx(1.0)
+    # Per problem: a stopped run of two such problems saves as much against the same full run (it spent 200 in all,
+    # as much as the full run's one problem, and 100 a problem).
+    twice = [stopped[0], {**stopped[0], "problem_id": "b"}]
+    stopping_tradeoff(
+        summary, compute_metrics(as_results(twice), _grades(twice)), compute_metrics(as_results(full), _grades(full))
+    )
+    assert summary.tokens_saved == 100 and summary.tokens_saved_share == pytest.approx(0.5)
+
+
+def test_a_stopping_run_is_compared_with_a_full_run_of_its_other_parameters() -> None:
+    stopping = {"k": 16, "stop": "beta", "stop_threshold": 0.95, "round_size": 4, "online_stop": True, "warmup": 8}
+    assert without_stopping(stopping) == {"k": 16}
+    tmas = {"n": 8, "early_stop": True, "early_stop_patience": 2, "early_stop_score": 0.9, "iterations": 4}
+    assert without_stopping(tmas) == {"n": 8, "iterations": 4}

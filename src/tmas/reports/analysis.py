@@ -226,7 +226,8 @@ class StoppingSummary:
         """Whether the run stopped anything early: a problem, or a sample while it streamed."""
         return bool(self.stopped or self.stopped_traces)
 
-    # Against a run of the same method without stopping, when one is given.
+    # Against a run of the same method and parameters without stopping, when one is given: tokens (prompt and
+    # completion) saved per problem.
     tokens_saved: int | None = None
     tokens_saved_share: float | None = None
     pass1_lost: float | None = None
@@ -254,8 +255,10 @@ def stopping_tradeoff(summary: StoppingSummary, metrics: RunMetrics, full: RunMe
     """Fill in tokens saved and final Pass@1 lost against ``full``, a run of the same method without stopping."""
     if not full.iterations or not metrics.iterations:
         return
-    # Stopped problems carry their last answer forward, so the last row of each run is its final state.
+    # Stopped problems carry their last answer forward, so the last row of each run is its final state; tokens are
+    # per problem (the runs may hold other numbers of problems of one benchmark).
     mine, theirs = metrics.iterations[-1], full.iterations[-1]
-    summary.tokens_saved = theirs.cumulative_tokens - mine.cumulative_tokens
-    summary.tokens_saved_share = summary.tokens_saved / theirs.cumulative_tokens if theirs.cumulative_tokens else None
+    summary.tokens_saved = round(theirs.tokens_per_problem - mine.tokens_per_problem)
+    spent = theirs.tokens_per_problem
+    summary.tokens_saved_share = (theirs.tokens_per_problem - mine.tokens_per_problem) / spent if spent else None
     summary.pass1_lost = theirs.pass1 - mine.pass1

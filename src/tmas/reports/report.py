@@ -475,15 +475,32 @@ def _benchmark_tables(doc: Document, runs: list[RunEvaluation]) -> None:
 
 
 def _stopping_comparisons(runs: list[RunEvaluation]) -> None:
-    """For a run that stopped problems or samples early, compare with a run of the same method that stopped none."""
+    """For a run that stopped problems or samples early, compare with a run of the same method and parameters, its
+    stopping rules aside, that stopped none."""
     for e in runs:
         if e.stopping is None or not e.stopping.any:
             continue
         full = next(
-            (o for o in runs if o is not e and o.method == e.method and o.stopping and not o.stopping.any), None
+            (
+                o
+                for o in runs
+                if o is not e
+                and o.method == e.method
+                and without_stopping(o.params) == without_stopping(e.params)
+                and o.stopping
+                and not o.stopping.any
+            ),
+            None,
         )
         if full is not None:
             stopping_tradeoff(e.stopping, e.metrics, full.metrics)
+
+
+def without_stopping(params: dict[str, Any]) -> dict[str, Any]:
+    """A method's parameters but its rules for stopping early (TMAS's early_stop*, majority vote's stop, rounds and
+    online stopping)."""
+    rules = ("early_stop", "stop", "online_", "warmup", "round_size")
+    return {key: value for key, value in params.items() if not key.startswith(rules)}
 
 
 def _run_section(doc: Document, e: RunEvaluation) -> None:
@@ -696,7 +713,8 @@ def _analyses(doc: Document, e: RunEvaluation) -> None:
         text = "; ".join(parts)
         if s.tokens_saved is not None:
             share = f" ({100 * s.tokens_saved_share:.1f}%)" if s.tokens_saved_share is not None else ""
-            text += f"; against the full run: {s.tokens_saved} tokens saved{share}, Pass@1 lost {_pct(s.pass1_lost)}"
+            saved = f"{s.tokens_saved} tokens saved per problem{share}"
+            text += f"; against the full run: {saved}, Pass@1 lost {_pct(s.pass1_lost)}"
         doc.add(Paragraph(text + "."))
 
 
