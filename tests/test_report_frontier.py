@@ -112,3 +112,20 @@ async def test_a_run_stopped_mid_way_is_reported_from_its_finished_iterations(tm
     series = next(iter(json.loads((tmp_path / "report" / "frontier_p.json").read_text()).values()))
     assert [(p["label"], p["problems"]) for p in series["points"]] == [("It0", 2), ("It1", 1)]
     assert series["y"] == [100.0, 100.0]
+
+
+@pytest.mark.slow
+async def test_runs_of_one_benchmark_on_other_problems_share_no_table(tmp_path: Path) -> None:
+    # Both files are named p.jsonl (the benchmark "p"): one holds both problems, the other the first alone.
+    whole = write_problems(tmp_path / "p.jsonl")
+    (tmp_path / "first").mkdir()
+    first = tmp_path / "first" / "p.jsonl"
+    first.write_text(whole.read_text().splitlines()[0] + "\n")
+    await run(whole, tmp_path / "both", SimScript(), "cot")
+    await run(first, tmp_path / "one", SimScript(), "cot")
+    markdown = await report_here(tmp_path / "report", tmp_path / "both", tmp_path / "one")
+    assert "## Benchmark: p (2 problems)" in markdown and "## Benchmark: p (1 problem)" in markdown
+    # The same problems share one table.
+    await run(whole, tmp_path / "again", SimScript(), "cot")
+    markdown = await report_here(tmp_path / "report2", tmp_path / "both", tmp_path / "again")
+    assert markdown.count("## Benchmark:") == 1 and "## Benchmark: p\n" in markdown

@@ -12,7 +12,7 @@ import dataclasses
 import hashlib
 import json
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,6 +105,8 @@ class RunEvaluation:
     cases: dict[str, Any] | None = None
     # The run's budget per problem and what its problems spent, as the budget counts (None: no budget).
     budget: BudgetSpend | None = None
+    # A digest of its problem ids (problem_set): runs share tables only on the same problems.
+    problem_set: str = ""
 
 
 def benchmark_name(store: RunStore) -> str:
@@ -112,9 +114,32 @@ def benchmark_name(store: RunStore) -> str:
     name = store.get_meta("dataset")
     if isinstance(name, str) and name:
         return name
+    return f"problems-{len(store.problems())}-{problem_set(store)}"
+
+
+def problem_set(store: RunStore) -> str:
+    """A digest of the run's problem ids: runs share tables only on the same problems."""
     ids = [p.problem_id for p in store.problems()]
-    digest = hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()[:8]
-    return f"problems-{len(ids)}-{digest}"
+    return hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()[:8]
+
+
+def benchmark_groups(evaluations: list[RunEvaluation]) -> dict[str, list[RunEvaluation]]:
+    """The runs by the problems they solved, under their benchmark's name; runs of one benchmark on other problems
+    (a --limit, another filter) are other groups, named with their number of problems (and digest where that ties)."""
+    groups: dict[tuple[str, str], list[RunEvaluation]] = defaultdict(list)
+    for e in evaluations:
+        groups[e.benchmark, e.problem_set].append(e)
+    sets = Counter(bench for bench, _ in groups)
+    sizes = Counter((bench, runs[0].problems) for (bench, _), runs in groups.items())
+    named: dict[str, list[RunEvaluation]] = {}
+    for (bench, digest), runs in groups.items():
+        name = bench
+        if sets[bench] > 1:
+            size = runs[0].problems
+            plural = "" if size == 1 else "s"
+            name = f"{bench} ({size} problem{plural}{f', {digest}' if sizes[bench, size] > 1 else ''})"
+        named[name] = runs
+    return named
 
 
 async def _answer_classes(results: list[ProblemResult], config: GradeConfig) -> dict[str, dict[str, str]] | None:
@@ -168,6 +193,7 @@ async def evaluate_run(
             run_dir=run_dir,
             label=_label(setup.method, setup.model),
             benchmark=benchmark_name(store),
+            problem_set=problem_set(store),
             method=setup.method,
             params=setup.params,
             model=setup.model,
@@ -355,9 +381,7 @@ def write_report(evaluations: list[RunEvaluation], out_dir: Path, *, paper_model
     _unique_labels(evaluations)
     doc = Document("tmas evaluation report")
     written: dict[str, Path] = {}
-    by_benchmark: dict[str, list[RunEvaluation]] = defaultdict(list)
-    for e in evaluations:
-        by_benchmark[e.benchmark].append(e)
+    by_benchmark = benchmark_groups(evaluations)
     doc.add(
         Paragraph(
             "Pass@1 as in the TMAS paper (A.2): per problem the share of rollouts judged correct, "
