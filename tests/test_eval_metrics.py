@@ -82,3 +82,23 @@ def test_mv_at_k_uses_the_first_k_candidates() -> None:
         grades.verdicts[("a", 0, i)] = [ok]
     assert compute_metrics(as_results(results), grades, mv_k=1).iterations[0].mv == 1.0
     assert compute_metrics(as_results(results), grades, mv_k=3).iterations[0].mv == 0.0
+
+
+def test_an_iteration_only_unlabeled_problems_reached_has_no_accuracy(tmp_path: Any) -> None:
+    pytest.importorskip("matplotlib")
+    from tmas.reports.plots import plot_pass1
+
+    # p (labeled) is mid-way after It0, right; u (unlabeled) reached It1.
+    def record(t: int) -> dict[str, Any]:
+        return {"iteration": t, "selected": "1", "candidates": [{"index": 0, "answer": "1"}]}
+
+    results = [
+        {"problem_id": "p", "status": "running", "iterations": [record(0)]},
+        {"problem_id": "u", "iterations": [record(0), record(1)]},
+    ]
+    grades = Grades(runs=1, verdicts={("p", 0, 0): [True], ("p", 0, SELECTED): [True]}, unlabeled=["u"])
+    metrics = compute_metrics(as_results(results), grades)
+    assert [(m.iteration, m.problems) for m in metrics.iterations] == [(0, 1), (1, 0)]
+    # The plot draws It0 alone (It1's 0 would read as every answer wrong).
+    [series] = plot_pass1([("run", metrics)], "t", tmp_path / "p.png")
+    assert (series.x, series.y) == ([0], [100.0])

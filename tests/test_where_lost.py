@@ -251,3 +251,18 @@ def test_a_half_score_does_not_pass_and_verifications_without_a_score_are_left_o
     assert (v.right_passed, v.right, v.wrong_passed, v.wrong, v.no_score, v.answerless) == (1, 2, 0, 1, 2, 1)
     # Scores of the answered candidates: right 0.5 against wrong 0.25.
     assert v.separation is not None and v.separation.auc == 1.0
+
+
+def test_an_answer_kept_from_one_iteration_to_the_next_is_no_change() -> None:
+    # p1 keeps 3 (judged right, then undecided: the judge's, not the step's); p2 goes 4 -> 5 (wrong -> right).
+    def iteration(t: int, selected: str) -> dict[str, object]:
+        return {"iteration": t, "selected": selected, "candidates": [{"index": 0, "answer": selected}]}
+
+    results = [
+        {"problem_id": "p1", "iterations": [iteration(0, "3"), iteration(1, "3")]},
+        {"problem_id": "p2", "iterations": [iteration(0, "4"), iteration(1, "5")]},
+    ]
+    verdicts = {("p1", 0, -1): [True], ("p1", 1, -1): [None], ("p2", 0, -1): [False], ("p2", 1, -1): [True]}
+    changes = where_lost("verify_refine", as_results(results, "verify_refine"), Grades(runs=1, verdicts=verdicts), {})
+    assert changes.changes is not None
+    assert (changes.changes.steps, changes.changes.better, changes.changes.worse) == (2, [("p2", 1)], [])

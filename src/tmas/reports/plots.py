@@ -38,9 +38,11 @@ def plot_pass1(runs: list[tuple[str, RunMetrics]], title: str, path: Path) -> li
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
     for label, metrics in runs:
-        if metrics.iterations:
-            ys = [100 * m.pass1 for m in metrics.iterations]
-            ax.plot([m.iteration for m in metrics.iterations], ys, marker="o", markersize=3, label=label)
+        # An iteration only unlabeled problems reached has no Pass@1 to draw.
+        rows = [m for m in metrics.iterations if m.problems]
+        if rows:
+            ys = [100 * m.pass1 for m in rows]
+            ax.plot([m.iteration for m in rows], ys, marker="o", markersize=3, label=label)
     ax.set_xlabel("iteration")
     ax.set_ylabel("Pass@1 (%)")
     return _save(plt, fig, ax, title, path)

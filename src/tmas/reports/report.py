@@ -459,10 +459,13 @@ def _benchmark_tables(doc: Document, runs: list[RunEvaluation]) -> None:
     rows = []
     for e in runs:
         # "-" beyond a run's last iteration, as the paper shows non-iterative baselines.
-        rows.append([e.label, *[_pct(m.pass1) if (m := e.metrics.at(t)) else "-" for t in chosen]])
+        rows.append([e.label, *[_pct(m.pass1) if (m := e.metrics.at(t)) and m.problems else "-" for t in chosen]])
     doc.add(Table(["Method", *[f"It{t}" for t in chosen]], rows))
     doc.add(Heading(3, "Pass@1 (%) at every iteration"))
-    rows = [[e.label, *[_pct(m.pass1) if (m := e.metrics.at(t)) else "-" for t in range(last + 1)]] for e in runs]
+    rows = [
+        [e.label, *[_pct(m.pass1) if (m := e.metrics.at(t)) and m.problems else "-" for t in range(last + 1)]]
+        for e in runs
+    ]
     doc.add(Table(["Method", *[f"It{t}" for t in range(last + 1)]], rows))
     doc.add(Heading(3, "Cost"))
     rows = []
@@ -558,15 +561,17 @@ def _run_section(doc: Document, e: RunEvaluation) -> None:
     if e.metrics.iterations:
         rows = []
         for m in e.metrics.iterations:
-            spread = f"{_pct(min(m.pass1_runs))}-{_pct(max(m.pass1_runs))}" if m.pass1_runs and g else "-"
+            # Accuracies over no labeled problem (only unlabeled ones got this far) are none, not 0.
+            graded = g is not None and m.problems > 0
+            spread = f"{_pct(min(m.pass1_runs))}-{_pct(max(m.pass1_runs))}" if m.pass1_runs and graded else "-"
             rows.append(
                 [
                     f"It{m.iteration}",
                     str(m.problems),
-                    _pct(m.pass1) if g else "-",
+                    _pct(m.pass1) if graded else "-",
                     spread,
-                    _pct(m.mv) if g else "-",
-                    _pct(m.selected) if g else "-",
+                    _pct(m.mv) if graded else "-",
+                    _pct(m.selected) if graded else "-",
                     str(m.calls),
                     str(m.prompt_tokens),
                     str(m.completion_tokens),

@@ -199,11 +199,13 @@ def answer_changes(labeled: list[ProblemResult], grades: Grades) -> AnswerChange
         for before, after in pairwise(result.iterations):
             out.steps += 1
             it = after.iteration
+            if _value(before.selected) == _value(after.selected):
+                continue  # the answer did not change (a verdict that differs on it is the judge's, not the step's)
             was = grades.majority_correct((pid, before.iteration, SELECTED))
             now = grades.majority_correct((pid, it, SELECTED))
             if was != now:
                 (out.better if now else out.worse).append((pid, it))
-            elif _value(before.selected) != _value(after.selected):
+            else:
                 out.neither.append((pid, it))
     return out
 
