@@ -238,6 +238,19 @@ def test_a_damaged_or_foreign_store_is_one_line_and_left_alone(sim: SimServer, t
         assert [name for (name,) in db.execute("SELECT name FROM sqlite_master")] == ["theirs"]
 
 
+def test_a_port_in_use_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for args in (("view", str(tmp_path)), ("serve", "--base-url", "http://127.0.0.1:9/v1", "--dir", str(tmp_path))):
+            out = tmas(*args, "--port", port)
+            err = out.stderr.decode().strip()
+            assert (
+                out.returncode == 2 and err == f"tmas: error: cannot listen on 127.0.0.1:{port}: Address already in use"
+            )
+
+
 def test_environment_variables_configure_the_endpoint(sim: SimServer) -> None:
     env = clean_env()
     env |= {"TMAS_BASE_URL": sim.base_url, "TMAS_MODEL": "from-env"}

@@ -24,12 +24,13 @@ def view(
     """Show runs, problems, iterations, memory banks and every call, updating live; never writes to a run."""
     import uvicorn
 
-    from tmas.serve.launch import is_loopback
+    from tmas.serve.launch import check_port, is_loopback
     from tmas.view.app import view_app as build
 
     missing = [str(p) for p in run_dirs if not p.is_dir()]
     if missing:
         raise InputError(f"not a directory: {', '.join(missing)}")
+    check_port(host, port)
     if not is_loopback(host):
         typer.echo(f"tmas view: listening on {host}: anyone who reaches it reads every prompt and reply", err=True)
     typer.echo(f"tmas view: http://{host}:{port}/", err=True)

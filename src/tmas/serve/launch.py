@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -58,6 +59,21 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: it may resolve to anything
 
 
+def check_port(host: str, port: int) -> None:
+    """A one-line :class:`ConfigError` where ``host``:``port`` cannot be listened on (taken, or no address of this
+    machine), before anything starts: uvicorn says so only after its own start lines."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise ConfigError(f"--host {host}: {exc.strerror}") from None
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
 def resolve_token(options: ServeOptions) -> str | None:
     """The bearer token, required when listening beyond loopback (a one-line ConfigError otherwise)."""
     token = None
@@ -107,6 +123,7 @@ async def serve(
     """Serve until interrupted; runs cut short stay resumable in ``options.serve_dir``. ``on_start`` gets the
     uvicorn server before it starts (to stop it from elsewhere: ``server.should_exit = True``)."""
     token = resolve_token(options)
+    check_port(options.host, options.port)  # before a local model starts
     options.serve_dir.mkdir(parents=True, exist_ok=True)
     async with provisioned(settings, log_dir=options.serve_dir) as live, in_process(live) as model:
         # The gauges read the runs at each scrape (the names resolve then, once both exist).
