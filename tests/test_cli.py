@@ -251,6 +251,18 @@ def test_a_port_in_use_is_one_line_before_anything_starts(tmp_path: Path) -> Non
             )
 
 
+@pytest.mark.slow
+def test_a_finished_sweep_resumed_says_there_is_nothing_to_run(sim: SimServer, tmp_path: Path) -> None:
+    write_problems(tmp_path / "p.jsonl", 1)
+    out = str(tmp_path / "sweep")
+    args = ("--problems", str(tmp_path / "p.jsonl"), "-m", "cot", "--base-url", sim.base_url, "--no-report")
+    first = tmas("sweep", "-o", out, *args)
+    assert first.returncode == 0 and first.stderr.decode().strip().endswith("tmas: 1 of 1 problems done")
+    again = tmas("sweep", "--resume", out, "--no-report")
+    assert again.returncode == 0
+    assert again.stderr.decode().strip().endswith("tmas: nothing to run: every point of the sweep is finished (1)")
+
+
 def test_environment_variables_configure_the_endpoint(sim: SimServer) -> None:
     env = clean_env()
     env |= {"TMAS_BASE_URL": sim.base_url, "TMAS_MODEL": "from-env"}

@@ -520,6 +520,9 @@ def _sweep_plan(
 def _sweep_exit(summary: SweepSummary) -> None:
     """The last line over every point's problems, and the exit code it implies."""
     runs = [o.summary for o in summary.outcomes if o.summary is not None]
+    if not runs:
+        typer.echo(f"tmas: nothing to run: every point of the sweep is finished ({len(summary.outcomes)})", err=True)
+        return
     done, failed = sum(r.done for r in runs), sum(r.failed for r in runs)
     reasons: Counter[str] = Counter()
     for run_summary in runs:
