@@ -82,6 +82,8 @@ LAYOUTS: dict[str, Layout] = {
 def read_rows(path: Path) -> Iterator[dict[str, Any]]:
     """The file's rows as dicts, by its extension."""
     suffix = path.suffix.lower()
+    if path.is_dir():
+        raise InputError(f"{path}: a directory: give the file of its rows (.csv, .jsonl, .json or .parquet)")
     if not path.is_file():
         raise InputError(f"{path}: no such file")
     if suffix == ".csv":
