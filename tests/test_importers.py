@@ -186,3 +186,10 @@ def test_cli_import_writes_problems_tmas_reads(tmp_path: Path) -> None:
     bad = subprocess.run([*run, "aime", str(src), "-o", str(tmp_path / "x.jsonl")], capture_output=True, env=env)
     assert bad.returncode != 0
     assert bad.stderr.decode().strip() == "tmas: error: unknown source 'aime'; known: hle, imo-answerbench, matharena"
+
+
+def test_a_directory_or_a_missing_file_is_named_as_such(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="a directory: give the file of its rows"):
+        import_problems(tmp_path, "hle")
+    with pytest.raises(InputError, match="no such file"):
+        import_problems(tmp_path / "x.csv", "hle")
