@@ -398,6 +398,25 @@ def test_presets_and_embedded_defaults() -> None:
     assert isinstance(create_method("tmas", {}), TMAS) and Settings().method.name == "tmas"
 
 
+@pytest.mark.parametrize(("preset", "scored"), [("paper", False), ("local", True)])
+async def test_the_paper_preset_shows_rollouts_as_the_paper_does(preset: str, scored: bool) -> None:
+    # Algorithm 1's rollout is (c, s): the paper preset shows the solution and its summary alone; beyond the paper
+    # each also carries its mean verifier score.
+    params = {"preset": preset, "iterations": 2, "n": 1, "m": 1, "epsilon": 0.0, "early_stop": False}
+    settings = Settings.model_validate(
+        {"endpoint": {"base_url": [SCRIPTED_URL]}, "method": {"name": "tmas", "params": params}}
+    )
+    model = ScriptedModel(SimScript(), settings)
+    await asolve(Q, model=model)
+    shown = ["\n".join(m.content for m in c.messages) for c in model.calls if c.role in ("solution", "experience")]
+    with_rollouts = [text for text in shown if "<rollout number=" in text]
+    assert len(with_rollouts) >= 2  # the exploit prompt and the experience agent's
+    assert all(("mean_verifier_score=" in text) == scored for text in with_rollouts)
+    assert all(("its mean verifier score" in text) == scored for text in with_rollouts)
+    paper = TMASParams.model_validate({"preset": "paper"})
+    assert (paper.answer_reminder, paper.show_scores, paper.experience_max_entries) == (False, False, 10_000)
+
+
 def test_preset_sampling_yields_to_the_users_settings() -> None:
     local = TMASParams.model_validate({"preset": "local"})
 

@@ -26,12 +26,12 @@ class Rollout(BaseModel):
 
 
 class RolloutView(BaseModel):
-    """A rollout as rendered into a prompt (``_tmas_rollouts.j2``)."""
+    """A rollout as rendered into a prompt (``_tmas_rollouts.j2``); ``score_text`` None: shown without its score."""
 
     number: int
     solution: str
     summary: str
-    score_text: str
+    score_text: str | None
 
 
 class RolloutFit(BaseModel):
@@ -74,9 +74,11 @@ def fit_rollouts(
     top_k: int | None = None,
     max_solution_chars: int | None = None,
     budget_chars: int | None = None,
+    scores: bool = True,
 ) -> RolloutFit:
     """The views of ``rollouts`` to render: at most ``top_k`` (by score, ties to the lower index), each solution at
-    most ``max_solution_chars`` long, all together within ``budget_chars`` where given."""
+    most ``max_solution_chars`` long, all together within ``budget_chars`` where given; ``scores``: each with its mean
+    verifier score (else its solution and summary alone, as Algorithm 1's r = (c, s))."""
     ranked = sorted(rollouts, key=lambda r: (-r.score, r.index))
     chosen = ranked[:top_k] if top_k is not None else ranked
     cap = max_solution_chars
@@ -99,7 +101,8 @@ def fit_rollouts(
         if cap is not None and len(text) > cap:
             text = cut_middle(text, cap)
             cut[r.index] = len(r.solution) - cap
-        views.append(RolloutView(number=r.index + 1, solution=text, summary=r.summary, score_text=score_text(r.score)))
+        shown = score_text(r.score) if scores else None
+        views.append(RolloutView(number=r.index + 1, solution=text, summary=r.summary, score_text=shown))
     return RolloutFit(
         views=views,
         shown=[r.index for r in sorted(chosen, key=lambda r: r.index)],

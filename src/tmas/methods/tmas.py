@@ -423,7 +423,13 @@ class TMAS(Method[TMASParams]):
     ) -> RolloutFit:
         p = self.params
         budget = rollout_budget_chars(base, context_tokens=p.context_tokens, window=window, reply_tokens=reply_tokens)
-        return fit_rollouts(rollouts, top_k=p.top_k, max_solution_chars=p.max_solution_chars, budget_chars=budget)
+        return fit_rollouts(
+            rollouts,
+            top_k=p.top_k,
+            max_solution_chars=p.max_solution_chars,
+            budget_chars=budget,
+            scores=p.show_scores,
+        )
 
     # ------------------------------------------------------------------------------------------ what RL trains on
     # tmas rl build-data (section 3.3) reads a stored run's solution prompts through these

@@ -64,6 +64,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         "skip_final_memory": False,
         "early_stop": False,
         "confidence": False,
+        # Nothing beyond the paper that changes what is asked or shown: no second call for a missing answer,
+        # rollouts as (c, s) without their scores, and the experience bank's 20-35 entries a target the prompt
+        # states (appendix D), not a limit that refuses a late anchor.
+        "answer_reminder": False,
+        "show_scores": False,
+        "experience_max_entries": 10_000,
         "sampling": {role: PAPER_SAMPLING for role in TMAS_ROLES},
     },
     "local": {
@@ -166,6 +172,10 @@ class TMASParams(StyledParams, ConfidenceParams):
     # Both off: Algorithm 1 exactly (line 22 reads R_T alone).
     answer_reminder: bool = True
     answer_fallback: bool = True
+    # Beyond the paper: each rollout shown to the solver and the memory agents carries its mean verifier score beside
+    # its summary (Algorithm 1's r = (c, s) has the summary alone, which the summary agent writes from the scored
+    # verifications). Off: the rollouts as the paper shows them.
+    show_scores: bool = True
     # Beyond the paper: "logprob" replaces each of the M verifier essays by one short score-first reply whose score is
     # the expected value under its score token's log-probabilities (see tmas.agents.score_first); "text" parses the
     # essay's "Score:" line as the paper does. In logprob mode `style` does not apply to the verifier.

@@ -1,11 +1,12 @@
-"""GRPO with TRL on the hybrid rewards (paper section 3.3, defaults from appendix A.4).
+"""GRPO with TRL on the hybrid rewards (paper section 3.3, the optimiser's settings from appendix A.4).
 
 A.4 -> GRPOConfig: 16 rollouts per prompt (``num_generations``), learning rate 1e-6, clip range [0.20, 0.255]
 (``epsilon``, ``epsilon_high``), clipping coefficient 10.0 (TRL's two-sided bound ``delta``: the ratio is capped at
 10 for negative advantages, as verl's dual clip ``clip_ratio_c`` does), no KL term (``beta`` 0), no entropy bonus
 (TRL has none). Eq. 6's 1/sum|o_i| token averaging is TRL's ``dapo`` loss. TRL normalises a group's rewards with the
 sample standard deviation and adds 1e-4; eq. 6 (and :func:`tmas.rl.rewards.group_advantages`) uses the population
-one: for 16 rollouts the advantages differ by a factor of about 1.03.
+one: for 16 rollouts the advantages differ by a factor of about 1.03. Not A.4's, for one GPU: replies of at most
+2,048 tokens (A.4: 80K) and one prompt group a step (A.4: 128 prompts); ``docs/rl.md``'s verl recipe has A.4's.
 
 Prompt groups are kept whole by :class:`tmas.rl.sampler.PromptGroupSampler`; each process's generation batch must
 hold whole groups (checked here), so the reward functions always see a prompt's Base and Bank halves together.
