@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from bisect import bisect_left
+from collections.abc import Iterator
 from functools import lru_cache
 
 from markupsafe import Markup, escape
@@ -31,19 +33,18 @@ _ATTRIBUTES = frozenset(
     "movablelimits separator lspace rspace symmetric largeop linebreak align open close".split()
 )
 
-# Math spans, in order of precedence: $$...$$, \[...\], \(...\), $...$. An inline $ opens when not followed by a
-# space and closes when not preceded by one nor followed by a digit (so "$5 and $10" stays text).
-_SPAN = re.compile(
-    r"\$\$(?P<dd>.+?)\$\$"
-    r"|\\\[(?P<db>.+?)\\\]"
-    r"|\\\((?P<ip>.+?)\\\)"
-    r"|(?<![\\$])\$(?=[^\s$])(?P<id>[^$\n]+?)(?<![\s\\])\$(?!\d)"
-    r"|\\boxed\s*\{",
-    re.S,
-)
-# Outside math, an answer written as bare LaTeX: \boxed{...} (its braces are matched by hand, they may nest).
+# Math spans, in order of precedence: $$...$$, \[...\], \(...\), $...$, and outside math an answer written as bare
+# LaTeX, \boxed{...} (its braces may nest). An inline $ opens when not followed by a space and closes when not
+# preceded by one nor followed by a digit (so "$5 and $10" stays text). Openers are found by one expression and their
+# closers looked for by hand (:func:`math_spans`), so that text full of unclosed openers (a model looping until
+# max_tokens) renders in time linear in its length.
+_OPENER = re.compile(r"\$\$|\\\[|\\\(|\\boxed\s*\{|(?<![\\$])\$")
+_DELIMITED = (("$$", "$$", True), ("\\[", "\\]", True), ("\\(", "\\)", False))
+_INLINE = re.compile(r"(?<![\\$])\$(?=[^\s$])(?P<id>[^$\n]+?)(?<![\s\\])\$(?!\d)")
+_BRACE = re.compile(r"[{}]")
 _LONE_AMP = re.compile(r"&(?!#x?[0-9a-fA-F]+;|[a-zA-Z]+;)")
-_BOLD = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*")
+# Where "**" starts, overlaps included ("***" holds two).
+_STARS = re.compile(r"(?=\*\*)")
 _HEADING = re.compile(r"^(#{1,6})[ \t]+(.+)$", re.M)
 # Placeholders for rendered spans while the rest of the text is escaped and formatted (NUL is removed first).
 _SLOT = re.compile("\x00(\\d+)\x00")
@@ -94,23 +95,78 @@ def _unmark(text: str | None) -> str | None:
     return None if text is None else _MARKED.sub(lambda m: "<" if m.group(1) == "lt" else ">", text)
 
 
-def _boxed_end(text: str, start: int) -> int | None:
-    """Index just past the brace closing the group opened right before ``start``; None when unclosed."""
-    depth = 1
-    for pos in range(start, len(text)):
-        if text[pos] == "{":
-            depth += 1
-        elif text[pos] == "}":
-            depth -= 1
-            if depth == 0:
-                return pos + 1
-    return None
+def math_spans(text: str) -> Iterator[tuple[int, int, str, bool]]:
+    """(start, end, LaTeX, displayed) of each math span of ``text``, left to right, none inside another. A closer
+    found missing once is not looked for again (nor is one past the end), and \\boxed's braces are matched in one
+    pass: linear in the text."""
+    absent: set[str] = set()
+    closing: dict[int, int] | None = None
+    pos = 0
+    while (opened := _OPENER.search(text, pos)) is not None:
+        start, opener = opened.start(), opened.group(0)
+        span = None
+        delimited = next((d for d in _DELIMITED if d[0] == opener), None)
+        if delimited is not None:
+            head, tail, block = delimited
+            close = -1 if tail in absent else text.find(tail, start + len(head) + 1)
+            if close < 0:
+                absent.add(tail)
+            else:
+                span = (start, close + len(tail), text[start + len(head) : close], block)
+        elif opener == "$":
+            inline = _INLINE.match(text, start)
+            if inline is not None:
+                span = (start, inline.end(), inline.group("id"), False)
+        else:
+            closing = _closing_braces(text) if closing is None else closing
+            brace = closing.get(opened.end() - 1)
+            if brace is not None:
+                span = (start, brace + 1, text[start : brace + 1], False)
+        if span is None:
+            pos = start + 1
+            continue
+        yield span
+        pos = span[1]
+
+
+def _closing_braces(text: str) -> dict[int, int]:
+    """Each opening brace's index -> its closing brace's (an unclosed one is absent)."""
+    closing: dict[int, int] = {}
+    opened: list[int] = []
+    for brace in _BRACE.finditer(text):
+        if brace.group() == "{":
+            opened.append(brace.start())
+        elif opened:
+            closing[opened.pop()] = brace.start()
+    return closing
 
 
 def _format_text(escaped: str) -> str:
     """The Markdown a solution uses for structure: headings and bold (line breaks are kept by the page's CSS)."""
     escaped = _HEADING.sub(lambda m: f'<span class="md-h">{m.group(2)}</span>', escaped)
-    return _BOLD.sub(r"<strong>\1</strong>", escaped)
+    return "\n".join(_bold(line) for line in escaped.split("\n"))
+
+
+def _bold(line: str) -> str:
+    """``**text**`` as <strong> on one line: an opener followed by a non-space, closed by the first later "**" after
+    a non-space (as ``\\*\\*(?=\\S)(.+?)(?<=\\S)\\*\\*`` reads it, in time linear in the line)."""
+    stars = [m.start() for m in _STARS.finditer(line)]
+    if len(stars) < 2:
+        return line
+    closers = [i for i in stars if i > 0 and not line[i - 1].isspace()]
+    pieces: list[str] = []
+    pos = 0
+    for i in stars:
+        if i < pos or i + 2 >= len(line) or line[i + 2].isspace():
+            continue
+        after = bisect_left(closers, i + 3)
+        if after == len(closers):
+            break  # no closer for this opener, nor for any later one
+        j = closers[after]
+        pieces += [line[pos:i], f"<strong>{line[i + 2 : j]}</strong>"]
+        pos = j + 2
+    pieces.append(line[pos:])
+    return "".join(pieces)
 
 
 @lru_cache(maxsize=4096)
@@ -120,21 +176,10 @@ def render_math_text(text: str) -> str:
     pieces: list[str] = []
     slots: list[str] = []
     pos = 0
-    for match in _SPAN.finditer(text):
-        if match.start() < pos:
-            continue  # inside a \boxed{} taken whole already
-        if match.group(0).startswith("\\boxed"):
-            end = _boxed_end(text, match.end())
-            if end is None:
-                continue
-            latex, block, whole = text[match.start() : end], False, text[match.start() : end]
-        else:
-            end = match.end()
-            latex = next(g for g in match.group("dd", "db", "ip", "id") if g is not None)
-            block = match.group("dd") is not None or match.group("db") is not None
-            whole = match.group(0)
+    for start, end, latex, block in math_spans(text):
+        whole = text[start:end]
         mathml = latex_to_mathml(latex.strip(), block)
-        before = text[pos : match.start()]
+        before = text[pos:start]
         if block and mathml is not None:
             # A displayed formula is a block of its own: the line breaks around it would add empty lines.
             before = before[:-1] if before.endswith("\n") else before
