@@ -56,9 +56,10 @@ def test_openers_left_open_stay_text_and_spans_after_them_still_render() -> None
     # A model looping until max_tokens: openers without closers stay text (each looked for once).
     looped = "\\boxed{" * 3000 + "\\( a " * 3000 + "**b " * 3000 + "\\[c " * 3000
     assert render_math_text(looped) == looped  # nothing rendered, nothing lost
-    # A span right after a \boxed{} whose inside opens a "$$" of its own is a span: its own "$$" is skipped whole.
-    html = render_math_text("\\boxed{$$a} then \\[x^2\\] and **bold**")
-    assert [m.get("display") for m in _math(html)] == ["inline", "block"] and "<strong>bold</strong>" in html
+    # A span after a \boxed{} whose inside opens a "$$" is a span of its own (the "$$" inside does not reach past
+    # the box to pair with the span's).
+    html = render_math_text("\\boxed{$$a} then $$b$$ and \\[x^2\\] and **bold**")
+    assert [m.get("display") for m in _math(html)] == ["inline", "block", "block"] and "<strong>bold</strong>" in html
     # Bold as the one-line rule reads it: an opener before a non-space, the first closer after a non-space.
     assert render_math_text("** a** **b *c** d**") == "** a** <strong>b *c</strong> d**"
 
