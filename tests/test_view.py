@@ -833,3 +833,23 @@ def test_in_chromium_a_run_page_leads_to_where_the_run_lost_its_answers(tmp_path
         browser.find_element(By.ID, "changes-worse").find_element(By.LINK_TEXT, "p2 it1").click()
         assert len(browser.find_elements(By.CSS_SELECTOR, ".candidate")) == 2
         assert "141" in browser.page_source
+
+
+@pytest.mark.slow
+def test_the_viewer_answers_its_own_address_only_and_odd_requests_with_a_4xx(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "tmas-demo"
+    _tmas_run(run_dir, iterations=1)
+    broken = tmp_path / "runs" / "broken"
+    broken.mkdir()
+    (broken / "run.sqlite").write_bytes(b"not a database" * 100)
+    with AppThread(view_app([tmp_path / "runs"])) as viewer:
+        ref = run_ref_for([tmp_path / "runs"], run_dir)
+        bad = run_ref_for([tmp_path / "runs"], broken)
+        assert ref is not None and bad is not None
+        assert get(viewer.url)[0] == 200
+        assert get(viewer.url, {"Host": f"localhost:{viewer.url.rsplit(':', 1)[1]}"})[0] == 200
+        # A page of another site whose name resolves here (DNS rebinding) reads nothing.
+        status, body = get(f"{viewer.url}/run/{ref.key}", {"Host": "attacker.example"})
+        assert status == 421 and b"its own address only" in body
+        assert get(f"{viewer.url}/run/{ref.key}/call/{2**64}")[0] == 404
+        assert get(f"{viewer.url}/compare/chart.png?run={ref.key}&run={bad.key}")[0] == 404

@@ -34,4 +34,4 @@ def view(
     if not is_loopback(host):
         typer.echo(f"tmas view: listening on {host}: anyone who reaches it reads every prompt and reply", err=True)
     typer.echo(f"tmas view: http://{host}:{port}/", err=True)
-    uvicorn.run(build(run_dirs), host=host, port=port, log_level="warning")
+    uvicorn.run(build(run_dirs, host=host), host=host, port=port, log_level="warning")

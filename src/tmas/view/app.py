@@ -28,6 +28,7 @@ from tmas.view.cache import RunCache
 from tmas.view.charts import accuracy_by_tokens_png, frontiers_png, pass1_by_iteration_png
 from tmas.view.compare import compare_runs, parse_budgets
 from tmas.view.credits import load_credits
+from tmas.view.host_check import HostCheck
 from tmas.view.live_grades import LiveGrades
 from tmas.view.mathtext import answer, rich
 from tmas.view.runs import RunReader, RunRef, discover, verdict
@@ -195,6 +196,8 @@ class Viewer:
 
     def call(self, request: Request) -> Response:
         call_id = int(request.path_params["call_id"])
+        if call_id >= 2**63:  # past SQLite's integers: no such call
+            raise HTTPException(404, f"no call {call_id} in this run")
         with self._open(request) as run:
             call = run.store.call(call_id)
             if call is None:
@@ -269,7 +272,10 @@ class Viewer:
         return PlainTextResponse("/".join(markers), headers={"Cache-Control": "no-store"})
 
     def compare_chart(self, request: Request) -> Response:
-        comparison = compare_runs(self._compared(request), cache=self.cache)
+        try:
+            comparison = compare_runs(self._compared(request), cache=self.cache)
+        except StoreError as exc:
+            raise HTTPException(404, str(exc)) from None
         try:
             png = frontiers_png([(run.label, run.points) for run in comparison.runs])
         except MissingExtra as exc:
@@ -329,5 +335,6 @@ def _verdict(live: LiveGrades | None, key: tuple[str, int, int]) -> tuple[bool |
     return verdict(live.grades, key), live.source(key)
 
 
-def view_app(paths: list[Path], *, warm_up: bool = True) -> Starlette:
-    return Viewer([Path(p) for p in paths], warm_up=warm_up).build()
+def view_app(paths: list[Path], *, warm_up: bool = True, host: str = "127.0.0.1") -> HostCheck:
+    """The viewer of ``paths``, answering requests addressed to ``host`` (the address it listens on) or loopback."""
+    return HostCheck(Viewer([Path(p) for p in paths], warm_up=warm_up).build(), host)
