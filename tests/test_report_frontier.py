@@ -129,3 +129,19 @@ async def test_runs_of_one_benchmark_on_other_problems_share_no_table(tmp_path: 
     await run(whole, tmp_path / "again", SimScript(), "cot")
     markdown = await report_here(tmp_path / "report2", tmp_path / "both", tmp_path / "again")
     assert markdown.count("## Benchmark:") == 1 and "## Benchmark: p\n" in markdown
+
+
+@pytest.mark.slow
+async def test_benchmark_names_of_any_script_or_sign_get_plots_of_their_own(tmp_path: Path) -> None:
+    names = ["αβ", "γδ", "cost_$5_or_$6"]
+    for name in names:
+        (tmp_path / name).mkdir()
+        problems = tmp_path / name / f"{name}.jsonl"
+        problems.write_text(write_problems(tmp_path / "p.jsonl").read_text(), encoding="utf-8")
+        await run(problems, tmp_path / name / "run", SimScript(), "cot")
+    await report_here(tmp_path / "report", *(tmp_path / name / "run" for name in names))
+    frontiers = sorted(p.name for p in (tmp_path / "report").glob("frontier_*.json"))
+    # "αβ" and "γδ" (as any name in another script) both slug to "benchmark": each gets a digest of its name; "$" is
+    # text in a plot's title, not the start of a formula.
+    assert len(frontiers) == 3 and "frontier_cost__5_or__6.json" in frontiers
+    assert all(name.startswith("frontier_benchmark-") for name in frontiers if "cost" not in name)

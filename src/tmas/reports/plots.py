@@ -28,6 +28,8 @@ def _pyplot() -> Any:
     except ImportError:
         raise MissingExtra("plots need matplotlib: pip install 'tmas[eval]'") from None
     matplotlib.use("Agg")  # no display here, and none needed
+    # Titles and labels are benchmark, run and method names: a "$" in one is text, not the start of a formula.
+    matplotlib.rcParams["text.parse_math"] = False
     import matplotlib.pyplot as plt
 
     return plt

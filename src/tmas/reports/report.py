@@ -374,6 +374,15 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "benchmark"
 
 
+def _file_names(benchmarks: list[str]) -> dict[str, str]:
+    """Each benchmark's part of its plots' file names: its slug, with a digest of its name where two slugs meet
+    ("a b" and "a_b"; names in another script, which have no letters a slug keeps)."""
+    slugs = {bench: _slug(bench) for bench in benchmarks}
+    taken = Counter(slugs.values())
+    digest = {bench: hashlib.sha256(bench.encode()).hexdigest()[:6] for bench in benchmarks}
+    return {bench: slug if taken[slug] == 1 else f"{slug}-{digest[bench]}" for bench, slug in slugs.items()}
+
+
 def write_report(evaluations: list[RunEvaluation], out_dir: Path, *, paper_model: str | None = None) -> dict[str, Path]:
     """Write report.md, report.html and the PNG plots into ``out_dir``; returns the paths by kind. ``paper_model``:
     the paper's model the runs stand for, where their model names do not say (see reports/paper_numbers.py)."""
@@ -382,6 +391,7 @@ def write_report(evaluations: list[RunEvaluation], out_dir: Path, *, paper_model
     doc = Document("tmas evaluation report")
     written: dict[str, Path] = {}
     by_benchmark = benchmark_groups(evaluations)
+    files = _file_names(list(by_benchmark))
     doc.add(
         Paragraph(
             "Pass@1 as in the TMAS paper (A.2): per problem the share of rollouts judged correct, "
@@ -398,11 +408,11 @@ def write_report(evaluations: list[RunEvaluation], out_dir: Path, *, paper_model
             _benchmark_tables(doc, graded)
             case_section(doc, graded)
             paper_section(doc, graded, paper_model)
-            name = f"pass1_vs_iteration_{_slug(bench)}.png"
+            name = f"pass1_vs_iteration_{files[bench]}.png"
             plot_pass1([(e.label, e.metrics) for e in graded], f"{bench}: Pass@1 vs iteration", out_dir / name)
             written[name] = out_dir / name
             doc.add(Image(name, f"Pass@1 against iteration on {bench}"))
-            written.update(_frontier_part(doc, graded, bench, out_dir))
+            written.update(_frontier_part(doc, graded, bench, files[bench], out_dir))
             _stopping_comparisons(graded)
             where_lost_section(doc, graded)
         for e in runs:
@@ -414,7 +424,7 @@ def write_report(evaluations: list[RunEvaluation], out_dir: Path, *, paper_model
     return written
 
 
-def _frontier_part(doc: Document, runs: list[RunEvaluation], bench: str, out_dir: Path) -> dict[str, Path]:
+def _frontier_part(doc: Document, runs: list[RunEvaluation], bench: str, slug: str, out_dir: Path) -> dict[str, Path]:
     """The frontier plot (and the data it plots, as JSON) and the equal-budget table read off it."""
     doc.add(Heading(3, "Accuracy against completion tokens"))
     doc.add(
@@ -425,7 +435,6 @@ def _frontier_part(doc: Document, runs: list[RunEvaluation], bench: str, out_dir
             "The band is one standard error across problems. Per-point problem counts are in each run's section."
         )
     )
-    slug = _slug(bench)
     image, data = f"frontier_{slug}.png", f"frontier_{slug}.json"
     drawn = plot_frontier(
         [(e.label, e.frontier) for e in runs], f"{bench}: accuracy vs completion tokens", out_dir / image
