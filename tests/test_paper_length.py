@@ -102,6 +102,9 @@ def test_truncation_warning_threshold() -> None:
     reply_quality_section(doc, {"solution": ReplyTally(replies=20, truncated=3), "verifier": ReplyTally(replies=10)})
     text = doc.markdown()
     assert "many replies cut at max_tokens" in text and "solution: 3 of 20" in text and "verifier:" not in text
+    # Bold in both forms: Markdown's asterisks, HTML's element (not the asterisks).
+    assert "**Warning: many replies cut at max_tokens.** solution" in text
+    assert "<p><strong>Warning: many replies cut at max_tokens.</strong> solution" in doc.html()
 
 
 def test_a_run_with_cut_solutions_warns_at_its_end(tmp_path: Path) -> None:

@@ -15,6 +15,8 @@ class Heading:
 @dataclass
 class Paragraph:
     text: str
+    # A lead in bold before the text (a warning's).
+    lead: str = ""
 
 
 @dataclass
@@ -51,7 +53,7 @@ class Document:
             if isinstance(block, Heading):
                 lines += ["#" * block.level + " " + block.text, ""]
             elif isinstance(block, Paragraph):
-                lines += [block.text, ""]
+                lines += [f"**{block.lead}** {block.text}" if block.lead else block.text, ""]
             elif isinstance(block, Bullets):
                 lines += [f"- {item}" for item in block.items] + [""]
             elif isinstance(block, Table):
@@ -80,7 +82,8 @@ class Document:
             if isinstance(block, Heading):
                 parts.append(f"<h{block.level}>{esc(block.text)}</h{block.level}>")
             elif isinstance(block, Paragraph):
-                parts.append(f"<p>{esc(block.text)}</p>")
+                lead = f"<strong>{esc(block.lead)}</strong> " if block.lead else ""
+                parts.append(f"<p>{lead}{esc(block.text)}</p>")
             elif isinstance(block, Bullets):
                 parts.append("<ul>" + "".join(f"<li>{esc(i)}</li>" for i in block.items) + "</ul>")
             elif isinstance(block, Table):

@@ -54,4 +54,4 @@ def reply_quality_section(doc: Document, replies: dict[str, ReplyTally]) -> None
     doc.add(Table(["Role", "Replies", "No answer/score", "Truncated", "Answer stated, no box", "Echo"], rows))
     warnings = truncation_warnings({role: (t.replies, t.truncated) for role, t in replies.items()})
     if warnings:
-        doc.add(Paragraph("**Warning: many replies cut at max_tokens.** " + " ".join(f"{w}." for w in warnings)))
+        doc.add(Paragraph(" ".join(f"{w}." for w in warnings), lead="Warning: many replies cut at max_tokens."))
