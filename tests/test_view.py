@@ -853,3 +853,20 @@ def test_the_viewer_answers_its_own_address_only_and_odd_requests_with_a_4xx(tmp
         assert status == 421 and b"its own address only" in body
         assert get(f"{viewer.url}/run/{ref.key}/call/{2**64}")[0] == 404
         assert get(f"{viewer.url}/compare/chart.png?run={ref.key}&run={bad.key}")[0] == 404
+
+
+def test_the_comparison_counts_tokens_over_the_problems_a_run_started(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for name in ("whole", "begun"):
+        model = ScriptedModel(SimScript(), scripted_settings(method__name="cot"))
+        asyncio.run(scripted_run(model, runs / name, PROBLEMS[:1]))
+    with RunStore(runs / "begun") as store:
+        # Two more problems nobody has started: they spent nothing and count for nothing yet.
+        store.add_problems([Problem(problem_id="p2", question="What is 1+1?"), Problem(problem_id="p3", question="x")])
+        [spent] = [r.usage.completion_tokens for r in store.results()]
+    with AppThread(view_app([runs])) as viewer:
+        keys = [ref.key for ref in (run_ref_for([runs], runs / name) for name in ("whole", "begun")) if ref]
+        status, page = get(f"{viewer.url}/compare?run={keys[0]}&run={keys[1]}")
+    assert status == 200
+    rows = page.decode().split('id="compared-runs"')[1].split("</table>")[0].split("<tr>")[2:]
+    assert [row.split('<td class="num">')[3].split("<")[0] for row in rows] == [str(spent), str(spent)]

@@ -35,6 +35,13 @@ class ComparedRun:
     def graded(self) -> int:
         return sum(r.correct is not None for r in self.rows.values())
 
+    @property
+    def tokens_per_problem(self) -> float:
+        """Completion tokens per problem the run has started (a pending one spent nothing yet), as tmas report
+        counts them."""
+        started = [p for p in self.overview.problems if p.status != "pending"]
+        return sum(p.completion_tokens for p in started) / max(1, len(started))
+
 
 @dataclass
 class Comparison:
