@@ -28,6 +28,7 @@ from tmas.store.summaries import summarize_result
 from tmas.testing import Rule, ScriptedModel, ScriptedUsage, SimScript, SimServer
 from tmas.view.app import view_app
 from tmas.view.bank_diff import bank_diffs, diff_entries
+from tmas.view.runs import discover
 from web_helpers import AppThread, get, run_ref_for, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -870,3 +871,10 @@ def test_the_comparison_counts_tokens_over_the_problems_a_run_started(tmp_path: 
     assert status == 200
     rows = page.decode().split('id="compared-runs"')[1].split("</table>")[0].split("<tr>")[2:]
     assert [row.split('<td class="num">')[3].split("<")[0] for row in rows] == [str(spent), str(spent)]
+
+
+def test_a_run_given_twice_is_listed_once_where_it_came_first(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        RunStore(tmp_path / "runs" / name).close()
+    listed = discover([tmp_path / "runs" / "b", tmp_path / "runs", tmp_path / "runs" / "." / "a"])
+    assert [ref.path.name for ref in listed] == ["b", "a"]

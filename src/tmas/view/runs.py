@@ -44,7 +44,11 @@ def discover(paths: list[Path]) -> list[RunRef]:
             found.append(path)
         elif path.is_dir():
             found.extend(sorted(p for p in path.iterdir() if (p / DB_NAME).is_file()))
-    return [RunRef(hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:10], p) for p in found]
+    # A run given twice (itself, and in a directory given too) is listed once, where it came first.
+    refs: dict[str, Path] = {}
+    for path in found:
+        refs.setdefault(hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10], path)
+    return [RunRef(key, path) for key, path in refs.items()]
 
 
 # A problem's status on the run page before any iteration of it finished.
