@@ -169,7 +169,8 @@ def _bold(line: str) -> str:
     return "".join(pieces)
 
 
-@lru_cache(maxsize=4096)
+# Renders kept: a maths-heavy reply's HTML is several times its text, so a long-lived viewer keeps few.
+@lru_cache(maxsize=512)
 def render_math_text(text: str) -> str:
     """HTML of ``text`` with every math span rendered (the raw text not included)."""
     text = text.replace("\x00", "")
