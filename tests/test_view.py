@@ -878,3 +878,21 @@ def test_a_run_given_twice_is_listed_once_where_it_came_first(tmp_path: Path) ->
         RunStore(tmp_path / "runs" / name).close()
     listed = discover([tmp_path / "runs" / "b", tmp_path / "runs", tmp_path / "runs" / "." / "a"])
     assert [ref.path.name for ref in listed] == ["b", "a"]
+
+
+@pytest.mark.slow
+def test_the_iteration_page_marks_the_candidate_the_method_selected(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "tmas-demo"
+    _tmas_run(run_dir, iterations=1)
+    with RunStore(run_dir, read_only=True) as store:
+        [record] = store.iterations("mult")
+    assert record.selection is not None
+    with AppThread(view_app([run_dir])) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        _, page = get(f"{viewer.url}/run/{ref.key}/iteration?id=mult&t=0")
+    text = page.decode()
+    assert f"(candidate {record.selection.candidate})" in text
+    cards = text.split('<div class="card candidate')[1:]
+    marked = [i for i, card in enumerate(cards) if "the selected candidate" in card.split("</table>")[0]]
+    assert marked == [record.selection.candidate]
