@@ -272,3 +272,20 @@ async def test_a_resumed_pooled_run_banks_what_finished_problems_left(tmp_path: 
     assert b is not None
     # The 50 tokens "a" left are banked again from its stored result: "b" replays its 14 calls and sends none.
     assert (b.calls, b.budget_drawn) == (14, 50) and resumed.calls == []
+
+
+async def test_a_resumed_pooled_run_does_not_bank_again_what_finished_problems_drew(tmp_path: Path) -> None:
+    # "a" leaves 50 of its 90; "b" draws them and spends 140; "c" finds the pool empty and stops at its own 90 (the
+    # run: 40 + 140 + 90 = 270, its three shares). Resumed with "c" unfinished, the pool holds a's 90 - 40 and b's
+    # 90 - 140: nothing, as before, so "c" again draws nothing (banking b's draw again gave "c" 50 more).
+    problems = [*SETTLED_AND_OPEN, Problem(problem_id="c", question="What is 12*12? Once more.")]
+    await scripted_run(pooled_model(pool=True), tmp_path / "run", problems)
+    with RunStore(tmp_path / "run", create=False) as store:
+        first = {r.problem_id: (r.usage.completion_tokens, r.budget_drawn) for r in store.results()}
+    assert first == {"a": (40, 0), "b": (140, 50), "c": (90, 0)}
+    with sqlite3.connect(tmp_path / "run" / "run.sqlite") as db:
+        db.execute("DELETE FROM results WHERE problem_id = 'c'")
+    await scripted_run(pooled_model(pool=True), tmp_path / "run")
+    with RunStore(tmp_path / "run", create=False) as store:
+        c = store.result("c")
+    assert c is not None and (c.usage.completion_tokens, c.budget_drawn) == (90, 0)

@@ -571,13 +571,14 @@ class _Tally:
 
 def _token_bank(store: RunStore | None, budget: Budget, finished: Collection[str]) -> TokenBank | None:
     """A pooled token budget's bank (None without one), holding what the problems finished before (a resumed run)
-    left unused of their shares and draws."""
+    left of the pool: each one's share less what it spent. Its draws came out of the bank before it finished and went
+    back with what it left of them, so they count for nothing in the bank's balance."""
     if not budget.pool or budget.tokens is None:
         return None
     bank = TokenBank()
     for result in store.results() if store is not None and finished else ():
         if result.problem_id in finished:
-            bank.deposit(budget.tokens + result.budget_drawn - budget.spent(result.usage))
+            bank.deposit(budget.tokens - budget.spent(result.usage))
     return bank
 
 
