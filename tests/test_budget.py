@@ -289,3 +289,23 @@ async def test_a_resumed_pooled_run_does_not_bank_again_what_finished_problems_d
     with RunStore(tmp_path / "run", create=False) as store:
         c = store.result("c")
     assert c is not None and (c.usage.completion_tokens, c.budget_drawn) == (90, 0)
+
+
+async def test_a_budget_counting_prompts_is_passed_by_one_call_at_most_whatever_the_prompts_cost(
+    tmp_path: Path,
+) -> None:
+    # Each reply reports a 500-token prompt (a long context, a template the server adds, text of few characters a
+    # token) for a question of a few characters: guessed from its characters the prompt would cost far less. The
+    # first call goes alone and shows the price; every later call is reserved at it. Budget 4,000 total tokens; a
+    # call costs 520: at most 4,000 + 520 may be spent (16 samples would cost 8,320).
+    costly = SimScript(rules=[Rule(usage=ScriptedUsage(prompt_tokens=500, completion_tokens=20))])
+    settings = scripted_settings(
+        method={"name": "majority", "params": {"k": 16}},
+        budget={"tokens": 4000, "count": "total"},
+        sampling={"max_tokens": 32},
+    )
+    await scripted_run(ScriptedModel(costly, settings), tmp_path / "run", [Problem(problem_id="a", question=Q)])
+    with RunStore(tmp_path / "run", create=False) as store:
+        [result] = store.results()
+    spent = result.usage.prompt_tokens + result.usage.completion_tokens
+    assert 4000 <= spent <= 4000 + 520 and result.stopped_reason == "budget"

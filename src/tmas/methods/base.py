@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -26,8 +27,8 @@ from pydantic import (
 from tmas.answer_classes import EquivalenceCheck, answer_classes
 from tmas.config import Budget, Sampling
 from tmas.llm.model import ChatModel
+from tmas.llm.replica import MESSAGE_TEMPLATE_TOKENS
 from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling
-from tmas.llm.tokens import estimate_tokens
 from tmas.llm.types import CallKey, ChainKey, Completion, Lane, Message, Usage
 from tmas.llm.watch import UNWATCHED_NOTICE, TraceWatch
 from tmas.methods.call_count import CallCount
@@ -97,6 +98,10 @@ class BudgetExhausted(Exception):
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
         self.detail = detail
+
+
+# Characters a token at most in a prompt's guess for a budget that counts prompts (ProblemSession._prompt_guess).
+BUDGET_CHARS_PER_TOKEN = 3.0
 
 
 class TokenBank:
@@ -225,6 +230,9 @@ class ProblemSession:
         self.reserved_tokens = 0
         # Calls in flight with no max_tokens: nothing bounds what they spend, so no other call goes beside them.
         self._unbounded_in_flight = 0
+        # Where the budget counts prompts: how many times a prompt's guess (:meth:`_prompt_guess`) its finished
+        # calls cost at most; None until one has reported its prompt tokens (till then one call goes at a time).
+        self._prompt_scale: float | None = None
         # Set (and replaced) each time a call of the problem ends: a call held back waits for it.
         self._call_ended = asyncio.Event()
         # Set when the budget refused a call; says what was spent against what limit.
@@ -283,7 +291,7 @@ class ProblemSession:
             # A distinct, reproducible seed per call: parallel samples of one prompt differ, and a rerun with the
             # same run seed asks the same questions (servers that honour `seed`, e.g. vLLM, answer the same too).
             resolved = resolved.over(DERIVED_SEED, Sampling(seed=self.derive_seed("call", role, sample)))
-        reserve = await self._admit(self._most_tokens(resolved, messages))
+        reserve = await self._admit(resolved, messages)
         self.calls_in_flight += 1
         self._hold(reserve, +1)
         try:
@@ -299,6 +307,7 @@ class ProblemSession:
             self.notice("unwatched", UNWATCHED_NOTICE)
         self.spent_calls += 1
         self.spent_tokens += self.budget.spent(completion.usage)
+        self._learn_prompt_cost(messages, completion.usage)
         self.spent_usage = self.spent_usage + completion.usage
         self._iteration_calls += 1
         self._iteration_usage = self._iteration_usage + completion.usage
@@ -339,19 +348,34 @@ class ProblemSession:
         self._call_ended = asyncio.Event()
 
     def _most_tokens(self, resolved: ResolvedSampling, messages: Sequence[Message]) -> int | None:
-        """What a call may spend of a token budget at most: its max_tokens, plus its prompt (estimated from its
-        characters) where the budget counts prompts; None where no max_tokens bounds it."""
+        """What a call may spend of a token budget at most: its max_tokens, plus its prompt where the budget counts
+        prompts (guessed from its characters, scaled by what the problem's finished calls reported); None where no
+        max_tokens bounds it."""
         if self.budget.tokens is None:
             return 0
         most = resolved.sampling.max_tokens
         if most is None:
             return None
         if self.budget.count == "total":
-            most += sum(estimate_tokens(m.content) for m in messages)
+            most += math.ceil(self._prompt_guess(messages) * (self._prompt_scale or 1.0))
         return most
 
-    async def _admit(self, most: int | None) -> int | None:
-        """Wait until a call that may spend ``most`` tokens (None: no bound) can go; what it holds while in flight.
+    @staticmethod
+    def _prompt_guess(messages: Sequence[Message]) -> float:
+        """A prompt's tokens guessed from its text, on the high side (3 characters a token, a chat template's
+        tokens around each message): LaTeX and code take more tokens a character than prose."""
+        return sum(len(m.content) / BUDGET_CHARS_PER_TOKEN + MESSAGE_TEMPLATE_TOKENS for m in messages)
+
+    def _learn_prompt_cost(self, messages: Sequence[Message], usage: Usage) -> None:
+        """What a finished call's prompt cost against its guess: later calls are reserved at the largest ratio."""
+        if self.budget.count != "total" or usage.prompt_tokens <= 0:
+            return
+        ratio = usage.prompt_tokens / max(1.0, self._prompt_guess(messages))
+        self._prompt_scale = max(self._prompt_scale or 1.0, ratio)
+
+    async def _admit(self, resolved: ResolvedSampling, messages: Sequence[Message]) -> int | None:
+        """Wait until the call can go; what it holds while in flight (:meth:`_most_tokens`, priced anew each time it
+        looks, as finished calls show what prompts cost; None: no bound).
 
         Under a token budget a call goes while the calls in flight, each counted at what it may spend, cannot reach
         the limit; otherwise it waits for one to end and looks again. The spend and what the calls in flight hold
@@ -362,8 +386,12 @@ class ProblemSession:
             self.check_budget()
             if self.budget.tokens is None:
                 return 0
+            most = self._most_tokens(resolved, messages)
             limit = self.budget.tokens + self.drawn
-            if not self._unbounded_in_flight and self.spent_tokens + self.reserved_tokens < limit:
+            # Prompts counted and none priced yet: the first call goes alone, so the next ones are reserved at what
+            # a prompt of this problem was seen to cost.
+            unpriced = self.budget.count == "total" and self._prompt_scale is None and self.calls_in_flight > 0
+            if not self._unbounded_in_flight and not unpriced and self.spent_tokens + self.reserved_tokens < limit:
                 return most
             await self._call_ended.wait()
 
