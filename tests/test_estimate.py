@@ -188,6 +188,10 @@ def test_mattrl_upper_bound_counts_retries() -> None:
     c = calls_per_problem(create_method("mattrl", {"team_size": 3, "iterations": 3, "retries": 1}))
     assert not c.exact
     assert c.upper == {"coordinator": 4, "specialist": 9, "reviewer": 36} and c.upper_total == 49
+    # The fewest: a team of one converged after its first opinion (recruit, opinion, decision); a right pre-test.
+    assert c.fewest_total == 3
+    teaching = calls_per_problem(create_method("mattrl", {"domain": "education", "iterations": 2}))
+    assert teaching.fewest_total == 1
 
 
 PROBLEMS = [Problem(problem_id=f"p{i}", question=f"What is {i + 3}*7?", answer=str((i + 3) * 7)) for i in range(2)]

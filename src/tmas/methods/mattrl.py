@@ -158,23 +158,25 @@ class MATTRL(Method[MATTRLParams]):
         (1 + retries) + R x (n + n(n - 1)(1 + retries)) + 2 (the decision's one rewrite pass included). Medicine
         reviews every round but the last: 2 + R x n + (R - 1) x n(n - 1). Education: a right pre-test ends the case
         after 1 call; otherwise single teacher 2R + 3, team 2 + R x (n + 2) + 2 (formation, per round n analyses, a
-        plan and the student's reply, then guidance and post-test)."""
+        plan and the student's reply, then guidance and post-test). The fewest: a right pre-test's one call; a
+        recruited team of one that has converged after its first opinion, 3."""
         p = self.params
         n, rounds, tries = p.team_size, p.iterations, 1 + p.retries
         if self.domain.teaching:
             if p.teaching == "single":
                 roles = {"student": rounds + 2, "specialist": rounds + 1}
-                return count_calls(roles, "at most: a right pre-test ends the case after 1 call", upper=roles)
+                note = "at most: a right pre-test ends the case after 1 call"
+                return count_calls(roles, note, upper=roles, fewest={"student": 1})
             roles = {"student": rounds + 2, "coordinator": 1 + rounds + 1, "specialist": n * rounds}
             upper = {**roles, "coordinator": tries + rounds + 1}
             note = "at most: a right pre-test ends the case after 1 call; team formation may retry"
-            return count_calls(roles, note, upper)
+            return count_calls(roles, note, upper, fewest={"student": 1})
         review = self.domain.review
         reviews = review.calls(n, rounds) if review is not None else 0
         roles = {"coordinator": 2, "specialist": n * rounds, "reviewer": reviews}
         upper = {"coordinator": tries + 2, "specialist": n * rounds, "reviewer": reviews * tries}
         note = "at most, with the full team for every round: deliberation stops once every specialist has converged"
-        return count_calls(roles, note, upper)
+        return count_calls(roles, note, upper, fewest={"coordinator": 2, "specialist": 1})
 
     def __init__(self, params: MethodParams) -> None:
         super().__init__(params)
