@@ -377,10 +377,14 @@ def test_budgets_cap_the_estimate() -> None:
     point = estimate_point("vr", method, capped, 10, TokenRates(default_completion=10))
     assert point.total_calls == 1000 and point.completion_tokens == 10_000  # 100 calls x 10 tokens x 10 problems
     assert not point.calls.exact and "call budget" in point.calls.note
-    # A completion-token budget of 500 a problem: 320 calls x 10 tokens = 3,200 would pass it.
+    # A completion-token budget of 500 a problem: with measured rates, 320 calls x 10 tokens = 3,200 would pass it,
+    # and the estimate stops at the budget.
     tokens = Settings.model_validate({"budget": {"tokens": 500}})
-    point = estimate_point("vr", create_method("verify_refine", {"n": 8, "m": 1, "iterations": 20}), tokens, 10, None)
+    point = estimate_point("vr", method, tokens, 10, TokenRates(default_completion=10))
     assert point.completion_tokens == 5000 and "token budget" in point.calls.note
+    # As a ceiling (every call at max_tokens, 2,048 by default): the budget plus the one call that may pass it.
+    point = estimate_point("vr", method, tokens, 10, None)
+    assert point.completion_tokens == 10 * (500 + 2048) and point.basis == "max_tokens"
 
 
 def test_max_tokens_per_role_follow_what_tmas_sends() -> None:

@@ -144,8 +144,10 @@ def estimate_point(
     if per_call is not None:
         per_problem = _completion(counted, per_call) * count.share()
         if budget.tokens is not None and budget.count == "completion" and per_problem > budget.tokens:
-            # A problem stops at the budget, passing it by one call's tokens at most (ProblemSession._admit).
-            per_problem = float(budget.tokens)
+            # A problem stops at the budget, passing it by one call's tokens at most (ProblemSession._admit): a
+            # ceiling (max_tokens) counts that call too.
+            over = max(per_call.values(), default=0.0) if point.basis == "max_tokens" else 0.0
+            per_problem = min(per_problem, budget.tokens + over)
             where = (
                 f"the pooled token budget stops the run near {budget.tokens * problems}"
                 if budget.pool
