@@ -254,7 +254,15 @@ class TMAS(Method[TMASParams]):
             elif last:
                 log.notes.append("last iteration: summaries and memory update skipped (skip_final_memory)")
             # Lines 19-20, unless nothing will read E_t or G_t (the saving early stopping is for).
-            memory = await self._update_memory(session, rollouts, state, log, skip=settled is not None or last)
+            budget_spent: BudgetExhausted | None = None
+            try:
+                memory = await self._update_memory(session, rollouts, state, log, skip=settled is not None or last)
+            except BudgetExhausted as spent:
+                # The budget ran out in the memory update: the iteration's candidates stand, as the last
+                # iteration's do without one, and the problem stops with them (below, once they are recorded).
+                budget_spent = spent
+                log.notes.append("budget spent during the memory update: the banks stay as they were")
+                memory = await self._update_memory(session, rollouts, state, log, skip=True)
             state = MemoryState(rollouts=rollouts, experience=memory.experience, guideline=memory.guideline)
             chosen = await self._select(session, candidates)
             if chosen.fallback is not None:
@@ -278,6 +286,8 @@ class TMAS(Method[TMASParams]):
             session.end_iteration(
                 candidates, chosen=chosen.candidate, fallback=chosen.fallback, state=recorded, notes=log.notes
             )
+            if budget_spent is not None:
+                raise budget_spent
             if stopped is not None:
                 break
         result = await self._result(session, stopped)
