@@ -138,6 +138,24 @@ async def test_validation_split_is_by_question(tmp_path: Path) -> None:
     val_q = {r["extra_info"]["question_hash"] for r in val}
     assert not train_q & val_q and len(train_q | val_q) == 3
     assert train_q | val_q == {question_hash(p.question) for p in PROBLEMS[:3]}
+    # Built again without a split: the earlier split's file goes (its questions are in the training file now).
+    again = tmas("rl", "build-data", str(run_dir), "-o", str(out), "--mix", "all")
+    assert again.returncode == 0, again.stderr
+    assert not (tmp_path / "d.val.parquet").exists()
+
+
+@pytest.mark.slow
+async def test_a_group_holds_one_runs_rows(tmp_path: Path) -> None:
+    # Two runs of one name (two sweeps' "tmas"): each group stays its own run's (two rows, or one).
+    for parent in ("a", "b"):
+        await tmas_run(tmp_path / parent / "tmas", iterations=2)
+    out = tmp_path / "d.parquet"
+    done = tmas("rl", "build-data", str(tmp_path / "a" / "tmas"), str(tmp_path / "b" / "tmas"), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    sizes = Counter(r["extra_info"]["group"] for r in pq.read_table(out).to_pylist())
+    assert sizes and set(sizes.values()) <= {1, 2}
+    twice = tmas("rl", "build-data", str(tmp_path / "a" / "tmas"), str(tmp_path / "a" / "tmas"), "-o", str(out))
+    assert twice.returncode == 2 and "run directory given twice" in twice.stderr
 
 
 @pytest.mark.slow

@@ -281,6 +281,18 @@ def mixed(
     return out, available
 
 
+def run_names(run_dirs: Sequence[Path]) -> dict[Path, str]:
+    """Each run's name in its rows' groups: its directory's name, or its whole path where two runs' names are one (a
+    group is one run's; rows of two runs under one name made groups of four rows, or two prompts in one group). A
+    run given twice is refused."""
+    resolved = [p.resolve() for p in run_dirs]
+    twice = sorted({str(p) for p in resolved if resolved.count(p) > 1})
+    if twice:
+        raise InputError(f"run directory given twice: {', '.join(twice)}")
+    shared = {name for name in (p.name for p in resolved) if [q.name for q in resolved].count(name) > 1}
+    return {given: str(p) if p.name in shared else p.name for given, p in zip(run_dirs, resolved, strict=True)}
+
+
 def build_dataset(
     run_dirs: Sequence[Path],
     exclude: ExcludeList | None = None,
@@ -296,6 +308,7 @@ def build_dataset(
     train: list[dict[str, Any]] = []
     val: list[dict[str, Any]] = []
     seen_normal: set[str] = set()
+    names = run_names(run_dirs)
     for run_dir in run_dirs:
         if not (run_dir / "run.sqlite").is_file():
             raise InputError(f"{run_dir}: not a run directory (no run.sqlite)")
@@ -306,7 +319,7 @@ def build_dataset(
         with store:
             method, settings = _bank_method(store, run_dir)
             rendering = method.rendering(settings, context_length)
-            run = run_dir.resolve().name
+            run = names[run_dir]
             report.runs.append(str(run_dir))
             report.rendering.append(f"`{run_dir}`: {rendering.describe()}")
             for problem in store.problems():
@@ -465,10 +478,14 @@ def write_dataset(data: Dataset, output: Path) -> list[Path]:
     written = [output]
     write_parquet(data.train, output)
     val_path = None
+    stale = output.with_name(f"{output.stem}.val.parquet")
     if data.val:
-        val_path = output.with_name(f"{output.stem}.val.parquet")
+        val_path = stale
         write_parquet(data.val, val_path)
         written.append(val_path)
+    elif stale.exists():
+        # An earlier build's split: its questions may be in this training file now.
+        stale.unlink()
     card = output.with_name(f"{output.stem}.md")
     card.write_text(dataset_card(data, output, val_path), encoding="utf-8")
     written.append(card)
