@@ -141,6 +141,8 @@ async def test_difference_build_matches_hand_values_and_search_reads_it(tmp_path
     assert len(model.calls) == chat_before
     assert (again.added, again.already_in_pool) == (0, 2)
     assert len(Pool.open(pool_path)) == 2
+    # Nothing new: no new version (every entry would age by one for the prune's recency rule).
+    assert again.version == Pool.open(pool_path).meta.version == 1
 
 
 async def test_shapley_build_uses_every_coalition(tmp_path: Path, run_dir: Path) -> None:

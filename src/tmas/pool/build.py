@@ -438,9 +438,13 @@ async def _add_to_pool(pool_path: Path, entries: list[PoolEntry], embed: Embedde
     known = {e.id for e in pool.entries}
     fresh = [e for e in entries if e.id not in known]
     summary.already_in_pool = len(entries) - len(fresh)
+    summary.added = len(fresh)
+    if not fresh:
+        # Nothing new (a build run again to resume): no new version, which would age every entry by one.
+        summary.version = pool.meta.version
+        return
     await pool.add(fresh, embed)
     summary.version = pool.save()
-    summary.added = len(fresh)
 
 
 def _open_or_create(path: Path, embedder_name: str) -> Pool:
