@@ -24,3 +24,15 @@ def test_three_exemplars_prepended_as_data() -> None:
 def test_too_few_exemplars() -> None:
     with pytest.raises(InputError, match="at least 3 labelled exemplars"):
         with_exemplars([Problem(problem_id="p", question="q")], [Problem(problem_id="e", question="x", answer="1")])
+
+
+def test_a_problem_never_gets_its_own_question_under_another_id() -> None:
+    # The same question in the exemplar file under another id (two generated files): never its own exemplar.
+    problem = Problem(problem_id="a-s2", question="Count the tilings of a 2 x 5 board.", answer="8")
+    exemplars = [Problem(problem_id="a-s1", question="count the tilings of a 2 x  5 board.", answer="8")]
+    exemplars += [Problem(problem_id=f"e{i}", question=f"Other {i}?", answer=str(i)) for i in range(3)]
+    for seed in range(10):
+        [shot] = with_exemplars([problem], exemplars, k=3, seed=seed)
+        assert "a-s1" not in shot.metadata["few_shot"]
+    with pytest.raises(InputError, match="-k 0: give at least 1"):
+        with_exemplars([problem], exemplars, k=0)

@@ -18,8 +18,8 @@ from tmas.agents.overrides import packaged_source
 from tmas.agents.solution import generation_prompt
 from tmas.errors import InputError
 from tmas.llm.types import Message
-from tmas.problems import Problem
-from tmas.rl.data import build_dataset, mix_targets, question_hash
+from tmas.problems import Problem, question_hash
+from tmas.rl.data import build_dataset, mix_targets
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript
 

@@ -6,8 +6,10 @@ the id ``question_id`` or ``id`` are read too. Other fields are kept as metadata
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -129,6 +131,12 @@ def resolve_dataset(name_or_path: str | Path) -> Path:
             return candidate
     where = ", ".join(str(d) for d in dict.fromkeys(searched))
     raise InputError(f"benchmark {key!r}: {file_name} not found (looked in {where}; set {BENCHMARKS_ENV})")
+
+
+def question_hash(question: str) -> str:
+    """The identity of a question across files: case and whitespace do not matter."""
+    canonical = re.sub(r"\s+", " ", question).strip().lower()
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 def dataset_name(name_or_path: str | Path) -> str:

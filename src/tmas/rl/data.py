@@ -27,10 +27,8 @@ rows (a one-row group twice, ``extra_info.copy`` 1 on the second), so verl's per
 
 from __future__ import annotations
 
-import hashlib
 import math
 import random
-import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -50,7 +48,7 @@ from tmas.memory.experience_bank import ExperienceBank
 from tmas.memory.guideline_bank import GuidelineBank
 from tmas.methods import METHODS, stored_params
 from tmas.methods.training_prompts import BankPrompts, Rendering
-from tmas.problems import Problem, load_problems
+from tmas.problems import Problem, load_problems, question_hash
 from tmas.rl.scoring import TASKS, Task
 from tmas.store.records import IterationRecord
 from tmas.store.run_store import RunStore, StoreError
@@ -74,12 +72,6 @@ def parse_mix(text: str) -> tuple[float, float, float] | None:
     if len(weights) != 3 or any(w < 0 or not math.isfinite(w) for w in weights) or not any(weights):
         raise InputError(f"--mix {text!r}: expected normal:experience:guideline weights >= 0, e.g. 2.2:1.6:0.6, or all")
     return weights[0], weights[1], weights[2]
-
-
-def question_hash(question: str) -> str:
-    """The identity of a question across files: case and whitespace do not matter."""
-    canonical = re.sub(r"\s+", " ", question).strip().lower()
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 @dataclass
