@@ -15,6 +15,7 @@ import pytest
 from conftest import scripted_settings
 from mattrl_runs import hand_worked_transcript, write_run
 from scripted_runs import GoneModel, by_role
+from tmas.errors import InputError
 from tmas.llm.model import EndpointUnreachable
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool
@@ -266,3 +267,9 @@ async def test_a_synonym_diagnosis_is_matched_by_the_judge_and_credited(tmp_path
     spelled = BuildConfig(lam=0.5, gamma=0.5, grade_mode="rules", match="spelling")
     await build([run], tmp_path / "pool3", spelled, model)
     assert credits(tmp_path / "pool3")[(2, "S1")]["r"] == pytest.approx(0.5)
+
+
+def test_a_pool_needs_a_directory_of_its_own() -> None:
+    with pytest.raises(InputError, match="give the pool a directory of its own"):
+        build_dir_for(Path("/"))
+    assert build_dir_for(Path("pools/math")).name == "math.build"

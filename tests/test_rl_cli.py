@@ -110,3 +110,10 @@ def test_train_and_export_errors(tmp_path: Path) -> None:
     assert done.returncode == 2 and "no such data file" in done.stderr
     done = tmas("rl", "export-gguf", str(tmp_path), "-o", str(tmp_path / "m.gguf"))
     assert done.returncode == 1 and "not a Hugging Face checkpoint (no config.json) nor a LoRA adapter" in done.stderr
+    # A JSONL where the parquet goes, and an odd number of rollouts a group: said before any model loads.
+    problems = tmp_path / "p.jsonl"
+    problems.write_text('{"problem_id": "a", "question": "q", "answer": "1"}\n', encoding="utf-8")
+    done = tmas("rl", "pilot", str(problems), "-o", str(tmp_path / "k.parquet"), "--model", "tiny")
+    assert done.returncode == 2 and "not a parquet file of 'tmas rl build-data'" in done.stderr
+    done = tmas("rl", "pilot", str(problems), "-o", str(tmp_path / "k.parquet"), "--model", "tiny", "--samples", "3")
+    assert done.returncode == 2 and "--samples 3 is odd" in done.stderr

@@ -267,6 +267,10 @@ def pilot(
         raise InputError(f"--engine {engine!r} / --dtype {dtype!r}: expected continuous|padded and float32|bfloat16")
     if min_rate > max_rate:
         raise InputError(f"--min-rate {min_rate} is above --max-rate {max_rate}")
+    if samples % 2:
+        raise InputError(
+            f"--samples {samples} is odd: an experience group's Base and Bank halves must be equal (eq. 7)"
+        )
     from tmas.rl.hf_generate import GenerationSettings
     from tmas.rl.pilot import pilot_paths, run_pilot
 

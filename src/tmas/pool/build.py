@@ -37,6 +37,7 @@ from tmas.agents.pool_summarizer import (
 )
 from tmas.agents.utterance_judge import TeachingView, TurnView
 from tmas.config import Settings
+from tmas.errors import InputError
 from tmas.grading.registry import GradeMode
 from tmas.llm.factory import open_model
 from tmas.llm.model import ChatModel
@@ -161,6 +162,9 @@ class BuildSummary:
 
 def build_dir_for(pool: Path) -> Path:
     """Where a pool's build store lives: beside it, ``POOL.build/``."""
+    pool = pool.resolve()  # "." and "/" have no name of their own
+    if not pool.name:
+        raise InputError(f"-o {pool}: give the pool a directory of its own")
     return pool.with_name(pool.name + ".build")
 
 

@@ -236,7 +236,10 @@ def build_trainer(
 def load_dataset(path: Path) -> Any:
     import datasets
 
-    data = datasets.Dataset.from_parquet(str(path))
+    try:
+        data = datasets.Dataset.from_parquet(str(path))
+    except Exception as exc:  # pyarrow's ArrowInvalid and others: the file is no parquet this reads
+        raise InputError(f"{path}: not a parquet file of 'tmas rl build-data' ({type(exc).__name__}: {exc})") from None
     missing = set(COLUMNS) - set(data.column_names)
     if missing:
         raise InputError(f"{path}: missing columns {sorted(missing)} (not from 'tmas rl build-data')")
