@@ -186,6 +186,10 @@ def test_cli_imports_runs_and_grades_medicine_cases(tmp_path: Path) -> None:
     }
     asked = last_user_prompts(model, "specialist")
     assert asked and all("<diagnosis>" in prompt for prompt in asked)
+    # A run of another method is no case run: said, not graded as medicine at 0.
+    asyncio.run(arun(problems, tmp_path / "cot", model=ScriptedModel(SimScript(), scripted_settings())))
+    other = runner.invoke(app, ["cases", "grade", str(tmp_path / "cot")])
+    assert isinstance(other.exception, InputError) and "not a run of --method mattrl --domain" in str(other.exception)
 
 
 def entry(id_: str, role: str, **keys: str) -> PoolEntry:

@@ -47,10 +47,13 @@ def grade(
     ] = False,
 ) -> None:
     """One JSON line per case, then the metrics (with --judge, the endpoint flags name the judge's)."""
+    from tmas.errors import InputError
     from tmas.grading.cases import grade_cases
 
     settings = flags.settings() if judge else None
     graded = interrupt.run(grade_cases(run_dir, settings))
+    if not graded.rows:
+        raise InputError(f"{run_dir}: no finished case with a reference answer to grade")
     for row in graded.rows:
         typer.echo(json.dumps(row))
     typer.echo(json.dumps(graded.metrics))
