@@ -15,7 +15,7 @@ import pytest
 from conftest import scripted_settings
 from mattrl_runs import hand_worked_transcript, write_run
 from scripted_runs import GoneModel, by_role
-from tmas.errors import InputError
+from tmas.errors import ConfigError, InputError
 from tmas.llm.model import EndpointUnreachable
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool
@@ -273,3 +273,14 @@ def test_a_pool_needs_a_directory_of_its_own() -> None:
     with pytest.raises(InputError, match="give the pool a directory of its own"):
         build_dir_for(Path("/"))
     assert build_dir_for(Path("pools/math")).name == "math.build"
+
+
+async def test_a_bad_pool_target_is_said_before_any_call(tmp_path: Path, run_dir: Path) -> None:
+    model = ScriptedModel(SimScript(), scripted_settings())
+    taken = tmp_path / "taken"
+    taken.write_text("", encoding="utf-8")
+    with pytest.raises(InputError, match="a file, not a pool directory"):
+        await build([run_dir], taken, BuildConfig(), model)
+    with pytest.raises(ConfigError, match="unknown embedder 'foo'"):
+        await build([run_dir], tmp_path / "pool", BuildConfig(embedder="foo"), model)
+    assert model.calls == [] and not (tmp_path / "pool.build").exists()

@@ -37,12 +37,12 @@ from tmas.agents.pool_summarizer import (
 )
 from tmas.agents.utterance_judge import TeachingView, TurnView
 from tmas.config import Settings
-from tmas.errors import InputError
+from tmas.errors import ConfigError, InputError
 from tmas.grading.registry import GradeMode
 from tmas.llm.factory import open_model
 from tmas.llm.model import ChatModel
 from tmas.llm.types import CallKey, Message
-from tmas.memory.embedders import Embedder, embedder_for
+from tmas.memory.embedders import ENDPOINT, LOCAL, Embedder, embedder_for
 from tmas.memory.pool import META, Pool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.pool.credit import (
@@ -352,6 +352,7 @@ async def build_pool(
     :class:`tmas.llm.model.ChatModel` of the caller's own, its calls kept in the build's store either way."""
     summary = BuildSummary(pool=pool_path)
     step: ProgressFn = progress or (lambda stage, done, total: None)
+    _check_pool_target(pool_path, config)  # before any call: a bad target found after them lost their work's place
     cases = await load_transcripts(
         run_dirs, settings, grade_mode=config.grade_mode, notes=summary.notes, match=config.match, model=model
     )
@@ -370,6 +371,20 @@ async def build_pool(
             _write_credits(build_dir / CREDITS_FILE, records)
             await _add_to_pool(pool_path, entries, embedder_for(config.embedder, llm), summary)
     return summary
+
+
+def _check_pool_target(pool_path: Path, config: BuildConfig) -> None:
+    """What :func:`_add_to_pool` would find wrong at the end, found now: a path that is no directory, an embedder
+    tmas does not know, a pool that cannot be read or that another embedder made."""
+    if pool_path.exists() and not pool_path.is_dir():
+        raise InputError(f"-o {pool_path}: a file, not a pool directory")
+    if config.embedder not in (ENDPOINT, LOCAL):
+        raise ConfigError(f"unknown embedder {config.embedder!r} (known: {ENDPOINT}, {LOCAL})")
+    if (pool_path / META).exists():
+        pool = Pool.open(pool_path)
+        made_by = pool.meta.embedder.split(":", 1)[0]
+        if made_by != config.embedder:
+            raise ConfigError(f"{pool_path}: built with the {pool.meta.embedder} embedder, not {config.embedder!r}")
 
 
 async def _credit_turns(
