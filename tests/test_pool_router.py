@@ -114,3 +114,25 @@ def test_medicine_and_education_routers_read_their_own_features(tmp_path: Path) 
     assert model.domain == "medicine" and model.features[:3] == ["log_chars", "findings", "systems"]
     old = RouterModel.model_validate({k: v for k, v in model.model_dump().items() if k != "domain"})
     assert old.domain == "math"
+
+
+def test_a_medicine_router_grades_diagnoses_as_the_domain_does(tmp_path: Path) -> None:
+    import asyncio
+
+    from mattrl_runs import hand_worked_transcript
+    from tmas.store.run_store import RunStore
+
+    # The gold names a synonym too; the team's differential holds it. Graded as a diagnosis (the domain's own
+    # grader, by default), the team was right; graded as a maths answer, never.
+    data = [Problem(problem_id=f"m{i}", question="Angiokeratomas, acroparesthesia.", answer=GOLD) for i in range(2)]
+    medical = hand_worked_transcript().model_copy(update={"domain": "medicine"})
+    decision = {"decision": {"top10": ["Anderson-Fabry disease", "Pompe disease"]}}
+    single = write_run(tmp_path / "single", [(p, None, "Pompe disease") for p in data], "cot", tokens=100)
+    team = write_run(tmp_path / "team", [(p, medical, "Anderson-Fabry disease") for p in data], last_state=decision)
+    with RunStore(team) as store:
+        store.set_meta("method", {"name": "mattrl", "params": {"domain": "medicine"}})
+    cases = asyncio.run(paired_cases(single, team, None))
+    assert [(c.single_correct, c.team_correct) for c in cases] == [(False, True), (False, True)]
+
+
+GOLD = "Fabry disease | Anderson-Fabry disease"

@@ -29,12 +29,14 @@ from pydantic import BaseModel, ValidationError
 
 from tmas.config import Settings
 from tmas.errors import ConfigError, InputError
+from tmas.grading.diagnosis import DIAGNOSIS
 from tmas.grading.registry import GradeMode
-from tmas.methods.mattrl_domains import DEFAULT_DOMAIN, domain_named
+from tmas.methods.mattrl_domains import DEFAULT_DOMAIN, DOMAINS, domain_named
 from tmas.methods.state import MATTRLState
 from tmas.pool.outcomes import graded_results
 from tmas.problems import Problem
 from tmas.store.records import ProblemResult
+from tmas.store.run_store import RunStore, StoreError
 
 SINGLE, TEAM = "single", "mattrl"
 
@@ -110,8 +112,12 @@ class PairedCase:
 async def paired_cases(
     single_run: Path, team_run: Path, settings: Settings | None, mode: GradeMode = "combined"
 ) -> list[PairedCase]:
-    """The labelled problems both runs finished, graded by the evaluation harness."""
+    """The labelled problems both runs finished, graded by the evaluation harness; the default ``combined`` grades
+    a domain with a grader of its own (medicine's diagnosis) by that one, as the pool build and ``tmas cases grade``
+    do."""
     notes: list[str] = []
+    if mode == "combined":
+        mode = _domain_grader(team_run) or mode
     single = {g.problem.problem_id: g for g in await graded_results(single_run, settings, mode, notes)}
     team = {g.problem.problem_id: g for g in await graded_results(team_run, settings, mode, notes)}
     shared = [pid for pid in single if pid in team]
@@ -176,6 +182,17 @@ def routed_report(cases: list[PairedCase], routes: list[str], how: str) -> dict[
         },
         "savings_vs_mattrl": (1.0 - routed_tokens / team_tokens) if team_tokens else 0.0,
     }
+
+
+def _domain_grader(run_dir: Path) -> GradeMode | None:
+    """The grader of the MATTRL run's domain where it has its own (medicine: ``diagnosis``), else None."""
+    try:
+        with RunStore(run_dir, create=False) as store:
+            method = store.get_meta("method") or {}
+    except StoreError:
+        return None  # said by the grading that follows
+    domain = DOMAINS.get(str((method.get("params") or {}).get("domain")))
+    return domain.grader if domain is not None and domain.grader == DIAGNOSIS else None
 
 
 def train_router(cases: list[PairedCase], *, seed: int = 0) -> RouterModel:
