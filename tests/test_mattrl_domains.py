@@ -15,7 +15,7 @@ from conftest import scripted_settings
 from scripted_runs import by_role, last_user_prompts, run_scripted, scripted_run
 from tmas.api import arun
 from tmas.cli.main import app
-from tmas.data.case_import import read_rarebench, read_supergpqa
+from tmas.data.case_import import read_cases, read_rarebench, read_supergpqa
 from tmas.errors import InputError
 from tmas.grading.diagnosis import UnreadableJudgement, judge_rank, name_rank, parse_judge_rank, ranking_metrics
 from tmas.grading.teaching import teaching_metrics
@@ -118,6 +118,8 @@ def test_rarebench_and_supergpqa_examples_import() -> None:
         ('{"question": "q", "options": ["a"]}', "'options' must be a list of 2 to 10"),
         ('{"question": "q", "options": ["a", "b"], "answer": "Z"}', "neither an option's letter"),
         ("[1]", "expected a JSON object"),
+        ('{"question": "q", "options": ["a", null], "answer": "A"}', "each option must be a non-empty text"),
+        ('{"question": "q", "options": ["a", "b"], "answer": "A", "id": null}', "'id' must be a non-empty text"),
     ],
 )
 def test_bad_supergpqa_lines_name_file_and_line(tmp_path: Path, line: str, message: str) -> None:
@@ -125,6 +127,16 @@ def test_bad_supergpqa_lines_name_file_and_line(tmp_path: Path, line: str, messa
     source.write_text('{"question": "ok", "options": ["a", "b"], "answer_letter": "A"}\n' + line + "\n")
     with pytest.raises(InputError, match=f"q.jsonl:2: .*{message}"):
         list(read_supergpqa(source))
+
+
+def test_imported_cases_are_what_tmas_run_reads(tmp_path: Path) -> None:
+    source = tmp_path / "q.jsonl"
+    source.write_text('{"id": "a", "question": "q", "options": ["x", "y"]}\n' * 2, encoding="utf-8")
+    with pytest.raises(InputError, match="the id 'a' is given to two cases"):
+        read_cases(read_supergpqa, source)
+    source.write_text("\n", encoding="utf-8")
+    with pytest.raises(InputError, match="no case in the file"):
+        read_cases(read_rarebench, source)
 
 
 def test_name_rank_and_judge_replies() -> None:

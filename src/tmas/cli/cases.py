@@ -24,12 +24,12 @@ def import_cases(
     ],
 ) -> None:
     """Convert cases to the problems JSONL that `tmas run` reads."""
-    from tmas.data.case_import import READERS
+    from tmas.data.case_import import READERS, read_cases
     from tmas.errors import InputError
 
     if fmt not in READERS:
         raise InputError(f"unknown case format {fmt!r} (known: {', '.join(READERS)})")
-    problems = list(READERS[fmt](source))  # a bad line stops before anything is written
+    problems = read_cases(READERS[fmt], source)  # a bad line stops before anything is written
     with out.open("w", encoding="utf-8") as handle:
         for p in problems:
             record = {"problem_id": p.problem_id, "question": p.question, "answer": p.answer, **p.metadata}

@@ -9,7 +9,7 @@ The id is ``problem_id``, ``id`` or ``case_id``, else the line number.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,30 @@ def _text(value: Any, joiner: str) -> str | None:
 LETTERS = "ABCDEFGHIJ"
 
 
+def _case_id(record: dict[str, Any], fields: tuple[str, ...], where: str, default: str) -> str:
+    """The case's id from the first of ``fields`` it has (text or a number), else ``default``."""
+    field = next((f for f in fields if f in record), None)
+    if field is None:
+        return default
+    value = record[field]
+    if isinstance(value, bool) or not isinstance(value, str | int) or not str(value).strip():
+        raise InputError(f"{where}: {field!r} must be a non-empty text or an integer")
+    return str(value).strip()
+
+
+def read_cases(reader: Callable[[Path], Iterator[Problem]], path: Path) -> list[Problem]:
+    """Every case ``reader`` reads of ``path``, checked as ``tmas run`` will read them: at least one, ids unique."""
+    problems = list(reader(path))
+    if not problems:
+        raise InputError(f"{path}: no case in the file")
+    seen: set[str] = set()
+    for problem in problems:
+        if problem.problem_id in seen:
+            raise InputError(f"{path}: the id {problem.problem_id!r} is given to two cases")
+        seen.add(problem.problem_id)
+    return problems
+
+
 def read_rarebench(path: Path) -> Iterator[Problem]:
     """RareBench-style cases as problems; a bad line is an :class:`InputError` naming file, line and field."""
     for where, number, record in read_objects(path):
@@ -46,7 +70,7 @@ def read_rarebench(path: Path) -> Iterator[Problem]:
         gold = _text(record.get(gold_field), " | ") if gold_field else None
         if gold_field and gold is None:
             raise InputError(f"{where}: {gold_field!r} must be a diagnosis name or a list of names")
-        case_id = next((str(record[f]) for f in ID_FIELDS if f in record), f"case-{number}")
+        case_id = _case_id(record, ID_FIELDS, where, f"case-{number}")
         extra = {k: v for k, v in record.items() if k not in (field, gold_field, *ID_FIELDS)}
         yield Problem(problem_id=case_id, question=patient, answer=gold, metadata=extra)
 
@@ -61,6 +85,8 @@ def read_supergpqa(path: Path) -> Iterator[Problem]:
             raise InputError(f"{where}: 'question' must be non-empty text")
         if not (isinstance(options, list) and 2 <= len(options) <= len(LETTERS)):
             raise InputError(f"{where}: 'options' must be a list of 2 to {len(LETTERS)} options")
+        if not all(isinstance(o, str | int | float) and not isinstance(o, bool) and str(o).strip() for o in options):
+            raise InputError(f"{where}: each option must be a non-empty text or a number")
         raw = record.get("answer_letter", record.get("answer"))
         letter = None
         if isinstance(raw, str) and raw.strip().upper() in LETTERS[: len(options)] and len(raw.strip()) == 1:
@@ -70,7 +96,7 @@ def read_supergpqa(path: Path) -> Iterator[Problem]:
         if raw is not None and letter is None:
             raise InputError(f"{where}: the answer {raw!r} is neither an option's letter nor an option's text")
         lettered = "\n".join(f"{LETTERS[i]}) {option}" for i, option in enumerate(options))
-        case_id = next((str(record[f]) for f in (*ID_FIELDS, "uuid") if f in record), f"question-{number}")
+        case_id = _case_id(record, (*ID_FIELDS, "uuid"), where, f"question-{number}")
         extra = {k: v for k, v in record.items() if k not in ("question", "options", "answer", "answer_letter")}
         yield Problem(problem_id=case_id, question=f"{question.strip()}\n{lettered}", answer=letter, metadata=extra)
 
