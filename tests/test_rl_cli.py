@@ -117,3 +117,5 @@ def test_train_and_export_errors(tmp_path: Path) -> None:
     assert done.returncode == 2 and "not a parquet file of 'tmas rl build-data'" in done.stderr
     done = tmas("rl", "pilot", str(problems), "-o", str(tmp_path / "k.parquet"), "--model", "tiny", "--samples", "3")
     assert done.returncode == 2 and "--samples 3 is odd" in done.stderr
+    done = tmas("rl", "export-gguf", str(tmp_path), "-o", str(tmp_path / "m.gguf"), "--outtype", "foo")
+    assert done.returncode == 2 and "--outtype 'foo': choose f32" in done.stderr

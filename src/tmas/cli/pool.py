@@ -55,7 +55,7 @@ def search(
     flags: ModelFlags,
     pool: PoolArg,
     query: Annotated[str, typer.Argument(help="What to look for (a problem, a round's context).")],
-    k: Annotated[int, typer.Option("-k", help="How many entries (paper: K = 8).")] = 8,
+    k: Annotated[int, typer.Option("-k", min=1, help="How many entries (paper: K = 8).")] = 8,
     as_json: JsonOpt = False,
 ) -> None:
     """The K entries nearest to QUERY, with the pool's own embedder (a local model, or the `embedding` role's
@@ -295,7 +295,7 @@ def fewshot(
     problems: Annotated[Path, typer.Argument(help="Problems JSONL to prepend exemplars to.")],
     exemplars: Annotated[Path, typer.Option("--exemplars", help="Labelled problems JSONL (a disjoint split).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="JSONL file to write.")],
-    k: Annotated[int, typer.Option("-k", help="Exemplars per problem (paper, Table 6: 3).")] = 3,
+    k: Annotated[int, typer.Option("-k", min=1, help="Exemplars per problem (paper, Table 6: 3).")] = 3,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the draw.")] = 0,
 ) -> None:
     """The few-shot control of Table 6: each problem with K random solved exemplars prepended."""

@@ -18,6 +18,9 @@ from tmas.rl.train_options import train_default
 PolicyOpt = Annotated[
     str, typer.Option("--model", help="HF checkpoint dir, GGUF file, embedded model name, or 'tiny'.")
 ]
+# What llama.cpp's convert_hf_to_gguf.py writes (its --outtype).
+OUTTYPES = ("f32", "f16", "bf16", "q8_0", "tq1_0", "tq2_0", "auto")
+
 rl_app = typer.Typer(
     help="Hybrid-reward RL: training data from TMAS runs, GRPO training, GGUF export.", no_args_is_help=True
 )
@@ -311,7 +314,7 @@ def export_gguf_cmd(
         Path, typer.Argument(help="Hugging Face checkpoint or LoRA adapter directory (e.g. OUT/final).")
     ],
     out: Annotated[Path, typer.Option("--out", "-o", help="GGUF file to write.")],
-    outtype: Annotated[str, typer.Option("--outtype", help="f32, f16, bf16 or q8_0.")] = "f16",
+    outtype: Annotated[str, typer.Option("--outtype", help=", ".join(OUTTYPES) + ".")] = "f16",
     script: Annotated[Path | None, typer.Option("--convert-script", help="llama.cpp's convert_hf_to_gguf.py.")] = None,
     base: Annotated[
         str | None, typer.Option("--base", help="An adapter's base model (default: the --model it was trained on).")
@@ -324,5 +327,7 @@ def export_gguf_cmd(
     merged into its base model first."""
     from tmas.rl.export import export_gguf
 
+    if outtype not in OUTTYPES:  # before an adapter is merged, which takes minutes
+        raise InputError(f"--outtype {outtype!r}: choose {', '.join(OUTTYPES)}")
     written = export_gguf(checkpoint, out, outtype=outtype, script=script, base=base, merged_dir=merged_dir)
     typer.echo(f"wrote {written}")
