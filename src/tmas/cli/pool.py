@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from tmas.cli import interrupt
 from tmas.cli.options import ModelFlags, model_options
+from tmas.errors import InputError
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -244,6 +245,8 @@ def router_route(
     from tmas.pool.router import SINGLE, TEAM, RouterModel
     from tmas.problems import load_problems
 
+    if split is not None and split.exists() and not split.is_dir():
+        raise InputError(f"--split {split}: a file, not a directory for single.jsonl and mattrl.jsonl")
     model_ = RouterModel.load(router)
     loaded = load_problems(problems)
     routes = {p.problem_id: model_.route(p.question, p.metadata) for p in loaded}
