@@ -38,9 +38,10 @@ async def grade_cases(run_dir: Path, judge: Settings | None = None) -> CaseGrade
     """Grade the run in ``run_dir``; with ``judge`` settings, medicine names are matched by the judge role (its
     calls are kept in the run's own store), else by spelling."""
     with RunStore(run_dir, create=False) as store:
-        method = store.get_meta("method") or {}
-        domain = DOMAINS.get(str((method.get("params") or {}).get("domain")))
-        if method.get("name") != "mattrl" or domain is None or domain.grader is None:
+        # A run of a case domain (its method's ``domain`` parameter names one with a grader of its own).
+        params = (store.get_meta("method") or {}).get("params") or {}
+        domain = DOMAINS.get(str(params.get("domain")))
+        if domain is None or domain.grader is None:
             raise InputError(f"{run_dir}: not a run of --method mattrl --domain medicine or education")
         problems = {p.problem_id: p for p in store.iter_problems() if p.answer}
         items = [last_item(r, problems[r.problem_id]) for r in store.results() if r.problem_id in problems]
