@@ -283,4 +283,7 @@ async def test_a_bad_pool_target_is_said_before_any_call(tmp_path: Path, run_dir
         await build([run_dir], taken, BuildConfig(), model)
     with pytest.raises(ConfigError, match="unknown embedder 'foo'"):
         await build([run_dir], tmp_path / "pool", BuildConfig(embedder="foo"), model)
+    # A run given twice would count its cases twice over.
+    with pytest.raises(InputError, match="run directory given twice"):
+        await build([run_dir, run_dir.parent / "." / run_dir.name], tmp_path / "pool", BuildConfig(), model)
     assert model.calls == [] and not (tmp_path / "pool.build").exists()

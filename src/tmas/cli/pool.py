@@ -88,7 +88,11 @@ def search(
 RunsArg = Annotated[list[Path], typer.Argument(help="Run directories of MATTRL runs on labelled problems.")]
 GradeOpt = Annotated[
     str | None,
-    typer.Option("--grade", help="How final answers are graded: rules, judge or combined (default; as `tmas eval`)."),
+    typer.Option(
+        "--grade",
+        help="How final answers are graded: rules, judge or combined (default; as `tmas eval`; a medicine run's"
+        " diagnoses by the diagnosis grader).",
+    ),
 ]
 
 

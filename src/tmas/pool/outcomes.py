@@ -226,6 +226,9 @@ async def load_transcripts(
 ) -> list[LabelledTranscript]:
     """The labelled, finished MATTRL problems of ``run_dirs``; what is skipped and why goes to ``notes``. The judges
     (grading, diagnosis matching) ask the endpoint of ``settings``, or ``model``, the caller's own."""
+    twice = sorted({str(p.resolve()) for p in run_dirs if [q.resolve() for q in run_dirs].count(p.resolve()) > 1})
+    if twice:
+        raise InputError(f"run directory given twice: {', '.join(twice)}")
     cases: list[LabelledTranscript] = []
     for run_dir in run_dirs:
         # The cases whose G is the reciprocal rank of the gold answer in their decision's ranked list.
