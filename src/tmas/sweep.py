@@ -24,7 +24,7 @@ import hashlib
 import itertools
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -170,6 +170,13 @@ def load_spec(path: Path) -> SweepSpec:
     return spec
 
 
+def given_sampling(overrides: Mapping[str, Any]) -> set[str]:
+    """The ``sampling`` fields dotted-key ``overrides`` set (None: not given); the run's ``seed`` is none of them."""
+    return {
+        key.removeprefix("sampling.") for key, v in overrides.items() if key.startswith("sampling.") and v is not None
+    }
+
+
 def with_grid_sampling(settings: Settings, spec: SweepSpec, flags: set[str]) -> Settings:
     """``settings`` with the grid's ``sampling`` on top as the config file's, except the fields named in ``flags``
     (given on the command line, which win over the grid file)."""
@@ -277,10 +284,7 @@ def resumed_sweep(
     settings = resume_settings(stored, overrides, config=config, same_method=False)
     if config is not None:
         # A config file read afresh holds none of the grid's sampling: it goes on again, under the flags given now.
-        given = {
-            k.removeprefix("sampling.") for k, v in overrides.items() if k.startswith("sampling.") and v is not None
-        }
-        settings = with_grid_sampling(settings, spec, given)
+        settings = with_grid_sampling(settings, spec, given_sampling(overrides))
     return spec, settings
 
 

@@ -479,7 +479,15 @@ def _sweep_plan(
     grid: list[str] | None,
 ) -> tuple[SweepSpec, Settings, Path]:
     """The sweep's grid, settings and directory: a resumed sweep's own, a grid file's, or the flags'."""
-    from tmas.sweep import load_spec, parse_grid_flag, resumed_sweep, spec_from_flags, sweep_budget, with_grid_sampling
+    from tmas.sweep import (
+        given_sampling,
+        load_spec,
+        parse_grid_flag,
+        resumed_sweep,
+        spec_from_flags,
+        sweep_budget,
+        with_grid_sampling,
+    )
 
     if resume is not None:
         if grid_file is not None or out is not None or method or grid:
@@ -513,7 +521,7 @@ def _sweep_plan(
             spec.about.benchmark = None  # other problems than the grid's: the report matches on their name
     if limit is not None:
         spec.limit = limit
-    settings = with_grid_sampling(settings, spec, flags.given_sampling())
+    settings = with_grid_sampling(settings, spec, given_sampling(flags.overrides()))
     return spec, settings, out
 
 

@@ -141,11 +141,6 @@ class ModelFlags:
         values = asdict(self)
         return {name for name in names if values[name] is not None}
 
-    def given_sampling(self) -> set[str]:
-        """The ``sampling`` fields the flags given set (``--seed`` is the run's seed, not one of them)."""
-        keys = (FLAG_KEYS[name] for name in self.given(*FLAG_KEYS))
-        return {key.removeprefix("sampling.") for key in keys if key.startswith("sampling.")}
-
 
 # Each flag of the group but --config -> the dotted settings key it sets (the one mapping).
 FLAG_KEYS: dict[str, str] = {

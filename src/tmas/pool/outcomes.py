@@ -34,7 +34,7 @@ from tmas.methods.mattrl_domains import Domain, domain_named
 from tmas.methods.state import MATTRLState
 from tmas.problems import Problem
 from tmas.store.records import IterationRecord, ProblemResult
-from tmas.store.run_store import RunStore, StoreError
+from tmas.store.run_store import RunStore, StoreError, resolved_once
 
 # Utterance kinds a specialist speaks; the coordinator's meeting, report and decision are context, not team turns.
 SPECIALIST_KINDS = ("opinion", "review")
@@ -226,9 +226,7 @@ async def load_transcripts(
 ) -> list[LabelledTranscript]:
     """The labelled, finished MATTRL problems of ``run_dirs``; what is skipped and why goes to ``notes``. The judges
     (grading, diagnosis matching) ask the endpoint of ``settings``, or ``model``, the caller's own."""
-    twice = sorted({str(p.resolve()) for p in run_dirs if [q.resolve() for q in run_dirs].count(p.resolve()) > 1})
-    if twice:
-        raise InputError(f"run directory given twice: {', '.join(twice)}")
+    resolved_once(run_dirs)
     cases: list[LabelledTranscript] = []
     for run_dir in run_dirs:
         # The cases whose G is the reciprocal rank of the gold answer in their decision's ranked list.

@@ -51,7 +51,7 @@ from tmas.methods.training_prompts import BankPrompts, Rendering
 from tmas.problems import Problem, load_problems, question_hash
 from tmas.rl.scoring import TASKS, Task
 from tmas.store.records import IterationRecord
-from tmas.store.run_store import RunStore, StoreError
+from tmas.store.run_store import RunStore, StoreError, resolved_once
 
 COLUMNS = ("prompt", "data_source", "reward_model", "extra_info", "_source")
 Layout = Literal["trl", "verl"]
@@ -277,10 +277,7 @@ def run_names(run_dirs: Sequence[Path]) -> dict[Path, str]:
     """Each run's name in its rows' groups: its directory's name, or its whole path where two runs' names are one (a
     group is one run's; rows of two runs under one name made groups of four rows, or two prompts in one group). A
     run given twice is refused."""
-    resolved = [p.resolve() for p in run_dirs]
-    twice = sorted({str(p) for p in resolved if resolved.count(p) > 1})
-    if twice:
-        raise InputError(f"run directory given twice: {', '.join(twice)}")
+    resolved = resolved_once(run_dirs)
     shared = {name for name in (p.name for p in resolved) if [q.name for q in resolved].count(name) > 1}
     return {given: str(p) if p.name in shared else p.name for given, p in zip(run_dirs, resolved, strict=True)}
 

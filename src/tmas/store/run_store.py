@@ -18,10 +18,11 @@ The methods are synchronous on purpose: each is one small local transaction (ten
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from tmas.errors import InputError
 from tmas.llm.types import ChatRequest, Completion, DowngradeKind, ServerFindings
 from tmas.problems import Problem
 from tmas.store.call_log import CallLog
@@ -204,3 +205,12 @@ class RunStore:
 
     def delete_grades(self, grader: str | None = None) -> None:
         self._grades.delete(grader)
+
+
+def resolved_once(run_dirs: Sequence[Path]) -> list[Path]:
+    """``run_dirs`` resolved; :class:`InputError` naming any given twice (its work would count twice over)."""
+    resolved = [Path(p).resolve() for p in run_dirs]
+    twice = sorted({str(p) for p in resolved if resolved.count(p) > 1})
+    if twice:
+        raise InputError(f"run directory given twice: {', '.join(twice)}")
+    return resolved
