@@ -253,8 +253,8 @@ async def test_a_prompt_the_window_cannot_hold_fails_at_once_naming_both_numbers
 async def test_the_probe_sends_the_key_and_asks_again_until_the_replica_answers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A vLLM replica behind --api-key, still loading for its first /v1/models: the first round of samples goes one
-    # request each (the server's kind unknown), the second, once the probe got its answer, as one request with n.
+    # A vLLM replica behind --api-key, still loading for its first /v1/models: the first round of samples waits for
+    # the probe's answer, then goes as one request with n, as the second does.
     monkeypatch.setenv("SIM_KEY", "secret")
     script = SimScript(persona="vllm", api_key="secret", models_unavailable=1)
     with SimServer(script) as sim, RunStore(tmp_path) as store:
@@ -268,8 +268,30 @@ async def test_the_probe_sends_the_key_and_asks_again_until_the_replica_answers(
         servers = store.servers()
     assert all(c.ok for c in first + second)
     assert served.unauthorized == 0 and served.models_unavailable == 1
-    assert [b.get("n") for b in bodies] == [None, None, None, 3]
+    assert [b.get("n") for b in bodies] == [3, 3]
     assert servers[sim.base_url]["server_kind"] == "vllm" and servers[sim.base_url]["context_length"] == 32768
+
+
+async def test_calls_wait_for_a_replica_still_loading_its_model() -> None:
+    # llama-server answers every route 503 "Loading model" until its model is loaded: the calls wait on its model card
+    # instead of spending their attempts on that refusal, and go once it is loaded.
+    with SimServer(SimScript(persona="llama-server", models_unavailable=2)) as sim:
+        async with LLMClient(settings_for(sim)) as llm:
+            done = await llm.chat("solution", QUESTION)
+        served = sim.stats()
+    assert done.ok and done.attempts == 1 and not done.retry_causes, done.error
+    assert (served.models_unavailable, served.refused_while_loading, served.completed) == (2, 0, 1)
+
+
+async def test_a_replica_loading_past_timeout_s_fails_its_calls_naming_why() -> None:
+    with SimServer(SimScript(persona="llama-server", models_unavailable=10_000)) as sim:
+        async with LLMClient(settings_for(sim, endpoint__timeout_s=1)) as llm:
+            done = await llm.chat("solution", QUESTION)
+        served = sim.stats()
+    assert done.error_cause == "http_503" and "Loading model" in (done.error or "")
+    # Its model card was asked for again while the wait lasted (more often than the call was sent), and the chat
+    # request went only after it.
+    assert served.refused_while_loading == done.attempts == 4 and served.models_unavailable > done.attempts
 
 
 # ------------------------------------------------------------------------------------------------ streams

@@ -13,6 +13,8 @@ thinks inside its content gets none, and that is recorded.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -36,6 +38,8 @@ CONTEXT_MARGIN_TOKENS = 32
 MAX_SHRINKS = 2
 # Estimates (characters per token) err low on math text: a prompt estimated is taken this much larger.
 ESTIMATE_SAFETY = 1.1
+# Seconds between two probes of a replica that says it is still loading its model (Refusals.probe).
+LOADING_POLL_S = 0.5
 
 
 @dataclass
@@ -345,9 +349,22 @@ class Refusals:
 
     async def probe(self, session: aiohttp.ClientSession, route: Route, replica: Replica) -> None:
         """Ask the replica about itself once it answers (with the endpoint's key), and record what it said; until it
-        answers, each call asks again (a replica still loading, a key refused)."""
+        answers, each call asks again (a key refused, no server there yet). While it says it is still loading its
+        model, the call waits rather than meet that refusal on every attempt: asked again every
+        :data:`LOADING_POLL_S`, for the endpoint's ``timeout_s`` at most since the replica was first heard loading
+        (then calls go as they come, and their retries meet what the server answers)."""
         if replica.probed:
             return
         async with replica.probe_lock:
-            if not replica.probed and await probe(session, replica, route.api_key) and self.log is not None:
-                self.log.record_server(replica.findings(serves_samples([replica.server_kind])))
+            while not replica.probed:
+                answer = await probe(session, replica, route.api_key)
+                if answer == "answered" and self.log is not None:
+                    self.log.record_server(replica.findings(serves_samples([replica.server_kind])))
+                if answer != "loading":
+                    return
+                now = time.monotonic()
+                if replica.loading_since is None:
+                    replica.loading_since = now
+                if now - replica.loading_since >= route.endpoint.timeout_s:
+                    return
+                await asyncio.sleep(LOADING_POLL_S)

@@ -18,7 +18,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 
@@ -31,6 +31,8 @@ from tmas.llm.vitals import Vitals
 
 # Tokens a chat template adds around each message (role markers, separators), counted where only the texts are.
 MESSAGE_TEMPLATE_TOKENS = 4
+# How a replica answered its probe (tmas.llm.replica.probe).
+ProbeAnswer = Literal["answered", "loading", "none"]
 
 
 @dataclass
@@ -55,6 +57,8 @@ class Replica:
     renamed: dict[str, str | None] = field(default_factory=dict)
     # Calls that start together wait for the one probe instead of going out unchecked.
     probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # When its probe first heard it was still loading its model (time.monotonic()); None: never heard so.
+    loading_since: float | None = None
     # The last call to it found no server listening: calls go to the replicas that answer while any does.
     unreachable: bool = False
     # Why it is out of routing, where it is: "dead" (its /health failed) or "no_progress" (a call waited on it past
@@ -109,10 +113,11 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-async def get_json(
+async def fetch_json(
     session: aiohttp.ClientSession, url: str, api_key: str | None, timeout_s: float, body: Any = None
-) -> Any:
-    """The JSON a GET (or, with ``body``, a POST) of ``url`` answers with status 200; None for anything else."""
+) -> tuple[int, Any] | None:
+    """The status a GET (or, with ``body``, a POST) of ``url`` answers with, and its JSON where the status is 200
+    (else None); None when no answer came (or a 200 that is not JSON)."""
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     try:
         if body is None:
@@ -121,18 +126,30 @@ async def get_json(
             request = session.post(url, json=body, headers=auth_headers(api_key), timeout=timeout)
         async with request as resp:
             if resp.status != 200:
-                return None
-            return await resp.json(content_type=None)
+                return resp.status, None
+            return 200, await resp.json(content_type=None)
     except (aiohttp.ClientError, TimeoutError, ValueError):
         return None
 
 
-async def probe(session: aiohttp.ClientSession, replica: Replica, api_key: str | None) -> bool:
-    """Read the replica's model card (and llama-server's /props); False when it did not answer yet (a replica still
-    loading, a key refused): the caller tries again later rather than taking silence for an answer."""
-    models = await get_json(session, f"{replica.url}/models", api_key, 10.0)
+async def get_json(
+    session: aiohttp.ClientSession, url: str, api_key: str | None, timeout_s: float, body: Any = None
+) -> Any:
+    """The JSON a GET (or, with ``body``, a POST) of ``url`` answers with status 200; None for anything else."""
+    answer = await fetch_json(session, url, api_key, timeout_s, body)
+    return answer[1] if answer is not None else None
+
+
+async def probe(session: aiohttp.ClientSession, replica: Replica, api_key: str | None) -> ProbeAnswer:
+    """Read the replica's model card (and llama-server's /props): "answered" once it did; "loading" while it answers
+    503, as a server still loading its model does (llama-server answers every route so until its model is loaded:
+    tools/server/server-http.cpp, middleware_server_state; a proxy in front of a replica not ready yet too); "none"
+    for anything else (no answer yet, a key refused): the caller asks again later rather than taking silence for an
+    answer."""
+    answer = await fetch_json(session, f"{replica.url}/models", api_key, 10.0)
+    models = answer[1] if answer is not None else None
     if not isinstance(models, dict):
-        return False
+        return "loading" if answer is not None and answer[0] == 503 else "none"
     replica.server_kind = server_kind(models)
     replica.reported_context = context_length(models)
     if replica.reported_context is None and replica.server_kind == "llama-server":
@@ -143,7 +160,7 @@ async def probe(session: aiohttp.ClientSession, replica: Replica, api_key: str |
     if replica.context_length is None:
         replica.context_length = replica.reported_context
     replica.probed = True
-    return True
+    return "answered"
 
 
 async def count_prompt(

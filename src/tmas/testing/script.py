@@ -282,7 +282,9 @@ class SimScript(_Strict):
     # The server's API key (vLLM's --api-key, SGLang's --api-key, llama-server's --api-key): requests to its guarded
     # routes without "Authorization: Bearer KEY" get the persona's 401 (tmas.testing.sim_access). None: open.
     api_key: str | None = None
-    # The first that many /v1/models requests answer 503, as a replica still loading its model does; then normally.
+    # The replica is loading its model until that many /v1/models requests have been answered 503; meanwhile every
+    # other route answers the same 503 (llama-server's tools/server/server-http.cpp middleware_server_state refuses
+    # every route with "Loading model" until the model is loaded; a proxy in front of a replica not ready yet too).
     models_unavailable: int = Field(default=0, ge=0)
     # SGLang's --enable-deterministic-inference: None keeps the simulator's own seeding (a request's seed gives its
     # reply); False: the "sglang" persona ignores ``seed`` (each request samples afresh); True: the seed is honoured

@@ -1,4 +1,4 @@
-"""Who may call the simulated server (``SimScript.api_key``) and whether its model is ready yet
+"""Who may call the simulated server (``SimScript.api_key``) and whether its model is loaded yet
 (``SimScript.models_unavailable``), each answered as the persona's server answers it.
 
 The control routes (``/_sim/...``) are never guarded.
@@ -49,10 +49,9 @@ def auth_refusal(persona: str, path: str, header: str | None, key: str) -> web.R
 
 
 def loading_response(persona: str) -> web.Response:
-    """A /v1/models request while the replica is still loading its model: 503 in the persona's error shape."""
+    """A request while the replica is still loading its model: 503 in the persona's error shape."""
     if persona == "llama-server":
-        # tools/server/server.cpp middleware_server_state: ERROR_TYPE_UNAVAILABLE "Loading model". (llama-server
-        # itself lets /v1/models through while loading and refuses the other routes so.)
+        # tools/server/server-http.cpp middleware_server_state: every route, "Loading model", unavailable_error.
         error = {"code": 503, "message": "Loading model", "type": "unavailable_error"}
         return web.json_response({"error": error}, status=503)
     if persona == "sglang":

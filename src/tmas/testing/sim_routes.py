@@ -200,8 +200,13 @@ class SimApp:
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """The API key check, before any route (SimScript.api_key)."""
+        """Before any route: a replica still loading its model refuses it (SimScript.models_unavailable; its
+        /v1/models counts the loading down), then the API key check (SimScript.api_key)."""
         active = self._active
+        loading = active.models_refused < active.script.models_unavailable
+        if loading and request.path != "/v1/models" and not request.path.startswith("/_sim/"):
+            self.recorder.count_refused_while_loading()
+            return loading_response(active.persona.name)
         key = active.script.api_key
         if key is not None:
             refusal = auth_refusal(active.persona.name, request.path, request.headers.get("Authorization"), key)

@@ -48,10 +48,11 @@ class SimStats(BaseModel):
     max_waiting: int = 0
     queued: int = 0
     aborted: int = 0
-    # Requests refused for a missing or wrong API key (SimScript.api_key), and /v1/models requests answered 503
-    # while the model was "loading" (SimScript.models_unavailable).
+    # Requests refused for a missing or wrong API key (SimScript.api_key); /v1/models requests answered 503 while the
+    # model was "loading" (SimScript.models_unavailable), and requests to the other routes refused so meanwhile.
     unauthorized: int = 0
     models_unavailable: int = 0
+    refused_while_loading: int = 0
     # Distinct client connections (by the client's address and port) that carried chat requests.
     connections: int = 0
     # The engine's progress counters, as its /metrics shows them: prompt tokens of the requests it began generating,
@@ -239,6 +240,10 @@ class SimRecorder:
     def count_models_unavailable(self) -> None:
         with self._lock:
             self._stats.models_unavailable += 1
+
+    def count_refused_while_loading(self) -> None:
+        with self._lock:
+            self._stats.refused_while_loading += 1
 
     def count_error(self) -> None:
         with self._lock:
