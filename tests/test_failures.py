@@ -214,6 +214,8 @@ def test_exceptions_by_when_they_happened() -> None:
     assert cut.cause == "cut"
     timeout = failures.from_exception(aiohttp.ServerTimeoutError("read"), url, sent=False)
     assert timeout.cause == "timeout"
+    unanswered = failures.from_exception(aiohttp.ConnectionTimeoutError("connect"), url, sent=False)
+    assert (unanswered.cause, unanswered.connect, unanswered.retry) == ("connect", True, True)
     unwritten = failures.from_exception(aiohttp.ClientOSError(None, "Can not write request body"), url, sent=False)
     assert unwritten.cause == "disconnected"
     other = failures.from_exception(aiohttp.ClientOSError(104, "reset"), url, sent=True)

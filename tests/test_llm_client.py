@@ -98,6 +98,23 @@ async def test_unreachable_endpoint_raises() -> None:
             await llm.chat("solution", QUESTION)
 
 
+@pytest.mark.parametrize("stream", ["auto", "off"])
+async def test_a_host_that_never_answers_is_unreachable(stream: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A host gone from the network refuses nothing: its packets vanish. A listening socket whose one-place queue is
+    # taken plays it (the kernel drops the connections that come next). Each attempt gives up connecting after
+    # CONNECT_TIMEOUT_S, not after timeout_s of silence, and the call ends the run as an unreachable endpoint.
+    monkeypatch.setattr("tmas.llm.failures.CONNECT_TIMEOUT_S", 0.2)
+    with socket.socket() as gone:
+        gone.bind(("127.0.0.1", 0))
+        gone.listen(0)
+        with socket.create_connection(gone.getsockname()):
+            settings = settings_for(endpoint__stream=stream, endpoint__timeout_s=30)
+            settings.endpoint.base_url = [f"http://127.0.0.1:{gone.getsockname()[1]}/v1"]
+            async with LLMClient(settings) as llm:
+                with pytest.raises(EndpointUnreachable, match="did not answer in time"):
+                    await llm.chat("solution", QUESTION)
+
+
 async def test_global_cap_holds_under_500_concurrent_calls(sim: SimServer) -> None:
     sim.set_script(SimScript(latency_s=0.02))
     settings = settings_for(sim, concurrency=16)

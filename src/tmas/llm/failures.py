@@ -17,6 +17,11 @@ from typing import Any
 
 import aiohttp
 
+# The longest a connection may take to open (at most the endpoint's timeout_s): a server's kernel completes it at
+# once however busy the server is, so a host that has not answered by then is gone (a machine down, a network cut:
+# its packets vanish, and nothing refuses the connection). Such a failure counts as one that could not connect.
+CONNECT_TIMEOUT_S = 30.0
+
 # Statuses worth sending again: the server (or a proxy in front) was busy or broke, not the request.
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
@@ -200,7 +205,9 @@ def from_exception(exc: BaseException, url: str, *, sent: bool) -> Failure:
     while it wrote the request) is cause ``disconnected``: most often a pooled connection the server closed as it was
     reused (uvicorn, under vLLM and SGLang, and cpp-httplib, under llama-server, close one idle for 5 s; the client
     drops its own idle ones after 3 s), else a server that dropped the request before reading it."""
-    if isinstance(exc, TimeoutError):  # aiohttp's connect and read timeouts are both TimeoutError and ClientError
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return Failure(f"cannot connect to {url}: the host did not answer in time", "connect", retry=True, connect=True)
+    if isinstance(exc, TimeoutError):  # aiohttp's read timeouts are both TimeoutError and ClientError
         return Failure(f"no reply from {url} in time: {type(exc).__name__}", "timeout", retry=True)
     if isinstance(exc, aiohttp.ClientConnectorError):
         return Failure(f"cannot connect to {url}: {exc.os_error}", "connect", retry=True, connect=True)

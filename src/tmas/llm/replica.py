@@ -23,6 +23,7 @@ from typing import Any, Literal
 import aiohttp
 
 from tmas.errors import LLMError
+from tmas.llm import failures
 from tmas.llm.failures import error_message
 from tmas.llm.lanes import SlotQueue
 from tmas.llm.server_kind import server_kind
@@ -118,7 +119,7 @@ async def fetch_json(
 ) -> tuple[int, Any] | None:
     """The status a GET (or, with ``body``, a POST) of ``url`` answers with, and its JSON where the status is 200
     (else None); None when no answer came (or a 200 that is not JSON)."""
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(timeout_s, failures.CONNECT_TIMEOUT_S))
     try:
         if body is None:
             request = session.get(url, headers=auth_headers(api_key), timeout=timeout)

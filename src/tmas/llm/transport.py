@@ -100,7 +100,7 @@ async def send(exchange: Exchange, timing: Timing) -> dict[str, Any]:
 
 
 async def _whole(exchange: Exchange, timing: Timing) -> dict[str, Any]:
-    timeout = aiohttp.ClientTimeout(total=exchange.endpoint.timeout_s)
+    timeout = aiohttp.ClientTimeout(total=exchange.endpoint.timeout_s, sock_connect=connect_timeout(exchange.endpoint))
     try:
         async with exchange.session.post(
             exchange.url, json=exchange.body, headers=exchange.headers, timeout=timeout
@@ -108,6 +108,8 @@ async def _whole(exchange: Exchange, timing: Timing) -> dict[str, Any]:
             timing.first_chunk_at = time.monotonic()
             text = await resp.text(errors="replace")
             status, retry_after = resp.status, resp.headers.get("Retry-After")
+    except aiohttp.ConnectionTimeoutError as exc:
+        raise failures.from_exception(exc, exchange.url, sent=False) from None
     except TimeoutError:
         raise Failure(
             f"no reply from {exchange.url} within {exchange.endpoint.timeout_s:g}s", "timeout", retry=True
@@ -152,6 +154,11 @@ async def _watched(exchange: Exchange, timing: Timing) -> dict[str, Any]:
             await asyncio.gather(task, return_exceptions=True)
 
 
+def connect_timeout(endpoint: Endpoint) -> float:
+    """Seconds a connection to the endpoint may take to open (tmas.llm.failures.CONNECT_TIMEOUT_S)."""
+    return min(endpoint.timeout_s, failures.CONNECT_TIMEOUT_S)
+
+
 def _until_next_check(endpoint: Endpoint, timing: Timing) -> float:
     """Seconds until the current silence is next judged: when it reaches ``timeout_s``, then every check interval
     after the last check; no later than ``queue_timeout_s`` before the first chunk."""
@@ -167,7 +174,7 @@ def _until_next_check(endpoint: Endpoint, timing: Timing) -> float:
 
 async def _streamed(exchange: Exchange, timing: Timing) -> dict[str, Any]:
     # No read bound of aiohttp's own: silences are judged by the loop above.
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=exchange.endpoint.timeout_s, sock_read=None)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout(exchange.endpoint), sock_read=None)
     got_headers = False
     try:
         async with exchange.session.post(
