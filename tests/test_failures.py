@@ -169,6 +169,19 @@ def test_busy_and_broken_servers_are_retried_with_their_retry_after(status: int)
     assert failure.retry and failure.cause == f"http_{status}" and failure.retry_after == 7.0
 
 
+def test_a_spent_quota_is_final_unlike_a_rate_limit() -> None:
+    quota = {
+        "message": "You exceeded your current quota, please check your plan and billing details.",
+        "type": "insufficient_quota",
+        "param": None,
+        "code": "insufficient_quota",
+    }
+    failure = failures.from_status(429, json.dumps({"error": quota}), {}, retry_after="20")
+    assert (failure.cause, failure.retry) == ("quota", False) and "quota is spent" in str(failure)
+    limited = {"message": "Rate limit reached for requests", "type": "requests", "code": "rate_limit_exceeded"}
+    assert failures.from_status(429, json.dumps({"error": limited}), {}).retry
+
+
 def test_refused_fields_and_features() -> None:
     openai = json.dumps({"error": {"message": "Unrecognized request argument supplied: top_k", "type": "x"}})
     assert failures.from_status(400, openai, {}).refused_field == ("top_k", None)

@@ -160,6 +160,9 @@ def from_status(
         return Failure(said, "stream", retry=False)
     if "response_format" in body and status in _SCHEMA_REFUSAL_STATUS and _SCHEMA_REFUSAL.search(message):
         return Failure(said, "structured_output", retry=False)
+    if status == 429 and _quota_spent(_error_object(text)):
+        # OpenAI's 429 for an account out of credit: unlike a rate limit, no wait makes the same request succeed.
+        return Failure(f"{said} (the account's quota is spent: not sent again)", "quota", retry=False)
     if status in RETRYABLE_STATUS:
         return Failure(said, f"http_{status}", retry=True, retry_after=_seconds(retry_after))
     if status == 400 or status == 413 or status == 422:
@@ -279,6 +282,11 @@ def _error_object(text: str) -> dict[str, Any] | None:
         return None
     error = data.get("error") if isinstance(data, dict) else None
     return error if isinstance(error, dict) else data if isinstance(data, dict) else None
+
+
+def _quota_spent(error: dict[str, Any] | None) -> bool:
+    """Whether an error object says the account's quota is spent (OpenAI: code and type ``insufficient_quota``)."""
+    return error is not None and "insufficient_quota" in (error.get("code"), error.get("type"))
 
 
 def _text_of(error: Any) -> str:
