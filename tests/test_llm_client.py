@@ -185,6 +185,22 @@ async def test_reasoning_is_split_from_final_content(sim: SimServer, script: Sim
         assert stored.reasoning == reply.reasoning and stored.content == reply.content
 
 
+async def test_a_reply_cut_inside_thinking_the_template_opened_has_no_answer(sim: SimServer) -> None:
+    # A model whose chat template opens the think block (DeepSeek-R1 distills, Qwen3.5), served without a reasoning
+    # parser: a finished reply holds its thinking and the closing tag; one cut at max_tokens inside its thinking holds
+    # no tag at all. Its thinking names a boxed value that is no answer: the cut reply's content is empty.
+    thought = "Perhaps the product is \\boxed{7}, but I should multiply it out again before I commit to it."
+    rule = Rule(role="solution", reasoning=thought)
+    sim.set_script(SimScript(think_tags=True, think_in_prompt=True, rules=[rule]))
+    async with open_model(settings_for(sim)) as llm:
+        finished = await llm.chat("solution", QUESTION)
+        cut_short = Sampling(max_tokens=12)
+        cut = await llm.chat("solution", QUESTION, key=CallKey(role="solution", sample=1), sampling=cut_short)
+    assert finished.reasoning == thought and "\\boxed{391}" in finished.content
+    assert cut.truncated
+    assert (cut.content, cut.reasoning) == ("", "Perhaps the product is \\boxed{7}, but I")
+
+
 async def test_usage_from_server_and_estimated_without(sim: SimServer) -> None:
     async with LLMClient(settings_for(sim)) as llm:
         reported = await llm.chat("solution", QUESTION)

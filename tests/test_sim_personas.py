@@ -18,7 +18,7 @@ from tmas.methods import METHODS
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, SimRequest, SimScript, SimServer, register_responder
 from tmas.testing.prefix_cache import PrefixCache, SlotCache, prompt_tokens
-from tmas.testing.script import PersonaName
+from tmas.testing.script import LongReplies, PersonaName
 from tmas.testing.sim_server import main
 
 PERSONAS: list[PersonaName] = ["vllm", "sglang", "llama-server", "openai"]
@@ -256,6 +256,27 @@ async def test_hidden_reasoning_still_costs_its_tokens(http: aiohttp.ClientSessi
     assert reply["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
     assert all("reasoning" not in e["choices"][0]["delta"] for e in events[:-1] if e["choices"])
     assert sim.stats().reasoning_tokens == 2 * reply["usage"]["completion_tokens_details"]["reasoning_tokens"]
+
+
+@pytest.mark.parametrize("long", [False, True])
+async def test_a_think_block_the_template_opened_shows_only_its_closing_tag(
+    long: bool, http: aiohttp.ClientSession
+) -> None:
+    # Without a reasoning parser, a template that opens the think block leaves the closing tag alone in a finished
+    # reply, and no tag in a reply cut inside its thinking (thinking-length replies too).
+    lengths = LongReplies(
+        reasoning_min_tokens=50, reasoning_max_tokens=50, answer_min_tokens=5, answer_max_tokens=5, corpus_tokens=1000
+    )
+    # A rule's replies would stand in for the thinking-length ones.
+    rules = [] if long else [RULE]
+    script = SimScript(think_tags=True, think_in_prompt=True, long_replies=lengths if long else None, rules=rules)
+    async with SimServer(script) as sim:
+        _, finished = await post(http, sim)
+        _, cut = await post(http, sim, max_tokens=3)
+    content = finished["choices"][0]["message"]["content"]
+    assert "<think>" not in content and content.count("</think>") == 1
+    assert cut["choices"][0]["finish_reason"] == "length"
+    assert "think>" not in cut["choices"][0]["message"]["content"]
 
 
 # ---- n ----------------------------------------------------------------------------------------------------

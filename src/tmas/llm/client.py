@@ -231,12 +231,13 @@ class LLMClient:
                 if timing.plain_reply and body.get("stream") and route.endpoint.stream == "auto":
                     self.refusals.stream_refused(replica, key.role, "answered a streamed request with a plain reply")
                 partial = data.pop(PARTIAL, None)
+                self.refusals.saw_reasoning(replica, key.role, reasoning_place(data))
+                inline = replica.reasoning == "inline"
                 done = [
                     read_completion(reply, request=request, key=key, request_hash=request_hash, counter=route.counter,
-                                    url=replica.url, attempts=attempts.count, sent_max=sent_max)
+                                    url=replica.url, attempts=attempts.count, sent_max=sent_max, thinks_inline=inline)
                     for reply in one_per_choice(data, n)
                 ]  # fmt: skip
-                self.refusals.saw_reasoning(replica, key.role, reasoning_place(data))
                 causes = attempts.causes + (["cut"] if partial else [])
                 for completion in done:
                     completion.retry_causes = list(causes)

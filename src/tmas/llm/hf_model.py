@@ -225,7 +225,8 @@ class HFChatModel:
     def _completion(
         self, key: CallKey, reply: EngineReply, prompt_tokens: int, latency: float, lowered: int | None
     ) -> Completion:
-        content, reasoning = split_reasoning(reply.text)
+        cut_inline = self._reasoning == "inline" and reply.finish_reason == "length"
+        content, reasoning = split_reasoning(reply.text, cut_inline=cut_inline)
         usage = Usage(
             prompt_tokens=prompt_tokens,
             completion_tokens=len(reply.tokens),

@@ -9,13 +9,18 @@ from tmas.llm.types import Reasoning
 _THINK = re.compile(r"<think>(.*?)</think>", re.S)
 
 
-def split_reasoning(content: str, reasoning_field: str | None = None) -> tuple[str, str]:
+def split_reasoning(content: str, reasoning_field: str | None = None, *, cut_inline: bool = False) -> tuple[str, str]:
     """Return ``(final_content, reasoning)``.
 
     Servers with a reasoning parser (vLLM, SGLang) put thinking in ``reasoning_content`` (or ``reasoning``);
     without one it stays in the content as ``<think>...</think>``. Some chat templates open the think block in
-    the prompt, so the content may hold only the closing tag: everything before it is thinking then.
+    the prompt (DeepSeek-R1 distills, Qwen3.5), so the content may hold only the closing tag: everything before it is
+    thinking then, and a reply cut before that tag holds no tag at all. ``cut_inline``: the reply was cut before its
+    end by a model known to think inside its content (:func:`reply_place`); such a reply without a think tag is all
+    thinking, cut before its answer, as a reasoning parser reads it.
     """
+    if cut_inline and not reasoning_field and "<think>" not in content and "</think>" not in content:
+        return "", content.strip()
     parts: list[str] = [reasoning_field.strip()] if reasoning_field else []
     thoughts = _THINK.findall(content)
     if thoughts:

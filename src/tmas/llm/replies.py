@@ -30,11 +30,13 @@ def completion(
     url: str,
     attempts: int,
     sent_max: int | None,
+    thinks_inline: bool = False,
 ) -> Completion:
     """The completion of the reply's first choice (a reply of several is split into one per choice first:
     :func:`tmas.llm.batching.one_per_choice`). A choice the server aborted (``finish_reason`` ``"abort"``: vLLM and
     SGLang end a request so when they drop it, e.g. on a scheduler's abort) is a failure to send again, never a
-    finished sample."""
+    finished sample. ``thinks_inline``: the server's replies showed the model thinking inside its content, so a reply
+    cut at max_tokens before any think tag is all thinking (:func:`tmas.llm.reasoning.split_reasoning`)."""
     try:
         choice = data["choices"][0]
         message = choice.get("message") or {}
@@ -47,7 +49,7 @@ def completion(
     finish = choice.get("finish_reason")
     if finish == "abort":
         raise Failure(f"{url} aborted the request (finish_reason 'abort')", "abort", retry=True)
-    content, reasoning = split_reasoning(raw, field_reasoning)
+    content, reasoning = split_reasoning(raw, field_reasoning, cut_inline=thinks_inline and finish == "length")
     counted = usage(data, counter, request.messages, [raw, field_reasoning or ""], reasoning)
     tokens = logprobs(choice.get("logprobs"))
     stopped = data.get(STOPPED_EARLY)

@@ -173,7 +173,10 @@ def long_choice(
     if reply:
         content_pieces.append(("\n\n" + reply if content_pieces else reply, reply_tokens))
     if script.think_tags:  # the reasoning goes in the content, between think tags
-        content_pieces = [("<think>\n", 3), *reasoning_pieces, ("\n</think>\n\n", 4), *content_pieces]
+        opening = [] if script.think_in_prompt else [("<think>\n", 3)]
+        # A reply cut inside its thinking never wrote the closing tag.
+        closing = [] if max_tokens is not None and reasoning_tokens >= max_tokens else [("\n</think>\n\n", 4)]
+        content_pieces = [*opening, *reasoning_pieces, *closing, *content_pieces]
         reasoning_tokens, reasoning_pieces = 0, []
     content = "".join(piece for piece, _ in content_pieces)
     reasoning = "".join(piece for piece, _ in reasoning_pieces) if reasoning_pieces else None

@@ -218,6 +218,9 @@ class SimScript(_Strict):
     usage: bool = True
     reasoning: bool = False
     think_tags: bool = False
+    # With think_tags: the chat template opens the think block in the prompt (DeepSeek-R1 distills, Qwen3.5), so a
+    # reply holds its thinking and the closing tag only, and one cut inside its thinking holds no tag at all.
+    think_in_prompt: bool = False
     # Whether the server answers ``logprobs: true`` with a payload (False: a server that ignores the request).
     logprobs: bool = True
     # "reject": answer any request carrying a ``response_format`` with a 400, as a server without structured-output

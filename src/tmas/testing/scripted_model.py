@@ -181,7 +181,10 @@ class ScriptedModel:
         text = scripted_text(sim, rule, used, fault=fault, max_tokens=request.sampling.max_tokens)
         self._saw_reasoning(role, text.content, text.reasoning, text.finish_reason)
         # Thinking is kept apart from the content as the HTTP client keeps it (reasoning field or <think> block).
-        content, reasoning = split_reasoning(text.content, text.reasoning)
+        endpoint = self._endpoint(role)
+        place = endpoint["reasoning"] if endpoint["reasoning"] != "auto" else self._reasoning.get(endpoint["url"])
+        cut_inline = place == "inline" and text.finish_reason == "length"
+        content, reasoning = split_reasoning(text.content, text.reasoning, cut_inline=cut_inline)
         logprobs = scripted_logprobs(self.script, body, rule, text.content, persona_of(self.script))
         usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=text.completion_tokens)
         if rule is not None and rule.usage is not None:

@@ -118,7 +118,8 @@ def scripted_text(
         if isinstance(s, str) and s and s in content:
             content = content[: content.index(s)]
     if reasoning is not None and script.think_tags:
-        content = f"<think>\n{reasoning}\n</think>\n\n{content}"
+        opening = "" if script.think_in_prompt else "<think>\n"
+        content = f"{opening}{reasoning}\n</think>\n\n{content}"
         reasoning = None
 
     # max_tokens covers the whole completion: the chain of thought spends the budget first, as in a model.
