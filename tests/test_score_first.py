@@ -103,6 +103,36 @@ async def test_tmas_logprob_scoring_sends_logprobs_and_reads_the_payload(sim: Si
     assert "verifier_logprob_missing" not in result.counters
 
 
+@pytest.mark.parametrize("stream", ["auto", "off"])
+async def test_a_thinking_verifiers_score_is_read_from_its_answer_not_its_thinking(sim: SimServer, stream: str) -> None:
+    # vLLM gives log-probabilities for every generated token, the thinking's first, though its reasoning parser puts
+    # the thinking in a field of its own: the grade the thinking weighed ("Score: 0") is not the reply's ("Score: 2").
+    thought = "At first sight I would write Score: 0 for the last step, but the step holds after all."
+    rule = Rule(role="verifier", replies=["Score: 2\nEvery step checks out."], reasoning=thought)
+    sim.set_script(SimScript(persona="vllm", reasoning=True, rules=[rule]))
+    params = {"iterations": 1, "n": 1, "m": 1, "verifier_score": "logprob", "top_logprobs": 5, "score_max_tokens": 64}
+    settings = settings_for(sim, method={"name": "tmas", "params": params}, endpoint__stream=stream)
+    result = await asolve("What is 17*23?", settings)
+    [candidate] = result.iterations[0].candidates
+    [verification] = candidate.meta.verifications
+    assert (verification.source, verification.score) == ("logprob", 1.0)
+    assert candidate.score == 1.0
+
+
+def test_a_score_is_read_only_where_the_tokens_show_the_answer() -> None:
+    thinking = [position("Score", 1.0, {}), position(": ", 1.0, {}), position("0", 1.0, {}), position(". ", 1.0, {})]
+    answer = [position("Score", 1.0, {}), position(": ", 1.0, {}), position("2", 0.5, {"1": 0.5})]
+    # Hand: at the answer's digit p(2) = p(1) = 0.5: E[s] = 0.5 * 1 + 0.5 * 0.5 = 0.75.
+    read = parse_score_first("Score: 2", tokens(thinking + answer), "Score: 0.")
+    assert (read.source, read.score) == ("logprob", pytest.approx(0.75))
+    # Tokens shown as bytes do not spell the answer: its text gives the score, never the thinking's tokens.
+    garbled = [position("bytes:\\x53", 1.0, {}), *answer[1:]]
+    read = parse_score_first("Score: 2", tokens(thinking + garbled), "Score: 0.")
+    assert (read.source, read.score) == ("text", 1.0)
+    # A reply without thinking reads its tokens as before.
+    assert parse_score_first("Score: 2", tokens(thinking + answer)).score == 0.0
+
+
 def logprob_scoring(script: SimScript) -> ScriptedModel:
     params = {"iterations": 1, "n": 2, "m": 1, "verifier_score": "logprob"}
     return ScriptedModel(script, scripted_settings(method={"name": "tmas", "params": params}))

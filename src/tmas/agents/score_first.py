@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from tmas.agents.templates import MATH_SYSTEM, prompt
+from tmas.llm.reasoning import answer_logprobs
 from tmas.llm.types import Message, TokenLogprob
 
 # The one-token digits of the prompt's scale and the score each stands for on TMAS's 0 / 0.5 / 1 scale.
@@ -66,8 +67,13 @@ def expected_score(tokens: list[TokenLogprob]) -> tuple[float, dict[str, float]]
     return None
 
 
-def parse_score_first(content: str, logprobs: list[TokenLogprob] | None) -> ScoredVerification:
+def parse_score_first(content: str, logprobs: list[TokenLogprob] | None, reasoning: str = "") -> ScoredVerification:
+    """The verification of a score-first reply: its ``content`` (its thinking split off as ``reasoning``) and the
+    log-probabilities of its tokens, of which only the answer's count: a grade the thinking weighed is not the
+    reply's."""
     feedback = content.strip()
+    if logprobs and reasoning:
+        logprobs = answer_logprobs(logprobs, content)
     found = expected_score(logprobs) if logprobs else None
     if found is not None:
         return ScoredVerification(feedback=feedback, score=found[0], source="logprob", probabilities=found[1])

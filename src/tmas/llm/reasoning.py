@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 
-from tmas.llm.types import Reasoning
+from tmas.llm.types import Reasoning, TokenLogprob
 
 _THINK = re.compile(r"<think>(.*?)</think>", re.S)
+# How much of an answer's opening text finds where its tokens begin.
+_ANSWER_HEAD_CHARS = 64
 
 
 def split_reasoning(content: str, reasoning_field: str | None = None, *, cut_inline: bool = False) -> tuple[str, str]:
@@ -51,3 +53,21 @@ def reply_place(content: str, reasoning_field: str | None, finish_reason: str | 
     if finish_reason not in FINISHED:
         return None
     return "inline" if "</think>" in content or "<think>" in content else "none"
+
+
+def answer_logprobs(tokens: list[TokenLogprob], content: str) -> list[TokenLogprob] | None:
+    """The log-probabilities of a thinking reply's answer: its last tokens, from the one where the ``content`` (the
+    answer, its thinking split off) begins. vLLM and SGLang give one for every generated token, the thinking's first,
+    even where their reasoning parser puts the thinking in a field of its own, and a think block in the content is
+    part of it too. None where the tokens' text does not show where the answer begins (tokens shown as bytes), so that
+    nothing is read from the thinking."""
+    head = content.strip()[:_ANSWER_HEAD_CHARS]
+    at = "".join(t.token for t in tokens).rfind(head) if head else -1
+    if at < 0:
+        return None
+    end = 0
+    for i, token in enumerate(tokens):
+        end += len(token.token)
+        if end > at:
+            return tokens[i:]
+    return None

@@ -622,7 +622,7 @@ class TMAS(Method[TMASParams]):
                 log.bad("verification_failed", f"candidate {i}, verifier {j}: call failed: {v_reply.error}")
                 entry.error = v_reply.error
             elif logprob:
-                scored = parse_score_first(v_reply.content, v_reply.logprobs)
+                scored = parse_score_first(v_reply.content, v_reply.logprobs, v_reply.reasoning)
                 verification = Verification(feedback=scored.feedback, score=scored.score)
                 entry.source = scored.source
                 if scored.probabilities:

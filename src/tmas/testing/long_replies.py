@@ -184,7 +184,9 @@ def long_choice(
     logprobs = None
     if sim.body.get("logprobs") and script.logprobs:
         top = sim.body.get("top_logprobs")
-        logprobs = certain_logprobs(content, persona.default_top_logprobs if top is None else top, persona)
+        top = persona.default_top_logprobs if top is None else top
+        thought = certain_logprobs(reasoning, top, persona) if reasoning and persona.reasoning_logprobs else []
+        logprobs = thought + certain_logprobs(content, top, persona)
     return Choice(
         content,
         reasoning,

@@ -311,6 +311,9 @@ class Persona:
     # Per token: the UTF-8 bytes, and the token id (llama-server).
     logprob_bytes: bool
     logprob_ids: bool
+    # The log-probabilities cover every generated token, the reasoning's before the content's, although the reasoning
+    # goes in a field of its own; False: the content's alone.
+    reasoning_logprobs: bool
     # top_logprobs when logprobs is asked for without it.
     default_top_logprobs: int
     usage: UsageShape
@@ -379,6 +382,7 @@ SIM = Persona(
     logprobs_extra={},
     logprob_bytes=False,
     logprob_ids=False,
+    reasoning_logprobs=False,
     default_top_logprobs=0,
     usage=_sim_usage,
     usage_per_choice=False,
@@ -435,6 +439,8 @@ VLLM = Persona(
     logprobs_extra={},
     logprob_bytes=True,
     logprob_ids=False,
+    # chat_completion/serving.py builds them from the output's token ids, the reasoning parser's split aside.
+    reasoning_logprobs=True,
     default_top_logprobs=0,
     usage=_vllm_usage,
     usage_per_choice=False,
@@ -483,6 +489,8 @@ SGLANG = Persona(
     logprobs_extra={},
     logprob_bytes=True,
     logprob_ids=False,
+    # serving_chat.py _process_response_logprobs: meta_info output_token_logprobs, every generated token.
+    reasoning_logprobs=True,
     default_top_logprobs=0,
     usage=_sglang_usage,
     usage_per_choice=False,
@@ -529,6 +537,8 @@ LLAMA_SERVER = Persona(
     logprobs_extra={},
     logprob_bytes=True,
     logprob_ids=True,
+    # Not read from its source: the content's alone.
+    reasoning_logprobs=False,
     # server-common.cpp: logprobs without top_logprobs asks for 20.
     default_top_logprobs=20,
     usage=_llama_usage,
@@ -581,6 +591,8 @@ OPENAI = Persona(
     logprobs_extra={"refusal": None},
     logprob_bytes=True,
     logprob_ids=False,
+    # A reasoning model gives no log-probabilities at all.
+    reasoning_logprobs=False,
     default_top_logprobs=0,
     usage=_openai_usage,
     usage_per_choice=False,

@@ -253,12 +253,17 @@ class Reply:
             content_pieces = [(piece, count_tokens(piece)) for piece in split(c.content)]
         parts: list[_Part] = []
         hidden = 0
+        # The reasoning's log-probabilities come first where the server gives them (Persona.reasoning_logprobs).
+        start = 0
         for piece, tokens in reasoning_pieces:
             if p.reasoning_key is None:
                 hidden += tokens
-            else:
-                parts.append(_Part({p.reasoning_key: piece}, None, tokens, True))
-        start = 0
+                continue
+            logprobs = None
+            if c.logprobs is not None and p.reasoning_logprobs:
+                logprobs = c.logprobs[start : start + tokens]
+                start += tokens
+            parts.append(_Part({p.reasoning_key: piece}, logprobs, tokens, True))
         for piece, tokens in content_pieces:
             logprobs = c.logprobs[start : start + tokens] if c.logprobs is not None else None
             start += tokens

@@ -185,7 +185,7 @@ class ScriptedModel:
         place = endpoint["reasoning"] if endpoint["reasoning"] != "auto" else self._reasoning.get(endpoint["url"])
         cut_inline = place == "inline" and text.finish_reason == "length"
         content, reasoning = split_reasoning(text.content, text.reasoning, cut_inline=cut_inline)
-        logprobs = scripted_logprobs(self.script, body, rule, text.content, persona_of(self.script))
+        logprobs = scripted_logprobs(self.script, body, rule, text.content, persona_of(self.script), text.reasoning)
         usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=text.completion_tokens)
         if rule is not None and rule.usage is not None:
             usage = Usage(

@@ -140,13 +140,21 @@ def scripted_text(
 
 
 def scripted_logprobs(
-    script: SimScript, body: dict[str, Any], rule: Rule | None, content: str, persona: Persona
+    script: SimScript,
+    body: dict[str, Any],
+    rule: Rule | None,
+    content: str,
+    persona: Persona,
+    reasoning: str | None = None,
 ) -> list[dict[str, Any]] | None:
-    """The content's log-probabilities (OpenAI's ``choices[0].logprobs.content``) where the request ``body`` asks for
-    them and the script's server sends them: the rule's payload, else every token certain."""
+    """The reply's log-probabilities (OpenAI's ``choices[0].logprobs.content``) where the request ``body`` asks for
+    them and the script's server sends them: the rule's payload, else every token certain, of the content and, where
+    the persona's server gives them for every generated token, of the ``reasoning`` before it."""
     if not body.get("logprobs") or not script.logprobs:
         return None
     if rule is not None and rule.logprobs is not None:
         return rule.logprobs
     top = body.get("top_logprobs")
-    return certain_logprobs(content, persona.default_top_logprobs if top is None else top, persona)
+    top = persona.default_top_logprobs if top is None else top
+    thought = certain_logprobs(reasoning, top, persona) if reasoning and persona.reasoning_logprobs else []
+    return thought + certain_logprobs(content, top, persona)

@@ -610,7 +610,7 @@ class SimApp:
         ):
             return long_choice(long, sim, get_responder(role)(sim), max_tokens, persona, script)
         text = scripted_text(sim, rule, used, index=index, fault=fault, max_tokens=max_tokens)
-        logprobs = scripted_logprobs(script, body, rule, text.content, persona)
+        logprobs = scripted_logprobs(script, body, rule, text.content, persona, text.reasoning)
         return Choice(
             text.content, text.reasoning, text.finish_reason, logprobs, text.reasoning_tokens, text.completion_tokens
         )
