@@ -5,6 +5,7 @@ deltas, and the fallback of `stream = "auto"` on a server that cannot stream, re
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,44 @@ async def test_stream_faults_on_an_unstreamed_request_hang_or_drop(sim: SimServe
     sim.set_script(SimScript(rules=[Rule(fault=fault, times=1)], hang_s=5))  # type: ignore[arg-type]
     reply = await one_call(settings_for(sim, endpoint__stream="off", endpoint__timeout_s=0.3))
     assert reply.ok and reply.retry_causes == [cause]
+
+
+# ------------------------------------------------------------------------------------------------ cancellation
+class _CancelAtEnd:
+    """A watch that cancels ``caller`` when the task reading the reply ends: the cancel lands in the very turn of the
+    event loop in which the reply comes whole (Ctrl-C, or a ``tmas serve`` client gone, while a call finishes)."""
+
+    def __init__(self) -> None:
+        self.caller: asyncio.Future[Completion] | None = None
+        self.began = False
+        self._armed = False
+
+    def begin(self) -> None:
+        self.began = True
+
+    def observe(self, tokens: Any) -> None:
+        if not self._armed and self.caller is not None:
+            caller = self.caller
+            reader = asyncio.current_task()
+            assert reader is not None
+            reader.add_done_callback(lambda _: caller.cancel())
+            self._armed = True
+
+
+async def test_a_call_cancelled_just_as_its_stream_ends_stays_cancelled(sim: SimServer, tmp_path: Path) -> None:
+    # The reply came whole, but the caller was cancelled first: the call is cancelled (nothing goes on with its reply
+    # after a Ctrl-C), and the store keeps no call its caller never received.
+    sim.set_script(SimScript(rules=[Rule(replies=[LONG])]))
+    watch = _CancelAtEnd()
+    asked = Sampling(extra_body={"logprobs": True, "top_logprobs": 2})
+    with RunStore(tmp_path / "run") as store:
+        async with open_model(settings_for(sim, endpoint__stream="on"), store) as llm:
+            caller = asyncio.ensure_future(llm.chat("solution", QUESTION, sampling=asked, watch=watch))
+            watch.caller = caller
+            with pytest.raises(asyncio.CancelledError):
+                await caller
+        assert watch.began and list(store.calls()) == []
+    assert sim.stats().total_requests == 1
 
 
 # ------------------------------------------------------------------------------------------------ assembly

@@ -125,12 +125,11 @@ async def _watched(exchange: Exchange, timing: Timing) -> dict[str, Any]:
     task = asyncio.ensure_future(_streamed(exchange, timing))
     try:
         while True:
-            try:
-                # shield: a wait that times out leaves the exchange running.
-                return await asyncio.wait_for(asyncio.shield(task), _until_next_check(endpoint, timing))
-            except TimeoutError:
-                if task.done():
-                    return task.result()
+            # A wait that times out leaves the exchange running. Not wait_for: on Python 3.11 it returns a reply that
+            # came whole in the turn its caller was cancelled, and the cancel (a Ctrl-C, a client gone) is lost.
+            await asyncio.wait({task}, timeout=_until_next_check(endpoint, timing))
+            if task.done():
+                return task.result()
             now = time.monotonic()
             began = timing.first_chunk_at is not None
             silent_since = timing.last_chunk_at if timing.last_chunk_at is not None else timing.sent_at
