@@ -554,6 +554,38 @@ def test_stopping_the_server_answers_503_and_keeps_the_run_resumable(sim: SimSer
         assert store.results() == [] and [c.key.role for c in store.calls()] == ["solution", "solution"]
 
 
+def test_stopping_the_server_ends_a_stream_in_flight_with_a_503_event(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The stream is told why it ends, as a request without a stream is, and the server logs no crash.
+    monkeypatch.setattr("tmas.serve.launch.GRACEFUL_SHUTDOWN_S", 0.2)
+    sim.set_script(SimScript(rules=[Rule(role="verifier", latency_s=30.0)]))
+    body = {
+        "model": "tmas/sim-model",
+        "messages": [{"role": "user", "content": "What is 17*23?"}],
+        "stream": True,
+        "tmas": TMAS_SMALL,
+    }
+    lines: list[str] = []
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+
+        def ask() -> None:
+            with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, timeout=30) as reply:
+                lines.extend(line for line in reply.iter_lines() if line)
+
+        asking = threading.Thread(target=ask)
+        asking.start()
+        wait_until(lambda: sim.stats().by_role.get("verifier", 0) > 0, what="the run to reach its verifiers")
+    asking.join()
+    assert lines[-1] == "data: [DONE]"
+    error = json.loads(lines[-2].removeprefix("data: "))["error"]
+    assert error["code"] == "server_shutting_down" and "send the request again" in error["message"]
+    assert "Exception in ASGI application" not in caplog.text
+    [run_dir] = runs_in(tmp_path / "served")
+    with RunStore(run_dir, read_only=True) as store:
+        assert store.results() == [] and [c.key.role for c in store.calls()] == ["solution", "solution"]
+
+
 def test_mattrl_is_served_and_its_deliberation_shows_in_the_viewer(
     sim: SimServer, proxy: ProxyThread, tmp_path: Path
 ) -> None:

@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
 
 from tmas.methods.base import ProblemResult
 from tmas.serve.api_errors import ApiError
@@ -116,7 +117,7 @@ class ServeApp:
         gone = asyncio.create_task(_disconnected(request))
         if body.stream:
             # The stream counts itself once it ends (its status: 200, or the error it ended with).
-            return StreamingResponse(
+            return _RunStream(
                 self._stream(entry, gone, body, method, lambda status: self._done(method, status, arrived)),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
@@ -176,9 +177,6 @@ class ServeApp:
     async def _stream(
         self, entry: Job | Waiting, gone: asyncio.Task[None], body: ChatBody, method: str, ended: Callable[[int], None]
     ) -> AsyncIterator[str]:
-        def sse(obj: dict[str, Any]) -> str:
-            return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
         model = body.model
         status = 200  # what the stream's end says: 200, the status of the error it ended with, or the client gone
         try:
@@ -192,7 +190,7 @@ class ServeApp:
                     started = turn.job()
                 except ApiError as exc:
                     status = exc.status
-                    yield sse(exc.body())
+                    yield _sse(exc.body())
                     yield "data: [DONE]\n\n"
                     return
                 if started is None:
@@ -205,7 +203,7 @@ class ServeApp:
             queue = _follow(job, gone)
             created = job.created
             usage = body.include_usage
-            yield sse(chunk_body(job.run_id, model, created, {"role": "assistant", "content": ""}, with_usage=usage))
+            yield _sse(chunk_body(job.run_id, model, created, {"role": "assistant", "content": ""}, with_usage=usage))
             while True:
                 try:
                     event = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
@@ -215,21 +213,21 @@ class ServeApp:
                 if event is None:
                     break
                 delta = {"reasoning_content": event.line() + "\n"}
-                yield sse(chunk_body(job.run_id, model, created, delta, with_usage=usage, progress=event.model_dump()))
+                yield _sse(chunk_body(job.run_id, model, created, delta, with_usage=usage, progress=event.model_dump()))
             try:
                 result = job.outcome()
             except ApiError as exc:
                 status = exc.status
-                yield sse(exc.body())
+                yield _sse(exc.body())
             else:
                 text = cut_at_stop(result.text, body.stop_sequences())
-                yield sse(chunk_body(job.run_id, model, created, {"content": text}, with_usage=usage))
+                yield _sse(chunk_body(job.run_id, model, created, {"content": text}, with_usage=usage))
                 done = self._extension(job, result, body, method)
                 finish = finish_reason(result, text)
                 end = chunk_body(job.run_id, model, created, {}, finish_reason=finish, with_usage=usage, progress=done)
-                yield sse(end)
+                yield _sse(end)
                 if usage:
-                    yield sse(chunk_body(job.run_id, model, created, None, usage=result.usage))
+                    yield _sse(chunk_body(job.run_id, model, created, None, usage=result.usage))
             yield "data: [DONE]\n\n"
         except (asyncio.CancelledError, GeneratorExit):
             status = CLIENT_CLOSED  # cut short: the client went away (or the server is stopping)
@@ -265,6 +263,34 @@ class ServeApp:
                 raise too_big
             chunks.append(chunk)
         return b"".join(chunks)
+
+
+def _sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+class _RunStream(StreamingResponse):
+    """A run's event stream. Only a server shutting down cancels its handler (a client going away ends the stream
+    instead): the stream then ends with the error a request without a stream gets (503 ``server_shutting_down``)
+    and ``[DONE]``, rather than cut off without a word."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await super().__call__(scope, receive, sending)
+        except asyncio.CancelledError:
+            stopping = _shutting_down()
+            if not started:
+                await stopping.response()(scope, receive, send)
+                return
+            end = _sse(stopping.body()) + "data: [DONE]\n\n"
+            await send({"type": "http.response.body", "body": end.encode(), "more_body": False})
 
 
 class _Turn:
