@@ -3,6 +3,7 @@ vote rule and MV@k grouping equal answers, and whole runs in process."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,23 @@ async def test_the_grading_rules_merge_symbolic_spellings() -> None:
         await equivalence.aclose()
     assert classes["\\frac{1}{\\sqrt{2}}"] == classes["\\frac{\\sqrt{2}}{2}"]
     assert len(set(classes.values())) == 3
+
+
+async def test_the_event_loop_goes_on_while_the_rules_worker_stops() -> None:
+    # A run cancelled in its first check (a tmas serve client gone) stops a worker still starting, which takes
+    # seconds; the other runs on the event loop (the proxy's other requests) must go on meanwhile.
+    pytest.importorskip("math_verify")
+    from tmas.answer_rules import RuleChecker
+
+    checker = RuleChecker(workers=1)
+    await checker.__aenter__()
+    checking = asyncio.ensure_future(checker.check("\\frac{1}{2}", "0.5"))
+    await asyncio.sleep(0)  # submitted: its worker process starts
+    checking.cancel()
+    other: list[str] = []
+    asyncio.get_running_loop().call_soon(other.append, "ran")
+    await checker.__aexit__(None, None, None)
+    assert other == ["ran"]  # the loop ran other work before the worker had stopped
 
 
 def test_each_vote_rule_groups_equal_values() -> None:

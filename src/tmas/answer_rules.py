@@ -93,9 +93,11 @@ class RuleChecker:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            # Waits for its workers to exit (seconds for one still starting: a run cancelled in its first check), on a
+            # thread: the other runs on this event loop (tmas serve's requests) go on meanwhile.
+            await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
 
     async def check(self, gold: str, pred: str) -> RuleVerdict:
         key = (gold, pred)
