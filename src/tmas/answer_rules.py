@@ -109,7 +109,9 @@ class RuleChecker:
         future = loop.run_in_executor(self._pool, check_pair, gold, pred, self.timeout_s)
         try:
             # Math-Verify's own alarms bound parse and verify; this outer bound covers worker start-up and the rest.
-            verdict = await asyncio.wait_for(future, timeout=4 * self.timeout_s + 60)
+            # Not wait_for: on Python 3.11 it returns a result that came in the turn its caller was cancelled.
+            async with asyncio.timeout(4 * self.timeout_s + 60):
+                verdict = await future
         except TimeoutError:
             verdict = RuleVerdict(None, "timed out")
         self._cache[key] = verdict
