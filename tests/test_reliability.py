@@ -20,7 +20,7 @@ from tmas.config import load_settings
 from tmas.data.case_import import read_supergpqa
 from tmas.data.importers import read_rows
 from tmas.errors import InputError
-from tmas.llm.types import Completion, Message
+from tmas.llm.types import CallKey, Completion, Message
 from tmas.problems import Problem, load_problems
 from tmas.runner import RunState, prepare_run, run_problems
 from tmas.store.run_store import RunStore
@@ -221,6 +221,20 @@ async def test_a_reply_escaping_half_a_surrogate_pair_is_stored(tmp_path: Path) 
         with RunStore(tmp_path / "run", create=False) as store:
             [call] = list(store.calls())
             assert call.content == "Half a pair \ufffd then \\boxed{5}" and store.results()[0].answer == "5"
+
+
+@pytest.mark.parametrize(
+    ("given", "kept"),
+    [
+        ("plain text \\boxed{5}", "plain text \\boxed{5}"),
+        ("\u2211 \u4e2d\u6587 \U0001f600 caf\u00e9", "\u2211 \u4e2d\u6587 \U0001f600 caf\u00e9"),
+        ("\U0001f600 half \ud83d then \u00e9 \udc00", "\U0001f600 half \ufffd then \u00e9 \ufffd"),
+    ],
+)
+def test_a_completion_keeps_whole_characters_and_marks_half_pairs(given: str, kept: str) -> None:
+    # Plain ASCII, other characters of every width (kept as they are) and half pairs among them (each one U+FFFD).
+    completion = Completion(key=CallKey(role="solution"), content=given, reasoning=given, error=given)
+    assert (completion.content, completion.reasoning, completion.error) == (kept, kept, kept)
 
 
 def test_a_question_longer_than_the_context_fails_its_problem_only(tmp_path: Path) -> None:
