@@ -10,7 +10,9 @@ import pytest
 
 from conftest import scripted_settings
 from scripted_runs import scripted_run
+from tmas.config import Sampling
 from tmas.grading.grades import GradeConfig
+from tmas.llm.types import CallKey, ChatRequest, Completion, Usage, user
 from tmas.problems import Problem
 from tmas.reports.report import build_report
 from tmas.store.run_store import RunStore
@@ -85,3 +87,23 @@ async def test_a_run_stopped_early_costs_per_problem_it_started(tmp_path: Path) 
     markdown = (tmp_path / "report" / "report.md").read_text()
     # 2 calls of 30 completion and 130 prompt + completion tokens over the 2 problems started, not the 4 it holds.
     assert [row[7:9] for row in table_rows(markdown, "### Cost")] == [["30", "130"]]
+
+
+async def test_the_cost_table_counts_the_judge_calls_apart(tmp_path: Path) -> None:
+    problems = two_problems(tmp_path)
+    run = tmp_path / "cot"
+    await scripted_run(ScriptedModel(THIRTY, scripted_settings(method={"name": "cot", "params": {}})), run, problems)
+    # What grading by a judge leaves in the run: its calls, one of them failed after its retries.
+    judged = [(40, 5, None), (30, 0, "gave up after 3 attempts: timeout")]
+    with RunStore(run) as store:
+        for sample, (prompt, completion, error) in enumerate(judged):
+            request = ChatRequest(model="judge-model", messages=[user("Is 21 equal to 21?")], sampling=Sampling())
+            key = CallKey(problem_id="p0", role="judge", sample=sample)
+            usage = Usage(prompt_tokens=prompt, completion_tokens=completion)
+            call = Completion(key=key, request_hash=request.request_hash(key), usage=usage, error=error)
+            store.record_call(call, request)
+
+    await build_report([run], tmp_path / "report", GradeConfig(mode="rules"), None)
+    [row] = table_rows((tmp_path / "report" / "report.md").read_text(), "### Cost")
+    # The method's 2 calls of 100 + 30 tokens; the judge's 2 calls and their 40 + 5 + 30 tokens apart.
+    assert (row[1], row[3], row[5], row[9], row[10]) == ("2", "200", "60", "2", "75")

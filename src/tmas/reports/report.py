@@ -312,10 +312,12 @@ def run_cost(results: list[ProblemResult], store: RunStore) -> RunCost:
         cost.calls += r.calls
         cost.failed_calls += r.failed_calls
         cost.usage = cost.usage + r.usage
-    for call in store.calls():
-        if call.key.role == "judge":
-            cost.judge_calls += 1
-            cost.judge_tokens += call.usage.prompt_tokens + call.usage.completion_tokens
+    # Counted in SQL: reading the calls themselves would decompress every reply's text (a thinking model's run holds
+    # gigabytes of reasoning) to count a few judge calls.
+    judge = store.role_costs().get(JUDGE_ROLE)
+    if judge is not None:
+        cost.judge_calls = judge["calls"]
+        cost.judge_tokens = judge["prompt_tokens"] + judge["completion_tokens"]
     return cost
 
 
