@@ -95,12 +95,17 @@ class CallLog:
         ).fetchone()
         return None if row is None else self._completion(row)
 
-    def iterate(self, problem_id: str | None = None) -> Iterator[Completion]:
+    def iterate(self, problem_id: str | None = None, iteration: int | None = None) -> Iterator[Completion]:
+        """The calls (of ``problem_id``, of its ``iteration``) in the order they were stored. Each is read with its
+        texts, so a page that shows one iteration asks for that one: a problem of the paper's size holds 20."""
         query = f"SELECT {_CALL_COLUMNS} FROM calls"
         args: tuple[Any, ...] = ()
         if problem_id is not None:
             query += " WHERE problem_id = ?"
             args = (problem_id,)
+            if iteration is not None:
+                query += " AND iteration = ?"
+                args += (iteration,)
         for row in self._db.execute(query + " ORDER BY id", args):
             yield self._completion(row)
 

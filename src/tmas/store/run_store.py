@@ -120,8 +120,8 @@ class RunStore:
     def lookup_call(self, request_hash: str, sample: int, *, stopped_early: bool = False) -> Completion | None:
         return self._call_log.lookup(request_hash, sample, stopped_early=stopped_early)
 
-    def calls(self, problem_id: str | None = None) -> Iterator[Completion]:
-        return self._call_log.iterate(problem_id)
+    def calls(self, problem_id: str | None = None, iteration: int | None = None) -> Iterator[Completion]:
+        return self._call_log.iterate(problem_id, iteration)
 
     def call(self, call_id: int) -> Completion | None:
         return self._call_log.get(call_id)

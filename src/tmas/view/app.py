@@ -174,7 +174,7 @@ class Viewer:
             problem = next((p for p in run.store.iter_problems() if p.problem_id == pid), None)
             live = run.problem_grades(problem, run.store.result(pid), run.records(pid)) if problem else None
             verdicts = {c.index: _verdict(live, (pid, t, c.index)) for c in record.candidates}
-            calls = [c for c in run.store.calls(pid) if c.key.iteration == t]
+            calls = list(run.store.calls(pid, t))
             run_path = str(run.ref.path.resolve())
             credits = {
                 (round_, agent): r
