@@ -16,7 +16,7 @@ from mattrl_runs import hand_worked_transcript, write_run
 from scripted_runs import by_role, solve_in_process
 from test_mattrl_domains import build_model, rubric, teach
 from test_pool_build import scripted_rules
-from tmas.agents.echo import ECHO_SHARE, EchoGuard, split_prompt, tokens
+from tmas.agents.echo import ECHO_SHARE, NGRAM, EchoGuard, split_prompt, tokens
 from tmas.agents.experience import experience_prompt
 from tmas.agents.rollouts import RolloutView
 from tmas.agents.solution import generation_prompt
@@ -136,6 +136,8 @@ def test_the_guard_looks_up_data_lazily_and_from_cache_with_the_verdicts_of_the_
             # A first guard, then the cached one: both give the definition's share.
             assert EchoGuard.of(messages).share(text) == expected
             assert EchoGuard.of(list(messages)).share(text) == expected
+            if len(tokens(text)) >= NGRAM:  # shorter fields are judged as whole runs
+                assert EchoGuard.of(messages).echoes_text(text) == (expected >= ECHO_SHARE)
             verdicts.append(expected >= ECHO_SHARE)
     assert EchoGuard.of(prompts[0]) is EchoGuard.of(list(prompts[0]))
     assert any(verdicts) and not all(verdicts)

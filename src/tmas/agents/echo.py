@@ -141,10 +141,16 @@ class EchoGuard:
 
     def share(self, text: str) -> float:
         """The share of ``text``'s word trigrams that occur in the instructions and in no data block."""
-        grams = _grams(tokens(text))
+        return self._share(tokens(text))
+
+    def _share(self, words: Sequence[str]) -> float:
+        grams = _grams(words)
         if not grams:
             return 0.0
-        return sum(self._instruction_only(g) for g in grams) / len(grams)
+        # Most of a long output's trigrams are in no instruction: the set tells at once, only the others are looked
+        # up in the data.
+        shared = [g for g in grams if g in self._grams]
+        return sum(self._instruction_only(g) for g in shared) / len(grams)
 
     def echoes_text(self, text: str | None) -> bool:
         """Whether ``text`` (a bank entry, a strategy, a summary, a review, a solution) repeats the instructions."""
@@ -154,7 +160,7 @@ class EchoGuard:
         if len(words) < NGRAM:
             run = _spaced(words)
             return len(words) >= 2 and run in self._words and run not in self._data_words
-        return self.share(text) >= ECHO_SHARE
+        return self._share(words) >= ECHO_SHARE
 
     def echoes_answer(self, answer: str | None) -> bool:
         """Whether ``answer`` is a value the instructions present as an answer (and no data block holds), or a
