@@ -169,6 +169,39 @@ def test_a_time_limit_ends_training_after_a_step_with_its_final_adapter(tmp_path
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1"]
 
 
+def test_rows_the_rewards_cannot_read_are_refused_before_training(tmp_path: Path) -> None:
+    pytest.importorskip("datasets")
+    pytest.importorskip("trl")
+    from tmas.errors import InputError
+    from tmas.rl.data import write_parquet
+    from tmas.rl.scoring import is_correct
+    from tmas.rl.trl_train import load_dataset
+
+    good = [row("normal", "p1"), row("experience", "p2", "base"), row("experience", "p2", "bank")]
+    write_parquet(good, tmp_path / "good.parquet")
+    assert len(load_dataset(tmp_path / "good.parquet")) == 3
+    # A missing answer reaches the grader as the text 'None', which a rollout answering \boxed{None} matches.
+    assert is_correct("\\boxed{None}", str(None))
+
+    def refused(rows: list[dict[str, Any]]) -> str:
+        path = tmp_path / "bad.parquet"
+        write_parquet(rows, path)
+        with pytest.raises(InputError) as caught:
+            load_dataset(path)
+        return str(caught.value)
+
+    for missing in (None, " "):
+        bad = [*good[:2], {**good[2], "reward_model": {"style": "rule", "ground_truth": missing}}]
+        assert refused(bad).endswith("bad.parquet: row 2 has no reference answer (reward_model.ground_truth)")
+    no_group = {**good[0], "extra_info": {"task": "normal", "question": Q}}
+    assert "row 0: extra_info has no task and group of 'tmas rl build-data'" in refused([no_group])
+    no_question = {**good[0], "extra_info": {"task": "normal", "group": "g"}}
+    assert "row 0: extra_info has no question" in refused([no_question])
+    no_variant = {**good[1], "extra_info": {**good[1]["extra_info"], "variant": None}}
+    assert "row 0: an experience row whose variant is not base or bank" in refused([no_variant, good[2]])
+    assert "group 'run/p2/1/experience'" in refused([good[1], good[1]])  # two Base rows, no Bank
+
+
 def test_group_alignment_is_checked(tmp_path: Path) -> None:
     pytest.importorskip("trl")
     from tmas.errors import ConfigError

@@ -33,7 +33,7 @@ from tmas.rl.dynamic_sampling import choose_groups, group_rows, groups_with_spre
 from tmas.rl.hf_generate import continuous_batching_options
 from tmas.rl.plot import plot_steps
 from tmas.rl.sampler import PromptGroupSampler, prompt_groups
-from tmas.rl.scoring import NoveltyJudge
+from tmas.rl.scoring import TASKS, NoveltyJudge
 from tmas.rl.step_log import REWARDS_FILE, StepLog, trim_logs
 from tmas.rl.tiny import tiny_model, tiny_tokenizer
 from tmas.rl.train_options import TrainOptions
@@ -245,7 +245,27 @@ def load_dataset(path: Path) -> Any:
         raise InputError(f"{path}: missing columns {sorted(missing)} (not from 'tmas rl build-data')")
     if any(info.get("copy") for info in data["extra_info"]):
         raise InputError(f"{path}: written with --layout verl (for verl); build it with --layout trl for TRL")
+    check_rows(path, data["reward_model"], data["extra_info"])
     return data
+
+
+def check_rows(path: Path, reward_model: list[Any], extra_info: list[Any]) -> None:
+    """Every row holds what the rewards read, before any model loads: a reference answer (a missing one would be
+    graded as the text 'None'), the task, prompt group and question 'tmas rl build-data' writes, and whole groups."""
+    for index, (answer, info) in enumerate(zip(reward_model, extra_info, strict=True)):
+        truth = answer.get("ground_truth") if isinstance(answer, dict) else None
+        if truth is None or not str(truth).strip():
+            raise InputError(f"{path}: row {index} has no reference answer (reward_model.ground_truth)")
+        if not isinstance(info, dict) or info.get("task") not in TASKS or not info.get("group"):
+            raise InputError(f"{path}: row {index}: extra_info has no task and group of 'tmas rl build-data'")
+        if not isinstance(info.get("question"), str):
+            raise InputError(f"{path}: row {index}: extra_info has no question (of 'tmas rl build-data')")
+        if info["task"] == "experience" and info.get("variant") not in ("base", "bank"):
+            raise InputError(f"{path}: row {index}: an experience row whose variant is not base or bank")
+    try:
+        prompt_groups(extra_info)
+    except ValueError as exc:
+        raise InputError(f"{path}: {exc}") from None
 
 
 def load_policy(
