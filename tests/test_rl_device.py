@@ -127,8 +127,8 @@ def test_the_tokenizer_travels_with_the_first_piece(tmp_path: Path, monkeypatch:
 @pytest.mark.slow
 def test_a_carried_tokenizer_spares_the_conversion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("gguf")
+    from tmas.llm import hf_checkpoint
     from tmas.llm.weights import resolve_model
-    from tmas.rl import trl_train
 
     try:
         gguf = resolve_model("smollm2-135m")
@@ -143,7 +143,7 @@ def test_a_carried_tokenizer_spares_the_conversion(tmp_path: Path, monkeypatch: 
     def no_conversion(path: Path) -> Any:
         raise AssertionError("the GGUF's tokenizer was converted although one was carried")
 
-    monkeypatch.setattr(trl_train, "gguf_tokenizer", no_conversion)
+    monkeypatch.setattr(hf_checkpoint, "gguf_tokenizer", no_conversion)
     base = device.ensure_base(work, str(gguf), tmp_path / "unused.parquet", tmp_path / "unused.jsonl", None)
     from transformers import AutoTokenizer
 

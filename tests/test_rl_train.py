@@ -357,3 +357,38 @@ def test_the_end_token_is_read_from_the_gguf(tmp_path: Path) -> None:
         writer.write_kv_data_to_file()
         writer.close()
         assert gguf_eos_id(tmp_path / name) == eos
+
+
+@pytest.mark.slow
+def test_a_gguf_policy_is_converted_once_and_read_from_the_cache_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("gguf")
+    from tmas.llm import hf_checkpoint
+    from tmas.llm.weights import resolve_model
+    from tmas.rl import trl_train
+
+    try:
+        resolve_model("smollm2-135m")
+    except Exception as exc:  # the embedded weights are a package of their own
+        pytest.skip(f"SmolLM2-135M not installed: {exc}")
+    monkeypatch.setenv("TMAS_CACHE_DIR", str(tmp_path / "cache"))
+    conversions: list[Path] = []
+
+    def counted(gguf: Path) -> Any:
+        conversions.append(gguf)
+        return convert(gguf)
+
+    convert = hf_checkpoint.gguf_tokenizer
+    for module in (hf_checkpoint, trl_train):
+        monkeypatch.setattr(module, "gguf_tokenizer", counted, raising=False)
+    # Training, its --judge-model and a later --resume or export each load the policy: the tokenizer (a minute or
+    # more for the 0.5B model) is converted by the first only.
+    model, tokenizer = trl_train.load_policy("smollm2-135m")
+    again, tokenizer_again = trl_train.load_policy("smollm2-135m", dtype="bfloat16")
+    assert len(conversions) == 1
+    assert tokenizer_again.eos_token == tokenizer.eos_token == "<|im_end|>"
+    assert tokenizer_again.encode("What is 17*23?") == tokenizer.encode("What is 17*23?")
+    assert str(again.dtype) == "torch.bfloat16" and str(model.dtype) == "torch.float32"
+    weight = next(iter(model.state_dict()))
+    assert again.state_dict()[weight].float().allclose(model.state_dict()[weight], atol=1e-2)

@@ -25,7 +25,7 @@ from trl.trainer.grpo_config import GRPOConfig
 from trl.trainer.grpo_trainer import GRPOTrainer
 
 from tmas.errors import ConfigError, InputError
-from tmas.llm.hf_checkpoint import gguf_tokenizer, load_gguf
+from tmas.llm.hf_checkpoint import checkpoint, load_gguf
 from tmas.llm.weights import resolve_model
 from tmas.rl.checkpoints import checkpoint_step
 from tmas.rl.data import COLUMNS
@@ -273,8 +273,9 @@ def load_policy(
 ) -> tuple[Any, Any]:
     """The model to train and its tokenizer: ``tiny`` (from a config, for smoke runs), a Hugging Face checkpoint
     directory, or a GGUF file / embedded model name (dequantised by transformers, which needs ``gguf``), with its
-    weights in ``dtype``. ``tokenizer_dir`` is a tokenizer saved from this GGUF before (converting the GGUF's own
-    takes a minute or more): it is read instead."""
+    weights in ``dtype``. A GGUF is dequantised once into tmas's checkpoint cache with its tokenizer (converting that
+    takes a minute or more), and read from there by every later command; ``tokenizer_dir`` is a tokenizer saved from
+    this GGUF before: the GGUF's weights are then read directly, with that tokenizer."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -285,15 +286,14 @@ def load_policy(
         tokenizer = tiny_tokenizer([*texts, "\\boxed{", "}"])
         return tiny_model(len(tokenizer)).to(weights), tokenizer
     path = Path(spec).expanduser()
+    if not path.is_dir() and tokenizer_dir is None:
+        # Its tokenizer ends text where the file's chat model ends (TRL stops generating and masks completions there).
+        path = checkpoint(spec, dtype="float32")
     if path.is_dir():
         return AutoModelForCausalLM.from_pretrained(path, dtype=weights), AutoTokenizer.from_pretrained(path)
-    gguf = resolve_model(spec)
     # Every weight unpacked into a dense float32 tensor (not kept in GGUF blocks), then cast to the training dtype.
-    model = load_gguf(gguf, dtype=torch.float32).to(weights)
-    if tokenizer_dir is not None:
-        return model, AutoTokenizer.from_pretrained(tokenizer_dir)
-    # Its end of text where the file's chat model ends (TRL stops generating and masks completions there).
-    return model, gguf_tokenizer(gguf)
+    model = load_gguf(resolve_model(spec), dtype=torch.float32).to(weights)
+    return model, AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
 def record_base(out: Path, spec: str, model: Any, tokenizer: Any) -> None:
