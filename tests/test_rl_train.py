@@ -136,6 +136,18 @@ def test_one_grpo_step_changes_the_weights(judge_sim: SimServer, tmp_path: Path)
     assert len({r["group"] for r in experience}) == 1 and len({r["p_base"] for r in experience}) == 1
     rewards = {r["reward"] for r in logged if r["task"] == "guideline"}
     assert len(rewards) > 1  # varied rewards, so the loss was not zero
+    # Eq. 6 on the hybrid reward (the sum of the three task functions, one answering per rollout), per prompt
+    # group: A_i = (r_i - mu) / (sigma + delta), TRL's sigma the sample deviation and delta 1e-4. Every token of a
+    # rollout carries its A_i. (TRL shuffles the rows it trains on, so the advantages are compared as a multiset.)
+    expected = []
+    for group in {r["group"] for r in logged}:
+        mine = [r["reward"] for r in logged if r["group"] == group]
+        mu = sum(mine) / len(mine)
+        sigma = math.sqrt(sum((r - mu) ** 2 for r in mine) / (len(mine) - 1))
+        expected += [(r - mu) / (sigma + 1e-4) for r in mine]
+    trained = trainer._buffered_inputs[0]["advantages"].tolist()
+    assert sorted(trained) == pytest.approx(sorted(expected), abs=1e-5)
+    assert trainer.args.multi_objective_aggregation == "sum_then_normalize"
     assert len([r for r in judge_sim.requests if r.role == "judge"]) == 8
     history = trainer.state.log_history[0]
     assert {"rewards/exploration/mean", "rewards/experience/mean"} <= set(history)
