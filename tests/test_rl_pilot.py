@@ -225,3 +225,7 @@ def test_pilot_command_with_a_tiny_model(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
     assert pq.read_table(out).num_rows == 3
+
+    # A later pilot that keeps nothing takes the earlier one's rows away with it: its report says none were kept.
+    again = CliRunner().invoke(app, [*args, "--engine", "padded"])
+    assert isinstance(again.exception, ConfigError) and not out.exists()

@@ -301,6 +301,8 @@ def run_pilot(
     paths["report"].write_text(report.model_dump_json(indent=1) + "\n", encoding="utf-8")
     paths["card"].write_text(card(report), encoding="utf-8")
     if not kept:
+        # An earlier pilot's rows would pass for this one's beside its report.
+        out.unlink(missing_ok=True)
         raise ConfigError(
             f"no prompt group was right in {min_rate:.0%}-{max_rate:.0%} of its rollouts at any temperature tried:"
             f" nothing to train on (rates in {paths['rates']})"
