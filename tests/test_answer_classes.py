@@ -43,6 +43,8 @@ def test_plain_numbers_are_keyed_by_their_exact_value() -> None:
     assert value_key("-\\frac{3}{4}") == value_key("-0.75") == "-3/4"
     assert value_key("2.0") == value_key("2") == value_key("\\text{2}.") == "2"
     assert value_key("1{,}000") == "1000"
+    # A sentence's full stop after the answer is no part of it, number or not.
+    assert value_key("\\sqrt{2}.") == value_key("\\sqrt{2}") == "\\sqrt{2}"
     # Not a plain number: the normalized spelling.
     assert value_key("\\sqrt{2} / 2") == "\\sqrt{2}/2"
     assert value_key("1/0") == "1/0"
@@ -118,6 +120,22 @@ async def test_the_event_loop_goes_on_while_the_rules_worker_stops() -> None:
     asyncio.get_running_loop().call_soon(other.append, "ran")
     await checker.__aexit__(None, None, None)
     assert other == ["ran"]  # the loop ran other work before the worker had stopped
+
+
+async def test_the_grading_rules_group_two_answers_only_when_each_is_shown_equal_to_the_other() -> None:
+    pytest.importorskip("math_verify")
+    from tmas.answer_rules import RuleEquivalence, check_pair
+
+    # Math-Verify's check is asymmetric (reference first): it shows "0<x<1" equal to the reference "(0,1)" but not
+    # the other way round. A vote's grouping must not depend on which answer came first: they stay apart.
+    assert check_pair("0<x<1", "(0,1)").correct is True and check_pair("(0,1)", "0<x<1").correct is None
+    equivalence = RuleEquivalence()
+    try:
+        assert not await equivalence.equivalent("(0,1)", "0<x<1")
+        assert not await equivalence.equivalent("0<x<1", "(0,1)")
+        assert await equivalence.equivalent("\\frac{1}{\\sqrt{2}}", "\\frac{\\sqrt{2}}{2}")
+    finally:
+        await equivalence.aclose()
 
 
 def test_each_vote_rule_groups_equal_values() -> None:

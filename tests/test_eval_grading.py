@@ -9,8 +9,11 @@ import pytest
 from conftest import scripted_settings
 from scripted_runs import scripted_run
 from tmas.answer_rules import RuleChecker, check_pair
-from tmas.grading.grades import SELECTED, GradeConfig
+from tmas.grading.grader import GradingContext
+from tmas.grading.grades import SELECTED, GradeConfig, Grades, Item
 from tmas.grading.judge import judge_once, majority, parse_judge_reply
+from tmas.grading.rules import RulesGrader
+from tmas.grading.run_results import load_results
 from tmas.grading.runs import grade_run, load_grades
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
@@ -42,6 +45,27 @@ async def test_math_verify_equivalences_in_a_process_pool() -> None:
 
 def test_unparseable_answers_are_undecided() -> None:
     assert check_pair("5", "").correct is None
+
+
+def test_the_rules_say_no_only_between_two_numbers() -> None:
+    assert check_pair("12", "6").correct is False
+    # A number against an expression, either way round: the rules may miss an equality between them, so they leave
+    # it undecided (for the judge in combined mode) rather than call it wrong.
+    assert check_pair("x+1", "5").correct is None
+    assert check_pair("5", "x+1").correct is None
+
+
+async def test_an_item_without_an_answer_is_wrong_only_when_it_has_no_text(tmp_path: Path) -> None:
+    problem = Problem(problem_id="a", question="What is 6*7?", answer="42")
+    silent = Item(("a", 0, 0), problem, None, "")
+    # Text without an extracted answer: nothing for the rules to compare, but a judge may still read it.
+    worded = Item(("a", 0, 1), problem, None, "Six sevens make forty-two.")
+    grader = RulesGrader()
+    assert grader.grade_one(silent) is False and grader.grade_one(worded) is None
+    config = GradeConfig(mode="rules")
+    with RunStore(tmp_path / "run") as store:
+        context = GradingContext(store, config, None, Grades(runs=1, mode="rules"), {})
+        assert await grader.grade([silent, worded], context) == {silent.key: [False], worded.key: [None]}
 
 
 @pytest.mark.parametrize(
@@ -84,6 +108,25 @@ async def _cot_run(run_dir: Path, problems: list[Problem]) -> RunStore:
     """A chain-of-thought run of ``problems`` in process on the simulator's script; its store, open."""
     await scripted_run(ScriptedModel(SimScript(), scripted_settings()), run_dir, problems)
     return RunStore(run_dir, create=False)
+
+
+async def test_a_stored_rules_verdict_is_reused_only_for_the_answer_it_graded(tmp_path: Path) -> None:
+    store = await _cot_run(tmp_path / "run", [Problem(problem_id="a", question="What is 6*7?", answer="42")])
+    config = GradeConfig(mode="rules")
+    first = await grade_run(store, config)
+    assert first.verdicts[("a", 0, 0)] == first.verdicts[("a", 0, SELECTED)] == [True]
+    # The problem is solved again with another answer (a resume with other parameters re-solves a finished problem):
+    # the verdicts stored for 42 are not this answer's.
+    [result] = load_results(store)
+    record = result.iterations[0]
+    record.candidates[0] = record.candidates[0].model_copy(update={"answer": "41", "text": "\\boxed{41}"})
+    record.selected = "41"
+    store.save_result(result.model_copy(update={"answer": "41"}))
+    again = await grade_run(store, config)
+    assert again.verdicts[("a", 0, 0)] == again.verdicts[("a", 0, SELECTED)] == [False]
+    loaded = load_grades(store, config)
+    assert loaded is not None and loaded.verdicts == again.verdicts
+    store.close()
 
 
 def _judge(reply: str) -> ScriptedModel:
