@@ -93,3 +93,29 @@ async def test_settling_on_the_last_iteration_saves_nothing_and_is_no_stop() -> 
     assert result.stopped_reason is None and len(result.iterations) == 2
     count = calls_per_problem(create_method("tmas", params))
     assert count.exact and len(model.calls) == count.total == 12
+
+
+async def test_an_answerless_candidate_scores_0_and_counts_against_the_agreement() -> None:
+    # n = 2: the first solution gives no answer (iteration 0 sends no reminder), the other boxes 391, and every
+    # verification passes. The answerless one scores 0 whatever its verifier says, and only 1 of the 2 candidates
+    # agrees: iteration 0 is not settled. Iteration 1 (both 391) settles, but it is the last: no stop.
+    rules = [Rule(role="solution", times=1, replies=["Working it out by hand, no result yet."]), PASS]
+    params = {"n": 2, "m": 1, "iterations": 2, "early_stop": True, "early_stop_patience": 1}
+    result, _ = await run_scripted("tmas", rules, **params)
+    first = result.iterations[0]
+    [silent] = [c for c in first.candidates if c.answer is None]
+    assert silent.score == 0.0 and [v.score for v in silent.meta.verifications or []] == [1.0]
+    assert (first.state["agreement"], first.state["mean_score"]) == (0.5, 0.5)
+    assert "early_stop" not in first.state
+    assert result.stopped_reason is None and len(result.iterations) == 2
+
+
+async def test_a_failed_verification_counts_0_against_settling() -> None:
+    # n = 1, m = 2: iteration 0's first verification fails and its second passes. The failed one reads 0, below
+    # early_stop_score, so iteration 0 is not settled; iteration 1's both pass, and the run stops after it.
+    rules = [Rule(role="verifier", fault="http_500", times=1), PASS]
+    params = {"n": 1, "m": 2, "iterations": 3, "early_stop": True, "early_stop_patience": 1}
+    result, _ = await run_scripted("tmas", rules, **params)
+    first, second = result.iterations
+    assert first.candidates[0].score == 0.5 and "early_stop" not in first.state
+    assert second.state["early_stop"]["iteration"] == 1 and result.stopped_reason == SETTLED

@@ -3,6 +3,7 @@ ablations, early stopping, selection and presets, and what its paper preset asks
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -378,6 +379,37 @@ async def test_top_k_limits_what_the_exploit_prompt_sees() -> None:
     refine = [p for p in last_user_prompts(model, "solution") if REFINE_MARK in p]
     assert refine and all(p.count("<rollout number=") == 2 for p in refine)
     assert any("exploit prompt: left out rollouts" in n for n in result.iterations[1].notes)
+
+
+async def test_an_iteration_without_rollouts_leaves_the_next_exploits_the_plain_prompt() -> None:
+    # Every exploit of iteration 1 fails: R_1 is empty, so iteration 2's exploits get the plain prompt, not R_0.
+    script = SimScript(rules=[Rule(role="solution", pattern=REFINE_MARK, fault="http_400", times=2)])
+    result, model = await run_tmas(script, n=2, m=1, iterations=3, epsilon=0.0)
+    assert all(c.error for c in result.iterations[1].candidates)
+    last = result.iterations[2]
+    assert [c.meta.prompt for c in last.candidates] == ["generate", "generate"]
+    assert any("no usable rollout from the previous iteration" in note for note in last.notes)
+    assert sum(REFINE_MARK in p for p in last_user_prompts(model, "solution")) == 2  # iteration 1's alone
+
+
+async def test_a_new_strategy_keeps_the_score_of_the_rollout_it_came_from() -> None:
+    # Two routes to 391, verified at 1 and 0.5; the guideline agent logs one strategy per rollout (numbered from 1 as
+    # the prompt shows them): each strategy's best score is its own rollout's.
+    routes = ["Route alpha: 17*20 + 17*3 = 391.\n\n\\boxed{391}", "Route beta: 23*17 = 391.\n\n\\boxed{391}"]
+    strategies = ["split the second factor into tens and units", "swap the factors and multiply directly"]
+    verdicts = [{"rollout": k + 1, "strategy": s, "novelty": 1, "same_as": None} for k, s in enumerate(strategies)]
+    rules = [
+        Rule(role="solution", replies=routes),
+        Rule(role="verifier", pattern="Route alpha", replies=["## Analysis\nSound.\n\n## Score\nScore: 1"]),
+        Rule(role="verifier", pattern="Route beta", replies=["## Analysis\nA gap.\n\n## Score\nScore: 0.5"]),
+        Rule(role="guideline", replies=[json.dumps({"rollouts": verdicts})]),
+    ]
+    result, _ = await run_tmas(SimScript(rules=rules), n=2, m=1, iterations=1)
+    record = result.iterations[0]
+    scores = {c.index + 1: c.score for c in record.candidates}
+    assert sorted(scores.values(), key=str) == [0.5, 1.0]
+    logged = {s["description"]: s["best_score"] for s in record.state["guideline_bank"]["strategies"]}
+    assert logged == {strategies[0]: scores[1], strategies[1]: scores[2]}
 
 
 # ---------------------------------------------------------------------------------------------- presets, defaults
