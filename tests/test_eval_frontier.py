@@ -100,6 +100,23 @@ def test_mv_frontier_from_stored_samples() -> None:
     assert [p.problems for p in points] == [2, 2, 2]
 
 
+def test_the_mv_frontier_ends_at_every_sample_and_a_budget_holds_a_point_exactly_at_it() -> None:
+    # Three samples 4, 4, 5 (gold 4) at 100 tokens each. MV@1: 2/3. MV@2: {4,4} right, {4,5} twice a tie (1/2 each)
+    # -> (1 + 1/2 + 1/2) / 3 = 2/3. MV@3 (every sample, though 3 is no power of two): 4 has two votes -> 1.
+    results = [
+        {
+            "problem_id": "a",
+            "iterations": [{"iteration": 0, "selected": "4", "candidates": _cands(["4", "4", "5"], [100] * 3)}],
+        }
+    ]
+    points = mv_frontier(as_results(results), _grade(results, {"a": "4"}))
+    assert [(p.label, p.tokens) for p in points] == [("MV@1", 100.0), ("MV@2", 200.0), ("MV@3", 300.0)]
+    assert [p.accuracy for p in points] == pytest.approx([2 / 3, 2 / 3, 1.0])
+    # A budget of 300 holds MV@3 (at 300 exactly); one of 299 does not.
+    table = equal_budget(points, (299, 300))
+    assert [p.accuracy if p else None for p in table] == pytest.approx([2 / 3, 1.0])
+
+
 def _record(iteration: int, selected: str, completion: int, answers: list[str | None] | None = None) -> dict[str, Any]:
     answers = answers or [selected]
     return {

@@ -102,3 +102,16 @@ def test_an_iteration_only_unlabeled_problems_reached_has_no_accuracy(tmp_path: 
     # The plot draws It0 alone (It1's 0 would read as every answer wrong).
     [series] = plot_pass1([("run", metrics)], "t", tmp_path / "p.png")
     assert (series.x, series.y) == ([0], [100.0])
+
+
+def test_the_tokens_per_problem_count_every_problem_labeled_or_not() -> None:
+    # a (labeled, right) and u (no reference answer) each spend 10 prompt + 10 completion tokens in It0: the cost
+    # counts both, 40 tokens, 40 / 2 = 20 a problem; the accuracy counts a alone.
+    results = [
+        {"problem_id": "a", "iterations": [_record(0, ["1"], "1", 10)]},
+        {"problem_id": "u", "iterations": [_record(0, ["2"], "2", 10)]},
+    ]
+    grades = Grades(runs=1, verdicts={("a", 0, 0): [True], ("a", 0, SELECTED): [True]}, unlabeled=["u"])
+    [it0] = compute_metrics(as_results(results), grades).iterations
+    assert (it0.tokens, it0.tokens_per_problem) == (40, 20.0)
+    assert (it0.problems, it0.selected, it0.pass1) == (1, 1.0, 1.0)

@@ -37,6 +37,13 @@ def test_only_problems_both_answered_are_paired() -> None:
     assert nearest_majority({"z": (1.0, 10.0)}, MV) is None
 
 
+def test_a_method_halfway_between_two_budgets_is_paired_with_the_smaller_k() -> None:
+    # 150 tokens a problem: MV@1 (100) and MV@2 (200) are equally near, and the smaller k is taken.
+    majority = {1: {"a": (0.0, 100.0)}, 2: {"a": (1.0, 200.0)}}
+    pair = nearest_majority({"a": (1.0, 150.0)}, majority)
+    assert pair is not None and (pair.k, pair.majority_tokens, pair.difference) == (1, 100.0, 1.0)
+
+
 def test_a_runs_per_problem_values() -> None:
     # Majority vote: problem p has samples answering 5, 5, 7 (5 right), q samples 1 and none. MV@2 of p: of the three
     # pairs, {5, 5} and both {5, 7} pairs win with 5 half the time: (1 + 0.5 + 0.5) / 3 = 2/3; q's pair votes 1.
