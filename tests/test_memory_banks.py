@@ -67,6 +67,13 @@ def test_refine_with_merges_removes_the_absorbed_entries() -> None:
     )
     assert [e.id for e in new.entries] == ["E1", "E3"]
     assert report.deleted == ["E2"]
+    # An entry listed among its own merges is refined, not merged away nor refused.
+    merges = ["E1", "E2"]
+    new, report = apply_experience_ops(
+        old, [ExperienceOp(op="REFINE", id="E1", content="first and second", merges=merges)], iteration=1
+    )
+    assert [e.content for e in new.entries] == ["first and second", "third"]
+    assert (report.refined, report.deleted, report.rejected) == (["E1"], ["E2"], [])
 
 
 def test_bad_operations_are_refused_and_reported() -> None:
@@ -102,6 +109,18 @@ def test_jaccard_dedup_keeps_the_earlier_entry() -> None:
     assert len(loose) == 2
 
 
+def test_a_near_duplicate_at_the_threshold_is_dropped_and_its_id_never_given_again() -> None:
+    old = bank(("anchor", "alpha beta gamma delta epsilon zeta eta theta"))
+    # Word sets: 7 shared of 10 in the union, Jaccard 0.7 exactly: at the threshold, a near-duplicate.
+    twin = ExperienceOp(op="ADD", kind="anchor", content="alpha beta gamma delta epsilon zeta eta iota kappa")
+    new, report = apply_experience_ops(old, [twin], iteration=1, dedup_threshold=0.7)
+    assert [e.id for e in new.entries] == ["E1"] and report.deduplicated == ["E2 (near-duplicate of E1)"]
+    # E2 named the dropped addition: the next entry is E3, so an id always means one entry.
+    other = ExperienceOp(op="ADD", kind="heuristic", content="check the base case before the recurrence")
+    newer, report = apply_experience_ops(new, [other], iteration=2, dedup_threshold=0.7)
+    assert [e.id for e in newer.entries] == ["E1", "E3"] and report.added == ["E3"]
+
+
 def test_the_size_cap_refuses_the_latest_additions() -> None:
     old = bank(("anchor", "one"), ("anchor", "two"))
     ops = [ExperienceOp(op="ADD", kind="heuristic", content=word) for word in ("three", "four", "five")]
@@ -109,6 +128,16 @@ def test_the_size_cap_refuses_the_latest_additions() -> None:
     assert [e.content for e in new.entries] == ["one", "two", "three"]
     assert report.added == ["E3"]
     assert len(report.rejected) == 2 and "bank is full" in report.rejected[0]
+
+
+def test_a_bank_over_the_cap_loses_none_of_its_entries() -> None:
+    # A bank of 3 updated under a cap of 2 (one built under a larger cap): the addition is refused, and no entry the
+    # bank held is dropped for it (only an explicit DELETE removes one).
+    old = bank(("anchor", "one"), ("anchor", "two"), ("anchor", "three"))
+    add = ExperienceOp(op="ADD", kind="anchor", content="four")
+    new, report = apply_experience_ops(old, [add], iteration=1, max_entries=2)
+    assert [e.content for e in new.entries] == ["one", "two", "three"]
+    assert report.added == [] and report.rejected == ["ADD E4: the bank is full (2 entries)"]
 
 
 def test_op_spellings_are_normalised() -> None:

@@ -183,6 +183,7 @@ def test_shapley_scheme_on_the_transcript() -> None:
 def test_eq13_threshold_and_top_quantile() -> None:
     rewards = [0.6, 0.15, 0.0, 1.0, 0.0]  # the naive scheme's r, turn by turn
     assert kept_by_threshold(rewards, 0.5) == [0, 3]
+    assert kept_by_threshold(rewards, 0.6) == [0, 3]  # r >= tau: a reward at the threshold is kept
     # Top 25 % of 5 turns: ceil(1.25) = 2.
     assert kept_by_quantile(rewards, 0.25) == [0, 3]
     assert kept_by_quantile(rewards, 0.1) == [3]

@@ -71,6 +71,9 @@ def test_method_and_call_go_over_every_setting(tmp_path: Path) -> None:
     out = resolve_role(settings, "solution", method=Sampling(temperature=0.15), call=Sampling(max_tokens=48))
     assert (out.sampling.temperature, out.sampling.max_tokens) == (0.15, 48)
     assert out.sources == {"temperature": "method", "max_tokens": "call"}
+    # Both set one field: the call's own need wins (a score-first verifier's short reply over the method's sampling).
+    both = resolve_role(settings, "verifier", method=Sampling(max_tokens=900), call=Sampling(max_tokens=8))
+    assert both.sampling.max_tokens == 8 and both.sources["max_tokens"] == "call"
 
 
 def test_a_user_value_equal_to_the_built_in_one_still_beats_a_preset(tmp_path: Path) -> None:
