@@ -65,9 +65,11 @@ def test_twenty_percent_faults_of_every_kind_are_survived_stored_and_counted(tmp
     )
     problems = write_jsonl(tmp_path / "p.jsonl", arithmetic(20))
     run_dir = tmp_path / "run"
-    # Which calls the random faults fail for good depends on the order requests arrive in; one problem's first
-    # verification is refused at both its attempts, so at least one call fails for good whatever the order.
-    refused = Rule(role="verifier", pattern=r"What is 2\*7\?", fault="http_500", times=2)
+    # Which calls the random faults fail for good depends on the order requests arrive in; one problem's experience
+    # update (its only call of that role: the last iteration has none) is refused at both its attempts, so at least
+    # one call fails for good whatever the order. (A verifier rule would not do: a candidate's verifications go
+    # together, and its two refusals would fall on two calls, each answered when sent again.)
+    refused = Rule(role="experience", pattern=r"What is 2\*7\?", fault="http_500", times=2)
     with SimServer(SimScript(rules=[refused], faults=rates, hang_s=4.0, seed=11)) as sim:
         out = tmas("run", str(problems), "-o", str(run_dir), "-c", str(config), "--base-url", sim.base_url, *TMAS_SMALL)
         injected = sim.stats().faults
