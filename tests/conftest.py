@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +66,16 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
     # A new connection per request: the llama-server persona closes its side after a stream, as llama-server does.
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
         yield session
+
+
+@contextmanager
+def dead_url() -> Iterator[str]:
+    """An endpoint URL on loopback where every connection is refused, for the block: its port is held bound but not
+    listening, so no other process can start listening there meanwhile (a port merely found free and let go can be
+    taken by another test's server before it is used)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{held.getsockname()[1]}/v1"
 
 
 async def eventually(condition: Callable[[], bool], tries: int = 400) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env, run_tmas, scripted_settings
+from conftest import clean_env, dead_url, run_tmas, scripted_settings
 from tmas.api import aresume, arun
 from tmas.store.run_lock import running
 from tmas.testing import ScriptedModel, SimScript, SimServer
@@ -277,33 +277,25 @@ def test_environment_variables_configure_the_endpoint(sim: SimServer) -> None:
 def test_models_reports_each_endpoint(sim: SimServer) -> None:
     out = tmas("models", "--base-url", sim.base_url)
     assert out.returncode == 0 and "ok, models: sim-model" in out.stdout.decode()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
-    out = tmas("models", "--base-url", dead)
+    with dead_url() as dead:
+        out = tmas("models", "--base-url", dead)
     assert out.returncode == 1 and "NOT ANSWERING" in out.stdout.decode()
 
 
 def test_unreachable_endpoint_stops_the_run_and_keeps_state(sim: SimServer, tmp_path: Path) -> None:
     write_problems(tmp_path / "p.jsonl", 2)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
-    # Nothing listens there: one line naming it, before a run directory is made (nothing to resume).
-    out = tmas("run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "-m", "cot", "--base-url", dead)
-    assert out.returncode == 1
-    assert f"cannot connect to {dead}: connection refused" in out.stderr.decode()
-    assert not (tmp_path / "run").exists()
-    # A run whose endpoint is gone when it goes on: its state is kept and the line says how to continue.
-    assert (
-        tmas(
-            "run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "-m", "cot", "--base-url", sim.base_url
-        ).returncode
-        == 0
-    )
-    with sqlite3.connect(tmp_path / "run" / "run.sqlite") as db:
-        db.execute("DELETE FROM results WHERE problem_id = 'p1'")  # left to do
-    out = tmas("run", "--resume", str(tmp_path / "run"), "--base-url", dead)
+    with dead_url() as dead:
+        # Nothing listens there: one line naming it, before a run directory is made (nothing to resume).
+        out = tmas("run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "-m", "cot", "--base-url", dead)
+        assert out.returncode == 1
+        assert f"cannot connect to {dead}: connection refused" in out.stderr.decode()
+        assert not (tmp_path / "run").exists()
+        # A run whose endpoint is gone when it goes on: its state is kept and the line says how to continue.
+        run = ("run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "-m", "cot", "--base-url", sim.base_url)
+        assert tmas(*run).returncode == 0
+        with sqlite3.connect(tmp_path / "run" / "run.sqlite") as db:
+            db.execute("DELETE FROM results WHERE problem_id = 'p1'")  # left to do
+        out = tmas("run", "--resume", str(tmp_path / "run"), "--base-url", dead)
     assert out.returncode == 1
     last = out.stderr.decode().strip().splitlines()[-1]
     assert dead in last and f"continue with 'tmas run --resume {tmp_path / 'run'}'" in last

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
 
 import pytest
 
-from conftest import settings_for
+from conftest import dead_url, settings_for
 from tmas.config import Sampling
 from tmas.errors import ConfigError
 from tmas.llm.client import LLMClient
@@ -88,14 +87,12 @@ async def test_exhausted_retries_are_recorded_as_failed(sim: SimServer, tmp_path
 
 
 async def test_unreachable_endpoint_raises() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     settings = settings_for()
-    settings.endpoint.base_url = [f"http://127.0.0.1:{port}/v1"]
-    async with LLMClient(settings) as llm:
-        with pytest.raises(EndpointUnreachable, match="unreachable"):
-            await llm.chat("solution", QUESTION)
+    with dead_url() as dead:
+        settings.endpoint.base_url = [dead]
+        async with LLMClient(settings) as llm:
+            with pytest.raises(EndpointUnreachable, match="unreachable"):
+                await llm.chat("solution", QUESTION)
 
 
 @pytest.mark.parametrize("stream", ["auto", "off"])

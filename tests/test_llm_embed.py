@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import math
-import socket
 
 import pytest
 
-from conftest import settings_for
+from conftest import dead_url, settings_for
 from tmas.errors import LLMError
 from tmas.llm.client import LLMClient
 from tmas.llm.model import EndpointUnreachable
@@ -64,11 +63,9 @@ async def test_embed_client_error_raises_llm_error(sim: SimServer) -> None:
 
 
 async def test_embed_unreachable_endpoint_raises() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     settings = settings_for()
-    settings.endpoint.base_url = [f"http://127.0.0.1:{port}/v1"]
-    async with LLMClient(settings) as llm:
-        with pytest.raises(EndpointUnreachable, match="embedding"):
-            await llm.embed(["x"])
+    with dead_url() as dead:
+        settings.endpoint.base_url = [dead]
+        async with LLMClient(settings) as llm:
+            with pytest.raises(EndpointUnreachable, match="embedding"):
+                await llm.embed(["x"])

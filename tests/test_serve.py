@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import clean_env, settings_for
+from conftest import clean_env, dead_url, settings_for
 from tmas.errors import ConfigError
 from tmas.methods import METHODS
 from tmas.serve.api_errors import ApiError
@@ -506,22 +506,20 @@ def test_the_same_seeded_request_twice_at_once_is_one_run(sim: SimServer, tmp_pa
 
 
 def test_an_unreachable_upstream_is_a_502_and_the_run_stays_resumable(sim: SimServer, tmp_path: Path) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
     settings = settings_for(sim).model_copy(deep=True)
-    settings.endpoint.base_url = [dead]
-    with ProxyThread(settings, ServeOptions(serve_dir=tmp_path / "served")) as proxy:
-        with pytest.raises(openai.APIStatusError) as caught:
-            client(proxy).chat.completions.create(
-                model="cot/sim-model", messages=[{"role": "user", "content": "What is 1+1?"}]
-            )
-        assert caught.value.status_code == 502 and caught.value.code == "upstream_error"
-        message = caught.value.message
-        assert "cannot connect" in message and "send the request again" in message
-        # The operator's own: the upstream's address, the advice on flags and commands, the server's paths.
-        assert dead not in message and "--base-url" not in message and "tmas models" not in message
-        assert str(tmp_path) not in message and "Traceback" not in message
+    with dead_url() as dead:
+        settings.endpoint.base_url = [dead]
+        with ProxyThread(settings, ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+            with pytest.raises(openai.APIStatusError) as caught:
+                client(proxy).chat.completions.create(
+                    model="cot/sim-model", messages=[{"role": "user", "content": "What is 1+1?"}]
+                )
+            assert caught.value.status_code == 502 and caught.value.code == "upstream_error"
+            message = caught.value.message
+            assert "cannot connect" in message and "send the request again" in message
+            # The operator's own: the upstream's address, the advice on flags and commands, the server's paths.
+            assert dead not in message and "--base-url" not in message and "tmas models" not in message
+            assert str(tmp_path) not in message and "Traceback" not in message
     [run_dir] = runs_in(tmp_path / "served")
     with RunStore(run_dir, read_only=True) as store:
         assert store.results() == [] and store.get_meta("serve_request")["method"] == "cot"

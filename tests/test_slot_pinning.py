@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import socket
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from conftest import scripted_settings, settings_for
+from conftest import dead_url, scripted_settings, settings_for
 from scripted_runs import scripted_run, solve_in_process
 from tmas.config import Settings
 from tmas.llm.lanes import Lane, SlotQueue, pinned_slot
@@ -177,22 +176,16 @@ def test_a_chain_keeps_its_slot_between_calls_until_it_ends() -> None:
     assert order == ["a1", "a2a", "a2b", "x", "b1", "b2a", "b2b", "last"]
 
 
-def _dead_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}/v1"
-
-
 def test_a_pinned_call_whose_replica_is_down_goes_to_another(tmp_path: Path, sim: SimServer) -> None:
     settings = settings_for(
         sim, method=copy.deepcopy(TMAS), seed=3, endpoint__max_in_flight=1, endpoint__pin_slots=True
     )
-    endpoint = settings.endpoint.model_copy(update={"base_url": [_dead_url(), sim.base_url]})
-    settings = settings.model_copy(update={"endpoint": endpoint, "problems_in_flight": 2})
-    store, settings, todo = prepare_run(tmp_path / "down", settings, _problems(2), resume=False)
-    with store:
-        summary = asyncio.run(run_problems(settings, todo, store))
+    with dead_url() as down:
+        endpoint = settings.endpoint.model_copy(update={"base_url": [down, sim.base_url]})
+        settings = settings.model_copy(update={"endpoint": endpoint, "problems_in_flight": 2})
+        store, settings, todo = prepare_run(tmp_path / "down", settings, _problems(2), resume=False)
+        with store:
+            summary = asyncio.run(run_problems(settings, todo, store))
     assert summary.done == 2 and summary.failed_calls == 0
     by_problem = {str(r.problem_id) for r in sim.requests}
     assert by_problem == {"q0", "q1"}
