@@ -4,7 +4,10 @@ against the simulated server."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import os
 import signal
 import sqlite3
 import subprocess
@@ -15,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import clean_env, run_tmas
+from tmas.cli import interrupt
 from tmas.testing import SimScript, SimServer
 
 PROBLEMS, K, T = 3, 2, 6
@@ -86,3 +90,35 @@ def test_a_signal_stops_the_run_cleanly_and_the_resume_repeats_no_call(
     assert summary["done"] == PROBLEMS and summary["replayed_calls"] == kept
     assert summary["calls"] == sent_after == PROBLEMS * K * T - kept
     assert stored_calls(run_dir) == PROBLEMS * K * T
+
+
+def test_a_second_ctrl_c_cuts_the_wind_down_short_and_still_says_what_was_kept(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    wound_down: list[str] = []
+
+    async def work() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            await asyncio.sleep(3600)
+        finally:
+            # A wind-down that would take long (a local server's grace period): the second Ctrl-C comes meanwhile.
+            os.kill(os.getpid(), signal.SIGINT)
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                wound_down.append("cut short")
+                raise
+
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        with caplog.at_level(logging.ERROR, logger="asyncio"), pytest.raises(interrupt.Stopped) as stopped:
+            interrupt.run(work())
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert wound_down == ["cut short"]
+    # A Stopped as after one Ctrl-C: the command adds what was kept and how to go on, and exits 130.
+    assert stopped.value.exit_code == 130
+    assert stopped.value.saying("continue").line() == "tmas: stopped by Ctrl-C; continue"
+    # No "unhandled exception during asyncio.run() shutdown" with a traceback.
+    assert not caplog.records

@@ -57,11 +57,24 @@ def _raise_stopped(signum: int, frame: FrameType | None) -> None:
     raise Stopped(signum)
 
 
+class _Again(SystemExit):
+    """A second signal while the work winds down: out of the event loop at once (a ``SystemExit``, which asyncio
+    lets through its callbacks), then told as the first one is (:func:`run`)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 def run(work: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run(work)``; on SIGINT or SIGTERM the work is cancelled (its ``finally`` blocks and context managers
     run: calls closed, a local server stopped, stores closed) and :class:`Stopped` raised. A second signal while it
-    winds down exits at once."""
-    return asyncio.run(_cancellable(work))
+    winds down cuts the wind-down short (what it still awaits is cancelled again: a local server is killed at once)
+    and raises :class:`Stopped` all the same, so the command still says what was kept and how to go on."""
+    try:
+        return asyncio.run(_cancellable(work))
+    except _Again as again:
+        raise Stopped(again.signum) from None
 
 
 async def _cancellable(work: Coroutine[Any, Any, T]) -> T:
@@ -71,9 +84,9 @@ async def _cancellable(work: Coroutine[Any, Any, T]) -> T:
     got: list[int] = []
 
     def stop(signum: int) -> None:
-        if got:
-            raise SystemExit(EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED)
         got.append(signum)
+        if len(got) > 1:
+            raise _Again(signum)
         task.cancel()
 
     # A signal the command was started ignoring (a background job's Ctrl-C) stays ignored.
@@ -83,8 +96,9 @@ async def _cancellable(work: Coroutine[Any, Any, T]) -> T:
     try:
         return await work
     except asyncio.CancelledError:
-        if got:
+        if len(got) == 1:
             raise Stopped(got[0]) from None
+        # After a second signal asyncio.run cancels the wind-down; its end is no error of its own (run says it).
         raise
     finally:
         for sig, handler in previous.items():
