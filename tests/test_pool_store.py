@@ -130,6 +130,49 @@ async def test_corrupt_pool_files_are_one_line_errors_naming_the_file(
     assert "\n" not in str(info.value) and str(tmp_path / "pool") in str(info.value)
 
 
+class _Killed(BaseException):
+    """The process stopping at one rename of a save (as SIGKILL would, nothing after it runs)."""
+
+
+@pytest.mark.parametrize("stop_at", range(6))
+async def test_a_save_cut_short_at_any_rename_leaves_one_whole_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop_at: int
+) -> None:
+    first = await build(tmp_path / "pool")
+    pool = Pool.open(tmp_path / "pool")
+    pool.remove(["parity"])
+    tiling = pool.get("tiling")
+    assert tiling is not None
+    pool.update([tiling.model_copy(update={"retrieved": 4})])
+    renames = 0
+    real_replace = Path.replace
+
+    def replace(self: Path, target: str | Path) -> Path:
+        nonlocal renames
+        renames += 1
+        if renames > stop_at:
+            raise _Killed
+        return real_replace(self, target)
+
+    monkeypatch.setattr(Path, "replace", replace)
+    with pytest.raises(_Killed):
+        pool.save()
+    monkeypatch.undo()
+    again = Pool.open(tmp_path / "pool")
+    # Either the version before (the save stopped before its metadata was complete) or the new one: never a mix.
+    if stop_at < 3:
+        assert again.meta.version == 1 and [e.id for e in again.entries] == ["parity", "tiling", "modular"]
+        assert np.allclose(again.vectors, first.vectors)
+    else:
+        assert again.meta.version == 2 and [(e.id, e.retrieved) for e in again.entries] == [
+            ("tiling", 4),
+            ("modular", 0),
+        ]
+        assert np.allclose(again.vectors, first.vectors[1:])
+    # The next save goes on from the version read.
+    assert again.save() == again.meta.version and Pool.open(tmp_path / "pool").meta.version == again.meta.version
+
+
 def test_create_refuses_an_existing_pool(tmp_path: Path) -> None:
     Pool.create(tmp_path / "pool", "local:x")
     with pytest.raises(PoolError, match="already holds"):

@@ -8,14 +8,17 @@ A pool is a folder:
 - ``meta.json``: format name, version (bumped by every :meth:`Pool.save`), embedding model name and dim.
 
 The embedding model is part of the pool: vectors from another model live in another space, so opening a pool for a
-different embedder is an error naming both. Writes go to temporary files renamed into place, meta last, so a crash
-mid-save leaves the previous version readable.
+different embedder is an error naming both. A save stages all three files beside their places first, meta last, then
+renames them into place: a save cut short before its staged meta was complete leaves the previous version as it was,
+and one cut short later (some files renamed, others not) is completed by the next open, so the three files always
+belong to one version.
 
 ``embed`` is any async callable ``texts -> vectors`` (see :mod:`tmas.memory.embedders`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
@@ -53,6 +56,21 @@ def _faiss() -> Any:
     return faiss
 
 
+def _staged(path: Path, name: str) -> Path:
+    return path / f".{name}.staged"
+
+
+def _finish_save(path: Path) -> None:
+    """Put a save's staged files in place, meta last, once its staged meta exists (see :meth:`Pool._write`); staged
+    files without it are an unfinished save's, left for the next save to write over."""
+    if not _staged(path, META).exists():
+        return
+    for name in (ENTRIES, VECTORS, META):
+        # Another process opening the pool may be finishing the same save.
+        with contextlib.suppress(FileNotFoundError):
+            _staged(path, name).replace(path / name)
+
+
 def normalized(vectors: Sequence[Sequence[float]] | np.ndarray, where: str) -> np.ndarray:
     """``vectors`` as a float32 matrix with unit rows (A.7: u_i = E(k_i) / ||E(k_i)||_2); zero rows stay zero."""
     matrix = np.asarray(vectors, dtype=np.float32)
@@ -88,6 +106,7 @@ class Pool:
     def open(cls, path: str | Path, embedder_name: str | None = None) -> Pool:
         """The pool at ``path``; with ``embedder_name``, an error unless the pool was built with that model."""
         path = Path(path)
+        _finish_save(path)
         meta = cls._read_meta(path)
         pool = cls(path, meta, cls._read_entries(path, meta), cls._read_vectors(path, meta))
         if embedder_name is not None:
@@ -157,17 +176,19 @@ class Pool:
         self.path.mkdir(parents=True, exist_ok=True)
         self.meta.count = len(self.entries)
         lines = "".join(entry.model_dump_json() + "\n" for entry in self.entries)
-        self._replace(ENTRIES, lines.encode("utf-8"))
-        self._replace(VECTORS, self.vectors.astype("<f4").tobytes())
-        self._replace(META, self.meta.model_dump_json(indent=2).encode())
+        self._stage(ENTRIES, lines.encode("utf-8"))
+        self._stage(VECTORS, self.vectors.astype("<f4").tobytes())
+        # Last, and complete before it has its staged name: from then on the save is done, whatever stops it.
+        self._stage(META, self.meta.model_dump_json(indent=2).encode())
+        _finish_save(self.path)
 
-    def _replace(self, name: str, data: bytes) -> None:
-        tmp = self.path / f".{name}.tmp"
-        with tmp.open("wb") as handle:
+    def _stage(self, name: str, data: bytes) -> None:
+        part = self.path / f".{name}.part"
+        with part.open("wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        tmp.replace(self.path / name)
+        part.replace(_staged(self.path, name))
 
     # ---- contents -------------------------------------------------------------------------------
 
