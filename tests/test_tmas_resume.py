@@ -194,3 +194,20 @@ async def test_a_problem_that_replays_to_its_end_passes_the_turn_on(tmp_path: Pa
         db.execute("DELETE FROM results")
     summary = await asyncio.wait_for(scripted_run(model, run_dir, settings=stored_settings(run_dir)), timeout=60)
     assert summary.done == 2 and summary.replayed_calls == stored and len(model.calls) == stored
+
+
+async def test_resume_with_fewer_iterations_keeps_only_the_iteration_records_of_its_result(tmp_path: Path) -> None:
+    problem = Problem.model_validate(PROBLEMS[0])
+    run_dir = tmp_path / "run"
+    settings = scripted_settings(method__name="majority", method__params={"k": 2, "iterations": 4})
+    await scripted_run(ScriptedModel(SimScript(), settings), run_dir, [problem])
+    resumed = ScriptedModel(SimScript(), resume_settings(stored_settings(run_dir), {}, params={"iterations": 2}))
+    summary = await scripted_run(resumed, run_dir)
+    assert summary.done == 1 and resumed.calls == []  # every call of iterations 0-1 replayed
+    with RunStore(run_dir, create=False) as store:
+        [result] = store.results()
+        # Iterations 2 and 3 of the first solve are no part of the run any more (tmas rl build-data, the report's
+        # reply counts and the viewer read these records).
+        assert [r.iteration for r in result.iterations] == [0, 1]
+        assert [r.iteration for r in store.iterations("mult")] == [0, 1]
+        assert [r.model_dump() for r in store.iterations("mult")] == [r.model_dump() for r in result.iterations]

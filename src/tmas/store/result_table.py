@@ -19,9 +19,17 @@ class ResultTable:
         self._origin = origin
 
     def save(self, result: ProblemResult) -> None:
-        """Store the problem's result and its summary (one transaction: a reader never sees one without the other)."""
+        """Store the problem's result and its summary (one transaction: a reader never sees one without the other).
+        The problem's iteration records are then the result's: those of an earlier solve that went further (a run
+        resumed with fewer iterations or a tighter budget) go, so nothing read from them counts iterations the
+        result does not have."""
         with transaction(self._db):
             self._write_result(result, time.time(), stored=False)
+            kept = [r.iteration for r in result.iterations]
+            self._db.execute(
+                f"DELETE FROM iterations WHERE problem_id = ? AND iteration NOT IN ({', '.join('?' * len(kept))})",
+                (result.problem_id, *kept),
+            )
 
     def _write_result(self, result: ProblemResult, finished_at: float, *, stored: bool) -> None:
         """Upsert a result (``stored``: only its summary, the result being stored already)."""
