@@ -13,6 +13,7 @@ from scripted_runs import GoneModel
 from tmas.config import Budget
 from tmas.errors import ConfigError
 from tmas.methods.base import ProblemResult
+from tmas.problems import Problem
 from tmas.runner import Unreachable
 from tmas.store.run_store import RunStore
 from tmas.sweep import GridAbout, PointOutcome, Study, SweepSpec, expand, load_spec, report_sweep, run_sweep
@@ -200,3 +201,20 @@ async def test_a_sweep_on_a_model_without_an_endpoint_skips_its_finished_points(
     again = ScriptedModel(SimScript())
     second = await run_sweep(spec, again.settings, tmp_path / "sweep", model=again)
     assert [o.status for o in second.outcomes] == ["skipped"] and again.calls == []
+
+
+@pytest.mark.parametrize("problems_stored", [False, True])
+async def test_a_point_killed_while_storing_its_problems_is_run_anew(tmp_path: Path, problems_stored: bool) -> None:
+    problems = write_problems(tmp_path / "problems.jsonl")
+    spec = SweepSpec(problems=problems, study=[Study(name="s", methods=["cot"], params={}, grid={})])
+    settings = scripted_settings()
+    # What a kill leaves in the point's directory before its setup was recorded (and so before any call).
+    with RunStore(tmp_path / "sweep" / "runs" / "cot") as left:
+        if problems_stored:
+            left.add_problems(Problem(problem_id=i, question=q, answer=a) for i, q, a in PROBLEMS)
+    model = ScriptedModel(SimScript(), settings)
+    summary = await run_sweep(spec, settings, tmp_path / "sweep", model=model)
+    assert [o.status for o in summary.outcomes] == ["new"]
+    assert len(model.calls) == len(PROBLEMS)
+    with RunStore(tmp_path / "sweep" / "runs" / "cot", create=False) as store:
+        assert len(store.results()) == len(PROBLEMS)

@@ -215,8 +215,8 @@ def stored_settings(run_dir: Path) -> Settings:
     """The settings a run directory was made with."""
     with RunStore(run_dir, create=False) as store:
         data = store.get_meta("settings")
-    if data is None:
-        raise StoreError(f"{run_dir}: the run has no recorded settings")
+        if data is None:
+            raise _no_settings(store)
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:  # written by a newer tmas, or edited
@@ -261,6 +261,31 @@ def open_new_run(
     return store, settings, stored
 
 
+def holds_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run to resume: a store with its setup recorded, or with any call. A store with
+    neither is what a new run killed while storing its problems leaves (its own clean-up never ran): no call was
+    made from it, and a new run starts over in its place (:func:`prepare_run`)."""
+    if not (run_dir / DB_NAME).exists():
+        return False
+    with RunStore(run_dir, create=False) as store:
+        return store.get_meta("settings") is not None or store.call_counts()["calls"] > 0
+
+
+def _remove_store(run_dir: Path) -> None:
+    for name in (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm"):
+        (run_dir / name).unlink(missing_ok=True)
+
+
+def _no_settings(store: RunStore) -> StoreError:
+    """The error of resuming a store without recorded settings (``store`` may be closed: its directory is named)."""
+    if not holds_run(store.run_dir):
+        return StoreError(
+            f"{store.run_dir}: the run was stopped while it stored its problems, before any call: start it again"
+            " as a new run into the same directory"
+        )
+    return StoreError(f"{store.run_dir}: the run has no recorded settings")
+
+
 def prepare_run(
     run_dir: Path, settings: Settings, problems: Iterable[Problem] | None, *, resume: bool, own_model: bool = False
 ) -> tuple[RunStore, Settings, StoredProblems]:
@@ -272,29 +297,33 @@ def prepare_run(
     setup = RunSetup.check(settings, own_model=own_model)
     if resume:
         store = RunStore(run_dir, create=False)
-        stored = store.get_meta("settings")
-        if stored is None:
-            raise StoreError(f"{run_dir}: the run has no recorded settings")
+        if store.get_meta("settings") is None:
+            store.close()
+            raise _no_settings(store)
         setup.record(store)
         return store, settings, StoredProblems(store)
     if problems is None:
         raise InputError("no problems given")
-    if (run_dir / "run.sqlite").exists():
-        raise InputError(f"{run_dir}: already holds a run; continue it with --resume or choose another directory")
     existed = run_dir.exists()
-    store = RunStore(run_dir)
-    try:
-        if store.add_problems(problems) == 0:
-            raise InputError(f"{run_dir}: no problems given (empty problem file?)")
-        setup.record(store)
-    except BaseException:
-        # Nothing was run: leave no half-made run behind, so the same command works once the input is fixed.
-        store.close()
-        for name in (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm"):
-            (run_dir / name).unlink(missing_ok=True)
-        if not existed:
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # Under the run's lock: a store without a setup may be another process's, still storing its problems.
+    with running(run_dir):
+        if holds_run(run_dir):
+            raise InputError(f"{run_dir}: already holds a run; continue it with --resume or choose another directory")
+        # A new run killed while it stored its problems left its store behind: no call was made from it.
+        _remove_store(run_dir)
+        store = RunStore(run_dir)
+        try:
+            if store.add_problems(problems) == 0:
+                raise InputError(f"{run_dir}: no problems given (empty problem file?)")
+            setup.record(store)
+        except BaseException:
+            # Nothing was run: leave no half-made run behind, so the same command works once the input is fixed.
+            store.close()
+            _remove_store(run_dir)
+            if not existed:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
     return store, settings, StoredProblems(store)
 
 

@@ -44,6 +44,7 @@ from tmas.runner import (
     RunState,
     RunSummary,
     SeriesModel,
+    holds_run,
     prepare_run,
     resume_settings,
     run_fingerprint,
@@ -332,7 +333,7 @@ def open_point(
     (``own_model``: on a model of the caller's own, as :func:`tmas.runner.prepare_run` takes it)."""
     run_dir = out_dir / "runs" / point.name
     point_settings = point.settings(settings)
-    if (run_dir / "run.sqlite").exists():
+    if holds_run(run_dir):
         with RunStore(run_dir, create=False) as peek:
             if _pending(peek, point_settings, own_model=own_model) == 0:
                 return "skipped", None, point_settings, []

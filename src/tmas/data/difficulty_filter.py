@@ -28,9 +28,9 @@ from tmas.llm.model import ChatModel
 from tmas.llm.sampling import with_sampling
 from tmas.methods import METHODS, method_names
 from tmas.problems import Problem, dataset_name, load_problems
-from tmas.runner import RunState, prepare_run, run_problems
+from tmas.runner import RunState, holds_run, prepare_run, run_problems
 from tmas.store.records import ProblemResult
-from tmas.store.run_store import DB_NAME, RunStore
+from tmas.store.run_store import RunStore
 
 # The paper's sampling for the filter runs (section 4.1), used where the user set none of their own.
 PAPER_SAMPLING = {"temperature": 1.0, "top_p": 0.95}
@@ -238,7 +238,7 @@ async def run_filter(
         raise InputError("the filter needs k >= 1, --below >= 1 and -n >= 1")
     own = model is not None
     made = {"source": dataset_name(source), "k": k}
-    if (run_dir / DB_NAME).exists():
+    if holds_run(run_dir):
         with RunStore(run_dir, read_only=True) as earlier:
             found = earlier.get_meta(FILTER_META)
         if found != made:

@@ -15,7 +15,7 @@ from tmas.config import Settings
 from tmas.llm.model import ChatModel
 from tmas.planning.estimate import TokenRates, rates_from_role_costs
 from tmas.problems import Problem
-from tmas.runner import RunState, SeriesModel, prepare_run, run_method
+from tmas.runner import RunState, SeriesModel, holds_run, prepare_run, run_method
 from tmas.store.run_store import RunStore
 
 # Iterations a pilot runs at most: iteration 1 is where refiners, correctors and distillers first speak.
@@ -47,7 +47,7 @@ async def run_pilot(
         for name, settings in configs:
             run_dir = pilot_dir / name
             pilot = pilot_settings(settings, own_model=series.own)
-            resume = (run_dir / "run.sqlite").exists()
+            resume = holds_run(run_dir)
             resumed = resumed or resume
             store, pilot, todo = prepare_run(
                 run_dir, pilot, None if resume else problems, resume=resume, own_model=series.own
