@@ -263,6 +263,25 @@ async def test_retrieved_experience_is_injected_and_recorded(tmp_path: Path) -> 
     assert result.iterations[0].candidates[0].meta.experience_ids == opinions[0].experience_ids
 
 
+async def test_a_pool_of_several_domains_gives_each_run_only_its_own_domains_entries(tmp_path: Path) -> None:
+    # One pool built from math and medicine runs: the medical entry says the same words as the problem, so by
+    # similarity alone it would come first; a math specialist never sees it, a medical one sees nothing else.
+    entries = [
+        PoolEntry(id="math", action="Multiply in parts", experience="Split a factor and add the partial products."),
+        PoolEntry(id="med", domain="medicine", action="What is 17*23?", experience="What is 17*23?"),
+    ]
+    embed = EndpointEmbedder(ScriptedModel(settings=scripted_settings()))
+    pool = Pool.create(tmp_path / "pool", embed.name)
+    await pool.add(entries, embed)
+    pool.save()
+    for domain, own in (("math", "math"), ("medicine", "med")):
+        result, model = await run(pool=str(tmp_path / "pool"), top_k=8, domain=domain)
+        opinions = [u for u in transcript(result).utterances if u.kind == "opinion"]
+        assert opinions and all(u.experience_ids == [own] for u in opinions)
+        prompts = last_user_prompts(model, "specialist")
+        assert prompts and all(p.count("- ACTION:") == 1 for p in prompts)
+
+
 async def test_a_pool_built_with_another_model_fails_the_problem_with_a_clear_error(tmp_path: Path) -> None:
     Pool.create(tmp_path / "pool", "endpoint:other-embedder")
     result, _ = await run(pool=str(tmp_path / "pool"))

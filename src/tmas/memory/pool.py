@@ -231,6 +231,8 @@ class Pool:
         rows = [i for i, t in enumerate(tiers) if t is not None]
         if not rows:
             return []
+        if len(rows) == len(tiers) and len(set(tiers)) == 1:
+            return self.nearest(q, k)  # every entry in one tier: the index's ranking
         scores = self.vectors[rows] @ q
         ranked = sorted(range(len(rows)), key=lambda j: (tiers[rows[j]], -float(scores[j]), rows[j]))[:k]
         return [(self.entries[rows[j]], float(scores[j])) for j in ranked]

@@ -91,8 +91,10 @@ class Domain:
 
     def retrieval_tier(self, member: TeamMember, metadata: Mapping[str, Any]) -> Tier | None:
         """How the pool ranks entries for ``member`` on a case with ``metadata`` before cosine similarity (None:
-        by similarity alone)."""
-        return None
+        by similarity alone). By default only the domain's own entries, by similarity: a pool built from runs of
+        several domains never gives one domain's lessons to another's specialists."""
+        name = self.name
+        return lambda entry: 0 if entry.domain == name else None
 
     # ---- Stage III ------------------------------------------------------------------------------------------
     def decision_prompt(self, question: str, summary: str) -> list[Message]:
