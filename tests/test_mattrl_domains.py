@@ -379,3 +379,20 @@ def test_report_shows_each_domains_metrics_beside_the_papers(tmp_path: Path) -> 
     # The education run is the paper's Multi-Agent on SuperGPQA-300 (Table 3): Acc_post 0.73, Delta Acc 0.29, in %.
     assert "| Multi-Agent | GPT-5 | - | acc_post | 73.00 | 100.00 | +27.00 | MATTRL Table 3 |" in markdown
     assert "| Multi-Agent | GPT-5 | - | delta_acc | 29.00 | 75.00 | +46.00 | MATTRL Table 3 |" in markdown
+
+
+async def test_failed_teaching_calls_are_noted_in_their_rounds_record() -> None:
+    # The single teacher's first question and the student's first reply fail (a 400 is not retried): the round
+    # goes on with what it has, and its record says which call failed.
+    rules = [
+        Rule(role="specialist", pattern="Ask your question for round 1", fault="http_400"),
+        Rule(role="student", pattern="Reply to the teacher", fault="http_400", times=1),
+    ]
+    problem = Problem(problem_id="q1", question=QUESTION, answer="B", metadata=METADATA)
+    result, _ = await run_scripted(
+        "mattrl", question=problem, rules=rules, domain="education", teaching="single", iterations=2
+    )
+    first = result.iterations[1].notes
+    assert any(n.startswith("round 1: the teacher's question failed") for n in first)
+    assert any(n.startswith("round 1: the student's reply failed") for n in first)
+    assert not any("failed" in n for n in result.iterations[2].notes)

@@ -60,6 +60,8 @@ async def _post_test(
     post-test: its reply and the letter it answers (None: no 'Answer: X' line, noted), both in the transcript."""
     guide_role, guide_agent = ("coordinator", "coordinator") if team else ("specialist", "S1")
     guidance = await session.chat(guide_role, teacher_prompt(case, task="guidance", round_=rounds, rounds=rounds))
+    if not guidance.ok or not guidance.content.strip():
+        notes.append(f"closing guidance failed ({guidance.error or 'empty reply'}); the post-test follows without it")
     transcript.utterances.append(
         Utterance(round=rounds, agent=guide_agent, kind="report", text=guidance.content, call_id=guidance.call_id)
     )
@@ -128,6 +130,8 @@ async def teach(
         case = Case(problem.question, gold, pre_letter, pre.content, dialogue)
         asked = await _question(session, case, r, rounds, members, retrieve, transcript, notes)
         reply = await session.chat("student", student_reply_prompt(problem.question, dialogue, asked))
+        if not reply.ok or not reply.content.strip():
+            notes.append(f"round {r}: the student's reply failed ({reply.error or 'empty reply'})")
         transcript.utterances.append(
             Utterance(round=r, agent="student", kind="opinion", text=reply.content, call_id=reply.call_id)
         )
@@ -163,7 +167,12 @@ async def _question(
         transcript.utterances.append(
             Utterance(round=r, agent="S1", kind="opinion", text=reply.content, call_id=reply.call_id)
         )
-        return reply.content.strip() or "What made you choose your answer?"
+        if reply.ok and reply.content.strip():
+            return reply.content.strip()
+        notes.append(
+            f"round {r}: the teacher's question failed ({reply.error or 'empty reply'}); a generic one is asked"
+        )
+        return "What made you choose your answer?"
 
     async def analyse(index: int, member: TeamMember) -> tuple[TeamMember, Completion, list[PoolEntry]]:
         hints = await retrieve(member, f"{case.question}\n\n{case.pre_reasoning}", notes)
@@ -172,6 +181,8 @@ async def _question(
 
     analyses = await gather_all(analyse(i, m) for i, m in enumerate(members))
     for member, reply, hints in analyses:
+        if not reply.ok or not reply.content.strip():
+            notes.append(f"round {r}: {member.id}'s analysis failed ({reply.error or 'empty reply'}); not shown")
         transcript.utterances.append(
             Utterance(
                 round=r,
@@ -182,7 +193,11 @@ async def _question(
                 experience_ids=[h.id for h in hints],
             )
         )
-    shown = [(f"{m.role or 'teacher'} ({m.specialty})", reply.content.strip()) for m, reply, _ in analyses if reply.ok]
+    shown = [
+        (f"{m.role or 'teacher'} ({m.specialty})", reply.content.strip())
+        for m, reply, _ in analyses
+        if reply.ok and reply.content.strip()
+    ]
     messages = plan_prompt(case, r, shown)
     guard = EchoGuard.of(messages)
     guarded = await chat_guarded(
