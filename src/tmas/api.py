@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from tmas.config import Settings, load_settings
-from tmas.llm.model import ChatModel
+from tmas.llm.model import ChatModel, EndpointUnreachable
+from tmas.llm.preflight import check_endpoints
 from tmas.methods import question_params
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem, check_question
@@ -24,6 +25,7 @@ from tmas.runner import (
     open_new_run,
     prepare_run,
     resume_settings,
+    run_method,
     run_problems,
     stored_settings,
 )
@@ -42,6 +44,7 @@ async def asolve(
     check_question(question, "question")
     settings = question_settings(_settings_of(settings, model), method, params, own_model=model is not None)
     problem = Problem(problem_id="question", question=question)
+    await _check_endpoints(settings, model)
     with tempfile.TemporaryDirectory(prefix="tmas-solve-") as scratch:
         own = model is not None
         store, settings, problems = prepare_run(
@@ -82,7 +85,9 @@ async def arun(
 ) -> RunSummary:
     """Solve a problem file (JSONL or a benchmark name) into a new run directory ``out``, as ``tmas run`` does."""
     own = model is not None
-    store, settings, todo = open_new_run(Path(out), _settings_of(settings, model), problems, limit=limit, own_model=own)
+    settings = _settings_of(settings, model)
+    await _check_endpoints(settings, model)
+    store, settings, todo = open_new_run(Path(out), settings, problems, limit=limit, own_model=own)
     with store:
         return await run_problems(settings, todo, store, model=model)
 
@@ -118,6 +123,18 @@ def question_settings(
     if own_model or not settings.uses_local_model:
         chosen = question_params(name, chosen)
     return settings.model_copy(update={"method": settings.method.model_copy(update={"name": name, "params": chosen})})
+
+
+async def _check_endpoints(settings: Settings, model: ChatModel | None) -> None:
+    """Nothing listening at an endpoint the method's roles call, or a base URL without its /v1: said before a run
+    directory is made (as the commands do), so the same call works once the server is up. A model of the caller's
+    own, or one tmas starts itself, has none to check."""
+    if model is not None or settings.uses_local_model:
+        return
+    try:
+        await check_endpoints(settings, run_method(settings).traits.roles)
+    except EndpointUnreachable as exc:
+        raise Unreachable(str(exc), None) from None
 
 
 def _settings_of(settings: Settings | None, model: ChatModel | None) -> Settings:

@@ -1,0 +1,38 @@
+"""The Python API (tmas.solve, tmas.asolve, tmas.api.arun) as a user of the library meets it: reached from
+``import tmas`` alone, called where an event loop already runs, and retried in the same directory once the server is
+up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import tmas.api
+from conftest import dead_url, settings_for
+from tmas.runner import Unreachable
+from tmas.testing import SimServer
+
+PROBLEM = '{"problem_id": "p1", "question": "What is 17*23?", "answer": "391"}\n'
+
+
+async def test_an_endpoint_not_up_leaves_no_run_directory_and_the_same_call_works_once_it_is(
+    tmp_path: Path, sim: SimServer
+) -> None:
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text(PROBLEM)
+    with dead_url() as url:
+        down = settings_for(sim, method={"name": "cot"}).model_copy(deep=True)
+        down.endpoint.base_url = [url]
+        with pytest.raises(Unreachable, match=f"cannot connect to {url}") as caught:
+            await tmas.api.arun(problems, tmp_path / "run", down)
+        assert "--resume" not in str(caught.value)
+        with pytest.raises(Unreachable, match=f"cannot connect to {url}"):
+            await tmas.api.asolve("What is 17*23?", down, run_dir=tmp_path / "question")
+    assert not (tmp_path / "run").exists() and not (tmp_path / "question").exists()
+    assert sim.chat_bodies() == []
+    up = settings_for(sim, method={"name": "cot"})
+    summary = await tmas.api.arun(problems, tmp_path / "run", up)
+    result = await tmas.api.asolve("What is 17*23?", up, run_dir=tmp_path / "question")
+    assert (summary.done, result.answer) == (1, "391")
+    assert len(sim.chat_bodies()) == 2
