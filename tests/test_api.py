@@ -4,12 +4,15 @@ up."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+import tmas
 import tmas.api
-from conftest import dead_url, settings_for
+from conftest import clean_env, dead_url, settings_for
 from tmas.runner import Unreachable
 from tmas.testing import SimServer
 
@@ -36,3 +39,20 @@ async def test_an_endpoint_not_up_leaves_no_run_directory_and_the_same_call_work
     result = await tmas.api.asolve("What is 17*23?", up, run_dir=tmp_path / "question")
     assert (summary.done, result.answer) == (1, "391")
     assert len(sim.chat_bodies()) == 2
+
+
+def test_the_api_module_is_reached_from_import_tmas_alone() -> None:
+    # As the README writes it: `import tmas`, then tmas.api.arun(...), with nothing of tmas.api imported before.
+    code = (
+        "import sys, tmas\n"
+        "assert 'tmas.api' not in sys.modules\n"
+        "print(tmas.api.arun.__name__, tmas.api.aresume.__name__)\n"
+        "try:\n"
+        "    tmas.no_such_name\n"
+        "except AttributeError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["arun aresume", "module 'tmas' has no attribute 'no_such_name'"]
+

@@ -15,6 +15,10 @@ __all__ = ["Settings", "__version__", "asolve", "load_settings", "solve"]
 
 def __getattr__(name: str) -> Any:
     # Lazy, so that `import tmas` (and the CLI's --version) stays cheap.
+    if name == "api":
+        import tmas.api
+
+        return tmas.api
     if name in ("solve", "asolve"):
         from tmas import api
 
@@ -23,4 +27,4 @@ def __getattr__(name: str) -> Any:
         from tmas import config
 
         return getattr(config, name)
-    raise AttributeError(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
