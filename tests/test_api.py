@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,13 @@ def test_the_api_module_is_reached_from_import_tmas_alone() -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["arun aresume", "module 'tmas' has no attribute 'no_such_name'"]
 
+
+async def test_the_blocking_solve_inside_a_running_loop_says_to_await_asolve(sim: SimServer) -> None:
+    # A notebook's cell runs inside an event loop: the blocking call cannot start another there, and says what to use.
+    settings = settings_for(sim, method={"name": "cot"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no coroutine left never awaited
+        with pytest.raises(RuntimeError, match=r"^tmas.solve cannot run inside a running event loop; .*tmas.asolve"):
+            tmas.solve("What is 17*23?", settings)
+    assert sim.chat_bodies() == []
+    assert (await tmas.asolve("What is 17*23?", settings)).answer == "391"

@@ -71,8 +71,13 @@ def solve(
     run_dir: str | Path | None = None,
     model: ChatModel | None = None,
 ) -> ProblemResult:
-    """Blocking form of :func:`asolve`."""
-    return asyncio.run(asolve(question, settings, method=method, params=params, run_dir=run_dir, model=model))
+    """Blocking form of :func:`asolve`; where an event loop already runs (a notebook, async code), await
+    :func:`asolve` instead."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(asolve(question, settings, method=method, params=params, run_dir=run_dir, model=model))
+    raise RuntimeError("tmas.solve cannot run inside a running event loop; there use: await tmas.asolve(...)")
 
 
 async def arun(
