@@ -14,6 +14,7 @@ import pytest
 import tmas
 import tmas.api
 from conftest import clean_env, dead_url, settings_for
+from tmas.errors import ConfigError
 from tmas.runner import Unreachable
 from tmas.testing import SimServer
 
@@ -67,3 +68,22 @@ async def test_the_blocking_solve_inside_a_running_loop_says_to_await_asolve(sim
             tmas.solve("What is 17*23?", settings)
     assert sim.chat_bodies() == []
     assert (await tmas.asolve("What is 17*23?", settings)).answer == "391"
+
+
+async def test_settings_given_as_a_mapping_reach_the_wire_as_a_configuration_file_does(sim: SimServer) -> None:
+    # As tmas.toml's tables: a [sampling] field given counts as set, even at its built-in default (0.7), so a preset's
+    # sampling (the paper's temperature 1.0) does not replace it.
+    given = {
+        "endpoint": {"base_url": sim.base_url, "model": "sim-model"},
+        "sampling": {"temperature": 0.7, "max_tokens": 300},
+        "seed": 5,
+    }
+    params = {"preset": "paper", "n": 1, "m": 1, "iterations": 1}
+    result = await tmas.asolve("What is 17*23?", given, method="tmas", params=params)
+    assert result.answer == "391"
+    bodies = sim.chat_bodies("solution")
+    assert bodies and {(b["model"], b["temperature"], b["max_tokens"]) for b in bodies} == {("sim-model", 0.7, 300)}
+    with pytest.raises(ConfigError, match=r"^settings: bad value for 'sampling.temperature'"):
+        await tmas.asolve("What is 17*23?", {**given, "sampling": {"temperature": "hot"}})
+    with pytest.raises(ConfigError, match=r"^settings: unknown config key 'endpont'"):
+        await tmas.api.arun("problems.jsonl", "run", {"endpont": {}})

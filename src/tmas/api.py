@@ -4,16 +4,21 @@ through the same library functions as the CLI.
 Each takes an optional ``model``: a :class:`tmas.llm.model.ChatModel` of the caller's own (a backend that is not an
 OpenAI-compatible endpoint, or :class:`tmas.testing.ScriptedModel`) that the run uses instead of the endpoint of its
 settings, replayed from and recorded in the run's store as an endpoint's calls are. Without ``settings`` the run takes
-the model's own."""
+the model's own. ``settings`` may also be given as a mapping of tmas.toml's keys and tables (e.g. ``{"endpoint":
+{"base_url": URL, "model": NAME}, "sampling": {"temperature": 0.6}}``), checked as a configuration file is."""
 
 from __future__ import annotations
 
 import asyncio
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tmas.config import Settings, load_settings
+from pydantic import ValidationError
+
+from tmas.config import Settings, config_sampling_sources, load_settings, validation_message
+from tmas.errors import ConfigError
 from tmas.llm.model import ChatModel, EndpointUnreachable
 from tmas.llm.preflight import check_endpoints
 from tmas.methods import question_params
@@ -33,7 +38,7 @@ from tmas.runner import (
 
 async def asolve(
     question: str,
-    settings: Settings | None = None,
+    settings: Settings | Mapping[str, Any] | None = None,
     *,
     method: str | None = None,
     params: dict[str, Any] | None = None,
@@ -64,7 +69,7 @@ async def asolve(
 
 def solve(
     question: str,
-    settings: Settings | None = None,
+    settings: Settings | Mapping[str, Any] | None = None,
     *,
     method: str | None = None,
     params: dict[str, Any] | None = None,
@@ -83,7 +88,7 @@ def solve(
 async def arun(
     problems: str | Path,
     out: str | Path,
-    settings: Settings | None = None,
+    settings: Settings | Mapping[str, Any] | None = None,
     *,
     limit: int | None = None,
     model: ChatModel | None = None,
@@ -142,8 +147,14 @@ async def _check_endpoints(settings: Settings, model: ChatModel | None) -> None:
         raise Unreachable(str(exc), None) from None
 
 
-def _settings_of(settings: Settings | None, model: ChatModel | None) -> Settings:
-    """The settings given, else the model's own (where a model is given), else those of the configuration."""
+def _settings_of(settings: Settings | Mapping[str, Any] | None, model: ChatModel | None) -> Settings:
+    """The settings given (a mapping read as a configuration file's tables), else the model's own (where a model is
+    given), else those of the configuration."""
+    if isinstance(settings, Mapping):
+        try:
+            return Settings.model_validate({"sampling_sources": config_sampling_sources(settings), **settings})
+        except ValidationError as exc:
+            raise ConfigError(validation_message(exc, "settings")) from None
     if settings is not None:
         return settings
     return model.settings if model is not None else load_settings()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 
@@ -518,14 +519,7 @@ def load_settings(
         Settings.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(validation_message(exc, source)) from None
-    sources: dict[str, SamplingSource] = {}
-    table = data.get("sampling")
-    if isinstance(table, dict):
-        for name, value in table.items():
-            if name == "extra_body" and isinstance(value, dict):
-                sources.update({f"extra_body.{key}": "config" for key in value})
-            else:
-                sources[name] = "config"
+    sources = config_sampling_sources(data)
     given = {var: env[var] for var in ENV_KEYS if env.get(var)}
     for var, value in given.items():
         _set_dotted(data, ENV_KEYS[var], value)
@@ -539,6 +533,19 @@ def load_settings(
             raise ConfigError(validation_message(exc, f"environment ({', '.join(given)})")) from None
     data["sampling_sources"] = sources
     return _overridden(data, overrides or {})
+
+
+def config_sampling_sources(data: Mapping[str, Any]) -> dict[str, SamplingSource]:
+    """The sampling fields a configuration's ``[sampling]`` table gives, each from ``config``."""
+    sources: dict[str, SamplingSource] = {}
+    table = data.get("sampling")
+    if isinstance(table, Mapping):
+        for name, value in table.items():
+            if name == "extra_body" and isinstance(value, Mapping):
+                sources.update({f"extra_body.{key}": "config" for key in value})
+            else:
+                sources[name] = "config"
+    return sources
 
 
 def with_overrides(settings: Settings, overrides: dict[str, Any]) -> Settings:
