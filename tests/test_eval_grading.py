@@ -47,6 +47,18 @@ def test_unparseable_answers_are_undecided() -> None:
     assert check_pair("5", "").correct is None
 
 
+def test_a_full_stop_enclosing_dollars_and_thin_spaces_do_not_change_the_value() -> None:
+    # A full stop once cut an expression short ("3^{10} \\cdot 7!." read as 7) and made a right answer a "different
+    # number"; a reference written "$...$." was not read at all; "12\\,345" was read as 12 * 345.
+    assert check_pair("3^{10} \\cdot 7!", "3^{10} \\cdot 7!.").correct is True
+    assert check_pair("\\sqrt{\\frac{5}{3}}", "\\sqrt{\\frac{5}{3}}.").correct is True
+    assert check_pair("$\\left\\lceil \\log_{3} n\\right\\rceil - 1$.", "\\lceil \\log_3 n \\rceil - 1").correct is True
+    assert check_pair("12345", "12\\,345").correct is True
+    assert check_pair("1234567", "1\\,234\\,567").correct is True
+    assert check_pair("12345", "12\\,346").correct is False
+    assert check_pair("40", "40.").correct is True
+
+
 def test_the_rules_say_no_only_between_two_numbers() -> None:
     assert check_pair("12", "6").correct is False
     # A number against an expression, either way round: the rules may miss an equality between them, so they leave

@@ -11,6 +11,7 @@ import asyncio
 import functools
 import importlib.util
 import multiprocessing
+import re
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
@@ -31,9 +32,17 @@ class RuleVerdict:
     detail: str
 
 
+# A sentence's full stop after an answer ("29.", "$\\frac{1}{2}$."); not the dots of an ellipsis.
+_FULL_STOP = re.compile(r"(?<!\.)\.\s*$")
+# A thin space between digit groups (12\,345): Math-Verify reads it as a product.
+_THIN_SPACE_GROUPS = re.compile(r"(?<=\d)\\,(?=\d{3}(?!\d))")
+
+
 def _wrap(answer: str) -> str:
-    # Math-Verify extracts LaTeX from \boxed{} or $...$; boxing also copes with answers that contain '$'.
-    return "\\boxed{" + answer.strip().strip("$") + "}"
+    """``answer`` as Math-Verify reads it: without a full stop, enclosing '$' or thin spaces between digit groups, in
+    a box (Math-Verify extracts LaTeX from \\boxed{} or $...$; boxing also copes with answers that contain '$')."""
+    text = _FULL_STOP.sub("", answer.strip()).strip().strip("$").strip()
+    return "\\boxed{" + _THIN_SPACE_GROUPS.sub("", text) + "}"
 
 
 def check_pair(gold: str, pred: str, timeout_s: int | None = 5) -> RuleVerdict:
