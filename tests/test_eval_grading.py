@@ -59,6 +59,18 @@ def test_a_full_stop_enclosing_dollars_and_thin_spaces_do_not_change_the_value()
     assert check_pair("40", "40.").correct is True
 
 
+def test_a_reference_in_words_is_left_to_the_judge() -> None:
+    # Math-Verify reads one formula of a sentence at most: it took the case "b=2" of this reference for all of it,
+    # and one part of a multi-part reference for the whole answer.
+    cases = "$b^2 + 2b$ ( $b \\ge 3$)\n1 ($b=2$)"
+    assert check_pair(cases, "b = 2").correct is None
+    assert check_pair("(i) No; (ii) \\( \\binom{m+1}{2} \\)", "\\binom{m+1}{2}").correct is None
+    assert check_pair("$q(x)=x^2+c$ for some constant $c$", "q(x) = x^2 + c").correct is None
+    # The same answer in another spelling is still right without the judge.
+    assert check_pair(cases, "$b^2 + 2b$ ( $b \\ge 3$) 1 ($b=2$).").correct is True
+    assert check_pair("odd $n$", "\\text{odd} $n$").correct is True
+
+
 def test_the_rules_say_no_only_between_two_numbers() -> None:
     assert check_pair("12", "6").correct is False
     # A number against an expression, either way round: the rules may miss an equality between them, so they leave

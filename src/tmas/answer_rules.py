@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from tmas.answers import normalize_answer
 from tmas.errors import TmasError
 
 
@@ -26,7 +27,8 @@ class MissingExtra(TmasError):
 
 @dataclass(frozen=True)
 class RuleVerdict:
-    """``correct`` is None when the rules cannot decide (unparseable, timed out, or unequal non-numeric forms)."""
+    """``correct`` is None when the rules cannot decide (unparseable, timed out, unequal non-numeric forms, or a
+    reference in words)."""
 
     correct: bool | None
     detail: str
@@ -36,22 +38,35 @@ class RuleVerdict:
 _FULL_STOP = re.compile(r"(?<!\.)\.\s*$")
 # A thin space between digit groups (12\,345): Math-Verify reads it as a product.
 _THIN_SPACE_GROUPS = re.compile(r"(?<=\d)\\,(?=\d{3}(?!\d))")
+# A reference that is a sentence about formulas ("odd $n$", "$f(x)=cx$ for some $c$", "0 if ..., ... otherwise"):
+# Math-Verify reads one formula of it at most, so its "equal" could accept a part of the answer or a wrong one.
+_PROSE = re.compile(
+    r"\$|\\\(|\\\[|\b(?:if|otherwise|for|where|which|and|or|all|some|of|is|are|the|with|when|excluding)\b", re.I
+)
+
+
+def _clean(answer: str) -> str:
+    """``answer`` without a full stop, enclosing '$' or thin spaces between digit groups."""
+    text = _FULL_STOP.sub("", answer.strip()).strip().strip("$").strip()
+    return _THIN_SPACE_GROUPS.sub("", text)
 
 
 def _wrap(answer: str) -> str:
-    """``answer`` as Math-Verify reads it: without a full stop, enclosing '$' or thin spaces between digit groups, in
-    a box (Math-Verify extracts LaTeX from \\boxed{} or $...$; boxing also copes with answers that contain '$')."""
-    text = _FULL_STOP.sub("", answer.strip()).strip().strip("$").strip()
-    return "\\boxed{" + _THIN_SPACE_GROUPS.sub("", text) + "}"
+    # Math-Verify extracts LaTeX from \boxed{} or $...$; boxing also copes with answers that contain '$'.
+    return "\\boxed{" + _clean(answer) + "}"
 
 
 def check_pair(gold: str, pred: str, timeout_s: int | None = 5) -> RuleVerdict:
     """Compare one pair (gold first: Math-Verify's ``verify`` is asymmetric). Runs in a worker process (or any main
     thread; ``timeout_s`` None runs without signal-based timeouts, for other threads)."""
+    if normalize_answer(gold) == normalize_answer(pred):
+        return RuleVerdict(True, "same answer")
     try:
         from math_verify import parse, verify
     except ImportError:  # pragma: no cover - surfaced by the pool's owner
         return RuleVerdict(None, "math-verify not installed")
+    if _PROSE.search(_clean(gold)):
+        return RuleVerdict(None, "reference in words: not checked by the rules")
     try:
         gold_parsed = parse(_wrap(gold), parsing_timeout=timeout_s)
         pred_parsed = parse(_wrap(pred), parsing_timeout=timeout_s)

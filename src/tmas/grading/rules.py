@@ -4,7 +4,7 @@ An item without an extracted answer is not checked: with no text either it is wr
 still read the text in combined mode). Verdicts are stored as grader ``rules``, run 0.
 
 :meth:`RulesGrader.grade_one` checks one item in the calling thread (RL's rewards): equal normalised spellings are
-right at once, otherwise Math-Verify decides, gold first.
+right at once (as in every rule check), otherwise Math-Verify decides, gold first.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import threading
 from collections.abc import Sequence
 
 from tmas.answer_rules import RuleChecker, check_pair
-from tmas.answers import normalize_answer
 from tmas.grading.grader import GradingContext, StoredGrades, Verdicts
 from tmas.grading.grades import GradeConfig, Item
 from tmas.store.run_store import GradeRow
@@ -72,8 +71,6 @@ class RulesGrader:
         if item.answer is None:
             return False if _no_answer(item) else None
         gold = item.problem.answer or ""
-        if normalize_answer(item.answer) == normalize_answer(gold):
-            return True
         # Math-Verify's timeouts use signal.alarm, which works only in the main thread; elsewhere (a trainer's worker
         # thread) it runs without one.
         main = threading.current_thread() is threading.main_thread()
