@@ -54,3 +54,17 @@ def test_an_escaped_surrogate_pair_is_one_character(tmp_path: Path) -> None:
 def test_a_missing_file_is_a_one_line_error(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="cannot open"):
         list(read_objects(tmp_path / "none.jsonl"))
+
+
+def test_a_numeric_answer_is_kept_in_positional_notation(tmp_path: Path) -> None:
+    # Python writes the float 1e-7 as "1e-07", which the grading rules read as the letter e: a right "0.0000001" was
+    # graded a different number.
+    path = tmp_path / "p.jsonl"
+    lines = [
+        '{"id": 1, "question": "q", "answer": 3e-06}',
+        '{"id": 2, "question": "q", "answer": 2.5E+17}',
+        '{"id": 3, "question": "q", "answer": 0.75}',
+        '{"id": 4, "question": "q", "answer": 40}',
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    assert [p.answer for p in load_problems(path)] == ["0.000003", "250000000000000000", "0.75", "40"]

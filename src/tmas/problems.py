@@ -11,6 +11,7 @@ import math
 import os
 import re
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,13 @@ def _is_answer(value: object) -> bool:
     return isinstance(value, str | int) or (isinstance(value, float) and math.isfinite(value))
 
 
+def _answer_text(answer: str | int | float) -> str:
+    """A JSON number as a model writes it: 1e-07 and 1e+20 in positional notation (graders read 'e' as a letter)."""
+    if isinstance(answer, float):
+        return format(Decimal(repr(answer)), "f")
+    return str(answer)
+
+
 def _problem(record: dict[str, Any], where: str) -> Problem:
     id_field = next((name for name in ID_FIELDS if name in record), None)
     if id_field is None:
@@ -87,7 +95,7 @@ def _problem(record: dict[str, Any], where: str) -> Problem:
     return Problem(
         problem_id=str(raw_id).strip(),
         question=question,
-        answer=None if answer is None else str(answer),
+        answer=None if answer is None else _answer_text(answer),
         metadata=metadata,
     )
 
