@@ -25,6 +25,7 @@ from tmas.llm.model import ChatModel, ClientStats, EndpointUnreachable
 from tmas.llm.preflight import check_endpoints
 from tmas.llm.provision import on_embedded_model
 from tmas.llm.replay import ReplayTurns
+from tmas.llm.sampling import resolve_role
 from tmas.llm.types import Lane
 from tmas.methods import check_roles, create_method
 from tmas.methods.base import (
@@ -241,12 +242,61 @@ class RunSetup:
         overrides = check_overrides(settings.prompts_dir) if settings.prompts_dir else []
         return cls(settings, method, overrides)
 
+    def requests(self, settings: Settings, prompts: dict[str, str]) -> dict[str, Any]:
+        """What the calls of this setup's method ask under ``settings`` beyond its parameters (which the results'
+        fingerprint holds): each role's model and sampling as resolved, the run seed the per-call seeds come from,
+        and each prompt override's SHA-256 in ``prompts``; one readable name per value."""
+        asked: dict[str, Any] = {"seed": settings.seed}
+        if settings.uses_local_model:
+            asked["local model"] = settings.local.model
+        elif settings.uses_in_process_model:
+            asked["in-process model"] = settings.hf.model
+        for role in self.method.traits.roles:
+            override = settings.roles.get(role)
+            asked[f"{role} model"] = (override.model if override else None) or settings.endpoint.model
+            preset, own = self.method.params.sampling_layers(role)
+            sampling = resolve_role(settings, role, preset=preset, method=own).sampling
+            for name, value in sampling.model_dump(mode="json", exclude_defaults=True).items():
+                asked[f"{role} {name}"] = value
+        asked.update({f"prompt template {name}": sha[:12] for name, sha in prompts.items()})
+        return asked
+
+    def check_resume(self, store: RunStore) -> None:
+        """Refuse to resume ``store``'s run where a problem it finished would keep its result though this setup asks
+        other requests than the run's recorded settings did (another model, sampling, seed or prompt template): the
+        run would then hold results of two configurations under one record of its settings."""
+        finished = store.finished_problem_ids(run_fingerprint(self.method, self.settings))
+        if not finished:
+            return
+        try:
+            before = Settings.model_validate(store.get_meta("settings"))
+        except ValidationError:  # recorded by another version: nothing to compare with
+            return
+        stored_prompts = store.get_meta("prompt_overrides")
+        prompts = {o.name: o.sha256 for o in self.overrides} if stored_prompts is not None else {}
+        old, new = self.requests(before, stored_prompts or {}), self.requests(self.settings, prompts)
+        changed = [name for name in sorted(old.keys() | new.keys()) if old.get(name) != new.get(name)]
+        if not changed:
+            return
+        said = "; ".join(f"{name} {_shown(old.get(name))} (now {_shown(new.get(name))})" for name in changed[:3])
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        count = "1 finished problem was" if len(finished) == 1 else f"{len(finished)} finished problems were"
+        raise InputError(
+            f"{store.run_dir}: {count} solved with {said}{more}: resumed so, what finished would stay of the run's"
+            " old settings; resume without the change, or start a new run for it"
+        )
+
     def record(self, store: RunStore) -> None:
         """Write the setup into the run's store: the settings, the method and its parameters, and each override
         template's SHA-256 (``{}`` when none)."""
         store.set_meta("settings", self.settings.model_dump(mode="json"))
         store.set_meta("method", {"name": self.method.name, "params": self.method.params.model_dump(mode="json")})
         store.set_meta("prompt_overrides", {o.name: o.sha256 for o in self.overrides})
+
+
+def _shown(value: Any) -> str:
+    """A requested value as a message shows it: unset where none."""
+    return "unset" if value is None else json.dumps(value)
 
 
 def open_new_run(
@@ -300,6 +350,11 @@ def prepare_run(
         if store.get_meta("settings") is None:
             store.close()
             raise _no_settings(store)
+        try:
+            setup.check_resume(store)
+        except BaseException:
+            store.close()
+            raise
         setup.record(store)
         return store, settings, StoredProblems(store)
     if problems is None:

@@ -41,6 +41,7 @@ from tmas.methods.base import ProblemResult
 from tmas.problems import Problem, dataset_name, load_problems, resolve_dataset
 from tmas.reports.report import build_report
 from tmas.runner import (
+    RunSetup,
     RunState,
     RunSummary,
     SeriesModel,
@@ -335,6 +336,8 @@ def open_point(
     point_settings = point.settings(settings)
     if holds_run(run_dir):
         with RunStore(run_dir, create=False) as peek:
+            # A finished point is skipped only where its results are of the requests the sweep asks now.
+            RunSetup.check(point_settings, own_model=own_model).check_resume(peek)
             if _pending(peek, point_settings, own_model=own_model) == 0:
                 return "skipped", None, point_settings, []
         store, point_settings, todo = prepare_run(run_dir, point_settings, None, resume=True, own_model=own_model)
