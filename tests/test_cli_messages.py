@@ -113,6 +113,19 @@ def test_a_resume_dry_run_counts_the_calls_it_holds(sim: SimServer, tmp_path: Pa
     assert len(sim.chat_bodies()) == 6
 
 
+def test_a_resume_under_other_sampling_counts_no_stored_call_as_replayed(sim: SimServer, tmp_path: Path) -> None:
+    write_problems(tmp_path / "p.jsonl", 2)
+    run_dir = tmp_path / "run"
+    args = ["-m", "majority", "-p", "k=3", "--base-url", sim.base_url]
+    assert run_tmas("run", str(tmp_path / "p.jsonl"), "-o", str(run_dir), *args).returncode == 0
+    # Every problem is solved again (iterations 0-1) at the new temperature: none of the 6 stored calls answers, so
+    # all 12 are to send, over the threshold of 8 (counted as replayed, 6 were left under it).
+    resume = ["run", "--resume", str(run_dir), "--iterations", "2", "--temperature", "0.3", "--confirm-calls", "8"]
+    gated = run_tmas(*resume)
+    assert gated.returncode == 2 and last_line(gated).startswith("tmas: error: the estimate is 12 calls (threshold 8)")
+    assert len(sim.chat_bodies()) == 6
+
+
 # ------------------------------------------------------------------------------------------------ smaller items
 def test_help_shows_no_type_beside_a_flag() -> None:
     for command in (["--help"], ["run", "--help"], ["serve", "--help"], ["pool", "build", "--help"]):

@@ -261,29 +261,35 @@ class RunSetup:
         asked.update({f"prompt template {name}": sha[:12] for name, sha in prompts.items()})
         return asked
 
-    def check_resume(self, store: RunStore) -> None:
-        """Refuse to resume ``store``'s run where a problem it finished would keep its result though this setup asks
-        other requests than the run's recorded settings did (another model, sampling, seed or prompt template): the
-        run would then hold results of two configurations under one record of its settings."""
-        finished = store.finished_problem_ids(run_fingerprint(self.method, self.settings))
-        if not finished:
-            return
+    def changed_requests(self, store: RunStore) -> list[str]:
+        """What this setup asks otherwise than ``store``'s recorded settings did (another model, sampling, seed or
+        prompt template), each as ``NAME OLD (now NEW)``; none where the recorded settings are another version's."""
         try:
             before = Settings.model_validate(store.get_meta("settings"))
         except ValidationError:  # recorded by another version: nothing to compare with
-            return
+            return []
         stored_prompts = store.get_meta("prompt_overrides")
         prompts = {o.name: o.sha256 for o in self.overrides} if stored_prompts is not None else {}
         old, new = self.requests(before, stored_prompts or {}), self.requests(self.settings, prompts)
-        changed = [name for name in sorted(old.keys() | new.keys()) if old.get(name) != new.get(name)]
+        return [
+            f"{name} {_shown(old.get(name))} (now {_shown(new.get(name))})"
+            for name in sorted(old.keys() | new.keys())
+            if old.get(name) != new.get(name)
+        ]
+
+    def check_resume(self, store: RunStore) -> None:
+        """Refuse to resume ``store``'s run where a problem it finished would keep its result though this setup asks
+        other requests than the run's recorded settings did (:meth:`changed_requests`): the run would then hold
+        results of two configurations under one record of its settings."""
+        finished = store.finished_problem_ids(run_fingerprint(self.method, self.settings))
+        changed = self.changed_requests(store) if finished else []
         if not changed:
             return
-        said = "; ".join(f"{name} {_shown(old.get(name))} (now {_shown(new.get(name))})" for name in changed[:3])
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
         count = "1 finished problem was" if len(finished) == 1 else f"{len(finished)} finished problems were"
         raise InputError(
-            f"{store.run_dir}: {count} solved with {said}{more}: resumed so, what finished would stay of the run's"
-            " old settings; resume without the change, or start a new run for it"
+            f"{store.run_dir}: {count} solved with {'; '.join(changed[:3])}{more}: resumed so, what finished would"
+            " stay of the run's old settings; resume without the change, or start a new run for it"
         )
 
     def record(self, store: RunStore) -> None:

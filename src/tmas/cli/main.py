@@ -212,7 +212,7 @@ def _resume_run(
     run_dir: Path, flags: ModelFlags, method: str | None, given: MethodFlags, estimate: EstimateFlags
 ) -> int:
     from tmas.cli.estimate import build_estimate, gate
-    from tmas.runner import prepare_run, resume_settings, stored_settings
+    from tmas.runner import RunSetup, prepare_run, resume_settings, stored_settings
     from tmas.store.run_store import RunStore
 
     # The stored settings are the base; flags given now (e.g. a larger --iterations) go on top.
@@ -221,9 +221,11 @@ def _resume_run(
     with RunStore(run_dir, create=False) as peek:
         listed = peek.problems() if estimate.pilot is not None else peek.problem_count()
         counts = peek.call_counts()
+        # Under other requests (a new sampling, model, seed or template) the stored calls answer none of them.
+        replayable = not RunSetup.check(settings).changed_requests(peek)
     planned = build_estimate([(run_dir.name, settings)], listed, estimate, run_dir / "pilot")
     # Answered calls are replayed, not sent: the gate asks about what is still to send.
-    planned.stored_calls = counts["calls"] - counts["failed"]
+    planned.stored_calls = counts["calls"] - counts["failed"] if replayable else 0
     gate(planned, estimate)
     store, settings, todo = prepare_run(run_dir, settings, None, resume=True)
     return _execute(store, settings, todo)
