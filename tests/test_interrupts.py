@@ -111,6 +111,8 @@ def test_a_second_ctrl_c_cuts_the_wind_down_short_and_still_says_what_was_kept(
                 raise
 
     before = signal.getsignal(signal.SIGINT)
+    # Started as a background job (a CI runner's), the process inherits SIGINT ignored, which run() keeps ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with caplog.at_level(logging.ERROR, logger="asyncio"), pytest.raises(interrupt.Stopped) as stopped:
             interrupt.run(work())
