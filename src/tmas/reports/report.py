@@ -314,10 +314,10 @@ def run_cost(results: list[ProblemResult], store: RunStore) -> RunCost:
         cost.usage = cost.usage + r.usage
     # Counted in SQL: reading the calls themselves would decompress every reply's text (a thinking model's run holds
     # gigabytes of reasoning) to count a few judge calls.
-    judge = store.role_costs().get(JUDGE_ROLE)
-    if judge is not None:
-        cost.judge_calls = judge["calls"]
-        cost.judge_tokens = judge["prompt_tokens"] + judge["completion_tokens"]
+    spent = store.role_costs().get(JUDGE_ROLE)
+    if spent is not None:
+        cost.judge_calls = spent["calls"]
+        cost.judge_tokens = spent["prompt_tokens"] + spent["completion_tokens"]
     return cost
 
 
