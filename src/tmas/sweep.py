@@ -336,9 +336,10 @@ def open_point(
     point_settings = point.settings(settings)
     if holds_run(run_dir):
         with RunStore(run_dir, create=False) as peek:
-            # A finished point is skipped only where its results are of the requests the sweep asks now.
-            RunSetup.check(point_settings, own_model=own_model).check_resume(peek)
             if _pending(peek, point_settings, own_model=own_model) == 0:
+                # Skipped only where its results are of the requests the sweep asks now (a resumed point is checked
+                # so by prepare_run).
+                RunSetup.check(point_settings, own_model=own_model).check_resume(peek)
                 return "skipped", None, point_settings, []
         store, point_settings, todo = prepare_run(run_dir, point_settings, None, resume=True, own_model=own_model)
         return "resumed", store, point_settings, todo
