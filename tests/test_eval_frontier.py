@@ -117,6 +117,37 @@ def test_the_mv_frontier_ends_at_every_sample_and_a_budget_holds_a_point_exactly
     assert [p.accuracy if p else None for p in table] == pytest.approx([2 / 3, 1.0])
 
 
+def test_a_vote_decided_early_keeps_its_answer_at_larger_k() -> None:
+    # Adaptive-Consistency (stop=beta): a's vote was decided after 4 samples, all 1 (gold 1); b drew all 8: five 2s and
+    # three 3s (gold 3); c is still mid-way with one sample, 9 (gold 9). 100 tokens a sample.
+    # MV@4: a 1; b over C(8,4) = 70 draws: three 3s and a 2 (5 ways) win, two and two (C(3,2) C(5,2) = 30) tie,
+    #       half -> 20/70 = 2/7 -> (1 + 2/7) / 2 = 9/14 at 400, on a and b (c has too few samples).
+    # MV@8: b's 2 has the most votes -> 0; a keeps its vote over its 4 samples, at their 400 tokens -> 1/2 at
+    #       (400 + 800) / 2 = 600, still on two problems (leaving a out would give 0 at 800, on b alone).
+    results = [
+        {
+            "problem_id": "a",
+            "status": "done",
+            "stopped_reason": "vote decided (Beta stopping criterion)",
+            "iterations": [{"iteration": 0, "selected": "1", "candidates": _cands(["1"] * 4, [100] * 4)}],
+        },
+        {
+            "problem_id": "b",
+            "status": "done",
+            "iterations": [{"iteration": 0, "selected": "2", "candidates": _cands(list("22222333"), [100] * 8)}],
+        },
+        {
+            "problem_id": "c",
+            "status": "running",
+            "iterations": [{"iteration": 0, "selected": "9", "candidates": _cands(["9"], [100])}],
+        },
+    ]
+    points = mv_frontier(as_results(results, "majority"), _grade(results, {"a": "1", "b": "3", "c": "9"}))
+    assert [(p.label, p.problems) for p in points] == [("MV@1", 3), ("MV@2", 2), ("MV@4", 2), ("MV@8", 2)]
+    assert [p.accuracy for p in points[2:]] == pytest.approx([9 / 14, 0.5])
+    assert [p.tokens for p in points[2:]] == pytest.approx([400, 600])
+
+
 def _record(iteration: int, selected: str, completion: int, answers: list[str | None] | None = None) -> dict[str, Any]:
     answers = answers or [selected]
     return {

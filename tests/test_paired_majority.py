@@ -90,5 +90,7 @@ def test_a_runs_per_problem_values() -> None:
     )
     at2 = mv_by_problem(results, grades, 2)
     assert at2["p"] == (pytest.approx(2 / 3), 40.0) and at2["q"] == (0.0, 100.0)
-    assert set(mv_by_problem(results, grades, 3)) == {"p"}
+    # MV@3 of p: 5 has two votes, at 3 x 20 tokens. q finished with two samples: at k = 3 it keeps its vote over both
+    # (1: wrong), at their 100 tokens.
+    assert mv_by_problem(results, grades, 3) == {"p": (1.0, 60.0), "q": (0.0, 100.0)}
     assert returned_by_problem(results, grades) == {"p": (1.0, 60.0), "q": (0.0, 100.0)}

@@ -4,7 +4,7 @@
   selected after t and the mean cumulative completion tokens per problem up to t.
 - Majority vote: MV@k for k = 1, 2, 4, ..., K from the K stored samples of each problem, as the exact expectation over
   a uniformly random subset of k samples (see :func:`mv_at_k`), at k times the problem's mean completion tokens per
-  sample.
+  sample; a finished problem with fewer samples (a vote decided early) keeps its vote over all of them.
 
 Each point carries the standard error of its accuracy across problems (the band) and the number of labeled problems
 that reached it (a run still mid-way has fewer problems at later points). The equal-budget table reads each frontier
@@ -86,7 +86,7 @@ def returned_by_problem(
 def mv_frontier(
     results: list[ProblemResult], grades: Grades, classes: Mapping[str, Mapping[str, str]] | None = None
 ) -> list[FrontierPoint]:
-    """MV@k for k = 1, 2, 4, ... and the largest K; a problem counts at MV@k when it has at least k samples."""
+    """MV@k for k = 1, 2, 4, ... and the largest K; a problem counts at MV@k as :func:`mv_by_problem` counts it."""
     largest = max((len(s) for s in _samples(results).values()), default=0)
     ks = [2**i for i in range(largest.bit_length())]
     if largest and ks[-1] != largest:
@@ -103,17 +103,21 @@ def mv_by_problem(
     results: list[ProblemResult], grades: Grades, k: int, classes: Mapping[str, Mapping[str, str]] | None = None
 ) -> dict[str, tuple[float, float]]:
     """Per problem with at least k stored samples, MV@k (:func:`mv_at_k`) and its expected completion tokens (k times
-    the problem's mean per sample); a problem that failed before any sample returned nothing (0), at every k."""
+    the problem's mean per sample). A finished problem with fewer than k samples (its vote decided early, a budget
+    stopped it) keeps its vote over all of them at every larger k, at their tokens, as a stopped problem keeps its
+    answer on the iteration frontier; one still mid-way counts only up to the samples it drew. A problem that failed
+    before any sample returned nothing (0), at every k."""
     out: dict[str, tuple[float, float]] = {}
     finished = {r.problem_id: r for r in results if not r.in_progress}
     for pid, drawn in _samples(results).items():
         if not drawn and pid in finished:
             out[pid] = (0.0, float(finished[pid].usage.completion_tokens))
             continue
-        if len(drawn) < k:
+        if len(drawn) < k and pid not in finished:
             continue
+        size = min(k, len(drawn))
         groups, others = _answer_groups(pid, drawn, grades, (classes or {}).get(pid))
-        out[pid] = (mv_at_k(groups, others, k), k * statistics.fmean(c.usage.completion_tokens for _, c in drawn))
+        out[pid] = (mv_at_k(groups, others, size), size * statistics.fmean(c.usage.completion_tokens for _, c in drawn))
     return out
 
 
