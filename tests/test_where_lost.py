@@ -266,3 +266,31 @@ def test_an_answer_kept_from_one_iteration_to_the_next_is_no_change() -> None:
     changes = where_lost("verify_refine", as_results(results, "verify_refine"), Grades(runs=1, verdicts=verdicts), {})
     assert changes.changes is not None
     assert (changes.changes.steps, changes.changes.better, changes.changes.worse) == (2, [("p2", 1)], [])
+
+
+def test_the_viewers_verdicts_label_answers_as_the_losses_count_them() -> None:
+    # Two judge runs split on p's returned answer: "at least half" makes it right, so the losses count p as returned
+    # right, and the viewer's problem list must mark it right too (a strict majority of two runs marked it wrong).
+    from tmas.view.runs import verdict
+
+    results = [
+        {
+            "problem_id": "p",
+            "iterations": [
+                {"iteration": 0, "selected": "7", "candidates": [{"index": 0, "answer": "7", "text": "7"}]},
+            ],
+        }
+    ]
+    grades = Grades(runs=2, verdicts={("p", 0, 0): [True, False], ("p", 0, -1): [True, False]})
+    lost = where_lost("verify_refine", as_results(results, "verify_refine"), grades, {})
+    assert lost.selection is not None and lost.selection.returned_right == 1
+    assert verdict(grades, ("p", 0, -1)) is True and verdict(grades, ("p", 0, 0)) is True
+    # An undecided run counts against, as in the report's shares: one yes of three is not right.
+    three = Grades(runs=3, verdicts={("p", 0, -1): [True, None, None], ("p", 0, 0): [None, None, None]})
+    assert verdict(three, ("p", 0, -1)) is False and not three.majority_correct(("p", 0, -1))
+    # Undecided in every run, or never graded: no verdict.
+    assert (
+        verdict(three, ("p", 0, 0)) is None
+        and verdict(three, ("q", 0, -1)) is None
+        and verdict(None, ("p", 0, 0)) is None
+    )

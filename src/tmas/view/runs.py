@@ -178,11 +178,13 @@ def describe_model(settings: dict[str, Any], call_model: str | None) -> tuple[st
 
 
 def verdict(grades: Grades | None, key: tuple[str, int, int]) -> bool | None:
-    """Correct in most judge runs (None when ungraded or undecided everywhere)."""
+    """Correct when at least half of the judge runs say so, an undecided run counting against, as ``tmas report``
+    labels a candidate (:meth:`Grades.majority_correct`); None when ungraded or undecided in every run."""
     if grades is None or key not in grades.verdicts:
         return None
-    decided = [v for v in grades.verdicts[key] if v is not None]
-    return None if not decided else sum(decided) * 2 > len(decided)
+    if all(v is None for v in grades.verdicts[key]):
+        return None
+    return grades.majority_correct(key)
 
 
 class RunReader:
