@@ -145,3 +145,18 @@ async def test_benchmark_names_of_any_script_or_sign_get_plots_of_their_own(tmp_
     # text in a plot's title, not the start of a formula.
     assert len(frontiers) == 3 and "frontier_cost__5_or__6.json" in frontiers
     assert all(name.startswith("frontier_benchmark-") for name in frontiers if "cost" not in name)
+
+
+@pytest.mark.slow
+async def test_problems_a_run_never_started_are_named_as_left_out(tmp_path: Path) -> None:
+    problems = write_problems(tmp_path / "p.jsonl")
+    run_dir = tmp_path / "mv"
+    await run(problems, run_dir, SimScript(), "majority", k=2)
+    # What a run stopped before its second problem began leaves: p1 finished, nothing of p2.
+    with sqlite3.connect(run_dir / "run.sqlite") as db:
+        for table in ("results", "iterations", "grades"):
+            db.execute(f"DELETE FROM {table} WHERE problem_id = 'p2'")
+    markdown = await report_here(tmp_path / "report", run_dir)
+    # The run holds two problems; its figures stand on p1 alone (the simulator answers 2+3 right: 100 %).
+    assert "problems: 2 (1 done, 0 failed, 1 not started: left out of every figure)" in markdown
+    assert "| It0 | 1 | 100.00 |" in markdown

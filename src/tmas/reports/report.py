@@ -547,8 +547,7 @@ def _run_section(doc: Document, e: RunEvaluation) -> None:
     items = [
         f"run directory: {e.run_dir}",
         f"method: {e.method}; parameters: {e.params or '{}'}; model: {e.model or '(default)'}",
-        f"problems: {e.problems} ({e.done} done, {e.failed} failed"
-        + (f", {e.running} mid-way: reported from their finished iterations)" if e.running else ")"),
+        _problems_line(e),
     ]
     if g is not None:
         items.append(
@@ -596,6 +595,17 @@ def _run_section(doc: Document, e: RunEvaluation) -> None:
         )
     for section in RUN_SECTIONS:
         section(doc, e)
+
+
+def _problems_line(e: RunEvaluation) -> str:
+    """How many problems the run holds and how far each got; those it never started count in no figure."""
+    parts = [f"{e.done} done", f"{e.failed} failed"]
+    if e.running:
+        parts.append(f"{e.running} mid-way: reported from their finished iterations")
+    not_started = e.problems - e.done - e.failed - e.running
+    if not_started > 0:
+        parts.append(f"{not_started} not started: left out of every figure")
+    return f"problems: {e.problems} ({', '.join(parts)})"
 
 
 def _calls_lines(e: RunEvaluation) -> list[str]:
