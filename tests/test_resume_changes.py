@@ -108,3 +108,42 @@ def test_a_finished_sweep_point_is_not_skipped_under_other_requests(sim: SimServ
     assert refused.returncode == 2, refused.stderr
     assert "2 finished problems were solved with solution temperature 0.7 (now 0.3)" in refused.stderr
     assert sim.requests == []
+
+
+def test_a_resume_sending_or_reading_the_calls_otherwise_is_refused_as_the_run_learnt_its_server(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    """Whether a verifier's schema goes as response_format, and whether replies are read as thinking inside their
+    content, change what the finished problems were solved with, though no request hash holds them; a setting that
+    comes to what the run learnt of its server (its replies keep no reasoning in the content) is no change."""
+    write_problems(tmp_path / "p.jsonl")
+    run_dir = tmp_path / "run"
+    args = ("--base-url", sim.base_url, "-m", "verify_refine", "-p", "n=1", "-p", "m=1", "-T", "1")
+    made = tmas("run", str(tmp_path / "p.jsonl"), "-o", str(run_dir), *args)
+    assert made.returncode == 0, made.stderr
+    assert any("response_format" in r.body for r in sim.requests)
+    stopped_before_p1(run_dir)
+    sim.reset()
+
+    def config(**endpoint: str) -> str:
+        path = tmp_path / "tmas.toml"
+        fields = "".join(f'{key} = "{value}"\n' for key, value in endpoint.items())
+        path.write_text(f'[endpoint]\nbase_url = "{sim.base_url}"\n{fields}', encoding="utf-8")
+        return str(path)
+
+    changes = {
+        'verifier structured_output "auto" (now "off")': {"structured_output": "off"},
+        'solution reasoning "auto" (now "inline")': {"reasoning": "inline"},
+    }
+    for said, endpoint in changes.items():
+        refused = tmas("run", "--resume", str(run_dir), "--config", config(**endpoint), "-y")
+        assert refused.returncode == 2, refused.stderr
+        assert said in refused.stderr.strip().splitlines()[-1], refused.stderr
+    assert sim.requests == []
+
+    # The server's replies showed no reasoning in their content, so schemas went: saying so is no change.
+    resumed = tmas(
+        "run", "--resume", str(run_dir), "--config", config(structured_output="json_schema", reasoning="none")
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert any("response_format" in r.body for r in sim.requests)

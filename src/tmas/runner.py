@@ -261,12 +261,40 @@ class RunSetup:
         asked.update({f"prompt template {name}": sha[:12] for name, sha in prompts.items()})
         return asked
 
+    def handling(self, settings: Settings, store: RunStore) -> dict[str, tuple[str, str]]:
+        """How each role's calls are sent and their replies read under ``settings`` beyond what the calls ask (the
+        request hash leaves both out): whether a JSON reply's schema goes as ``response_format``, and whether the
+        replies are read as thinking inside their content. Each as (what it comes to, the setting that says so), "auto"
+        taken as what ``store``'s run learnt of each of the role's servers (where its replies put reasoning, a schema
+        it refused), as the client of a resumed run takes it (:class:`tmas.llm.routes.Routes`)."""
+        learnt = {url: found.get("reasoning") for url, found in store.servers().items()}
+        refused = store.downgrades("structured_output")
+        shown: dict[str, tuple[str, str]] = {}
+        for role in self.method.traits.roles:
+            override = settings.roles.get(role)
+            urls = (override.base_url if override else None) or settings.endpoint.base_url
+            reasoning = (override.reasoning if override else None) or settings.endpoint.reasoning
+            structured = (override.structured_output if override else None) or settings.endpoint.structured_output
+            places = {reasoning if reasoning != "auto" else learnt.get(url) or "auto" for url in urls} or {reasoning}
+            # Read as thinking inside the content, or not; "none" and "separate" are read alike.
+            read = {"inline" if p == "inline" else "auto" if p == "auto" else "apart" for p in places}
+            shown[f"{role} reasoning"] = ("/".join(sorted(read)), reasoning)
+            if structured != "auto":
+                sent = {"sent" if structured == "json_schema" else "not sent"}
+            else:
+                sent = {
+                    "not sent" if url in refused or place == "inline" else "undecided" if place == "auto" else "sent"
+                    for url in urls
+                    for place in [reasoning if reasoning != "auto" else learnt.get(url) or "auto"]
+                } or {"undecided"}
+            shown[f"{role} structured_output"] = ("/".join(sorted(sent)), structured)
+        return shown
+
     def changed_requests(self, store: RunStore) -> list[str]:
         """What this setup asks otherwise than ``store``'s recorded settings did (another model, sampling, seed or
         prompt template), each as ``NAME OLD (now NEW)``; none where the recorded settings are another version's."""
-        try:
-            before = Settings.model_validate(store.get_meta("settings"))
-        except ValidationError:  # recorded by another version: nothing to compare with
+        before = _recorded_settings(store)
+        if before is None:
             return []
         stored_prompts = store.get_meta("prompt_overrides")
         prompts = {o.name: o.sha256 for o in self.overrides} if stored_prompts is not None else {}
@@ -277,12 +305,28 @@ class RunSetup:
             if old.get(name) != new.get(name)
         ]
 
+    def changed_handling(self, store: RunStore) -> list[str]:
+        """Where this setup sends the calls or reads their replies otherwise than ``store``'s recorded settings did
+        (:meth:`handling`: a schema sent or not, reasoning read inside the content or not), each as
+        ``NAME OLD (now NEW)``. A setting that comes to the same as the run learnt its servers (e.g. ``reasoning =
+        "separate"`` for a server whose replies showed it) is no change."""
+        before = _recorded_settings(store)
+        if before is None:
+            return []
+        old, new = self.handling(before, store), self.handling(self.settings, store)
+        return [
+            f"{name} {_shown(old[name][1])} (now {_shown(new.get(name, old[name])[1])})"
+            for name in sorted(old.keys() & new.keys())
+            if old[name][0] != new[name][0]
+        ]
+
     def check_resume(self, store: RunStore) -> None:
         """Refuse to resume ``store``'s run where a problem it finished would keep its result though this setup asks
-        other requests than the run's recorded settings did (:meth:`changed_requests`): the run would then hold
-        results of two configurations under one record of its settings."""
+        other requests than the run's recorded settings did (:meth:`changed_requests`), or sends them or reads their
+        replies otherwise (:meth:`changed_handling`): the run would then hold results of two configurations under one
+        record of its settings."""
         finished = store.finished_problem_ids(run_fingerprint(self.method, self.settings))
-        changed = self.changed_requests(store) if finished else []
+        changed = sorted(self.changed_requests(store) + self.changed_handling(store)) if finished else []
         if not changed:
             return
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
@@ -298,6 +342,14 @@ class RunSetup:
         store.set_meta("settings", self.settings.model_dump(mode="json"))
         store.set_meta("method", {"name": self.method.name, "params": self.method.params.model_dump(mode="json")})
         store.set_meta("prompt_overrides", {o.name: o.sha256 for o in self.overrides})
+
+
+def _recorded_settings(store: RunStore) -> Settings | None:
+    """The settings ``store``'s run recorded (None where recorded by another version: nothing to compare with)."""
+    try:
+        return Settings.model_validate(store.get_meta("settings"))
+    except ValidationError:
+        return None
 
 
 def _shown(value: Any) -> str:
