@@ -5,26 +5,34 @@ Each takes an optional ``model``: a :class:`tmas.llm.model.ChatModel` of the cal
 OpenAI-compatible endpoint, or :class:`tmas.testing.ScriptedModel`) that the run uses instead of the endpoint of its
 settings, replayed from and recorded in the run's store as an endpoint's calls are. Without ``settings`` the run takes
 the model's own. ``settings`` may also be given as a mapping of tmas.toml's keys and tables (e.g. ``{"endpoint":
-{"base_url": URL, "model": NAME}, "sampling": {"temperature": 0.6}}``), checked as a configuration file is."""
+{"base_url": URL, "model": NAME}, "sampling": {"temperature": 0.6}}``), checked as a configuration file is.
+
+Each is refused in one line, before anything is sent or made, where the run's cost estimate (as the CLI's gate works it
+out: :mod:`tmas.planning.estimate`) is over ``max_calls`` calls (by default 500 for a question, 20,000 for a run, as
+``tmas solve`` and ``tmas run`` ask first) or ``max_completion_tokens`` (50M, where the estimate knows them); a larger
+value, or None, lets it run. A resume counts only the calls it has still to send."""
 
 from __future__ import annotations
 
 import asyncio
 import tempfile
 from collections.abc import Mapping
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from tmas.config import Settings, config_sampling_sources, load_settings, validation_message
-from tmas.errors import ConfigError
+from tmas.errors import ConfigError, InputError
 from tmas.llm.model import ChatModel, EndpointUnreachable
 from tmas.llm.preflight import check_endpoints
 from tmas.methods import question_params
 from tmas.methods.base import ProblemResult
-from tmas.problems import Problem, check_question
+from tmas.planning.estimate import CONFIRM_TOKENS, QUESTION_CALLS, RUN_CALLS, Estimate, brief_estimate, estimate_point
+from tmas.problems import Problem, check_question, iter_problems, resolve_dataset
 from tmas.runner import (
+    RunSetup,
     RunSummary,
     Unreachable,
     open_new_run,
@@ -34,6 +42,7 @@ from tmas.runner import (
     run_problems,
     stored_settings,
 )
+from tmas.store.run_store import RunStore
 
 
 async def asolve(
@@ -44,10 +53,14 @@ async def asolve(
     params: dict[str, Any] | None = None,
     run_dir: str | Path | None = None,
     model: ChatModel | None = None,
+    max_calls: int | None = QUESTION_CALLS,
+    max_completion_tokens: float | None = CONFIRM_TOKENS,
 ) -> ProblemResult:
-    """Solve ``question``; with ``run_dir`` the whole run (every call, every iteration) is kept there."""
+    """Solve ``question``; with ``run_dir`` the whole run (every call, every iteration) is kept there. Refused where
+    its estimate is over ``max_calls`` or ``max_completion_tokens`` (None: no limit)."""
     check_question(question, "question")
     settings = question_settings(_settings_of(settings, model), method, params, own_model=model is not None)
+    check_cost("tmas.solve", settings, 1, model, max_calls, max_completion_tokens)
     problem = Problem(problem_id="question", question=question)
     await _check_endpoints(settings, model)
     with tempfile.TemporaryDirectory(prefix="tmas-solve-") as scratch:
@@ -75,13 +88,25 @@ def solve(
     params: dict[str, Any] | None = None,
     run_dir: str | Path | None = None,
     model: ChatModel | None = None,
+    max_calls: int | None = QUESTION_CALLS,
+    max_completion_tokens: float | None = CONFIRM_TOKENS,
 ) -> ProblemResult:
     """Blocking form of :func:`asolve`; where an event loop already runs (a notebook, async code), await
     :func:`asolve` instead."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(asolve(question, settings, method=method, params=params, run_dir=run_dir, model=model))
+        asked = asolve(
+            question,
+            settings,
+            method=method,
+            params=params,
+            run_dir=run_dir,
+            model=model,
+            max_calls=max_calls,
+            max_completion_tokens=max_completion_tokens,
+        )
+        return asyncio.run(asked)
     raise RuntimeError("tmas.solve cannot run inside a running event loop; there use: await tmas.asolve(...)")
 
 
@@ -92,10 +117,17 @@ async def arun(
     *,
     limit: int | None = None,
     model: ChatModel | None = None,
+    max_calls: int | None = RUN_CALLS,
+    max_completion_tokens: float | None = CONFIRM_TOKENS,
 ) -> RunSummary:
-    """Solve a problem file (JSONL or a benchmark name) into a new run directory ``out``, as ``tmas run`` does."""
+    """Solve a problem file (JSONL or a benchmark name) into a new run directory ``out``, as ``tmas run`` does.
+    Refused where its estimate is over ``max_calls`` or ``max_completion_tokens`` (None: no limit)."""
     own = model is not None
     settings = _settings_of(settings, model)
+    if max_calls is not None or max_completion_tokens is not None:
+        reader = iter_problems(resolve_dataset(Path(problems)))
+        count = sum(1 for _ in (islice(reader, limit) if limit else reader))
+        check_cost("tmas.api.arun", settings, count, model, max_calls, max_completion_tokens)
     await _check_endpoints(settings, model)
     store, settings, todo = open_new_run(Path(out), settings, problems, limit=limit, own_model=own)
     with store:
@@ -109,13 +141,23 @@ async def aresume(
     config: str | Path | None = None,
     params: dict[str, Any] | None = None,
     model: ChatModel | None = None,
+    max_calls: int | None = RUN_CALLS,
+    max_completion_tokens: float | None = CONFIRM_TOKENS,
 ) -> RunSummary:
     """Continue the run in ``run_dir`` as ``tmas run --resume`` does: its stored settings with dotted-key
     ``overrides`` (e.g. ``{"sampling.temperature": 0.6}``) and method ``params`` (e.g. ``{"iterations": 4}``) on top,
     by the rule of :func:`tmas.runner.resume_settings`. With ``model`` the run goes on on that model: the calls it
-    finished are replayed from the store wherever the model asks them again."""
+    finished are replayed from the store wherever the model asks them again. Refused where the calls it has still
+    to send are over ``max_calls``, or their completion tokens over ``max_completion_tokens`` (None: no limit)."""
     run_dir = Path(run_dir)
     settings = resume_settings(stored_settings(run_dir), overrides or {}, config=config, params=params)
+    if max_calls is not None or max_completion_tokens is not None:
+        with RunStore(run_dir, create=False) as peek:
+            count, calls = peek.problem_count(), peek.call_counts()
+            # Under other requests the stored calls answer none of them (as the CLI's gate counts).
+            replayable = not RunSetup.check(settings, own_model=model is not None).changed_requests(peek)
+        stored = calls["calls"] - calls["failed"] if replayable else 0
+        check_cost("tmas.api.aresume", settings, count, model, max_calls, max_completion_tokens, stored=stored)
     store, settings, todo = prepare_run(run_dir, settings, None, resume=True, own_model=model is not None)
     with store:
         return await run_problems(settings, todo, store, model=model)
@@ -133,6 +175,31 @@ def question_settings(
     if own_model or not settings.uses_local_model:
         chosen = question_params(name, chosen)
     return settings.model_copy(update={"method": settings.method.model_copy(update={"name": name, "params": chosen})})
+
+
+def check_cost(
+    what: str,
+    settings: Settings,
+    problems: int,
+    model: ChatModel | None,
+    max_calls: int | None,
+    max_completion_tokens: float | None,
+    *,
+    stored: int = 0,
+) -> None:
+    """Refuse, in one line naming ``what``, a run of ``problems`` under ``settings`` whose estimate (less the
+    ``stored`` answered calls a resume replays) is over ``max_calls`` or ``max_completion_tokens``; a method that
+    states no calls per problem goes ahead, as under ``tmas serve``'s cap."""
+    method = run_method(settings, own_model=model is not None)
+    estimate = Estimate([estimate_point(what, method, settings, problems, None)], stored_calls=stored)
+    why = estimate.over(max_calls, max_completion_tokens)
+    if why is not None:
+        calls_over = max_calls is not None and estimate.calls_to_send > max_calls
+        limit = "max_calls" if calls_over else "max_completion_tokens"
+        raise InputError(
+            f"{what}: the estimate is {why}: {brief_estimate(estimate)} (method {method.name!r}); pass fewer"
+            f" calls in its parameters, or {limit}=N (None: no limit) to run it"
+        )
 
 
 async def _check_endpoints(settings: Settings, model: ChatModel | None) -> None:

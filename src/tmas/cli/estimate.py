@@ -24,7 +24,9 @@ from tmas.errors import InputError
 from tmas.llm.provision import on_embedded_model
 from tmas.methods import create_method
 from tmas.planning.estimate import (
+    CONFIRM_TOKENS,
     QUESTION_CALLS,
+    RUN_CALLS,
     Estimate,
     PointEstimate,
     TokenRates,
@@ -35,10 +37,10 @@ from tmas.planning.estimate import (
 from tmas.problems import Problem
 
 # Confirmation thresholds: above either, the command asks before starting.
-DEFAULT_CONFIRM_CALLS = 20_000
+DEFAULT_CONFIRM_CALLS = RUN_CALLS
 # One question (tmas solve; a tmas serve request's cap too).
 QUESTION_CONFIRM_CALLS = QUESTION_CALLS
-DEFAULT_CONFIRM_TOKENS = 50_000_000
+DEFAULT_CONFIRM_TOKENS = CONFIRM_TOKENS
 
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the cost estimate (calls, tokens, hours) and stop.")]
 PilotOpt = Annotated[

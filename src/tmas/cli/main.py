@@ -131,7 +131,8 @@ def solve(
         typer.echo(f"tmas: no endpoint configured; loading {settings.hf.model} in process", err=True)
     check_endpoint(settings)  # nothing listening, or no /v1: said before a run directory is made
     try:
-        result = interrupt.run(asolve(text, settings, run_dir=run_dir))
+        # The gate above has asked (or been told --yes): no second limit.
+        result = interrupt.run(asolve(text, settings, run_dir=run_dir, max_calls=None, max_completion_tokens=None))
     except interrupt.Stopped as stop:
         kept = "nothing was kept (tmas solve --run-dir DIR keeps a question's calls)"
         if run_dir is not None:

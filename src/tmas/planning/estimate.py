@@ -21,6 +21,10 @@ from tmas.methods.call_count import CallCount
 # The calls one question may cost before ``tmas solve`` asks (and a ``tmas serve`` request's cap, by default): a few
 # hundred is what a baseline costs at its paper setting; the TMAS paper's 1,630 is a benchmark run's worth.
 QUESTION_CALLS = 500
+# The calls a run, an evaluation or a sweep may cost before the command asks (tmas.api's runs refuse above it).
+RUN_CALLS = 20_000
+# The completion tokens (where the estimate knows them) above which the same ask (or refuse).
+CONFIRM_TOKENS = 50_000_000
 
 
 def calls_per_problem(method: Method[Any]) -> CallCount:
