@@ -296,6 +296,17 @@ def test_a_resume_is_gated_on_what_it_has_still_to_send() -> None:
     assert "stored: 30 answered calls, replayed rather than sent; at most 10 still to send" in format_estimate(estimate)
 
 
+def test_the_whole_estimate_says_its_calls_count_every_reply_as_usable() -> None:
+    # verify_refine states an exact count, but a verification that repeats its instructions is asked again: the
+    # table must not read as the most a run can send.
+    point = estimate_point("vr", create_method("verify_refine", {"n": 2, "m": 1, "iterations": 2}), Settings(), 1, None)
+    shown = format_estimate(Estimate([point]))
+    assert "total: 8 calls\n" in shown
+    assert (
+        "calls count every reply as usable: a reply asked again (one that repeats its instructions) adds one" in shown
+    )
+
+
 def test_one_question_runs_tmas_quick_preset_where_no_parameter_is_given() -> None:
     # N = 4, M = 2, T = 3: an iteration is 4 solutions, 8 verifications, 4 summaries and 2 memory updates (18 calls),
     # the last one without its summaries and memory updates (12): 48 at most; a first iteration that settles: 16.

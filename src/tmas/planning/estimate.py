@@ -334,6 +334,12 @@ def format_estimate(estimate: Estimate) -> str:
     else:
         at_most = "" if estimate.calls == estimate.upper_calls else " at most"
         lines.append(f"  total: {estimate.upper_calls:,} calls{at_most}{unknown}")
+    if any(p.calls.known for p in estimate.points):
+        # As each method states its count (tmas.methods.call_count): a reply asked again is one call more.
+        lines.append(
+            "  calls count every reply as usable: a reply asked again (one that repeats its instructions) adds one;"
+            " a transport retry adds an attempt, not a call"
+        )
     if estimate.stored_calls:
         lines.append(
             f"  stored: {estimate.stored_calls:,} answered calls, replayed rather than sent; at most"
