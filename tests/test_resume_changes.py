@@ -147,3 +147,18 @@ def test_a_resume_sending_or_reading_the_calls_otherwise_is_refused_as_the_run_l
     )
     assert resumed.returncode == 0, resumed.stderr
     assert any("response_format" in r.body for r in sim.requests)
+
+
+def test_a_resume_given_a_limit_is_refused_rather_than_solving_every_problem(sim: SimServer, tmp_path: Path) -> None:
+    write_problems(tmp_path / "p.jsonl")
+    run_dir = tmp_path / "run"
+    assert (
+        tmas("run", str(tmp_path / "p.jsonl"), "-o", str(run_dir), "--base-url", sim.base_url, "-m", "cot").returncode
+        == 0
+    )
+    stopped_before_p1(run_dir)
+    sim.reset()
+    refused = tmas("run", "--resume", str(run_dir), "--limit", "1")
+    assert refused.returncode == 2, refused.stderr
+    assert "--resume takes the run directory alone: give no problem file, no --out and no --limit" in refused.stderr
+    assert sim.requests == []

@@ -181,8 +181,11 @@ def run(
 ) -> None:
     """Solve a file of problems into a run directory (resumable with --resume)."""
     if resume is not None:
-        if problems is not None or out is not None:
-            raise InputError("--resume takes the run directory alone: give no problem file and no --out")
+        if problems is not None or out is not None or limit is not None:
+            raise InputError(
+                "--resume takes the run directory alone: give no problem file, no --out and no --limit (a run"
+                " continues over the problems it was made with)"
+            )
         code = _resume_run(resume, flags, method, given, estimate)
     else:
         if problems is None or out is None:
