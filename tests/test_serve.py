@@ -146,9 +146,7 @@ def test_stream_shows_progress_then_the_answer_and_usage(sim: SimServer, proxy: 
         extra_body={"tmas": {"n": 2, "m": 1, "iterations": 2}},
     )
     chunks = list(stream)
-    reasoning = "".join(
-        (c.choices[0].delta.model_extra or {}).get("reasoning_content") or "" for c in chunks if c.choices
-    )
+    reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning") or "" for c in chunks if c.choices)
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     progress = [c.model_extra["tmas_progress"] for c in chunks if c.model_extra and "tmas_progress" in c.model_extra]
     # Progress came before the answer: iterations, candidates so far, the best score after each iteration.

@@ -26,7 +26,15 @@ from tmas.serve.client_sampling import greedy_notice
 from tmas.serve.jobs import Job, ServedRuns, Waiting
 from tmas.serve.metrics import CLIENT_CLOSED, UNKNOWN_METHOD, ServeMetrics
 from tmas.serve.observed_store import Progress
-from tmas.serve.protocol import ChatBody, chunk_body, completion_body, cut_at_stop, finish_reason, split_model
+from tmas.serve.protocol import (
+    ChatBody,
+    chunk_body,
+    completion_body,
+    cut_at_stop,
+    finish_reason,
+    split_model,
+    with_reasoning,
+)
 
 log = logging.getLogger("tmas.serve")
 
@@ -160,7 +168,10 @@ class ServeApp:
         extension["calls"] = result.calls
         text = cut_at_stop(result.text, body.stop_sequences())
         finish = finish_reason(result, text)
-        return JSONResponse(completion_body(job.run_id, body.model, job.created, text, finish, result.usage, extension))
+        # The progress a stream would have sent, as the message's reasoning.
+        reasoning = "".join(event.line() + "\n" for event in job.events)
+        reply = completion_body(job.run_id, body.model, job.created, text, finish, result.usage, extension, reasoning)
+        return JSONResponse(reply)
 
     def _extension(self, job: Job, result: ProblemResult, body: ChatBody, method: str) -> dict[str, Any]:
         """What a tmas-aware client may read beside the reply: the run, the extracted answer, the notices."""
@@ -212,7 +223,7 @@ class ServeApp:
                     continue
                 if event is None:
                     break
-                delta = {"reasoning_content": event.line() + "\n"}
+                delta = with_reasoning({}, event.line() + "\n")
                 yield _sse(chunk_body(job.run_id, model, created, delta, with_usage=usage, progress=event.model_dump()))
             try:
                 result = job.outcome()

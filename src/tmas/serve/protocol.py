@@ -21,6 +21,16 @@ from tmas.store.records import ProblemResult
 # OpenAI's limit on stop sequences.
 MAX_STOP = 4
 
+# Where a reply's reasoning goes, in a stream's deltas and in a whole message: vLLM names the field "reasoning" (since
+# it renamed it), its older releases, SGLang, llama-server and DeepSeek's API "reasoning_content". Clients read one
+# or the other, so the proxy sends the same text under both.
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+
+
+def with_reasoning(fields: dict[str, Any], text: str) -> dict[str, Any]:
+    """``fields`` (a delta or a message) with ``text`` as its reasoning, under every name clients read."""
+    return {**fields, **dict.fromkeys(REASONING_FIELDS, text)}
+
 
 class ChatMessageIn(BaseModel):
     # Clients add fields we have no use for (name, tool_calls, ...): they are ignored, not refused.
@@ -203,16 +213,26 @@ def usage_body(usage: Usage) -> dict[str, Any]:
 
 
 def completion_body(
-    run_id: str, model: str, created: int, text: str, finish: str, usage: Usage, extension: dict[str, Any]
+    run_id: str,
+    model: str,
+    created: int,
+    text: str,
+    finish: str,
+    usage: Usage,
+    extension: dict[str, Any],
+    reasoning: str = "",
 ) -> dict[str, Any]:
+    """A whole reply; ``reasoning`` (the run's progress, as a stream sends it) rides under every reasoning field
+    name when there is some."""
+    message = {"role": "assistant", "content": text}
+    if reasoning:
+        message = with_reasoning(message, reasoning)
     return {
         "id": run_id,
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish, "logprobs": None}
-        ],
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
         "usage": usage_body(usage),
         # What a plain OpenAI client ignores and a tmas-aware one may read: the run, the extracted answer.
         "tmas": extension,

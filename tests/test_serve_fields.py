@@ -1,0 +1,46 @@
+"""What reaches the wire both ways: the reasoning fields a client reads, a client's ``chat_template_kwargs`` on the
+upstream calls, and a client's ``seed`` making the same request ask the same calls."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from conftest import settings_for
+from tmas.serve.launch import ServeOptions
+from tmas.testing import SimServer
+from web_helpers import ProxyThread
+
+QUESTION = [{"role": "user", "content": "What is 17*23?"}]
+TMAS_SMALL = {"n": 2, "m": 1, "iterations": 1}
+
+
+def post_chat(proxy: ProxyThread, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=30)
+
+
+def sse_events(text: str) -> list[dict[str, Any]]:
+    """The JSON events of a stream as the server sent them (comments and [DONE] left out)."""
+    return [json.loads(line[len("data: ") :]) for line in text.splitlines() if line.startswith("data: {")]
+
+
+def test_progress_is_sent_under_both_reasoning_field_names(sim: SimServer, tmp_path: Path) -> None:
+    body = {"model": "tmas/sim-model", "messages": QUESTION, "tmas": TMAS_SMALL, "seed": 3}
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+        streamed = post_chat(proxy, {**body, "stream": True})
+        plain = post_chat(proxy, body)
+    assert streamed.status_code == 200 and plain.status_code == 200
+    deltas = [e["choices"][0]["delta"] for e in sse_events(streamed.text) if e["choices"]]
+    thinking = [d for d in deltas if "reasoning" in d or "reasoning_content" in d]
+    # Every progress delta says the same under vLLM's name and under the name older vLLM, SGLang and DeepSeek use.
+    assert thinking and all(d["reasoning"] == d["reasoning_content"] for d in thinking)
+    streamed_reasoning = "".join(d["reasoning"] for d in thinking)
+    assert "iteration 0 done: 2 candidates" in streamed_reasoning
+    # A whole message carries the same progress under both names, beside the content.
+    message = plain.json()["choices"][0]["message"]
+    assert message["reasoning"] == message["reasoning_content"]
+    assert sorted(message["reasoning"].splitlines()) == sorted(streamed_reasoning.splitlines())
+    assert "\\boxed{391}" in message["content"]
