@@ -44,3 +44,31 @@ def test_progress_is_sent_under_both_reasoning_field_names(sim: SimServer, tmp_p
     assert message["reasoning"] == message["reasoning_content"]
     assert sorted(message["reasoning"].splitlines()) == sorted(streamed_reasoning.splitlines())
     assert "\\boxed{391}" in message["content"]
+
+
+def test_chat_template_kwargs_reach_every_upstream_call(sim: SimServer, tmp_path: Path) -> None:
+    settings = settings_for(sim).model_copy(deep=True)
+    # The server's own template arguments: the request's keys go over them, the others stay.
+    settings.sampling.extra_body = {"chat_template_kwargs": {"enable_thinking": True, "keep": 1}}
+    kwargs = {"enable_thinking": False}
+    body = {"model": "tmas/sim-model", "messages": QUESTION, "tmas": TMAS_SMALL, "chat_template_kwargs": kwargs}
+    for policy in ("defaults", "ignore"):
+        with ProxyThread(settings, ServeOptions(serve_dir=tmp_path / policy, client_sampling=policy)) as proxy:
+            before = len(sim.chat_bodies())
+            reply = post_chat(proxy, body)
+            assert reply.status_code == 200, reply.text
+            bodies = sim.chat_bodies()[before:]
+            # Every call of the run (two solutions, their verifications) under either sampling policy.
+            assert len(bodies) == 4
+            assert all(b["chat_template_kwargs"] == {"enable_thinking": False, "keep": 1} for b in bodies)
+            # Without them, the server's own go out as configured.
+            before = len(sim.chat_bodies())
+            without = post_chat(proxy, {**body, "chat_template_kwargs": None})
+            assert without.status_code == 200
+            bodies = sim.chat_bodies()[before:]
+            assert len(bodies) == 4
+            assert all(b["chat_template_kwargs"] == {"enable_thinking": True, "keep": 1} for b in bodies)
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "bad")) as proxy:
+        bad = post_chat(proxy, {**body, "chat_template_kwargs": "enable_thinking=false"})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["code"] == "invalid_value" and bad.json()["error"]["param"] == "chat_template_kwargs"

@@ -10,8 +10,9 @@ the order of :mod:`tmas.llm.sampling`, where the request is the ``flags`` layer.
 send their own defaults whatever the user asked (lm-evaluation-harness sends temperature 0 and max_tokens 256 unless
 its task says otherwise).
 
-Either way ``seed`` is the run's seed (each call's seed is derived from it, so a method's samples still differ) and
-``stop`` ends the reply's content, never a method's call.
+Either way a request's ``chat_template_kwargs`` go with every upstream call of its run (laid key by key over those
+of the server's ``extra_body``), ``seed`` is the run's seed (each call's seed is derived from it, so a method's
+samples still differ) and ``stop`` ends the reply's content, never a method's call.
 """
 
 from __future__ import annotations
@@ -26,9 +27,18 @@ ClientSampling = Literal["defaults", "ignore"]
 CLIENT_SAMPLING: tuple[ClientSampling, ...] = ("defaults", "ignore")
 
 
-def request_sampling(body: ChatBody, policy: ClientSampling) -> Sampling:
-    """The sampling the request lays over the server's settings (as the ``flags`` layer)."""
-    return Sampling(**body.sampling_overrides()) if policy == "defaults" else Sampling()
+TEMPLATE_KWARGS = "chat_template_kwargs"
+
+
+def request_sampling(body: ChatBody, policy: ClientSampling, server: Sampling) -> Sampling:
+    """The sampling the request lays over the server's settings (``server``, as the ``flags`` layer). Its
+    ``chat_template_kwargs`` are kept under either policy: a client sends them on purpose, never as a default."""
+    fields = body.sampling_overrides() if policy == "defaults" else {}
+    if body.chat_template_kwargs is not None:
+        configured = server.extra_body.get(TEMPLATE_KWARGS)
+        kwargs = {**(configured if isinstance(configured, dict) else {}), **body.chat_template_kwargs}
+        fields["extra_body"] = {TEMPLATE_KWARGS: kwargs}
+    return Sampling(**fields)
 
 
 def greedy_notice(method: str, body: ChatBody, policy: ClientSampling) -> str | None:

@@ -284,7 +284,9 @@ class ServedRuns:
         data["method"] = {"name": method, "params": params}
         data["seed"] = seed
         # The request's own sampling is set by its sender, as a flag is: a method's preset yields to it.
-        settings = with_sampling(Settings.model_validate(data), "flags", request_sampling(body, self.client_sampling))
+        settings = Settings.model_validate(data)
+        laid = request_sampling(body, self.client_sampling, settings.sampling)
+        settings = with_sampling(settings, "flags", laid)
         job = Job(run_id=run_dir.name, run_dir=run_dir, fingerprint=fingerprint)
         request: dict[str, Any] = {"fingerprint": fingerprint, "body": body.model_dump(mode="json")}
         request |= {"method": method, "upstream": upstream, "seed": seed}

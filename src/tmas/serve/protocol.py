@@ -78,6 +78,9 @@ class ChatBody(BaseModel):
     # calls, whose reasoning a client's stop sequence (lm-eval's default "\n\n") would cut at its first paragraph.
     stop: str | list[str] | None = None
     n: int | None = Field(default=None, ge=1)
+    # Keyword arguments of the upstream's chat template (vLLM's, SGLang's and llama-server's field: {"enable_thinking":
+    # false} for Qwen3), sent with every upstream call of the run.
+    chat_template_kwargs: dict[str, Any] | None = None
     # Method parameters (extra_body={"tmas": {...}}), validated by the method's own model.
     tmas: dict[str, Any] = Field(default_factory=dict)
 
@@ -156,13 +159,15 @@ class ChatBody(BaseModel):
     def fingerprint(self) -> str:
         """Same for the same question asked the same way: how a retried request finds its unfinished run."""
         question, _ = self.question()
-        data = {
+        data: dict[str, Any] = {
             "model": self.model,
             "question": question,
             "tmas": self.tmas,
             "sampling": self.sampling_overrides(),
             "seed": self.seed,
         }
+        if self.chat_template_kwargs is not None:
+            data["chat_template_kwargs"] = self.chat_template_kwargs
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:24]
 
 
