@@ -3,12 +3,12 @@ sampling and seeds, on the embedded model (or the simulated upstream with ``--up
 
 For each method, lm-eval (``local-chat-completions``, its own command line) scores the task `tmas data lm-eval-task`
 writes, through the proxy; then the same problems are run in-process as `tmas eval` runs them and graded by its
-rules grader (Math-Verify). A served question is its own run, whose problem id is the request's id, and a method's
-calls draw their seeds from the run seed and the problem id: so the in-process run gives each problem the id of its
-served run and the served run's seed, and the two ask the upstream the very same calls. Where the upstream answers
-the same call the same way (a seeded sampler), the two transcripts are the same, and a difference in the scores is
-a difference in grading alone (lm-eval's last-\\boxed{} regex and exact match, against tmas's extraction and
-Math-Verify).
+rules grader (Math-Verify). A served question is its own run, whose problem id the proxy derives from the request,
+and a method's calls draw their seeds from the run seed and the problem id: so the in-process run gives each problem
+the id of its served problem and the served run's seed, and the two ask the upstream the very same calls. Where the
+upstream answers the same call the same way (a seeded sampler), the two transcripts are the same, and a difference in
+the scores is a difference in grading alone (lm-eval's last-\\boxed{} regex and exact match, against tmas's extraction
+and Math-Verify).
 
     PYTHONPATH=src .venv/bin/python benchmarks/lm_eval_vs_tmas_eval.py --limit 20 --methods cot tmas
     PYTHONPATH=src .venv/bin/python benchmarks/lm_eval_vs_tmas_eval.py --upstream sim --limit 6
@@ -108,15 +108,15 @@ def run_lm_eval(
 
 
 def served_runs(serve_dir: Path, method: str) -> dict[str, tuple[str, int, ProblemResult]]:
-    """Question -> (served run id, its seed, its result) of ``method``'s requests."""
+    """Question -> (served problem id, its run's seed, its result) of ``method``'s requests."""
     out = {}
     for run_dir in sorted(p for p in serve_dir.iterdir() if (p / "run.sqlite").is_file()):
         with RunStore(run_dir, read_only=True) as store:
             request = store.get_meta(REQUEST_META)
-            result = store.result(run_dir.name)
             [problem] = store.problems()
+            result = store.result(problem.problem_id)
         if request["method"] == method and result is not None:
-            out[problem.question] = (run_dir.name, int(request["seed"]), result)
+            out[problem.question] = (problem.problem_id, int(request["seed"]), result)
     return out
 
 

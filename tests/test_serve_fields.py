@@ -72,3 +72,31 @@ def test_chat_template_kwargs_reach_every_upstream_call(sim: SimServer, tmp_path
         bad = post_chat(proxy, {**body, "chat_template_kwargs": "enable_thinking=false"})
     assert bad.status_code == 400
     assert bad.json()["error"]["code"] == "invalid_value" and bad.json()["error"]["param"] == "chat_template_kwargs"
+
+
+def call_keys(bodies: list[dict[str, Any]]) -> list[str]:
+    """What decides an upstream call's reply: its messages, seed and sampling, one string a call, sorted."""
+    keys = ("messages", "seed", "temperature", "max_tokens")
+    return sorted(json.dumps({k: b.get(k) for k in keys}, sort_keys=True) for b in bodies)
+
+
+def test_the_same_seeded_request_asks_the_same_calls_run_after_run(sim: SimServer, tmp_path: Path) -> None:
+    body = {"model": "tmas/sim-model", "messages": QUESTION, "tmas": TMAS_SMALL, "seed": 1234}
+    sent: list[list[str]] = []
+    replies: list[dict[str, Any]] = []
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+        for seed in (1234, 1234, 99):
+            before = len(sim.chat_bodies())
+            reply = post_chat(proxy, {**body, "seed": seed})
+            assert reply.status_code == 200, reply.text
+            replies.append(reply.json())
+            sent.append(call_keys(sim.chat_bodies()[before:]))
+    # Two runs (the first had ended: a new run, not a joined one) ...
+    assert replies[0]["id"] != replies[1]["id"]
+    # ... asked the very same calls, seeds included, so a seeded upstream answered the same.
+    assert len(sent[0]) == 4 and sent[0] == sent[1]
+    assert replies[0]["choices"][0]["message"]["content"] == replies[1]["choices"][0]["message"]["content"]
+    # The seeds are still one per call (the two candidates are two samples), and another seed asks others.
+    seeds = {json.loads(key)["seed"] for key in sent[0]}
+    assert len(seeds) == 4
+    assert seeds.isdisjoint(json.loads(key)["seed"] for key in sent[2])

@@ -303,13 +303,15 @@ class ServedRuns:
         try:
             if not resume:
                 question, context = body.question()
-                problem = Problem(problem_id=job.run_id, question=question, metadata={"context": context})
+                problem_id = problem_id_of(body, job.fingerprint, job.run_id)
+                problem = Problem(problem_id=problem_id, question=question, metadata={"context": context})
                 store.add_problems([problem])
                 store.set_meta(REQUEST_META, request)
             RunSetup.check(settings).record(store)
+            problems = store.problems()
             # An in-process model is the settings' own, opened once here: each run is as one that opens it.
-            await run_problems(settings, store.problems(), store, model=self.model, own_model=False)
-            result = store.result(job.run_id)
+            await run_problems(settings, problems, store, model=self.model, own_model=False)
+            result = store.result(problems[0].problem_id)
         finally:
             self._close_later(store)
         if result is None:
@@ -342,6 +344,13 @@ class ServedRuns:
             with contextlib.suppress(BaseException):
                 await task
         await asyncio.gather(*self._closing)
+
+
+def problem_id_of(body: ChatBody, fingerprint: str, run_id: str) -> str:
+    """The id of a request's problem, from which (with the run seed) each of its calls' seeds is derived. A request
+    with a ``seed`` gets one fixed by the request itself, so the same request with the same seed asks the very same
+    calls again, run after run; one without gets its run's id (its run seed is drawn fresh anyway)."""
+    return f"request-{fingerprint}" if body.seed is not None else run_id
 
 
 def _ending(task: asyncio.Task[ProblemResult], took_s: float) -> str:
