@@ -75,7 +75,7 @@ async def test_a_wrong_attempt_is_revised_from_peer_feedback_until_accepted() ->
     assert result.answer == "391" and len(result.iterations) == 2
     first, second = result.iterations
     members = {m["id"]: m for m in first.state["members"]}
-    assert members["S1"] == {"id": "S1", "answer": "390", "accepted": False, "converged": False}
+    assert members["S1"] == {"id": "S1", "answer": "390", "accepted": False, "converged": False, "spoke": True}
     assert members["S2"]["accepted"] and members["S3"]["accepted"]
     assert [c.score for c in first.candidates] == [0.0, 1.0, 1.0]
     # Round 2: only the open specialist speaks again, and only its attempt is reviewed.
@@ -121,6 +121,57 @@ async def test_a_specialist_that_never_convinces_its_peers_runs_to_r_max() -> No
     assert [m["converged"] for m in result.iterations[-1].state["members"]] == [False, True, True]
     assert "decision" in result.iterations[-1].state and "decision" not in result.iterations[1].state
     assert by_role(model)["specialist"] == 3 + 1 + 1
+
+
+# S1's first answer is right but draws a minor issue, so S1 stays open after round 1.
+FIRST_PASS = "On a first pass, 17*23 = 391.\n\nTherefore, the final answer is \\boxed{391}."
+NITPICK = json.dumps(
+    {
+        "analysis": "Right value, terse derivation.",
+        "verdict": "revise",
+        "validated": ["result"],
+        "issues": [
+            {"type": "logic_gap", "severity": "minor", "note": "Show the partial products.", "fix": "Add them."}
+        ],
+    }
+)
+
+
+async def test_a_specialist_whose_revision_call_fails_is_neither_reviewed_nor_converged() -> None:
+    rules = [
+        Rule(
+            role="specialist",
+            pattern="<your_previous_attempt>.*You are Arithmetic strategist",
+            fault="http_400",
+            times=1,
+        ),
+        Rule(role="specialist", pattern="You are Arithmetic strategist", replies=[FIRST_PASS], times=1),
+        Rule(role="reviewer", pattern="On a first pass", replies=[NITPICK], times=2),
+    ]
+    result, model = await run(rules, iterations=3)
+    first, second, third = result.iterations
+    assert [m["converged"] for m in first.state["members"]] == [False, True, True]
+    # Round 2: S1's call failed, so its round-1 attempt is not reviewed again and it has not converged; the record
+    # says it did not speak, and so does the bulletin.
+    assert second.state["members"][0] == {
+        "id": "S1",
+        "answer": "391",
+        "accepted": False,
+        "converged": False,
+        "spoke": False,
+    }
+    assert [m["spoke"] for m in second.state["members"]] == [False, None, None]
+    assert any(n.startswith("S1: opinion call failed") for n in second.notes)
+    assert [c.answer for c in second.candidates] == [None]
+    said = transcript(result, 1).utterances
+    assert [u.kind for u in said if u.round == 1] == ["opinion", "meeting"] and said[-2].answer is None
+    assert "S1 (Arithmetic strategist): did not speak this round (its opinion call failed)" in said[-1].text
+    # Round 3: S1 speaks again, answering the round-1 feedback it still holds, and is reviewed and accepted.
+    revision = last_user_prompts(model, "specialist")[-1]
+    assert "Show the partial products." in revision.split("<peer_feedback>", 1)[1]
+    assert len(model.calls_of("reviewer")) == 6 + 2
+    assert third.state["members"][0]["accepted"] and third.state["members"][0]["spoke"]
+    assert result.answer == "391"
 
 
 async def test_unusable_team_json_is_retried_then_the_default_team_is_used() -> None:
@@ -308,6 +359,22 @@ async def test_medicine_ranks_ten_diagnoses_with_a_catalog_team() -> None:
     assert [f["reviewer"] for f in feedback] == ["S2", "S3"]
     assert feedback[0]["agreements"] == ["Fabry disease explains the main findings."]
     assert feedback[0]["disagreements"] == [] and feedback[0]["changes"] == []
+
+
+async def test_a_medicine_specialist_whose_revision_call_fails_keeps_its_list_out_of_review() -> None:
+    fail = Rule(role="specialist", pattern="<your_previous_attempt>.*You are Pediatrics", fault="http_400", times=1)
+    result, model = await run([fail], domain="medicine", iterations=3)
+    said = transcript(result, 1).utterances
+    # S1 did not speak in round 2: its round-1 list is not critiqued again, nor announced as unchanged.
+    targets = [u.target for u in said if u.kind == "review" and u.round == 1]
+    assert targets == ["S2", "S2", "S3", "S3"]
+    [meeting] = [u for u in said if u.kind == "meeting" and u.round == 1]
+    assert meeting.text.splitlines()[0] == "S1 (Pediatrics): did not speak this round (its opinion call failed)"
+    members = result.iterations[1].state["members"]
+    assert [(m["converged"], m["spoke"]) for m in members] == [(False, False), (True, True), (True, True)]
+    # Round 3 (the last): S1 gives its list again and converges; the last round asks for no review.
+    assert by_role(model)["reviewer"] == 6 + 4
+    assert [m["converged"] for m in result.iterations[-1].state["members"]] == [True, True, True]
 
 
 REVIEW_OF_S1 = json.dumps(

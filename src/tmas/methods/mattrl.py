@@ -254,6 +254,8 @@ class MATTRL(Method[MATTRLParams]):
         meeting step, or in the last round Stage III's decision; the round's record. True when it was the last."""
         final = r == self.params.iterations - 1
         active = [s for s in talk.seats if not s.converged]
+        for seat in talk.seats:
+            seat.spoke = False if seat in active else None
         # Built once per round, before anyone speaks, so every prompt of the round sees the same team state.
         bulletin, snapshot = talk.bulletin(), talk.snapshot()
         spoke: dict[str, tuple[Candidate, Utterance]] = {}
@@ -373,7 +375,6 @@ class MATTRL(Method[MATTRLParams]):
             raise BudgetExhausted(session.budget_stop or "budget spent")
         if said.meta.echo_retry:
             notes.append(f"{seat.member.id}: the opinion's {said.meta.echo_retry} echoed the instructions; asked again")
-        seat.previous_answer, seat.previous_top10 = seat.answer, seat.top10
         if said.meta.echo:
             notes.append(f"{seat.member.id}: the retried opinion echoed the instructions too; keeps its attempt")
         elif said.error or not said.text.strip():
@@ -381,8 +382,10 @@ class MATTRL(Method[MATTRLParams]):
         else:
             if said.meta.truncated:
                 notes.append(f"{seat.member.id}: opinion truncated at max_tokens")
+            seat.previous_answer, seat.previous_top10 = seat.answer, seat.top10
             seat.attempt = said.text.strip()
             seat.answer = said.answer
+            seat.spoke = True
             talk.review.read_opinion(seat, r, notes)
         spoke[seat.member.id] = (
             said,
@@ -391,7 +394,7 @@ class MATTRL(Method[MATTRLParams]):
                 agent=seat.member.id,
                 kind="opinion",
                 text=said.text,
-                answer=seat.answer if said.error is None else None,
+                answer=seat.answer if seat.spoke else None,
                 call_id=said.call_id,
                 experience_ids=[h.id for h in hints],
             ),
@@ -538,7 +541,8 @@ class MATTRL(Method[MATTRLParams]):
     @staticmethod
     def _state(r: int, talk: Deliberation) -> MATTRLState:
         members = [
-            SeatRecord(id=s.member.id, answer=s.answer, accepted=s.accepted, converged=s.converged) for s in talk.seats
+            SeatRecord(id=s.member.id, answer=s.answer, accepted=s.accepted, converged=s.converged, spoke=s.spoke)
+            for s in talk.seats
         ]
         state = MATTRLState(round=r, members=members, transcript=talk.transcript)
         if talk.decision is not None:

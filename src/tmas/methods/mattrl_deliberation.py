@@ -10,6 +10,10 @@ deliberates: the domain's declaration (:mod:`tmas.methods.mattrl_domains`) names
   its list no longer changes. The bulletin shares each list's change and the new review points.
 
 Each meeting also writes every specialist's own feedback for its next revision.
+
+A specialist whose opinion call failed this round (an error, an echo, an empty reply) has not spoken: Eq. 5's
+"no further changes" needs a revised opinion to compare, so it is not converged, its earlier attempt is not reviewed
+again, the bulletin says it did not speak, and it keeps the feedback it has yet to answer for the next round.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ ReviewT = TypeVar("ReviewT", Review, DifferentialReview)
 # Call sample numbers of the reviews: clear of the opinions' (the seat index), each retry further on.
 REVIEW_SAMPLE, RETRY_OFFSET = 1000, 500
 _DUPLICATE_ISSUE = 0.8  # word-set Jaccard at which two issues say the same thing
+# The bulletin's line for a specialist whose opinion call failed this round.
+SILENT = "did not speak this round (its opinion call failed)"
 
 
 @dataclass
@@ -67,6 +73,9 @@ class Seat:
     previous_top10: list[str] = field(default_factory=list)
     accepted: bool = False
     converged: bool = False
+    # Whether it gave a usable opinion this round (None: converged before the round, so not asked). A seat whose
+    # opinion call failed has not spoken: its earlier attempt is neither reviewed again nor counted as converged.
+    spoke: bool | None = None
     # The feedback addressed to it by the last meeting (JSON text), for its next revision.
     feedback: str = ""
 
@@ -187,7 +196,7 @@ class VerdictReview(PeerReview):
         final: bool,
     ) -> Reviews:
         """Every active attempt reviewed by every other specialist; then acceptance and convergence."""
-        pairs = [(t, s) for t in active for s in seats if s is not t and t.attempt]
+        pairs = [(t, s) for t in active for s in seats if s is not t and t.spoke]
         start = len(notes)
         done = await gather_all(
             self._review(session, reviewer, target, len(seats), notes) for target, reviewer in pairs
@@ -208,6 +217,9 @@ class VerdictReview(PeerReview):
                 )
             )
         for seat in active:
+            if not seat.spoke:
+                seat.accepted = seat.converged = False
+                continue
             own = reviews[seat.member.id]
             seat.accepted = accepted(own)
             serious = any(i.severity in ("fatal", "major") for rv in own for i in rv.issues)
@@ -241,6 +253,9 @@ class VerdictReview(PeerReview):
         """Each specialist's own feedback, and a bulletin of the round's new, distinct issues."""
         lines: list[str] = []
         for seat in active:
+            if not seat.spoke:
+                lines.append(f"{seat.member.id} ({seat.member.specialty}): {SILENT}, answer {seat.answer or 'none'}")
+                continue
             own: list[Review] = reviews.get(seat.member.id, [])
             fresh = []
             for review in own:
@@ -299,7 +314,7 @@ class DifferentialCritique(PeerReview):
         revisions they would feed."""
         if final or all(s.converged for s in seats):
             return {}
-        pairs = [(t, s) for t in active for s in seats if s is not t and t.attempt]
+        pairs = [(t, s) for t in active for s in seats if s is not t and t.spoke]
         start = len(notes)
         done = await gather_all(
             self._critique(session, reviewer, target, len(seats), notes) for target, reviewer in pairs
@@ -348,6 +363,9 @@ class DifferentialCritique(PeerReview):
         points not raised before, de-duplicated; each specialist's own reviews become its feedback."""
         lines: list[str] = []
         for seat in active:
+            if not seat.spoke:
+                lines.append(f"{seat.member.id} ({seat.member.specialty}): {SILENT}")
+                continue
             own: list[DifferentialReview] = reviews.get(seat.member.id, [])
             seat.feedback = json.dumps(
                 [

@@ -79,6 +79,9 @@ class SeatRecord(BaseModel):
     answer: str | None = None
     accepted: bool | None = None
     converged: bool | None = None
+    # Whether it gave a usable opinion this round: False when its opinion call failed (it then neither converges nor
+    # is reviewed); None when it had converged before the round and was not asked.
+    spoke: bool | None = None
 
 
 class MATTRLState(MethodState):
