@@ -174,6 +174,29 @@ async def test_a_specialist_whose_revision_call_fails_is_neither_reviewed_nor_co
     assert result.answer == "391"
 
 
+# A reply made of the opinion prompt's own instructions.
+ECHO = (
+    "Think step by step from your speciality and write ONE integrated, concise message: a one- or two-sentence "
+    "reflection, the core reasoning, and the final answer alone inside \\boxed{}. Keep it rigorous and "
+    "self-contained; no decorative tags, no step numbering."
+)
+
+
+async def test_an_opinion_that_echoes_the_instructions_twice_never_reaches_the_chair() -> None:
+    result, model = await run(
+        [Rule(role="specialist", pattern="You are Edge-case auditor", replies=[ECHO])], iterations=1
+    )
+    first = result.iterations[0]
+    assert "S3: the retried opinion echoed the instructions too; keeps its attempt" in first.notes
+    summary = last_user_prompts(model, "coordinator")[-1].split("<team_summary>", 1)[1].split("</team_summary>")[0]
+    assert "ONE integrated" not in summary and summary.count("S3 Edge-case auditor") == 1
+    [s3] = [u for u in transcript(result).utterances if u.kind == "opinion" and u.agent == "S3"]
+    assert s3.text == "" and s3.answer is None
+    # The record's candidate keeps what the model said, with why it was not used.
+    assert first.candidates[2].text.startswith("Think step by step") and first.candidates[2].error is not None
+    assert result.answer == "391"
+
+
 async def test_unusable_team_json_is_retried_then_the_default_team_is_used() -> None:
     result, _ = await run(
         [Rule(role="coordinator", pattern="Exactly one member", replies=["a team of experts", "[{}]"])]

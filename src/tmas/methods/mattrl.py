@@ -393,7 +393,9 @@ class MATTRL(Method[MATTRLParams]):
                 round=r,
                 agent=seat.member.id,
                 kind="opinion",
-                text=said.text,
+                # An unusable reply (one that echoed the instructions twice, a broken stream) is no opinion: the
+                # discussion the chair and experience construction read holds none of it (the candidate keeps it).
+                text=said.text if seat.spoke else "",
                 answer=seat.answer if seat.spoke else None,
                 call_id=said.call_id,
                 experience_ids=[h.id for h in hints],
