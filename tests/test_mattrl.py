@@ -197,6 +197,33 @@ async def test_an_opinion_that_echoes_the_instructions_twice_never_reaches_the_c
     assert result.answer == "391"
 
 
+async def test_a_kept_answer_whose_reviews_all_failed_has_not_converged() -> None:
+    objection = json.dumps(
+        {
+            "analysis": "The product is off.",
+            "verdict": "revise",
+            "validated": [],
+            "issues": [{"type": "algebra_error", "severity": "major", "note": "17*23 is not 390.", "fix": "Redo it."}],
+        }
+    )
+    rules = [
+        Rule(role="specialist", pattern="You are Arithmetic strategist", replies=[WRONG], times=2),
+        # Round 1: both peers object to 390; round 2: every review of S1's unchanged 390 fails (each asked twice).
+        Rule(role="reviewer", pattern="= 390", replies=[objection], times=2),
+        Rule(role="reviewer", pattern="= 390", fault="http_400", times=4),
+    ]
+    result, _ = await run(rules, iterations=3)
+    second = result.iterations[1]
+    assert [n for n in second.notes if n.startswith("review of S1")] == [
+        "review of S1 by S2: unusable (scripted http_400); counted as revise",
+        "review of S1 by S3: unusable (scripted http_400); counted as revise",
+    ]
+    # No peer read the kept 390, so "unchanged under critique" does not hold: S1 stays open and speaks again.
+    assert second.state["members"][0]["converged"] is False
+    assert len(result.iterations) == 3 and result.iterations[2].state["members"][0]["accepted"]
+    assert result.answer == "391"
+
+
 async def test_unusable_team_json_is_retried_then_the_default_team_is_used() -> None:
     result, _ = await run(
         [Rule(role="coordinator", pattern="Exactly one member", replies=["a team of experts", "[{}]"])]

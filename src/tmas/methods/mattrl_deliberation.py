@@ -3,8 +3,9 @@ deliberates: the domain's declaration (:mod:`tmas.methods.mattrl_domains`) names
 
 - :class:`VerdictReview` (math, B.4): every attempt is reviewed by each other specialist (JSON verdict and issues);
   it is accepted only when every verdict is accept and no issue remains. A specialist converges when its attempt is
-  accepted, or when a revision keeps its answer while no peer raised a fatal or major issue (nothing changes under
-  critique: this project's reading of B.3). The meeting's bulletin lists the round's new, de-duplicated issues.
+  accepted, or when a revision keeps its answer while no peer raised a fatal or major issue and at least one peer's
+  review was readable (nothing changes under critique: this project's reading of B.3). The meeting's bulletin lists
+  the round's new, de-duplicated issues.
 - :class:`DifferentialCritique` (medicine, A.4): each specialist's strict top-10 is critiqued by each other
   specialist (agreements, disagreements, changes; the final round has no reviews), and a specialist converges when
   its list no longer changes. The bulletin shares each list's change and the new review points.
@@ -228,7 +229,11 @@ class VerdictReview(PeerReview):
                 and seat.answer is not None
                 and normalize_answer(seat.answer) == normalize_answer(seat.previous_answer or "")
             )
-            seat.converged = seat.accepted or (kept and not serious and all(rv.verdict != "reject" for rv in own))
+            # "Unchanged under critique" needs a critique: a kept answer whose reviews all failed was read by no peer.
+            heard = not own or any(rv.readable for rv in own)
+            seat.converged = seat.accepted or (
+                kept and heard and not serious and all(rv.verdict != "reject" for rv in own)
+            )
         return dict(reviews)
 
     async def _review(
