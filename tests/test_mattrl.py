@@ -224,6 +224,19 @@ async def test_a_kept_answer_whose_reviews_all_failed_has_not_converged() -> Non
     assert result.answer == "391"
 
 
+async def test_a_specialist_silent_in_round_1_is_asked_for_a_first_attempt_not_a_revision() -> None:
+    fail = Rule(role="specialist", pattern="You are Arithmetic strategist", fault="http_400", times=1)
+    result, model = await run([fail], iterations=2)
+    assert result.iterations[0].state["members"][0]["spoke"] is False
+    [again] = [p for p in last_user_prompts(model, "specialist")[3:] if "You are Arithmetic strategist" in p]
+    # Nothing to revise: no empty previous attempt or feedback, no request to revise; the team's state is shown.
+    assert "<your_previous_attempt>" not in again and "<peer_feedback>" not in again
+    assert "Revise your previous attempt" not in again
+    assert "<bulletin>" in again and "S1 (Arithmetic strategist): did not speak this round" in again
+    assert "S2 (Computation checker), accepted" in again
+    assert result.iterations[1].state["members"][0]["accepted"] and result.answer == "391"
+
+
 async def test_unusable_team_json_is_retried_then_the_default_team_is_used() -> None:
     result, _ = await run(
         [Rule(role="coordinator", pattern="Exactly one member", replies=["a team of experts", "[{}]"])]
