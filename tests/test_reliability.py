@@ -22,7 +22,7 @@ from tmas.data.importers import read_rows
 from tmas.errors import InputError
 from tmas.llm.types import CallKey, Completion, Message
 from tmas.problems import Problem, load_problems
-from tmas.runner import RunState, prepare_run, run_problems
+from tmas.runner import RunState, Unreachable, prepare_run, run_problems
 from tmas.store.run_store import RunStore
 from tmas.testing import FaultRates, Rule, ScriptedModel, SimScript, SimServer
 
@@ -388,3 +388,50 @@ def test_the_api_key_is_sent_but_never_written_anywhere(tmp_path: Path) -> None:
         assert needle not in text
     # Also not in any part: the store keeps the name of the variable, not its value.
     assert b"TOPSECRET" not in b"".join(p.read_bytes() for p in artefacts)
+
+
+# ------------------------------------------------------------------------------------------------ 5. the account
+# OpenAI's 429 bodies: a spent quota, and a rate limit (https://platform.openai.com/docs/guides/error-codes).
+QUOTA_SPENT = {
+    "error": {
+        "message": "You exceeded your current quota, please check your plan and billing details.",
+        "type": "insufficient_quota",
+        "param": None,
+        "code": "insufficient_quota",
+    }
+}
+RATE_LIMITED = {
+    "error": {
+        "message": "Rate limit reached for requests per min (RPM): Limit 3, Used 3, Requested 1.",
+        "type": "requests",
+        "param": None,
+        "code": "rate_limit_exceeded",
+    }
+}
+
+
+def _one_at_a_time(sim: SimServer) -> Any:
+    return settings_for(sim, method__name="cot", problems_in_flight=1)
+
+
+async def test_a_spent_quota_ends_the_run_after_one_request_keeping_finished_work(tmp_path: Path) -> None:
+    problems = write_jsonl(tmp_path / "p.jsonl", arithmetic(3))  # 2*7, 3*7, 4*7, solved in turn
+    spent = Rule(pattern=r"3\*7", error_status=429, error_body=QUOTA_SPENT)
+    async with SimServer(SimScript(persona="openai", rules=[spent])) as sim:
+        with pytest.raises(Unreachable, match="quota is spent") as raised:
+            await arun(problems, tmp_path / "run", _one_at_a_time(sim))
+        asked = [r.problem_id for r in sim.requests if r.endpoint == "chat"]
+    assert asked == ["p0", "p1"]  # the refused call was not sent again, and no later problem was started
+    assert "--resume" in str(raised.value)
+    with RunStore(tmp_path / "run") as store:
+        assert {r.problem_id: r.status for r in store.results()} == {"p0": "done"}
+
+
+async def test_a_rate_limit_is_waited_out_and_the_run_goes_on(tmp_path: Path) -> None:
+    problems = write_jsonl(tmp_path / "p.jsonl", arithmetic(3))
+    limited = Rule(pattern=r"3\*7", error_status=429, error_body=RATE_LIMITED, times=2)
+    async with SimServer(SimScript(persona="openai", rules=[limited])) as sim:
+        summary = await arun(problems, tmp_path / "run", _one_at_a_time(sim))
+        asked = [r.problem_id for r in sim.requests if r.endpoint == "chat"]
+    assert asked == ["p0", "p1", "p1", "p1", "p2"]
+    assert (summary.done, summary.failed, summary.retries_by_cause) == (3, 0, {"http_429": 2})

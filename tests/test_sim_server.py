@@ -834,3 +834,26 @@ def test_cli_rejects_bad_script(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "nonsense" in done.stderr
+
+
+async def test_a_rules_error_status_refuses_with_its_body_verbatim_streamed_or_not(
+    sim: SimServer, http: aiohttp.ClientSession
+) -> None:
+    quota = {
+        "error": {
+            "message": "You exceeded your current quota, please check your plan and billing details.",
+            "type": "insufficient_quota",
+            "param": None,
+            "code": "insufficient_quota",
+        }
+    }
+    sim.set_script(SimScript(persona="openai", rules=[Rule(error_status=429, error_body=quota, times=2)]))
+    assert await chat(http, sim) == (429, quota)
+    assert await chat(http, sim, stream=True) == (429, quota)  # refused before any stream opens
+    status, body = await chat(http, sim)
+    assert status == 200 and "391" in body["choices"][0]["message"]["content"]
+    assert sim.stats().faults == {"http_429": 2}
+    # Without a body: the persona's error shape, carrying the rule's message.
+    sim.set_script(SimScript(persona="vllm", rules=[Rule(error_status=503, error_message="Engine busy.")]))
+    status, body = await chat(http, sim)
+    assert (status, body["error"]["message"], body["error"]["code"]) == (503, "Engine busy.", 503)

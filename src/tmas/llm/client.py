@@ -29,7 +29,7 @@ from tmas.llm import vitals
 from tmas.llm.batching import Sample, SampleBatcher, handed_out, one_per_choice, share_usage
 from tmas.llm.failures import Failure
 from tmas.llm.lanes import SlotQueue, call_affinity
-from tmas.llm.model import ClientStats, EndpointUnreachable
+from tmas.llm.model import ClientStats, EndpointUnreachable, QuotaSpent
 from tmas.llm.refusals import MAX_SHRINKS, DowngradeLog, Refusals, Shrinks
 from tmas.llm.replica import Replica
 from tmas.llm.replies import completion as read_completion
@@ -344,10 +344,13 @@ class LLMClient:
 
 
 def _unreachable(route: Route, role: str, attempts: Attempts) -> Failure:
-    """The last failure of a call that gave up; :class:`EndpointUnreachable` when no replica could be reached."""
+    """The last failure of a call that gave up; :class:`EndpointUnreachable` when no replica could be reached,
+    :class:`QuotaSpent` when the account's quota is spent."""
     last = attempts.last
     assert last is not None
+    urls = ", ".join(r.url for r in route.replicas)
     if attempts.unreachable:
-        urls = ", ".join(r.url for r in route.replicas)
         raise EndpointUnreachable(f"endpoint {urls} unreachable for role {role!r}: {last}")
+    if last.cause == "quota":
+        raise QuotaSpent(f"endpoint {urls} refused role {role!r}: {last}")
     return last

@@ -24,6 +24,11 @@ class EndpointUnreachable(LLMError):
     """No connection could be made to any replica of an endpoint after all retries: it ends a run."""
 
 
+class QuotaSpent(EndpointUnreachable):
+    """The endpoint's account has no quota left (OpenAI's 429 ``insufficient_quota``): every later call would be
+    refused the same way, so it ends a run as an unreachable endpoint does, its finished work kept."""
+
+
 @dataclass
 class ClientStats:
     """What a run's model did: calls sent and replayed, failed, retried (by cause), tokens."""

@@ -135,10 +135,15 @@ class Rule(_Strict):
     logprobs: list[dict[str, Any]] | None = None
     fault: FaultKind | None = None
     # With fault "stream_error": the HTTP status the error carries (a 4xx for a request the server refuses part way),
-    # in the persona's error-event shape. None: the simulator's own 500 event.
+    # in the persona's error-event shape. None: the simulator's own 500 event. Without a fault: the request is refused
+    # with that HTTP status before any generation, streamed or not (OpenAI's 429 for a rate limit or a spent quota).
     error_status: int | None = Field(default=None, ge=400, le=599)
     # The error's message with ``error_status`` (None: a message of the simulator's own).
     error_message: str | None = None
+    # The error's whole body with ``error_status``, sent verbatim (OpenAI's ``{"error": {"message", "type", "param",
+    # "code"}}``, e.g. code ``insufficient_quota``), as the reply or as the stream's error event. None: the persona's
+    # shape carrying ``error_message``.
+    error_body: dict[str, Any] | None = None
     # With a fault that breaks a stream part way ("stall", "freeze", "cut", "stream_error"): the tokens that stream
     # before it (the events up to that many). None: the opening chunk and the first delta.
     fault_after_tokens: int | None = Field(default=None, ge=0)
