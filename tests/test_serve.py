@@ -604,3 +604,18 @@ def test_mattrl_is_served_and_its_deliberation_shows_in_the_viewer(
         status, page = get(f"{viewer.url}/run/{ref.key}/iteration?id={pid}&t={last.iteration}")
     assert status == 200 and b'id="transcript"' in page
     assert page.count(b"<td>opinion</td>") == sum(u["kind"] == "opinion" for u in transcript["utterances"])
+
+
+def test_the_proxy_and_viewer_start_while_a_port_found_free_is_taken(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another process takes a port between its being found free and the server binding it: the servers of the tests
+    # bind port 0 and name the port the kernel gave them, so no such port is ever handed to them.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setattr("tmas.testing.web_servers.free_port", lambda: taken.getsockname()[1])
+        with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+            assert get(f"{proxy.url}/health")[0] == 200
+        with AppThread(view_app([tmp_path])) as viewer:
+            assert get(f"{viewer.url}/")[0] == 200

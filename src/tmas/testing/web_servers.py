@@ -19,9 +19,19 @@ T = TypeVar("T")
 
 
 def free_port() -> int:
+    """A port free now, for a server in another process that must be told its port. It is let go before that
+    server binds it, so another process may take it meanwhile: a server in this process binds port 0 instead
+    (:class:`ProxyThread`, :class:`AppThread`)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _bound_port(server: uvicorn.Server | None) -> int | None:
+    """The port a started uvicorn server listens on (it was given port 0); None before it has started."""
+    if server is None or not server.started:
+        return None
+    return int(server.servers[0].sockets[0].getsockname()[1])
 
 
 def wait_until(check: Callable[[], T], timeout: float = 20.0, what: str = "condition") -> T:
@@ -48,10 +58,10 @@ class ProxyThread:
 
     def __init__(self, settings: Settings, options: ServeOptions, *, start_s: float = 20.0) -> None:
         """``start_s``: how long it may take to answer ``/health`` (a model loaded in process takes longer)."""
-        options.port = free_port()
+        options.port = 0  # the kernel picks a free port as the server binds it; ``url`` names it once started
         self.options = options
         self.start_s = start_s
-        self.url = f"http://127.0.0.1:{options.port}"
+        self.url = ""
         self._server: uvicorn.Server | None = None
         self._failure: list[BaseException] = []
         self._thread = threading.Thread(target=self._main, args=(settings,), daemon=True)
@@ -71,6 +81,10 @@ class ProxyThread:
         def up() -> bool:
             if self._failure:
                 raise self._failure[0]
+            port = _bound_port(self._server)
+            if port is None:
+                return False
+            self.url = f"http://127.0.0.1:{port}"
             return _answers(f"{self.url}/health")
 
         wait_until(up, self.start_s, what="the proxy to start")
@@ -86,14 +100,15 @@ class AppThread:
     """Any ASGI app (the viewer) served by uvicorn in a thread."""
 
     def __init__(self, app: Any) -> None:
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        # Port 0: the kernel picks a free port as the server binds it; ``url`` names it once started.
+        self.url = ""
+        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 
     def __enter__(self) -> AppThread:
         self._thread.start()
-        wait_until(lambda: self._server.started, what="the viewer to start")
+        port = wait_until(lambda: _bound_port(self._server), what="the viewer to start")
+        self.url = f"http://127.0.0.1:{port}"
         return self
 
     def __exit__(self, *exc: object) -> None:
