@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -85,6 +86,16 @@ async def eventually(condition: Callable[[], bool], tries: int = 400) -> None:
             return
         await asyncio.sleep(0.025)
     raise AssertionError("condition never became true")
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Poll ``condition`` (for state another thread or process changes) from a synchronous test; fail naming
+    ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
 
 
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -10,12 +10,11 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import clean_env, dead_url, run_tmas, scripted_settings
+from conftest import clean_env, dead_url, run_tmas, scripted_settings, wait_for
 from tmas.api import aresume, arun
 from tmas.store.run_lock import running
 from tmas.testing import ScriptedModel, SimScript, SimServer
@@ -314,10 +313,12 @@ def _stored_problem_ids(run_dir: Path) -> set[str]:
 
 @pytest.mark.slow
 def test_killed_run_resumes_without_repeating_finished_calls(tmp_path: Path) -> None:
-    n = 12
+    n, answered = 12, 4
     write_problems(tmp_path / "p.jsonl", n)
     run_dir = tmp_path / "run"
-    with SimServer(SimScript(latency_s=0.3)) as sim:
+    # The server answers the first 4 calls and holds the others: the run is killed while it waits, with exactly 4
+    # problems finished, however fast or slow the machine.
+    with SimServer(SimScript(hold_after=answered)) as sim:
         env = clean_env()
         proc = subprocess.Popen(
             [
@@ -328,16 +329,18 @@ def test_killed_run_resumes_without_repeating_finished_calls(tmp_path: Path) -> 
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if (run_dir / "run.sqlite").exists() and len(_stored_problem_ids(run_dir)) >= 4:
-                break
-            time.sleep(0.05)
+
+        def held_with_answers_stored() -> bool:
+            assert proc.poll() is None, "the run ended before it was killed"
+            return sim.stats().held > 0 and len(_stored_problem_ids(run_dir)) == answered
+
+        wait_for(held_with_answers_stored, "the run to store the answered calls and wait on the others")
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         finished_before = _stored_problem_ids(run_dir)
-        assert 4 <= len(finished_before) < n
+        assert len(finished_before) == answered
         seen_before = len(sim.requests)
+        sim.set_script(SimScript())  # the gate opens for the resumed run
 
         out = tmas("run", "--resume", str(run_dir))
         assert out.returncode == 0, out.stderr.decode()

@@ -857,3 +857,17 @@ async def test_a_rules_error_status_refuses_with_its_body_verbatim_streamed_or_n
     sim.set_script(SimScript(persona="vllm", rules=[Rule(error_status=503, error_message="Engine busy.")]))
     status, body = await chat(http, sim)
     assert (status, body["error"]["message"], body["error"]["code"]) == (503, "Engine busy.", 503)
+
+
+async def test_the_gate_holds_requests_past_its_count_until_the_script_changes(
+    sim: SimServer, http: aiohttp.ClientSession
+) -> None:
+    sim.set_script(SimScript(hold_after=1))
+    assert (await chat(http, sim))[0] == 200
+    held = asyncio.ensure_future(chat(http, sim, "What is 2+3?"))
+    await eventually(lambda: sim.stats().held == 1)
+    assert not held.done() and sim.stats().completed == 1
+    sim.set_script(SimScript())  # the gate opens: the held request is answered
+    status, body = await held
+    assert status == 200 and "5" in body["choices"][0]["message"]["content"]
+    assert (sim.stats().held, sim.stats().completed) == (0, 2)

@@ -9,14 +9,13 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import clean_env, run_tmas, scripted_settings
+from conftest import clean_env, run_tmas, scripted_settings, wait_for
 from scripted_runs import scripted_run
 from tmas.problems import Problem
 from tmas.runner import RunState, resume_settings, stored_settings
@@ -93,7 +92,7 @@ def test_killed_three_times_at_random_moments_and_resumed_equals_uninterrupted(t
     problems = tmp_path / "p.jsonl"
     problems.write_text("".join(json.dumps(p) + "\n" for p in PROBLEMS))
     rng = random.Random(6)
-    with SimServer(SimScript(latency_s=0.04, accuracy=0.6)) as sim:
+    with SimServer(SimScript(accuracy=0.6)) as sim:
         base = ["run", str(problems), "--base-url", sim.base_url, *ARGS]
         reference = tmas(*base, "-o", str(tmp_path / "reference"))
         assert reference.returncode == 0, reference.stderr.decode()
@@ -101,11 +100,15 @@ def test_killed_three_times_at_random_moments_and_resumed_equals_uninterrupted(t
         sim.reset()
 
         killed = tmp_path / "killed"
-        # Three kills at random numbers of stored calls, spread over the run; each later run resumes the last.
+        # Three kills at random numbers of stored calls, spread over the run; each later run resumes the last. The
+        # server answers the calls up to the number and holds the later ones: each kill comes while calls of the
+        # wave are in flight and the ones answered are stored, whatever the machine's speed.
         thresholds = sorted(rng.sample(range(5, calls_reference - 5), 3))
         # After each kill: the finished calls in the store, and how many requests the server had seen by then.
         finished_at_kills: list[tuple[set[str], int]] = []
         for i, threshold in enumerate(thresholds):
+            stored = progress(killed)[1]
+            sim.set_script(SimScript(accuracy=0.6, hold_after=threshold - stored))
             args = [*base, "-o", str(killed)] if i == 0 else ["run", "--resume", str(killed)]
             proc = subprocess.Popen(
                 [sys.executable, "-m", "tmas", *args],
@@ -113,14 +116,17 @@ def test_killed_three_times_at_random_moments_and_resumed_equals_uninterrupted(t
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and progress(killed)[1] < threshold and proc.poll() is None:
-                time.sleep(0.005)
-            time.sleep(rng.uniform(0.0, 0.05))  # at a random moment: some calls of the wave done, others not
+
+            def held_with_answers_stored(proc: subprocess.Popen[bytes] = proc, threshold: int = threshold) -> bool:
+                assert proc.poll() is None, "the run ended before it was killed"
+                return sim.stats().held > 0 and progress(killed)[1] == threshold
+
+            wait_for(held_with_answers_stored, f"the run to store {threshold} calls and wait on the next")
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             assert progress(killed)[2] < len(PROBLEMS)  # killed before the end
             finished_at_kills.append((finished_keys(killed), len(sim.requests)))
+        sim.set_script(SimScript(accuracy=0.6))  # the gate opens for the last run
 
         resumed = tmas("run", "--resume", str(killed))
         assert resumed.returncode == 0, resumed.stderr.decode()

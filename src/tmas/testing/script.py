@@ -268,6 +268,10 @@ class SimScript(_Strict):
     # SGLang 503 after ``health_check_timeout_s``, llama-server 200 while its /metrics and /slots wait for the main loop
     # (for ``hang_s``). Setting it back to False lets the waiting requests go on.
     wedged: bool = False
+    # A gate for tests: the server goes on with the first ``hold_after`` chat requests it receives under this script
+    # and holds the later ones silent (``SimStats.held``) until the script is replaced or reset, so a test stops a run
+    # at a known point (a kill while it waits, a page read while it is unfinished) without racing it. None: no gate.
+    hold_after: int | None = Field(default=None, ge=0)
     # SGLang's SGLANG_HEALTH_CHECK_TIMEOUT: how long its /health waits for output of a wedged scheduler before 503.
     health_check_timeout_s: float = Field(default=20.0, ge=0.0)
     # The server's token counting routes (/tokenize, /v1/tokenize, /apply-template); False: a gateway in front that has

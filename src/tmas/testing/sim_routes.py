@@ -75,6 +75,8 @@ class _Active:
     models_refused: int = 0
     # Fresh seeds for a server that ignores the request's (SimScript.deterministic False).
     sampling_rng: random.Random = field(default_factory=random.Random)
+    # Chat requests received under this script, for its gate (SimScript.hold_after).
+    chat_received: int = 0
 
     @classmethod
     def of(cls, script: SimScript) -> _Active:
@@ -340,6 +342,7 @@ class SimApp:
             self._log_request(request, "chat", role, {}, received)
             raise
         self._log_request(request, "chat", role, body, received)
+        await self._at_gate(active)
         self.recorder.slot_enter(id(request), body.get("id_slot"))
         asked = self._checked(active, body)
         prompt_tokens = chat_prompt_tokens(asked.texts)
@@ -744,6 +747,24 @@ class SimApp:
             await asyncio.sleep(TICK_S)
             if self._busy and not self._active.script.wedged:
                 self.recorder.generated(1)
+
+    async def _at_gate(self, active: _Active) -> None:
+        """Past the script's ``hold_after`` chat requests, hold this one silent until the script is replaced or reset
+        (or the client goes, counted as a disconnect); it then goes on under the script it came in under."""
+        active.chat_received += 1
+        limit = active.script.hold_after
+        if limit is None or active.chat_received <= limit:
+            return
+        self.recorder.hold(1)
+        try:
+            # Polled: the script is replaced from the test's thread.
+            while self._active is active:  # noqa: ASYNC110
+                await asyncio.sleep(TICK_S)
+        except asyncio.CancelledError:
+            self.recorder.count_disconnect()
+            raise
+        finally:
+            self.recorder.hold(-1)
 
     async def _while_wedged(self) -> None:
         """A wedged engine holds a request it accepted, silent, until the script is no longer wedged (or the client

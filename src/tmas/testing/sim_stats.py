@@ -61,6 +61,8 @@ class SimStats(BaseModel):
     # A wedged engine's stand still.
     engine_prompt_tokens: int = 0
     engine_generated_tokens: int = 0
+    # Chat requests held now at the script's gate (SimScript.hold_after).
+    held: int = 0
 
 
 class LoggedRequest(BaseModel):
@@ -136,6 +138,7 @@ class SimRecorder:
                 # A server's counters count from its start, whatever a test resets.
                 engine_prompt_tokens=old.engine_prompt_tokens,
                 engine_generated_tokens=old.engine_generated_tokens,
+                held=old.held,
             )
             self._log.clear()
             self._spans.clear()
@@ -219,6 +222,11 @@ class SimRecorder:
     def count_fault(self, kind: str) -> None:
         with self._lock:
             self._stats.faults[kind] = self._stats.faults.get(kind, 0) + 1
+
+    def hold(self, change: int) -> None:
+        """One more (+1) or one fewer (-1) chat request held at the gate."""
+        with self._lock:
+            self._stats.held += change
 
     def count_disconnect(self) -> None:
         with self._lock:
