@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
 
 from conftest import scripted_settings
 from scripted_runs import scripted_run
-from tmas.answer_rules import RuleChecker, check_pair
+from tmas.answer_rules import RuleChecker, check_pair, exact_value
 from tmas.grading.grader import GradingContext
 from tmas.grading.grades import SELECTED, GradeConfig, Grades, Item
 from tmas.grading.judge import judge_once, majority, parse_judge_reply
@@ -77,6 +78,53 @@ def test_the_rules_say_no_only_between_two_numbers() -> None:
     # it undecided (for the judge in combined mode) rather than call it wrong.
     assert check_pair("x+1", "5").correct is None
     assert check_pair("5", "x+1").correct is None
+
+
+def test_an_answer_offering_alternatives_is_no_answer_to_one_number() -> None:
+    # Math-Verify read "4 (or 3)" and "4 \vee 3" as 3, and "4 \text{ (maybe 3)}" as 3: each hedge was right.
+    for hedged in ("4 (or 3)", "4 \\vee 3", "3 \\text{ (maybe 4)}", "x = 3, but possibly 4", "3 or 4", "3, 4"):
+        verdict = check_pair("3", hedged)
+        assert verdict.correct is False, hedged
+        assert verdict.detail == "several different answers where the reference is one number"
+    # The same answer twice is one answer; alternatives that make up a listed reference are that list.
+    assert check_pair("3", "3 (or equivalently \\frac{6}{2})").correct is True
+    assert check_pair("3, 4", "4 or 3").correct is True
+    assert check_pair("3, 4", "x = 3 \\text{ or } x = 4").correct is True
+    assert check_pair("$n=2k, n=3k$", "n = 3k or n = 2k").correct is True
+    assert (
+        check_pair("-\\dfrac{13}{96}, \\dfrac{13}{40}", "\\frac{13}{40} \\text{ or } -\\frac{13}{96}").correct is True
+    )
+    assert check_pair("3", "\\{3\\}").correct is True
+
+
+def test_huge_numbers_are_compared_by_value() -> None:
+    # Math-Verify rounds the difference of two numbers at 15 digits of its largest term: 4^{2024} swamped it.
+    gold = "\\dfrac{4^{2024}}{\\binom{4048}{2024}}-2"
+    for wrong in ("\\dfrac{4^{2025}}{\\binom{4048}{2024}}-2", "\\dfrac{5^{2024}}{\\binom{4048}{2024}}-2"):
+        verdict = check_pair(gold, wrong)
+        assert verdict.correct is False, wrong
+        assert verdict.detail == "the values differ (math-verify rounded their difference away)"
+        assert check_pair(gold, f"{gold} \\text{{ or }} {wrong}").correct is False
+    assert check_pair(gold, "\\frac{2^{4048}}{\\binom{4048}{2024}}-2").correct is True
+    # A number that is not built exactly (a root) is compared at 30 digits.
+    assert check_pair("\\frac{2^{2024}}{3^{1000}}+\\sqrt{2}", "\\frac{2^{2025}}{3^{1000}}+\\sqrt{2}").correct is False
+    assert check_pair("2^{25} \\cdot 26!", str(2**25 * 403291461126605635584000000)).correct is True
+    # Rounded decimals and percentages keep Math-Verify's reading.
+    assert check_pair("\\frac{1}{3}", "0.333333").correct is True
+    assert check_pair("60\\%", "60").correct is True
+
+
+def test_exact_values_of_parsed_numbers() -> None:
+    from sympy import Integer, Pow, Rational, binomial, factorial, pi, sqrt
+
+    assert exact_value(Pow(Integer(4), Integer(3), evaluate=False) * Rational(1, 2)) == Fraction(32)
+    assert exact_value(binomial(Integer(6), Integer(3), evaluate=False)) == Fraction(20)
+    assert exact_value(factorial(Integer(5), evaluate=False)) == Fraction(120)
+    assert exact_value(Pow(Integer(2), Integer(-2), evaluate=False)) == Fraction(1, 4)
+    assert exact_value(sqrt(2)) is None and exact_value(pi) is None
+    # Too large to build: left to Math-Verify.
+    assert exact_value(Pow(Integer(2), Integer(10**8), evaluate=False)) is None
+    assert exact_value(factorial(Integer(10**6), evaluate=False)) is None
 
 
 async def test_an_item_without_an_answer_is_wrong_only_when_it_has_no_text(tmp_path: Path) -> None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib.util
+import math
 import multiprocessing
 import re
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from fractions import Fraction
 from types import TracebackType
 from typing import Any
 
@@ -45,6 +47,21 @@ _PROSE = re.compile(
 )
 
 
+# Words and signs that offer another answer beside the first: "3 or 4", "3 (maybe 4)", "x = 3, but possibly 4",
+# "3 \\vee 4". A reference holding one is left to the judge (_PROSE); an answer holding one is read as its alternatives.
+_ALTERNATIVE = re.compile(
+    r"\\(?:vee|lor)(?![a-zA-Z])"
+    r"|\b(?:but\s+)?(?:or|possibly|maybe|perhaps|probably|alternatively|either)(?:\s+equivalently)?\b",
+    re.I,
+)
+_TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
+# What is left around one alternative: spaces, spacing commands, separators, '$'.
+_PIECE_EDGE = re.compile(r"^(?:\s|\\[,;:! ]|\\q?quad\b|[,;:$])+|(?:\s|\\[,;:! ]|\\q?quad\b|[,;:$])+$")
+# Bounds on the numbers the exact check builds: beyond them it leaves the verdict to Math-Verify.
+_MAX_EXACT_BITS = 1 << 22
+_MAX_EXACT_ARGUMENT = 100_000
+
+
 def _clean(answer: str) -> str:
     """``answer`` without a full stop, enclosing '$' or thin spaces between digit groups."""
     text = _FULL_STOP.sub("", answer.strip()).strip().strip("$").strip()
@@ -56,9 +73,39 @@ def _wrap(answer: str) -> str:
     return "\\boxed{" + _clean(answer) + "}"
 
 
+def alternatives(answer: str) -> list[str]:
+    """The answers ``answer`` offers: ``["3", "4"]`` for "3 or 4", "3 (maybe 4)" or "x = 3, but possibly 4"; one
+    item, ``answer`` itself, where it offers no other."""
+    text = _TEXT_WRAPPER.sub(r" \1 ", answer)
+    if not _ALTERNATIVE.search(text):
+        return [answer]
+    pieces = [_trim(piece) for piece in _ALTERNATIVE.split(text)]
+    pieces = [piece for piece in pieces if piece]
+    return pieces or [answer]
+
+
+def _trim(piece: str) -> str:
+    """One alternative without the separators around it or a bracket the split cut off ("3 (or 4)": "3 (", "4)")."""
+    while True:
+        piece = _PIECE_EDGE.sub("", piece)
+        opened = piece.count("(") + piece.count("[")
+        closed = piece.count(")") + piece.count("]")
+        if piece.endswith(("(", "[")):
+            piece = piece[:-1]
+        elif opened > closed and piece.startswith(("(", "[")):
+            piece = piece[1:]
+        elif closed > opened and piece.endswith((")", "]")):
+            piece = piece[:-1]
+        else:
+            return piece
+
+
 def check_pair(gold: str, pred: str, timeout_s: int | None = 5) -> RuleVerdict:
     """Compare one pair (gold first: Math-Verify's ``verify`` is asymmetric). Runs in a worker process (or any main
-    thread; ``timeout_s`` None runs without signal-based timeouts, for other threads)."""
+    thread; ``timeout_s`` None runs without signal-based timeouts, for other threads).
+
+    An answer offering alternatives ("3 or 4", "3 (maybe 4)") is the list of its different alternatives: against a
+    single number that is several answers, none committed to (wrong); against a list it is compared as a list."""
     if normalize_answer(gold) == normalize_answer(pred):
         return RuleVerdict(True, "same answer")
     try:
@@ -69,17 +116,22 @@ def check_pair(gold: str, pred: str, timeout_s: int | None = 5) -> RuleVerdict:
         return RuleVerdict(None, "reference in words: not checked by the rules")
     try:
         gold_parsed = parse(_wrap(gold), parsing_timeout=timeout_s)
-        pred_parsed = parse(_wrap(pred), parsing_timeout=timeout_s)
+        offered = _distinct(alternatives(_clean(pred)), timeout_s)
+        pred_parsed = parse(_wrap(", ".join(offered)), parsing_timeout=timeout_s)
     except Exception as exc:  # Math-Verify raises on odd input; that is "cannot decide", not a crash
         return RuleVerdict(None, f"parse error: {type(exc).__name__}")
     if not gold_parsed:
         return RuleVerdict(None, "reference not parseable")
     if not pred_parsed:
         return RuleVerdict(None, "answer not parseable")
+    if _is_number(gold_parsed[0]) and (len(offered) > 1 or _several_numbers(pred_parsed[0])):
+        return RuleVerdict(False, "several different answers where the reference is one number")
     try:
         equal = bool(verify(gold_parsed, pred_parsed, timeout_seconds=timeout_s))
     except Exception as exc:
         return RuleVerdict(None, f"verify error: {type(exc).__name__}")
+    if equal and _values_differ(gold, pred, gold_parsed[0], pred_parsed[0]):
+        return RuleVerdict(False, "the values differ (math-verify rounded their difference away)")
     if equal:
         return RuleVerdict(True, "math-verify: equivalent")
     # A "no" is trusted only between plain numbers; symbolic or textual answers may be equal in ways the rules
@@ -91,6 +143,99 @@ def check_pair(gold: str, pred: str, timeout_s: int | None = 5) -> RuleVerdict:
 
 def _is_number(value: Any) -> bool:
     return bool(getattr(value, "is_number", False)) and not getattr(value, "free_symbols", None)
+
+
+def _distinct(offered: list[str], timeout_s: int | None) -> list[str]:
+    """``offered`` less the alternatives Math-Verify shows equal to an earlier one ("3 (or 6/2)" offers one answer)."""
+    if len(offered) < 2:
+        return offered
+    from math_verify import parse, verify
+
+    kept: list[tuple[str, Any]] = []
+    for piece in offered:
+        parsed = parse(_wrap(piece), parsing_timeout=timeout_s)
+        if not parsed:
+            return offered
+        same = (
+            verify(k, parsed, timeout_seconds=timeout_s)
+            and verify(parsed, k, timeout_seconds=timeout_s)
+            and not _values_differ(other, piece, k[0], parsed[0])
+            for other, k in kept
+        )
+        if not any(same):
+            kept.append((piece, parsed))
+    return [piece for piece, _ in kept]
+
+
+def _several_numbers(value: Any) -> bool:
+    """Whether ``value`` is a set or tuple of more than one number (an answer listing several)."""
+    from sympy import FiniteSet, Tuple
+
+    if not isinstance(value, FiniteSet | Tuple):
+        return False
+    elements = list(value)
+    return len(elements) > 1 and all(_is_number(e) for e in elements)
+
+
+def exact_value(value: Any) -> Fraction | None:
+    """The exact rational value of a number built from integers, fractions, integer powers, factorials and binomials
+    (``4^{2024} / \\binom{4048}{2024} - 2``); None for anything else (roots, pi, floats, symbols) or a number too
+    large to build (over about four million bits, a factorial or binomial of more than 100,000)."""
+    from sympy import Add, Mul, Pow, Rational, binomial, factorial
+
+    if isinstance(value, Rational):
+        return Fraction(int(value.p), int(value.q))
+    if isinstance(value, Add | Mul):
+        parts = [exact_value(arg) for arg in value.args]
+        if any(part is None for part in parts):
+            return None
+        known = [part for part in parts if part is not None]
+        total = Fraction(0) if isinstance(value, Add) else Fraction(1)
+        for part in known:
+            total = total + part if isinstance(value, Add) else total * part
+            if _bits(total) > _MAX_EXACT_BITS:
+                return None
+        return total
+    if isinstance(value, Pow):
+        base, exponent = exact_value(value.base), exact_value(value.exp)
+        if base is None or exponent is None or exponent.denominator != 1 or (base == 0 and exponent < 0):
+            return None
+        if abs(exponent.numerator) * max(_bits(base), 1) > _MAX_EXACT_BITS:
+            return None
+        return base**exponent.numerator
+    if isinstance(value, factorial | binomial):
+        arguments = [exact_value(arg) for arg in value.args]
+        if any(a is None or a.denominator != 1 or not 0 <= a <= _MAX_EXACT_ARGUMENT for a in arguments):
+            return None
+        ints = [int(a) for a in arguments if a is not None]
+        return Fraction(math.factorial(ints[0]) if isinstance(value, factorial) else math.comb(ints[0], ints[1]))
+    return None
+
+
+def _bits(value: Fraction) -> int:
+    return abs(value.numerator).bit_length() + value.denominator.bit_length()
+
+
+def _values_differ(gold: str, pred: str, gold_value: Any, pred_value: Any) -> bool:
+    """Whether two numbers Math-Verify found equal have different values. Its numeric check rounds their difference at
+    15 digits of its largest term, so ``4^{2025}/\\binom{4048}{2024}`` "equals" ``4^{2024}/\\binom{4048}{2024}``:
+    numbers built exactly (:func:`exact_value`) are compared exactly, other numbers at 30 digits each. Floats and
+    percentages are left to it (it rounds floats on purpose, and reads 60% and 60 as one answer)."""
+    if "%" in gold or "%" in pred or not (_is_number(gold_value) and _is_number(pred_value)):
+        return False
+    first, second = exact_value(gold_value), exact_value(pred_value)
+    if first is not None and second is not None:
+        return first != second
+    from sympy import Float
+
+    if gold_value.atoms(Float) or pred_value.atoms(Float):
+        return False
+    try:
+        a, b = complex(gold_value.evalf(30)), complex(pred_value.evalf(30))
+    except (TypeError, ValueError, OverflowError):
+        return False
+    scale = max(1.0, abs(a), abs(b))
+    return math.isfinite(scale) and abs(a - b) > 1e-12 * scale
 
 
 def ensure_math_verify() -> None:
