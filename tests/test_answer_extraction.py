@@ -6,6 +6,9 @@ import pytest
 
 from tmas.agents.solution import parse_solution
 from tmas.answers import extract_answer
+from tmas.grading.grades import Item
+from tmas.grading.rules import RulesGrader
+from tmas.problems import Problem
 
 
 @pytest.mark.parametrize(
@@ -25,6 +28,18 @@ from tmas.answers import extract_answer
         ("The value is 6 and then we stop.", None, "none"),
         ("The answer is that we must first look at the parity of n.", None, "none"),  # a sentence, not an answer
         ("Final answer: x = 3, y = -1", "x = 3, y = -1", "stated"),
+        # Boxes joined into one final statement are one answer: alternatives offered, or a list.
+        ("So $\\boxed{4}$ or $\\boxed{3}$.", "4 or 3", "boxed"),
+        ("\\boxed{4} (or maybe \\boxed{3})", "4 or 3", "boxed"),
+        ("\\boxed{3} \\text{ or possibly } \\boxed{4}", "3 or 4", "boxed"),
+        ("Hence $\\boxed{1}$, $\\boxed{2}$ and $\\boxed{5}$.", "1, 2, 5", "boxed"),
+        ("\\boxed{3}\n\\boxed{4}", "3, 4", "boxed"),
+        ("So \\boxed{3}, that is \\boxed{3}", "3", "boxed"),
+        # Boxes apart (a blank line, words between them, parts of a question) are not joined: the last one counts.
+        ("\\boxed{3}\n\nOn reflection: \\boxed{4}", "4", "boxed"),
+        ("\\boxed{3}\n\n\\boxed{4}", "4", "boxed"),
+        ("\\boxed{3} \\text{ corrected to } \\boxed{4}", "4", "boxed"),
+        ("(a) \\boxed{5} (b) \\boxed{7}", "7", "boxed"),
     ],
 )
 def test_extraction_falls_back_to_an_explicit_statement(text: str, answer: str | None, source: str) -> None:
@@ -40,3 +55,15 @@ def test_solution_parser_records_the_extraction() -> None:
     assert (stated.answer, stated.extraction) == ("391", "stated")
     assert (nothing.answer, nothing.extraction) == (None, "none")
     assert (proof.answer, proof.extraction) == (None, "none")  # proofs have no answer to extract
+
+
+def test_a_reply_boxing_alternatives_is_graded_wrong_against_one_number() -> None:
+    pytest.importorskip("math_verify")
+    problem = Problem(problem_id="p", question="Find n.", answer="3")
+    listed = Problem(problem_id="q", question="Find all n.", answer="3, 4")
+    hedged = "So $\\boxed{4}$ or $\\boxed{3}$."
+    grader = RulesGrader()
+    assert grader.grade_one(Item(("p", 0, 0), problem, extract_answer(hedged).answer, hedged)) is False
+    assert grader.grade_one(Item(("q", 0, 0), listed, extract_answer(hedged).answer, hedged)) is True
+    both = "The solutions are $\\boxed{4}$ and $\\boxed{3}$."
+    assert grader.grade_one(Item(("q", 0, 0), listed, extract_answer(both).answer, both)) is True

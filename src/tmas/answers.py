@@ -13,6 +13,17 @@ _FINAL_ANSWER = re.compile(
     re.I | re.M,
 )
 
+# What may stand between boxes that state one final answer together, on one line or adjacent lines: "\\boxed{3} or
+# \\boxed{4}", "$\\boxed{1}$, $\\boxed{2}$ and $\\boxed{5}$". Anything else between two boxes (a sentence, "(b)",
+# "corrected:", a blank line) makes the earlier one no part of the last.
+_LINK_WORD = r"\b(?:and|or|possibly|maybe|perhaps|either)\b"
+_JOINED = re.compile(
+    rf"(?:[^\S\n]|\n(?!\s*\n)|[$,;()]|\\[,;:! ]|\\q?quad\b|\\text\s*\{{(?:\s|[,;]|{_LINK_WORD})*\}}|{_LINK_WORD})*",
+    re.I,
+)
+_ALTERNATIVE_WORD = re.compile(r"\b(?:or|possibly|maybe|perhaps|either)\b", re.I)
+_TEXT_WORDS = re.compile(r"\\text\s*\{([^{}]*)\}")
+
 # A stated answer longer than this many words is a sentence about the answer, not the answer itself.
 _MAX_STATED_WORDS = 6
 
@@ -25,9 +36,9 @@ class Extraction(NamedTuple):
     source: ExtractionSource
 
 
-def last_boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` (nested braces allowed); None when there is none or it is unclosed."""
-    result = None
+def _boxes(text: str) -> list[tuple[int, int, str]]:
+    """Each closed ``\\boxed{...}`` (nested braces allowed): its start, its end and its stripped content."""
+    out = []
     for match in _BOXED.finditer(text):
         depth, start = 1, match.end()
         for pos in range(start, len(text)):
@@ -37,14 +48,43 @@ def last_boxed(text: str) -> str | None:
             elif char == "}":
                 depth -= 1
                 if depth == 0:
-                    result = text[start:pos].strip()
+                    out.append((match.start(), pos + 1, text[start:pos].strip()))
                     break
-    return result
+    return out
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (nested braces allowed); None when there is none or it is unclosed."""
+    boxes = _boxes(text)
+    return boxes[-1][2] if boxes else None
+
+
+def final_boxed(text: str) -> str | None:
+    """The final boxed answer: the last box, with the boxes joined to it by "and", "or" or commas alone. Boxes that
+    hold different answers are given together, joined by "or" where they were offered as alternatives ("3 or 4",
+    which the grading rules read as an answer that does not commit to one), else by commas (a list: "3, 4")."""
+    boxes = [box for box in _boxes(text) if box[2]]
+    if not boxes:
+        return None
+    group = [boxes[-1]]
+    links: list[str] = []
+    for box in reversed(boxes[:-1]):
+        between = text[box[1] : group[0][0]]
+        if not _JOINED.fullmatch(between):
+            break
+        group.insert(0, box)
+        links.append(_TEXT_WORDS.sub(r"\1", between))
+    answers = list(dict.fromkeys(box[2] for box in group))
+    if len(answers) == 1:
+        return answers[0]
+    joiner = " or " if any(_ALTERNATIVE_WORD.search(link) for link in links) else ", "
+    return joiner.join(answers)
 
 
 def extract_answer(text: str) -> Extraction:
-    """The last non-empty boxed answer, else the last explicit final-answer statement, saying which it was."""
-    boxed = last_boxed(text)
+    """The final boxed answer (:func:`final_boxed`), else the last explicit final-answer statement, saying which it
+    was."""
+    boxed = final_boxed(text)
     if boxed:
         return Extraction(boxed, "boxed")
     matches = [m.strip().strip("*_ ").strip() for m in _FINAL_ANSWER.findall(text)]
