@@ -115,3 +115,71 @@ def test_the_tokens_per_problem_count_every_problem_labeled_or_not() -> None:
     [it0] = compute_metrics(as_results(results), grades).iterations
     assert (it0.tokens, it0.tokens_per_problem) == (40, 20.0)
     assert (it0.problems, it0.selected, it0.pass1) == (1, 1.0, 1.0)
+
+
+def _majority(records: dict[str, list[list[str | None]]], gold: dict[str, str]) -> tuple[list[Any], Grades]:
+    """Majority-vote results (one record per iteration, its samples' answers; every sample 10 completion tokens), the
+    first sample returned, graded by ``gold``."""
+    results = [
+        {"problem_id": pid, "iterations": [_record(t, answers, answers[0], 10) for t, answers in enumerate(its)]}
+        for pid, its in records.items()
+    ]
+    grades = Grades(runs=1)
+    for r in results:
+        for rec in r["iterations"]:
+            pid, it = r["problem_id"], rec["iteration"]
+            for c in rec["candidates"]:
+                grades.verdicts[(pid, it, c["index"])] = [c["answer"] == gold[pid]]
+            grades.verdicts[(pid, it, SELECTED)] = [rec["selected"] == gold[pid]]
+    return as_results(results, "majority"), grades
+
+
+def test_mv_at_all_splits_ties_evenly_as_the_frontier_does() -> None:
+    from tmas.reports.frontier import mv_frontier
+
+    # Samples A (right) and B (wrong): a tie, split evenly -> MV@all 1/2, the frontier's MV@2. The method returns the
+    # earlier sample, A: Selected 1.
+    results, grades = _majority({"p": [["A", "B"]]}, {"p": "A"})
+    [it0] = compute_metrics(results, grades).iterations
+    assert (it0.mv, it0.selected) == (0.5, 1.0)
+    assert [(p.label, p.accuracy) for p in mv_frontier(results, grades)][-1] == ("MV@2", 0.5)
+    # A three-way tie A, B, C with a sample without an answer: 1/3; a clear majority stays whole.
+    results, grades = _majority({"p": [["B", None, "A", "C"]], "q": [["1", "2", "1"]]}, {"p": "A", "q": "1"})
+    [it0] = compute_metrics(results, grades).iterations
+    assert it0.mv == pytest.approx((1 / 3 + 1) / 2)
+
+
+def test_pooled_mv_at_all_votes_over_every_sample_drawn_so_far() -> None:
+    from tmas.reports.frontier import mv_frontier
+
+    # p: It0 draws 5, 5 (right), It1 6, 7. Over all four samples 5 wins: 1. Over It1's alone, 6 and 7 tie: 0.
+    # q: It0 8 (right), 9; It1 8, 10. Pooled: 8, 9, 8, 10 -> 8 wins: 1. It1's alone: 8 and 10 tie: 1/2.
+    # r stopped after It0 (its vote decided): 3 (right) stands at It1, pooled or not.
+    results, grades = _majority(
+        {"p": [["5", "5"], ["6", "7"]], "q": [["8", "9"], ["8", "10"]], "r": [["3"]]}, {"p": "5", "q": "8", "r": "3"}
+    )
+    pooled = compute_metrics(results, grades, pooled=True)
+    assert [m.mv for m in pooled.iterations] == pytest.approx([(1 + 0.5 + 1) / 3, 1.0])
+    assert [m.mv for m in compute_metrics(results, grades).iterations] == pytest.approx([(1 + 0.5 + 1) / 3, 1.5 / 3])
+    # The last iteration's pooled MV@all is the frontier's MV@k at every sample.
+    assert mv_frontier(results, grades)[-1].label == "MV@4"
+    assert mv_frontier(results, grades)[-1].accuracy == pytest.approx(pooled.iterations[-1].mv)
+    # The first k samples drawn, across iterations: MV@3 of p is 5, 5, 6 -> 1; of q 8, 9, 8 -> 1.
+    assert compute_metrics(results, grades, pooled=True, mv_k=3).iterations[1].mv == pytest.approx(1.0)
+
+
+def test_pass1_standard_error_across_problems_by_hand() -> None:
+    # Two judge runs. p1: 1 of 2 right in both -> 1/2. p2: 2 of 2, then 1 of 2 -> 3/4. p3: none -> 0.
+    # Mean 5/12; deviations 1/12, 4/12, -5/12; sum of squares 42/144; / (n - 1) = 21/144; sd = sqrt(21)/12;
+    # standard error sd / sqrt(3) = sqrt(7)/12.
+    results = [{"problem_id": p, "iterations": [_record(0, ["x", "y"], "x", 1)]} for p in ("p1", "p2", "p3")]
+    grades = Grades(runs=2)
+    for pid, first, second in (("p1", [1, 0], [1, 0]), ("p2", [1, 1], [1, 0]), ("p3", [0, 0], [0, 0])):
+        for i in range(2):
+            grades.verdicts[(pid, 0, i)] = [bool(first[i]), bool(second[i])]
+    [it0] = compute_metrics(as_results(results), grades).iterations
+    assert it0.pass1 == pytest.approx(5 / 12)
+    assert it0.pass1_stderr == pytest.approx(7**0.5 / 12)
+    # One problem: no spread to estimate, 0 (as the frontier's band).
+    [one] = compute_metrics(as_results(results[:1]), grades).iterations
+    assert one.pass1_stderr == 0.0

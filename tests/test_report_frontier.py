@@ -160,3 +160,27 @@ async def test_problems_a_run_never_started_are_named_as_left_out(tmp_path: Path
     # The run holds two problems; its figures stand on p1 alone (the simulator answers 2+3 right: 100 %).
     assert "problems: 2 (1 done, 0 failed, 1 not started: left out of every figure)" in markdown
     assert "| It0 | 1 | 100.00 |" in markdown
+
+
+@pytest.mark.slow
+async def test_a_majority_runs_table_votes_as_the_method_and_its_frontier_do(tmp_path: Path) -> None:
+    # Majority vote, k=2, two iterations. p1 (5): It0 draws 5, 6; It1 5, 7. p2 (8): It0 8, 8; It1 9, 10.
+    boxed = [f"{FILLER}\\boxed{{{a}}}" for a in ("5", "6", "5", "7", "8", "8", "9", "10")]
+    script = SimScript(
+        rules=[
+            Rule(role="solution", pattern=r"2\+3", replies=boxed[:4]),
+            Rule(role="solution", pattern=r"4\+4", replies=boxed[4:]),
+        ]
+    )
+    problems = write_problems(tmp_path / "p.jsonl")
+    await run(problems, tmp_path / "mv", script, "majority", k=2, iterations=2)
+    markdown = await report_here(tmp_path / "report", tmp_path / "mv")
+    # It0: p1's 5 and 6 tie, split evenly (1/2), p2's 8 wins (1): MV@all 75. The method returns the earlier of the
+    # tied answers, 5: Selected 100. Pass@1 1/2 and 1: mean 3/4, std. error (sqrt(1/8) / sqrt(2)) = 1/4.
+    assert "| It0 | 2 | 75.00 | 25.00 | 75.00-75.00 | 75.00 | 100.00 | 4 |" in markdown
+    # It1 votes over every sample drawn, as the method does: p1 5, 6, 5, 7 -> 5; p2 8, 8, 9, 10 -> 8: MV@all 100
+    # (over It1's samples alone it would be 1/2 and 0). Pass@1 1/2 and 0: mean 1/4, std. error 1/4.
+    assert "| It1 | 2 | 25.00 | 25.00 | 25.00-25.00 | 100.00 | 100.00 | 4 |" in markdown
+    # The frontier's MV@4, over the same four samples, reads the same.
+    (series,) = json.loads((tmp_path / "report" / "frontier_p.json").read_text()).values()
+    assert series["points"][-1]["label"] == "MV@4" and series["y"][-1] == pytest.approx(100.0)

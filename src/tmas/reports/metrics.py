@@ -1,4 +1,10 @@
-"""Metrics per iteration: Pass@1 (paper, appendix A.2), MV@k, selected-answer accuracy, calls and tokens.
+"""Metrics per iteration: Pass@1 (paper, appendix A.2) and its standard error across problems, MV@k, selected-answer
+accuracy, calls and tokens.
+
+MV@k is plain majority vote over the first k candidates (all of them without k): the expected accuracy with ties
+between answers split evenly, the same quantity as the frontier's MV@k at k = every sample (reports/frontier.py).
+With ``pooled`` (majority vote, whose later iterations draw more samples and vote over all of them) it votes over
+every candidate drawn up to the iteration, as the method does; otherwise over the iteration's own candidates.
 
 A problem that stopped early (adaptive stopping) keeps its last iteration's candidates at later iterations: that is
 what the method would return, at no further cost. A problem with no iteration at all (a failed run) scores 0.
@@ -8,13 +14,15 @@ iteration's ``problems`` says how many labeled problems reached it.
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tmas.answer_classes import EquivalenceCheck, answer_classes, class_of
 from tmas.grading.grades import SELECTED, Grades
-from tmas.store.records import IterationRecord, ProblemResult
+from tmas.store.records import Candidate, IterationRecord, ProblemResult
 
 
 def pass_at_1(labels: Mapping[str, Sequence[Sequence[bool]]]) -> float:
@@ -39,6 +47,38 @@ def pass_at_1(labels: Mapping[str, Sequence[Sequence[bool]]]) -> float:
     return total / runs
 
 
+def pass_at_1_stderr(labels: Mapping[str, Sequence[Sequence[bool]]]) -> float:
+    """The standard error of :func:`pass_at_1` across problems: the sample standard deviation (n - 1) of each
+    problem's Pass@1 (its share of correct rollouts, averaged over judge runs) over sqrt(n); 0 with one problem, as
+    the frontier's band."""
+    if len(labels) < 2:
+        return 0.0
+    runs = max(len(per_run) for per_run in labels.values())
+    if runs == 0:
+        return 0.0
+    shares = [
+        sum(sum(rollouts) / len(rollouts) if rollouts else 0.0 for rollouts in per_run) / runs
+        for per_run in labels.values()
+    ]
+    return statistics.stdev(shares) / math.sqrt(len(shares))
+
+
+def vote_share(votes: Sequence[tuple[str | None, float]]) -> float | None:
+    """Expected correctness of a plurality vote over all of ``votes`` (per sample: its answer's class key, None for a
+    sample without an answer, and its correctness), ties between answers split evenly; an answer's correctness is the
+    mean over the samples holding it. The frontier's MV@k (reports/frontier.py) at k = every sample. None when no
+    sample has an answer."""
+    members: dict[str, list[float]] = {}
+    for key, correct in votes:
+        if key is not None:
+            members.setdefault(key, []).append(correct)
+    if not members:
+        return None
+    most = max(len(v) for v in members.values())
+    tied = [statistics.fmean(v) for v in members.values() if len(v) == most]
+    return statistics.fmean(tied)
+
+
 def majority_answer(answers: Sequence[str | None], classes: Mapping[str, str] | None = None) -> int | None:
     """Index of the first candidate holding the most frequent answer, counted by value as the methods' votes count
     them (``classes``: answer -> class key from :func:`tmas.answer_classes.answer_classes`; without it, normalized
@@ -55,6 +95,8 @@ def majority_answer(answers: Sequence[str | None], classes: Mapping[str, str] | 
 class IterationMetrics:
     iteration: int
     pass1: float
+    # Standard error of Pass@1 across problems (pass_at_1_stderr); the spread across judge runs is pass1_runs.
+    pass1_stderr: float
     pass1_runs: list[float]
     mv: float
     selected: float
@@ -111,10 +153,13 @@ def compute_metrics(
     *,
     mv_k: int | None = None,
     classes: Mapping[str, Mapping[str, str]] | None = None,
+    pooled: bool = False,
 ) -> RunMetrics:
     """All per-iteration metrics of one run; only problems with grades (labeled) count toward accuracies.
     ``classes``: per problem, answer -> class key (:func:`answer_classes_of`), so MV@k groups answers by the grading
-    rules' equivalence; without it, by normalized spelling and exact numbers."""
+    rules' equivalence; without it, by normalized spelling and exact numbers. ``pooled``: MV@k votes over every
+    candidate drawn up to each iteration (a method whose iterations add samples to one vote, traits.frontier ==
+    "votes"), else over the iteration's own."""
     labeled = labeled_results(results, grades)
     out = RunMetrics(labeled=len(labeled), unlabeled=len(grades.unlabeled), judge_runs=grades.runs, mv_k=mv_k)
     cumulative_calls = cumulative_tokens = 0
@@ -133,10 +178,11 @@ def compute_metrics(
             if record is None:
                 continue
             it = record.iteration
-            voted = majority_answer([c.answer for c in cands[:mv_k]], (classes or {}).get(pid))
+            pool = [(rec.iteration, c) for rec in result.iterations if rec.iteration <= it for c in rec.candidates]
+            drawn = pool if pooled else [(it, c) for c in cands]
+            keyed = [(_vote_key(c, (classes or {}).get(pid)), i, c.index) for i, c in drawn[:mv_k]]
             for r in range(grades.runs):
-                if voted is not None:
-                    mv_hits += grades.correct((pid, it, cands[voted].index), r)
+                mv_hits += vote_share([(key, grades.correct((pid, i, index), r)) for key, i, index in keyed]) or 0.0
                 selected_hits += grades.correct((pid, it, SELECTED), r)
         denominator = max(1, len(present) * grades.runs)
         # Cost counts every problem (labeled or not) and only iterations actually run.
@@ -153,6 +199,7 @@ def compute_metrics(
             IterationMetrics(
                 iteration=t,
                 pass1=pass_at_1(labels),
+                pass1_stderr=pass_at_1_stderr(labels),
                 pass1_runs=per_run,
                 mv=mv_hits / denominator,
                 selected=selected_hits / denominator,
@@ -168,6 +215,14 @@ def compute_metrics(
             )
         )
     return out
+
+
+def _vote_key(candidate: Candidate, classes: Mapping[str, str] | None) -> str | None:
+    """The class a candidate votes for, None when it has no vote (no answer, or its call failed), as majority vote
+    counts votes."""
+    if not candidate.answer or candidate.error is not None:
+        return None
+    return class_of(candidate.answer, classes)
 
 
 async def answer_classes_of(results: list[ProblemResult], check: EquivalenceCheck | None) -> dict[str, dict[str, str]]:

@@ -201,7 +201,9 @@ async def evaluate_run(
             done=sum(r.status == "done" for r in results),
             failed=sum(r.status != "done" and not r.in_progress for r in results),
             running=sum(r.in_progress for r in results),
-            metrics=compute_metrics(results, grades, mv_k=None, classes=classes),
+            metrics=compute_metrics(
+                results, grades, classes=classes, pooled=method_traits(setup.method).frontier == "votes"
+            ),
             grades=None if reason else grades,
             not_graded_reason=reason,
             cost=run_cost(results, store),
@@ -397,7 +399,11 @@ def write_report(evaluations: list[RunEvaluation], out_dir: Path, *, paper_model
     doc.add(
         Paragraph(
             "Pass@1 as in the TMAS paper (A.2): per problem the share of rollouts judged correct, "
-            "averaged over problems, then over judge runs. Values in %."
+            "averaged over problems, then over judge runs. Values in %. In each run's per-iteration table, Pass@1 "
+            "std. error is its standard error across problems (as the frontier's band); MV@all is what plain majority "
+            "vote over the iteration's candidates gives (for majority vote, over every sample drawn up to it, as the "
+            "method votes), ties between answers split evenly: the frontier's MV@k at every sample; Selected is the "
+            "answer the method returned, by its own rule and tie-break."
         )
     )
     for bench, runs in by_benchmark.items():
@@ -579,6 +585,7 @@ def _run_section(doc: Document, e: RunEvaluation) -> None:
                     f"It{m.iteration}",
                     str(m.problems),
                     _pct(m.pass1) if graded else "-",
+                    _pct(m.pass1_stderr) if graded else "-",
                     spread,
                     _pct(m.mv) if graded else "-",
                     _pct(m.selected) if graded else "-",
@@ -589,10 +596,17 @@ def _run_section(doc: Document, e: RunEvaluation) -> None:
                     f"{m.tokens_per_problem:.0f}",
                 ]
             )
-        headers = ["Iteration", "Problems", "Pass@1", "Pass@1 over judge runs", "MV@all", "Selected", "Calls"]
-        doc.add(
-            Table([*headers, "Prompt tokens", "Completion tokens", "Reasoning tokens", "Cum. tokens/problem"], rows)
-        )
+        headers = [
+            "Iteration",
+            "Problems",
+            "Pass@1",
+            "Pass@1 std. error",
+            "Pass@1 over judge runs",
+            "MV@all",
+            "Selected",
+        ]
+        costs = ["Calls", "Prompt tokens", "Completion tokens", "Reasoning tokens", "Cum. tokens/problem"]
+        doc.add(Table([*headers, *costs], rows))
     for section in RUN_SECTIONS:
         section(doc, e)
 

@@ -12,6 +12,7 @@ from tmas.grading.grades import SELECTED, Grades, ItemKey
 from tmas.grading.run_results import load_results, run_method_name
 from tmas.llm.local_command import model_alias
 from tmas.llm.weights import KNOWN_MODELS
+from tmas.methods import method_traits
 from tmas.problems import Problem
 from tmas.reports.metrics import RunMetrics, compute_metrics
 from tmas.reports.reply_quality import role_replies
@@ -121,7 +122,10 @@ class RunOverview:
     @functools.cached_property
     def metrics(self) -> RunMetrics | None:
         """Accuracy and costs by iteration, worked out when first shown (a comparison of runs never shows them)."""
-        return compute_metrics(self.results, self.grades.grades) if self.grades is not None else None
+        if self.grades is None:
+            return None
+        # Majority vote's iterations add samples to one vote: its MV votes over all drawn so far, as the method does.
+        return compute_metrics(self.results, self.grades.grades, pooled=method_traits(self.method).frontier == "votes")
 
     @property
     def live_graded(self) -> bool:
