@@ -294,3 +294,30 @@ def test_the_viewers_verdicts_label_answers_as_the_losses_count_them() -> None:
         and verdict(three, ("q", 0, -1)) is None
         and verdict(None, ("p", 0, 0)) is None
     )
+
+
+async def test_a_section_with_nothing_to_show_is_left_out(tmp_path: Path) -> None:
+    from dataclasses import dataclass
+
+    from tmas.reports.document import Document
+    from tmas.reports.where_lost import where_lost_section
+
+    @dataclass
+    class Run:
+        label: str
+        method: str
+        run_dir: Path
+        grades: Grades | None
+
+    # CoT, every call refused: one iteration of a failed candidate. CoT neither selects, verifies nor revises, and
+    # no reply came back to count: no part has a row, so neither the heading nor its note is written.
+    run_dir = tmp_path / "cot"
+    grades = await graded_run(run_dir, "cot", [Rule(role="solution", fault="http_400")], PROBLEMS[:1])
+    doc = Document("report")
+    where_lost_section(doc, [Run("cot", "cot", run_dir, grades)])
+    assert doc.blocks == []
+    # With a run that has replies to count, the section is there.
+    counted = tmp_path / "mv"
+    mv_grades = await graded_run(counted, "majority", [Rule(role="solution", replies=[boxed(391)])], PROBLEMS[:1], k=1)
+    where_lost_section(doc, [Run("cot", "cot", run_dir, grades), Run("mv", "majority", counted, mv_grades)])
+    assert "### Where the runs lose their answers" in doc.markdown() and "| mv | solution | 1 |" in doc.markdown()

@@ -231,8 +231,19 @@ def _rate(passed: int, total: int) -> str:
 
 def where_lost_section(doc: Document, runs: Sequence[LossRun]) -> None:
     """Where each graded run of one benchmark loses its answers: one table per part, a row per run it applies to."""
-    found = [(e.label, run_where_lost(e.run_dir, e.method, e.grades)) for e in runs if e.grades is not None]
-    if not found:
+    write_where_lost(
+        doc, [(e.label, run_where_lost(e.run_dir, e.method, e.grades)) for e in runs if e.grades is not None]
+    )
+
+
+def write_where_lost(doc: Document, found: Sequence[tuple[str, WhereLost]]) -> None:
+    """The section for ``found`` (per run, its label and losses): nothing at all, heading included, where no part
+    has a row to show (no method of these runs selects, verifies or revises, and no run recorded reply counts)."""
+    selection = [(label, w.selection) for label, w in found if w.selection is not None]
+    verifier = [(label, w.verifier) for label, w in found if w.verifier is not None]
+    changes = [(label, w.changes) for label, w in found if w.changes is not None and w.changes.steps]
+    replies = [(label, w.replies) for label, w in found if w.replies]
+    if not (selection or verifier or changes or replies):
         return
     doc.add(Heading(3, "Where the runs lose their answers"))
     doc.add(
@@ -241,10 +252,10 @@ def where_lost_section(doc: Document, runs: Sequence[LossRun]) -> None:
             "returned answer is the last finished iteration's. Each part shows the runs whose method it applies to."
         )
     )
-    _selection_part(doc, [(label, w.selection) for label, w in found if w.selection is not None])
-    _verifier_part(doc, [(label, w.verifier) for label, w in found if w.verifier is not None])
-    _changes_part(doc, [(label, w.changes) for label, w in found if w.changes is not None and w.changes.steps])
-    _replies_part(doc, [(label, w.replies) for label, w in found if w.replies])
+    _selection_part(doc, selection)
+    _verifier_part(doc, verifier)
+    _changes_part(doc, changes)
+    _replies_part(doc, replies)
 
 
 def _selection_part(doc: Document, runs: list[tuple[str, SelectionLosses]]) -> None:
