@@ -184,3 +184,23 @@ async def test_a_majority_runs_table_votes_as_the_method_and_its_frontier_do(tmp
     # The frontier's MV@4, over the same four samples, reads the same.
     (series,) = json.loads((tmp_path / "report" / "frontier_p.json").read_text()).values()
     assert series["points"][-1]["label"] == "MV@4" and series["y"][-1] == pytest.approx(100.0)
+
+
+@pytest.mark.slow
+async def test_frontier_points_at_no_tokens_are_named_where_the_log_axis_cannot_draw_them(tmp_path: Path) -> None:
+    from tmas.testing.script import ScriptedUsage
+
+    problems = write_problems(tmp_path / "p.jsonl")
+    # Majority vote, k=2, on a server that counts tokens (600 a sample); CoT on one that reports 0 tokens.
+    await run(problems, tmp_path / "mv", SimScript(), "majority", k=2)
+    none = ScriptedUsage(prompt_tokens=0, completion_tokens=0)
+    await run(problems, tmp_path / "cot", SimScript(rules=[Rule(role="solution", usage=none)]), "cot")
+    markdown = await report_here(tmp_path / "report", tmp_path / "mv", tmp_path / "cot")
+    frontier = json.loads((tmp_path / "report" / "frontier_p.json").read_text())
+    # The log axis has no place for 0: CoT's one point is not drawn, and the series says so (no x, no y) while
+    # keeping the point; the report names it.
+    cot = frontier["cot [sim-model]"]
+    assert (cot["x"], cot["y"]) == ([], [])
+    assert [(p["label"], p["tokens"], p["accuracy"]) for p in cot["points"]] == [("It0", 0.0, 1.0)]
+    assert len(frontier["majority [sim-model]"]["x"]) == 2
+    assert "the plot's logarithmic axis has no place for: cot [sim-model]: It0." in markdown

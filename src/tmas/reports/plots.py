@@ -52,10 +52,14 @@ def plot_pass1(runs: list[tuple[str, RunMetrics]], title: str, path: Path) -> li
 
 def plot_frontier(runs: list[tuple[str, list[FrontierPoint]]], title: str, path: Path) -> list[Series]:
     """Accuracy (%) of the returned answer against mean cumulative completion tokens per problem, one line per run,
-    with a band of one standard error across problems."""
+    with a band of one standard error across problems. The x axis is logarithmic where any point spent tokens; the
+    points at 0 tokens (a server that reported no usage) then have no place on it and are left out of the lines
+    (:func:`off_log_axis` names them)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
-    for label, points in runs:
+    log = _log_axis(runs)
+    for label, every in runs:
+        points = [p for p in every if p.tokens > 0] if log else every
         if not points:
             continue
         xs = [p.tokens for p in points]
@@ -68,11 +72,24 @@ def plot_frontier(runs: list[tuple[str, list[FrontierPoint]]], title: str, path:
             # A run still mid-way: say how many problems each point stands on.
             for p, x, y in zip(points, xs, ys, strict=True):
                 ax.annotate(f"n={p.problems}", (x, y), fontsize=6, xytext=(2, 2), textcoords="offset points")
-    if any(p.tokens > 0 for _, points in runs for p in points):
+    if log:
         ax.set_xscale("log", base=2)
     ax.set_xlabel("completion tokens per problem (cumulative)")
     ax.set_ylabel("accuracy of the returned answer (%)")
     return _save(plt, fig, ax, title, path)
+
+
+def _log_axis(runs: list[tuple[str, list[FrontierPoint]]]) -> bool:
+    return any(p.tokens > 0 for _, points in runs for p in points)
+
+
+def off_log_axis(runs: list[tuple[str, list[FrontierPoint]]]) -> dict[str, list[str]]:
+    """Per run, the labels of the points :func:`plot_frontier` leaves out: those at 0 tokens, where the axis is
+    logarithmic (empty where it is not: then every point is drawn)."""
+    if not _log_axis(runs):
+        return {}
+    off = {label: [p.label for p in points if p.tokens <= 0] for label, points in runs}
+    return {label: labels for label, labels in off.items() if labels}
 
 
 def _save(plt: Any, fig: Any, ax: Any, title: str, path: Path) -> list[Series]:

@@ -50,7 +50,7 @@ from tmas.reports.document import Bullets, Document, Heading, Image, Paragraph, 
 from tmas.reports.frontier import BUDGETS, FrontierPoint, equal_budget, run_frontier
 from tmas.reports.metrics import RunMetrics, answer_classes_of, compute_metrics
 from tmas.reports.paper_table import paper_section
-from tmas.reports.plots import Series, plot_frontier, plot_pass1
+from tmas.reports.plots import Series, off_log_axis, plot_frontier, plot_pass1
 from tmas.reports.reply_quality import reply_quality_section, role_replies
 from tmas.reports.roc import ScoreSeparation, confidence_separation, score_separation
 from tmas.reports.selection_table import SelectionTable, has_scores, selection_table
@@ -449,6 +449,16 @@ def _frontier_part(doc: Document, runs: list[RunEvaluation], bench: str, slug: s
     )
     _write_series(out_dir / data, drawn, {e.label: e.frontier for e in runs})
     doc.add(Image(image, f"Accuracy against completion tokens per problem on {bench}"))
+    off = off_log_axis([(e.label, e.frontier) for e in runs])
+    if off:
+        named = "; ".join(f"{label}: {', '.join(points)}" for label, points in off.items())
+        doc.add(
+            Paragraph(
+                f"Not drawn, at 0 completion tokens per problem (the server reported no token usage), which the "
+                f"plot's logarithmic axis has no place for: {named}. They are in each run's frontier points and in "
+                "the equal-budget table."
+            )
+        )
     doc.add(Heading(3, "Accuracy (%) at equal completion-token budgets"))
     doc.add(
         Paragraph(
@@ -463,8 +473,16 @@ def _frontier_part(doc: Document, runs: list[RunEvaluation], bench: str, slug: s
 
 def _write_series(path: Path, drawn: list[Series], points: dict[str, list[FrontierPoint]]) -> None:
     """What the frontier plot drew, with every point's label, band and problem count."""
+    lines = {s.label: s for s in drawn}
+    # A run with no point drawn (every one at 0 tokens on a logarithmic axis) keeps its points, with no line.
     payload = {
-        s.label: {"x": s.x, "y": s.y, "points": [dataclasses.asdict(p) for p in points.get(s.label, [])]} for s in drawn
+        label: {
+            "x": lines[label].x if label in lines else [],
+            "y": lines[label].y if label in lines else [],
+            "points": [dataclasses.asdict(p) for p in run_points],
+        }
+        for label, run_points in points.items()
+        if run_points
     }
     path.write_text(json.dumps(payload, indent=2), encoding="utf-8")
 
