@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from conftest import scripted_settings
-from tmas.answer_classes import MAX_COMPARED, answer_classes, value_key
+from tmas.answer_classes import MAX_COMPARED, answer_classes, class_of, value_key
 from tmas.api import asolve
 from tmas.methods.base import Candidate
 from tmas.methods.selection import select
-from tmas.reports.metrics import majority_answer
+from tmas.reports.metrics import vote_share
 from tmas.testing import Rule, ScriptedModel, SimScript
 
 
@@ -156,8 +156,8 @@ def test_each_vote_rule_groups_equal_values() -> None:
     # The unscored majority vote (the baselines': the first holder of the most frequent value) and MV@k.
     bare = unscored(pool)
     assert select(bare, "numeric", "vote") is bare[1]
-    assert majority_answer([c.answer for c in pool]) == 1
-    assert majority_answer(["3", "0.5", "1/2"]) == 1
+    # MV's vote groups answers by value: 0.5 and 1/2 are one answer, which wins over 3 (right only for 1/2 here).
+    assert vote_share([(class_of(a, None), float(a != "3")) for a in ["3", "0.5", "1/2"]]) == 1.0
 
 
 def test_vote_rules_use_the_classes_given() -> None:
@@ -169,7 +169,9 @@ def test_vote_rules_use_the_classes_given() -> None:
     assert select(pool, "numeric", "score_weighted_vote", classes) is pool[2]  # 1.25 against 1.0
     bare = unscored(pool)
     assert select(bare, "numeric", "vote", classes) is bare[1]
-    assert majority_answer([c.answer for c in pool], classes) == 1
+    # With the classes the two spellings are one vote of two against 9: the class wins (right, 9 wrong).
+    assert vote_share([(class_of(c.answer, classes), float(c.answer != "9")) for c in pool]) == 1.0
+    assert vote_share([(class_of(c.answer, None), float(c.answer != "9")) for c in pool]) == 2 / 3
 
 
 async def test_majority_vote_counts_values_in_a_run(tmp_path: Path) -> None:

@@ -7,9 +7,10 @@ from typing import Any
 import pytest
 
 from stored_records import as_results
+from tmas.answer_classes import value_key
 from tmas.answers import normalize_answer
 from tmas.grading.grades import SELECTED, Grades
-from tmas.reports.metrics import compute_metrics, majority_answer, pass_at_1
+from tmas.reports.metrics import compute_metrics, pass_at_1, vote_share
 
 
 def test_pass_at_1_by_hand() -> None:
@@ -26,10 +27,12 @@ def test_pass_at_1_by_hand() -> None:
     assert pass_at_1({}) == 0.0
 
 
-def test_majority_answer_groups_spellings_and_breaks_ties_early() -> None:
-    assert majority_answer(["3", "\\frac{1}{2}", "$\\dfrac{1}{2}$", None]) == 1
-    assert majority_answer(["a", "b"]) == 0
-    assert majority_answer([None, None]) is None
+def test_the_vote_groups_spellings_and_splits_ties_evenly() -> None:
+    # 1/2 in two spellings outvotes 3; a sample without an answer has no vote.
+    votes = [("3", 0.0), (value_key("\\frac{1}{2}"), 1.0), (value_key("$\\dfrac{1}{2}$"), 1.0), (None, 0.0)]
+    assert vote_share(votes) == 1.0
+    assert vote_share([("a", 1.0), ("b", 0.0)]) == 0.5
+    assert vote_share([(None, 0.0), (None, 0.0)]) is None
     assert normalize_answer(" \\text{12} . ") == "12"
 
 

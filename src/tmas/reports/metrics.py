@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -77,18 +76,6 @@ def vote_share(votes: Sequence[tuple[str | None, float]]) -> float | None:
     most = max(len(v) for v in members.values())
     tied = [statistics.fmean(v) for v in members.values() if len(v) == most]
     return statistics.fmean(tied)
-
-
-def majority_answer(answers: Sequence[str | None], classes: Mapping[str, str] | None = None) -> int | None:
-    """Index of the first candidate holding the most frequent answer, counted by value as the methods' votes count
-    them (``classes``: answer -> class key from :func:`tmas.answer_classes.answer_classes`; without it, normalized
-    spelling and exact numbers); ties go to the earliest."""
-    keys = [class_of(a, classes) if a else None for a in answers]
-    counts = Counter(k for k in keys if k)
-    if not counts:
-        return None
-    best = max(counts.values())
-    return next(i for i, k in enumerate(keys) if k and counts[k] == best)
 
 
 @dataclass
