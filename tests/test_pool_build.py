@@ -19,6 +19,7 @@ from tmas.errors import ConfigError, InputError
 from tmas.llm.model import EndpointUnreachable
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool
+from tmas.memory.transcript import Utterance
 from tmas.pool.build import CREDITS_FILE, BuildConfig, BuildSummary, build_dir_for, build_pool
 from tmas.pool.scoring import NO_OP
 from tmas.problems import Problem
@@ -287,3 +288,34 @@ async def test_a_bad_pool_target_is_said_before_any_call(tmp_path: Path, run_dir
     with pytest.raises(InputError, match="run directory given twice"):
         await build([run_dir, run_dir.parent / "." / run_dir.name], tmp_path / "pool", BuildConfig(), model)
     assert model.calls == [] and not (tmp_path / "pool.build").exists()
+
+
+async def test_a_specialist_that_did_not_speak_is_neither_judged_nor_credited(tmp_path: Path) -> None:
+    # Round 1 (turn 2): S3's opinion call failed, so the method recorded an empty opinion with no answer (as it does
+    # for an echoed or broken reply). In round 0 (turn 1) S3's opinion failed too, but it still reviewed S1.
+    transcript = hand_worked_transcript()
+    utterances = [u for u in transcript.utterances if not (u.agent == "S3" and u.round == 0)]
+    utterances[3:3] = [
+        Utterance(round=0, agent="S3", kind="opinion", text="", answer=None),
+        Utterance(round=0, agent="S3", kind="review", target="S1", text="R1-S3-review check 6*7"),
+    ]
+    utterances.insert(-1, Utterance(round=1, agent="S3", kind="opinion", text="", answer=None))
+    problem = Problem(problem_id="p1", question="What is 6*7?", answer="42")
+    run = write_run(tmp_path / "run", [(problem, transcript.model_copy(update={"utterances": utterances}), "42")])
+    # A judge that would score an empty turn highly: crediting it would take turn 2's share from S1.
+    rules = [Rule(role="judge", pattern='<target_turn round="2" agent="S3"', replies=[_judge(5)])]
+    model = scripted(rules + scripted_rules())
+    summary = await build([run], tmp_path / "pool", BuildConfig(lam=0.5, gamma=0.5, grade_mode="rules"), model)
+    judged = [call.messages[-1].content for call in model.calls_of("judge")]
+    assert not any('<target_turn round="2" agent="S3"' in b for b in judged)
+    # S3's turn 1 is its review alone.
+    [s3] = [b for b in judged if '<target_turn round="1" agent="S3"' in b]
+    target = s3.split('<target_turn round="1" agent="S3"', 1)[1]
+    assert target.split(">", 1)[1].lstrip().startswith("[review of S1]\nR1-S3-review check 6*7")
+    c = credits(tmp_path / "pool")
+    assert sorted(c) == [(1, "S1"), (1, "S2"), (1, "S3"), (2, "S1"), (2, "S2")] and summary.turns == 5
+    # Eq. 11 over the turn's speakers only: s = 1.0 and 0.0, c(S1) = 1 / (1 + 1e-8); w_2 = 1, G = 1:
+    # r = 0.5 * 1 + 0.5 * 1 * 1 * c = 1.0.
+    assert c[(2, "S1")]["c"] == pytest.approx(1.0) and c[(2, "S1")]["r"] == pytest.approx(1.0)
+    pool = Pool.open(tmp_path / "pool")
+    assert (2, "S3") not in {(e.source_round, e.source_agent) for e in pool.entries}

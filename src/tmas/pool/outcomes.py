@@ -81,13 +81,17 @@ class LabelledTranscript:
         Only members of the transcript's team speak turns: the coordinator and, in education, the student (whose
         pre-test and replies are the outcome being taught, not a contribution to credit) are context. Turns are
         numbered 1..R over the rounds in which a member spoke (education's round 0 is the student's pre-test alone).
+
+        An utterance with no text is no contribution: a specialist whose opinion call failed (or whose reply echoed
+        the instructions) is recorded with an empty opinion, so it has no turn that round unless it also reviewed a
+        peer, and Eq. 11's sum over the turn's team leaves it out.
         """
         specialties = {m.id: m.specialty for m in self.transcript.team}
         # The role each member's turns are credited and keyed under (education: its C.4.2 teaching role).
         roles = {m.id: self.domain.member_role(m.role) for m in self.transcript.team}
         grouped: dict[tuple[int, str], list[Utterance]] = {}
         for u in self.transcript.utterances:
-            if u.kind in SPECIALIST_KINDS and u.agent in specialties:
+            if u.kind in SPECIALIST_KINDS and u.agent in specialties and u.text.strip():
                 grouped.setdefault((u.round, u.agent), []).append(u)
         number = {r: i for i, r in enumerate(sorted({r for r, _ in grouped}), start=1)}
         out = []
