@@ -396,3 +396,32 @@ async def test_failed_teaching_calls_are_noted_in_their_rounds_record() -> None:
     assert any(n.startswith("round 1: the teacher's question failed") for n in first)
     assert any(n.startswith("round 1: the student's reply failed") for n in first)
     assert not any("failed" in n for n in result.iterations[2].notes)
+
+
+async def test_the_student_is_taught_from_its_own_pretest_with_its_roles_model_and_sampling() -> None:
+    # C.1: one student (GPT-4o, temperature 0.3) takes the pre-test and is then taught; the teachers (GPT-5) ask
+    # about the answer and reasoning it gave, so its replies and its post-test are written knowing them.
+    roles = {
+        "student": {"model": "student-model", "sampling": {"temperature": 0.3, "max_tokens": 900}},
+        "specialist": {"model": "teacher-model"},
+    }
+    problem = Problem(problem_id="q1", question=QUESTION, answer="B", metadata=METADATA)
+    result, model = await run_scripted(
+        "mattrl", question=problem, domain="education", iterations=2, teaching="single", settings={"roles": roles}
+    )
+    assert result.answer == "B"
+    calls = model.calls_of("student")
+    assert len(calls) == 4
+    assert {(c.body["model"], c.body["temperature"], c.body["max_tokens"]) for c in calls} == {
+        ("student-model", 0.3, 900)
+    }
+    assert {c.body["model"] for c in model.calls_of("specialist")} == {"teacher-model"}
+    pre = calls[0].body["messages"][-1]["content"]
+    assert "<your_pretest>" not in pre
+    pretest = result.iterations[0].candidates[0].text
+    assert pretest.endswith("Answer: A")
+    # Both replies and the post-test show the pre-test reply the student itself wrote, before the conversation.
+    for call in calls[1:]:
+        asked = call.body["messages"][-1]["content"]
+        assert f"<your_pretest>\n{pretest}\n</your_pretest>" in asked
+        assert asked.index("<your_pretest>") < asked.index("<conversation>")

@@ -166,6 +166,8 @@ def _education(style: Style, mode: str, domain: str) -> list[Prompt]:
         student_prompt(Q),
         student_prompt(Q, DIALOGUE, d("guidance")),
         student_reply_prompt(Q, DIALOGUE, d("asked")),
+        student_prompt(Q, DIALOGUE, d("guidance"), d("pretest")),
+        student_reply_prompt(Q, DIALOGUE, d("asked"), d("pretest")),
         *(teacher_prompt(CASE, task=task, round_=1, rounds=3, hints=HINTS) for task in ("ask", "guidance")),
         teacher_prompt(CASE, task="analyse", round_=1, rounds=3, member=MEMBER, hints=HINTS),
         plan_prompt(CASE, 2, [("Diagnostician (Pedagogy)", d("analysis"))]),

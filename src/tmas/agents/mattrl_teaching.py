@@ -62,13 +62,18 @@ def difficulty_of(metadata: dict[str, Any]) -> str:
     return next((str(metadata[k]).strip() for k in DIFFICULTY_FIELDS if str(metadata.get(k) or "").strip()), "")
 
 
-def student_prompt(question: str, dialogue: tuple[Turn, ...] = (), guidance: str = "") -> list[Message]:
-    """The pre-test (no dialogue) or the post-test (after the dialogue and the closing guidance)."""
-    return prompt("edu_student.j2", question=question, dialogue=dialogue, guidance=guidance)
+def student_prompt(
+    question: str, dialogue: tuple[Turn, ...] = (), guidance: str = "", pretest: str = ""
+) -> list[Message]:
+    """The pre-test (no dialogue) or the post-test (after the dialogue and the closing guidance). C.1's student is
+    one agent taught after its own pre-test: the post-test shows it ``pretest``, the reply it gave then."""
+    return prompt("edu_student.j2", question=question, dialogue=dialogue, guidance=guidance, pretest=pretest)
 
 
-def student_reply_prompt(question: str, dialogue: tuple[Turn, ...], asked: str) -> list[Message]:
-    return prompt("edu_student_reply.j2", question=question, dialogue=dialogue, asked=asked)
+def student_reply_prompt(question: str, dialogue: tuple[Turn, ...], asked: str, pretest: str = "") -> list[Message]:
+    """The student's reply to the teacher's question ``asked``; the teachers ask about its pre-test answer and
+    reasoning, so the reply is written knowing ``pretest``, the pre-test reply it gave."""
+    return prompt("edu_student_reply.j2", question=question, dialogue=dialogue, asked=asked, pretest=pretest)
 
 
 def teacher_prompt(

@@ -65,7 +65,9 @@ async def _post_test(
     transcript.utterances.append(
         Utterance(round=rounds, agent=guide_agent, kind="report", text=guidance.content, call_id=guidance.call_id)
     )
-    post = await session.chat("student", student_prompt(case.question, case.dialogue, guidance.content))
+    post = await session.chat(
+        "student", student_prompt(case.question, case.dialogue, guidance.content, pretest=case.pre_reasoning.strip())
+    )
     letter = parse_letter(post.content) if post.ok else None
     if letter is None:
         notes.append(f"post-test: no 'Answer: X' line ({post.error or 'unreadable reply'})")
@@ -129,7 +131,9 @@ async def teach(
         notes = []
         case = Case(problem.question, gold, pre_letter, pre.content, dialogue)
         asked = await _question(session, case, r, rounds, members, retrieve, transcript, notes)
-        reply = await session.chat("student", student_reply_prompt(problem.question, dialogue, asked))
+        reply = await session.chat(
+            "student", student_reply_prompt(problem.question, dialogue, asked, pretest=pre.content.strip())
+        )
         if not reply.ok or not reply.content.strip():
             notes.append(f"round {r}: the student's reply failed ({reply.error or 'empty reply'})")
         transcript.utterances.append(
