@@ -425,3 +425,37 @@ async def test_the_student_is_taught_from_its_own_pretest_with_its_roles_model_a
         asked = call.body["messages"][-1]["content"]
         assert f"<your_pretest>\n{pretest}\n</your_pretest>" in asked
         assert asked.index("<your_pretest>") < asked.index("<conversation>")
+
+
+async def test_an_education_build_keeps_the_top_quarter_of_each_teaching_interaction(tmp_path: Path) -> None:
+    # C.1: "From each scored teaching interaction, the top-ranked (25%) utterances are selected": the quantile is
+    # taken within each case, not over the turns of all cases (section 4.1's rule for the other domains).
+    other = "Which force keeps a satellite in orbit?\nA) friction\nB) gravity\nC) lift"
+    problems = [
+        Problem(problem_id="q1", question=QUESTION, answer="B", metadata=METADATA),
+        Problem(problem_id="q2", question=other, answer="B", metadata=METADATA),
+    ]
+    settings = scripted_settings(method={"name": "mattrl", "params": {"domain": "education", "iterations": 1}})
+    await scripted_run(ScriptedModel(SimScript(), settings), tmp_path / "run", problems)
+    scores = {"q1": (5, 4, 3), "q2": (2, 1, 1)}
+    roles = ("Diagnostician", "Pedagogy Strategist", "Subject Matter Expert")
+    asked = {"q1": "free fall", "q2": "satellite"}
+    rules = [
+        Rule(role="judge", pattern=f'(?=.*{asked[pid]})(?=.*role="{role}">)', replies=[rubric(s, s, s, s)])
+        for pid, by_role in scores.items()
+        for role, s in zip(roles, by_role, strict=True)
+    ]
+    rules.append(Rule(role="summarizer", replies=[json.dumps({"entries": []})]))
+    model = build_model(rules)
+    config = BuildConfig(grade_mode="rules")
+    summary = await build_pool([tmp_path / "run"], tmp_path / "pool", model.settings, config, model=model)
+    rows = [json.loads(line) for line in (build_dir_for(tmp_path / "pool") / CREDITS_FILE).read_text().splitlines()]
+    assert len(rows) == 6 and {row["G"] for row in rows} == {1.0}
+    # One round, G = 1, lambda 0.4: r = 0.4 s + 0.6 * 1 * 1 * s / sum(s). q1: s = 1, 0.8, 0.6 (sum 2.4) gives
+    # r = 0.65, 0.52, 0.39; q2: s = 0.4, 0.2, 0.2 (sum 0.8) gives r = 0.46, 0.23, 0.23. Over all six turns the top
+    # 25 % (ceil(1.5) = 2) would be q1's 0.65 and 0.52; within each case (ceil(0.75) = 1) it is each Diagnostician.
+    r = {(row["problem_id"], row["agent"]): row["r"] for row in rows}
+    expected = {"q1": (0.65, 0.52, 0.39), "q2": (0.46, 0.23, 0.23)}
+    assert r == pytest.approx({(pid, f"S{i}"): v for pid, rs in expected.items() for i, v in enumerate(rs, 1)})
+    assert sorted((row["problem_id"], row["agent"]) for row in rows if row["kept"]) == [("q1", "S1"), ("q2", "S1")]
+    assert summary.kept == 2

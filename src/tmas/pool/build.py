@@ -2,8 +2,8 @@
 
 Per case: the judge scores every specialist turn (Eq. 9); the chosen scheme gives the contributions (naive: Eq. 11;
 difference: Eq. 17; Shapley: Eq. 18; both normalised by Eq. 16); Eq. 10 and 12 give each turn's reward r. Over all
-cases, the turns with r >= tau (Eq. 13) or in the top quantile are kept, and the summarizer distils each into
-ACTION / EXPERIENCE entries (Eq. 14) added to the pool (Eq. 15).
+cases, the turns with r >= tau (Eq. 13) or in the top quantile (education: within each case, C.1) are kept, and the
+summarizer distils each into ACTION / EXPERIENCE entries (Eq. 14) added to the pool (Eq. 15).
 
 Every LLM call goes through a build store (``POOL.build/``, a run store) so an interrupted build, run again,
 replays what it finished; entries already in the pool are not added twice. The credit of every turn, kept or not,
@@ -326,13 +326,24 @@ def _teaching_keys(entry: DistilledEntry, teaching: TeachingView | None) -> dict
     }
 
 
-def _select(records: list[TurnRecord], config: BuildConfig) -> list[TurnRecord]:
-    """Eq. 13 (``tau``) or the top quantile, over every turn of every case."""
-    rewards = [r.credit.r for r in records]
-    if config.tau is not None:
-        kept = kept_by_threshold(rewards, config.tau)
-    else:
-        kept = kept_by_quantile(rewards, config.quantile)
+def _select(records: list[TurnRecord], config: BuildConfig, case_turns: CaseTurns) -> list[TurnRecord]:
+    """Eq. 13 (``tau``) or the top quantile: over every turn of every case (section 4.1), except for the cases of a
+    domain that takes it within each case (``Domain.quantile_within``; education, C.1), whose turns compete only
+    with their own case's."""
+    groups: dict[tuple[str, str] | None, list[int]] = {}
+    for i, record in enumerate(records):
+        case = case_turns[(record.run, record.problem_id)][0]
+        within = config.tau is None and case.domain.quantile_within == "case"
+        groups.setdefault((record.run, record.problem_id) if within else None, []).append(i)
+    kept: list[int] = []
+    for members in groups.values():
+        rewards = [records[i].credit.r for i in members]
+        if config.tau is not None:
+            chosen = kept_by_threshold(rewards, config.tau)
+        else:
+            chosen = kept_by_quantile(rewards, config.quantile)
+        kept.extend(members[j] for j in chosen)
+    kept.sort()
     for i in kept:
         records[i].kept = True
     return [records[i] for i in kept]
@@ -365,7 +376,7 @@ async def build_pool(
         async with open_model(settings, store, log_dir=build_dir, model=model) as llm:
             judge = TurnJudge(llm, retries=config.retries, concurrency=settings.concurrency)
             records = await _credit_turns(judge, case_turns, config, summary, step)
-            kept = _select(records, config)
+            kept = _select(records, config, case_turns)
             summary.kept = len(kept)
             entries = await _distil_kept(llm, case_turns, kept, config, summary, step)
             _write_credits(build_dir / CREDITS_FILE, records)

@@ -15,8 +15,9 @@ graders, the pool (credit, scoring, distilling, retrieval) and the router read t
 - grading: the ``grader`` of its own metrics (by name, in ``tmas.grading.registry``; None: graded by its answer)
   and the ``metrics`` it reports, each with its column in the report's table, and the report's ``metrics_note``;
 - the pool: the terminal outcome G of Eq. 12 (``outcome``), Eq. 10's direction under ``decay = "auto"``
-  (``credit_decay``), how entries are keyed for retrieval (:meth:`Domain.retrieval_tier`) and what the adaptive
-  router reads of a case (:meth:`Domain.case_features`).
+  (``credit_decay``), where a build's top quantile of turns is taken (``quantile_within``), how entries are keyed
+  for retrieval (:meth:`Domain.retrieval_tier`) and what the adaptive router reads of a case
+  (:meth:`Domain.case_features`).
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ class Domain:
     # ranked list), and Eq. 10's direction when a build says "auto".
     outcome: ClassVar[Literal["graded", "reciprocal_rank"]] = "graded"
     credit_decay: ClassVar[Literal["later", "earlier"]] = "later"
+    # Where a build's top quantile is taken: over every turn of every case (section 4.1: "for all utterance from
+    # agents"), or within each case (C.1: "from each scored teaching interaction").
+    quantile_within: ClassVar[Literal["all", "case"]] = "all"
 
     # ---- Stage I --------------------------------------------------------------------------------------------
     def recruit_prompt(self, question: str, n: int) -> list[Message]:

@@ -48,6 +48,8 @@ class Education(Domain):
     )
     # C.1: "higher credit to earlier instructional turns".
     credit_decay: ClassVar[Literal["later", "earlier"]] = "earlier"
+    # C.1: "From each scored teaching interaction, the top-ranked (25%) utterances are selected".
+    quantile_within: ClassVar[Literal["all", "case"]] = "case"
 
     def parse_team(self, content: str, n: int) -> tuple[list[TeamMember], list[str]]:
         """C.4.2's team: every member a teaching role, the required roles present; no forced leader."""
