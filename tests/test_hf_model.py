@@ -13,7 +13,7 @@ import asyncio
 import json
 import weakref
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -39,14 +39,16 @@ from tmas.config import Endpoint, Sampling, Settings
 from tmas.llm import hf_checkpoint, hf_engine, hf_kept
 from tmas.llm.factory import open_model
 from tmas.llm.hf_checkpoint import checkpoint, convert
-from tmas.llm.hf_engine import HFEngine, resolve_options
+from tmas.llm.hf_engine import EngineReply, HFEngine, resolve_options
 from tmas.llm.hf_grammar import SchemaMask, allowed_of, schema_text
 from tmas.llm.hf_model import THINKS_INLINE, HFChatModel, open_hf_model, request_sampling, unsupported
 from tmas.llm.hf_sampling import GREEDY, RequestSampling
 from tmas.llm.reasoning import reply_place
+from tmas.llm.replies import completion as read_completion
 from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling
 from tmas.llm.schema import json_schema, response_format
-from tmas.llm.types import CallKey, Completion, Message
+from tmas.llm.tokens import TokenCounter
+from tmas.llm.types import CallKey, ChatRequest, Completion, Message
 from tmas.llm.weights import package_dir, resolve_model
 from tmas.methods import METHODS
 from tmas.serve.launch import ServeOptions
@@ -240,6 +242,64 @@ async def test_an_unsupported_field_fails_the_call_before_the_engine(engine: HFE
     failed = await llm.chat("solution", MESSAGES, sampling=Sampling(repetition_penalty=1.2))
     assert failed.error == "repetition_penalty is not supported by the in-process model"
     assert failed.error_cause == "unsupported" and len(engine.submitted) == before
+
+
+class ScriptedEngine(HFEngine):
+    """The engine with SmolLM2's tokenizer whose replies are scripted texts, each its tokens and an end token (or cut
+    at max_tokens, with none), as a model thinking inside its replies would write them."""
+
+    def __init__(self, tokenizer: Any, replies: list[tuple[str, str]]) -> None:
+        config = SimpleNamespace(max_position_embeddings=2048, eos_token_id=None)
+        super().__init__(SimpleNamespace(config=config), tokenizer, resolve_options("cpu", "float32"))
+        self.replies = replies
+
+    async def generate(
+        self, prompt: Sequence[int], samples: Sequence[RequestSampling], max_new_tokens: int, stop: Sequence[str] = ()
+    ) -> list[EngineReply]:
+        text, finish = self.replies.pop(0)
+        tokens = self.tokenizer.encode(text, add_special_tokens=False)
+        ended = [*tokens, self.tokenizer.eos_token_id] if finish == "stop" else tokens
+        return [EngineReply(tokens=ended, text=text, finish_reason=finish)]
+
+
+@needs_weights
+async def test_a_model_thinking_inline_reports_its_reasoning_as_the_http_client_does(folder: Path) -> None:
+    from transformers import AutoTokenizer
+
+    replies = [
+        ("<think>Two and three make five.</think>The answer is 5.", "stop"),
+        # The chat template opened the think block in the prompt: the reply holds only its end.
+        ("Adding them gives five.\n</think>\n\nIt is 5.", "stop"),
+        # Cut at max_tokens inside its thinking, before any tag: all thinking, no answer.
+        ("First add two and three, which", "length"),
+    ]
+    engine = ScriptedEngine(AutoTokenizer.from_pretrained(folder), list(replies))
+    llm = model_on(engine)
+    counter = TokenCounter(str(folder / "tokenizer.json"))
+    for text, finish in replies:
+        done = await llm.chat("solution", MESSAGES, key=CallKey(role="solution"))
+        # The HTTP client reading the same reply from a server without a reasoning parser (and so no reasoning
+        # tokens in its usage), with the model's tokenizer, after the same replies.
+        tokens = engine.tokenizer.encode(text, add_special_tokens=False)
+        generated = len(tokens) + (finish == "stop")
+        data = {
+            "choices": [{"message": {"content": text}, "finish_reason": finish}],
+            "usage": {"prompt_tokens": done.usage.prompt_tokens, "completion_tokens": generated},
+        }
+        request = ChatRequest.build(MODEL, MESSAGES, llm.resolve_sampling("solution"))
+        http = read_completion(
+            data, request=request, key=done.key, request_hash="", counter=counter, url="u", attempts=1, sent_max=None,
+            thinks_inline=True,
+        )  # fmt: skip
+        assert (done.content, done.reasoning) == (http.content, http.reasoning), text
+        assert done.reasoning and done.usage == http.usage, text
+        assert 0 < done.usage.reasoning_tokens <= done.usage.completion_tokens == generated
+    # Cut inside its thinking: every token it generated was thinking.
+    assert done.content == "" and done.usage.reasoning_tokens == done.usage.completion_tokens
+    # A reply with no thinking counts none.
+    engine.replies.append(("Five.", "stop"))
+    plain = await llm.chat("solution", MESSAGES, key=CallKey(role="solution"))
+    assert (plain.content, plain.reasoning, plain.usage.reasoning_tokens) == ("Five.", "", 0)
 
 
 # ---------------------------------------------------------------------------------------- reply schemas

@@ -351,6 +351,10 @@ class HFEngine:
     def text(self, tokens: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(tokens), skip_special_tokens=True))
 
+    def count(self, text: str) -> int:
+        """The tokens of ``text`` under the model's tokenizer (no special tokens added)."""
+        return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
+
 
 def drain_queue(q: queue.Queue[Any]) -> None:
     with contextlib.suppress(queue.Empty):

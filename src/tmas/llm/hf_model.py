@@ -13,7 +13,9 @@ stream: :mod:`tmas.llm.hf_sampling`), max_tokens (lowered to fit the context win
 stop strings. Alike calls that arrive together (the k samples of a prompt) go as one request with children, as the
 HTTP client sends them with ``n`` (:mod:`tmas.llm.batching`): the prompt is computed once, the first sample carries
 the prompt tokens and the others none. Token counts are the engine's own: the prompt's tokens, every token generated
-(its end token included), and the prompt tokens reused from the KV cache as ``cached_prompt_tokens``.
+(its end token included), the thinking split off a reply that thinks inline (its ``<think>`` block, or everything
+before ``</think>`` where the chat template opened the block in the prompt) counted with the model's tokenizer as
+``reasoning_tokens``, and the prompt tokens reused from the KV cache as ``cached_prompt_tokens``.
 
 What it does not do, and says so: a repetition or presence penalty, or another ``extra_body`` field, fails the call
 with a one-line error naming the field (``logprobs`` and ``top_logprobs`` are accepted and no log-probabilities come
@@ -230,6 +232,8 @@ class HFChatModel:
         usage = Usage(
             prompt_tokens=prompt_tokens,
             completion_tokens=len(reply.tokens),
+            # The thinking split off the reply, counted as the HTTP client counts a server's that reports none.
+            reasoning_tokens=min(self.engine.count(reasoning), len(reply.tokens)),
             cached_prompt_tokens=reply.cached_prompt_tokens if prompt_tokens else 0,
         )
         return Completion(
