@@ -273,7 +273,7 @@ async def test_a_model_thinking_inline_reports_its_reasoning_as_the_http_client_
         # Cut at max_tokens inside its thinking, before any tag: all thinking, no answer.
         ("First add two and three, which", "length"),
     ]
-    engine = ScriptedEngine(AutoTokenizer.from_pretrained(folder), list(replies))
+    engine = ScriptedEngine(AutoTokenizer.from_pretrained(folder, clean_up_tokenization_spaces=False), list(replies))
     llm = model_on(engine)
     counter = TokenCounter(str(folder / "tokenizer.json"))
     for text, finish in replies:
@@ -300,6 +300,31 @@ async def test_a_model_thinking_inline_reports_its_reasoning_as_the_http_client_
     engine.replies.append(("Five.", "stop"))
     plain = await llm.chat("solution", MESSAGES, key=CallKey(role="solution"))
     assert (plain.content, plain.reasoning, plain.usage.reasoning_tokens) == ("Five.", "", 0)
+
+
+@needs_weights
+async def test_a_stop_string_of_many_tokens_per_character_ends_the_reply_where_it_completes(folder: Path) -> None:
+    from transformers import AutoTokenizer
+
+    # Each of these characters is several byte tokens of SmolLM2's vocabulary: the stop string is more tokens than
+    # characters, and the reply must still end at the token that completes it, not run on to its end.
+    engine = ScriptedEngine(AutoTokenizer.from_pretrained(folder, clean_up_tokenization_spaces=False), [])
+    stop = "\U0001f6d1" * 6
+    head = engine.tokenizer.encode("We add them.", add_special_tokens=False)
+    upto = engine.tokenizer.encode("We add them." + stop, add_special_tokens=False)
+    tokens = engine.tokenizer.encode("We add them." + stop + " It is 5, done.", add_special_tokens=False)
+    assert tokens[: len(upto)] == upto and upto[: len(head)] == head
+    assert len(upto) - len(head) > len(stop) + hf_engine.STOP_WINDOW_EXTRA
+    watch = hf_engine._ReplyWatch(engine, "r", 3, [stop], asyncio.get_running_loop().create_future())
+    for drawn in range(1, len(tokens) + 1):
+        # As the engine streams a request with stop strings: every output holds all tokens so far.
+        watch.on_output(SimpleNamespace(error=None, generated_tokens=tokens[:drawn], is_finished=lambda: False))
+        if watch.future.done():
+            break
+    assert watch.future.done(), "the reply ran on past its stop string"
+    reply = watch.future.result()
+    assert (reply.text, reply.finish_reason) == ("We add them.", "stop")
+    assert reply.tokens == upto
 
 
 # ---------------------------------------------------------------------------------------- reply schemas

@@ -43,7 +43,8 @@ CHILD_SUFFIX = "__child#"
 START_TIMEOUT_S = 600.0
 # Requests the engine keeps a record of (HFEngine.submitted), the latest.
 SUBMITTED_KEPT = 1000
-# Stop strings are looked for in the decoded text of this many last tokens more than the longest stop string holds.
+# Stop strings are looked for in the decoded text of this many last tokens more than the longest stop string holds
+# bytes (a token stands for one byte at least: an emoji or a rare character takes several).
 STOP_WINDOW_EXTRA = 8
 
 
@@ -386,7 +387,7 @@ class _ReplyWatch:
     _window: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
-        self._window = max((len(s) for s in self.stop), default=0) + STOP_WINDOW_EXTRA
+        self._window = max((len(s.encode()) for s in self.stop), default=0) + STOP_WINDOW_EXTRA
 
     def on_output(self, output: Any) -> None:
         if self.future.done():
