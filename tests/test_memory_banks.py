@@ -181,3 +181,31 @@ def test_guideline_same_as_unknown_is_refused() -> None:
         n_rollouts=1,
     )
     assert len(new) == 0 and "names no logged strategy" in report.rejected[0]
+
+
+def test_ids_written_as_the_prompts_show_them_name_their_entries() -> None:
+    # The experience and guideline prompts list each entry as "[E1] ..." / "- [G1] ...": a model that copies the id
+    # with its brackets (or in lower case) still names that entry.
+    old = bank(
+        ("anchor", "T(2) = 3 by enumeration of the three tilings"),
+        ("heuristic", "avoid assuming tiles are vertical only"),
+        ("anchor", "T(3) = 5 from the extensions of T(2)"),
+    )
+    ops = [
+        ExperienceOp.model_validate({"op": "DELETE", "id": "[E2]"}),
+        ExperienceOp.model_validate({"op": "REFINE", "id": " [e1] ", "content": "T(2) = 3", "merges": ["[E3]"]}),
+    ]
+    new, report = apply_experience_ops(old, ops, iteration=2)
+    assert [(e.id, e.content) for e in new.entries] == [("E1", "T(2) = 3")]
+    assert (report.deleted, report.refined, report.rejected) == (["E2", "E3"], ["E1"], [])
+
+    logged = GuidelineBank(
+        strategies=[Strategy(id="G1", description="direct recurrence on columns", first_iteration=0, last_iteration=0)],
+        next_id=2,
+    )
+    verdict = StrategyClassification.model_validate(
+        {"rollout": 1, "strategy": "a generating function for the tilings", "novelty": 0, "same_as": "[G1]"}
+    )
+    credited, found = apply_strategy_classifications(logged, [verdict], iteration=1, n_rollouts=1)
+    assert found.rejected == [] and found.repeated == {"G1": [1]}
+    assert credited.strategies[0].attempts == 2

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tmas.memory.entry_ids import entry_id
 from tmas.memory.similarity import jaccard
 
 EntryKind = Literal["anchor", "heuristic"]
@@ -109,7 +110,12 @@ class ExperienceOp(BaseModel):
     @field_validator("id", mode="before")
     @classmethod
     def _id(cls, value: Any) -> Any:
-        return str(value).strip() if isinstance(value, str | int) else value
+        return entry_id(value)
+
+    @field_validator("merges", mode="before")
+    @classmethod
+    def _merges(cls, value: Any) -> Any:
+        return [entry_id(item) for item in value] if isinstance(value, list) else value
 
     @field_validator("content", mode="before")
     @classmethod

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tmas.memory.entry_ids import entry_id
 from tmas.memory.similarity import jaccard
 
 DEFAULT_DEDUP_THRESHOLD = 0.7
@@ -63,9 +64,7 @@ class StrategyNovelty(BaseModel):
     @field_validator("same_as", mode="before")
     @classmethod
     def _same_as(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return value.strip() or None
-        return str(value) if isinstance(value, int) else value
+        return entry_id(value) or None if isinstance(value, str | int) else value
 
 
 class StrategyClassification(StrategyNovelty):
