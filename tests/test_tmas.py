@@ -480,3 +480,18 @@ async def test_paper_preset_sends_its_sampling() -> None:
     await asolve(Q, model=model)
     bodies = [call.body for call in model.calls]
     assert bodies and all(b["temperature"] == 1.0 and b["top_p"] == 0.95 for b in bodies)
+
+
+async def test_the_simulated_memory_agents_read_rollouts_shown_without_scores() -> None:
+    # The paper preset shows each rollout as (c, s) alone: the simulated experience and guideline agents read such
+    # rollouts too, judging each by its verification summary, so both banks fill as they do with scores shown.
+    banks = {}
+    for shown in (True, False):
+        result, _ = await run_tmas(n=2, m=1, iterations=2, epsilon=0.0, show_scores=shown)
+        for record in result.iterations:
+            assert not {"guideline_invalid", "experience_invalid"} & set(record.state["anomalies"])
+            assert record.state["guideline_update"]["status"] == "applied"
+        banks[shown] = [(r.state["experience_bank"], r.state["guideline_bank"]) for r in result.iterations]
+    experience, guideline = banks[False][0]
+    assert [e["kind"] for e in experience["entries"]] == ["anchor"] and len(guideline["strategies"]) == 1
+    assert banks[False] == banks[True]

@@ -22,8 +22,9 @@ from tmas.testing.responders import (
     stable_hash,
 )
 
+# A rollout's mean verifier score is shown beside it unless the run shows rollouts as (c, s) alone (show_scores off).
 _ROLLOUT = re.compile(
-    r'<(?:rollout|attempt) number="(\d+)" mean_verifier_score="([^"]*)">(.*?)</(?:rollout|attempt)>', re.S
+    r'<(?:rollout|attempt) number="(\d+)"(?: mean_verifier_score="([^"]*)")?>(.*?)</(?:rollout|attempt)>', re.S
 )
 _VERIFICATION = re.compile(r'<verification number="(\d+)" score="([^"]*)">', re.S)
 _ENTRY = re.compile(r"^\[(E\d+)\] (anchor|heuristic)(?: / \w+)?: (.*)$", re.M)
@@ -113,16 +114,25 @@ def summary_responder(req: SimRequest) -> str:
 
 
 def _rollouts(text: str) -> list[tuple[int, float, str | None, str]]:
-    """(number, mean score, boxed answer, solution text) of each rollout in the prompt."""
+    """(number, mean score, boxed answer, solution text) of each rollout in the prompt; a rollout shown without its
+    score is judged by its verification summary, as a model reads it."""
     out = []
     for number, score, body in _ROLLOUT.findall(tag(text, "rollouts") or text):
         solution = tag(body, "solution")
         try:
-            value = float(score)
+            value = float(score) if score else _summary_score(tag(body, "verification_summary"))
         except ValueError:
             value = 0.0
         out.append((int(number), value, last_boxed(solution), solution))
     return out
+
+
+def _summary_score(summary: str) -> float:
+    """The score a verification summary reports in words: 1 for a correct solution, 0 for a fatal error, else 0.5."""
+    verdict = summary.lower()
+    if "fatal error" in verdict:
+        return 0.0
+    return 1.0 if "solution is correct" in verdict else 0.5
 
 
 @register_responder("experience")
