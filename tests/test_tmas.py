@@ -495,3 +495,30 @@ async def test_the_simulated_memory_agents_read_rollouts_shown_without_scores() 
     experience, guideline = banks[False][0]
     assert [e["kind"] for e in experience["entries"]] == ["anchor"] and len(guideline["strategies"]) == 1
     assert banks[False] == banks[True]
+
+
+@pytest.mark.parametrize(
+    "retry",
+    [
+        Rule(role="experience", replies=["There is nothing to add."], times=1),
+        Rule(role="experience", fault="http_400", times=1),
+    ],
+    ids=["unreadable", "failed"],
+)
+async def test_an_unusable_retry_after_an_echo_keeps_the_first_update_less_its_echo(retry: Rule) -> None:
+    # The experience update holds one item copied from its instructions and one finding: it is asked again, and the
+    # retry is no update at all. The finding of the first reply still enters the bank; the echoed item does not.
+    echoed = "a transformation that turns the problem or a sub-problem into a simpler or better understood one"
+    finding = "17 times 23 splits as 17 times 20 plus 17 times 3, which is 340 plus 51"
+    ops = [{"op": "ADD", "kind": "anchor", "content": text} for text in (echoed, finding)]
+    first = Rule(role="experience", replies=[json.dumps({"operations": ops})], times=1)
+    result, model = await run_tmas(SimScript(rules=[first, retry]), n=1, m=1, iterations=1)
+    asked = [c for c in model.calls if c.role == "experience"]
+    assert [c.key.sample for c in asked] == [0, ECHO_RETRY_SAMPLE]
+    assert asked[0].messages == asked[1].messages
+    state = result.iterations[0].state
+    assert [e["content"] for e in state["experience_bank"]["entries"]] == [finding]
+    update = state["experience_update"]
+    assert update["status"] == "applied" and update["call_id"] == asked[0].reply.call_id
+    assert update["retry"]["status"] == ("failed" if retry.fault else "invalid")
+    assert len(update["echo_dropped"]) == 1 and "experience_failed" not in state["anomalies"]

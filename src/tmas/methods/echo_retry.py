@@ -22,6 +22,9 @@ class GuardedReply:
     first_echo: str | None = None
     # What still echoes in ``reply`` after the retry: the caller must keep it out of answers, banks and pools.
     echo: str | None = None
+    # The first reply, when it echoed and ``reply`` is the retry's (None otherwise): a caller that can use part of a
+    # reply (a bank update without its echoing items) falls back to it when the retry is unusable.
+    echoed: Completion | None = None
 
 
 async def chat_guarded(
@@ -58,4 +61,4 @@ async def chat_guarded(
     again = echo_of(retry) if retry.ok and retry.stopped_early is None else None
     if again is not None:
         session.tally(role).echo += 1
-    return GuardedReply(retry, first_echo=first, echo=again)
+    return GuardedReply(retry, first_echo=first, echo=again, echoed=reply)

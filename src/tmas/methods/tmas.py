@@ -31,9 +31,10 @@ Bad agent output never crashes a problem: a failed or answerless solution scores
 counts 0, a missing summary is replaced by one built from the scores, and an invalid experience or guideline update
 leaves the previous bank in place. An output that echoes its prompt's instructions (:mod:`tmas.agents.echo`) is
 asked again once; a solution that echoes twice gives no answer and no rollout, a summary is built from the scores
-instead, and echoing bank items are dropped. Each case is noted (with the raw reply) in the iteration record and
-counted in ``ProblemResult.counters``. Resume needs no state of its own: every call is replayed from the run store,
-and every draw depends only on the run seed, so re-running reaches the same state.
+instead, and echoing bank items are dropped (from the first reply, when the retry failed or is unreadable). Each case
+is noted (with the raw reply) in the iteration record and counted in ``ProblemResult.counters``. Resume needs no
+state of its own: every call is replayed from the run store, and every draw depends only on the run seed, so
+re-running reaches the same state.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ from tmas.methods.base import (
 )
 from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.confidence_params import note_missing_confidence
-from tmas.methods.echo_retry import chat_guarded
+from tmas.methods.echo_retry import GuardedReply, chat_guarded
 from tmas.methods.state import EarlyStop, MethodState, TMASState
 from tmas.methods.steps import Anomaly, Chosen, fallback_note, select_answer, solution_anomalies, solve_call
 from tmas.methods.tmas_params import TMAS_ROLES, TMASParams
@@ -746,7 +747,8 @@ class TMAS(Method[TMASParams]):
     ) -> tuple[Update | None, dict[str, Any]]:
         """One memory agent's call and parse. None with the reason when the update is unusable: the caller then
         keeps the previous bank, never a half-applied one. An update with an item that echoes the prompt's
-        instructions is asked again once; echoing items of the reply used are dropped, so they never enter a bank."""
+        instructions is asked again once; echoing items of the reply used are dropped, so they never enter a bank.
+        The reply used is the retry's, unless the retry failed or is unreadable: then the first one's."""
         guard = EchoGuard.of(messages)
 
         def echo_of(r: Completion) -> str | None:
@@ -757,9 +759,9 @@ class TMAS(Method[TMASParams]):
             return f"{len(dropped)} item(s) echoing the prompt's instructions" if dropped else None
 
         guarded = await chat_guarded(session, role, messages, echo_of, reply_model=reply_model)
-        reply = guarded.reply
         if guarded.first_echo is not None:
             log.bad(f"{role}_echo", f"{role} update held {guarded.first_echo}; asked again")
+        reply, retry = _reply_to_use(session, role, guarded, parse, log)
         if not reply.ok:
             log.bad(f"{role}_failed", f"{role} call failed: {reply.error}; previous bank kept")
             return None, {"status": "failed", "error": reply.error, "call_id": reply.call_id}
@@ -775,6 +777,8 @@ class TMAS(Method[TMASParams]):
                 "call_id": reply.call_id,
             }
         info: dict[str, Any] = {"status": "applied", "call_id": reply.call_id}
+        if retry is not None:
+            info["retry"] = retry
         update, dropped = update.without_echoes(guard)
         if dropped:
             log.bad(f"{role}_echo", f"{role} update: {len(dropped)} items dropped: {'; '.join(dropped)[:500]}")
@@ -815,6 +819,37 @@ def _stored_rollouts(record: IterationRecord) -> list[Rollout]:
         for c in record.candidates
         if not c.error
     ]
+
+
+def _reply_to_use(
+    session: ProblemSession,
+    role: str,
+    guarded: GuardedReply,
+    parse: Callable[..., EchoFiltered],
+    log: IterationLog,
+) -> tuple[Completion, dict[str, Any] | None]:
+    """The memory agent's reply to read: the retry's after an echo, unless the retry is no update at all (a failed
+    call, an unreadable reply) while the first reply is one but for its echoing items; then the first (whose echoing
+    items the caller drops), with what became of the retry for the update's record."""
+    reply = guarded.reply
+    why = _unusable_update(reply, parse) if guarded.echoed is not None else None
+    if guarded.echoed is None or why is None:
+        return reply, None
+    if reply.ok:
+        session.tally(role).unusable += 1
+    log.notes.append(f"{role} retry unusable ({why}); the first reply applied without its echoing items")
+    return guarded.echoed, {"status": "invalid" if reply.ok else "failed", "error": why, "call_id": reply.call_id}
+
+
+def _unusable_update(reply: Completion, parse: Callable[..., EchoFiltered]) -> str | None:
+    """Why a memory agent's ``reply`` is no update (its call failed, or ``parse`` refuses it); None when it is one."""
+    if not reply.ok:
+        return f"call failed: {reply.error}"
+    try:
+        parse(reply.content, truncated=reply.truncated)
+    except AgentOutputError as exc:
+        return str(exc)
+    return None
 
 
 def _bernoulli(seed: int, problem_id: str, t: int, i: int, epsilon: float) -> bool:
