@@ -209,3 +209,18 @@ def test_ids_written_as_the_prompts_show_them_name_their_entries() -> None:
     credited, found = apply_strategy_classifications(logged, [verdict], iteration=1, n_rollouts=1)
     assert found.rejected == [] and found.repeated == {"G1": [1]}
     assert credited.strategies[0].attempts == 2
+
+
+def test_an_entry_a_refinement_duplicates_is_reported_as_deduplicated_not_kept() -> None:
+    # E1 is refined into the words of E2, which the update does not mention: the earlier entry (E1) stays, E2 goes
+    # as its near-duplicate, and the report lists E2 among the deduplicated entries only, not among the kept ones.
+    old = bank(
+        ("anchor", "the first case gives two tilings"),
+        ("anchor", "the answer for the two by two block is three tilings"),
+        ("heuristic", "check the base case before the recurrence"),
+    )
+    refine = ExperienceOp(op="REFINE", id="E1", content="the answer for the two by two block is three tilings total")
+    new, report = apply_experience_ops(old, [refine], iteration=1, dedup_threshold=0.7)
+    assert [e.id for e in new.entries] == ["E1", "E3"]
+    assert report.deduplicated == ["E2 (near-duplicate of E1)"]
+    assert (report.refined, report.kept) == (["E1"], ["E3"])

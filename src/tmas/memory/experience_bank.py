@@ -161,6 +161,8 @@ def apply_experience_ops(
         report.rejected.append(f"ADD {dropped.id}: the bank is full ({max_entries} entries)")
     final_ids = {e.id for e in kept}
     report.added = [i for i in new_ids if i in final_ids]
+    # An entry kept by the update but dropped as the near-duplicate of one refined into its words is no longer kept.
+    report.kept = [i for i in report.kept if i in final_ids]
     return ExperienceBank(entries=kept, next_id=bank.next_id + len(new_ids)), report
 
 
