@@ -23,6 +23,10 @@ from tmas.memory import ExperienceBank, ExperienceEntry, Strategy
         ("score: 0\nlater text\nScore: 1.0", 1.0, False),  # the last score line wins
         ("## Score\n\\boxed{0.5}", 0.5, False),
         ("Score: \\boxed{0}", 0.0, False),
+        ("Score: 0.5/1", 0.5, False),  # a decimal grade out of 1
+        ("**Score:** 0.5 / 1", 0.5, False),
+        ("Score: 1.0/1.0", 1.0, False),
+        ("Score: 1/0", None, False),
         ("Score: 0.8", 1.0, True),
         ("Score: 0.25", 0.0, True),  # ties go down
         ("Score: 7", None, False),

@@ -3,9 +3,9 @@
 
 Parsing: a reply that is a JSON object (the shape :class:`VerificationReply` asks a constraining server for, bare or
 in a code fence) gives its ``score`` and its ``analysis`` as the feedback. Otherwise the last line-leading
-``Score: S`` (any case, markdown emphasis, "Final score", ``=``, a boxed or fraction value allowed); failing that, a
-lone boxed number in the ``## Score`` section. A value inside [0, 1] off the scale is snapped to the nearest point
-(ties go down) and flagged; anything else means no score.
+``Score: S`` (any case, markdown emphasis, "Final score", ``=``, a boxed value, a fraction or a grade out of a total
+such as 0.5/1 allowed); failing that, a lone boxed number in the ``## Score`` section. A value inside [0, 1] off the
+scale is snapped to the nearest point (ties go down) and flagged; anything else means no score.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from tmas.answers import last_boxed
 from tmas.llm.types import Message
 
 SCALE = (0.0, 0.5, 1.0)
-_NUMBER = r"[0-9]*\.?[0-9]+(?:\s*/\s*[0-9]+)?"
+# A number, or a grade out of a total ("1/2", "0.5/1", "0.5 / 1.0").
+_NUMBER = r"[0-9]*\.?[0-9]+(?:\s*/\s*[0-9]*\.?[0-9]+)?"
 _SCORE_LINE = re.compile(
     rf"^[\s>*_#-]*(?:final\s+)?(?:score|grade)[\s*_]*[:=][\s*_`$]*(?:\\boxed\{{\s*)?({_NUMBER})", re.I | re.M
 )
@@ -77,8 +78,11 @@ def verification_prompt(question: str, solution: str, mode: str, style: Style = 
 
 
 def _value(raw: str) -> float | None:
+    """The score ``raw`` states: a number, or a quotient whose parts may be decimals (``Fraction`` alone refuses
+    "0.5/1"); None for anything outside [0, 1] or unreadable."""
     try:
-        value = float(Fraction(raw.replace(" ", "")))
+        numerator, _, denominator = raw.replace(" ", "").partition("/")
+        value = float(Fraction(numerator) / Fraction(denominator or "1"))
     except (ValueError, ZeroDivisionError):
         return None
     return value if 0.0 <= value <= 1.0 else None
