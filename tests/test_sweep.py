@@ -3,6 +3,7 @@ and the combined report."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -218,3 +219,29 @@ async def test_a_point_killed_while_storing_its_problems_is_run_anew(tmp_path: P
     assert len(model.calls) == len(PROBLEMS)
     with RunStore(tmp_path / "sweep" / "runs" / "cot", create=False) as store:
         assert len(store.results()) == len(PROBLEMS)
+
+
+@pytest.mark.parametrize(
+    "given", [["--limit", "3"], ["--problems", "other.jsonl"], ["--param", "k=3"]], ids=["limit", "problems", "param"]
+)
+def test_a_resume_refuses_the_options_it_would_not_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: list[str]
+) -> None:
+    from typer.testing import CliRunner
+
+    from conftest import isolate
+    from tmas.cli.main import app
+    from tmas.errors import InputError
+
+    isolate(monkeypatch, tmp_path)
+    spec = SweepSpec(problems=write_problems(tmp_path / "problems.jsonl"), limit=1, study=[Study(methods=["cot"])])
+    model = ScriptedModel(SimScript(), scripted_settings())
+    asyncio.run(run_sweep(spec, model.settings, tmp_path / "sweep", model=model))
+    # Resumed, the sweep keeps its own grid and problems: an option that would change them is refused, not ignored
+    # (with --limit 3 it would otherwise say that every point is finished, having solved 1 problem of 3).
+    result = CliRunner().invoke(app, ["sweep", "--resume", str(tmp_path / "sweep"), "--no-report", *given])
+    assert isinstance(result.exception, InputError), result.output
+    assert str(result.exception).startswith("--resume takes the sweep directory alone")
+    assert given[0] in str(result.exception)
+    with RunStore(tmp_path / "sweep" / "runs" / "cot", create=False) as store:
+        assert [p.problem_id for p in store.iter_problems()] == ["p1"]

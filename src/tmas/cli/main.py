@@ -496,8 +496,11 @@ def _sweep_plan(
     )
 
     if resume is not None:
-        if grid_file is not None or out is not None or method or grid:
-            raise InputError("--resume takes the sweep directory alone: give no grid, --out, --method or --grid")
+        if method or grid or param or any(v is not None for v in (grid_file, out, problems, limit)):
+            raise InputError(
+                "--resume takes the sweep directory alone: give no grid, --out, --method, --param, --grid, --problems"
+                " or --limit (a sweep continues over the grid and problems it was made with)"
+            )
         spec, settings = resumed_sweep(resume, flags.overrides(), config=flags.config)
         return spec, settings, resume
     if out is None:
