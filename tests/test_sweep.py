@@ -245,3 +245,28 @@ def test_a_resume_refuses_the_options_it_would_not_use(
     assert given[0] in str(result.exception)
     with RunStore(tmp_path / "sweep" / "runs" / "cot", create=False) as store:
         assert [p.problem_id for p in store.iter_problems()] == ["p1"]
+
+
+async def test_a_sweep_refused_for_changed_requests_makes_no_call_and_keeps_its_manifest(tmp_path: Path) -> None:
+    from tmas.errors import InputError
+    from tmas.sweep import resumed_sweep
+
+    problems = write_problems(tmp_path / "problems.jsonl")
+    out = tmp_path / "sweep"
+    first = ScriptedModel(SimScript(), scripted_settings(concurrency=1))
+    await run_sweep(SweepSpec(problems=problems, study=[Study(methods=["majority"])]), first.settings, out, model=first)
+    manifest = (out / "sweep.json").read_text()
+    # The same directory, a point added before the finished one, and another temperature: the finished point's
+    # problems were solved at 0.7, so the sweep is refused before its new first point sends anything.
+    hotter = ScriptedModel(SimScript(), scripted_settings(concurrency=1, sampling__temperature=0.9))
+    spec = SweepSpec(problems=problems, study=[Study(methods=["cot", "majority"])])
+    with pytest.raises(InputError, match=r"temperature 0\.7 \(now 0\.9\)"):
+        await run_sweep(spec, hotter.settings, out, model=hotter)
+    assert hotter.calls == [] and not (out / "runs" / "cot").exists()
+    # The manifest still holds the settings the points ran with: resumed without the change, the sweep goes on.
+    assert (out / "sweep.json").read_text() == manifest
+    kept_spec, kept = resumed_sweep(out, {})
+    assert kept.sampling.temperature == 0.7
+    again = ScriptedModel(SimScript(), kept)
+    summary = await run_sweep(kept_spec, kept, out, model=again)
+    assert [o.status for o in summary.outcomes] == ["skipped"] and again.calls == []

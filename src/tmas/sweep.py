@@ -299,10 +299,22 @@ def _pending(store: RunStore, settings: Settings, *, own_model: bool) -> int:
     return sum(p.problem_id not in done for p in store.iter_problems())
 
 
+def _check_points_kept(points: list[SweepPoint], settings: Settings, out_dir: Path, *, own_model: bool) -> None:
+    """Refuse, before any call, to go on with a point whose finished problems were solved under other requests than
+    ``settings`` ask now (:meth:`tmas.runner.RunSetup.check_resume`), whichever point of the sweep it is."""
+    for point in points:
+        run_dir = out_dir / "runs" / point.name
+        if holds_run(run_dir):
+            with RunStore(run_dir, create=False) as store:
+                RunSetup.check(point.settings(settings), own_model=own_model).check_resume(store)
+
+
 def prepare_sweep(
-    spec: SweepSpec, settings: Settings, out_dir: Path
+    spec: SweepSpec, settings: Settings, out_dir: Path, *, own_model: bool = False
 ) -> tuple[list[SweepPoint], list[Problem], dict[str, Any]]:
-    """Validate every point (before the first call), load the problems and write the manifest."""
+    """Validate every point (before the first call), load the problems, check that the points already run were run
+    as ``settings`` ask (``own_model``: on a model of the caller's own) and write the manifest. A sweep refused here
+    keeps its manifest as it was: resumed without the change, it goes on."""
     points = expand(spec)
     if not points:
         raise InputError("the sweep has no points (add a [[study]])")
@@ -311,6 +323,7 @@ def prepare_sweep(
     out_dir.mkdir(parents=True, exist_ok=True)
     if (out_dir / MANIFEST).exists() and read_manifest(out_dir).get("problems_digest") != digest:
         raise InputError(f"{out_dir}: holds a sweep over other problems; choose another directory")
+    _check_points_kept(points, settings, out_dir, own_model=own_model)
     manifest: dict[str, Any] = {
         "spec": spec.model_dump(mode="json"),
         "settings": settings.model_dump(mode="json"),
@@ -362,7 +375,7 @@ async def run_sweep(
     """Run every point of ``spec`` not finished yet into ``out_dir``, on the endpoint of ``settings`` or on ``model``
     (a :class:`tmas.llm.model.ChatModel` of the caller's own, for every point); see the module docstring.
     ``on_start`` hears of each point that runs as it begins, with the live state of its run."""
-    points, problems, manifest = prepare_sweep(spec, settings, out_dir)
+    points, problems, manifest = prepare_sweep(spec, settings, out_dir, own_model=model is not None)
     dataset = dataset_name(spec.problems or "")
     outcomes: list[PointOutcome] = []
     async with SeriesModel(model) as series:
