@@ -270,3 +270,28 @@ async def test_a_sweep_refused_for_changed_requests_makes_no_call_and_keeps_its_
     again = ScriptedModel(SimScript(), kept)
     summary = await run_sweep(kept_spec, kept, out, model=again)
     assert [o.status for o in summary.outcomes] == ["skipped"] and again.calls == []
+
+
+async def test_a_sweep_goes_on_where_its_endpoint_moved_to_another_address(tmp_path: Path) -> None:
+    import sqlite3
+
+    from conftest import settings_for
+    from tmas.testing import SimServer
+
+    spec = SweepSpec(problems=write_problems(tmp_path / "problems.jsonl"), study=[Study(methods=["cot", "majority"])])
+    out = tmp_path / "sweep"
+    with SimServer(SimScript()) as first:
+        await run_sweep(spec, settings_for(first), out)
+    # Stopped while the second point had finished p1 and p2 only.
+    with sqlite3.connect(out / "runs" / "majority" / "run.sqlite") as db:
+        db.execute("DELETE FROM results WHERE problem_id = 'p3'")
+        db.execute("DELETE FROM calls WHERE problem_id = 'p3'")
+    # The same server, started again on another port: the sweep's settings are unchanged but for the address, and
+    # its replies are read as the first server's were learnt once it answers.
+    with SimServer(SimScript()) as moved:
+        summary = await run_sweep(spec, settings_for(moved), out)
+        chats = [r for r in moved.requests if r.endpoint == "chat"]
+    assert [o.status for o in summary.outcomes] == ["skipped", "resumed"]
+    assert {r.body["messages"][-1]["content"].count("9*9") > 0 for r in chats} == {True}
+    with RunStore(out / "runs" / "majority", create=False) as store:
+        assert sorted(r.problem_id for r in store.results()) == ["p1", "p2", "p3"]

@@ -309,7 +309,8 @@ class RunSetup:
         """Where this setup sends the calls or reads their replies otherwise than ``store``'s recorded settings did
         (:meth:`handling`: a schema sent or not, reasoning read inside the content or not), each as
         ``NAME OLD (now NEW)``. A setting that comes to the same as the run learnt its servers (e.g. ``reasoning =
-        "separate"`` for a server whose replies showed it) is no change."""
+        "separate"`` for a server whose replies showed it) is no change, nor is the same setting at a server the run
+        has not learnt yet (the endpoint moved to another address): the run learns it as it first did."""
         before = _recorded_settings(store)
         if before is None:
             return []
@@ -317,7 +318,7 @@ class RunSetup:
         return [
             f"{name} {_shown(old[name][1])} (now {_shown(new.get(name, old[name])[1])})"
             for name in sorted(old.keys() & new.keys())
-            if old[name][0] != new[name][0]
+            if old[name][0] != new[name][0] and not _learnt_anew(old[name], new[name])
         ]
 
     def check_resume(self, store: RunStore) -> None:
@@ -342,6 +343,13 @@ class RunSetup:
         store.set_meta("settings", self.settings.model_dump(mode="json"))
         store.set_meta("method", {"name": self.method.name, "params": self.method.params.model_dump(mode="json")})
         store.set_meta("prompt_overrides", {o.name: o.sha256 for o in self.overrides})
+
+
+def _learnt_anew(old: tuple[str, str], new: tuple[str, str]) -> bool:
+    """Whether a role's handling (:meth:`RunSetup.handling`) differs only where the same setting meets servers not
+    learnt yet: what it comes to there is undecided, and each server it is decided for came to it before."""
+    undecided = {"auto", "undecided"}
+    return old[1] == new[1] and set(new[0].split("/")) - undecided <= set(old[0].split("/"))
 
 
 def _recorded_settings(store: RunStore) -> Settings | None:
