@@ -295,3 +295,26 @@ async def test_a_sweep_goes_on_where_its_endpoint_moved_to_another_address(tmp_p
     assert {r.body["messages"][-1]["content"].count("9*9") > 0 for r in chats} == {True}
     with RunStore(out / "runs" / "majority", create=False) as store:
         assert sorted(r.problem_id for r in store.results()) == ["p1", "p2", "p3"]
+
+
+def test_a_bad_point_of_a_grid_file_is_one_line_naming_the_file_and_the_study(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from conftest import isolate
+    from tmas.cli.main import app
+
+    isolate(monkeypatch, tmp_path)
+    write_problems(tmp_path / "problems.jsonl")
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        'problems = "problems.jsonl"\n[[study]]\nname = "plain"\nmethod = "cot"\n'
+        '[[study]]\nname = "eps"\nmethod = "tmas"\ngrid = { epsilon = [0.1, "high"] }\n'
+    )
+    out = tmp_path / "sweep"
+    result = CliRunner().invoke(app, ["sweep", str(grid), "-o", str(out), "--no-report"])
+    assert isinstance(result.exception, ConfigError), result.output
+    message = str(result.exception)
+    assert message.startswith(f"{grid}: study 'eps': method 'tmas': bad value (") and "'epsilon'" in message
+    assert "\n" not in message and not out.exists()

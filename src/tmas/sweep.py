@@ -236,6 +236,15 @@ def expand(spec: SweepSpec) -> list[SweepPoint]:
     return list(points.values())
 
 
+def check_studies(spec: SweepSpec, path: Path) -> None:
+    """Every point of a grid file's studies valid (:func:`expand`), or one line naming the file and the study."""
+    for study in spec.study:
+        try:
+            expand(SweepSpec(study=[study]))
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: study {study.name!r}: {exc}") from None
+
+
 def _problems_digest(problems: list[Problem]) -> str:
     raw = json.dumps([p.model_dump(mode="json") for p in problems], sort_keys=True)
     return hashlib.sha256(raw.encode()).hexdigest()[:16]

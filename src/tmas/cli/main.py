@@ -486,6 +486,7 @@ def _sweep_plan(
 ) -> tuple[SweepSpec, Settings, Path]:
     """The sweep's grid, settings and directory: a resumed sweep's own, a grid file's, or the flags'."""
     from tmas.sweep import (
+        check_studies,
         given_sampling,
         load_spec,
         parse_grid_flag,
@@ -511,6 +512,7 @@ def _sweep_plan(
         if method or grid or param:
             raise InputError("give either a grid file or --method/--param/--grid, not both")
         spec = load_spec(grid_file)
+        check_studies(spec, grid_file)
         given = {key: getattr(flags, f"budget_{key}") for key in ("tokens", "calls", "count", "pool")}
         spec.budget = sweep_budget(
             spec.budget, settings.budget, {key: value for key, value in given.items() if value is not None}
