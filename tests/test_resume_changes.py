@@ -110,12 +110,10 @@ def test_a_finished_sweep_point_is_not_skipped_under_other_requests(sim: SimServ
     assert sim.requests == []
 
 
-def test_a_resume_sending_or_reading_the_calls_otherwise_is_refused_as_the_run_learnt_its_server(
-    sim: SimServer, tmp_path: Path
-) -> None:
+def test_a_resume_sending_or_reading_the_calls_otherwise_is_refused(sim: SimServer, tmp_path: Path) -> None:
     """Whether a verifier's schema goes as response_format, and whether replies are read as thinking inside their
-    content, change what the finished problems were solved with, though no request hash holds them; a setting that
-    comes to what the run learnt of its server (its replies keep no reasoning in the content) is no change."""
+    content, change what the finished problems were solved with, though no request hash holds them; a setting left as
+    it was resumes, and the schemas go as before."""
     write_problems(tmp_path / "p.jsonl")
     run_dir = tmp_path / "run"
     args = ("--base-url", sim.base_url, "-m", "verify_refine", "-p", "n=1", "-p", "m=1", "-T", "1")
@@ -141,10 +139,7 @@ def test_a_resume_sending_or_reading_the_calls_otherwise_is_refused_as_the_run_l
         assert said in refused.stderr.strip().splitlines()[-1], refused.stderr
     assert sim.requests == []
 
-    # The server's replies showed no reasoning in their content, so schemas went: saying so is no change.
-    resumed = tmas(
-        "run", "--resume", str(run_dir), "--config", config(structured_output="json_schema", reasoning="none")
-    )
+    resumed = tmas("run", "--resume", str(run_dir), "--config", config(structured_output="auto", reasoning="auto"))
     assert resumed.returncode == 0, resumed.stderr
     assert any("response_format" in r.body for r in sim.requests)
 

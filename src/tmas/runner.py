@@ -261,33 +261,17 @@ class RunSetup:
         asked.update({f"prompt template {name}": sha[:12] for name, sha in prompts.items()})
         return asked
 
-    def handling(self, settings: Settings, store: RunStore) -> dict[str, tuple[str, str]]:
+    def handling(self, settings: Settings) -> dict[str, str]:
         """How each role's calls are sent and their replies read under ``settings`` beyond what the calls ask (the
-        request hash leaves both out): whether a JSON reply's schema goes as ``response_format``, and whether the
-        replies are read as thinking inside their content. Each as (what it comes to, the setting that says so), "auto"
-        taken as what ``store``'s run learnt of each of the role's servers (where its replies put reasoning, a schema
-        it refused), as the client of a resumed run takes it (:class:`tmas.llm.routes.Routes`)."""
-        learnt = {url: found.get("reasoning") for url, found in store.servers().items()}
-        refused = store.downgrades("structured_output")
-        shown: dict[str, tuple[str, str]] = {}
+        request hash leaves both out): ``endpoint.reasoning`` (replies read as thinking inside their content or not)
+        and ``endpoint.structured_output`` (a JSON reply's schema sent as ``response_format`` or not), a role's own
+        setting over the endpoint's."""
+        shown: dict[str, str] = {}
         for role in self.method.traits.roles:
             override = settings.roles.get(role)
-            urls = (override.base_url if override else None) or settings.endpoint.base_url
             reasoning = (override.reasoning if override else None) or settings.endpoint.reasoning
             structured = (override.structured_output if override else None) or settings.endpoint.structured_output
-            places = {reasoning if reasoning != "auto" else learnt.get(url) or "auto" for url in urls} or {reasoning}
-            # Read as thinking inside the content, or not; "none" and "separate" are read alike.
-            read = {"inline" if p == "inline" else "auto" if p == "auto" else "apart" for p in places}
-            shown[f"{role} reasoning"] = ("/".join(sorted(read)), reasoning)
-            if structured != "auto":
-                sent = {"sent" if structured == "json_schema" else "not sent"}
-            else:
-                sent = {
-                    "not sent" if url in refused or place == "inline" else "undecided" if place == "auto" else "sent"
-                    for url in urls
-                    for place in [reasoning if reasoning != "auto" else learnt.get(url) or "auto"]
-                } or {"undecided"}
-            shown[f"{role} structured_output"] = ("/".join(sorted(sent)), structured)
+            shown[f"{role} reasoning"], shown[f"{role} structured_output"] = reasoning, structured
         return shown
 
     def changed_requests(self, store: RunStore) -> list[str]:
@@ -307,18 +291,13 @@ class RunSetup:
 
     def changed_handling(self, store: RunStore) -> list[str]:
         """Where this setup sends the calls or reads their replies otherwise than ``store``'s recorded settings did
-        (:meth:`handling`: a schema sent or not, reasoning read inside the content or not), each as
-        ``NAME OLD (now NEW)``. A setting that comes to the same as the run learnt its servers (e.g. ``reasoning =
-        "separate"`` for a server whose replies showed it) is no change, nor is the same setting at a server the run
-        has not learnt yet (the endpoint moved to another address): the run learns it as it first did."""
+        (:meth:`handling`), each as ``NAME OLD (now NEW)``."""
         before = _recorded_settings(store)
         if before is None:
             return []
-        old, new = self.handling(before, store), self.handling(self.settings, store)
+        old, new = self.handling(before), self.handling(self.settings)
         return [
-            f"{name} {_shown(old[name][1])} (now {_shown(new.get(name, old[name])[1])})"
-            for name in sorted(old.keys() & new.keys())
-            if old[name][0] != new[name][0] and not _learnt_anew(old[name], new[name])
+            f"{name} {_shown(old[name])} (now {_shown(new[name])})" for name in sorted(old) if old[name] != new[name]
         ]
 
     def check_resume(self, store: RunStore) -> None:
@@ -343,13 +322,6 @@ class RunSetup:
         store.set_meta("settings", self.settings.model_dump(mode="json"))
         store.set_meta("method", {"name": self.method.name, "params": self.method.params.model_dump(mode="json")})
         store.set_meta("prompt_overrides", {o.name: o.sha256 for o in self.overrides})
-
-
-def _learnt_anew(old: tuple[str, str], new: tuple[str, str]) -> bool:
-    """Whether a role's handling (:meth:`RunSetup.handling`) differs only where the same setting meets servers not
-    learnt yet: what it comes to there is undecided, and each server it is decided for came to it before."""
-    undecided = {"auto", "undecided"}
-    return old[1] == new[1] and set(new[0].split("/")) - undecided <= set(old[0].split("/"))
 
 
 def _recorded_settings(store: RunStore) -> Settings | None:
