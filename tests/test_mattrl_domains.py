@@ -24,7 +24,9 @@ from tmas.memory.pool import Pool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import Transcript
 from tmas.methods.base import ProblemResult
+from tmas.methods.mattrl_teaching import SINGLE_FALLBACK, TEAM_FALLBACK
 from tmas.pool.build import CREDITS_FILE, BuildConfig, build_dir_for, build_pool
+from tmas.pool.outcomes import LabelledTranscript, transcript_of
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript
@@ -396,6 +398,34 @@ async def test_failed_teaching_calls_are_noted_in_their_rounds_record() -> None:
     assert any(n.startswith("round 1: the teacher's question failed") for n in first)
     assert any(n.startswith("round 1: the student's reply failed") for n in first)
     assert not any("failed" in n for n in result.iterations[2].notes)
+
+
+@pytest.mark.parametrize(
+    ("teaching", "failing", "asked"),
+    [
+        ("single", Rule(role="specialist", pattern="Ask your question for round 1", fault="http_400"), SINGLE_FALLBACK),
+        ("team", Rule(role="coordinator", pattern="for round 1 of the dialogue", fault="http_400"), TEAM_FALLBACK),
+    ],
+)
+async def test_the_generic_question_asked_in_a_failed_round_is_the_dialogue_experience_construction_reads(
+    teaching: str, failing: Rule, asked: str
+) -> None:
+    # Round 1's question call fails: the student is asked a generic question, and the judge and summarizer of
+    # round 2's turns see that question (not an empty or unusable one) as round 1's in the dialogue so far.
+    problem = Problem(problem_id="q1", question=QUESTION, answer="B", metadata=METADATA)
+    result, model = await run_scripted(
+        "mattrl", question=problem, rules=[failing], domain="education", teaching=teaching, iterations=2
+    )
+    assert f"Teacher: {asked}" in last_user_prompts(model, "student")[1]
+    transcript = transcript_of(result.iterations, "q1")
+    assert transcript is not None
+    case = LabelledTranscript("run", problem, transcript, outcome=1.0)
+    later = [turn for turn in case.turns() if turn.round == 2]
+    assert later
+    for turn in later:
+        [(question, reply)] = case.teaching_view(turn).dialogue
+        assert question == asked and reply
+    assert any(n.endswith(f"the generic question {asked!r} is asked") for n in result.iterations[1].notes)
 
 
 async def test_the_student_is_taught_from_its_own_pretest_with_its_roles_model_and_sampling() -> None:

@@ -173,10 +173,9 @@ async def _question(
         )
         if reply.ok and reply.content.strip():
             return reply.content.strip()
-        notes.append(
-            f"round {r}: the teacher's question failed ({reply.error or 'empty reply'}); a generic one is asked"
+        return _fallback(
+            r, SINGLE_FALLBACK, f"the teacher's question failed ({reply.error or 'empty reply'})", transcript, notes
         )
-        return "What made you choose your answer?"
 
     async def analyse(index: int, member: TeamMember) -> tuple[TeamMember, Completion, list[PoolEntry]]:
         hints = await retrieve(member, f"{case.question}\n\n{case.pre_reasoning}", notes)
@@ -213,9 +212,22 @@ async def _question(
     asked = parse_plan(plan.content) if plan.ok and guarded.echo is None else ""
     if not asked:
         why = "it echoed the instructions twice" if guarded.echo else plan.error or "empty reply"
-        notes.append(f"round {r}: no planned question ({why}); a generic one is asked")
-        asked = "Can you walk me through how you ruled out the other options?"
+        return _fallback(r, TEAM_FALLBACK, f"no planned question ({why})", transcript, notes)
     transcript.utterances.append(
         Utterance(round=r, agent="coordinator", kind="meeting", text=plan.content, call_id=plan.call_id)
     )
+    return asked
+
+
+# The questions asked when the teachers put none (their call failed, or the plan echoed the instructions).
+SINGLE_FALLBACK = "What made you choose your answer?"
+TEAM_FALLBACK = "Can you walk me through how you ruled out the other options?"
+
+
+def _fallback(r: int, asked: str, why: str, transcript: Transcript, notes: list[str]) -> str:
+    """Round ``r``'s generic question ``asked`` in place of the teachers' (``why``: what failed), recorded as the
+    round's coordinator meeting, the question put to the student, as a planned one is: the judge and summarizer of
+    experience construction read the dialogue from it. The failed call's reply is in its call record."""
+    notes.append(f"round {r}: {why}; the generic question {asked!r} is asked")
+    transcript.utterances.append(Utterance(round=r, agent="coordinator", kind="meeting", text=asked))
     return asked

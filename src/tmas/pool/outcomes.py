@@ -102,8 +102,9 @@ class LabelledTranscript:
         return out
 
     def teaching_view(self, turn: AgentTurn) -> TeachingView:
-        """Education: the student's pre-test, the dialogue before ``turn``'s round (the question the teachers put,
-        from the coordinator's plan or the single teacher's turn, and the student's reply), subject and difficulty."""
+        """Education: the student's pre-test, the dialogue before ``turn``'s round (the question put to the student,
+        from the coordinator's meeting (its plan, or the generic question asked when the teachers put none) or the
+        single teacher's turn, and the student's reply), subject and difficulty."""
         utterances = self.transcript.utterances
         pre = next((u for u in utterances if u.agent == STUDENT and u.round == 0), None)
         asked: dict[int, str] = {}
