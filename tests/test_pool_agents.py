@@ -29,7 +29,13 @@ def test_judge_score_normalised_to_unit_interval() -> None:
     assert score.analysis == "decisive factoring"
     fenced = 'Here you go:\n```json\n{"analysis": "x", "score": "5"}\n```'
     assert parse_judge_score(fenced).normalised == pytest.approx(1.0)
-    assert parse_judge_score('{"score": 2.6}').score == 3  # rounded, as B.6 rounds its weighted sum
+
+
+@pytest.mark.parametrize(("raw", "score"), [("2.6", 3), ("2.4", 2), ("2.5", 3), ("0.5", 1), ("3.5", 4), ('"4.5"', 5)])
+def test_a_fractional_judge_score_is_the_nearest_integer_halves_up(raw: str, score: int) -> None:
+    # B.6 asks for an integer 0-5; off format, the nearest one, a half rounding up as C.4.6's "Round to nearest
+    # integer" does (Python's round would give 2.5 -> 2, 0.5 -> 0, 4.5 -> 4).
+    assert parse_judge_score(f'{{"score": {raw}}}').score == score
 
 
 @pytest.mark.parametrize(

@@ -162,9 +162,15 @@ def parse_rubric_score(content: str, *, truncated: bool = False) -> JudgeScore:
         total += weight * raw
         parts.append(f"{key.removesuffix('_score').replace('_', ' ')} {raw:g}")
     analysis = str(data.get("analysis", "")).strip()
-    # C.4.6 rounds the weighted sum to the nearest integer; half up, not Python's round-half-to-even.
-    score = min(MAX_SCORE, math.floor(total + 0.5 + 1e-9))
+    score = min(MAX_SCORE, nearest_score(total))
     return JudgeScore(score=score, analysis=f"{analysis} ({'; '.join(parts)}; weighted {total:.2f})".strip())
+
+
+def nearest_score(value: float) -> int:
+    """``value`` rounded to the nearest integer, halves up (2.5 -> 3, 3.5 -> 4), as C.4.6's "Round to nearest
+    integer" reads, not Python's round-half-to-even (2.5 -> 2). The tolerance keeps a weighted sum that floating
+    point stores a hair under a half rounding up."""
+    return math.floor(value + 0.5 + 1e-9)
 
 
 def turn_value_prompt(
@@ -179,7 +185,8 @@ def parse_judge_score(content: str, *, truncated: bool = False) -> JudgeScore:
         raise AgentOutputError("judge reply truncated at max_tokens")
     data = extract_json_object(content)
     raw = data.get("score")
-    # Judges write "4", 4 or 4.0 alike; a fractional score is rounded as appendix B.6 rounds its weighted sum.
+    # Judges write "4", 4 or 4.0 alike. Appendix B.6 asks for an integer 0-5; a fractional one is read as the nearest
+    # integer, halves up, as C.4.6 rounds its weighted sum (B.6 itself has no weighted sum to round).
     if isinstance(raw, str):
         try:
             raw = float(raw.strip())
@@ -188,6 +195,6 @@ def parse_judge_score(content: str, *, truncated: bool = False) -> JudgeScore:
     if isinstance(raw, bool) or not isinstance(raw, int | float):
         raise AgentOutputError("judge JSON has no numeric 'score'")
     try:
-        return JudgeScore(score=round(raw), analysis=str(data.get("analysis", "")))
+        return JudgeScore(score=nearest_score(raw), analysis=str(data.get("analysis", "")))
     except ValidationError:
         raise AgentOutputError(f"judge score {raw} outside 0-{MAX_SCORE}") from None
