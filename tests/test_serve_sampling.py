@@ -95,3 +95,28 @@ def test_temperature_zero_for_a_sampling_method_is_served_with_a_notice(sim: Sim
     assert "notices" not in one_chain.model_extra["tmas"]
     # Served as asked: three samples at temperature 0, then the CoT call.
     assert [b["temperature"] for b in sim.chat_bodies()] == [0, 0, 0, 0]
+
+
+def test_vllm_sampling_fields_at_the_top_level_reach_every_upstream_call(sim: SimServer, tmp_path: Path) -> None:
+    # vLLM and SGLang read top_k, min_p and repetition_penalty at the top level of a chat request; OpenAI's client
+    # sends them there through extra_body. Under the default policy they are every call's defaults, as temperature is.
+    extra = {"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "presence_penalty": 0.5}
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "a")) as proxy:
+        client(proxy).chat.completions.create(
+            model="tmas/sim-model",
+            messages=QUESTION,
+            extra_body={**extra, "tmas": {"n": 2, "m": 1, "iterations": 1}},
+        )
+    bodies = sim.chat_bodies()
+    assert len(bodies) == 4
+    assert all({key: b.get(key) for key in extra} == extra for b in bodies)
+    sim.reset()
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "b", client_sampling="ignore")) as proxy:
+        client(proxy).chat.completions.create(model="cot/sim-model", messages=QUESTION, extra_body=extra)
+    [body] = sim.chat_bodies()
+    assert not set(extra) & set(body)
+
+
+def test_a_bad_vllm_sampling_field_is_a_400_naming_it() -> None:
+    with pytest.raises(ApiError, match="bad value for 'min_p'"):
+        ChatBody.parse(b'{"model": "cot/m", "messages": [{"role": "user", "content": "1?"}], "min_p": 2}')

@@ -62,7 +62,8 @@ def serve(
         str,
         typer.Option(
             "--client-sampling",
-            help="A request's temperature, top_p and max_tokens: 'defaults' of every upstream call of its run, or"
+            help="A request's temperature, top_p, max_tokens (and top_k, min_p, repetition_penalty,"
+            " presence_penalty): 'defaults' of every upstream call of its run, or"
             " 'ignore' them (this server's settings decide; for harnesses that always send their own).",
         ),
     ] = "defaults",

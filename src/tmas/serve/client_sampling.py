@@ -1,12 +1,13 @@
 """What a client's sampling fields mean for a method's own upstream calls (``tmas serve --client-sampling``).
 
-``defaults`` (the default): the request's ``temperature``, ``top_p`` and ``max_tokens`` become the defaults of every
-upstream call of its run. They win over the method's presets and the server's own sampling flags and config; they
-yield to per-role settings (``[roles.<role>.sampling]``), to a method's own per-role parameters (TMAS
+``defaults`` (the default): the request's ``temperature``, ``top_p``, ``max_tokens``, ``presence_penalty`` and vLLM's
+and SGLang's top-level ``top_k``, ``min_p`` and ``repetition_penalty``, where it sends them, become the
+defaults of every upstream call of its run. They win over the method's presets and the server's own sampling flags
+and config; they yield to per-role settings (``[roles.<role>.sampling]``), to a method's own per-role parameters (TMAS
 ``sampling = {verifier = {...}}``) and to what a method's code asks of one call (a score-first verifier's few tokens):
 the order of :mod:`tmas.llm.sampling`, where the request is the ``flags`` layer.
 
-``ignore``: the server's settings decide every call; the request's three fields are dropped. For clients that always
+``ignore``: the server's settings decide every call; the request's sampling fields are dropped. For clients that always
 send their own defaults whatever the user asked (lm-evaluation-harness sends temperature 0 and max_tokens 256 unless
 its task says otherwise).
 

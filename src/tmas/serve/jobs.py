@@ -147,7 +147,7 @@ class ServedRuns:
         self.serve_dir = serve_dir
         # The most upstream calls one request's run may make (tmas.serve.cost_gate).
         self.max_request_calls = max_request_calls
-        # What a request's temperature, top_p and max_tokens mean for its run's calls (tmas.serve.client_sampling).
+        # What a request's sampling fields mean for its run's calls (tmas.serve.client_sampling).
         self.client_sampling = client_sampling
         # Told of every upstream call a run makes (the metrics).
         self.on_call = on_call

@@ -44,7 +44,7 @@ class ServeOptions:
     max_body_bytes: int = 1_000_000
     # Resume the unfinished runs found in serve_dir at start-up.
     resume: bool = True
-    # What a request's temperature, top_p and max_tokens mean for its run's calls (tmas.serve.client_sampling).
+    # What a request's sampling fields mean for its run's calls (tmas.serve.client_sampling).
     client_sampling: ClientSampling = "defaults"
     # The most upstream calls one request's run may make (tmas.serve.cost_gate).
     max_request_calls: int = QUESTION_CALLS

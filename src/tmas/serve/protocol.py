@@ -60,6 +60,10 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = None
 
 
+# The request's sampling fields that become every upstream call's defaults under the same name (max_tokens aside).
+DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty")
+
+
 class ChatBody(BaseModel):
     """A ``/v1/chat/completions`` body. Fields the proxy does not use are ignored, as OpenAI's server does."""
 
@@ -73,6 +77,12 @@ class ChatBody(BaseModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    # Read at the top level of a chat request by vLLM and SGLang (OpenAI's client sends them there from extra_body);
+    # bounds as tmas.config.Sampling's. presence_penalty is OpenAI's own.
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     seed: int | None = None
     # Where the reply's content ends (OpenAI's up to 4 sequences): applied to the reply, never to the method's own
     # calls, whose reasoning a client's stop sequence (lm-eval's default "\n\n") would cut at its first paragraph.
@@ -125,7 +135,7 @@ class ChatBody(BaseModel):
     def sampling_overrides(self) -> dict[str, Any]:
         """The body's sampling fields, as settings keys: they become every upstream call's defaults."""
         out: dict[str, Any] = {}
-        for name in ("temperature", "top_p"):
+        for name in DEFAULT_FIELDS:
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         limit = self.max_completion_tokens or self.max_tokens
