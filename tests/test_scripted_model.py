@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from conftest import scripted_settings, settings_for
 from mattrl_runs import hand_worked_transcript
 from tmas.agents.utterance_judge import JudgeScoreReply
@@ -15,7 +17,7 @@ from tmas.api import asolve
 from tmas.config import Sampling, Settings
 from tmas.grading.judge import JudgeReplyFormat, judge_once
 from tmas.llm.client import LLMClient
-from tmas.llm.model import ChatModel
+from tmas.llm.model import ChatModel, QuotaSpent
 from tmas.llm.replay import StoreReplay
 from tmas.llm.types import TokenLogprob, user
 from tmas.llm.watch import UNWATCHED_NOTICE
@@ -256,3 +258,36 @@ async def test_a_roles_own_endpoint_fields_decide_its_schema() -> None:
     for role in ("solution", "verifier", "judge", "judge"):
         await model.chat(role, [user("Grade it.")], reply_model=JudgeScoreReply)
     assert ["response_format" in call.body for call in model.calls] == [True, False, False, True]
+
+
+QUOTA = {
+    "error": {
+        "message": "You exceeded your current quota, please check your plan and billing details.",
+        "type": "insufficient_quota",
+        "param": None,
+        "code": "insufficient_quota",
+    }
+}
+
+
+async def test_a_rules_error_status_fails_the_call_in_process_as_the_http_client_sees_it() -> None:
+    # A rule with error_status and no fault: the simulator refuses the request with that status (and error_body);
+    # in process the call fails alike, with the cause and message the HTTP client reads from that refusal.
+    for status, cause in ((400, "http_400"), (503, "http_503")):
+        script = SimScript(persona="vllm", rules=[Rule(error_status=status, error_message="Engine refused it.")])
+        with SimServer(script) as sim:
+            async with LLMClient(settings_for(sim)) as llm:
+                on_wire = await llm.chat("solution", [user(Q.question)])
+        in_process = await ScriptedModel(script, SETTINGS).chat("solution", [user(Q.question)])
+        assert not on_wire.ok and not in_process.ok and in_process.content == ""
+        assert in_process.error_cause == on_wire.error_cause == cause
+        assert in_process.error == f"HTTP {status}: Engine refused it."
+        assert on_wire.error is not None and on_wire.error.endswith(": Engine refused it.")
+    # OpenAI's 429 for a spent quota (its body verbatim): the client ends the run, in process too.
+    quota = SimScript(persona="openai", rules=[Rule(role="solution", error_status=429, error_body=QUOTA)])
+    with SimServer(quota) as sim:
+        async with LLMClient(settings_for(sim)) as llm:
+            with pytest.raises(QuotaSpent, match="quota is spent"):
+                await llm.chat("solution", [user(Q.question)])
+    with pytest.raises(QuotaSpent, match="refused role 'solution': HTTP 429: You exceeded your current quota"):
+        await ScriptedModel(quota, SETTINGS).chat("solution", [user(Q.question)])

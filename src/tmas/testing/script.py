@@ -136,7 +136,8 @@ class Rule(_Strict):
     fault: FaultKind | None = None
     # With fault "stream_error": the HTTP status the error carries (a 4xx for a request the server refuses part way),
     # in the persona's error-event shape. None: the simulator's own 500 event. Without a fault: the request is refused
-    # with that HTTP status before any generation, streamed or not (OpenAI's 429 for a rate limit or a spent quota).
+    # with that HTTP status before any generation, streamed or not (OpenAI's 429 for a rate limit or a spent quota);
+    # in process (ScriptedModel) the call fails as the HTTP client fails it on that refusal.
     error_status: int | None = Field(default=None, ge=400, le=599)
     # The error's message with ``error_status`` (None: a message of the simulator's own).
     error_message: str | None = None

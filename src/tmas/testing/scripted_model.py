@@ -17,6 +17,7 @@ the client would send it (:meth:`ScriptedModel.schema`), so a request answers al
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from tmas.config import Sampling, Settings
+from tmas.llm.failures import from_status
+from tmas.llm.model import QuotaSpent
 from tmas.llm.reasoning import reply_place, split_reasoning
 from tmas.llm.refusals import requested_schema, schema_goes
 from tmas.llm.sampling import ResolvedSampling, resolve_role
@@ -31,8 +34,9 @@ from tmas.llm.types import CallKey, ChainKey, ChatRequest, Completion, Message, 
 from tmas.llm.watch import TraceWatch
 from tmas.testing.personas import persona_of
 from tmas.testing.responders import SimRequest, count_tokens
-from tmas.testing.script import SimScript
+from tmas.testing.script import Rule, SimScript
 from tmas.testing.scripted_replies import RuleBook, embed_text, scripted_logprobs, scripted_text
+from tmas.testing.sim_faults import rule_error
 
 
 @dataclass(frozen=True)
@@ -175,6 +179,8 @@ class ScriptedModel:
                 error=error,
                 error_cause=rule.fault,
             )
+        if rule is not None and rule.error_status is not None and rule.fault is None:
+            return self._refused(role, key, request, rule, rule.error_status, call_id)
         seed = request.sampling.seed
         sim = SimRequest(role, key.problem_id or None, [m.model_dump() for m in messages], body, seed, self.script)
         fault = rule.fault if rule is not None else None
@@ -206,6 +212,25 @@ class ScriptedModel:
             finish_reason=text.finish_reason,
             # An empty payload is none, as the HTTP client reads it.
             logprobs=[TokenLogprob.model_validate(p) for p in logprobs] if logprobs else None,
+        )
+
+    def _refused(
+        self, role: str, key: CallKey, request: ChatRequest, rule: Rule, status: int, call_id: int
+    ) -> Completion:
+        """A rule's ``error_status`` without a fault: the simulator refuses the request with that status and body
+        before any generation, and the call fails as the HTTP client fails it on that refusal (after its retries
+        where it retries one; a spent quota raises :class:`tmas.llm.model.QuotaSpent`, ending the run)."""
+        body = rule_error(persona_of(self.script).name, rule, status)
+        failure = from_status(status, json.dumps(body), request.body(structured=True))
+        if failure.cause == "quota":
+            raise QuotaSpent(f"endpoint {self._endpoint(role)['url']} refused role {role!r}: {failure}")
+        return Completion(
+            key=key,
+            request_hash=request.request_hash(key),
+            call_id=call_id,
+            model=request.model,
+            error=str(failure),
+            error_cause=failure.cause,
         )
 
     def end_chain(self, chain: ChainKey) -> None:

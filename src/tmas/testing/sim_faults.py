@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from tmas.testing.replies import sse
-from tmas.testing.script import FaultKind
+from tmas.testing.script import FaultKind, Rule
 
 _FAULT_STATUS: dict[str, tuple[int, str, str]] = {
     "http_500": (500, "InternalServerError", "Simulated internal server error."),
@@ -114,6 +114,16 @@ def status_error(persona: str, status: int, message: str) -> dict[str, Any]:
         return {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
     # vLLM (chat_completion/serving.py create_streaming_error_response): ErrorResponse(error=ErrorInfo(...)).
     return {"error": {"message": message, "type": _error_type(status), "param": None, "code": status}}
+
+
+def rule_error(persona: str, rule: Rule, status: int, *, event: bool = False) -> dict[str, Any]:
+    """The body of a rule's error with ``status``: its ``error_body`` verbatim, else the persona's shape with its
+    ``error_message`` (as an error event in a stream where ``event``: SGLang sends its flat error whole)."""
+    if rule.error_body is not None:
+        return rule.error_body
+    said = rule.error_message or f"Simulated error ({status}){' mid-generation' if rule.fault else ''}."
+    error = status_error(persona, status, said)
+    return error if event or persona != "sglang" else error["error"]
 
 
 def faulty_events(

@@ -45,6 +45,7 @@ from tmas.testing.sim_faults import (
     error_response,
     fault_response,
     faulty_events,
+    rule_error,
     status_error,
     stream_head,
 )
@@ -361,15 +362,15 @@ class SimApp:
         if rule is not None and rule.error_status is not None and fault is None:
             # Refused before any generation: the status and its body, streamed or not.
             self.recorder.count_fault(f"http_{rule.error_status}")
-            return web.json_response(self._rule_error(persona, rule, rule.error_status), status=rule.error_status)
+            return web.json_response(rule_error(persona.name, rule, rule.error_status), status=rule.error_status)
         opened = await self._generation_turn(request, active, asked, rule, turn, prompt_tokens)
         # A rule's error_status: the stream_error fault carries that status, in the persona's shape.
         error_status = rule.error_status if rule is not None and fault == "stream_error" else None
         error = None
         if rule is not None and error_status is not None:
-            error = self._rule_error(persona, rule, error_status, event=True)
+            error = rule_error(persona.name, rule, error_status, event=True)
             if not asked.streams:
-                return web.json_response(self._rule_error(persona, rule, error_status), status=error_status)
+                return web.json_response(rule_error(persona.name, rule, error_status), status=error_status)
         if fault is not None and error is None:
             replaced = await fault_response(request, fault, script.hang_s, asked.streams)
             if isinstance(replaced, web.Response) and opened is not None and replaced.status >= 400:
@@ -401,16 +402,6 @@ class SimApp:
         self.recorder.generated(counts.completion)
         self.recorder.count_done(*done)
         return web.json_response(reply.completion())
-
-    @staticmethod
-    def _rule_error(persona: Persona, rule: Rule, status: int, *, event: bool = False) -> dict[str, Any]:
-        """The body of a rule's error with ``status``: its ``error_body`` verbatim, else the persona's shape with its
-        ``error_message`` (as an error event in a stream where ``event``: SGLang sends its flat error whole)."""
-        if rule.error_body is not None:
-            return rule.error_body
-        said = rule.error_message or f"Simulated error ({status}){' mid-generation' if rule.fault else ''}."
-        error = status_error(persona.name, status, said)
-        return error if event or persona.name != "sglang" else error["error"]
 
     def _checked(self, active: _Active, body: dict[str, Any]) -> _Asked:
         """The request's fields as the persona's server checks them (a field it refuses is a 400)."""
