@@ -20,7 +20,7 @@ import pytest
 
 from tmas.config import LocalModel, Settings
 from tmas.errors import LocalModelError
-from tmas.llm import weights
+from tmas.llm import local_server, weights
 from tmas.llm.local_server import LocalServer, _crash_marker
 from tmas.llm.provision import provisioned
 from tmas.llm.weights import KNOWN_MODELS, resolve_model
@@ -136,10 +136,17 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-async def test_local_server_answers_a_chat_completion(tmp_path: Path) -> None:
+async def test_local_server_answers_a_chat_completion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = LocalModel(model="smollm2-135m", parallel=2, ctx_per_slot=2048, startup_timeout_s=120)
+    # Another process holds the port a free-port probe hands out: llama-server picks its own and names it.
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    monkeypatch.setattr(local_server, "free_port", lambda: taken)
     async with LocalServer(cfg, log_dir=tmp_path) as srv:
         assert srv.base_url.startswith("http://127.0.0.1:")
+        assert srv.port != taken
         assert srv.model == "smollm2-135m"
         pid, port = srv.pid, srv.port
         assert pid is not None and port is not None
@@ -158,6 +165,7 @@ async def test_local_server_answers_a_chat_completion(tmp_path: Path) -> None:
     assert data["choices"][0]["message"]["content"].strip()
     assert data["usage"]["completion_tokens"] > 0
     assert data["usage"]["prompt_tokens"] > 0
+    squatter.close()
     assert not _alive(pid)
     assert not _port_open(port)
     assert (tmp_path / "local_server.log").stat().st_size > 0

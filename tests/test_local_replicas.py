@@ -31,12 +31,9 @@ from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import RunStore
 
 FAKE_SERVER = """#!{python}
-import json, os, sys
+import json, os, signal, sys
 args = sys.argv[1:]
-port = args[args.index("--port") + 1]
 record = os.environ["FAKE_LLAMA_DIR"]
-with open(os.path.join(record, "argv-" + port + ".json"), "w") as fh:
-    json.dump(args, fh)
 flag = os.path.join(record, "fail-once")
 try:
     os.rename(flag, flag + ".taken")  # atomic: exactly one replica takes the failure
@@ -45,9 +42,15 @@ except OSError:
 else:
     print("fake llama-server: cannot load the model", flush=True)
     sys.exit(3)
+from tmas.testing.script import SimScript
+from tmas.testing.sim_server import SimServer
 # Slow enough that concurrent calls overlap, so the client has to spread them.
-cmd = [sys.executable, "-m", "tmas.testing.sim_server", "--port", port, "--latency", "0.05"]
-os.execv(sys.executable, cmd)
+server = SimServer(SimScript(latency_s=0.05), port=int(args[args.index("--port") + 1])).start()
+with open(os.path.join(record, "argv-" + str(server.port) + ".json"), "w") as fh:
+    json.dump(args, fh)
+# As llama-server says where it listens (the port the kernel picked for --port 0).
+print("main: server is listening on " + server.url + " - starting the main loop", flush=True)
+signal.pause()  # until SIGTERM ends it
 """
 
 
@@ -232,6 +235,25 @@ async def test_a_replica_that_fails_names_its_log_and_stops_the_others(
         port = int(name.removeprefix("argv-").removesuffix(".json"))
         with socket.socket() as sock:
             assert sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+async def test_a_port_taken_by_another_process_does_not_stop_the_server(
+    fake_llama: Path, gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another process listens on the port a free-port probe would have handed out: llama-server binds a port of its
+    # own choosing (--port 0) and says which, so it comes up all the same, and that port is the one used.
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        monkeypatch.setattr(local_server, "free_port", lambda: taken)
+        async with local_server.LocalServer(LocalModel(model=str(gguf), startup_timeout_s=60), log_dir=tmp_path) as srv:
+            assert srv.port is not None and srv.port != taken
+            argv = json.loads((fake_llama / f"argv-{srv.port}.json").read_text())
+            assert _flag(argv, "--port") == "0"
+            async with aiohttp.ClientSession() as session, session.get(srv.base_url + "/models") as resp:
+                assert resp.status == 200
+                assert [card["id"] for card in (await resp.json())["data"]]
 
 
 async def test_cancelling_a_run_stops_every_replica(fake_llama: Path, gguf: Path, tmp_path: Path) -> None:

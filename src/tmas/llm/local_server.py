@@ -24,6 +24,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -52,6 +53,9 @@ _PR_SET_PDEATHSIG = 1
 _LIVE: set[subprocess.Popen[bytes]] = set()
 # Ports handed to servers of this process: replicas starting together must not be given the same free port.
 _TAKEN_PORTS: set[int] = set()
+# llama-server's log line once it listens: ``listening on http://127.0.0.1:PORT`` (older builds: ``server is
+# listening on ...``). Told ``--port 0``, it binds a port the kernel picks and names it here.
+_LISTENING = re.compile(rb"listening on https?://[^\s/]*:(\d+)")
 
 
 def _load_prctl() -> Callable[..., int] | None:
@@ -90,7 +94,11 @@ def die_with_parent_preexec() -> Callable[[], None] | None:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (the kernel picks it), not yet given to a server."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now (the kernel picks it), not yet given to a server.
+
+    Another process may take it before the server binds it: only for a server that cannot bind a port of its own
+    choosing and say which (llama-cpp-python); llama-server is told ``--port 0`` and its port read from its log.
+    """
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((HOST, 0))
@@ -154,6 +162,8 @@ class LocalServer:
         self._log: IO[bytes] | None = None
         self._ready = False
         self._crash_code = 0
+        # How far the log has been searched for the port llama-server says it listens on.
+        self._scanned = 0
 
     @property
     def base_url(self) -> str:
@@ -207,9 +217,14 @@ class LocalServer:
 
     async def _launch(self, no_repack: bool) -> None:
         assert self.model_path is not None and self.log_path is not None
-        self.port = free_port()
-        _TAKEN_PORTS.add(self.port)
-        argv, env, ready_path = build_command(self.cfg, self.model_path, self.port, self.model, no_repack)
+        if self.cfg.server == "llama-server":
+            # It binds a port the kernel picks and names it in its log: no other process can take it in between.
+            self.port, port_arg = None, 0
+        else:
+            self.port = port_arg = free_port()
+            _TAKEN_PORTS.add(port_arg)
+        argv, env, ready_path = build_command(self.cfg, self.model_path, port_arg, self.model, no_repack)
+        self._scanned = 0
         self._log = self.log_path.open("wb")
         try:
             # Popen from the loop's thread: the parent-death signal is tied to the forking thread.
@@ -227,7 +242,7 @@ class LocalServer:
             raise LocalModelError(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
         _LIVE.add(self._proc)
         try:
-            await self._wait_ready(f"http://{HOST}:{self.port}{ready_path}")
+            await self._wait_ready(ready_path)
         except BaseException:
             await self.stop()
             raise
@@ -244,7 +259,24 @@ class LocalServer:
             raise LocalModelError(f"cannot create log directory {directory}: {exc.strerror}") from None
         return directory / name
 
-    async def _wait_ready(self, url: str) -> None:
+    def _listening_port(self) -> int | None:
+        """The port llama-server's log says it listens on; None until it says so."""
+        assert self.log_path is not None
+        try:
+            with self.log_path.open("rb") as fh:
+                fh.seek(self._scanned)
+                text = fh.read()
+        except OSError:
+            return None
+        # Only whole lines: a line still being written is read again next time.
+        end = text.rfind(b"\n") + 1
+        found = _LISTENING.search(text, 0, end)
+        if found is not None:
+            return int(found.group(1))
+        self._scanned += end
+        return None
+
+    async def _wait_ready(self, ready_path: str) -> None:
         proc = self._proc
         assert proc is not None and self.log_path is not None
         deadline = time.monotonic() + self.cfg.startup_timeout_s
@@ -252,11 +284,14 @@ class LocalServer:
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while True:
                 self._check_alive(proc)
+                if self.port is None:
+                    self.port = self._listening_port()
                 # Before the model is loaded llama-server answers 503 and the port may still be closed.
-                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                    async with session.get(url) as resp:
-                        if resp.status == 200:
-                            break
+                if self.port is not None:
+                    with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                        async with session.get(f"http://{HOST}:{self.port}{ready_path}") as resp:
+                            if resp.status == 200:
+                                break
                 if time.monotonic() >= deadline:
                     raise LocalModelError(
                         f"{self.cfg.server} did not answer within {self.cfg.startup_timeout_s:g} s "
@@ -272,7 +307,7 @@ class LocalServer:
                 ok = False
                 with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
                     async with session.post(
-                        url.replace("/v1/models", "/v1/completions"),
+                        f"http://{HOST}:{self.port}/v1/completions",
                         json=body,
                         timeout=aiohttp.ClientTimeout(total=max(1.0, deadline - time.monotonic())),
                     ) as resp:
