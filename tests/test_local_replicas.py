@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -254,6 +256,29 @@ async def test_a_port_taken_by_another_process_does_not_stop_the_server(
             async with aiohttp.ClientSession() as session, session.get(srv.base_url + "/models") as resp:
                 assert resp.status == 200
                 assert [card["id"] for card in (await resp.json())["data"]]
+
+
+async def test_a_server_that_dies_while_in_use_is_named_with_its_log(
+    fake_llama: Path, gguf: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A crash or the OOM killer takes the server mid-run: the run's calls fail as unreachable; when it ends, tmas
+    # says which server stopped, how, and its log's last lines, and keeps that log (even the cache's per-process one).
+    srv = local_server.LocalServer(LocalModel(model=str(gguf), startup_timeout_s=60))
+    await srv.start()
+    try:
+        assert srv.pid is not None and srv.log_path is not None
+        os.kill(srv.pid, signal.SIGKILL)
+        # Until it has exited (left for stop() to reap).
+        await asyncio.to_thread(os.waitid, os.P_PID, srv.pid, os.WEXITED | os.WNOWAIT)
+    finally:
+        with caplog.at_level(logging.WARNING, logger="tmas.llm.local_server"):
+            await srv.stop()
+    [line] = [r.getMessage() for r in caplog.records if "while in use" in r.getMessage()]
+    assert line.startswith("llama-server (local_server) stopped with signal SIGKILL while in use; ")
+    assert f"last lines of {srv.log_path}: " in line
+    assert "server is listening on http://127.0.0.1:" in line
+    assert "\n" not in line
+    assert srv.log_path.exists()
 
 
 async def test_cancelling_a_run_stops_every_replica(fake_llama: Path, gguf: Path, tmp_path: Path) -> None:

@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 STOP_GRACE_S = 5.0
 _LOG_TAIL_LINES = 20
+# Log lines quoted in the one line that says a server stopped while in use.
+_DIED_TAIL_LINES = 3
 _CRASH_SIGNALS = (signal.SIGILL, signal.SIGSEGV, signal.SIGBUS)
 _PR_SET_PDEATHSIG = 1
 
@@ -332,6 +334,13 @@ class LocalServer:
             f"last lines of {self.log_path}:\n{_log_tail(self.log_path)}"
         )
 
+    def _died_in_use_message(self, code: int) -> str:
+        """One line: the server stopped by itself after it was ready, and the last lines of its log."""
+        assert self.log_path is not None
+        why = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        tail = " // ".join(line.strip() for line in _log_tail(self.log_path, _DIED_TAIL_LINES).splitlines())
+        return f"{self.cfg.server} ({self.name}) stopped with {why} while in use; last lines of {self.log_path}: {tail}"
+
     def _check_alive(self, proc: subprocess.Popen[bytes]) -> None:
         code = proc.poll()
         if code is None:
@@ -347,6 +356,11 @@ class LocalServer:
         if proc is None:
             self._close_log()
             return
+        # A server that was answering and has exited by itself (a crash, the OOM killer) is what a run's failed
+        # calls come from: say so, and keep its log.
+        died = self._ready and proc.poll() is not None
+        if died:
+            logger.warning("%s", self._died_in_use_message(proc.returncode))
         try:
             if proc.poll() is None:
                 _signal_group(proc, signal.SIGTERM)
@@ -360,7 +374,7 @@ class LocalServer:
             _LIVE.discard(proc)
             self._release_port()
             self._close_log()
-            if self._ready and self.log_dir is None and self.log_path is not None:
+            if self._ready and not died and self.log_dir is None and self.log_path is not None:
                 # A per-process log in the cache is only worth keeping when something went wrong.
                 self.log_path.unlink(missing_ok=True)
             self._ready = False
