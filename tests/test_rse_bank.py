@@ -4,7 +4,12 @@ samples see it, a wrong attempt becomes a pitfall, and an unusable distillation 
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from scripted_runs import by_role, last_user_prompts, run_scripted
+from tmas.agents.echo import ECHO_RETRY_SAMPLE
 from tmas.testing import Rule
 
 # What the simulator's distiller finds in a right attempt at 17*23 (tmas.testing.baseline_responders).
@@ -69,3 +74,25 @@ async def test_an_unusable_distillation_adds_nothing_and_the_next_samples_start_
     assert [c.meta.prompt for c in second.candidates] == ["generate"] and model.embedded == []
     solution = model.calls_of("solution")
     assert solution[0].messages == solution[1].messages
+
+
+@pytest.mark.parametrize(
+    "retry",
+    [
+        Rule(role="distiller", replies=["Nothing to report."], times=1),
+        Rule(role="distiller", fault="http_400", times=1),
+    ],
+    ids=["unreadable", "failed"],
+)
+async def test_an_unusable_retry_after_an_echo_keeps_the_first_distillation_less_its_echo(retry: Rule) -> None:
+    # The distillation holds one item copied from its instructions and one finding: it is asked again, and the retry
+    # is no distillation at all. The first reply's finding still enters the bank; the echoed item does not.
+    echoed = "intermediate facts the attempt establishes that you have rechecked yourself and found correct"
+    first = Rule(role="distiller", replies=[json.dumps({"propositions": [echoed, STEPS], "pitfalls": []})], times=1)
+    result, model = await run_scripted("rse", [first, retry], n=1, iterations=2)
+    asked = model.calls_of("distiller")
+    assert [c.key.sample for c in asked] == [0, ECHO_RETRY_SAMPLE] and asked[0].messages == asked[1].messages
+    state = result.iterations[0].state
+    assert state["bank"] == {"propositions": [STEPS], "pitfalls": []} and state["distill"]["distilled"] == 1
+    assert any("dropped" in note and "echoes the instructions" in note for note in result.iterations[0].notes)
+    assert result.iterations[0].replies["distiller"].unusable == (0 if retry.fault else 1)

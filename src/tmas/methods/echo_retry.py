@@ -1,5 +1,7 @@
 """One agent call under the echo guard (:mod:`tmas.agents.echo`): a reply that echoes its prompt's instructions is
-counted for its role (``ReplyTally.echo``) and asked again once, under another sample index."""
+counted for its role (``ReplyTally.echo``) and asked again once, under another sample index. A caller that drops a
+reply's echoing items (a bank update, a distillation) reads the first reply when the retry is no reply to read
+(:func:`reply_to_read`)."""
 
 from __future__ import annotations
 
@@ -62,3 +64,13 @@ async def chat_guarded(
     if again is not None:
         session.tally(role).echo += 1
     return GuardedReply(retry, first_echo=first, echo=again, echoed=reply)
+
+
+def reply_to_read(guarded: GuardedReply, unusable: Callable[[Completion], str | None]) -> tuple[Completion, str | None]:
+    """The reply a caller that drops echoing items reads: ``guarded.reply``, unless that is the retry after an echo and
+    ``unusable`` (why a reply is none to read: a failed call, a reply that does not parse; None when it is one) refuses
+    it; then the first reply, which was one but for its echoing items, and why the retry was not."""
+    if guarded.echoed is None:
+        return guarded.reply, None
+    why = unusable(guarded.reply)
+    return (guarded.reply, None) if why is None else (guarded.echoed, why)

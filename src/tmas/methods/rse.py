@@ -48,7 +48,7 @@ from tmas.methods.base import (
     gather_all,
 )
 from tmas.methods.call_count import CallCount, count_calls
-from tmas.methods.echo_retry import chat_guarded
+from tmas.methods.echo_retry import chat_guarded, reply_to_read
 from tmas.methods.selection import select
 from tmas.methods.state import MethodState
 from tmas.methods.steps import budget_note, finish, notes_for, solve_call
@@ -181,6 +181,15 @@ class RSE(Method[RSEParams]):
         def parse(r: Completion) -> Distillation:
             return parse_distillation(r.content, max_items=p.items_per_trajectory, truncated=r.truncated)
 
+        def unreadable(r: Completion) -> str | None:
+            if not r.ok:
+                return f"call failed: {r.error}"
+            try:
+                parse(r)
+            except AgentOutputError as exc:
+                return str(exc)
+            return None
+
         async def one(c: Candidate) -> Distillation | None:
             messages = distill_prompt(q, c.text, p.items_per_trajectory)
             guard = EchoGuard.of(messages)
@@ -196,11 +205,16 @@ class RSE(Method[RSEParams]):
                 guarded = await chat_guarded(session, "distiller", messages, echo_of, sample=c.index, reply_model=shape)
             except BudgetExhausted:
                 return None
-            reply = guarded.reply
             if guarded.first_echo is not None:
                 notes.append(
                     f"distillation of candidate {c.index}: {guarded.first_echo} echoed the instructions; asked again"
                 )
+            # A retry that failed or does not parse leaves the first reply, read without its echoing items below.
+            reply, why = reply_to_read(guarded, unreadable)
+            if why is not None:
+                if guarded.reply.ok:
+                    session.tally("distiller").unusable += 1
+                notes.append(f"distillation of candidate {c.index}: retry unusable ({why}); the first reply is used")
             if not reply.ok:
                 notes.append(f"distillation of candidate {c.index} failed: {reply.error}")
                 return None

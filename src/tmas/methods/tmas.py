@@ -87,7 +87,7 @@ from tmas.methods.base import (
 )
 from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.confidence_params import note_missing_confidence
-from tmas.methods.echo_retry import GuardedReply, chat_guarded
+from tmas.methods.echo_retry import GuardedReply, chat_guarded, reply_to_read
 from tmas.methods.state import EarlyStop, MethodState, TMASState
 from tmas.methods.steps import Anomaly, Chosen, fallback_note, select_answer, solution_anomalies, solve_call
 from tmas.methods.tmas_params import TMAS_ROLES, TMASParams
@@ -831,14 +831,14 @@ def _reply_to_use(
     """The memory agent's reply to read: the retry's after an echo, unless the retry is no update at all (a failed
     call, an unreadable reply) while the first reply is one but for its echoing items; then the first (whose echoing
     items the caller drops), with what became of the retry for the update's record."""
-    reply = guarded.reply
-    why = _unusable_update(reply, parse) if guarded.echoed is not None else None
-    if guarded.echoed is None or why is None:
-        return reply, None
-    if reply.ok:
+    used, why = reply_to_read(guarded, lambda r: _unusable_update(r, parse))
+    if why is None:
+        return used, None
+    retry = guarded.reply
+    if retry.ok:
         session.tally(role).unusable += 1
     log.notes.append(f"{role} retry unusable ({why}); the first reply applied without its echoing items")
-    return guarded.echoed, {"status": "invalid" if reply.ok else "failed", "error": why, "call_id": reply.call_id}
+    return used, {"status": "invalid" if retry.ok else "failed", "error": why, "call_id": retry.call_id}
 
 
 def _unusable_update(reply: Completion, parse: Callable[..., EchoFiltered]) -> str | None:
