@@ -11,6 +11,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from conftest import scripted_settings
 from mattrl_runs import hand_worked_transcript, write_run
 from scripted_runs import by_role, solve_in_process
@@ -288,6 +290,46 @@ async def test_a_summarizer_entry_that_echoes_the_instructions_never_enters_the_
     pool = Pool.open(tmp_path / "pool")
     assert [(e.source_round, e.source_agent) for e in pool.entries] == [(1, "S1")]
     assert not any("naming the move" in e.action for e in pool.entries)
+
+
+@pytest.mark.parametrize(
+    "retry",
+    [
+        Rule(role="summarizer", pattern='<contribution round="2" agent="S1"', replies=["No entries."], times=2),
+        Rule(role="summarizer", pattern='<contribution round="2" agent="S1"', fault="http_400", times=2),
+    ],
+    ids=["unreadable", "failed"],
+)
+async def test_a_summarizer_retry_that_fails_after_an_echo_keeps_the_first_replys_other_entries(
+    tmp_path: Path, retry: Rule
+) -> None:
+    echo = {
+        "action": "a short key naming the move",
+        "experience": "Good practice: when to make the move and what to watch for",
+        "scope": "general",
+    }
+    honest = {
+        "action": "Recheck the product by splitting a factor",
+        "experience": "Good practice: 6*7 as 6*5 plus 6*2 confirms 42 before it is stated.",
+        "scope": "general",
+    }
+    problem = Problem(problem_id="p1", question="What is 6*7?", answer="42")
+    run = write_run(tmp_path / "run", [(problem, hand_worked_transcript(), "42")])
+    # Turn 2 of S1 is kept: its first summary holds an echoing entry and an honest one; both retries are unusable.
+    first = Rule(
+        role="summarizer",
+        pattern='<contribution round="2" agent="S1"',
+        replies=[json.dumps({"entries": [echo, honest]})],
+        times=1,
+    )
+    model = ScriptedModel(SimScript(rules=[first, retry, *scripted_rules()]))
+    config = BuildConfig(scheme="difference", lam=0.5, gamma=0.5, beta=15 * math.log(2), grade_mode="rules")
+    summary = await build_pool([run], tmp_path / "pool", scripted_settings(), config, model=model)
+    assert len(model.calls_of("summarizer")) == 4 and summary.summarizer_echoes == 1
+    pool = Pool.open(tmp_path / "pool")
+    kept = [(e.source_round, e.action) for e in pool.entries if e.source_round == 2]
+    assert kept == [(2, honest["action"])]
+    assert any("the echoing reply's other entries are kept" in note for note in summary.notes)
 
 
 async def test_a_medicine_peer_review_that_echoes_is_asked_again_and_never_shared() -> None:

@@ -233,6 +233,8 @@ async def _distil(
     guard = EchoGuard.of(messages)
     shape: type[BaseModel] = SummarizerReply if teaching is None else TeachingSummarizerReply
     echo_retried = False
+    # The entries of a reply that echoed, less those that echo: what the turn gives if no later attempt is usable.
+    echoed_reply: list[DistilledEntry] | None = None
     for attempt in range(retries + 1):
         key = CallKey(problem_id=case.problem.problem_id, role=SUMMARIZER_ROLE, sample=attempt, iteration=target.turn)
         completion = await llm.chat(SUMMARIZER_ROLE, messages, key=key, reply_model=shape)
@@ -254,30 +256,46 @@ async def _distil(
         if echoed:
             summary.summarizer_echoes += len(echoed)
             summary.notes.append(f"{where}: summarizer: {len(echoed)} entries echo the prompt's instructions")
-            if not echo_retried and attempt < retries:
-                echo_retried, reason = True, "entries echoing the instructions"
-                continue
             found = [e for e in found if e not in echoed]
-        return [
-            PoolEntry(
-                id=entry_id(case, target, k),
-                action=e.action,
-                experience=e.experience,
-                scope=e.scope,
-                domain=case.transcript.domain,
-                specialty=target.specialty,
-                source_run=case.run,
-                source_problem=case.problem.problem_id,
-                source_round=target.turn,
-                source_agent=target.agent,
-                reward=record.credit.r,
-                tags=[record.scheme],
-                **_teaching_keys(e, teaching),
-            )
-            for k, e in enumerate(found)
-        ]
+            if not echo_retried and attempt < retries:
+                echo_retried, reason, echoed_reply = True, "entries echoing the instructions", found
+                continue
+        return _entries(case, target, record, found, teaching)
+    if echoed_reply:
+        summary.notes.append(
+            f"{where}: no usable summary after the echo ({reason}); the echoing reply's other entries are kept"
+        )
+        return _entries(case, target, record, echoed_reply, teaching)
     summary.notes.append(f"{where}: no usable summary after {retries + 1} attempts ({reason}); no entry")
     return []
+
+
+def _entries(
+    case: LabelledTranscript,
+    target: AgentTurn,
+    record: TurnRecord,
+    found: Sequence[DistilledEntry],
+    teaching: TeachingView | None,
+) -> list[PoolEntry]:
+    """The pool entries the summarizer found in ``target``'s turn."""
+    return [
+        PoolEntry(
+            id=entry_id(case, target, k),
+            action=e.action,
+            experience=e.experience,
+            scope=e.scope,
+            domain=case.transcript.domain,
+            specialty=target.specialty,
+            source_run=case.run,
+            source_problem=case.problem.problem_id,
+            source_round=target.turn,
+            source_agent=target.agent,
+            reward=record.credit.r,
+            tags=[record.scheme],
+            **_teaching_keys(e, teaching),
+        )
+        for k, e in enumerate(found)
+    ]
 
 
 def _summarizer_prompt(
