@@ -522,3 +522,31 @@ async def test_an_unusable_retry_after_an_echo_keeps_the_first_update_less_its_e
     assert update["status"] == "applied" and update["call_id"] == asked[0].reply.call_id
     assert update["retry"]["status"] == ("failed" if retry.fault else "invalid")
     assert len(update["echo_dropped"]) == 1 and "experience_failed" not in state["anomalies"]
+
+
+@pytest.mark.parametrize("mode", ["numeric", "proof"])
+async def test_a_solution_with_no_text_is_neither_verified_nor_summarised(mode: str) -> None:
+    # Candidate 0's first reply is cut while the model still reasoned: no content, so nothing to verify. Its M
+    # verifications and its summary are not asked; it stays in the record scored 0 and never reaches a later prompt.
+    cut = Rule(role="solution", replies=[""], reasoning="Let me multiply 17 by 23 digit", finish_reason="length")
+    result, model = await run_tmas(
+        SimScript(rules=[cut.model_copy(update={"times": 1})]), n=2, m=3, iterations=2, mode=mode
+    )
+    first = result.iterations[0]
+    empty, written = first.candidates
+    assert empty.text == "" and empty.score == 0.0 and empty.meta.unverified and empty.meta.verifications is None
+    assert empty.meta.summary is None and written.meta.summary and len(written.meta.verifications or []) == 3
+    assert first.state["anomalies"]["solution_empty"] == 1
+    asked = [c for c in model.calls if c.key.iteration == 0]
+    assert [c.key.chain for c in asked if c.role in ("verifier", "summary")] == [1] * 4
+    # R_0 holds candidate 1 alone: the memory agents see one rollout.
+    shown = re.findall(r'<rollout number="(\d+)"', last_user_prompts(model, "experience")[0])
+    assert shown == ["2"] and by_role(model)["verifier"] == 3 + 2 * 3
+    # The exploit prompt RL training rebuilds from the stored record is the one iteration 1 sent.
+    method = TMAS(TMASParams(n=2, m=3, iterations=2, mode=mode))
+    rebuilt = method.prompts_after(Q, first, method.rendering(None, None)).exploit
+    sent = [
+        c.messages for c in model.calls_of("solution") if c.key.iteration == 1 and "<rollout" in c.messages[-1].content
+    ]
+    assert rebuilt is not None and sent and all(messages == rebuilt[1] for messages in sent)
+    assert result.answer is not None or mode == "proof"

@@ -2,9 +2,9 @@
 (:meth:`tmas.methods.base.Method.calls_per_problem`) and the cost estimate adds up over problems and grid points.
 
 Counts assume every call succeeds and every reply is usable: a failed call only ever lowers them (its candidate is
-not verified or summarised, a memory agent with no rollout is skipped), and a reply asked again (one that echoes its
-prompt's instructions, an answerless refinement reminded: tmas.methods.steps) adds a call, as a transport retry adds
-attempts. Embedding requests are not chat calls and are not counted.
+not verified or summarised, nor is a TMAS solution with no text; a memory agent with no rollout is skipped), and a
+reply asked again (one that echoes its prompt's instructions, an answerless refinement reminded: tmas.methods.steps)
+adds a call, as a transport retry adds attempts. Embedding requests are not chat calls and are not counted.
 """
 
 from __future__ import annotations

@@ -27,7 +27,9 @@ passes (or the agreement share and score it states), recorded in the iteration's
 confidence rules of ``select`` (DeepConf) ask the solution calls for token log-probabilities and weigh or filter the
 vote by each candidate's confidence (methods/confidence_params.py).
 
-Bad agent output never crashes a problem: a failed or answerless solution scores 0, an unreadable verification
+Bad agent output never crashes a problem: a failed or answerless solution scores 0 (one with no text at all, a
+thinking model cut while it reasoned, has nothing to verify: no verification or summary is asked, and no later prompt
+shows it), an unreadable verification
 counts 0, a missing summary is replaced by one built from the scores, and an invalid experience or guideline update
 leaves the previous bank in place. An output that echoes its prompt's instructions (:mod:`tmas.agents.echo`) is
 asked again once; a solution that echoes twice gives no answer and no rollout, a summary is built from the scores
@@ -532,6 +534,12 @@ class TMAS(Method[TMASParams]):
             # A failed call or an echo never becomes a rollout: the candidate stays in the record, unusable.
             return CandidateOutcome(candidate, None)
         meta, text, answer = candidate.meta, candidate.text, candidate.answer
+        if not text.strip():
+            # Nothing to verify or summarise (a thinking model cut while it reasoned leaves no content): the candidate
+            # stays in the record, scored 0, unverified, and no later prompt shows it.
+            meta.unverified = True
+            log.bad("solution_empty", f"candidate {i}: no solution text; not verified or summarised")
+            return CandidateOutcome(candidate, None)
 
         # Line 14: M independent verification passes, in parallel.
         verifications, records = await self._verify(session, i, text, log)
@@ -813,11 +821,12 @@ class TMAS(Method[TMASParams]):
 
 # ---------------------------------------------------------------------------------------------- helpers
 def _stored_rollouts(record: IterationRecord) -> list[Rollout]:
-    """R_t of a stored iteration record: the candidates whose solution call succeeded, with their summaries."""
+    """R_t of a stored iteration record: the candidates whose solution call succeeded and was verified (one with no
+    solution text was not), with their summaries."""
     return [
         Rollout(index=c.index, solution=c.text, summary=c.meta.summary or "", score=c.score or 0.0, answer=c.answer)
         for c in record.candidates
-        if not c.error
+        if not c.error and not c.meta.unverified
     ]
 
 
@@ -865,6 +874,8 @@ def _weakest_verification(candidates: list[Candidate], mode: str) -> float | Non
     """The lowest verification score of the candidates giving the most common answer (every candidate that succeeded
     in proof mode); a failed or unreadable verification counts 0; None when no such candidate was verified."""
     usable = [c for c in candidates if c.error is None]
+    if any(c.meta.unverified for c in usable) and mode != "numeric":
+        return 0.0  # a proof with no text to verify passes no verification
     if mode == "numeric":
         keys = [value_key(c.answer) for c in usable if c.answer is not None]
         if not keys:

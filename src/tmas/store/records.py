@@ -110,7 +110,7 @@ class CandidateMeta(_Sparse):
     reminder: ReminderRecord | None = None
     # A refinement without an answer: its trajectory went on from its previous solution.
     kept_previous: bool | None = None
-    # The budget stopped its verifications before any ran.
+    # No verification ran: the budget stopped them before any did, or (TMAS) the reply held no solution text.
     unverified: bool | None = None
     verifications: list[VerificationRecord] | None = None
     # TMAS: the summary agent's summary of it, and that call.
