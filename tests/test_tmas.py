@@ -260,6 +260,17 @@ async def test_solution_without_a_boxed_answer() -> None:
         assert any("no extractable answer" in note for note in record.notes)
 
 
+async def test_a_verification_cut_mid_analysis_is_not_read_from_a_restated_scale() -> None:
+    # Each verifier restates the scale, then is cut at max_tokens before its verdict: no score, counted 0.
+    cut = "Step 1 holds.\nScore: 1 is for a fully correct solution, so step 2 must be checked.\nStep 2 multiplies"
+    script = SimScript(rules=[Rule(role="verifier", replies=[cut], finish_reason="length")])
+    result, _ = await run_tmas(script, n=1, m=2, iterations=1)
+    record = result.iterations[0]
+    assert [v.score for v in record.candidates[0].meta.verifications or []] == [None, None]
+    assert record.candidates[0].score == 0.0 and result.counters["verification_unparseable"] == 2
+    assert any("cut at max_tokens before a final score line" in note for note in record.notes)
+
+
 async def test_verification_without_a_score() -> None:
     script = SimScript(rules=[Rule(role="verifier", replies=["It all looks plausible to me."])])
     result, _ = await run_tmas(script, n=2, m=3, iterations=1)

@@ -40,6 +40,23 @@ def test_verification_scores(text: str, score: float | None, snapped: bool) -> N
     assert parsed.effective_score == (score or 0.0)
 
 
+@pytest.mark.parametrize(
+    ("text", "score"),
+    [
+        # Cut mid-analysis after restating the scale: that line is no verdict.
+        ("Step 1 holds.\nScore: 1 means fully correct, so check step 2.\nStep 2 divides by", None),
+        ("## Score\n\\boxed{1} if every step holds; \\boxed{0} if one fails.\nStep 2 divides by", None),
+        # Cut right after its last line, the verdict.
+        ("Step 2 divides by zero.\nScore: 0", 0.0),
+        ("## Analysis\nAll steps hold.\n## Score\n\\boxed{1}", 1.0),
+        # A JSON object that parsed whole.
+        ('{"analysis": "Score: 0 would fit a wrong step; none is.", "score": 1}', 1.0),
+    ],
+)
+def test_a_cut_verification_is_scored_from_its_last_line_alone(text: str, score: float | None) -> None:
+    assert parse_verification(text, truncated=True).score == score
+
+
 def test_solution_parsing_by_mode() -> None:
     text = "Thinking.\n\n## Solution\nWe get $x = 2$, so the answer is \\boxed{\\frac{1}{2}}."
     numeric = parse_solution(text, "numeric")

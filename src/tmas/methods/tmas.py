@@ -642,12 +642,13 @@ class TMAS(Method[TMASParams]):
                         f"candidate {i}, verifier {j}: no log-probabilities at the score; the sampled score was used",
                     )
             else:
-                verification = parse_verification(v_reply.content)
+                verification = parse_verification(v_reply.content, truncated=v_reply.truncated)
                 if verification.snapped:
                     entry.snapped = True
             if v_reply.ok and verification.score is None:
                 session.tally("verifier").unusable += 1
-                log.bad("verification_unparseable", f"candidate {i}, verifier {j}: no readable score; counted 0")
+                cut = " (cut at max_tokens before a final score line)" if v_reply.truncated else ""
+                log.bad("verification_unparseable", f"candidate {i}, verifier {j}: no readable score{cut}; counted 0")
                 entry.raw = v_reply.content[:RAW_LIMIT]
             verifications.append(verification)
             entry.score = verification.score

@@ -168,7 +168,9 @@ class VerifyRefine(Method[VerifyRefineParams]):
             candidate.meta.unverified = True
             return Verified(candidate, None)
         reports = [
-            parse_verification(r.content) if r.ok else Verification(feedback="(verification failed)", score=None)
+            parse_verification(r.content, truncated=r.truncated)
+            if r.ok
+            else Verification(feedback="(verification failed)", score=None)
             for r in replies
         ]
         for r, v in zip(replies, reports, strict=True):
