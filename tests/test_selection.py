@@ -286,6 +286,15 @@ def test_with_scores_the_fallback_rule_reads_them() -> None:
     assert select_answered([it0, it1], "last", "numeric", fallback_from="latest") == (it1[1], None)
 
 
+def test_in_proof_mode_a_last_iteration_whose_calls_all_failed_falls_back_to_an_earlier_proof() -> None:
+    it0, it1 = [cand(0, None, 0.5)], [cand(0, None, 0.5), cand(1, None, 1.0)]
+    failed = [cand(0, None, None, error="HTTP 500"), cand(1, None, None, error="HTTP 500")]
+    chosen, info = select_answered([it0, it1, failed], "last", "proof")
+    assert chosen is it1[1]
+    assert info == Fallback(iteration=1, candidate=1, answer=None, reason="no usable candidate in the last iteration")
+    assert select_answered([it0, it1, failed], "last", "proof", fallback=False) == (None, None)
+
+
 def test_unscored_vote_is_the_plain_majority_with_ties_to_the_first_holder() -> None:
     # 7 and 9 tie at two votes; 7's first holder (candidate 1) comes before 9's (candidate 2).
     pool = [cand(0, None, None), cand(1, "7", None), cand(2, "9", None), cand(3, "9", None), cand(4, "7.0", None)]

@@ -561,3 +561,12 @@ async def test_a_solution_with_no_text_is_neither_verified_nor_summarised(mode: 
     ]
     assert rebuilt is not None and sent and all(messages == rebuilt[1] for messages in sent)
     assert result.answer is not None or mode == "proof"
+
+
+async def test_in_proof_mode_a_failed_last_iteration_returns_an_earlier_proof() -> None:
+    # Every exploit call of iteration 1 fails: the proof of iteration 0 is the answer, recorded as a fallback.
+    failing = Rule(role="solution", pattern="<rollout", fault="http_400")
+    result, _ = await run_tmas(SimScript(rules=[failing]), n=2, m=1, iterations=2, mode="proof", epsilon=0.0)
+    assert all(c.error for c in result.iterations[1].candidates)
+    assert result.status == "done" and result.text and result.fallback is not None
+    assert (result.fallback.iteration, result.fallback.reason) == (0, "no usable candidate in the last iteration")

@@ -35,8 +35,9 @@ candidate has one (or in proof mode, where there are no answers to count) every 
 A missing score counts 0.
 
 Answer fallback (``select_answered``, beyond the paper; every method that falls back uses it): when the candidates
-it selects from hold no answered one (numeric mode), the answer comes from an answered candidate of the earlier
-iterations, recorded as a fallback (its iteration, candidate, answer and why). Which one (``fallback_from``):
+it selects from hold no answered one (numeric mode), or no usable one at all (proof mode: every call failed), the
+answer comes from an answered (a usable) candidate of the earlier iterations, recorded as a fallback (its iteration,
+candidate, answer and why). Which one (``fallback_from``):
 
 - ``all`` (TMAS, Verify-Refine): the rule applied to every earlier candidate, as ``select_from = "all"`` orders them
   (newest iteration first), so a vote counts the answers of all earlier iterations;
@@ -169,25 +170,31 @@ def select_answered(
     fallback_from: FallbackFrom = "all",
     confidence: ConfidenceVote | None = None,
 ) -> tuple[Candidate | None, Fallback | None]:
-    """The candidate ``rule`` returns from ``select_from`` of ``iterations`` (oldest first); in numeric mode, when it
-    has no answer and ``fallback`` is on, an answered candidate of the earlier iterations instead, as
-    ``fallback_from`` says (see the module docstring).
+    """The candidate ``rule`` returns from ``select_from`` of ``iterations`` (oldest first); when it has no answer
+    (numeric mode) or there is none (proof mode: every call failed) and ``fallback`` is on, an answered (a usable)
+    candidate of the earlier iterations instead, as ``fallback_from`` says (see the module docstring).
 
     The second value describes a fallback that happened (None otherwise): the iteration and index of the candidate
     returned, its answer, and why. ``classes`` must cover the answers of every iteration.
     """
     chosen = select(candidates_from(iterations, select_from), mode, rule, classes, confidence)
-    if not fallback or mode != "numeric" or (chosen is not None and chosen.answer is not None):
+
+    def holds(c: Candidate | None) -> bool:
+        # Numeric mode: an answer; proof mode: a usable candidate at all (the proof is the answer).
+        return c is not None and (mode != "numeric" or c.answer is not None)
+
+    if not fallback or holds(chosen):
         return chosen, None
     earlier = iterations[:-1]
     # ``select`` prefers answered candidates; over every earlier one, ties go to the latest, most refined answer.
     pools = [candidates_from(earlier, "all")] if fallback_from == "all" else [list(c) for c in reversed(earlier)]
     picks = (select(pool, mode, rule, classes, confidence) for pool in pools)
-    backup = next((c for c in picks if c is not None and c.answer is not None), None)
+    backup = next((c for c in picks if holds(c)), None)
     if backup is None:
         return chosen, None
     where = next(t for t, candidates in enumerate(earlier) if any(c is backup for c in candidates))
-    reason = "no answered candidate in the " + ("last iteration" if select_from == "last" else "iterations")
+    lacking = "no answered candidate" if mode == "numeric" else "no usable candidate"
+    reason = f"{lacking} in the " + ("last iteration" if select_from == "last" else "iterations")
     return backup, Fallback(iteration=where, candidate=backup.index, answer=backup.answer, reason=reason)
 
 

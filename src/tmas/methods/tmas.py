@@ -18,8 +18,9 @@ rules.
 
 Two documented deviations keep a run from losing an answer (``answer_reminder`` and ``answer_fallback``
 turn them off): an exploit or explore reply with no extractable answer is asked once more, with a reminder of the
-required output (``answer_reminder.j2``); and when R_T holds no answered candidate, the answer is the best answered
-candidate of the earlier iterations, recorded in the result's ``fallback`` and the iteration's state.
+required output (``answer_reminder.j2``); and when R_T holds no answered candidate (proof mode: every call of the
+last iteration failed), the answer is the best answered (usable) candidate of the earlier iterations, recorded in the
+result's ``fallback`` and the iteration's state.
 
 Beyond the paper, off by default and pinned off by the ``paper`` preset (the ``local`` preset turns the first on):
 ``early_stop`` ends a problem once its answer is settled, every candidate giving one answer that every verification

@@ -179,7 +179,8 @@ class ReplyTally(BaseModel):
 
 class Fallback(BaseModel):
     """An answer taken from an earlier iteration because the candidates the rule chose from held no answered one
-    (numeric mode: ``tmas.methods.selection.select_answered``): the iteration and candidate it came from, and why."""
+    (numeric mode), or no usable one (proof mode) (``tmas.methods.selection.select_answered``): the iteration and
+    candidate it came from, and why."""
 
     iteration: int
     candidate: int
