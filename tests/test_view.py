@@ -900,3 +900,43 @@ def test_the_iteration_page_marks_the_candidate_the_method_selected(tmp_path: Pa
     cards = text.split('<div class="card candidate')[1:]
     marked = [i for i, card in enumerate(cards) if "the selected candidate" in card.split("</table>")[0]]
     assert marked == [record.selection.candidate]
+
+
+def test_a_damaged_run_gets_a_page_saying_what_cannot_be_read(tmp_path: Path) -> None:
+    import shutil
+    import sqlite3
+
+    runs = tmp_path / "runs"
+    _scripted_run(runs / "good", _scripted({"mult": ["391"], "square": ["144"]}, 30), "cot", {})
+    damage = {
+        "bad-result": "UPDATE results SET record = '{'; UPDATE result_summaries SET summary = '{'",
+        "no-calls": "DROP TABLE calls",
+        "bad-meta": "UPDATE meta SET value = '{' WHERE key = 'method'",
+    }
+    for name, sql in damage.items():
+        shutil.copytree(runs / "good", runs / name)
+        db = sqlite3.connect(runs / name / "run.sqlite")
+        db.executescript(sql)
+        db.close()
+    with AppThread(view_app([runs])) as viewer:
+        # The runs page lists the readable runs and says which cannot be read, instead of failing as a whole.
+        status, index = get(viewer.url)
+        text = index.decode()
+        assert status == 200 and 'class="run-link"' in text
+        unreadable = text.split('id="unreadable"')[1].split("</div>")[0]
+        assert f"{runs / 'no-calls'} cannot be read: SQLite: no such table: calls" in unreadable
+        assert f"{runs / 'bad-meta'} cannot be read: a stored setting is not JSON" in unreadable
+        pages = {
+            "bad-result": ("", "the summary of problem &#39;mult&#39;: not JSON"),
+            "no-calls": ("/call/1", "SQLite: no such table: calls"),
+            "bad-meta": ("", "a stored setting is not JSON"),
+        }
+        for name, (path, says) in pages.items():
+            ref = run_ref_for([runs], runs / name)
+            assert ref is not None
+            status, body = get(f"{viewer.url}/run/{ref.key}{path}")
+            assert status == 500 and f"<p>the run {runs / name} cannot be read: {says}".encode() in body, body[-400:]
+        good, bad = run_ref_for([runs], runs / "good"), run_ref_for([runs], runs / "bad-result")
+        assert good is not None and bad is not None
+        status, body = get(f"{viewer.url}/compare?run={good.key}&run={bad.key}")
+        assert status == 500 and b"a run compared cannot be read: " in body and b"not JSON" in body

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sqlite3
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -23,6 +24,7 @@ from tmas.grading.grades import SELECTED
 from tmas.memory.transcript import Transcript
 from tmas.methods import stored_params
 from tmas.methods.state import MATTRLState
+from tmas.store.records import UnreadableRecord
 from tmas.store.run_store import StoreError
 from tmas.view.cache import RunCache
 from tmas.view.charts import accuracy_by_tokens_png, frontiers_png, pass1_by_iteration_png
@@ -37,6 +39,9 @@ from tmas.view.runs import RunReader, RunRef, discover, verdict
 POLL_MS = 2000
 # Problems per page of a run's problem table.
 PAGE_SIZE = 100
+# What a damaged store raises while a page reads it: a record no layout reads, a file or table SQLite cannot read, a
+# setting that is not JSON. The page then says so in one line instead of failing.
+UNREADABLE: tuple[type[Exception], ...] = (UnreadableRecord, sqlite3.DatabaseError, json.JSONDecodeError)
 
 
 def _environment() -> jinja2.Environment:
@@ -80,7 +85,7 @@ class Viewer:
                 Route("/run/{key}/iteration", _threaded(self.iteration)),
                 Route("/run/{key}/call/{call_id:int}", _threaded(self.call)),
             ],
-            exception_handlers={HTTPException: self._error},
+            exception_handlers={HTTPException: self._error, **dict.fromkeys(UNREADABLE, self._unreadable)},
             lifespan=self._lifespan,
         )
 
@@ -102,13 +107,16 @@ class Viewer:
     # ------------------------------------------------------------------------------------------------ pages
     def index(self, request: Request) -> Response:
         runs = []
+        unreadable = []
         for ref in discover(self.paths):
             try:
                 with RunReader(ref, self.cache) as run:
                     runs.append((ref, run.summary()))
             except StoreError:
                 continue  # a run still being created, or not ours: listed once it can be read
-        return self._page("index.html", runs=runs)
+            except UNREADABLE as exc:
+                unreadable.append((ref, _one_line(exc)))
+        return self._page("index.html", runs=runs, unreadable=unreadable)
 
     def run(self, request: Request) -> Response:
         with self._open(request) as run:
@@ -304,6 +312,18 @@ class Viewer:
         html = self.env.get_template("error.html").render(status=exc.status_code, detail=exc.detail, live=False)
         return HTMLResponse(html, status_code=exc.status_code)
 
+    async def _unreadable(self, request: Request, exc: Exception) -> Response:
+        """A page of a damaged run: which run, and what of it cannot be read."""
+        key = request.path_params.get("key")
+        ref = next((r for r in discover(self.paths) if r.key == key), None) if key else None
+        text = _one_line(exc)
+        if ref is None:
+            detail = f"a run compared cannot be read: {text}"
+        else:
+            detail = f"the run {ref.path} cannot be read: {text.removeprefix(f'{ref.path}: ')}"
+        html = self.env.get_template("error.html").render(status=500, detail=detail, live=False)
+        return HTMLResponse(html, status_code=500)
+
 
 def _threaded(page: Callable[[Request], Response]) -> Callable[[Request], Awaitable[Response]]:
     """Pages render in worker threads: a big run's first render must not hold up other pages and live polls."""
@@ -320,6 +340,16 @@ def _transcript(state: dict[str, Any]) -> Transcript | None:
         return MATTRLState.model_validate(state).transcript
     except ValidationError:
         return None
+
+
+def _one_line(exc: Exception) -> str:
+    """An exception's message on one line, with what it is when SQLite's or JSON's own."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, sqlite3.DatabaseError):
+        return f"SQLite: {text}"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"a stored setting is not JSON ({text})"
+    return text
 
 
 def _pretty(value: Any) -> str:
