@@ -940,3 +940,52 @@ def test_a_damaged_run_gets_a_page_saying_what_cannot_be_read(tmp_path: Path) ->
         assert good is not None and bad is not None
         status, body = get(f"{viewer.url}/compare?run={good.key}&run={bad.key}")
         assert status == 500 and b"a run compared cannot be read: " in body and b"not JSON" in body
+
+
+def test_a_mattrl_round_shows_the_specialist_that_did_not_speak(tmp_path: Path) -> None:
+    """Round 1 of a MATTRL run in which S1's revision call fails: S1 did not speak, S2 and S3 had converged and were
+    not asked; each candidate names the member that said it."""
+    first_pass = "On a first pass, 17*23 = 391.\n\nTherefore, the final answer is \\boxed{391}."
+    nitpick = json.dumps(
+        {
+            "analysis": "Right value, terse derivation.",
+            "verdict": "revise",
+            "validated": ["result"],
+            "issues": [{"type": "logic_gap", "severity": "minor", "note": "Show the partial products.", "fix": "Add."}],
+        }
+    )
+    revision = "<your_previous_attempt>.*You are Arithmetic strategist"
+    rules = [
+        Rule(role="specialist", pattern=revision, fault="http_400", times=1),
+        Rule(role="specialist", pattern="You are Arithmetic strategist", replies=[first_pass], times=1),
+        Rule(role="reviewer", pattern="On a first pass", replies=[nitpick], times=2),
+    ]
+    run_dir = tmp_path / "mattrl"
+    _scripted_run(run_dir, SimScript(rules=rules), "mattrl", {"iterations": 3})
+    with RunStore(run_dir, read_only=True) as store:
+        second = store.iterations("mult")[1]
+    assert [m["spoke"] for m in second.state["members"]] == [False, None, None]
+    with AppThread(view_app([run_dir])) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        _, first_page = get(f"{viewer.url}/run/{ref.key}/iteration?id=mult&t=0")
+        _, page = get(f"{viewer.url}/run/{ref.key}/iteration?id=mult&t=1")
+    members = page.decode().split('id="members"')[1].split("</table>")[0].split('<tr class="member">')[1:]
+    said = [row.split("<td>")[2].split("</td>")[0] for row in members]
+    assert [row.split("<td>")[1].split("</td>")[0] for row in members] == ["S1", "S2", "S3"]
+    assert "did not speak" in said[0] and "not asked: converged before this round" in said[1] == said[2]
+    assert [row.split("<td>")[5].split("</td>")[0] for row in members] == ["no", "yes", "yes"]
+    assert "The team after round 1" in page.decode()
+    # S1's failed opinion is in the transcript with no text: marked, not left as an empty cell.
+    assert page.decode().count("no usable opinion (see the call)") == 1
+    # Round 0: everyone spoke; each candidate names its member.
+    text = first_page.decode()
+    rows = text.split('id="members"')[1].split("</table>")[0].split('<tr class="member">')[1:]
+    assert [row.split("<td>")[2].split("</td>")[0] for row in rows] == ["spoke"] * 3
+    assert [
+        card.split('<div class="member">')[1].split("</div>")[0] for card in text.split('class="card candidate')[1:]
+    ] == [
+        "by S1 (Arithmetic strategist)",
+        "by S2 (Computation checker)",
+        "by S3 (Edge-case auditor)",
+    ]
