@@ -989,3 +989,31 @@ def test_a_mattrl_round_shows_the_specialist_that_did_not_speak(tmp_path: Path) 
         "by S2 (Computation checker)",
         "by S3 (Edge-case auditor)",
     ]
+
+
+def test_a_problem_that_failed_before_an_iteration_finished_shows_the_calls_it_made(tmp_path: Path) -> None:
+    """A budget of 60 completion tokens is spent by iteration 0's two solutions (35 each): the problem fails with no
+    iteration recorded, and its two calls are listed on its page, each linked."""
+    run_dir = tmp_path / "spent"
+    params = {"n": 2, "m": 1, "iterations": 3}
+    usage = ScriptedUsage(prompt_tokens=50, completion_tokens=35)
+    script = SimScript(rules=[Rule(role="solution", replies=[_solution("391")], usage=usage)])
+    model = ScriptedModel(script, scripted_settings(method__name="tmas", method__params=params, budget__tokens=60))
+    asyncio.run(scripted_run(model, run_dir, PROBLEMS[:1]))
+    with RunStore(run_dir, read_only=True) as store:
+        [result] = store.results()
+        calls = [c.call_id for c in store.calls("mult")]
+    assert result.status == "failed" and not result.iterations and len(calls) == 2
+    with AppThread(view_app([run_dir])) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        status, page = get(f"{viewer.url}/run/{ref.key}/problem?id=mult")
+        text = page.decode()
+        assert status == 200 and "No iteration finished yet." in text
+        table = text.split('id="unrecorded-calls"')[1].split("</table>")[0]
+        rows = table.split("<tr>")[2:]
+        assert [row.split('">#')[1].split("<")[0] for row in rows] == [str(c) for c in calls]
+        cells = [[cell.split("<")[0] for cell in row.split('<td class="num">')[1:]] for row in rows]
+        assert cells == [["0", "0", "50", "35"], ["0", "1", "50", "35"]]
+        assert "before any iteration finished" in text.split("Calls of no recorded iteration")[1]
+        assert all(get(f"{viewer.url}/run/{ref.key}/call/{c}")[0] == 200 for c in calls)

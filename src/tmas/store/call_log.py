@@ -109,6 +109,15 @@ class CallLog:
         for row in self._db.execute(query + " ORDER BY id", args):
             yield self._completion(row)
 
+    def outside(self, problem_id: str, iterations: set[int]) -> Iterator[Completion]:
+        """The problem's calls of no iteration among ``iterations`` (nor of any iteration), in the order they were
+        stored: those of an iteration in progress, or of one that never finished (its problem failed)."""
+        marks = ", ".join("?" * len(iterations))
+        query = f"SELECT {_CALL_COLUMNS} FROM calls WHERE problem_id = ?"
+        query += f" AND (iteration IS NULL OR iteration NOT IN ({marks}))" if iterations else ""
+        for row in self._db.execute(query + " ORDER BY id", (problem_id, *sorted(iterations))):
+            yield self._completion(row)
+
     def problem_ids(self) -> set[str]:
         """The problems with at least one finished call stored (what a resumed run replays)."""
         rows = self._db.execute("SELECT DISTINCT problem_id FROM calls WHERE error IS NULL")

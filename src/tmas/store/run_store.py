@@ -123,6 +123,9 @@ class RunStore:
     def calls(self, problem_id: str | None = None, iteration: int | None = None) -> Iterator[Completion]:
         return self._call_log.iterate(problem_id, iteration)
 
+    def calls_outside(self, problem_id: str, iterations: set[int]) -> Iterator[Completion]:
+        return self._call_log.outside(problem_id, iterations)
+
     def call(self, call_id: int) -> Completion | None:
         return self._call_log.get(call_id)
 

@@ -156,6 +156,8 @@ class Viewer:
             stored = run.store.get_meta("method") or {}
             params = stored_params(str(stored.get("name")), stored.get("params"))
             measured = any(c.confidence is not None for r in records for c in r.candidates)
+            # Calls no recorded iteration holds: an iteration in progress, or one the problem never finished.
+            unrecorded = list(run.store.calls_outside(pid, {r.iteration for r in records}))
             return self._page(
                 "problem.html",
                 ref=run.ref,
@@ -165,6 +167,7 @@ class Viewer:
                 verdicts=verdicts,
                 final=final,
                 measure=params.get("confidence_measure") if measured else None,
+                unrecorded=unrecorded,
                 live=True,
             )
 
