@@ -1017,3 +1017,30 @@ def test_a_problem_that_failed_before_an_iteration_finished_shows_the_calls_it_m
         assert cells == [["0", "0", "50", "35"], ["0", "1", "50", "35"]]
         assert "before any iteration finished" in text.split("Calls of no recorded iteration")[1]
         assert all(get(f"{viewer.url}/run/{ref.key}/call/{c}")[0] == 200 for c in calls)
+
+
+def test_listening_on_every_address_still_refuses_a_page_of_another_site(tmp_path: Path) -> None:
+    """--host 0.0.0.0 is reached by any of the machine's addresses, loopback included: a page of another site whose
+    domain resolves to 127.0.0.1 is still refused, by its name; a request by an IP address is answered."""
+    from starlette.testclient import TestClient
+
+    RunStore(tmp_path / "run").close()
+    for host in ("0.0.0.0", "::"):
+        client = TestClient(view_app([tmp_path], warm_up=False, host=host))
+        for name, code in [
+            ("attacker.example:8090", 421),
+            ("localhost:8090", 200),
+            ("192.168.1.5:8090", 200),
+            ("[fe80::1]:8090", 200),
+            ("[::1]", 200),
+            ("", 421),
+        ]:
+            response = client.get("/", headers={"Host": name})
+            assert response.status_code == code, (host, name, response.text[:200])
+    # Listening on one name: that name and loopback only, not another address.
+    client = TestClient(view_app([tmp_path], warm_up=False, host="10.0.0.7"))
+    assert [client.get("/", headers={"Host": n}).status_code for n in ("10.0.0.7", "10.0.0.8", "127.0.0.1")] == [
+        200,
+        421,
+        200,
+    ]
