@@ -1,0 +1,152 @@
+"""The defaults the documentation states are the code's: the configuration tables (README, the embedded model, the
+in-process model, streaming) against ``Settings()``, every settings key named in the README's reference, and the
+baselines' parameter table against each method's ``Params``."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tmas.config import Settings
+from tmas.methods import create_method
+
+ROOT = Path(__file__).resolve().parent.parent
+NOT_A_VALUE = object()
+# Defaults the tables state in words (worked out at run time, or read from the server).
+DESCRIBED = {
+    "endpoint.base_url",
+    "endpoint.model",
+    "endpoint.context_length",
+    "endpoint.pin_slots",
+    "sampling.*",
+    "roles.ROLE.*",
+    "problems_in_flight",
+    "method.name",
+}
+
+
+def table_rows(doc: str) -> list[tuple[list[str], str]]:
+    """``(keys, default)`` of each row of the ``| key | default | meaning |`` tables in ``doc``."""
+    rows = []
+    in_table = False
+    for line in (ROOT / doc).read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[:2] == ["key", "default"]:
+            in_table = True
+            continue
+        if not line.startswith("|"):
+            in_table = False
+        if in_table and len(cells) >= 3 and not set(cells[0]) <= {"-", " "}:
+            rows.append((re.findall(r"`([^`]+)`", cells[0]), cells[1]))
+    return rows
+
+
+def parse_value(text: str) -> Any:
+    """A default as a table writes it: `none`, a number, `true`/`false`, a backticked or quoted word; else
+    :data:`NOT_A_VALUE` (a default stated in words)."""
+    text = text.strip().strip("`").strip('"')
+    if text == "none":
+        return None
+    if text in ("true", "false"):
+        return text == "true"
+    if text == "[]":
+        return []
+    if re.fullmatch(r"-?[\d,]+(\.\d+)?", text):
+        number = float(text.replace(",", ""))
+        return int(number) if number.is_integer() else number
+    if re.fullmatch(r"[a-z_.0-9-]+", text):
+        return text
+    return NOT_A_VALUE
+
+
+def setting(settings: Settings, key: str) -> Any:
+    value: Any = settings
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def checked_defaults(doc: str, prefix: str = "") -> list[str]:
+    """Check every row of ``doc``'s settings tables whose default is a value; the keys checked."""
+    settings = Settings()
+    checked = []
+    for keys, default in table_rows(doc):
+        keys = [k if "." in k or not prefix else prefix + k for k in keys]
+        if any(k in DESCRIBED for k in keys):
+            continue
+        values = [parse_value(v) for v in default.split(", ")] if len(keys) > 1 else [parse_value(default)]
+        if len(values) == 1:  # one default for every key of the row
+            values *= len(keys)
+        assert len(values) == len(keys), f"{doc}: {keys} states {default!r}"
+        for key, value in zip(keys, values, strict=True):
+            assert value is not NOT_A_VALUE, f"{doc}: {key}'s default {default!r} is neither a value nor described"
+            actual = setting(settings, key)
+            if value is None and actual == []:
+                actual = None
+            assert actual == value, f"{doc}: {key} is documented as {default!r}, the code's default is {actual!r}"
+            checked.append(key)
+    return checked
+
+
+@pytest.mark.parametrize(
+    ("doc", "prefix", "fewest"),
+    [
+        ("README.md", "", 25),
+        ("docs/local_model.md", "", 9),
+        ("docs/in_process.md", "", 9),
+        ("docs/sampling_and_budgets.md", "endpoint.", 5),
+    ],
+)
+def test_documented_setting_defaults_are_the_codes(doc: str, prefix: str, fewest: int) -> None:
+    assert len(checked_defaults(doc, prefix)) >= fewest
+
+
+def leaf_keys(model: Any, prefix: str = "") -> list[str]:
+    keys = []
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if hasattr(type(value), "model_fields"):
+            keys += leaf_keys(value, f"{prefix}{name}.")
+        else:
+            keys.append(prefix + name)
+    return keys
+
+
+def test_the_readme_reference_names_every_setting() -> None:
+    documented = {k for keys, _ in table_rows("README.md") for k in keys}
+    # Tables of their own: sampling's fields, the in-process model's, and the method's parameters.
+    elsewhere = ("sampling.", "hf.", "method.")
+    internal = {"sampling_sources"}  # which source set each sampling field, recorded by the loader
+    missing = [
+        k
+        for k in leaf_keys(Settings())
+        if k not in documented and k not in internal and not k.startswith(elsewhere) and k != "roles"
+    ]
+    assert not missing, f"README.md's configuration reference leaves out {missing}"
+
+
+def baseline_rows() -> list[tuple[str, str]]:
+    rows = []
+    for line in (ROOT / "docs" / "baselines.md").read_text().splitlines():
+        module = re.match(r"\|[^|]+\| `(\w+)\.py` \|[^|]+\|(.+)\|$", line)
+        if module:
+            rows.append((module.group(1), module.group(2)))
+    return rows
+
+
+def test_the_baselines_table_states_each_methods_defaults() -> None:
+    rows = baseline_rows()
+    assert {name for name, _ in rows} == {"cot", "majority", "self_refine", "verify_refine", "pacore", "rse"}
+    stated = 0
+    for method, cell in rows:
+        params = create_method(method, {}).params
+        for name, raw in re.findall(r"`(\w+)=([\w.]+)`", cell):
+            value = parse_value(raw)
+            assert getattr(params, name) == value, (
+                f"baselines.md: {method}'s {name}={raw}, code: {getattr(params, name)}"
+            )
+            stated += 1
+    assert stated >= 25
