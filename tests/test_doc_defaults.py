@@ -5,6 +5,7 @@ baselines' parameter table against each method's ``Params``."""
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -150,3 +151,9 @@ def test_the_baselines_table_states_each_methods_defaults() -> None:
             )
             stated += 1
     assert stated >= 25
+
+
+def test_the_readme_lists_every_extra() -> None:
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]) - {"dev"}
+    listed = set(re.findall(r"^\| `([\w-]+)` \| ", (ROOT / "README.md").read_text(), re.M))
+    assert extras <= listed, f"README.md's table of extras leaves out {sorted(extras - listed)}"
