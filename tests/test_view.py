@@ -25,6 +25,7 @@ from tmas.methods.confidence import Confidence
 from tmas.problems import Problem
 from tmas.store.run_store import SCHEMA_VERSION, RunStore, StoreError
 from tmas.store.summaries import summarize_result
+from tmas.sweep import Study, SweepSpec, run_sweep
 from tmas.testing import Rule, ScriptedModel, ScriptedUsage, SimScript, SimServer
 from tmas.view.app import view_app
 from tmas.view.bank_diff import bank_diffs, diff_entries
@@ -882,6 +883,17 @@ def test_a_run_given_twice_is_listed_once_where_it_came_first(tmp_path: Path) ->
         RunStore(tmp_path / "runs" / name).close()
     listed = discover([tmp_path / "runs" / "b", tmp_path / "runs", tmp_path / "runs" / "." / "a"])
     assert [ref.path.name for ref in listed] == ["b", "a"]
+
+
+def test_a_sweeps_directory_lists_the_runs_of_its_points(tmp_path: Path) -> None:
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text("".join(p.model_dump_json() + "\n" for p in PROBLEMS))
+    spec = SweepSpec(problems=str(problems), study=[Study(name="s", methods=["cot", "majority"], params={})])
+    settings = scripted_settings()
+    asyncio.run(run_sweep(spec, settings, tmp_path / "sweep", model=ScriptedModel(SimScript(), settings)))
+    listed = discover([tmp_path / "sweep"])
+    assert sorted(ref.path.name for ref in listed) == ["cot", "majority"]
+    assert all(ref.path.parent == tmp_path / "sweep" / "runs" for ref in listed)
 
 
 @pytest.mark.slow

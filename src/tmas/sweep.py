@@ -54,6 +54,8 @@ from tmas.runner import (
 from tmas.store.run_store import RunStore
 
 MANIFEST = "sweep.json"
+# The folder of a sweep directory that holds one run directory per point.
+POINTS_DIR = "runs"
 
 
 class Study(BaseModel):
@@ -354,7 +356,7 @@ def open_point(
 ) -> tuple[str, RunStore | None, Settings, Iterable[Problem]]:
     """The point's run: ("skipped", None, ...) when finished, else its store opened new or for resuming
     (``own_model``: on a model of the caller's own, as :func:`tmas.runner.prepare_run` takes it)."""
-    run_dir = out_dir / "runs" / point.name
+    run_dir = out_dir / POINTS_DIR / point.name
     point_settings = point.settings(settings)
     if holds_run(run_dir):
         with RunStore(run_dir, create=False) as peek:
@@ -454,7 +456,7 @@ def study_groups(spec: SweepSpec, out_dir: Path) -> dict[str, list[Path]]:
     groups: dict[str, list[Path]] = {}
     for point in expand(spec):
         for study in point.studies:
-            groups.setdefault(study, []).append(out_dir / "runs" / point.name)
+            groups.setdefault(study, []).append(out_dir / POINTS_DIR / point.name)
     return groups
 
 
@@ -469,7 +471,7 @@ async def report_sweep(
     """The combined report of every point (graded once, grades stored in each run), then one per study that has
     several points, from the stored grades; ``on_step`` hears of each step as it begins."""
     points = expand(spec)
-    dirs = [out_dir / "runs" / p.name for p in points]
+    dirs = [out_dir / POINTS_DIR / p.name for p in points]
     written = await build_report(dirs, out_dir / "report", config, settings, on_step=on_step)
     groups = study_groups(spec, out_dir)
     if len(groups) > 1:

@@ -19,6 +19,7 @@ from tmas.reports.reply_quality import role_replies
 from tmas.reports.where_lost import WhereLost, where_lost
 from tmas.store.records import IterationRecord, ProblemResult, running_result
 from tmas.store.run_store import DB_NAME, RunStore
+from tmas.sweep import MANIFEST, POINTS_DIR
 from tmas.view.bank_diff import BankChange, bank_diffs
 from tmas.view.cache import RunCache, file_state
 from tmas.view.live_grades import LiveGrades, live_grades
@@ -38,18 +39,25 @@ class RunRef:
 
 def discover(paths: list[Path]) -> list[RunRef]:
     """The run directories among ``paths``; a directory that is not a run itself contributes its child runs (a
-    ``tmas serve`` or ``tmas sweep`` directory), read anew each time so runs started later appear."""
+    ``tmas serve`` directory), and a sweep's directory the runs of its points, read anew each time so runs started
+    later appear."""
     found: list[Path] = []
     for path in paths:
         if (path / DB_NAME).is_file():
             found.append(path)
         elif path.is_dir():
-            found.extend(sorted(p for p in path.iterdir() if (p / DB_NAME).is_file()))
+            found.extend(_child_runs(path))
+            if (path / MANIFEST).is_file():
+                found.extend(_child_runs(path / POINTS_DIR))
     # A run given twice (itself, and in a directory given too) is listed once, where it came first.
     refs: dict[str, Path] = {}
     for path in found:
         refs.setdefault(hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10], path)
     return [RunRef(key, path) for key, path in refs.items()]
+
+
+def _child_runs(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if (p / DB_NAME).is_file()) if folder.is_dir() else []
 
 
 # A problem's status on the run page before any iteration of it finished.
