@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tmas.config import Settings
-from tmas.methods import create_method
+from tmas.methods import METHODS, create_method
 
 ROOT = Path(__file__).resolve().parent.parent
 NOT_A_VALUE = object()
@@ -157,3 +157,9 @@ def test_the_readme_lists_every_extra() -> None:
     extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]) - {"dev"}
     listed = set(re.findall(r"^\| `([\w-]+)` \| ", (ROOT / "README.md").read_text(), re.M))
     assert extras <= listed, f"README.md's table of extras leaves out {sorted(extras - listed)}"
+
+
+def test_every_method_but_mattrl_takes_style() -> None:
+    # The README's method table and docs/baselines.md say so.
+    takes = {name for name in METHODS if "style" in type(create_method(name, {}).params).model_fields}
+    assert set(METHODS) - takes == {"mattrl"}
