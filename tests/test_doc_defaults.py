@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tmas.config import Settings
+from tmas.config import Settings, load_settings
 from tmas.methods import METHODS, create_method
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -163,3 +163,24 @@ def test_every_method_but_mattrl_takes_style() -> None:
     # The README's method table and docs/baselines.md say so.
     takes = {name for name in METHODS if "style" in type(create_method(name, {}).params).model_fields}
     assert set(METHODS) - takes == {"mattrl"}
+
+
+# The pages whose ```toml blocks are settings files (others show grid files and package metadata too).
+DOCS = [
+    "README.md",
+    "docs/servers.md",
+    "docs/sampling_and_budgets.md",
+    "docs/in_process.md",
+    "docs/local_model.md",
+    "docs/baselines.md",
+    "docs/viewer.md",
+    "docs/architecture.md",
+]
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_the_config_files_the_docs_show_load(doc: str, tmp_path: Path) -> None:
+    for block in re.findall(r"```toml\n(.*?)```", (ROOT / doc).read_text(), re.S):
+        path = tmp_path / "tmas.toml"
+        path.write_text(block)
+        load_settings(path, environ={})
