@@ -1,0 +1,77 @@
+"""Every ``tmas`` command line the README and the pages on configuration show names a command that exists, and every
+flag on it is one that command takes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+
+from tmas.cli.main import app
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [
+    "README.md",
+    "docs/servers.md",
+    "docs/sampling_and_budgets.md",
+    "docs/in_process.md",
+    "docs/local_model.md",
+    "docs/baselines.md",
+    "docs/viewer.md",
+    "docs/architecture.md",
+    "examples/tiling_2xn/README.md",
+]
+# A command line: in backticks, or a line of a shell block (a "$ " prompt or an environment variable before it).
+COMMAND = re.compile(r"`(tmas [^`]+)`|^(?:\$ )?(?:[A-Z_]+=\S+ )*(tmas [^\n#]+)", re.M)
+
+
+def command_lines(doc: str) -> list[str]:
+    text = (ROOT / doc).read_text()
+    lines = []
+    for match in COMMAND.finditer(text):
+        line = (match.group(1) or match.group(2)).split("&&")[0].split("|")[0].split(">")[0]
+        lines.append(line.strip())
+    return lines
+
+
+def resolve(root: Any, words: list[str]) -> tuple[Any, list[str]]:
+    """The command ``words`` name and the words after it; None where the first word names no command (prose such
+    as "tmas splits ..."), an error where a later one names no subcommand."""
+    command, rest = root, list(words)
+    while getattr(command, "commands", None) and rest and not rest[0].startswith("-"):
+        sub = command.commands.get(rest[0])
+        if sub is None:
+            assert command is root, (
+                f"'{rest[0]}' is no command of {command.name} ({', '.join(sorted(command.commands))})"
+            )
+            return None, rest
+        command, rest = sub, rest[1:]
+    return command, rest
+
+
+def flags_of(command: Any) -> set[str]:
+    return {opt for param in command.params for opt in (*param.opts, *param.secondary_opts)} | {"--help"}
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_documented_commands_and_flags_exist(doc: str) -> None:
+    root: Any = typer.main.get_command(app)
+    checked = 0
+    for line in command_lines(doc):
+        words = line.split()[1:]
+        if not words or "/" in words[0]:  # "tmas solve/run/eval/sweep": several commands named in prose
+            continue
+        command, rest = resolve(root, words)
+        if command is None:  # prose such as "tmas splits it ...", not a command line
+            assert words[0] not in root.commands, line
+            continue
+        known = flags_of(command)
+        for word in rest:
+            flag = word.split("=")[0].rstrip(",.;:)")
+            if re.fullmatch(r"--?[a-zA-Z][\w-]*", flag):
+                assert flag in known, f"{doc}: '{line}': {command.name} has no {flag}"
+        checked += 1
+    assert checked > 0 or doc in ("docs/servers.md", "docs/viewer.md")
