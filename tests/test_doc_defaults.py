@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tmas.config import Settings, load_settings
-from tmas.methods import METHODS, create_method
+from tmas.config import SERVICE_ROLES, Settings, load_settings
+from tmas.methods import METHODS, create_method, method_traits
 
 ROOT = Path(__file__).resolve().parent.parent
 NOT_A_VALUE = object()
@@ -184,3 +184,10 @@ def test_the_config_files_the_docs_show_load(doc: str, tmp_path: Path) -> None:
         path = tmp_path / "tmas.toml"
         path.write_text(block)
         load_settings(path, environ={})
+
+
+def test_the_readme_names_every_role_a_roles_table_may_name() -> None:
+    paragraph = (ROOT / "README.md").read_text().split("Each agent role (")[1].split(")")[0]
+    named = set(re.findall(r"`(\w+)`", paragraph))
+    roles = set(SERVICE_ROLES).union(*(method_traits(name).roles for name in METHODS))
+    assert named == roles
