@@ -191,3 +191,33 @@ def test_the_readme_names_every_role_a_roles_table_may_name() -> None:
     named = set(re.findall(r"`(\w+)`", paragraph))
     roles = set(SERVICE_ROLES).union(*(method_traits(name).roles for name in METHODS))
     assert named == roles
+
+
+def parameter_tables(doc: str) -> list[tuple[list[str], str, str]]:
+    """``(methods, parameter, default)`` of each row of the ``| parameter (METHODS) | default | what |`` tables."""
+    rows, methods = [], []
+    for line in (ROOT / doc).read_text().splitlines():
+        header = re.match(r"\| parameter \(([\w, ]+)\) \| default \|", line)
+        if header:
+            methods = [m.strip() for m in header.group(1).split(",")]
+            continue
+        row = re.match(r"\| `(\w+)` \| ([^|]+) \|", line) if methods else None
+        if row:
+            rows.append((methods, row.group(1), row.group(2).strip()))
+        elif not line.startswith("|"):
+            methods = []
+    return rows
+
+
+def test_the_stopping_and_confidence_tables_state_the_codes_defaults() -> None:
+    rows = parameter_tables("docs/sampling_and_budgets.md")
+    stated = 0
+    for methods, name, default in rows:
+        value = parse_value(default)
+        if value is NOT_A_VALUE:  # a default per method, in words
+            continue
+        for method in methods:
+            actual = getattr(create_method(method, {}).params, name)
+            assert actual == value, f"sampling_and_budgets.md: {method}'s {name} is {default}, code: {actual}"
+            stated += 1
+    assert stated >= 10
