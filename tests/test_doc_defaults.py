@@ -221,3 +221,11 @@ def test_the_stopping_and_confidence_tables_state_the_codes_defaults() -> None:
             assert actual == value, f"sampling_and_budgets.md: {method}'s {name} is {default}, code: {actual}"
             stated += 1
     assert stated >= 10
+
+
+def test_the_embedded_model_shrinks_each_baseline_as_documented() -> None:
+    # docs/baselines.md: "like TMAS's local preset (N = 2, T = 2; majority k = 4)".
+    for name, width in (("self_refine", "n"), ("verify_refine", "n"), ("rse", "n"), ("pacore", "responses_per_round")):
+        params = create_method(name, {}, embedded=True).params
+        assert (getattr(params, width), params.iterations) == (2, 2), name
+    assert create_method("majority", {}, embedded=True).params.k == 4
