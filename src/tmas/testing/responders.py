@@ -262,6 +262,6 @@ def judge_responder(req: SimRequest) -> str:
     return json.dumps({"reasoning": "Both answers denote the same value.", "equivalent": True})
 
 
-# Roles still to come: the TMAS / MATTRL work registers defaults for "verifier", "summary", "experience",
-# "guideline", "coordinator" and "specialist" with @register_responder(...) in its own modules (which must be
-# imported in the process serving the simulator). Until then those roles get the generic "default" responder.
+# The other roles' defaults are registered in modules of their own (tmas_responders, baseline_responders,
+# mattrl_responders), which tmas.testing imports. A role with none, such as the pool build's "summarizer", gets the
+# generic "default" responder: script a rule for it.
