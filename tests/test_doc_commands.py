@@ -1,5 +1,5 @@
-"""Every ``tmas`` command line the README and the pages on configuration show names a command that exists, and every
-flag on it is one that command takes."""
+"""Every ``tmas`` command line the README, the pages on configuration and the example grids' comments show names a
+command that exists, and every flag on it is one that command takes."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ DOCS = [
     "docs/viewer.md",
     "docs/architecture.md",
     "examples/tiling_2xn/README.md",
+    # The commands in the grid files' comments.
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "examples").rglob("*.toml")),
 ]
 # A command line: in backticks, or a line of a shell block (a "$ " prompt or an environment variable before it).
 COMMAND = re.compile(r"`(tmas [^`]+)`|^(?:\$ )?(?:[A-Z_]+=\S+ )*(tmas [^\n#]+)", re.M)
@@ -30,6 +32,8 @@ COMMAND = re.compile(r"`(tmas [^`]+)`|^(?:\$ )?(?:[A-Z_]+=\S+ )*(tmas [^\n#]+)",
 
 def command_lines(doc: str) -> list[str]:
     text = (ROOT / doc).read_text()
+    if doc.endswith(".toml"):
+        text = re.sub(r"^#\s*", "", text, flags=re.M)
     lines = []
     for match in COMMAND.finditer(text):
         line = (match.group(1) or match.group(2)).split("&&")[0].split("|")[0].split(">")[0]
@@ -74,4 +78,4 @@ def test_documented_commands_and_flags_exist(doc: str) -> None:
             if re.fullmatch(r"--?[a-zA-Z][\w-]*", flag):
                 assert flag in known, f"{doc}: '{line}': {command.name} has no {flag}"
         checked += 1
-    assert checked > 0 or doc in ("docs/servers.md", "docs/viewer.md")
+    assert checked > 0 or doc in ("docs/servers.md", "docs/viewer.md") or doc.endswith(".toml")
