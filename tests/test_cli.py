@@ -51,6 +51,7 @@ def test_solve_prints_the_answer(sim: SimServer) -> None:
 def test_solve_reads_stdin_and_files_and_prints_json(sim: SimServer, tmp_path: Path) -> None:
     out = tmas("solve", "--base-url", sim.base_url, "--method", "cot", stdin=b"What is 6*7?")
     assert out.stdout.decode().strip() == "42"
+    assert "tmas: 1 call; tokens: prompt" in out.stderr.decode()
     question = tmp_path / "q.txt"
     question.write_text("Compute (12+5)*3.")
     out = tmas("solve", "--file", str(question), "--base-url", sim.base_url, "--method", "cot", "--json")

@@ -151,7 +151,7 @@ def solve(
             typer.echo(result.answer if result.answer is not None else (result.text or "(no answer)"))
         u = result.usage
         typer.echo(
-            f"tmas: {result.calls} calls; tokens: prompt {u.prompt_tokens}{cached_share_text(u)}, completion"
+            f"tmas: {result.calls} call{'' if result.calls == 1 else 's'}; tokens: prompt {u.prompt_tokens}{cached_share_text(u)}, completion"
             f" {u.completion_tokens} (reasoning {u.reasoning_tokens}){' (estimated)' if u.estimated else ''}",
             err=True,
         )
