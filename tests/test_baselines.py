@@ -152,6 +152,26 @@ async def test_verify_refine_corrects_from_own_solution_and_its_verification() -
     assert all(c.score == 0.0 for rec in result.iterations for c in rec.candidates)
 
 
+async def test_verify_refine_corrector_sees_the_report_that_came_back_not_a_failed_call() -> None:
+    # m = 2: the first verification call fails, the second reports 0.5 with an analysis. The failed call counts 0 in
+    # the score ((0 + 0.5) / 2), is recorded with its error and noted, and the corrector is shown the real report.
+    report = "## Analysis\nCheck V7Z: the last step lacks a reason.\n\n## Score\nScore: 0.5"
+    script = SimScript(
+        rules=[Rule(role="verifier", fault="http_400", times=1), Rule(role="verifier", replies=[report])]
+    )
+    result, model = await run("verify_refine", script, n=1, m=2, iterations=2)
+    (corrector,) = [r for r in calls(model) if r["role"] == "corrector"]
+    assert "V7Z" in corrector["prompt"] and '<verification score="0.5">' in corrector["prompt"]
+    assert "(verification failed)" not in corrector["prompt"]
+    first = result.iterations[0]
+    (candidate,) = first.candidates
+    assert candidate.score == 0.25
+    records = candidate.meta.verifications or []
+    assert [v.score for v in records] == [None, 0.5]
+    assert records[0].error is not None and records[1].error is None
+    assert any(n.startswith("candidate 0, verifier 0: call failed:") for n in first.notes)
+
+
 async def test_pacore_rounds_see_compact_messages_of_the_whole_previous_round() -> None:
     n = 3
     replies = [

@@ -5,9 +5,9 @@ Per iteration and trajectory i: iteration 0 writes a solution with TMAS's genera
 previous solution with its verification report to the corrector (role ``corrector``); the new solution then gets
 ``m`` verifications (TMAS's verification agent, role ``verifier``). Its score is their mean (1 / 0.5 / 0 scale) and
 the answer is the best-scored candidate's (``select`` and ``select_from`` choose other rules: methods/selection.py).
-With m > 1 the corrector is shown the most critical report (lowest score). The iteration's candidates are the verified
-solutions of that iteration. A correction without an answer never silently replaces an answered solution
-(``answer_reminder``, ``answer_fallback``).
+With m > 1 the corrector is shown the most critical report (lowest score read; a failed verification call is no
+report). The iteration's candidates are the verified solutions of that iteration. A correction without an answer never
+silently replaces an answered solution (``answer_reminder``, ``answer_fallback``).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class VerifyRefine(Method[VerifyRefineParams]):
             if not done:
                 break
             candidates = [v.candidate for v in done]
-            notes = notes_for(candidates, p.mode)
+            notes = notes_for(candidates, p.mode) + verification_notes(candidates)
             for v in done:
                 previous = latest[v.candidate.index]
                 if p.answer_fallback and keeps_previous(v.candidate, previous.candidate if previous else None, p.mode):
@@ -181,6 +181,30 @@ class VerifyRefine(Method[VerifyRefineParams]):
             score = 0.0
         candidate.score = score
         candidate.meta.verifications = [
-            VerificationRecord(score=v.score, call_id=r.call_id) for v, r in zip(reports, replies, strict=True)
+            VerificationRecord(score=v.score, call_id=r.call_id, error=r.error if not r.ok else None)
+            for v, r in zip(reports, replies, strict=True)
         ]
-        return Verified(candidate, min(reports, key=lambda v: v.effective_score))
+        return Verified(candidate, _most_critical(reports, [r.ok for r in replies]))
+
+
+def _most_critical(reports: list[Verification], answered: list[bool]) -> Verification:
+    """The report the corrector is shown: the lowest-scored report that has a score; without one, the first reply
+    that came back (its score unreadable); a failed call's placeholder only when every verification call failed. A
+    failed call counts 0 in the candidate's score but is no report: it must not hide the analysis of one that came
+    back."""
+    scored = [v for v in reports if v.score is not None]
+    if scored:
+        return min(scored, key=lambda v: v.effective_score)
+    return next((v for v, ok in zip(reports, answered, strict=True) if ok), reports[0])
+
+
+def verification_notes(candidates: list[Candidate]) -> list[str]:
+    """The iteration record's notes of verifications that failed or gave no readable score (each counted 0)."""
+    notes = []
+    for c in candidates:
+        for j, v in enumerate(c.meta.verifications or []):
+            if v.error is not None:
+                notes.append(f"candidate {c.index}, verifier {j}: call failed: {v.error}; counted 0")
+            elif v.score is None:
+                notes.append(f"candidate {c.index}, verifier {j}: no readable score; counted 0")
+    return notes
