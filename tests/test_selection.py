@@ -128,6 +128,19 @@ def test_filtered_vote_keeps_the_most_confident_share() -> None:
         ConfidenceVote(share=0.0)
 
 
+def test_filtered_vote_keeps_exactly_the_share_where_it_is_whole() -> None:
+    # eta = 0.28 of 25 is 7 (0.28 x 25 in floating point is 7.000000000000001, whose ceiling is 8). The 8 most
+    # confident: "9" x 3, "7" x 4, "9", all at 2.0; 17 "5"s at 1.0. Of the first 7, V(7) = 8.0 > V(9) = 6.0; an eighth
+    # voter would tie "9" at 8.0 with as many votes, and "9" came first.
+    pool = [
+        *(sure(i, "9", 2.0) for i in range(3)),
+        *(sure(i, "7", 2.0) for i in range(3, 7)),
+        sure(7, "9", 2.0),
+        *(sure(i, "5", 1.0) for i in range(8, 25)),
+    ]
+    assert select(pool, "numeric", "filtered_vote", confidence=ConfidenceVote(share=0.28)) is pool[3]
+
+
 def test_confidence_rules_fall_back_to_the_plain_vote_without_confidence() -> None:
     # "9" is the more confident answer, but candidate 2 has no confidence: every candidate then votes plainly.
     pool = [sure(0, "7", 1.0), sure(1, "9", 3.0), cand(2, "7", None)]

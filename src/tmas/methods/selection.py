@@ -124,7 +124,8 @@ def select(
     how = confidence or ConfidenceVote()
     if rule == "filtered_vote":
         ranked = sorted(usable, key=lambda c: -_confidence(c, how))  # stable: ties keep candidate order
-        kept = {id(c) for c in ranked[: max(1, math.ceil(how.share * len(usable)))]}
+        # Rounded before the ceiling: 0.28 x 25 is 7.000000000000001 in floating point, and 7 vote, not 8.
+        kept = {id(c) for c in ranked[: max(1, math.ceil(round(how.share * len(usable), 9)))]}
         usable = [c for c in usable if id(c) in kept]
     groups: dict[str, list[Candidate]] = {}
     for c in usable:
