@@ -13,6 +13,7 @@ import pytest
 
 from conftest import scripted_settings, settings_for
 from scripted_runs import scripted_run, solve_in_process
+from tmas.agents.baselines import self_refine_prompt
 from tmas.api import asolve
 from tmas.errors import ConfigError
 from tmas.methods import METHODS
@@ -118,6 +119,34 @@ async def test_self_refine_never_sees_a_sibling_trajectory() -> None:
             assert seen == produced[(r["it"] - 1, r["sample"])], (r["it"], r["sample"], seen)
             assert "Working" not in r["prompt"]  # the text before "## Solution" is not carried over
     assert [len(rec.candidates) for rec in result.iterations] == [n] * t
+
+
+async def test_self_refine_reads_the_answer_of_the_solution_not_of_the_feedback_quoting_the_attempt() -> None:
+    # The feedback quotes the previous attempt's boxed 390; the improved solution states 391 without a box.
+    quoting = "## Feedback\n- The attempt's \\boxed{390} is wrong: 17*23 is not 390.\n\n## Solution\n"
+    script = SimScript(rules=[Rule(role="refiner", replies=[quoting + "17*23 = 340 + 51 = 391.\nThe answer is 391."])])
+    result, model = await run("self_refine", script, n=1, iterations=2, answer_reminder=False)
+    (refined,) = result.iterations[1].candidates
+    assert (refined.answer, refined.meta.extraction) == ("391", "stated") and result.answer == "391"
+    # A solution with no answer of its own is answerless, whatever its feedback quotes: it is reminded.
+    script = SimScript(
+        rules=[
+            Rule(role="refiner", pattern="states no final answer", replies=["## Solution\n17*23 = 391.\n\\boxed{391}"]),
+            Rule(role="refiner", replies=[quoting + "17*23 = 340 + 51, to be finished."]),
+        ]
+    )
+    result, model = await run("self_refine", script, n=1, iterations=2)
+    assert [c.role for c in model.calls] == ["solution", "refiner", "refiner"]
+    (refined,) = result.iterations[1].candidates
+    assert refined.answer == "391" and refined.meta.reminder is not None and refined.meta.reminder.answered
+
+
+@pytest.mark.parametrize("style", ["paper", "concise"])
+def test_self_refine_asks_for_the_solution_heading_its_feedback_is_cut_at_in_every_style(style: str) -> None:
+    # Only the text under "## Solution" is carried to the next iteration: the concise layout asks for no heading of
+    # its own, so the refinement prompt must.
+    user = self_refine_prompt(Q, "numeric", "an attempt", style)[-1].content  # type: ignore[arg-type]
+    assert '"## Feedback"' in user and 'the heading "## Solution"' in user
 
 
 async def test_verify_refine_corrects_from_own_solution_and_its_verification() -> None:

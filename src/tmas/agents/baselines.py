@@ -16,10 +16,11 @@ from pydantic import BaseModel, Field, create_model
 
 from tmas.agents.echo import EchoGuard
 from tmas.agents.output import AgentOutputError, extract_json_object
-from tmas.agents.solution import solution_section
+from tmas.agents.solution import SolutionOutput, parse_section, solution_section
 from tmas.agents.style import Style
 from tmas.agents.templates import MATH_SYSTEM, prompt
 from tmas.agents.verification import CHARS_PER_TOKEN
+from tmas.answers import extract_answer
 from tmas.llm.types import Message
 
 _THINK = re.compile(r"<think>.*?</think>", re.S)
@@ -28,6 +29,17 @@ _THINK = re.compile(r"<think>.*?</think>", re.S)
 def self_refine_prompt(question: str, mode: str, attempt: str, style: Style = "paper") -> list[Message]:
     """Self-Refine: review one's own previous attempt and rewrite it; nothing of any other trajectory."""
     return prompt("self_refine.j2", system_name=MATH_SYSTEM, question=question, mode=mode, attempt=attempt, style=style)
+
+
+def parse_refinement(content: str, mode: str) -> SolutionOutput:
+    """Self-Refine's reading of a refinement: the solution under the last ``## Solution`` heading, and in numeric
+    mode the answer that solution gives. The feedback written before it reviews the previous attempt and may quote that
+    attempt's boxed answer; it is never read as the new answer (a solution without one is answerless, and reminded)."""
+    parsed = parse_section(content, mode)
+    if mode != "numeric" or not parsed.has_section:
+        return parsed
+    answer, source = extract_answer(parsed.text)
+    return parsed.model_copy(update={"answer": answer, "extraction": source})
 
 
 def correction_prompt(

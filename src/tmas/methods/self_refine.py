@@ -3,9 +3,10 @@ iteration, on its own previous attempt only. No trajectory ever sees another one
 
 Iteration 0 samples TMAS's plain generation prompt (as every method here does); each later iteration sends
 trajectory i's previous solution back to the model (role ``refiner``), which reviews it and writes an improved one.
-The paper's feedback and refine steps are one call here (a "## Feedback" section, then the solution): see
-docs/baselines.md. A trajectory whose last call failed starts afresh from the generation prompt. A refinement without
-an answer never silently replaces an answered solution (``answer_reminder``, ``answer_fallback``).
+The paper's feedback and refine steps are one call here (a "## Feedback" section, then the solution under a
+"## Solution" heading, whose answer alone is read: ``parse_refinement``): see docs/baselines.md. A trajectory whose
+last call failed starts afresh from the generation prompt. A refinement without an answer never silently replaces an
+answered solution (``answer_reminder``, ``answer_fallback``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from tmas.agents.baselines import self_refine_prompt
+from tmas.agents.baselines import parse_refinement, self_refine_prompt
 from tmas.agents.solution import generation_prompt
 from tmas.methods.base import (
     Candidate,
@@ -90,6 +91,7 @@ class SelfRefine(Method[SelfRefineParams]):
                     mode=mode,
                     meta=CandidateMeta(prompt="refine"),
                     remind=p.answer_reminder,
+                    parse=parse_refinement,
                 )
 
             stepped = await gather_all(step(i) for i in range(p.n))
