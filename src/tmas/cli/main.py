@@ -150,8 +150,9 @@ def solve(
         if result.status == "done":  # a failed question prints no answer: its last line says why
             typer.echo(result.answer if result.answer is not None else (result.text or "(no answer)"))
         u = result.usage
+        calls = f"{result.calls} call{'' if result.calls == 1 else 's'}"
         typer.echo(
-            f"tmas: {result.calls} call{'' if result.calls == 1 else 's'}; tokens: prompt {u.prompt_tokens}{cached_share_text(u)}, completion"
+            f"tmas: {calls}; tokens: prompt {u.prompt_tokens}{cached_share_text(u)}, completion"
             f" {u.completion_tokens} (reasoning {u.reasoning_tokens}){' (estimated)' if u.estimated else ''}",
             err=True,
         )
