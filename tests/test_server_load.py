@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from conftest import settings_for
 from test_failures import PERSONA_WORDINGS
 from tmas.config import Sampling, Settings
+from tmas.llm import refusals
 from tmas.llm.client import LLMClient
 from tmas.llm.factory import open_model
 from tmas.llm.model import ClientStats
@@ -281,6 +282,36 @@ async def test_calls_wait_for_a_replica_still_loading_its_model() -> None:
         served = sim.stats()
     assert done.ok and done.attempts == 1 and not done.retry_causes, done.error
     assert (served.models_unavailable, served.refused_while_loading, served.completed) == (2, 0, 1)
+
+
+@pytest.mark.parametrize(("persona", "batch"), [("llama-server", "off"), ("vllm", "auto")])
+async def test_calls_go_to_a_ready_replica_while_another_loads_its_model(
+    persona: str, batch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two replicas, one still loading its model (it answers every route 503, its model card too): the calls all go to
+    # the ready one at once, none waits on the loading one or is refused by it (vLLM's alike calls as one request with
+    # n, once the ready replica's probe said it serves n). Once it has loaded, the next calls' background poll of its
+    # model card brings it back, and calls reach it again.
+    monkeypatch.setattr(refusals, "LOADING_POLL_S", 0.0)
+    loading_script = SimScript(persona=persona, models_unavailable=10_000)  # type: ignore[arg-type]
+    with SimServer(loading_script) as loading, SimServer(SimScript(persona=persona)) as ready:  # type: ignore[arg-type]
+        settings = settings_for(loading, ready, endpoint__timeout_s=1, endpoint__batch_samples=batch, concurrency=8)
+        async with asyncio.timeout(60), LLMClient(settings) as llm:
+            first = await _alike(llm, 6, problem="a")
+            first += await asyncio.gather(*(llm.chat("solution", [user(f"What is {i}*7?")]) for i in range(6)))
+            at_ready, at_loading = ready.stats(), loading.stats()
+            loading.set_script(SimScript(persona=persona))  # type: ignore[arg-type]
+            later: list[Completion] = []
+            for i in range(40):
+                later.append(await llm.chat("solution", [user(f"What is {i}*5?")]))
+                if loading.stats().completed:
+                    break
+                await asyncio.sleep(0.05)
+    assert all(c.ok and c.attempts == 1 and not c.retry_causes for c in first + later), [c.error for c in first]
+    assert {c.endpoint for c in first} == {ready.base_url}
+    assert at_ready.total_requests == (1 if batch == "auto" else 6) + 6
+    assert (at_loading.total_requests, at_loading.refused_while_loading) == (0, 0)
+    assert loading.stats().completed == 1 and loading.stats().refused_while_loading == 0
 
 
 async def test_a_replica_loading_past_timeout_s_fails_its_calls_naming_why() -> None:

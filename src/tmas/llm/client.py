@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from functools import partial
 from types import TracebackType
 from typing import Any
@@ -153,7 +153,12 @@ class LLMClient:
         for each call left to its caller to send alone."""
         route = self.route(samples[0].key.role)
         if self.refusals.batches(route) is None:
-            await asyncio.gather(*(self.refusals.probe(self.session, route, r) for r in route.replicas))
+            await asyncio.gather(
+                *(
+                    self.refusals.probe(self.session, route, r, partial(self._routes.ready_elsewhere, route, r))
+                    for r in route.replicas
+                )
+            )
         if not self.refusals.batches(route):
             return [None] * len(samples)
         lead = samples[0]
@@ -222,7 +227,12 @@ class LLMClient:
             timing = Timing()
             body: dict[str, Any] = {}
             try:
-                await self.refusals.probe(self.session, route, replica)
+                elsewhere = partial(self._routes.ready_elsewhere, route, replica, shunned)
+                await self.refusals.probe(self.session, route, replica, elsewhere)
+                if replica.loading and elsewhere():
+                    attempts.unsent()  # still loading its model: the call goes to a replica in routing instead
+                    pin = None
+                    continue
                 sent_max = max_tokens
                 if not shrinks.done:
                     sent_max = self.refusals.fit_context(route, replica, request, max_tokens)
@@ -230,7 +240,7 @@ class LLMClient:
                 data = await self._post(route, replica, body, key, timing, slot=pin[1] if pin else None, watch=watch)
                 if timing.plain_reply and body.get("stream") and route.endpoint.stream == "auto":
                     self.refusals.stream_refused(replica, key.role, "answered a streamed request with a plain reply")
-                partial = data.pop(PARTIAL, None)
+                was_cut = data.pop(PARTIAL, None)
                 self.refusals.saw_reasoning(replica, key.role, reasoning_place(data))
                 inline = replica.reasoning == "inline"
                 done = [
@@ -238,7 +248,7 @@ class LLMClient:
                                     url=replica.url, attempts=attempts.count, sent_max=sent_max, thinks_inline=inline)
                     for reply in one_per_choice(data, n)
                 ]  # fmt: skip
-                causes = attempts.causes + (["cut"] if partial else [])
+                causes = attempts.causes + (["cut"] if was_cut else [])
                 for completion in done:
                     completion.retry_causes = list(causes)
                     completion.latency_s = time.monotonic() - started
@@ -325,15 +335,25 @@ class LLMClient:
 
     def _recheck(self, route: Route) -> None:
         """Look again, in the background, at the replicas of ``route`` out of routing whose last look is older than
-        the recheck interval: each comes back once it shows life (tmas.llm.vitals.recheck)."""
+        the recheck interval: each comes back once it shows life (tmas.llm.vitals.recheck), or, out for loading its
+        model, once its model card answers (asked at most once per tmas.llm.refusals.LOADING_POLL_S)."""
         if len(route.replicas) < 2:
             return
         every = min(route.endpoint.timeout_s, vitals.LOOK_TIMEOUT_S)
         now = time.monotonic()
         for replica in route.replicas:
-            if not replica.avoided or replica.url in self._rechecks or now - replica.vitals.looked_at < every:
+            if not replica.avoided or replica.url in self._rechecks:
                 continue
-            task = asyncio.ensure_future(vitals.recheck(self.session, replica, route.endpoint, route.api_key))
+            look: Awaitable[None]
+            if replica.loading:
+                if not self.refusals.poll_due(replica):
+                    continue
+                look = self.refusals.probe(self.session, route, replica, elsewhere=lambda: True)
+            elif now - replica.vitals.looked_at < every:
+                continue
+            else:
+                look = vitals.recheck(self.session, replica, route.endpoint, route.api_key)
+            task = asyncio.ensure_future(look)
             self._rechecks[replica.url] = task
             task.add_done_callback(partial(self._recheck_done, replica.url))
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -301,9 +302,11 @@ class Refusals:
             return False
         if endpoint.batch_samples == "on":
             return True
-        if not all(r.probed for r in route.replicas):
+        # Decided by the replicas that answered once the others are out for loading their model.
+        ready = [r for r in route.replicas if not r.loading]
+        if not ready or not all(r.probed for r in ready):
             return None
-        return serves_samples(r.server_kind for r in route.replicas)
+        return serves_samples(r.server_kind for r in ready)
 
     def kept(self, route: Route, lead: Sample, done: list[Completion], n: int) -> list[Completion] | None:
         """The completions of a request for ``n`` choices to hand out; None when the server refused ``n`` (every
@@ -347,24 +350,39 @@ class Refusals:
             replica.samples_refused = True
         self.downgraded("batch_samples", url, role, message)
 
-    async def probe(self, session: aiohttp.ClientSession, route: Route, replica: Replica) -> None:
+    @staticmethod
+    def poll_due(replica: Replica) -> bool:
+        """Whether a replica loading its model may be asked for its model card again (:data:`LOADING_POLL_S`)."""
+        return time.monotonic() - replica.polled_at >= LOADING_POLL_S
+
+    async def probe(
+        self,
+        session: aiohttp.ClientSession,
+        route: Route,
+        replica: Replica,
+        elsewhere: Callable[[], bool] = lambda: False,
+    ) -> None:
         """Ask the replica about itself once it answers (with the endpoint's key), and record what it said; until it
         answers, each call asks again (a key refused, no server there yet). While it says it is still loading its
-        model, the call waits rather than meet that refusal on every attempt: asked again every
-        :data:`LOADING_POLL_S`, for the endpoint's ``timeout_s`` at most since the replica was first heard loading
-        (then calls go as they come, and their retries meet what the server answers)."""
+        model (it is then out of routing: :attr:`Replica.loading`), the call goes elsewhere where ``elsewhere()``
+        says another replica can take it, asking the model card at most once per :data:`LOADING_POLL_S`; where none
+        can, the call waits rather than meet that refusal on every attempt: asked again every :data:`LOADING_POLL_S`,
+        for the endpoint's ``timeout_s`` at most since the replica was first heard loading (then calls go as they
+        come, and their retries meet what the server answers)."""
         if replica.probed:
             return
         async with replica.probe_lock:
             while not replica.probed:
+                if replica.loading and elsewhere() and not self.poll_due(replica):
+                    return
                 answer = await probe(session, replica, route.api_key)
                 if answer == "answered" and self.log is not None:
                     self.log.record_server(replica.findings(serves_samples([replica.server_kind])))
                 if answer != "loading":
                     return
-                now = time.monotonic()
+                now = replica.polled_at = time.monotonic()
                 if replica.loading_since is None:
                     replica.loading_since = now
-                if now - replica.loading_since >= route.endpoint.timeout_s:
+                if elsewhere() or now - replica.loading_since >= route.endpoint.timeout_s:
                     return
                 await asyncio.sleep(LOADING_POLL_S)

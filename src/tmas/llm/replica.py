@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -60,6 +61,8 @@ class Replica:
     probe_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # When its probe first heard it was still loading its model (time.monotonic()); None: never heard so.
     loading_since: float | None = None
+    # When its model card was last asked for while it was loading (time.monotonic()).
+    polled_at: float = -math.inf
     # The last call to it found no server listening: calls go to the replicas that answer while any does.
     unreachable: bool = False
     # Why it is out of routing, where it is: "dead" (its /health failed) or "no_progress" (a call waited on it past
@@ -72,9 +75,14 @@ class Replica:
     slot_queues: dict[int, SlotQueue] = field(default_factory=dict)
 
     @property
+    def loading(self) -> bool:
+        """Its probe heard it still loading its model, and it has not answered since."""
+        return self.loading_since is not None and not self.probed
+
+    @property
     def avoided(self) -> bool:
         """Out of routing: calls go to it only when every replica is."""
-        return self.unreachable or self.down is not None
+        return self.unreachable or self.down is not None or self.loading
 
     def leave(self, cause: str) -> None:
         """Take it out of routing for ``cause`` (kept from the first time until it is back)."""

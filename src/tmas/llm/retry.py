@@ -51,6 +51,10 @@ class Attempts:
         self.causes.append(failure.cause)
         return self.policy.backoff(self.count, failure)
 
+    def unsent(self) -> None:
+        """The attempt sent nothing (its replica turned out to be still loading its model): it costs none."""
+        self.count -= 1
+
     def again_at_once(self, cause: str) -> None:
         """The call adapts (a refused field, a smaller max_tokens) and goes again at once, costing no attempt."""
         self.count -= 1

@@ -94,13 +94,21 @@ class Routes:
         """The replica for a call (tmas.llm.routing): by its prompt's cached prefix with ``routing = "cache"``, else
         the least loaded; never one whose URL is in ``shunned`` while another is left. The caller counts the call in
         the replica's ``load`` until it ends."""
-        replicas = route.replicas
-        if shunned:
-            replicas = [r for r in replicas if r.url not in shunned] or replicas
+        replicas = self.candidates(route, shunned)
         if route.endpoint.routing == "load" or not messages:
             return self.router.least_loaded(replicas)
         affinity = call_affinity(key, self.settings.seed)
         return self.router.choose(messages, replicas, affinity, route.endpoint.routing_load_bound)
+
+    @staticmethod
+    def candidates(route: Route, shunned: frozenset[str] = frozenset()) -> list[Replica]:
+        """The replicas a call may go to: those whose URL is not in ``shunned``, or every one where none is left."""
+        return [r for r in route.replicas if r.url not in shunned] or route.replicas
+
+    def ready_elsewhere(self, route: Route, replica: Replica, shunned: frozenset[str] = frozenset()) -> bool:
+        """Whether a call may go to a replica other than ``replica`` that is in routing (tmas.llm.replica.Replica's
+        ``avoided``), so that :meth:`pick` would choose it over one out of routing."""
+        return any(r is not replica and not r.avoided for r in self.candidates(route, shunned))
 
     @staticmethod
     def pinned(route: Route, key: CallKey) -> tuple[int, int] | None:

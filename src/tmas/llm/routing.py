@@ -15,8 +15,8 @@ tracemalloc), however many calls a run makes (164,000 at the paper's 100-problem
 that holds the longest known prefix of its prompt among the replicas within the load bound; ties go to the replica
 that last served the call's affinity key (the TMAS candidate chain its key names, else its problem: see
 :func:`tmas.llm.lanes.call_affinity`), then to the least loaded, in turn. Replicas out of routing (no server listening
-at their last call, a failed /health, no progress while a call waited: :mod:`tmas.llm.vitals`) are chosen only when
-every replica is.
+at their last call, a failed /health, no progress while a call waited: :mod:`tmas.llm.vitals`; still loading their
+model) are chosen only when every replica is.
 
 **The load bound.** A replica's load is the calls this client routed to it that have not finished (waiting for a cap
 or in flight: what the client knows). A replica takes a call for its cache only while its load is below
