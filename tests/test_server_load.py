@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from conftest import settings_for
+from conftest import eventually, settings_for
 from test_failures import PERSONA_WORDINGS
 from tmas.config import Sampling, Settings
 from tmas.llm import refusals
@@ -312,6 +312,32 @@ async def test_calls_go_to_a_ready_replica_while_another_loads_its_model(
     assert at_ready.total_requests == (1 if batch == "auto" else 6) + 6
     assert (at_loading.total_requests, at_loading.refused_while_loading) == (0, 0)
     assert loading.stats().completed == 1 and loading.stats().refused_while_loading == 0
+
+
+async def test_a_call_waiting_while_every_replica_loads_goes_to_the_first_that_is_ready(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Both replicas loading: the call waits on one of them (its model card asked again and again). The other one
+    # finishes loading first: the call goes there, and none is sent to the one still loading.
+    monkeypatch.setattr(refusals, "LOADING_POLL_S", 0.01)
+    script = SimScript(persona="llama-server", models_unavailable=10_000)
+    with SimServer(script) as one, SimServer(script) as two:
+        async with asyncio.timeout(60), LLMClient(settings_for(one, two, endpoint__timeout_s=3)) as llm:
+            call = asyncio.ensure_future(llm.chat("solution", QUESTION))
+            replicas = llm.route("solution").replicas
+            # The call waits holding its replica's probe lock (the other's is held only while it is asked).
+            await eventually(
+                lambda: (
+                    one.stats().models_unavailable + two.stats().models_unavailable >= 4
+                    and sum(r.probe_lock.locked() for r in replicas) == 1
+                )
+            )
+            waited, other = (one, two) if replicas[0].probe_lock.locked() else (two, one)
+            other.set_script(SimScript(persona="llama-server"))
+            done = await call
+    assert done.ok and done.attempts == 1 and not done.retry_causes, done.error
+    assert done.endpoint == other.base_url
+    assert waited.stats().total_requests == waited.stats().refused_while_loading == 0
 
 
 async def test_a_replica_loading_past_timeout_s_fails_its_calls_naming_why() -> None:

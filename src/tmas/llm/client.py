@@ -227,7 +227,7 @@ class LLMClient:
             timing = Timing()
             body: dict[str, Any] = {}
             try:
-                elsewhere = partial(self._routes.ready_elsewhere, route, replica, shunned)
+                elsewhere = partial(self._ready_elsewhere, route, replica, shunned)
                 await self.refusals.probe(self.session, route, replica, elsewhere)
                 if replica.loading and elsewhere():
                     attempts.unsent()  # still loading its model: the call goes to a replica in routing instead
@@ -333,6 +333,13 @@ class LLMClient:
         replica.back()
         return data
 
+    def _ready_elsewhere(self, route: Route, replica: Replica, shunned: frozenset[str]) -> bool:
+        """Whether a call on ``replica`` may go to another replica in routing (tmas.llm.routes.Routes.ready_elsewhere).
+        Asked again and again while the call waits for ``replica`` to load its model, it looks again at those out of
+        routing first, so the call goes to whichever replica is ready first."""
+        self._recheck(route)
+        return self._routes.ready_elsewhere(route, replica, shunned)
+
     def _recheck(self, route: Route) -> None:
         """Look again, in the background, at the replicas of ``route`` out of routing whose last look is older than
         the recheck interval: each comes back once it shows life (tmas.llm.vitals.recheck), or, out for loading its
@@ -346,8 +353,8 @@ class LLMClient:
                 continue
             look: Awaitable[None]
             if replica.loading:
-                if not self.refusals.poll_due(replica):
-                    continue
+                if replica.probe_lock.locked() or not self.refusals.poll_due(replica):
+                    continue  # a call waiting for it asks it already
                 look = self.refusals.probe(self.session, route, replica, elsewhere=lambda: True)
             elif now - replica.vitals.looked_at < every:
                 continue
