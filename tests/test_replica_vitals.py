@@ -172,6 +172,49 @@ async def test_a_replica_failing_its_health_probe_leaves_routing_until_it_answer
     assert bad.stats().completed == 1 and all(c.retry_causes == [] for c in later)
 
 
+async def test_a_replica_that_takes_no_new_connection_while_it_finishes_a_stream_stays_out_of_routing() -> None:
+    # The second replica shuts down as uvicorn does: it closes its port and finishes the stream it holds. The calls
+    # made meanwhile and after share that stream's prompt, so the router prefers that replica: the first is refused
+    # and answered by the other; the stream's later chunks and its end (a request sent before the refusal) do not
+    # bring the replica back, so no other call is refused (brought back, the calls would each be refused again, twice
+    # at most, and then end the run). Once it listens again and answers /health, calls reach it again.
+    tokens = " ".join(["step"] * 150)
+    script = SimScript(persona="vllm", latency_per_token_s=0.01, rules=[Rule(pattern="long", replies=[tokens])])
+    long_prompt = [user("A long question, the same prefix in every call. " * 20 + "long")]
+    with SimServer(SimScript(persona="vllm")) as good, SimServer(script) as leaving:
+        stats = ClientStats()
+        # Of two idle replicas the first call goes to the second; a replica out of routing is looked at again once
+        # timeout_s passed since its last look.
+        settings = settings_for(
+            good,
+            leaving,
+            endpoint__batch_samples="off",
+            endpoint__timeout_s=0.5,
+            retry__max_attempts=2,
+            retry__backoff_base_s=0.05,
+        )
+        async with asyncio.timeout(60), LLMClient(settings, stats=stats) as llm:
+            stream = asyncio.ensure_future(llm.chat("solution", long_prompt))
+            await eventually(lambda: leaving.stats().in_flight == 1)
+            await asyncio.to_thread(leaving.stop_listening)
+            meanwhile = [await llm.chat("solution", [*long_prompt, user("and 0")])]
+            assert (await stream).endpoint == leaving.base_url
+            meanwhile += [await llm.chat("solution", [*long_prompt, user(f"and {i}")]) for i in range(1, 6)]
+            await asyncio.to_thread(leaving.stop)
+            await asyncio.to_thread(leaving.start)
+            later: list[Completion] = []
+            for i in range(40):
+                later.append(await llm.chat("solution", [user(f"What is {i}*5?")]))
+                if leaving.stats().completed > 1:
+                    break
+                await asyncio.sleep(0.1)
+    assert all(c.ok for c in meanwhile + later), [c.error for c in meanwhile]
+    assert [c.retry_causes for c in meanwhile] == [["connect"]] + [[]] * 5
+    assert {c.endpoint for c in meanwhile} == {good.base_url}
+    assert stats.retries_by_cause == {"connect": 1}
+    assert leaving.stats().completed == 2
+
+
 # ------------------------------------------------------------------------------------------------ the readings
 def test_progress_counters_are_read_from_each_server_s_metrics() -> None:
     text = "\n".join(

@@ -312,7 +312,7 @@ class LLMClient:
 
         def on_chunk() -> None:
             replica.vitals.progressed()
-            replica.back()
+            replica.back(timing.sent_at)
 
         if replica.server_kind == "llama-server":
             headers["Connection"] = "close"  # it drops a streamed reply's connection: never hand one to a next call
@@ -325,12 +325,12 @@ class LLMClient:
                 data = await send(exchange, timing)
             except Failure as failure:
                 if failure.connect:
-                    replica.unreachable = True
+                    replica.refused()
                 raise
             finally:
                 self.stats.in_flight -= 1
         replica.vitals.progressed()
-        replica.back()
+        replica.back(timing.sent_at)
         return data
 
     def _ready_elsewhere(self, route: Route, replica: Replica, shunned: frozenset[str]) -> bool:

@@ -65,6 +65,8 @@ class Replica:
     polled_at: float = -math.inf
     # The last call to it found no server listening: calls go to the replicas that answer while any does.
     unreachable: bool = False
+    # When a call last found no server listening there (time.monotonic()).
+    refused_at: float = -math.inf
     # Why it is out of routing, where it is: "dead" (its /health failed) or "no_progress" (a call waited on it past
     # progress_timeout_s while it showed no progress: tmas.llm.vitals); since when (time.monotonic()).
     down: str | None = None
@@ -89,9 +91,16 @@ class Replica:
         if self.down is None:
             self.down, self.down_at = cause, time.monotonic()
 
-    def back(self) -> None:
-        """It answered: back in routing."""
-        self.unreachable = False
+    def refused(self) -> None:
+        """A call found no server listening there: out of routing until it answers a request sent since."""
+        self.unreachable, self.refused_at = True, time.monotonic()
+
+    def back(self, sent_at: float | None = None) -> None:
+        """It answered (a look at it now, or a request sent at ``sent_at``): back in routing. An answer to a request
+        sent before it last refused a connection leaves it out for that: a server shutting down finishes the requests
+        it holds while it takes no new ones."""
+        if sent_at is None or sent_at >= self.refused_at:
+            self.unreachable = False
         self.down = None
 
     @property

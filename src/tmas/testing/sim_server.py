@@ -72,6 +72,11 @@ async def _start_site(app: SimApp, sock: socket.socket, keepalive_timeout: float
     return runner
 
 
+async def _stop_sites(runner: web.AppRunner) -> None:
+    for site in list(runner.sites):
+        await site.stop()  # closes the listening socket only: the connections open go on
+
+
 def _url_host(host: str) -> str:
     if host in ("", "0.0.0.0"):
         return "127.0.0.1"
@@ -105,6 +110,7 @@ class SimServer:
         self.port = port
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
         self._start_lock = threading.Lock()
 
     @property
@@ -152,7 +158,7 @@ class SimServer:
             loop.close()
             ready.set()
             return
-        self._loop = loop
+        self._loop, self._runner = loop, runner
         ready.set()
         try:
             loop.run_forever()
@@ -165,7 +171,7 @@ class SimServer:
                 loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
-            self._loop = None
+            self._loop = self._runner = None
 
     def stop(self) -> None:
         """Stop serving and join the thread (requests still hanging are cancelled). Idempotent."""
@@ -180,6 +186,15 @@ class SimServer:
                     loop.call_soon_threadsafe(loop.stop)
             thread.join()
             self._thread = None
+
+    def stop_listening(self) -> None:
+        """Take no new connection and go on serving the requests in flight, as a server shutting down does: uvicorn
+        (under vLLM and SGLang) closes its sockets and then waits for the requests it holds (``uvicorn/server.py``,
+        ``Server.shutdown``). New connections are refused until :meth:`stop` and :meth:`start`."""
+        loop, runner = self._loop, self._runner
+        if loop is None or runner is None:
+            return
+        asyncio.run_coroutine_threadsafe(_stop_sites(runner), loop).result()
 
     def __enter__(self) -> SimServer:
         return self.start()
