@@ -340,6 +340,23 @@ async def test_a_call_waiting_while_every_replica_loads_goes_to_the_first_that_i
     assert waited.stats().total_requests == waited.stats().refused_while_loading == 0
 
 
+async def test_a_replica_restarted_and_loading_its_model_again_gets_no_more_calls_while_another_is_ready() -> None:
+    # llama-server restarted where it served (its port open at once, loading its model): the next call, drawn to it by
+    # its prompt's prefix, meets its 503 once; its model card is asked again, says it is loading, and that call and
+    # the later ones go to the other replica instead of spending every attempt on that 503.
+    prefix = "A long question, the same prefix in every call. " * 20
+    with SimServer(SimScript(persona="llama-server")) as one, SimServer(SimScript(persona="llama-server")) as two:
+        async with asyncio.timeout(60), LLMClient(settings_for(one, two)) as llm:
+            first = await llm.chat("solution", [user(prefix + "0")])
+            restarted, other = (one, two) if first.endpoint == one.base_url else (two, one)
+            restarted.set_script(SimScript(persona="llama-server", models_unavailable=10_000))
+            done = [await llm.chat("solution", [user(prefix + str(i))]) for i in range(1, 4)]
+    assert all(c.ok for c in done), [c.error for c in done]
+    assert [c.retry_causes for c in done] == [["http_503"], [], []]
+    assert {c.endpoint for c in done} == {other.base_url}
+    assert restarted.stats().refused_while_loading == 1
+
+
 async def test_a_replica_loading_past_timeout_s_fails_its_calls_naming_why() -> None:
     with SimServer(SimScript(persona="llama-server", models_unavailable=10_000)) as sim:
         async with LLMClient(settings_for(sim, endpoint__timeout_s=1)) as llm:

@@ -271,6 +271,8 @@ class LLMClient:
                     pin = None  # its replica is down: the retries go wherever the others can serve
                 if failure.cause in vitals.LIFELESS:
                     shunned |= {replica.url}
+                if failure.cause == "http_503":
+                    replica.unavailable()
                 delay = attempts.after(failure)
                 if delay is None:
                     break

@@ -91,6 +91,14 @@ class Replica:
         if self.down is None:
             self.down, self.down_at = cause, time.monotonic()
 
+    def unavailable(self) -> None:
+        """It answered a call 503, as a server answers while it loads its model (llama-server opens its port at once,
+        so one restarted answers so where it served before): its model card is asked again before its next call,
+        which then goes elsewhere while it loads (tmas.llm.refusals.Refusals.probe). One still loading since its first
+        probe keeps the time it was first heard loading."""
+        if self.probed:
+            self.probed, self.loading_since = False, None
+
     def refused(self) -> None:
         """A call found no server listening there: out of routing until it answers a request sent since."""
         self.unreachable, self.refused_at = True, time.monotonic()
