@@ -14,9 +14,10 @@ from typing import Any
 from conftest import dead_url, scripted_settings, settings_for
 from scripted_runs import scripted_run, solve_in_process
 from tmas.config import Settings
+from tmas.llm.client import LLMClient
 from tmas.llm.lanes import Lane, SlotQueue, pinned_slot
 from tmas.llm.routes import Routes
-from tmas.llm.types import CallKey, ChainKey
+from tmas.llm.types import CallKey, ChainKey, user
 from tmas.methods import create_method
 from tmas.planning.estimate import calls_per_problem
 from tmas.problems import Problem
@@ -189,6 +190,21 @@ def test_a_pinned_call_whose_replica_is_down_goes_to_another(tmp_path: Path, sim
     assert summary.done == 2 and summary.failed_calls == 0
     by_problem = {str(r.problem_id) for r in sim.requests}
     assert by_problem == {"q0", "q1"}
+
+
+async def test_pinned_calls_do_not_go_to_a_replica_already_known_down() -> None:
+    # A lane pinned to a replica where no server listens: its first call is refused there and answered by the other
+    # replica; its later calls go to the other at once (the replica is out of routing), none spending an attempt.
+    with SimServer(SimScript(persona="llama-server")) as sim, dead_url() as down:
+        settings = settings_for(sim, endpoint__max_in_flight=1, endpoint__pin_slots=True)
+        endpoint = settings.endpoint.model_copy(update={"base_url": [down, sim.base_url]})
+        async with LLMClient(settings.model_copy(update={"endpoint": endpoint})) as llm:
+            done = [
+                await llm.chat("solution", [user(f"What is {i}*7?")], key=CallKey(role="solution", lane=Lane(0, 2)))
+                for i in range(4)
+            ]
+    assert all(c.ok for c in done) and {c.endpoint for c in done} == {sim.base_url}
+    assert [c.retry_causes for c in done] == [["connect"], [], [], []]
 
 
 def test_the_last_iteration_computes_no_summary_or_bank_and_answers_the_same(tmp_path: Path, sim: SimServer) -> None:

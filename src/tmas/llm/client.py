@@ -222,6 +222,9 @@ class LLMClient:
         while True:
             attempts.begin()
             self._recheck(route)
+            pinned = route.replicas[pin[0]] if pin else None
+            if pinned is not None and pinned.avoided and self._routes.ready_elsewhere(route, pinned, shunned):
+                pin = None  # its replica is out of routing (down, refusing, loading): the others serve the call
             replica = route.replicas[pin[0]] if pin else self._routes.pick(route, request.messages, key, shunned)
             replica.load += 1
             timing = Timing()
