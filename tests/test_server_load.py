@@ -95,6 +95,27 @@ async def test_queue_timeout_s_bounds_the_wait_for_the_first_chunk() -> None:
     assert queued.error_cause == "queue_timeout"
 
 
+async def test_a_call_past_queue_timeout_s_is_sent_again_to_another_replica() -> None:
+    # The second replica runs one sequence at a time and streams a long reply; a call sharing that reply's prompt
+    # prefix is drawn to it and waits in its queue past queue_timeout_s: it is closed there and sent to the idle
+    # replica, not to the end of the same queue again (where it would wait out every attempt).
+    tokens = " ".join(["step"] * 300)
+    busy_script = SimScript(
+        persona="vllm", max_running=1, latency_per_token_s=0.01, rules=[Rule(pattern="long", replies=[tokens])]
+    )
+    prefix = "A long question, the same prefix in every call. " * 20
+    with SimServer(SimScript(persona="vllm")) as idle, SimServer(busy_script) as busy:
+        # Of two idle replicas the first call goes to the second.
+        settings = settings_for(idle, busy, endpoint__timeout_s=0.2, endpoint__queue_timeout_s=0.5)
+        async with asyncio.timeout(60), LLMClient(settings) as llm:
+            long = asyncio.ensure_future(llm.chat("solution", [user(prefix + "long")]))
+            await eventually(lambda: busy.stats().in_flight == 1)
+            short = await llm.chat("solution", [user(prefix + "short")])
+            assert (await long).endpoint == busy.base_url
+    assert short.ok and short.retry_causes == ["queue_timeout"] and short.endpoint == idle.base_url, short.error
+    assert [b["messages"][-1]["content"].endswith("short") for b in busy.chat_bodies()].count(True) == 1
+
+
 @pytest.mark.slow
 async def test_the_deadline_counts_from_sending_not_from_waiting_in_tmas(sim: SimServer) -> None:
     # One call at a time (concurrency 1), each 0.6 s at the server, deadline_s 1: the second waits 0.6 s inside tmas

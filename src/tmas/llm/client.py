@@ -42,6 +42,9 @@ from tmas.llm.transport import Exchange, Timing, send
 from tmas.llm.types import CallKey, ChainKey, ChatRequest, Completion, Message
 from tmas.llm.watch import TraceWatch
 
+# Causes whose retries go to another replica while one is left (see LLMClient._call).
+MOVE_ON = vitals.LIFELESS | {"queue_timeout"}
+
 
 class LLMClient:
     """The HTTP implementation of :class:`tmas.llm.model.ChatModel`, one per run.
@@ -216,8 +219,9 @@ class LLMClient:
         shrinks = Shrinks()
         pin = self._routes.pinned(route, key)
         replica = route.replicas[0]
-        # Replicas that ended an attempt of this call by their vitals: its retries go to another while one is left,
-        # even where such a replica is back in routing by then (its prompt's prefix would draw the call back to it).
+        # Replicas that ended an attempt of this call by their vitals, or held it in their queue past queue_timeout_s:
+        # its retries go to another while one is left, even where such a replica is back in routing by then (its
+        # prompt's prefix would draw the call back to it, to the end of the queue it left).
         shunned: frozenset[str] = frozenset()
         while True:
             attempts.begin()
@@ -272,7 +276,7 @@ class LLMClient:
                     failure.args = (f"{failure} (refused again after max_tokens was lowered {shrinks.done} times)",)
                 if failure.connect or replica.avoided:
                     pin = None  # its replica is down: the retries go wherever the others can serve
-                if failure.cause in vitals.LIFELESS:
+                if failure.cause in MOVE_ON:
                     shunned |= {replica.url}
                 if failure.cause == "http_503":
                     replica.unavailable()
