@@ -509,6 +509,22 @@ async def test_response_format_types_each_server_takes(http: aiohttp.ClientSessi
         assert (await post(http, sim, response_format={"type": "structural_tag"}))[0] == 200
 
 
+async def test_llama_server_refuses_a_schema_bound_its_grammar_cannot_repeat(http: aiohttp.ClientSession) -> None:
+    def schema(length: int, items: int) -> dict[str, Any]:
+        text = {"type": "string", "maxLength": length}
+        body = {"type": "object", "properties": {"a": {"type": "array", "items": text, "maxItems": items}}}
+        return {"type": "json_schema", "json_schema": {"name": "x", "schema": body}}
+
+    async with SimServer(SimScript(persona="llama-server")) as sim:
+        assert (await post(http, sim, response_format=schema(1999, 2000)))[0] == 200
+        for refused in (schema(2000, 2), schema(10, 2001)):
+            status, body = await post(http, sim, response_format=refused)
+            assert status == 400
+            assert body["error"]["message"] == "Failed to initialize samplers: failed to parse grammar"
+    async with SimServer(SimScript(persona="vllm")) as sim:
+        assert (await post(http, sim, response_format=schema(5060, 2001)))[0] == 200
+
+
 @pytest.mark.parametrize(
     ("persona", "entry_keys"),
     [

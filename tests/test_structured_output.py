@@ -35,7 +35,7 @@ from tmas.grading.judge import JudgeReplyFormat, judge_once, parse_judge_reply
 from tmas.llm.client import LLMClient
 from tmas.llm.factory import open_model
 from tmas.llm.model import ClientStats
-from tmas.llm.schema import json_schema, response_format
+from tmas.llm.schema import grammar_fit, json_schema, response_format
 from tmas.llm.types import user
 from tmas.methods import METHODS
 from tmas.methods.mattrl_domains import domain_named
@@ -560,6 +560,54 @@ async def test_the_verifier_schema_on_the_wire_bounds_its_analysis_by_max_tokens
             analysis = body["response_format"]["json_schema"]["schema"]["properties"]["analysis"]
             assert analysis == {"type": "string", "maxLength": bound}
     assert verification_reply_model(None) is VerificationReply
+
+
+@pytest.mark.parametrize("mode", ["auto", "json_schema"])
+async def test_llama_server_gets_bounds_its_grammar_can_hold(mode: str) -> None:
+    """llama-server's grammar refuses a repetition of 2000 or more, and writes maxLength N as one of N characters: the
+    verifier's analysis bound at the built-in max_tokens of 2048, (2048 - 24) * 2.5 = 5060, failed every verification
+    ("failed to parse grammar") and, under "auto", took schemas from every role on that server. It goes at 1999 there,
+    and whole to a server without that limit."""
+    model = verification_reply_model(2048)
+    sent: dict[str, list[Any]] = {}
+    for persona in ("llama-server", "vllm"):
+        stats = ClientStats()
+        with SimServer(SimScript(persona=persona)) as sim:
+            settings = settings_for(
+                sim,
+                endpoint__structured_output=mode,
+                endpoint__reasoning="none",
+                sampling={"temperature": 0.7, "max_tokens": 2048},
+            )
+            async with LLMClient(settings, stats=stats) as llm:
+                for text in ("Grade A.", "Grade B."):
+                    reply = await llm.chat("verifier", [user(text)], reply_model=model)
+                    assert reply.ok and reply.retry_causes == [], reply.error
+            sent[persona] = [b["response_format"]["json_schema"]["schema"] for b in sim.chat_bodies("verifier")]
+        assert stats.downgrades == {}
+    analysis = [schema["properties"]["analysis"] for schema in sent["llama-server"]]
+    assert analysis == [{"type": "string", "maxLength": 1999}] * 2
+    # Only the bound changes; the schema vLLM gets is the reply model's own.
+    assert sent["vllm"] == [json_schema(model)] * 2
+    assert sent["llama-server"][0]["properties"]["score"] == json_schema(model)["properties"]["score"]
+
+
+def test_grammar_fit_caps_only_bounds() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "maxLength": {"type": "string", "maxLength": 5000},
+            "items": {"type": "array", "items": {"type": "string", "maxLength": 300}, "maxItems": 4000},
+        },
+    }
+    fitted = grammar_fit({"type": "json_schema", "json_schema": {"name": "X", "schema": schema, "strict": True}})
+    assert fitted["json_schema"]["name"] == "X" and fitted["json_schema"]["strict"] is True
+    assert fitted["json_schema"]["schema"]["properties"] == {
+        "maxLength": {"type": "string", "maxLength": 1999},
+        "items": {"type": "array", "items": {"type": "string", "maxLength": 300}, "maxItems": 1999},
+    }
+    assert schema["properties"]["maxLength"]["maxLength"] == 5000  # the schema given is left as it was
+    assert grammar_fit({"type": "json_object"}) == {"type": "json_object"}
 
 
 async def test_the_distillation_schema_on_the_wire_holds_both_lists_within_max_tokens(sim: SimServer) -> None:

@@ -30,7 +30,7 @@ from tmas.llm.model import ClientStats
 from tmas.llm.replay import CallStore
 from tmas.llm.replica import MESSAGE_TEMPLATE_TOKENS, Replica, count_prompt, probe
 from tmas.llm.routes import Route
-from tmas.llm.schema import response_format
+from tmas.llm.schema import grammar_fit, response_format
 from tmas.llm.types import CallKey, ChatRequest, Completion, DowngradeKind, Reasoning, ServerFindings
 
 # Room left for the chat template's own tokens when max_tokens is lowered to fit the context window.
@@ -140,6 +140,8 @@ class Refusals:
         body = request.body(max_tokens, structured=self.sends_schema(route, replica, request))
         if replica.server_kind == "llama-server":
             body = {_LLAMA_NAMES.get(name, name): value for name, value in body.items()}
+            if "response_format" in body:
+                body["response_format"] = grammar_fit(body["response_format"])
         body = replica.adapted(body)
         if n > 1:
             body["n"] = n

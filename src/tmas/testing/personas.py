@@ -351,6 +351,13 @@ class Persona:
     # carry "Keep-Alive: timeout=5, max=100" and no "Connection: close", and the socket reads EOF right after the last
     # chunk); a client that hands that connection to its next call writes into a closed socket.
     closes_after_stream: bool = False
+    # ---- structured outputs
+    # The largest bounded repetition the server's grammar takes (None: no limit). llama-server turns a JSON schema into
+    # a GBNF grammar (common/json-schema-to-grammar.cpp: a string's maxLength N becomes ``char{0,N}``, an array's
+    # maxItems N a first item and ``("," item){0,N-1}``), and its grammar parser refuses a repetition of 2000 or more
+    # (src/llama-grammar.cpp, MAX_REPETITION_THRESHOLD): the request fails with ``grammar_refusal``.
+    grammar_repetitions: int | None = None
+    grammar_refusal: str = ""
 
 
 def _any_n(script: SimScript) -> int | None:
@@ -559,6 +566,8 @@ LLAMA_SERVER = Persona(
     default_cache_tokens=1,
     slot_cache=True,
     closes_after_stream=True,
+    grammar_repetitions=1999,
+    grammar_refusal="Failed to initialize samplers: failed to parse grammar",
     # server-context.cpp: a streamed completion's response starts (server-http.cpp sends its headers) once the
     # first result of its task arrives, and a task waits in the queue while every slot is busy; observed: a second
     # request with the only slot busy got its headers when the slot freed.
@@ -611,6 +620,19 @@ OPENAI = Persona(
 )
 
 PERSONAS: dict[str, Persona] = {p.name: p for p in (SIM, VLLM, SGLANG, LLAMA_SERVER, OPENAI)}
+
+
+def schema_repetitions(node: Any) -> int:
+    """The largest bounded repetition llama-server's converter writes for a JSON schema (see
+    :attr:`Persona.grammar_repetitions`): a string's maxLength, an array's maxItems less its first item."""
+    if isinstance(node, list):
+        return max((schema_repetitions(item) for item in node), default=0)
+    if not isinstance(node, dict):
+        return 0
+    own = [node["maxLength"]] if isinstance(node.get("maxLength"), int) else []
+    if isinstance(node.get("maxItems"), int):
+        own.append(node["maxItems"] - 1)
+    return max([*own, *(schema_repetitions(value) for value in node.values())], default=0)
 
 
 def persona_of(script: SimScript) -> Persona:

@@ -25,7 +25,7 @@ from aiohttp.typedefs import Handler
 
 from tmas.testing.context_limits import context_refusal, window_budget
 from tmas.testing.long_replies import long_choice, request_digest
-from tmas.testing.personas import Persona, cache_capacity, persona_of
+from tmas.testing.personas import Persona, cache_capacity, persona_of, schema_repetitions
 from tmas.testing.prefix_cache import PrefixCache, SlotCache, prompt_tokens
 from tmas.testing.replies import DONE, Choice, Reply, sse
 from tmas.testing.responders import (
@@ -423,6 +423,10 @@ class SimApp:
                 persona.response_formats is not None and kind not in persona.response_formats
             ):
                 raise _BadRequest(f"response_format type {kind!r} is not supported by this server")
+            limit = persona.grammar_repetitions
+            schema = rf.get("json_schema", {}).get("schema") if kind == "json_schema" else None
+            if limit is not None and schema_repetitions(schema) > limit:
+                raise _BadRequest(persona.grammar_refusal)
         if script.stream == "refuse" and body.get("stream"):
             raise _BadRequest("stream is not supported by this server")
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
