@@ -219,6 +219,18 @@ def test_stream_error_events_by_status() -> None:
     assert failures.from_stream_event("something broke").retry
 
 
+def test_a_schema_refused_in_a_stream_is_a_structured_output_refusal() -> None:
+    event = {"message": "The provided JSON schema contains features not supported by xgrammar.", "code": 400}
+    sent = {"model": "m", "response_format": {"type": "json_schema"}}
+    refused = failures.from_stream_event(event, body=sent)
+    assert refused.cause == "structured_output" and not refused.retry
+    assert str(refused) == f"server error in stream: {event['message']} (HTTP 400)"
+    # Not without a schema in the request, nor once reply text came (then it is the stream's own fault).
+    assert failures.from_stream_event(event, body={"model": "m"}).cause == "http_400"
+    assert failures.from_stream_event(event, began=True, body=sent).cause != "structured_output"
+    assert failures.from_stream_event({**event, "code": 500}, body=sent).cause == "stream_error"
+
+
 def test_exceptions_by_when_they_happened() -> None:
     url = "http://127.0.0.1:1/v1"
     closed = failures.from_exception(aiohttp.ServerDisconnectedError(), url, sent=False)

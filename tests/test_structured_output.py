@@ -396,6 +396,26 @@ async def test_auto_falls_back_once_per_endpoint_and_records_it(sim: SimServer, 
         assert [c.error for c in store.calls()] == [None, None, None]
 
 
+@pytest.mark.parametrize("stream", ["on", "off"])
+async def test_vllm_refusing_a_schema_in_its_stream_falls_back_as_an_http_refusal_does(stream: str) -> None:
+    """vLLM checks a request's schema as it enters the engine: a streamed request meets the refusal as an error event
+    after its headers, not as an HTTP 400. It is the same refusal: the call goes again at once without the schema, and
+    none goes to that server again."""
+    stats = ClientStats()
+    with SimServer(SimScript(persona="vllm", response_format="reject")) as sim:
+        settings = settings_for(sim, endpoint__stream=stream, endpoint__reasoning="none")
+        async with LLMClient(settings, stats=stats) as llm:
+            first = await llm.chat("verifier", [user("Grade A.")], reply_model=VerificationReply)
+            second = await llm.chat("verifier", [user("Grade B.")], reply_model=VerificationReply)
+        bodies = sim.chat_bodies("verifier")
+    assert first.ok and second.ok, (first.error, second.error)
+    assert first.retry_causes == ["structured_output"] and second.retry_causes == []
+    assert ["response_format" in b for b in bodies] == [True, False, False]
+    # The same request, less its schema.
+    assert {k: v for k, v in bodies[0].items() if k != "response_format"} == bodies[1]
+    assert "not supported by xgrammar" in stats.downgrades["structured_output"][sim.base_url]
+
+
 async def test_a_second_client_records_the_endpoint_once(sim: SimServer, tmp_path: Path) -> None:
     """A resumed run finds the refusal again (one extra request) but the record stays one per endpoint."""
     sim.set_script(REFUSING)

@@ -175,9 +175,10 @@ def from_status(
     return Failure(said, f"http_{status}", retry=False)
 
 
-def from_stream_event(error: Any, *, began: bool = False) -> Failure:
+def from_stream_event(error: Any, *, began: bool = False, body: dict[str, Any] | None = None) -> Failure:
     """The failure an ``{"error": ...}`` event in a stream means: vLLM and SGLang send one for an error met after the
-    stream began, with the status it would have had (``code``); ``began``: whether reply text had streamed before it.
+    stream began, with the status it would have had (``code``); ``began``: whether reply text had streamed before it;
+    ``body``: the request's.
 
     A 5xx one (or one without a status) is the server's, and retried. A 4xx one is told apart by what it says, since
     both servers give 400 to faults of their own: vLLM's serving code answers a ValueError, TypeError, RuntimeError or
@@ -185,7 +186,9 @@ def from_stream_event(error: Any, *, began: bool = False) -> Failure:
     any ValueError (serving_chat.py, create_streaming_error_response). One that names the request (a parameter
     (vLLM's ``param``), the context window, the prompt, a schema) stays final; one that names the engine (CUDA, memory,
     an overflow, a Python fault), or says nothing of the request after reply text began, is an engine fault: cause
-    ``engine_fault``, sent again once per call (tmas.llm.retry)."""
+    ``engine_fault``, sent again once per call (tmas.llm.retry). One before any reply text that refuses the request's
+    ``response_format`` in the words of :func:`from_status` is that refusal (cause ``structured_output``): vLLM checks
+    a schema as the request enters its engine, after a stream's headers went out."""
     message = _text_of(error)
     code = error.get("code") if isinstance(error, dict) else None
     status = code if isinstance(code, int) and not isinstance(code, bool) else None
@@ -195,6 +198,8 @@ def from_stream_event(error: Any, *, began: bool = False) -> Failure:
     refusal = context_refusal(message, error if isinstance(error, dict) else None)
     if refusal is not None:
         return Failure(said, "context", retry=False, context=refusal)
+    if not began and body is not None and "response_format" in body and _SCHEMA_REFUSAL.search(message):
+        return Failure(f"{said} (HTTP {status})", "structured_output", retry=False)
     param = error.get("param") if isinstance(error, dict) else None
     if not param and (_ENGINE_FAULT.search(message) or (began and not _REQUEST_FAULT.search(message))):
         return Failure(f"{said} (HTTP {status}, an engine fault)", "engine_fault", retry=True)

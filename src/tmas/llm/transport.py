@@ -245,7 +245,7 @@ async def _read_stream(resp: aiohttp.ClientResponse, exchange: Exchange, timing:
         return assembler.reply()
     except StreamError as exc:
         if exc.error is not None:
-            raise failures.from_stream_event(exc.error, began=exc.began) from None
+            raise failures.from_stream_event(exc.error, began=exc.began, body=exchange.body) from None
         raise Failure(f"stream from {exchange.url}: {exc}", exc.cause, retry=True) from None
 
 

@@ -358,6 +358,11 @@ class Persona:
     # (src/llama-grammar.cpp, MAX_REPETITION_THRESHOLD): the request fails with ``grammar_refusal``.
     grammar_repetitions: int | None = None
     grammar_refusal: str = ""
+    # How a server that cannot follow a schema refuses it (SimScript.response_format = "reject"; "{kind}": the
+    # response_format's type), and whether a streamed request meets that refusal as an error event once its stream is
+    # open rather than as an HTTP error.
+    schema_refusal: str = "response_format type {kind!r} is not supported by this server"
+    schema_refusal_midstream: bool = False
 
 
 def _any_n(script: SimScript) -> int | None:
@@ -471,6 +476,12 @@ VLLM = Persona(
     # handed to the engine; Starlette's StreamingResponse sends the status line and headers before it asks the
     # generator for its first chunk, which waits for the engine's first output.
     headers_at="arrival",
+    # v1/engine's input processor checks a request's structured output (_validate_params, _validate_structured_output)
+    # as the request enters the engine, where it checks the prompt's length (context_limits._decoder_prompt): inside
+    # the generator a stream iterates after its headers went out, so a streamed request meets the ValueError as an
+    # error event with code 400. The xgrammar backend's wording (v1/structured_output/backend_xgrammar.py).
+    schema_refusal="The provided JSON schema contains features not supported by xgrammar.",
+    schema_refusal_midstream=True,
 )
 
 SGLANG = Persona(

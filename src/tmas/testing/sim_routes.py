@@ -119,6 +119,11 @@ class _Asked:
     id_slot: Any
 
 
+def streams(script: SimScript, body: dict[str, Any]) -> bool:
+    """Whether a request is answered as a stream: it asks for one, and the script does not refuse streaming."""
+    return bool(body.get("stream")) and script.stream == "accept"
+
+
 class _BadRequest(Exception):
     def __init__(
         self,
@@ -347,6 +352,15 @@ class SimApp:
         self.recorder.slot_enter(id(request), body.get("id_slot"))
         asked = self._checked(active, body)
         prompt_tokens = chat_prompt_tokens(asked.texts)
+        if (
+            script.response_format == "reject"
+            and persona.schema_refusal_midstream
+            and asked.body.get("response_format") is not None
+            and asked.streams
+        ):
+            # A refusal the server meets only once the stream is open (Persona.schema_refusal_midstream).
+            event = status_error(persona.name, 400, persona.schema_refusal.format(kind="json_schema"))
+            return await self._error_event(await self._open_stream(request), event)
         refused = await self._context_refusal(request, active, asked, prompt_tokens)
         if refused is not None:
             return refused
@@ -419,10 +433,10 @@ class SimApp:
         if body.get("response_format") is not None:
             rf = body["response_format"]
             kind = rf.get("type") if isinstance(rf, dict) else None
-            if script.response_format == "reject" or (
-                persona.response_formats is not None and kind not in persona.response_formats
-            ):
+            if persona.response_formats is not None and kind not in persona.response_formats:
                 raise _BadRequest(f"response_format type {kind!r} is not supported by this server")
+            if script.response_format == "reject" and not (persona.schema_refusal_midstream and streams(script, body)):
+                raise _BadRequest(persona.schema_refusal.format(kind=kind))
             limit = persona.grammar_repetitions
             schema = rf.get("json_schema", {}).get("schema") if kind == "json_schema" else None
             if limit is not None and schema_repetitions(schema) > limit:
@@ -441,7 +455,7 @@ class SimApp:
             messages=messages,
             texts=[content_text(m.get("content")) for m in messages],
             n=n,
-            streams=bool(body.get("stream")) and script.stream == "accept",
+            streams=streams(script, body),
             max_tokens=max_tokens,
             id_slot=id_slot,
         )
