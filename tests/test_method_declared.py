@@ -201,6 +201,7 @@ def test_stored_params_fill_defaults_from_the_parameter_model(oracle: None) -> N
     # It ran before the answer fallback existed (on by default since): replayed without it, as it ran.
     assert old["answer_fallback"] is False and TMASParams().answer_fallback is True
     assert stored_params("tmas", {"answer_fallback": True})["answer_fallback"] is True
+    assert stored_params("rse", {"n": 2})["answer_fallback"] is False and stored_params("rse", {})["bank_max"] == 40
     assert stored_params("oracle_toy", {})["hints"] == 1
     # A method not installed: the parameters every method has, and what was stored.
     gone = stored_params("a-plugin-not-installed", {"depth": 2})

@@ -11,6 +11,12 @@ the result.
 
 The distiller sees the problem and one attempt; the method never reads ``problem.answer``. When the embedding
 endpoint fails, duplicates are judged by word-set Jaccard similarity instead, and the record says so.
+
+The answer is the majority vote of the last iteration's samples. Beyond the paper (``answer_fallback``, default on):
+when the last iteration holds no answered sample (numeric mode: none boxed an answer, or every call failed), the
+answer is the vote over the samples of every earlier iteration, recorded as a fallback (the result's ``fallback``,
+the iteration's ``state.answer_fallback`` and a note), as TMAS's (methods/selection.py, ``fallback_from = "all"``):
+each iteration samples the problem afresh, none rewrites an earlier sample, so every earlier answer is a vote.
 """
 
 from __future__ import annotations
@@ -49,9 +55,8 @@ from tmas.methods.base import (
 )
 from tmas.methods.call_count import CallCount, count_calls
 from tmas.methods.echo_retry import chat_guarded, reply_to_read
-from tmas.methods.selection import select
-from tmas.methods.state import MethodState
-from tmas.methods.steps import budget_note, finish, notes_for, solve_call
+from tmas.methods.state import FallbackState, MethodState
+from tmas.methods.steps import Chosen, close_iteration, finish, notes_for, solve_call
 from tmas.methods.style_params import StyledParams
 from tmas.methods.traits import Traits
 
@@ -59,6 +64,8 @@ KINDS = ("propositions", "pitfalls")
 
 
 class RSEParams(StyledParams):
+    # Runs from before the answer fallback existed answered from the last iteration alone.
+    before_added: ClassVar[dict[str, Any]] = {"answer_fallback": False}
     iterations: Iterations = 20
     n: int = Field(default=8, ge=1, le=256)
     # Cosine similarity at or above which a new item is a duplicate (the RSE setting, about 0.85).
@@ -68,6 +75,8 @@ class RSEParams(StyledParams):
     # Items of each kind one distillation may add, and the bank's cap per kind (oldest dropped first).
     items_per_trajectory: int = Field(default=4, ge=1, le=32)
     bank_max: int = Field(default=40, ge=1)
+    # Beyond the paper: a last iteration without an answer answers with the vote of the earlier iterations' samples.
+    answer_fallback: bool = True
 
 
 class ExperienceBank(BaseModel):
@@ -92,9 +101,9 @@ class Distilled(BaseModel):
     similarity: str
 
 
-class RSEState(MethodState):
+class RSEState(FallbackState):
     """The bank an iteration's samples saw, its distillation (none in the last iteration, or where the budget
-    stopped it) and the bank after it."""
+    stopped it), the bank after it, and its answer fallback, if any."""
 
     bank_in: ExperienceBank = Field(default_factory=ExperienceBank)
     distill: Distilled | None = None
@@ -142,7 +151,7 @@ class RSE(Method[RSEParams]):
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p, q, mode = self.params, session.problem.question, self.params.mode
         bank = ExperienceBank()
-        chosen: Candidate | None = None
+        chosen = Chosen()
         for t in range(p.iterations):
             session.begin_iteration(t)
             style = p.style_of("solution")
@@ -157,18 +166,19 @@ class RSE(Method[RSEParams]):
             candidates = [c for c in drawn if c is not None]
             if not candidates:
                 break
-            chosen = select(candidates, mode, "vote", await session.answer_classes(candidates))
             notes = notes_for(candidates, mode)
             state = RSEState(bank_in=bank.model_copy(deep=True))
             if not session.budget_stop and t < p.iterations - 1:
                 bank, state.distill = await self._distill(session, candidates, bank, notes)
-            if session.budget_stop:
-                notes += budget_note(session, len(candidates), p.n)
             state.bank = bank.model_copy(deep=True)
-            session.end_iteration(candidates, chosen=chosen, state=state, notes=notes)
+            # The vote of this iteration's samples; without an answer here, of every earlier iteration's.
+            chosen = await close_iteration(
+                session, candidates, state, notes, planned=p.n, mode=mode, fallback=p.answer_fallback
+            )
             if session.budget_stop:
                 break
-        return finish(session, self.name, chosen, stopped=session.budget_stop is not None)
+        stopped = session.budget_stop is not None
+        return finish(session, self.name, chosen.candidate, stopped=stopped, fallback=chosen.fallback)
 
     async def _distill(
         self, session: ProblemSession, candidates: list[Candidate], bank: ExperienceBank, notes: list[str]

@@ -39,8 +39,8 @@ it selects from hold no answered one (numeric mode), or no usable one at all (pr
 answer comes from an answered (a usable) candidate of the earlier iterations, recorded as a fallback (its iteration,
 candidate, answer and why). Which one (``fallback_from``):
 
-- ``all`` (TMAS, Verify-Refine): the rule applied to every earlier candidate, as ``select_from = "all"`` orders them
-  (newest iteration first), so a vote counts the answers of all earlier iterations;
+- ``all`` (TMAS, Verify-Refine, RSE): the rule applied to every earlier candidate, as ``select_from = "all"`` orders
+  them (newest iteration first), so a vote counts the answers of all earlier iterations;
 - ``latest`` (Self-Refine, PaCoRe): the rule applied to the latest earlier iteration that has an answered candidate
   alone. Each round of these rewrites the one before it, so an older round's answer is an older draft and must not
   outvote the newer ones.

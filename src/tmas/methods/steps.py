@@ -311,7 +311,7 @@ async def close_iteration(
     fallback_from: FallbackFrom = "all",
 ) -> Chosen:
     """The end of an iteration of a baseline that selects its answer among its candidates (Self-Refine,
-    Verify-Refine, PaCoRe): the answer by ``rule`` (:func:`select_answer`, with the answer fallback where on), the
+    Verify-Refine, PaCoRe, RSE): the answer by ``rule`` (:func:`select_answer`, with the answer fallback where on), the
     fallback's note and ``state.answer_fallback``, the note of a budget that cut the iteration short (``planned``
     candidates asked), and the iteration's record with the candidate chosen. The method's own ``notes`` come first."""
     chosen = await select_answer(
