@@ -2,9 +2,11 @@
 (:meth:`tmas.methods.base.Method.calls_per_problem`) and the cost estimate adds up over problems and grid points.
 
 Counts assume every call succeeds and every reply is usable: a failed call only ever lowers them (its candidate is
-not verified or summarised, nor is a TMAS solution with no text; a memory agent with no rollout is skipped), and a
-reply asked again (one that echoes its prompt's instructions, an answerless refinement reminded: tmas.methods.steps)
-adds a call, as a transport retry adds attempts. Embedding requests are not chat calls and are not counted.
+not verified or summarised, nor is a TMAS solution with no text; a memory agent with no rollout is skipped). No count
+holds the calls a reply may be asked again in, whatever the method: a reply that echoes its prompt's instructions
+(tmas.methods.echo_retry) and an answerless refinement reminded of the required output (tmas.methods.answer_reminder)
+each add one call beyond the count, ``upper`` included; a transport retry adds attempts of one call, not calls. A
+call budget (``cap``) holds those calls too. Embedding requests are not chat calls and are not counted.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from dataclasses import dataclass
 @dataclass
 class CallCount:
     """Chat calls per problem by role: ``expected`` when every call succeeds (and adaptive methods run to their
-    limit), ``upper`` the most there can be (retries included). ``exact``: the structure fixes the count."""
+    limit), ``upper`` the most the method's structure allows, its own retries included (MATTRL's retries of unusable
+    replies), not the echo and answer-reminder calls any method may add (see the module docstring): a run may send
+    more. ``exact``: the structure fixes the count."""
 
     expected: dict[str, int]
     upper: dict[str, int]
