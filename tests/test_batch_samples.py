@@ -274,6 +274,19 @@ def test_a_failed_request_fails_every_sample_and_missing_choices_go_back() -> No
     assert [None if c is None else c.content for c in handed_out([one], samples)] == ["only one", None, None]
 
 
+def test_what_a_failed_request_cost_is_charged_to_its_first_sample_alone() -> None:
+    # Its attempts streamed text before they failed (tmas.llm.client): the server generated it once, for the request.
+    samples = [Sample(request(), key(i), f"h{i}", asyncio.Future(loop=asyncio.new_event_loop())) for i in range(3)]
+    spent = Usage(completion_tokens=250, reasoning_tokens=250, estimated=True)
+    failed = Completion(key=key(0), request_hash="h0", error="stream cut", error_cause="cut", usage=spent)
+    out = handed_out([failed], samples)
+    assert [(c.key.sample, c.error, c.usage) for c in out if c is not None] == [
+        (0, "stream cut", spent),
+        (1, "stream cut", Usage()),
+        (2, "stream cut", Usage()),
+    ]
+
+
 # ------------------------------------------------------------------------------------------------ servers
 def test_the_servers_kind_comes_from_owned_by() -> None:
     def models(owner: Any) -> dict[str, Any]:

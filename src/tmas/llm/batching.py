@@ -261,7 +261,9 @@ def handed_out(completions: Sequence[Completion], samples: Sequence[Sample]) -> 
     hash; a failed request (one failed completion) fails every sample alike; samples beyond the choices received get
     None (their callers send them alone)."""
     if len(completions) == 1 and not completions[0].ok:
-        completions = [completions[0]] * len(samples)
+        # What the failed request's attempts had the server generate is counted once, on the first sample.
+        spent = completions[0]
+        completions = [spent] + [spent.model_copy(update={"usage": Usage()})] * (len(samples) - 1)
     given: list[Completion | None] = [
         c.model_copy(update={"key": s.key, "request_hash": s.request_hash, "retry_causes": list(c.retry_causes)})
         for c, s in zip(completions, samples, strict=False)

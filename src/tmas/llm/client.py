@@ -33,13 +33,14 @@ from tmas.llm.model import ClientStats, EndpointUnreachable, QuotaSpent
 from tmas.llm.refusals import MAX_SHRINKS, DowngradeLog, Refusals, Shrinks
 from tmas.llm.replica import Replica
 from tmas.llm.replies import completion as read_completion
+from tmas.llm.replies import discarded as discarded_usage
 from tmas.llm.replies import reasoning_place, vectors
 from tmas.llm.retry import Attempts, RetryPolicy
 from tmas.llm.routes import Route, Routes
 from tmas.llm.sampling import ResolvedSampling, resolve_role
 from tmas.llm.stream import PARTIAL
 from tmas.llm.transport import Exchange, Timing, send
-from tmas.llm.types import CallKey, ChainKey, ChatRequest, Completion, Message
+from tmas.llm.types import CallKey, ChainKey, ChatRequest, Completion, Message, Usage
 from tmas.llm.watch import TraceWatch
 
 # Causes whose retries go to another replica while one is left (see LLMClient._call).
@@ -219,6 +220,8 @@ class LLMClient:
         shrinks = Shrinks()
         pin = self._routes.pinned(route, key)
         replica = route.replicas[0]
+        # What the server generated for attempts (and choices) whose text is not kept: the call's cost all the same.
+        discarded = Usage()
         # Replicas that ended an attempt of this call by their vitals, or held it in their queue past queue_timeout_s:
         # its retries go to another while one is left, even where such a replica is back in routing by then (its
         # prompt's prefix would draw the call back to it, to the end of the queue it left).
@@ -255,14 +258,21 @@ class LLMClient:
                                     url=replica.url, attempts=attempts.count, sent_max=sent_max, thinks_inline=inline)
                     for reply in one_per_choice(data, n)
                 ]  # fmt: skip
+                if was_cut and timing.stream is not None:
+                    discarded += discarded_usage(timing.stream.received(unfinished=True), route.counter)
                 causes = attempts.causes + (["cut"] if was_cut else [])
                 for completion in done:
                     completion.retry_causes = list(causes)
                     completion.latency_s = time.monotonic() - started
                     completion.first_token_s = timing.first_token_s
                     completion.queued_s = timing.queued_s
-                return share_usage(done, data, route.counter, replica.server_kind)
+                done = share_usage(done, data, route.counter, replica.server_kind)
+                if done and discarded.completion_tokens:
+                    done[0].usage = done[0].usage + discarded
+                return done
             except Failure as failure:
+                if timing.stream is not None:
+                    discarded += discarded_usage(timing.stream.received(), route.counter)
                 if self.refusals.adapt(failure, route, replica, key, body):
                     attempts.again_at_once(failure.cause)
                     continue
@@ -292,7 +302,7 @@ class LLMClient:
         failed = Completion(
             key=key, request_hash=request_hash, endpoint=replica.url, model=request.model,
             latency_s=time.monotonic() - started, attempts=attempts.count, error=message,
-            error_cause=last.cause, retry_causes=attempts.causes,
+            error_cause=last.cause, retry_causes=attempts.causes, usage=discarded,
         )  # fmt: skip
         return [failed]
 

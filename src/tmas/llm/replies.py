@@ -120,6 +120,19 @@ def usage(
     )
 
 
+def discarded(texts: tuple[str, str], counter: TokenCounter) -> Usage:
+    """The completion tokens of text (content, reasoning) a server generated for a reply that is not kept (an attempt
+    whose stream was cut, stalled or ended in an error; the choices of a reply of several that did not finish): the
+    server reports no usage for it, so it is counted (estimated unless a tokenizer counts); its prompt is not."""
+    content, reasoning = texts
+    thought = counter.count(reasoning)
+    if not content and not thought:
+        return Usage()
+    return Usage(
+        completion_tokens=counter.count(content) + thought, reasoning_tokens=thought, estimated=not counter.exact
+    )
+
+
 def reported_reasoning(usage: Any) -> int | None:
     """The reasoning tokens a usage object reports: OpenAI's and vLLM's ``completion_tokens_details.reasoning_tokens``,
     else SGLang's ``reasoning_tokens`` in usage itself; None where neither is there."""

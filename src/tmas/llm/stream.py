@@ -141,6 +141,12 @@ class StreamAssembler:
                 choice.logprobs = []
             choice.logprobs.extend(tokens)
 
+    def received(self, *, unfinished: bool = False) -> tuple[str, str]:
+        """The text (content, reasoning) the stream brought so far, over its choices (``unfinished``: only those without
+        a ``finish_reason``): what a reply that is discarded had the server generate."""
+        chosen = [c for c in self._choices.values() if not unfinished or c.finish_reason is None]
+        return "".join("".join(c.content) for c in chosen), "".join("".join(c.reasoning) for c in chosen)
+
     def finished_reply(self) -> dict[str, Any] | None:
         """The choices that finished, in a reply's shape, when a stream of several choices ended early (SGLang sends
         its choices' finishes only at the end, vLLM as each choice ends); None when none finished or none was

@@ -52,6 +52,8 @@ class Timing:
     checked_at: float | None = None
     # A streamed request answered with a plain JSON reply: the server does not stream.
     plain_reply: bool = False
+    # The attempt's event stream as far as it arrived: what an attempt that failed part way had the server generate.
+    stream: StreamAssembler | None = None
 
     @property
     def queued_s(self) -> float | None:
@@ -212,7 +214,7 @@ async def _read_stream(resp: aiohttp.ClientResponse, exchange: Exchange, timing:
     log-probabilities as they arrive; when it stops the reply, the connection is closed there (the server aborts the
     request) and the reply so far is returned, marked."""
     watch = exchange.watch
-    assembler = StreamAssembler()
+    assembler = timing.stream = StreamAssembler()
     seen = 0
     if watch is not None:
         watch.begin()

@@ -1,0 +1,51 @@
+"""What a call costs when the server generated text that is not kept: an attempt whose stream was cut part way (and
+retried), a call that gave up after such attempts, a request of several choices that failed. The server reports no
+usage for that text, so it is counted from what arrived (estimated: about 4 characters a token) and charged to the
+call, so a token budget sees it and a resumed run replays the same cost."""
+
+from __future__ import annotations
+
+from conftest import settings_for
+from tmas.llm.client import LLMClient
+from tmas.llm.types import Usage, user
+from tmas.problems import Problem
+from tmas.runner import problem_solver, run_method
+from tmas.testing import Rule, ScriptedUsage, SimScript, SimServer
+
+QUESTION = [user("What is 17*23?")]
+# 100 words of thinking: the simulator streams them as 100 tokens; 500 characters, estimated as 125 tokens.
+THOUGHT = "step " * 100
+CUT = Rule(fault="cut", fault_after_tokens=100, reasoning=THOUGHT, replies=["So 391.\n\n\\boxed{391}"])
+REPORTED = ScriptedUsage(prompt_tokens=10, completion_tokens=40, reasoning_tokens=30)
+ANSWER = Rule(reasoning="step", replies=["So 391.\n\n\\boxed{391}"], usage=REPORTED)
+
+
+async def test_a_cut_attempt_s_tokens_are_charged_to_the_call_that_retried_it() -> None:
+    script = SimScript(persona="vllm", rules=[CUT.model_copy(update={"times": 1}), ANSWER])
+    with SimServer(script) as sim:
+        async with LLMClient(settings_for(sim)) as llm:
+            reply = await llm.chat("solution", QUESTION)
+    assert reply.ok and reply.retry_causes == ["cut"]
+    # 40 reported by the answering attempt + 125 counted from the cut one's 500 characters of reasoning.
+    assert reply.usage == Usage(prompt_tokens=10, completion_tokens=165, reasoning_tokens=155, estimated=True)
+
+
+async def test_a_call_that_gave_up_costs_what_its_attempts_streamed() -> None:
+    with SimServer(SimScript(persona="vllm", rules=[CUT])) as sim:
+        async with LLMClient(settings_for(sim, retry__max_attempts=2)) as llm:
+            reply = await llm.chat("solution", QUESTION)
+    assert not reply.ok and reply.error_cause == "cut" and len(sim.chat_bodies()) == 2
+    assert reply.usage == Usage(completion_tokens=250, reasoning_tokens=250, estimated=True)
+
+
+async def test_a_token_budget_stops_at_the_call_whose_cut_attempt_spent_it() -> None:
+    # Majority vote of 4 under 150 completion tokens (max_tokens 256 > 150: the samples go one at a time). Each
+    # answer reports 40 tokens: without the cut attempt's 125 the problem would send all 4 (40, 80, 120 < 150). The
+    # first sample's first attempt is cut after streaming 125 estimated tokens: 165 after one call, and no more go.
+    script = SimScript(persona="llama-server", rules=[CUT.model_copy(update={"times": 1}), ANSWER])
+    with SimServer(script) as sim:
+        settings = settings_for(sim, method={"name": "majority", "params": {"k": 4}}, budget={"tokens": 150})
+        async with LLMClient(settings) as llm, problem_solver(settings, llm, run_method(settings)) as solver:
+            result = await solver.solve(Problem(problem_id="q", question="What is 17*23?"))
+    assert (result.calls, result.usage.completion_tokens, result.stopped_reason) == (1, 165, "budget")
+    assert result.answer == "391"
