@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from conftest import settings_for
 from tmas.llm.client import LLMClient
+from tmas.llm.replies import discarded
+from tmas.llm.tokens import TokenCounter
 from tmas.llm.types import Usage, user
 from tmas.problems import Problem
 from tmas.runner import problem_solver, run_method
@@ -49,3 +51,12 @@ async def test_a_token_budget_stops_at_the_call_whose_cut_attempt_spent_it() -> 
             result = await solver.solve(Problem(problem_id="q", question="What is 17*23?"))
     assert (result.calls, result.usage.completion_tokens, result.stopped_reason) == (1, 165, "budget")
     assert result.answer == "391"
+
+
+def test_a_running_usage_the_stream_reported_before_it_broke_is_taken_as_it_is() -> None:
+    # Some servers report usage on every chunk: the last one that arrived counts the tokens generated so far.
+    texts = ("x" * 400, "y" * 40)  # 100 + 10 tokens estimated from the characters
+    running = {"prompt_tokens": 9, "completion_tokens": 70, "completion_tokens_details": {"reasoning_tokens": 20}}
+    assert discarded(texts, TokenCounter(), running) == Usage(completion_tokens=70, reasoning_tokens=20)
+    assert discarded(texts, TokenCounter()) == Usage(completion_tokens=110, reasoning_tokens=10, estimated=True)
+    assert discarded(("", ""), TokenCounter()) == Usage()

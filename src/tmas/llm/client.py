@@ -258,7 +258,8 @@ class LLMClient:
                                     url=replica.url, attempts=attempts.count, sent_max=sent_max, thinks_inline=inline)
                     for reply in one_per_choice(data, n)
                 ]  # fmt: skip
-                if was_cut and timing.stream is not None:
+                if was_cut and timing.stream is not None and "usage" not in data:
+                    # Without usage, the unfinished choices' text is counted; a running usage already counted it.
                     discarded += discarded_usage(timing.stream.received(unfinished=True), route.counter)
                 causes = attempts.causes + (["cut"] if was_cut else [])
                 for completion in done:
@@ -272,7 +273,7 @@ class LLMClient:
                 return done
             except Failure as failure:
                 if timing.stream is not None:
-                    discarded += discarded_usage(timing.stream.received(), route.counter)
+                    discarded += discarded_usage(timing.stream.received(), route.counter, timing.stream.usage)
                 if self.refusals.adapt(failure, route, replica, key, body):
                     attempts.again_at_once(failure.cause)
                     continue

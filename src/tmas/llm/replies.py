@@ -120,10 +120,15 @@ def usage(
     )
 
 
-def discarded(texts: tuple[str, str], counter: TokenCounter) -> Usage:
+def discarded(texts: tuple[str, str], counter: TokenCounter, reported: Any = None) -> Usage:
     """The completion tokens of text (content, reasoning) a server generated for a reply that is not kept (an attempt
-    whose stream was cut, stalled or ended in an error; the choices of a reply of several that did not finish): the
-    server reports no usage for it, so it is counted (estimated unless a tokenizer counts); its prompt is not."""
+    whose stream was cut, stalled or ended in an error; the choices of a reply of several that did not finish): as
+    the stream's running ``reported`` usage gave them where it did (some servers report usage on every chunk), else
+    counted from the text (estimated unless a tokenizer counts). Its prompt is not counted."""
+    if isinstance(reported, dict) and isinstance(reported.get("completion_tokens"), int):
+        return Usage(
+            completion_tokens=reported["completion_tokens"], reasoning_tokens=reported_reasoning(reported) or 0
+        )
     content, reasoning = texts
     thought = counter.count(reasoning)
     if not content and not thought:
