@@ -47,7 +47,9 @@ def __getattr__(name: str) -> Any:
 
 
 # Default replies, registered on import: the baselines' refiner, corrector, synthesis and distiller roles, and
-# TMAS's verifier, summary, experience and guideline roles, and MATTRL's coordinator, specialist, reviewer and student.
+# TMAS's verifier, summary, experience and guideline roles, MATTRL's coordinator, specialist, reviewer and student,
+# and the pool build's judge (its turn scores beside the answer grading) and summarizer.
 from tmas.testing import baseline_responders as _baseline_responders  # noqa: E402, F401
 from tmas.testing import mattrl_responders as _mattrl_responders  # noqa: E402, F401
+from tmas.testing import pool_responders as _pool_responders  # noqa: E402, F401
 from tmas.testing import tmas_responders as _tmas_responders  # noqa: E402, F401

@@ -263,5 +263,5 @@ def judge_responder(req: SimRequest) -> str:
 
 
 # The other roles' defaults are registered in modules of their own (tmas_responders, baseline_responders,
-# mattrl_responders), which tmas.testing imports. A role with none, such as the pool build's "summarizer", gets the
-# generic "default" responder: script a rule for it.
+# mattrl_responders, pool_responders), which tmas.testing imports. pool_responders answers the pool build's own judge
+# prompts (turn scores) and the "summarizer" role, and hands every other judge prompt back to judge_responder.

@@ -1,0 +1,94 @@
+"""The pool build rehearsed offline: a MATTRL run on the simulated server, then ``build_pool`` over HTTP against the
+same server with no scripted rule, so the simulator's default judge and summarizer replies are what the build reads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import settings_for
+from tmas.memory.pool import Pool
+from tmas.pool.build import CREDITS_FILE, BuildConfig, build_dir_for, build_pool
+from tmas.pool.outcomes import load_transcripts
+from tmas.problems import Problem
+from tmas.runner import prepare_run, run_problems
+from tmas.testing import SimScript, SimServer
+
+PROBLEMS = [
+    Problem(problem_id="a", question="What is 17*23?", answer="391"),
+    Problem(problem_id="b", question="What is 12*12+5?", answer="149"),
+]
+
+
+async def test_a_pool_built_on_the_simulator_holds_entries_of_the_runs_turns(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    pool_path = tmp_path / "pool"
+    with SimServer(SimScript()) as sim:
+        method = {"name": "mattrl", "params": {"iterations": 1, "team_size": 2}}
+        store, settings, todo = prepare_run(
+            run, settings_for(sim, method=method), PROBLEMS, resume=False, own_model=True
+        )
+        with store:
+            await run_problems(settings, todo, store)
+        sim.requests.clear()
+        # The answer-grading judge grades the run, the turn judge scores it: both on the one "judge" role.
+        config = BuildConfig(scheme="difference", grade_mode="judge", quantile=1.0)
+        summary = await build_pool([run], pool_path, settings_for(sim), config)
+        requests = [r for r in sim.requests if r.endpoint == "chat"]
+
+    notes: list[str] = []
+    cases = await load_transcripts([run], settings_for(sim), grade_mode="rules", notes=notes)
+    turns = {(c.problem.problem_id, t.turn, t.agent): t for c in cases for t in c.turns()}
+    assert len(turns) == 4 and {t.specialty for t in turns.values()} == {"Arithmetic strategist", "Computation checker"}
+
+    assert summary.defaulted_scores == 0 and summary.summarizer_echoes == 0, summary.notes
+    assert (summary.cases, summary.turns, summary.kept) == (2, 4, 4)
+    pool = Pool.open(pool_path)
+    assert len(pool.entries) == summary.added == 8
+    for entry in pool.entries:
+        turn = turns[(entry.source_problem, entry.source_round, entry.source_agent)]
+        assert entry.specialty == turn.specialty and entry.action.startswith(f"{turn.specialty}: ")
+        assert entry.experience.startswith("Good practice: ")
+    case_entries = sorted((e.source_problem, e.experience) for e in pool.entries if e.scope == "case")
+    assert [text for _, text in case_entries] == [
+        "Good practice: 17*23 was answered 391; the reference answer is 391.",
+        "Good practice: 17*23 was answered 391; the reference answer is 391.",
+        "Good practice: 12*12+5 was answered 149; the reference answer is 149.",
+        "Good practice: 12*12+5 was answered 149; the reference answer is 149.",
+    ]
+
+    judge = [r.body["messages"][-1]["content"] for r in requests if r.role == "judge"]
+    grading = [p for p in judge if "<student>" in p]
+    scoring = [p for p in judge if "<target_turn " in p]
+    rounds = [p for p in judge if "<this_round " in p]
+    # One grading per problem, one score per turn, and per case F(both) and F of each specialist alone (Eq. 17).
+    assert (len(grading), len(scoring), len(rounds), len(judge)) == (2, 4, 6, 12)
+    assert sorted(
+        (p.split("<problem>\n", 1)[1].split("\n", 1)[0], p.split('agent="', 1)[1].split('"', 1)[0]) for p in scoring
+    ) == [("What is 12*12+5?", "S1"), ("What is 12*12+5?", "S2"), ("What is 17*23?", "S1"), ("What is 17*23?", "S2")]
+    summarizer = [r.body["messages"][-1]["content"] for r in requests if r.role == "summarizer"]
+    assert len(summarizer) == summary.summarizer_calls == 4
+    # Each summarizer prompt shows the whole kept turn it distils, and every turn is distilled once.
+    keys = _contribution_keys(summarizer)
+    assert sorted(keys) == sorted((problem, agent) for problem, _, agent in turns)
+    assert all(turns[(problem, 1, agent)].text in p for p, (problem, agent) in zip(summarizer, keys, strict=True))
+
+    # Hand-worked from the replies: every turn is the first to reach the reference answer (score 4, s = 0.8); a
+    # round's value is 5 with both specialists and 3 (2.5, halves up) with one silent, so q = 1.0 - 0.6 for each
+    # and Eq. 16 shares the credit equally.
+    credits = [json.loads(line) for line in (build_dir_for(pool_path) / CREDITS_FILE).read_text().splitlines()]
+    assert {(c["G"], c["s"], round(c["q"], 9), c["c"]) for c in credits} == {(1.0, 0.8, 0.4, 0.5)}
+    assert {c["judge_analysis"].split(" reached", 1)[1] for c in credits} == {
+        " the reference answer 391 first.",
+        " the reference answer 149 first.",
+    }
+
+
+def _contribution_keys(prompts: list[str]) -> list[tuple[str, str]]:
+    """(problem id, agent) of each summarizer prompt, read from its problem and contribution sections."""
+    ids = {p.question: p.problem_id for p in PROBLEMS}
+    return [
+        (ids[p.split("<problem>\n", 1)[1].split("\n", 1)[0]], p.split('<contribution round="1" agent="', 1)[1][:2])
+        for p in prompts
+    ]
