@@ -129,15 +129,19 @@ def _math_entries(text: str) -> list[dict[str, str]]:
     caught = _REVISE.search(contribution) is not None
     if caught:
         move = "recompute a peer's result before accepting it"
-        lesson = "redoing the peer's last operation exposed the slip before the team settled on it."
+        lesson = ("redoing the peer's last operation exposed the slip before the team settled on it.", "")
     elif answer is None:
         move = "state a checked result instead of commenting only"
-        lesson = "a turn without its own result leaves the team nothing to verify."
+        lesson = ("", "a turn without its own result leaves the team nothing to verify.")
     else:
         move = "carry out the computation in the usual order and box the result"
-        lesson = "working each operation in turn made the result easy for the reviewers to check."
+        lesson = ("working each operation in turn made the result easy for the reviewers to check.", "")
+    helped, warning = lesson
+    if not good:
+        warning = warning or "a boxed result that was never checked against the problem's conditions misled the team."
     head = "Good practice:" if good else "Pitfall:"
-    entries = [{"action": f"{specialty}: {move}", "experience": f"{head} {lesson}", "scope": "general"}]
+    said = helped if good else warning
+    entries = [{"action": f"{specialty}: {move}", "experience": f"{head} {said}", "scope": "general"}]
     expression = evaluate_expression(tag(text, "problem"))
     if expression is not None and answer is not None:
         shown, _ = expression
