@@ -188,3 +188,23 @@ def test_data_with_fewer_groups_than_a_step_generates_is_refused(tmp_path: Path)
     options = TrainOptions(output_dir=tmp_path, num_generations=2, groups_per_step=1, generate_groups=3, use_vllm=False)
     with pytest.raises(ConfigError, match="has 2 prompt groups, fewer than the 3 a step generates"):
         build_trainer(model, tokenizer, dataset, options, HybridReward())
+
+
+def test_an_odd_num_generations_with_experience_groups_is_refused_before_the_model_loads(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    pytest.importorskip("trl")
+    from test_rl_train import row
+    from tmas.rl.trl_train import train_policy
+
+    rows = [row("normal", "p1"), row("experience", "p2", "base"), row("experience", "p2", "bank")]
+    dataset = datasets.Dataset.from_list(rows)
+    options = TrainOptions(output_dir=tmp_path / "out", num_generations=3, use_vllm=False)
+    # A model that cannot load: the data's check must come first.
+    with pytest.raises(ConfigError, match="--num-generations 3 is odd: the data's experience groups"):
+        train_policy(dataset, options, str(tmp_path / "no-such-model"), None)
+    assert not (tmp_path / "out").exists()
+    # Without an experience group, an odd count is fine: the check passes and the model is what fails.
+    from tmas.errors import LocalModelError
+
+    with pytest.raises(LocalModelError, match="no-such-model"):
+        train_policy(datasets.Dataset.from_list(rows[:1]), options, str(tmp_path / "no-such-model"), None)

@@ -209,18 +209,30 @@ def lora_config(options: TrainOptions) -> Any:
     )
 
 
+def check_groups(dataset: Any, options: TrainOptions) -> None:
+    """The data's prompt groups fill the batches the options ask for, checked before any model loads: enough groups
+    for one step's generation batch, and an even ``num_generations`` where an experience group's Base and Bank rows
+    each take half of its rollouts (eq. 7)."""
+    groups = prompt_groups(dataset["extra_info"])
+    if len(groups) < options.generated_groups:
+        # The sampler yields whole generation batches only: none would ever be filled.
+        raise ConfigError(
+            f"the data has {len(groups)} prompt groups, fewer than the {options.generated_groups} a step generates"
+            " (--generate-groups, else --groups-per-step)"
+        )
+    if options.num_generations % 2 and any(len(g) == 2 for g in groups):
+        raise ConfigError(
+            f"--num-generations {options.num_generations} is odd: the data's experience groups split their rollouts"
+            " into equal Base and Bank halves (eq. 7)"
+        )
+
+
 def build_trainer(
     model: Any, tokenizer: Any, dataset: Any, options: TrainOptions, reward: HybridReward
 ) -> TMASGRPOTrainer:
     config = grpo_config(options)
     check_group_alignment(config)
-    groups = len(prompt_groups(dataset["extra_info"]))
-    if groups < options.generated_groups:
-        # The sampler yields whole generation batches only: none would ever be filled.
-        raise ConfigError(
-            f"the data has {groups} prompt groups, fewer than the {options.generated_groups} a step generates"
-            " (--generate-groups, else --groups-per-step)"
-        )
+    check_groups(dataset, options)
     return TMASGRPOTrainer(
         model=model,
         reward_funcs=list[Any](reward.functions()),
@@ -319,6 +331,7 @@ def train_policy(
     """Train, checkpointing every ``save_steps`` into OUT and continuing from ``resume_from``; write OUT/final
     (the model, or the LoRA adapter and its base's name), OUT/steps.jsonl and the curve OUT/rewards.png.
     Returns the final directory and the number of steps done."""
+    check_groups(dataset, options)
     out = options.output_dir
     out.mkdir(parents=True, exist_ok=True)
     # Steps after the checkpoint are trained again; without one (a run stopped before its first), all of them.
