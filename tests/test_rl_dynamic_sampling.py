@@ -208,3 +208,25 @@ def test_an_odd_num_generations_with_experience_groups_is_refused_before_the_mod
 
     with pytest.raises(LocalModelError, match="no-such-model"):
         train_policy(datasets.Dataset.from_list(rows[:1]), options, str(tmp_path / "no-such-model"), None)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--num-generations", "1"), ("--max-steps", "0"), ("--groups-per-step", "0"), ("--max-completion-length", "0")],
+)
+def test_train_flags_out_of_range_are_a_usage_error(tmp_path: Path, flag: str, value: str) -> None:
+    pytest.importorskip("datasets")
+    from typer.testing import CliRunner
+
+    from test_rl_train import row
+    from tmas.cli.main import app
+    from tmas.rl.data import write_parquet
+
+    data = tmp_path / "train.parquet"
+    write_parquet([row("normal", "p1")], data)
+    done = CliRunner().invoke(
+        app, ["rl", "train", str(data), "-o", str(tmp_path / "out"), "--model", "tiny", flag, value]
+    )
+    # A usage error naming the flag, not a traceback of the options' validation.
+    assert done.exit_code == 2 and isinstance(done.exception, SystemExit)
+    assert flag in done.output and not (tmp_path / "out").exists()

@@ -91,14 +91,14 @@ def train(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output directory (checkpoints, rewards.jsonl, final/).")],
     model: PolicyOpt = "qwen2.5-coder-0.5b",
     config: ConfigOpt = None,
-    max_steps: Annotated[int, typer.Option("--max-steps", help="Optimizer steps (A.4: 190).")] = train_default(
+    max_steps: Annotated[int, typer.Option("--max-steps", help="Optimizer steps (A.4: 190).", min=1)] = train_default(
         "max_steps"
     ),
     num_generations: Annotated[
-        int, typer.Option("--num-generations", help="Rollouts per prompt (A.4: 16).")
+        int, typer.Option("--num-generations", help="Rollouts per prompt (A.4: 16).", min=2)
     ] = train_default("num_generations"),
     groups_per_step: Annotated[
-        int, typer.Option("--groups-per-step", help="Prompt groups an optimizer step trains on (per process).")
+        int, typer.Option("--groups-per-step", help="Prompt groups an optimizer step trains on (per process).", min=1)
     ] = train_default("groups_per_step"),
     generate_groups: Annotated[
         int | None,
@@ -123,7 +123,7 @@ def train(
         float, typer.Option("--experience-beta", help="Eq. 8's maximum bonus coefficient beta (A.4: 0.6).", min=0)
     ] = train_default("experience_beta"),
     max_completion_length: Annotated[
-        int, typer.Option("--max-completion-length", help="Tokens per rollout.")
+        int, typer.Option("--max-completion-length", help="Tokens per rollout.", min=1)
     ] = train_default("max_completion_length"),
     use_vllm: Annotated[
         bool | None, typer.Option("--vllm/--no-vllm", help="vLLM generation (default: when installed with CUDA).")
