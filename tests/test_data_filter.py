@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -101,6 +102,33 @@ async def test_filter_keeps_the_problems_solved_fewer_than_t_times_and_selects_n
     with pytest.raises(InputError, match=r"other-run holds no filter's samples, not of bench with k=4"):
         await run_filter(problems, other, out, model.settings, GradeConfig(mode="rules"), k=4, below=2, n=1, seed=0)
     assert again.calls == []
+
+
+async def test_a_filter_resumed_with_another_limit_samples_and_counts_the_problems_asked_for(tmp_path: Path) -> None:
+    problems = tmp_path / "bench.jsonl"
+    problems.write_text("".join(json.dumps({"id": n, "question": q, "answer": a}) + "\n" for n, q, a, _ in CASES))
+    out, run_dir = tmp_path / "hard.jsonl", tmp_path / "hard.filter-run"
+
+    async def run_filter_on(limit: int | None) -> tuple[FilterCard, ScriptedModel]:
+        model = on_model(script(), 4)
+        grading = GradeConfig(mode="rules")
+        card = await run_filter(
+            problems, run_dir, out, model.settings, grading, k=4, below=2, n=50, seed=0, limit=limit, model=model
+        )
+        return card, model
+
+    # --limit 2: alpha (solved 4 times) and beta (1).
+    card, model = await run_filter_on(2)
+    assert card.solved_counts == {4: 1, 1: 1} and card.selected == ["beta"] and len(model.calls) == 8
+    # The whole file in the same run directory: the four other problems are sampled (4 calls each), alpha and beta
+    # resumed; counts by hand: alpha 4, beta 1, gamma 0, delta 2, epsilon 1, zeta 0.
+    card, model = await run_filter_on(None)
+    assert Counter(c.key.problem_id for c in model.calls) == {"gamma": 4, "delta": 4, "epsilon": 4, "zeta": 4}
+    assert card.solved_counts == {0: 2, 1: 2, 2: 1, 4: 1} and card.selected == ["beta", "gamma", "epsilon", "zeta"]
+    # --limit 3 again: the run's other problems are not counted (nor is any sample drawn).
+    card, model = await run_filter_on(3)
+    assert model.calls == [] and card.solved_counts == {4: 1, 1: 1, 0: 1} and card.selected == ["beta", "gamma"]
+    assert [json.loads(line)["problem_id"] for line in out.read_text().splitlines()] == ["beta", "gamma"]
 
 
 @pytest.mark.slow

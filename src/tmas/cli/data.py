@@ -44,7 +44,11 @@ def data_filter(
     out: Annotated[Path, typer.Option("--out", "-o", help="Subset JSONL to write (its card goes beside it).")],
     run_dir: Annotated[
         Path | None,
-        typer.Option("--run-dir", help="Where the k samples are kept (default: OUT's name + '.filter-run'); resumes."),
+        typer.Option(
+            "--run-dir",
+            help="Where the k samples are kept (default: OUT's name + '.filter-run'); resumes, adding problems a"
+            " wider --limit asks for.",
+        ),
     ] = None,
     k: Annotated[int, typer.Option("-k", help="Chain-of-thought samples per problem (paper: 8).")] = 8,
     below: Annotated[

@@ -238,6 +238,8 @@ async def run_filter(
         raise InputError("the filter needs k >= 1, --below >= 1 and -n >= 1")
     own = model is not None
     made = {"source": dataset_name(source), "k": k}
+    asked = load_problems(source)
+    asked = asked[:limit] if limit else asked
     if holds_run(run_dir):
         with RunStore(run_dir, read_only=True) as earlier:
             found = earlier.get_meta(FILTER_META)
@@ -247,18 +249,20 @@ async def run_filter(
                 f"the samples of a filter of {found['source']} with k={found['k']}" if found else "no filter's samples"
             )
             raise InputError(f"--run-dir {run_dir} holds {what}, not of {made['source']} with k={k}: give another")
-        store, settings, todo = prepare_run(run_dir, settings, None, resume=True, own_model=own)
+        store, settings, _ = prepare_run(run_dir, settings, None, resume=True, own_model=own)
     else:
-        problems = load_problems(source)
-        chosen = problems[:limit] if limit else problems
-        store, settings, todo = prepare_run(run_dir, settings, chosen, resume=False, own_model=own)
+        store, settings, _ = prepare_run(run_dir, settings, asked, resume=False, own_model=own)
         store.set_meta("dataset", dataset_name(source))
         store.set_meta(FILTER_META, made)
+    wanted = {p.problem_id for p in asked}
     with store:
-        await run_problems(settings, todo, store, state=RunState(), model=model)
+        # A resumed filter may ask for other problems than its run holds (another --limit): those not sampled yet
+        # join the run, and only the ones asked for are sampled, counted and selected from.
+        store.add_problems(asked)
+        problems = [p for p in store.problems() if p.problem_id in wanted]
+        await run_problems(settings, problems, store, state=RunState(), model=model)
         grades = await grade_run(store, grading, settings, model=model)
-        problems = store.problems()
-        results = load_results(store)
+        results = [r for r in load_results(store) if r.problem_id in wanted]
     card = build_card(str(source), settings, problems, results, grades, k=k, below=below, n=n, seed=seed)
     write_subset(problems, card.selected, out)
     write_card(card, out)
