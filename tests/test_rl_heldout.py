@@ -1,12 +1,15 @@
-"""The committed RL data keeps its held-out problems held out: no question of a set's ``eval.jsonl`` appears, in any
-case or spacing, in that set's training problems (``train-*.jsonl``) or in the prompts of its training parquet files
-(``extra_info.question``). The before/after evaluation of ``benchmarks/rl_device.py`` would otherwise measure
-questions the policy was trained on."""
+"""The committed RL data: its held-out problems stay held out (no question of a set's ``eval.jsonl`` appears, in any
+case or spacing, in that set's training problems ``train-*.jsonl`` or in the prompts of its training parquet files,
+``extra_info.question``; the before/after evaluation of ``benchmarks/rl_device.py`` would otherwise measure questions
+the policy was trained on), and the scripts beside it still make what is committed."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,3 +55,16 @@ def test_no_evaluation_question_in_any_training_file(folder: Path) -> None:
             if normalised(q) in held_out
         ]
     assert not leaks, "\n".join(leaks)
+
+
+def test_the_level1_pool_script_makes_the_committed_pool(tmp_path: Path) -> None:
+    # data/rl/README.md's recipe: the rows of level1/train.parquet and one normal row per problem of train-pool.jsonl.
+    root = DATA.parents[1]
+    pool = tmp_path / "pool.parquet"
+    level1 = DATA / "level1"
+    script = [str(DATA / "cot_pool.py"), str(level1 / "train-pool.jsonl"), str(level1 / "train.parquet"), str(pool)]
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    done = subprocess.run([sys.executable, *script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "191 rows of" in done.stdout and "244 normal rows of" in done.stdout
+    assert pq.read_table(pool).to_pylist() == pq.read_table(level1 / "pool.parquet").to_pylist()
