@@ -63,6 +63,18 @@ def test_an_override_of_no_packaged_template_and_a_syntax_error(tmp_path: Path) 
         check_overrides(tmp_path / "none")
 
 
+@pytest.mark.parametrize("use", ["{{ question | shout }}", "{% if question is shouted %}{% endif %}"])
+def test_an_override_with_an_unknown_filter_or_test_names_the_file_and_line(tmp_path: Path, use: str) -> None:
+    # Jinja finds an unknown filter or test when it compiles, which reading the variables does: a one-line error.
+    text = packaged_source("tmas_verify.j2").replace("{{ question }}", "{{ question }}\n" + use, 1)
+    path = write(tmp_path / "mine", "tmas_verify.j2", text)
+    line = text.splitlines().index(use) + 1
+    with pytest.raises(ConfigError) as err:
+        check_overrides(tmp_path / "mine")
+    message = str(err.value)
+    assert message.startswith(f"{path}: line {line}: no ") and "\n" not in message
+
+
 def test_an_override_replaces_the_packaged_template_only_inside_its_block(tmp_path: Path) -> None:
     write(tmp_path / "mine", "tmas_verify.j2", packaged_source("tmas_verify.j2") + f"\n{MARK}\n")
     [override] = check_overrides(tmp_path / "mine")

@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 
 import jinja2
-from jinja2 import meta
+from jinja2 import meta, nodes
 
 from tmas.agents.templates import packaged_environment
 from tmas.errors import ConfigError
@@ -54,13 +54,23 @@ def _variables(env: jinja2.Environment, name: str, seen: frozenset[str] = frozen
     source, filename, _ = env.loader.get_source(env, name)
     try:
         ast = env.parse(source, name, filename)
+        _check_names(env, ast)
+        found = set(meta.find_undeclared_variables(ast))
     except jinja2.TemplateSyntaxError as exc:
         raise ConfigError(f"{filename or name}: line {exc.lineno}: {exc.message}") from None
-    found = set(meta.find_undeclared_variables(ast))
     for included in meta.find_referenced_templates(ast):
         if included is not None and included not in seen:
             found |= _variables(env, included, seen | {name})
     return found
+
+
+def _check_names(env: jinja2.Environment, ast: nodes.Template) -> None:
+    """Every filter and test the template names exists: Jinja finds an unknown one only when it renders the line
+    (in a condition) or compiles the template, which would be in the middle of a run."""
+    for node in ast.find_all((nodes.Filter, nodes.Test)):
+        kind, known = ("filter", env.filters) if isinstance(node, nodes.Filter) else ("test", env.tests)
+        if node.name not in known:
+            raise jinja2.TemplateSyntaxError(f"no {kind} named {node.name!r}", node.lineno)
 
 
 @cache
