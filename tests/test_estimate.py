@@ -365,6 +365,26 @@ def test_eval_over_the_threshold_without_a_terminal_asks_for_yes(sim: SimServer,
         assert store.call_counts()["calls"] == 12
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "said"),
+    [
+        ("--tokens-per-call", "nan", "--tokens-per-call must be a positive number"),
+        ("--tokens-per-call", "inf", "--tokens-per-call must be a positive number"),
+        ("--throughput", "nan", "--throughput must be a positive number"),
+        ("--confirm-tokens", "nan", "--confirm-tokens must be a number of tokens, not nan"),
+    ],
+)
+def test_a_nan_or_infinite_estimate_flag_is_refused_in_one_line(
+    sim: SimServer, tmp_path: Path, flag: str, value: str, said: str
+) -> None:
+    # An estimate of nan tokens, or a threshold of nan, compares false: the token threshold would never ask.
+    problems = write_problems(tmp_path / "p.jsonl", 2)
+    out = tmas_cli("run", str(problems), "-o", str(tmp_path / "run"), "--base-url", sim.base_url, flag, value)
+    assert out.returncode == 2
+    assert out.stderr.decode().strip().splitlines() == [f"tmas: error: {said}"]
+    assert sim.stats().total_requests == 0 and not (tmp_path / "run").exists()
+
+
 def test_run_dry_run_with_a_pilot_measures_tokens(sim: SimServer, tmp_path: Path) -> None:
     problems = write_problems(tmp_path / "p.jsonl", 10)
     out = tmas_cli(

@@ -9,6 +9,7 @@ it has still to send."""
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -79,6 +80,11 @@ class GateFlags:
     confirm_calls: ConfirmCallsOpt = None
     confirm_tokens: ConfirmTokensOpt = DEFAULT_CONFIRM_TOKENS
 
+    def check(self) -> None:
+        # NaN compares false with every estimate: the token threshold would never ask.
+        if math.isnan(self.confirm_tokens):
+            raise InputError("--confirm-tokens must be a number of tokens, not nan")
+
 
 @dataclass
 class EstimateFlags(GateFlags):
@@ -90,12 +96,14 @@ class EstimateFlags(GateFlags):
     throughput: ThroughputOpt = None
 
     def check(self) -> None:
+        super().check()
         if self.pilot is not None and self.pilot < 1:
             raise InputError("--pilot must be at least 1 problem")
-        if self.tokens_per_call is not None and self.tokens_per_call <= 0:
-            raise InputError("--tokens-per-call must be positive")
-        if self.throughput is not None and self.throughput <= 0:
-            raise InputError("--throughput must be positive")
+        # Not NaN or infinity either: an estimate of nan tokens is under every threshold, and so never asks.
+        if self.tokens_per_call is not None and not (math.isfinite(self.tokens_per_call) and self.tokens_per_call > 0):
+            raise InputError("--tokens-per-call must be a positive number")
+        if self.throughput is not None and not (math.isfinite(self.throughput) and self.throughput > 0):
+            raise InputError("--throughput must be a positive number")
 
 
 # A command decorated with these receives them as ``estimate: EstimateFlags`` (``gate: GateFlags``).
@@ -143,6 +151,7 @@ def gate(estimate: Estimate, flags: GateFlags, *, calls: int = DEFAULT_CONFIRM_C
     """The cost gate: the estimate in one line (standard error), or whole with ``--dry-run`` (which then stops) and
     when it is over a threshold (``--confirm-calls``, else ``calls``; ``--confirm-tokens``): then it asks on a
     terminal, and without one fails in one line unless ``--yes``."""
+    flags.check()
     threshold = flags.confirm_calls if flags.confirm_calls is not None else calls
     why = estimate.over(threshold, flags.confirm_tokens)
     if flags.dry_run:
