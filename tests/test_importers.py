@@ -173,6 +173,52 @@ def test_malformed_files_are_one_line_errors(
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
+CSV_HEAD = b"Problem ID,Problem,Short Answer\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "source", "message"),
+    [
+        ("u.csv", CSV_HEAD + b"imo-1,Find \xff.,2\n", "imo-answerbench", "u.csv: line 2: not valid UTF-8 (byte 43 "),
+        ("u.json", b'[{"problem_idx": 1, "problem": "\xff"}]', "matharena", "u.json: not valid UTF-8 (byte 32)"),
+        # A row of more fields than the header names (an unquoted comma): its fields would land in other columns.
+        (
+            "x.csv",
+            CSV_HEAD + b"imo-1,Find 1,2.,3\n",
+            "imo-answerbench",
+            "x.csv: line 2: 4 fields, but the header names 3",
+        ),
+        ("y.csv", b"A,B\nimo-1,Find,2\n", "imo-answerbench", "y.csv: line 2: 3 fields, but the header names 2"),
+        ("p.parquet", b"not a parquet file", "matharena", "p.parquet: not a Parquet file this reader takes: "),
+        # Only HLE's release is filtered by default: an empty file of another layout is not said to be.
+        ("e.csv", CSV_HEAD, "imo-answerbench", "e.csv: no problems to import"),
+    ],
+)
+def test_unreadable_rows_are_one_line_errors_naming_the_line(
+    tmp_path: Path, name: str, content: bytes, source: str, message: str
+) -> None:
+    if name.endswith(".parquet"):
+        pytest.importorskip("pyarrow.parquet")
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(InputError) as info:
+        import_problems(path, source)
+    said = str(info.value)
+    assert said.startswith(f"{tmp_path}/") and message in said and "\n" not in said
+    assert "default filter" not in said
+
+
+def test_a_question_longer_than_the_csv_modules_field_limit_is_imported(tmp_path: Path) -> None:
+    question = "Find the sum of " + "1 + " * 50_000 + "1."
+    path = tmp_path / "long.csv"
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["Problem ID", "Problem", "Short Answer"])
+        writer.writerow(["imo-1", question, "50001"])
+    [row] = import_problems(path, "imo-answerbench")
+    assert (row["question"], row["answer"]) == (question, "50001")
+
+
 @pytest.mark.slow
 def test_cli_import_writes_problems_tmas_reads(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "hle.jsonl", HLE_ROWS)

@@ -13,6 +13,7 @@ one-line error naming the file and the columns it lacks; a bad row names its row
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -87,13 +88,14 @@ def read_rows(path: Path) -> Iterator[dict[str, Any]]:
     if not path.is_file():
         raise InputError(f"{path}: no such file")
     if suffix == ".csv":
-        with path.open(newline="", encoding="utf-8-sig") as handle:
-            yield from csv.DictReader(handle)
+        yield from _csv_rows(path)
     elif suffix == ".jsonl":
         yield from (row for _, _, row in read_objects(path))
     elif suffix == ".json":
         try:
-            data = json.loads(path.read_text(encoding="utf-8-sig"))
+            data = json.loads(path.read_bytes().decode("utf-8-sig"))
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{path}: not valid UTF-8 (byte {exc.start})") from None
         except json.JSONDecodeError as exc:
             raise InputError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}") from None
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
@@ -107,9 +109,42 @@ def read_rows(path: Path) -> Iterator[dict[str, Any]]:
                 f"{path}: reading Parquet needs pyarrow: pip install 'tmas[rl]' (or pyarrow alone),"
                 " or convert it to JSONL"
             ) from None
-        yield from pq.read_table(path).to_pylist()
+        import pyarrow as pa  # type: ignore[import-not-found,unused-ignore]
+
+        try:
+            table = pq.read_table(path)
+        except pa.ArrowException as exc:
+            raise InputError(f"{path}: not a Parquet file this reader takes: {exc}") from None
+        yield from table.to_pylist()
     else:
         raise InputError(f"{path}: unknown file type {suffix or '(none)'}: give .csv, .jsonl, .json or .parquet")
+
+
+# A field as long as a question may be (the csv module's own limit is 128 KiB).
+_CSV_FIELD_LIMIT = 2**31 - 1
+
+
+def _csv_rows(path: Path) -> Iterator[dict[str, Any]]:
+    """A CSV file's rows under its header; a row of more fields than the header names, text that is not UTF-8 or
+    quoting the csv module cannot read is a one-line error naming the line."""
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise InputError(f"{path}: line {line}: not valid UTF-8 (byte {exc.start} of the file)") from None
+    csv.field_size_limit(max(csv.field_size_limit(), _CSV_FIELD_LIMIT))
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    try:
+        for row in reader:
+            if None in row:  # the fields past the header's columns, which DictReader keeps under None
+                raise InputError(
+                    f"{path}: line {reader.line_num}: {len(row) - 1 + len(row[None])} fields, but the header names"
+                    f" {len(row) - 1} columns"
+                )
+            yield row
+    except csv.Error as exc:
+        raise InputError(f"{path}: line {reader.line_num}: not valid CSV: {exc}") from None
 
 
 def import_problems(path: Path, layout_name: str, *, keep_all: bool = False) -> list[dict[str, Any]]:
@@ -144,7 +179,9 @@ def import_problems(path: Path, layout_name: str, *, keep_all: bool = False) -> 
         seen[record["problem_id"]] = number
         out.append(record)
     if not out:
-        raise InputError(f"{path}: no problems to import" + ("" if keep_all else " (none matched the default filter)"))
+        # Only HLE's release is filtered (to its text-only Math questions) unless --all.
+        filtered = layout.name == "hle" and not keep_all
+        raise InputError(f"{path}: no problems to import" + (" (none matched the default filter)" if filtered else ""))
     return out
 
 
