@@ -80,7 +80,7 @@ def test_features_and_bad_router_file(tmp_path: Path) -> None:
     bad.write_text("{not json")
     from tmas.errors import InputError
 
-    with pytest.raises(InputError, match="not a router file"):
+    with pytest.raises(InputError, match=r"not a router file: Invalid JSON: key must be a string at line 1 column 2$"):
         RouterModel.load(bad)
 
 

@@ -113,10 +113,20 @@ async def test_another_embedding_model_is_a_clear_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
-        (lambda p: (p / "meta.json").write_text("{not json"), "meta.json: corrupt pool metadata"),
+        (
+            lambda p: (p / "meta.json").write_text("{not json"),
+            "meta.json: corrupt pool metadata: Invalid JSON: key must be a string at line 1 column 2$",
+        ),
+        (
+            lambda p: (p / "meta.json").write_text('{"format": "tmas-experience-pool"}'),
+            "meta.json: corrupt pool metadata: 'embedder': Field required$",
+        ),
         (lambda p: (p / "meta.json").unlink(), "no experience pool here"),
         (lambda p: (p / "vectors.f32").write_bytes(b"\0" * 12), r"vectors.f32: 3 floats, expected 3 x 256"),
-        (lambda p: (p / "entries.jsonl").write_text('{"id": 1}\n'), r"entries.jsonl:1: corrupt pool entry"),
+        (
+            lambda p: (p / "entries.jsonl").write_text('{"id": 1}\n'),
+            "entries.jsonl:1: corrupt pool entry: 'id': Input should be a valid string$",
+        ),
         (lambda p: (p / "entries.jsonl").write_text(""), r"0 entries, but meta.json says 3"),
     ],
 )

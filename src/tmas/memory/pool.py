@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
-from tmas.errors import InputError
+from tmas.errors import InputError, first_error
 from tmas.memory.pool_entry import PoolEntry
 
 EmbedFn = Callable[[Sequence[str]], Awaitable[list[list[float]]]]
@@ -129,7 +129,7 @@ class Pool:
         except FileNotFoundError:
             raise PoolError(f"{path}: no experience pool here (no {META})") from None
         except (ValidationError, ValueError) as exc:
-            raise PoolError(f"{file}: corrupt pool metadata: {str(exc).splitlines()[0]}") from None
+            raise PoolError(f"{file}: corrupt pool metadata: {first_error(exc)}") from None
         if meta.format != FORMAT:
             raise PoolError(f"{file}: not an experience pool (format {meta.format!r})")
         return meta
@@ -148,7 +148,7 @@ class Pool:
             try:
                 entries.append(PoolEntry.model_validate_json(line))
             except ValidationError as exc:
-                raise PoolError(f"{file}:{number}: corrupt pool entry: {str(exc).splitlines()[0]}") from None
+                raise PoolError(f"{file}:{number}: corrupt pool entry: {first_error(exc)}") from None
         if len(entries) != meta.count:
             raise PoolError(f"{file}: {len(entries)} entries, but {META} says {meta.count}")
         return entries

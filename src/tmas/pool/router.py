@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from tmas.config import Settings
-from tmas.errors import ConfigError, InputError
+from tmas.errors import ConfigError, InputError, first_error
 from tmas.grading.diagnosis import DIAGNOSIS
 from tmas.grading.registry import GradeMode
 from tmas.methods.mattrl_domains import DEFAULT_DOMAIN, DOMAINS, domain_named
@@ -85,7 +85,7 @@ class RouterModel(BaseModel):
         except FileNotFoundError:
             raise InputError(f"{path}: no such router file") from None
         except (ValidationError, ValueError) as exc:
-            raise InputError(f"{path}: not a router file: {str(exc).splitlines()[0]}") from None
+            raise InputError(f"{path}: not a router file: {first_error(exc)}") from None
 
 
 class RouterTraining(BaseModel):

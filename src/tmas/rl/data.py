@@ -42,7 +42,7 @@ from pydantic import ValidationError
 from tmas.agents.overrides import check_overrides
 from tmas.agents.templates import prompts_from
 from tmas.config import Settings
-from tmas.errors import ConfigError, InputError
+from tmas.errors import ConfigError, InputError, first_error
 from tmas.llm.types import Message
 from tmas.memory.experience_bank import ExperienceBank
 from tmas.memory.guideline_bank import GuidelineBank
@@ -372,8 +372,7 @@ def _bank_method(store: RunStore, run_dir: Path) -> tuple[BankPrompts, Settings 
         raw = store.get_meta("settings")
         settings = Settings.model_validate(raw) if raw else None
     except ValidationError as exc:
-        first = str(exc).splitlines()[0]
-        raise InputError(f"{run_dir}: stored {name} parameters or settings unreadable: {first}") from None
+        raise InputError(f"{run_dir}: stored {name} parameters or settings unreadable: {first_error(exc)}") from None
     _check_overrides(run_dir, settings, store.get_meta("prompt_overrides"))
     assert isinstance(method, BankPrompts)
     return method, settings
