@@ -63,7 +63,7 @@ def test_solve_reads_stdin_and_files_and_prints_json(sim: SimServer, tmp_path: P
 
 
 @pytest.mark.parametrize(
-    ("content", "message"), [(b"   \n", "'question' is empty"), (b"\xff\xfe bad", "not valid UTF-8")]
+    ("content", "message"), [(b"   \n", "q.txt: the question is empty"), (b"\xff\xfe bad", "not valid UTF-8")]
 )
 def test_solve_rejects_bad_questions(sim: SimServer, tmp_path: Path, content: bytes, message: str) -> None:
     question = tmp_path / "q.txt"

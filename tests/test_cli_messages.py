@@ -141,6 +141,27 @@ def test_an_unknown_parameter_lists_the_valid_ones(sim: SimServer) -> None:
     assert re.search(r"known: .*\bk, .*round_size", last_line(out))
 
 
+@pytest.mark.parametrize(
+    ("given", "stdin", "said"),
+    [
+        (["   "], "", "the argument: the question is empty"),
+        (["-"], " \n", "standard input: the question is empty"),
+        # The argument would be dropped for the file's question.
+        ([Q, "-f", "{empty}"], "", "give the question as an argument or with --file, not both"),
+    ],
+)
+def test_an_empty_or_doubly_given_question_is_named_before_the_estimate(
+    sim: SimServer, tmp_path: Path, given: list[str], stdin: str, said: str
+) -> None:
+    empty = tmp_path / "q.txt"
+    empty.write_text("\n")
+    args = [arg.format(empty=empty) for arg in given]
+    out = run_tmas("solve", *args, "-m", "cot", "--base-url", sim.base_url, "--dry-run", stdin=stdin, text=True)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [f"tmas: error: {said.format(empty=empty)}"]
+    assert sim.stats().total_requests == 0
+
+
 def test_a_bad_json_line_names_its_column(sim: SimServer, tmp_path: Path) -> None:
     path = tmp_path / "p.jsonl"
     bad = '{"problem_id": "b", "question": "What is 1+1?", "answer": "2"'  # no closing brace: cut at its end

@@ -81,6 +81,10 @@ def _root(
 
 
 def _read_question(question: str | None, file: Path | None) -> str:
+    """The question, from the argument, ``--file`` or standard input: non-empty UTF-8 text, or a one-line error
+    naming where it was read from."""
+    if file is not None and question is not None:
+        raise InputError("give the question as an argument or with --file, not both")
     if file is not None:
         try:
             raw = file.read_bytes()
@@ -96,9 +100,12 @@ def _read_question(question: str | None, file: Path | None) -> str:
         # Bytes that are not UTF-8 reach argv as lone surrogates (Python's surrogateescape), which no text can hold.
         raw, where = question.encode("utf-8", "surrogateescape"), "the argument"
     try:
-        return raw.decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(f"{where}: question is not valid UTF-8 (byte {exc.start})") from None
+    if not text.strip():
+        raise InputError(f"{where}: the question is empty")
+    return text
 
 
 @app.command(epilog=METHOD_PARAMETERS)
