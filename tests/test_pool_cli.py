@@ -52,11 +52,18 @@ def test_build_then_prune_from_the_command_line(tmp_path: Path) -> None:
         assert pruned.returncode == 0, pruned.stderr.decode()
         assert json.loads(pruned.stdout)["after"] == 2
 
-        bad = tmas("experience", "build", str(run), "-o", str(pool), "--scheme", "vote", *args)
-        assert bad.returncode == 2 and "scheme" in bad.stderr.decode()
-        for option, value in (("--decay", "sideways"), ("--match", "sound")):
+        # A bad option is named by its flag (--lambda sets the field lam, --grade grade_mode) and the value given.
+        for option, value, said in (
+            ("--scheme", "vote", "Input should be 'naive', 'difference' or 'shapley'"),
+            ("--decay", "sideways", "Input should be 'auto', 'later' or 'earlier'"),
+            ("--match", "sound", "Input should be 'judge' or 'spelling'"),
+            ("--lambda", "1.5", "Input should be less than or equal to 1"),
+            ("--grade", "vote", "unknown grader 'vote' (known: "),
+        ):
             bad = tmas("experience", "build", str(run), "-o", str(pool), option, value, *args)
-            assert bad.returncode == 2 and f"experience build: {option[2:]}: " in bad.stderr.decode()
+            assert bad.returncode == 2
+            [line] = bad.stderr.decode().strip().splitlines()
+            assert line.startswith(f"tmas: error: {option} {value}: {said}"), line
 
 
 @pytest.mark.slow

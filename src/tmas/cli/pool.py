@@ -96,18 +96,28 @@ GradeOpt = Annotated[
 ]
 
 
+# The options whose flag is not their field's name with dashes.
+_FLAGS = {"lam": "--lambda", "grade_mode": "--grade"}
+
+
 def _checked(model: type[Model], command: str, values: dict[str, Any]) -> Model:
     """The options given (not None) validated as ``model``, its defaults elsewhere; a bad option is a one-line
-    error naming it."""
+    error naming its flag and the value given."""
     from pydantic import ValidationError
 
     from tmas.errors import ConfigError
 
+    given = {k: v for k, v in values.items() if v is not None}
     try:
-        return model.model_validate({k: v for k, v in values.items() if v is not None})
+        return model.model_validate(given)
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise ConfigError(f"experience {command}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        field = str(err["loc"][0]) if err["loc"] else None
+        if field not in given:
+            raise ConfigError(f"pool {command}: {msg}") from None
+        flag = _FLAGS.get(field, "--" + field.replace("_", "-"))
+        raise ConfigError(f"{flag} {given[field]}: {msg}") from None
 
 
 @pool_app.command("build")
