@@ -63,6 +63,22 @@ def test_bad_points_fail_before_any_call() -> None:
         expand(spec)
 
 
+def test_a_bad_parameter_names_the_study_that_gives_it() -> None:
+    spec = SweepSpec(
+        problems="x",
+        study=[
+            Study(name="baselines", method="cot"),
+            Study(name="domains", method="mattrl", grid={"domain": ["math", "law"]}),
+        ],
+    )
+    with pytest.raises(ConfigError) as info:
+        expand(spec)
+    assert str(info.value) == (
+        "study 'domains': method 'mattrl': bad value (unknown MATTRL domain 'law' (known: math, medicine,"
+        " education)) for 'domain'"
+    )
+
+
 def test_grid_file(tmp_path: Path) -> None:
     write_problems(tmp_path / "problems.jsonl")
     grid = tmp_path / "grid.toml"

@@ -228,7 +228,13 @@ def expand(spec: SweepSpec) -> list[SweepPoint]:
                 for combo in combos:
                     params = {**study.params, **variant, **combo}
                     # Equal after validation (defaults filled in) means the same run, whatever the spelling.
-                    full = create_method(method, params).params.model_dump(mode="json")
+                    try:
+                        full = create_method(method, params).params.model_dump(mode="json")
+                    except ConfigError as exc:
+                        if len(spec.study) == 1:
+                            raise
+                        # Which of the grid's studies gives the bad parameter.
+                        raise ConfigError(f"study {study.name!r}: {exc}") from None
                     key = json.dumps([method, full, budget.identity()], sort_keys=True)
                     point = points.setdefault(
                         key, SweepPoint(point_name(method, params, budget), method, params, budget)

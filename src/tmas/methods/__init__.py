@@ -199,9 +199,10 @@ def create_method(name: str, params: dict[str, Any] | None = None, *, embedded: 
         loc = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
             raise ConfigError(f"method {name!r}: unknown parameter {loc!r} ({_known_params(cls, loc)})") from None
+        msg = str(err["msg"]).removeprefix("Value error, ")
         if not loc:  # a check of the parameters together: its message names them
-            raise ConfigError(f"method {name!r}: {err['msg'].removeprefix('Value error, ')}") from None
-        raise ConfigError(f"method {name!r}: bad value ({err['msg']}) for {loc!r}") from None
+            raise ConfigError(f"method {name!r}: {msg}") from None
+        raise ConfigError(f"method {name!r}: bad value ({msg}) for {loc!r}") from None
 
 
 def _known_params(cls: type[Method[Any]], given: str) -> str:
