@@ -103,6 +103,16 @@ def test_run_writes_a_run_directory_and_exports(sim: SimServer, tmp_path: Path) 
     onto = tmas("export", str(run_dir), "-o", str(tmp_path / "." / "run" / "run.sqlite"))
     assert onto.returncode == 2 and "is the run's own store" in onto.stderr.decode()
     assert tmas("export", str(run_dir)).stdout == exported.stdout
+    # Onto a folder, or into one that does not exist: one line naming --out, and no partial file left behind.
+    (tmp_path / "folder").mkdir()
+    missing = tmp_path / "none" / "r.jsonl"
+    for target, said in (
+        (tmp_path / "folder", f"--out {tmp_path / 'folder'} is a directory: give the file to write"),
+        (missing, f"--out {missing}: cannot write it: No such file or directory"),
+    ):
+        bad = tmas("export", str(run_dir), "-o", str(target))
+        assert bad.returncode == 2 and bad.stderr.decode().strip().splitlines() == [f"tmas: error: {said}"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["calls.jsonl", "p.jsonl"]
 
 
 @pytest.mark.slow

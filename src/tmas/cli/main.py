@@ -296,6 +296,8 @@ def export(
 
     if out is not None and out.resolve().parent == run_dir.resolve() and out.name.startswith(DB_NAME):
         raise InputError(f"--out {out} is the run's own store: export to another file")
+    if out is not None and out.is_dir():
+        raise InputError(f"--out {out} is a directory: give the file to write")
     with RunStore(run_dir, create=False) as store:
         rows: Iterator[dict[str, Any]] = (
             (c.model_dump(mode="json") for c in store.calls())
@@ -308,10 +310,14 @@ def export(
             return
         # Written beside it, then put in its place: an export cut short leaves an earlier file as it was.
         part = out.with_name(f"{out.name}.part")
-        with part.open("w", encoding="utf-8") as handle:
-            for row in rows:
-                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-        part.replace(out)
+        try:
+            with part.open("w", encoding="utf-8") as handle:
+                for row in rows:
+                    handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            part.replace(out)
+        except OSError as exc:  # no such folder, a full disk: named as --out, with nothing left beside it
+            part.unlink(missing_ok=True)
+            raise InputError(f"--out {out}: cannot write it: {exc.strerror or exc}") from None
 
 
 @app.command()
