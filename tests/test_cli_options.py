@@ -80,6 +80,18 @@ def test_each_flag_maps_to_one_settings_key() -> None:
     assert set(overrides) == {*FLAG_KEYS.values(), "method.name"}
 
 
+@pytest.mark.parametrize("flag", ["--base-url", "--model", "--api-key-env", "--prompts-dir", "--local-model"])
+def test_a_text_flag_given_empty_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sim: SimServer, flag: str
+) -> None:
+    # --base-url "$URL" with URL unset would start the embedded model; --prompts-dir "" would use the packaged prompts.
+    isolate(monkeypatch, tmp_path)
+    args = [*_command_args("run", tmp_path), "--base-url", sim.base_url, "--dry-run", flag, " "]
+    result = CliRunner().invoke(app, args)
+    assert isinstance(result.exception, InputError)
+    assert str(result.exception) == f"{flag} is empty: give a value, or leave the flag out"
+
+
 def _group_args(sim: SimServer, tmp_path: Path) -> list[str]:
     prompts = tmp_path / "prompts"
     prompts.mkdir()

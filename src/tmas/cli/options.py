@@ -127,6 +127,11 @@ class ModelFlags:
         """The flags (and a command's ``--method``) as dotted settings keys (None = not given), for
         ``load_settings``, ``with_overrides`` or :func:`tmas.runner.resume_settings`."""
         values = asdict(self)
+        for name in TEXT_FLAGS:
+            if values[name] is not None and not values[name].strip():
+                # An empty value would read as no value: --base-url "$URL" with URL unset would run the embedded
+                # model, --prompts-dir "" the packaged prompts.
+                raise InputError(f"--{name.replace('_', '-')} is empty: give a value, or leave the flag out")
         return {**{key: values[name] for name, key in FLAG_KEYS.items()}, "method.name": method}
 
     def settings(self, method: str | None = None, given: MethodFlags | None = None) -> Settings:
@@ -165,6 +170,9 @@ FLAG_KEYS: dict[str, str] = {
     "budget_count": "budget.count",
     "budget_pool": "budget.pool",
 }
+
+# The flags whose value is text: none of them may be empty.
+TEXT_FLAGS = ("base_url", "model", "api_key_env", "local_model", "hf_model", "prompts_dir", "budget_count")
 
 GROUP: tuple[str, ...] = tuple(f.name for f in fields(ModelFlags))
 
