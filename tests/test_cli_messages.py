@@ -162,6 +162,13 @@ def test_an_empty_or_doubly_given_question_is_named_before_the_estimate(
     assert sim.stats().total_requests == 0
 
 
+def test_a_missing_config_file_named_by_the_environment_says_so(tmp_path: Path) -> None:
+    missing = tmp_path / "gone.toml"
+    out = run_tmas("solve", Q, "--dry-run", env={"TMAS_CONFIG": str(missing)}, text=True)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [f"tmas: error: {missing}: config file named by TMAS_CONFIG not found"]
+
+
 def test_a_bad_json_line_names_its_column(sim: SimServer, tmp_path: Path) -> None:
     path = tmp_path / "p.jsonl"
     bad = '{"problem_id": "b", "question": "What is 1+1?", "answer": "2"'  # no closing brace: cut at its end

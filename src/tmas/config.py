@@ -507,13 +507,16 @@ def load_settings(
     env = os.environ if environ is None else environ
     data: dict[str, Any] = {}
     source = "config"
+    what = "config file"
     if path is None:
+        if env.get("TMAS_CONFIG"):
+            what = "config file named by TMAS_CONFIG"  # a file the command line does not show
         candidate = env.get("TMAS_CONFIG") or ("tmas.toml" if Path("tmas.toml").is_file() else None)
         path = Path(candidate) if candidate else None
     if path is not None:
         path = Path(path)
         source = str(path)
-        data = read_toml(path, "config file")
+        data = read_toml(path, what)
     # Validate the file alone first so its errors name the file.
     try:
         Settings.model_validate(data)
