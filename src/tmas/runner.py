@@ -397,6 +397,8 @@ def prepare_run(
         return store, settings, StoredProblems(store)
     if problems is None:
         raise InputError("no problems given")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise InputError(f"{run_dir}: a file, not a directory: a run is kept in a directory (choose another)")
     existed = run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     # Under the run's lock: a store without a setup may be another process's, still storing its problems.

@@ -337,6 +337,8 @@ def prepare_sweep(
         raise InputError("the sweep has no points (add a [[study]])")
     problems = sweep_problems(spec)
     digest = _problems_digest(problems)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"{out_dir}: a file, not a directory: a sweep is kept in a directory (choose another)")
     out_dir.mkdir(parents=True, exist_ok=True)
     if (out_dir / MANIFEST).exists() and read_manifest(out_dir).get("problems_digest") != digest:
         raise InputError(f"{out_dir}: holds a sweep over other problems; choose another directory")
