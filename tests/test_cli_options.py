@@ -315,3 +315,11 @@ def test_a_grid_axis_given_twice_is_refused(tmp_path: Path) -> None:
     args = [*_command_args("sweep", tmp_path), "-g", "k=2", "-g", "k=3"]
     result = CliRunner().invoke(app, [a if a != "cot" else "majority" for a in args])
     assert isinstance(result.exception, InputError) and "--grid k is given twice" in str(result.exception)
+
+
+def test_a_parameter_given_twice_is_refused(tmp_path: Path) -> None:
+    # As a grid axis given twice: the later value would otherwise replace the earlier without a word.
+    args = [*_command_args("run", tmp_path), "--dry-run", "-p", "iterations=2", "-p", " iterations=3"]
+    result = CliRunner().invoke(app, args)
+    assert isinstance(result.exception, InputError)
+    assert str(result.exception) == "--param iterations is given twice: give it once"

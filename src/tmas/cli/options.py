@@ -234,6 +234,8 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise InputError(f"--param {item!r}: expected KEY=VALUE")
+        if key.strip() in params:  # the later one would win without a word
+            raise InputError(f"--param {key.strip()} is given twice: give it once")
         params[key.strip()] = _param_value(raw)
     return params
 
