@@ -169,16 +169,26 @@ def test_a_missing_config_file_named_by_the_environment_says_so(tmp_path: Path) 
     assert out.stderr.strip().splitlines() == [f"tmas: error: {missing}: config file named by TMAS_CONFIG not found"]
 
 
-@pytest.mark.parametrize(("command", "what"), [("run", "a run"), ("sweep", "a sweep")])
+@pytest.mark.parametrize(
+    ("command", "what"),
+    [
+        ("run", "a run is kept in a directory (choose another)"),
+        ("sweep", "a sweep is kept in a directory (choose another)"),
+        ("serve", "requests' runs are kept in a directory"),
+    ],
+)
 def test_an_out_that_is_a_file_is_named_as_such(sim: SimServer, tmp_path: Path, command: str, what: str) -> None:
     problems = tmp_path / "p.jsonl"
     write_problems(problems, 1)
     before = problems.read_bytes()
-    given = [str(problems)] if command == "run" else ["--problems", str(problems), "--no-report"]
-    out = run_tmas(command, *given, "-o", str(problems), "-m", "cot", "--base-url", sim.base_url, "-y")
+    given = {
+        "run": [str(problems), "-m", "cot", "-y"],
+        "sweep": ["--problems", str(problems), "--no-report", "-m", "cot", "-y"],
+        "serve": ["--port", "0"],
+    }[command]
+    out = run_tmas(command, *given, "-o", str(problems), "--base-url", sim.base_url)
     assert out.returncode == 2
-    said = f"tmas: error: {problems}: a file, not a directory: {what} is kept in a directory (choose another)"
-    assert last_line(out) == said
+    assert last_line(out) == f"tmas: error: {problems}: a file, not a directory: {what}"
     assert problems.read_bytes() == before
 
 

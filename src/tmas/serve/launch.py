@@ -15,7 +15,7 @@ from pathlib import Path
 import uvicorn
 
 from tmas.config import Settings
-from tmas.errors import ConfigError, LLMError
+from tmas.errors import ConfigError, InputError, LLMError
 from tmas.llm.model import ChatModel
 from tmas.llm.provision import on_embedded_model, provisioned
 from tmas.llm.replica import list_models
@@ -124,6 +124,8 @@ async def serve(
     uvicorn server before it starts (to stop it from elsewhere: ``server.should_exit = True``)."""
     token = resolve_token(options)
     check_port(options.host, options.port)  # before a local model starts
+    if options.serve_dir.exists() and not options.serve_dir.is_dir():
+        raise InputError(f"{options.serve_dir}: a file, not a directory: requests' runs are kept in a directory")
     options.serve_dir.mkdir(parents=True, exist_ok=True)
     async with provisioned(settings, log_dir=options.serve_dir) as live, in_process(live) as model:
         # The gauges read the runs at each scrape (the names resolve then, once both exist).
