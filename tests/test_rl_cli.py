@@ -115,6 +115,7 @@ def test_train_and_export_errors(tmp_path: Path) -> None:
     problems.write_text('{"problem_id": "a", "question": "q", "answer": "1"}\n', encoding="utf-8")
     done = tmas("rl", "pilot", str(problems), "-o", str(tmp_path / "k.parquet"), "--model", "tiny")
     assert done.returncode == 2 and "not a parquet file of 'tmas rl build-data'" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr  # the one line, no reader's log before it
     done = tmas("rl", "pilot", str(problems), "-o", str(tmp_path / "k.parquet"), "--model", "tiny", "--samples", "3")
     assert done.returncode == 2 and "--samples 3 is odd" in done.stderr
     done = tmas("rl", "export-gguf", str(tmp_path), "-o", str(tmp_path / "m.gguf"), "--outtype", "foo")

@@ -247,8 +247,11 @@ def build_trainer(
 
 def load_dataset(path: Path) -> Any:
     import datasets
+    import pyarrow.parquet as pq
 
     try:
+        # Its schema first: datasets would log its own error line before raising on a file that is no parquet.
+        pq.read_schema(path)
         data = datasets.Dataset.from_parquet(str(path))
     except Exception as exc:  # pyarrow's ArrowInvalid and others: the file is no parquet this reads
         raise InputError(f"{path}: not a parquet file of 'tmas rl build-data' ({type(exc).__name__}: {exc})") from None
