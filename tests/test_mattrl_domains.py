@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from conftest import scripted_settings
 from scripted_runs import by_role, last_user_prompts, run_scripted, scripted_run
+from tmas.agents.templates import prompt
 from tmas.api import arun
 from tmas.cli.main import app
 from tmas.data.case_import import read_cases, read_rarebench, read_supergpqa
@@ -243,6 +244,22 @@ async def test_team_teaching_with_experience_injects_hints_into_the_analyses(tmp
     assert not any("Key x1" in b or "Key m1" in b for b in analyses)
     others = last_user_prompts(model, "student") + last_user_prompts(model, "coordinator")
     assert not any("<experience_hints>" in b for b in others)
+
+
+async def test_the_simulated_judge_matches_diagnoses_from_its_prompt() -> None:
+    """With no script, the simulator answers the diagnosis prompt in the layout it asks for: a rewording of the
+    reference is matched at its rank, a condition not in the list is not; answer grading keeps its JSON reply."""
+    llm = ScriptedModel(SimScript(), scripted_settings())
+    top = ["Gaucher disease type I", "Fabry disease, classic form", "Wilson disease"]
+    assert name_rank(top, "Fabry disease") is None  # the judge is asked
+    assert await judge_rank(llm, "c1", top, "Fabry disease") == (2, None)
+    assert await judge_rank(llm, "c2", top, "Anderson-Fabry | Gaucher disease") == (1, None)
+    assert await judge_rank(llm, "c3", top, "Pompe disease") == (None, None)
+    assert await judge_rank(llm, "c4", top, "Gaucher disease type II") == (None, None)
+    assert len(last_user_prompts(llm, "judge")) == 4
+    asked = prompt("judge_user.j2", system_name="judge_system.j2", problem="1+1", reference="2", student="2")
+    graded = await llm.chat("judge", asked)
+    assert json.loads(graded.content)["equivalent"] is True
 
 
 async def test_the_judge_ranks_names_that_do_not_match_by_spelling() -> None:

@@ -4,8 +4,10 @@ review JSON; medicine: the A.4 review of a differential) and ``student`` (educat
 points at another option).
 
 They read the MATTRL prompts (``mattrl_*.j2``) by their tagged sections, like a model would, and are deterministic
-given the request body. The reviewer checks an attempt's boxed answer against the problem's arithmetic: right means
-accept with no issue, wrong means revise with one major issue, so convergence has something to converge on.
+given the request body. The ``judge`` role's diagnosis matching (``judge_diagnosis.j2``) is answered by
+:func:`diagnosis_verdict`, which the pool build's judge responder hands that prompt to. The reviewer checks an
+attempt's boxed answer against the problem's arithmetic: right means accept with no issue, wrong means revise with
+one major issue, so convergence has something to converge on.
 """
 
 from __future__ import annotations
@@ -147,6 +149,34 @@ def reviewer_responder(req: SimRequest) -> str:
         }
     review |= {"tests": {"random_checks": 1, "counterexample": {"found": False, "example": None}}, "confidence": 0.9}
     return json.dumps(review)
+
+
+_RANKED = re.compile(r"^\[(\d+)\] (.+)$", re.M)
+_NON_WORD = re.compile(r"[^a-z0-9]+")
+
+
+def _words(name: str) -> frozenset[str]:
+    return frozenset(_NON_WORD.sub(" ", name.lower()).split())
+
+
+def diagnosis_verdict(text: str) -> str | None:
+    """The diagnosis judge's verdict when ``text`` is its prompt (``<predicted>`` ranked names and a
+    ``<reference>``), else None. A prediction names the reference when the words of one of the reference's names
+    (`` | ``-separated) and the prediction's words, case and punctuation aside, are the same or one holds all of
+    the other's (a wording with a qualifier, or a parent category): the best such rank, or No."""
+    if "<predicted>" not in text or "<reference>" not in text:
+        return None
+    ranked = [(int(rank), name.strip()) for rank, name in _RANKED.findall(tag(text, "predicted"))]
+    references = [w for w in (_words(n) for n in tag(text, "reference").split("|")) if w]
+    matched = [
+        (rank, name)
+        for rank, name in ranked
+        if _words(name) and any(w <= _words(name) or _words(name) <= w for w in references)
+    ]
+    if not matched:
+        return "<think>No prediction names the reference condition.</think><answer>No</answer>"
+    rank, name = min(matched)
+    return f"<think>Prediction {rank}, {name}, names the reference condition.</think><answer>{rank}</answer>"
 
 
 @register_responder("student")

@@ -9,7 +9,9 @@ prompt's tagged sections as a model would read them:
   the reference answer, so a specialist left silent takes its share away;
 - a teacher's utterance (education, C.4.6, ``<teacher_utterance>``): the four rubric scores, information gain high
   when the utterance points at the correct option.
-Any other ``judge`` prompt is an answer grading and gets the answer grader's default.
+The medicine grader's diagnosis matching (``<predicted>`` and ``<reference>``) gets the rank a diagnosis judge would
+give (mattrl_responders.diagnosis_verdict). Any other ``judge`` prompt is an answer grading and gets the answer
+grader's default.
 
 The ``summarizer`` turns ``<contribution>`` (or education's ``<teacher_utterance>``) into entries in the shape its
 prompt asks for: a general entry naming the move the turn made, and (when more than one is allowed) a case entry
@@ -23,6 +25,7 @@ import json
 import re
 
 from tmas.answers import last_boxed, normalize_answer
+from tmas.testing.mattrl_responders import diagnosis_verdict
 from tmas.testing.responders import SimRequest, evaluate_expression, judge_responder, register_responder
 from tmas.testing.tmas_responders import tag
 
@@ -102,7 +105,8 @@ def _rubric(text: str) -> str:
 
 @register_responder("judge")
 def pool_judge_responder(req: SimRequest) -> str:
-    """The pool build's scores for its own prompts; the answer grader's verdict for every other judge prompt."""
+    """The pool build's scores for its own prompts, the diagnosis judge's rank for its prompt, and the answer
+    grader's verdict for every other judge prompt."""
     text = req.question
     if "<target_turn " in text:
         return _turn_score(text)
@@ -110,7 +114,8 @@ def pool_judge_responder(req: SimRequest) -> str:
         return _round_value(text)
     if "<teacher_utterance " in text and "correctness_score" in text:
         return _rubric(text)
-    return judge_responder(req)
+    verdict = diagnosis_verdict(text)
+    return judge_responder(req) if verdict is None else verdict
 
 
 def _at_most(text: str) -> int:

@@ -264,4 +264,5 @@ def judge_responder(req: SimRequest) -> str:
 
 # The other roles' defaults are registered in modules of their own (tmas_responders, baseline_responders,
 # mattrl_responders, pool_responders), which tmas.testing imports. pool_responders answers the pool build's own judge
-# prompts (turn scores) and the "summarizer" role, and hands every other judge prompt back to judge_responder.
+# prompts (turn scores) and the diagnosis matching prompt, and the "summarizer" role, and hands every other judge prompt
+# back to judge_responder.
