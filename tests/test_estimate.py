@@ -296,6 +296,18 @@ def test_a_resume_is_gated_on_what_it_has_still_to_send() -> None:
     assert "stored: 30 answered calls, replayed rather than sent; at most 10 still to send" in format_estimate(estimate)
 
 
+def test_the_brief_estimate_of_a_bounded_count_says_replies_asked_again_come_on_top() -> None:
+    # MATTRL's default count is a bound (its retries of unusable replies): 2 problems, 98 calls at most by its
+    # structure; resumed with 8 stored, 90 are still to send, and a reply asked again is one more.
+    point = estimate_point("m", create_method("mattrl", {}), Settings(), 2, None)
+    estimate = Estimate([point])
+    estimate.stored_calls = 8
+    assert (estimate.calls, estimate.upper_calls, estimate.calls_to_send) == (58, 98, 90)
+    shown = brief_estimate(estimate)
+    assert shown.startswith("up to 90 calls to send (8 stored, replayed), plus any asked again, <=")
+    assert "at most" not in shown
+
+
 def test_the_whole_estimate_says_its_calls_count_every_reply_as_usable() -> None:
     # verify_refine states an exact count, but a verification that repeats its instructions is asked again: the
     # table must not read as the most a run can send.

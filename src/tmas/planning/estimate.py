@@ -288,12 +288,15 @@ def _tokens(value: float) -> str:
 def brief_estimate(estimate: Estimate) -> str:
     """The estimate in one line: the calls (still to send, on a resume) and the completion-token ceiling or mean."""
     calls = estimate.calls_to_send
-    if estimate.fewest_calls < estimate.upper_calls and not estimate.stored_calls:
-        shown = f"{estimate.fewest_calls:,} to {calls:,} calls"
-    else:
-        shown = f"{'at most ' if estimate.calls != estimate.upper_calls else ''}{calls:,} calls"
+    ranged = estimate.fewest_calls < estimate.upper_calls and not estimate.stored_calls
+    # The structure's most, not the run's: no count includes a reply asked again (methods/call_count.py).
+    up_to = not ranged and estimate.calls != estimate.upper_calls
+    low = f"{estimate.fewest_calls:,} to " if ranged else "up to " if up_to else ""
+    shown = f"{low}{calls:,} calls"
     if estimate.stored_calls:
         shown += f" to send ({estimate.stored_calls:,} stored, replayed)"
+    if up_to:
+        shown += ", plus any asked again"
     if any(not p.calls.known for p in estimate.points):
         shown += " and calls of unknown count"
     tokens = estimate.tokens_to_send
