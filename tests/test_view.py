@@ -16,9 +16,11 @@ import pytest
 
 from conftest import SCRIPTED_URL, clean_env, scripted_settings
 from scripted_runs import scripted_run
+from tmas.config import Sampling
 from tmas.data.generators import generate
 from tmas.grading.grades import GradeConfig
 from tmas.grading.runs import grade_run
+from tmas.llm.types import CallKey, ChatRequest, Completion, Usage, user
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
 from tmas.methods.base import Candidate, CandidateMeta, IterationRecord, ProblemResult
 from tmas.methods.confidence import Confidence
@@ -1056,3 +1058,31 @@ def test_listening_on_every_address_still_refuses_a_page_of_another_site(tmp_pat
         421,
         200,
     ]
+
+
+def test_a_reply_cut_while_thinking_says_it_has_no_text(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    with RunStore(run_dir) as store:
+        store.add_problems(PROBLEMS[:1])
+        ids = []
+        for sample, (content, reasoning, finish) in enumerate(
+            [("", "Let me multiply 17 by 20 first", "length"), ("", "", "length"), ("17*23 = 391", "", "stop")]
+        ):
+            key = CallKey(problem_id="mult", iteration=0, role="solution", sample=sample)
+            request = ChatRequest(model="m", messages=[user("What is 17*23?")], sampling=Sampling())
+            usage = Usage(prompt_tokens=10, completion_tokens=64)
+            reply = Completion(key=key, content=content, reasoning=reasoning, finish_reason=finish, usage=usage)
+            ids.append(store.record_call(reply, request))
+        cut = Candidate(index=0, text="", call_id=ids[0], finish_reason="length", usage=Usage(completion_tokens=64))
+        store.save_iteration(IterationRecord(problem_id="mult", iteration=0, candidates=[cut], selected=None))
+    with AppThread(view_app([run_dir])) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        pages = [get(f"{viewer.url}/run/{ref.key}/call/{i}") for i in ids]
+        iteration = get(f"{viewer.url}/run/{ref.key}/iteration?id=mult&t=0")
+    assert [status for status, _ in pages] == [200, 200, 200] and iteration[0] == 200
+    thinking, empty, answered = (body.decode() for _, body in pages)
+    assert "(no reply text: cut while thinking)" in thinking and "Let me multiply 17 by 20 first" in thinking
+    assert "(no reply text: cut at the token limit before any)" in empty and "cut while thinking" not in empty
+    assert "no reply text" not in answered and "17*23 = 391" in answered
+    assert "(no reply text: cut at the token limit before any;" in iteration[1].decode()
