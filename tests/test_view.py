@@ -1086,3 +1086,95 @@ def test_a_reply_cut_while_thinking_says_it_has_no_text(tmp_path: Path) -> None:
     assert "(no reply text: cut at the token limit before any)" in empty and "cut while thinking" not in empty
     assert "no reply text" not in answered and "17*23 = 391" in answered
     assert "(no reply text: cut at the token limit before any;" in iteration[1].decode()
+
+
+def _long_solutions(run_dir: Path, count: int = 16, tokens: int = 30_000) -> IterationRecord:
+    """An iteration of ``count`` thinking-model solutions of ``tokens`` tokens each (slices of the simulator's
+    reasoning corpus), one of them holding markup that must stay text."""
+    from tmas.testing.long_replies import corpus
+
+    text = corpus(count * tokens + 1, 0.78)
+    candidates = []
+    for i in range(count):
+        first = i * tokens
+        body = text.text[text.starts[first] : text.ends[first + tokens - 1]]
+        hostile = "</pre><script>alert(1)</script> & " if i == 3 else ""
+        candidates.append(
+            Candidate(index=i, text=f"{hostile}{body}\n\nSo $\\boxed{{{380 + i}}}$.", answer=str(380 + i))
+        )
+    record = IterationRecord(problem_id="mult", iteration=0, candidates=candidates, selected="391")
+    with RunStore(run_dir) as store:
+        store.add_problems(PROBLEMS[:1])
+        store.save_iteration(record)
+    return record
+
+
+def _fetch(url: str) -> tuple[int, dict[str, str], bytes]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def test_an_iteration_of_long_solutions_carries_each_text_once_and_serves_raw_text_and_json(tmp_path: Path) -> None:
+    """16 solutions of 30K tokens: the page holds each text once (rendered); the raw text of each and the whole
+    record are at their own addresses, served as plain text and JSON."""
+    run_dir = tmp_path / "run"
+    record = _long_solutions(run_dir)
+    texts = sum(len(c.text.encode()) for c in record.candidates)
+    with AppThread(view_app([run_dir], warm_up=False)) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        base = f"{viewer.url}/run/{ref.key}/iteration"
+        status, page = get(f"{base}?id=mult&t=0")
+        raw = [_fetch(f"{base}/text?id=mult&t=0&c={c.index}") for c in record.candidates]
+        whole = _fetch(f"{base}/record.json?id=mult&t=0")
+        bad = [_fetch(f"{base}/text?id=mult&t=0&c={c}")[0] for c in ("16", "x")]
+        bad.append(_fetch(f"{base}/record.json?id=mult&t=1")[0])
+    html = page.decode()
+    assert status == 200 and len(page) < 1.3 * texts, (len(page), texts)
+    for c in record.candidates:
+        # The text itself, rendered, and a link to it as written.
+        assert c.text[50_000:50_200] in html
+        assert f'href="/run/{ref.key}/iteration/text?id=mult&amp;t=0&amp;c={c.index}"' in html
+    assert "<script>alert(1)" not in html and "&lt;/pre&gt;&lt;script&gt;alert(1)" in html
+    for (code, headers, body), c in zip(raw, record.candidates, strict=True):
+        assert code == 200 and body.decode() == c.text
+        assert headers["content-type"] == "text/plain; charset=utf-8"
+        assert headers["x-content-type-options"] == "nosniff"
+    code, headers, body = whole
+    assert code == 200 and headers["content-type"].startswith("application/json")
+    assert headers["x-content-type-options"] == "nosniff"
+    assert json.loads(body) == record.model_dump(mode="json")
+    assert f'href="/run/{ref.key}/iteration/record.json?id=mult&amp;t=0"' in html
+    assert bad == [404, 400, 404]
+
+
+@pytest.mark.slow
+def test_in_chromium_a_long_solutions_raw_text_and_the_record_are_fetched_when_shown(
+    tmp_path: Path, browser: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    run_dir = tmp_path / "run"
+    record = _long_solutions(run_dir, count=2, tokens=3_000)
+    with AppThread(view_app([run_dir], warm_up=False)) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        browser.get(f"{viewer.url}/run/{ref.key}/iteration?id=mult&t=0")
+        raw = browser.find_elements(By.CSS_SELECTOR, ".candidate pre.raw")
+        assert len(raw) == 2 and all(pre.get_attribute("textContent") == "" for pre in raw)
+        browser.find_element(By.ID, "raw-text").click()
+        browser.find_element(By.CSS_SELECTOR, ".candidate details summary").click()
+        first = record.candidates[0].text
+        wait_until(lambda: raw[0].get_attribute("textContent") == first, timeout=15, what="the raw text")
+        assert raw[0].is_displayed() and raw[1].get_attribute("textContent") == ""  # still closed: not fetched
+        browser.find_element(By.ID, "raw-text").click()
+        browser.find_element(By.CSS_SELECTOR, "#record summary").click()
+        pre = browser.find_element(By.CSS_SELECTOR, "#record pre")
+        wait_until(lambda: pre.get_attribute("textContent").endswith("}"), timeout=15, what="the record")
+    assert json.loads(pre.get_attribute("textContent")) == record.model_dump(mode="json")

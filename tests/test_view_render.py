@@ -147,3 +147,12 @@ def test_the_title_names_the_parameters_set_away_from_the_defaults() -> None:
     assert params_line("majority", params) == "style=concise, k=4"
     assert params_line("cot", {"iterations": 1, "mode": "numeric", "style": "paper"}) == ""
     assert params_line("not-a-method", {"a": 1, "b": [1]}) == "a=1"
+
+
+def test_a_long_text_with_an_address_leaves_its_raw_text_to_be_fetched() -> None:
+    long = "x < y " * 400
+    block = str(rich(long, raw_url="/run/k/iteration/text?id=a&t=0&c=1"))
+    assert '<pre class="raw" data-src="/run/k/iteration/text?id=a&amp;t=0&amp;c=1"></pre>' in block
+    assert block.count("x &lt; y") == 400  # the rendered text alone
+    # A short one keeps its raw text inline.
+    assert '<pre class="raw">$x$</pre>' in str(rich("$x$", raw_url="/r"))

@@ -24,7 +24,7 @@ from tmas.grading.grades import SELECTED
 from tmas.memory.transcript import Transcript
 from tmas.methods import stored_params
 from tmas.methods.state import MATTRLState
-from tmas.store.records import UnreadableRecord
+from tmas.store.records import IterationRecord, UnreadableRecord
 from tmas.store.run_store import StoreError
 from tmas.view.cache import RunCache
 from tmas.view.charts import accuracy_by_tokens_png, frontiers_png, pass1_by_iteration_png
@@ -39,6 +39,8 @@ from tmas.view.runs import RunReader, RunRef, discover, verdict
 POLL_MS = 2000
 # Problems per page of a run's problem table.
 PAGE_SIZE = 100
+# Model text and records served as they are: never read as a page by a browser guessing their type.
+PLAIN_HEADERS = {"X-Content-Type-Options": "nosniff"}
 # What a damaged store raises while a page reads it: a record no layout reads, a file or table SQLite cannot read, a
 # setting that is not JSON. The page then says so in one line instead of failing.
 UNREADABLE: tuple[type[Exception], ...] = (UnreadableRecord, sqlite3.DatabaseError, json.JSONDecodeError)
@@ -83,6 +85,8 @@ class Viewer:
                 Route("/run/{key}/where-lost", _threaded(self.where_lost)),
                 Route("/run/{key}/problem", _threaded(self.problem)),
                 Route("/run/{key}/iteration", _threaded(self.iteration)),
+                Route("/run/{key}/iteration/record.json", _threaded(self.iteration_json)),
+                Route("/run/{key}/iteration/text", _threaded(self.candidate_text)),
                 Route("/run/{key}/call/{call_id:int}", _threaded(self.call)),
             ],
             exception_handlers={HTTPException: self._error, **dict.fromkeys(UNREADABLE, self._unreadable)},
@@ -172,11 +176,7 @@ class Viewer:
             )
 
     def iteration(self, request: Request) -> Response:
-        pid = request.query_params.get("id", "")
-        try:
-            t = int(request.query_params.get("t", ""))
-        except ValueError:
-            raise HTTPException(400, "t must be an iteration number") from None
+        pid, t = _iteration_query(request)
         with self._open(request) as run:
             found = run.iteration(pid, t)
             if found is None:
@@ -204,6 +204,23 @@ class Viewer:
                 credits=credits,
                 live=True,
             )
+
+    def iteration_json(self, request: Request) -> Response:
+        """An iteration's whole record as JSON (linked from its page, which does not carry it)."""
+        record = self._record(request)
+        return Response(_pretty(record), media_type="application/json; charset=utf-8", headers=PLAIN_HEADERS)
+
+    def candidate_text(self, request: Request) -> Response:
+        """One candidate's text as the model wrote it, as plain text (the page's *raw text* of a long solution)."""
+        record = self._record(request)
+        try:
+            index = int(request.query_params.get("c", ""))
+        except ValueError:
+            raise HTTPException(400, "c must be a candidate number") from None
+        candidate = next((c for c in record.candidates if c.index == index), None)
+        if candidate is None:
+            raise HTTPException(404, f"iteration {record.iteration} has no candidate {index}")
+        return PlainTextResponse(candidate.text, headers=PLAIN_HEADERS)
 
     def call(self, request: Request) -> Response:
         call_id = int(request.path_params["call_id"])
@@ -304,6 +321,14 @@ class Viewer:
         except StoreError as exc:
             raise HTTPException(404, str(exc)) from None
 
+    def _record(self, request: Request) -> IterationRecord:
+        pid, t = _iteration_query(request)
+        with self._open(request) as run:
+            record = next((r for r in run.records(pid) if r.iteration == t), None)
+        if record is None:
+            raise HTTPException(404, f"problem {pid!r} has no iteration {t}")
+        return record
+
     def _page(self, name: str, **context: Any) -> HTMLResponse:
         context.setdefault("live", False)
         if context["live"] and "marker_url" not in context:
@@ -335,6 +360,15 @@ def _threaded(page: Callable[[Request], Response]) -> Callable[[Request], Awaita
         return await run_in_threadpool(page, request)
 
     return endpoint
+
+
+def _iteration_query(request: Request) -> tuple[str, int]:
+    """The problem and iteration a request names (``?id=...&t=...``)."""
+    try:
+        t = int(request.query_params.get("t", ""))
+    except ValueError:
+        raise HTTPException(400, "t must be an iteration number") from None
+    return request.query_params.get("id", ""), t
 
 
 def _transcript(state: dict[str, Any]) -> Transcript | None:

@@ -6,7 +6,8 @@ unescaped, so its output is never passed through: it is parsed as XML and rebuil
 elements and attributes, and serialized again (which escapes every text). A span that fails any step (LaTeX the
 converter does not know, unbalanced braces, output that is not well-formed) is shown as its raw text instead.
 
-Each rendering keeps the raw text beside it (hidden until the page's *raw text* switch is on).
+Each rendering keeps the raw text beside it (hidden until the page's *raw text* switch is on), or for a long text
+with an address of its own, an empty block the page fills from that address when shown.
 """
 
 from __future__ import annotations
@@ -197,15 +198,22 @@ def render_math_text(text: str) -> str:
     return _SLOT.sub(lambda m: slots[int(m.group(1))], html)
 
 
-def rich(text: object) -> Markup:
-    """A block of model text: rendered, with its raw text beside it for the page's *raw text* switch."""
+# A text longer than this whose raw text has an address of its own is sent once: the page fetches its raw text when
+# *raw text* is switched on, instead of carrying it twice (a thinking model's 30K-token solution is 120K characters).
+INLINE_RAW_CHARS = 2_000
+
+
+def rich(text: object, raw_url: str | None = None) -> Markup:
+    """A block of model text: rendered, with its raw text beside it for the page's *raw text* switch; with
+    ``raw_url`` (where the text is served as plain text) and a long text, an empty raw block fetched when shown."""
     if text is None or str(text) == "":
         return Markup("")
     value = str(text)
-    return Markup(
-        f'<div class="rich"><div class="rendered">{render_math_text(value)}</div>'
-        f'<pre class="raw">{escape(value)}</pre></div>'
-    )
+    if raw_url is not None and len(value) > INLINE_RAW_CHARS:
+        raw = f'<pre class="raw" data-src="{escape(raw_url)}"></pre>'
+    else:
+        raw = f'<pre class="raw">{escape(value)}</pre>'
+    return Markup(f'<div class="rich"><div class="rendered">{render_math_text(value)}</div>{raw}</div>')
 
 
 # An answer is LaTeX when it has a command, a script, a group or a fraction bar; plain words and numbers stay text.
