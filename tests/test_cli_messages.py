@@ -234,3 +234,33 @@ async def test_a_solve_whose_endpoint_goes_away_points_at_nothing_deleted(tmp_pa
     # With one, the run is kept and the hint names it.
     with pytest.raises(Unreachable, match=f"continue with 'tmas run --resume {tmp_path / 'kept'}'"):
         await asolve(Q, model=GoneModel(SimScript(), model.settings, gone=True), run_dir=tmp_path / "kept")
+
+
+# ------------------------------------------------------------------------------------------- a refused command line
+@pytest.mark.parametrize(
+    ("args", "said", "command"),
+    [
+        (["run", "p.jsonl", "-o", "out", "-T", "abc"], "Invalid value for '--iterations' / '-T': ", "tmas run"),
+        (["solve", "--bogus", Q], "No such option: --bogus", "tmas solve"),
+        (["nosuch"], "No such command 'nosuch'", "tmas"),
+        (["pool", "--bogus"], "No such option: --bogus", "tmas pool"),
+        (["pool", "show"], "Missing argument 'pool'", "tmas pool show"),
+        (["prompts", "show"], "Missing argument 'name'", "tmas prompts show"),
+        (["rl", "train", "--bogus"], "No such option: --bogus", "tmas rl train"),
+        (["data", "generate", "--n", "many"], "Invalid value for '--n': ", "tmas data generate"),
+    ],
+)
+def test_a_command_line_the_parser_refuses_is_one_error_line_naming_its_help(
+    args: list[str], said: str, command: str
+) -> None:
+    out = run_tmas(*args, text=True)
+    assert out.returncode == 2 and out.stdout == ""
+    [line] = out.stderr.splitlines()
+    assert line.startswith(f"tmas: error: {said}") and line.endswith(f" (see '{command} --help')")
+    assert not re.search("[\u2500-\u257f]", out.stderr)  # no box drawn
+
+
+def test_a_group_given_no_command_still_shows_its_help() -> None:
+    out = run_tmas("pool", text=True)
+    assert out.returncode == 2 and out.stderr == ""
+    assert "Usage: tmas pool [OPTIONS] COMMAND [ARGS]..." in out.stdout

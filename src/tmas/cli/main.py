@@ -42,6 +42,7 @@ from tmas.cli.prompts import prompts_app
 from tmas.cli.rl import rl_app
 from tmas.cli.serve import serve_app
 from tmas.cli.steps import Steps
+from tmas.cli.usage import ParserError, error_line
 from tmas.cli.view import view_app
 from tmas.config import Settings, with_method_params
 from tmas.errors import InputError, TmasError
@@ -646,7 +647,17 @@ app.add_typer(prompts_app, name="prompts")
 def main() -> None:
     interrupt.install()
     try:
-        command_of(app)(prog_name="tmas")
+        # Not standalone: Click's own errors come here, to be said in one line, not drawn in Typer's box.
+        code = command_of(app).main(prog_name="tmas", standalone_mode=False)
+    except ParserError as exc:
+        line = error_line(exc)
+        if line is not None:
+            typer.echo(line, err=True)
+        sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+    except typer.Abort:
+        # A confirmation answered with end of input.
+        typer.echo("tmas: aborted; nothing was started", err=True)
+        sys.exit(1)
     except interrupt.Stopped as stop:
         typer.echo(stop.line(), err=True)
         sys.exit(stop.exit_code)
@@ -673,3 +684,5 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.echo("tmas: stopped by Ctrl-C; finished work is kept", err=True)
         sys.exit(EXIT_INTERRUPTED)
+    # A command's return value, or the code of the typer.Exit it raised (help and --version exit 0).
+    sys.exit(code if isinstance(code, int) else 0)
