@@ -14,7 +14,8 @@ from conftest import isolate
 from tmas.agents.overrides import packaged_source
 from tmas.cli.main import app
 from tmas.cli.options import FLAG_KEYS, GROUP, ModelFlags
-from tmas.errors import InputError
+from tmas.config import load_settings
+from tmas.errors import ConfigError, InputError
 from tmas.store.run_store import RunStore
 from tmas.sweep import resumed_sweep
 from tmas.testing import SimServer
@@ -90,6 +91,30 @@ def test_a_text_flag_given_empty_is_refused(
     result = CliRunner().invoke(app, args)
     assert isinstance(result.exception, InputError)
     assert str(result.exception) == f"{flag} is empty: give a value, or leave the flag out"
+
+
+@pytest.mark.parametrize("urls", [",", " , ,"])
+def test_a_base_url_of_commas_and_no_url_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sim: SimServer, urls: str
+) -> None:
+    # Read as no endpoint, it would start the embedded local model.
+    isolate(monkeypatch, tmp_path)
+    result = CliRunner().invoke(app, [*_command_args("run", tmp_path), "--dry-run", "--base-url", urls])
+    assert isinstance(result.exception, InputError)
+    assert str(result.exception) == f"--base-url {urls!r} holds no URL: give one, or several comma-separated"
+
+
+def test_a_base_url_of_commas_in_the_environment_or_a_config_file_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "cfg.toml"
+    config.write_text('[endpoint]\nbase_url = ","\n[roles.judge]\nbase_url = ","\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"cfg.toml: bad value for 'endpoint.base_url': ',' holds no URL"):
+        load_settings(config, environ={})
+    with pytest.raises(ConfigError, match=r"TMAS_BASE_URL.*',,' holds no URL"):
+        load_settings(None, environ={"TMAS_BASE_URL": ",,"})
+    assert load_settings(None, environ={"TMAS_BASE_URL": "http://a/v1, http://b/v1,"}).endpoint.base_url == [
+        "http://a/v1",
+        "http://b/v1",
+    ]
 
 
 def _group_args(sim: SimServer, tmp_path: Path) -> list[str]:

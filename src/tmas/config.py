@@ -37,9 +37,13 @@ SERVICE_ROLES = ("judge", "summarizer", "embedding")
 
 
 def _split_urls(value: Any) -> Any:
-    """``"http://a,http://b"`` (as from an environment variable) -> a list of replicas."""
+    """``"http://a,http://b"`` (as from an environment variable) -> a list of replicas. Text that holds commas but
+    no URL (``","``) is refused: read as no endpoint, it would start the embedded local model."""
     if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
+        urls = [part.strip() for part in value.split(",") if part.strip()]
+        if not urls and "," in value:
+            raise ValueError(f"{value!r} holds no URL")
+        return urls
     return value
 
 

@@ -132,6 +132,9 @@ class ModelFlags:
                 # An empty value would read as no value: --base-url "$URL" with URL unset would run the embedded
                 # model, --prompts-dir "" the packaged prompts.
                 raise InputError(f"--{name.replace('_', '-')} is empty: give a value, or leave the flag out")
+        if values["base_url"] is not None and not values["base_url"].replace(",", "").strip():
+            # Commas and no URL ("$A,$B" with both unset) would read as no endpoint too: the embedded model.
+            raise InputError(f"--base-url {values['base_url']!r} holds no URL: give one, or several comma-separated")
         return {**{key: values[name] for name, key in FLAG_KEYS.items()}, "method.name": method}
 
     def settings(self, method: str | None = None, given: MethodFlags | None = None) -> Settings:
