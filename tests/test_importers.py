@@ -118,7 +118,7 @@ def test_matharena_json_and_parquet(tmp_path: Path) -> None:
             "a.csv",
             "Problem ID,Problem\nx,Find it.\n",
             "imo-answerbench",
-            "row 1: not in the IMO-AnswerBench CSV layout: missing column(s) 'Short Answer' (found: Problem, "
+            "a.csv: line 2: not in the IMO-AnswerBench CSV layout: missing column(s) 'Short Answer' (found: Problem, "
             "Problem ID)",
         ),
         # An HLE file given as MathArena.
@@ -134,17 +134,25 @@ def test_matharena_json_and_parquet(tmp_path: Path) -> None:
             "matharena",
             "b.jsonl:2: not valid JSON",
         ),
+        # A JSON Lines file's error names the line an editor shows, blank lines counted.
         (
             "c.jsonl",
-            '{"problem_idx": 1, "problem": "Q", "answer": "2"}\n{"problem_idx": 1, "problem": "R", "answer": "3"}\n',
+            '{"problem_idx": 1, "problem": "Q", "answer": "2"}\n\n{"problem_idx": 1, "problem": "R", "answer": "3"}\n',
             "matharena",
-            "row 2: duplicate problem id '1' (first at row 1)",
+            "c.jsonl: line 3: duplicate problem id '1' (first at line 1)",
         ),
         (
             "d.jsonl",
-            '{"problem_idx": 1, "problem": "  ", "answer": "2"}\n',
+            '\n{"problem_idx": 1, "problem": "  ", "answer": "2"}\n',
             "matharena",
-            "row 1: empty or non-text question",
+            "d.jsonl: line 2: empty or non-text question",
+        ),
+        # A JSON array has no line per row: the row's place in the array: its place in the array.
+        (
+            "d.json",
+            '[{"problem_idx": 1, "problem": "Q", "answer": "2"},\n\n{"problem_idx": 2, "problem": "R", "answer": ""}]',
+            "matharena",
+            "d.json: row 2: empty answer",
         ),
         ("e.json", '{"problem_idx": 1}', "matharena", "e.json: expected a JSON array of objects"),
         ("f.txt", "anything", "hle", "f.txt: unknown file type .txt"),

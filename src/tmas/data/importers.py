@@ -7,7 +7,8 @@
 - ``matharena``: a MathArena competition (e.g. HMMT: ``problem_idx, problem, answer, problem_type``).
 
 Files are read as CSV, JSON Lines, a JSON array, or Parquet (Parquet needs ``pyarrow``). A file of another layout is a
-one-line error naming the file and the columns it lacks; a bad row names its row number.
+one-line error naming the file and the columns it lacks; a bad row names its line in a CSV or JSON Lines file
+(blank lines counted, as an editor counts them), its place in the array of a JSON or Parquet file.
 """
 
 from __future__ import annotations
@@ -82,6 +83,12 @@ LAYOUTS: dict[str, Layout] = {
 
 def read_rows(path: Path) -> Iterator[dict[str, Any]]:
     """The file's rows as dicts, by its extension."""
+    return (row for _, row in located_rows(path))
+
+
+def located_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The file's rows as dicts, each with where it is: ``line N`` of a CSV or JSON Lines file (the line an editor
+    shows; a CSV record over several lines, its last), ``row N`` of a JSON array or a Parquet table."""
     suffix = path.suffix.lower()
     if path.is_dir():
         raise InputError(f"{path}: a directory: give the file of its rows (.csv, .jsonl, .json or .parquet)")
@@ -90,7 +97,7 @@ def read_rows(path: Path) -> Iterator[dict[str, Any]]:
     if suffix == ".csv":
         yield from _csv_rows(path)
     elif suffix == ".jsonl":
-        yield from (row for _, _, row in read_objects(path))
+        yield from ((f"line {number}", row) for _, number, row in read_objects(path))
     elif suffix == ".json":
         try:
             data = json.loads(path.read_bytes().decode("utf-8-sig"))
@@ -100,7 +107,7 @@ def read_rows(path: Path) -> Iterator[dict[str, Any]]:
             raise InputError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}") from None
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
             raise InputError(f"{path}: expected a JSON array of objects")
-        yield from data
+        yield from ((f"row {number}", row) for number, row in enumerate(data, start=1))
     elif suffix == ".parquet":
         try:
             import pyarrow.parquet as pq  # type: ignore[import-not-found,unused-ignore]
@@ -115,7 +122,7 @@ def read_rows(path: Path) -> Iterator[dict[str, Any]]:
             table = pq.read_table(path)
         except pa.ArrowException as exc:
             raise InputError(f"{path}: not a Parquet file this reader takes: {exc}") from None
-        yield from table.to_pylist()
+        yield from ((f"row {number}", row) for number, row in enumerate(table.to_pylist(), start=1))
     else:
         raise InputError(f"{path}: unknown file type {suffix or '(none)'}: give .csv, .jsonl, .json or .parquet")
 
@@ -124,7 +131,7 @@ def read_rows(path: Path) -> Iterator[dict[str, Any]]:
 _CSV_FIELD_LIMIT = 2**31 - 1
 
 
-def _csv_rows(path: Path) -> Iterator[dict[str, Any]]:
+def _csv_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """A CSV file's rows under its header; a row of more fields than the header names, text that is not UTF-8 or
     quoting the csv module cannot read is a one-line error naming the line."""
     raw = path.read_bytes()
@@ -142,7 +149,7 @@ def _csv_rows(path: Path) -> Iterator[dict[str, Any]]:
                     f"{path}: line {reader.line_num}: {len(row) - 1 + len(row[None])} fields, but the header names"
                     f" {len(row) - 1} columns"
                 )
-            yield row
+            yield f"line {reader.line_num}", row
     except csv.Error as exc:
         raise InputError(f"{path}: line {reader.line_num}: not valid CSV: {exc}") from None
 
@@ -153,30 +160,30 @@ def import_problems(path: Path, layout_name: str, *, keep_all: bool = False) -> 
     if layout is None:
         raise InputError(f"unknown source {layout_name!r}; known: {', '.join(LAYOUTS)}")
     out: list[dict[str, Any]] = []
-    seen: dict[str, int] = {}
-    for number, row in enumerate(read_rows(path), start=1):
+    seen: dict[str, str] = {}
+    for where, row in located_rows(path):
         missing = [c for c in layout.required if c not in row]
         if missing:
             found = ", ".join(sorted(row)[:8]) or "none"
             raise InputError(
-                f"{path}: row {number}: not in the {layout.description} layout: missing column(s) "
+                f"{path}: {where}: not in the {layout.description} layout: missing column(s) "
                 f"{', '.join(repr(c) for c in missing)} (found: {found})"
             )
         record = layout.convert(row, keep_all)
         if record is None:
             continue
         if not record["problem_id"]:
-            raise InputError(f"{path}: row {number}: empty problem id")
+            raise InputError(f"{path}: {where}: empty problem id")
         if not isinstance(record["question"], str) or not record["question"].strip():
-            raise InputError(f"{path}: row {number}: empty or non-text question")
+            raise InputError(f"{path}: {where}: empty or non-text question")
         if not record["answer"]:
-            raise InputError(f"{path}: row {number}: empty answer")
+            raise InputError(f"{path}: {where}: empty answer")
         if record["problem_id"] in seen:
             raise InputError(
-                f"{path}: row {number}: duplicate problem id {record['problem_id']!r} (first at row "
+                f"{path}: {where}: duplicate problem id {record['problem_id']!r} (first at "
                 f"{seen[record['problem_id']]})"
             )
-        seen[record["problem_id"]] = number
+        seen[record["problem_id"]] = where
         out.append(record)
     if not out:
         # Only HLE's release is filtered (to its text-only Math questions) unless --all.
