@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from conftest import clean_env
-from tmas.data.importers import import_problems
+from tmas.answer_rules import check_pair
+from tmas.data.importers import import_problems, write_problems
 from tmas.errors import InputError
 from tmas.problems import load_problems
 
@@ -108,6 +109,31 @@ def test_matharena_json_and_parquet(tmp_path: Path) -> None:
 
     pq.write_table(pa.Table.from_pylist(data), tmp_path / "train-00000-of-00001.parquet")
     assert import_problems(tmp_path / "train-00000-of-00001.parquet", "matharena") == rows
+
+
+def test_an_answer_of_several_values_is_stored_as_the_graders_read_it(tmp_path: Path) -> None:
+    # A list answer is its values joined by ", " (as the benchmarks' own golds write several values), not Python's
+    # repr; an object is JSON.
+    data = [
+        {"problem_idx": 1, "problem": "Find both roots.", "answer": [2, 3]},
+        {"problem_idx": 2, "problem": "Name the pieces.", "answer": ["AB", "CL"]},
+        {"problem_idx": 3, "problem": "Give the pairs.", "answer": [[1, 2], [3, 4]]},
+        {"problem_idx": 4, "problem": "Give the map.", "answer": {"a": 1, "b": "é"}},
+    ]
+    path = tmp_path / "several.json"
+    path.write_text(json.dumps(data))
+    rows = import_problems(path, "matharena")
+    assert [r["answer"] for r in rows] == ["2, 3", "AB, CL", "[1, 2], [3, 4]", '{"a": 1, "b": "é"}']
+    # The rules grader takes the stored gold as a set of values: a reply of them in another order is right.
+    assert check_pair(rows[0]["answer"], "\\boxed{3, 2}").correct is True
+    written = tmp_path / "out.jsonl"
+    write_problems(rows, written)
+    assert [p.answer for p in load_problems(written)] == ["2, 3", "AB, CL", "[1, 2], [3, 4]", '{"a": 1, "b": "é"}']
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    pq.write_table(pa.Table.from_pylist(data[:1]), tmp_path / "several.parquet")
+    assert import_problems(tmp_path / "several.parquet", "matharena")[0]["answer"] == "2, 3"
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,8 @@
 
 Files are read as CSV, JSON Lines, a JSON array, or Parquet (Parquet needs ``pyarrow``). A file of another layout is a
 one-line error naming the file and the columns it lacks; a bad row names its line in a CSV or JSON Lines file
-(blank lines counted, as an editor counts them), its place in the array of a JSON or Parquet file.
+(blank lines counted, as an editor counts them), its place in the array of a JSON or Parquet file. An answer of several
+values (a list) is kept as ``2, 3``, as the benchmarks' golds write them; an object answer as JSON.
 """
 
 from __future__ import annotations
@@ -40,11 +41,29 @@ def _text(row: dict[str, Any], key: str) -> str:
     return "" if value is None else str(value).strip()
 
 
+def _answer(row: dict[str, Any], key: str) -> str:
+    """The reference answer as text the graders read: a list (an answer of several values) as its items joined by
+    ``, ``, as the benchmarks' own golds write several values; an object, or a list inside the list, as JSON."""
+    value = _plain(row.get(key))
+    if isinstance(value, list):
+        return ", ".join(_item(v) for v in value if _item(v))
+    if isinstance(value, dict):
+        return json.dumps(value, ensure_ascii=False)
+    return _text(row, key)
+
+
+def _item(value: Any) -> str:
+    value = _plain(value)
+    if isinstance(value, list | dict):
+        return json.dumps(value, ensure_ascii=False)
+    return "" if value is None else str(value).strip()
+
+
 def _hle(row: dict[str, Any], keep_all: bool) -> dict[str, Any] | None:
     if not keep_all and (_text(row, "category") != "Math" or _text(row, "image")):
         return None  # HLE-Math: text-only questions of the Math category
     extra: dict[str, Any] = {k: row[k] for k in ("answer_type", "raw_subject", "category") if k in row}
-    return {"problem_id": _text(row, "id"), "question": row["question"], "answer": _text(row, "answer"), **extra}
+    return {"problem_id": _text(row, "id"), "question": row["question"], "answer": _answer(row, "answer"), **extra}
 
 
 def _imo(row: dict[str, Any], keep_all: bool) -> dict[str, Any] | None:
@@ -52,7 +71,7 @@ def _imo(row: dict[str, Any], keep_all: bool) -> dict[str, Any] | None:
     return {
         "problem_id": _text(row, "Problem ID"),
         "question": row["Problem"],
-        "answer": _text(row, "Short Answer"),
+        "answer": _answer(row, "Short Answer"),
         **extra,
     }
 
@@ -62,14 +81,16 @@ def _matharena(row: dict[str, Any], keep_all: bool) -> dict[str, Any] | None:
     return {
         "problem_id": _text(row, "problem_idx"),
         "question": row["problem"],
-        "answer": _text(row, "answer"),
+        "answer": _answer(row, "answer"),
         **extra,
     }
 
 
 def _plain(value: Any) -> Any:
     """Parquet list columns come back as arrays in some readers: plain lists for JSON."""
-    return list(value) if hasattr(value, "tolist") or isinstance(value, tuple) else value
+    if hasattr(value, "tolist"):  # an array (or a scalar) of numpy's
+        return value.tolist()
+    return list(value) if isinstance(value, tuple) else value
 
 
 LAYOUTS: dict[str, Layout] = {
