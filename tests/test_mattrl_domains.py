@@ -132,11 +132,31 @@ def test_bad_supergpqa_lines_name_file_and_line(tmp_path: Path, line: str, messa
         list(read_supergpqa(source))
 
 
+def test_a_numeric_answer_names_the_option_of_its_value(tmp_path: Path) -> None:
+    source = tmp_path / "q.jsonl"
+    rows = [
+        {"question": "q1", "options": [1, 2, 3, 4], "answer": "3"},  # text answer, numeric options
+        {"question": "q2", "options": ["1", "2", "3", "4"], "answer": 2},  # number answer, text options
+        {"question": "q3", "options": ["0.25", "0.5", "1"], "answer": 0.5},
+        {"question": "q4", "options": ["1", "2.0", "3"], "answer": "2"},  # the same value written otherwise
+    ]
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert [c.answer for c in read_supergpqa(source)] == ["C", "B", "B", "B"]
+    # A value no option has, or one two options share, names none.
+    for options, answer in (([1, 2], 3), (["2", "2.0", "5"], "2.00")):
+        source.write_text(json.dumps({"question": "q", "options": options, "answer": answer}) + "\n")
+        with pytest.raises(InputError, match=r"q.jsonl:1: the answer .* is neither an option's letter nor"):
+            list(read_supergpqa(source))
+
+
 def test_imported_cases_are_what_tmas_run_reads(tmp_path: Path) -> None:
     source = tmp_path / "q.jsonl"
     source.write_text('{"id": "a", "question": "q", "options": ["x", "y"]}\n' * 2, encoding="utf-8")
-    with pytest.raises(InputError, match="the id 'a' is given to two cases"):
+    with pytest.raises(InputError, match=r"q.jsonl:2: the id 'a' is given to two cases \(first at line 1\)"):
         read_cases(read_supergpqa, source)
+    source.write_text('{"id": "m", "question": "q"}\n\n{"case_id": "m", "Phenotype": ["a"]}\n', encoding="utf-8")
+    with pytest.raises(InputError, match=r"q.jsonl:3: the id 'm' is given to two cases \(first at line 1\)"):
+        read_cases(read_rarebench, source)
     source.write_text("\n", encoding="utf-8")
     with pytest.raises(InputError, match="no case in the file"):
         read_cases(read_rarebench, source)

@@ -44,21 +44,27 @@ def _case_id(record: dict[str, Any], fields: tuple[str, ...], where: str, defaul
     return str(value).strip()
 
 
+def _unique(case_id: str, where: str, number: int, seen: dict[str, int]) -> str:
+    """``case_id``, first seen on line ``number``; an id an earlier line gave its case is an error naming both."""
+    if case_id in seen:
+        raise InputError(f"{where}: the id {case_id!r} is given to two cases (first at line {seen[case_id]})")
+    seen[case_id] = number
+    return case_id
+
+
 def read_cases(reader: Callable[[Path], Iterator[Problem]], path: Path) -> list[Problem]:
-    """Every case ``reader`` reads of ``path``, checked as ``tmas run`` will read them: at least one, ids unique."""
+    """Every case ``reader`` reads of ``path`` (each reader checks its ids are unique, naming the line), and at
+    least one, as ``tmas run`` will read them."""
     problems = list(reader(path))
     if not problems:
         raise InputError(f"{path}: no case in the file")
-    seen: set[str] = set()
-    for problem in problems:
-        if problem.problem_id in seen:
-            raise InputError(f"{path}: the id {problem.problem_id!r} is given to two cases")
-        seen.add(problem.problem_id)
     return problems
 
 
 def read_rarebench(path: Path) -> Iterator[Problem]:
-    """RareBench-style cases as problems; a bad line is an :class:`InputError` naming file, line and field."""
+    """RareBench-style cases as problems; a bad line (or an id given twice) is an :class:`InputError` naming file,
+    line and field."""
+    seen: dict[str, int] = {}
     for where, number, record in read_objects(path):
         field = next((f for f in RECORD_FIELDS if f in record), None)
         patient = _text(record.get(field), "; ") if field else None
@@ -70,15 +76,37 @@ def read_rarebench(path: Path) -> Iterator[Problem]:
         gold = _text(record.get(gold_field), " | ") if gold_field else None
         if gold_field and gold is None:
             raise InputError(f"{where}: {gold_field!r} must be a diagnosis name or a list of names")
-        case_id = _case_id(record, ID_FIELDS, where, f"case-{number}")
+        case_id = _unique(_case_id(record, ID_FIELDS, where, f"case-{number}"), where, number, seen)
         extra = {k: v for k, v in record.items() if k not in (field, gold_field, *ID_FIELDS)}
         yield Problem(problem_id=case_id, question=patient, answer=gold, metadata=extra)
 
 
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _option_of(answer: str | float, options: list[Any]) -> int | None:
+    """The index of the option ``answer`` names: by its text, else, where both are numbers, by value (``"3"`` is
+    the option ``3``, ``2`` the option ``"2.0"``); None when none or several options have that value."""
+    text = str(answer).strip()
+    texts = [str(option).strip() for option in options]
+    if text in texts:
+        return texts.index(text)
+    value = _number(text)
+    if value is None:
+        return None
+    same = [i for i, option in enumerate(texts) if _number(option) == value]
+    return same[0] if len(same) == 1 else None
+
+
 def read_supergpqa(path: Path) -> Iterator[Problem]:
     """SuperGPQA-style multiple choice: ``question``, ``options`` (a list, lettered A, B, ... in order) and
-    ``answer_letter`` (or ``answer``, a letter or the text of an option). The question shown to the student lists
-    the options as ``A) ...``; the reference answer is the letter."""
+    ``answer_letter`` (or ``answer``, a letter or the text of an option, a number naming the option of that value).
+    The question shown to the student lists the options as ``A) ...``; the reference answer is the letter."""
+    seen: dict[str, int] = {}
     for where, number, record in read_objects(path):
         question, options = record.get("question"), record.get("options")
         if not isinstance(question, str) or not question.strip():
@@ -91,12 +119,13 @@ def read_supergpqa(path: Path) -> Iterator[Problem]:
         letter = None
         if isinstance(raw, str) and raw.strip().upper() in LETTERS[: len(options)] and len(raw.strip()) == 1:
             letter = raw.strip().upper()
-        elif isinstance(raw, str) and raw in options:
-            letter = LETTERS[options.index(raw)]
+        elif isinstance(raw, str | int | float) and not isinstance(raw, bool):
+            chosen = _option_of(raw, options)
+            letter = None if chosen is None else LETTERS[chosen]
         if raw is not None and letter is None:
-            raise InputError(f"{where}: the answer {raw!r} is neither an option's letter nor an option's text")
+            raise InputError(f"{where}: the answer {raw!r} is neither an option's letter nor an option's text or value")
         lettered = "\n".join(f"{LETTERS[i]}) {option}" for i, option in enumerate(options))
-        case_id = _case_id(record, (*ID_FIELDS, "uuid"), where, f"question-{number}")
+        case_id = _unique(_case_id(record, (*ID_FIELDS, "uuid"), where, f"question-{number}"), where, number, seen)
         extra = {k: v for k, v in record.items() if k not in ("question", "options", "answer", "answer_letter")}
         yield Problem(problem_id=case_id, question=f"{question.strip()}\n{lettered}", answer=letter, metadata=extra)
 
