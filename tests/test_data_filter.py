@@ -78,7 +78,7 @@ async def test_filter_keeps_the_problems_solved_fewer_than_t_times_and_selects_n
     assert stored["selected"] == ["gamma", "zeta"]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["problem_id"], r["answer"], r["src"]) for r in rows] == [("gamma", "49", "x"), ("zeta", "64", "x")]
-    assert "| 1 | 2 | yes |" in (tmp_path / "bench-hard.card.md").read_text()
+    assert "| 1 | 2 | 2 |" in (tmp_path / "bench-hard.card.md").read_text()
     # Every sample was a plain chain-of-thought call at the paper's sampling: 6 problems x 4 samples.
     assert len(model.calls) == 24 and set(by_role(model)) == {"solution"}
     assert {(c.body["temperature"], c.body["top_p"], c.body["model"]) for c in model.calls} == {
@@ -163,6 +163,34 @@ async def test_a_problem_whose_every_sample_failed_is_left_out_not_kept(tmp_path
     assert card["failed_problems"] == ["eta"] and card["failed_samples"] == 4
     assert card["solved_counts"] == {"0": 1} and card["selected"] == ["gamma"]
     assert "1 problems failed (no usable sample): left out of the filter" in card["notes"]
+
+
+async def test_failed_samples_are_not_counted_as_unsolved(tmp_path: Path) -> None:
+    # k = 4, below 2. eta: 3 of its 4 calls refused, its one reply wrong: too few replies to judge (undecided), where
+    # counting the failures as unsolved would keep it as hard. iota: 2 refused, of its 2 replies 1 right: solved at a
+    # rate of 1/2, not below 2/4, so not kept (counted over 4, its 1 would be). gamma: 4 replies, none right: kept.
+    refused = [
+        Rule(role="solution", pattern="Eta:", fault="http_400", times=3),
+        Rule(role="solution", pattern="Eta:", replies=["So the result is \\boxed{1000}."]),
+        Rule(role="solution", pattern="Iota:", fault="http_400", times=2),
+        Rule(role="solution", pattern="Iota:", replies=["So \\boxed{100}.", "So \\boxed{1000}."]),
+    ]
+    model = on_model(SimScript(rules=[*refused, *script().rules]), 4)
+    problems = tmp_path / "b.jsonl"
+    rows = [("gamma", CASES[2][1], "49"), ("eta", "Eta: what is 9*9?", "81"), ("iota", "Iota: what is 10*10?", "100")]
+    problems.write_text("".join(json.dumps({"problem_id": i, "question": q, "answer": a}) + "\n" for i, q, a in rows))
+    out = tmp_path / "hard.jsonl"
+    grading = GradeConfig(mode="rules")
+    await run_filter(problems, tmp_path / "run", out, model.settings, grading, k=4, below=2, n=50, seed=0, model=model)
+    assert len(model.calls) == 12
+    card = json.loads((tmp_path / "hard.card.json").read_text())
+    assert card["kept"] == 1 and card["selected"] == ["gamma"]
+    assert card["failed_samples"] == 5 and card["failed_problems"] == [] and card["undecided"] == ["eta"]
+    assert card["solved_counts"] == {"0": 1, "1": 1} and card["kept_counts"] == {"0": 1}
+    assert [json.loads(line)["problem_id"] for line in out.read_text().splitlines()] == ["gamma"]
+    markdown = (tmp_path / "hard.card.md").read_text()
+    assert "- undecided (fewer than half of the 4 samples replied): 1, left out" in markdown
+    assert "| 0 | 1 | 1 |" in markdown and "| 1 | 1 | 0 |" in markdown
 
 
 async def test_a_judge_of_ones_own_grades_the_samples(tmp_path: Path) -> None:

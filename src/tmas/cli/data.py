@@ -61,6 +61,9 @@ def data_filter(
 ) -> None:
     """Keep the problems a model solves fewer than --below times in k, then select n (TMAS appendix A.2).
 
+    Only samples that replied count (a failed call says nothing of difficulty); a problem with replies to fewer than
+    half of its k samples is undecided and left out, and named on the card.
+
     The samples are drawn at the paper's temperature 1.0 and top_p 0.95 unless --temperature or --top-p say
     otherwise (the paper's filter model: Qwen3-4B-Thinking); the run seed (--seed) seeds the selection too."""
     from tmas.cli.grade_flags import check_grading_installed, read_grade_flags
@@ -77,7 +80,8 @@ def data_filter(
         run_filter(source, where, out, settings, grading, k=k, below=below, n=n, seed=seed, limit=limit)
     )
     counts = ", ".join(f"{c}: {card.solved_counts.get(c, 0)}" for c in range(k + 1))
-    typer.echo(f"solved-of-{k} counts {{{counts}}}; kept {card.kept}; selected {len(card.selected)}")
+    undecided = f"; undecided {len(card.undecided)} (too few replies)" if card.undecided else ""
+    typer.echo(f"solved-of-{k} counts {{{counts}}}; kept {card.kept}; selected {len(card.selected)}{undecided}")
     typer.echo(f"wrote {out} and its card ({out.stem}.card.json, .md); samples in {where}")
 
 

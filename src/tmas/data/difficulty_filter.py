@@ -8,6 +8,11 @@ generation prompt (the first sample every method shares): a method whose traits 
 first registered (:func:`sampling_method`). So the filter resumes like any run and its samples can be reported,
 viewed and graded like any other. The paper does not say how its 50 were picked from the kept pool; here it is a
 uniform draw with the given seed, listed in the original file order.
+
+A sample whose call failed (an error, no reply) says nothing of the problem's difficulty: only samples that replied
+are counted. A problem with every sample replied is kept when solved fewer than t times in k; one with r < k replies,
+when its rate is below the same share (solved * k < t * r); one with fewer than half of k replies is undecided, left
+out and named on the card.
 """
 
 from __future__ import annotations
@@ -48,20 +53,24 @@ class FilterCard:
     seed: int
     grading: str
     sampling: dict[str, Any]
-    # Number of problems solved c times in k, for c = 0..k.
+    # Number of problems solved c times (of their replied samples), for c = 0..k, and how many of them were kept.
     solved_counts: dict[int, int] = field(default_factory=dict)
+    kept_counts: dict[int, int] = field(default_factory=dict)
     kept: int = 0
     selected: list[str] = field(default_factory=list)
     # Problems without a reference answer cannot be judged: left out.
     unlabeled: list[str] = field(default_factory=list)
-    # Samples whose call failed (counted as not solved), and problems that failed as a whole (left out).
+    # Samples whose call failed (not counted: only replied samples are), problems that failed as a whole, and
+    # problems with replies to fewer than half of their k samples (undecided): both left out.
     failed_samples: int = 0
     failed_problems: list[str] = field(default_factory=list)
+    undecided: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         data = dict(self.__dict__)
         data["solved_counts"] = {str(c): v for c, v in sorted(self.solved_counts.items())}
+        data["kept_counts"] = {str(c): v for c, v in sorted(self.kept_counts.items())}
         return data
 
     def markdown(self) -> str:
@@ -70,17 +79,16 @@ class FilterCard:
             "",
             f"- model: {self.model or '(default endpoint model)'}; {self.k} chain-of-thought samples per problem,"
             f" sampling {json.dumps(self.sampling, sort_keys=True)}; grading: {self.grading}",
-            f"- kept: problems solved fewer than {self.below} times in {self.k}: {self.kept}",
+            f"- kept: problems solved fewer than {self.below} times in {self.k} (of fewer replied samples, at a rate"
+            f" below {self.below}/{self.k}): {self.kept}",
             f"- selected: {len(self.selected)} (n = {self.n}, seed {self.seed})",
-            f"- failed samples (counted as not solved): {self.failed_samples}",
+            f"- failed samples (not counted, only replied samples are): {self.failed_samples}",
+            f"- undecided (fewer than half of the {self.k} samples replied): {len(self.undecided)}, left out",
             *(f"- {note}" for note in self.notes),
             "",
-            "| Solved (of k) | Problems | Kept |",
+            "| Solved | Problems | Kept |",
             "| --- | --- | --- |",
-            *(
-                f"| {c} | {self.solved_counts.get(c, 0)} | {'yes' if c < self.below else 'no'} |"
-                for c in range(self.k + 1)
-            ),
+            *(f"| {c} | {self.solved_counts.get(c, 0)} | {self.kept_counts.get(c, 0)} |" for c in range(self.k + 1)),
         ]
         if self.unlabeled:
             lines += ["", f"Left out, no reference answer: {len(self.unlabeled)} problems."]
@@ -127,9 +135,10 @@ def filter_settings(settings: Settings, k: int, flags: set[str], method: str | N
     return with_sampling(Settings.model_validate(data), "config", paper)
 
 
-def solved_counts(problems: list[Problem], results: list[ProblemResult], grades: Grades) -> dict[str, int]:
-    """Correct samples per labeled problem: a sample counts when most judge runs call it correct."""
-    counts: dict[str, int] = {}
+def tallies(problems: list[Problem], results: list[ProblemResult], grades: Grades) -> dict[str, tuple[int, int]]:
+    """Correct and replied samples per labeled problem: a sample is correct when most judge runs call it so; one
+    whose call failed (an error, no reply) is not counted at all."""
+    counts: dict[str, tuple[int, int]] = {}
     finished = {r.problem_id: r for r in results if r.status in ("done", "failed")}
     missing = [p.problem_id for p in problems if p.answer is not None and p.problem_id not in finished]
     if missing:
@@ -143,15 +152,32 @@ def solved_counts(problems: list[Problem], results: list[ProblemResult], grades:
             continue  # a failed problem (no usable sample) says nothing about its difficulty: left out
         result = finished[problem.problem_id]
         first = next((rec for rec in result.iterations if rec.iteration == 0), None)
-        candidates = first.candidates if first else []
-        counts[problem.problem_id] = sum(grades.majority_correct((problem.problem_id, 0, c.index)) for c in candidates)
+        replied = [c for c in (first.candidates if first else []) if not c.error]
+        solved = sum(grades.majority_correct((problem.problem_id, 0, c.index)) for c in replied)
+        counts[problem.problem_id] = (solved, len(replied))
     return counts
 
 
-def select(problems: list[Problem], counts: dict[str, int], below: int, n: int, seed: int) -> tuple[list[str], int]:
-    """The ids kept (solved fewer than ``below`` times) and, of those, ``n`` drawn with ``seed`` (all of them when
-    fewer are kept), in the file's order."""
-    kept = [p.problem_id for p in problems if p.problem_id in counts and counts[p.problem_id] < below]
+def decided(replied: int, k: int) -> bool:
+    """Whether enough samples replied to judge a problem's difficulty: at least half of k."""
+    return 2 * replied >= k
+
+
+def is_kept(solved: int, replied: int, k: int, below: int) -> bool:
+    """Solved fewer than ``below`` times in ``k``; of fewer replied samples, at a rate below ``below / k``."""
+    return solved * k < below * replied
+
+
+def select(
+    problems: list[Problem], counts: dict[str, tuple[int, int]], k: int, below: int, n: int, seed: int
+) -> tuple[list[str], int]:
+    """The ids kept (decided, and solved fewer than ``below`` times in ``k``, :func:`is_kept`) and, of those, ``n``
+    drawn with ``seed`` (all of them when fewer are kept), in the file's order."""
+    kept = [
+        p.problem_id
+        for p in problems
+        if p.problem_id in counts and decided(counts[p.problem_id][1], k) and is_kept(*counts[p.problem_id], k, below)
+    ]
     chosen = set(random.Random(seed).sample(kept, n)) if len(kept) > n else set(kept)
     return [pid for pid in kept if pid in chosen], len(kept)
 
@@ -168,8 +194,9 @@ def build_card(
     n: int,
     seed: int,
 ) -> FilterCard:
-    counts = solved_counts(problems, results, grades)
-    selected, kept = select(problems, counts, below, n, seed)
+    counts = tallies(problems, results, grades)
+    selected, kept = select(problems, counts, k, below, n, seed)
+    judged = {pid: tally for pid, tally in counts.items() if decided(tally[1], k)}
     card = FilterCard(
         source=source,
         model=settings.endpoint.model,
@@ -179,14 +206,21 @@ def build_card(
         seed=seed,
         grading=f"{grades.mode}, {grades.runs} judge run(s)",
         sampling=settings.sampling.model_dump(exclude_none=True, exclude_defaults=True),
-        solved_counts=dict(Counter(counts.values())),
+        solved_counts=dict(Counter(solved for solved, _ in judged.values())),
+        kept_counts=dict(Counter(solved for solved, replied in judged.values() if is_kept(solved, replied, k, below))),
         kept=kept,
         selected=selected,
         unlabeled=[p.problem_id for p in problems if p.answer is None],
         failed_samples=sum(bool(c.error) for r in results for rec in r.iterations for c in rec.candidates),
         failed_problems=[r.problem_id for r in results if r.status == "failed"],
+        undecided=[p.problem_id for p in problems if p.problem_id in counts and p.problem_id not in judged],
         notes=list(grades.notes),
     )
+    if card.undecided:
+        card.notes.append(
+            f"{len(card.undecided)} problems had replies to fewer than half of their {k} samples (undecided): left out"
+            " of the filter"
+        )
     if card.failed_problems:
         card.notes.append(f"{len(card.failed_problems)} problems failed (no usable sample): left out of the filter")
     if kept < n:
