@@ -230,3 +230,87 @@ def test_the_sampling_method_is_the_one_the_registry_declares() -> None:
     # A method that draws no independent samples cannot be the filter's.
     with pytest.raises(ConfigError, match="'tmas' is not one"):
         filter_settings(scripted_settings(), 3, set(), method="tmas")
+
+
+async def test_running_the_filter_again_asks_only_the_failed_samples_again(tmp_path: Path) -> None:
+    # k = 4, below 2. First run, the server failing: eta's calls refused 3 times (1 reply: undecided), iota's twice
+    # (2 replies, decided), gamma's never.
+    refused = [
+        Rule(role="solution", pattern="Eta:", fault="http_400", times=3),
+        Rule(role="solution", pattern="Iota:", fault="http_400", times=2),
+    ]
+    replies = [
+        Rule(role="solution", pattern="Eta:", replies=["So the result is \\boxed{1000}."]),
+        Rule(role="solution", pattern="Iota:", replies=["So \\boxed{100}.", "So \\boxed{1000}."]),
+    ]
+    problems = tmp_path / "b.jsonl"
+    rows = [("gamma", CASES[2][1], "49"), ("eta", "Eta: what is 9*9?", "81"), ("iota", "Iota: what is 10*10?", "100")]
+    problems.write_text("".join(json.dumps({"problem_id": i, "question": q, "answer": a}) + "\n" for i, q, a in rows))
+    out, run_dir = tmp_path / "hard.jsonl", tmp_path / "run"
+
+    async def run_filter_on(model: ScriptedModel) -> FilterCard:
+        grading = GradeConfig(mode="rules")
+        return await run_filter(
+            problems, run_dir, out, model.settings, grading, k=4, below=2, n=50, seed=0, model=model
+        )
+
+    first = await run_filter_on(on_model(SimScript(rules=[*refused, *replies, *script().rules]), 4))
+    assert first.undecided == ["eta"] and first.failed_samples == 5 and first.selected == ["gamma"]
+    with RunStore(run_dir, create=False) as store:
+        failed = {
+            (r.problem_id, c.index) for r in store.results() for rec in r.iterations for c in rec.candidates if c.error
+        }
+    assert Counter(pid for pid, _ in failed) == {"eta": 3, "iota": 2}
+
+    # Again on the same run directory, the server healthy: exactly the failed samples are asked again (the replied
+    # ones replayed from the store), and the card judges eta and iota on all four samples each.
+    wrong = [Rule(role="solution", pattern=f"{name}:", replies=["So \\boxed{1000}."]) for name in ("Eta", "Iota")]
+    healthy = on_model(SimScript(rules=[*wrong, *script().rules]), 4)
+    card = await run_filter_on(healthy)
+    assert sorted((c.key.problem_id, c.key.sample) for c in healthy.calls) == sorted(failed)
+    assert card.failed_samples == 0 and card.undecided == []
+    # The new replies box 1000. eta: solved 0 of 4 (kept); iota: 1 of 4 (kept, where its 1 of 2 replied was not).
+    assert card.solved_counts == {0: 2, 1: 1} and card.selected == ["gamma", "eta", "iota"]
+
+    # A third time, nothing failed: no call at all.
+    again = on_model(SimScript(rules=[*wrong, *script().rules]), 4)
+    assert (await run_filter_on(again)).selected == ["gamma", "eta", "iota"] and again.calls == []
+
+
+@pytest.mark.slow
+def test_the_command_run_again_sends_only_the_failed_samples(sim: SimServer, tmp_path: Path) -> None:
+    eta = Rule(role="solution", pattern="Eta:", replies=["So the result is \\boxed{1000}."])
+    sim.set_script(
+        SimScript(rules=[Rule(role="solution", pattern="Eta:", fault="http_400", times=3), eta, *script().rules])
+    )
+    problems = tmp_path / "b.jsonl"
+    rows = [("gamma", CASES[2][1], "49"), ("eta", "Eta: what is 9*9?", "81")]
+    problems.write_text("".join(json.dumps({"problem_id": i, "question": q, "answer": a}) + "\n" for i, q, a in rows))
+    out = tmp_path / "hard.jsonl"
+    command = (
+        "data",
+        "filter",
+        str(problems),
+        "-o",
+        str(out),
+        "-k",
+        "4",
+        "--grade",
+        "rules",
+        "--base-url",
+        sim.base_url,
+    )
+    first = tmas(*command)
+    assert first.returncode == 0, first.stderr.decode()
+    assert "undecided 1 (too few replies)" in first.stdout.decode()
+    assert json.loads((tmp_path / "hard.card.json").read_text())["undecided"] == ["eta"]
+
+    # The server healthy, the same command: only eta's three failed samples reach it, and eta is decided (kept).
+    sim.reset()
+    sim.set_script(SimScript(rules=[eta, *script().rules]))
+    again = tmas(*command)
+    assert again.returncode == 0, again.stderr.decode()
+    asked = [b["messages"][-1]["content"] for b in sim.chat_bodies()]
+    assert len(asked) == 3 and all("Eta:" in text for text in asked)
+    card = json.loads((tmp_path / "hard.card.json").read_text())
+    assert card["undecided"] == [] and card["failed_samples"] == 0 and card["selected"] == ["gamma", "eta"]

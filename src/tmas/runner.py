@@ -432,6 +432,7 @@ async def run_problems(
     keep_results: bool = False,
     model: ChatModel | None = None,
     own_model: bool | None = None,
+    solve_again: Collection[str] = (),
 ) -> RunSummary:
     """Solve every problem not already finished with the same method parameters; results are stored as they come.
     The store holds the run's setup (:func:`prepare_run`, or :meth:`RunSetup.record`); the model is opened here, through
@@ -445,12 +446,14 @@ async def run_problems(
     kept in memory unless ``keep_results`` (e.g. for :func:`tmas.api.solve`); the summary is computed from counters
     and the store. Votes group answers by the grading rules' equivalence where Math-Verify is installed. On a resumed
     run, the problems with finished calls replay them one at a time (:class:`tmas.llm.replay.ReplayTurns`).
+    ``solve_again`` names finished problems to solve again all the same: their replied calls replay from the store and
+    only their failed calls (never replayed) are sent again.
     """
     state = state or RunState()
     own_model = model is not None if own_model is None else own_model
     method = run_method(settings, own_model=own_model)
     fingerprint = run_fingerprint(method, settings)
-    finished = store.finished_problem_ids(fingerprint)
+    finished = store.finished_problem_ids(fingerprint) - set(solve_again)
     state.total = len(problems) if isinstance(problems, Sized) else store.problem_count()
     state.iterations = method.params.iterations
     tally = _Tally()

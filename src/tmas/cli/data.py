@@ -46,8 +46,8 @@ def data_filter(
         Path | None,
         typer.Option(
             "--run-dir",
-            help="Where the k samples are kept (default: OUT's name + '.filter-run'); resumes, adding problems a"
-            " wider --limit asks for.",
+            help="Where the k samples are kept (default: OUT's name + '.filter-run'); the same command again resumes"
+            " it: replied samples are reused, failed ones asked again, problems a wider --limit asks for added.",
         ),
     ] = None,
     k: Annotated[int, typer.Option("-k", help="Chain-of-thought samples per problem (paper: 8).")] = 8,
@@ -62,7 +62,9 @@ def data_filter(
     """Keep the problems a model solves fewer than --below times in k, then select n (TMAS appendix A.2).
 
     Only samples that replied count (a failed call says nothing of difficulty); a problem with replies to fewer than
-    half of its k samples is undecided and left out, and named on the card.
+    half of its k samples is undecided and left out, and named on the card. Running the same command again asks
+    only the samples whose call failed (the replied ones are reused from --run-dir), so a problem left undecided by a
+    failing server is decided once it answers.
 
     The samples are drawn at the paper's temperature 1.0 and top_p 0.95 unless --temperature or --top-p say
     otherwise (the paper's filter model: Qwen3-4B-Thinking); the run seed (--seed) seeds the selection too."""

@@ -12,7 +12,8 @@ uniform draw with the given seed, listed in the original file order.
 A sample whose call failed (an error, no reply) says nothing of the problem's difficulty: only samples that replied
 are counted. A problem with every sample replied is kept when solved fewer than t times in k; one with r < k replies,
 when its rate is below the same share (solved * k < t * r); one with fewer than half of k replies is undecided, left
-out and named on the card.
+out and named on the card. The filter run again on its run directory asks those failed samples again, and only them
+(the replied ones replay from the store): a problem a failing server left undecided is decided once it answers.
 """
 
 from __future__ import annotations
@@ -251,6 +252,17 @@ def write_card(card: FilterCard, out: Path) -> tuple[Path, Path]:
     return json_path, md_path
 
 
+def with_failed_samples(store: RunStore, wanted: set[str]) -> set[str]:
+    """The problems of ``wanted`` that finished with samples whose call failed: a filter run again solves them again,
+    asking only those samples (their replied ones replay from the store), so a server that failed before can decide
+    them now."""
+    return {
+        pid
+        for pid, _, result in store.result_summaries(wanted)
+        if result.status == "done" and any(c.error for rec in result.iterations for c in rec.candidates)
+    }
+
+
 async def run_filter(
     source: Path,
     run_dir: Path,
@@ -294,7 +306,8 @@ async def run_filter(
         # join the run, and only the ones asked for are sampled, counted and selected from.
         store.add_problems(asked)
         problems = [p for p in store.problems() if p.problem_id in wanted]
-        await run_problems(settings, problems, store, state=RunState(), model=model)
+        again = with_failed_samples(store, wanted)
+        await run_problems(settings, problems, store, state=RunState(), model=model, solve_again=again)
         grades = await grade_run(store, grading, settings, model=model)
         results = [r for r in load_results(store) if r.problem_id in wanted]
     card = build_card(str(source), settings, problems, results, grades, k=k, below=below, n=n, seed=seed)
