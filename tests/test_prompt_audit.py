@@ -34,7 +34,9 @@ from tmas.agents.guideline import guideline_prompt
 from tmas.agents.guideline_judge import StrategyView, judge_prompt
 from tmas.agents.mattrl_review import differential_review_prompt, review_prompt
 from tmas.agents.mattrl_teaching import Case, Turn, plan_prompt, student_prompt, student_reply_prompt, teacher_prompt
+from tmas.agents.overrides import packaged_names
 from tmas.agents.pool_summarizer import summarizer_prompt, teaching_summarizer_prompt
+from tmas.agents.prompt_samples import sample_contexts, sampled_names
 from tmas.agents.rollouts import RolloutView
 from tmas.agents.score_first import score_first_prompt
 from tmas.agents.solution import explore_prompt, generation_prompt, refine_prompt
@@ -320,6 +322,53 @@ def test_data_sits_in_tagged_blocks_ahead_of_the_instructions(builder: Builder) 
         blocks = list(DATA_BLOCK.finditer(user))
         assert blocks and blocks[0].start() == 0, user
         assert all(not user[a.end() : b.start()].strip() for a, b in pairwise(blocks)), user
+
+
+# ---------------------------------------------------------------------------------------------- sample contexts
+def _shape(value: object) -> str:
+    """A value's type, and for a non-empty list or tuple the type of its items."""
+    if isinstance(value, list | tuple) and value:
+        return f"{type(value).__name__}[{_shape(value[0])}]"
+    return type(value).__name__
+
+
+def test_every_packaged_template_renders_with_each_of_its_sample_contexts() -> None:
+    """The contexts an override is checked with (tmas.agents.prompt_samples) fit the packaged templates."""
+    env = templates.packaged_environment()
+    tops = [name for name in packaged_names() if not name.startswith("_")]
+    assert sampled_names() == tops
+    for name in tops:
+        assert sample_contexts(name), name
+        for context in sample_contexts(name):
+            env.get_template(name).render(**context)
+
+
+def test_the_sample_contexts_have_the_variables_and_shapes_the_roles_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What every builder hands its template matches a sample context: the same variables, each value of a shape a
+    sample holds."""
+    passed: list[tuple[str, dict[str, object]]] = []
+    real = templates.render
+
+    def recording(name: str, **variables: object) -> str:
+        passed.append((name, variables))
+        return real(name, **variables)
+
+    monkeypatch.setattr(templates, "render", recording)
+    all_prompts()
+    assert passed
+    for name, variables in passed:
+        samples = sample_contexts(name)
+        if samples == [{}]:  # a template of no variables (a system message) is rendered with the call's variables
+            continue
+        assert all(set(sample) == set(variables) for sample in samples), (name, sorted(variables))
+        for key, value in variables.items():
+            shapes = {_shape(sample[key]) for sample in samples}
+            assert _shape(value) in shapes or (not value and _shape(value) in {s.split("[")[0] for s in shapes}), (
+                name,
+                key,
+                _shape(value),
+                shapes,
+            )
 
 
 # ---------------------------------------------------------------------------------------------- negative controls

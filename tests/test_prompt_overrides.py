@@ -131,3 +131,58 @@ def test_the_prompts_commands(tmp_path: Path) -> None:
     write(tmp_path / "bad", "tmas_verify.j2", "{{ question }}")
     failed = cli.invoke(app, ["prompts", "diff", str(tmp_path / "bad")])
     assert failed.exit_code != 0 and isinstance(failed.exception, ConfigError)
+
+
+HINTS = '{% include "_mattrl_hints.j2" %}'
+# An override reads what its role passes, in the shapes the role passes it; a mistake there used to pass the check and
+# then fail every problem of the run. (file, text replaced, replacement)
+BROKEN = [
+    ("tmas_verify.j2", "{{ question }}", "{{ question.nope }}"),
+    ("tmas_verify.j2", "{{ solution }}", "{{ solution.nope() }}"),
+    ("_tmas_rollouts.j2", "{{ r.summary }}", "{{ r.nope }}"),
+    ("tmas_experience.j2", "{{ max_entries }}", "{{ max_entries|length }}"),
+    ("mattrl_opinion.j2", "{{ member.specialty }}", "{{ member['nope'] }}"),
+    ("tmas_refine.j2", "{{ question }}", "{{ question }} {{ rollouts[7].solution }}"),
+    ("edu_teacher.j2", HINTS, HINTS + " {{ member.specialty }}"),
+]
+
+
+@pytest.mark.parametrize(("name", "old", "new"), BROKEN, ids=[f"{b[0]}:{b[2]}" for b in BROKEN])
+def test_an_override_that_fails_to_render_is_refused_at_start_naming_its_file_and_line(
+    tmp_path: Path, name: str, old: str, new: str
+) -> None:
+    source = packaged_source(name)
+    assert old in source
+    text = source.replace(old, new, 1)
+    line = next(n for n, row in enumerate(text.splitlines(), 1) if new in row)
+    path = write(tmp_path / "mine", name, text)
+    with pytest.raises(ConfigError) as err:
+        check_overrides(tmp_path / "mine")
+    message = str(err.value)
+    assert message.startswith(f"{path}: line {line}: ") and "\n" not in message, message
+
+
+@pytest.mark.parametrize(
+    ("name", "old", "new"),
+    [
+        ("tmas_verify.j2", "{{ question }}", "{{ question.strip() }}"),
+        ("tmas_verify.j2", "{{ solution }}", "{{ solution|trim|replace('\\t', ' ') }}"),
+        ("_tmas_rollouts.j2", "{{ r.summary }}", "{{ r.summary.strip() }} ({{ loop.index }} of {{ rollouts|length }})"),
+        ("edu_teacher.j2", HINTS, HINTS + "{% if member %} {{ member.specialty }}{% endif %}"),
+    ],
+)
+def test_an_override_using_string_methods_and_filters_on_its_data_passes(
+    tmp_path: Path, name: str, old: str, new: str
+) -> None:
+    source = packaged_source(name)
+    assert old in source
+    write(tmp_path / "mine", name, "Read the data below first.\n" + source.replace(old, new, 1))
+    assert [o.name for o in check_overrides(tmp_path / "mine")] == [name]
+
+
+def test_every_packaged_template_passes_the_check_as_its_own_override(tmp_path: Path) -> None:
+    from tmas.agents.overrides import packaged_names
+
+    for name in packaged_names():
+        write(tmp_path / "all", name, packaged_source(name))
+    assert len(check_overrides(tmp_path / "all")) == len(packaged_names())

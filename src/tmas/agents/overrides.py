@@ -3,8 +3,11 @@
 Checked before a run sends anything: every file must be named after a packaged template and use exactly the
 variables its packaged template uses (the data its role renders it with), counting what included templates use,
 so a typo fails at start with one line naming the file and the variable, not in the middle of a run, and no data
-the role hands its template (the problem, the solutions, the banks) is silently left out. A run records each
-override's SHA-256 (store meta ``prompt_overrides``).
+the role hands its template (the problem, the solutions, the banks) is silently left out. Then each override is
+rendered, through every packaged template that uses it, with sample contexts of the shapes its role passes
+(:mod:`tmas.agents.prompt_samples`), so an attribute the data lacks, a method it has not or a wrong index fails at
+start with one line naming the file and its line, not on every problem of a run. A run records each override's
+SHA-256 (store meta ``prompt_overrides``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from pathlib import Path
 import jinja2
 from jinja2 import meta, nodes
 
-from tmas.agents.templates import packaged_environment
+from tmas.agents.prompt_samples import sample_contexts
+from tmas.agents.templates import environment, packaged_environment
 from tmas.errors import ConfigError
 
 SUFFIX = ".j2"
@@ -114,9 +118,7 @@ def check_overrides(prompts_dir: str | Path) -> list[Override]:
     if not folder.is_dir():
         raise ConfigError(f"{folder}: prompts_dir is not a directory")
     known = set(packaged_names())
-    env = jinja2.Environment(
-        loader=jinja2.ChoiceLoader([jinja2.FileSystemLoader(str(folder)), packaged_environment().loader])  # type: ignore[list-item]
-    )
+    env = environment(folder)
     overrides: list[Override] = []
     for path in sorted(folder.glob(f"*{SUFFIX}")):
         name = path.name
@@ -142,7 +144,38 @@ def check_overrides(prompts_dir: str | Path) -> list[Override]:
                 " and so must its override"
             )
         overrides.append(Override(name, path, hashlib.sha256(path.read_bytes()).hexdigest()))
+    for override in overrides:
+        _check_rendering(env, override)
     return overrides
+
+
+def _check_rendering(env: jinja2.Environment, override: Override) -> None:
+    """Render every template that uses ``override`` (itself, or those including it) with its sample contexts."""
+    tops = sorted(_includers(override.name)) if override.name.startswith("_") else [override.name]
+    for top in tops:
+        for context in sample_contexts(top):
+            try:
+                env.get_template(top).render(**context)
+            except jinja2.TemplateSyntaxError as exc:
+                raise ConfigError(f"{exc.filename or override.path}: line {exc.lineno}: {exc.message}") from None
+            except Exception as exc:  # any error of the template code is the override's mistake
+                where, line = _template_line(exc)
+                raise ConfigError(
+                    f"{where or override.path}: line {line or '?'}: {type(exc).__name__}: {exc}"
+                    f" (rendering {top} with sample data of the shapes a run passes)"
+                ) from None
+
+
+def _template_line(exc: BaseException) -> tuple[str | None, int | None]:
+    """The template file and line where ``exc`` was raised: Jinja rewrites a rendering error's traceback so that
+    the frames of template code carry the template's file name and line; the innermost one is the culprit."""
+    where: tuple[str | None, int | None] = (None, None)
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith(SUFFIX):
+            where = (tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+        tb = tb.tb_next
+    return where
 
 
 def _listed(names: frozenset[str]) -> str:

@@ -42,11 +42,16 @@ def packaged_environment() -> jinja2.Environment:
     return jinja2.Environment(loader=jinja2.PackageLoader("tmas.agents", "prompts"), **_OPTIONS)
 
 
+def environment(prompts_dir: str | Path) -> jinja2.Environment:
+    """A new environment in which a template in ``prompts_dir`` replaces the packaged one of the same name, includes
+    as well as top-level ones (rendering as a run does)."""
+    loader = jinja2.ChoiceLoader([jinja2.FileSystemLoader(str(prompts_dir)), packaged_environment().loader])  # type: ignore[list-item]
+    return jinja2.Environment(loader=loader, **_OPTIONS)
+
+
 @lru_cache(maxsize=8)
 def _overridden_environment(prompts_dir: str) -> jinja2.Environment:
-    # A template in prompts_dir replaces the packaged one of the same name, includes as well as top-level ones.
-    loader = jinja2.ChoiceLoader([jinja2.FileSystemLoader(prompts_dir), packaged_environment().loader])  # type: ignore[list-item]
-    return jinja2.Environment(loader=loader, **_OPTIONS)
+    return environment(prompts_dir)
 
 
 # The environment of the run in progress: a context variable, so concurrent runs in one process (tmas serve) and
