@@ -110,6 +110,19 @@ async def test_a_bad_override_stops_a_run_before_its_directory_exists(tmp_path: 
     assert not (tmp_path / "run").exists() and model.calls == []
 
 
+async def test_an_override_reading_a_missing_attribute_stops_a_run_before_any_call(tmp_path: Path) -> None:
+    # It used to pass the check, then fail the first verifier call of every problem with an UndefinedError.
+    text = packaged_source("tmas_verify.j2").replace("{{ solution }}", "{{ solution.text }}", 1)
+    path = write(tmp_path / "mine", "tmas_verify.j2", text)
+    line = next(n for n, row in enumerate(text.splitlines(), 1) if "{{ solution.text }}" in row)
+    params = {"n": 1, "m": 1, "iterations": 1}
+    settings = scripted_settings(method={"name": "tmas", "params": params}, prompts_dir=str(tmp_path / "mine"))
+    model = ScriptedModel(SimScript(), settings)
+    with pytest.raises(ConfigError, match=f"^{path}: line {line}: UndefinedError: .*'text'"):
+        await asolve("What is 17*23?", model=model, run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists() and model.calls == []
+
+
 def test_prompts_dir_from_the_config_file_and_the_environment(tmp_path: Path) -> None:
     config = write(tmp_path, "tmas.toml", 'prompts_dir = "my-prompts"\n')
     assert load_settings(config, environ={}).prompts_dir == "my-prompts"
