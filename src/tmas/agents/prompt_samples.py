@@ -14,7 +14,7 @@ from typing import Any
 from tmas.agents.guideline_judge import StrategyView
 from tmas.agents.mattrl_teaching import Turn
 from tmas.agents.rollouts import RolloutView
-from tmas.agents.summary import _VerificationView
+from tmas.agents.summary import VerificationView
 from tmas.agents.utterance_judge import DialogueTurn, RoundView, TurnView
 from tmas.memory.experience_bank import ExperienceBank, ExperienceEntry
 from tmas.memory.guideline_bank import GuidelineBank, Strategy
@@ -81,7 +81,7 @@ def _contexts() -> dict[str, list[Context]]:
                 **q,
                 "solution": TEXT,
                 "max_words": 200,
-                "verifications": [_VerificationView(feedback=TEXT, score_text="1")],
+                "verifications": [VerificationView(feedback=TEXT, score_text="1")],
             }
         ],
         "tmas_experience.j2": [{**q, "rollouts": rollouts, "bank": bank, "max_entries": 35}],

@@ -28,7 +28,7 @@ class Summary(BaseModel):
     structured: bool = False
 
 
-class _VerificationView(BaseModel):
+class VerificationView(BaseModel):
     feedback: str
     score_text: str
 
@@ -50,7 +50,7 @@ def summary_prompt(
     question: str, solution: str, verifications: list[Verification], *, max_tokens: int | None = None
 ) -> list[Message]:
     views = [
-        _VerificationView(feedback=v.feedback, score_text="unreadable" if v.score is None else score_text(v.score))
+        VerificationView(feedback=v.feedback, score_text="unreadable" if v.score is None else score_text(v.score))
         for v in verifications
     ]
     return prompt(
