@@ -58,7 +58,7 @@ class ProxyThread:
 
     def __init__(self, settings: Settings, options: ServeOptions, *, start_s: float = 20.0) -> None:
         """``start_s``: how long it may take to answer ``/health`` (a model loaded in process takes longer)."""
-        options.port = 0  # the kernel picks a free port as the server binds it; ``url`` names it once started
+        options.port = 0  # the kernel picks a free port as it binds; ``url`` and ``options.port`` name it once started
         self.options = options
         self.start_s = start_s
         self.url = ""
@@ -84,7 +84,7 @@ class ProxyThread:
             port = _bound_port(self._server)
             if port is None:
                 return False
-            self.url = f"http://127.0.0.1:{port}"
+            self.url, self.options.port = f"http://127.0.0.1:{port}", port
             return _answers(f"{self.url}/health")
 
         wait_until(up, self.start_s, what="the proxy to start")
