@@ -1178,3 +1178,82 @@ def test_in_chromium_a_long_solutions_raw_text_and_the_record_are_fetched_when_s
         pre = browser.find_element(By.CSS_SELECTOR, "#record pre")
         wait_until(lambda: pre.get_attribute("textContent").endswith("}"), timeout=15, what="the record")
     assert json.loads(pre.get_attribute("textContent")) == record.model_dump(mode="json")
+
+
+def _long_call(run_dir: Path, tokens: int = 30_000) -> tuple[int, Completion, list[dict[str, str]], ProblemResult]:
+    """One thinking-model call of a ``tokens``-token reply and as much reasoning, with markup that must stay text in
+    the reply, the reasoning and the prompt; and the problem's result returning that reply."""
+    from tmas.testing.long_replies import corpus
+
+    text = corpus(2 * tokens + 1, 0.78)
+    hostile = "</pre><script>alert(1)</script> & "
+    reply = hostile + text.text[text.starts[0] : text.ends[tokens - 1]] + "\n\nSo $\\boxed{391}$."
+    reasoning = hostile + text.text[text.starts[tokens] : text.ends[2 * tokens - 1]]
+    messages = [
+        {"role": "system", "content": "Solve the problem. " + hostile},
+        {"role": "user", "content": "What is 17*23?"},
+    ]
+    key = CallKey(problem_id="mult", iteration=0, role="solution", sample=0)
+    request = ChatRequest(model="m", messages=messages, sampling=Sampling())
+    usage = Usage(prompt_tokens=20, completion_tokens=2 * tokens, reasoning_tokens=tokens)
+    completion = Completion(key=key, content=reply, reasoning=reasoning, finish_reason="stop", usage=usage)
+    result = ProblemResult(problem_id="mult", method="cot", answer="391", text=reply)
+    with RunStore(run_dir) as store:
+        store.add_problems(PROBLEMS[:1])
+        call_id = store.record_call(completion, request)
+        store.save_result(result)
+    return call_id, completion, messages, result
+
+
+def test_a_call_of_a_long_reply_and_reasoning_carries_each_text_once_and_serves_each_as_plain_text(
+    tmp_path: Path,
+) -> None:
+    """A call of a 30K-token reply and 30K tokens of reasoning: the page holds the reply once (rendered) and leaves
+    the reasoning to its fold; the reply, the reasoning, each prompt message and the problem's returned solution are
+    served as they are, as plain text."""
+    run_dir = tmp_path / "run"
+    call_id, call, messages, result = _long_call(run_dir)
+    with AppThread(view_app([run_dir], warm_up=False)) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        base = f"{viewer.url}/run/{ref.key}"
+        status, page = get(f"{base}/call/{call_id}")
+        problem_status, problem_page = get(f"{base}/problem?id=mult")
+        texts = {
+            "content": _fetch(f"{base}/call/{call_id}/content"),
+            "reasoning": _fetch(f"{base}/call/{call_id}/reasoning"),
+            "message 0": _fetch(f"{base}/call/{call_id}/message/0"),
+            "message 1": _fetch(f"{base}/call/{call_id}/message/1"),
+            "solution": _fetch(f"{base}/problem/solution?id=mult"),
+        }
+        bad = [
+            _fetch(f"{base}/call/{call_id + 1}/content")[0],
+            _fetch(f"{base}/call/{2**64}/reasoning")[0],
+            _fetch(f"{base}/call/{call_id}/message/2")[0],
+            _fetch(f"{base}/call/x/content")[0],
+            _fetch(f"{base}/problem/solution?id=square")[0],
+            _fetch(f"{base}/problem/solution?id=nope")[0],
+        ]
+    html, problem_html = page.decode(), problem_page.decode()
+    reply = len(call.content.encode())
+    assert status == 200 and len(page) < 1.3 * reply, (len(page), reply, len(call.reasoning.encode()))
+    assert problem_status == 200 and len(problem_page) < 1.3 * reply, (len(problem_page), reply)
+    assert call.content[50_000:50_200] in html and call.content[50_000:50_200] in problem_html
+    assert call.reasoning[50_000:50_200] not in html
+    for name in ("content", "reasoning", "message/0", "message/1"):
+        assert f'href="/run/{ref.key}/call/{call_id}/{name}"' in html, name
+    assert f'href="/run/{ref.key}/problem/solution?id=mult"' in problem_html
+    for markup in (html, problem_html):
+        assert "<script>alert(1)" not in markup and "&lt;/pre&gt;&lt;script&gt;alert(1)" in markup
+    expected = {
+        "content": call.content,
+        "reasoning": call.reasoning,
+        "message 0": messages[0]["content"],
+        "message 1": messages[1]["content"],
+        "solution": result.text,
+    }
+    for name, (code, headers, body) in texts.items():
+        assert code == 200 and body.decode() == expected[name], name
+        assert headers["content-type"] == "text/plain; charset=utf-8", name
+        assert headers["x-content-type-options"] == "nosniff", name
+    assert bad == [404, 404, 404, 404, 404, 404]

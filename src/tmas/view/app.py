@@ -32,7 +32,7 @@ from tmas.view.compare import compare_runs, parse_budgets
 from tmas.view.credits import load_credits
 from tmas.view.host_check import HostCheck
 from tmas.view.live_grades import LiveGrades
-from tmas.view.mathtext import answer, rich
+from tmas.view.mathtext import INLINE_RAW_CHARS, answer, rich
 from tmas.view.runs import RunReader, RunRef, discover, verdict
 
 # How often (ms) an open page asks whether its run changed.
@@ -60,6 +60,7 @@ def _environment() -> jinja2.Environment:
     env.filters["rich"] = rich
     env.filters["answer"] = answer
     env.globals["poll_ms"] = POLL_MS
+    env.globals["inline_chars"] = INLINE_RAW_CHARS
     return env
 
 
@@ -84,10 +85,14 @@ class Viewer:
                 Route("/run/{key}/chart/{x}.png", _threaded(self.chart)),
                 Route("/run/{key}/where-lost", _threaded(self.where_lost)),
                 Route("/run/{key}/problem", _threaded(self.problem)),
+                Route("/run/{key}/problem/solution", _threaded(self.solution_text)),
                 Route("/run/{key}/iteration", _threaded(self.iteration)),
                 Route("/run/{key}/iteration/record.json", _threaded(self.iteration_json)),
                 Route("/run/{key}/iteration/text", _threaded(self.candidate_text)),
                 Route("/run/{key}/call/{call_id:int}", _threaded(self.call)),
+                Route("/run/{key}/call/{call_id:int}/content", _threaded(self.call_text)),
+                Route("/run/{key}/call/{call_id:int}/reasoning", _threaded(self.call_text)),
+                Route("/run/{key}/call/{call_id:int}/message/{index:int}", _threaded(self.call_message)),
             ],
             exception_handlers={HTTPException: self._error, **dict.fromkeys(UNREADABLE, self._unreadable)},
             lifespan=self._lifespan,
@@ -222,10 +227,17 @@ class Viewer:
             raise HTTPException(404, f"iteration {record.iteration} has no candidate {index}")
         return PlainTextResponse(candidate.text, headers=PLAIN_HEADERS)
 
+    def solution_text(self, request: Request) -> Response:
+        """The solution a problem returned, as plain text (the problem page's *raw text* of a long one)."""
+        pid = request.query_params.get("id", "")
+        with self._open(request) as run:
+            result = run.store.result(pid)
+        if result is None or not result.text:
+            raise HTTPException(404, f"problem {pid!r} returned no solution")
+        return PlainTextResponse(result.text, headers=PLAIN_HEADERS)
+
     def call(self, request: Request) -> Response:
-        call_id = int(request.path_params["call_id"])
-        if call_id >= 2**63:  # past SQLite's integers: no such call
-            raise HTTPException(404, f"no call {call_id} in this run")
+        call_id = _call_id(request)
         with self._open(request) as run:
             call = run.store.call(call_id)
             if call is None:
@@ -237,6 +249,28 @@ class Viewer:
                 messages=run.store.call_messages(call_id),
                 sampling=run.store.call_sampling(call_id),
             )
+
+    def call_text(self, request: Request) -> Response:
+        """A call's reply or reasoning as the model wrote it, as plain text (``/content``, ``/reasoning``)."""
+        call_id = _call_id(request)
+        with self._open(request) as run:
+            call = run.store.call(call_id)
+        if call is None:
+            raise HTTPException(404, f"no call {call_id} in this run")
+        text = call.reasoning if request.url.path.endswith("/reasoning") else call.content
+        return PlainTextResponse(text, headers=PLAIN_HEADERS)
+
+    def call_message(self, request: Request) -> Response:
+        """One message of a call's prompt, as plain text."""
+        call_id = _call_id(request)
+        index = int(request.path_params["index"])
+        with self._open(request) as run:
+            if run.store.call(call_id) is None:
+                raise HTTPException(404, f"no call {call_id} in this run")
+            messages = run.store.call_messages(call_id)
+        if index >= len(messages):
+            raise HTTPException(404, f"call {call_id} has no message {index} (it has {len(messages)})")
+        return PlainTextResponse(messages[index]["content"], headers=PLAIN_HEADERS)
 
     def marker(self, request: Request) -> Response:
         with self._open(request) as run:
@@ -360,6 +394,14 @@ def _threaded(page: Callable[[Request], Response]) -> Callable[[Request], Awaita
         return await run_in_threadpool(page, request)
 
     return endpoint
+
+
+def _call_id(request: Request) -> int:
+    """The call a request's address names; past SQLite's integers, no such call."""
+    call_id = int(request.path_params["call_id"])
+    if call_id >= 2**63:
+        raise HTTPException(404, f"no call {call_id} in this run")
+    return call_id
 
 
 def _iteration_query(request: Request) -> tuple[str, int]:
