@@ -1257,3 +1257,26 @@ def test_a_call_of_a_long_reply_and_reasoning_carries_each_text_once_and_serves_
         assert headers["content-type"] == "text/plain; charset=utf-8", name
         assert headers["x-content-type-options"] == "nosniff", name
     assert bad == [404, 404, 404, 404, 404, 404]
+
+
+@pytest.mark.slow
+def test_in_chromium_a_calls_long_reasoning_and_raw_reply_are_fetched_when_shown(tmp_path: Path, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    run_dir = tmp_path / "run"
+    call_id, call, _, _ = _long_call(run_dir, tokens=3_000)
+    with AppThread(view_app([run_dir], warm_up=False)) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        browser.get(f"{viewer.url}/run/{ref.key}/call/{call_id}")
+        reasoning = browser.find_element(By.CSS_SELECTOR, "#reasoning pre")
+        raw = browser.find_element(By.CSS_SELECTOR, "#reply pre.raw")
+        assert reasoning.get_attribute("textContent") == raw.get_attribute("textContent") == ""
+        browser.execute_script("document.getElementById('reasoning').open = true")
+        wait_until(lambda: reasoning.get_attribute("textContent") == call.reasoning, timeout=15, what="the reasoning")
+        assert raw.get_attribute("textContent") == ""  # raw text off: not fetched
+        browser.find_element(By.ID, "raw-text").click()
+        wait_until(lambda: raw.get_attribute("textContent") == call.content, timeout=15, what="the raw reply")
+        # The markup in both stayed text: no element made of it.
+        assert raw.is_displayed() and call.content.startswith("</pre><script>")
+        assert browser.find_elements(By.CSS_SELECTOR, "#request script, #reply script") == []
