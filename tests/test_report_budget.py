@@ -55,16 +55,45 @@ async def test_the_report_shows_budget_and_spend_side_by_side(tmp_path: Path) ->
     # too (260 < 300), and 390 stops it: 390 spent, 3 calls.
     total = scripted_settings(method=one_a_time, budget={"tokens": 300, "count": "total"})
     await scripted_run(ScriptedModel(THIRTY, total), tmp_path / "total", problems)
+    # Two iterations of one sample under the same 100: 60 spent, the iterations end first; 60% of the budget.
+    short = scripted_settings(method={"name": "majority", "params": {"k": 1, "iterations": 2}}, budget={"tokens": 100})
+    await scripted_run(ScriptedModel(THIRTY, short), tmp_path / "short", problems)
     free = scripted_settings(method={"name": "cot", "params": {}})
     await scripted_run(ScriptedModel(THIRTY, free), tmp_path / "free", problems)
 
-    runs = [tmp_path / "budgeted", tmp_path / "total", tmp_path / "free"]
+    runs = [tmp_path / "budgeted", tmp_path / "total", tmp_path / "short", tmp_path / "free"]
     await build_report(runs, tmp_path / "report", GradeConfig(mode="rules"), None)
     markdown = (tmp_path / "report" / "report.md").read_text()
     assert table_rows(markdown, "Budget and spend per problem") == [
-        ["majority [sim-model] <budgeted>", "100 completion tokens", "120 tokens", "120 tokens", "2 of 2"],
-        ["majority [sim-model] <total>", "300 total tokens", "390 tokens", "390 tokens", "2 of 2"],
+        [
+            "majority [sim-model] (iterations=50) <budgeted>",
+            "100 completion tokens",
+            "120 tokens",
+            "120 tokens",
+            "2 of 2",
+            "0 of 2",
+        ],
+        [
+            "majority [sim-model] (iterations=50) <total>",
+            "300 total tokens",
+            "390 tokens",
+            "390 tokens",
+            "2 of 2",
+            "0 of 2",
+        ],
+        [
+            "majority [sim-model] (iterations=2) <short>",
+            "100 completion tokens",
+            "60 tokens",
+            "60 tokens",
+            "0 of 2",
+            "2 of 2 (60%)",
+        ],
     ]
+    assert (
+        "Not at the budget: majority [sim-model] (iterations=2) <short>. Problems that ended under the budget"
+        in markdown
+    )
     cost = table_rows(markdown, "### Cost")
     header = markdown[markdown.index("### Cost") :].splitlines()
     assert any("Completion tokens/problem | Prompt + completion tokens/problem" in line for line in header[:6])

@@ -1,7 +1,9 @@
 """The report's budget table: each run's budget per problem beside what its problems spent, counted as the budget
 counts (completion tokens, or prompt + completion with ``budget.count = "total"``; calls), so an equal-budget
 comparison shows whether it was one. A token budget is kept to within one call's tokens (a call waits while the calls
-in flight could spend what is left: ``ProblemSession._admit``); the table shows the most any problem went past it."""
+in flight could spend what is left: ``ProblemSession._admit``); the table shows the most any problem went past it, and
+how many problems ended under the budget without being stopped by it (their method ran out of iterations or stopped by
+its own rule first), with the share of the budget they spent: such a run was not at the budget it is labelled with."""
 
 from __future__ import annotations
 
@@ -26,6 +28,9 @@ class BudgetSpend:
     calls: list[int]
     # Problems the budget stopped (``stopped_reason = "budget"``).
     stopped: int
+    # Per problem that ended done without the budget stopping it: its spend as a share of the budget (tokens where
+    # the budget has a token limit, else calls).
+    under: list[float]
 
     @property
     def limit(self) -> str:
@@ -48,11 +53,17 @@ def budget_spend(settings: Mapping[str, Any] | None, results: Sequence[ProblemRe
     if not budget.limited:
         return None
     finished = [r for r in results if not r.in_progress]
+    ended = [r for r in finished if r.status == "done" and r.stopped_reason != BUDGET_STOP]
+    if budget.tokens is not None:
+        under = [budget.spent(r.usage) / budget.tokens for r in ended]
+    else:
+        under = [r.calls / (budget.calls or 1) for r in ended]
     return BudgetSpend(
         budget,
         [budget.spent(r.usage) for r in finished],
         [r.calls for r in finished],
         sum(r.stopped_reason == BUDGET_STOP for r in finished),
+        under,
     )
 
 
@@ -65,9 +76,10 @@ class BudgetRun(Protocol):
 
 def budget_section(doc: Document, runs: Sequence[BudgetRun]) -> None:
     """The budget table of ``runs`` (one benchmark); nothing when no run had a budget."""
-    rows = [_row(e.label, e.budget) for e in runs if e.budget is not None]
-    if not rows:
+    spends = [(e.label, e.budget) for e in runs if e.budget is not None]
+    if not spends:
         return
+    rows = [_row(label, spend) for label, spend in spends]
     doc.add(Heading(3, "Budget and spend per problem"))
     doc.add(
         Paragraph(
@@ -76,8 +88,26 @@ def budget_section(doc: Document, runs: Sequence[BudgetRun]) -> None:
             "at its first call once the budget is spent; a token budget is passed by one call's tokens at most."
         )
     )
-    headers = ["Method", "Budget per problem", "Spent per problem (mean)", "Most a problem spent", "Stopped by it"]
+    headers = [
+        "Method",
+        "Budget per problem",
+        "Spent per problem (mean)",
+        "Most a problem spent",
+        "Stopped by it",
+        "Ended under it (share spent)",
+    ]
     doc.add(Table(headers, rows))
+    short = [label for label, spend in spends if spend.under]
+    if short:
+        doc.add(
+            Paragraph(
+                f"Not at the budget: {', '.join(short)}. Problems that ended under the budget without being stopped "
+                "by it finished their method's iterations (or its own stopping rule ended them) first, at the share "
+                "of the budget shown: the run did not spend the budget it is labelled with, so it is no equal-budget "
+                "point. A method of more iterations reaches the budget with more of them (a larger iterations); one "
+                "of a single call (cot) cannot."
+            )
+        )
 
 
 def _row(label: str, spend: BudgetSpend) -> list[str]:
@@ -88,4 +118,8 @@ def _row(label: str, spend: BudgetSpend) -> list[str]:
         figures.append((spend.calls, "calls"))
     mean = ", ".join(f"{sum(v) / len(v):,.0f} {unit}" if v else "-" for v, unit in figures)
     most = ", ".join(f"{max(v):,} {unit}" if v else "-" for v, unit in figures)
-    return [label, spend.limit, mean, most, f"{spend.stopped} of {len(spend.tokens)}"]
+    finished = len(spend.tokens)
+    under = f"{len(spend.under)} of {finished}"
+    if spend.under:
+        under += f" ({sum(spend.under) / len(spend.under):.0%})"
+    return [label, spend.limit, mean, most, f"{spend.stopped} of {finished}", under]
