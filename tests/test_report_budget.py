@@ -14,7 +14,9 @@ from tmas.config import Sampling
 from tmas.grading.grades import GradeConfig
 from tmas.llm.types import CallKey, ChatRequest, Completion, Usage, user
 from tmas.problems import Problem
+from tmas.reports.budget_table import budget_spend
 from tmas.reports.report import build_report
+from tmas.store.records import ProblemResult
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, ScriptedUsage, SimScript
 
@@ -136,3 +138,19 @@ async def test_the_cost_table_counts_the_judge_calls_apart(tmp_path: Path) -> No
     [row] = table_rows((tmp_path / "report" / "report.md").read_text(), "### Cost")
     # The method's 2 calls of 100 + 30 tokens; the judge's 2 calls and their 40 + 5 + 30 tokens apart.
     assert (row[1], row[3], row[5], row[9], row[10]) == ("2", "200", "60", "2", "75")
+
+
+def test_under_the_budget_counts_a_pooled_problems_draws_and_a_call_budget() -> None:
+    def result(pid: str, completion: int, calls: int, drawn: int = 0, stopped: str | None = None) -> ProblemResult:
+        usage = Usage(completion_tokens=completion)
+        return ProblemResult(
+            problem_id=pid, method="majority", calls=calls, usage=usage, budget_drawn=drawn, stopped_reason=stopped
+        )
+
+    # A pooled 100: p1 settled at 40 (40%), p2 drew 50 and ended at 120 of its 150 (80%), p3 was stopped by it.
+    pooled = {"budget": {"tokens": 100, "pool": True}}
+    spend = budget_spend(pooled, [result("p1", 40, 2), result("p2", 120, 5, 50), result("p3", 130, 6, 30, "budget")])
+    assert spend is not None and spend.under == [0.4, 0.8] and spend.stopped == 1
+    # A budget of 4 calls: p1 ended after 1 call (25%), p2 sent its 4 without being stopped: at the budget.
+    spend = budget_spend({"budget": {"calls": 4}}, [result("p1", 10, 1), result("p2", 40, 4)])
+    assert spend is not None and spend.under == [0.25]

@@ -55,9 +55,11 @@ def budget_spend(settings: Mapping[str, Any] | None, results: Sequence[ProblemRe
     finished = [r for r in results if not r.in_progress]
     ended = [r for r in finished if r.status == "done" and r.stopped_reason != BUDGET_STOP]
     if budget.tokens is not None:
-        under = [budget.spent(r.usage) / budget.tokens for r in ended]
+        # A pooled budget's problem may have drawn from the pool past its own share: its limit is share and draws.
+        limits = [(budget.spent(r.usage), budget.tokens + r.budget_drawn) for r in ended]
+        under = [spent / limit for spent, limit in limits if spent < limit]
     else:
-        under = [r.calls / (budget.calls or 1) for r in ended]
+        under = [r.calls / (budget.calls or 1) for r in ended if r.calls < (budget.calls or 1)]
     return BudgetSpend(
         budget,
         [budget.spent(r.usage) for r in finished],
