@@ -233,7 +233,7 @@ class LLMClient:
             if pinned is not None and pinned.avoided and self._routes.ready_elsewhere(route, pinned, shunned):
                 pin = None  # its replica is out of routing (down, refusing, loading): the others serve the call
             replica = route.replicas[pin[0]] if pin else self._routes.pick(route, request.messages, key, shunned)
-            replica.load += 1
+            replica.load += n  # the sequences it generates: a request with n choices weighs n
             timing = Timing()
             body: dict[str, Any] = {}
             try:
@@ -297,7 +297,7 @@ class LLMClient:
                 self.stats.retried(failure.cause)
                 await asyncio.sleep(delay)
             finally:
-                replica.load -= 1
+                replica.load -= n
         last = _unreachable(route, key.role, attempts)
         message = str(last) if not last.retry else f"gave up after {attempts.count} attempts: {last}"
         failed = Completion(
