@@ -11,7 +11,7 @@ import pytest
 
 from conftest import eventually, settings_for
 from tmas.llm.client import LLMClient
-from tmas.llm.model import ClientStats
+from tmas.llm.model import ClientStats, EndpointUnreachable
 from tmas.llm.replica import Replica
 from tmas.llm.types import Completion, user
 from tmas.llm.vitals import load_counters, prometheus_counters
@@ -213,6 +213,38 @@ async def test_a_replica_that_takes_no_new_connection_while_it_finishes_a_stream
     assert {c.endpoint for c in meanwhile} == {good.base_url}
     assert stats.retries_by_cause == {"connect": 1}
     assert leaving.stats().completed == 2
+
+
+async def test_a_refused_connection_sends_the_call_to_another_replica_without_spending_an_attempt() -> None:
+    # One attempt per call: the first call (and the first embedding) goes to the second of two idle replicas, which
+    # takes no connection. Nothing was generated there, so the call goes at once to the first, costing no attempt,
+    # instead of failing as an unreachable endpoint while a replica serves.
+    with SimServer(SimScript()) as good, SimServer(SimScript()) as gone:
+        await asyncio.to_thread(gone.stop_listening)
+        stats = ClientStats()
+        settings = settings_for(good, gone, retry__max_attempts=1, endpoint__batch_samples="off")
+        async with asyncio.timeout(60), LLMClient(settings, stats=stats) as llm:
+            done = [await llm.chat("solution", [user(f"What is {i}*5?")]) for i in range(3)]
+        async with asyncio.timeout(60), LLMClient(settings) as llm:
+            embedded = await llm.embed(["one", "two"])
+        served = good.stats()
+    assert all(c.ok for c in done), [c.error for c in done]
+    assert [c.retry_causes for c in done] == [["connect"], [], []]
+    assert [c.attempts for c in done] == [1, 1, 1] and {c.endpoint for c in done} == {good.base_url}
+    assert stats.retries_by_cause == {"connect": 1}
+    assert len(embedded) == 2 and served.completed == 4  # the 3 chat calls and the embedding
+
+
+async def test_a_call_every_replica_refuses_is_unreachable() -> None:
+    with SimServer(SimScript()) as first, SimServer(SimScript()) as second:
+        for server in (first, second):
+            await asyncio.to_thread(server.stop_listening)
+        settings = settings_for(first, second, retry__max_attempts=1, endpoint__batch_samples="off")
+        async with asyncio.timeout(60), LLMClient(settings) as llm:
+            with pytest.raises(EndpointUnreachable, match="unreachable for role 'solution'"):
+                await llm.chat("solution", [user("What is 2*5?")])
+            with pytest.raises(EndpointUnreachable, match="unreachable for role 'embedding'"):
+                await llm.embed(["one"])
 
 
 # ------------------------------------------------------------------------------------------------ the readings

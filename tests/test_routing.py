@@ -24,7 +24,7 @@ from tmas.llm.lanes import affinity_key, call_affinity
 from tmas.llm.routing import PrefixRouter, prompt_blocks
 from tmas.llm.types import CallKey, ChainKey, ChatRequest, Message, user
 from tmas.problems import Problem
-from tmas.runner import RunSummary, prepare_run, run_problems
+from tmas.runner import RunSummary, Unreachable, prepare_run, run_problems
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, SimScript, SimServer
 
@@ -400,3 +400,30 @@ async def test_a_request_of_n_samples_weighs_n_in_the_replica_s_load(routing: st
     assert all(c.ok for c in done), [c.error for c in done]
     assert sorted(len([r for r in s.requests if r.endpoint == "chat"]) for s in servers) == [1, 8]
     assert [sequences(s) for s in servers] == [8, 8]
+
+
+def test_a_run_with_one_replica_gone_finishes_on_the_other_and_ends_only_when_every_one_is_gone(
+    tmp_path: Path,
+) -> None:
+    # One attempt per call. The second replica takes no connection: its calls go to the first and the run finishes,
+    # nothing failed. Then the first goes too: a resumed run with a problem left ends as unreachable, and the
+    # problem the first run finished is kept.
+    run_dir = tmp_path / "run"
+    with SimServer(SimScript()) as good, SimServer(SimScript()) as gone:
+        gone.stop_listening()
+        settings = settings_for(good, gone, method={"name": "cot"}, retry__max_attempts=1, problems_in_flight=2)
+        todo = [Problem(problem_id=f"q{i}", question=f"What is {i + 2}*{i + 5}?") for i in range(2)]
+        store, settings, stored = prepare_run(run_dir, settings, todo, resume=False)
+        with store:
+            summary = asyncio.run(run_problems(settings, stored, store))
+        assert summary.done == 2 and summary.failed_calls == 0
+        assert good.stats().completed == 2
+        with sqlite3.connect(run_dir / "run.sqlite") as db:
+            db.execute("DELETE FROM results WHERE problem_id = 'q1'")
+            db.execute("DELETE FROM calls WHERE problem_id = 'q1'")
+        good.stop_listening()
+        store, settings, stored = prepare_run(run_dir, settings, None, resume=True)
+        with store, pytest.raises(Unreachable, match=r"unreachable for role 'solution'.*finished work is kept"):
+            asyncio.run(run_problems(settings, stored, store))
+    with RunStore(run_dir, create=False) as store:
+        assert [r.problem_id for r in store.results()] == ["q0"]

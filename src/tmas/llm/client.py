@@ -181,6 +181,7 @@ class LLMClient:
         own = self.settings.roles.get(role)
         body = {**(own.sampling.extra_body if own is not None else {}), "model": route.model, "input": list(texts)}
         attempts = self.policy.attempts()
+        refused: set[str] = set()
         while True:
             attempts.begin()
             self._recheck(route)
@@ -191,6 +192,8 @@ class LLMClient:
                 self.stats.embedding_calls += 1
                 return vectors(data, len(texts))
             except Failure as failure:
+                if self._moved_on(route, replica, failure, attempts, refused):
+                    continue
                 if (delay := attempts.after(failure)) is None:
                     break
                 self.stats.retried(failure.cause)
@@ -226,6 +229,8 @@ class LLMClient:
         # its retries go to another while one is left, even where such a replica is back in routing by then (its
         # prompt's prefix would draw the call back to it, to the end of the queue it left).
         shunned: frozenset[str] = frozenset()
+        # Replicas that refused this call's connection: each moves it on to another at most once (see _moved_on).
+        refused: set[str] = set()
         while True:
             attempts.begin()
             self._recheck(route)
@@ -287,6 +292,8 @@ class LLMClient:
                     failure.args = (f"{failure} (refused again after max_tokens was lowered {shrinks.done} times)",)
                 if failure.connect or replica.avoided:
                     pin = None  # its replica is down: the retries go wherever the others can serve
+                if self._moved_on(route, replica, failure, attempts, refused, shunned):
+                    continue
                 if failure.cause in MOVE_ON:
                     shunned |= {replica.url}
                 if failure.cause == "http_503":
@@ -352,6 +359,26 @@ class LLMClient:
         replica.vitals.progressed()
         replica.back(timing.sent_at)
         return data
+
+    def _moved_on(
+        self,
+        route: Route,
+        replica: Replica,
+        failure: Failure,
+        attempts: Attempts,
+        refused: set[str],
+        shunned: frozenset[str] = frozenset(),
+    ) -> bool:
+        """Whether a call whose connection ``replica`` refused goes at once to another replica in routing, costing no
+        attempt: no server listened there, so nothing was generated, and a call that could reach another replica must
+        not count as unreachable (with ``retry.max_attempts = 1`` it would end the run). Once per replica and call, so
+        a call that every replica refuses spends its attempts as before and then ends the run."""
+        if not failure.connect or replica.url in refused or not self._routes.ready_elsewhere(route, replica, shunned):
+            return False
+        refused.add(replica.url)
+        attempts.again_at_once(failure.cause)
+        self.stats.retried(failure.cause)
+        return True
 
     def _ready_elsewhere(self, route: Route, replica: Replica, shunned: frozenset[str]) -> bool:
         """Whether a call on ``replica`` may go to another replica in routing (tmas.llm.routes.Routes.ready_elsewhere).

@@ -4,7 +4,8 @@ A failure the request itself caused is final. One the server or the network caus
 (exponential, full jitter, at least the server's Retry-After), up to ``retry.max_attempts`` attempts; an engine
 fault reported with a client status (:data:`ONCE_PER_CALL`) only once, since a second one is more likely the
 request's. A call that adapts to a refusal (a field left out, a smaller max_tokens) goes again at once without costing
-an attempt. Every retry is counted by its cause.
+an attempt, and so does one whose connection a replica refused while another replica answers (it goes there:
+tmas.llm.client.LLMClient._moved_on). Every retry is counted by its cause.
 """
 
 from __future__ import annotations
