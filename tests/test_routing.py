@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from conftest import eventually, settings_for
+from conftest import settings_for
 from tmas.config import Sampling, load_settings
 from tmas.errors import ConfigError
 from tmas.llm.client import LLMClient
@@ -363,43 +363,6 @@ def test_no_session_header_unless_configured(sim: SimServer) -> None:
     [request] = sim.requests
     assert request.headers["x-tmas-problem"] == "q0"
     assert not {"x-session-id", "x-smg-routing-key"} & set(request.headers)
-
-
-def sequences(server: SimServer) -> int:
-    """The sequences a server was asked to generate: each chat request's ``n`` (1 where it sent none)."""
-    return sum(int(r.body.get("n", 1)) for r in server.requests if r.endpoint == "chat")
-
-
-VLLM_HELD = SimScript(persona="vllm", hold_after=0)
-
-
-@pytest.mark.parametrize("routing", ["cache", "load"])
-async def test_a_request_of_n_samples_weighs_n_in_the_replica_s_load(routing: str) -> None:
-    # Both servers hold every chat request at their gate, so all the calls are in flight together. Eight alike
-    # samples go as one request with n = 8 to one replica; then eight distinct single calls are routed. Counted as one
-    # call, the batch left its replica looking nearly idle, and it received about half the singles on top of its 8
-    # sequences (12 against 4); counted as its 8 sequences, the singles go to the other replica until it is as loaded.
-    with SimServer(VLLM_HELD) as first, SimServer(VLLM_HELD) as second:
-        servers = (first, second)
-        settings = settings_for(first, second, endpoint__routing=routing, endpoint__batch_samples="on", concurrency=32)
-        async with asyncio.timeout(60), LLMClient(settings) as llm:
-            batch = [
-                asyncio.ensure_future(
-                    llm.chat(
-                        "solution", [user("What is 17*23?")], key=CallKey(problem_id="p", role="solution", sample=i)
-                    )
-                )
-                for i in range(8)
-            ]
-            await eventually(lambda: sum(s.stats().held for s in servers) == 1)
-            singles = [asyncio.ensure_future(llm.chat("solution", [user(f"What is {i}*7?")])) for i in range(8)]
-            await eventually(lambda: sum(s.stats().held for s in servers) == 9)
-            for server in servers:
-                server.set_script(SimScript(persona="vllm"))
-            done = await asyncio.gather(*batch, *singles)
-    assert all(c.ok for c in done), [c.error for c in done]
-    assert sorted(len([r for r in s.requests if r.endpoint == "chat"]) for s in servers) == [1, 8]
-    assert [sequences(s) for s in servers] == [8, 8]
 
 
 def test_a_run_with_one_replica_gone_finishes_on_the_other_and_ends_only_when_every_one_is_gone(

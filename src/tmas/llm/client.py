@@ -238,7 +238,7 @@ class LLMClient:
             if pinned is not None and pinned.avoided and self._routes.ready_elsewhere(route, pinned, shunned):
                 pin = None  # its replica is out of routing (down, refusing, loading): the others serve the call
             replica = route.replicas[pin[0]] if pin else self._routes.pick(route, request.messages, key, shunned)
-            replica.load += n  # the sequences it generates: a request with n choices weighs n
+            replica.load += 1
             timing = Timing()
             body: dict[str, Any] = {}
             try:
@@ -304,7 +304,7 @@ class LLMClient:
                 self.stats.retried(failure.cause)
                 await asyncio.sleep(delay)
             finally:
-                replica.load -= n
+                replica.load -= 1
         last = _unreachable(route, key.role, attempts)
         message = str(last) if not last.retry else f"gave up after {attempts.count} attempts: {last}"
         failed = Completion(

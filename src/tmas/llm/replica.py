@@ -41,8 +41,7 @@ ProbeAnswer = Literal["answered", "loading", "none"]
 class Replica:
     url: str
     cap: asyncio.Semaphore | None
-    # Sequences routed to it and not finished (waiting for a cap, in flight or between retries), a request with n
-    # choices counting n: what routing balances.
+    # Calls routed to it and not finished (waiting for a cap, in flight or between retries): what routing balances.
     load: int = 0
     context_length: int | None = None
     # The window the server itself stated (its model card, /props), whatever the endpoint's setting says.

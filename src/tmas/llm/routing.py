@@ -18,17 +18,17 @@ that last served the call's affinity key (the TMAS candidate chain its key names
 at their last call, a failed /health, no progress while a call waited: :mod:`tmas.llm.vitals`; still loading their
 model) are chosen only when every replica is.
 
-**The load bound.** A replica's load is the sequences of the calls this client routed to it that have not finished
-(waiting for a cap or in flight: what the client knows), a request for ``n`` choices (alike samples batched:
-:mod:`tmas.llm.batching`) counting ``n``, as the server generates ``n`` sequences for it. A replica takes a call for its
-cache only while its load is below ``bound x mean + 1``, the mean taken over the endpoint's replicas that answer;
-otherwise the call goes to the best replica within the bound, which the least loaded always is. The ``+ 1`` lets an idle
-endpoint take a burst of identical prompts (an iteration's first solutions, a candidate's verifications) two to a
-replica rather than one by one. The default bound, 1.1, is the target spread (the busiest replica within 10 % of the
-mean) applied to the sequences in flight at each moment, and it is what ``benchmarks/replica_routing.py`` confirmed on
-the paper's call shapes over 8 replicas (docs/performance.md): with 8 to 32 problems in flight the busiest replica
-stayed within 8 % of the mean in calls and tokens, with 86-89 % of the cache hits one replica with all the KV memory
-gets; 1.2 let the spread pass 10 % with one problem per replica, and 1.0 lost about a quarter of the hits.
+**The load bound.** A replica's load is the calls this client routed to it that have not finished (waiting for a cap
+or in flight: what the client knows). A replica takes a call for its cache only while its load is below
+``bound x mean + 1``, the mean taken over the endpoint's replicas that answer; otherwise the call goes to the best
+replica within the bound, which the least loaded always is. The ``+ 1`` lets an idle endpoint take a burst of
+identical prompts (an iteration's first solutions, a candidate's verifications) two to a replica rather than one by
+one. The default bound,
+1.1, is the target spread (the busiest replica within 10 % of the mean) applied to the calls in
+flight at each moment, and it is what ``benchmarks/replica_routing.py`` confirmed on the paper's call shapes over 8
+replicas (docs/performance.md): with 8 to 32 problems in flight the busiest replica stayed within 8 % of the mean in
+calls and tokens, with 86-89 % of the cache hits one replica with all the KV memory gets; 1.2 let the spread pass
+10 % with one problem per replica, and 1.0 lost about a quarter of the hits.
 
 Hashing a prompt costs one slice and one tuple hash per block (a 100 KB prompt: 400 of each); the lookup walks the
 prompt's blocks until no replica within the bound holds the next one, never the whole map.
