@@ -10,18 +10,12 @@ from typing import Any
 import pytest
 import typer
 
+from test_doc_defaults import CONFIG_PAGES
 from tmas.cli.main import app
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [
-    "README.md",
-    "docs/servers.md",
-    "docs/sampling_and_budgets.md",
-    "docs/in_process.md",
-    "docs/local_model.md",
-    "docs/baselines.md",
-    "docs/viewer.md",
-    "docs/architecture.md",
+    *CONFIG_PAGES,
     "examples/tiling_2xn/README.md",
     # The commands in the grid files' comments.
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "examples").rglob("*.toml")),

@@ -165,8 +165,9 @@ def test_every_method_but_mattrl_takes_style() -> None:
     assert set(METHODS) - takes == {"mattrl"}
 
 
-# The pages whose ```toml blocks are settings files (others show grid files and package metadata too).
-DOCS = [
+# The pages on configuration: their ```toml blocks are settings files (others show grid files and package metadata
+# too), and their `tmas` lines commands (tests/test_doc_commands.py).
+CONFIG_PAGES = [
     "README.md",
     "docs/servers.md",
     "docs/sampling_and_budgets.md",
@@ -178,7 +179,7 @@ DOCS = [
 ]
 
 
-@pytest.mark.parametrize("doc", DOCS)
+@pytest.mark.parametrize("doc", CONFIG_PAGES)
 def test_the_config_files_the_docs_show_load(doc: str, tmp_path: Path) -> None:
     for block in re.findall(r"```toml\n(.*?)```", (ROOT / doc).read_text(), re.S):
         path = tmp_path / "tmas.toml"

@@ -21,11 +21,12 @@ from starlette.routing import Route
 
 from tmas.answer_rules import MissingExtra
 from tmas.grading.grades import SELECTED
+from tmas.llm.types import Completion
 from tmas.memory.transcript import Transcript
 from tmas.methods import stored_params
 from tmas.methods.state import MATTRLState
 from tmas.store.records import IterationRecord, UnreadableRecord
-from tmas.store.run_store import StoreError
+from tmas.store.run_store import RunStore, StoreError
 from tmas.view.cache import RunCache
 from tmas.view.charts import accuracy_by_tokens_png, frontiers_png, pass1_by_iteration_png
 from tmas.view.compare import compare_runs, parse_budgets
@@ -239,9 +240,7 @@ class Viewer:
     def call(self, request: Request) -> Response:
         call_id = _call_id(request)
         with self._open(request) as run:
-            call = run.store.call(call_id)
-            if call is None:
-                raise HTTPException(404, f"no call {call_id} in this run")
+            call = _stored_call(run.store, call_id)
             return self._page(
                 "call.html",
                 ref=run.ref,
@@ -254,9 +253,7 @@ class Viewer:
         """A call's reply or reasoning as the model wrote it, as plain text (``/content``, ``/reasoning``)."""
         call_id = _call_id(request)
         with self._open(request) as run:
-            call = run.store.call(call_id)
-        if call is None:
-            raise HTTPException(404, f"no call {call_id} in this run")
+            call = _stored_call(run.store, call_id)
         text = call.reasoning if request.url.path.endswith("/reasoning") else call.content
         return PlainTextResponse(text, headers=PLAIN_HEADERS)
 
@@ -265,8 +262,7 @@ class Viewer:
         call_id = _call_id(request)
         index = int(request.path_params["index"])
         with self._open(request) as run:
-            if run.store.call(call_id) is None:
-                raise HTTPException(404, f"no call {call_id} in this run")
+            _stored_call(run.store, call_id)
             messages = run.store.call_messages(call_id)
         if index >= len(messages):
             raise HTTPException(404, f"call {call_id} has no message {index} (it has {len(messages)})")
@@ -394,6 +390,14 @@ def _threaded(page: Callable[[Request], Response]) -> Callable[[Request], Awaita
         return await run_in_threadpool(page, request)
 
     return endpoint
+
+
+def _stored_call(store: RunStore, call_id: int) -> Completion:
+    """The run's call ``call_id``; a 404 where it has none."""
+    call = store.call(call_id)
+    if call is None:
+        raise HTTPException(404, f"no call {call_id} in this run")
+    return call
 
 
 def _call_id(request: Request) -> int:
