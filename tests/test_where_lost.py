@@ -321,3 +321,51 @@ async def test_a_section_with_nothing_to_show_is_left_out(tmp_path: Path) -> Non
     mv_grades = await graded_run(counted, "majority", [Rule(role="solution", replies=[boxed(391)])], PROBLEMS[:1], k=1)
     where_lost_section(doc, [Run("cot", "cot", run_dir, grades), Run("mv", "majority", counted, mv_grades)])
     assert "### Where the runs lose their answers" in doc.markdown() and "| mv | solution | 1 |" in doc.markdown()
+
+
+# TMAS, n = 2, m = 1, T = 2, on sin 45 degrees: the first candidate of each iteration is right, written otherwise at
+# it1, and the only one the verifier passes; the other candidate, 1, is wrong.
+#   it0: \frac{\sqrt{2}}{2} (1), 1 (0) -> \frac{\sqrt{2}}{2} right
+#   it1: \frac{1}{\sqrt{2}} (1), 1 (0) -> \frac{1}{\sqrt{2}} right: the same answer, so no change
+SIN45 = Problem(problem_id="s", question="What is sin 45 degrees?", answer="\\frac{\\sqrt{2}}{2}")
+RESPELLED = [
+    Rule(role="solution", replies=[boxed("\\frac{\\sqrt{2}}{2}"), boxed(1), boxed("\\frac{1}{\\sqrt{2}}"), boxed(1)]),
+    Rule(role="verifier", pattern=r"\\boxed\{1\}", replies=[verdict(0)]),
+    Rule(role="verifier", replies=[verdict(1)]),
+]
+
+
+async def test_a_right_answer_written_otherwise_is_no_change_in_the_report_or_the_viewer(tmp_path: Path) -> None:
+    from dataclasses import dataclass
+
+    from tmas.reports.document import Document
+    from tmas.reports.where_lost import where_lost_section
+
+    @dataclass
+    class Run:
+        label: str
+        method: str
+        run_dir: Path
+        grades: Grades | None
+
+    run_dir = tmp_path / "tmas"
+    grades = await graded_run(run_dir, "tmas", RESPELLED, [SIN45], n=2, m=1, iterations=2)
+    assert answers(run_dir) == {"s": [["\\frac{\\sqrt{2}}{2}", "1"], ["\\frac{1}{\\sqrt{2}}", "1"]]}
+    # The rules grade both returned answers right: each equals the reference.
+    assert grades.majority_correct(("s", 0, -1)) and grades.majority_correct(("s", 1, -1))
+    changes = run_where_lost(run_dir, "tmas", grades).changes
+    assert changes is not None
+    assert (changes.steps, changes.changed, changes.better, changes.worse, changes.neither) == (1, 0, [], [], [])
+
+    # The report and the viewer (reading the grades the report stored) show the same row: one step, none changed.
+    doc = Document("report")
+    where_lost_section(doc, [Run("tmas", "tmas", run_dir, grades)])
+    assert "| tmas | 1 | 0.0% (0) | 0.0% (0) | 0.0% (0) | 0.0% (0) |" in doc.markdown()
+    with AppThread(view_app([run_dir], warm_up=False)) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        status, body = get(f"{viewer.url}/run/{ref.key}/where-lost")
+    assert status == 200
+    part = body.decode().split('id="lost-changes"')[1].split("</table>")[0]
+    cells = [c.split(">", 1)[1].split("</td>")[0] for c in part.split("<td")[1:]]
+    assert cells == ["1", "0.0% (0)", "0.0% (0)", "0.0% (0)", "0.0% (0)"]

@@ -11,9 +11,10 @@ Each part applies to a run by what its method declares (``traits``), never by it
   counted apart (such a candidate scores 0 by rule, whatever its verifier said), as are verifications without a score
   (the call failed, or no score could be read: the method counts them 0);
 - **iterations** (a method whose frontier runs over iterations, ``traits.frontier``): of the steps from one
-  iteration to the next, those that changed the answer the method would return (by value: normalized spelling and
-  exact numbers, as votes count answers before the grading rules merge them), for the better (wrong to right), for
-  the worse (right to wrong), or neither;
+  iteration to the next, those that changed the answer the method would return, for the better (wrong to right),
+  for the worse (right to wrong), or to another wrong answer. Answers compare by value (normalized spelling and
+  exact numbers, as votes count answers before the grading rules merge them), and two answers both graded right are
+  one answer however spelled (each equals the reference by the report's grading);
 - **replies** (every method): each role's replies cut at max_tokens or without a usable answer or score
   (reply_quality.py's counts).
 
@@ -89,7 +90,7 @@ class AnswerChanges:
     steps: int = 0
     better: list[tuple[str, int]] = field(default_factory=list)
     worse: list[tuple[str, int]] = field(default_factory=list)
-    # Changed to another answer with the same verdict.
+    # Changed from a wrong answer to another wrong one.
     neither: list[tuple[str, int]] = field(default_factory=list)
 
     @property
@@ -203,6 +204,8 @@ def answer_changes(labeled: list[ProblemResult], grades: Grades) -> AnswerChange
                 continue  # the answer did not change (a verdict that differs on it is the judge's, not the step's)
             was = grades.majority_correct((pid, before.iteration, SELECTED))
             now = grades.majority_correct((pid, it, SELECTED))
+            if was and now:
+                continue  # both equal the reference by the report's grading: one answer, spelled two ways
             if was != now:
                 (out.better if now else out.worse).append((pid, it))
             else:
@@ -331,7 +334,7 @@ def _changes_part(doc: Document, runs: list[tuple[str, AnswerChanges]]) -> None:
         for label, c in runs
     ]
     headers = ["Run", "Steps (problem x iteration after the first)", "Changed"]
-    doc.add(Table([*headers, "Better (wrong to right)", "Worse (right to wrong)", "Changed, same verdict"], rows))
+    doc.add(Table([*headers, "Better (wrong to right)", "Worse (right to wrong)", "Wrong to another wrong"], rows))
 
 
 def _replies_part(doc: Document, runs: list[tuple[str, dict[str, ReplyTally]]]) -> None:
