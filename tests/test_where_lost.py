@@ -369,3 +369,24 @@ async def test_a_right_answer_written_otherwise_is_no_change_in_the_report_or_th
     part = body.decode().split('id="lost-changes"')[1].split("</table>")[0]
     cells = [c.split(">", 1)[1].split("</td>")[0] for c in part.split("<td")[1:]]
     assert cells == ["1", "0.0% (0)", "0.0% (0)", "0.0% (0)", "0.0% (0)"]
+
+
+async def test_the_viewer_page_of_a_proof_mode_run_grades_nothing_as_the_report_does(tmp_path: Path) -> None:
+    # A proof-mode TMAS run of a problem that carries a reference answer: its candidates hold proofs and no answers.
+    # The report leaves such a run ungraded; the viewer's page must not grade it either (against the reference,
+    # every proof would read as wrong: "no right candidate" for every problem) and shows the reply counts alone.
+    run_dir = tmp_path / "proof"
+    proof = "## Solution\nSeventeen times twenty-three is 340 + 51, which is 391."
+    settings = scripted_settings(method={"name": "tmas", "params": {"n": 2, "m": 1, "iterations": 1, "mode": "proof"}})
+    rules = [Rule(role="solution", replies=[proof]), Rule(role="verifier", replies=[verdict(1)])]
+    await scripted_run(ScriptedModel(SimScript(rules=rules), settings), run_dir, PROBLEMS[:1])
+    assert answers(run_dir) == {"p1": [[None, None]]}
+    with AppThread(view_app([run_dir], warm_up=False)) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        status, body = get(f"{viewer.url}/run/{ref.key}/where-lost")
+    page = body.decode()
+    assert status == 200 and "proof mode" in page
+    assert 'id="lost-selection"' not in page and 'id="lost-verifier"' not in page
+    # Two solutions and two verdicts, all usable.
+    assert '<td>solution</td><td class="num">2</td>' in page and '<td>verifier</td><td class="num">2</td>' in page

@@ -143,14 +143,19 @@ class RunOverview:
 @dataclass
 class LostAnswers:
     """The run's "where it loses" page: its method, the figures (with no problem graded, only the reply counts),
-    whether any problem has a reference answer, and whether any verdict is the viewer's own exact rule
-    (live_grades.py)."""
+    whether its answers are graded (why not, where not: none has a reference answer, or the run is in proof mode, as
+    ``tmas report`` leaves it ungraded), and whether any verdict is the viewer's own exact rule (live_grades.py)."""
 
     method: str
     lost: WhereLost
     graded: bool
     live_graded: bool
+    why_not_graded: str = ""
 
+
+# Why a run's "where it loses" page shows its reply counts alone.
+PROOF_NOT_GRADED = "The run is in proof mode: its answers are proofs, not graded (as tmas report leaves them)"
+UNLABELED_NOT_GRADED = "No problem of this run has a reference answer: nothing to grade"
 
 _COST_KEYS = ("calls", "failed", "prompt_tokens", "completion_tokens", "cached_prompt_tokens")
 
@@ -307,13 +312,16 @@ class RunReader:
         return self.cache.reuse(self.ref.path, "where_lost", file_state(self.ref.path), self._where_lost)
 
     def _where_lost(self) -> LostAnswers:
-        method = self._names()[0]
+        method, params = self._names()[:2]
         replies = role_replies(self.store)
+        if params.get("mode") == "proof":
+            # Its candidates hold proofs, no answers: graded against references, every one would read as wrong.
+            return LostAnswers(method, WhereLost(replies=replies), False, False, PROOF_NOT_GRADED)
         results = load_results(self.store)
         # No memo: it keeps the verdicts of the overview's summaries, and these are other result objects.
         live = live_grades(self.store, self.store.problems(), results)
         if live is None:
-            return LostAnswers(method, WhereLost(replies=replies), graded=False, live_graded=False)
+            return LostAnswers(method, WhereLost(replies=replies), False, False, UNLABELED_NOT_GRADED)
         lost = where_lost(method, results, live.grades, replies)
         return LostAnswers(method, lost, graded=True, live_graded=bool(live.live))
 
