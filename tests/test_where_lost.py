@@ -219,6 +219,8 @@ async def test_the_viewer_page_shows_where_the_run_lost_its_answers(tmp_path: Pa
     assert 'iteration?id=p3&amp;t=1">p3 it1</a>' in page.split('id="changes-better"')[1].split("</p>")[0]
     assert 'iteration?id=p2&amp;t=1">p2 it1</a>' in page.split('id="changes-worse"')[1].split("</p>")[0]
     assert "live" in page and "exact rules cannot decide" in page
+    # The rule the figures follow, said as the report says it: a tie between the judge runs counts right.
+    assert "a candidate is right when at least half of the judge runs say so" in " ".join(page.split())
 
 
 async def test_the_viewer_page_of_a_run_without_references_shows_the_replies_alone(tmp_path: Path) -> None:
