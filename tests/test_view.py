@@ -32,7 +32,7 @@ from tmas.testing import Rule, ScriptedModel, ScriptedUsage, SimScript, SimServe
 from tmas.view.app import view_app
 from tmas.view.bank_diff import bank_diffs, diff_entries
 from tmas.view.runs import discover
-from web_helpers import AppThread, get, run_ref_for, wait_until
+from web_helpers import AppThread, HeldRequests, get, run_ref_for, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
@@ -385,6 +385,8 @@ def test_in_chromium_open_a_run_a_problem_an_iteration_its_bank_diff_and_a_call(
 
 @pytest.mark.slow
 def test_in_chromium_a_problem_page_follows_a_run_as_it_goes(tmp_path: Path, browser: Any) -> None:
+    """The run moves on between the page's render and its first question whether the run changed (held here until
+    the write is done): the page still reloads, as it compares with the run it was rendered from."""
     from selenium.webdriver.common.by import By
 
     run_dir = tmp_path / "growing"
@@ -392,15 +394,47 @@ def test_in_chromium_a_problem_page_follows_a_run_as_it_goes(tmp_path: Path, bro
         writer.add_problems(PROBLEMS[:1])
         record = IterationRecord(problem_id="mult", iteration=0, candidates=[], selected="390")
         writer.save_iteration(record)
-        with AppThread(view_app([run_dir])) as viewer:
+        gate = HeldRequests(view_app([run_dir]), "/marker")
+        with AppThread(gate) as viewer:
             ref = run_ref_for([run_dir], run_dir)
             assert ref is not None
             browser.get(f"{viewer.url}/run/{ref.key}/problem?id=mult")
             assert "in progress" in browser.page_source and "iteration 1" not in browser.page_source
-            later = record.model_copy(update={"iteration": 1, "selected": "391"})
-            writer.save_iteration(later)
-            wait_until(lambda: "iteration 1" in browser.page_source, timeout=15, what="the page to update itself")
+            wait_until(gate.arrived.is_set, timeout=60, what="the page to ask whether its run changed")
+            writer.save_iteration(record.model_copy(update={"iteration": 1, "selected": "391"}))
+            gate.release()
+            wait_until(lambda: "iteration 1" in browser.page_source, timeout=60, what="the page to update itself")
             assert browser.find_elements(By.LINK_TEXT, "iteration 1")
+
+
+def test_each_live_page_carries_the_change_marker_of_the_run_it_was_rendered_from(tmp_path: Path) -> None:
+    """A live page compares the markers it polls with its own: the one its run had when it was rendered."""
+    import re
+
+    runs = {}
+    for name in ("a", "b"):
+        with RunStore(tmp_path / name) as store:
+            store.add_problems(PROBLEMS[:1])
+            store.save_iteration(IterationRecord(problem_id="mult", iteration=0, candidates=[], selected="391"))
+            runs[name] = store.change_marker()
+    with AppThread(view_app([tmp_path / "a", tmp_path / "b"], warm_up=False)) as viewer:
+        refs = {name: run_ref_for([tmp_path / name], tmp_path / name) for name in runs}
+        a, b = refs["a"], refs["b"]
+        assert a is not None and b is not None
+        pages = {
+            f"/run/{a.key}": runs["a"],
+            f"/run/{a.key}/problem?id=mult": runs["a"],
+            f"/run/{a.key}/iteration?id=mult&t=0": runs["a"],
+            f"/run/{a.key}/where-lost": runs["a"],
+            f"/compare?run={a.key}&run={b.key}": f"{runs['a']}/{runs['b']}",
+        }
+        for address, marker in pages.items():
+            status, page = get(viewer.url + address)
+            assert status == 200, (address, page[:300])
+            assert re.findall(rb'<body[^>]* data-marker="([^"]*)"', page) == [marker.encode()], address
+        # What the pages poll answers the same while the runs stay as they are.
+        assert get(f"{viewer.url}/run/{a.key}/marker") == (200, runs["a"].encode())
+        assert get(f"{viewer.url}/compare/marker?run={a.key}&run={b.key}") == (200, f"{runs['a']}/{runs['b']}".encode())
 
 
 def test_the_cli_takes_options_after_the_run_directories(tmp_path: Path) -> None:

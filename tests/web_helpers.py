@@ -3,15 +3,36 @@
 from __future__ import annotations
 
 import json
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
+
 from tmas.testing.web_servers import AppThread, ProxyThread, wait_until
 from tmas.view.runs import RunRef, discover
 
-__all__ = ["AppThread", "ProxyThread", "get", "post", "run_ref_for", "wait_until"]
+__all__ = ["AppThread", "HeldRequests", "ProxyThread", "get", "post", "run_ref_for", "wait_until"]
+
+
+class HeldRequests:
+    """An ASGI app in front of ``app`` that holds every request whose path ends with ``suffix`` until ``release()``:
+    ``arrived`` is set when the first one is held, so a test knows a page's request was made and not yet answered."""
+
+    def __init__(self, app: Any, suffix: str) -> None:
+        self.app, self.suffix = app, suffix
+        self.arrived, self.released = threading.Event(), threading.Event()
+
+    def release(self) -> None:
+        self.released.set()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].endswith(self.suffix) and not self.released.is_set():
+            self.arrived.set()
+            await anyio.to_thread.run_sync(self.released.wait)
+        await self.app(scope, receive, send)
 
 
 def run_ref_for(paths: list[Path], run_dir: Path) -> RunRef | None:

@@ -130,6 +130,7 @@ class Viewer:
 
     def run(self, request: Request) -> Response:
         with self._open(request) as run:
+            marker = run.store.change_marker()
             overview = run.overview()
         pages = max(1, -(-len(overview.problems) // PAGE_SIZE))
         try:
@@ -139,16 +140,20 @@ class Viewer:
         if not 1 <= page <= pages:
             raise HTTPException(404, f"no page {page}: the problems fill {pages} page(s)")
         shown = overview.problems[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
-        return self._page("run.html", ref=run.ref, run=overview, shown=shown, page=page, pages=pages, live=True)
+        return self._page(
+            "run.html", ref=run.ref, run=overview, shown=shown, page=page, pages=pages, live=True, marker=marker
+        )
 
     def where_lost(self, request: Request) -> Response:
         with self._open(request) as run:
+            marker = run.store.change_marker()
             page = run.where_lost()
-        return self._page("where_lost.html", ref=run.ref, page=page, live=True)
+        return self._page("where_lost.html", ref=run.ref, page=page, live=True, marker=marker)
 
     def problem(self, request: Request) -> Response:
         pid = request.query_params.get("id", "")
         with self._open(request) as run:
+            marker = run.store.change_marker()
             problem = next((p for p in run.store.iter_problems() if p.problem_id == pid), None)
             if problem is None:
                 raise HTTPException(404, f"no problem {pid!r} in this run")
@@ -179,11 +184,13 @@ class Viewer:
                 measure=params.get("confidence_measure") if measured else None,
                 unrecorded=unrecorded,
                 live=True,
+                marker=marker,
             )
 
     def iteration(self, request: Request) -> Response:
         pid, t = _iteration_query(request)
         with self._open(request) as run:
+            marker = run.store.change_marker()
             found = run.iteration(pid, t)
             if found is None:
                 raise HTTPException(404, f"problem {pid!r} has no iteration {t}")
@@ -209,6 +216,7 @@ class Viewer:
                 transcript=_transcript(record.state),
                 credits=credits,
                 live=True,
+                marker=marker,
             )
 
     def iteration_json(self, request: Request) -> Response:
@@ -310,24 +318,34 @@ class Viewer:
             budgets = parse_budgets(request.query_params.get("budgets"))
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
+        marker = self._compare_marker(refs)
         try:
             comparison = compare_runs(refs, budgets, self.cache)
         except StoreError as exc:
             raise HTTPException(404, str(exc)) from None
         query = "&".join(f"run={r.key}" for r in refs)
         return self._page(
-            "compare.html", comparison=comparison, query=query, marker_url=f"/compare/marker?{query}", live=True
+            "compare.html",
+            comparison=comparison,
+            query=query,
+            marker_url=f"/compare/marker?{query}",
+            live=True,
+            marker=marker,
         )
 
     def compare_marker(self, request: Request) -> Response:
+        return PlainTextResponse(self._compare_marker(self._compared(request)), headers={"Cache-Control": "no-store"})
+
+    def _compare_marker(self, refs: list[RunRef]) -> str:
+        """The compared runs' change markers as one ("-" for a run that cannot be opened yet)."""
         markers = []
-        for ref in self._compared(request):
+        for ref in refs:
             try:
                 with RunReader(ref, self.cache) as run:
                     markers.append(run.store.change_marker())
             except StoreError:
                 markers.append("-")
-        return PlainTextResponse("/".join(markers), headers={"Cache-Control": "no-store"})
+        return "/".join(markers)
 
     def compare_chart(self, request: Request) -> Response:
         try:
@@ -360,6 +378,7 @@ class Viewer:
         return record
 
     def _page(self, name: str, **context: Any) -> HTMLResponse:
+        """A page; a live one (``live=True``) also takes ``marker``, its run's change marker read before its data."""
         context.setdefault("live", False)
         if context["live"] and "marker_url" not in context:
             context["marker_url"] = f"/run/{context['ref'].key}/marker"
