@@ -1214,18 +1214,22 @@ def test_in_chromium_a_long_solutions_raw_text_and_the_record_are_fetched_when_s
     assert json.loads(pre.get_attribute("textContent")) == record.model_dump(mode="json")
 
 
-def _long_call(run_dir: Path, tokens: int = 30_000) -> tuple[int, Completion, list[dict[str, str]], ProblemResult]:
+def _long_call(
+    run_dir: Path, tokens: int = 30_000, quoted: int = 0
+) -> tuple[int, Completion, list[dict[str, str]], ProblemResult]:
     """One thinking-model call of a ``tokens``-token reply and as much reasoning, with markup that must stay text in
-    the reply, the reasoning and the prompt; and the problem's result returning that reply."""
+    the reply, the reasoning and the prompt; and the problem's result returning that reply. With ``quoted``, its user
+    message quotes that many solutions of ``tokens`` tokens, each ending in its own answer (an aggregation prompt)."""
     from tmas.testing.long_replies import corpus
 
     text = corpus(2 * tokens + 1, 0.78)
     hostile = "</pre><script>alert(1)</script> & "
     reply = hostile + text.text[text.starts[0] : text.ends[tokens - 1]] + "\n\nSo $\\boxed{391}$."
     reasoning = hostile + text.text[text.starts[tokens] : text.ends[2 * tokens - 1]]
+    solutions = "".join(f"\n\nSolution {i}:\n{hostile}{reasoning}\nSo {380 + i}." for i in range(1, quoted + 1))
     messages = [
         {"role": "system", "content": "Solve the problem. " + hostile},
-        {"role": "user", "content": "What is 17*23?"},
+        {"role": "user", "content": "What is 17*23?" + solutions},
     ]
     key = CallKey(problem_id="mult", iteration=0, role="solution", sample=0)
     request = ChatRequest(model="m", messages=messages, sampling=Sampling())
@@ -1293,12 +1297,41 @@ def test_a_call_of_a_long_reply_and_reasoning_carries_each_text_once_and_serves_
     assert bad == [404, 404, 404, 404, 404, 404]
 
 
+def test_a_call_of_a_long_prompt_carries_the_head_of_the_message_and_serves_it_whole(tmp_path: Path) -> None:
+    """An aggregation prompt quoting 16 solutions of 30K tokens (over 2 MB): the call page carries its first
+    MESSAGE_HEAD_CHARS characters and the address of the whole, which serves it exactly; short messages stay whole."""
+    from markupsafe import escape
+
+    from tmas.view.app import MESSAGE_HEAD_CHARS
+
+    run_dir = tmp_path / "run"
+    call_id, call, messages, _ = _long_call(run_dir, quoted=16)
+    prompt = messages[1]["content"]
+    with AppThread(view_app([run_dir], warm_up=False)) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        base = f"{viewer.url}/run/{ref.key}/call/{call_id}"
+        status, page = get(base)
+        whole = _fetch(f"{base}/message/1")
+    html, size = page.decode(), len(prompt.encode())
+    # The page is the reply (rendered once) and the rest of the page; the prompt's 2 MB are not in it.
+    assert size > 2_000_000 and status == 200 and len(page) < 1.3 * len(call.content.encode()), (len(page), size)
+    assert str(escape(prompt[:MESSAGE_HEAD_CHARS])) in html and "Solution 2:" not in html
+    assert f"… {len(prompt) - MESSAGE_HEAD_CHARS:,} more characters" in html
+    assert f'<pre data-src="/run/{ref.key}/call/{call_id}/message/1"></pre>' in html
+    assert str(escape(messages[0]["content"])) in html  # the short system message, whole
+    assert "<script>alert(1)" not in html
+    code, headers, body = whole
+    assert code == 200 and body.decode() == prompt
+    assert headers["content-type"] == "text/plain; charset=utf-8" and headers["x-content-type-options"] == "nosniff"
+
+
 @pytest.mark.slow
 def test_in_chromium_a_calls_long_reasoning_and_raw_reply_are_fetched_when_shown(tmp_path: Path, browser: Any) -> None:
     from selenium.webdriver.common.by import By
 
     run_dir = tmp_path / "run"
-    call_id, call, _, _ = _long_call(run_dir, tokens=3_000)
+    call_id, call, messages, _ = _long_call(run_dir, tokens=3_000, quoted=2)
     with AppThread(view_app([run_dir], warm_up=False)) as viewer:
         ref = run_ref_for([run_dir], run_dir)
         assert ref is not None
@@ -1314,3 +1347,11 @@ def test_in_chromium_a_calls_long_reasoning_and_raw_reply_are_fetched_when_shown
         # The markup in both stayed text: no element made of it.
         assert raw.is_displayed() and call.content.startswith("</pre><script>")
         assert browser.find_elements(By.CSS_SELECTOR, "#request script, #reply script") == []
+        # The long prompt message: its head shown, the whole fetched when its fold opens, as text.
+        head = browser.find_element(By.CSS_SELECTOR, "#request pre.head")
+        assert messages[1]["content"].startswith(head.get_attribute("textContent"))
+        whole = browser.find_element(By.CSS_SELECTOR, "#request details.whole pre")
+        assert whole.get_attribute("textContent") == ""
+        browser.execute_script("document.querySelector('#request details.whole').open = true")
+        wait_until(lambda: whole.get_attribute("textContent") == messages[1]["content"], timeout=60, what="the message")
+        assert browser.find_elements(By.CSS_SELECTOR, "#request script") == []

@@ -38,6 +38,10 @@ from tmas.view.runs import RunReader, RunRef, discover, verdict
 
 # How often (ms) an open page asks whether its run changed.
 POLL_MS = 2000
+# A prompt message longer than this (an aggregation prompt quoting 16 long solutions is megabytes) is not carried by
+# its call's page: the page shows its first MESSAGE_HEAD_CHARS and fetches the whole from its address when asked.
+MESSAGE_CHARS = 4_000
+MESSAGE_HEAD_CHARS = 1_500
 # Problems per page of a run's problem table.
 PAGE_SIZE = 100
 # Model text and records served as they are: never read as a page by a browser guessing their type.
@@ -62,6 +66,8 @@ def _environment() -> jinja2.Environment:
     env.filters["answer"] = answer
     env.globals["poll_ms"] = POLL_MS
     env.globals["inline_chars"] = INLINE_RAW_CHARS
+    env.globals["message_chars"] = MESSAGE_CHARS
+    env.globals["message_head_chars"] = MESSAGE_HEAD_CHARS
     return env
 
 
