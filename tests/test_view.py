@@ -437,6 +437,35 @@ def test_each_live_page_carries_the_change_marker_of_the_run_it_was_rendered_fro
         assert get(f"{viewer.url}/compare/marker?run={a.key}&run={b.key}") == (200, f"{runs['a']}/{runs['b']}".encode())
 
 
+def test_grading_a_run_moves_the_marker_its_open_pages_poll(tmp_path: Path) -> None:
+    """`tmas report` grading a run (its judge writes grades as they come) changes what the run's pages show: the
+    marker they poll moves with the grades written, and again when they are deleted for a new grading."""
+    run_dir = tmp_path / "run"
+    with RunStore(run_dir) as store:
+        store.add_problems(PROBLEMS[:1])
+        record = IterationRecord(
+            problem_id="mult",
+            iteration=0,
+            candidates=[Candidate(index=0, text="So 391.", answer="391")],
+            selected="391",
+        )
+        store.save_iteration(record)
+        store.save_result(ProblemResult(problem_id="mult", method="cot", answer="391", iterations=[record]))
+    with AppThread(view_app([run_dir], warm_up=False)) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        marker = f"{viewer.url}/run/{ref.key}/marker"
+        before = get(marker)
+        with RunStore(run_dir) as store:
+            asyncio.run(grade_run(store, GradeConfig(mode="rules")))
+            assert store.grades()
+            graded = get(marker)
+            store.delete_grades()
+            deleted = get(marker)
+    assert before[0] == graded[0] == deleted[0] == 200
+    assert graded[1] != before[1] and deleted[1] != graded[1], (before, graded, deleted)
+
+
 def test_the_cli_takes_options_after_the_run_directories(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     cmd = [sys.executable, "-m", "tmas", "view", str(tmp_path / "missing"), "--port", "1"]

@@ -158,10 +158,12 @@ class RunStore:
         return self._call_stats.waits()
 
     def change_marker(self) -> str:
-        """Changes whenever a call, an iteration or a result is written: what a live viewer polls."""
+        """Changes whenever a call, an iteration, a result or a grade is written, and when grades are deleted: what a
+        live viewer polls."""
         row = self._db.execute(
             "SELECT (SELECT COALESCE(MAX(id), 0) FROM calls), (SELECT COUNT(*) FROM iterations),"
-            " (SELECT COUNT(*) FROM results), (SELECT COALESCE(MAX(finished_at), 0) FROM results)"
+            " (SELECT COUNT(*) FROM results), (SELECT COALESCE(MAX(finished_at), 0) FROM results),"
+            " (SELECT COUNT(*) FROM grades), (SELECT COALESCE(MAX(created_at), 0) FROM grades)"
         ).fetchone()
         return "-".join(str(v) for v in row)
 
