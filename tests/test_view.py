@@ -395,7 +395,7 @@ def test_in_chromium_a_problem_page_follows_a_run_as_it_goes(tmp_path: Path, bro
         record = IterationRecord(problem_id="mult", iteration=0, candidates=[], selected="390")
         writer.save_iteration(record)
         gate = HeldRequests(view_app([run_dir]), "/marker")
-        with AppThread(gate) as viewer:
+        with AppThread(gate) as viewer, gate:
             ref = run_ref_for([run_dir], run_dir)
             assert ref is not None
             browser.get(f"{viewer.url}/run/{ref.key}/problem?id=mult")

@@ -19,7 +19,8 @@ __all__ = ["AppThread", "HeldRequests", "ProxyThread", "get", "post", "run_ref_f
 
 class HeldRequests:
     """An ASGI app in front of ``app`` that holds every request whose path ends with ``suffix`` until ``release()``:
-    ``arrived`` is set when the first one is held, so a test knows a page's request was made and not yet answered."""
+    ``arrived`` is set when the first one is held, so a test knows a page's request was made and not yet answered.
+    As a context manager (entered inside the server's), it releases them on the way out, whatever happened."""
 
     def __init__(self, app: Any, suffix: str) -> None:
         self.app, self.suffix = app, suffix
@@ -27,6 +28,12 @@ class HeldRequests:
 
     def release(self) -> None:
         self.released.set()
+
+    def __enter__(self) -> HeldRequests:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"].endswith(self.suffix) and not self.released.is_set():
