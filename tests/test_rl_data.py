@@ -296,3 +296,33 @@ async def test_a_runs_prompt_overrides_reach_its_rl_data_and_must_not_change(tmp
     (overrides / "tmas_refine.j2").write_text(packaged_source("tmas_refine.j2") + "\nEdited later.\n")
     with pytest.raises(InputError, match=r"prompt template tmas_refine\.j2 in .* is not the one the run used"):
         build_dataset([tmp_path / "run"], mix=None)
+
+
+async def test_the_state_after_the_last_iteration_gives_rows_where_its_memory_update_ran(tmp_path: Path) -> None:
+    # Section 4.2 distils experiences and guidelines from a run's rounds, the last one's included: where the run
+    # updated its banks after its last iteration (the paper preset: skip_final_memory off), that state gives the
+    # prompts an iteration after it would send. epsilon 0: every candidate after iteration 0 exploits.
+    confirmed = SimScript(rules=[Rule(role="verifier", replies=["Every step checks out.\n\nScore: 1"])])
+    params = {"problems": PROBLEMS[:1], "epsilon": 0.0, "skip_final_memory": False}
+    await tmas_run(tmp_path / "short", 2, script=confirmed, **params)
+    data = build_dataset([tmp_path / "short"], mix=None)
+    bank = {r["extra_info"]["iteration"]: r for r in data.train if r["extra_info"]["variant"] == "bank"}
+    guideline = {r["extra_info"]["iteration"]: r for r in data.train if r["_source"] == "guideline"}
+    assert sorted(bank) == sorted(guideline) == [1, 2]
+    with RunStore(tmp_path / "short", create=False) as store:
+        last = store.iterations("p1")[-1]
+    assert last.iteration == 1 and all(c.meta.summary for c in last.candidates)
+    entries = last.state["experience_bank"]["entries"]
+    assert [e["content"] for e in bank[2]["extra_info"]["experience_bank"]] == [e["content"] for e in entries]
+    assert [s["id"] for s in guideline[2]["extra_info"]["guideline_bank"]] == [
+        s["id"] for s in last.state["guideline_bank"]["strategies"]
+    ]
+    # The same run one iteration longer sent exactly that Bank prompt at iteration 2.
+    longer = await tmas_run(tmp_path / "long", 3, script=confirmed, **params)
+    sent = [c.body["messages"] for c in longer.calls_of("solution")]
+    assert bank[2]["prompt"] in sent
+
+    # Under skip_final_memory (the default) the last iteration has no summaries and no memory update: no row of it.
+    await tmas_run(tmp_path / "skipped", 2, script=confirmed, problems=PROBLEMS[:1], epsilon=0.0)
+    skipped = build_dataset([tmp_path / "skipped"], mix=None)
+    assert sorted({r["extra_info"]["iteration"] for r in skipped.train}) == [0, 1]

@@ -490,6 +490,14 @@ class TMAS(Method[TMASParams]):
         explore = self._explore_prompt(question, guideline) if len(guideline) and not p.no_guideline else None
         return IterationPrompts(experience, guideline, exploit, explore)
 
+    def leaves_next_state(self, record: IterationRecord) -> bool:
+        """False where lines 19-20 were skipped (``skip_final_memory``'s last iteration, an early stop, a budget spent
+        in the update): both agents then record ``skipped``, E_{t-1} and G_{t-1} stand and R_t has no summaries. Both
+        record it too after an iteration with no rollout, whose next prompts would repeat this iteration's."""
+        banks = TMASState.model_validate(record.state)
+        updates = (banks.experience_update, banks.guideline_update)
+        return not all(u.get("status") == "skipped" for u in updates)
+
     async def _chained_rollout(
         self, session: ProblemSession, i: int, plan: SolutionPlan, log: IterationLog, *, summarize: bool
     ) -> CandidateOutcome:

@@ -69,3 +69,9 @@ class BankPrompts(Protocol):
     def prompts_after(self, question: str, record: IterationRecord, rendering: Rendering) -> IterationPrompts:
         """The prompts of the iteration after the stored iteration ``record``."""
         ...
+
+    def leaves_next_state(self, record: IterationRecord) -> bool:
+        """Whether ``record`` stores the state an iteration after it would start from: False where the run left out
+        the iteration's memory update (nothing would read it: the last iteration, an early stop), so its banks are
+        still those of the iteration before."""
+        ...

@@ -8,6 +8,10 @@ Each TMAS run (any teacher endpoint) gives, per labeled problem:
   written next to each other, Base first (eq. 7-8 need both halves in one group);
 - ``guideline``: for each iteration t >= 1 whose G_{t-1} is non-empty, the explore prompt listing G_{t-1} (eq. 9).
 
+t runs up to T, the iteration after the run's last, where that last iteration's memory update ran (section 4.2
+distils every round's experiences and guidelines); under ``skip_final_memory`` or after an early stop it did not
+(no summaries, the banks of the iteration before), and t runs up to T-1.
+
 Prompts are built by the run's method itself (:class:`tmas.methods.training_prompts.BankPrompts`: TMAS's own prompt
 builders), from the method made with the run's stored parameters, in the run's output style, with R_{t-1} fitted to
 the same prompt budget as the run fitted it (its stored settings) and with the run's own prompt templates (its
@@ -33,7 +37,6 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
 
@@ -176,8 +179,11 @@ def problem_rows(
     the run's parameters) as ``rendering`` says."""
     render = rendering or Rendering()
     rows = [_row("normal", method.first_prompt(problem.question, render), problem, run=run, iteration=0)]
-    for prev, record in pairwise(records):
-        t = record.iteration
+    # Every iteration's state, the last one's too where its memory update ran: the state an iteration T would start
+    # from is one TMAS reaches at test time when it runs longer, and the richest memory the run distilled.
+    states = records if records and method.leaves_next_state(records[-1]) else records[:-1]
+    for prev in states:
+        t = prev.iteration + 1
         prompts = method.prompts_after(problem.question, prev, render)
         # Both banks of t-1 go with every row of iteration t: the state its prompt came from.
         row = partial(
@@ -224,8 +230,8 @@ def _groups(rows: Iterable[dict[str, Any]]) -> list[_Group]:
 def mix_targets(available: Counter[str], mix: tuple[float, float, float]) -> dict[str, int]:
     """Groups to take per task: the largest scale at which every weighted task still has enough groups, times each
     weight, rounded (never more than there are). E.g. 40 / 120 / 120 available at 2.2 : 1.6 : 0.6 -> scale
-    min(40/2.2, 120/1.6, 120/0.6) = 18.18 -> 40, 29, 11. A task the runs gave no group of (T = 1, an ablation)
-    does not hold the others down; the card shows it at 0."""
+    min(40/2.2, 120/1.6, 120/0.6) = 18.18 -> 40, 29, 11. A task the runs gave no group of (T = 1 under
+    ``skip_final_memory``, an ablation) does not hold the others down; the card shows it at 0."""
     weights = dict(zip(TASKS, mix, strict=True))
     scales = [available[t] / w for t, w in weights.items() if w > 0 and available[t] > 0]
     scale = min(scales, default=0.0)
