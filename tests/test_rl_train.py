@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,28 @@ def test_sampler_keeps_groups_whole_and_contiguous() -> None:
     assert list(PromptGroupSampler(groups, 4, 2, 2, True, 3)) == order
     with pytest.raises(ValueError, match="odd"):
         PromptGroupSampler(groups, num_generations=3)
+
+
+def test_a_run_resumed_in_a_later_epoch_draws_that_epochs_order() -> None:
+    groups = [[i] for i in range(8)]
+
+    def epochs(sampler: PromptGroupSampler, which: Iterable[int]) -> list[list[int]]:
+        # As accelerate's data loader does at the start of each epoch: the epoch named, where the sampler takes one.
+        out = []
+        for epoch in which:
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)
+            out.append(list(sampler))
+        return out
+
+    straight = epochs(PromptGroupSampler(groups, 2, seed=3), range(3))
+    assert straight[0] != straight[1] and straight[1] != straight[2]
+    # Resumed from a checkpoint of epoch 2, training makes a new sampler: the trainer skips the batches the checkpoint
+    # trained of the order the uninterrupted run drew in epoch 2, so every group is trained once in that epoch.
+    assert epochs(PromptGroupSampler(groups, 2, seed=3), [2]) == straight[2:]
+    # Iterated again without an epoch named, it draws a new order each time.
+    sampler = PromptGroupSampler(groups, 2, seed=3)
+    assert list(sampler) != list(sampler)
 
 
 # ------------------------------------------------------------------------------------------ TRL

@@ -7,6 +7,10 @@ repeated ``num_generations`` times as TRL would, and an experience group (Base r
 ``num_generations / 2`` times and then the Bank row as often. So the Base and Bank rollouts of one prompt always
 form one GRPO group, p_base (eq. 7) is computed from that group's own Base half, and shuffling moves whole groups
 only. Batches, their reuse across ``steps_per_generation`` and ``num_iterations``, and seeding follow TRL's sampler.
+
+Each epoch's order is a function of the seed and the epoch alone: the trainer names the epoch (``set_epoch``) before
+it iterates, so a run resumed in a later epoch draws that epoch's order, and skipping the batches its checkpoint
+trained leaves exactly the groups the epoch has not trained yet.
 """
 
 from __future__ import annotations
@@ -50,7 +54,14 @@ class PromptGroupSampler:
         self.batch_size = batch_size
         self.repeat_count = repeat_count
         self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        # Unseeded: one source for every epoch (no order to reproduce on a resume).
         self._rng = random.Random(seed)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration draws the order of (accelerate calls this at the start of every epoch)."""
+        self.epoch = epoch
 
     def expand(self, group: list[int]) -> list[int]:
         if len(group) == 1:
@@ -61,13 +72,16 @@ class PromptGroupSampler:
     def __iter__(self) -> Iterator[int]:
         order = list(range(len(self.groups)))
         if self.shuffle:
-            self._rng.shuffle(order)
+            rng = self._rng if self.seed is None else random.Random(f"{self.seed}:{self.epoch}")
+            rng.shuffle(order)
         # Incomplete last batch dropped, as TRL does.
         for start in range(0, len(order) - self.batch_size + 1, self.batch_size):
             chunk = order[start : start + self.batch_size]
             for _ in range(self.repeat_count):
                 for g in chunk:
                     yield from self.expand(self.groups[g])
+        # Iterated again without being told the epoch: the next one's order.
+        self.epoch += 1
 
     def __len__(self) -> int:
         return (len(self.groups) // self.batch_size) * self.batch_size * self.num_generations * self.repeat_count
