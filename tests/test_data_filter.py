@@ -165,6 +165,20 @@ async def test_a_problem_whose_every_sample_failed_is_left_out_not_kept(tmp_path
     assert "1 problems failed (no usable sample): left out of the filter" in card["notes"]
 
 
+async def test_a_problem_with_a_blank_reference_answer_is_left_out_not_kept_as_hard(tmp_path: Path) -> None:
+    # A blank answer (a file written with "" for a missing one) matches no sample: counted, it would look unsolved
+    # and be selected as hard. It is no reference answer: left out as unlabeled, as a problem without one is.
+    model = on_model(script(), 4)
+    problems = tmp_path / "b.jsonl"
+    rows = [("gamma", CASES[2][1], "49"), ("blank", "Blank: what is 9*9?", " ")]
+    problems.write_text("".join(json.dumps({"problem_id": i, "question": q, "answer": a}) + "\n" for i, q, a in rows))
+    out = tmp_path / "hard.jsonl"
+    grading = GradeConfig(mode="rules")
+    await run_filter(problems, tmp_path / "run", out, model.settings, grading, k=4, below=2, n=50, seed=0, model=model)
+    card = json.loads((tmp_path / "hard.card.json").read_text())
+    assert card["unlabeled"] == ["blank"] and card["selected"] == ["gamma"] and card["solved_counts"] == {"0": 1}
+
+
 async def test_failed_samples_are_not_counted_as_unsolved(tmp_path: Path) -> None:
     # k = 4, below 2. eta: 3 of its 4 calls refused, its one reply wrong: too few replies to judge (undecided), where
     # counting the failures as unsolved would keep it as hard. iota: 2 refused, of its 2 replies 1 right: solved at a

@@ -326,3 +326,12 @@ async def test_the_state_after_the_last_iteration_gives_rows_where_its_memory_up
     await tmas_run(tmp_path / "skipped", 2, script=confirmed, problems=PROBLEMS[:1], epsilon=0.0)
     skipped = build_dataset([tmp_path / "skipped"], mix=None)
     assert sorted({r["extra_info"]["iteration"] for r in skipped.train}) == [0, 1]
+
+
+async def test_a_problem_with_a_blank_reference_answer_gives_no_row(tmp_path: Path) -> None:
+    # A blank answer rewards nothing ('tmas rl train' refuses its rows): left out as unlabeled, as a missing one is.
+    blank = Problem(problem_id="p5", question="What is 6*7?", answer=" ")
+    await tmas_run(tmp_path / "run", 1, problems=[PROBLEMS[0], blank])
+    data = build_dataset([tmp_path / "run"], mix=None)
+    assert {r["extra_info"]["problem_id"] for r in data.train} == {"p1"}
+    assert data.report.unlabeled == 1 and data.report.problems == 1

@@ -32,6 +32,12 @@ class Problem(BaseModel):
     answer: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
+    @property
+    def labeled(self) -> bool:
+        """Whether there is a reference answer to reward or filter by: a blank one (a file's "" for a missing
+        answer) matches no reply, so it is none."""
+        return self.answer is not None and bool(self.answer.strip())
+
 
 def check_question(question: object, where: str) -> str:
     """A question must be non-empty text; returns it unchanged."""

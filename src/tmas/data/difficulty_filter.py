@@ -59,7 +59,7 @@ class FilterCard:
     kept_counts: dict[int, int] = field(default_factory=dict)
     kept: int = 0
     selected: list[str] = field(default_factory=list)
-    # Problems without a reference answer cannot be judged: left out.
+    # Problems without a reference answer (or a blank one) cannot be judged: left out.
     unlabeled: list[str] = field(default_factory=list)
     # Samples whose call failed (not counted: only replied samples are), problems that failed as a whole, and
     # problems with replies to fewer than half of their k samples (undecided): both left out.
@@ -141,7 +141,7 @@ def tallies(problems: list[Problem], results: list[ProblemResult], grades: Grade
     whose call failed (an error, no reply) is not counted at all."""
     counts: dict[str, tuple[int, int]] = {}
     finished = {r.problem_id: r for r in results if r.status in ("done", "failed")}
-    missing = [p.problem_id for p in problems if p.answer is not None and p.problem_id not in finished]
+    missing = [p.problem_id for p in problems if p.labeled and p.problem_id not in finished]
     if missing:
         # An unfinished problem would look hard (no sample solved it): never count it, finish it first.
         raise InputError(
@@ -149,7 +149,7 @@ def tallies(problems: list[Problem], results: list[ProblemResult], grades: Grade
             "resume them"
         )
     for problem in problems:
-        if problem.answer is None or finished[problem.problem_id].status == "failed":
+        if not problem.labeled or finished[problem.problem_id].status == "failed":
             continue  # a failed problem (no usable sample) says nothing about its difficulty: left out
         result = finished[problem.problem_id]
         first = next((rec for rec in result.iterations if rec.iteration == 0), None)
@@ -211,7 +211,7 @@ def build_card(
         kept_counts=dict(Counter(solved for solved, replied in judged.values() if is_kept(solved, replied, k, below))),
         kept=kept,
         selected=selected,
-        unlabeled=[p.problem_id for p in problems if p.answer is None],
+        unlabeled=[p.problem_id for p in problems if not p.labeled],
         failed_samples=sum(bool(c.error) for r in results for rec in r.iterations for c in rec.candidates),
         failed_problems=[r.problem_id for r in results if r.status == "failed"],
         undecided=[p.problem_id for p in problems if p.problem_id in counts and p.problem_id not in judged],

@@ -318,7 +318,8 @@ def build_dataset(
             report.runs.append(str(run_dir))
             report.rendering.append(f"`{run_dir}`: {rendering.describe()}")
             for problem in store.problems():
-                if problem.answer is None:
+                if not problem.labeled:
+                    # No reward without a reference answer (a blank one included: 'tmas rl train' refuses its rows).
                     report.unlabeled += 1
                     continue
                 if exclude.excludes(problem):

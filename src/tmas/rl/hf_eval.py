@@ -109,7 +109,7 @@ def evaluate(
     label: str,
     style: Style = "concise",
 ) -> tuple[list[ProblemOutcome], EvalSummary]:
-    labeled = [p for p in problems if p.answer is not None]
+    labeled = [p for p in problems if p.labeled]
     completions = generate(model, tokenizer, [cot_messages(p, style) for p in labeled], settings)
     outcomes = []
     for problem, completion in zip(labeled, completions, strict=True):
