@@ -342,6 +342,15 @@ def test_step_components_and_resume_trimming(tmp_path: Path) -> None:
     )
     assert row["experience/bonus"] == pytest.approx(0.15)  # 0.6 * (1 - 0.5) on one of two Bank rollouts
     assert (row["guideline/accuracy"], row["guideline/novel"], row["guideline/reward"]) == (0.5, 0.5, 0.0)
+    assert row["guideline/judge_unusable"] == 0.0
+    # Two more the judge gave no usable verdict on (counted as known), one it could not tell (-1, a verdict).
+    scored += [
+        b("guideline", True, 0.2, novelty=None, judge_note="judge call failed: HTTP 503; counted as known"),
+        b("guideline", False, -1.0, novelty=None, judge_note="judge reply unusable (no JSON): counted as known"),
+        b("guideline", False, -1.0, novelty=-1),
+    ]
+    row = reward_components(scored)
+    assert (row["guideline/rollouts"], row["guideline/novel"], row["guideline/judge_unusable"]) == (5, 0.2, 0.4)
 
     (tmp_path / "steps.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3)))
     (tmp_path / "rewards.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (0, 0, 1, 2)))

@@ -19,7 +19,8 @@ from tmas.rl import verl_reward
 from tmas.rl.data import build_dataset
 from tmas.rl.rewards import group_advantages
 from tmas.runner import prepare_run, run_problems
-from tmas.testing import SimServer
+from tmas.testing import SimScript, SimServer
+from tmas.testing.script import Rule
 
 Q = "What is 17*23?"
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,6 +168,28 @@ async def test_no_batch_boundary_raises(sim: SimServer, tmp_path: Path) -> None:
                 assert all(k.endswith("/experience") for k in cut)
                 incomplete += len(cut)
     assert incomplete  # odd sizes and the shifted start did cut experience groups, and were scored
+
+
+def test_the_judges_unusable_replies_are_recorded_on_their_rollouts(tmp_path: Path) -> None:
+    # Eq. 9 on four exploration rollouts; the judge's reply on the two marked ones is no verdict: they count as known
+    # (0.2 correct, -1.0 wrong), and each says so, where it read as a verdict of "known" before.
+    script = SimScript(
+        rules=[
+            Rule(role="judge", pattern="ZQX-UNREAD", replies=["I cannot decide."]),
+            Rule(role="judge", replies=['```json\n{"identified_strategy": "s", "novelty": 1, "same_as": null}\n```']),
+        ]
+    )
+    guideline = {**info("base"), "task": "guideline", "group": "run/p1/1/guideline", "variant": None}
+    guideline["guideline_bank"] = [{"id": "G1", "description": "Multiply digit by digit."}]
+    completions = ["\\boxed{391}", "\\boxed{0}", "\\boxed{391} ZQX-UNREAD", "\\boxed{0} ZQX-UNREAD"]
+    with SimServer(script) as server:
+        config = tmp_path / "judge.toml"
+        config.write_text(f'[endpoint]\nbase_url = "{server.base_url}"\nmodel = "sim-model"\n')
+        scores = verl_reward.compute_score_batch(
+            ["tmas/guideline"] * 4, completions, ["391"] * 4, [guideline] * 4, tmas_config=str(config)
+        )
+    assert [s["score"] for s in scores] == [1.0, -0.5, 0.2, -1.0]
+    assert [(s["novel"], s["judge_unusable"]) for s in scores] == [(1, 0), (1, 0), (0, 1), (0, 1)]
 
 
 @pytest.mark.slow

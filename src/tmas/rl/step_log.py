@@ -2,7 +2,8 @@
 
 Per task, from the rollouts the step scored (:class:`tmas.rl.trl_rewards.HybridReward`): the mean reward and the
 accuracy; for ``experience`` also the Base and Bank accuracies, p_base (eq. 7, averaged over the step's groups) and
-the bonus eq. 8 paid per Bank rollout; for ``guideline`` the share the judge found novel (eq. 9). From TRL: the mean
+the bonus eq. 8 paid per Bank rollout; for ``guideline`` the share the judge found novel (eq. 9) and the share it
+gave no usable verdict on (counted as known). From TRL: the mean
 and spread of the rewards (eq. 6 divides by that spread; ``frac_reward_zero_std`` is the share of groups whose
 rollouts all got one reward, so no advantage), the loss, the completion lengths, and tokens (prompt + completion)
 per second of the step; from the trainer, the rollouts' generation time and generated tokens per second of it
@@ -66,7 +67,11 @@ def reward_components(scored: Sequence[RewardBreakdown]) -> Row:
     p_base = {b.group: b.p_base for b in experience if b.p_base is not None}
     row["experience/p_base"] = _mean(list(p_base.values()))
     row["experience/bonus"] = _mean([b.reward - correctness_reward(b.correct) for b in bank])
-    row["guideline/novel"] = _mean([float(b.novelty == 1) for b in scored if b.task == "guideline"])
+    explored = [b for b in scored if b.task == "guideline"]
+    row["guideline/novel"] = _mean([float(b.novelty == 1) for b in explored])
+    # Counted as known for want of a verdict (a failed judge call, an unusable reply): a judge that is down reads
+    # here, not as a policy that stopped finding new strategies.
+    row["guideline/judge_unusable"] = _mean([float(b.novelty is None) for b in explored])
     return row
 
 

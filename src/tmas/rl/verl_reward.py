@@ -35,7 +35,7 @@ from tmas.rl.rewards import DEFAULT_BETA, correctness_reward
 from tmas.rl.scoring import is_correct, rollout_from_example, score_rollouts
 
 # The keys of every dict compute_score_batch returns (verl needs the same keys on every rollout of a batch).
-SCORE_KEYS = ("score", "uid", "correct", "p_base", "group_incomplete")
+SCORE_KEYS = ("score", "uid", "correct", "p_base", "group_incomplete", "novel", "judge_unusable")
 
 
 @lru_cache(maxsize=4)
@@ -61,7 +61,8 @@ def compute_score_batch(
 ) -> list[dict[str, Any]]:
     """One dict per rollout, keys :data:`SCORE_KEYS`: ``score`` (the hybrid reward), ``uid`` (the prompt group, for
     verl's GRPO grouping), ``correct`` (1/0), ``p_base`` (eq. 7, -1 where not an experience rollout or not
-    measurable) and ``group_incomplete`` (1 when the batch held only part of the group).
+    measurable), ``group_incomplete`` (1 when the batch held only part of the group), ``novel`` (n_i of eq. 9) and
+    ``judge_unusable`` (1 on an exploration rollout the judge gave no usable verdict on: counted as known).
 
     ``group_uid=False`` leaves ``uid`` out, so verl keeps its own per-row groups (the bonus then has no effect on
     the advantages: see docs/rl.md). A batch holding rows that are not from ``tmas rl build-data`` also leaves it
@@ -86,12 +87,14 @@ def compute_score_batch(
                 "correct": int(b.correct),
                 "p_base": -1.0 if b.p_base is None else b.p_base,
                 "group_incomplete": int(b.group_note is not None),
+                "novel": int(b.novelty == 1),
+                "judge_unusable": int(b.task == "guideline" and b.novelty is None),
             }
         else:
             # A row from another data set: the standard correctness reward.
             ok = is_correct(solution, str(truth))
             row = {"score": correctness_reward(ok), "uid": "", "correct": int(ok), "p_base": -1.0}
-            row["group_incomplete"] = 0
+            row.update(group_incomplete=0, novel=0, judge_unusable=0)
         if not with_uid:
             del row["uid"]
         out.append(row)
