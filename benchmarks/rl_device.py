@@ -349,6 +349,18 @@ def load_problems_file(path: Path, limit: int | None) -> list[Any]:
     return problems[:limit] if limit else problems
 
 
+def trained_questions(eval_file: Path, limit: int | None, data: Path) -> list[str]:
+    """The ids of the evaluation problems whose question (by the project's question hash: case and spacing aside)
+    is a training row's ``extra_info.question``: the before/after evaluation would measure questions trained on."""
+    import pyarrow.parquet as pq
+
+    from tmas.problems import question_hash
+
+    infos = pq.read_table(data, columns=["extra_info"]).column("extra_info").to_pylist()
+    trained = {question_hash(info["question"]) for info in infos if info and isinstance(info.get("question"), str)}
+    return [p.problem_id for p in load_problems_file(eval_file, limit) if question_hash(p.question) in trained]
+
+
 def ensure_base(work: Path, spec: str, data: Path, eval_file: Path, limit: int | None) -> Path:
     """WORK/base-hf: the model to train and evaluate as a Hugging Face checkpoint, read once. ``tiny`` is built
     from a config with a word-level tokenizer over the training and evaluation texts; a GGUF is dequantised."""
@@ -548,6 +560,12 @@ def run(args: argparse.Namespace) -> None:
     work: Path = args.work
     started = time.monotonic()
     deadline = started + args.stop_after
+    leaks = trained_questions(args.eval, args.eval_limit, args.data)
+    if leaks:
+        raise SystemExit(
+            f"--eval {args.eval}: problem {leaks[0]!r} ({len(leaks)} in all) is a question of --data {args.data}:"
+            " the evaluation must hold out what training sees (tmas rl build-data --exclude)"
+        )
     ensure_site(work, None if args.no_wheels else WHEEL_DIR)
     log(work, f"run: model {args.model}, data {args.data}, eval {args.eval}, until {args.until}, {args.stop_after} s")
     spec = args.model

@@ -203,6 +203,24 @@ def write_training_data(path: Path, question: str) -> None:
 
 
 @pytest.mark.slow
+def test_an_evaluation_holding_a_training_question_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("pyarrow")
+    device = load_benchmark("rl_device", monkeypatch)
+    data = tmp_path / "train.parquet"
+    write_training_data(data, "What is 17*23?")
+    problems = tmp_path / "eval.jsonl"
+    lines = [("e0", "What is 2 plus 2?", "4"), ("e1", "what is  17*23?", "391")]  # e1: the training question
+    problems.write_text("".join(json.dumps({"problem_id": i, "question": q, "answer": a}) + "\n" for i, q, a in lines))
+    work = tmp_path / "work"
+    options = ["--model", "tiny", "--no-wheels", "--work", str(work), "--out", str(tmp_path / "out")]
+    args = device.parse_args(["run", *options, "--data", str(data), "--eval", str(problems)])
+    with pytest.raises(SystemExit, match=r"problem 'e1' \(1 in all\) is a question of --data"):
+        device.run(args)
+    assert not (work / "base-hf").exists()
+    # Held out by --eval-limit 1 (e0 alone): nothing to refuse.
+    assert device.trained_questions(problems, 1, data) == []
+
+
 def test_evaluation_and_result_files_with_a_tiny_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("peft")
     pytest.importorskip("datasets")
