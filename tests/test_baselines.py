@@ -201,6 +201,24 @@ async def test_verify_refine_corrector_sees_the_report_that_came_back_not_a_fail
     assert any(n.startswith("candidate 0, verifier 0: call failed:") for n in first.notes)
 
 
+async def test_verify_refine_does_not_score_a_verification_cut_at_max_tokens() -> None:
+    # m = 2: the first verification is cut at max_tokens through its score line ("Score: 1" of "Score: 1/2"), the
+    # second reports 0.5. The cut one is not read: it counts 0 ((0 + 0.5) / 2), and its record and note say it was cut.
+    script = SimScript(
+        rules=[
+            Rule(role="verifier", replies=["Step 2 leaves a gap.\nScore: 1"], finish_reason="length", times=1),
+            Rule(role="verifier", replies=["## Analysis\nStep 2 leaves a gap.\n\n## Score\nScore: 0.5"]),
+        ]
+    )
+    result, _ = await run("verify_refine", script, n=1, m=2, iterations=1)
+    first = result.iterations[0]
+    (candidate,) = first.candidates
+    records = candidate.meta.verifications or []
+    assert [(v.score, v.truncated) for v in records] == [(None, True), (0.5, None)]
+    assert candidate.score == 0.25
+    assert "candidate 0, verifier 0: no readable score (cut at max_tokens, so not read); counted 0" in first.notes
+
+
 async def test_pacore_rounds_see_compact_messages_of_the_whole_previous_round() -> None:
     n = 3
     replies = [

@@ -260,15 +260,24 @@ async def test_solution_without_a_boxed_answer() -> None:
         assert any("no extractable answer" in note for note in record.notes)
 
 
-async def test_a_verification_cut_mid_analysis_is_not_read_from_a_restated_scale() -> None:
-    # Each verifier restates the scale, then is cut at max_tokens before its verdict: no score, counted 0.
-    cut = "Step 1 holds.\nScore: 1 is for a fully correct solution, so step 2 must be checked.\nStep 2 multiplies"
+@pytest.mark.parametrize(
+    "cut",
+    [
+        # Each verifier restates the scale mid-analysis, then is cut at max_tokens before its verdict.
+        "Step 1 holds.\nScore: 1 is for a fully correct solution, so step 2 must be checked.\nStep 2 multiplies",
+        # Cut through its last line: "Score: 1/2" (or "Score: 1 when ...") after its first digit.
+        "Step 1 holds; step 2 leaves a gap.\nScore: 1",
+    ],
+)
+async def test_a_verification_cut_at_max_tokens_is_not_scored(cut: str) -> None:
+    # No score, counted 0; the record says the reply was cut.
     script = SimScript(rules=[Rule(role="verifier", replies=[cut], finish_reason="length")])
     result, _ = await run_tmas(script, n=1, m=2, iterations=1)
     record = result.iterations[0]
-    assert [v.score for v in record.candidates[0].meta.verifications or []] == [None, None]
+    verifications = record.candidates[0].meta.verifications or []
+    assert [(v.score, v.truncated, v.raw) for v in verifications] == [(None, True, cut), (None, True, cut)]
     assert record.candidates[0].score == 0.0 and result.counters["verification_unparseable"] == 2
-    assert any("cut at max_tokens before a final score line" in note for note in record.notes)
+    assert any("cut at max_tokens, so not read" in note for note in record.notes)
 
 
 async def test_verification_without_a_score() -> None:

@@ -46,14 +46,18 @@ def test_verification_scores(text: str, score: float | None, snapped: bool) -> N
         # Cut mid-analysis after restating the scale: that line is no verdict.
         ("Step 1 holds.\nScore: 1 means fully correct, so check step 2.\nStep 2 divides by", None),
         ("## Score\n\\boxed{1} if every step holds; \\boxed{0} if one fails.\nStep 2 divides by", None),
-        # Cut right after its last line, the verdict.
-        ("Step 2 divides by zero.\nScore: 0", 0.0),
-        ("## Analysis\nAll steps hold.\n## Score\n\\boxed{1}", 1.0),
-        # A JSON object that parsed whole.
-        ('{"analysis": "Score: 0 would fit a wrong step; none is.", "score": 1}', 1.0),
+        # The last line restates the scale where the cut went through it.
+        ("Step 2 divides by zero.\nThe rubric gives\nScore: 1 when", None),
+        # A score line the cut went through: "Score: 1/2" and "Score: 0.5" cut after their first character.
+        ("Step 2 divides by zero.\nScore: 1", None),
+        ("Step 2 divides by zero.\nScore: 0", None),
+        ("## Analysis\nAll steps hold.\n## Score\n\\boxed{1}", None),
+        # A JSON object that parsed whole, the cut in the blank lines a constrained server let follow it.
+        ('{"analysis": "Score: 0 would fit a wrong step; none is.", "score": 1}\n\n\n', 1.0),
     ],
 )
-def test_a_cut_verification_is_scored_from_its_last_line_alone(text: str, score: float | None) -> None:
+def test_a_cut_verification_is_scored_only_from_a_whole_json_object(text: str, score: float | None) -> None:
+    # A reply cut at max_tokens had not stopped: its last line is unfinished (or more was to follow it).
     assert parse_verification(text, truncated=True).score == score
 
 

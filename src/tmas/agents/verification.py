@@ -7,8 +7,10 @@ in a code fence) gives its ``score`` and its ``analysis`` as the feedback. Other
 such as 0.5/1 allowed); failing that, a lone boxed number in the ``## Score`` section. A value inside [0, 1] off the
 scale is snapped to the nearest point (ties go down) and flagged; anything else means no score.
 
-A reply cut at max_tokens stopped wherever it was: a ``Score:`` line before its end may restate the scale in the
-middle of the analysis. Its score is read from a JSON object that parsed whole, or from its last line alone.
+A reply cut at max_tokens had not stopped: a ``Score:`` line before its end may restate the scale in the middle of the
+analysis, and its last line is one the cut went through ("Score: 1" of "Score: 1/2" or of "Score: 1 when every
+step holds"), or one that more was to follow. Its score is read only from a JSON object that parsed whole (a
+constrained server may let blank space follow the object until the cut); otherwise it has no score.
 """
 
 from __future__ import annotations
@@ -111,29 +113,23 @@ def _json_reply(content: str) -> tuple[str, str | None] | None:
 
 
 def parse_verification(content: str, *, truncated: bool = False) -> Verification:
-    """The feedback and score of a verifier's reply; ``truncated``: the reply was cut at max_tokens, and only its
-    last line (or a whole JSON object) can hold its verdict."""
+    """The feedback and score of a verifier's reply; ``truncated``: the reply was cut at max_tokens, and only a
+    whole JSON object can hold its verdict."""
     structured = _json_reply(content)
     if structured is not None:
         analysis, score = structured
         return _scored(analysis or content.strip(), score)
-    searched = _last_line(content) if truncated else content
+    if truncated:
+        return Verification(feedback=content.strip(), score=None)
     raw: str | None = None
-    matches = _SCORE_LINE.findall(searched)
+    matches = _SCORE_LINE.findall(content)
     if matches:
         raw = matches[-1]
     else:
         section = _SCORE_SECTION.search(content)
-        # The section runs to the end of the reply: a cut one's last line is the section's.
-        body = (_last_line(section.group(1)) if truncated else section.group(1)) if section else None
-        boxed = last_boxed(body) if body else None
+        boxed = last_boxed(section.group(1)) if section else None
         raw = boxed.strip() if boxed else None
     return _scored(content.strip(), raw)
-
-
-def _last_line(text: str) -> str:
-    lines = text.strip().splitlines()
-    return lines[-1] if lines else ""
 
 
 def _scored(feedback: str, raw: str | None) -> Verification:

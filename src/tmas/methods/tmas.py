@@ -654,9 +654,11 @@ class TMAS(Method[TMASParams]):
                 verification = parse_verification(v_reply.content, truncated=v_reply.truncated)
                 if verification.snapped:
                     entry.snapped = True
+            if v_reply.ok and v_reply.truncated:
+                entry.truncated = True
             if v_reply.ok and verification.score is None:
                 session.tally("verifier").unusable += 1
-                cut = " (cut at max_tokens before a final score line)" if v_reply.truncated else ""
+                cut = " (cut at max_tokens, so not read)" if v_reply.truncated and not logprob else ""
                 log.bad("verification_unparseable", f"candidate {i}, verifier {j}: no readable score{cut}; counted 0")
                 entry.raw = v_reply.content[:RAW_LIMIT]
             verifications.append(verification)

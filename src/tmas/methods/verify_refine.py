@@ -181,7 +181,12 @@ class VerifyRefine(Method[VerifyRefineParams]):
             score = 0.0
         candidate.score = score
         candidate.meta.verifications = [
-            VerificationRecord(score=v.score, call_id=r.call_id, error=r.error if not r.ok else None)
+            VerificationRecord(
+                score=v.score,
+                call_id=r.call_id,
+                error=r.error if not r.ok else None,
+                truncated=True if r.ok and r.truncated else None,
+            )
             for v, r in zip(reports, replies, strict=True)
         ]
         return Verified(candidate, _most_critical(reports, [r.ok for r in replies]))
@@ -206,5 +211,6 @@ def verification_notes(candidates: list[Candidate]) -> list[str]:
             if v.error is not None:
                 notes.append(f"candidate {c.index}, verifier {j}: call failed: {v.error}; counted 0")
             elif v.score is None:
-                notes.append(f"candidate {c.index}, verifier {j}: no readable score; counted 0")
+                cut = " (cut at max_tokens, so not read)" if v.truncated else ""
+                notes.append(f"candidate {c.index}, verifier {j}: no readable score{cut}; counted 0")
     return notes

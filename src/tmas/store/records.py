@@ -65,7 +65,8 @@ class _Sparse(BaseModel):
 class VerificationRecord(_Sparse):
     """One verification of a candidate: its score (None: the call failed or no score could be read) and call, and
     how the score was read (TMAS's ``verifier_score = "logprob"``: its source and the digits' probabilities; a
-    score snapped to the scale; the start of a reply whose score was unreadable)."""
+    score snapped to the scale; a reply cut at max_tokens, which text scoring does not score; the start of a reply
+    whose score was unreadable)."""
 
     score: float | None = None
     call_id: int | None = None
@@ -73,6 +74,7 @@ class VerificationRecord(_Sparse):
     source: str | None = None
     probabilities: dict[str, float] | None = None
     snapped: bool | None = None
+    truncated: bool | None = None
     raw: str | None = None
 
 
