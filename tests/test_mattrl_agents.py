@@ -59,6 +59,15 @@ def test_team_descriptions_keep_their_latex() -> None:
     assert team[0].description == "Tiles $2\\times n$ with $\\frac{n}{2}$."
 
 
+def test_team_descriptions_over_lines_with_any_latex_command_are_read() -> None:
+    # Unconstrained, a coordinator breaks a description over lines as prose (JSON wants the break escaped) and
+    # writes commands that begin no JSON escape ("\sum", "\cdot") with one backslash.
+    said = '"description": "Bounds $\\sum_k k \\cdot 2^k$\nby parts."'
+    raw = 'The team:\n[{"specialty": "Summer", "role": "leader", ' + said + "}]"
+    team, _ = domain_named("math").parse_team(raw, 3)
+    assert team[0].description == "Bounds $\\sum_k k \\cdot 2^k$\nby parts."
+
+
 def test_team_without_leader_gets_the_first_as_leader() -> None:
     team, notes = domain_named("math").parse_team(json.dumps([member("A", "analyst"), member("B", "critic")]), 3)
     assert [m.leader for m in team] == [True, False]

@@ -137,6 +137,23 @@ def test_latex_in_json_strings_is_read_as_latex() -> None:
     assert scored.feedback == "Uses \\binom{5}{2} \\times 2 correctly." and scored.score == 1.0
 
 
+def test_json_strings_broken_over_lines_are_read() -> None:
+    # Unconstrained, a model writes a long string of its JSON over several lines, its line breaks and tabs as they
+    # are, not escaped: JSON forbids them inside a string, but the object means one thing.
+    analysis = "Step 1 holds.\nStep 2 divides by zero:\n\tthe case x = 0 is lost."
+    bare = '{"analysis": "' + analysis + '", "score": 0}'
+    reply = f"```json\n{bare}\n```"
+    assert extract_json_object(reply) == {"analysis": analysis, "score": 0}
+    assert extract_json_object(f"The verdict:\n{bare}\nDone.") == {"analysis": analysis, "score": 0}
+    verification = parse_verification(reply)
+    assert (verification.score, verification.feedback) == (0.0, analysis)
+    heuristic = "Do not divide by x\nbefore x = 0 is ruled out."
+    update = parse_experience_update(
+        '{"operations": [{"op": "ADD", "kind": "heuristic", "content": "' + heuristic + '"}]}'
+    )
+    assert [op.content for op in update.operations] == [heuristic]
+
+
 def test_experience_update_parsing() -> None:
     update = parse_experience_update(
         '```json\n{"operations": [{"op": "keep", "id": "E1"}, {"op": "MERGE"},'

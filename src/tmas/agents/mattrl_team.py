@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from tmas.agents.output import AgentOutputError, latex_restored
+from tmas.agents.output import AgentOutputError, latex_restored, literal_backslashes
 from tmas.agents.templates import prompt
 from tmas.llm.types import Message
 from tmas.memory.transcript import TeamMember
@@ -134,10 +134,13 @@ def recruit_prompt(
 
 
 def _json_array(text: str) -> list[Any]:
-    """The JSON array in a reply: fenced or bare, possibly inside an object, trailing commas repaired."""
+    """The JSON array in a reply: fenced or bare, possibly inside an object, trailing commas repaired; read as
+    :func:`tmas.agents.output.loads_reply` reads JSON (line breaks inside strings as written, a backslash that
+    begins no escape taken literally where nothing parses without)."""
+    decoder = json.JSONDecoder(strict=False)
     for source in [*reversed(_FENCE.findall(text)), text]:
-        for candidate in (source, _TRAILING_COMMA.sub(r"\1", source)):
-            decoder = json.JSONDecoder()
+        repaired = _TRAILING_COMMA.sub(r"\1", source)
+        for candidate in dict.fromkeys((source, repaired, literal_backslashes(source), literal_backslashes(repaired))):
             position = min((p for p in (candidate.find("["), candidate.find("{")) if p >= 0), default=-1)
             while position >= 0:
                 try:

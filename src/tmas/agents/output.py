@@ -51,11 +51,14 @@ def literal_backslashes(text: str) -> str:
 
 
 def loads_reply(text: str) -> Any:
-    """``json.loads`` of a model's JSON, its LaTeX written back (:func:`latex_restored`); raises ``ValueError``."""
+    """``json.loads`` of a model's JSON, its LaTeX written back (:func:`latex_restored`); raises ``ValueError``.
+
+    A line break or tab inside a string is read as written: JSON asks for them escaped, but a model writing a long
+    string without a schema breaks it over lines as prose, and the object means the same."""
     try:
-        value = json.loads(text)
+        value = json.loads(text, strict=False)
     except ValueError:
-        value = json.loads(literal_backslashes(text))
+        value = json.loads(literal_backslashes(text), strict=False)
     return latex_restored(value)
 
 
@@ -81,7 +84,7 @@ def extract_json_object(text: str) -> dict[str, Any]:
 
 
 def _last_object(text: str) -> dict[str, Any] | None:
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(strict=False)
     found: dict[str, Any] | None = None
     position = text.find("{")
     while position != -1:
