@@ -35,11 +35,17 @@ from tmas.problems import Problem
         ("Hence $\\boxed{1}$, $\\boxed{2}$ and $\\boxed{5}$.", "1, 2, 5", "boxed"),
         ("\\boxed{3}\n\\boxed{4}", "3, 4", "boxed"),
         ("So \\boxed{3}, that is \\boxed{3}", "3", "boxed"),
+        # The same in LaTeX's own math delimiters, \( \) and \[ \], as much as in '$'.
+        ("So \\(\\boxed{4}\\) or \\(\\boxed{3}\\).", "4 or 3", "boxed"),
+        ("Hence \\(\\boxed{1}\\), \\(\\boxed{2}\\) and \\(\\boxed{5}\\).", "1, 2, 5", "boxed"),
+        ("\\[\\boxed{3}\\]\n\\[\\boxed{4}\\]", "3, 4", "boxed"),
         # Boxes apart (a blank line, words between them, parts of a question) are not joined: the last one counts.
         ("\\boxed{3}\n\nOn reflection: \\boxed{4}", "4", "boxed"),
         ("\\boxed{3}\n\n\\boxed{4}", "4", "boxed"),
         ("\\boxed{3} \\text{ corrected to } \\boxed{4}", "4", "boxed"),
         ("(a) \\boxed{5} (b) \\boxed{7}", "7", "boxed"),
+        ("We tried \\(\\boxed{3}\\).\n\nSo \\(\\boxed{4}\\)", "4", "boxed"),
+        ("\\[\\boxed{3}\\]\n\n\\[\\boxed{4}\\]", "4", "boxed"),
     ],
 )
 def test_extraction_falls_back_to_an_explicit_statement(text: str, answer: str | None, source: str) -> None:

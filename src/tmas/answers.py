@@ -14,11 +14,13 @@ _FINAL_ANSWER = re.compile(
 )
 
 # What may stand between boxes that state one final answer together, on one line or adjacent lines: "\\boxed{3} or
-# \\boxed{4}", "$\\boxed{1}$, $\\boxed{2}$ and $\\boxed{5}$". Anything else between two boxes (a sentence, "(b)",
-# "corrected:", a blank line) makes the earlier one no part of the last.
+# \\boxed{4}", "$\\boxed{1}$, $\\boxed{2}$ and $\\boxed{5}$", with the math delimiters "\\( \\)" and "\\[ \\]" as
+# with '$'. Anything else between two boxes (a sentence, "(b)", "corrected:", a blank line) makes the earlier one no
+# part of the last.
 _LINK_WORD = r"\b(?:and|or|possibly|maybe|perhaps|either)\b"
+_TEXT_LINK = rf"\\text\s*\{{(?:\s|[,;]|{_LINK_WORD})*\}}"
 _JOINED = re.compile(
-    rf"(?:[^\S\n]|\n(?!\s*\n)|[$,;()]|\\[,;:! ]|\\q?quad\b|\\text\s*\{{(?:\s|[,;]|{_LINK_WORD})*\}}|{_LINK_WORD})*",
+    rf"(?:[^\S\n]|\n(?!\s*\n)|[$,;()]|\\[,;:! ()\[\]]|\\q?quad\b|{_TEXT_LINK}|{_LINK_WORD})*",
     re.I,
 )
 _ALTERNATIVE_WORD = re.compile(r"\b(?:or|possibly|maybe|perhaps|either)\b", re.I)
