@@ -84,6 +84,38 @@ def test_text_fallback_and_no_score() -> None:
     assert parse_score_first("It is correct.", None).source == "none"
 
 
+@pytest.mark.parametrize(
+    ("text", "score"),
+    [
+        # The scale restated in the label: its digits are not the grade.
+        ("Score (0-2): 2\nEvery step holds.", 1.0),
+        ("**Score [0, 1 or 2]:** 1\nA gap in step 2.", 0.5),
+        ("Score (0-2): 1/2", None),
+        # After "Score", only spacing, emphasis, ':', '=' or '$' stand before the digit.
+        ("Score: -1", None),
+        ("Score in words: two", None),
+    ],
+)
+def test_a_restated_scale_after_score_is_not_the_grade(text: str, score: float | None) -> None:
+    assert parse_score_first(text, None).score == score
+
+
+def test_the_score_token_follows_the_label_not_the_scale_it_restates() -> None:
+    # "Score (0-2): 1": the "0" after "Score (" copies the scale; the score token is the "1" after the label.
+    payload = [
+        position("Score", 1.0, {}),
+        position(" (", 1.0, {}),
+        position("0", 0.9, {"0": 0.9, "2": 0.1}),
+        position("-", 1.0, {}),
+        position("2", 1.0, {}),
+        position("):", 1.0, {}),
+        position(" 1", 0.5, {" 1": 0.5, " 2": 0.5}),
+    ]
+    # Hand: p(1) = p(2) = 0.5: E[s] = 0.5 * 0.5 + 0.5 * 1 = 0.75.
+    found = expected_score(tokens(payload))
+    assert found is not None and found[0] == pytest.approx(0.75)
+
+
 async def test_tmas_logprob_scoring_sends_logprobs_and_reads_the_payload(sim: SimServer) -> None:
     reply = "Score: 2\nEvery step checks out."
     sim.set_script(SimScript(rules=[Rule(role="verifier", replies=[reply], logprobs=PAYLOAD)]))

@@ -20,10 +20,14 @@ from tmas.llm.types import Message, TokenLogprob
 
 # The one-token digits of the prompt's scale and the score each stands for on TMAS's 0 / 0.5 / 1 scale.
 DIGIT_SCORES = {"0": 0.0, "1": 0.5, "2": 1.0}
-# What precedes the score digit: "Score:", "**Score:** ", "score =" (the prefix of the reply so far ends with it).
-_BEFORE_DIGIT = re.compile(r"score\W*$", re.I)
+# What precedes the score digit: "Score:", "**Score:** ", "score =", "Score (0-2):". Only spacing, emphasis, ':', '='
+# or '$' stand between the label (with the scale it may restate in brackets) and the digit: the "0" of "Score (0-2)"
+# and the "1" of "Score: -1" are no grade.
+_LABEL = r"\bscore(?:\s*[(\[][^()\[\]\n]*[)\]])?[\s*_:=$`]*"
+# The prefix of the reply so far ends with the label.
+_BEFORE_DIGIT = re.compile(_LABEL + "$", re.I)
 # The text form: "Score: S" with a lone digit of the scale (not "0.5", not "10").
-_SCORE_TEXT = re.compile(r"score\W*([0-2])(?![\d.,/]*\d)", re.I)
+_SCORE_TEXT = re.compile(_LABEL + r"([0-2])(?![\d.,/]*\d)", re.I)
 
 
 class ScoredVerification(BaseModel):
