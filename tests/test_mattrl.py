@@ -330,6 +330,25 @@ async def test_a_decision_cut_inside_its_final_answer_is_read_without_a_rewrite(
     assert not any("<reply>" in prompt for prompt in last_user_prompts(model, "coordinator"))
 
 
+async def test_a_decision_cut_at_max_tokens_is_not_read_from_the_line_the_cut_went_through() -> None:
+    # Cut at max_tokens inside its one-line answer ("39" of "391"): the line is unfinished, so the answer tag holds
+    # no answer, and the team's answer is used.
+    cut = "<analysis>\n- 17*23 = 391\n</analysis>\n<final_answer>\n39"
+    rules = [Rule(role="coordinator", pattern="<team_summary>", replies=[cut], finish_reason="length")]
+    result, _ = await run(rules, iterations=1)
+    assert result.answer == "391"
+    assert result.iterations[-1].notes[-1] == (
+        "decision: unreadable (its tags hold no answer); the team's majority answer is used"
+    )
+
+
+async def test_a_medicine_decision_cut_at_max_tokens_drops_the_diagnosis_the_cut_went_through() -> None:
+    cut = "<analysis>\n- storage disease\n</analysis>\n<top10>\n[1] Fabry disease\n[2] Gaucher disease\n[3] Pompe dis"
+    rules = [Rule(role="coordinator", pattern="<team_summary>", replies=[cut], finish_reason="length")]
+    result, _ = await run(rules, domain="medicine", iterations=1)
+    assert result.iterations[-1].state["decision"]["top10"] == ["Fabry disease", "Gaucher disease"]
+
+
 async def test_each_role_gets_its_own_model_and_sampling(sim: SimServer, sim2: SimServer, tmp_path: Path) -> None:
     roles = {
         "coordinator": {"model": "chair", "sampling": {"temperature": 0.1, "max_tokens": 900}},

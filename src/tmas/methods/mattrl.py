@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 from pydantic import Field
 
 from tmas.agents.echo import EchoGuard
-from tmas.agents.mattrl_decision import Decision, discussion_record
+from tmas.agents.mattrl_decision import Decision, discussion_record, finished_lines
 from tmas.agents.mattrl_team import TeamReply
 from tmas.agents.output import AgentOutputError
 from tmas.agents.solution import SolutionOutput, parse_solution
@@ -416,19 +416,21 @@ class MATTRL(Method[MATTRLParams]):
         guard = EchoGuard.of(messages)
 
         def echo_of(reply: Completion) -> str | None:
-            found = domain.parse_decision(reply.content)
+            found = domain.parse_decision(finished_lines(reply))
             return "final answer" if found is not None and guard.echoes_answer(found.answer) else None
 
         guarded = await chat_guarded(session, "coordinator", messages, echo_of, sample=_DECISION_SAMPLE)
         reply = guarded.reply
         if guarded.first_echo is not None:
             notes.append("decision: the final answer echoed the prompt's instructions; asked again")
-        decision = domain.parse_decision(reply.content) if reply.ok and guarded.echo is None else None
+        # A reply cut at max_tokens is read (and shown to the rewrite) without the line the cut went through.
+        said = finished_lines(reply)
+        decision = domain.parse_decision(said) if reply.ok and guarded.echo is None else None
         final = reply
-        if decision is None and reply.ok and reply.content.strip() and guarded.echo is None:
+        if decision is None and reply.ok and said.strip() and guarded.echo is None:
             notes.append("decision: the required tags are missing; asked for one rewrite")
-            final = await session.chat("coordinator", domain.rewrite_prompt(reply.content), sample=_DECISION_SAMPLE + 1)
-            decision = domain.parse_decision(final.content) if final.ok else None
+            final = await session.chat("coordinator", domain.rewrite_prompt(said), sample=_DECISION_SAMPLE + 1)
+            decision = domain.parse_decision(finished_lines(final)) if final.ok else None
         if decision is None or decision.answer is None:
             why = reply.error or (
                 "its answer echoed the instructions twice"
@@ -437,7 +439,7 @@ class MATTRL(Method[MATTRLParams]):
                 if decision is None
                 else "its tags hold no answer"
             )
-            read = domain.decision_fallback(reply.content) if reply.ok and guarded.echo is None else None
+            read = domain.decision_fallback(said) if reply.ok and guarded.echo is None else None
             pooled = pooled_differential(seats)
             decision = Decision(report=reply.content if reply.ok else "", answer=read or self._majority(seats))
             if pooled:
