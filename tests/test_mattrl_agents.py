@@ -18,6 +18,7 @@ from tmas.agents.mattrl_review import (
     parse_review,
     unreadable_review,
 )
+from tmas.agents.mattrl_teaching import parse_letter
 from tmas.agents.mattrl_team import MEDICINE_CATALOG
 from tmas.agents.output import AgentOutputError
 from tmas.memory.pool_entry import PoolEntry
@@ -266,3 +267,23 @@ def test_discussion_record_keeps_every_round_and_shortens_older_rounds_first() -
     tight = discussion_record(status, rounds, 300)
     assert tight.count("Q") == 0 and "[300 characters left out to fit the context window]" in tight
     assert 0 < tight.count("Z") < 300 and len(tight) <= 300
+
+
+@pytest.mark.parametrize(
+    ("reply", "letter"),
+    [
+        ("Option C fits.\nAnswer: C", "C"),
+        ("**Answer: (b)**", "B"),
+        ("Answer: C\n\nOn reflection, B.\nAnswer: B", "B"),  # the last line of the form
+        # The label with "Final" before it, and the letter boxed, as models write them.
+        ("Option C fits.\n**Final Answer:** C", "C"),
+        ("Option C fits.\nAnswer: $\\boxed{C}$", "C"),
+        # No single letter: unread.
+        ("Answer: A or B", None),
+        ("Answer: C is wrong, so D", None),
+        ("The answer is C", None),
+        ("My final answer: C, unless D", None),
+    ],
+)
+def test_the_students_letter(reply: str, letter: str | None) -> None:
+    assert parse_letter(reply) == letter

@@ -1,8 +1,8 @@
 """MATTRL's education agents (paper 003, C.4): the student (pre-test, replies, post-test), the teachers (one
 teacher's questions, team members' analyses, closing guidance) and the coordinator's question plan.
 
-The student's answer is the letter on its last ``Answer: X`` line; the plan is the question on a ``ROUND k:`` line
-(the whole reply when there is none).
+The student's answer is the letter on its last ``Answer: X`` line (``Final Answer: X`` or a boxed letter too); the
+plan is the question on a ``ROUND k:`` line (the whole reply when there is none).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from tmas.llm.types import Message
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember
 
-_LETTER = re.compile(r"^\W*answer\W*\s*[:=]?\s*\(?([A-J])\)?\W*$", re.I | re.M)
+# "Answer: C" alone on its line; "Final Answer", emphasis, brackets and a box around the letter allowed.
+_LETTER = re.compile(r"^\W*(?:final\s+)?answer\W*(?:\\boxed\s*\{\s*)?\(?([A-J])\)?\W*$", re.I | re.M)
 _PLAN = re.compile(r"^\s*\**ROUND\s*\d+\**\s*:\s*(.+?)\s*$", re.I | re.M)
 
 
