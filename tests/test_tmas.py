@@ -261,6 +261,26 @@ async def test_solution_without_a_boxed_answer() -> None:
 
 
 @pytest.mark.parametrize(
+    ("cut", "answer", "extraction"),
+    [
+        # Cut at max_tokens through its statement ("39" of "391"): no answer is read from the unfinished line.
+        ("17*23 = 391.\nThe answer is 39", None, "none"),
+        # An earlier statement, on a line finished before the cut, stands.
+        ("The answer is 391.\nChecking once more: 17*23 = 391, so the answer is 3", "391", "stated"),
+        # A box is whole wherever it is: one on the line the cut went through is read.
+        ("17*23 = 391, so the answer is \\boxed{391}. To check, 391 / 17 = 2", "391", "boxed"),
+    ],
+)
+async def test_a_solution_cut_at_max_tokens_states_no_answer_on_the_line_the_cut_went_through(
+    cut: str, answer: str | None, extraction: str
+) -> None:
+    script = SimScript(rules=[Rule(role="solution", replies=[cut], finish_reason="length")])
+    result, _ = await run_tmas(script, n=1, m=1, iterations=1)
+    (candidate,) = result.iterations[0].candidates
+    assert (candidate.answer, candidate.meta.extraction, candidate.meta.truncated) == (answer, extraction, True)
+
+
+@pytest.mark.parametrize(
     "cut",
     [
         # Each verifier restates the scale mid-analysis, then is cut at max_tokens before its verdict.

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from tmas.agents.mattrl_opinion import ranked_names
 from tmas.agents.templates import prompt
 from tmas.answers import extract_answer
-from tmas.llm.types import Completion, Message
+from tmas.llm.types import Message
 
 
 class Decision(BaseModel):
@@ -35,15 +35,6 @@ def _tag(text: str, name: str) -> str | None:
     if len(opened) < 2:
         return None
     return re.split(r"</?[a-z_][a-z0-9_]*>", opened[-1], maxsplit=1, flags=re.I)[0].strip()
-
-
-def finished_lines(reply: Completion) -> str:
-    """What a decision reply says in lines it finished: a reply cut at max_tokens without its last line, which the cut
-    went through (an answer "39" of "391", a diagnosis "Pompe dis"); any other reply whole."""
-    if not reply.truncated:
-        return reply.content
-    head, newline, _ = reply.content.rpartition("\n")
-    return head + newline
 
 
 def decision_prompt(question: str, domain: str, summary: str, *, system_name: str | None = None) -> list[Message]:

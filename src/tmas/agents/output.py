@@ -8,6 +8,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from tmas.llm.types import Completion
+
 Item = TypeVar("Item", bound=BaseModel)
 
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n(.*?)```", re.S)
@@ -15,6 +17,15 @@ _FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n(.*?)```", re.S)
 
 class AgentOutputError(ValueError):
     """An agent's reply that cannot be used (empty, truncated, unparseable). The message says why, in one line."""
+
+
+def finished_lines(reply: Completion) -> str:
+    """What a reply says in lines it finished: one cut at max_tokens without its last line, which the cut went
+    through (an answer "39" of "391", a name "Pompe dis"); any other reply whole."""
+    if not reply.truncated:
+        return reply.content
+    head, newline, _ = reply.content.rpartition("\n")
+    return head + newline
 
 
 # A model writing LaTeX inside a JSON string writes one backslash. "\frac", "\binom", "\times", "\neq" and

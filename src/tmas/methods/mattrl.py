@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 from pydantic import Field
 
 from tmas.agents.echo import EchoGuard
-from tmas.agents.mattrl_decision import Decision, discussion_record, finished_lines
+from tmas.agents.mattrl_decision import Decision, discussion_record
 from tmas.agents.mattrl_team import TeamReply
-from tmas.agents.output import AgentOutputError
+from tmas.agents.output import AgentOutputError, finished_lines
 from tmas.agents.solution import SolutionOutput, parse_solution
 from tmas.answers import normalize_answer
 from tmas.errors import LLMError

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from tmas.agents.echo import EchoGuard
+from tmas.agents.output import finished_lines
 from tmas.agents.solution import SolutionOutput, parse_section
 from tmas.config import Sampling
 from tmas.llm.types import Completion, Message, Usage
@@ -96,6 +97,11 @@ async def solve_call(
         error = f"stopped early: {reply.stopped_early}"
         return _unusable(index, reply, reply.content, error, info, _confidence(reply, confidence_window))
     solution = parse(reply.content, mode)
+    if reply.truncated and solution.extraction == "stated":
+        # A statement on the line the cut went through is unfinished ("The answer is 39" of "... 391"): the answer
+        # is stated on a finished line or not at all. A box is whole wherever it is.
+        finished = parse(finished_lines(reply), mode)
+        solution = solution.model_copy(update={"answer": finished.answer, "extraction": finished.extraction})
     if guarded.echo is not None:
         info.echo = guarded.echo
         error = f"the {guarded.echo} echoed the prompt's instructions (asked twice)"
