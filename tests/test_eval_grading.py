@@ -153,6 +153,7 @@ async def test_an_item_without_an_answer_is_wrong_only_when_it_has_no_text(tmp_p
         (r'{"reasoning": "\sqrt{4} = 2 and \frac{4}{2} = 2", "equivalent": true}', True),
         # Reasoning over two lines, its line break written as it is.
         ('{"reasoning": "Both are 2.\nThe forms differ only in style.", "equivalent": true}', True),
+        ('{"reasoning": "They differ.", "equivalent": false,}', False),
     ],
 )
 def test_judge_reply_parsing(text: str, expected: bool | None) -> None:

@@ -154,6 +154,17 @@ def test_json_strings_broken_over_lines_are_read() -> None:
     assert [op.content for op in update.operations] == [heuristic]
 
 
+def test_json_with_trailing_commas_is_read_and_not_from_an_object_inside_it() -> None:
+    # A comma before a closing bracket or brace is read as JSON without it, in a string or not.
+    assert extract_json_object('```json\n{"analysis": "a, b", "score": 4,}\n```') == {"analysis": "a, b", "score": 4}
+    assert extract_json_object('Verdict: {"a": [1, 2,], "b": "x,]"}') == {"a": [1, 2], "b": "x,]"}
+    # Before, the object holding the trailing comma did not parse and the one inside it was taken as the reply's.
+    assert extract_json_object('{"score": 2, "detail": {"score": 5},}') == {"score": 2, "detail": {"score": 5}}
+    update = parse_experience_update('{"operations": [{"op": "KEEP", "id": "E1"}, {"op": "DELETE", "id": "E2"},]}')
+    assert [(op.op, op.id) for op in update.operations] == [("KEEP", "E1"), ("DELETE", "E2")]
+    assert parse_verification('{"analysis": "Step 2 fails.", "score": 0,}').score == 0.0
+
+
 def test_experience_update_parsing() -> None:
     update = parse_experience_update(
         '```json\n{"operations": [{"op": "keep", "id": "E1"}, {"op": "MERGE"},'

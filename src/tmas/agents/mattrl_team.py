@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from tmas.agents.output import AgentOutputError, latex_restored, literal_backslashes
+from tmas.agents.output import AgentOutputError, latex_restored, literal_backslashes, without_trailing_commas
 from tmas.agents.templates import prompt
 from tmas.llm.types import Message
 from tmas.memory.transcript import TeamMember
@@ -52,7 +52,6 @@ DIAGNOSTICIAN, STRATEGIST, SUBJECT_EXPERT, LEAD_TEACHER = (
 TEACHING_ROLES = (DIAGNOSTICIAN, STRATEGIST, SUBJECT_EXPERT)
 
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n(.*?)```", re.S)
-_TRAILING_COMMA = re.compile(r",\s*([\]}])")
 
 
 class Recruit(BaseModel):
@@ -139,7 +138,7 @@ def _json_array(text: str) -> list[Any]:
     begins no escape taken literally where nothing parses without)."""
     decoder = json.JSONDecoder(strict=False)
     for source in [*reversed(_FENCE.findall(text)), text]:
-        repaired = _TRAILING_COMMA.sub(r"\1", source)
+        repaired = without_trailing_commas(source)
         for candidate in dict.fromkeys((source, repaired, literal_backslashes(source), literal_backslashes(repaired))):
             position = min((p for p in (candidate.find("["), candidate.find("{")) if p >= 0), default=-1)
             while position >= 0:

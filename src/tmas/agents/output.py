@@ -61,11 +61,22 @@ def literal_backslashes(text: str) -> str:
     return _BACKSLASH.sub(lambda m: m.group() if len(m.group()) > 1 else "\\\\", text)
 
 
+# A JSON string, or a comma that only a closing bracket or brace follows (JSON allows none there).
+_STRING_OR_TRAILING_COMMA = re.compile(r'("(?:\\.|[^"\\])*")|,(?=\s*[\]}])', re.S)
+
+
+def without_trailing_commas(text: str) -> str:
+    """``text`` without the commas that stand before a closing bracket or brace outside a JSON string."""
+    return _STRING_OR_TRAILING_COMMA.sub(lambda m: m.group(1) or "", text)
+
+
 def loads_reply(text: str) -> Any:
     """``json.loads`` of a model's JSON, its LaTeX written back (:func:`latex_restored`); raises ``ValueError``.
 
     A line break or tab inside a string is read as written: JSON asks for them escaped, but a model writing a long
-    string without a schema breaks it over lines as prose, and the object means the same."""
+    string without a schema breaks it over lines as prose, and the object means the same. So is a list or object
+    with a comma after its last item."""
+    text = without_trailing_commas(text)
     try:
         value = json.loads(text, strict=False)
     except ValueError:
@@ -75,7 +86,8 @@ def loads_reply(text: str) -> Any:
 
 def extract_json_object(text: str) -> dict[str, Any]:
     """The JSON object in a reply: the last fenced block that parses, else the last bare ``{...}`` that does (taking
-    a backslash that begins no escape literally where nothing parses without); its LaTeX written back."""
+    a backslash that begins no escape literally where nothing parses without, and with no comma after a last item:
+    :func:`loads_reply`); its LaTeX written back."""
     if not text.strip():
         raise AgentOutputError("empty reply")
     for block in reversed(_FENCE.findall(text)):
@@ -85,6 +97,8 @@ def extract_json_object(text: str) -> dict[str, Any]:
             continue
         if isinstance(value, dict):
             return value
+    # Without its trailing commas first: an object with one does not parse, and one nested in it would be taken.
+    text = without_trailing_commas(text)
     found = _last_object(text)
     if found is None and "\\" in text:
         found = _last_object(literal_backslashes(text))
