@@ -43,6 +43,11 @@ def test_plain_numbers_are_keyed_by_their_exact_value() -> None:
     assert value_key("-\\frac{3}{4}") == value_key("-0.75") == "-3/4"
     assert value_key("2.0") == value_key("2") == value_key("\\text{2}.") == "2"
     assert value_key("1{,}000") == "1000"
+    # The minus sign (U+2212) that models copy from typeset text is the hyphen-minus, in numbers and expressions alike;
+    # full-width digits are the digits.
+    assert value_key("\u22123") == value_key("-3") == "-3"
+    assert value_key("x \u2212 1") == value_key("x-1") == "x-1"
+    assert value_key("\uff11\uff12") == "12"
     # A sentence's full stop after the answer is no part of it, number or not.
     assert value_key("\\sqrt{2}.") == value_key("\\sqrt{2}") == "\\sqrt{2}"
     # Not a plain number: the normalized spelling.

@@ -99,9 +99,12 @@ _SPACING = re.compile(r"\\[,;:! ]|\\left|\\right|\\displaystyle|\s+")
 
 
 def normalize_answer(answer: str) -> str:
-    """A canonical spelling for grouping equal answers (majority vote): styling, spacing and '$' removed."""
+    """A canonical spelling for grouping equal answers (majority vote): styling, spacing and '$' removed, the minus
+    sign written as a hyphen-minus."""
     text = answer.strip().strip("$").strip()
     text = _TEXT_WRAPPER.sub(r"\1", text)
     text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    # The minus sign of typeset text (U+2212), as models copy it, is the hyphen-minus.
+    text = text.replace("\u2212", "-")
     text = _SPACING.sub("", text)
     return text.rstrip(".")
