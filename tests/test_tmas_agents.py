@@ -30,6 +30,12 @@ from tmas.memory import ExperienceBank, ExperienceEntry, Strategy
         ("Score: 0.8", 1.0, True),
         ("Score: 0.25", 0.0, True),  # ties go down
         ("Score: 7", None, False),
+        # A decimal comma: not 0 followed by prose.
+        ("Score: 0,5", 0.5, False),
+        ("**Score:** 0,5 / 1", 0.5, False),
+        ("Score: 10,5", None, False),
+        ("Score: 1 means fully correct.\nStep 2 has a gap.\nScore: 0,5", 0.5, False),
+        ("Score: 1, as every step holds", 1.0, False),
         ("The solution looks right.", None, False),
         ("", None, False),
     ],

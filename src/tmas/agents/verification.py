@@ -4,8 +4,9 @@
 Parsing: a reply that is a JSON object (the shape :class:`VerificationReply` asks a constraining server for, bare or
 in a code fence) gives its ``score`` and its ``analysis`` as the feedback. Otherwise the last line-leading
 ``Score: S`` (any case, markdown emphasis, "Final score", ``=``, a boxed value, a fraction or a grade out of a total
-such as 0.5/1 allowed); failing that, a lone boxed number in the ``## Score`` section. A value inside [0, 1] off the
-scale is snapped to the nearest point (ties go down) and flagged; anything else means no score.
+such as 0.5/1 allowed, and a decimal comma: 0,5); failing that, a lone boxed number in the
+``## Score`` section. A value inside [0, 1] off the scale is snapped to the nearest point (ties go down) and
+flagged; anything else means no score.
 
 A reply cut at max_tokens had not stopped: a ``Score:`` line before its end may restate the scale in the middle of the
 analysis, and its last line is one the cut went through ("Score: 1" of "Score: 1/2" or of "Score: 1 when every
@@ -30,8 +31,10 @@ from tmas.llm.types import Message
 SCALE = (0.0, 0.5, 1.0)
 # A number, or a grade out of a total ("1/2", "0.5/1", "0.5 / 1.0").
 _NUMBER = r"[0-9]*\.?[0-9]+(?:\s*/\s*[0-9]*\.?[0-9]+)?"
+# The number is read whole, with a decimal comma ("0,5" is 0.5, not 0).
 _SCORE_LINE = re.compile(
-    rf"^[\s>*_#-]*(?:final\s+)?(?:score|grade)[\s*_]*[:=][\s*_`$]*(?:\\boxed\{{\s*)?({_NUMBER})", re.I | re.M
+    rf"^[\s>*_#-]*(?:final\s+)?(?:score|grade)[\s*_]*[:=][\s*_`$]*(?:\\boxed\{{\s*)?({_NUMBER}(?:,[0-9]+)?)",
+    re.I | re.M,
 )
 _SCORE_SECTION = re.compile(r"^#{1,6}\s*Score\b(.*)\Z", re.I | re.M | re.S)
 _WHOLE_FENCE = re.compile(r"\A```[ \t]*(?:json)?[ \t]*\n(.*?)\n?```\Z", re.S | re.I)
@@ -86,7 +89,8 @@ def _value(raw: str) -> float | None:
     """The score ``raw`` states: a number, or a quotient whose parts may be decimals (``Fraction`` alone refuses
     "0.5/1"); None for anything outside [0, 1] or unreadable."""
     try:
-        numerator, _, denominator = raw.replace(" ", "").partition("/")
+        # A decimal comma is a decimal point: the comma was read with the number only where a digit follows it.
+        numerator, _, denominator = raw.replace(" ", "").replace(",", ".").partition("/")
         value = float(Fraction(numerator) / Fraction(denominator or "1"))
     except (ValueError, ZeroDivisionError):
         return None
