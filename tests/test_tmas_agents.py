@@ -21,6 +21,11 @@ from tmas.memory import ExperienceBank, ExperienceEntry, Strategy
         ("**Score:** 0.5", 0.5, False),
         ("Final score = 1/2", 0.5, False),
         ("score: 0\nlater text\nScore: 1.0", 1.0, False),  # the last score line wins
+        # With a "## Score" section, the verdict is read from it: a score line above it is in the analysis.
+        ("## Analysis\nScore: 1 would need step 2 to hold; it does not.\n\n## Score\n\\boxed{0}", 0.0, False),
+        ("## Analysis\nScore: 1 would need step 2 to hold.\n\n## Score\nThe solution has a fatal error.", None, False),
+        ("## Analysis\nScore: 1 would need step 2.\n\n## Score\nScore: 0", 0.0, False),
+        ("### Score: 0.5", 0.5, False),
         ("## Score\n\\boxed{0.5}", 0.5, False),
         ("Score: \\boxed{0}", 0.0, False),
         ("Score: 0.5/1", 0.5, False),  # a decimal grade out of 1

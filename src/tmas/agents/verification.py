@@ -4,9 +4,10 @@
 Parsing: a reply that is a JSON object (the shape :class:`VerificationReply` asks a constraining server for, bare or
 in a code fence) gives its ``score`` and its ``analysis`` as the feedback. Otherwise the last line-leading
 ``Score: S`` (any case, markdown emphasis, "Final score", ``=``, a boxed value, a fraction or a grade out of a total
-such as 0.5/1 allowed, and a decimal comma: 0,5); failing that, a lone boxed number in the
-``## Score`` section. A value inside [0, 1] off the scale is snapped to the nearest point (ties go down) and
-flagged; anything else means no score.
+such as 0.5/1 allowed, and a decimal comma: 0,5); failing that, a lone boxed number in the ``## Score`` section.
+Where the reply has a ``## Score`` section, both are read from it alone: a ``Score:`` line above it is part of the
+analysis (one restating the scale). A value inside [0, 1] off the scale is snapped to the nearest point (ties go
+down) and flagged; anything else means no score.
 
 A reply cut at max_tokens had not stopped: a ``Score:`` line before its end may restate the scale in the middle of the
 analysis, and its last line is one the cut went through ("Score: 1" of "Score: 1/2" or of "Score: 1 when every
@@ -126,11 +127,12 @@ def parse_verification(content: str, *, truncated: bool = False) -> Verification
     if truncated:
         return Verification(feedback=content.strip(), score=None)
     raw: str | None = None
-    matches = _SCORE_LINE.findall(content)
+    # The verdict is in the "## Score" section where there is one: a score line above it is the analysis's.
+    section = _SCORE_SECTION.search(content)
+    matches = _SCORE_LINE.findall(content[section.start() :] if section else content)
     if matches:
         raw = matches[-1]
     else:
-        section = _SCORE_SECTION.search(content)
         boxed = last_boxed(section.group(1)) if section else None
         raw = boxed.strip() if boxed else None
     return _scored(content.strip(), raw)
