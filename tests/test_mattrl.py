@@ -606,3 +606,16 @@ async def test_medicine_without_a_readable_decision_uses_the_pooled_differential
     assert result.answer == "Fabry disease"
     assert result.iterations[-1].notes[-1].endswith("the team's pooled differential is used")
     assert any(n == "S1: differential has 2 of 10 diagnoses" for n in result.iterations[-1].notes)
+
+
+async def test_a_medicine_opinion_cut_at_max_tokens_drops_the_diagnosis_the_cut_went_through() -> None:
+    cut = "<diagnosis>\n1. Fabry disease: a.\n2. Pompe disease: b.\n3. Gaucher dis"
+    rules = [
+        Rule(role="specialist", pattern="You are Pediatrics", replies=[cut], finish_reason="length"),
+        Rule(role="specialist", replies=["<diagnosis>\n1. Fabry disease: a.\n</diagnosis>"]),
+        Rule(role="coordinator", pattern="<team_summary>|<reply>", replies=["No idea."]),
+    ]
+    result, _ = await run(rules, domain="medicine", iterations=1)
+    # Borda over the lists as read: Fabry 10 + 10 + 10, Pompe 9; the cut "Gaucher dis" is in none.
+    assert result.iterations[-1].state["decision"]["top10"] == ["Fabry disease", "Pompe disease"]
+    assert "S1: differential has 2 of 10 diagnoses" in result.iterations[-1].notes

@@ -384,6 +384,7 @@ class MATTRL(Method[MATTRLParams]):
                 notes.append(f"{seat.member.id}: opinion truncated at max_tokens")
             seat.previous_answer, seat.previous_top10 = seat.answer, seat.top10
             seat.attempt = said.text.strip()
+            seat.cut = bool(said.meta.truncated) and not said.text.endswith("\n")
             seat.answer = said.answer
             seat.spoke = True
             talk.review.read_opinion(seat, r, notes)

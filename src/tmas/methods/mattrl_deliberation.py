@@ -79,6 +79,8 @@ class Seat:
     spoke: bool | None = None
     # The feedback addressed to it by the last meeting (JSON text), for its next revision.
     feedback: str = ""
+    # Whether its attempt was cut at max_tokens in the middle of its last line (which is then unfinished).
+    cut: bool = False
 
 
 class ReviewParams(Protocol):
@@ -299,7 +301,8 @@ class DifferentialCritique(PeerReview):
         return n * (n - 1) * max(rounds - 1, 0)
 
     def read_opinion(self, seat: Seat, r: int, notes: list[str]) -> None:
-        seat.top10 = parse_differential(seat.attempt)
+        # A differential cut at max_tokens ends in the diagnosis the cut went through ("Gaucher dis"): left out.
+        seat.top10 = parse_differential(seat.attempt.rpartition("\n")[0] if seat.cut else seat.attempt)
         if len(seat.top10) < 10:
             notes.append(f"{seat.member.id}: differential has {len(seat.top10)} of 10 diagnoses")
         seat.converged = r > 0 and bool(seat.top10) and seat.top10 == seat.previous_top10
