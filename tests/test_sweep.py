@@ -18,7 +18,7 @@ from tmas.problems import Problem
 from tmas.runner import Unreachable
 from tmas.store.run_store import RunStore
 from tmas.sweep import GridAbout, PointOutcome, Study, SweepSpec, expand, load_spec, report_sweep, run_sweep
-from tmas.testing import ScriptedModel, SimScript
+from tmas.testing import Rule, ScriptedModel, SimScript
 
 PROBLEMS = [("p1", "What is 12*11?", "132"), ("p2", "What is 7*8?", "56"), ("p3", "What is 9*9?", "81")]
 
@@ -218,6 +218,28 @@ async def test_a_sweep_on_a_model_without_an_endpoint_skips_its_finished_points(
     again = ScriptedModel(SimScript())
     second = await run_sweep(spec, again.settings, tmp_path / "sweep", model=again)
     assert [o.status for o in second.outcomes] == ["skipped"] and again.calls == []
+
+
+async def test_a_finished_point_with_a_failed_call_is_resumed_and_asks_only_that_call(tmp_path: Path) -> None:
+    spec = SweepSpec(problems=write_problems(tmp_path / "problems.jsonl"), study=[Study(methods=["majority"])])
+    spec.study[0].params = {"k": 3}
+    # p1's first sample fails after its retries: the point finishes, p1 voting over two samples.
+    failing = ScriptedModel(SimScript(rules=[Rule(role="solution", pattern=r"12\*11", fault="http_500", times=1)]))
+    first = await run_sweep(spec, failing.settings, tmp_path / "sweep", model=failing)
+    assert [o.status for o in first.outcomes] == ["new"] and first.outcomes[0].summary is not None
+    failed = next(call for call in failing.calls if call.key.problem_id == "p1")
+    # Run again, the model healthy: the point is resumed, not skipped, and only p1's failed sample is asked.
+    healthy = ScriptedModel(SimScript())
+    second = await run_sweep(spec, healthy.settings, tmp_path / "sweep", model=healthy)
+    assert [o.status for o in second.outcomes] == ["resumed"]
+    assert [(c.key.problem_id, c.key.sample, c.messages) for c in healthy.calls] == [
+        ("p1", failed.key.sample, failed.messages)
+    ]
+    with RunStore(tmp_path / "sweep" / "runs" / second.outcomes[0].point.name, create=False) as store:
+        assert [(r.problem_id, r.failed_calls) for r in store.results()] == [("p1", 0), ("p2", 0), ("p3", 0)]
+    idle = ScriptedModel(SimScript())
+    third = await run_sweep(spec, idle.settings, tmp_path / "sweep", model=idle)
+    assert [o.status for o in third.outcomes] == ["skipped"] and idle.calls == []
 
 
 @pytest.mark.parametrize("problems_stored", [False, True])

@@ -432,9 +432,9 @@ async def run_problems(
     keep_results: bool = False,
     model: ChatModel | None = None,
     own_model: bool | None = None,
-    solve_again: Collection[str] = (),
 ) -> RunSummary:
-    """Solve every problem not already finished with the same method parameters; results are stored as they come.
+    """Solve every problem not already finished with the same method parameters, or finished with a failed call;
+    results are stored as they come.
     The store holds the run's setup (:func:`prepare_run`, or :meth:`RunSetup.record`); the model is opened here, through
     :func:`tmas.llm.factory.open_model`: the endpoint of ``settings``, or ``model``, a
     :class:`tmas.llm.model.ChatModel` of the caller's own, replayed from and recorded in the store all the same.
@@ -445,15 +445,16 @@ async def run_problems(
     problems being solved (at most :func:`problems_in_flight`: what the endpoint serves at once). Results are not
     kept in memory unless ``keep_results`` (e.g. for :func:`tmas.api.solve`); the summary is computed from counters
     and the store. Votes group answers by the grading rules' equivalence where Math-Verify is installed. On a resumed
-    run, the problems with finished calls replay them one at a time (:class:`tmas.llm.replay.ReplayTurns`).
-    ``solve_again`` names finished problems to solve again all the same: their replied calls replay from the store and
-    only their failed calls (never replayed) are sent again.
+    run, the problems with finished calls replay them one at a time (:class:`tmas.llm.replay.ReplayTurns`). A problem
+    that finished with a call that failed after its retries (a server that failed for a while) is solved again: its
+    replied calls replay from the store, and only its failed calls (never replayed) and the calls that depend on
+    their replies are sent.
     """
     state = state or RunState()
     own_model = model is not None if own_model is None else own_model
     method = run_method(settings, own_model=own_model)
     fingerprint = run_fingerprint(method, settings)
-    finished = store.finished_problem_ids(fingerprint) - set(solve_again)
+    finished = store.settled_problem_ids(fingerprint)
     state.total = len(problems) if isinstance(problems, Sized) else store.problem_count()
     state.iterations = method.params.iterations
     tally = _Tally()

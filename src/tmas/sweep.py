@@ -11,7 +11,8 @@ param tables, each one point); its points are methods x variants x grid combinat
     DIR/report/               the combined report; DIR/report/<study>/ one per study with several points
 
 Resuming (run the same command again, or ``tmas sweep --resume DIR``): a point whose problems are all finished
-with the same method, params and budget is skipped without a call; an unfinished one is resumed from its store.
+with the same method, params and budget, and without a failed call, is skipped without a call; any other is resumed
+from its store (a failed call asked again, :func:`tmas.runner.run_problems`).
 
 ``run_sweep(..., model=mine)`` runs every point on a :class:`tmas.llm.model.ChatModel` of the caller's own, as
 ``run_problems(..., model=mine)`` runs one run (each point's store replays and records its calls all the same). A
@@ -308,11 +309,12 @@ def resumed_sweep(
 
 
 def _pending(store: RunStore, settings: Settings, *, own_model: bool) -> int:
-    """How many of the run's problems are not finished with the point's method, params and budget (``own_model``:
-    the points run on a model of the caller's own, as :func:`tmas.runner.run_method` tells it)."""
+    """How many of the run's problems are not finished with the point's method, params and budget, or finished with
+    a failed call that a resume asks again (``own_model``: the points run on a model of the caller's own, as
+    :func:`tmas.runner.run_method` tells it)."""
     method = run_method(settings, own_model=own_model)
     fingerprint = run_fingerprint(method, settings)
-    done = store.finished_problem_ids(fingerprint)
+    done = store.settled_problem_ids(fingerprint)
     return sum(p.problem_id not in done for p in store.iter_problems())
 
 

@@ -184,7 +184,9 @@ def run(
         typer.Argument(help="Problems as JSONL (problem_id, question, answer), or a benchmark name (hmmt25, ...)."),
     ] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory to create.")] = None,
-    resume: Annotated[Path | None, typer.Option("--resume", help="Continue the run in this directory.")] = None,
+    resume: Annotated[
+        Path | None, typer.Option("--resume", help="Continue the run in this directory (failed calls asked again).")
+    ] = None,
     method: MethodOpt = None,
     limit: LimitOpt = None,
 ) -> None:

@@ -252,17 +252,6 @@ def write_card(card: FilterCard, out: Path) -> tuple[Path, Path]:
     return json_path, md_path
 
 
-def with_failed_samples(store: RunStore, wanted: set[str]) -> set[str]:
-    """The problems of ``wanted`` that finished with samples whose call failed: a filter run again solves them again,
-    asking only those samples (their replied ones replay from the store), so a server that failed before can decide
-    them now."""
-    return {
-        pid
-        for pid, _, result in store.result_summaries(wanted)
-        if result.status == "done" and any(c.error for rec in result.iterations for c in rec.candidates)
-    }
-
-
 async def run_filter(
     source: Path,
     run_dir: Path,
@@ -306,8 +295,9 @@ async def run_filter(
         # join the run, and only the ones asked for are sampled, counted and selected from.
         store.add_problems(asked)
         problems = [p for p in store.problems() if p.problem_id in wanted]
-        again = with_failed_samples(store, wanted)
-        await run_problems(settings, problems, store, state=RunState(), model=model, solve_again=again)
+        # A problem with samples whose call failed is solved again (tmas.runner.run_problems): only those samples are
+        # asked, the replied ones replay from the store, so a server that failed before can decide it now.
+        await run_problems(settings, problems, store, state=RunState(), model=model)
         grades = await grade_run(store, grading, settings, model=model)
         results = [r for r in load_results(store) if r.problem_id in wanted]
     card = build_card(str(source), settings, problems, results, grades, k=k, below=below, n=n, seed=seed)

@@ -109,6 +109,17 @@ class ResultTable:
             ).fetchall()
         return {r[0] for r in rows}
 
+    def settled_ids(self, fingerprint: str) -> set[str]:
+        """Problems finished with ``fingerprint`` and without a call that failed (after its retries): those a
+        resumed run leaves as they are. A finished problem with a failed call is solved again, replaying its
+        replied calls and asking only the failed ones (and what depends on them)."""
+        rows = self._db.execute(
+            "SELECT problem_id FROM results WHERE status = 'done' AND json_extract(record, '$.fingerprint') = ?"
+            " AND COALESCE(json_extract(record, '$.failed_calls'), 0) = 0",
+            (fingerprint,),
+        ).fetchall()
+        return {r[0] for r in rows}
+
     def in_order(self) -> list[ProblemResult]:
         rows = self._db.execute(
             "SELECT r.problem_id, r.record FROM results r JOIN problems p USING (problem_id) ORDER BY p.position"

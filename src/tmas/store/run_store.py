@@ -203,6 +203,9 @@ class RunStore:
     def finished_problem_ids(self, fingerprint: str | None = None) -> set[str]:
         return self._results.finished_ids(fingerprint)
 
+    def settled_problem_ids(self, fingerprint: str) -> set[str]:
+        return self._results.settled_ids(fingerprint)
+
     # ---- grades (GradeTable) ----------------------------------------------------------------------------------
     def save_grades(self, rows: list[GradeRow]) -> None:
         self._grades.save(rows)
