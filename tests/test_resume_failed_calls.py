@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from conftest import settings_for
+from conftest import run_tmas, settings_for
 from tmas.config import Settings
 from tmas.problems import Problem
 from tmas.runner import RunSummary, prepare_run, run_problems
@@ -99,3 +99,33 @@ async def test_a_resume_asks_only_the_failed_calls_and_what_depends_on_them(
     sim.reset()
     again = await run(sim, settings, run_dir, resume=True)
     assert sim.chat_bodies() == [] and again.skipped == 2
+
+
+def test_the_command_resumes_a_finished_run_asking_only_its_failed_sample(sim: SimServer, tmp_path: Path) -> None:
+    # A majority vote of 3 samples per problem, calls sent once (no retry): q0's first sample fails, the run ends with
+    # every problem done.
+    problems = tmp_path / "p.jsonl"
+    problems.write_text("".join(json.dumps(p.model_dump(include={"problem_id", "question"})) + "\n" for p in PROBLEMS))
+    config = tmp_path / "tmas.toml"
+    config.write_text(f'[endpoint]\nbase_url = "{sim.base_url}"\nmodel = "sim-model"\n[retry]\nmax_attempts = 1\n')
+    run_dir = tmp_path / "run"
+    sim.set_script(one_failure("solution"))
+    first = run_tmas("run", str(problems), "-o", str(run_dir), "--config", str(config), "-m", "majority", "-p", "k=3")
+    assert first.returncode == 0, first.stderr.decode()
+    assert json.loads(first.stdout)["failed_calls"] == 1
+    failed = next(wire(r.body) for r in sim.requests if r.problem_id == "q0")
+    with RunStore(run_dir, create=False) as store:
+        assert [r.failed_calls for r in store.results()] == [1, 0]
+
+    # The server healthy: the resume sends that one request, and q0 votes over its three samples.
+    sim.reset()
+    sim.set_script(SimScript())
+    again = run_tmas("run", "--resume", str(run_dir))
+    assert again.returncode == 0, again.stderr.decode()
+    assert [wire(b) for b in sim.chat_bodies()] == [failed]
+    summary = json.loads(again.stdout)
+    assert (summary["done"], summary["skipped"], summary["calls"], summary["replayed_calls"]) == (2, 1, 1, 2)
+    with RunStore(run_dir, create=False) as store:
+        assert [r.failed_calls for r in store.results()] == [0, 0]
+        assert [len(r.iterations[0].candidates) for r in store.results()] == [3, 3]
+        assert not any(c.error for r in store.results() for c in r.iterations[0].candidates)
