@@ -60,6 +60,7 @@ async def test_a_resume_asks_only_the_failed_calls_and_what_depends_on_them(
     # A problem whose one sample failed failed; any other went on without the failed call's reply.
     status = "failed" if method == "cot" else "done"
     assert first.failed == (status == "failed") and first.failed_calls == 1
+    assert first.problems_with_failed_calls == (status == "done")
     with RunStore(run_dir, create=False) as store:
         assert [(r.problem_id, r.status, r.failed_calls) for r in store.results()] == [
             ("q0", status, 1),
@@ -75,7 +76,7 @@ async def test_a_resume_asks_only_the_failed_calls_and_what_depends_on_them(
     sim.set_script(one_failure(role))
     still = await run(sim, settings, run_dir, resume=True)
     assert [wire(b) for b in sim.chat_bodies()] == [failed]
-    assert (still.skipped, still.calls) == (1, 1)
+    assert (still.skipped, still.calls, still.problems_with_failed_calls) == (1, 1, status == "done")
     with RunStore(run_dir, create=False) as store:
         kept = store.result("q0")
         assert kept is not None and (kept.status, kept.failed_calls) == (status, 1)
@@ -89,7 +90,7 @@ async def test_a_resume_asks_only_the_failed_calls_and_what_depends_on_them(
     assert wire(asked[0].body) == failed
     assert not {wire(r.body) for r in asked} & replied
     assert {r.problem_id for r in asked} == {"q0"}
-    assert (repaired.done, repaired.failed, repaired.skipped) == (2, 0, 1)
+    assert (repaired.done, repaired.failed, repaired.skipped, repaired.problems_with_failed_calls) == (2, 0, 1, 0)
     with RunStore(run_dir, create=False) as store:
         result = store.result("q0")
         assert result is not None and (result.status, result.failed_calls) == ("done", 0)
@@ -112,7 +113,11 @@ def test_the_command_resumes_a_finished_run_asking_only_its_failed_sample(sim: S
     sim.set_script(one_failure("solution"))
     first = run_tmas("run", str(problems), "-o", str(run_dir), "--config", str(config), "-m", "majority", "-p", "k=3")
     assert first.returncode == 0, first.stderr.decode()
-    assert json.loads(first.stdout)["failed_calls"] == 1
+    assert json.loads(first.stdout)["problems_with_failed_calls"] == 1
+    assert (
+        "notice: 1 finished problem holds calls that failed after their retries (solved without their replies):"
+        f" 'tmas run --resume {run_dir}' asks them again" in first.stderr.decode()
+    )
     failed = next(wire(r.body) for r in sim.requests if r.problem_id == "q0")
     with RunStore(run_dir, create=False) as store:
         assert [r.failed_calls for r in store.results()] == [1, 0]
@@ -125,6 +130,9 @@ def test_the_command_resumes_a_finished_run_asking_only_its_failed_sample(sim: S
     assert [wire(b) for b in sim.chat_bodies()] == [failed]
     summary = json.loads(again.stdout)
     assert (summary["done"], summary["skipped"], summary["calls"], summary["replayed_calls"]) == (2, 1, 1, 2)
+    # The call that failed stays in the run's history; no result holds it any more.
+    assert (summary["failed_calls"], summary["problems_with_failed_calls"]) == (1, 0)
+    assert "finished problem" not in again.stderr.decode()
     with RunStore(run_dir, create=False) as store:
         assert [r.failed_calls for r in store.results()] == [0, 0]
         assert [len(r.iterations[0].candidates) for r in store.results()] == [3, 3]

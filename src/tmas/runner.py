@@ -108,6 +108,8 @@ class RunSummary:
     notices: list[str] = field(default_factory=list)
     # Why the problems that failed in this session failed: each error (the first line of it) -> how many.
     failures: dict[str, int] = field(default_factory=dict)
+    # Finished problems whose result holds a call that failed after its retries: a resume asks those calls again.
+    problems_with_failed_calls: int = 0
 
     @property
     def cached_prompt_share(self) -> float | None:
@@ -500,7 +502,11 @@ async def run_problems(
                 await gather_all(worker(Lane(w, workers)) for w in range(workers))
             except EndpointUnreachable as exc:
                 raise Unreachable(str(exc), store.run_dir) from None
-    return _summary(store, settings, state, tally, stats, time.monotonic() - started)
+    summary = _summary(store, settings, state, tally, stats, time.monotonic() - started)
+    summary.problems_with_failed_calls = len(
+        store.finished_problem_ids(fingerprint) - store.settled_problem_ids(fingerprint)
+    )
+    return summary
 
 
 class SeriesModel:

@@ -36,7 +36,7 @@ from tmas.cli.options import (
     model_options,
     parse_params,
 )
-from tmas.cli.outcome import EXIT_ALL_FAILED, EXIT_INTERRUPTED, exit_code, failed_line
+from tmas.cli.outcome import EXIT_ALL_FAILED, EXIT_INTERRUPTED, exit_code, failed_calls_line, failed_line
 from tmas.cli.pool import pool_app
 from tmas.cli.prompts import prompts_app
 from tmas.cli.rl import rl_app
@@ -282,6 +282,8 @@ def _execute(store: RunStore, settings: Settings, todo: StoredProblems) -> int:
         typer.echo(f"warning: {line}", err=True)
     for line in summary.notices:
         typer.echo(f"notice: {line}", err=True)
+    if summary.problems_with_failed_calls:
+        typer.echo(f"notice: {failed_calls_line(summary.problems_with_failed_calls, summary.run_dir)}", err=True)
     done = summary.done
     where = f" (every problem's error: tmas export {summary.run_dir})" if summary.failed else ""
     typer.echo(failed_line(done, summary.failed, summary.failures, where), err=True)

@@ -9,6 +9,7 @@ The codes (the README lists them): 0 every problem done; 1 an error stopped the 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 EXIT_SOME_FAILED = 3
 EXIT_ALL_FAILED = 4
@@ -25,6 +26,15 @@ def exit_code(done: int, failed: int) -> int:
     if not failed:
         return 0
     return EXIT_ALL_FAILED if not done else EXIT_SOME_FAILED
+
+
+def failed_calls_line(problems: int, run_dir: Path) -> str:
+    """What a run whose finished problems hold failed calls can do about them."""
+    which = "1 finished problem holds" if problems == 1 else f"{problems} finished problems hold"
+    return (
+        f"{which} calls that failed after their retries (solved without their replies):"
+        f" 'tmas run --resume {run_dir}' asks them again"
+    )
 
 
 def failed_line(done: int, failed: int, reasons: Mapping[str, int], where: str = "") -> str:
