@@ -5,6 +5,7 @@ the simulated server, for every method; a problem without one is left as it is."
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +138,31 @@ def test_the_command_resumes_a_finished_run_asking_only_its_failed_sample(sim: S
         assert [r.failed_calls for r in store.results()] == [0, 0]
         assert [len(r.iterations[0].candidates) for r in store.results()] == [3, 3]
         assert not any(c.error for r in store.results() for c in r.iterations[0].candidates)
+
+
+def test_a_resume_gates_on_every_call_a_failed_one_may_change(sim: SimServer, tmp_path: Path) -> None:
+    # TMAS, 2 iterations: one verification of q0 fails. Asked again, its reply changes q0's summary, banks and second
+    # iteration: the calls stored after it are not replayed, and the gate's count of what is still to send holds them.
+    problems = tmp_path / "p.jsonl"
+    problems.write_text("".join(json.dumps(p.model_dump(include={"problem_id", "question"})) + "\n" for p in PROBLEMS))
+    config = tmp_path / "tmas.toml"
+    config.write_text(f'[endpoint]\nbase_url = "{sim.base_url}"\nmodel = "sim-model"\n[retry]\nmax_attempts = 1\n')
+    run_dir = tmp_path / "run"
+    sim.set_script(one_failure("verifier"))
+    params = ["-m", "tmas", "-p", "n=2", "-p", "m=1", "--iterations", "2"]
+    first = run_tmas("run", str(problems), "-o", str(run_dir), "--config", str(config), *params)
+    assert first.returncode == 0, first.stderr.decode()
+    sim.reset()
+    sim.set_script(SimScript())
+    dry = run_tmas("run", "--resume", str(run_dir), "--dry-run")
+    assert dry.returncode == 0, dry.stderr.decode()
+    found = re.search(
+        r"stored: (\d+) answered calls, replayed rather than sent; at most (\d+) still to send", dry.stderr.decode()
+    )
+    assert found is not None and sim.chat_bodies() == []
+    to_send = int(found[2])
+    again = run_tmas("run", "--resume", str(run_dir))
+    assert again.returncode == 0, again.stderr.decode()
+    summary = json.loads(again.stdout)
+    # More than the failed call is sent, and no more than the gate was told.
+    assert 1 < summary["calls"] == len(sim.chat_bodies()) <= to_send

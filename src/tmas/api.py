@@ -153,10 +153,10 @@ async def aresume(
     settings = resume_settings(stored_settings(run_dir), overrides or {}, config=config, params=params)
     if max_calls is not None or max_completion_tokens is not None:
         with RunStore(run_dir, create=False) as peek:
-            count, calls = peek.problem_count(), peek.call_counts()
+            count = peek.problem_count()
             # Under other requests the stored calls answer none of them (as the CLI's gate counts).
             replayable = not RunSetup.check(settings, own_model=model is not None).changed_requests(peek)
-        stored = calls["calls"] - calls["failed"] if replayable else 0
+            stored = peek.sure_replays() if replayable else 0
         check_cost("tmas.api.aresume", settings, count, model, max_calls, max_completion_tokens, stored=stored)
     store, settings, todo = prepare_run(run_dir, settings, None, resume=True, own_model=model is not None)
     with store:

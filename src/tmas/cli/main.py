@@ -235,12 +235,13 @@ def _resume_run(
     settings = with_method_params(settings, given.params(settings.method.name))
     with RunStore(run_dir, create=False) as peek:
         listed = peek.problems() if estimate.pilot is not None else peek.problem_count()
-        counts = peek.call_counts()
         # Under other requests (a new sampling, model, seed or template) the stored calls answer none of them.
         replayable = not RunSetup.check(settings).changed_requests(peek)
+        # Answered calls are replayed, not sent: the gate asks about what is still to send (those a failed call asked
+        # again may change count as to send).
+        replays = peek.sure_replays() if replayable else 0
     planned = build_estimate([(run_dir.name, settings)], listed, estimate, run_dir / "pilot")
-    # Answered calls are replayed, not sent: the gate asks about what is still to send.
-    planned.stored_calls = counts["calls"] - counts["failed"] if replayable else 0
+    planned.stored_calls = replays
     gate(planned, estimate)
     store, settings, todo = prepare_run(run_dir, settings, None, resume=True)
     return _execute(store, settings, todo)
