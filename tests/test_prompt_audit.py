@@ -102,6 +102,7 @@ def _tmas(style: Style, mode: str, domain: str) -> list[Prompt]:
         explore_prompt(Q, mode, STRATEGIES, style),
         refine_prompt(Q, mode, VIEWS, BANK, style),
         refine_prompt(Q, mode, VIEWS, None, style),
+        refine_prompt(Q, mode, [], BANK, style),
         verification_prompt(Q, SOLUTION, mode, style),
         score_first_prompt(Q, SOLUTION, mode),
         summary_prompt(Q, SOLUTION, ver),

@@ -421,15 +421,28 @@ async def test_top_k_limits_what_the_exploit_prompt_sees() -> None:
     assert any("exploit prompt: left out rollouts" in n for n in result.iterations[1].notes)
 
 
-async def test_an_iteration_without_rollouts_leaves_the_next_exploits_the_plain_prompt() -> None:
-    # Every exploit of iteration 1 fails: R_1 is empty, so iteration 2's exploits get the plain prompt, not R_0.
+@pytest.mark.parametrize("no_experience", [False, True])
+async def test_an_iteration_without_rollouts_leaves_the_next_exploits_the_experience_bank(no_experience: bool) -> None:
+    # Every exploit of iteration 1 fails: R_1 is empty and E_1 = E_0 (the update is skipped), so iteration 2's exploits
+    # get A_sol(x, {}, E_1): the experience bank without rollouts, never R_0; with no bank (ablation), the plain prompt.
     script = SimScript(rules=[Rule(role="solution", pattern=REFINE_MARK, fault="http_400", times=2)])
-    result, model = await run_tmas(script, n=2, m=1, iterations=3, epsilon=0.0)
+    result, model = await run_tmas(script, n=2, m=1, iterations=3, epsilon=0.0, no_experience=no_experience)
     assert all(c.error for c in result.iterations[1].candidates)
+    bank = result.iterations[1].state["experience_bank"]["entries"]
+    assert bank == result.iterations[0].state["experience_bank"]["entries"]
     last = result.iterations[2]
-    assert [c.meta.prompt for c in last.candidates] == ["generate", "generate"]
-    assert any("no usable rollout from the previous iteration" in note for note in last.notes)
+    prompts = last_user_prompts(model, "solution")[-2:]
     assert sum(REFINE_MARK in p for p in last_user_prompts(model, "solution")) == 2  # iteration 1's alone
+    if no_experience:
+        assert not bank and [c.meta.prompt for c in last.candidates] == ["generate", "generate"]
+        assert prompts == last_user_prompts(model, "solution")[:1] * 2  # iteration 0's plain prompt
+        assert any("exploit candidates got the plain prompt" in note for note in last.notes)
+    else:
+        assert bank and [c.meta.prompt for c in last.candidates] == ["refine", "refine"]
+        for prompt in prompts:
+            assert "<experience>" in prompt and "<rollout" not in prompt
+            assert all(f"[{entry['id']}] " in prompt and entry["content"] in prompt for entry in bank)
+        assert any("exploit candidates got the experience bank alone" in note for note in last.notes)
 
 
 async def test_a_new_strategy_keeps_the_score_of_the_rollout_it_came_from() -> None:

@@ -73,7 +73,9 @@ def _contexts() -> dict[str, list[Context]]:
         "judge_system.j2": [{}],
         "tmas_generate.j2": _each(solve, **how),
         "tmas_explore.j2": _each({**solve, "strategies": strategies}, strategies=(strategies, []), **how),
-        "tmas_refine.j2": _each({**solve, "rollouts": rollouts}, experience=(bank, None), **how),
+        "tmas_refine.j2": _each(
+            {**solve, "rollouts": rollouts}, experience=(bank, None), rollouts=(rollouts, []), **how
+        ),
         "tmas_verify.j2": _each({**solve, "solution": TEXT}, **how),
         "tmas_verify_score.j2": _each({**q, "solution": TEXT}, mode=MODES),
         "tmas_summary.j2": [

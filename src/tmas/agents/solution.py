@@ -51,7 +51,8 @@ def refine_prompt(
     experience: ExperienceBank | None,
     style: Style = "paper",
 ) -> list[Message]:
-    """Exploit, z = 0: A_sol(Q, R_{t-1}, E_{t-1}); ``experience`` None leaves the experience context out (ablation)."""
+    """Exploit, z = 0: A_sol(Q, R_{t-1}, E_{t-1}); ``experience`` None leaves the experience context out (ablation).
+    With no ``rollouts`` (every candidate of t-1 failed) it is the generation task with the experience context."""
     return prompt(
         "tmas_refine.j2",
         system_name=MATH_SYSTEM,

@@ -3,8 +3,9 @@
 Per iteration t, from the fixed state (R_{t-1}, E_{t-1}, G_{t-1}) of the previous one:
 
 - the N candidates are sampled in parallel; candidate i draws z ~ Bernoulli(epsilon) from an RNG seeded by
-  (run seed, problem, t, i): z = 0 exploits (refine prompt with R_{t-1} and E_{t-1}), z = 1 explores (generation
-  prompt with the guideline constraint listing G_{t-1}); iteration 0 uses the plain generation prompt;
+  (run seed, problem, t, i): z = 0 exploits (refine prompt with R_{t-1} and E_{t-1}; after an iteration that left no
+  rollout, E_{t-1} alone, which its skipped update kept), z = 1 explores (generation prompt with the guideline
+  constraint listing G_{t-1}); iteration 0 uses the plain generation prompt;
 - each candidate, as soon as it is written, gets its M verifications in parallel, then its summary: r = (c, s);
 - then the experience agent (E_t) and the guideline agent (G_t) run in parallel on R_t.
 
@@ -362,8 +363,10 @@ class TMAS(Method[TMASParams]):
         modes: list[str] = []
         names: list[SolutionPrompt] = []
         messages: list[list[Message]] = []
+        # E_{t-1} outlives an iteration without rollouts (its update was skipped): exploits still see it.
+        have_experience = not p.no_experience and len(prev.experience) > 0
         for z in draws:
-            name = self._prompt_name(z, bool(prev.rollouts))
+            name = self._prompt_name(z, bool(prev.rollouts), have_experience)
             if name not in cache:
                 if name == "explore":
                     cache[name] = self._explore_prompt(q, prev.guideline)
@@ -379,14 +382,15 @@ class TMAS(Method[TMASParams]):
             names.append(name)
             messages.append(cache[name])
         if not prev.rollouts and not all(draws):
-            log.notes.append("no usable rollout from the previous iteration: exploit candidates got the plain prompt")
+            got = "the experience bank alone" if have_experience else "the plain prompt"
+            log.notes.append(f"no usable rollout from the previous iteration: exploit candidates got {got}")
         return SolutionPlan(modes, names, messages)
 
-    def _prompt_name(self, explore: bool, have_rollouts: bool) -> SolutionPrompt:
+    def _prompt_name(self, explore: bool, have_rollouts: bool, have_experience: bool) -> SolutionPrompt:
         if explore:  # A_sol(x, G_{t-1}); without a guideline bank (ablation) a fresh, memory-free sample
             return "generate" if self.params.no_guideline else "explore"
-        # A_sol(x, R_{t-1}, E_{t-1}); with no usable rollout left, a fresh sample
-        return "refine" if have_rollouts else "generate"
+        # A_sol(x, R_{t-1}, E_{t-1}); with no usable rollout left, E_{t-1} alone; with neither, a fresh sample
+        return "refine" if have_rollouts or have_experience else "generate"
 
     def _generation_prompt(self, question: str) -> list[Message]:
         """A_sol(x): the plain solution prompt (iteration 0, and a fresh sample)."""
