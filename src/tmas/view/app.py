@@ -294,7 +294,7 @@ class Viewer:
             overview = run.overview()
             label = run.ref.name
         if overview.grades is None or overview.metrics is None:
-            raise HTTPException(404, "no problem of the run has a reference answer: no accuracy to chart")
+            raise HTTPException(404, f"{overview.not_graded}: no accuracy to chart")
         try:
             if x == "iteration":
                 png = pass1_by_iteration_png(label, overview.metrics)

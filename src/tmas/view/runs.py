@@ -12,7 +12,7 @@ from tmas.grading.grades import SELECTED, Grades, ItemKey
 from tmas.grading.run_results import load_results, run_method_name
 from tmas.llm.local_command import model_alias
 from tmas.llm.weights import KNOWN_MODELS
-from tmas.methods import method_traits
+from tmas.methods import method_traits, stored_params
 from tmas.problems import Problem
 from tmas.reports.metrics import RunMetrics, compute_metrics
 from tmas.reports.reply_quality import role_replies
@@ -106,6 +106,8 @@ class RunOverview:
     run_dir: Path
     status_counts: dict[str, int] = field(default_factory=dict)
     grades: LiveGrades | None = None
+    # Why nothing is graded, where ``grades`` is None (:func:`why_not_graded`).
+    not_graded: str = ""
     results: list[ProblemResult] = field(default_factory=list)
     # Identifies this overview: what is derived from it (a frontier) is reused while the overview is.
     stamp: object = field(default_factory=object, compare=False)
@@ -153,9 +155,21 @@ class LostAnswers:
     why_not_graded: str = ""
 
 
-# Why a run's "where it loses" page shows its reply counts alone.
+# Why a run's pages grade none of its answers (its "where it loses" page then shows its reply counts alone).
 PROOF_NOT_GRADED = "The run is in proof mode: its answers are proofs, not graded (as tmas report leaves them)"
 UNLABELED_NOT_GRADED = "No problem of this run has a reference answer: nothing to grade"
+
+
+def why_not_graded(method: str, params: dict[str, Any], problems: list[Problem]) -> str:
+    """Why none of a run's answers is graded, as ``tmas report`` leaves such a run ungraded; "" where they are.
+    A proof-mode run's candidates hold proofs, no answers: graded against references, every one would read as
+    wrong."""
+    if stored_params(method, params).get("mode") == "proof":
+        return PROOF_NOT_GRADED
+    if not any(p.answer is not None for p in problems):
+        return UNLABELED_NOT_GRADED
+    return ""
+
 
 _COST_KEYS = ("calls", "failed", "prompt_tokens", "completion_tokens", "cached_prompt_tokens")
 
@@ -222,15 +236,26 @@ class RunReader:
         """Finished problems' results and running problems' iterations so far (without texts when cached)."""
         return self.cache.results(self.store) if self.cache is not None else load_results(self.store)
 
+    def not_graded(self) -> str:
+        """Why none of the run's answers is graded (:func:`why_not_graded`); "" where they are. Every page that
+        shows a verdict asks it first."""
+        method, params = self._names()[:2]
+        return why_not_graded(method, params, self.store.problems())
+
     def grades(self, results: list[ProblemResult] | None = None) -> LiveGrades | None:
-        """Stored grades, and the viewer's own exact-rule verdicts where there are none (see live_grades.py)."""
+        """Stored grades, and the viewer's own exact-rule verdicts where there are none (see live_grades.py); None
+        where the run is not graded (:meth:`not_graded`)."""
+        if self.not_graded():
+            return None
         memo = self.cache.verdicts(self.ref.path) if self.cache is not None and results is not None else None
         return live_grades(self.store, self.store.problems(), self.results() if results is None else results, memo)
 
     def problem_grades(
         self, problem: Problem, result: ProblemResult | None, records: list[IterationRecord]
     ) -> LiveGrades | None:
-        """Grades of one problem's page (only its own answers are checked)."""
+        """Grades of one problem's page (only its own answers are checked); None where the run is not graded."""
+        if self.not_graded():
+            return None
         if result is None:
             result = running_result(problem.problem_id, self._names()[0], records)
         return live_grades(self.store, [problem], [result])
@@ -300,6 +325,7 @@ class RunReader:
             run_dir=self.ref.path,
             status_counts=counts,
             grades=live,
+            not_graded=self.not_graded() if live is None else "",
             results=results,
         )
 
@@ -312,11 +338,11 @@ class RunReader:
         return self.cache.reuse(self.ref.path, "where_lost", file_state(self.ref.path), self._where_lost)
 
     def _where_lost(self) -> LostAnswers:
-        method, params = self._names()[:2]
+        method = self._names()[0]
         replies = role_replies(self.store)
-        if params.get("mode") == "proof":
-            # Its candidates hold proofs, no answers: graded against references, every one would read as wrong.
-            return LostAnswers(method, WhereLost(replies=replies), False, False, PROOF_NOT_GRADED)
+        reason = self.not_graded()
+        if reason:
+            return LostAnswers(method, WhereLost(replies=replies), False, False, reason)
         results = load_results(self.store)
         # No memo: it keeps the verdicts of the overview's summaries, and these are other result objects.
         live = live_grades(self.store, self.store.problems(), results)
