@@ -5,10 +5,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from conftest import scripted_settings
 from scripted_runs import scripted_run
+from tmas.grading.grades import GradeConfig, Grades
+from tmas.grading.run_results import load_results
+from tmas.grading.runs import GRADING_META, GradingRecord, grade_run, last_grading
 from tmas.problems import Problem
+from tmas.reports.metrics import compute_metrics
+from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript
 from tmas.view.app import view_app
 from tmas.view.cache import RunCache
@@ -57,3 +65,80 @@ async def test_no_page_grades_a_proof_mode_run_as_the_report_leaves_it_ungraded(
         assert 'class="tag wrong"' not in page and 'class="tag correct"' not in page and 'class="grader"' not in page
     assert 'id="not-graded"' in pages[0][1].decode() and "proof mode" in pages[0][1].decode()
     assert chart_status == 404 and "proof mode" in chart.decode()
+
+
+def _judged(student: str, equivalent: bool) -> Rule:
+    reply = json.dumps({"reasoning": "Compared the student's value with the reference.", "equivalent": equivalent})
+    return Rule(role="judge", pattern=f"<student>\n{student}\n</student>", replies=[reply])
+
+
+async def test_the_viewer_reads_stored_grades_as_the_last_report_graded_them(tmp_path: Path) -> None:
+    # A chain-of-thought run: "5" against the reference \text{five} (the rules cannot decide it; the judge calls it
+    # right), and 391 against 391 (the rules call it right; this judge calls it wrong). Undecided shows as None.
+    pytest.importorskip("math_verify")
+    problems = [
+        Problem(problem_id="five", question="What is 2+3, in words?", answer="\\text{five}"),
+        Problem(problem_id="mult", question="What is 17*23?", answer="391"),
+    ]
+    solutions = [
+        Rule(role="solution", pattern=r"2\+3", replies=["Two and three make \\boxed{5}"]),
+        Rule(role="solution", pattern=r"17\*23", replies=["It is \\boxed{391}"]),
+    ]
+    run_dir = tmp_path / "cot"
+    await scripted_run(
+        ScriptedModel(SimScript(rules=solutions), scripted_settings(method__name="cot")), run_dir, problems
+    )
+    judge = ScriptedModel(SimScript(rules=[_judged("5", True), _judged("391", False)]), scripted_settings())
+
+    async def report(config: GradeConfig) -> tuple[Grades, Any]:
+        """What `tmas report --grade MODE` grades and shows: its verdicts and metrics."""
+        with RunStore(run_dir, create=False) as store:
+            grades = await grade_run(store, config, model=judge)
+            return grades, compute_metrics(load_results(store), grades)
+
+    # Graded by the default (combined, two judge runs), then by the rules alone, then by the judge alone, then by the
+    # judge with one run: after each, the viewer shows the figures that report showed.
+    expected = {
+        "combined": {"five": True, "mult": True},
+        "rules": {"five": None, "mult": True},
+        "judge": {"five": True, "mult": False},
+    }
+    for config in (
+        GradeConfig(mode="combined", judge_runs=2),
+        GradeConfig(mode="rules"),
+        GradeConfig(mode="judge", judge_runs=2),
+        GradeConfig(mode="judge", judge_runs=1),
+    ):
+        grades, metrics = await report(config)
+        overview = _overview(run_dir)
+        assert overview.grades is not None and not overview.grades.live
+        assert overview.grades.grades.mode == config.mode and overview.grades.grades.runs == grades.runs
+        assert overview.grades.grades.verdicts == grades.verdicts
+        assert overview.metrics == metrics
+        shown = {p.problem_id: p.correct for p in overview.problems}
+        assert shown == expected[config.mode], config
+        assert {p.grade_source for p in overview.problems} == {config.mode}
+    # The run page says which grading its verdicts are read as.
+    with AppThread(view_app([run_dir], warm_up=False)) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        status, body = get(f"{viewer.url}/run/{ref.key}")
+    grading = body.decode().split('id="grading"')[1].split("</p>")[0]
+    assert status == 200 and "as its last grading of this run read them" in grading
+    assert " ".join(grading.split()).endswith("the judge grader with 1 judge run.")
+
+
+async def test_grades_stored_before_gradings_were_recorded_are_read_with_the_default_grader(tmp_path: Path) -> None:
+    run_dir = tmp_path / "cot"
+    solutions = [Rule(role="solution", replies=["It is \\boxed{391}"])]
+    await scripted_run(
+        ScriptedModel(SimScript(rules=solutions), scripted_settings(method__name="cot")), run_dir, PROBLEMS[:1]
+    )
+    with RunStore(run_dir, create=False) as store:
+        await grade_run(store, GradeConfig(mode="rules"))
+        assert last_grading(store) == GradingRecord(mode="rules", runs=1)
+        store.set_meta(GRADING_META, None)  # as a run graded by an earlier version holds
+        assert last_grading(store) is None
+    overview = _overview(run_dir)
+    assert overview.grades is not None and not overview.grades.recorded
+    assert overview.grades.grades.mode == "rules" and [p.correct for p in overview.problems] == [True]

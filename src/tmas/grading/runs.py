@@ -2,19 +2,43 @@
 reused.
 
 Stored rows (table ``grades``): grader ``rules`` (run 0) and grader ``judge`` (runs 0..R-1), as the shipped graders
-write them. Candidate index -1 stands for the iteration's selected answer.
+write them. Candidate index -1 stands for the iteration's selected answer. Each grading also records which grader it
+used and how many runs per item (meta ``grading``, :class:`GradingRecord`): a run graded more than one way holds the
+rows of each, and a reader of stored grades (the viewer) reads them as the last grading did.
 """
 
 from __future__ import annotations
 
+from pydantic import BaseModel, ValidationError
+
 from tmas.config import Settings
 from tmas.grading.grader import GradingContext, index_grades
 from tmas.grading.grades import GradeConfig, Grades, iter_items
-from tmas.grading.registry import DEFAULT_GRADER, grader_named
+from tmas.grading.registry import DEFAULT_GRADER, GRADERS, grader_named
 from tmas.grading.run_results import load_results
 from tmas.llm.model import ChatModel
 from tmas.store.records import ProblemResult
 from tmas.store.run_store import GradeRow, RunStore
+
+# The run's meta key of its last grading.
+GRADING_META = "grading"
+
+
+class GradingRecord(BaseModel):
+    """The grading last done on a run: the grader's name and its verdicts per item (the judge's runs)."""
+
+    mode: str
+    runs: int
+
+
+def last_grading(store: RunStore) -> GradingRecord | None:
+    """The grading last done on the run in ``store``; None where none was recorded (grades stored before gradings
+    were recorded), or it names a grader not installed here."""
+    try:
+        record = GradingRecord.model_validate(store.get_meta(GRADING_META))
+    except ValidationError:
+        return None
+    return record if record.mode in GRADERS and record.runs > 0 else None
 
 
 async def grade_run(
@@ -38,6 +62,7 @@ async def grade_run(
         store.delete_grades()
     context = GradingContext(store, config, settings, grades, index_grades(store.grades()), model)
     grades.verdicts = await grader.grade(items, context)
+    store.set_meta(GRADING_META, GradingRecord(mode=config.mode, runs=grades.runs).model_dump())
     return grades
 
 
@@ -47,10 +72,12 @@ def load_grades(
     *,
     results: list[ProblemResult] | None = None,
     rows: list[GradeRow] | None = None,
+    runs: int | None = None,
 ) -> Grades | None:
     """Verdicts from stored grades alone (no grading); None when the run has no grades. A run holding none of the
     asked grader's verdicts is read as graded by the rules. ``results`` and ``rows``: the run's results and grade
-    rows where the caller has read them already (a big run's results are its costliest read)."""
+    rows where the caller has read them already (a big run's results are its costliest read). ``runs``: how many of
+    the asked grader's stored runs per item to read (as many as a grading asked for); all of them by default."""
     problems = store.problems()
     results = load_results(store) if results is None else results
     items = list(iter_items(problems, results))
@@ -60,8 +87,10 @@ def load_grades(
     stored = index_grades(rows)
     mode = config.mode
     grader = grader_named(mode)
-    runs = grader.stored_runs(stored)
-    if not runs:
+    stored_runs = grader.stored_runs(stored)
+    if stored_runs:
+        runs = min(runs, stored_runs) if runs else stored_runs
+    else:
         mode = DEFAULT_GRADER
         grader = grader_named(mode)
         runs = grader.stored_runs(stored)

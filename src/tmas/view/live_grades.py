@@ -1,5 +1,10 @@
 """Grades while a run is live: stored grades where ``tmas report`` wrote them, else an exact check by rules.
 
+Stored grades are read with the grader and the number of judge runs of the run's last grading
+(:func:`tmas.grading.runs.last_grading`), so the figures are those of the last report; those of a run graded before
+gradings were recorded are read with the default grader (``combined``: the rules' verdicts, the judge's where the
+rules could not decide).
+
 The exact check decides what it can decide at once and nothing more: the same answer after the spelling
 normalization majority vote uses, or two exact numbers (integers, decimals, fractions as ``a/b`` or ``\\frac{a}{b}``)
 compared as rationals. Anything else (symbolic or textual answers) is left undecided for ``tmas report`` (Math-Verify
@@ -16,7 +21,7 @@ from functools import lru_cache
 
 from tmas.answers import last_boxed, normalize_answer
 from tmas.grading.grades import SELECTED, GradeConfig, Grades, ItemKey
-from tmas.grading.runs import load_grades
+from tmas.grading.runs import last_grading, load_grades
 from tmas.problems import Problem
 from tmas.store.records import ProblemResult
 from tmas.store.run_store import RunStore
@@ -78,6 +83,8 @@ class LiveGrades:
     live: set[ItemKey] = field(default_factory=set)
     # The stored grades' mode ("rules", "combined", "judge"); None when the run has none.
     stored_mode: str | None = None
+    # Whether the stored grades are read as the run's last grading recorded (else with the default grader).
+    recorded: bool = False
 
     def source(self, key: ItemKey) -> str | None:
         if key not in self.grades.verdicts:
@@ -99,13 +106,16 @@ def live_grades(
     if not any(p.answer is not None for p in problems):
         return None
     rows = store.grades()
-    stored = load_grades(store, GradeConfig(), results=results, rows=rows) if rows else None
+    last = last_grading(store) if rows else None
+    config = GradeConfig(mode=last.mode) if last is not None else GradeConfig()
+    runs = last.runs if last is not None else None
+    stored = load_grades(store, config, results=results, rows=rows, runs=runs) if rows else None
     graded = {(g.problem_id, g.iteration, g.candidate) for g in rows}
     grades = stored or Grades(runs=1, mode="rules")
     if stored is None:
         result_ids = {r.problem_id for r in results}
         grades.unlabeled = [p.problem_id for p in problems if p.answer is None and p.problem_id in result_ids]
-    out = LiveGrades(grades, stored_mode=stored.mode if stored else None)
+    out = LiveGrades(grades, stored_mode=stored.mode if stored else None, recorded=last is not None)
     references = {p.problem_id: p.answer for p in problems if p.answer is not None}
     for result in results:
         pid = result.problem_id
