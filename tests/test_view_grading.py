@@ -14,7 +14,7 @@ from scripted_runs import scripted_run
 from tmas.answer_rules import RuleEquivalence
 from tmas.grading.grades import GradeConfig, Grades
 from tmas.grading.run_results import load_results
-from tmas.grading.runs import GRADING_META, GradingRecord, grade_run, last_grading
+from tmas.grading.runs import GRADING_META, GradingRecord, grade_run, last_grading, load_grades
 from tmas.problems import Problem
 from tmas.reports.metrics import compute_metrics
 from tmas.reports.report import evaluate_run
@@ -42,6 +42,13 @@ def _overview(run_dir: Path) -> RunOverview:
     assert ref is not None
     with RunReader(ref, RunCache()) as reader:
         return reader.overview()
+
+
+async def _report(run_dir: Path, config: GradeConfig, judge: ScriptedModel | None = None) -> tuple[Grades, Any]:
+    """What `tmas report --grade MODE` grades and shows: its verdicts and metrics."""
+    with RunStore(run_dir, create=False) as store:
+        grades = await grade_run(store, config, model=judge)
+        return grades, compute_metrics(load_results(store), grades)
 
 
 async def test_no_page_grades_a_proof_mode_run_as_the_report_leaves_it_ungraded(tmp_path: Path) -> None:
@@ -94,12 +101,6 @@ async def test_the_viewer_reads_stored_grades_as_the_last_report_graded_them(tmp
     )
     judge = ScriptedModel(SimScript(rules=[_judged("5", True), _judged("391", False)]), scripted_settings())
 
-    async def report(config: GradeConfig) -> tuple[Grades, Any]:
-        """What `tmas report --grade MODE` grades and shows: its verdicts and metrics."""
-        with RunStore(run_dir, create=False) as store:
-            grades = await grade_run(store, config, model=judge)
-            return grades, compute_metrics(load_results(store), grades)
-
     # Graded by the default (combined, two judge runs), then by the rules alone, then by the judge alone, then by the
     # judge with one run: after each, the viewer shows the figures that report showed.
     expected = {
@@ -113,7 +114,7 @@ async def test_the_viewer_reads_stored_grades_as_the_last_report_graded_them(tmp
         GradeConfig(mode="judge", judge_runs=2),
         GradeConfig(mode="judge", judge_runs=1),
     ):
-        grades, metrics = await report(config)
+        grades, metrics = await _report(run_dir, config, judge)
         overview = _overview(run_dir)
         assert overview.grades is not None and not overview.grades.live
         assert overview.grades.grades.mode == config.mode and overview.grades.grades.runs == grades.runs
@@ -183,3 +184,34 @@ async def test_majority_votes_count_answers_equal_in_value_as_one_as_the_report_
 
     monkeypatch.setattr(RuleEquivalence, "equivalent", refuse)
     assert vote_classes(overview.results, cache.checked_pairs(run_dir)) == overview.classes
+
+
+async def test_a_grade_of_an_answer_since_replaced_is_not_shown_for_the_new_one(tmp_path: Path) -> None:
+    # Majority vote with k = 1 answers 390 and is graded (wrong). Resumed with k = 3, the problem is solved again: its
+    # first sample replays (390), two new ones answer 391, and the vote returns 391. The stored grade of the selected
+    # answer is 390's: the viewer showed 391 marked wrong, where tmas report grades it anew, right.
+    run_dir = tmp_path / "majority"
+    first = scripted_settings(method__name="majority", method__params={"k": 1})
+    await scripted_run(
+        ScriptedModel(SimScript(rules=[Rule(role="solution", replies=["So \\boxed{390}"])]), first),
+        run_dir,
+        PROBLEMS[:1],
+    )
+    with RunStore(run_dir, create=False) as store:
+        await grade_run(store, GradeConfig(mode="rules"))
+    again = scripted_settings(method__name="majority", method__params={"k": 3})
+    script = SimScript(rules=[Rule(role="solution", replies=["So \\boxed{391}"])])
+    await scripted_run(ScriptedModel(script, again), run_dir, settings=again)
+    selected = ("p1", 0, -1)
+    with RunStore(run_dir, create=False) as store:
+        assert [(g.answer, g.verdict) for g in store.grades() if g.candidate == -1] == [("390", False)]
+        # Read without grading (tmas report --no-grade): no verdict for 391 is stored.
+        loaded = load_grades(store, GradeConfig(mode="rules"))
+        assert loaded is not None and loaded.verdicts[selected] == [None] and loaded.verdicts[("p1", 0, 0)] == [False]
+    overview = _overview(run_dir)
+    assert [(p.answer, p.correct, p.grade_source) for p in overview.problems] == [("391", True, "live")]
+    grades, metrics = await _report(run_dir, GradeConfig(mode="rules"))
+    assert grades.verdicts[selected] == [True]
+    overview = _overview(run_dir)
+    assert overview.grades is not None and overview.grades.grades.verdicts == grades.verdicts
+    assert overview.metrics == metrics

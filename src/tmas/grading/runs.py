@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from tmas.config import Settings
 from tmas.grading.grader import GradingContext, index_grades
-from tmas.grading.grades import GradeConfig, Grades, iter_items
+from tmas.grading.grades import SELECTED, GradeConfig, Grades, ItemKey, iter_items
 from tmas.grading.registry import DEFAULT_GRADER, GRADERS, grader_named
 from tmas.grading.run_results import load_results
 from tmas.llm.model import ChatModel
@@ -66,6 +66,22 @@ async def grade_run(
     return grades
 
 
+def current_grades(rows: list[GradeRow], results: list[ProblemResult]) -> list[GradeRow]:
+    """The stored grades of the answers the run holds now. A problem solved again (a run resumed with other
+    parameters: ``k`` raised, its majority turned) may hold another answer where one was graded; that grade is not
+    this answer's, and grading asks anew of such an item (each grader reuses a row only for the same answer)."""
+    if not rows:
+        return rows
+    answers: dict[ItemKey, str | None] = {}
+    for result in results:
+        pid = result.problem_id
+        for record in result.iterations:
+            answers.update(((pid, record.iteration, c.index), c.answer) for c in record.candidates)
+            answers[(pid, record.iteration, SELECTED)] = record.selected
+    missing = object()
+    return [g for g in rows if answers.get((g.problem_id, g.iteration, g.candidate), missing) == g.answer]
+
+
 def load_grades(
     store: RunStore,
     config: GradeConfig,
@@ -74,26 +90,29 @@ def load_grades(
     rows: list[GradeRow] | None = None,
     runs: int | None = None,
 ) -> Grades | None:
-    """Verdicts from stored grades alone (no grading); None when the run has no grades. A run holding none of the
-    asked grader's verdicts is read as graded by the rules. ``results`` and ``rows``: the run's results and grade
-    rows where the caller has read them already (a big run's results are its costliest read). ``runs``: how many of
-    the asked grader's stored runs per item to read (as many as a grading asked for); all of them by default."""
+    """Verdicts from stored grades alone (no grading), of the answers the run holds now (:func:`current_grades`);
+    None when the run has no grades. A run holding none of the asked grader's verdicts is read as graded by the
+    rules. ``results`` and ``rows``: the run's results and grade rows where the caller has read them already (a big
+    run's results are its costliest read). ``runs``: how many of the asked grader's stored runs per item to read (as
+    many as a grading asked for); all of them by default."""
     problems = store.problems()
     results = load_results(store) if results is None else results
     items = list(iter_items(problems, results))
     rows = store.grades() if rows is None else rows
     if not rows:
         return None
-    stored = index_grades(rows)
+    # The grader and its runs as the run's grades are stored; the verdicts of the answers it holds now.
+    every = index_grades(rows)
+    stored = index_grades(current_grades(rows, results))
     mode = config.mode
     grader = grader_named(mode)
-    stored_runs = grader.stored_runs(stored)
+    stored_runs = grader.stored_runs(every)
     if stored_runs:
         runs = min(runs, stored_runs) if runs else stored_runs
     else:
         mode = DEFAULT_GRADER
         grader = grader_named(mode)
-        runs = grader.stored_runs(stored)
+        runs = grader.stored_runs(every)
     grades = Grades(runs=runs, mode=mode)
     result_ids = {r.problem_id for r in results}
     grades.unlabeled = [p.problem_id for p in problems if p.answer is None and p.problem_id in result_ids]

@@ -21,7 +21,7 @@ from functools import lru_cache
 
 from tmas.answers import last_boxed, normalize_answer
 from tmas.grading.grades import SELECTED, GradeConfig, Grades, ItemKey
-from tmas.grading.runs import last_grading, load_grades
+from tmas.grading.runs import current_grades, last_grading, load_grades
 from tmas.problems import Problem
 from tmas.store.records import ProblemResult
 from tmas.store.run_store import RunStore
@@ -110,7 +110,8 @@ def live_grades(
     config = GradeConfig(mode=last.mode) if last is not None else GradeConfig()
     runs = last.runs if last is not None else None
     stored = load_grades(store, config, results=results, rows=rows, runs=runs) if rows else None
-    graded = {(g.problem_id, g.iteration, g.candidate) for g in rows}
+    # Grades of answers since replaced do not count: those items are checked live, as tmas report grades them anew.
+    graded = {(g.problem_id, g.iteration, g.candidate) for g in current_grades(rows, results)}
     grades = stored or Grades(runs=1, mode="rules")
     if stored is None:
         result_ids = {r.problem_id for r in results}
