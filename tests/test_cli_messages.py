@@ -264,3 +264,28 @@ def test_a_group_given_no_command_still_shows_its_help() -> None:
     out = run_tmas("pool", text=True)
     assert out.returncode == 2 and out.stderr == ""
     assert "Usage: tmas pool [OPTIONS] COMMAND [ARGS]..." in out.stdout
+
+
+@pytest.mark.parametrize("command", ["run", "solve", "sweep"])
+def test_a_missing_experience_pool_is_named_before_any_call(sim: SimServer, tmp_path: Path, command: str) -> None:
+    # MATTRL's pool is a folder of the user's: a wrong path is one line and exit 2 before any call, with no run
+    # directory left behind, as a missing problem file is; not every problem of the run failed one after another.
+    missing = tmp_path / "pools" / "math"
+    write_problems(tmp_path / "p.jsonl", 2)
+    method = ["-m", "mattrl", "-p", f"pool={missing}"]
+    where = {"run": [str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), *method], "solve": [Q, *method]}
+    grid = tmp_path / "grid.toml"
+    # The point without a pool comes first: a sweep checks every point before it runs one.
+    grid.write_text(
+        f'problems = "{tmp_path / "p.jsonl"}"\n[[study]]\nname = "teams"\nmethod = "mattrl"\n'
+        f'variants = [{{}}, {{ pool = "{missing}" }}]\n'
+    )
+    where["sweep"] = [str(grid), "--out", str(tmp_path / "run")]
+    out = run_tmas(command, *where[command], "--base-url", sim.base_url, text=True)
+    assert out.returncode == 2, out.stderr
+    assert last_line_text(out.stderr) == f"tmas: error: {missing}: no experience pool here (no meta.json)"
+    assert sim.stats().total_requests == 0 and not (tmp_path / "run" / "runs").exists()
+
+
+def last_line_text(stderr: str) -> str:
+    return stderr.strip().splitlines()[-1]

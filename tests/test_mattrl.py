@@ -619,3 +619,14 @@ async def test_a_medicine_opinion_cut_at_max_tokens_drops_the_diagnosis_the_cut_
     # Borda over the lists as read: Fabry 10 + 10 + 10, Pompe 9; the cut "Gaucher dis" is in none.
     assert result.iterations[-1].state["decision"]["top10"] == ["Fabry disease", "Pompe disease"]
     assert "S1: differential has 2 of 10 diagnoses" in result.iterations[-1].notes
+
+
+def test_a_pool_named_without_the_pool_extra_is_one_line_before_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tmas.errors import InputError
+    from tmas.methods import create_method
+
+    monkeypatch.setitem(sys.modules, "tmas.memory.pool", None)  # numpy and faiss not installed
+    with pytest.raises(
+        InputError, match=r"^pool=pools/x: MATTRL's experience pool needs .*pip install 'tmas\[pool\]'$"
+    ):
+        create_method("mattrl", {"pool": "pools/x"}).check_setup()

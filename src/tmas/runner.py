@@ -385,6 +385,7 @@ def prepare_run(
     one reads them back, and either records its setup. :func:`run_problems` then opens the model, once (``own_model``:
     a model of the caller's own, not the embedded one, where the settings name no endpoint)."""
     setup = RunSetup.check(settings, own_model=own_model)
+    setup.method.check_setup()  # what its parameters name outside the run (MATTRL's pool): readable before any call
     if resume:
         store = RunStore(run_dir, create=False)
         if store.get_meta("settings") is None:

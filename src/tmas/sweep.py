@@ -345,6 +345,9 @@ def prepare_sweep(
     if (out_dir / MANIFEST).exists() and read_manifest(out_dir).get("problems_digest") != digest:
         raise InputError(f"{out_dir}: holds a sweep over other problems; choose another directory")
     _check_points_kept(points, settings, out_dir, own_model=own_model)
+    for point in points:  # what a point yet to run names outside it (MATTRL's pool), before the first point runs
+        if not holds_run(out_dir / POINTS_DIR / point.name):
+            run_method(point.settings(settings), own_model=own_model).check_setup()
     manifest: dict[str, Any] = {
         "spec": spec.model_dump(mode="json"),
         "settings": settings.model_dump(mode="json"),

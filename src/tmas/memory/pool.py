@@ -113,6 +113,14 @@ class Pool:
             pool.check_embedder(embedder_name)
         return pool
 
+    @classmethod
+    def check_folder(cls, path: str | Path) -> None:
+        """An error unless ``path`` holds a pool whose metadata reads (what a run checks before its first call); a
+        save's staged metadata, which :meth:`open` puts in place, stands for it."""
+        path = Path(path)
+        if not _staged(path, META).exists():
+            cls._read_meta(path)
+
     def check_embedder(self, embedder_name: str) -> None:
         """An error unless the pool was built with the embedding model ``embedder_name``."""
         if embedder_name != self.meta.embedder:

@@ -603,6 +603,10 @@ class Method(ABC, Generic[P]):
         beside its published numbers (reports/paper_numbers.py); none by default."""
         return []
 
+    def check_setup(self) -> None:
+        """An error, one line, where something the parameters name outside the run (a folder of the user's) cannot
+        be read: checked before a run directory is made and before any call. Nothing by default."""
+
     def calls_per_problem(self) -> CallCount:
         """The chat calls one problem costs, by role, as the method's structure fixes them (the cost estimate adds
         them up; see :mod:`tmas.methods.call_count`). A method that states none is estimated as unknown."""

@@ -38,7 +38,7 @@ from tmas.agents.mattrl_team import TeamReply
 from tmas.agents.output import AgentOutputError, finished_lines
 from tmas.agents.solution import SolutionOutput, parse_solution
 from tmas.answers import normalize_answer
-from tmas.errors import LLMError
+from tmas.errors import InputError, LLMError
 from tmas.llm.tokens import CHARS_PER_TOKEN
 from tmas.llm.types import Completion
 from tmas.memory.embedders import Embedder, embedder_for
@@ -181,6 +181,19 @@ class MATTRL(Method[MATTRLParams]):
     def __init__(self, params: MethodParams) -> None:
         super().__init__(params)
         self._pool: Pool | None = None
+
+    def check_setup(self) -> None:
+        """The experience pool named: a wrong folder, or the ``pool`` extra missing, is one line before the run
+        starts, not an error of every problem it solves."""
+        if self.params.pool is None:
+            return
+        try:
+            from tmas.memory.pool import Pool
+        except ImportError:
+            raise InputError(
+                f"pool={self.params.pool}: MATTRL's experience pool needs numpy and faiss: pip install 'tmas[pool]'"
+            ) from None
+        Pool.check_folder(self.params.pool)
 
     @property
     def domain(self) -> Domain:
