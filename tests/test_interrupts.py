@@ -124,3 +124,44 @@ def test_a_second_ctrl_c_cuts_the_wind_down_short_and_still_says_what_was_kept(
     assert stopped.value.saying("continue").line() == "tmas: stopped by Ctrl-C; continue"
     # No "unhandled exception during asyncio.run() shutdown" with a traceback.
     assert not caplog.records
+
+
+@pytest.mark.parametrize("command", ["eval", "sweep"])
+def test_a_signal_while_the_report_is_graded_says_how_to_write_it(tmp_path: Path, command: str) -> None:
+    # The problems are solved (3 calls, one each); the judge's first call is held, and the signal comes then.
+    lines = [json.dumps({"problem_id": f"p{i}", "question": f"What is {i + 2}*7?", "answer": str((i + 2) * 7)})
+             for i in range(PROBLEMS)]  # fmt: skip
+    (tmp_path / "p.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    grading = ["--grade", "judge", "--judge-runs", "1"]
+    if command == "eval":
+        args = ["eval", str(tmp_path / "p.jsonl"), "-o", str(out), "-m", "cot", *grading]
+        then = f"the run is kept: write its report with 'tmas report {out} -o {out / 'report'} {' '.join(grading)}'"
+    else:
+        grid = tmp_path / "grid.toml"
+        grid.write_text(f'problems = "{tmp_path / "p.jsonl"}"\n[[study]]\nname = "cot"\nmethod = "cot"\n')
+        args = ["sweep", str(grid), "--out", str(out), *grading]
+        then = f"every point is kept: write the report with 'tmas sweep --resume {out} {' '.join(grading)}'"
+    with SimServer(SimScript(hold_after=PROBLEMS)) as sim:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tmas", *args, "--base-url", sim.base_url],
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+
+        def judge_held() -> bool:
+            assert proc.poll() is None, "the command ended before it was stopped"
+            return sim.stats().held > 0
+
+        wait_for(judge_held, "the report's first judge call to be held")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err.decode()
+    assert err.decode().strip().splitlines()[-1] == f"tmas: stopped by SIGTERM; {then}"
+    # The command said writes the report, sending none of the problems' calls again.
+    with SimServer(SimScript()) as sim:
+        again = run_tmas(*then.split("'")[1].split()[1:], "--base-url", sim.base_url, timeout=120)
+        assert again.returncode == 0, again.stderr.decode()
+        assert sim.stats().total_requests == PROBLEMS  # the judge's, one a problem
+    assert (out / "report" / "report.md").exists()

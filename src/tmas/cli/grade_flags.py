@@ -31,6 +31,14 @@ def read_grade_flags(grade: str, judge_runs: int) -> GradeConfig:
     return GradeConfig(mode=grade, judge_runs=judge_runs)
 
 
+def grade_words(config: GradeConfig) -> str:
+    """The flags that ask for ``config`` again on a later command line (each with a leading space; none for the
+    defaults), for the command a stopped one says to continue with."""
+    default = GradeConfig()
+    words = "" if config.mode == default.mode else f" --grade {config.mode}"
+    return words + ("" if config.judge_runs == default.judge_runs else f" --judge-runs {config.judge_runs}")
+
+
 def check_grading_installed(config: GradeConfig) -> None:
     """Before a run whose report grades by rules: Math-Verify is there (else the run's calls would be spent before
     the grading fails)."""

@@ -19,7 +19,7 @@ from tmas.cli.cases import cases_app
 from tmas.cli.data import data_app
 from tmas.cli.estimate import EstimateFlags, GateFlags, estimate_options, gate_options
 from tmas.cli.extras import MISSING_EXTRA_EXIT, missing_extra
-from tmas.cli.grade_flags import GradeModeOpt, JudgeRunsOpt, check_grading_installed, read_grade_flags
+from tmas.cli.grade_flags import GradeModeOpt, JudgeRunsOpt, check_grading_installed, grade_words, read_grade_flags
 from tmas.cli.help_format import command_of
 from tmas.cli.method_help import method_parameters_help
 from tmas.cli.options import (
@@ -482,11 +482,19 @@ def evaluate(
     except interrupt.Stopped as stop:
         if stop.next_step is None:  # stopped before its run began
             raise
-        raise stop.saying(f"{stop.next_step}, then 'tmas report {out} -o {report_dir}'") from None
+        raise stop.saying(
+            f"{stop.next_step}, then 'tmas report {out} -o {report_dir}{grade_words(grade_config)}'"
+        ) from None
     # The judge defaults to the run's own model, as the run's flags set it up (a sweep's report does the same).
     settings = _judge_settings(flags.settings(), judge_base_url, judge_model)
     steps = Steps("eval")
-    written = interrupt.run(steps.during(build_report([out], report_dir, grade_config, settings, on_step=steps.step)))
+    try:
+        written = interrupt.run(
+            steps.during(build_report([out], report_dir, grade_config, settings, on_step=steps.step))
+        )
+    except interrupt.Stopped as stop:
+        again = f"tmas report {out} -o {report_dir}{grade_words(grade_config)}"
+        raise stop.saying(f"the run is kept: write its report with '{again}'") from None
     typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
     if code:
         raise typer.Exit(code)
@@ -630,10 +638,15 @@ def sweep(
     try:
         summary = interrupt.run(steps.during(run_sweep(spec, settings, out, on_point=ends, on_start=begins)))
     except interrupt.Stopped as stop:
-        raise stop.saying(f"finished points and calls are kept: continue with 'tmas sweep --resume {out}'") from None
+        again = f"tmas sweep --resume {out}{' --no-report' if no_report else grade_words(grade_config)}"
+        raise stop.saying(f"finished points and calls are kept: continue with '{again}'") from None
     if not no_report:
         report = report_sweep(spec, out, grade_config, settings, on_step=steps.step)
-        summary.report = interrupt.run(steps.during(report))
+        try:
+            summary.report = interrupt.run(steps.during(report))
+        except interrupt.Stopped as stop:
+            again = f"tmas sweep --resume {out}{grade_words(grade_config)}"
+            raise stop.saying(f"every point is kept: write the report with '{again}'") from None
     typer.echo(json.dumps(summary.to_dict(), indent=2))
     _sweep_exit(summary)
 
