@@ -289,3 +289,20 @@ def test_a_missing_experience_pool_is_named_before_any_call(sim: SimServer, tmp_
 
 def last_line_text(stderr: str) -> str:
     return stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("flag", ["--local-model", "--hf-model"])
+@pytest.mark.parametrize("model", ["qwen-nope", "models/missing.gguf"])
+def test_an_embedded_model_that_is_not_there_is_named_before_the_run_directory(
+    tmp_path: Path, flag: str, model: str
+) -> None:
+    # A misspelt name or a wrong path: one line and exit 2 (bad configuration), and no run directory left behind
+    # that the corrected command would find "already holds a run".
+    write_problems(tmp_path / "p.jsonl", 2)
+    out = run_tmas("run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "-m", "cot", flag, model, text=True)
+    assert out.returncode == 2, out.stderr
+    setting = "local.model" if flag == "--local-model" else "hf.model"
+    line = last_line_text(out.stderr)
+    assert line.startswith(f"tmas: error: {setting} ({flag}) {model!r} is neither ")
+    assert line.endswith("smollm2-135m): 'tmas models' lists them")
+    assert not (tmp_path / "run").exists()

@@ -27,6 +27,7 @@ from tmas.llm.provision import on_embedded_model
 from tmas.llm.replay import ReplayTurns
 from tmas.llm.sampling import resolve_role
 from tmas.llm.types import Lane
+from tmas.llm.weights import check_model_named
 from tmas.methods import check_roles, create_method
 from tmas.methods.base import (
     BudgetExhausted,
@@ -386,6 +387,8 @@ def prepare_run(
     a model of the caller's own, not the embedded one, where the settings name no endpoint)."""
     setup = RunSetup.check(settings, own_model=own_model)
     setup.method.check_setup()  # what its parameters name outside the run (MATTRL's pool): readable before any call
+    if not own_model:
+        check_embedded_model(settings)
     if resume:
         store = RunStore(run_dir, create=False)
         if store.get_meta("settings") is None:
@@ -599,6 +602,15 @@ def _summary(
         notices=list(store.notices().values()),
         failures=dict(sorted(tally.failures.items(), key=lambda item: -item[1])),
     )
+
+
+def check_embedded_model(settings: Settings) -> None:
+    """A model tmas runs itself (the embedded server's, or one in process) that names neither a known model nor a
+    file (or checkpoint folder) there is a one-line error before a run directory is made."""
+    if settings.uses_local_model:
+        check_model_named(settings.local.model, "local.model", "--local-model")
+    elif settings.uses_in_process_model:
+        check_model_named(str(settings.hf.model), "hf.model", "--hf-model", folders=True)
 
 
 def run_method(settings: Settings, *, own_model: bool = False) -> Method[Any]:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tmas.errors import LocalModelError
+from tmas.errors import ConfigError, LocalModelError
 
 GGUF_MAGIC = b"GGUF"
 _CHUNK = 4 * 1024 * 1024
@@ -83,6 +83,20 @@ def cache_dir() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "tmas"
+
+
+def check_model_named(name_or_path: str, setting: str, flag: str, *, folders: bool = False) -> None:
+    """Raise :class:`ConfigError`, naming the setting and its flag, unless ``name_or_path`` is a known model's name
+    or an existing file (or folder, where ``folders``): the cheap part of :func:`resolve_model`, checked before a run
+    directory is made."""
+    path = Path(name_or_path).expanduser()
+    if name_or_path in KNOWN_MODELS or path.is_file() or (folders and path.is_dir()):
+        return
+    what = "a checkpoint folder, a GGUF file" if folders else "a GGUF file"
+    raise ConfigError(
+        f"{setting} ({flag}) {name_or_path!r} is neither {what} nor a known model ({', '.join(KNOWN_MODELS)}):"
+        " 'tmas models' lists them"
+    )
 
 
 def resolve_model(name_or_path: str) -> Path:
