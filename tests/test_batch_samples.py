@@ -486,3 +486,20 @@ async def test_on_llama_server_the_first_sample_keeps_the_usage_reported_and_the
         (0, 13, True),
         (0, 17, True),
     ]
+
+
+async def test_a_batched_request_that_fails_for_another_reason_keeps_batching_on(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # A request for n choices answered with an error that is no refusal of n (a bad request, a model the server does
+    # not know) fails its samples; it says nothing of n, so the next samples still go as one request, and no
+    # fallback is recorded.
+    sim.set_script(SimScript(persona="vllm", rules=[Rule(role="solution", fault="http_400", times=1)]))
+    settings = majority(sim, 3)
+    settings.method.params["iterations"] = 2
+    store, settings, todo = prepare_run(tmp_path / "run", settings, [Problem(problem_id="p", question=Q)], resume=False)
+    with store:
+        summary = await run_problems(settings, todo, store)
+        fallbacks = store.downgrades("batch_samples")
+    assert [b.get("n") for b in sim.chat_bodies("solution")] == [3, 3]
+    assert fallbacks == {} and summary.downgrades == {}

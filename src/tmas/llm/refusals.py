@@ -319,7 +319,9 @@ class Refusals:
         if not done[0].ok and refuses_n(done[0]):
             self._samples_refused(route, done[0].endpoint, role, done[0].error or "")
             return None
-        if len(done) < n and "cut" not in done[0].retry_causes:
+        # A request that failed otherwise (a bad request, an unknown model, retries spent) fails its samples alike
+        # and says nothing of n: its one failed completion is no reply of fewer choices.
+        if done[0].ok and len(done) < n and "cut" not in done[0].retry_causes:
             self._samples_refused(
                 route, done[0].endpoint, role, f"asked for n = {n} choices, the reply held {len(done)}"
             )
