@@ -306,3 +306,16 @@ def test_an_embedded_model_that_is_not_there_is_named_before_the_run_directory(
     assert line.startswith(f"tmas: error: {setting} ({flag}) {model!r} is neither ")
     assert line.endswith("smollm2-135m): 'tmas models' lists them")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_base_url_that_is_the_chat_completions_url_is_named_before_any_call(sim: SimServer, tmp_path: Path) -> None:
+    # The address a server's docs give for chat completions, copied whole: tmas adds /chat/completions itself.
+    write_problems(tmp_path / "p.jsonl", 2)
+    given = f"{sim.base_url}/chat/completions"
+    out = run_tmas("run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "-m", "cot", "--base-url", given)
+    assert out.returncode == 2, out.stderr.decode()
+    assert last_line(out) == (
+        f"tmas: error: {given}: the base URL ends in /chat/completions, which tmas adds to it;"
+        f" give --base-url {sim.base_url}"
+    )
+    assert sim.stats().total_requests == 0 and not (tmp_path / "run").exists()

@@ -1,9 +1,10 @@
 """Before a run sends its first call: does anything answer where its roles' calls go?
 
-Two mistakes a new user makes first cost nothing to find out beforehand: an endpoint nobody listens at (a server not
-started, a wrong port) and a base URL without its ``/v1`` (every OpenAI-compatible server, vLLM, SGLang,
-llama-server and OpenAI itself, answers under ``/v1``; a URL without it gets a 404 on every call). Left to the calls,
-the first is a run that retries for many seconds before it says so and the second a run whose every problem fails.
+Three mistakes a new user makes first cost nothing to find out beforehand: an endpoint nobody listens at (a server
+not started, a wrong port), a base URL without its ``/v1`` (every OpenAI-compatible server, vLLM, SGLang,
+llama-server and OpenAI itself, answers under ``/v1``; a URL without it gets a 404 on every call) and one with the
+``/chat/completions`` tmas adds to it (the chat address copied whole). Left to the calls, the first is a run that
+retries for many seconds before it says so and the others runs whose every problem fails.
 Here each is one line naming the URL, within seconds. Anything else (a server still loading, a refused key, a
 ``/models`` route the server lacks) is left to the calls, which say what went wrong with each.
 """
@@ -27,6 +28,8 @@ CONNECT_TRIES = 3
 CONNECT_PAUSE_S = 0.5
 # How long a probe waits for a connection and for the model card; a slow answer is not this check's business.
 PROBE_TIMEOUT_S = 5.0
+# What tmas adds to a base URL for a chat call: a base URL that already ends in it was copied from a server's docs.
+CHAT_PATH = "/chat/completions"
 # The replica sets that answered in this process: a command checks before it makes a run directory, and the run it
 # then starts (or a sweep's next point, a proxy's next request) need not ask again.
 _ANSWERED: set[tuple[str, ...]] = set()
@@ -34,8 +37,9 @@ _ANSWERED: set[tuple[str, ...]] = set()
 
 async def check_endpoints(settings: Settings, roles: Iterable[str]) -> None:
     """Raise :class:`EndpointUnreachable` when no replica of a role's endpoint accepts a connection, and
-    :class:`ConfigError` when a base URL lacks the ``/v1`` its server answers under; each names the URL. A model
-    answering in this process has no endpoint to check."""
+    :class:`ConfigError` when a base URL lacks the ``/v1`` its server answers under or ends in the
+    ``/chat/completions`` tmas adds; each names the URL. A model answering in this process has no endpoint to
+    check."""
     if settings.uses_in_process_model:
         return
     routes = Routes(settings)
@@ -55,6 +59,11 @@ async def check_endpoints(settings: Settings, roles: Iterable[str]) -> None:
                     " --base-url ('tmas models --base-url URL' checks an endpoint)"
                 )
             for url, status in zip(urls, answers, strict=True):
+                if url.endswith(CHAT_PATH):
+                    raise ConfigError(
+                        f"{url}: the base URL ends in {CHAT_PATH}, which tmas adds to it;"
+                        f" give --base-url {url.removesuffix(CHAT_PATH)}"
+                    )
                 if status == 404 and not url.endswith("/v1"):
                     await _missing_v1(session, url, route.api_key)
             _ANSWERED.add(urls)
