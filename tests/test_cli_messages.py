@@ -17,6 +17,7 @@ from scripted_runs import GoneModel
 from tmas.api import asolve
 from tmas.runner import Unreachable
 from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing.script import PersonaName
 
 Q = "What is 17*23?"
 
@@ -319,3 +320,23 @@ def test_a_base_url_that_is_the_chat_completions_url_is_named_before_any_call(si
         f" give --base-url {sim.base_url}"
     )
     assert sim.stats().total_requests == 0 and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("persona", "refused"), [("vllm", True), ("llama-server", False)])
+def test_a_model_vllm_does_not_serve_is_named_before_any_call(
+    sim: SimServer, tmp_path: Path, persona: PersonaName, refused: bool
+) -> None:
+    # vLLM answers a model name it does not serve with a 404 for every call; llama-server answers any name.
+    sim.set_script(SimScript(persona=persona))
+    write_problems(tmp_path / "p.jsonl", 2)
+    args = ["-o", str(tmp_path / "run"), "-m", "cot", "--base-url", sim.base_url, "--model", "Qwen/Qwen3-4B"]
+    out = run_tmas("run", str(tmp_path / "p.jsonl"), *args)
+    if refused:
+        assert out.returncode == 2, out.stderr.decode()
+        assert last_line(out) == (
+            f"tmas: error: {sim.base_url} serves no model 'Qwen/Qwen3-4B': it serves sim-model; give --model"
+            " sim-model ('tmas models' lists each endpoint's)"
+        )
+        assert sim.stats().total_requests == 0 and not (tmp_path / "run").exists()
+    else:
+        assert out.returncode == 0, out.stderr.decode()

@@ -1,10 +1,11 @@
 """Before a run sends its first call: does anything answer where its roles' calls go?
 
-Three mistakes a new user makes first cost nothing to find out beforehand: an endpoint nobody listens at (a server
+Four mistakes a new user makes first cost nothing to find out beforehand: an endpoint nobody listens at (a server
 not started, a wrong port), a base URL without its ``/v1`` (every OpenAI-compatible server, vLLM, SGLang,
-llama-server and OpenAI itself, answers under ``/v1``; a URL without it gets a 404 on every call) and one with the
-``/chat/completions`` tmas adds to it (the chat address copied whole). Left to the calls, the first is a run that
-retries for many seconds before it says so and the others runs whose every problem fails.
+llama-server and OpenAI itself, answers under ``/v1``; a URL without it gets a 404 on every call), one with the
+``/chat/completions`` tmas adds to it (the chat address copied whole) and a model name a vLLM server does not serve.
+Left to the calls, the first is a run that retries for many seconds before it says so and the others runs whose
+every problem fails.
 Here each is one line naming the URL, within seconds. Anything else (a server still loading, a refused key, a
 ``/models`` route the server lacks) is left to the calls, which say what went wrong with each.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from typing import Any
 
 import aiohttp
 
@@ -21,6 +23,7 @@ from tmas.errors import ConfigError
 from tmas.llm.model import EndpointUnreachable
 from tmas.llm.replica import auth_headers
 from tmas.llm.routes import Routes
+from tmas.llm.server_kind import server_kind
 
 # A refused connection is tried this many times, this far apart: a server just restarting gets a moment, a server
 # that is not there is said to be so within about a second.
@@ -51,7 +54,8 @@ async def check_endpoints(settings: Settings, roles: Iterable[str]) -> None:
             if urls in checked or urls in _ANSWERED:
                 continue
             checked.add(urls)
-            answers = await asyncio.gather(*(_models_status(session, url, route.api_key) for url in urls))
+            probes = await asyncio.gather(*(_models_reply(session, url, route.api_key) for url in urls))
+            answers = [p[0] if isinstance(p, tuple) else p for p in probes]
             if all(isinstance(a, str) for a in answers):
                 whose = "" if role == "solution" else f" (the endpoint of role {role!r})"
                 raise EndpointUnreachable(
@@ -66,11 +70,36 @@ async def check_endpoints(settings: Settings, roles: Iterable[str]) -> None:
                     )
                 if status == 404 and not url.endswith("/v1"):
                     await _missing_v1(session, url, route.api_key)
+            for url, probe in zip(urls, probes, strict=True):
+                if isinstance(probe, tuple) and probe[0] == 200 and route.endpoint.model is not None:
+                    _check_served(url, probe[1], route.endpoint.model, role)
             _ANSWERED.add(urls)
+
+
+def _check_served(url: str, models: Any, model: str, role: str) -> None:
+    """A vLLM server answers a model it does not serve with a 404 for every call: said here, naming the models it
+    does serve. Other servers are not asked: llama-server answers whatever model a call names, and what another
+    server lists need not be all it answers."""
+    if server_kind(models) != "vllm":
+        return
+    served = [str(card.get("id")) for card in models.get("data", []) if isinstance(card, dict)]
+    if served and model not in served:
+        whose = "" if role == "solution" else f" (the model of role {role!r})"
+        raise ConfigError(
+            f"{url} serves no model {model!r}{whose}: it serves {', '.join(served)}; give --model {served[0]}"
+            " ('tmas models' lists each endpoint's)"
+        )
 
 
 async def _models_status(session: aiohttp.ClientSession, url: str, api_key: str | None) -> int | str:
     """The status ``GET url/models`` answers with, or why no connection could be made."""
+    reply = await _models_reply(session, url, api_key)
+    return reply[0] if isinstance(reply, tuple) else reply
+
+
+async def _models_reply(session: aiohttp.ClientSession, url: str, api_key: str | None) -> tuple[int, Any] | str:
+    """The status ``GET url/models`` answers with and its JSON body (None where it is none), or why no connection
+    could be made."""
     timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
     reason = ""
     for attempt in range(CONNECT_TRIES):
@@ -78,12 +107,16 @@ async def _models_status(session: aiohttp.ClientSession, url: str, api_key: str 
             await asyncio.sleep(CONNECT_PAUSE_S)
         try:
             async with session.get(f"{url}/models", headers=auth_headers(api_key), timeout=timeout) as resp:
-                return resp.status
+                try:
+                    body = await resp.json(content_type=None)
+                except ValueError:
+                    body = None
+                return resp.status, body
         except aiohttp.ClientConnectorError as exc:
             error = exc.os_error
             reason = "connection refused" if isinstance(error, ConnectionRefusedError) else str(error)
         except (aiohttp.ClientError, TimeoutError):
-            return 0  # connected, or slow: the calls will say more
+            return 0, None  # connected, or slow: the calls will say more
     return reason
 
 
