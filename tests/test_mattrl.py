@@ -21,11 +21,13 @@ from tmas.api import asolve
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool
 from tmas.memory.pool_entry import PoolEntry
-from tmas.memory.transcript import Transcript
+from tmas.memory.transcript import TeamMember, Transcript
 from tmas.methods.base import ProblemResult
+from tmas.methods.mattrl_deliberation import Seat, differential_change
 from tmas.methods.mattrl_domains import domain_named
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
+from tmas.testing.mattrl_responders import SIM_DIFFERENTIAL
 
 Q = "What is 17*23?"
 WRONG = "Multiplying gives 17*23 = 390.\n\nTherefore, the final answer is \\boxed{390}."
@@ -457,6 +459,25 @@ async def test_a_medicine_specialist_whose_revision_call_fails_keeps_its_list_ou
     # Round 3 (the last): S1 gives its list again and converges; the last round asks for no review.
     assert by_role(model)["reviewer"] == 6 + 4
     assert [m["converged"] for m in result.iterations[-1].state["members"]] == [True, True, True]
+
+
+async def test_a_medicine_list_written_again_in_other_letter_case_has_converged() -> None:
+    # Round 2: Pediatrics gives the same ten diagnoses in the same order, only capitalised differently. Eq. 5's
+    # Delta O_s is empty, as the Borda pool and the de-duplication of a list already read the names.
+    same = "\n".join(f"{i}. {name.title()}: fits part of the record." for i, name in enumerate(SIM_DIFFERENTIAL, 1))
+    again = Rule(
+        role="specialist",
+        pattern="<your_previous_attempt>.*You are Pediatrics",
+        replies=[f"Nothing to change.\n<diagnosis>\n{same}\n</diagnosis>"],
+    )
+    result, model = await run([again], domain="medicine", iterations=3)
+    members = result.iterations[1].state["members"]
+    assert [m["converged"] for m in members] == [True, True, True]
+    # Everyone converged in round 2: the chair decides there; no review of the unchanged list, no round 3.
+    assert len(result.iterations) == 2 and by_role(model)["reviewer"] == 6
+    seat = Seat(0, TeamMember(id="S1", specialty="Pediatrics"))
+    seat.previous_top10, seat.top10 = list(SIM_DIFFERENTIAL), [n.title() for n in SIM_DIFFERENTIAL]
+    assert differential_change(seat) == "unchanged"
 
 
 REVIEW_OF_S1 = json.dumps(

@@ -305,7 +305,7 @@ class DifferentialCritique(PeerReview):
         seat.top10 = parse_differential(seat.attempt.rpartition("\n")[0] if seat.cut else seat.attempt)
         if len(seat.top10) < 10:
             notes.append(f"{seat.member.id}: differential has {len(seat.top10)} of 10 diagnoses")
-        seat.converged = r > 0 and bool(seat.top10) and seat.top10 == seat.previous_top10
+        seat.converged = r > 0 and bool(seat.top10) and same_list(seat.top10, seat.previous_top10)
 
     async def review(
         self,
@@ -404,6 +404,12 @@ class DifferentialCritique(PeerReview):
         transcript.utterances.append(Utterance(round=r, agent="coordinator", kind="meeting", text="\n".join(lines)))
 
 
+def same_list(a: list[str], b: list[str]) -> bool:
+    """Whether two differentials name the same diagnoses in the same order, letter case aside (as a list is read
+    and pooled): a list written again with other capitals proposes no change (Eq. 5)."""
+    return [n.lower() for n in a] == [n.lower() for n in b]
+
+
 def differential_change(seat: Seat) -> str:
     """Delta O_s (Eq. 5) of a differential: what entered and what left the list this round."""
     if not seat.top10:
@@ -415,7 +421,7 @@ def differential_change(seat: Seat) -> str:
     added = [n for n in seat.top10 if n.lower() not in before]
     dropped = [n for n in seat.previous_top10 if n.lower() not in after]
     if not added and not dropped:
-        return "unchanged" if seat.top10 == seat.previous_top10 else "reordered its list"
+        return "unchanged" if same_list(seat.top10, seat.previous_top10) else "reordered its list"
     parts = [f"added {'; '.join(added)}"] if added else []
     parts += [f"dropped {'; '.join(dropped)}"] if dropped else []
     return ", ".join(parts)
