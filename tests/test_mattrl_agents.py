@@ -144,6 +144,17 @@ def test_education_team_without_a_required_role_is_unusable() -> None:
     assert '"Pedagogy Strategist"' in prompt and 'leader"' not in prompt and "Exactly one member" not in prompt
 
 
+def test_the_recruit_prompt_asks_each_domain_for_its_briefs_and_the_chair_for_distinct_conditions() -> None:
+    # B.2: a math brief names the key invariants, the tactics and how to communicate; A.4: a medical brief the
+    # differential focus, the red flags and the collaboration. A.6: the chair lists variants only when distinct.
+    math = domain_named("math").recruit_prompt("Q", 3)[-1].content.rsplit('"description"', 1)[1]
+    assert "invariants" in math and "tactics" in math and "communicate" in math
+    medicine = domain_named("medicine").recruit_prompt("Q", 3)[-1].content.rsplit('"description"', 1)[1]
+    assert "differential" in medicine and "red flags" in medicine and "work with the others" in medicine
+    decision = domain_named("medicine").decision_prompt("Q", "S")[-1].content.split("<top10></top10>", 1)[1]
+    assert "variants of one condition separately only when they are clinically distinct" in decision
+
+
 def test_differential_review_parses_a4_json() -> None:
     review = parse_differential_review(
         '{"analysis": "Mostly right.", "agreements": ["A fits"], "disagreements": null, "changes": "Drop B"}',
