@@ -155,6 +155,24 @@ def test_the_recruit_prompt_asks_each_domain_for_its_briefs_and_the_chair_for_di
     assert "variants of one condition separately only when they are clinically distinct" in decision
 
 
+def test_a_medical_opinion_with_hints_may_reason_from_them() -> None:
+    # A.3: the diagnosis rests on the patient case and the experience context when one is given; the rule of the
+    # opinion prompt names the hints beside the record, not the record alone while the next line says to consult them.
+    member, hints = TeamMember(id="S1", specialty="Neurology"), [PoolEntry(id="e", action="act", experience="exp")]
+
+    def rule(round_: int, given: list[PoolEntry]) -> str:
+        messages = domain_named("medicine").opinion_prompt(
+            "record", member, round_=round_, previous="1. A" if round_ else "", feedback="[]", hints=given
+        )
+        return next(line for line in messages[-1].content.splitlines() if line.startswith("- Reason only from"))
+
+    assert rule(0, []).startswith("- Reason only from the patient record;")
+    assert rule(0, hints).startswith("- Reason only from the patient record and the lessons in <experience_hints>;")
+    assert rule(1, hints).startswith(
+        "- Reason only from the patient record, the team's notes and the lessons in <experience_hints>;"
+    )
+
+
 def test_differential_review_parses_a4_json() -> None:
     review = parse_differential_review(
         '{"analysis": "Mostly right.", "agreements": ["A fits"], "disagreements": null, "changes": "Drop B"}',
