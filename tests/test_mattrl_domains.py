@@ -78,6 +78,9 @@ async def test_team_teaching_turns_a_wrong_pretest_into_a_right_posttest() -> No
     assert t.final_answer == "B"
     # Teachers see the correct answer, the student never does.
     assert all("<correct_answer>\nB\n</correct_answer>" in b for b in last_user_prompts(model, "specialist"))
+    # C.1: the teachers (and the coordinator's plan and guidance) are told the pre-test was wrong.
+    teachers = last_user_prompts(model, "specialist") + last_user_prompts(model, "coordinator")[1:]
+    assert all("Correct: no\n</student_pretest>" in b for b in teachers)
     student = last_user_prompts(model, "student")
     assert not any("correct_answer" in b for b in student)
     # The student hears the planned question without its "ROUND k:" label.

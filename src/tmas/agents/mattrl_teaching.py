@@ -37,11 +37,17 @@ class Case:
     pre_reasoning: str
     dialogue: tuple[Turn, ...] = ()
 
+    @property
+    def pre_correct(self) -> bool:
+        """Whether the pre-test answer is the correct one (C.1: the teachers are told)."""
+        return self.pre_answer is not None and self.pre_answer.strip().upper() == self.gold.strip().upper()
+
     def variables(self) -> dict[str, Any]:
         return {
             "question": self.question,
             "gold": self.gold,
             "pre_answer": self.pre_answer,
+            "pre_correct": self.pre_correct,
             "pre_reasoning": self.pre_reasoning,
             "dialogue": self.dialogue,
         }

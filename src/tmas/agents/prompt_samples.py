@@ -64,6 +64,7 @@ def _contexts() -> dict[str, list[Context]]:
     solve = {**q, "mode": MODES[0], "style": STYLES[0]}
     how = {"mode": MODES, "style": STYLES}
     case = {**q, "gold": TEXT, "pre_reasoning": TEXT}
+    taught = {**case, "pre_correct": False}
     session = {**case, "subject": TEXT, "difficulty": TEXT, "role": TEXT, "round_number": 1, "target": target}
     team = {**q, "gold": TEXT, "domain": DOMAINS[0], "history": history}
     summarized = {"outcome": TEXT, "reward": "0.500", "judge_analysis": TEXT, "max_entries": 3}
@@ -120,17 +121,17 @@ def _contexts() -> dict[str, list[Context]]:
         "edu_student_reply.j2": _each({**q, "asked": TEXT}, dialogue=dialogue, pretest=(TEXT, "")),
         "edu_teacher.j2": [
             *_each(
-                {**case, "single": True, "member": None, "round": 1, "rounds": 3},
+                {**taught, "single": True, "member": None, "round": 1, "rounds": 3},
                 task=("ask", "guidance"),
                 dialogue=dialogue,
                 pre_answer=(TEXT, None),
                 hints=hints,
             ),
-            {**case, "task": "analyse", "single": False, "member": member, "round": 1, "rounds": 3}
+            {**taught, "task": "analyse", "single": False, "member": member, "round": 1, "rounds": 3}
             | {"dialogue": dialogue[0], "pre_answer": TEXT, "hints": hints[0]},
         ],
         "edu_plan.j2": _each(
-            {**case, "round": 2, "analyses": [(TEXT, TEXT)]}, dialogue=dialogue, pre_answer=(TEXT, None)
+            {**taught, "round": 2, "analyses": [(TEXT, TEXT)]}, dialogue=dialogue, pre_answer=(TEXT, None)
         ),
         "judge_user.j2": [{"problem": TEXT, "reference": TEXT, "student": TEXT}],
         "judge_diagnosis.j2": [{"predicted": [TEXT, TEXT], "reference": TEXT}],
