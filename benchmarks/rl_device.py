@@ -35,7 +35,9 @@ carry (see docs/rl.md, "On a CUDA machine without network access"):
 
   ``--until prepare`` stops after 2, ``--until train`` after 3. ``--stop-after SECONDS`` bounds the command:
   training stops itself after the step that leaves ``--reserve`` seconds for the trained model's evaluation
-  (``tmas rl train --max-time``, a checkpoint of that step kept), and the results so far are still written.
+  (``tmas rl train --max-time``, a checkpoint of that step kept), and the results so far are still written. The
+  files go to ``--out`` once training ends too, before the trained model's evaluation, so that a call ended during
+  that evaluation still brings back the adapter and its curve.
 
 ``--model tiny`` rehearses the whole path on a CPU with a two-layer model built from a config (no weights, no GPU):
 
@@ -603,6 +605,10 @@ def run(args: argparse.Namespace) -> None:
         command = train_command(args, base, judge, max_time)
         log(work, "train: " + " ".join(command[1:]))
         run_phase(phases, "train", command, work, end + args.train_margin / 2, "training")
+        if args.until == "all" and args.reserve > 0:
+            # The adapter and its curve go to --out before the trained model's evaluation: a call stopped during
+            # it (or during the files after it) still brings them back.
+            collect(args)
     if args.until != "all" or args.reserve <= 0:
         log(work, f"--until {args.until} --reserve {args.reserve:g}: the trained model is evaluated by a later call")
     elif (final / "adapter_config.json").is_file() and not evaluated(work, "trained", eval_modes(args)):

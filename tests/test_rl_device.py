@@ -464,3 +464,38 @@ def test_training_reads_the_pilots_rows_when_they_fill_a_step(tmp_path: Path, mo
     assert device.training_plan(args) == (kept, 0.6)
     args.temperature = 0.8  # given: it wins
     assert device.training_plan(args) == (kept, 0.8)
+
+
+def test_a_call_stopped_in_the_trained_evaluation_still_brings_back_the_adapter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The machine's call limit ends the command during the trained model's evaluation: the adapter, its steps and
+    the report are in --out already (the GPU machine's --out is new each call, its work lost with it)."""
+    device = load_benchmark("rl_device", monkeypatch)
+    work, out = tmp_path / "work", tmp_path / "out"
+    monkeypatch.setattr(device, "ensure_base", lambda work, *rest: work / "base-hf")
+    monkeypatch.setattr(device, "has_guideline_rows", lambda data: False)
+    summary = {"problems": 1, "accuracy": 0.0, "stderr": 0.0, "no_answer_rate": 1.0, "cut_rate": 1.0}
+
+    def phase(phases: dict[str, Any], name: str, command: list[str], work: Path, deadline: float, what: str) -> bool:
+        if name == "eval-base":
+            (work / "eval").mkdir(parents=True)
+            (work / "eval" / "base-greedy.summary.json").write_text(json.dumps(summary | {"mean_tokens": 8.0}))
+        elif name == "train":
+            (work / "lora" / "final").mkdir(parents=True)
+            (work / "lora" / "final" / "adapter_config.json").write_text("{}")
+            (work / "lora" / "steps.jsonl").write_text(json.dumps({"step": 1, "reward": -1.0, "step_s": 5.0}) + "\n")
+        else:
+            raise KeyboardInterrupt  # the call's limit, as it ends the command
+        return True
+
+    monkeypatch.setattr(device, "run_phase", phase)
+    args = ["run", "--model", "tiny", "--no-wheels", "--work", str(work), "--out", str(out)]
+    args += ["--eval-mode", "greedy", "--steps", "1", "--data", str(tmp_path / "train.parquet")]
+    with pytest.raises(KeyboardInterrupt):
+        device.run(device.parse_args(args))
+    with tarfile.open(out / "adapter.tgz") as tar:
+        assert "final/adapter_config.json" in tar.getnames()
+    assert json.loads((out / "steps.jsonl").read_text())["step"] == 1
+    assert json.loads((out / "eval_summary.json").read_text())["training"]["final_adapter"]
+    assert "Reward curve over 1 steps" in (out / "report.md").read_text()
