@@ -24,7 +24,8 @@ Steps (see docs/results.md, "On a CUDA machine without network access"):
   Each run may take its share of the time left (:class:`Study` ``weight``); one cut short keeps its finished problems
   and iterations. ``--throughput-s`` seconds are kept from the runs for a closing speed measurement: the loaded
   model's generated tokens a second at ``--throughput`` calls at once (64 and 256), then padded ``generate`` on the
-  same prompts (``benchmarks/hf_throughput.py``'s measures), into the summary. As each run ends, its directory is
+  same prompts (``benchmarks/hf_throughput.py``'s measures), each row into the summary as it comes; the engine's
+  calls are stopped where they would run into the last ``--reserve`` seconds. As each run ends, its directory is
   compressed into ``--out``: at most seven archives (the runs past the seventh share the seventh), each at most 16
   MiB, and ``summary.json`` (machine, timings, each run's calls and tokens, the log), so ``--out`` never holds more
   than eight files.
@@ -234,8 +235,8 @@ async def compare(
             archive(args, work_runs(args) / study.name, len([r for r in summary["runs"] if "archive" in r]), record)
             write_summary(args, summary)
         if levels:
-            summary["throughput"] = await throughput(args, model, spec, tokenizer, levels, clock, log)
-            write_summary(args, summary)
+            summary["throughput"] = []
+            await throughput(args, model, spec, tokenizer, levels, clock, log, summary)
     return summary
 
 
@@ -244,27 +245,45 @@ def throughput_levels(args: argparse.Namespace) -> list[int]:
 
 
 async def throughput(
-    args: argparse.Namespace, model: Any, spec: str, tokenizer: Path | None, levels: list[int], clock: Clock, log: Any
-) -> list[dict[str, Any]]:
+    args: argparse.Namespace,
+    model: Any,
+    spec: str,
+    tokenizer: Path | None,
+    levels: list[int],
+    clock: Clock,
+    log: Any,
+    summary: dict[str, Any],
+) -> None:
     """Generated tokens a second of the loaded model at each number of calls at once in ``levels``, then of padded
     ``generate`` on a second copy of it with the same prompts and sampling (benchmarks/hf_throughput.py's measures),
-    each only while more than --reserve seconds are left."""
+    each only while more than --reserve seconds are left, the engine's calls stopped when they are not; each row
+    into ``summary["throughput"]``, written to --out as it comes."""
     import hf_throughput
 
     from tmas.config import Sampling
     from tmas.llm.hf_checkpoint import checkpoint
 
     sampling = Sampling(temperature=args.temperature, max_tokens=args.throughput_tokens)
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = summary["throughput"]
+
+    def keep(row: dict[str, Any]) -> None:
+        rows.append(row)
+        log(f"throughput: {json.dumps(row)}")
+        write_summary(args, summary)
+
     for c in levels:
         if clock.left <= args.reserve:
             break
         convs = hf_throughput.conversations(args.problems, c)
-        measured = await hf_throughput.timed_calls(model, convs, args.seed, sampling)
-        rows.append({"backend": "in-process", "concurrency": c, **measured})
-        log(f"throughput: {json.dumps(rows[-1])}")
+        calls = hf_throughput.timed_calls(model, convs, args.seed, sampling)
+        try:
+            measured = await asyncio.wait_for(calls, clock.left - args.reserve)
+        except TimeoutError:
+            log(f"throughput: {c} calls at once stopped, {args.reserve:g} s left; the rest not measured")
+            return
+        keep({"backend": "in-process", "concurrency": c, **measured})
     if clock.left <= args.reserve:
-        return rows
+        return
     options = model.engine.options
     folder = await asyncio.to_thread(checkpoint, spec, dtype=options.dtype, tokenizer=tokenizer)
     warm_up = hf_throughput.conversations(args.problems, 1)
@@ -276,9 +295,7 @@ async def throughput(
         row = await asyncio.to_thread(
             hf_throughput.padded_row, *loaded, convs, args.temperature, args.throughput_tokens, args.seed
         )
-        rows.append(row)
-        log(f"throughput: {json.dumps(row)}")
-    return rows
+        keep(row)
 
 
 def work_runs(args: argparse.Namespace) -> Path:

@@ -4,6 +4,8 @@ brought back, and its section put into a docs page in place of the last one."""
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import tarfile
 from pathlib import Path
 from types import ModuleType
@@ -98,3 +100,68 @@ def test_the_section_pairs_each_run_with_majority_names_its_downgrades_and_shows
     # 16,384 tokens in 2 s and 15,000 in 7.5 s.
     assert "| in-process | 64 | 16,384 | 64 | 2.0 | 8,192 |" in lines
     assert "| padded generate | 64 | 15,000 | 50 | 7.5 | 2,000 |" in lines
+
+
+def throughput_args(tmp_path: Path, reserve: float) -> argparse.Namespace:
+    return argparse.Namespace(
+        work=tmp_path / "work",
+        out=tmp_path / "out",
+        problems=tmp_path / "problems.jsonl",
+        temperature=0.3,
+        throughput_tokens=8,
+        seed=0,
+        reserve=reserve,
+    )
+
+
+def test_each_speed_row_is_in_the_summary_before_the_next_is_measured(
+    device: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The call ends (its machine's limit) while padded generate loads: the engine's rows are in --out already."""
+    speed = load_benchmark("hf_throughput", monkeypatch)
+    monkeypatch.setattr(speed, "conversations", lambda problems, count: [[{"role": "user", "content": "q"}]] * count)
+
+    async def timed_calls(model: object, convs: list[object], seed: int, sampling: object) -> dict[str, object]:
+        return {"calls": len(convs), "generated_tokens": 8 * len(convs), "wall_s": 1.0}
+
+    def load_for_generate(*args: object) -> None:
+        raise KeyboardInterrupt  # the call's limit, as it ends the command
+
+    monkeypatch.setattr(speed, "timed_calls", timed_calls)
+    monkeypatch.setattr(speed, "load_for_generate", load_for_generate)
+    monkeypatch.setattr("tmas.llm.hf_checkpoint.checkpoint", lambda spec, **options: tmp_path / "checkpoint")
+    model = argparse.Namespace(engine=argparse.Namespace(options=argparse.Namespace(device="cpu", dtype="float32")))
+    args = throughput_args(tmp_path, reserve=0.0)
+    summary: dict[str, object] = {"runs": [], "throughput": []}
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(device.throughput(args, model, "m", None, [4, 8], device.Clock(60), lambda text: None, summary))
+    written = json.loads((args.out / device.SUMMARY).read_text())
+    assert [(r["backend"], r["calls"]) for r in written["throughput"]] == [("in-process", 4), ("in-process", 8)]
+
+
+def test_the_engines_speed_stops_at_the_time_the_call_keeps(
+    device: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Calls that would run past --reserve are stopped; the levels after them and padded generate are not started."""
+    speed = load_benchmark("hf_throughput", monkeypatch)
+    monkeypatch.setattr(speed, "conversations", lambda problems, count: [[{"role": "user", "content": "q"}]] * count)
+    started: list[int] = []
+
+    async def timed_calls(model: object, convs: list[object], seed: int, sampling: object) -> dict[str, object]:
+        started.append(len(convs))
+        await asyncio.Event().wait()  # never answered
+        raise AssertionError
+
+    def checkpoint(spec: str, **options: object) -> Path:
+        raise AssertionError("padded generate started with no time left")
+
+    monkeypatch.setattr(speed, "timed_calls", timed_calls)
+    monkeypatch.setattr("tmas.llm.hf_checkpoint.checkpoint", checkpoint)
+    logged: list[str] = []
+    # A minute's clock of which --reserve keeps all but a fraction of a second.
+    args = throughput_args(tmp_path, reserve=59.5)
+    summary: dict[str, object] = {"runs": [], "throughput": []}
+    measured = device.throughput(args, object(), "m", None, [4, 8], device.Clock(1), logged.append, summary)
+    asyncio.run(asyncio.wait_for(measured, 120))  # without the bound it would wait for ever
+    assert started == [4] and summary["throughput"] == []
+    assert logged == ["throughput: 4 calls at once stopped, 59.5 s left; the rest not measured"]
