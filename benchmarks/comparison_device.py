@@ -543,6 +543,13 @@ def into_docs(docs: Path, text: str) -> None:
     docs.write_text(page, encoding="utf-8")
 
 
+def unreturned_status(record: dict[str, Any]) -> str:
+    """A run's status as its call recorded it, and why its archive did not come back where it was not kept."""
+    status = str(record.get("status", "?"))
+    archive = str(record.get("archive", ""))
+    return f"{status}; archive {archive}" if archive.startswith("not kept") else status
+
+
 def report(args: argparse.Namespace) -> None:
     from tmas.reports.frontier import FrontierPoint
     from tmas.reports.plots import plot_frontier
@@ -557,6 +564,15 @@ def report(args: argparse.Namespace) -> None:
         return [await evaluate(run_dir, status.get(run_dir.name, "?")) for run_dir in found]
 
     runs = asyncio.run(evaluate_all())
+    # The runs the call had no time for (or whose archive was over its limit) have no store; the summary still
+    # names them, and so does the section, with their status.
+    returned = {r.name for r in runs}
+    runs += [
+        Evaluated(r["name"], str(r.get("method", "?")), {}, [], {}, unreturned_status(r))
+        for r in summary.get("runs", [])
+        if r["name"] not in returned
+    ]
+    runs.sort(key=lambda r: [*order, r.name].index(r.name))
     curves = []
     for r in runs:
         if r.majority:

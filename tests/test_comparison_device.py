@@ -165,3 +165,26 @@ def test_the_engines_speed_stops_at_the_time_the_call_keeps(
     asyncio.run(asyncio.wait_for(measured, 120))  # without the bound it would wait for ever
     assert started == [4] and summary["throughput"] == []
     assert logged == ["throughput: 4 calls at once stopped, 59.5 s left; the rest not measured"]
+
+
+def test_the_section_names_the_runs_that_brought_back_no_archive(device: ModuleType, tmp_path: Path) -> None:
+    """Runs the call had no time for, or whose archive was over its limit, are rows of the section with their
+    status, in the runs' order, not left out."""
+    returned = tmp_path / "returned"
+    returned.mkdir()
+    runs = [
+        {"name": "mattrl", "method": "mattrl", "status": "not run: out of time"},
+        {"name": "tmas-local", "method": "tmas", "status": "done", "archive": "not kept: 20000000 bytes, over 16 MiB"},
+    ]
+    summary = {"model": "m", "problems": 2, "machine": {}, "engine": {}, "runs": runs}
+    (returned / device.SUMMARY).write_text(json.dumps(summary))
+    args = argparse.Namespace(
+        returned=returned, work=tmp_path / "work", docs=None, plot=tmp_path / "plot.png", command_line="cmd"
+    )
+    device.report(args)
+    lines = (tmp_path / "work" / "section.md").read_text().splitlines()
+    rows = [line for line in lines if line.startswith("| tmas-local |") or line.startswith("| mattrl |")]
+    assert rows == [
+        "| tmas-local | done; archive not kept: 20000000 bytes, over 16 MiB | 0 | - | - | - | - |",
+        "| mattrl | not run: out of time | 0 | - | - | - | - |",
+    ]
