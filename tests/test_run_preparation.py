@@ -92,3 +92,38 @@ def test_a_store_another_process_is_still_making_is_left_alone(tmp_path: Path) -
         prepare_run(run_dir, settings, PROBLEMS, resume=False, own_model=True)
     with RunStore(run_dir, create=False) as store:
         assert store.problem_count() == 1
+
+
+async def test_a_resume_refused_beside_a_running_process_writes_nothing_into_its_store(tmp_path: Path) -> None:
+    model = ScriptedModel(SimScript(), scripted_settings(method={"name": "majority", "params": {"k": 2}}))
+    run_dir = tmp_path / "run"
+    await scripted_run(model, run_dir, PROBLEMS)
+    with RunStore(run_dir, create=False) as store:
+        before = (store.get_meta("settings"), store.get_meta("method"))
+    more = scripted_settings(method={"name": "majority", "params": {"k": 4}})
+    # The other process runs the run (it holds the lock): the resume with another k is refused before it records it.
+    with running(run_dir), pytest.raises(InputError, match="another tmas process"):
+        prepare_run(run_dir, more, None, resume=True, own_model=True)
+    with RunStore(run_dir, create=False) as store:
+        assert (store.get_meta("settings"), store.get_meta("method")) == before
+
+
+@pytest.mark.parametrize("resume", [False, True])
+async def test_a_prepared_run_holds_its_lock_until_its_store_is_closed(tmp_path: Path, resume: bool) -> None:
+    model = ScriptedModel(SimScript(), scripted_settings(method={"name": "majority", "params": {"k": 2}}))
+    run_dir = tmp_path / "run"
+    if resume:
+        await scripted_run(model, run_dir, PROBLEMS)
+    store, settings, todo = prepare_run(
+        run_dir, model.settings, None if resume else PROBLEMS, resume=resume, own_model=True
+    )
+    with store:
+        # Between its preparation and its solving (a model loading meanwhile), no other process takes the run over.
+        with pytest.raises(InputError, match="another tmas process"), running(run_dir):
+            pass
+        summary = await run_problems(settings, todo, store, model=model)
+        with pytest.raises(InputError, match="another tmas process"), running(run_dir):
+            pass
+    assert summary.done == 1
+    with running(run_dir):  # let go with the store
+        pass

@@ -8,7 +8,7 @@ import json
 import shutil
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Sized
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -39,7 +39,7 @@ from tmas.methods.base import (
     truncation_warnings,
 )
 from tmas.problems import Problem, dataset_name, iter_problems, resolve_dataset
-from tmas.store.run_lock import running
+from tmas.store.run_lock import RunLock
 from tmas.store.run_store import DB_NAME, RunStore, StoreError
 
 if TYPE_CHECKING:
@@ -383,14 +383,25 @@ def prepare_run(
     """A run's one preparation, in order: its settings checked (:class:`RunSetup`: the method's parameters, the
     prompt overrides) before a run directory exists; then its store, where a new run records its problems (streamed:
     ``problems`` may be a lazy reader of a file, and a bad line in it leaves no run directory behind) and a resumed
-    one reads them back, and either records its setup. :func:`run_problems` then opens the model, once (``own_model``:
+    one reads them back, and either records its setup. The run's lock (:mod:`tmas.store.run_lock`) is taken first and
+    held by the store returned until it is closed. :func:`run_problems` then opens the model, once (``own_model``:
     a model of the caller's own, not the embedded one, where the settings name no endpoint)."""
     setup = RunSetup.check(settings, own_model=own_model)
     setup.method.check_setup()  # what its parameters name outside the run (MATTRL's pool): readable before any call
     if not own_model:
         check_embedded_model(settings)
+    # The run's lock, taken before its store is written at all and held by the store until it is closed: a second
+    # process is refused before it records its own setup over the running one's.
+    lock = RunLock(run_dir)
     if resume:
-        store = RunStore(run_dir, create=False)
+        if (run_dir / DB_NAME).is_file():
+            lock.acquire()
+        try:
+            store = RunStore(run_dir, create=False)
+        except BaseException:
+            lock.release()
+            raise
+        store.hold(lock)
         if store.get_meta("settings") is None:
             store.close()
             raise _no_settings(store)
@@ -408,7 +419,8 @@ def prepare_run(
     existed = run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     # Under the run's lock: a store without a setup may be another process's, still storing its problems.
-    with running(run_dir):
+    lock.acquire()
+    try:
         if holds_run(run_dir):
             raise InputError(f"{run_dir}: already holds a run; continue it with --resume or choose another directory")
         # A new run killed while it stored its problems left its store behind: no call was made from it.
@@ -425,6 +437,10 @@ def prepare_run(
             if not existed:
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
+    except BaseException:
+        lock.release()
+        raise
+    store.hold(lock)
     return store, settings, StoredProblems(store)
 
 
@@ -467,8 +483,9 @@ async def run_problems(
     todo = _pending(problems, finished, state)
     started = time.monotonic()
     turns = ReplayTurns(store.problems_with_calls())
-    # Another process running this directory would send its unfinished problems' calls a second time.
-    with running(store.run_dir), prompts_from(settings.prompts_dir):
+    # Another process running this directory would send its unfinished problems' calls a second time. A store that
+    # prepare_run opened holds the lock already.
+    with nullcontext() if store.holds_lock else RunLock(store.run_dir), prompts_from(settings.prompts_dir):
         stats = ClientStats()
         opened = open_model(settings, store, log_dir=store.run_dir, stats=stats, on_send=turns.sent, model=model)
         async with (

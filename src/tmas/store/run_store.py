@@ -33,6 +33,7 @@ from tmas.store.iteration_table import IterationTable
 from tmas.store.problem_table import ProblemTable
 from tmas.store.records import IterationRecord, ProblemResult
 from tmas.store.result_table import ResultTable
+from tmas.store.run_lock import RunLock
 from tmas.store.run_meta import RunMeta
 from tmas.store.texts import TextBlobs
 
@@ -45,6 +46,7 @@ class RunStore:
     def __init__(self, run_dir: str | Path, *, create: bool = True, read_only: bool = False) -> None:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / DB_NAME
+        self._lock: RunLock | None = None
         if (read_only or not create) and not self.path.is_file():
             raise StoreError(f"{self.run_dir}: not a run directory (no {DB_NAME})")
         migrate = False
@@ -65,6 +67,18 @@ class RunStore:
 
     def close(self) -> None:
         self._db.close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def hold(self, lock: RunLock) -> None:
+        """Keep the run's ``lock`` (taken) until this store is closed: the process writing the run holds it."""
+        self._lock = lock
+
+    @property
+    def holds_lock(self) -> bool:
+        """Whether this store holds its run's lock (:meth:`hold`)."""
+        return self._lock is not None and self._lock.held
 
     def __enter__(self) -> RunStore:
         return self
