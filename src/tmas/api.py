@@ -34,6 +34,7 @@ from tmas.problems import Problem, check_question, iter_problems, resolve_datase
 from tmas.runner import (
     RunSetup,
     RunSummary,
+    StoreFailed,
     Unreachable,
     open_new_run,
     prepare_run,
@@ -77,6 +78,10 @@ async def asolve(
                 # The scratch directory goes with this block: point at nothing that will not be there.
                 kept = "nothing was kept (a run directory keeps a question's calls: tmas solve --run-dir DIR)"
                 raise Unreachable(f"{exc.reason}; {kept}", None) from None
+            except StoreFailed as exc:
+                if run_dir is not None:
+                    raise
+                raise StoreFailed(exc.reason, Path(scratch), kept=False) from None
     return summary.results[0]
 
 

@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import shutil
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Sized
 from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
@@ -172,6 +173,22 @@ class Unreachable(TmasError):
     def __init__(self, reason: str, run_dir: Path | None) -> None:
         kept = f"; finished work is kept: continue with 'tmas run --resume {run_dir}'" if run_dir is not None else ""
         super().__init__(reason + kept)
+        self.reason = reason
+
+
+class StoreFailed(TmasError):
+    """The run's store failed as the run wrote or read it (a full disk, an I/O error): the run stops at once, not
+    solving on with calls it cannot keep; what was committed before is kept for --resume."""
+
+    def __init__(self, reason: str, run_dir: Path, *, kept: bool = True) -> None:
+        """``kept`` False: the run directory is a scratch one that goes (:func:`tmas.api.asolve`)."""
+        where = f"{run_dir / DB_NAME}: the run's store failed ({reason})"
+        if kept:
+            where += (
+                "; the calls and results stored before are kept: continue with"
+                f" 'tmas run --resume {run_dir}' once it can be written"
+            )
+        super().__init__(where)
         self.reason = reason
 
 
@@ -523,6 +540,8 @@ async def run_problems(
                 await gather_all(worker(Lane(w, workers)) for w in range(workers))
             except EndpointUnreachable as exc:
                 raise Unreachable(str(exc), store.run_dir) from None
+            except sqlite3.Error as exc:
+                raise StoreFailed(str(exc), store.run_dir) from None
     summary = _summary(store, settings, state, tally, stats, time.monotonic() - started)
     summary.problems_with_failed_calls = len(
         store.finished_problem_ids(fingerprint) - store.settled_problem_ids(fingerprint)
@@ -766,7 +785,8 @@ async def solve_one(method: Method[Any], session: ProblemSession) -> ProblemResu
         session.notice(kind, line)
     try:
         return await method.solve(session)
-    except (EndpointUnreachable, asyncio.CancelledError):
+    except (EndpointUnreachable, asyncio.CancelledError, sqlite3.Error):
+        # A store that cannot be written is no failure of the problem: the run stops (run_problems).
         raise
     except BudgetExhausted as exc:
         # The method let the stop through: keep its finished iterations, answer from the last one.

@@ -146,7 +146,10 @@ def transaction(db: sqlite3.Connection) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        db.execute("ROLLBACK")
+        # SQLite has rolled it back itself after some errors (a full disk, an I/O error): their own words are said,
+        # not those of a rollback of no transaction.
+        if db.in_transaction:
+            db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
 
