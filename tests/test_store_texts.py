@@ -187,9 +187,27 @@ def test_a_store_in_the_old_layout_reads_as_before_and_is_extended_in_the_new(tm
     assert all(content == "" for _, content in rows[8:])  # the new rows' texts are in the blobs only
 
 
-def test_a_store_of_a_later_schema_is_refused(tmp_path: Path) -> None:
+def test_a_store_of_a_later_schema_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
     with RunStore(tmp_path) as store:
         store.set_meta("schema_version", SCHEMA_VERSION + 1)
+    # As a later tmas may make it: a table of this one's gone, a column of its own added.
+    db = sqlite3.connect(tmp_path / "run.sqlite")
+    db.executescript(
+        "DROP TRIGGER result_summaries_follow; DROP TABLE result_summaries;"
+        " ALTER TABLE calls DROP COLUMN first_token_s;"
+    )
+    db.close()
+    schema = schema_of(tmp_path)
     for read_only in (False, True):
         with pytest.raises(StoreError, match=f"store schema {SCHEMA_VERSION + 1} is not one this tmas reads"):
             RunStore(tmp_path, read_only=read_only)
+    # Nothing of this tmas's schema was written into it before it was refused.
+    assert schema_of(tmp_path) == schema
+
+
+def schema_of(run_dir: Path) -> list[tuple[str, str]]:
+    db = sqlite3.connect(run_dir / "run.sqlite")
+    try:
+        return db.execute("SELECT name, sql FROM sqlite_master").fetchall()
+    finally:
+        db.close()

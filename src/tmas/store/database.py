@@ -166,7 +166,7 @@ def open_read_only(path: Path) -> sqlite3.Connection:
         version = None  # created a moment ago, schema not written yet (or not a run store at all)
     if version not in READABLE_SCHEMAS:
         db.close()
-        raise StoreError(f"{path}: store schema {version} is not one this tmas reads {READABLE_SCHEMAS}")
+        raise StoreError(_unknown_schema(path, version))
     _shadow_missing_columns(db)
     if version != SCHEMA_VERSION:
         db.executescript(SUMMARIES_SCHEMA.format(schema="temp."))
@@ -178,6 +178,7 @@ def open_writable(path: Path) -> tuple[sqlite3.Connection, bool]:
     summaries (an older store: the caller writes them, then :func:`mark_current`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    db.execute("PRAGMA busy_timeout=10000")
     try:
         # A damaged file, or another program's database, is said so, and nothing is written into the latter.
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -187,10 +188,14 @@ def open_writable(path: Path) -> tuple[sqlite3.Connection, bool]:
     if tables and "meta" not in tables:
         db.close()
         raise StoreError(f"{path}: a database, but not a tmas run store (it has no meta table)")
+    # A store of a schema this tmas does not know (a newer tmas's) is refused before anything is written into it.
+    version = read_meta(db, "schema_version") if tables else None
+    if version is not None and version not in READABLE_SCHEMAS:
+        db.close()
+        raise StoreError(_unknown_schema(path, version))
     db.execute("PRAGMA journal_mode=WAL")
     # NORMAL under WAL: a commit survives a killed process (only an OS crash can lose the last commits).
     db.execute("PRAGMA synchronous=NORMAL")
-    db.execute("PRAGMA busy_timeout=10000")
     db.executescript(_SCHEMA + BLOBS_SCHEMA + SUMMARIES_SCHEMA.format(schema="") + _SUMMARIES_TRIGGER)
     _add_missing_columns(db)
     version = read_meta(db, "schema_version")
@@ -202,9 +207,11 @@ def open_writable(path: Path) -> tuple[sqlite3.Connection, bool]:
     if version in (1, 2):
         # The blobs table and text_parts column (schema 1) and the summaries table were just added.
         return db, True
-    if version != SCHEMA_VERSION:
-        raise StoreError(f"{path}: store schema {version} is not one this tmas reads {READABLE_SCHEMAS}")
     return db, False
+
+
+def _unknown_schema(path: Path, version: Any) -> str:
+    return f"{path}: store schema {version} is not one this tmas reads {READABLE_SCHEMAS}"
 
 
 def mark_current(db: sqlite3.Connection) -> None:
