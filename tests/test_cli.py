@@ -142,8 +142,15 @@ def test_a_run_another_process_is_running_is_not_run_twice(sim: SimServer, tmp_p
     sent = sim.stats().total_requests
     with running(run_dir):  # as the other process holds it
         again = tmas("run", "--resume", str(run_dir))
+        # Refused before its estimate too, whose pilot would send calls and make a pilot run in the directory.
+        piloted = tmas("run", "--resume", str(run_dir), "--pilot", "1", "-y")
     assert again.returncode == 2 and sim.stats().total_requests == sent
     assert f"another tmas process (pid {os.getpid()}) is running this run" in again.stderr.decode()
+    assert piloted.returncode == 2 and sim.stats().total_requests == sent and not (run_dir / "pilot").exists()
+    assert piloted.stderr.decode().splitlines() == [
+        f"tmas: error: {run_dir}: another tmas process (pid {os.getpid()}) is running this run; wait for it to end or"
+        " stop it"
+    ]
     # Once it has ended, the run goes on.
     assert tmas("run", "--resume", str(run_dir)).returncode == 0
 

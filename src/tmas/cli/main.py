@@ -228,10 +228,15 @@ def _resume_run(
 ) -> int:
     from tmas.cli.estimate import build_estimate, gate
     from tmas.runner import RunSetup, prepare_run, resume_settings, stored_settings
+    from tmas.store.run_lock import running
     from tmas.store.run_store import RunStore
 
     # The stored settings are the base; flags given now (e.g. a larger --iterations) go on top.
     settings = resume_settings(stored_settings(run_dir), flags.overrides(method), config=flags.config)
+    # Refused at once where another process runs it, before the estimate (whose pilot would send calls); the lock is
+    # taken for good by prepare_run.
+    with running(run_dir):
+        pass
     settings = with_method_params(settings, given.params(settings.method.name))
     with RunStore(run_dir, create=False) as peek:
         listed = peek.problems() if estimate.pilot is not None else peek.problem_count()
