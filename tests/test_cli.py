@@ -162,6 +162,14 @@ def test_run_refuses_to_overwrite_a_run(sim: SimServer, tmp_path: Path) -> None:
     assert tmas(*args).returncode == 0
     again = tmas(*args)
     assert again.returncode == 2 and "--resume" in again.stderr.decode()
+    # Refused before its estimate too, whose pilot would send calls and make a pilot run in the run's directory.
+    sent = sim.stats().total_requests
+    piloted = tmas(*args, "--pilot", "1", "-y")
+    assert piloted.returncode == 2 and sim.stats().total_requests == sent
+    assert piloted.stderr.decode().splitlines() == [
+        f"tmas: error: {tmp_path / 'run'}: already holds a run; continue it with --resume or choose another directory"
+    ]
+    assert not (tmp_path / "run" / "pilot").exists()
 
 
 @pytest.mark.slow

@@ -379,6 +379,16 @@ def holds_run(run_dir: Path) -> bool:
         return store.get_meta("settings") is not None or store.call_counts()["calls"] > 0
 
 
+def check_new_run_dir(run_dir: Path) -> None:
+    """:class:`InputError` where a new run cannot be made in ``run_dir``: a file there, or a run it holds already
+    (:func:`holds_run`). :func:`prepare_run` checks it again under the run's lock; a command checks it first, before
+    an estimate's pilot runs into the directory."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise InputError(f"{run_dir}: a file, not a directory: a run is kept in a directory (choose another)")
+    if holds_run(run_dir):
+        raise InputError(f"{run_dir}: already holds a run; continue it with --resume or choose another directory")
+
+
 def _remove_store(run_dir: Path) -> None:
     for name in (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm"):
         (run_dir / name).unlink(missing_ok=True)
@@ -431,15 +441,13 @@ def prepare_run(
         return store, settings, StoredProblems(store)
     if problems is None:
         raise InputError("no problems given")
-    if run_dir.exists() and not run_dir.is_dir():
-        raise InputError(f"{run_dir}: a file, not a directory: a run is kept in a directory (choose another)")
+    check_new_run_dir(run_dir)
     existed = run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     # Under the run's lock: a store without a setup may be another process's, still storing its problems.
     lock.acquire()
     try:
-        if holds_run(run_dir):
-            raise InputError(f"{run_dir}: already holds a run; continue it with --resume or choose another directory")
+        check_new_run_dir(run_dir)
         # A new run killed while it stored its problems left its store behind: no call was made from it.
         _remove_store(run_dir)
         store = RunStore(run_dir)

@@ -210,8 +210,9 @@ def _new_run(problems: Path, out: Path, settings: Settings, limit: int | None, e
     """``tmas run`` (and the run of ``tmas eval``): the cost gate, then a new run directory; the exit code."""
     from tmas.cli.estimate import build_estimate, gate
     from tmas.problems import iter_problems, resolve_dataset
-    from tmas.runner import open_new_run
+    from tmas.runner import check_new_run_dir, open_new_run
 
+    check_new_run_dir(out)  # before the estimate, whose pilot would run into the directory
     source = resolve_dataset(problems)
     reader = islice(iter_problems(source), limit) if limit else iter_problems(source)
     # A pilot runs on the first problems; otherwise only their count matters (a big file is not held).
