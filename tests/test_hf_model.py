@@ -236,6 +236,36 @@ async def test_max_tokens_is_lowered_to_fit_the_context_window(engine: HFEngine)
 
 @pytest.mark.slow
 @needs_weights
+async def test_a_request_the_kv_cache_cannot_hold_fails_alone_and_the_engine_goes_on(folder: Path) -> None:
+    # A cache of 64 tokens: a request needing more would stop the engine's thread, failing every later call.
+    small = HFEngine.load(folder, resolve_options("cpu", "float32", threads=2, cache_tokens=64, block_size=16))
+    small.start()
+    try:
+        assert small.request_capacity == 64
+        prompt = len(small.prompt_ids([m.model_dump() for m in MESSAGES]))
+        llm = model_on(small, sampling={"temperature": 0.0, "max_tokens": 400})
+        assert llm.context_window("solution") == 64
+        fitted = await llm.chat("solution", MESSAGES, key=CallKey(role="solution"))
+        assert small.submitted[-1].max_new_tokens == 64 - prompt
+        assert fitted.ok and fitted.max_tokens_sent == 64 - prompt
+        long = [Message(role="user", content="cat " * 80)]
+        refused = await llm.chat("solution", long, key=CallKey(role="solution"))
+        assert refused.error_cause == "context"
+        assert refused.error is not None and refused.error.endswith(
+            "one request holds at most 64 tokens in the in-process engine's KV cache (hf.cache_tokens)"
+        )
+        # Straight to the engine, a request past the cache is refused before it goes in.
+        ids = small.prompt_ids([m.model_dump() for m in MESSAGES])
+        with pytest.raises(hf_engine.EngineError, match="needs 65 tokens of KV cache"):
+            await small.generate(ids, [GREEDY], 66 - prompt)
+        after = await llm.chat("solution", MESSAGES, key=CallKey(role="solution"), sampling=Sampling(max_tokens=2))
+        assert after.ok and after.usage.completion_tokens == 2 and small.running
+    finally:
+        small.stop()
+
+
+@pytest.mark.slow
+@needs_weights
 async def test_an_unsupported_field_fails_the_call_before_the_engine(engine: HFEngine) -> None:
     llm = model_on(engine)
     before = len(engine.submitted)

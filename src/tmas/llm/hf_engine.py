@@ -118,6 +118,8 @@ class HFEngine:
         # What constrains replies to JSON schemas; None where the engine cannot (set by start()).
         self.grammars: Grammars | None = None
         self.no_grammar = "the in-process engine is not started"
+        # The most tokens (prompt and reply) one request can hold in the started engine's KV cache (set by start()).
+        self.request_capacity: int | None = None
         self._manager: Any = None
         self._ids = itertools.count()
         # Request id -> prompt tokens its request took from the cache (written by the engine's thread).
@@ -145,6 +147,7 @@ class HFEngine:
 
     @property
     def context_window(self) -> int | None:
+        """The model's positions (``max_position_embeddings``)."""
         value = getattr(self.model.config, "max_position_embeddings", None)
         return int(value) if isinstance(value, int) else None
 
@@ -230,6 +233,7 @@ class HFEngine:
                 manager.stop(block=False)
                 raise LocalModelError(f"the in-process engine did not start within {START_TIMEOUT_S:.0f} s")
             time.sleep(0.01)
+        self.request_capacity = request_capacity(manager.batch_processor.cache)
         self._watch_prefix_reuse(manager.batch_processor.cache)
         self._watch_cancels(manager.batch_processor.scheduler)
         self._manager = manager
@@ -290,6 +294,14 @@ class HFEngine:
         manager = self._manager
         if manager is None or (refusal := manager.background_thread_status.can_accept_new_requests()) is not None:
             raise EngineError(f"the in-process engine takes no requests: {refusal or 'it is not running'}")
+        # A request the cache cannot hold would stop the engine's thread for every request ("No requests can be
+        # scheduled"); its last token is never written to the cache.
+        needed = len(prompt) + max_new_tokens - 1
+        if self.request_capacity is not None and needed > self.request_capacity:
+            raise EngineError(
+                f"a request of {len(prompt)} prompt tokens and {max_new_tokens} new tokens needs {needed} tokens of"
+                f" KV cache; one request holds at most {self.request_capacity} (hf.cache_tokens)"
+            )
         loop = asyncio.get_running_loop()
         lead = f"tmas-{next(self._ids)}"
         ids = [lead, *(f"{lead}{CHILD_SUFFIX}{i}" for i in range(len(samples) - 1))]
@@ -355,6 +367,20 @@ class HFEngine:
     def count(self, text: str) -> int:
         """The tokens of ``text`` under the model's tokenizer (no special tokens added)."""
         return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
+
+
+def request_capacity(cache: Any) -> int:
+    """The most tokens one request can hold in the engine's paged ``cache``: the whole blocks it can take, with a
+    block of tokens taking one block in each full-attention layer group (and in each sliding-window group up to its
+    window), as the cache allocates them (``PagedAttentionCache.blocks_needed``)."""
+    low, high = 0, int(cache.num_blocks)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if cache.blocks_needed(mid, 0) <= cache.num_blocks:
+            low = mid
+        else:
+            high = mid - 1
+    return low * int(cache.block_size)
 
 
 def drain_queue(q: queue.Queue[Any]) -> None:

@@ -9,10 +9,11 @@ client, so a run on it resumes and replays like a run on any endpoint.
 
 What a call sends, the engine gets: the chat template's tokens of the messages (``extra_body.chat_template_kwargs``
 passed to the template), and per sample its temperature (0: greedy), top_p, top_k, min_p, seed (each sample its own
-stream: :mod:`tmas.llm.hf_sampling`), max_tokens (lowered to fit the context window, as the client lowers it) and
-stop strings. Alike calls that arrive together (the k samples of a prompt) go as one request with children, as the
-HTTP client sends them with ``n`` (:mod:`tmas.llm.batching`): the prompt is computed once, the first sample carries
-the prompt tokens and the others none. Token counts are the engine's own: the prompt's tokens, every token generated
+stream: :mod:`tmas.llm.hf_sampling`), max_tokens (lowered to fit the context window, as the client lowers it; the
+window is at most what one request can hold in the engine's KV cache) and stop strings. Alike calls that arrive
+together (the k samples of a prompt) go as one request with children, as the HTTP client sends them with ``n``
+(:mod:`tmas.llm.batching`): the prompt is computed once, the first sample carries the prompt tokens and the others
+none. Token counts are the engine's own: the prompt's tokens, every token generated
 (its end token included), the thinking split off a reply that thinks inline (its ``<think>`` block, or everything
 before ``</think>`` where the chat template opened the block in the prompt) counted with the model's tokenizer as
 ``reasoning_tokens``, and the prompt tokens reused from the KV cache as ``cached_prompt_tokens``.
@@ -105,7 +106,16 @@ class HFChatModel:
         return resolve_role(self._settings, role, preset=preset, method=method, call=call)
 
     def context_window(self, role: str) -> int | None:
-        return self._settings.endpoint.context_length or self.engine.context_window
+        return self._window()[0]
+
+    def _window(self) -> tuple[int | None, str]:
+        """The tokens a request may hold, prompt and reply (``endpoint.context_length``, else the model's positions,
+        at most what one request can hold in the engine's KV cache), and what sets it, for a refusal."""
+        window = self._settings.endpoint.context_length or self.engine.context_window
+        cap = self.engine.request_capacity
+        if cap is not None and (window is None or cap < window):
+            return cap, f"one request holds at most {cap} tokens in the in-process engine's KV cache (hf.cache_tokens)"
+        return window, f"the model's context window is {window}"
 
     def model_name(self, role: str) -> str:
         return self.name
@@ -197,12 +207,12 @@ class HFChatModel:
             prompt = self.engine.prompt_ids([m.model_dump() for m in request.messages], template)
         except Exception as exc:  # a template that cannot render these messages fails the call, not the run
             return [self._failed(request, keys[0], f"chat template: {exc}", "template")]
-        window = self.context_window(keys[0].role)
+        window, bound = self._window()
         wanted = request.sampling.max_tokens
         max_tokens = wanted if wanted is not None else (window or len(prompt) + 1) - len(prompt)
         if window is not None:
             if len(prompt) >= window:
-                message = f"the prompt has {len(prompt)} tokens; the model's context window is {window}"
+                message = f"the prompt has {len(prompt)} tokens; {bound}"
                 return [self._failed(request, keys[0], message, "context")]
             max_tokens = min(max_tokens, window - len(prompt))
         samples = [request_sampling(r.sampling, schema) for r in (requests or [request])]
