@@ -75,6 +75,34 @@ def test_fields_the_engine_cannot_honour_are_named_in_one_line() -> None:
     )
 
 
+def test_a_checkpoint_that_cannot_be_loaded_is_one_line_naming_it(tmp_path: Path) -> None:
+    from tmas.errors import LocalModelError
+    from tmas.rl.tiny import tiny_model, tiny_tokenizer
+
+    options = resolve_options("cpu", "float32")
+    whole = tmp_path / "whole"
+    tiny_model(16).save_pretrained(whole)
+    tiny_tokenizer(["a b c"]).save_pretrained(whole)
+    assert HFEngine.load(whole, options).tokenizer is not None
+    # A tokenizer it cannot read; weights cut short; an architecture transformers does not know.
+    untokenized = tmp_path / "untokenized"
+    tiny_model(16).save_pretrained(untokenized)
+    (untokenized / "tokenizer_config.json").write_text("{")
+    cut = tmp_path / "cut"
+    tiny_model(16).save_pretrained(cut)
+    tiny_tokenizer(["a b c"]).save_pretrained(cut)
+    weights = cut / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    unknown = tmp_path / "unknown"
+    unknown.mkdir()
+    (unknown / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    for folder, what in ((untokenized, "tokenizer"), (cut, "model"), (unknown, "model")):
+        with pytest.raises(LocalModelError) as failed:
+            HFEngine.load(folder, options)
+        message = str(failed.value)
+        assert message.startswith(f"cannot load the {what} in {folder}: ") and "\n" not in message, message
+
+
 def test_a_calls_sampling_as_the_engine_draws_it() -> None:
     assert request_sampling(Sampling(temperature=0.0, seed=3)) == RequestSampling(temperature=0.0, seed=3)
     full = Sampling(temperature=0.35, top_p=0.8, top_k=7, min_p=0.05, seed=11)

@@ -28,7 +28,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,13 +136,16 @@ class HFEngine:
 
         if options.threads:
             torch.set_num_threads(options.threads)
-        model: Any = AutoModelForCausalLM.from_pretrained(
-            checkpoint, dtype=getattr(torch, options.dtype), attn_implementation=options.attn_implementation
-        )
-        model = model.to(options.device).eval()
-        # Spelled out: transformers ignores the clean-up for byte-level BPE anyway, and says so at every load of a
-        # tokenizer converted from a GGUF that sets it.
-        tokenizer = AutoTokenizer.from_pretrained(checkpoint, clean_up_tokenization_spaces=False)
+        # No weights, an unknown architecture, a damaged file, no tokenizer: transformers' errors span lines.
+        with loading("model", checkpoint):
+            model: Any = AutoModelForCausalLM.from_pretrained(
+                checkpoint, dtype=getattr(torch, options.dtype), attn_implementation=options.attn_implementation
+            )
+            model = model.to(options.device).eval()
+        with loading("tokenizer", checkpoint):
+            # Spelled out: transformers ignores the clean-up for byte-level BPE anyway, and says so at every load of a
+            # tokenizer converted from a GGUF that sets it.
+            tokenizer = AutoTokenizer.from_pretrained(checkpoint, clean_up_tokenization_spaces=False)
         return cls(model, tokenizer, options)
 
     @property
@@ -367,6 +370,19 @@ class HFEngine:
     def count(self, text: str) -> int:
         """The tokens of ``text`` under the model's tokenizer (no special tokens added)."""
         return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
+
+
+@contextlib.contextmanager
+def loading(what: str, checkpoint: Path) -> Iterator[None]:
+    """Reading the checkpoint's ``what`` (its model, its tokenizer): a failure is one line naming both (a missing
+    package is left to say so itself)."""
+    try:
+        yield
+    except ImportError:
+        raise
+    except Exception as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        raise LocalModelError(f"cannot load the {what} in {checkpoint}: {message}") from None
 
 
 def request_capacity(cache: Any) -> int:
