@@ -233,6 +233,32 @@ async def test_a_stop_string_ends_the_reply_before_it(engine: HFEngine) -> None:
 
 @pytest.mark.slow
 @needs_weights
+async def test_a_sample_cut_at_a_stop_string_leaves_the_engine_while_its_sibling_goes_on(engine: HFEngine) -> None:
+    # At temperature 2 SmolLM2 rambles past 200 tokens: a sample that runs on holds its place all that time.
+    hot = [RequestSampling(temperature=2.0, seed=1), RequestSampling(temperature=2.0, seed=2)]
+    prompt = engine.prompt_ids([m.model_dump() for m in MESSAGES])
+    [first] = await engine.generate(prompt, hot[:1], 12)
+    words = first.text.split()
+    assert len(words) >= 4, first.text
+    stop = " ".join(words[1:4])
+    scheduler = engine._manager.batch_processor.scheduler
+    task = asyncio.create_task(engine.generate(prompt, hot, 400, [stop]))
+    assert await until(lambda: engine.submitted[-1].samples == tuple(hot)), "the request never went in"
+    lead = engine.submitted[-1].request_id
+    child = f"{lead}{hf_engine.CHILD_SUFFIX}0"
+    assert await until(lambda: child in scheduler.active_requests), "the sibling never started"
+    try:
+        # The first sample draws what it drew alone, reaches the stop string and leaves; the second runs on.
+        assert await until(lambda: lead not in scheduler.active_requests and child in scheduler.active_requests)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert await until(lambda: not scheduler.active_requests and not scheduler.waiting_requests)
+
+
+@pytest.mark.slow
+@needs_weights
 async def test_a_cancelled_call_is_cancelled_in_the_engine(engine: HFEngine) -> None:
     # At temperature 2 SmolLM2 rambles: none of six such replies ended within 200 tokens.
     llm = model_on(engine, sampling={"temperature": 2.0, "max_tokens": 8000})

@@ -8,8 +8,9 @@ OpenAI-compatible server). Each sample draws from its own seeded stream (:mod:`t
 
 - A prompt that shares whole KV blocks with one computed before (the same system text and problem, a candidate its
   verifier reads again) reuses them: the engine's prefix sharing. The tokens reused are reported per request.
-- Stop strings: a request with stop strings streams its tokens; the first time the text holds one, the request is
-  cancelled in the engine and its reply ends before the stop string, as servers end theirs.
+- Stop strings: a request with stop strings streams its tokens; the first time the text of a sample holds one, that
+  sample is cancelled in the engine (its siblings go on) and its reply ends before the stop string, as servers end
+  theirs.
 - A caller that is cancelled (an asyncio cancel: a run stopped, a budget spent, a sibling failed) cancels its
   requests in the engine, which frees their blocks at its next step.
 - A sample whose sampling carries a JSON schema draws only what the schema allows (:mod:`tmas.llm.hf_grammar`).
@@ -322,9 +323,15 @@ class HFEngine:
                 self._forget(manager, watch.request_id)
                 if watch.finished:
                     self.table.remove(watch.request_id)
-                else:
+                elif not watch.cancelled:
                     # Its sampling is forgotten once the engine has dropped it (_watch_cancels).
                     manager.cancel_request(watch.request_id)
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel ``request_id`` in the engine (it stops drawing tokens at the engine's next step)."""
+        manager = self._manager
+        if manager is not None:
+            manager.cancel_request(request_id)
 
     @staticmethod
     def _submit(
@@ -425,7 +432,9 @@ class _ReplyWatch:
     prompt_tokens: int
     stop: list[str]
     future: asyncio.Future[EngineReply]
+    # The engine finished the request; or it was cancelled there as its reply reached a stop string.
     finished: bool = False
+    cancelled: bool = False
     _window: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -441,6 +450,11 @@ class _ReplyWatch:
         tokens = list(output.generated_tokens)
         if self.stop and self._stopped(tokens[-self._window :]):
             self._finish(tokens)
+            self.finished = output.is_finished()
+            if not self.finished:
+                # At once, not when its siblings end: a sample cut at a stop string frees its place in the batch.
+                self.cancelled = True
+                self.engine.cancel(self.request_id)
         elif output.is_finished():
             self.finished = True
             self._finish(tokens)
