@@ -392,10 +392,13 @@ def loading(what: str, checkpoint: Path) -> Iterator[None]:
         raise LocalModelError(f"cannot load the {what} in {checkpoint}: {message}") from None
 
 
-def request_capacity(cache: Any) -> int:
+def request_capacity(cache: Any) -> int | None:
     """The most tokens one request can hold in the engine's paged ``cache``: the whole blocks it can take, with a
     block of tokens taking one block in each full-attention layer group (and in each sliding-window group up to its
-    window), as the cache allocates them (``PagedAttentionCache.blocks_needed``)."""
+    window), as the cache allocates them (``PagedAttentionCache.blocks_needed``). None where the cache does not say
+    (a transformers release without that rule): the model's own window bounds requests then."""
+    if not callable(getattr(cache, "blocks_needed", None)):
+        return None
     low, high = 0, int(cache.num_blocks)
     while low < high:
         mid = (low + high + 1) // 2
