@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
-from conftest import run_tmas, scripted_settings
+from conftest import run_tmas, scripted_settings, settings_for
 from scripted_runs import by_role, run_scripted_problems
+from tmas.api import aresume
 from tmas.config import Settings
+from tmas.errors import InputError
 from tmas.methods import METHODS, create_method, question_params
 from tmas.planning.estimate import (
     Estimate,
@@ -27,6 +29,7 @@ from tmas.planning.estimate import (
 )
 from tmas.planning.pilot import run_pilot
 from tmas.problems import Problem
+from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, ScriptedUsage, SimScript, SimServer
 
@@ -294,6 +297,27 @@ def test_a_resume_is_gated_on_what_it_has_still_to_send() -> None:
     assert estimate.over(None, 2000) is None and estimate.over(None, 500) == "1.0k completion tokens (threshold 500)"
     assert brief_estimate(estimate) == "10 calls to send (30 stored, replayed), <=1.0k completion tokens"
     assert "stored: 30 answered calls, replayed rather than sent; at most 10 still to send" in format_estimate(estimate)
+
+
+async def test_a_problem_that_stored_more_calls_takes_nothing_off_another_ones_calls_to_send(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # Majority k = 4 on 3 problems: q0 answers its 4 samples, every call of q1 and q2 fails.
+    problems = [Problem(problem_id=f"q{i}", question=f"What is {i + 2}*7?", answer=str((i + 2) * 7)) for i in range(3)]
+    settings = settings_for(sim, method={"name": "majority", "params": {"k": 4}}, retry={"max_attempts": 1})
+    sim.set_script(SimScript(rules=[Rule(pattern=r"What is [34]\*7", fault="http_500")]))
+    store, settings, todo = prepare_run(tmp_path / "run", settings, problems, resume=False)
+    with store:
+        await run_problems(settings, todo, store)
+    sim.reset()
+    sim.set_script(SimScript())
+    # Resumed with k = 2: q0 replays 2 of its 4 stored samples, and q1 and q2 send 2 each: 4 calls. Its 4 stored
+    # calls taken off the 6 of the whole run said 2 were still to send.
+    with pytest.raises(InputError, match=r"the estimate is 4 calls \(threshold 3\): 4 calls to send \(2 stored"):
+        await aresume(tmp_path / "run", params={"k": 2}, max_calls=3)
+    assert sim.chat_bodies() == []
+    await aresume(tmp_path / "run", params={"k": 2}, max_calls=4)
+    assert len(sim.chat_bodies()) == 4
 
 
 def test_the_brief_estimate_of_a_bounded_count_says_replies_asked_again_come_on_top() -> None:

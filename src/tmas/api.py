@@ -29,7 +29,15 @@ from tmas.llm.model import ChatModel, EndpointUnreachable
 from tmas.llm.preflight import check_endpoints
 from tmas.methods import question_params
 from tmas.methods.base import ProblemResult
-from tmas.planning.estimate import CONFIRM_TOKENS, QUESTION_CALLS, RUN_CALLS, Estimate, brief_estimate, estimate_point
+from tmas.planning.estimate import (
+    CONFIRM_TOKENS,
+    QUESTION_CALLS,
+    RUN_CALLS,
+    Estimate,
+    brief_estimate,
+    estimate_point,
+    replay_credit,
+)
 from tmas.problems import Problem, check_question, iter_problems, resolve_dataset
 from tmas.runner import (
     RunSetup,
@@ -161,7 +169,7 @@ async def aresume(
             count = peek.problem_count()
             # Under other requests the stored calls answer none of them (as the CLI's gate counts).
             replayable = not RunSetup.check(settings, own_model=model is not None).changed_requests(peek)
-            stored = peek.sure_replays() if replayable else 0
+            stored = peek.sure_replays() if replayable else {}
         check_cost("tmas.api.aresume", settings, count, model, max_calls, max_completion_tokens, stored=stored)
     store, settings, todo = prepare_run(run_dir, settings, None, resume=True, own_model=model is not None)
     with store:
@@ -190,13 +198,14 @@ def check_cost(
     max_calls: int | None,
     max_completion_tokens: float | None,
     *,
-    stored: int = 0,
+    stored: Mapping[str, int] | None = None,
 ) -> None:
     """Refuse, in one line naming ``what``, a run of ``problems`` under ``settings`` whose estimate (less the
-    ``stored`` answered calls a resume replays) is over ``max_calls`` or ``max_completion_tokens``; a method that
-    states no calls per problem goes ahead, as under ``tmas serve``'s cap."""
+    ``stored`` answered calls, by problem, a resume replays) is over ``max_calls`` or ``max_completion_tokens``; a
+    method that states no calls per problem goes ahead, as under ``tmas serve``'s cap."""
     method = run_method(settings, own_model=model is not None)
-    estimate = Estimate([estimate_point(what, method, settings, problems, None)], stored_calls=stored)
+    point = estimate_point(what, method, settings, problems, None)
+    estimate = Estimate([point], stored_calls=replay_credit(point, stored or {}))
     why = estimate.over(max_calls, max_completion_tokens)
     if why is not None:
         calls_over = max_calls is not None and estimate.calls_to_send > max_calls

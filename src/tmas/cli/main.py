@@ -228,6 +228,7 @@ def _resume_run(
     run_dir: Path, flags: ModelFlags, method: str | None, given: MethodFlags, estimate: EstimateFlags
 ) -> int:
     from tmas.cli.estimate import build_estimate, gate
+    from tmas.planning.estimate import replay_credit
     from tmas.runner import RunSetup, prepare_run, resume_settings, stored_settings
     from tmas.store.run_lock import running
     from tmas.store.run_store import RunStore
@@ -245,9 +246,9 @@ def _resume_run(
         replayable = not RunSetup.check(settings).changed_requests(peek)
         # Answered calls are replayed, not sent: the gate asks about what is still to send (those a failed call asked
         # again may change count as to send).
-        replays = peek.sure_replays() if replayable else 0
+        replays = peek.sure_replays() if replayable else {}
     planned = build_estimate([(run_dir.name, settings)], listed, estimate, run_dir / "pilot")
-    planned.stored_calls = replays
+    planned.stored_calls = replay_credit(planned.points[0], replays)
     gate(planned, estimate)
     store, settings, todo = prepare_run(run_dir, settings, None, resume=True)
     return _execute(store, settings, todo)

@@ -164,6 +164,15 @@ def estimate_point(
     return point
 
 
+def replay_credit(point: PointEstimate, stored: Mapping[str, int]) -> int:
+    """The calls a resume of ``point`` counts as replayed, from its ``stored`` answered calls by problem
+    (:meth:`tmas.store.run_store.RunStore.sure_replays`): each problem's, up to the most the point's count lets one
+    problem send. A problem that stored more (under a larger k or T before, or with replies asked again) replays no
+    more than that, and takes nothing off what another problem has still to send."""
+    most = point.calls.upper_total if point.calls.known else 0
+    return sum(min(n, most) for n in stored.values())
+
+
 def _completion(calls: Mapping[str, int], per_call: Mapping[str, float]) -> float:
     """Completion tokens of ``calls`` (by role) at ``per_call`` tokens per call of each role."""
     return sum(n * per_call.get(role, 0.0) for role, n in calls.items())

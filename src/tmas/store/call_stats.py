@@ -44,19 +44,20 @@ class CallStats:
             "cached_prompt_tokens": row[6],
         }
 
-    def sure_replays(self) -> int:
-        """The answered calls a resume replays whatever its failed calls answer now: each problem's answered calls
-        stored before its first call that failed and was never answered since. One stored after it may have been
-        asked with what that failure left out (a summary, a later iteration), and a reply to it now changes its
-        request: such calls are counted as still to send, so a resume's count of them is an upper bound."""
-        row = self._db.execute(
+    def sure_replays(self) -> dict[str, int]:
+        """The answered calls a resume replays whatever its failed calls answer now, by problem: each problem's
+        answered calls stored before its first call that failed and was never answered since. One stored after it
+        may have been asked with what that failure left out (a summary, a later iteration), and a reply to it now
+        changes its request: such calls are counted as still to send, so a resume's count of them is an upper
+        bound."""
+        rows = self._db.execute(
             "WITH standing AS (SELECT problem_id, MIN(id) AS first FROM calls f WHERE error IS NOT NULL"
             " AND NOT EXISTS (SELECT 1 FROM calls r WHERE r.request_hash = f.request_hash AND r.sample = f.sample"
             " AND r.error IS NULL) GROUP BY problem_id)"
-            " SELECT COUNT(*) FROM calls c LEFT JOIN standing s ON s.problem_id IS c.problem_id"
-            " WHERE c.error IS NULL AND (s.first IS NULL OR c.id < s.first)"
-        ).fetchone()
-        return int(row[0])
+            " SELECT c.problem_id, COUNT(*) FROM calls c LEFT JOIN standing s ON s.problem_id IS c.problem_id"
+            " WHERE c.error IS NULL AND (s.first IS NULL OR c.id < s.first) GROUP BY c.problem_id"
+        ).fetchall()
+        return {str(problem): int(n) for problem, n in rows}
 
     def replies(self) -> dict[str, tuple[int, int]]:
         """Successful calls per role over the whole run, and how many of them were cut at max_tokens."""

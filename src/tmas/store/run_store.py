@@ -162,7 +162,7 @@ class RunStore:
     def role_costs(self) -> dict[str, dict[str, int]]:
         return self._call_stats.by_role()
 
-    def sure_replays(self) -> int:
+    def sure_replays(self) -> dict[str, int]:
         return self._call_stats.sure_replays()
 
     def replies_by_role(self) -> dict[str, tuple[int, int]]:
