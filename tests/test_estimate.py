@@ -5,6 +5,7 @@ server)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -295,7 +296,10 @@ def test_a_resume_is_gated_on_what_it_has_still_to_send() -> None:
     assert (estimate.calls_to_send, estimate.tokens_to_send) == (10, 1000.0)
     assert estimate.over(20, None) is None and estimate.over(5, None) == "10 calls (threshold 5)"
     assert estimate.over(None, 2000) is None and estimate.over(None, 500) == "1.0k completion tokens (threshold 500)"
-    assert brief_estimate(estimate) == "10 calls to send (30 stored, replayed), <=1.0k completion tokens"
+    assert brief_estimate(estimate) == (
+        "up to 10 calls to send (30 stored, replayed), <=1.0k completion tokens, plus any reply asked again (one call"
+        " more each)"
+    )
     assert "stored: 30 answered calls, replayed rather than sent; at most 10 still to send" in format_estimate(estimate)
 
 
@@ -313,7 +317,7 @@ async def test_a_problem_that_stored_more_calls_takes_nothing_off_another_ones_c
     sim.set_script(SimScript())
     # Resumed with k = 2: q0 replays 2 of its 4 stored samples, and q1 and q2 send 2 each: 4 calls. Its 4 stored
     # calls taken off the 6 of the whole run said 2 were still to send.
-    with pytest.raises(InputError, match=r"the estimate is 4 calls \(threshold 3\): 4 calls to send \(2 stored"):
+    with pytest.raises(InputError, match=r"the estimate is 4 calls \(threshold 3\): up to 4 calls to send \(2 stored"):
         await aresume(tmp_path / "run", params={"k": 2}, max_calls=3)
     assert sim.chat_bodies() == []
     await aresume(tmp_path / "run", params={"k": 2}, max_calls=4)
@@ -328,8 +332,34 @@ def test_the_brief_estimate_of_a_bounded_count_says_replies_asked_again_come_on_
     estimate.stored_calls = 8
     assert (estimate.calls, estimate.upper_calls, estimate.calls_to_send) == (58, 98, 90)
     shown = brief_estimate(estimate)
-    assert shown.startswith("up to 90 calls to send (8 stored, replayed), plus any asked again, <=")
-    assert "at most" not in shown
+    assert shown.startswith("up to 90 calls to send (8 stored, replayed), <=")
+    assert shown.endswith(", plus any reply asked again (one call more each)") and "at most" not in shown
+
+
+async def test_the_brief_estimate_of_an_exact_count_says_replies_asked_again_come_on_top(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # CoT is one call a problem, at most max_tokens (256 here) of completion. A reply that is nothing but its
+    # prompt's instructions is asked again: the problem sends 2 calls, twice the tokens.
+    settings = settings_for(sim, method={"name": "cot", "params": {}})
+    problem = [Problem(problem_id="q0", question="What is 2*7?", answer="14")]
+    store, settings, todo = prepare_run(tmp_path / "probe", settings, problem, resume=False)
+    with store:
+        await run_problems(settings, todo, store)
+    messages = sim.chat_bodies()[0]["messages"]
+    instructions = re.sub(r"^<(\w+)>\n.*?^</\1>$", "", "\n".join(m["content"] for m in messages), flags=re.M | re.S)
+    sim.reset()
+    sim.set_script(SimScript(rules=[Rule(role="solution", replies=[instructions], times=1)]))
+    store, settings, todo = prepare_run(tmp_path / "run", settings, problem, resume=False)
+    with store:
+        summary = await run_problems(settings, todo, store)
+    assert len(sim.chat_bodies()) == summary.calls == 2
+    estimate = Estimate([estimate_point("cot", create_method("cot", {}), settings, 1, None)])
+    assert estimate.upper_calls == 1
+    # The one line the command prints before it starts must not read as the most the run sends.
+    assert (
+        brief_estimate(estimate) == "1 call, <=256 completion tokens, plus any reply asked again (one call more each)"
+    )
 
 
 def test_the_whole_estimate_says_its_calls_count_every_reply_as_usable() -> None:
@@ -339,7 +369,8 @@ def test_the_whole_estimate_says_its_calls_count_every_reply_as_usable() -> None
     shown = format_estimate(Estimate([point]))
     assert "total: 8 calls\n" in shown
     assert (
-        "calls count every reply as usable: a reply asked again (one that repeats its instructions) adds one" in shown
+        "calls count every reply as usable: a reply asked again (one that repeats its instructions, a refinement with"
+        " no answer) adds one" in shown
     )
 
 

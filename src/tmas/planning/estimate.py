@@ -295,23 +295,24 @@ def _tokens(value: float) -> str:
 
 
 def brief_estimate(estimate: Estimate) -> str:
-    """The estimate in one line: the calls (still to send, on a resume) and the completion-token ceiling or mean."""
+    """The estimate in one line: the calls (still to send, on a resume) and the completion-token ceiling or mean. No
+    count holds a reply asked again (methods/call_count.py), an exact one neither: the line says they come on top."""
     calls = estimate.calls_to_send
     ranged = estimate.fewest_calls < estimate.upper_calls and not estimate.stored_calls
-    # The structure's most, not the run's: no count includes a reply asked again (methods/call_count.py).
-    up_to = not ranged and estimate.calls != estimate.upper_calls
+    # A resume's calls to send are a bound too: a stored call after a failed one is counted as to send.
+    up_to = not ranged and (estimate.calls != estimate.upper_calls or bool(estimate.stored_calls))
     low = f"{estimate.fewest_calls:,} to " if ranged else "up to " if up_to else ""
-    shown = f"{low}{calls:,} calls"
+    shown = f"{low}{calls:,} call{'' if calls == 1 and not ranged else 's'}"
     if estimate.stored_calls:
         shown += f" to send ({estimate.stored_calls:,} stored, replayed)"
-    if up_to:
-        shown += ", plus any asked again"
     if any(not p.calls.known for p in estimate.points):
         shown += " and calls of unknown count"
     tokens = estimate.tokens_to_send
     if tokens is not None:
         ceiling = any(p.basis == "max_tokens" for p in estimate.points)
         shown += f", {'<=' if ceiling else '~'}{_tokens(tokens)} completion tokens"
+    if any(p.calls.known for p in estimate.points):
+        shown += ", plus any reply asked again (one call more each)"
     return shown
 
 
@@ -349,7 +350,8 @@ def format_estimate(estimate: Estimate) -> str:
     if any(p.calls.known for p in estimate.points):
         # As each method states its count (tmas.methods.call_count): a reply asked again is one call more.
         lines.append(
-            "  calls count every reply as usable: a reply asked again (one that repeats its instructions) adds one;"
+            "  calls count every reply as usable: a reply asked again (one that repeats its instructions, a refinement"
+            " with no answer) adds one;"
             " a transport retry adds an attempt, not a call"
         )
     if estimate.stored_calls:
