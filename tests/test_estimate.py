@@ -415,6 +415,23 @@ def test_sweep_dry_run_prints_the_estimate_and_sends_nothing(sim: SimServer, tmp
 
 
 @pytest.mark.slow
+def test_a_sweep_run_again_is_gated_on_the_calls_its_unfinished_points_send(sim: SimServer, tmp_path: Path) -> None:
+    problems = write_problems(tmp_path / "p.jsonl", 2)
+    base = ["sweep", "--method", "majority", "--problems", str(problems), "--out", str(tmp_path / "sw")]
+    base += ["--base-url", sim.base_url, "--no-report"]
+    first = tmas_cli(*base, "--grid", "k=2,4", "--yes")
+    assert first.returncode == 0, first.stderr.decode()
+    assert sim.stats().total_requests == 12
+    sim.reset()
+    # Again with a third point: k = 2 and k = 4 are finished and skipped, k = 8 sends 2 x 8 = 16 calls. The whole
+    # grid's 28 are over the threshold of 20; the 16 still to send are not.
+    again = tmas_cli(*base, "--grid", "k=2,4,8", "--confirm-calls", "20")
+    assert again.returncode == 0, again.stderr.decode()
+    assert "tmas: estimate: up to 16 calls to send (12 stored, replayed)" in again.stderr.decode()
+    assert sim.stats().total_requests == 16
+
+
+@pytest.mark.slow
 def test_eval_over_the_threshold_without_a_terminal_asks_for_yes(sim: SimServer, tmp_path: Path) -> None:
     problems = write_problems(tmp_path / "p.jsonl", 3)
     base = ["eval", str(problems), "--out", str(tmp_path / "run"), "--base-url", sim.base_url, "--grade", "rules"]

@@ -318,6 +318,22 @@ def _pending(store: RunStore, settings: Settings, *, own_model: bool) -> int:
     return sum(p.problem_id not in done for p in store.iter_problems())
 
 
+def point_replays(point: SweepPoint, settings: Settings, out_dir: Path) -> dict[str, int] | None:
+    """What the point's run holds that a resume replays rather than sends, for the cost gate: None where the point is
+    finished and is skipped without a call, else its answered calls by problem (:meth:`RunStore.sure_replays`; none
+    where the point has no run yet, or asks other requests than its store's)."""
+    run_dir = out_dir / POINTS_DIR / point.name
+    if not holds_run(run_dir):
+        return {}
+    point_settings = point.settings(settings)
+    with RunStore(run_dir, create=False) as peek:
+        if _pending(peek, point_settings, own_model=False) == 0:
+            return None
+        if RunSetup.check(point_settings).changed_requests(peek):
+            return {}
+        return peek.sure_replays()
+
+
 def _check_points_kept(points: list[SweepPoint], settings: Settings, out_dir: Path, *, own_model: bool) -> None:
     """Refuse, before any call, to go on with a point whose finished problems were solved under other requests than
     ``settings`` ask now (:meth:`tmas.runner.RunSetup.check_resume`), whichever point of the sweep it is."""

@@ -4,8 +4,8 @@ threshold the estimate is one line and the command starts; above it the whole es
 asks on a terminal, and without one refuses in one line unless ``--yes``. ``--dry-run`` prints it and stops.
 
 The thresholds: ``--confirm-calls`` (default 500 calls for one question, 20,000 for a run, an evaluation or a sweep)
-and ``--confirm-tokens`` (50M completion tokens, where the estimate knows them). A resumed run counts only the calls
-it has still to send."""
+and ``--confirm-tokens`` (50M completion tokens, where the estimate knows them). A resumed run, or a sweep run again,
+counts only the calls it has still to send."""
 
 from __future__ import annotations
 

@@ -618,8 +618,9 @@ def sweep(
     """Run a grid of methods x parameters over one problem set (one run per point, resumable) and report it."""
     from tmas.cli.estimate import build_estimate, gate
     from tmas.cli.progress import plain_status
+    from tmas.planning.estimate import replay_credit
     from tmas.runner import RunState
-    from tmas.sweep import expand, report_sweep, run_sweep, sweep_problems
+    from tmas.sweep import expand, point_replays, report_sweep, run_sweep, sweep_problems
 
     grade_config = read_grade_flags(grade, judge_runs)
     if not no_report:
@@ -641,7 +642,14 @@ def sweep(
         typer.echo(f"tmas sweep: {outcome.point.name}: {outcome.status}", err=True)
 
     configs = [(point.name, point.settings(settings)) for point in points]
-    gate(build_estimate(configs, sweep_problems(spec), estimate, out / "pilot"), estimate)
+    planned = build_estimate(configs, sweep_problems(spec), estimate, out / "pilot")
+    # A resumed sweep replays what its points hold: a finished point sends nothing, another its calls still to send.
+    replays = [point_replays(point, settings, out) for point in points]
+    planned.stored_calls = sum(
+        p.upper_calls if held is None else replay_credit(p, held)
+        for p, held in zip(planned.points, replays, strict=True)
+    )
+    gate(planned, estimate)
     try:
         summary = interrupt.run(steps.during(run_sweep(spec, settings, out, on_point=ends, on_start=begins)))
     except interrupt.Stopped as stop:
