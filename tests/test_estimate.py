@@ -469,6 +469,27 @@ def test_a_nan_or_infinite_estimate_flag_is_refused_in_one_line(
     assert sim.stats().total_requests == 0 and not (tmp_path / "run").exists()
 
 
+def test_a_pilot_over_the_threshold_asks_before_it_sends(sim: SimServer, tmp_path: Path) -> None:
+    # The pilot of MV@64 on 2 problems is 128 calls: over --confirm-calls 50 it is refused before any call, as the
+    # run it measures would be, rather than sent and the run refused after it.
+    problems = write_problems(tmp_path / "p.jsonl", 10)
+    base = ["run", str(problems), "--out", str(tmp_path / "run"), "--base-url", sim.base_url, "--method", "majority"]
+    base += ["-p", "k=64", "--pilot", "2", "--confirm-calls", "50", "--dry-run"]
+    out = tmas_cli(*base)
+    assert out.returncode == 2
+    err = out.stderr.decode()
+    assert "the pilot's cost estimate:" in err and "total: 128 calls" in err
+    assert err.strip().splitlines()[-1] == (
+        "tmas: error: the pilot is 128 calls (threshold 50): pass --yes to start it without a terminal to confirm on"
+        " (or a smaller --pilot N, --confirm-calls N)"
+    )
+    assert sim.stats().total_requests == 0 and not (tmp_path / "run" / "pilot").exists()
+    # With --yes the pilot runs (and the dry run stops after it): its 128 calls, as estimated.
+    ran = tmas_cli(*base, "--yes")
+    assert ran.returncode == 0, ran.stderr.decode()
+    assert sim.stats().total_requests == 128
+
+
 def test_run_dry_run_with_a_pilot_measures_tokens(sim: SimServer, tmp_path: Path) -> None:
     problems = write_problems(tmp_path / "p.jsonl", 10)
     out = tmas_cli(

@@ -34,6 +34,7 @@ from tmas.planning.estimate import (
     brief_estimate,
     estimate_point,
     format_estimate,
+    replay_credit,
 )
 from tmas.problems import Problem
 
@@ -126,15 +127,51 @@ def build_estimate(
     if flags.pilot and not isinstance(problems, int):
         from tmas.planning.pilot import run_pilot
 
+        sample = list(problems[: flags.pilot])
+        _gate_pilot(configs, len(sample), flags, pilot_dir)
         typer.echo(
             f"tmas: pilot: {len(configs)} configuration(s) on {flags.pilot} problem(s) into {pilot_dir}", err=True
         )
-        rates = interrupt.run(run_pilot(configs, list(problems[: flags.pilot]), pilot_dir))
+        rates = interrupt.run(run_pilot(configs, sample, pilot_dir))
     elif flags.tokens_per_call is not None:
         rates = TokenRates(default_completion=flags.tokens_per_call, source="given")
     points = [_point(name, settings, count, rates) for name, settings in configs]
     throughput = flags.throughput or (rates.throughput if rates else None)
     return Estimate(points, rates, throughput)
+
+
+def _gate_pilot(configs: list[tuple[str, Settings]], problems: int, flags: EstimateFlags, pilot_dir: Path) -> None:
+    """The pilot sends calls before the estimate it measures: it passes the same thresholds first (less what an
+    earlier pilot in ``pilot_dir`` stored, which it replays), and above them asks, or refuses without a terminal
+    unless ``--yes``."""
+    from tmas.planning.pilot import pilot_settings
+    from tmas.runner import RunSetup, holds_run
+    from tmas.store.run_store import RunStore
+
+    points, stored = [], 0
+    for name, settings in configs:
+        pilot = pilot_settings(settings)
+        point = _point(name, pilot, problems, None)
+        points.append(point)
+        if holds_run(pilot_dir / name):
+            with RunStore(pilot_dir / name, create=False) as peek:
+                if not RunSetup.check(pilot).changed_requests(peek):
+                    stored += replay_credit(point, peek.sure_replays())
+    planned = Estimate(points, stored_calls=stored)
+    threshold = flags.confirm_calls if flags.confirm_calls is not None else DEFAULT_CONFIRM_CALLS
+    why = planned.over(threshold, flags.confirm_tokens)
+    if why is None or flags.yes:
+        return
+    # Its table without the hours: the pilot is what measures them.
+    table = format_estimate(planned).replace("cost estimate (before any call):", "the pilot's cost estimate:", 1)
+    typer.echo("\n".join(line for line in table.splitlines() if not line.startswith("  time:")), err=True)
+    if not sys.stdin.isatty():
+        raise InputError(
+            f"the pilot is {why}: pass --yes to start it without a terminal to confirm on (or a smaller --pilot N,"
+            " --confirm-calls N)"
+        )
+    if not typer.confirm(f"tmas: the pilot is {why}. Start it?", default=False, err=True):
+        raise typer.Exit(2)  # nothing was run
 
 
 def question_estimate(settings: Settings) -> Estimate:
