@@ -449,6 +449,23 @@ def test_eval_over_the_threshold_without_a_terminal_asks_for_yes(sim: SimServer,
         assert store.call_counts()["calls"] == 12
 
 
+@pytest.mark.slow
+def test_eval_says_its_estimate_leaves_out_the_judges_calls(sim: SimServer, tmp_path: Path) -> None:
+    problems = write_problems(tmp_path / "p.jsonl", 2)
+    base = ["eval", str(problems), "--out", str(tmp_path / "run"), "--base-url", sim.base_url, "--method", "majority"]
+    out = tmas_cli(*base, "-p", "k=2", "--grade", "judge", "--judge-runs", "2")
+    assert out.returncode == 0, out.stderr.decode()
+    # 2 problems x 2 samples for the run; the report's judge asks 2 runs per distinct answer on top.
+    roles = [r.role for r in sim.requests if r.endpoint == "chat"]
+    assert roles.count("solution") == 4 and roles.count("judge") > 0
+    said = next(line for line in out.stderr.decode().splitlines() if line.startswith("tmas: estimate: "))
+    assert said.startswith("tmas: estimate: 4 calls, ")
+    assert said.endswith(
+        "; not counted: the report's judge calls, 2 per distinct answer (each unreadable reply asked again up to 2"
+        " times; --grade rules sends none)"
+    )
+
+
 @pytest.mark.parametrize(
     ("flag", "value", "said"),
     [

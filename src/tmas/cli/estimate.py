@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -37,6 +37,9 @@ from tmas.planning.estimate import (
     replay_credit,
 )
 from tmas.problems import Problem
+
+if TYPE_CHECKING:
+    from tmas.grading.grades import GradeConfig
 
 # Confirmation thresholds: above either, the command asks before starting.
 DEFAULT_CONFIRM_CALLS = RUN_CALLS
@@ -172,6 +175,21 @@ def _gate_pilot(configs: list[tuple[str, Settings]], problems: int, flags: Estim
         )
     if not typer.confirm(f"tmas: the pilot is {why}. Start it?", default=False, err=True):
         raise typer.Exit(2)  # nothing was run
+
+
+# The graders that ask a judge model (tmas.grading.registry): a report graded so sends calls beyond the run's.
+JUDGE_GRADERS = ("combined", "judge", "diagnosis")
+
+
+def judge_calls(config: GradeConfig) -> str | None:
+    """What grading under ``config`` sends that the run's estimate does not count (None: no judge call)."""
+    if config.mode not in JUDGE_GRADERS:
+        return None
+    undecided = "answer" if config.mode == "judge" else "answer the rules cannot decide"
+    return (
+        f"the report's judge calls, {config.judge_runs} per distinct {undecided} (each unreadable reply asked"
+        f" again up to {config.judge_retries} times; --grade rules sends none)"
+    )
 
 
 def question_estimate(settings: Settings) -> Estimate:

@@ -17,7 +17,7 @@ from tmas import __version__
 from tmas.cli import interrupt
 from tmas.cli.cases import cases_app
 from tmas.cli.data import data_app
-from tmas.cli.estimate import EstimateFlags, GateFlags, estimate_options, gate_options
+from tmas.cli.estimate import EstimateFlags, GateFlags, estimate_options, gate_options, judge_calls
 from tmas.cli.extras import MISSING_EXTRA_EXIT, missing_extra
 from tmas.cli.grade_flags import GradeModeOpt, JudgeRunsOpt, check_grading_installed, grade_words, read_grade_flags
 from tmas.cli.help_format import command_of
@@ -206,8 +206,16 @@ def run(
         raise typer.Exit(code)
 
 
-def _new_run(problems: Path, out: Path, settings: Settings, limit: int | None, estimate: EstimateFlags) -> int:
-    """``tmas run`` (and the run of ``tmas eval``): the cost gate, then a new run directory; the exit code."""
+def _new_run(
+    problems: Path,
+    out: Path,
+    settings: Settings,
+    limit: int | None,
+    estimate: EstimateFlags,
+    left_out: str | None = None,
+) -> int:
+    """``tmas run`` (and the run of ``tmas eval``): the cost gate, then a new run directory; the exit code.
+    ``left_out``: what the command sends beside the run, said with its estimate (``tmas eval``'s judge)."""
     from tmas.cli.estimate import build_estimate, gate
     from tmas.problems import iter_problems, resolve_dataset
     from tmas.runner import check_new_run_dir, open_new_run
@@ -217,7 +225,9 @@ def _new_run(problems: Path, out: Path, settings: Settings, limit: int | None, e
     reader = islice(iter_problems(source), limit) if limit else iter_problems(source)
     # A pilot runs on the first problems; otherwise only their count matters (a big file is not held).
     listed = list(reader) if estimate.pilot is not None else sum(1 for _ in reader)
-    gate(build_estimate([(out.name, settings)], listed, estimate, out / "pilot"), estimate)
+    planned = build_estimate([(out.name, settings)], listed, estimate, out / "pilot")
+    planned.left_out += [left_out] if left_out else []
+    gate(planned, estimate)
     check_endpoint(settings)  # nothing listening, or no /v1: said before the run directory is made
     # Streamed into the store (a bad line anywhere stops before any call and leaves no run behind).
     store, settings, todo = open_new_run(out, settings, problems, limit=limit)
@@ -485,7 +495,7 @@ def evaluate(
     check_grading_installed(grade_config)
     report_dir = report_dir or out / "report"
     try:
-        code = _new_run(problems, out, flags.settings(method, given), limit, estimate)
+        code = _new_run(problems, out, flags.settings(method, given), limit, estimate, judge_calls(grade_config))
     except interrupt.Stopped as stop:
         if stop.next_step is None:  # stopped before its run began
             raise
@@ -649,6 +659,8 @@ def sweep(
         p.upper_calls if held is None else replay_credit(p, held)
         for p, held in zip(planned.points, replays, strict=True)
     )
+    judged = None if no_report else judge_calls(grade_config)
+    planned.left_out += [judged] if judged else []
     gate(planned, estimate)
     try:
         summary = interrupt.run(steps.during(run_sweep(spec, settings, out, on_point=ends, on_start=begins)))

@@ -195,6 +195,8 @@ class Estimate:
     throughput: float | None = None
     # Calls a resumed run holds already (answered, so replayed rather than sent): what the gate need not ask about.
     stored_calls: int = 0
+    # Calls the command sends beside the method's and counts in no figure (a report's judge), each said in words.
+    left_out: list[str] = field(default_factory=list)
 
     @property
     def calls_to_send(self) -> int:
@@ -313,6 +315,8 @@ def brief_estimate(estimate: Estimate) -> str:
         shown += f", {'<=' if ceiling else '~'}{_tokens(tokens)} completion tokens"
     if any(p.calls.known for p in estimate.points):
         shown += ", plus any reply asked again (one call more each)"
+    for what in estimate.left_out:
+        shown += f"; not counted: {what}"
     return shown
 
 
@@ -359,6 +363,8 @@ def format_estimate(estimate: Estimate) -> str:
             f"  stored: {estimate.stored_calls:,} answered calls, replayed rather than sent; at most"
             f" {estimate.calls_to_send:,} still to send"
         )
+    for what in estimate.left_out:
+        lines.append(f"  not counted: {what}")
     if total is None:
         lines.append("  tokens: unknown (give --tokens-per-call, --pilot N, or set max_tokens for a ceiling)")
     else:
