@@ -19,6 +19,24 @@ GradeModeOpt = Annotated[
     ),
 ]
 JudgeRunsOpt = Annotated[int, typer.Option("--judge-runs", help="Independent LLM-judge runs (paper: 4).")]
+# tmas report's: with --no-grade and neither named, each run's stored grades are read as its last grading read them.
+ReportGradeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--grade",
+        help="A registered grader: combined (rules, then the judge; the default), rules, judge; diagnosis and teaching"
+        " grade MATTRL's medicine and education runs. With --no-grade: the grader whose stored verdicts are read"
+        " (default: each run's last grading).",
+    ),
+]
+ReportJudgeRunsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--judge-runs",
+        help="Independent LLM-judge runs (paper: 4; the default). With --no-grade: how many stored runs are read"
+        " (default: as each run's last grading).",
+    ),
+]
 
 
 def read_grade_flags(grade: str, judge_runs: int) -> GradeConfig:
@@ -37,6 +55,17 @@ def grade_words(config: GradeConfig) -> str:
     default = GradeConfig()
     words = "" if config.mode == default.mode else f" --grade {config.mode}"
     return words + ("" if config.judge_runs == default.judge_runs else f" --judge-runs {config.judge_runs}")
+
+
+def read_report_grade_flags(grade: str | None, judge_runs: int | None, *, no_grade: bool) -> GradeConfig | None:
+    """``tmas report``'s grading: None (each run read as its last grading) with ``--no-grade`` and neither flag named,
+    else the flags as given over the defaults (combined, 4 judge runs)."""
+    if no_grade and grade is None and judge_runs is None:
+        return None
+    default = GradeConfig()
+    return read_grade_flags(
+        default.mode if grade is None else grade, default.judge_runs if judge_runs is None else judge_runs
+    )
 
 
 def check_grading_installed(config: GradeConfig) -> None:

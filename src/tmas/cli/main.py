@@ -19,7 +19,16 @@ from tmas.cli.cases import cases_app
 from tmas.cli.data import data_app
 from tmas.cli.estimate import EstimateFlags, GateFlags, estimate_options, gate_options, judge_calls
 from tmas.cli.extras import MISSING_EXTRA_EXIT, missing_extra
-from tmas.cli.grade_flags import GradeModeOpt, JudgeRunsOpt, check_grading_installed, grade_words, read_grade_flags
+from tmas.cli.grade_flags import (
+    GradeModeOpt,
+    JudgeRunsOpt,
+    ReportGradeOpt,
+    ReportJudgeRunsOpt,
+    check_grading_installed,
+    grade_words,
+    read_grade_flags,
+    read_report_grade_flags,
+)
 from tmas.cli.help_format import command_of
 from tmas.cli.method_help import method_parameters_help
 from tmas.cli.options import (
@@ -438,9 +447,14 @@ def _judge_settings(settings: Settings, judge_base_url: str | None, judge_model:
 def report(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run directories (runs on the same problems share tables).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Directory for report.md, report.html and plots.")],
-    grade: GradeModeOpt = "combined",
-    judge_runs: JudgeRunsOpt = 4,
-    no_grade: Annotated[bool, typer.Option("--no-grade", help="Use stored grades only; grade nothing new.")] = False,
+    grade: ReportGradeOpt = None,
+    judge_runs: ReportJudgeRunsOpt = None,
+    no_grade: Annotated[
+        bool,
+        typer.Option(
+            "--no-grade", help="Use stored grades only, read as each run's last grading unless --grade names one."
+        ),
+    ] = False,
     config: ConfigOpt = None,
     base_url: BaseUrlOpt = None,
     judge_base_url: JudgeUrlOpt = None,
@@ -454,8 +468,8 @@ def report(
     from tmas.reports.report import build_report
 
     settings = _judge_settings(ModelFlags(config=config, base_url=base_url).settings(), judge_base_url, judge_model)
-    grade_config = read_grade_flags(grade, judge_runs)
-    if not no_grade:
+    grade_config = read_report_grade_flags(grade, judge_runs, no_grade=no_grade)
+    if grade_config is not None and not no_grade:
         check_grading_installed(grade_config)  # a missing extra said before any step starts
     steps = Steps("report")
     written = interrupt.run(

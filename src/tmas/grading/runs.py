@@ -82,6 +82,16 @@ def current_grades(rows: list[GradeRow], results: list[ProblemResult]) -> list[G
     return [g for g in rows if answers.get((g.problem_id, g.iteration, g.candidate), missing) == g.answer]
 
 
+def load_last_grades(
+    store: RunStore, *, results: list[ProblemResult] | None = None, rows: list[GradeRow] | None = None
+) -> Grades | None:
+    """Stored grades read as the run's last grading read them: its grader, as many of the judge's runs per item as it
+    asked for. A run whose grading was not recorded is read with the default grader and every stored run."""
+    last = last_grading(store)
+    config = GradeConfig(mode=last.mode) if last is not None else GradeConfig()
+    return load_grades(store, config, results=results, rows=rows, runs=last.runs if last is not None else None)
+
+
 def load_grades(
     store: RunStore,
     config: GradeConfig,

@@ -26,7 +26,7 @@ from tmas.grading.cases import case_metrics
 from tmas.grading.grades import GradeConfig, Grades
 from tmas.grading.judge import JUDGE_ROLE, judge_route
 from tmas.grading.run_results import load_results, run_method_name
-from tmas.grading.runs import grade_run, load_grades
+from tmas.grading.runs import grade_run, load_grades, load_last_grades
 from tmas.llm.types import DOWNGRADES, Usage
 from tmas.methods import method_traits, stored_params
 from tmas.methods.base import ProblemResult, ReplyTally
@@ -180,15 +180,16 @@ class StoredSetup:
 
 
 async def evaluate_run(
-    run_dir: Path, config: GradeConfig, settings: Settings | None, *, grade: bool = True
+    run_dir: Path, config: GradeConfig | None, settings: Settings | None, *, grade: bool = True
 ) -> RunEvaluation:
-    """Grade (or read stored grades of) one run and compute everything the report shows."""
+    """Grade (or read stored grades of) one run and compute everything the report shows. ``config`` None: grade with
+    the default grader, or with ``grade`` off read the stored grades as the run's last grading read them."""
     with RunStore(run_dir, create=False) as store:
         setup = StoredSetup.read(store)
         results = load_results(store)
         problems = store.problems()
         grades, reason = await _grades(store, setup, problems, config, settings, grade=grade)
-        classes = await _answer_classes(results, config)
+        classes = await _answer_classes(results, config or GradeConfig())
         evaluation = RunEvaluation(
             run_dir=run_dir,
             label=_label(setup.method, setup.model),
@@ -212,7 +213,8 @@ async def evaluate_run(
             _graded_analyses(evaluation, results, grades, classes)
         _run_records(evaluation, store, results, setup)
     # Medicine names match by spelling, then by the judge role, unless grading by rules alone or nothing new.
-    judge = _judge_settings(settings, setup.settings) if grade and config.mode != "rules" else None
+    mode = (config or GradeConfig()).mode
+    judge = _judge_settings(settings, setup.settings) if grade and mode != "rules" else None
     evaluation.cases = await case_metrics(run_dir, setup.params, judge)
     return evaluation
 
@@ -221,13 +223,14 @@ async def _grades(
     store: RunStore,
     setup: StoredSetup,
     problems: list[Problem],
-    config: GradeConfig,
+    config: GradeConfig | None,
     settings: Settings | None,
     *,
     grade: bool,
 ) -> tuple[Grades, str]:
-    """The run's grades (graded now, or as stored with ``grade`` off), and why there are none where there are not
-    (then grades that only name the unlabeled problems)."""
+    """The run's grades (graded now, or as stored with ``grade`` off: as ``config`` grades, as many judge runs as it
+    asks for, or without one as the run's last grading read them), and why there are none where there are not (then
+    grades that only name the unlabeled problems)."""
     grades: Grades | None = None
     reason = ""
     if setup.params["mode"] == "proof":
@@ -235,9 +238,11 @@ async def _grades(
     elif not any(p.answer is not None for p in problems):
         reason = "no problem has a reference answer (unlabeled): nothing graded"
     elif grade:
-        grades = await grade_run(store, config, _judge_settings(settings, setup.settings))
+        grades = await grade_run(store, config or GradeConfig(), _judge_settings(settings, setup.settings))
+    elif config is None:
+        grades = load_last_grades(store)
     else:
-        grades = load_grades(store, config)
+        grades = load_grades(store, config, runs=config.judge_runs)
         if grades is None:
             reason = "not graded yet (run 'tmas report' without --no-grade)"
     if grades is None:
@@ -813,14 +818,15 @@ RUN_SECTIONS: tuple[Callable[[Document, RunEvaluation], None], ...] = (
 async def build_report(
     run_dirs: list[Path],
     out_dir: Path,
-    config: GradeConfig,
+    config: GradeConfig | None,
     settings: Settings | None,
     *,
     grade: bool = True,
     paper_model: str | None = None,
     on_step: Callable[[str], None] | None = None,
 ) -> dict[str, Path]:
-    """Evaluate ``run_dirs`` and write their report; ``on_step`` hears of each step as it begins."""
+    """Evaluate ``run_dirs`` and write their report; ``on_step`` hears of each step as it begins. With ``grade`` off
+    and ``config`` None, each run's stored grades are read as its last grading read them."""
     say = on_step or (lambda _: None)
     evaluations = []
     for i, run_dir in enumerate(run_dirs, start=1):
