@@ -20,8 +20,8 @@ from fractions import Fraction
 from functools import lru_cache
 
 from tmas.answers import last_boxed, normalize_answer
-from tmas.grading.grades import SELECTED, GradeConfig, Grades, ItemKey
-from tmas.grading.runs import current_grades, last_grading, load_grades
+from tmas.grading.grades import SELECTED, Grades, ItemKey
+from tmas.grading.runs import current_grades, last_grading, load_last_grades
 from tmas.problems import Problem
 from tmas.store.records import ProblemResult
 from tmas.store.run_store import RunStore
@@ -106,17 +106,15 @@ def live_grades(
     if not any(p.answer is not None for p in problems):
         return None
     rows = store.grades()
-    last = last_grading(store) if rows else None
-    config = GradeConfig(mode=last.mode) if last is not None else GradeConfig()
-    runs = last.runs if last is not None else None
-    stored = load_grades(store, config, results=results, rows=rows, runs=runs) if rows else None
+    recorded = bool(rows) and last_grading(store) is not None
+    stored = load_last_grades(store, results=results, rows=rows) if rows else None
     # Grades of answers since replaced do not count: those items are checked live, as tmas report grades them anew.
     graded = {(g.problem_id, g.iteration, g.candidate) for g in current_grades(rows, results)}
     grades = stored or Grades(runs=1, mode="rules")
     if stored is None:
         result_ids = {r.problem_id for r in results}
         grades.unlabeled = [p.problem_id for p in problems if p.answer is None and p.problem_id in result_ids]
-    out = LiveGrades(grades, stored_mode=stored.mode if stored else None, recorded=last is not None)
+    out = LiveGrades(grades, stored_mode=stored.mode if stored else None, recorded=recorded)
     references = {p.problem_id: p.answer for p in problems if p.answer is not None}
     for result in results:
         pid = result.problem_id
