@@ -471,8 +471,13 @@ def test_a_call_stopped_in_the_trained_evaluation_still_brings_back_the_adapter(
 ) -> None:
     """The machine's call limit ends the command during the trained model's evaluation: the adapter, its steps and
     the report are in --out already (the GPU machine's --out is new each call, its work lost with it)."""
+    from test_rl_train import row
+    from tmas.rl.data import write_parquet
+
     device = load_benchmark("rl_device", monkeypatch)
     work, out = tmp_path / "work", tmp_path / "out"
+    # The run first checks that the evaluation holds none of the data's questions: the data must be there.
+    write_parquet([row("normal", "p1")], tmp_path / "train.parquet")
     monkeypatch.setattr(device, "ensure_base", lambda work, *rest: work / "base-hf")
     monkeypatch.setattr(device, "has_guideline_rows", lambda data: False)
     summary = {"problems": 1, "accuracy": 0.0, "stderr": 0.0, "no_answer_rate": 1.0, "cut_rate": 1.0}
