@@ -18,7 +18,8 @@ carry (see docs/rl.md, "On a CUDA machine without network access"):
   yet, one after another (each skipped once done, so the same command continues after a stop):
 
   1. the pilot (``--pilot-samples``): ``tmas rl pilot`` samples every prompt group at each
-     ``--pilot-temperature`` (in chunks, for at most ``--pilot-time`` seconds, reporting on the groups reached),
+     ``--pilot-temperature`` (in chunks, for at most ``--pilot-time`` seconds, reporting on the groups reached;
+     a chunk still sampling 30 s past that time is stopped and dropped, the chunks finished reported),
      keeps the groups right ``--min-rate``..``--max-rate`` of the time at the temperature that keeps the most, and
      training reads those rows at that temperature;
   2. the base model's evaluation (CoT prompt, in-process with transformers) on the held-out problems, greedy
@@ -75,7 +76,8 @@ DEFAULT_WORK = Path("/tmp/tmas-rl")
 # folders carried with them; less room for the repository to grow between ``pack`` and the transfers.
 TRANSFER_BYTES = 64 * 2**20
 TRANSFER_MARGIN = 2**20
-# Seconds of a call kept after the pilot's time: its last chunk's overrun, its report and the next phase's start.
+# Seconds of a call kept after the pilot's time: its last chunk's overrun, its report and the next phase's start;
+# a pilot still sampling that long after its time is stopped (it reports on the chunks it finished).
 PILOT_MARGIN = 30.0
 CARRY_HELP = "MB (10^6 bytes) of wheels and pieces one transfer carries (default: 64 MiB less the repository and 1 MiB)"
 DEFAULT_DATA = ROOT / "data" / "rl" / "train.parquet"
@@ -583,8 +585,11 @@ def run(args: argparse.Namespace) -> None:
     phases: dict[str, Any] = {}
     if args.pilot_samples and not pilot_paths(work)[1].is_file():
         # The pilot stops starting chunks of groups in time to report on those it reached, before the call's end.
+        # A chunk it cannot finish in time (its first, whose time nothing foretells) is stopped with its margin
+        # passed: the pilot then reports on the chunks it finished, and the base evaluation keeps the call's rest.
         max_time = min(args.pilot_time, deadline - time.monotonic() - PILOT_MARGIN)
-        run_phase(phases, "pilot", pilot_command(args, base, max_time), work, deadline, "the pilot")
+        until = min(deadline, time.monotonic() + max(1.0, max_time) + PILOT_MARGIN)
+        run_phase(phases, "pilot", pilot_command(args, base, max_time), work, until, "the pilot")
         if training_plan(args)[0] != pilot_paths(work)[0]:
             log(work, f"the pilot kept fewer groups than a step generates (pilot.log): training reads {args.data}")
     if not evaluated(work, "base", eval_modes(args)):

@@ -504,3 +504,37 @@ def test_a_call_stopped_in_the_trained_evaluation_still_brings_back_the_adapter(
     assert json.loads((out / "steps.jsonl").read_text())["step"] == 1
     assert json.loads((out / "eval_summary.json").read_text())["training"]["final_adapter"]
     assert "Reward curve over 1 steps" in (out / "report.md").read_text()
+
+
+def test_the_pilot_is_stopped_at_its_time_not_at_the_calls_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pilot's first chunk of groups may outlast --pilot-time (nothing foretells its time): the pilot's process
+    is stopped once its time and margin have passed (it then reports on the chunks it finished), not at the call's
+    end, which left the base model's evaluation no time in the same call."""
+    pytest.importorskip("pyarrow")
+    from test_rl_train import row
+    from tmas.rl.data import write_parquet
+
+    device = load_benchmark("rl_device", monkeypatch)
+    now = 1000.0
+    monkeypatch.setattr(device.time, "monotonic", lambda: now)
+    monkeypatch.setattr(device, "ensure_base", lambda work, *rest: work / "base-hf")
+    data, problems = tmp_path / "train.parquet", tmp_path / "eval.jsonl"
+    write_parquet([row("normal", "p1")], data)
+    problems.write_text(json.dumps({"problem_id": "e1", "question": "What is 2 plus 2?", "answer": "4"}) + "\n")
+    deadlines: dict[str, float] = {}
+
+    def phase(phases: dict[str, Any], name: str, command: list[str], work: Path, deadline: float, what: str) -> bool:
+        deadlines[name] = deadline
+        if name == "pilot":
+            deadlines["pilot --max-time"] = float(command[command.index("--max-time") + 1])
+        return False
+
+    monkeypatch.setattr(device, "run_phase", phase)
+    args = ["run", "--model", "tiny", "--no-wheels", "--work", str(tmp_path / "work"), "--data", str(data)]
+    args += ["--eval", str(problems), "--pilot-samples", "2", "--pilot-time", "60", "--stop-after", "600"]
+    device.run(device.parse_args([*args, "--until", "prepare"]))
+    assert deadlines == {"pilot --max-time": 60, "pilot": now + 60 + device.PILOT_MARGIN, "eval-base": now + 600}
+    # With less of the call left than --pilot-time and its margin, the pilot has what the margin leaves.
+    deadlines.clear()
+    device.run(device.parse_args([*args, "--until", "prepare", "--stop-after", "70"]))
+    assert deadlines == {"pilot --max-time": 40, "pilot": now + 70, "eval-base": now + 70}

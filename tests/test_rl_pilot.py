@@ -5,6 +5,8 @@ then the command end to end with a tiny model built from a config."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +15,7 @@ from typing import Any
 import pytest
 
 from test_rl_train import row
+from tmas.errors import ConfigError
 from tmas.rl.hf_generate import Completion, GenerationSettings
 from tmas.rl.pilot import (
     GroupRate,
@@ -172,6 +175,74 @@ def test_a_pilot_stopped_for_time_says_so_and_keeps_only_groups_it_measured(tmp_
     assert (report.groups, report.measured_groups, report.max_time_s) == (6, 4, 45)
     assert (report.chosen_temperature, report.kept_groups, report.kept_rows, report.rows) == (0.5, 4, 4, 6)
     assert "Stopped for time (45 s): 4 of 6 groups sampled" in (tmp_path / "kept.pilot.md").read_text()
+
+
+class StoppedRollouts(TickingRollouts):
+    """Ticking rollouts whose process is sent SIGTERM by the ``stop_at``-th generate call (counting from 1), as the
+    caller does at the pilot's time: the signal arrives while that call samples."""
+
+    def __init__(self, script: dict[tuple[str, float], list[str]], seconds: float, stop_at: int) -> None:
+        super().__init__(script, seconds)
+        self.stop_at = stop_at
+
+    def __call__(self, conversations: Sequence[Sequence[dict[str, str]]], settings: GenerationSettings) -> list[Any]:
+        out = super().__call__(conversations, settings)
+        if len(self.calls) == self.stop_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+
+def test_a_pilot_stopped_while_it_samples_reports_the_chunks_it_finished(tmp_path: Path) -> None:
+    """A chunk runs past the pilot's time (none before it said how long one takes): the caller stops the process
+    with SIGTERM; the chunk under way is dropped, the finished ones are reported and their groups kept."""
+    pytest.importorskip("datasets")
+    from tmas.rl.data import write_parquet
+    from tmas.rl.pilot import run_pilot
+
+    rows, script = six_problems()
+    data = tmp_path / "train.parquet"
+    write_parquet(rows, data)
+    settings = GenerationSettings(max_new_tokens=16, batch_size=4, seed=3)
+    # Chunks of 2 groups, two calls each (0.5, then 1.0); the signal comes during chunk 2's second call, with no
+    # deadline reached (1000 s): chunk 1's 2 groups are reported, chunk 2's half-measured ones are not.
+    generate = StoppedRollouts(script, 10.0, stop_at=4)
+    before = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "kept.parquet"
+    report = run_pilot(
+        data,
+        out,
+        "scripted",
+        temperatures=[0.5, 1.0],
+        samples=2,
+        settings=settings,
+        min_rate=0.1,
+        max_rate=0.9,
+        max_time_s=1000,
+        generate=generate,
+        clock=lambda: generate.now,
+    )
+    assert len(generate.calls) == 4
+    assert (report.groups, report.measured_groups, report.kept_groups, report.kept_rows) == (6, 2, 2, 2)
+    rates = [json.loads(line) for line in (tmp_path / "kept.pilot.jsonl").read_text().splitlines()]
+    assert len(rates) == 4 and len({r["group"] for r in rates}) == 2
+    assert signal.getsignal(signal.SIGTERM) is before
+    # Stopped during its first chunk: nothing measured, said in one line, no rows written.
+    first = StoppedRollouts(script, 10.0, stop_at=1)
+    with pytest.raises(ConfigError, match="no prompt group measured"):
+        run_pilot(
+            data,
+            tmp_path / "none.parquet",
+            "scripted",
+            temperatures=[0.5, 1.0],
+            samples=2,
+            settings=settings,
+            min_rate=0.1,
+            max_rate=0.9,
+            max_time_s=1000,
+            generate=first,
+            clock=lambda: first.now,
+        )
+    assert not (tmp_path / "none.parquet").exists()
 
 
 def test_ties_go_to_more_spread_then_to_the_lower_temperature() -> None:

@@ -10,14 +10,20 @@ judge decides during training, is not asked here.
 
 A pilot with a time limit (``max_time_s``: a GPU held for minutes) samples the groups in chunks of about a batch of
 rollouts, in an order shuffled by the seed, every temperature on each chunk, and starts no chunk that the last one's
-time says would end past the limit: it reports on the groups it reached, each measured at every temperature.
+time says would end past the limit: it reports on the groups it reached, each measured at every temperature. The
+limit cannot cut a chunk short by itself (a first chunk always starts, and one chunk's time is not known before it
+ends), so a process stopped with SIGTERM while it samples (``tmas rl pilot --max-time`` on a machine held for a few
+minutes, stopped at its time by the caller) drops the chunk being sampled and reports on the chunks finished.
 """
 
 from __future__ import annotations
 
 import random
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +35,28 @@ from tmas.rl.scoring import is_correct
 
 Conversation = Sequence[dict[str, str]]
 Generate = Callable[[Sequence[Conversation], GenerationSettings], list[Completion]]
+
+
+class PilotStopped(Exception):
+    """The pilot's process was told to stop (SIGTERM) while it sampled: the chunk under way is dropped."""
+
+
+@contextmanager
+def stopped_by_sigterm() -> Iterator[None]:
+    """While inside, SIGTERM raises :class:`PilotStopped` where the main thread is (in the main thread only: a signal
+    handler can be set nowhere else); the previous handler is restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise PilotStopped
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class GroupRate(BaseModel):
@@ -100,7 +128,8 @@ def measure(
 ) -> list[GroupRate]:
     """Every group sampled ``samples`` times at each temperature (``settings`` gives the rest of the sampling). With
     a ``deadline`` (a ``clock`` time), in chunks of about ``settings.batch_size`` rollouts, the groups shuffled by
-    ``settings.seed``; after the first chunk, none starts that the one before says would end past the deadline."""
+    ``settings.seed``; after the first chunk, none starts that the one before says would end past the deadline.
+    :class:`PilotStopped` raised while a chunk is sampled drops that chunk and ends the measurement."""
     if samples < 2:
         raise ValueError("a group needs at least two pilot rollouts to show a spread")
     groups, order = expanded_rows([r["extra_info"] for r in rows], samples)
@@ -112,12 +141,16 @@ def measure(
         size = max(1, settings.batch_size // samples)
     out: list[GroupRate] = []
     last = 0.0
-    for start in range(0, len(sampled), size):
-        began = clock()
-        if deadline is not None and out and began + last > deadline:
-            break
-        out += measure_chunk(generate, rows, sampled[start : start + size], temperatures, settings)
-        last = clock() - began
+    try:
+        for start in range(0, len(sampled), size):
+            began = clock()
+            if deadline is not None and out and began + last > deadline:
+                break
+            # A chunk's rates join the others whole: every group of it measured at every temperature.
+            out += measure_chunk(generate, rows, sampled[start : start + size], temperatures, settings)
+            last = clock() - began
+    except PilotStopped:
+        pass
     return out
 
 
@@ -259,7 +292,8 @@ def run_pilot(
     """Measure, write the rates, the report and its card beside ``out``, then the kept rows to ``out`` (a parquet
     in the training data's schema). ``generate`` defaults to ``model_spec`` loaded in-process with transformers
     (on the GPU when there is one). ``max_time_s``: seconds from here (the model's loading included) after which no
-    chunk of groups starts (:func:`measure`)."""
+    chunk of groups starts (:func:`measure`); SIGTERM while it samples ends the measurement with the chunks
+    finished."""
     from tmas.errors import ConfigError
     from tmas.rl.data import write_parquet
     from tmas.rl.trl_train import load_dataset
@@ -272,7 +306,14 @@ def run_pilot(
         rows = [rows[i] for group in groups for i in group]
     if generate is None:
         generate = in_process_generator(model_spec, dtype, dataset)
-    rates = measure(generate, rows, temperatures, samples, settings, deadline=deadline, clock=clock)
+    with stopped_by_sigterm():
+        try:
+            rates = measure(generate, rows, temperatures, samples, settings, deadline=deadline, clock=clock)
+        except PilotStopped:
+            # Told to stop before the first chunk began.
+            rates = []
+    if not rates:
+        raise ConfigError(f"pilot on {data}: no prompt group measured (no rows, or stopped before a chunk finished)")
     paths = pilot_paths(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     paths["rates"].write_text("".join(r.model_dump_json() + "\n" for r in rates), encoding="utf-8")
