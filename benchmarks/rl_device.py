@@ -296,6 +296,15 @@ def assembled(work: Path) -> Path | None:
     return target if target.is_file() and target.stat().st_size == manifest["bytes"] else None
 
 
+def model_trained(work: Path, spec: str) -> str:
+    """The model a run in WORK trains, as the report names it: ``tiny``, a GGUF given by its path, else the carried
+    GGUF's file name from its manifest (``--model``'s default names the pieces' source, whatever model they hold)."""
+    manifest = work / "parts" / MANIFEST
+    if spec == "tiny" or Path(spec).is_file() or not manifest.is_file():
+        return spec
+    return str(json.loads(manifest.read_text())["name"])
+
+
 def assemble(work: Path) -> Path | None:
     store = work / "parts"
     if not (store / MANIFEST).is_file():
@@ -776,7 +785,7 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
     options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in ("func",)}
     summaries = read_summaries(work)
     summary = {
-        "model": args.model,
+        "model": model_trained(work, args.model),
         "data": str(args.data),
         "evals": summaries,
         "paired": comparisons(work),

@@ -538,3 +538,21 @@ def test_the_pilot_is_stopped_at_its_time_not_at_the_calls_end(tmp_path: Path, m
     deadlines.clear()
     device.run(device.parse_args([*args, "--until", "prepare", "--stop-after", "70"]))
     assert deadlines == {"pilot --max-time": 40, "pilot": now + 70, "eval-base": now + 70}
+
+
+def test_the_report_names_the_model_the_carried_pieces_hold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run without --model trains the GGUF its pieces carry, whichever model packed them: the report names that
+    GGUF (from the pieces' manifest), not --model's default."""
+    device = load_benchmark("rl_device", monkeypatch)
+    work = tmp_path / "work"
+    (work / "parts").mkdir(parents=True)
+    manifest = {"name": "SmolLM2-135M-Instruct-Q8_0.gguf", "bytes": 1, "sha256": "0", "pieces": []}
+    (work / "parts" / device.MANIFEST).write_text(json.dumps(manifest))
+    summary = device.collect(device.parse_args(["run", "--work", str(work)]))
+    assert summary["model"] == "SmolLM2-135M-Instruct-Q8_0.gguf"
+    assert "Model: `SmolLM2-135M-Instruct-Q8_0.gguf`" in (work / "report.md").read_text()
+    # A GGUF given by its path, or the tiny model, is named as given.
+    gguf = tmp_path / "given.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert device.collect(device.parse_args(["run", "--work", str(work), "--model", str(gguf)]))["model"] == str(gguf)
+    assert device.collect(device.parse_args(["run", "--work", str(work), "--model", "tiny"]))["model"] == "tiny"
