@@ -388,3 +388,20 @@ async def test_resume_of_a_finished_run_asks_nothing_again(tmp_path: Path) -> No
     summary = await aresume(run_dir, model=again)
     assert summary.skipped == 3 and summary.calls == 0 and summary.to_dict()["calls"] == 0
     assert again.calls == [] and len(model.calls) == 3
+
+
+def test_a_sweep_point_whose_endpoint_goes_says_to_continue_the_sweep(sim: SimServer, tmp_path: Path) -> None:
+    write_problems(tmp_path / "p.jsonl", 2)
+    out = tmp_path / "sweep"
+    args = ("--problems", str(tmp_path / "p.jsonl"), "-m", "cot", "--grade", "rules", "--judge-runs", "2")
+    assert tmas("sweep", "-o", str(out), *args, "--base-url", sim.base_url, "--no-report").returncode == 0
+    (point,) = (out / "runs").iterdir()
+    with sqlite3.connect(point / "run.sqlite") as db:
+        db.execute("DELETE FROM results WHERE problem_id = 'p1'")  # left to do
+    with dead_url() as dead:
+        resumed = tmas("sweep", "--resume", str(out), "--grade", "rules", "--judge-runs", "2", "--base-url", dead)
+    assert resumed.returncode == 1
+    last = resumed.stderr.decode().strip().splitlines()[-1]
+    # The sweep's own command goes on with every point (the point's run alone would leave the rest and the report).
+    assert dead in last and "tmas run --resume" not in last
+    assert last.endswith(f"continue with 'tmas sweep --resume {out} --grade rules --judge-runs 2'")

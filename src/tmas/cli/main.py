@@ -643,7 +643,7 @@ def sweep(
     from tmas.cli.estimate import build_estimate, gate
     from tmas.cli.progress import plain_status
     from tmas.planning.estimate import replay_credit
-    from tmas.runner import RunState
+    from tmas.runner import RunState, StoreFailed, Unreachable
     from tmas.sweep import expand, point_replays, report_sweep, run_sweep, sweep_problems
 
     grade_config = read_grade_flags(grade, judge_runs)
@@ -676,11 +676,16 @@ def sweep(
     judged = None if no_report else judge_calls(grade_config)
     planned.left_out += [judged] if judged else []
     gate(planned, estimate)
+    again = f"tmas sweep --resume {out}{' --no-report' if no_report else grade_words(grade_config)}"
     try:
         summary = interrupt.run(steps.during(run_sweep(spec, settings, out, on_point=ends, on_start=begins)))
     except interrupt.Stopped as stop:
-        again = f"tmas sweep --resume {out}{' --no-report' if no_report else grade_words(grade_config)}"
         raise stop.saying(f"finished points and calls are kept: continue with '{again}'") from None
+    except Unreachable as exc:
+        # A point's run alone would say 'tmas run --resume POINT', which leaves the later points and the report.
+        raise Unreachable(exc.reason, exc.run_dir, again=again) from None
+    except StoreFailed as exc:
+        raise StoreFailed(exc.reason, exc.run_dir, again=again) from None
     if not no_report:
         report = report_sweep(spec, out, grade_config, settings, on_step=steps.step)
         try:
