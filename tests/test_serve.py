@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from conftest import clean_env, dead_url, settings_for
-from tmas.errors import ConfigError
+from tmas.errors import ConfigError, InputError
 from tmas.methods import METHODS
 from tmas.serve.api_errors import ApiError
 from tmas.serve.launch import ServeOptions, resolve_token
@@ -621,3 +621,28 @@ def test_the_proxy_and_viewer_start_while_a_port_found_free_is_taken(
             assert get(f"{proxy.url}/health")[0] == 200
         with AppThread(view_app([tmp_path])) as viewer:
             assert get(f"{viewer.url}/")[0] == 200
+
+
+def test_a_request_naming_a_pool_folder_that_is_not_there_is_a_400_before_any_call(
+    sim: SimServer, proxy: ProxyThread, tmp_path: Path
+) -> None:
+    missing = tmp_path / "no-pool"
+    body = {
+        "model": "mattrl/sim-model",
+        "messages": [{"role": "user", "content": "1+1?"}],
+        "tmas": {"pool": str(missing)},
+    }
+    status, reply = post(f"{proxy.url}/v1/chat/completions", json.dumps(body).encode())
+    assert status == 400, reply
+    assert str(missing) in reply["error"]["message"] and reply["error"]["type"] == "invalid_request_error"
+    assert sim.stats().total_requests == 0 and runs_in(tmp_path / "served") == []
+
+
+def test_a_configured_pool_folder_that_is_not_there_stops_the_server_at_start(sim: SimServer, tmp_path: Path) -> None:
+    missing = tmp_path / "no-pool"
+    settings = settings_for(sim, method={"name": "mattrl", "params": {"pool": str(missing)}})
+    with pytest.raises(InputError) as refused, ProxyThread(settings, ServeOptions(serve_dir=tmp_path / "served")):
+        pass
+    line = str(refused.value)
+    assert line.startswith("cannot serve method 'mattrl' as configured: ") and str(missing) in line
+    assert "\n" not in line and sim.stats().total_requests == 0

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from tmas.config import Settings
-from tmas.errors import ConfigError, TmasError
+from tmas.errors import ConfigError, InputError, TmasError
 from tmas.llm.model import ChatModel
 from tmas.llm.sampling import with_sampling
 from tmas.llm.types import Completion
-from tmas.methods import METHODS, question_params
+from tmas.methods import METHODS, create_method, question_params
 from tmas.methods.base import ProblemResult
 from tmas.planning.estimate import QUESTION_CALLS
 from tmas.problems import Problem
@@ -258,13 +258,13 @@ class ServedRuns:
         return jobs
 
     def _params(self, method: str, body: ChatBody) -> dict[str, Any]:
-        params = {**self.settings.method.params, **body.tmas} if method == self.settings.method.name else body.tmas
-        # One question: the embedded model's small defaults there, a user's endpoint the method's question defaults.
-        params = {**METHODS[method].embedded_defaults, **params} if self.embedded else question_params(method, params)
+        params = served_params(self.settings, method, body.tmas, embedded=self.embedded)
         try:
-            # Bad parameters and a run past the cost cap are the client's error, found before anything runs.
+            # Bad parameters, a run past the cost cap and a folder they name that cannot be read (MATTRL's pool) are
+            # the client's error, found before anything runs.
             check_request_cost(method, params, self.settings, self.max_request_calls)
-        except ConfigError as exc:
+            create_method(method, params, embedded=self.embedded).check_setup()
+        except (ConfigError, InputError) as exc:
             raise ApiError(400, str(exc), "invalid_value", "tmas") from None
         return params
 
@@ -344,6 +344,26 @@ class ServedRuns:
             with contextlib.suppress(BaseException):
                 await task
         await asyncio.gather(*self._closing)
+
+
+def served_params(settings: Settings, method: str, given: dict[str, Any], *, embedded: bool) -> dict[str, Any]:
+    """The parameters a request for ``method`` runs with: the server's configured ones (for its configured method)
+    under the request's own ``given``; for one question, the embedded model's small defaults there, on a user's
+    endpoint the method's question defaults."""
+    params = {**settings.method.params, **given} if method == settings.method.name else given
+    return {**METHODS[method].embedded_defaults, **params} if embedded else question_params(method, params)
+
+
+def check_served_methods(settings: Settings, *, embedded: bool) -> None:
+    """Refuse to serve where a method, as a request that gives no parameters runs it, names something outside its
+    run that cannot be read (the configured MATTRL's experience pool, or the ``pool`` extra missing): one line at
+    start, not an error of every request."""
+    for method in sorted(METHODS):
+        params = served_params(settings, method, {}, embedded=embedded)
+        try:
+            create_method(method, params, embedded=embedded).check_setup()
+        except InputError as exc:
+            raise InputError(f"cannot serve method {method!r} as configured: {exc}") from None
 
 
 def problem_id_of(body: ChatBody, fingerprint: str, run_id: str) -> str:

@@ -23,7 +23,7 @@ from tmas.methods import METHODS
 from tmas.planning.estimate import QUESTION_CALLS
 from tmas.serve.app import ServeApp
 from tmas.serve.client_sampling import ClientSampling
-from tmas.serve.jobs import ServedRuns
+from tmas.serve.jobs import ServedRuns, check_served_methods
 from tmas.serve.metrics import ServeMetrics
 
 log = logging.getLogger("tmas.serve")
@@ -124,6 +124,7 @@ async def serve(
     uvicorn server before it starts (to stop it from elsewhere: ``server.should_exit = True``)."""
     token = resolve_token(options)
     check_port(options.host, options.port)  # before a local model starts
+    check_served_methods(settings, embedded=on_embedded_model(settings))
     if options.serve_dir.exists() and not options.serve_dir.is_dir():
         raise InputError(f"{options.serve_dir}: a file, not a directory: requests' runs are kept in a directory")
     options.serve_dir.mkdir(parents=True, exist_ok=True)
