@@ -572,3 +572,16 @@ async def test_a_pilot_measures_tokens_per_role_and_a_second_one_resumes_it(tmp_
     resumed = await run_pilot([("tmas", settings)], problems, tmp_path / "pilot", model=again)
     assert again.calls == [] and resumed.throughput is None
     assert (resumed.completion, resumed.prompt) == (rates.completion, rates.prompt)
+
+
+def test_one_call_is_said_in_the_singular() -> None:
+    # Chain of thought on one problem: one call; the same resumed with it stored: none to send, one stored.
+    estimate = Estimate([estimate_point("cot", create_method("cot", {}), Settings(), 1, None)])
+    assert brief_estimate(estimate).startswith("1 call, <=")
+    assert "  total: 1 call\n" in format_estimate(estimate) and estimate.over(0, None) == "1 call (threshold 0)"
+    estimate.stored_calls = 1
+    assert brief_estimate(estimate).startswith("0 calls to send (1 stored, replayed)")
+    assert "stored: 1 answered call, replayed rather than sent; at most 0 still to send" in format_estimate(estimate)
+    budget = Settings.model_validate({"budget": {"calls": 1}})
+    capped = estimate_point("mv", create_method("majority", {"k": 4}), budget, 1, None)
+    assert capped.calls.note is not None and capped.calls.note.endswith("the call budget stops each problem at 1 call")

@@ -126,7 +126,7 @@ def estimate_point(
         count.cap = budget.calls
         count.exact = False
         count.note = "; ".join(
-            filter(None, [count.note, f"the call budget stops each problem at {budget.calls} calls"])
+            filter(None, [count.note, f"the call budget stops each problem at {calls_said(budget.calls)}"])
         )
     point = PointEstimate(name, method.name, problems, count)
     if not count.known:
@@ -250,7 +250,7 @@ class Estimate:
     def over(self, max_calls: int | None, max_tokens: float | None) -> str | None:
         """Why this estimate needs a confirmation (None when it is under both thresholds)."""
         if max_calls is not None and self.calls_to_send > max_calls:
-            return f"{self.calls_to_send:,} calls (threshold {max_calls:,})"
+            return f"{calls_said(self.calls_to_send)} (threshold {max_calls:,})"
         tokens = self.tokens_to_send
         if max_tokens is not None and tokens is not None and tokens > max_tokens:
             return f"{_tokens(tokens)} completion tokens (threshold {_tokens(max_tokens)})"
@@ -287,6 +287,11 @@ class Estimate:
             "hours": self.hours,
             "stored_calls": self.stored_calls,
         }
+
+
+def calls_said(count: int, noun: str = "call") -> str:
+    """``count`` with ``noun``, in the plural but for one: "1 call", "2 calls", "1,000 answered calls"."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 def _tokens(value: float) -> str:
@@ -350,7 +355,7 @@ def format_estimate(estimate: Estimate) -> str:
         lines.append(f"  total: {estimate.fewest_calls:,} to {estimate.upper_calls:,} calls (stopping rules){unknown}")
     else:
         at_most = "" if estimate.calls == estimate.upper_calls else " at most"
-        lines.append(f"  total: {estimate.upper_calls:,} calls{at_most}{unknown}")
+        lines.append(f"  total: {calls_said(estimate.upper_calls)}{at_most}{unknown}")
     if any(p.calls.known for p in estimate.points):
         # As each method states its count (tmas.methods.call_count): a reply asked again is one call more.
         lines.append(
@@ -360,7 +365,7 @@ def format_estimate(estimate: Estimate) -> str:
         )
     if estimate.stored_calls:
         lines.append(
-            f"  stored: {estimate.stored_calls:,} answered calls, replayed rather than sent; at most"
+            f"  stored: {calls_said(estimate.stored_calls, 'answered call')}, replayed rather than sent; at most"
             f" {estimate.calls_to_send:,} still to send"
         )
     for what in estimate.left_out:
