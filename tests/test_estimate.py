@@ -580,7 +580,7 @@ def test_one_call_is_said_in_the_singular() -> None:
     assert brief_estimate(estimate).startswith("1 call, <=")
     assert "  total: 1 call\n" in format_estimate(estimate) and estimate.over(0, None) == "1 call (threshold 0)"
     estimate.stored_calls = 1
-    assert brief_estimate(estimate).startswith("0 calls to send (1 stored, replayed)")
+    assert brief_estimate(estimate).startswith("up to 0 calls to send (1 stored, replayed)")
     assert "stored: 1 answered call, replayed rather than sent; at most 0 still to send" in format_estimate(estimate)
     budget = Settings.model_validate({"budget": {"calls": 1}})
     capped = estimate_point("mv", create_method("majority", {"k": 4}), budget, 1, None)
