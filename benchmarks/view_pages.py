@@ -28,7 +28,7 @@ from tmas.methods.base import Candidate, IterationRecord, ProblemResult
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
 from tmas.testing.web_servers import AppThread
-from tmas.view.app import view_app
+from tmas.view.app import PAGE_SIZE, view_app
 from tmas.view.runs import discover
 
 SOLUTION = (
@@ -143,10 +143,11 @@ def main() -> None:
         )
     refs = {r.path.name: r for r in discover([args.out])}
     first = _problems(1)[0].problem_id
+    last_page = max(1, -(-args.problems // PAGE_SIZE))  # page 10 of the full size; a smaller run has fewer
     pages = {
         "runs (index)": "/",
         "run, page 1 of problems": f"/run/{refs['majority'].key}",
-        "run, page 10 of problems": f"/run/{refs['majority'].key}?page=10",
+        f"run, page {last_page} of problems": f"/run/{refs['majority'].key}?page={last_page}",
         f"problem ({args.samples} samples)": f"/run/{refs['majority'].key}/problem?id={first}",
         f"iteration ({args.samples} candidates)": f"/run/{refs['majority'].key}/iteration?id={first}&t=0",
         "call": f"/run/{refs['majority'].key}/call/1",
