@@ -143,6 +143,37 @@ async def test_the_grading_rules_group_two_answers_only_when_each_is_shown_equal
         await equivalence.aclose()
 
 
+async def test_the_grading_rules_check_the_second_order_only_where_the_first_holds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Most pairs of answers a vote compares differ, and one check shows it: asking both orders of every pair doubled
+    # the Math-Verify checks of a run page's first view. Checked here in this process, each order asked recorded.
+    pytest.importorskip("math_verify")
+    from tmas.answer_rules import RuleChecker, RuleEquivalence, RuleVerdict, check_pair
+
+    asked: list[tuple[str, str]] = []
+
+    async def enter(self: RuleChecker) -> RuleChecker:
+        return self
+
+    async def check(self: RuleChecker, gold: str, pred: str) -> RuleVerdict:
+        asked.append((gold, pred))
+        return check_pair(gold, pred, None)
+
+    monkeypatch.setattr(RuleChecker, "__aenter__", enter)
+    monkeypatch.setattr(RuleChecker, "check", check)
+    equivalence = RuleEquivalence()
+    assert not await equivalence.equivalent("\\sqrt{3}", "x+1")
+    assert asked == [("\\sqrt{3}", "x+1")]
+    assert not await equivalence.equivalent("0<x<1", "(0,1)")  # shown one way round only: apart, both asked
+    assert asked[1:] == [("0<x<1", "(0,1)"), ("(0,1)", "0<x<1")]
+    assert await equivalence.equivalent("\\frac{1}{\\sqrt{2}}", "\\frac{\\sqrt{2}}{2}")
+    assert asked[3:] == [
+        ("\\frac{1}{\\sqrt{2}}", "\\frac{\\sqrt{2}}{2}"),
+        ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}"),
+    ]
+
+
 def test_each_vote_rule_groups_equal_values() -> None:
     # By spelling "7" would win every vote (two holders); by value 1/2 has three.
     pool = [
