@@ -8,6 +8,9 @@ is part of what is timed.
 
     PYTHONPATH=src python benchmarks/view_pages.py --out /tmp/view-bench          # builds once, then reuses
     PYTHONPATH=src python benchmarks/view_pages.py --out /tmp/view-bench --problems 200 --samples 20
+
+``--answers symbolic`` writes answers Math-Verify must compare instead of integers (each sample picks one of six
+LaTeX spellings of its problem, two of them equal), which is what grouping a run's votes by value costs the viewer.
 """
 
 from __future__ import annotations
@@ -40,7 +43,20 @@ SOLUTION = (
 )
 
 
-def _problems(n: int) -> list[Problem]:
+def spellings(index: int) -> list[str]:
+    """The symbolic answers of the ``index``-th problem: six spellings, the first two always equal (nine sets in turn)."""
+    m = index % 9 + 2
+    return [
+        f"\\frac{{{m}}}{{\\sqrt{{2}}}}",
+        f"\\frac{{{m}\\sqrt{{2}}}}{{2}}",
+        f"{m}\\sqrt{{2}}",
+        f"\\sqrt{{{m}}}",
+        f"{m}\\pi",
+        f"\\frac{{{m}\\pi}}{{2}}",
+    ]
+
+
+def _problems(n: int, symbolic: bool = False) -> list[Problem]:
     records = list(generate("all", n, seed=0))
     # One family after another: take problems round-robin so every family appears.
     families: dict[str, list[dict[str, object]]] = {}
@@ -48,12 +64,20 @@ def _problems(n: int) -> list[Problem]:
         families.setdefault(str(record["family"]), []).append(record)
     mixed = [r for group in zip(*families.values(), strict=False) for r in group][:n]
     return [
-        Problem(problem_id=str(r["problem_id"]), question=str(r["question"]), answer=str(r["answer"])) for r in mixed
+        Problem(
+            problem_id=str(r["problem_id"]),
+            question=str(r["question"]),
+            answer=spellings(i)[1] if symbolic else str(r["answer"]),
+        )
+        for i, r in enumerate(mixed)
     ]
 
 
-def build_run(run_dir: Path, problems: list[Problem], samples: int, method: str, seed: int = 0) -> None:
-    """A finished run of ``method`` ("majority": ``samples`` per problem; "cot": one) written straight to a store."""
+def build_run(
+    run_dir: Path, problems: list[Problem], samples: int, method: str, seed: int = 0, symbolic: bool = False
+) -> None:
+    """A finished run of ``method`` ("majority": ``samples`` per problem; "cot": one) written straight to a store;
+    ``symbolic``: each answer one of the problem's :func:`spellings`."""
     rng = random.Random(f"{method}:{seed}")
     settings = Settings()
     with RunStore(run_dir) as store:
@@ -63,11 +87,14 @@ def build_run(run_dir: Path, problems: list[Problem], samples: int, method: str,
         store.add_problems(problems)
         sampling = Sampling(temperature=0.7, max_tokens=2048)
         k = samples if method == "majority" else 1
-        for problem in problems:
+        for index, problem in enumerate(problems):
             candidates = []
             for i in range(k):
                 # About two thirds right; the wrong ones off by one so the exact rules must compare numbers.
-                answer = problem.answer if rng.random() < 0.66 else str(int(problem.answer or 0) + 1)
+                if symbolic:
+                    answer = rng.choice(spellings(index))
+                else:
+                    answer = problem.answer if rng.random() < 0.66 else str(int(problem.answer or 0) + 1)
                 text = SOLUTION.format(k=i, answer=answer)
                 usage = Usage(prompt_tokens=180, completion_tokens=rng.randint(250, 450))
                 key = CallKey(problem_id=problem.problem_id, role="solution", sample=i, iteration=0)
@@ -130,13 +157,15 @@ def main() -> None:
     parser.add_argument("--problems", type=int, default=1000)
     parser.add_argument("--samples", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--answers", choices=["numbers", "symbolic"], default="numbers", help="what the runs answer")
     args = parser.parse_args()
     majority, cot = args.out / "majority", args.out / "cot"
     if not (majority / "run.sqlite").exists():
-        problems = _problems(args.problems)
+        symbolic = args.answers == "symbolic"
+        problems = _problems(args.problems, symbolic)
         start = time.perf_counter()
-        build_run(majority, problems, args.samples, "majority")
-        build_run(cot, problems, 1, "cot")
+        build_run(majority, problems, args.samples, "majority", symbolic=symbolic)
+        build_run(cot, problems, 1, "cot", symbolic=symbolic)
         print(
             f"built {len(problems)} problems, {len(problems) * (args.samples + 1)} calls in "
             f"{time.perf_counter() - start:.1f} s"
@@ -185,6 +214,7 @@ def main() -> None:
                 "python": platform.python_version(),
                 "problems": args.problems,
                 "samples": args.samples,
+                "answers": args.answers,
                 "pages": rows,
             }
         )
