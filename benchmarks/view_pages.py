@@ -44,7 +44,8 @@ SOLUTION = (
 
 
 def spellings(index: int) -> list[str]:
-    """The symbolic answers of the ``index``-th problem: six spellings, the first two always equal (nine sets in turn)."""
+    """The symbolic answers of the ``index``-th problem: six spellings, the first two always equal (nine sets in
+    turn)."""
     m = index % 9 + 2
     return [
         f"\\frac{{{m}}}{{\\sqrt{{2}}}}",
