@@ -11,20 +11,16 @@ import pytest
 
 from conftest import scripted_settings
 from scripted_runs import scripted_run
-from tmas.answer_rules import RuleEquivalence
 from tmas.grading.grades import GradeConfig, Grades
 from tmas.grading.run_results import load_results
 from tmas.grading.runs import GRADING_META, GradingRecord, grade_run, last_grading, load_grades
 from tmas.problems import Problem
 from tmas.reports.metrics import compute_metrics
-from tmas.reports.report import evaluate_run
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript
 from tmas.view.app import view_app
 from tmas.view.cache import RunCache
-from tmas.view.compare import compare_runs
 from tmas.view.runs import RunOverview, RunReader
-from tmas.view.vote_classes import vote_classes
 from web_helpers import AppThread, get, run_ref_for
 
 PROBLEMS = [
@@ -147,43 +143,6 @@ async def test_grades_stored_before_gradings_were_recorded_are_read_with_the_def
     overview = _overview(run_dir)
     assert overview.grades is not None and not overview.grades.recorded
     assert overview.grades.grades.mode == "rules" and [p.correct for p in overview.problems] == [True]
-
-
-async def test_majority_votes_count_answers_equal_in_value_as_one_as_the_report_does(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Majority vote, k = 3: 1/sqrt(2), 1 and sqrt(2)/2 against the reference sqrt(2)/2. The report groups the two
-    # equal values (Math-Verify) into one class of two votes: MV is right (100%), and MV@3 on its frontier. The
-    # viewer grouped by spelling alone, three classes of one vote each, and showed MV at 66.7%.
-    pytest.importorskip("math_verify")
-    run_dir = tmp_path / "majority"
-    replies = ["So \\boxed{\\frac{1}{\\sqrt{2}}}", "So \\boxed{1}", "So \\boxed{\\frac{\\sqrt{2}}{2}}"]
-    settings = scripted_settings(method__name="majority", method__params={"k": 3})
-    problem = Problem(problem_id="sin", question="What is sin 45 degrees?", answer="\\frac{\\sqrt{2}}{2}")
-    await scripted_run(
-        ScriptedModel(SimScript(rules=[Rule(role="solution", replies=replies)]), settings), run_dir, [problem]
-    )
-    report = await evaluate_run(run_dir, GradeConfig(mode="rules"), None)
-    assert [(round(m.pass1, 4), m.mv) for m in report.metrics.iterations] == [(0.6667, 1.0)]
-    assert [(p.label, p.accuracy) for p in report.frontier][-1] == ("MV@3", 1.0)
-    ref = run_ref_for([run_dir], run_dir)
-    assert ref is not None
-    cache = RunCache()
-    with RunReader(ref, cache) as reader:
-        overview = reader.overview()
-    assert overview.metrics == report.metrics
-    (compared,) = compare_runs([ref], cache=cache).runs
-    assert compared.points == report.frontier
-    # Each pair of answers is checked once while the viewer runs: the run rebuilt after a change asks Math-Verify
-    # nothing new.
-    checked = dict(cache.checked_pairs(run_dir))
-    assert checked[("\\frac{1}{\\sqrt{2}}", "\\frac{\\sqrt{2}}{2}")] is True and len(checked) == 3
-
-    async def refuse(self: object, first: str, second: str) -> bool:
-        raise AssertionError(f"checked again: {first} against {second}")
-
-    monkeypatch.setattr(RuleEquivalence, "equivalent", refuse)
-    assert vote_classes(overview.results, cache.checked_pairs(run_dir)) == overview.classes
 
 
 async def test_a_grade_of_an_answer_since_replaced_is_not_shown_for_the_new_one(tmp_path: Path) -> None:

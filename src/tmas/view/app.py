@@ -299,8 +299,7 @@ class Viewer:
             if x == "iteration":
                 png = pass1_by_iteration_png(label, overview.metrics)
             else:
-                grades = overview.grades.grades
-                png = accuracy_by_tokens_png(label, overview.method, overview.results, grades, overview.classes)
+                png = accuracy_by_tokens_png(label, overview.method, overview.results, overview.grades.grades)
         except MissingExtra as exc:
             raise HTTPException(404, str(exc)) from None
         return Response(png, media_type="image/png", headers={"Cache-Control": "no-store"})

@@ -20,7 +20,6 @@ from tmas.store.records import ProblemResult, running_result
 from tmas.store.run_store import RunStore
 from tmas.store.summaries import summarize_iteration
 from tmas.view.live_grades import Memo
-from tmas.view.vote_classes import Checked
 
 T = TypeVar("T")
 
@@ -46,15 +45,10 @@ class RunCache:
         self._results: dict[Path, dict[str, tuple[float, ProblemResult]]] = {}
         self._built: dict[tuple[Path, str], tuple[object, Any]] = {}
         self._verdicts: dict[Path, Memo] = {}
-        self._checked: dict[Path, Checked] = {}
 
     def verdicts(self, run_dir: Path) -> Memo:
         """The run's memo of live verdicts (see :func:`tmas.view.live_grades.live_grades`)."""
         return self._verdicts.setdefault(run_dir.resolve(), {})
-
-    def checked_pairs(self, run_dir: Path) -> Checked:
-        """The run's pairs of answers checked for votes (see :func:`tmas.view.vote_classes.vote_classes`)."""
-        return self._checked.setdefault(run_dir.resolve(), {})
 
     def run_lock(self, run_dir: Path) -> threading.Lock:
         with self._lock:

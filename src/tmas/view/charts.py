@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +26,9 @@ def pass1_by_iteration_png(label: str, metrics: RunMetrics) -> bytes:
     return _png(lambda path: plot_pass1([(label, metrics)], "Pass@1 against iteration", path))
 
 
-def accuracy_by_tokens_png(
-    label: str,
-    method: str,
-    results: list[ProblemResult],
-    grades: Grades,
-    classes: Mapping[str, Mapping[str, str]] | None = None,
-) -> bytes:
-    """The report's frontier: the returned answer's accuracy against completion tokens per problem (``classes``: the
-    answers' classes for votes, as in :func:`tmas.reports.frontier.run_frontier`)."""
-    points = run_frontier(results, grades, majority=method_traits(method).frontier == "votes", classes=classes)
+def accuracy_by_tokens_png(label: str, method: str, results: list[ProblemResult], grades: Grades) -> bytes:
+    """The report's frontier: the returned answer's accuracy against completion tokens per problem."""
+    points = run_frontier(results, grades, majority=method_traits(method).frontier == "votes")
     return _png(lambda path: plot_frontier([(label, points)], "Accuracy against tokens per problem", path))
 
 

@@ -67,7 +67,7 @@ def compare_runs(refs: list[RunRef], budgets: list[int] | None = None, cache: Ru
             if overview.grades is None:
                 return []
             votes = method_traits(overview.method).frontier == "votes"
-            return run_frontier(overview.results, overview.grades.grades, majority=votes, classes=overview.classes)
+            return run_frontier(overview.results, overview.grades.grades, majority=votes)
 
         # The frontier of an unchanged run is reused (MV@k over many samples is the comparison's costliest part).
         points = cache.reuse(ref.path, "frontier", overview.stamp, frontier) if cache is not None else frontier()

@@ -23,7 +23,6 @@ from tmas.sweep import MANIFEST, POINTS_DIR
 from tmas.view.bank_diff import BankChange, bank_diffs
 from tmas.view.cache import RunCache, file_state
 from tmas.view.live_grades import LiveGrades, live_grades
-from tmas.view.vote_classes import vote_classes
 
 
 @dataclass(frozen=True)
@@ -110,9 +109,6 @@ class RunOverview:
     # Why nothing is graded, where ``grades`` is None (:func:`why_not_graded`).
     not_graded: str = ""
     results: list[ProblemResult] = field(default_factory=list)
-    # Per problem, answer -> the class its votes count in, as tmas report groups them (vote_classes.py); None
-    # without Math-Verify or grades.
-    classes: dict[str, dict[str, str]] | None = None
     # Identifies this overview: what is derived from it (a frontier) is reused while the overview is.
     stamp: object = field(default_factory=object, compare=False)
 
@@ -139,8 +135,7 @@ class RunOverview:
         if self.grades is None:
             return None
         # Majority vote's iterations add samples to one vote: its MV votes over all drawn so far, as the method does.
-        pooled = method_traits(self.method).frontier == "votes"
-        return compute_metrics(self.results, self.grades.grades, classes=self.classes, pooled=pooled)
+        return compute_metrics(self.results, self.grades.grades, pooled=method_traits(self.method).frontier == "votes")
 
     @property
     def live_graded(self) -> bool:
@@ -332,12 +327,7 @@ class RunReader:
             grades=live,
             not_graded=self.not_graded() if live is None else "",
             results=results,
-            classes=self._vote_classes(results) if live is not None else None,
         )
-
-    def _vote_classes(self, results: list[ProblemResult]) -> dict[str, dict[str, str]] | None:
-        """The answers' classes for votes (vote_classes.py), each pair checked once while the viewer runs."""
-        return vote_classes(results, self.cache.checked_pairs(self.ref.path) if self.cache is not None else None)
 
     def where_lost(self) -> LostAnswers:
         """Where the run loses its answers (tmas.reports.where_lost). Read from the full records (the overview's
