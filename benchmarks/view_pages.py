@@ -9,8 +9,8 @@ is part of what is timed.
     PYTHONPATH=src python benchmarks/view_pages.py --out /tmp/view-bench          # builds once, then reuses
     PYTHONPATH=src python benchmarks/view_pages.py --out /tmp/view-bench --problems 200 --samples 20
 
-``--answers symbolic`` writes answers Math-Verify must compare instead of integers (each sample picks one of six
-LaTeX spellings of its problem, two of them equal), which is what grouping a run's votes by value costs the viewer.
+``--answers symbolic`` writes answers the live rules cannot settle instead of integers (each sample picks one of six
+LaTeX spellings of its problem, two of them equal): what a symbolic benchmark's run costs the viewer.
 """
 
 from __future__ import annotations
