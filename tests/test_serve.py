@@ -623,18 +623,22 @@ def test_the_proxy_and_viewer_start_while_a_port_found_free_is_taken(
             assert get(f"{viewer.url}/")[0] == 200
 
 
-def test_a_request_naming_a_pool_folder_that_is_not_there_is_a_400_before_any_call(
+def test_a_request_naming_a_pool_folder_is_a_400_before_any_call(
     sim: SimServer, proxy: ProxyThread, tmp_path: Path
 ) -> None:
-    missing = tmp_path / "no-pool"
-    body = {
-        "model": "mattrl/sim-model",
-        "messages": [{"role": "user", "content": "1+1?"}],
-        "tmas": {"pool": str(missing)},
-    }
-    status, reply = post(f"{proxy.url}/v1/chat/completions", json.dumps(body).encode())
-    assert status == 400, reply
-    assert str(missing) in reply["error"]["message"] and reply["error"]["type"] == "invalid_request_error"
+    # A folder on the server's disk is the server's configuration: a client may not have it read one of its choice,
+    # there or not.
+    for folder in (tmp_path / "no-pool", tmp_path):
+        body = {
+            "model": "mattrl/sim-model",
+            "messages": [{"role": "user", "content": "1+1?"}],
+            "tmas": {"pool": str(folder)},
+        }
+        status, reply = post(f"{proxy.url}/v1/chat/completions", json.dumps(body).encode())
+        assert status == 400, reply
+        error = reply["error"]
+        assert error["message"] == "tmas.pool: a folder on the server, set by its configuration, not by a request"
+        assert error["type"] == "invalid_request_error" and error["param"] == "tmas"
     assert sim.stats().total_requests == 0 and runs_in(tmp_path / "served") == []
 
 

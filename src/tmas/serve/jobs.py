@@ -258,6 +258,12 @@ class ServedRuns:
         return jobs
 
     def _params(self, method: str, body: ChatBody) -> dict[str, Any]:
+        named = sorted(SERVER_PATHS.intersection(body.tmas))
+        if named:
+            # A folder on the server's disk is the server's to choose: a client naming one would have it read
+            # whatever folder the client picked.
+            message = f"tmas.{named[0]}: a folder on the server, set by its configuration, not by a request"
+            raise ApiError(400, message, "invalid_value", "tmas")
         params = served_params(self.settings, method, body.tmas, embedded=self.embedded)
         try:
             # Bad parameters, a run past the cost cap and a folder they name that cannot be read (MATTRL's pool) are
@@ -344,6 +350,10 @@ class ServedRuns:
             with contextlib.suppress(BaseException):
                 await task
         await asyncio.gather(*self._closing)
+
+
+# Method parameters that name a folder on the server's disk (MATTRL's experience pool): configured, never per request.
+SERVER_PATHS = frozenset({"pool"})
 
 
 def served_params(settings: Settings, method: str, given: dict[str, Any], *, embedded: bool) -> dict[str, Any]:
