@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
+import pytest
 
 from conftest import settings_for
 from tmas.serve.launch import ServeOptions
@@ -100,3 +102,44 @@ def test_the_same_seeded_request_asks_the_same_calls_run_after_run(sim: SimServe
     seeds = {json.loads(key)["seed"] for key in sent[0]}
     assert len(seeds) == 4
     assert seeds.isdisjoint(json.loads(key)["seed"] for key in sent[2])
+
+
+# Fields a method's reply cannot carry, as the official client sends them: each a 400 naming it, before any call.
+ASKS_WHAT_NO_METHOD_GIVES: list[dict[str, Any]] = [
+    {"response_format": {"type": "json_object"}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}},
+    {"logprobs": True},
+    {"logprobs": True, "top_logprobs": 3},
+    {"tools": [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]},
+    {"tool_choice": "required"},
+    {"logit_bias": {"1734": 5}},
+    {"frequency_penalty": 0.5},
+    {"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}},
+]
+# The same fields asking nothing, as clients send their defaults: served.
+ASKS_NOTHING: dict[str, Any] = {
+    "response_format": {"type": "text"},
+    "logprobs": False,
+    "tools": [],
+    "tool_choice": "none",
+    "logit_bias": {},
+    "frequency_penalty": 0,
+    "modalities": ["text"],
+}
+
+
+def test_fields_a_methods_reply_cannot_carry_are_refused_by_name(sim: SimServer, tmp_path: Path) -> None:
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")) as proxy:
+        api = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0, timeout=30)
+        for fields in ASKS_WHAT_NO_METHOD_GIVES:
+            with pytest.raises(openai.BadRequestError) as caught:
+                api.chat.completions.create(model="cot/sim-model", messages=QUESTION, **fields)
+            assert caught.value.code == "unsupported_parameter"
+            assert caught.value.param == next(iter(fields)), fields
+            assert f"{caught.value.param} is not supported" in caught.value.message
+        # Nothing went upstream and no run was made for them.
+        assert sim.chat_bodies() == []
+        assert not any((tmp_path / "served").iterdir())
+        reply = api.chat.completions.create(model="cot/sim-model", messages=QUESTION, **ASKS_NOTHING)
+    assert "\\boxed{391}" in (reply.choices[0].message.content or "")
+    assert len(sim.chat_bodies()) == 1

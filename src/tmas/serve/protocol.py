@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -60,12 +61,49 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = None
 
 
+def _no_tool_call(value: object) -> bool:
+    return value in (None, "none", "auto")
+
+
+# OpenAI's request fields whose meaning a method's reply cannot carry, each with what says "nothing asked" and why it
+# is refused otherwise: the reply is a method's selected solution, as plain text. A request asking one of them gets a
+# 400 naming the field rather than a reply that silently lacks what it asked for.
+REFUSED_FIELDS: dict[str, tuple[Callable[[object], bool], str]] = {
+    "response_format": (
+        lambda v: v is None or v == {"type": "text"},
+        'the reply is a method\'s selected solution, never constrained to JSON: send none or {"type": "text"}',
+    ),
+    "logprobs": (lambda v: v in (None, False), "a method's reply is chosen among many calls: it has no logprobs"),
+    "top_logprobs": (lambda v: v in (None, 0), "a method's reply is chosen among many calls: it has no logprobs"),
+    "tools": (lambda v: not v, "a method answers in text and calls no tools"),
+    "tool_choice": (_no_tool_call, "a method answers in text and calls no tools"),
+    "functions": (lambda v: not v, "a method answers in text and calls no functions"),
+    "function_call": (_no_tool_call, "a method answers in text and calls no functions"),
+    "logit_bias": (lambda v: not v, "not sent to a method's calls; leave it out"),
+    "frequency_penalty": (
+        lambda v: v in (None, 0),
+        "not sent to a method's calls; presence_penalty or repetition_penalty are",
+    ),
+    "modalities": (lambda v: v in (None, ["text"]), 'a method answers in text only: send none or ["text"]'),
+    "audio": (lambda v: v is None, "a method answers in text only"),
+}
+
+
+def refused_field(data: dict[str, Any]) -> ApiError | None:
+    """The 400 for the first field of a request body that asks what a method's reply cannot carry; None if none."""
+    for name, (asks_nothing, why) in REFUSED_FIELDS.items():
+        if not asks_nothing(data.get(name)):
+            return ApiError(400, f"{name} is not supported by tmas serve: {why}", "unsupported_parameter", name)
+    return None
+
+
 # The request's sampling fields that become every upstream call's defaults under the same name (max_tokens aside).
 DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty")
 
 
 class ChatBody(BaseModel):
-    """A ``/v1/chat/completions`` body. Fields the proxy does not use are ignored, as OpenAI's server does."""
+    """A ``/v1/chat/completions`` body. Fields the proxy does not use are ignored, but those asking what a method's
+    reply cannot carry (``REFUSED_FIELDS``) are refused."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -112,6 +150,9 @@ class ChatBody(BaseModel):
             raise ApiError(400, "the request body is not valid JSON", "invalid_json") from None
         if not isinstance(data, dict):
             raise ApiError(400, "the request body must be a JSON object", "invalid_json")
+        refused = refused_field(data)
+        if refused is not None:
+            raise refused
         try:
             body = cls.model_validate(data)
         except ValidationError as exc:
