@@ -383,6 +383,45 @@ def test_a_disconnected_client_cancels_its_run_and_a_restart_resumes_it(
         assert reply.id != run_dir.name and len(runs_in(serve_dir)) == 2
 
 
+def test_a_retry_without_a_seed_follows_the_run_a_restart_resumed_for_it(
+    sim: SimServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="tmas.serve")
+    # A request without a seed, cut off after its 2 solutions (its 2 verifications held until its client goes).
+    sim.set_script(SimScript(hold_after=2))
+    serve_dir = tmp_path / "served"
+    small = {"n": 2, "m": 1, "iterations": 1}
+    body = {"model": "tmas/sim-model", "messages": [{"role": "user", "content": "What is 17*23?"}], "tmas": small}
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=serve_dir)) as proxy:
+        _stream_until_progress(proxy.url, {**body, "stream": True}, until=lambda: sim.stats().held == 2)
+        wait_until(lambda: json.loads(get(f"{proxy.url}/health")[1])["active_problems"] == 0, what="cancellation")
+    [run_dir] = runs_in(serve_dir)
+    # The restarted proxy resumes it with nobody asking: its 2 solutions replayed, its 2 verifications held.
+    sim.set_script(SimScript(hold_after=0))
+    sim.reset()
+    replies: list[Any] = []
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=serve_dir)) as proxy:
+        wait_until(lambda: sim.stats().held == 2, what="the resumed run's calls")
+
+        def retry() -> None:
+            replies.append(
+                client(proxy).chat.completions.create(
+                    model="tmas/sim-model", messages=body["messages"], extra_body={"tmas": small}
+                )
+            )
+
+        thread = threading.Thread(target=retry)
+        thread.start()
+        wait_until(lambda: "(no stream" in caplog.text, what="the retry to arrive")
+        sim.set_script(SimScript())  # the held calls are answered
+        thread.join()
+    # The retry got the resumed run's reply: no second run, nothing asked twice.
+    assert [r.id for r in replies] == [run_dir.name]
+    assert "\\boxed{391}" in (replies[0].choices[0].message.content or "")
+    assert runs_in(serve_dir) == [run_dir]
+    assert sim.stats().by_role == {"verifier": 2}
+
+
 def test_keys_reach_no_store_page_or_log(
     sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

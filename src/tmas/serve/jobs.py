@@ -53,6 +53,9 @@ class Job:
     created: int = field(default_factory=lambda: int(time.time()))
     started: float = field(default_factory=time.monotonic)
     task: asyncio.Task[ProblemResult] | None = None
+    # Whether a request has this run's reply coming: False for an unfinished run a restarted server resumed with
+    # nobody asking, until the first request for it (with a seed or without) joins it.
+    claimed: bool = True
     events: list[Progress] = field(default_factory=list)
     _followers: list[asyncio.Queue[Progress | None]] = field(default_factory=list)
 
@@ -206,9 +209,15 @@ class ServedRuns:
         return self._open_held(waiting.body, waiting.method, waiting.upstream, waiting.params, fingerprint)
 
     def _joined(self, body: ChatBody, fingerprint: str) -> Job | None:
-        """The active run a request with a ``seed`` joins: the same seeded request running already (a retry, or
-        lm-eval's repeats), whose reply is its reply. A request without one is a sample of its own, as at OpenAI."""
-        return self.active.get(fingerprint) if body.seed is not None else None
+        """The active run a request joins, whose reply is its reply: the same seeded request running already (a
+        retry, or lm-eval's repeats), or the same request's unfinished run that a restart resumed with nobody asking
+        (the retry it was resumed for, seeded or not). A request without a seed is otherwise a sample of its own,
+        as at OpenAI."""
+        job = self.active.get(fingerprint)
+        if job is None or (body.seed is None and job.claimed):
+            return None
+        job.claimed = True
+        return job
 
     def _own_key(self, body: ChatBody, fingerprint: str) -> str:
         """The key a request's run is kept under: its fingerprint, or, for a request without a seed whose twin is
@@ -254,7 +263,9 @@ class ServedRuns:
                 continue
             if not self.admission.try_hold():
                 break
-            jobs.append(self._start(run_dir, fingerprint, body, method, upstream, params, seed, resume=True))
+            job = self._start(run_dir, fingerprint, body, method, upstream, params, seed, resume=True)
+            job.claimed = False
+            jobs.append(job)
         return jobs
 
     def _params(self, method: str, body: ChatBody) -> dict[str, Any]:
