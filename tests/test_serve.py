@@ -373,14 +373,20 @@ def test_a_disconnected_client_cancels_its_run_and_a_restart_resumes_it(
         # the first iteration only (the last one skips them: skip_final_memory).
         assert total == 2 * (2 + 4) + 2 + 2
         assert sim.stats().total_requests == total - stored
-        # The same request again now is a new run (a finished one is not replayed as a cache).
-        reply = client(proxy).chat.completions.create(
-            model="tmas/sim-model",
-            messages=body["messages"],
-            seed=7,
-            extra_body={"tmas": body["tmas"]},
-        )
-        assert reply.id != run_dir.name and len(runs_in(serve_dir)) == 2
+        asked = sim.stats().total_requests
+
+        def again() -> Any:
+            return client(proxy).chat.completions.create(
+                model="tmas/sim-model", messages=body["messages"], seed=7, extra_body={"tmas": body["tmas"]}
+            )
+
+        # The request it was resumed for, sent again now, gets its reply from the store: nothing is asked again.
+        reply = again()
+        assert reply.id == run_dir.name and reply.choices[0].message.content == result.text
+        assert reply.usage is not None and reply.usage.total_tokens > 0
+        assert sim.stats().total_requests == asked and runs_in(serve_dir) == [run_dir]
+        # Once a client has had that reply, the same request is a new run (a finished one is not a cache).
+        assert again().id != run_dir.name and len(runs_in(serve_dir)) == 2
 
 
 def test_a_retry_without_a_seed_follows_the_run_a_restart_resumed_for_it(

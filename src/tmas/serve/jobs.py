@@ -161,7 +161,9 @@ class ServedRuns:
         self.model = model
         self.admission = Admission(max_problems, max_queue)
         self.active: dict[str, Job] = {}
-        # Request fingerprint -> the run directory of an unfinished run of that request.
+        # Request fingerprint -> the run directory of a run of that request whose reply no client has had: an
+        # unfinished one, or one a restart resumed and finished with nobody asking (its reply goes to the first
+        # request for it, replayed from its store).
         self.unfinished: dict[str, Path] = {}
         # Stores of ended runs being closed (a WAL checkpoint): after the reply, not before it.
         self._closing: set[asyncio.Task[None]] = set()
@@ -345,7 +347,7 @@ class ServedRuns:
     def _finished(self, job: Job, task: asyncio.Task[ProblemResult]) -> None:
         self.active.pop(job.fingerprint, None)
         self.admission.release(time.monotonic() - job.started)
-        if not task.cancelled() and task.exception() is None:
+        if not task.cancelled() and task.exception() is None and job.claimed:
             self.unfinished.pop(job.fingerprint, None)
         log.info("request %s: %s", job.run_id, _ending(task, time.monotonic() - job.started))
         job.ended()
