@@ -143,3 +143,19 @@ def test_fields_a_methods_reply_cannot_carry_are_refused_by_name(sim: SimServer,
         reply = api.chat.completions.create(model="cot/sim-model", messages=QUESTION, **ASKS_NOTHING)
     assert "\\boxed{391}" in (reply.choices[0].message.content or "")
     assert len(sim.chat_bodies()) == 1
+
+
+def test_reasoning_effort_reaches_every_upstream_call(sim: SimServer, tmp_path: Path) -> None:
+    for policy in ("defaults", "ignore"):
+        with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / policy, client_sampling=policy)) as proxy:
+            api = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0, timeout=30)
+            before = len(sim.chat_bodies())
+            api.chat.completions.create(
+                model="tmas/sim-model", messages=QUESTION, reasoning_effort="low", extra_body={"tmas": TMAS_SMALL}
+            )
+            bodies = sim.chat_bodies()[before:]
+            # Every call of the run (two solutions, their verifications) under either sampling policy.
+            assert len(bodies) == 4 and all(b["reasoning_effort"] == "low" for b in bodies)
+            before = len(sim.chat_bodies())
+            api.chat.completions.create(model="tmas/sim-model", messages=QUESTION, extra_body={"tmas": TMAS_SMALL})
+            assert all("reasoning_effort" not in b for b in sim.chat_bodies()[before:])

@@ -129,6 +129,8 @@ class ChatBody(BaseModel):
     # Keyword arguments of the upstream's chat template (vLLM's, SGLang's and llama-server's field: {"enable_thinking":
     # false} for Qwen3), sent with every upstream call of the run.
     chat_template_kwargs: dict[str, Any] | None = None
+    # How much a reasoning model thinks (OpenAI's field, read by vLLM and SGLang too): sent with every upstream call.
+    reasoning_effort: str | None = Field(default=None, min_length=1)
     # Method parameters (extra_body={"tmas": {...}}), validated by the method's own model.
     tmas: dict[str, Any] = Field(default_factory=dict)
 
@@ -219,6 +221,8 @@ class ChatBody(BaseModel):
         }
         if self.chat_template_kwargs is not None:
             data["chat_template_kwargs"] = self.chat_template_kwargs
+        if self.reasoning_effort is not None:
+            data["reasoning_effort"] = self.reasoning_effort
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:24]
 
 
