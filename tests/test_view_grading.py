@@ -20,7 +20,7 @@ from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript
 from tmas.view.app import view_app
 from tmas.view.cache import RunCache
-from tmas.view.runs import RunOverview, RunReader
+from tmas.view.runs import PROOF_NOT_GRADED, UNLABELED_NOT_GRADED, RunOverview, RunReader
 from web_helpers import AppThread, get, run_ref_for
 
 PROBLEMS = [
@@ -174,3 +174,45 @@ async def test_a_grade_of_an_answer_since_replaced_is_not_shown_for_the_new_one(
     overview = _overview(run_dir)
     assert overview.grades is not None and overview.grades.grades.verdicts == grades.verdicts
     assert overview.metrics == metrics
+
+
+async def test_pages_tell_why_a_run_is_not_graded_without_reading_all_its_problems(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Three runs: labeled, with no reference answer at all, and in proof mode. Each run page says why it is not
+    # graded (or grades it); the problem and iteration pages then decide the same without reading the run's whole
+    # problem list (a run of many problems read in full on every page): every read of it fails meanwhile.
+    unlabeled = [Problem(problem_id=p.problem_id, question=p.question) for p in PROBLEMS]
+    proof = {"name": "tmas", "params": {"n": 2, "m": 1, "iterations": 1, "mode": "proof"}}
+    tmas = {"name": "tmas", "params": {"n": 2, "m": 1, "iterations": 1}}
+    cases = [("labeled", PROBLEMS, tmas, ""), ("unlabeled", unlabeled, tmas, UNLABELED_NOT_GRADED)]
+    cases.append(("proof", PROBLEMS, proof, PROOF_NOT_GRADED))
+    rules = [
+        Rule(role="solution", replies=["So the value is $\\boxed{391}$."]),
+        Rule(role="verifier", replies=[_verdict(1)]),
+    ]
+    for name, problems, method, _ in cases:
+        settings = scripted_settings(method=method)
+        await scripted_run(ScriptedModel(SimScript(rules=rules), settings), tmp_path / name, problems)
+    with AppThread(view_app([tmp_path / name for name, *_ in cases], warm_up=False)) as viewer:
+        for name, _, _, reason in cases:
+            ref = run_ref_for([tmp_path], tmp_path / name)
+            assert ref is not None
+            base = f"{viewer.url}/run/{ref.key}"
+            status, body = get(base)
+            assert status == 200
+            assert (f'<p class="muted" id="not-graded">{reason}.</p>' in body.decode()) == bool(reason), name
+
+            def unread(*args: object, **kwargs: object) -> None:
+                raise AssertionError("the run's whole problem list was read")
+
+            with monkeypatch.context() as patch:
+                patch.setattr(RunStore, "problems", unread)
+                patch.setattr(RunStore, "iter_problems", unread)
+                pages = [get(f"{base}/problem?id=p1"), get(f"{base}/iteration?id=p1&t=0")]
+                missing = get(f"{base}/problem?id=p9")
+            assert [status for status, _ in pages] == [200, 200], name
+            assert missing[0] == 404 and "no problem &#39;p9&#39; in this run" in missing[1].decode()
+            for _, page in pages:
+                # p1's answer 391 is right: marked so where the run is graded, and nowhere where it is not.
+                assert ('class="tag correct"' in page.decode()) == (not reason), name

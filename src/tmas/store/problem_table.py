@@ -46,5 +46,16 @@ class ProblemTable:
                 return
             last = rows[-1][0]
 
+    def get(self, problem_id: str) -> Problem | None:
+        """The problem ``problem_id``, or None where the run has none of that id."""
+        r = self._db.execute(
+            "SELECT problem_id, question, answer, metadata FROM problems WHERE problem_id = ?", (problem_id,)
+        ).fetchone()
+        return None if r is None else Problem(problem_id=r[0], question=r[1], answer=r[2], metadata=json.loads(r[3]))
+
+    def any_labeled(self) -> bool:
+        """Whether any problem has a reference answer (one short query: none is read)."""
+        return bool(self._db.execute("SELECT EXISTS (SELECT 1 FROM problems WHERE answer IS NOT NULL)").fetchone()[0])
+
     def count(self) -> int:
         return int(self._db.execute("SELECT COUNT(*) FROM problems").fetchone()[0])

@@ -124,6 +124,12 @@ class RunStore:
     def iter_problems(self, batch: int = 256) -> Iterator[Problem]:
         return self._problems.iterate(batch)
 
+    def problem(self, problem_id: str) -> Problem | None:
+        return self._problems.get(problem_id)
+
+    def any_labeled(self) -> bool:
+        return self._problems.any_labeled()
+
     def problem_count(self) -> int:
         return self._problems.count()
 

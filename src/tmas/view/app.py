@@ -160,7 +160,7 @@ class Viewer:
         pid = request.query_params.get("id", "")
         with self._open(request) as run:
             marker = run.store.change_marker()
-            problem = next((p for p in run.store.iter_problems() if p.problem_id == pid), None)
+            problem = run.store.problem(pid)
             if problem is None:
                 raise HTTPException(404, f"no problem {pid!r} in this run")
             result = run.store.result(pid)
@@ -201,7 +201,7 @@ class Viewer:
             if found is None:
                 raise HTTPException(404, f"problem {pid!r} has no iteration {t}")
             record, diffs = found
-            problem = next((p for p in run.store.iter_problems() if p.problem_id == pid), None)
+            problem = run.store.problem(pid)
             live = run.problem_grades(problem, run.store.result(pid), run.records(pid)) if problem else None
             verdicts = {c.index: _verdict(live, (pid, t, c.index)) for c in record.candidates}
             calls = list(run.store.calls(pid, t))

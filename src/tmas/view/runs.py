@@ -160,13 +160,13 @@ PROOF_NOT_GRADED = "The run is in proof mode: its answers are proofs, not graded
 UNLABELED_NOT_GRADED = "No problem of this run has a reference answer: nothing to grade"
 
 
-def why_not_graded(method: str, params: dict[str, Any], problems: list[Problem]) -> str:
+def why_not_graded(method: str, params: dict[str, Any], labeled: bool) -> str:
     """Why none of a run's answers is graded, as ``tmas report`` leaves such a run ungraded; "" where they are.
-    A proof-mode run's candidates hold proofs, no answers: graded against references, every one would read as
-    wrong."""
+    ``labeled``: whether any of its problems has a reference answer. A proof-mode run's candidates hold proofs, no
+    answers: graded against references, every one would read as wrong."""
     if stored_params(method, params).get("mode") == "proof":
         return PROOF_NOT_GRADED
-    if not any(p.answer is not None for p in problems):
+    if not labeled:
         return UNLABELED_NOT_GRADED
     return ""
 
@@ -238,9 +238,10 @@ class RunReader:
 
     def not_graded(self) -> str:
         """Why none of the run's answers is graded (:func:`why_not_graded`); "" where they are. Every page that
-        shows a verdict asks it first."""
-        method, params = self._names()[:2]
-        return why_not_graded(method, params, self.store.problems())
+        shows a verdict asks it first: two short queries, no problem read."""
+        method_meta = self.store.get_meta("method") or {}
+        params = dict(method_meta.get("params") or {})
+        return why_not_graded(run_method_name(self.store), params, self.store.any_labeled())
 
     def grades(self, results: list[ProblemResult] | None = None) -> LiveGrades | None:
         """Stored grades, and the viewer's own exact-rule verdicts where there are none (see live_grades.py); None
