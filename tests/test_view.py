@@ -989,6 +989,9 @@ def test_a_damaged_run_gets_a_page_saying_what_cannot_be_read(tmp_path: Path) ->
         "bad-result": "UPDATE results SET record = '{'; UPDATE result_summaries SET summary = '{'",
         "no-calls": "DROP TABLE calls",
         "bad-meta": "UPDATE meta SET value = '{' WHERE key = 'method'",
+        # Written by a newer tmas: unreadable here for good, unlike a run whose store is being created.
+        "newer": "UPDATE meta SET value = '99' WHERE key = 'schema_version'",
+        "being-created": "DROP TABLE meta",
     }
     for name, sql in damage.items():
         shutil.copytree(runs / "good", runs / name)
@@ -1003,6 +1006,8 @@ def test_a_damaged_run_gets_a_page_saying_what_cannot_be_read(tmp_path: Path) ->
         unreadable = text.split('id="unreadable"')[1].split("</div>")[0]
         assert f"{runs / 'no-calls'} cannot be read: SQLite: no such table: calls" in unreadable
         assert f"{runs / 'bad-meta'} cannot be read: a stored setting is not JSON" in unreadable
+        assert f"{runs / 'newer'} cannot be read: store schema 99 is not one this tmas reads (1, 2, 3)" in unreadable
+        assert "being-created" not in text
         pages = {
             "bad-result": ("", "the summary of problem &#39;mult&#39;: not JSON"),
             "no-calls": ("/call/1", "SQLite: no such table: calls"),

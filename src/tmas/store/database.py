@@ -127,6 +127,11 @@ class StoreError(TmasError):
     exit_code = 2
 
 
+class UnknownSchema(StoreError):
+    """A store whose recorded schema this tmas does not read (a newer tmas wrote it): it stays so, unlike a store
+    created a moment ago whose schema is not written yet."""
+
+
 def read_meta(db: sqlite3.Connection, key: str) -> Any:
     row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
     return None if row is None else json.loads(row[0])
@@ -166,7 +171,8 @@ def open_read_only(path: Path) -> sqlite3.Connection:
         version = None  # created a moment ago, schema not written yet (or not a run store at all)
     if version not in READABLE_SCHEMAS:
         db.close()
-        raise StoreError(_unknown_schema(path, version))
+        error = StoreError if version is None else UnknownSchema
+        raise error(_unknown_schema(path, version))
     _shadow_missing_columns(db)
     if version != SCHEMA_VERSION:
         db.executescript(SUMMARIES_SCHEMA.format(schema="temp."))
@@ -192,7 +198,7 @@ def open_writable(path: Path) -> tuple[sqlite3.Connection, bool]:
     version = read_meta(db, "schema_version") if tables else None
     if version is not None and version not in READABLE_SCHEMAS:
         db.close()
-        raise StoreError(_unknown_schema(path, version))
+        raise UnknownSchema(_unknown_schema(path, version))
     db.execute("PRAGMA journal_mode=WAL")
     # NORMAL under WAL: a commit survives a killed process (only an OS crash can lose the last commits).
     db.execute("PRAGMA synchronous=NORMAL")

@@ -27,7 +27,15 @@ from tmas.llm.types import ChatRequest, Completion, DowngradeKind, ServerFinding
 from tmas.problems import Problem
 from tmas.store.call_log import CallLog
 from tmas.store.call_stats import CallStats
-from tmas.store.database import DB_NAME, SCHEMA_VERSION, StoreError, mark_current, open_read_only, open_writable
+from tmas.store.database import (
+    DB_NAME,
+    SCHEMA_VERSION,
+    StoreError,
+    UnknownSchema,
+    mark_current,
+    open_read_only,
+    open_writable,
+)
 from tmas.store.grade_table import GradeRow, GradeTable
 from tmas.store.iteration_table import IterationTable
 from tmas.store.problem_table import ProblemTable
@@ -37,7 +45,7 @@ from tmas.store.run_lock import RunLock
 from tmas.store.run_meta import RunMeta
 from tmas.store.texts import TextBlobs
 
-__all__ = ["DB_NAME", "SCHEMA_VERSION", "GradeRow", "RunStore", "StoreError"]
+__all__ = ["DB_NAME", "SCHEMA_VERSION", "GradeRow", "RunStore", "StoreError", "UnknownSchema"]
 
 
 class RunStore:

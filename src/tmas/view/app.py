@@ -26,7 +26,7 @@ from tmas.memory.transcript import Transcript
 from tmas.methods import stored_params
 from tmas.methods.state import MATTRLState
 from tmas.store.records import IterationRecord, UnreadableRecord
-from tmas.store.run_store import RunStore, StoreError
+from tmas.store.run_store import DB_NAME, RunStore, StoreError, UnknownSchema
 from tmas.view.cache import RunCache
 from tmas.view.charts import accuracy_by_tokens_png, frontiers_png, pass1_by_iteration_png
 from tmas.view.compare import compare_runs, parse_budgets
@@ -128,6 +128,8 @@ class Viewer:
             try:
                 with RunReader(ref, self.cache) as run:
                     runs.append((ref, run.summary()))
+            except UnknownSchema as exc:  # written by another tmas version: it stays unreadable here, so say so
+                unreadable.append((ref, str(exc).removeprefix(f"{ref.path / DB_NAME}: ")))
             except StoreError:
                 continue  # a run still being created, or not ours: listed once it can be read
             except UNREADABLE as exc:
