@@ -88,6 +88,36 @@ def test_a_read_only_store_writes_nothing(tmp_path: Path) -> None:
                 reader.set_meta("x", 1)
 
 
+def test_the_change_marker_follows_results_written_again_by_their_summaries(tmp_path: Path) -> None:
+    # A result and its summary are written in one transaction with one time; the marker reads the summaries' times
+    # (a column the results keep past each whole record: reading theirs walked every record on every poll). A store
+    # of an older schema, read-only, has no summaries: its results' times are read.
+    import sqlite3
+
+    result = ProblemResult(problem_id="mult", answer="391", text="It is $\\boxed{391}$.", status="done", method="cot")
+    with RunStore(tmp_path / "run") as writer:
+        writer.add_problems(PROBLEMS)
+        writer.save_result(result)
+        times = writer._db.execute(
+            "SELECT r.finished_at, s.finished_at FROM results r JOIN result_summaries s USING (problem_id)"
+        ).fetchall()
+    assert len(times) == 1 and times[0][0] == times[0][1]
+    for schema, table in ((SCHEMA_VERSION, "result_summaries"), (2, "results")):
+        db = sqlite3.connect(tmp_path / "run" / "run.sqlite")
+        if schema == 2:  # the store as schema 2 left it
+            db.executescript(
+                "DROP TRIGGER result_summaries_follow; DROP TABLE result_summaries;"
+                " UPDATE meta SET value = '2' WHERE key = 'schema_version';"
+            )
+        with RunStore(tmp_path / "run", read_only=True) as reader:
+            before = reader.change_marker()
+            # The same problem solved again: no new call, iteration nor result, only the time it was written.
+            db.execute(f"UPDATE {table} SET finished_at = finished_at + 1")
+            db.commit()
+            assert reader.change_marker() != before, schema
+        db.close()
+
+
 def _ops(*ops: dict[str, str]) -> str:
     return "```json\n" + json.dumps({"operations": list(ops)}) + "\n```"
 
