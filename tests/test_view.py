@@ -31,7 +31,8 @@ from tmas.sweep import Study, SweepSpec, run_sweep
 from tmas.testing import Rule, ScriptedModel, ScriptedUsage, SimScript, SimServer
 from tmas.view.app import view_app
 from tmas.view.bank_diff import bank_diffs, diff_entries
-from tmas.view.runs import discover
+from tmas.view.cache import RunCache
+from tmas.view.runs import RunReader, discover
 from web_helpers import AppThread, HeldRequests, get, run_ref_for, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,6 +117,32 @@ def test_the_change_marker_follows_results_written_again_by_their_summaries(tmp_
             db.commit()
             assert reader.change_marker() != before, schema
         db.close()
+
+
+def test_the_run_page_follows_a_write_that_leaves_the_run_files_looking_unchanged(tmp_path: Path) -> None:
+    # Once the WAL has restarted after a checkpoint it keeps its size, and a write within the filesystem's time
+    # resolution of the last one (a tick of a few ms; a second or two on some filesystems) leaves the files' sizes
+    # and times as they were: simulated by putting their times back. The run page must still show the new result.
+    run_dir = tmp_path / "run"
+    problems = [Problem(problem_id=f"p{i}", question=f"What is {i}+{i}?", answer=str(2 * i)) for i in range(20)]
+    with RunStore(run_dir) as writer:
+        writer.add_problems(problems)
+        for p in problems[:10]:
+            done = ProblemResult(problem_id=p.problem_id, answer=p.answer, text="x" * 3000, status="done", method="cot")
+            writer.save_result(done)
+        writer._db.execute("PRAGMA wal_checkpoint(RESTART)")
+        cache = RunCache()
+        [ref] = discover([run_dir])
+        with RunReader(ref, cache) as reader:
+            assert reader.overview().status_counts == {"done": 10, "pending": 10}
+        files = [run_dir / "run.sqlite", run_dir / "run.sqlite-wal"]
+        stats = [os.stat(f) for f in files]
+        writer.save_result(ProblemResult(problem_id="p10", answer="20", text="20", status="done", method="cot"))
+        for f, st in zip(files, stats, strict=True):
+            assert os.stat(f).st_size == st.st_size
+            os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+        with RunReader(ref, cache) as reader:
+            assert reader.overview().status_counts == {"done": 11, "pending": 9}
 
 
 def _ops(*ops: dict[str, str]) -> str:

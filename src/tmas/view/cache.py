@@ -3,8 +3,10 @@
 A run of 1,000 problems with 100 samples each stores about 100 MB of result JSON; the overview reads only each
 result's summary (tmas.store.summaries: a few % of it). Results are immutable once written (a problem solved again
 gets a new ``finished_at``), so each summary is parsed once and re-read only when its ``finished_at`` moves.
-The overview built from them is reused while the run's files are unchanged (any write to a SQLite database in WAL
-mode changes the size or time of its ``-wal`` file, or of the database itself after a checkpoint).
+The overview built from them is reused while the run's files and its change marker are unchanged (a write to a
+SQLite database in WAL mode changes the time of its ``-wal`` file, or of the database itself after a checkpoint, but
+only as finely as the filesystem keeps times, and the size of the WAL no more once it has restarted: the marker
+moves with every call, iteration, result and grade written).
 """
 
 from __future__ import annotations

@@ -282,7 +282,7 @@ class RunReader:
         """Everything the run page shows; with a cache, reused until the run's files change."""
         if self.cache is None:
             return self._overview()
-        return self.cache.reuse(self.ref.path, "overview", file_state(self.ref.path), self._overview)
+        return self.cache.reuse(self.ref.path, "overview", self._state(), self._overview)
 
     def _overview(self) -> RunOverview:
         store = self.store
@@ -336,7 +336,13 @@ class RunReader:
         reused until the run's files change."""
         if self.cache is None:
             return self._where_lost()
-        return self.cache.reuse(self.ref.path, "where_lost", file_state(self.ref.path), self._where_lost)
+        return self.cache.reuse(self.ref.path, "where_lost", self._state(), self._where_lost)
+
+    def _state(self) -> tuple[object, ...]:
+        """What a reused page is keyed by: the run's files (any write, settings included) and its change marker. The
+        files alone can miss a write: once its WAL has restarted after a checkpoint, the WAL file keeps its size, and
+        a write within the filesystem's time resolution of the last one leaves both unchanged."""
+        return file_state(self.ref.path), self.store.change_marker()
 
     def _where_lost(self) -> LostAnswers:
         method = self._names()[0]
