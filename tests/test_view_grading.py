@@ -194,6 +194,13 @@ async def test_pages_tell_why_a_run_is_not_graded_without_reading_all_its_proble
     for name, problems, method, _ in cases:
         settings = scripted_settings(method=method)
         await scripted_run(ScriptedModel(SimScript(rules=rules), settings), tmp_path / name, problems)
+    read_result = RunStore.result
+    results_read: list[str] = []
+
+    def counted(store: RunStore, problem_id: str) -> Any:
+        results_read.append(problem_id)
+        return read_result(store, problem_id)
+
     with AppThread(view_app([tmp_path / name for name, *_ in cases], warm_up=False)) as viewer:
         for name, _, _, reason in cases:
             ref = run_ref_for([tmp_path], tmp_path / name)
@@ -206,10 +213,16 @@ async def test_pages_tell_why_a_run_is_not_graded_without_reading_all_its_proble
             def unread(*args: object, **kwargs: object) -> None:
                 raise AssertionError("the run's whole problem list was read")
 
+            # Each page also reads the problem's result once (a thinking model's is megabytes), not once per use.
+            results_read.clear()
             with monkeypatch.context() as patch:
                 patch.setattr(RunStore, "problems", unread)
                 patch.setattr(RunStore, "iter_problems", unread)
-                pages = [get(f"{base}/problem?id=p1"), get(f"{base}/iteration?id=p1&t=0")]
+                patch.setattr(RunStore, "result", counted)
+                pages = [get(f"{base}/problem?id=p1")]
+                assert results_read == ["p1"], name
+                pages.append(get(f"{base}/iteration?id=p1&t=0"))
+                assert results_read == ["p1", "p1"], name
                 missing = get(f"{base}/problem?id=p9")
             assert [status for status, _ in pages] == [200, 200], name
             assert missing[0] == 404 and "no problem &#39;p9&#39; in this run" in missing[1].decode()

@@ -165,8 +165,7 @@ class Viewer:
             problem = run.store.problem(pid)
             if problem is None:
                 raise HTTPException(404, f"no problem {pid!r} in this run")
-            result = run.store.result(pid)
-            records = run.records(pid)
+            result, records = run.solved(pid)
             live = run.problem_grades(problem, result, records)
             verdicts = {
                 (r.iteration, c.index): _verdict(live, (pid, r.iteration, c.index))
@@ -199,12 +198,13 @@ class Viewer:
         pid, t = _iteration_query(request)
         with self._open(request) as run:
             marker = run.store.change_marker()
-            found = run.iteration(pid, t)
+            result, records = run.solved(pid)
+            found = run.iteration(records, t)
             if found is None:
                 raise HTTPException(404, f"problem {pid!r} has no iteration {t}")
             record, diffs = found
             problem = run.store.problem(pid)
-            live = run.problem_grades(problem, run.store.result(pid), run.records(pid)) if problem else None
+            live = run.problem_grades(problem, result, records) if problem else None
             verdicts = {c.index: _verdict(live, (pid, t, c.index)) for c in record.candidates}
             calls = list(run.store.calls(pid, t))
             run_path = str(run.ref.path.resolve())

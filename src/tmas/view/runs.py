@@ -358,14 +358,21 @@ class RunReader:
         lost = where_lost(method, results, live.grades, replies)
         return LostAnswers(method, lost, graded=True, live_graded=bool(live.live))
 
-    def records(self, problem_id: str) -> list[IterationRecord]:
-        """The problem's iteration records: from its result when finished, else as stored so far."""
+    def solved(self, problem_id: str) -> tuple[ProblemResult | None, list[IterationRecord]]:
+        """The problem's result (None while it is being solved) and its iteration records: the result's when
+        finished, else as stored so far. The result is read once (a thinking model's is megabytes)."""
         result = self.store.result(problem_id)
-        return result.iterations if result else self.store.iterations(problem_id)
+        return result, result.iterations if result else self.store.iterations(problem_id)
 
-    def iteration(self, problem_id: str, iteration: int) -> tuple[IterationRecord, dict[str, list[BankChange]]] | None:
-        """One iteration's record and what it changed in each memory bank."""
-        records = self.records(problem_id)
+    def records(self, problem_id: str) -> list[IterationRecord]:
+        """The problem's iteration records (:meth:`solved`)."""
+        return self.solved(problem_id)[1]
+
+    @staticmethod
+    def iteration(
+        records: list[IterationRecord], iteration: int
+    ) -> tuple[IterationRecord, dict[str, list[BankChange]]] | None:
+        """One iteration's record among the problem's ``records`` and what it changed in each memory bank."""
         index = next((i for i, r in enumerate(records) if r.iteration == iteration), None)
         if index is None:
             return None
