@@ -1,5 +1,5 @@
 """`tmas report --no-grade` reads each run's stored grades as its last grading read them, unless --grade or
---judge-runs name another reading."""
+--judge-runs name another reading; a run never graded is named not graded yet."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from scripted_runs import scripted_run
 from tmas.grading.grades import GradeConfig
 from tmas.grading.runs import grade_run
 from tmas.problems import Problem
+from tmas.reports.report import build_report
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript
 
@@ -67,3 +68,16 @@ async def test_no_grade_reads_the_stored_grades_as_the_last_grading(tmp_path: Pa
     assert _report(runs["rules"], tmp_path / "r3", "--grade", "combined") == ("combined, 2 judge run(s)", "100.00")
     assert _report(runs["judge"], tmp_path / "r4", "--grade", "judge") == ("judge, 2 judge run(s)", "50.00")
     assert _report(runs["judge"], tmp_path / "r5", "--judge-runs", "1") == ("combined, 1 judge run(s)", "50.00")
+
+
+async def test_no_grade_on_a_run_never_graded_says_so(tmp_path: Path) -> None:
+    """A run no grading has touched has no grades to read: its section says it is not graded yet, as when --grade
+    names a reading, and shows no Pass@1. Before, it read as graded by the default grader with no problem labeled."""
+    problems = [Problem(problem_id="mult", question="What is 17*23?", answer="391")]
+    script = SimScript(rules=[Rule(role="solution", replies=["It is \\boxed{391}"])])
+    model = ScriptedModel(script, scripted_settings(method__name="cot"))
+    await scripted_run(model, tmp_path / "run", problems)
+    markdown = (await build_report([tmp_path / "run"], tmp_path / "out", None, None, grade=False))["markdown"]
+    text = markdown.read_text()
+    assert "cot [sim-model]: not graded yet (run 'tmas report' without --no-grade)." in text
+    assert "grading: " not in text and "Pass@1 (%) at selected iterations" not in text

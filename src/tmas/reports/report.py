@@ -239,10 +239,8 @@ async def _grades(
         reason = "no problem has a reference answer (unlabeled): nothing graded"
     elif grade:
         grades = await grade_run(store, config or GradeConfig(), _judge_settings(settings, setup.settings))
-    elif config is None:
-        grades = load_last_grades(store)
     else:
-        grades = load_grades(store, config, runs=config.judge_runs)
+        grades = load_last_grades(store) if config is None else load_grades(store, config, runs=config.judge_runs)
         if grades is None:
             reason = "not graded yet (run 'tmas report' without --no-grade)"
     if grades is None:
