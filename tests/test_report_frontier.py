@@ -163,6 +163,32 @@ async def test_problems_a_run_never_started_are_named_as_left_out(tmp_path: Path
 
 
 @pytest.mark.slow
+async def test_a_run_short_of_problems_says_so_beside_a_finished_one(tmp_path: Path) -> None:
+    # p1 (2+3 = 5) is answered right, p2 (4+4, its reference 9 here) wrong: over both, 50 %. The second run was
+    # stopped before p2 began: it stands on p1 alone, 100 %, which is no comparison with the first's 50 %.
+    problems = tmp_path / "p.jsonl"
+    rows = [("p1", "What is 2+3?", "5"), ("p2", "What is 4+4?", "9")]
+    problems.write_text("".join(json.dumps({"problem_id": i, "question": q, "answer": a}) + "\n" for i, q, a in rows))
+    for name in ("full", "part"):
+        await run(problems, tmp_path / name, SimScript(), "cot")
+    with sqlite3.connect(tmp_path / "part" / "run.sqlite") as db:
+        for table in ("results", "iterations"):
+            db.execute(f"DELETE FROM {table} WHERE problem_id = 'p2'")
+    markdown = await report_here(tmp_path / "report", tmp_path / "full", tmp_path / "part")
+    # Both Pass@1 tables (one column: It0).
+    assert markdown.count("| cot [sim-model] <full> | 50.00 |\n") == 2
+    assert markdown.count("| cot [sim-model] <part> | 100.00 (1 of 2 problems) |\n") == 2
+    assert (
+        "Not every run stands on every problem: cot [sim-model] <part> holds 2 problems (1 done, 0 failed, 1 not "
+        "started: left out of every figure)."
+    ) in markdown
+    # Two finished runs stand on every problem: nothing to say.
+    await run(problems, tmp_path / "again", SimScript(), "cot")
+    markdown = await report_here(tmp_path / "report2", tmp_path / "full", tmp_path / "again")
+    assert "Not every run" not in markdown and "of 2 problems" not in markdown
+
+
+@pytest.mark.slow
 async def test_a_majority_runs_table_votes_as_the_method_and_its_frontier_do(tmp_path: Path) -> None:
     # Majority vote, k=2, two iterations. p1 (5): It0 draws 5, 6; It1 5, 7. p2 (8): It0 8, 8; It1 9, 10.
     boxed = [f"{FILLER}\\boxed{{{a}}}" for a in ("5", "6", "5", "7", "8", "8", "9", "10")]

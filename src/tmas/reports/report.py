@@ -107,6 +107,8 @@ class RunEvaluation:
     budget: BudgetSpend | None = None
     # A digest of its problem ids (problem_set): runs share tables only on the same problems.
     problem_set: str = ""
+    # Its problems with a reference answer: what its accuracies stand on once every problem has finished.
+    labeled_problems: int = 0
 
 
 def benchmark_name(store: RunStore) -> str:
@@ -199,6 +201,7 @@ async def evaluate_run(
             params=setup.params,
             model=setup.model,
             problems=len(problems),
+            labeled_problems=sum(p.answer is not None for p in problems),
             done=sum(r.status == "done" for r in results),
             failed=sum(r.status != "done" and not r.in_progress for r in results),
             running=sum(r.in_progress for r in results),
@@ -494,17 +497,24 @@ def _benchmark_tables(doc: Document, runs: list[RunEvaluation]) -> None:
     last = max((e.metrics.iterations[-1].iteration for e in runs if e.metrics.iterations), default=0)
     chosen = selected_iterations(last)
     doc.add(Heading(3, "Pass@1 (%) at selected iterations"))
-    rows = []
-    for e in runs:
-        # "-" beyond a run's last iteration, as the paper shows non-iterative baselines.
-        rows.append([e.label, *[_pct(m.pass1) if (m := e.metrics.at(t)) and m.problems else "-" for t in chosen]])
+    rows = [[e.label, *[_pass1_cell(e, t) for t in chosen]] for e in runs]
     doc.add(Table(["Method", *[f"It{t}" for t in chosen]], rows))
     doc.add(Heading(3, "Pass@1 (%) at every iteration"))
-    rows = [
-        [e.label, *[_pct(m.pass1) if (m := e.metrics.at(t)) and m.problems else "-" for t in range(last + 1)]]
-        for e in runs
-    ]
+    rows = [[e.label, *[_pass1_cell(e, t) for t in range(last + 1)]] for e in runs]
     doc.add(Table(["Method", *[f"It{t}" for t in range(last + 1)]], rows))
+    partial = [e for e in runs if short_of_problems(e)]
+    if partial:
+        held = "; ".join(
+            f"{e.label} holds {e.problems} problem{'' if e.problems == 1 else 's'} ({_problem_states(e)})"
+            for e in partial
+        )
+        doc.add(
+            Paragraph(
+                f"Not every run stands on every problem: {held}. Such a run is reported from the problems it "
+                "reached, its cells above saying how many; its figures here and in the plots and tables below are "
+                "over fewer problems than a finished run's, not a comparison with them."
+            )
+        )
     doc.add(Heading(3, "Cost"))
     rows = []
     for e in runs:
@@ -537,6 +547,24 @@ def _benchmark_tables(doc: Document, runs: list[RunEvaluation]) -> None:
         )
     )
     budget_section(doc, runs)
+
+
+def _pass1_cell(e: RunEvaluation, iteration: int) -> str:
+    """A run's Pass@1 at ``iteration`` in a table shared with other runs: "-" beyond its last iteration (as the paper
+    shows non-iterative baselines) or where no labeled problem reached it, and the problems it stands on where they are
+    fewer than the run's labeled problems (a run still mid-way, or stopped before every problem started)."""
+    m = e.metrics.at(iteration)
+    if m is None or not m.problems:
+        return "-"
+    if m.problems < e.labeled_problems:
+        return f"{_pct(m.pass1)} ({m.problems} of {e.labeled_problems} problems)"
+    return _pct(m.pass1)
+
+
+def short_of_problems(e: RunEvaluation) -> bool:
+    """Whether some of the run's figures stand on fewer problems than it holds labeled: problems still mid-way or
+    never started (a finished problem counts at every iteration, one that stopped early with its last answer)."""
+    return any(m.problems < e.labeled_problems for m in e.metrics.iterations if m.problems)
 
 
 def _stopping_comparisons(runs: list[RunEvaluation]) -> None:
@@ -634,13 +662,18 @@ def _run_section(doc: Document, e: RunEvaluation) -> None:
 
 def _problems_line(e: RunEvaluation) -> str:
     """How many problems the run holds and how far each got; those it never started count in no figure."""
+    return f"problems: {e.problems} ({_problem_states(e)})"
+
+
+def _problem_states(e: RunEvaluation) -> str:
+    """How far the run's problems got: ``D done, F failed``, with those mid-way and those never started."""
     parts = [f"{e.done} done", f"{e.failed} failed"]
     if e.running:
         parts.append(f"{e.running} mid-way: reported from their finished iterations")
     not_started = e.problems - e.done - e.failed - e.running
     if not_started > 0:
         parts.append(f"{not_started} not started: left out of every figure")
-    return f"problems: {e.problems} ({', '.join(parts)})"
+    return ", ".join(parts)
 
 
 def _calls_lines(e: RunEvaluation) -> list[str]:
