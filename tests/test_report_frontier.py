@@ -230,3 +230,19 @@ async def test_frontier_points_at_no_tokens_are_named_where_the_log_axis_cannot_
     assert [(p["label"], p["tokens"], p["accuracy"]) for p in cot["points"]] == [("It0", 0.0, 1.0)]
     assert len(frontier["majority [sim-model]"]["x"]) == 2
     assert "the plot's logarithmic axis has no place for: cot [sim-model]: It0." in markdown
+
+
+@pytest.mark.slow
+async def test_a_failed_call_is_a_wrong_rollout_and_the_run_says_so(tmp_path: Path) -> None:
+    # Majority vote, k=3, one problem: the first call fails, the other two answer 5 (right). Pass@1 = 2/3 (the
+    # failed call is one of n_i = 3 rollouts); MV@all = 1 (it has no vote, the two 5s win).
+    script = SimScript(rules=[Rule(role="solution", fault="http_500", times=1)])
+    problems = tmp_path / "p.jsonl"
+    problems.write_text(json.dumps({"problem_id": "p1", "question": "What is 2+3?", "answer": "5"}) + "\n")
+    await run(problems, tmp_path / "mv", script, "majority", k=3)
+    markdown = await report_here(tmp_path / "report", tmp_path / "mv")
+    assert "| It0 | 1 | 66.67 | 0.00 | 66.67-66.67 | 100.00 | 100.00 | 3 |" in markdown
+    assert (
+        "- candidates whose call failed: 1 (Pass@1 counts each as a wrong rollout, one of its problem's n_i; MV@all "
+        "gives it no vote; 'tmas run --resume' asks them again)"
+    ) in markdown

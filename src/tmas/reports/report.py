@@ -109,6 +109,8 @@ class RunEvaluation:
     problem_set: str = ""
     # Its problems with a reference answer: what its accuracies stand on once every problem has finished.
     labeled_problems: int = 0
+    # Candidates whose call failed (Pass@1 counts each as a wrong rollout; MV@all gives it no vote).
+    failed_rollouts: int = 0
 
 
 def benchmark_name(store: RunStore) -> str:
@@ -202,6 +204,7 @@ async def evaluate_run(
             model=setup.model,
             problems=len(problems),
             labeled_problems=sum(p.answer is not None for p in problems),
+            failed_rollouts=sum(c.error is not None for r in results for rec in r.iterations for c in rec.candidates),
             done=sum(r.status == "done" for r in results),
             failed=sum(r.status != "done" and not r.in_progress for r in results),
             running=sum(r.in_progress for r in results),
@@ -405,7 +408,8 @@ def write_report(evaluations: list[RunEvaluation], out_dir: Path, *, paper_model
     doc.add(
         Paragraph(
             "Pass@1 as in the TMAS paper (A.2): per problem the share of rollouts judged correct, "
-            "averaged over problems, then over judge runs. Values in %. In each run's per-iteration table, Pass@1 "
+            "averaged over problems, then over judge runs; a rollout without an answer, or whose call failed, counts "
+            "as wrong. Values in %. In each run's per-iteration table, Pass@1 "
             "std. error is its standard error across problems (as the frontier's band); MV@all is what plain majority "
             "vote over the iteration's candidates gives (for majority vote, over every sample drawn up to it, as the "
             "method votes), ties between answers split evenly: the frontier's MV@k at every sample; Selected is the "
@@ -609,6 +613,11 @@ def _run_section(doc: Document, e: RunEvaluation) -> None:
             f"grading: {g.mode}, {g.runs} judge run(s); {g.undecided()} undecided verdicts (counted incorrect)"
         )
         items += g.notes
+        if e.failed_rollouts:
+            items.append(
+                f"candidates whose call failed: {e.failed_rollouts} (Pass@1 counts each as a wrong rollout, one of its "
+                "problem's n_i; MV@all gives it no vote; 'tmas run --resume' asks them again)"
+            )
     if e.metrics.unlabeled:
         items.append(f"{e.metrics.unlabeled} problems have no reference answer: solved but not graded")
     if e.not_graded_reason:
