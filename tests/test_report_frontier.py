@@ -13,7 +13,7 @@ import pytest
 from conftest import scripted_settings
 from scripted_runs import scripted_run
 from tmas.grading.grades import GradeConfig
-from tmas.reports.report import build_report
+from tmas.reports.report import build_report, evaluate_run, write_report
 from tmas.testing import Rule, ScriptedModel, SimScript
 
 pytest.importorskip("math_verify")
@@ -246,3 +246,30 @@ async def test_a_failed_call_is_a_wrong_rollout_and_the_run_says_so(tmp_path: Pa
         "- candidates whose call failed: 1 (Pass@1 counts each as a wrong rollout, one of its problem's n_i; MV@all "
         "gives it no vote; 'tmas run --resume' asks them again)"
     ) in markdown
+
+
+@pytest.mark.slow
+async def test_where_a_run_loses_its_answers_reads_the_iterations_its_grades_cover(tmp_path: Path) -> None:
+    # Verify-Refine, n=2, m=1, T=2, both problems right at every iteration (the simulator's arithmetic). A run still
+    # going: graded while p1 had finished It0 alone, its It1 finishing before the report was written. The section
+    # stands on what was graded, as every other figure: both problems returned right, no step that changed an answer.
+    # Before, it read the run again as it wrote the report: p1's ungraded It1 counted wrong, a right answer passed
+    # over "only earlier" and a step for the worse.
+    problems = write_problems(tmp_path / "p.jsonl")
+    run_dir = tmp_path / "vr"
+    await run(problems, run_dir, SimScript(), "verify_refine", n=2, m=1, iterations=2)
+    with sqlite3.connect(run_dir / "run.sqlite") as db:
+        db.execute("DELETE FROM results")
+        db.execute("DELETE FROM grades")
+        db.execute("CREATE TABLE later AS SELECT * FROM iterations WHERE problem_id = 'p1' AND iteration = 1")
+        db.execute("DELETE FROM iterations WHERE problem_id = 'p1' AND iteration = 1")
+    evaluation = await evaluate_run(run_dir, GradeConfig(mode="rules"), None)
+    with sqlite3.connect(run_dir / "run.sqlite") as db:
+        db.execute("INSERT INTO iterations SELECT * FROM later")
+    markdown = write_report([evaluation], tmp_path / "report")["markdown"].read_text()
+    part = markdown.split("### Where the runs lose their answers")[1].split("\n### ")[0]
+    label = "verify_refine [sim-model]"
+    assert f"| {label} | 2 | 100.0% (2) | 0.0% (0) | 0.0% (0) | 0.0% (0) | 0.0% (0) |" in part
+    assert "passed over" not in part
+    # One step (p2's It0 to It1), no change.
+    assert f"| {label} | 1 | 0.0% (0) | 0.0% (0) | 0.0% (0) | 0.0% (0) |" in part

@@ -307,21 +307,20 @@ async def test_a_section_with_nothing_to_show_is_left_out(tmp_path: Path) -> Non
     @dataclass
     class Run:
         label: str
-        method: str
-        run_dir: Path
-        grades: Grades | None
+        losses: WhereLost | None
 
     # CoT, every call refused: one iteration of a failed candidate. CoT neither selects, verifies nor revises, and
     # no reply came back to count: no part has a row, so neither the heading nor its note is written.
     run_dir = tmp_path / "cot"
     grades = await graded_run(run_dir, "cot", [Rule(role="solution", fault="http_400")], PROBLEMS[:1])
     doc = Document("report")
-    where_lost_section(doc, [Run("cot", "cot", run_dir, grades)])
+    where_lost_section(doc, [Run("cot", run_where_lost(run_dir, "cot", grades))])
     assert doc.blocks == []
     # With a run that has replies to count, the section is there.
     counted = tmp_path / "mv"
     mv_grades = await graded_run(counted, "majority", [Rule(role="solution", replies=[boxed(391)])], PROBLEMS[:1], k=1)
-    where_lost_section(doc, [Run("cot", "cot", run_dir, grades), Run("mv", "majority", counted, mv_grades)])
+    mv = Run("mv", run_where_lost(counted, "majority", mv_grades))
+    where_lost_section(doc, [Run("cot", run_where_lost(run_dir, "cot", grades)), mv])
     assert "### Where the runs lose their answers" in doc.markdown() and "| mv | solution | 1 |" in doc.markdown()
 
 
@@ -346,9 +345,7 @@ async def test_a_right_answer_written_otherwise_is_no_change_in_the_report_or_th
     @dataclass
     class Run:
         label: str
-        method: str
-        run_dir: Path
-        grades: Grades | None
+        losses: WhereLost | None
 
     run_dir = tmp_path / "tmas"
     grades = await graded_run(run_dir, "tmas", RESPELLED, [SIN45], n=2, m=1, iterations=2)
@@ -361,7 +358,7 @@ async def test_a_right_answer_written_otherwise_is_no_change_in_the_report_or_th
 
     # The report and the viewer (reading the grades the report stored) show the same row: one step, none changed.
     doc = Document("report")
-    where_lost_section(doc, [Run("tmas", "tmas", run_dir, grades)])
+    where_lost_section(doc, [Run("tmas", run_where_lost(run_dir, "tmas", grades))])
     assert "| tmas | 1 | 0.0% (0) | 0.0% (0) | 0.0% (0) | 0.0% (0) |" in doc.markdown()
     with AppThread(view_app([run_dir], warm_up=False)) as viewer:
         ref = run_ref_for([run_dir], run_dir)

@@ -54,7 +54,7 @@ from tmas.reports.plots import Series, off_log_axis, plot_frontier, plot_pass1
 from tmas.reports.reply_quality import reply_quality_section, role_replies
 from tmas.reports.roc import ScoreSeparation, confidence_separation, score_separation
 from tmas.reports.selection_table import SelectionTable, has_scores, selection_table
-from tmas.reports.where_lost import where_lost_section
+from tmas.reports.where_lost import WhereLost, where_lost, where_lost_section
 from tmas.store.run_store import RunStore
 
 # At most this many columns in the "selected iterations" table (the paper shows six).
@@ -111,6 +111,9 @@ class RunEvaluation:
     labeled_problems: int = 0
     # Candidates whose call failed (Pass@1 counts each as a wrong rollout; MV@all gives it no vote).
     failed_rollouts: int = 0
+    # Where it loses its answers (None: not graded), from the records its grades were given on: a run still going
+    # has finished more since, which no grade covers.
+    losses: WhereLost | None = None
 
 
 def benchmark_name(store: RunStore) -> str:
@@ -218,6 +221,8 @@ async def evaluate_run(
         if not reason:
             _graded_analyses(evaluation, results, grades, classes)
         _run_records(evaluation, store, results, setup)
+        if not reason:
+            evaluation.losses = where_lost(setup.method, results, grades, evaluation.replies)
     # Medicine names match by spelling, then by the judge role, unless grading by rules alone or nothing new.
     mode = (config or GradeConfig()).mode
     judge = _judge_settings(settings, setup.settings) if grade and mode != "rules" else None

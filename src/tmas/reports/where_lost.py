@@ -215,12 +215,11 @@ def answer_changes(labeled: list[ProblemResult], grades: Grades) -> AnswerChange
 
 # ------------------------------------------------------------------------------------------ the report's section
 class LossRun(Protocol):
-    """What the section reads of an evaluated run (tmas.reports.report.RunEvaluation has it)."""
+    """What the section reads of an evaluated run (tmas.reports.report.RunEvaluation has it): its losses, found from
+    the records its grades were given on (None: not graded)."""
 
     label: str
-    method: str
-    run_dir: Path
-    grades: Grades | None
+    losses: WhereLost | None
 
 
 def _named(ids: Sequence[str]) -> str:
@@ -234,9 +233,7 @@ def _rate(passed: int, total: int) -> str:
 
 def where_lost_section(doc: Document, runs: Sequence[LossRun]) -> None:
     """Where each graded run of one benchmark loses its answers: one table per part, a row per run it applies to."""
-    write_where_lost(
-        doc, [(e.label, run_where_lost(e.run_dir, e.method, e.grades)) for e in runs if e.grades is not None]
-    )
+    write_where_lost(doc, [(e.label, e.losses) for e in runs if e.losses is not None])
 
 
 def write_where_lost(doc: Document, found: Sequence[tuple[str, WhereLost]]) -> None:
