@@ -120,6 +120,28 @@ def test_the_tokens_per_problem_count_every_problem_labeled_or_not() -> None:
     assert (it0.problems, it0.selected, it0.pass1) == (1, 1.0, 1.0)
 
 
+def test_the_tokens_per_problem_count_the_problems_that_reached_the_iteration() -> None:
+    # a finished two iterations (10 + 10 tokens at It0, 20 + 20 at It1); b is still mid-way, through It0 alone
+    # (5 + 5). Mean cumulative tokens per problem: It0 (20 + 10) / 2 = 15; It1 stands on a alone, as its Pass@1
+    # does: (20 + 40) / 1 = 60. Before, b's It0 tokens and b itself counted at It1: (20 + 40 + 10) / 2 = 35.
+    results = as_results(
+        [
+            {"problem_id": "a", "iterations": [_record(0, ["1"], "1", 10), _record(1, ["1"], "1", 20)]},
+            {"problem_id": "b", "status": "running", "iterations": [_record(0, ["2"], "2", 5)]},
+        ]
+    )
+    assert results[1].in_progress
+    grades = Grades(runs=1)
+    for pid, its in (("a", (0, 1)), ("b", (0,))):
+        for it in its:
+            grades.verdicts[(pid, it, 0)] = grades.verdicts[(pid, it, SELECTED)] = [True]
+    it0, it1 = compute_metrics(results, grades).iterations
+    assert (it0.problems, it0.tokens_per_problem) == (2, 15.0)
+    assert (it1.problems, it1.tokens_per_problem) == (1, 60.0)
+    # The iteration's own cost and the cumulative count stay every call made.
+    assert (it1.tokens, it1.cumulative_tokens) == (40, 70)
+
+
 def _majority(records: dict[str, list[list[str | None]]], gold: dict[str, str]) -> tuple[list[Any], Grades]:
     """Majority-vote results (one record per iteration, its samples' answers; every sample 10 completion tokens), the
     first sample returned, graded by ``gold``."""

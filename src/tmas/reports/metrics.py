@@ -95,7 +95,8 @@ class IterationMetrics:
     prompt_tokens: int
     completion_tokens: int
     reasoning_tokens: int
-    # Mean cumulative tokens per problem: the x axis of Pass@1 against compute.
+    # Mean cumulative tokens per problem over the problems that reached the iteration (or finished before it): the x
+    # axis of Pass@1 against compute.
     tokens_per_problem: float
     problems: int
 
@@ -181,6 +182,15 @@ def compute_metrics(
         tokens = prompt + completion
         cumulative_calls += calls
         cumulative_tokens += tokens
+        # Per problem, over the problems that count at t (labeled or not), as the accuracies count them: a problem
+        # still mid-way that has not reached t neither adds its tokens nor counts as one.
+        counted = [result for result in results if reached(result, t)]
+        spent = sum(
+            record.usage.prompt_tokens + record.usage.completion_tokens
+            for result in counted
+            for record in result.iterations
+            if record.iteration <= t
+        )
         per_run = [pass_at_1({pid: [runs[r]] for pid, runs in labels.items()}) for r in range(grades.runs)]
         out.iterations.append(
             IterationMetrics(
@@ -197,7 +207,7 @@ def compute_metrics(
                 prompt_tokens=prompt,
                 completion_tokens=completion,
                 reasoning_tokens=reasoning,
-                tokens_per_problem=cumulative_tokens / max(1, len(results)),
+                tokens_per_problem=spent / max(1, len(counted)),
                 problems=len(present),
             )
         )
