@@ -135,9 +135,13 @@ async def test_the_cost_table_counts_the_judge_calls_apart(tmp_path: Path) -> No
             store.record_call(call, request)
 
     await build_report([run], tmp_path / "report", GradeConfig(mode="rules"), None)
-    [row] = table_rows((tmp_path / "report" / "report.md").read_text(), "### Cost")
+    markdown = (tmp_path / "report" / "report.md").read_text()
+    [row] = table_rows(markdown, "### Cost")
     # The method's 2 calls of 100 + 30 tokens; the judge's 2 calls and their 40 + 5 + 30 tokens apart.
     assert (row[1], row[3], row[5], row[9], row[10]) == ("2", "200", "60", "2", "75")
+    # The judge's failed call is the judge's, not one of the run's (its Failed column says 0): named apart.
+    assert row[2] == "0" and "- judge calls failed: 1 (unknown 1)" in markdown
+    assert "- calls failed:" not in markdown
 
 
 def test_under_the_budget_counts_a_pooled_problems_draws_and_a_call_budget() -> None:

@@ -93,9 +93,11 @@ class RunEvaluation:
     downgrades: dict[str, dict[str, str]] = field(default_factory=dict)
     # The run's one-line notices (e.g. confidence rules on a server without log-probabilities).
     notices: dict[str, str] = field(default_factory=dict)
-    # Failed calls (``failed``) and retried attempts (``retried``) by cause, over the run.
+    # Failed calls (``failed``) and retried attempts (``retried``) by cause, over the run's calls; the judge's apart.
     causes: dict[str, dict[str, int]] = field(default_factory=dict)
-    # Seconds the finished calls waited inside tmas (``queued``) and for the server's first chunk (``first_token``).
+    judge_causes: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Seconds the run's finished calls (the judge's left out) waited inside tmas (``queued``) and for the server's
+    # first chunk (``first_token``).
     waits: dict[str, list[float]] = field(default_factory=dict)
     # Whether the candidates' confidence (DeepConf) tells right from wrong, where the run recorded confidence.
     confidence: ScoreSeparation | None = None
@@ -304,8 +306,10 @@ def _run_records(e: RunEvaluation, store: RunStore, results: list[ProblemResult]
     e.replies = role_replies(store)
     e.downgrades = store.downgrade_messages()
     e.notices = store.notices()
-    e.causes = store.call_causes()
-    e.waits = store.call_waits()
+    # The judge's calls, stored in the run by its grading, are not the method's: counted apart, as in the cost table.
+    e.causes = store.call_causes(JUDGE_ROLE, other_roles=True)
+    e.judge_causes = store.call_causes(JUDGE_ROLE)
+    e.waits = store.call_waits(JUDGE_ROLE, other_roles=True)
 
 
 @dataclass
@@ -691,13 +695,14 @@ def _problem_states(e: RunEvaluation) -> str:
 
 
 def _calls_lines(e: RunEvaluation) -> list[str]:
-    """Retries and failures by cause, and where the calls' time went."""
+    """Retries and failures by cause (the judge's apart), and where the method's calls' time went."""
     lines = []
-    for what, label in (("retried", "attempts sent again"), ("failed", "calls failed")):
-        counts = e.causes.get(what) or {}
-        if counts:
-            by_cause = ", ".join(f"{cause} {n}" for cause, n in counts.items())
-            lines.append(f"{label}: {sum(counts.values())} ({by_cause})")
+    for causes, who in ((e.causes, ""), (e.judge_causes, "judge ")):
+        for what, label in (("retried", "attempts sent again"), ("failed", "calls failed")):
+            counts = causes.get(what) or {}
+            if counts:
+                by_cause = ", ".join(f"{cause} {n}" for cause, n in counts.items())
+                lines.append(f"{who}{label}: {sum(counts.values())} ({by_cause})")
     for key, label in (
         ("first_token", "time to the first chunk (the server's queue and prefill)"),
         ("queued", "time waiting inside tmas for a slot"),

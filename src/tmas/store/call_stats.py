@@ -67,27 +67,41 @@ class CallStats:
         ).fetchall()
         return {role: (int(n), int(cut)) for role, n, cut in rows}
 
-    def causes(self) -> dict[str, dict[str, int]]:
-        """Failed calls by cause (``failed``) and retried attempts by cause (``retried``), over the whole run."""
+    def causes(self, role: str | None = None, *, other_roles: bool = False) -> dict[str, dict[str, int]]:
+        """Failed calls by cause (``failed``) and retried attempts by cause (``retried``), over the whole run: of every
+        role, of ``role`` alone, or with ``other_roles`` of every role but ``role`` (the method's calls, the judge's
+        apart)."""
+        where, args = _role_filter(role, other_roles)
         failed: dict[str, int] = {}
         for cause, count in self._db.execute(
-            "SELECT COALESCE(error_cause, 'unknown'), COUNT(*) FROM calls WHERE error IS NOT NULL GROUP BY 1"
+            f"SELECT COALESCE(error_cause, 'unknown'), COUNT(*) FROM calls WHERE error IS NOT NULL{where} GROUP BY 1",
+            args,
         ):
             failed[cause] = count
         retried: dict[str, int] = {}
         # Most calls have no retry: only the others are read and decoded.
-        for (raw,) in self._db.execute("SELECT retry_causes FROM calls WHERE retry_causes != '[]'"):
+        for (raw,) in self._db.execute(f"SELECT retry_causes FROM calls WHERE retry_causes != '[]'{where}", args):
             for cause in json.loads(raw):
                 retried[cause] = retried.get(cause, 0) + 1
         return {"failed": dict(sorted(failed.items())), "retried": dict(sorted(retried.items()))}
 
-    def waits(self) -> dict[str, list[float]]:
+    def waits(self, role: str | None = None, *, other_roles: bool = False) -> dict[str, list[float]]:
         """Where the finished calls' time went, where measured: ``queued`` (waiting inside tmas for a slot) and
-        ``first_token`` (from sending to the server's first chunk: its queue and the prompt's prefill)."""
+        ``first_token`` (from sending to the server's first chunk: its queue and the prompt's prefill); of the calls
+        :meth:`causes` names by ``role`` and ``other_roles``."""
+        where, args = _role_filter(role, other_roles)
         rows = self._db.execute(
-            "SELECT queued_s, first_token_s FROM calls WHERE error IS NULL AND first_token_s IS NOT NULL"
+            f"SELECT queued_s, first_token_s FROM calls WHERE error IS NULL AND first_token_s IS NOT NULL{where}", args
         ).fetchall()
         return {
             "queued": [float(q) for q, _ in rows if q is not None],
             "first_token": [float(f) for _, f in rows],
         }
+
+
+def _role_filter(role: str | None, other_roles: bool) -> tuple[str, tuple[str, ...]]:
+    """The condition (to follow a WHERE clause) and its argument naming the calls of ``role``, or of every other role
+    with ``other_roles``; nothing without a role."""
+    if role is None:
+        return "", ()
+    return (" AND role != ?" if other_roles else " AND role = ?"), (role,)

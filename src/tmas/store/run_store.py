@@ -182,11 +182,11 @@ class RunStore:
     def replies_by_role(self) -> dict[str, tuple[int, int]]:
         return self._call_stats.replies()
 
-    def call_causes(self) -> dict[str, dict[str, int]]:
-        return self._call_stats.causes()
+    def call_causes(self, role: str | None = None, *, other_roles: bool = False) -> dict[str, dict[str, int]]:
+        return self._call_stats.causes(role, other_roles=other_roles)
 
-    def call_waits(self) -> dict[str, list[float]]:
-        return self._call_stats.waits()
+    def call_waits(self, role: str | None = None, *, other_roles: bool = False) -> dict[str, list[float]]:
+        return self._call_stats.waits(role, other_roles=other_roles)
 
     def change_marker(self) -> str:
         """Changes whenever a call, an iteration, a result or a new grade is written, and when grades are deleted: what
