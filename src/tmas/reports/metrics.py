@@ -49,7 +49,9 @@ def pass_at_1(labels: Mapping[str, Sequence[Sequence[bool]]]) -> float:
 def pass_at_1_stderr(labels: Mapping[str, Sequence[Sequence[bool]]]) -> float:
     """The standard error of :func:`pass_at_1` across problems: the sample standard deviation (n - 1) of each
     problem's Pass@1 (its share of correct rollouts, averaged over judge runs) over sqrt(n); 0 with one problem, as
-    the frontier's band."""
+    the frontier's band. With p_i = 1/R * sum_r c_i^(r) / n_i (so that Pass@1 = 1/|P| * sum_i p_i):
+    SE = s / sqrt(|P|), s^2 = 1/(|P| - 1) * sum_i (p_i - Pass@1)^2. The spread of a problem's n_i rollouts is in
+    its p_i, so the one formula holds for any number of samples per problem."""
     if len(labels) < 2:
         return 0.0
     runs = max(len(per_run) for per_run in labels.values())
