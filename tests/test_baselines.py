@@ -16,8 +16,9 @@ from scripted_runs import scripted_run, solve_in_process
 from tmas.agents.baselines import self_refine_prompt
 from tmas.api import asolve
 from tmas.errors import ConfigError
-from tmas.methods import METHODS
-from tmas.methods.base import ProblemResult
+from tmas.llm.replay import StoreReplay
+from tmas.methods import METHODS, create_method
+from tmas.methods.base import ProblemResult, ProblemSession
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
@@ -95,6 +96,33 @@ async def test_majority_iterations_vote_over_all_samples_so_far() -> None:
     assert [len(r.candidates) for r in result.iterations] == [1, 1, 1]
     assert [r.state["samples"] for r in result.iterations] == [1, 2, 3]
     assert result.iterations[-1].selected == "4"
+
+
+async def test_majority_with_a_configured_seed_sends_every_iterations_samples_in_a_stored_run(tmp_path: Path) -> None:
+    # A configured seed makes iteration t's requests equal to iteration 0's (same prompt, sample index and seed). A
+    # stored run answered iterations 1 and 2 from iteration 0's stored calls: MV@2 counted as MV@6, no request sent.
+    replies = [f"So it is \\boxed{{{k}}}." for k in range(1, 7)]
+    settings = scripted_settings(method={"name": "majority", "params": {"k": 2, "iterations": 3}}, sampling__seed=5)
+    model = ScriptedModel(SimScript(rules=[Rule(role="solution", replies=replies)]), settings)
+    problem = Problem(problem_id="q", question=Q, answer="391")
+    summary = await scripted_run(model, tmp_path / "run", [problem])
+    assert len(model.calls) == summary.calls == 6 and {c.body["seed"] for c in model.calls} == {5}
+    with RunStore(tmp_path / "run", create=False) as store:
+        records = list(store.iterations("q"))
+        assert [sorted(c.answer or "" for c in r.candidates) for r in records] == [["1", "2"], ["3", "4"], ["5", "6"]]
+        assert [c.key.iteration for c in store.calls("q")] == [0, 0, 1, 1, 2, 2]
+    # Solved again from the store, each iteration replays its own calls: nothing is sent, the answers are the same.
+    again = ScriptedModel(SimScript(), settings)
+    method = create_method("majority", {"k": 2, "iterations": 3})
+    with RunStore(tmp_path / "run", create=False) as store:
+        replay = StoreReplay(again, store)
+        result = await method.solve(ProblemSession(problem, replay, None, params=method.params))
+    assert again.calls == [] and replay.replayed == 6
+    assert [sorted(c.answer or "" for c in r.candidates) for r in result.iterations] == [
+        ["1", "2"],
+        ["3", "4"],
+        ["5", "6"],
+    ]
 
 
 async def test_self_refine_never_sees_a_sibling_trajectory() -> None:

@@ -84,7 +84,7 @@ async def test_exhausted_retries_are_recorded_as_failed(sim: SimServer, tmp_path
         [stored] = store.calls()
         assert stored.error == reply.error
         # A failed call is never replayed: it is asked again on resume.
-        assert store.lookup_call(stored.request_hash, 0) is None
+        assert store.lookup_call(stored.request_hash, 0, stored.key.iteration) is None
 
 
 async def test_unreachable_endpoint_raises() -> None:

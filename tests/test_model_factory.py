@@ -76,7 +76,7 @@ def test_the_readmes_model_of_ones_own_runs_as_shown(
     assert capsys.readouterr().out == "391\n1 1\n"
     with RunStore(Path("runs/mine"), create=False) as store:
         [call] = store.calls()
-        assert len(call.request_hash) == 64 and store.lookup_call(call.request_hash, 0) is not None
+        assert len(call.request_hash) == 64 and store.lookup_call(call.request_hash, 0, call.key.iteration) is not None
 
 
 async def test_a_model_of_ones_own_gets_the_runs_sampling_not_its_own(tmp_path: Path) -> None:

@@ -94,7 +94,7 @@ def test_every_reader_sees_the_texts_written(tmp_path: Path, read_only: bool) ->
             assert store.call(call_id) == stored
             assert store.call_messages(call_id) == [m.model_dump() for m in r.messages]
             assert store.call_sampling(call_id) == r.sampling.model_dump(mode="json")
-            replayed = store.lookup_call(c.request_hash, c.key.sample)
+            replayed = store.lookup_call(c.request_hash, c.key.sample, c.key.iteration)
             assert replayed == (stored if c.error is None else None)
 
 
@@ -175,7 +175,9 @@ def test_a_store_in_the_old_layout_reads_as_before_and_is_extended_in_the_new(tm
         assert store.get_meta("schema_version") == SCHEMA_VERSION
         # What a resume replays: each finished call, by its request hash and sample.
         for (c, _), stored in zip(written[:8], expected, strict=False):
-            assert store.lookup_call(c.request_hash, c.key.sample) == (stored if c.error is None else None)
+            assert store.lookup_call(c.request_hash, c.key.sample, c.key.iteration) == (
+                stored if c.error is None else None
+            )
         for c, r in written[8:]:
             store.record_call(c, r)
         assert list(store.calls()) == expected

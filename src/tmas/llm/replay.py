@@ -1,8 +1,8 @@
 """Replay from a call store, as a wrapper around any :class:`tmas.llm.model.ChatModel`.
 
-A call whose request (model, messages, resolved sampling, role, problem) and sample index are already in the store
-with a reply is answered from there, marked ``replayed``, and never reaches the wrapped model; any other call goes to
-the wrapped model and is made durable in the store before it is returned. A reply a watch stopped early
+A call whose request (model, messages, resolved sampling, role, problem), sample index and iteration are already in
+the store with a reply is answered from there, marked ``replayed``, and never reaches the wrapped model; any other
+call goes to the wrapped model and is made durable in the store before it is returned. A reply a watch stopped early
 (:mod:`tmas.llm.watch`) answers a caller that watches again, still stopped; a caller without a watch wants the whole
 reply, and its call is sent. The run store is one such store (resume
 replays a run's finished calls); anything with ``lookup_call`` and ``record_call`` is another (a cache shared between
@@ -33,7 +33,9 @@ from tmas.llm.watch import TraceWatch
 class CallStore(Protocol):
     """Where finished calls are made durable and replayed from (implemented by the run store)."""
 
-    def lookup_call(self, request_hash: str, sample: int, *, stopped_early: bool = False) -> Completion | None: ...
+    def lookup_call(
+        self, request_hash: str, sample: int, iteration: int | None, *, stopped_early: bool = False
+    ) -> Completion | None: ...
 
     def record_call(self, completion: Completion, request: ChatRequest) -> int: ...
 
@@ -77,7 +79,7 @@ class StoreReplay(WrappedModel):
         # Built as the wrapped model builds it (the response_format aside: it is no part of the hash).
         request = ChatRequest.build(self.inner.model_name(role), messages, sampling)
         request_hash = request.request_hash(key)
-        stored = self.store.lookup_call(request_hash, key.sample, stopped_early=watch is not None)
+        stored = self.store.lookup_call(request_hash, key.sample, key.iteration, stopped_early=watch is not None)
         if stored is not None:
             self.replayed += 1
             if self.on_replay is not None:

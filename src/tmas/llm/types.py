@@ -115,7 +115,8 @@ class Lane:
 
 
 class CallKey(BaseModel):
-    """Identifies a call for caching and replay: the same request with the same sample index is the same call."""
+    """Identifies a call for caching and replay: the same request with the same sample index in the same iteration is
+    the same call."""
 
     model_config = ConfigDict(frozen=True)
 

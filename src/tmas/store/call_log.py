@@ -1,5 +1,5 @@
 """Every LLM call of the run, its texts kept as parts (see tmas.store.texts): committed before its result is used, and
-found again by request hash and sample index (what replay answers from)."""
+found again by request hash, sample index and iteration (what replay answers from)."""
 
 from __future__ import annotations
 
@@ -85,13 +85,17 @@ class CallLog:
         )
         return int(cursor.lastrowid or 0)
 
-    def lookup(self, request_hash: str, sample: int, *, stopped_early: bool = False) -> Completion | None:
-        """The finished call for this request and sample index, if any. Failed calls are not replayed, nor are
-        replies a watch stopped early unless ``stopped_early`` (the caller watches again: tmas.llm.watch)."""
+    def lookup(
+        self, request_hash: str, sample: int, iteration: int | None, *, stopped_early: bool = False
+    ) -> Completion | None:
+        """The finished call for this request, sample index and iteration, if any. Failed calls are not replayed, nor
+        are replies a watch stopped early unless ``stopped_early`` (the caller watches again: tmas.llm.watch). The
+        iteration counts: a configured seed makes a later iteration's request equal to an earlier one's (majority
+        vote's samples of one prompt), and that is a new sample to draw, not the earlier reply."""
         row = self._db.execute(
-            f"SELECT {_CALL_COLUMNS} FROM calls WHERE request_hash = ? AND sample = ? AND error IS NULL"
-            " AND (? OR stopped_early IS NULL) ORDER BY id LIMIT 1",
-            (request_hash, sample, stopped_early),
+            f"SELECT {_CALL_COLUMNS} FROM calls WHERE request_hash = ? AND sample = ? AND iteration IS ?"
+            " AND error IS NULL AND (? OR stopped_early IS NULL) ORDER BY id LIMIT 1",
+            (request_hash, sample, iteration, stopped_early),
         ).fetchone()
         return None if row is None else self._completion(row)
 

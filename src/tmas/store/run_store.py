@@ -145,8 +145,10 @@ class RunStore:
     def record_call(self, completion: Completion, request: ChatRequest) -> int:
         return self._call_log.record(completion, request)
 
-    def lookup_call(self, request_hash: str, sample: int, *, stopped_early: bool = False) -> Completion | None:
-        return self._call_log.lookup(request_hash, sample, stopped_early=stopped_early)
+    def lookup_call(
+        self, request_hash: str, sample: int, iteration: int | None, *, stopped_early: bool = False
+    ) -> Completion | None:
+        return self._call_log.lookup(request_hash, sample, iteration, stopped_early=stopped_early)
 
     def calls(self, problem_id: str | None = None, iteration: int | None = None) -> Iterator[Completion]:
         return self._call_log.iterate(problem_id, iteration)
