@@ -169,12 +169,13 @@ def problems_in_flight(settings: Settings, *, own_model: bool = False) -> int:
 
 class Unreachable(TmasError):
     """The endpoint could not be reached; finished work is kept for --resume (in ``run_dir``, where one is kept).
-    ``again``: the command that continues it (default ``tmas run --resume RUN_DIR``; a sweep's names the sweep)."""
+    ``again``: the command that continues it (default ``tmas run --resume RUN_DIR``; a sweep's names the sweep);
+    ``then``: the command to run after it (``tmas eval``'s report)."""
 
-    def __init__(self, reason: str, run_dir: Path | None, *, again: str | None = None) -> None:
+    def __init__(self, reason: str, run_dir: Path | None, *, again: str | None = None, then: str | None = None) -> None:
         if again is None and run_dir is not None:
             again = f"tmas run --resume {run_dir}"
-        kept = f"; finished work is kept: continue with '{again}'" if again is not None else ""
+        kept = f"; finished work is kept: continue with '{again}'{_then(then)}" if again is not None else ""
         super().__init__(reason + kept)
         self.reason = reason
         self.run_dir = run_dir
@@ -184,18 +185,26 @@ class StoreFailed(TmasError):
     """The run's store failed as the run wrote or read it (a full disk, an I/O error): the run stops at once, not
     solving on with calls it cannot keep; what was committed before is kept for --resume."""
 
-    def __init__(self, reason: str, run_dir: Path, *, kept: bool = True, again: str | None = None) -> None:
+    def __init__(
+        self, reason: str, run_dir: Path, *, kept: bool = True, again: str | None = None, then: str | None = None
+    ) -> None:
         """``kept`` False: the run directory is a scratch one that goes (:func:`tmas.api.asolve`). ``again``: the
-        command that continues it (default ``tmas run --resume RUN_DIR``; a sweep's names the sweep)."""
+        command that continues it (default ``tmas run --resume RUN_DIR``; a sweep's names the sweep); ``then``: the
+        command to run after it (``tmas eval``'s report)."""
         where = f"{run_dir / DB_NAME}: the run's store failed ({reason})"
         if kept:
             where += (
                 "; the calls and results stored before are kept: continue with"
-                f" '{again or f'tmas run --resume {run_dir}'}' once it can be written"
+                f" '{again or f'tmas run --resume {run_dir}'}' once it can be written{_then(then)}"
             )
         super().__init__(where)
         self.reason = reason
         self.run_dir = run_dir
+
+
+def _then(command: str | None) -> str:
+    """The step after a resume, as a stop's line says it: ", then 'COMMAND'" (nothing without one)."""
+    return f", then '{command}'" if command else ""
 
 
 class StoredProblems:

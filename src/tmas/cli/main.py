@@ -507,15 +507,23 @@ def evaluate(
 
     grade_config = read_grade_flags(grade, judge_runs)  # bad flags fail before any model call
     check_grading_installed(grade_config)
+    from tmas.runner import StoreFailed, Unreachable
+
     report_dir = report_dir or out / "report"
+    report = f"tmas report {out} -o {report_dir}{grade_words(grade_config)}"
     try:
         code = _new_run(problems, out, flags.settings(method, given), limit, estimate, judge_calls(grade_config))
     except interrupt.Stopped as stop:
         if stop.next_step is None:  # stopped before its run began
             raise
-        raise stop.saying(
-            f"{stop.next_step}, then 'tmas report {out} -o {report_dir}{grade_words(grade_config)}'"
-        ) from None
+        raise stop.saying(f"{stop.next_step}, then '{report}'") from None
+    except Unreachable as exc:
+        # The run's own line says how to finish the run; the report it leaves unwritten is the step after.
+        if exc.run_dir is None:
+            raise
+        raise Unreachable(exc.reason, exc.run_dir, then=report) from None
+    except StoreFailed as exc:
+        raise StoreFailed(exc.reason, exc.run_dir, then=report) from None
     # The judge defaults to the run's own model, as the run's flags set it up (a sweep's report does the same).
     settings = _judge_settings(flags.settings(), judge_base_url, judge_model)
     steps = Steps("eval")
@@ -524,8 +532,7 @@ def evaluate(
             steps.during(build_report([out], report_dir, grade_config, settings, on_step=steps.step))
         )
     except interrupt.Stopped as stop:
-        again = f"tmas report {out} -o {report_dir}{grade_words(grade_config)}"
-        raise stop.saying(f"the run is kept: write its report with '{again}'") from None
+        raise stop.saying(f"the run is kept: write its report with '{report}'") from None
     typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))
     if code:
         raise typer.Exit(code)
