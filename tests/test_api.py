@@ -93,19 +93,20 @@ async def test_settings_given_as_a_mapping_reach_the_wire_as_a_configuration_fil
 async def test_the_api_refuses_a_run_over_its_cost_limits_before_any_call_as_the_cli_asks_first(
     tmp_path: Path, sim: SimServer
 ) -> None:
-    # Majority voting over 8 samples, one round: 8 calls a problem, at most 256 completion tokens each.
+    # Majority voting over 8 samples, one round: 8 calls a problem, 16 at most with every sample asked again once,
+    # at most 256 completion tokens each.
     settings = settings_for(sim, method={"name": "majority", "params": {"k": 8, "iterations": 1}})
-    with pytest.raises(InputError, match=r"^tmas.solve: the estimate is 8 calls \(threshold 5\): .* max_calls=N"):
+    with pytest.raises(InputError, match=r"^tmas.solve: the estimate is 16 calls \(threshold 5\): .* max_calls=N"):
         await tmas.asolve("What is 17*23?", settings, run_dir=tmp_path / "question", max_calls=5)
-    tokens = r"^tmas.solve: the estimate is 2.0k completion tokens \(threshold 1.0k\): .* max_completion_tokens=N"
+    tokens = r"^tmas.solve: the estimate is 4.1k completion tokens \(threshold 1.0k\): .* max_completion_tokens=N"
     with pytest.raises(InputError, match=tokens):
         await tmas.asolve("What is 17*23?", settings, max_completion_tokens=1000)
     # The paper's TMAS on one question, with no limit given: over the 500 calls `tmas solve` asks about.
-    with pytest.raises(InputError, match=r"^tmas.solve: the estimate is 1,6\d\d calls \(threshold 500\)"):
+    with pytest.raises(InputError, match=r"^tmas.solve: the estimate is 2,000 calls \(threshold 500\)"):
         await tmas.asolve("What is 17*23?", settings, method="tmas", params={"preset": "paper"})
     problems = tmp_path / "problems.jsonl"
     problems.write_text(PROBLEM + PROBLEM.replace("p1", "p2"))
-    with pytest.raises(InputError, match=r"^tmas.api.arun: the estimate is 16 calls \(threshold 10\)"):
+    with pytest.raises(InputError, match=r"^tmas.api.arun: the estimate is 32 calls \(threshold 10\)"):
         await tmas.api.arun(problems, tmp_path / "run", settings, max_calls=10)
     assert sim.chat_bodies() == []
     assert not (tmp_path / "question").exists() and not (tmp_path / "run").exists()
@@ -113,7 +114,7 @@ async def test_the_api_refuses_a_run_over_its_cost_limits_before_any_call_as_the
     # Within the limits (or with none), as asked.
     assert (await tmas.asolve("What is 17*23?", settings, max_calls=None)).answer == "391"
     assert len(sim.chat_bodies()) == 8
-    summary = await tmas.api.arun(problems, tmp_path / "run", settings, max_calls=16)
+    summary = await tmas.api.arun(problems, tmp_path / "run", settings, max_calls=32)
     assert summary.done == 2 and len(sim.chat_bodies()) == 8 + 16
 
 
@@ -128,9 +129,9 @@ async def test_a_resume_through_the_api_counts_only_the_calls_it_has_still_to_se
         db.execute("DELETE FROM results WHERE problem_id = 'p2'")
         db.execute("DELETE FROM calls WHERE problem_id = 'p2'")
     sim.reset()
-    # 8 calls in all, 4 of them stored: 4 to send.
-    with pytest.raises(InputError, match=r"^tmas.api.aresume: the estimate is 4 calls \(threshold 3\)"):
+    # 8 calls in all, 16 with every sample asked again, 4 of them stored: 12 to send at most (4 unless asked again).
+    with pytest.raises(InputError, match=r"^tmas.api.aresume: the estimate is 12 calls \(threshold 3\)"):
         await tmas.api.aresume(tmp_path / "run", max_calls=3)
     assert sim.chat_bodies() == []
-    summary = await tmas.api.aresume(tmp_path / "run", max_calls=4)
+    summary = await tmas.api.aresume(tmp_path / "run", max_calls=12)
     assert summary.done == 2 and len(sim.chat_bodies()) == 4

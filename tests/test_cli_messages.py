@@ -88,17 +88,19 @@ def test_solve_costs_a_few_dozen_calls_by_default_and_asks_before_the_papers(sim
     sim.reset()
     paper = run_tmas("solve", Q, "--base-url", sim.base_url, "-p", "preset=paper")
     assert paper.returncode == 2 and sim.stats().total_requests == 0
-    assert last_line(paper).startswith("tmas: error: the estimate is 1,640 calls (threshold 500): pass --yes")
+    # 1,640 calls, 2,000 with every reply asked again.
+    assert last_line(paper).startswith("tmas: error: the estimate is 2,000 calls (threshold 500): pass --yes")
 
 
 def test_run_asks_above_its_threshold_and_confirm_calls_sets_it(sim: SimServer, tmp_path: Path) -> None:
     write_problems(tmp_path / "p.jsonl", 4)
     args = ["run", str(tmp_path / "p.jsonl"), "-m", "majority", "-p", "k=8", "--base-url", sim.base_url]
     refused = run_tmas(*args, "-o", str(tmp_path / "a"), "--confirm-calls", "20")
-    assert refused.returncode == 2 and "the estimate is 32 calls (threshold 20)" in last_line(refused)
+    # 32 samples, each of which may be asked again once: 64 at most.
+    assert refused.returncode == 2 and "the estimate is 64 calls (threshold 20)" in last_line(refused)
     assert "cost estimate (before any call):" in refused.stderr.decode()  # shown whole before it refuses
     assert sim.stats().total_requests == 0 and not (tmp_path / "a").exists()
-    assert run_tmas(*args, "-o", str(tmp_path / "b"), "--confirm-calls", "32").returncode == 0
+    assert run_tmas(*args, "-o", str(tmp_path / "b"), "--confirm-calls", "64").returncode == 0
     assert run_tmas(*args, "-o", str(tmp_path / "c"), "--confirm-calls", "20", "--yes").returncode == 0
     assert len(sim.chat_bodies()) == 2 * 32
 
@@ -110,7 +112,8 @@ def test_a_resume_dry_run_counts_the_calls_it_holds(sim: SimServer, tmp_path: Pa
     assert run_tmas("run", str(tmp_path / "p.jsonl"), "-o", str(run_dir), *args).returncode == 0
     out = run_tmas("run", "--resume", str(run_dir), "--iterations", "2", "--dry-run")
     assert out.returncode == 0
-    assert "stored: 6 answered calls, replayed rather than sent; at most 6 still to send" in out.stderr.decode()
+    # 12 calls, 24 with every sample asked again, 6 of them stored.
+    assert "stored: 6 answered calls, replayed rather than sent; at most 18 still to send" in out.stderr.decode()
     assert len(sim.chat_bodies()) == 6
 
 
@@ -120,10 +123,11 @@ def test_a_resume_under_other_sampling_counts_no_stored_call_as_replayed(sim: Si
     args = ["-m", "majority", "-p", "k=3", "--base-url", sim.base_url]
     assert run_tmas("run", str(tmp_path / "p.jsonl"), "-o", str(run_dir), *args).returncode == 0
     # Every problem is solved again (iterations 0-1) at the new temperature: none of the 6 stored calls answers, so
-    # all 12 are to send, over the threshold of 8 (counted as replayed, 6 were left under it).
-    resume = ["run", "--resume", str(run_dir), "--iterations", "2", "--temperature", "0.3", "--confirm-calls", "8"]
+    # all 12 (24 with every sample asked again) are to send, over the threshold of 20 (counted as replayed, 18 were
+    # left under it).
+    resume = ["run", "--resume", str(run_dir), "--iterations", "2", "--temperature", "0.3", "--confirm-calls", "20"]
     gated = run_tmas(*resume)
-    assert gated.returncode == 2 and last_line(gated).startswith("tmas: error: the estimate is 12 calls (threshold 8)")
+    assert gated.returncode == 2 and last_line(gated).startswith("tmas: error: the estimate is 24 calls (threshold 20)")
     assert len(sim.chat_bodies()) == 6
 
 

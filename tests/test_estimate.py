@@ -77,13 +77,17 @@ def test_the_local_preset_ranges_from_a_settled_first_iteration() -> None:
     local = create_method("tmas", {"preset": "local"})
     count = calls_per_problem(local)
     assert (count.fewest_total, count.upper_total) == (6, 12)
-    # Every call at the preset's max_tokens: 2 x 640 + 2 x 400 + 2 x 220 = 2,520 at the fewest; at most
-    # 2,520 + 450 + 300 (memory) + 2 x 640 + 2 x 400 (iteration 1) = 5,350.
+    # Every call at the preset's max_tokens: 2 x 640 + 2 x 400 + 2 x 220 = 2,520 at the fewest; by the structure
+    # 2,520 + 450 + 300 (memory) + 2 x 640 + 2 x 400 (iteration 1) = 5,350, and at most, every reply but the
+    # verifications' asked again (the 4 solutions once, iteration 1's 2 reminded once more: 6 x 640; 2 summaries x 220;
+    # the memory updates once): 5,350 + 3,840 + 440 + 450 + 300 = 10,380.
+    assert count.again == {"solution": 6, "summary": 2, "experience": 1, "guideline": 1} and count.most_total == 22
     point = estimate_point("local", local, Settings(), 1, None)
-    assert (point.fewest_completion_tokens, point.completion_tokens) == (2520, 5350)
+    assert (point.fewest_completion_tokens, point.completion_tokens) == (2520, 10_380)
     text = format_estimate(Estimate([point]))
-    assert "6-12" in text and "2.5k-5.3k" in text and "total: 6 to 12 calls" in text
-    assert "completion tokens: 2.5k to 5.3k" in text
+    assert "6-12" in text and "2.5k-10k" in text and "total: 6 to 12 calls" in text
+    assert "at most: 22 calls with every reply asked again" in text
+    assert "completion tokens: 2.5k to 10k" in text
     assert Estimate([point]).to_dict()["fewest_calls"] == 6
 
 
@@ -271,11 +275,13 @@ def test_tokens_from_pilot_rates_by_role_and_hours() -> None:
 
 def test_max_tokens_gives_a_ceiling_without_rates() -> None:
     # TMAS N = M = 8, T = 20, 1 problem, every call at max_tokens = 1000: 1,640 calls less the last iteration's 8
-    # summaries and 2 memory updates = 1,630 calls -> 1.63M tokens at most.
+    # summaries and 2 memory updates = 1,630 calls; with every reply asked again (160 solutions once, the 152 after
+    # the first iteration reminded once more, 152 summaries and 2 x 19 memory updates once) 2,132 -> 2.132M at most.
     settings = Settings.model_validate({"sampling": {"max_tokens": 1000}})
     tmas = create_method("tmas", {"n": 8, "m": 8, "iterations": 20})
     point = estimate_point("tmas", tmas, settings, 1, None)
-    assert point.basis == "max_tokens" and point.completion_tokens == 1_630_000
+    assert point.upper_calls == 1630 and point.most_calls == 2132
+    assert point.basis == "max_tokens" and point.completion_tokens == 2_132_000
     given = estimate_point("tmas", tmas, settings, 1, TokenRates(default_completion=10))
     assert given.completion_tokens == 16_300 and given.basis == "given"
 
@@ -283,24 +289,22 @@ def test_max_tokens_gives_a_ceiling_without_rates() -> None:
 def test_threshold() -> None:
     point = estimate_point("tmas", create_method("tmas", {"preset": "paper"}), Settings(), 100, None)
     estimate = Estimate([point])
+    # 1,640 calls a problem, and at most 360 more asked again (the paper's setting reminds no answer): 2,000.
     assert estimate.over(200_000, None) is None
-    assert estimate.over(100_000, None) == "164,000 calls (threshold 100,000)"
+    assert estimate.over(100_000, None) == "200,000 calls (threshold 100,000)"
 
 
 def test_a_resume_is_gated_on_what_it_has_still_to_send() -> None:
-    # Majority k = 4 on 10 problems, max_tokens 100: 40 calls, 4,000 completion tokens at most. With 30 answered
-    # calls stored, 10 are still to send, and a quarter of the tokens: 1,000.
+    # Majority k = 4 on 10 problems, max_tokens 100: 40 calls, 80 with every sample asked again once, 8,000
+    # completion tokens at most. With 30 answered calls stored, 50 are still to send at most, and 5/8 of the tokens.
     settings = Settings.model_validate({"sampling": {"max_tokens": 100}})
     estimate = Estimate([estimate_point("mv", create_method("majority", {"k": 4}), settings, 10, None)])
     estimate.stored_calls = 30
-    assert (estimate.calls_to_send, estimate.tokens_to_send) == (10, 1000.0)
-    assert estimate.over(20, None) is None and estimate.over(5, None) == "10 calls (threshold 5)"
-    assert estimate.over(None, 2000) is None and estimate.over(None, 500) == "1.0k completion tokens (threshold 500)"
-    assert brief_estimate(estimate) == (
-        "up to 10 calls to send (30 stored, replayed), <=1.0k completion tokens, plus any reply asked again (one call"
-        " more each)"
-    )
-    assert "stored: 30 answered calls, replayed rather than sent; at most 10 still to send" in format_estimate(estimate)
+    assert (estimate.calls_to_send, estimate.tokens_to_send) == (50, 5000.0)
+    assert estimate.over(50, None) is None and estimate.over(5, None) == "50 calls (threshold 5)"
+    assert estimate.over(None, 5000) is None and estimate.over(None, 500) == "5.0k completion tokens (threshold 500)"
+    assert brief_estimate(estimate) == "up to 50 calls to send (30 stored, replayed), <=5.0k completion tokens"
+    assert "stored: 30 answered calls, replayed rather than sent; at most 50 still to send" in format_estimate(estimate)
 
 
 async def test_a_problem_that_stored_more_calls_takes_nothing_off_another_ones_calls_to_send(
@@ -315,32 +319,31 @@ async def test_a_problem_that_stored_more_calls_takes_nothing_off_another_ones_c
         await run_problems(settings, todo, store)
     sim.reset()
     sim.set_script(SimScript())
-    # Resumed with k = 2: q0 replays 2 of its 4 stored samples, and q1 and q2 send 2 each: 4 calls. Its 4 stored
-    # calls taken off the 6 of the whole run said 2 were still to send.
-    with pytest.raises(InputError, match=r"the estimate is 4 calls \(threshold 3\): up to 4 calls to send \(2 stored"):
+    # Resumed with k = 2: q0 replays 2 of its 4 stored samples, and q1 and q2 send 2 each: 4 calls, 10 at most with
+    # every sample asked again (q0's 2 replayed samples' retries among them). Its 4 stored calls taken off the 12 of
+    # the whole run would say 8.
+    with pytest.raises(InputError, match=r"the estimate is 10 calls \(threshold 3\): up to 10 calls to send \(2 st"):
         await aresume(tmp_path / "run", params={"k": 2}, max_calls=3)
     assert sim.chat_bodies() == []
-    await aresume(tmp_path / "run", params={"k": 2}, max_calls=4)
+    await aresume(tmp_path / "run", params={"k": 2}, max_calls=10)
     assert len(sim.chat_bodies()) == 4
 
 
-def test_the_brief_estimate_of_a_bounded_count_says_replies_asked_again_come_on_top() -> None:
+def test_the_brief_estimate_of_a_bounded_count_holds_replies_asked_again() -> None:
     # MATTRL's default count is a bound (its retries of unusable replies): 2 problems, 98 calls at most by its
-    # structure; resumed with 8 stored, 90 are still to send, and a reply asked again is one more.
+    # structure; its 9 opinions and its decision may each be asked again once: 118 at most. Resumed with 8 stored,
+    # 110 are still to send at most.
     point = estimate_point("m", create_method("mattrl", {}), Settings(), 2, None)
     estimate = Estimate([point])
+    assert brief_estimate(estimate).startswith("6 to 98 calls (118 at most, with replies asked again), <=")
     estimate.stored_calls = 8
-    assert (estimate.calls, estimate.upper_calls, estimate.calls_to_send) == (58, 98, 90)
-    shown = brief_estimate(estimate)
-    assert shown.startswith("up to 90 calls to send (8 stored, replayed), <=")
-    assert shown.endswith(", plus any reply asked again (one call more each)") and "at most" not in shown
+    assert (estimate.calls, estimate.upper_calls, estimate.most_calls, estimate.calls_to_send) == (58, 98, 118, 110)
+    assert brief_estimate(estimate).startswith("up to 110 calls to send (8 stored, replayed), <=")
 
 
-async def test_the_brief_estimate_of_an_exact_count_says_replies_asked_again_come_on_top(
-    sim: SimServer, tmp_path: Path
-) -> None:
-    # CoT is one call a problem, at most max_tokens (256 here) of completion. A reply that is nothing but its
-    # prompt's instructions is asked again: the problem sends 2 calls, twice the tokens.
+async def test_the_brief_estimate_of_an_exact_count_holds_replies_asked_again(sim: SimServer, tmp_path: Path) -> None:
+    # CoT is one call a problem, max_tokens (256 here) of completion. A reply that is nothing but its prompt's
+    # instructions is asked again: the problem sends 2 calls, twice the tokens, the most the line says.
     settings = settings_for(sim, method={"name": "cot", "params": {}})
     problem = [Problem(problem_id="q0", question="What is 2*7?", answer="14")]
     store, settings, todo = prepare_run(tmp_path / "probe", settings, problem, resume=False)
@@ -355,23 +358,18 @@ async def test_the_brief_estimate_of_an_exact_count_says_replies_asked_again_com
         summary = await run_problems(settings, todo, store)
     assert len(sim.chat_bodies()) == summary.calls == 2
     estimate = Estimate([estimate_point("cot", create_method("cot", {}), settings, 1, None)])
-    assert estimate.upper_calls == 1
-    # The one line the command prints before it starts must not read as the most the run sends.
-    assert (
-        brief_estimate(estimate) == "1 call, <=256 completion tokens, plus any reply asked again (one call more each)"
-    )
+    assert (estimate.upper_calls, estimate.most_calls) == (1, 2)
+    # The one line the command prints before it starts says the most the run sends, calls and tokens.
+    assert brief_estimate(estimate) == "1 call (2 at most, with replies asked again), <=512 completion tokens"
 
 
-def test_the_whole_estimate_says_its_calls_count_every_reply_as_usable() -> None:
-    # verify_refine states an exact count, but a verification that repeats its instructions is asked again: the
-    # table must not read as the most a run can send.
+def test_the_whole_estimate_says_the_most_with_replies_asked_again() -> None:
+    # verify_refine states an exact count, 8 calls, but its 2 solutions and 2 corrections may repeat their
+    # instructions and be asked again, and a correction with no answer is reminded once more: 14 at most.
     point = estimate_point("vr", create_method("verify_refine", {"n": 2, "m": 1, "iterations": 2}), Settings(), 1, None)
     shown = format_estimate(Estimate([point]))
     assert "total: 8 calls\n" in shown
-    assert (
-        "calls count every reply as usable: a reply asked again (one that repeats its instructions, a refinement with"
-        " no answer) adds one" in shown
-    )
+    assert "  at most: 14 calls with every reply asked again as often as it can be (one that repeats its" in shown
 
 
 def test_one_question_runs_tmas_quick_preset_where_no_parameter_is_given() -> None:
@@ -408,8 +406,8 @@ def test_sweep_dry_run_prints_the_estimate_and_sends_nothing(sim: SimServer, tmp
     )  # fmt: skip
     assert out.returncode == 0, out.stderr.decode()
     err = out.stderr.decode()
-    assert "total: 164,000 calls" in err
-    assert "164M" in err and "hours" in err
+    assert "total: 164,000 calls" in err and "at most: 200,000 calls" in err
+    assert "200M" in err and "hours" in err
     assert sim.stats().total_requests == 0
     assert not (tmp_path / "sw" / "runs").exists()
 
@@ -423,11 +421,12 @@ def test_a_sweep_run_again_is_gated_on_the_calls_its_unfinished_points_send(sim:
     assert first.returncode == 0, first.stderr.decode()
     assert sim.stats().total_requests == 12
     sim.reset()
-    # Again with a third point: k = 2 and k = 4 are finished and skipped, k = 8 sends 2 x 8 = 16 calls. The whole
-    # grid's 28 are over the threshold of 20; the 16 still to send are not.
-    again = tmas_cli(*base, "--grid", "k=2,4,8", "--confirm-calls", "20")
+    # Again with a third point: k = 2 and k = 4 are finished and skipped, k = 8 sends 2 x 8 = 16 calls, 32 with
+    # every sample asked again. The whole grid's 56 at most are over the threshold of 40; the 32 still to send are
+    # not (the finished points' 12 stored calls and the 12 they never asked again are off).
+    again = tmas_cli(*base, "--grid", "k=2,4,8", "--confirm-calls", "40")
     assert again.returncode == 0, again.stderr.decode()
-    assert "tmas: estimate: up to 16 calls to send (12 stored, replayed)" in again.stderr.decode()
+    assert "tmas: estimate: up to 32 calls to send (12 stored, replayed)" in again.stderr.decode()
     assert sim.stats().total_requests == 16
 
 
@@ -438,13 +437,13 @@ def test_eval_over_the_threshold_without_a_terminal_asks_for_yes(sim: SimServer,
     out = tmas_cli(*base, "--method", "majority", "-p", "k=4", "--confirm-calls", "5")
     assert out.returncode != 0
     last = out.stderr.decode().strip().splitlines()[-1]
-    why = "the estimate is 12 calls (threshold 5)"
+    why = "the estimate is 24 calls (threshold 5)"  # 12 samples, each of which may be asked again
     said = "pass --yes to start it without a terminal to confirm on (or --confirm-calls N, --dry-run to see it whole)"
     assert last == f"tmas: error: {why}: {said}"
     assert sim.stats().total_requests == 0
     ok = tmas_cli(*base, "--method", "majority", "-p", "k=4", "--confirm-calls", "5", "--yes")
     assert ok.returncode == 0, ok.stderr.decode()
-    # 3 problems x 4 samples, as estimated.
+    # 3 problems x 4 samples, as estimated (none asked again).
     with RunStore(tmp_path / "run", create=False) as store:
         assert store.call_counts()["calls"] == 12
 
@@ -459,7 +458,7 @@ def test_eval_says_its_estimate_leaves_out_the_judges_calls(sim: SimServer, tmp_
     roles = [r.role for r in sim.requests if r.endpoint == "chat"]
     assert roles.count("solution") == 4 and roles.count("judge") > 0
     said = next(line for line in out.stderr.decode().splitlines() if line.startswith("tmas: estimate: "))
-    assert said.startswith("tmas: estimate: 4 calls, ")
+    assert said.startswith("tmas: estimate: 4 calls (8 at most, with replies asked again), ")
     assert said.endswith(
         "; not counted: the report's judge calls, 2 per distinct answer (each unreadable reply asked again up to 2"
         " times; --grade rules sends none)"
@@ -487,8 +486,8 @@ def test_a_nan_or_infinite_estimate_flag_is_refused_in_one_line(
 
 
 def test_a_pilot_over_the_threshold_asks_before_it_sends(sim: SimServer, tmp_path: Path) -> None:
-    # The pilot of MV@64 on 2 problems is 128 calls: over --confirm-calls 50 it is refused before any call, as the
-    # run it measures would be, rather than sent and the run refused after it.
+    # The pilot of MV@64 on 2 problems is 128 calls, 256 at most: over --confirm-calls 50 it is refused before any
+    # call, as the run it measures would be, rather than sent and the run refused after it.
     problems = write_problems(tmp_path / "p.jsonl", 10)
     base = ["run", str(problems), "--out", str(tmp_path / "run"), "--base-url", sim.base_url, "--method", "majority"]
     base += ["-p", "k=64", "--pilot", "2", "--confirm-calls", "50", "--dry-run"]
@@ -497,11 +496,11 @@ def test_a_pilot_over_the_threshold_asks_before_it_sends(sim: SimServer, tmp_pat
     err = out.stderr.decode()
     assert "the pilot's cost estimate:" in err and "total: 128 calls" in err
     assert err.strip().splitlines()[-1] == (
-        "tmas: error: the pilot is 128 calls (threshold 50): pass --yes to start it without a terminal to confirm on"
+        "tmas: error: the pilot is 256 calls (threshold 50): pass --yes to start it without a terminal to confirm on"
         " (or a smaller --pilot N, --confirm-calls N)"
     )
     assert sim.stats().total_requests == 0 and not (tmp_path / "run" / "pilot").exists()
-    # With --yes the pilot runs (and the dry run stops after it): its 128 calls, as estimated.
+    # With --yes the pilot runs (and the dry run stops after it): its 128 calls, none asked again.
     ran = tmas_cli(*base, "--yes")
     assert ran.returncode == 0, ran.stderr.decode()
     assert sim.stats().total_requests == 128
@@ -530,6 +529,10 @@ def test_budgets_cap_the_estimate() -> None:
     point = estimate_point("vr", method, capped, 10, TokenRates(default_completion=10))
     assert point.total_calls == 1000 and point.completion_tokens == 10_000  # 100 calls x 10 tokens x 10 problems
     assert not point.calls.exact and "call budget" in point.calls.note
+    # As a ceiling, every call at max_tokens (2,048 by default): the 100 calls the budget lets a problem send, replies
+    # asked again among them.
+    ceiling = estimate_point("vr", method, capped, 10, None)
+    assert ceiling.most_calls == 1000 and ceiling.completion_tokens == 10 * 100 * 2048
     # A completion-token budget of 500 a problem: with measured rates, 320 calls x 10 tokens = 3,200 would pass it,
     # and the estimate stops at the budget.
     tokens = Settings.model_validate({"budget": {"tokens": 500}})
@@ -577,11 +580,14 @@ async def test_a_pilot_measures_tokens_per_role_and_a_second_one_resumes_it(tmp_
 def test_one_call_is_said_in_the_singular() -> None:
     # Chain of thought on one problem: one call; the same resumed with it stored: none to send, one stored.
     estimate = Estimate([estimate_point("cot", create_method("cot", {}), Settings(), 1, None)])
-    assert brief_estimate(estimate).startswith("1 call, <=")
-    assert "  total: 1 call\n" in format_estimate(estimate) and estimate.over(0, None) == "1 call (threshold 0)"
+    assert brief_estimate(estimate).startswith("1 call (2 at most, with replies asked again), <=")
+    assert "  total: 1 call\n" in format_estimate(estimate) and estimate.over(2, None) is None
     estimate.stored_calls = 1
-    assert brief_estimate(estimate).startswith("up to 0 calls to send (1 stored, replayed)")
-    assert "stored: 1 answered call, replayed rather than sent; at most 0 still to send" in format_estimate(estimate)
+    assert brief_estimate(estimate).startswith("up to 1 call to send (1 stored, replayed)")
+    assert "stored: 1 answered call, replayed rather than sent; at most 1 still to send" in format_estimate(estimate)
+    assert estimate.over(0, None) == "1 call (threshold 0)"
+    estimate.stored_calls = 2
+    assert brief_estimate(estimate).startswith("up to 0 calls to send (2 stored, replayed)")
     budget = Settings.model_validate({"budget": {"calls": 1}})
     capped = estimate_point("mv", create_method("majority", {"k": 4}), budget, 1, None)
     assert capped.calls.note is not None and capped.calls.note.endswith("the call budget stops each problem at 1 call")

@@ -40,7 +40,7 @@ def test_a_request_past_the_cap_is_refused_before_any_upstream_call(sim: SimServ
             extra_body={"tmas": {"preset": "paper"}},
         )
     assert caught.value.code == "cost_limit"
-    assert "could make 1,640 upstream calls" in caught.value.message
+    assert "could make 2,000 upstream calls" in caught.value.message  # 1,640, and 360 replies asked again
     assert "at most 500 (tmas serve --max-request-calls)" in caught.value.message
     assert sim.stats().total_requests == 0
 
@@ -49,7 +49,7 @@ def test_the_cap_is_the_servers_to_set(sim: SimServer, tmp_path: Path) -> None:
     options = ServeOptions(serve_dir=tmp_path / "served", max_request_calls=10)
     with ProxyThread(settings_for(sim), options) as proxy:
         api = client(proxy)
-        with pytest.raises(openai.BadRequestError, match="could make 48 upstream calls"):
+        with pytest.raises(openai.BadRequestError, match="could make 80 upstream calls"):
             api.chat.completions.create(model="tmas/sim-model", messages=QUESTION)  # type: ignore[arg-type]
         reply = api.chat.completions.create(
             model="majority/sim-model",

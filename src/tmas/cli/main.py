@@ -680,6 +680,9 @@ def sweep(
         p.upper_calls if held is None else replay_credit(p, held)
         for p, held in zip(planned.points, replays, strict=True)
     )
+    planned.finished_again = sum(
+        p.most_calls - p.upper_calls for p, held in zip(planned.points, replays, strict=True) if held is None
+    )
     judged = None if no_report else judge_calls(grade_config)
     planned.left_out += [judged] if judged else []
     gate(planned, estimate)

@@ -2,11 +2,12 @@
 (:meth:`tmas.methods.base.Method.calls_per_problem`) and the cost estimate adds up over problems and grid points.
 
 Counts assume every call succeeds and every reply is usable: a failed call only ever lowers them (its candidate is
-not verified or summarised, nor is a TMAS solution with no text; a memory agent with no rollout is skipped). No count
-holds the calls a reply may be asked again in, whatever the method: a reply that echoes its prompt's instructions
-(tmas.methods.echo_retry) and an answerless refinement reminded of the required output (tmas.methods.answer_reminder)
-each add one call beyond the count, ``upper`` included; a transport retry adds attempts of one call, not calls. A
-call budget (``cap``) holds those calls too. Embedding requests are not chat calls and are not counted.
+not verified or summarised, nor is a TMAS solution with no text; a memory agent with no rollout is skipped). The calls
+a reply may be asked again in come on top, each a known number of times at most: a reply that echoes its prompt's
+instructions (tmas.methods.echo_retry) is asked once more, and an answerless solution reminded of the required output
+(tmas.methods.answer_reminder) once more after that. Each method states those calls too (``again``, by role), so
+``most`` is the most a problem can send whatever its replies; a transport retry adds attempts of one call, not calls.
+A call budget (``cap``) holds every call. Embedding requests are not chat calls and are not counted.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from dataclasses import dataclass
 class CallCount:
     """Chat calls per problem by role: ``expected`` when every call succeeds (and adaptive methods run to their
     limit), ``upper`` the most the method's structure allows, its own retries included (MATTRL's retries of unusable
-    replies), not the echo and answer-reminder calls any method may add (see the module docstring): a run may send
-    more. ``exact``: the structure fixes the count."""
+    replies), ``again`` the most calls replies asked again add beside it (echo retries and answer reminders, see the
+    module docstring): ``most``, their sum, no problem exceeds. ``exact``: the structure fixes the count."""
 
     expected: dict[str, int]
     upper: dict[str, int]
@@ -36,6 +37,9 @@ class CallCount:
     stoppable_tokens: int = 0
     # False for a method that states no count of its own: the estimate shows it as unknown, not as zero.
     known: bool = True
+    # The most calls by role that replies asked again add to ``upper`` (an echo's retry, an answer reminder); None
+    # where the method does not state them (a plugin's count may leave them out): ``most`` is then no ceiling.
+    again: dict[str, int] | None = None
 
     @classmethod
     def unknown(cls, method: str) -> CallCount:
@@ -53,6 +57,17 @@ class CallCount:
         return total if self.cap is None else min(total, self.cap)
 
     @property
+    def most(self) -> dict[str, int]:
+        """The most calls by role a problem sends: ``upper`` and every reply asked again as often as it can be."""
+        again = self.again or {}
+        return {role: self.upper.get(role, 0) + again.get(role, 0) for role in {**self.upper, **again}}
+
+    @property
+    def most_total(self) -> int:
+        total = sum(self.most.values())
+        return total if self.cap is None else min(total, self.cap)
+
+    @property
     def fewest_total(self) -> int:
         total = sum((self.fewest if self.fewest is not None else self.expected).values())
         return total if self.cap is None else min(total, self.cap)
@@ -62,16 +77,33 @@ class CallCount:
         full = sum(self.expected.values())
         return self.total / full if full else 1.0
 
+    def most_share(self) -> float:
+        """The part of the most calls the cap leaves (1.0 without a cap)."""
+        full = sum(self.most.values())
+        return self.most_total / full if full else 1.0
+
 
 def count_calls(
     roles: Mapping[str, int],
     note: str = "",
     upper: Mapping[str, int] | None = None,
     fewest: Mapping[str, int] | None = None,
+    again: Mapping[str, int] | None = None,
 ) -> CallCount:
     """A :class:`CallCount` of ``roles`` (roles with no call left out): exact unless it has a ``note`` or an
-    ``upper`` bound of its own; ``fewest``: where a stopping rule may end a problem sooner."""
+    ``upper`` bound of its own; ``fewest``: where a stopping rule may end a problem sooner; ``again``: the most calls
+    by role that replies asked again add (:func:`asked_again`; ``{}`` for none, None where the method does not say)."""
     expected = {role: n for role, n in roles.items() if n}
     ceiling = {role: n for role, n in (upper or roles).items() if n}
     floor = {role: n for role, n in fewest.items() if n} if fewest is not None else None
-    return CallCount(expected, ceiling, exact=upper is None and not note, note=note, fewest=floor)
+    more = {role: n for role, n in again.items() if n} if again is not None else None
+    return CallCount(expected, ceiling, exact=upper is None and not note, note=note, fewest=floor, again=more)
+
+
+def asked_again(guarded: Mapping[str, int], reminded: Mapping[str, int] | None = None) -> dict[str, int]:
+    """The most calls by role that replies asked again add: one for each of ``guarded``'s calls (under the echo
+    guard, :func:`tmas.methods.echo_retry.chat_guarded`, a solution call's included) and one more for each of
+    ``reminded``'s (solution calls that may be reminded of the required output, :mod:`tmas.methods.answer_reminder`;
+    each is guarded too)."""
+    more = reminded or {}
+    return {role: guarded.get(role, 0) + more.get(role, 0) for role in {**guarded, **more}}

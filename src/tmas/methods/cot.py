@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from tmas.agents.solution import generation_prompt
 from tmas.methods.base import Method, MethodParams, ProblemResult, ProblemSession
-from tmas.methods.call_count import CallCount, count_calls
+from tmas.methods.call_count import CallCount, asked_again, count_calls
 from tmas.methods.steps import finish, notes_for, solve_call
 from tmas.methods.style_params import StyledParams
 from tmas.methods.traits import Traits
@@ -34,7 +34,7 @@ class CoT(Method[CoTParams]):
 
     def calls_per_problem(self) -> CallCount:
         """One solution call."""
-        return count_calls({"solution": 1})
+        return count_calls({"solution": 1}, again=asked_again({"solution": 1}))
 
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p = self.params

@@ -40,7 +40,7 @@ from tmas.methods.base import (
     ProblemSession,
     gather_all,
 )
-from tmas.methods.call_count import CallCount, count_calls
+from tmas.methods.call_count import CallCount, asked_again, count_calls
 from tmas.methods.confidence_params import note_missing_confidence
 from tmas.methods.online_stop import (
     ONLINE_STOP_NOTICE,
@@ -127,13 +127,16 @@ class MajorityVote(Method[MajorityParams]):
         ``confidence_window`` tokens arrived."""
         p = self.params
         most = p.k * p.iterations
-        samples, count = most, count_calls({"solution": most})
+        again = asked_again({"solution": most})
+        samples, count = most, count_calls({"solution": most}, again=again)
         if p.stop == "beta":
             warmup = p.warmup if p.online_stop else 0
             samples = fewest_samples(p.k, p.iterations, p.round_size, fewest_votes_to_stop(p.stop_threshold), warmup)
             if samples < most:
                 note = f"stop=beta: from {samples} samples (a decided vote) to k x T (Adaptive-Consistency)"
-                count = count_calls({"solution": most}, note, upper={"solution": most}, fewest={"solution": samples})
+                count = count_calls(
+                    {"solution": most}, note, upper={"solution": most}, fewest={"solution": samples}, again=again
+                )
         if p.online_stop and samples > p.warmup:
             count.stoppable, count.stoppable_tokens = {"solution": samples - p.warmup}, p.confidence_window
             note = (

@@ -54,7 +54,7 @@ from tmas.methods.base import (
     ProblemSession,
     gather_all,
 )
-from tmas.methods.call_count import CallCount, count_calls
+from tmas.methods.call_count import CallCount, asked_again, count_calls
 from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.mattrl_deliberation import PeerReview, Reviews, Seat, pooled_differential
 from tmas.methods.mattrl_domains import DEFAULT_DOMAIN, DOMAINS, Domain, DomainName, domain_named, domain_names
@@ -166,17 +166,22 @@ class MATTRL(Method[MATTRLParams]):
             if p.teaching == "single":
                 roles = {"student": rounds + 2, "specialist": rounds + 1}
                 note = "at most: a right pre-test ends the case after 1 call"
-                return count_calls(roles, note, upper=roles, fewest={"student": 1})
+                # No call of a single teacher's is asked again.
+                return count_calls(roles, note, upper=roles, fewest={"student": 1}, again={})
             roles = {"student": rounds + 2, "coordinator": 1 + rounds + 1, "specialist": n * rounds}
             upper = {**roles, "coordinator": tries + rounds + 1}
             note = "at most: a right pre-test ends the case after 1 call; team formation may retry"
-            return count_calls(roles, note, upper, fewest={"student": 1})
+            # Each round's planned question is under the echo guard.
+            again = asked_again({"coordinator": rounds})
+            return count_calls(roles, note, upper, fewest={"student": 1}, again=again)
         review = self.domain.review
         reviews = review.calls(n, rounds) if review is not None else 0
         roles = {"coordinator": 2, "specialist": n * rounds, "reviewer": reviews}
         upper = {"coordinator": tries + 2, "specialist": n * rounds, "reviewer": reviews * tries}
         note = "at most, with the full team for every round: deliberation stops once every specialist has converged"
-        return count_calls(roles, note, upper, fewest={"coordinator": 2, "specialist": 1})
+        # Opinions and the decision are under the echo guard (a review's own retries are in ``upper``).
+        again = asked_again({"specialist": n * rounds, "coordinator": 1})
+        return count_calls(roles, note, upper, fewest={"coordinator": 2, "specialist": 1}, again=again)
 
     def __init__(self, params: MethodParams) -> None:
         super().__init__(params)

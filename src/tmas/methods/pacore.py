@@ -35,7 +35,7 @@ from tmas.methods.base import (
     ProblemSession,
     gather_all,
 )
-from tmas.methods.call_count import CallCount, count_calls
+from tmas.methods.call_count import CallCount, asked_again, count_calls
 from tmas.methods.state import FallbackState, MethodState
 from tmas.methods.steps import Chosen, close_iteration, finish, notes_for, solve_call
 from tmas.methods.style_params import StyledParams
@@ -83,9 +83,8 @@ class PaCoRe(Method[PaCoReParams]):
     def calls_per_problem(self) -> CallCount:
         """R x T solution calls (R responses per round), plus the synthesis round's S calls when ``synthesis``."""
         p = self.params
-        return count_calls(
-            {"solution": p.responses_per_round * p.iterations, "synthesis": p.synthesis_responses * p.synthesis}
-        )
+        roles = {"solution": p.responses_per_round * p.iterations, "synthesis": p.synthesis_responses * p.synthesis}
+        return count_calls(roles, again=asked_again(roles))
 
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p, q, mode = self.params, session.problem.question, self.params.mode

@@ -53,7 +53,7 @@ from tmas.methods.base import (
     ProblemSession,
     gather_all,
 )
-from tmas.methods.call_count import CallCount, count_calls
+from tmas.methods.call_count import CallCount, asked_again, count_calls
 from tmas.methods.echo_retry import chat_guarded, reply_to_read
 from tmas.methods.state import FallbackState, MethodState
 from tmas.methods.steps import Chosen, close_iteration, finish, notes_for, solve_call
@@ -146,7 +146,8 @@ class RSE(Method[RSEParams]):
         """N x T solution calls and N x (T - 1) distiller calls (the last iteration is not distilled); its embedding
         requests are not chat calls."""
         p = self.params
-        return count_calls({"solution": p.n * p.iterations, "distiller": p.n * (p.iterations - 1)})
+        roles = {"solution": p.n * p.iterations, "distiller": p.n * (p.iterations - 1)}
+        return count_calls(roles, again=asked_again(roles))
 
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p, q, mode = self.params, session.problem.question, self.params.mode

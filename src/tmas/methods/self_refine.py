@@ -28,7 +28,7 @@ from tmas.methods.base import (
     ProblemSession,
     gather_all,
 )
-from tmas.methods.call_count import CallCount, count_calls
+from tmas.methods.call_count import CallCount, asked_again, count_calls
 from tmas.methods.state import FallbackState, MethodState
 from tmas.methods.steps import Chosen, close_iteration, finish, keeps_previous, notes_for, solve_call
 from tmas.methods.style_params import StyledParams
@@ -63,9 +63,12 @@ class SelfRefine(Method[SelfRefineParams]):
         return ["Self-Refine"]
 
     def calls_per_problem(self) -> CallCount:
-        """N solution calls in iteration 0, N refiner calls in each of the T - 1 later ones: N x T."""
+        """N solution calls in iteration 0, N refiner calls in each of the T - 1 later ones: N x T; each may be asked
+        again once (an echo), a refinement (``answer_reminder``) once more."""
         p = self.params
-        return count_calls({"solution": p.n, "refiner": p.n * (p.iterations - 1)})
+        roles = {"solution": p.n, "refiner": p.n * (p.iterations - 1)}
+        reminded = {"refiner": roles["refiner"]} if p.answer_reminder else {}
+        return count_calls(roles, again=asked_again(roles, reminded))
 
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p, mode, q = self.params, self.params.mode, session.problem.question

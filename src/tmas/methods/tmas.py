@@ -89,7 +89,7 @@ from tmas.methods.base import (
     gather_all,
     gather_pair,
 )
-from tmas.methods.call_count import CallCount, count_calls
+from tmas.methods.call_count import CallCount, asked_again, count_calls
 from tmas.methods.confidence_params import note_missing_confidence
 from tmas.methods.echo_retry import GuardedReply, chat_guarded, reply_to_read
 from tmas.methods.state import EarlyStop, MethodState, TMASState
@@ -213,9 +213,13 @@ class TMAS(Method[TMASParams]):
             "experience": 0 if p.no_experience else memory,
             "guideline": 0 if p.no_guideline else memory,
         }
+        # Every call but the verifiers' is under the echo guard; a solution after the first iteration's may be
+        # reminded of its answer too.
+        guarded = {role: n for role, n in roles.items() if role != "verifier"}
+        again = asked_again(guarded, {"solution": p.n * (t - 1)} if p.answer_reminder else None)
         settled = p.early_stop_patience  # the fewest iterations a problem can run: settled at once
         if not p.early_stop or settled >= t:
-            return count_calls(roles)
+            return count_calls(roles, again=again)
         least = {
             "solution": p.n * settled,
             "verifier": p.n * p.m * settled,
@@ -225,7 +229,7 @@ class TMAS(Method[TMASParams]):
             "guideline": 0 if p.no_guideline else settled - 1,
         }
         note = f"early_stop: from a problem settled after {settled} iteration(s) to all {t}"
-        return count_calls(roles, note, upper=roles, fewest=least)
+        return count_calls(roles, note, upper=roles, fewest=least, again=again)
 
     # ------------------------------------------------------------------------------------------ Algorithm 1
     async def solve(self, session: ProblemSession) -> ProblemResult:

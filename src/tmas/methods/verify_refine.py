@@ -37,7 +37,7 @@ from tmas.methods.base import (
     ProblemSession,
     gather_all,
 )
-from tmas.methods.call_count import CallCount, count_calls
+from tmas.methods.call_count import CallCount, asked_again, count_calls
 from tmas.methods.selection import SelectFrom, SelectRule
 from tmas.methods.state import FallbackState, MethodState
 from tmas.methods.steps import Chosen, close_iteration, finish, keeps_previous, notes_for, solve_call
@@ -96,7 +96,10 @@ class VerifyRefine(Method[VerifyRefineParams]):
     def calls_per_problem(self) -> CallCount:
         """N solution + N x (T - 1) corrector + N x m x T verifier calls: N x T x (1 + m)."""
         p, t = self.params, self.params.iterations
-        return count_calls({"solution": p.n, "corrector": p.n * (t - 1), "verifier": p.n * p.m * t})
+        roles = {"solution": p.n, "corrector": p.n * (t - 1), "verifier": p.n * p.m * t}
+        solving = {"solution": p.n, "corrector": p.n * (t - 1)}  # verifications are never asked again
+        reminded = {"corrector": p.n * (t - 1)} if p.answer_reminder else {}
+        return count_calls(roles, again=asked_again(solving, reminded))
 
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p = self.params

@@ -4,7 +4,8 @@ throughput.
 
 Each method states its own calls per problem, by role (:meth:`tmas.methods.base.Method.calls_per_problem`, the
 formula in each method's docstring); a method that states none is shown as unknown. Where stopping makes the count
-uncertain, the estimate gives the range from the fewest calls (and tokens) to the most.
+uncertain, the estimate gives the range from the fewest calls (and tokens) to the most. The ceilings (the most calls,
+and the tokens at max_tokens) hold the replies asked again too, each as often as it can be (``CallCount.most``).
 """
 
 from __future__ import annotations
@@ -116,37 +117,46 @@ class PointEstimate:
     def fewest_calls(self) -> int:
         return self.calls.fewest_total * self.problems
 
+    @property
+    def most_calls(self) -> int:
+        """The most calls the point can send: the upper count with every reply asked again as often as it can be."""
+        return self.calls.most_total * self.problems
+
 
 def estimate_point(
     name: str, method: Method[Any], settings: Settings, problems: int, rates: TokenRates | None
 ) -> PointEstimate:
     count = calls_per_problem(method)
     budget = settings.budget
-    if budget.calls is not None and count.upper_total > budget.calls:
+    if budget.calls is not None and count.most_total > budget.calls:
+        # The budget counts every call, replies asked again included: no problem sends more.
+        structure = count.upper_total
         count.cap = budget.calls
-        count.exact = False
-        count.note = "; ".join(
-            filter(None, [count.note, f"the call budget stops each problem at {calls_said(budget.calls)}"])
-        )
+        if structure > budget.calls:
+            count.exact = False
+            count.note = "; ".join(
+                filter(None, [count.note, f"the call budget stops each problem at {calls_said(budget.calls)}"])
+            )
     point = PointEstimate(name, method.name, problems, count)
     if not count.known:
         return point
     per_call: dict[str, float] | None = None
-    counted = count.upper
+    # A ceiling counts the most calls (a call budget's cap cutting them by the same share), a mean the expected ones.
+    counted, share = count.most, count.most_share()
     if rates is not None and rates.default_completion is not None:
-        per_call = {role: rates.completion_of(role) or 0.0 for role in count.upper}
-        counted = count.expected
+        per_call = {role: rates.completion_of(role) or 0.0 for role in count.most}
+        counted, share = count.expected, count.share()
         point.prompt_tokens = (
             problems * count.share() * sum(n * rates.prompt_of(role) for role, n in count.expected.items())
         )
         point.basis = rates.source
     else:
-        ceilings = {role: role_max_tokens(settings, method, role) for role in count.upper}
+        ceilings = {role: role_max_tokens(settings, method, role) for role in count.most}
         if all(v is not None for v in ceilings.values()):
             per_call = {role: float(v or 0) for role, v in ceilings.items()}
             point.basis = "max_tokens"
     if per_call is not None:
-        per_problem = _completion(counted, per_call) * count.share()
+        per_problem = _completion(counted, per_call) * share
         if budget.tokens is not None and budget.count == "completion" and per_problem > budget.tokens:
             # A problem stops at the budget, passing it by one call's tokens at most (ProblemSession._admit): a
             # ceiling (max_tokens) counts that call too.
@@ -167,8 +177,9 @@ def estimate_point(
 def replay_credit(point: PointEstimate, stored: Mapping[str, int]) -> int:
     """The calls a resume of ``point`` counts as replayed, from its ``stored`` answered calls by problem
     (:meth:`tmas.store.run_store.RunStore.sure_replays`): each problem's, up to the most the point's count lets one
-    problem send. A problem that stored more (under a larger k or T before, or with replies asked again) replays no
-    more than that, and takes nothing off what another problem has still to send."""
+    problem send by its structure. A problem that stored more (under a larger k or T before, or with replies asked
+    again) replays no more than that, and takes nothing off what another problem has still to send; what it stored
+    of replies asked again is not taken off the most it may send, so the calls still to send stay a bound."""
     most = point.calls.upper_total if point.calls.known else 0
     return sum(min(n, most) for n in stored.values())
 
@@ -195,21 +206,24 @@ class Estimate:
     throughput: float | None = None
     # Calls a resumed run holds already (answered, so replayed rather than sent): what the gate need not ask about.
     stored_calls: int = 0
+    # The replies asked again that finished points (a resumed sweep's) will never send: out of the calls to send.
+    finished_again: int = 0
     # Calls the command sends beside the method's and counts in no figure (a report's judge), each said in words.
     left_out: list[str] = field(default_factory=list)
 
     @property
     def calls_to_send(self) -> int:
-        """The most calls still to be sent: the upper count less those stored."""
-        return max(0, self.upper_calls - self.stored_calls)
+        """The most calls still to be sent: the most the points can send (replies asked again included) less those
+        stored."""
+        return max(0, self.most_calls - self.stored_calls - self.finished_again)
 
     @property
     def tokens_to_send(self) -> float | None:
         """Completion tokens of the calls still to send (their share of the whole estimate's), None where unknown."""
         tokens = self.completion_tokens
-        if tokens is None or not self.stored_calls or not self.upper_calls:
+        if tokens is None or not (self.stored_calls or self.finished_again) or not self.most_calls:
             return tokens
-        return tokens * self.calls_to_send / self.upper_calls
+        return tokens * self.calls_to_send / self.most_calls
 
     @property
     def calls(self) -> int:
@@ -222,6 +236,10 @@ class Estimate:
     @property
     def fewest_calls(self) -> int:
         return sum(p.fewest_calls for p in self.points)
+
+    @property
+    def most_calls(self) -> int:
+        return sum(p.most_calls for p in self.points)
 
     @property
     def completion_tokens(self) -> float | None:
@@ -266,11 +284,13 @@ class Estimate:
                     "calls_per_problem": p.calls.expected,
                     "calls_per_problem_upper": p.calls.upper,
                     "calls_per_problem_fewest": p.calls.fewest,
+                    "calls_per_problem_most": p.calls.most,
                     "exact": p.calls.exact,
                     "note": p.calls.note,
                     "calls": p.total_calls,
                     "upper_calls": p.upper_calls,
                     "fewest_calls": p.fewest_calls,
+                    "most_calls": p.most_calls,
                     "completion_tokens": p.completion_tokens,
                     "fewest_completion_tokens": p.fewest_completion_tokens,
                     "prompt_tokens": p.prompt_tokens,
@@ -281,6 +301,7 @@ class Estimate:
             "calls": self.calls,
             "upper_calls": self.upper_calls,
             "fewest_calls": self.fewest_calls,
+            "most_calls": self.most_calls,
             "completion_tokens": self.completion_tokens,
             "fewest_completion_tokens": self.fewest_completion_tokens,
             "throughput_tokens_per_s": self.throughput,
@@ -302,27 +323,37 @@ def _tokens(value: float) -> str:
 
 
 def brief_estimate(estimate: Estimate) -> str:
-    """The estimate in one line: the calls (still to send, on a resume) and the completion-token ceiling or mean. No
-    count holds a reply asked again (methods/call_count.py), an exact one neither: the line says they come on top."""
-    calls = estimate.calls_to_send
-    ranged = estimate.fewest_calls < estimate.upper_calls and not estimate.stored_calls
-    # A resume's calls to send are a bound too: a stored call after a failed one is counted as to send.
-    up_to = not ranged and (estimate.calls != estimate.upper_calls or bool(estimate.stored_calls))
-    low = f"{estimate.fewest_calls:,} to " if ranged else "up to " if up_to else ""
-    shown = f"{low}{calls:,} call{'' if calls == 1 and not ranged else 's'}"
+    """The estimate in one line: the calls (still to send, on a resume), the most they come to with every reply asked
+    again as often as it can be (methods/call_count.py), and the completion-token ceiling or mean."""
     if estimate.stored_calls:
-        shown += f" to send ({estimate.stored_calls:,} stored, replayed)"
+        # A resume's calls to send are a bound: a stored call after a failed one is counted as to send, and every
+        # reply asked again is in it.
+        calls = estimate.calls_to_send
+        shown = f"up to {calls:,} call{'' if calls == 1 else 's'} to send ({estimate.stored_calls:,} stored, replayed)"
+    else:
+        calls = estimate.upper_calls
+        ranged = estimate.fewest_calls < calls
+        up_to = not ranged and estimate.calls != calls
+        low = f"{estimate.fewest_calls:,} to " if ranged else "up to " if up_to else ""
+        shown = f"{low}{calls:,} call{'' if calls == 1 and not ranged else 's'}"
+        if estimate.most_calls > calls:
+            shown += f" ({estimate.most_calls:,} at most, with replies asked again)"
     if any(not p.calls.known for p in estimate.points):
         shown += " and calls of unknown count"
     tokens = estimate.tokens_to_send
     if tokens is not None:
         ceiling = any(p.basis == "max_tokens" for p in estimate.points)
         shown += f", {'<=' if ceiling else '~'}{_tokens(tokens)} completion tokens"
-    if any(p.calls.known for p in estimate.points):
-        shown += ", plus any reply asked again (one call more each)"
+    if _unstated_again(estimate):
+        shown += ", plus any reply asked again the method does not count (one call more each)"
     for what in estimate.left_out:
         shown += f"; not counted: {what}"
     return shown
+
+
+def _unstated_again(estimate: Estimate) -> bool:
+    """Whether a point's method counts calls but states none of its replies asked again (a plugin's may not)."""
+    return any(p.calls.known and p.calls.again is None for p in estimate.points)
 
 
 def format_estimate(estimate: Estimate) -> str:
@@ -356,11 +387,16 @@ def format_estimate(estimate: Estimate) -> str:
     else:
         at_most = "" if estimate.calls == estimate.upper_calls else " at most"
         lines.append(f"  total: {calls_said(estimate.upper_calls)}{at_most}{unknown}")
-    if any(p.calls.known for p in estimate.points):
-        # As each method states its count (tmas.methods.call_count): a reply asked again is one call more.
+    if _unstated_again(estimate):
         lines.append(
-            "  calls count every reply as usable: a reply asked again (one that repeats its instructions, a refinement"
-            " with no answer) adds one;"
+            "  calls of a method that does not count its replies asked again hold every reply as usable: a reply"
+            " asked again (one that repeats its instructions, a solution with no answer) adds one"
+        )
+    if any(p.calls.known for p in estimate.points):
+        # As each method states its count (tmas.methods.call_count): the most with every reply asked again.
+        lines.append(
+            f"  at most: {calls_said(estimate.most_calls)} with every reply asked again as often as it can be (one"
+            " that repeats its instructions once, then an answerless solution reminded of its answer once);"
             " a transport retry adds an attempt, not a call"
         )
     if estimate.stored_calls:
@@ -376,7 +412,7 @@ def format_estimate(estimate: Estimate) -> str:
         how = {
             "pilot": "mean per call measured by the pilot",
             "given": "the given tokens per call",
-            "max_tokens": "every call at max_tokens: a ceiling",
+            "max_tokens": "every call, replies asked again included, at max_tokens: a ceiling",
         }
         fewest = estimate.fewest_completion_tokens
         shown = _tokens(total) if fewest is None or fewest >= total else f"{_tokens(fewest)} to {_tokens(total)}"

@@ -23,10 +23,10 @@ def check_request_cost(method: str, params: dict[str, Any], settings: Settings, 
     if not point.calls.known:
         log.info("method %s states no calls per problem: its requests are not capped", method)
         return
-    if point.upper_calls > cap:
+    if point.most_calls > cap:
         raise ApiError(
             400,
-            f"this request's run could make {point.upper_calls:,} upstream calls (method {method!r}, parameters"
+            f"this request's run could make {point.most_calls:,} upstream calls (method {method!r}, parameters"
             f" {params or '{}'}); this server answers requests of at most {cap:,} (tmas serve --max-request-calls):"
             " ask for fewer calls in the request's tmas object",
             "cost_limit",

@@ -1,0 +1,77 @@
+"""The estimate's ceiling holds every reply asked again: a run whose replies all repeat their instructions, and whose
+retries give no answer, sends as many calls as the ceiling says and no more (against the simulated server)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import settings_for
+from tmas.methods import create_method
+from tmas.planning.estimate import Estimate, brief_estimate, calls_said, estimate_point
+from tmas.problems import Problem
+from tmas.runner import prepare_run, run_problems
+from tmas.testing import Rule, SimScript, SimServer
+
+PROBLEM = [Problem(problem_id="q0", question="What is 2*7?", answer="14")]
+# The answer reminder's prompt (answer_reminder.j2), as the rules tell it from the first ask.
+REMINDED = r"Your reply above states no final answer"
+
+
+def instructions(body: dict[str, Any]) -> str:
+    """A request's prompt without its tagged data blocks: what an echoing reply repeats."""
+    text = "\n".join(m["content"] for m in body["messages"])
+    return re.sub(r"^<(\w+)>\n.*?^</\1>$", "", text, flags=re.M | re.S)
+
+
+def roles_sent(sim: SimServer) -> dict[str, int]:
+    sent: dict[str, int] = {}
+    for r in sim.requests:
+        if r.endpoint == "chat":
+            sent[r.role] = sent.get(r.role, 0) + 1
+    return sent
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "guarded", "most"),
+    [
+        # One trajectory, two iterations: the solution echoes, its retry has no answer (2 calls); the refinement
+        # echoes, its retry has no answer, and the reminder is asked (3 calls). The structure says 2.
+        ("self_refine", {"n": 1, "iterations": 2}, ["solution", "refiner"], {"solution": 2, "refiner": 3}),
+        # The same with a verification of each (never asked again): 2 + 3 + 2 = 7 calls; the structure says 4.
+        (
+            "verify_refine",
+            {"n": 1, "m": 1, "iterations": 2},
+            ["solution", "corrector"],
+            {"solution": 2, "corrector": 3, "verifier": 2},
+        ),
+        # Chain of thought: the solution echoes, its retry has no answer (no reminder): 2 calls; the structure says 1.
+        ("cot", {}, ["solution"], {"solution": 2}),
+    ],
+)
+async def test_a_run_whose_every_reply_is_asked_again_reaches_the_ceiling_and_no_further(
+    sim: SimServer, tmp_path: Path, method: str, params: dict[str, Any], guarded: list[str], most: dict[str, int]
+) -> None:
+    settings = settings_for(sim, method={"name": method, "params": params})
+    # A first run with usable replies, for each role's prompt.
+    store, settings, todo = prepare_run(tmp_path / "probe", settings, PROBLEM, resume=False)
+    with store:
+        await run_problems(settings, todo, store)
+    echoes = {role: instructions(sim.chat_bodies(role)[0]) for role in guarded}
+    sim.reset()
+    rules = [Rule(role=role, pattern=REMINDED, replies=["Still working on it."]) for role in guarded]
+    # Each role's first ask echoes its instructions; the retry comes back with no answer.
+    rules += [Rule(role=role, replies=[echoes[role], "Nothing to box yet."]) for role in guarded]
+    sim.set_script(SimScript(rules=rules))
+    store, settings, todo = prepare_run(tmp_path / "run", settings, PROBLEM, resume=False)
+    with store:
+        summary = await run_problems(settings, todo, store)
+    point = estimate_point(method, create_method(method, params), settings, 1, None)
+    assert roles_sent(sim) == point.calls.most == most
+    assert summary.calls == point.most_calls == sum(most.values()) > point.upper_calls
+    # The line printed before a run says that most, beside the calls of usable replies the old line said.
+    said = f"{calls_said(point.upper_calls)} ({point.most_calls} at most, with replies asked again), <="
+    assert brief_estimate(Estimate([point])).startswith(said)
