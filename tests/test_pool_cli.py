@@ -97,3 +97,49 @@ def test_fewshot_and_router_route(tmp_path: Path) -> None:
     assert (tmp_path / "split" / "single.jsonl").read_text() == ""
     missing = tmas("experience", "router", "route", str(tmp_path / "nope.json"), str(tmp_path / "test.jsonl"))
     assert missing.returncode == 2 and "no such router file" in missing.stderr.decode()
+
+
+@pytest.mark.slow
+def test_build_shows_its_estimate_and_refuses_over_the_threshold_before_any_call(tmp_path: Path) -> None:
+    problem = Problem(problem_id="p1", question="What is 6*7?", answer="42")
+    run = write_run(tmp_path / "run", [(problem, hand_worked_transcript(), "42")])
+    pool = tmp_path / "pool"
+    with SimServer(SimScript(rules=scripted_rules())) as sim:
+        base = ["experience", "build", str(run), "-o", str(pool), "--scheme", "difference", "--grade", "rules"]
+        base += ["--base-url", sim.base_url, "--model", "sim-model", "--max-tokens", "1000"]
+        # Worked by hand: 5 turns (3 in turn 1, 2 in turn 2); the judge scores each (5) and asks the difference
+        # scheme's coalitions: the whole team and each one-out team, 4 in turn 1 and 3 in turn 2 (7). With 2
+        # retries each of the 12 may be asked 3 times (36). The top 25 % keeps ceil(1.25) = 2 turns; the most is
+        # every turn kept, each asked 3 times (15). 12 + 2 = 14 calls, at most 36 + 15 = 51, each of 1,000 tokens at
+        # most.
+        refused = tmas(*base, "--confirm-calls", "50")
+        assert refused.returncode == 2
+        last = refused.stderr.decode().strip().splitlines()[-1]
+        assert last.startswith("tmas: error: the estimate is 51 calls (threshold 50): pass --yes"), last
+        assert "  total: 14 to 51 calls" in refused.stderr.decode()
+        assert sim.requests == [] and not pool.exists() and not (tmp_path / "pool.build").exists()
+
+        dry = tmas(*base, "--dry-run")
+        assert dry.returncode == 0 and "  summarizer  " in dry.stderr.decode()
+        assert sim.requests == [] and not pool.exists()
+
+        done = tmas(*base, "--confirm-calls", "50", "--yes")
+        assert done.returncode == 0, done.stderr.decode()
+        assert "tmas: estimate: 14 to 51 calls, <=51k completion tokens, plus any reply" in done.stderr.decode()
+        # As estimated with every reply usable: 12 judge calls and a summary of each of the 2 kept turns.
+        roles = [r.role for r in sim.requests if r.endpoint == "chat"]
+        assert (roles.count("judge"), roles.count("summarizer"), len(roles)) == (12, 2, 14)
+
+        # Run again, every call is stored: the 14 answered are replayed, and what is left to send is under 50.
+        sim.reset()
+        again = tmas(*base, "--confirm-calls", "40")
+        assert again.returncode == 0, again.stderr.decode()
+        assert (
+            "tmas: estimate: up to 37 calls to send (14 stored, replayed), <=37k completion tokens"
+            in again.stderr.decode()
+        )
+        assert [r for r in sim.requests if r.endpoint == "chat"] == []
+        # Under another scheme the stored calls answer other requests: none is counted as replayed.
+        other = tmas(*base[:5], *base[7:], "--confirm-calls", "20")
+        assert other.returncode == 2 and "the estimate is 30 calls (threshold 20)" in other.stderr.decode()
+        assert [r for r in sim.requests if r.endpoint == "chat"] == []

@@ -1,7 +1,8 @@
-"""The cost gate every command that starts model calls passes: ``solve``, ``run``, ``eval`` and ``sweep`` work out
-what they will send before they send anything (``tmas serve`` does so per request: tmas.serve.cost_gate). Under the
-threshold the estimate is one line and the command starts; above it the whole estimate is shown and the command
-asks on a terminal, and without one refuses in one line unless ``--yes``. ``--dry-run`` prints it and stops.
+"""The cost gate every command that starts model calls passes: ``solve``, ``run``, ``eval``, ``sweep`` and
+``pool build`` work out what they will send before they send anything (``tmas serve`` does so per request:
+tmas.serve.cost_gate). Under the threshold the estimate is one line and the command starts; above it the whole
+estimate is shown and the command asks on a terminal, and without one refuses in one line unless ``--yes``.
+``--dry-run`` prints it and stops.
 
 The thresholds: ``--confirm-calls`` (default 500 calls for one question, 20,000 for a run, an evaluation or a sweep)
 and ``--confirm-tokens`` (50M completion tokens, where the estimate knows them). A resumed run, or a sweep run again,

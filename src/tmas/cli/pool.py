@@ -11,6 +11,7 @@ import typer
 from pydantic import BaseModel
 
 from tmas.cli import interrupt
+from tmas.cli.estimate import GateFlags, gate_options
 from tmas.cli.options import ModelFlags, model_options
 from tmas.errors import InputError
 
@@ -122,8 +123,10 @@ def _checked(model: type[Model], command: str, values: dict[str, Any]) -> Model:
 
 @pool_app.command("build")
 @model_options
+@gate_options
 def build(
     flags: ModelFlags,
+    gate: GateFlags,
     runs: RunsArg,
     out: Annotated[Path, typer.Option("--out", "-o", help="The pool folder to create or extend.")],
     scheme: Annotated[
@@ -150,7 +153,11 @@ def build(
     embedder: Annotated[str | None, typer.Option("--embedder", help="endpoint (default) or local.")] = None,
 ) -> None:
     """Score, credit and distil the runs' transcripts into pool entries (calls stored in OUT.build/: run it again
-    to resume). The endpoint serves the judge, summarizer and embedder; --seed also seeds the Shapley orders (0)."""
+    to resume). The endpoint serves the judge, summarizer and embedder; --seed also seeds the Shapley orders (0).
+    Before any call it prints what it will send, and above --confirm-calls (20,000) asks (without a terminal, refuses
+    unless --yes); --dry-run prints the whole estimate and stops."""
+    from tmas.cli.estimate import gate as cost_gate
+    from tmas.planning.pool_build import estimate_build
     from tmas.pool.build import BuildConfig, build_pool
 
     options = {
@@ -169,8 +176,10 @@ def build(
         "seed": flags.seed,
     }
     build_config = _checked(BuildConfig, "build", options)
+    settings = flags.settings()
+    cost_gate(estimate_build(runs, out, settings, build_config), gate)
     with _StageProgress() as progress:
-        summary = interrupt.run(build_pool(runs, out, flags.settings(), build_config, progress=progress.update))
+        summary = interrupt.run(build_pool(runs, out, settings, build_config, progress=progress.update))
     typer.echo(json.dumps(summary.to_dict(), indent=2))
 
 

@@ -210,6 +210,9 @@ class Estimate:
     finished_again: int = 0
     # Calls the command sends beside the method's and counts in no figure (a report's judge), each said in words.
     left_out: list[str] = field(default_factory=list)
+    # Whether the command takes --tokens-per-call, --pilot and --throughput (the lines on unknown tokens and hours
+    # name them); where it does not, max_tokens is the one way to tokens.
+    measurable: bool = True
 
     @property
     def calls_to_send(self) -> int:
@@ -383,7 +386,10 @@ def format_estimate(estimate: Estimate) -> str:
     basis = {p.basis for p in estimate.points if p.basis}
     unknown = " and the unknown calls of the points marked ?" if any(not p.calls.known for p in estimate.points) else ""
     if estimate.fewest_calls < estimate.upper_calls:
-        lines.append(f"  total: {estimate.fewest_calls:,} to {estimate.upper_calls:,} calls (stopping rules){unknown}")
+        # From every call usable to the most the structure allows: where no point has a stopping rule, the range is
+        # that of replies asked again and the like, said in the points' notes.
+        why = " (stopping rules)" if any(p.calls.fewest is not None for p in estimate.points) else ""
+        lines.append(f"  total: {estimate.fewest_calls:,} to {estimate.upper_calls:,} calls{why}{unknown}")
     else:
         at_most = "" if estimate.calls == estimate.upper_calls else " at most"
         lines.append(f"  total: {calls_said(estimate.upper_calls)}{at_most}{unknown}")
@@ -407,7 +413,8 @@ def format_estimate(estimate: Estimate) -> str:
     for what in estimate.left_out:
         lines.append(f"  not counted: {what}")
     if total is None:
-        lines.append("  tokens: unknown (give --tokens-per-call, --pilot N, or set max_tokens for a ceiling)")
+        give = "give --tokens-per-call, --pilot N, or " if estimate.measurable else ""
+        lines.append(f"  tokens: unknown ({give}set max_tokens for a ceiling)")
     else:
         how = {
             "pilot": "mean per call measured by the pilot",
@@ -425,6 +432,6 @@ def format_estimate(estimate: Estimate) -> str:
         rate = estimate.throughput or 0.0
         shown = f"{rate:,.1f}" if rate < 100 else f"{rate:,.0f}"
         lines.append(f"  time: {hours:,.1f} hours at {shown} completion tokens/s ({src})")
-    elif total is not None:
+    elif total is not None and estimate.measurable:
         lines.append("  time: give --throughput TOKENS_PER_S (or --pilot N to measure it) for hours")
     return "\n".join(lines)

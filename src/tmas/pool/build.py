@@ -41,6 +41,7 @@ from tmas.errors import ConfigError, InputError
 from tmas.grading.registry import GradeMode
 from tmas.llm.factory import open_model
 from tmas.llm.model import ChatModel
+from tmas.llm.sampling import resolve_role
 from tmas.llm.types import CallKey, Message
 from tmas.memory.embedders import ENDPOINT, LOCAL, Embedder, embedder_for
 from tmas.memory.pool import META, Pool
@@ -59,7 +60,7 @@ from tmas.pool.credit import (
     shapley_credits,
 )
 from tmas.pool.outcomes import AgentTurn, DiagnosisMatch, LabelledTranscript, load_transcripts
-from tmas.pool.scoring import Judged, TurnJudge, history_before
+from tmas.pool.scoring import JUDGE_ROLE, Judged, TurnJudge, history_before
 from tmas.store.run_store import RunStore
 
 SUMMARIZER_ROLE = "summarizer"
@@ -69,6 +70,10 @@ ProgressFn = Callable[[str, int, int], None]
 
 # (run, problem id) -> the labelled case and its specialist turns.
 CaseTurns = dict[tuple[str, str], tuple[LabelledTranscript, list[AgentTurn]]]
+
+# The store meta a build records its configuration and its calls' requests under (what a resume's estimate compares).
+CONFIG_META = "experience_build"
+REQUESTS_META = "experience_requests"
 
 # The turn credits of a build, one JSON line per credited turn, beside the pool (the viewer reads this file).
 CREDITS_FILE = "credits.jsonl"
@@ -160,6 +165,17 @@ class BuildSummary:
         return {k: str(v) if isinstance(v, Path) else v for k, v in self.__dict__.items()}
 
 
+def build_requests(settings: Settings) -> dict[str, object]:
+    """What the build's calls ask beyond their prompts: each role's model and resolved sampling, the seed and the
+    prompt templates' folder. A stored call answers a resume only under the same."""
+    asked: dict[str, object] = {"seed": settings.seed, "prompts_dir": settings.prompts_dir}
+    for role in (JUDGE_ROLE, SUMMARIZER_ROLE):
+        override = settings.roles.get(role)
+        asked[f"{role} model"] = (override.model if override else None) or settings.endpoint.model
+        asked[f"{role} sampling"] = resolve_role(settings, role).sampling.model_dump(mode="json", exclude_defaults=True)
+    return asked
+
+
 def build_dir_for(pool: Path) -> Path:
     """Where a pool's build store lives: beside it, ``POOL.build/``."""
     pool = pool.resolve()  # "." and "/" have no name of their own
@@ -172,6 +188,22 @@ def entry_id(case: LabelledTranscript, turn: AgentTurn, k: int) -> str:
     """Stable across rebuilds: the same source turn gives the same ids, so a rebuild adds nothing twice."""
     source = f"{Path(case.run).resolve()}|{case.problem.problem_id}|{turn.turn}|{turn.agent}"
     return f"{hashlib.sha256(source.encode()).hexdigest()[:12]}-{k}"
+
+
+def turn_coalitions(
+    case: LabelledTranscript, turn: int, team: list[str], config: BuildConfig
+) -> tuple[list[tuple[str, ...]], list[Coalition]]:
+    """The difference or Shapley scheme's orders (Shapley's; none for difference) and the coalitions whose value F_t
+    turn ``turn`` of ``case`` asks the judge for (the empty one included; it costs no call)."""
+    full: Coalition = frozenset(team)
+    perms: list[tuple[str, ...]] = []
+    if config.scheme == "difference":
+        needed = {full, *(full - {a} for a in team)}
+    else:
+        rng = random.Random(f"{config.seed}|{case.problem.problem_id}|{turn}")
+        perms = sample_permutations(team, config.permutations, rng)
+        needed = coalitions_needed(perms)
+    return perms, sorted(needed, key=sorted)
 
 
 async def _case_credits(
@@ -188,14 +220,7 @@ async def _case_credits(
         for turn, team_scores in scores.items():
             team = sorted(team_scores)
             full: Coalition = frozenset(team)
-            perms: list[tuple[str, ...]] = []
-            if config.scheme == "difference":
-                needed = {full, *(full - {a} for a in team)}
-            else:
-                rng = random.Random(f"{config.seed}|{case.problem.problem_id}|{turn}")
-                perms = sample_permutations(team, config.permutations, rng)
-                needed = coalitions_needed(perms)
-            ordered = sorted(needed, key=sorted)
+            perms, ordered = turn_coalitions(case, turn, team, config)
             values_list = await asyncio.gather(*(judge.turn_value(case, turns, turn, s) for s in ordered))
             values = {s: v.value for s, v in zip(ordered, values_list, strict=True)}
             if config.scheme == "difference":
@@ -381,7 +406,7 @@ async def build_pool(
     :class:`tmas.llm.model.ChatModel` of the caller's own, its calls kept in the build's store either way."""
     summary = BuildSummary(pool=pool_path)
     step: ProgressFn = progress or (lambda stage, done, total: None)
-    _check_pool_target(pool_path, config)  # before any call: a bad target found after them lost their work's place
+    check_pool_target(pool_path, config)  # before any call: a bad target found after them lost their work's place
     cases = await load_transcripts(
         run_dirs, settings, grade_mode=config.grade_mode, notes=summary.notes, match=config.match, model=model
     )
@@ -390,7 +415,8 @@ async def build_pool(
     build_dir = build_dir_for(pool_path)
     build_dir.mkdir(parents=True, exist_ok=True)
     with RunStore(build_dir) as store:
-        store.set_meta("experience_build", config.model_dump(mode="json"))
+        store.set_meta(CONFIG_META, config.model_dump(mode="json"))
+        store.set_meta(REQUESTS_META, build_requests(settings))
         async with open_model(settings, store, log_dir=build_dir, model=model) as llm:
             judge = TurnJudge(llm, retries=config.retries, concurrency=settings.concurrency)
             records = await _credit_turns(judge, case_turns, config, summary, step)
@@ -402,7 +428,7 @@ async def build_pool(
     return summary
 
 
-def _check_pool_target(pool_path: Path, config: BuildConfig) -> None:
+def check_pool_target(pool_path: Path, config: BuildConfig) -> None:
     """What :func:`_add_to_pool` would find wrong at the end, found now: a path that is no directory, an embedder
     tmas does not know, a pool that cannot be read or that another embedder made."""
     if pool_path.exists() and not pool_path.is_dir():

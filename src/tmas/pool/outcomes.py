@@ -220,6 +220,28 @@ async def graded_results(
     return out
 
 
+def ungraded_transcripts(run_dirs: list[Path]) -> list[LabelledTranscript]:
+    """The finished, labelled MATTRL problems of ``run_dirs`` as :func:`load_transcripts` finds them, read without
+    grading (no call is sent; every outcome G is 0): what a build's cost estimate counts its turns from."""
+    resolved_once(run_dirs)
+    cases: list[LabelledTranscript] = []
+    for run_dir in run_dirs:
+        try:
+            store = RunStore(run_dir, create=False)
+        except StoreError as exc:
+            raise InputError(str(exc)) from None
+        with store:
+            problems = {p.problem_id: p for p in store.problems()}
+            for result in store.results():
+                problem, last = problems.get(result.problem_id), result.last
+                if problem is None or problem.answer is None or result.status != "done" or last is None:
+                    continue
+                transcript = transcript_of(result.iterations, f"{run_dir}: problem {problem.problem_id}")
+                if transcript is not None:
+                    cases.append(LabelledTranscript(str(run_dir), problem, transcript, 0.0))
+    return cases
+
+
 async def load_transcripts(
     run_dirs: list[Path],
     settings: Settings | None,

@@ -1,0 +1,45 @@
+"""``tmas pool build``'s cost estimate (tmas.planning.pool_build): its figures worked by hand from the runs'
+transcripts, read without a call."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import scripted_settings
+from mattrl_runs import hand_worked_transcript, write_run
+from tmas.planning.pool_build import estimate_build
+from tmas.pool.build import BuildConfig
+from tmas.problems import Problem
+
+
+def _runs(tmp_path: Path) -> list[Path]:
+    """Two runs: one with two solved cases and an unlabelled one, one with a single case (5 turns each)."""
+    a, b = (Problem(problem_id=p, question=f"What is 6*7 ({p})?", answer="42") for p in ("p1", "p2"))
+    unlabelled = Problem(problem_id="p3", question="What is 6*8?")
+    first = write_run(
+        tmp_path / "first",
+        [(a, hand_worked_transcript("p1"), "42"), (b, hand_worked_transcript("p2"), "41"), (unlabelled, None, None)],
+    )
+    second = write_run(tmp_path / "second", [(a, hand_worked_transcript("p1"), "42")])
+    return [first, second]
+
+
+def test_the_estimate_counts_each_turns_judge_and_summarizer_calls(tmp_path: Path) -> None:
+    runs = _runs(tmp_path)
+    settings = scripted_settings()
+    # Naive credit, no retries: one score per turn, 3 cases x 5 turns = 15; the top 0.3 of the 15 turns pooled over
+    # every case keeps ceil(4.5) = 5, all 15 where rewards tie.
+    naive = estimate_build(runs, tmp_path / "pool", settings, BuildConfig(retries=0, quantile=0.3))
+    assert [(p.calls.expected, p.calls.upper) for p in naive.points] == [
+        ({"judge": 15}, {"judge": 15}),
+        ({"summarizer": 5}, {"summarizer": 15}),
+    ]
+    assert (naive.calls, naive.upper_calls, naive.stored_calls) == (20, 30, 0)
+    # The difference scheme adds per case 4 + 3 coalitions (the whole team and each one-out team of turns 1 and 2):
+    # 15 + 3 x 7 = 36 judge calls; one retry doubles each bound, and tau keeps anywhere from none to every turn.
+    diff = estimate_build(runs, tmp_path / "pool", settings, BuildConfig(scheme="difference", retries=1, tau=0.5))
+    assert [(p.calls.total, p.calls.upper_total) for p in diff.points] == [(36, 72), (15, 30)]
+    assert diff.upper_calls == 102
+    # Every call at max_tokens, a ceiling: 102 calls of the settings' max_tokens each.
+    ceiling = settings.sampling.max_tokens
+    assert ceiling is not None and diff.completion_tokens == 102 * ceiling
