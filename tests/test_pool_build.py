@@ -18,7 +18,7 @@ from scripted_runs import GoneModel, by_role
 from tmas.errors import ConfigError, InputError
 from tmas.llm.model import EndpointUnreachable
 from tmas.memory.embedders import EndpointEmbedder
-from tmas.memory.pool import Pool
+from tmas.memory.pool import Pool, PoolError
 from tmas.memory.transcript import Utterance
 from tmas.pool.build import CREDITS_FILE, BuildConfig, BuildSummary, build_dir_for, build_pool
 from tmas.pool.scoring import NO_OP
@@ -319,3 +319,16 @@ async def test_a_specialist_that_did_not_speak_is_neither_judged_nor_credited(tm
     assert c[(2, "S1")]["c"] == pytest.approx(1.0) and c[(2, "S1")]["r"] == pytest.approx(1.0)
     pool = Pool.open(tmp_path / "pool")
     assert (2, "S3") not in {(e.source_round, e.source_agent) for e in pool.entries}
+
+
+async def test_a_pool_of_another_embedding_model_is_said_before_the_judges_first_call(
+    tmp_path: Path, run_dir: Path
+) -> None:
+    # The pool was made by an endpoint embedder of another model; this build's embedding role asks sim-model.
+    Pool.create(tmp_path / "pool", "endpoint:other-embedder")
+    model = scripted(scripted_rules())
+    with pytest.raises(
+        PoolError, match="built with embedding model 'endpoint:other-embedder', but 'endpoint:sim-model'"
+    ):
+        await build([run_dir], tmp_path / "pool", BuildConfig(grade_mode="rules"), model)
+    assert model.calls == []

@@ -418,13 +418,18 @@ async def build_pool(
         store.set_meta(CONFIG_META, config.model_dump(mode="json"))
         store.set_meta(REQUESTS_META, build_requests(settings))
         async with open_model(settings, store, log_dir=build_dir, model=model) as llm:
+            embed = embedder_for(config.embedder, llm)
+            # The embedding model is known once the model is open: a pool another one made is said before the
+            # judge's first call, not after the last summary.
+            if (pool_path / META).exists():
+                Pool.open(pool_path, embed.name)
             judge = TurnJudge(llm, retries=config.retries, concurrency=settings.concurrency)
             records = await _credit_turns(judge, case_turns, config, summary, step)
             kept = _select(records, config, case_turns)
             summary.kept = len(kept)
             entries = await _distil_kept(llm, case_turns, kept, config, summary, step)
             _write_credits(build_dir / CREDITS_FILE, records)
-            await _add_to_pool(pool_path, entries, embedder_for(config.embedder, llm), summary)
+            await _add_to_pool(pool_path, entries, embed, summary)
     return summary
 
 
