@@ -3,6 +3,7 @@ team solves; short ones the single agent solves too."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -136,3 +137,36 @@ def test_a_medicine_router_grades_diagnoses_as_the_domain_does(tmp_path: Path) -
 
 
 GOLD = "Fabry disease | Anderson-Fabry disease"
+
+
+def test_a_case_far_outside_the_training_cases_is_routed_not_overflowed() -> None:
+    # Trained on problems of about 5 numbers (scale 3): one with 3,000 has z = -(3000 - 5) / 3, about -998, and
+    # e^998 is beyond a float. The sigmoid is then 0 (single) or, with the weight's sign turned, 1 (MATTRL).
+    question = "Sum the table: " + " + ".join(str(i) for i in range(3000)) + "."
+    assert problem_features(question)["numbers"] == 3000
+    away = RouterModel(features=["numbers"], mean=[5.0], scale=[3.0], weights=[-1.0], intercept=0.0)
+    assert away.probability(question) == 0.0 and away.route(question) == SINGLE
+    toward = away.model_copy(update={"weights": [1.0]})
+    assert toward.probability(question) == 1.0 and toward.route(question) == TEAM
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({"weights": [1.0]}, "2 features, 1 weights, 2 means and 2 scales: one of each per feature"),
+        ({"features": ["numbers", "colour"]}, "features colour are not the math domain's (log_chars, "),
+        ({"domain": "chemistry"}, "unknown MATTRL domain 'chemistry' (known: math, medicine, education)"),
+        ({"constant": "team"}, "constant route 'team': 'single' or 'mattrl'"),
+    ],
+)
+def test_a_router_file_that_cannot_route_is_refused_when_loaded(
+    tmp_path: Path, fields: dict[str, object], said: str
+) -> None:
+    from tmas.errors import InputError
+
+    good = {"features": ["numbers", "operators"], "mean": [5.0, 2.0], "scale": [3.0, 1.0], "weights": [1.0, -1.0]}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({**good, "intercept": 0.0, **fields}))
+    with pytest.raises(InputError) as caught:
+        RouterModel.load(path)
+    assert str(caught.value).startswith(f"{path}: not a router file: {said}")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, model_validator
 
 from tmas.config import Settings
 from tmas.errors import ConfigError, InputError, first_error
@@ -65,6 +65,25 @@ class RouterModel(BaseModel):
     constant: str | None = None
     report: dict[str, Any] = {}
 
+    @model_validator(mode="after")
+    def _consistent(self) -> RouterModel:
+        """A file that routes every case it can read: a known domain, and (unless constant) one weight, mean and scale
+        per feature, each a feature of that domain."""
+        if self.domain not in DOMAINS:
+            raise ValueError(f"unknown MATTRL domain {self.domain!r} (known: {', '.join(DOMAINS)})")
+        if self.constant is not None:
+            if self.constant not in (SINGLE, TEAM):
+                raise ValueError(f"constant route {self.constant!r}: {SINGLE!r} or {TEAM!r}")
+            return self
+        sizes = (len(self.features), len(self.weights), len(self.mean), len(self.scale))
+        if len(set(sizes)) != 1:
+            raise ValueError("{} features, {} weights, {} means and {} scales: one of each per feature".format(*sizes))
+        known = feature_names(self.domain)
+        unknown = [name for name in self.features if name not in known]
+        if unknown:
+            raise ValueError(f"features {', '.join(unknown)} are not the {self.domain} domain's ({', '.join(known)})")
+        return self
+
     def probability(self, question: str, metadata: dict[str, Any] | None = None) -> float:
         if self.constant is not None:
             return 1.0 if self.constant == TEAM else 0.0
@@ -73,7 +92,7 @@ class RouterModel(BaseModel):
             w * (x[name] - m) / (s or 1.0)
             for name, w, m, s in zip(self.features, self.weights, self.mean, self.scale, strict=True)
         )
-        return 1.0 / (1.0 + math.exp(-(z + self.intercept)))
+        return _sigmoid(z + self.intercept)
 
     def route(self, question: str, metadata: dict[str, Any] | None = None) -> str:
         return TEAM if self.probability(question, metadata) >= 0.5 else SINGLE
@@ -86,6 +105,15 @@ class RouterModel(BaseModel):
             raise InputError(f"{path}: no such router file") from None
         except (ValidationError, ValueError) as exc:
             raise InputError(f"{path}: not a router file: {first_error(exc)}") from None
+
+
+def _sigmoid(logit: float) -> float:
+    """1 / (1 + e^-logit), with no overflow however far a case lies from the training cases (a problem with thousands
+    of numbers, say): e^x is only taken of x <= 0."""
+    if logit >= 0:
+        return 1.0 / (1.0 + math.exp(-logit))
+    grown = math.exp(logit)
+    return grown / (1.0 + grown)
 
 
 class RouterTraining(BaseModel):
