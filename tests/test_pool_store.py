@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -110,6 +111,20 @@ async def test_another_embedding_model_is_a_clear_error(tmp_path: Path) -> None:
         await pool.search("x", 1, wrong_dim)
 
 
+def _lines(pool: Path, rows: list[int]) -> list[str]:
+    """The pool's entry lines at ``rows`` (repeats allowed), meta.json's count set to match."""
+    lines = (pool / "entries.jsonl").read_text().splitlines(keepends=True)
+    meta = json.loads((pool / "meta.json").read_text())
+    (pool / "meta.json").write_text(json.dumps({**meta, "count": len(rows)}))
+    return [lines[i] for i in rows]
+
+
+def _damage_float(path: Path, index: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[4 * index : 4 * index + 4] = struct.pack("<f", float("nan"))
+    path.write_bytes(bytes(data))
+
+
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
@@ -128,6 +143,17 @@ async def test_another_embedding_model_is_a_clear_error(tmp_path: Path) -> None:
             "entries.jsonl:1: corrupt pool entry: 'id': Input should be a valid string$",
         ),
         (lambda p: (p / "entries.jsonl").write_text(""), r"0 entries, but meta.json says 3"),
+        # A line repeated: an id names one entry (the ids a run records as retrieved, update and remove).
+        (
+            lambda p: (p / "entries.jsonl").write_text("".join(_lines(p, [0, 1, 0]))),
+            r"entries.jsonl:3: entry id 'parity' repeats line 1$",
+        ),
+        # Row 2's first float made NaN: its cosine with every query would be NaN, ranked anywhere.
+        (
+            lambda p: _damage_float(p / "vectors.f32", 256),
+            r"vectors.f32: row 2 \(entry 'tiling'\) is not finite$",
+        ),
+        (lambda p: (p / "meta.json").unlink() or (p / "meta.json").mkdir(), r"meta.json: cannot read pool metadata: "),
     ],
 )
 async def test_corrupt_pool_files_are_one_line_errors_naming_the_file(

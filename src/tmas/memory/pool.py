@@ -108,7 +108,9 @@ class Pool:
         path = Path(path)
         _finish_save(path)
         meta = cls._read_meta(path)
-        pool = cls(path, meta, cls._read_entries(path, meta), cls._read_vectors(path, meta))
+        entries, vectors = cls._read_entries(path, meta), cls._read_vectors(path, meta)
+        cls._check_vectors(path, entries, vectors)
+        pool = cls(path, meta, entries, vectors)
         if embedder_name is not None:
             pool.check_embedder(embedder_name)
         return pool
@@ -138,6 +140,8 @@ class Pool:
             raise PoolError(f"{path}: no experience pool here (no {META})") from None
         except (ValidationError, ValueError) as exc:
             raise PoolError(f"{file}: corrupt pool metadata: {first_error(exc)}") from None
+        except OSError as exc:
+            raise PoolError(f"{file}: cannot read pool metadata: {exc.strerror or exc}") from None
         if meta.format != FORMAT:
             raise PoolError(f"{file}: not an experience pool (format {meta.format!r})")
         return meta
@@ -150,13 +154,19 @@ class Pool:
             lines = file.read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
             raise PoolError(f"{file}: cannot read pool entries: {exc}") from None
+        # An id names one entry (in a run's record of what it retrieved, in update and remove): the line of each.
+        seen: dict[str, int] = {}
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             try:
-                entries.append(PoolEntry.model_validate_json(line))
+                entry = PoolEntry.model_validate_json(line)
             except ValidationError as exc:
                 raise PoolError(f"{file}:{number}: corrupt pool entry: {first_error(exc)}") from None
+            if entry.id in seen:
+                raise PoolError(f"{file}:{number}: entry id {entry.id!r} repeats line {seen[entry.id]}")
+            seen[entry.id] = number
+            entries.append(entry)
         if len(entries) != meta.count:
             raise PoolError(f"{file}: {len(entries)} entries, but {META} says {meta.count}")
         return entries
@@ -173,6 +183,14 @@ class Pool:
         if not meta.dim or raw.size != meta.count * meta.dim:
             raise PoolError(f"{file}: {raw.size} floats, expected {meta.count} x {meta.dim}")
         return raw.reshape(meta.count, meta.dim).astype(np.float32)
+
+    @staticmethod
+    def _check_vectors(path: Path, entries: list[PoolEntry], vectors: np.ndarray) -> None:
+        """Every row finite (a damaged file's NaN would rank its entry anywhere in every search)."""
+        bad = np.flatnonzero(~np.isfinite(vectors).all(axis=1))
+        if bad.size:
+            row = int(bad[0])
+            raise PoolError(f"{path / VECTORS}: row {row + 1} (entry {entries[row].id!r}) is not finite")
 
     def save(self) -> int:
         """Write the pool as a new version; returns that version."""
