@@ -119,3 +119,24 @@ async def test_prune_grades_the_runs_with_a_judge_of_ones_own_without_an_endpoin
     assert summary.base_wrong_rate == 0.0 and summary.wrong == []
     assert len(judge.calls_of("judge")) == 6
     assert "wrong" in {e.id for e in Pool.open(pool_path).entries}
+
+
+async def test_a_prune_that_changes_nothing_saves_no_version_so_repeated_prunes_age_nothing(tmp_path: Path) -> None:
+    pool_path = tmp_path / "pool"
+    model = ScriptedModel(SimScript(), scripted_settings())
+    embed = EndpointEmbedder(model)
+    pool = Pool.create(pool_path, embed.name)
+    await pool.add([entry("only", "Check small cases", "Good practice: try n = 1, 2, 3 first.")], embed)
+    assert pool.save() == 1
+    # Each prune finds nothing to merge, drop or count. Were each to save a version, the entry of version 1 would
+    # weigh 0.8^11 = 0.086 < 0.1 at the twelfth and go, with no build in between.
+    for _ in range(12):
+        summary = await prune_pool(pool_path, [], None, PruneConfig())
+        assert (summary.before, summary.after, summary.version) == (1, 1, 1)
+    assert [e.id for e in Pool.open(pool_path).entries] == ["only"] and Pool.open(pool_path).meta.version == 1
+    # A prune that removes something saves a new version, as before.
+    pool = Pool.open(pool_path)
+    await pool.add([entry("twin", "Check small cases", "Good practice: try n = 1, 2, 3 first!", 0.1)], embed)
+    assert pool.save() == 2
+    summary = await prune_pool(pool_path, [], None, PruneConfig())
+    assert summary.merged == {"only": ["twin"]} and summary.version == 3 == Pool.open(pool_path).meta.version

@@ -11,7 +11,7 @@ paragraph: recency weighting, de-duplication, anomaly screening), in three docum
 3. **Recency.** An entry added at pool version a has weight ``recency_decay ** (V - a)`` at pool version V; entries
    whose weight has fallen below ``min_recency_weight`` are removed (defaults: 0.8 and 0.1, about ten versions).
 
-The pool is saved as a new version unless ``dry_run``.
+The pool is saved as a new version unless ``dry_run`` or nothing changed (no entry removed, no counter set anew).
 """
 
 from __future__ import annotations
@@ -135,6 +135,7 @@ async def prune_pool(
     their grading's judge asks the endpoint of ``settings``, or ``model``, the caller's own."""
     pool = Pool.open(pool_path)
     summary = PruneSummary(pool=pool_path, before=len(pool))
+    counters = {e.id: (e.retrieved, e.retrieved_wrong) for e in pool.entries}
     if run_dirs:
         usage, base = await retrieval_usage(
             run_dirs, settings, config.grade_mode, summary.notes, config.match, model=model
@@ -176,5 +177,9 @@ async def prune_pool(
     ]
     pool.remove(summary.stale)
     summary.after = len(pool)
-    summary.version = version if config.dry_run else pool.save()
+    # A prune that changes nothing saves no version: each would age every entry by one, and prunes alone (run on a
+    # schedule, say) would drop the whole pool at the recency rule with nothing new added.
+    now = {e.id: (e.retrieved, e.retrieved_wrong) for e in pool.entries}
+    changed = summary.after != summary.before or any(now[i] != counters[i] for i in now)
+    summary.version = pool.save() if changed and not config.dry_run else version
     return summary
