@@ -7,9 +7,11 @@ from pathlib import Path
 
 from conftest import scripted_settings
 from mattrl_runs import hand_worked_transcript, write_run
+from test_pool_build import scripted_rules
 from tmas.planning.pool_build import estimate_build
-from tmas.pool.build import BuildConfig
+from tmas.pool.build import BuildConfig, build_pool
 from tmas.problems import Problem
+from tmas.testing import ScriptedModel, SimScript
 
 
 def _runs(tmp_path: Path) -> list[Path]:
@@ -43,3 +45,24 @@ def test_the_estimate_counts_each_turns_judge_and_summarizer_calls(tmp_path: Pat
     # Every call at max_tokens, a ceiling: 102 calls of the settings' max_tokens each.
     ceiling = settings.sampling.max_tokens
     assert ceiling is not None and diff.completion_tokens == 102 * ceiling
+
+
+async def test_stored_calls_count_as_replayed_only_for_the_same_runs_options_and_requests(tmp_path: Path) -> None:
+    problem = Problem(problem_id="p1", question="What is 6*7?", answer="42")
+    first = write_run(tmp_path / "first", [(problem, hand_worked_transcript(), "42")])
+    # Another run of the same problem: its calls have the same problem id in the build's store.
+    second = write_run(tmp_path / "second", [(problem, hand_worked_transcript(), "42")])
+    pool = tmp_path / "pool"
+    config = BuildConfig(scheme="difference", grade_mode="rules")
+    model = ScriptedModel(SimScript(rules=scripted_rules()), scripted_settings())
+    await build_pool([first], pool, model.settings, config, model=model)
+    # 12 judge calls and 2 summaries answered (tests/test_pool_cli.py works the figures by hand), all stored.
+    assert len(model.calls) == 14
+    again = estimate_build([first], pool, model.settings, config)
+    assert (again.upper_calls, again.stored_calls, again.calls_to_send) == (51, 14, 37)
+    # The second run's calls are none of those stored, though its problem id is the same; nor does another scheme,
+    # or another judge model, ask what was stored.
+    assert estimate_build([second], pool, model.settings, config).stored_calls == 0
+    assert estimate_build([first], pool, model.settings, config.model_copy(update={"lam": 0.5})).stored_calls == 0
+    other = scripted_settings(roles={"judge": {"model": "another-judge"}})
+    assert estimate_build([first], pool, other, config).stored_calls == 0

@@ -23,10 +23,12 @@ from tmas.planning.estimate import Estimate, PointEstimate
 from tmas.pool.build import (
     CONFIG_META,
     REQUESTS_META,
+    RUNS_META,
     SUMMARIZER_ROLE,
     BuildConfig,
     build_dir_for,
     build_requests,
+    build_runs,
     check_pool_target,
     turn_coalitions,
 )
@@ -47,10 +49,15 @@ def estimate_build(run_dirs: list[Path], pool_path: Path, settings: Settings, co
     tries = config.retries + 1
     judge, turns = 0, 0
     groups: dict[tuple[str, str] | None, int] = {}
+    # The most calls each problem id may send (the build store keys its calls by problem, not by run).
+    most: dict[str, int] = {}
     for case in cases:
         case_turns = case.turns()
+        asked = len(case_turns) + _coalition_calls(case, config)
         turns += len(case_turns)
-        judge += len(case_turns) + _coalition_calls(case, config)
+        judge += asked
+        pid = case.problem.problem_id
+        most[pid] = most.get(pid, 0) + (asked + len(case_turns)) * tries
         within = config.tau is None and case.domain.quantile_within == "case"
         key = (case.run, case.problem.problem_id) if within else None
         groups[key] = groups.get(key, 0) + len(case_turns)
@@ -74,7 +81,8 @@ def estimate_build(run_dirs: list[Path], pool_path: Path, settings: Settings, co
         _point("summarizer", distil, settings, SUMMARIZER_ROLE),
     ]
     estimate = Estimate(points, left_out=_left_out(cases, config), measurable=False)
-    estimate.stored_calls = min(_stored(pool_path, settings, config), estimate.upper_calls)
+    stored = _stored(pool_path, settings, config, run_dirs)
+    estimate.stored_calls = sum(min(n, most.get(pid, 0)) for pid, n in stored.items())
     return estimate
 
 
@@ -115,15 +123,16 @@ def _left_out(cases: list[LabelledTranscript], config: BuildConfig) -> list[str]
     return out
 
 
-def _stored(pool_path: Path, settings: Settings, config: BuildConfig) -> int:
-    """The answered calls the build's store replays: none unless it was made under the same configuration and
-    requests (another scheme, model or sampling asks other calls)."""
+def _stored(pool_path: Path, settings: Settings, config: BuildConfig, run_dirs: list[Path]) -> dict[str, int]:
+    """The answered calls by problem the build's store replays: none unless it was last built from the same runs
+    under the same configuration and requests (other runs, another scheme, model or sampling ask other calls)."""
     build_dir = build_dir_for(pool_path)
     if not (build_dir / DB_NAME).exists():
-        return 0
+        return {}
     with RunStore(build_dir, create=False) as store:
-        if store.get_meta(CONFIG_META) != config.model_dump(mode="json"):
-            return 0
-        if store.get_meta(REQUESTS_META) != build_requests(settings):
-            return 0
-        return sum(store.sure_replays().values())
+        same = (
+            store.get_meta(CONFIG_META) == config.model_dump(mode="json")
+            and store.get_meta(REQUESTS_META) == build_requests(settings)
+            and store.get_meta(RUNS_META) == build_runs(run_dirs)
+        )
+        return store.sure_replays() if same else {}

@@ -74,6 +74,7 @@ CaseTurns = dict[tuple[str, str], tuple[LabelledTranscript, list[AgentTurn]]]
 # The store meta a build records its configuration and its calls' requests under (what a resume's estimate compares).
 CONFIG_META = "experience_build"
 REQUESTS_META = "experience_requests"
+RUNS_META = "experience_runs"
 
 # The turn credits of a build, one JSON line per credited turn, beside the pool (the viewer reads this file).
 CREDITS_FILE = "credits.jsonl"
@@ -174,6 +175,11 @@ def build_requests(settings: Settings) -> dict[str, object]:
         asked[f"{role} model"] = (override.model if override else None) or settings.endpoint.model
         asked[f"{role} sampling"] = resolve_role(settings, role).sampling.model_dump(mode="json", exclude_defaults=True)
     return asked
+
+
+def build_runs(run_dirs: list[Path]) -> list[str]:
+    """The runs a build reads, as its store records them: resolved, sorted."""
+    return sorted(str(Path(run).resolve()) for run in run_dirs)
 
 
 def build_dir_for(pool: Path) -> Path:
@@ -417,6 +423,7 @@ async def build_pool(
     with RunStore(build_dir) as store:
         store.set_meta(CONFIG_META, config.model_dump(mode="json"))
         store.set_meta(REQUESTS_META, build_requests(settings))
+        store.set_meta(RUNS_META, build_runs(run_dirs))
         async with open_model(settings, store, log_dir=build_dir, model=model) as llm:
             embed = embedder_for(config.embedder, llm)
             # The embedding model is known once the model is open: a pool another one made is said before the
