@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from conftest import scripted_settings
+from conftest import scripted_settings, settings_for
 from tmas.cli.main import app
 from tmas.memory.embedders import LOCAL_NAME, EndpointEmbedder, LocalEmbedder
 from tmas.memory.pool import Pool, PoolError
 from tmas.memory.pool_entry import PoolEntry
-from tmas.testing import ScriptedModel, SimServer
+from tmas.testing import ScriptedModel, SimScript, SimServer
 
 ENTRIES = [
     PoolEntry(id="parity", action="Check parity first", experience="Odd and even cases of the sum split cleanly."),
@@ -283,3 +283,26 @@ def test_minilm_batches_mask_their_padding() -> None:
     # Padding the short texts to the long one's length must not move their vectors.
     assert np.allclose(np.sum(together * alone, axis=1), 1.0, atol=1e-5)
     assert np.allclose(np.linalg.norm(together, axis=1), 1.0, atol=1e-5)
+
+
+async def test_the_endpoint_embedder_stays_under_an_apis_cap_on_inputs_per_request(tmp_path: Path) -> None:
+    # A large build embeds every new entry at once (thousands at the paper's scale); a hosted API takes at most so
+    # many inputs a request (OpenAI: 2,048), so one request of them all is refused, after every build call.
+    from tmas.llm.factory import open_model
+    from tmas.memory.embedders import EMBED_BATCH
+
+    entries = [
+        PoolEntry(id=f"e{i}", action=f"Step {i}", experience=f"Good practice: case {i} of the tiling.")
+        for i in range(2 * EMBED_BATCH + 5)
+    ]
+    with SimServer(SimScript(max_embedding_inputs=EMBED_BATCH)) as sim:
+        async with open_model(settings_for(sim)) as llm:
+            embed = EndpointEmbedder(llm)
+            pool = Pool.create(tmp_path / "pool", embed.name)
+            await pool.add(entries, embed)
+            sizes = [len(r.body["input"]) for r in sim.requests if r.endpoint == "embeddings"]
+            alone = await embed([entries[-1].text, entries[EMBED_BATCH].text])
+    # The entries in three requests of at most EMBED_BATCH, each vector in its entry's row.
+    assert sizes == [EMBED_BATCH, EMBED_BATCH, 5]
+    expected = np.asarray(alone) / np.linalg.norm(alone, axis=1, keepdims=True)
+    assert np.allclose(pool.vectors[[-1, EMBED_BATCH]], expected, atol=1e-6)

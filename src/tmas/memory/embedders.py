@@ -20,6 +20,9 @@ from tmas.llm.model import ChatModel
 LOCAL = "local"
 ENDPOINT = "endpoint"
 LOCAL_NAME = "local:all-MiniLM-L6-v2"
+# The most texts one /v1/embeddings request carries: hosted APIs cap a request's inputs (OpenAI at 2,048, and its
+# tokens at 300k), and a build embeds every new entry at once.
+EMBED_BATCH = 256
 
 
 class Embedder(Protocol):
@@ -37,7 +40,11 @@ class EndpointEmbedder:
         self.name = f"{ENDPOINT}:{llm.model_name(role)}"
 
     async def __call__(self, texts: Sequence[str]) -> list[list[float]]:
-        return await self.llm.embed(texts, role=self.role)
+        """The vectors of ``texts``, in order, asked :data:`EMBED_BATCH` at a time."""
+        vectors: list[list[float]] = []
+        for start in range(0, len(texts), EMBED_BATCH):
+            vectors += await self.llm.embed(texts[start : start + EMBED_BATCH], role=self.role)
+        return vectors
 
 
 class LocalEmbedder:

@@ -241,6 +241,8 @@ class SimScript(_Strict):
     hang_s: float = Field(default=3600.0, ge=0.0)
     accuracy: float = Field(default=1.0, ge=0.0, le=1.0)
     embedding_dim: int = Field(default=256, ge=1)
+    # The most inputs one embeddings request may carry, as hosted APIs cap it (OpenAI: 2,048); None: no cap.
+    max_embedding_inputs: int | None = Field(default=None, ge=1)
     log_limit: int = Field(default=100000, ge=0)
     # The server whose shapes the replies take: where reasoning and cached tokens go, what it does with unknown
     # fields, n and its /v1/models (tmas.testing.personas). "sim" is the simulator's own, unchanged.

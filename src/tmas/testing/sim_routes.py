@@ -816,6 +816,8 @@ class SimApp:
         inputs = [raw] if isinstance(raw, str) else raw
         if not isinstance(inputs, list) or not inputs or not all(isinstance(t, str) for t in inputs):
             raise _BadRequest("'input' must be a string or a non-empty list of strings.")
+        if script.max_embedding_inputs is not None and len(inputs) > script.max_embedding_inputs:
+            raise _BadRequest(f"'input' may hold at most {script.max_embedding_inputs} items, got {len(inputs)}.")
         dim = body.get("dimensions") or script.embedding_dim
         if not isinstance(dim, int) or dim < 1:
             raise _BadRequest("dimensions must be a positive integer.")
