@@ -23,6 +23,7 @@ from tmas.memory.transcript import Utterance
 from tmas.pool.build import CREDITS_FILE, BuildConfig, BuildSummary, build_dir_for, build_pool
 from tmas.pool.scoring import NO_OP
 from tmas.problems import Problem
+from tmas.store.run_lock import RunLock
 from tmas.testing import Rule, ScriptedModel, SimScript
 
 TEXTS = {1: {"S1": "R1-S1", "S2": "R1-S2", "S3": "R1-S3"}, 2: {"S1": "R2-S1", "S2": "R2-S2"}}
@@ -332,3 +333,17 @@ async def test_a_pool_of_another_embedding_model_is_said_before_the_judges_first
     ):
         await build([run_dir], tmp_path / "pool", BuildConfig(grade_mode="rules"), model)
     assert model.calls == []
+
+
+async def test_a_second_build_of_a_pool_while_one_runs_is_refused_before_its_calls(
+    tmp_path: Path, run_dir: Path
+) -> None:
+    # Another process building the same pool holds its build store (its lock is taken here as that process would).
+    build_dir = build_dir_for(tmp_path / "pool")
+    build_dir.mkdir()
+    model = scripted(scripted_rules())
+    with RunLock(build_dir), pytest.raises(InputError, match=r"another tmas process .* is running"):
+        await build([run_dir], tmp_path / "pool", BuildConfig(grade_mode="rules"), model)
+    assert model.calls == [] and not (tmp_path / "pool").exists()
+    # Once it has ended, the build runs.
+    assert (await build([run_dir], tmp_path / "pool", BuildConfig(grade_mode="rules"), model)).added > 0

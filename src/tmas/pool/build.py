@@ -61,6 +61,7 @@ from tmas.pool.credit import (
 )
 from tmas.pool.outcomes import AgentTurn, DiagnosisMatch, LabelledTranscript, load_transcripts
 from tmas.pool.scoring import JUDGE_ROLE, Judged, TurnJudge, history_before
+from tmas.store.run_lock import running
 from tmas.store.run_store import RunStore
 
 SUMMARIZER_ROLE = "summarizer"
@@ -420,7 +421,9 @@ async def build_pool(
     summary.cases = len(cases)
     build_dir = build_dir_for(pool_path)
     build_dir.mkdir(parents=True, exist_ok=True)
-    with RunStore(build_dir) as store:
+    # One build of a pool at a time: two would each add their entries to the pool as they read it, the later save
+    # losing the earlier's, and each write the other's credits and store metadata over.
+    with running(build_dir), RunStore(build_dir) as store:
         store.set_meta(CONFIG_META, config.model_dump(mode="json"))
         store.set_meta(REQUESTS_META, build_requests(settings))
         store.set_meta(RUNS_META, build_runs(run_dirs))
