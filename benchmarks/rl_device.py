@@ -19,7 +19,8 @@ carry (see docs/rl.md, "On a CUDA machine without network access"):
 
   1. the pilot (``--pilot-samples``): ``tmas rl pilot`` samples every prompt group at each
      ``--pilot-temperature`` (in chunks, for at most ``--pilot-time`` seconds, reporting on the groups reached;
-     a chunk still sampling 30 s past that time is stopped and dropped, the chunks finished reported),
+     a chunk still sampling 30 s past that time is stopped and dropped, the chunks finished reported; one
+     stopped before any chunk finished reports that and runs again on the next call),
      keeps the groups right ``--min-rate``..``--max-rate`` of the time at the temperature that keeps the most, and
      training reads those rows at that temperature;
   2. the base model's evaluation (CoT prompt, in-process with transformers) on the held-out problems, greedy
@@ -471,6 +472,13 @@ def pilot_paths(work: Path) -> tuple[Path, Path]:
     return work / "pilot" / "train.parquet", work / "pilot" / "train.pilot.json"
 
 
+def pilot_measured(work: Path) -> bool:
+    """The pilot has run and measured some groups: a report of a pilot stopped before any chunk of groups finished
+    (nothing measured) does not count, and a later call runs the pilot again."""
+    report = pilot_paths(work)[1]
+    return report.is_file() and int(json.loads(report.read_text()).get("measured_groups", 0)) > 0
+
+
 def pilot_command(args: argparse.Namespace, base: Path, max_time: float) -> list[str]:
     kept, _ = pilot_paths(args.work)
     command = [sys.executable, "-m", "tmas", "rl", "pilot", str(args.data), "-o", str(kept), "--model", str(base)]
@@ -592,7 +600,7 @@ def run(args: argparse.Namespace) -> None:
     base = ensure_base(work, spec, args.data, args.eval, args.eval_limit)
     log(work, f"base checkpoint {base} ({time.monotonic() - started:.0f} s)")
     phases: dict[str, Any] = {}
-    if args.pilot_samples and not pilot_paths(work)[1].is_file():
+    if args.pilot_samples and not pilot_measured(work):
         # The pilot stops starting chunks of groups in time to report on those it reached, before the call's end.
         # A chunk it cannot finish in time (its first, whose time nothing foretells) is stopped with its margin
         # passed: the pilot then reports on the chunks it finished, and the base evaluation keeps the call's rest.
@@ -745,10 +753,13 @@ def report_text(summary: dict[str, Any]) -> str:
             )
     if summary.get("pilot"):
         pilot = summary["pilot"]
-        lines.append(
-            f"\nPilot: temperature {pilot['chosen_temperature']:g} chosen ({pilot['reason']}); kept"
-            f" {pilot['kept_groups']} groups, {pilot['kept_rows']} of {pilot['rows']} rows."
-        )
+        if pilot.get("chosen_temperature") is None:
+            lines.append(f"\nPilot: {pilot.get('stopped') or 'nothing measured'}; {pilot['reason']}.")
+        else:
+            lines.append(
+                f"\nPilot: temperature {pilot['chosen_temperature']:g} chosen ({pilot['reason']}); kept"
+                f" {pilot['kept_groups']} groups, {pilot['kept_rows']} of {pilot['rows']} rows."
+            )
     t = summary["training"]
     lines.append(
         f"\nTraining: {t['steps_logged']} steps logged, last checkpoint {t['last_checkpoint']}, final adapter"

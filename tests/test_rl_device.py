@@ -540,6 +540,40 @@ def test_the_pilot_is_stopped_at_its_time_not_at_the_calls_end(tmp_path: Path, m
     assert deadlines == {"pilot --max-time": 40, "pilot": now + 70, "eval-base": now + 70}
 
 
+def test_a_pilot_that_measured_nothing_runs_again_and_its_report_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pilot stopped before any chunk of groups finished leaves a report saying so (tmas.rl.pilot): a later call
+    runs the pilot again, the run's report quotes why nothing was measured; a pilot that measured groups is done."""
+    pytest.importorskip("pyarrow")
+    from test_rl_train import row
+    from tmas.rl.data import write_parquet
+
+    device = load_benchmark("rl_device", monkeypatch)
+    monkeypatch.setattr(device, "ensure_base", lambda work, *rest: work / "base-hf")
+    data, problems = tmp_path / "train.parquet", tmp_path / "eval.jsonl"
+    write_parquet([row("normal", "p1")], data)
+    problems.write_text(json.dumps({"problem_id": "e1", "question": "What is 2 plus 2?", "answer": "4"}) + "\n")
+    ran: list[str] = []
+    monkeypatch.setattr(device, "run_phase", lambda phases, name, *rest: ran.append(name) or False)
+    work = tmp_path / "work"
+    args = ["run", "--model", "tiny", "--no-wheels", "--work", str(work), "--data", str(data), "--eval", str(problems)]
+    args += ["--pilot-samples", "2", "--until", "prepare"]
+    report = device.pilot_paths(work)[1]
+    report.parent.mkdir(parents=True)
+    stopped = "Stopped (SIGTERM) while sampling chunk 1 of 3 of prompt groups: no chunk had finished"
+    nothing = {"measured_groups": 0, "kept_groups": 0, "kept_rows": 0, "rows": 6, "chosen_temperature": None}
+    nothing |= {"reason": "no chunk of prompt groups finished", "stopped": stopped}
+    report.write_text(json.dumps(nothing))
+    device.run(device.parse_args(args))
+    assert ran == ["pilot", "eval-base"]
+    assert f"Pilot: {stopped}; no chunk of prompt groups finished." in (work / "report.md").read_text()
+    report.write_text(json.dumps(nothing | {"measured_groups": 2, "chosen_temperature": 1.0, "stopped": None}))
+    ran.clear()
+    device.run(device.parse_args(args))
+    assert ran == ["eval-base"]
+
+
 def test_the_report_names_the_model_the_carried_pieces_hold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Run without --model trains the GGUF its pieces carry, whichever model packed them: the report names that
     GGUF (from the pieces' manifest), not --model's default."""

@@ -226,23 +226,48 @@ def test_a_pilot_stopped_while_it_samples_reports_the_chunks_it_finished(tmp_pat
     rates = [json.loads(line) for line in (tmp_path / "kept.pilot.jsonl").read_text().splitlines()]
     assert len(rates) == 4 and len({r["group"] for r in rates}) == 2
     assert signal.getsignal(signal.SIGTERM) is before
-    # Stopped during its first chunk: nothing measured, said in one line, no rows written.
+    card = (tmp_path / "kept.pilot.md").read_text()
+    assert "Stopped (SIGTERM) while sampling chunk 2 of 3 of prompt groups: that chunk was dropped" in card
+    assert json.loads((tmp_path / "kept.pilot.json").read_text())["stopped"].startswith("Stopped (SIGTERM)")
+
+
+def test_a_pilot_stopped_before_any_chunk_finished_reports_that_and_keeps_nothing(tmp_path: Path) -> None:
+    """SIGTERM during the first chunk (2 groups of 6, the first generate call): nothing was measured. The pilot says
+    so in one line and in its report and card, and an earlier pilot's rows and report beside OUT do not stay to pass
+    for this one's."""
+    pytest.importorskip("datasets")
+    from tmas.rl.data import write_parquet
+    from tmas.rl.pilot import run_pilot
+
+    rows, script = six_problems()
+    data = tmp_path / "train.parquet"
+    write_parquet(rows, data)
+    settings = GenerationSettings(max_new_tokens=16, batch_size=4, seed=3)
+    out = tmp_path / "kept.parquet"
+    options: dict[str, Any] = dict(temperatures=[0.5, 1.0], samples=2, settings=settings, min_rate=0.1, max_rate=0.9)
+    # An earlier pilot on the same OUT: every group measured, all 6 kept at 0.5.
+    earlier = TickingRollouts(script, 10.0)
+    assert run_pilot(data, out, "scripted", generate=earlier, clock=lambda: earlier.now, **options).kept_groups == 6
+    assert out.exists()
+
     first = StoppedRollouts(script, 10.0, stop_at=1)
-    with pytest.raises(ConfigError, match="no prompt group measured"):
-        run_pilot(
-            data,
-            tmp_path / "none.parquet",
-            "scripted",
-            temperatures=[0.5, 1.0],
-            samples=2,
-            settings=settings,
-            min_rate=0.1,
-            max_rate=0.9,
-            max_time_s=1000,
-            generate=first,
-            clock=lambda: first.now,
-        )
-    assert not (tmp_path / "none.parquet").exists()
+    with pytest.raises(ConfigError) as raised:
+        run_pilot(data, out, "scripted", max_time_s=1000, generate=first, clock=lambda: first.now, **options)
+    message = str(raised.value)
+    assert "\n" not in message and "stopped before any chunk of prompt groups finished" in message
+    assert str(tmp_path / "kept.pilot.md") in message
+    assert len(first.calls) == 1 and not out.exists()
+    report = json.loads((tmp_path / "kept.pilot.json").read_text())
+    assert (report["measured_groups"], report["groups"], report["kept_groups"], report["kept_rows"]) == (0, 6, 0, 0)
+    assert report["chosen_temperature"] is None and report["temperatures"] == []
+    assert report["stopped"] == (
+        "Stopped (SIGTERM) while sampling chunk 1 of 3 of prompt groups: no chunk had finished, so no group was"
+        " measured"
+    )
+    assert (tmp_path / "kept.pilot.jsonl").read_text() == ""
+    card = (tmp_path / "kept.pilot.md").read_text()
+    assert "Chosen temperature: none: no chunk of prompt groups finished" in card
+    assert "Kept: 0 groups, 0 of 6 rows." in card and "chunk 1 of 3" in card
 
 
 def test_ties_go_to_more_spread_then_to_the_lower_temperature() -> None:

@@ -38,7 +38,14 @@ Generate = Callable[[Sequence[Conversation], GenerationSettings], list[Completio
 
 
 class PilotStopped(Exception):
-    """The pilot's process was told to stop (SIGTERM) while it sampled: the chunk under way is dropped."""
+    """The pilot's process was told to stop (SIGTERM) while it sampled: the chunk under way is dropped. Raised out of
+    :func:`measure` with the rates of the chunks that finished before it, and how many chunks there were."""
+
+    def __init__(self, rates: Sequence[GroupRate] = (), finished: int = 0, chunks: int = 0) -> None:
+        super().__init__("stopped (SIGTERM) while sampling")
+        self.rates = list(rates)
+        self.finished = finished
+        self.chunks = chunks
 
 
 @contextmanager
@@ -97,7 +104,8 @@ class PilotReport(BaseModel):
     min_rate: float
     max_rate: float
     temperatures: list[TemperatureSummary]
-    chosen_temperature: float
+    # None when no group was measured (stopped before a chunk finished): nothing chosen, nothing kept.
+    chosen_temperature: float | None
     reason: str
     kept_groups: int
     kept_rows: int
@@ -106,6 +114,8 @@ class PilotReport(BaseModel):
     groups: int = 0
     measured_groups: int = 0
     max_time_s: float | None = None
+    # Why sampling ended early by a signal (SIGTERM while a chunk sampled: that chunk dropped); None otherwise.
+    stopped: str | None = None
 
 
 def expanded_rows(extra_info: Sequence[dict[str, Any]], samples: int) -> tuple[list[list[int]], list[int]]:
@@ -129,7 +139,8 @@ def measure(
     """Every group sampled ``samples`` times at each temperature (``settings`` gives the rest of the sampling). With
     a ``deadline`` (a ``clock`` time), in chunks of about ``settings.batch_size`` rollouts, the groups shuffled by
     ``settings.seed``; after the first chunk, none starts that the one before says would end past the deadline.
-    :class:`PilotStopped` raised while a chunk is sampled drops that chunk and ends the measurement."""
+    :class:`PilotStopped` raised while a chunk is sampled drops that chunk and ends the measurement: it is raised
+    again with the chunks finished before it (their rates, how many of how many)."""
     if samples < 2:
         raise ValueError("a group needs at least two pilot rollouts to show a spread")
     groups, order = expanded_rows([r["extra_info"] for r in rows], samples)
@@ -141,16 +152,19 @@ def measure(
         size = max(1, settings.batch_size // samples)
     out: list[GroupRate] = []
     last = 0.0
+    starts = range(0, len(sampled), size)
+    finished = 0
     try:
-        for start in range(0, len(sampled), size):
+        for start in starts:
             began = clock()
             if deadline is not None and out and began + last > deadline:
                 break
             # A chunk's rates join the others whole: every group of it measured at every temperature.
             out += measure_chunk(generate, rows, sampled[start : start + size], temperatures, settings)
+            finished += 1
             last = clock() - began
     except PilotStopped:
-        pass
+        raise PilotStopped(out, finished, len(starts)) from None
     return out
 
 
@@ -252,10 +266,17 @@ def card(report: PilotReport) -> str:
     lines += [
         "",
         f"Band: right in {report.min_rate:.0%} to {report.max_rate:.0%} of a group's rollouts (both included).",
-        f"Chosen temperature: {report.chosen_temperature:g}: {report.reason}.",
+        (
+            "Chosen temperature: none"
+            if report.chosen_temperature is None
+            else f"Chosen temperature: {report.chosen_temperature:g}"
+        )
+        + f": {report.reason}.",
         f"Kept: {report.kept_groups} groups, {report.kept_rows} of {report.rows} rows.",
     ]
-    if report.measured_groups < report.groups:
+    if report.stopped is not None:
+        lines.append(f"{report.stopped}.")
+    elif report.measured_groups < report.groups:
         lines.append(
             f"Stopped for time ({report.max_time_s:g} s): {report.measured_groups} of {report.groups} groups sampled,"
             " in an order shuffled by the seed; the others were not measured and are not kept."
@@ -294,7 +315,7 @@ def run_pilot(
     (on the GPU when there is one). ``max_time_s``: seconds from here (the model's loading included) after which no
     chunk of groups starts (:func:`measure`); SIGTERM while it samples ends the measurement with the chunks
     finished."""
-    from tmas.errors import ConfigError
+    from tmas.errors import ConfigError, InputError
     from tmas.rl.data import write_parquet
     from tmas.rl.trl_train import load_dataset
 
@@ -304,22 +325,32 @@ def run_pilot(
     if limit_groups is not None:
         groups = prompt_groups([r["extra_info"] for r in rows])[:limit_groups]
         rows = [rows[i] for group in groups for i in group]
+    if not rows:
+        raise InputError(f"pilot on {data}: no training rows to sample")
     if generate is None:
         generate = in_process_generator(model_spec, dtype, dataset)
+    stopped = None
     with stopped_by_sigterm():
         try:
             rates = measure(generate, rows, temperatures, samples, settings, deadline=deadline, clock=clock)
-        except PilotStopped:
-            # Told to stop before the first chunk began.
-            rates = []
-    if not rates:
-        raise ConfigError(f"pilot on {data}: no prompt group measured (no rows, or stopped before a chunk finished)")
+        except PilotStopped as exc:
+            rates = exc.rates
+            stopped = f"Stopped (SIGTERM) while sampling chunk {exc.finished + 1} of {exc.chunks} of prompt groups"
+            stopped += (
+                ": no chunk had finished, so no group was measured"
+                if not rates
+                else f": that chunk was dropped; {len({r.group for r in rates})} groups of the {exc.finished} chunks"
+                " finished were measured, the others are not kept"
+            )
     paths = pilot_paths(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     paths["rates"].write_text("".join(r.model_dump_json() + "\n" for r in rates), encoding="utf-8")
     summaries = summarize(rates, min_rate, max_rate)
-    temperature, reason = choose_temperature(summaries)
-    keep = kept_groups(rates, temperature, min_rate, max_rate)
+    temperature: float | None = None
+    reason = "no chunk of prompt groups finished, so no rate was measured and no group is kept"
+    if summaries:
+        temperature, reason = choose_temperature(summaries)
+    keep = set() if temperature is None else kept_groups(rates, temperature, min_rate, max_rate)
     kept = [r for r in rows if str(r["extra_info"]["group"]) in keep]
     report = PilotReport(
         model=model_spec,
@@ -338,12 +369,18 @@ def run_pilot(
         groups=len(prompt_groups([r["extra_info"] for r in rows])),
         measured_groups=len({r.group for r in rates}),
         max_time_s=max_time_s,
+        stopped=stopped,
     )
     paths["report"].write_text(report.model_dump_json(indent=1) + "\n", encoding="utf-8")
     paths["card"].write_text(card(report), encoding="utf-8")
     if not kept:
         # An earlier pilot's rows would pass for this one's beside its report.
         out.unlink(missing_ok=True)
+        if not rates:
+            raise ConfigError(
+                f"pilot on {data}: stopped before any chunk of prompt groups finished: nothing measured, nothing"
+                f" kept (report {paths['card']})"
+            )
         raise ConfigError(
             f"no prompt group was right in {min_rate:.0%}-{max_rate:.0%} of its rollouts at any temperature tried:"
             f" nothing to train on (rates in {paths['rates']})"
