@@ -359,6 +359,32 @@ def test_step_components_and_resume_trimming(tmp_path: Path) -> None:
     assert [r["step"] for r in read_rows(tmp_path / "rewards.jsonl")] == [0, 0, 1]
 
 
+def test_logs_cut_off_by_a_kill_resume_and_other_bad_lines_are_named(tmp_path: Path) -> None:
+    """A run killed while it appended to its logs leaves a last line without its end: a resume (or a start over a
+    run stopped before its first checkpoint) drops it, as a line past the checkpoint. A bad line anywhere else is
+    a one-line error naming the file and the line."""
+    from tmas.errors import InputError
+    from tmas.rl.step_log import read_rows, trim_logs
+
+    steps, rewards = tmp_path / "steps.jsonl", tmp_path / "rewards.jsonl"
+    steps.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "rew')
+    rewards.write_text('{"step": 0}\n{"step": 1}\n{"step": 2}\n{"step": 2, "task": "nor')
+    trim_logs(tmp_path, 2)  # resumed from checkpoint-2
+    assert [r["step"] for r in read_rows(steps)] == [1, 2]
+    assert [r["step"] for r in read_rows(rewards)] == [0, 1]
+    assert steps.read_text() == '{"step": 1}\n{"step": 2}\n'
+    trim_logs(tmp_path, 0)  # started again with no checkpoint: every line goes
+    assert steps.read_text() == rewards.read_text() == ""
+
+    steps.write_text('{"step": 1}\n{"step": 2, "rew\n{"step": 3}\n')
+    with pytest.raises(InputError) as raised:
+        trim_logs(tmp_path, 3)
+    assert str(raised.value).startswith(f"{steps}: line 2 is not JSON (")
+    steps.write_text('{"step": 1}\n[2]\n')
+    with pytest.raises(InputError, match=r"steps.jsonl: line 2 is not a JSON object$"):
+        read_rows(steps)
+
+
 def test_a_lora_adapter_merges_into_a_checkpoint_that_loads(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     datasets = pytest.importorskip("datasets")

@@ -22,6 +22,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from tmas.errors import InputError
 from tmas.rl.rewards import correctness_reward
 from tmas.rl.scoring import TASKS, RewardBreakdown
 from tmas.rl.trl_rewards import HybridReward
@@ -76,9 +77,26 @@ def reward_components(scored: Sequence[RewardBreakdown]) -> Row:
 
 
 def read_rows(path: Path) -> list[Row]:
+    """The JSON objects of a log, one a line. A last line without its newline that does not read is one a stopped
+    run was writing (lines are appended, and a kill can land between the writes of one): it is left out. Any other
+    line that does not read is an error naming the file and the line."""
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = path.read_text(encoding="utf-8").split("\n")
+    rows: list[Row] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == len(lines):
+                break  # cut off while it was written: past the last checkpoint, trained again on --resume
+            raise InputError(f"{path}: line {number} is not JSON ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(row, dict):
+            raise InputError(f"{path}: line {number} is not a JSON object")
+        rows.append(row)
+    return rows
 
 
 def _keep(path: Path, keep: Callable[[Row], bool]) -> None:
