@@ -177,6 +177,26 @@ def test_one_grpo_step_changes_the_weights(judge_sim: SimServer, tmp_path: Path)
 
 
 @pytest.mark.slow
+def test_the_learning_rate_asked_for_is_the_rate_of_every_step(tmp_path: Path) -> None:
+    """A.4 gives one learning rate: every optimizer step uses it, whatever --max-steps is (the Trainer's default
+    schedule decayed it linearly to 0 at --max-steps: 1e-3 at step 1, 1e-3 * (190 - 3) / 190 at step 4)."""
+    datasets = pytest.importorskip("datasets")
+    pytest.importorskip("trl")
+    from tmas.rl.trl_train import TrainOptions, build_trainer, load_policy
+
+    dataset = datasets.Dataset.from_list([row("normal", "p1")])
+    model, tokenizer = load_policy("tiny", dataset)
+    options = TrainOptions(output_dir=tmp_path / "out", num_generations=2, learning_rate=1e-3, use_vllm=False)
+    trainer = build_trainer(model, tokenizer, dataset, options, HybridReward())
+    trainer.create_optimizer_and_scheduler(num_training_steps=options.max_steps)
+    rates = []
+    for _ in range(4):
+        rates.append(trainer.lr_scheduler.get_last_lr()[0])
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+    assert rates == [1e-3] * 4
+
+
 @pytest.mark.slow
 def test_a_time_limit_ends_training_after_a_step_with_its_final_adapter(tmp_path: Path) -> None:
     datasets = pytest.importorskip("datasets")

@@ -1,6 +1,6 @@
 """GRPO with TRL on the hybrid rewards (paper section 3.3, the optimiser's settings from appendix A.4).
 
-A.4 -> GRPOConfig: 16 rollouts per prompt (``num_generations``), learning rate 1e-6, clip range [0.20, 0.255]
+A.4 -> GRPOConfig: 16 rollouts per prompt (``num_generations``), learning rate 1e-6 (constant), clip range [0.20, 0.255]
 (``epsilon``, ``epsilon_high``), clipping coefficient 10.0 (TRL's two-sided bound ``delta``: the ratio is capped at
 10 for negative advantages, as verl's dual clip ``clip_ratio_c`` does), no KL term (``beta`` 0), no entropy bonus
 (TRL has none). Eq. 6's 1/sum|o_i| token averaging is TRL's ``dapo`` loss. TRL normalises a group's rewards with the
@@ -68,6 +68,10 @@ def grpo_config(options: TrainOptions) -> GRPOConfig:
         per_device_train_batch_size=options.generated_groups * options.num_generations // accumulation,
         gradient_accumulation_steps=accumulation,
         learning_rate=options.learning_rate,
+        # A.4's one learning rate, every step (verl's default schedule, as in docs/rl.md's verl recipe); the
+        # Trainer's default decays it linearly to 0 at --max-steps, so that a run stopped for time trained at a rate
+        # set by --max-steps.
+        lr_scheduler_type="constant",
         epsilon=options.epsilon,
         epsilon_high=options.epsilon_high,
         delta=options.clip_coefficient,
