@@ -20,7 +20,8 @@ carry (see docs/rl.md, "On a CUDA machine without network access"):
   1. the pilot (``--pilot-samples``): ``tmas rl pilot`` samples every prompt group at each
      ``--pilot-temperature`` (in chunks, for at most ``--pilot-time`` seconds, reporting on the groups reached;
      a chunk still sampling 30 s past that time is stopped and dropped, the chunks finished reported; one
-     stopped before any chunk finished reports that and runs again on the next call),
+     stopped before any chunk finished reports that and runs again on the next call, unless training has a
+     checkpoint by then: it goes on with the rows it began on),
      keeps the groups right ``--min-rate``..``--max-rate`` of the time at the temperature that keeps the most, and
      training reads those rows at that temperature;
   2. the base model's evaluation (CoT prompt, in-process with transformers) on the held-out problems, greedy
@@ -600,7 +601,13 @@ def run(args: argparse.Namespace) -> None:
     base = ensure_base(work, spec, args.data, args.eval, args.eval_limit)
     log(work, f"base checkpoint {base} ({time.monotonic() - started:.0f} s)")
     phases: dict[str, Any] = {}
-    if args.pilot_samples and not pilot_measured(work):
+    from tmas.rl.checkpoints import last_checkpoint
+
+    started_training = last_checkpoint(work / "lora") is not None
+    if args.pilot_samples and not pilot_measured(work) and started_training:
+        # Training resumes on the rows it began with: a pilot now could change them under its checkpoint.
+        log(work, "the pilot measured nothing before training began: training goes on with the rows it began on")
+    elif args.pilot_samples and not pilot_measured(work):
         # The pilot stops starting chunks of groups in time to report on those it reached, before the call's end.
         # A chunk it cannot finish in time (its first, whose time nothing foretells) is stopped with its margin
         # passed: the pilot then reports on the chunks it finished, and the base evaluation keeps the call's rest.

@@ -544,7 +544,8 @@ def test_a_pilot_that_measured_nothing_runs_again_and_its_report_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A pilot stopped before any chunk of groups finished leaves a report saying so (tmas.rl.pilot): a later call
-    runs the pilot again, the run's report quotes why nothing was measured; a pilot that measured groups is done."""
+    runs the pilot again (unless training has begun), the run's report quotes why nothing was measured; a pilot that
+    measured groups is done."""
     pytest.importorskip("pyarrow")
     from test_rl_train import row
     from tmas.rl.data import write_parquet
@@ -568,6 +569,16 @@ def test_a_pilot_that_measured_nothing_runs_again_and_its_report_says_why(
     device.run(device.parse_args(args))
     assert ran == ["pilot", "eval-base"]
     assert f"Pilot: {stopped}; no chunk of prompt groups finished." in (work / "report.md").read_text()
+    # Training has a checkpoint (on --data, the pilot having kept nothing): the pilot is not run again, which could
+    # change the rows under it.
+    checkpoint = work / "lora" / "checkpoint-5"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 5}))
+    ran.clear()
+    device.run(device.parse_args(args))
+    assert ran == ["eval-base"]
+    assert "training goes on with the rows it began on" in (work / "run.log").read_text()
+    (checkpoint / "trainer_state.json").unlink()
     report.write_text(json.dumps(nothing | {"measured_groups": 2, "chosen_temperature": 1.0, "stopped": None}))
     ran.clear()
     device.run(device.parse_args(args))
