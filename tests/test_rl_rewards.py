@@ -16,6 +16,7 @@ from tmas.rl.rewards import (
 
 
 def test_correctness_reward() -> None:
+    # Standard correctness reward (section 3.3): r_i = +1 for a correct final answer, -1 otherwise.
     assert correctness_reward(True) == 1.0
     assert correctness_reward(False) == -1.0
 
@@ -69,10 +70,13 @@ def test_experience_reward_beta_and_bad_groups() -> None:
     ],
 )
 def test_exploration_reward_table(correct: bool, novelty: int | None, reward: float) -> None:
+    # Eq. 9's four cases, read off the paper's table: (r_i, n_i) = (+1, 1) -> +1.0, (+1, 0) -> +0.2, (-1, 1) -> -0.5,
+    # (-1, 0) -> -1.0; a verdict other than 1 is n_i = 0.
     assert exploration_reward(correct, novelty) == reward  # type: ignore[arg-type]
 
 
 def test_group_advantages_one_against_three() -> None:
+    # The advantage of eq. 6, A_i = (r_i - mu) / (sigma + delta), delta 1e-6 (negligible at 1e-5 relative).
     # Rewards (1.6, -1, -1, -1): mu = -0.35; deviations 1.95 and -0.65 (x3); population variance
     # (1.95^2 + 3 * 0.65^2) / 4 = 5.07 / 4 = 1.2675, sigma = 1.12583 = 0.65 * sqrt(3).
     # So A = (1.95, -0.65, -0.65, -0.65) / (0.65 * sqrt(3)) = (sqrt(3), -1/sqrt(3), -1/sqrt(3), -1/sqrt(3)).
@@ -81,6 +85,7 @@ def test_group_advantages_one_against_three() -> None:
 
 
 def test_group_advantages_uses_population_std_and_delta() -> None:
+    # Eq. 6's advantage with sigma = sqrt((1/N) sum (r_i - mu)^2), the population deviation.
     # (1, -1): mu = 0, population sigma = 1 (the sample std would be sqrt(2)), so A = +-1 / (1 + delta).
     assert group_advantages([1.0, -1.0], delta=0.5) == pytest.approx([1 / 1.5, -1 / 1.5])
     # All equal: sigma = 0 and delta keeps the division finite: every advantage is 0.
