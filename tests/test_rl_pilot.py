@@ -270,6 +270,40 @@ def test_a_pilot_stopped_before_any_chunk_finished_reports_that_and_keeps_nothin
     assert "Kept: 0 groups, 0 of 6 rows." in card and "chunk 1 of 3" in card
 
 
+def test_a_pilot_stopped_while_its_model_loads_reports_that(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model's loading counts in the pilot's time, so the caller's SIGTERM can come before any chunk began:
+    the pilot reports that too, rather than ending with no report."""
+    pytest.importorskip("datasets")
+    from tmas.rl import pilot
+    from tmas.rl.data import write_parquet
+
+    rows, _ = six_problems()
+    data = tmp_path / "train.parquet"
+    write_parquet(rows, data)
+
+    def loading(model_spec: str, dtype: str, dataset: Any = None) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)  # the caller's stop, while the weights load
+        raise AssertionError("the stop did not interrupt the loading")
+
+    monkeypatch.setattr(pilot, "in_process_generator", loading)
+    settings = GenerationSettings(max_new_tokens=16, batch_size=4, seed=3)
+    with pytest.raises(ConfigError, match="stopped before any chunk of prompt groups finished"):
+        pilot.run_pilot(
+            data,
+            tmp_path / "kept.parquet",
+            "tiny",
+            temperatures=[0.5],
+            samples=2,
+            settings=settings,
+            min_rate=0.1,
+            max_rate=0.9,
+            max_time_s=60,
+        )
+    report = json.loads((tmp_path / "kept.pilot.json").read_text())
+    assert report["stopped"] == "Stopped (SIGTERM) before any chunk of prompt groups began (while the model loaded)"
+    assert (report["measured_groups"], report["groups"], report["chosen_temperature"]) == (0, 6, None)
+
+
 def test_ties_go_to_more_spread_then_to_the_lower_temperature() -> None:
     def summary(t: float, band: int, spread: int) -> TemperatureSummary:
         return TemperatureSummary(

@@ -284,6 +284,20 @@ def card(report: PilotReport) -> str:
     return "\n".join(lines) + "\n"
 
 
+def stop_note(stop: PilotStopped) -> str:
+    """Where a SIGTERM stopped the pilot, and what that left measured."""
+    if not stop.chunks:
+        return "Stopped (SIGTERM) before any chunk of prompt groups began (while the model loaded)"
+    note = f"Stopped (SIGTERM) while sampling chunk {stop.finished + 1} of {stop.chunks} of prompt groups"
+    if not stop.rates:
+        return note + ": no chunk had finished, so no group was measured"
+    groups = len({r.group for r in stop.rates})
+    return note + (
+        f": that chunk was dropped; {groups} groups of the {stop.finished} chunks finished were measured, the others"
+        " are not kept"
+    )
+
+
 def pilot_paths(out: Path) -> dict[str, Path]:
     """Beside the kept rows' parquet: the per-group rates, the report and its card."""
     stem = out.with_suffix("")
@@ -327,21 +341,17 @@ def run_pilot(
         rows = [rows[i] for group in groups for i in group]
     if not rows:
         raise InputError(f"pilot on {data}: no training rows to sample")
-    if generate is None:
-        generate = in_process_generator(model_spec, dtype, dataset)
     stopped = None
+    measured: list[GroupRate] | None = None
     with stopped_by_sigterm():
         try:
-            rates = measure(generate, rows, temperatures, samples, settings, deadline=deadline, clock=clock)
+            # The model's loading counts in the pilot's time: a stop then is reported too.
+            generate = generate or in_process_generator(model_spec, dtype, dataset)
+            measured = measure(generate, rows, temperatures, samples, settings, deadline=deadline, clock=clock)
         except PilotStopped as exc:
-            rates = exc.rates
-            stopped = f"Stopped (SIGTERM) while sampling chunk {exc.finished + 1} of {exc.chunks} of prompt groups"
-            stopped += (
-                ": no chunk had finished, so no group was measured"
-                if not rates
-                else f": that chunk was dropped; {len({r.group for r in rates})} groups of the {exc.finished} chunks"
-                " finished were measured, the others are not kept"
-            )
+            if measured is None:  # (a stop once every group is measured changes nothing)
+                measured, stopped = exc.rates, stop_note(exc)
+    rates = measured or []
     paths = pilot_paths(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     paths["rates"].write_text("".join(r.model_dump_json() + "\n" for r in rates), encoding="utf-8")
