@@ -94,13 +94,81 @@ def test_a_checkpoint_that_cannot_be_loaded_is_one_line_naming_it(tmp_path: Path
     weights = cut / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
     unknown = tmp_path / "unknown"
-    unknown.mkdir()
+    tiny_tokenizer(["a b c"]).save_pretrained(unknown)
     (unknown / "config.json").write_text('{"model_type": "no-such-architecture"}')
-    for folder, what in ((untokenized, "tokenizer"), (cut, "model"), (unknown, "model")):
+    # A config and a tokenizer, and no weights.
+    weightless = tmp_path / "weightless"
+    tiny_model(16).config.save_pretrained(weightless)
+    tiny_tokenizer(["a b c"]).save_pretrained(weightless)
+    for folder, what in ((untokenized, "tokenizer"), (cut, "model"), (unknown, "model"), (weightless, "model")):
         with pytest.raises(LocalModelError) as failed:
             HFEngine.load(folder, options)
         message = str(failed.value)
         assert message.startswith(f"cannot load the {what} in {folder}: ") and "\n" not in message, message
+
+
+def test_a_folder_without_tokenizer_files_is_refused_before_the_model_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tmas.errors import LocalModelError
+    from tmas.rl.tiny import tiny_model
+
+    # transformers would load an empty tokenizer there without a word, and every call would fail.
+    folder = tmp_path / "weights-only"
+    tiny_model(16).save_pretrained(folder)
+    expected = (
+        f"{folder} holds no tokenizer (none of tokenizer.json, tokenizer.model, vocab.json, vocab.txt):"
+        " save the model's tokenizer into it"
+    )
+    with pytest.raises(LocalModelError) as failed:
+        checkpoint(str(folder), dtype="float32")
+    assert str(failed.value) == expected
+
+    def never(*args: Any) -> HFEngine:
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(HFEngine, "load", never)
+
+    async def open_it() -> None:
+        async with open_hf_model(Settings.model_validate({"hf": {"model": str(folder), "device": "cpu"}})):
+            pass
+
+    with pytest.raises(LocalModelError) as failed:
+        asyncio.run(open_it())
+    assert str(failed.value) == expected
+    # A run is refused before its directory is made.
+    isolate(monkeypatch, tmp_path)
+    problems = tmp_path / "p.jsonl"
+    problems.write_text('{"problem_id": "a", "question": "What is 2+3?", "answer": "5"}\n', encoding="utf-8")
+    result = CliRunner().invoke(app, ["run", str(problems), "-o", str(tmp_path / "run"), "--hf-model", str(folder)])
+    assert isinstance(result.exception, LocalModelError) and str(result.exception) == expected
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_tokenizer_without_a_chat_template_is_refused_before_the_model_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from tmas.errors import LocalModelError
+    from tmas.rl.tiny import tiny_model, tiny_tokenizer
+
+    folder = tmp_path / "no-template"
+    tokenizer = tiny_tokenizer(["a b c"])
+    tokenizer.chat_template = None
+    tokenizer.save_pretrained(folder)
+    tiny_model(len(tokenizer)).save_pretrained(folder)
+
+    def never(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", never)
+    with pytest.raises(LocalModelError) as failed:
+        HFEngine.load(folder, resolve_options("cpu", "float32"))
+    assert str(failed.value) == (
+        f"the tokenizer in {folder} has no chat template (no chat_template.jinja, none in tokenizer_config.json):"
+        " every call goes through it"
+    )
 
 
 def test_a_calls_sampling_as_the_engine_draws_it() -> None:

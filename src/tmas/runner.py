@@ -22,6 +22,7 @@ from tmas.agents.templates import prompts_from
 from tmas.config import Budget, Settings, load_settings, validation_message, with_method_params, with_overrides
 from tmas.errors import InputError, TmasError
 from tmas.llm.factory import open_model
+from tmas.llm.hf_checkpoint import check_folder
 from tmas.llm.model import ChatModel, ClientStats, EndpointUnreachable
 from tmas.llm.preflight import check_endpoints
 from tmas.llm.provision import on_embedded_model
@@ -665,11 +666,14 @@ def _summary(
 
 def check_embedded_model(settings: Settings) -> None:
     """A model tmas runs itself (the embedded server's, or one in process) that names neither a known model nor a
-    file (or checkpoint folder) there is a one-line error before a run directory is made."""
+    file (or checkpoint folder with its tokenizer) there is a one-line error before a run directory is made."""
     if settings.uses_local_model:
         check_model_named(settings.local.model, "local.model", "--local-model")
     elif settings.uses_in_process_model:
         check_model_named(str(settings.hf.model), "hf.model", "--hf-model", folders=True)
+        folder = Path(str(settings.hf.model)).expanduser()
+        if folder.is_dir():
+            check_folder(folder)
 
 
 def run_method(settings: Settings, *, own_model: bool = False) -> Method[Any]:

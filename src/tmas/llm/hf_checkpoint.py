@@ -25,11 +25,24 @@ from tmas.llm.weights import KNOWN_MODELS, cache_dir, locked, resolve_model
 # What marks a finished checkpoint folder (written by save_pretrained, the tokenizer last).
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer_config.json"
+# The files transformers reads a tokenizer's vocabulary from; a folder with none of them loads as an empty tokenizer.
+VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 INSTALL_HINT = "pip install 'tmas[hf]'"
 
 
 def is_checkpoint(path: Path) -> bool:
     return (path / CONFIG_FILE).is_file()
+
+
+def check_folder(path: Path) -> None:
+    """Raise :class:`LocalModelError` unless ``path`` is a checkpoint folder with a tokenizer: without its files,
+    transformers loads an empty tokenizer there without a word, and every call would fail or read garbage."""
+    if not is_checkpoint(path):
+        raise LocalModelError(f"{path} is not a Hugging Face checkpoint folder (it has no {CONFIG_FILE})")
+    if not any((path / name).is_file() for name in VOCABULARY_FILES):
+        raise LocalModelError(
+            f"{path} holds no tokenizer (none of {', '.join(VOCABULARY_FILES)}): save the model's tokenizer into it"
+        )
 
 
 def checkpoint_name(spec: str) -> str:
@@ -46,8 +59,7 @@ def checkpoint(spec: str, *, dtype: str, tokenizer: str | None = None) -> Path:
     goes with a conversion instead of the GGUF's own."""
     path = Path(spec).expanduser()
     if path.is_dir():
-        if not is_checkpoint(path):
-            raise LocalModelError(f"{path} is not a Hugging Face checkpoint folder (it has no {CONFIG_FILE})")
+        check_folder(path)
         return path
     gguf = resolve_model(spec)
     target = cache_dir() / "hf" / f"{checkpoint_name(spec)}-{_digest(spec, gguf)[:12]}-{dtype}"

@@ -137,16 +137,22 @@ class HFEngine:
 
         if options.threads:
             torch.set_num_threads(options.threads)
-        # No weights, an unknown architecture, a damaged file, no tokenizer: transformers' errors span lines.
+        # No weights, an unknown architecture, a damaged file, no tokenizer: transformers' errors span lines. The
+        # tokenizer first: it is the quick one to read, and a model without its chat template cannot take a call.
+        with loading("tokenizer", checkpoint):
+            # Spelled out: transformers ignores the clean-up for byte-level BPE anyway, and says so at every load of a
+            # tokenizer converted from a GGUF that sets it.
+            tokenizer = AutoTokenizer.from_pretrained(checkpoint, clean_up_tokenization_spaces=False)
+        if not getattr(tokenizer, "chat_template", None):
+            raise LocalModelError(
+                f"the tokenizer in {checkpoint} has no chat template (no chat_template.jinja, none in"
+                f" tokenizer_config.json): every call goes through it"
+            )
         with loading("model", checkpoint):
             model: Any = AutoModelForCausalLM.from_pretrained(
                 checkpoint, dtype=getattr(torch, options.dtype), attn_implementation=options.attn_implementation
             )
             model = model.to(options.device).eval()
-        with loading("tokenizer", checkpoint):
-            # Spelled out: transformers ignores the clean-up for byte-level BPE anyway, and says so at every load of a
-            # tokenizer converted from a GGUF that sets it.
-            tokenizer = AutoTokenizer.from_pretrained(checkpoint, clean_up_tokenization_spaces=False)
         return cls(model, tokenizer, options)
 
     @property
