@@ -313,6 +313,22 @@ def test_an_embedded_model_that_is_not_there_is_named_before_the_run_directory(
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("flag", ["--local-model", "--hf-model"])
+def test_an_embedded_model_file_that_is_not_a_gguf_is_named_before_the_run_directory(tmp_path: Path, flag: str) -> None:
+    # A checkpoint's weights (or any other file) given where a GGUF goes: the corrected command must not find a run
+    # directory that "already holds a run".
+    write_problems(tmp_path / "p.jsonl", 2)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    out = run_tmas("run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "-m", "cot", flag, str(weights))
+    assert out.returncode == 2, out.stderr.decode()
+    setting = "local.model" if flag == "--local-model" else "hf.model"
+    assert last_line(out) == (
+        f"tmas: error: {setting} ({flag}) {weights} is not a GGUF model file (it does not start with b'GGUF')"
+    )
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_base_url_that_is_the_chat_completions_url_is_named_before_any_call(sim: SimServer, tmp_path: Path) -> None:
     # The address a server's docs give for chat completions, copied whole: tmas adds /chat/completions itself.
     write_problems(tmp_path / "p.jsonl", 2)

@@ -110,7 +110,7 @@ def test_a_checkpoint_that_cannot_be_loaded_is_one_line_naming_it(tmp_path: Path
 def test_a_folder_without_tokenizer_files_is_refused_before_the_model_loads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tmas.errors import LocalModelError
+    from tmas.errors import ConfigError, LocalModelError
     from tmas.rl.tiny import tiny_model
 
     # transformers would load an empty tokenizer there without a word, and every call would fail.
@@ -141,7 +141,7 @@ def test_a_folder_without_tokenizer_files_is_refused_before_the_model_loads(
     problems = tmp_path / "p.jsonl"
     problems.write_text('{"problem_id": "a", "question": "What is 2+3?", "answer": "5"}\n', encoding="utf-8")
     result = CliRunner().invoke(app, ["run", str(problems), "-o", str(tmp_path / "run"), "--hf-model", str(folder)])
-    assert isinstance(result.exception, LocalModelError) and str(result.exception) == expected
+    assert isinstance(result.exception, ConfigError) and str(result.exception) == f"hf.model (--hf-model) {expected}"
     assert not (tmp_path / "run").exists()
 
 

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from tmas.agents.overrides import Override, check_overrides
 from tmas.agents.templates import prompts_from
 from tmas.config import Budget, Settings, load_settings, validation_message, with_method_params, with_overrides
-from tmas.errors import InputError, TmasError
+from tmas.errors import ConfigError, InputError, LocalModelError, TmasError
 from tmas.llm.factory import open_model
 from tmas.llm.hf_checkpoint import check_folder
 from tmas.llm.model import ChatModel, ClientStats, EndpointUnreachable
@@ -673,7 +673,10 @@ def check_embedded_model(settings: Settings) -> None:
         check_model_named(str(settings.hf.model), "hf.model", "--hf-model", folders=True)
         folder = Path(str(settings.hf.model)).expanduser()
         if folder.is_dir():
-            check_folder(folder)
+            try:
+                check_folder(folder)
+            except LocalModelError as exc:
+                raise ConfigError(f"hf.model (--hf-model) {exc}") from None
 
 
 def run_method(settings: Settings, *, own_model: bool = False) -> Method[Any]:

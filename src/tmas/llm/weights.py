@@ -87,10 +87,16 @@ def cache_dir() -> Path:
 
 def check_model_named(name_or_path: str, setting: str, flag: str, *, folders: bool = False) -> None:
     """Raise :class:`ConfigError`, naming the setting and its flag, unless ``name_or_path`` is a known model's name
-    or an existing file (or folder, where ``folders``): the cheap part of :func:`resolve_model`, checked before a run
-    directory is made."""
+    or an existing GGUF file (or folder, where ``folders``): the cheap part of :func:`resolve_model`, checked before a
+    run directory is made."""
     path = Path(name_or_path).expanduser()
-    if name_or_path in KNOWN_MODELS or path.is_file() or (folders and path.is_dir()):
+    if path.is_file():
+        try:
+            _check_magic(path)
+        except LocalModelError as exc:
+            raise ConfigError(f"{setting} ({flag}) {exc}") from None
+        return
+    if name_or_path in KNOWN_MODELS or (folders and path.is_dir()):
         return
     what = "a checkpoint folder, a GGUF file" if folders else "a GGUF file"
     raise ConfigError(
