@@ -171,6 +171,24 @@ def test_a_tokenizer_without_a_chat_template_is_refused_before_the_model_loads(
     )
 
 
+def test_a_tokenizer_folder_without_a_tokenizer_is_said_before_the_gguf_is_unpacked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tmas.errors import LocalModelError
+
+    def never(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the GGUF was unpacked")
+
+    monkeypatch.setattr(hf_checkpoint, "load_gguf", never)
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF" + b"\0" * 60)
+    # The GGUF itself where its tokenizer's folder goes.
+    with pytest.raises(LocalModelError) as failed:
+        convert(gguf, tmp_path / "out", dtype="float32", tokenizer=gguf)
+    assert str(failed.value) == f"{gguf} holds no saved tokenizer (no tokenizer_config.json)"
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_calls_sampling_as_the_engine_draws_it() -> None:
     assert request_sampling(Sampling(temperature=0.0, seed=3)) == RequestSampling(temperature=0.0, seed=3)
     full = Sampling(temperature=0.35, top_p=0.8, top_k=7, min_p=0.05, seed=11)

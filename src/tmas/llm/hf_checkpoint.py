@@ -98,10 +98,11 @@ def convert(gguf: Path, out: Path, *, dtype: str, tokenizer: Path | None = None)
         from transformers import AutoTokenizer
     except ImportError:
         raise LocalModelError(f"running a model in process needs torch and transformers: {INSTALL_HINT}") from None
+    # A tokenizer folder that holds none is said before the weights are unpacked (minutes for a large model).
+    if tokenizer is not None and not (tokenizer / TOKENIZER_FILE).is_file():
+        raise LocalModelError(f"{tokenizer} holds no saved tokenizer (no {TOKENIZER_FILE})")
     model = load_gguf(gguf, dtype=getattr(torch, dtype))
     if tokenizer is not None:
-        if not (tokenizer / TOKENIZER_FILE).is_file():
-            raise LocalModelError(f"{tokenizer} holds no saved tokenizer (no {TOKENIZER_FILE})")
         tok: Any = AutoTokenizer.from_pretrained(tokenizer)
     else:
         tok = gguf_tokenizer(gguf)
