@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
 from tmas.config import LocalModel, Sampling, Settings
+from tmas.errors import LocalModelError
 from tmas.llm import vitals
 from tmas.llm.client import LLMClient
 from tmas.llm.failures import Failure
@@ -172,3 +175,19 @@ async def test_no_call_is_sent_on_a_connection_llama_server_closed(one_slot: Loc
             done.append(await llm.chat("solution", hi, sampling=Sampling(max_tokens=2)))
     assert all(c.ok and c.retry_causes == [] for c in done), [c.error for c in done]
     assert stats.retries == 0
+
+
+async def test_a_port_another_process_holds_is_named_in_one_line(tmp_path: Path) -> None:
+    # llama-server binds a port of its own choosing unless local.extra_args names one: that one may be taken.
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        cfg = LocalModel(model="smollm2-135m", parallel=1, startup_timeout_s=120, extra_args=["--port", str(taken)])
+        with pytest.raises(LocalModelError) as failed:
+            async with LocalServer(cfg, log_dir=tmp_path):
+                pass
+    assert str(failed.value) == (
+        f"llama-server could not listen on 127.0.0.1:{taken} (the port is in use, or not this user's to take)"
+        f" and stopped with exit code 1; its log: {tmp_path / 'local_server.log'}"
+    )

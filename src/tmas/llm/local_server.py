@@ -58,6 +58,8 @@ _TAKEN_PORTS: set[int] = set()
 # llama-server's log line once it listens: ``listening on http://127.0.0.1:PORT`` (older builds: ``server is
 # listening on ...``). Told ``--port 0``, it binds a port the kernel picks and names it here.
 _LISTENING = re.compile(rb"listening on https?://[^\s/]*:(\d+)")
+# How llama-server says it could not bind its address.
+_BIND_FAILED = re.compile(r"couldn't bind HTTP server socket, hostname: (?P<host>\S+), port: (?P<port>\d+)")
 
 
 def _load_prctl() -> Callable[..., int] | None:
@@ -329,10 +331,15 @@ class LocalServer:
     def _died_message(self, code: int) -> str:
         assert self.log_path is not None
         why = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-        return (
-            f"{self.cfg.server} stopped with {why} before it was ready; "
-            f"last lines of {self.log_path}:\n{_log_tail(self.log_path)}"
-        )
+        tail = _log_tail(self.log_path)
+        bind = _BIND_FAILED.search(tail)
+        if bind is not None:
+            # One cause, said in one line: the port (llama-server picks a free one unless local.extra_args names it).
+            return (
+                f"{self.cfg.server} could not listen on {bind['host']}:{bind['port']} (the port is in use, or not this"
+                f" user's to take) and stopped with {why}; its log: {self.log_path}"
+            )
+        return f"{self.cfg.server} stopped with {why} before it was ready; last lines of {self.log_path}:\n{tail}"
 
     def _died_in_use_message(self, code: int) -> str:
         """One line: the server stopped by itself after it was ready, and the last lines of its log."""
