@@ -117,8 +117,8 @@ def test_a_folder_without_tokenizer_files_is_refused_before_the_model_loads(
     folder = tmp_path / "weights-only"
     tiny_model(16).save_pretrained(folder)
     expected = (
-        f"{folder} holds no tokenizer (none of tokenizer.json, tokenizer.model, vocab.json, vocab.txt):"
-        " save the model's tokenizer into it"
+        f"{folder} holds no tokenizer (none of tokenizer.json, vocab.json, vocab.txt, tekken.json, *.model,"
+        " *.tiktoken): save the model's tokenizer into it"
     )
     with pytest.raises(LocalModelError) as failed:
         checkpoint(str(folder), dtype="float32")
@@ -142,6 +142,9 @@ def test_a_folder_without_tokenizer_files_is_refused_before_the_model_loads(
     problems.write_text('{"problem_id": "a", "question": "What is 2+3?", "answer": "5"}\n', encoding="utf-8")
     result = CliRunner().invoke(app, ["run", str(problems), "-o", str(tmp_path / "run"), "--hf-model", str(folder)])
     assert isinstance(result.exception, ConfigError) and str(result.exception) == f"hf.model (--hf-model) {expected}"
+    # A SentencePiece model is a tokenizer's vocabulary too (tokenizer.model, spiece.model, ...).
+    (folder / "spiece.model").write_bytes(b"")
+    hf_checkpoint.check_folder(folder)
     assert not (tmp_path / "run").exists()
 
 

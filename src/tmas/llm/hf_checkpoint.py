@@ -25,8 +25,9 @@ from tmas.llm.weights import KNOWN_MODELS, cache_dir, locked, resolve_model
 # What marks a finished checkpoint folder (written by save_pretrained, the tokenizer last).
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer_config.json"
-# The files transformers reads a tokenizer's vocabulary from; a folder with none of them loads as an empty tokenizer.
-VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+# The files transformers reads a tokenizer's vocabulary from (a SentencePiece model is any *.model: tokenizer.model,
+# spiece.model, ...); a folder with none of them loads as an empty tokenizer.
+VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "vocab.txt", "tekken.json", "*.model", "*.tiktoken")
 INSTALL_HINT = "pip install 'tmas[hf]'"
 
 
@@ -39,7 +40,7 @@ def check_folder(path: Path) -> None:
     transformers loads an empty tokenizer there without a word, and every call would fail or read garbage."""
     if not is_checkpoint(path):
         raise LocalModelError(f"{path} is not a Hugging Face checkpoint folder (it has no {CONFIG_FILE})")
-    if not any((path / name).is_file() for name in VOCABULARY_FILES):
+    if not any(found.is_file() for pattern in VOCABULARY_FILES for found in path.glob(pattern)):
         raise LocalModelError(
             f"{path} holds no tokenizer (none of {', '.join(VOCABULARY_FILES)}): save the model's tokenizer into it"
         )
