@@ -31,11 +31,11 @@ async def test_a_pool_built_on_the_simulator_holds_entries_of_the_runs_turns(tmp
         )
         with store:
             await run_problems(settings, todo, store)
-        sim.requests.clear()
+        run_requests = len(sim.requests)
         # The answer-grading judge grades the run, the turn judge scores it: both on the one "judge" role.
         config = BuildConfig(scheme="difference", grade_mode="judge", quantile=1.0)
         summary = await build_pool([run], pool_path, settings_for(sim), config)
-        requests = [r for r in sim.requests if r.endpoint == "chat"]
+        requests = [r for r in sim.requests[run_requests:] if r.endpoint == "chat"]
 
     notes: list[str] = []
     cases = await load_transcripts([run], settings_for(sim), grade_mode="rules", notes=notes)
