@@ -29,6 +29,7 @@ def test_lines_and_their_places_come_in_order_blank_ones_skipped(tmp_path: Path)
     ("line", "message"),
     [
         (b'{"a": ', "r.jsonl:2: not valid JSON"),
+        (b'{"a": "open', "r.jsonl:2: not valid JSON: Unterminated string starting at column 7$"),
         (b"[1]", "r.jsonl:2: expected a JSON object, got list"),
         (b'{"a": "\xe9"}', "r.jsonl:2: not valid UTF-8"),
         (b'\xef\xbb\xbf{"a": 2}', "r.jsonl:2: not valid JSON"),  # a byte-order mark leads the file only

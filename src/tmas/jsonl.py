@@ -50,7 +50,8 @@ def _object(raw: bytes, where: str) -> dict[str, Any] | None:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise InputError(f"{where}: not valid JSON: {exc.msg} at column {exc.colno}") from None
+        # Some of json's messages end in "at" already ("Unterminated string starting at").
+        raise InputError(f"{where}: not valid JSON: {exc.msg.removesuffix(' at')} at column {exc.colno}") from None
     except (ValueError, RecursionError) as exc:  # an integer of thousands of digits; arrays nested past the stack
         raise InputError(f"{where}: JSON this reader does not take: {exc}") from None
     if not isinstance(record, dict):
