@@ -21,6 +21,7 @@ from tmas.agents.overrides import Override, check_overrides
 from tmas.agents.templates import prompts_from
 from tmas.config import Budget, Settings, load_settings, validation_message, with_method_params, with_overrides
 from tmas.errors import ConfigError, InputError, LocalModelError, TmasError
+from tmas.grading.judge import JUDGE_ROLE
 from tmas.llm.factory import open_model
 from tmas.llm.hf_checkpoint import check_folder
 from tmas.llm.model import ChatModel, ClientStats, EndpointUnreachable
@@ -632,10 +633,11 @@ def _summary(
     store: RunStore, settings: Settings, state: RunState, tally: _Tally, stats: ClientStats, wall_s: float
 ) -> RunSummary:
     """The run's summary: its problems from ``tally`` and ``state``, its calls and tokens from the store (every
-    stored call, replayed ones included), what was sent from ``stats``."""
-    counts = store.call_counts()
-    causes = store.call_causes()
-    by_role = store.replies_by_role()
+    stored call of the method, replayed ones included), what was sent from ``stats``. A judge that graded the run
+    stored its calls there too: they are the grading's (``tmas report`` counts them apart), not the method's."""
+    counts = store.call_counts(JUDGE_ROLE, other_roles=True)
+    causes = store.call_causes(JUDGE_ROLE, other_roles=True)
+    by_role = store.replies_by_role(JUDGE_ROLE, other_roles=True)
     return RunSummary(
         run_dir=store.run_dir,
         problems=state.total,

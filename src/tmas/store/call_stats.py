@@ -28,11 +28,16 @@ class CallStats:
             for r in rows
         }
 
-    def totals(self) -> dict[str, int]:
+    def totals(self, role: str | None = None, *, other_roles: bool = False) -> dict[str, int]:
+        """Calls, failed calls, tokens and calls cut at max_tokens, over the whole run: of the calls :meth:`causes`
+        names by ``role`` and ``other_roles``."""
+        where, args = _role_filter(role, other_roles)
         row = self._db.execute(
             "SELECT COUNT(*), COALESCE(SUM(error IS NOT NULL), 0), COALESCE(SUM(prompt_tokens), 0),"
             " COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(reasoning_tokens), 0),"
             " COALESCE(SUM(finish_reason = 'length'), 0), COALESCE(SUM(cached_prompt_tokens), 0) FROM calls"
+            f" WHERE TRUE{where}",
+            args,
         ).fetchone()
         return {
             "calls": row[0],
@@ -59,11 +64,14 @@ class CallStats:
         ).fetchall()
         return {str(problem): int(n) for problem, n in rows}
 
-    def replies(self) -> dict[str, tuple[int, int]]:
-        """Successful calls per role over the whole run, and how many of them were cut at max_tokens."""
+    def replies(self, role: str | None = None, *, other_roles: bool = False) -> dict[str, tuple[int, int]]:
+        """Successful calls per role over the whole run, and how many of them were cut at max_tokens: of the roles
+        :meth:`causes` names by ``role`` and ``other_roles``."""
+        where, args = _role_filter(role, other_roles)
         rows = self._db.execute(
             "SELECT role, COUNT(*), COALESCE(SUM(finish_reason = 'length'), 0) FROM calls"
-            " WHERE error IS NULL GROUP BY role ORDER BY role"
+            f" WHERE error IS NULL{where} GROUP BY role ORDER BY role",
+            args,
         ).fetchall()
         return {role: (int(n), int(cut)) for role, n, cut in rows}
 

@@ -172,8 +172,8 @@ class RunStore:
         return self._call_log.problem_ids()
 
     # ---- figures over the calls (CallStats) -------------------------------------------------------------------
-    def call_counts(self) -> dict[str, int]:
-        return self._call_stats.totals()
+    def call_counts(self, role: str | None = None, *, other_roles: bool = False) -> dict[str, int]:
+        return self._call_stats.totals(role, other_roles=other_roles)
 
     def role_costs(self) -> dict[str, dict[str, int]]:
         return self._call_stats.by_role()
@@ -181,8 +181,8 @@ class RunStore:
     def sure_replays(self) -> dict[str, int]:
         return self._call_stats.sure_replays()
 
-    def replies_by_role(self) -> dict[str, tuple[int, int]]:
-        return self._call_stats.replies()
+    def replies_by_role(self, role: str | None = None, *, other_roles: bool = False) -> dict[str, tuple[int, int]]:
+        return self._call_stats.replies(role, other_roles=other_roles)
 
     def call_causes(self, role: str | None = None, *, other_roles: bool = False) -> dict[str, dict[str, int]]:
         return self._call_stats.causes(role, other_roles=other_roles)
