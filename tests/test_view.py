@@ -1000,6 +1000,46 @@ def test_the_comparison_counts_tokens_over_the_problems_a_run_started(tmp_path: 
     assert [row.split('<td class="num">')[3].split("<")[0] for row in rows] == [str(spent), str(spent)]
 
 
+def test_the_comparison_marks_a_run_short_of_problems_beside_a_finished_one(tmp_path: Path) -> None:
+    # mult (17*23) is answered right, square (12*12, answered 145) wrong: over both, 50 %. The run "part" was stopped
+    # before square began: it stands on mult alone, 100 %, which is no comparison with the finished run's 50 %.
+    rules = [
+        Rule(role="solution", pattern=r"17\*23", replies=["It is \\boxed{391}"]),
+        Rule(role="solution", pattern=r"12\*12", replies=["It is \\boxed{145}"]),
+    ]
+    runs = tmp_path / "runs"
+    for name in ("full", "part", "again"):
+        model = ScriptedModel(SimScript(rules=rules), scripted_settings(method__name="cot"))
+        asyncio.run(scripted_run(model, runs / name, PROBLEMS))
+    with RunStore(runs / "part") as store:
+        for table in ("results", "iterations"):
+            store._db.execute(f"DELETE FROM {table} WHERE problem_id = 'square'")
+
+    def compared(*names: str) -> str:
+        refs = [run_ref_for([runs], runs / name) for name in names]
+        with AppThread(view_app([runs])) as viewer:
+            status, page = get(f"{viewer.url}/compare?" + "&".join(f"run={ref.key}" for ref in refs if ref))
+        assert status == 200
+        return page.decode()
+
+    def cells(page: str, table: str) -> list[list[str]]:
+        rows = page.split(f'id="{table}"')[1].split("</table>")[0].split("<tr")[2:]
+        return [[cell.split(">", 1)[1].split("<")[0].strip() for cell in row.split("<td")[1:]] for row in rows]
+
+    page = compared("full", "part")
+    # The frontier's problems column, and the first budget's cell (the one point, It0, under every budget).
+    assert [row[5] for row in cells(page, "frontier")] == ["2", "1 of 2"]
+    assert [row[1] for row in cells(page, "equal-budget")] == ["50.0%", "100.0% (1 of 2 problems)"]
+    note = page.split('id="short-runs">')[1].split("</p>")[0]
+    assert " ".join(note.split()).startswith(
+        "Not every run stands on every problem: part holds 2 problems (1 done, 1 pending)."
+    )
+    # Two finished runs stand on every problem: nothing to say.
+    page = compared("full", "again")
+    assert [row[5] for row in cells(page, "frontier")] == ["2", "2"]
+    assert "short-runs" not in page and "of 2 problems" not in page
+
+
 def test_a_run_given_twice_is_listed_once_where_it_came_first(tmp_path: Path) -> None:
     for name in ("a", "b"):
         RunStore(tmp_path / "runs" / name).close()

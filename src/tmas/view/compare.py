@@ -1,7 +1,8 @@
 """Runs side by side: each run's accuracy-vs-completion-tokens frontier and equal-budget row (``tmas.reports.frontier``,
 the numbers ``tmas report`` shows), and a per-problem grid of who got which problem right at what cost.
 
-Runs still going are compared on what they have finished so far (the frontier's points say on how many problems).
+Runs still going are compared on what they have finished so far: where a run's accuracy stands on fewer problems than
+it holds labeled, its cells say on how many, and a note names the run and how far its problems got.
 """
 
 from __future__ import annotations
@@ -34,6 +35,22 @@ class ComparedRun:
     @property
     def graded(self) -> int:
         return sum(r.correct is not None for r in self.rows.values())
+
+    @property
+    def labeled(self) -> int:
+        """Its problems with a reference answer: what its accuracies stand on once every problem has finished."""
+        return sum(r.reference is not None for r in self.rows.values())
+
+    def short(self, point: FrontierPoint) -> bool:
+        """Whether ``point`` stands on fewer problems than the run holds labeled (some still mid-way, or never
+        started): beside a finished run's, its accuracy is over other problems."""
+        return point.problems < self.labeled
+
+    @property
+    def short_of_problems(self) -> bool:
+        """Whether some of its frontier's points stand on fewer problems than it holds labeled, as ``tmas report``
+        marks such a run where it shares its tables with others."""
+        return any(self.short(p) for p in self.points)
 
     @property
     def tokens_per_problem(self) -> float:
