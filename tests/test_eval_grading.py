@@ -154,6 +154,19 @@ async def test_an_item_without_an_answer_is_wrong_only_when_it_has_no_text(tmp_p
         # Reasoning over two lines, its line break written as it is.
         ('{"reasoning": "Both are 2.\nThe forms differ only in style.", "equivalent": true}', True),
         ('{"reasoning": "They differ.", "equivalent": false,}', False),
+        # Prose before the object, with braces of its own (LaTeX, a set): the object after it is the verdict.
+        (
+            'The reference \\frac{3}{4} is 0.75, as written.\n{"reasoning": "same value", "equivalent": true}',
+            True,
+        ),
+        ('Is {1, 2} the set {2, 1}? Yes.\n```json\n{"reasoning": "same set", "equivalent": true}\n```', True),
+        (r'Student: \sqrt{8}; reference: 2\sqrt{2}. {"reasoning": "\sqrt{8} = 2\sqrt{2}", "equivalent": true}', True),
+        # A verdict and its correction: no verdict (asked again), not whichever comes last.
+        ('{"reasoning": "a", "equivalent": false}\nOn reflection: {"reasoning": "b", "equivalent": true}', None),
+        ('{"reasoning": "a", "equivalent": true} so {"reasoning": "b", "equivalent": true}', True),
+        # A reply cut inside its verdict holds none.
+        ('{"reasoning": "The two agree", "equivalent": tr', None),
+        ('{"equivalent": true, "reasoning": "cut inside the reas', None),
     ],
 )
 def test_judge_reply_parsing(text: str, expected: bool | None) -> None:
@@ -177,6 +190,14 @@ async def test_judge_retries_invalid_json_then_records_undecided() -> None:
     assert verdict.correct is None and verdict.attempts == 3 and "not valid JSON" in verdict.detail
     judged = llm.calls_of("judge")
     assert len(judged) == 2 + 3 and "<reference>" in judged[-1].messages[-1].content
+
+
+async def test_a_judge_reply_with_latex_before_its_object_is_read_at_once() -> None:
+    reply = 'The reference \\frac{1}{2} and the student\'s 0.5 agree. {"reasoning": "same value", "equivalent": true}'
+    llm = ScriptedModel(SimScript(rules=[Rule(role="judge", replies=[reply])]), scripted_settings())
+    verdict = await judge_once(llm, problem_id="p", problem="Q?", reference="\\frac{1}{2}", student="0.5", run=0)
+    assert verdict.correct is True and verdict.attempts == 1 and verdict.detail == "same value"
+    assert len(llm.calls_of("judge")) == 1
 
 
 async def _cot_run(run_dir: Path, problems: list[Problem]) -> RunStore:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import re
 from collections import defaultdict
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ValidationError, field_validator
 
-from tmas.agents.output import loads_reply
+from tmas.agents.output import latex_restored, literal_backslashes, loads_reply, without_trailing_commas
 from tmas.agents.templates import prompt
 from tmas.config import Sampling, Settings
 from tmas.grading.grader import GradingContext, StoredGrades, Verdicts
@@ -58,7 +59,11 @@ class JudgeReplyFormat(BaseModel):
 
 
 def parse_judge_reply(text: str) -> JudgeReply | None:
-    """The verdict in a judge reply, or None when it holds no valid JSON verdict."""
+    """The verdict in a judge reply, or None when it holds no valid JSON verdict.
+
+    The reply is read as one object first (bare, fenced, or wrapped in prose); failing that, every object in it that
+    holds a verdict is found, so that prose before the object may hold braces of its own (``\\frac{1}{2}``). Objects
+    that disagree (a verdict and its correction) are no verdict: the judge is asked again."""
     cleaned = _FENCE.sub("", text.strip())
     candidates = [cleaned]
     # A model may wrap the object in prose: also try the outermost {...} span.
@@ -70,13 +75,40 @@ def parse_judge_reply(text: str) -> JudgeReply | None:
             data = loads_reply(raw)
         except ValueError:
             continue
-        if not isinstance(data, dict) or not isinstance(data.get("equivalent"), bool | str):
-            continue
+        if (parsed := _reply(data)) is not None:
+            return parsed
+    found = _replies_in(without_trailing_commas(cleaned))
+    if not found and "\\" in cleaned:
+        found = _replies_in(literal_backslashes(without_trailing_commas(cleaned)))
+    if not found or len({reply.equivalent for reply in found}) > 1:
+        return None
+    return found[-1]
+
+
+def _reply(data: object) -> JudgeReply | None:
+    if not isinstance(data, dict) or not isinstance(data.get("equivalent"), bool | str):
+        return None
+    try:
+        return JudgeReply.model_validate(data)
+    except ValidationError:
+        return None
+
+
+def _replies_in(text: str) -> list[JudgeReply]:
+    """The verdicts of the JSON objects in ``text`` outside any other object, in order."""
+    decoder = json.JSONDecoder(strict=False)
+    found: list[JudgeReply] = []
+    position = text.find("{")
+    while position != -1:
         try:
-            return JudgeReply.model_validate(data)
-        except ValidationError:
+            value, end = decoder.raw_decode(text, position)
+        except ValueError:
+            position = text.find("{", position + 1)
             continue
-    return None
+        if (parsed := _reply(latex_restored(value))) is not None:
+            found.append(parsed)
+        position = text.find("{", end)
+    return found
 
 
 @dataclass(frozen=True)
