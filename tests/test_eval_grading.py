@@ -72,6 +72,22 @@ def test_a_reference_in_words_is_left_to_the_judge() -> None:
     assert check_pair("odd $n$", "\\text{odd} $n$").correct is True
 
 
+def test_digits_with_leading_zeros_are_not_read_as_their_value() -> None:
+    # The rows of a grid, a code: Math-Verify read 0110 as 110 and the list as a set, so rows dropped of their zeros
+    # or given in another order were right.
+    assert check_pair("0110,1001", "110,1001").correct is None
+    assert check_pair("0110,1001", "1001, 0110").correct is None
+    assert check_pair("007", "7").correct is None
+    # The same digits in another spelling are right without the judge; decimals keep their value.
+    assert check_pair("0110,1001", "0110, 1001").correct is True
+    assert check_pair("0110,1001", "$\\text{0110,1001}$.").correct is True
+    assert check_pair("0.25", "\\frac{1}{4}").correct is True
+    assert check_pair("1024", "1{,}024").correct is True
+    assert check_pair("1,024", "1024").correct is True
+    assert check_pair("1{,}024", "1,024").correct is True
+    assert check_pair("2\\,048", "2048").correct is True
+
+
 def test_the_rules_say_no_only_between_two_numbers() -> None:
     assert check_pair("12", "6").correct is False
     # A number against an expression, either way round: the rules may miss an equality between them, so they leave

@@ -29,8 +29,8 @@ class MissingExtra(TmasError):
 
 @dataclass(frozen=True)
 class RuleVerdict:
-    """``correct`` is None when the rules cannot decide (unparseable, timed out, unequal non-numeric forms, or a
-    reference in words)."""
+    """``correct`` is None when the rules cannot decide (unparseable, timed out, unequal non-numeric forms, a
+    reference in words, or one of digits with leading zeros spelt otherwise)."""
 
     correct: bool | None
     detail: str
@@ -45,6 +45,11 @@ _THIN_SPACE_GROUPS = re.compile(r"(?<=\d)\\,(?=\d{3}(?!\d))")
 _PROSE = re.compile(
     r"\$|\\\(|\\\[|\b(?:if|otherwise|for|where|which|and|or|all|some|of|is|are|the|with|when|excluding)\b", re.I
 )
+
+# A number written with leading zeros ("000200,011100", a code or the rows of a grid): the digits are the answer, but
+# Math-Verify reads their value (200) and a list of them as a set, so its "equal" would accept other strings. Not the
+# groups of a number written with separators (1,024 or 1{,}024).
+_LEADING_ZEROS = re.compile(r"(?<![\d.,}])0\d")
 
 
 # Words and signs that offer another answer beside the first: "3 or 4", "3 (maybe 4)", "x = 3, but possibly 4",
@@ -114,6 +119,12 @@ def check_pair(gold: str, pred: str, timeout_s: int | None = 5) -> RuleVerdict:
         return RuleVerdict(None, "math-verify not installed")
     if _PROSE.search(_clean(gold)):
         return RuleVerdict(None, "reference in words: not checked by the rules")
+    if _LEADING_ZEROS.search(_clean(gold)):
+        if normalize_answer(_clean(gold)) == normalize_answer(_clean(pred)):
+            return RuleVerdict(True, "same answer")
+        return RuleVerdict(
+            None, "reference of digits with leading zeros: only the same digits are checked by the rules"
+        )
     try:
         gold_parsed = parse(_wrap(gold), parsing_timeout=timeout_s)
         offered = _distinct(alternatives(_clean(pred)), timeout_s)
