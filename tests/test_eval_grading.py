@@ -60,6 +60,17 @@ def test_a_full_stop_enclosing_dollars_and_thin_spaces_do_not_change_the_value()
     assert check_pair("40", "40.").correct is True
 
 
+def test_digit_groups_apart_by_a_space_are_one_number_whatever_the_reference_spelling() -> None:
+    # "4 302 117" was right against "4302117" (equal spellings) but a "different number" against "4,302,117":
+    # Math-Verify read the spaces as products.
+    for gold in ("4302117", "4,302,117", "4{,}302{,}117", "4\\,302\\,117", "4 302 117"):
+        for pred in ("4 302 117", "4~302~117", "4\\ 302\\ 117"):
+            assert check_pair(gold, pred).correct is True, (gold, pred)
+        assert check_pair(gold, "4 302 118").correct is False
+    # Only groups of three digits: a space elsewhere is still a product.
+    assert check_pair("6", "2 3").correct is False
+
+
 def test_a_reference_in_words_is_left_to_the_judge() -> None:
     # Math-Verify reads one formula of a sentence at most: it took the case "b=2" of this reference for all of it,
     # and one part of a multi-part reference for the whole answer.

@@ -38,8 +38,8 @@ class RuleVerdict:
 
 # A sentence's full stop after an answer ("29.", "$\\frac{1}{2}$."); not the dots of an ellipsis.
 _FULL_STOP = re.compile(r"(?<!\.)\.\s*$")
-# A thin space between digit groups (12\,345): Math-Verify reads it as a product.
-_THIN_SPACE_GROUPS = re.compile(r"(?<=\d)\\,(?=\d{3}(?!\d))")
+# A space between digit groups (12\,345, 12 345, 12~345, 12\ 345): Math-Verify reads it as a product.
+_THIN_SPACE_GROUPS = re.compile(r"(?<=\d)(?:\\[, ]|[ ~])(?=\d{3}(?!\d))")
 # A reference that is a sentence about formulas ("odd $n$", "$f(x)=cx$ for some $c$", "0 if ..., ... otherwise"):
 # Math-Verify reads one formula of it at most, so its "equal" could accept a part of the answer or a wrong one.
 _PROSE = re.compile(
@@ -68,7 +68,7 @@ _MAX_EXACT_ARGUMENT = 100_000
 
 
 def _clean(answer: str) -> str:
-    """``answer`` without a full stop, enclosing '$' or thin spaces between digit groups."""
+    """``answer`` without a full stop, enclosing '$' or spaces between digit groups."""
     text = _FULL_STOP.sub("", answer.strip()).strip().strip("$").strip()
     return _THIN_SPACE_GROUPS.sub("", text)
 
