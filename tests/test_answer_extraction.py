@@ -39,6 +39,14 @@ from tmas.problems import Problem
         ("So \\(\\boxed{4}\\) or \\(\\boxed{3}\\).", "4 or 3", "boxed"),
         ("Hence \\(\\boxed{1}\\), \\(\\boxed{2}\\) and \\(\\boxed{5}\\).", "1, 2, 5", "boxed"),
         ("\\[\\boxed{3}\\]\n\\[\\boxed{4}\\]", "3, 4", "boxed"),
+        # The solutions of one unknown, each named: its values, as a list or as alternatives.
+        ("So $x = \\boxed{-\\frac{7}{2}}$ or $x=\\boxed{\\frac{5}{9}}$.", "-\\frac{7}{2} or \\frac{5}{9}", "boxed"),
+        ("\\(x_1 = \\boxed{2}\\) and \\(x_2 = \\boxed{6}\\)", "2, 6", "boxed"),
+        ("n=\\boxed{3} \\text{ or } n=\\boxed{8}", "3 or 8", "boxed"),
+        # Values of different unknowns, or a name inside a word, are not joined: the last box counts.
+        ("$a = \\boxed{3}$ and $S = \\boxed{12}$", "12", "boxed"),
+        ("$ax = \\boxed{3}$ and $x = \\boxed{12}$", "12", "boxed"),
+        ("x = \\boxed{3}\n\nx = \\boxed{4}", "4", "boxed"),
         # Boxes apart (a blank line, words between them, parts of a question) are not joined: the last one counts.
         ("\\boxed{3}\n\nOn reflection: \\boxed{4}", "4", "boxed"),
         ("\\boxed{3}\n\n\\boxed{4}", "4", "boxed"),
@@ -73,3 +81,8 @@ def test_a_reply_boxing_alternatives_is_graded_wrong_against_one_number() -> Non
     assert grader.grade_one(Item(("q", 0, 0), listed, extract_answer(hedged).answer, hedged)) is True
     both = "The solutions are $\\boxed{4}$ and $\\boxed{3}$."
     assert grader.grade_one(Item(("q", 0, 0), listed, extract_answer(both).answer, both)) is True
+    # The roots of an equation, each named: both are the answer, not the last alone (a judge shown only "4" of a
+    # reference "3, 4" says it differs).
+    roots = "Hence $x = \\boxed{4}$ or $x = \\boxed{3}$."
+    assert grader.grade_one(Item(("q", 0, 0), listed, extract_answer(roots).answer, roots)) is True
+    assert grader.grade_one(Item(("p", 0, 0), problem, extract_answer(roots).answer, roots)) is False

@@ -23,6 +23,11 @@ _JOINED = re.compile(
     rf"(?:[^\S\n]|\n(?!\s*\n)|[$,;()]|\\[,;:! ()\[\]]|\\q?quad\b|{_TEXT_LINK}|{_LINK_WORD})*",
     re.I,
 )
+# The name a box gives its value to, just before it: "x = \\boxed{3}", "$x_1 = \\boxed{3}$", "\\(n=\\boxed{3}"; its
+# letter is the unknown (x_1 and x_2 are two solutions for x).
+_NAMED = re.compile(r"(?<![A-Za-z\\])([A-Za-z])(?:_\{?[A-Za-z0-9]+\}?)?\s*=\s*(?:\$|\\\(|\\\[)?\s*$")
+# How far before a box its name is looked for.
+_NAME_REACH = 40
 _ALTERNATIVE_WORD = re.compile(r"\b(?:or|possibly|maybe|perhaps|either)\b", re.I)
 _TEXT_WORDS = re.compile(r"\\text\s*\{([^{}]*)\}")
 
@@ -62,7 +67,8 @@ def last_boxed(text: str) -> str | None:
 
 
 def final_boxed(text: str) -> str | None:
-    """The final boxed answer: the last box, with the boxes joined to it by "and", "or" or commas alone. Boxes that
+    """The final boxed answer: the last box, with the boxes joined to it by "and", "or" or commas alone (and the name of
+    an unknown each gives its value: "$x = \\boxed{2}$ or $x = \\boxed{5}$"). Boxes that
     hold different answers are given together, joined by "or" where they were offered as alternatives ("3 or 4",
     which the grading rules read as an answer that does not commit to one), else by commas (a list: "3, 4")."""
     boxes = [box for box in _boxes(text) if box[2]]
@@ -71,7 +77,7 @@ def final_boxed(text: str) -> str | None:
     group = [boxes[-1]]
     links: list[str] = []
     for box in reversed(boxes[:-1]):
-        between = text[box[1] : group[0][0]]
+        between = _without_same_name(text, box, text[box[1] : group[0][0]])
         if not _JOINED.fullmatch(between):
             break
         group.insert(0, box)
@@ -81,6 +87,17 @@ def final_boxed(text: str) -> str | None:
         return answers[0]
     joiner = " or " if any(_ALTERNATIVE_WORD.search(link) for link in links) else ", "
     return joiner.join(answers)
+
+
+def _without_same_name(text: str, box: tuple[int, int, str], between: str) -> str:
+    """``between`` (the text from ``box`` to the next box) less the name it gives the next box's value where ``box``
+    gives its value a name of the same unknown: its solutions, "$x = \\boxed{2}$ or $x = \\boxed{5}$", "$x_1 =
+    \\boxed{2}$, $x_2 = \\boxed{5}$"."""
+    after = _NAMED.search(between)
+    before = _NAMED.search(text[max(0, box[0] - _NAME_REACH) : box[0]])
+    if after is None or before is None or after.group(1) != before.group(1):
+        return between
+    return between[: after.start()]
 
 
 def extract_answer(text: str) -> Extraction:
