@@ -97,6 +97,7 @@ def test_digits_with_leading_zeros_are_not_read_as_their_value() -> None:
     assert check_pair("1,024", "1024").correct is True
     assert check_pair("1{,}024", "1,024").correct is True
     assert check_pair("2\\,048", "2048").correct is True
+    assert check_pair("2.5E-05", "0.000025").correct is True
 
 
 def test_the_rules_say_no_only_between_two_numbers() -> None:

@@ -48,8 +48,8 @@ _PROSE = re.compile(
 
 # A number written with leading zeros ("000200,011100", a code or the rows of a grid): the digits are the answer, but
 # Math-Verify reads their value (200) and a list of them as a set, so its "equal" would accept other strings. Not the
-# groups of a number written with separators (1,024 or 1{,}024).
-_LEADING_ZEROS = re.compile(r"(?<![\d.,}])0\d")
+# groups of a number written with separators (1,024 or 1{,}024), nor an exponent (1e-05).
+_LEADING_ZEROS = re.compile(r"(?<![\d.,}eE])(?<![eE][+-])0\d")
 
 
 # Words and signs that offer another answer beside the first: "3 or 4", "3 (maybe 4)", "x = 3, but possibly 4",
