@@ -136,6 +136,23 @@ def test_an_answer_of_several_values_is_stored_as_the_graders_read_it(tmp_path: 
     assert import_problems(tmp_path / "several.parquet", "matharena")[0]["answer"] == "2, 3"
 
 
+def test_a_number_answer_is_stored_in_positional_notation(tmp_path: Path) -> None:
+    # str() of a float wrote 1e-07 and 2.5e+20, which the rules read with Euler's e: every right reply was "a
+    # different number".
+    data = [
+        {"problem_idx": 1, "problem": "Find the rate.", "answer": 3e-07},
+        {"problem_idx": 2, "problem": "Find the count.", "answer": 4.5e20},
+        {"problem_idx": 3, "problem": "Find both.", "answer": [0.25, 2e-06]},
+        {"problem_idx": 4, "problem": "Find n.", "answer": 12},
+    ]
+    path = tmp_path / "numbers.json"
+    path.write_text(json.dumps(data))
+    rows = import_problems(path, "matharena")
+    assert [r["answer"] for r in rows] == ["0.0000003", "450000000000000000000", "0.25, 0.000002", "12"]
+    assert check_pair(rows[0]["answer"], "3 \\times 10^{-7}").correct is True
+    assert check_pair(rows[1]["answer"], "4.5 \\cdot 10^{20}").correct is True
+
+
 @pytest.mark.parametrize(
     ("name", "content", "source", "message"),
     [

@@ -77,7 +77,7 @@ def _is_answer(value: object) -> bool:
     return isinstance(value, str | int) or (isinstance(value, float) and math.isfinite(value))
 
 
-def _answer_text(answer: str | int | float) -> str:
+def answer_text(answer: str | int | float) -> str:
     """A JSON number as a model writes it: 1e-07 and 1e+20 in positional notation (graders read 'e' as a letter)."""
     if isinstance(answer, float):
         return format(Decimal(repr(answer)), "f")
@@ -101,7 +101,7 @@ def _problem(record: dict[str, Any], where: str) -> Problem:
     return Problem(
         problem_id=str(raw_id).strip(),
         question=question,
-        answer=None if answer is None else _answer_text(answer),
+        answer=None if answer is None else answer_text(answer),
         metadata=metadata,
     )
 

@@ -9,7 +9,8 @@
 Files are read as CSV, JSON Lines, a JSON array, or Parquet (Parquet needs ``pyarrow``). A file of another layout is a
 one-line error naming the file and the columns it lacks; a bad row names its line in a CSV or JSON Lines file
 (blank lines counted, as an editor counts them), its place in the array of a JSON or Parquet file. An answer of several
-values (a list) is kept as ``2, 3``, as the benchmarks' golds write them; an object answer as JSON.
+values (a list) is kept as ``2, 3``, as the benchmarks' golds write them; an object answer as JSON; a number in
+positional notation (``0.0000001``, not ``1e-07``, which the graders read as Euler's e).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,7 @@ from typing import Any
 
 from tmas.errors import InputError
 from tmas.jsonl import read_objects
+from tmas.problems import answer_text
 
 
 @dataclass(frozen=True)
@@ -49,13 +52,16 @@ def _answer(row: dict[str, Any], key: str) -> str:
         return ", ".join(_item(v) for v in value if _item(v))
     if isinstance(value, dict):
         return json.dumps(value, ensure_ascii=False)
-    return _text(row, key)
+    return _item(value)
 
 
 def _item(value: Any) -> str:
+    """One value as text: a number as a model writes it (1e-07 in positional notation, which the graders read)."""
     value = _plain(value)
     if isinstance(value, list | dict):
         return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, float) and math.isfinite(value):
+        return answer_text(value)
     return "" if value is None else str(value).strip()
 
 
