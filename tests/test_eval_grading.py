@@ -60,6 +60,16 @@ def test_a_full_stop_enclosing_dollars_and_thin_spaces_do_not_change_the_value()
     assert check_pair("40", "40.").correct is True
 
 
+def test_an_angle_with_a_degree_sign_is_its_number_of_degrees() -> None:
+    # Math-Verify reads 40^\\circ and "40 degrees" but not the sign models also write (40°, 40\\degree): such a
+    # right answer was left undecided.
+    for pred in ("40°", "40 °", "40\\degree", "40\\textdegree", "\\angle ABC = 40°.", "40^\\circ"):
+        assert check_pair("40", pred).correct is True, pred
+        assert check_pair("40^\\circ", pred).correct is True, pred
+    assert check_pair("40", "41°").correct is False
+    assert check_pair("90 - \\theta", "90° - \\theta").correct is True
+
+
 def test_digit_groups_apart_by_a_space_are_one_number_whatever_the_reference_spelling() -> None:
     # "4 302 117" was right against "4302117" (equal spellings) but a "different number" against "4,302,117":
     # Math-Verify read the spaces as products.

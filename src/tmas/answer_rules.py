@@ -40,6 +40,8 @@ class RuleVerdict:
 _FULL_STOP = re.compile(r"(?<!\.)\.\s*$")
 # A space between digit groups (12\,345, 12 345, 12~345, 12\ 345): Math-Verify reads it as a product.
 _THIN_SPACE_GROUPS = re.compile(r"(?<=\d)(?:\\[, ]|[ ~])(?=\d{3}(?!\d))")
+# A degree sign Math-Verify does not read (100°, 100\\degree, 100\\textdegree): written as the ^\\circ it reads.
+_DEGREE_SIGN = re.compile(r"\s*(?:°|\\(?:text)?degree(?![a-zA-Z]))")
 # A reference that is a sentence about formulas ("odd $n$", "$f(x)=cx$ for some $c$", "0 if ..., ... otherwise"):
 # Math-Verify reads one formula of it at most, so its "equal" could accept a part of the answer or a wrong one.
 _PROSE = re.compile(
@@ -68,9 +70,9 @@ _MAX_EXACT_ARGUMENT = 100_000
 
 
 def _clean(answer: str) -> str:
-    """``answer`` without a full stop, enclosing '$' or spaces between digit groups."""
+    """``answer`` without a full stop, enclosing '$' or spaces between digit groups, its degree signs as ^\\circ."""
     text = _FULL_STOP.sub("", answer.strip()).strip().strip("$").strip()
-    return _THIN_SPACE_GROUPS.sub("", text)
+    return _DEGREE_SIGN.sub("^\\\\circ", _THIN_SPACE_GROUPS.sub("", text))
 
 
 def _wrap(answer: str) -> str:
