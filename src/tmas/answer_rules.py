@@ -38,9 +38,10 @@ class RuleVerdict:
 
 # A sentence's full stop after an answer ("29.", "$\\frac{1}{2}$."); not the dots of an ellipsis.
 _FULL_STOP = re.compile(r"(?<!\.)\.\s*$")
-# A space between digit groups (12\,345, 12 345, 12~345, 12\ 345): Math-Verify reads it as a product.
-_THIN_SPACE_GROUPS = re.compile(r"(?<=\d)(?:\\[, ]|[ ~])(?=\d{3}(?!\d))")
-# A degree sign Math-Verify does not read (100°, 100\\degree, 100\\textdegree): written as the ^\\circ it reads.
+# A space between digit groups (12\,345, 12 345, 12~345, 12\ 345): Math-Verify reads it as a product; and LaTeX's
+# thousands separator (12{,}345), which it reads as a list after a name ("N = 12{,}345").
+_THIN_SPACE_GROUPS = re.compile(r"(?<=\d)(?:\\[, ]|[ ~]|\{,\})(?=\d{3}(?!\d))")
+# A degree sign Math-Verify does not read (100°, 100\degree, 100\textdegree): written as the ^\circ it reads.
 _DEGREE_SIGN = re.compile(r"\s*(?:°|\\(?:text)?degree(?![a-zA-Z]))")
 # A reference that is a sentence about formulas ("odd $n$", "$f(x)=cx$ for some $c$", "0 if ..., ... otherwise"):
 # Math-Verify reads one formula of it at most, so its "equal" could accept a part of the answer or a wrong one.
