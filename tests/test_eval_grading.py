@@ -70,6 +70,18 @@ def test_an_angle_with_a_degree_sign_is_its_number_of_degrees() -> None:
     assert check_pair("90 - \\theta", "90° - \\theta").correct is True
 
 
+def test_signs_of_plain_text_are_read_as_their_latex() -> None:
+    # A right answer with a middle dot was a "different number"; roots and infinity in plain text were undecided.
+    assert check_pair("3^{7} \\cdot 5!", "3^{7} \u00b7 5!").correct is True
+    assert check_pair("3^{7} \\cdot 5!", "3^{7} \u22c5 5!").correct is True
+    assert check_pair("3^{7} \\cdot 5!", "3^{6} \u00b7 5!").correct is False
+    assert check_pair("6\\sqrt{7}", "6\u221a7").correct is True
+    assert check_pair("6\\sqrt{7}", "6\u221a8").correct is False
+    assert check_pair("\\sqrt{k+2}", "\u221a(k+2)").correct is True
+    assert check_pair("\\frac{5\\sqrt{3}}{3}", "5/\u221a3").correct is True
+    assert check_pair("[2, \\infty)", "[2, \u221e)").correct is True
+
+
 def test_digit_groups_apart_by_a_space_are_one_number_whatever_the_reference_spelling() -> None:
     # "4 302 117" was right against "4302117" (equal spellings) but a "different number" against "4,302,117":
     # Math-Verify read the spaces as products.

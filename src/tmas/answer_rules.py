@@ -49,8 +49,8 @@ _PROSE = re.compile(
     r"\$|\\\(|\\\[|\b(?:if|otherwise|for|where|which|and|or|all|some|of|is|are|the|with|when|excluding)\b", re.I
 )
 
-# A number written with leading zeros ("000200,011100", a code or the rows of a grid): the digits are the answer, but
-# Math-Verify reads their value (200) and a list of them as a set, so its "equal" would accept other strings. Not the
+# A number written with leading zeros ("001020,010300", a code or the rows of a grid): the digits are the answer, but
+# Math-Verify reads their value (1020) and a list of them as a set, so its "equal" would accept other strings. Not the
 # groups of a number written with separators (1,024 or 1{,}024), nor an exponent (1e-05).
 _LEADING_ZEROS = re.compile(r"(?<![\d.,}eE])(?<![eE][+-])0\d")
 
@@ -65,15 +65,30 @@ _ALTERNATIVE = re.compile(
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
 # What is left around one alternative: spaces, spacing commands, separators, '$'.
 _PIECE_EDGE = re.compile(r"^(?:\s|\\[,;:! ]|\\q?quad\b|[,;:$])+|(?:\s|\\[,;:! ]|\\q?quad\b|[,;:$])+$")
+# Signs of plain text Math-Verify does not read (it read "2^{5} · 3!" as another number): their LaTeX.
+_TEXT_SIGNS = {"\u00b7": " \\cdot ", "\u22c5": " \\cdot ", "\u2219": " \\cdot ", "\u221e": "\\infty "}
+# A square root sign and its radicand: a number, a letter, or a group in brackets ("8√10", "√(n+1)").
+_ROOT_SIGN = re.compile(r"\u221a\s*(\d+(?:\.\d+)?|[A-Za-z]|\([^()]*\)|\{[^{}]*\})")
 # Bounds on the numbers the exact check builds: beyond them it leaves the verdict to Math-Verify.
 _MAX_EXACT_BITS = 1 << 22
 _MAX_EXACT_ARGUMENT = 100_000
 
 
 def _clean(answer: str) -> str:
-    """``answer`` without a full stop, enclosing '$' or spaces between digit groups, its degree signs as ^\\circ."""
+    """``answer`` without a full stop, enclosing '$' or spaces between digit groups; its degree signs as ^\\circ, and
+    the signs of plain text (·, ∞, √) as LaTeX."""
     text = _FULL_STOP.sub("", answer.strip()).strip().strip("$").strip()
-    return _DEGREE_SIGN.sub("^\\\\circ", _THIN_SPACE_GROUPS.sub("", text))
+    text = _DEGREE_SIGN.sub("^\\\\circ", _THIN_SPACE_GROUPS.sub("", text))
+    for sign, latex in _TEXT_SIGNS.items():
+        text = text.replace(sign, latex)
+    return _ROOT_SIGN.sub(_latex_root, text)
+
+
+def _latex_root(match: re.Match[str]) -> str:
+    radicand = match.group(1)
+    if radicand[0] in "({":
+        radicand = radicand[1:-1]
+    return "\\sqrt{" + radicand + "}"
 
 
 def _wrap(answer: str) -> str:
