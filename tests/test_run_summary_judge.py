@@ -4,6 +4,7 @@ resume of the run after that grading says the same calls, tokens and failures as
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from conftest import scripted_settings
@@ -13,6 +14,8 @@ from tmas.grading.runs import grade_run
 from tmas.problems import Problem
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, ScriptedUsage, SimScript
+from tmas.view.app import view_app
+from web_helpers import AppThread, get, run_ref_for
 
 PROBLEMS = [
     Problem(problem_id="a", question="What is 2*7?", answer="14"),
@@ -65,3 +68,27 @@ async def test_a_resume_after_a_judge_graded_the_run_sums_the_methods_calls_alon
     # (http_500), 2 truncated with a warning on the judge's replies, 580 cached.
     assert {k: v for k, v in resumed.to_dict().items() if k in method} == method
     assert {k: v for k, v in first.to_dict().items() if k in method} == {**method, "calls": 2}
+
+
+async def test_the_viewer_counts_the_methods_calls_and_shows_the_judges_apart(tmp_path: Path) -> None:
+    usage = ScriptedUsage(prompt_tokens=100, completion_tokens=20)
+    solution = Rule(role="solution", replies=["Seven times it: \\boxed{14}"], usage=usage)
+    model = ScriptedModel(SimScript(rules=[solution]), scripted_settings(method__name="cot"))
+    run_dir = tmp_path / "run"
+    await scripted_run(model, run_dir, PROBLEMS)
+    with RunStore(run_dir, create=False) as store:
+        await grade_run(store, GradeConfig(mode="judge", judge_runs=1), model=_judge())
+    ref = run_ref_for([run_dir], run_dir)
+    assert ref is not None
+    with AppThread(view_app([run_dir], warm_up=False)) as viewer:
+        index, run_page = get(f"{viewer.url}/"), get(f"{viewer.url}/run/{ref.key}")
+    assert index[0] == run_page[0] == 200
+    # The runs page: the method's 2 calls of 120 tokens each, not the judge's 3 (2 of 350 tokens) beside them.
+    row = index[1].decode().split(f'href="/run/{ref.key}"', 1)[1].split("</tr>", 1)[0]
+    assert re.findall(r'<td class="num">(\d+)</td>', row)[-2:] == ["2", "240"]
+    # The run page: the judge's own row, and the method's total below without it.
+    costs = run_page[1].decode().split('id="costs"', 1)[1].split("</table>", 1)[0]
+    judge = costs.split("<td>judge</td>", 1)[1].split("</tr>", 1)[0]
+    total = costs.split("<th>all but the judge</th>", 1)[1].split("</tr>", 1)[0]
+    assert re.findall(r">(\d+)<", judge) == ["3", "1", "600", "100"]
+    assert re.findall(r">(\d+)<", total) == ["2", "0", "200", "40"]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tmas.grading.grades import SELECTED, Grades, ItemKey
+from tmas.grading.judge import JUDGE_ROLE
 from tmas.grading.run_results import load_results, run_method_name
 from tmas.llm.local_command import model_alias
 from tmas.llm.weights import KNOWN_MODELS
@@ -126,8 +127,9 @@ class RunOverview:
 
     @functools.cached_property
     def costs(self) -> dict[str, int]:
-        """The totals of :attr:`roles` over all roles."""
-        return {key: sum(c[key] for c in self.roles.values()) for key in _COST_KEYS}
+        """The totals of :attr:`roles` over the method's roles: a judge that graded the run (``tmas report``) wrote its
+        calls into the run's store, and they are its own row, not the method's cost."""
+        return {key: sum(c[key] for role, c in self.roles.items() if role != JUDGE_ROLE) for key in _COST_KEYS}
 
     @functools.cached_property
     def metrics(self) -> RunMetrics | None:
@@ -270,7 +272,8 @@ class RunReader:
         store = self.store
         method, params, model, detail = self._names()
         counts = RunCache.status_counts(store)
-        return RunSummary(method, model, detail, params, store.problem_count(), counts, store.call_counts())
+        costs = store.call_counts(JUDGE_ROLE, other_roles=True)
+        return RunSummary(method, model, detail, params, store.problem_count(), counts, costs)
 
     def _names(self) -> tuple[str, dict[str, Any], str | None, str | None]:
         method_meta = self.store.get_meta("method") or {}
