@@ -315,3 +315,15 @@ def test_unscored_vote_is_the_plain_majority_with_ties_to_the_first_holder() -> 
     # No answer at all: the first candidate whose call succeeded.
     bare = [cand(0, None, None, error="HTTP 500"), cand(1, None, None), cand(2, None, None)]
     assert select(bare, "numeric", "vote") is bare[1] and select(bare, "proof", "vote") is bare[1]
+
+
+def test_in_proof_mode_a_candidate_without_text_holds_no_proof() -> None:
+    # A thinking model cut while it reasoned leaves no content: at a tied score it is no proof to return, and a last
+    # iteration of such candidates alone falls back to an earlier proof as one whose calls failed does.
+    empty = Candidate(index=0, text="", score=0.0)
+    written = cand(1, None, 0.0)
+    assert select([empty, written], "proof") is written
+    earlier = [cand(0, None, 0.5)]
+    chosen, info = select_answered([earlier, [empty]], "last", "proof")
+    assert chosen is earlier[0]
+    assert info == Fallback(iteration=0, candidate=0, answer=None, reason="no usable candidate in the last iteration")

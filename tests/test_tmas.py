@@ -23,7 +23,7 @@ from tmas.methods.base import ProblemResult
 from tmas.methods.selection import select
 from tmas.methods.tmas import TMAS
 from tmas.methods.tmas_params import TMASParams
-from tmas.store.records import VerificationRecord
+from tmas.store.records import Selection, VerificationRecord
 from tmas.testing import Rule, ScriptedModel, SimScript
 
 Q = "What is 17*23?"
@@ -612,3 +612,15 @@ async def test_in_proof_mode_a_failed_last_iteration_returns_an_earlier_proof() 
     assert all(c.error for c in result.iterations[1].candidates)
     assert result.status == "done" and result.text and result.fallback is not None
     assert (result.fallback.iteration, result.fallback.reason) == (0, "no usable candidate in the last iteration")
+
+
+async def test_in_proof_mode_the_answer_is_a_written_proof_not_a_reply_without_text() -> None:
+    # Iteration 1: candidate 0 is cut while it reasoned (no content, so not in R_T) and every verifier fails
+    # candidate 1. Line 22's argmax is over R_T: candidate 1's proof is the answer, not candidate 0's empty text.
+    cut = Rule(role="solution", pattern="<rollout", replies=[""], reasoning="Let me", finish_reason="length", times=1)
+    zero = Rule(role="verifier", replies=["## Analysis\nThe product is miscomputed.\n\n## Score\nScore: 0"])
+    result, _ = await run_tmas(SimScript(rules=[cut, zero]), n=2, m=1, iterations=2, mode="proof", epsilon=0.0)
+    empty, written = result.iterations[-1].candidates
+    assert empty.meta.unverified and empty.text == "" and written.text and written.score == 0.0
+    assert result.status == "done" and result.text == written.text and result.fallback is None
+    assert result.iterations[-1].selection == Selection(iteration=1, candidate=1)

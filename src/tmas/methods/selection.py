@@ -30,14 +30,14 @@ alone groups them. The same grouping decides which answer "most tied candidates 
 
 For every vote the returned candidate is the winning answer's best-scored holder (ties: earliest in candidate order).
 
-Every rule skips candidates whose call failed; in numeric mode it prefers candidates that have an answer, and where no
-candidate has one (or in proof mode, where there are no answers to count) every vote rule reads as ``best_score``.
-A missing score counts 0.
+Every rule skips candidates whose call failed, and in proof mode candidates without text (no proof to return); in
+numeric mode it prefers candidates that have an answer, and where no candidate has one (or in proof mode, where there
+are no answers to count) every vote rule reads as ``best_score``. A missing score counts 0.
 
 Answer fallback (``select_answered``, beyond the paper; every method that falls back uses it): when the candidates
-it selects from hold no answered one (numeric mode), or no usable one at all (proof mode: every call failed), the
-answer comes from an answered (a usable) candidate of the earlier iterations, recorded as a fallback (its iteration,
-candidate, answer and why). Which one (``fallback_from``):
+it selects from hold no answered one (numeric mode), or no usable one at all (proof mode: every call failed or wrote
+no text), the answer comes from an answered (a usable) candidate of the earlier iterations, recorded as a fallback
+(its iteration, candidate, answer and why). Which one (``fallback_from``):
 
 - ``all`` (TMAS, Verify-Refine, RSE): the rule applied to every earlier candidate, as ``select_from = "all"`` orders
   them (newest iteration first), so a vote counts the answers of all earlier iterations;
@@ -108,10 +108,14 @@ def select(
     classes: Mapping[str, str] | None = None,
     confidence: ConfidenceVote | None = None,
 ) -> Candidate | None:
-    """The candidate ``rule`` returns from ``candidates`` (in candidate order); None when every call failed.
-    ``classes``: answer -> the key of its class of equal values; ``confidence``: how the confidence rules read the
-    candidates (the defaults without it). See the module docstring."""
+    """The candidate ``rule`` returns from ``candidates`` (in candidate order); None when no candidate is usable
+    (every call failed; in proof mode, none wrote text). ``classes``: answer -> the key of its class of equal values;
+    ``confidence``: how the confidence rules read the candidates (the defaults without it). See the module
+    docstring."""
     usable = [c for c in candidates if c.error is None]
+    if mode != "numeric":
+        # The text is the proof: a reply with none (a thinking model cut while it reasoned) has no proof to return.
+        usable = [c for c in usable if c.text.strip()]
     answered = [c for c in usable if c.answer is not None]
     if mode == "numeric" and answered:
         usable = answered
@@ -172,8 +176,9 @@ def select_answered(
     confidence: ConfidenceVote | None = None,
 ) -> tuple[Candidate | None, Fallback | None]:
     """The candidate ``rule`` returns from ``select_from`` of ``iterations`` (oldest first); when it has no answer
-    (numeric mode) or there is none (proof mode: every call failed) and ``fallback`` is on, an answered (a usable)
-    candidate of the earlier iterations instead, as ``fallback_from`` says (see the module docstring).
+    (numeric mode) or there is none (proof mode: every call failed or wrote no text) and ``fallback`` is on, an
+    answered (a usable) candidate of the earlier iterations instead, as ``fallback_from`` says (see the module
+    docstring).
 
     The second value describes a fallback that happened (None otherwise): the iteration and index of the candidate
     returned, its answer, and why. ``classes`` must cover the answers of every iteration.
