@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from tmas.agents.guideline import parse_guideline_update
 from tmas.memory import (
     ExperienceBank,
     ExperienceEntry,
@@ -224,3 +227,42 @@ def test_an_entry_a_refinement_duplicates_is_reported_as_deduplicated_not_kept()
     assert [e.id for e in new.entries] == ["E1", "E3"]
     assert report.deduplicated == ["E2 (near-duplicate of E1)"]
     assert (report.refined, report.kept) == (["E1"], ["E3"])
+
+
+def test_an_operation_that_writes_merges_as_null_or_as_one_id_is_read() -> None:
+    # The prompt lists every field of an operation, "merges" optional and for REFINE only: a model that writes each
+    # field, null where one does not apply (as "same_as" is asked of the guideline agent), or one id without a list,
+    # means no merge or that one merge.
+    old = bank(("anchor", "T(2) = 3 by enumeration of the three tilings"), ("anchor", "T(3) = 5 from T(2)"))
+    ops = [
+        ExperienceOp.model_validate(
+            {"op": "ADD", "id": None, "kind": "heuristic", "subtype": None, "content": "tiles turn", "merges": None}
+        ),
+        ExperienceOp.model_validate({"op": "REFINE", "id": "E1", "content": "T(2) = 3, T(3) = 5", "merges": "[E2]"}),
+    ]
+    new, report = apply_experience_ops(old, ops, iteration=1)
+    assert [(e.id, e.content) for e in new.entries] == [("E1", "T(2) = 3, T(3) = 5"), ("E3", "tiles turn")]
+    assert (report.added, report.refined, report.deleted, report.rejected) == (["E3"], ["E1"], ["E2"], [])
+
+
+def test_a_verdict_whose_strategy_is_null_is_read_as_one_without_a_description() -> None:
+    # A rollout whose strategy cannot be made out (-1) is often given a null strategy: it is undetermined, not a
+    # malformed item; a repeat (0) with a null strategy but a valid id is credited to that entry.
+    logged = GuidelineBank(
+        strategies=[Strategy(id="G1", description="direct recurrence on columns", first_iteration=0, last_iteration=0)],
+        next_id=2,
+    )
+    update = parse_guideline_update(
+        json.dumps(
+            {
+                "rollouts": [
+                    {"rollout": 1, "strategy": None, "novelty": -1, "same_as": None},
+                    {"rollout": 2, "strategy": None, "novelty": 0, "same_as": "G1"},
+                ]
+            }
+        )
+    )
+    assert update.malformed == []
+    new, report = apply_strategy_classifications(logged, update.items, iteration=1, n_rollouts=2)
+    assert (report.undetermined, report.repeated, report.rejected) == ([1], {"G1": [2]}, [])
+    assert new.strategies[0].attempts == 2

@@ -624,3 +624,22 @@ async def test_in_proof_mode_the_answer_is_a_written_proof_not_a_reply_without_t
     assert empty.meta.unverified and empty.text == "" and written.text and written.score == 0.0
     assert result.status == "done" and result.text == written.text and result.fallback is None
     assert result.iterations[-1].selection == Selection(iteration=1, candidate=1)
+
+
+async def test_an_experience_update_writing_null_for_the_fields_it_leaves_unused_is_applied() -> None:
+    # Each operation spells out every field the prompt lists, null where one does not apply: the update is applied,
+    # not refused as invalid with E_{t-1} kept.
+    op = {"op": "ADD", "id": None, "kind": "anchor", "subtype": "intermediate_result", "merges": None}
+    ops = [
+        {**op, "content": "Splitting 23 into 20 and 3 gives 340 and 51, so 17*23 = 391."},
+        {**op, "kind": "heuristic", "subtype": None, "content": "Adding 340 and 51 without the carry gives 381."},
+    ]
+    rule = Rule(role="experience", replies=["```json\n" + json.dumps({"operations": ops}) + "\n```"])
+    result, model = await run_tmas(SimScript(rules=[rule]), n=2, m=1, iterations=2, epsilon=0.0)
+    first = result.iterations[0].state
+    assert first["experience_update"]["status"] == "applied", first["experience_update"]
+    assert [e["content"] for e in first["experience_bank"]["entries"]] == [o["content"] for o in ops]
+    # E_0 reaches the exploit prompts of iteration 1.
+    exploits = [p for p in last_user_prompts(model, "solution") if REFINE_MARK in p]
+    assert exploits and all(o["content"] in p for p in exploits for o in ops)
+    assert "experience_invalid" not in result.counters

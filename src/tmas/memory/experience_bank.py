@@ -115,6 +115,11 @@ class ExperienceOp(BaseModel):
     @field_validator("merges", mode="before")
     @classmethod
     def _merges(cls, value: Any) -> Any:
+        # Written as null (or empty) where it does not apply (every field spelt out), or as one id without a list.
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return []
+        if isinstance(value, str | int) and not isinstance(value, bool):
+            value = [value]
         return [entry_id(item) for item in value] if isinstance(value, list) else value
 
     @field_validator("content", mode="before")

@@ -76,6 +76,9 @@ class StrategyClassification(StrategyNovelty):
     @field_validator("strategy", mode="before")
     @classmethod
     def _strategy(cls, value: Any) -> Any:
+        # Null where the agent cannot make the strategy out (novelty -1): no description, as an empty string says.
+        if value is None:
+            return ""
         return value.strip() if isinstance(value, str) else value
 
 
