@@ -349,6 +349,46 @@ async def test_invalid_guideline_update_keeps_the_previous_bank() -> None:
     assert [r.state["guideline_update"]["status"] for r in result.iterations] == ["applied", "invalid", "invalid"]
 
 
+async def test_refused_operations_and_verdicts_are_recorded_and_the_valid_ones_applied() -> None:
+    # The second updates (E1 and G1 logged) name an entry and a strategy that do not exist, a rollout that was not
+    # shown, an operation the prompt does not define and an ADD without its kind, beside valid items.
+    ops = [
+        {"op": "DELETE", "id": "E99"},
+        {"op": "REFINE", "id": "[e1]", "content": "Seventeen times twenty-three is three hundred and ninety-one."},
+        {"op": "ADD", "content": "an entry without its kind"},
+        {"op": "MODIFY", "id": "E1", "content": "an operation the prompt does not define"},
+        {"op": "ADD", "kind": "heuristic", "content": "Never drop the carry from the tens column."},
+    ]
+    verdicts = [
+        {"rollout": 1, "strategy": "", "novelty": 0, "same_as": "G42"},
+        {"rollout": 7, "strategy": "Count the digits of the product first.", "novelty": 1, "same_as": None},
+    ]
+    script = SimScript(
+        rules=[
+            Rule(role="experience", pattern=r"\[E1\] ", replies=[json.dumps({"operations": ops})]),
+            Rule(role="guideline", pattern=r"- \[G1\] ", replies=[json.dumps({"rollouts": verdicts})]),
+        ]
+    )
+    result, _ = await run_tmas(script, n=2, m=1, iterations=2)
+    first, second = (r.state for r in result.iterations)
+    assert [e["id"] for e in first["experience_bank"]["entries"]] == ["E1"]
+    update = second["experience_update"]
+    assert update["status"] == "applied"
+    assert update["report"]["rejected"] == ["DELETE E99: no such entry", "ADD: needs both 'kind' and 'content'"]
+    assert len(update["malformed"]) == 1 and update["malformed"][0].startswith("operation 4: op")
+    assert [(e["id"], e["content"]) for e in second["experience_bank"]["entries"]] == [
+        ("E1", ops[1]["content"]),
+        ("E2", ops[4]["content"]),
+    ]
+    assert second["guideline_update"]["report"]["rejected"] == ["rollout 1: 'same_as' 'G42' names no logged strategy"]
+    assert second["guideline_bank"] == first["guideline_bank"]
+    assert second["anomalies"]["experience_ops_rejected"] == 3
+    assert second["anomalies"]["guideline_items_rejected"] == 2
+    notes = result.iterations[1].notes
+    assert any(n.startswith("experience update: 3 operations refused: ") and "DELETE E99" in n for n in notes)
+    assert any("rollout 7: not shown to the agent" in n for n in notes)
+
+
 async def test_failed_calls_are_handled() -> None:
     rules = [
         Rule(role="solution", fault="http_400", times=1),
