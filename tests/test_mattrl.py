@@ -417,6 +417,26 @@ async def test_a_pool_of_several_domains_gives_each_run_only_its_own_domains_ent
         assert prompts and all(p.count("- ACTION:") == 1 for p in prompts)
 
 
+async def test_a_pool_with_no_entries_of_the_runs_domain_says_the_run_has_no_experience(tmp_path: Path) -> None:
+    # A build that kept no turn leaves an empty pool; a pool of another domain's runs holds none for this one. Either
+    # way no specialist can get a hint, so the run is the team without experience: it says so, once, and asks the
+    # embedder nothing.
+    embed = EndpointEmbedder(ScriptedModel(settings=scripted_settings()))
+    Pool.create(tmp_path / "empty", embed.name)
+    other = Pool.create(tmp_path / "medicine", embed.name)
+    await other.add([PoolEntry(id="med", domain="medicine", action="Rank by onset", experience="Onset first.")], embed)
+    other.save()
+    for name, holds in (("empty", "no entries"), ("medicine", "no math entries (1 of other domains)")):
+        result, model = await run(pool=str(tmp_path / name))
+        assert result.answer == "391"
+        assert result.notices == [
+            f"pool={tmp_path / name} holds {holds}: the specialists get no experience hints, so this run is the team"
+            " without experience"
+        ]
+        assert model.embedded == []
+        assert all("<experience_hints>" not in p for p in last_user_prompts(model, "specialist"))
+
+
 async def test_a_pool_built_with_another_model_fails_the_problem_with_a_clear_error(tmp_path: Path) -> None:
     Pool.create(tmp_path / "pool", "endpoint:other-embedder")
     result, _ = await run(pool=str(tmp_path / "pool"))

@@ -335,6 +335,18 @@ class MATTRL(Method[MATTRLParams]):
         embed = embedder_for(p.embedder, session.llm)
         if self._pool is None:
             self._pool = Pool.open(Path(p.pool), embed.name)
+        domain = self.domain.name
+        if not any(entry.domain == domain for entry in self._pool.entries):
+            # An empty pool (a build that kept no turn) or one of other domains' runs: no specialist can get a hint,
+            # so nothing is embedded, and the run says it is the team without experience.
+            others = len(self._pool.entries)
+            holds = f"no {domain} entries ({others} of other domains)" if others else "no entries"
+            session.notice(
+                "mattrl_no_experience",
+                f"pool={p.pool} holds {holds}: the specialists get no experience hints, so this run is the team"
+                " without experience",
+            )
+            return None
         return Retriever(self._pool, embed, p.top_k)
 
     async def _hints(
