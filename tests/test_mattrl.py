@@ -310,6 +310,24 @@ async def test_a_decision_unreadable_after_the_rewrite_falls_back_to_the_team() 
     )
 
 
+async def test_the_decisions_fallback_note_says_why_the_rewrite_was_not_asked_or_failed() -> None:
+    wrong_s3 = Rule(role="specialist", pattern="You are Edge-case auditor", replies=[WRONG])
+    # An empty decision has nothing to rewrite: no rewrite is asked, and the note does not claim one was.
+    empty = Rule(role="coordinator", pattern="<team_summary>", replies=[""])
+    result, model = await run([wrong_s3, empty], iterations=1)
+    assert result.answer == "391"
+    assert not any("<reply>" in prompt for prompt in last_user_prompts(model, "coordinator"))
+    assert result.iterations[-1].notes[-1] == "decision: unreadable (empty reply); the team's majority answer is used"
+    # A rewrite whose call failed: the note names its error, not tags it never had the chance to write.
+    untagged = Rule(role="coordinator", pattern="<team_summary>", replies=["I lean to 391."])
+    failed = Rule(role="coordinator", pattern="<reply>", fault="http_400")
+    result, model = await run([wrong_s3, untagged, failed], iterations=1)
+    assert result.answer == "391" and any("<reply>" in p for p in last_user_prompts(model, "coordinator"))
+    assert result.iterations[-1].notes[-1] == (
+        "decision: unreadable (the rewrite failed: scripted http_400); the team's majority answer is used"
+    )
+
+
 async def test_a_decision_with_no_answer_in_its_tags_falls_back_to_the_team() -> None:
     rules = [
         Rule(role="specialist", pattern="You are Edge-case auditor", replies=[WRONG]),

@@ -466,6 +466,10 @@ class MATTRL(Method[MATTRLParams]):
             why = reply.error or (
                 "its answer echoed the instructions twice"
                 if guarded.echo
+                else ("empty reply" if not reply.content.strip() else "cut at max_tokens in its first line")
+                if not said.strip()
+                else f"the rewrite failed: {final.error}"
+                if final.error
                 else "no tags after the rewrite"
                 if decision is None
                 else "its tags hold no answer"
