@@ -80,6 +80,12 @@ def test_method_names_and_models() -> None:
     cells = matching_cells(M30, "hle-math-100", "rse", {"n": 8})
     assert len(cells) == 20 + 6 and all(c.method == "RSE" and c.benchmark == "HLE-Math-100" for c in cells)
     assert setting_differences("tmas", {"n": 2, "m": 8, "epsilon": 0.2}) == ["n=2 (paper 8)"]
+    # MATTRL's setting: 3 experts, at most 3 rounds (4.1), K = 8 entries a retrieval (A.7).
+    assert setting_differences("mattrl", {"team_size": 3, "iterations": 3, "top_k": 8}) == []
+    assert setting_differences("mattrl", {"team_size": 2, "iterations": 3, "top_k": 4}) == [
+        "team_size=2 (paper 3)",
+        "top_k=4 (paper 8)",
+    ]
 
 
 @pytest.mark.slow

@@ -134,8 +134,8 @@ class MATTRL(Method[MATTRLParams]):
     name: ClassVar[str] = "mattrl"
     traits: ClassVar[Traits] = Traits(roles=("coordinator", "specialist", "reviewer", "student", "embedding"))
     example_params: ClassVar[dict[str, Any] | None] = {"team_size": 2, "iterations": 2}
-    # The setting of the MATTRL paper (4.1).
-    paper_settings: ClassVar[dict[str, Any]] = {"team_size": 3, "iterations": 3}
+    # The setting of the MATTRL paper: 3 experts, at most 3 rounds (4.1), K = 8 entries a retrieval (A.7).
+    paper_settings: ClassVar[dict[str, Any]] = {"team_size": 3, "iterations": 3, "top_k": 8}
     Params: ClassVar[type[MethodParams]] = MATTRLParams
     State: ClassVar[type[MethodState]] = MATTRLState
     embedded_defaults: ClassVar[dict[str, Any]] = {"iterations": 2, "team_size": 2}
