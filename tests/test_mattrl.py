@@ -17,6 +17,7 @@ import pytest
 
 from conftest import clean_env, run_tmas, scripted_settings, settings_for
 from scripted_runs import by_role, last_user_prompts, solve_in_process
+from tmas.agents.mattrl_team import EDUCATION_CATALOG, MEDICINE_CATALOG
 from tmas.api import asolve
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool
@@ -25,6 +26,7 @@ from tmas.memory.transcript import TeamMember, Transcript
 from tmas.methods.base import ProblemResult
 from tmas.methods.mattrl_deliberation import Seat, differential_change
 from tmas.methods.mattrl_domains import domain_named
+from tmas.problems import Problem
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 from tmas.testing.mattrl_responders import SIM_DIFFERENTIAL
@@ -689,3 +691,35 @@ def test_a_pool_named_without_the_pool_extra_is_one_line_before_the_run(monkeypa
         InputError, match=r"^pool=pools/x: MATTRL's experience pool needs .*pip install 'tmas\[pool\]'$"
     ):
         create_method("mattrl", {"pool": "pools/x"}).check_setup()
+
+
+@pytest.mark.parametrize(
+    ("domain", "specialties", "roles"),
+    [
+        ("math", None, None),
+        ("medicine", MEDICINE_CATALOG, None),
+        (
+            "education",
+            EDUCATION_CATALOG,
+            ["Diagnostician", "Pedagogy Strategist", "Subject Matter Expert", "lead teacher"],
+        ),
+    ],
+)
+async def test_the_recruiting_schema_holds_the_team_size_the_catalog_and_the_teaching_roles(
+    domain: str, specialties: tuple[str, ...] | None, roles: list[str] | None
+) -> None:
+    # Where the server constrains the reply, it cannot recruit more than n members, a department outside the domain's
+    # catalog (which the reading would drop) or a role C.4.2 does not name.
+    problem = Problem(problem_id="q", question=Q, answer="B") if domain == "education" else Q
+    settings = scripted_settings(
+        method={"name": "mattrl", "params": {"domain": domain, "team_size": 2, "iterations": 1}},
+        endpoint__structured_output="json_schema",
+    )
+    model = ScriptedModel(SimScript(rules=[Rule(role="student", replies=["Answer: A"])]), settings)
+    await solve_in_process(model, problem)
+    [recruit] = [c for c in model.calls_of("coordinator") if c.reply_model is not None]
+    schema = recruit.body["response_format"]["json_schema"]["schema"]["properties"]["members"]
+    assert (schema["minItems"], schema["maxItems"]) == (1, 2)
+    member = schema["items"]["properties"]
+    assert member["specialty"].get("enum") == (list(specialties) if specialties else None)
+    assert member["role"].get("enum") == roles

@@ -20,7 +20,7 @@ from tmas.agents.experience import ExperienceReply, experience_reply_model, pars
 from tmas.agents.guideline import GuidelineReply, parse_guideline_update
 from tmas.agents.guideline_judge import NoveltyReply, StrategyView, parse_novelty
 from tmas.agents.mattrl_review import DifferentialReviewReply, ReviewReply, parse_differential_review, parse_review
-from tmas.agents.mattrl_team import TeamReply
+from tmas.agents.mattrl_team import team_reply_model
 from tmas.agents.pool_summarizer import (
     SummarizerReply,
     TeachingSummarizerReply,
@@ -62,11 +62,24 @@ def schema_names(sim: SimServer) -> dict[str, set[str | None]]:
             # Each schema sent is exactly its reply model's (flattened) schema; the experience agent's, the
             # verifier's and the distiller's are bounded by the max_tokens of the same request.
             name = fmt["json_schema"]["name"]
-            model = BY_MAX_TOKENS[name](entry.body.get("max_tokens")) if name in BY_MAX_TOKENS else MODELS[name]
+            if name == "TeamReply":
+                model = team_model_of(fmt["json_schema"]["schema"])
+            elif name in BY_MAX_TOKENS:
+                model = BY_MAX_TOKENS[name](entry.body.get("max_tokens"))
+            else:
+                model = MODELS[name]
             assert fmt["type"] == "json_schema"
             assert fmt["json_schema"]["schema"] == json_schema(model), name
         out.setdefault(entry.role, set()).add(None if fmt is None else fmt["json_schema"]["name"])
     return out
+
+
+def team_model_of(schema: dict[str, Any]) -> type[BaseModel]:
+    """The recruiting reply model of the team size, catalog and roles a sent schema names (each domain's own)."""
+    members = schema["properties"]["members"]
+    member = members["items"]["properties"]
+    catalog, roles = (tuple(member[field].get("enum", ())) for field in ("specialty", "role"))
+    return team_reply_model(members["maxItems"], catalog, roles)
 
 
 BY_MAX_TOKENS: dict[str, Callable[[int | None], type[BaseModel]]] = {
@@ -81,7 +94,7 @@ MODELS: dict[str, type[BaseModel]] = {
         VerificationReply,
         ExperienceReply,
         GuidelineReply,
-        TeamReply,
+        team_reply_model(3),
         ReviewReply,
         JudgeReplyFormat,
         NoveltyReply,
@@ -301,7 +314,7 @@ def test_schemas_are_flat_and_put_reasoning_first() -> None:
         # llama-server's converter takes no recursion; titles, defaults and docstrings never reach a model.
         assert not keywords(json_schema(model)) & {"$ref", "$defs", "title", "default", "description"}, name
     # A field named like a dropped keyword stays a field.
-    assert "description" in json_schema(TeamReply)["properties"]["members"]["items"]["properties"]
+    assert "description" in json_schema(team_reply_model(3))["properties"]["members"]["items"]["properties"]
     # A constrained model writes required properties first, in order: the reasoning before the verdict.
     assert json_schema(VerificationReply)["required"] == ["analysis", "score"]
     assert json_schema(JudgeReplyFormat)["required"] == ["reasoning", "equivalent"]

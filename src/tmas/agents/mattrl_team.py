@@ -17,9 +17,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
 from tmas.agents.output import AgentOutputError, latex_restored, literal_backslashes, without_trailing_commas
 from tmas.agents.templates import prompt
@@ -60,20 +61,18 @@ class Recruit(BaseModel):
     description: str = ""
 
 
-class MemberReply(BaseModel):
-    """One recruit as the server is asked to write it: every field required, so a constrained model names a role
-    (and with it the leader) instead of leaving it out."""
-
-    specialty: str = Field(min_length=1)
-    role: str
-    description: str
-
-
-class TeamReply(BaseModel):
-    """The reply's shape, sent as the call's JSON schema (``reply_model``). JSON schemas of structured outputs are
-    objects (OpenAI's strict mode takes nothing else), so the array comes wrapped; :func:`parse_team` reads both."""
-
-    members: list[MemberReply] = Field(min_length=1)
+@lru_cache(maxsize=32)
+def team_reply_model(n: int, catalog: tuple[str, ...] = (), roles: tuple[str, ...] = ()) -> type[BaseModel]:
+    """The recruiting reply's shape for a team of at most ``n``, sent as the call's JSON schema (``reply_model``):
+    one to ``n`` members, each specialty one of ``catalog`` and each role one of ``roles`` where the domain names
+    them (empty: any text), every field required, so a constrained model names a role (and with it the leader)
+    instead of leaving it out. JSON schemas of structured outputs are objects (OpenAI's strict mode takes nothing
+    else), so the array comes wrapped; :func:`read_recruits` reads both, and reads an unconstrained reply as
+    forgivingly as ever (spelling, wording, too many members)."""
+    specialty = Field(json_schema_extra={"enum": list(catalog)}) if catalog else Field(min_length=1)
+    role = Field(json_schema_extra={"enum": list(roles)}) if roles else Field()
+    member = create_model("MemberReply", specialty=(str, specialty), role=(str, role), description=(str, Field()))
+    return create_model("TeamReply", members=(list[member], Field(min_length=1, max_length=n)))
 
 
 def teaching_role(role: str) -> str | None:

@@ -34,7 +34,6 @@ from pydantic import Field
 
 from tmas.agents.echo import EchoGuard
 from tmas.agents.mattrl_decision import Decision, discussion_record
-from tmas.agents.mattrl_team import TeamReply
 from tmas.agents.output import AgentOutputError, finished_lines
 from tmas.agents.solution import SolutionOutput, parse_solution
 from tmas.answers import normalize_answer
@@ -248,9 +247,9 @@ class MATTRL(Method[MATTRLParams]):
 
     async def _form_team(self, session: ProblemSession, notes: list[str]) -> list[TeamMember]:
         p, domain = self.params, self.domain
-        messages = domain.recruit_prompt(session.problem.question, p.team_size)
+        messages, schema = domain.recruit_prompt(session.problem.question, p.team_size), domain.team_reply(p.team_size)
         for attempt in range(1 + p.retries):
-            reply = await session.chat("coordinator", messages, sample=attempt, reply_model=TeamReply)
+            reply = await session.chat("coordinator", messages, sample=attempt, reply_model=schema)
             why = reply.error or ("reply truncated at max_tokens" if reply.truncated else None)
             if why is None:
                 try:

@@ -25,9 +25,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal
 
+from pydantic import BaseModel
+
 from tmas.agents.mattrl_decision import Decision, decision_prompt, rewrite_prompt
 from tmas.agents.mattrl_opinion import opinion_prompt
-from tmas.agents.mattrl_team import led_team, line_up_team, read_recruits, recruit_prompt
+from tmas.agents.mattrl_team import led_team, line_up_team, read_recruits, recruit_prompt, team_reply_model
 from tmas.llm.types import Message
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember
@@ -43,6 +45,8 @@ class Domain:
     name: ClassVar[str]
     # ---- Stage I: the team
     catalog: ClassVar[tuple[str, ...]] = ()
+    # The roles a member may have (empty: any, as recruited).
+    team_roles: ClassVar[tuple[str, ...]] = ()
     # (specialty, role, description) of the default team, the first leading unless the domain says otherwise.
     line_up: ClassVar[tuple[tuple[str, str, str], ...]]
     # The system text of the specialists (and of the coordinator's calls about the case), so they share one prefix.
@@ -70,6 +74,11 @@ class Domain:
     # ---- Stage I --------------------------------------------------------------------------------------------
     def recruit_prompt(self, question: str, n: int) -> list[Message]:
         return recruit_prompt(question, self.name, n, catalog=self.catalog, system_name=self.system_name)
+
+    def team_reply(self, n: int) -> type[BaseModel]:
+        """The recruiting reply's JSON schema: at most ``n`` members, of the catalog's specialties and the domain's
+        roles where it names them."""
+        return team_reply_model(n, self.catalog, self.team_roles)
 
     def parse_team(self, content: str, n: int) -> tuple[list[TeamMember], list[str]]:
         """The team of a recruiting reply (ids S1, S2, ... in reply order) and notes on every repair; raises

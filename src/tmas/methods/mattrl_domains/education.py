@@ -14,6 +14,7 @@ from tmas.agents.mattrl_teaching import difficulty_of, subject_of
 from tmas.agents.mattrl_team import (
     DIAGNOSTICIAN,
     EDUCATION_CATALOG,
+    LEAD_TEACHER,
     STRATEGIST,
     SUBJECT_EXPERT,
     catalog_name,
@@ -39,6 +40,7 @@ class Education(Domain):
         ("Pedagogy", STRATEGIST, "Decide how to teach this student next, one targeted question at a time."),
         ("STEM", SUBJECT_EXPERT, "Explain the discipline's knowledge the student is missing."),
     )
+    team_roles: ClassVar[tuple[str, ...]] = (DIAGNOSTICIAN, STRATEGIST, SUBJECT_EXPERT, LEAD_TEACHER)
     teaching: ClassVar[bool] = True
     grader: ClassVar[str | None] = "teaching"
     metrics: ClassVar[Mapping[str, str]] = {"acc_pre": "Acc_pre", "acc_post": "Acc_post", "delta": "ΔAcc"}
