@@ -274,6 +274,29 @@ async def test_an_unreadable_review_is_retried_then_counted_as_revise() -> None:
     assert result.answer == "391"
 
 
+# Reviews whose analysis is the review prompt's own instructions (B.4's, A.4's).
+ECHOED_ANALYSIS = {
+    "math": 'Keep "analysis" to two to four sentences: what holds up first, then the targeted criticism.',
+    "medicine": "Judge the differential against the patient record only; do not invent findings, tests or results.",
+}
+
+
+@pytest.mark.parametrize("domain", ["math", "medicine"])
+async def test_an_unusable_review_is_no_turn_of_the_discussion_experience_construction_reads(domain: str) -> None:
+    # S2's reviews of S1 echo the review prompt's instructions (asked twice), or are not JSON: no review. Like an
+    # unusable opinion, its text stays out of the transcript, which experience construction credits as S2's turn.
+    echoed = json.dumps({"analysis": ECHOED_ANALYSIS[domain], "verdict": "accept", "validated": [], "issues": []})
+    for bad in (echoed, "no json here at all"):
+        s1_by_s2 = r'"role": "leader"\n }[\s\S]*"reviewer": \{\n  "specialty": "(Computation checker|Urology)"'
+        rule = Rule(role="reviewer", pattern=s1_by_s2, replies=[bad])
+        result, _ = await run([rule], iterations=2, domain=domain)
+        reviews = [u for u in transcript(result, 0).utterances if u.kind == "review"]
+        bad_reviews = [u for u in reviews if u.target == "S1" and u.agent == "S2"]
+        assert len(bad_reviews) == 1 and bad_reviews[0].text == "" and bad_reviews[0].call_id is not None
+        assert all(u.text for u in reviews if u not in bad_reviews)
+        assert any(n.startswith("review of S1 by S2: unusable") for n in result.iterations[0].notes)
+
+
 async def test_a_decision_without_tags_gets_one_rewrite_pass() -> None:
     result, model = await run(
         [Rule(role="coordinator", pattern="<team_summary>", replies=["So the answer is \\boxed{391}."])]

@@ -213,7 +213,7 @@ class VerdictReview(PeerReview):
                     round=r,
                     agent=review.reviewer,
                     kind="review",
-                    text=reply.content if reply is not None else review.analysis,
+                    text=_review_text(review, reply),
                     target=target.member.id,
                     answer=review.verdict,
                     call_id=reply.call_id if reply is not None else None,
@@ -336,7 +336,7 @@ class DifferentialCritique(PeerReview):
                     round=r,
                     agent=review.reviewer,
                     kind="review",
-                    text=reply.content if reply is not None and reply.ok else review.analysis,
+                    text=_review_text(review, reply),
                     target=target.member.id,
                     call_id=reply.call_id if reply is not None else None,
                 )
@@ -402,6 +402,13 @@ class DifferentialCritique(PeerReview):
             if pooled:
                 lines.append("Team differential by Borda count (pooled_differential option): " + "; ".join(pooled))
         transcript.utterances.append(Utterance(round=r, agent="coordinator", kind="meeting", text="\n".join(lines)))
+
+
+def _review_text(review: Review | DifferentialReview, reply: Completion | None) -> str:
+    """A review's text in the transcript: its reply, or nothing when no reply gave a usable review (an error, a reply
+    that does not parse, one that echoed its instructions): like an unusable opinion, it is no turn of the
+    discussion that experience construction credits (the call record keeps the reply, the notes say why)."""
+    return reply.content if reply is not None and review.readable else ""
 
 
 def same_list(a: list[str], b: list[str]) -> bool:
