@@ -295,8 +295,9 @@ async def test_the_probe_sends_the_key_and_asks_again_until_the_replica_answers(
 
 
 async def test_calls_wait_for_a_replica_still_loading_its_model() -> None:
-    # llama-server answers every route 503 "Loading model" until its model is loaded: the calls wait on its model card
-    # instead of spending their attempts on that refusal, and go once it is loaded.
+    # llama-server answers every route but its model list 503 "Loading model" until its model is loaded, and its model
+    # card without meta: the calls wait on its model card instead of spending their attempts on that refusal, and go
+    # once it is loaded.
     with SimServer(SimScript(persona="llama-server", models_unavailable=2)) as sim:
         async with LLMClient(settings_for(sim)) as llm:
             done = await llm.chat("solution", QUESTION)
@@ -309,10 +310,10 @@ async def test_calls_wait_for_a_replica_still_loading_its_model() -> None:
 async def test_calls_go_to_a_ready_replica_while_another_loads_its_model(
     persona: str, batch: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Two replicas, one still loading its model (it answers every route 503, its model card too): the calls all go to
-    # the ready one at once, none waits on the loading one or is refused by it (vLLM's alike calls as one request with
-    # n, once the ready replica's probe said it serves n). Once it has loaded, the next calls' background poll of its
-    # model card brings it back, and calls reach it again.
+    # Two replicas, one still loading its model (it answers every route 503, its model card 503 too (vLLM behind a
+    # proxy) or without meta (llama-server)): the calls all go to the ready one at once, none waits on the loading one
+    # or is refused by it (vLLM's alike calls as one request with n, once the ready replica's probe said it serves n).
+    # Once it has loaded, the next calls' background poll of its model card brings it back, and calls reach it again.
     monkeypatch.setattr(refusals, "LOADING_POLL_S", 0.0)
     loading_script = SimScript(persona=persona, models_unavailable=10_000)  # type: ignore[arg-type]
     with SimServer(loading_script) as loading, SimServer(SimScript(persona=persona)) as ready:  # type: ignore[arg-type]

@@ -860,6 +860,22 @@ async def test_models_answer_503_while_the_replica_loads(http: aiohttp.ClientSes
         assert sim.stats().models_unavailable == 2
 
 
+async def test_llama_server_lists_its_model_without_meta_while_it_loads(http: aiohttp.ClientSession) -> None:
+    # server-http.cpp middleware_server_state lets the model list through while the model loads (every other route
+    # answers 503 "Loading model"); server-context.cpp get_models leaves the card's meta null until it is loaded.
+    async with SimServer(SimScript(persona="llama-server", models_unavailable=1)) as sim:
+        async with http.get(f"{sim.url}/health") as resp:
+            health = (resp.status, await resp.json())
+        async with http.get(f"{sim.base_url}/models") as resp:
+            loading = (resp.status, await resp.json())
+        async with http.get(f"{sim.base_url}/models") as resp:
+            loaded = (resp.status, await resp.json())
+    assert loading[0] == 200 and loading[1]["data"][0]["owned_by"] == "llamacpp"
+    assert loading[1]["data"][0]["meta"] is None
+    assert health == (503, {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})
+    assert loaded[0] == 200 and loaded[1]["data"][0]["meta"]["n_ctx"] == 32768
+
+
 # ---- sampling fields --------------------------------------------------------------------------------------
 
 SAMPLING = {"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.05, "presence_penalty": 0.5, "frequency_penalty": 0.1}

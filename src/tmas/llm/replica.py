@@ -168,14 +168,17 @@ async def get_json(
 
 async def probe(session: aiohttp.ClientSession, replica: Replica, api_key: str | None) -> ProbeAnswer:
     """Read the replica's model card (and llama-server's /props): "answered" once it did; "loading" while it answers
-    503, as a server still loading its model does (llama-server answers every route so until its model is loaded:
-    tools/server/server-http.cpp, middleware_server_state; a proxy in front of a replica not ready yet too); "none"
-    for anything else (no answer yet, a key refused): the caller asks again later rather than taking silence for an
+    503 (a proxy in front of a replica not ready yet) or, llama-server, a card without its model's ``meta``: until
+    its model is loaded it answers every other route 503 ("Loading model") but lets its model list through with
+    ``meta`` null (tools/server/server-http.cpp middleware_server_state, server-context.cpp get_models); "none" for
+    anything else (no answer yet, a key refused): the caller asks again later rather than taking silence for an
     answer."""
     answer = await fetch_json(session, f"{replica.url}/models", api_key, 10.0)
     models = answer[1] if answer is not None else None
     if not isinstance(models, dict):
         return "loading" if answer is not None and answer[0] == 503 else "none"
+    if still_loading(models):
+        return "loading"
     replica.server_kind = server_kind(models)
     replica.reported_context = context_length(models)
     if replica.reported_context is None and replica.server_kind == "llama-server":
@@ -218,6 +221,15 @@ def _count(reply: Any) -> int | None:
         return int(reply["count"])
     tokens = reply.get("tokens")
     return len(tokens) if isinstance(tokens, list) else None
+
+
+def still_loading(models: dict[str, Any]) -> bool:
+    """Whether a ``/v1/models`` reply is llama-server's while it loads its model: its card's ``meta`` null."""
+    if server_kind(models) != "llama-server":
+        return False
+    cards = models.get("data")
+    card = cards[0] if isinstance(cards, list) and cards else None
+    return isinstance(card, dict) and "meta" in card and card["meta"] is None
 
 
 def context_length(models: Any) -> int | None:

@@ -363,6 +363,12 @@ class Persona:
     # open rather than as an HTTP error.
     schema_refusal: str = "response_format type {kind!r} is not supported by this server"
     schema_refusal_midstream: bool = False
+    # ---- loading its model (SimScript.models_unavailable)
+    # Whether its model list answers 200 while the model loads, each card's "meta" null until it is loaded, where
+    # every other route answers 503. llama-server lets /models, /v1/models and /api/tags through its loading check
+    # (server-http.cpp middleware_server_state: "allow the models endpoint to be accessed during loading") and fills
+    # a card's meta only once ready (server-context.cpp get_models). False: the model list answers 503 as well.
+    lists_models_while_loading: bool = False
 
 
 def _any_n(script: SimScript) -> int | None:
@@ -583,6 +589,7 @@ LLAMA_SERVER = Persona(
     # first result of its task arrives, and a task waits in the queue while every slot is busy; observed: a second
     # request with the only slot busy got its headers when the slot freed.
     headers_at="slot",
+    lists_models_while_loading=True,
 )
 
 OPENAI = Persona(

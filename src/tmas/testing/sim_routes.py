@@ -72,7 +72,7 @@ class _Active:
     # The replica's prefix cache (None: off); only the server's loop thread touches it.
     cache: PrefixCache | SlotCache | None
     faults: list[tuple[FaultKind, float]] = field(default_factory=list)
-    # /v1/models requests answered 503 so far (SimScript.models_unavailable).
+    # /v1/models requests answered while loading so far (SimScript.models_unavailable).
     models_refused: int = 0
     # Fresh seeds for a server that ignores the request's (SimScript.deterministic False).
     sampling_rng: random.Random = field(default_factory=random.Random)
@@ -261,13 +261,18 @@ class SimApp:
     async def _models(self, request: web.Request) -> web.Response:
         active = self._active
         persona, script = active.persona, active.script
-        if active.models_refused < script.models_unavailable:
+        loading = active.models_refused < script.models_unavailable
+        if loading:
             active.models_refused += 1
             self.recorder.count_models_unavailable()
-            return loading_response(persona.name)
+            if not persona.lists_models_while_loading:
+                return loading_response(persona.name)
         extra = persona.models_extra(script) if persona.models_extra is not None else {}
         served = [script, *(script.model_copy(update={"model": name}) for name in script.also_serves)]
-        return web.json_response({**extra, "object": "list", "data": [persona.model_card(s) for s in served]})
+        cards = [persona.model_card(s) for s in served]
+        if loading:
+            cards = [{**card, "meta": None} for card in cards]  # llama-server: no model meta until it is loaded
+        return web.json_response({**extra, "object": "list", "data": cards})
 
     async def _get_stats(self, request: web.Request) -> web.Response:
         return web.json_response(self.stats().model_dump())
