@@ -275,3 +275,18 @@ async def test_a_thinking_length_reply_streams_whole_with_its_reasoning_apart(pe
     # The server's own usage (the usage chunk), not a count of ours: 30,000 + the answer's 7 simulator tokens.
     assert reply.usage.completion_tokens == 30_000 + count_tokens(reply.content)
     assert reply.usage.reasoning_tokens == 30_000 and not reply.usage.estimated
+
+
+# ------------------------------------------------------------------------------------------------ error lines
+async def test_an_older_llama_server_s_error_line_is_its_context_refusal_not_a_cut_stream() -> None:
+    # llama-server builds before server-http.cpp open a stream before its task runs: a prompt over n_ctx is refused
+    # inside it, on an SSE line of the field "error" (then data: [DONE]). That refusal, with its numbers, is final: the
+    # prompt alone fills the window, so nothing is sent again.
+    script = SimScript(persona="llama-server", context_length=50, sse_error_field=True)
+    async with SimServer(script) as sim:
+        async with LLMClient(settings_for(sim, endpoint__stream="on", endpoint__context_length=100_000)) as llm:
+            reply = await llm.chat("solution", [user("word " * 400)])
+        bodies = sim.chat_bodies()
+    assert reply.error_cause == "context" and not reply.retry_causes, reply.error
+    assert "exceeds the available context size (50 tokens)" in (reply.error or "")
+    assert len(bodies) == 1 and bodies[0]["stream"] is True

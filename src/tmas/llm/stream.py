@@ -4,9 +4,10 @@ A streamed reply is a series of server-sent events, one ``data: {chunk}`` line e
 chunk carries, per choice ``index``, a ``delta`` (``content``; reasoning as ``reasoning_content`` or ``reasoning``),
 and at the end a ``finish_reason``; log-probabilities come as ``logprobs.content`` lists per chunk. Usage comes in a
 last chunk with empty ``choices`` when the request asked for it (``stream_options.include_usage``), on the last choice
-chunk on some servers, and llama-server adds its ``timings``. :class:`StreamAssembler` puts them together into
-``{"choices": [{"index", "message": {"content", "reasoning_content"}, "finish_reason", "logprobs"}], "usage",
-"timings", "model"}``, so the client parses streamed and unstreamed replies with one code path.
+chunk on some servers, and llama-server adds its ``timings``. An error met once the stream is open comes as an event
+``{"error": {...}}``, or (older llama-server) as a line ``error: {...}``. :class:`StreamAssembler` puts the chunks
+together into ``{"choices": [{"index", "message": {"content", "reasoning_content"}, "finish_reason", "logprobs"}],
+"usage", "timings", "model"}``, so the client parses streamed and unstreamed replies with one code path.
 
 A reply is complete once every choice it began has a ``finish_reason``: a server that then closes the stream before
 its usage chunk or ``[DONE]`` has still sent the whole text (its usage is counted instead). A stream that ends before
@@ -83,6 +84,8 @@ class StreamAssembler:
         name, _, value = line.rstrip("\r\n").partition(":")
         if name == "data":
             self._data(value.removeprefix(" "))
+        elif name == "error":
+            self._error_line(value.removeprefix(" "))
 
     def _data(self, value: str) -> None:
         if value.strip() == "[DONE]":
@@ -100,6 +103,18 @@ class StreamAssembler:
             message = f"server error in stream: {_error_text(chunk)}"
             raise StreamError(message, "stream_error", chunk["error"], began=began)
         self._take(chunk)
+
+    def _error_line(self, value: str) -> None:
+        # llama-server builds before server-http.cpp send an error met once the stream is open (a prompt over n_ctx
+        # among them) as a line of the field "error" holding the error object itself (server_sent_event(sink,
+        # "error", ...)), then data: [DONE].
+        try:
+            error = json.loads(value)
+        except ValueError:
+            error = value
+        began = any(c.content or c.reasoning for c in self._choices.values())
+        message = f"server error in stream: {_error_text({'error': error})}"
+        raise StreamError(message, "stream_error", error or value, began=began)
 
     def _take(self, chunk: dict[str, Any]) -> None:
         if self.model is None and isinstance(chunk.get("model"), str):

@@ -297,10 +297,16 @@ class SimScript(_Strict):
     # The server's API key (vLLM's --api-key, SGLang's --api-key, llama-server's --api-key): requests to its guarded
     # routes without "Authorization: Bearer KEY" get the persona's 401 (tmas.testing.sim_access). None: open.
     api_key: str | None = None
-    # The replica is loading its model until that many /v1/models requests have been answered 503; meanwhile every
-    # other route answers the same 503 (llama-server's tools/server/server-http.cpp middleware_server_state refuses
-    # every route with "Loading model" until the model is loaded; a proxy in front of a replica not ready yet too).
+    # The replica is loading its model until that many /v1/models requests have been answered while loading: 503, or
+    # llama-server's 200 with its card's meta null; meanwhile every other route answers 503 (llama-server's
+    # tools/server/server-http.cpp middleware_server_state refuses every route but its model list with "Loading
+    # model" until the model is loaded; a proxy in front of a replica not ready yet too).
     models_unavailable: int = Field(default=0, ge=0)
+    # llama-server builds before its HTTP layer moved to server-http.cpp ("llama-server" only): a streamed request
+    # gets its 200 headers before its task runs, so a refusal met then (a prompt over n_ctx) comes inside the stream,
+    # as an SSE line of the field "error" (server_sent_event(sink, "error", ...): ``error: {code, message, type,
+    # n_prompt_tokens, n_ctx}``), then ``data: [DONE]``.
+    sse_error_field: bool = False
     # SGLang's --enable-deterministic-inference: None keeps the simulator's own seeding (a request's seed gives its
     # reply); False: the "sglang" persona ignores ``seed`` (each request samples afresh); True: the seed is honoured
     # and every choice of an n > 1 request is sampled with it, so the n choices come out identical. Other personas

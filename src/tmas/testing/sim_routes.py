@@ -478,6 +478,10 @@ class SimApp:
         if refusal is not None and refusal.midstream and asked.streams:
             event = status_error(persona.name, refusal.status, refusal.message)
             return await self._error_event(await self._open_stream(request), event)
+        if refusal is not None and refusal.body is not None and script.sse_error_field and asked.streams:
+            # Older llama-server: the refusal on an "error:" line of the stream now open (SimScript.sse_error_field).
+            line = b"error: " + json.dumps(refusal.body["error"]).encode() + b"\n\n"
+            return await self._error_event(await self._open_stream(request), None, line)
         if refusal is not None:
             raise _BadRequest(refusal.message, refusal.status, refusal.param, refusal.code, refusal.body)
         return None
@@ -705,10 +709,12 @@ class SimApp:
         await response.prepare(request)
         return response
 
-    async def _error_event(self, response: web.StreamResponse, event: dict[str, Any]) -> web.StreamResponse:
-        """An error met after a stream's headers went out: the error event, then ``[DONE]``."""
+    async def _error_event(
+        self, response: web.StreamResponse, event: dict[str, Any] | None, line: bytes = b""
+    ) -> web.StreamResponse:
+        """An error met after a stream's headers went out: the error event (or ``line``, as sent), then ``[DONE]``."""
         with contextlib.suppress(ConnectionResetError):
-            await response.write(sse(event) + DONE)
+            await response.write((sse(event) if event is not None else line) + DONE)
             await response.write_eof()
         return response
 
