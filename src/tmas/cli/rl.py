@@ -116,6 +116,9 @@ def train(
     temperature: Annotated[
         float, typer.Option("--temperature", help="Rollout sampling temperature (A.4 leaves it open).", min=0.01)
     ] = train_default("temperature"),
+    top_p: Annotated[
+        float, typer.Option("--top-p", help="Rollout sampling top_p (nucleus; 1: none).", min=0.01, max=1.0)
+    ] = train_default("top_p"),
     learning_rate: Annotated[float, typer.Option("--learning-rate", help="A.4: 1e-6.")] = train_default(
         "learning_rate"
     ),
@@ -207,6 +210,7 @@ def train(
         generate_groups=generate_groups,
         gradient_accumulation_steps=gradient_accumulation_steps,
         temperature=temperature,
+        top_p=top_p,
         continuous_batching=continuous_batching,
         dtype="bfloat16" if dtype == "bfloat16" else "float32",
         learning_rate=learning_rate,
@@ -236,7 +240,9 @@ def pilot(
         list[float] | None,
         typer.Option("--temperature", help="Rollout temperature to try (repeatable; the best is chosen).", min=0.01),
     ] = None,
-    top_p: Annotated[float, typer.Option("--top-p", min=0.01, max=1.0)] = train_default("top_p"),
+    top_p: Annotated[
+        float, typer.Option("--top-p", help="Rollout sampling top_p (as tmas rl train's --top-p).", min=0.01, max=1.0)
+    ] = train_default("top_p"),
     max_completion_length: Annotated[
         int, typer.Option("--max-completion-length", help="Tokens per rollout.", min=1)
     ] = 384,

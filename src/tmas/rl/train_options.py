@@ -24,7 +24,7 @@ class TrainOptions(BaseModel):
     kl_beta: float = 0.0
     experience_beta: float = DEFAULT_BETA
     temperature: float = 1.0
-    top_p: float = 0.95
+    top_p: float = Field(default=0.95, gt=0.0, le=1.0)
     max_completion_length: int = Field(default=2048, ge=1)
     max_steps: int = Field(default=190, ge=1)
     # Prompt groups per optimizer step, per process (A.4: 128 prompts over all GPUs).

@@ -1,0 +1,61 @@
+"""The rollouts ``tmas rl pilot`` measures and those ``tmas rl train`` generates are sampled alike: the settings a
+user gives reach TRL's generation config, the pilot neither adds nor drops one the trainer has, and training says
+where it samples otherwise than the pilot that kept its rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from test_rl_train import row
+
+
+def train_options(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> tuple[Any, Any]:
+    """``tmas rl train ARGS`` run in-process up to training: the options it trains with, and the command's result."""
+    pytest.importorskip("trl")
+    from typer.testing import CliRunner
+
+    from tmas.cli.main import app
+    from tmas.rl import trl_train
+
+    seen: list[Any] = []
+
+    def train_policy(dataset: Any, options: Any, model_spec: str, judge: Any, **kwargs: Any) -> tuple[Path, int]:
+        seen.append(options)
+        return options.output_dir / "final", 0
+
+    monkeypatch.setattr(trl_train, "train_policy", train_policy)
+    result = CliRunner().invoke(app, ["rl", "train", *args])
+    assert result.exit_code == 0, result.output
+    return seen[0], result
+
+
+def normal_rows(path: Path) -> Path:
+    from tmas.rl.data import write_parquet
+
+    write_parquet([row("normal", "p1"), row("normal", "p2")], path)
+    return path
+
+
+@pytest.mark.slow
+def test_trains_top_p_and_sampling_settings_reach_trls_generation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    datasets = pytest.importorskip("datasets")
+    from tmas.rl.trl_rewards import HybridReward
+    from tmas.rl.trl_train import build_trainer, load_policy
+
+    data = normal_rows(tmp_path / "train.parquet")
+    args = [str(data), "-o", str(tmp_path / "out"), "--model", "tiny", "--num-generations", "2", "--no-vllm"]
+    args += ["--top-p", "0.8", "--temperature", "0.6", "--max-completion-length", "7"]
+    options, _ = train_options(monkeypatch, args)
+    dataset = datasets.Dataset.from_list([row("normal", "p1")])
+    model, tokenizer = load_policy("tiny", dataset)
+    trainer = build_trainer(model, tokenizer, dataset, options, HybridReward())
+    config = trainer.generation_config
+    assert (config.top_p, config.temperature, config.max_new_tokens, config.top_k) == (0.8, 0.6, 7, 0)
+    # Not given: A.4's defaults.
+    options, _ = train_options(monkeypatch, args[:5])
+    assert (options.top_p, options.temperature) == (0.95, 1.0)
