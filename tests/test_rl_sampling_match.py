@@ -59,3 +59,37 @@ def test_trains_top_p_and_sampling_settings_reach_trls_generation(
     # Not given: A.4's defaults.
     options, _ = train_options(monkeypatch, args[:5])
     assert (options.top_p, options.temperature) == (0.95, 1.0)
+
+
+@pytest.mark.slow
+def test_the_pilot_samples_as_training_whatever_the_checkpoints_generation_config(tmp_path: Path) -> None:
+    """A checkpoint's generation_config.json may name sampling of its own (Qwen2.5's instruct models: top_k 20, a
+    repetition penalty 1.05 to 1.1); TRL's rollouts override it, and the pilot's must as well."""
+    datasets = pytest.importorskip("datasets")
+    from tmas.rl.hf_generate import GenerationSettings, generate
+    from tmas.rl.train_options import TrainOptions
+    from tmas.rl.trl_rewards import HybridReward
+    from tmas.rl.trl_train import build_trainer, load_policy
+
+    dataset = datasets.Dataset.from_list([row("normal", "p1")])
+    model, tokenizer = load_policy("tiny", dataset)
+    model.generation_config.update(repetition_penalty=1.3, top_k=20, top_p=0.8, temperature=0.7)
+    options = TrainOptions(output_dir=tmp_path / "out", num_generations=2, use_vllm=False, max_completion_length=3)
+    options = options.model_copy(update={"temperature": 0.6, "top_p": 0.9})
+    trainer = build_trainer(model, tokenizer, dataset, options, HybridReward())
+    trained, _ = model._prepare_generation_config(trainer.generation_config)
+
+    prepared: list[Any] = []
+    original = model._prepare_generation_config
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        prepared.append(original(*args, **kwargs))
+        return prepared[-1]
+
+    model._prepare_generation_config = recorded
+    settings = GenerationSettings(temperature=0.6, top_p=0.9, max_new_tokens=3, engine="padded")
+    generate(model, tokenizer, [row("normal", "p1")["prompt"]], settings)
+    piloted = prepared[0][0]
+    keys = ("do_sample", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
+    assert {k: getattr(piloted, k) for k in keys} == {k: getattr(trained, k) for k in keys}
+    assert (piloted.repetition_penalty, piloted.top_k, piloted.top_p) == (1.0, 0, 0.9)

@@ -80,10 +80,18 @@ def completion(tokenizer: Any, row: Sequence[int], stops: Sequence[int], max_new
 
 
 def sampling_kwargs(settings: GenerationSettings) -> dict[str, Any]:
-    # top_k 0: no top-k cut, only top_p (a model's generation config may name one of its own).
+    """Exactly the sampling asked for: a model's generation config may name a top-k cut or a repetition penalty of
+    its own (Qwen2.5's instruct models: top_k 20, a penalty 1.05-1.1), which transformers applies wherever a value is
+    not given. None here (top_k 0, penalty 1), as TRL's rollouts in training have none."""
     if settings.greedy:
-        return {"do_sample": False}
-    return {"do_sample": True, "temperature": settings.temperature, "top_p": settings.top_p, "top_k": 0}
+        return {"do_sample": False, "repetition_penalty": 1.0}
+    return {
+        "do_sample": True,
+        "temperature": settings.temperature,
+        "top_p": settings.top_p,
+        "top_k": 0,
+        "repetition_penalty": 1.0,
+    }
 
 
 def generate_padded(
