@@ -93,3 +93,55 @@ def test_the_pilot_samples_as_training_whatever_the_checkpoints_generation_confi
     keys = ("do_sample", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens")
     assert {k: getattr(piloted, k) for k in keys} == {k: getattr(trained, k) for k in keys}
     assert (piloted.repetition_penalty, piloted.top_k, piloted.top_p) == (1.0, 0, 0.9)
+
+
+def pilot_report(kept: Path, temperature: float | None, top_p: float, max_new_tokens: int) -> None:
+    from tmas.rl.pilot import PilotReport, pilot_paths
+
+    report = PilotReport(
+        model="tiny",
+        data="all.parquet",
+        samples=2,
+        max_new_tokens=max_new_tokens,
+        top_p=top_p,
+        min_rate=0.1,
+        max_rate=0.9,
+        temperatures=[],
+        chosen_temperature=temperature,
+        reason="r",
+        kept_groups=2,
+        kept_rows=2,
+        rows=4,
+    )
+    pilot_paths(kept)["report"].write_text(report.model_dump_json(), encoding="utf-8")
+
+
+@pytest.mark.slow
+def test_training_on_a_pilots_rows_says_where_it_samples_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kept = normal_rows(tmp_path / "kept.parquet")
+    args = [str(kept), "-o", str(tmp_path / "out"), "--model", "tiny", "--temperature", "0.6"]
+    args += ["--max-completion-length", "384"]
+    # The pilot's settings: nothing to say.
+    pilot_report(kept, 0.6, 0.95, 384)
+    _, result = train_options(monkeypatch, args)
+    assert "note:" not in result.stderr
+    # Its top_p and length, not the temperature it chose (here the defaults: top_p 0.95).
+    pilot_report(kept, 0.6, 0.8, 256)
+    _, result = train_options(monkeypatch, args)
+    note = result.stderr.strip()
+    assert note.startswith(f"note: {kept} holds the prompt groups a pilot kept")
+    assert note.endswith(f"top_p 0.8 (here 0.95), max tokens 256 (here 384); see {tmp_path / 'kept.pilot.json'}")
+    _, result = train_options(monkeypatch, [*args, "--top-p", "0.8", "--max-completion-length", "256"])
+    assert "note:" not in result.stderr
+    _, result = train_options(monkeypatch, [*args[:5], "--top-p", "0.8", "--max-completion-length", "256"])
+    assert "temperature 0.6 (here 1)" in result.stderr and "top_p" not in result.stderr
+    # A report cut off (its pilot killed while it was written) is named, before any model loads.
+    (tmp_path / "kept.pilot.json").write_text('{"model": "tiny"', encoding="utf-8")
+    from typer.testing import CliRunner
+
+    from tmas.cli.main import app
+
+    refused = CliRunner().invoke(app, ["rl", "train", *args])
+    assert "kept.pilot.json: not a report of 'tmas rl pilot'" in str(refused.exception)

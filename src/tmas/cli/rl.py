@@ -177,7 +177,16 @@ def train(
     if dtype not in ("float32", "bfloat16"):
         raise InputError(f"--dtype {dtype!r}: expected float32 or bfloat16")
     from tmas.rl.checkpoints import resume_point
+    from tmas.rl.pilot import pilot_paths, read_report, sampling_differences
 
+    pilot = read_report(data)
+    differences = [] if pilot is None else sampling_differences(pilot, temperature, top_p, max_completion_length)
+    if differences:
+        typer.echo(
+            f"note: {data} holds the prompt groups a pilot kept for their right rates at its sampling, which this"
+            f" training does not repeat: {', '.join(differences)}; see {pilot_paths(data)['report']}",
+            err=True,
+        )
     start = resume_point(out, resume)
     if start is not None:
         typer.echo(f"resuming from {start}")

@@ -308,6 +308,32 @@ def pilot_paths(out: Path) -> dict[str, Path]:
     }
 
 
+def read_report(out: Path) -> PilotReport | None:
+    """The report of the pilot whose kept rows are ``out``, or None when none is beside it."""
+    from pydantic import ValidationError
+
+    from tmas.errors import InputError
+
+    path = pilot_paths(out)["report"]
+    if not path.is_file():
+        return None
+    try:
+        return PilotReport.model_validate_json(path.read_text(encoding="utf-8"))
+    except ValidationError as exc:
+        raise InputError(f"{path}: not a report of 'tmas rl pilot' ({exc.error_count()} errors)") from None
+
+
+def sampling_differences(report: PilotReport, temperature: float, top_p: float, max_new_tokens: int) -> list[str]:
+    """Where rollouts sampled at these settings differ from those the pilot chose its groups at, each as
+    ``'<setting> <pilot's> (here <these>)'``: its right rates describe rollouts sampled at the pilot's."""
+    pairs = [
+        ("temperature", report.chosen_temperature, temperature),
+        ("top_p", report.top_p, top_p),
+        ("max tokens", report.max_new_tokens, max_new_tokens),
+    ]
+    return [f"{name} {pilot:g} (here {mine:g})" for name, pilot, mine in pairs if pilot is not None and pilot != mine]
+
+
 def run_pilot(
     data: Path,
     out: Path,
