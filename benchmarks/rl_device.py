@@ -689,9 +689,10 @@ def comparisons(work: Path) -> dict[str, dict[str, Any]]:
 
 def training_state(work: Path) -> dict[str, Any]:
     from tmas.rl.checkpoints import last_checkpoint
+    from tmas.rl.step_log import read_rows
 
-    steps = work / "lora" / "steps.jsonl"
-    rows = [json.loads(line) for line in steps.read_text().splitlines()] if steps.is_file() else []
+    # A last line cut by the stop at a call's end is left out, as training's --resume leaves it.
+    rows = read_rows(work / "lora" / "steps.jsonl")
     last = last_checkpoint(work / "lora")
     return {
         "steps_logged": len(rows),
@@ -703,9 +704,9 @@ def training_state(work: Path) -> dict[str, Any]:
 def reward_curve(steps_file: Path, window: int = 10) -> dict[str, Any] | None:
     """The issue's measures of a run: the mean reward of the first and last ``window`` steps (fewer when the run
     has fewer than twice as many), the mean share of groups without a spread, step time and rollout speed."""
-    if not steps_file.is_file():
-        return None
-    rows = [json.loads(line) for line in steps_file.read_text().splitlines() if line.strip()]
+    from tmas.rl.step_log import read_rows
+
+    rows = read_rows(steps_file)
     if not rows:
         return None
     n = max(1, min(window, len(rows) // 2))

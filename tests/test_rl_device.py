@@ -601,3 +601,16 @@ def test_the_report_names_the_model_the_carried_pieces_hold(tmp_path: Path, monk
     gguf.write_bytes(b"GGUF")
     assert device.collect(device.parse_args(["run", "--work", str(work), "--model", str(gguf)]))["model"] == str(gguf)
     assert device.collect(device.parse_args(["run", "--work", str(work), "--model", "tiny"]))["model"] == "tiny"
+
+
+def test_a_steps_line_cut_by_a_kill_is_left_out_of_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Training stopped at a call's end can leave steps.jsonl's last line half written: the report reads the steps
+    before it (as --resume does) rather than failing."""
+    device = load_benchmark("rl_device", monkeypatch)
+    steps = tmp_path / "lora" / "steps.jsonl"
+    steps.parent.mkdir()
+    rows = [{"step": 1, "reward": -1.0, "step_s": 6.0}, {"step": 2, "reward": 0.0, "step_s": 8.0}]
+    steps.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3, "rew')
+    curve = device.reward_curve(steps)
+    assert (curve["steps"], curve["first_mean"], curve["last_mean"]) == (2, -1.0, 0.0)
+    assert device.training_state(tmp_path)["steps_logged"] == 2
