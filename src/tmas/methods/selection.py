@@ -53,6 +53,12 @@ frequent answer, ties to the answer whose first holder comes earliest, and that 
 Which candidates (``select_from``, called ``pool`` before): ``last`` is the last iteration's candidates; ``all`` is
 every iteration's, ordered newest iteration first, then by candidate index, so "earliest in candidate order" prefers
 the latest, most refined candidate.
+
+An iteration's candidates, where ``last`` and the ``latest`` fallback read one iteration, are the solutions its
+trajectories hold (:func:`held`): in Self-Refine and Verify-Refine a refinement without an answer leaves its
+trajectory on its earlier answered solution (``meta.carried_from``), and that solution is the trajectory's vote (its
+score, its answer) in that iteration, not the answerless reply. ``all`` counts every solution once, where it was
+written.
 """
 
 from __future__ import annotations
@@ -99,6 +105,19 @@ def candidates_from(iterations: Sequence[Sequence[Candidate]], select_from: Sele
     if select_from == "last":
         return list(iterations[-1])
     return [c for candidates in reversed(iterations) for c in candidates]
+
+
+def held(iterations: Sequence[Sequence[Candidate]], t: int) -> list[Candidate]:
+    """The solutions the trajectories hold at iteration ``t`` (an index of ``iterations``, oldest first): each
+    candidate, except a refinement without an answer whose trajectory went on from an earlier solution
+    (``meta.carried_from``, Self-Refine and Verify-Refine), which is that solution, the candidate of the same index
+    in the iteration it names. A record stored before ``carried_from`` existed reads as its candidates."""
+    out = []
+    for c in iterations[t]:
+        origin = c.meta.carried_from
+        source = iterations[origin] if origin is not None and 0 <= origin < len(iterations) else []
+        out.append(next((o for o in source if o.index == c.index), c))
+    return out
 
 
 def select(
@@ -183,7 +202,12 @@ def select_answered(
     The second value describes a fallback that happened (None otherwise): the iteration and index of the candidate
     returned, its answer, and why. ``classes`` must cover the answers of every iteration.
     """
-    chosen = select(candidates_from(iterations, select_from), mode, rule, classes, confidence)
+    # An iteration's vote is over the solutions the trajectories hold then (a carried one counts where the reply that
+    # kept it had no answer); "all" reads every solution written, each once.
+    pool = held(iterations, len(iterations) - 1) if iterations and select_from == "last" else None
+    chosen = select(
+        pool if pool is not None else candidates_from(iterations, select_from), mode, rule, classes, confidence
+    )
 
     def holds(c: Candidate | None) -> bool:
         # Numeric mode: an answer; proof mode: a usable candidate at all (the proof is the answer).
@@ -193,7 +217,8 @@ def select_answered(
         return chosen, None
     earlier = iterations[:-1]
     # ``select`` prefers answered candidates; over every earlier one, ties go to the latest, most refined answer.
-    pools = [candidates_from(earlier, "all")] if fallback_from == "all" else [list(c) for c in reversed(earlier)]
+    latest = [held(earlier, t) for t in reversed(range(len(earlier)))]
+    pools = [candidates_from(earlier, "all")] if fallback_from == "all" else latest
     picks = (select(pool, mode, rule, classes, confidence) for pool in pools)
     backup = next((c for c in picks if holds(c)), None)
     if backup is None:

@@ -6,7 +6,8 @@ trajectory i's previous solution back to the model (role ``refiner``), which rev
 The paper's feedback and refine steps are one call here (a "## Feedback" section, then the solution under a
 "## Solution" heading, whose answer alone is read: ``parse_refinement``): see docs/baselines.md. A trajectory whose
 last call failed starts afresh from the generation prompt. A refinement without an answer never silently replaces an
-answered solution (``answer_reminder``, ``answer_fallback``).
+answered solution (``answer_reminder``, ``answer_fallback``): the trajectory holds that solution on, and it votes in
+the iteration in place of the reply (``meta.carried_from``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from tmas.methods.base import (
 )
 from tmas.methods.call_count import CallCount, asked_again, count_calls
 from tmas.methods.state import FallbackState, MethodState
-from tmas.methods.steps import Chosen, close_iteration, finish, keeps_previous, notes_for, solve_call
+from tmas.methods.steps import Chosen, carry, close_iteration, finish, keeps_previous, notes_for, solve_call
 from tmas.methods.style_params import StyledParams
 from tmas.methods.traits import Traits
 
@@ -74,6 +75,8 @@ class SelfRefine(Method[SelfRefineParams]):
         p, mode, q = self.params, self.params.mode, session.problem.question
         # Trajectory i's latest solution; None before the first or after a failed call.
         latest: list[Candidate | None] = [None] * p.n
+        # The iteration each latest solution was written in.
+        written = [0] * p.n
         chosen = Chosen()
         for t in range(p.iterations):
             session.begin_iteration(t)
@@ -103,12 +106,13 @@ class SelfRefine(Method[SelfRefineParams]):
                 break
             notes = notes_for(candidates, mode)
             for c in candidates:
-                if p.answer_fallback and keeps_previous(c, latest[c.index], mode):
-                    c.meta.kept_previous = True
-                    notes.append(f"candidate {c.index}: no answer; the trajectory goes on from its previous solution")
+                previous = latest[c.index]
+                if p.answer_fallback and previous is not None and keeps_previous(c, previous, mode):
+                    notes.append(carry(c, previous, written[c.index]))
                 else:
-                    latest[c.index] = c
-            # The majority of the last round; without an answer there, of the latest earlier round that has one.
+                    latest[c.index], written[c.index] = c, t
+            # The majority of the solutions the trajectories hold (a carried one in place of the answerless reply);
+            # without an answer there, of the latest earlier round that has one.
             chosen = await close_iteration(
                 session,
                 candidates,

@@ -345,6 +345,18 @@ def keeps_previous(candidate: Candidate, previous: Candidate | None, mode: str) 
     )
 
 
+def carry(candidate: Candidate, previous: Candidate, written: int) -> str:
+    """Mark ``candidate``, a refinement without an answer, as leaving its trajectory on ``previous`` (written in
+    iteration ``written``), the solution the trajectory holds and votes with in its place (``meta.carried_from``,
+    read by :func:`tmas.methods.selection.held`); its note for the iteration record."""
+    candidate.meta.kept_previous = True
+    candidate.meta.carried_from = written
+    return (
+        f"candidate {candidate.index}: no answer; the trajectory goes on from its solution of iteration {written}"
+        f" (answer {previous.answer}), which counts in its place"
+    )
+
+
 def finish(
     session: ProblemSession,
     method: str,

@@ -7,7 +7,8 @@ previous solution with its verification report to the corrector (role ``correcto
 the answer is the best-scored candidate's (``select`` and ``select_from`` choose other rules: methods/selection.py).
 With m > 1 the corrector is shown the most critical report (lowest score read; a failed verification call is no
 report). The iteration's candidates are the verified solutions of that iteration. A correction without an answer never
-silently replaces an answered solution (``answer_reminder``, ``answer_fallback``).
+silently replaces an answered solution (``answer_reminder``, ``answer_fallback``): the trajectory holds that solution
+on, and it is selected from in the iteration, with its score, in place of the correction (``meta.carried_from``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from tmas.methods.base import (
 from tmas.methods.call_count import CallCount, asked_again, count_calls
 from tmas.methods.selection import SelectFrom, SelectRule
 from tmas.methods.state import FallbackState, MethodState
-from tmas.methods.steps import Chosen, close_iteration, finish, keeps_previous, notes_for, solve_call
+from tmas.methods.steps import Chosen, carry, close_iteration, finish, keeps_previous, notes_for, solve_call
 from tmas.methods.style_params import StyledParams
 from tmas.methods.traits import Traits
 from tmas.store.records import VerificationRecord
@@ -104,6 +105,8 @@ class VerifyRefine(Method[VerifyRefineParams]):
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p = self.params
         latest: list[Verified | None] = [None] * p.n
+        # The iteration each latest solution was written in.
+        written = [0] * p.n
         chosen = Chosen()
         for t in range(p.iterations):
             session.begin_iteration(t)
@@ -114,14 +117,15 @@ class VerifyRefine(Method[VerifyRefineParams]):
             candidates = [v.candidate for v in done]
             notes = notes_for(candidates, p.mode) + verification_notes(candidates)
             for v in done:
-                previous = latest[v.candidate.index]
-                if p.answer_fallback and keeps_previous(v.candidate, previous.candidate if previous else None, p.mode):
-                    v.candidate.meta.kept_previous = True
-                    notes.append(
-                        f"candidate {v.candidate.index}: no answer; the trajectory goes on from its previous one"
-                    )
+                i, previous = v.candidate.index, latest[v.candidate.index]
+                if (
+                    p.answer_fallback
+                    and previous is not None
+                    and keeps_previous(v.candidate, previous.candidate, p.mode)
+                ):
+                    notes.append(carry(v.candidate, previous.candidate, written[i]))
                 else:
-                    latest[v.candidate.index] = v
+                    latest[i], written[i] = v, t
             scores = [c.score for c in candidates if c.score is not None]
             state = VerifyRefineState(mean_score=sum(scores) / len(scores) if scores else None)
             chosen = await close_iteration(

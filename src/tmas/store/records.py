@@ -110,8 +110,11 @@ class CandidateMeta(_Sparse):
     stopped_early: str | None = None
     online_stop: Literal["warmup", "watched"] | None = None
     reminder: ReminderRecord | None = None
-    # A refinement without an answer: its trajectory went on from its previous solution.
+    # A refinement without an answer: its trajectory went on from its previous solution, the one written in iteration
+    # ``carried_from`` (same index), which is the trajectory's solution at this iteration: it, not this reply, votes
+    # (and counts in Pass@1) here. Runs stored before ``carried_from`` have ``kept_previous`` alone.
     kept_previous: bool | None = None
+    carried_from: int | None = None
     # No verification ran: the budget stopped them before any did, or (TMAS) the reply held no solution text.
     unverified: bool | None = None
     verifications: list[VerificationRecord] | None = None

@@ -1,0 +1,103 @@
+"""A Self-Refine or Verify-Refine trajectory whose refinement gave no answer holds its earlier answered solution:
+that solution, not the answerless reply, is its vote in the iteration (the method's answer), its rollout in Pass@1
+and MV@k, and the record says so (``meta.carried_from``), in the full record and in its summary. The methods run in
+process on the scripted model; the metrics and the selection on records made by hand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from conftest import scripted_settings
+from scripted_runs import solve_in_process
+from tmas.methods.base import Candidate, CandidateMeta, ProblemResult
+from tmas.methods.selection import held, select_answered
+from tmas.testing import Rule, ScriptedModel, SimScript
+
+Q = "What is 17*23?"
+# Three first solutions, told apart by their opening words, each refined into itself except B.
+A, B, C = "Path A: 5.\n\n\\boxed{5}", "Path B: 7.\n\n\\boxed{7}", "Path C: 7.\n\n\\boxed{7}"
+VERDICT = "The solution is correct."
+
+
+async def solve(method: str, role: str, first: list[Rule], **params: Any) -> ProblemResult:
+    rules = [
+        *first,
+        Rule(role=role, pattern="Path A", replies=[A]),
+        Rule(role=role, pattern="Path B", replies=[VERDICT]),
+        Rule(role=role, pattern="Path C", replies=[C]),
+        # Verify-Refine: every verification scores 1 (a solution without an answer counts 0 whatever it says).
+        Rule(role="verifier", replies=["## Analysis\nEvery step checks out.\n\n## Score\nScore: 1"]),
+    ]
+    settings = scripted_settings(method={"name": method, "params": {"n": 3, "iterations": 2, **params}})
+    return await solve_in_process(ScriptedModel(SimScript(rules=rules), settings), Q)
+
+
+@pytest.mark.parametrize(("method", "role"), [("self_refine", "refiner"), ("verify_refine", "corrector")])
+async def test_the_carried_solution_votes_in_the_last_iteration(method: str, role: str) -> None:
+    # Iteration 0: 5, 7, 7 (answer 7). Iteration 1: trajectory 0 writes 5 again, trajectory 1's refinement (and its
+    # reminder) has no answer, trajectory 2 writes 7. The trajectories hold 5, 7 (carried from iteration 0), 7: the
+    # answer is 7. Counting the new replies alone gave 5 against 7, a tie the earlier holder (5) won.
+    result = await solve(method, role, [Rule(role="solution", replies=[A, B, C])])
+    it0, it1 = result.iterations
+    assert [c.answer for c in it0.candidates] == ["5", "7", "7"]
+    assert [c.answer for c in it1.candidates] == ["5", None, "7"]
+    assert [c.meta.carried_from for c in it1.candidates] == [None, 0, None]
+    assert it1.candidates[1].meta.kept_previous is True
+    if method == "verify_refine":
+        # Every answered solution scores 1, the answerless correction 0: best_score ties the held 5, 7, 7 and
+        # the majority among them is 7.
+        assert [c.score for c in it1.candidates] == [1.0, 0.0, 1.0]
+    assert result.answer == "7" and result.fallback is None
+    assert it1.selected == "7"
+    # The chosen solution is the carried one, where it was written: iteration 0, candidate 1.
+    assert it1.selection is not None and (it1.selection.iteration, it1.selection.candidate) == (0, 1)
+    assert not it1.selection.fallback
+    assert any("solution of iteration 0 (answer 7), which counts in its place" in n for n in it1.notes)
+
+
+@pytest.mark.parametrize(("method", "role"), [("self_refine", "refiner"), ("verify_refine", "corrector")])
+async def test_a_failed_first_solution_is_solved_again_and_counts(method: str, role: str) -> None:
+    # Iteration 0: trajectory 0's call fails (refused, not retried), 1 and 2 answer 7. Iteration 1: trajectory 0 is
+    # solved afresh (5), 1 carries its 7, 2 writes 7. Nothing carries a failed solution: trajectory 0 holds its new
+    # one, and the vote is 5, 7, 7.
+    first = [
+        Rule(role="solution", times=1, error_status=400, error_message="bad request"),
+        Rule(role="solution", replies=[B, C, A]),
+    ]
+    result = await solve(method, role, first)
+    it0, it1 = result.iterations
+    assert it0.candidates[0].error is not None and [c.answer for c in it0.candidates] == [None, "7", "7"]
+    refined = "refine" if method == "self_refine" else "correct"
+    assert [c.meta.prompt for c in it1.candidates] == ["generate", refined, refined]
+    assert [c.answer for c in it1.candidates] == ["5", None, "7"]
+    assert [c.meta.carried_from for c in it1.candidates] == [None, 0, None]
+    assert [c.answer for c in held([it0.candidates, it1.candidates], 1)] == ["5", "7", "7"]
+    assert result.answer == "7"
+
+
+def _cand(i: int, answer: str | None, carried_from: int | None = None) -> Candidate:
+    meta = CandidateMeta(kept_previous=True if carried_from is not None else None, carried_from=carried_from)
+    return Candidate(index=i, answer=answer, meta=meta)
+
+
+def test_held_and_the_latest_fallback_read_carried_solutions() -> None:
+    it0 = [_cand(0, "5"), _cand(1, "7"), _cand(2, "7")]
+    # Iteration 1: only trajectory 0 wrote an answer; 1 and 2 carry their 7s.
+    it1 = [_cand(0, "5"), _cand(1, None, 0), _cand(2, None, 0)]
+    assert held([it0, it1], 1) == [it1[0], it0[1], it0[2]]
+    chosen, fell_back = select_answered([it0, it1], "last", "numeric", "vote")
+    assert chosen is it0[1] and fell_back is None
+    # Iteration 2: every call failed. The latest earlier round's held answers are 5, 7, 7: 7 (its new replies alone
+    # would have given 5).
+    it2 = [Candidate(index=i, error="boom") for i in range(3)]
+    chosen, fell_back = select_answered([it0, it1, it2], "last", "numeric", "vote", fallback_from="latest")
+    assert chosen is it0[1]
+    assert fell_back is not None and (fell_back.iteration, fell_back.candidate, fell_back.answer) == (0, 1, "7")
+    # "all" counts every solution once, where it was written: 5 twice, 7 twice; the newest first holder (5) wins.
+    chosen, _ = select_answered([it0, it1], "all", "numeric", "vote")
+    assert chosen is it1[0]
+    # A record stored before carried_from reads as its own candidates.
+    old = [_cand(0, "5"), Candidate(index=1, meta=CandidateMeta(kept_previous=True)), _cand(2, "7")]
+    assert held([it0, old], 1) == old
