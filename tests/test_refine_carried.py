@@ -11,8 +11,13 @@ import pytest
 
 from conftest import scripted_settings
 from scripted_runs import solve_in_process
+from stored_records import as_results
+from tmas.grading.grades import SELECTED, Grades
 from tmas.methods.base import Candidate, CandidateMeta, ProblemResult
 from tmas.methods.selection import held, select_answered
+from tmas.reports.metrics import compute_metrics
+from tmas.store.records import IterationRecord
+from tmas.store.summaries import summarize_result
 from tmas.testing import Rule, ScriptedModel, SimScript
 
 Q = "What is 17*23?"
@@ -101,3 +106,47 @@ def test_held_and_the_latest_fallback_read_carried_solutions() -> None:
     # A record stored before carried_from reads as its own candidates.
     old = [_cand(0, "5"), Candidate(index=1, meta=CandidateMeta(kept_previous=True)), _cand(2, "7")]
     assert held([it0, old], 1) == old
+
+
+def _record(iteration: int, candidates: list[dict[str, Any]], selected: str) -> dict[str, Any]:
+    return {"iteration": iteration, "candidates": candidates, "selected": selected, "calls": 3}
+
+
+def test_pass_at_1_and_the_vote_count_the_carried_solution() -> None:
+    # Gold 7. Iteration 0: 5, 7, 7. Iteration 1: 5, no answer carrying iteration 0's 7, 7.
+    it1 = [
+        {"index": 0, "answer": "5"},
+        {"index": 1, "answer": None, "meta": {"kept_previous": True, "carried_from": 0}},
+        {"index": 2, "answer": "7"},
+    ]
+    results = [
+        {
+            "problem_id": "p",
+            "iterations": [
+                _record(0, [{"index": i, "answer": a} for i, a in enumerate(["5", "7", "7"])], "7"),
+                _record(1, it1, "7"),
+            ],
+        }
+    ]
+    grades = Grades(runs=1)
+    for rec in results[0]["iterations"]:
+        for c in rec["candidates"]:
+            grades.verdicts[("p", rec["iteration"], c["index"])] = [c["answer"] == "7"]
+        grades.verdicts[("p", rec["iteration"], SELECTED)] = [True]
+    loaded = as_results(results)
+    for stored in (loaded, [ProblemResult.model_validate(summarize_result(r)) for r in loaded]):
+        it0m, it1m = compute_metrics(stored, grades).iterations
+        assert it0m.pass1 == pytest.approx(2 / 3) and it0m.mv == 1.0
+        # Held at iteration 1: 5, 7 (graded at iteration 0, candidate 1), 7 -> 2/3; the vote 7 of 5, 7, 7 is right.
+        # The replies alone gave 1/3 and a 1-1 tie (0.5).
+        assert it1m.pass1 == pytest.approx(2 / 3) and it1m.mv == 1.0
+
+
+def test_the_summary_keeps_carried_from_alone_of_the_meta() -> None:
+    c = Candidate(index=1, text="t", meta=CandidateMeta(kept_previous=True, carried_from=0, prompt="refine"))
+    record = IterationRecord(problem_id="p", iteration=1, candidates=[c])
+    result = ProblemResult(problem_id="p", method="self_refine", iterations=[record])
+    summary = summarize_result(result)
+    assert summary["iterations"][0]["candidates"][0]["meta"] == {"carried_from": 0}
+    back = ProblemResult.model_validate(summary)
+    assert back.iterations[0].candidates[0].meta == CandidateMeta(carried_from=0)

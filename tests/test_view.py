@@ -325,6 +325,25 @@ def test_confidence_and_why_a_problem_stopped_show(tmp_path: Path) -> None:
     assert "threshold 2.00 over windows of 4 tokens" in page and "stopped early: no answer" in page
 
 
+def test_a_carried_solution_is_named_on_the_iteration_page(tmp_path: Path) -> None:
+    run_dir = tmp_path / "sr-run"
+    with RunStore(run_dir) as store:
+        store.add_problems(PROBLEMS[:1])
+        store.set_meta("method", {"name": "self_refine", "params": {"n": 2, "iterations": 2}})
+        first = [Candidate(index=i, text="\\boxed{391}", answer="391") for i in range(2)]
+        store.save_iteration(IterationRecord(problem_id="mult", iteration=0, candidates=first, selected="391"))
+        kept = CandidateMeta(kept_previous=True, carried_from=0)
+        second = [Candidate(index=0, text="\\boxed{391}", answer="391"), Candidate(index=1, text="ok", meta=kept)]
+        store.save_iteration(IterationRecord(problem_id="mult", iteration=1, candidates=second, selected="391"))
+    with AppThread(view_app([run_dir])) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        _, page = get(f"{viewer.url}/run/{ref.key}/iteration?id=mult&t=1")
+    text = page.decode()
+    assert text.count('class="carried"') == 1
+    assert f'holds its <a href="/run/{ref.key}/iteration?id=mult&amp;t=0">solution of iteration 0</a>' in text
+
+
 # ------------------------------------------------------------------------------------------------ browser
 def _chrome(profile: Path) -> Any:
     if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):

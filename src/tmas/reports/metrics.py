@@ -6,6 +6,11 @@ between answers split evenly, the same quantity as the frontier's MV@k at k = ev
 With ``pooled`` (majority vote, whose later iterations draw more samples and vote over all of them) it votes over
 every candidate drawn up to the iteration, as the method does; otherwise over the iteration's own candidates.
 
+Pass@1 and MV@k (not pooled) read the solutions an iteration's trajectories hold (:func:`held_at`): where a
+refinement gave no answer and its trajectory went on from an earlier solution (Self-Refine, Verify-Refine), that
+solution is the trajectory's rollout at the iteration, graded where it was written. Runs stored before that was
+recorded read each iteration's own candidates.
+
 A problem that stopped early (adaptive stopping) keeps its last iteration's candidates at later iterations: that is
 what the method would return, at no further cost. A problem with no iteration at all (a failed run) scores 0.
 A problem still mid-way (no result yet, see run_results.py) counts only at the iterations it finished; each
@@ -132,6 +137,19 @@ def record_at(result: ProblemResult, iteration: int) -> IterationRecord | None:
     return chosen
 
 
+def held_at(result: ProblemResult, record: IterationRecord) -> list[tuple[int, Candidate]]:
+    """The solutions ``result``'s trajectories hold at ``record``'s iteration, each with the iteration it was written
+    in (its grades' key): the record's candidates, except a refinement without an answer whose trajectory went on
+    from an earlier solution (``meta.carried_from``: Self-Refine, Verify-Refine), read as that solution."""
+    by_iteration = {rec.iteration: rec for rec in result.iterations}
+    out = []
+    for c in record.candidates:
+        origin = by_iteration.get(c.meta.carried_from) if c.meta.carried_from is not None else None
+        carried = next((o for o in origin.candidates if o.index == c.index), None) if origin else None
+        out.append((origin.iteration, carried) if origin and carried else (record.iteration, c))
+    return out
+
+
 def last_iteration(results: Sequence[ProblemResult]) -> int:
     """The last iteration any problem of ``results`` reached (-1: none reached one)."""
     return max((record.iteration for r in results for record in r.iterations), default=-1)
@@ -160,16 +178,13 @@ def compute_metrics(
         for result in present:
             pid = result.problem_id
             record = record_at(result, t)
-            cands = record.candidates if record else []
-            labels[pid] = [
-                [grades.correct((pid, record.iteration, c.index), r) for c in cands] if record else []
-                for r in range(grades.runs)
-            ]
+            own = held_at(result, record) if record else []
+            labels[pid] = [[grades.correct((pid, i, c.index), r) for i, c in own] for r in range(grades.runs)]
             if record is None:
                 continue
             it = record.iteration
             pool = [(rec.iteration, c) for rec in result.iterations if rec.iteration <= it for c in rec.candidates]
-            drawn = pool if pooled else [(it, c) for c in cands]
+            drawn = pool if pooled else own
             keyed = [(_vote_key(c, (classes or {}).get(pid)), i, c.index) for i, c in drawn[:mv_k]]
             for r in range(grades.runs):
                 mv_hits += vote_share([(key, grades.correct((pid, i, index), r)) for key, i, index in keyed]) or 0.0

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from tmas.store.records import IterationRecord, ProblemResult
+from tmas.store.records import CandidateMeta, IterationRecord, ProblemResult
 
-# Fields the run page, the grades, the metrics and the frontiers never read.
-_CANDIDATE_DROP = {"text": True, "meta": True}
+# Fields the run page, the grades, the metrics and the frontiers never read. Of a candidate's meta they read only
+# ``carried_from`` (the earlier solution a trajectory holds in its place, which votes and counts in Pass@1).
+_META_KEPT = {"carried_from"}
+_CANDIDATE_DROP = {"text": True, "meta": {name: True for name in CandidateMeta.model_fields if name not in _META_KEPT}}
 _ITERATION_DROP: dict[str, Any] = {
     "state": True,
     "notes": True,
