@@ -126,7 +126,7 @@ def _group_args(sim: SimServer, tmp_path: Path) -> list[str]:
     return [
         *("--config", str(config), "--base-url", sim.base_url, "--model", "group-model"),
         *("--api-key-env", "TMAS_GROUP_TEST_KEY", "--concurrency", "3", "--problems-in-flight", "2"),
-        *("--local-model", "group-local.gguf", "--hf-model", "group-hf", "--prompts-dir", str(prompts)),
+        *("--prompts-dir", str(prompts)),
         *("--temperature", "0.35", "--top-p", "0.8", "--max-tokens", "444", "--seed", "11"),
         *("--budget-tokens", "900000", "--budget-calls", "50", "--budget-count", "total", "--budget-pool"),
     ]
@@ -168,9 +168,6 @@ def test_each_flag_of_the_group_reaches_the_wire_and_the_run(
     assert stored["endpoint"]["base_url"] == [sim.base_url]
     assert stored["endpoint"]["api_key_env"] == "TMAS_GROUP_TEST_KEY"
     assert (stored["concurrency"], stored["problems_in_flight"], stored["seed"]) == (3, 2, 11)
-    assert stored["local"]["model"] == "group-local.gguf"
-    # Named, and not run: an endpoint is configured.
-    assert stored["hf"]["model"] == "group-hf"
     assert stored["prompts_dir"] == str(tmp_path / "prompts")
     assert stored["budget"] == {"tokens": 900000, "calls": 50, "count": "total", "pool": True}
     # The flags were put over the config file's values, which the file alone would have set.

@@ -573,7 +573,25 @@ def with_method_params(settings: Settings, params: dict[str, Any] | None) -> Set
     return settings
 
 
+# The keys that each choose what answers the calls, the first set winning where one layer sets several: an endpoint,
+# a model run in process, the embedded server's model.
+MODEL_CHOICE = ("endpoint.base_url", "hf.model", "local.model")
+
+
+def _choose_model(data: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Where ``overrides`` choose the model (:data:`MODEL_CHOICE`), drop the choice of the layers below them: a flag
+    naming a local model runs it over a config file's endpoint, or a run stored on an endpoint resumed with one."""
+    chosen = next((key for key in MODEL_CHOICE if overrides.get(key) is not None), None)
+    if chosen is None:
+        return
+    for key in MODEL_CHOICE[: MODEL_CHOICE.index(chosen)]:
+        table, name = key.split(".")
+        if isinstance(data.get(table), dict):
+            data[table].pop(name, None)
+
+
 def _overridden(data: dict[str, Any], overrides: dict[str, Any]) -> Settings:
+    _choose_model(data, overrides)
     for key, value in overrides.items():
         if value is not None:
             _set_dotted(data, key, value)

@@ -142,10 +142,11 @@ def solve(
     text = _read_question(question, file)
     settings = question_settings(flags.settings(method, given))
     cost_gate(question_estimate(settings), gate, calls=QUESTION_CONFIRM_CALLS)
+    # Said whether no endpoint is configured or --local-model / --hf-model replaced the one configured.
     if settings.uses_local_model:
-        typer.echo(f"tmas: no endpoint configured; starting the embedded model {settings.local.model}", err=True)
+        typer.echo(f"tmas: starting the embedded model {settings.local.model}", err=True)
     elif settings.uses_in_process_model:
-        typer.echo(f"tmas: no endpoint configured; loading {settings.hf.model} in process", err=True)
+        typer.echo(f"tmas: loading {settings.hf.model} in process", err=True)
     check_endpoint(settings)  # nothing listening, or no /v1: said before a run directory is made
     try:
         # The gate above has asked (or been told --yes): no second limit.

@@ -39,13 +39,18 @@ ProblemsInFlightOpt = Annotated[
     ),
 ]
 LocalModelOpt = Annotated[
-    str | None, typer.Option("--local-model", help="Embedded model name or GGUF path (when no endpoint).")
+    str | None,
+    typer.Option(
+        "--local-model",
+        help="Embedded model name or GGUF path, served by llama-server instead of a configured endpoint.",
+    ),
 ]
 HFModelOpt = Annotated[
     str | None,
     typer.Option(
         "--hf-model",
-        help="Hugging Face checkpoint folder, GGUF path or embedded model name, run in process (when no endpoint).",
+        help="Hugging Face checkpoint folder, GGUF path or embedded model name, run in process instead of a"
+        " configured endpoint.",
     ),
 ]
 PromptsDirOpt = Annotated[
@@ -135,6 +140,16 @@ class ModelFlags:
         if values["base_url"] is not None and not values["base_url"].replace(",", "").strip():
             # Commas and no URL ("$A,$B" with both unset) would read as no endpoint too: the embedded model.
             raise InputError(f"--base-url {values['base_url']!r} holds no URL: give one, or several comma-separated")
+        chosen = [f"--{name.replace('_', '-')}" for name in MODEL_FLAGS if values[name] is not None]
+        if len(chosen) > 1:
+            # Each names what answers the run's calls, and only one can: the others would be dropped without a word.
+            raise InputError(f"{' and '.join(chosen)} each name the model to run: give one of them")
+        if chosen and chosen[0] != "--base-url":
+            # Endpoint settings, which a model tmas runs itself would leave unused without a word.
+            for name in ENDPOINT_FLAGS:
+                if values[name] is not None:
+                    flag = f"--{name.replace('_', '-')}"
+                    raise InputError(f"{flag} is for an endpoint, and {chosen[0]} calls none: leave out one of them")
         return {**{key: values[name] for name, key in FLAG_KEYS.items()}, "method.name": method}
 
     def settings(self, method: str | None = None, given: MethodFlags | None = None) -> Settings:
@@ -173,6 +188,13 @@ FLAG_KEYS: dict[str, str] = {
     "budget_count": "budget.count",
     "budget_pool": "budget.pool",
 }
+
+# The flags that each choose what answers the calls (an endpoint, the embedded server's model, a model run in process):
+# one of them over a config file's or a stored run's choice replaces it, two of them on one command line contradict.
+MODEL_FLAGS = ("base_url", "local_model", "hf_model")
+
+# The flags of an endpoint's calls: the embedded server and a model run in process take none of them.
+ENDPOINT_FLAGS = ("model", "api_key_env")
 
 # The flags whose value is text: none of them may be empty.
 TEXT_FLAGS = ("base_url", "model", "api_key_env", "local_model", "hf_model", "prompts_dir", "budget_count")

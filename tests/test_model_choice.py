@@ -1,0 +1,157 @@
+"""Which model answers a run: ``--base-url``, ``--local-model`` and ``--hf-model`` each choose one. Two of them on one
+command line are a one-line error before anything is made or sent; one of them over a config file, the environment or
+a stored run replaces the choice made there, and the run's settings name what it runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_tmas
+from tmas.cli.options import ModelFlags
+from tmas.config import Settings, load_settings, with_overrides
+from tmas.runner import resume_settings
+from tmas.testing import SimServer
+
+PROBLEM = '{"problem_id": "a", "question": "What is 17*23?", "answer": "391"}\n'
+MISSING_GGUF = "/no/such/model.gguf"
+
+
+def _problems(tmp_path: Path) -> str:
+    path = tmp_path / "p.jsonl"
+    path.write_text(PROBLEM, encoding="utf-8")
+    return str(path)
+
+
+def _chat_requests(sim: SimServer) -> int:
+    return sum(1 for entry in sim.requests if entry.endpoint == "chat")
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "shown"),
+    [
+        ("--base-url", "--hf-model", "--base-url and --hf-model"),
+        ("--local-model", "--hf-model", "--local-model and --hf-model"),
+        ("--base-url", "--local-model", "--base-url and --local-model"),
+        ("--local-model", "--base-url", "--base-url and --local-model"),
+    ],
+)
+def test_two_model_flags_on_one_command_line_are_one_line_and_nothing_runs(
+    sim: SimServer, tmp_path: Path, first: str, second: str, shown: str
+) -> None:
+    values = {"--base-url": sim.base_url, "--local-model": "qwen2.5-coder-0.5b", "--hf-model": "qwen2.5-coder-0.5b"}
+    out = tmp_path / "out"
+    result = run_tmas(
+        "run", _problems(tmp_path), "-o", str(out), "-m", "cot", first, values[first], second, values[second], text=True
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [f"tmas: error: {shown} each name the model to run: give one of them"]
+    assert not out.exists()
+    assert _chat_requests(sim) == 0
+
+
+def test_a_local_model_flag_replaces_the_config_files_endpoint(sim: SimServer, tmp_path: Path) -> None:
+    # Before, the config's endpoint answered and --local-model was dropped without a word: the run went to the server.
+    config = tmp_path / "cfg.toml"
+    config.write_text(f'[endpoint]\nbase_url = "{sim.base_url}"\nmodel = "served"\n', encoding="utf-8")
+    out = tmp_path / "out"
+    args = ("run", _problems(tmp_path), "-o", str(out), "-m", "cot", "--config", str(config))
+    result = run_tmas(*args, "--local-model", MISSING_GGUF, text=True)
+    # The local model named is the one checked (and would be started): a missing file is said before anything is made.
+    assert result.returncode == 2, result.stderr
+    assert f"local.model (--local-model) '{MISSING_GGUF}' is neither a GGUF file" in result.stderr
+    assert not out.exists()
+    assert _chat_requests(sim) == 0
+    # In process too.
+    result = run_tmas(*args, "--hf-model", MISSING_GGUF, text=True)
+    assert result.returncode == 2, result.stderr
+    assert f"hf.model (--hf-model) '{MISSING_GGUF}' is neither a checkpoint folder" in result.stderr
+    assert _chat_requests(sim) == 0
+
+
+def test_solve_says_which_model_it_starts_over_a_configured_endpoint(sim: SimServer, tmp_path: Path) -> None:
+    config = tmp_path / "cfg.toml"
+    config.write_text(f'[endpoint]\nbase_url = "{sim.base_url}"\n', encoding="utf-8")
+    result = run_tmas(
+        "solve", "What is 17*23?", "-m", "cot", "--config", str(config), "--local-model", MISSING_GGUF, text=True
+    )
+    lines = result.stderr.strip().splitlines()
+    # Not "no endpoint configured": the config file configures one, which the flag replaced.
+    assert f"tmas: starting the embedded model {MISSING_GGUF}" in lines, result.stderr
+    assert result.returncode == 2 and f"local.model (--local-model) '{MISSING_GGUF}'" in lines[-1]
+    assert _chat_requests(sim) == 0
+
+
+def test_the_settings_a_run_records_name_the_model_the_flag_chose(tmp_path: Path) -> None:
+    endpoint = tmp_path / "endpoint.toml"
+    endpoint.write_text('[endpoint]\nbase_url = "http://127.0.0.1:9/v1"\nmodel = "served"\n', encoding="utf-8")
+    in_process = tmp_path / "hf.toml"
+    in_process.write_text('[hf]\nmodel = "qwen2.5-coder-0.5b"\n', encoding="utf-8")
+
+    local = ModelFlags(config=endpoint, local_model="smollm2-135m").settings()
+    assert local.uses_local_model and local.local.model == "smollm2-135m"
+    assert local.endpoint.base_url == [] and local.endpoint.model == "served"
+    hf = ModelFlags(config=endpoint, hf_model="smollm2-135m").settings()
+    assert hf.uses_in_process_model and hf.hf.model == "smollm2-135m" and hf.endpoint.base_url == []
+    # A local model over a configured in-process one.
+    over_hf = ModelFlags(config=in_process, local_model="smollm2-135m").settings()
+    assert over_hf.uses_local_model and over_hf.hf.model is None
+    # An endpoint over either: it won already.
+    assert ModelFlags(config=in_process, base_url="http://a/v1").settings().endpoint.base_url == ["http://a/v1"]
+    # The environment is a layer below the flags, as the config file is.
+    environ = {"TMAS_BASE_URL": "http://127.0.0.1:9/v1"}
+    chosen = load_settings(None, overrides={"local.model": "smollm2-135m"}, environ=environ)
+    assert chosen.uses_local_model
+    # A config file naming both keeps its own order: the endpoint answers, local.model waits for a run without one.
+    both = tmp_path / "both.toml"
+    both.write_text(
+        '[endpoint]\nbase_url = "http://127.0.0.1:9/v1"\n[local]\nmodel = "smollm2-135m"\n', encoding="utf-8"
+    )
+    assert not ModelFlags(config=both).settings().uses_local_model
+    # And what is recorded is what runs.
+    stored = Settings.model_validate(json.loads(local.model_dump_json()))
+    assert stored.uses_local_model and stored.local.model == "smollm2-135m"
+
+
+def test_a_stored_runs_model_is_replaced_by_the_flag_given_on_resume() -> None:
+    on_endpoint = Settings.model_validate(
+        {"endpoint": {"base_url": "http://127.0.0.1:9/v1"}, "method": {"name": "cot"}}
+    )
+    resumed = resume_settings(on_endpoint, {"local.model": "smollm2-135m"})
+    assert resumed.uses_local_model and resumed.local.model == "smollm2-135m"
+    in_process = with_overrides(Settings(hf={"model": "smollm2-135m"}), {"local.model": "qwen2.5-coder-0.5b"})
+    assert in_process.uses_local_model and in_process.local.model == "qwen2.5-coder-0.5b"
+
+
+@pytest.mark.slow
+def test_a_model_flag_given_on_resume_is_the_model_the_run_continues_on(sim: SimServer, tmp_path: Path) -> None:
+    run_dir = str(tmp_path / "run")
+    made = run_tmas("run", _problems(tmp_path), "-o", run_dir, "-m", "cot", "--base-url", sim.base_url, text=True)
+    assert made.returncode == 0, made.stderr
+    sent = _chat_requests(sim)
+    # Before, --local-model was dropped and the run went on at its stored endpoint without a word.
+    again = run_tmas("run", "--resume", run_dir, "--local-model", MISSING_GGUF, "-y", text=True)
+    assert again.returncode == 2, again.stderr
+    assert f"local.model (--local-model) '{MISSING_GGUF}' is neither a GGUF file" in again.stderr
+    assert _chat_requests(sim) == sent
+
+
+@pytest.mark.parametrize("endpoint_flag", ["--model", "--api-key-env"])
+@pytest.mark.parametrize("model_flag", ["--local-model", "--hf-model"])
+def test_an_endpoint_flag_beside_a_model_tmas_runs_itself_is_one_line(
+    sim: SimServer, tmp_path: Path, endpoint_flag: str, model_flag: str
+) -> None:
+    # Before, --model was dropped without a word: the embedded server was sent its own alias, the in-process model
+    # answered under its own name.
+    out = tmp_path / "out"
+    args = ("run", _problems(tmp_path), "-o", str(out), "-m", "cot", model_flag, MISSING_GGUF)
+    result = run_tmas(*args, endpoint_flag, "VALUE", text=True)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"tmas: error: {endpoint_flag} is for an endpoint, and {model_flag} calls none: leave out one of them"
+    ]
+    assert not out.exists()
+    # Beside --base-url both are the endpoint's, as before.
+    assert ModelFlags(base_url=sim.base_url, model="m", api_key_env="K").settings().endpoint.model == "m"
