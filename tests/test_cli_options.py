@@ -345,3 +345,31 @@ def test_a_parameter_given_twice_is_refused(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, args)
     assert isinstance(result.exception, InputError)
     assert str(result.exception) == "--param iterations is given twice: give it once"
+
+
+@pytest.mark.parametrize(
+    ("method", "given", "shown"),
+    [
+        (
+            "tmas",
+            ["-p", "iterations=2", "--iterations", "3"],
+            "--param iterations and --iterations both set iterations",
+        ),
+        (
+            "tmas",
+            ["--no-experience", "-p", "no_experience=false"],
+            "--param no_experience and --no-experience both set no_experience",
+        ),
+        ("mattrl", ["-p", 'domain="math"', "--domain", "code"], "--param domain and --domain both set domain"),
+    ],
+)
+def test_a_parameter_given_by_param_and_by_its_flag_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, method: str, given: list[str], shown: str
+) -> None:
+    # Before, the flag's value replaced the --param one without a word.
+    isolate(monkeypatch, tmp_path)
+    args = [*_command_args("run", tmp_path), "--base-url", "http://127.0.0.1:9/v1", "--dry-run", *given]
+    result = CliRunner().invoke(app, [a if a != "cot" else method for a in args])
+    assert isinstance(result.exception, InputError), result.output
+    assert str(result.exception) == f"{shown}: give one of them"
+    assert not (tmp_path / "out").exists()

@@ -278,10 +278,17 @@ class MethodFlags:
     def params(self, method: str) -> dict[str, Any]:
         """The parameters of ``method`` these flags set; a shortcut that is not one of its parameters is a one-line
         error naming the flag and the method."""
-        params = {**parse_params(self.param), **flag_params(method, self.shortcuts)}
+        listed = parse_params(self.param)
+        flagged: dict[str, tuple[str, Any]] = {}  # parameter -> the flag that sets it, and its value
+        for flag, value in self.shortcuts.items():
+            ((param, value),) = flag_params(method, {flag: value}).items()
+            flagged[param] = (flag, value)
         if self.iterations is not None:
-            params["iterations"] = self.iterations
-        return params
+            flagged["iterations"] = ("--iterations", self.iterations)
+        for param, (flag, _) in flagged.items():
+            if param in listed:  # the flag would win without a word, as a second --param would (refused too)
+                raise InputError(f"--param {param} and {flag} both set {param}: give one of them")
+        return {**listed, **{param: value for param, (_, value) in flagged.items()}}
 
 
 def _declared_flags(command: Callable[..., Any]) -> set[str]:
