@@ -104,6 +104,12 @@ def test_the_settings_a_run_records_name_the_model_the_flag_chose(tmp_path: Path
     environ = {"TMAS_BASE_URL": "http://127.0.0.1:9/v1"}
     chosen = load_settings(None, overrides={"local.model": "smollm2-135m"}, environ=environ)
     assert chosen.uses_local_model
+    # So is the environment over the config file; within one layer the endpoint still comes first.
+    in_env = load_settings(endpoint, environ={"TMAS_LOCAL_MODEL": "smollm2-135m"})
+    assert in_env.uses_local_model and in_env.endpoint.model == "served"
+    assert load_settings(in_process, environ={"TMAS_LOCAL_MODEL": "smollm2-135m"}).uses_local_model
+    both_env = {"TMAS_BASE_URL": "http://127.0.0.1:9/v1", "TMAS_HF_MODEL": "smollm2-135m"}
+    assert load_settings(None, environ=both_env).endpoint.base_url == ["http://127.0.0.1:9/v1"]
     # A config file naming both keeps its own order: the endpoint answers, local.model waits for a run without one.
     both = tmp_path / "both.toml"
     both.write_text(

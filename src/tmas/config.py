@@ -528,6 +528,7 @@ def load_settings(
         raise ConfigError(validation_message(exc, source)) from None
     sources = config_sampling_sources(data)
     given = {var: env[var] for var in ENV_KEYS if env.get(var)}
+    _choose_model(data, {ENV_KEYS[var]: value for var, value in given.items()})
     for var, value in given.items():
         _set_dotted(data, ENV_KEYS[var], value)
         if ENV_KEYS[var].startswith("sampling."):
@@ -580,7 +581,8 @@ MODEL_CHOICE = ("endpoint.base_url", "hf.model", "local.model")
 
 def _choose_model(data: dict[str, Any], overrides: dict[str, Any]) -> None:
     """Where ``overrides`` choose the model (:data:`MODEL_CHOICE`), drop the choice of the layers below them: a flag
-    naming a local model runs it over a config file's endpoint, or a run stored on an endpoint resumed with one."""
+    (or a ``TMAS_*`` variable) naming a local model runs it over a config file's endpoint, as a flag does over a run
+    stored on an endpoint and resumed."""
     chosen = next((key for key in MODEL_CHOICE if overrides.get(key) is not None), None)
     if chosen is None:
         return
