@@ -144,20 +144,18 @@ def test_a_model_flag_given_on_resume_is_the_model_the_run_continues_on(sim: Sim
     assert _chat_requests(sim) == sent
 
 
-@pytest.mark.parametrize("endpoint_flag", ["--model", "--api-key-env"])
 @pytest.mark.parametrize("model_flag", ["--local-model", "--hf-model"])
-def test_an_endpoint_flag_beside_a_model_tmas_runs_itself_is_one_line(
-    sim: SimServer, tmp_path: Path, endpoint_flag: str, model_flag: str
-) -> None:
-    # Before, --model was dropped without a word: the embedded server was sent its own alias, the in-process model
-    # answered under its own name.
+def test_model_beside_a_model_tmas_runs_itself_is_one_line(sim: SimServer, tmp_path: Path, model_flag: str) -> None:
+    # Before, --model was dropped without a word: the embedded server is called by its own alias (a role's own
+    # endpoint too, which takes the default endpoint's model), the in-process model answers under its own name.
     out = tmp_path / "out"
     args = ("run", _problems(tmp_path), "-o", str(out), "-m", "cot", model_flag, MISSING_GGUF)
-    result = run_tmas(*args, endpoint_flag, "VALUE", text=True)
+    result = run_tmas(*args, "--model", "VALUE", text=True)
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines() == [
-        f"tmas: error: {endpoint_flag} is for an endpoint, and {model_flag} calls none: leave out one of them"
+        f"tmas: error: --model names an endpoint's model, and {model_flag} calls none: leave out one of them"
     ]
     assert not out.exists()
-    # Beside --base-url both are the endpoint's, as before.
-    assert ModelFlags(base_url=sim.base_url, model="m", api_key_env="K").settings().endpoint.model == "m"
+    # Beside --base-url it is the endpoint's, as before; --api-key-env may serve a role's own endpoint.
+    assert ModelFlags(base_url=sim.base_url, model="m").settings().endpoint.model == "m"
+    assert ModelFlags(local_model="smollm2-135m", api_key_env="K").settings().endpoint.api_key_env == "K"

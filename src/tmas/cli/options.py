@@ -144,12 +144,10 @@ class ModelFlags:
         if len(chosen) > 1:
             # Each names what answers the run's calls, and only one can: the others would be dropped without a word.
             raise InputError(f"{' and '.join(chosen)} each name the model to run: give one of them")
-        if chosen and chosen[0] != "--base-url":
-            # Endpoint settings, which a model tmas runs itself would leave unused without a word.
-            for name in ENDPOINT_FLAGS:
-                if values[name] is not None:
-                    flag = f"--{name.replace('_', '-')}"
-                    raise InputError(f"{flag} is for an endpoint, and {chosen[0]} calls none: leave out one of them")
+        if chosen and chosen[0] != "--base-url" and values["model"] is not None:
+            # The embedded server is called by its own alias and a model run in process answers under its own name:
+            # --model would be dropped without a word.
+            raise InputError(f"--model names an endpoint's model, and {chosen[0]} calls none: leave out one of them")
         return {**{key: values[name] for name, key in FLAG_KEYS.items()}, "method.name": method}
 
     def settings(self, method: str | None = None, given: MethodFlags | None = None) -> Settings:
@@ -192,9 +190,6 @@ FLAG_KEYS: dict[str, str] = {
 # The flags that each choose what answers the calls (an endpoint, the embedded server's model, a model run in process):
 # one of them over a config file's or a stored run's choice replaces it, two of them on one command line contradict.
 MODEL_FLAGS = ("base_url", "local_model", "hf_model")
-
-# The flags of an endpoint's calls: the embedded server and a model run in process take none of them.
-ENDPOINT_FLAGS = ("model", "api_key_env")
 
 # The flags whose value is text: none of them may be empty.
 TEXT_FLAGS = ("base_url", "model", "api_key_env", "local_model", "hf_model", "prompts_dir", "budget_count")
