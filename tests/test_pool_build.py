@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,10 +21,12 @@ from mattrl_runs import hand_worked_transcript, write_run
 from scripted_runs import GoneModel, by_role
 from tmas.errors import ConfigError, InputError
 from tmas.llm.model import EndpointUnreachable
+from tmas.llm.types import Completion, Message
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool, PoolError
 from tmas.memory.transcript import Utterance
 from tmas.pool.build import CREDITS_FILE, BuildConfig, BuildSummary, build_dir_for, build_pool
+from tmas.pool.lifecycle import PruneConfig, prune_pool
 from tmas.pool.scoring import NO_OP
 from tmas.problems import Problem
 from tmas.store.run_lock import RunLock
@@ -342,8 +348,54 @@ async def test_a_second_build_of_a_pool_while_one_runs_is_refused_before_its_cal
     build_dir = build_dir_for(tmp_path / "pool")
     build_dir.mkdir()
     model = scripted(scripted_rules())
-    with RunLock(build_dir), pytest.raises(InputError, match=r"another tmas process .* is running"):
+    held = f"tmas pool build (pid {os.getpid()}) is writing this pool; wait for it to end or stop it"
+    with RunLock(build_dir, doing="tmas pool build"), pytest.raises(InputError, match=re.escape(held)):
         await build([run_dir], tmp_path / "pool", BuildConfig(grade_mode="rules"), model)
     assert model.calls == [] and not (tmp_path / "pool").exists()
     # Once it has ended, the build runs.
     assert (await build([run_dir], tmp_path / "pool", BuildConfig(grade_mode="rules"), model)).added > 0
+
+
+@dataclass
+class _BuildingJudge(ScriptedModel):
+    """A prune's grading judge whose first call waits for ``during`` (a build of the same pool) to end: the two
+    interleaved as two processes would, the build between the prune's reading of the pool and its save."""
+
+    during: Callable[[], Awaitable[BuildSummary]] | None = None
+    outcome: BuildSummary | InputError | None = None
+
+    async def chat(self, role: str, messages: Sequence[Message], **kwargs: Any) -> Completion:
+        during, self.during = self.during, None
+        if during is not None:
+            try:
+                self.outcome = await during()
+            except InputError as exc:
+                self.outcome = exc
+        return await super().chat(role, messages, **kwargs)
+
+
+async def test_a_build_while_a_prune_of_its_pool_runs_is_refused_so_neither_loses_the_others_save(
+    tmp_path: Path,
+) -> None:
+    problem = Problem(problem_id="p1", question="What is 6*7?", answer="42")
+    first = write_run(tmp_path / "first", [(problem, hand_worked_transcript(), "42")])
+    second = write_run(tmp_path / "second", [(problem, hand_worked_transcript(), "42")])
+    pool_path = tmp_path / "pool"
+    assert (await build([first], pool_path, BuildConfig(grade_mode="rules"), scripted(scripted_rules()))).added == 2
+    judge = _BuildingJudge(
+        SimScript(rules=[Rule(role="judge", replies=['{"reasoning": "r", "equivalent": true}'])]),
+        during=lambda: build([second], pool_path, BuildConfig(grade_mode="rules"), scripted(scripted_rules())),
+    )
+    # The prune merges the first build's two entries (every pair is similar enough at this cosine) and saves.
+    config = PruneConfig(grade_mode="judge", duplicate_cosine=0.0001)
+    pruned = await prune_pool(pool_path, [first], None, config, model=judge)
+    # Before, the build ran, reported its 2 entries added as version 2, and the prune's save of version 2 (the pool
+    # as it had read it, less one) left the pool without them.
+    assert isinstance(judge.outcome, InputError)
+    assert f"{pool_path}: tmas pool prune (pid {os.getpid()}) is writing this pool" in str(judge.outcome)
+    assert (pruned.before, pruned.after, pruned.version) == (2, 1, 2)
+    pool = Pool.open(pool_path)
+    assert pool.meta.version == 2 and len(pool) == 1
+    # The prune ended: the build runs and its entries stay.
+    added = await build([second], pool_path, BuildConfig(grade_mode="rules"), scripted(scripted_rules()))
+    assert (added.added, added.version) == (2, 3) and len(Pool.open(pool_path)) == 3

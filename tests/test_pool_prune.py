@@ -3,18 +3,22 @@ answers removed; the thresholds as documented in tmas.pool.lifecycle. Embeddings
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import pytest
 
 from conftest import scripted_settings
 from mattrl_runs import write_run
+from tmas.errors import InputError
 from tmas.memory.embedders import EndpointEmbedder
-from tmas.memory.pool import Pool
+from tmas.memory.pool import Pool, PoolError
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
 from tmas.pool.lifecycle import EntryUsage, PruneConfig, prune_pool, recency_weight, wrong_correlated
 from tmas.problems import Problem
+from tmas.store.run_lock import RunLock
 from tmas.testing import Rule, ScriptedModel, SimScript
 
 
@@ -140,3 +144,32 @@ async def test_a_prune_that_changes_nothing_saves_no_version_so_repeated_prunes_
     assert pool.save() == 2
     summary = await prune_pool(pool_path, [], None, PruneConfig())
     assert summary.merged == {"only": ["twin"]} and summary.version == 3 == Pool.open(pool_path).meta.version
+
+
+async def test_a_prune_while_a_build_or_a_prune_of_its_pool_runs_is_refused_before_its_calls(tmp_path: Path) -> None:
+    pool_path = tmp_path / "pool"
+    await make_pool(pool_path, ScriptedModel(SimScript(), scripted_settings()))
+    problem = Problem(problem_id="p1", question="Question 1?", answer="1")
+    run = write_run(tmp_path / "run", [(problem, used("p1", ["wrong"]), "2")])
+    judge = ScriptedModel(SimScript(rules=[Rule(role="judge", replies=['{"reasoning": "r", "equivalent": true}'])]))
+    build_dir = tmp_path / "pool.build"
+    build_dir.mkdir()
+    for holder in ("tmas pool build", "tmas pool prune"):
+        # Another process writing the pool holds its writers' lock (taken here as that process would).
+        held = f"{pool_path}: {holder} (pid {os.getpid()}) is writing this pool; wait for it to end or stop it"
+        with RunLock(build_dir, doing=holder), pytest.raises(InputError, match=re.escape(held)):
+            await prune_pool(pool_path, [run], None, PruneConfig(grade_mode="judge"), model=judge)
+        assert judge.calls == []
+        assert len(Pool.open(pool_path)) == 5 and Pool.open(pool_path).meta.version == 13
+    # A dry run saves nothing: it reads beside a writer.
+    with RunLock(build_dir, doing="tmas pool build"):
+        assert (await prune_pool(pool_path, [], None, PruneConfig(dry_run=True))).stale == ["old"]
+    # Once the other has ended, the prune runs: "dup" merged, "old" aged out, its one answer graded by the judge.
+    summary = await prune_pool(pool_path, [run], None, PruneConfig(grade_mode="judge"), model=judge)
+    assert (summary.after, summary.version, len(judge.calls_of("judge"))) == (3, 14, 1)
+
+
+async def test_a_prune_of_a_folder_without_a_pool_makes_no_build_store_beside_it(tmp_path: Path) -> None:
+    with pytest.raises(PoolError, match="no experience pool here"):
+        await prune_pool(tmp_path / "none", [], None, PruneConfig())
+    assert not (tmp_path / "none.build").exists()

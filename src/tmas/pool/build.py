@@ -61,7 +61,8 @@ from tmas.pool.credit import (
 )
 from tmas.pool.outcomes import AgentTurn, DiagnosisMatch, LabelledTranscript, load_transcripts
 from tmas.pool.scoring import JUDGE_ROLE, Judged, TurnJudge, history_before
-from tmas.store.run_lock import running
+from tmas.pool.writing import build_dir_for as build_dir_for  # where it was, for its readers
+from tmas.pool.writing import writing
 from tmas.store.run_store import RunStore
 
 SUMMARIZER_ROLE = "summarizer"
@@ -181,14 +182,6 @@ def build_requests(settings: Settings) -> dict[str, object]:
 def build_runs(run_dirs: list[Path]) -> list[str]:
     """The runs a build reads, as its store records them: resolved, sorted."""
     return sorted(str(Path(run).resolve()) for run in run_dirs)
-
-
-def build_dir_for(pool: Path) -> Path:
-    """Where a pool's build store lives: beside it, ``POOL.build/``."""
-    pool = pool.resolve()  # "." and "/" have no name of their own
-    if not pool.name:
-        raise InputError(f"-o {pool}: give the pool a directory of its own")
-    return pool.with_name(pool.name + ".build")
 
 
 def entry_id(case: LabelledTranscript, turn: AgentTurn, k: int) -> str:
@@ -419,11 +412,9 @@ async def build_pool(
     )
     case_turns: CaseTurns = {(c.run, c.problem.problem_id): (c, c.turns()) for c in cases}
     summary.cases = len(cases)
-    build_dir = build_dir_for(pool_path)
-    build_dir.mkdir(parents=True, exist_ok=True)
-    # One build of a pool at a time: two would each add their entries to the pool as they read it, the later save
-    # losing the earlier's, and each write the other's credits and store metadata over.
-    with running(build_dir), RunStore(build_dir) as store:
+    # One writer of a pool at a time (a build or a prune): two would each save the pool as they read it, the later
+    # losing the earlier's entries; two builds would also write each other's credits and store metadata over.
+    with writing(pool_path, "tmas pool build") as build_dir, RunStore(build_dir) as store:
         store.set_meta(CONFIG_META, config.model_dump(mode="json"))
         store.set_meta(REQUESTS_META, build_requests(settings))
         store.set_meta(RUNS_META, build_runs(run_dirs))

@@ -12,6 +12,8 @@ paragraph: recency weighting, de-duplication, anomaly screening), in three docum
    whose weight has fallen below ``min_recency_weight`` are removed (defaults: 0.8 and 0.1, about ten versions).
 
 The pool is saved as a new version unless ``dry_run`` or nothing changed (no entry removed, no counter set anew).
+A prune holds the lock of the pool's writers (:mod:`tmas.pool.writing`) from reading the pool to saving it, so a
+build or another prune of the same pool is refused meanwhile, and a prune is refused while one of them runs.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from tmas.llm.model import ChatModel
 from tmas.memory.pool import Pool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.pool.outcomes import DiagnosisMatch, load_transcripts
+from tmas.pool.writing import writing
 
 
 class PruneConfig(BaseModel):
@@ -133,6 +136,18 @@ async def prune_pool(
 ) -> PruneSummary:
     """Prune the pool at ``pool_path`` by ``config``, counting each entry's uses (and wrong ones) in ``run_dirs``;
     their grading's judge asks the endpoint of ``settings``, or ``model``, the caller's own."""
+    if config.dry_run:  # it saves nothing: a reader, beside any writer
+        return await _prune(pool_path, run_dirs, settings, config, model)
+    Pool.check_folder(pool_path)  # no build store made beside a folder that holds no pool
+    # One writer of a pool at a time (a build or a prune): the pool is read, pruned and saved under the lock, or a
+    # build's entries saved meanwhile would be lost to this save.
+    with writing(pool_path, "tmas pool prune"):
+        return await _prune(pool_path, run_dirs, settings, config, model)
+
+
+async def _prune(
+    pool_path: Path, run_dirs: list[Path], settings: Settings | None, config: PruneConfig, model: ChatModel | None
+) -> PruneSummary:
     pool = Pool.open(pool_path)
     summary = PruneSummary(pool=pool_path, before=len(pool))
     counters = {e.id: (e.retrieved, e.retrieved_wrong) for e in pool.entries}

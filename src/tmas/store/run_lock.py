@@ -6,7 +6,8 @@ and taken by :func:`tmas.runner.run_problems` where its store does not hold it y
 export) take no lock.
 
 The lock is an advisory ``flock`` on ``.run.lock`` in the run directory, so it goes with the process however it
-ends (a kill included) and a stale file holds nothing. The file names the holder's process id for the message.
+ends (a kill included) and a stale file holds nothing. The file names the holder's process id, and what it is doing
+where its taker said (a pool's build store is locked by the command writing the pool), for the message.
 """
 
 from __future__ import annotations
@@ -22,11 +23,22 @@ from tmas.errors import InputError
 LOCK_NAME = ".run.lock"
 
 
-class RunLock:
-    """The lock of the run in ``run_dir``, taken by :meth:`acquire` and let go by :meth:`release` (or the block)."""
+class LockHeld(InputError):
+    """The lock is another process's: its process id and what it said it is doing (empty where it said nothing)."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, message: str, pid: str, doing: str) -> None:
+        super().__init__(message)
+        self.pid = pid
+        self.doing = doing
+
+
+class RunLock:
+    """The lock of the run in ``run_dir``, taken by :meth:`acquire` and let go by :meth:`release` (or the block).
+    ``doing`` (a command, say) is written beside the process id for another taker's message."""
+
+    def __init__(self, run_dir: Path, doing: str = "") -> None:
         self.run_dir = run_dir
+        self.doing = doing
         self._handle: IO[str] | None = None
 
     @property
@@ -34,7 +46,7 @@ class RunLock:
         return self._handle is not None
 
     def acquire(self) -> None:
-        """Take the lock; :class:`InputError` at once where another process holds it."""
+        """Take the lock; :class:`LockHeld` at once where another process holds it."""
         try:
             import fcntl
         except ImportError:  # not POSIX: no lock to take
@@ -44,13 +56,14 @@ class RunLock:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
-            holder = handle.read().strip() or "unknown"
+            pid, _, doing = handle.read().strip().partition(" ")
             handle.close()
-            running_it = f"another tmas process (pid {holder}) is running this run"
-            raise InputError(f"{self.run_dir}: {running_it}; wait for it to end or stop it") from None
+            running_it = f"another tmas process (pid {pid or 'unknown'}) is running this run"
+            message = f"{self.run_dir}: {running_it}; wait for it to end or stop it"
+            raise LockHeld(message, pid or "unknown", doing.strip()) from None
         handle.seek(0)
         handle.truncate()
-        handle.write(str(os.getpid()))
+        handle.write(f"{os.getpid()} {self.doing}".strip())
         handle.flush()
         self._handle = handle
 
@@ -73,6 +86,6 @@ class RunLock:
 
 @contextmanager
 def running(run_dir: Path) -> Iterator[None]:
-    """Hold the run's lock while the block runs; :class:`InputError` at once where another process holds it."""
+    """Hold the run's lock while the block runs; :class:`LockHeld` at once where another process holds it."""
     with RunLock(run_dir):
         yield
