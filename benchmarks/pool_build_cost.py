@@ -47,12 +47,15 @@ async def main(out: Path, problems: int, permutations: int) -> None:
         with store:
             await run_problems(run_settings, cases, store)
         for scheme in ("naive", "difference", "shapley"):
-            config = BuildConfig(scheme=scheme, permutations=permutations, grade_mode="rules")  # type: ignore[arg-type]
+            config = BuildConfig(scheme=scheme, permutations=permutations, grade_mode="rules")
             summary = await build_pool([run_dir], out / f"pool-{scheme}", settings(sim), config)
-            per_turn = summary.judge_calls / summary.turns if summary.turns else 0.0
+            # What the scheme asks, sent or replayed (an output folder used before replays its calls).
+            judged = summary.judge_calls + summary.judge_replayed_calls
+            distilled = summary.summarizer_calls + summary.summarizer_replayed_calls
+            per_turn = judged / summary.turns if summary.turns else 0.0
             rows.append(
-                f"| {scheme} | {summary.cases} | {summary.turns} | {summary.judge_calls} ({per_turn:.1f}) "
-                f"| {summary.summarizer_calls} | {summary.added} |"
+                f"| {scheme} | {summary.cases} | {summary.turns} | {judged} ({per_turn:.1f}) "
+                f"| {distilled} | {summary.added} |"
             )
     print("| scheme | cases | specialist turns | judge calls (per turn) | summarizer calls | entries |")
     print("|---|---|---|---|---|---|")

@@ -8,12 +8,17 @@ import json
 from pathlib import Path
 
 from conftest import settings_for
+from mattrl_runs import hand_worked_transcript, write_run
+from test_pool_build import scripted_rules
 from tmas.memory.pool import Pool
 from tmas.pool.build import CREDITS_FILE, BuildConfig, build_dir_for, build_pool
 from tmas.pool.outcomes import load_transcripts
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
 from tmas.testing import SimScript, SimServer
+
+# The hand-worked transcript of tests/test_pool_credit.py: 5 specialist turns, which tests/test_pool_build.py scripts.
+TURNS = hand_worked_transcript()
 
 PROBLEMS = [
     Problem(problem_id="a", question="What is 17*23?", answer="391"),
@@ -92,3 +97,26 @@ def _contribution_keys(prompts: list[str]) -> list[tuple[str, str]]:
         (ids[p.split("<problem>\n", 1)[1].split("\n", 1)[0]], p.split('<contribution round="1" agent="', 1)[1][:2])
         for p in prompts
     ]
+
+
+async def test_the_summary_counts_the_calls_sent_and_those_replayed_from_the_build_store_apart(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", [(Problem(problem_id="p1", question="What is 6*7?", answer="42"), TURNS, "42")])
+    pool_path = tmp_path / "pool"
+    sent: list[dict[str, int]] = []
+    summaries = []
+    with SimServer(SimScript(rules=scripted_rules())) as sim:
+        # The difference scheme's 12 judge calls (5 turn scores, 7 coalitions) and a summary of each kept turn: the
+        # top quarter (2 of 5) first, then every turn, whose first 2 summaries the store holds.
+        for quantile in (0.25, 1.0, 1.0):
+            before = len(sim.requests)
+            config = BuildConfig(scheme="difference", grade_mode="rules", quantile=quantile)
+            summaries.append(await build_pool([run], pool_path, settings_for(sim), config))
+            roles = [r.role for r in sim.requests[before:] if r.endpoint == "chat"]
+            sent.append({role: roles.count(role) for role in ("judge", "summarizer")})
+    figures = [
+        (s.judge_calls, s.judge_replayed_calls, s.summarizer_calls, s.summarizer_replayed_calls) for s in summaries
+    ]
+    # Before, each build said 12 judge calls and as many summarizer calls as it distilled, sent or not.
+    assert figures == [(12, 0, 2, 0), (0, 12, 3, 2), (0, 12, 0, 5)]
+    assert sent == [{"judge": 12, "summarizer": 2}, {"judge": 0, "summarizer": 3}, {"judge": 0, "summarizer": 0}]
+    assert [s.added for s in summaries] == [2, 3, 0]

@@ -156,8 +156,11 @@ class BuildSummary:
     kept: int = 0
     added: int = 0
     already_in_pool: int = 0
+    # Calls sent to the endpoint, and calls answered from the build store (a resumed or repeated build's), apart.
     judge_calls: int = 0
+    judge_replayed_calls: int = 0
     summarizer_calls: int = 0
+    summarizer_replayed_calls: int = 0
     # Summarizer entries that echoed the prompt's instructions (never added; the reply is asked again once).
     summarizer_echoes: int = 0
     defaulted_scores: int = 0
@@ -263,7 +266,10 @@ async def _distil(
     for attempt in range(retries + 1):
         key = CallKey(problem_id=case.problem.problem_id, role=SUMMARIZER_ROLE, sample=attempt, iteration=target.turn)
         completion = await llm.chat(SUMMARIZER_ROLE, messages, key=key, reply_model=shape)
-        summary.summarizer_calls += 1
+        if completion.replayed:
+            summary.summarizer_replayed_calls += 1
+        else:
+            summary.summarizer_calls += 1
         if not completion.ok:
             reason = f"call failed: {completion.error}"
             continue
@@ -480,7 +486,7 @@ async def _credit_turns(
     parts = await asyncio.gather(*(credit_case(c, t) for c, t in case_turns.values()))
     records = [record for part in parts for record in part]
     summary.turns = len(records)
-    summary.judge_calls = judge.calls
+    summary.judge_calls, summary.judge_replayed_calls = judge.calls, judge.replayed
     for r in records:
         if r.judge.defaulted:
             summary.defaulted_scores += 1

@@ -71,7 +71,9 @@ class TurnJudge:
         self.llm = llm
         self.retries = retries
         self._gate = asyncio.Semaphore(concurrency)
+        # Calls sent to the endpoint, and calls answered from the store (a resumed or repeated build's).
         self.calls = 0
+        self.replayed = 0
 
     async def _ask(
         self,
@@ -87,7 +89,10 @@ class TurnJudge:
                 completion = await self.llm.chat(
                     JUDGE_ROLE, messages, key=key.model_copy(update={"sample": attempt}), reply_model=reply_model
                 )
-            self.calls += 1
+            if completion.replayed:
+                self.replayed += 1
+            else:
+                self.calls += 1
             judged.attempts = attempt + 1
             if completion.call_id is not None:
                 judged.call_ids.append(completion.call_id)
