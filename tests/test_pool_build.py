@@ -297,6 +297,22 @@ async def test_a_bad_pool_target_is_said_before_any_call(tmp_path: Path, run_dir
     assert model.calls == [] and not (tmp_path / "pool.build").exists()
 
 
+async def test_a_pool_folder_that_is_a_run_directory_is_refused_before_any_call(tmp_path: Path, run_dir: Path) -> None:
+    problem = Problem(problem_id="p1", question="What is 6*7?", answer="42")
+    other = write_run(tmp_path / "other", [(problem, hand_worked_transcript(), "42")])
+    model = scripted(scripted_rules())
+    # Before, either build sent its calls and wrote entries.jsonl, vectors.f32 and meta.json among the run's files.
+    for target, said in (
+        (run_dir.parent / "." / run_dir.name, "one of the runs the build reads"),
+        (other, "a run directory (it holds run.sqlite)"),
+    ):
+        with pytest.raises(InputError, match=re.escape(f"-o {target}: {said}; give the pool a directory of its own")):
+            await build([run_dir], target, BuildConfig(grade_mode="rules"), model)
+        assert sorted(p.name for p in target.iterdir()) == ["run.sqlite"]
+        assert not target.with_name(target.name + ".build").exists()
+    assert model.calls == []
+
+
 async def test_a_specialist_that_did_not_speak_is_neither_judged_nor_credited(tmp_path: Path) -> None:
     # Round 1 (turn 2): S3's opinion call failed, so the method recorded an empty opinion with no answer (as it does
     # for an echoed or broken reply). In round 0 (turn 1) S3's opinion failed too, but it still reviewed S1.

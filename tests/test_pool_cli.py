@@ -67,6 +67,21 @@ def test_build_then_prune_from_the_command_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_build_into_a_run_directory_is_one_line_before_the_estimate_and_any_call(tmp_path: Path) -> None:
+    problem = Problem(problem_id="p1", question="What is 6*7?", answer="42")
+    run = write_run(tmp_path / "run", [(problem, hand_worked_transcript(), "42")])
+    with SimServer(SimScript(rules=scripted_rules())) as sim:
+        args = ["--grade", "rules", "--base-url", sim.base_url, "--model", "sim-model", "--yes"]
+        refused = tmas("experience", "build", str(run), "-o", str(run), *args)
+        assert sim.requests == []
+    assert refused.returncode == 2 and refused.stdout == b""
+    assert refused.stderr.decode().splitlines() == [
+        f"tmas: error: -o {run}: one of the runs the build reads; give the pool a directory of its own"
+    ]
+    assert sorted(p.name for p in run.iterdir()) == ["run.sqlite"] and not (tmp_path / "run.build").exists()
+
+
+@pytest.mark.slow
 def test_fewshot_and_router_route(tmp_path: Path) -> None:
     lines = [json.dumps({"problem_id": f"e{i}", "question": f"What is {i}+1?", "answer": str(i + 1)}) for i in range(4)]
     (tmp_path / "build.jsonl").write_text("\n".join(lines) + "\n")

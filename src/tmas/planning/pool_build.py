@@ -44,7 +44,7 @@ _JUDGE_GRADERS = ("combined", "judge", "diagnosis")
 def estimate_build(run_dirs: list[Path], pool_path: Path, settings: Settings, config: BuildConfig) -> Estimate:
     """The calls (and, where both roles set max_tokens, the completion-token ceiling) of building the pool at
     ``pool_path`` from ``run_dirs`` under ``config``; on a resume, less the answered calls its store replays."""
-    check_pool_target(pool_path, config)
+    check_pool_target(pool_path, config, run_dirs)
     cases = ungraded_transcripts(run_dirs)
     tries = config.retries + 1
     judge, turns = 0, 0

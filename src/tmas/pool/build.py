@@ -63,6 +63,7 @@ from tmas.pool.outcomes import AgentTurn, DiagnosisMatch, LabelledTranscript, lo
 from tmas.pool.scoring import JUDGE_ROLE, Judged, TurnJudge, history_before
 from tmas.pool.writing import build_dir_for as build_dir_for  # where it was, for its readers
 from tmas.pool.writing import writing
+from tmas.store.database import DB_NAME
 from tmas.store.run_store import RunStore
 
 SUMMARIZER_ROLE = "summarizer"
@@ -412,7 +413,9 @@ async def build_pool(
     :class:`tmas.llm.model.ChatModel` of the caller's own, its calls kept in the build's store either way."""
     summary = BuildSummary(pool=pool_path)
     step: ProgressFn = progress or (lambda stage, done, total: None)
-    check_pool_target(pool_path, config)  # before any call: a bad target found after them lost their work's place
+    check_pool_target(
+        pool_path, config, run_dirs
+    )  # before any call: a bad target found after them lost their work's place
     cases = await load_transcripts(
         run_dirs, settings, grade_mode=config.grade_mode, notes=summary.notes, match=config.match, model=model
     )
@@ -440,11 +443,17 @@ async def build_pool(
     return summary
 
 
-def check_pool_target(pool_path: Path, config: BuildConfig) -> None:
-    """What :func:`_add_to_pool` would find wrong at the end, found now: a path that is no directory, an embedder
-    tmas does not know, a pool that cannot be read or that another embedder made."""
+def check_pool_target(pool_path: Path, config: BuildConfig, run_dirs: Sequence[Path]) -> None:
+    """What :func:`_add_to_pool` would find wrong at the end, found now: a path that is no directory, or that is one
+    of the runs read or another run's directory (the pool's files would be mixed into the run's), an embedder tmas
+    does not know, a pool that cannot be read or that another embedder made."""
     if pool_path.exists() and not pool_path.is_dir():
         raise InputError(f"-o {pool_path}: a file, not a pool directory")
+    own = "give the pool a directory of its own"
+    if pool_path.resolve() in {Path(run).resolve() for run in run_dirs}:
+        raise InputError(f"-o {pool_path}: one of the runs the build reads; {own}")
+    if (pool_path / DB_NAME).exists():
+        raise InputError(f"-o {pool_path}: a run directory (it holds {DB_NAME}); {own}")
     if config.embedder not in (ENDPOINT, LOCAL):
         raise ConfigError(f"unknown embedder {config.embedder!r} (known: {ENDPOINT}, {LOCAL})")
     if (pool_path / META).exists():
