@@ -273,3 +273,47 @@ async def test_where_a_run_loses_its_answers_reads_the_iterations_its_grades_cov
     assert "passed over" not in part
     # One step (p2's It0 to It1), no change.
     assert f"| {label} | 1 | 0.0% (0) | 0.0% (0) | 0.0% (0) | 0.0% (0) |" in part
+
+
+def table_row(markdown: str, start: str) -> str:
+    """The one line of ``markdown`` beginning with ``start``."""
+    (line,) = [line for line in markdown.splitlines() if line.startswith(start)]
+    return line
+
+
+@pytest.mark.slow
+async def test_a_problem_that_stopped_early_keeps_its_answer_to_the_last_iteration(tmp_path: Path) -> None:
+    # Majority vote with the Beta stop, rounds of 4, three iterations of 4. p1 draws 5 every time: its first four
+    # agree and it stops after It0, right. p2 draws 8, 9 by turns: never decided, it runs all three iterations.
+    boxed = [f"{FILLER}\\boxed{{{a}}}" for a in ("5", "8", "9")]
+    stop = {"k": 4, "iterations": 3, "stop": "beta", "round_size": 4}
+    problems = write_problems(tmp_path / "p.jsonl")
+    some = SimScript(
+        rules=[
+            Rule(role="solution", pattern=r"2\+3", replies=boxed[:1]),
+            Rule(role="solution", pattern=r"4\+4", replies=boxed[1:]),
+        ]
+    )
+    await run(problems, tmp_path / "some", some, "majority", **stop)
+    markdown = await report_here(tmp_path / "report", tmp_path / "some")
+    # p1 keeps its 5 (Pass@1 1) at It1 and It2; p2's Pass@1 is 1/2 at each: 75 % at every iteration, at no more calls
+    # for p1 (4 calls at It1 and It2 are p2's).
+    for t in range(3):
+        assert table_row(markdown, f"| It{t} | 2 | 75.00 |")
+    assert table_row(markdown, "| It1 | 2 | 75.00 |").split(" | ")[7] == "4"
+    # Every problem stops after It0: p2 now draws 9 every time (wrong). Each keeps its answer to It2, the method's
+    # last iteration, as the paper's per-iteration curves count a stopped problem: 50 % at It0, It1 and It2 (std.
+    # error sqrt(1/2) / sqrt(2)), at no call after It0; beside the first run its cells are no "-" after It0.
+    every = SimScript(
+        rules=[
+            Rule(role="solution", pattern=r"2\+3", replies=boxed[:1]),
+            Rule(role="solution", pattern=r"4\+4", replies=boxed[2:]),
+        ]
+    )
+    await run(problems, tmp_path / "every", every, "majority", **stop)
+    markdown = await report_here(tmp_path / "report2", tmp_path / "some", tmp_path / "every")
+    assert "2 problems stopped early" in markdown
+    for t in range(3):
+        assert f"| It{t} | 2 | 50.00 | 50.00 | 50.00-50.00 | 50.00 | 50.00 | {8 if t == 0 else 0} |" in markdown
+    # Both Pass@1 tables (It0 to It2 in each).
+    assert markdown.count("| majority [sim-model] <every> | 50.00 | 50.00 | 50.00 |\n") == 2

@@ -12,7 +12,9 @@ solution is the trajectory's rollout at the iteration, graded where it was writt
 recorded read each iteration's own candidates.
 
 A problem that stopped early (adaptive stopping) keeps its last iteration's candidates at later iterations: that is
-what the method would return, at no further cost. A problem with no iteration at all (a failed run) scores 0.
+what the method would return, at no further cost. The tables run to the method's last iteration (its T) once a problem
+has finished, so a run whose every problem stopped early still shows their answers there, as the paper's
+per-iteration curves count them. A problem with no iteration at all (a failed run) scores 0.
 A problem still mid-way (no result yet, see run_results.py) counts only at the iterations it finished; each
 iteration's ``problems`` says how many labeled problems reached it.
 """
@@ -155,10 +157,21 @@ def last_iteration(results: Sequence[ProblemResult]) -> int:
     return max((record.iteration for r in results for record in r.iterations), default=-1)
 
 
+def iterations_shown(results: Sequence[ProblemResult], iterations: int | None = None) -> int:
+    """How many iterations the tables show: up to the last any problem reached, and up to the method's last of
+    ``iterations`` (its T) once a problem has finished (status done: it ran them all, or stopped early and keeps its
+    answer through them). A run with problems only mid-way or failed shows what they reached."""
+    reached_last = last_iteration(results) + 1
+    if iterations is None or not any(r.status == "done" and r.iterations for r in results):
+        return reached_last
+    return max(reached_last, iterations)
+
+
 def compute_metrics(
     results: list[ProblemResult],
     grades: Grades,
     *,
+    iterations: int | None = None,
     mv_k: int | None = None,
     classes: Mapping[str, Mapping[str, str]] | None = None,
     pooled: bool = False,
@@ -167,11 +180,12 @@ def compute_metrics(
     ``classes``: per problem, answer -> class key (:func:`answer_classes_of`), so MV@k groups answers by the grading
     rules' equivalence; without it, by normalized spelling and exact numbers. ``pooled``: MV@k votes over every
     candidate drawn up to each iteration (a method whose iterations add samples to one vote, traits.frontier ==
-    "votes"), else over the iteration's own."""
+    "votes"), else over the iteration's own. ``iterations``: the method's T, to which the tables run
+    (:func:`iterations_shown`)."""
     labeled = labeled_results(results, grades)
     out = RunMetrics(labeled=len(labeled), unlabeled=len(grades.unlabeled), judge_runs=grades.runs, mv_k=mv_k)
     cumulative_calls = cumulative_tokens = 0
-    for t in range(last_iteration(results) + 1):
+    for t in range(iterations_shown(results, iterations)):
         labels: dict[str, list[list[bool]]] = {}
         mv_hits = selected_hits = 0.0
         present = [r for r in labeled if reached(r, t)]

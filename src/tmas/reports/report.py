@@ -214,7 +214,11 @@ async def evaluate_run(
             failed=sum(r.status != "done" and not r.in_progress for r in results),
             running=sum(r.in_progress for r in results),
             metrics=compute_metrics(
-                results, grades, classes=classes, pooled=method_traits(setup.method).frontier == "votes"
+                results,
+                grades,
+                iterations=configured_iterations(setup.params),
+                classes=classes,
+                pooled=method_traits(setup.method).frontier == "votes",
             ),
             grades=None if reason else grades,
             not_graded_reason=reason,
@@ -285,6 +289,12 @@ def _graded_analyses(
     e.dynamics = score_dynamics(results, grades)
     improved = most_improved(results, grades)
     e.trace = experience_trace(improved, grades) if improved else None
+
+
+def configured_iterations(params: dict[str, Any]) -> int | None:
+    """The iterations (T) the run's method was set to run, from its stored parameters (None where not a count)."""
+    value = params.get("iterations")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def own_rule(method: str, params: dict[str, Any]) -> tuple[SelectRule, SelectFrom] | None:
