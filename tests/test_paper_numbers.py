@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections import defaultdict
 from pathlib import Path
 
@@ -125,3 +126,28 @@ async def test_no_paper_table_for_an_unknown_model(sim: SimServer, tmp_path: Pat
         await run_problems(settings, todo, store, state=RunState())
     written = await build_report([tmp_path / "cot"], tmp_path / "report", GradeConfig(mode="rules"), None)
     assert "Paper beside ours" not in written["markdown"].read_text()
+
+
+@pytest.mark.slow
+async def test_a_run_short_of_problems_says_so_beside_the_papers_figures(sim: SimServer, tmp_path: Path) -> None:
+    problems = [Problem(problem_id=f"p{i}", question=f"What is {i + 4}*6?", answer=str((i + 4) * 6)) for i in range(2)]
+    settings = settings_for(
+        sim, endpoint__model=f"Qwen/{M30}", method__name="tmas", method__params={"n": 2, "m": 1, "iterations": 2}
+    )
+    run_dir = tmp_path / "tmas"
+    store, settings, todo = prepare_run(run_dir, settings, problems, resume=False)
+    with store:
+        store.set_meta("paper_benchmark", "IMO-AnswerBench-50")
+        await run_problems(settings, todo, store, state=RunState())
+    # Stopped before p1 began: the run stands on p0 alone, as its Pass@1 tables say.
+    with sqlite3.connect(run_dir / "run.sqlite") as db:
+        for table in ("results", "iterations"):
+            db.execute(f"DELETE FROM {table} WHERE problem_id = 'p1'")
+    written = await build_report([run_dir], tmp_path / "report", GradeConfig(mode="rules"), None)
+    report = written["markdown"].read_text()
+    label = f"tmas [Qwen/{M30}]"
+    assert f"| {label} | 100.00 (1 of 2 problems) | 100.00 (1 of 2 problems) |" in report
+    # Beside the paper's figure over its whole benchmark, the run's value says it stands on one of its two problems.
+    row = next(line for line in report.splitlines() if line.startswith(f"| {label} | TMAS | {M30} | It1 | pass@1 |"))
+    assert row.split(" | ")[6] == "100.00 (1 of 2 problems)"
+    assert "not every problem" in report.split("### Paper beside ours")[1].split("|")[0]

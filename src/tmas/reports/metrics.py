@@ -110,6 +110,18 @@ class IterationMetrics:
     problems: int
 
 
+def stands_on(m: IterationMetrics, labeled: int) -> str:
+    """What a run's figure at ``m`` adds where it stands on fewer problems than the run's ``labeled`` ones (a run
+    still mid-way, or stopped before every problem started): `` (k of n problems)``; else nothing."""
+    return f" ({m.problems} of {labeled} problems)" if m.problems < labeled else ""
+
+
+def short_of(metrics: RunMetrics, labeled: int) -> bool:
+    """Whether some of a run's figures stand on fewer problems than its ``labeled`` ones: problems still mid-way or
+    never started (a finished problem counts at every iteration, one that stopped early with its last answer)."""
+    return any(m.problems < labeled for m in metrics.iterations if m.problems)
+
+
 @dataclass
 class RunMetrics:
     iterations: list[IterationMetrics] = field(default_factory=list)

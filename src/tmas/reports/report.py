@@ -48,7 +48,7 @@ from tmas.reports.budget_table import BudgetSpend, budget_section, budget_spend
 from tmas.reports.case_table import case_section
 from tmas.reports.document import Bullets, Document, Heading, Image, Paragraph, Table
 from tmas.reports.frontier import BUDGETS, FrontierPoint, equal_budget, run_frontier
-from tmas.reports.metrics import RunMetrics, answer_classes_of, compute_metrics
+from tmas.reports.metrics import RunMetrics, answer_classes_of, compute_metrics, short_of, stands_on
 from tmas.reports.paper_table import paper_section
 from tmas.reports.plots import Series, off_log_axis, plot_frontier, plot_pass1
 from tmas.reports.reply_quality import reply_quality_section, role_replies
@@ -525,7 +525,7 @@ def _benchmark_tables(doc: Document, runs: list[RunEvaluation]) -> None:
     doc.add(Heading(3, "Pass@1 (%) at every iteration"))
     rows = [[e.label, *[_pass1_cell(e, t) for t in range(last + 1)]] for e in runs]
     doc.add(Table(["Method", *[f"It{t}" for t in range(last + 1)]], rows))
-    partial = [e for e in runs if short_of_problems(e)]
+    partial = [e for e in runs if short_of(e.metrics, e.labeled_problems)]
     if partial:
         held = "; ".join(
             f"{e.label} holds {e.problems} problem{'' if e.problems == 1 else 's'} ({_problem_states(e)})"
@@ -579,15 +579,7 @@ def _pass1_cell(e: RunEvaluation, iteration: int) -> str:
     m = e.metrics.at(iteration)
     if m is None or not m.problems:
         return "-"
-    if m.problems < e.labeled_problems:
-        return f"{_pct(m.pass1)} ({m.problems} of {e.labeled_problems} problems)"
-    return _pct(m.pass1)
-
-
-def short_of_problems(e: RunEvaluation) -> bool:
-    """Whether some of the run's figures stand on fewer problems than it holds labeled: problems still mid-way or
-    never started (a finished problem counts at every iteration, one that stopped early with its last answer)."""
-    return any(m.problems < e.labeled_problems for m in e.metrics.iterations if m.problems)
+    return _pct(m.pass1) + stands_on(m, e.labeled_problems)
 
 
 def _stopping_comparisons(runs: list[RunEvaluation]) -> None:
