@@ -107,6 +107,34 @@ def test_stopping_tradeoff_against_a_full_run() -> None:
         summary, compute_metrics(as_results(twice), _grades(twice)), compute_metrics(as_results(full), _grades(full))
     )
     assert summary.tokens_saved == 100 and summary.tokens_saved_share == pytest.approx(0.5)
+    assert summary.compared == 1
+
+
+def test_stopping_tradeoff_stands_on_the_problems_both_runs_finished() -> None:
+    # The full run: a right at It1 (Pass@1 1), b still mid-way after It0 (no final state). The stopping run: a
+    # stopped wrong at It0 (0), b finished right at It1 (1). Over a alone: 1 lost and 100 tokens saved of 200; over
+    # both runs' last rows it would read 1 - 1/2 = 1/2 lost.
+    full = [
+        _result("a", [[0, 0], [0, 0]], [[False, False], [True, True]]),
+        _result("b", [[0, 0]], [[True, True]], status="running"),
+    ]
+    stopped = [
+        _result("a", [[0, 0]], [[False, False]], stopped_reason="agreement"),
+        _result("b", [[0, 0], [0, 0]], [[False, False], [True, True]]),
+    ]
+    for runs in (full, stopped):
+        for r in runs:
+            for rec in r["iterations"]:
+                rec["usage"] = {"prompt_tokens": 50, "completion_tokens": 50}
+    summary = stopping_summary(as_results(stopped))
+    stopping_tradeoff(
+        summary,
+        compute_metrics(as_results(stopped), _grades(stopped)),
+        compute_metrics(as_results(full), _grades(full)),
+    )
+    assert summary.compared == 1
+    assert summary.pass1_lost == pytest.approx(1.0)
+    assert summary.tokens_saved == 100 and summary.tokens_saved_share == pytest.approx(0.5)
 
 
 def test_a_stopping_run_is_compared_with_a_full_run_of_its_other_parameters() -> None:

@@ -317,3 +317,31 @@ async def test_a_problem_that_stopped_early_keeps_its_answer_to_the_last_iterati
         assert f"| It{t} | 2 | 50.00 | 50.00 | 50.00-50.00 | 50.00 | 50.00 | {8 if t == 0 else 0} |" in markdown
     # Both Pass@1 tables (It0 to It2 in each).
     assert markdown.count("| majority [sim-model] <every> | 50.00 | 50.00 | 50.00 |\n") == 2
+
+
+@pytest.mark.slow
+async def test_pass1_lost_to_stopping_is_over_the_problems_both_runs_finished(tmp_path: Path) -> None:
+    # Majority vote, two iterations of 4, with the Beta stop and without. p1 draws 5 every time (right): the stopping
+    # run decides it after It0's 4 samples, the full run draws 8. p2 draws 8, 9 by turns: a tie, never decided, 8
+    # samples in both, Pass@1 1/2. Every sample is 887 tokens (287 prompt, 600 completion).
+    boxed = [f"{FILLER}\\boxed{{{a}}}" for a in ("5", "8", "9")]
+    script = SimScript(
+        rules=[
+            Rule(role="solution", pattern=r"2\+3", replies=boxed[:1]),
+            Rule(role="solution", pattern=r"4\+4", replies=boxed[1:]),
+        ]
+    )
+    problems = write_problems(tmp_path / "p.jsonl")
+    await run(problems, tmp_path / "stop", script, "majority", k=4, iterations=2, stop="beta", round_size=4)
+    await run(problems, tmp_path / "full", script, "majority", k=4, iterations=2)
+    # The full run was stopped before p2 began: it stands on p1 alone (Pass@1 100, 8 samples). Over both runs' last
+    # rows the stopping run would lose 25 points (75 on two problems against 100 on one) and save 2 samples a
+    # problem; over p1, the one problem both finished, it loses nothing and saves 4 samples of 8.
+    with sqlite3.connect(tmp_path / "full" / "run.sqlite") as db:
+        for table in ("results", "iterations"):
+            db.execute(f"DELETE FROM {table} WHERE problem_id = 'p2'")
+    markdown = await report_here(tmp_path / "report", tmp_path / "stop", tmp_path / "full")
+    assert (
+        "against the full run, over the 1 of 2 problems both finished: 3548 tokens saved per problem (50.0%), "
+        "Pass@1 lost 0.00."
+    ) in markdown

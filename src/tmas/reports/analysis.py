@@ -231,6 +231,8 @@ class StoppingSummary:
     tokens_saved: int | None = None
     tokens_saved_share: float | None = None
     pass1_lost: float | None = None
+    # The problems both runs finished, which the comparison stands on.
+    compared: int | None = None
 
 
 def stopping_summary(results: list[ProblemResult]) -> StoppingSummary:
@@ -252,13 +254,21 @@ def stopping_summary(results: list[ProblemResult]) -> StoppingSummary:
 
 
 def stopping_tradeoff(summary: StoppingSummary, metrics: RunMetrics, full: RunMetrics) -> None:
-    """Fill in tokens saved and final Pass@1 lost against ``full``, a run of the same method without stopping."""
-    if not full.iterations or not metrics.iterations:
+    """Fill in tokens saved and final Pass@1 lost against ``full``, a run of the same method without stopping, over
+    the problems both runs finished (one still mid-way, or never started, in either is left out: it has no final
+    state to compare), and on how many problems that stands."""
+    common = sorted(set(metrics.finals) & set(full.finals))
+    if not common:
         return
-    # Stopped problems carry their last answer forward, so the last row of each run is its final state; tokens are
-    # per problem (the runs may hold other numbers of problems of one benchmark).
-    mine, theirs = metrics.iterations[-1], full.iterations[-1]
-    summary.tokens_saved = round(theirs.tokens_per_problem - mine.tokens_per_problem)
-    spent = theirs.tokens_per_problem
-    summary.tokens_saved_share = (theirs.tokens_per_problem - mine.tokens_per_problem) / spent if spent else None
-    summary.pass1_lost = theirs.pass1 - mine.pass1
+    # A stopped problem's final state is its last answer, as it would stand at every later iteration.
+    mine = statistics.fmean(metrics.finals[p].tokens for p in common)
+    theirs = statistics.fmean(full.finals[p].tokens for p in common)
+    summary.compared = len(common)
+    summary.tokens_saved = round(theirs - mine)
+    summary.tokens_saved_share = (theirs - mine) / theirs if theirs else None
+    lost = [
+        before - after
+        for p in common
+        if (before := full.finals[p].pass1) is not None and (after := metrics.finals[p].pass1) is not None
+    ]
+    summary.pass1_lost = statistics.fmean(lost) if lost else None

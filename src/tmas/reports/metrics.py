@@ -123,12 +123,24 @@ def short_of(metrics: RunMetrics, labeled: int) -> bool:
 
 
 @dataclass
+class FinalState:
+    """A finished problem's final state: the Pass@1 of its last iteration (averaged over judge runs; None unlabeled)
+    and the tokens (prompt and completion) it spent in all."""
+
+    pass1: float | None
+    tokens: int
+
+
+@dataclass
 class RunMetrics:
     iterations: list[IterationMetrics] = field(default_factory=list)
     labeled: int = 0
     unlabeled: int = 0
     judge_runs: int = 1
     mv_k: int | None = None
+    # Each finished problem's final state, by problem id (a problem still mid-way has none): runs compared problem by
+    # problem stand on the problems both finished.
+    finals: dict[str, FinalState] = field(default_factory=dict)
 
     def at(self, iteration: int) -> IterationMetrics | None:
         return next((m for m in self.iterations if m.iteration == iteration), None)
@@ -254,6 +266,30 @@ def compute_metrics(
                 problems=len(present),
             )
         )
+    out.finals = final_states(results, grades, {r.problem_id for r in labeled})
+    return out
+
+
+def final_states(results: Sequence[ProblemResult], grades: Grades, labeled: set[str]) -> dict[str, FinalState]:
+    """Each finished problem's :class:`FinalState`; a ``labeled`` one that failed before any iteration scores 0."""
+    out = {}
+    for result in results:
+        if result.in_progress:
+            continue
+        pid = result.problem_id
+        tokens = sum(record.usage.prompt_tokens + record.usage.completion_tokens for record in result.iterations)
+        share = None
+        if pid in labeled:
+            record = record_at(result, last_iteration([result]))
+            cands = record.candidates if record else []
+            runs = [
+                statistics.fmean(grades.correct((pid, record.iteration, c.index), r) for c in cands)
+                if record and cands
+                else 0.0
+                for r in range(grades.runs)
+            ]
+            share = statistics.fmean(runs)
+        out[pid] = FinalState(share, tokens)
     return out
 
 

@@ -850,10 +850,11 @@ def _analyses(doc: Document, e: RunEvaluation) -> None:
                 f" {s.stopped_tokens_saved} completion tokens (each against its problem's warm-up samples' mean)"
             )
         text = "; ".join(parts)
-        if s.tokens_saved is not None:
+        if s.tokens_saved is not None and s.compared is not None:
             share = f" ({100 * s.tokens_saved_share:.1f}%)" if s.tokens_saved_share is not None else ""
             saved = f"{s.tokens_saved} tokens saved per problem{share}"
-            text += f"; against the full run: {saved}, Pass@1 lost {_pct(s.pass1_lost)}"
+            over = f", over the {s.compared} of {e.problems} problems both finished" if s.compared < e.problems else ""
+            text += f"; against the full run{over}: {saved}, Pass@1 lost {_pct(s.pass1_lost)}"
         doc.add(Paragraph(text + "."))
 
 
