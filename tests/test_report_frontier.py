@@ -15,6 +15,9 @@ from scripted_runs import scripted_run
 from tmas.grading.grades import GradeConfig
 from tmas.reports.report import build_report, evaluate_run, write_report
 from tmas.testing import Rule, ScriptedModel, SimScript
+from tmas.view.cache import RunCache
+from tmas.view.runs import RunReader
+from web_helpers import run_ref_for
 
 pytest.importorskip("math_verify")
 pytest.importorskip("matplotlib")
@@ -317,6 +320,13 @@ async def test_a_problem_that_stopped_early_keeps_its_answer_to_the_last_iterati
         assert f"| It{t} | 2 | 50.00 | 50.00 | 50.00-50.00 | 50.00 | 50.00 | {8 if t == 0 else 0} |" in markdown
     # Both Pass@1 tables (It0 to It2 in each).
     assert markdown.count("| majority [sim-model] <every> | 50.00 | 50.00 | 50.00 |\n") == 2
+    # The viewer's run page reads the same three iterations, graded live by the rules.
+    ref = run_ref_for([tmp_path / "every"], tmp_path / "every")
+    assert ref is not None
+    with RunReader(ref, RunCache()) as reader:
+        metrics = reader.overview().metrics
+    assert metrics is not None
+    assert [(m.iteration, m.pass1, m.calls) for m in metrics.iterations] == [(0, 0.5, 8), (1, 0.5, 0), (2, 0.5, 0)]
 
 
 @pytest.mark.slow

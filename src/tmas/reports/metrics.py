@@ -25,6 +25,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tmas.answer_classes import EquivalenceCheck, answer_classes, class_of
 from tmas.grading.grades import SELECTED, Grades
@@ -189,6 +190,12 @@ def iterations_shown(results: Sequence[ProblemResult], iterations: int | None = 
     if iterations is None or not any(r.status == "done" and r.iterations for r in results):
         return reached_last
     return max(reached_last, iterations)
+
+
+def configured_iterations(params: dict[str, Any]) -> int | None:
+    """The iterations (T) the run's method was set to run, from its stored parameters (None where not a count)."""
+    value = params.get("iterations")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def compute_metrics(

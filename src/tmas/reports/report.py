@@ -48,7 +48,14 @@ from tmas.reports.budget_table import BudgetSpend, budget_section, budget_spend
 from tmas.reports.case_table import case_section
 from tmas.reports.document import Bullets, Document, Heading, Image, Paragraph, Table
 from tmas.reports.frontier import BUDGETS, FrontierPoint, equal_budget, run_frontier
-from tmas.reports.metrics import RunMetrics, answer_classes_of, compute_metrics, short_of, stands_on
+from tmas.reports.metrics import (
+    RunMetrics,
+    answer_classes_of,
+    compute_metrics,
+    configured_iterations,
+    short_of,
+    stands_on,
+)
 from tmas.reports.paper_table import paper_section
 from tmas.reports.plots import Series, off_log_axis, plot_frontier, plot_pass1
 from tmas.reports.reply_quality import reply_quality_section, role_replies
@@ -289,12 +296,6 @@ def _graded_analyses(
     e.dynamics = score_dynamics(results, grades)
     improved = most_improved(results, grades)
     e.trace = experience_trace(improved, grades) if improved else None
-
-
-def configured_iterations(params: dict[str, Any]) -> int | None:
-    """The iterations (T) the run's method was set to run, from its stored parameters (None where not a count)."""
-    value = params.get("iterations")
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def own_rule(method: str, params: dict[str, Any]) -> tuple[SelectRule, SelectFrom] | None:

@@ -15,7 +15,7 @@ from tmas.llm.local_command import model_alias
 from tmas.llm.weights import KNOWN_MODELS
 from tmas.methods import method_traits, stored_params
 from tmas.problems import Problem
-from tmas.reports.metrics import RunMetrics, compute_metrics
+from tmas.reports.metrics import RunMetrics, compute_metrics, configured_iterations
 from tmas.reports.reply_quality import role_replies
 from tmas.reports.where_lost import WhereLost, where_lost
 from tmas.store.records import IterationRecord, ProblemResult, running_result
@@ -137,7 +137,13 @@ class RunOverview:
         if self.grades is None:
             return None
         # Majority vote's iterations add samples to one vote: its MV votes over all drawn so far, as the method does.
-        return compute_metrics(self.results, self.grades.grades, pooled=method_traits(self.method).frontier == "votes")
+        # A run whose problems all stopped early has its tables run to the method's last iteration, as the report's.
+        return compute_metrics(
+            self.results,
+            self.grades.grades,
+            iterations=configured_iterations(stored_params(self.method, self.params)),
+            pooled=method_traits(self.method).frontier == "votes",
+        )
 
     @property
     def live_graded(self) -> bool:
