@@ -428,6 +428,51 @@ def test_a_retry_without_a_seed_follows_the_run_a_restart_resumed_for_it(
     assert sim.stats().by_role == {"verifier": 2}
 
 
+def test_a_reply_no_client_had_survives_a_second_restart_and_is_replayed_once(sim: SimServer, tmp_path: Path) -> None:
+    # A seeded request cut off after its 2 solutions (its 2 verifications held until its client goes).
+    sim.set_script(SimScript(hold_after=2))
+    serve_dir = tmp_path / "served"
+    small = {"n": 2, "m": 1, "iterations": 1}
+    body = {"model": "tmas/sim-model", "messages": [{"role": "user", "content": "What is 17*23?"}], "seed": 5}
+    body["tmas"] = small
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=serve_dir)) as proxy:
+        _stream_until_progress(proxy.url, {**body, "stream": True}, until=lambda: sim.stats().held == 2)
+        wait_until(lambda: json.loads(get(f"{proxy.url}/health")[1])["active_problems"] == 0, what="cancellation")
+    [run_dir] = runs_in(serve_dir)
+    sim.set_script(SimScript())
+
+    def finished() -> bool:
+        with RunStore(run_dir, read_only=True) as store:
+            return bool(store.results())
+
+    # The first restart finishes the run with nobody asking, and stops before any request for it comes.
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=serve_dir)):
+        wait_until(finished, what="the resumed run to finish")
+    with RunStore(run_dir, read_only=True) as store:
+        [result] = store.results()
+    assert result.status == "done"
+    sim.reset()
+
+    def ask(proxy: ProxyThread) -> tuple[str, str]:
+        """The reply's id and text, read from a stream to its end."""
+        chunks = list(
+            client(proxy).chat.completions.create(
+                model="tmas/sim-model", messages=body["messages"], seed=5, extra_body={"tmas": small}, stream=True
+            )
+        )
+        return chunks[0].id, "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    # The second restart still holds that reply: the request gets it from the store, the upstream asked nothing.
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=serve_dir)) as proxy:
+        assert ask(proxy) == (run_dir.name, result.text)
+        assert sim.requests == [] and runs_in(serve_dir) == [run_dir]
+    # Once a client had it, a restart finds the run delivered: the same request is a new run.
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=serve_dir)) as proxy:
+        again, _ = ask(proxy)
+    assert again != run_dir.name and len(runs_in(serve_dir)) == 2
+    assert sim.stats().by_role == {"solution": 2, "verifier": 2}
+
+
 def test_keys_reach_no_store_page_or_log(
     sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

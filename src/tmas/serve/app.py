@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -138,7 +139,8 @@ class ServeApp:
         self.metrics.request_done(method, status, time.monotonic() - arrived)
 
     async def _reply(self, entry: Job | Waiting, gone: asyncio.Task[None], body: ChatBody, method: str) -> Response:
-        """The reply to a request without a stream, once its run has ended."""
+        """The reply to a request without a stream, once its run has ended; once sent, its run is told so."""
+        ended: Job | None = None  # the run whose outcome this reply is
         try:
             if isinstance(entry, Waiting):
                 turn = _Turn(self.runs, entry, gone)
@@ -154,11 +156,15 @@ class ServeApp:
             queue = _follow(job, gone)
             while await queue.get() is not None:
                 pass
+            ended = job
             result = job.outcome()
         except ApiError as exc:
             if gone.done() and not gone.cancelled():
                 return Response(status_code=CLIENT_CLOSED)  # its run was cancelled as its client went away
-            return exc.response()
+            response = exc.response()
+            if ended is not None:
+                response.background = BackgroundTask(self.runs.replied, ended)
+            return response
         except asyncio.CancelledError:
             # Only a server shutting down cancels a handler (a client going away is the watcher's business).
             return _shutting_down().response()
@@ -171,7 +177,7 @@ class ServeApp:
         # The progress a stream would have sent, as the message's reasoning.
         reasoning = "".join(event.line() + "\n" for event in job.events)
         reply = completion_body(job.run_id, body.model, job.created, text, finish, result.usage, extension, reasoning)
-        return JSONResponse(reply)
+        return JSONResponse(reply, background=BackgroundTask(self.runs.replied, job))
 
     def _extension(self, job: Job, result: ProblemResult, body: ChatBody, method: str) -> dict[str, Any]:
         """What a tmas-aware client may read beside the reply: the run, the extracted answer, the notices."""
@@ -240,6 +246,8 @@ class ServeApp:
                 if usage:
                     yield _sse(chunk_body(job.run_id, model, created, None, usage=result.usage))
             yield "data: [DONE]\n\n"
+            # Resumed only once the client has read the end (a stream resumes its body only after each send).
+            await self.runs.replied(job)
         except (asyncio.CancelledError, GeneratorExit):
             status = CLIENT_CLOSED  # cut short: the client went away (or the server is stopping)
             raise

@@ -1,9 +1,10 @@
 """The proxy's runs: each request is a run directory under the serve directory, solved by one asyncio task.
 
 A request whose question was already asked and left unfinished (the server crashed, or the client went away) is
-resumed from its run, so every finished upstream call is replayed instead of sent again. Several clients may follow
-one run; when the last one disconnects, the run is cancelled (its upstream calls with it) and stays resumable. A new
-run needs one of the problem slots; past them, its request waits its turn (:mod:`tmas.serve.admission`).
+resumed from its run, so every finished upstream call is replayed instead of sent again. So is a request whose run
+ended with a reply no client has had (:data:`PENDING`, kept across restarts). Several clients may follow one run;
+when the last one disconnects, the run is cancelled (its upstream calls with it) and stays resumable. A new run
+needs one of the problem slots; past them, its request waits its turn (:mod:`tmas.serve.admission`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ log = logging.getLogger("tmas.serve")
 
 # Meta key of a served run: what is needed to resume it (the request, never its headers).
 REQUEST_META = "serve_request"
+# A file beside a served run's store while no client has had the reply of its run: made as the run starts solving,
+# removed once a client got its reply. A restart finds a run that ended with it still there (finished with nobody
+# asking, or its client gone before the reply) and keeps that reply for the first request for it.
+PENDING = "reply-pending"
 
 
 @dataclass
@@ -162,8 +167,8 @@ class ServedRuns:
         self.admission = Admission(max_problems, max_queue)
         self.active: dict[str, Job] = {}
         # Request fingerprint -> the run directory of a run of that request whose reply no client has had: an
-        # unfinished one, or one a restart resumed and finished with nobody asking (its reply goes to the first
-        # request for it, replayed from its store).
+        # unfinished one, or one that ended with nobody to take its reply (its reply goes to the first request for
+        # it, replayed from its store).
         self.unfinished: dict[str, Path] = {}
         # Stores of ended runs being closed (a WAL checkpoint): after the reply, not before it.
         self._closing: set[asyncio.Task[None]] = set()
@@ -178,7 +183,9 @@ class ServedRuns:
                     finished = bool(store.results())
             except StoreError:
                 continue  # not a run this proxy can resume: leave it alone
-            if isinstance(request, dict) and isinstance(request.get("fingerprint"), str) and not finished:
+            # A finished run without the marker had its reply taken (or was made before runs kept one): done with.
+            kept = not finished or (run_dir / PENDING).is_file()
+            if isinstance(request, dict) and isinstance(request.get("fingerprint"), str) and kept:
                 self.unfinished[request["fingerprint"]] = run_dir
 
     def enter(self, body: ChatBody, method: str, upstream: str) -> Job | Waiting:
@@ -249,13 +256,17 @@ class ServedRuns:
         return self._start(self.serve_dir / run_id, fingerprint, body, method, upstream, params, seed, resume=False)
 
     def resume_all(self) -> list[Job]:
-        """Start the unfinished runs found on disk (as many as the problem limit allows)."""
+        """Start the unfinished runs found on disk (as many as the problem limit allows); a run that ended already
+        waits for its request (its reply is in its store)."""
         jobs = []
         for fingerprint, run_dir in list(self.unfinished.items()):
             if fingerprint in self.active:
                 continue
             with RunStore(run_dir, read_only=True) as store:
                 request = store.get_meta(REQUEST_META)
+                ended = bool(store.results())
+            if ended:
+                continue
             try:
                 body = ChatBody.model_validate(request["body"])
                 method, upstream, seed = str(request["method"]), str(request["upstream"]), int(request["seed"])
@@ -326,8 +337,13 @@ class ServedRuns:
                 problem = Problem(problem_id=problem_id, question=question, metadata={"context": context})
                 store.add_problems([problem])
                 store.set_meta(REQUEST_META, request)
-            RunSetup.check(settings).record(store)
             problems = store.problems()
+            kept = store.result(problems[0].problem_id) if resume else None
+            if kept is not None and kept.status == "done":
+                # A run that ended with a reply no client has had: that reply, from its store, as it ended.
+                return kept
+            (job.run_dir / PENDING).touch()
+            RunSetup.check(settings).record(store)
             # An in-process model is the settings' own, opened once here: each run is as one that opens it.
             await run_problems(settings, problems, store, model=self.model, own_model=False)
             result = store.result(problems[0].problem_id)
@@ -345,12 +361,21 @@ class ServedRuns:
         closing.add_done_callback(self._closing.discard)
 
     def _finished(self, job: Job, task: asyncio.Task[ProblemResult]) -> None:
+        # The run stays among the unfinished ones until a client has had its reply (replied).
         self.active.pop(job.fingerprint, None)
         self.admission.release(time.monotonic() - job.started)
-        if not task.cancelled() and task.exception() is None and job.claimed:
-            self.unfinished.pop(job.fingerprint, None)
         log.info("request %s: %s", job.run_id, _ending(task, time.monotonic() - job.started))
         job.ended()
+
+    async def replied(self, job: Job) -> None:
+        """A client has had the reply of ``job``'s ended run: the run is done with, and the same request is a new run,
+        after a restart too."""
+        task = job.task
+        if task is None or not task.done() or task.cancelled() or task.exception() is not None:
+            return  # no result to have: the run stays resumable
+        (job.run_dir / PENDING).unlink(missing_ok=True)
+        if self.unfinished.get(job.fingerprint) == job.run_dir:
+            del self.unfinished[job.fingerprint]
 
     async def close(self) -> None:
         """Cancel the runs in progress (they stay resumable) and wait for them to let go of their stores; the
