@@ -473,6 +473,39 @@ def test_a_reply_no_client_had_survives_a_second_restart_and_is_replayed_once(si
     assert sim.stats().by_role == {"solution": 2, "verifier": 2}
 
 
+def test_a_retry_of_a_run_whose_method_failed_on_failed_calls_asks_only_those_again(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # The first iteration is answered; the second one's 2 solutions fail after their retries, so the method fails.
+    sim.set_script(SimScript(rules=[Rule(role="solution", times=2), Rule(role="solution", error_status=500)]))
+    serve_dir = tmp_path / "served"
+    body = {"model": "tmas/sim-model", "messages": [{"role": "user", "content": "What is 17*23?"}], "seed": 9}
+    body["tmas"] = {"n": 2, "m": 1, "iterations": 2, "answer_fallback": False}
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=serve_dir)) as proxy:
+        status, failed = post(f"{proxy.url}/v1/chat/completions", json.dumps(body).encode())
+        assert status == 502 and failed["error"]["message"].startswith("the method failed: ")
+        assert "send the request again to resume its run" in failed["error"]["message"]
+        [run_dir] = runs_in(serve_dir)
+        with RunStore(run_dir, read_only=True) as store:
+            [result] = store.results()
+            answered = sum(1 for c in store.calls() if c.ok)
+        assert result.status == "failed" and result.failed_calls == 2 and answered == result.calls - 2
+        refused = sim.chat_bodies("solution")[2:]
+        sim.set_script(SimScript())
+        sim.reset()
+        # The retry resumes the run: its answered calls replayed, only the 2 failed solutions asked again (then the
+        # second iteration's verifications, which wait on them and were never asked).
+        status, reply = post(f"{proxy.url}/v1/chat/completions", json.dumps(body).encode())
+        assert status == 200 and reply["id"] == run_dir.name
+        assert "\\boxed{391}" in reply["choices"][0]["message"]["content"]
+        assert sim.stats().by_role == {"solution": 2, "verifier": 2} and runs_in(serve_dir) == [run_dir]
+        asked = sim.chat_bodies("solution")
+        assert sorted(map(json.dumps, asked)) == sorted({json.dumps(b) for b in refused})
+        # Its reply had, the same request is a new run.
+        status, again = post(f"{proxy.url}/v1/chat/completions", json.dumps(body).encode())
+    assert status == 200 and again["id"] != run_dir.name and len(runs_in(serve_dir)) == 2
+
+
 def test_keys_reach_no_store_page_or_log(
     sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -2,9 +2,10 @@
 
 A request whose question was already asked and left unfinished (the server crashed, or the client went away) is
 resumed from its run, so every finished upstream call is replayed instead of sent again. So is a request whose run
-ended with a reply no client has had (:data:`PENDING`, kept across restarts). Several clients may follow one run;
-when the last one disconnects, the run is cancelled (its upstream calls with it) and stays resumable. A new run
-needs one of the problem slots; past them, its request waits its turn (:mod:`tmas.serve.admission`).
+ended with a reply no client has had (:data:`PENDING`, kept across restarts), or whose method failed on calls that
+failed after their retries (only those are asked again). Several clients may follow one run; when the last one
+disconnects, the run is cancelled (its upstream calls with it) and stays resumable. A new run needs one of the
+problem slots; past them, its request waits its turn (:mod:`tmas.serve.admission`).
 """
 
 from __future__ import annotations
@@ -107,8 +108,19 @@ class Job:
                 # The upstream refused what the request asks (a prompt past its context window): a request sent
                 # again is refused again, so no client should retry it as it retries a 502.
                 raise ApiError(400, f"the upstream refused the request: {for_client(error)}", "upstream_refused")
-            raise ApiError(502, f"the method failed: {for_client(error)}", "upstream_error")
+            again = "; send the request again to resume its run" if resumable(result) else ""
+            raise ApiError(502, f"the method failed: {for_client(error)}{again}", "upstream_error")
         return result
+
+
+def resumable(result: ProblemResult) -> bool:
+    """Whether a run that ended with ``result`` is resumed by the same request sent again: its method failed with
+    calls that failed after their retries (an upstream that failed for a while), so the retry replays the answered
+    calls and asks only the failed ones (and what waits on them), as ``tmas run --resume`` does. A method that failed
+    on what the upstream answered would replay into the same failure, and a refused request is refused again: the
+    same request is then a new run."""
+    refused = REFUSED.search(result.error or "") is not None
+    return result.status != "done" and result.failed_calls > 0 and not refused
 
 
 # A request the upstream cannot serve as asked, in a failure's message: the upstream's refusal
@@ -168,7 +180,7 @@ class ServedRuns:
         self.active: dict[str, Job] = {}
         # Request fingerprint -> the run directory of a run of that request whose reply no client has had: an
         # unfinished one, or one that ended with nobody to take its reply (its reply goes to the first request for
-        # it, replayed from its store).
+        # it, replayed from its store), or one whose method failed on failed calls (a retry resumes it).
         self.unfinished: dict[str, Path] = {}
         # Stores of ended runs being closed (a WAL checkpoint): after the reply, not before it.
         self._closing: set[asyncio.Task[None]] = set()
@@ -257,7 +269,7 @@ class ServedRuns:
 
     def resume_all(self) -> list[Job]:
         """Start the unfinished runs found on disk (as many as the problem limit allows); a run that ended already
-        waits for its request (its reply is in its store)."""
+        waits for its request (its reply is in its store, or its retry asks its failed calls again)."""
         jobs = []
         for fingerprint, run_dir in list(self.unfinished.items()):
             if fingerprint in self.active:
@@ -368,11 +380,13 @@ class ServedRuns:
         job.ended()
 
     async def replied(self, job: Job) -> None:
-        """A client has had the reply of ``job``'s ended run: the run is done with, and the same request is a new run,
-        after a restart too."""
+        """A client has had the reply of ``job``'s ended run: unless a retry resumes it (its method failed on failed
+        calls), the run is done with, and the same request is a new run, after a restart too."""
         task = job.task
         if task is None or not task.done() or task.cancelled() or task.exception() is not None:
             return  # no result to have: the run stays resumable
+        if resumable(task.result()):
+            return
         (job.run_dir / PENDING).unlink(missing_ok=True)
         if self.unfinished.get(job.fingerprint) == job.run_dir:
             del self.unfinished[job.fingerprint]
