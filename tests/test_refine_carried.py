@@ -16,6 +16,7 @@ from tmas.grading.grades import SELECTED, Grades
 from tmas.methods.base import Candidate, CandidateMeta, ProblemResult
 from tmas.methods.selection import held, select_answered
 from tmas.reports.metrics import compute_metrics
+from tmas.reports.where_lost import where_lost
 from tmas.store.records import IterationRecord
 from tmas.store.summaries import summarize_result
 from tmas.testing import Rule, ScriptedModel, SimScript
@@ -150,3 +151,26 @@ def test_the_summary_keeps_carried_from_alone_of_the_meta() -> None:
     assert summary["iterations"][0]["candidates"][0]["meta"] == {"carried_from": 0}
     back = ProblemResult.model_validate(summary)
     assert back.iterations[0].candidates[0].meta == CandidateMeta(carried_from=0)
+
+
+def _graded(result: ProblemResult, gold: str) -> Grades:
+    """One judge run grading every candidate and every selected answer of ``result`` by its answer alone."""
+    grades = Grades(runs=1)
+    for rec in result.iterations:
+        for c in rec.candidates:
+            grades.verdicts[(result.problem_id, rec.iteration, c.index)] = [c.answer == gold]
+        grades.verdicts[(result.problem_id, rec.iteration, SELECTED)] = [rec.selected == gold]
+    return grades
+
+
+async def test_where_lost_finds_a_carried_right_solution_in_the_last_iteration() -> None:
+    # Verify-Refine (Self-Refine declares no selection rule). Gold 7. Iteration 0: 5, 7, 5. Iteration 1: 5, trajectory
+    # 1 without an answer (carrying its 7, score 1), 5. The trajectories hold 5, 7, 5, all scored 1, and best_score's
+    # tie goes to the majority, 5: a right solution was among those the rule chose from, and it passed it over. The
+    # new replies alone (5, none, 5) read as if refinement had lost it (only earlier).
+    result = await solve("verify_refine", "corrector", [Rule(role="solution", replies=[A, B, A])])
+    assert [c.answer for c in result.iterations[-1].candidates] == ["5", None, "5"]
+    assert result.answer == "5"
+    lost = where_lost("verify_refine", [result], _graded(result, "7"), {}).selection
+    assert lost is not None
+    assert (lost.returned_right, lost.in_last, lost.only_earlier, lost.never_right) == (0, ["question"], [], [])

@@ -3,8 +3,10 @@
 Each part applies to a run by what its method declares (``traits``), never by its name:
 
 - **selection** (a method whose answer follows a selection rule, ``traits.selects``): of the graded problems whose
-  returned answer is wrong, those with a right candidate in the last iteration's candidates, those with right
-  candidates only in earlier iterations (refinement lost them, or the rule passed them over), and those with none;
+  returned answer is wrong, those with a right solution among those the trajectories hold in the last iteration (as
+  Pass@1 reads them: a refinement without an answer counts as the earlier solution its trajectory carries,
+  ``meta.carried_from``), those with right candidates only in earlier iterations (refinement lost them, or the rule
+  passed them over), and those with none;
 - **the verifier** (a method with a ``verifier`` role): of the verifications of right candidates and of wrong ones,
   the share that passed the candidate (score above 0.5: on the paper's 1 / 0.5 / 0 scale, "fully correct"), and the
   ROC area of the candidates' scores (roc.py). Verifications of candidates without an answer are left out and
@@ -37,7 +39,7 @@ from tmas.grading.run_results import load_results
 from tmas.methods import method_traits
 from tmas.methods.base import ReplyTally
 from tmas.reports.document import Document, Heading, Paragraph, Table
-from tmas.reports.metrics import labeled_results
+from tmas.reports.metrics import held_at, labeled_results
 from tmas.reports.reply_quality import role_replies, share
 from tmas.reports.roc import ScoreSeparation, score_separation
 from tmas.store.records import IterationRecord, ProblemResult
@@ -143,13 +145,20 @@ def _right_candidate(pid: str, record: IterationRecord, grades: Grades) -> bool:
     return any(grades.majority_correct((pid, record.iteration, c.index)) for c in record.candidates)
 
 
+def _right_held(result: ProblemResult, record: IterationRecord, grades: Grades) -> bool:
+    """Whether a solution the trajectories hold at ``record``'s iteration is right, each graded where it was
+    written (a carried solution at the iteration it names)."""
+    pid = result.problem_id
+    return any(grades.majority_correct((pid, written, c.index)) for written, c in held_at(result, record))
+
+
 def selection_losses(labeled: list[ProblemResult], grades: Grades) -> SelectionLosses:
     out = SelectionLosses(problems=len(labeled))
     for result in labeled:
         pid, records = result.problem_id, result.iterations
         if records and grades.majority_correct((pid, records[-1].iteration, SELECTED)):
             out.returned_right += 1
-        elif records and _right_candidate(pid, records[-1], grades):
+        elif records and _right_held(result, records[-1], grades):
             out.in_last.append(pid)
         elif any(_right_candidate(pid, record, grades) for record in records[:-1]):
             out.only_earlier.append(pid)
