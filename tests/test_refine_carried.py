@@ -55,6 +55,8 @@ async def test_the_carried_solution_votes_in_the_last_iteration(method: str, rol
         # Every answered solution scores 1, the answerless correction 0: best_score ties the held 5, 7, 7 and
         # the majority among them is 7.
         assert [c.score for c in it1.candidates] == [1.0, 0.0, 1.0]
+        # The iteration's mean score is that of the solutions held (1, 1 carried, 1), not of the replies (2 / 3).
+        assert it0.state["mean_score"] == 1.0 and it1.state["mean_score"] == 1.0
     assert result.answer == "7" and result.fallback is None
     assert it1.selected == "7"
     # The chosen solution is the carried one, where it was written: iteration 0, candidate 1.

@@ -68,7 +68,8 @@ class VerifyRefineParams(StyledParams):
 
 
 class VerifyRefineState(FallbackState):
-    """An iteration's mean candidate score (None: no candidate was scored), and its answer fallback, if any."""
+    """An iteration's mean score of the solutions its trajectories hold (None: none was scored), and its answer
+    fallback, if any."""
 
     mean_score: float | None = None
 
@@ -116,6 +117,8 @@ class VerifyRefine(Method[VerifyRefineParams]):
                 break
             candidates = [v.candidate for v in done]
             notes = notes_for(candidates, p.mode) + verification_notes(candidates)
+            # The solutions the trajectories hold: a correction without an answer counts as the one it carries.
+            holding = []
             for v in done:
                 i, previous = v.candidate.index, latest[v.candidate.index]
                 if (
@@ -124,9 +127,12 @@ class VerifyRefine(Method[VerifyRefineParams]):
                     and keeps_previous(v.candidate, previous.candidate, p.mode)
                 ):
                     notes.append(carry(v.candidate, previous.candidate, written[i]))
+                    holding.append(previous.candidate)
                 else:
                     latest[i], written[i] = v, t
-            scores = [c.score for c in candidates if c.score is not None]
+                    holding.append(v.candidate)
+            # Their mean score, with a carried solution's own score, as the iteration's selection and Pass@1 read them.
+            scores = [c.score for c in holding if c.score is not None]
             state = VerifyRefineState(mean_score=sum(scores) / len(scores) if scores else None)
             chosen = await close_iteration(
                 session,
