@@ -427,8 +427,13 @@ class ScriptedEngine(HFEngine):
         self.replies = replies
 
     async def generate(
-        self, prompt: Sequence[int], samples: Sequence[RequestSampling], max_new_tokens: int, stop: Sequence[str] = ()
-    ) -> list[EngineReply]:
+        self,
+        prompt: Sequence[int],
+        samples: Sequence[RequestSampling],
+        max_new_tokens: int,
+        stop: Sequence[str] = (),
+        callers: Sequence[asyncio.Future[Any]] = (),
+    ) -> list[EngineReply | None]:
         text, finish = self.replies.pop(0)
         tokens = self.tokenizer.encode(text, add_special_tokens=False)
         ended = [*tokens, self.tokenizer.eos_token_id] if finish == "stop" else tokens

@@ -12,7 +12,10 @@ OpenAI-compatible server). Each sample draws from its own seeded stream (:mod:`t
   sample is cancelled in the engine (its siblings go on) and its reply ends before the stop string, as servers end
   theirs.
 - A caller that is cancelled (an asyncio cancel: a run stopped, a budget spent, a sibling failed) cancels its
-  requests in the engine, which frees their blocks at its next step.
+  requests in the engine, which frees their blocks at its next step. A sample's own caller given with it
+  (:meth:`HFEngine.generate`'s ``callers``) that is cancelled alone cancels that sample alone, its siblings going on:
+  at the engine's next step, or, for a sample not yet forked from its prompt's request (or that request while its
+  children are still to be forked from it), at the step after the fork.
 - A sample whose sampling carries a JSON schema draws only what the schema allows (:mod:`tmas.llm.hf_grammar`).
 
 The request ids the engine gives a request's children (``<id>__child#<i>``) and the queue a request goes into are
@@ -126,6 +129,10 @@ class HFEngine:
         # Request id -> prompt tokens its request took from the cache (written by the engine's thread).
         self._reused: dict[str, int] = {}
         self._reused_lock = threading.Lock()
+        # Samples whose callers gave up, each cancelled in the engine at its first step that holds it forked
+        # (_watch_cancels); written by the event loop's thread, read by the engine's.
+        self._dropping: set[str] = set()
+        self._dropping_lock = threading.Lock()
         # The latest requests, in the order they were submitted.
         self.submitted: deque[Submitted] = deque(maxlen=SUBMITTED_KEPT)
 
@@ -196,6 +203,8 @@ class HFEngine:
         self.table = RequestTable()
         with self._reused_lock:
             self._reused.clear()
+        with self._dropping_lock:
+            self._dropping.clear()
         # Greedy in the engine: the sampling is the processors' (tmas.llm.hf_sampling), per request.
         generation = GenerationConfig(  # type: ignore[no-untyped-call]
             do_sample=False, eos_token_id=self.stop_ids, max_new_tokens=1
@@ -262,10 +271,20 @@ class HFEngine:
         cache.search_prefix_match = recorded
 
     def _watch_cancels(self, scheduler: Any) -> None:
-        """Forget a cancelled request's sampling once the engine has dropped it (it draws tokens until then)."""
+        """Cancel the dropped samples the engine holds forked (:meth:`_drop`), and forget a cancelled request's
+        sampling once the engine has dropped it (it draws tokens until then); run by the engine's thread at the start
+        of each step."""
         clear = scheduler.clear_cancelled_requests
 
         def cleared() -> list[Any]:
+            with self._dropping_lock:
+                for request_id in list(self._dropping):
+                    state = scheduler.active_requests.get(request_id) or scheduler.waiting_requests.get(request_id)
+                    # A request with children still to fork keeps them from being made if cancelled now; a child is
+                    # in neither table before its fork.
+                    if state is not None and state.num_children == 0:
+                        scheduler.set_request_cancellation(request_id)
+                        self._dropping.discard(request_id)
             with scheduler._cancellation_lock:
                 asked = list(scheduler._requests_to_cancel)
             states: list[Any] = clear()
@@ -298,9 +317,12 @@ class HFEngine:
         samples: Sequence[RequestSampling],
         max_new_tokens: int,
         stop: Sequence[str] = (),
-    ) -> list[EngineReply]:
+        callers: Sequence[asyncio.Future[Any]] = (),
+    ) -> list[EngineReply | None]:
         """One reply per sampling of ``samples``, all continuing ``prompt``, in order. Raises :class:`EngineError`
-        where the engine fails them; a cancel cancels them in the engine."""
+        where the engine fails them; a cancel cancels them in the engine. ``callers``, where given, holds one future
+        per sample, the one its caller awaits: a sample whose future is cancelled is cancelled in the engine alone
+        (its siblings go on) and its reply is None."""
         manager = self._manager
         if manager is None or (refusal := manager.background_thread_status.can_accept_new_requests()) is not None:
             raise EngineError(f"the in-process engine takes no requests: {refusal or 'it is not running'}")
@@ -320,16 +342,25 @@ class HFEngine:
             self.table.add(rid, sampling)
         for watch in watches:
             manager.register_result_handler(watch.request_id, watch.on_output)
+        given = list(zip(callers, watches, strict=True)) if callers else []
+        for caller, watch in given:
+            caller.add_done_callback(watch.on_caller_done)
         try:
             self._submit(manager, lead, prompt, len(samples) - 1, max_new_tokens, streaming=bool(stop))
             self.submitted.append(Submitted(lead, tuple(prompt), tuple(samples), max_new_tokens, tuple(stop)))
             return list(await asyncio.gather(*(watch.future for watch in watches)))
         finally:
+            for caller, watch in given:
+                caller.remove_done_callback(watch.on_caller_done)
             for watch in watches:
                 self._forget(manager, watch.request_id)
+                with self._dropping_lock:
+                    # Dropped and not yet cancelled in the engine: cancelled now.
+                    waiting = watch.request_id in self._dropping
+                    self._dropping.discard(watch.request_id)
                 if watch.finished:
                     self.table.remove(watch.request_id)
-                elif not watch.cancelled:
+                elif not watch.cancelled or waiting:
                     # Its sampling is forgotten once the engine has dropped it (_watch_cancels).
                     manager.cancel_request(watch.request_id)
 
@@ -338,6 +369,12 @@ class HFEngine:
         manager = self._manager
         if manager is not None:
             manager.cancel_request(request_id)
+
+    def _drop(self, request_id: str) -> None:
+        """Cancel the sample ``request_id`` alone, at the engine's first step that holds it forked: a child before its
+        fork is in no table of the engine yet, and its request with children still to fork would take them along."""
+        with self._dropping_lock:
+            self._dropping.add(request_id)
 
     @staticmethod
     def _submit(
@@ -440,14 +477,22 @@ class _ReplyWatch:
     request_id: str
     prompt_tokens: int
     stop: list[str]
-    future: asyncio.Future[EngineReply]
-    # The engine finished the request; or it was cancelled there as its reply reached a stop string.
+    future: asyncio.Future[EngineReply | None]
+    # The engine finished the request; or it was cancelled there as its reply reached a stop string or its caller
+    # gave up.
     finished: bool = False
     cancelled: bool = False
     _window: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self._window = max((len(s.encode()) for s in self.stop), default=0) + STOP_WINDOW_EXTRA
+
+    def on_caller_done(self, caller: asyncio.Future[Any]) -> None:
+        """Its caller gave up: the sample leaves the engine and its reply is None."""
+        if caller.cancelled() and not self.future.done():
+            self.cancelled = True
+            self.future.set_result(None)
+            self.engine._drop(self.request_id)
 
     def on_output(self, output: Any) -> None:
         if self.future.done():

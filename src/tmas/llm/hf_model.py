@@ -186,10 +186,12 @@ class HFChatModel:
                 self._logs[log] = True
 
     async def _send_samples(self, samples: list[Sample]) -> list[Completion | None]:
-        """Alike calls that came together: one request with children (tmas.llm.batching)."""
+        """Alike calls that came together: one request with children (tmas.llm.batching); a sample whose caller
+        gives up leaves the engine at once, its siblings going on."""
         first = samples[0].request
         schema = self._schema(first.response_format, samples[0].key.role)
-        done = await self._generate(first, [s.key for s in samples], [s.request for s in samples], schema)
+        callers = [s.future for s in samples]
+        done = await self._generate(first, [s.key for s in samples], [s.request for s in samples], schema, callers)
         return handed_out(done, samples)
 
     async def _generate(
@@ -198,9 +200,11 @@ class HFChatModel:
         keys: list[CallKey],
         requests: list[ChatRequest] | None = None,
         schema: str | None = None,
+        callers: Sequence[asyncio.Future[Any]] = (),
     ) -> list[Completion]:
         """The completions of ``keys``, samples of ``request`` (each with the seed of its own request, where given),
-        following ``schema`` where given."""
+        following ``schema`` where given; a sample whose caller's future of ``callers`` is cancelled is cancelled in
+        the engine alone, and its completion, which no one reads, says so."""
         started = time.monotonic()
         try:
             template = request.sampling.extra_body.get(TEMPLATE_KWARGS)
@@ -217,15 +221,18 @@ class HFChatModel:
             max_tokens = min(max_tokens, window - len(prompt))
         samples = [request_sampling(r.sampling, schema) for r in (requests or [request])]
         try:
-            replies = await self.engine.generate(prompt, samples, max_tokens, request.sampling.stop or ())
+            replies = await self.engine.generate(prompt, samples, max_tokens, request.sampling.stop or (), callers)
         except EngineError as exc:
             return [self._failed(request, keys[0], str(exc), "engine")]
         latency = time.monotonic() - started
         for reply in replies:
-            self._saw_reasoning(reply_place(reply.text, None, reply.finish_reason))
+            if reply is not None:
+                self._saw_reasoning(reply_place(reply.text, None, reply.finish_reason))
         lowered = max_tokens if max_tokens != wanted else None
         return [
             self._completion(key, reply, len(prompt) if i == 0 else 0, latency, lowered)
+            if reply is not None
+            else self._failed(request, key, "its caller gave up", "cancelled")
             for i, (key, reply) in enumerate(zip(keys, replies, strict=True))
         ]
 
