@@ -279,10 +279,10 @@ class HFEngine:
         def cleared() -> list[Any]:
             with self._dropping_lock:
                 for request_id in list(self._dropping):
-                    state = scheduler.active_requests.get(request_id) or scheduler.waiting_requests.get(request_id)
+                    state = _held_request(scheduler, request_id)
                     # A request with children still to fork keeps them from being made if cancelled now; a child is
                     # in neither table before its fork.
-                    if state is not None and state.num_children == 0:
+                    if state is not None and getattr(state, "num_children", None) == 0:
                         scheduler.set_request_cancellation(request_id)
                         self._dropping.discard(request_id)
             with scheduler._cancellation_lock:
@@ -467,6 +467,18 @@ def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
             if isinstance(token, int) and token >= 0 and token not in ids:
                 ids.append(token)
     return ids
+
+
+def _held_request(scheduler: Any, request_id: str) -> Any:
+    """The scheduler's state of ``request_id`` where it holds it (running or waiting); None where it does not, or
+    where its version keeps no such tables: a dropped sample then runs on until its group ends, and is cancelled
+    with it."""
+    for name in ("active_requests", "waiting_requests"):
+        table = getattr(scheduler, name, None)
+        state = table.get(request_id) if isinstance(table, dict) else None
+        if state is not None:
+            return state
+    return None
 
 
 @dataclass
