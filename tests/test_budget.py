@@ -309,3 +309,61 @@ async def test_a_budget_counting_prompts_is_passed_by_one_call_at_most_whatever_
         [result] = store.results()
     spent = result.usage.prompt_tokens + result.usage.completion_tokens
     assert 4000 <= spent <= 4000 + 520 and result.stopped_reason == "budget"
+
+
+# ------------------------------------------------------------------------------- --budget-count without a token budget
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_budget_count_without_a_token_budget_is_refused_before_any_call(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    # It says how a token budget counts: with no token budget it would change nothing, without a word.
+    monkeypatch.chdir(tmp_path)
+    sim.set_script(SCRIPTED)
+    problems = tmp_path / "p.jsonl"
+    problems.write_text(f'{{"problem_id": "a", "question": "{Q}"}}\n')
+    if command == "run":
+        args = ["run", str(problems), "--out", str(tmp_path / "out")]
+    else:
+        args = ["sweep", "--out", str(tmp_path / "out"), "--problems", str(problems), "--no-report"]
+    args += [
+        "-m",
+        "majority",
+        "-p",
+        "k=1",
+        "--budget-calls",
+        "3",
+        "--budget-count",
+        "total",
+        "--base-url",
+        sim.base_url,
+    ]
+    out = CliRunner().invoke(app, args)
+    assert isinstance(out.exception, InputError), out.output
+    assert str(out.exception) == (
+        "--budget-count says which tokens a token budget counts, and there is no token budget: give --budget-tokens"
+        " (or budget.tokens in the config file), or leave --budget-count out"
+    )
+    assert sim.chat_bodies() == [] and not (tmp_path / "out").exists()
+
+
+def test_budget_count_reaches_the_token_budget_a_grid_study_sets(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A grid whose study sets its own token budget: --budget-count is no mistake, and counts that study's tokens.
+    monkeypatch.chdir(tmp_path)
+    sim.set_script(SCRIPTED)
+    problems = tmp_path / "p.jsonl"
+    problems.write_text(f'{{"problem_id": "a", "question": "{Q}"}}\n')
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        f'problems = "{problems}"\n[[study]]\nmethod = "majority"\nparams = {{k = 1, iterations = 9}}\n'
+        "budget = {tokens = 90}\n"
+    )
+    args = ["sweep", str(grid), "--out", str(tmp_path / "sw"), "--budget-count", "total", "--base-url", sim.base_url]
+    out = CliRunner().invoke(app, [*args, "--no-report"])
+    assert out.exit_code == 0, out.output
+    run_dir = tmp_path / "sw" / "runs" / "majority__iterations=9__k=1__budget_tokens=90_total"
+    with RunStore(run_dir, create=False) as store:
+        [row] = list(store.results())
+    # 130 total tokens a call: the first call reaches 90, the second is refused.
+    assert row.calls == 1 and row.stopped_reason == "budget"

@@ -288,6 +288,15 @@ def sweep_budget(grid: Budget, configured: Budget, given: dict[str, Any]) -> Bud
     return grid
 
 
+def with_study_counts(spec: SweepSpec, given: dict[str, Any]) -> None:
+    """Put ``--budget-count`` and ``--budget-pool`` (``given``: name -> value, only those given) on every study's own
+    token budget too: they say how a token budget counts, whichever table sets its limit (a study's ``budget``
+    replaces the sweep's, limits and all)."""
+    for study in spec.study:
+        if given and study.budget is not None and study.budget.tokens is not None:
+            study.budget = Budget.model_validate({**study.budget.model_dump(), **given})
+
+
 def resumed_sweep(
     sweep_dir: Path, overrides: dict[str, Any], *, config: str | Path | None = None
 ) -> tuple[SweepSpec, Settings]:

@@ -141,6 +141,7 @@ def solve(
 
     text = _read_question(question, file)
     settings = question_settings(flags.settings(method, given))
+    flags.check_budget_count(settings.budget)
     cost_gate(question_estimate(settings), gate, calls=QUESTION_CONFIRM_CALLS)
     # Said whether no endpoint is configured or --local-model / --hf-model replaced the one configured.
     if settings.uses_local_model:
@@ -211,7 +212,9 @@ def run(
     else:
         if problems is None or out is None:
             raise InputError("give a problem file and --out RUN_DIR (or --resume RUN_DIR)")
-        code = _new_run(problems, out, flags.settings(method, given), limit, estimate)
+        settings = flags.settings(method, given)
+        flags.check_budget_count(settings.budget)
+        code = _new_run(problems, out, settings, limit, estimate)
     if code:
         raise typer.Exit(code)
 
@@ -255,6 +258,7 @@ def _resume_run(
 
     # The stored settings are the base; flags given now (e.g. a larger --iterations) go on top.
     settings = resume_settings(stored_settings(run_dir), flags.overrides(method), config=flags.config)
+    flags.check_budget_count(settings.budget)
     # Refused at once where another process runs it, before the estimate (whose pilot would send calls); the lock is
     # taken for good by prepare_run.
     with running(run_dir):
@@ -513,7 +517,9 @@ def evaluate(
     report_dir = report_dir or out / "report"
     report = f"tmas report {out} -o {report_dir}{grade_words(grade_config)}"
     try:
-        code = _new_run(problems, out, flags.settings(method, given), limit, estimate, judge_calls(grade_config))
+        settings = flags.settings(method, given)
+        flags.check_budget_count(settings.budget)
+        code = _new_run(problems, out, settings, limit, estimate, judge_calls(grade_config))
     except interrupt.Stopped as stop:
         if stop.next_step is None:  # stopped before its run began
             raise
@@ -561,6 +567,7 @@ def _sweep_plan(
         spec_from_flags,
         sweep_budget,
         with_grid_sampling,
+        with_study_counts,
     )
 
     if resume is not None:
@@ -584,6 +591,7 @@ def _sweep_plan(
         spec.budget = sweep_budget(
             spec.budget, settings.budget, {key: value for key, value in given.items() if value is not None}
         )
+        with_study_counts(spec, {key: given[key] for key in ("count", "pool") if given[key] is not None})
     else:
         if not method:
             raise InputError("give a grid file or at least one --method")
@@ -593,6 +601,7 @@ def _sweep_plan(
                 raise InputError(f"--grid {key} is given twice: list its values in one flag ({key}=V1,V2,...)")
             axes[key] = values
         spec = spec_from_flags(problems, method, parse_params(param), axes, limit=limit, budget=settings.budget)
+    flags.check_budget_count(*(study.budget or spec.budget for study in spec.study))
     if problems is not None:
         spec.problems = problems
         if spec.about is not None:

@@ -19,7 +19,7 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 
 import typer
 
-from tmas.config import Settings, load_settings, with_method_params
+from tmas.config import Budget, Settings, load_settings, with_method_params
 from tmas.errors import InputError
 from tmas.methods import check_roles, flag_params, method_flags, method_names
 from tmas.methods.param_flags import ParamFlag
@@ -156,6 +156,15 @@ class ModelFlags:
         settings = load_settings(self.config, overrides=self.overrides(method))
         check_roles(settings)
         return with_method_params(settings, given.params(settings.method.name) if given is not None else None)
+
+    def check_budget_count(self, *budgets: Budget) -> None:
+        """Refuse ``--budget-count`` where none of ``budgets`` (the run's, or a sweep's points') has a token limit:
+        it says how a token budget counts, and would change nothing without a word."""
+        if self.budget_count is not None and all(budget.tokens is None for budget in budgets):
+            raise InputError(
+                "--budget-count says which tokens a token budget counts, and there is no token budget: give"
+                " --budget-tokens (or budget.tokens in the config file), or leave --budget-count out"
+            )
 
     def given(self, *names: str) -> set[str]:
         """Which of ``names`` were given."""
