@@ -356,3 +356,14 @@ def test_a_bad_point_of_a_grid_file_is_one_line_naming_the_file_and_the_study(
     message = str(result.exception)
     assert message.startswith(f"{grid}: study 'eps': method 'tmas': bad value (") and "'epsilon'" in message
     assert "\n" not in message and not out.exists()
+
+
+async def test_points_whose_names_meet_run_in_directories_of_their_own(tmp_path: Path) -> None:
+    # 'x y' and 'x_y' read alike as directory names: each point keeps its own run, with its own value.
+    problems = write_problems(tmp_path / "p.jsonl")
+    spec = SweepSpec(problems=problems, study=[Study(method="mattrl", grid={"pool": ["pools/x y", "pools/x_y"]})])
+    points = expand(spec)
+    assert [p.params for p in points] == [{"pool": "pools/x y"}, {"pool": "pools/x_y"}]
+    assert len({p.name for p in points}) == 2
+    assert all(p.name.startswith("mattrl__pool=pools_x_y__") for p in points)
+    assert expand(spec)[0].name == points[0].name  # stable: a resumed sweep finds its runs
