@@ -8,9 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from conftest import scripted_settings
 from scripted_runs import GoneModel
+from tmas.cli.main import app
 from tmas.config import Budget
 from tmas.errors import ConfigError
 from tmas.methods.base import ProblemResult
@@ -18,7 +20,7 @@ from tmas.problems import Problem
 from tmas.runner import Unreachable
 from tmas.store.run_store import RunStore
 from tmas.sweep import GridAbout, PointOutcome, Study, SweepSpec, expand, load_spec, report_sweep, run_sweep
-from tmas.testing import Rule, ScriptedModel, SimScript
+from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
 PROBLEMS = [("p1", "What is 12*11?", "132"), ("p2", "What is 7*8?", "56"), ("p3", "What is 9*9?", "81")]
 
@@ -367,3 +369,23 @@ async def test_points_whose_names_meet_run_in_directories_of_their_own(tmp_path:
     assert len({p.name for p in points}) == 2
     assert all(p.name.startswith("mattrl__pool=pools_x_y__") for p in points)
     assert expand(spec)[0].name == points[0].name  # stable: a resumed sweep finds its runs
+
+
+def test_a_sweep_run_again_with_a_grid_that_leaves_points_out_says_which(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    problems = write_problems(tmp_path / "p.jsonl")
+    args = ["sweep", "--out", "sw", "--problems", problems, "-m", "majority", "-p", "iterations=1"]
+    args += ["--base-url", sim.base_url, "--no-report"]
+    first = CliRunner().invoke(app, [*args, "--grid", "k=1,2"])
+    assert first.exit_code == 0, first.output
+    sent = len(sim.chat_bodies())
+    again = CliRunner().invoke(app, [*args, "--grid", "k=1,3"])
+    assert again.exit_code == 0, again.output
+    assert (
+        "tmas sweep: sw was made with another grid: 1 of its points left out of this one and of its report (their"
+        " runs stay under sw/runs): majority__iterations=1__k=2; 1 added: majority__iterations=1__k=3"
+    ) in again.output
+    # k=1 is finished and skipped: only k=3's calls are sent, 3 samples a problem.
+    assert len(sim.chat_bodies()) - sent == 3 * len(list(Path(problems).read_text().splitlines()))

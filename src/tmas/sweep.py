@@ -330,6 +330,16 @@ def resumed_sweep(
     return spec, settings
 
 
+def grid_changes(out_dir: Path, points: list[SweepPoint]) -> tuple[list[str], list[str]]:
+    """The points of a sweep run again in ``out_dir`` with another grid than its manifest's: those it adds, and those
+    it leaves out (their runs stay under ``runs/``, out of the report); none where ``out_dir`` holds no sweep."""
+    if not (out_dir / MANIFEST).is_file():
+        return [], []
+    before = list(read_manifest(out_dir)["points"])
+    now = [point.name for point in points]
+    return [name for name in now if name not in before], [name for name in before if name not in now]
+
+
 def _pending(store: RunStore, settings: Settings, *, own_model: bool) -> int:
     """How many of the run's problems are not finished with the point's method, params and budget, or finished with
     a failed call that a resume asks again (``own_model``: the points run on a model of the caller's own, as

@@ -661,7 +661,7 @@ def sweep(
     from tmas.cli.progress import plain_status
     from tmas.planning.estimate import replay_credit
     from tmas.runner import RunState, StoreFailed, Unreachable
-    from tmas.sweep import expand, point_replays, report_sweep, run_sweep, sweep_problems
+    from tmas.sweep import expand, grid_changes, point_replays, report_sweep, run_sweep, sweep_problems
 
     grade_config = read_grade_flags(grade, judge_runs)
     if not no_report:
@@ -671,6 +671,15 @@ def sweep(
     )
 
     points = expand(spec)
+    added, left = grid_changes(out, points)
+    if left:
+        # Said before any call: the runs of the points left out stay on disk, and out of the report.
+        typer.echo(
+            f"tmas sweep: {out} was made with another grid: {len(left)} of its points left out of this one and of"
+            f" its report (their runs stay under {out / 'runs'}): {', '.join(left)}"
+            + (f"; {len(added)} added: {', '.join(added)}" if added else ""),
+            err=True,
+        )
     steps = Steps("sweep")
     started = iter(range(1, len(points) + 1))
 
