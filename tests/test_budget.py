@@ -22,6 +22,7 @@ from tmas.errors import ConfigError, InputError
 from tmas.llm.types import Usage
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
+from tmas.runner import stored_settings
 from tmas.store.run_store import RunStore
 from tmas.sweep import point_name
 from tmas.testing import Rule, ScriptedModel, ScriptedUsage, SimScript, SimServer
@@ -367,3 +368,31 @@ def test_budget_count_reaches_the_token_budget_a_grid_study_sets(
         [row] = list(store.results())
     # 130 total tokens a call: the first call reaches 90, the second is refused.
     assert row.calls == 1 and row.stopped_reason == "budget"
+
+
+def test_budget_pool_pools_the_token_budget_of_a_grid_file(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The grid file gives the token budget, the flag pools it: no token budget in the config is no mistake.
+    monkeypatch.chdir(tmp_path)
+    sim.set_script(SCRIPTED)
+    problems = tmp_path / "p.jsonl"
+    problems.write_text(f'{{"problem_id": "a", "question": "{Q}"}}\n')
+    grid = tmp_path / "grid.toml"
+    grid.write_text(f'problems = "{problems}"\nbudget = {{tokens = 90}}\n[[study]]\nmethod = "cot"\n')
+    out = CliRunner().invoke(app, ["sweep", str(grid), "--out", "sw", "--budget-pool", "--base-url", sim.base_url])
+    assert out.exit_code == 0, out.output
+    assert stored_settings(tmp_path / "sw" / "runs" / "cot__budget_tokens=90_pooled").budget == Budget(
+        tokens=90, pool=True
+    )
+
+
+def test_budget_pool_with_no_token_budget_in_a_sweep_is_one_line(tmp_path: Path) -> None:
+    grid = tmp_path / "grid.toml"
+    grid.write_text('problems = "p.jsonl"\nbudget = {calls = 5}\n[[study]]\nmethod = "cot"\n')
+    out = CliRunner().invoke(app, ["sweep", str(grid), "--out", str(tmp_path / "sw"), "--budget-pool"])
+    assert isinstance(out.exception, InputError), out.output
+    assert str(out.exception) == (
+        "--budget-pool moves unused tokens between problems, and there is no token budget: give --budget-tokens"
+        " (or budget.tokens in the config file), or leave --budget-pool out"
+    )

@@ -301,12 +301,17 @@ def sweep_budget(grid: Budget, configured: Budget, given: dict[str, Any]) -> Bud
     return grid
 
 
-def with_study_counts(spec: SweepSpec, given: dict[str, Any]) -> None:
-    """Put ``--budget-count`` and ``--budget-pool`` (``given``: name -> value, only those given) on every study's own
-    token budget too: they say how a token budget counts, whichever table sets its limit (a study's ``budget``
-    replaces the sweep's, limits and all)."""
+def with_token_flags(spec: SweepSpec, flags: dict[str, Any]) -> None:
+    """Put ``--budget-count`` and ``--budget-pool`` (``flags``: ``count`` and ``pool`` -> value, None where not
+    given) on every token budget of a grid, the sweep's and each study's own: they say how a token budget counts,
+    whichever table sets its limit (a study's ``budget`` replaces the sweep's, limits and all)."""
+    given = {key: value for key, value in flags.items() if value is not None}
+    if not given:
+        return
+    if spec.budget.tokens is not None:
+        spec.budget = Budget.model_validate({**spec.budget.model_dump(), **given})
     for study in spec.study:
-        if given and study.budget is not None and study.budget.tokens is not None:
+        if study.budget is not None and study.budget.tokens is not None:
             study.budget = Budget.model_validate({**study.budget.model_dump(), **given})
 
 

@@ -7,6 +7,7 @@ import sqlite3
 import sys
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -141,7 +142,7 @@ def solve(
 
     text = _read_question(question, file)
     settings = question_settings(flags.settings(method, given))
-    flags.check_budget_count(settings.budget)
+    flags.check_token_flags(settings.budget)
     cost_gate(question_estimate(settings), gate, calls=QUESTION_CONFIRM_CALLS)
     # Said whether no endpoint is configured or --local-model / --hf-model replaced the one configured.
     if settings.uses_local_model:
@@ -213,7 +214,7 @@ def run(
         if problems is None or out is None:
             raise InputError("give a problem file and --out RUN_DIR (or --resume RUN_DIR)")
         settings = flags.settings(method, given)
-        flags.check_budget_count(settings.budget)
+        flags.check_token_flags(settings.budget)
         code = _new_run(problems, out, settings, limit, estimate)
     if code:
         raise typer.Exit(code)
@@ -258,7 +259,7 @@ def _resume_run(
 
     # The stored settings are the base; flags given now (e.g. a larger --iterations) go on top.
     settings = resume_settings(stored_settings(run_dir), flags.overrides(method), config=flags.config)
-    flags.check_budget_count(settings.budget)
+    flags.check_token_flags(settings.budget)
     # Refused at once where another process runs it, before the estimate (whose pilot would send calls); the lock is
     # taken for good by prepare_run.
     with running(run_dir):
@@ -518,7 +519,7 @@ def evaluate(
     report = f"tmas report {out} -o {report_dir}{grade_words(grade_config)}"
     try:
         settings = flags.settings(method, given)
-        flags.check_budget_count(settings.budget)
+        flags.check_token_flags(settings.budget)
         code = _new_run(problems, out, settings, limit, estimate, judge_calls(grade_config))
     except interrupt.Stopped as stop:
         if stop.next_step is None:  # stopped before its run began
@@ -567,7 +568,7 @@ def _sweep_plan(
         spec_from_flags,
         sweep_budget,
         with_grid_sampling,
-        with_study_counts,
+        with_token_flags,
     )
 
     if resume is not None:
@@ -581,17 +582,18 @@ def _sweep_plan(
     if out is None:
         raise InputError("give --out SWEEP_DIR (or --resume SWEEP_DIR)")
     # The budget from the config file, TMAS_BUDGET_* and the flags; sweep_budget puts a grid file's in between.
-    settings = flags.settings()
+    # A grid file may give the token budget that --budget-pool pools: the flag goes on the points' budgets below.
+    settings = (flags if grid_file is None else replace(flags, budget_pool=None)).settings()
     if grid_file is not None:
         if method or grid or param:
             raise InputError("give either a grid file or --method/--param/--grid, not both")
         spec = load_spec(grid_file)
         check_studies(spec, grid_file)
-        given = {key: getattr(flags, f"budget_{key}") for key in ("tokens", "calls", "count", "pool")}
+        given = {key: getattr(flags, f"budget_{key}") for key in ("tokens", "calls", "count")}
         spec.budget = sweep_budget(
             spec.budget, settings.budget, {key: value for key, value in given.items() if value is not None}
         )
-        with_study_counts(spec, {key: given[key] for key in ("count", "pool") if given[key] is not None})
+        with_token_flags(spec, {key: getattr(flags, f"budget_{key}") for key in ("count", "pool")})
     else:
         if not method:
             raise InputError("give a grid file or at least one --method")
@@ -601,7 +603,7 @@ def _sweep_plan(
                 raise InputError(f"--grid {key} is given twice: list its values in one flag ({key}=V1,V2,...)")
             axes[key] = values
         spec = spec_from_flags(problems, method, parse_params(param), axes, limit=limit, budget=settings.budget)
-    flags.check_budget_count(*(study.budget or spec.budget for study in spec.study))
+    flags.check_token_flags(*(study.budget or spec.budget for study in spec.study))
     if problems is not None:
         spec.problems = problems
         if spec.about is not None:

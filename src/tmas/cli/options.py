@@ -157,14 +157,21 @@ class ModelFlags:
         check_roles(settings)
         return with_method_params(settings, given.params(settings.method.name) if given is not None else None)
 
-    def check_budget_count(self, *budgets: Budget) -> None:
-        """Refuse ``--budget-count`` where none of ``budgets`` (the run's, or a sweep's points') has a token limit:
-        it says how a token budget counts, and would change nothing without a word."""
-        if self.budget_count is not None and all(budget.tokens is None for budget in budgets):
-            raise InputError(
-                "--budget-count says which tokens a token budget counts, and there is no token budget: give"
-                " --budget-tokens (or budget.tokens in the config file), or leave --budget-count out"
-            )
+    def check_token_flags(self, *budgets: Budget) -> None:
+        """Refuse ``--budget-count`` and ``--budget-pool`` where none of ``budgets`` (the run's, or a sweep's points')
+        has a token limit: they say how a token budget counts, and would change nothing without a word."""
+        if any(budget.tokens is not None for budget in budgets):
+            return
+        for flag, what in [
+            ("budget_count", "says which tokens a token budget counts"),
+            ("budget_pool", "moves unused tokens between problems"),
+        ]:
+            if getattr(self, flag):
+                name = "--" + flag.replace("_", "-")
+                raise InputError(
+                    f"{name} {what}, and there is no token budget: give --budget-tokens (or budget.tokens in the"
+                    f" config file), or leave {name} out"
+                )
 
     def given(self, *names: str) -> set[str]:
         """Which of ``names`` were given."""
