@@ -19,7 +19,16 @@ from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
 from tmas.runner import Unreachable
 from tmas.store.run_store import RunStore
-from tmas.sweep import GridAbout, PointOutcome, Study, SweepSpec, expand, load_spec, report_sweep, run_sweep
+from tmas.sweep import (
+    GridAbout,
+    PointOutcome,
+    Study,
+    SweepSpec,
+    expand,
+    load_spec,
+    report_sweep,
+    run_sweep,
+)
 from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 
 PROBLEMS = [("p1", "What is 12*11?", "132"), ("p2", "What is 7*8?", "56"), ("p3", "What is 9*9?", "81")]
@@ -389,3 +398,25 @@ def test_a_sweep_run_again_with_a_grid_that_leaves_points_out_says_which(
     ) in again.output
     # k=1 is finished and skipped: only k=3's calls are sent, 3 samples a problem.
     assert len(sim.chat_bodies()) - sent == 3 * len(list(Path(problems).read_text().splitlines()))
+
+
+async def test_studies_whose_names_meet_as_folder_names_each_keep_their_report(tmp_path: Path) -> None:
+    from tmas.grading.grades import GradeConfig
+
+    spec = SweepSpec(
+        problems=write_problems(tmp_path / "problems.jsonl"),
+        limit=1,
+        study=[
+            Study(name="Table 1 (IMO)", methods=["cot", "majority"]),
+            Study(name="Table 1 IMO", method="self_refine", params={"iterations": 1}, grid={"n": [1, 2]}),
+        ],
+    )
+    model = ScriptedModel(SimScript(), scripted_settings())
+    await run_sweep(spec, model.settings, tmp_path / "sweep", model=model)
+    written = await report_sweep(spec, tmp_path / "sweep", GradeConfig(mode="rules"), None)
+    first, second = written["Table 1 (IMO)/markdown"], written["Table 1 IMO/markdown"]
+    assert first != second and first.parent.name.startswith("Table_1_IMO__")
+    assert "| majority [sim-model] |" in first.read_text()
+    assert "| self_refine [sim-model] (n=2) |" not in first.read_text()
+    assert "| self_refine [sim-model] (n=2) |" in second.read_text()
+    assert "| majority [sim-model] |" not in second.read_text()

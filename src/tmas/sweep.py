@@ -541,12 +541,25 @@ async def report_sweep(
     written = await build_report(dirs, out_dir / "report", config, settings, on_step=on_step)
     groups = study_groups(spec, out_dir)
     if len(groups) > 1:
+        folders = study_folders(list(groups))
         for study, dirs in groups.items():
             if len(dirs) > 1:
-                where = out_dir / "report" / _slug(study)
+                where = out_dir / "report" / folders[study]
                 sub = await build_report(dirs, where, config, settings, grade=False, on_step=on_step)
                 written[f"{study}/markdown"] = sub["markdown"]
     return written
+
+
+def study_folders(studies: list[str]) -> dict[str, str]:
+    """Each study's folder under the sweep's ``report/``: its name as a folder name, and where names meet so
+    (``Table 1 (IMO)`` and ``Table 1 IMO``) a digest of the name besides, so that no study's report writes over
+    another's."""
+    slugs = {study: _slug(study) for study in studies}
+    taken = list(slugs.values())
+    return {
+        study: slug if taken.count(slug) == 1 else f"{slug}__{hashlib.sha256(study.encode()).hexdigest()[:8]}"
+        for study, slug in slugs.items()
+    }
 
 
 def _slug(text: str) -> str:
