@@ -89,18 +89,24 @@ def test_method_names_and_models() -> None:
     ]
 
 
-@pytest.mark.slow
-async def test_report_puts_the_published_cell_beside_a_scripted_run(sim: SimServer, tmp_path: Path) -> None:
+async def _paper_benchmark_run(sim: SimServer, run_dir: Path) -> None:
+    """A TMAS run (n=2, m=1, two iterations) of two problems on the paper's 30B model, recorded as a paper grid
+    records its benchmark, on a subset of its own."""
     problems = [Problem(problem_id=f"p{i}", question=f"What is {i + 4}*6?", answer=str((i + 4) * 6)) for i in range(2)]
     settings = settings_for(
         sim, endpoint__model=f"Qwen/{M30}", method__name="tmas", method__params={"n": 2, "m": 1, "iterations": 2}
     )
-    run_dir = tmp_path / "tmas"
     store, settings, todo = prepare_run(run_dir, settings, problems, resume=False)
     with store:
         store.set_meta("dataset", "my-subset")
-        store.set_meta("paper_benchmark", "IMO-AnswerBench-50")  # what a paper grid records
+        store.set_meta("paper_benchmark", "IMO-AnswerBench-50")
         await run_problems(settings, todo, store, state=RunState())
+
+
+@pytest.mark.slow
+async def test_report_puts_the_published_cell_beside_a_scripted_run(sim: SimServer, tmp_path: Path) -> None:
+    run_dir = tmp_path / "tmas"
+    await _paper_benchmark_run(sim, run_dir)
     written = await build_report([run_dir], tmp_path / "report", GradeConfig(mode="rules"), None)
     report = written["markdown"].read_text()
     assert "### Paper beside ours" in report
@@ -130,15 +136,8 @@ async def test_no_paper_table_for_an_unknown_model(sim: SimServer, tmp_path: Pat
 
 @pytest.mark.slow
 async def test_a_run_short_of_problems_says_so_beside_the_papers_figures(sim: SimServer, tmp_path: Path) -> None:
-    problems = [Problem(problem_id=f"p{i}", question=f"What is {i + 4}*6?", answer=str((i + 4) * 6)) for i in range(2)]
-    settings = settings_for(
-        sim, endpoint__model=f"Qwen/{M30}", method__name="tmas", method__params={"n": 2, "m": 1, "iterations": 2}
-    )
     run_dir = tmp_path / "tmas"
-    store, settings, todo = prepare_run(run_dir, settings, problems, resume=False)
-    with store:
-        store.set_meta("paper_benchmark", "IMO-AnswerBench-50")
-        await run_problems(settings, todo, store, state=RunState())
+    await _paper_benchmark_run(sim, run_dir)
     # Stopped before p1 began: the run stands on p0 alone, as its Pass@1 tables say.
     with sqlite3.connect(run_dir / "run.sqlite") as db:
         for table in ("results", "iterations"):
