@@ -176,6 +176,43 @@ def test_guideline_classifications() -> None:
     assert len(old) == 1
 
 
+def test_rollouts_of_one_iteration_that_share_a_strategy_log_it_once() -> None:
+    # Rollouts 1, 2 and 4 follow one strategy that is not logged, described in different words (no near-duplicates):
+    # rollout 4 names rollout 2, which names rollout 1 (both after it in the reply), and rollout 3, placed first,
+    # names rollout 5, whose verdict comes later in the reply and repeats G1. A rollout naming itself or a rollout
+    # with no strategy is refused.
+    old = GuidelineBank(
+        strategies=[Strategy(id="G1", description="direct recurrence on columns", first_iteration=0, last_iteration=0)],
+        next_id=2,
+    )
+    items = [
+        StrategyClassification(rollout=3, strategy="", novelty=0, same_as="R5"),
+        StrategyClassification(rollout=1, strategy="transfer matrix over column states", novelty=1),
+        StrategyClassification(rollout=4, strategy="", novelty=0, same_as="rollout 2"),
+        StrategyClassification(rollout=2, strategy="eigenvalues of the state matrix", novelty=0, same_as="[r1]"),
+        StrategyClassification(rollout=5, strategy="", novelty=0, same_as="G1"),
+        StrategyClassification(rollout=6, strategy="", novelty=0, same_as="R6"),
+        StrategyClassification(rollout=7, strategy="", novelty=-1),
+        StrategyClassification(rollout=8, strategy="", novelty=0, same_as="R7"),
+    ]
+    new, report = apply_strategy_classifications(
+        old, items, iteration=2, n_rollouts=8, scores={1: 0.25, 2: 0.75, 3: 0.5, 4: 0.0, 5: 0.0}
+    )
+    assert [(s.id, s.description) for s in new.strategies] == [
+        ("G1", "direct recurrence on columns"),
+        ("G2", "transfer matrix over column states"),
+    ]
+    g1, g2 = new.strategies
+    assert (g1.attempts, g1.best_score) == (3, 0.5)
+    assert (g2.attempts, g2.first_iteration, g2.last_iteration, g2.best_score) == (3, 2, 2, 0.75)
+    assert report.added == ["G2"] and report.repeated == {"G1": [5, 3], "G2": [2, 4]}
+    assert report.undetermined == [7]
+    assert report.rejected == [
+        "rollout 8: 'same_as' 'R7' names no strategy logged or named by that rollout",
+        "rollout 6: 'same_as' 'R6' names no strategy logged or named by that rollout",
+    ]
+
+
 def test_guideline_same_as_unknown_is_refused() -> None:
     new, report = apply_strategy_classifications(
         GuidelineBank(),

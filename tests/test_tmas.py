@@ -339,6 +339,36 @@ async def test_invalid_experience_update_keeps_the_previous_bank(
     assert second["guideline_update"]["status"] == "applied"
 
 
+async def test_a_strategy_the_rollouts_of_one_iteration_share_is_logged_once() -> None:
+    # The three rollouts of iteration 0 follow one strategy, described in three wordings too far apart to count as
+    # near-duplicates; rollouts 2 and 3 name rollout 1, as the guideline prompt asks. The explorers of iteration 1
+    # are shown that strategy once.
+    first, second, third = (
+        "Split 23 as 20 + 3 and distribute.",
+        "Compute 17 times 20 and 17 times 3 separately, then add the partial products.",
+        "Break the second factor into tens and units before multiplying.",
+    )
+    verdicts = [
+        {"rollout": 1, "strategy": first, "novelty": 1, "same_as": None},
+        {"rollout": 2, "strategy": second, "novelty": 0, "same_as": "R1"},
+        {"rollout": 3, "strategy": third, "novelty": 0, "same_as": "R1"},
+    ]
+    rule = Rule(role="guideline", pattern="none logged yet", replies=[json.dumps({"rollouts": verdicts})])
+    result, model = await run_tmas(SimScript(rules=[rule]), n=3, m=1, iterations=2, epsilon=1.0)
+    guideline = last_user_prompts(model, "guideline")[0]
+    assert "the letter R followed by its number" in guideline
+    update = result.iterations[0].state["guideline_update"]
+    assert update["report"]["added"] == ["G1"] and update["report"]["repeated"] == {"G1": [2, 3]}
+    assert update["report"]["rejected"] == []
+    (logged,) = result.iterations[0].state["guideline_bank"]["strategies"]
+    assert (logged["id"], logged["description"], logged["attempts"]) == ("G1", first, 3)
+    explore = [p for p in last_user_prompts(model, "solution") if EXPLORE_MARK in p]
+    assert len(explore) == 3
+    for prompt in explore:
+        listed = prompt.split(EXPLORE_MARK)[1].split("</attempted_strategies>")[0]
+        assert re.findall(r"^- \[(G\d+)\] (.*)$", listed, re.M) == [("G1", first)]
+
+
 async def test_invalid_guideline_update_keeps_the_previous_bank() -> None:
     rule = Rule(role="guideline", pattern=r"- \[G1\] ", replies=['```json\n{"rollouts": [{"rollout": 1,\n```'])
     script = SimScript(rules=[rule])

@@ -1,8 +1,10 @@
 """The guideline agent A_guide (paper eq. 5): G_t = A_guide(Q, R_t, G_{t-1}), one strategy verdict per rollout.
 
 The reply must hold a JSON object with a ``rollouts`` list of ``{rollout, strategy, novelty, same_as}`` items
-(novelty 1 new, 0 already logged, -1 undeterminable). Truncated, empty or listless replies, or a non-empty list with
-no valid item, are invalid updates (the caller keeps G_{t-1}); single malformed items are dropped and reported.
+(novelty 1 new, 0 already logged, -1 undeterminable; a 0 whose ``same_as`` is "R2" shares the strategy of rollout 2 of
+the same iteration, so the distinct strategies of one iteration enter the bank once). Truncated, empty or listless
+replies, or a non-empty list with no valid item, are invalid updates (the caller keeps G_{t-1}); single malformed
+items are dropped and reported.
 """
 
 from __future__ import annotations

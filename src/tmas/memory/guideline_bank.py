@@ -3,11 +3,14 @@
 Explorers are shown it and told to go somewhere fundamentally different (eq. 1, second branch). The guideline agent
 classifies each rollout's strategy against the log: 1 = new, 0 = the same as a logged one, -1 = cannot tell;
 :func:`apply_strategy_classifications` turns those verdicts into G_t, purely. A "new" strategy whose wording is a
-near-duplicate (word-set Jaccard) of a logged one is counted as another attempt of that one instead.
+near-duplicate (word-set Jaccard) of a logged one, or of one a rollout of the same iteration logged, is counted as
+another attempt of that one instead; and a rollout whose verdict names another rollout of its iteration ("R2") counts
+as another attempt of that rollout's strategy. Each distinct strategy of an iteration's rollouts enters the bank once.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -16,6 +19,8 @@ from tmas.memory.entry_ids import entry_id
 from tmas.memory.similarity import jaccard
 
 DEFAULT_DEDUP_THRESHOLD = 0.7
+# A ``same_as`` naming a rollout of the same iteration, as entry_id leaves it (upper case): "R2", "ROLLOUT 2".
+_ROLLOUT_REF = re.compile(r"(?:R|ROLLOUT)\s*#?(\d+)")
 
 
 class Strategy(BaseModel):
@@ -100,12 +105,19 @@ def apply_strategy_classifications(
     scores: dict[int, float] | None = None,
     dedup_threshold: float = DEFAULT_DEDUP_THRESHOLD,
 ) -> tuple[GuidelineBank, GuidelineReport]:
-    """G_t from G_{t-1} and one verdict per rollout; ``scores`` maps rollout number (1-based) to its mean score."""
+    """G_t from G_{t-1} and one verdict per rollout; ``scores`` maps rollout number (1-based) to its mean score.
+
+    A rollout of this iteration can share its strategy with another one of the same iteration: its verdict is 0 with
+    ``same_as`` naming that rollout ("R2"), and it counts as another attempt of whatever strategy that rollout's
+    verdict logged or named, so a strategy the rollouts of one iteration share enters the bank once. Such verdicts are
+    read after all the others, whatever their order in the reply."""
     report = GuidelineReport()
     scores = scores or {}
     strategies = list(bank.strategies)
     next_id = bank.next_id
     seen: set[int] = set()
+    # Rollout number -> position in ``strategies`` of the strategy its verdict logged or named.
+    followed: dict[int, int] = {}
 
     def credit(position: int, rollout: int) -> None:
         old = strategies[position]
@@ -115,25 +127,42 @@ def apply_strategy_classifications(
             update={"attempts": old.attempts + 1, "last_iteration": iteration, "best_score": best}
         )
         report.repeated.setdefault(old.id, []).append(rollout)
+        followed[rollout] = position
 
+    valid: list[StrategyClassification] = []
     for item in items:
         if item.rollout > n_rollouts:
             report.rejected.append(f"rollout {item.rollout}: there are only {n_rollouts}")
-            continue
-        if item.rollout in seen:
+        elif item.rollout in seen:
             report.rejected.append(f"rollout {item.rollout}: classified twice")
-            continue
-        seen.add(item.rollout)
+        else:
+            seen.add(item.rollout)
+            valid.append(item)
+    # Verdicts naming a rollout wait for that rollout's own (a chain R4 -> R2 -> R1 resolves in any order).
+    pending = [i for i in valid if _rollout_named(i) is not None]
+    ordered = [i for i in valid if _rollout_named(i) is None]
+    while pending:
+        ready = [i for i in pending if _rollout_named(i) not in {p.rollout for p in pending}]
+        ready = ready or pending  # a cycle: read in reply order, so its first verdict is refused
+        ordered += ready
+        pending = [i for i in pending if i not in ready]
+
+    for item in ordered:
         if item.novelty == -1:
             report.undetermined.append(item.rollout)
             continue
         if item.novelty == 0:
-            position = next((i for i, s in enumerate(strategies) if s.id == item.same_as), None)
+            named = _rollout_named(item)
+            if named is not None:
+                position = followed.get(named) if named != item.rollout else None
+            else:
+                position = next((i for i, s in enumerate(strategies) if s.id == item.same_as), None)
             if position is None and item.strategy:
                 # The id is missing or wrong: match on the wording instead, if it is close enough to one entry.
                 position = _closest(strategies, item.strategy, dedup_threshold)
             if position is None:
-                report.rejected.append(f"rollout {item.rollout}: 'same_as' {item.same_as!r} names no logged strategy")
+                names = "no strategy logged or named by that rollout" if named is not None else "no logged strategy"
+                report.rejected.append(f"rollout {item.rollout}: 'same_as' {item.same_as!r} names {names}")
                 continue
             credit(position, item.rollout)
             continue
@@ -156,8 +185,15 @@ def apply_strategy_classifications(
                 best_score=scores.get(item.rollout),
             )
         )
+        followed[item.rollout] = len(strategies) - 1
         report.added.append(strategy_id)
     return GuidelineBank(strategies=strategies, next_id=next_id), report
+
+
+def _rollout_named(item: StrategyClassification) -> int | None:
+    """The rollout of the same iteration a 0 verdict's ``same_as`` names ("R2", "rollout 2"), or None."""
+    match = _ROLLOUT_REF.fullmatch(item.same_as or "") if item.novelty == 0 else None
+    return int(match.group(1)) if match else None
 
 
 def _closest(strategies: list[Strategy], text: str, threshold: float) -> int | None:
