@@ -168,7 +168,8 @@ def experience_responder(req: SimRequest) -> str:
 
 @register_responder("guideline")
 def guideline_responder(req: SimRequest) -> str:
-    """One verdict per rollout: its strategy (picked by its solution text), new (1) or already logged (0)."""
+    """One verdict per rollout: its strategy (picked by its solution text), new (1), already logged (0, its id) or
+    the same as an earlier rollout's new one (0, "R" and that rollout's number), as the prompt asks."""
     text = req.question
     logged = {description: sid for sid, description in _STRATEGY.findall(tag(text, "attempted_strategies"))}
     verdicts = []
@@ -178,4 +179,5 @@ def guideline_responder(req: SimRequest) -> str:
             verdicts.append({"rollout": number, "strategy": strategy, "novelty": 0, "same_as": logged[strategy]})
         else:
             verdicts.append({"rollout": number, "strategy": strategy, "novelty": 1, "same_as": None})
+            logged[strategy] = f"R{number}"
     return "```json\n" + json.dumps({"rollouts": verdicts}, indent=1) + "\n```"
