@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from conftest import settings_for
+from conftest import eventually, settings_for
 from tmas.config import Sampling, Settings, load_settings
 from tmas.llm.client import LLMClient
 from tmas.llm.factory import open_model
@@ -117,6 +117,30 @@ async def test_an_error_event_in_the_stream_is_a_retried_failure_with_the_server
     assert not reply.ok and reply.error_cause == "stream_error" and reply.retry_causes == ["stream_error"]
     assert reply.error is not None and "Simulated error mid-generation." in reply.error
     assert reply.content == ""
+
+
+@pytest.mark.parametrize("stream", ["on", "off"])
+async def test_sglangs_full_queue_in_an_open_stream_counts_as_its_503(
+    sim: SimServer, tmp_path: Path, stream: str
+) -> None:
+    # SGLang with --max-queued-requests aborts a request its full queue cannot take with 503 "The request queue is
+    # full."; a streamed request meets it as the first event of an HTTP 200 stream. One call holds the only turn
+    # (a rule's latency), none may wait: the other call meets the full queue on each attempt.
+    holding = Rule(pattern="hold the turn", replies=["held"], latency_s=60)
+    sim.set_script(SimScript(persona="sglang", max_running=1, max_queued=0, rules=[holding, Rule(replies=["ok"])]))
+    settings = settings_for(sim, endpoint__stream=stream, retry__max_attempts=2)
+    with RunStore(tmp_path) as store:
+        async with open_model(settings, store) as llm:
+            holder = asyncio.ensure_future(llm.chat("solution", [user("hold the turn")]))
+            await eventually(lambda: sim.stats().running == 1)
+            reply = await llm.chat("solution", QUESTION)
+            holder.cancel()
+            await asyncio.gather(holder, return_exceptions=True)
+        causes = store.call_causes()
+    assert sim.stats().faults == {"queue_full": 2}
+    assert not reply.ok and reply.error_cause == "http_503" and reply.retry_causes == ["http_503"]
+    assert reply.error is not None and "The request queue is full." in reply.error
+    assert causes == {"failed": {"http_503": 1}, "retried": {"http_503": 1}}
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,12 @@ CONNECT_TIMEOUT_S = 30.0
 
 # Statuses worth sending again: the server (or a proxy in front) was busy or broke, not the request.
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+# Statuses that say the server is too busy to take the request, whether as the reply's status or as the code of an
+# error event that opens its stream: SGLang, its waiting queue full (--max-queued-requests), aborts the request with
+# 503 "The request queue is full." (scheduler.py _abort_on_queued_limit), and a streamed request meets that as the
+# first event of an HTTP 200 stream (serving_chat.py, create_streaming_error_response(message, "SERVICE_UNAVAILABLE",
+# 503)). Such an event counts as the status would (cause ``http_503``), not as generation that broke.
+OVERLOAD_STATUS = frozenset({429, 503})
 
 # OpenAI's wording of a field a model refuses: "Unsupported parameter: 'max_tokens' ... Use 'max_completion_tokens'
 # instead." and "Unsupported value: 'temperature' does not support 0.7 with this model. Only the default (1) value is
@@ -180,7 +186,9 @@ def from_stream_event(error: Any, *, began: bool = False, body: dict[str, Any] |
     stream began, with the status it would have had (``code``); ``began``: whether reply text had streamed before it;
     ``body``: the request's.
 
-    A 5xx one (or one without a status) is the server's, and retried. A 4xx one is told apart by what it says, since
+    One whose status says the server is overloaded (:data:`OVERLOAD_STATUS`: SGLang's full queue) is that status's
+    failure (cause ``http_503``), retried with backoff as the status is. Another 5xx one (or one without a status) is
+    the server's, and retried (cause ``stream_error``). A 4xx one is told apart by what it says, since
     both servers give 400 to faults of their own: vLLM's serving code answers a ValueError, TypeError, RuntimeError or
     OverflowError met mid-stream with code 400 (vllm/entrypoints/serve/engine/serving.py, create_error_response), SGLang
     any ValueError (serving_chat.py, create_streaming_error_response). One that names the request (a parameter
@@ -193,6 +201,8 @@ def from_stream_event(error: Any, *, began: bool = False, body: dict[str, Any] |
     code = error.get("code") if isinstance(error, dict) else None
     status = code if isinstance(code, int) and not isinstance(code, bool) else None
     said = f"server error in stream: {message}"
+    if status in OVERLOAD_STATUS:
+        return Failure(f"{said} (HTTP {status})", f"http_{status}", retry=True)
     if status is None or not 400 <= status < 500 or status in RETRYABLE_STATUS:
         return Failure(said, "stream_error", retry=True)
     refusal = context_refusal(message, error if isinstance(error, dict) else None)

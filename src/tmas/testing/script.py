@@ -263,6 +263,11 @@ class SimScript(_Strict):
     # arrival order before their first chunk, shown as the persona's server shows it (tmas.testing.personas,
     # ``Persona.headers_at``). None: all at once, as before.
     max_running: int | None = Field(default=None, ge=1)
+    # With ``max_running``: the most requests waiting for a turn (SGLang's --max-queued-requests); one more is refused
+    # at once, as SGLang's scheduler aborts it (_abort_on_queued_limit: status 503, "The request queue is full."): a
+    # streamed request gets an HTTP 200 stream whose first event is that error, then [DONE]; one sent whole an HTTP
+    # 503. None: no limit.
+    max_queued: int | None = Field(default=None, ge=0)
     # /health: "ok" answers 200; "hang" answers nothing for ``hang_s`` then closes the connection; "error" answers
     # 503, as a replica whose engine died does.
     health: Literal["ok", "hang", "error"] = "ok"

@@ -116,6 +116,11 @@ def status_error(persona: str, status: int, message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": _error_type(status), "param": None, "code": status}}
 
 
+# SGLang's scheduler, its waiting queue full (scheduler.py _abort_on_queued_limit): the request ends with an abort
+# carrying HTTP 503 and this message.
+QUEUE_FULL = "The request queue is full."
+
+
 def rule_error(persona: str, rule: Rule, status: int, *, event: bool = False) -> dict[str, Any]:
     """The body of a rule's error with ``status``: its ``error_body`` verbatim, else the persona's shape with its
     ``error_message`` (as an error event in a stream where ``event``: SGLang sends its flat error whole)."""

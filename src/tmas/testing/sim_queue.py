@@ -34,6 +34,13 @@ class RunQueue:
     def _report(self, *, entered_queue: bool = False, aborted: bool = False) -> None:
         self._recorder.queue_state(self._running, len(self._waiters), entered_queue=entered_queue, aborted=aborted)
 
+    def full(self, limit: int | None, max_waiting: int | None) -> bool:
+        """Whether a request arriving now would wait behind ``max_waiting`` others already (SimScript.max_queued)."""
+        if limit is None or max_waiting is None:
+            return False
+        waits = bool(self._waiters) or self._running >= limit
+        return waits and len(self._waiters) >= max_waiting
+
     async def enter(self, limit: int | None) -> None:
         """Wait for a turn to generate. A request whose client goes away meanwhile is cancelled by the server
         (handler cancellation): it leaves the queue, counted as aborted, and never runs."""

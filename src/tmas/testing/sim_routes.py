@@ -41,6 +41,7 @@ from tmas.testing.scripted_replies import RuleBook, embed_text, scripted_logprob
 from tmas.testing.sim_access import auth_refusal, loading_response
 from tmas.testing.sim_faults import (
     EMBEDDING_FAULTS,
+    QUEUE_FULL,
     draw_fault,
     error_response,
     fault_response,
@@ -373,6 +374,8 @@ class SimApp:
         max_tokens = window_budget(
             persona.name, script.context_wording, script.context_length, prompt_tokens, asked.max_tokens
         )
+        if self.queue.full(script.max_running, script.max_queued):
+            return await self._queue_full(request, persona, asked.streams)
         rule, used = active.rules.pick(role, asked.texts, asked.n)
         fault = rule.fault if rule is not None else draw_fault(active.rng, active.faults)
         if fault is not None:
@@ -485,6 +488,18 @@ class SimApp:
         if refusal is not None:
             raise _BadRequest(refusal.message, refusal.status, refusal.param, refusal.code, refusal.body)
         return None
+
+    async def _queue_full(self, request: web.Request, persona: Persona, streams: bool) -> web.StreamResponse:
+        """A request refused for a full waiting queue (SimScript.max_queued). SGLang's scheduler aborts it with status
+        503 before its first token: streamed, serving_chat.py sends that abort as the stream's first event
+        (create_streaming_error_response(message, status.name, status.value), on an HTTP 200 whose headers went out),
+        then [DONE]; sent whole, an HTTP 503. The other personas answer an HTTP 503 in their error shape."""
+        self.recorder.count_fault("queue_full")
+        error = status_error(persona.name, 503, QUEUE_FULL)
+        if streams and persona.name == "sglang":
+            return await self._error_event(await self._open_stream(request), error)
+        body = error["error"] if persona.name == "sglang" else error
+        return web.json_response(body, status=503)
 
     async def _generation_turn(
         self, request: web.Request, active: _Active, asked: _Asked, rule: Rule | None, turn: _Turn, prompt_tokens: int
