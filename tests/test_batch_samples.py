@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from conftest import settings_for
+from conftest import eventually, settings_for
 from tmas.api import aresume, asolve
 from tmas.config import Sampling, Settings, load_settings
 from tmas.errors import ConfigError, LLMError
@@ -27,6 +27,8 @@ from tmas.llm.batching import (
     share_usage,
     split_usage,
 )
+from tmas.llm.client import LLMClient
+from tmas.llm.model import ClientStats
 from tmas.llm.sampling import DERIVED_SEED
 from tmas.llm.server_kind import server_kind
 from tmas.llm.tokens import TokenCounter
@@ -503,3 +505,23 @@ async def test_a_batched_request_that_fails_for_another_reason_keeps_batching_on
         fallbacks = store.downgrades("batch_samples")
     assert [b.get("n") for b in sim.chat_bodies("solution")] == [3, 3]
     assert fallbacks == {} and summary.downgrades == {}
+
+
+async def test_a_cancelled_first_sample_leaves_the_prompt_its_request_cost_to_the_others(sim: SimServer) -> None:
+    # One request serves samples 0 to 2; sample 0's caller leaves while the server holds it (the others settled the
+    # vote, a budget stop). The request goes on for the others, and the prompt the server prefilled once, carried on
+    # the first choice's usage, is still counted: on the first sample whose caller waits.
+    sim.set_script(SimScript(persona="vllm", hold_after=0))
+    stats = ClientStats()
+    async with LLMClient(settings_for(sim, endpoint__batch_samples="on"), stats=stats) as llm:
+        callers = [asyncio.ensure_future(llm.chat("solution", [user(Q)], key=key(i))) for i in range(3)]
+        await eventually(lambda: sim.stats().held == 1)
+        callers[0].cancel()
+        sim.set_script(SimScript(persona="vllm"))  # the held request goes on
+        answered = [await caller for caller in callers[1:]]
+    served = sim.stats()
+    assert [b.get("n") for b in sim.chat_bodies("solution")] == [3] and callers[0].cancelled()
+    assert served.prompt_tokens > 0 and all(c.ok for c in answered)
+    assert sum(c.usage.prompt_tokens for c in answered) == stats.usage.prompt_tokens == served.prompt_tokens
+    assert stats.usage.completion_tokens == served.completion_tokens  # sample 0's choice was generated too
+    assert answered[0].usage.prompt_tokens == served.prompt_tokens and answered[1].usage.prompt_tokens == 0

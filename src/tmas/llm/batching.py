@@ -21,7 +21,9 @@ and its cached tokens, the others none (the server computed the prompt once); co
 split in proportion to each choice's own text as the endpoint's token counter counts it (largest remainder). Where
 the server reported no usage, each choice keeps its own counted tokens and only the first counts the prompt; where it
 reported the first choice's usage alone (llama-server), the first keeps it and the others' tokens are counted. Budgets
-(``Budget.count``) then charge a batched group what the server computed.
+(``Budget.count``) then charge a batched group what the server computed. A caller that leaves while its request
+runs (cancelled) takes no completion, so what its choice cost (the prompt, where it is the first) goes on the first
+completion handed to a caller that waited: the figures still add up to what the server computed.
 """
 
 from __future__ import annotations
@@ -138,9 +140,21 @@ class SampleBatcher:
                 if not sample.future.done():
                     sample.future.set_exception(exc)
             return
+        _charge_the_left(part, outcomes)
         for sample, outcome in zip(part, outcomes, strict=True):
             if not sample.future.done():  # else its caller was cancelled
                 sample.future.set_result(outcome)
+
+
+def _charge_the_left(part: Sequence[Sample], outcomes: Sequence[Completion | None]) -> None:
+    """What the server spent on the choices of callers that left while the request ran (their completions go to no
+    one), put on the first completion handed to a caller that waited: the prompt, prefilled once for the whole
+    request, rides on the first choice's usage, so a first sample cancelled (the others settled the vote, a budget
+    stop) would take it out of the run's count."""
+    left = [o.usage for s, o in zip(part, outcomes, strict=True) if s.future.cancelled() and o is not None]
+    heir = next((o for s, o in zip(part, outcomes, strict=True) if not s.future.cancelled() and o is not None), None)
+    if left and heir is not None:
+        heir.usage = sum(left, heir.usage)
 
 
 def _abandon(task: asyncio.Task[None], part: list[Sample], _: asyncio.Future[Completion | None]) -> None:
