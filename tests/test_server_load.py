@@ -464,6 +464,8 @@ async def test_an_aborted_reply_is_sent_again_never_kept(stream: str, tmp_path: 
         stored = list(store.calls())
     assert reply.ok and reply.finish_reason != "abort" and reply.retry_causes == ["abort"]
     assert [c.finish_reason for c in stored] == [reply.finish_reason]
+    # What the server generated for the aborted reply still counts, streamed or sent whole.
+    assert reply.usage.completion_tokens == sim.stats().completion_tokens
 
 
 async def test_identical_long_choices_at_a_temperature_above_zero_go_one_request_each() -> None:

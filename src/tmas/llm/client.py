@@ -34,7 +34,7 @@ from tmas.llm.refusals import MAX_SHRINKS, DowngradeLog, Refusals, Shrinks
 from tmas.llm.replica import Replica
 from tmas.llm.replies import completion as read_completion
 from tmas.llm.replies import discarded as discarded_usage
-from tmas.llm.replies import reasoning_place, vectors
+from tmas.llm.replies import reasoning_place, reply_texts, vectors
 from tmas.llm.retry import Attempts, RetryPolicy
 from tmas.llm.routes import Route, Routes
 from tmas.llm.sampling import ResolvedSampling, resolve_role
@@ -241,6 +241,7 @@ class LLMClient:
             replica.load += 1
             timing = Timing()
             body: dict[str, Any] = {}
+            data: dict[str, Any] | None = None
             try:
                 elsewhere = partial(self._ready_elsewhere, route, replica, shunned)
                 await self.refusals.probe(self.session, route, replica, elsewhere)
@@ -279,6 +280,9 @@ class LLMClient:
             except Failure as failure:
                 if timing.stream is not None:
                     discarded += discarded_usage(timing.stream.received(), route.counter, timing.stream.usage)
+                elif data is not None:
+                    # A whole reply that is not kept (a choice the server aborted): what it says it generated.
+                    discarded += discarded_usage(reply_texts(data), route.counter, data.get("usage"))
                 if self.refusals.adapt(failure, route, replica, key, body):
                     attempts.again_at_once(failure.cause)
                     continue

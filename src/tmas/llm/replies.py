@@ -122,9 +122,9 @@ def usage(
 
 def discarded(texts: tuple[str, str], counter: TokenCounter, reported: Any = None) -> Usage:
     """The completion tokens of text (content, reasoning) a server generated for a reply that is not kept (an attempt
-    whose stream was cut, stalled or ended in an error; the choices of a reply of several that did not finish): as
-    the stream's running ``reported`` usage gave them where it did (some servers report usage on every chunk), else
-    counted from the text (estimated unless a tokenizer counts). Its prompt is not counted."""
+    whose stream was cut, stalled or ended in an error; a whole reply whose choice was aborted; the choices of a reply
+    of several that did not finish): as ``reported`` usage (a stream's running one, a whole reply's) gave them where
+    it did, else counted from the text (estimated unless a tokenizer counts). Its prompt is not counted."""
     if isinstance(reported, dict) and isinstance(reported.get("completion_tokens"), int):
         return Usage(
             completion_tokens=reported["completion_tokens"], reasoning_tokens=reported_reasoning(reported) or 0
@@ -136,6 +136,22 @@ def discarded(texts: tuple[str, str], counter: TokenCounter, reported: Any = Non
     return Usage(
         completion_tokens=counter.count(content) + thought, reasoning_tokens=thought, estimated=not counter.exact
     )
+
+
+def reply_texts(data: Any) -> tuple[str, str]:
+    """The text (content, reasoning) of a whole reply's choices, as far as its shape holds any."""
+    content: list[str] = []
+    reasoning: list[str] = []
+    choices = data.get("choices") if isinstance(data, dict) else None
+    for choice in choices if isinstance(choices, list) else []:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict):
+            continue
+        thought = message.get("reasoning_content") or message.get("reasoning")
+        for value, parts in ((message.get("content"), content), (thought, reasoning)):
+            if isinstance(value, str):
+                parts.append(value)
+    return "".join(content), "".join(reasoning)
 
 
 def reported_reasoning(usage: Any) -> int | None:
