@@ -134,12 +134,13 @@ def test_the_report_lists_retries_by_cause_and_where_the_calls_time_went(tmp_pat
         out = tmas(*run, "--model", "sim-model")
         assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
-    # vLLM had sent its stream's headers while the requests queued: the 503s came as error events in the streams.
-    assert summary["retries_by_cause"] == {"stream_error": 2}
+    # vLLM had sent its stream's headers while the requests queued: the 503s came as error events in the streams,
+    # counted as the 503s they carry.
+    assert summary["retries_by_cause"] == {"http_503": 2}
     out = tmas("report", str(tmp_path / "run"), "-o", str(tmp_path / "report"), "--grade", "rules")
     assert out.returncode == 0, out.stderr
     markdown = (tmp_path / "report" / "report.md").read_text()
-    assert "attempts sent again: 2 (stream_error 2)" in markdown
+    assert "attempts sent again: 2 (http_503 2)" in markdown
     assert "time to the first chunk (the server's queue and prefill): median" in markdown
     assert "time waiting inside tmas for a slot: median" in markdown
 
