@@ -1145,7 +1145,7 @@ async def test_without_the_cache_flag_the_client_sees_no_cached_tokens(tmp_path:
 
 async def test_sglangs_full_queue_opens_the_stream_with_its_503_abort(http: aiohttp.ClientSession) -> None:
     # serving_chat.py sends an abort carrying an HTTP status as the stream's first event, before the role chunk, then
-    # [DONE]; sent whole, the same abort is an HTTP 503.
+    # [DONE]; sent whole, the same abort is an HTTP 503 (http_server.py's HTTPException handler: the status as type).
     async with SimServer(SimScript(persona="sglang", max_running=1, max_queued=0, latency_s=60)) as sim:
         holder = asyncio.ensure_future(post(http, sim))
         await eventually(lambda: sim.stats().running == 1)
@@ -1153,6 +1153,6 @@ async def test_sglangs_full_queue_opens_the_stream_with_its_503_abort(http: aioh
         status, body = await post(http, sim)
         holder.cancel()
         await asyncio.gather(holder, return_exceptions=True)
-    error = {"object": "error", "message": "The request queue is full.", "type": "SERVICE_UNAVAILABLE", "param": None}
-    assert events == [{"error": {**error, "code": 503}}, "[DONE]"]
-    assert status == 503 and body == {**error, "code": 503}
+    error = {"object": "error", "message": "The request queue is full.", "param": None, "code": 503}
+    assert events == [{"error": {**error, "type": "SERVICE_UNAVAILABLE"}}, "[DONE]"]
+    assert status == 503 and body == {**error, "type": "503"}

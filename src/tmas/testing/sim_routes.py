@@ -493,13 +493,15 @@ class SimApp:
         """A request refused for a full waiting queue (SimScript.max_queued). SGLang's scheduler aborts it with status
         503 before its first token: streamed, serving_chat.py sends that abort as the stream's first event
         (create_streaming_error_response(message, status.name, status.value), on an HTTP 200 whose headers went out),
-        then [DONE]; sent whole, an HTTP 503. The other personas answer an HTTP 503 in their error shape."""
+        then [DONE]; sent whole, an HTTP 503 whose flat body its HTTPException handler (http_server.py) types with the
+        status's number. The other personas answer an HTTP 503 in their error shape."""
         self.recorder.count_fault("queue_full")
         error = status_error(persona.name, 503, QUEUE_FULL)
-        if streams and persona.name == "sglang":
+        if persona.name != "sglang":
+            return web.json_response(error, status=503)
+        if streams:
             return await self._error_event(await self._open_stream(request), error)
-        body = error["error"] if persona.name == "sglang" else error
-        return web.json_response(body, status=503)
+        return web.json_response({**error["error"], "type": "503"}, status=503)
 
     async def _generation_turn(
         self, request: web.Request, active: _Active, asked: _Asked, rule: Rule | None, turn: _Turn, prompt_tokens: int
