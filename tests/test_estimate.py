@@ -543,6 +543,21 @@ def test_budgets_cap_the_estimate() -> None:
     assert point.completion_tokens == 10 * (500 + 2048) and point.basis == "max_tokens"
 
 
+def test_a_refinement_that_may_go_out_as_a_solution_counts_at_the_dearer_max_tokens() -> None:
+    # Self-Refine N = 2, T = 3: 2 solutions and 4 refinements, each asked at most twice, a refinement three times. A
+    # trajectory starting afresh sends a solution (twice at most) in a refinement's place. Solutions at 100 tokens,
+    # refinements at 1,000: 2 x 2 x 100 + 4 x 3 x 1,000 = 12,400 (a solution in their place is cheaper).
+    method = create_method("self_refine", {"n": 2, "iterations": 3})
+
+    def ceiling(solution: int, refiner: int) -> float | None:
+        roles = {"solution": {"sampling": {"max_tokens": solution}}, "refiner": {"sampling": {"max_tokens": refiner}}}
+        return estimate_point("sr", method, Settings.model_validate({"roles": roles}), 1, None).completion_tokens
+
+    assert ceiling(100, 1000) == 12_400
+    # Solutions at 1,000, refinements at 100: 2 x 2 x 1,000 + 4 places x max(3 x 100, 2 x 1,000) = 12,000.
+    assert ceiling(1000, 100) == 12_000
+
+
 def test_max_tokens_per_role_follow_what_tmas_sends() -> None:
     # The local preset asks 640 tokens for solutions and 400 for verifications where the user set no max_tokens...
     local = create_method("tmas", {"preset": "local"})

@@ -75,3 +75,49 @@ async def test_a_run_whose_every_reply_is_asked_again_reaches_the_ceiling_and_no
     # The line printed before a run says that most, beside the calls of usable replies the old line said.
     said = f"{calls_said(point.upper_calls)} ({point.most_calls} at most, with replies asked again), <="
     assert brief_estimate(Estimate([point])).startswith(said)
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "max_tokens", "ceiling"),
+    [
+        # One trajectory, two iterations; solutions at 1,000 tokens, refinements at 100. Iteration 0's solution
+        # echoes twice (2 x 1,000), so iteration 1 starts afresh with a solution call in place of the refinement and
+        # echoes twice again (2 x 1,000): 4,000 sent. The ceiling: 2,000 for iteration 0, and iteration 1 at the
+        # dearer of a refinement asked three times (300) and a solution asked twice (2,000): 4,000. Counting the
+        # afresh calls as refinements said 2,300.
+        ("self_refine", {"n": 1, "iterations": 2}, {"solution": 1000, "refiner": 100}, 4000),
+        # The same with corrections at 100 and a verification of each solution at 50 (none here: no solution is
+        # usable): 4,000 sent; the ceiling 2 x 1,000 + 2 x 50 + the dearer of 300 and 2,000 = 4,100 (was 2,400).
+        (
+            "verify_refine",
+            {"n": 1, "m": 1, "iterations": 2},
+            {"solution": 1000, "corrector": 100, "verifier": 50},
+            4100,
+        ),
+    ],
+)
+async def test_a_trajectory_that_starts_afresh_stays_under_the_token_ceiling(
+    sim: SimServer,
+    tmp_path: Path,
+    method: str,
+    params: dict[str, Any],
+    max_tokens: dict[str, int],
+    ceiling: int,
+) -> None:
+    roles = {role: {"sampling": {"max_tokens": n}} for role, n in max_tokens.items()}
+    settings = settings_for(sim, method={"name": method, "params": params}, roles=roles)
+    store, settings, todo = prepare_run(tmp_path / "probe", settings, PROBLEM, resume=False)
+    with store:
+        await run_problems(settings, todo, store)
+    echo = instructions(sim.chat_bodies("solution")[0])
+    sim.reset()
+    # Every solution reply echoes its instructions: asked again, it echoes again and is unusable.
+    sim.set_script(SimScript(rules=[Rule(role="solution", replies=[echo])]))
+    store, settings, todo = prepare_run(tmp_path / "run", settings, PROBLEM, resume=False)
+    with store:
+        await run_problems(settings, todo, store)
+    bodies = sim.chat_bodies()
+    assert [b["max_tokens"] for b in bodies] == [1000] * 4 == [b["max_tokens"] for b in sim.chat_bodies("solution")]
+    point = estimate_point(method, create_method(method, params), settings, 1, None)
+    assert point.basis == "max_tokens" and point.completion_tokens == ceiling >= 4000
+    assert sum(b["max_tokens"] for b in bodies) <= ceiling

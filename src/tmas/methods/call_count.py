@@ -8,12 +8,26 @@ instructions (tmas.methods.echo_retry) is asked once more, and an answerless sol
 (tmas.methods.answer_reminder) once more after that. Each method states those calls too (``again``, by role), so
 ``most`` is the most a problem can send whatever its replies; a transport retry adds attempts of one call, not calls.
 A call budget (``cap``) holds every call. Embedding requests are not chat calls and are not counted.
+
+A count holds each call under the role it is sent as, but for calls that may go out as another role's instead (a
+refinement whose trajectory starts afresh sends a solution call in its place, with the solution role's max_tokens):
+each method states those places too (``instead``), and the token ceiling takes each at the dearer of the two.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Instead:
+    """Up to ``times`` places where the calls a count holds as ``counted`` (by role, replies asked again included)
+    may go out as ``sent`` (by role) instead: no more calls, but each of another role's max_tokens."""
+
+    times: int
+    counted: dict[str, int]
+    sent: dict[str, int]
 
 
 @dataclass
@@ -40,6 +54,8 @@ class CallCount:
     # The most calls by role that replies asked again add to ``upper`` (an echo's retry, an answer reminder); None
     # where the method does not state them (a plugin's count may leave them out): ``most`` is then no ceiling.
     again: dict[str, int] | None = None
+    # The places where ``most``'s calls of one role may go out as another's instead (see :class:`Instead`).
+    instead: list[Instead] = field(default_factory=list)
 
     @classmethod
     def unknown(cls, method: str) -> CallCount:
@@ -63,6 +79,19 @@ class CallCount:
         return {role: self.upper.get(role, 0) + again.get(role, 0) for role in {**self.upper, **again}}
 
     @property
+    def ceiling_roles(self) -> set[str]:
+        """The roles whose per-call tokens :meth:`ceiling` reads: ``most``'s and those sent in their place."""
+        return set(self.most).union(*(place.sent for place in self.instead))
+
+    def ceiling(self, per_call: Mapping[str, float]) -> float:
+        """The most completion tokens a problem's calls come to at ``per_call`` tokens each (by role, the most a
+        call of it can spend): ``most``'s calls, each place that may go out as other calls taken at the dearer."""
+        tokens = _tokens(self.most, per_call)
+        for place in self.instead:
+            tokens += place.times * max(0.0, _tokens(place.sent, per_call) - _tokens(place.counted, per_call))
+        return tokens
+
+    @property
     def most_total(self) -> int:
         total = sum(self.most.values())
         return total if self.cap is None else min(total, self.cap)
@@ -83,21 +112,31 @@ class CallCount:
         return self.most_total / full if full else 1.0
 
 
+def _tokens(calls: Mapping[str, int], per_call: Mapping[str, float]) -> float:
+    """Completion tokens of ``calls`` (by role) at ``per_call`` tokens per call of each role."""
+    return sum(n * per_call.get(role, 0.0) for role, n in calls.items())
+
+
 def count_calls(
     roles: Mapping[str, int],
     note: str = "",
     upper: Mapping[str, int] | None = None,
     fewest: Mapping[str, int] | None = None,
     again: Mapping[str, int] | None = None,
+    instead: list[Instead] | None = None,
 ) -> CallCount:
     """A :class:`CallCount` of ``roles`` (roles with no call left out): exact unless it has a ``note`` or an
     ``upper`` bound of its own; ``fewest``: where a stopping rule may end a problem sooner; ``again``: the most calls
-    by role that replies asked again add (:func:`asked_again`; ``{}`` for none, None where the method does not say)."""
+    by role that replies asked again add (:func:`asked_again`; ``{}`` for none, None where the method does not say);
+    ``instead``: the places whose calls may go out as another role's (those with none left out)."""
     expected = {role: n for role, n in roles.items() if n}
     ceiling = {role: n for role, n in (upper or roles).items() if n}
     floor = {role: n for role, n in fewest.items() if n} if fewest is not None else None
     more = {role: n for role, n in again.items() if n} if again is not None else None
-    return CallCount(expected, ceiling, exact=upper is None and not note, note=note, fewest=floor, again=more)
+    places = [place for place in instead or [] if place.times and place.sent]
+    return CallCount(
+        expected, ceiling, exact=upper is None and not note, note=note, fewest=floor, again=more, instead=places
+    )
 
 
 def asked_again(guarded: Mapping[str, int], reminded: Mapping[str, int] | None = None) -> dict[str, int]:

@@ -29,7 +29,7 @@ from tmas.methods.base import (
     ProblemSession,
     gather_all,
 )
-from tmas.methods.call_count import CallCount, asked_again, count_calls
+from tmas.methods.call_count import CallCount, Instead, asked_again, count_calls
 from tmas.methods.state import FallbackState, MethodState
 from tmas.methods.steps import Chosen, carry, close_iteration, finish, keeps_previous, notes_for, solve_call
 from tmas.methods.style_params import StyledParams
@@ -65,11 +65,15 @@ class SelfRefine(Method[SelfRefineParams]):
 
     def calls_per_problem(self) -> CallCount:
         """N solution calls in iteration 0, N refiner calls in each of the T - 1 later ones: N x T; each may be asked
-        again once (an echo), a refinement (``answer_reminder``) once more."""
+        again once (an echo), a refinement (``answer_reminder``) once more. A trajectory whose last call failed sends
+        a solution call (asked again once at most) in place of its refinement."""
         p = self.params
         roles = {"solution": p.n, "refiner": p.n * (p.iterations - 1)}
         reminded = {"refiner": roles["refiner"]} if p.answer_reminder else {}
-        return count_calls(roles, again=asked_again(roles, reminded))
+        # A refinement is asked at most twice (an echo), three times with the reminder; a solution call twice.
+        refining = 3 if p.answer_reminder else 2
+        afresh = Instead(roles["refiner"], {"refiner": refining}, {"solution": 2})
+        return count_calls(roles, again=asked_again(roles, reminded), instead=[afresh])
 
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p, mode, q = self.params, self.params.mode, session.problem.question

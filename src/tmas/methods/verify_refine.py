@@ -38,7 +38,7 @@ from tmas.methods.base import (
     ProblemSession,
     gather_all,
 )
-from tmas.methods.call_count import CallCount, asked_again, count_calls
+from tmas.methods.call_count import CallCount, Instead, asked_again, count_calls
 from tmas.methods.selection import SelectFrom, SelectRule
 from tmas.methods.state import FallbackState, MethodState
 from tmas.methods.steps import Chosen, carry, close_iteration, finish, keeps_previous, notes_for, solve_call
@@ -96,12 +96,16 @@ class VerifyRefine(Method[VerifyRefineParams]):
         return ["V-R"]
 
     def calls_per_problem(self) -> CallCount:
-        """N solution + N x (T - 1) corrector + N x m x T verifier calls: N x T x (1 + m)."""
+        """N solution + N x (T - 1) corrector + N x m x T verifier calls: N x T x (1 + m). A trajectory whose last
+        solution failed or went unverified sends a solution call (asked again once at most) in place of its
+        correction."""
         p, t = self.params, self.params.iterations
         roles = {"solution": p.n, "corrector": p.n * (t - 1), "verifier": p.n * p.m * t}
         solving = {"solution": p.n, "corrector": p.n * (t - 1)}  # verifications are never asked again
         reminded = {"corrector": p.n * (t - 1)} if p.answer_reminder else {}
-        return count_calls(roles, again=asked_again(solving, reminded))
+        # A correction is asked at most twice (an echo), three times with the reminder; a solution call twice.
+        afresh = Instead(p.n * (t - 1), {"corrector": 3 if p.answer_reminder else 2}, {"solution": 2})
+        return count_calls(roles, again=asked_again(solving, reminded), instead=[afresh])
 
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p = self.params

@@ -141,22 +141,23 @@ def estimate_point(
     if not count.known:
         return point
     per_call: dict[str, float] | None = None
-    # A ceiling counts the most calls (a call budget's cap cutting them by the same share), a mean the expected ones.
-    counted, share = count.most, count.most_share()
+    # A ceiling counts the most calls (a call budget's cap cutting them by the same share), each at the dearer role
+    # where it may go out as another's (CallCount.ceiling); a mean counts the expected ones.
+    ceiling, share = True, count.most_share()
     if rates is not None and rates.default_completion is not None:
         per_call = {role: rates.completion_of(role) or 0.0 for role in count.most}
-        counted, share = count.expected, count.share()
+        ceiling, share = False, count.share()
         point.prompt_tokens = (
             problems * count.share() * sum(n * rates.prompt_of(role) for role, n in count.expected.items())
         )
         point.basis = rates.source
     else:
-        ceilings = {role: role_max_tokens(settings, method, role) for role in count.most}
+        ceilings = {role: role_max_tokens(settings, method, role) for role in count.ceiling_roles}
         if all(v is not None for v in ceilings.values()):
             per_call = {role: float(v or 0) for role, v in ceilings.items()}
             point.basis = "max_tokens"
     if per_call is not None:
-        per_problem = _completion(counted, per_call) * share
+        per_problem = (count.ceiling(per_call) if ceiling else _completion(count.expected, per_call)) * share
         if budget.tokens is not None and budget.count == "completion" and per_problem > budget.tokens:
             # A problem stops at the budget, passing it by one call's tokens at most (ProblemSession._admit): a
             # ceiling (max_tokens) counts that call too.
