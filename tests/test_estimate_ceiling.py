@@ -121,3 +121,27 @@ async def test_a_trajectory_that_starts_afresh_stays_under_the_token_ceiling(
     point = estimate_point(method, create_method(method, params), settings, 1, None)
     assert point.basis == "max_tokens" and point.completion_tokens == ceiling >= 4000
     assert sum(b["max_tokens"] for b in bodies) <= ceiling
+
+
+async def test_a_call_budget_caps_the_token_ceiling_at_its_dearest_calls(sim: SimServer, tmp_path: Path) -> None:
+    # V-R, one trajectory, two iterations: solutions and corrections at 1,000 tokens, verifications at 100, and a call
+    # budget of 2 a problem. Every solution reply echoes its instructions: the solution and its retry, 2 x 1,000 =
+    # 2,000 sent before the budget stops the problem. The ceiling is the budget's 2 calls at the dearest, 2,000; a
+    # share of the uncapped 5,200 (7 calls: 2 solutions, 3 corrections, 2 verifications) said 2/7 of it, 1,486.
+    params = {"n": 1, "m": 1, "iterations": 2}
+    roles = {role: {"sampling": {"max_tokens": n}} for role, n in (("solution", 1000), ("corrector", 1000))}
+    roles["verifier"] = {"sampling": {"max_tokens": 100}}
+    settings = settings_for(sim, method={"name": "verify_refine", "params": params}, roles=roles)
+    store, probe, todo = prepare_run(tmp_path / "probe", settings, PROBLEM, resume=False)
+    with store:
+        await run_problems(probe, todo, store)
+    echo = instructions(sim.chat_bodies("solution")[0])
+    sim.reset()
+    sim.set_script(SimScript(rules=[Rule(role="solution", replies=[echo])]))
+    capped = settings.model_copy(update={"budget": settings.budget.model_copy(update={"calls": 2})})
+    store, capped, todo = prepare_run(tmp_path / "run", capped, PROBLEM, resume=False)
+    with store:
+        await run_problems(capped, todo, store)
+    assert [b["max_tokens"] for b in sim.chat_bodies()] == [1000, 1000]
+    point = estimate_point("vr", create_method("verify_refine", params), capped, 1, None)
+    assert point.most_calls == 2 and point.completion_tokens == 2000

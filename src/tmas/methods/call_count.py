@@ -29,6 +29,10 @@ class Instead:
     counted: dict[str, int]
     sent: dict[str, int]
 
+    def __post_init__(self) -> None:
+        if sum(self.sent.values()) > sum(self.counted.values()):
+            raise ValueError(f"calls sent instead ({self.sent}) outnumber those they stand for ({self.counted})")
+
 
 @dataclass
 class CallCount:
@@ -85,11 +89,21 @@ class CallCount:
 
     def ceiling(self, per_call: Mapping[str, float]) -> float:
         """The most completion tokens a problem's calls come to at ``per_call`` tokens each (by role, the most a
-        call of it can spend): ``most``'s calls, each place that may go out as other calls taken at the dearer."""
+        call of it can spend): ``most``'s calls, each place that may go out as other calls taken at the dearer; under
+        a call budget (``cap``), no more than its number of the dearest calls."""
         tokens = _tokens(self.most, per_call)
         for place in self.instead:
             tokens += place.times * max(0.0, _tokens(place.sent, per_call) - _tokens(place.counted, per_call))
-        return tokens
+        if self.cap is None:
+            return tokens
+        # Each call at the dearest role it may go out as (a place sends no more calls than it stands for).
+        dearest = {role: per_call.get(role, 0.0) for role in self.most}
+        for place in self.instead:
+            top = max((per_call.get(role, 0.0) for role in place.sent), default=0.0)
+            for role in place.counted:
+                dearest[role] = max(dearest[role], top)
+        calls = sorted((dearest[role] for role, n in self.most.items() for _ in range(n)), reverse=True)
+        return min(tokens, sum(calls[: self.cap]))
 
     @property
     def most_total(self) -> int:
@@ -105,11 +119,6 @@ class CallCount:
         """The part of the structure's calls the cap leaves (1.0 without a cap)."""
         full = sum(self.expected.values())
         return self.total / full if full else 1.0
-
-    def most_share(self) -> float:
-        """The part of the most calls the cap leaves (1.0 without a cap)."""
-        full = sum(self.most.values())
-        return self.most_total / full if full else 1.0
 
 
 def _tokens(calls: Mapping[str, int], per_call: Mapping[str, float]) -> float:

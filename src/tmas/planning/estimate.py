@@ -141,12 +141,13 @@ def estimate_point(
     if not count.known:
         return point
     per_call: dict[str, float] | None = None
-    # A ceiling counts the most calls (a call budget's cap cutting them by the same share), each at the dearer role
-    # where it may go out as another's (CallCount.ceiling); a mean counts the expected ones.
-    ceiling, share = True, count.most_share()
+    # A ceiling counts the most calls, each at the dearer role where it may go out as another's, and under a call
+    # budget no more than its number of the dearest (CallCount.ceiling); a mean counts the expected ones (a call
+    # budget's cap cutting them by its share).
+    ceiling = True
     if rates is not None and rates.default_completion is not None:
         per_call = {role: rates.completion_of(role) or 0.0 for role in count.most}
-        ceiling, share = False, count.share()
+        ceiling = False
         point.prompt_tokens = (
             problems * count.share() * sum(n * rates.prompt_of(role) for role, n in count.expected.items())
         )
@@ -157,7 +158,7 @@ def estimate_point(
             per_call = {role: float(v or 0) for role, v in ceilings.items()}
             point.basis = "max_tokens"
     if per_call is not None:
-        per_problem = (count.ceiling(per_call) if ceiling else _completion(count.expected, per_call)) * share
+        per_problem = count.ceiling(per_call) if ceiling else _completion(count.expected, per_call) * count.share()
         if budget.tokens is not None and budget.count == "completion" and per_problem > budget.tokens:
             # A problem stops at the budget, passing it by one call's tokens at most (ProblemSession._admit): a
             # ceiling (max_tokens) counts that call too.
