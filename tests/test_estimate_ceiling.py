@@ -145,3 +145,20 @@ async def test_a_call_budget_caps_the_token_ceiling_at_its_dearest_calls(sim: Si
     assert [b["max_tokens"] for b in sim.chat_bodies()] == [1000, 1000]
     point = estimate_point("vr", create_method("verify_refine", params), capped, 1, None)
     assert point.most_calls == 2 and point.completion_tokens == 2000
+
+
+async def test_logprob_verifications_count_at_the_max_tokens_they_send(sim: SimServer, tmp_path: Path) -> None:
+    # TMAS N = 1, M = 2, T = 1 with logprob scoring: each verification asks score_max_tokens (500), over the
+    # verifier's own max_tokens (100). Sent: the solution at 256 (the settings' max_tokens) and 2 x 500 = 1,256. The
+    # ceiling: the solution and its echo's retry, 2 x 256, and 2 verifications (never asked again) x 500 = 1,512; at
+    # the verifier's max_tokens it said 2 x 256 + 2 x 100 = 712.
+    params = {"n": 1, "m": 2, "iterations": 1, "verifier_score": "logprob", "score_max_tokens": 500}
+    roles = {"verifier": {"sampling": {"max_tokens": 100}}}
+    settings = settings_for(sim, method={"name": "tmas", "params": params}, roles=roles)
+    store, settings, todo = prepare_run(tmp_path / "run", settings, PROBLEM, resume=False)
+    with store:
+        await run_problems(settings, todo, store)
+    assert [b["max_tokens"] for b in sim.chat_bodies("verifier")] == [500, 500]
+    assert sum(b["max_tokens"] for b in sim.chat_bodies()) == 1256
+    point = estimate_point("tmas", create_method("tmas", params), settings, 1, None)
+    assert point.completion_tokens == 1512

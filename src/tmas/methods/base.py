@@ -611,3 +611,8 @@ class Method(ABC, Generic[P]):
         """The chat calls one problem costs, by role, as the method's structure fixes them (the cost estimate adds
         them up; see :mod:`tmas.methods.call_count`). A method that states none is estimated as unknown."""
         return CallCount.unknown(self.name)
+
+    def call_max_tokens(self, role: str) -> int | None:
+        """The max_tokens the method puts on every call of ``role`` itself (a per-call setting, over every other
+        layer), which the cost estimate's ceiling takes for the role; None where it sets none, as here."""
+        return None

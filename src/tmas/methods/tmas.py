@@ -231,6 +231,11 @@ class TMAS(Method[TMASParams]):
         note = f"early_stop: from a problem settled after {settled} iteration(s) to all {t}"
         return count_calls(roles, note, upper=roles, fewest=least, again=again)
 
+    def call_max_tokens(self, role: str) -> int | None:
+        """Logprob scoring asks every verification for a short score-first reply of ``score_max_tokens``."""
+        p = self.params
+        return p.score_max_tokens if role == "verifier" and p.verifier_score == "logprob" else None
+
     # ------------------------------------------------------------------------------------------ Algorithm 1
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p = self.params

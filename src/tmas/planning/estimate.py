@@ -35,7 +35,11 @@ def calls_per_problem(method: Method[Any]) -> CallCount:
 
 def role_max_tokens(settings: Settings, method: Method[Any], role: str) -> int | None:
     """The max_tokens a call of ``role`` sends, resolved as every call is (:func:`tmas.llm.sampling.resolve_role`):
-    a method's preset fills only what no one set, its own per-role sampling goes over the settings."""
+    a method's preset fills only what no one set, its own per-role sampling goes over the settings, and what the
+    method puts on each call of the role itself (:meth:`Method.call_max_tokens`) over everything."""
+    fixed = method.call_max_tokens(role)
+    if fixed is not None:
+        return fixed
     preset, own = method.params.sampling_layers(role)
     return resolve_role(settings, role, preset=preset, method=own).sampling.max_tokens
 
