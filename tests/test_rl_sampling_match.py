@@ -145,3 +145,72 @@ def test_training_on_a_pilots_rows_says_where_it_samples_otherwise(
 
     refused = CliRunner().invoke(app, ["rl", "train", *args])
     assert "kept.pilot.json: not a report of 'tmas rl pilot'" in str(refused.exception)
+
+
+def scripted(model: Any, tokenizer: Any, *after: dict[str, str]) -> None:
+    """``model`` then writes in batch row b, after each token named in ``after[b]`` (the last one for the rows
+    after), the token it names, and the tokenizer's end token after any other (every other token made unlikely by
+    far): rollouts that are the same at any temperature, whichever path generates them."""
+    import torch
+
+    tables = [
+        {tokenizer.convert_tokens_to_ids(k): tokenizer.convert_tokens_to_ids(v) for k, v in t.items()} for t in after
+    ]
+
+    def hook(module: Any, args: Any, kwargs: Any, output: Any) -> Any:
+        ids = kwargs.get("input_ids")
+        ids = args[0] if ids is None else ids
+        forced = torch.full_like(output.logits[:, -1, :], -1e4)
+        for b, last in enumerate(ids[:, -1].tolist()):
+            forced[b, tables[min(b, len(tables) - 1)].get(last, tokenizer.eos_token_id)] = 1e4
+        output.logits[:, -1, :] = forced
+        return output
+
+    model.register_forward_hook(hook, with_kwargs=True)
+
+
+@pytest.mark.slow
+def test_training_ends_rollouts_and_rewards_them_where_the_pilot_does(tmp_path: Path) -> None:
+    """A checkpoint's generation config may name end tokens besides its tokenizer's (Qwen2.5's instruct models:
+    <|im_end|> and <|endoftext|>). The pilot and the evaluation end a rollout at the first of them; TRL's rollouts
+    ended at the tokenizer's alone, so the text it rewarded and the tokens it trained ran on past it."""
+    datasets = pytest.importorskip("datasets")
+    from tmas.rl.hf_generate import GenerationSettings, generate
+    from tmas.rl.tiny import tiny_model, tiny_tokenizer
+    from tmas.rl.train_options import TrainOptions
+    from tmas.rl.trl_rewards import HybridReward
+    from tmas.rl.trl_train import build_trainer
+
+    example = row("normal", "p1")
+    tokenizer = tiny_tokenizer([m["content"] for m in example["prompt"]])
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|endoftext|>"]})
+    model = tiny_model(len(tokenizer))
+    end = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, end]
+    # "17", then the second end token, then "23" and the tokenizer's end token; the second row of a batch writes
+    # "23" before, so the first is padded after its end.
+    script = {"assistant": "17", "17": "<|endoftext|>", "<|endoftext|>": "23"}
+    scripted(model, tokenizer, script, {**script, "assistant": "23", "23": "17"})
+
+    piloted = generate(model, tokenizer, [example["prompt"]], GenerationSettings(temperature=1.0, max_new_tokens=6))
+    assert [(c.text, c.tokens, c.cut) for c in piloted] == [("17", 2, False)]
+
+    rewarded: list[str] = []
+
+    class Recorded(HybridReward):
+        def score(self, completions: Any, **columns: Any) -> Any:
+            rewarded.extend(str(c[0]["content"]) for c in completions)
+            return super().score(completions, **columns)
+
+    dataset = datasets.Dataset.from_list([example])
+    options = TrainOptions(output_dir=tmp_path / "out", num_generations=2, use_vllm=False, max_completion_length=6)
+    trainer = build_trainer(model, tokenizer, dataset, options, Recorded())
+    assert trainer.generation_config.eos_token_id == [tokenizer.eos_token_id, end]
+    batch = trainer._generate_and_score_completions([example, example])
+    assert rewarded[:2] == ["17", "23 17"]
+    # Trained: each rollout and its end token, nothing after it (neither text nor padding).
+    trained = [
+        ids[mask.bool()].tolist() for ids, mask in zip(batch["completion_ids"], batch["completion_mask"], strict=True)
+    ]
+    words = tokenizer.convert_tokens_to_ids(["17", "23"])
+    assert trained == [[words[0], end], [words[1], words[0], end]]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import time
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -30,7 +31,7 @@ from tmas.llm.weights import resolve_model
 from tmas.rl.checkpoints import checkpoint_step
 from tmas.rl.data import COLUMNS
 from tmas.rl.dynamic_sampling import choose_groups, group_rows, groups_with_spread, keep_rows
-from tmas.rl.hf_generate import continuous_batching_options
+from tmas.rl.hf_generate import continuous_batching_options, stop_ids
 from tmas.rl.plot import plot_steps
 from tmas.rl.sampler import PromptGroupSampler, prompt_groups
 from tmas.rl.scoring import TASKS, NoveltyJudge
@@ -112,9 +113,18 @@ class TMASGRPOTrainer(GRPOTrainer):
     timed (``rollout/*`` in the step's log) and, where more groups are generated than trained, dynamic sampling
     (see :mod:`tmas.rl.dynamic_sampling`; ``dynamic/*`` in the step's log)."""
 
-    def __init__(self, *args: Any, hybrid_reward: HybridReward, train_groups: int | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        hybrid_reward: HybridReward,
+        train_groups: int | None = None,
+        stops: Sequence[int] = (),
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
         self.hybrid_reward = hybrid_reward
+        # Every token that ends a rollout (:func:`tmas.rl.hf_generate.stop_ids`); TRL's own is the tokenizer's alone.
+        self.stops = frozenset(stops)
         # Groups a step trains on; None: every group generated.
         self.train_groups = train_groups
         # The groups (extra_info.group) the last step trained on.
@@ -141,6 +151,7 @@ class TMASGRPOTrainer(GRPOTrainer):
     def _generate_single_turn(self, *args: Any, **kwargs: Any) -> Any:
         started = time.monotonic()
         completion_ids, logprobs = super()._generate_single_turn(*args, **kwargs)  # type: ignore[no-untyped-call]
+        completion_ids, logprobs = cut_at_stops(completion_ids, logprobs, self.stops)
         seconds = max(time.monotonic() - started, 1e-9)
         tokens = sum(len(ids) for ids in completion_ids)
         mode = "train" if self.training_mode() else "eval"
@@ -164,6 +175,20 @@ class TMASGRPOTrainer(GRPOTrainer):
         metrics["dynamic/groups_trained_without_spread"].append(float(sum(not spread[g] for g in chosen)))
         self.last_trained_groups = [groups[g] for g in chosen]
         return keep_rows(batch, group_rows(chosen, n), len(inputs))
+
+
+def cut_at_stops(completion_ids: Any, logprobs: Any, stops: Collection[int]) -> tuple[list[list[int]], Any]:
+    """Each rollout up to its first end token, that token kept (TRL masks only what follows the tokenizer's end
+    token: a row that stopped at another one would keep the padding after it), its logprobs cut alike."""
+    ids_out: list[list[int]] = []
+    logprobs_out: list[Any] | None = None if logprobs is None else []
+    for i, ids in enumerate(completion_ids):
+        ids = [int(t) for t in ids]
+        end = next((j + 1 for j, token in enumerate(ids) if token in stops), len(ids))
+        ids_out.append(ids[:end])
+        if logprobs_out is not None:
+            logprobs_out.append(logprobs[i][:end])
+    return ids_out, logprobs_out
 
 
 class TimeLimit(TrainerCallback):
@@ -237,6 +262,12 @@ def build_trainer(
     config = grpo_config(options)
     check_group_alignment(config)
     check_groups(dataset, options)
+    # The rollouts end where the pilot's and the evaluation's do: at the first of the tokenizer's end token and those
+    # the model's generation config names (TRL stops at the tokenizer's alone). vLLM reads the generation config's
+    # end tokens itself.
+    stops = stop_ids(model, tokenizer)
+    if not config.use_vllm:
+        config.generation_kwargs = {"eos_token_id": stops}
     return TMASGRPOTrainer(
         model=model,
         reward_funcs=list[Any](reward.functions()),
@@ -246,6 +277,7 @@ def build_trainer(
         peft_config=lora_config(options),
         hybrid_reward=reward,
         train_groups=options.groups_per_step if options.dynamic_sampling else None,
+        stops=stops,
     )
 
 
