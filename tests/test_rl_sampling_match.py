@@ -95,7 +95,9 @@ def test_the_pilot_samples_as_training_whatever_the_checkpoints_generation_confi
     assert (piloted.repetition_penalty, piloted.top_k, piloted.top_p) == (1.0, 0, 0.9)
 
 
-def pilot_report(kept: Path, temperature: float | None, top_p: float, max_new_tokens: int) -> None:
+def pilot_report(
+    kept: Path, temperature: float | None, top_p: float, max_new_tokens: int, precision: str | None = None
+) -> None:
     from tmas.rl.pilot import PilotReport, pilot_paths
 
     report = PilotReport(
@@ -112,6 +114,7 @@ def pilot_report(kept: Path, temperature: float | None, top_p: float, max_new_to
         kept_groups=2,
         kept_rows=2,
         rows=4,
+        precision=precision,
     )
     pilot_paths(kept)["report"].write_text(report.model_dump_json(), encoding="utf-8")
 
@@ -214,3 +217,59 @@ def test_training_ends_rollouts_and_rewards_them_where_the_pilot_does(tmp_path: 
     ]
     words = tokenizer.convert_tokens_to_ids(["17", "23"])
     assert trained == [[words[0], end], [words[1], words[0], end]]
+
+
+@pytest.mark.slow
+def test_the_pilot_loads_the_policy_in_the_dtype_training_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pilot loaded the policy in bfloat16 by default and training in float32: its right rates described
+    rollouts of another precision than training's. Both default to training's dtype now, and the report names the
+    precision its rollouts were generated in, training's own for those flags."""
+    import json
+
+    import torch
+    from typer.testing import CliRunner
+
+    from tmas.cli.main import app
+    from tmas.rl import trl_train
+    from tmas.rl.pilot import pilot_paths
+    from tmas.rl.train_options import rollout_precision
+
+    loaded: list[Any] = []
+    original = trl_train.load_policy
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        model, tokenizer = original(*args, **kwargs)
+        loaded.append(next(model.parameters()).dtype)
+        return model, tokenizer
+
+    monkeypatch.setattr(trl_train, "load_policy", recorded)
+    data, kept = normal_rows(tmp_path / "all.parquet"), tmp_path / "kept.parquet"
+    args = ["rl", "pilot", str(data), "-o", str(kept), "--model", "tiny", "--samples", "2"]
+    CliRunner().invoke(app, [*args, "--max-completion-length", "2", "--engine", "padded"])
+    options, _ = train_options(monkeypatch, [str(data), "-o", str(tmp_path / "out"), "--model", "tiny", "--no-vllm"])
+    assert loaded == [getattr(torch, options.dtype)] == [torch.float32]
+    report = json.loads(pilot_paths(kept)["report"].read_text())
+    cuda = torch.cuda.is_available()
+    assert report["precision"] == rollout_precision(options.dtype, options.continuous_batching, cuda)
+    assert "Generated in float32" in pilot_paths(kept)["card"].read_text()
+
+
+@pytest.mark.slow
+def test_training_says_where_it_generates_in_another_precision_than_the_pilot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from tmas.rl.train_options import rollout_precision
+
+    kept = normal_rows(tmp_path / "kept.parquet")
+    args = [str(kept), "-o", str(tmp_path / "out"), "--model", "tiny", "--no-vllm", "--temperature", "0.6"]
+    here = rollout_precision("float32", False, torch.cuda.is_available())
+    pilot_report(kept, 0.6, 0.95, 2048, here)
+    _, result = train_options(monkeypatch, args)
+    assert "note:" not in result.stderr
+    pilot_report(kept, 0.6, 0.95, 2048, "bfloat16")
+    _, result = train_options(monkeypatch, args)
+    assert f"precision bfloat16 (here {here}); see" in result.stderr
+    _, result = train_options(monkeypatch, [*args, "--dtype", "bfloat16"])
+    assert "note:" not in result.stderr

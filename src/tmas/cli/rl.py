@@ -180,7 +180,10 @@ def train(
     from tmas.rl.pilot import pilot_paths, read_report, sampling_differences
 
     pilot = read_report(data)
-    differences = [] if pilot is None else sampling_differences(pilot, temperature, top_p, max_completion_length)
+    differences = []
+    if pilot is not None:
+        precision = training_precision(dtype, continuous_batching, use_vllm)
+        differences = sampling_differences(pilot, temperature, top_p, max_completion_length, precision)
     if differences:
         typer.echo(
             f"note: {data} holds the prompt groups a pilot kept for their right rates at its sampling, which this"
@@ -237,6 +240,19 @@ def train(
     typer.echo(f"per-step rewards {out / STEPS_FILE} (curve {out / PLOT_FILE}), per rollout {out / REWARDS_FILE}")
 
 
+def training_precision(dtype: str, continuous_batching: bool, use_vllm: bool | None) -> str | None:
+    """The precision ``tmas rl train`` generates its rollouts in with these flags; None where vLLM generates them
+    (in the precision vLLM loads the model in)."""
+    from tmas.rl.train_options import rollout_precision
+    from tmas.rl.trl_train import vllm_available
+
+    if vllm_available() if use_vllm is None else use_vllm:
+        return None
+    import torch
+
+    return rollout_precision(dtype, continuous_batching, torch.cuda.is_available())
+
+
 @rl_app.command("pilot")
 def pilot(
     data: Annotated[Path, typer.Argument(help="Parquet from 'tmas rl build-data'.")],
@@ -262,7 +278,14 @@ def pilot(
     engine: Annotated[
         str, typer.Option("--engine", help="continuous (transformers' continuous batching) or padded (generate).")
     ] = "continuous",
-    dtype: Annotated[str, typer.Option("--dtype", help="float32 or bfloat16.")] = "bfloat16",
+    dtype: Annotated[
+        str,
+        typer.Option(
+            "--dtype",
+            help="The policy's weights: float32 or bfloat16, as tmas rl train's --dtype (generated in the precision"
+            " training generates in with it).",
+        ),
+    ] = train_default("dtype"),
     batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts per padded generate call.", min=1)] = 256,
     limit_groups: Annotated[
         int | None, typer.Option("--limit-groups", help="Only the first N prompt groups of DATA.", min=1)

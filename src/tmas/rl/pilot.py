@@ -32,6 +32,7 @@ from pydantic import BaseModel
 from tmas.rl.hf_generate import Completion, GenerationSettings
 from tmas.rl.sampler import PromptGroupSampler, prompt_groups
 from tmas.rl.scoring import is_correct
+from tmas.rl.train_options import bf16_autocast, rollout_precision
 
 Conversation = Sequence[dict[str, str]]
 Generate = Callable[[Sequence[Conversation], GenerationSettings], list[Completion]]
@@ -116,6 +117,9 @@ class PilotReport(BaseModel):
     max_time_s: float | None = None
     # Why sampling ended early by a signal (SIGTERM while a chunk sampled: that chunk dropped); None otherwise.
     stopped: str | None = None
+    # The rollouts' weights and autocast (:func:`tmas.rl.train_options.rollout_precision`); None: rollouts of a
+    # generator given by the caller, or a report written before it was recorded.
+    precision: str | None = None
 
 
 def expanded_rows(extra_info: Sequence[dict[str, Any]], samples: int) -> tuple[list[list[int]], list[int]]:
@@ -253,7 +257,8 @@ def card(report: PilotReport) -> str:
         "",
         f"Model `{report.model}` on `{report.data}`: every prompt group sampled {report.samples} times per"
         f" temperature (top_p {report.top_p:g}, at most {report.max_new_tokens} tokens), each rollout graded as the"
-        " rewards grade it (correctness only).",
+        " rewards grade it (correctness only)."
+        + ("" if report.precision is None else f" Generated in {report.precision}."),
         "",
         "| temperature | groups | rollouts right | cut | groups with a spread | groups in band |",
         "| ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -323,15 +328,21 @@ def read_report(out: Path) -> PilotReport | None:
         raise InputError(f"{path}: not a report of 'tmas rl pilot' ({exc.error_count()} errors)") from None
 
 
-def sampling_differences(report: PilotReport, temperature: float, top_p: float, max_new_tokens: int) -> list[str]:
-    """Where rollouts sampled at these settings differ from those the pilot chose its groups at, each as
-    ``'<setting> <pilot's> (here <these>)'``: its right rates describe rollouts sampled at the pilot's."""
+def sampling_differences(
+    report: PilotReport, temperature: float, top_p: float, max_new_tokens: int, precision: str | None = None
+) -> list[str]:
+    """Where rollouts sampled at these settings (and generated in ``precision``, where known) differ from those the
+    pilot chose its groups at, each as ``'<setting> <pilot's> (here <these>)'``: its right rates describe rollouts
+    sampled at the pilot's."""
     pairs = [
         ("temperature", report.chosen_temperature, temperature),
         ("top_p", report.top_p, top_p),
         ("max tokens", report.max_new_tokens, max_new_tokens),
     ]
-    return [f"{name} {pilot:g} (here {mine:g})" for name, pilot, mine in pairs if pilot is not None and pilot != mine]
+    out = [f"{name} {pilot:g} (here {mine:g})" for name, pilot, mine in pairs if pilot is not None and pilot != mine]
+    if report.precision is not None and precision is not None and report.precision != precision:
+        out.append(f"precision {report.precision} (here {precision})")
+    return out
 
 
 def run_pilot(
@@ -369,6 +380,7 @@ def run_pilot(
         raise InputError(f"pilot on {data}: no training rows to sample")
     stopped = None
     measured: list[GroupRate] | None = None
+    precision = None if generate is not None else rollout_precision(dtype, settings.engine == "continuous", cuda())
     with stopped_by_sigterm():
         try:
             # The model's loading counts in the pilot's time: a stop then is reported too.
@@ -406,6 +418,7 @@ def run_pilot(
         measured_groups=len({r.group for r in rates}),
         max_time_s=max_time_s,
         stopped=stopped,
+        precision=precision,
     )
     paths["report"].write_text(report.model_dump_json(indent=1) + "\n", encoding="utf-8")
     paths["card"].write_text(card(report), encoding="utf-8")
@@ -425,13 +438,28 @@ def run_pilot(
     return report
 
 
+def cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 def in_process_generator(model_spec: str, dtype: str, dataset: Any = None) -> Generate:
-    """``model_spec`` as training loads it (``dataset`` gives ``tiny`` its vocabulary)."""
+    """``model_spec`` as training loads it (``dataset`` gives ``tiny`` its vocabulary), generating in the precision
+    training generates in with the same dtype and engine (:func:`tmas.rl.train_options.bf16_autocast`)."""
     import torch
 
     from tmas.rl.hf_generate import generate
     from tmas.rl.trl_train import load_policy
 
+    on_gpu = cuda()
     model, tokenizer = load_policy(model_spec, dataset, dtype)
-    model = model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
-    return lambda conversations, settings: generate(model, tokenizer, conversations, settings)
+    model = model.to("cuda" if on_gpu else "cpu").eval()
+
+    def run(conversations: Sequence[Conversation], settings: GenerationSettings) -> list[Completion]:
+        if bf16_autocast(dtype, settings.engine == "continuous", on_gpu):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return generate(model, tokenizer, conversations, settings)
+        return generate(model, tokenizer, conversations, settings)
+
+    return run

@@ -77,3 +77,16 @@ class TrainOptions(BaseModel):
 def train_default(name: str) -> Any:
     """The default of one :class:`TrainOptions` field (the CLI's flag defaults, so they are never copied)."""
     return TrainOptions.model_fields[name].default
+
+
+def bf16_autocast(dtype: str, continuous_batching: bool, cuda: bool) -> bool:
+    """Whether rollouts are generated under bfloat16 autocast (weights kept in ``dtype``): training's rule, which the
+    pilot follows so that its rates describe the model training samples. On a GPU for a float32 policy generating
+    with padded generate; not for a bfloat16 policy, nor with continuous batching (whose TRL path would cast a LoRA
+    adapter's float32 weights to bfloat16), nor on a CPU."""
+    return cuda and dtype == "float32" and not continuous_batching
+
+
+def rollout_precision(dtype: str, continuous_batching: bool, cuda: bool) -> str:
+    """The precision rollouts are generated in, as the pilot's report and training's note name it."""
+    return f"{dtype}, bfloat16 autocast" if bf16_autocast(dtype, continuous_batching, cuda) else dtype

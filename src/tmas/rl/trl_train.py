@@ -37,7 +37,7 @@ from tmas.rl.sampler import PromptGroupSampler, prompt_groups
 from tmas.rl.scoring import TASKS, NoveltyJudge
 from tmas.rl.step_log import REWARDS_FILE, StepLog, trim_logs
 from tmas.rl.tiny import tiny_model, tiny_tokenizer
-from tmas.rl.train_options import TrainOptions
+from tmas.rl.train_options import TrainOptions, bf16_autocast
 from tmas.rl.train_progress import TrainProgress
 from tmas.rl.trl_rewards import HybridReward
 
@@ -105,7 +105,7 @@ def mixed_precision(options: TrainOptions, cuda: bool) -> bool:
     as before. Off for a bfloat16 policy, and with continuous batching: TRL's engine path casts the whole model,
     a LoRA adapter's float32 weights included, to bfloat16 before each generation when this is on, and the adapter
     would then train in bfloat16. There the policy generates in its own ``dtype``."""
-    return cuda and options.dtype == "float32" and not options.continuous_batching
+    return bf16_autocast(options.dtype, options.continuous_batching, cuda)
 
 
 class TMASGRPOTrainer(GRPOTrainer):
