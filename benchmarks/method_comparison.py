@@ -158,7 +158,7 @@ async def write_report(spec: SweepSpec, sweep_dir: Path) -> dict[str, Path]:
     """The sweep's report (answers graded by rules: generated problems have exact answers); after a stop at a
     deadline, the combined report of the points that have begun."""
     grading = GradeConfig(mode="rules")
-    points = expand(spec)
+    points = expand(spec, sweep_dir)
     begun = [sweep_dir / "runs" / p.name for p in points if (sweep_dir / "runs" / p.name / "run.sqlite").exists()]
     if len(begun) == len(points):
         return await report_sweep(spec, sweep_dir, grading, None)

@@ -394,7 +394,7 @@ def test_a_sweep_run_again_with_a_grid_that_leaves_points_out_says_which(
     assert again.exit_code == 0, again.output
     assert (
         "tmas sweep: sw was made with another grid: 1 of its points left out of this one and of its report (their"
-        " runs stay under sw/runs): majority__iterations=1__k=2; 1 added: majority__iterations=1__k=3"
+        " runs stay under sw/runs): majority__k=2; 1 added: majority__k=3"
     ) in again.output
     # k=1 is finished and skipped: only k=3's calls are sent, 3 samples a problem.
     assert len(sim.chat_bodies()) - sent == 3 * len(list(Path(problems).read_text().splitlines()))
@@ -420,3 +420,73 @@ async def test_studies_whose_names_meet_as_folder_names_each_keep_their_report(t
     assert "| self_refine [sim-model] (n=2) |" not in first.read_text()
     assert "| self_refine [sim-model] (n=2) |" in second.read_text()
     assert "| majority [sim-model] |" not in second.read_text()
+
+
+def test_a_point_is_named_by_what_it_is_whatever_the_spelling_or_the_order_of_the_studies() -> None:
+    grid = Study(name="iterations", method="self_refine", params={"n": 1}, grid={"iterations": [1, 20]})
+    plain = Study(name="plain", method="self_refine", params={"n": 1})
+    # iterations=20 is self_refine's default: the grid's second point is the plain study's only one.
+    for studies in ([grid, plain], [plain, grid]):
+        points = {p.name: p.studies for p in expand(SweepSpec(problems="x", study=studies))}
+        assert points.keys() == {"self_refine__iterations=1__n=1", "self_refine__n=1"}
+        assert sorted(points["self_refine__n=1"]) == ["iterations", "plain"]
+    # A value as validated (1 is 1.0), and what a preset sets is the preset's, not shown again.
+    spelled = [
+        Study(name="a", method="tmas", params={"preset": "paper", "n": 8, "epsilon": 1}),
+        Study(name="b", method="tmas", params={"preset": "paper", "epsilon": 1.0}),
+    ]
+    for studies in (spelled, spelled[::-1]):
+        [point] = expand(SweepSpec(problems="x", study=studies))
+        assert point.name == "tmas__epsilon=1.0__preset=paper"
+
+
+def shared_point_studies(problems: str) -> tuple[SweepSpec, SweepSpec]:
+    grid = Study(name="iterations", method="self_refine", params={"n": 1}, grid={"iterations": [1, 20]})
+    plain = Study(name="plain", method="self_refine", params={"n": 1})
+    return SweepSpec(problems=problems, study=[grid, plain]), SweepSpec(problems=problems, study=[plain, grid])
+
+
+async def test_a_grid_whose_studies_are_reordered_keeps_its_finished_points(tmp_path: Path) -> None:
+    first, reordered = shared_point_studies(write_problems(tmp_path / "problems.jsonl"))
+    settings = scripted_settings(concurrency=1)
+    model = ScriptedModel(SimScript(), settings)
+    await run_sweep(first, settings, tmp_path / "sw", model=model)
+    assert model.calls
+    again = ScriptedModel(SimScript(), settings)
+    summary = await run_sweep(reordered, settings, tmp_path / "sw", model=again)
+    assert again.calls == []
+    assert [o.status for o in summary.outcomes] == ["skipped", "skipped"]
+    assert sorted(p.name for p in (tmp_path / "sw" / "runs").iterdir()) == [
+        "self_refine__iterations=1__n=1",
+        "self_refine__n=1",
+    ]
+
+
+async def test_a_sweep_whose_points_were_named_by_a_studys_spelling_goes_on_in_their_directories(
+    tmp_path: Path,
+) -> None:
+    first, reordered = shared_point_studies(write_problems(tmp_path / "problems.jsonl"))
+    settings = scripted_settings(concurrency=1)
+    await run_sweep(first, settings, tmp_path / "sw", model=ScriptedModel(SimScript(), settings))
+    # As an older tmas left it: the shared point named by the first study's spelling (iterations=20 written out).
+    runs = tmp_path / "sw" / "runs"
+    older = "self_refine__iterations=20__n=1"
+    (runs / "self_refine__n=1").rename(runs / older)
+    manifest = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+    manifest["points"][older] = manifest["points"].pop("self_refine__n=1")
+    (tmp_path / "sw" / "sweep.json").write_text(json.dumps(manifest))
+
+    again = ScriptedModel(SimScript(), settings)
+    summary = await run_sweep(first, settings, tmp_path / "sw", model=again)
+    assert again.calls == []
+    assert [(o.point.name, o.status) for o in summary.outcomes] == [
+        ("self_refine__iterations=1__n=1", "skipped"),
+        (older, "skipped"),
+    ]
+    assert sorted(p.name for p in runs.iterdir()) == ["self_refine__iterations=1__n=1", older]
+    assert set(json.loads((tmp_path / "sw" / "sweep.json").read_text())["points"]) == {
+        "self_refine__iterations=1__n=1",
+        older,
+    }
+    # The grid reordered, or its report: the same directory.
+    assert [p.name for p in expand(reordered, tmp_path / "sw")] == [older, "self_refine__iterations=1__n=1"]

@@ -37,7 +37,7 @@ from tmas.errors import ConfigError, InputError
 from tmas.grading.grades import GradeConfig
 from tmas.llm.model import ChatModel
 from tmas.llm.sampling import with_sampling
-from tmas.methods import create_method
+from tmas.methods import METHODS, create_method
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem, dataset_name, load_problems, resolve_dataset
 from tmas.reports.report import build_report
@@ -216,10 +216,13 @@ def point_name(method: str, params: dict[str, Any], budget: Budget) -> str:
     return name
 
 
-def expand(spec: SweepSpec) -> list[SweepPoint]:
-    """Every grid point, in study order; points equal in method, validated params and budget appear once. Invalid
-    params raise :class:`ConfigError` here, before any call is made."""
+def expand(spec: SweepSpec, out_dir: Path | None = None) -> list[SweepPoint]:
+    """Every grid point, in study order; points equal in method, validated params and budget appear once, named by
+    what they are (:func:`named_params`), whichever study gives them first and however it spells them. Invalid params
+    raise :class:`ConfigError` here, before any call is made. ``out_dir``: the sweep directory, where a point run
+    under the name an older tmas gave it (the first study's spelling of its params) keeps that run."""
     points: dict[str, SweepPoint] = {}
+    spellings: dict[str, list[dict[str, Any]]] = {}
     for study in spec.study:
         keys = list(study.grid)
         combos = [dict(zip(keys, values, strict=True)) for values in itertools.product(*study.grid.values())]
@@ -237,12 +240,34 @@ def expand(spec: SweepSpec) -> list[SweepPoint]:
                         # Which of the grid's studies gives the bad parameter.
                         raise ConfigError(f"study {study.name!r}: {exc}") from None
                     key = json.dumps([method, full, budget.identity()], sort_keys=True)
-                    point = points.setdefault(
-                        key, SweepPoint(point_name(method, params, budget), method, params, budget)
-                    )
+                    if key not in points:
+                        name = point_name(method, named_params(method, full), budget)
+                        points[key] = SweepPoint(name, method, params, budget)
+                    spellings.setdefault(key, []).append(params)
+                    point = points[key]
                     if study.name not in point.studies:
                         point.studies.append(study.name)
-    return _distinct_names(points)
+    named = _distinct_names(points)
+    if out_dir is not None:
+        _keep_older_names(points, spellings, out_dir)
+    return named
+
+
+def named_params(method: str, full: dict[str, Any]) -> dict[str, Any]:
+    """The params a point's name shows: the fewest of its validated params ``full`` that validate to all of them
+    (each tried for leaving out in turn, by name), so a value at its default (or one a preset sets) is never shown,
+    and each value is shown as validated (``1`` as ``1.0``): the name depends on the point alone."""
+    cls = METHODS[method]
+    shown = dict(full)
+    for key in sorted(full):
+        rest = {k: v for k, v in shown.items() if k != key}
+        try:
+            same = cls.Params.model_validate(rest).model_dump(mode="json") == full
+        except ValidationError:
+            same = False
+        if same:
+            shown = rest
+    return shown
 
 
 def _distinct_names(points: dict[str, SweepPoint]) -> list[SweepPoint]:
@@ -256,6 +281,28 @@ def _distinct_names(points: dict[str, SweepPoint]) -> list[SweepPoint]:
         if named[point.name] > 1:
             point.name = f"{point.name}__{hashlib.sha256(key.encode()).hexdigest()[:10]}"
     return list(points.values())
+
+
+def _keep_older_names(points: dict[str, SweepPoint], spellings: dict[str, list[dict[str, Any]]], out_dir: Path) -> None:
+    """Each point whose directory under ``out_dir`` holds no run, but whose name from one of its studies' spellings of
+    its params (as tmas named points before :func:`named_params`) holds one or is in the sweep's manifest, keeps that
+    name: its run goes on there, and the sweep does not report it as left out and added again."""
+    taken = {point.name for point in points.values()}
+    listed = set(read_manifest(out_dir)["points"]) if (out_dir / MANIFEST).is_file() else set()
+    for key, point in points.items():
+        if holds_run(out_dir / POINTS_DIR / point.name):
+            continue
+        for params in spellings[key]:
+            older = point_name(point.method, params, point.budget)
+            found = [
+                name
+                for name in (older, f"{older}__{hashlib.sha256(key.encode()).hexdigest()[:10]}")
+                if name not in taken and (name in listed or holds_run(out_dir / POINTS_DIR / name))
+            ]
+            if found:
+                taken.add(found[0])
+                point.name = found[0]
+                break
 
 
 def check_studies(spec: SweepSpec, path: Path) -> None:
@@ -387,7 +434,7 @@ def prepare_sweep(
     """Validate every point (before the first call), load the problems, check that the points already run were run
     as ``settings`` ask (``own_model``: on a model of the caller's own) and write the manifest. A sweep refused here
     keeps its manifest as it was: resumed without the change, it goes on."""
-    points = expand(spec)
+    points = expand(spec, out_dir)
     if not points:
         raise InputError("the sweep has no points (add a [[study]])")
     problems = sweep_problems(spec)
@@ -520,7 +567,7 @@ def parse_grid_flag(item: str) -> tuple[str, list[Any]]:
 def study_groups(spec: SweepSpec, out_dir: Path) -> dict[str, list[Path]]:
     """Run directories by study, for the per-study reports."""
     groups: dict[str, list[Path]] = {}
-    for point in expand(spec):
+    for point in expand(spec, out_dir):
         for study in point.studies:
             groups.setdefault(study, []).append(out_dir / POINTS_DIR / point.name)
     return groups
@@ -536,7 +583,7 @@ async def report_sweep(
 ) -> dict[str, Path]:
     """The combined report of every point (graded once, grades stored in each run), then one per study that has
     several points, from the stored grades; ``on_step`` hears of each step as it begins."""
-    points = expand(spec)
+    points = expand(spec, out_dir)
     dirs = [out_dir / POINTS_DIR / p.name for p in points]
     written = await build_report(dirs, out_dir / "report", config, settings, on_step=on_step)
     groups = study_groups(spec, out_dir)

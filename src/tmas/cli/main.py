@@ -672,7 +672,7 @@ def sweep(
         flags, grid_file, out, resume, problems=problems, limit=limit, method=method, param=param, grid=grid
     )
 
-    points = expand(spec)
+    points = expand(spec, out)
     added, left = grid_changes(out, points)
     if left:
         # Said before any call: the runs of the points left out stay on disk, and out of the report.
