@@ -490,3 +490,27 @@ async def test_a_sweep_whose_points_were_named_by_a_studys_spelling_goes_on_in_t
     }
     # The grid reordered, or its report: the same directory.
     assert [p.name for p in expand(reordered, tmp_path / "sw")] == [older, "self_refine__iterations=1__n=1"]
+
+
+@pytest.mark.parametrize(
+    ("second", "expected"),
+    [
+        ('name = "wide"\nmethod = "cot"\nbudget = { count = "all" }\n', "study 'wide': budget.count: Input should be"),
+        (
+            'name = "wide"\nmethod = "cot"\nparms = { k = 2 }\n',
+            "study 'wide': parms: unknown field (known: budget, grid, method, methods, name, params, variants)",
+        ),
+        ('name = "wide"\nmethods = []\n', "study 'wide': names no method ('method' or 'methods')"),
+        ('method = "tmas"\ngrid = { n = [] }\n', "study 2 (of 2): grid key 'n' has no values"),
+    ],
+    ids=["bad-value", "unknown-field", "no-method", "unnamed"],
+)
+def test_a_bad_field_of_a_grid_file_is_one_line_naming_the_study_and_the_field(
+    tmp_path: Path, second: str, expected: str
+) -> None:
+    grid = tmp_path / "grid.toml"
+    grid.write_text(f'problems = "p.jsonl"\n[[study]]\nname = "plain"\nmethod = "cot"\n[[study]]\n{second}')
+    with pytest.raises(ConfigError) as info:
+        load_spec(grid)
+    assert str(info.value).startswith(f"{grid}: {expected}")
+    assert "\n" not in str(info.value)

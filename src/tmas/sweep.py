@@ -74,10 +74,10 @@ class Study(BaseModel):
     @model_validator(mode="after")
     def _one_method_at_least(self) -> Study:
         if not self.method and not self.methods:
-            raise ValueError(f"study {self.name!r} names no method ('method' or 'methods')")
+            raise ValueError("names no method ('method' or 'methods')")
         empty = [k for k, values in self.grid.items() if not values]
         if empty:
-            raise ValueError(f"study {self.name!r}: grid key {empty[0]!r} has no values")
+            raise ValueError(f"grid key {empty[0]!r} has no values")
         return self
 
     def all_methods(self) -> list[str]:
@@ -168,11 +168,33 @@ def load_spec(path: Path) -> SweepSpec:
         spec = SweepSpec.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(f"{path}: {loc}: {err['msg'].removeprefix('Value error, ')}") from None
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = _unknown_field(err["loc"])
+        raise ConfigError(f"{path}: {_error_place(data, err['loc'])}{msg}") from None
     if spec.problems and not Path(spec.problems).is_absolute() and (path.parent / spec.problems).exists():
         spec.problems = str(path.parent / spec.problems)
     return spec
+
+
+def _error_place(data: Mapping[str, Any], loc: tuple[int | str, ...]) -> str:
+    """Where in a grid file a validation error is, as its reader names it: ``study 'NAME': budget.tokens: `` (the
+    study by its ``name``, else by its place in the file) rather than ``study.0.budget.tokens: ``."""
+    if len(loc) >= 2 and loc[0] == "study" and isinstance(loc[1], int):
+        studies = data.get("study")
+        table = studies[loc[1]] if isinstance(studies, list) and loc[1] < len(studies) else None
+        name = table.get("name") if isinstance(table, dict) else None
+        study = f"study {name!r}" if isinstance(name, str) else f"study {loc[1] + 1} (of {len(studies or [])})"
+        field = ".".join(str(p) for p in loc[2:])
+        return f"{study}: {field}: " if field else f"{study}: "
+    return f"{'.'.join(str(p) for p in loc)}: " if loc else ""
+
+
+def _unknown_field(loc: tuple[int | str, ...]) -> str:
+    """A key no field of its table reads, with the fields the grid file's top level or a study table has."""
+    table = SweepSpec if len(loc) == 1 else Study if len(loc) == 3 and loc[0] == "study" else None
+    known = f" (known: {', '.join(sorted(table.model_fields))})" if table is not None else ""
+    return f"unknown field{known}"
 
 
 def given_sampling(overrides: Mapping[str, Any]) -> set[str]:
