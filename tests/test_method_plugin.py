@@ -171,8 +171,8 @@ def test_a_new_method_is_served_and_swept(redraw: str, sim: SimServer, tmp_path:
     args = ["sweep", "--out", str(tmp_path / "sw"), "--problems", str(problems), "-m", "redraw"]
     invoke(*args, "--grid", "iterations=1,2", "--base-url", sim.base_url, "--no-report")
     runs = sorted(p.name for p in (tmp_path / "sw" / "runs").iterdir())
-    assert runs == ["redraw", "redraw__iterations=2"]  # iterations=1 is its default: not in the name
-    for name, iterations in zip(runs, (1, 2), strict=True):
+    assert runs == ["redraw", "redraw__iterations=1"]  # iterations=2 is its default: not in the name
+    for name, iterations in zip(runs, (2, 1), strict=True):
         with RunStore(tmp_path / "sw" / "runs" / name, create=False) as store:
             [row] = list(store.results())
         assert row.answer == "21" and len(row.iterations) == iterations

@@ -438,6 +438,10 @@ def test_a_point_is_named_by_what_it_is_whatever_the_spelling_or_the_order_of_th
     for studies in (spelled, spelled[::-1]):
         [point] = expand(SweepSpec(problems="x", study=studies))
         assert point.name == "tmas__epsilon=1.0__preset=paper"
+    # A table shows what is set in it, not every field validation fills in.
+    roles = Study(method="tmas", params={"sampling": {"solution": {"temperature": 0.3}}})
+    [point] = expand(SweepSpec(problems="x", study=[roles]))
+    assert point.name == "tmas__sampling=_solution_temperature_0.3_"
 
 
 def shared_point_studies(problems: str) -> tuple[SweepSpec, SweepSpec]:

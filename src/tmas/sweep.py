@@ -278,7 +278,8 @@ def expand(spec: SweepSpec, out_dir: Path | None = None) -> list[SweepPoint]:
 def named_params(method: str, full: dict[str, Any]) -> dict[str, Any]:
     """The params a point's name shows: the fewest of its validated params ``full`` that validate to all of them
     (each tried for leaving out in turn, by name), so a value at its default (or one a preset sets) is never shown,
-    and each value is shown as validated (``1`` as ``1.0``): the name depends on the point alone."""
+    and each value is shown as validated (``1`` as ``1.0``; a table without what validation filled with nothing):
+    the name depends on the point alone."""
     cls = METHODS[method]
     shown = dict(full)
     for key in sorted(full):
@@ -289,7 +290,16 @@ def named_params(method: str, full: dict[str, Any]) -> dict[str, Any]:
             same = False
         if same:
             shown = rest
-    return shown
+    return {key: _set_entries(value) for key, value in shown.items()}
+
+
+def _set_entries(value: Any) -> Any:
+    """A validated table as its name shows it: without the entries validation filled with nothing (None, ``{}``),
+    so ``sampling = { solution = { temperature = 0.3 } }`` reads so rather than as every field of a role's sampling."""
+    if not isinstance(value, dict):
+        return value
+    kept = {key: _set_entries(entry) for key, entry in value.items()}
+    return {key: entry for key, entry in kept.items() if entry is not None and entry != {}}
 
 
 def _distinct_names(points: dict[str, SweepPoint]) -> list[SweepPoint]:
