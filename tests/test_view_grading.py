@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from starlette.testclient import TestClient
 
 from conftest import scripted_settings
 from scripted_runs import scripted_run
@@ -16,9 +17,10 @@ from tmas.grading.run_results import load_results
 from tmas.grading.runs import GRADING_META, GradingRecord, grade_run, last_grading, load_grades
 from tmas.problems import Problem
 from tmas.reports.metrics import compute_metrics
+from tmas.reports.report import evaluate_run
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript
-from tmas.view.app import view_app
+from tmas.view.app import Viewer, view_app
 from tmas.view.cache import RunCache
 from tmas.view.runs import PROOF_NOT_GRADED, UNLABELED_NOT_GRADED, RunOverview, RunReader
 from web_helpers import AppThread, get, run_ref_for
@@ -229,3 +231,46 @@ async def test_pages_tell_why_a_run_is_not_graded_without_reading_all_its_proble
             for _, page in pages:
                 # p1's answer 391 is right: marked so where the run is graded, and nowhere where it is not.
                 assert ('class="tag correct"' in page.decode()) == (not reason), name
+
+
+async def test_majority_votes_count_answers_of_equal_value_as_one_as_the_run_did(tmp_path: Path) -> None:
+    # Majority vote over three samples: sqrt(2)/2 written two ways, and 7. The run's vote counts the first two as one
+    # answer (Math-Verify finds them equal): two votes of three, right. The viewer counted them by spelling: a
+    # three-way tie, MV (1 + 1 + 0) / 3 = 66.7% where tmas report shows 100%. Now the run page groups them as the run
+    # did, worked out in the background: the first page says the problem is still being compared, and once it is,
+    # the run's marker moves (the open page reloads) and its MV is the report's.
+    run_dir = tmp_path / "majority"
+    settings = scripted_settings(method__name="majority", method__params={"k": 3})
+    replies = ["So \\boxed{\\frac{\\sqrt{2}}{2}}", "So \\boxed{\\frac{1}{\\sqrt{2}}}", "So \\boxed{7}"]
+    problem = Problem(problem_id="p1", question="What is sin(pi/4)?", answer="\\frac{\\sqrt{2}}{2}")
+    await scripted_run(
+        ScriptedModel(SimScript(rules=[Rule(role="solution", replies=replies)]), settings), run_dir, [problem]
+    )
+    with RunStore(run_dir, create=False) as store:
+        await grade_run(store, GradeConfig(mode="rules"))
+        result = store.result("p1")
+    assert result is not None and result.iterations[0].state["votes"] == {"\\frac{\\sqrt{2}}{2}": 2, "7": 1}
+    report = await evaluate_run(run_dir, None, None, grade=False)
+    assert [m.mv for m in report.metrics.iterations] == [1.0]
+
+    viewer = Viewer([tmp_path], warm_up=False)
+    client = TestClient(viewer.build())
+    ref = run_ref_for([tmp_path], run_dir)
+    assert ref is not None
+    first = client.get(f"/run/{ref.key}").text
+    marker = client.get(f"/run/{ref.key}/marker").text
+    assert 'id="votes-pending"' in first and "The answers of\n1 problem are still being compared" in first
+    viewer.cache.votes.wait()
+    assert client.get(f"/run/{ref.key}/marker").text != marker
+    page = client.get(f"/run/{ref.key}").text
+    assert 'id="votes-pending"' not in page
+    # Pass@1: two of the three samples are right; the selected answer and MV: right.
+    row = '<td>0</td><td class="num">66.7%</td>\n      <td class="num">100.0%</td><td class="num">100.0%</td>'
+    assert row in page
+    with RunReader(ref, viewer.cache) as reader:
+        overview = reader.overview()
+    assert overview.metrics == report.metrics and overview.frontier == report.frontier
+    # Without the viewer's cache (a comparison of runs outside it) the grouping is worked out at once.
+    with RunReader(ref) as reader:
+        overview = reader.overview()
+    assert overview.votes_pending == 0 and overview.metrics == report.metrics and overview.frontier == report.frontier

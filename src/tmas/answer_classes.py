@@ -76,24 +76,37 @@ async def answer_classes(answers: Iterable[str | None], check: EquivalenceCheck 
     keys = {answer: value_key(answer) for answer in given}
     if check is None:
         return keys
-    counts = Counter(keys[a] for a in given)
     first_seen = list(dict.fromkeys(keys[a] for a in given))
     spelling: dict[str, str] = {}
     for answer in given:
         spelling.setdefault(keys[answer], answer)
-    compared = sorted(first_seen, key=lambda k: (-counts[k], first_seen.index(k)))[:MAX_COMPARED]
-    compared.sort(key=first_seen.index)
-    pairs = [
-        (a, b)
-        for i, a in enumerate(compared)
-        for b in compared[i + 1 :]
-        if not (_is_number_key(a) and _is_number_key(b))
-    ]
+    pairs = _compared_pairs([keys[a] for a in given])
     if not pairs:
         return keys
     verdicts = await asyncio.gather(*(check.equivalent(spelling[a], spelling[b]) for a, b in pairs))
     merged = _merge(first_seen, [pair for pair, equal in zip(pairs, verdicts, strict=True) if equal])
     return {answer: merged[key] for answer, key in keys.items()}
+
+
+def asks_check(answers: Iterable[str | None]) -> bool:
+    """Whether :func:`answer_classes` asks its check anything about ``answers``: where not, each answer's class
+    is its :func:`value_key`, with a check or without."""
+    return bool(_compared_pairs([value_key(a) for a in answers if a is not None]))
+
+
+def _compared_pairs(keys: list[str]) -> list[tuple[str, str]]:
+    """The pairs of distinct keys (the answers' keys in order) the check is asked about: among the
+    :data:`MAX_COMPARED` most frequent, in the order first seen, every pair but two plain numbers."""
+    counts = Counter(keys)
+    first_seen = list(dict.fromkeys(keys))
+    compared = sorted(first_seen, key=lambda k: (-counts[k], first_seen.index(k)))[:MAX_COMPARED]
+    compared.sort(key=first_seen.index)
+    return [
+        (a, b)
+        for i, a in enumerate(compared)
+        for b in compared[i + 1 :]
+        if not (_is_number_key(a) and _is_number_key(b))
+    ]
 
 
 def _merge(order: list[str], equal_pairs: list[tuple[str, str]]) -> dict[str, str]:

@@ -138,7 +138,7 @@ class Viewer:
 
     def run(self, request: Request) -> Response:
         with self._open(request) as run:
-            marker = run.store.change_marker()
+            marker = run.marker()
             overview = run.overview()
         pages = max(1, -(-len(overview.problems) // PAGE_SIZE))
         try:
@@ -154,14 +154,14 @@ class Viewer:
 
     def where_lost(self, request: Request) -> Response:
         with self._open(request) as run:
-            marker = run.store.change_marker()
+            marker = run.marker()
             page = run.where_lost()
         return self._page("where_lost.html", ref=run.ref, page=page, live=True, marker=marker)
 
     def problem(self, request: Request) -> Response:
         pid = request.query_params.get("id", "")
         with self._open(request) as run:
-            marker = run.store.change_marker()
+            marker = run.marker()
             problem = run.store.problem(pid)
             if problem is None:
                 raise HTTPException(404, f"no problem {pid!r} in this run")
@@ -197,7 +197,7 @@ class Viewer:
     def iteration(self, request: Request) -> Response:
         pid, t = _iteration_query(request)
         with self._open(request) as run:
-            marker = run.store.change_marker()
+            marker = run.marker()
             result, records = run.solved(pid)
             found = run.iteration(records, t)
             if found is None:
@@ -286,7 +286,7 @@ class Viewer:
 
     def marker(self, request: Request) -> Response:
         with self._open(request) as run:
-            return PlainTextResponse(run.store.change_marker(), headers={"Cache-Control": "no-store"})
+            return PlainTextResponse(run.marker(), headers={"Cache-Control": "no-store"})
 
     def chart(self, request: Request) -> Response:
         x = request.path_params["x"]
@@ -301,7 +301,7 @@ class Viewer:
             if x == "iteration":
                 png = pass1_by_iteration_png(label, overview.metrics)
             else:
-                png = accuracy_by_tokens_png(label, overview.method, overview.results, overview.grades.grades)
+                png = accuracy_by_tokens_png(label, overview.frontier)
         except MissingExtra as exc:
             raise HTTPException(404, str(exc)) from None
         return Response(png, media_type="image/png", headers={"Cache-Control": "no-store"})
@@ -350,7 +350,7 @@ class Viewer:
         for ref in refs:
             try:
                 with RunReader(ref, self.cache) as run:
-                    markers.append(run.store.change_marker())
+                    markers.append(run.marker())
             except StoreError:
                 markers.append("-")
         return "/".join(markers)

@@ -22,6 +22,7 @@ from tmas.store.records import ProblemResult, running_result
 from tmas.store.run_store import RunStore
 from tmas.store.summaries import summarize_iteration
 from tmas.view.live_grades import Memo
+from tmas.view.vote_classes import VoteClasses
 
 T = TypeVar("T")
 
@@ -47,6 +48,7 @@ class RunCache:
         self._results: dict[Path, dict[str, tuple[float, ProblemResult]]] = {}
         self._built: dict[tuple[Path, str], tuple[object, Any]] = {}
         self._verdicts: dict[Path, Memo] = {}
+        self.votes = VoteClasses()
 
     def verdicts(self, run_dir: Path) -> Memo:
         """The run's memo of live verdicts (see :func:`tmas.view.live_grades.live_grades`)."""

@@ -7,12 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tmas.grading.grades import Grades
-from tmas.methods import method_traits
-from tmas.reports.frontier import FrontierPoint, run_frontier
+from tmas.reports.frontier import FrontierPoint
 from tmas.reports.metrics import RunMetrics
 from tmas.reports.plots import plot_frontier, plot_pass1
-from tmas.store.records import ProblemResult
 
 
 def _png(draw: Callable[[Path], Any]) -> bytes:
@@ -26,9 +23,8 @@ def pass1_by_iteration_png(label: str, metrics: RunMetrics) -> bytes:
     return _png(lambda path: plot_pass1([(label, metrics)], "Pass@1 against iteration", path))
 
 
-def accuracy_by_tokens_png(label: str, method: str, results: list[ProblemResult], grades: Grades) -> bytes:
+def accuracy_by_tokens_png(label: str, points: list[FrontierPoint]) -> bytes:
     """The report's frontier: the returned answer's accuracy against completion tokens per problem."""
-    points = run_frontier(results, grades, majority=method_traits(method).frontier == "votes")
     return _png(lambda path: plot_frontier([(label, points)], "Accuracy against tokens per problem", path))
 
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tmas.methods import method_traits
-from tmas.reports.frontier import BUDGETS, FrontierPoint, equal_budget, run_frontier
+from tmas.reports.frontier import BUDGETS, FrontierPoint, equal_budget
 from tmas.view.cache import RunCache
 from tmas.view.runs import ProblemRow, RunOverview, RunReader, RunRef
 
@@ -79,15 +78,9 @@ def compare_runs(refs: list[RunRef], budgets: list[int] | None = None, cache: Ru
     for ref in refs:
         with RunReader(ref, cache) as reader:
             overview = reader.overview()
-
-        def frontier(overview: RunOverview = overview) -> list[FrontierPoint]:
-            if overview.grades is None:
-                return []
-            votes = method_traits(overview.method).frontier == "votes"
-            return run_frontier(overview.results, overview.grades.grades, majority=votes)
-
-        # The frontier of an unchanged run is reused (MV@k over many samples is the comparison's costliest part).
-        points = cache.reuse(ref.path, "frontier", overview.stamp, frontier) if cache is not None else frontier()
+        # The overview of an unchanged run is reused, and its frontier with it (MV@k over many samples is the
+        # comparison's costliest part).
+        points = overview.frontier
         rows = {row.problem_id: row for row in overview.problems}
         for row in overview.problems:
             if row.problem_id not in questions:

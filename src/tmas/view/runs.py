@@ -15,6 +15,7 @@ from tmas.llm.local_command import model_alias
 from tmas.llm.weights import KNOWN_MODELS
 from tmas.methods import method_traits, stored_params
 from tmas.problems import Problem
+from tmas.reports.frontier import FrontierPoint, run_frontier
 from tmas.reports.metrics import RunMetrics, compute_metrics, configured_iterations
 from tmas.reports.reply_quality import role_replies
 from tmas.reports.where_lost import WhereLost, where_lost
@@ -24,6 +25,7 @@ from tmas.sweep import MANIFEST, POINTS_DIR
 from tmas.view.bank_diff import BankChange, bank_diffs
 from tmas.view.cache import RunCache, file_state
 from tmas.view.live_grades import LiveGrades, live_grades
+from tmas.view.vote_classes import Classes, VoteClasses
 
 
 @dataclass(frozen=True)
@@ -110,8 +112,10 @@ class RunOverview:
     # Why nothing is graded, where ``grades`` is None (:func:`why_not_graded`).
     not_graded: str = ""
     results: list[ProblemResult] = field(default_factory=list)
-    # Identifies this overview: what is derived from it (a frontier) is reused while the overview is.
-    stamp: object = field(default_factory=object, compare=False)
+    # Per problem, its answers' classes as the run's votes group them (vote_classes.py), and how many problems are
+    # still being grouped (their votes meanwhile group by spelling and exact numbers).
+    classes: Classes = field(default_factory=dict)
+    votes_pending: int = 0
 
     @property
     def params_line(self) -> str:
@@ -142,8 +146,18 @@ class RunOverview:
             self.results,
             self.grades.grades,
             iterations=configured_iterations(stored_params(self.method, self.params)),
+            classes=self.classes,
             pooled=method_traits(self.method).frontier == "votes",
         )
+
+    @functools.cached_property
+    def frontier(self) -> list[FrontierPoint]:
+        """Accuracy against completion tokens (``tmas report``'s frontier), MV@k counting votes as :attr:`metrics`
+        does; empty where the run is not graded."""
+        if self.grades is None:
+            return []
+        votes = method_traits(self.method).frontier == "votes"
+        return run_frontier(self.results, self.grades.grades, majority=votes, classes=self.classes)
 
     @property
     def live_graded(self) -> bool:
@@ -300,6 +314,7 @@ class RunReader:
         results = self.results()
         live = self.grades(results)
         grades = live.grades if live is not None else None
+        classes, pending = self._classes(results) if live is not None else ({}, 0)
         by_id = {r.problem_id: r for r in results}
         rows = []
         for problem in store.iter_problems():
@@ -337,7 +352,25 @@ class RunReader:
             grades=live,
             not_graded=self.not_graded() if live is None else "",
             results=results,
+            classes=classes,
+            votes_pending=pending,
         )
+
+    def _classes(self, results: list[ProblemResult]) -> tuple[Classes, int]:
+        """The answers' classes the run's votes group by: worked out in the background with a cache (until then a
+        problem's votes group by spelling and exact numbers), at once without one."""
+        if self.cache is not None:
+            return self.cache.votes.classes(self.ref.path, results)
+        votes = VoteClasses()
+        votes.classes(self.ref.path, results)
+        votes.wait()
+        return votes.classes(self.ref.path, results)
+
+    def marker(self) -> str:
+        """The run's change marker, moving also when the viewer has grouped more of its votes (pages reload)."""
+        marker = self.store.change_marker()
+        grouped = self.cache.votes.version(self.ref.path) if self.cache is not None else 0
+        return f"{marker}-v{grouped}" if grouped else marker
 
     def where_lost(self) -> LostAnswers:
         """Where the run loses its answers (tmas.reports.where_lost). Read from the full records (the overview's
@@ -351,7 +384,7 @@ class RunReader:
         """What a reused page is keyed by: the run's files (any write, settings included) and its change marker. The
         files alone can miss a write: once its WAL has restarted after a checkpoint, the WAL file keeps its size, and
         a write within the filesystem's time resolution of the last one leaves both unchanged."""
-        return file_state(self.ref.path), self.store.change_marker()
+        return file_state(self.ref.path), self.marker()
 
     def _where_lost(self) -> LostAnswers:
         method = self._names()[0]
