@@ -274,3 +274,48 @@ async def test_majority_votes_count_answers_of_equal_value_as_one_as_the_run_did
     with RunReader(ref) as reader:
         overview = reader.overview()
     assert overview.votes_pending == 0 and overview.metrics == report.metrics and overview.frontier == report.frontier
+
+
+async def test_a_problem_page_reads_the_stored_grades_of_its_problem_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A graded run of two problems. The problem page of p1 read every grade row of the run (and its whole problem
+    # list) to show p1's verdicts: a big graded run's 100,000 rows on every problem page. Now it reads p1's rows, and
+    # its verdicts are the run page's.
+    run_dir = tmp_path / "majority"
+    settings = scripted_settings(method__name="majority", method__params={"k": 2})
+    script = SimScript(rules=[Rule(role="solution", replies=["So \\boxed{391}"])])
+    await scripted_run(ScriptedModel(script, settings), run_dir, PROBLEMS)
+    with RunStore(run_dir, create=False) as store:
+        await grade_run(store, GradeConfig(mode="rules"))
+        assert {g.problem_id for g in store.grades()} == {"p1", "p2"}
+    overview = _overview(run_dir)
+    assert overview.grades is not None and not overview.grades.live
+    run_verdicts = {k: v for k, v in overview.grades.grades.verdicts.items() if k[0] == "p1"}
+    read_rows: list[str] = []
+    problem_lists: list[int] = []
+    grades, problems = RunStore.grades, RunStore.problems
+
+    def counted_grades(store: RunStore, *args: Any, **kwargs: Any) -> Any:
+        rows = grades(store, *args, **kwargs)
+        read_rows.extend(g.problem_id for g in rows)
+        return rows
+
+    def counted_problems(store: RunStore) -> Any:
+        problem_lists.append(1)
+        return problems(store)
+
+    monkeypatch.setattr(RunStore, "grades", counted_grades)
+    monkeypatch.setattr(RunStore, "problems", counted_problems)
+    ref = run_ref_for([tmp_path], run_dir)
+    assert ref is not None
+    client = TestClient(Viewer([tmp_path], warm_up=False).build())
+    page = client.get(f"/run/{ref.key}/problem", params={"id": "p1"}).text
+    assert page.count('class="tag correct"') == 3  # the two samples and the answer returned
+    assert read_rows == ["p1"] * len(run_verdicts) and not problem_lists
+    with RunReader(ref) as reader:
+        problem = reader.store.problem("p1")
+        assert problem is not None
+        result, records = reader.solved("p1")
+        live = reader.problem_grades(problem, result, records)
+    assert live is not None and live.grades.verdicts == run_verdicts and live.stored_mode == "rules"

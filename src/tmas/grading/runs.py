@@ -17,6 +17,7 @@ from tmas.grading.grades import SELECTED, GradeConfig, Grades, ItemKey, iter_ite
 from tmas.grading.registry import DEFAULT_GRADER, GRADERS, grader_named
 from tmas.grading.run_results import load_results
 from tmas.llm.model import ChatModel
+from tmas.problems import Problem
 from tmas.store.records import ProblemResult
 from tmas.store.run_store import GradeRow, RunStore
 
@@ -83,13 +84,20 @@ def current_grades(rows: list[GradeRow], results: list[ProblemResult]) -> list[G
 
 
 def load_last_grades(
-    store: RunStore, *, results: list[ProblemResult] | None = None, rows: list[GradeRow] | None = None
+    store: RunStore,
+    *,
+    results: list[ProblemResult] | None = None,
+    rows: list[GradeRow] | None = None,
+    problems: list[Problem] | None = None,
+    heads: list[GradeRow] | None = None,
 ) -> Grades | None:
     """Stored grades read as the run's last grading read them: its grader, as many of the judge's runs per item as it
-    asked for. A run whose grading was not recorded is read with the default grader and every stored run."""
+    asked for. A run whose grading was not recorded is read with the default grader and every stored run. The
+    arguments after ``store``: as :func:`load_grades` takes them."""
     last = last_grading(store)
     config = GradeConfig(mode=last.mode) if last is not None else GradeConfig()
-    return load_grades(store, config, results=results, rows=rows, runs=last.runs if last is not None else None)
+    runs = last.runs if last is not None else None
+    return load_grades(store, config, results=results, rows=rows, runs=runs, problems=problems, heads=heads)
 
 
 def load_grades(
@@ -99,20 +107,24 @@ def load_grades(
     results: list[ProblemResult] | None = None,
     rows: list[GradeRow] | None = None,
     runs: int | None = None,
+    problems: list[Problem] | None = None,
+    heads: list[GradeRow] | None = None,
 ) -> Grades | None:
     """Verdicts from stored grades alone (no grading), of the answers the run holds now (:func:`current_grades`);
     None when the run has no grades. A run holding none of the asked grader's verdicts is read as graded by the
     rules. ``results`` and ``rows``: the run's results and grade rows where the caller has read them already (a big
     run's results are its costliest read). ``runs``: how many of the asked grader's stored runs per item to read (as
-    many as a grading asked for); all of them by default."""
-    problems = store.problems()
+    many as a grading asked for); all of them by default. ``problems``, with ``results`` and ``rows`` of those
+    problems alone: read only them (a problem's page), ``heads`` then being the run's rows that say how many runs
+    each grader stored (:meth:`RunStore.grade_last_runs`), so that they are read as the whole run's are."""
+    problems = store.problems() if problems is None else problems
     results = load_results(store) if results is None else results
     items = list(iter_items(problems, results))
     rows = store.grades() if rows is None else rows
-    if not rows:
+    if not rows and not heads:
         return None
     # The grader and its runs as the run's grades are stored; the verdicts of the answers it holds now.
-    every = index_grades(rows)
+    every = index_grades(rows if heads is None else heads)
     stored = index_grades(current_grades(rows, results))
     mode = config.mode
     grader = grader_named(mode)

@@ -24,6 +24,10 @@ class GradeRow:
     detail: str = ""
 
 
+def _row(r: Any) -> GradeRow:
+    return GradeRow(r[0], r[1], r[2], r[3], r[4], r[5], None if r[6] is None else bool(r[6]), r[7])
+
+
 class GradeTable:
     def __init__(self, db: sqlite3.Connection) -> None:
         self._db = db
@@ -51,16 +55,25 @@ class GradeTable:
                     ),
                 )
 
-    def read(self, grader: str | None = None) -> list[GradeRow]:
+    def read(self, grader: str | None = None, problem_id: str | None = None) -> list[GradeRow]:
+        """The stored grades, of one grader and of one problem where given."""
         query = "SELECT problem_id, iteration, candidate, grader, run, answer, verdict, detail FROM grades"
-        args: tuple[Any, ...] = ()
-        if grader is not None:
-            query += " WHERE grader = ?"
-            args = (grader,)
+        where = [(column, value) for column, value in (("grader", grader), ("problem_id", problem_id)) if value]
+        if where:
+            query += " WHERE " + " AND ".join(f"{column} = ?" for column, _ in where)
+        args = tuple(value for _, value in where)
         return [
-            GradeRow(r[0], r[1], r[2], r[3], r[4], r[5], None if r[6] is None else bool(r[6]), r[7])
-            for r in self._db.execute(query + " ORDER BY problem_id, iteration, candidate, grader, run", args)
+            _row(r) for r in self._db.execute(query + " ORDER BY problem_id, iteration, candidate, grader, run", args)
         ]
+
+    def last_runs(self) -> list[GradeRow]:
+        """Per grader, one of its rows of its highest run: how many runs a grader stored (``Grader.stored_runs``)
+        without reading every row."""
+        query = (
+            "SELECT problem_id, iteration, candidate, grader, MAX(run), answer, verdict, detail FROM grades"
+            " GROUP BY grader ORDER BY grader"
+        )
+        return [_row(r) for r in self._db.execute(query)]
 
     def delete(self, grader: str | None = None) -> None:
         if grader is None:

@@ -249,8 +249,11 @@ class RunStore:
     def save_grades(self, rows: list[GradeRow]) -> None:
         self._grades.save(rows)
 
-    def grades(self, grader: str | None = None) -> list[GradeRow]:
-        return self._grades.read(grader)
+    def grades(self, grader: str | None = None, problem_id: str | None = None) -> list[GradeRow]:
+        return self._grades.read(grader, problem_id)
+
+    def grade_last_runs(self) -> list[GradeRow]:
+        return self._grades.last_runs()
 
     def delete_grades(self, grader: str | None = None) -> None:
         self._grades.delete(grader)

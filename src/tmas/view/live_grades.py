@@ -24,7 +24,7 @@ from tmas.grading.grades import SELECTED, Grades, ItemKey
 from tmas.grading.runs import current_grades, last_grading, load_last_grades
 from tmas.problems import Problem
 from tmas.store.records import ProblemResult
-from tmas.store.run_store import RunStore
+from tmas.store.run_store import GradeRow, RunStore
 
 # The source of a verdict the viewer worked out itself (shown as "rules"; stored ones show their grading mode).
 LIVE = "live"
@@ -98,16 +98,29 @@ Memo = dict[str, tuple[ProblemResult, dict[ItemKey, list[bool | None]]]]
 
 
 def live_grades(
-    store: RunStore, problems: list[Problem], results: list[ProblemResult], memo: Memo | None = None
+    store: RunStore,
+    problems: list[Problem],
+    results: list[ProblemResult],
+    memo: Memo | None = None,
+    *,
+    one_problem: bool = False,
 ) -> LiveGrades | None:
     """Stored verdicts where graded, exact-rule verdicts elsewhere; None when no problem has a reference answer.
 
-    With ``memo`` (kept by the caller between calls), an unchanged result's verdicts are not worked out again."""
+    With ``memo`` (kept by the caller between calls), an unchanged result's verdicts are not worked out again. With
+    ``one_problem`` (``problems`` and ``results`` hold one problem's: its page), only that problem's stored grades are
+    read, and read as the whole run's are."""
     if not any(p.answer is not None for p in problems):
         return None
-    rows = store.grades()
-    recorded = bool(rows) and last_grading(store) is not None
-    stored = load_last_grades(store, results=results, rows=rows) if rows else None
+    if one_problem:
+        rows = store.grades(problem_id=problems[0].problem_id)
+        heads: list[GradeRow] | None = store.grade_last_runs()
+        graded_run = bool(heads)
+    else:
+        rows, heads = store.grades(), None
+        graded_run = bool(rows)
+    recorded = graded_run and last_grading(store) is not None
+    stored = load_last_grades(store, results=results, rows=rows, problems=problems, heads=heads) if graded_run else None
     # Grades of answers since replaced do not count: those items are checked live, as tmas report grades them anew.
     graded = {(g.problem_id, g.iteration, g.candidate) for g in current_grades(rows, results)}
     grades = stored or Grades(runs=1, mode="rules")

@@ -281,7 +281,7 @@ class RunReader:
             return None
         if result is None:
             result = running_result(problem.problem_id, self._names()[0], records)
-        return live_grades(self.store, [problem], [result])
+        return live_grades(self.store, [problem], [result], one_problem=True)
 
     def first_call_model(self) -> str | None:
         first = self.store.call(1)
