@@ -86,9 +86,10 @@ class VoteClasses:
             loop.run_until_complete(self._drain())
         finally:
             loop.close()
-            with self._lock:
-                self._worker = None
-                self._lock.notify_all()
+            with self._lock:  # where the drain failed: the next page asking starts another worker
+                if self._worker is threading.current_thread():
+                    self._worker = None
+                    self._lock.notify_all()
 
     async def _drain(self) -> None:
         check = self._check()
@@ -96,6 +97,10 @@ class VoteClasses:
             while True:
                 with self._lock:
                     if not self._queue:
+                        # Done, in the same hold of the lock as the last look at the queue: a problem queued later
+                        # starts a new worker.
+                        self._worker = None
+                        self._lock.notify_all()
                         return
                     slot, answers = next(iter(self._queue.items()))
                     del self._queue[slot]
