@@ -139,14 +139,37 @@ def test_an_answer_offering_alternatives_is_no_answer_to_one_number() -> None:
         verdict = check_pair("3", hedged)
         assert verdict.correct is False, hedged
         assert verdict.detail == "several different answers where the reference is one number"
-    # The same answer twice is one answer; alternatives that make up a listed reference are that list.
+    # The same answer twice is one answer; alternatives that make up a listed reference, in its order, are that list
+    # (in another order they are left undecided, as a list is: see the test below).
     assert check_pair("3", "3 (or equivalently \\frac{6}{2})").correct is True
-    assert check_pair("3, 4", "4 or 3").correct is True
+    assert check_pair("3, 4", "3 or 4").correct is True
     assert check_pair("3, 4", "x = 3 \\text{ or } x = 4").correct is True
-    assert check_pair("$n=2k, n=3k$", "n = 3k or n = 2k").correct is True
-    assert (
-        check_pair("-\\dfrac{13}{96}, \\dfrac{13}{40}", "\\frac{13}{40} \\text{ or } -\\frac{13}{96}").correct is True
-    )
+    assert check_pair("$n=2k, n=3k$", "n = 2k or n = 3k").correct is True
+    assert check_pair("-\\dfrac{5}{12}, \\dfrac{7}{9}", "-\\frac{5}{12} \\text{ or } \\frac{7}{9}").correct is True
+    assert check_pair("3, 4", "4 or 3").correct is None
+
+
+def test_a_bare_list_in_another_order_is_left_undecided() -> None:
+    # A reference written as a bare list may be a set ("all n: 2, 7, 11") or a sequence (an ordered pair, the answers
+    # to two questions in turn): Math-Verify reads it as a set, so "11, 7, 2" was right even where order mattered.
+    # The rules now accept the reference's own order and leave any other to the judge, which reads the problem.
+    reordered = "not the reference's items in its order: the rules cannot tell whether the order matters"
+    for other_order in ("11, 7, 2", "7, 2, 11", "\\{11, 7, 2\\}", "(11, 7, 2)", "a = 11, b = 7, c = 2"):
+        verdict = check_pair("2, 7, 11", other_order)
+        assert verdict.correct is None, other_order
+        assert verdict.detail == reordered
+    assert check_pair("-\\dfrac{3}{8}, \\dfrac{5}{6}", "\\frac{5}{6}, -\\frac{3}{8}").detail == reordered
+    # Each item as often as the reference has it: "2, 2, 5" is not "2, 5".
+    assert check_pair("2, 2, 5", "2, 5").correct is None
+    # The reference's order, however spelt, is still right.
+    for same_order in ("2,7,11", "(2, 7, 11)", "\\{2, 7, 11\\}", "a = 2, b = 7, c = 11", "\\left(2, 7, 11\\right)"):
+        assert check_pair("2, 7, 11", same_order).correct is True, same_order
+    assert check_pair("-\\dfrac{3}{8}, \\dfrac{5}{6}", "-3/8, 5/6").correct is True
+    # A reference in set braces has no order; a tuple's other order is, as before, not shown equal.
+    assert check_pair("\\{2, 7, 11\\}", "11, 7, 2").correct is True
+    assert check_pair("\\left\\{2, 7\\right\\}", "7, 2").correct is True
+    assert check_pair("(2, 7, 11)", "(11, 7, 2)").correct is None
+    assert check_pair("2, 7, 11", "2, 7, 12").correct is not True
     assert check_pair("3", "\\{3\\}").correct is True
 
 

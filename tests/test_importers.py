@@ -124,8 +124,10 @@ def test_an_answer_of_several_values_is_stored_as_the_graders_read_it(tmp_path: 
     path.write_text(json.dumps(data))
     rows = import_problems(path, "matharena")
     assert [r["answer"] for r in rows] == ["2, 3", "AB, CL", "[1, 2], [3, 4]", '{"a": 1, "b": "é"}']
-    # The rules grader takes the stored gold as a set of values: a reply of them in another order is right.
-    assert check_pair(rows[0]["answer"], "\\boxed{3, 2}").correct is True
+    # The rules grader takes the stored gold's values in their order; another order (a set's, or a wrong sequence's:
+    # the problem says which) is left to the judge.
+    assert check_pair(rows[0]["answer"], "\\boxed{2, 3}").correct is True
+    assert check_pair(rows[0]["answer"], "\\boxed{3, 2}").correct is None
     written = tmp_path / "out.jsonl"
     write_problems(rows, written)
     assert [p.answer for p in load_problems(written)] == ["2, 3", "AB, CL", "[1, 2], [3, 4]", '{"a": 1, "b": "é"}']

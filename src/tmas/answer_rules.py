@@ -30,7 +30,8 @@ class MissingExtra(TmasError):
 @dataclass(frozen=True)
 class RuleVerdict:
     """``correct`` is None when the rules cannot decide (unparseable, timed out, unequal non-numeric forms, a
-    reference in words, or one of digits with leading zeros spelt otherwise)."""
+    reference in words, one of digits with leading zeros spelt otherwise, or a reference written as a bare list whose
+    items the answer gives in another order)."""
 
     correct: bool | None
     detail: str
@@ -69,6 +70,8 @@ _PIECE_EDGE = re.compile(r"^(?:\s|\\[,;:! ]|\\q?quad\b|[,;:$])+|(?:\s|\\[,;:! ]|
 _TEXT_SIGNS = {"\u00b7": " \\cdot ", "\u22c5": " \\cdot ", "\u2219": " \\cdot ", "\u221e": "\\infty "}
 # A square root sign and its radicand: a number, a letter, or a group in brackets ("8√10", "√(n+1)").
 _ROOT_SIGN = re.compile(r"\u221a\s*(\d+(?:\.\d+)?|[A-Za-z]|\([^()]*\)|\{[^{}]*\})")
+# A set written in braces ("\\{1, 2\\}", "\\left\\{ 1, 2 \\right\\}"): its items have no order.
+_SET_BRACES = re.compile(r"(?:\\left\s*)?\\\{")
 # Bounds on the numbers the exact check builds: beyond them it leaves the verdict to Math-Verify.
 _MAX_EXACT_BITS = 1 << 22
 _MAX_EXACT_ARGUMENT = 100_000
@@ -161,6 +164,10 @@ def check_pair(gold: str, pred: str, timeout_s: int | None = 5) -> RuleVerdict:
         return RuleVerdict(None, f"verify error: {type(exc).__name__}")
     if equal and _values_differ(gold, pred, gold_parsed[0], pred_parsed[0]):
         return RuleVerdict(False, "the values differ (math-verify rounded their difference away)")
+    if equal and not _same_order(gold, gold_parsed[0], pred_parsed, timeout_s):
+        return RuleVerdict(
+            None, "not the reference's items in its order: the rules cannot tell whether the order matters"
+        )
     if equal:
         return RuleVerdict(True, "math-verify: equivalent")
     # A "no" is trusted only between plain numbers; symbolic or textual answers may be equal in ways the rules
@@ -194,6 +201,25 @@ def _distinct(offered: list[str], timeout_s: int | None) -> list[str]:
         if not any(same):
             kept.append((piece, parsed))
     return [piece for piece, _ in kept]
+
+
+def _same_order(gold: str, gold_value: Any, pred_parsed: list[Any], timeout_s: int | None) -> bool:
+    """Whether the answer gives a reference written as a bare list ("1, 2, 3", no braces) in its written order, and
+    each item as often. Math-Verify reads a bare list as a set, but whether it is one ("all solutions: 1, 2, 3") or a
+    sequence ("x, y: 1, 2", "the answers for p = 5 and p = 7") is for the problem to say: "3, 2, 1" may be right or
+    wrong. A reference that is not a bare list of several items (a number, a tuple, a set in braces) passes."""
+    from math_verify import verify
+    from sympy import FiniteSet, Tuple
+
+    # Math-Verify's sets keep the items in their written order.
+    unsorted = getattr(gold_value, "_unsorted_args", None) if isinstance(gold_value, FiniteSet) else None
+    if unsorted is None or len(unsorted) < 2 or _SET_BRACES.match(_clean(gold)):
+        return True
+
+    try:
+        return bool(verify([Tuple(*unsorted)], pred_parsed, timeout_seconds=timeout_s))
+    except Exception:  # as in check_pair: an error is "cannot tell", so the order is not shown the same
+        return False
 
 
 def _several_numbers(value: Any) -> bool:
