@@ -143,3 +143,26 @@ async def test_every_registered_grader_grades_one_item_through_the_registry(tmp_
     judged = [call.messages[-1].content for call in judge.calls_of("judge")]
     # One answer judgement each for combined and judge, one rank judgement for diagnosis; the others ask nothing.
     assert sorted("<predicted>" in body for body in judged) == [False, False, True]
+
+
+@pytest.mark.slow
+async def test_combined_grading_asks_the_judge_about_a_bare_list_given_in_another_order(tmp_path: Path) -> None:
+    pytest.importorskip("math_verify")
+    # The judge reads the problem: here it asks for an ordered pair, so the swapped pair is wrong.
+    script = SimScript(
+        rules=[Rule(role="judge", pattern="<student>", replies=['{"reasoning": "swapped", "equivalent": false}'])]
+    )
+    judge = ScriptedModel(script, scripted_settings())
+    problem = Problem(problem_id="pair", question="Find the ordered pair (x, y).", answer="-\\frac{2}{9}, 4")
+    same = Item(("pair", 0, 0), problem, "\\left(-2/9, 4\\right)", "")
+    swapped = Item(("pair", 0, 1), problem, "4, -\\dfrac{2}{9}", "")
+    config = GradeConfig(mode="combined", judge_runs=1)
+    with RunStore(tmp_path / "run") as store:
+        context = GradingContext(store, config, judge.settings, Grades(runs=1, mode="combined"), {}, judge)
+        verdicts = await GRADERS["combined"].grade([same, swapped], context)
+        rules = {(g.candidate, g.verdict) for g in store.grades() if g.grader == "rules"}
+    assert verdicts == {same.key: [True], swapped.key: [False]}
+    # The rules took the pair in its order and left the other order undecided (before: both right, no judge asked).
+    assert rules == {(0, True), (1, None)}
+    asked = [call.messages[-1].content for call in judge.calls_of("judge")]
+    assert len(asked) == 1 and "<student>\n4, -\\dfrac{2}{9}" in asked[0] and "ordered pair" in asked[0]
