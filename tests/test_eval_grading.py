@@ -170,6 +170,9 @@ def test_a_bare_list_in_another_order_is_left_undecided() -> None:
     assert check_pair("\\left\\{2, 7\\right\\}", "7, 2").correct is True
     assert check_pair("(2, 7, 11)", "(11, 7, 2)").correct is None
     assert check_pair("2, 7, 11", "2, 7, 12").correct is not True
+    # Nor has a pair a sign makes: "\\pm 3" is 3 and -3 in any order.
+    assert check_pair("\\pm 3", "3, -3").correct is True
+    assert check_pair("1 \\pm \\sqrt{5}", "1 - \\sqrt{5}, 1 + \\sqrt{5}").correct is True
     assert check_pair("3", "\\{3\\}").correct is True
 
 

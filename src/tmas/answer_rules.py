@@ -70,6 +70,8 @@ _PIECE_EDGE = re.compile(r"^(?:\s|\\[,;:! ]|\\q?quad\b|[,;:$])+|(?:\s|\\[,;:! ]|
 _TEXT_SIGNS = {"\u00b7": " \\cdot ", "\u22c5": " \\cdot ", "\u2219": " \\cdot ", "\u221e": "\\infty "}
 # A square root sign and its radicand: a number, a letter, or a group in brackets ("8√10", "√(n+1)").
 _ROOT_SIGN = re.compile(r"\u221a\s*(\d+(?:\.\d+)?|[A-Za-z]|\([^()]*\)|\{[^{}]*\})")
+# What separates the items of a list: a comma or a semicolon (not LaTeX's thousands separator "{,}").
+_LIST_SEPARATOR = re.compile(r"(?<!\{)[,;]")
 # A set written in braces ("\\{1, 2\\}", "\\left\\{ 1, 2 \\right\\}"): its items have no order.
 _SET_BRACES = re.compile(r"(?:\\left\s*)?\\\{")
 # Bounds on the numbers the exact check builds: beyond them it leaves the verdict to Math-Verify.
@@ -213,7 +215,9 @@ def _same_order(gold: str, gold_value: Any, pred_parsed: list[Any], timeout_s: i
 
     # Math-Verify's sets keep the items in their written order.
     unsorted = getattr(gold_value, "_unsorted_args", None) if isinstance(gold_value, FiniteSet) else None
-    if unsorted is None or len(unsorted) < 2 or _SET_BRACES.match(_clean(gold)):
+    text = _clean(gold)
+    # Not a list a sign makes ("\\pm 2" is the set of 2 and -2), nor a set in braces.
+    if unsorted is None or len(unsorted) < 2 or not _LIST_SEPARATOR.search(text) or _SET_BRACES.match(text):
         return True
 
     try:
