@@ -86,3 +86,16 @@ def test_a_reply_boxing_alternatives_is_graded_wrong_against_one_number() -> Non
     roots = "Hence $x = \\boxed{4}$ or $x = \\boxed{3}$."
     assert grader.grade_one(Item(("q", 0, 0), listed, extract_answer(roots).answer, roots)) is True
     assert grader.grade_one(Item(("p", 0, 0), problem, extract_answer(roots).answer, roots)) is False
+
+
+def test_the_question_says_whether_a_listed_reference_may_come_in_any_order() -> None:
+    pytest.importorskip("math_verify")
+    swapped = "So $x = \\boxed{9}$, that is the pair $\\boxed{9, -1}$."
+    grader = RulesGrader()
+    every = Problem(problem_id="a", question="Find all integers n with n^2 - 8n = 9.", answer="-1, 9")
+    pair = Problem(problem_id="b", question="Find the ordered pair (x, y) with x + y = 8 and x y = -9.", answer="-1, 9")
+    answer = extract_answer(swapped).answer
+    assert answer == "9, -1"
+    # All solutions: a set, right in any order. An ordered pair: the other order is left to the judge.
+    assert grader.grade_one(Item(("a", 0, 0), every, answer, swapped)) is True
+    assert grader.grade_one(Item(("b", 0, 0), pair, answer, swapped)) is None

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import scripted_settings
 from scripted_runs import scripted_run
-from tmas.answer_rules import RuleChecker, check_pair, exact_value
+from tmas.answer_rules import RuleChecker, asks_for_all, check_pair, exact_value
 from tmas.grading.grader import GradingContext
 from tmas.grading.grades import SELECTED, GradeConfig, Grades, Item
 from tmas.grading.judge import judge_once, majority, parse_judge_reply
@@ -170,6 +170,12 @@ def test_a_bare_list_in_another_order_is_left_undecided() -> None:
     assert check_pair("\\left\\{2, 7\\right\\}", "7, 2").correct is True
     assert check_pair("(2, 7, 11)", "(11, 7, 2)").correct is None
     assert check_pair("2, 7, 11", "2, 7, 12").correct is not True
+    # A question asking for all of something makes its bare-list reference a set.
+    assert check_pair("2, 7, 11", "11, 7, 2", any_order=True).correct is True
+    assert check_pair("2, 7, 11", "11, 7, 12", any_order=True).correct is not True
+    assert asks_for_all("Find all primes p such that p + 2 is prime.")
+    assert asks_for_all("Determine all possible values of the sum.")
+    assert not asks_for_all("Compute the ordered pair (x, y) such that the identity holds for all real t.")
     # Nor has a pair a sign makes: "\\pm 3" is 3 and -3 in any order.
     assert check_pair("\\pm 3", "3, -3").correct is True
     assert check_pair("1 \\pm \\sqrt{5}", "1 - \\sqrt{5}, 1 + \\sqrt{5}").correct is True

@@ -70,6 +70,8 @@ _PIECE_EDGE = re.compile(r"^(?:\s|\\[,;:! ]|\\q?quad\b|[,;:$])+|(?:\s|\\[,;:! ]|
 _TEXT_SIGNS = {"\u00b7": " \\cdot ", "\u22c5": " \\cdot ", "\u2219": " \\cdot ", "\u221e": "\\infty "}
 # A square root sign and its radicand: a number, a letter, or a group in brackets ("8√10", "√(n+1)").
 _ROOT_SIGN = re.compile(r"\u221a\s*(\d+(?:\.\d+)?|[A-Za-z]|\([^()]*\)|\{[^{}]*\})")
+# A question asking for every value of something: its bare-list reference is a set.
+_ASKS_FOR_ALL = re.compile(r"\b(?:find|determine|list|compute|give|state|what\s+are)\s+all\b|\ball\s+possible\b", re.I)
 # What separates the items of a list: a comma or a semicolon (not LaTeX's thousands separator "{,}").
 _LIST_SEPARATOR = re.compile(r"(?<!\{)[,;]")
 # A set written in braces ("\\{1, 2\\}", "\\left\\{ 1, 2 \\right\\}"): its items have no order.
@@ -128,9 +130,11 @@ def _trim(piece: str) -> str:
             return piece
 
 
-def check_pair(gold: str, pred: str, timeout_s: int | None = 5) -> RuleVerdict:
+def check_pair(gold: str, pred: str, timeout_s: int | None = 5, any_order: bool = False) -> RuleVerdict:
     """Compare one pair (gold first: Math-Verify's ``verify`` is asymmetric). Runs in a worker process (or any main
-    thread; ``timeout_s`` None runs without signal-based timeouts, for other threads).
+    thread; ``timeout_s`` None runs without signal-based timeouts, for other threads). ``any_order``: a reference
+    written as a bare list is a set (the problem asks for all of something: :func:`asks_for_all`); else an answer
+    giving its items in another order is left undecided.
 
     An answer offering alternatives ("3 or 4", "3 (maybe 4)") is the list of its different alternatives: against a
     single number that is several answers, none committed to (wrong); against a list it is compared as a list."""
@@ -166,7 +170,7 @@ def check_pair(gold: str, pred: str, timeout_s: int | None = 5) -> RuleVerdict:
         return RuleVerdict(None, f"verify error: {type(exc).__name__}")
     if equal and _values_differ(gold, pred, gold_parsed[0], pred_parsed[0]):
         return RuleVerdict(False, "the values differ (math-verify rounded their difference away)")
-    if equal and not _same_order(gold, gold_parsed[0], pred_parsed, timeout_s):
+    if equal and not any_order and not _same_order(gold, gold_parsed[0], pred_parsed, timeout_s):
         return RuleVerdict(
             None, "not the reference's items in its order: the rules cannot tell whether the order matters"
         )
@@ -203,6 +207,12 @@ def _distinct(offered: list[str], timeout_s: int | None) -> list[str]:
         if not any(same):
             kept.append((piece, parsed))
     return [piece for piece, _ in kept]
+
+
+def asks_for_all(question: str) -> bool:
+    """Whether ``question`` asks for all of something ("Find all n", "all possible values"): then a reference written
+    as a bare list is the set of them, in any order."""
+    return bool(_ASKS_FOR_ALL.search(question))
 
 
 def _same_order(gold: str, gold_value: Any, pred_parsed: list[Any], timeout_s: int | None) -> bool:
@@ -312,7 +322,7 @@ class RuleChecker:
         self.timeout_s = timeout_s
         self._workers = workers
         self._pool: ProcessPoolExecutor | None = None
-        self._cache: dict[tuple[str, str], RuleVerdict] = {}
+        self._cache: dict[tuple[str, str, bool], RuleVerdict] = {}
 
     async def __aenter__(self) -> RuleChecker:
         self._pool = ProcessPoolExecutor(self._workers, mp_context=multiprocessing.get_context("spawn"))
@@ -327,14 +337,14 @@ class RuleChecker:
             # thread: the other runs on this event loop (tmas serve's requests) go on meanwhile.
             await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
 
-    async def check(self, gold: str, pred: str) -> RuleVerdict:
-        key = (gold, pred)
+    async def check(self, gold: str, pred: str, any_order: bool = False) -> RuleVerdict:
+        key = (gold, pred, any_order)
         if key in self._cache:
             return self._cache[key]
         if self._pool is None:
             raise RuntimeError("RuleChecker used outside 'async with'")
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._pool, check_pair, gold, pred, self.timeout_s)
+        future = loop.run_in_executor(self._pool, check_pair, gold, pred, self.timeout_s, any_order)
         try:
             # Math-Verify's own alarms bound parse and verify; this outer bound covers worker start-up and the rest.
             # Not wait_for: on Python 3.11 it returns a result that came in the turn its caller was cancelled.

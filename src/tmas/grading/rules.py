@@ -13,7 +13,7 @@ import asyncio
 import threading
 from collections.abc import Sequence
 
-from tmas.answer_rules import RuleChecker, check_pair
+from tmas.answer_rules import RuleChecker, asks_for_all, check_pair
 from tmas.grading.grader import GradingContext, StoredGrades, Verdicts
 from tmas.grading.grades import GradeConfig, Item
 from tmas.store.run_store import GradeRow
@@ -50,12 +50,12 @@ class RulesGrader:
         if todo:
             config = context.config
             async with RuleChecker(workers=config.workers, timeout_s=config.rule_timeout_s) as checker:
-                pairs = {(i.problem.answer or "", i.answer or "") for i in todo}
-                checked = await asyncio.gather(*(checker.check(g, p) for g, p in pairs))
+                pairs = {_pair(i) for i in todo}
+                checked = await asyncio.gather(*(checker.check(*pair) for pair in pairs))
                 verdicts = dict(zip(pairs, checked, strict=True))
             rows = []
             for item in todo:
-                verdict = verdicts[(item.problem.answer or "", item.answer or "")]
+                verdict = verdicts[_pair(item)]
                 out[item.key] = verdict.correct
                 rows.append(GradeRow(*item.key, RULES, 0, item.answer, verdict.correct, verdict.detail))
             context.store.save_grades(rows)
@@ -74,7 +74,15 @@ class RulesGrader:
         # Math-Verify's timeouts use signal.alarm, which works only in the main thread; elsewhere (a trainer's worker
         # thread) it runs without one.
         main = threading.current_thread() is threading.main_thread()
-        return check_pair(gold, item.answer, RULE_TIMEOUT_S if main else None).correct
+        return check_pair(
+            gold, item.answer, RULE_TIMEOUT_S if main else None, asks_for_all(item.problem.question)
+        ).correct
+
+
+def _pair(item: Item) -> tuple[str, str, bool]:
+    """What the rules compare: the reference, the answer, and whether a listed reference is a set (the question asks
+    for all of something) or its order is left to the judge."""
+    return item.problem.answer or "", item.answer or "", asks_for_all(item.problem.question)
 
 
 def rule_verdict(stored: StoredGrades, item: Item) -> bool | None:
