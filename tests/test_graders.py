@@ -156,13 +156,16 @@ async def test_combined_grading_asks_the_judge_about_a_bare_list_given_in_anothe
     problem = Problem(problem_id="pair", question="Find the ordered pair (x, y).", answer="-\\frac{2}{9}, 4")
     same = Item(("pair", 0, 0), problem, "\\left(-2/9, 4\\right)", "")
     swapped = Item(("pair", 0, 1), problem, "4, -\\dfrac{2}{9}", "")
+    # Where the question asks for all of something, the list is a set: the rules decide any order.
+    every = Problem(problem_id="all", question="Find all roots of the cubic.", answer="-\\frac{2}{9}, 4")
+    roots = Item(("all", 0, 0), every, "4, -\\dfrac{2}{9}", "")
     config = GradeConfig(mode="combined", judge_runs=1)
     with RunStore(tmp_path / "run") as store:
         context = GradingContext(store, config, judge.settings, Grades(runs=1, mode="combined"), {}, judge)
-        verdicts = await GRADERS["combined"].grade([same, swapped], context)
-        rules = {(g.candidate, g.verdict) for g in store.grades() if g.grader == "rules"}
-    assert verdicts == {same.key: [True], swapped.key: [False]}
+        verdicts = await GRADERS["combined"].grade([same, swapped, roots], context)
+        rules = {(g.problem_id, g.candidate, g.verdict) for g in store.grades() if g.grader == "rules"}
+    assert verdicts == {same.key: [True], swapped.key: [False], roots.key: [True]}
     # The rules took the pair in its order and left the other order undecided (before: both right, no judge asked).
-    assert rules == {(0, True), (1, None)}
+    assert rules == {("pair", 0, True), ("pair", 1, None), ("all", 0, True)}
     asked = [call.messages[-1].content for call in judge.calls_of("judge")]
     assert len(asked) == 1 and "<student>\n4, -\\dfrac{2}{9}" in asked[0] and "ordered pair" in asked[0]
