@@ -28,6 +28,10 @@ from tmas.problems import Problem
         ("The value is 6 and then we stop.", None, "none"),
         ("The answer is that we must first look at the parity of n.", None, "none"),  # a sentence, not an answer
         ("Final answer: x = 3, y = -1", "x = 3, y = -1", "stated"),
+        # An answer in '$' ending its sentence, with more on the line.
+        ("Final Answer: The final answer is $\\frac{5}{8}$. I hope it is correct.", "\\frac{5}{8}", "stated"),
+        ("The final answer is $11$. Final answer: $13$. That is all.", "13", "stated"),
+        ("The answer is $x$. Then we compute the rest.", None, "none"),  # a step of the work, maybe
         # Boxes joined into one final statement are one answer: alternatives offered, or a list.
         ("So $\\boxed{4}$ or $\\boxed{3}$.", "4 or 3", "boxed"),
         ("\\boxed{4} (or maybe \\boxed{3})", "4 or 3", "boxed"),

@@ -13,6 +13,10 @@ _FINAL_ANSWER = re.compile(
     re.I | re.M,
 )
 
+# A final answer in '$' ending its sentence, with more on the line: "Final Answer: The final answer is $X$. I hope it
+# is correct." Only "final answer": a plain "the answer is $x$." in the middle of a line may be a step of the work.
+_FINAL_ANSWER_MATH = re.compile(r"\bfinal\s+answer\s*(?:is\b\s*:?|:)[\s*_]*\$([^\n$]+)\$[\s*_]*\.(?=\s)", re.I)
+
 # What may stand between boxes that state one final answer together, on one line or adjacent lines: "\\boxed{3} or
 # \\boxed{4}", "$\\boxed{1}$, $\\boxed{2}$ and $\\boxed{5}$", with the math delimiters "\\( \\)" and "\\[ \\]" as
 # with '$'. Anything else between two boxes (a sentence, "(b)", "corrected:", a blank line) makes the earlier one no
@@ -106,8 +110,12 @@ def extract_answer(text: str) -> Extraction:
     boxed = final_boxed(text)
     if boxed:
         return Extraction(boxed, "boxed")
-    matches = [m.strip().strip("*_ ").strip() for m in _FINAL_ANSWER.findall(text)]
-    matches = [m for m in matches if m and len(m.split()) <= _MAX_STATED_WORDS]
+    found = sorted(
+        (m.start(), m.group(1).strip().strip("*_ ").strip())
+        for pattern in (_FINAL_ANSWER, _FINAL_ANSWER_MATH)
+        for m in pattern.finditer(text)
+    )
+    matches = [m for _, m in found if m and len(m.split()) <= _MAX_STATED_WORDS]
     return Extraction(matches[-1], "stated") if matches else Extraction(None, "none")
 
 
