@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -304,6 +305,15 @@ def test_a_token_is_required_beyond_loopback_and_checked_when_set(
 def _stream_until_progress(url: str, body: dict[str, Any], until: Callable[[], bool] | None = None) -> None:
     """Send a streaming request, read until the first progress event (and, with ``until``, until it holds), then
     drop the connection."""
+    with _open_stream(url, body):
+        if until is not None:
+            wait_until(until, what="the stream's run to reach its point")
+
+
+@contextlib.contextmanager
+def _open_stream(url: str, body: dict[str, Any], *, progress: bool = True) -> Iterator[None]:
+    """A streaming request, read until its first progress event (with ``progress``; else only sent); its connection is
+    dropped as the block ends."""
     payload = json.dumps(body).encode()
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=20) as sock:
@@ -312,13 +322,12 @@ def _stream_until_progress(url: str, body: dict[str, Any], until: Callable[[], b
             f"Content-Length: {len(payload)}\r\n\r\n"
         )
         sock.sendall(head.encode() + payload)
-        seen = b""
+        seen = b"" if progress else b"tmas_progress"
         while b"tmas_progress" not in seen:
             data = sock.recv(4096)
             assert data, "the proxy closed the stream before any progress"
             seen += data
-        if until is not None:
-            wait_until(until, what="the stream's run to reach its point")
+        yield
 
 
 @pytest.mark.slow
@@ -426,6 +435,51 @@ def test_a_retry_without_a_seed_follows_the_run_a_restart_resumed_for_it(
     assert "\\boxed{391}" in (replies[0].choices[0].message.content or "")
     assert runs_in(serve_dir) == [run_dir]
     assert sim.stats().by_role == {"verifier": 2}
+
+
+def test_twins_without_a_seed_cut_off_together_are_both_resumed_for_their_retries(
+    sim: SimServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="tmas.serve")
+    # Two identical requests without a seed at once: two runs, the first cut off after its 2 solutions (its 2
+    # verifications held), the second before any call (its 2 solutions held).
+    sim.set_script(SimScript(hold_after=2))
+    serve_dir = tmp_path / "served"
+    small = {"n": 2, "m": 1, "iterations": 1}
+    body = {"model": "tmas/sim-model", "messages": [{"role": "user", "content": "What is 17*23?"}], "tmas": small}
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=serve_dir)) as proxy:
+        with _open_stream(proxy.url, {**body, "stream": True}):
+            wait_until(lambda: sim.stats().held == 2, what="the first run's verifications")
+            with _open_stream(proxy.url, {**body, "stream": True}, progress=False):
+                wait_until(lambda: sim.stats().held == 4, what="the second run's solutions")
+        wait_until(lambda: json.loads(get(f"{proxy.url}/health")[1])["active_problems"] == 0, what="cancellation")
+    cut = runs_in(serve_dir)
+    assert len(cut) == 2
+    # The restarted proxy resumes both with nobody asking; the two retries follow them, one each.
+    sim.set_script(SimScript(hold_after=0))
+    sim.reset()
+    replies: list[Any] = []
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=serve_dir)) as proxy:
+        wait_until(lambda: sim.stats().held == 4, what="the resumed runs' calls")
+
+        def retry() -> None:
+            replies.append(
+                client(proxy).chat.completions.create(
+                    model="tmas/sim-model", messages=body["messages"], extra_body={"tmas": small}
+                )
+            )
+
+        threads = [threading.Thread(target=retry) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: caplog.text.count("(no stream") == 2, what="both retries to arrive")
+        sim.set_script(SimScript())  # the held calls are answered
+        for thread in threads:
+            thread.join()
+    # Each retry got one of the resumed runs' replies: no third run, nothing asked twice.
+    assert sorted(r.id for r in replies) == [run_dir.name for run_dir in cut]
+    assert runs_in(serve_dir) == cut
+    assert sim.stats().by_role == {"solution": 2, "verifier": 4}
 
 
 def test_a_reply_no_client_had_survives_a_second_restart_and_is_replayed_once(sim: SimServer, tmp_path: Path) -> None:

@@ -143,7 +143,7 @@ class Waiting:
     method: str
     upstream: str
     params: dict[str, Any]
-    fingerprint: str
+    fingerprint: str  # the request's own (ChatBody.fingerprint); its run's key is chosen once it has its turn
     turn: asyncio.Future[None]
 
 
@@ -207,12 +207,11 @@ class ServedRuns:
         job = self._joined(body, fingerprint)
         if job is not None:
             return job
-        fingerprint = self._own_key(body, fingerprint)
         params = self._params(method, body)
         turn = self.admission.enter()
         if turn is not None:
             return Waiting(body, method, upstream, params, fingerprint, turn)
-        return self._open_held(body, method, upstream, params, fingerprint)
+        return self._open_held(body, method, upstream, params, self._own_key(body, fingerprint))
 
     async def admit(self, waiting: Waiting) -> Job:
         """Wait for ``waiting``'s turn, then its job; cancelled (the client left), it leaves the queue instead."""
@@ -231,19 +230,27 @@ class ServedRuns:
 
     def _joined(self, body: ChatBody, fingerprint: str) -> Job | None:
         """The active run a request joins, whose reply is its reply: the same seeded request running already (a
-        retry, or lm-eval's repeats), or the same request's unfinished run that a restart resumed with nobody asking
-        (the retry it was resumed for, seeded or not). A request without a seed is otherwise a sample of its own,
-        as at OpenAI."""
-        job = self.active.get(fingerprint)
-        if job is None or (body.seed is None and job.claimed):
+        retry, or lm-eval's repeats), or an unfinished run of the same request that a restart resumed with nobody
+        asking (the retry it was resumed for, seeded or not: for a request without a seed, that of any of its twins).
+        A request without a seed is otherwise a sample of its own, as at OpenAI."""
+        if body.seed is not None:
+            job = self.active.get(fingerprint)
+        else:
+            job = next((j for key, j in self.active.items() if twin_of(key, fingerprint) and not j.claimed), None)
+        if job is None:
             return None
         job.claimed = True
         return job
 
     def _own_key(self, body: ChatBody, fingerprint: str) -> str:
-        """The key a request's run is kept under: its fingerprint, or, for a request without a seed whose twin is
-        running, one of its own (so its twin's run is not taken over; an unfinished run of an earlier twin that
-        went away is resumed by the plain fingerprint)."""
+        """The key a request's run is kept under (and by which a retry finds it): its fingerprint, or, for a request
+        without a seed whose twin is running, one of its own (so its twin's run is not taken over). A request
+        without a seed takes over the unfinished run of an earlier twin that went away, under that run's key."""
+        if body.seed is None:
+            left = (key for key in self.unfinished if twin_of(key, fingerprint) and key not in self.active)
+            key = next(left, None)
+            if key is not None:
+                return key
         if fingerprint in self.active:
             return f"{fingerprint}-{secrets.token_hex(4)}"
         return fingerprint
@@ -426,6 +433,12 @@ def check_served_methods(settings: Settings, *, embedded: bool) -> None:
             create_method(method, params, embedded=embedded).check_setup()
         except InputError as exc:
             raise InputError(f"cannot serve method {method!r} as configured: {exc}") from None
+
+
+def twin_of(key: str, fingerprint: str) -> bool:
+    """Whether the run kept under ``key`` is one of the request with ``fingerprint``: its own key, or one of its
+    own that a twin without a seed got while another twin was running (kept in its store, found after a restart)."""
+    return key == fingerprint or key.startswith(f"{fingerprint}-")
 
 
 def problem_id_of(body: ChatBody, fingerprint: str, run_id: str) -> str:
