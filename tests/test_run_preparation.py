@@ -88,7 +88,7 @@ def test_a_store_another_process_is_still_making_is_left_alone(tmp_path: Path) -
         making.add_problems(PROBLEMS)
     settings = scripted_settings(method={"name": "majority", "params": {"k": 2}})
     # The other process holds the run's lock while it stores its problems and records its setup.
-    with running(run_dir), pytest.raises(InputError, match="another tmas process"):
+    with running(run_dir), pytest.raises(InputError, match="this process is running this run already"):
         prepare_run(run_dir, settings, PROBLEMS, resume=False, own_model=True)
     with RunStore(run_dir, create=False) as store:
         assert store.problem_count() == 1
@@ -102,7 +102,7 @@ async def test_a_resume_refused_beside_a_running_process_writes_nothing_into_its
         before = (store.get_meta("settings"), store.get_meta("method"))
     more = scripted_settings(method={"name": "majority", "params": {"k": 4}})
     # The other process runs the run (it holds the lock): the resume with another k is refused before it records it.
-    with running(run_dir), pytest.raises(InputError, match="another tmas process"):
+    with running(run_dir), pytest.raises(InputError, match="this process is running this run already"):
         prepare_run(run_dir, more, None, resume=True, own_model=True)
     with RunStore(run_dir, create=False) as store:
         assert (store.get_meta("settings"), store.get_meta("method")) == before
@@ -119,10 +119,10 @@ async def test_a_prepared_run_holds_its_lock_until_its_store_is_closed(tmp_path:
     )
     with store:
         # Between its preparation and its solving (a model loading meanwhile), no other process takes the run over.
-        with pytest.raises(InputError, match="another tmas process"), running(run_dir):
+        with pytest.raises(InputError, match="this process is running this run already"), running(run_dir):
             pass
         summary = await run_problems(settings, todo, store, model=model)
-        with pytest.raises(InputError, match="another tmas process"), running(run_dir):
+        with pytest.raises(InputError, match="this process is running this run already"), running(run_dir):
             pass
     assert summary.done == 1
     with running(run_dir):  # let go with the store

@@ -24,7 +24,8 @@ LOCK_NAME = ".run.lock"
 
 
 class LockHeld(InputError):
-    """The lock is another process's: its process id and what it said it is doing (empty where it said nothing)."""
+    """The lock is held (by another process, or by this one for another call): its holder's process id and what it
+    said it is doing (empty where it said nothing)."""
 
     def __init__(self, message: str, pid: str, doing: str) -> None:
         super().__init__(message)
@@ -58,8 +59,14 @@ class RunLock:
             handle.seek(0)
             pid, _, doing = handle.read().strip().partition(" ")
             handle.close()
-            running_it = f"another tmas process (pid {pid or 'unknown'}) is running this run"
-            message = f"{self.run_dir}: {running_it}; wait for it to end or stop it"
+            if pid == str(os.getpid()):
+                # Taken again by the process holding it: a second run of this directory in it (two API calls at
+                # once, say) while the first one goes on.
+                running_it = "this process is running this run already (an earlier call on it has not ended)"
+                message = f"{self.run_dir}: {running_it}; wait for that call to end before running it again"
+            else:
+                running_it = f"another tmas process (pid {pid or 'unknown'}) is running this run"
+                message = f"{self.run_dir}: {running_it}; wait for it to end or stop it"
             raise LockHeld(message, pid or "unknown", doing.strip()) from None
         handle.seek(0)
         handle.truncate()
