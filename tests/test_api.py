@@ -17,6 +17,7 @@ import tmas.api
 from conftest import clean_env, dead_url, settings_for
 from tmas.errors import ConfigError, InputError
 from tmas.runner import Unreachable
+from tmas.store.run_lock import LockHeld, running
 from tmas.testing import SimServer
 
 PROBLEM = '{"problem_id": "p1", "question": "What is 17*23?", "answer": "391"}\n'
@@ -135,3 +136,25 @@ async def test_a_resume_through_the_api_counts_only_the_calls_it_has_still_to_se
     assert sim.chat_bodies() == []
     summary = await tmas.api.aresume(tmp_path / "run", max_calls=12)
     assert summary.done == 2 and len(sim.chat_bodies()) == 4
+
+
+async def test_a_run_directory_in_use_is_refused_with_advice_for_the_api(tmp_path: Path, sim: SimServer) -> None:
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text(PROBLEM)
+    settings = settings_for(sim, method={"name": "cot"})
+    await tmas.api.arun(problems, tmp_path / "run", settings)
+    # A second arun into it: the call that continues the run, not the command's flag.
+    with pytest.raises(InputError) as caught:
+        await tmas.api.arun(problems, tmp_path / "run", settings)
+    resume = f"tmas.api.aresume({str(tmp_path / 'run')!r})"
+    assert (
+        str(caught.value)
+        == f"{tmp_path / 'run'}: already holds a run; continue it with {resume} or choose another directory"
+    )
+    # A call on it still going on in this process (its store holds the lock): said so, not another process.
+    with running(tmp_path / "run"), pytest.raises(LockHeld) as held:
+        await tmas.api.aresume(tmp_path / "run")
+    said = str(held.value)
+    assert said.startswith(f"{tmp_path / 'run'}: this process is running this run already")
+    assert "another" not in said and "stop it" not in said
+    assert len(sim.chat_bodies()) == 1

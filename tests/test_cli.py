@@ -155,6 +155,16 @@ def test_a_run_another_process_is_running_is_not_run_twice(sim: SimServer, tmp_p
     assert tmas("run", "--resume", str(run_dir)).returncode == 0
 
 
+def test_solve_into_a_run_directory_holding_a_run_names_the_commands_resume(sim: SimServer, tmp_path: Path) -> None:
+    args = ("solve", "What is 6*7?", "--base-url", sim.base_url, "-m", "cot", "--run-dir", str(tmp_path / "q"))
+    assert tmas(*args).returncode == 0
+    again = tmas(*args)
+    # The command's own advice, not the Python API's (tmas solve goes through it).
+    assert again.returncode == 2 and again.stderr.decode().splitlines()[-1] == (
+        f"tmas: error: {tmp_path / 'q'}: already holds a run; continue it with --resume or choose another directory"
+    )
+
+
 @pytest.mark.slow
 def test_run_refuses_to_overwrite_a_run(sim: SimServer, tmp_path: Path) -> None:
     write_problems(tmp_path / "p.jsonl", 1)

@@ -235,10 +235,11 @@ async def test_a_solve_whose_endpoint_goes_away_points_at_nothing_deleted(tmp_pa
         await asolve(Q, model=model)
     said = str(caught.value)
     assert "the model went away" in said and "--resume" not in said and "tmas-solve-" not in said
-    assert said.endswith("nothing was kept (a run directory keeps a question's calls: tmas solve --run-dir DIR)")
-    # With one, the run is kept and the hint names it.
-    with pytest.raises(Unreachable, match=f"continue with 'tmas run --resume {tmp_path / 'kept'}'"):
+    assert said.endswith("nothing was kept (a run directory keeps a question's calls: pass run_dir=DIR)")
+    # With one, the run is kept and the hint names it, as the API continues it (its model is not the command's).
+    with pytest.raises(Unreachable) as caught:
         await asolve(Q, model=GoneModel(SimScript(), model.settings, gone=True), run_dir=tmp_path / "kept")
+    assert str(caught.value).endswith(f"continue with 'tmas.api.aresume({str(tmp_path / 'kept')!r})'")
 
 
 # ------------------------------------------------------------------------------------------- a refused command line

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Awaitable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from tmas.planning.estimate import (
 )
 from tmas.problems import Problem, check_question, iter_problems, resolve_dataset
 from tmas.runner import (
+    RunExists,
     RunSetup,
     RunSummary,
     StoreFailed,
@@ -67,6 +69,32 @@ async def asolve(
 ) -> ProblemResult:
     """Solve ``question``; with ``run_dir`` the whole run (every call, every iteration) is kept there. Refused where
     its estimate is over ``max_calls`` or ``max_completion_tokens`` (None: no limit)."""
+    return await solve_question(
+        question,
+        settings,
+        method=method,
+        params=params,
+        run_dir=run_dir,
+        model=model,
+        max_calls=max_calls,
+        max_completion_tokens=max_completion_tokens,
+    )
+
+
+async def solve_question(
+    question: str,
+    settings: Settings | Mapping[str, Any] | None = None,
+    *,
+    method: str | None = None,
+    params: dict[str, Any] | None = None,
+    run_dir: str | Path | None = None,
+    model: ChatModel | None = None,
+    max_calls: int | None = QUESTION_CALLS,
+    max_completion_tokens: float | None = CONFIRM_TOKENS,
+    for_api: bool = True,
+) -> ProblemResult:
+    """:func:`asolve`, whose errors name what continues its run: the API's call and keyword (``for_api``), or the
+    commands' (``tmas solve``)."""
     check_question(question, "question")
     settings = question_settings(_settings_of(settings, model), method, params, own_model=model is not None)
     check_cost("tmas.solve", settings, 1, model, max_calls, max_completion_tokens)
@@ -74,17 +102,20 @@ async def asolve(
     await _check_endpoints(settings, model)
     with tempfile.TemporaryDirectory(prefix="tmas-solve-") as scratch:
         own = model is not None
-        store, settings, problems = prepare_run(
-            Path(run_dir or scratch), settings, [problem], resume=False, own_model=own
-        )
+        with api_advice() if for_api else nullcontext():
+            store, settings, problems = prepare_run(
+                Path(run_dir or scratch), settings, [problem], resume=False, own_model=own
+            )
         with store:
+            solving = run_problems(settings, problems, store, keep_results=True, model=model)
             try:
-                summary = await run_problems(settings, problems, store, keep_results=True, model=model)
+                summary = await (_solving(solving) if for_api else solving)
             except Unreachable as exc:
                 if run_dir is not None:
                     raise
                 # The scratch directory goes with this block: point at nothing that will not be there.
-                kept = "nothing was kept (a run directory keeps a question's calls: tmas solve --run-dir DIR)"
+                keeps = "pass run_dir=DIR" if for_api else "tmas solve --run-dir DIR"
+                kept = f"nothing was kept (a run directory keeps a question's calls: {keeps})"
                 raise Unreachable(f"{exc.reason}; {kept}", None) from None
             except StoreFailed as exc:
                 if run_dir is not None:
@@ -142,9 +173,10 @@ async def arun(
         count = sum(1 for _ in (islice(reader, limit) if limit else reader))
         check_cost("tmas.api.arun", settings, count, model, max_calls, max_completion_tokens)
     await _check_endpoints(settings, model)
-    store, settings, todo = open_new_run(Path(out), settings, problems, limit=limit, own_model=own)
+    with api_advice():
+        store, settings, todo = open_new_run(Path(out), settings, problems, limit=limit, own_model=own)
     with store:
-        return await run_problems(settings, todo, store, model=model)
+        return await _solving(run_problems(settings, todo, store, model=model))
 
 
 async def aresume(
@@ -173,7 +205,7 @@ async def aresume(
         check_cost("tmas.api.aresume", settings, count, model, max_calls, max_completion_tokens, stored=stored)
     store, settings, todo = prepare_run(run_dir, settings, None, resume=True, own_model=model is not None)
     with store:
-        return await run_problems(settings, todo, store, model=model)
+        return await _solving(run_problems(settings, todo, store, model=model))
 
 
 def question_settings(
@@ -226,6 +258,33 @@ async def _check_endpoints(settings: Settings, model: ChatModel | None) -> None:
         await check_endpoints(settings, run_method(settings).traits.roles)
     except EndpointUnreachable as exc:
         raise Unreachable(str(exc), None) from None
+
+
+def resume_call(run_dir: Path) -> str:
+    """The call that continues the run in ``run_dir``, as an API user's error names it."""
+    return f"tmas.api.aresume({str(run_dir)!r})"
+
+
+@contextmanager
+def api_advice() -> Iterator[None]:
+    """A run directory that holds a run already, refused with the call that continues it (not the CLI's flag)."""
+    try:
+        yield
+    except RunExists as exc:
+        raise RunExists(exc.run_dir, resume_call(exc.run_dir)) from None
+
+
+async def _solving(solving: Awaitable[RunSummary]) -> RunSummary:
+    """A run solved; where it stops (nothing answers, its store cannot be written) its error names the call that
+    continues it rather than the command."""
+    try:
+        return await solving
+    except Unreachable as exc:
+        if exc.run_dir is None:
+            raise
+        raise Unreachable(exc.reason, exc.run_dir, again=resume_call(exc.run_dir)) from None
+    except StoreFailed as exc:
+        raise StoreFailed(exc.reason, exc.run_dir, again=resume_call(exc.run_dir)) from None
 
 
 def _settings_of(settings: Settings | Mapping[str, Any] | None, model: ChatModel | None) -> Settings:

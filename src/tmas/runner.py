@@ -403,7 +403,16 @@ def check_new_run_dir(run_dir: Path) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise InputError(f"{run_dir}: a file, not a directory: a run is kept in a directory (choose another)")
     if holds_run(run_dir):
-        raise InputError(f"{run_dir}: already holds a run; continue it with --resume or choose another directory")
+        raise RunExists(run_dir)
+
+
+class RunExists(InputError):
+    """A new run is refused in ``run_dir``: it holds a run already. ``resume``: how its caller continues that run
+    (``--resume`` on the commands; :func:`tmas.api.aresume` in the Python API)."""
+
+    def __init__(self, run_dir: Path, resume: str = "--resume") -> None:
+        super().__init__(f"{run_dir}: already holds a run; continue it with {resume} or choose another directory")
+        self.run_dir = run_dir
 
 
 def _remove_store(run_dir: Path) -> None:

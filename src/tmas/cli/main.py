@@ -135,7 +135,7 @@ def solve(
 ) -> None:
     """Solve one question and print the answer (on your endpoint, given no parameters, TMAS runs its quick preset:
     at most 48 calls)."""
-    from tmas.api import asolve, question_settings
+    from tmas.api import question_settings, solve_question
     from tmas.cli.estimate import QUESTION_CONFIRM_CALLS, question_estimate
     from tmas.cli.estimate import gate as cost_gate
     from tmas.llm.types import cached_share_text
@@ -152,7 +152,10 @@ def solve(
     check_endpoint(settings)  # nothing listening, or no /v1: said before a run directory is made
     try:
         # The gate above has asked (or been told --yes): no second limit.
-        result = interrupt.run(asolve(text, settings, run_dir=run_dir, max_calls=None, max_completion_tokens=None))
+        asking = solve_question(
+            text, settings, run_dir=run_dir, max_calls=None, max_completion_tokens=None, for_api=False
+        )
+        result = interrupt.run(asking)
     except interrupt.Stopped as stop:
         kept = "nothing was kept (tmas solve --run-dir DIR keeps a question's calls)"
         if run_dir is not None:
