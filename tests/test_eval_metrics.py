@@ -208,3 +208,57 @@ def test_pass1_standard_error_across_problems_by_hand() -> None:
     # One problem: no spread to estimate, 0 (as the frontier's band).
     [one] = compute_metrics(as_results(results[:1]), grades).iterations
     assert one.pass1_stderr == 0.0
+
+
+def test_a_final_state_reads_the_solutions_its_trajectories_hold_as_pass1_does() -> None:
+    # Self-Refine, one trajectory: It0 writes 5 (right); It1's refinement has no answer and its trajectory goes on
+    # from It0's solution (carried_from 0). Pass@1 at It1 reads that solution: 1. The final state the stopping
+    # comparison reads ("Pass@1 lost") is the same 1; read from It1's own answerless reply it was 0.
+    carried = {"index": 0, "answer": None, "meta": {"carried_from": 0}}
+    results = [
+        {
+            "problem_id": "a",
+            "iterations": [
+                _record(0, ["5"], "5", 10),
+                {**_record(1, [None], "5", 10), "candidates": [carried]},
+            ],
+        }
+    ]
+    grades = Grades(runs=2)
+    grades.verdicts[("a", 0, 0)] = [True, True]
+    grades.verdicts[("a", 1, 0)] = [False, False]
+    metrics = compute_metrics(as_results(results, "self_refine"), grades)
+    assert [m.pass1 for m in metrics.iterations] == [1.0, 1.0]
+    assert metrics.finals["a"].pass1 == 1.0
+
+
+def test_a_problem_that_ended_counts_every_token_it_spent_past_its_last_iteration() -> None:
+    # a: a budget stopped it inside It1: It0's record holds 10 prompt + 10 completion tokens, the problem spent
+    # 30 + 50 in all (It1's cut calls are in its usage, in no record). b ran It0 and It1 at 10 + 10 each. f failed
+    # before any iteration after calls of 4 + 6 tokens. Cumulative tokens per problem (prompt + completion):
+    # It0: (20 + 20 + 10) / 3 = 50/3 (f has ended: everything it spent); It1: a's It0 answer stands, at everything
+    # it spent: (80 + 40 + 10) / 3 = 130/3, as the frontier counts a stopped problem's tokens. Before, a counted
+    # 20 and f 0 at every iteration: It1 (20 + 40 + 0) / 3 = 20.
+    results = as_results(
+        [
+            {
+                "problem_id": "a",
+                "stopped_reason": "budget",
+                "usage": {"prompt_tokens": 30, "completion_tokens": 50},
+                "iterations": [_record(0, ["1"], "1", 10)],
+            },
+            {"problem_id": "b", "iterations": [_record(0, ["2"], "2", 10), _record(1, ["2"], "2", 10)]},
+            {"problem_id": "f", "status": "failed", "usage": {"prompt_tokens": 4, "completion_tokens": 6}},
+        ]
+    )
+    grades = Grades(runs=1)
+    for pid, its in (("a", (0,)), ("b", (0, 1))):
+        for it in its:
+            grades.verdicts[(pid, it, 0)] = grades.verdicts[(pid, it, SELECTED)] = [True]
+    grades.verdicts[("f", 0, SELECTED)] = [False]
+    metrics = compute_metrics(results, grades)
+    assert [m.tokens_per_problem for m in metrics.iterations] == pytest.approx([50 / 3, 130 / 3])
+    # The iterations' own cost stays what their records hold.
+    assert [m.tokens for m in metrics.iterations] == [40, 20]
+    # Final states (the stopping comparison's "tokens saved"): what each problem spent in all.
+    assert {pid: s.tokens for pid, s in metrics.finals.items()} == {"a": 80, "b": 40, "f": 10}

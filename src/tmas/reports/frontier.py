@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from tmas.answer_classes import class_of
 from tmas.grading.grades import SELECTED, Grades
-from tmas.reports.metrics import labeled_results, last_iteration, reached, record_at
+from tmas.llm.types import Usage
+from tmas.reports.metrics import labeled_results, last_iteration, reached, record_at, spent_through
 from tmas.store.records import Candidate, ProblemResult
 
 # Completion tokens per problem at which the equal-budget table reads every frontier.
@@ -71,16 +72,18 @@ def returned_by_problem(
         if not reached(result, t):
             continue
         record = record_at(result, t)
+        # One that stopped before t (its answer stands) or failed counts what the whole problem spent, an iteration
+        # a budget or an error cut short included (spent_through).
+        spent = float(spent_through(result, t, _completion))
         if record is None:  # failed before any iteration: nothing returned
-            out[result.problem_id] = (0.0, float(result.usage.completion_tokens))
+            out[result.problem_id] = (0.0, spent)
             continue
-        spent = sum(r.usage.completion_tokens for r in result.iterations if r.iteration <= t)
-        if record.iteration < t and record is result.iterations[-1] and not result.in_progress:
-            # It stopped before t and its answer stands: at what the whole problem spent, an iteration a budget or
-            # an error cut short included (its calls are in the problem's usage, in no record).
-            spent = max(spent, result.usage.completion_tokens)
-        out[result.problem_id] = (grades.share_correct((result.problem_id, record.iteration, SELECTED)), float(spent))
+        out[result.problem_id] = (grades.share_correct((result.problem_id, record.iteration, SELECTED)), spent)
     return out
+
+
+def _completion(usage: Usage) -> int:
+    return usage.completion_tokens
 
 
 def mv_frontier(

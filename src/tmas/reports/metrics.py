@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tmas.answer_classes import EquivalenceCheck, answer_classes, class_of
 from tmas.grading.grades import SELECTED, Grades
+from tmas.llm.types import Usage
 from tmas.store.records import Candidate, IterationRecord, ProblemResult
 
 
@@ -105,8 +106,8 @@ class IterationMetrics:
     prompt_tokens: int
     completion_tokens: int
     reasoning_tokens: int
-    # Mean cumulative tokens per problem over the problems that reached the iteration (or finished before it): the x
-    # axis of Pass@1 against compute.
+    # Mean cumulative tokens per problem over the problems that reached the iteration (or finished before it: at
+    # everything they spent, spent_through): the x axis of Pass@1 against compute.
     tokens_per_problem: float
     problems: int
 
@@ -247,12 +248,7 @@ def compute_metrics(
         # Per problem, over the problems that count at t (labeled or not), as the accuracies count them: a problem
         # still mid-way that has not reached t neither adds its tokens nor counts as one.
         counted = [result for result in results if reached(result, t)]
-        spent = sum(
-            record.usage.prompt_tokens + record.usage.completion_tokens
-            for result in counted
-            for record in result.iterations
-            if record.iteration <= t
-        )
+        spent = sum(spent_through(result, t, _all_tokens) for result in counted)
         per_run = [pass_at_1({pid: [runs[r]] for pid, runs in labels.items()}) for r in range(grades.runs)]
         out.iterations.append(
             IterationMetrics(
@@ -284,20 +280,36 @@ def final_states(results: Sequence[ProblemResult], grades: Grades, labeled: set[
         if result.in_progress:
             continue
         pid = result.problem_id
-        tokens = sum(record.usage.prompt_tokens + record.usage.completion_tokens for record in result.iterations)
         share = None
         if pid in labeled:
             record = record_at(result, last_iteration([result]))
-            cands = record.candidates if record else []
+            # As Pass@1 reads the last iteration: the solutions its trajectories hold (held_at).
+            held = held_at(result, record) if record else []
             runs = [
-                statistics.fmean(grades.correct((pid, record.iteration, c.index), r) for c in cands)
-                if record and cands
-                else 0.0
+                statistics.fmean(grades.correct((pid, i, c.index), r) for i, c in held) if held else 0.0
                 for r in range(grades.runs)
             ]
             share = statistics.fmean(runs)
-        out[pid] = FinalState(share, tokens)
+        out[pid] = FinalState(share, spent_through(result, None, _all_tokens))
     return out
+
+
+def _all_tokens(usage: Usage) -> int:
+    return usage.prompt_tokens + usage.completion_tokens
+
+
+def spent_through(result: ProblemResult, iteration: int | None, count: Callable[[Usage], int]) -> int:
+    """The tokens (as ``count`` counts a usage) ``result`` spent up to ``iteration`` (None: in all): its records up
+    to it, and where it had ended before ``iteration`` (it stopped early, or failed), everything it spent: its
+    usage, which holds an iteration a budget or an error cut short (calls in no record), and the calls of a problem
+    that failed before any iteration finished. A problem still mid-way counts its finished iterations."""
+    records = sum(
+        count(record.usage) for record in result.iterations if iteration is None or record.iteration <= iteration
+    )
+    last = last_iteration([result])
+    if result.in_progress or (iteration is not None and last >= iteration):
+        return records
+    return max(records, count(result.usage))
 
 
 def _vote_key(candidate: Candidate, classes: Mapping[str, str] | None) -> str | None:
