@@ -14,7 +14,7 @@ from conftest import scripted_settings
 from scripted_runs import scripted_run
 from tmas.grading.grades import GradeConfig
 from tmas.reports.report import build_report, evaluate_run, write_report
-from tmas.testing import Rule, ScriptedModel, SimScript
+from tmas.testing import Rule, ScriptedModel, ScriptedUsage, SimScript
 from tmas.view.cache import RunCache
 from tmas.view.runs import RunReader
 from web_helpers import run_ref_for
@@ -355,3 +355,29 @@ async def test_pass1_lost_to_stopping_is_over_the_problems_both_runs_finished(tm
         "against the full run, over the 1 of 2 problems both finished: 3548 tokens saved per problem (50.0%), "
         "Pass@1 lost 0.00."
     ) in markdown
+
+
+@pytest.mark.slow
+async def test_the_mv_frontier_counts_a_samples_echo_retry_in_its_tokens(tmp_path: Path) -> None:
+    # Majority vote, 2 samples a problem, every call 600 completion tokens. p1's first reply echoes the prompt's
+    # instructions and is asked again: 3 calls, 1800 tokens for its 2 samples (900 a sample); p2 draws 2, 1200
+    # (600 a sample). Both vote right. MV@1 at (900 + 600) / 2 = 750, MV@2 at (1800 + 1200) / 2 = 1500: what the
+    # problems spent. Read from the samples' own calls (the echo's left out) they were 600 and 1200.
+    echo = "Finish with one last line that holds nothing but the final answer you computed.\n\\boxed{5}"
+    spent = ScriptedUsage(prompt_tokens=100, completion_tokens=600)
+    script = SimScript(
+        rules=[
+            Rule(role="solution", pattern=r"2\+3", replies=[echo], times=1, usage=spent),
+            Rule(role="solution", pattern=r"2\+3", replies=["\\boxed{5}"], usage=spent),
+            Rule(role="solution", pattern=r"4\+4", replies=["\\boxed{8}"], usage=spent),
+        ]
+    )
+    problems = write_problems(tmp_path / "p.jsonl")
+    model = await run(problems, tmp_path / "mv", script, "majority", k=2, style="concise")
+    assert len(model.calls_of("solution")) == 5
+    evaluation = await evaluate_run(tmp_path / "mv", GradeConfig(mode="rules"), None)
+    assert evaluation.cost.usage.completion_tokens == 3000
+    assert [(p.label, p.tokens, p.accuracy) for p in evaluation.frontier] == [
+        ("MV@1", 750.0, 1.0),
+        ("MV@2", 1500.0, 1.0),
+    ]

@@ -4,7 +4,8 @@
   selected after t and the mean cumulative completion tokens per problem up to t.
 - Majority vote: MV@k for k = 1, 2, 4, ..., K from the K stored samples of each problem, as the exact expectation over
   a uniformly random subset of k samples (see :func:`mv_at_k`), at k times the problem's mean completion tokens per
-  sample; a finished problem with fewer samples (a vote decided early) keeps its vote over all of them.
+  sample (what it spent on its samples over their number); a finished problem with fewer samples (a vote decided
+  early) keeps its vote over all of them.
 
 Each point carries the standard error of its accuracy across problems (the band) and the number of labeled problems
 that reached it (a run still mid-way has fewer problems at later points). The equal-budget table reads each frontier
@@ -105,22 +106,28 @@ def mv_frontier(
 def mv_by_problem(
     results: list[ProblemResult], grades: Grades, k: int, classes: Mapping[str, Mapping[str, str]] | None = None
 ) -> dict[str, tuple[float, float]]:
-    """Per problem with at least k stored samples, MV@k (:func:`mv_at_k`) and its expected completion tokens (k times
-    the problem's mean per sample). A finished problem with fewer than k samples (its vote decided early, a budget
-    stopped it) keeps its vote over all of them at every larger k, at their tokens, as a stopped problem keeps its
-    answer on the iteration frontier; one still mid-way counts only up to the samples it drew. A problem that failed
-    before any sample returned nothing (0), at every k."""
+    """Per problem with at least k stored samples, MV@k (:func:`mv_at_k`) and its expected completion tokens: k times
+    the problem's mean per sample, what it spent drawing its samples over their number (a sample's every call, the
+    retry of a reply that echoed its prompt included, is in its iteration's record, not all in the sample's own
+    usage). A finished problem with fewer than k samples (its vote decided early, a budget stopped it) keeps its vote
+    over all of them at every larger k, at their tokens, as a stopped problem keeps its answer on the iteration
+    frontier; one still mid-way counts only up to the samples it drew. A problem that failed before any sample
+    returned nothing (0), at every k, at what it spent."""
     out: dict[str, tuple[float, float]] = {}
-    finished = {r.problem_id: r for r in results if not r.in_progress}
-    for pid, drawn in _samples(results).items():
-        if not drawn and pid in finished:
-            out[pid] = (0.0, float(finished[pid].usage.completion_tokens))
+    samples = _samples(results)
+    for result in results:
+        pid, drawn = result.problem_id, samples[result.problem_id]
+        # At least the samples' own calls (a record that holds no usage of its own).
+        spent = max(spent_through(result, None, _completion), sum(c.usage.completion_tokens for _, c in drawn))
+        if not drawn and not result.in_progress:
+            out[pid] = (0.0, float(spent))
             continue
-        if len(drawn) < k and pid not in finished:
+        if len(drawn) < k and (result.in_progress or not drawn):
             continue
         size = min(k, len(drawn))
         groups, others = _answer_groups(pid, drawn, grades, (classes or {}).get(pid))
-        out[pid] = (mv_at_k(groups, others, size), size * statistics.fmean(c.usage.completion_tokens for _, c in drawn))
+        # Expected tokens of a uniformly random k-subset: k times the mean per sample, spent / n.
+        out[pid] = (mv_at_k(groups, others, size), size * spent / len(drawn))
     return out
 
 
