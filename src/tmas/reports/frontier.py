@@ -204,5 +204,7 @@ def _answer_groups(
 
 
 def _point(label: str, tokens: list[float], accuracy: list[float]) -> FrontierPoint:
+    # Standard error of the mean across problems: SE = s / sqrt(n), s^2 = 1/(n - 1) * sum_i (a_i - mean)^2 over the
+    # n problems' accuracies a_i (0 with one problem), as metrics.pass_at_1_stderr for Pass@1.
     stderr = statistics.stdev(accuracy) / math.sqrt(len(accuracy)) if len(accuracy) > 1 else 0.0
     return FrontierPoint(label, statistics.fmean(tokens), statistics.fmean(accuracy), stderr, len(accuracy))
