@@ -47,6 +47,19 @@ async def test_streamed_requests_ask_for_usage_and_read_the_same_reply(sim: SimS
     assert not reply.usage.estimated and reply.usage.completion_tokens > 0
 
 
+async def test_stream_options_set_in_extra_body_go_with_the_ones_the_client_asks_for(sim: SimServer) -> None:
+    # A user's stream_options (vLLM's and SGLang's continuous_usage_stats: the usage so far on every chunk) reach the
+    # server beside include_usage, rather than being replaced by it.
+    sim.set_script(SimScript(seed=3, persona="vllm"))
+    extra = {"stream_options": {"continuous_usage_stats": True}}
+    reply = await one_call(settings_for(sim, sampling__extra_body=extra))
+    [body] = sim.chat_bodies()
+    assert body["stream"] is True
+    assert body["stream_options"] == {"continuous_usage_stats": True, "include_usage": True}
+    assert reply.ok and "\\boxed{391}" in reply.content
+    assert reply.usage.completion_tokens == sim.stats().completion_tokens and not reply.usage.estimated
+
+
 # ------------------------------------------------------------------------------------------------ timeouts
 @pytest.mark.slow
 async def test_a_reply_longer_than_timeout_s_arrives_whole_while_its_chunks_keep_coming(sim: SimServer) -> None:

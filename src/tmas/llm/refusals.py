@@ -147,7 +147,10 @@ class Refusals:
             body["n"] = n
         mode = route.endpoint.stream
         if mode == "on" or (mode == "auto" and not replica.stream_refused):
-            body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+            # Any stream_options of the user's (extra_body: continuous_usage_stats) go with include_usage.
+            given = body.get("stream_options")
+            options = {**(given if isinstance(given, dict) else {}), "include_usage": True}
+            body = {**body, "stream": True, "stream_options": options}
         return body
 
     def fit_context(self, route: Route, replica: Replica, request: ChatRequest, max_tokens: int | None) -> int | None:
