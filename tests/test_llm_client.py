@@ -199,6 +199,23 @@ async def test_a_reply_cut_inside_thinking_the_template_opened_has_no_answer(sim
     assert (cut.content, cut.reasoning) == ("", "Perhaps the product is \\boxed{7}, but I")
 
 
+@pytest.mark.parametrize("persona", ["vllm", "sglang"])
+@pytest.mark.parametrize("stream", ["auto", "off"])
+async def test_a_reply_cut_inside_thinking_by_a_reasoning_parser_has_no_answer(
+    sim: SimServer, persona: str, stream: str
+) -> None:
+    # vLLM and SGLang with a reasoning parser put a reply cut before its closing tag all in the reasoning field, its
+    # content null sent whole and never a content delta streamed. The thinking's boxed value is no answer.
+    thought = "Perhaps the product is \\boxed{7}, but I should multiply it out again before I commit to it."
+    rule = Rule(role="solution", reasoning=thought)
+    sim.set_script(SimScript(persona=persona, reasoning=True, rules=[rule]))  # type: ignore[arg-type]
+    async with open_model(settings_for(sim, endpoint__stream=stream, sampling__max_tokens=12)) as llm:
+        cut = await llm.chat("solution", QUESTION)
+    assert cut.ok and cut.truncated and cut.finish_reason == "length"
+    assert (cut.content, cut.reasoning) == ("", "Perhaps the product is \\boxed{7}, but I")
+    assert cut.usage.completion_tokens == 12 and cut.usage.reasoning_tokens == 12
+
+
 async def test_usage_from_server_and_estimated_without(sim: SimServer) -> None:
     async with LLMClient(settings_for(sim)) as llm:
         reported = await llm.chat("solution", QUESTION)

@@ -279,6 +279,25 @@ async def test_a_think_block_the_template_opened_shows_only_its_closing_tag(
     assert "think>" not in cut["choices"][0]["message"]["content"]
 
 
+@pytest.mark.parametrize("persona", ["vllm", "sglang", "sim"])
+async def test_a_reply_cut_inside_its_thinking_has_null_content(
+    persona: PersonaName, http: aiohttp.ClientSession
+) -> None:
+    # vLLM's reasoning parser gives no content for a reply that never closed its thinking, SGLang none for any empty
+    # text: "content": null sent whole, and no content delta streamed.
+    rule = Rule(replies=["The answer is 5."], reasoning=words(20, "t"))
+    async with SimServer(SimScript(persona=persona, reasoning=True, rules=[rule])) as sim:
+        _, whole = await post(http, sim, max_tokens=8)
+        events = await stream(http, sim, max_tokens=8)
+    [choice] = whole["choices"]
+    key = {"vllm": "reasoning", "sglang": "reasoning_content", "sim": "reasoning_content"}[persona]
+    assert choice["finish_reason"] == "length" and choice["message"][key] == words(8, "t")
+    assert choice["message"]["content"] == ("" if persona == "sim" else None)
+    deltas = [c["delta"] for e in events if e != "[DONE]" for c in e["choices"]]
+    assert [d["content"] for d in deltas if d.get("content")] == []
+    assert "".join(d.get(key) or "" for d in deltas) == words(8, "t")
+
+
 # ---- n ----------------------------------------------------------------------------------------------------
 
 

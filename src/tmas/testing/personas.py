@@ -305,6 +305,9 @@ class Persona:
     # The message (and delta) field holding reasoning; None: hidden, only counted.
     reasoning_key: str | None
     message_extra: dict[str, Any]
+    # A reply without content (one cut inside its thinking) says "content": null rather than "": "always", or only
+    # where the reasoning went in a field of its own ("parsed": a reasoning parser ran); "never": always a string.
+    null_content: Literal["always", "parsed", "never"]
     choice_extra: dict[str, Any]
     response_extra: dict[str, Any]
     logprobs_extra: dict[str, Any]
@@ -395,6 +398,7 @@ SIM = Persona(
     echoes_model=False,
     reasoning_key="reasoning_content",
     message_extra={},
+    null_content="never",
     choice_extra={},
     response_extra={},
     logprobs_extra={},
@@ -446,6 +450,10 @@ VLLM = Persona(
         "tool_calls": [],
         "reasoning": None,
     },
+    # chat_completion/serving.py chat_completion_full_generator: with a reasoning parser the content is what
+    # extract_reasoning gives, None for a reply that never closed its thinking (reasoning/qwen3_reasoning_parser.py,
+    # basic_parsers.py) or closed it with nothing after; without one, the output's text as it is.
+    null_content="parsed",
     choice_extra={"logprobs": None, "stop_reason": None, "token_ids": None},
     response_extra={
         "service_tier": None,
@@ -508,6 +516,8 @@ SGLANG = Persona(
     echoes_model=True,
     reasoning_key="reasoning_content",
     message_extra={"reasoning_content": None, "tool_calls": None},
+    # serving_chat.py _build_chat_response: ChatMessage(content=text if text else None, ...), parser or not.
+    null_content="always",
     choice_extra={"logprobs": None, "matched_stop": None},
     response_extra={"metadata": None},
     logprobs_extra={},
@@ -556,6 +566,8 @@ LLAMA_SERVER = Persona(
     # With --reasoning-format deepseek (or auto): reasoning_content, present only when there is some.
     reasoning_key="reasoning_content",
     message_extra={},
+    # Not read from its source: kept as the simulator always sent it.
+    null_content="never",
     choice_extra={},
     response_extra={"system_fingerprint": "b0-sim"},
     logprobs_extra={},
@@ -613,6 +625,8 @@ OPENAI = Persona(
     # The chat API never returns a reasoning model's reasoning: only its count, in completion_tokens_details.
     reasoning_key=None,
     message_extra={"refusal": None, "annotations": []},
+    # Not read from a reference: kept as the simulator always sent it.
+    null_content="never",
     choice_extra={"logprobs": None},
     response_extra={"service_tier": "default", "system_fingerprint": None},
     logprobs_extra={"refusal": None},

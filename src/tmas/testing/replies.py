@@ -152,7 +152,9 @@ class Reply:
         out: dict[str, Any] = {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model}
         choices = []
         for i, c in enumerate(self.choices):
-            message: dict[str, Any] = {"role": "assistant", "content": c.content, **p.message_extra}
+            null = p.null_content == "always" or (p.null_content == "parsed" and c.reasoning is not None)
+            content = None if null and not c.content else c.content
+            message: dict[str, Any] = {"role": "assistant", "content": content, **p.message_extra}
             if c.reasoning is not None and p.reasoning_key is not None:
                 message[p.reasoning_key] = c.reasoning
             choice: dict[str, Any] = {
