@@ -298,6 +298,33 @@ async def test_a_reply_cut_inside_its_thinking_has_null_content(
     assert "".join(d.get(key) or "" for d in deltas) == words(8, "t")
 
 
+@pytest.mark.parametrize("long", [False, True])
+@pytest.mark.parametrize(
+    "script", [{"persona": "vllm", "reasoning": True}, {"persona": "sglang", "reasoning": True}, {"think_tags": True}]
+)
+async def test_thinking_turned_off_in_the_template_gives_the_answer_alone(
+    script: dict[str, Any], long: bool, http: aiohttp.ClientSession
+) -> None:
+    # Qwen3's enable_thinking=false: the template closes an empty think block in the prompt, so the reply holds no
+    # reasoning (in a field or between tags) and its usage counts none; left on (or unset), the model thinks.
+    lengths = LongReplies(
+        reasoning_min_tokens=50, reasoning_median_tokens=60, reasoning_max_tokens=80, corpus_tokens=5000
+    )
+    sim_script = SimScript.model_validate({**script, "long_replies": lengths if long else None})
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    async with SimServer(sim_script) as sim:
+        _, thinking = await post(http, sim, role="solution", chat_template_kwargs={"enable_thinking": True})
+        _, answering = await post(http, sim, role="solution", **off)
+        events = await stream(http, sim, stream_options={"include_usage": True}, **off)
+    key = {"vllm": "reasoning"}.get(script.get("persona", ""), "reasoning_content")
+    said, plain = thinking["choices"][0]["message"], answering["choices"][0]["message"]
+    assert said.get(key) or "</think>" in said["content"]
+    assert not plain.get(key) and "think>" not in plain["content"] and plain["content"]
+    assert answering["usage"].get("reasoning_tokens", 0) == 0
+    assert (answering["usage"].get("completion_tokens_details") or {}).get("reasoning_tokens", 0) == 0
+    assert not any(c["delta"].get(key) for e in events if e != "[DONE]" for c in e["choices"])
+
+
 # ---- n ----------------------------------------------------------------------------------------------------
 
 

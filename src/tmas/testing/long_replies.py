@@ -159,6 +159,8 @@ def long_choice(
     text = corpus(config.corpus_tokens, config.repeat_share)
     rng = random.Random(stable_hash(sim.sample_key, "long reply"))
     reasoning_tokens, answer_tokens = _draw_lengths(config, rng)
+    if not sim.thinking:
+        reasoning_tokens = 0  # the request turned thinking off: the answer alone
     reply_tokens = count_tokens(reply)
     padding = max(0, answer_tokens - reply_tokens)
     finish_reason = "stop"
@@ -172,7 +174,7 @@ def long_choice(
     content_pieces = text.slice(rng.randrange(text.tokens - padding), padding, config.chunk_tokens)
     if reply:
         content_pieces.append(("\n\n" + reply if content_pieces else reply, reply_tokens))
-    if script.think_tags:  # the reasoning goes in the content, between think tags
+    if script.think_tags and sim.thinking:  # the reasoning goes in the content, between think tags
         opening = [] if script.think_in_prompt else [("<think>\n", 3)]
         # A reply cut inside its thinking never wrote the closing tag.
         closing = [] if max_tokens is not None and reasoning_tokens >= max_tokens else [("\n</think>\n\n", 4)]

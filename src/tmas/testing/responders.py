@@ -94,6 +94,16 @@ class SimRequest:
         blob = json.dumps(asked, sort_keys=True, separators=(",", ":"), default=str)
         return stable_hash(blob)
 
+    @property
+    def thinking(self) -> bool:
+        """Whether the chat template lets a thinking model think: not where the request turns it off
+        (``chat_template_kwargs.enable_thinking`` false, Qwen3's switch, which vLLM, SGLang and llama-server hand to
+        the template). The template then closes an empty think block in the prompt, and the reply is its answer alone:
+        no reasoning field (vLLM's Qwen3 parser reads the same switch, reasoning/qwen3_reasoning_parser.py; SGLang's
+        serving_chat.py _get_reasoning_from_request) and no think tag in the content."""
+        kwargs = self.body.get("chat_template_kwargs")
+        return not (isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False)
+
     @cached_property
     def question(self) -> str:
         """The text of the last user message (the whole prompt if there is no user message)."""

@@ -96,7 +96,9 @@ def scripted_text(
     else:
         content = get_responder(sim.role)(sim)
     reasoning: str | None = None
-    if rule is not None and rule.reasoning is not None:
+    if not sim.thinking:
+        pass  # the request turned thinking off: the model answers at once
+    elif rule is not None and rule.reasoning is not None:
         reasoning = rule.reasoning
     elif script.reasoning or script.think_tags:
         reasoning = fake_reasoning(sim)
