@@ -478,6 +478,11 @@ async def test_a_model_thinking_inline_reports_its_reasoning_as_the_http_client_
     engine.replies.append(("Five.", "stop"))
     plain = await llm.chat("solution", MESSAGES, key=CallKey(role="solution"))
     assert (plain.content, plain.reasoning, plain.usage.reasoning_tokens) == ("Five.", "", 0)
+    # Thinking turned off in the template: a reply cut at max_tokens is its answer, cut, never thinking.
+    engine.replies.append(("The answer is \\boxed{5}, since two", "length"))
+    off = Sampling(extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    cut = await llm.chat("solution", MESSAGES, key=CallKey(role="solution"), sampling=off)
+    assert (cut.content, cut.reasoning, cut.usage.reasoning_tokens) == ("The answer is \\boxed{5}, since two", "", 0)
 
 
 @needs_weights

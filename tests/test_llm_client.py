@@ -199,6 +199,22 @@ async def test_a_reply_cut_inside_thinking_the_template_opened_has_no_answer(sim
     assert (cut.content, cut.reasoning) == ("", "Perhaps the product is \\boxed{7}, but I")
 
 
+async def test_a_cut_reply_with_thinking_turned_off_keeps_its_answer(sim: SimServer) -> None:
+    # The same model and server, thinking inside its content: a call that turns thinking off in the template
+    # (chat_template_kwargs) gets the answer alone, and when max_tokens cuts it, what came is the answer, cut.
+    rule = Rule(
+        role="solution", replies=["The product is \\boxed{391}, found by multiplying seventeen by twenty three."]
+    )
+    sim.set_script(SimScript(think_tags=True, think_in_prompt=True, rules=[rule]))
+    async with open_model(settings_for(sim)) as llm:
+        thought = await llm.chat("solution", QUESTION)
+        off = Sampling(max_tokens=8, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        cut = await llm.chat("solution", QUESTION, key=CallKey(role="solution", sample=1), sampling=off)
+    assert thought.reasoning and "\\boxed{391}" in thought.content
+    assert cut.truncated and (cut.content, cut.reasoning) == ("The product is \\boxed{391}", "")
+    assert cut.usage.reasoning_tokens == 0
+
+
 @pytest.mark.parametrize("persona", ["vllm", "sglang"])
 @pytest.mark.parametrize("stream", ["auto", "off"])
 async def test_a_reply_cut_inside_thinking_by_a_reasoning_parser_has_no_answer(

@@ -30,6 +30,7 @@ from tmas.llm.batching import Sample, SampleBatcher, handed_out, one_per_choice,
 from tmas.llm.failures import Failure
 from tmas.llm.lanes import SlotQueue, call_affinity
 from tmas.llm.model import ClientStats, EndpointUnreachable, QuotaSpent
+from tmas.llm.reasoning import thinking_off
 from tmas.llm.refusals import MAX_SHRINKS, DowngradeLog, Refusals, Shrinks
 from tmas.llm.replica import Replica
 from tmas.llm.replies import completion as read_completion
@@ -258,7 +259,7 @@ class LLMClient:
                     self.refusals.stream_refused(replica, key.role, "answered a streamed request with a plain reply")
                 was_cut = data.pop(PARTIAL, None)
                 self.refusals.saw_reasoning(replica, key.role, reasoning_place(data))
-                inline = replica.reasoning == "inline"
+                inline = replica.reasoning == "inline" and not thinking_off(request.sampling.extra_body)
                 done = [
                     read_completion(reply, request=request, key=key, request_hash=request_hash, counter=route.counter,
                                     url=replica.url, attempts=attempts.count, sent_max=sent_max, thinks_inline=inline)

@@ -49,7 +49,7 @@ from tmas.llm.hf_checkpoint import checkpoint, checkpoint_name
 from tmas.llm.hf_engine import EngineError, EngineReply, HFEngine, resolve_options
 from tmas.llm.hf_grammar import schema_text
 from tmas.llm.hf_sampling import RequestSampling
-from tmas.llm.reasoning import reply_place, split_reasoning
+from tmas.llm.reasoning import reply_place, split_reasoning, thinking_off
 from tmas.llm.refusals import DowngradeLog, requested_schema, schema_goes
 from tmas.llm.sampling import ResolvedSampling, resolve_role
 from tmas.llm.types import CallKey, ChainKey, ChatRequest, Completion, Message, Reasoning, Usage
@@ -206,8 +206,9 @@ class HFChatModel:
         following ``schema`` where given; a sample whose caller's future of ``callers`` is cancelled is cancelled in
         the engine alone, and its completion, which no one reads, says so."""
         started = time.monotonic()
+        extra = request.sampling.extra_body
         try:
-            template = request.sampling.extra_body.get(TEMPLATE_KWARGS)
+            template = extra.get(TEMPLATE_KWARGS)
             prompt = self.engine.prompt_ids([m.model_dump() for m in request.messages], template)
         except Exception as exc:  # a template that cannot render these messages fails the call, not the run
             return [self._failed(request, keys[0], f"chat template: {exc}", "template")]
@@ -230,7 +231,7 @@ class HFChatModel:
                 self._saw_reasoning(reply_place(reply.text, None, reply.finish_reason))
         lowered = max_tokens if max_tokens != wanted else None
         return [
-            self._completion(key, reply, len(prompt) if i == 0 else 0, latency, lowered)
+            self._completion(key, reply, len(prompt) if i == 0 else 0, latency, lowered, thinking_off(extra))
             if reply is not None
             else self._failed(request, key, "its caller gave up", "cancelled")
             for i, (key, reply) in enumerate(zip(keys, replies, strict=True))
@@ -242,9 +243,10 @@ class HFChatModel:
             self._reasoning = place
 
     def _completion(
-        self, key: CallKey, reply: EngineReply, prompt_tokens: int, latency: float, lowered: int | None
+        self, key: CallKey, reply: EngineReply, prompt_tokens: int, latency: float, lowered: int | None, off: bool
     ) -> Completion:
-        cut_inline = self._reasoning == "inline" and reply.finish_reason == "length"
+        """``off``: the request turned the model's thinking off (tmas.llm.reasoning.thinking_off)."""
+        cut_inline = self._reasoning == "inline" and reply.finish_reason == "length" and not off
         content, reasoning = split_reasoning(reply.text, cut_inline=cut_inline)
         usage = Usage(
             prompt_tokens=prompt_tokens,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 from tmas.llm.types import Reasoning, TokenLogprob
 
@@ -37,6 +39,15 @@ def split_reasoning(content: str, reasoning_field: str | None = None, *, cut_inl
         parts.append(tail.strip())
         content = head
     return content.strip(), "\n\n".join(p for p in parts if p)
+
+
+def thinking_off(extra_body: Mapping[str, Any]) -> bool:
+    """Whether a request turns its model's thinking off in the chat template (``chat_template_kwargs``:
+    ``enable_thinking`` false, Qwen3's switch; ``thinking`` false, DeepSeek-V3.1's and Kimi's). The template then
+    closes the think block in the prompt, so a reply cut at max_tokens is its answer, cut, whatever the model's other
+    replies show: never thinking that lost its tags (``cut_inline`` of :func:`split_reasoning`)."""
+    kwargs = extra_body.get("chat_template_kwargs")
+    return isinstance(kwargs, Mapping) and (kwargs.get("enable_thinking") is False or kwargs.get("thinking") is False)
 
 
 # The finish reasons of a reply that ran to its end (not cut by max_tokens, aborted, or stopped by its reader).
