@@ -403,6 +403,21 @@ async def test_a_cut_n_stream_keeps_its_finished_choices_and_asks_only_for_the_o
     assert done[0].retry_causes == ["cut"]
 
 
+async def test_a_cut_n_stream_s_running_usage_counts_every_choice() -> None:
+    # With continuous_usage_stats vLLM puts on each chunk its own choice's tokens so far. Two choices of 4 tokens,
+    # one delta a token, interleaved: the stream is cut after the first finished, the second having streamed 3. The
+    # request cost 4 + 3 tokens (charged to the kept choice), and the second choice's retry its own 4.
+    rule = Rule(replies=["a b c d"], fault="cut_after_finish", times=1)
+    with SimServer(SimScript(persona="vllm", rules=[rule, Rule(replies=["a b c d"])])) as sim:
+        extra = {"stream_options": {"continuous_usage_stats": True}}
+        async with LLMClient(settings_for(sim, sampling__extra_body=extra)) as llm:
+            done = await _alike(llm, 2)
+        bodies = sim.chat_bodies()
+    assert [b.get("n") for b in bodies] == [2, None]
+    assert [c.usage.completion_tokens for c in done] == [7, 4]
+    assert not any(c.usage.estimated for c in done)
+
+
 # vLLM's detokenizer's OverflowError (a token id out of its vocabulary's range), which vLLM's serving code sends
 # mid-stream with code 400 as it does every ValueError, TypeError, RuntimeError and OverflowError.
 OVERFLOW = "out of range integral type conversion attempted"

@@ -4,7 +4,8 @@ A streamed reply is a series of server-sent events, one ``data: {chunk}`` line e
 chunk carries, per choice ``index``, a ``delta`` (``content``; reasoning as ``reasoning_content`` or ``reasoning``),
 and at the end a ``finish_reason``; log-probabilities come as ``logprobs.content`` lists per chunk. Usage comes in a
 last chunk with empty ``choices`` when the request asked for it (``stream_options.include_usage``), on the last choice
-chunk on some servers, and llama-server adds its ``timings``. An error met once the stream is open comes as an event
+chunk on some servers, on every chunk with ``continuous_usage_stats`` (vLLM and SGLang: that chunk's choice's tokens so
+far), and llama-server adds its ``timings``. An error met once the stream is open comes as an event
 ``{"error": {...}}``, or (older llama-server) as a line ``error: {...}``. :class:`StreamAssembler` puts the chunks
 together into ``{"choices": [{"index", "message": {"content", "reasoning_content"}, "finish_reason", "logprobs"}],
 "usage", "timings", "model"}``, so the client parses streamed and unstreamed replies with one code path.
@@ -56,10 +57,23 @@ class StreamAssembler:
     def __init__(self) -> None:
         self._choices: dict[int, _Choice] = {}
         self.model: str | None = None
-        self.usage: dict[str, Any] | None = None
+        # Usage on a chunk of no choice (the usage chunk; llama-server's per choice), the last one that came; and
+        # usage on a chunk of one choice, per choice: vLLM's and SGLang's continuous_usage_stats (that choice's tokens
+        # so far), or a server's whole usage on its last chunk.
+        self._usage: dict[str, Any] | None = None
+        self._running: dict[int, dict[str, Any]] = {}
         self.timings: dict[str, Any] | None = None
         # True once ``data: [DONE]`` arrived: nothing follows it.
         self.done = False
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        """The stream's usage: its usage chunk where one came; else the usage the choices' own chunks reported, the
+        last of each, over every choice that reported any (the prompt once), so that a stream cut before its usage
+        chunk counts what each choice generated so far."""
+        if self._usage is not None or len(self._running) < 2:
+            return self._usage if self._usage is not None else next(iter(self._running.values()), None)
+        return _summed(list(self._running.values()))
 
     @property
     def complete(self) -> bool:
@@ -119,15 +133,23 @@ class StreamAssembler:
     def _take(self, chunk: dict[str, Any]) -> None:
         if self.model is None and isinstance(chunk.get("model"), str):
             self.model = chunk["model"]
-        if isinstance(chunk.get("usage"), dict):
-            self.usage = chunk["usage"]  # the last one wins: servers that report usage on every chunk count up
         if isinstance(chunk.get("timings"), dict):
             self.timings = chunk["timings"]
         choices = chunk.get("choices")
+        if choices is not None and not isinstance(choices, list):
+            raise StreamError(f"stream chunk's choices is not a list: {str(choices)[:120]!r}", "malformed")
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            # The last one wins: usage reported on every chunk counts up.
+            index = (
+                choices[0].get("index", 0) if choices and len(choices) == 1 and isinstance(choices[0], dict) else None
+            )
+            if isinstance(index, int):
+                self._running[index] = usage
+            else:
+                self._usage = usage
         if choices is None:
             return
-        if not isinstance(choices, list):
-            raise StreamError(f"stream chunk's choices is not a list: {str(choices)[:120]!r}", "malformed")
         for item in choices:
             self._take_choice(item)
 
@@ -212,6 +234,21 @@ async def lines(chunks: AsyncIterable[bytes]) -> AsyncIterator[str]:
             yield raw.decode("utf-8", errors="replace")
     if pending:
         yield pending.decode("utf-8", errors="replace")
+
+
+def _summed(usages: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several choices' own usage as one: their completion (and reasoning) tokens summed, the prompt counted once."""
+    first = usages[0]
+    completion = sum(u["completion_tokens"] for u in usages if isinstance(u.get("completion_tokens"), int))
+    prompt = first.get("prompt_tokens") if isinstance(first.get("prompt_tokens"), int) else 0
+    out = {**first, "completion_tokens": completion, "total_tokens": prompt + completion}
+    details = [u.get("completion_tokens_details") for u in usages]
+    if any(isinstance(d, dict) for d in details):
+        reasoning = sum(d.get("reasoning_tokens") or 0 for d in details if isinstance(d, dict))
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    if isinstance(first.get("reasoning_tokens"), int):  # SGLang's, in usage itself
+        out["reasoning_tokens"] = sum(u.get("reasoning_tokens") or 0 for u in usages)
+    return out
 
 
 def _error_text(chunk: dict[str, Any]) -> str:
