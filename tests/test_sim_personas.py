@@ -248,6 +248,18 @@ async def test_continuous_usage_stats(persona: PersonaName, http: aiohttp.Client
     assert running == [2, 3, 5, 7, 8, 10]
 
 
+async def test_sglang_counts_continuous_usage_without_include_usage(http: aiohttp.ClientSession) -> None:
+    # SGLang's should_include_usage reads each option alone, vLLM's counts continuous_usage_stats only beside
+    # include_usage: without it, usage so far on each delta from SGLang and no usage chunk; none at all from vLLM.
+    running = {}
+    for persona in ("sglang", "vllm"):
+        async with SimServer(SimScript(persona=persona, rules=[RULE])) as sim:
+            events = await stream(http, sim, stream_options={"continuous_usage_stats": True})
+        running[persona] = [e["usage"]["completion_tokens"] for e in events[:-1] if "usage" in e]
+        assert all(e["choices"] for e in events[:-1])
+    assert running == {"sglang": [2, 3, 5, 7, 8, 10], "vllm": []}
+
+
 async def test_hidden_reasoning_still_costs_its_tokens(http: aiohttp.ClientSession) -> None:
     async with SimServer(SimScript(persona="openai", reasoning=True)) as sim:
         _, reply = await post(http, sim)

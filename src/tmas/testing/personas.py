@@ -372,6 +372,9 @@ class Persona:
     # (server-http.cpp middleware_server_state: "allow the models endpoint to be accessed during loading") and fills
     # a card's meta only once ready (server-context.cpp get_models). False: the model list answers 503 as well.
     lists_models_while_loading: bool = False
+    # ---- streaming, continued
+    # Whether continuous_usage_stats counts only beside include_usage.
+    continuous_needs_include: bool = True
 
 
 def _any_n(script: SimScript) -> int | None:
@@ -540,6 +543,9 @@ SGLANG = Persona(
     finish_with_last_delta=False,
     usage_null_in_chunks=False,
     continuous_usage=True,
+    # entrypoints/openai/utils.py should_include_usage reads continuous_usage_stats whatever include_usage says
+    # (vLLM's function of that name counts it only beside include_usage).
+    continuous_needs_include=False,
     # The radix cache shares prefixes token by token (page size 1 by default).
     cache_block_tokens=1,
     cache_min_tokens=0,

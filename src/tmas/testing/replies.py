@@ -224,7 +224,8 @@ class Reply:
                 top: dict[str, Any] = {}
                 so_far[i][0] += part.tokens
                 so_far[i][1] += part.tokens if part.reasoning else 0
-                if self.continuous_usage and usage is not None and p.continuous_usage:
+                asked = usage is not None or (self.script.usage and not p.continuous_needs_include)
+                if self.continuous_usage and asked and p.continuous_usage:
                     counts = TokenCounts(self.prompt_tokens, so_far[i][0], so_far[i][1], None, part.reasoning)
                     top["usage"] = p.usage(counts, self.script, True)
                 events.append((chunk(choice_of(i, part.delta, finish, **extra), **top), part.tokens))
