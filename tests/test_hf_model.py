@@ -451,9 +451,14 @@ async def test_a_model_thinking_inline_reports_its_reasoning_as_the_http_client_
         # Cut at max_tokens inside its thinking, before any tag: all thinking, no answer.
         ("First add two and three, which", "length"),
     ]
-    engine = ScriptedEngine(AutoTokenizer.from_pretrained(folder, clean_up_tokenization_spaces=False), list(replies))
+    tokenizer = AutoTokenizer.from_pretrained(folder, clean_up_tokenization_spaces=False)
+    engine = ScriptedEngine(tokenizer, [("Five.", "stop"), *replies])
     llm = model_on(engine)
     counter = TokenCounter(str(folder / "tokenizer.json"))
+    # A reply with thinking turned off in the template shows nothing of where the model thinks when it does.
+    off = Sampling(extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    unthought = await llm.chat("solution", MESSAGES, key=CallKey(role="solution"), sampling=off)
+    assert unthought.content == "Five." and llm._reasoning is None
     for text, finish in replies:
         done = await llm.chat("solution", MESSAGES, key=CallKey(role="solution"))
         # The HTTP client reading the same reply from a server without a reasoning parser (and so no reasoning
@@ -480,7 +485,6 @@ async def test_a_model_thinking_inline_reports_its_reasoning_as_the_http_client_
     assert (plain.content, plain.reasoning, plain.usage.reasoning_tokens) == ("Five.", "", 0)
     # Thinking turned off in the template: a reply cut at max_tokens is its answer, cut, never thinking.
     engine.replies.append(("The answer is \\boxed{5}, since two", "length"))
-    off = Sampling(extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     cut = await llm.chat("solution", MESSAGES, key=CallKey(role="solution"), sampling=off)
     assert (cut.content, cut.reasoning, cut.usage.reasoning_tokens) == ("The answer is \\boxed{5}, since two", "", 0)
 

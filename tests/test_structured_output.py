@@ -30,7 +30,7 @@ from tmas.agents.pool_summarizer import (
 from tmas.agents.utterance_judge import JudgeScoreReply, RubricReply, parse_judge_score, parse_rubric_score
 from tmas.agents.verification import VerificationReply, parse_verification, verification_reply_model
 from tmas.api import asolve
-from tmas.config import load_settings
+from tmas.config import Sampling, load_settings
 from tmas.grading.judge import JudgeReplyFormat, judge_once, parse_judge_reply
 from tmas.llm.client import LLMClient
 from tmas.llm.factory import open_model
@@ -359,6 +359,20 @@ async def test_auto_sends_a_schema_only_where_it_cannot_forbid_thinking(
     assert ["response_format" in r.body for r in sim.requests] == schemas
     message = stats.downgrades.get("structured_output", {}).get(sim.base_url, "")
     assert ("thinks inside its reply" in message) == recorded
+
+
+async def test_a_reply_with_thinking_turned_off_shows_nothing_of_where_the_model_thinks(sim: SimServer) -> None:
+    # A model that thinks inside its content, its thinking turned off for one role (chat_template_kwargs): that
+    # role's replies hold no think tag, which says nothing of where the model puts its thinking when it thinks. The
+    # other role's schema is held until a reply shows it, as for any server not yet seen.
+    sim.set_script(SimScript(think_tags=True))
+    off = Sampling(extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    async with LLMClient(settings_for(sim)) as llm:
+        plain = await llm.chat("solution", [user("Solve.")], sampling=off)
+        for text in ("Grade A.", "Grade B."):
+            assert (await llm.chat("verifier", [user(text)], reply_model=VerificationReply)).ok
+    assert plain.ok and "<think>" not in plain.content and not plain.reasoning
+    assert ["response_format" in r.body for r in sim.requests] == [False, False, False]
 
 
 @pytest.mark.parametrize(

@@ -258,8 +258,10 @@ class LLMClient:
                 if timing.plain_reply and body.get("stream") and route.endpoint.stream == "auto":
                     self.refusals.stream_refused(replica, key.role, "answered a streamed request with a plain reply")
                 was_cut = data.pop(PARTIAL, None)
-                self.refusals.saw_reasoning(replica, key.role, reasoning_place(data))
-                inline = replica.reasoning == "inline" and not thinking_off(request.sampling.extra_body)
+                off = thinking_off(request.sampling.extra_body)
+                place = reasoning_place(data)
+                self.refusals.saw_reasoning(replica, key.role, None if off and place == "none" else place)
+                inline = replica.reasoning == "inline" and not off
                 done = [
                     read_completion(reply, request=request, key=key, request_hash=request_hash, counter=route.counter,
                                     url=replica.url, attempts=attempts.count, sent_max=sent_max, thinks_inline=inline)

@@ -227,8 +227,9 @@ class HFChatModel:
             return [self._failed(request, keys[0], str(exc), "engine")]
         latency = time.monotonic() - started
         for reply in replies:
-            if reply is not None:
-                self._saw_reasoning(reply_place(reply.text, None, reply.finish_reason))
+            place = reply_place(reply.text, None, reply.finish_reason) if reply is not None else None
+            if place is not None and not (place == "none" and thinking_off(extra)):
+                self._saw_reasoning(place)
         lowered = max_tokens if max_tokens != wanted else None
         return [
             self._completion(key, reply, len(prompt) if i == 0 else 0, latency, lowered, thinking_off(extra))

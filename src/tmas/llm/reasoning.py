@@ -45,7 +45,8 @@ def thinking_off(extra_body: Mapping[str, Any]) -> bool:
     """Whether a request turns its model's thinking off in the chat template (``chat_template_kwargs``:
     ``enable_thinking`` false, Qwen3's switch; ``thinking`` false, DeepSeek-V3.1's and Kimi's). The template then
     closes the think block in the prompt, so a reply cut at max_tokens is its answer, cut, whatever the model's other
-    replies show: never thinking that lost its tags (``cut_inline`` of :func:`split_reasoning`)."""
+    replies show: never thinking that lost its tags (``cut_inline`` of :func:`split_reasoning`). Nor does a reply
+    without thinking show where the model's thinking goes when it thinks (:func:`reply_place`'s ``none``)."""
     kwargs = extra_body.get("chat_template_kwargs")
     return isinstance(kwargs, Mapping) and (kwargs.get("enable_thinking") is False or kwargs.get("thinking") is False)
 
