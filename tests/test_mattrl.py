@@ -127,6 +127,26 @@ async def test_a_specialist_that_never_convinces_its_peers_runs_to_r_max() -> No
     assert by_role(model)["specialist"] == 3 + 1 + 1
 
 
+async def test_an_issue_written_as_a_plain_string_keeps_the_attempt_open_and_reaches_its_author() -> None:
+    # S1 says 390 in every round; its peers answer "revise" and list their issue as a plain string, not an object.
+    # The criticism is an issue still: S1's unchanged answer has not converged "under critique" (B.3), and the
+    # revision prompt and the bulletin carry the note. Dropped, S1 converged in round 2 with 390, none the wiser.
+    issue = "17*23 is 391: the partial product 17*3 = 51 was added as 50."
+    string_issue = json.dumps({"analysis": "One slip.", "verdict": "revise", "validated": [], "issues": [issue]})
+    rules = [
+        SLIP.model_copy(update={"times": None}),
+        Rule(role="reviewer", pattern='"author": \\{\n  "specialty": "Arithmetic strategist"', replies=[string_issue]),
+    ]
+    result, model = await run(rules, iterations=3)
+    assert [m["converged"] for m in result.iterations[1].state["members"]] == [False, True, True]
+    assert len(result.iterations) == 3 and by_role(model)["specialist"] == 3 + 1 + 1
+    revision = last_user_prompts(model, "specialist")[3]
+    feedback = json.loads(revision.split("<peer_feedback>\n", 1)[1].split("\n</peer_feedback>", 1)[0])
+    assert [(i["severity"], i["note"]) for i in feedback["issues"]] == [("major", issue), ("major", issue)]
+    [meeting, *_] = [u for u in transcript(result).utterances if u.kind == "meeting"]
+    assert meeting.text.count(issue) == 1
+
+
 # S1's first answer is right but draws a minor issue, so S1 stays open after round 1.
 FIRST_PASS = "On a first pass, 17*23 = 391.\n\nTherefore, the final answer is \\boxed{391}."
 NITPICK = json.dumps(

@@ -202,7 +202,8 @@ def test_review_parses_and_normalises() -> None:
             "issues": [
                 {"type": "logic_gap", "severity": "Minor", "note": "case n=0", "fix": "treat it"},
                 {"severity": "weird", "note": "unclear step"},
-                "not an issue",
+                None,
+                "",
             ],
             "confidence": "0.7",
         }
@@ -211,6 +212,28 @@ def test_review_parses_and_normalises() -> None:
     assert review.verdict == "revise" and review.validated == ["setup"] and review.confidence == 0.7
     assert [(i.severity, i.note) for i in review.issues] == [("minor", "case n=0"), ("major", "unclear step")]
     assert (review.reviewer, review.target) == ("S2", "S1")
+
+
+def test_every_issue_a_review_lists_counts_whatever_its_shape() -> None:
+    # B.4: an attempt is accepted only if every verdict is accept AND the issues list is empty. An issue written as
+    # a plain string, or as an object without a note, is still an issue: it blocks acceptance, and it is kept (as
+    # major, the default for an unstated severity) for the author's feedback and the bulletin.
+    reply = json.dumps(
+        {
+            "analysis": "Nearly there.",
+            "verdict": "accept",
+            "issues": ["  the last  partial product is dropped ", {"type": "logic_gap", "severity": "minor"}, "None"],
+        }
+    )
+    review = parse_review(reply, "S2", "S1")
+    assert [(i.type, i.severity, i.note) for i in review.issues] == [
+        ("other", "major", "the last partial product is dropped"),
+        ("logic_gap", "minor", '{"type": "logic_gap", "severity": "minor"}'),
+    ]
+    assert not accepted([review])
+    # Entries that say there is no issue are none.
+    clean = parse_review(json.dumps({"verdict": "accept", "issues": ["none", "N/A.", ""]}), "S2", "S1")
+    assert clean.issues == [] and accepted([clean])
 
 
 @pytest.mark.parametrize("reply", ["", "just prose", json.dumps({"verdict": "maybe"}), json.dumps({"analysis": "x"})])

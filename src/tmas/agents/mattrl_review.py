@@ -154,19 +154,40 @@ def review_prompt(question: str, reviewer: TeamMember, target: TeamMember, attem
     return prompt("mattrl_review.j2", reviewer=reviewer, bundle=bundle)
 
 
+# Entries of an issues list that say there is none.
+_NO_ISSUE = frozenset({"", "none", "n/a", "na", "nil", "nothing", "no issue", "no issues", "no issues found"})
+
+
+def _issue(item: Any) -> Issue | None:
+    """One entry of a review's ``issues`` list as an issue; None for an entry that says nothing (empty, null, a
+    number, a string saying there is none). B.4 accepts an attempt only when the list is empty, so an entry is kept
+    whatever its shape: a plain string is the issue's note, and an object without a note keeps its whole text as
+    the note (type ``other``, severity ``major`` where it names none, as for an unknown severity)."""
+    if isinstance(item, str):
+        text = " ".join(item.split())
+        return Issue(note=text) if text.strip(" .!-").lower() not in _NO_ISSUE else None
+    if not isinstance(item, dict) or not item:
+        return None
+    note = item.get("note")
+    if note is None or not str(note).strip():
+        item = {**item, "note": json.dumps(item, ensure_ascii=False)}
+    try:
+        return Issue.model_validate(item)
+    except ValidationError:
+        return Issue(note=json.dumps(item, ensure_ascii=False))
+
+
 def parse_review(content: str, reviewer: str, target: str, *, truncated: bool = False) -> Review:
-    """The review JSON; issues that are not objects with a note are dropped. Raises :class:`AgentOutputError`."""
+    """The review JSON, every entry of its issues list read as an issue (see :func:`_issue`). Raises
+    :class:`AgentOutputError`."""
     try:
         data = extract_json_object(content)
     except AgentOutputError as exc:
         raise AgentOutputError(f"{exc} (reply truncated at max_tokens)" if truncated else str(exc)) from None
     raw_issues = data.get("issues")
-    issues = []
-    for item in raw_issues if isinstance(raw_issues, list) else []:
-        try:
-            issues.append(Issue.model_validate(item))
-        except ValidationError:
-            continue
+    issues = [
+        issue for item in (raw_issues if isinstance(raw_issues, list) else []) if (issue := _issue(item)) is not None
+    ]
     try:
         return Review.model_validate({**data, "issues": issues, "reviewer": reviewer, "target": target})
     except ValidationError as exc:
