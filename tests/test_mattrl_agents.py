@@ -18,7 +18,7 @@ from tmas.agents.mattrl_review import (
     parse_review,
     unreadable_review,
 )
-from tmas.agents.mattrl_teaching import parse_letter
+from tmas.agents.mattrl_teaching import parse_letter, parse_plan
 from tmas.agents.mattrl_team import MEDICINE_CATALOG
 from tmas.agents.output import AgentOutputError
 from tmas.memory.pool_entry import PoolEntry
@@ -319,6 +319,15 @@ def test_discussion_record_keeps_every_round_and_shortens_older_rounds_first() -
     tight = discussion_record(status, rounds, 300)
     assert tight.count("Q") == 0 and "[300 characters left out to fit the context window]" in tight
     assert 0 < tight.count("Z") < 300 and len(tight) <= 300
+
+
+def test_the_planned_question_is_the_rounds_own() -> None:
+    plan = "ROUND 1: What does the slope mean?\n**ROUND 2:** Which option matches it?"
+    assert parse_plan(plan, 1) == "What does the slope mean?"
+    assert parse_plan(plan, 2) == "Which option matches it?"  # the markdown around the label is not the question
+    assert parse_plan(plan, 3) == "Which option matches it?"  # no line for the round: the last one
+    assert parse_plan("ROUND 1: draft\nROUND 1: final", 1) == "final"
+    assert parse_plan("  What does the slope mean?\n", 1) == "What does the slope mean?"
 
 
 @pytest.mark.parametrize(

@@ -440,6 +440,26 @@ async def test_failed_teaching_calls_are_noted_in_their_rounds_record() -> None:
     assert not any("failed" in n for n in result.iterations[2].notes)
 
 
+async def test_a_plan_that_drafts_later_rounds_asks_each_round_its_own_question() -> None:
+    # The coordinator's round-1 plan drafts both rounds' questions (as C.4.4's first planning prompt asks for the
+    # whole dialogue). Round 1 asks the student its ROUND 1 question, not the last line's ROUND 2 one, and the
+    # judge and summarizer of round 2's turns read that question as round 1's.
+    plan = "ROUND 1: What does acceleration measure?\n**ROUND 2:** Which option names that quantity?"
+    rules = [Rule(role="coordinator", pattern="for round 1 of the dialogue", replies=[plan])]
+    problem = Problem(problem_id="q1", question=QUESTION, answer="B", metadata=METADATA)
+    result, model = await run_scripted("mattrl", question=problem, rules=rules, domain="education", iterations=2)
+    first_reply = last_user_prompts(model, "student")[1]
+    assert "Teacher: What does acceleration measure?\n</conversation>" in first_reply
+    assert "Which option names" not in first_reply
+    transcript = transcript_of(result.iterations, "q1")
+    assert transcript is not None
+    case = LabelledTranscript("run", problem, transcript, outcome=1.0)
+    later = [turn for turn in case.turns() if turn.round == 2]
+    assert later and all(
+        [q for q, _ in case.teaching_view(turn).dialogue] == ["What does acceleration measure?"] for turn in later
+    )
+
+
 @pytest.mark.parametrize(
     ("teaching", "failing", "asked"),
     [

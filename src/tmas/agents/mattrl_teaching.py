@@ -2,7 +2,7 @@
 teacher's questions, team members' analyses, closing guidance) and the coordinator's question plan.
 
 The student's answer is the letter on its last ``Answer: X`` line (``Final Answer: X`` or a boxed letter too); the
-plan is the question on a ``ROUND k:`` line (the whole reply when there is none).
+plan is the question on its ``ROUND k:`` line for the round (the whole reply when there is none).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from tmas.memory.transcript import TeamMember
 
 # "Answer: C" alone on its line; "Final Answer", emphasis, brackets and a box around the letter allowed.
 _LETTER = re.compile(r"^\W*(?:final\s+)?answer\W*(?:\\boxed\s*\{\s*)?\(?([A-J])\)?\W*$", re.I | re.M)
-_PLAN = re.compile(r"^\s*\**ROUND\s*\d+\**\s*:\s*(.+?)\s*$", re.I | re.M)
+_PLAN = re.compile(r"^\s*\**ROUND\s*(\d+)\**\s*:\s*\**\s*(.+?)\s*$", re.I | re.M)
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,12 @@ def parse_letter(content: str) -> str | None:
     return found[-1].upper() if found else None
 
 
-def parse_plan(content: str) -> str:
+def parse_plan(content: str, round_: int | None = None) -> str:
+    """The question a plan puts to the student in round ``round_``: its last ``ROUND k:`` line for that round (a plan
+    that also drafts later rounds' questions asks this round's), else its last ``ROUND k:`` line, else the whole
+    reply."""
     found = _PLAN.findall(content)
-    return found[-1] if found else content.strip()
+    own = [question for number, question in found if round_ is not None and int(number) == round_]
+    if own:
+        return str(own[-1])
+    return str(found[-1][1]) if found else content.strip()

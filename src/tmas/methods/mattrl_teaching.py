@@ -204,12 +204,15 @@ async def _question(
     messages = plan_prompt(case, r, shown)
     guard = EchoGuard.of(messages)
     guarded = await chat_guarded(
-        session, "coordinator", messages, lambda reply: "plan" if guard.echoes_text(parse_plan(reply.content)) else None
+        session,
+        "coordinator",
+        messages,
+        lambda reply: "plan" if guard.echoes_text(parse_plan(reply.content, r)) else None,
     )
     plan = guarded.reply
     if guarded.first_echo is not None:
         notes.append(f"round {r}: the planned question echoed the prompt's instructions; asked again")
-    asked = parse_plan(plan.content) if plan.ok and guarded.echo is None else ""
+    asked = parse_plan(plan.content, r) if plan.ok and guarded.echo is None else ""
     if not asked:
         why = "it echoed the instructions twice" if guarded.echo else plan.error or "empty reply"
         return _fallback(r, TEAM_FALLBACK, f"no planned question ({why})", transcript, notes)

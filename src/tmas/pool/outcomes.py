@@ -110,7 +110,7 @@ class LabelledTranscript:
         asked: dict[int, str] = {}
         for u in utterances:
             if u.kind == "meeting" and u.agent == "coordinator":
-                asked[u.round] = parse_plan(u.text)
+                asked[u.round] = parse_plan(u.text, u.round)
             elif u.kind == "opinion" and u.round not in asked and len(self.transcript.team) == 1 and u.agent != STUDENT:
                 asked[u.round] = u.text.strip()
         replies = {
