@@ -54,6 +54,29 @@ async def test_search_returns_the_nearest_entries_best_first(tmp_path: Path) -> 
     assert model.embedded[-1] == ["remainders modulo nine from digit sums"] and len(model.embedded) == 3
 
 
+async def test_a7_retrieval_is_cosine_similarity_over_normalised_vectors_top_k_worked_by_hand(tmp_path: Path) -> None:
+    # A.7: u_i = E(k_i) / ||E(k_i)||, q = E(x) / ||E(x)||, s_i = q^T u_i, the top K by s_i. Hand-made embeddings:
+    #   parity (3, 4) -> u = (0.6, 0.8); tiling (1, 0) -> u = (1, 0); modular (0, 2) -> u = (0, 1)
+    #   query (1, 0.2) -> q = (1, 0.2) / sqrt(1.04) = (0.98058, 0.19612)
+    #   s = 0.6 * 0.98058 + 0.8 * 0.19612 = 0.74524 (parity), 0.98058 (tiling), 0.19612 (modular)
+    # The raw inner products (3.8, 1.0, 0.4) would put parity first: the ranking is by cosine, not by magnitude.
+    raw = {ENTRIES[0].text: [3.0, 4.0], ENTRIES[1].text: [1.0, 0.0], ENTRIES[2].text: [0.0, 2.0], "query": [1.0, 0.2]}
+
+    async def embed(texts: list[str]) -> list[list[float]]:
+        return [raw[t] for t in texts]
+
+    pool = Pool.create(tmp_path / "pool", "endpoint:hand-made")
+    await pool.add([e.model_copy() for e in ENTRIES], embed)
+    root = 1.04**0.5
+    worked = [("tiling", 1 / root), ("parity", (0.6 + 0.8 * 0.2) / root)]
+    # FAISS's IndexFlatIP, and the ranking of a keyed search (which scores the entries its tiers keep itself).
+    for tier in (None, lambda e: None if e.id == "modular" else 0):
+        hits = await pool.search("query", 2, embed, tier)
+        assert [e.id for e, _ in hits] == [i for i, _ in worked]
+        assert [s for _, s in hits] == pytest.approx([s for _, s in worked], abs=1e-6)
+    assert [e.id for e, _ in await pool.search("query", 8, embed)] == ["tiling", "parity", "modular"]  # K > pool
+
+
 async def test_saved_pool_reopens_with_its_version_vectors_and_entries(tmp_path: Path) -> None:
     pool = await build(tmp_path / "pool")
     again = Pool.open(tmp_path / "pool", "endpoint:sim-model")
