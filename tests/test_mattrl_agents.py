@@ -348,3 +348,25 @@ def test_the_planned_question_is_the_rounds_own() -> None:
 )
 def test_the_students_letter(reply: str, letter: str | None) -> None:
     assert parse_letter(reply) == letter
+
+
+OPTIONS = "Which quantity stays the same in free fall?\nA) Its speed\nB) Its acceleration\nC) 4\nD) Its height"
+
+
+@pytest.mark.parametrize(
+    ("reply", "letter", "without_options"),
+    [
+        # The letter with its option's own text copied out after it: that option.
+        ("So the rate of change is fixed.\nAnswer: B) Its acceleration", "B", None),
+        ("**Answer: B. its  acceleration.**", "B", None),
+        ("Answer: C) 4", "C", None),
+        ("Answer: A\nOn reflection:\nAnswer: B - Its acceleration", "B", "A"),  # still the last answer line
+        # Text that is not the option's own: not read.
+        ("Answer: B) Its speed", None, None),
+        ("Answer: B) Its acceleration, or maybe D", None, None),
+        ("Answer: C is wrong, so D", None, None),
+    ],
+)
+def test_the_students_letter_with_its_options_text(reply: str, letter: str | None, without_options: str | None) -> None:
+    assert parse_letter(reply, OPTIONS) == letter
+    assert parse_letter(reply) == without_options  # without the question, no option's text is known

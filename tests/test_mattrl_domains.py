@@ -101,6 +101,18 @@ async def test_a_right_pretest_skips_the_teaching() -> None:
     assert by_role(model) == {"student": 1}
 
 
+async def test_a_pretest_that_copies_out_its_options_text_is_read() -> None:
+    # The student answers right and copies the option out after its letter ("Answer: A) speed"). That is option A:
+    # the pre-test is right, so the teaching is skipped and the post-test reuses it (C.1). Unread, the case counted
+    # a wrong pre-test and was taught.
+    rules = [Rule(role="student", replies=["Speed does not change here.\nAnswer: A) speed"], times=1)]
+    problem = Problem(problem_id="q1", question=QUESTION, answer="A", metadata=METADATA)
+    result, model = await run_scripted("mattrl", question=problem, rules=rules, domain="education")
+    [record] = result.iterations
+    assert (record.state["pre"], record.state["pre_correct"], record.state["post"]) == ("A", True, "A")
+    assert by_role(model) == {"student": 1} and record.notes == []
+
+
 def test_rarebench_and_supergpqa_examples_import() -> None:
     cases = list(read_rarebench(EXAMPLES / "medicine_rarebench.jsonl"))
     assert [c.problem_id for c in cases] == ["med-1", "med-2", "med-3"]

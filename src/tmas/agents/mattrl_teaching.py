@@ -1,8 +1,9 @@
 """MATTRL's education agents (paper 003, C.4): the student (pre-test, replies, post-test), the teachers (one
 teacher's questions, team members' analyses, closing guidance) and the coordinator's question plan.
 
-The student's answer is the letter on its last ``Answer: X`` line (``Final Answer: X`` or a boxed letter too); the
-plan is the question on its ``ROUND k:`` line for the round (the whole reply when there is none).
+The student's answer is the letter on its last ``Answer: X`` line (``Final Answer: X``, a boxed letter, or the letter
+followed by its option's own text too); the plan is the question on its ``ROUND k:`` line for the round (the whole
+reply when there is none).
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ from tmas.memory.transcript import TeamMember
 
 # "Answer: C" alone on its line; "Final Answer", emphasis, brackets and a box around the letter allowed.
 _LETTER = re.compile(r"^\W*(?:final\s+)?answer\W*(?:\\boxed\s*\{\s*)?\(?([A-J])\)?\W*$", re.I | re.M)
+# "Answer: B) Its speed": the letter with its option's text after it (read only when the text is that option's).
+_LETTER_AND_TEXT = re.compile(
+    r"^\W*(?:final\s+)?answer\W*(?:\\boxed\s*\{\s*)?\(?([A-J])(?:\)|\.|:|\s-)\s*(.+?)\s*$", re.I | re.M
+)
+# The options of a question, one a line ("A) Its speed"), as ``tmas cases import`` writes them.
+_OPTION = re.compile(r"^\s*\(?([A-J])[).]\s*(.+?)\s*$", re.M)
 _PLAN = re.compile(r"^\s*\**ROUND\s*(\d+)\**\s*:\s*\**\s*(.+?)\s*$", re.I | re.M)
 
 
@@ -109,9 +116,22 @@ def plan_prompt(case: Case, round_: int, analyses: list[tuple[str, str]]) -> lis
     return prompt("edu_plan.j2", round=round_, analyses=analyses, **case.variables())
 
 
-def parse_letter(content: str) -> str | None:
-    found = _LETTER.findall(content)
-    return found[-1].upper() if found else None
+def _plain(text: str) -> str:
+    """Text compared as an option's: letter case, spacing, emphasis and the closing punctuation aside."""
+    return " ".join(text.replace("*", "").replace("$", "").split()).strip(" .").lower()
+
+
+def parse_letter(content: str, question: str = "") -> str | None:
+    """The letter of the reply's last answer line: ``Answer: X`` alone, or (with the ``question`` whose options it
+    names) ``Answer: X) text`` where the text is option X's own, as a student may copy the option out. A line that
+    goes on otherwise ("Answer: C, unless D") names no single option and is not read."""
+    found = [(m.start(), m.group(1)) for m in _LETTER.finditer(content)]
+    options = {letter.upper(): _plain(text) for letter, text in _OPTION.findall(question)}
+    for m in _LETTER_AND_TEXT.finditer(content):
+        letter = m.group(1).upper()
+        if letter in options and _plain(m.group(2).rstrip("}$ ")) == options[letter]:
+            found.append((m.start(), letter))
+    return max(found)[1].upper() if found else None
 
 
 def parse_plan(content: str, round_: int | None = None) -> str:

@@ -68,7 +68,7 @@ async def _post_test(
     post = await session.chat(
         "student", student_prompt(case.question, case.dialogue, guidance.content, pretest=case.pre_reasoning.strip())
     )
-    letter = parse_letter(post.content) if post.ok else None
+    letter = parse_letter(post.content, case.question) if post.ok else None
     if letter is None:
         notes.append(f"post-test: no 'Answer: X' line ({post.error or 'unreadable reply'})")
     transcript.utterances.append(
@@ -102,7 +102,7 @@ async def teach(
     notes: list[str] = []
     session.begin_iteration(0)
     pre = await session.chat("student", student_prompt(problem.question))
-    pre_letter = parse_letter(pre.content) if pre.ok else None
+    pre_letter = parse_letter(pre.content, problem.question) if pre.ok else None
     if pre_letter is None:
         notes.append(f"pre-test: no 'Answer: X' line ({pre.error or 'unreadable reply'})")
     transcript.utterances.append(
