@@ -281,6 +281,25 @@ async def test_team_teaching_with_experience_injects_hints_into_the_analyses(tmp
     assert not any("<experience_hints>" in b for b in others)
 
 
+async def test_a_pool_given_to_a_single_teacher_is_said_to_be_unused(tmp_path: Path) -> None:
+    # The single teacher (C.4.3, the paper's Single Agent) teaches without experience: a pool named with it is not
+    # read, and the run says so rather than passing for a single teacher with experience.
+    embed = EndpointEmbedder(ScriptedModel(settings=scripted_settings()))
+    pool = Pool.create(tmp_path / "pool", embed.name)
+    await pool.add([entry("d1", "Diagnostician")], embed)
+    pool.save()
+    result, model = await teach_in_process("B", iterations=1, teaching="single", pool=str(tmp_path / "pool"))
+    assert result.notices == [
+        f"pool={tmp_path / 'pool'} is not used with teaching=single: the single teacher teaches without experience"
+        " (the paper's Single Agent); teaching=team teaches with it"
+    ]
+    assert not any("<experience_hints>" in b for b in last_user_prompts(model, "specialist"))
+    assert model.embedded == []
+    # The team reads it, and says nothing of the kind.
+    team, _ = await teach_in_process("B", iterations=1, pool=str(tmp_path / "pool"))
+    assert team.notices == []
+
+
 async def test_the_simulated_judge_matches_diagnoses_from_its_prompt() -> None:
     """With no script, the simulator answers the diagnosis prompt in the layout it asks for: a rewording of the
     reference is matched at its rank, a condition not in the list is not; answer grading keeps its JSON reply."""

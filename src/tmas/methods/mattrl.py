@@ -97,6 +97,17 @@ class MATTRLParams(MethodParams):
     # invites every member to converge on it (herding).
     pooled_differential: bool = False
 
+    def notices(self) -> dict[str, str]:
+        """The base's, and a ``pool`` a single teacher does not read (C.4.3's teacher works without experience)."""
+        out = super().notices()
+        domain = DOMAINS.get(self.domain)
+        if self.pool is not None and domain is not None and domain.teaching and self.teaching == "single":
+            out["mattrl_pool_unused"] = (
+                f"pool={self.pool} is not used with teaching=single: the single teacher teaches without experience"
+                " (the paper's Single Agent); teaching=team teaches with it"
+            )
+        return out
+
 
 @dataclass
 class Retriever:
