@@ -276,6 +276,9 @@ async def test_team_teaching_with_experience_injects_hints_into_the_analyses(tmp
     }
     diagnostician = next(b for b in analyses if "You are the Diagnostician" in b)
     assert "- ACTION: Key d1" in diagnostician
+    # C.4.5: the teacher is told how to use the lessons: match the student's error to theirs, adapt, never copy.
+    assert "never copy them word for word" in diagnostician
+    assert "adapt that to this student's own reasoning" in diagnostician
     assert not any("Key x1" in b or "Key m1" in b for b in analyses)
     others = last_user_prompts(model, "student") + last_user_prompts(model, "coordinator")
     assert not any("<experience_hints>" in b for b in others)
