@@ -544,6 +544,19 @@ async def test_a_medicine_specialist_whose_revision_call_fails_keeps_its_list_ou
     assert [m["converged"] for m in result.iterations[-1].state["members"]] == [True, True, True]
 
 
+async def test_a_medicine_opinion_without_its_diagnosis_tags_states_its_top_diagnosis_not_its_outline() -> None:
+    # S1 numbers its reply's parts as A.3 lays them out, but leaves out the <diagnosis> tags. Its answer is the
+    # first diagnosis of its list; before, the outline's "1) Reflection: ..." was read as its top diagnosis.
+    listed = "\n".join(f"{i}. {name}: fits part of the record." for i, name in enumerate(SIM_DIFFERENTIAL, 1))
+    untagged = f"1) Reflection: The record points to a storage disorder.\n2) Differential:\n{listed}"
+    rule = Rule(role="specialist", pattern="You are Pediatrics", replies=[untagged], times=1)
+    result, _ = await run([rule], domain="medicine", iterations=2)
+    first = result.iterations[0]
+    assert first.candidates[0].meta.member == "S1" and first.candidates[0].answer == "Fabry disease"
+    assert first.candidates[0].meta.top10 == list(SIM_DIFFERENTIAL)
+    assert not any("differential has" in n for n in first.notes)
+
+
 async def test_a_medicine_list_written_again_in_other_letter_case_has_converged() -> None:
     # Round 2: Pediatrics gives the same ten diagnoses in the same order, only capitalised differently. Eq. 5's
     # Delta O_s is empty, as the Borda pool and the de-duplication of a list already read the names.

@@ -287,6 +287,18 @@ def test_differential_reads_the_diagnosis_block() -> None:
     assert parse_differential(reply) == ["Wilson disease", "Menkes disease"]
 
 
+def test_a_differential_without_its_block_is_the_replys_numbered_list_not_its_outline() -> None:
+    # A.3's layout numbers the reply's parts ("1) Reflection", "2) the diagnosis block"); a reply that leaves out
+    # the <diagnosis> tags keeps those numbers. The outline's items are no diagnoses: the list is.
+    reply = "1) Reflection: copper storage.\n2) Differential:\n1. Wilson disease: copper.\n2. Menkes disease: also."
+    assert parse_differential(reply) == ["Wilson disease", "Menkes disease"]
+    assert parse_differential("Copper storage.\n1. Wilson disease: copper.\n2. Menkes disease: also.") == [
+        "Wilson disease",
+        "Menkes disease",
+    ]
+    assert parse_differential("No list at all.") == []
+
+
 def test_hints_block_lists_each_entry_and_is_empty_without_hints() -> None:
     entries = [PoolEntry(id="e1", action="Check n=0", experience="Small cases expose off-by-one errors.")]
     block = hints_block(entries)

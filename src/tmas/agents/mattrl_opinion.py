@@ -64,9 +64,20 @@ def ranked_names(block: str, limit: int = 10) -> list[str]:
 
 
 def parse_differential(content: str) -> list[str]:
-    """A medicine opinion's ranked diagnoses (the ``<diagnosis>`` block, else the whole reply's numbered lines)."""
+    """A medicine opinion's ranked diagnoses: the ``<diagnosis>`` block's; without one, the reply's longest numbered
+    list (the last of equally long ones), so the numbered parts of an outline around the list ("1) Reflection: ...",
+    "2) Differential:") are not read as diagnoses."""
     block = _DIAGNOSIS_BLOCK.search(content)
-    return ranked_names(block.group(1) if block else content)
+    if block:
+        return ranked_names(block.group(1))
+    lists: list[list[str]] = []
+    for match in _NUMBERED.finditer(content):
+        if int(match.group(1) or match.group(2)) == 1 or not lists:
+            lists.append([])
+        lists[-1].append(match.group(0))
+    longest = max((len(lines) for lines in lists), default=0)
+    chosen = next((lines for lines in reversed(lists) if len(lines) == longest), [])
+    return ranked_names("\n".join(chosen))
 
 
 def top_diagnosis(content: str) -> str | None:
