@@ -557,6 +557,15 @@ async def test_a_medicine_opinion_without_its_diagnosis_tags_states_its_top_diag
     assert not any("differential has" in n for n in first.notes)
 
 
+async def test_medicine_replies_of_bare_numbers_name_no_diagnosis_and_the_team_reaches_no_answer() -> None:
+    # Every reply is bare ranks ("1.", "2.", "[1]"): no differential, no decision. The problem fails with "no
+    # answer"; before, a rank's line was read into the one before it and "2." was the team's top diagnosis.
+    rules = [Rule(role=role, replies=["1.\n2.\n[1]\n"]) for role in ("coordinator", "specialist", "reviewer")]
+    result, _ = await run(rules, domain="medicine", iterations=2)
+    assert result.status == "failed" and result.answer is None and result.error == "the team reached no answer"
+    assert all("differential has 0 of 10 diagnoses" in " ".join(r.notes) for r in result.iterations)
+
+
 async def test_a_medicine_list_written_again_in_other_letter_case_has_converged() -> None:
     # Round 2: Pediatrics gives the same ten diagnoses in the same order, only capitalised differently. Eq. 5's
     # Delta O_s is empty, as the Borda pool and the de-duplication of a list already read the names.

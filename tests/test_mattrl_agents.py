@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from tmas.agents.mattrl_decision import discussion_record
-from tmas.agents.mattrl_opinion import hints_block, parse_differential
+from tmas.agents.mattrl_decision import discussion_record, parse_top10
+from tmas.agents.mattrl_opinion import hints_block, parse_differential, ranked_names
 from tmas.agents.mattrl_review import (
     Issue,
     Review,
@@ -285,6 +285,16 @@ def test_differential_reads_the_diagnosis_block() -> None:
         "1) Reflection: hm.\n<diagnosis>\n1. [Wilson disease]: copper.\n2) Menkes disease: also copper.\n</diagnosis>"
     )
     assert parse_differential(reply) == ["Wilson disease", "Menkes disease"]
+
+
+def test_a_rank_left_empty_names_nothing_and_never_takes_the_next_ranks_line() -> None:
+    # A numbered line is read within its line: "1." alone does not make "2. Menkes disease" (or "2.") its name.
+    assert ranked_names("1.\n2.\n[1]\n") == []
+    assert ranked_names("1.\n2. Menkes disease: also copper.") == ["Menkes disease"]
+    decision = parse_top10("<analysis>x</analysis>\n<top10>\n[1]\n[2] Menkes disease\n</top10>")
+    assert decision is not None and decision.top10 == ["Menkes disease"]
+    # A name written under its rank, on the next line, is still that rank's.
+    assert ranked_names("1.\n   Wilson disease: copper.\n2. Menkes disease") == ["Wilson disease", "Menkes disease"]
 
 
 def test_a_differential_without_its_block_is_the_replys_numbered_list_not_its_outline() -> None:

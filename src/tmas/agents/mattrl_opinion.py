@@ -15,7 +15,8 @@ from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember
 
 _DIAGNOSIS_BLOCK = re.compile(r"<diagnosis>(.*?)(?:</diagnosis>|\Z)", re.S | re.I)
-_NUMBERED = re.compile(r"^\s*(?:\[(\d{1,2})\]|(\d{1,2})[.)])\s*(.+?)\s*$", re.M)
+# One numbered line: "1. Name: why", "2) Name" or "[3] Name"; its text may be empty (the name on the next line).
+_NUMBERED = re.compile(r"^[ \t]*(?:\[(\d{1,2})\]|(\d{1,2})[.)])[ \t]*(.*?)[ \t]*$")
 
 
 def hints_block(hints: list[PoolEntry]) -> str:
@@ -53,14 +54,35 @@ def opinion_prompt(
     )
 
 
-def ranked_names(block: str, limit: int = 10) -> list[str]:
-    """The names of a numbered list (``1. Name: why`` or ``[1] Name``), in rank order, de-duplicated."""
+def numbered_items(text: str) -> list[tuple[int, str]]:
+    """The numbered lines of ``text`` as (number, text), in order. A number alone on its line takes the next line as
+    its text when that line is not numbered itself (a name written under its rank); otherwise its text is empty."""
+    lines = text.splitlines()
+    items: list[tuple[int, str]] = []
+    for i, line in enumerate(lines):
+        match = _NUMBERED.match(line)
+        if match is None:
+            continue
+        said = match.group(3)
+        if not said and i + 1 < len(lines) and _NUMBERED.match(lines[i + 1]) is None:
+            said = lines[i + 1].strip()
+        items.append((int(match.group(1) or match.group(2)), said))
+    return items
+
+
+def _names(items: list[tuple[int, str]], limit: int) -> list[str]:
     names: list[str] = []
-    for match in _NUMBERED.finditer(block):
-        name = match.group(3).split(":", 1)[0].strip().strip("[]*").strip()
+    for _, said in items:
+        name = said.split(":", 1)[0].strip().strip("[]*").strip()
         if name and name.lower() not in (n.lower() for n in names):
             names.append(name)
     return names[:limit]
+
+
+def ranked_names(block: str, limit: int = 10) -> list[str]:
+    """The names of a numbered list (``1. Name: why`` or ``[1] Name``), in rank order, de-duplicated; a rank left
+    empty names nothing."""
+    return _names(numbered_items(block), limit)
 
 
 def parse_differential(content: str) -> list[str]:
@@ -70,14 +92,14 @@ def parse_differential(content: str) -> list[str]:
     block = _DIAGNOSIS_BLOCK.search(content)
     if block:
         return ranked_names(block.group(1))
-    lists: list[list[str]] = []
-    for match in _NUMBERED.finditer(content):
-        if int(match.group(1) or match.group(2)) == 1 or not lists:
+    lists: list[list[tuple[int, str]]] = []
+    for number, said in numbered_items(content):
+        if number == 1 or not lists:
             lists.append([])
-        lists[-1].append(match.group(0))
-    longest = max((len(lines) for lines in lists), default=0)
-    chosen = next((lines for lines in reversed(lists) if len(lines) == longest), [])
-    return ranked_names("\n".join(chosen))
+        lists[-1].append((number, said))
+    longest = max((len(items) for items in lists), default=0)
+    chosen = next((items for items in reversed(lists) if len(items) == longest), [])
+    return _names(chosen, 10)
 
 
 def top_diagnosis(content: str) -> str | None:
