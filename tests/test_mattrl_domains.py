@@ -492,6 +492,16 @@ async def test_a_plan_that_drafts_later_rounds_asks_each_round_its_own_question(
     assert later and all(
         [q for q, _ in case.teaching_view(turn).dialogue] == ["What does acceleration measure?"] for turn in later
     )
+    assert not any("ROUND" in n for r in result.iterations for n in r.notes)
+
+
+async def test_a_plan_without_its_round_label_is_asked_whole_and_noted() -> None:
+    rules = [Rule(role="coordinator", pattern="for round 1 of the dialogue", replies=["What does speed measure?"])]
+    problem = Problem(problem_id="q1", question=QUESTION, answer="B", metadata=METADATA)
+    result, model = await run_scripted("mattrl", question=problem, rules=rules, domain="education", iterations=2)
+    assert "Teacher: What does speed measure?\n</conversation>" in last_user_prompts(model, "student")[1]
+    assert "round 1: the plan has no 'ROUND 1:' line; its whole reply is asked" in result.iterations[1].notes
+    assert not any("ROUND" in n for n in result.iterations[2].notes)
 
 
 @pytest.mark.parametrize(

@@ -134,6 +134,11 @@ def parse_letter(content: str, question: str = "") -> str | None:
     return max(found)[1].upper() if found else None
 
 
+def plan_labelled(content: str) -> bool:
+    """Whether a plan puts its question on a ``ROUND k:`` line, as asked (else :func:`parse_plan` reads it whole)."""
+    return _PLAN.search(content) is not None
+
+
 def parse_plan(content: str, round_: int | None = None) -> str:
     """The question a plan puts to the student in round ``round_``: its last ``ROUND k:`` line for that round (a plan
     that also drafts later rounds' questions asks this round's), else its last ``ROUND k:`` line, else the whole

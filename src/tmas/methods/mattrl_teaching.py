@@ -24,6 +24,7 @@ from tmas.agents.mattrl_teaching import (
     Turn,
     parse_letter,
     parse_plan,
+    plan_labelled,
     plan_prompt,
     student_prompt,
     student_reply_prompt,
@@ -216,6 +217,8 @@ async def _question(
     if not asked:
         why = "it echoed the instructions twice" if guarded.echo else plan.error or "empty reply"
         return _fallback(r, TEAM_FALLBACK, f"no planned question ({why})", transcript, notes)
+    if not plan_labelled(plan.content):
+        notes.append(f"round {r}: the plan has no 'ROUND {r}:' line; its whole reply is asked")
     transcript.utterances.append(
         Utterance(round=r, agent="coordinator", kind="meeting", text=plan.content, call_id=plan.call_id)
     )
