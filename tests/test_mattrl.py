@@ -557,6 +557,20 @@ async def test_a_medicine_opinion_without_its_diagnosis_tags_states_its_top_diag
     assert not any("differential has" in n for n in first.notes)
 
 
+async def test_a_rank_holding_insufficient_evidence_is_no_diagnosis() -> None:
+    # The opinion prompt asks for "insufficient evidence" rather than a guess. S1 puts it at rank 1: its answer is
+    # its first named diagnosis, and "Insufficient evidence" is in neither its differential nor the bulletin.
+    listed = "\n".join(f"{i}. {name}: fits part of the record." for i, name in enumerate(SIM_DIFFERENTIAL[:9], 2))
+    reply = f"Too little to rank.\n<diagnosis>\n1. Insufficient evidence: no enzyme assay.\n{listed}\n</diagnosis>"
+    rule = Rule(role="specialist", pattern="You are Pediatrics", replies=[reply], times=1)
+    result, _ = await run([rule], domain="medicine", iterations=2)
+    first = result.iterations[0].candidates[0]
+    assert first.meta.member == "S1" and first.answer == "Fabry disease"
+    assert first.meta.top10 == list(SIM_DIFFERENTIAL[:9])
+    [meeting] = [u for u in transcript(result, 0).utterances if u.kind == "meeting"]
+    assert "Insufficient evidence" not in meeting.text
+
+
 async def test_medicine_replies_of_bare_numbers_name_no_diagnosis_and_the_team_reaches_no_answer() -> None:
     # Every reply is bare ranks ("1.", "2.", "[1]"): no differential, no decision. The problem fails with "no
     # answer"; before, a rank's line was read into the one before it and "2." was the team's top diagnosis.

@@ -293,6 +293,11 @@ def test_a_rank_left_empty_names_nothing_and_never_takes_the_next_ranks_line() -
     assert ranked_names("1.\n2. Menkes disease: also copper.") == ["Menkes disease"]
     decision = parse_top10("<analysis>x</analysis>\n<top10>\n[1]\n[2] Menkes disease\n</top10>")
     assert decision is not None and decision.top10 == ["Menkes disease"]
+    # A rank that says there is no diagnosis to give (as A.3 asks instead of a guess) names none.
+    listed = (
+        "1. Wilson disease: copper.\n2. Insufficient evidence: nothing more in the record.\n3. N/A\n4. Menkes disease"
+    )
+    assert ranked_names(listed) == ["Wilson disease", "Menkes disease"]
     # A name written under its rank, on the next line, is still that rank's.
     assert ranked_names("1.\n   Wilson disease: copper.\n2. Menkes disease") == ["Wilson disease", "Menkes disease"]
 

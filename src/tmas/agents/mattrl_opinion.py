@@ -70,10 +70,16 @@ def numbered_items(text: str) -> list[tuple[int, str]]:
     return items
 
 
+# What a rank holds when it names no diagnosis: the prompts ask for "insufficient evidence" rather than a guess.
+_NO_DIAGNOSIS = frozenset({"insufficient evidence", "n/a", "na", "none", "unknown"})
+
+
 def _names(items: list[tuple[int, str]], limit: int) -> list[str]:
     names: list[str] = []
     for _, said in items:
         name = said.split(":", 1)[0].strip().strip("[]*").strip()
+        if name.lower().strip(" .") in _NO_DIAGNOSIS:
+            continue
         if name and name.lower() not in (n.lower() for n in names):
             names.append(name)
     return names[:limit]
@@ -81,7 +87,7 @@ def _names(items: list[tuple[int, str]], limit: int) -> list[str]:
 
 def ranked_names(block: str, limit: int = 10) -> list[str]:
     """The names of a numbered list (``1. Name: why`` or ``[1] Name``), in rank order, de-duplicated; a rank left
-    empty names nothing."""
+    empty, or holding "insufficient evidence" (or N/A, none, unknown) instead of a name, names nothing."""
     return _names(numbered_items(block), limit)
 
 
