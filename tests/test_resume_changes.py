@@ -157,3 +157,20 @@ def test_a_resume_given_a_limit_is_refused_rather_than_solving_every_problem(sim
     assert refused.returncode == 2, refused.stderr
     assert "--resume takes the run directory alone: give no problem file, no --out and no --limit" in refused.stderr
     assert sim.requests == []
+
+
+def test_a_refused_resume_runs_no_pilot_and_asks_no_cost_question_first(sim: SimServer, tmp_path: Path) -> None:
+    """The refusal comes before the estimate: a pilot would send calls for a run that is then refused, and the gate
+    would ask about its cost first."""
+    write_problems(tmp_path / "p.jsonl")
+    run_dir = tmp_path / "run"
+    made = tmas("run", str(tmp_path / "p.jsonl"), "-o", str(run_dir), "--base-url", sim.base_url, "-m", "majority")
+    assert made.returncode == 0, made.stderr
+    stopped_before_p1(run_dir)
+    sim.reset()
+    refused = tmas("run", "--resume", str(run_dir), "--temperature", "0.3", "--pilot", "1", "-y")
+    assert refused.returncode == 2, refused.stderr
+    said = f"tmas: error: {run_dir}: 1 finished problem was solved with solution temperature 0.7 (now 0.3)"
+    assert refused.stderr.strip().splitlines()[0].startswith(said), refused.stderr
+    assert sim.requests == []
+    assert not (run_dir / "pilot").exists()

@@ -269,9 +269,13 @@ def _resume_run(
         pass
     settings = with_method_params(settings, given.params(settings.method.name))
     with RunStore(run_dir, create=False) as peek:
+        setup = RunSetup.check(settings)
+        # A resume that would keep finished results under other settings is refused here, before the estimate: its
+        # pilot would send calls, and its gate ask about a run that is then refused (prepare_run checks it again).
+        setup.check_resume(peek)
         listed = peek.problems() if estimate.pilot is not None else peek.problem_count()
         # Under other requests (a new sampling, model, seed or template) the stored calls answer none of them.
-        replayable = not RunSetup.check(settings).changed_requests(peek)
+        replayable = not setup.changed_requests(peek)
         # Answered calls are replayed, not sent: the gate asks about what is still to send (those a failed call asked
         # again may change count as to send).
         replays = peek.sure_replays() if replayable else {}
