@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,21 @@ def test_a_resume_dry_run_counts_the_calls_it_holds(sim: SimServer, tmp_path: Pa
     assert out.returncode == 0
     # 12 calls, 24 with every sample asked again, 6 of them stored.
     assert "stored: 6 answered calls, replayed rather than sent; at most 18 still to send" in out.stderr.decode()
+    assert len(sim.chat_bodies()) == 6
+
+
+def test_a_resume_dry_run_counts_only_the_problems_it_has_still_to_solve(sim: SimServer, tmp_path: Path) -> None:
+    write_problems(tmp_path / "p.jsonl", 2)
+    run_dir = tmp_path / "run"
+    args = ["-m", "majority", "-p", "k=3", "--base-url", sim.base_url]
+    assert run_tmas("run", str(tmp_path / "p.jsonl"), "-o", str(run_dir), *args).returncode == 0
+    # Stopped after p1's calls, before its result: p0 is skipped, p1 replays its 3 calls (6 at most with every sample
+    # asked again). Over both problems less every stored call it would say 12 - 6 = 6.
+    with sqlite3.connect(run_dir / "run.sqlite") as db:
+        db.execute("DELETE FROM results WHERE problem_id = 'p1'")
+    out = run_tmas("run", "--resume", str(run_dir), "--dry-run")
+    assert out.returncode == 0, out.stderr.decode()
+    assert "stored: 3 answered calls, replayed rather than sent; at most 3 still to send" in out.stderr.decode()
     assert len(sim.chat_bodies()) == 6
 
 

@@ -198,10 +198,12 @@ async def aresume(
     settings = resume_settings(stored_settings(run_dir), overrides or {}, config=config, params=params)
     if max_calls is not None or max_completion_tokens is not None:
         with RunStore(run_dir, create=False) as peek:
-            count = peek.problem_count()
-            # Under other requests the stored calls answer none of them (as the CLI's gate counts).
-            replayable = not RunSetup.check(settings, own_model=model is not None).changed_requests(peek)
-            stored = peek.sure_replays() if replayable else {}
+            setup = RunSetup.check(settings, own_model=model is not None)
+            # The settled problems are skipped; the stored calls of the others are replayed (under other requests,
+            # none), as the CLI's gate counts.
+            settled = setup.settled(peek)
+            count = peek.problem_count() - len(settled)
+            stored = setup.replays(peek, settled)
         check_cost("tmas.api.aresume", settings, count, model, max_calls, max_completion_tokens, stored=stored)
     store, settings, todo = prepare_run(run_dir, settings, None, resume=True, own_model=model is not None)
     with store:

@@ -353,6 +353,20 @@ class RunSetup:
             " stay of the run's old settings; resume without the change, or start a new run for it"
         )
 
+    def settled(self, store: RunStore) -> set[str]:
+        """The problems of ``store``'s run that a resume under this setup leaves as they are (:func:`run_problems`):
+        finished with its method, parameters and budget, and without a failed call. None of their calls is sent or
+        replayed, so a resume's estimate counts the other problems alone."""
+        return store.settled_problem_ids(run_fingerprint(self.method, self.settings))
+
+    def replays(self, store: RunStore, settled: Collection[str]) -> dict[str, int]:
+        """The answered calls of ``store`` that a resume under this setup replays whatever its failed calls answer
+        now, by problem (:meth:`RunStore.sure_replays`), the ``settled`` problems' left out (they are skipped, not
+        replayed); none where it asks other requests than the run's recorded settings (:meth:`changed_requests`)."""
+        if self.changed_requests(store):
+            return {}
+        return {pid: n for pid, n in store.sure_replays().items() if pid not in settled}
+
     def record(self, store: RunStore) -> None:
         """Write the setup into the run's store: the settings, the method and its parameters, and each override
         template's SHA-256 (``{}`` when none)."""

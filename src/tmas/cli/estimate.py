@@ -121,13 +121,17 @@ def build_estimate(
     problems: Sequence[Problem] | int,
     flags: EstimateFlags,
     pilot_dir: Path,
+    *,
+    solving: int | None = None,
 ) -> Estimate:
     """The estimate of running each (name, settings) over ``problems`` (or that many: without ``--pilot`` only their
-    count matters); with ``--pilot`` the configurations first run on that many problems (into ``pilot_dir``) to
-    measure tokens per call and throughput."""
+    count matters), or over ``solving`` of them where given (a resume leaves its settled problems as they are); with
+    ``--pilot`` the configurations first run on that many problems (into ``pilot_dir``) to measure tokens per call
+    and throughput."""
     flags.check()
     rates: TokenRates | None = None
     count = problems if isinstance(problems, int) else len(problems)
+    count = count if solving is None else solving
     if flags.pilot and not isinstance(problems, int):
         from tmas.planning.pilot import run_pilot
 

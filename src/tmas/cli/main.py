@@ -273,13 +273,16 @@ def _resume_run(
         # A resume that would keep finished results under other settings is refused here, before the estimate: its
         # pilot would send calls, and its gate ask about a run that is then refused (prepare_run checks it again).
         setup.check_resume(peek)
-        listed = peek.problems() if estimate.pilot is not None else peek.problem_count()
-        # Under other requests (a new sampling, model, seed or template) the stored calls answer none of them.
-        replayable = not setup.changed_requests(peek)
+        count = peek.problem_count()
+        listed = peek.problems() if estimate.pilot is not None else count
+        # The problems finished as this resume asks are skipped: they send nothing and replay nothing, and the
+        # estimate counts the others alone.
+        settled = setup.settled(peek)
         # Answered calls are replayed, not sent: the gate asks about what is still to send (those a failed call asked
-        # again may change count as to send).
-        replays = peek.sure_replays() if replayable else {}
-    planned = build_estimate([(run_dir.name, settings)], listed, estimate, run_dir / "pilot")
+        # again may change count as to send; under other requests the stored calls answer none).
+        replays = setup.replays(peek, settled)
+    solving = count - len(settled)
+    planned = build_estimate([(run_dir.name, settings)], listed, estimate, run_dir / "pilot", solving=solving)
     planned.stored_calls = replay_credit(planned.points[0], replays)
     gate(planned, estimate)
     store, settings, todo = prepare_run(run_dir, settings, None, resume=True)
