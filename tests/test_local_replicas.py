@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,6 +22,7 @@ import aiohttp
 import pytest
 
 from conftest import clean_env
+from tmas.api import asolve
 from tmas.config import LocalModel, Settings, load_settings
 from tmas.errors import ConfigError, LocalModelError
 from tmas.llm import local_command, local_server
@@ -351,3 +353,26 @@ async def test_the_model_factory_starts_the_embedded_model_and_stops_it(
         async with aiohttp.ClientSession() as session, session.get(url + "/models") as resp:
             await resp.read()
     assert [p.name for p in store_dir.glob("local_server*.log")] == ["local_server.log"]
+
+
+async def test_a_question_without_a_run_directory_keeps_the_log_its_error_names(fake_llama: Path, gguf: Path) -> None:
+    # tmas solve without --run-dir works in a scratch directory that is gone when the error is read: the log the
+    # error names must outlive it.
+    (fake_llama / "fail-once").write_text("")
+    with pytest.raises(LocalModelError) as info:
+        await asolve("What is 2+2?", {"local": {"model": str(gguf), "startup_timeout_s": 60}})
+    message = str(info.value)
+    assert "stopped with exit code 3 before it was ready" in message
+    named = re.search(r"last lines of (\S+):", message)
+    assert named is not None
+    assert "cannot load the model" in await asyncio.to_thread(Path(named.group(1)).read_text)
+    assert not local_server._LIVE
+
+
+async def test_a_question_answered_without_a_run_directory_leaves_no_log(fake_llama: Path, gguf: Path) -> None:
+    # A server that started and stopped cleanly for a question leaves nothing behind in the cache.
+    settings = {"local": {"model": str(gguf), "startup_timeout_s": 60}}
+    result = await asolve("What is 2+2?", settings, method="cot")
+    assert result.status == "done"
+    cache_logs = Path(os.environ["TMAS_CACHE_DIR"]) / "logs"
+    assert not await asyncio.to_thread(lambda: list(cache_logs.glob("local_server*.log")))

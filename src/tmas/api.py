@@ -107,7 +107,7 @@ async def solve_question(
                 Path(run_dir or scratch), settings, [problem], resume=False, own_model=own
             )
         with store:
-            solving = run_problems(settings, problems, store, keep_results=True, model=model)
+            solving = run_problems(settings, problems, store, keep_results=True, model=model, scratch=run_dir is None)
             try:
                 summary = await (_solving(solving) if for_api else solving)
             except Unreachable as exc:

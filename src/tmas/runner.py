@@ -519,6 +519,7 @@ async def run_problems(
     keep_results: bool = False,
     model: ChatModel | None = None,
     own_model: bool | None = None,
+    scratch: bool = False,
 ) -> RunSummary:
     """Solve every problem not already finished with the same method parameters, or finished with a failed call;
     results are stored as they come.
@@ -526,7 +527,9 @@ async def run_problems(
     :func:`tmas.llm.factory.open_model`: the endpoint of ``settings``, or ``model``, a
     :class:`tmas.llm.model.ChatModel` of the caller's own, replayed from and recorded in the store all the same.
     ``own_model`` False says that ``model`` is the one ``settings`` name, already open (:class:`SeriesModel`): the run
-    is then as one that opens it (by default, whether ``model`` is given).
+    is then as one that opens it (by default, whether ``model`` is given). ``scratch`` says that the store's directory
+    goes when the run ends (a question without a run directory): an embedded server started for the run then logs to
+    the cache, where a log that an error names is kept.
 
     A fixed pool of workers pulls problems from ``problems`` one at a time, so a run of any size holds only the
     problems being solved (at most :func:`problems_in_flight`: what the endpoint serves at once). Results are not
@@ -552,7 +555,8 @@ async def run_problems(
     # prepare_run opened holds the lock already.
     with nullcontext() if store.holds_lock else RunLock(store.run_dir), prompts_from(settings.prompts_dir):
         stats = ClientStats()
-        opened = open_model(settings, store, log_dir=store.run_dir, stats=stats, on_send=turns.sent, model=model)
+        log_dir = None if scratch else store.run_dir
+        opened = open_model(settings, store, log_dir=log_dir, stats=stats, on_send=turns.sent, model=model)
         async with (
             opened as llm,
             problem_solver(settings, llm, method, store, state=state, finished=finished) as solver,
