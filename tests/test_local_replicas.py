@@ -31,7 +31,7 @@ from tmas.llm.local_server import LocalReplicas, build_command
 from tmas.llm.provision import provisioned
 from tmas.llm.types import user
 from tmas.problems import Problem
-from tmas.runner import prepare_run, run_problems
+from tmas.runner import prepare_run, problems_in_flight, run_problems
 from tmas.store.run_store import RunStore
 
 FAKE_SERVER = """#!{python}
@@ -376,3 +376,32 @@ async def test_a_question_answered_without_a_run_directory_leaves_no_log(fake_ll
     assert result.status == "done"
     cache_logs = Path(os.environ["TMAS_CACHE_DIR"]) / "logs"
     assert not await asyncio.to_thread(lambda: list(cache_logs.glob("local_server*.log")))
+
+
+class _StartedReplicas:
+    """Stands in for LocalReplicas where only the endpoint provisioned from them is looked at."""
+
+    def __init__(self, cfg: LocalModel, log_dir: Path | None = None) -> None:
+        self.base_urls = [f"http://127.0.0.1:{9000 + i}/v1" for i in range(cfg.replicas)]
+        self.model = "tiny"
+
+    async def __aenter__(self) -> _StartedReplicas:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("server", "slots"), [("llama-server", 3), ("llama-cpp-python", 1)])
+async def test_each_server_gets_as_many_calls_and_problems_as_it_serves_at_once(
+    monkeypatch: pytest.MonkeyPatch, server: str, slots: int
+) -> None:
+    # llama-cpp-python's server decodes one request at a time whatever local.parallel says: more calls sent to it
+    # would wait in its queue, silent, where the calls' timeouts run, instead of in the client.
+    monkeypatch.setattr(local_server, "LocalReplicas", _StartedReplicas)
+    settings = Settings.model_validate({"local": {"server": server, "parallel": 3, "replicas": 2}, "concurrency": 64})
+    assert problems_in_flight(settings) == 2 * slots
+    async with provisioned(settings) as live:
+        assert live.endpoint.max_in_flight == slots
+        assert live.endpoint.pin_slots is (server == "llama-server")
+    assert local_command.describe(settings.local).endswith(f"2 replicas x {slots} slot{'s' if slots > 1 else ''})")

@@ -287,6 +287,12 @@ class LocalModel(Strict):
     replicas: int = Field(default=1, ge=1)
     extra_args: list[str] = Field(default_factory=list)
 
+    @property
+    def slots(self) -> int:
+        """Calls one server decodes together: ``parallel`` for llama-server; llama-cpp-python's server takes one request
+        at a time and queues the rest."""
+        return self.parallel if self.server == "llama-server" else 1
+
 
 class InProcessModel(Strict):
     """A Hugging Face model answering every call in this process through transformers' continuous-batching engine

@@ -157,7 +157,7 @@ def problems_in_flight(settings: Settings, *, own_model: bool = False) -> int:
     if own_model:
         return cap
     if settings.uses_local_model:
-        slots = settings.local.parallel * settings.local.replicas
+        slots = settings.local.slots * settings.local.replicas
     else:
         # The solution role's own endpoint fields where it sets them (as the client routes it), else the default's.
         override = settings.roles.get("solution")

@@ -68,7 +68,7 @@ def describe(cfg: LocalModel) -> str:
         else:
             parts.append(f"{backend} build, -ngl {gpu_layers_arg(cfg, backend)}")
     replicas = f"{cfg.replicas} replicas" if cfg.replicas > 1 else "1 server"
-    parts.append(f"{replicas} x {cfg.parallel} slots")
+    parts.append(f"{replicas} x {cfg.slots} slot{'s' if cfg.slots > 1 else ''}")
     return f"{cfg.model} ({', '.join(parts)})"
 
 

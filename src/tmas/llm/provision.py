@@ -35,7 +35,7 @@ async def provisioned(settings: Settings, log_dir: Path | None = None) -> AsyncI
                 "model": servers.model,
                 "context_length": local.ctx_per_slot,
                 # Per replica: more calls than slots would only queue inside a server.
-                "max_in_flight": local.parallel,
+                "max_in_flight": local.slots,
                 # llama-server takes `id_slot`: one problem's calls share its slot's prompt cache (tmas.llm.lanes).
                 "pin_slots": local.server == "llama-server",
             }
