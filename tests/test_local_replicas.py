@@ -405,3 +405,17 @@ async def test_each_server_gets_as_many_calls_and_problems_as_it_serves_at_once(
         assert live.endpoint.max_in_flight == slots
         assert live.endpoint.pin_slots is (server == "llama-server")
     assert local_command.describe(settings.local).endswith(f"2 replicas x {slots} slot{'s' if slots > 1 else ''})")
+
+
+async def test_a_server_started_again_in_a_run_directory_keeps_the_log_before(fake_llama: Path, gguf: Path) -> None:
+    # A run stopped by a server that died names its log and says to resume; the resumed run's server must not write
+    # over the log that says why the last one died.
+    run_dir = fake_llama.parent / "run"
+    log = run_dir / "local_server.log"
+    await asyncio.to_thread(run_dir.mkdir)
+    await asyncio.to_thread(log.write_text, "the server before: killed\n")
+    async with local_server.LocalServer(LocalModel(model=str(gguf), startup_timeout_s=60), log_dir=run_dir):
+        pass
+    previous = run_dir / "local_server.previous.log"
+    assert await asyncio.to_thread(previous.read_text) == "the server before: killed\n"
+    assert "server is listening on" in await asyncio.to_thread(log.read_text)

@@ -261,7 +261,14 @@ class LocalServer:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise LocalModelError(f"cannot create log directory {directory}: {exc.strerror}") from None
-        return directory / name
+        path = directory / name
+        if self.log_dir is not None:
+            # A resumed run starts its server again: the log of the one before (which may say why it died, as the
+            # error that stopped the run pointed out) is kept beside the new one.
+            with contextlib.suppress(OSError):
+                if path.stat().st_size > 0:
+                    path.replace(directory / f"{self.name}.previous.log")
+        return path
 
     def _listening_port(self) -> int | None:
         """The port llama-server's log says it listens on; None until it says so."""
