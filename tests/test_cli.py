@@ -3,6 +3,7 @@ process."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -202,6 +203,28 @@ def test_bad_problem_files_fail_with_one_line_naming_the_place(
     err = out.stderr.decode().strip()
     assert out.returncode == 2
     assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+    assert sim.stats().total_requests == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("head", "message"),
+    [
+        (gzip.compress(b'{"problem_id": "a", "question": "What is 1+1?"}\n'), "p.jsonl:1: a gzip-compressed file"),
+        ('{"problem_id": "a", "question": "What is 1+1?"}\n'.encode("utf-16"), "p.jsonl:1: UTF-16 text"),
+        (b"PAR1\x15\x04", "p.jsonl:1: a Parquet file: 'tmas data import' reads it named .parquet"),
+    ],
+    ids=["gzip", "utf-16", "parquet"],
+)
+def test_a_problem_file_in_another_format_says_which(sim: SimServer, tmp_path: Path, head: bytes, message: str) -> None:
+    # Before, each was only "p.jsonl:1: not valid UTF-8 (byte 1)" (or 0), which says nothing of why.
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(head)
+    out = tmas("run", str(path), "-o", str(tmp_path / "run"), "--base-url", sim.base_url)
+    err = out.stderr.decode().strip()
+    assert out.returncode == 2
+    assert message in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "run").exists()
     assert sim.stats().total_requests == 0
 

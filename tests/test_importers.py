@@ -4,6 +4,7 @@ layouts, and their one-line errors on malformed ones."""
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import subprocess
 import sys
@@ -234,6 +235,10 @@ CSV_HEAD = b"Problem ID,Problem,Short Answer\n"
     [
         ("u.csv", CSV_HEAD + b"imo-1,Find \xff.,2\n", "imo-answerbench", "u.csv: line 2: not valid UTF-8 (byte 43 "),
         ("u.json", b'[{"problem_idx": 1, "problem": "\xff"}]', "matharena", "u.json: not valid UTF-8 (byte 32)"),
+        # Files of another format say which, not only that they are no UTF-8.
+        ("g.csv", gzip.compress(CSV_HEAD), "imo-answerbench", "g.csv: line 1: a gzip-compressed file: decompress it"),
+        ("g.json", gzip.compress(b"[]"), "matharena", "g.json: a gzip-compressed file"),
+        ("w.csv", CSV_HEAD.decode().encode("utf-16"), "imo-answerbench", "w.csv: line 1: UTF-16 text"),
         # A row of more fields than the header names (an unquoted comma): its fields would land in other columns.
         (
             "x.csv",

@@ -11,6 +11,20 @@ from typing import Any
 from tmas.errors import InputError
 
 _BOM = b"\xef\xbb\xbf"
+# How files a reader of UTF-8 text cannot take begin, and what to do with them: read as text, their first line is
+# only "not valid UTF-8", which says nothing of why.
+_OTHER_FORMATS = (
+    (b"\x1f\x8b", "a gzip-compressed file: decompress it first (gunzip)"),
+    (b"PK\x03\x04", "a zip archive: extract its file first"),
+    (b"\xff\xfe", "UTF-16 text (it begins with UTF-16's byte-order mark): save it as UTF-8"),
+    (b"\xfe\xff", "UTF-16 text (it begins with UTF-16's byte-order mark): save it as UTF-8"),
+    (b"PAR1", "a Parquet file: 'tmas data import' reads it named .parquet; else convert it to JSONL"),
+)
+
+
+def other_format(head: bytes) -> str | None:
+    """What a file beginning with ``head`` is when it is no UTF-8 text (compressed, UTF-16, Parquet), else None."""
+    return next((what for magic, what in _OTHER_FORMATS if head.startswith(magic)), None)
 
 
 def read_objects(path: Path, *, lenient: bool = False) -> Iterator[tuple[str, int, dict[str, Any]]]:
@@ -27,6 +41,10 @@ def read_objects(path: Path, *, lenient: bool = False) -> Iterator[tuple[str, in
     with handle:
         for number, raw in enumerate(handle, start=1):
             where = f"{path}:{number}"
+            what = other_format(raw) if number == 1 else None
+            if what is not None:
+                # The whole file, not a line of it: an error even where bad lines are skipped.
+                raise InputError(f"{where}: {what}")
             try:
                 record = _object(raw.removeprefix(_BOM) if number == 1 else raw, where)
             except InputError:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tmas.errors import InputError
-from tmas.jsonl import read_objects
+from tmas.jsonl import other_format, read_objects
 from tmas.problems import answer_text
 
 
@@ -126,8 +126,11 @@ def located_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     elif suffix == ".jsonl":
         yield from ((f"line {number}", row) for _, number, row in read_objects(path))
     elif suffix == ".json":
+        raw = path.read_bytes()
+        if what := other_format(raw):
+            raise InputError(f"{path}: {what}")
         try:
-            data = json.loads(path.read_bytes().decode("utf-8-sig"))
+            data = json.loads(raw.decode("utf-8-sig"))
         except UnicodeDecodeError as exc:
             raise InputError(f"{path}: not valid UTF-8 (byte {exc.start})") from None
         except json.JSONDecodeError as exc:
@@ -162,6 +165,8 @@ def _csv_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """A CSV file's rows under its header; a row of more fields than the header names, text that is not UTF-8 or
     quoting the csv module cannot read is a one-line error naming the line."""
     raw = path.read_bytes()
+    if what := other_format(raw):
+        raise InputError(f"{path}: line 1: {what}")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
