@@ -17,6 +17,7 @@ import pytest
 
 from conftest import clean_env, dead_url, run_tmas, scripted_settings, wait_for
 from tmas.api import aresume, arun
+from tmas.problems import load_problems
 from tmas.store.run_lock import running
 from tmas.testing import ScriptedModel, SimScript, SimServer
 
@@ -192,6 +193,17 @@ def test_run_refuses_to_overwrite_a_run(sim: SimServer, tmp_path: Path) -> None:
         ('{"problem_id": "a", "question": "again"}\n', "p.jsonl:2: duplicate problem id 'a' (first on line 1)"),
         ('{"question": "no id"}\n', "p.jsonl:2: missing field 'problem_id'"),
         ('{"problem_id": "c", "question": 5}\n', "p.jsonl:2: 'question' must be a string"),
+        # A question's picture would never reach the model (questions go as text): refused, not asked without it.
+        (
+            '{"problem_id": "c", "question": "What does the figure show?", "image": "data:image/png;base64,AA"}\n',
+            "p.jsonl:2: field 'image' holds an image, but questions are sent as text only",
+        ),
+        ('{"problem_id": "c", "question": "Which?", "images": ["", "fig1.png"]}\n', "p.jsonl:2: field 'images' holds"),
+        # A datasets export of another layout: the fields the line has instead are named.
+        (
+            '{"id": "c", "problem": "What is 2+2?", "solution": "4"}\n',
+            "p.jsonl:2: missing field 'question' (the line has: id, problem, solution; 'tmas data import' converts",
+        ),
     ],
 )
 def test_bad_problem_files_fail_with_one_line_naming_the_place(
@@ -227,6 +239,20 @@ def test_a_problem_file_in_another_format_says_which(sim: SimServer, tmp_path: P
     assert message in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "run").exists()
     assert sim.stats().total_requests == 0
+
+
+def test_an_image_field_holding_nothing_is_kept_as_metadata(tmp_path: Path) -> None:
+    # HLE's text-only rows carry "image": ""; a datasets export of no image, nulls: these questions lack nothing.
+    path = tmp_path / "p.jsonl"
+    rows = [
+        {"problem_id": "a", "question": "q", "image": ""},
+        {"problem_id": "b", "question": "q", "image": None, "images": []},
+        {"problem_id": "c", "question": "q", "image": {"bytes": None, "path": None}},
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert [p.metadata for p in load_problems(path)] == [
+        {k: v for k, v in r.items() if k not in ("problem_id", "question")} for r in rows
+    ]
 
 
 @pytest.mark.parametrize(

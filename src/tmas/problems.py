@@ -21,6 +21,8 @@ from tmas.errors import InputError
 from tmas.jsonl import read_objects
 
 ID_FIELDS = ("problem_id", "question_id", "id")
+# Fields that hold a question's picture in the files benchmarks are exported as (HLE's ``image``; ``images``).
+IMAGE_FIELDS = ("image", "images")
 
 
 class Problem(BaseModel):
@@ -84,16 +86,41 @@ def answer_text(answer: str | int | float) -> str:
     return str(answer)
 
 
+def _fields_found(record: dict[str, Any]) -> str:
+    """The fields a line has instead, for a file of another layout (an export that names the question 'problem')."""
+    found = ", ".join(sorted(record)[:8]) + (", ..." if len(record) > 8 else "")
+    return f" (the line has: {found or 'no fields'}; 'tmas data import' converts official benchmark files)"
+
+
+def _holds_image(value: object) -> bool:
+    """Whether a field holds a picture: "" (HLE's text-only rows), null, an empty list and an object of nulls (a
+    datasets export of no image, ``{"bytes": null, "path": null}``) hold none."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return False
+    if isinstance(value, list):
+        return any(_holds_image(item) for item in value)
+    if isinstance(value, dict):
+        return any(_holds_image(item) for item in value.values())
+    return True
+
+
 def _problem(record: dict[str, Any], where: str) -> Problem:
     id_field = next((name for name in ID_FIELDS if name in record), None)
     if id_field is None:
-        raise InputError(f"{where}: missing field 'problem_id' (or 'question_id' / 'id')")
+        raise InputError(f"{where}: missing field 'problem_id' (or 'question_id' / 'id'){_fields_found(record)}")
     raw_id = record[id_field]
     if isinstance(raw_id, bool) or not isinstance(raw_id, str | int) or not str(raw_id).strip():
         raise InputError(f"{where}: field {id_field!r} must be a non-empty string or integer")
     if "question" not in record:
-        raise InputError(f"{where}: missing field 'question'")
+        raise InputError(f"{where}: missing field 'question'{_fields_found(record)}")
     question = check_question(record["question"], where)
+    pictured = next((name for name in IMAGE_FIELDS if _holds_image(record.get(name))), None)
+    if pictured is not None:
+        # Questions go to the model as text: one whose picture is left behind is asked without what it shows.
+        raise InputError(
+            f"{where}: field {pictured!r} holds an image, but questions are sent as text only: leave the problem out"
+            f" (or the field, to ask its text alone)"
+        )
     answer = record.get("answer")
     if answer is not None and not _is_answer(answer):
         raise InputError(f"{where}: field 'answer' must be a string or a finite number")
