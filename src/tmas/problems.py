@@ -92,15 +92,15 @@ def _fields_found(record: dict[str, Any]) -> str:
     return f" (the line has: {found or 'no fields'}; 'tmas data import' converts official benchmark files)"
 
 
-def _holds_image(value: object) -> bool:
+def holds_image(value: object) -> bool:
     """Whether a field holds a picture: "" (HLE's text-only rows), null, an empty list and an object of nulls (a
     datasets export of no image, ``{"bytes": null, "path": null}``) hold none."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return False
     if isinstance(value, list):
-        return any(_holds_image(item) for item in value)
+        return any(holds_image(item) for item in value)
     if isinstance(value, dict):
-        return any(_holds_image(item) for item in value.values())
+        return any(holds_image(item) for item in value.values())
     return True
 
 
@@ -114,7 +114,7 @@ def _problem(record: dict[str, Any], where: str) -> Problem:
     if "question" not in record:
         raise InputError(f"{where}: missing field 'question'{_fields_found(record)}")
     question = check_question(record["question"], where)
-    pictured = next((name for name in IMAGE_FIELDS if _holds_image(record.get(name))), None)
+    pictured = next((name for name in IMAGE_FIELDS if holds_image(record.get(name))), None)
     if pictured is not None:
         # Questions go to the model as text: one whose picture is left behind is asked without what it shows.
         raise InputError(

@@ -93,7 +93,7 @@ def data_import(
     file: Annotated[Path, typer.Argument(help="The downloaded file (.csv, .jsonl, .json or .parquet).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="tmas JSONL to write.")],
     keep_all: Annotated[
-        bool, typer.Option("--all", help="HLE: keep every question (default: text-only Math, as HLE-Math).")
+        bool, typer.Option("--all", help="HLE: text-only questions of every category (default: of Math, as HLE-Math).")
     ] = False,
 ) -> None:
     """Convert an official benchmark file into tmas problems (problem_id, question, answer, its other fields)."""

@@ -2,7 +2,8 @@
 (``problem_id``, ``question``, ``answer``, then the source's other fields).
 
 - ``hle``: Humanity's Last Exam's release (``cais/hle``: ``id, question, image, answer, answer_type, category,
-  raw_subject, ...``); by default only text-only Math questions are kept, as in HLE-Math (``--all`` keeps every one).
+  raw_subject, ...``); by default only text-only Math questions are kept, as in HLE-Math (``--all``: the text-only
+  questions of every category; a question with an image is never kept, as questions are sent as text).
 - ``imo-answerbench``: IMO-AnswerBench's CSV (``Problem ID, Problem, Short Answer, Category, Subcategory, Source``).
 - ``matharena``: a MathArena competition (e.g. HMMT: ``problem_idx, problem, answer, problem_type``).
 
@@ -26,7 +27,7 @@ from typing import Any
 
 from tmas.errors import InputError
 from tmas.jsonl import other_format, read_objects
-from tmas.problems import answer_text
+from tmas.problems import answer_text, holds_image
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,9 @@ def _item(value: Any) -> str:
 
 
 def _hle(row: dict[str, Any], keep_all: bool) -> dict[str, Any] | None:
-    if not keep_all and (_text(row, "category") != "Math" or _text(row, "image")):
+    if holds_image(_plain(row.get("image"))):
+        return None  # asked without its picture, it would be another question (questions are sent as text)
+    if not keep_all and _text(row, "category") != "Math":
         return None  # HLE-Math: text-only questions of the Math category
     extra: dict[str, Any] = {k: row[k] for k in ("answer_type", "raw_subject", "category") if k in row}
     return {"problem_id": _text(row, "id"), "question": row["question"], "answer": _answer(row, "answer"), **extra}
