@@ -158,12 +158,16 @@ def test_files_that_start_with_a_byte_order_mark_are_read(tmp_path: Path) -> Non
         load_problems(problems)
 
 
-def test_an_empty_problem_file_is_a_clear_error(sim: SimServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("flags", [[], ["--dry-run"]], ids=["run", "dry-run"])
+def test_an_empty_problem_file_is_a_clear_error(sim: SimServer, tmp_path: Path, flags: list[str]) -> None:
+    # Before, the error named the run directory, and a dry run estimated 0 calls and exited 0.
     path = tmp_path / "p.jsonl"
     path.write_bytes(b"\n  \n")
-    out = tmas("run", str(path), "-o", str(tmp_path / "run"), "--base-url", sim.base_url)
-    assert out.returncode == 2 and "no problems given" in out.stderr.decode()
+    out = tmas("run", str(path), "-o", str(tmp_path / "run"), "--base-url", sim.base_url, *flags)
+    assert out.returncode == 2
+    assert out.stderr.decode().splitlines() == [f"tmas: error: {path}: no problems in the file (it is empty or blank)"]
     assert not (tmp_path / "run").exists()
+    assert sim.stats().total_requests == 0
 
 
 @pytest.mark.parametrize(

@@ -242,6 +242,9 @@ def _new_run(
     reader = islice(iter_problems(source), limit) if limit else iter_problems(source)
     # A pilot runs on the first problems; otherwise only their count matters (a big file is not held).
     listed = list(reader) if estimate.pilot is not None else sum(1 for _ in reader)
+    if not listed:
+        # Said of the file, before an estimate of nothing (which a dry run would end on) or a check of the endpoint.
+        raise InputError(f"{source}: no problems in the file (it is empty or blank)")
     planned = build_estimate([(out.name, settings)], listed, estimate, out / "pilot")
     planned.left_out += [left_out] if left_out else []
     gate(planned, estimate)
