@@ -199,6 +199,10 @@ def test_run_refuses_to_overwrite_a_run(sim: SimServer, tmp_path: Path) -> None:
             "p.jsonl:2: field 'image' holds an image, but questions are sent as text only",
         ),
         ('{"problem_id": "c", "question": "Which?", "images": ["", "fig1.png"]}\n', "p.jsonl:2: field 'images' holds"),
+        (
+            '{"problem_id": "c", "question": "What is 1+2?", "answer": "3", "answer": "4"}\n',
+            "p.jsonl:2: field 'answer' is given twice in one object",
+        ),
         # A datasets export of another layout: the fields the line has instead are named.
         (
             '{"id": "c", "problem": "What is 2+2?", "solution": "4"}\n',

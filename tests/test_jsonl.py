@@ -36,6 +36,8 @@ def test_lines_and_their_places_come_in_order_blank_ones_skipped(tmp_path: Path)
         (b'{"a": ' + b"9" * 5000 + b"}", "r.jsonl:2: JSON this reader does not take: Exceeds the limit"),
         (b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "r.jsonl:2: JSON this reader does not take: maximum"),
         (b'{"a": "x \\ud800"}', "r.jsonl:2: a .u escape of half a UTF-16 surrogate pair"),
+        # JSON leaves a repeated name open (Python's json kept the last): which answer was meant is not said.
+        (b'{"answer": "2", "b": {"c": 1, "c": 2}}', "r.jsonl:2: field 'c' is given twice in one object$"),
     ],
 )
 def test_a_bad_line_is_named_or_skipped_when_lenient(tmp_path: Path, line: bytes, message: str) -> None:

@@ -55,6 +55,24 @@ def read_objects(path: Path, *, lenient: bool = False) -> Iterator[tuple[str, in
                 yield where, number, record
 
 
+class _RepeatedKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's fields, each named once: JSON leaves a repeated name's meaning open (json keeps the last)."""
+    record = dict(pairs)
+    if len(record) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _RepeatedKey(key)
+            seen.add(key)
+    return record
+
+
 def _object(raw: bytes, where: str) -> dict[str, Any] | None:
     """The line's object; None for a blank line."""
     try:
@@ -66,7 +84,10 @@ def _object(raw: bytes, where: str) -> dict[str, Any] | None:
     # Without its line ending: an object cut short is then reported where it ends, not at column 1 past the end.
     line = line.rstrip("\r\n")
     try:
-        record = json.loads(line)
+        record = json.loads(line, object_pairs_hook=_unique_keys)
+    except _RepeatedKey as exc:
+        # {"answer": "2", ..., "answer": "3"}: which one the file means is not said.
+        raise InputError(f"{where}: field {exc.key!r} is given twice in one object") from None
     except json.JSONDecodeError as exc:
         # Some of json's messages end in "at" already ("Unterminated string starting at").
         raise InputError(f"{where}: not valid JSON: {exc.msg.removesuffix(' at')} at column {exc.colno}") from None
