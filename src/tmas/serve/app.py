@@ -196,6 +196,7 @@ class ServeApp:
     ) -> AsyncIterator[str]:
         model = body.model
         status = 200  # what the stream's end says: 200, the status of the error it ended with, or the client gone
+        sent = False  # the server took the stream's last event: the client has its end, whenever it goes
         try:
             if isinstance(entry, Waiting):
                 # The stream is open while the request waits its turn: comments keep it so, and say why it waits.
@@ -247,13 +248,15 @@ class ServeApp:
                     yield _sse(chunk_body(job.run_id, model, created, None, usage=result.usage))
             yield "data: [DONE]\n\n"
             # Resumed only once the client has read the end (a stream resumes its body only after each send).
+            sent = True
             await self.runs.replied(job)
         except (asyncio.CancelledError, GeneratorExit):
             status = CLIENT_CLOSED  # cut short: the client went away (or the server is stopping)
             raise
         finally:
-            # Ended normally or the client went away (the watcher has then cancelled the run already).
-            if gone.done() and not gone.cancelled():
+            # Ended normally or the client went away before its end (the watcher has then cancelled the run already);
+            # a client that goes as soon as it has read [DONE] had its reply.
+            if not sent and gone.done() and not gone.cancelled():
                 status = CLIENT_CLOSED
             gone.cancel()
             ended(status)

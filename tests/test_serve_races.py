@@ -1,0 +1,174 @@
+"""`tmas serve` at its moments of hand-over, driven in process: the app called as an ASGI server calls it, each
+client's reading and leaving held by the test, the upstream a scripted model whose calls wait on the test's gates.
+Every step waits on an event, never on time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conftest import scripted_settings
+from tmas.llm.types import Completion, Message
+from tmas.methods import METHODS
+from tmas.serve.app import ServeApp
+from tmas.serve.jobs import PENDING, ServedRuns
+from tmas.serve.metrics import ServeMetrics
+from tmas.testing import ScriptedModel
+
+QUESTION = [{"role": "user", "content": "What is 17*23?"}]
+
+
+@dataclass
+class GatedModel(ScriptedModel):
+    """The scripted upstream, each call answered once ``gate`` is open; a call cancelled while it waits lets go only
+    once ``let_go`` is set (an upstream whose dropped call takes a while to close)."""
+
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    let_go: asyncio.Event = field(default_factory=asyncio.Event)
+    asked: asyncio.Event = field(default_factory=asyncio.Event)
+    cancelling: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.gate.set()
+        self.let_go.set()
+
+    async def chat(self, role: str, messages: Sequence[Message], **kwargs: Any) -> Completion:
+        self.asked.set()
+        try:
+            await self.gate.wait()
+        except asyncio.CancelledError:
+            self.cancelling.set()
+            await self.let_go.wait()
+            raise
+        return await super().chat(role, messages, **kwargs)
+
+
+class Client:
+    """One request to the app. A slow reader with ``hold``: the server's send of the first message holding those
+    bytes waits until ``read_on()``; ``leave()`` disconnects it (a send then delivers nothing, as uvicorn's). ``spec``
+    is the ASGI HTTP spec version the server speaks (uvicorn's by default)."""
+
+    def __init__(
+        self, app: Any, body: dict[str, Any], hold: bytes | None = None, spec: str = "2.3", last: bytes | None = None
+    ) -> None:
+        self.payload = json.dumps(body).encode()
+        # With ``last``: the client leaves once it has the message holding those bytes, before that send returns.
+        self.last = last
+        self.spec = spec
+        self.hold = hold
+        self.reading = asyncio.Event()
+        self.left = asyncio.Event()
+        self.seen_leaving = asyncio.Event()
+        self.waiting_to_send = asyncio.Event()  # a send waits on the reader
+        self.messages: list[dict[str, Any]] = []
+        self._asked = False
+        self.task = asyncio.create_task(app(self._scope(), self._receive, self._send))
+
+    def _scope(self) -> dict[str, Any]:
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(self.payload)).encode())]
+        return {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": self.spec},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/v1/chat/completions",
+            "raw_path": b"/v1/chat/completions",
+            "query_string": b"",
+            "root_path": "",
+            "headers": headers,
+            "client": ("127.0.0.1", 50000),
+            "server": ("127.0.0.1", 8000),
+        }
+
+    async def _receive(self) -> dict[str, Any]:
+        if not self._asked:
+            self._asked = True
+            return {"type": "http.request", "body": self.payload, "more_body": False}
+        await self.left.wait()
+        self.seen_leaving.set()
+        return {"type": "http.disconnect"}
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        if self.left.is_set():
+            return
+        if self.hold is not None and self.hold in message.get("body", b""):
+            self.hold = None
+            self.waiting_to_send.set()
+            reading = asyncio.create_task(self.reading.wait())
+            await asyncio.wait({reading, asyncio.create_task(self.left.wait())}, return_when=asyncio.FIRST_COMPLETED)
+            if not reading.done():
+                return
+        self.messages.append(message)
+        if self.last is not None and self.last in message.get("body", b""):
+            self.leave()
+            await self.seen_leaving.wait()
+
+    def read_on(self) -> None:
+        self.reading.set()
+
+    def leave(self) -> None:
+        self.left.set()
+
+    @property
+    def status(self) -> int:
+        return int(self.messages[0]["status"])
+
+    def body(self) -> bytes:
+        return b"".join(m.get("body", b"") for m in self.messages[1:])
+
+    def reply(self) -> dict[str, Any]:
+        return dict(json.loads(self.body()))
+
+    def events(self) -> list[dict[str, Any]]:
+        lines = self.body().decode().split("\n\n")
+        return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+
+
+@dataclass
+class Served:
+    runs: ServedRuns
+    app: Any
+    metrics: ServeMetrics
+    model: GatedModel
+
+    def ask(self, hold: bytes | None = None, *, spec: str = "2.3", last: bytes | None = None, **body: Any) -> Client:
+        return Client(self.app, {"model": "cot/sim-model", "messages": QUESTION, **body}, hold, spec, last)
+
+    def counted(self, status: int) -> float:
+        labels = {"method": "cot", "status": str(status)}
+        return self.metrics.registry.get_sample_value("tmas_requests_total", labels) or 0.0
+
+
+def served(serve_dir: Path) -> Served:
+    settings = scripted_settings()
+    model = GatedModel(settings=settings)
+    runs = ServedRuns(serve_dir, settings, embedded=False, model=model, max_problems=4, max_queue=4)
+    metrics = ServeMetrics(queued=lambda: runs.admission.queued, in_flight=lambda: len(runs.active))
+    runs.on_call = metrics.call_done
+    app = ServeApp(
+        runs, methods=sorted(METHODS), upstreams=["sim-model"], token=None, max_body_bytes=1 << 20, metrics=metrics
+    )
+    return Served(runs, app.build(), metrics, model)
+
+
+def run_dirs(serve_dir: Path) -> list[Path]:
+    return sorted(p for p in serve_dir.iterdir() if (p / "run.sqlite").is_file())
+
+
+async def test_a_stream_read_to_its_end_counts_as_answered_though_its_client_leaves_at_once(tmp_path: Path) -> None:
+    s = served(tmp_path / "served")
+    # The client has [DONE] and goes; the server's send of it returns only after it has seen the client go (a
+    # server that speaks ASGI's HTTP spec 2.4 may).
+    first = s.ask(spec="2.4", last=b"[DONE]", stream=True)
+    await first.task
+    assert first.body().endswith(b"data: [DONE]\n\n") and b"boxed{391}" in first.body()
+    assert (s.counted(200), s.counted(499)) == (1, 0)
+    # It had the reply: its run keeps none for a later request.
+    [run_dir] = run_dirs(tmp_path / "served")
+    assert not (run_dir / PENDING).is_file()
+    await s.runs.close()
