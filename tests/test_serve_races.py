@@ -160,6 +160,51 @@ def run_dirs(serve_dir: Path) -> list[Path]:
     return sorted(p for p in serve_dir.iterdir() if (p / "run.sqlite").is_file())
 
 
+def reply_id(client: Client) -> str:
+    return str(client.events()[0]["id"] if client.events() else client.reply()["id"])
+
+
+async def test_a_reply_on_its_way_to_a_slow_reader_is_not_handed_to_a_twin(tmp_path: Path) -> None:
+    serve_dir = tmp_path / "served"
+    s = served(serve_dir)
+    for stream, hold in [(True, b"[DONE]"), (False, b'"choices"')]:
+        # The first client's run has ended; its reply is being sent, its reader slow.
+        first = s.ask(hold, stream=stream)
+        await first.waiting_to_send.wait()
+        [run_dir] = [d for d in run_dirs(serve_dir) if (d / PENDING).is_file()]
+        # The same request without a seed meanwhile is a sample of its own: a run of its own, asked anew.
+        asked = len(s.model.calls)
+        twin = s.ask(stream=False)
+        await twin.task
+        assert twin.status == 200 and twin.reply()["id"] != run_dir.name
+        assert len(s.model.calls) == asked + 1
+        first.read_on()
+        await first.task
+        assert first.status == 200 and reply_id(first) == run_dir.name
+        # Both replies were had: neither run keeps one for a later request.
+        assert not any((d / PENDING).is_file() for d in run_dirs(serve_dir))
+    assert len(run_dirs(serve_dir)) == 4
+    await s.runs.close()
+
+
+async def test_a_reply_whose_slow_reader_left_goes_to_the_next_twin(tmp_path: Path) -> None:
+    serve_dir = tmp_path / "served"
+    s = served(serve_dir)
+    first = s.ask(b"boxed", stream=True)
+    await first.waiting_to_send.wait()
+    first.leave()
+    await first.seen_leaving.wait()
+    [run_dir] = run_dirs(serve_dir)
+    # The client left before it had the reply: the same request without a seed gets it, with no upstream call.
+    asked = len(s.model.calls)
+    twin = s.ask(stream=False)
+    await twin.task
+    assert twin.status == 200 and twin.reply()["id"] == run_dir.name
+    assert len(s.model.calls) == asked and not (run_dir / PENDING).is_file()
+    await first.task
+    await s.runs.close()
+
+
 async def test_a_stream_read_to_its_end_counts_as_answered_though_its_client_leaves_at_once(tmp_path: Path) -> None:
     s = served(tmp_path / "served")
     # The client has [DONE] and goes; the server's send of it returns only after it has seen the client go (a

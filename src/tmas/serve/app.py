@@ -141,6 +141,7 @@ class ServeApp:
     async def _reply(self, entry: Job | Waiting, gone: asyncio.Task[None], body: ChatBody, method: str) -> Response:
         """The reply to a request without a stream, once its run has ended; once sent, its run is told so."""
         ended: Job | None = None  # the run whose outcome this reply is
+        handed = False  # the reply is made: its client follows the run until it is sent (_Reply)
         try:
             if isinstance(entry, Waiting):
                 turn = _Turn(self.runs, entry, gone)
@@ -161,23 +162,29 @@ class ServeApp:
         except ApiError as exc:
             if gone.done() and not gone.cancelled():
                 return Response(status_code=CLIENT_CLOSED)  # its run was cancelled as its client went away
-            response = exc.response()
-            if ended is not None:
-                response.background = BackgroundTask(self.runs.replied, ended)
-            return response
+            if ended is None:
+                return exc.response()
+            handed = True
+            replied = BackgroundTask(self.runs.replied, ended)
+            return _Reply(exc.body(), gone, status_code=exc.status, background=replied)
         except asyncio.CancelledError:
             # Only a server shutting down cancels a handler (a client going away is the watcher's business).
             return _shutting_down().response()
+        else:
+            extension = self._extension(job, result, body, method)
+            extension["calls"] = result.calls
+            text = cut_at_stop(result.text, body.stop_sequences())
+            finish = finish_reason(result, text)
+            # The progress a stream would have sent, as the message's reasoning.
+            reasoning = "".join(event.line() + "\n" for event in job.events)
+            reply = completion_body(
+                job.run_id, body.model, job.created, text, finish, result.usage, extension, reasoning
+            )
+            handed = True
+            return _Reply(reply, gone, status_code=200, background=BackgroundTask(self.runs.replied, job))
         finally:
-            gone.cancel()
-        extension = self._extension(job, result, body, method)
-        extension["calls"] = result.calls
-        text = cut_at_stop(result.text, body.stop_sequences())
-        finish = finish_reason(result, text)
-        # The progress a stream would have sent, as the message's reasoning.
-        reasoning = "".join(event.line() + "\n" for event in job.events)
-        reply = completion_body(job.run_id, body.model, job.created, text, finish, result.usage, extension, reasoning)
-        return JSONResponse(reply, background=BackgroundTask(self.runs.replied, job))
+            if not handed:
+                gone.cancel()
 
     def _extension(self, job: Job, result: ProblemResult, body: ChatBody, method: str) -> dict[str, Any]:
         """What a tmas-aware client may read beside the reply: the run, the extracted answer, the notices."""
@@ -313,6 +320,22 @@ class _RunStream(StreamingResponse):
                 return
             end = _sse(stopping.body()) + "data: [DONE]\n\n"
             await send({"type": "http.response.body", "body": end.encode(), "more_body": False})
+
+
+class _Reply(JSONResponse):
+    """An ended run's reply without a stream (its result, or the error it ended with): its client follows the run
+    until the reply is sent (its run told so first) or the client has gone, so that no request without a seed takes
+    the run's reply meanwhile (Job.handing)."""
+
+    def __init__(self, content: Any, gone: asyncio.Task[None], *, status_code: int, background: BackgroundTask) -> None:
+        super().__init__(content, status_code=status_code, background=background)
+        self.gone = gone
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.gone.cancel()
 
 
 class _Turn:

@@ -91,6 +91,11 @@ class Job:
         for queue in self._followers:
             queue.put_nowait(None)
 
+    def handing(self) -> bool:
+        """Whether this ended run's reply is on its way to a client: one that followed it to the end has neither had
+        it in full nor gone away (a slow reader keeps it so for as long as it reads)."""
+        return self.task is not None and self.task.done() and bool(self._followers)
+
     def outcome(self) -> ProblemResult:
         """The finished run's result; an :class:`ApiError` when the run failed."""
         if self.task is None or not self.task.done() or self.task.cancelled():
@@ -182,6 +187,8 @@ class ServedRuns:
         # unfinished one, or one that ended with nobody to take its reply (its reply goes to the first request for
         # it, replayed from its store), or one whose method failed on failed calls (a retry resumes it).
         self.unfinished: dict[str, Path] = {}
+        # Ended runs whose reply was on its way to a client when last looked at (Job.handing): no twin's to take.
+        self._handing: list[Job] = []
         # Stores of ended runs being closed (a WAL checkpoint): after the reply, not before it.
         self._closing: set[asyncio.Task[None]] = set()
         serve_dir.mkdir(parents=True, exist_ok=True)
@@ -247,13 +254,21 @@ class ServedRuns:
         without a seed whose twin is running, one of its own (so its twin's run is not taken over). A request
         without a seed takes over the unfinished run of an earlier twin that went away, under that run's key."""
         if body.seed is None:
-            left = (key for key in self.unfinished if twin_of(key, fingerprint) and key not in self.active)
+            left = (key for key in self.unfinished if twin_of(key, fingerprint) and not self._taken(key))
             key = next(left, None)
             if key is not None:
                 return key
+            if self._taken(fingerprint):
+                return f"{fingerprint}-{secrets.token_hex(4)}"
         if fingerprint in self.active:
             return f"{fingerprint}-{secrets.token_hex(4)}"
         return fingerprint
+
+    def _taken(self, key: str) -> bool:
+        """Whether the run kept under ``key`` is some client's: running, or ended with its reply on its way to a
+        client (a request without a seed neither takes it over nor gets that reply: it is a sample of its own)."""
+        self._handing = [job for job in self._handing if job.handing()]
+        return key in self.active or any(job.fingerprint == key for job in self._handing)
 
     def _open_held(self, body: ChatBody, method: str, upstream: str, params: dict[str, Any], fingerprint: str) -> Job:
         """Start ``body``'s run in the slot the caller holds (given back if the run cannot start)."""
@@ -385,6 +400,8 @@ class ServedRuns:
         self.admission.release(time.monotonic() - job.started)
         log.info("request %s: %s", job.run_id, _ending(task, time.monotonic() - job.started))
         job.ended()
+        if job.handing():
+            self._handing.append(job)
 
     async def replied(self, job: Job) -> None:
         """A client has had the reply of ``job``'s ended run: unless a retry resumes it (its method failed on failed
