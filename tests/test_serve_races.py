@@ -11,12 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from conftest import scripted_settings
 from tmas.llm.types import Completion, Message
 from tmas.methods import METHODS
 from tmas.serve.app import ServeApp
-from tmas.serve.jobs import PENDING, ServedRuns
+from tmas.serve.jobs import PENDING, Job, ServedRuns, Waiting
 from tmas.serve.metrics import ServeMetrics
+from tmas.serve.protocol import ChatBody
+from tmas.store.run_store import RunStore
 from tmas.testing import ScriptedModel
 
 QUESTION = [{"role": "user", "content": "What is 17*23?"}]
@@ -216,4 +220,44 @@ async def test_a_stream_read_to_its_end_counts_as_answered_though_its_client_lea
     # It had the reply: its run keeps none for a later request.
     [run_dir] = run_dirs(tmp_path / "served")
     assert not (run_dir / PENDING).is_file()
+    await s.runs.close()
+
+
+@pytest.mark.parametrize("seed", [5, None])
+async def test_a_request_arriving_while_its_run_is_being_cancelled_resumes_it(tmp_path: Path, seed: int | None) -> None:
+    # With a seed it would join the run, without one take over its twin's run that no client follows any more.
+    serve_dir = tmp_path / "served"
+    s = served(serve_dir)
+    s.model.gate.clear()  # the upstream holds its calls
+    s.model.let_go.clear()  # and a dropped call lets go only when the test says
+    first = s.ask(stream=True, seed=seed)
+    await s.model.asked.wait()
+    [run_dir] = run_dirs(serve_dir)
+    # Its only client leaves: its run is being cancelled, its upstream call not yet let go.
+    first.leave()
+    await s.model.cancelling.wait()
+    # The same request arrives meanwhile.
+    entered = asyncio.Event()
+    enter = s.runs.enter
+
+    def entering(body: ChatBody, method: str, upstream: str) -> Job | Waiting:
+        entry = enter(body, method, upstream)
+        entered.set()
+        return entry
+
+    s.runs.enter = entering  # type: ignore[method-assign]
+    again = s.ask(seed=seed)
+    await entered.wait()
+    s.model.let_go.set()
+    s.model.gate.set()
+    await again.task
+    await first.task
+    # It resumed the cancelled run once that had let go of it: its reply, from the same run, its one call asked again
+    # (the cancelled run's was dropped unanswered).
+    assert again.status == 200, again.body()
+    assert again.reply()["id"] == run_dir.name and "boxed{391}" in again.reply()["choices"][0]["message"]["content"]
+    assert run_dirs(serve_dir) == [run_dir] and not (run_dir / PENDING).is_file()
+    with RunStore(run_dir, read_only=True) as store:
+        [result] = store.results()
+    assert result.status == "done" and len(s.model.calls) == 1
     await s.runs.close()

@@ -56,12 +56,17 @@ class Job:
     run_id: str
     run_dir: Path
     fingerprint: str
+    seed: int
     created: int = field(default_factory=lambda: int(time.time()))
     started: float = field(default_factory=time.monotonic)
     task: asyncio.Task[ProblemResult] | None = None
     # Whether a request has this run's reply coming: False for an unfinished run a restarted server resumed with
     # nobody asking, until the first request for it (with a seed or without) joins it.
     claimed: bool = True
+    # Its last client went away and it is being cancelled: the same request resumes it once it has ended.
+    cancelling: bool = False
+    # The task of the cancelled run this one resumes, waited for before this one starts.
+    before: asyncio.Task[ProblemResult] | None = None
     events: list[Progress] = field(default_factory=list)
     _followers: list[asyncio.Queue[Progress | None]] = field(default_factory=list)
 
@@ -85,6 +90,7 @@ class Job:
         if queue in self._followers:
             self._followers.remove(queue)
         if disconnected and not self._followers and self.task is not None and not self.task.done():
+            self.cancelling = True
             self.task.cancel()
 
     def ended(self) -> None:
@@ -244,8 +250,8 @@ class ServedRuns:
             job = self.active.get(fingerprint)
         else:
             job = next((j for key, j in self.active.items() if twin_of(key, fingerprint) and not j.claimed), None)
-        if job is None:
-            return None
+        if job is None or job.cancelling:
+            return None  # a run being cancelled has no reply to give: its request resumes it once it has ended
         job.claimed = True
         return job
 
@@ -260,15 +266,20 @@ class ServedRuns:
                 return key
             if self._taken(fingerprint):
                 return f"{fingerprint}-{secrets.token_hex(4)}"
-        if fingerprint in self.active:
+        if self._running(fingerprint):
             return f"{fingerprint}-{secrets.token_hex(4)}"
         return fingerprint
+
+    def _running(self, key: str) -> bool:
+        """Whether the run kept under ``key`` is active and not being cancelled (one being cancelled is resumed)."""
+        job = self.active.get(key)
+        return job is not None and not job.cancelling
 
     def _taken(self, key: str) -> bool:
         """Whether the run kept under ``key`` is some client's: running, or ended with its reply on its way to a
         client (a request without a seed neither takes it over nor gets that reply: it is a sample of its own)."""
         self._handing = [job for job in self._handing if job.handing()]
-        return key in self.active or any(job.fingerprint == key for job in self._handing)
+        return self._running(key) or any(job.fingerprint == key for job in self._handing)
 
     def _open_held(self, body: ChatBody, method: str, upstream: str, params: dict[str, Any], fingerprint: str) -> Job:
         """Start ``body``'s run in the slot the caller holds (given back if the run cannot start)."""
@@ -281,6 +292,9 @@ class ServedRuns:
     def _open(self, body: ChatBody, method: str, upstream: str, params: dict[str, Any], fingerprint: str) -> Job:
         """Its unfinished run resumed, or a new run."""
         run_dir = self.unfinished.get(fingerprint)
+        before = self.active.get(fingerprint)  # its run, being cancelled: resumed once it has let go
+        if run_dir is not None and before is not None:
+            return self._start(run_dir, fingerprint, body, method, upstream, params, before.seed, True, before)
         if run_dir is not None:
             with RunStore(run_dir, read_only=True) as store:
                 seed = int(store.get_meta(REQUEST_META)["seed"])
@@ -342,6 +356,7 @@ class ServedRuns:
         params: dict[str, Any],
         seed: int,
         resume: bool,
+        before: Job | None = None,
     ) -> Job:
         data = self.settings.model_dump(mode="json")
         data["endpoint"]["model"] = upstream
@@ -351,7 +366,8 @@ class ServedRuns:
         settings = Settings.model_validate(data)
         laid = request_sampling(body, self.client_sampling, settings.sampling)
         settings = with_sampling(settings, "flags", laid)
-        job = Job(run_id=run_dir.name, run_dir=run_dir, fingerprint=fingerprint)
+        job = Job(run_id=run_dir.name, run_dir=run_dir, fingerprint=fingerprint, seed=seed)
+        job.before = before.task if before is not None else None
         request: dict[str, Any] = {"fingerprint": fingerprint, "body": body.model_dump(mode="json")}
         request |= {"method": method, "upstream": upstream, "seed": seed}
         job.task = asyncio.create_task(self._solve(job, settings, body, request, resume))
@@ -363,9 +379,13 @@ class ServedRuns:
     async def _solve(
         self, job: Job, settings: Settings, body: ChatBody, request: dict[str, Any], resume: bool
     ) -> ProblemResult:
-        store = await _open_store(job, create=not resume, on_call=self.on_call)
+        if job.before is not None:
+            # The run's cancelled task lets go of its store and its lock as it ends; it may have ended before its
+            # request was stored, when this one stores it.
+            await asyncio.wait({job.before})
+        store = await _open_store(job, create=not resume or job.before is not None, on_call=self.on_call)
         try:
-            if not resume:
+            if not store.problems():
                 question, context = body.question()
                 problem_id = problem_id_of(body, job.fingerprint, job.run_id)
                 problem = Problem(problem_id=problem_id, question=question, metadata={"context": context})
@@ -395,8 +415,10 @@ class ServedRuns:
         closing.add_done_callback(self._closing.discard)
 
     def _finished(self, job: Job, task: asyncio.Task[ProblemResult]) -> None:
-        # The run stays among the unfinished ones until a client has had its reply (replied).
-        self.active.pop(job.fingerprint, None)
+        # The run stays among the unfinished ones until a client has had its reply (replied); a request that came
+        # while it was being cancelled has its key already.
+        if self.active.get(job.fingerprint) is job:
+            del self.active[job.fingerprint]
         self.admission.release(time.monotonic() - job.started)
         log.info("request %s: %s", job.run_id, _ending(task, time.monotonic() - job.started))
         job.ended()
@@ -419,7 +441,8 @@ class ServedRuns:
         """Cancel the runs in progress (they stay resumable) and wait for them to let go of their stores; the
         requests still waiting get no slot."""
         self.admission.close()
-        tasks = [job.task for job in self.active.values() if job.task is not None]
+        jobs = list(self.active.values())
+        tasks = [task for job in jobs for task in (job.before, job.task) if task is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
