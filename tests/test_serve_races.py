@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,9 +17,11 @@ import pytest
 from conftest import scripted_settings
 from tmas.llm.types import Completion, Message
 from tmas.methods import METHODS
+from tmas.serve import jobs
 from tmas.serve.app import ServeApp
 from tmas.serve.jobs import PENDING, Job, ServedRuns, Waiting
 from tmas.serve.metrics import ServeMetrics
+from tmas.serve.observed_store import ObservedStore
 from tmas.serve.protocol import ChatBody
 from tmas.store.run_store import RunStore
 from tmas.testing import ScriptedModel
@@ -260,4 +263,46 @@ async def test_a_request_arriving_while_its_run_is_being_cancelled_resumes_it(tm
     with RunStore(run_dir, read_only=True) as store:
         [result] = store.results()
     assert result.status == "done" and len(s.model.calls) == 1
+    await s.runs.close()
+
+
+async def test_a_run_cut_off_before_its_request_was_stored_is_run_again_in_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    serve_dir = tmp_path / "served"
+    opening, go_on, closed = threading.Event(), threading.Event(), threading.Event()
+
+    class Store(ObservedStore):
+        def close(self) -> None:
+            super().close()
+            closed.set()
+
+    def held_store(*args: Any, **kwargs: Any) -> ObservedStore:
+        opening.set()
+        go_on.wait()
+        return Store(*args, **kwargs)
+
+    monkeypatch.setattr(jobs, "ObservedStore", held_store)
+    s = served(serve_dir)
+    first = s.ask(stream=True, seed=5)
+    await asyncio.to_thread(opening.wait)
+    [job] = s.runs.active.values()
+    assert job.task is not None
+    # Its client leaves while its store is being made: its run ends before its request is stored.
+    first.leave()
+    await first.task
+    go_on.set()
+    await asyncio.wait({job.task})
+    await asyncio.to_thread(closed.wait)  # the store it opened is closed, never left open
+    [run_dir] = run_dirs(serve_dir)
+    # The same request, sent again, runs in the run's own directory: one run, its reply.
+    again = s.ask(seed=5)
+    await again.task
+    assert again.status == 200, again.body()
+    assert again.reply()["id"] == run_dir.name and "boxed{391}" in again.reply()["choices"][0]["message"]["content"]
+    assert run_dirs(serve_dir) == [run_dir]
+    with RunStore(run_dir, read_only=True) as store:
+        [result] = store.results()
+        assert store.get_meta("serve_request")["seed"] == 5
+    assert result.status == "done"
     await s.runs.close()

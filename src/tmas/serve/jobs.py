@@ -296,9 +296,12 @@ class ServedRuns:
         if run_dir is not None and before is not None:
             return self._start(run_dir, fingerprint, body, method, upstream, params, before.seed, True, before)
         if run_dir is not None:
-            with RunStore(run_dir, read_only=True) as store:
-                seed = int(store.get_meta(REQUEST_META)["seed"])
-            return self._start(run_dir, fingerprint, body, method, upstream, params, seed, resume=True)
+            seed = _stored_seed(run_dir)
+            if seed is not None:
+                return self._start(run_dir, fingerprint, body, method, upstream, params, seed, resume=True)
+            # Cut off before its request was stored (its client left as its store was made): run in its directory.
+            seed = body.seed if body.seed is not None else secrets.randbits(31)
+            return self._start(run_dir, fingerprint, body, method, upstream, params, seed, resume=False)
         run_id = f"chatcmpl-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(4)}"
         seed = body.seed if body.seed is not None else secrets.randbits(31)
         return self._start(self.serve_dir / run_id, fingerprint, body, method, upstream, params, seed, resume=False)
@@ -473,6 +476,13 @@ def check_served_methods(settings: Settings, *, embedded: bool) -> None:
             create_method(method, params, embedded=embedded).check_setup()
         except InputError as exc:
             raise InputError(f"cannot serve method {method!r} as configured: {exc}") from None
+
+
+def _stored_seed(run_dir: Path) -> int | None:
+    """The seed of the served run in ``run_dir``; None for one cut off before its request was stored."""
+    with RunStore(run_dir, read_only=True) as store:
+        request = store.get_meta(REQUEST_META)
+    return int(request["seed"]) if isinstance(request, dict) else None
 
 
 def twin_of(key: str, fingerprint: str) -> bool:
