@@ -306,3 +306,21 @@ async def test_a_run_cut_off_before_its_request_was_stored_is_run_again_in_its_d
         assert store.get_meta("serve_request")["seed"] == 5
     assert result.status == "done"
     await s.runs.close()
+
+
+async def test_a_stream_joining_a_run_follows_it_before_its_first_byte_is_sent(tmp_path: Path) -> None:
+    s = served(tmp_path / "served")
+    s.model.gate.clear()
+    first = s.ask(seed=5)
+    await s.model.asked.wait()
+    # The same request as a stream joins the run; the server's send of its head waits (its body not begun).
+    second = s.ask(b"", stream=True, seed=5)
+    await second.waiting_to_send.wait()
+    # The first client leaves meanwhile: the run has a client still, and goes on for it.
+    first.leave()
+    await first.task
+    s.model.gate.set()
+    second.read_on()
+    await second.task
+    assert b'"error"' not in second.body() and b"boxed{391}" in second.body()
+    await s.runs.close()

@@ -125,9 +125,12 @@ class ServeApp:
             return exc.response()
         gone = asyncio.create_task(_disconnected(request))
         if body.stream:
+            # The run it joined or started has it as a client from now on, not only once its body begins: were the
+            # run's other client to go meanwhile, the run would be cancelled under it (or its reply taken by a twin).
+            following = _follow(entry, gone) if isinstance(entry, Job) else None
             # The stream counts itself once it ends (its status: 200, or the error it ended with).
             return _RunStream(
-                self._stream(entry, gone, body, method, lambda status: self._done(method, status, arrived)),
+                self._stream(entry, following, gone, body, method, lambda status: self._done(method, status, arrived)),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -199,8 +202,16 @@ class ServeApp:
         return out
 
     async def _stream(
-        self, entry: Job | Waiting, gone: asyncio.Task[None], body: ChatBody, method: str, ended: Callable[[int], None]
+        self,
+        entry: Job | Waiting,
+        following: asyncio.Queue[Progress | None] | None,
+        gone: asyncio.Task[None],
+        body: ChatBody,
+        method: str,
+        ended: Callable[[int], None],
     ) -> AsyncIterator[str]:
+        """The stream of ``entry``'s run: ``following`` it already (a run it joined or started), or waiting for its
+        turn."""
         model = body.model
         status = 200  # what the stream's end says: 200, the status of the error it ended with, or the client gone
         sent = False  # the server took the stream's last event: the client has its end, whenever it goes
@@ -222,10 +233,11 @@ class ServeApp:
                     return
                 job = started
                 self.metrics.admitted(turn.waited_s)
+                queue = _follow(job, gone)
             else:
                 job = _started(entry, model, True, waited_s=None)
                 self.metrics.admitted(0.0)
-            queue = _follow(job, gone)
+                queue = following if following is not None else _follow(job, gone)
             created = job.created
             usage = body.include_usage
             yield _sse(chunk_body(job.run_id, model, created, {"role": "assistant", "content": ""}, with_usage=usage))
