@@ -257,8 +257,9 @@ class ServedRuns:
 
     def _own_key(self, body: ChatBody, fingerprint: str) -> str:
         """The key a request's run is kept under (and by which a retry finds it): its fingerprint, or, for a request
-        without a seed whose twin is running, one of its own (so its twin's run is not taken over). A request
-        without a seed takes over the unfinished run of an earlier twin that went away, under that run's key."""
+        without a seed whose twin is running or being sent its reply, one of its own (so its twin's run is not taken
+        over). A request without a seed takes over the unfinished run of an earlier twin that went away (or whose run
+        is being cancelled), under that run's key."""
         if body.seed is None:
             left = (key for key in self.unfinished if twin_of(key, fingerprint) and not self._taken(key))
             key = next(left, None)
