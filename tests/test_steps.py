@@ -12,7 +12,7 @@ from tmas.config import Budget
 from tmas.methods.base import Candidate, CandidateMeta, MethodParams, ProblemSession
 from tmas.methods.steps import notes_for, solution_anomalies, solve_call
 from tmas.problems import Problem
-from tmas.testing import Rule, ScriptedModel, SimScript
+from tmas.testing import Rule, ScriptedModel, ScriptedUsage, SimScript
 
 Q = "What is 17*23?"
 ANSWERED = "17*23 = 340 + 51 = 391.\n\n\\boxed{391}"
@@ -111,6 +111,32 @@ async def test_an_answer_echoing_twice_is_an_error_with_both_echo_kinds() -> Non
     assert c.error == "the answer echoed the prompt's instructions (asked twice)"
     assert len(model.calls) == 2 and session.tally("r").echo == 2
     assert kinds(c) == ["solution_echo", "solution_echo"]
+
+
+async def test_a_candidate_holds_the_usage_of_every_call_spent_on_it() -> None:
+    # The first reply echoes the concise prompt's answer format (300 tokens), the retry gives no answer (200), the
+    # reminder answers (50): the candidate spent 550 completion tokens over three calls, as the session counted.
+    echo = "\\boxed{the final answer you computed}"
+    rules = [
+        Rule(
+            role="r", pattern=REMINDED, replies=[ANSWERED], usage=ScriptedUsage(prompt_tokens=40, completion_tokens=50)
+        ),
+        Rule(role="r", replies=[echo], times=1, usage=ScriptedUsage(prompt_tokens=10, completion_tokens=300)),
+        Rule(role="r", replies=[VERDICT], usage=ScriptedUsage(prompt_tokens=10, completion_tokens=200)),
+    ]
+    session, model = session_on(rules)
+    prompt = generation_prompt(Q, "numeric", "concise")
+    c = await solve_call(session, "r", prompt, index=0, mode="numeric", remind=True)
+    assert c is not None and c.answer == "391" and c.meta.echo_retry == "answer" and len(model.calls) == 3
+    assert (c.usage.prompt_tokens, c.usage.completion_tokens) == (60, 550)
+    assert c.usage == session.spent_usage
+    # Echoing twice: the unusable candidate holds both calls.
+    session, model = session_on(
+        [Rule(role="r", replies=[echo], usage=ScriptedUsage(prompt_tokens=10, completion_tokens=300))]
+    )
+    c = await solve_call(session, "r", prompt, index=0, mode="numeric")
+    assert c is not None and c.error is not None and len(model.calls) == 2
+    assert c.usage.completion_tokens == 600 and c.usage == session.spent_usage
 
 
 async def test_failure_truncation_and_a_missing_heading_are_reported() -> None:

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from tmas.agents.echo import ECHO_RETRY_SAMPLE
 from tmas.config import Sampling
-from tmas.llm.types import Completion, Message
+from tmas.llm.types import Completion, Message, Usage
 from tmas.llm.watch import TraceWatch
 from tmas.methods.base import ProblemSession
 
@@ -27,6 +27,11 @@ class GuardedReply:
     # The first reply, when it echoed and ``reply`` is the retry's (None otherwise): a caller that can use part of a
     # reply (a bank update without its echoing items) falls back to it when the retry is unusable.
     echoed: Completion | None = None
+
+    @property
+    def usage(self) -> Usage:
+        """What both calls spent: the retry's and, when it was asked, the echoing first reply's."""
+        return self.reply.usage if self.echoed is None else self.echoed.usage + self.reply.usage
 
 
 async def chat_guarded(

@@ -95,7 +95,7 @@ async def solve_call(
     if reply.stopped_early is not None:
         info.stopped_early = reply.stopped_early
         error = f"stopped early: {reply.stopped_early}"
-        return _unusable(index, reply, reply.content, error, info, _confidence(reply, confidence_window))
+        return _unusable(index, reply, guarded.usage, reply.content, error, info, _confidence(reply, confidence_window))
     solution = parse(reply.content, mode)
     if reply.truncated and solution.extraction == "stated":
         # A statement on the line the cut went through is unfinished ("The answer is 39" of "... 391"): the answer
@@ -105,12 +105,13 @@ async def solve_call(
     if guarded.echo is not None:
         info.echo = guarded.echo
         error = f"the {guarded.echo} echoed the prompt's instructions (asked twice)"
-        return _unusable(index, reply, solution.text, error, info)
+        return _unusable(index, reply, guarded.usage, solution.text, error, info)
     _tally(session, role, reply, solution, mode)
-    usage = reply.usage
+    # Every call spent on the candidate: an echoing first reply's and a reminder's beside the reply it keeps.
+    usage = guarded.usage
     if remind and mode == "numeric" and reply.ok and solution.answer is None and not reply.truncated:
         ask = _Asked(session, role, messages, parse, mode, calls, sampling, chain)
-        reply, solution, usage = await _remind(ask, reply, solution, info)
+        reply, solution, usage = await _remind(ask, reply, solution, usage, info)
     return _candidate(index, reply, solution, usage, info, mode, _confidence(reply, confidence_window))
 
 
@@ -158,12 +159,12 @@ class _Asked(NamedTuple):
 
 
 async def _remind(
-    ask: _Asked, reply: Completion, solution: SolutionOutput, info: CandidateMeta
+    ask: _Asked, reply: Completion, solution: SolutionOutput, spent: Usage, info: CandidateMeta
 ) -> tuple[Completion, SolutionOutput, Usage]:
     """An answerless ``reply`` sent back once with a reminder of the required output (``answer_reminder.j2``): the
     retry's reply and reading where it succeeded and echoes nothing of its instructions, else the first's; the usage
-    of both. ``info.reminder`` keeps the first reply's call and text, then the retry's ``error`` (a refused call:
-    "budget spent"), ``echo`` or ``answered``."""
+    ``spent`` on the first (an echo's retry included) and the reminder's. ``info.reminder`` keeps the first reply's
+    call and text, then the retry's ``error`` (a refused call: "budget spent"), ``echo`` or ``answered``."""
     session, mode = ask.session, ask.mode
 
     def read(content: str) -> tuple[str, str | None]:
@@ -185,8 +186,8 @@ async def _remind(
     except BudgetExhausted:
         if info.reminder is not None:
             info.reminder.error = "budget spent"
-        return reply, solution, reply.usage
-    usage = reply.usage + reminded.reply.usage
+        return reply, solution, spent
+    usage = spent + reminded.reply.usage
     if not reminded.accepted:
         return reply, solution, usage
     solution = ask.parse(reminded.reply.content, mode)
@@ -197,14 +198,21 @@ async def _remind(
 
 
 def _unusable(
-    index: int, reply: Completion, text: str, error: str, info: CandidateMeta, confidence: Confidence | None = None
+    index: int,
+    reply: Completion,
+    usage: Usage,
+    text: str,
+    error: str,
+    info: CandidateMeta,
+    confidence: Confidence | None = None,
 ) -> Candidate:
-    """A candidate with no answer and an error (a reply stopped early, or echoing twice): no vote or prompt uses it."""
+    """A candidate with no answer and an error (a reply stopped early, or echoing twice): no vote or prompt uses it.
+    ``usage``: what its calls spent, an echo's retry included."""
     return Candidate(
         index=index,
         text=text,
         call_id=reply.call_id,
-        usage=reply.usage,
+        usage=usage,
         finish_reason=reply.finish_reason,
         error=error,
         confidence=confidence,

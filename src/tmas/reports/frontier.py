@@ -107,12 +107,12 @@ def mv_by_problem(
     results: list[ProblemResult], grades: Grades, k: int, classes: Mapping[str, Mapping[str, str]] | None = None
 ) -> dict[str, tuple[float, float]]:
     """Per problem with at least k stored samples, MV@k (:func:`mv_at_k`) and its expected completion tokens: k times
-    the problem's mean per sample, what it spent drawing its samples over their number (a sample's every call, the
-    retry of a reply that echoed its prompt included, is in its iteration's record, not all in the sample's own
-    usage). A finished problem with fewer than k samples (its vote decided early, a budget stopped it) keeps its vote
-    over all of them at every larger k, at their tokens, as a stopped problem keeps its answer on the iteration
-    frontier; one still mid-way counts only up to the samples it drew. A problem that failed before any sample
-    returned nothing (0), at every k, at what it spent."""
+    the problem's mean per sample, what it spent drawing its samples over their number (a sample's own usage holds
+    each of its calls, an echo's retry included; the problem's spend also holds a call no sample came of, as the
+    echoing first reply of a sample whose retry the budget refused). A finished problem with fewer than k samples
+    (its vote decided early, a budget stopped it) keeps its vote over all of them at every larger k, at their tokens,
+    as a stopped problem keeps its answer on the iteration frontier; one still mid-way counts only up to the samples
+    it drew. A problem that failed before any sample returned nothing (0), at every k, at what it spent."""
     out: dict[str, tuple[float, float]] = {}
     samples = _samples(results)
     for result in results:
