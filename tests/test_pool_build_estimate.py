@@ -5,13 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import scripted_settings
+import pytest
+
+from conftest import scripted_settings, settings_for
 from mattrl_runs import hand_worked_transcript, write_run
 from test_pool_build import scripted_rules
 from tmas.planning.pool_build import estimate_build
 from tmas.pool.build import BuildConfig, build_pool
 from tmas.problems import Problem
-from tmas.testing import ScriptedModel, SimScript
+from tmas.testing import ScriptedModel, SimScript, SimServer
+
+TURNS = hand_worked_transcript()
 
 
 def _runs(tmp_path: Path) -> list[Path]:
@@ -66,3 +70,35 @@ async def test_stored_calls_count_as_replayed_only_for_the_same_runs_options_and
     assert estimate_build([first], pool, model.settings, config.model_copy(update={"lam": 0.5})).stored_calls == 0
     other = scripted_settings(roles={"judge": {"model": "another-judge"}})
     assert estimate_build([first], pool, other, config).stored_calls == 0
+
+
+class _Stopped(Exception):
+    """Stands for an interruption: raised as the build starts its summaries."""
+
+
+def _stop_at_distil(stage: str, done: int, total: int) -> None:
+    if stage == "distil":
+        raise _Stopped
+
+
+async def test_a_resumed_builds_token_ceiling_holds_the_max_tokens_its_requests_send(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run", [(Problem(problem_id="p1", question="What is 6*7?", answer="42"), TURNS, "42")])
+    pool = tmp_path / "pool"
+    config = BuildConfig(scheme="difference", grade_mode="rules", quantile=1.0, retries=0)
+    with SimServer(SimScript(rules=scripted_rules())) as sim:
+        roles = {"judge": {"sampling": {"max_tokens": 50}}, "summarizer": {"sampling": {"max_tokens": 4000}}}
+        settings = settings_for(sim, roles=roles)
+        fresh = estimate_build([run], pool, settings, config)
+        # 12 judge calls at 50 and 5 summaries (every turn kept) at 4000.
+        assert fresh.tokens_to_send == 12 * 50 + 5 * 4000
+        with pytest.raises(_Stopped):
+            await build_pool([run], pool, settings, config, progress=_stop_at_distil)
+        stopped = len(sim.requests)
+        resumed = estimate_build([run], pool, settings, config)
+        await build_pool([run], pool, settings, config)
+        sent = [r.body["max_tokens"] for r in sim.requests[stopped:] if r.endpoint == "chat"]
+    # The judge's 12 calls are stored; the 5 summaries are what is left. Their share of the ceiling by calls was
+    # 20,600 x 5 / 17, about 6,059 tokens, below the 20,000 the summaries ask.
+    assert (resumed.stored_calls, resumed.calls_to_send) == (12, 5)
+    assert sent == [4000] * 5
+    assert resumed.tokens_to_send == sum(sent) == 20000

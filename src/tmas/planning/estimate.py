@@ -214,6 +214,11 @@ class Estimate:
     stored_calls: int = 0
     # The replies asked again that finished points (a resumed sweep's) will never send: out of the calls to send.
     finished_again: int = 0
+    # The fewest completion tokens the stored calls come to at their roles' max_tokens, where a command works them
+    # out (tmas.planning.pool_build): the tokens still to send are then the estimate's less these. Without it they are
+    # the estimate's share by calls, which is no ceiling where the stored calls are of a role with a smaller
+    # max_tokens than those still to send.
+    stored_tokens: float | None = None
     # Calls the command sends beside the method's and counts in no figure (a report's judge), each said in words.
     left_out: list[str] = field(default_factory=list)
     # Whether the command takes --tokens-per-call, --pilot and --throughput (the lines on unknown tokens and hours
@@ -228,10 +233,13 @@ class Estimate:
 
     @property
     def tokens_to_send(self) -> float | None:
-        """Completion tokens of the calls still to send (their share of the whole estimate's), None where unknown."""
+        """Completion tokens of the calls still to send (the estimate's less ``stored_tokens`` where known, else their
+        share of the whole estimate's), None where unknown."""
         tokens = self.completion_tokens
         if tokens is None or not (self.stored_calls or self.finished_again) or not self.most_calls:
             return tokens
+        if self.stored_tokens is not None and not self.finished_again:
+            return max(0.0, tokens - self.stored_tokens)
         return tokens * self.calls_to_send / self.most_calls
 
     @property

@@ -81,9 +81,26 @@ def estimate_build(run_dirs: list[Path], pool_path: Path, settings: Settings, co
         _point("summarizer", distil, settings, SUMMARIZER_ROLE),
     ]
     estimate = Estimate(points, left_out=_left_out(cases, config), measurable=False)
-    stored = _stored(pool_path, settings, config, run_dirs)
+    stored, answered = _stored(pool_path, settings, config, run_dirs)
     estimate.stored_calls = sum(min(n, most.get(pid, 0)) for pid, n in stored.items())
+    if estimate.stored_calls and estimate.completion_tokens is not None:
+        estimate.stored_tokens = _fewest_tokens(estimate.stored_calls, answered, settings)
     return estimate
+
+
+def _fewest_tokens(calls: int, answered: dict[str, int], settings: Settings) -> float:
+    """The fewest completion tokens ``calls`` of the stored calls can come to at their roles' max_tokens, where
+    ``answered`` holds each role's answered calls in the store: the judge's and the summarizer's max_tokens may
+    differ, and which of them replay is known only by role, so the cheaper role's are taken first. Subtracted from
+    the ceiling, what is left bounds the tokens still to send (their share by calls does not: a build stopped after
+    its judge calls has only summaries left, each at the summarizer's max_tokens)."""
+    ceilings = {role: resolve_role(settings, role).sampling.max_tokens or 0 for role in (JUDGE_ROLE, SUMMARIZER_ROLE)}
+    tokens = 0.0
+    for role in sorted(ceilings, key=lambda r: ceilings[r]):
+        taken = min(calls, answered.get(role, 0))
+        tokens += taken * ceilings[role]
+        calls -= taken
+    return tokens
 
 
 def _coalition_calls(case: LabelledTranscript, config: BuildConfig) -> int:
@@ -123,16 +140,21 @@ def _left_out(cases: list[LabelledTranscript], config: BuildConfig) -> list[str]
     return out
 
 
-def _stored(pool_path: Path, settings: Settings, config: BuildConfig, run_dirs: list[Path]) -> dict[str, int]:
-    """The answered calls by problem the build's store replays: none unless it was last built from the same runs
-    under the same configuration and requests (other runs, another scheme, model or sampling ask other calls)."""
+def _stored(
+    pool_path: Path, settings: Settings, config: BuildConfig, run_dirs: list[Path]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """The answered calls by problem the build's store replays, and its answered calls by role: none unless it was
+    last built from the same runs under the same configuration and requests (other runs, another scheme, model or
+    sampling ask other calls)."""
     build_dir = build_dir_for(pool_path)
     if not (build_dir / DB_NAME).exists():
-        return {}
+        return {}, {}
     with RunStore(build_dir, create=False) as store:
         same = (
             store.get_meta(CONFIG_META) == config.model_dump(mode="json")
             and store.get_meta(REQUESTS_META) == build_requests(settings)
             and store.get_meta(RUNS_META) == build_runs(run_dirs)
         )
-        return store.sure_replays() if same else {}
+        if not same:
+            return {}, {}
+        return store.sure_replays(), {role: n for role, (n, _) in store.replies_by_role().items()}
