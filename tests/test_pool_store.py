@@ -95,6 +95,28 @@ async def test_saved_pool_reopens_with_its_version_vectors_and_entries(tmp_path:
     assert third.vectors.shape == (2, 256) and np.allclose(third.vectors, pool.vectors[1:])
 
 
+async def test_entries_whose_text_holds_unicode_line_separators_reopen(tmp_path: Path) -> None:
+    # JSON writes U+2028, U+2029 and U+0085 as they are; each is a line boundary to str.splitlines(), which split the
+    # entry's one line in two, so the pool saved could not be opened again.
+    embed, _ = embedder()
+    pool = Pool.create(tmp_path / "pool", embed.name)
+    odd = PoolEntry(id="odd", action="Split\u2028the sum", experience="Cases\u2029pair\x85up.")
+    await pool.add([odd.model_copy(), ENTRIES[0].model_copy()], embed)
+    pool.save()
+    again = Pool.open(tmp_path / "pool", embed.name)
+    assert [(e.id, e.action, e.experience) for e in again.entries] == [
+        ("odd", odd.action, odd.experience),
+        ("parity", ENTRIES[0].action, ENTRIES[0].experience),
+    ]
+
+
+async def test_an_entries_file_saved_with_a_byte_order_mark_opens(tmp_path: Path) -> None:
+    await build(tmp_path / "pool")
+    entries = tmp_path / "pool" / "entries.jsonl"
+    entries.write_bytes(b"\xef\xbb\xbf" + entries.read_bytes())  # as some editors save a file edited by hand
+    assert [e.id for e in Pool.open(tmp_path / "pool").entries] == [e.id for e in ENTRIES]
+
+
 async def test_a_pool_written_before_the_teaching_keys_loads_and_tiers_filter_search(tmp_path: Path) -> None:
     await build(tmp_path / "pool")
     entries = tmp_path / "pool" / "entries.jsonl"

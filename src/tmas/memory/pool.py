@@ -151,7 +151,10 @@ class Pool:
         file = path / ENTRIES
         entries: list[PoolEntry] = []
         try:
-            lines = file.read_text(encoding="utf-8").splitlines()
+            # Split at line feeds alone: an entry's text may hold U+2028, U+0085 and the like, which JSON writes as
+            # they are and str.splitlines() would split the entry's line at. A byte-order mark an editor put first
+            # is no part of the first entry.
+            lines = file.read_text(encoding="utf-8-sig").split("\n")
         except (OSError, UnicodeDecodeError) as exc:
             raise PoolError(f"{file}: cannot read pool entries: {exc}") from None
         # An id names one entry (in a run's record of what it retrieved, in update and remove): the line of each.
