@@ -10,6 +10,7 @@ import pytest
 from conftest import scripted_settings, settings_for
 from mattrl_runs import hand_worked_transcript, write_run
 from test_pool_build import scripted_rules
+from tmas.planning.estimate import brief_estimate
 from tmas.planning.pool_build import estimate_build
 from tmas.pool.build import BuildConfig, build_pool
 from tmas.problems import Problem
@@ -41,6 +42,10 @@ def test_the_estimate_counts_each_turns_judge_and_summarizer_calls(tmp_path: Pat
         ({"summarizer": 5}, {"summarizer": 15}),
     ]
     assert (naive.calls, naive.upper_calls, naive.stored_calls) == (20, 30, 0)
+    # A reply asked again (an unusable score, a summary echoing its instructions) is one of the retries, in the
+    # upper counts: the gate's line says no calls come beside them.
+    assert naive.most_calls == naive.upper_calls
+    assert "asked again the method does not count" not in brief_estimate(naive)
     # The difference scheme adds per case 4 + 3 coalitions (the whole team and each one-out team of turns 1 and 2):
     # 15 + 3 x 7 = 36 judge calls; one retry doubles each bound, and tau keeps anywhere from none to every turn.
     diff = estimate_build(runs, tmp_path / "pool", settings, BuildConfig(scheme="difference", retries=1, tau=0.5))

@@ -63,7 +63,11 @@ def estimate_build(run_dirs: list[Path], pool_path: Path, settings: Settings, co
         groups[key] = groups.get(key, 0) + len(case_turns)
     retried = f"; each unusable reply asked again up to {config.retries} times" if config.retries else ""
     judged = f"{len(cases)} {'case' if len(cases) == 1 else 'cases'}, {turns} {'turn' if turns == 1 else 'turns'}"
-    judge_count = CallCount({JUDGE_ROLE: judge}, {JUDGE_ROLE: judge * tries}, exact=not config.retries)
+    # Every reply asked again (an unusable score, a summary that echoes its instructions) is one of the ``retries``:
+    # none comes beside the upper counts.
+    judge_count = CallCount(
+        {JUDGE_ROLE: judge}, {JUDGE_ROLE: judge * tries}, exact=not config.retries, again={JUDGE_ROLE: 0}
+    )
     judge_count.note = retried.removeprefix("; ")
     if config.tau is not None:
         kept, how = turns, f"those with reward >= {config.tau}: from none to all"
@@ -75,6 +79,7 @@ def estimate_build(run_dirs: list[Path], pool_path: Path, settings: Settings, co
         {SUMMARIZER_ROLE: turns * tries},
         exact=False,
         note=f"one call per kept turn ({how}){retried}",
+        again={SUMMARIZER_ROLE: 0},
     )
     points = [
         _point(f"judge ({judged})", judge_count, settings, JUDGE_ROLE),
