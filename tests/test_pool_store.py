@@ -188,6 +188,17 @@ def _damage_float(path: Path, index: int) -> None:
             "entries.jsonl:1: corrupt pool entry: 'id': Input should be a valid string$",
         ),
         (lambda p: (p / "entries.jsonl").write_text(""), r"0 entries, but meta.json says 3"),
+        # Cut inside its last entry, or a byte that is no UTF-8 in its second: the line is named, not only the file.
+        (
+            lambda p: (p / "entries.jsonl").write_bytes((p / "entries.jsonl").read_bytes()[:-40]),
+            "entries.jsonl:3: corrupt pool entry: Invalid JSON: EOF while parsing",
+        ),
+        (
+            lambda p: (p / "entries.jsonl").write_bytes(
+                "".join(_lines(p, [0, 1])).replace("tiling", "til\xffng").encode("latin-1")
+            ),
+            r"entries.jsonl:2: not valid UTF-8 \(byte 11 of the line\)$",
+        ),
         # A line repeated: an id names one entry (the ids a run records as retrieved, update and remove).
         (
             lambda p: (p / "entries.jsonl").write_text("".join(_lines(p, [0, 1, 0]))),

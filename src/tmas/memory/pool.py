@@ -34,6 +34,7 @@ EmbedFn = Callable[[Sequence[str]], Awaitable[list[list[float]]]]
 
 FORMAT = "tmas-experience-pool"  # the on-disk format name: kept, so pools written before the rename still open
 ENTRIES, VECTORS, META = "entries.jsonl", "vectors.f32", "meta.json"
+_BOM = b"\xef\xbb\xbf"
 
 
 class PoolError(InputError):
@@ -151,15 +152,19 @@ class Pool:
         file = path / ENTRIES
         entries: list[PoolEntry] = []
         try:
-            # Split at line feeds alone: an entry's text may hold U+2028, U+0085 and the like, which JSON writes as
-            # they are and str.splitlines() would split the entry's line at. A byte-order mark an editor put first
-            # is no part of the first entry.
-            lines = file.read_text(encoding="utf-8-sig").split("\n")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise PoolError(f"{file}: cannot read pool entries: {exc}") from None
+            data = file.read_bytes()
+        except OSError as exc:
+            raise PoolError(f"{file}: cannot read pool entries: {exc.strerror or exc}") from None
         # An id names one entry (in a run's record of what it retrieved, in update and remove): the line of each.
         seen: dict[str, int] = {}
-        for number, line in enumerate(lines, start=1):
+        # Split at line feeds alone: an entry's text may hold U+2028, U+0085 and the like, which JSON writes as they
+        # are and str.splitlines() would split the entry's line at. A byte-order mark an editor put first is no part
+        # of the first entry.
+        for number, raw in enumerate(data.removeprefix(_BOM).split(b"\n"), start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise PoolError(f"{file}:{number}: not valid UTF-8 (byte {exc.start + 1} of the line)") from None
             if not line.strip():
                 continue
             try:
