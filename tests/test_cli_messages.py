@@ -359,6 +359,21 @@ def test_a_base_url_that_is_the_chat_completions_url_is_named_before_any_call(si
     assert sim.stats().total_requests == 0 and not (tmp_path / "run").exists()
 
 
+def test_no_model_named_on_vllm_is_said_before_any_call(sim: SimServer, tmp_path: Path) -> None:
+    # With no --model, calls ask for "default", which a vLLM server refuses on every call: said once, up front.
+    sim.set_script(SimScript(persona="vllm"))
+    write_problems(tmp_path / "p.jsonl", 2)
+    out = run_tmas(
+        "run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "-m", "cot", "--base-url", sim.base_url
+    )
+    assert out.returncode == 2, out.stderr.decode()
+    assert last_line(out) == (
+        f"tmas: error: {sim.base_url} serves no model 'default', which tmas asks for when none is named: it serves"
+        " sim-model; give --model sim-model ('tmas models' lists each endpoint's)"
+    )
+    assert sim.stats().total_requests == 0 and not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(("persona", "refused"), [("vllm", True), ("llama-server", False)])
 def test_a_model_vllm_does_not_serve_is_named_before_any_call(
     sim: SimServer, tmp_path: Path, persona: PersonaName, refused: bool

@@ -22,7 +22,7 @@ from tmas.config import Settings
 from tmas.errors import ConfigError
 from tmas.llm.model import EndpointUnreachable
 from tmas.llm.replica import auth_headers
-from tmas.llm.routes import Routes
+from tmas.llm.routes import DEFAULT_MODEL, Routes
 from tmas.llm.server_kind import server_kind
 
 # A refused connection is tried this many times, this far apart: a server just restarting gets a moment, a server
@@ -71,22 +71,25 @@ async def check_endpoints(settings: Settings, roles: Iterable[str]) -> None:
                 if status == 404 and not url.endswith("/v1"):
                     await _missing_v1(session, url, route.api_key)
             for url, probe in zip(urls, probes, strict=True):
-                if isinstance(probe, tuple) and probe[0] == 200 and route.endpoint.model is not None:
+                if isinstance(probe, tuple) and probe[0] == 200:
                     _check_served(url, probe[1], route.endpoint.model, role)
             _ANSWERED.add(urls)
 
 
-def _check_served(url: str, models: Any, model: str, role: str) -> None:
+def _check_served(url: str, models: Any, model: str | None, role: str) -> None:
     """A vLLM server answers a model it does not serve with a 404 for every call: said here, naming the models it
-    does serve. Other servers are not asked: llama-server answers whatever model a call names, and what another
-    server lists need not be all it answers."""
+    does serve. An endpoint that names no model asks for ``"default"`` (:mod:`tmas.llm.routes`), which vLLM serves
+    only under that name. Other servers are not asked: llama-server answers whatever model a call names, and what
+    another server lists need not be all it answers."""
     if server_kind(models) != "vllm":
         return
     served = [str(card.get("id")) for card in models.get("data", []) if isinstance(card, dict)]
-    if served and model not in served:
+    if served and (model or DEFAULT_MODEL) not in served:
         whose = "" if role == "solution" else f" (the model of role {role!r})"
+        asked = f"no model {model!r}" if model is not None else f"no model {DEFAULT_MODEL!r}, which tmas asks for"
+        named = "" if model is not None else " when none is named"
         raise ConfigError(
-            f"{url} serves no model {model!r}{whose}: it serves {', '.join(served)}; give --model {served[0]}"
+            f"{url} serves {asked}{named}{whose}: it serves {', '.join(served)}; give --model {served[0]}"
             " ('tmas models' lists each endpoint's)"
         )
 

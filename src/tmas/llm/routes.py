@@ -18,6 +18,9 @@ from tmas.llm.routing import PrefixRouter
 from tmas.llm.tokens import TokenCounter
 from tmas.llm.types import CallKey, Message
 
+# The model name a call asks for when its endpoint names none: llama-server and SGLang answer any name.
+DEFAULT_MODEL = "default"
+
 
 @dataclass
 class Route:
@@ -30,7 +33,7 @@ class Route:
 
     @property
     def model(self) -> str:
-        return self.endpoint.model or "default"
+        return self.endpoint.model or DEFAULT_MODEL
 
 
 @dataclass
@@ -66,7 +69,7 @@ class Routes:
                     f"environment variable {endpoint.api_key_env} (named by api_key_env for role {role!r}) is not set"
                 )
         replicas = []
-        model = endpoint.model or "default"
+        model = endpoint.model or DEFAULT_MODEL
         for url in endpoint.base_url:
             if (url, model) not in self._replicas:
                 if url not in self._caps:
