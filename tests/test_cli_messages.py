@@ -392,3 +392,33 @@ def test_a_model_vllm_does_not_serve_is_named_before_any_call(
         assert sim.stats().total_requests == 0 and not (tmp_path / "run").exists()
     else:
         assert out.returncode == 0, out.stderr.decode()
+
+
+@pytest.mark.parametrize("below", ["", "/report"])
+def test_an_eval_report_dir_that_cannot_be_one_is_said_before_the_run(
+    sim: SimServer, tmp_path: Path, below: str
+) -> None:
+    # A file where the report's folder goes (or above it) failed only once the run and its grading were done.
+    write_problems(tmp_path / "p.jsonl", 2)
+    where = f"{tmp_path / 'p.jsonl'}{below}"
+    out = run_tmas("eval", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "-m", "cot", "--grade", "rules",
+                   "--report-dir", where, "--base-url", sim.base_url)  # fmt: skip
+    assert out.returncode == 2, out.stderr.decode()
+    said = (
+        "a file, not a directory: the report is written into a directory"
+        if not below
+        else (f"{tmp_path / 'p.jsonl'} is a file, not a directory")
+    )
+    assert last_line(out) == f"tmas: error: --report-dir {where}: {said} (choose another)"
+    assert sim.stats().total_requests == 0 and not (tmp_path / "run").exists()
+
+
+def test_a_report_out_that_is_a_file_is_said_before_any_run_is_read(tmp_path: Path) -> None:
+    given = tmp_path / "report.md"
+    given.write_text("mine\n")
+    out = run_tmas("report", str(tmp_path / "no-run"), "-o", str(given), "--grade", "rules")
+    assert out.returncode == 2, out.stderr.decode()
+    assert last_line(out) == (
+        f"tmas: error: --out {given}: a file, not a directory: a report is written into a directory (choose another)"
+    )
+    assert given.read_text() == "mine\n"

@@ -46,6 +46,7 @@ from tmas.cli.options import (
     model_options,
     parse_params,
 )
+from tmas.cli.out_dirs import check_out_dir
 from tmas.cli.outcome import EXIT_ALL_FAILED, EXIT_INTERRUPTED, exit_code, failed_calls_line, failed_line
 from tmas.cli.pool import pool_app
 from tmas.cli.prompts import prompts_app
@@ -486,6 +487,7 @@ def report(
     """Grade runs and write a Markdown + HTML report with per-iteration tables and plots."""
     from tmas.reports.report import build_report
 
+    check_out_dir(out, "--out", "a report")  # said before any run is graded
     settings = _judge_settings(ModelFlags(config=config, base_url=base_url).settings(), judge_base_url, judge_model)
     grade_config = read_report_grade_flags(grade, judge_runs, no_grade=no_grade)
     if grade_config is not None and not no_grade:
@@ -526,6 +528,8 @@ def evaluate(
 
     grade_config = read_grade_flags(grade, judge_runs)  # bad flags fail before any model call
     check_grading_installed(grade_config)
+    if report_dir is not None:
+        check_out_dir(report_dir, "--report-dir", "the report")  # said before the run, not after it
     from tmas.runner import StoreFailed, Unreachable
 
     report_dir = report_dir or out / "report"
