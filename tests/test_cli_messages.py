@@ -155,6 +155,14 @@ def test_help_shows_no_type_beside_a_flag() -> None:
     assert re.search(r"--dry-run +Print the cost estimate", run_tmas("run", "--help", text=True).stdout)
 
 
+def test_a_command_list_line_is_one_sentence_not_cut_where_the_source_wraps() -> None:
+    # Wide enough for solve's line whole: before, it broke after "quick preset:", where its docstring wraps.
+    out = run_tmas("--help", env={"COLUMNS": "200"}, text=True)
+    assert out.returncode == 0
+    assert re.search(r"solve +Solve one question and print the answer \(on your endpoint, given no parameters, TMAS"
+                     r" runs its quick preset: at most 48 calls\)\.", out.stdout), out.stdout  # fmt: skip
+
+
 def test_an_unknown_parameter_lists_the_valid_ones(sim: SimServer) -> None:
     out = run_tmas("solve", Q, "-m", "majority", "-p", "n=4", "--base-url", sim.base_url)
     assert out.returncode == 2
