@@ -239,6 +239,15 @@ def test_models_takes_model_and_says_whether_it_is_served(sim: SimServer) -> Non
     assert f"default: {sim.base_url} answers but DOES NOT SERVE 'other'; models: sim-model" in missing.stdout
 
 
+def test_models_names_the_base_url_to_give_where_the_server_answers_under_another_path(sim: SimServer) -> None:
+    # The check every run's unreachable-endpoint line points to said only "HTTP 404" of a URL without its /v1.
+    for given in (sim.url, f"{sim.base_url}/chat/completions"):
+        out = run_tmas("models", "--base-url", given, text=True)
+        assert out.returncode == 1
+        assert out.stdout.strip().startswith(f"default: {given} NOT ANSWERING: HTTP 404")
+        assert out.stdout.strip().endswith(f"; give --base-url {sim.base_url}"), out.stdout
+
+
 def test_models_names_the_model_run_in_process_and_loads_nothing() -> None:
     out = run_tmas("models", "--hf-model", "smollm2-135m", text=True)
     assert out.returncode == 0, out.stderr

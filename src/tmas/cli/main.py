@@ -384,6 +384,7 @@ def models(
     configured model (--model); or the model run in process (--hf-model)."""
     import os
 
+    from tmas.llm.preflight import base_url_fix
     from tmas.llm.replica import list_models
 
     chosen = ModelFlags(config=config, base_url=base_url, model=model, api_key_env=api_key_env, hf_model=hf_model)
@@ -415,7 +416,9 @@ def models(
             try:
                 ids = await list_models(url, key)
             except TmasError as exc:
-                typer.echo(f"{role}: {url} NOT ANSWERING: {exc}")
+                # A 404 from a server that answers under another path: which base URL to give.
+                fix = await base_url_fix(url, key) if str(exc).startswith("HTTP 404") else None
+                typer.echo(f"{role}: {url} NOT ANSWERING: {exc}" + (f"; {fix}" if fix else ""))
                 healthy = False
                 continue
             listed = ", ".join(ids) or "(none listed)"

@@ -123,6 +123,19 @@ async def _models_reply(session: aiohttp.ClientSession, url: str, api_key: str |
     return reason
 
 
+async def base_url_fix(url: str, api_key: str | None) -> str | None:
+    """Where ``url``'s model card is not found but the base URL is merely misspelt (it ends in ``/chat/completions``,
+    or its server answers under ``url/v1``): what to give instead, in words; None otherwise (``tmas models``)."""
+    if url.endswith(CHAT_PATH):
+        return f"the base URL ends in {CHAT_PATH}, which tmas adds to it; give --base-url {url.removesuffix(CHAT_PATH)}"
+    if url.endswith("/v1"):
+        return None
+    async with aiohttp.ClientSession() as session:
+        if await _models_status(session, f"{url}/v1", api_key) == 200:
+            return f"{url}/v1/models answers: the base URL lacks its /v1; give --base-url {url}/v1"
+    return None
+
+
 async def _missing_v1(session: aiohttp.ClientSession, url: str, api_key: str | None) -> None:
     """``url`` answered 404 for its model card: when the same server answers under ``url/v1``, say so."""
     if await _models_status(session, f"{url}/v1", api_key) == 200:
