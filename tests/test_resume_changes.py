@@ -110,6 +110,26 @@ def test_a_finished_sweep_point_is_not_skipped_under_other_requests(sim: SimServ
     assert sim.requests == []
 
 
+def test_a_sweep_point_refused_for_changed_requests_runs_no_pilot_and_asks_no_cost_question_first(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    """The refusal comes before the estimate: a pilot would send calls for a sweep that is then refused, and the gate
+    would ask about its cost first."""
+    write_problems(tmp_path / "p.jsonl")
+    out = tmp_path / "sweep"
+    args = ("--problems", str(tmp_path / "p.jsonl"), "-m", "majority", "--base-url", sim.base_url, "--no-report")
+    assert tmas("sweep", "-o", str(out), *args).returncode == 0
+    stopped_before_p1(out / "runs" / "majority")
+    sim.reset()
+    said = f"tmas: error: {out / 'runs' / 'majority'}: 1 finished problem was solved with solution temperature 0.7"
+    for gated in (["--pilot", "1", "-y"], ["--confirm-calls", "1"]):
+        refused = tmas("sweep", "--resume", str(out), "--no-report", "--temperature", "0.3", *gated)
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr.strip().splitlines()[0].startswith(said), refused.stderr
+        assert sim.requests == []
+        assert not (out / "pilot").exists()
+
+
 def test_a_resume_sending_or_reading_the_calls_otherwise_is_refused(sim: SimServer, tmp_path: Path) -> None:
     """Whether a verifier's schema goes as response_format, and whether replies are read as thinking inside their
     content, change what the finished problems were solved with, though no request hash holds them; a setting left as

@@ -518,3 +518,24 @@ def test_a_bad_field_of_a_grid_file_is_one_line_naming_the_study_and_the_field(
         load_spec(grid)
     assert str(info.value).startswith(f"{grid}: {expected}")
     assert "\n" not in str(info.value)
+
+
+def test_a_sweep_over_other_problems_is_refused_before_its_pilot(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tmas.errors import InputError
+
+    monkeypatch.chdir(tmp_path)
+    problems = write_problems(tmp_path / "p.jsonl")
+    args = ["--problems", problems, "-m", "cot", "--base-url", sim.base_url, "--no-report", "--limit", "2"]
+    first = CliRunner().invoke(app, ["sweep", "--out", "sw", *args])
+    assert first.exit_code == 0, first.output
+    sim.reset()
+    # The same command over 3 problems: the directory holds a sweep over 2. It is refused before the pilot sends the
+    # calls of a sweep that is then refused.
+    args.remove("--limit")
+    args.remove("2")
+    again = CliRunner().invoke(app, ["sweep", "--out", "sw", *args, "--pilot", "1", "-y"])
+    assert isinstance(again.exception, InputError), again.output
+    assert str(again.exception) == "sw: holds a sweep over other problems; choose another directory"
+    assert sim.requests == [] and not (tmp_path / "sw" / "pilot").exists()

@@ -450,11 +450,20 @@ def point_replays(point: SweepPoint, settings: Settings, out_dir: Path) -> dict[
         return peek.sure_replays()
 
 
-def _check_points_kept(points: list[SweepPoint], settings: Settings, out_dir: Path, *, own_model: bool) -> None:
-    """Refuse, before any call, to go on with a point whose finished problems were solved under other requests than
-    ``settings`` ask now (:meth:`tmas.runner.RunSetup.check_resume`), whichever point of the sweep it is."""
+def check_sweep_dir(
+    points: list[SweepPoint], problems: list[Problem], settings: Settings, out_dir: Path, *, own_model: bool = False
+) -> None:
+    """Refuse, before any call, a sweep that ``out_dir`` cannot hold: a file there, a sweep over other problems, or a
+    point whose finished problems were solved under other requests than ``settings`` ask now
+    (:meth:`tmas.runner.RunSetup.check_resume`), whichever point of the sweep it is (``own_model``: on a model of the
+    caller's own). ``tmas sweep`` checks it before its estimate, whose pilot sends calls, and :func:`prepare_sweep`
+    again."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"{out_dir}: a file, not a directory: a sweep is kept in a directory (choose another)")
+    if (out_dir / MANIFEST).exists() and read_manifest(out_dir).get("problems_digest") != _problems_digest(problems):
+        raise InputError(f"{out_dir}: holds a sweep over other problems; choose another directory")
     for point in points:
-        run_dir = out_dir / "runs" / point.name
+        run_dir = out_dir / POINTS_DIR / point.name
         if holds_run(run_dir):
             with RunStore(run_dir, create=False) as store:
                 RunSetup.check(point.settings(settings), own_model=own_model).check_resume(store)
@@ -470,20 +479,15 @@ def prepare_sweep(
     if not points:
         raise InputError("the sweep has no points (add a [[study]])")
     problems = sweep_problems(spec)
-    digest = _problems_digest(problems)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"{out_dir}: a file, not a directory: a sweep is kept in a directory (choose another)")
+    check_sweep_dir(points, problems, settings, out_dir, own_model=own_model)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if (out_dir / MANIFEST).exists() and read_manifest(out_dir).get("problems_digest") != digest:
-        raise InputError(f"{out_dir}: holds a sweep over other problems; choose another directory")
-    _check_points_kept(points, settings, out_dir, own_model=own_model)
     for point in points:  # what a point yet to run names outside it (MATTRL's pool), before the first point runs
         if not holds_run(out_dir / POINTS_DIR / point.name):
             run_method(point.settings(settings), own_model=own_model).check_setup()
     manifest: dict[str, Any] = {
         "spec": spec.model_dump(mode="json"),
         "settings": settings.model_dump(mode="json"),
-        "problems_digest": digest,
+        "problems_digest": _problems_digest(problems),
         "points": {p.name: {"method": p.method, "params": p.params, "studies": p.studies} for p in points},
     }
     _write_manifest(out_dir, manifest)

@@ -683,7 +683,15 @@ def sweep(
     from tmas.cli.progress import plain_status
     from tmas.planning.estimate import replay_credit
     from tmas.runner import RunState, StoreFailed, Unreachable
-    from tmas.sweep import expand, grid_changes, point_replays, report_sweep, run_sweep, sweep_problems
+    from tmas.sweep import (
+        check_sweep_dir,
+        expand,
+        grid_changes,
+        point_replays,
+        report_sweep,
+        run_sweep,
+        sweep_problems,
+    )
 
     grade_config = read_grade_flags(grade, judge_runs)
     if not no_report:
@@ -702,6 +710,10 @@ def sweep(
             + (f"; {len(added)} added: {', '.join(added)}" if added else ""),
             err=True,
         )
+    listed = sweep_problems(spec)
+    # A point that would keep finished results under other settings is refused here, before the estimate: its pilot
+    # would send calls, and its gate ask about a sweep that is then refused (run_sweep checks it again).
+    check_sweep_dir(points, listed, settings, out)
     steps = Steps("sweep")
     started = iter(range(1, len(points) + 1))
 
@@ -714,7 +726,7 @@ def sweep(
         typer.echo(f"tmas sweep: {outcome.point.name}: {outcome.status}", err=True)
 
     configs = [(point.name, point.settings(settings)) for point in points]
-    planned = build_estimate(configs, sweep_problems(spec), estimate, out / "pilot")
+    planned = build_estimate(configs, listed, estimate, out / "pilot")
     # A resumed sweep replays what its points hold: a finished point sends nothing, another its calls still to send.
     replays = [point_replays(point, settings, out) for point in points]
     planned.stored_calls = sum(
