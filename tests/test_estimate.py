@@ -421,13 +421,44 @@ def test_a_sweep_run_again_is_gated_on_the_calls_its_unfinished_points_send(sim:
     assert first.returncode == 0, first.stderr.decode()
     assert sim.stats().total_requests == 12
     sim.reset()
-    # Again with a third point: k = 2 and k = 4 are finished and skipped, k = 8 sends 2 x 8 = 16 calls, 32 with
-    # every sample asked again. The whole grid's 56 at most are over the threshold of 40; the 32 still to send are
-    # not (the finished points' 12 stored calls and the 12 they never asked again are off).
+    # Again with a third point: k = 2 and k = 4 are finished and skipped (no problem left to solve), k = 8 sends
+    # 2 x 8 = 16 calls, 32 with every sample asked again. The whole grid's 56 at most are over the threshold of 40;
+    # the 32 still to send are not.
     again = tmas_cli(*base, "--grid", "k=2,4,8", "--confirm-calls", "40")
     assert again.returncode == 0, again.stderr.decode()
-    assert "tmas: estimate: up to 32 calls to send (12 stored, replayed)" in again.stderr.decode()
+    assert "tmas: estimate: 16 calls (32 at most, with replies asked again)" in again.stderr.decode()
     assert sim.stats().total_requests == 16
+
+
+@pytest.mark.slow
+def test_a_resumed_sweep_counts_only_the_problems_its_points_have_still_to_solve(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    import sqlite3
+
+    problems = write_problems(tmp_path / "p.jsonl", 2)
+    out = tmp_path / "sw"
+    made = ["sweep", "--method", "majority", "--grid", "k=2,3", "--problems", str(problems), "--out", str(out)]
+    first = tmas_cli(*made, "--base-url", sim.base_url, "--no-report", "--yes")
+    assert first.returncode == 0, first.stderr.decode()
+    # Stopped after k = 3's calls for q1, before its result: k = 2 is finished and q0 of k = 3 too, both skipped.
+    with sqlite3.connect(out / "runs" / "majority__k=3" / "run.sqlite") as db:
+        db.execute("DELETE FROM results WHERE problem_id = 'q1'")
+    sim.reset()
+    # k = 3 solves q1 alone: 3 samples, 6 with each asked again, its 3 stored calls replayed: 3 still to send. Over
+    # both problems of both points it would be 4 + 12 at most, less k = 2's 4 + 4 and k = 3's 6 stored: 6 to send.
+    table = tmas_cli("sweep", "--resume", str(out), "--no-report", "--dry-run")
+    assert table.returncode == 0, table.stderr.decode()
+    rows = {line.split()[0]: line.split()[1:4] for line in table.stderr.decode().splitlines() if "majority__" in line}
+    assert rows == {"majority__k=2": ["0", "2", "0"], "majority__k=3": ["1", "3", "3"]}
+    assert "stored: 3 answered calls, replayed rather than sent; at most 3 still to send" in table.stderr.decode()
+    # Under a threshold of 5 it starts without asking, and replays q1's calls rather than sending them.
+    again = tmas_cli("sweep", "--resume", str(out), "--no-report", "--confirm-calls", "5")
+    assert again.returncode == 0, again.stderr.decode()
+    assert "tmas: estimate: up to 3 calls to send (3 stored, replayed)" in again.stderr.decode()
+    assert sim.chat_bodies() == []
+    with RunStore(out / "runs" / "majority__k=3", create=False) as store:
+        assert sorted(r.problem_id for r in store.results()) == ["q0", "q1"]
 
 
 @pytest.mark.slow

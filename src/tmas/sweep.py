@@ -49,7 +49,6 @@ from tmas.runner import (
     holds_run,
     prepare_run,
     resume_settings,
-    run_fingerprint,
     run_method,
 )
 from tmas.store.run_store import RunStore
@@ -424,30 +423,18 @@ def grid_changes(out_dir: Path, points: list[SweepPoint]) -> tuple[list[str], li
     return [name for name in now if name not in before], [name for name in before if name not in now]
 
 
-def _pending(store: RunStore, settings: Settings, *, own_model: bool) -> int:
-    """How many of the run's problems are not finished with the point's method, params and budget, or finished with
-    a failed call that a resume asks again (``own_model``: the points run on a model of the caller's own, as
-    :func:`tmas.runner.run_method` tells it)."""
-    method = run_method(settings, own_model=own_model)
-    fingerprint = run_fingerprint(method, settings)
-    done = store.settled_problem_ids(fingerprint)
-    return sum(p.problem_id not in done for p in store.iter_problems())
-
-
-def point_replays(point: SweepPoint, settings: Settings, out_dir: Path) -> dict[str, int] | None:
-    """What the point's run holds that a resume replays rather than sends, for the cost gate: None where the point is
-    finished and is skipped without a call, else its answered calls by problem (:meth:`RunStore.sure_replays`; none
-    where the point has no run yet, or asks other requests than its store's)."""
+def point_resume(point: SweepPoint, settings: Settings, out_dir: Path, problems: int) -> tuple[int, dict[str, int]]:
+    """What the point's run has still to do, for the cost gate, as a resume of one run counts it
+    (:meth:`tmas.runner.RunSetup.settled`, :meth:`tmas.runner.RunSetup.replays`): the problems it solves (all
+    ``problems`` where the point has no run yet, none where it is finished and skipped), and the answered calls of
+    those that it replays rather than sends, by problem."""
     run_dir = out_dir / POINTS_DIR / point.name
     if not holds_run(run_dir):
-        return {}
-    point_settings = point.settings(settings)
+        return problems, {}
+    setup = RunSetup.check(point.settings(settings))
     with RunStore(run_dir, create=False) as peek:
-        if _pending(peek, point_settings, own_model=False) == 0:
-            return None
-        if RunSetup.check(point_settings).changed_requests(peek):
-            return {}
-        return peek.sure_replays()
+        settled = setup.settled(peek)
+        return peek.problem_count() - len(settled), setup.replays(peek, settled)
 
 
 def check_sweep_dir(
@@ -509,10 +496,11 @@ def open_point(
     point_settings = point.settings(settings)
     if holds_run(run_dir):
         with RunStore(run_dir, create=False) as peek:
-            if _pending(peek, point_settings, own_model=own_model) == 0:
+            setup = RunSetup.check(point_settings, own_model=own_model)
+            if len(setup.settled(peek)) == peek.problem_count():
                 # Skipped only where its results are of the requests the sweep asks now (a resumed point is checked
                 # so by prepare_run).
-                RunSetup.check(point_settings, own_model=own_model).check_resume(peek)
+                setup.check_resume(peek)
                 return "skipped", None, point_settings, []
         store, point_settings, todo = prepare_run(run_dir, point_settings, None, resume=True, own_model=own_model)
         return "resumed", store, point_settings, todo

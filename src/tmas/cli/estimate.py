@@ -6,7 +6,7 @@ estimate is shown and the command asks on a terminal, and without one refuses in
 
 The thresholds: ``--confirm-calls`` (default 500 calls for one question, 20,000 for a run, an evaluation or a sweep)
 and ``--confirm-tokens`` (50M completion tokens, where the estimate knows them). A resumed run, or a sweep run again,
-counts only the calls it has still to send."""
+counts only the problems it has still to solve and the calls it has still to send."""
 
 from __future__ import annotations
 
@@ -122,16 +122,18 @@ def build_estimate(
     flags: EstimateFlags,
     pilot_dir: Path,
     *,
-    solving: int | None = None,
+    solving: int | Sequence[int] | None = None,
 ) -> Estimate:
     """The estimate of running each (name, settings) over ``problems`` (or that many: without ``--pilot`` only their
-    count matters), or over ``solving`` of them where given (a resume leaves its settled problems as they are); with
-    ``--pilot`` the configurations first run on that many problems (into ``pilot_dir``) to measure tokens per call
-    and throughput."""
+    count matters), or over ``solving`` of them where given, one count for every configuration or one each (a resume
+    leaves its settled problems as they are); with ``--pilot`` the configurations first run on that many problems
+    (into ``pilot_dir``) to measure tokens per call and throughput."""
     flags.check()
     rates: TokenRates | None = None
     count = problems if isinstance(problems, int) else len(problems)
-    count = count if solving is None else solving
+    each = count if solving is None or isinstance(solving, Sequence) else solving
+    # One count per configuration (the zip below checks there are as many).
+    counts = list(solving) if isinstance(solving, Sequence) else [each] * len(configs)
     if flags.pilot and not isinstance(problems, int):
         from tmas.planning.pilot import run_pilot
 
@@ -143,7 +145,7 @@ def build_estimate(
         rates = interrupt.run(run_pilot(configs, sample, pilot_dir))
     elif flags.tokens_per_call is not None:
         rates = TokenRates(default_completion=flags.tokens_per_call, source="given")
-    points = [_point(name, settings, count, rates) for name, settings in configs]
+    points = [_point(name, settings, n, rates) for (name, settings), n in zip(configs, counts, strict=True)]
     throughput = flags.throughput or (rates.throughput if rates else None)
     return Estimate(points, rates, throughput)
 

@@ -687,7 +687,7 @@ def sweep(
         check_sweep_dir,
         expand,
         grid_changes,
-        point_replays,
+        point_resume,
         report_sweep,
         run_sweep,
         sweep_problems,
@@ -726,16 +726,12 @@ def sweep(
         typer.echo(f"tmas sweep: {outcome.point.name}: {outcome.status}", err=True)
 
     configs = [(point.name, point.settings(settings)) for point in points]
-    planned = build_estimate(configs, listed, estimate, out / "pilot")
-    # A resumed sweep replays what its points hold: a finished point sends nothing, another its calls still to send.
-    replays = [point_replays(point, settings, out) for point in points]
-    planned.stored_calls = sum(
-        p.upper_calls if held is None else replay_credit(p, held)
-        for p, held in zip(planned.points, replays, strict=True)
-    )
-    planned.finished_again = sum(
-        p.most_calls - p.upper_calls for p, held in zip(planned.points, replays, strict=True) if held is None
-    )
+    # A sweep run again counts each point as a resume of its run does: the problems it has still to solve (none for a
+    # finished point, which is skipped), less the answered calls of those it replays rather than sends.
+    resumed = [point_resume(point, settings, out, len(listed)) for point in points]
+    solving = [count for count, _ in resumed]
+    planned = build_estimate(configs, listed, estimate, out / "pilot", solving=solving)
+    planned.stored_calls = sum(replay_credit(p, held) for p, (_, held) in zip(planned.points, resumed, strict=True))
     judged = None if no_report else judge_calls(grade_config)
     planned.left_out += [judged] if judged else []
     gate(planned, estimate)

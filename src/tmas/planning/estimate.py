@@ -212,8 +212,6 @@ class Estimate:
     throughput: float | None = None
     # Calls a resumed run holds already (answered, so replayed rather than sent): what the gate need not ask about.
     stored_calls: int = 0
-    # The replies asked again that finished points (a resumed sweep's) will never send: out of the calls to send.
-    finished_again: int = 0
     # The fewest completion tokens the stored calls come to at their roles' max_tokens, where a command works them
     # out (tmas.planning.pool_build): the tokens still to send are then the estimate's less these. Without it they are
     # the estimate's share by calls, which is no ceiling where the stored calls are of a role with a smaller
@@ -229,16 +227,16 @@ class Estimate:
     def calls_to_send(self) -> int:
         """The most calls still to be sent: the most the points can send (replies asked again included) less those
         stored."""
-        return max(0, self.most_calls - self.stored_calls - self.finished_again)
+        return max(0, self.most_calls - self.stored_calls)
 
     @property
     def tokens_to_send(self) -> float | None:
         """Completion tokens of the calls still to send (the estimate's less ``stored_tokens`` where known, else their
         share of the whole estimate's), None where unknown."""
         tokens = self.completion_tokens
-        if tokens is None or not (self.stored_calls or self.finished_again) or not self.most_calls:
+        if tokens is None or not self.stored_calls or not self.most_calls:
             return tokens
-        if self.stored_tokens is not None and not self.finished_again:
+        if self.stored_tokens is not None:
             return max(0.0, tokens - self.stored_tokens)
         return tokens * self.calls_to_send / self.most_calls
 
