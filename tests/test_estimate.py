@@ -462,6 +462,22 @@ def test_a_resumed_sweep_counts_only_the_problems_its_points_have_still_to_solve
 
 
 @pytest.mark.slow
+def test_a_sweep_run_again_pilots_only_the_points_it_has_still_to_run(sim: SimServer, tmp_path: Path) -> None:
+    problems = write_problems(tmp_path / "p.jsonl", 2)
+    base = ["sweep", "--method", "majority", "--problems", str(problems), "--out", str(tmp_path / "sw")]
+    base += ["--base-url", sim.base_url, "--no-report", "--yes"]
+    first = tmas_cli(*base, "--grid", "k=2")
+    assert first.returncode == 0, first.stderr.decode()
+    sim.reset()
+    # k = 2 is finished and skipped: the pilot runs k = 3 alone on q0 (3 samples), then k = 3 runs (6 more).
+    again = tmas_cli(*base, "--grid", "k=2,3", "--pilot", "1")
+    assert again.returncode == 0, again.stderr.decode()
+    assert f"tmas: pilot: 1 configuration(s) on 1 problem(s) into {tmp_path / 'sw' / 'pilot'}" in again.stderr.decode()
+    assert sorted(path.name for path in (tmp_path / "sw" / "pilot").iterdir()) == ["majority__k=3"]
+    assert len(sim.chat_bodies()) == 3 + 6
+
+
+@pytest.mark.slow
 def test_eval_over_the_threshold_without_a_terminal_asks_for_yes(sim: SimServer, tmp_path: Path) -> None:
     problems = write_problems(tmp_path / "p.jsonl", 3)
     base = ["eval", str(problems), "--out", str(tmp_path / "run"), "--base-url", sim.base_url, "--grade", "rules"]

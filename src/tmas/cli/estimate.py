@@ -134,15 +134,18 @@ def build_estimate(
     each = count if solving is None or isinstance(solving, Sequence) else solving
     # One count per configuration (the zip below checks there are as many).
     counts = list(solving) if isinstance(solving, Sequence) else [each] * len(configs)
-    if flags.pilot and not isinstance(problems, int):
+    # A configuration with no problem left to solve (a finished point of a sweep run again) sends nothing: the pilot
+    # would measure it for no call.
+    piloted = [config for config, n in zip(configs, counts, strict=True) if n]
+    if flags.pilot and not isinstance(problems, int) and piloted:
         from tmas.planning.pilot import run_pilot
 
         sample = list(problems[: flags.pilot])
-        _gate_pilot(configs, len(sample), flags, pilot_dir)
+        _gate_pilot(piloted, len(sample), flags, pilot_dir)
         typer.echo(
-            f"tmas: pilot: {len(configs)} configuration(s) on {flags.pilot} problem(s) into {pilot_dir}", err=True
+            f"tmas: pilot: {len(piloted)} configuration(s) on {flags.pilot} problem(s) into {pilot_dir}", err=True
         )
-        rates = interrupt.run(run_pilot(configs, sample, pilot_dir))
+        rates = interrupt.run(run_pilot(piloted, sample, pilot_dir))
     elif flags.tokens_per_call is not None:
         rates = TokenRates(default_completion=flags.tokens_per_call, source="given")
     points = [_point(name, settings, n, rates) for (name, settings), n in zip(configs, counts, strict=True)]
