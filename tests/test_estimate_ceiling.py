@@ -9,9 +9,19 @@ from typing import Any
 
 import pytest
 
-from conftest import settings_for
+from conftest import run_tmas, settings_for
+from tmas.api import aresume
+from tmas.config import Settings
+from tmas.errors import InputError
 from tmas.methods import create_method
-from tmas.planning.estimate import Estimate, brief_estimate, calls_said, estimate_point
+from tmas.planning.estimate import (
+    Estimate,
+    TokenRates,
+    brief_estimate,
+    calls_said,
+    estimate_point,
+    stored_ceiling,
+)
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
 from tmas.testing import Rule, SimScript, SimServer
@@ -162,3 +172,76 @@ async def test_logprob_verifications_count_at_the_max_tokens_they_send(sim: SimS
     assert sum(b["max_tokens"] for b in sim.chat_bodies()) == 1256
     point = estimate_point("tmas", create_method("tmas", params), settings, 1, None)
     assert point.completion_tokens == 1512
+
+
+async def _stopped_at_its_correction(sim: SimServer, tmp_path: Path) -> tuple[Path, str]:
+    """V-R, one trajectory of two iterations, 8 verifications a solution: solutions and corrections at 4,000 tokens,
+    verifications at 100. The run stops at its correction (a server error, not retried), its solution and 8
+    verifications stored. Its directory, and the correction's instructions (from a first run's) for a reply to
+    echo."""
+    params = {"n": 1, "m": 8, "iterations": 2}
+    roles = {role: {"sampling": {"max_tokens": 4000}} for role in ("solution", "corrector")}
+    roles["verifier"] = {"sampling": {"max_tokens": 100}}
+    settings = settings_for(sim, method={"name": "verify_refine", "params": params}, roles=roles)
+    store, probe, todo = prepare_run(tmp_path / "probe", settings, PROBLEM, resume=False)
+    with store:
+        await run_problems(probe, todo, store)
+    echo = instructions(sim.chat_bodies("corrector")[0])
+    sim.reset()
+    sim.set_script(SimScript(rules=[Rule(role="corrector", fault="http_500")]))
+    once = settings.model_copy(update={"retry": settings.retry.model_copy(update={"max_attempts": 1})})
+    store, once, todo = prepare_run(tmp_path / "run", once, PROBLEM, resume=False)
+    with store:
+        await run_problems(once, todo, store)
+    assert [b["max_tokens"] for b in sim.chat_bodies()] == [4000] + [100] * 8 + [4000]
+    sim.reset()
+    sim.set_script(SimScript())
+    return tmp_path / "run", echo
+
+
+async def test_a_resumed_runs_token_ceiling_holds_the_max_tokens_its_requests_send(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # The resume's correction echoes, its retry has no answer and is reminded (3 x 4,000), and its 8 verifications
+    # follow (8 x 100): 12,800 sent. The ceiling is 5 x 4,000 + 16 x 100 = 21,600 over 21 calls; less the stored
+    # calls at their max_tokens (4,000 + 8 x 100) it is 16,800. Their share by calls, 12/21 of it, said 12,343, under
+    # what the resume sends: it went ahead under a limit of 12,799.
+    run, echo = await _stopped_at_its_correction(sim, tmp_path)
+    rules = [Rule(role="corrector", pattern=REMINDED, replies=["Still working on it."])]
+    sim.set_script(SimScript(rules=[*rules, Rule(role="corrector", replies=[echo, "Nothing to box yet."])]))
+    said = r"the estimate is 17k completion tokens \(threshold 17k\): up to 12 calls to send \(9 stored"
+    with pytest.raises(InputError, match=said):
+        await aresume(run, max_completion_tokens=16_799)
+    assert sim.chat_bodies() == []
+    await aresume(run, max_completion_tokens=16_800)
+    assert [b["max_tokens"] for b in sim.chat_bodies("corrector")] == [4000] * 3
+    assert sum(b["max_tokens"] for b in sim.chat_bodies()) == 12_800
+
+
+async def test_tmas_run_resume_takes_stored_calls_off_at_their_max_tokens(sim: SimServer, tmp_path: Path) -> None:
+    # The same stopped run through `tmas run --resume`: 16,800 tokens still to send, over a --confirm-tokens of
+    # 16,799 (the share by calls, 12,343, went ahead) and within one of 16,800.
+    run, _ = await _stopped_at_its_correction(sim, tmp_path)
+    refused = run_tmas("run", "--resume", str(run), "--confirm-tokens", "16799", text=True)
+    assert refused.returncode == 2
+    assert "the estimate is 17k completion tokens (threshold 17k)" in refused.stderr.splitlines()[-1]
+    assert sim.chat_bodies() == []
+    went = run_tmas("run", "--resume", str(run), "--confirm-tokens", "16800", text=True)
+    assert "tmas: estimate: up to 12 calls to send (9 stored, replayed), <=17k completion tokens" in went.stderr
+    assert [b["max_tokens"] for b in sim.chat_bodies()] == [4000] + [100] * 8
+
+
+def test_a_mean_or_a_cut_ceiling_takes_stored_calls_off_by_their_share() -> None:
+    # Majority k = 4 on 10 problems, 40 calls, 80 at most. With a mean per call (a pilot's or a given one) or a token
+    # budget cutting the ceiling, no role's max_tokens bounds what a stored call spent: 30 stored take 3/8 off.
+    method = create_method("majority", {"k": 4})
+    settings = Settings.model_validate({"sampling": {"max_tokens": 100}})
+    ceiling = estimate_point("mv", method, settings, 10, None)
+    assert ceiling.ceilings == {"solution": 100.0}
+    assert stored_ceiling(ceiling, 30, {"solution": 30}) == 3000.0
+    mean = estimate_point("mv", method, settings, 10, TokenRates(completion={"solution": 60.0}, default_completion=60))
+    assert mean.basis == "given" and stored_ceiling(mean, 30, {"solution": 30}) is None
+    estimate = Estimate([mean], stored_calls=30)
+    assert estimate.tokens_to_send == 2400 * 50 / 80
+    cut = Settings.model_validate({"sampling": {"max_tokens": 100}, "budget": {"tokens": 250}})
+    assert stored_ceiling(estimate_point("mv", method, cut, 10, None), 30, {"solution": 30}) is None

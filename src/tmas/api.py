@@ -38,6 +38,7 @@ from tmas.planning.estimate import (
     brief_estimate,
     estimate_point,
     replay_credit,
+    stored_ceiling,
 )
 from tmas.problems import Problem, check_question, iter_problems, resolve_dataset
 from tmas.runner import (
@@ -204,7 +205,10 @@ async def aresume(
             settled = setup.settled(peek)
             count = peek.problem_count() - len(settled)
             stored = setup.replays(peek, settled)
-        check_cost("tmas.api.aresume", settings, count, model, max_calls, max_completion_tokens, stored=stored)
+            roles = setup.replayed_roles(peek)
+        check_cost(
+            "tmas.api.aresume", settings, count, model, max_calls, max_completion_tokens, stored=stored, roles=roles
+        )
     store, settings, todo = prepare_run(run_dir, settings, None, resume=True, own_model=model is not None)
     with store:
         return await _solving(run_problems(settings, todo, store, model=model))
@@ -233,13 +237,15 @@ def check_cost(
     max_completion_tokens: float | None,
     *,
     stored: Mapping[str, int] | None = None,
+    roles: Mapping[str, int] | None = None,
 ) -> None:
     """Refuse, in one line naming ``what``, a run of ``problems`` under ``settings`` whose estimate (less the
-    ``stored`` answered calls, by problem, a resume replays) is over ``max_calls`` or ``max_completion_tokens``; a
-    method that states no calls per problem goes ahead, as under ``tmas serve``'s cap."""
+    ``stored`` answered calls, by problem, a resume replays, at their ``roles``' max_tokens) is over ``max_calls`` or
+    ``max_completion_tokens``; a method that states no calls per problem goes ahead, as under ``tmas serve``'s cap."""
     method = run_method(settings, own_model=model is not None)
     point = estimate_point(what, method, settings, problems, None)
     estimate = Estimate([point], stored_calls=replay_credit(point, stored or {}))
+    estimate.stored_tokens = stored_ceiling(point, estimate.stored_calls, roles or {})
     why = estimate.over(max_calls, max_completion_tokens)
     if why is not None:
         calls_over = max_calls is not None and estimate.calls_to_send > max_calls

@@ -367,6 +367,14 @@ class RunSetup:
             return {}
         return {pid: n for pid, n in store.sure_replays().items() if pid not in settled}
 
+    def replayed_roles(self, store: RunStore) -> dict[str, int]:
+        """The answered calls of ``store`` by role, of which those :meth:`replays` counts are some: what a resume's
+        token ceiling takes them off at, each at its role's max_tokens (:func:`tmas.planning.estimate.stored_ceiling`);
+        none where it asks other requests than the run's recorded settings."""
+        if self.changed_requests(store):
+            return {}
+        return {role: n for role, (n, _) in store.replies_by_role().items()}
+
     def record(self, store: RunStore) -> None:
         """Write the setup into the run's store: the settings, the method and its parameters, and each override
         template's SHA-256 (``{}`` when none)."""

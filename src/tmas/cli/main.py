@@ -259,7 +259,7 @@ def _resume_run(
     run_dir: Path, flags: ModelFlags, method: str | None, given: MethodFlags, estimate: EstimateFlags
 ) -> int:
     from tmas.cli.estimate import build_estimate, gate
-    from tmas.planning.estimate import replay_credit
+    from tmas.planning.estimate import replay_credit, stored_ceiling
     from tmas.runner import RunSetup, prepare_run, resume_settings, stored_settings
     from tmas.store.run_lock import running
     from tmas.store.run_store import RunStore
@@ -285,9 +285,13 @@ def _resume_run(
         # Answered calls are replayed, not sent: the gate asks about what is still to send (those a failed call asked
         # again may change count as to send; under other requests the stored calls answer none).
         replays = setup.replays(peek, settled)
+        roles = setup.replayed_roles(peek)
     solving = count - len(settled)
     planned = build_estimate([(run_dir.name, settings)], listed, estimate, run_dir / "pilot", solving=solving)
     planned.stored_calls = replay_credit(planned.points[0], replays)
+    # At their roles' max_tokens where the tokens are a ceiling: a run stopped after its cheap calls has its dear
+    # ones left.
+    planned.stored_tokens = stored_ceiling(planned.points[0], planned.stored_calls, roles)
     gate(planned, estimate)
     store, settings, todo = prepare_run(run_dir, settings, None, resume=True)
     return _execute(store, settings, todo)

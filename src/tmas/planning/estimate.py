@@ -108,6 +108,9 @@ class PointEstimate:
     # Completion tokens over all problems when every problem stops as early as its stopping rule allows (None
     # without a stopping rule, or without tokens).
     fewest_completion_tokens: float | None = None
+    # Each role's max_tokens where the completion tokens are their ceiling (basis "max_tokens", no token budget
+    # cutting them): what a stored call of the role is taken off them at (:func:`stored_ceiling`).
+    ceilings: dict[str, float] = field(default_factory=dict)
 
     @property
     def total_calls(self) -> int:
@@ -163,7 +166,9 @@ def estimate_point(
             point.basis = "max_tokens"
     if per_call is not None:
         per_problem = count.ceiling(per_call) if ceiling else _completion(count.expected, per_call) * count.share()
+        cut = False
         if budget.tokens is not None and budget.count == "completion" and per_problem > budget.tokens:
+            cut = True
             # A problem stops at the budget, passing it by one call's tokens at most (ProblemSession._admit): a
             # ceiling (max_tokens) counts that call too.
             over = max(per_call.values(), default=0.0) if point.basis == "max_tokens" else 0.0
@@ -175,6 +180,8 @@ def estimate_point(
             )
             count.note = "; ".join(filter(None, [count.note, where]))
         point.completion_tokens = problems * per_problem
+        if point.basis == "max_tokens" and not cut:
+            point.ceilings = per_call
         if count.fewest is not None or count.stoppable:
             point.fewest_completion_tokens = problems * min(_fewest_completion(count, per_call), per_problem)
     return point
@@ -188,6 +195,30 @@ def replay_credit(point: PointEstimate, stored: Mapping[str, int]) -> int:
     of replies asked again is not taken off the most it may send, so the calls still to send stay a bound."""
     most = point.calls.upper_total if point.calls.known else 0
     return sum(min(n, most) for n in stored.values())
+
+
+def stored_ceiling(point: PointEstimate, calls: int, answered: Mapping[str, int]) -> float | None:
+    """The fewest completion tokens ``calls`` stored calls of ``point`` come to at their roles' max_tokens, where
+    ``answered`` holds the store's answered calls by role (a superset of those replayed): what a resume's ceiling
+    takes them off at (``Estimate.stored_tokens``). None where the point's tokens are no ceiling by role (a mean, or
+    cut by a token budget): the calls' share is taken off then."""
+    if not point.ceilings:
+        return None
+    return fewest_tokens(calls, answered, point.ceilings)
+
+
+def fewest_tokens(calls: int, answered: Mapping[str, int], per_call: Mapping[str, float]) -> float:
+    """The fewest completion tokens ``calls`` of the stored calls can come to at ``per_call`` tokens each (by role,
+    its max_tokens; a role without one at none), where ``answered`` holds each role's answered calls in the store:
+    which of them replay is known only by role, so the cheaper role's are taken first. Subtracted from a ceiling
+    that counts every call at its max_tokens, what is left bounds the tokens still to send (their share by calls does
+    not: a run stopped after its cheap calls has its dear ones left)."""
+    tokens = 0.0
+    for role in sorted(answered, key=lambda r: per_call.get(r, 0.0)):
+        taken = min(calls, answered[role])
+        tokens += taken * per_call.get(role, 0.0)
+        calls -= taken
+    return tokens
 
 
 def _completion(calls: Mapping[str, int], per_call: Mapping[str, float]) -> float:
@@ -212,10 +243,10 @@ class Estimate:
     throughput: float | None = None
     # Calls a resumed run holds already (answered, so replayed rather than sent): what the gate need not ask about.
     stored_calls: int = 0
-    # The fewest completion tokens the stored calls come to at their roles' max_tokens, where a command works them
-    # out (tmas.planning.pool_build): the tokens still to send are then the estimate's less these. Without it they are
-    # the estimate's share by calls, which is no ceiling where the stored calls are of a role with a smaller
-    # max_tokens than those still to send.
+    # The fewest completion tokens the stored calls come to at their roles' max_tokens, where the estimate is a
+    # ceiling by role (:func:`stored_ceiling`, :mod:`tmas.planning.pool_build`): the tokens still to send are then the
+    # estimate's less these. Without it they are the estimate's share by calls, which is no ceiling where the stored
+    # calls are of a role with a smaller max_tokens than those still to send.
     stored_tokens: float | None = None
     # Calls the command sends beside the method's and counts in no figure (a report's judge), each said in words.
     left_out: list[str] = field(default_factory=list)

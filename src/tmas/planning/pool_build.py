@@ -19,7 +19,7 @@ from pathlib import Path
 from tmas.config import Settings
 from tmas.llm.sampling import resolve_role
 from tmas.methods.call_count import CallCount
-from tmas.planning.estimate import Estimate, PointEstimate
+from tmas.planning.estimate import Estimate, PointEstimate, fewest_tokens
 from tmas.pool.build import (
     CONFIG_META,
     REQUESTS_META,
@@ -89,23 +89,13 @@ def estimate_build(run_dirs: list[Path], pool_path: Path, settings: Settings, co
     stored, answered = _stored(pool_path, settings, config, run_dirs)
     estimate.stored_calls = sum(min(n, most.get(pid, 0)) for pid, n in stored.items())
     if estimate.stored_calls and estimate.completion_tokens is not None:
-        estimate.stored_tokens = _fewest_tokens(estimate.stored_calls, answered, settings)
+        # The judge's and the summarizer's max_tokens may differ: a build stopped after its judge calls has only
+        # summaries left, each at the summarizer's.
+        ceilings = {
+            role: float(resolve_role(settings, role).sampling.max_tokens or 0) for role in (JUDGE_ROLE, SUMMARIZER_ROLE)
+        }
+        estimate.stored_tokens = fewest_tokens(estimate.stored_calls, answered, ceilings)
     return estimate
-
-
-def _fewest_tokens(calls: int, answered: dict[str, int], settings: Settings) -> float:
-    """The fewest completion tokens ``calls`` of the stored calls can come to at their roles' max_tokens, where
-    ``answered`` holds each role's answered calls in the store: the judge's and the summarizer's max_tokens may
-    differ, and which of them replay is known only by role, so the cheaper role's are taken first. Subtracted from
-    the ceiling, what is left bounds the tokens still to send (their share by calls does not: a build stopped after
-    its judge calls has only summaries left, each at the summarizer's max_tokens)."""
-    ceilings = {role: resolve_role(settings, role).sampling.max_tokens or 0 for role in (JUDGE_ROLE, SUMMARIZER_ROLE)}
-    tokens = 0.0
-    for role in sorted(ceilings, key=lambda r: ceilings[r]):
-        taken = min(calls, answered.get(role, 0))
-        tokens += taken * ceilings[role]
-        calls -= taken
-    return tokens
 
 
 def _coalition_calls(case: LabelledTranscript, config: BuildConfig) -> int:
