@@ -179,7 +179,20 @@ CONFIG_PAGES = [
 ]
 
 
-@pytest.mark.parametrize("doc", CONFIG_PAGES)
+# Every page with a ```toml block: those blocks are settings files (grid files are shown under other fences).
+SETTINGS_PAGES = sorted(
+    str(p.relative_to(ROOT))
+    for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+    if "```toml\n" in p.read_text()
+)
+
+
+def test_every_config_page_with_a_settings_file_has_it_checked() -> None:
+    # A page's settings files are checked wherever they are; the pages on configuration that show some are among them.
+    assert {"README.md", "docs/local_model.md", "docs/sampling_and_budgets.md"} <= set(SETTINGS_PAGES)
+
+
+@pytest.mark.parametrize("doc", SETTINGS_PAGES)
 def test_the_config_files_the_docs_show_load(doc: str, tmp_path: Path) -> None:
     for block in re.findall(r"```toml\n(.*?)```", (ROOT / doc).read_text(), re.S):
         path = tmp_path / "tmas.toml"
