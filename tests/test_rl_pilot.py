@@ -121,6 +121,28 @@ def six_problems() -> tuple[list[dict[str, Any]], dict[tuple[str, float], list[s
     return rows, script
 
 
+# The pilot's options on six_problems' data: batch_size 4 / 2 samples make chunks of 2 groups (4 rollouts), each
+# chunk one call per temperature. At 0.5 every group is right 1 of 2 (in the 10-90 % band), at 1.0 2 of 2 (not).
+PILOT_OPTIONS: dict[str, Any] = dict(
+    temperatures=[0.5, 1.0],
+    samples=2,
+    settings=GenerationSettings(max_new_tokens=16, batch_size=4, seed=3),
+    min_rate=0.1,
+    max_rate=0.9,
+)
+
+
+def six_problems_file(tmp_path: Path) -> tuple[Path, dict[tuple[str, float], list[str]]]:
+    """six_problems' rows written as a build-data file under ``tmp_path``, and their script."""
+    pytest.importorskip("datasets")
+    from tmas.rl.data import write_parquet
+
+    rows, script = six_problems()
+    data = tmp_path / "train.parquet"
+    write_parquet(rows, data)
+    return data, script
+
+
 def test_a_pilot_with_a_deadline_stops_between_chunks_and_reports_the_groups_reached() -> None:
     rows, script = six_problems()
     # batch_size 4 / 2 samples: chunks of 2 groups (4 rollouts), each chunk one call per temperature, 10 s a call.
@@ -147,30 +169,19 @@ def test_a_pilot_with_a_deadline_stops_between_chunks_and_reports_the_groups_rea
 
 
 def test_a_pilot_stopped_for_time_says_so_and_keeps_only_groups_it_measured(tmp_path: Path) -> None:
-    pytest.importorskip("datasets")
-    from tmas.rl.data import write_parquet
     from tmas.rl.pilot import run_pilot
 
-    rows, script = six_problems()
-    data = tmp_path / "train.parquet"
-    write_parquet(rows, data)
+    data, script = six_problems_file(tmp_path)
     generate = TickingRollouts(script, 10.0)
-    settings = GenerationSettings(max_new_tokens=16, batch_size=4, seed=3)
-    # The limit counts from the start (0): 45 s as above, 4 of 6 groups. At 0.5 every group is right 1 of 2 (in the
-    # 10-90 % band), at 1.0 2 of 2 (not): 0.5 keeps the 4 measured groups.
-    out = tmp_path / "kept.parquet"
+    # The limit counts from the start (0): 45 s as above, 4 of 6 groups; 0.5 keeps the 4 measured groups.
     report = run_pilot(
         data,
-        out,
+        tmp_path / "kept.parquet",
         "scripted",
-        temperatures=[0.5, 1.0],
-        samples=2,
-        settings=settings,
-        min_rate=0.1,
-        max_rate=0.9,
         max_time_s=45,
         generate=generate,
         clock=lambda: generate.now,
+        **PILOT_OPTIONS,
     )
     assert (report.groups, report.measured_groups, report.max_time_s) == (6, 4, 45)
     assert (report.chosen_temperature, report.kept_groups, report.kept_rows, report.rows) == (0.5, 4, 4, 6)
@@ -195,31 +206,21 @@ class StoppedRollouts(TickingRollouts):
 def test_a_pilot_stopped_while_it_samples_reports_the_chunks_it_finished(tmp_path: Path) -> None:
     """A chunk runs past the pilot's time (none before it said how long one takes): the caller stops the process
     with SIGTERM; the chunk under way is dropped, the finished ones are reported and their groups kept."""
-    pytest.importorskip("datasets")
-    from tmas.rl.data import write_parquet
     from tmas.rl.pilot import run_pilot
 
-    rows, script = six_problems()
-    data = tmp_path / "train.parquet"
-    write_parquet(rows, data)
-    settings = GenerationSettings(max_new_tokens=16, batch_size=4, seed=3)
+    data, script = six_problems_file(tmp_path)
     # Chunks of 2 groups, two calls each (0.5, then 1.0); the signal comes during chunk 2's second call, with no
     # deadline reached (1000 s): chunk 1's 2 groups are reported, chunk 2's half-measured ones are not.
     generate = StoppedRollouts(script, 10.0, stop_at=4)
     before = signal.getsignal(signal.SIGTERM)
-    out = tmp_path / "kept.parquet"
     report = run_pilot(
         data,
-        out,
+        tmp_path / "kept.parquet",
         "scripted",
-        temperatures=[0.5, 1.0],
-        samples=2,
-        settings=settings,
-        min_rate=0.1,
-        max_rate=0.9,
         max_time_s=1000,
         generate=generate,
         clock=lambda: generate.now,
+        **PILOT_OPTIONS,
     )
     assert len(generate.calls) == 4
     assert (report.groups, report.measured_groups, report.kept_groups, report.kept_rows) == (6, 2, 2, 2)
@@ -235,24 +236,20 @@ def test_a_pilot_stopped_before_any_chunk_finished_reports_that_and_keeps_nothin
     """SIGTERM during the first chunk (2 groups of 6, the first generate call): nothing was measured. The pilot says
     so in one line and in its report and card, and an earlier pilot's rows and report beside OUT do not stay to pass
     for this one's."""
-    pytest.importorskip("datasets")
-    from tmas.rl.data import write_parquet
     from tmas.rl.pilot import run_pilot
 
-    rows, script = six_problems()
-    data = tmp_path / "train.parquet"
-    write_parquet(rows, data)
-    settings = GenerationSettings(max_new_tokens=16, batch_size=4, seed=3)
+    data, script = six_problems_file(tmp_path)
     out = tmp_path / "kept.parquet"
-    options: dict[str, Any] = dict(temperatures=[0.5, 1.0], samples=2, settings=settings, min_rate=0.1, max_rate=0.9)
     # An earlier pilot on the same OUT: every group measured, all 6 kept at 0.5.
     earlier = TickingRollouts(script, 10.0)
-    assert run_pilot(data, out, "scripted", generate=earlier, clock=lambda: earlier.now, **options).kept_groups == 6
+    assert (
+        run_pilot(data, out, "scripted", generate=earlier, clock=lambda: earlier.now, **PILOT_OPTIONS).kept_groups == 6
+    )
     assert out.exists()
 
     first = StoppedRollouts(script, 10.0, stop_at=1)
     with pytest.raises(ConfigError) as raised:
-        run_pilot(data, out, "scripted", max_time_s=1000, generate=first, clock=lambda: first.now, **options)
+        run_pilot(data, out, "scripted", max_time_s=1000, generate=first, clock=lambda: first.now, **PILOT_OPTIONS)
     message = str(raised.value)
     assert "\n" not in message and "stopped before any chunk of prompt groups finished" in message
     assert str(tmp_path / "kept.pilot.md") in message
@@ -273,13 +270,9 @@ def test_a_pilot_stopped_before_any_chunk_finished_reports_that_and_keeps_nothin
 def test_a_pilot_stopped_while_its_model_loads_reports_that(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The model's loading counts in the pilot's time, so the caller's SIGTERM can come before any chunk began:
     the pilot reports that too, rather than ending with no report."""
-    pytest.importorskip("datasets")
     from tmas.rl import pilot
-    from tmas.rl.data import write_parquet
 
-    rows, _ = six_problems()
-    data = tmp_path / "train.parquet"
-    write_parquet(rows, data)
+    data, _ = six_problems_file(tmp_path)
 
     def loading(model_spec: str, dtype: str, dataset: Any = None) -> Any:
         os.kill(os.getpid(), signal.SIGTERM)  # the caller's stop, while the weights load
