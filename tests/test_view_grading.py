@@ -1,5 +1,5 @@
 """How `tmas view` grades, against how `tmas report` grades the same run: scripted runs read by both, the figures
-compared."""
+compared; and how both read the grades a run stores (`tmas report --no-grade`, the viewer's run page)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from conftest import scripted_settings
+from conftest import run_tmas, scripted_settings
 from scripted_runs import scripted_run
 from tmas.grading.grades import GradeConfig, Grades
 from tmas.grading.run_results import load_results
@@ -40,6 +40,15 @@ def _overview(run_dir: Path) -> RunOverview:
     assert ref is not None
     with RunReader(ref, RunCache()) as reader:
         return reader.overview()
+
+
+def _report_no_grade(run_dir: Path, out: Path, *flags: str) -> tuple[str, str]:
+    """What `tmas report --no-grade FLAGS` says it read the grades as, and the Pass@1 (%) it shows."""
+    done = run_tmas("report", str(run_dir), "-o", str(out), "--no-grade", *flags, text=True)
+    assert done.returncode == 0, done.stderr
+    markdown = (out / "report.md").read_text()
+    pass1 = markdown.split("| cot [sim-model] | ")[1].split(" |")[0]
+    return markdown.split("grading: ")[1].split(";")[0], pass1
 
 
 async def _report(run_dir: Path, config: GradeConfig, judge: ScriptedModel | None = None) -> tuple[Grades, Any]:
@@ -81,7 +90,7 @@ def _judged(student: str, equivalent: bool) -> Rule:
     return Rule(role="judge", pattern=f"<student>\n{student}\n</student>", replies=[reply])
 
 
-async def test_the_viewer_reads_stored_grades_as_the_last_report_graded_them(tmp_path: Path) -> None:
+async def test_the_viewer_and_report_no_grade_read_stored_grades_as_the_last_grading(tmp_path: Path) -> None:
     # A chain-of-thought run: "5" against the reference \text{five} (the rules cannot decide it; the judge calls it
     # right), and 391 against 391 (the rules call it right; this judge calls it wrong). Undecided shows as None.
     pytest.importorskip("math_verify")
@@ -98,20 +107,14 @@ async def test_the_viewer_reads_stored_grades_as_the_last_report_graded_them(tmp
         ScriptedModel(SimScript(rules=solutions), scripted_settings(method__name="cot")), run_dir, problems
     )
     judge = ScriptedModel(SimScript(rules=[_judged("5", True), _judged("391", False)]), scripted_settings())
-
-    # Graded by the default (combined, two judge runs), then by the rules alone, then by the judge alone, then by the
-    # judge with one run: after each, the viewer shows the figures that report showed.
     expected = {
         "combined": {"five": True, "mult": True},
         "rules": {"five": None, "mult": True},
         "judge": {"five": True, "mult": False},
     }
-    for config in (
-        GradeConfig(mode="combined", judge_runs=2),
-        GradeConfig(mode="rules"),
-        GradeConfig(mode="judge", judge_runs=2),
-        GradeConfig(mode="judge", judge_runs=1),
-    ):
+
+    async def graded(config: GradeConfig) -> None:
+        """Grade as `tmas report --grade` does; the viewer then shows the figures that report showed."""
         grades, metrics = await _report(run_dir, config, judge)
         overview = _overview(run_dir)
         assert overview.grades is not None and not overview.grades.live
@@ -121,6 +124,16 @@ async def test_the_viewer_reads_stored_grades_as_the_last_report_graded_them(tmp
         shown = {p.problem_id: p.correct for p in overview.problems}
         assert shown == expected[config.mode], config
         assert {p.grade_source for p in overview.problems} == {config.mode}
+
+    # Graded by the judge with two runs, then with one: read as the judge's first run alone. Before, report --no-grade
+    # read every run as combined over every stored judge run, both problems right: 100%.
+    await graded(GradeConfig(mode="judge", judge_runs=2))
+    await graded(GradeConfig(mode="judge", judge_runs=1))
+    assert _report_no_grade(run_dir, tmp_path / "r1") == ("judge, 1 judge run(s)", "50.00")  # five right alone
+    # A grader named on the command line is read as named, with as many stored judge runs as it asks for (the run
+    # holds no rules rows yet: combined reads the judge's verdicts throughout).
+    assert _report_no_grade(run_dir, tmp_path / "r2", "--grade", "judge") == ("judge, 2 judge run(s)", "50.00")
+    assert _report_no_grade(run_dir, tmp_path / "r3", "--judge-runs", "1") == ("combined, 1 judge run(s)", "50.00")
     # The run page says which grading its verdicts are read as.
     with AppThread(view_app([run_dir], warm_up=False)) as viewer:
         ref = run_ref_for([run_dir], run_dir)
@@ -129,6 +142,12 @@ async def test_the_viewer_reads_stored_grades_as_the_last_report_graded_them(tmp
     grading = body.decode().split('id="grading"')[1].split("</p>")[0]
     assert status == 200 and "as its last grading of this run read them" in grading
     assert " ".join(grading.split()).endswith("the judge grader with 1 judge run.")
+
+    # Then by the default (combined, two judge runs), then by the rules alone: read as the rules', "five" undecided.
+    await graded(GradeConfig(mode="combined", judge_runs=2))
+    await graded(GradeConfig(mode="rules"))
+    assert _report_no_grade(run_dir, tmp_path / "r4") == ("rules, 1 judge run(s)", "50.00")  # mult right alone
+    assert _report_no_grade(run_dir, tmp_path / "r5", "--grade", "combined") == ("combined, 2 judge run(s)", "100.00")
 
 
 async def test_grades_stored_before_gradings_were_recorded_are_read_with_the_default_grader(tmp_path: Path) -> None:
