@@ -88,6 +88,8 @@ async def test_merging_is_transitive_and_bounded() -> None:
     bounded = TableCheck(("x_0", "rare"))
     classes = await answer_classes(many, bounded)
     assert classes["rare"] == "rare"
+    # The MAX_COMPARED keys are compared pair by pair, and never with the rare key.
+    assert len(bounded.asked) == MAX_COMPARED * (MAX_COMPARED - 1) // 2
     assert all("rare" not in pair for pair in bounded.asked)
     # Plain numbers only: no check at all.
     spy = TableCheck()

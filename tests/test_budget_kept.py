@@ -28,7 +28,7 @@ def test_majority_k16_under_a_200_token_budget_spends_at_most_one_call_past_it(t
         out = run_tmas(*args, "-m", "majority", "-p", "k=16", "--budget-tokens", "200", "--max-tokens", "256")
         assert out.returncode == 0, out.stderr.decode()
         bodies = sim.chat_bodies()
-        assert all(b["max_tokens"] == 256 for b in bodies)
+        assert bodies and all(b["max_tokens"] == 256 for b in bodies)
     with RunStore(run_dir, create=False) as store:
         results = {r.problem_id: r for r in store.results()}
         calls = list(store.calls())

@@ -497,7 +497,8 @@ async def test_a_pool_with_no_entries_of_the_runs_domain_says_the_run_has_no_exp
             " without experience"
         ]
         assert model.embedded == []
-        assert all("<experience_hints>" not in p for p in last_user_prompts(model, "specialist"))
+        specialists = last_user_prompts(model, "specialist")
+        assert specialists and all("<experience_hints>" not in p for p in specialists)
 
 
 async def test_a_pool_built_with_another_model_fails_the_problem_with_a_clear_error(tmp_path: Path) -> None:

@@ -131,7 +131,8 @@ async def test_tmas_logprob_scoring_sends_logprobs_and_reads_the_payload(sim: Si
         assert (body["logprobs"], body["top_logprobs"], body["max_tokens"]) == (True, 5, 16)
         assert "Reply with the grade first" in body["messages"][-1]["content"]
     # The solution's own call asks for no logprobs.
-    assert all("logprobs" not in r.body for r in sim.app.requests() if r.role == "solution")
+    solutions = [r.body for r in sim.app.requests() if r.role == "solution"]
+    assert len(solutions) == 1 and all("logprobs" not in body for body in solutions)
     assert "verifier_logprob_missing" not in result.counters
 
 
