@@ -137,6 +137,13 @@ def isolate(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         monkeypatch.delenv(var)
 
 
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint cache (``TMAS_CACHE_DIR``) the session's tests share: the embedded GGUF, dequantised into it by
+    the first test that loads it (a minute or two), is read from it by every later one."""
+    return tmp_path_factory.mktemp("model-cache")
+
+
 @pytest.fixture
 def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """:func:`isolate` as a fixture."""

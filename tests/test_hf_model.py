@@ -204,12 +204,11 @@ def test_a_calls_sampling_as_the_engine_draws_it() -> None:
 
 # ---------------------------------------------------------------------------------------------- the engine
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A checkpoint cache of this module's own, SmolLM2 converted into it once."""
-    root = tmp_path_factory.mktemp("hf-cache")
+def cache(model_cache: Path) -> Iterator[Path]:
+    """The session's checkpoint cache, SmolLM2 converted into it once, as this module's TMAS_CACHE_DIR."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TMAS_CACHE_DIR", str(root))
-        yield root
+        patch.setenv("TMAS_CACHE_DIR", str(model_cache))
+        yield model_cache
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,9 @@ from test_rl_train import row
 
 
 @pytest.mark.slow
-def test_continuous_batching_gives_the_padded_greedy_completions() -> None:
+def test_continuous_batching_gives_the_padded_greedy_completions(
+    model_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("gguf")
     from tmas.llm.weights import resolve_model
     from tmas.rl.hf_generate import GenerationSettings, generate
@@ -24,6 +26,7 @@ def test_continuous_batching_gives_the_padded_greedy_completions() -> None:
         resolve_model("smollm2-135m")
     except Exception as exc:  # the embedded weights are a package of their own
         pytest.skip(f"SmolLM2-135M not installed: {exc}")
+    monkeypatch.setenv("TMAS_CACHE_DIR", str(model_cache))  # converted once for the session, not into ~/.cache
     # SmolLM2-135M-Instruct read from its GGUF, float32; prompts of different lengths, so padded generate pads.
     model, tokenizer = load_policy("smollm2-135m")
     questions = [f"What is {7 * i} plus {13 * i}? Put the answer in \\boxed{{}}." + " Be brief." * i for i in range(6)]
