@@ -117,6 +117,28 @@ def test_a_base_url_of_commas_in_the_environment_or_a_config_file_is_refused(tmp
     ]
 
 
+@pytest.mark.parametrize("urls", ["", "   "])
+def test_an_empty_base_url_in_a_config_file_or_the_environment_is_refused(tmp_path: Path, urls: str) -> None:
+    # Read as no endpoint, it would start the embedded local model in place of the server the user meant to name.
+    config = tmp_path / "cfg.toml"
+    config.write_text(f'[endpoint]\nbase_url = "{urls}"\nmodel = "m"\n', encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config, environ={})
+    assert str(caught.value) == (
+        f"{config}: bad value for 'endpoint.base_url': {urls!r} holds no URL: give one (several comma-separated),"
+        " or leave the key out"
+    )
+    config.write_text(f'[roles.judge]\nbase_url = "{urls}"\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"cfg.toml: bad value for 'roles.judge.base_url': '.*' holds no URL"):
+        load_settings(config, environ={})
+    if urls:  # an empty variable is an unset one
+        with pytest.raises(ConfigError, match=r"^environment \(TMAS_BASE_URL\): bad value for 'endpoint.base_url'"):
+            load_settings(None, environ={"TMAS_BASE_URL": urls})
+    # Leaving the key out still asks for the embedded model.
+    config.write_text('[endpoint]\nmodel = "m"\n', encoding="utf-8")
+    assert load_settings(config, environ={"TMAS_BASE_URL": ""}).uses_local_model
+
+
 def _group_args(sim: SimServer, tmp_path: Path) -> list[str]:
     prompts = tmp_path / "prompts"
     prompts.mkdir()

@@ -37,12 +37,13 @@ SERVICE_ROLES = ("judge", "summarizer", "embedding")
 
 
 def _split_urls(value: Any) -> Any:
-    """``"http://a,http://b"`` (as from an environment variable) -> a list of replicas. Text that holds commas but
-    no URL (``","``) is refused: read as no endpoint, it would start the embedded local model."""
+    """``"http://a,http://b"`` (as from an environment variable) -> a list of replicas. Text that holds no URL
+    (``""``, blanks, ``","``) is refused: read as no endpoint, it would start the embedded local model. Leaving the
+    key out is how a file asks for that model."""
     if isinstance(value, str):
         urls = [part.strip() for part in value.split(",") if part.strip()]
-        if not urls and "," in value:
-            raise ValueError(f"{value!r} holds no URL")
+        if not urls:
+            raise ValueError(f"{value!r} holds no URL: give one (several comma-separated), or leave the key out")
         return urls
     return value
 
