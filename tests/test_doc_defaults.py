@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tmas.config import SERVICE_ROLES, Settings, load_settings
+from tmas.config import ENV_KEYS, SERVICE_ROLES, Settings, load_settings
 from tmas.methods import METHODS, create_method, method_traits
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,6 +127,15 @@ def test_the_readme_reference_names_every_setting() -> None:
         if k not in documented and k not in internal and not k.startswith(elsewhere) and k != "roles"
     ]
     assert not missing, f"README.md's configuration reference leaves out {missing}"
+
+
+def test_the_readme_reference_names_each_variable_in_its_settings_row() -> None:
+    rows = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `")]
+    for var, key in ENV_KEYS.items():
+        row_key = "sampling.*" if key.startswith("sampling.") else key
+        row = next((line for line in rows if f"`{row_key}`" in line.split("|")[1]), None)
+        assert row is not None, f"README.md's configuration reference has no row for {key}"
+        assert f"`{var}`" in row, f"README.md's row for {key} does not name its variable {var}"
 
 
 def baseline_rows() -> list[tuple[str, str]]:
