@@ -139,6 +139,20 @@ def test_an_empty_base_url_in_a_config_file_or_the_environment_is_refused(tmp_pa
     assert load_settings(config, environ={"TMAS_BASE_URL": ""}).uses_local_model
 
 
+def test_a_role_base_url_of_no_url_is_refused_as_the_file_is_read(tmp_path: Path) -> None:
+    # Unset, the role takes the default endpoint's URLs; an empty list failed the role's first call, mid-run.
+    config = tmp_path / "cfg.toml"
+    config.write_text("[roles.judge]\nbase_url = []\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config, environ={})
+    assert str(caught.value) == (
+        f"{config}: bad value for 'roles.judge.base_url': [] holds no URL: give one or several, or leave the key out"
+        " for the default endpoint's"
+    )
+    config.write_text('[endpoint]\nbase_url = "http://a/v1"\n[roles.judge]\nmodel = "j"\n', encoding="utf-8")
+    assert load_settings(config, environ={}).roles["judge"].base_url is None
+
+
 def _group_args(sim: SimServer, tmp_path: Path) -> list[str]:
     prompts = tmp_path / "prompts"
     prompts.mkdir()

@@ -254,6 +254,9 @@ class RoleConfig(Strict):
     @field_validator("base_url")
     @classmethod
     def _http_urls(cls, value: list[str] | None) -> list[str] | None:
+        if value == []:
+            # Unset (None) is what takes the default endpoint's URLs; no URL at all would fail the role's first call.
+            raise ValueError("[] holds no URL: give one or several, or leave the key out for the default endpoint's")
         return None if value is None else _check_urls(value)
 
     @field_validator("session_header")
