@@ -153,6 +153,19 @@ def test_a_role_base_url_of_no_url_is_refused_as_the_file_is_read(tmp_path: Path
     assert load_settings(config, environ={}).roles["judge"].base_url is None
 
 
+def test_a_bad_variable_is_named_alone_among_those_given(tmp_path: Path) -> None:
+    env = {"TMAS_BASE_URL": "http://a/v1", "TMAS_MODEL": "m", "TMAS_TEMPERATURE": "0.6x", "TMAS_MAX_TOKENS": "4096"}
+    with pytest.raises(ConfigError) as caught:
+        load_settings(None, environ=env)
+    assert str(caught.value) == (
+        "environment (TMAS_TEMPERATURE): bad value for 'sampling.temperature': Input should be a valid number,"
+        " unable to parse string as a number"
+    )
+    # A check across keys names every variable given: any of them may be the one to change.
+    with pytest.raises(ConfigError, match=r"^environment \(TMAS_BASE_URL, TMAS_BUDGET_POOL\): bad value for 'budget'"):
+        load_settings(None, environ={"TMAS_BASE_URL": "http://a/v1", "TMAS_BUDGET_POOL": "true"})
+
+
 def _group_args(sim: SimServer, tmp_path: Path) -> list[str]:
     prompts = tmp_path / "prompts"
     prompts.mkdir()

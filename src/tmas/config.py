@@ -548,7 +548,10 @@ def load_settings(
         try:
             Settings.model_validate(data)
         except ValidationError as exc:
-            raise ConfigError(validation_message(exc, f"environment ({', '.join(given)})")) from None
+            # The variable that set the bad key where one did, else (a check across keys) every one given.
+            key = ".".join(str(part) for part in exc.errors()[0]["loc"])
+            named = [var for var in given if ENV_KEYS[var] == key] or list(given)
+            raise ConfigError(validation_message(exc, f"environment ({', '.join(named)})")) from None
     data["sampling_sources"] = sources
     return _overridden(data, overrides or {})
 
