@@ -16,6 +16,9 @@ import pytest
 from conftest import run_tmas, scripted_settings
 from scripted_runs import GoneModel
 from tmas.api import asolve
+from tmas.config import Settings
+from tmas.errors import ConfigError
+from tmas.llm.preflight import check_endpoints
 from tmas.runner import Unreachable
 from tmas.testing import Rule, SimScript, SimServer
 from tmas.testing.script import PersonaName
@@ -66,6 +69,27 @@ def test_a_base_url_without_v1_is_named_before_any_call(sim: SimServer, tmp_path
         f" /v1; give --base-url {sim.url}/v1"
     )
     assert sim.stats().total_requests == 0 and not (tmp_path / "run").exists()
+
+
+async def test_a_roles_own_base_url_without_v1_is_named_with_its_roles_fix(sim: SimServer) -> None:
+    # --base-url would move every role's calls to the judge's server: the fix is the role's own key.
+    settings = Settings.model_validate(
+        {"endpoint": {"base_url": sim.base_url}, "roles": {"judge": {"base_url": sim.url}}}
+    )
+    with pytest.raises(ConfigError) as caught:
+        await check_endpoints(settings, ["solution", "judge"])
+    assert str(caught.value) == (
+        f"{sim.url}/models answered HTTP 404 and {sim.url}/v1/models answers (the base_url of [roles.judge]): the"
+        f' base URL lacks its /v1; set base_url = "{sim.url}/v1" in [roles.judge]'
+    )
+    chat = f"{sim.base_url}/chat/completions"
+    settings = Settings.model_validate({"endpoint": {"base_url": sim.base_url}, "roles": {"judge": {"base_url": chat}}})
+    with pytest.raises(ConfigError) as caught:
+        await check_endpoints(settings, ["judge"])
+    assert str(caught.value) == (
+        f"{chat} (the base_url of [roles.judge]): the base URL ends in /chat/completions, which tmas adds to it;"
+        f' set base_url = "{sim.base_url}" in [roles.judge]'
+    )
 
 
 def test_a_404_from_a_url_without_v1_says_so(sim: SimServer, tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -62,14 +63,15 @@ async def check_endpoints(settings: Settings, roles: Iterable[str]) -> None:
                     f"cannot connect to {', '.join(urls)}{whose}: {answers[0]}; start the server there or correct"
                     " --base-url ('tmas models --base-url URL' checks an endpoint)"
                 )
+            fix = _url_fix(settings, role)
             for url, status in zip(urls, answers, strict=True):
                 if url.endswith(CHAT_PATH):
                     raise ConfigError(
-                        f"{url}: the base URL ends in {CHAT_PATH}, which tmas adds to it;"
-                        f" give --base-url {url.removesuffix(CHAT_PATH)}"
+                        f"{url}{fix.whose}: the base URL ends in {CHAT_PATH}, which tmas adds to it;"
+                        f" {fix.give(url.removesuffix(CHAT_PATH))}"
                     )
                 if status == 404 and not url.endswith("/v1"):
-                    await _missing_v1(session, url, route.api_key)
+                    await _missing_v1(session, url, route.api_key, fix)
             for url, probe in zip(urls, probes, strict=True):
                 if isinstance(probe, tuple) and probe[0] == 200:
                     _check_served(url, probe[1], route.endpoint.model, role)
@@ -136,10 +138,30 @@ async def base_url_fix(url: str, api_key: str | None) -> str | None:
     return None
 
 
-async def _missing_v1(session: aiohttp.ClientSession, url: str, api_key: str | None) -> None:
+async def _missing_v1(session: aiohttp.ClientSession, url: str, api_key: str | None, fix: _UrlFix) -> None:
     """``url`` answered 404 for its model card: when the same server answers under ``url/v1``, say so."""
     if await _models_status(session, f"{url}/v1", api_key) == 200:
         raise ConfigError(
-            f"{url}/models answered HTTP 404 and {url}/v1/models answers: the base URL lacks its /v1;"
-            f" give --base-url {url}/v1"
+            f"{url}/models answered HTTP 404 and {url}/v1/models answers{fix.whose}: the base URL lacks its /v1;"
+            f" {fix.give(url + '/v1')}"
         )
+
+
+@dataclass(frozen=True)
+class _UrlFix:
+    """Where a wrong base URL of a role's calls is set: the role's own ``[roles.NAME]`` table, or the endpoint
+    (``--base-url``, which would move every role's calls and so is no fix for a role's own URL)."""
+
+    role: str | None
+
+    @property
+    def whose(self) -> str:
+        return "" if self.role is None else f" (the base_url of [roles.{self.role}])"
+
+    def give(self, url: str) -> str:
+        return f"give --base-url {url}" if self.role is None else f'set base_url = "{url}" in [roles.{self.role}]'
+
+
+def _url_fix(settings: Settings, role: str) -> _UrlFix:
+    own = settings.roles.get(role)
+    return _UrlFix(role if own is not None and own.base_url is not None else None)
