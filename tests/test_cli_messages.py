@@ -92,6 +92,19 @@ async def test_a_roles_own_base_url_without_v1_is_named_with_its_roles_fix(sim: 
     )
 
 
+async def test_a_roles_own_model_vllm_does_not_serve_is_named_with_its_roles_fix(sim: SimServer) -> None:
+    sim.set_script(SimScript(persona="vllm"))
+    settings = Settings.model_validate(
+        {"endpoint": {"base_url": sim.base_url, "model": "sim-model"}, "roles": {"judge": {"model": "judge-model"}}}
+    )
+    with pytest.raises(ConfigError) as caught:
+        await check_endpoints(settings, ["solution", "judge"])
+    assert str(caught.value) == (
+        f"{sim.base_url} serves no model 'judge-model' (the model of role 'judge'): it serves sim-model;"
+        " set model = \"sim-model\" in [roles.judge] ('tmas models' lists each endpoint's)"
+    )
+
+
 def test_a_404_from_a_url_without_v1_says_so(sim: SimServer, tmp_path: Path) -> None:
     # A URL under which nothing answers at all (not even /v1 below it): every call's error names it, and says why.
     write_problems(tmp_path / "p.jsonl", 2)

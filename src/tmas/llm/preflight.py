@@ -34,9 +34,10 @@ CONNECT_PAUSE_S = 0.5
 PROBE_TIMEOUT_S = 5.0
 # What tmas adds to a base URL for a chat call: a base URL that already ends in it was copied from a server's docs.
 CHAT_PATH = "/chat/completions"
-# The replica sets that answered in this process: a command checks before it makes a run directory, and the run it
-# then starts (or a sweep's next point, a proxy's next request) need not ask again.
-_ANSWERED: set[tuple[str, ...]] = set()
+# The replica sets that answered in this process, each with the model name asked of it (roles that share a URL may
+# name different models): a command checks before it makes a run directory, and the run it then starts (or a sweep's
+# next point, a proxy's next request) need not ask again.
+_ANSWERED: set[tuple[tuple[str, ...], str | None]] = set()
 
 
 async def check_endpoints(settings: Settings, roles: Iterable[str]) -> None:
@@ -47,14 +48,15 @@ async def check_endpoints(settings: Settings, roles: Iterable[str]) -> None:
     if settings.uses_in_process_model:
         return
     routes = Routes(settings)
-    checked: set[tuple[str, ...]] = set()
+    checked: set[tuple[tuple[str, ...], str | None]] = set()
     async with aiohttp.ClientSession() as session:
         for role in dict.fromkeys(roles):
             route = routes.route(role)
             urls = tuple(r.url for r in route.replicas)
-            if urls in checked or urls in _ANSWERED:
+            asked = (urls, route.endpoint.model)
+            if asked in checked or asked in _ANSWERED:
                 continue
-            checked.add(urls)
+            checked.add(asked)
             probes = await asyncio.gather(*(_models_reply(session, url, route.api_key) for url in urls))
             answers = [p[0] if isinstance(p, tuple) else p for p in probes]
             if all(isinstance(a, str) for a in answers):
@@ -74,11 +76,11 @@ async def check_endpoints(settings: Settings, roles: Iterable[str]) -> None:
                     await _missing_v1(session, url, route.api_key, fix)
             for url, probe in zip(urls, probes, strict=True):
                 if isinstance(probe, tuple) and probe[0] == 200:
-                    _check_served(url, probe[1], route.endpoint.model, role)
-            _ANSWERED.add(urls)
+                    _check_served(url, probe[1], route.endpoint.model, role, settings)
+            _ANSWERED.add(asked)
 
 
-def _check_served(url: str, models: Any, model: str | None, role: str) -> None:
+def _check_served(url: str, models: Any, model: str | None, role: str, settings: Settings) -> None:
     """A vLLM server answers a model it does not serve with a 404 for every call: said here, naming the models it
     does serve. An endpoint that names no model asks for ``"default"`` (:mod:`tmas.llm.routes`), which vLLM serves
     only under that name. Other servers are not asked: llama-server answers whatever model a call names, and what
@@ -90,8 +92,15 @@ def _check_served(url: str, models: Any, model: str | None, role: str) -> None:
         whose = "" if role == "solution" else f" (the model of role {role!r})"
         asked = f"no model {model!r}" if model is not None else f"no model {DEFAULT_MODEL!r}, which tmas asks for"
         named = "" if model is not None else " when none is named"
+        own = settings.roles.get(role)
+        # A role's own model is set in its table: --model would change every other role's.
+        fix = (
+            f'set model = "{served[0]}" in [roles.{role}]'
+            if own is not None and own.model is not None
+            else f"give --model {served[0]}"
+        )
         raise ConfigError(
-            f"{url} serves {asked}{named}{whose}: it serves {', '.join(served)}; give --model {served[0]}"
+            f"{url} serves {asked}{named}{whose}: it serves {', '.join(served)}; {fix}"
             " ('tmas models' lists each endpoint's)"
         )
 
