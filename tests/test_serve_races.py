@@ -324,3 +324,65 @@ async def test_a_stream_joining_a_run_follows_it_before_its_first_byte_is_sent(t
     await second.task
     assert b'"error"' not in second.body() and b"boxed{391}" in second.body()
     await s.runs.close()
+
+
+async def test_a_retry_while_its_cancelled_run_still_makes_its_store_waits_for_that_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    serve_dir = tmp_path / "served"
+    opening, go_on, entered = threading.Event(), threading.Event(), asyncio.Event()
+    guard = threading.Lock()
+    open_now: list[int] = []  # stores opened or being opened and not closed yet, as each store begins to open
+    opened = [0]
+
+    class Store(ObservedStore):
+        def close(self) -> None:
+            super().close()
+            with guard:
+                opened[0] -= 1
+
+    def held_store(*args: Any, **kwargs: Any) -> ObservedStore:
+        with guard:
+            open_now.append(opened[0])
+            opened[0] += 1
+            first = len(open_now) == 1
+        if first:
+            opening.set()
+            go_on.wait()
+        return Store(*args, **kwargs)
+
+    monkeypatch.setattr(jobs, "ObservedStore", held_store)
+    s = served(serve_dir)
+    enter = s.runs.enter
+
+    def entering(body: ChatBody, method: str, upstream: str) -> Job | Waiting:
+        entry = enter(body, method, upstream)
+        entered.set()
+        return entry
+
+    s.runs.enter = entering  # type: ignore[method-assign]
+    first = s.ask(stream=True, seed=5)
+    await asyncio.to_thread(opening.wait)
+    [job] = s.runs.active.values()
+    run_dir = job.run_dir
+    try:
+        # Its client leaves while the store is being made on a thread; the same request comes again meanwhile.
+        first.leave()
+        await first.task
+        again = s.ask(seed=5)
+        await entered.wait()
+    finally:
+        go_on.set()
+    await again.task
+    # The retry waited for the cancelled run's thread to make its store and close it: one store open at a time, one
+    # run, its reply.
+    assert again.status == 200, again.body()
+    assert again.reply()["id"] == run_dir.name and "boxed{391}" in again.reply()["choices"][0]["message"]["content"]
+    assert open_now == [0, 0]
+    assert run_dirs(serve_dir) == [run_dir]
+    with RunStore(run_dir, read_only=True) as store:
+        [result] = store.results()
+        assert store.get_meta("serve_request")["seed"] == 5
+    assert result.status == "done"
+    await s.runs.close()
+    assert opened == [0]  # both closed

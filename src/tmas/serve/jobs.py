@@ -16,7 +16,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -520,11 +520,23 @@ async def _open_store(job: Job, *, create: bool, on_call: Callable[[Completion],
     try:
         return await asyncio.shield(opening)
     except asyncio.CancelledError:
-        # Cancelled while it opens (its client left): the store is closed once open, never left behind.
-        opening.add_done_callback(_close_opened)
+        # Cancelled while it opens (its client left): the run ends only once its thread has made the store and it is
+        # closed again, so that a retry meanwhile neither finds the store half made nor makes it from a second thread.
+        await _unstoppable(_close_once_open(opening))
         raise
 
 
-def _close_opened(opening: asyncio.Future[ObservedStore]) -> None:
-    if not opening.cancelled() and opening.exception() is None:
-        opening.result().close()
+async def _close_once_open(opening: asyncio.Future[ObservedStore]) -> None:
+    try:
+        store = await opening
+    except Exception:
+        return  # it failed to open: nothing to close
+    await asyncio.to_thread(store.close)
+
+
+async def _unstoppable(step: Coroutine[Any, Any, None]) -> None:
+    """Run ``step`` to its end, however often the task awaiting it is cancelled meanwhile (it is ending already)."""
+    task = asyncio.ensure_future(step)
+    while not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(task)
