@@ -386,3 +386,22 @@ async def test_a_retry_while_its_cancelled_run_still_makes_its_store_waits_for_t
     assert result.status == "done"
     await s.runs.close()
     assert opened == [0]  # both closed
+
+
+async def test_a_reply_without_a_stream_counts_as_answered_only_once_its_client_has_it(tmp_path: Path) -> None:
+    s = served(tmp_path / "served")
+    # The client leaves while the server sends the reply's body: it never had it.
+    first = s.ask(b'"choices"')
+    await first.waiting_to_send.wait()
+    assert (s.counted(200), s.counted(499)) == (0, 0)  # not counted before it is sent
+    first.leave()
+    await first.task
+    assert first.body() == b""
+    assert (s.counted(200), s.counted(499)) == (0, 1)
+    # One that has the reply and goes at once (the server's send returns after it has seen the client go, as a server
+    # speaking ASGI's HTTP spec 2.4 may) had it, as a stream read to its end.
+    second = s.ask(spec="2.4", last=b'"choices"')
+    await second.task
+    assert b"boxed{391}" in second.body()
+    assert (s.counted(200), s.counted(499)) == (1, 1)
+    await s.runs.close()

@@ -134,15 +134,24 @@ class ServeApp:
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
-        response = await self._reply(entry, gone, body, method)
-        self._done(method, response.status_code, arrived)
+        response = await self._reply(entry, gone, body, method, lambda status: self._done(method, status, arrived))
+        if not isinstance(response, _Reply):
+            self._done(method, response.status_code, arrived)  # a reply of a run counts itself once sent (_Reply)
         return response
 
     def _done(self, method: str, status: int, arrived: float) -> None:
         self.metrics.request_done(method, status, time.monotonic() - arrived)
 
-    async def _reply(self, entry: Job | Waiting, gone: asyncio.Task[None], body: ChatBody, method: str) -> Response:
-        """The reply to a request without a stream, once its run has ended; once sent, its run is told so."""
+    async def _reply(
+        self,
+        entry: Job | Waiting,
+        gone: asyncio.Task[None],
+        body: ChatBody,
+        method: str,
+        counted: Callable[[int], None],
+    ) -> Response:
+        """The reply to a request without a stream, once its run has ended; once sent, its run is told so, and
+        ``counted`` is told the status its client had (:class:`_Reply`)."""
         ended: Job | None = None  # the run whose outcome this reply is
         handed = False  # the reply is made: its client follows the run until it is sent (_Reply)
         try:
@@ -169,7 +178,7 @@ class ServeApp:
                 return exc.response()
             handed = True
             replied = BackgroundTask(self.runs.replied, ended)
-            return _Reply(exc.body(), gone, status_code=exc.status, background=replied)
+            return _Reply(exc.body(), gone, counted, status_code=exc.status, background=replied)
         except asyncio.CancelledError:
             # Only a server shutting down cancels a handler (a client going away is the watcher's business).
             return _shutting_down().response()
@@ -184,7 +193,7 @@ class ServeApp:
                 job.run_id, body.model, job.created, text, finish, result.usage, extension, reasoning
             )
             handed = True
-            return _Reply(reply, gone, status_code=200, background=BackgroundTask(self.runs.replied, job))
+            return _Reply(reply, gone, counted, status_code=200, background=BackgroundTask(self.runs.replied, job))
         finally:
             if not handed:
                 gone.cancel()
@@ -337,17 +346,50 @@ class _RunStream(StreamingResponse):
 class _Reply(JSONResponse):
     """An ended run's reply without a stream (its result, or the error it ended with): its client follows the run
     until the reply is sent (its run told so first) or the client has gone, so that no request without a seed takes
-    the run's reply meanwhile (Job.handing)."""
+    the run's reply meanwhile (Job.handing). ``ended`` is told its status once its body is sent, or
+    :data:`CLIENT_CLOSED` when its client went away before having it, as a stream is counted."""
 
-    def __init__(self, content: Any, gone: asyncio.Task[None], *, status_code: int, background: BackgroundTask) -> None:
+    def __init__(
+        self,
+        content: Any,
+        gone: asyncio.Task[None],
+        ended: Callable[[int], None],
+        *,
+        status_code: int,
+        background: BackgroundTask,
+    ) -> None:
         super().__init__(content, status_code=status_code, background=background)
         self.gone = gone
+        self.ended = ended
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        status = CLIENT_CLOSED
+        # A server speaking ASGI's HTTP spec 2.4 fails a send to a client that has gone; an older one drops it, so
+        # there a body sent after its client was seen going never reached it.
+        raises = _spec(scope) >= (2, 4)
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            await send(message)
+            if message["type"] == "http.response.body" and (raises or not _gone(self.gone)):
+                status = self.status_code
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, sending)
         finally:
             self.gone.cancel()
+            self.ended(status)
+
+
+def _spec(scope: Scope) -> tuple[int, ...]:
+    """The ASGI HTTP spec version the server speaks."""
+    version = str(scope.get("asgi", {}).get("spec_version", "2.0"))
+    return tuple(int(part) for part in version.split(".") if part.isdigit())
+
+
+def _gone(gone: asyncio.Task[None]) -> bool:
+    """Whether the client has been seen going away (rather than its watcher stopped as its reply ended)."""
+    return gone.done() and not gone.cancelled()
 
 
 class _Turn:
