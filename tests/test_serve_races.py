@@ -405,3 +405,47 @@ async def test_a_reply_without_a_stream_counts_as_answered_only_once_its_client_
     assert b"boxed{391}" in second.body()
     assert (s.counted(200), s.counted(499)) == (1, 1)
     await s.runs.close()
+
+
+async def test_a_retry_after_a_resuming_request_left_waits_for_the_cancelled_run(tmp_path: Path) -> None:
+    serve_dir = tmp_path / "served"
+    s = served(serve_dir)
+    s.model.gate.clear()
+    s.model.let_go.clear()
+    first = s.ask(stream=True, seed=5)
+    await s.model.asked.wait()
+    [run_dir] = run_dirs(serve_dir)
+    first.leave()
+    await s.model.cancelling.wait()
+    entered = asyncio.Event()
+    enter = s.runs.enter
+
+    def entering(body: ChatBody, method: str, upstream: str) -> Job | Waiting:
+        entry = enter(body, method, upstream)
+        entered.set()
+        return entry
+
+    s.runs.enter = entering  # type: ignore[method-assign]
+    # The same request arrives while the run is being cancelled (it waits to resume it), and its client leaves too.
+    second = s.ask(seed=5)
+    await entered.wait()
+    second.leave()
+    await second.task
+    # A third arrives while the first run has still not let go of its run: it waits for it, then resumes the run.
+    entered.clear()
+    third = s.ask(seed=5)
+    await entered.wait()
+    [job] = s.runs.active.values()
+    if job.before is None or job.before.done():
+        await third.task  # it did not wait: it ran beside the first run, still holding its run
+    s.model.let_go.set()
+    s.model.gate.set()
+    await third.task
+    await first.task
+    assert third.status == 200, third.body()
+    assert third.reply()["id"] == run_dir.name and "boxed{391}" in third.reply()["choices"][0]["message"]["content"]
+    assert run_dirs(serve_dir) == [run_dir]
+    with RunStore(run_dir, read_only=True) as store:
+        [result] = store.results()
+    assert result.status == "done" and len(s.model.calls) == 1
+    await s.runs.close()

@@ -385,8 +385,14 @@ class ServedRuns:
     ) -> ProblemResult:
         if job.before is not None:
             # The run's cancelled task lets go of its store and its lock as it ends; it may have ended before its
-            # request was stored, when this one stores it.
-            await asyncio.wait({job.before})
+            # request was stored, when this one stores it. Cancelled meanwhile (its client left too), this one ends
+            # only after it, so that a request sent then finds the run let go of (or this one, still ending, to wait
+            # for) rather than resuming it beside the cancelled task that still holds it.
+            try:
+                await asyncio.wait({job.before})
+            except asyncio.CancelledError:
+                await _unstoppable(_ended(job.before))
+                raise
         store = await _open_store(job, create=not resume or job.before is not None, on_call=self.on_call)
         try:
             if not store.problems():
@@ -532,6 +538,10 @@ async def _close_once_open(opening: asyncio.Future[ObservedStore]) -> None:
     except Exception:
         return  # it failed to open: nothing to close
     await asyncio.to_thread(store.close)
+
+
+async def _ended(task: asyncio.Task[ProblemResult]) -> None:
+    await asyncio.wait({task})
 
 
 async def _unstoppable(step: Coroutine[Any, Any, None]) -> None:
