@@ -58,6 +58,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -722,7 +723,7 @@ def reward_curve(steps_file: Path, window: int = 10) -> dict[str, Any] | None:
         "last_mean": last,
         "rise": last - first,
         "zero_std_mean": sum(r.get("frac_reward_zero_std", 0.0) for r in rows) / len(rows),
-        "step_s_median": sorted(r["step_s"] for r in rows)[len(rows) // 2],
+        "step_s_median": statistics.median(r["step_s"] for r in rows),
         "train_s": sum(r["step_s"] for r in rows),
         "generated_tokens_per_s_mean": sum(speeds) / len(speeds) if speeds else None,
         # Dynamic sampling: groups a step trained although their rewards did not differ (too few others).

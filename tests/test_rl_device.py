@@ -444,6 +444,9 @@ def test_reward_curve_by_hand(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     # A run of 6 steps compares its first 3 with its last 3.
     steps.write_text("".join(json.dumps(r) + "\n" for r in rows[:6]))
     assert device.reward_curve(steps)["window"] == 3
+    # An even number of steps: the median is the mean of the middle two (6 and 7 of 6, 7, 8, 6), not the upper one.
+    steps.write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))
+    assert device.reward_curve(steps)["step_s_median"] == 6.5
     assert device.reward_curve(tmp_path / "none.jsonl") is None
 
 
