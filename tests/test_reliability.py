@@ -426,7 +426,7 @@ async def test_a_spent_quota_ends_the_run_after_one_request_keeping_finished_wor
             await arun(problems, tmp_path / "run", _one_at_a_time(sim))
         asked = [r.problem_id for r in sim.requests if r.endpoint == "chat"]
     assert asked == ["p0", "p1"]  # the refused call was not sent again, and no later problem was started
-    assert "--resume" in str(raised.value)
+    assert f"tmas.api.aresume('{tmp_path / 'run'}')" in str(raised.value)
     with RunStore(tmp_path / "run") as store:
         assert {r.problem_id: r.status for r in store.results()} == {"p0": "done"}
 
