@@ -91,9 +91,9 @@ class CallCount:
         """The most completion tokens a problem's calls come to at ``per_call`` tokens each (by role, the most a
         call of it can spend): ``most``'s calls, each place that may go out as other calls taken at the dearer; under
         a call budget (``cap``), no more than its number of the dearest calls."""
-        tokens = _tokens(self.most, per_call)
+        tokens = calls_tokens(self.most, per_call)
         for place in self.instead:
-            tokens += place.times * max(0.0, _tokens(place.sent, per_call) - _tokens(place.counted, per_call))
+            tokens += place.times * max(0.0, calls_tokens(place.sent, per_call) - calls_tokens(place.counted, per_call))
         if self.cap is None:
             return tokens
         # Each call at the dearest role it may go out as (a place sends no more calls than it stands for).
@@ -121,7 +121,7 @@ class CallCount:
         return self.total / full if full else 1.0
 
 
-def _tokens(calls: Mapping[str, int], per_call: Mapping[str, float]) -> float:
+def calls_tokens(calls: Mapping[str, int], per_call: Mapping[str, float]) -> float:
     """Completion tokens of ``calls`` (by role) at ``per_call`` tokens per call of each role."""
     return sum(n * per_call.get(role, 0.0) for role, n in calls.items())
 

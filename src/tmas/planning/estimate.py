@@ -17,7 +17,7 @@ from typing import Any
 from tmas.config import Settings
 from tmas.llm.sampling import resolve_role
 from tmas.methods.base import Method
-from tmas.methods.call_count import CallCount
+from tmas.methods.call_count import CallCount, calls_tokens
 
 # The calls one question may cost before ``tmas solve`` asks (and a ``tmas serve`` request's cap, by default): a few
 # hundred is what a baseline costs at its paper setting; the TMAS paper's 1,630 is a benchmark run's worth.
@@ -165,7 +165,7 @@ def estimate_point(
             per_call = {role: float(v or 0) for role, v in ceilings.items()}
             point.basis = "max_tokens"
     if per_call is not None:
-        per_problem = count.ceiling(per_call) if ceiling else _completion(count.expected, per_call) * count.share()
+        per_problem = count.ceiling(per_call) if ceiling else calls_tokens(count.expected, per_call) * count.share()
         cut = False
         if budget.tokens is not None and budget.count == "completion" and per_problem > budget.tokens:
             cut = True
@@ -221,15 +221,10 @@ def fewest_tokens(calls: int, answered: Mapping[str, int], per_call: Mapping[str
     return tokens
 
 
-def _completion(calls: Mapping[str, int], per_call: Mapping[str, float]) -> float:
-    """Completion tokens of ``calls`` (by role) at ``per_call`` tokens per call of each role."""
-    return sum(n * per_call.get(role, 0.0) for role, n in calls.items())
-
-
 def _fewest_completion(count: CallCount, per_call: Mapping[str, float]) -> float:
     """Completion tokens when the problem stops as early as it can: its fewest calls, the ones online stopping may
     cut at ``stoppable_tokens`` each."""
-    tokens = _completion(count.fewest if count.fewest is not None else count.expected, per_call)
+    tokens = calls_tokens(count.fewest if count.fewest is not None else count.expected, per_call)
     for role, n in (count.stoppable or {}).items():
         tokens -= n * max(0.0, per_call.get(role, 0.0) - count.stoppable_tokens)
     return tokens
