@@ -178,8 +178,10 @@ async def test_a_replica_that_takes_no_new_connection_while_it_finishes_a_stream
     # and answered by the other; the stream's later chunks and its end (a request sent before the refusal) do not
     # bring the replica back, so no other call is refused (brought back, the calls would each be refused again, twice
     # at most, and then end the run). Once it listens again and answers /health, calls reach it again.
-    tokens = " ".join(["step"] * 150)
-    script = SimScript(persona="vllm", latency_per_token_s=0.01, rules=[Rule(pattern="long", replies=[tokens])])
+    # Each of the stream's chunks comes past timeout_s: its silences are judged while /health is refused, and the
+    # stream is waited out (the server finishes it), not closed and sent again.
+    tokens = " ".join(["step"] * 4)
+    script = SimScript(persona="vllm", latency_per_token_s=0.8, rules=[Rule(pattern="long", replies=[tokens])])
     long_prompt = [user("A long question, the same prefix in every call. " * 20 + "long")]
     with SimServer(SimScript(persona="vllm")) as good, SimServer(script) as leaving:
         stats = ClientStats()
@@ -209,6 +211,7 @@ async def test_a_replica_that_takes_no_new_connection_while_it_finishes_a_stream
                     break
                 await asyncio.sleep(0.1)
     assert all(c.ok for c in meanwhile + later), [c.error for c in meanwhile]
+    assert stream.result().retry_causes == [] and stream.result().attempts == 1
     assert [c.retry_causes for c in meanwhile] == [["connect"]] + [[]] * 5
     assert {c.endpoint for c in meanwhile} == {good.base_url}
     assert stats.retries_by_cause == {"connect": 1}

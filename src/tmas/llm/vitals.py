@@ -19,10 +19,13 @@ it and loses its place. So a silence past ``timeout_s`` is judged by what the re
   :data:`READING_GAP_S` apart: a working engine moves them within a step; a reading that differs from the previous
   look's shows work in between.
 
-A replica whose ``/health`` fails is dead (cause ``dead``); one that showed no progress for ``progress_timeout_s``
-while a call waited on it is stuck (``no_progress`` before the call's first chunk, ``stall`` after it). Either leaves
-routing (:meth:`tmas.llm.replica.Replica.leave`) until it shows life again (:func:`recheck`). A look is shared by the
-calls waiting on one replica: concurrent ones wait for it, and one younger than half the check interval is reused.
+A replica whose ``/health`` fails is dead (cause ``dead``), unless its port refused the connection while the call's own
+request is still open: a server shutting down (uvicorn, under vLLM and SGLang, and cpp-httplib) closes its port and
+finishes the requests it holds, so the call waits on (bounded by ``progress_timeout_s``) and the replica takes no new
+ones until it answers again. One that showed no progress for ``progress_timeout_s`` while a call waited on it is
+stuck (``no_progress`` before the call's first chunk, ``stall`` after it). Either leaves routing
+(:meth:`tmas.llm.replica.Replica.leave`) until it shows life again (:func:`recheck`). A look is shared by the calls
+waiting on one replica: concurrent ones wait for it, and one younger than half the check interval is reused.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import aiohttp
 
@@ -62,6 +65,9 @@ READING_GAP_S = 1.0
 # The longest a look waits for /health or a reading.
 LOOK_TIMEOUT_S = 30.0
 
+# What a replica's /health said at a look: it answered ("up"), failed or gave no answer ("down"), or its port refused
+# the connection ("refused").
+Health = Literal["up", "down", "refused"]
 # What a silent call asks of its replica after each check interval: (when its silence began, whether chunks had come
 # before it) -> the failure that ends the attempt, or None to wait on.
 Judge = Callable[[float, bool], Awaitable[Failure | None]]
@@ -73,8 +79,8 @@ class Vitals:
 
     # time.monotonic() of the last progress seen: a chunk to one of its calls, or its counters moving.
     seen_at: float = -math.inf
-    # Whether its /health answered 200 (or 404: a server without the route) at the last look.
-    alive: bool = True
+    # Its /health at the last look: "up" where it answered 200 (or 404: a server without the route).
+    health: Health = "up"
     looked_at: float = -math.inf
     reading: tuple[float, ...] | None = None
     # Where its counters are read: "metrics", "get_load", "" (nowhere), None (not found out yet).
@@ -102,6 +108,8 @@ class Replica(Protocol):
 
     def back(self) -> None: ...
 
+    def refused(self) -> None: ...
+
 
 def check_interval(endpoint: Endpoint) -> float:
     """Seconds between the checks of a silence past ``timeout_s``."""
@@ -117,7 +125,9 @@ def judge(session: aiohttp.ClientSession, replica: Replica, endpoint: Endpoint, 
         now = time.monotonic()
         silent = now - silent_since
         what = "no chunk" if streaming else "no first chunk"
-        if not vitals.alive:
+        if vitals.health == "refused":
+            replica.refused()  # shutting down: it finishes this call's request, and takes no new one
+        elif vitals.health == "down":
             replica.leave("dead")
             message = f"{replica.url} sent {what} for {silent:.0f}s and does not answer /health"
             return Failure(message, "dead", retry=True)
@@ -149,7 +159,7 @@ async def look(
         if time.monotonic() - vitals.looked_at < fresh_s:
             return vitals
         timeout_s = min(endpoint.timeout_s, LOOK_TIMEOUT_S)
-        health = asyncio.ensure_future(alive(session, replica, api_key, timeout_s))
+        health = asyncio.ensure_future(health_of(session, replica, api_key, timeout_s))
         try:
             first = await reading(session, replica, api_key, timeout_s)
             if first is not None:
@@ -160,7 +170,7 @@ async def look(
                 if second is not None and second != first:
                     vitals.progressed()
                 vitals.reading = second if second is not None else first
-            vitals.alive = await health
+            vitals.health = await health
         finally:
             if not health.done():
                 health.cancel()
@@ -173,7 +183,7 @@ async def recheck(session: aiohttp.ClientSession, replica: Replica, endpoint: En
     progress, its counters moved or it has been out for ``progress_timeout_s`` (then it is tried again: a replica still
     wedged leaves again after another bound)."""
     vitals = await look(session, replica, api_key, endpoint, fresh_s=0.0)
-    if not vitals.alive:
+    if vitals.health != "up":
         return
     stuck = replica.down == "no_progress" and vitals.seen_at <= replica.down_at
     if stuck and time.monotonic() - replica.down_at < (endpoint.progress_timeout_s or 0.0):
@@ -181,11 +191,14 @@ async def recheck(session: aiohttp.ClientSession, replica: Replica, endpoint: En
     replica.back()
 
 
-async def alive(session: aiohttp.ClientSession, replica: Replica, api_key: str | None, timeout_s: float) -> bool:
-    """Whether the replica answers /health (a server working through a long queue still does). A 5xx is a server
-    that says it is unhealthy (vLLM, SGLang); a 404 one that has no such route but answered (a hosted API)."""
-    answer = await _get(session, f"{replica.root}/health", api_key, timeout_s)
-    return answer is not None and answer[0] < 500
+async def health_of(session: aiohttp.ClientSession, replica: Replica, api_key: str | None, timeout_s: float) -> Health:
+    """What the replica's /health says (a server working through a long queue still answers). A 5xx is a server that
+    says it is unhealthy (vLLM, SGLang); a 404 one that has no such route but answered (a hosted API)."""
+    try:
+        answer = await _fetch(session, f"{replica.root}/health", api_key, timeout_s)
+    except ConnectionRefusedError:
+        return "refused"
+    return "up" if answer is not None and answer[0] < 500 else "down"
 
 
 async def reading(
@@ -261,9 +274,23 @@ async def _get(
     session: aiohttp.ClientSession, url: str, api_key: str | None, timeout_s: float
 ) -> tuple[int, str] | None:
     """(status, body) of a GET of ``url``; None when no answer came (refused, cut, or not within ``timeout_s``)."""
+    try:
+        return await _fetch(session, url, api_key, timeout_s)
+    except ConnectionRefusedError:
+        return None
+
+
+async def _fetch(
+    session: aiohttp.ClientSession, url: str, api_key: str | None, timeout_s: float
+) -> tuple[int, str] | None:
+    """:func:`_get`, but a refused connection raises ConnectionRefusedError."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             return resp.status, await resp.text(errors="replace")
+    except aiohttp.ClientConnectorError as exc:
+        if isinstance(exc.os_error, ConnectionRefusedError):
+            raise ConnectionRefusedError(str(exc)) from None
+        return None
     except (aiohttp.ClientError, TimeoutError):
         return None
