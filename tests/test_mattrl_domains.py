@@ -415,6 +415,8 @@ async def test_an_education_build_credits_the_teachers_never_the_student(tmp_pat
     assert sum("<experience_hints>" in b for b in analyses) == 1
     used = Transcript.model_validate(again.iterations[-1].state["transcript"])
     assert sorted(i for u in used.utterances for i in u.experience_ids) == sorted(e.id for e in pool.entries)
+    # The ids are entries of this pool: the transcript names it, for the pool's prune.
+    assert used.pool == str((tmp_path / "pool").resolve())
 
 
 @pytest.mark.slow

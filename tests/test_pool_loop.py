@@ -57,11 +57,11 @@ async def test_build_from_real_mattrl_runs_then_retrieve_and_prune(tmp_path: Pat
     await mattrl_run(script, tmp_path / "test", pool=str(pool_path), top_k=2)
     with RunStore(tmp_path / "test", create=False) as store:
         records = [r.iterations[-1] for r in store.results()]
-    per_problem = [
-        {i for u in Transcript.model_validate(record.state["transcript"]).utterances for i in u.experience_ids}
-        for record in records
-    ]
+    transcripts = [Transcript.model_validate(record.state["transcript"]) for record in records]
+    per_problem = [{i for u in t.utterances for i in u.experience_ids} for t in transcripts]
     assert all(per_problem) and set().union(*per_problem) <= {e.id for e in pool.entries}
+    # Each transcript names the pool its ids are entries of (ids are unique only within a pool).
+    assert {t.pool for t in transcripts} == {str(pool_path.resolve())}
 
     # The prune reads the runs' grades on a model of one's own whose settings name no endpoint.
     pruner = ScriptedModel(script)

@@ -19,6 +19,7 @@ from tmas.memory.transcript import TeamMember, Transcript, Utterance
 from tmas.pool.lifecycle import EntryUsage, PruneConfig, prune_pool, recency_weight, wrong_correlated
 from tmas.problems import Problem
 from tmas.store.run_lock import RunLock
+from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript
 
 
@@ -26,9 +27,11 @@ def entry(id_: str, action: str, experience: str, reward: float = 0.5) -> PoolEn
     return PoolEntry(id=id_, action=action, experience=experience, reward=reward)
 
 
-def used(problem_id: str, ids: list[str]) -> Transcript:
+def used(problem_id: str, ids: list[str], pool: Path) -> Transcript:
+    """A problem's transcript whose one opinion was given the entries ``ids`` of the pool at ``pool``."""
     return Transcript(
         problem_id=problem_id,
+        pool=str(pool.resolve()),
         team=[TeamMember(id="S1", specialty="algebra", leader=True)],
         utterances=[Utterance(round=0, agent="S1", kind="opinion", text="attempt", experience_ids=ids)],
         final_answer="1",
@@ -71,7 +74,7 @@ async def test_prune_merges_ages_out_and_drops_wrong_correlated(tmp_path: Path) 
         if i == 1:
             ids.append("fine")
         problem = Problem(problem_id=f"p{i}", question=f"Question {i}?", answer="1")
-        cases.append((problem, used(f"p{i}", ids), "2" if i <= 3 else "1"))
+        cases.append((problem, used(f"p{i}", ids, pool_path), "2" if i <= 3 else "1"))
     run = write_run(tmp_path / "run", cases)
 
     summary = await prune_pool(pool_path, [run], model.settings, PruneConfig(grade_mode="rules"), model=model)
@@ -115,7 +118,7 @@ async def test_prune_grades_the_runs_with_a_judge_of_ones_own_without_an_endpoin
     cases = []
     for i in range(1, 7):
         problem = Problem(problem_id=f"p{i}", question=f"Question {i}?", answer="1")
-        cases.append((problem, used(f"p{i}", ["wrong"] if i <= 3 else ["fine"]), "2" if i <= 3 else "1"))
+        cases.append((problem, used(f"p{i}", ["wrong"] if i <= 3 else ["fine"], pool_path), "2" if i <= 3 else "1"))
     run = write_run(tmp_path / "run", cases)
     judge = ScriptedModel(SimScript(rules=[Rule(role="judge", replies=['{"reasoning": "r", "equivalent": true}'])]))
     assert not judge.settings.endpoint.base_url
@@ -150,7 +153,7 @@ async def test_a_prune_while_a_build_or_a_prune_of_its_pool_runs_is_refused_befo
     pool_path = tmp_path / "pool"
     await make_pool(pool_path, ScriptedModel(SimScript(), scripted_settings()))
     problem = Problem(problem_id="p1", question="Question 1?", answer="1")
-    run = write_run(tmp_path / "run", [(problem, used("p1", ["wrong"]), "2")])
+    run = write_run(tmp_path / "run", [(problem, used("p1", ["wrong"], pool_path), "2")])
     judge = ScriptedModel(SimScript(rules=[Rule(role="judge", replies=['{"reasoning": "r", "equivalent": true}'])]))
     build_dir = tmp_path / "pool.build"
     build_dir.mkdir()
@@ -173,3 +176,79 @@ async def test_a_prune_of_a_folder_without_a_pool_makes_no_build_store_beside_it
     with pytest.raises(PoolError, match="no experience pool here"):
         await prune_pool(tmp_path / "none", [], None, PruneConfig())
     assert not (tmp_path / "none.build").exists()
+
+
+async def two_pools_sharing_ids(tmp_path: Path, model: ScriptedModel) -> tuple[Path, Path]:
+    """Pools "a" and "b", each with entries "e1" and "e2" of its own (as two builds from the same runs make them, one
+    per credit scheme: their ids come from the same source turns)."""
+    embed = EndpointEmbedder(model)
+    paths = []
+    for name, texts in (
+        ("a", [("Check small cases", "Try n = 1, 2, 3 first."), ("Draw the figure", "Mark the given angles.")]),
+        ("b", [("Factor the polynomial", "Look for a common root."), ("Guess the pattern", "Extend two terms.")]),
+    ):
+        pool = Pool.create(tmp_path / name, embed.name)
+        await pool.add([entry(f"e{i}", action, exp) for i, (action, exp) in enumerate(texts, start=1)], embed)
+        pool.save()
+        paths.append(tmp_path / name)
+    return paths[0], paths[1]
+
+
+async def test_a_prune_counts_only_the_retrievals_from_its_own_pool_when_pools_share_entry_ids(tmp_path: Path) -> None:
+    model = ScriptedModel(SimScript(), scripted_settings())
+    pool_a, pool_b = await two_pools_sharing_ids(tmp_path, model)
+    # Run A retrieved from pool a: a1-a3 right with e1, a4 wrong with e2. Run B from pool b: b1, b2 wrong with e2,
+    # b3, b4 right with e1. Answers "2" are wrong (gold "1").
+    cases_a = [
+        (Problem(problem_id=f"a{i}", question=f"A {i}?", answer="1"), used(f"a{i}", [ids], pool_a), answer)
+        for i, ids, answer in ((1, "e1", "1"), (2, "e1", "1"), (3, "e1", "1"), (4, "e2", "2"))
+    ]
+    cases_b = [
+        (Problem(problem_id=f"b{i}", question=f"B {i}?", answer="1"), used(f"b{i}", [ids], pool_b), answer)
+        for i, ids, answer in ((1, "e2", "2"), (2, "e2", "2"), (3, "e1", "1"), (4, "e1", "1"))
+    ]
+    runs = [write_run(tmp_path / "run-a", cases_a), write_run(tmp_path / "run-b", cases_b)]
+    config = PruneConfig(grade_mode="rules")
+
+    summary = await prune_pool(pool_a, runs, None, config, model=model)
+    # Pool a's own problems: base 1/4 = 0.25; e1 3 uses, 0 wrong; e2 1 use, 1 wrong (under 3 uses: judged not).
+    # Before, run B's retrievals of pool b's e2 were counted as pool a's: e2 3 uses, 3 wrong, a rate of 1.0 above
+    # the mixed base 3/8 + 0.3, and pool a's e2 was removed.
+    assert summary.base_wrong_rate == pytest.approx(0.25) and summary.wrong == []
+    assert f"4 problems retrieved from another pool, {pool_b.resolve()}: not counted" in summary.notes
+    assert {e.id: (e.retrieved, e.retrieved_wrong) for e in Pool.open(pool_a).entries} == {"e1": (3, 0), "e2": (1, 1)}
+
+    summary = await prune_pool(pool_b, runs, None, config, model=model)
+    # Pool b's: base 2/4 = 0.5; e1 2 uses, 0 wrong; e2 2 uses, 2 wrong.
+    assert summary.base_wrong_rate == pytest.approx(0.5) and summary.wrong == []
+    assert {e.id: (e.retrieved, e.retrieved_wrong) for e in Pool.open(pool_b).entries} == {"e1": (2, 0), "e2": (2, 2)}
+
+
+async def test_a_run_recorded_before_transcripts_named_their_pool_counts_for_its_pool_parameter(
+    tmp_path: Path,
+) -> None:
+    model = ScriptedModel(SimScript(), scripted_settings())
+    pool_a, pool_b = await two_pools_sharing_ids(tmp_path, model)
+    runs = []
+    for name, pool, answer in (("a", pool_a, "1"), ("b", pool_b, "2"), ("none", None, "2")):
+        # Transcripts without their pool, as runs wrote them before; the run's parameters name it (or none).
+        cases = [
+            (
+                Problem(problem_id=f"{name}{i}", question=f"{name} {i}?", answer="1"),
+                used(f"{name}{i}", ["e1"], tmp_path).model_copy(update={"pool": None}),
+                answer,
+            )
+            for i in range(1, 4)
+        ]
+        run = write_run(tmp_path / f"run-{name}", cases)
+        with RunStore(run, create=False) as store:
+            params = {"pool": str(pool)} if pool is not None else {}
+            store.set_meta("method", {"name": "mattrl", "params": params})
+        runs.append(run)
+
+    summary = await prune_pool(pool_a, runs, None, PruneConfig(grade_mode="rules"), model=model)
+    # Run a's three right problems only: e1 3 uses, 0 wrong; run b's three wrong ones went to pool b, and the run
+    # without a pool to none. Before, all nine counted: e1 9 uses, 6 wrong.
+    assert summary.base_wrong_rate == 0.0 and summary.wrong == []
+    assert f"{tmp_path / 'run-none'}: 3 problems retrieved from no experience pool, not counted" in summary.notes
+    assert {e.id: (e.retrieved, e.retrieved_wrong) for e in Pool.open(pool_a).entries} == {"e1": (3, 0), "e2": (0, 0)}

@@ -44,8 +44,14 @@ class Utterance(BaseModel):
 
 
 class Transcript(BaseModel):
+    """A problem's deliberation. ``pool`` is the experience pool folder (resolved) the utterances'
+    ``experience_ids`` name entries of: ids are unique only within a pool (pools built from the same runs share
+    them), so a pool's lifecycle counts a retrieval only where it is its own. None where no pool gave hints (and in
+    runs recorded before the field existed; their run's ``pool`` parameter stands for it)."""
+
     problem_id: str
     domain: str = "math"
+    pool: str | None = None
     team: list[TeamMember] = Field(default_factory=list)
     utterances: list[Utterance] = Field(default_factory=list)
     final_answer: str | None = None

@@ -116,6 +116,11 @@ class Retriever:
     k: int
 
 
+def _pool_name(retriever: Retriever | None) -> str | None:
+    """The pool a transcript's experience ids are entries of (:attr:`Transcript.pool`): its folder, resolved."""
+    return str(retriever.pool.path.resolve()) if retriever is not None else None
+
+
 @dataclass
 class Deliberation:
     """The discussion of one case so far: its transcript, the seats, the domain's peer review, the points the
@@ -222,8 +227,11 @@ class MATTRL(Method[MATTRLParams]):
         assert review is not None, f"domain {self.domain.name!r} neither deliberates nor teaches"
         session.begin_iteration(0)
         notes: list[str] = []
-        transcript = Transcript(problem_id=session.problem.problem_id, domain=self.domain.name)
-        talk = Deliberation(transcript, review(self.params), self._retriever(session))
+        retriever = self._retriever(session)
+        transcript = Transcript(
+            problem_id=session.problem.problem_id, domain=self.domain.name, pool=_pool_name(retriever)
+        )
+        talk = Deliberation(transcript, review(self.params), retriever)
         # Stage I: the coordinator recruits the team.
         transcript.team = await self._form_team(session, notes)
         talk.seats = [Seat(i, m) for i, m in enumerate(transcript.team)]
@@ -252,6 +260,7 @@ class MATTRL(Method[MATTRLParams]):
             retrieve=retrieve,
             name=self.name,
             domain=self.domain.name,
+            pool=_pool_name(retriever),
         )
 
     # ---- Stage I --------------------------------------------------------------------------------

@@ -94,12 +94,14 @@ async def teach(
     retrieve: Retrieve,
     name: str,
     domain: str,
+    pool: str | None = None,
 ) -> ProblemResult:
     """The case of ``session`` taught over ``rounds`` rounds by a team (``form_team``) or one teacher; ``name`` is
-    the method's, ``domain`` the teaching domain's (its transcript's)."""
+    the method's, ``domain`` the teaching domain's (its transcript's), ``pool`` the experience pool ``retrieve``
+    reads (a team's; the transcript's :attr:`Transcript.pool`)."""
     problem = session.problem
     gold = (problem.answer or "").strip()
-    transcript = Transcript(problem_id=problem.problem_id, domain=domain)
+    transcript = Transcript(problem_id=problem.problem_id, domain=domain, pool=pool if team else None)
     notes: list[str] = []
     session.begin_iteration(0)
     pre = await session.chat("student", student_prompt(problem.question))

@@ -5,7 +5,10 @@ paragraph: recency weighting, de-duplication, anomaly screening), in three docum
    differential without the gold diagnosis first): an entry retrieved (``Utterance.experience_ids``)
    in at least ``min_uses`` problems, whose problems ended wrong at a rate at least ``wrong_margin`` above the
    runs' base wrong rate, is removed. Counting is per problem (one retrieval per problem however many turns used
-   it). The entries' ``retrieved`` / ``retrieved_wrong`` counters are set to these counts.
+   it). The entries' ``retrieved`` / ``retrieved_wrong`` counters are set to these counts. Only the problems that
+   retrieved from this pool count, here and in the base rate (:attr:`Transcript.pool`; a run recorded before it
+   was kept: its ``pool`` parameter): entry ids are unique only within a pool, and pools built from the same runs
+   (one per credit scheme, say) share them, so another pool's retrievals would be counted as this one's.
 2. **Near-duplicates.** Entries whose embeddings have cosine similarity >= ``duplicate_cosine`` are merged: the one
    with the higher reward (the older on a tie) stays and takes the others' retrieval counters.
 3. **Recency.** An entry added at pool version a has weight ``recency_decay ** (V - a)`` at pool version V; entries
@@ -25,12 +28,14 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from tmas.config import Settings
+from tmas.errors import InputError
 from tmas.grading.registry import GradeMode
 from tmas.llm.model import ChatModel
 from tmas.memory.pool import Pool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.pool.outcomes import DiagnosisMatch, load_transcripts
 from tmas.pool.writing import writing
+from tmas.store.run_store import RunStore, StoreError
 
 
 class PruneConfig(BaseModel):
@@ -51,6 +56,20 @@ class PruneConfig(BaseModel):
 class EntryUsage:
     uses: int = 0
     wrong: int = 0
+
+
+@dataclass
+class PoolUsage:
+    """What the graded problems that retrieved from one pool say of it: per entry id, in how many it was retrieved
+    and how many of those ended wrong; and how many problems there were, and how many ended wrong."""
+
+    entries: dict[str, EntryUsage] = field(default_factory=dict)
+    problems: int = 0
+    wrong: int = 0
+
+    @property
+    def base_wrong_rate(self) -> float | None:
+        return self.wrong / self.problems if self.problems else None
 
 
 @dataclass
@@ -82,19 +101,51 @@ async def retrieval_usage(
     match: DiagnosisMatch = "judge",
     *,
     model: ChatModel | None = None,
-) -> tuple[dict[str, EntryUsage], float | None]:
-    """Per entry id: in how many graded problems it was retrieved, and how many of those ended wrong; and the
-    base wrong rate over all those problems (None without any). The grading's judge is ``model`` where given."""
+) -> dict[str, PoolUsage]:
+    """Per pool the graded problems of ``run_dirs`` retrieved from (its folder, resolved), what they say of it:
+    problems that retrieved from none go to ``notes``. The grading's judge is ``model`` where given."""
     cases = await load_transcripts(run_dirs, settings, grade_mode=grade_mode, notes=notes, match=match, model=model)
-    usage: dict[str, EntryUsage] = {}
+    configured: dict[str, str | None] = {}
+    usage: dict[str, PoolUsage] = {}
+    without: dict[str, int] = {}
     for case in cases:
+        pool = case.transcript.pool
+        if pool is None:
+            if case.run not in configured:
+                configured[case.run] = configured_pool(Path(case.run))
+            pool = configured[case.run]
+        if pool is None:
+            without[case.run] = without.get(case.run, 0) + 1
+            continue
+        counts = usage.setdefault(pool, PoolUsage())
+        counts.problems += 1
+        counts.wrong += _wrong(case.outcome)
         ids = {i for u in case.transcript.utterances for i in u.experience_ids}
         for entry_id in ids:
-            counts = usage.setdefault(entry_id, EntryUsage())
-            counts.uses += 1
-            counts.wrong += _wrong(case.outcome)
-    base = sum(_wrong(c.outcome) for c in cases) / len(cases) if cases else None
-    return usage, base
+            entry = counts.entries.setdefault(entry_id, EntryUsage())
+            entry.uses += 1
+            entry.wrong += _wrong(case.outcome)
+    notes.extend(f"{run}: {n} problems retrieved from no experience pool, not counted" for run, n in without.items())
+    return usage
+
+
+def configured_pool(run_dir: Path) -> str | None:
+    """The pool folder (resolved) of a run's ``pool`` parameter, as its store records it: what a run recorded before
+    its transcripts named their pool retrieved from. None for a run without one."""
+    try:
+        store = RunStore(run_dir, create=False)
+    except StoreError as exc:
+        raise InputError(str(exc)) from None
+    with store:
+        method = store.get_meta("method")
+    params = method.get("params") if isinstance(method, dict) else None
+    pool = params.get("pool") if isinstance(params, dict) else None
+    return _resolved(Path(pool)) if isinstance(pool, str) and pool else None
+
+
+def _resolved(path: Path) -> str:
+    """A pool folder as runs name it in their transcripts (:attr:`Transcript.pool`)."""
+    return str(path.resolve())
 
 
 def _wrong(outcome: float) -> bool:
@@ -152,18 +203,21 @@ async def _prune(
     summary = PruneSummary(pool=pool_path, before=len(pool))
     counters = {e.id: (e.retrieved, e.retrieved_wrong) for e in pool.entries}
     if run_dirs:
-        usage, base = await retrieval_usage(
-            run_dirs, settings, config.grade_mode, summary.notes, config.match, model=model
+        by_pool = await retrieval_usage(run_dirs, settings, config.grade_mode, summary.notes, config.match, model=model)
+        # Counted only from the problems that retrieved from this pool (see rule 1).
+        own = by_pool.pop(_resolved(pool_path), PoolUsage())
+        summary.notes.extend(
+            f"{u.problems} problems retrieved from another pool, {other}: not counted" for other, u in by_pool.items()
         )
-        summary.base_wrong_rate = base
+        base = summary.base_wrong_rate = own.base_wrong_rate
         counted = []
         for entry in pool.entries:
-            u = usage.get(entry.id, EntryUsage())
+            u = own.entries.get(entry.id, EntryUsage())
             counted.append(entry.model_copy(update={"retrieved": u.uses, "retrieved_wrong": u.wrong}))
         pool.update(counted)
         if base is not None:
             summary.wrong = [
-                i for i in wrong_correlated(usage, base, config.min_uses, config.wrong_margin) if pool.get(i)
+                i for i in wrong_correlated(own.entries, base, config.min_uses, config.wrong_margin) if pool.get(i)
             ]
             pool.remove(summary.wrong)
     summary.merged = duplicate_groups(pool.entries, pool.vectors, config.duplicate_cosine)
