@@ -415,3 +415,23 @@ async def test_a_build_while_a_prune_of_its_pool_runs_is_refused_so_neither_lose
     # The prune ended: the build runs and its entries stay.
     added = await build([second], pool_path, BuildConfig(grade_mode="rules"), scripted(scripted_rules()))
     assert (added.added, added.version) == (2, 3) and len(Pool.open(pool_path)) == 3
+
+
+async def test_a_build_from_runs_already_read_does_not_bring_back_what_a_prune_removed(tmp_path: Path) -> None:
+    problem = Problem(problem_id="p1", question="What is 6*7?", answer="42")
+    first = write_run(tmp_path / "first", [(problem, hand_worked_transcript(), "42")])
+    second = write_run(tmp_path / "second", [(problem, hand_worked_transcript(), "42")])
+    pool_path = tmp_path / "pool"
+    assert (await build([first], pool_path, BuildConfig(grade_mode="rules"), scripted(scripted_rules()))).added == 2
+    # The prune merges the two entries (every pair is similar enough at this cosine): one goes.
+    pruned = await prune_pool(pool_path, [], None, PruneConfig(duplicate_cosine=0.0001))
+    [(keeper, [gone])] = pruned.merged.items()
+    assert pruned.after == 1 and Pool.open(pool_path).meta.removed == [gone]
+    # The pool extended with a new run, the first read again: the first's summaries are replayed into the same two
+    # entries, of which the pruned one is not added again. Before, it came back as a new entry of the new version,
+    # so every rebuild undid the prune (an aged-out entry came back young, a wrong-correlated one came back).
+    again = await build([first, second], pool_path, BuildConfig(grade_mode="rules"), scripted(scripted_rules()))
+    assert (again.added, again.already_in_pool, again.removed_before) == (2, 1, 1)
+    assert f"{pool_path}: 1 entries a prune removed are not added again: {gone}" in again.notes
+    ids = {e.id for e in Pool.open(pool_path).entries}
+    assert len(ids) == 3 and keeper in ids and gone not in ids

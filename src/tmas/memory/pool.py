@@ -5,7 +5,8 @@ A pool is a folder:
 
 - ``entries.jsonl``: one :class:`PoolEntry` a line;
 - ``vectors.f32``: the entries' embeddings, row i for line i, raw little-endian float32 (``count x dim``);
-- ``meta.json``: format name, version (bumped by every :meth:`Pool.save`), embedding model name and dim.
+- ``meta.json``: format name, version (bumped by every :meth:`Pool.save`), embedding model name and dim, and the ids
+  of the entries removed from the pool (so a rebuild from the same runs does not bring back what a prune dropped).
 
 The embedding model is part of the pool: vectors from another model live in another space, so opening a pool for a
 different embedder is an error naming both. A save stages all three files beside their places first, meta last, then
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from tmas.errors import InputError, first_error
 from tmas.memory.pool_entry import PoolEntry
@@ -47,6 +48,8 @@ class PoolMeta(BaseModel):
     embedder: str
     dim: int | None = None
     count: int = 0
+    # Ids of entries removed (by a prune), oldest first; an entry added again under its id leaves the list.
+    removed: list[str] = Field(default_factory=list)
 
 
 def _faiss() -> Any:
@@ -244,6 +247,8 @@ class Pool:
         vectors = await self._embed([e.text for e in entries], embed, "entries")
         for entry in entries:
             entry.added_version = self.meta.version + 1
+        if self.meta.removed:
+            self.meta.removed = [i for i in self.meta.removed if i not in known]
         self.entries.extend(entries)
         self.vectors = vectors if not len(self.vectors) else np.vstack([self.vectors, vectors])
         self._index = None
@@ -280,10 +285,12 @@ class Pool:
         return [(self.entries[int(r)], float(s)) for s, r in zip(scores[0], rows[0], strict=True) if r >= 0]
 
     def remove(self, ids: Iterable[str]) -> int:
-        """Drop the entries with these ids; returns how many were dropped."""
+        """Drop the entries with these ids (remembered in :attr:`PoolMeta.removed`); returns how many were dropped."""
         gone = set(ids)
         keep = [i for i, e in enumerate(self.entries) if e.id not in gone]
         dropped = len(self.entries) - len(keep)
+        listed = set(self.meta.removed)
+        self.meta.removed += [e.id for e in self.entries if e.id in gone and e.id not in listed]
         self.entries = [self.entries[i] for i in keep]
         self.vectors = self.vectors[keep] if keep else np.zeros((0, self.vectors.shape[1]), dtype=np.float32)
         self._index = None

@@ -6,7 +6,8 @@ cases, the turns with r >= tau (Eq. 13) or in the top quantile (education: withi
 summarizer distils each into ACTION / EXPERIENCE entries (Eq. 14) added to the pool (Eq. 15).
 
 Every LLM call goes through a build store (``POOL.build/``, a run store) so an interrupted build, run again,
-replays what it finished; entries already in the pool are not added twice. The credit of every turn, kept or not,
+replays what it finished; entries already in the pool are not added twice, and entries a prune removed from it
+(:attr:`tmas.memory.pool.PoolMeta.removed`) are not added again. The credit of every turn, kept or not,
 is written to ``POOL.build/credits.jsonl`` for reports.
 """
 
@@ -157,6 +158,8 @@ class BuildSummary:
     kept: int = 0
     added: int = 0
     already_in_pool: int = 0
+    # Entries of the runs read before that a prune has since removed from the pool: not added again.
+    removed_before: int = 0
     # Calls sent to the endpoint, and calls answered from the build store (a resumed or repeated build's), apart.
     judge_calls: int = 0
     judge_replayed_calls: int = 0
@@ -531,8 +534,15 @@ async def _add_to_pool(pool_path: Path, entries: list[PoolEntry], embed: Embedde
     """Eq. 15: the entries the pool does not hold yet, embedded and saved as its next version."""
     pool = _open_or_create(pool_path, embed.name)
     known = {e.id for e in pool.entries}
-    fresh = [e for e in entries if e.id not in known]
-    summary.already_in_pool = len(entries) - len(fresh)
+    removed = set(pool.meta.removed)
+    fresh = [e for e in entries if e.id not in known and e.id not in removed]
+    pruned = [e.id for e in entries if e.id in removed]
+    summary.already_in_pool = sum(e.id in known for e in entries)
+    summary.removed_before = len(pruned)
+    if pruned:
+        summary.notes.append(
+            f"{pool_path}: {len(pruned)} entries a prune removed are not added again: {', '.join(pruned)}"
+        )
     summary.added = len(fresh)
     if not fresh:
         # Nothing new (a build run again to resume): no new version, which would age every entry by one.
