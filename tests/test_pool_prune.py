@@ -7,6 +7,7 @@ import os
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import scripted_settings
@@ -16,7 +17,14 @@ from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool, PoolError
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
-from tmas.pool.lifecycle import EntryUsage, PruneConfig, prune_pool, recency_weight, wrong_correlated
+from tmas.pool.lifecycle import (
+    EntryUsage,
+    PruneConfig,
+    duplicate_groups,
+    prune_pool,
+    recency_weight,
+    wrong_correlated,
+)
 from tmas.problems import Problem
 from tmas.store.run_lock import RunLock
 from tmas.store.run_store import RunStore
@@ -252,3 +260,27 @@ async def test_a_run_recorded_before_transcripts_named_their_pool_counts_for_its
     assert summary.base_wrong_rate == 0.0 and summary.wrong == []
     assert f"{tmp_path / 'run-none'}: 3 problems retrieved from no experience pool, not counted" in summary.notes
     assert {e.id: (e.retrieved, e.retrieved_wrong) for e in Pool.open(pool_a).entries} == {"e1": (3, 0), "e2": (0, 0)}
+
+
+def test_near_duplicates_merge_only_within_the_keys_retrieval_reads() -> None:
+    """Three unit vectors: rows 0 and 1 identical (cosine 1), row 2 orthogonal. Retrieval gives an entry only to
+    specialists of its domain and (education) its role, subject-specific ones only for their subject, and ranks by
+    difficulty: a merge across those keys would take the only entry some specialist could get."""
+    vectors = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]], dtype=np.float32)
+
+    def edu(id_: str, reward: float, **keys: str) -> PoolEntry:
+        return PoolEntry(id=id_, action="a", experience=id_, reward=reward, domain="education", **keys)
+
+    same = [edu("d1", 0.9, role="Diagnostician"), edu("d2", 0.5, role="Diagnostician"), edu("x", 0.1)]
+    assert duplicate_groups(same, vectors, 0.92) == {"d1": ["d2"]}
+    for other in (
+        {"role": "Pedagogy Strategist"},
+        {"role": "Diagnostician", "subject": "Physics"},
+        {"role": "Diagnostician", "difficulty": "hard"},
+        {"role": "Diagnostician", "scope": "case"},
+    ):
+        apart = [same[0], edu("d2", 0.5, **other), same[2]]
+        # Before, d2 was merged into d1 whatever its keys: specialists of d2's keys lost it.
+        assert duplicate_groups(apart, vectors, 0.92) == {}, other
+    math_twin = same[1].model_copy(update={"domain": "math", "role": ""})
+    assert duplicate_groups([same[0], math_twin, same[2]], vectors, 0.92) == {}

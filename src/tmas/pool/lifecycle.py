@@ -10,7 +10,9 @@ paragraph: recency weighting, de-duplication, anomaly screening), in three docum
    was kept: its ``pool`` parameter): entry ids are unique only within a pool, and pools built from the same runs
    (one per credit scheme, say) share them, so another pool's retrievals would be counted as this one's.
 2. **Near-duplicates.** Entries whose embeddings have cosine similarity >= ``duplicate_cosine`` are merged: the one
-   with the higher reward (the older on a tie) stays and takes the others' retrieval counters.
+   with the higher reward (the older on a tie) stays and takes the others' retrieval counters. Only entries that
+   retrieval keys alike merge (domain, and education's role, scope, subject and difficulty): a merge across them
+   would take from some specialists the only entry they could be given.
 3. **Recency.** An entry added at pool version a has weight ``recency_decay ** (V - a)`` at pool version V; entries
    whose weight has fallen below ``min_recency_weight`` are removed (defaults: 0.8 and 0.1, about ten versions).
 
@@ -162,14 +164,26 @@ def wrong_correlated(usage: dict[str, EntryUsage], base_wrong_rate: float, min_u
     )
 
 
+def retrieval_keys(entry: PoolEntry) -> tuple[str, ...]:
+    """What retrieval reads of an entry besides its text (:meth:`tmas.methods.mattrl_domains.Domain.retrieval_tier`):
+    entries that differ in it are given to different specialists, or ranked apart."""
+    return (entry.domain, entry.role, entry.scope, entry.subject, entry.difficulty)
+
+
 def duplicate_groups(entries: list[PoolEntry], vectors: np.ndarray, threshold: float) -> dict[str, list[str]]:
     """Rule 2: keeper id -> ids merged into it. Entries are visited best first (reward, then age) and each joins
-    the first kept entry it is at least ``threshold`` similar to (rows of ``vectors`` are unit length)."""
+    the first kept entry of the same :func:`retrieval_keys` it is at least ``threshold`` similar to (rows of
+    ``vectors`` are unit length)."""
     order = sorted(range(len(entries)), key=lambda i: (-entries[i].reward, entries[i].added_version, i))
     keepers: list[int] = []
     groups: dict[str, list[str]] = {}
     for i in order:
-        similar = [k for k in keepers if float(vectors[i] @ vectors[k]) >= threshold - 1e-6]
+        keys = retrieval_keys(entries[i])
+        similar = [
+            k
+            for k in keepers
+            if retrieval_keys(entries[k]) == keys and float(vectors[i] @ vectors[k]) >= threshold - 1e-6
+        ]
         if similar:
             groups.setdefault(entries[similar[0]].id, []).append(entries[i].id)
         else:
