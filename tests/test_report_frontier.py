@@ -352,9 +352,15 @@ async def test_pass1_lost_to_stopping_is_over_the_problems_both_runs_finished(tm
             db.execute(f"DELETE FROM {table} WHERE problem_id = 'p2'")
     markdown = await report_here(tmp_path / "report", tmp_path / "stop", tmp_path / "full")
     assert (
-        "against the full run, over the 1 of 2 problems both finished: 3548 tokens saved per problem (50.0%), "
-        "Pass@1 lost 0.00."
+        "against the full run, over the 1 of 2 problems both finished: 3548 prompt + completion tokens saved per "
+        "problem (50.0%), Pass@1 lost 0.00."
     ) in markdown
+    # Every token column says what it counts: 887 prompt + completion tokens a sample, 4 samples a problem at It0.
+    assert (
+        "| Completion tokens/problem | Prompt + completion tokens/problem | Judge calls | Judge prompt + " in markdown
+    )
+    assert "| Reasoning tokens | Cum. prompt + completion tokens/problem |\n" in markdown
+    assert "| 0 | 3548 |\n" in markdown
 
 
 @pytest.mark.slow

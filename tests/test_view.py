@@ -644,8 +644,14 @@ def test_in_chromium_two_runs_compared_with_math_rendered_and_graded_live(tmp_pa
             for row in browser.find_elements(By.CSS_SELECTOR, "#grid tr.grid-row")
         }
         assert grid == {
-            "mult": ["correct rules 391 400 tokens · 4 calls", "correct rules 391 300 tokens · 1 call"],
-            "square": ["correct rules 144 400 tokens · 4 calls", "wrong rules 145 300 tokens · 1 call"],
+            "mult": [
+                "correct rules 391 400 completion tokens · 4 calls",
+                "correct rules 391 300 completion tokens · 1 call",
+            ],
+            "square": [
+                "correct rules 144 400 completion tokens · 4 calls",
+                "wrong rules 145 300 completion tokens · 1 call",
+            ],
         }
         _shot(browser, tmp_path, "compare_grid", top=browser.find_element(By.ID, "equal-budget"))
 
@@ -1017,6 +1023,51 @@ def test_the_comparison_counts_tokens_over_the_problems_a_run_started(tmp_path: 
     assert status == 200
     rows = page.decode().split('id="compared-runs"')[1].split("</table>")[0].split("<tr>")[2:]
     assert [row.split('<td class="num">')[3].split("<")[0] for row in rows] == [str(spent), str(spent)]
+
+
+def test_every_token_figure_says_whether_it_counts_completion_tokens_or_prompt_and_completion(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each solution call reports 50 prompt and 300 completion tokens: a figure of 300 is labeled completion tokens,
+    one of 350 prompt + completion, on every page that shows one, and the run page's chart is titled by its x axis."""
+    from tmas.view import charts
+
+    runs = tmp_path / "runs"
+    _scripted_run(runs / "cot", _scripted({"mult": ["391"], "square": ["145"]}, 300), "cot", {})
+    _scripted_run(runs / "again", _scripted({"mult": ["391"], "square": ["144"]}, 300), "cot", {})
+    titles: list[str] = []
+    drawn = charts.plot_frontier
+    monkeypatch.setattr(
+        charts, "plot_frontier", lambda runs, title, path: titles.append(title) or drawn(runs, title, path)
+    )
+    with AppThread(view_app([runs])) as viewer:
+        refs = [run_ref_for([runs], runs / name) for name in ("cot", "again")]
+        keys = [ref.key for ref in refs if ref]
+        pages = {
+            name: get(f"{viewer.url}{path}")
+            for name, path in {
+                "compare": f"/compare?run={keys[0]}&run={keys[1]}",
+                "run": f"/run/{keys[0]}",
+                "problem": f"/run/{keys[0]}/problem?id=mult",
+                "iteration": f"/run/{keys[0]}/iteration?id=mult&t=0",
+                "chart": f"/run/{keys[0]}/chart/tokens.png",
+            }.items()
+        }
+    assert {name: status for name, (status, _) in pages.items()} == dict.fromkeys(pages, 200)
+    text = {name: " ".join(body.decode(errors="replace").split()) for name, (_, body) in pages.items()}
+    # The comparison's grid: one call of 300 completion tokens per problem.
+    assert text["compare"].count("300 completion tokens · 1 call") == 4 and " 300 tokens" not in text["compare"]
+    # The run page: its problems' and its iterations' figures are prompt + completion (350 a problem).
+    run = text["run"]
+    assert '<th class="num">prompt + completion tokens per problem (cumulative)</th>' in run
+    problems = run.split('id="problems"')[1]
+    assert '<th class="num">prompt + completion tokens</th>' in problems
+    assert problems.count('<td class="num">350</td>') == 2
+    assert 'alt="accuracy against completion tokens"' in run
+    assert titles == ["Accuracy against completion tokens per problem"]
+    # The problem page, in all and per iteration; the iteration page's solution.
+    assert text["problem"].count("350 prompt + completion tokens") == 2 and "350 tokens" not in text["problem"]
+    assert "solution text (300 completion tokens)" in text["iteration"]
 
 
 def test_the_comparison_marks_a_run_short_of_problems_beside_a_finished_one(tmp_path: Path) -> None:

@@ -560,7 +560,7 @@ def _benchmark_tables(doc: Document, runs: list[RunEvaluation]) -> None:
         )
     headers = ["Method", "Calls", "Failed", "Prompt tokens", "Cached prompt", "Completion tokens", "Reasoning tokens"]
     per_problem = ["Completion tokens/problem", "Prompt + completion tokens/problem"]
-    doc.add(Table([*headers, *per_problem, "Judge calls", "Judge tokens"], rows))
+    doc.add(Table([*headers, *per_problem, "Judge calls", "Judge prompt + completion tokens"], rows))
     doc.add(
         Paragraph(
             "Every call of the method's roles, the judge's apart. Reasoning tokens are part of completion tokens, "
@@ -675,7 +675,13 @@ def _run_section(doc: Document, e: RunEvaluation) -> None:
             "MV@all",
             "Selected",
         ]
-        costs = ["Calls", "Prompt tokens", "Completion tokens", "Reasoning tokens", "Cum. tokens/problem"]
+        costs = [
+            "Calls",
+            "Prompt tokens",
+            "Completion tokens",
+            "Reasoning tokens",
+            "Cum. prompt + completion tokens/problem",
+        ]
         doc.add(Table([*headers, *costs], rows))
     for section in RUN_SECTIONS:
         section(doc, e)
@@ -853,7 +859,7 @@ def _analyses(doc: Document, e: RunEvaluation) -> None:
         text = "; ".join(parts)
         if s.tokens_saved is not None and s.compared is not None:
             share = f" ({100 * s.tokens_saved_share:.1f}%)" if s.tokens_saved_share is not None else ""
-            saved = f"{s.tokens_saved} tokens saved per problem{share}"
+            saved = f"{s.tokens_saved} prompt + completion tokens saved per problem{share}"
             over = f", over the {s.compared} of {e.problems} problems both finished" if s.compared < e.problems else ""
             text += f"; against the full run{over}: {saved}, Pass@1 lost {_pct(s.pass1_lost)}"
         doc.add(Paragraph(text + "."))

@@ -25,7 +25,7 @@ def pass1_by_iteration_png(label: str, metrics: RunMetrics) -> bytes:
 
 def accuracy_by_tokens_png(label: str, points: list[FrontierPoint]) -> bytes:
     """The report's frontier: the returned answer's accuracy against completion tokens per problem."""
-    return _png(lambda path: plot_frontier([(label, points)], "Accuracy against tokens per problem", path))
+    return _png(lambda path: plot_frontier([(label, points)], "Accuracy against completion tokens per problem", path))
 
 
 def frontiers_png(runs: list[tuple[str, list[FrontierPoint]]]) -> bytes:
