@@ -1070,6 +1070,41 @@ def test_every_token_figure_says_whether_it_counts_completion_tokens_or_prompt_a
     assert "solution text (300 completion tokens)" in text["iteration"]
 
 
+def test_a_problems_cost_counts_the_calls_no_finished_iteration_holds(tmp_path: Path) -> None:
+    """Every call reports 100 prompt and 30 completion tokens. Under a budget of 3 calls, TMAS (n=2, m=1: 8 calls an
+    iteration) fails each problem before its first iteration finished, 3 calls spent; under 10 calls it finishes
+    iteration 0 and makes 2 calls of iteration 1 that no record holds: 10 calls. The pages count what each problem
+    spent, as tmas report's cost table and frontier do: 3 calls, 90 completion and 390 prompt + completion tokens;
+    10 calls, 300 and 1300."""
+    thirty = SimScript(rules=[Rule(usage=ScriptedUsage(prompt_tokens=100, completion_tokens=30))])
+    runs = tmp_path / "runs"
+    tmas = {"name": "tmas", "params": {"n": 2, "m": 1, "iterations": 5}}
+    for name, calls in (("failed", 3), ("cut", 10)):
+        model = ScriptedModel(thirty, scripted_settings(method=tmas, budget={"calls": calls}))
+        asyncio.run(scripted_run(model, runs / name, PROBLEMS))
+    with RunStore(runs / "failed") as store:
+        assert [(r.status, r.calls, len(r.iterations)) for r in store.results()] == [("failed", 3, 0)] * 2
+    with RunStore(runs / "cut") as store:
+        assert [(r.status, r.calls, len(r.iterations)) for r in store.results()] == [("done", 10, 1)] * 2
+    with AppThread(view_app([runs])) as viewer:
+        keys = [ref.key for ref in (run_ref_for([runs], runs / name) for name in ("failed", "cut")) if ref]
+        compare = get(f"{viewer.url}/compare?run={keys[0]}&run={keys[1]}")
+        run_pages = [get(f"{viewer.url}/run/{key}") for key in keys]
+    assert compare[0] == 200 and [status for status, _ in run_pages] == [200, 200]
+    page = compare[1].decode()
+    rows = page.split('id="compared-runs"')[1].split("</table>")[0].split("<tr>")[2:]
+    assert [row.split('<td class="num">')[3].split("<")[0] for row in rows] == ["90", "300"]
+    costs = [" ".join(cell.split()) for cell in page.split('<span class="muted cost">')[1:]]
+    assert [cost.split("</span>")[0] for cost in costs] == [
+        "90 completion tokens · 3 calls",
+        "300 completion tokens · 10 calls",
+    ] * 2
+    for (_, body), (calls, tokens) in zip(run_pages, (("3", "390"), ("10", "1300")), strict=True):
+        problems = body.decode().split('id="problems"')[1].split("</table>")[0].split("<tr>")[2:]
+        cells = [[cell.split("<")[0] for cell in row.split('<td class="num">')[2:]] for row in problems]
+        assert cells == [[calls, tokens]] * 2
+
+
 def test_the_comparison_marks_a_run_short_of_problems_beside_a_finished_one(tmp_path: Path) -> None:
     # mult (17*23) is answered right, square (12*12, answered 145) wrong: over both, 50 %. The run "part" was stopped
     # before square began: it stands on mult alone, 100 %, which is no comparison with the finished run's 50 %.

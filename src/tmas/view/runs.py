@@ -77,6 +77,9 @@ class ProblemRow:
     correct: bool | None  # the selected answer's verdict at the last iteration; None: not graded
     grade_source: str | None  # "rules" (graded live by the viewer), else the stored grades' mode
     iterations: int
+    # What the problem spent: every call of a finished one (an iteration a budget or an error cut short, and a
+    # failure before any iteration, included), as tmas report's cost table counts them; a problem still mid-way, its
+    # finished iterations'. ``tokens`` is prompt + completion.
     calls: int
     tokens: int
     completion_tokens: int
@@ -333,9 +336,9 @@ class RunReader:
                     correct=verdict(grades, key) if key else None,
                     grade_source=live.source(key) if live is not None and key else None,
                     iterations=len(records),
-                    calls=sum(r.calls for r in records),
-                    tokens=sum(r.usage.total_tokens for r in records),
-                    completion_tokens=sum(r.usage.completion_tokens for r in records),
+                    calls=result.calls if result is not None else 0,
+                    tokens=result.usage.total_tokens if result is not None else 0,
+                    completion_tokens=result.usage.completion_tokens if result is not None else 0,
                 )
             )
         counts: dict[str, int] = {}
