@@ -38,10 +38,15 @@ class BudgetSpend:
         parts = []
         if b.tokens is not None:
             pooled = " (pooled)" if b.pool else ""
-            parts.append(f"{b.tokens:,} {b.count} tokens{pooled}")
+            parts.append(f"{b.tokens:,} {self.counted}{pooled}")
         if b.calls is not None:
             parts.append(f"{b.calls:,} calls")
         return ", ".join(parts) or "none"
+
+    @property
+    def counted(self) -> str:
+        """The tokens the budget counts, as its figures name them."""
+        return "prompt + completion tokens" if self.budget.count == "total" else "completion tokens"
 
 
 def budget_spend(settings: Mapping[str, Any] | None, results: Sequence[ProblemResult]) -> BudgetSpend | None:
@@ -115,7 +120,7 @@ def budget_section(doc: Document, runs: Sequence[BudgetRun]) -> None:
 def _row(label: str, spend: BudgetSpend) -> list[str]:
     figures = []
     if spend.budget.tokens is not None:
-        figures.append((spend.tokens, "tokens"))
+        figures.append((spend.tokens, spend.counted))
     if spend.budget.calls is not None:
         figures.append((spend.calls, "calls"))
     mean = ", ".join(f"{sum(v) / len(v):,.0f} {unit}" if v else "-" for v, unit in figures)
