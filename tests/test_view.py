@@ -1105,6 +1105,39 @@ def test_a_problems_cost_counts_the_calls_no_finished_iteration_holds(tmp_path: 
         assert cells == [[calls, tokens]] * 2
 
 
+def test_a_problem_that_failed_before_answering_counts_as_wrong_on_every_page(tmp_path: Path) -> None:
+    """Chain of thought answers mult (17*23) right; square failed before its first iteration finished (as a budget or
+    an unreachable endpoint leaves a problem), returning nothing. tmas report counts it wrong (accuracy 1 of 2); so
+    do the comparison's runs table, its frontier, its grid and the run page, instead of leaving it out as
+    ungraded."""
+    runs = tmp_path / "runs"
+    for name in ("one", "two"):
+        script = _scripted({"mult": ["391"], "square": ["144"]}, 300)
+        _scripted_run(runs / name, script, "cot", {})
+        with RunStore(runs / name) as store:
+            square = store.result("square")
+            assert square is not None
+            store._db.execute("DELETE FROM iterations WHERE problem_id = 'square'")
+            store.save_result(square.model_copy(update={"status": "failed", "iterations": [], "error": "stopped"}))
+    with AppThread(view_app([runs])) as viewer:
+        keys = [ref.key for ref in (run_ref_for([runs], runs / name) for name in ("one", "two")) if ref]
+        status, body = get(f"{viewer.url}/compare?run={keys[0]}&run={keys[1]}")
+        run_status, run_body = get(f"{viewer.url}/run/{keys[0]}")
+        problem_status, problem_body = get(f"{viewer.url}/run/{keys[0]}/problem?id=square")
+    assert status == 200 and run_status == 200 and problem_status == 200
+    # The problem's page: failed, its answer none, wrong.
+    assert 'class="tag wrong"' in problem_body.decode().split("<h2>Iterations</h2>")[0]
+    page = body.decode()
+    rows = page.split('id="compared-runs"')[1].split("</table>")[0].split("<tr>")[2:]
+    assert [row.split('<td class="num">')[2].split("<")[0] for row in rows] == ["1 of 2 graded"] * 2
+    frontier = page.split('id="frontier"')[1].split("</table>")[0]
+    assert frontier.count('<td class="num">50.0%</td>') == 2
+    square = page.split('data-problem="square"')[1].split("</tr>")[0]
+    assert square.count('class="tag wrong"') == 2
+    problems = run_body.decode().split('id="problems"')[1].split("</table>")[0]
+    assert problems.count('class="tag wrong"') == 1 and problems.count('class="tag correct"') == 1
+
+
 def test_the_comparison_marks_a_run_short_of_problems_beside_a_finished_one(tmp_path: Path) -> None:
     # mult (17*23) is answered right, square (12*12, answered 145) wrong: over both, 50 %. The run "part" was stopped
     # before square began: it stands on mult alone, 100 %, which is no comparison with the finished run's 50 %.

@@ -34,7 +34,7 @@ from tmas.view.credits import load_credits
 from tmas.view.host_check import HostCheck
 from tmas.view.live_grades import LiveGrades
 from tmas.view.mathtext import INLINE_RAW_CHARS, answer, rich
-from tmas.view.runs import RunReader, RunRef, discover, verdict
+from tmas.view.runs import RunReader, RunRef, discover, returned_nothing, verdict
 
 # How often (ms) an open page asks whether its run changed.
 POLL_MS = 2000
@@ -173,7 +173,11 @@ class Viewer:
                 for c in r.candidates
             }
             last = records[-1] if records else None
-            final = _verdict(live, (pid, last.iteration, SELECTED)) if last else (None, None)
+            final = (
+                _verdict(live, (pid, last.iteration, SELECTED))
+                if last
+                else (returned_nothing(result, problem, live.grades if live else None), None)
+            )
             # A confidence column where a candidate has one, by the measure the run's rules read.
             stored = run.store.get_meta("method") or {}
             params = stored_params(str(stored.get("name")), stored.get("params"))

@@ -243,6 +243,14 @@ def verdict(grades: Grades | None, key: tuple[str, int, int]) -> bool | None:
     return grades.majority_correct(key)
 
 
+def returned_nothing(result: ProblemResult | None, problem: Problem, grades: Grades | None) -> bool | None:
+    """The verdict of a problem without a finished iteration: wrong where it ended so (it failed before any: it
+    returned nothing, as ``tmas report`` counts it) in a graded run and has a reference answer; else none (pending, or
+    not graded)."""
+    ended = result is not None and not result.in_progress
+    return False if ended and grades is not None and problem.answer is not None else None
+
+
 class RunReader:
     """One page's view of a run: open it, read, close (``with RunReader(ref) as run: ...``)."""
 
@@ -333,7 +341,7 @@ class RunReader:
                     reference=problem.answer,
                     status=result.status if result is not None else PENDING,
                     answer=result.answer if result is not None else None,
-                    correct=verdict(grades, key) if key else None,
+                    correct=verdict(grades, key) if key else returned_nothing(result, problem, grades),
                     grade_source=live.source(key) if live is not None and key else None,
                     iterations=len(records),
                     calls=result.calls if result is not None else 0,
