@@ -140,6 +140,57 @@ def test_llama_server_caches_prompts_and_reuses_chunks(tmp_path: Path, monkeypat
     assert argv[len(argv) - 1 - argv[::-1].index("--cache-reuse") + 1] == "64"
 
 
+@pytest.mark.parametrize(
+    ("memory_mib", "settings", "expected"),
+    [
+        (16384, {}, "2048"),  # one server: an eighth of the machine
+        (16384, {"replicas": 4}, "512"),  # that eighth shared among the servers
+        (2048, {"replicas": 8}, "32"),
+        (1_048_576, {}, "8192"),  # never more than llama-server's own default
+        (1_048_576, {"replicas": 2}, "8192"),
+        (None, {"replicas": 2}, "4096"),  # memory unknown: llama-server's default shared among the servers
+        (16384, {"cache_ram_mib": 0}, "0"),  # configured: as it is, whatever the machine
+        (16384, {"cache_ram_mib": -1}, "-1"),
+        (16384, {"cache_ram_mib": 300, "replicas": 4}, "300"),
+    ],
+)
+def test_llama_server_bounds_its_prompt_cache_by_the_machine_memory(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    memory_mib: int | None,
+    settings: dict[str, object],
+    expected: str,
+) -> None:
+    # llama-server keeps prompts moved out of a slot in host memory, up to 8 GiB per server unless told: a few
+    # servers on a small machine would take it all.
+    bin_dir = _bin_dir(tmp_path, None)
+    monkeypatch.setattr(local_command, "llama_server_bin_dir", lambda: bin_dir)
+    monkeypatch.setattr(local_command, "machine_memory_mib", lambda: memory_mib)
+    argv = build_command(LocalModel.model_validate(settings), tmp_path / "m.gguf", 5555, "m")[0]
+    assert argv.count("--cache-ram") == 1
+    assert _flag(argv, "--cache-ram") == expected
+
+
+def test_a_container_memory_limit_below_the_machine_bounds_the_prompt_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    machine = local_command.machine_memory_mib()
+    assert machine is not None and machine > 0
+    limit = tmp_path / "memory.max"
+    monkeypatch.setattr(local_command, "_CGROUP_LIMITS", (limit, tmp_path / "memory.limit_in_bytes"))
+    limit.write_text("max\n")  # cgroup v2 without a limit: the machine's memory
+    assert local_command.machine_memory_mib() == machine
+    limit.write_text(f"{512 * 1024 * 1024}\n")
+    assert local_command.machine_memory_mib() == min(512, machine)
+    limit.unlink()  # cgroup v1's file when v2's is absent
+    (tmp_path / "memory.limit_in_bytes").write_text(f"{256 * 1024 * 1024}\n")
+    assert local_command.machine_memory_mib() == min(256, machine)
+    bin_dir = _bin_dir(tmp_path, None)
+    monkeypatch.setattr(local_command, "llama_server_bin_dir", lambda: bin_dir)
+    argv = build_command(LocalModel(), tmp_path / "m.gguf", 5555, "m")[0]
+    assert _flag(argv, "--cache-ram") == str(min(256, machine) // 8)
+
+
 def test_replicas_share_the_cores_unless_threads_are_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bin_dir = _bin_dir(tmp_path, "cuda")
     monkeypatch.setattr(local_command, "llama_server_bin_dir", lambda: bin_dir)
@@ -168,6 +219,7 @@ def test_llama_cpp_python_gets_the_gpu_layers(
         ({"gpu_layers": -1}, "local.gpu_layers"),
         ({"gpu_layers": "most"}, "local.gpu_layers"),
         ({"replicas": 0}, "local.replicas"),
+        ({"cache_ram_mib": -2}, "local.cache_ram_mib"),
     ],
 )
 def test_bad_gpu_settings_are_rejected(data: dict[str, object], key: str) -> None:

@@ -289,6 +289,9 @@ class LocalModel(Strict):
     # Servers of the model started side by side (each with `parallel` slots) and listed as replicas of the default
     # endpoint: on a GPU one server is bound by per-slot CPU work long before the GPU is busy.
     replicas: int = Field(default=1, ge=1)
+    # MiB of host memory each llama-server may keep earlier prompts' KV state in (its --cache-ram; 0: none, -1: no
+    # limit). None: an eighth of this machine's memory shared among the replicas, at most llama.cpp's own 8192.
+    cache_ram_mib: int | None = Field(default=None, ge=-1)
     extra_args: list[str] = Field(default_factory=list)
 
     @property

@@ -120,6 +120,44 @@ runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
 # Smallest chunk of a cached prompt that llama-server reuses by KV shifting (its --cache-reuse).
 CACHE_REUSE_TOKENS = 256
 
+# llama-server's own --cache-ram default (MiB), per server: the most a server's prompt cache is given here.
+CACHE_RAM_MAX_MIB = 8192
+# The share of the machine's memory that all the servers' prompt caches together may hold by default.
+CACHE_RAM_SHARE = 8
+# Where a container's memory limit is read (cgroup v2, then v1); a limit below the machine's memory wins.
+_CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+
+
+def machine_memory_mib() -> int | None:
+    """Memory this process's machine (or container, where its limit is lower) has, in MiB; None when unknown."""
+    sizes: list[int] = []
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        sizes.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    for limit in _CGROUP_LIMITS:
+        try:
+            text = limit.read_text(encoding="utf-8").strip()
+        except OSError:
+            continue
+        if text.isdigit():  # cgroup v2 says "max" for no limit
+            sizes.append(int(text))
+        break
+    sizes = [size for size in sizes if size > 0]
+    return min(sizes) // (1024 * 1024) if sizes else None
+
+
+def cache_ram_arg(cfg: LocalModel) -> str:
+    """``--cache-ram``'s value, per server: the configured one, else an eighth of the machine's memory shared among
+    the replicas and at most llama-server's own default.
+
+    llama-server keeps the KV state of prompts it moved out of a slot in host memory, up to this many MiB per server
+    (8192 by default): left at that, a few servers on a small machine can take all of its memory between them.
+    """
+    if cfg.cache_ram_mib is not None:
+        return str(cfg.cache_ram_mib)
+    memory = machine_memory_mib()
+    total = CACHE_RAM_MAX_MIB if memory is None else memory // CACHE_RAM_SHARE
+    return str(max(1, min(CACHE_RAM_MAX_MIB, total // cfg.replicas)))
+
 
 def build_command(
     cfg: LocalModel, model_path: Path, port: int, alias: str, no_repack: bool = False
@@ -154,6 +192,8 @@ def build_command(
             # of at least this many tokens even after a change earlier in the prompt, by shifting them in the cache.
             "--cache-prompt",
             "--cache-reuse", str(CACHE_REUSE_TOKENS),
+            # Prompts moved out of a slot are kept in host memory, to be loaded back: bounded (see cache_ram_arg).
+            "--cache-ram", cache_ram_arg(cfg),
             # Its progress counters at /metrics: a call's silence is judged by them (tmas.llm.vitals).
             "--metrics",
             *(["--no-repack"] if no_repack else []),
