@@ -46,6 +46,15 @@ except OSError:
 else:
     print("fake llama-server: cannot load the model", flush=True)
     sys.exit(3)
+if os.path.exists(os.path.join(record, "crash")):
+    # As a native build dies while loading: a log line, then SIGSEGV (without a core file).
+    import resource
+    with open(os.path.join(record, "crashed.jsonl"), "a") as fh:
+        fh.write(json.dumps(args) + "\\n")
+    print("fake llama-server: illegal memory access", flush=True)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    signal.signal(signal.SIGSEGV, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGSEGV)
 from tmas.testing.script import SimScript
 from tmas.testing.sim_server import SimServer
 # Slow enough that concurrent calls overlap, so the client has to spread them.
@@ -291,6 +300,26 @@ async def test_a_replica_that_fails_names_its_log_and_stops_the_others(
         port = int(name.removeprefix("argv-").removesuffix(".json"))
         with socket.socket() as sock:
             assert sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+async def test_a_server_that_crashes_on_every_start_is_one_clear_error(
+    fake_llama: Path, gguf: Path, tmp_path: Path
+) -> None:
+    # A crash while starting is tried once more without repacked weights (the kernels some VMs refuse); a server that
+    # crashes that way too is an error like any start that fails: which replica, how it stopped, its log.
+    (fake_llama / "crash").write_text("")
+    group = LocalReplicas(LocalModel(model=str(gguf), replicas=2, startup_timeout_s=60), log_dir=tmp_path / "logs")
+    with pytest.raises(LocalModelError) as info:
+        await group.start()
+    message = str(info.value)
+    assert re.match(r"local replica [12] of 2: llama-server stopped with signal SIGSEGV before it was ready; ", message)
+    assert "fake llama-server: illegal memory access" in message
+    failed = int(message.split()[2])
+    assert f"last lines of {tmp_path / 'logs' / f'local_server-{failed}.log'}:" in message
+    starts = [json.loads(line) for line in (fake_llama / "crashed.jsonl").read_text().splitlines()]
+    assert sorted("--no-repack" in argv for argv in starts) == [False, False, True, True]
+    assert not local_server._LIVE
+    assert not local_server._TAKEN_PORTS
 
 
 async def test_a_port_taken_by_another_process_does_not_stop_the_server(

@@ -212,7 +212,11 @@ class LocalServer:
                 -self._crash_code,
             )
             self.no_repack = True
-            await self._launch(no_repack=True)
+            try:
+                await self._launch(no_repack=True)
+            except _NativeCrash:
+                # It crashes without them too: another cause, said like any server that stops before it is ready.
+                raise LocalModelError(self._died_message(self._crash_code)) from None
             if marker is not None:
                 with contextlib.suppress(OSError):
                     marker.parent.mkdir(parents=True, exist_ok=True)
