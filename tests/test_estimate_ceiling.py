@@ -4,6 +4,8 @@ retries give no answer, sends as many calls as the ceiling says and no more (aga
 from __future__ import annotations
 
 import re
+import shutil
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +18,13 @@ from tmas.errors import InputError
 from tmas.methods import create_method
 from tmas.planning.estimate import (
     Estimate,
+    PointEstimate,
     TokenRates,
     brief_estimate,
     calls_said,
     estimate_point,
     stored_ceiling,
+    stored_over_points,
 )
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
@@ -245,3 +249,68 @@ def test_a_mean_or_a_cut_ceiling_takes_stored_calls_off_by_their_share() -> None
     assert estimate.tokens_to_send == 2400 * 50 / 80
     cut = Settings.model_validate({"sampling": {"max_tokens": 100}, "budget": {"tokens": 250}})
     assert stored_ceiling(estimate_point("mv", method, cut, 10, None), 30, {"solution": 30}) is None
+
+
+def test_the_stored_calls_of_several_points_come_off_each_points_own_tokens() -> None:
+    # Majority k = 4 on 10 problems at 100 tokens a call: 80 calls at most, a ceiling of 8,000; 30 stored take 3,000
+    # off it. The same under a token budget of 250 a problem: 350 each (the budget and the call that passes it),
+    # 3,500, no ceiling by role: its 20 stored take their share, 20/80 of it, 875. Left: 11,500 - 3,875 = 7,625. The
+    # share over both, 110/160 of 11,500, said 7,906.25.
+    method = create_method("majority", {"k": 4})
+    ceiling = estimate_point("a", method, Settings.model_validate({"sampling": {"max_tokens": 100}}), 10, None)
+    cut = Settings.model_validate({"sampling": {"max_tokens": 100}, "budget": {"tokens": 250}})
+    budgeted = estimate_point("b", method, cut, 10, None)
+    assert (ceiling.completion_tokens, budgeted.completion_tokens) == (8000, 3500)
+    taken = stored_over_points([(ceiling, 30, {"solution": 30}), (budgeted, 20, {"solution": 20})])
+    assert taken == 3000 + 875
+    estimate = Estimate([ceiling, budgeted], stored_calls=50, stored_tokens=taken)
+    assert estimate.tokens_to_send == 7625
+    # A point with no calls stored takes nothing off; one of unknown tokens leaves the figure unknown.
+    assert stored_over_points([(ceiling, 0, {}), (budgeted, 20, {"solution": 20})]) == 875
+    unknown = PointEstimate("c", "majority", 10, method.calls_per_problem())
+    assert stored_over_points([(ceiling, 30, {"solution": 30}), (unknown, 5, {"solution": 5})]) is None
+
+
+def test_a_sweep_run_again_takes_each_points_stored_calls_off_its_own_ceiling(sim: SimServer, tmp_path: Path) -> None:
+    # Solutions at 100 tokens, refinements at 1,000; two problems. Majority k = 2 is finished (skipped); self-refine
+    # (one trajectory, two iterations) stopped after q1's solution; majority k = 3 was never reached.
+    problems = tmp_path / "p.jsonl"
+    problems.write_text(
+        "".join(f'{{"problem_id": "q{i}", "question": "What is {i}*3?", "answer": "{3 * i}"}}\n' for i in range(2))
+    )
+    (tmp_path / "grid.toml").write_text(
+        '[[study]]\nmethod = "majority"\ngrid = { k = [2, 3] }\n\n'
+        '[[study]]\nmethod = "self_refine"\nparams = { n = 1, iterations = 2 }\n'
+    )
+    (tmp_path / "config.toml").write_text(
+        "[sampling]\nmax_tokens = 100\n\n[roles.refiner.sampling]\nmax_tokens = 1000\n"
+    )
+    out = tmp_path / "sw"
+    made = [
+        "sweep",
+        str(tmp_path / "grid.toml"),
+        "--config",
+        str(tmp_path / "config.toml"),
+        "--problems",
+        str(problems),
+    ]
+    made += ["--out", str(out), "--base-url", sim.base_url, "--no-report"]
+    first = run_tmas(*made, "--yes", text=True)
+    assert first.returncode == 0, first.stderr
+    refine = out / "runs" / "self_refine__iterations=2__n=1"
+    with sqlite3.connect(refine / "run.sqlite") as db:
+        db.execute("DELETE FROM results WHERE problem_id = 'q1'")
+        db.execute("DELETE FROM calls WHERE problem_id = 'q1' AND role = 'refiner'")
+    shutil.rmtree(out / "runs" / "majority__k=3")
+    sim.reset()
+    # Still to send: k = 3's 2 x 6 samples (each asked again) at 100, 1,200; q1's solution asked again at 100 and
+    # its refinement asked three times at 1,000, 3,200, less its stored solution at 100: 4,300 in all. The share by
+    # calls over the grid, 16/17 of 4,400, said 4,141.
+    refused = run_tmas("sweep", "--resume", str(out), "--no-report", "--confirm-tokens", "4299", text=True)
+    assert refused.returncode == 2
+    assert "the estimate is 4.3k completion tokens (threshold 4.3k)" in refused.stderr.splitlines()[-1]
+    assert sim.chat_bodies() == []
+    went = run_tmas("sweep", "--resume", str(out), "--no-report", "--confirm-tokens", "4300", text=True)
+    assert went.returncode == 0, went.stderr
+    assert "tmas: estimate: up to 16 calls to send (1 stored, replayed), <=4.3k completion tokens" in went.stderr
+    assert sorted(b["max_tokens"] for b in sim.chat_bodies()) == [100] * 6 + [1000]

@@ -423,18 +423,33 @@ def grid_changes(out_dir: Path, points: list[SweepPoint]) -> tuple[list[str], li
     return [name for name in now if name not in before], [name for name in before if name not in now]
 
 
-def point_resume(point: SweepPoint, settings: Settings, out_dir: Path, problems: int) -> tuple[int, dict[str, int]]:
+@dataclass
+class PointResume:
+    """What a point's run has still to do, as the cost gate counts it: the problems it ``solves``, the answered calls
+    it ``replays`` rather than sends (by problem), and its store's answered calls by ``role`` (of which those
+    replayed are some): what they are taken off the point's token ceiling at
+    (:func:`tmas.planning.estimate.stored_over_points`)."""
+
+    solves: int
+    replays: dict[str, int] = field(default_factory=dict)
+    roles: dict[str, int] = field(default_factory=dict)
+
+
+def point_resume(point: SweepPoint, settings: Settings, out_dir: Path, problems: int) -> PointResume:
     """What the point's run has still to do, for the cost gate, as a resume of one run counts it
-    (:meth:`tmas.runner.RunSetup.settled`, :meth:`tmas.runner.RunSetup.replays`): the problems it solves (all
-    ``problems`` where the point has no run yet, none where it is finished and skipped), and the answered calls of
-    those that it replays rather than sends, by problem."""
+    (:meth:`tmas.runner.RunSetup.settled`, :meth:`tmas.runner.RunSetup.replays`,
+    :meth:`tmas.runner.RunSetup.replayed_roles`): the problems it solves (all ``problems`` where the point has no run
+    yet, none where it is finished and skipped), the answered calls of those that it replays rather than sends, by
+    problem, and the store's answered calls by role."""
     run_dir = out_dir / POINTS_DIR / point.name
     if not holds_run(run_dir):
-        return problems, {}
+        return PointResume(problems)
     setup = RunSetup.check(point.settings(settings))
     with RunStore(run_dir, create=False) as peek:
         settled = setup.settled(peek)
-        return peek.problem_count() - len(settled), setup.replays(peek, settled)
+        return PointResume(
+            peek.problem_count() - len(settled), setup.replays(peek, settled), setup.replayed_roles(peek)
+        )
 
 
 def check_sweep_dir(

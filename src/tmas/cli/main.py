@@ -685,7 +685,7 @@ def sweep(
     """Run a grid of methods x parameters over one problem set (one run per point, resumable) and report it."""
     from tmas.cli.estimate import build_estimate, gate
     from tmas.cli.progress import plain_status
-    from tmas.planning.estimate import replay_credit
+    from tmas.planning.estimate import replay_credit, stored_over_points
     from tmas.runner import RunState, StoreFailed, Unreachable
     from tmas.sweep import (
         check_sweep_dir,
@@ -733,9 +733,11 @@ def sweep(
     # A sweep run again counts each point as a resume of its run does: the problems it has still to solve (none for a
     # finished point, which is skipped), less the answered calls of those it replays rather than sends.
     resumed = [point_resume(point, settings, out, len(listed)) for point in points]
-    solving = [count for count, _ in resumed]
-    planned = build_estimate(configs, listed, estimate, out / "pilot", solving=solving)
-    planned.stored_calls = sum(replay_credit(p, held) for p, (_, held) in zip(planned.points, resumed, strict=True))
+    planned = build_estimate(configs, listed, estimate, out / "pilot", solving=[r.solves for r in resumed])
+    held = [(p, replay_credit(p, r.replays), r.roles) for p, r in zip(planned.points, resumed, strict=True)]
+    planned.stored_calls = sum(calls for _, calls, _ in held)
+    # Each point's stored calls come off its own tokens, at their roles' max_tokens where those are a ceiling.
+    planned.stored_tokens = stored_over_points(held)
     judged = None if no_report else judge_calls(grade_config)
     planned.left_out += [judged] if judged else []
     gate(planned, estimate)

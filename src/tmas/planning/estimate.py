@@ -207,6 +207,25 @@ def stored_ceiling(point: PointEstimate, calls: int, answered: Mapping[str, int]
     return fewest_tokens(calls, answered, point.ceilings)
 
 
+def stored_over_points(held: Iterable[tuple[PointEstimate, int, Mapping[str, int]]]) -> float | None:
+    """The completion tokens the stored calls of several points (a sweep's, a pilot's configurations) take off their
+    estimate, point by point, from each point's replayed ``calls`` and the answered calls of its store by role: at
+    their roles' max_tokens where the point's tokens are a ceiling by role (:func:`stored_ceiling`), else their share
+    of the point's own tokens by its most calls (``Estimate.stored_tokens``). None where a point with stored calls
+    has unknown tokens. A share over all the points would take a point's cheap stored calls off the others' dearer
+    ones, and a point stopped after its cheap calls would have its dear ones taken off by their share."""
+    taken = 0.0
+    for point, calls, answered in held:
+        if not calls or not point.most_calls:
+            continue
+        if point.completion_tokens is None:
+            return None
+        ceiling = stored_ceiling(point, calls, answered)
+        share = point.completion_tokens * min(calls, point.most_calls) / point.most_calls
+        taken += min(point.completion_tokens, share if ceiling is None else ceiling)
+    return taken
+
+
 def fewest_tokens(calls: int, answered: Mapping[str, int], per_call: Mapping[str, float]) -> float:
     """The fewest completion tokens ``calls`` of the stored calls can come to at ``per_call`` tokens each (by role,
     its max_tokens; a role without one at none), where ``answered`` holds each role's answered calls in the store:
@@ -239,9 +258,10 @@ class Estimate:
     # Calls a resumed run holds already (answered, so replayed rather than sent): what the gate need not ask about.
     stored_calls: int = 0
     # The fewest completion tokens the stored calls come to at their roles' max_tokens, where the estimate is a
-    # ceiling by role (:func:`stored_ceiling`, :mod:`tmas.planning.pool_build`): the tokens still to send are then the
-    # estimate's less these. Without it they are the estimate's share by calls, which is no ceiling where the stored
-    # calls are of a role with a smaller max_tokens than those still to send.
+    # ceiling by role (:func:`stored_ceiling`, :mod:`tmas.planning.pool_build`), or over several points each point's
+    # own (:func:`stored_over_points`): the tokens still to send are then the estimate's less these. Without it they
+    # are the estimate's share by calls, which is no ceiling where the stored calls are of a role (or a point) with a
+    # smaller max_tokens than those still to send.
     stored_tokens: float | None = None
     # Calls the command sends beside the method's and counts in no figure (a report's judge), each said in words.
     left_out: list[str] = field(default_factory=list)
