@@ -314,3 +314,32 @@ def test_a_sweep_run_again_takes_each_points_stored_calls_off_its_own_ceiling(si
     assert went.returncode == 0, went.stderr
     assert "tmas: estimate: up to 16 calls to send (1 stored, replayed), <=4.3k completion tokens" in went.stderr
     assert sorted(b["max_tokens"] for b in sim.chat_bodies()) == [100] * 6 + [1000]
+
+
+def test_a_pilot_run_again_takes_its_stored_calls_off_at_their_max_tokens(sim: SimServer, tmp_path: Path) -> None:
+    # Self-refine's pilot (one trajectory, two iterations) on one problem, solutions at 100 tokens and refinements at
+    # 1,000, stopped after its solution. Still to send: the solution asked again (100) and the refinement asked three
+    # times (3,000), 3,100: the ceiling of 3,200 less the stored solution. Its share by calls, 4/5, said 2,560.
+    problems = tmp_path / "p.jsonl"
+    problems.write_text('{"problem_id": "q0", "question": "What is 2*7?", "answer": "14"}\n')
+    (tmp_path / "config.toml").write_text(
+        "[sampling]\nmax_tokens = 100\n\n[roles.refiner.sampling]\nmax_tokens = 1000\n"
+    )
+    base = ["run", str(problems), "--out", str(tmp_path / "run"), "--config", str(tmp_path / "config.toml")]
+    base += ["--base-url", sim.base_url, "--method", "self_refine", "-p", "n=1", "-p", "iterations=2"]
+    base += ["--pilot", "1", "--dry-run"]
+    first = run_tmas(*base, "--yes", text=True)
+    assert first.returncode == 0, first.stderr
+    with sqlite3.connect(tmp_path / "run" / "pilot" / "run" / "run.sqlite") as db:
+        db.execute("DELETE FROM results")
+        db.execute("DELETE FROM calls WHERE role = 'refiner'")
+    sim.reset()
+    refused = run_tmas(*base, "--confirm-tokens", "3099", text=True)
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines()[-1].startswith(
+        "tmas: error: the pilot is 3.1k completion tokens (threshold 3.1k)"
+    )
+    assert sim.chat_bodies() == []
+    went = run_tmas(*base, "--confirm-tokens", "3100", text=True)
+    assert went.returncode == 0, went.stderr
+    assert [b["max_tokens"] for b in sim.chat_bodies()] == [1000]

@@ -36,6 +36,7 @@ from tmas.planning.estimate import (
     estimate_point,
     format_estimate,
     replay_credit,
+    stored_over_points,
 )
 from tmas.problems import Problem
 
@@ -161,16 +162,18 @@ def _gate_pilot(configs: list[tuple[str, Settings]], problems: int, flags: Estim
     from tmas.runner import RunSetup, holds_run
     from tmas.store.run_store import RunStore
 
-    points, stored = [], 0
+    points, held = [], []
     for name, settings in configs:
         pilot = pilot_settings(settings)
         point = _point(name, pilot, problems, None)
         points.append(point)
         if holds_run(pilot_dir / name):
             with RunStore(pilot_dir / name, create=False) as peek:
-                if not RunSetup.check(pilot).changed_requests(peek):
-                    stored += replay_credit(point, peek.sure_replays())
-    planned = Estimate(points, stored_calls=stored)
+                setup = RunSetup.check(pilot)
+                if not setup.changed_requests(peek):
+                    held.append((point, replay_credit(point, peek.sure_replays()), setup.replayed_roles(peek)))
+    # Each configuration's stored calls come off its own tokens, at their roles' max_tokens.
+    planned = Estimate(points, stored_calls=sum(calls for _, calls, _ in held), stored_tokens=stored_over_points(held))
     threshold = flags.confirm_calls if flags.confirm_calls is not None else DEFAULT_CONFIRM_CALLS
     why = planned.over(threshold, flags.confirm_tokens)
     if why is None or flags.yes:
