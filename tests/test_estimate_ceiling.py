@@ -28,7 +28,9 @@ from tmas.planning.estimate import (
 )
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
+from tmas.store.run_store import RunStore
 from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing.script import ScriptedUsage
 
 PROBLEM = [Problem(problem_id="q0", question="What is 2*7?", answer="14")]
 # The answer reminder's prompt (answer_reminder.j2), as the rules tell it from the first ask.
@@ -343,3 +345,37 @@ def test_a_pilot_run_again_takes_its_stored_calls_off_at_their_max_tokens(sim: S
     went = run_tmas(*base, "--confirm-tokens", "3100", text=True)
     assert went.returncode == 0, went.stderr
     assert [b["max_tokens"] for b in sim.chat_bodies()] == [1000]
+
+
+async def test_a_resumed_pooled_budget_counts_what_its_finished_problems_left(sim: SimServer, tmp_path: Path) -> None:
+    # Majority k = 8 on three problems at 100 tokens a call, under a pooled budget of 150 a problem. The first run's
+    # replies are 10 tokens: each problem spends 80 and leaves 70. With q2 taken out of the store, a resume solves it
+    # alone, its bank holding q0's and q1's 140: it may spend its 150, the 140, and the call that passes them (100):
+    # 390 (the structure's 16 x 100 is more). Its own share alone said 250; at 100 tokens a reply it spends 300.
+    settings = settings_for(
+        sim,
+        method={"name": "majority", "params": {"k": 8}},
+        sampling={"max_tokens": 100},
+        budget={"tokens": 150, "pool": True},
+    )
+    problems = [Problem(problem_id=f"q{i}", question=f"What is {i}*3?", answer=str(3 * i)) for i in range(3)]
+    sim.set_script(SimScript(rules=[Rule(usage=ScriptedUsage(prompt_tokens=5, completion_tokens=10))]))
+    store, settings, todo = prepare_run(tmp_path / "run", settings, problems, resume=False)
+    with store:
+        await run_problems(settings, todo, store)
+        assert [r.usage.completion_tokens for r in store.results()] == [80, 80, 80]
+    with sqlite3.connect(tmp_path / "run" / "run.sqlite") as db:
+        db.execute("DELETE FROM results WHERE problem_id = 'q2'")
+        db.execute("DELETE FROM calls WHERE problem_id = 'q2'")
+    sim.reset()
+    sim.set_script(SimScript(rules=[Rule(usage=ScriptedUsage(prompt_tokens=5, completion_tokens=100))]))
+    with pytest.raises(InputError, match=r"the estimate is 390 completion tokens \(threshold 389\)"):
+        await aresume(tmp_path / "run", max_completion_tokens=389)
+    refused = run_tmas("run", "--resume", str(tmp_path / "run"), "--confirm-tokens", "389", text=True)
+    assert refused.returncode == 2
+    assert "the estimate is 390 completion tokens (threshold 389)" in refused.stderr.splitlines()[-1]
+    assert sim.chat_bodies() == []
+    summary = await aresume(tmp_path / "run", max_completion_tokens=390)
+    assert len(sim.chat_bodies()) == 3 and summary.done == 3
+    with RunStore(tmp_path / "run", create=False) as store:
+        assert {r.problem_id: r.usage.completion_tokens for r in store.results()}["q2"] == 300

@@ -206,8 +206,17 @@ async def aresume(
             count = peek.problem_count() - len(settled)
             stored = setup.replays(peek, settled)
             roles = setup.replayed_roles(peek)
+            banked = setup.pooled_left(peek, settled)
         check_cost(
-            "tmas.api.aresume", settings, count, model, max_calls, max_completion_tokens, stored=stored, roles=roles
+            "tmas.api.aresume",
+            settings,
+            count,
+            model,
+            max_calls,
+            max_completion_tokens,
+            stored=stored,
+            roles=roles,
+            banked=banked,
         )
     store, settings, todo = prepare_run(run_dir, settings, None, resume=True, own_model=model is not None)
     with store:
@@ -238,12 +247,14 @@ def check_cost(
     *,
     stored: Mapping[str, int] | None = None,
     roles: Mapping[str, int] | None = None,
+    banked: int = 0,
 ) -> None:
     """Refuse, in one line naming ``what``, a run of ``problems`` under ``settings`` whose estimate (less the
-    ``stored`` answered calls, by problem, a resume replays, at their ``roles``' max_tokens) is over ``max_calls`` or
-    ``max_completion_tokens``; a method that states no calls per problem goes ahead, as under ``tmas serve``'s cap."""
+    ``stored`` answered calls, by problem, a resume replays, at their ``roles``' max_tokens; with what a pooled token
+    budget's bank holds for the problems, ``banked``) is over ``max_calls`` or ``max_completion_tokens``; a method
+    that states no calls per problem goes ahead, as under ``tmas serve``'s cap."""
     method = run_method(settings, own_model=model is not None)
-    point = estimate_point(what, method, settings, problems, None)
+    point = estimate_point(what, method, settings, problems, None, banked=banked)
     estimate = Estimate([point], stored_calls=replay_credit(point, stored or {}))
     estimate.stored_tokens = stored_ceiling(point, estimate.stored_calls, roles or {})
     why = estimate.over(max_calls, max_completion_tokens)

@@ -367,6 +367,11 @@ class RunSetup:
             return {}
         return {pid: n for pid, n in store.sure_replays().items() if pid not in settled}
 
+    def pooled_left(self, store: RunStore, settled: Collection[str]) -> int:
+        """What a pooled token budget's bank holds when a resume under this setup starts (:func:`pooled_left`): the
+        problems it solves may spend it beside their own shares, and a resume's estimate counts it so."""
+        return pooled_left(store, self.settings.budget, settled)
+
     def replayed_roles(self, store: RunStore) -> dict[str, int]:
         """The answered calls of ``store`` by role, of which those :meth:`replays` counts are some: what a resume's
         token ceiling takes them off at, each at its role's max_tokens (:func:`tmas.planning.estimate.stored_ceiling`);
@@ -821,15 +826,19 @@ class _Tally:
 
 def _token_bank(store: RunStore | None, budget: Budget, finished: Collection[str]) -> TokenBank | None:
     """A pooled token budget's bank (None without one), holding what the problems finished before (a resumed run)
-    left of the pool: each one's share less what it spent. Its draws came out of the bank before it finished and went
-    back with what it left of them, so they count for nothing in the bank's balance."""
+    left of the pool (:func:`pooled_left`)."""
     if not budget.pool or budget.tokens is None:
         return None
-    bank = TokenBank()
-    for result in store.results() if store is not None and finished else ():
-        if result.problem_id in finished:
-            bank.deposit(budget.tokens - budget.spent(result.usage))
-    return bank
+    return TokenBank(pooled_left(store, budget, finished))
+
+
+def pooled_left(store: RunStore | None, budget: Budget, finished: Collection[str]) -> int:
+    """What the ``finished`` problems of ``store`` left of a pooled token budget (0 without one): each one's share
+    less what it spent, what a resumed run's bank starts with for the problems it solves. A problem's draws came out
+    of the bank before it finished and went back with what it left of them, so they count for nothing here."""
+    if not budget.pool or budget.tokens is None or store is None or not finished:
+        return 0
+    return sum(budget.tokens - budget.spent(r.usage) for r in store.results() if r.problem_id in finished)
 
 
 def budget_result(method: str, session: ProblemSession, detail: str) -> ProblemResult:

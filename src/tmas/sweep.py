@@ -426,13 +426,15 @@ def grid_changes(out_dir: Path, points: list[SweepPoint]) -> tuple[list[str], li
 @dataclass
 class PointResume:
     """What a point's run has still to do, as the cost gate counts it: the problems it ``solves``, the answered calls
-    it ``replays`` rather than sends (by problem), and its store's answered calls by ``role`` (of which those
-    replayed are some): what they are taken off the point's token ceiling at
-    (:func:`tmas.planning.estimate.stored_over_points`)."""
+    it ``replays`` rather than sends (by problem), its store's answered calls by ``role`` (of which those replayed
+    are some): what they are taken off the point's token ceiling at
+    (:func:`tmas.planning.estimate.stored_over_points`), and what a pooled token budget's bank holds for the problems
+    it solves (``banked``, :meth:`tmas.runner.RunSetup.pooled_left`)."""
 
     solves: int
     replays: dict[str, int] = field(default_factory=dict)
     roles: dict[str, int] = field(default_factory=dict)
+    banked: int = 0
 
 
 def point_resume(point: SweepPoint, settings: Settings, out_dir: Path, problems: int) -> PointResume:
@@ -440,7 +442,7 @@ def point_resume(point: SweepPoint, settings: Settings, out_dir: Path, problems:
     (:meth:`tmas.runner.RunSetup.settled`, :meth:`tmas.runner.RunSetup.replays`,
     :meth:`tmas.runner.RunSetup.replayed_roles`): the problems it solves (all ``problems`` where the point has no run
     yet, none where it is finished and skipped), the answered calls of those that it replays rather than sends, by
-    problem, and the store's answered calls by role."""
+    problem, the store's answered calls by role, and what a pooled token budget's bank holds for them."""
     run_dir = out_dir / POINTS_DIR / point.name
     if not holds_run(run_dir):
         return PointResume(problems)
@@ -448,7 +450,10 @@ def point_resume(point: SweepPoint, settings: Settings, out_dir: Path, problems:
     with RunStore(run_dir, create=False) as peek:
         settled = setup.settled(peek)
         return PointResume(
-            peek.problem_count() - len(settled), setup.replays(peek, settled), setup.replayed_roles(peek)
+            peek.problem_count() - len(settled),
+            setup.replays(peek, settled),
+            setup.replayed_roles(peek),
+            setup.pooled_left(peek, settled),
         )
 
 

@@ -124,11 +124,13 @@ def build_estimate(
     pilot_dir: Path,
     *,
     solving: int | Sequence[int] | None = None,
+    banked: Sequence[int] | None = None,
 ) -> Estimate:
     """The estimate of running each (name, settings) over ``problems`` (or that many: without ``--pilot`` only their
     count matters), or over ``solving`` of them where given, one count for every configuration or one each (a resume
-    leaves its settled problems as they are); with ``--pilot`` the configurations first run on that many problems
-    (into ``pilot_dir``) to measure tokens per call and throughput."""
+    leaves its settled problems as they are), and ``banked``, one each, what a pooled token budget's bank holds for
+    them (:meth:`tmas.runner.RunSetup.pooled_left`); with ``--pilot`` the configurations first run on that many
+    problems (into ``pilot_dir``) to measure tokens per call and throughput."""
     flags.check()
     rates: TokenRates | None = None
     count = problems if isinstance(problems, int) else len(problems)
@@ -149,7 +151,11 @@ def build_estimate(
         rates = interrupt.run(run_pilot(piloted, sample, pilot_dir))
     elif flags.tokens_per_call is not None:
         rates = TokenRates(default_completion=flags.tokens_per_call, source="given")
-    points = [_point(name, settings, n, rates) for (name, settings), n in zip(configs, counts, strict=True)]
+    banks = list(banked) if banked is not None else [0] * len(configs)
+    points = [
+        _point(name, settings, n, rates, banked=bank)
+        for (name, settings), n, bank in zip(configs, counts, banks, strict=True)
+    ]
     throughput = flags.throughput or (rates.throughput if rates else None)
     return Estimate(points, rates, throughput)
 
@@ -210,9 +216,9 @@ def question_estimate(settings: Settings) -> Estimate:
     return Estimate([_point("question", settings, 1, None)])
 
 
-def _point(name: str, settings: Settings, problems: int, rates: TokenRates | None) -> PointEstimate:
+def _point(name: str, settings: Settings, problems: int, rates: TokenRates | None, *, banked: int = 0) -> PointEstimate:
     method = create_method(settings.method.name, settings.method.params, embedded=on_embedded_model(settings))
-    return estimate_point(name, method, settings, problems, rates)
+    return estimate_point(name, method, settings, problems, rates, banked=banked)
 
 
 def gate(estimate: Estimate, flags: GateFlags, *, calls: int = DEFAULT_CONFIRM_CALLS) -> None:

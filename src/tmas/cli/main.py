@@ -286,8 +286,11 @@ def _resume_run(
         # again may change count as to send; under other requests the stored calls answer none).
         replays = setup.replays(peek, settled)
         roles = setup.replayed_roles(peek)
+        # A pooled token budget's bank starts with what the settled problems left: the others may spend it.
+        banked = setup.pooled_left(peek, settled)
     solving = count - len(settled)
-    planned = build_estimate([(run_dir.name, settings)], listed, estimate, run_dir / "pilot", solving=solving)
+    pilot_dir = run_dir / "pilot"
+    planned = build_estimate([(run_dir.name, settings)], listed, estimate, pilot_dir, solving=solving, banked=[banked])
     planned.stored_calls = replay_credit(planned.points[0], replays)
     # At their roles' max_tokens where the tokens are a ceiling: a run stopped after its cheap calls has its dear
     # ones left.
@@ -733,7 +736,8 @@ def sweep(
     # A sweep run again counts each point as a resume of its run does: the problems it has still to solve (none for a
     # finished point, which is skipped), less the answered calls of those it replays rather than sends.
     resumed = [point_resume(point, settings, out, len(listed)) for point in points]
-    planned = build_estimate(configs, listed, estimate, out / "pilot", solving=[r.solves for r in resumed])
+    solving, banked = [r.solves for r in resumed], [r.banked for r in resumed]
+    planned = build_estimate(configs, listed, estimate, out / "pilot", solving=solving, banked=banked)
     held = [(p, replay_credit(p, r.replays), r.roles) for p, r in zip(planned.points, resumed, strict=True)]
     planned.stored_calls = sum(calls for _, calls, _ in held)
     # Each point's stored calls come off its own tokens, at their roles' max_tokens where those are a ceiling.

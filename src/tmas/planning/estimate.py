@@ -131,8 +131,11 @@ class PointEstimate:
 
 
 def estimate_point(
-    name: str, method: Method[Any], settings: Settings, problems: int, rates: TokenRates | None
+    name: str, method: Method[Any], settings: Settings, problems: int, rates: TokenRates | None, *, banked: int = 0
 ) -> PointEstimate:
+    """The estimate of ``problems`` solved under ``method`` and ``settings``; ``banked``: what a pooled token budget's
+    bank holds for them as they start (a resumed run's, from the problems it finished before:
+    :meth:`tmas.runner.RunSetup.pooled_left`), which they may spend beside their own shares."""
     count = calls_per_problem(method)
     budget = settings.budget
     if budget.calls is not None and count.most_total > budget.calls:
@@ -166,6 +169,8 @@ def estimate_point(
             point.basis = "max_tokens"
     if per_call is not None:
         per_problem = count.ceiling(per_call) if ceiling else calls_tokens(count.expected, per_call) * count.share()
+        # The structure's, whatever the budget.
+        whole = problems * per_problem
         cut = False
         if budget.tokens is not None and budget.count == "completion" and per_problem > budget.tokens:
             cut = True
@@ -173,13 +178,17 @@ def estimate_point(
             # ceiling (max_tokens) counts that call too.
             over = max(per_call.values(), default=0.0) if point.basis == "max_tokens" else 0.0
             per_problem = min(per_problem, budget.tokens + over)
+            pooled = f" and the {banked} tokens its finished problems left" if banked > 0 else ""
             where = (
-                f"the pooled token budget stops the run near {budget.tokens * problems}"
+                f"the pooled token budget stops the run near {budget.tokens * problems}{pooled}"
                 if budget.pool
                 else f"the token budget stops each problem near {budget.tokens}"
             )
             count.note = "; ".join(filter(None, [count.note, where]))
         point.completion_tokens = problems * per_problem
+        if cut and budget.pool and banked > 0:
+            # The bank's tokens go to the problems still open, beside their own shares (TokenBank).
+            point.completion_tokens = min(whole, point.completion_tokens + banked)
         if point.basis == "max_tokens" and not cut:
             point.ceilings = per_call
         if count.fewest is not None or count.stoppable:
