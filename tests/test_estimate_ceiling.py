@@ -23,6 +23,7 @@ from tmas.planning.estimate import (
     brief_estimate,
     calls_said,
     estimate_point,
+    format_estimate,
     stored_ceiling,
     stored_over_points,
 )
@@ -379,3 +380,18 @@ async def test_a_resumed_pooled_budget_counts_what_its_finished_problems_left(si
     assert len(sim.chat_bodies()) == 3 and summary.done == 3
     with RunStore(tmp_path / "run", create=False) as store:
         assert {r.problem_id: r.usage.completion_tokens for r in store.results()}["q2"] == 300
+
+
+def test_a_resumes_hours_are_those_of_the_tokens_it_has_still_to_send() -> None:
+    # Majority k = 4 on 10 problems at 100 tokens a call: 80 calls at most, 8,000 tokens; 30 stored take 3,000 off,
+    # 5,000 still to send: 2,500 s at 2 tokens/s, 0.7 hours (the whole 8,000 said 1.1).
+    method = create_method("majority", {"k": 4})
+    point = estimate_point("mv", method, Settings.model_validate({"sampling": {"max_tokens": 100}}), 10, None)
+    estimate = Estimate([point], throughput=2.0, stored_calls=30, stored_tokens=3000.0)
+    assert estimate.tokens_to_send == 5000 and estimate.hours == 5000 / 2 / 3600
+    table = format_estimate(estimate)
+    assert (
+        "  stored: 30 answered calls, replayed rather than sent; at most 50 still to send, <=5.0k completion tokens"
+        in table
+    )
+    assert "  time: 0.7 hours at 2.0 completion tokens/s (given)" in table

@@ -330,7 +330,9 @@ class Estimate:
 
     @property
     def hours(self) -> float | None:
-        tokens = self.completion_tokens
+        """The hours the completion tokens still to send take at ``throughput`` (a resume's stored calls are replayed,
+        not generated)."""
+        tokens = self.tokens_to_send
         if tokens is None or not self.throughput:
             return None
         return tokens / self.throughput / 3600
@@ -473,9 +475,12 @@ def format_estimate(estimate: Estimate) -> str:
             " a transport retry adds an attempt, not a call"
         )
     if estimate.stored_calls:
+        to_send = estimate.tokens_to_send
+        ceiling = any(p.basis == "max_tokens" for p in estimate.points)
+        tokens = "" if to_send is None else f", {'<=' if ceiling else '~'}{_tokens(to_send)} completion tokens"
         lines.append(
             f"  stored: {calls_said(estimate.stored_calls, 'answered call')}, replayed rather than sent; at most"
-            f" {estimate.calls_to_send:,} still to send"
+            f" {estimate.calls_to_send:,} still to send{tokens}"
         )
     for what in estimate.left_out:
         lines.append(f"  not counted: {what}")
