@@ -252,6 +252,10 @@ def test_a_mean_or_a_cut_ceiling_takes_stored_calls_off_by_their_share() -> None
     assert estimate.tokens_to_send == 2400 * 50 / 80
     cut = Settings.model_validate({"sampling": {"max_tokens": 100}, "budget": {"tokens": 250}})
     assert stored_ceiling(estimate_point("mv", method, cut, 10, None), 30, {"solution": 30}) is None
+    # Given what the replayed calls spent of each problem's budget, that comes off, each problem's no more than the
+    # 350 it may spend (the budget and the call that passes it).
+    spent = {"q0": 50, "q1": 400}
+    assert stored_ceiling(estimate_point("mv", method, cut, 10, None), 30, {"solution": 30}, spent) == 50 + 350
 
 
 def test_the_stored_calls_of_several_points_come_off_each_points_own_tokens() -> None:
@@ -264,14 +268,14 @@ def test_the_stored_calls_of_several_points_come_off_each_points_own_tokens() ->
     cut = Settings.model_validate({"sampling": {"max_tokens": 100}, "budget": {"tokens": 250}})
     budgeted = estimate_point("b", method, cut, 10, None)
     assert (ceiling.completion_tokens, budgeted.completion_tokens) == (8000, 3500)
-    taken = stored_over_points([(ceiling, 30, {"solution": 30}), (budgeted, 20, {"solution": 20})])
+    taken = stored_over_points([(ceiling, 30, {"solution": 30}, None), (budgeted, 20, {"solution": 20}, None)])
     assert taken == 3000 + 875
     estimate = Estimate([ceiling, budgeted], stored_calls=50, stored_tokens=taken)
     assert estimate.tokens_to_send == 7625
     # A point with no calls stored takes nothing off; one of unknown tokens leaves the figure unknown.
-    assert stored_over_points([(ceiling, 0, {}), (budgeted, 20, {"solution": 20})]) == 875
+    assert stored_over_points([(ceiling, 0, {}, None), (budgeted, 20, {"solution": 20}, None)]) == 875
     unknown = PointEstimate("c", "majority", 10, method.calls_per_problem())
-    assert stored_over_points([(ceiling, 30, {"solution": 30}), (unknown, 5, {"solution": 5})]) is None
+    assert stored_over_points([(ceiling, 30, {"solution": 30}, None), (unknown, 5, {"solution": 5}, None)]) is None
 
 
 def test_a_sweep_run_again_takes_each_points_stored_calls_off_its_own_ceiling(sim: SimServer, tmp_path: Path) -> None:
@@ -395,3 +399,32 @@ def test_a_resumes_hours_are_those_of_the_tokens_it_has_still_to_send() -> None:
         in table
     )
     assert "  time: 0.7 hours at 2.0 completion tokens/s (given)" in table
+
+
+async def test_a_resume_under_a_token_budget_takes_off_what_its_replayed_calls_spent(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # Majority k = 16 at 100 tokens a call, under a budget of 300 completion tokens: a problem spends at most 400 (the
+    # budget and the call that passes it), replayed calls included. Its first run's samples are 10 tokens each; with
+    # its result and its last 4 samples taken out of the store, a resume replays 12 (120 tokens) and may spend 280
+    # more. Their share by calls, 20 of the 32 the structure allows at most, said 250.
+    settings = settings_for(
+        sim, method={"name": "majority", "params": {"k": 16}}, sampling={"max_tokens": 100}, budget={"tokens": 300}
+    )
+    sim.set_script(SimScript(rules=[Rule(usage=ScriptedUsage(prompt_tokens=5, completion_tokens=10))]))
+    store, settings, todo = prepare_run(tmp_path / "run", settings, PROBLEM, resume=False)
+    with store:
+        await run_problems(settings, todo, store)
+        assert [r.usage.completion_tokens for r in store.results()] == [160]
+    with sqlite3.connect(tmp_path / "run" / "run.sqlite") as db:
+        db.execute("DELETE FROM results")
+        db.execute("DELETE FROM calls WHERE id IN (SELECT id FROM calls ORDER BY id DESC LIMIT 4)")
+    sim.reset()
+    with pytest.raises(InputError, match=r"the estimate is 280 completion tokens \(threshold 279\)"):
+        await aresume(tmp_path / "run", max_completion_tokens=279)
+    refused = run_tmas("run", "--resume", str(tmp_path / "run"), "--confirm-tokens", "279", text=True)
+    assert refused.returncode == 2
+    assert "the estimate is 280 completion tokens (threshold 279)" in refused.stderr.splitlines()[-1]
+    assert sim.chat_bodies() == []
+    await aresume(tmp_path / "run", max_completion_tokens=280)
+    assert len(sim.chat_bodies()) == 4

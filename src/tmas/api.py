@@ -207,6 +207,7 @@ async def aresume(
             stored = setup.replays(peek, settled)
             roles = setup.replayed_roles(peek)
             banked = setup.pooled_left(peek, settled)
+            spent = setup.replayed_tokens(peek, settled)
         check_cost(
             "tmas.api.aresume",
             settings,
@@ -217,6 +218,7 @@ async def aresume(
             stored=stored,
             roles=roles,
             banked=banked,
+            spent=spent,
         )
     store, settings, todo = prepare_run(run_dir, settings, None, resume=True, own_model=model is not None)
     with store:
@@ -248,15 +250,17 @@ def check_cost(
     stored: Mapping[str, int] | None = None,
     roles: Mapping[str, int] | None = None,
     banked: int = 0,
+    spent: Mapping[str, int] | None = None,
 ) -> None:
     """Refuse, in one line naming ``what``, a run of ``problems`` under ``settings`` whose estimate (less the
-    ``stored`` answered calls, by problem, a resume replays, at their ``roles``' max_tokens; with what a pooled token
+    ``stored`` answered calls, by problem, a resume replays, at their ``roles``' max_tokens or, under a token budget,
+    at what they ``spent`` of it by problem; with what a pooled token
     budget's bank holds for the problems, ``banked``) is over ``max_calls`` or ``max_completion_tokens``; a method
     that states no calls per problem goes ahead, as under ``tmas serve``'s cap."""
     method = run_method(settings, own_model=model is not None)
     point = estimate_point(what, method, settings, problems, None, banked=banked)
     estimate = Estimate([point], stored_calls=replay_credit(point, stored or {}))
-    estimate.stored_tokens = stored_ceiling(point, estimate.stored_calls, roles or {})
+    estimate.stored_tokens = stored_ceiling(point, estimate.stored_calls, roles or {}, spent)
     why = estimate.over(max_calls, max_completion_tokens)
     if why is not None:
         calls_over = max_calls is not None and estimate.calls_to_send > max_calls

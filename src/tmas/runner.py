@@ -367,6 +367,15 @@ class RunSetup:
             return {}
         return {pid: n for pid, n in store.sure_replays().items() if pid not in settled}
 
+    def replayed_tokens(self, store: RunStore, settled: Collection[str]) -> dict[str, int]:
+        """The completion tokens of the calls :meth:`replays` counts, by problem: what they spend of a problem's
+        completion-token budget as they are replayed, and so what a resume's estimate under one takes off each
+        problem's share (:func:`tmas.planning.estimate.stored_ceiling`); none where it asks other requests."""
+        if self.changed_requests(store):
+            return {}
+        usage = store.sure_replay_usage()
+        return {pid: completion for pid, (_, _, completion) in usage.items() if pid not in settled}
+
     def pooled_left(self, store: RunStore, settled: Collection[str]) -> int:
         """What a pooled token budget's bank holds when a resume under this setup starts (:func:`pooled_left`): the
         problems it solves may spend it beside their own shares, and a resume's estimate counts it so."""

@@ -435,6 +435,8 @@ class PointResume:
     replays: dict[str, int] = field(default_factory=dict)
     roles: dict[str, int] = field(default_factory=dict)
     banked: int = 0
+    # The completion tokens the replayed calls spent, by problem (:meth:`tmas.runner.RunSetup.replayed_tokens`).
+    spent: dict[str, int] = field(default_factory=dict)
 
 
 def point_resume(point: SweepPoint, settings: Settings, out_dir: Path, problems: int) -> PointResume:
@@ -454,6 +456,7 @@ def point_resume(point: SweepPoint, settings: Settings, out_dir: Path, problems:
             setup.replays(peek, settled),
             setup.replayed_roles(peek),
             setup.pooled_left(peek, settled),
+            setup.replayed_tokens(peek, settled),
         )
 
 

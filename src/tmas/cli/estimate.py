@@ -177,9 +177,11 @@ def _gate_pilot(configs: list[tuple[str, Settings]], problems: int, flags: Estim
             with RunStore(pilot_dir / name, create=False) as peek:
                 setup = RunSetup.check(pilot)
                 if not setup.changed_requests(peek):
-                    held.append((point, replay_credit(point, peek.sure_replays()), setup.replayed_roles(peek)))
+                    held.append((point, replay_credit(point, peek.sure_replays()), setup.replayed_roles(peek), None))
     # Each configuration's stored calls come off its own tokens, at their roles' max_tokens.
-    planned = Estimate(points, stored_calls=sum(calls for _, calls, _ in held), stored_tokens=stored_over_points(held))
+    planned = Estimate(
+        points, stored_calls=sum(calls for _, calls, _, _ in held), stored_tokens=stored_over_points(held)
+    )
     threshold = flags.confirm_calls if flags.confirm_calls is not None else DEFAULT_CONFIRM_CALLS
     why = planned.over(threshold, flags.confirm_tokens)
     if why is None or flags.yes:

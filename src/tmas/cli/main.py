@@ -286,6 +286,7 @@ def _resume_run(
         # again may change count as to send; under other requests the stored calls answer none).
         replays = setup.replays(peek, settled)
         roles = setup.replayed_roles(peek)
+        spent = setup.replayed_tokens(peek, settled)
         # A pooled token budget's bank starts with what the settled problems left: the others may spend it.
         banked = setup.pooled_left(peek, settled)
     solving = count - len(settled)
@@ -294,7 +295,7 @@ def _resume_run(
     planned.stored_calls = replay_credit(planned.points[0], replays)
     # At their roles' max_tokens where the tokens are a ceiling: a run stopped after its cheap calls has its dear
     # ones left.
-    planned.stored_tokens = stored_ceiling(planned.points[0], planned.stored_calls, roles)
+    planned.stored_tokens = stored_ceiling(planned.points[0], planned.stored_calls, roles, spent)
     gate(planned, estimate)
     store, settings, todo = prepare_run(run_dir, settings, None, resume=True)
     return _execute(store, settings, todo)
@@ -738,8 +739,8 @@ def sweep(
     resumed = [point_resume(point, settings, out, len(listed)) for point in points]
     solving, banked = [r.solves for r in resumed], [r.banked for r in resumed]
     planned = build_estimate(configs, listed, estimate, out / "pilot", solving=solving, banked=banked)
-    held = [(p, replay_credit(p, r.replays), r.roles) for p, r in zip(planned.points, resumed, strict=True)]
-    planned.stored_calls = sum(calls for _, calls, _ in held)
+    held = [(p, replay_credit(p, r.replays), r.roles, r.spent) for p, r in zip(planned.points, resumed, strict=True)]
+    planned.stored_calls = sum(calls for _, calls, _, _ in held)
     # Each point's stored calls come off its own tokens, at their roles' max_tokens where those are a ceiling.
     planned.stored_tokens = stored_over_points(held)
     judged = None if no_report else judge_calls(grade_config)

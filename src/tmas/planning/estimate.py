@@ -111,6 +111,12 @@ class PointEstimate:
     # Each role's max_tokens where the completion tokens are their ceiling (basis "max_tokens", no token budget
     # cutting them): what a stored call of the role is taken off them at (:func:`stored_ceiling`).
     ceilings: dict[str, float] = field(default_factory=dict)
+    # Where a completion-token budget cuts the max_tokens ceiling: the most one problem spends, replayed calls
+    # included (its budget and the call that passes it; None under a pooled budget, whose problems draw on each
+    # other's): a resume takes what its replayed calls spent off it (:func:`stored_ceiling`).
+    problem_cap: float | None = None
+    # Whether the cut is a pooled budget's: the point's tokens bound what its problems spend together.
+    pooled: bool = False
 
     @property
     def total_calls(self) -> int:
@@ -191,6 +197,8 @@ def estimate_point(
             point.completion_tokens = min(whole, point.completion_tokens + banked)
         if point.basis == "max_tokens" and not cut:
             point.ceilings = per_call
+        elif point.basis == "max_tokens":
+            point.problem_cap, point.pooled = per_problem, budget.pool
         if count.fewest is not None or count.stoppable:
             point.fewest_completion_tokens = problems * min(_fewest_completion(count, per_call), per_problem)
     return point
@@ -206,30 +214,40 @@ def replay_credit(point: PointEstimate, stored: Mapping[str, int]) -> int:
     return sum(min(n, most) for n in stored.values())
 
 
-def stored_ceiling(point: PointEstimate, calls: int, answered: Mapping[str, int]) -> float | None:
+def stored_ceiling(
+    point: PointEstimate, calls: int, answered: Mapping[str, int], spent: Mapping[str, int] | None = None
+) -> float | None:
     """The fewest completion tokens ``calls`` stored calls of ``point`` come to at their roles' max_tokens, where
     ``answered`` holds the store's answered calls by role (a superset of those replayed): what a resume's ceiling
-    takes them off at (``Estimate.stored_tokens``). None where the point's tokens are no ceiling by role (a mean, or
-    cut by a token budget): the calls' share is taken off then."""
-    if not point.ceilings:
+    takes them off at (``Estimate.stored_tokens``). Where a completion-token budget cuts the ceiling, what the
+    replayed calls ``spent`` of it instead, by problem (:meth:`tmas.runner.RunSetup.replayed_tokens`): a problem
+    spends no more than its cap, replays included, so what is left of it bounds what it sends. None where the
+    point's tokens are a mean (or ``spent`` is not given for a cut one): the calls' share is taken off then."""
+    if point.ceilings:
+        return fewest_tokens(calls, answered, point.ceilings)
+    if point.problem_cap is None or spent is None:
         return None
-    return fewest_tokens(calls, answered, point.ceilings)
+    if point.pooled:
+        return min(point.completion_tokens or 0.0, float(sum(spent.values())))
+    return sum(min(point.problem_cap, float(n)) for n in spent.values())
 
 
-def stored_over_points(held: Iterable[tuple[PointEstimate, int, Mapping[str, int]]]) -> float | None:
+def stored_over_points(
+    held: Iterable[tuple[PointEstimate, int, Mapping[str, int], Mapping[str, int] | None]],
+) -> float | None:
     """The completion tokens the stored calls of several points (a sweep's, a pilot's configurations) take off their
-    estimate, point by point, from each point's replayed ``calls`` and the answered calls of its store by role: at
-    their roles' max_tokens where the point's tokens are a ceiling by role (:func:`stored_ceiling`), else their share
-    of the point's own tokens by its most calls (``Estimate.stored_tokens``). None where a point with stored calls
+    estimate, point by point, from each point's replayed ``calls``, the answered calls of its store by role and what
+    the replayed calls spent by problem: as :func:`stored_ceiling` takes them off, else their share of the point's
+    own tokens by its most calls (``Estimate.stored_tokens``). None where a point with stored calls
     has unknown tokens. A share over all the points would take a point's cheap stored calls off the others' dearer
     ones, and a point stopped after its cheap calls would have its dear ones taken off by their share."""
     taken = 0.0
-    for point, calls, answered in held:
+    for point, calls, answered, spent in held:
         if not calls or not point.most_calls:
             continue
         if point.completion_tokens is None:
             return None
-        ceiling = stored_ceiling(point, calls, answered)
+        ceiling = stored_ceiling(point, calls, answered, spent)
         share = point.completion_tokens * min(calls, point.most_calls) / point.most_calls
         taken += min(point.completion_tokens, share if ceiling is None else ceiling)
     return taken

@@ -55,14 +55,20 @@ class CallStats:
         may have been asked with what that failure left out (a summary, a later iteration), and a reply to it now
         changes its request: such calls are counted as still to send, so a resume's count of them is an upper
         bound."""
+        return {problem: n for problem, (n, _, _) in self.sure_replay_usage().items()}
+
+    def sure_replay_usage(self) -> dict[str, tuple[int, int, int]]:
+        """The calls :meth:`sure_replays` counts, by problem, with their prompt and completion tokens: what a
+        problem's token budget has spent once they are replayed."""
         rows = self._db.execute(
             "WITH standing AS (SELECT problem_id, MIN(id) AS first FROM calls f WHERE error IS NOT NULL"
             " AND NOT EXISTS (SELECT 1 FROM calls r WHERE r.request_hash = f.request_hash AND r.sample = f.sample"
             " AND r.error IS NULL) GROUP BY problem_id)"
-            " SELECT c.problem_id, COUNT(*) FROM calls c LEFT JOIN standing s ON s.problem_id IS c.problem_id"
+            " SELECT c.problem_id, COUNT(*), COALESCE(SUM(c.prompt_tokens), 0), COALESCE(SUM(c.completion_tokens), 0)"
+            " FROM calls c LEFT JOIN standing s ON s.problem_id IS c.problem_id"
             " WHERE c.error IS NULL AND (s.first IS NULL OR c.id < s.first) GROUP BY c.problem_id"
         ).fetchall()
-        return {str(problem): int(n) for problem, n in rows}
+        return {str(problem): (int(n), int(prompt), int(completion)) for problem, n, prompt, completion in rows}
 
     def replies(self, role: str | None = None, *, other_roles: bool = False) -> dict[str, tuple[int, int]]:
         """Successful calls per role over the whole run, and how many of them were cut at max_tokens: of the roles

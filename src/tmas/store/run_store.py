@@ -181,6 +181,9 @@ class RunStore:
     def sure_replays(self) -> dict[str, int]:
         return self._call_stats.sure_replays()
 
+    def sure_replay_usage(self) -> dict[str, tuple[int, int, int]]:
+        return self._call_stats.sure_replay_usage()
+
     def replies_by_role(self, role: str | None = None, *, other_roles: bool = False) -> dict[str, tuple[int, int]]:
         return self._call_stats.replies(role, other_roles=other_roles)
 
