@@ -189,7 +189,8 @@ class _CancelAtEnd:
 
 async def test_a_call_cancelled_just_as_its_stream_ends_stays_cancelled(sim: SimServer, tmp_path: Path) -> None:
     # The reply came whole, but the caller was cancelled first: the call is cancelled (nothing goes on with its reply
-    # after a Ctrl-C), and the store keeps no call its caller never received.
+    # after a Ctrl-C), and the store keeps no reply its caller never received, only what it cost (a failed call, never
+    # replayed: its tokens as the stream's usage chunk reported them).
     sim.set_script(SimScript(rules=[Rule(replies=[LONG])]))
     watch = _CancelAtEnd()
     asked = Sampling(extra_body={"logprobs": True, "top_logprobs": 2})
@@ -199,8 +200,10 @@ async def test_a_call_cancelled_just_as_its_stream_ends_stays_cancelled(sim: Sim
             watch.caller = caller
             with pytest.raises(asyncio.CancelledError):
                 await caller
-        assert watch.began and list(store.calls()) == []
-    assert sim.stats().total_requests == 1
+        stored = [(c.error_cause, c.content, c.usage.completion_tokens) for c in store.calls()]
+    served = sim.stats()
+    assert watch.began and stored == [("cancelled", "", served.completion_tokens)] and served.completion_tokens > 0
+    assert served.total_requests == 1
 
 
 # ------------------------------------------------------------------------------------------------ assembly

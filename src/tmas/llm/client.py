@@ -15,6 +15,7 @@ import contextlib
 import random
 import time
 from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from types import TracebackType
 from typing import Any
@@ -29,7 +30,7 @@ from tmas.llm import vitals
 from tmas.llm.batching import Sample, SampleBatcher, handed_out, one_per_choice, share_usage
 from tmas.llm.failures import Failure
 from tmas.llm.lanes import SlotQueue, call_affinity
-from tmas.llm.model import ClientStats, EndpointUnreachable, QuotaSpent
+from tmas.llm.model import CANCELLED, ClientStats, EndpointUnreachable, QuotaSpent, leave_spent, spent_before
 from tmas.llm.reasoning import thinking_off
 from tmas.llm.refusals import MAX_SHRINKS, DowngradeLog, Refusals, Shrinks
 from tmas.llm.replica import Replica
@@ -40,6 +41,7 @@ from tmas.llm.retry import Attempts, RetryPolicy
 from tmas.llm.routes import Route, Routes
 from tmas.llm.sampling import ResolvedSampling, resolve_role
 from tmas.llm.stream import PARTIAL
+from tmas.llm.tokens import TokenCounter
 from tmas.llm.transport import Exchange, Timing, send
 from tmas.llm.types import CallKey, ChainKey, ChatRequest, Completion, Message, Usage
 from tmas.llm.watch import TraceWatch
@@ -139,10 +141,15 @@ class LLMClient:
         request = ChatRequest.build(route.model, messages, sampling, schema)
         request_hash = request.request_hash(key)
         completion = None
-        if watch is None and self.refusals.batches(route) is not False:
-            completion = await self._batcher.submit(request, key, request_hash)
-        if completion is None:
-            [completion] = await self._call(route, request, key, request_hash, watch=watch)
+        try:
+            if watch is None and self.refusals.batches(route) is not False:
+                completion = await self._batcher.submit(request, key, request_hash)
+            if completion is None:
+                [completion] = await self._call(route, request, key, request_hash, watch=watch)
+        except asyncio.CancelledError as cancel:
+            if (spent := spent_before(cancel)) is not None:
+                self.stats.count(spent)
+            raise
         self.stats.count(completion)
         return completion
 
@@ -216,16 +223,41 @@ class LLMClient:
         watch: TraceWatch | None = None,
     ) -> list[Completion]:
         """The request's completion; with ``n`` > 1 one request for that many choices and a completion per choice
-        received. A failure is one failed completion."""
-        started = time.monotonic()
-        attempts = self.policy.attempts()
+        received. A failure is one failed completion. A call cancelled once its server generated something leaves
+        what it did on the cancel (:func:`tmas.llm.model.leave_spent`: a failed completion of cause ``cancelled``)."""
+        spend = _Spend(attempts=self.policy.attempts(), url=route.replicas[0].url)
+        try:
+            return await self._attempts(route, request, key, request_hash, spend, n, watch)
+        except asyncio.CancelledError as cancel:
+            spend.close_attempt(route.counter)
+            if spend.discarded.completion_tokens:
+                attempts = spend.attempts
+                spent = Completion(
+                    key=key, request_hash=request_hash, endpoint=spend.url, model=request.model,
+                    latency_s=time.monotonic() - spend.started, attempts=attempts.count, error=CANCELLED,
+                    error_cause="cancelled", retry_causes=attempts.causes, usage=spend.discarded,
+                )  # fmt: skip
+                leave_spent(cancel, spent)
+            raise
+
+    async def _attempts(
+        self,
+        route: Route,
+        request: ChatRequest,
+        key: CallKey,
+        request_hash: str,
+        spend: _Spend,
+        n: int,
+        watch: TraceWatch | None,
+    ) -> list[Completion]:
+        """:meth:`_call`'s attempts, what they had the server generate noted in ``spend`` as they go."""
+        started = spend.started
+        attempts = spend.attempts
         max_tokens = request.sampling.max_tokens
         # Once a context refusal told what fits, the max_tokens it gave stands, not the client's estimate.
         shrinks = Shrinks()
         pin = self._routes.pinned(route, key)
         replica = route.replicas[0]
-        # What the server generated for attempts (and choices) whose text is not kept: the call's cost all the same.
-        discarded = Usage()
         # Replicas that ended an attempt of this call by their vitals, or held it in their queue past queue_timeout_s:
         # its retries go to another while one is left, even where such a replica is back in routing by then (its
         # prompt's prefix would draw the call back to it, to the end of the queue it left).
@@ -240,7 +272,8 @@ class LLMClient:
                 pin = None  # its replica is out of routing (down, refusing, loading): the others serve the call
             replica = route.replicas[pin[0]] if pin else self._routes.pick(route, request.messages, key, shunned)
             replica.load += 1
-            timing = Timing()
+            timing = spend.attempt = Timing()
+            spend.url = replica.url
             body: dict[str, Any] = {}
             data: dict[str, Any] | None = None
             try:
@@ -269,7 +302,7 @@ class LLMClient:
                 ]  # fmt: skip
                 if was_cut and timing.stream is not None and "usage" not in data:
                     # Without usage, the unfinished choices' text is counted; a running usage already counted it.
-                    discarded += discarded_usage(timing.stream.received(unfinished=True), route.counter)
+                    spend.discarded += discarded_usage(timing.stream.received(unfinished=True), route.counter)
                 causes = attempts.causes + (["cut"] if was_cut else [])
                 for completion in done:
                     completion.retry_causes = list(causes)
@@ -277,15 +310,14 @@ class LLMClient:
                     completion.first_token_s = timing.first_token_s
                     completion.queued_s = timing.queued_s
                 done = share_usage(done, data, route.counter, replica.server_kind)
-                if done and discarded.completion_tokens:
-                    done[0].usage = done[0].usage + discarded
+                if done and spend.discarded.completion_tokens:
+                    done[0].usage = done[0].usage + spend.discarded
                 return done
             except Failure as failure:
-                if timing.stream is not None:
-                    discarded += discarded_usage(timing.stream.received(), route.counter, timing.stream.usage)
-                elif data is not None:
+                if timing.stream is None and data is not None:
                     # A whole reply that is not kept (a choice the server aborted): what it says it generated.
-                    discarded += discarded_usage(reply_texts(data), route.counter, data.get("usage"))
+                    spend.discarded += discarded_usage(reply_texts(data), route.counter, data.get("usage"))
+                spend.close_attempt(route.counter)
                 if self.refusals.adapt(failure, route, replica, key, body):
                     attempts.again_at_once(failure.cause)
                     continue
@@ -317,7 +349,7 @@ class LLMClient:
         failed = Completion(
             key=key, request_hash=request_hash, endpoint=replica.url, model=request.model,
             latency_s=time.monotonic() - started, attempts=attempts.count, error=message,
-            error_cause=last.cause, retry_causes=attempts.causes, usage=discarded,
+            error_cause=last.cause, retry_causes=attempts.causes, usage=spend.discarded,
         )  # fmt: skip
         return [failed]
 
@@ -422,6 +454,27 @@ class LLMClient:
         self._rechecks.pop(url, None)
         if not task.cancelled():
             task.exception()  # retrieved, so that asyncio does not warn of it (a look answers aiohttp's errors itself)
+
+
+@dataclass
+class _Spend:
+    """What a call had its server generate for text it does not keep: the attempts (and choices) not kept so far,
+    and the attempt under way, whose stream counts once it fails or the call is cancelled."""
+
+    attempts: Attempts
+    # The replica of the latest attempt.
+    url: str
+    started: float = field(default_factory=time.monotonic)
+    discarded: Usage = field(default_factory=Usage)
+    attempt: Timing | None = None
+
+    def close_attempt(self, counter: TokenCounter) -> None:
+        """The attempt under way ended without its reply kept: what its stream brought counts (its running usage
+        where the server sent one, else its text)."""
+        stream = self.attempt.stream if self.attempt is not None else None
+        if stream is not None:
+            self.discarded += discarded_usage(stream.received(), counter, stream.usage)
+        self.attempt = None
 
 
 def _unreachable(route: Route, role: str, attempts: Attempts) -> Failure:

@@ -7,6 +7,7 @@ for unit tests of logic) can stand where :class:`tmas.llm.client.LLMClient` stan
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -18,6 +19,26 @@ from tmas.errors import LLMError
 from tmas.llm.sampling import ResolvedSampling
 from tmas.llm.types import CallKey, ChainKey, Completion, Message, Usage
 from tmas.llm.watch import TraceWatch
+
+# The error of a call cancelled by its caller after its server began generating (cause "cancelled").
+CANCELLED = "cancelled by its caller before its reply was whole; what the server generated for it is counted"
+# The attribute of a cancel that carries what its call had the server generate (see leave_spent).
+_SPENT = "tmas_spent"
+
+
+def leave_spent(cancel: asyncio.CancelledError, spent: Completion) -> None:
+    """A call cancelled after its server generated something leaves what it did on its cancel, as a failed
+    completion of cause ``cancelled`` whose usage is the tokens streamed (the server's running usage, else counted
+    from the text received) and those of failed attempts before: the layers the cancel passes through on its way up
+    (the store that records calls, the problem session that counts spend, the client's stats) count it, as they
+    count a failed call's, and the cancel goes on."""
+    setattr(cancel, _SPENT, spent)
+
+
+def spent_before(cancel: BaseException) -> Completion | None:
+    """What the call ``cancel`` stopped had the server generate (see :func:`leave_spent`); None where nothing was."""
+    spent = getattr(cancel, _SPENT, None)
+    return spent if isinstance(spent, Completion) else None
 
 
 class EndpointUnreachable(LLMError):
@@ -87,7 +108,8 @@ class ChatModel(Protocol):
         sent as ``response_format``); ``watch`` follows a streamed reply and may stop it early (an implementation
         that cannot stream never begins it: :mod:`tmas.llm.watch`); ``key.chain`` names the chain of calls it belongs to
         (kept together until :meth:`end_chain`). A failed call returns a :class:`Completion`
-        whose ``error`` says why."""
+        whose ``error`` says why; a call cancelled after its server generated tokens for it raises its cancel with
+        what they cost on it (:func:`spent_before`)."""
         ...
 
     def end_chain(self, chain: ChainKey) -> None:

@@ -24,7 +24,7 @@ from typing import Protocol
 from pydantic import BaseModel
 
 from tmas.config import Sampling
-from tmas.llm.model import ChatModel, WrappedModel
+from tmas.llm.model import ChatModel, WrappedModel, spent_before
 from tmas.llm.sampling import ResolvedSampling
 from tmas.llm.types import CallKey, ChatRequest, Completion, Message
 from tmas.llm.watch import TraceWatch
@@ -87,9 +87,18 @@ class StoreReplay(WrappedModel):
             return stored.model_copy(update={"replayed": True})
         if self.on_send is not None:
             self.on_send(key)
-        completion = await self.inner.chat(
-            role, messages, key=key, sampling=sampling, reply_model=reply_model, watch=watch
-        )
+        try:
+            completion = await self.inner.chat(
+                role, messages, key=key, sampling=sampling, reply_model=reply_model, watch=watch
+            )
+        except asyncio.CancelledError as cancel:
+            # What the cancelled call had the server generate is kept as a failed call (never replayed).
+            if (spent := spent_before(cancel)) is not None:
+                self._record(spent, request, request_hash)
+            raise
+        return self._record(completion, request, request_hash)
+
+    def _record(self, completion: Completion, request: ChatRequest, request_hash: str) -> Completion:
         if self.on_sent is not None:
             self.on_sent(completion)
         # Saved under the hash it was looked up by, so a resumed run finds it whatever the wrapped model hashed.

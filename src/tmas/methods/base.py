@@ -26,7 +26,7 @@ from pydantic import (
 
 from tmas.answer_classes import EquivalenceCheck, answer_classes
 from tmas.config import Budget, Sampling
-from tmas.llm.model import ChatModel
+from tmas.llm.model import ChatModel, spent_before
 from tmas.llm.replica import MESSAGE_TEMPLATE_TOKENS
 from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling
 from tmas.llm.types import CallKey, ChainKey, Completion, Lane, Message, Usage
@@ -298,6 +298,12 @@ class ProblemSession:
             completion = await self.llm.chat(
                 role, messages, key=key, sampling=resolved, reply_model=reply_model, watch=watch
             )
+        except asyncio.CancelledError as cancel:
+            # Its reply goes to no one, but what the server generated for it is spent: counted, not as a failure
+            # (no reply is missing: its caller left).
+            if (spent := spent_before(cancel)) is not None:
+                self._spend(messages, spent.usage)
+            raise
         finally:
             self.calls_in_flight -= 1
             self._hold(reserve, -1)
@@ -305,12 +311,7 @@ class ProblemSession:
             self._wake_held()
         if watch is not None and completion.ok and not completion.replayed and not watch.began:
             self.notice("unwatched", UNWATCHED_NOTICE)
-        self.spent_calls += 1
-        self.spent_tokens += self.budget.spent(completion.usage)
-        self._learn_prompt_cost(messages, completion.usage)
-        self.spent_usage = self.spent_usage + completion.usage
-        self._iteration_calls += 1
-        self._iteration_usage = self._iteration_usage + completion.usage
+        self._spend(messages, completion.usage)
         if completion.ok:  # the role's reply counts; what the reply held is the method's to add
             tally = self.tally(role)
             tally.replies += 1
@@ -319,6 +320,15 @@ class ProblemSession:
             self._iteration_failed += 1
             self.spent_failed += 1
         return completion
+
+    def _spend(self, messages: Sequence[Message], usage: Usage) -> None:
+        """A call of the problem ended, having cost ``usage``: counted against the budget and in the records."""
+        self.spent_calls += 1
+        self.spent_tokens += self.budget.spent(usage)
+        self._learn_prompt_cost(messages, usage)
+        self.spent_usage = self.spent_usage + usage
+        self._iteration_calls += 1
+        self._iteration_usage = self._iteration_usage + usage
 
     @contextmanager
     def chain(self, chain: int) -> Iterator[None]:
