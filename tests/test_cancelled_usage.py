@@ -98,3 +98,34 @@ async def test_a_problem_counts_what_its_cancelled_call_spent_without_counting_i
             await call
     assert session.spent_usage.completion_tokens == HEAD and session.spent_tokens == HEAD
     assert session.spent_calls == 1 and session.spent_failed == 0 and session.calls_in_flight == 0
+
+
+@pytest.mark.parametrize("usage", ["running", "none"])
+async def test_samples_of_one_request_all_cancelled_keep_what_it_streamed(
+    sim: SimServer, tmp_path: Path, usage: str
+) -> None:
+    # Every caller of a request with n = 3 leaves (a run interrupted, the problem's other call failed): the request is
+    # closed, and what it streamed is carried by one of them, as a lone call's is. The engine's generated tokens are
+    # what its stream sent (a frozen engine does no other work).
+    sim.set_script(frozen("vllm"))
+    extra = {"stream_options": {"continuous_usage_stats": True}} if usage == "running" else {}
+    settings = settings_for(sim, endpoint__batch_samples="on", endpoint__stream="on", sampling__extra_body=extra)
+    stats = ClientStats()
+    with RunStore(tmp_path) as store:
+        async with open_model(settings, store, stats=stats) as llm:
+            assert isinstance(llm, StoreReplay) and isinstance(llm.inner, LLMClient)
+            vitals = llm.inner.route("solution").replicas[0].vitals
+            seen = vitals.seen_at
+            keys = [CallKey(role="solution", problem_id="p", sample=i) for i in range(3)]
+            callers = [asyncio.ensure_future(llm.chat("solution", QUESTION, key=k)) for k in keys]
+            await eventually(lambda: vitals.seen_at != seen)
+            for caller in callers:
+                caller.cancel()
+            await asyncio.gather(*callers, return_exceptions=True)
+        [stored] = store.calls()
+    generated = sim.stats().engine_generated_tokens
+    # Without a running usage, the text received is counted (the first choice's first delta: nothing else came).
+    spent = generated if usage == "running" else TokenCounter().count(cut_tokens(LONG, generated))
+    assert [b.get("n") for b in sim.chat_bodies("solution")] == [3] and all(c.cancelled() for c in callers)
+    assert generated > 0 and stored.error_cause == "cancelled" and stored.usage.completion_tokens == spent
+    assert stats.usage.completion_tokens == spent and stats.calls == 1

@@ -23,7 +23,9 @@ the server reported no usage, each choice keeps its own counted tokens and only 
 reported the first choice's usage alone (llama-server), the first keeps it and the others' tokens are counted. Budgets
 (``Budget.count``) then charge a batched group what the server computed. A caller that leaves while its request
 runs (cancelled) takes no completion, so what its choice cost (the prompt, where it is the first) goes on the first
-completion handed to a caller that waited: the figures still add up to what the server computed.
+completion handed to a caller that waited: the figures still add up to what the server computed. Where every caller
+left, the request is closed, and the first caller to find them all gone carries what it had the server generate on
+its cancel, as a call sent alone does (:func:`tmas.llm.model.leave_spent`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
+from tmas.llm.model import CANCELLED, leave_spent, spent_before
 from tmas.llm.replies import reported_reasoning
 from tmas.llm.sampling import DERIVED_SEED
 from tmas.llm.tokens import TokenCounter
@@ -82,6 +85,20 @@ class Sample:
     request_hash: str
     # None: no alike call came with it, and its caller sends it alone.
     future: asyncio.Future[Completion | None]
+    # The request it went in, once its group closed.
+    part: Part | None = None
+
+
+@dataclass
+class Part:
+    """One request's samples (in sample order) and its task, with what the request had the server generate that no
+    caller took (every caller left): the caller that leaves last carries it (:meth:`SampleBatcher.submit`)."""
+
+    samples: list[Sample]
+    task: asyncio.Task[None] | None = None
+    # A failed completion of cause "cancelled" (tmas.llm.model.leave_spent); None while nothing is left over.
+    unclaimed: Completion | None = None
+    carried: bool = False
 
 
 # Sends one group (in sample order) and answers each sample with its completion, or None where its caller is to send
@@ -110,8 +127,13 @@ class SampleBatcher:
             samples = self._open[group] = []
             loop.call_soon(self._close, group)
         future: asyncio.Future[Completion | None] = loop.create_future()
-        samples.append(Sample(request, key, request_hash, future))
-        return await future
+        sample = Sample(request, key, request_hash, future)
+        samples.append(sample)
+        try:
+            return await future
+        except asyncio.CancelledError as cancel:
+            await _carry_unclaimed(sample, cancel)
+            raise
 
     def _close(self, group: str) -> None:
         # A call cancelled while its group was open asks for nothing.
@@ -121,46 +143,75 @@ class SampleBatcher:
         if len(samples) == 1:
             samples[0].future.set_result(None)
             return
-        for part in near_equal_parts(samples, MAX_SAMPLES_PER_REQUEST):
-            task = asyncio.ensure_future(self._answer(part))
+        for samples_of_part in near_equal_parts(samples, MAX_SAMPLES_PER_REQUEST):
+            part = Part(samples_of_part)
+            task = part.task = asyncio.ensure_future(self._answer(part))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
-            for sample in part:
+            for sample in part.samples:
+                sample.part = part
                 sample.future.add_done_callback(partial(_abandon, task, part))
 
-    async def _answer(self, part: list[Sample]) -> None:
+    async def _answer(self, part: Part) -> None:
         try:
-            outcomes = await self._send(part)
-        except asyncio.CancelledError:
-            for sample in part:
+            outcomes = await self._send(part.samples)
+        except asyncio.CancelledError as cancel:
+            part.unclaimed = spent_before(cancel)
+            for sample in part.samples:
                 sample.future.cancel()
             raise
         except Exception as exc:  # e.g. EndpointUnreachable: every caller of the part raises it
-            for sample in part:
+            for sample in part.samples:
                 if not sample.future.done():
                     sample.future.set_exception(exc)
             return
-        _charge_the_left(part, outcomes)
-        for sample, outcome in zip(part, outcomes, strict=True):
+        part.unclaimed = _charge_the_left(part.samples, outcomes)
+        for sample, outcome in zip(part.samples, outcomes, strict=True):
             if not sample.future.done():  # else its caller was cancelled
                 sample.future.set_result(outcome)
 
 
-def _charge_the_left(part: Sequence[Sample], outcomes: Sequence[Completion | None]) -> None:
+def _charge_the_left(part: Sequence[Sample], outcomes: Sequence[Completion | None]) -> Completion | None:
     """What the server spent on the choices of callers that left while the request ran (their completions go to no
     one), put on the first completion handed to a caller that waited: the prompt, prefilled once for the whole
     request, rides on the first choice's usage, so a first sample cancelled (the others settled the vote, a budget
-    stop) would take it out of the run's count."""
-    left = [o.usage for s, o in zip(part, outcomes, strict=True) if s.future.cancelled() and o is not None]
+    stop) would take it out of the run's count. Where every caller left, it is returned, as a cancelled call's
+    spend (tmas.llm.model.leave_spent), for the last of them to carry."""
+    left = [o for s, o in zip(part, outcomes, strict=True) if s.future.cancelled() and o is not None]
     heir = next((o for s, o in zip(part, outcomes, strict=True) if not s.future.cancelled() and o is not None), None)
-    if left and heir is not None:
-        heir.usage = sum(left, heir.usage)
+    spent = sum((o.usage for o in left), Usage())
+    if heir is not None:
+        heir.usage = heir.usage + spent
+        return None
+    if not left:
+        return None
+    first = left[0]
+    return Completion(
+        key=first.key, request_hash=first.request_hash, endpoint=first.endpoint, model=first.model,
+        latency_s=first.latency_s, attempts=first.attempts, error=CANCELLED, error_cause="cancelled",
+        retry_causes=first.retry_causes, usage=spent,
+    )  # fmt: skip
 
 
-def _abandon(task: asyncio.Task[None], part: list[Sample], _: asyncio.Future[Completion | None]) -> None:
+def _abandon(task: asyncio.Task[None], part: Part, _: asyncio.Future[Completion | None]) -> None:
     """Stop a part's request once every one of its callers was cancelled: no one is left to read the reply."""
-    if all(sample.future.cancelled() for sample in part):
+    if all(sample.future.cancelled() for sample in part.samples):
         task.cancel()
+
+
+async def _carry_unclaimed(sample: Sample, cancel: asyncio.CancelledError) -> None:
+    """``sample``'s caller leaves (``cancel``): the first caller to find every caller of its request gone waits for
+    the request to stop (at once: its connection is closed) and carries on its cancel, under its own key, what the
+    request had the server generate (tmas.llm.model.leave_spent), which no caller took."""
+    part = sample.part
+    if part is None or part.task is None or part.carried:
+        return
+    if not all(s.future.cancelled() for s in part.samples):
+        return
+    part.carried = True
+    await asyncio.wait({part.task})
+    if part.unclaimed is not None:
+        leave_spent(cancel, part.unclaimed.model_copy(update={"key": sample.key, "request_hash": sample.request_hash}))
 
 
 def near_equal_parts(items: list[T], most: int) -> list[list[T]]:
