@@ -60,3 +60,31 @@ def test_a_running_usage_the_stream_reported_before_it_broke_is_taken_as_it_is()
     assert discarded(texts, TokenCounter(), running) == Usage(completion_tokens=70, reasoning_tokens=20)
     assert discarded(texts, TokenCounter()) == Usage(completion_tokens=110, reasoning_tokens=10, estimated=True)
     assert discarded(("", ""), TokenCounter()) == Usage()
+
+
+def test_a_running_usage_without_a_reasoning_count_has_the_reasoning_received_counted() -> None:
+    # vLLM's continuous_usage_stats count no reasoning (nor did its usage before 2026-08): as for a whole reply whose
+    # usage says nothing of reasoning, the reasoning text is counted, at most the completion tokens.
+    texts = ("x" * 400, "y" * 40)
+    assert discarded(texts, TokenCounter(), {"prompt_tokens": 9, "completion_tokens": 70}) == Usage(
+        completion_tokens=70, reasoning_tokens=10, estimated=True
+    )
+    assert discarded(texts, TokenCounter(), {"completion_tokens": 6}) == Usage(
+        completion_tokens=6, reasoning_tokens=6, estimated=True
+    )
+    assert discarded(("x" * 400, ""), TokenCounter(), {"completion_tokens": 70}) == Usage(completion_tokens=70)
+
+
+async def test_a_cut_attempt_s_reasoning_counts_where_the_running_usage_had_no_reasoning_count() -> None:
+    # The cut attempt's running usage says 100 tokens, none of them reasoning: its 500 characters of reasoning count
+    # (125 estimated, at most those 100); the answer's one word of reasoning is counted likewise (1).
+    answer = Rule(reasoning="step", replies=["So 391.\n\n\\boxed{391}"])
+    script = SimScript(
+        persona="vllm", rules=[CUT.model_copy(update={"times": 1}), answer], reports_reasoning_tokens=False
+    )
+    extra = {"stream_options": {"continuous_usage_stats": True}}
+    with SimServer(script) as sim:
+        async with LLMClient(settings_for(sim, sampling__extra_body=extra)) as llm:
+            reply = await llm.chat("solution", QUESTION)
+    assert reply.ok and reply.retry_causes == ["cut"] and reply.usage.completion_tokens > 100
+    assert reply.usage.reasoning_tokens == 100 + 1 and reply.usage.estimated

@@ -124,12 +124,18 @@ def discarded(texts: tuple[str, str], counter: TokenCounter, reported: Any = Non
     """The completion tokens of text (content, reasoning) a server generated for a reply that is not kept (an attempt
     whose stream was cut, stalled or ended in an error; a whole reply whose choice was aborted; the choices of a reply
     of several that did not finish): as ``reported`` usage (a stream's running one, a whole reply's) gave them where
-    it did, else counted from the text (estimated unless a tokenizer counts). Its prompt is not counted."""
+    it did, else counted from the text (estimated unless a tokenizer counts); reasoning the reported usage does not
+    count (vLLM's running usage) is counted from the reasoning text, as a whole reply's is. Its prompt is not
+    counted."""
+    content, reasoning = texts
     if isinstance(reported, dict) and isinstance(reported.get("completion_tokens"), int):
-        return Usage(
+        spent = Usage(
             completion_tokens=reported["completion_tokens"], reasoning_tokens=reported_reasoning(reported) or 0
         )
-    content, reasoning = texts
+        if not spent.reasoning_tokens and reasoning:
+            spent.reasoning_tokens = min(counter.count(reasoning), spent.completion_tokens)
+            spent.estimated = not counter.exact
+        return spent
     thought = counter.count(reasoning)
     if not content and not thought:
         return Usage()
