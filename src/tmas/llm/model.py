@@ -67,7 +67,7 @@ class ClientStats:
     downgrades: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def count(self, completion: Completion) -> None:
-        """A call answered over the wire (failed or not)."""
+        """A call answered over the wire (failed or not), or cancelled once its server generated for it."""
         self.calls += 1
         self.usage = self.usage + completion.usage
         if not completion.ok:
