@@ -5,6 +5,8 @@ call, so a token budget sees it and a resumed run replays the same cost."""
 
 from __future__ import annotations
 
+import pytest
+
 from conftest import settings_for
 from tmas.llm.client import LLMClient
 from tmas.llm.replies import discarded
@@ -88,3 +90,38 @@ async def test_a_cut_attempt_s_reasoning_counts_where_the_running_usage_had_no_r
             reply = await llm.chat("solution", QUESTION)
     assert reply.ok and reply.retry_causes == ["cut"] and reply.usage.completion_tokens > 100
     assert reply.usage.reasoning_tokens == 100 + 1 and reply.usage.estimated
+
+
+def test_thinking_inside_the_content_counts_as_reasoning() -> None:
+    # A server without a reasoning parser streams the thinking in the content: its think block is the reasoning, as
+    # in a whole reply. 95 characters (24 tokens estimated), 40 of them thinking (10).
+    closed = "<think>" + "y" * 40 + "</think>" + "x" * 40
+    assert discarded((closed, ""), TokenCounter()) == Usage(completion_tokens=24, reasoning_tokens=10, estimated=True)
+    # Cut while thinking: the block is open (47 characters, 12 tokens).
+    opened = "<think>" + "y" * 40
+    assert discarded((opened, ""), TokenCounter()) == Usage(completion_tokens=12, reasoning_tokens=10, estimated=True)
+    assert discarded((opened, ""), TokenCounter(), {"completion_tokens": 9}) == Usage(
+        completion_tokens=9, reasoning_tokens=9, estimated=True
+    )
+    # A model known to think inside its content, its think block opened in the prompt: text without a tag is thinking.
+    assert discarded(("y" * 40, ""), TokenCounter(), thinks_inline=True) == Usage(
+        completion_tokens=10, reasoning_tokens=10, estimated=True
+    )
+    assert discarded(("y" * 40, ""), TokenCounter()) == Usage(completion_tokens=10, estimated=True)
+
+
+@pytest.mark.parametrize("think_in_prompt", [False, True])
+async def test_a_cut_attempt_thinking_in_its_content_counts_its_reasoning(think_in_prompt: bool) -> None:
+    # The model thinks inside its content (no reasoning parser). With its think block opened in the prompt the text of
+    # a stream cut while thinking holds no tag: it is thinking once an earlier reply of the replica showed the model
+    # thinks inline.
+    answer = Rule(reasoning=THOUGHT, replies=["So 391.\n\n\\boxed{391}"])
+    cut = Rule(**answer.model_dump(exclude_unset=True), fault="cut", fault_after_tokens=60, pattern="again")
+    script = SimScript(rules=[cut, answer], think_tags=True, think_in_prompt=think_in_prompt)
+    with SimServer(script) as sim:
+        async with LLMClient(settings_for(sim, retry__max_attempts=1)) as llm:
+            first = await llm.chat("solution", QUESTION)
+            reply = await llm.chat("solution", [user("What is 17*23? Once again.")])
+    assert first.ok and first.usage.reasoning_tokens > 0
+    assert not reply.ok and reply.error_cause == "cut"
+    assert 0 < reply.usage.reasoning_tokens <= reply.usage.completion_tokens

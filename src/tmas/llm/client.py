@@ -274,6 +274,8 @@ class LLMClient:
             replica.load += 1
             timing = spend.attempt = Timing()
             spend.url = replica.url
+            # A model its replica's replies showed thinking in its content: a text it leaves is thinking unless tagged.
+            spend.inline = replica.reasoning == "inline" and not thinking_off(request.sampling.extra_body)
             body: dict[str, Any] = {}
             data: dict[str, Any] | None = None
             try:
@@ -302,7 +304,8 @@ class LLMClient:
                 ]  # fmt: skip
                 if was_cut and timing.stream is not None and "usage" not in data:
                     # Without usage, the unfinished choices' text is counted; a running usage already counted it.
-                    spend.discarded += discarded_usage(timing.stream.received(unfinished=True), route.counter)
+                    left = timing.stream.received(unfinished=True)
+                    spend.discarded += discarded_usage(left, route.counter, thinks_inline=inline)
                 causes = attempts.causes + (["cut"] if was_cut else [])
                 for completion in done:
                     completion.retry_causes = list(causes)
@@ -316,7 +319,9 @@ class LLMClient:
             except Failure as failure:
                 if timing.stream is None and data is not None:
                     # A whole reply that is not kept (a choice the server aborted): what it says it generated.
-                    spend.discarded += discarded_usage(reply_texts(data), route.counter, data.get("usage"))
+                    spend.discarded += discarded_usage(
+                        reply_texts(data), route.counter, data.get("usage"), thinks_inline=spend.inline
+                    )
                 spend.close_attempt(route.counter)
                 if self.refusals.adapt(failure, route, replica, key, body):
                     attempts.again_at_once(failure.cause)
@@ -467,13 +472,15 @@ class _Spend:
     started: float = field(default_factory=time.monotonic)
     discarded: Usage = field(default_factory=Usage)
     attempt: Timing | None = None
+    # The attempt under way went to a replica whose model thinks inside its content (tmas.llm.replies.discarded).
+    inline: bool = False
 
     def close_attempt(self, counter: TokenCounter) -> None:
         """The attempt under way ended without its reply kept: what its stream brought counts (its running usage
         where the server sent one, else its text)."""
         stream = self.attempt.stream if self.attempt is not None else None
         if stream is not None:
-            self.discarded += discarded_usage(stream.received(), counter, stream.usage)
+            self.discarded += discarded_usage(stream.received(), counter, stream.usage, thinks_inline=self.inline)
         self.attempt = None
 
 

@@ -120,14 +120,20 @@ def usage(
     )
 
 
-def discarded(texts: tuple[str, str], counter: TokenCounter, reported: Any = None) -> Usage:
+def discarded(
+    texts: tuple[str, str], counter: TokenCounter, reported: Any = None, *, thinks_inline: bool = False
+) -> Usage:
     """The completion tokens of text (content, reasoning) a server generated for a reply that is not kept (an attempt
     whose stream was cut, stalled or ended in an error; a whole reply whose choice was aborted; the choices of a reply
     of several that did not finish): as ``reported`` usage (a stream's running one, a whole reply's) gave them where
-    it did, else counted from the text (estimated unless a tokenizer counts); reasoning the reported usage does not
-    count (vLLM's running usage) is counted from the reasoning text, as a whole reply's is. Its prompt is not
-    counted."""
-    content, reasoning = texts
+    it did, else counted from the text (estimated unless a tokenizer counts). Its reasoning is the reasoning field's
+    and the content's think blocks (``thinks_inline``: a model known to think inside its content, whose text without
+    a tag is all thinking, as :func:`completion` reads a reply cut at max_tokens), counted where the reported usage
+    counts none (vLLM's running usage), as a whole reply's is. Its prompt is not counted."""
+    content, field = texts
+    reasoning = field
+    if thinks_inline or "<think>" in content or "</think>" in content:
+        reasoning = split_reasoning(content, field or None, cut_inline=thinks_inline)[1]
     if isinstance(reported, dict) and isinstance(reported.get("completion_tokens"), int):
         spent = Usage(
             completion_tokens=reported["completion_tokens"], reasoning_tokens=reported_reasoning(reported) or 0
@@ -136,12 +142,11 @@ def discarded(texts: tuple[str, str], counter: TokenCounter, reported: Any = Non
             spent.reasoning_tokens = min(counter.count(reasoning), spent.completion_tokens)
             spent.estimated = not counter.exact
         return spent
-    thought = counter.count(reasoning)
-    if not content and not thought:
+    generated = counter.count(content) + counter.count(field)
+    if not generated:
         return Usage()
-    return Usage(
-        completion_tokens=counter.count(content) + thought, reasoning_tokens=thought, estimated=not counter.exact
-    )
+    thought = min(counter.count(reasoning), generated)
+    return Usage(completion_tokens=generated, reasoning_tokens=thought, estimated=not counter.exact)
 
 
 def reply_texts(data: Any) -> tuple[str, str]:
