@@ -92,7 +92,7 @@ class Sample:
 @dataclass
 class Part:
     """One request's samples (in sample order) and its task, with what the request had the server generate that no
-    caller took (every caller left): the caller that leaves last carries it (:meth:`SampleBatcher.submit`)."""
+    caller took (every caller left): the first caller to find them all gone carries it (:func:`_carry_unclaimed`)."""
 
     samples: list[Sample]
     task: asyncio.Task[None] | None = None
@@ -176,7 +176,7 @@ def _charge_the_left(part: Sequence[Sample], outcomes: Sequence[Completion | Non
     one), put on the first completion handed to a caller that waited: the prompt, prefilled once for the whole
     request, rides on the first choice's usage, so a first sample cancelled (the others settled the vote, a budget
     stop) would take it out of the run's count. Where every caller left, it is returned, as a cancelled call's
-    spend (tmas.llm.model.leave_spent), for the last of them to carry."""
+    spend (tmas.llm.model.leave_spent), for one of them to carry."""
     left = [o for s, o in zip(part, outcomes, strict=True) if s.future.cancelled() and o is not None]
     heir = next((o for s, o in zip(part, outcomes, strict=True) if not s.future.cancelled() and o is not None), None)
     spent = sum((o.usage for o in left), Usage())
