@@ -129,3 +129,24 @@ async def test_samples_of_one_request_all_cancelled_keep_what_it_streamed(
     assert [b.get("n") for b in sim.chat_bodies("solution")] == [3] and all(c.cancelled() for c in callers)
     assert generated > 0 and stored.error_cause == "cancelled" and stored.usage.completion_tokens == spent
     assert stats.usage.completion_tokens == spent and stats.calls == 1
+
+
+async def test_a_call_cancelled_while_its_retry_waits_keeps_what_its_cut_attempt_streamed(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # The first attempt's stream is cut after HEAD tokens; the retry waits in the server's queue (held silent) when
+    # the call is cancelled: what the cut attempt generated is the call's cost, as it would be had the retry answered.
+    cut = Rule(replies=[LONG], fault="cut", fault_after_tokens=HEAD, times=1)
+    sim.set_script(SimScript(persona="vllm", rules=[cut, Rule(replies=[LONG])], hold_after=1))
+    extra = {"stream_options": {"continuous_usage_stats": True}}
+    stats = ClientStats()
+    with RunStore(tmp_path) as store:
+        async with open_model(settings_for(sim, sampling__extra_body=extra), store, stats=stats) as llm:
+            call = asyncio.ensure_future(llm.chat("solution", QUESTION, key=CallKey(role="solution", problem_id="p")))
+            await eventually(lambda: sim.stats().held == 1)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+        [stored] = store.calls()
+    assert stored.error_cause == "cancelled" and stored.retry_causes == ["cut"] and stored.attempts == 2
+    assert stored.usage.completion_tokens == stats.usage.completion_tokens == HEAD
