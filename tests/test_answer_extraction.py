@@ -16,7 +16,23 @@ from tmas.problems import Problem
     [
         ("2 + 2 = 4, so \\boxed{4}.", "4", "boxed"),
         ("First \\boxed{3}, corrected: \\boxed{\\frac{1}{2}}", "\\frac{1}{2}", "boxed"),
-        ("A box wins over a statement: \\boxed{9}.\nFinal answer: 4", "9", "boxed"),
+        # A box is the final answer unless the reply then states another as final: an intermediate value boxed, the
+        # answer stated after it.
+        ("A boxed step: \\boxed{9}.\nFinal answer: 4", "4", "stated"),
+        ("So $a = \\boxed{3}$, and $b = 2a + 1 = 7$.\n\nThe final answer is 7.", "7", "stated"),
+        ("We get \\boxed{3} for a.\n\n**Final Answer:** $7$", "7", "stated"),
+        ("We get \\boxed{3} for a, so b = 7.\n\nHence the answer is 7.", "7", "stated"),  # as the last line
+        ("\\boxed{3}\nFinal Answer: The final answer is $7$. I hope it is correct.", "7", "stated"),
+        ("\\boxed{3}\nFinal answer: 7\nIf the pairs were ordered, the answer is 14.\nThey are not.", "7", "stated"),
+        # A statement before the box, or one that is no final answer, leaves the box the answer.
+        ("Final answer: 4\n\nOn checking, \\boxed{9}", "9", "boxed"),
+        ("Final answer: \\boxed{9}. Then we are done.", "9", "boxed"),
+        ("\\boxed{9}\nIf the pairs were ordered, the answer is 18.\nThey are not.", "9", "boxed"),
+        ("\\boxed{9}\n\nFinal answer: as boxed above.", "9", "boxed"),
+        ("\\boxed{9}\n\nThe answer is that we must check the parity of n first.", "9", "boxed"),  # a sentence
+        # The box itself: nested braces, text after it, several boxes of which the last counts.
+        ("\\boxed{\\frac{1}{\\sqrt{2}}} is what we get, and we stop here.", "\\frac{1}{\\sqrt{2}}", "boxed"),
+        ("Step: \\boxed{2}. Step: \\boxed{5}.\n\nSo the result is \\boxed{\\{1, 2\\}}", "\\{1, 2\\}", "boxed"),
         ("So 2 + 2 = 4.\nFinal answer: 4", "4", "stated"),
         ("Hence the answer is $\\frac{1}{2}$.", "\\frac{1}{2}", "stated"),
         ("**Final Answer:** 42", "42", "stated"),

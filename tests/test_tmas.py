@@ -281,6 +281,24 @@ async def test_a_solution_cut_at_max_tokens_states_no_answer_on_the_line_the_cut
 
 
 @pytest.mark.parametrize(
+    ("reply", "finish_reason", "answer", "extraction"),
+    [
+        # An intermediate value boxed, then the final answer stated: the statement is the answer.
+        ("17*20 = \\boxed{340} and 17*3 = 51.\n\nFinal answer: 391", "stop", "391", "stated"),
+        # Cut through that statement: the box stands, as the line the cut went through is not read.
+        ("17*20 = \\boxed{340} and 17*3 = 51.\n\nFinal answer: 39", "length", "340", "boxed"),
+    ],
+)
+async def test_a_final_answer_stated_after_a_boxed_step_is_the_candidates_answer(
+    reply: str, finish_reason: str, answer: str, extraction: str
+) -> None:
+    script = SimScript(rules=[Rule(role="solution", replies=[reply], finish_reason=finish_reason)])
+    result, _ = await run_tmas(script, n=1, m=1, iterations=1)
+    (candidate,) = result.iterations[0].candidates
+    assert (candidate.answer, candidate.meta.extraction) == (answer, extraction)
+
+
+@pytest.mark.parametrize(
     "cut",
     [
         # Each verifier restates the scale mid-analysis, then is cut at max_tokens before its verdict.

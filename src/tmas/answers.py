@@ -35,6 +35,11 @@ _NAME_REACH = 40
 _ALTERNATIVE_WORD = re.compile(r"\b(?:or|possibly|maybe|perhaps|either)\b", re.I)
 _TEXT_WORDS = re.compile(r"\\text\s*\{([^{}]*)\}")
 
+# The opening of a plain "the answer is X" (no "final", not a label opening its line).
+_PLAIN_LABEL = re.compile(r"the\s+answer\b", re.I)
+# A statement that points at an answer given elsewhere rather than giving one.
+_POINTS_BACK = re.compile(r"\b(?:above|below|boxed|earlier|previous(?:ly)?|see)\b", re.I)
+
 # A stated answer longer than this many words is a sentence about the answer, not the answer itself.
 _MAX_STATED_WORDS = 6
 
@@ -104,19 +109,53 @@ def _without_same_name(text: str, box: tuple[int, int, str], between: str) -> st
     return between[: after.start()]
 
 
+class _Statement(NamedTuple):
+    start: int
+    end: int
+    answer: str
+    # Labelled as the final answer ("Final answer: X", "The final answer is X", a line opening "Answer:"), not a
+    # plain "the answer is X", which may also close a side remark ("if the pairs were ordered, the answer is 24").
+    labelled: bool
+
+
+def _statements(text: str) -> list[_Statement]:
+    """The explicit final-answer statements of ``text`` in order, less those whose "answer" is a sentence."""
+    found = []
+    for pattern in (_FINAL_ANSWER, _FINAL_ANSWER_MATH):
+        for m in pattern.finditer(text):
+            answer = m.group(1).strip().strip("*_ ").strip()
+            if answer and len(answer.split()) <= _MAX_STATED_WORDS:
+                label = text[m.start() : m.start(1)]
+                labelled = pattern is _FINAL_ANSWER_MATH or not _PLAIN_LABEL.match(label)
+                found.append(_Statement(m.start(), m.end(), answer, labelled))
+    return sorted(found)
+
+
 def extract_answer(text: str) -> Extraction:
-    """The final boxed answer (:func:`final_boxed`), else the last explicit final-answer statement, saying which it
-    was."""
-    boxed = final_boxed(text)
-    if boxed:
-        return Extraction(boxed, "boxed")
-    found = sorted(
-        (m.start(), m.group(1).strip().strip("*_ ").strip())
-        for pattern in (_FINAL_ANSWER, _FINAL_ANSWER_MATH)
-        for m in pattern.finditer(text)
-    )
-    matches = [m for _, m in found if m and len(m.split()) <= _MAX_STATED_WORDS]
-    return Extraction(matches[-1], "stated") if matches else Extraction(None, "none")
+    """The reply's final answer, saying where it came from: the final boxed answer (:func:`final_boxed`), unless an
+    explicit final-answer statement comes after the last box and restates the answer as final (:func:`_restated`);
+    without a box, the last statement."""
+    boxes = [box for box in _boxes(text) if box[2]]
+    statements = _statements(text)
+    if boxes:
+        restated = _restated(text, boxes[-1][1], statements)
+        if restated is not None:
+            return Extraction(restated, "stated")
+        return Extraction(final_boxed(text), "boxed")
+    return Extraction(statements[-1].answer, "stated") if statements else Extraction(None, "none")
+
+
+def _restated(text: str, box_end: int, statements: list[_Statement]) -> str | None:
+    """The answer a statement after the last box (ending at ``box_end``) gives as final, where one does: a model that
+    boxed an intermediate value and then states its final answer. A labelled statement counts wherever it stands
+    after the box; a plain "the answer is X" only as the reply's last line. One pointing back at the box ("Final
+    answer: as boxed above") does not count: the box is the answer."""
+    final = [
+        s
+        for s in statements
+        if s.start >= box_end and (s.labelled or not text[s.end :].strip()) and not _POINTS_BACK.search(s.answer)
+    ]
+    return final[-1].answer if final else None
 
 
 _TEXT_WRAPPER = re.compile(r"\\(?:text|mathrm|textbf|mathbf|operatorname)\s*\{([^{}]*)\}")

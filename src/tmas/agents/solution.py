@@ -3,8 +3,9 @@
 The generation prompt is also every other method's first sample (cot, majority, self_refine, verify_refine, pacore,
 rse), so methods differ only in what they do after it.
 
-Numeric mode (the official ``--no_proof``): the final answer is the last ``\\boxed{}``; without one, an explicit
-final-answer statement ("Final answer: X", "The answer is X"), and ``extraction`` says which it was. Proof mode: the
+Numeric mode (the official ``--no_proof``): the final answer is the last ``\\boxed{}``, unless a final-answer statement
+after it restates the answer ("Final answer: X" after a boxed intermediate value); without a box, an explicit
+final-answer statement ("Final answer: X", "The answer is X"); ``extraction`` says which it was. Proof mode: the
 text under ``## Solution`` is the solution; when the heading is missing, the whole reply is used and ``has_section``
 says so. Two readers of a reply: :func:`parse_solution` (TMAS: in numeric mode the whole reply is the solution) and
 :func:`parse_section` (the baselines: in every mode the text under the last heading, so a refinement's feedback
