@@ -50,6 +50,10 @@ def test_plain_numbers_are_keyed_by_their_exact_value() -> None:
     assert value_key("\uff11\uff12") == "12"
     # A sentence's full stop after the answer is no part of it, number or not.
     assert value_key("\\sqrt{2}.") == value_key("\\sqrt{2}") == "\\sqrt{2}"
+    # LaTeX's math delimiters, like '$', are no part of the answer (a line break "\\\\[2pt]" is).
+    assert value_key("\\(7\\)") == value_key("\\[ 7 \\]") == value_key("$7$") == "7"
+    assert value_key("\\(x = 3\\), \\(y = 4\\)") == value_key("x = 3, y = 4") == "x=3,y=4"
+    assert value_key("a \\\\[2pt] b") == "a\\\\[2pt]b"
     # Not a plain number: the normalized spelling.
     assert value_key("\\sqrt{2} / 2") == "\\sqrt{2}/2"
     assert value_key("1/0") == "1/0"

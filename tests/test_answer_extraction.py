@@ -44,6 +44,10 @@ from tmas.problems import Problem
         ("The value is 6 and then we stop.", None, "none"),
         ("The answer is that we must first look at the parity of n.", None, "none"),  # a sentence, not an answer
         ("Final answer: x = 3, y = -1", "x = 3, y = -1", "stated"),
+        # LaTeX's math delimiters, like '$', are no part of a stated answer.
+        ("Hence the answer is \\(\\frac{1}{2}\\).", "\\frac{1}{2}", "stated"),
+        ("The final answer is \\[ 12 \\]", "12", "stated"),
+        ("Final answer: \\(x = 3\\), \\(y = -1\\)", "x = 3, y = -1", "stated"),
         # An answer in '$' ending its sentence, with more on the line.
         ("Final Answer: The final answer is $\\frac{5}{8}$. I hope it is correct.", "\\frac{5}{8}", "stated"),
         ("The final answer is $11$. Final answer: $13$. That is all.", "13", "stated"),

@@ -40,6 +40,9 @@ _PLAIN_LABEL = re.compile(r"the\s+answer\b", re.I)
 # A statement that points at an answer given elsewhere rather than giving one.
 _POINTS_BACK = re.compile(r"\b(?:above|below|boxed|earlier|previous(?:ly)?|see)\b", re.I)
 
+# LaTeX's math delimiters "\\( \\)" and "\\[ \\]" (not a line break "\\\\[2pt]"): like '$', no part of an answer.
+_MATH_DELIMITER = re.compile(r"(?<!\\)\\[()[\]]")
+
 # A stated answer longer than this many words is a sentence about the answer, not the answer itself.
 _MAX_STATED_WORDS = 6
 
@@ -123,7 +126,7 @@ def _statements(text: str) -> list[_Statement]:
     found = []
     for pattern in (_FINAL_ANSWER, _FINAL_ANSWER_MATH):
         for m in pattern.finditer(text):
-            answer = m.group(1).strip().strip("*_ ").strip()
+            answer = _MATH_DELIMITER.sub("", m.group(1)).strip().strip("*_ ").strip()
             if answer and len(answer.split()) <= _MAX_STATED_WORDS:
                 label = text[m.start() : m.start(1)]
                 labelled = pattern is _FINAL_ANSWER_MATH or not _PLAIN_LABEL.match(label)
@@ -163,9 +166,9 @@ _SPACING = re.compile(r"\\[,;:! ]|\\left|\\right|\\displaystyle|\s+")
 
 
 def normalize_answer(answer: str) -> str:
-    """A canonical spelling for grouping equal answers (majority vote): styling, spacing and '$' removed, the minus
-    sign written as a hyphen-minus."""
-    text = answer.strip().strip("$").strip()
+    """A canonical spelling for grouping equal answers (majority vote): styling, spacing and math delimiters ('$',
+    "\\( \\)", "\\[ \\]") removed, the minus sign written as a hyphen-minus."""
+    text = _MATH_DELIMITER.sub("", answer).strip().strip("$").strip()
     text = _TEXT_WRAPPER.sub(r"\1", text)
     text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     # The minus sign of typeset text (U+2212), as models copy it, is the hyphen-minus.
