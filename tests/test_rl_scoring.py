@@ -138,6 +138,19 @@ def test_correctness_uses_the_harness_rules() -> None:
     assert normal("\\boxed{392}", "391") == -1.0
 
 
+def test_a_box_in_the_thinking_is_no_answer() -> None:
+    def normal(completion: str) -> float:
+        rollout = RolloutInput(task="normal", group="g", question="q", ground_truth="391", completion=completion)
+        return score_rollouts([rollout])[0].reward
+
+    # The answer after the thinking is what is graded, where the thinking boxed another value or the same.
+    assert normal("Maybe \\boxed{391}? No: 17*23 needs a check.</think>\n\nThe answer is 392.") == -1.0
+    assert normal("<think>Maybe \\boxed{391}? No.</think>\n\nSo \\boxed{391}.") == 1.0
+    assert normal("Maybe \\boxed{392}.</think>\n\nSo \\boxed{391}.") == 1.0
+    # Cut inside a think block it opened: no answer yet, whatever the thinking boxed.
+    assert normal("<think>17*23: maybe \\boxed{391}, but first check 17*20 = 340, and") == -1.0
+
+
 def test_exploration_without_a_judge_is_an_error() -> None:
     with pytest.raises(ValueError, match="guideline judge"):
         score_rollouts([explore("\\boxed{391}")])

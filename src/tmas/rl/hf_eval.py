@@ -17,10 +17,9 @@ from pydantic import BaseModel
 
 from tmas.agents.solution import generation_prompt
 from tmas.agents.style import Style
-from tmas.answers import last_boxed
 from tmas.problems import Problem
 from tmas.rl.hf_generate import GenerationSettings, generate
-from tmas.rl.scoring import is_correct
+from tmas.rl.scoring import completion_answer, is_correct
 
 
 class ProblemOutcome(BaseModel):
@@ -117,7 +116,7 @@ def evaluate(
         outcomes.append(
             ProblemOutcome(
                 problem_id=problem.problem_id,
-                answer=last_boxed(completion.text) or None,
+                answer=completion_answer(completion.text),
                 gold=problem.answer,
                 correct=is_correct(completion.text, problem.answer, question=problem.question),
                 cut=completion.cut,

@@ -1,11 +1,11 @@
 """One batch of rollouts -> hybrid rewards (paper section 3.3), shared by the TRL and verl adapters.
 
 A rollout carries what its training example says (task, group, Base/Bank variant, question, guideline bank, ground
-truth) and the completion. Scoring grades every rollout (its last ``\\boxed{}`` answer, by the registered ``rules``
-grader in the calling thread; an undecided answer counts as wrong), asks the guideline judge about the exploration
-rollouts, and applies eq. 8 per prompt group (never across groups: p_base comes from the Base half of the same
-group) and eq. 9 per rollout. Both trainers call :func:`score_rollouts`, so they give the same rewards on the same
-rollouts.
+truth) and the completion. Scoring grades every rollout (the last ``\\boxed{}`` answer after its thinking, by the
+registered ``rules`` grader in the calling thread; an undecided answer counts as wrong), asks the guideline judge
+about the exploration rollouts, and applies eq. 8 per prompt group (never across groups: p_base comes from the Base
+half of the same group) and eq. 9 per rollout. Both trainers call :func:`score_rollouts`, so they give the same
+rewards on the same rollouts.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from tmas.answers import last_boxed
 from tmas.grading.grades import Item
 from tmas.grading.registry import grader_named
 from tmas.grading.rules import RULES
+from tmas.llm.reasoning import split_reasoning
 from tmas.problems import Problem
 from tmas.rl.rewards import (
     DEFAULT_BETA,
@@ -70,11 +71,19 @@ class RewardBreakdown(BaseModel):
     group_note: str | None = None
 
 
+def completion_answer(completion: str) -> str | None:
+    """A completion's final answer: the last ``\\boxed{}`` of what it says after its thinking. A box in the thinking
+    is a step of the work, not the answer: a completion that closes its thinking without boxing an answer has none, and
+    one cut inside a think block it opened (no ``</think>``) has none either."""
+    content, _ = split_reasoning(completion)
+    return last_boxed(content) or None
+
+
 def is_correct(completion: str, ground_truth: str, *, question: str = "") -> bool:
-    """Whether a completion's final answer (its last ``\\boxed{}``) is right; a reward is never given for an
+    """Whether a completion's final answer (:func:`completion_answer`) is right; a reward is never given for an
     answer the rules cannot confirm."""
     problem = Problem(problem_id="rollout", question=question, answer=ground_truth)
-    item = Item(("rollout", 0, 0), problem, last_boxed(completion) or None, completion)
+    item = Item(("rollout", 0, 0), problem, completion_answer(completion), completion)
     return grader_named(RULES).grade_one(item) is True
 
 
