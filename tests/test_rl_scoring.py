@@ -138,6 +138,18 @@ def test_correctness_uses_the_harness_rules() -> None:
     assert normal("\\boxed{392}", "391") == -1.0
 
 
+def test_boxes_joined_into_one_answer_are_graded_together() -> None:
+    def reward(completion: str, truth: str, question: str = "Find n.") -> float:
+        rollout = RolloutInput(task="normal", group="g", question=question, ground_truth=truth, completion=completion)
+        return score_rollouts([rollout])[0].reward
+
+    # Hedging between two values is no answer of either; listing every solution is the answer to "find all".
+    assert reward("So $\\boxed{4}$ or $\\boxed{3}$.", "3") == -1.0
+    assert reward("The solutions are $\\boxed{4}$ and $\\boxed{3}$.", "3, 4", "Find all n with n^2 + 12 = 7n.") == 1.0
+    # Boxes apart are not joined: the last one is the answer.
+    assert reward("First \\boxed{4}.\n\nOn checking, \\boxed{3}.", "3") == 1.0
+
+
 def test_a_box_in_the_thinking_is_no_answer() -> None:
     def normal(completion: str) -> float:
         rollout = RolloutInput(task="normal", group="g", question="q", ground_truth="391", completion=completion)

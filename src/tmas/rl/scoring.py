@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from tmas.agents.guideline_judge import StrategyView
-from tmas.answers import last_boxed
+from tmas.answers import final_boxed
 from tmas.grading.grades import Item
 from tmas.grading.registry import grader_named
 from tmas.grading.rules import RULES
@@ -72,11 +72,13 @@ class RewardBreakdown(BaseModel):
 
 
 def completion_answer(completion: str) -> str | None:
-    """A completion's final answer: the last ``\\boxed{}`` of what it says after its thinking. A box in the thinking
-    is a step of the work, not the answer: a completion that closes its thinking without boxing an answer has none, and
-    one cut inside a think block it opened (no ``</think>``) has none either."""
+    """A completion's final answer: its final boxed answer (:func:`tmas.answers.final_boxed`: the last box, with the
+    boxes joined to it by "or", "and" or commas, so "\\boxed{4} or \\boxed{3}" offers both and is no answer of 3)
+    in what it says after its thinking. A box in the thinking is a step of the work, not the answer: a completion that
+    closes its thinking without boxing an answer has none, and one cut inside a think block it opened (no
+    ``</think>``) has none either."""
     content, _ = split_reasoning(completion)
-    return last_boxed(content) or None
+    return final_boxed(content) or None
 
 
 def is_correct(completion: str, ground_truth: str, *, question: str = "") -> bool:
