@@ -366,6 +366,9 @@ def test_the_planned_question_is_the_rounds_own() -> None:
         # The label with "Final" before it, and the letter boxed, as models write them.
         ("Option C fits.\n**Final Answer:** C", "C"),
         ("Option C fits.\nAnswer: $\\boxed{C}$", "C"),
+        ("Option C fits.\n**Final Answer:** $\\boxed{\\text{C}}$", "C"),
+        ("Option C fits.\nAnswer: \\textbf{(C)}", "C"),
+        ("Answer: Option C", "C"),
         # No single letter: unread.
         ("Answer: A or B", None),
         ("Answer: C is wrong, so D", None),

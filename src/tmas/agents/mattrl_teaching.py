@@ -17,11 +17,13 @@ from tmas.llm.types import Message
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember
 
+# What may stand before the letter: a box, a text command inside it ("\\boxed{\\text{C}}"), the word "option".
+_LETTER_WRAP = r"(?:\\boxed\s*\{\s*)?(?:\\(?:text|textbf|mathrm|mathbf)\s*\{\s*)?(?:option\s+)?"
 # "Answer: C" alone on its line; "Final Answer", emphasis, brackets and a box around the letter allowed.
-_LETTER = re.compile(r"^\W*(?:final\s+)?answer\W*(?:\\boxed\s*\{\s*)?\(?([A-J])\)?\W*$", re.I | re.M)
+_LETTER = re.compile(rf"^\W*(?:final\s+)?answer\W*{_LETTER_WRAP}\(?([A-J])\)?\W*$", re.I | re.M)
 # "Answer: B) Its speed": the letter with its option's text after it (read only when the text is that option's).
 _LETTER_AND_TEXT = re.compile(
-    r"^\W*(?:final\s+)?answer\W*(?:\\boxed\s*\{\s*)?\(?([A-J])(?:\)|\.|:|\s-)\s*(.+?)\s*$", re.I | re.M
+    rf"^\W*(?:final\s+)?answer\W*{_LETTER_WRAP}\(?([A-J])(?:\)|\.|:|\s-)\s*(.+?)\s*$", re.I | re.M
 )
 # The options of a question, one a line ("A) Its speed"), as ``tmas cases import`` writes them.
 _OPTION = re.compile(r"^\s*\(?([A-J])[).]\s*(.+?)\s*$", re.M)
