@@ -140,23 +140,29 @@ def extract_answer(text: str) -> Extraction:
     without a box, the last statement."""
     boxes = [box for box in _boxes(text) if box[2]]
     statements = _statements(text)
-    if boxes:
-        restated = _restated(text, boxes[-1][1], statements)
+    boxed = final_boxed(text)
+    if boxes and boxed:
+        restated = _restated(text, boxes[-1][1], boxed, statements)
         if restated is not None:
             return Extraction(restated, "stated")
-        return Extraction(final_boxed(text), "boxed")
+        return Extraction(boxed, "boxed")
     return Extraction(statements[-1].answer, "stated") if statements else Extraction(None, "none")
 
 
-def _restated(text: str, box_end: int, statements: list[_Statement]) -> str | None:
+def _restated(text: str, box_end: int, boxed: str, statements: list[_Statement]) -> str | None:
     """The answer a statement after the last box (ending at ``box_end``) gives as final, where one does: a model that
     boxed an intermediate value and then states its final answer. A labelled statement counts wherever it stands
     after the box; a plain "the answer is X" only as the reply's last line. One pointing back at the box ("Final
-    answer: as boxed above") does not count: the box is the answer."""
+    answer: as boxed above") does not count, nor one that gives the ``boxed`` answer with words after it ("The answer
+    is 12 because each pair counts once"): the box is the answer."""
+    same = re.compile(re.escape(boxed) + r"(?![\w.])")
     final = [
         s
         for s in statements
-        if s.start >= box_end and (s.labelled or not text[s.end :].strip()) and not _POINTS_BACK.search(s.answer)
+        if s.start >= box_end
+        and (s.labelled or not text[s.end :].strip())
+        and not _POINTS_BACK.search(s.answer)
+        and not same.match(s.answer)
     ]
     return final[-1].answer if final else None
 
