@@ -34,6 +34,14 @@ from tmas.problems import Problem
         ("\\boxed{9}\n\nThe answer is that we must check the parity of n first.", "9", "boxed"),  # a sentence
         # The box itself: nested braces, text after it, several boxes of which the last counts.
         ("\\boxed{\\frac{1}{\\sqrt{2}}} is what we get, and we stop here.", "\\frac{1}{\\sqrt{2}}", "boxed"),
+        # Literal braces group nothing: a case split opened with "\\left\\{" and closed with "\\right.", a set, a brace.
+        (
+            "So \\boxed{f(x) = \\left\\{ \\begin{array}{ll} x & x > 0 \\\\ 0 & \\text{else} \\end{array} \\right.}",
+            "f(x) = \\left\\{ \\begin{array}{ll} x & x > 0 \\\\ 0 & \\text{else} \\end{array} \\right.",
+            "boxed",
+        ),
+        ("\\boxed{\\{1, 2\\}} in all", "\\{1, 2\\}", "boxed"),
+        ("\\boxed{\\begin{matrix} 1 \\\\{2} \\end{matrix}} in all", "\\begin{matrix} 1 \\\\{2} \\end{matrix}", "boxed"),
         ("Step: \\boxed{2}. Step: \\boxed{5}.\n\nSo the result is \\boxed{\\{1, 2\\}}", "\\{1, 2\\}", "boxed"),
         ("So 2 + 2 = 4.\nFinal answer: 4", "4", "stated"),
         ("Hence the answer is $\\frac{1}{2}$.", "\\frac{1}{2}", "stated"),

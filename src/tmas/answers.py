@@ -6,6 +6,9 @@ import re
 from typing import Literal, NamedTuple
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+# What counts braces in a box: a brace, or a backslash and the character after it, skipped together (the literal braces
+# "\\{" and "\\}" group nothing; the "{" after a line break "\\\\" opens a group).
+_BRACE_TOKEN = re.compile(r"\\.|[{}]", re.S)
 # An explicit statement of the final answer, for models that do not box it: "Final answer: X", "The answer is X",
 # "**Answer:** $X$." at the end of a line. A bare "answer" in the middle of prose does not count.
 _FINAL_ANSWER = re.compile(
@@ -56,19 +59,26 @@ class Extraction(NamedTuple):
 
 
 def _boxes(text: str) -> list[tuple[int, int, str]]:
-    """Each closed ``\\boxed{...}`` (nested braces allowed): its start, its end and its stripped content."""
+    """Each closed ``\\boxed{...}`` (nested braces allowed): its start, its end and its stripped content. The literal
+    braces ``\\{`` and ``\\}`` group nothing: a set "\\{1, 2\\}", a case split "\\left\\{ ... \\right." opened and
+    never closed."""
+    boxes = list(_BOXED.finditer(text))
+    if not boxes:
+        return []
+    # Each brace's match, in one pass (a long reply may open many boxes and close none).
+    closing: dict[int, int] = {}
+    opened: list[int] = []
+    for token in _BRACE_TOKEN.finditer(text, boxes[0].end() - 1):
+        if token.group() == "{":
+            opened.append(token.start())
+        elif token.group() == "}" and opened:
+            closing[opened.pop()] = token.start()
     out = []
-    for match in _BOXED.finditer(text):
-        depth, start = 1, match.end()
-        for pos in range(start, len(text)):
-            char = text[pos]
-            if char == "{":
-                depth += 1
-            elif char == "}":
-                depth -= 1
-                if depth == 0:
-                    out.append((match.start(), pos + 1, text[start:pos].strip()))
-                    break
+    for match in boxes:
+        start = match.end()
+        end = closing.get(start - 1)
+        if end is not None:
+            out.append((match.start(), end + 1, text[start:end].strip()))
     return out
 
 
