@@ -46,6 +46,10 @@ from tmas.problems import Problem
         ("So 2 + 2 = 4.\nFinal answer: 4", "4", "stated"),
         ("Hence the answer is $\\frac{1}{2}$.", "\\frac{1}{2}", "stated"),
         ("**Final Answer:** 42", "42", "stated"),
+        # The emphasis closed before the colon.
+        ("**Final Answer**: 42", "42", "stated"),
+        ("**Answer**: $\\frac{1}{2}$", "\\frac{1}{2}", "stated"),
+        ("\\boxed{3}\n\n**Final Answer**: 7", "7", "stated"),
         ("The final answer is: 12", "12", "stated"),
         ("Answer: 3\nOn reflection, the answer is 5.", "5", "stated"),  # the last statement counts
         ("An empty box \\boxed{} is no answer. The answer is 7", "7", "stated"),

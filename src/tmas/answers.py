@@ -12,13 +12,13 @@ _BRACE_TOKEN = re.compile(r"\\.|[{}]", re.S)
 # An explicit statement of the final answer, for models that do not box it: "Final answer: X", "The answer is X",
 # "**Answer:** $X$." at the end of a line. A bare "answer" in the middle of prose does not count.
 _FINAL_ANSWER = re.compile(
-    r"(?:^[\s>#*_-]*|\bthe\s+|\bfinal\s+)(?:final\s+)?answer\s*(?:is\b\s*:?|:)[\s*_]*\$?([^\n$]+?)\$?[\s*_]*\.?\s*$",
+    r"(?:^[\s>#*_-]*|\bthe\s+|\bfinal\s+)(?:final\s+)?answer[*_]*\s*(?:is\b\s*:?|:)[\s*_]*\$?([^\n$]+?)\$?[\s*_]*\.?\s*$",
     re.I | re.M,
 )
 
 # A final answer in '$' ending its sentence, with more on the line: "Final Answer: The final answer is $X$. I hope it
 # is correct." Only "final answer": a plain "the answer is $x$." in the middle of a line may be a step of the work.
-_FINAL_ANSWER_MATH = re.compile(r"\bfinal\s+answer\s*(?:is\b\s*:?|:)[\s*_]*\$([^\n$]+)\$[\s*_]*\.(?=\s)", re.I)
+_FINAL_ANSWER_MATH = re.compile(r"\bfinal\s+answer[*_]*\s*(?:is\b\s*:?|:)[\s*_]*\$([^\n$]+)\$[\s*_]*\.(?=\s)", re.I)
 
 # What may stand between boxes that state one final answer together, on one line or adjacent lines: "\\boxed{3} or
 # \\boxed{4}", "$\\boxed{1}$, $\\boxed{2}$ and $\\boxed{5}$", with the math delimiters "\\( \\)" and "\\[ \\]" as
