@@ -29,6 +29,8 @@ from tmas.problems import Problem
         ("Final answer: \\boxed{9}. Then we are done.", "9", "boxed"),
         ("\\boxed{9}\nIf the pairs were ordered, the answer is 18.\nThey are not.", "9", "boxed"),
         ("\\boxed{9}\n\nFinal answer: as boxed above.", "9", "boxed"),
+        ("\\boxed{9}\n\nNote: the first attempt's final answer: 12 was wrong.", "9", "boxed"),  # another's answer
+        ("\\boxed{9}\n\nWe checked that the answer is 12 for n = 2.", "9", "boxed"),
         ("\\boxed{12}\n\nThe answer is 12 because each pair counts once.", "12", "boxed"),  # the box, explained
         ("\\boxed{7}\n\nFinal answer: 7", "7", "boxed"),  # the box restated
         ("\\boxed{9}\n\nThe answer is that we must check the parity of n first.", "9", "boxed"),  # a sentence

@@ -40,6 +40,12 @@ _TEXT_WORDS = re.compile(r"\\text\s*\{([^{}]*)\}")
 
 # The opening of a plain "the answer is X" (no "final", not a label opening its line).
 _PLAIN_LABEL = re.compile(r"the\s+answer\b", re.I)
+# A statement's label opening its line: markdown, a connective, "the", then "(final) answer".
+_OWN_LABEL = re.compile(
+    r"[\s>#*_-]*(?:(?:so|thus|therefore|hence|finally|in\s+(?:conclusion|summary))\b[\s,:]*)?"
+    r"(?:(?:the|my|our)\s+)?(?:final\s+)?answer\b",
+    re.I,
+)
 # A statement that points at an answer given elsewhere rather than giving one.
 _POINTS_BACK = re.compile(r"\b(?:above|below|boxed|earlier|previous(?:ly)?|see)\b", re.I)
 
@@ -124,11 +130,11 @@ def _without_same_name(text: str, box: tuple[int, int, str], between: str) -> st
 
 class _Statement(NamedTuple):
     start: int
-    end: int
     answer: str
-    # Labelled as the final answer ("Final answer: X", "The final answer is X", a line opening "Answer:"), not a
-    # plain "the answer is X", which may also close a side remark ("if the pairs were ordered, the answer is 24").
-    labelled: bool
+    # Whether it states the reply's own final answer, not one of a side remark ("if the pairs were ordered, the answer
+    # is 24") or a quotation ("Rollout 1's final answer: 12 was wrong"): its label opens its line (after a "So",
+    # "Thus", ...), and says "final" or labels the line ("Answer: X"), or it is the reply's last line.
+    final: bool
 
 
 def _statements(text: str) -> list[_Statement]:
@@ -138,9 +144,10 @@ def _statements(text: str) -> list[_Statement]:
         for m in pattern.finditer(text):
             answer = _MATH_DELIMITER.sub("", m.group(1)).strip().strip("*_ ").strip()
             if answer and len(answer.split()) <= _MAX_STATED_WORDS:
-                label = text[m.start() : m.start(1)]
-                labelled = pattern is _FINAL_ANSWER_MATH or not _PLAIN_LABEL.match(label)
-                found.append(_Statement(m.start(), m.end(), answer, labelled))
+                labelled = pattern is _FINAL_ANSWER_MATH or not _PLAIN_LABEL.match(text, m.start())
+                line = text[text.rfind("\n", 0, m.start()) + 1 : m.start(1)]
+                own = _OWN_LABEL.match(line) is not None
+                found.append(_Statement(m.start(), answer, own and (labelled or not text[m.end() :].strip())))
     return sorted(found)
 
 
@@ -152,27 +159,23 @@ def extract_answer(text: str) -> Extraction:
     statements = _statements(text)
     boxed = final_boxed(text)
     if boxes and boxed:
-        restated = _restated(text, boxes[-1][1], boxed, statements)
+        restated = _restated(boxes[-1][1], boxed, statements)
         if restated is not None:
             return Extraction(restated, "stated")
         return Extraction(boxed, "boxed")
     return Extraction(statements[-1].answer, "stated") if statements else Extraction(None, "none")
 
 
-def _restated(text: str, box_end: int, boxed: str, statements: list[_Statement]) -> str | None:
-    """The answer a statement after the last box (ending at ``box_end``) gives as final, where one does: a model that
-    boxed an intermediate value and then states its final answer. A labelled statement counts wherever it stands
-    after the box; a plain "the answer is X" only as the reply's last line. One pointing back at the box ("Final
-    answer: as boxed above") does not count, nor one that gives the ``boxed`` answer with words after it ("The answer
-    is 12 because each pair counts once"): the box is the answer."""
+def _restated(box_end: int, boxed: str, statements: list[_Statement]) -> str | None:
+    """The answer a statement after the last box (ending at ``box_end``) gives as the reply's own final answer
+    (:class:`_Statement`), where one does: a model that boxed an intermediate value and then states its final
+    answer. One pointing back at the box ("Final answer: as boxed above") does not count, nor one that gives the
+    ``boxed`` answer with words after it ("The answer is 12 because each pair counts once"): the box is the answer."""
     same = re.compile(re.escape(boxed) + r"(?![\w.])")
     final = [
         s
         for s in statements
-        if s.start >= box_end
-        and (s.labelled or not text[s.end :].strip())
-        and not _POINTS_BACK.search(s.answer)
-        and not same.match(s.answer)
+        if s.start >= box_end and s.final and not _POINTS_BACK.search(s.answer) and not same.match(s.answer)
     ]
     return final[-1].answer if final else None
 
