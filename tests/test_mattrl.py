@@ -342,6 +342,12 @@ async def test_the_decision_and_its_rewrite_are_calls_apart_from_the_team_format
     )
 
 
+async def test_a_decision_without_tags_that_hedges_between_boxes_is_read_as_both() -> None:
+    hedged = "So \\boxed{391} or \\boxed{392}."
+    result, _ = await run([Rule(role="coordinator", pattern="<team_summary>|<reply>", replies=[hedged])], iterations=1)
+    assert result.answer == "391 or 392"  # not 392, the last box alone
+
+
 async def test_a_decision_unreadable_after_the_rewrite_falls_back_to_the_team() -> None:
     rules = [
         Rule(role="specialist", pattern="You are Edge-case auditor", replies=[WRONG]),

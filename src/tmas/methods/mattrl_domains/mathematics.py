@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from tmas.agents.mattrl_decision import Decision, parse_final_answer
 from tmas.agents.templates import MATH_SYSTEM
-from tmas.answers import extract_answer, last_boxed
+from tmas.answers import extract_answer, final_boxed
 from tmas.methods.mattrl_deliberation import PeerReview, VerdictReview
 from tmas.methods.mattrl_domains.domain import Domain
 
@@ -45,8 +45,9 @@ class Mathematics(Domain):
         return parse_final_answer(content)
 
     def decision_fallback(self, content: str) -> str | None:
-        """The reply's last boxed answer."""
-        return last_boxed(content)
+        """The reply's final boxed answer (:func:`tmas.answers.final_boxed`: boxes joined by "or" give both, a hedge,
+        not the last alone)."""
+        return final_boxed(content)
 
     def case_features(self, question: str, metadata: Mapping[str, Any]) -> dict[str, float]:
         """Size, quantities, notation density, and topic flags."""
