@@ -160,12 +160,48 @@ def test_a_pilot_with_a_deadline_stops_between_chunks_and_reports_the_groups_rea
     assert {
         r.group for r in measure(again, rows, [0.5, 1.0], 2, settings, deadline=45.0, clock=lambda: again.now)
     } == reached
-    # Without a deadline: one call a temperature with every group, in the file's order.
+    # Without a deadline: every chunk, in the file's order.
     whole = TickingRollouts(script, 10.0)
-    assert len(measure(whole, rows, [0.5, 1.0], 2, settings)) == 12 and whole.calls == [(12, 0.5), (12, 1.0)]
+    rates = measure(whole, rows, [0.5, 1.0], 2, settings)
+    assert len(rates) == 12 and whole.calls == [(4, 0.5), (4, 1.0)] * 3
+    assert [r.group.split("/")[1] for r in rates if r.temperature == 0.5] == list("ABCDEF")
     # The first chunk always runs, even past the deadline.
     late = TickingRollouts(script, 10.0)
     assert len(measure(late, rows, [0.5], 2, settings, deadline=-1.0, clock=lambda: late.now)) == 2
+
+
+class SeededRollouts(ScriptedRollouts):
+    """Scripted rollouts noting each call's seed."""
+
+    def __init__(self, script: dict[tuple[str, float], list[str]]) -> None:
+        super().__init__(script)
+        self.seeds: list[int] = []
+
+    def __call__(self, conversations: Sequence[Sequence[dict[str, str]]], settings: GenerationSettings) -> list[Any]:
+        self.seeds.append(settings.seed)
+        return super().__call__(conversations, settings)
+
+
+def test_a_pilot_generates_at_most_a_batch_of_rollouts_at_once_however_large_the_data() -> None:
+    """200 groups x 4 samples: 800 rollouts a temperature, never asked of the model at once. Chunks of 10 // 4 = 2
+    groups (8 rollouts), each its own seed past the batches before it, every group measured once a temperature."""
+    pids = [f"Q{i}" for i in range(200)]
+    rows = [with_answer(row("normal", pid), pid, "7") for pid in pids]
+    script = {(pid, t): ["7", "0", "0", "0"] for pid in pids for t in (0.5, 1.0)}
+    generate = SeededRollouts(script)
+    rates = measure(generate, rows, [0.5, 1.0], 4, GenerationSettings(max_new_tokens=16, batch_size=10, seed=5))
+    assert generate.calls == [(8, 0.5), (8, 1.0)] * 100
+    # Both temperatures of chunk k at seed 5 + k (one padded batch a chunk): no two chunks draw the same streams.
+    assert generate.seeds == [5 + k for k in range(100) for _ in (0.5, 1.0)]
+    assert sorted((r.group.split("/")[1], r.temperature) for r in rates) == sorted(
+        (pid, t) for pid in pids for t in (0.5, 1.0)
+    )
+    assert all((r.right, r.samples) == (1, 4) for r in rates)
+    # A batch smaller than a group: one group a chunk, sampled by padded generate in two batches (seeds 0 and 1),
+    # so the next chunk starts at seed 2.
+    small = SeededRollouts(script)
+    measure(small, rows[:3], [0.5], 4, GenerationSettings(max_new_tokens=16, batch_size=3))
+    assert small.calls == [(4, 0.5)] * 3 and small.seeds == [0, 2, 4]
 
 
 def test_a_pilot_stopped_for_time_says_so_and_keeps_only_groups_it_measured(tmp_path: Path) -> None:
@@ -295,6 +331,31 @@ def test_a_pilot_stopped_while_its_model_loads_reports_that(tmp_path: Path, monk
     report = json.loads((tmp_path / "kept.pilot.json").read_text())
     assert report["stopped"] == "Stopped (SIGTERM) before any chunk of prompt groups began (while the model loaded)"
     assert (report["measured_groups"], report["groups"], report["chosen_temperature"]) == (0, 6, None)
+
+
+def test_a_pilot_limited_to_some_groups_reads_and_loads_the_model_on_those_rows_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--limit-groups 2 of six: the model (``tiny`` takes its vocabulary from the rows it is given) and the
+    measurement see the first two groups' rows, not the whole file."""
+    from tmas.rl import pilot
+
+    data, script = six_problems_file(tmp_path)
+    given: list[list[str]] = []
+
+    def loading(model_spec: str, dtype: str, dataset: Any = None) -> Any:
+        given.append([r["extra_info"]["problem_id"] for r in dataset])
+        return ScriptedRollouts(script)
+
+    monkeypatch.setattr(pilot, "in_process_generator", loading)
+    report = pilot.run_pilot(data, tmp_path / "kept.parquet", "tiny", limit_groups=2, **PILOT_OPTIONS)
+    assert given == [["A", "B"]]
+    assert (report.rows, report.groups, report.measured_groups, report.kept_rows) == (2, 2, 2, 2)
+    import pyarrow.parquet as pq
+
+    kept = pq.read_table(tmp_path / "kept.parquet").to_pylist()
+    assert [r["extra_info"]["problem_id"] for r in kept] == ["A", "B"]
+    assert kept[0]["prompt"] == with_answer(row("normal", "A"), "A", "7")["prompt"]
 
 
 def test_ties_go_to_more_spread_then_to_the_lower_temperature() -> None:

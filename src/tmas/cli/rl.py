@@ -286,7 +286,15 @@ def pilot(
             " training generates in with it).",
         ),
     ] = train_default("dtype"),
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts per padded generate call.", min=1)] = 256,
+    batch_size: Annotated[
+        int,
+        typer.Option(
+            "--batch-size",
+            help="Rollouts generated at once: prompt groups are sampled in chunks of about this many, whatever"
+            " the size of DATA.",
+            min=1,
+        ),
+    ] = 256,
     limit_groups: Annotated[
         int | None, typer.Option("--limit-groups", help="Only the first N prompt groups of DATA.", min=1)
     ] = None,

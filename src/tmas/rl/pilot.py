@@ -8,8 +8,9 @@ rollouts (both included) at the temperature that keeps the most of them: a sweep
 difficulty filter in one measurement. It grades correctness only: a guideline rollout's novelty (eq. 9), which the
 judge decides during training, is not asked here.
 
-A pilot with a time limit (``max_time_s``: a GPU held for minutes) samples the groups in chunks of about a batch of
-rollouts, in an order shuffled by the seed, every temperature on each chunk, and starts no chunk that the last one's
+The groups are sampled in chunks of about a batch of rollouts, every temperature on each chunk: what is generated
+and graded at once stays that size however many groups the data holds. A pilot with a time limit (``max_time_s``: a
+GPU held for minutes) takes the groups in an order shuffled by the seed and starts no chunk that the last one's
 time says would end past the limit: it reports on the groups it reached, each measured at every temperature. The
 limit cannot cut a chunk short by itself (a first chunk always starts, and one chunk's time is not known before it
 ends), so a process stopped with SIGTERM while it samples (``tmas rl pilot --max-time`` on a machine held for a few
@@ -140,9 +141,11 @@ def measure(
     deadline: float | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> list[GroupRate]:
-    """Every group sampled ``samples`` times at each temperature (``settings`` gives the rest of the sampling). With
-    a ``deadline`` (a ``clock`` time), in chunks of about ``settings.batch_size`` rollouts, the groups shuffled by
-    ``settings.seed``; after the first chunk, none starts that the one before says would end past the deadline.
+    """Every group sampled ``samples`` times at each temperature (``settings`` gives the rest of the sampling), in
+    chunks of about ``settings.batch_size`` rollouts: one ``generate`` call per chunk and temperature, seeded past
+    the batches of the chunks before it (every chunk draws its own random streams). With a ``deadline`` (a ``clock``
+    time), the groups are shuffled by ``settings.seed`` first, and after the first chunk none starts that the one
+    before says would end past it.
     :class:`PilotStopped` raised while a chunk is sampled drops that chunk and ends the measurement: it is raised
     again with the chunks finished before it (their rates, how many of how many)."""
     if samples < 2:
@@ -150,21 +153,24 @@ def measure(
     groups, order = expanded_rows([r["extra_info"] for r in rows], samples)
     # Each group with the rows its rollouts sample.
     sampled = [(group, order[g * samples : (g + 1) * samples]) for g, group in enumerate(groups)]
-    size = len(sampled)
     if deadline is not None:
         random.Random(settings.seed).shuffle(sampled)
-        size = max(1, settings.batch_size // samples)
+    # Whatever the data's size, a chunk is about a batch of rollouts: what one generate call holds at once.
+    size = max(1, settings.batch_size // samples)
+    # Padded generate seeds its b-th batch of a call with seed + b: a chunk starts after the batches of those before.
+    batches = -(-size * samples // settings.batch_size)
     out: list[GroupRate] = []
     last = 0.0
     starts = range(0, len(sampled), size)
     finished = 0
     try:
-        for start in starts:
+        for chunk, start in enumerate(starts):
             began = clock()
             if deadline is not None and out and began + last > deadline:
                 break
+            seeded = settings.model_copy(update={"seed": settings.seed + chunk * batches})
             # A chunk's rates join the others whole: every group of it measured at every temperature.
-            out += measure_chunk(generate, rows, sampled[start : start + size], temperatures, settings)
+            out += measure_chunk(generate, rows, sampled[start : start + size], temperatures, seeded)
             finished += 1
             last = clock() - began
     except PilotStopped:
@@ -179,17 +185,19 @@ def measure_chunk(
     temperatures: Sequence[float],
     settings: GenerationSettings,
 ) -> list[GroupRate]:
-    """Groups (each with the rows its rollouts sample) at each temperature, one ``generate`` call a temperature."""
-    conversations = [rows[i]["prompt"] for _, rollouts in sampled for i in rollouts]
+    """Groups (each with the rows its rollouts sample) at each temperature, one ``generate`` call a temperature.
+    ``rows`` may read a row on each access (a dataset on disk): each row of the chunk is read once."""
+    mine = {i: rows[i] for group, rollouts in sampled for i in (*group, *rollouts)}
+    conversations = [mine[i]["prompt"] for _, rollouts in sampled for i in rollouts]
     out: list[GroupRate] = []
     for temperature in temperatures:
         completions = iter(generate(conversations, settings.model_copy(update={"temperature": temperature})))
         for group, rollouts in sampled:
-            first = rows[group[0]]
+            first = mine[group[0]]
             right = cut = 0
             for i in rollouts:
                 completion = next(completions)
-                row = rows[i]
+                row = mine[i]
                 right += is_correct(
                     completion.text,
                     str(row["reward_model"]["ground_truth"]),
@@ -372,11 +380,13 @@ def run_pilot(
 
     deadline = None if max_time_s is None else clock() + max_time_s
     dataset = load_dataset(data)
-    rows = dataset.to_list()
     if limit_groups is not None:
-        groups = prompt_groups([r["extra_info"] for r in rows])[:limit_groups]
-        rows = [rows[i] for group in groups for i in group]
-    if not rows:
+        # Only these groups' rows are read from here on, and give ``tiny`` its vocabulary.
+        chosen = prompt_groups(dataset["extra_info"])[:limit_groups]
+        dataset = dataset.select([i for group in chosen for i in group])
+    # Rows are read from the (memory-mapped) dataset as a chunk needs them, not all copied into memory at once.
+    rows = dataset
+    if not len(rows):
         raise InputError(f"pilot on {data}: no training rows to sample")
     stopped = None
     measured: list[GroupRate] | None = None
@@ -399,7 +409,8 @@ def run_pilot(
     if summaries:
         temperature, reason = choose_temperature(summaries)
     keep = set() if temperature is None else kept_groups(rates, temperature, min_rate, max_rate)
-    kept = [r for r in rows if str(r["extra_info"]["group"]) in keep]
+    infos = rows["extra_info"]
+    kept = [rows[i] for i, info in enumerate(infos) if str(info["group"]) in keep]
     report = PilotReport(
         model=model_spec,
         data=str(data),
@@ -414,7 +425,7 @@ def run_pilot(
         kept_groups=len(keep),
         kept_rows=len(kept),
         rows=len(rows),
-        groups=len(prompt_groups([r["extra_info"] for r in rows])),
+        groups=len(prompt_groups(infos)),
         measured_groups=len({r.group for r in rates}),
         max_time_s=max_time_s,
         stopped=stopped,
