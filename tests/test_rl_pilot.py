@@ -351,6 +351,12 @@ def test_a_pilot_limited_to_some_groups_reads_and_loads_the_model_on_those_rows_
     report = pilot.run_pilot(data, tmp_path / "kept.parquet", "tiny", limit_groups=2, **PILOT_OPTIONS)
     assert given == [["A", "B"]]
     assert (report.rows, report.groups, report.measured_groups, report.kept_rows) == (2, 2, 2, 2)
+    # The report and its card say the data was not read whole.
+    assert json.loads((tmp_path / "kept.pilot.json").read_text())["limit_groups"] == 2
+    card = (tmp_path / "kept.pilot.md").read_text()
+    assert (
+        "Limited to the first 2 prompt groups of the data: 2 groups read, the others neither sampled nor kept." in card
+    )
     import pyarrow.parquet as pq
 
     kept = pq.read_table(tmp_path / "kept.parquet").to_pylist()

@@ -116,6 +116,8 @@ class PilotReport(BaseModel):
     groups: int = 0
     measured_groups: int = 0
     max_time_s: float | None = None
+    # --limit-groups: only the data's first so many prompt groups were read (``groups`` counts those); None: all.
+    limit_groups: int | None = None
     # Why sampling ended early by a signal (SIGTERM while a chunk sampled: that chunk dropped); None otherwise.
     stopped: str | None = None
     # The rollouts' weights and autocast (:func:`tmas.rl.train_options.rollout_precision`); None: rollouts of a
@@ -287,6 +289,11 @@ def card(report: PilotReport) -> str:
         + f": {report.reason}.",
         f"Kept: {report.kept_groups} groups, {report.kept_rows} of {report.rows} rows.",
     ]
+    if report.limit_groups is not None:
+        lines.append(
+            f"Limited to the first {report.limit_groups} prompt groups of the data: {report.groups} groups read, the"
+            " others neither sampled nor kept."
+        )
     if report.stopped is not None:
         lines.append(f"{report.stopped}.")
     elif report.measured_groups < report.groups:
@@ -428,6 +435,7 @@ def run_pilot(
         groups=len(prompt_groups(infos)),
         measured_groups=len({r.group for r in rates}),
         max_time_s=max_time_s,
+        limit_groups=limit_groups,
         stopped=stopped,
         precision=precision,
     )
