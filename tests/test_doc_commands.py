@@ -1,9 +1,12 @@
 """Every ``tmas`` command line the README, the pages on configuration and the example grids' comments show names a
-command that exists, and every flag on it is one that command takes."""
+command that exists, every flag on it (on the lines a backslash continues it onto too) is one that command takes,
+and every method parameter it gives is one its method takes, with a value it accepts."""
 
 from __future__ import annotations
 
+import itertools
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,9 @@ import typer
 
 from test_doc_defaults import CONFIG_PAGES
 from tmas.cli.main import app
+from tmas.cli.options import parse_params
+from tmas.errors import ConfigError
+from tmas.methods import create_method
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [
@@ -32,6 +38,7 @@ def command_lines(doc: str) -> list[str]:
     text = (ROOT / doc).read_text()
     if doc.endswith(".toml"):
         text = re.sub(r"^#\s*", "", text, flags=re.M)
+    text = re.sub(r"\\\n\s*", " ", text)  # a command continued on the next line with a backslash
     lines = []
     for match in COMMAND.finditer(text):
         line = (match.group(1) or match.group(2)).split("&&")[0].split("|")[0].split(">")[0]
@@ -79,3 +86,39 @@ def test_documented_commands_and_flags_exist(doc: str) -> None:
                 assert flag in known, f"{doc}: '{line}': {command.name} has no {flag}"
         checked += 1
     assert checked > 0 or doc in ("docs/servers.md", "docs/viewer.md") or doc.endswith(".toml")
+
+
+def method_and_parameters(words: list[str]) -> tuple[str, dict[str, Any]]:
+    """The method a command line names (``-m``/``--method``; TMAS without one) and the parameters it gives it
+    (``-p``/``--param KEY=VALUE`` read as the command reads them, ``-T``, ``--domain``)."""
+    method, items = "tmas", []
+    params: dict[str, Any] = {}
+    for flag, value in itertools.pairwise(words):
+        if flag in ("-m", "--method"):
+            method = value
+        elif flag in ("-p", "--param"):
+            items.append(value)
+        elif flag in ("-T", "--iterations") and value.isdigit():
+            params["iterations"] = int(value)
+        elif flag == "--domain":
+            params["domain"] = value
+    params.update(parse_params(items))
+    # A placeholder (`--domain NAME`) stands for any value.
+    return method, {key: value for key, value in params.items() if not re.fullmatch(r"[A-Z_]+", str(value))}
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_documented_method_parameters_exist(doc: str) -> None:
+    # Each -p KEY=VALUE of a command that starts a method names a parameter of that method, with a value it takes.
+    for line in command_lines(doc):
+        try:
+            words = shlex.split(line)[1:]
+        except ValueError:  # a fragment in prose, such as `tmas solve "...`
+            continue
+        if not words or words[0] not in ("solve", "run", "eval") or "--resume" in words:
+            continue
+        method, params = method_and_parameters(words)
+        try:
+            create_method(method, params)
+        except ConfigError as exc:
+            raise AssertionError(f"{doc}: '{line}': {exc}") from None
