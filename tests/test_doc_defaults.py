@@ -252,3 +252,17 @@ def test_the_embedded_model_shrinks_each_baseline_as_documented() -> None:
         params = create_method(name, {}, embedded=True).params
         assert (getattr(params, width), params.iterations) == (2, 2), name
     assert create_method("majority", {}, embedded=True).params.k == 4
+
+
+def test_the_mattrl_parameter_table_states_the_codes_defaults() -> None:
+    section = (ROOT / "docs" / "mattrl.md").read_text().split("## Parameters")[1].split("\n## ")[0]
+    params = create_method("mattrl", {}).params
+    stated = {}
+    for line in section.splitlines():
+        row = re.match(r"\| `(\w+)` \| ([^|]+) \|", line)
+        if row:
+            stated[row.group(1)] = parse_value(row.group(2))
+    # Every parameter of MATTRL's own (mode, numeric or proof answers, is a field every method has).
+    assert set(stated) == set(type(params).model_fields) - {"mode"}
+    for name, value in stated.items():
+        assert getattr(params, name) == value, f"mattrl.md: {name} is {value!r}, code: {getattr(params, name)!r}"
