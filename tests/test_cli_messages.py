@@ -207,6 +207,14 @@ def test_an_unknown_parameter_lists_the_valid_ones(sim: SimServer) -> None:
     assert re.search(r"known: .*\bk, .*round_size", last_line(out))
 
 
+def test_proof_mode_given_to_mattrl_is_refused_naming_what_sets_its_answer(sim: SimServer) -> None:
+    # MATTRL's domain sets what its answer is: a proof mode it would never read is refused, not recorded.
+    out = run_tmas("solve", Q, "-m", "mattrl", "-p", "mode=proof", "--base-url", sim.base_url)
+    assert out.returncode == 2
+    assert last_line(out).startswith("tmas: error: method 'mattrl': ")
+    assert "mode=proof does not apply to it" in last_line(out), last_line(out)
+
+
 @pytest.mark.parametrize(
     ("given", "stdin", "said"),
     [
