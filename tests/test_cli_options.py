@@ -10,7 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from conftest import isolate
+from conftest import isolate, run_tmas
 from tmas.agents.overrides import packaged_source
 from tmas.cli.main import app
 from tmas.cli.options import FLAG_KEYS, GROUP, ModelFlags
@@ -422,3 +422,33 @@ def test_a_parameter_given_by_param_and_by_its_flag_is_refused(
     assert isinstance(result.exception, InputError), result.output
     assert str(result.exception) == f"{shown}: give one of them"
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        (["--temperature", "-1"], "--temperature: Input should be greater than or equal to 0"),
+        (["--top-p", "5"], "--top-p: Input should be less than or equal to 1"),
+        (["--budget-count", "all"], "--budget-count: Input should be 'completion' or 'total'"),
+        (["--concurrency", "0"], "--concurrency: Input should be greater than or equal to 1"),
+        # A check across keys names the flag under the key it checks.
+        (["--budget-pool"], "--budget-pool: budget.pool moves unused tokens between problems: it needs budget.tokens"),
+    ],
+)
+def test_a_bad_flag_value_names_the_flag_as_typed(sim: SimServer, given: list[str], said: str) -> None:
+    out = run_tmas("solve", "What is 2+2?", "--base-url", sim.base_url, "--temperature", "0.5", *given, text=True)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == f"tmas: error: bad value for {said}"
+    assert sim.stats().total_requests == 0
+
+
+def test_a_bad_flag_value_on_resume_names_the_flag_as_typed(sim: SimServer, tmp_path: Path) -> None:
+    problems = tmp_path / "p.jsonl"
+    problems.write_text('{"problem_id": "a", "question": "What is 2+2?"}\n', encoding="utf-8")
+    made = run_tmas("run", str(problems), "-o", str(tmp_path / "run"), "-m", "cot", "--base-url", sim.base_url)
+    assert made.returncode == 0, made.stderr
+    out = run_tmas("run", "--resume", str(tmp_path / "run"), "--max-tokens", "0", text=True)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == (
+        "tmas: error: bad value for --max-tokens: Input should be greater than or equal to 1"
+    )

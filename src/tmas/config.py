@@ -618,4 +618,17 @@ def _overridden(data: dict[str, Any], overrides: dict[str, Any]) -> Settings:
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(validation_message(exc, "command line")) from None
+        raise OverrideError(exc, [key for key, value in overrides.items() if value is not None]) from None
+
+
+class OverrideError(ConfigError):
+    """A bad value that dotted-key overrides set: ``keys`` are the overrides it is about (those under the key it
+    names, else, for a check across keys, every one given), ``reason`` what is wrong. The CLI names the flags that set
+    them (:func:`tmas.cli.options.flag_error`)."""
+
+    def __init__(self, exc: ValidationError, given: list[str]) -> None:
+        super().__init__(validation_message(exc, "command line"))
+        err = exc.errors()[0]
+        key = ".".join(str(part) for part in err["loc"])
+        self.keys = [k for k in given if k == key or k.startswith(f"{key}.") or key.startswith(f"{k}.")] or given
+        self.reason = str(err["msg"]).removeprefix("Value error, ")

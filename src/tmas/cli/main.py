@@ -42,6 +42,7 @@ from tmas.cli.options import (
     ModelFlags,
     ModelOpt,
     ParamOpt,
+    flag_error,
     method_options,
     model_options,
     parse_params,
@@ -55,7 +56,7 @@ from tmas.cli.serve import serve_app
 from tmas.cli.steps import Steps
 from tmas.cli.usage import ParserError, error_line
 from tmas.cli.view import view_app
-from tmas.config import Settings, with_method_params
+from tmas.config import OverrideError, Settings, with_method_params
 from tmas.errors import InputError, TmasError
 
 if TYPE_CHECKING:
@@ -795,6 +796,9 @@ def main() -> None:
     except interrupt.Stopped as stop:
         typer.echo(stop.line(), err=True)
         sys.exit(stop.exit_code)
+    except OverrideError as exc:
+        typer.echo(f"tmas: error: {flag_error(exc)}", err=True)
+        sys.exit(exc.exit_code)
     except TmasError as exc:
         typer.echo(f"tmas: error: {exc}", err=True)
         sys.exit(exc.exit_code)

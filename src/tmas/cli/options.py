@@ -19,7 +19,7 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 
 import typer
 
-from tmas.config import Budget, Settings, load_settings, with_method_params
+from tmas.config import Budget, OverrideError, Settings, load_settings, with_method_params
 from tmas.errors import InputError
 from tmas.methods import check_roles, flag_params, method_flags, method_names
 from tmas.methods.param_flags import ParamFlag
@@ -202,6 +202,19 @@ FLAG_KEYS: dict[str, str] = {
     "budget_count": "budget.count",
     "budget_pool": "budget.pool",
 }
+
+# Each settings key the flags set -> the flag as the user types it (--method is a command's own).
+KEY_FLAGS: dict[str, str] = {
+    **{key: "--" + name.replace("_", "-") for name, key in FLAG_KEYS.items()},
+    "method.name": "--method",
+}
+
+
+def flag_error(exc: OverrideError) -> str:
+    """A bad value the flags set, said of the flags as the user typed them (``--temperature``), not of the settings
+    keys they map to."""
+    return f"bad value for {', '.join(KEY_FLAGS.get(key, key) for key in exc.keys)}: {exc.reason}"
+
 
 # The flags that each choose what answers the calls (an endpoint, the embedded server's model, a model run in process):
 # one of them over a config file's or a stored run's choice replaces it, two of them on one command line contradict.
