@@ -452,3 +452,34 @@ def test_a_bad_flag_value_on_resume_names_the_flag_as_typed(sim: SimServer, tmp_
     assert out.stderr.strip().splitlines()[-1] == (
         "tmas: error: bad value for --max-tokens: Input should be greater than or equal to 1"
     )
+
+
+@pytest.mark.parametrize(
+    ("given", "flag"), [(["-T", "3"], "--iterations (-T)"), (["-p", "iterations=3"], "--param iterations")]
+)
+def test_iterations_given_to_a_method_of_one_round_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, given: list[str], flag: str
+) -> None:
+    # Before, cot ran its one call as without it, the flag dropped without a word.
+    isolate(monkeypatch, tmp_path)
+    args = [*_command_args("run", tmp_path), "--base-url", "http://127.0.0.1:9/v1", "--dry-run"]
+    result = CliRunner().invoke(app, [*args, *given])
+    assert isinstance(result.exception, InputError), result.output
+    assert str(result.exception) == f"{flag} does not apply to method 'cot': it runs one round; leave it out"
+    # One round is what it runs: said so, it is no contradiction.
+    assert CliRunner().invoke(app, [*args, "-T", "1"]).exit_code == 0
+    assert CliRunner().invoke(app, [*[a if a != "cot" else "majority" for a in args], *given]).exit_code == 0
+
+
+def test_iterations_given_to_the_resume_of_a_method_of_one_round_is_refused(sim: SimServer, tmp_path: Path) -> None:
+    problems = tmp_path / "p.jsonl"
+    problems.write_text('{"problem_id": "a", "question": "What is 2+2?"}\n', encoding="utf-8")
+    made = run_tmas("run", str(problems), "-o", str(tmp_path / "run"), "-m", "cot", "--base-url", sim.base_url)
+    assert made.returncode == 0, made.stderr
+    sent = sim.stats().total_requests
+    out = run_tmas("run", "--resume", str(tmp_path / "run"), "-T", "4", text=True)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == (
+        "tmas: error: --iterations (-T) does not apply to method 'cot': it runs one round; leave it out"
+    )
+    assert sim.stats().total_requests == sent

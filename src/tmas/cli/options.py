@@ -21,7 +21,7 @@ import typer
 
 from tmas.config import Budget, OverrideError, Settings, load_settings, with_method_params
 from tmas.errors import InputError
-from tmas.methods import check_roles, flag_params, method_flags, method_names
+from tmas.methods import check_roles, flag_params, method_flags, method_names, method_traits
 from tmas.methods.param_flags import ParamFlag
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file (default: ./tmas.toml).")]
@@ -312,7 +312,12 @@ class MethodFlags:
         for param, (flag, _) in flagged.items():
             if param in listed:  # the flag would win without a word, as a second --param would (refused too)
                 raise InputError(f"--param {param} and {flag} both set {param}: give one of them")
-        return {**listed, **{param: value for param, (_, value) in flagged.items()}}
+        params = {**listed, **{param: value for param, (_, value) in flagged.items()}}
+        if not method_traits(method).iterates and params.get("iterations", 1) != 1:
+            # A method of one round would run as without it, the flag dropped without a word.
+            flag = "--iterations (-T)" if self.iterations is not None else "--param iterations"
+            raise InputError(f"{flag} does not apply to method {method!r}: it runs one round; leave it out")
+        return params
 
 
 def _declared_flags(command: Callable[..., Any]) -> set[str]:

@@ -23,7 +23,7 @@ class CoTParams(StyledParams):
 
 class CoT(Method[CoTParams]):
     name: ClassVar[str] = "cot"
-    traits: ClassVar[Traits] = Traits(one_chain=True)
+    traits: ClassVar[Traits] = Traits(one_chain=True, iterates=False)
     example_params: ClassVar[dict[str, Any] | None] = {}
     Params: ClassVar[type[MethodParams]] = CoTParams
     embedded_defaults: ClassVar[dict[str, Any]] = {"style": "concise"}

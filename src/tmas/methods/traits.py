@@ -19,6 +19,9 @@ class Traits(BaseModel):
     selects: bool = False
     # One chain of calls, no parallel samples: a request's temperature 0 costs it no diversity (the proxy's notice).
     one_chain: bool = False
+    # It runs ``iterations`` rounds. False for a method of one round (CoT): its ``iterations`` parameter changes
+    # nothing, and the command line refuses a value other than 1 for it rather than drop it without a word.
+    iterates: bool = True
     # The agent roles its calls go out under (``[roles.NAME]`` settings and per-role sampling apply to these).
     roles: tuple[str, ...] = ("solution",)
     # The parameter that sets how many independent samples of the plain solution prompt one iteration draws, for a
