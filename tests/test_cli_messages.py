@@ -7,13 +7,16 @@ valid ones, a bad JSON line's column, ``tmas models --model``, a resume's dry ru
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import run_tmas, scripted_settings
+from conftest import clean_env, run_tmas, scripted_settings
 from scripted_runs import GoneModel
 from tmas.api import asolve
 from tmas.config import Settings
@@ -141,6 +144,49 @@ def test_run_asks_above_its_threshold_and_confirm_calls_sets_it(sim: SimServer, 
     assert run_tmas(*args, "-o", str(tmp_path / "b"), "--confirm-calls", "64").returncode == 0
     assert run_tmas(*args, "-o", str(tmp_path / "c"), "--confirm-calls", "20", "--yes").returncode == 0
     assert len(sim.chat_bodies()) == 2 * 32
+
+
+def on_terminal(*args: str, typed: str) -> subprocess.CompletedProcess[str]:
+    """``tmas ARGS`` with a terminal for its standard input, on which ``typed`` is typed (its output captured)."""
+    main, attached = os.openpty()
+    try:
+        with subprocess.Popen(
+            [sys.executable, "-m", "tmas", *args],
+            stdin=attached,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env(),
+        ) as child:
+            os.close(attached)
+            os.write(main, typed.encode())
+            out, err = child.communicate(timeout=120)
+    finally:
+        os.close(main)
+    return subprocess.CompletedProcess(child.args, child.returncode, out, err)
+
+
+@pytest.mark.parametrize("typed", ["n\n", "no\n", "\n", "\x04"])
+def test_a_run_not_confirmed_on_the_terminal_says_it_was_not_started(
+    sim: SimServer, tmp_path: Path, typed: str
+) -> None:
+    # Before, an answer of no ended with exit code 2 and no word after the question (end of input: exit code 1).
+    write_problems(tmp_path / "p.jsonl", 2)
+    out = on_terminal(
+        "run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "-m", "cot", "--base-url", sim.base_url,
+        "--confirm-calls", "1", typed=typed,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert "the estimate is 4 calls (threshold 1). Start? [y/N]:" in out.stderr
+    assert out.stderr.strip().endswith("tmas: not started; nothing was sent") and out.stdout == ""
+    assert sim.stats().total_requests == 0 and not (tmp_path / "run").exists()
+
+
+def test_a_solve_confirmed_on_the_terminal_prints_the_answer_alone(sim: SimServer) -> None:
+    # The question goes to standard error: before, a space went to standard output ahead of the answer.
+    out = on_terminal("solve", Q, "-m", "cot", "--base-url", sim.base_url, "--confirm-calls", "0", typed="y\n")
+    assert out.returncode == 0, out.stderr
+    assert "Start? [y/N]:" in out.stderr and out.stdout == "391\n"
 
 
 def test_a_resume_dry_run_counts_the_calls_it_holds(sim: SimServer, tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ import typer
 
 from tmas.cli import interrupt
 from tmas.cli.options import option_group
+from tmas.cli.outcome import EXIT_NOT_STARTED
 from tmas.config import Settings
 from tmas.errors import InputError
 from tmas.llm.provision import on_embedded_model
@@ -194,8 +195,9 @@ def _gate_pilot(configs: list[tuple[str, Settings]], problems: int, flags: Estim
             f"the pilot is {why}: pass --yes to start it without a terminal to confirm on (or a smaller --pilot N,"
             " --confirm-calls N)"
         )
-    if not typer.confirm(f"tmas: the pilot is {why}. Start it?", default=False, err=True):
-        raise typer.Exit(2)  # nothing was run
+    if not _confirmed(f"tmas: the pilot is {why}. Start it?"):
+        typer.echo("tmas: the pilot was not started; nothing was sent", err=True)
+        raise typer.Exit(EXIT_NOT_STARTED)
 
 
 # The graders that ask a judge model (tmas.grading.registry): a report graded so sends calls beyond the run's.
@@ -242,5 +244,22 @@ def gate(estimate: Estimate, flags: GateFlags, *, calls: int = DEFAULT_CONFIRM_C
             f"the estimate is {why}: pass --yes to start it without a terminal to confirm on"
             " (or --confirm-calls N, --dry-run to see it whole)"
         )
-    if not typer.confirm(f"tmas: the estimate is {why}. Start?", default=False, err=True):
-        raise typer.Exit(2)  # nothing was run, as when it refuses without a terminal
+    if not _confirmed(f"tmas: the estimate is {why}. Start?"):
+        typer.echo("tmas: not started; nothing was sent", err=True)
+        raise typer.Exit(EXIT_NOT_STARTED)  # as when it refuses without a terminal
+
+
+def _confirmed(question: str) -> bool:
+    """``question`` asked on the terminal, on standard error (standard output holds the command's own output alone):
+    yes or y starts, no, n, an empty line or the end of input does not; anything else is asked again."""
+    while True:
+        typer.echo(f"{question} [y/N]: ", err=True, nl=False)
+        answer = sys.stdin.readline()
+        if not answer:  # the end of input (Ctrl-D)
+            typer.echo("", err=True)
+            return False
+        word = answer.strip().lower()
+        if word in ("y", "yes"):
+            return True
+        if word in ("", "n", "no"):
+            return False

@@ -790,7 +790,7 @@ def main() -> None:
             typer.echo(line, err=True)
         sys.exit(exc.exit_code)  # type: ignore[attr-defined]
     except typer.Abort:
-        # A confirmation answered with end of input.
+        # A prompt of Click's answered with end of input (the cost gate asks on its own: tmas.cli.estimate).
         typer.echo("tmas: aborted; nothing was started", err=True)
         sys.exit(1)
     except interrupt.Stopped as stop:

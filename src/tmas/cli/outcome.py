@@ -2,8 +2,9 @@
 and why.
 
 The codes (the README lists them): 0 every problem done; 1 an error stopped the command (an endpoint gone, ...);
-2 bad input or configuration, nothing run; 3 the command finished but some problems failed; 4 every problem failed;
-130 stopped by Ctrl-C and 143 by SIGTERM, finished work kept.
+2 bad input or configuration, or the cost gate not passed (its question answered no, or no terminal to ask on and
+no --yes), nothing run; 3 the command finished but some problems failed; 4 every problem failed; 130 stopped by
+Ctrl-C and 143 by SIGTERM, finished work kept.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+# Nothing was started: the cost gate's question was answered no (as bad input: nothing was run).
+EXIT_NOT_STARTED = 2
 EXIT_SOME_FAILED = 3
 EXIT_ALL_FAILED = 4
 # The shell's 128 + the signal's number.
