@@ -339,6 +339,19 @@ def test_models_names_the_base_url_to_give_where_the_server_answers_under_anothe
         assert out.stdout.strip().endswith(f"; give --base-url {sim.base_url}"), out.stdout
 
 
+def test_models_names_a_roles_own_base_url_fix_as_the_check_before_a_run_does(sim: SimServer, tmp_path: Path) -> None:
+    # Before, tmas models said 'give --base-url URL/v1' of a role's own URL: a fix that moves every role's calls.
+    config = tmp_path / "tmas.toml"
+    config.write_text(f'[endpoint]\nbase_url = "{sim.base_url}"\n[roles.judge]\nbase_url = "{sim.url}"\n')
+    out = run_tmas("models", "--config", str(config), text=True)
+    assert out.returncode == 1
+    (line,) = [line for line in out.stdout.splitlines() if line.startswith("judge: ")]
+    assert line.endswith(
+        f"; {sim.url}/models answered HTTP 404 and {sim.url}/v1/models answers (the base_url of [roles.judge]): the"
+        f' base URL lacks its /v1; set base_url = "{sim.url}/v1" in [roles.judge]'
+    ), line
+
+
 def test_models_names_the_model_run_in_process_and_loads_nothing() -> None:
     out = run_tmas("models", "--hf-model", "smollm2-135m", text=True)
     assert out.returncode == 0, out.stderr

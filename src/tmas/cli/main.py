@@ -426,7 +426,8 @@ def models(
                 ids = await list_models(url, key)
             except TmasError as exc:
                 # A 404 from a server that answers under another path: which base URL to give.
-                fix = await base_url_fix(url, key) if str(exc).startswith("HTTP 404") else None
+                own = None if role == "default" else role
+                fix = await base_url_fix(url, key, own) if str(exc).startswith("HTTP 404") else None
                 typer.echo(f"{role}: {url} NOT ANSWERING: {exc}" + (f"; {fix}" if fix else ""))
                 healthy = False
                 continue

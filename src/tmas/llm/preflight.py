@@ -67,13 +67,9 @@ async def check_endpoints(settings: Settings, roles: Iterable[str]) -> None:
                 )
             fix = _url_fix(settings, role)
             for url, status in zip(urls, answers, strict=True):
-                if url.endswith(CHAT_PATH):
-                    raise ConfigError(
-                        f"{url}{fix.whose}: the base URL ends in {CHAT_PATH}, which tmas adds to it;"
-                        f" {fix.give(url.removesuffix(CHAT_PATH))}"
-                    )
-                if status == 404 and not url.endswith("/v1"):
-                    await _missing_v1(session, url, route.api_key, fix)
+                mistake = await _misspelt(session, url, route.api_key, status, fix)
+                if mistake is not None:
+                    raise ConfigError(mistake)
             for url, probe in zip(urls, probes, strict=True):
                 if isinstance(probe, tuple) and probe[0] == 200:
                     _check_served(url, probe[1], route.endpoint.model, role, settings)
@@ -134,26 +130,31 @@ async def _models_reply(session: aiohttp.ClientSession, url: str, api_key: str |
     return reason
 
 
-async def base_url_fix(url: str, api_key: str | None) -> str | None:
-    """Where ``url``'s model card is not found but the base URL is merely misspelt (it ends in ``/chat/completions``,
-    or its server answers under ``url/v1``): what to give instead, in words; None otherwise (``tmas models``)."""
-    if url.endswith(CHAT_PATH):
-        return f"the base URL ends in {CHAT_PATH}, which tmas adds to it; give --base-url {url.removesuffix(CHAT_PATH)}"
-    if url.endswith("/v1"):
-        return None
+async def base_url_fix(url: str, api_key: str | None, role: str | None = None) -> str | None:
+    """Where ``url`` answered HTTP 404 for its model card but the base URL is merely misspelt: what is wrong and what
+    to give instead, in words (as the check before a run says it); None otherwise (``tmas models``). ``role``: the
+    role whose own ``base_url`` it is (None: the endpoint's)."""
     async with aiohttp.ClientSession() as session:
-        if await _models_status(session, f"{url}/v1", api_key) == 200:
-            return f"{url}/v1/models answers: the base URL lacks its /v1; give --base-url {url}/v1"
-    return None
+        return await _misspelt(session, url, api_key, 404, _UrlFix(role))
 
 
-async def _missing_v1(session: aiohttp.ClientSession, url: str, api_key: str | None, fix: _UrlFix) -> None:
-    """``url`` answered 404 for its model card: when the same server answers under ``url/v1``, say so."""
-    if await _models_status(session, f"{url}/v1", api_key) == 200:
-        raise ConfigError(
+async def _misspelt(
+    session: aiohttp.ClientSession, url: str, api_key: str | None, status: int | str, fix: _UrlFix
+) -> str | None:
+    """What is wrong with the base URL ``url`` and where to correct it, when it is merely misspelt: it ends in the
+    ``/chat/completions`` tmas adds, or its model card answered ``status`` 404 and the same server answers under
+    ``url/v1``; None otherwise. The one wording of both, for the check before a run and for ``tmas models``."""
+    if url.endswith(CHAT_PATH):
+        return (
+            f"{url}{fix.whose}: the base URL ends in {CHAT_PATH}, which tmas adds to it;"
+            f" {fix.give(url.removesuffix(CHAT_PATH))}"
+        )
+    if status == 404 and not url.endswith("/v1") and await _models_status(session, f"{url}/v1", api_key) == 200:
+        return (
             f"{url}/models answered HTTP 404 and {url}/v1/models answers{fix.whose}: the base URL lacks its /v1;"
             f" {fix.give(url + '/v1')}"
         )
+    return None
 
 
 @dataclass(frozen=True)
