@@ -543,3 +543,25 @@ def test_a_report_out_that_is_a_file_is_said_before_any_run_is_read(tmp_path: Pa
         f"tmas: error: --out {given}: a file, not a directory: a report is written into a directory (choose another)"
     )
     assert given.read_text() == "mine\n"
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        (["--judge-base-url", "judge:8000"], "bad value for --judge-base-url: 'judge:8000' is not an http(s) URL"),
+        (["--judge-model", " "], "--judge-model is empty: give a value, or leave the flag out"),
+    ],
+)
+def test_a_bad_judge_flag_is_said_in_one_line_before_the_run(
+    sim: SimServer, tmp_path: Path, given: list[str], said: str
+) -> None:
+    # Before, the run went first and then ended in a traceback (a blank flag was read as not given: the run's model
+    # judged).
+    write_problems(tmp_path / "p.jsonl", 2)
+    out = run_tmas("eval", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "-m", "cot",
+                   "--base-url", sim.base_url, *given)  # fmt: skip
+    assert out.returncode == 2, out.stderr.decode()
+    assert out.stderr.decode().strip() == f"tmas: error: {said}"
+    assert sim.stats().total_requests == 0 and not (tmp_path / "run").exists()
+    out = run_tmas("report", str(tmp_path / "run"), "-o", str(tmp_path / "report"), *given)
+    assert out.returncode == 2 and out.stderr.decode().strip() == f"tmas: error: {said}"

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from pydantic import ValidationError
 
 from tmas import __version__
 from tmas.cli import interrupt
@@ -465,14 +466,18 @@ def _judge_settings(settings: Settings, judge_base_url: str | None, judge_model:
     """The judge's settings: the runs' ``settings`` (their endpoint, model name, key and sampling, or the model tmas
     runs), with the judge's own endpoint and model on top."""
     role: dict[str, Any] = {}
-    if judge_base_url:
-        role["base_url"] = judge_base_url
-    if judge_model:
-        role["model"] = judge_model
+    for flag, key, value in [("--judge-base-url", "base_url", judge_base_url), ("--judge-model", "model", judge_model)]:
+        if value is not None and not value.strip():  # read as not given, the run's own would be asked
+            raise InputError(f"{flag} is empty: give a value, or leave the flag out")
+        if value is not None:
+            role[key] = value
     if role:
         data = settings.model_dump(mode="json", exclude_unset=True)
         data.setdefault("roles", {}).setdefault("judge", {}).update(role)
-        settings = Settings.model_validate(data)
+        try:
+            settings = Settings.model_validate(data)
+        except ValidationError as exc:
+            raise OverrideError(exc, [f"roles.judge.{key}" for key in role]) from None
     return settings
 
 
@@ -547,6 +552,9 @@ def evaluate(
 
     report_dir = report_dir or out / "report"
     report = f"tmas report {out} -o {report_dir}{grade_words(grade_config)}"
+    # The judge defaults to the run's own model, as the run's flags set it up (a sweep's report does the same); a bad
+    # judge flag is said before the run, not after it.
+    judge = _judge_settings(flags.settings(), judge_base_url, judge_model)
     try:
         settings = flags.settings(method, given)
         flags.check_token_flags(settings.budget)
@@ -562,13 +570,9 @@ def evaluate(
         raise Unreachable(exc.reason, exc.run_dir, then=report) from None
     except StoreFailed as exc:
         raise StoreFailed(exc.reason, exc.run_dir, then=report) from None
-    # The judge defaults to the run's own model, as the run's flags set it up (a sweep's report does the same).
-    settings = _judge_settings(flags.settings(), judge_base_url, judge_model)
     steps = Steps("eval")
     try:
-        written = interrupt.run(
-            steps.during(build_report([out], report_dir, grade_config, settings, on_step=steps.step))
-        )
+        written = interrupt.run(steps.during(build_report([out], report_dir, grade_config, judge, on_step=steps.step)))
     except interrupt.Stopped as stop:
         raise stop.saying(f"the run is kept: write its report with '{report}'") from None
     typer.echo(json.dumps({k: str(v) for k, v in written.items()}, indent=2))

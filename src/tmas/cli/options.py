@@ -203,10 +203,12 @@ FLAG_KEYS: dict[str, str] = {
     "budget_pool": "budget.pool",
 }
 
-# Each settings key the flags set -> the flag as the user types it (--method is a command's own).
+# Each settings key the flags set -> the flag as the user types it (--method and the judge's are commands' own).
 KEY_FLAGS: dict[str, str] = {
     **{key: "--" + name.replace("_", "-") for name, key in FLAG_KEYS.items()},
     "method.name": "--method",
+    "roles.judge.base_url": "--judge-base-url",
+    "roles.judge.model": "--judge-model",
 }
 
 
