@@ -483,3 +483,24 @@ def test_iterations_given_to_the_resume_of_a_method_of_one_round_is_refused(sim:
         "tmas: error: --iterations (-T) does not apply to method 'cot': it runs one round; leave it out"
     )
     assert sim.stats().total_requests == sent
+
+
+@pytest.mark.parametrize(
+    ("command", "why"),
+    [
+        (["cases", "grade"], "without --judge (names are matched by spelling)"),
+        (["pool", "prune"], "without --runs (only the runs' answers are graded)"),
+    ],
+)
+def test_model_flags_of_a_command_that_asks_no_model_are_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, command: list[str], why: str
+) -> None:
+    # Before, they were read by nothing and dropped without a word.
+    isolate(monkeypatch, tmp_path)
+    given = ["--base-url", "http://127.0.0.1:9/v1", "--temperature", "0.2"]
+    result = CliRunner().invoke(app, [*command, str(tmp_path / "missing"), *given])
+    assert isinstance(result.exception, InputError), result.output
+    assert str(result.exception) == f"--base-url, --temperature: the command asks no model {why}; leave them out"
+    # Without them, the command goes on to its own work (here: the folder that is not there).
+    result = CliRunner().invoke(app, [*command, str(tmp_path / "missing")])
+    assert result.exception is not None and "the command asks no model" not in str(result.exception)

@@ -50,6 +50,8 @@ def grade(
     from tmas.errors import InputError
     from tmas.grading.cases import grade_cases
 
+    if not judge:
+        flags.unused("without --judge (names are matched by spelling)")
     settings = flags.settings() if judge else None
     graded = interrupt.run(grade_cases(run_dir, settings))
     if not graded.rows:

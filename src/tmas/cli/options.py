@@ -173,6 +173,13 @@ class ModelFlags:
                     f" config file), or leave {name} out"
                 )
 
+    def unused(self, why: str) -> None:
+        """Refuse the flags given where the command sends no call (``why``: when it would, in words): read by nothing,
+        they would be dropped without a word."""
+        typed = [f"--{f.name.replace('_', '-')}" for f in fields(self) if getattr(self, f.name) is not None]
+        if typed:
+            raise InputError(f"{', '.join(typed)}: the command asks no model {why}; leave them out")
+
     def given(self, *names: str) -> set[str]:
         """Which of ``names`` were given."""
         values = asdict(self)

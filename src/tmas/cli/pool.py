@@ -227,6 +227,8 @@ def prune(
         "dry_run": dry_run,
     }
     prune_config = _checked(PruneConfig, "prune", options)
+    if not runs:
+        flags.unused("without --runs (only the runs' answers are graded)")
     settings = flags.settings() if runs else None
     summary = interrupt.run(prune_pool(pool, runs or [], settings, prune_config))
     typer.echo(json.dumps(summary.to_dict(), indent=2))
