@@ -504,3 +504,25 @@ def test_model_flags_of_a_command_that_asks_no_model_are_refused(
     # Without them, the command goes on to its own work (here: the folder that is not there).
     result = CliRunner().invoke(app, [*command, str(tmp_path / "missing")])
     assert result.exception is not None and "the command asks no model" not in str(result.exception)
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        (["-m", "tmas", "-T", "0"], "bad value for --iterations (-T): Input should be greater than or equal to 1"),
+        (["-m", "mattrl", "-T", "21"], "bad value for --iterations (-T): Input should be less than or equal to 20"),
+        (
+            ["-m", "mattrl", "--domain", "physics"],
+            "bad value for --domain: unknown MATTRL domain 'physics' (known: math, medicine, education)",
+        ),
+    ],
+)
+def test_a_bad_method_flag_value_names_the_flag_as_typed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, given: list[str], said: str
+) -> None:
+    # Before: "method 'tmas': bad value (...) for 'iterations'", the parameter the flag sets.
+    isolate(monkeypatch, tmp_path)
+    args = ["solve", "What is 2+2?", "--base-url", "http://127.0.0.1:9/v1", "--dry-run", *given]
+    result = CliRunner().invoke(app, args)
+    assert isinstance(result.exception, InputError), result.output
+    assert str(result.exception) == said

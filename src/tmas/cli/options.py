@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar, get_type_hints
 
 import typer
+from pydantic import ValidationError
 
 from tmas.config import Budget, OverrideError, Settings, load_settings, with_method_params
 from tmas.errors import InputError
-from tmas.methods import check_roles, flag_params, method_flags, method_names, method_traits
+from tmas.methods import METHODS, check_roles, flag_params, method_flags, method_names, method_traits
 from tmas.methods.param_flags import ParamFlag
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file (default: ./tmas.toml).")]
@@ -326,7 +327,25 @@ class MethodFlags:
             # A method of one round would run as without it, the flag dropped without a word.
             flag = "--iterations (-T)" if self.iterations is not None else "--param iterations"
             raise InputError(f"{flag} does not apply to method {method!r}: it runs one round; leave it out")
+        _check_flagged(method, params, {param: flag for param, (flag, _) in flagged.items()})
         return params
+
+
+def _check_flagged(method: str, params: dict[str, Any], flagged: dict[str, str]) -> None:
+    """A bad value of a parameter that a flag set (``flagged``: parameter -> the flag), said of the flag as typed
+    (``--iterations (-T)``), not of the parameter; the method's own check of all its parameters comes later, as for
+    parameters of a config file."""
+    cls = METHODS.get(method)
+    if cls is None or not flagged:
+        return
+    try:
+        cls.Params.model_validate(params)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = str(err["loc"][0]) if err["loc"] else None
+        if param in flagged:
+            flag = "--iterations (-T)" if flagged[param] == "--iterations" else flagged[param]
+            raise InputError(f"bad value for {flag}: {str(err['msg']).removeprefix('Value error, ')}") from None
 
 
 def _declared_flags(command: Callable[..., Any]) -> set[str]:
