@@ -182,6 +182,18 @@ def test_a_run_not_confirmed_on_the_terminal_says_it_was_not_started(
     assert sim.stats().total_requests == 0 and not (tmp_path / "run").exists()
 
 
+def test_a_pilot_not_confirmed_on_the_terminal_says_it_was_not_started(sim: SimServer, tmp_path: Path) -> None:
+    write_problems(tmp_path / "p.jsonl", 2)
+    out = on_terminal(
+        "run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "-m", "cot", "--base-url", sim.base_url,
+        "--pilot", "1", "--confirm-calls", "0", typed="n\n",
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert "tmas: the pilot is" in out.stderr and "Start it? [y/N]:" in out.stderr
+    assert out.stderr.strip().endswith("tmas: the pilot was not started; nothing was sent") and out.stdout == ""
+    assert sim.stats().total_requests == 0 and not (tmp_path / "run").exists()
+
+
 def test_a_solve_confirmed_on_the_terminal_prints_the_answer_alone(sim: SimServer) -> None:
     # The question goes to standard error: before, a space went to standard output ahead of the answer.
     out = on_terminal("solve", Q, "-m", "cot", "--base-url", sim.base_url, "--confirm-calls", "0", typed="y\n")
