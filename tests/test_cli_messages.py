@@ -577,3 +577,12 @@ def test_a_bad_judge_flag_is_said_in_one_line_before_the_run(
     assert sim.stats().total_requests == 0 and not (tmp_path / "run").exists()
     out = run_tmas("report", str(tmp_path / "run"), "-o", str(tmp_path / "report"), *given)
     assert out.returncode == 2 and out.stderr.decode().strip() == f"tmas: error: {said}"
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--confirm-calls", "-1"), ("--confirm-tokens", "-5")])
+def test_a_negative_confirmation_threshold_is_refused(sim: SimServer, flag: str, value: str) -> None:
+    # Before, every estimate was over it: the command asked, or refused without a terminal, naming 'threshold -1'.
+    out = run_tmas("solve", Q, "-m", "cot", "--base-url", sim.base_url, flag, value)
+    assert out.returncode == 2
+    assert last_line(out) == f"tmas: error: {flag} must be 0 or more (got {value}); --yes starts without asking"
+    assert sim.stats().total_requests == 0

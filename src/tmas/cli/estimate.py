@@ -91,6 +91,10 @@ class GateFlags:
         # NaN compares false with every estimate: the token threshold would never ask.
         if math.isnan(self.confirm_tokens):
             raise InputError("--confirm-tokens must be a number of tokens, not nan")
+        # Below 0, every estimate is over it: read as 'never ask', it would ask (or refuse) every time.
+        for flag, value in [("--confirm-calls", self.confirm_calls), ("--confirm-tokens", self.confirm_tokens)]:
+            if value is not None and value < 0:
+                raise InputError(f"{flag} must be 0 or more (got {value:g}); --yes starts without asking")
 
 
 @dataclass
