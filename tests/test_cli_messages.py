@@ -586,3 +586,13 @@ def test_a_negative_confirmation_threshold_is_refused(sim: SimServer, flag: str,
     assert out.returncode == 2
     assert last_line(out) == f"tmas: error: {flag} must be 0 or more (got {value}); --yes starts without asking"
     assert sim.stats().total_requests == 0
+
+
+def test_judge_flags_of_a_report_that_grades_nothing_are_refused(tmp_path: Path) -> None:
+    # Before, --no-grade read the stored grades and the judge's flags were dropped without a word.
+    given = ["--judge-model", "j", "--base-url", "http://127.0.0.1:9/v1"]
+    out = run_tmas("report", str(tmp_path / "run"), "-o", str(tmp_path / "report"), "--no-grade", *given)
+    assert out.returncode == 2
+    assert last_line(out) == (
+        "tmas: error: --base-url, --judge-model: --no-grade reads stored grades and asks no judge; leave them out"
+    )

@@ -506,6 +506,15 @@ def report(
     from tmas.reports.report import build_report
 
     check_out_dir(out, "--out", "a report")  # said before any run is graded
+    judging = {
+        "--config": config,
+        "--base-url": base_url,
+        "--judge-base-url": judge_base_url,
+        "--judge-model": judge_model,
+    }
+    if no_grade and (unread := [flag for flag, value in judging.items() if value is not None]):
+        # They name the judge, which stored grades do not ask: read by nothing, they would be dropped without a word.
+        raise InputError(f"{', '.join(unread)}: --no-grade reads stored grades and asks no judge; leave them out")
     settings = _judge_settings(ModelFlags(config=config, base_url=base_url).settings(), judge_base_url, judge_model)
     grade_config = read_report_grade_flags(grade, judge_runs, no_grade=no_grade)
     if grade_config is not None and not no_grade:
