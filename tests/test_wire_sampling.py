@@ -47,9 +47,10 @@ temperature = 0.25
 top_p = 0.9
 max_tokens = 333
 stop = ["<<END>>"]
-extra_body = { top_k = 7 }
+top_k = 7
+extra_body = { min_tokens = 3 }
 """
-WANTED = {"temperature": 0.25, "top_p": 0.9, "max_tokens": 333, "stop": ["<<END>>"], "top_k": 7}
+WANTED = {"temperature": 0.25, "top_p": 0.9, "max_tokens": 333, "stop": ["<<END>>"], "top_k": 7, "min_tokens": 3}
 
 
 def toml(sim: SimServer, method: str, body: str = "", **params: Any) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tmas.config import Settings, config_sampling_sources, load_settings, validation_message
+from tmas.config import Settings, check_extra_body, config_sampling_sources, load_settings, validation_message
 from tmas.errors import ConfigError, InputError
 from tmas.llm.model import ChatModel, EndpointUnreachable
 from tmas.llm.preflight import check_endpoints
@@ -315,9 +315,11 @@ def _settings_of(settings: Settings | Mapping[str, Any] | None, model: ChatModel
     given), else those of the configuration."""
     if isinstance(settings, Mapping):
         try:
-            return Settings.model_validate({"sampling_sources": config_sampling_sources(settings), **settings})
+            given = Settings.model_validate({"sampling_sources": config_sampling_sources(settings), **settings})
         except ValidationError as exc:
             raise ConfigError(validation_message(exc, "settings")) from None
+        check_extra_body(given, "settings")
+        return given
     if settings is not None:
         return settings
     return model.settings if model is not None else load_settings()

@@ -127,6 +127,53 @@ SENT_SAMPLING_FIELDS = (
 # Fields added after runs were first stored: a call's hash includes them only when set (tmas.llm.types).
 LATER_SAMPLING_FIELDS = ("top_k", "min_p", "repetition_penalty", "presence_penalty")
 
+# Request fields tmas sends from its own settings, each with the setting that sets it: "sampling." names a sampling
+# field (of the table the extra_body is in), any other an endpoint field (of the endpoint or role the sampling is
+# for); None: no setting, tmas builds it. extra_body goes on the body last, so such a key of it would replace what
+# tmas sends while budgets, cost estimates, batching and the run's records go on reading the setting: it is refused.
+SENT_BY_TMAS: dict[str, str | None] = {
+    "model": "model",
+    "messages": None,
+    "stream": "stream",
+    "n": "batch_samples",
+    "id_slot": "pin_slots",
+    "max_tokens": "sampling.max_tokens",
+    "max_completion_tokens": "sampling.max_tokens",
+    "repeat_penalty": "sampling.repetition_penalty",  # llama-server's name of it
+    **{name: f"sampling.{name}" for name in SENT_SAMPLING_FIELDS},
+}
+
+
+def extra_body_refusal(sampling: Sampling, at: str, endpoint_at: str) -> str | None:
+    """Why ``sampling.extra_body`` (the sampling table at dotted key ``at``, for the endpoint at ``endpoint_at``)
+    cannot be sent, in one line naming the key and the setting to use instead; None where it can."""
+    for key in [key for key in sampling.extra_body if key in SENT_BY_TMAS]:
+        setting = SENT_BY_TMAS[key]
+        where = f"{at}.extra_body.{key}"
+        if setting is None:
+            return f"{where} would replace the {key} tmas sends, and no setting sets it: leave it out"
+        if setting.startswith("sampling."):
+            instead = f"{at}.{setting.removeprefix('sampling.')}"
+        else:
+            instead = f"{endpoint_at}.{setting}"
+        return f"{where} would replace the {key} tmas sends from its settings: set {instead} instead"
+    return None
+
+
+def check_extra_body(settings: Settings, source: str) -> None:
+    """A one-line :class:`ConfigError` naming ``source`` (a file, the Python API) where the ``extra_body`` of
+    ``[sampling]`` or of a ``[roles.NAME.sampling]`` sets a field tmas sends itself (:data:`SENT_BY_TMAS`).
+
+    Checked where settings are given, not in :class:`Sampling`: runs stored before the check may hold such a key
+    (``top_k`` went in extra_body before it was a setting), and they still resume, replay and report as they ran."""
+    tables = [("sampling", "endpoint", settings.sampling)]
+    tables += [(f"roles.{name}.sampling", f"roles.{name}", role.sampling) for name, role in settings.roles.items()]
+    for at, endpoint_at, sampling in tables:
+        refusal = extra_body_refusal(sampling, at, endpoint_at)
+        if refusal is not None:
+            raise ConfigError(f"{source}: {refusal}")
+
+
 StructuredOutput = Literal["auto", "json_schema", "off"]
 ReasoningPlace = Literal["auto", "separate", "inline", "none"]
 StreamMode = Literal["auto", "on", "off"]
@@ -536,9 +583,10 @@ def load_settings(
         data = read_toml(path, what)
     # Validate the file alone first so its errors name the file.
     try:
-        Settings.model_validate(data)
+        given_settings = Settings.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(validation_message(exc, source)) from None
+    check_extra_body(given_settings, source)
     sources = config_sampling_sources(data)
     given = {var: env[var] for var in ENV_KEYS if env.get(var)}
     _choose_model(data, {ENV_KEYS[var]: value for var, value in given.items()})

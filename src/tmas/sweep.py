@@ -32,7 +32,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tmas.config import Budget, Sampling, Settings, read_toml, validation_message
+from tmas.config import Budget, Sampling, Settings, extra_body_refusal, read_toml, validation_message
 from tmas.errors import ConfigError, InputError
 from tmas.grading.grades import GradeConfig
 from tmas.llm.model import ChatModel
@@ -171,6 +171,9 @@ def load_spec(path: Path) -> SweepSpec:
         if err["type"] == "extra_forbidden":
             msg = _unknown_field(err["loc"])
         raise ConfigError(f"{path}: {_error_place(data, err['loc'])}{msg}") from None
+    refusal = None if spec.sampling is None else extra_body_refusal(spec.sampling, "sampling", "endpoint")
+    if refusal is not None:
+        raise ConfigError(f"{path}: {refusal}")
     if spec.problems and not Path(spec.problems).is_absolute() and (path.parent / spec.problems).exists():
         spec.problems = str(path.parent / spec.problems)
     return spec

@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, ModelWrapValidatorHandler, PrivateAttr, model_validator
 
-from tmas.config import Sampling
+from tmas.config import Sampling, extra_body_refusal
 from tmas.memory.experience_bank import DEFAULT_DEDUP_THRESHOLD, DEFAULT_MAX_ENTRIES
 from tmas.methods.base import Iterations
 from tmas.methods.confidence_params import ConfidenceParams
@@ -220,6 +220,14 @@ class TMASParams(StyledParams, ConfidenceParams):
         unknown = set(self.sampling) - set(TMAS_ROLES)
         if unknown:
             raise ValueError(f"sampling for unknown roles {sorted(unknown)} (TMAS roles: {', '.join(TMAS_ROLES)})")
+        return self
+
+    @model_validator(mode="after")
+    def _extra_body_sends_no_setting(self) -> TMASParams:
+        for role, sampling in self.sampling.items():
+            refusal = extra_body_refusal(sampling, f"sampling.{role}", f"roles.{role}")
+            if refusal is not None:
+                raise ValueError(refusal)
         return self
 
 
