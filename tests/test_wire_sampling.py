@@ -18,6 +18,7 @@ from tmas.cli.main import app
 from tmas.config import Sampling, Settings, load_settings
 from tmas.grading.judge import judge_once
 from tmas.llm.factory import open_model
+from tmas.llm.types import user
 from tmas.methods import METHODS
 from tmas.sweep import Study, SweepSpec, run_sweep
 from tmas.testing import Rule, SimScript, SimServer
@@ -390,3 +391,19 @@ async def test_the_judge_sends_the_sampling_configured_for_it(
         assert len({b["seed"] for b in judged}) == 2
     else:
         assert [b["seed"] for b in judged] == seeds
+
+
+async def test_a_roles_context_length_bounds_no_other_role_when_that_role_calls_first(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # The replica both roles reach took the refiner's window when the refiner called first, and the solver's
+    # max_tokens of 4000 was then lowered below 1200 too.
+    body = "\n[sampling]\nmax_tokens = 4000\n[roles.refiner]\ncontext_length = 1200\n"
+    settings = settings_from(tmp_path, toml(sim, "self_refine", body, n=1, iterations=2))
+    async with open_model(settings) as llm:
+        for role in ("refiner", "solution"):
+            reply = await llm.chat(role, [user(Q)])
+            assert reply.ok, reply.error
+    bodies = bodies_by_role(sim)
+    assert [b["max_tokens"] for b in bodies["solution"]] == [4000]
+    assert len(bodies["refiner"]) == 1 and bodies["refiner"][0]["max_tokens"] < 1200
