@@ -20,13 +20,18 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tmas.config import Sampling, Settings
+from tmas.config import Budget, Sampling, Settings
 from tmas.llm.hf_engine import CHILD_SUFFIX, EngineReply, HFEngine, resolve_options
 from tmas.llm.hf_model import HFChatModel
 from tmas.llm.hf_sampling import RequestSampling
+from tmas.llm.model import ChatModel, ClientStats
+from tmas.llm.replay import StoreReplay
 from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling
 from tmas.llm.types import CallKey, Completion, Message
+from tmas.methods.base import MethodParams, ProblemSession
+from tmas.problems import Problem
 from tmas.rl.tiny import tiny_model, tiny_tokenizer
+from tmas.store.run_store import RunStore
 
 # A vocabulary wide enough that a random model's replies rarely draw the end token.
 WORDS = [f"w{i}" for i in range(400)]
@@ -120,7 +125,7 @@ def sample_ids(engine: HFEngine) -> list[str]:
     return [lead, *(f"{lead}{CHILD_SUFFIX}{i}" for i in range(SAMPLES - 1))]
 
 
-def calls(llm: HFChatModel, stop: list[str] | None = None) -> list[asyncio.Task[Completion]]:
+def calls(llm: ChatModel, stop: list[str] | None = None) -> list[asyncio.Task[Completion]]:
     """The samples of one prompt, started together (their seeds derived per sample, as a session's are): they go as
     one request with children."""
     tasks = []
@@ -194,25 +199,33 @@ async def test_a_sample_whose_caller_gives_up_leaves_the_engine_while_its_siblin
             assert steps.drawn(ids[i]) == MAX_TOKENS
             kept = done[i]
             assert isinstance(kept, Completion) and kept.content == whole[i].content
+    # What it drew, and the prompt where it was the first sample, is counted on a sibling's completion, as the
+    # choices of a request with n are on an endpoint: the samples' figures add up to what the engine computed.
+    kept_usage = [c.usage for c in done if isinstance(c, Completion)]
+    assert sum(u.completion_tokens for u in kept_usage) == (SAMPLES - 1) * MAX_TOKENS + seen[0]
+    assert sum(u.prompt_tokens for u in kept_usage) == len(engine.submitted[-1].prompt)
     assert_engine_empty(engine)
 
 
-async def test_every_caller_giving_up_stops_the_request(engine: HFEngine) -> None:
-    llm = model_on(engine)
-    tasks = calls(llm)
+async def test_every_caller_giving_up_stops_the_request(engine: HFEngine, tmp_path: Path) -> None:
+    with RunStore(tmp_path) as store:
+        tasks = calls(StoreReplay(model_on(engine), store))
 
-    async def at_step() -> None:
-        if steps.draws and not all(t.done() for t in tasks):
-            for task in tasks:
-                task.cancel()
+        async def at_step() -> None:
+            if steps.draws and not all(t.done() for t in tasks):
+                for task in tasks:
+                    task.cancel()
+                await asyncio.wait(tasks)
+
+        async with Steps(engine, at_step) as steps:
             await asyncio.wait(tasks)
-
-    async with Steps(engine, at_step) as steps:
-        await asyncio.wait(tasks)
-        assert all(t.cancelled() for t in tasks)
-        # The engine ends them as it begins its next step; the one after begins once it has.
-        await steps.passed(2)
+            assert all(t.cancelled() for t in tasks)
+            # The engine ends them as it begins its next step; the one after begins once it has.
+            await steps.passed(2)
+        # What they drew is spent: one of the callers carries it (tmas.llm.batching), and the store keeps it.
+        [spent] = store.calls()
     assert Counter(steps.draws) == dict.fromkeys(sample_ids(engine), 1)
+    assert spent.error_cause == "cancelled" and spent.usage.completion_tokens == SAMPLES
     assert_engine_empty(engine)
 
 
@@ -244,4 +257,36 @@ async def test_a_sample_cut_at_a_stop_string_draws_nothing_after_it(engine: HFEn
     )
     assert [steps.drawn(ids[i]) for i in (0, 2)] == [MAX_TOKENS] * 2
     assert [cut[0], cut[2]] == [replies[0], replies[2]]
+    assert_engine_empty(engine)
+
+
+async def test_a_call_cancelled_midway_counts_the_tokens_it_generated(engine: HFEngine, tmp_path: Path) -> None:
+    # A call sent alone and cancelled (a run interrupted, a sibling's failure, a budget spent) after it drew five
+    # tokens: they were generated, and count in the run's stats, its store and the problem's spend, as a cancelled
+    # call's streamed tokens do on an endpoint. The engine waits at each step's start while the test cancels, so the
+    # five are all it drew.
+    drawn = 5
+    stats = ClientStats()
+    before = len(engine.submitted)
+    with RunStore(tmp_path) as store:
+        llm = StoreReplay(model_on(engine), store, on_replay=stats.count_replay, on_sent=stats.count)
+        problem = Problem(problem_id="p", question="w1 w2 w3")
+        session = ProblemSession(problem, llm, None, budget=Budget(tokens=10_000), params=MethodParams())
+        task = asyncio.create_task(session.chat("solution", MESSAGES))
+
+        async def at_step() -> None:
+            started = len(engine.submitted) > before and not task.done()
+            if started and steps.drawn(engine.submitted[-1].request_id) == drawn:
+                task.cancel()
+                await asyncio.wait({task})
+
+        async with Steps(engine, at_step) as steps:
+            await asyncio.wait({task})
+            await steps.passed(2)
+        assert task.cancelled()
+        assert steps.drawn(engine.submitted[-1].request_id) == drawn
+        [stored] = store.calls()
+    assert stored.error_cause == "cancelled" and stored.usage.completion_tokens == drawn
+    assert stats.usage.completion_tokens == drawn and stats.calls == 1 and stats.failed == 1
+    assert session.spent_usage.completion_tokens == drawn and session.spent_failed == 0
     assert_engine_empty(engine)

@@ -432,7 +432,8 @@ class ScriptedEngine(HFEngine):
         max_new_tokens: int,
         stop: Sequence[str] = (),
         callers: Sequence[asyncio.Future[Any]] = (),
-    ) -> list[EngineReply | None]:
+        so_far: list[EngineReply] | None = None,
+    ) -> list[EngineReply]:
         text, finish = self.replies.pop(0)
         tokens = self.tokenizer.encode(text, add_special_tokens=False)
         ended = [*tokens, self.tokenizer.eos_token_id] if finish == "stop" else tokens

@@ -16,7 +16,9 @@ together (the k samples of a prompt) go as one request with children, as the HTT
 none. Token counts are the engine's own: the prompt's tokens, every token generated
 (its end token included), the thinking split off a reply that thinks inline (its ``<think>`` block, or everything
 before ``</think>`` where the chat template opened the block in the prompt) counted with the model's tokenizer as
-``reasoning_tokens``, and the prompt tokens reused from the KV cache as ``cached_prompt_tokens``.
+``reasoning_tokens``, and the prompt tokens reused from the KV cache as ``cached_prompt_tokens``. A call cancelled
+part way keeps what it generated, as a cancelled call on an endpoint does (:func:`tmas.llm.model.leave_spent`), and a
+sample cancelled alone has its tokens put on a sibling's completion (:mod:`tmas.llm.batching`).
 
 What it does not do, and says so: a repetition or presence penalty, or another ``extra_body`` field, fails the call
 with a one-line error naming the field (``logprobs`` and ``top_logprobs`` are accepted and no log-probabilities come
@@ -49,6 +51,7 @@ from tmas.llm.hf_checkpoint import checkpoint, checkpoint_name
 from tmas.llm.hf_engine import EngineError, EngineReply, HFEngine, resolve_options
 from tmas.llm.hf_grammar import schema_text
 from tmas.llm.hf_sampling import RequestSampling
+from tmas.llm.model import CANCELLED, leave_spent
 from tmas.llm.reasoning import reply_place, split_reasoning, thinking_off
 from tmas.llm.refusals import DowngradeLog, requested_schema, schema_goes
 from tmas.llm.sampling import ResolvedSampling, resolve_role
@@ -204,7 +207,9 @@ class HFChatModel:
     ) -> list[Completion]:
         """The completions of ``keys``, samples of ``request`` (each with the seed of its own request, where given),
         following ``schema`` where given; a sample whose caller's future of ``callers`` is cancelled is cancelled in
-        the engine alone, and its completion, which no one reads, says so."""
+        the engine alone, and its completion, which no one reads, is a failed one of cause ``cancelled`` with what it
+        generated (tmas.llm.batching puts that on a sibling's). Cancelled, it leaves what the samples generated on
+        its cancel (tmas.llm.model.leave_spent)."""
         started = time.monotonic()
         extra = request.sampling.extra_body
         try:
@@ -221,20 +226,32 @@ class HFChatModel:
                 return [self._failed(request, keys[0], message, "context")]
             max_tokens = min(max_tokens, window - len(prompt))
         samples = [request_sampling(r.sampling, schema) for r in (requests or [request])]
+        off = thinking_off(extra)
+        so_far: list[EngineReply] = []
         try:
-            replies = await self.engine.generate(prompt, samples, max_tokens, request.sampling.stop or (), callers)
+            replies = await self.engine.generate(
+                prompt, samples, max_tokens, request.sampling.stop or (), callers, so_far
+            )
         except EngineError as exc:
             return [self._failed(request, keys[0], str(exc), "engine")]
+        except asyncio.CancelledError as cancel:
+            # As a cancelled call's stream on an endpoint: its generated tokens count, its prompt does not.
+            usage = sum((self._usage(r, 0, self._split(r, off)[1]) for r in so_far), Usage())
+            if usage.completion_tokens:
+                spent = Completion(
+                    key=keys[0], endpoint=ENDPOINT, model=self.name, error=CANCELLED, error_cause="cancelled",
+                    usage=usage, latency_s=time.monotonic() - started,
+                )  # fmt: skip
+                leave_spent(cancel, spent)
+            raise
         latency = time.monotonic() - started
         for reply in replies:
-            place = reply_place(reply.text, None, reply.finish_reason) if reply is not None else None
-            if place is not None and not (place == "none" and thinking_off(extra)):
+            place = reply_place(reply.text, None, reply.finish_reason)
+            if place is not None and not (place == "none" and off):
                 self._saw_reasoning(place)
         lowered = max_tokens if max_tokens != wanted else None
         return [
-            self._completion(key, reply, len(prompt) if i == 0 else 0, latency, lowered, thinking_off(extra))
-            if reply is not None
-            else self._failed(request, key, "its caller gave up", "cancelled")
+            self._completion(key, reply, len(prompt) if i == 0 else 0, latency, lowered, off)
             for i, (key, reply) in enumerate(zip(keys, replies, strict=True))
         ]
 
@@ -243,19 +260,34 @@ class HFChatModel:
         if place is not None and self._reasoning != "inline":
             self._reasoning = place
 
-    def _completion(
-        self, key: CallKey, reply: EngineReply, prompt_tokens: int, latency: float, lowered: int | None, off: bool
-    ) -> Completion:
-        """``off``: the request turned the model's thinking off (tmas.llm.reasoning.thinking_off)."""
-        cut_inline = self._reasoning == "inline" and reply.finish_reason == "length" and not off
-        content, reasoning = split_reasoning(reply.text, cut_inline=cut_inline)
-        usage = Usage(
+    def _split(self, reply: EngineReply, off: bool) -> tuple[str, str]:
+        """The reply's (content, reasoning); ``off``: the request turned the model's thinking off
+        (tmas.llm.reasoning.thinking_off). A reply cut before its end by a model thinking inline is all thinking."""
+        cut_inline = self._reasoning == "inline" and reply.finish_reason in ("length", "cancelled") and not off
+        return split_reasoning(reply.text, cut_inline=cut_inline)
+
+    def _usage(self, reply: EngineReply, prompt_tokens: int, reasoning: str) -> Usage:
+        """What ``reply`` cost, ``reasoning`` its thinking (:meth:`_split`)."""
+        return Usage(
             prompt_tokens=prompt_tokens,
             completion_tokens=len(reply.tokens),
             # The thinking split off the reply, counted as the HTTP client counts a server's that reports none.
             reasoning_tokens=min(self.engine.count(reasoning), len(reply.tokens)),
             cached_prompt_tokens=reply.cached_prompt_tokens if prompt_tokens else 0,
         )
+
+    def _completion(
+        self, key: CallKey, reply: EngineReply, prompt_tokens: int, latency: float, lowered: int | None, off: bool
+    ) -> Completion:
+        """A sample's completion; a sample whose caller gave up (finish reason "cancelled") fails with what it
+        generated."""
+        content, reasoning = self._split(reply, off)
+        usage = self._usage(reply, prompt_tokens, reasoning)
+        if reply.finish_reason == "cancelled":
+            return Completion(
+                key=key, endpoint=ENDPOINT, model=self.name, error="its caller gave up", error_cause="cancelled",
+                usage=usage, latency_s=latency,
+            )  # fmt: skip
         return Completion(
             key=key,
             endpoint=ENDPOINT,
