@@ -79,6 +79,20 @@ def test_an_example_answer_in_the_instructions_is_caught_unless_the_data_holds_i
     assert not guard("What is 6*7? (The answer is 42 or close to it.)").echoes_answer("42")
 
 
+def test_an_example_answer_whose_box_holds_a_literal_brace_is_caught() -> None:
+    # A case split opens a literal brace it never closes (\left\{ ... \right.): it groups nothing, and the box
+    # around it ends at its own closing brace, so the value it shows is read, not only the last box's; a copy
+    # restyled (\dfrac for \frac) shares too few word runs with the instructions for the text check to see it.
+    shown = (
+        "Write a function in a box, for example \\boxed{f(x) = \\left\\{ \\frac{1}{2} \\right.}, and a number"
+        " alone, for example \\boxed{7}."
+    )
+    guard = EchoGuard.of([Message(role="user", content=f"<problem>\n{Q}\n</problem>\n\n{shown}")])
+    assert guard.echoes_answer("f(x) = \\left\\{ \\dfrac{1}{2} \\right.")
+    assert guard.echoes_answer("7")
+    assert not guard.echoes_answer("f(x) = \\left\\{ \\dfrac{1}{3} \\right.")
+
+
 def test_bank_entries_copying_the_instructions_are_caught_and_own_words_are_not() -> None:
     views = [RolloutView(number=1, solution="17*23 = 391.\n\\boxed{391}", summary="## Verdict\nright", score_text="1")]
     guard = EchoGuard.of(experience_prompt(Q, views, ExperienceBank(), 35))

@@ -88,6 +88,12 @@ def _boxes(text: str) -> list[tuple[int, int, str]]:
     return out
 
 
+def boxed_values(text: str) -> list[str]:
+    """The stripped content of every closed ``\\boxed{...}`` of ``text``, in order (nested braces allowed; the literal
+    braces ``\\{`` and ``\\}`` group nothing)."""
+    return [content for _, _, content in _boxes(text)]
+
+
 def last_boxed(text: str) -> str | None:
     """The content of the last ``\\boxed{...}`` (nested braces allowed); None when there is none or it is unclosed."""
     boxes = _boxes(text)

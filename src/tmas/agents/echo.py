@@ -26,14 +26,13 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Protocol, Self
 
-from tmas.answers import extract_answer, normalize_answer
+from tmas.answers import boxed_values, extract_answer, normalize_answer
 from tmas.llm.types import Message
 
 # A data block of a rendered template: an opening tag alone at the start of a line, up to its closing tag at the start
 # of a later line. Tags mentioned inside a sentence ("inside <final_answer></final_answer> tags") are instructions.
 DATA_BLOCK = re.compile(r"^<([A-Za-z_][\w-]*)(?:\s[^>\n]*)?>[ \t]*\n.*?^</\1>[ \t]*$", re.M | re.S)
 _TOKEN = re.compile(r"\\[a-z]+|[a-z0-9]+")
-_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # Word n-grams of this length are what a copied phrase shares with the instructions.
 NGRAM = 3
 # Share of a field's trigrams that must be instruction-only for the field to be an echo.
@@ -85,22 +84,6 @@ def split_prompt(messages: Sequence[Message]) -> tuple[str, str]:
     return instructions, "\n".join(data)
 
 
-def _boxed_values(text: str) -> list[str]:
-    """The contents of every ``\\boxed{...}`` of ``text`` (nested braces allowed)."""
-    values: list[str] = []
-    for match in _BOX_OPEN.finditer(text):
-        depth = 1
-        for pos in range(match.end(), len(text)):
-            if text[pos] == "{":
-                depth += 1
-            elif text[pos] == "}":
-                depth -= 1
-                if depth == 0:
-                    values.append(text[match.end() : pos].strip())
-                    break
-    return values
-
-
 @dataclass
 class EchoGuard:
     """The instruction text of one prompt, ready to check any number of output fields against.
@@ -123,7 +106,7 @@ class EchoGuard:
         # The words of the data as tokens("\n".join(data)) gives them: the newline between two blocks ends a token.
         self._words, self._data_words = _spaced(words), _spaced(filter(None, map(_block_words, self.data)))
         stated = extract_answer(self.instructions).answer
-        shown = [*_boxed_values(self.instructions), *([stated] if stated else [])]
+        shown = [*boxed_values(self.instructions), *([stated] if stated else [])]
         self._literals = {normalize_answer(value) for value in shown if value.strip()}
 
     @classmethod
