@@ -80,6 +80,14 @@ def test_latex_the_converter_cannot_read_stays_raw_for_that_span_only() -> None:
     assert render_math_text("\\boxed{3") == "\\boxed{3"
 
 
+def test_a_box_holding_a_literal_brace_renders_to_its_own_closing_brace() -> None:
+    # A case split opens a literal brace it never closes: it groups nothing, so the box still ends where it does.
+    html = render_math_text("So \\boxed{f(x) = \\left\\{ 1 \\right.} then {y} and \\boxed{5}.")
+    maths = _math(html)
+    assert len(maths) == 2 and [len(list(m.iter(MATHML + "menclose"))) for m in maths] == [1, 1]
+    assert "\\boxed" not in html and html.startswith("So <math") and " then {y} and <math" in html
+
+
 def test_blocks_and_answers_keep_their_raw_text_one_click_away() -> None:
     block = str(rich("$\\frac{1}{2}$ & <b>"))
     assert '<pre class="raw">$\\frac{1}{2}$ &amp; &lt;b&gt;</pre>' in block and "<mfrac>" in block

@@ -64,6 +64,19 @@ class Extraction(NamedTuple):
     source: ExtractionSource
 
 
+def closing_braces(text: str, start: int = 0) -> dict[int, int]:
+    """Each grouping brace of ``text`` from ``start``: an opening brace's index -> its closing brace's (one left open
+    is absent), in one pass. The literal braces ``\\{`` and ``\\}`` group nothing."""
+    closing: dict[int, int] = {}
+    opened: list[int] = []
+    for token in _BRACE_TOKEN.finditer(text, start):
+        if token.group() == "{":
+            opened.append(token.start())
+        elif token.group() == "}" and opened:
+            closing[opened.pop()] = token.start()
+    return closing
+
+
 def _boxes(text: str) -> list[tuple[int, int, str]]:
     """Each closed ``\\boxed{...}`` (nested braces allowed): its start, its end and its stripped content. The literal
     braces ``\\{`` and ``\\}`` group nothing: a set "\\{1, 2\\}", a case split "\\left\\{ ... \\right." opened and
@@ -72,13 +85,7 @@ def _boxes(text: str) -> list[tuple[int, int, str]]:
     if not boxes:
         return []
     # Each brace's match, in one pass (a long reply may open many boxes and close none).
-    closing: dict[int, int] = {}
-    opened: list[int] = []
-    for token in _BRACE_TOKEN.finditer(text, boxes[0].end() - 1):
-        if token.group() == "{":
-            opened.append(token.start())
-        elif token.group() == "}" and opened:
-            closing[opened.pop()] = token.start()
+    closing = closing_braces(text, boxes[0].end() - 1)
     out = []
     for match in boxes:
         start = match.end()

@@ -20,6 +20,8 @@ from functools import lru_cache
 
 from markupsafe import Markup, escape
 
+from tmas.answers import closing_braces
+
 MATHML_NS = "http://www.w3.org/1998/Math/MathML"
 
 # MathML Core elements (and the few latex2mathml writes beyond it); anything else drops the whole span to raw text.
@@ -35,14 +37,13 @@ _ATTRIBUTES = frozenset(
 )
 
 # Math spans, in order of precedence: $$...$$, \[...\], \(...\), $...$, and outside math an answer written as bare
-# LaTeX, \boxed{...} (its braces may nest). An inline $ opens when not followed by a space and closes when not
-# preceded by one nor followed by a digit (so "$5 and $10" stays text). Openers are found by one expression and their
-# closers looked for by hand (:func:`math_spans`), so that text full of unclosed openers (a model looping until
-# max_tokens) renders in time linear in its length.
+# LaTeX, \boxed{...} (its braces may nest; the literal braces \{ and \} group nothing). An inline $ opens when not
+# followed by a space and closes when not preceded by one nor followed by a digit (so "$5 and $10" stays text). Openers
+# are found by one expression and their closers looked for by hand (:func:`math_spans`), so that text full of unclosed
+# openers (a model looping until max_tokens) renders in time linear in its length.
 _OPENER = re.compile(r"\$\$|\\\[|\\\(|\\boxed\s*\{|(?<![\\$])\$")
 _DELIMITED = (("$$", "$$", True), ("\\[", "\\]", True), ("\\(", "\\)", False))
 _INLINE = re.compile(r"(?<![\\$])\$(?=[^\s$])(?P<id>[^$\n]+?)(?<![\s\\])\$(?!\d)")
-_BRACE = re.compile(r"[{}]")
 _LONE_AMP = re.compile(r"&(?!#x?[0-9a-fA-F]+;|[a-zA-Z]+;)")
 # Where "**" starts, overlaps included ("***" holds two).
 _STARS = re.compile(r"(?=\*\*)")
@@ -119,7 +120,7 @@ def math_spans(text: str) -> Iterator[tuple[int, int, str, bool]]:
             if inline is not None:
                 span = (start, inline.end(), inline.group("id"), False)
         else:
-            closing = _closing_braces(text) if closing is None else closing
+            closing = closing_braces(text) if closing is None else closing
             brace = closing.get(opened.end() - 1)
             if brace is not None:
                 span = (start, brace + 1, text[start : brace + 1], False)
@@ -128,18 +129,6 @@ def math_spans(text: str) -> Iterator[tuple[int, int, str, bool]]:
             continue
         yield span
         pos = span[1]
-
-
-def _closing_braces(text: str) -> dict[int, int]:
-    """Each opening brace's index -> its closing brace's (an unclosed one is absent)."""
-    closing: dict[int, int] = {}
-    opened: list[int] = []
-    for brace in _BRACE.finditer(text):
-        if brace.group() == "{":
-            opened.append(brace.start())
-        elif opened:
-            closing[opened.pop()] = brace.start()
-    return closing
 
 
 def _format_text(escaped: str) -> str:
