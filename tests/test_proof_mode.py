@@ -1,0 +1,50 @@
+"""Proof mode (``mode = "proof"``): an answer is a written solution, no two counted equal. The methods whose choice
+counts equal answers refuse it in one line naming the parameter; the others run it end to end on the scripted model
+with prompts that ask for a proof, no reminder of a missing box, and the proof returned."""
+
+from __future__ import annotations
+
+import pytest
+
+from scripted_runs import by_role, run_scripted
+from tmas.errors import ConfigError
+from tmas.methods import create_method
+from tmas.testing import Rule
+
+PROOF = "## Solution\nSeventeen times twenty-three is 340 plus 51, that is 391, which proves the claim."
+VERDICT = "## Analysis\nEvery step holds.\n\n## Score\nScore: 1"
+
+
+def test_majority_vote_refuses_proof_mode_which_it_could_not_count() -> None:
+    # k proofs are never counted equal: the vote read every one as tied and returned the first of k samples.
+    with pytest.raises(ConfigError) as caught:
+        create_method("majority", {"k": 3, "mode": "proof"})
+    message = str(caught.value)
+    assert message.startswith("method 'majority': bad value (") and "'mode'" in message
+    assert "mode=proof does not apply to it" in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [
+        ("cot", {}),
+        ("self_refine", {"n": 2, "iterations": 2}),
+        ("verify_refine", {"n": 2, "m": 1, "iterations": 2}),
+        ("pacore", {"responses_per_round": 2, "iterations": 1}),
+        ("rse", {"n": 2, "iterations": 2, "embedder": "local"}),
+        ("tmas", {"n": 2, "m": 1, "iterations": 2, "epsilon": 0.0}),
+    ],
+)
+async def test_a_proof_mode_run_asks_for_a_proof_and_returns_one(method: str, params: dict[str, object]) -> None:
+    rules = [
+        Rule(role="verifier", replies=[VERDICT]),
+        Rule(role="distiller", replies=['{"propositions": [], "pitfalls": []}']),
+        *(Rule(role=role, replies=[PROOF]) for role in ("solution", "refiner", "corrector", "synthesis")),
+    ]
+    result, model = await run_scripted(method, rules, mode="proof", **params)
+    # No prompt asks for a boxed answer, and no reply without a box is sent back with a reminder: every solution
+    # call is one the method plans.
+    assert not any("boxed" in m.content for c in model.calls for m in c.messages)
+    assert by_role(model) == create_method(method, {**params, "mode": "proof"}).calls_per_problem().expected
+    assert result.status == "done" and result.answer is None
+    assert result.text == PROOF.removeprefix("## Solution\n")
