@@ -25,6 +25,26 @@ def test_majority_vote_refuses_proof_mode_which_it_could_not_count() -> None:
 
 
 @pytest.mark.parametrize(
+    ("method", "rule"),
+    [
+        *(("tmas", rule) for rule in ("vote", "score_weighted_vote", "confidence_vote", "filtered_vote")),
+        *(("verify_refine", rule) for rule in ("vote", "score_weighted_vote")),
+    ],
+)
+def test_a_rule_that_counts_answers_is_refused_in_proof_mode(method: str, rule: str) -> None:
+    # Proofs have no answers to count: the rule read as best_score, silently (a confidence rule still asked the
+    # server for log-probabilities it never read).
+    with pytest.raises(ConfigError) as caught:
+        create_method(method, {"mode": "proof", "select": rule})
+    message = str(caught.value)
+    assert message.startswith(f"method {method!r}: select={rule} counts equal answers and mode=proof has none")
+    assert "select=best_score" in message and "\n" not in message
+    # The same rule in numeric mode, and best_score in proof mode, are taken.
+    create_method(method, {"select": rule})
+    create_method(method, {"mode": "proof", "select": "best_score"})
+
+
+@pytest.mark.parametrize(
     ("method", "params"),
     [
         ("cot", {}),

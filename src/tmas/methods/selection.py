@@ -32,7 +32,9 @@ For every vote the returned candidate is the winning answer's best-scored holder
 
 Every rule skips candidates whose call failed, and in proof mode candidates without text (no proof to return); in
 numeric mode it prefers candidates that have an answer, and where no candidate has one (or in proof mode, where there
-are no answers to count) every vote rule reads as ``best_score``. A missing score counts 0.
+are no answers to count) every vote rule reads as ``best_score``. A missing score counts 0, so a baseline without
+scores returns its first usable candidate in candidate order there. A method that offers ``select`` refuses a vote or
+confidence rule in proof mode (:func:`proof_rule_error`) rather than run one that would read as ``best_score``.
 
 Answer fallback (``select_answered``, beyond the paper; every method that falls back uses it): when the candidates
 it selects from hold no answered one (numeric mode), or no usable one at all (proof mode: every call failed or wrote
@@ -105,6 +107,17 @@ def candidates_from(iterations: Sequence[Sequence[Candidate]], select_from: Sele
     if select_from == "last":
         return list(iterations[-1])
     return [c for candidates in reversed(iterations) for c in candidates]
+
+
+def proof_rule_error(rule: str, mode: str) -> str | None:
+    """Why ``select = rule`` does not apply in ``mode`` (None where it does): in proof mode a candidate's answer is
+    its proof, no two are counted equal, so only the verifier scores (``best_score``) tell them apart."""
+    if mode == "numeric" or rule == "best_score":
+        return None
+    return (
+        f"select={rule} counts equal answers and mode=proof has none (a proof is not counted equal to another):"
+        " proofs are chosen by verifier score, select=best_score"
+    )
 
 
 def held(iterations: Sequence[Sequence[Candidate]], t: int) -> list[Candidate]:

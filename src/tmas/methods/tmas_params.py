@@ -39,7 +39,7 @@ from tmas.memory.experience_bank import DEFAULT_DEDUP_THRESHOLD, DEFAULT_MAX_ENT
 from tmas.methods.base import Iterations
 from tmas.methods.confidence_params import ConfidenceParams
 from tmas.methods.param_flags import cli_flag
-from tmas.methods.selection import ConfidenceRule, SelectFrom, SelectRule
+from tmas.methods.selection import ConfidenceRule, SelectFrom, SelectRule, proof_rule_error
 from tmas.methods.style_params import StyledParams
 
 TMAS_ROLES = ("solution", "verifier", "summary", "experience", "guideline")
@@ -228,6 +228,12 @@ class TMASParams(StyledParams, ConfidenceParams):
             refusal = extra_body_refusal(sampling, f"sampling.{role}", f"roles.{role}")
             if refusal is not None:
                 raise ValueError(refusal)
+        return self
+
+    @model_validator(mode="after")
+    def _rule_of_the_mode(self) -> TMASParams:
+        if (why := proof_rule_error(self.select, self.mode)) is not None:
+            raise ValueError(why)
         return self
 
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tmas.agents.baselines import correction_prompt
 from tmas.agents.solution import generation_prompt
@@ -39,7 +39,7 @@ from tmas.methods.base import (
     gather_all,
 )
 from tmas.methods.call_count import CallCount, Instead, asked_again, count_calls
-from tmas.methods.selection import SelectFrom, SelectRule
+from tmas.methods.selection import SelectFrom, SelectRule, proof_rule_error
 from tmas.methods.state import FallbackState, MethodState
 from tmas.methods.steps import Chosen, carry, close_iteration, finish, keeps_previous, notes_for, solve_call
 from tmas.methods.style_params import StyledParams
@@ -65,6 +65,12 @@ class VerifyRefineParams(StyledParams):
     # fallback.
     answer_reminder: bool = True
     answer_fallback: bool = True
+
+    @model_validator(mode="after")
+    def _rule_of_the_mode(self) -> VerifyRefineParams:
+        if (why := proof_rule_error(self.select, self.mode)) is not None:
+            raise ValueError(why)
+        return self
 
 
 class VerifyRefineState(FallbackState):
