@@ -119,3 +119,21 @@ async def test_a_failed_verification_counts_0_against_settling() -> None:
     first, second = result.iterations
     assert first.candidates[0].score == 0.5 and "early_stop" not in first.state
     assert second.state["early_stop"]["iteration"] == 1 and result.stopped_reason == SETTLED
+
+
+@pytest.mark.parametrize("mode", ["numeric", "proof"])
+async def test_a_failed_candidate_keeps_an_iteration_from_settling_in_either_mode(mode: str) -> None:
+    # n = 2: iteration 0's first solution call fails, the other candidate writes a solution every verifier passes.
+    # Half the candidates wrote something: in proof mode, as in numeric, iteration 0 is not settled (it was, read as
+    # "agreement 1.00", since proofs have no answer to agree on); iteration 1 (both written and passed) settles.
+    written = "## Solution\nSeventeen times twenty-three is 340 plus 51, that is 391.\n\n\\boxed{391}"
+    rules = [Rule(role="solution", fault="http_400", times=1), Rule(role="solution", replies=[written]), PASS]
+    params = {"n": 2, "m": 1, "iterations": 3, "early_stop": True, "early_stop_patience": 1, "epsilon": 0.0}
+    result, _ = await run_scripted("tmas", rules, mode=mode, **params)
+    first, second = result.iterations
+    assert sum(c.error is not None for c in first.candidates) == 1
+    assert first.state["agreement"] == 0.5 and "early_stop" not in first.state
+    record = second.state["early_stop"]
+    assert result.stopped_reason == SETTLED and (record["agreement"], record["lowest_verification"]) == (1.0, 1.0)
+    said = "share of candidates with a proof 1.00" if mode == "proof" else "agreement 1.00"
+    assert said in record["reason"]

@@ -59,7 +59,8 @@ class TMASState(BankState, FallbackState):
 
     # Each candidate's mode: explore (a strategy asked for) or exploit.
     modes: list[str] = Field(default_factory=list)
-    # Mean verification score of the iteration's candidates, and the share that gives the most common answer.
+    # Mean verification score of the iteration's candidates, and the share that gives the most common answer (proof
+    # mode: the share that wrote a proof).
     mean_score: float = 0.0
     agreement: float = 0.0
     # What each memory agent's update did (or ``{"status": "skipped"}``).

@@ -830,9 +830,11 @@ class TMAS(Method[TMASParams]):
         streak = streak + 1 if holds else 0
         if not p.early_stop or streak < p.early_stop_patience or t == p.iterations - 1:
             return streak, None
+        agreed = "agreement" if p.mode == "numeric" else "share of candidates with a proof"
         reason = (
-            f"after iteration {t}: settled for {streak} consecutive iteration(s): agreement {agreement:.2f} >= "
-            f"{p.early_stop_agreement:g} and every verification of the agreeing candidates scored >= "
+            f"after iteration {t}: settled for {streak} consecutive iteration(s): {agreed} {agreement:.2f} >= "
+            f"{p.early_stop_agreement:g} and every verification of the "
+            f"{'agreeing candidates' if p.mode == 'numeric' else 'proofs'} scored >= "
             f"{p.early_stop_score:g} (lowest {weakest:.2f})"
         )
         return streak, EarlyStop(
@@ -896,11 +898,10 @@ def _mean(values: list[float]) -> float:
 
 
 def _weakest_verification(candidates: list[Candidate], mode: str) -> float | None:
-    """The lowest verification score of the candidates giving the most common answer (every candidate that succeeded
-    in proof mode); a failed or unreadable verification counts 0; None when no such candidate was verified."""
+    """The lowest verification score of the candidates giving the most common answer (in proof mode, of those that
+    wrote a proof: one with no text was not verified, and :func:`_agreement` counts it against settling); a failed or
+    unreadable verification counts 0; None when no such candidate was verified."""
     usable = [c for c in candidates if c.error is None]
-    if any(c.meta.unverified for c in usable) and mode != "numeric":
-        return 0.0  # a proof with no text to verify passes no verification
     if mode == "numeric":
         keys = [value_key(c.answer) for c in usable if c.answer is not None]
         if not keys:
@@ -913,9 +914,11 @@ def _weakest_verification(candidates: list[Candidate], mode: str) -> float | Non
 
 def _agreement(candidates: list[Candidate], mode: str) -> float:
     """Share of candidates giving the most common answer (numeric, by spelling and exact number: no rule check for
-    a progress figure); 1.0 in proof mode, where there is none."""
+    a progress figure); in proof mode, where no two answers are counted equal, the share that wrote a proof (a call
+    that failed or left no text wrote none), so an iteration counts as settled on the same candidates in both modes."""
     if mode != "numeric":
-        return 1.0
+        written = [c for c in candidates if c.error is None and c.text.strip()]
+        return len(written) / len(candidates) if candidates else 0.0
     keys = [value_key(c.answer) for c in candidates if c.answer is not None]
     if not keys or not candidates:
         return 0.0

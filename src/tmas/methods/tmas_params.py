@@ -135,10 +135,11 @@ class TMASParams(StyledParams, ConfidenceParams):
     experience_max_entries: int = Field(default=DEFAULT_MAX_ENTRIES, ge=1)
     guideline_dedup_threshold: float = Field(default=DEFAULT_DEDUP_THRESHOLD, gt=0.0, le=1.0)
     # Beyond the paper: stop a problem once its answer is settled, for `early_stop_patience` iterations in a row: at
-    # least `early_stop_agreement` of the N candidates give one answer (1.0: all of them; proof mode has no answers)
-    # and every verification of those candidates scores at least `early_stop_score` (on the 1 / 0.5 / 0 scale: 0.9
-    # passes a 1 only; a failed or unreadable verification never passes). The stopping iteration's memory update is
-    # skipped (nothing reads it); its summaries are already written, inside each candidate's chain.
+    # least `early_stop_agreement` of the N candidates give one answer (1.0: all of them; in proof mode, where no two
+    # answers are counted equal, that share wrote a proof) and every verification of those candidates scores at least
+    # `early_stop_score` (on the 1 / 0.5 / 0 scale: 0.9 passes a 1 only; a failed or unreadable verification never
+    # passes). The stopping iteration's memory update is skipped (nothing reads it); its summaries are already
+    # written, inside each candidate's chain.
     early_stop: bool = Field(
         default=False,
         description="stop a problem when its answer is settled: the candidates agree and every verification passes"
