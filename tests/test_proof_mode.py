@@ -68,3 +68,30 @@ async def test_a_proof_mode_run_asks_for_a_proof_and_returns_one(method: str, pa
     assert by_role(model) == create_method(method, {**params, "mode": "proof"}).calls_per_problem().expected
     assert result.status == "done" and result.answer is None
     assert result.text == PROOF.removeprefix("## Solution\n")
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [
+        ("self_refine", {"n": 3, "iterations": 2}),
+        ("pacore", {"responses_per_round": 3, "iterations": 1, "synthesis": False}),
+        ("rse", {"n": 3, "iterations": 1}),
+    ],
+)
+async def test_a_baseline_without_scores_returns_its_first_written_proof(
+    method: str, params: dict[str, object]
+) -> None:
+    # Different proofs, none scored and none counted equal to another: the first candidate, in candidate order, that
+    # wrote one is returned (the first solution call fails: in PaCoRe and RSE that leaves its candidate without a
+    # proof; Self-Refine's trajectory starts again in iteration 1).
+    proofs = [f"## Solution\nProof number {i}: 17 times 23 is 340 plus 51, that is 391." for i in range(3)]
+    rules = [
+        Rule(role="solution", fault="http_400", times=1),
+        *(Rule(role=role, replies=proofs) for role in ("solution", "refiner")),
+    ]
+    result, _ = await run_scripted(method, rules, mode="proof", **params)
+    last = result.iterations[-1]
+    usable = [c for c in last.candidates if c.error is None]
+    first = min(usable, key=lambda c: c.index)
+    assert result.status == "done" and len({c.text for c in usable}) > 1
+    assert result.text == first.text and last.selection is not None and last.selection.candidate == first.index

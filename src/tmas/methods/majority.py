@@ -83,9 +83,9 @@ class MajorityParams(StyledParams, OnlineStopParams):
     def _answers_to_count(cls, mode: str) -> str:
         if mode != "numeric":
             raise ValueError(
-                "a majority vote counts equal final answers and proofs have none (k proofs would return the first);"
-                " mode=proof does not apply to it: cot writes one proof, verify_refine and tmas choose among proofs by"
-                " verifier score"
+                "a majority vote counts equal final answers and no two proofs are counted equal, so it would return"
+                " the first of its k proofs: mode=proof does not apply to it; cot writes one proof, verify_refine and"
+                " tmas choose among proofs by verifier score"
             )
         return mode
 

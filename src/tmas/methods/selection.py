@@ -115,8 +115,8 @@ def proof_rule_error(rule: str, mode: str) -> str | None:
     if mode == "numeric" or rule == "best_score":
         return None
     return (
-        f"select={rule} counts equal answers and mode=proof has none (a proof is not counted equal to another):"
-        " proofs are chosen by verifier score, select=best_score"
+        f"select={rule} counts equal answers and mode=proof has none, no two proofs being counted equal: proofs are"
+        " chosen by verifier score, select=best_score"
     )
 
 
