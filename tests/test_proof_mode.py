@@ -4,12 +4,17 @@ with prompts that ask for a proof, no reminder of a missing box, and the proof r
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from scripted_runs import by_role, run_scripted
+from conftest import scripted_settings
+from scripted_runs import by_role, run_scripted, scripted_run
 from tmas.errors import ConfigError
 from tmas.methods import create_method
-from tmas.testing import Rule
+from tmas.problems import Problem
+from tmas.reports.report import evaluate_run
+from tmas.testing import Rule, ScriptedModel, SimScript
 
 PROOF = "## Solution\nSeventeen times twenty-three is 340 plus 51, that is 391, which proves the claim."
 VERDICT = "## Analysis\nEvery step holds.\n\n## Score\nScore: 1"
@@ -95,3 +100,18 @@ async def test_a_baseline_without_scores_returns_its_first_written_proof(
     first = min(usable, key=lambda c: c.index)
     assert result.status == "done" and len({c.text for c in usable}) > 1
     assert result.text == first.text and last.selection is not None and last.selection.candidate == first.index
+
+
+async def test_a_proof_mode_run_is_recorded_as_one_and_the_report_leaves_it_ungraded(tmp_path: Path) -> None:
+    # Problems with reference answers, solved in proof mode by a baseline: the stored parameters say proof mode and the
+    # report grades nothing (every proof would read as a wrong answer against the references).
+    problems = [
+        Problem(problem_id="p1", question="Prove that 17*23 is 391.", answer="391"),
+        Problem(problem_id="p2", question="Prove that 12*12 is 144.", answer="144"),
+    ]
+    settings = scripted_settings(method={"name": "self_refine", "params": {"n": 2, "iterations": 2, "mode": "proof"}})
+    rules = [Rule(role=role, replies=[PROOF]) for role in ("solution", "refiner")]
+    await scripted_run(ScriptedModel(SimScript(rules=rules), settings), tmp_path / "run", problems)
+    evaluation = await evaluate_run(tmp_path / "run", None, None)
+    assert evaluation.params["mode"] == "proof" and evaluation.done == 2
+    assert evaluation.grades is None and evaluation.not_graded_reason == "proof mode: answers are proofs, not graded"
