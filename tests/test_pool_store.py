@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from conftest import scripted_settings, settings_for
 from tmas.cli.main import app
 from tmas.memory.embedders import LOCAL_NAME, EndpointEmbedder, LocalEmbedder
-from tmas.memory.pool import Pool, PoolError
+from tmas.memory.pool import Pool, PoolError, PoolMeta
 from tmas.memory.pool_entry import PoolEntry
 from tmas.testing import ScriptedModel, SimScript, SimServer
 
@@ -263,6 +263,87 @@ async def test_a_save_cut_short_at_any_rename_leaves_one_whole_version(
         assert np.allclose(again.vectors, first.vectors[1:])
     # The next save goes on from the version read.
     assert again.save() == again.meta.version and Pool.open(tmp_path / "pool").meta.version == again.meta.version
+
+
+async def test_a_reader_overlapped_by_a_save_reads_one_whole_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save made while a reader is between its meta and its entries (as another process's would be): the reader
+    had the old meta (three entries), then found the new entries (two) and stopped at a false 'corrupt pool'."""
+    first = await build(tmp_path / "pool")
+    writer = Pool.open(tmp_path / "pool")
+    writer.remove(["parity"])
+    real_entries = Pool._read_entries
+    saves = 0
+
+    def entries_after_a_save(file: Path, meta: PoolMeta) -> list[PoolEntry]:
+        nonlocal saves
+        if not saves:
+            saves += 1
+            writer.save()
+        read: list[PoolEntry] = real_entries(file, meta)
+        return read
+
+    monkeypatch.setattr(Pool, "_read_entries", staticmethod(entries_after_a_save))
+    read = Pool.open(tmp_path / "pool")
+    assert saves == 1 and read.meta.version == 2 and [e.id for e in read.entries] == ["tiling", "modular"]
+    assert np.allclose(read.vectors, first.vectors[1:])
+
+
+async def test_a_reader_that_saves_keep_overlapping_gives_up_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await build(tmp_path / "pool")
+    writer = Pool.open(tmp_path / "pool")
+    real_entries = Pool._read_entries
+
+    def entries_after_a_save(file: Path, meta: PoolMeta) -> list[PoolEntry]:
+        writer.save()
+        read: list[PoolEntry] = real_entries(file, meta)
+        return read
+
+    monkeypatch.setattr(Pool, "_read_entries", staticmethod(entries_after_a_save))
+    with pytest.raises(PoolError, match=r"pool: saves kept changing the pool while it was read \(8 tries\)$"):
+        Pool.open(tmp_path / "pool")
+    assert writer.meta.version == 1 + 8
+
+
+@pytest.mark.parametrize("renamed", range(1, 3))
+async def test_a_reader_between_a_saves_renames_reads_its_version_and_renames_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, renamed: int
+) -> None:
+    """A reader opening the pool while a save is between its renames (the writer goes on afterwards): it reads the
+    version the save staged, and leaves the renames to the writer."""
+    first = await build(tmp_path / "pool")
+    writer = Pool.open(tmp_path / "pool")
+    writer.remove(["parity"])
+    real_replace = Path.replace
+    renames = 0
+    seen: list[Pool] = []
+    by_reader: list[str] = []
+
+    def reader_replace(self: Path, target: str | Path) -> Path:
+        by_reader.append(self.name)
+        return real_replace(self, target)
+
+    def replace(self: Path, target: str | Path) -> Path:
+        nonlocal renames
+        if self.name.endswith(".staged"):
+            renames += 1
+            if renames == renamed + 1:
+                monkeypatch.setattr(Path, "replace", reader_replace)
+                seen.append(Pool.open(tmp_path / "pool"))  # another process opening it now
+                monkeypatch.setattr(Path, "replace", replace)
+        return real_replace(self, target)
+
+    monkeypatch.setattr(Path, "replace", replace)
+    writer.save()
+    monkeypatch.undo()
+    # The reader renamed none of the writer's files (one it moved could be a later save's, not yet complete).
+    assert renames == 3 and by_reader == []
+    [read] = seen
+    assert read.meta.version == 2 and [e.id for e in read.entries] == ["tiling", "modular"]
+    assert np.allclose(read.vectors, first.vectors[1:])
 
 
 def test_create_refuses_an_existing_pool(tmp_path: Path) -> None:

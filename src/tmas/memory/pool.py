@@ -11,8 +11,9 @@ A pool is a folder:
 The embedding model is part of the pool: vectors from another model live in another space, so opening a pool for a
 different embedder is an error naming both. A save stages all three files beside their places first, meta last, then
 renames them into place: a save cut short before its staged meta was complete leaves the previous version as it was,
-and one cut short later (some files renamed, others not) is completed by the next open, so the three files always
-belong to one version.
+and one cut short later (some files renamed, others not) is read as the version it staged, and completed by the next
+save. Readers take no lock and rename nothing: one that a save overlaps (its files of two versions) sees the meta it
+started from change under it, and reads the pool again.
 
 ``embed`` is any async callable ``texts -> vectors`` (see :mod:`tmas.memory.embedders`).
 """
@@ -36,6 +37,8 @@ EmbedFn = Callable[[Sequence[str]], Awaitable[list[list[float]]]]
 FORMAT = "tmas-experience-pool"  # the on-disk format name: kept, so pools written before the rename still open
 ENTRIES, VECTORS, META = "entries.jsonl", "vectors.f32", "meta.json"
 _BOM = b"\xef\xbb\xbf"
+# How many times a reader reads a pool that saves keep changing under it before it gives up.
+READ_TRIES = 8
 
 
 class PoolError(InputError):
@@ -66,13 +69,33 @@ def _staged(path: Path, name: str) -> Path:
 
 def _finish_save(path: Path) -> None:
     """Put a save's staged files in place, meta last, once its staged meta exists (see :meth:`Pool._write`); staged
-    files without it are an unfinished save's, left for the next save to write over."""
+    files without it are an unfinished save's, left for the next save to write over. Only a writer (holding the lock
+    of :mod:`tmas.pool.writing`) calls it."""
     if not _staged(path, META).exists():
         return
     for name in (ENTRIES, VECTORS, META):
-        # Another process opening the pool may be finishing the same save.
+        # A save cut short between its renames left some in place already.
         with contextlib.suppress(FileNotFoundError):
             _staged(path, name).replace(path / name)
+
+
+def _current(path: Path) -> dict[str, Path]:
+    """Where each file of the pool's version is now: a save whose staged meta exists is done, and its files not yet
+    renamed are still staged."""
+    if not _staged(path, META).exists():
+        return {name: path / name for name in (ENTRIES, VECTORS, META)}
+    return {
+        name: staged if (staged := _staged(path, name)).exists() else path / name for name in (ENTRIES, VECTORS, META)
+    }
+
+
+def _stamp(path: Path) -> tuple[Path, bytes] | None:
+    """The pool's meta where it is now, and what it holds (None where it cannot be read): a save changes both."""
+    file = _current(path)[META]
+    try:
+        return file, file.read_bytes()
+    except OSError:
+        return None
 
 
 def normalized(vectors: Sequence[Sequence[float]] | np.ndarray, where: str) -> np.ndarray:
@@ -100,7 +123,7 @@ class Pool:
     def create(cls, path: str | Path, embedder_name: str) -> Pool:
         """A new, empty pool at ``path`` (written at once, version 0); an existing pool there is an error."""
         path = Path(path)
-        if (path / META).exists():
+        if (path / META).exists() or _staged(path, META).exists():
             raise PoolError(f"{path}: already holds an experience pool")
         pool = cls(path, PoolMeta(embedder=embedder_name), [], np.zeros((0, 0), dtype=np.float32))
         pool._write()
@@ -110,22 +133,36 @@ class Pool:
     def open(cls, path: str | Path, embedder_name: str | None = None) -> Pool:
         """The pool at ``path``; with ``embedder_name``, an error unless the pool was built with that model."""
         path = Path(path)
-        _finish_save(path)
-        meta = cls._read_meta(path)
-        entries, vectors = cls._read_entries(path, meta), cls._read_vectors(path, meta)
-        cls._check_vectors(path, entries, vectors)
-        pool = cls(path, meta, entries, vectors)
+        for _ in range(READ_TRIES):
+            before = _stamp(path)
+            try:
+                pool = cls._read(path)
+            except PoolError:
+                if _stamp(path) == before:
+                    raise  # the files of one version: their own fault
+                continue  # a save renamed some of them meanwhile: read the version it made
+            if _stamp(path) == before:
+                break
+        else:
+            raise PoolError(f"{path}: saves kept changing the pool while it was read ({READ_TRIES} tries)")
         if embedder_name is not None:
             pool.check_embedder(embedder_name)
         return pool
 
     @classmethod
+    def _read(cls, path: Path) -> Pool:
+        files = _current(path)
+        meta = cls._read_meta(path, files[META])
+        entries, vectors = cls._read_entries(files[ENTRIES], meta), cls._read_vectors(files[VECTORS], meta)
+        cls._check_vectors(path, entries, vectors)
+        return cls(path, meta, entries, vectors)
+
+    @classmethod
     def check_folder(cls, path: str | Path) -> None:
         """An error unless ``path`` holds a pool whose metadata reads (what a run checks before its first call); a
-        save's staged metadata, which :meth:`open` puts in place, stands for it."""
+        save's staged metadata stands for it."""
         path = Path(path)
-        if not _staged(path, META).exists():
-            cls._read_meta(path)
+        cls._read_meta(path, _current(path)[META])
 
     def check_embedder(self, embedder_name: str) -> None:
         """An error unless the pool was built with the embedding model ``embedder_name``."""
@@ -136,8 +173,7 @@ class Pool:
             )
 
     @staticmethod
-    def _read_meta(path: Path) -> PoolMeta:
-        file = path / META
+    def _read_meta(path: Path, file: Path) -> PoolMeta:
         try:
             meta = PoolMeta.model_validate_json(file.read_bytes())
         except FileNotFoundError:
@@ -151,8 +187,7 @@ class Pool:
         return meta
 
     @staticmethod
-    def _read_entries(path: Path, meta: PoolMeta) -> list[PoolEntry]:
-        file = path / ENTRIES
+    def _read_entries(file: Path, meta: PoolMeta) -> list[PoolEntry]:
         entries: list[PoolEntry] = []
         try:
             data = file.read_bytes()
@@ -183,8 +218,7 @@ class Pool:
         return entries
 
     @staticmethod
-    def _read_vectors(path: Path, meta: PoolMeta) -> np.ndarray:
-        file = path / VECTORS
+    def _read_vectors(file: Path, meta: PoolMeta) -> np.ndarray:
         if meta.count == 0:
             return np.zeros((0, meta.dim or 0), dtype=np.float32)
         try:
@@ -211,6 +245,9 @@ class Pool:
 
     def _write(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
+        # A save cut short after its meta was staged is the version read: in place before its staged files are
+        # written over (a reader reading them meanwhile would take this save's for that one's).
+        _finish_save(self.path)
         self.meta.count = len(self.entries)
         lines = "".join(entry.model_dump_json() + "\n" for entry in self.entries)
         self._stage(ENTRIES, lines.encode("utf-8"))

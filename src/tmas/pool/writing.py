@@ -3,8 +3,8 @@ judge and the summarizer), then save the pool as they have it as its next versio
 their own, the later losing what the earlier added or removed. So both hold one lock, that of the pool's build store
 ``POOL.build/`` (:mod:`tmas.store.run_lock`), from before they read the pool (and before their first call) to after
 they save it; a second is refused at once in one line naming the command holding it. Readers (a run retrieving from
-the pool, ``tmas pool show`` and ``search``, a prune's ``--dry-run``) take no lock: a save never leaves the pool's
-files of two versions (:mod:`tmas.memory.pool`).
+the pool, ``tmas pool show`` and ``search``, a prune's ``--dry-run``) take no lock: one that a save overlaps reads
+the pool again (:meth:`tmas.memory.pool.Pool.open`).
 """
 
 from __future__ import annotations
