@@ -232,6 +232,33 @@ async def test_a_prune_counts_only_the_retrievals_from_its_own_pool_when_pools_s
     assert {e.id: (e.retrieved, e.retrieved_wrong) for e in Pool.open(pool_b).entries} == {"e1": (2, 0), "e2": (2, 2)}
 
 
+@pytest.mark.parametrize("dry_run", [False, True])
+async def test_a_prune_by_runs_that_never_retrieved_from_its_pool_is_refused_and_saves_nothing(
+    tmp_path: Path, dry_run: bool
+) -> None:
+    model = ScriptedModel(SimScript(), scripted_settings())
+    pool_a, pool_b = await two_pools_sharing_ids(tmp_path, model)
+    cases: list[tuple[Problem, Transcript | None, str | None]] = [
+        (Problem(problem_id=f"b{i}", question=f"B {i}?", answer="1"), used(f"b{i}", ["e1"], pool_b), "1")
+        for i in range(1, 4)
+    ]
+    run = write_run(tmp_path / "run-b", cases)
+    opened = Pool.open(pool_a)
+    opened.update([e.model_copy(update={"retrieved": 5, "retrieved_wrong": 2}) for e in opened.entries])
+    opened.save()
+    files = {f.name: f.read_bytes() for f in pool_a.iterdir()}
+
+    # Before, every counter was set to 0 from none of its retrievals and a new version saved (every entry a
+    # version older).
+    message = (
+        f"{pool_a}: no graded problem of the runs {run} retrieved from this pool (they retrieved from "
+        f"{pool_b.resolve()}); nothing pruned"
+    )
+    with pytest.raises(InputError, match=f"^{re.escape(message)}$"):
+        await prune_pool(pool_a, [run], None, PruneConfig(grade_mode="rules", dry_run=dry_run), model=model)
+    assert {f.name: f.read_bytes() for f in pool_a.iterdir()} == files
+
+
 async def test_a_run_recorded_before_transcripts_named_their_pool_counts_for_its_pool_parameter(
     tmp_path: Path,
 ) -> None:

@@ -17,6 +17,8 @@ paragraph: recency weighting, de-duplication, anomaly screening), in three docum
    whose weight has fallen below ``min_recency_weight`` are removed (defaults: 0.8 and 0.1, about ten versions).
 
 The pool is saved as a new version unless ``dry_run`` or nothing changed (no entry removed, no counter set anew).
+Runs given of which no graded problem retrieved from this pool are an error, and nothing is pruned: they say
+nothing of its entries.
 A prune holds the lock of the pool's writers (:mod:`tmas.pool.writing`) from reading the pool to saving it, so a
 build or another prune of the same pool is refused meanwhile, and a prune is refused while one of them runs.
 """
@@ -220,6 +222,13 @@ async def _prune(
         by_pool = await retrieval_usage(run_dirs, settings, config.grade_mode, summary.notes, config.match, model=model)
         # Counted only from the problems that retrieved from this pool (see rule 1).
         own = by_pool.pop(_resolved(pool_path), PoolUsage())
+        if not own.problems:
+            # Every counter would be set to 0 from no evidence, and the save would age every entry by a version.
+            others = f" (they retrieved from {', '.join(sorted(by_pool))})" if by_pool else ""
+            raise InputError(
+                f"{pool_path}: no graded problem of the runs {', '.join(str(r) for r in run_dirs)} retrieved from "
+                f"this pool{others}; nothing pruned"
+            )
         summary.notes.extend(
             f"{u.problems} problems retrieved from another pool, {other}: not counted" for other, u in by_pool.items()
         )
