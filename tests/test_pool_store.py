@@ -346,6 +346,25 @@ async def test_a_reader_between_a_saves_renames_reads_its_version_and_renames_no
     assert np.allclose(read.vectors, first.vectors[1:])
 
 
+def test_a_create_cut_short_before_its_meta_was_in_place_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_replace = Path.replace
+
+    def replace(self: Path, target: str | Path) -> Path:
+        if self.name == ".entries.jsonl.staged":
+            raise _Killed
+        return real_replace(self, target)
+
+    monkeypatch.setattr(Path, "replace", replace)
+    with pytest.raises(_Killed):
+        Pool.create(tmp_path / "pool", "local:x")
+    monkeypatch.undo()
+    assert not (tmp_path / "pool" / "meta.json").exists() and len(Pool.open(tmp_path / "pool")) == 0
+    assert Pool.create(tmp_path / "pool", "local:y").meta.embedder == "local:y"
+    assert Pool.open(tmp_path / "pool").meta.embedder == "local:y"
+
+
 def test_create_refuses_an_existing_pool(tmp_path: Path) -> None:
     Pool.create(tmp_path / "pool", "local:x")
     with pytest.raises(PoolError, match="already holds"):

@@ -123,7 +123,7 @@ class Pool:
     def create(cls, path: str | Path, embedder_name: str) -> Pool:
         """A new, empty pool at ``path`` (written at once, version 0); an existing pool there is an error."""
         path = Path(path)
-        if (path / META).exists() or _staged(path, META).exists():
+        if (path / META).exists():  # a create cut short (no meta in place yet) is made again
             raise PoolError(f"{path}: already holds an experience pool")
         pool = cls(path, PoolMeta(embedder=embedder_name), [], np.zeros((0, 0), dtype=np.float32))
         pool._write()
