@@ -290,6 +290,42 @@ async def test_a_reader_overlapped_by_a_save_reads_one_whole_version(
     assert np.allclose(read.vectors, first.vectors[1:])
 
 
+async def test_a_reader_of_a_staged_save_that_a_writer_renames_meanwhile_reads_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save cut short with its files staged, which a writer puts in place while a reader reads them: the staged
+    entries the reader was about to read are gone (renamed to entries.jsonl), and the meta is the same."""
+    first = await build(tmp_path / "pool")
+    pool = Pool.open(tmp_path / "pool")
+    pool.remove(["parity"])
+    real_replace = Path.replace
+
+    def replace(self: Path, target: str | Path) -> Path:
+        if self.name.endswith(".staged"):
+            raise _Killed
+        return real_replace(self, target)
+
+    monkeypatch.setattr(Path, "replace", replace)
+    with pytest.raises(_Killed):
+        pool.save()
+    monkeypatch.undo()
+    real_entries = Pool._read_entries
+    renamed = 0
+
+    def entries_once_renamed(file: Path, meta: PoolMeta) -> list[PoolEntry]:
+        nonlocal renamed
+        if not renamed:
+            renamed += 1
+            (tmp_path / "pool" / ".entries.jsonl.staged").replace(tmp_path / "pool" / "entries.jsonl")
+        read: list[PoolEntry] = real_entries(file, meta)
+        return read
+
+    monkeypatch.setattr(Pool, "_read_entries", staticmethod(entries_once_renamed))
+    read = Pool.open(tmp_path / "pool")
+    assert renamed == 1 and read.meta.version == 2 and [e.id for e in read.entries] == ["tiling", "modular"]
+    assert np.allclose(read.vectors, first.vectors[1:])
+
+
 async def test_a_reader_that_saves_keep_overlapping_gives_up_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,8 +12,8 @@ The embedding model is part of the pool: vectors from another model live in anot
 different embedder is an error naming both. A save stages all three files beside their places first, meta last, then
 renames them into place: a save cut short before its staged meta was complete leaves the previous version as it was,
 and one cut short later (some files renamed, others not) is read as the version it staged, and completed by the next
-save. Readers take no lock and rename nothing: one that a save overlaps (its files of two versions) sees the meta it
-started from change under it, and reads the pool again.
+save. Readers take no lock and rename nothing: one that a save overlaps (its files of two versions) sees where the
+files are, or the meta they start from, change under it, and reads the pool again.
 
 ``embed`` is any async callable ``texts -> vectors`` (see :mod:`tmas.memory.embedders`).
 """
@@ -89,13 +89,15 @@ def _current(path: Path) -> dict[str, Path]:
     }
 
 
-def _stamp(path: Path) -> tuple[Path, bytes] | None:
-    """The pool's meta where it is now, and what it holds (None where it cannot be read): a save changes both."""
-    file = _current(path)[META]
+def _stamp(path: Path) -> tuple[tuple[Path, ...], bytes | None]:
+    """Where the pool's files are now, and what its meta holds (None where it cannot be read): each rename of a save
+    changes one or the other."""
+    files = _current(path)
     try:
-        return file, file.read_bytes()
+        meta = files[META].read_bytes()
     except OSError:
-        return None
+        meta = None
+    return tuple(files.values()), meta
 
 
 def normalized(vectors: Sequence[Sequence[float]] | np.ndarray, where: str) -> np.ndarray:
