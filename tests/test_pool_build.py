@@ -404,7 +404,11 @@ async def test_a_build_while_a_prune_of_its_pool_runs_is_refused_so_neither_lose
     )
     # The prune merges the first build's two entries (every pair is similar enough at this cosine) and saves.
     config = PruneConfig(grade_mode="judge", duplicate_cosine=0.0001)
-    pruned = await prune_pool(pool_path, [first], None, config, model=judge)
+    # A run that retrieved from the pool: its grading's judge call is where the build starts.
+    used = hand_worked_transcript().model_copy(update={"pool": str(pool_path.resolve())})
+    pruned = await prune_pool(
+        pool_path, [write_run(tmp_path / "used", [(problem, used, "42")])], None, config, model=judge
+    )
     # Before, the build ran, reported its 2 entries added as version 2, and the prune's save of version 2 (the pool
     # as it had read it, less one) left the pool without them.
     assert isinstance(judge.outcome, InputError)
