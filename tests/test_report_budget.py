@@ -100,7 +100,7 @@ async def test_the_report_shows_budget_and_spend_side_by_side(tmp_path: Path) ->
     header = markdown[markdown.index("### Cost") :].splitlines()
     assert any("Completion tokens/problem | Prompt + completion tokens/problem" in line for line in header[:6])
     # cot: one call a problem, 30 completion and 130 prompt + completion tokens.
-    assert [row[7:9] for row in cost if row[0].startswith("cot")] == [["30", "130"]]
+    assert [row[8:10] for row in cost if row[0].startswith("cot")] == [["30", "130"]]
     assert "Completion tokens/problem is what the frontier and the equal-budget table count" in markdown
 
 
@@ -117,7 +117,7 @@ async def test_a_run_stopped_early_costs_per_problem_it_started(tmp_path: Path) 
     await build_report([run], tmp_path / "report", GradeConfig(mode="rules"), None)
     markdown = (tmp_path / "report" / "report.md").read_text()
     # 2 calls of 30 completion and 130 prompt + completion tokens over the 2 problems started, not the 4 it holds.
-    assert [row[7:9] for row in table_rows(markdown, "### Cost")] == [["30", "130"]]
+    assert [row[8:10] for row in table_rows(markdown, "### Cost")] == [["30", "130"]]
 
 
 async def test_the_cost_table_counts_the_judge_calls_apart(tmp_path: Path) -> None:
@@ -138,9 +138,9 @@ async def test_the_cost_table_counts_the_judge_calls_apart(tmp_path: Path) -> No
     markdown = (tmp_path / "report" / "report.md").read_text()
     [row] = table_rows(markdown, "### Cost")
     # The method's 2 calls of 100 + 30 tokens; the judge's 2 calls and their 40 + 5 + 30 tokens apart.
-    assert (row[1], row[3], row[5], row[9], row[10]) == ("2", "200", "60", "2", "75")
+    assert (row[1], row[4], row[6], row[10], row[11]) == ("2", "200", "60", "2", "75")
     # The judge's failed call is the judge's, not one of the run's (its Failed column says 0): named apart.
-    assert row[2] == "0" and "- judge calls failed: 1 (unknown 1)" in markdown
+    assert row[2] == row[3] == "0" and "- judge calls failed: 1 (unknown 1)" in markdown
     assert "- calls failed:" not in markdown
 
 

@@ -83,6 +83,9 @@ class RunSummary:
     skipped: int
     calls: int
     replayed_calls: int
+    # Over the whole run, from the store: calls that failed and were never asked again, and those that failed and
+    # were asked again (a resume asks each failed call once more: history, no failure of the run; their tokens count
+    # below).
     failed_calls: int
     # Over every call of the run: prompt, completion, and the part of completion that was reasoning.
     prompt_tokens: int
@@ -102,6 +105,8 @@ class RunSummary:
     truncated_by_role: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     failed_calls_by_cause: dict[str, int] = field(default_factory=dict)
+    asked_again_calls: int = 0
+    asked_again_by_cause: dict[str, int] = field(default_factory=dict)
     retries_by_cause: dict[str, int] = field(default_factory=dict)
     # Prompt tokens the servers took from their prompt caches (as they reported), over the whole run.
     cached_prompt_tokens: int = 0
@@ -707,6 +712,8 @@ def _summary(
         truncated_by_role={role: cut for role, (_, cut) in by_role.items() if cut},
         warnings=truncation_warnings(by_role),
         failed_calls_by_cause=causes["failed"],
+        asked_again_calls=counts["asked_again"],
+        asked_again_by_cause=causes["asked_again"],
         retries_by_cause=causes["retried"],
         cached_prompt_tokens=counts["cached_prompt_tokens"],
         downgrades=store.downgrade_messages(),

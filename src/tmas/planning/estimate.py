@@ -71,7 +71,8 @@ def rates_from_role_costs(costs: Iterable[Mapping[str, Mapping[str, int]]], wall
     completion: dict[str, int] = {}
     for run in costs:
         for role, c in run.items():
-            ok = c["calls"] - c.get("failed", 0)
+            # Per answered call: the failed ones, asked again or not, are left out.
+            ok = c["calls"] - c.get("failed", 0) - c.get("asked_again", 0)
             if ok <= 0:
                 continue
             calls[role] = calls.get(role, 0) + ok

@@ -100,7 +100,8 @@ class RunEvaluation:
     downgrades: dict[str, dict[str, str]] = field(default_factory=dict)
     # The run's one-line notices (e.g. confidence rules on a server without log-probabilities).
     notices: dict[str, str] = field(default_factory=dict)
-    # Failed calls (``failed``) and retried attempts (``retried``) by cause, over the run's calls; the judge's apart.
+    # Failed calls (``failed``: never asked again; ``asked_again``: failed, then asked again) and retried
+    # attempts (``retried``) by cause, over the run's calls; the judge's apart.
     causes: dict[str, dict[str, int]] = field(default_factory=dict)
     judge_causes: dict[str, dict[str, int]] = field(default_factory=dict)
     # Seconds the run's finished calls (the judge's left out) waited inside tmas (``queued``) and for the server's
@@ -325,30 +326,42 @@ def _run_records(e: RunEvaluation, store: RunStore, results: list[ProblemResult]
 
 @dataclass
 class RunCost:
-    """A run's calls and tokens: the method's roles (a problem still mid-way counted from its finished iterations),
-    and the judge's apart; ``problems`` is how many problems they were spent on (a run stopped early has started
-    only some)."""
+    """A run's calls and tokens, as its store counts them (the viewer and the run's summary count the same): every
+    call of the method's roles, and the judge's apart. ``failed_calls``: those the run was left with; ``asked_again``:
+    those that failed and were asked again (a resume asks each failed call once more), counted in ``calls`` and
+    ``usage`` (they spent what the server generated) but no failure of the run. ``problems``: how many problems they
+    were spent on (a run stopped early has started only some)."""
 
     problems: int = 0
     calls: int = 0
     failed_calls: int = 0
+    asked_again: int = 0
     usage: Usage = field(default_factory=Usage)
     judge_calls: int = 0
     judge_tokens: int = 0
 
 
 def run_cost(results: list[ProblemResult], store: RunStore) -> RunCost:
-    cost = RunCost(problems=len(results))
-    for r in results:
-        cost.calls += r.calls
-        cost.failed_calls += r.failed_calls
-        cost.usage = cost.usage + r.usage
     # Counted in SQL: reading the calls themselves would decompress every reply's text (a thinking model's run holds
-    # gigabytes of reasoning) to count a few judge calls.
-    spent = store.role_costs().get(JUDGE_ROLE)
-    if spent is not None:
-        cost.judge_calls = spent["calls"]
-        cost.judge_tokens = spent["prompt_tokens"] + spent["completion_tokens"]
+    # gigabytes of reasoning).
+    spent = store.call_counts(JUDGE_ROLE, other_roles=True)
+    started = {r.problem_id for r in results} | store.called_problems(JUDGE_ROLE, other_roles=True)
+    cost = RunCost(
+        problems=len(started),
+        calls=spent["calls"],
+        failed_calls=spent["failed"],
+        asked_again=spent["asked_again"],
+        usage=Usage(
+            prompt_tokens=spent["prompt_tokens"],
+            completion_tokens=spent["completion_tokens"],
+            reasoning_tokens=spent["reasoning_tokens"],
+            cached_prompt_tokens=spent["cached_prompt_tokens"],
+        ),
+    )
+    judged = store.role_costs().get(JUDGE_ROLE)
+    if judged is not None:
+        cost.judge_calls = judged["calls"]
+        cost.judge_tokens = judged["prompt_tokens"] + judged["completion_tokens"]
     return cost
 
 
@@ -548,6 +561,7 @@ def _benchmark_tables(doc: Document, runs: list[RunEvaluation]) -> None:
                 e.label,
                 str(c.calls),
                 str(c.failed_calls),
+                str(c.asked_again),
                 str(u.prompt_tokens),
                 cached_share(u.cached_prompt_tokens, u.prompt_tokens),
                 str(u.completion_tokens),
@@ -558,15 +572,22 @@ def _benchmark_tables(doc: Document, runs: list[RunEvaluation]) -> None:
                 str(c.judge_tokens),
             ]
         )
-    headers = ["Method", "Calls", "Failed", "Prompt tokens", "Cached prompt", "Completion tokens", "Reasoning tokens"]
+    headers = ["Method", "Calls", "Failed", "Failed, then asked again", "Prompt tokens", "Cached prompt"]
+    headers += ["Completion tokens", "Reasoning tokens"]
     per_problem = ["Completion tokens/problem", "Prompt + completion tokens/problem"]
     doc.add(Table([*headers, *per_problem, "Judge calls", "Judge prompt + completion tokens"], rows))
     doc.add(
         Paragraph(
-            "Every call of the method's roles, the judge's apart. Reasoning tokens are part of completion tokens, "
+            "Every call of the method's roles, the judge's apart, as the viewer and the run's summary count them. "
+            "Failed: the calls the run was left with failed. Failed, then asked again: attempts that failed and were "
+            "asked again later (a resume asks each failed call once more), counted in calls and tokens (they spent "
+            "what the server generated for them) but no failure of the run. Reasoning tokens are part of completion "
+            "tokens, "
             "where the server reports them. Cached prompt: the share of prompt tokens the server took from its prompt "
             "cache instead of computing them, as it reported them (0 where it did not). Per problem: over the problems "
-            "the run started. Completion tokens/problem is what the frontier and the equal-budget table count; "
+            "the run started. Completion tokens/problem is what the frontier and the equal-budget table count, "
+            "which read the iteration records: those leave out failed attempts asked again and the calls of an "
+            "iteration a problem has not finished yet; "
             "prompt + completion tokens/problem is what a hosted API bills."
         )
     )
@@ -707,7 +728,11 @@ def _calls_lines(e: RunEvaluation) -> list[str]:
     """Retries and failures by cause (the judge's apart), and where the method's calls' time went."""
     lines = []
     for causes, who in ((e.causes, ""), (e.judge_causes, "judge ")):
-        for what, label in (("retried", "attempts sent again"), ("failed", "calls failed")):
+        for what, label in (
+            ("retried", "attempts sent again"),
+            ("failed", "calls failed"),
+            ("asked_again", "calls failed, then asked again"),
+        ):
             counts = causes.get(what) or {}
             if counts:
                 by_cause = ", ".join(f"{cause} {n}" for cause, n in counts.items())

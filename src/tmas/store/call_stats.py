@@ -5,36 +5,48 @@ from __future__ import annotations
 import json
 import sqlite3
 
+# A failed call that was asked again later (a resume asks every call that failed once more: the store never replays a
+# failure): the same request, sample and iteration stored again after it. That attempt is the run's history: it spent
+# what the server generated for it, but it is no failure of the run, whose call is the later one.
+_ASKED_AGAIN = (
+    "(error IS NOT NULL AND EXISTS (SELECT 1 FROM calls later WHERE later.request_hash = calls.request_hash"
+    " AND later.sample = calls.sample AND later.iteration IS calls.iteration AND later.id > calls.id))"
+)
+# A failed call the run was left with: failed, and never asked again.
+_FAILED = f"(error IS NOT NULL AND NOT {_ASKED_AGAIN})"
+
 
 class CallStats:
     def __init__(self, db: sqlite3.Connection) -> None:
         self._db = db
 
     def by_role(self) -> dict[str, dict[str, int]]:
-        """Calls, failed calls and tokens per agent role, over the whole run."""
+        """Calls, failed calls (``failed``: never asked again; ``asked_again``: failed, then asked again) and tokens
+        per agent role, over the whole run: every stored call counts as a call and for its tokens."""
         rows = self._db.execute(
-            "SELECT role, COUNT(*), COALESCE(SUM(error IS NOT NULL), 0), COALESCE(SUM(prompt_tokens), 0),"
-            " COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cached_prompt_tokens), 0) FROM calls"
-            " GROUP BY role ORDER BY role"
+            f"SELECT role, COUNT(*), COALESCE(SUM({_FAILED}), 0), COALESCE(SUM({_ASKED_AGAIN}), 0),"
+            " COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0),"
+            " COALESCE(SUM(cached_prompt_tokens), 0) FROM calls GROUP BY role ORDER BY role"
         )
         return {
             r[0]: {
                 "calls": r[1],
                 "failed": r[2],
-                "prompt_tokens": r[3],
-                "completion_tokens": r[4],
-                "cached_prompt_tokens": r[5],
+                "asked_again": r[3],
+                "prompt_tokens": r[4],
+                "completion_tokens": r[5],
+                "cached_prompt_tokens": r[6],
             }
             for r in rows
         }
 
     def totals(self, role: str | None = None, *, other_roles: bool = False) -> dict[str, int]:
-        """Calls, failed calls, tokens and calls cut at max_tokens, over the whole run: of the calls :meth:`causes`
-        names by ``role`` and ``other_roles``."""
+        """Calls, failed calls (as :meth:`by_role` counts them), tokens and calls cut at max_tokens, over the whole run:
+        of the calls :meth:`causes` names by ``role`` and ``other_roles``."""
         where, args = _role_filter(role, other_roles)
         row = self._db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(error IS NOT NULL), 0), COALESCE(SUM(prompt_tokens), 0),"
-            " COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(reasoning_tokens), 0),"
+            f"SELECT COUNT(*), COALESCE(SUM({_FAILED}), 0), COALESCE(SUM({_ASKED_AGAIN}), 0),"
+            " COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(reasoning_tokens), 0),"
             " COALESCE(SUM(finish_reason = 'length'), 0), COALESCE(SUM(cached_prompt_tokens), 0) FROM calls"
             f" WHERE TRUE{where}",
             args,
@@ -42,12 +54,44 @@ class CallStats:
         return {
             "calls": row[0],
             "failed": row[1],
-            "prompt_tokens": row[2],
-            "completion_tokens": row[3],
-            "reasoning_tokens": row[4],
-            "truncated": row[5],
-            "cached_prompt_tokens": row[6],
+            "asked_again": row[2],
+            "prompt_tokens": row[3],
+            "completion_tokens": row[4],
+            "reasoning_tokens": row[5],
+            "truncated": row[6],
+            "cached_prompt_tokens": row[7],
         }
+
+    def by_problem(
+        self, role: str | None = None, *, other_roles: bool = False, problem_id: str | None = None
+    ) -> dict[str, dict[str, int]]:
+        """Calls, failed calls and tokens per problem (of ``problem_id`` alone where given), counted as :meth:`by_role`
+        counts them: of the calls :meth:`causes` names by ``role`` and ``other_roles``."""
+        where, args = _role_filter(role, other_roles)
+        if problem_id is not None:
+            where, args = f"{where} AND problem_id = ?", (*args, problem_id)
+        rows = self._db.execute(
+            f"SELECT problem_id, COUNT(*), COALESCE(SUM({_FAILED}), 0), COALESCE(SUM({_ASKED_AGAIN}), 0),"
+            " COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0) FROM calls"
+            f" WHERE TRUE{where} GROUP BY problem_id",
+            args,
+        )
+        return {
+            str(r[0]): {
+                "calls": r[1],
+                "failed": r[2],
+                "asked_again": r[3],
+                "prompt_tokens": r[4],
+                "completion_tokens": r[5],
+            }
+            for r in rows
+        }
+
+    def problems(self, role: str | None = None, *, other_roles: bool = False) -> set[str]:
+        """The problems with a call stored, answered or failed: of the calls :meth:`causes` names by ``role`` and
+        ``other_roles``."""
+        where, args = _role_filter(role, other_roles)
+        return {str(r[0]) for r in self._db.execute(f"SELECT DISTINCT problem_id FROM calls WHERE TRUE{where}", args)}
 
     def sure_replays(self) -> dict[str, int]:
         """The answered calls a resume replays whatever its failed calls answer now, by problem: each problem's
@@ -82,22 +126,28 @@ class CallStats:
         return {role: (int(n), int(cut)) for role, n, cut in rows}
 
     def causes(self, role: str | None = None, *, other_roles: bool = False) -> dict[str, dict[str, int]]:
-        """Failed calls by cause (``failed``) and retried attempts by cause (``retried``), over the whole run: of every
-        role, of ``role`` alone, or with ``other_roles`` of every role but ``role`` (the method's calls, the judge's
-        apart)."""
+        """Failed calls by cause (``failed``: never asked again; ``asked_again``: failed, then asked again) and retried
+        attempts by cause (``retried``), over the whole run: of every role, of ``role`` alone, or with ``other_roles``
+        of every role but ``role`` (the method's calls, the judge's apart)."""
         where, args = _role_filter(role, other_roles)
         failed: dict[str, int] = {}
-        for cause, count in self._db.execute(
-            f"SELECT COALESCE(error_cause, 'unknown'), COUNT(*) FROM calls WHERE error IS NOT NULL{where} GROUP BY 1",
+        asked_again: dict[str, int] = {}
+        for cause, again, count in self._db.execute(
+            f"SELECT COALESCE(error_cause, 'unknown'), {_ASKED_AGAIN}, COUNT(*) FROM calls"
+            f" WHERE error IS NOT NULL{where} GROUP BY 1, 2",
             args,
         ):
-            failed[cause] = count
+            (asked_again if again else failed)[cause] = count
         retried: dict[str, int] = {}
         # Most calls have no retry: only the others are read and decoded.
         for (raw,) in self._db.execute(f"SELECT retry_causes FROM calls WHERE retry_causes != '[]'{where}", args):
             for cause in json.loads(raw):
                 retried[cause] = retried.get(cause, 0) + 1
-        return {"failed": dict(sorted(failed.items())), "retried": dict(sorted(retried.items()))}
+        return {
+            "failed": dict(sorted(failed.items())),
+            "asked_again": dict(sorted(asked_again.items())),
+            "retried": dict(sorted(retried.items())),
+        }
 
     def waits(self, role: str | None = None, *, other_roles: bool = False) -> dict[str, list[float]]:
         """Where the finished calls' time went, where measured: ``queued`` (waiting inside tmas for a slot) and

@@ -175,6 +175,14 @@ class RunStore:
     def call_counts(self, role: str | None = None, *, other_roles: bool = False) -> dict[str, int]:
         return self._call_stats.totals(role, other_roles=other_roles)
 
+    def problem_costs(
+        self, role: str | None = None, *, other_roles: bool = False, problem_id: str | None = None
+    ) -> dict[str, dict[str, int]]:
+        return self._call_stats.by_problem(role, other_roles=other_roles, problem_id=problem_id)
+
+    def called_problems(self, role: str | None = None, *, other_roles: bool = False) -> set[str]:
+        return self._call_stats.problems(role, other_roles=other_roles)
+
     def role_costs(self) -> dict[str, dict[str, int]]:
         return self._call_stats.by_role()
 

@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from tmas.answer_rules import MissingExtra
 from tmas.grading.grades import SELECTED
+from tmas.grading.judge import JUDGE_ROLE
 from tmas.llm.types import Completion
 from tmas.memory.transcript import Transcript
 from tmas.methods import stored_params
@@ -184,6 +185,8 @@ class Viewer:
             measured = any(c.confidence is not None for r in records for c in r.candidates)
             # Calls no recorded iteration holds: an iteration in progress, or one the problem never finished.
             unrecorded = list(run.store.calls_outside(pid, {r.iteration for r in records}))
+            # What the problem spent, counted as the run page and tmas report count it (the judge's calls apart).
+            spent = run.store.problem_costs(JUDGE_ROLE, other_roles=True, problem_id=pid).get(pid)
             return self._page(
                 "problem.html",
                 ref=run.ref,
@@ -194,6 +197,7 @@ class Viewer:
                 final=final,
                 measure=params.get("confidence_measure") if measured else None,
                 unrecorded=unrecorded,
+                spent=spent,
                 live=True,
                 marker=marker,
             )

@@ -53,9 +53,9 @@ class ComparedRun:
 
     @property
     def tokens_per_problem(self) -> float:
-        """Completion tokens per problem the run has started (a pending one spent nothing yet), as tmas report
-        counts them."""
-        started = [p for p in self.overview.problems if p.status != "pending"]
+        """Completion tokens per problem the run has started (with an iteration or a call: a pending one without a
+        call spent nothing yet), as tmas report's cost table counts them."""
+        started = [p for p in self.overview.problems if p.status != "pending" or p.calls]
         return sum(p.completion_tokens for p in started) / max(1, len(started))
 
 

@@ -77,9 +77,9 @@ class ProblemRow:
     correct: bool | None  # the selected answer's verdict at the last iteration; None: not graded
     grade_source: str | None  # "rules" (graded live by the viewer), else the stored grades' mode
     iterations: int
-    # What the problem spent: every call of a finished one (an iteration a budget or an error cut short, and a
-    # failure before any iteration, included), as tmas report's cost table counts them; a problem still mid-way, its
-    # finished iterations'. ``tokens`` is prompt + completion.
+    # What the problem spent: every call of it the store holds (an iteration a budget or an error cut short, a
+    # failure before any iteration, a failed attempt asked again on resume, the calls of a problem still mid-way
+    # included; the judge's left out), as tmas report's cost table counts them. ``tokens`` is prompt + completion.
     calls: int
     tokens: int
     completion_tokens: int
@@ -196,7 +196,7 @@ def why_not_graded(method: str, params: dict[str, Any], labeled: bool) -> str:
     return ""
 
 
-_COST_KEYS = ("calls", "failed", "prompt_tokens", "completion_tokens", "cached_prompt_tokens")
+_COST_KEYS = ("calls", "failed", "asked_again", "prompt_tokens", "completion_tokens", "cached_prompt_tokens")
 
 
 def params_line(method: str, params: dict[str, Any]) -> str:
@@ -327,12 +327,15 @@ class RunReader:
         grades = live.grades if live is not None else None
         classes, pending = self._classes(results) if live is not None else ({}, 0)
         by_id = {r.problem_id: r for r in results}
+        # What each problem spent, counted in SQL as the run's cost table and tmas report count it.
+        spent = store.problem_costs(JUDGE_ROLE, other_roles=True)
         rows = []
         for problem in store.iter_problems():
             pid = problem.problem_id
             result = by_id.get(pid)
             records = result.iterations if result is not None else []
             last = records[-1] if records else None
+            cost = spent.get(pid) or {}
             key: ItemKey | None = (pid, last.iteration, SELECTED) if last else None
             rows.append(
                 ProblemRow(
@@ -344,9 +347,9 @@ class RunReader:
                     correct=verdict(grades, key) if key else returned_nothing(result, problem, grades),
                     grade_source=live.source(key) if live is not None and key else None,
                     iterations=len(records),
-                    calls=result.calls if result is not None else 0,
-                    tokens=result.usage.total_tokens if result is not None else 0,
-                    completion_tokens=result.usage.completion_tokens if result is not None else 0,
+                    calls=cost.get("calls", 0),
+                    tokens=cost.get("prompt_tokens", 0) + cost.get("completion_tokens", 0),
+                    completion_tokens=cost.get("completion_tokens", 0),
                 )
             )
         counts: dict[str, int] = {}
