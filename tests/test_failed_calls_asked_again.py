@@ -62,7 +62,8 @@ async def test_a_failed_call_asked_again_on_resume_is_counted_alike_everywhere(t
     with AppThread(view_app([run_dir], warm_up=False)) as viewer:
         index, run_page = get(f"{viewer.url}/"), get(f"{viewer.url}/run/{ref.key}")
         problem_page = get(f"{viewer.url}/run/{ref.key}/problem?id=q")
-    assert index[0] == run_page[0] == problem_page[0] == 200
+        iteration_page = get(f"{viewer.url}/run/{ref.key}/iteration?id=q&t=0")
+    assert index[0] == run_page[0] == problem_page[0] == iteration_page[0] == 200
     row = index[1].decode().split(f'href="/run/{ref.key}"', 1)[1].split("</tr>", 1)[0]
     assert re.findall(r'<td class="num">(\d+)</td>', row)[-2:] == ["4", "45"]
     costs = run_page[1].decode().split('id="costs"', 1)[1].split("</table>", 1)[0]
@@ -76,6 +77,14 @@ async def test_a_failed_call_asked_again_on_resume_is_counted_alike_everywhere(t
     assert re.findall(r'<td class="num">(\d+)</td>', row) == ["1", "4", "45"]
     spent = problem_page[1].decode().split('id="spent">', 1)[1].split("</span>", 1)[0]
     assert spent == "4 calls (1 failed, then asked again) · 45 prompt + completion tokens"
+    # The iteration's page lists its 4 calls, the failed one pointing to the call that asked it again (the last
+    # stored: the resume's), and says it is not among the iteration's 3.
+    page = iteration_page[1].decode()
+    rows = page.split('id="calls"', 1)[1].split("</table>", 1)[0].split("<tr>")[2:]
+    [failed] = [r for r in rows if "scripted http_500" in r]
+    assert len(rows) == 4 and re.search(r"\(asked again: <a href=\"[^\"]+/call/4\">#4</a>\)", failed)
+    assert "1 call above failed and was asked again: it counts in the run's calls and tokens, not in this " in page
+    assert "iteration's 3, and is no failure of the run." in page
 
 
 def _call(prompt: str, iteration: int, usage: Usage, error: str | None = None) -> tuple[Completion, ChatRequest]:
