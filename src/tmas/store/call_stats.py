@@ -4,62 +4,92 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import dataclass
 
-# A failed call that was asked again later (a resume asks every call that failed once more: the store never replays a
-# failure): the same request, sample and iteration stored again after it. That attempt is the run's history: it spent
-# what the server generated for it, but it is no failure of the run, whose call is the later one.
-_ASKED_AGAIN = (
-    "(error IS NOT NULL AND EXISTS (SELECT 1 FROM calls later WHERE later.request_hash = calls.request_hash"
-    " AND later.sample = calls.sample AND later.iteration IS calls.iteration AND later.id > calls.id))"
+# A failed call that was asked again (a resume asks every call that failed once more: the store never replays a
+# failure) is the run's history: it spent what the server generated for it, but it is no failure of the run, whose
+# call is the later one. Either the same request, sample and iteration was stored again after it; or, for a method's
+# call (one of an iteration), a resume solved its problem again after it: a later call of that problem asked again a
+# call that had failed, so that pass holds the problem's calls, and one whose request changed (its prompt held what
+# the failure had left out: a summary of a verification that failed) was asked afresh, not asked again.
+_FAILURES = (
+    "SELECT id, problem_id, role, COALESCE(error_cause, 'unknown'), iteration IS NOT NULL,"
+    " EXISTS (SELECT 1 FROM calls later WHERE later.request_hash = calls.request_hash AND later.sample = calls.sample"
+    " AND later.iteration IS calls.iteration AND later.id > calls.id) FROM calls WHERE error IS NOT NULL"
 )
-# A failed call the run was left with: failed, and never asked again.
-_FAILED = f"(error IS NOT NULL AND NOT {_ASKED_AGAIN})"
+# Per problem, the last method call that asked again a call that had failed.
+_REASKS = (
+    "SELECT later.problem_id, MAX(later.id) FROM calls f JOIN calls later ON later.request_hash = f.request_hash"
+    " AND later.sample = f.sample AND later.iteration IS f.iteration AND later.id > f.id"
+    " WHERE f.error IS NOT NULL AND f.iteration IS NOT NULL GROUP BY later.problem_id"
+)
+
+
+@dataclass(frozen=True)
+class _Failure:
+    call_id: int
+    problem_id: str
+    role: str
+    cause: str
+    asked_again: bool
 
 
 class CallStats:
     def __init__(self, db: sqlite3.Connection) -> None:
         self._db = db
 
+    def _failures(self, where: str = "", args: tuple[str, ...] = ()) -> list[_Failure]:
+        """The failed calls (of those ``where`` names), each with whether it was asked again: read one by one, as
+        a run holds few of them."""
+        last = {problem: int(n) for problem, n in self._db.execute(_REASKS)}
+        return [
+            _Failure(int(i), problem, role, cause, bool(same) or (bool(of_iteration) and i < last.get(problem, 0)))
+            for i, problem, role, cause, of_iteration, same in self._db.execute(_FAILURES + where, args)
+        ]
+
     def by_role(self) -> dict[str, dict[str, int]]:
         """Calls, failed calls (``failed``: never asked again; ``asked_again``: failed, then asked again) and tokens
         per agent role, over the whole run: every stored call counts as a call and for its tokens."""
         rows = self._db.execute(
-            f"SELECT role, COUNT(*), COALESCE(SUM({_FAILED}), 0), COALESCE(SUM({_ASKED_AGAIN}), 0),"
-            " COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0),"
+            "SELECT role, COUNT(*), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0),"
             " COALESCE(SUM(cached_prompt_tokens), 0) FROM calls GROUP BY role ORDER BY role"
         )
-        return {
+        out = {
             r[0]: {
                 "calls": r[1],
-                "failed": r[2],
-                "asked_again": r[3],
-                "prompt_tokens": r[4],
-                "completion_tokens": r[5],
-                "cached_prompt_tokens": r[6],
+                "failed": 0,
+                "asked_again": 0,
+                "prompt_tokens": r[2],
+                "completion_tokens": r[3],
+                "cached_prompt_tokens": r[4],
             }
             for r in rows
         }
+        for f in self._failures():
+            out[f.role]["asked_again" if f.asked_again else "failed"] += 1
+        return out
 
     def totals(self, role: str | None = None, *, other_roles: bool = False) -> dict[str, int]:
         """Calls, failed calls (as :meth:`by_role` counts them), tokens and calls cut at max_tokens, over the whole run:
         of the calls :meth:`causes` names by ``role`` and ``other_roles``."""
         where, args = _role_filter(role, other_roles)
         row = self._db.execute(
-            f"SELECT COUNT(*), COALESCE(SUM({_FAILED}), 0), COALESCE(SUM({_ASKED_AGAIN}), 0),"
-            " COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(reasoning_tokens), 0),"
-            " COALESCE(SUM(finish_reason = 'length'), 0), COALESCE(SUM(cached_prompt_tokens), 0) FROM calls"
-            f" WHERE TRUE{where}",
+            "SELECT COUNT(*), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0),"
+            " COALESCE(SUM(reasoning_tokens), 0), COALESCE(SUM(finish_reason = 'length'), 0),"
+            f" COALESCE(SUM(cached_prompt_tokens), 0) FROM calls WHERE TRUE{where}",
             args,
         ).fetchone()
+        failures = self._failures(where, args)
+        again = sum(f.asked_again for f in failures)
         return {
             "calls": row[0],
-            "failed": row[1],
-            "asked_again": row[2],
-            "prompt_tokens": row[3],
-            "completion_tokens": row[4],
-            "reasoning_tokens": row[5],
-            "truncated": row[6],
-            "cached_prompt_tokens": row[7],
+            "failed": len(failures) - again,
+            "asked_again": again,
+            "prompt_tokens": row[1],
+            "completion_tokens": row[2],
+            "reasoning_tokens": row[3],
+            "truncated": row[4],
+            "cached_prompt_tokens": row[5],
         }
 
     def by_problem(
@@ -71,21 +101,21 @@ class CallStats:
         if problem_id is not None:
             where, args = f"{where} AND problem_id = ?", (*args, problem_id)
         rows = self._db.execute(
-            f"SELECT problem_id, COUNT(*), COALESCE(SUM({_FAILED}), 0), COALESCE(SUM({_ASKED_AGAIN}), 0),"
-            " COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0) FROM calls"
-            f" WHERE TRUE{where} GROUP BY problem_id",
+            "SELECT problem_id, COUNT(*), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0)"
+            f" FROM calls WHERE TRUE{where} GROUP BY problem_id",
             args,
         )
-        return {
-            str(r[0]): {
-                "calls": r[1],
-                "failed": r[2],
-                "asked_again": r[3],
-                "prompt_tokens": r[4],
-                "completion_tokens": r[5],
-            }
+        out = {
+            str(r[0]): {"calls": r[1], "failed": 0, "asked_again": 0, "prompt_tokens": r[2], "completion_tokens": r[3]}
             for r in rows
         }
+        for f in self._failures(where, args):
+            out[str(f.problem_id)]["asked_again" if f.asked_again else "failed"] += 1
+        return out
+
+    def asked_again(self, problem_id: str) -> set[int]:
+        """The ids of the problem's calls that failed and were asked again (as :meth:`by_role` counts them)."""
+        return {f.call_id for f in self._failures(" AND problem_id = ?", (problem_id,)) if f.asked_again}
 
     def problems(self, role: str | None = None, *, other_roles: bool = False) -> set[str]:
         """The problems with a call stored, answered or failed: of the calls :meth:`causes` names by ``role`` and
@@ -132,12 +162,9 @@ class CallStats:
         where, args = _role_filter(role, other_roles)
         failed: dict[str, int] = {}
         asked_again: dict[str, int] = {}
-        for cause, again, count in self._db.execute(
-            f"SELECT COALESCE(error_cause, 'unknown'), {_ASKED_AGAIN}, COUNT(*) FROM calls"
-            f" WHERE error IS NOT NULL{where} GROUP BY 1, 2",
-            args,
-        ):
-            (asked_again if again else failed)[cause] = count
+        for f in self._failures(where, args):
+            into = asked_again if f.asked_again else failed
+            into[f.cause] = into.get(f.cause, 0) + 1
         retried: dict[str, int] = {}
         # Most calls have no retry: only the others are read and decoded.
         for (raw,) in self._db.execute(f"SELECT retry_causes FROM calls WHERE retry_causes != '[]'{where}", args):

@@ -180,6 +180,9 @@ class RunStore:
     ) -> dict[str, dict[str, int]]:
         return self._call_stats.by_problem(role, other_roles=other_roles, problem_id=problem_id)
 
+    def asked_again_calls(self, problem_id: str) -> set[int]:
+        return self._call_stats.asked_again(problem_id)
+
     def called_problems(self, role: str | None = None, *, other_roles: bool = False) -> set[str]:
         return self._call_stats.problems(role, other_roles=other_roles)
 

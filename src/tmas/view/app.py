@@ -229,7 +229,7 @@ class Viewer:
                 diffs=diffs,
                 verdicts=verdicts,
                 calls=calls,
-                asked_again=asked_again(calls),
+                asked_again=run.store.asked_again_calls(pid),
                 transcript=_transcript(record.state),
                 credits=credits,
                 live=True,
@@ -487,17 +487,3 @@ def _verdict(live: LiveGrades | None, key: tuple[str, int, int]) -> tuple[bool |
 def view_app(paths: list[Path], *, warm_up: bool = True, host: str = "127.0.0.1") -> HostCheck:
     """The viewer of ``paths``, answering requests addressed to ``host`` (the address it listens on) or loopback."""
     return HostCheck(Viewer([Path(p) for p in paths], warm_up=warm_up).build(), host)
-
-
-def asked_again(calls: list[Completion]) -> dict[int, int]:
-    """Of an iteration's calls in the order stored, each failed one that was asked again (a resume asks each failed
-    call once more) -> the call that asked it again: the next one of the same request and sample."""
-    found: dict[int, int] = {}
-    last: dict[tuple[str, int], Completion] = {}
-    for call in calls:
-        key = (call.request_hash, call.key.sample)
-        before = last.get(key)
-        if before is not None and before.error is not None and before.call_id is not None and call.call_id is not None:
-            found[before.call_id] = call.call_id
-        last[key] = call
-    return found
