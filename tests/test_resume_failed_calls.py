@@ -131,8 +131,9 @@ def test_the_command_resumes_a_finished_run_asking_only_its_failed_sample(sim: S
     assert [wire(b) for b in sim.chat_bodies()] == [failed]
     summary = json.loads(again.stdout)
     assert (summary["done"], summary["skipped"], summary["calls"], summary["replayed_calls"]) == (2, 1, 1, 2)
-    # The call that failed stays in the run's history; no result holds it any more.
-    assert (summary["failed_calls"], summary["problems_with_failed_calls"]) == (1, 0)
+    # The call that failed stays in the run's history, as a call asked again: no failure of the run, and no result
+    # holds it any more.
+    assert (summary["failed_calls"], summary["asked_again_calls"], summary["problems_with_failed_calls"]) == (0, 1, 0)
     assert "finished problem" not in again.stderr.decode()
     with RunStore(run_dir, create=False) as store:
         assert [r.failed_calls for r in store.results()] == [0, 0]
