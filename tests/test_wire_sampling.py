@@ -188,6 +188,17 @@ async def test_a_roles_context_length_bounds_its_calls_at_a_url_another_role_sha
     assert bodies["refiner"] and all(b["max_tokens"] < 1200 for b in bodies["refiner"])
 
 
+async def test_a_roles_context_length_stays_its_own_when_its_calls_go_first(sim: SimServer, tmp_path: Path) -> None:
+    # The solver's window is set small and its call goes first: the refiner, at the same URL and model, has no window
+    # of its own and keeps the default max_tokens (the server's own window holds it, as the solver's first call shows
+    # in the reverse case above). Before, the solver's window was the replica's and bounded the refiner's calls too.
+    body = "\n[sampling]\nmax_tokens = 4000\n[roles.solution]\ncontext_length = 1200\n"
+    await asolve(Q, settings_from(tmp_path, toml(sim, "self_refine", body, n=1, iterations=2)))
+    bodies = bodies_by_role(sim)
+    assert bodies["solution"] and all(b["max_tokens"] < 1200 for b in bodies["solution"])
+    assert [b["max_tokens"] for b in bodies["refiner"]] == [4000]
+
+
 @pytest.mark.parametrize("method", ALL)
 async def test_configured_seed_is_sent_as_is(sim: SimServer, tmp_path: Path, method: str) -> None:
     await asolve(Q, settings_from(tmp_path, toml(sim, method, SAMPLING_TOML + "seed = 1234\n")))

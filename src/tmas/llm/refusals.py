@@ -154,9 +154,10 @@ class Refusals:
         return body
 
     def fit_context(self, route: Route, replica: Replica, request: ChatRequest, max_tokens: int | None) -> int | None:
-        """max_tokens lowered so prompt + completion fit the known context window (the smaller of the role's own
-        ``context_length`` and what is known of the server's), instead of failing the call."""
-        known = [c for c in (route.endpoint.context_length, replica.context_length) if c]
+        """max_tokens lowered so prompt + completion fit the known context window, instead of failing the call: the
+        role's own ``context_length`` (else the window the server stated), or the one a context refusal taught where
+        smaller."""
+        known = [c for c in (route.endpoint.context_length or replica.context_length, replica.refused_context) if c]
         if not known:
             return max_tokens
         context = min(known)
@@ -184,20 +185,25 @@ class Refusals:
         """The max_tokens that fits what a context refusal said, counted in ``shrinks``; None when the prompt alone
         does not fit (the failure's message then names both numbers) or the numbers cannot be had.
 
-        The window is the refusal's (else the replica's); the prompt the refusal's where it states it. Where it states
-        a bound at most (today's vLLM) or nothing, the first shrink counts the prompt with the endpoint's tokenizer,
-        else at the server's /tokenize, else takes the client's estimate (never below the bound); a second refusal
-        means that count was short, and the second shrink takes a prompt no BPE tokenizer can exceed (a token per
-        byte of its texts) where the window holds it, else twice the first count, else half way to the window."""
+        The window is the refusal's (else what the replica's server said), or the role's own where smaller; the
+        prompt the refusal's where it states it. Where it states a bound at most (today's vLLM) or nothing, the first
+        shrink counts the prompt with the endpoint's tokenizer, else at the server's /tokenize, else takes the
+        client's estimate (never below the bound); a second refusal means that count was short, and the second shrink
+        takes a prompt no BPE tokenizer can exceed (a token per byte of its texts) where the window holds it, else
+        twice the first count, else half way to the window."""
         refusal = failure.context
         assert refusal is not None
         if refusal.completion_cap is not None:
             shrinks.done += 1
             return refusal.completion_cap
-        context = refusal.context or replica.reported_context or replica.context_length
-        if context is None:
+        server = refusal.context or replica.reported_context or replica.context_length
+        if server is not None:
+            replica.context_length = replica.refused_context = server
+        # The role's own window (its route's, never the replica's: other roles share the replica) bounds it too.
+        known = [c for c in (server, route.endpoint.context_length) if c]
+        if not known:
             return None
-        replica.context_length = context
+        context = min(known)
         prompt, stated = refusal.prompt, True
         if prompt is None:
             stated = False

@@ -43,7 +43,12 @@ class Replica:
     cap: asyncio.Semaphore | None
     # Calls routed to it and not finished (waiting for a cap, in flight or between retries): what routing balances.
     load: int = 0
+    # The server's context window as known (stated, or learnt from a context refusal); a role's configured window
+    # is its route's (tmas.llm.routes), not this, since every role at the URL and model shares the replica.
     context_length: int | None = None
+    # The window a context refusal taught (tmas.llm.refusals.Refusals.shrunk): it bounds calls even of a role
+    # whose configured window takes the place of the one the server stated.
+    refused_context: int | None = None
     # The window the server itself stated (its model card, /props), whatever the endpoint's setting says.
     reported_context: int | None = None
     # Which engine serves it, as its model card said (read once, with the context window).

@@ -70,17 +70,13 @@ class Routes:
                 )
         replicas = []
         model = endpoint.model or DEFAULT_MODEL
-        # The window a replica holds is its server's, for every role that reaches it. A role's own context_length at
-        # the default endpoint's URLs bounds that role's calls alone (Refusals.fit_context reads the route's too): put
-        # on the replica, it bounded every role that shares it once that role called first.
-        window = endpoint.context_length
-        if override is not None and override.context_length is not None and override.base_url is None:
-            window = self.settings.endpoint.context_length
         for url in endpoint.base_url:
             if (url, model) not in self._replicas:
                 if url not in self._caps:
                     self._caps[url] = asyncio.Semaphore(endpoint.max_in_flight) if endpoint.max_in_flight else None
-                replica = Replica(url=url, cap=self._caps[url], context_length=window)
+                # No window of the role's: a role's context_length bounds its own calls (Route.endpoint), and the
+                # replica is shared by every role at this URL and model; it holds what the server says of itself.
+                replica = Replica(url=url, cap=self._caps[url])
                 # Where its replies put reasoning: as configured, else as a run recorded it before (a resumed run).
                 reasoning = (
                     endpoint.reasoning if endpoint.reasoning != "auto" else self.known.get(url, {}).get("reasoning")
