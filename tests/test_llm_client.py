@@ -309,3 +309,19 @@ async def test_finished_calls_replay_from_the_store(sim: SimServer, tmp_path: Pa
         assert sim.stats().total_requests == 2
         assert again.replayed and again.content == first.content and again.usage == first.usage
         assert not other.replayed
+
+
+@pytest.mark.parametrize(("capped", "most"), [("verifier", 1), ("solution", 12)])
+async def test_a_roles_own_max_in_flight_caps_that_roles_calls_only(sim: SimServer, capped: str, most: int) -> None:
+    # Both roles at one URL and model; one solution call goes first. Before, the URL's cap was the first role's:
+    # the verifier's own cap of 1 went unheeded, and the solution's capped the verifier's calls too.
+    sim.set_script(SimScript(latency_s=0.05))
+    settings = settings_for(sim, endpoint__batch_samples="off", roles={capped: {"max_in_flight": 1}})
+    async with LLMClient(settings) as llm:
+        assert (await llm.chat("solution", QUESTION)).ok
+        sim.reset()
+        replies = await asyncio.gather(
+            *(llm.chat("verifier", QUESTION, key=CallKey(role="verifier", sample=i)) for i in range(12))
+        )
+    assert all(r.ok for r in replies)
+    assert sim.stats().max_in_flight == most

@@ -188,7 +188,8 @@ class Endpoint(Strict):
     model: str | None = None
     # Name of the environment variable holding the API key; the key itself is never stored.
     api_key_env: str | None = None
-    # Most calls in flight to each replica of this endpoint (0 = no per-endpoint cap).
+    # Most calls in flight to each replica of this endpoint (0 = no per-endpoint cap). The roles that take the default
+    # endpoint's share one cap at each URL; a role's own ([roles.NAME] max_in_flight) caps that role's calls only.
     max_in_flight: int = Field(default=0, ge=0)
     # Model context window in tokens; when unset it is read from /v1/models where the server reports it.
     context_length: int | None = Field(default=None, ge=1)

@@ -390,7 +390,7 @@ class LLMClient:
         judge = vitals.judge(self.session, replica, route.endpoint, route.api_key)
         url = f"{replica.url}/{path}"
         exchange = Exchange(self.session, url, body, headers, route.endpoint, judge, on_chunk, watch)
-        async with turn, self._cap, replica.cap or contextlib.nullcontext():
+        async with turn, self._cap, route.caps.get(replica.url) or contextlib.nullcontext():
             self.stats.in_flight += 1
             try:
                 data = await send(exchange, timing)

@@ -40,7 +40,6 @@ ProbeAnswer = Literal["answered", "loading", "none"]
 @dataclass
 class Replica:
     url: str
-    cap: asyncio.Semaphore | None
     # Calls routed to it and not finished (waiting for a cap, in flight or between retries): what routing balances.
     load: int = 0
     # The server's context window as known (stated, or learnt from a context refusal); a role's configured window

@@ -30,6 +30,8 @@ class Route:
     replicas: list[Replica]
     api_key: str | None
     counter: TokenCounter
+    # Replica URL -> the cap on this role's calls in flight there (``max_in_flight``; None: no cap).
+    caps: dict[str, asyncio.Semaphore | None] = field(default_factory=dict)
 
     @property
     def model(self) -> str:
@@ -42,9 +44,11 @@ class Routes:
     # URL -> what a run recorded of its server before (a resumed run): where its replies put reasoning.
     known: dict[str, dict[str, Any]] = field(default_factory=dict)
     router: PrefixRouter = field(default_factory=PrefixRouter)
-    # (URL, model) -> its replica; URL -> the cap on calls in flight there, whatever the model (the first role's).
+    # (URL, model) -> its replica. (URL, owner) -> the cap on calls in flight there, whatever the model: a role that
+    # sets its own max_in_flight owns a cap on its calls (owner: the role); the roles that inherit the default
+    # endpoint's share one (owner: "").
     _replicas: dict[tuple[str, str], Replica] = field(default_factory=dict)
-    _caps: dict[str, asyncio.Semaphore | None] = field(default_factory=dict)
+    _caps: dict[tuple[str, str], asyncio.Semaphore | None] = field(default_factory=dict)
     _routes: dict[str, Route] = field(default_factory=dict)
 
     def route(self, role: str) -> Route:
@@ -69,14 +73,18 @@ class Routes:
                     f"environment variable {endpoint.api_key_env} (named by api_key_env for role {role!r}) is not set"
                 )
         replicas = []
+        caps: dict[str, asyncio.Semaphore | None] = {}
         model = endpoint.model or DEFAULT_MODEL
+        owner = role if override is not None and override.max_in_flight is not None else ""
         for url in endpoint.base_url:
+            if (url, owner) not in self._caps:
+                most = endpoint.max_in_flight
+                self._caps[url, owner] = asyncio.Semaphore(most) if most else None
+            caps[url] = self._caps[url, owner]
             if (url, model) not in self._replicas:
-                if url not in self._caps:
-                    self._caps[url] = asyncio.Semaphore(endpoint.max_in_flight) if endpoint.max_in_flight else None
                 # No window of the role's: a role's context_length bounds its own calls (Route.endpoint), and the
                 # replica is shared by every role at this URL and model; it holds what the server says of itself.
-                replica = Replica(url=url, cap=self._caps[url])
+                replica = Replica(url=url)
                 # Where its replies put reasoning: as configured, else as a run recorded it before (a resumed run).
                 reasoning = (
                     endpoint.reasoning if endpoint.reasoning != "auto" else self.known.get(url, {}).get("reasoning")
@@ -85,7 +93,7 @@ class Routes:
                     replica.reasoning = reasoning
                 self._replicas[url, model] = replica
             replicas.append(self._replicas[url, model])
-        route = Route(endpoint, replicas, api_key, TokenCounter(endpoint.tokenizer))
+        route = Route(endpoint, replicas, api_key, TokenCounter(endpoint.tokenizer), caps)
         self._routes[role] = route
         return route
 
