@@ -388,6 +388,16 @@ async def test_the_endpoint_may_say_where_its_reasoning_goes(
     assert ["response_format" in r.body for r in sim.requests] == schemas
 
 
+async def test_a_roles_own_reasoning_setting_holds_at_a_url_another_role_reached_first(sim: SimServer) -> None:
+    # The solution role (reasoning "auto") reaches the URL and model first, before any reply showed where reasoning
+    # goes; the verifier's own setting still sends its schema from its first call. Before, the replica the roles
+    # share held the first role's setting, and the verifier's went unheeded until a reply showed it.
+    async with LLMClient(settings_for(sim, roles={"verifier": {"reasoning": "separate"}})) as llm:
+        llm.route("solution")
+        assert (await llm.chat("verifier", [user("Grade A.")], reply_model=VerificationReply)).ok
+    assert [(r.role, "response_format" in r.body) for r in sim.requests] == [("verifier", True)]
+
+
 # ------------------------------------------------------------------------------------------ modes and the fallback
 REFUSING = SimScript(response_format="reject")
 

@@ -226,7 +226,8 @@ class Endpoint(Strict):
     # Where the server puts a thinking model's reasoning: "separate" (a reasoning parser runs: vLLM's and SGLang's
     # --reasoning-parser, llama-server's --reasoning-format), "inline" (<think> blocks in the content), "none" (the
     # model does not think). "auto" learns it from the server's first reply. structured_output = "auto" sends a schema
-    # only where it is "separate" or "none", since a grammar on an inline thinker forbids its thinking.
+    # only where it is "separate" or "none", since a grammar on an inline thinker forbids its thinking. A role's own
+    # ([roles.NAME] reasoning) holds for that role's calls, whichever role reached the server first.
     reasoning: ReasoningPlace = "auto"
     # llama-server only: with at least as many problems in flight as the endpoint has slots (max_in_flight times the
     # replicas), send each problem's calls to one slot (`id_slot`), one at a time, so that slot's prompt cache holds

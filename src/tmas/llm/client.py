@@ -32,7 +32,7 @@ from tmas.llm.failures import Failure
 from tmas.llm.lanes import SlotQueue, call_affinity
 from tmas.llm.model import CANCELLED, ClientStats, EndpointUnreachable, QuotaSpent, leave_spent, spent_before
 from tmas.llm.reasoning import thinking_off
-from tmas.llm.refusals import MAX_SHRINKS, DowngradeLog, Refusals, Shrinks
+from tmas.llm.refusals import MAX_SHRINKS, DowngradeLog, Refusals, Shrinks, reasoning_of
 from tmas.llm.replica import Replica
 from tmas.llm.replies import completion as read_completion
 from tmas.llm.replies import discarded as discarded_usage
@@ -296,7 +296,7 @@ class LLMClient:
                 off = thinking_off(request.sampling.extra_body)
                 place = reasoning_place(data)
                 self.refusals.saw_reasoning(replica, key.role, None if off and place == "none" else place)
-                inline = replica.reasoning == "inline" and not off
+                inline = reasoning_of(route, replica) == "inline" and not off
                 done = [
                     read_completion(reply, request=request, key=key, request_hash=request_hash, counter=route.counter,
                                     url=replica.url, attempts=attempts.count, sent_max=sent_max, thinks_inline=inline)

@@ -106,6 +106,17 @@ def requested_schema(
     return response_format(reply_model)
 
 
+def reasoning_of(route: Route, replica: Replica) -> Reasoning | None:
+    """Where ``replica``'s replies put reasoning, for a call of ``route``'s role: inline once a reply showed it so
+    (a grammar would forbid that thinking, whatever a setting says); else as the role's endpoint says (``reasoning``
+    other than "auto"); else as the replies showed or a run recorded (None: not known yet). The replica is shared by
+    every role at its URL and model, so a role's own setting is read from its route, not kept on the replica."""
+    if replica.reasoning == "inline":
+        return "inline"
+    said = route.endpoint.reasoning
+    return replica.reasoning if said == "auto" else said
+
+
 def schema_goes(structured_output: str, reasoning: str | None, *, refused: bool = False) -> bool:
     """Whether an asked-for schema is sent to a server: always under ``json_schema``; under ``auto`` once its replies
     showed the reasoning kept out of the content (``reasoning``: "separate" or "none"), unless it refused one."""
@@ -131,7 +142,8 @@ class Refusals:
     def sends_schema(route: Route, replica: Replica, request: ChatRequest) -> bool:
         if request.response_format is None:
             return False
-        return schema_goes(route.endpoint.structured_output, replica.reasoning, refused=replica.structured_refused)
+        reasoning = reasoning_of(route, replica)
+        return schema_goes(route.endpoint.structured_output, reasoning, refused=replica.structured_refused)
 
     def body(
         self, route: Route, replica: Replica, request: ChatRequest, max_tokens: int | None, n: int

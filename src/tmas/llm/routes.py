@@ -82,13 +82,12 @@ class Routes:
                 self._caps[url, owner] = asyncio.Semaphore(most) if most else None
             caps[url] = self._caps[url, owner]
             if (url, model) not in self._replicas:
-                # No window of the role's: a role's context_length bounds its own calls (Route.endpoint), and the
-                # replica is shared by every role at this URL and model; it holds what the server says of itself.
+                # No window or reasoning setting of the role's: a role's context_length and reasoning hold for its
+                # own calls (Route.endpoint; tmas.llm.refusals.reasoning_of), and the replica is shared by every role
+                # at this URL and model; it holds what the server showed of itself, here as a run recorded it before
+                # (a resumed run).
                 replica = Replica(url=url)
-                # Where its replies put reasoning: as configured, else as a run recorded it before (a resumed run).
-                reasoning = (
-                    endpoint.reasoning if endpoint.reasoning != "auto" else self.known.get(url, {}).get("reasoning")
-                )
+                reasoning = self.known.get(url, {}).get("reasoning")
                 if reasoning in ("separate", "inline", "none"):
                     replica.reasoning = reasoning
                 self._replicas[url, model] = replica
