@@ -24,14 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tmas.config import (
-    Settings,
-    check_extra_body,
-    check_shared_caps,
-    config_sampling_sources,
-    load_settings,
-    validation_message,
-)
+from tmas.config import Settings, check_extra_body, config_sampling_sources, load_settings, validation_message
 from tmas.errors import ConfigError, InputError
 from tmas.llm.model import ChatModel, EndpointUnreachable
 from tmas.llm.preflight import check_endpoints
@@ -326,7 +319,6 @@ def _settings_of(settings: Settings | Mapping[str, Any] | None, model: ChatModel
         except ValidationError as exc:
             raise ConfigError(validation_message(exc, "settings")) from None
         check_extra_body(given, "settings")
-        check_shared_caps(given, "settings")
         return given
     if settings is not None:
         return settings

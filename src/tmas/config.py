@@ -493,29 +493,6 @@ class Settings(Strict):
         return not self.endpoint.base_url and self.hf.model is not None
 
 
-def check_shared_caps(settings: Settings, source: str) -> None:
-    """A one-line :class:`ConfigError` naming ``source`` where the endpoint and a role, or two roles, reach one URL
-    under different ``max_in_flight``: the client keeps one cap on calls in flight per URL, whichever role calls it
-    first (:mod:`tmas.llm.routes`), so the other value would silently not apply."""
-    default = settings.endpoint
-    places = [("endpoint.max_in_flight", default.base_url, default.max_in_flight)]
-    for name, role in settings.roles.items():
-        urls = default.base_url if role.base_url is None else role.base_url
-        if role.max_in_flight is None:
-            places.append(("endpoint.max_in_flight", urls, default.max_in_flight))
-        else:
-            places.append((f"roles.{name}.max_in_flight", urls, role.max_in_flight))
-    seen: dict[str, tuple[str, int]] = {}
-    for key, urls, cap in places:
-        for url in urls:
-            first = seen.setdefault(url, (key, cap))
-            if first[1] != cap:
-                raise ConfigError(
-                    f"{source}: {first[0]} = {first[1]} and {key} = {cap} both cap the calls in flight at {url}, which"
-                    " has one cap: give them one value, or the role its own base_url"
-                )
-
-
 # Environment variables read on top of the TOML file: name -> dotted config key.
 ENV_KEYS: dict[str, str] = {
     "TMAS_BASE_URL": "endpoint.base_url",
@@ -612,7 +589,6 @@ def load_settings(
     except ValidationError as exc:
         raise ConfigError(validation_message(exc, source)) from None
     check_extra_body(given_settings, source)
-    check_shared_caps(given_settings, source)
     sources = config_sampling_sources(data)
     given = {var: env[var] for var in ENV_KEYS if env.get(var)}
     _choose_model(data, {ENV_KEYS[var]: value for var, value in given.items()})
@@ -630,10 +606,7 @@ def load_settings(
             named = [var for var in given if ENV_KEYS[var] == key] or list(given)
             raise ConfigError(validation_message(exc, f"environment ({', '.join(named)})")) from None
     data["sampling_sources"] = sources
-    settings = _overridden(data, overrides or {})
-    # Again with the variables and flags on: TMAS_BASE_URL or --base-url may bring two caps to one URL.
-    check_shared_caps(settings, "environment and command line")
-    return settings
+    return _overridden(data, overrides or {})
 
 
 def config_sampling_sources(data: Mapping[str, Any]) -> dict[str, SamplingSource]:
