@@ -387,6 +387,38 @@ def test_budget_pool_pools_the_token_budget_of_a_grid_file(
     )
 
 
+@pytest.mark.parametrize("command", ["solve", "run", "eval", "resume", "sweep"])
+def test_budget_pool_with_no_token_budget_is_the_same_line_on_every_command(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    # Before, every command but a grid-file sweep said it as a bad settings value: "bad value for --budget-pool:
+    # budget.pool ... needs budget.tokens", naming a settings key the user never typed.
+    monkeypatch.chdir(tmp_path)
+    sim.set_script(SCRIPTED)
+    problems = tmp_path / "p.jsonl"
+    problems.write_text(f'{{"problem_id": "a", "question": "{Q}"}}\n')
+    endpoint = ["--base-url", sim.base_url]
+    if command == "resume":
+        made = CliRunner().invoke(app, ["run", str(problems), "-o", "run", "-m", "cot", *endpoint])
+        assert made.exit_code == 0, made.output
+        sim.reset()
+        args = ["run", "--resume", "run"]
+    else:
+        args = {
+            "solve": ["solve", Q, "-m", "cot", *endpoint],
+            "run": ["run", str(problems), "-o", "out", "-m", "cot", *endpoint],
+            "eval": ["eval", str(problems), "-o", "out", "-m", "cot", *endpoint],
+            "sweep": ["sweep", "-o", "out", "--problems", str(problems), "-m", "cot", "--budget-calls", "5", *endpoint],
+        }[command]
+    out = CliRunner().invoke(app, [*args, "--budget-pool"])
+    assert isinstance(out.exception, InputError), out.output
+    assert str(out.exception) == (
+        "--budget-pool moves unused tokens between problems, and there is no token budget: give --budget-tokens"
+        " (or budget.tokens in the config file), or leave --budget-pool out"
+    )
+    assert sim.chat_bodies() == [] and not (tmp_path / "out").exists()
+
+
 def test_budget_pool_with_no_token_budget_in_a_sweep_is_one_line(tmp_path: Path) -> None:
     grid = tmp_path / "grid.toml"
     grid.write_text('problems = "p.jsonl"\nbudget = {calls = 5}\n[[study]]\nmethod = "cot"\n')

@@ -431,8 +431,6 @@ def test_a_parameter_given_by_param_and_by_its_flag_is_refused(
         (["--top-p", "5"], "--top-p: Input should be less than or equal to 1"),
         (["--budget-count", "all"], "--budget-count: Input should be 'completion' or 'total'"),
         (["--concurrency", "0"], "--concurrency: Input should be greater than or equal to 1"),
-        # A check across keys names the flag under the key it checks.
-        (["--budget-pool"], "--budget-pool: budget.pool moves unused tokens between problems: it needs budget.tokens"),
     ],
 )
 def test_a_bad_flag_value_names_the_flag_as_typed(sim: SimServer, given: list[str], said: str) -> None:

@@ -381,6 +381,10 @@ class MethodConfig(Strict):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
+# Why a pooled budget without a token limit is refused (the CLI says it of its flags: ``check_token_flags``).
+POOL_NEEDS_TOKENS = "budget.pool moves unused tokens between problems: it needs budget.tokens"
+
+
 class Budget(Strict):
     """Equal-compute budget per problem, for any method (None = no limit).
 
@@ -403,7 +407,7 @@ class Budget(Strict):
     @model_validator(mode="after")
     def _pool_needs_tokens(self) -> Budget:
         if self.pool and self.tokens is None:
-            raise ValueError("budget.pool moves unused tokens between problems: it needs budget.tokens")
+            raise ValueError(POOL_NEEDS_TOKENS)
         return self
 
     @property

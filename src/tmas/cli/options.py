@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Annotated, Any, TypeVar, get_type_hints
@@ -20,7 +21,7 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 import typer
 from pydantic import ValidationError
 
-from tmas.config import Budget, OverrideError, Settings, load_settings, with_method_params
+from tmas.config import POOL_NEEDS_TOKENS, Budget, OverrideError, Settings, load_settings, with_method_params
 from tmas.errors import InputError
 from tmas.methods import METHODS, check_roles, flag_params, method_flags, method_names, method_traits
 from tmas.methods.param_flags import ParamFlag
@@ -154,7 +155,8 @@ class ModelFlags:
     def settings(self, method: str | None = None, given: MethodFlags | None = None) -> Settings:
         """Settings from the config file, ``TMAS_*`` variables and these flags (and ``method``), their ``[roles]``
         checked against the registered methods, with the method parameters ``given`` on the command line on top."""
-        settings = load_settings(self.config, overrides=self.overrides(method))
+        with self.pool_refused():
+            settings = load_settings(self.config, overrides=self.overrides(method))
         check_roles(settings)
         return with_method_params(settings, given.params(settings.method.name) if given is not None else None)
 
@@ -173,6 +175,17 @@ class ModelFlags:
                     f"{name} {what}, and there is no token budget: give --budget-tokens (or budget.tokens in the"
                     f" config file), or leave {name} out"
                 )
+
+    @contextmanager
+    def pool_refused(self) -> Iterator[None]:
+        """Settings read with these flags on top, where ``--budget-pool`` meets no token budget: refused in the words
+        of :meth:`check_token_flags` (the flag as typed, and what to give) rather than as a bad settings value."""
+        try:
+            yield
+        except OverrideError as exc:
+            if self.budget_pool and exc.reason == POOL_NEEDS_TOKENS:
+                self.check_token_flags()
+            raise
 
     def unused(self, why: str) -> None:
         """Refuse the flags given where the command sends no call (``why``: when it would, in words): read by nothing,
