@@ -159,3 +159,25 @@ async def test_a_run_directory_in_use_is_refused_with_advice_for_the_api(tmp_pat
     assert said.startswith(f"{tmp_path / 'run'}: this process is running this run already")
     assert "another" not in said and "stop it" not in said
     assert len(sim.chat_bodies()) == 1
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        ({"sampling.temperature": -1}, "{'sampling.temperature': -1}: Input should be greater than or equal to 0"),
+        # A check across keys names the override under the key it checks.
+        ({"budget.pool": True}, "{'budget.pool': True}: budget.pool moves unused tokens between problems: it needs"),
+    ],
+)
+async def test_a_bad_override_to_aresume_names_the_argument_not_a_command_line(
+    tmp_path: Path, sim: SimServer, overrides: dict[str, object], said: str
+) -> None:
+    # Before: "command line: bad value for 'sampling.temperature': ...", of a call that had no command line.
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text(PROBLEM)
+    await tmas.api.arun(problems, tmp_path / "run", settings_for(sim, method={"name": "cot"}))
+    sim.reset()
+    with pytest.raises(ConfigError) as caught:
+        await tmas.api.aresume(tmp_path / "run", {**overrides, "seed": 7})
+    assert str(caught.value).startswith(f"tmas.api.aresume: bad value for overrides={said}")
+    assert sim.chat_bodies() == []

@@ -24,7 +24,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tmas.config import Settings, check_extra_body, config_sampling_sources, load_settings, validation_message
+from tmas.config import (
+    OverrideError,
+    Settings,
+    check_extra_body,
+    config_sampling_sources,
+    load_settings,
+    validation_message,
+)
 from tmas.errors import ConfigError, InputError
 from tmas.llm.model import ChatModel, EndpointUnreachable
 from tmas.llm.preflight import check_endpoints
@@ -196,7 +203,10 @@ async def aresume(
     finished are replayed from the store wherever the model asks them again. Refused where the calls it has still
     to send are over ``max_calls``, or their completion tokens over ``max_completion_tokens`` (None: no limit)."""
     run_dir = Path(run_dir)
-    settings = resume_settings(stored_settings(run_dir), overrides or {}, config=config, params=params)
+    try:
+        settings = resume_settings(stored_settings(run_dir), overrides or {}, config=config, params=params)
+    except OverrideError as exc:
+        raise ConfigError(f"tmas.api.aresume: {override_error(exc, overrides or {})}") from None
     if max_calls is not None or max_completion_tokens is not None:
         with RunStore(run_dir, create=False) as peek:
             setup = RunSetup.check(settings, own_model=model is not None)
@@ -237,6 +247,13 @@ def question_settings(
     if own_model or not settings.uses_local_model:
         chosen = question_params(name, chosen)
     return settings.model_copy(update={"method": settings.method.model_copy(update={"name": name, "params": chosen})})
+
+
+def override_error(exc: OverrideError, overrides: Mapping[str, Any]) -> str:
+    """A bad value that dotted-key ``overrides`` set, said of the argument as the caller passed it
+    (``bad value for overrides={'sampling.temperature': -1}: ...``), not of a command line."""
+    given = {key: overrides[key] for key in exc.keys if key in overrides}
+    return f"bad value for overrides={given!r}: {exc.reason}"
 
 
 def check_cost(

@@ -681,7 +681,7 @@ class OverrideError(ConfigError):
     them (:func:`tmas.cli.options.flag_error`)."""
 
     def __init__(self, exc: ValidationError, given: list[str]) -> None:
-        super().__init__(validation_message(exc, "command line"))
+        super().__init__(validation_message(exc, "overrides"))
         err = exc.errors()[0]
         key = ".".join(str(part) for part in err["loc"])
         self.keys = [k for k in given if k == key or k.startswith(f"{key}.") or key.startswith(f"{k}.")] or given
