@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -26,6 +27,7 @@ from tmas.sweep import (
     SweepSpec,
     expand,
     load_spec,
+    not_applied,
     report_sweep,
     run_sweep,
 )
@@ -539,3 +541,99 @@ def test_a_sweep_over_other_problems_is_refused_before_its_pilot(
     assert isinstance(again.exception, InputError), again.output
     assert str(again.exception) == "sw: holds a sweep over other problems; choose another directory"
     assert sim.requests == [] and not (tmp_path / "sw" / "pilot").exists()
+
+
+def test_a_param_a_method_of_the_study_does_not_take_or_use_is_not_applied_to_it() -> None:
+    # Before, cot (one round) made a point for each value of iterations: the same run, its calls sent again.
+    spec = SweepSpec(problems="x", study=[Study(methods=["cot", "tmas"], grid={"iterations": [1, 2, 4]})])
+    points = expand(spec)
+    assert [(p.name, p.params) for p in points] == [
+        ("cot", {"iterations": 1}),
+        ("tmas__iterations=1", {"iterations": 1}),
+        ("tmas__iterations=2", {"iterations": 2}),
+        ("tmas__iterations=4", {"iterations": 4}),
+    ]
+    assert (
+        not_applied(points) == "iterations not applied to method 'cot', which does not take or use it: one point for it"
+    )
+    # A param cot does not take at all (majority's k), fixed or on the grid: cot runs once, without it.
+    spec = SweepSpec(
+        problems="x", study=[Study(methods=["cot", "majority"], params={"iterations": 3}, grid={"k": [4, 8]})]
+    )
+    points = expand(spec)
+    assert [(p.name, p.params) for p in points] == [
+        ("cot", {}),
+        ("majority__iterations=3__k=4", {"iterations": 3, "k": 4}),
+        ("majority__iterations=3__k=8", {"iterations": 3, "k": 8}),
+    ]
+    assert not_applied(points) == (
+        "iterations, k not applied to method 'cot', which does not take or use them: one point for it"
+    )
+    # A param no method of the study takes is still refused (a misspelling is no param of another method).
+    with pytest.raises(ConfigError, match="unknown parameter 'iteratoins'"):
+        expand(SweepSpec(problems="x", study=[Study(methods=["cot", "tmas"], params={"iteratoins": 3})]))
+
+
+@pytest.mark.parametrize("given", [{"params": {"iterations": 3}}, {"grid": {"iterations": [1, 2]}}])
+def test_iterations_for_a_method_of_one_round_alone_is_refused_as_the_run_refuses_it(given: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError) as caught:
+        expand(SweepSpec(problems="x", study=[Study(method="cot", **given)]))
+    assert str(caught.value) == "iterations does not apply to method 'cot': it runs one round; leave it out"
+
+
+async def test_a_method_of_one_round_in_a_grid_over_iterations_runs_once(tmp_path: Path) -> None:
+    problems = write_problems(tmp_path / "problems.jsonl")
+    spec = SweepSpec(problems=problems, study=[Study(methods=["cot", "self_refine"], grid={"iterations": [1, 2]})])
+    settings = scripted_settings(concurrency=1)
+    model = ScriptedModel(SimScript(), settings)
+    summary = await run_sweep(spec, settings, tmp_path / "sw", model=model)
+    assert [o.point.name for o in summary.outcomes] == [
+        "cot",
+        "self_refine__iterations=1",
+        "self_refine__iterations=2",
+    ]
+    # cot's one call per problem, once.
+    assert sorted(p.name for p in (tmp_path / "sw" / "runs").iterdir()) == [o.point.name for o in summary.outcomes]
+    with RunStore(tmp_path / "sw" / "runs" / "cot", create=False) as store:
+        assert sum(row.calls for row in store.results()) == len(PROBLEMS)
+
+
+async def test_a_sweep_made_when_cot_took_every_iterations_keeps_its_finished_points(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    problems = write_problems(tmp_path / "problems.jsonl")
+    spec = SweepSpec(problems=problems, study=[Study(methods=["cot", "self_refine"], params={"iterations": 2})])
+    settings = scripted_settings(concurrency=1)
+    with monkeypatch.context() as older:
+        # As an older tmas expanded it: every param applied to every method (cot's point named with iterations=2).
+        older.setattr("tmas.sweep._applies", lambda method, key, value: True)
+        made = await run_sweep(spec, settings, tmp_path / "sw", model=ScriptedModel(SimScript(), settings))
+    assert [o.point.name for o in made.outcomes] == ["cot__iterations=2", "self_refine__iterations=2"]
+    again = ScriptedModel(SimScript(), settings)
+    summary = await run_sweep(spec, settings, tmp_path / "sw", model=again)
+    assert again.calls == []
+    assert [(o.point.name, o.status) for o in summary.outcomes] == [
+        ("cot__iterations=2", "skipped"),
+        ("self_refine__iterations=2", "skipped"),
+    ]
+
+
+def test_the_sweep_plan_says_in_one_line_which_params_a_method_is_not_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    problems = write_problems(tmp_path / "problems.jsonl")
+    args = ["sweep", "-o", "sw", "--problems", problems, "-m", "cot", "-m", "tmas", "-g", "iterations=1,2"]
+    out = CliRunner().invoke(app, [*args, "--base-url", "http://127.0.0.1:9/v1", "--dry-run"])
+    assert out.exit_code == 0, out.output
+    said = [line for line in out.output.splitlines() if "not applied" in line]
+    assert said == [
+        "tmas sweep: iterations not applied to method 'cot', which does not take or use it: one point for it"
+    ]
+    assert [
+        line.split()[0] for line in out.output.splitlines() if line.startswith("  cot") or line.startswith("  tmas")
+    ] == [
+        "cot",
+        "tmas__iterations=1",
+        "tmas__iterations=2",
+    ]

@@ -120,6 +120,9 @@ class SweepPoint:
     params: dict[str, Any]
     budget: Budget
     studies: list[str] = field(default_factory=list)
+    # The study params not applied to this point's method, which does not take or does not use them (another method
+    # of its study does): :func:`not_applied`.
+    unapplied: list[str] = field(default_factory=list)
 
     def settings(self, base: Settings) -> Settings:
         """``base`` running this point: its method, with its params over those ``base`` configures for that method
@@ -251,10 +254,19 @@ def expand(spec: SweepSpec, out_dir: Path | None = None) -> list[SweepPoint]:
         keys = list(study.grid)
         combos = [dict(zip(keys, values, strict=True)) for values in itertools.product(*study.grid.values())]
         budget = study.budget or spec.budget
-        for method in study.all_methods():
+        methods = study.all_methods()
+        for method in methods:
+
+            def others_use(key: str, value: Any, method: str = method, methods: list[str] = methods) -> bool:
+                return any(_applies(other, key, value) for other in methods if other != method)
+
             for variant in study.variants or [{}]:
                 for combo in combos:
-                    params = {**study.params, **variant, **combo}
+                    given = {**study.params, **variant, **combo}
+                    # A param another method of the study takes is not applied to one that does not take or use it.
+                    dropped = [k for k in given if not _applies(method, k, given[k]) and others_use(k, given[k])]
+                    params = {k: v for k, v in given.items() if k not in dropped}
+                    _check_applies(method, params)
                     # Equal after validation (defaults filled in) means the same run, whatever the spelling.
                     try:
                         full = create_method(method, params).params.model_dump(mode="json")
@@ -267,14 +279,52 @@ def expand(spec: SweepSpec, out_dir: Path | None = None) -> list[SweepPoint]:
                     if key not in points:
                         name = point_name(method, named_params(method, full), budget)
                         points[key] = SweepPoint(name, method, params, budget)
-                    spellings.setdefault(key, []).append(params)
+                    # How older tmas named the point: with the params its method did not take or use.
+                    spellings.setdefault(key, []).append(given)
                     point = points[key]
+                    point.unapplied += [k for k in dropped if k not in point.unapplied]
                     if study.name not in point.studies:
                         point.studies.append(study.name)
     named = _distinct_names(points)
     if out_dir is not None:
         _keep_older_names(points, spellings, out_dir)
     return named
+
+
+def _applies(method: str, key: str, value: Any) -> bool:
+    """Whether the method ``method`` takes the param ``key`` and uses it at ``value``: a method of one round
+    (:attr:`tmas.methods.traits.Traits.iterates` false) runs as without ``iterations`` other than 1. A method not
+    registered takes everything (:func:`tmas.methods.create_method` says it is unknown)."""
+    cls = METHODS.get(method)
+    if cls is None:
+        return True
+    if key not in cls.Params.model_fields:
+        return False
+    return not (key == "iterations" and not cls.traits.iterates and value != 1)
+
+
+def _check_applies(method: str, params: dict[str, Any]) -> None:
+    """Refuse ``iterations`` other than 1 for a method of one round that no other method of its study takes it for,
+    as ``tmas run`` refuses it: each of its points would be the same run, its calls sent again."""
+    if "iterations" in params and method in METHODS and not _applies(method, "iterations", params["iterations"]):
+        raise ConfigError(f"iterations does not apply to method {method!r}: it runs one round; leave it out")
+
+
+def not_applied(points: list[SweepPoint]) -> str | None:
+    """One line saying which params the sweep does not apply to which method (each then runs as one point without
+    them), or None where it applies every param to every method."""
+    by_method: dict[str, list[str]] = {}
+    for point in points:
+        for key in point.unapplied:
+            if key not in by_method.setdefault(point.method, []):
+                by_method[point.method].append(key)
+    said = [
+        f"{', '.join(keys)} not applied to method {method!r}, which does not take or use"
+        f" {'it' if len(keys) == 1 else 'them'}"
+        for method, keys in by_method.items()
+        if keys
+    ]
+    return f"{'; '.join(said)}: one point for {'it' if len(said) == 1 else 'each'}" if said else None
 
 
 def named_params(method: str, full: dict[str, Any]) -> dict[str, Any]:
@@ -336,6 +386,9 @@ def _keep_older_names(points: dict[str, SweepPoint], spellings: dict[str, list[d
             if found:
                 taken.add(found[0])
                 point.name = found[0]
+                # Its run goes on with the params it was made with (a param its method does not use included): the
+                # same requests, its finished problems kept.
+                point.params = params
                 break
 
 

@@ -711,6 +711,7 @@ def sweep(
         check_sweep_dir,
         expand,
         grid_changes,
+        not_applied,
         point_resume,
         report_sweep,
         run_sweep,
@@ -725,6 +726,9 @@ def sweep(
     )
 
     points = expand(spec, out)
+    unapplied = not_applied(points)
+    if unapplied is not None:
+        typer.echo(f"tmas sweep: {unapplied}", err=True)
     added, left = grid_changes(out, points)
     if left:
         # Said before any call: the runs of the points left out stay on disk, and out of the report.
