@@ -149,6 +149,15 @@ def test_llama_server_caches_prompts_and_reuses_chunks(tmp_path: Path, monkeypat
     assert argv[len(argv) - 1 - argv[::-1].index("--cache-reuse") + 1] == "64"
 
 
+def test_llama_server_turns_its_web_ui_off_by_the_current_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = _bin_dir(tmp_path, None)
+    monkeypatch.setattr(local_command, "llama_server_bin_dir", lambda: bin_dir)
+    argv, _, _ = build_command(LocalModel(), tmp_path / "m.gguf", 5555, "m")
+    # The pinned build takes --no-ui; --no-webui is its deprecated spelling.
+    assert "--no-ui" in argv
+    assert "--no-webui" not in argv
+
+
 @pytest.mark.parametrize(
     ("memory_mib", "settings", "expected"),
     [

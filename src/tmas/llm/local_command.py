@@ -186,7 +186,7 @@ def build_command(
             "-tb", str(threads),
             "-ngl", gpu_layers_arg(cfg, llama_server_backend(bin_dir)),
             "--jinja",  # the model's own chat template (Qwen's), not a built-in approximation
-            "--no-webui",
+            "--no-ui",  # its older spelling, --no-webui, is deprecated
             # Agents' prompts share long prefixes (system prompt, problem, rollouts): keep each slot's prompt in
             # its KV cache (the build's default, stated so a later default cannot drop it) and reuse cached chunks
             # of at least this many tokens even after a change earlier in the prompt, by shifting them in the cache.
