@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import struct
 
 import pytest
 
@@ -69,3 +70,19 @@ async def test_embed_unreachable_endpoint_raises() -> None:
         async with LLMClient(settings) as llm:
             with pytest.raises(EndpointUnreachable, match="embedding"):
                 await llm.embed(["x"])
+
+
+async def test_embed_reads_base64_vectors_asked_for_in_extra_body(sim: SimServer) -> None:
+    texts = ["the sum of the digits is 12", "a prime modulus rules this out"]
+    as_floats = {"embedding": {"sampling": {"extra_body": {"dimensions": 64}}}}
+    as_base64 = {"embedding": {"sampling": {"extra_body": {"dimensions": 64, "encoding_format": "base64"}}}}
+    async with LLMClient(settings_for(sim, roles=as_floats)) as llm:
+        floats = await llm.embed(texts)
+    async with LLMClient(settings_for(sim, roles=as_base64)) as llm:
+        packed = await llm.embed(texts)
+        assert llm.stats.retries == 0
+    # The server packed each vector as 64 little-endian float32s; tmas reads back the values of the float reply
+    # (itself float32 values written as JSON numbers). Before, each reply was "malformed" until the retries ran out.
+    assert [len(v) for v in packed] == [64, 64]
+    assert packed == [[struct.unpack("<f", struct.pack("<f", x))[0] for x in v] for v in floats]
+    assert [r.body.get("encoding_format") for r in sim.requests] == [None, "base64"]

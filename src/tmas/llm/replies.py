@@ -6,6 +6,8 @@ tokenizer where configured, else estimated and marked so).
 
 from __future__ import annotations
 
+import base64
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,16 +76,23 @@ def completion(
     )
 
 
+def _vector(raw: Any) -> list[float]:
+    """One embedding: a list of numbers, or (``encoding_format = "base64"`` in the role's extra_body) the base64 of
+    little-endian float32s, as the OpenAI API packs them."""
+    if isinstance(raw, str):
+        packed = base64.b64decode(raw, validate=True)
+        return list(struct.unpack(f"<{len(packed) // 4}f", packed))
+    return [float(x) for x in raw]
+
+
 def vectors(data: dict[str, Any], count: int) -> list[list[float]]:
     """The float vectors of an embeddings reply, ordered by their ``index``."""
     items = data["data"]
     try:
         ordered = sorted(items, key=lambda item: int(item.get("index", 0)))
-        vectors = [[float(x) for x in item["embedding"]] for item in ordered]
-    except (TypeError, ValueError, KeyError, AttributeError):
-        raise Failure(
-            "embeddings reply has an unexpected shape (base64 vectors are not requested)", "malformed", retry=True
-        ) from None
+        vectors = [_vector(item["embedding"]) for item in ordered]
+    except (TypeError, ValueError, KeyError, AttributeError, struct.error):
+        raise Failure("embeddings reply has an unexpected shape", "malformed", retry=True) from None
     if len(vectors) != count:
         raise Failure(f"embeddings reply has {len(vectors)} vectors for {count} inputs", "malformed", retry=True)
     return vectors
