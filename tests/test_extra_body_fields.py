@@ -147,3 +147,16 @@ def test_a_run_stored_with_such_a_key_still_resumes(
     out = CliRunner().invoke(app, ["run", "--resume", str(run_dir)])
     assert out.exit_code == 0, out.output
     assert [body.get("top_k") for body in chat_bodies(sim)] == [20]
+
+
+def test_the_embedding_roles_extra_body_input_is_refused(sim: SimServer, tmp_path: Path) -> None:
+    # An embeddings request's body is that role's extra_body under tmas's model and input: before, this input was
+    # overwritten by the texts to embed without a word.
+    path = config(sim, tmp_path, "[roles.embedding.sampling]\nextra_body = { input = ['x'], dimensions = 64 }\n")
+    with pytest.raises(ConfigError) as refused:
+        load_settings(path, environ={})
+    line = f"{path}: roles.embedding.sampling.extra_body.input would replace the input tmas sends"
+    assert str(refused.value) == f"{line}, and no setting sets it: leave it out"
+    # A chat role's request has no input field of tmas's: its extra_body input goes as written.
+    path = config(sim, tmp_path, "[roles.judge.sampling]\nextra_body = { input = 'x' }\n")
+    assert load_settings(path, environ={}).roles["judge"].sampling.extra_body == {"input": "x"}

@@ -144,11 +144,18 @@ SENT_BY_TMAS: dict[str, str | None] = {
 }
 
 
-def extra_body_refusal(sampling: Sampling, at: str, endpoint_at: str) -> str | None:
+# What tmas sends in an embeddings request besides its role's extra_body, which goes under them: such a key of it
+# would be overwritten.
+EMBEDDING_SENT_BY_TMAS: dict[str, str | None] = {"model": "model", "input": None}
+
+
+def extra_body_refusal(sampling: Sampling, at: str, endpoint_at: str, *, embedding: bool = False) -> str | None:
     """Why ``sampling.extra_body`` (the sampling table at dotted key ``at``, for the endpoint at ``endpoint_at``)
-    cannot be sent, in one line naming the key and the setting to use instead; None where it can."""
-    for key in [key for key in sampling.extra_body if key in SENT_BY_TMAS]:
-        setting = SENT_BY_TMAS[key]
+    cannot be sent, in one line naming the key and the setting to use instead; None where it can. ``embedding``: the
+    table is the embedding role's, whose extra_body goes in /v1/embeddings requests too."""
+    sent = {**SENT_BY_TMAS, **EMBEDDING_SENT_BY_TMAS} if embedding else SENT_BY_TMAS
+    for key in [key for key in sampling.extra_body if key in sent]:
+        setting = sent[key]
         where = f"{at}.extra_body.{key}"
         if setting is None:
             return f"{where} would replace the {key} tmas sends, and no setting sets it: leave it out"
@@ -166,10 +173,12 @@ def check_extra_body(settings: Settings, source: str) -> None:
 
     Checked where settings are given, not in :class:`Sampling`: runs stored before the check may hold such a key
     (``top_k`` went in extra_body before it was a setting), and they still resume, replay and report as they ran."""
-    tables = [("sampling", "endpoint", settings.sampling)]
-    tables += [(f"roles.{name}.sampling", f"roles.{name}", role.sampling) for name, role in settings.roles.items()]
-    for at, endpoint_at, sampling in tables:
-        refusal = extra_body_refusal(sampling, at, endpoint_at)
+    tables = [("sampling", "endpoint", settings.sampling, "")]
+    tables += [
+        (f"roles.{name}.sampling", f"roles.{name}", role.sampling, name) for name, role in settings.roles.items()
+    ]
+    for at, endpoint_at, sampling, role in tables:
+        refusal = extra_body_refusal(sampling, at, endpoint_at, embedding=role == "embedding")
         if refusal is not None:
             raise ConfigError(f"{source}: {refusal}")
 

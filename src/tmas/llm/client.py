@@ -182,7 +182,8 @@ class LLMClient:
         """``texts``' vectors from ``role``'s ``/v1/embeddings``, in order, with the caps and retry policy of chat
         calls; :class:`LLMError` when refused or out of retries (:class:`EndpointUnreachable`: no replica answers).
         The role's own ``extra_body`` (``[roles.embedding.sampling]``: ``dimensions``, ``encoding_format``, ...) goes
-        in the body; the default sampling's, meant for chat, does not."""
+        in the body, under the ``model`` and ``input`` tmas sends (settings that set either are refused); the default
+        sampling's, meant for chat, does not."""
         if not texts:
             return []
         route = self.route(role)
