@@ -6,6 +6,8 @@ raise :class:`ConfigError` with a one-line message naming the key.
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 import re
 import tomllib
@@ -542,6 +544,41 @@ ENV_KEYS: dict[str, str] = {
 }
 
 
+# TMAS_ variables tmas reads that set no setting: the config file's path, the cache, the benchmarks' folder, the RL
+# export's converter, tmas serve's limits, and switches of tmas's own tests.
+OTHER_ENV = frozenset(
+    {
+        "TMAS_CONFIG",
+        "TMAS_CACHE_DIR",
+        "TMAS_BENCHMARKS_DIR",
+        "TMAS_CONVERT_HF_TO_GGUF",
+        "TMAS_SERVE_MAX_PROBLEMS",
+        "TMAS_SERVE_MAX_QUEUE",
+        "TMAS_SERVE_MAX_REQUEST_CALLS",
+        "TMAS_SKIP_LOCAL_MODEL",
+        "TMAS_VERL_PYTHON",
+        "TMAS_DOCS_SCREENSHOTS",
+    }
+)
+_log = logging.getLogger(__name__)
+# Variables already named by warn_unknown_env: once a process, however often settings are read.
+_warned: set[str] = set()
+
+
+def warn_unknown_env(env: Mapping[str, str], named: set[str | None]) -> None:
+    """A warning line for each ``TMAS_`` variable in ``env`` that tmas does not read (a typo such as
+    ``TMAS_TEMPRATURE`` would otherwise be ignored without a word), naming the closest one it reads. Not an error:
+    other tools may share the prefix. ``named``: the variables the settings name (``api_key_env``), which hold keys."""
+    known = [*ENV_KEYS, *OTHER_ENV]
+    for var in sorted(env):
+        if not var.startswith("TMAS_") or var in ENV_KEYS or var in OTHER_ENV or var in named or var in _warned:
+            continue
+        _warned.add(var)
+        close = difflib.get_close_matches(var, known, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        _log.warning("tmas: environment variable %s is not one tmas reads: ignored%s", var, hint)
+
+
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     keys = dotted.split(".")
     node = data
@@ -619,7 +656,9 @@ def load_settings(
             named = [var for var in given if ENV_KEYS[var] == key] or list(given)
             raise ConfigError(validation_message(exc, f"environment ({', '.join(named)})")) from None
     data["sampling_sources"] = sources
-    return _overridden(data, overrides or {})
+    settings = _overridden(data, overrides or {})
+    warn_unknown_env(env, {settings.endpoint.api_key_env, *(role.api_key_env for role in settings.roles.values())})
+    return settings
 
 
 def config_sampling_sources(data: Mapping[str, Any]) -> dict[str, SamplingSource]:
