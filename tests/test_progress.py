@@ -91,6 +91,25 @@ async def test_tmas_report_says_each_step_as_it_begins(tmp_path: Path) -> None:
     ]
 
 
+async def test_tmas_report_says_no_grading_of_a_run_it_cannot_grade(tmp_path: Path) -> None:
+    # A proof-mode run and one without reference answers are never graded: their lines say they are read, and why,
+    # not that they are graded.
+    runs = []
+    for name, mode, answer in (("proof", "proof", "391"), ("unlabeled", "numeric", None)):
+        problems = [Problem(problem_id="q", question="Show that 17*23 = 391.", answer=answer)]
+        settings = scripted_settings(method={"name": "cot", "params": {"mode": mode}})
+        await scripted_run(ScriptedModel(SimScript(), settings), tmp_path / name, problems)
+        runs.append(str(tmp_path / name))
+    out = run_tmas("report", *runs, "-o", str(tmp_path / "report"), "--grade", "rules", timeout=300)
+    assert out.returncode == 0, out.stderr.decode()
+    said = [line for line in out.stderr.decode().splitlines() if line.startswith("tmas report: ")]
+    assert said[:2] == [
+        f"tmas report: reading run 1 of 2: {runs[0]} (proof mode: answers are proofs, not graded)",
+        f"tmas report: reading run 2 of 2: {runs[1]} (no problem has a reference answer (unlabeled): nothing graded)",
+    ]
+    assert not any("grading" in line for line in said)
+
+
 def test_a_step_is_said_again_only_once_it_lasts() -> None:
     steps = Steps("report")
     assert steps.still() is None  # no step yet

@@ -197,14 +197,23 @@ class StoredSetup:
 
 
 async def evaluate_run(
-    run_dir: Path, config: GradeConfig | None, settings: Settings | None, *, grade: bool = True
+    run_dir: Path,
+    config: GradeConfig | None,
+    settings: Settings | None,
+    *,
+    grade: bool = True,
+    on_read: Callable[[bool, str], None] | None = None,
 ) -> RunEvaluation:
     """Grade (or read stored grades of) one run and compute everything the report shows. ``config`` None: grade with
-    the default grader, or with ``grade`` off read the stored grades as the run's last grading read them."""
+    the default grader, or with ``grade`` off read the stored grades as the run's last grading read them.
+    ``on_read`` hears, before the run's results are read, whether it is graded now and, where it never is, why."""
     with RunStore(run_dir, create=False) as store:
         setup = StoredSetup.read(store)
-        results = load_results(store)
         problems = store.problems()
+        if on_read is not None:
+            never = _never_graded(setup, problems)
+            on_read(grade and not never, never)
+        results = load_results(store)
         grades, reason = await _grades(store, setup, problems, config, settings, grade=grade)
         classes = await _answer_classes(results, config or GradeConfig())
         evaluation = RunEvaluation(
@@ -257,20 +266,25 @@ async def _grades(
     asks for, or without one as the run's last grading read them), and why there are none where there are not (then
     grades that only name the unlabeled problems)."""
     grades: Grades | None = None
-    reason = ""
-    if setup.params["mode"] == "proof":
-        reason = "proof mode: answers are proofs, not graded"
-    elif not any(p.answer is not None for p in problems):
-        reason = "no problem has a reference answer (unlabeled): nothing graded"
-    elif grade:
+    reason = _never_graded(setup, problems)
+    if not reason and grade:
         grades = await grade_run(store, config or GradeConfig(), _judge_settings(settings, setup.settings))
-    else:
+    elif not reason:
         grades = load_last_grades(store) if config is None else load_grades(store, config, runs=config.judge_runs)
         if grades is None:
             reason = "not graded yet (run 'tmas report' without --no-grade)"
     if grades is None:
         grades = Grades(runs=1, unlabeled=[p.problem_id for p in problems if p.answer is None])
     return grades, reason
+
+
+def _never_graded(setup: StoredSetup, problems: list[Problem]) -> str:
+    """Why no grading ever reads the run's answers ("" where one can): proofs, or no problem with a reference."""
+    if setup.params["mode"] == "proof":
+        return "proof mode: answers are proofs, not graded"
+    if not any(p.answer is not None for p in problems):
+        return "no problem has a reference answer (unlabeled): nothing graded"
+    return ""
 
 
 def _graded_analyses(
@@ -915,7 +929,12 @@ async def build_report(
     say = on_step or (lambda _: None)
     evaluations = []
     for i, run_dir in enumerate(run_dirs, start=1):
-        say(f"{'grading' if grade else 'reading'} run {i} of {len(run_dirs)}: {run_dir}")
-        evaluations.append(await evaluate_run(run_dir, config, settings, grade=grade))
+        where = f"run {i} of {len(run_dirs)}: {run_dir}"
+
+        def began(grading: bool, never: str, where: str = where) -> None:
+            # A run no grading reads (proofs, no reference answers) is read, and the line says why.
+            say(f"grading {where}" if grading else f"reading {where}" + (f" ({never})" if never else ""))
+
+        evaluations.append(await evaluate_run(run_dir, config, settings, grade=grade, on_read=began))
     say(f"writing the report (tables, plots) into {out_dir}")
     return write_report(evaluations, out_dir, paper_model=paper_model)
