@@ -169,6 +169,17 @@ async def test_self_refine_reads_the_answer_of_the_solution_not_of_the_feedback_
     assert refined.answer == "391" and refined.meta.reminder is not None and refined.meta.reminder.answered
 
 
+@pytest.mark.parametrize("mode", ["numeric", "proof"])
+async def test_self_refine_solves_afresh_after_a_solution_without_text(mode: str) -> None:
+    # Trajectory 0's first solution is cut while the model still reasoned: no content, no attempt to improve. Its
+    # next call is the generation prompt, as after a failed call, not a refinement of an empty attempt.
+    cut = Rule(role="solution", replies=[""], reasoning="Let me multiply 17 by 23", finish_reason="length", times=1)
+    result, model = await run("self_refine", SimScript(rules=[cut]), n=2, iterations=2, mode=mode)
+    assert roles_by_iteration(calls(model)) == {0: {"solution": 2}, 1: {"solution": 1, "refiner": 1}}
+    assert result.iterations[0].candidates[0].text == ""
+    assert [c.meta.prompt for c in result.iterations[1].candidates] == ["generate", "refine"]
+
+
 @pytest.mark.parametrize("style", ["paper", "concise"])
 def test_self_refine_asks_for_the_solution_heading_its_feedback_is_cut_at_in_every_style(style: str) -> None:
     # Only the text under "## Solution" is carried to the next iteration: the concise layout asks for no heading of

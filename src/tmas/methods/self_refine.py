@@ -5,9 +5,9 @@ Iteration 0 samples TMAS's plain generation prompt (as every method here does); 
 trajectory i's previous solution back to the model (role ``refiner``), which reviews it and writes an improved one.
 The paper's feedback and refine steps are one call here (a "## Feedback" section, then the solution under a
 "## Solution" heading, whose answer alone is read: ``parse_refinement``): see docs/baselines.md. A trajectory whose
-last call failed starts afresh from the generation prompt. A refinement without an answer never silently replaces an
-answered solution (``answer_reminder``, ``answer_fallback``): the trajectory holds that solution on, and it votes in
-the iteration in place of the reply (``meta.carried_from``).
+last call failed or wrote no text starts afresh from the generation prompt. A refinement without an answer never
+silently replaces an answered solution (``answer_reminder``, ``answer_fallback``): the trajectory holds that solution
+on, and it votes in the iteration in place of the reply (``meta.carried_from``).
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ class SelfRefine(Method[SelfRefineParams]):
 
     def calls_per_problem(self) -> CallCount:
         """N solution calls in iteration 0, N refiner calls in each of the T - 1 later ones: N x T; each may be asked
-        again once (an echo), a refinement (``answer_reminder``) once more. A trajectory whose last call failed sends
-        a solution call (asked again once at most) in place of its refinement."""
+        again once (an echo), a refinement (``answer_reminder``) once more. A trajectory whose last call failed or
+        wrote no text sends a solution call (asked again once at most) in place of its refinement."""
         p = self.params
         roles = {"solution": p.n, "refiner": p.n * (p.iterations - 1)}
         reminded = {"refiner": roles["refiner"]} if p.answer_reminder else {}
@@ -87,7 +87,8 @@ class SelfRefine(Method[SelfRefineParams]):
 
             async def step(i: int) -> Candidate | None:
                 prev = latest[i]
-                if prev is None or prev.error is not None:
+                # A failed call, or a reply with no text (cut while it reasoned), leaves no attempt to improve.
+                if prev is None or prev.error is not None or not prev.text.strip():
                     first = generation_prompt(q, mode, p.style_of("solution"))
                     return await solve_call(
                         session, "solution", first, index=i, mode=mode, meta=CandidateMeta(prompt="generate")
