@@ -15,7 +15,7 @@ from tmas.pool.build import CREDITS_FILE, BuildConfig, build_dir_for, build_pool
 from tmas.pool.outcomes import load_transcripts
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
-from tmas.testing import SimScript, SimServer
+from tmas.testing import Rule, SimScript, SimServer
 
 # The hand-worked transcript of tests/test_pool_credit.py: 5 specialist turns, which tests/test_pool_build.py scripts.
 TURNS = hand_worked_transcript()
@@ -120,3 +120,37 @@ async def test_the_summary_counts_the_calls_sent_and_those_replayed_from_the_bui
     assert figures == [(12, 0, 2, 0), (0, 12, 3, 2), (0, 12, 0, 5)]
     assert sent == [{"judge": 12, "summarizer": 2}, {"judge": 0, "summarizer": 3}, {"judge": 0, "summarizer": 0}]
     assert [s.added for s in summaries] == [2, 3, 0]
+
+
+async def test_a_retry_after_an_unreadable_reply_goes_out_under_another_seed_and_is_replayed_as_itself(
+    tmp_path: Path,
+) -> None:
+    run = write_run(tmp_path / "run", [(Problem(problem_id="p1", question="What is 6*7?", answer="42"), TURNS, "42")])
+    pool_path = tmp_path / "pool"
+    # The first summary and S1's first score of turn 1 are unreadable; asked again, each gets a usable reply.
+    rules = [Rule(role="summarizer", replies=["no entries here"], times=1), *scripted_rules(flaky_for=(1, "S1"))]
+    summaries = []
+    sent = []
+    with SimServer(SimScript(rules=rules)) as sim:
+        settings = settings_for(sim, sampling__seed=5)
+        for _ in range(2):
+            before = len(sim.requests)
+            config = BuildConfig(scheme="difference", grade_mode="rules", quantile=0.25)
+            summaries.append(await build_pool([run], pool_path, settings, config))
+            sent.append([r for r in sim.requests[before:] if r.endpoint == "chat"])
+    first, again = sent
+    asked: dict[str, list[int]] = {}
+    for request in first:
+        asked.setdefault(json.dumps(request.body["messages"]), []).append(request.body["seed"])
+    # The unreadable summary and score are asked again, each under a seed of its own: the configured one would draw
+    # the same reply from a server that honours it. Every other call sends the configured seed as it is.
+    retried = [seeds for seeds in asked.values() if len(seeds) > 1]
+    assert len(retried) == 2 and all(seeds[0] == 5 and seeds[1] != 5 and len(seeds) == 2 for seeds in retried)
+    assert all(seeds == [5] for seeds in asked.values() if len(seeds) == 1)
+    assert [r.role for r in first].count("summarizer") == 3
+    # Rebuilt on the build store: nothing is sent, and each retry is answered by its own stored reply, not the
+    # unreadable first one.
+    assert again == []
+    assert [(s.defaulted_scores, s.added) for s in summaries] == [(0, 2), (0, 0)]
+    assert summaries[1].summarizer_replayed_calls == 3 and summaries[1].judge_replayed_calls == 13
+    assert not [n for n in summaries[1].notes if "no usable summary" in n or "unusable" in n]

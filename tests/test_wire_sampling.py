@@ -16,6 +16,7 @@ from conftest import isolate
 from tmas.api import asolve
 from tmas.cli.main import app
 from tmas.config import Sampling, Settings, load_settings
+from tmas.grading.diagnosis import judge_rank
 from tmas.grading.judge import judge_once
 from tmas.llm.factory import open_model
 from tmas.llm.types import user
@@ -418,3 +419,28 @@ async def test_a_roles_context_length_bounds_no_other_role_when_that_role_calls_
     bodies = bodies_by_role(sim)
     assert [b["max_tokens"] for b in bodies["solution"]] == [4000]
     assert len(bodies["refiner"]) == 1 and bodies["refiner"][0]["max_tokens"] < 1200
+
+
+async def test_a_judge_asked_again_after_an_unreadable_reply_changes_a_configured_seed(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # A server that honours the seed would give the retry the same unreadable reply under the same seed.
+    sim.set_script(
+        SimScript(
+            rules=[
+                Rule(role="judge", pattern="<student>", replies=["undecided"], times=1),
+                Rule(role="judge", pattern="<student>", replies=['{"reasoning": "r", "equivalent": true}']),
+                Rule(role="judge", replies=["no rank"], times=1),
+                Rule(role="judge", replies=["<answer>2</answer>"]),
+            ]
+        )
+    )
+    settings = settings_from(tmp_path, f'[endpoint]\nbase_url = "{sim.base_url}"\nmodel = "m"\n[sampling]\nseed = 7\n')
+    async with open_model(settings) as llm:
+        verdict = await judge_once(llm, problem_id="p", problem="What is 1+1?", reference="2", student="2", run=0)
+        rank = await judge_rank(llm, "p", ["Flu", "Cold"], "Common cold")
+    assert (verdict.correct, verdict.attempts, rank) == (True, 2, (2, None))
+    judged = bodies_by_role(sim)["judge"]
+    for first, retry in (judged[0:2], judged[2:4]):
+        assert first["messages"] == retry["messages"]
+        assert first["seed"] == 7 and retry["seed"] != 7

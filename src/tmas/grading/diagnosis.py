@@ -18,6 +18,7 @@ from tmas.agents.templates import prompt
 from tmas.grading.grader import GradingContext, StoredGrades, Verdicts
 from tmas.grading.grades import SELECTED, GradeConfig, Item
 from tmas.llm.model import ChatModel
+from tmas.llm.sampling import retried
 from tmas.llm.types import CallKey
 from tmas.methods.state import MATTRLState
 
@@ -65,9 +66,10 @@ async def judge_rank(
         return by_name, None
     messages = prompt("judge_diagnosis.j2", predicted=list(predicted[:10]), reference=reference)
     why = ""
+    configured = llm.resolve_sampling("judge")
     for attempt in range(retries + 1):
         key = CallKey(problem_id=problem_id, role="judge", sample=attempt)
-        reply = await llm.chat("judge", messages, key=key)
+        reply = await llm.chat("judge", messages, key=key, sampling=retried(configured, attempt))
         if not reply.ok:
             why = f"judge call failed: {reply.error}"
             continue

@@ -29,6 +29,7 @@ and as the built-in default otherwise: what the preset check read before.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -70,6 +71,17 @@ class ResolvedSampling(BaseModel):
             elif value is not None:
                 sources[name] = source
         return ResolvedSampling(sampling=self.sampling.merged(sampling), sources=sources)
+
+
+def retried(resolved: ResolvedSampling, attempt: int) -> ResolvedSampling:
+    """``resolved`` for attempt ``attempt`` of a call asked again because its reply could not be read: a seed some
+    source set goes out as it is on the first attempt and is changed on each retry (source ``derived seed``), since a
+    server that honours it would give the retry the same unreadable reply; without a seed it is ``resolved``."""
+    seed = resolved.sampling.seed
+    if attempt == 0 or seed is None:
+        return resolved
+    raw = repr((seed, attempt)).encode()
+    return resolved.over(DERIVED_SEED, Sampling(seed=int.from_bytes(hashlib.sha256(raw).digest()[:4], "big") >> 1))
 
 
 def resolve_sampling(layers: Sequence[Layer]) -> ResolvedSampling:

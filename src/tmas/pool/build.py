@@ -42,7 +42,7 @@ from tmas.errors import ConfigError, InputError
 from tmas.grading.registry import GradeMode
 from tmas.llm.factory import open_model
 from tmas.llm.model import ChatModel
-from tmas.llm.sampling import resolve_role
+from tmas.llm.sampling import resolve_role, retried
 from tmas.llm.types import CallKey, Message
 from tmas.memory.embedders import ENDPOINT, LOCAL, Embedder, embedder_for
 from tmas.memory.pool import META, Pool
@@ -267,9 +267,11 @@ async def _distil(
     echo_retried = False
     # The entries of a reply that echoed, less those that echo: what the turn gives if no later attempt is usable.
     echoed_reply: list[DistilledEntry] | None = None
+    configured = llm.resolve_sampling(SUMMARIZER_ROLE)
     for attempt in range(retries + 1):
         key = CallKey(problem_id=case.problem.problem_id, role=SUMMARIZER_ROLE, sample=attempt, iteration=target.turn)
-        completion = await llm.chat(SUMMARIZER_ROLE, messages, key=key, reply_model=shape)
+        sampling = retried(configured, attempt)
+        completion = await llm.chat(SUMMARIZER_ROLE, messages, key=key, sampling=sampling, reply_model=shape)
         if completion.replayed:
             summary.summarizer_replayed_calls += 1
         else:

@@ -4,7 +4,8 @@
 A teaching domain (education) scores a teacher's turn with appendix C.4.6's rubric (correctness, information gain,
 relevance, clarity) against the question, the student's pre-test, the correct answer and the dialogue so far.
 
-A reply that cannot be parsed (or a failed call) is retried with a new sample index; after ``retries`` retries
+A reply that cannot be parsed (or a failed call) is retried with a new sample index (and a seed configured for
+the judge changed, so a server that honours it answers anew); after ``retries`` retries
 the score defaults to 0 (no credit for what could not be judged) and the reason is recorded with it.
 """
 
@@ -30,6 +31,7 @@ from tmas.agents.utterance_judge import (
     utterance_score_prompt,
 )
 from tmas.llm.model import ChatModel
+from tmas.llm.sampling import retried
 from tmas.llm.types import CallKey, Message
 from tmas.pool.credit import Coalition
 from tmas.pool.outcomes import AgentTurn, LabelledTranscript
@@ -84,10 +86,15 @@ class TurnJudge:
     ) -> Judged:
         judged = Judged(value=0.0)
         reasons: list[str] = []
+        configured = self.llm.resolve_sampling(JUDGE_ROLE)
         for attempt in range(self.retries + 1):
             async with self._gate:
                 completion = await self.llm.chat(
-                    JUDGE_ROLE, messages, key=key.model_copy(update={"sample": attempt}), reply_model=reply_model
+                    JUDGE_ROLE,
+                    messages,
+                    key=key.model_copy(update={"sample": attempt}),
+                    sampling=retried(configured, attempt),
+                    reply_model=reply_model,
                 )
             if completion.replayed:
                 self.replayed += 1
