@@ -357,3 +357,26 @@ async def test_verify_refine_sends_no_solution_without_text_to_the_verifiers(mod
     assert len(written.meta.verifications or []) == m and not written.meta.unverified
     assert "candidate 0: no solution text; not verified, scored 0" in first.notes
     assert [c.meta.prompt for c in result.iterations[1].candidates] == ["generate", "correct"]
+
+
+async def test_verify_refine_reads_the_answer_of_the_corrected_solution_not_of_text_quoting_the_old_one() -> None:
+    # The corrector discusses the report before its "## Solution", quoting the old boxed 390; the corrected solution
+    # states 391 without a box.
+    quoting = "The report is right: my \\boxed{390} is wrong, 17*23 is not 390.\n\n## Solution\n"
+    script = SimScript(
+        rules=[Rule(role="corrector", replies=[quoting + "17*23 = 340 + 51 = 391.\nThe answer is 391."])]
+    )
+    result, model = await run("verify_refine", script, n=1, iterations=2, answer_reminder=False)
+    (corrected,) = result.iterations[1].candidates
+    assert (corrected.answer, corrected.meta.extraction) == ("391", "stated")
+    # A corrected solution with no answer of its own is answerless, whatever the text before it quotes: reminded.
+    unfinished = Rule(role="corrector", replies=[quoting + "17*23 = 340 + 51, to be finished."])
+    result, model = await run("verify_refine", SimScript(rules=[unfinished]), n=1, iterations=2, answer_reminder=False)
+    (corrected,) = result.iterations[1].candidates
+    assert (corrected.answer, corrected.meta.extraction) == (None, "none")
+    finished = "## Solution\n17*23 = 391.\n\\boxed{391}"
+    script = SimScript(rules=[Rule(role="corrector", pattern="states no final answer", replies=[finished]), unfinished])
+    result, model = await run("verify_refine", script, n=1, iterations=2)
+    assert [c.role for c in model.calls if c.role != "verifier"] == ["solution", "corrector", "corrector"]
+    (corrected,) = result.iterations[1].candidates
+    assert corrected.answer == "391" and corrected.meta.reminder is not None and corrected.meta.reminder.answered

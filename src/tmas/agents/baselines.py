@@ -32,9 +32,10 @@ def self_refine_prompt(question: str, mode: str, attempt: str, style: Style = "p
 
 
 def parse_refinement(content: str, mode: str) -> SolutionOutput:
-    """Self-Refine's reading of a refinement: the solution under the last ``## Solution`` heading, and in numeric
-    mode the answer that solution gives. The feedback written before it reviews the previous attempt and may quote that
-    attempt's boxed answer; it is never read as the new answer (a solution without one is answerless, and reminded)."""
+    """The reading of a reply that revises an earlier solution (Self-Refine's refinement, Verify-Refine's correction):
+    the solution under the last ``## Solution`` heading, and in numeric mode the answer that solution gives. Text
+    written before it (a refinement's feedback, a corrector's discussion of the report) may quote the earlier boxed
+    answer; it is never read as the new answer (a solution without one is answerless, and reminded)."""
     parsed = parse_section(content, mode)
     if mode != "numeric" or not parsed.has_section:
         return parsed

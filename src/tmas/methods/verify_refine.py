@@ -6,9 +6,11 @@ previous solution with its verification report to the corrector (role ``correcto
 ``m`` verifications (TMAS's verification agent, role ``verifier``). Its score is their mean (1 / 0.5 / 0 scale) and
 the answer is the best-scored candidate's (``select`` and ``select_from`` choose other rules: methods/selection.py).
 With m > 1 the corrector is shown the most critical report (lowest score read; a failed verification call is no
-report). The iteration's candidates are the verified solutions of that iteration. A correction without an answer never
-silently replaces an answered solution (``answer_reminder``, ``answer_fallback``): the trajectory holds that solution
-on, and it is selected from in the iteration, with its score, in place of the correction (``meta.carried_from``).
+report). A correction's answer is read from its solution under "## Solution" alone (``parse_refinement``, as in
+Self-Refine): text before the heading that quotes the previous boxed answer is no new answer. The iteration's
+candidates are the verified solutions of that iteration. A correction without an answer never silently replaces an
+answered solution (``answer_reminder``, ``answer_fallback``): the trajectory holds that solution on, and it is
+selected from in the iteration, with its score, in place of the correction (``meta.carried_from``).
 A solution with no text is not sent to the verifiers: it is scored 0, recorded unverified, and no corrector is shown
 it (its trajectory starts afresh, as after a failed call, unless it holds an answered solution on).
 """
@@ -21,8 +23,8 @@ from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from tmas.agents.baselines import correction_prompt
-from tmas.agents.solution import generation_prompt
+from tmas.agents.baselines import correction_prompt, parse_refinement
+from tmas.agents.solution import generation_prompt, parse_section
 from tmas.agents.verification import (
     Verification,
     parse_verification,
@@ -167,15 +169,17 @@ class VerifyRefine(Method[VerifyRefineParams]):
         p, q, mode = self.params, session.problem.question, self.params.mode
         if prev is None or prev.candidate.error is not None or prev.report is None:
             messages, role, kind = generation_prompt(q, mode, p.style_of("solution")), "solution", "generate"
+            parse = parse_section
         else:
             report = prev.report
             messages = correction_prompt(
                 q, mode, prev.candidate.text, report.feedback, report.score, p.style_of("corrector")
             )
-            role, kind = "corrector", "correct"
+            # The corrected solution alone gives the answer: text before its heading may quote the old one.
+            role, kind, parse = "corrector", "correct", parse_refinement
         remind = p.answer_reminder and kind == "correct"
         candidate = await solve_call(
-            session, role, messages, index=i, mode=mode, meta=CandidateMeta(prompt=kind), remind=remind
+            session, role, messages, index=i, mode=mode, meta=CandidateMeta(prompt=kind), remind=remind, parse=parse
         )
         if candidate is None:
             return None
