@@ -380,3 +380,13 @@ async def test_verify_refine_reads_the_answer_of_the_corrected_solution_not_of_t
     assert [c.role for c in model.calls if c.role != "verifier"] == ["solution", "corrector", "corrector"]
     (corrected,) = result.iterations[1].candidates
     assert corrected.answer == "391" and corrected.meta.reminder is not None and corrected.meta.reminder.answered
+
+
+@pytest.mark.parametrize("mode", ["numeric", "proof"])
+async def test_self_refine_notes_a_solution_without_text(mode: str) -> None:
+    cut = Rule(role="solution", replies=[""], reasoning="Let me multiply 17 by 23", finish_reason="length", times=1)
+    result, _ = await run("self_refine", SimScript(rules=[cut]), n=2, iterations=2, mode=mode)
+    first = result.iterations[0]
+    assert "candidate 0: no solution text; not sent to the refiner" in first.notes
+    assert not any(note.startswith("candidate 1: no solution text") for note in first.notes)
+    assert not any("no solution text" in note for note in result.iterations[1].notes)

@@ -5,9 +5,9 @@ Iteration 0 samples TMAS's plain generation prompt (as every method here does); 
 trajectory i's previous solution back to the model (role ``refiner``), which reviews it and writes an improved one.
 The paper's feedback and refine steps are one call here (a "## Feedback" section, then the solution under a
 "## Solution" heading, whose answer alone is read: ``parse_refinement``): see docs/baselines.md. A trajectory whose
-last call failed or wrote no text starts afresh from the generation prompt. A refinement without an answer never
-silently replaces an answered solution (``answer_reminder``, ``answer_fallback``): the trajectory holds that solution
-on, and it votes in the iteration in place of the reply (``meta.carried_from``).
+last call failed or wrote no text (noted in the record) starts afresh from the generation prompt. A refinement
+without an answer never silently replaces an answered solution (``answer_reminder``, ``answer_fallback``): the
+trajectory holds that solution on, and it votes in the iteration in place of the reply (``meta.carried_from``).
 """
 
 from __future__ import annotations
@@ -109,7 +109,11 @@ class SelfRefine(Method[SelfRefineParams]):
             candidates = [c for c in stepped if c is not None]
             if not candidates:
                 break
-            notes = notes_for(candidates, mode)
+            notes = notes_for(candidates, mode) + [
+                f"candidate {c.index}: no solution text; not sent to the refiner"
+                for c in candidates
+                if c.error is None and not c.text.strip()
+            ]
             for c in candidates:
                 previous = latest[c.index]
                 if p.answer_fallback and previous is not None and keeps_previous(c, previous, mode):
