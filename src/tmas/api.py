@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from tmas.config import (
     OverrideError,
     Settings,
+    check_embedding_role,
     check_extra_body,
     config_sampling_sources,
     load_settings,
@@ -336,6 +337,7 @@ def _settings_of(settings: Settings | Mapping[str, Any] | None, model: ChatModel
         except ValidationError as exc:
             raise ConfigError(validation_message(exc, "settings")) from None
         check_extra_body(given, "settings")
+        check_embedding_role(given, "settings")
         return given
     if settings is not None:
         return settings

@@ -149,6 +149,23 @@ SENT_BY_TMAS: dict[str, str | None] = {
 # What tmas sends in an embeddings request besides its role's extra_body, which goes under them: such a key of it
 # would be overwritten.
 EMBEDDING_SENT_BY_TMAS: dict[str, str | None] = {"model": "model", "input": None}
+# The embedding role's [roles.embedding] fields that only chat calls read: an embeddings request goes whole (never
+# streamed, so no wait for a first chunk either), with no schema, reasoning, server slot or `n`, to the least loaded
+# replica (no prefix routing, no session header), and no window or tokenizer counts its texts. Set there, each would
+# look configured and do nothing; so would a chat sampling field of [roles.embedding.sampling].
+EMBEDDING_UNREAD = (
+    "context_length",
+    "tokenizer",
+    "stream",
+    "queue_timeout_s",
+    "structured_output",
+    "reasoning",
+    "pin_slots",
+    "batch_samples",
+    "routing",
+    "routing_load_bound",
+    "session_header",
+)
 
 
 def extra_body_refusal(sampling: Sampling, at: str, endpoint_at: str, *, embedding: bool = False) -> str | None:
@@ -159,6 +176,8 @@ def extra_body_refusal(sampling: Sampling, at: str, endpoint_at: str, *, embeddi
     for key in [key for key in sampling.extra_body if key in sent]:
         setting = sent[key]
         where = f"{at}.extra_body.{key}"
+        if embedding and key not in EMBEDDING_SENT_BY_TMAS:
+            return f"{where} is a field of chat requests, and tmas sends the embedding role none: leave it out"
         if setting is None:
             return f"{where} would replace the {key} tmas sends, and no setting sets it: leave it out"
         if setting.startswith("sampling."):
@@ -183,6 +202,31 @@ def check_extra_body(settings: Settings, source: str) -> None:
         refusal = extra_body_refusal(sampling, at, endpoint_at, embedding=role == "embedding")
         if refusal is not None:
             raise ConfigError(f"{source}: {refusal}")
+
+
+def embedding_role_refusal(role: RoleConfig, at: str) -> str | None:
+    """Why the embedding role's table (at dotted key ``at``) cannot hold what it sets, in one line naming the key; None
+    where it can. Its requests are embeddings requests: none of the fields only chat calls read
+    (:data:`EMBEDDING_UNREAD`), and no sampling field but ``extra_body``, which is their body."""
+    for name in EMBEDDING_UNREAD:
+        if getattr(role, name) is not None:
+            return f"{at}.{name} is read by chat calls only, and the embedding role makes none: leave it out"
+    for name in Sampling.model_fields:
+        if name != "extra_body" and getattr(role.sampling, name) is not None:
+            return (
+                f"{at}.sampling.{name} is a chat sampling field, and embeddings requests take none: only"
+                f" {at}.sampling.extra_body goes in them (dimensions, encoding_format, ...)"
+            )
+    return None
+
+
+def check_embedding_role(settings: Settings, source: str) -> None:
+    """A one-line :class:`ConfigError` naming ``source`` (a file, the Python API) where ``[roles.embedding]`` sets
+    what its embeddings requests never carry (:func:`embedding_role_refusal`). Checked where settings are given, as
+    :func:`check_extra_body` is: a run stored with such a value still resumes and reports as it ran."""
+    role = settings.roles.get("embedding")
+    if role is not None and (refusal := embedding_role_refusal(role, "roles.embedding")) is not None:
+        raise ConfigError(f"{source}: {refusal}")
 
 
 StructuredOutput = Literal["auto", "json_schema", "off"]
@@ -639,6 +683,7 @@ def load_settings(
     except ValidationError as exc:
         raise ConfigError(validation_message(exc, source)) from None
     check_extra_body(given_settings, source)
+    check_embedding_role(given_settings, source)
     sources = config_sampling_sources(data)
     given = {var: env[var] for var in ENV_KEYS if env.get(var)}
     _choose_model(data, {ENV_KEYS[var]: value for var, value in given.items()})
