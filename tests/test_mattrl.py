@@ -19,11 +19,13 @@ from conftest import clean_env, run_tmas, scripted_settings, settings_for
 from scripted_runs import by_role, last_user_prompts, solve_in_process
 from tmas.agents.mattrl_team import EDUCATION_CATALOG, MEDICINE_CATALOG
 from tmas.api import asolve
+from tmas.llm.replay import StoreReplay
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember, Transcript
-from tmas.methods.base import ProblemResult
+from tmas.methods import create_method
+from tmas.methods.base import ProblemResult, ProblemSession
 from tmas.methods.mattrl_deliberation import Seat, differential_change
 from tmas.methods.mattrl_domains import domain_named
 from tmas.problems import Problem
@@ -809,3 +811,31 @@ async def test_the_recruiting_schema_holds_the_team_size_the_catalog_and_the_tea
     member = schema["items"]["properties"]
     assert member["specialty"].get("enum") == (list(specialties) if specialties else None)
     assert member["role"].get("enum") == roles
+
+
+async def test_retries_under_a_configured_seed_replay_each_from_its_own_stored_reply(tmp_path: Path) -> None:
+    # The coordinator's unreadable team, a reviewer's unreadable review and a specialist's echoing opinion are asked
+    # again under a seed changed from the configured one; solved again from the store, each retry is answered by its
+    # own stored reply (a default-scripted model would have answered the first attempts differently).
+    opinion = "A one- or two-sentence reflection, the core reasoning, and \\boxed{the final answer alone}"
+    rules = [
+        Rule(role="coordinator", replies=["no team here"], times=1),
+        Rule(role="specialist", replies=[opinion], times=1),
+        Rule(role="reviewer", replies=["no review here"], times=1),
+    ]
+    settings = scripted_settings(method={"name": "mattrl", "params": {}}, sampling__seed=7)
+    problem = Problem(problem_id="q", question=Q, answer="391")
+    with RunStore(tmp_path / "run") as store:
+        first_model = ScriptedModel(SimScript(rules=rules), settings)
+        method = create_method("mattrl", {})
+        first = await method.solve(
+            ProblemSession(problem, StoreReplay(first_model, store), store, seed=3, params=method.params)
+        )
+        retried = [c for c in first_model.calls if c.body["seed"] != 7]
+        assert sorted(c.role for c in retried) == ["coordinator", "reviewer", "specialist"]
+        again_model = ScriptedModel(SimScript(), settings)
+        replay = StoreReplay(again_model, store)
+        again = await method.solve(ProblemSession(problem, replay, store, seed=3, params=method.params))
+    assert again_model.calls == [] and replay.replayed == len(first_model.calls)
+    assert again.answer == first.answer == "391"
+    assert [r.notes for r in again.iterations] == [r.notes for r in first.iterations]

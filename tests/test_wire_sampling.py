@@ -444,3 +444,30 @@ async def test_a_judge_asked_again_after_an_unreadable_reply_changes_a_configure
     for first, retry in (judged[0:2], judged[2:4]):
         assert first["messages"] == retry["messages"]
         assert first["seed"] == 7 and retry["seed"] != 7
+
+
+async def test_a_methods_call_asked_again_after_an_unusable_reply_changes_a_configured_seed(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # MATTRL asks again the coordinator's unreadable team (its own retries), a reviewer's unreadable review (its own
+    # retries) and a specialist's echoing opinion (the echo guard): under the same seed a server that honours it would
+    # answer each the same way.
+    opinion = "A one- or two-sentence reflection, the core reasoning, and \\boxed{the final answer alone}"
+    sim.set_script(
+        SimScript(
+            rules=[
+                Rule(role="coordinator", replies=["no team here"], times=1),
+                Rule(role="specialist", replies=[opinion], times=1),
+                Rule(role="reviewer", replies=["no review here"], times=1),
+            ]
+        )
+    )
+    result = await asolve(Q, settings_from(tmp_path, toml(sim, "mattrl", "[sampling]\nseed = 7\n")))
+    assert result.answer == "391"
+    bodies = bodies_by_role(sim)
+    for role in ("coordinator", "specialist", "reviewer"):
+        # The first call sends the seed as it is; its retry alone, the same prompt again, sends another.
+        changed = [b for b in bodies[role] if b["seed"] != 7]
+        assert len(changed) == 1, role
+        assert changed[0]["messages"] == bodies[role][0]["messages"], role
+        assert bodies[role][0]["seed"] == 7, role

@@ -28,7 +28,7 @@ from tmas.answer_classes import EquivalenceCheck, answer_classes
 from tmas.config import Budget, Sampling
 from tmas.llm.model import ChatModel, spent_before
 from tmas.llm.replica import MESSAGE_TEMPLATE_TOKENS
-from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling
+from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling, retried
 from tmas.llm.types import CallKey, ChainKey, Completion, Lane, Message, Usage
 from tmas.llm.watch import UNWATCHED_NOTICE, TraceWatch
 from tmas.methods.call_count import CallCount
@@ -269,12 +269,15 @@ class ProblemSession:
         reply_model: type[BaseModel] | None = None,
         watch: TraceWatch | None = None,
         chain: int | None = None,
+        attempt: int = 0,
     ) -> Completion:
         """One call of this problem (see :meth:`ChatModel.chat`; ``reply_model``: the pydantic model of a JSON
         reply, sent as its schema where the endpoint allows; ``watch``: follows the streamed reply and may stop it,
         and a reply that came unstreamed raises the run's one-line notice :data:`UNWATCHED_NOTICE`; ``chain``: the
         chain of calls of this iteration it belongs to, in its key, ended by :meth:`chain`'s block; the key holds the
-        session's ``lane`` too).
+        session's ``lane`` too; ``attempt``: 0, or how many times the same prompt was asked before because its reply
+        was unusable: a configured seed is then changed (:func:`tmas.llm.sampling.retried`), the retry's own
+        ``sample`` telling its derived seed and its stored reply apart).
 
         Under a budget the call may wait for calls of the problem in flight (:meth:`_admit`), and raises
         :class:`BudgetExhausted` instead of going out once the budget is spent."""
@@ -291,6 +294,10 @@ class ProblemSession:
             # A distinct, reproducible seed per call: parallel samples of one prompt differ, and a rerun with the
             # same run seed asks the same questions (servers that honour `seed`, e.g. vLLM, answer the same too).
             resolved = resolved.over(DERIVED_SEED, Sampling(seed=self.derive_seed("call", role, sample)))
+        else:
+            # A configured seed goes out as it is, but for a prompt asked again: the same seed would draw the same
+            # unusable reply.
+            resolved = retried(resolved, attempt)
         reserve = await self._admit(resolved, messages)
         self.calls_in_flight += 1
         self._hold(reserve, +1)

@@ -279,7 +279,7 @@ class MATTRL(Method[MATTRLParams]):
         p, domain = self.params, self.domain
         messages, schema = domain.recruit_prompt(session.problem.question, p.team_size), domain.team_reply(p.team_size)
         for attempt in range(1 + p.retries):
-            reply = await session.chat("coordinator", messages, sample=attempt, reply_model=schema)
+            reply = await session.chat("coordinator", messages, sample=attempt, reply_model=schema, attempt=attempt)
             why = reply.error or ("reply truncated at max_tokens" if reply.truncated else None)
             if why is None:
                 try:

@@ -152,7 +152,7 @@ class PeerReview(ABC):
         reply: Completion | None = None
         for attempt in range(1 + self.params.retries):
             reply = await session.chat(
-                "reviewer", messages, sample=sample + attempt * RETRY_OFFSET, reply_model=reply_model
+                "reviewer", messages, sample=sample + attempt * RETRY_OFFSET, reply_model=reply_model, attempt=attempt
             )
             if not reply.ok:
                 why = reply.error or "call failed"
