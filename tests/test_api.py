@@ -181,3 +181,43 @@ async def test_a_bad_override_to_aresume_names_the_argument_not_a_command_line(
         await tmas.api.aresume(tmp_path / "run", {**overrides, "seed": 7})
     assert str(caught.value).startswith(f"tmas.api.aresume: bad value for overrides={said}")
     assert sim.chat_bodies() == []
+
+
+async def test_iterations_given_to_a_method_of_one_round_through_the_api_is_refused_before_any_call(
+    tmp_path: Path, sim: SimServer
+) -> None:
+    # Before, cot ran its one call as without them: params= and settings' [method] params dropped without a word.
+    said = "does not apply to method 'cot': it runs one round; leave it out"
+    settings = settings_for(sim, method={"name": "cot"})
+    with pytest.raises(InputError) as caught:
+        await tmas.asolve("What is 17*23?", settings, params={"iterations": 3})
+    assert str(caught.value) == f"tmas.solve: params['iterations'] {said}"
+    with pytest.raises(InputError) as caught:
+        await tmas.asolve("What is 17*23?", settings_for(sim), method="cot", params={"iterations": 2})
+    assert str(caught.value) == f"tmas.solve: params['iterations'] {said}"
+    given = {"endpoint": {"base_url": sim.base_url}, "method": {"name": "cot", "params": {"iterations": 3}}}
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text(PROBLEM)
+    for call in [
+        tmas.asolve("What is 17*23?", given),
+        tmas.api.arun(problems, tmp_path / "new", given),
+        tmas.api.arun(problems, tmp_path / "new", settings_for(sim, method=given["method"])),
+    ]:
+        with pytest.raises(ConfigError) as refused:
+            await call
+        assert str(refused.value) == f"settings: method.params.iterations {said}"
+    assert sim.chat_bodies() == [] and not (tmp_path / "new").exists()
+
+    await tmas.api.arun(problems, tmp_path / "run", settings)
+    sim.reset()
+    with pytest.raises(InputError) as caught:
+        await tmas.api.aresume(tmp_path / "run", params={"iterations": 4})
+    assert str(caught.value) == f"tmas.api.aresume: params['iterations'] {said}"
+    config = tmp_path / "again.toml"
+    config.write_text('[method]\nname = "cot"\nparams = { iterations = 4 }\n', encoding="utf-8")
+    with pytest.raises(ConfigError) as refused:
+        await tmas.api.aresume(tmp_path / "run", config=config)
+    assert str(refused.value) == f"{config}: method.params.iterations {said}"
+    assert sim.chat_bodies() == []
+    # One round is what it runs: said so, it is no contradiction.
+    assert (await tmas.asolve("What is 17*23?", settings, params={"iterations": 1})).answer == "391"

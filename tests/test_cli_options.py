@@ -469,6 +469,50 @@ def test_iterations_given_to_a_method_of_one_round_is_refused(
     assert CliRunner().invoke(app, [*[a if a != "cot" else "majority" for a in args], *given]).exit_code == 0
 
 
+@pytest.mark.parametrize("command", ["solve", "run", "sweep"])
+def test_iterations_a_config_file_gives_a_method_of_one_round_is_refused(
+    sim: SimServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, command: str
+) -> None:
+    # Before, the file's [method] params reached cot and it ran its one call as without them, without a word.
+    isolate(monkeypatch, tmp_path)
+    config = tmp_path / "tmas.toml"
+    config.write_text(
+        f'[endpoint]\nbase_url = "{sim.base_url}"\n[method]\nname = "cot"\nparams = {{ iterations = 3 }}\n',
+        encoding="utf-8",
+    )
+    args = [*_command_args(command, tmp_path), "--config", str(config), "--yes"]
+    result = CliRunner().invoke(app, args)
+    assert isinstance(result.exception, ConfigError), result.output
+    assert str(result.exception) == (
+        f"{config}: method.params.iterations does not apply to method 'cot': it runs one round; leave it out"
+    )
+    assert sim.stats().total_requests == 0
+    if command != "sweep":  # a sweep takes its params from --param and --grid, and has no -T
+        # A flag given over the file's value replaces it: nothing is dropped.
+        again = CliRunner().invoke(app, [*args, "-T", "1"])
+        assert again.exit_code == 0, again.output
+
+
+def test_iterations_a_config_file_gives_on_resume_is_refused(sim: SimServer, tmp_path: Path) -> None:
+    problems = tmp_path / "p.jsonl"
+    problems.write_text('{"problem_id": "a", "question": "What is 2+2?"}\n', encoding="utf-8")
+    made = run_tmas("run", str(problems), "-o", str(tmp_path / "run"), "-m", "cot", "--base-url", sim.base_url)
+    assert made.returncode == 0, made.stderr
+    sent = sim.stats().total_requests
+    config = tmp_path / "again.toml"
+    config.write_text(
+        f'[endpoint]\nbase_url = "{sim.base_url}"\n[method]\nname = "cot"\nparams = {{ iterations = 4 }}\n',
+        encoding="utf-8",
+    )
+    out = run_tmas("run", "--resume", str(tmp_path / "run"), "--config", str(config), text=True)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"tmas: error: {config}: method.params.iterations does not apply to method 'cot': it runs one round; leave"
+        " it out"
+    )
+    assert sim.stats().total_requests == sent
+
+
 def test_iterations_given_to_the_resume_of_a_method_of_one_round_is_refused(sim: SimServer, tmp_path: Path) -> None:
     problems = tmp_path / "p.jsonl"
     problems.write_text('{"problem_id": "a", "question": "What is 2+2?"}\n', encoding="utf-8")

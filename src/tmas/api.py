@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-from collections.abc import Awaitable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from itertools import islice
 from pathlib import Path
@@ -30,13 +30,14 @@ from tmas.config import (
     check_embedding_role,
     check_extra_body,
     config_sampling_sources,
+    config_source,
     load_settings,
     validation_message,
 )
 from tmas.errors import ConfigError, InputError
 from tmas.llm.model import ChatModel, EndpointUnreachable
 from tmas.llm.preflight import check_endpoints
-from tmas.methods import question_params
+from tmas.methods import check_given_params, check_settings_params, question_params
 from tmas.methods.base import ProblemResult
 from tmas.planning.estimate import (
     CONFIRM_TOKENS,
@@ -105,7 +106,9 @@ async def solve_question(
     """:func:`asolve`, whose errors name what continues its run: the API's call and keyword (``for_api``), or the
     commands' (``tmas solve``)."""
     check_question(question, "question")
-    settings = question_settings(_settings_of(settings, model), method, params, own_model=model is not None)
+    given = _settings_of(settings, model)
+    check_given_params(method or given.method.name, params or {}, _params_named("tmas.solve"), InputError)
+    settings = question_settings(given, method, params, own_model=model is not None)
     check_cost("tmas.solve", settings, 1, model, max_calls, max_completion_tokens)
     problem = Problem(problem_id="question", question=question)
     await _check_endpoints(settings, model)
@@ -208,6 +211,7 @@ async def aresume(
         settings = resume_settings(stored_settings(run_dir), overrides or {}, config=config, params=params)
     except OverrideError as exc:
         raise ConfigError(f"tmas.api.aresume: {override_error(exc, overrides or {})}") from None
+    check_given_params(settings.method.name, params or {}, _params_named("tmas.api.aresume"), InputError)
     if max_calls is not None or max_completion_tokens is not None:
         with RunStore(run_dir, create=False) as peek:
             setup = RunSetup.check(settings, own_model=model is not None)
@@ -248,6 +252,11 @@ def question_settings(
     if own_model or not settings.uses_local_model:
         chosen = question_params(name, chosen)
     return settings.model_copy(update={"method": settings.method.model_copy(update={"name": name, "params": chosen})})
+
+
+def _params_named(what: str) -> Callable[[str], str]:
+    """How an error names a parameter given in ``params=`` of the API function ``what``."""
+    return lambda param: f"{what}: params[{param!r}]"
 
 
 def override_error(exc: OverrideError, overrides: Mapping[str, Any]) -> str:
@@ -338,7 +347,13 @@ def _settings_of(settings: Settings | Mapping[str, Any] | None, model: ChatModel
             raise ConfigError(validation_message(exc, "settings")) from None
         check_extra_body(given, "settings")
         check_embedding_role(given, "settings")
+        check_settings_params(given, "settings")
         return given
     if settings is not None:
+        check_settings_params(settings, "settings")
         return settings
-    return model.settings if model is not None else load_settings()
+    if model is not None:
+        return model.settings
+    configured = load_settings()
+    check_settings_params(configured, config_source(None))
+    return configured

@@ -655,6 +655,23 @@ def read_toml(path: Path, what: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 
 
+def config_file(path: str | Path | None, environ: Mapping[str, str] | None = None) -> tuple[Path | None, str]:
+    """The config file :func:`load_settings` reads (``path``, else ``$TMAS_CONFIG``, else ``./tmas.toml`` where it
+    exists; None: none), and what it is called where it is not found."""
+    env = os.environ if environ is None else environ
+    if path is not None:
+        return Path(path), "config file"
+    if env.get("TMAS_CONFIG"):
+        return Path(env["TMAS_CONFIG"]), "config file named by TMAS_CONFIG"  # a file the command line does not show
+    return (Path("tmas.toml") if Path("tmas.toml").is_file() else None), "config file"
+
+
+def config_source(path: str | Path | None, environ: Mapping[str, str] | None = None) -> str:
+    """How errors name the settings :func:`load_settings` reads from ``path``: the config file, else ``config``."""
+    found, _ = config_file(path, environ)
+    return str(found) if found is not None else "config"
+
+
 def load_settings(
     path: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
@@ -666,16 +683,9 @@ def load_settings(
     """
     env = os.environ if environ is None else environ
     data: dict[str, Any] = {}
-    source = "config"
-    what = "config file"
-    if path is None:
-        if env.get("TMAS_CONFIG"):
-            what = "config file named by TMAS_CONFIG"  # a file the command line does not show
-        candidate = env.get("TMAS_CONFIG") or ("tmas.toml" if Path("tmas.toml").is_file() else None)
-        path = Path(candidate) if candidate else None
+    path, what = config_file(path, env)
+    source = config_source(path, env)
     if path is not None:
-        path = Path(path)
-        source = str(path)
         data = read_toml(path, what)
     # Validate the file alone first so its errors name the file.
     try:

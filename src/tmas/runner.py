@@ -19,7 +19,15 @@ from pydantic import ValidationError
 
 from tmas.agents.overrides import Override, check_overrides
 from tmas.agents.templates import prompts_from
-from tmas.config import Budget, Settings, load_settings, validation_message, with_method_params, with_overrides
+from tmas.config import (
+    Budget,
+    Settings,
+    config_source,
+    load_settings,
+    validation_message,
+    with_method_params,
+    with_overrides,
+)
 from tmas.errors import ConfigError, InputError, LocalModelError, TmasError
 from tmas.grading.judge import JUDGE_ROLE
 from tmas.llm.factory import open_model
@@ -31,7 +39,7 @@ from tmas.llm.replay import ReplayTurns
 from tmas.llm.sampling import resolve_role
 from tmas.llm.types import Lane
 from tmas.llm.weights import check_model_named
-from tmas.methods import check_roles, create_method
+from tmas.methods import check_given_params, check_roles, create_method
 from tmas.methods.base import (
     BudgetExhausted,
     Method,
@@ -246,6 +254,12 @@ def resume_settings(
     settings = load_settings(config, overrides=overrides) if fresh else with_overrides(stored, overrides)
     if fresh and "method" not in settings.model_fields_set:
         settings = settings.model_copy(update={"method": stored.method})
+    elif fresh:
+        # The file's own parameters, given now (those ``params`` replace aside); the stored ones ran as they ran.
+        configured = {key: value for key, value in settings.method.params.items() if key not in (params or {})}
+        check_given_params(
+            settings.method.name, configured, lambda param: f"{config_source(config)}: method.params.{param}"
+        )
     if same_method and settings.method.name != stored.method.name:
         raise InputError(
             f"the run was made with method {stored.method.name!r}: resumed with {settings.method.name!r}, every"

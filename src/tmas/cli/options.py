@@ -21,9 +21,17 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 import typer
 from pydantic import ValidationError
 
-from tmas.config import POOL_NEEDS_TOKENS, Budget, OverrideError, Settings, load_settings, with_method_params
+from tmas.config import (
+    POOL_NEEDS_TOKENS,
+    Budget,
+    OverrideError,
+    Settings,
+    config_source,
+    load_settings,
+    with_method_params,
+)
 from tmas.errors import InputError
-from tmas.methods import METHODS, check_roles, flag_params, method_flags, method_names, method_traits
+from tmas.methods import METHODS, check_given_params, check_roles, flag_params, method_flags, method_names
 from tmas.methods.param_flags import ParamFlag
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file (default: ./tmas.toml).")]
@@ -158,7 +166,13 @@ class ModelFlags:
         with self.pool_refused():
             settings = load_settings(self.config, overrides=self.overrides(method))
         check_roles(settings)
-        return with_method_params(settings, given.params(settings.method.name) if given is not None else None)
+        params = given.params(settings.method.name) if given is not None else {}
+        # The config file's own parameters, those the command line does not replace.
+        configured = {key: value for key, value in settings.method.params.items() if key not in params}
+        check_given_params(
+            settings.method.name, configured, lambda param: f"{config_source(self.config)}: method.params.{param}"
+        )
+        return with_method_params(settings, params)
 
     def check_token_flags(self, *budgets: Budget) -> None:
         """Refuse ``--budget-count`` and ``--budget-pool`` where none of ``budgets`` (the run's, or a sweep's points')
@@ -336,10 +350,9 @@ class MethodFlags:
             if param in listed:  # the flag would win without a word, as a second --param would (refused too)
                 raise InputError(f"--param {param} and {flag} both set {param}: give one of them")
         params = {**listed, **{param: value for param, (_, value) in flagged.items()}}
-        if not method_traits(method).iterates and params.get("iterations", 1) != 1:
-            # A method of one round would run as without it, the flag dropped without a word.
-            flag = "--iterations (-T)" if self.iterations is not None else "--param iterations"
-            raise InputError(f"{flag} does not apply to method {method!r}: it runs one round; leave it out")
+        # A method of one round would run as without iterations, the flag dropped without a word.
+        typed = {param: "--iterations (-T)" if flag == "--iterations" else flag for param, (flag, _) in flagged.items()}
+        check_given_params(method, params, lambda param: typed.get(param, f"--param {param}"), InputError)
         _check_flagged(method, params, {param: flag for param, (flag, _) in flagged.items()})
         return params
 

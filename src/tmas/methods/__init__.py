@@ -16,13 +16,13 @@ import importlib
 import importlib.metadata
 import inspect
 import pkgutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
 from tmas.config import SERVICE_ROLES, Settings
-from tmas.errors import ConfigError
+from tmas.errors import ConfigError, TmasError
 from tmas.methods.base import Method, MethodParams
 from tmas.methods.param_flags import ParamFlag, param_flags
 from tmas.methods.traits import DEFAULT_TRAITS, Traits
@@ -113,6 +113,26 @@ def method_traits(name: str) -> Traits:
     not installed) has the default traits."""
     cls = METHODS.get(name)
     return cls.traits if cls is not None else DEFAULT_TRAITS
+
+
+def check_given_params(
+    method: str, params: Mapping[str, Any], named: Callable[[str], str], error: type[TmasError] = ConfigError
+) -> None:
+    """Refuse method ``params`` a user gives now (a flag, the Python API's ``params=`` or ``settings``, a config
+    file's ``[method] params``) that ``method`` would drop without a word: ``iterations`` other than 1 for a method
+    of one round (:attr:`Traits.iterates`). One line, ``named(param)`` saying where it was given (``--param
+    iterations``, ``tmas.solve: params['iterations']``, ``tmas.toml: method.params.iterations``).
+
+    Checked where parameters are given, not in a method's ``Params``: a sweep stored before this check holds such
+    points, found again on resume, and reports read stored runs as they ran."""
+    if not method_traits(method).iterates and params.get("iterations", 1) != 1:
+        raise error(f"{named('iterations')} does not apply to method {method!r}: it runs one round; leave it out")
+
+
+def check_settings_params(settings: Settings, source: str) -> None:
+    """:func:`check_given_params` of the ``[method] params`` of settings given by a user, read from ``source`` (a
+    config file, the API's ``settings``)."""
+    check_given_params(settings.method.name, settings.method.params, lambda param: f"{source}: method.params.{param}")
 
 
 def flag_params(method: str, given: dict[str, Any]) -> dict[str, Any]:

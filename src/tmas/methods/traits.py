@@ -20,8 +20,9 @@ class Traits(BaseModel):
     # One chain of calls, no parallel samples: a request's temperature 0 costs it no diversity (the proxy's notice).
     one_chain: bool = False
     # It runs ``iterations`` rounds. False for a method of one round (CoT): its ``iterations`` parameter changes
-    # nothing, and the command line refuses a value other than 1 for it rather than drop it without a word (a sweep
-    # whose study gives it to another method too runs this one once, and says so).
+    # nothing, and a value other than 1 given for it (a flag, a config file, the Python API) is refused rather than
+    # dropped without a word (:func:`tmas.methods.check_given_params`; a sweep whose study gives it to another
+    # method too runs this one once, and says so).
     iterates: bool = True
     # The agent roles its calls go out under (``[roles.NAME]`` settings and per-role sampling apply to these).
     roles: tuple[str, ...] = ("solution",)
