@@ -819,6 +819,22 @@ def test_a_request_naming_a_pool_folder_is_a_400_before_any_call(
     assert sim.stats().total_requests == 0 and runs_in(tmp_path / "served") == []
 
 
+def test_iterations_a_request_gives_a_method_of_one_round_is_a_400_before_any_call(
+    sim: SimServer, proxy: ProxyThread, tmp_path: Path
+) -> None:
+    # Before, cot ran its one call as without it and answered 200, the request's parameter dropped without a word.
+    body = {"model": "cot/sim-model", "messages": [{"role": "user", "content": "1+1?"}], "tmas": {"iterations": 3}}
+    status, reply = post(f"{proxy.url}/v1/chat/completions", json.dumps(body).encode())
+    assert status == 400, reply
+    error = reply["error"]
+    assert error["message"] == "tmas.iterations does not apply to method 'cot': it runs one round; leave it out"
+    assert error["param"] == "tmas"
+    assert sim.stats().total_requests == 0 and runs_in(tmp_path / "served") == []
+    # One round is what it runs: said so, it is no contradiction.
+    status, reply = post(f"{proxy.url}/v1/chat/completions", json.dumps({**body, "tmas": {"iterations": 1}}).encode())
+    assert status == 200, reply
+
+
 def test_a_configured_pool_folder_that_is_not_there_stops_the_server_at_start(sim: SimServer, tmp_path: Path) -> None:
     missing = tmp_path / "no-pool"
     settings = settings_for(sim, method={"name": "mattrl", "params": {"pool": str(missing)}})

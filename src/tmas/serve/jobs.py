@@ -26,7 +26,7 @@ from tmas.errors import ConfigError, InputError, TmasError
 from tmas.llm.model import ChatModel
 from tmas.llm.sampling import with_sampling
 from tmas.llm.types import Completion
-from tmas.methods import METHODS, create_method, question_params
+from tmas.methods import METHODS, check_given_params, create_method, question_params
 from tmas.methods.base import ProblemResult
 from tmas.planning.estimate import QUESTION_CALLS
 from tmas.problems import Problem
@@ -220,6 +220,12 @@ class ServedRuns:
         job = self._joined(body, fingerprint)
         if job is not None:
             return job
+        try:
+            # Checked of a request given now, not in _params: a stored request made before the check resumes as
+            # it was asked.
+            check_given_params(method, body.tmas, lambda param: f"tmas.{param}", InputError)
+        except InputError as exc:
+            raise ApiError(400, str(exc), "invalid_value", "tmas") from None
         params = self._params(method, body)
         turn = self.admission.enter()
         if turn is not None:
