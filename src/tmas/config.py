@@ -684,7 +684,7 @@ def load_settings(
     env = os.environ if environ is None else environ
     data: dict[str, Any] = {}
     path, what = config_file(path, env)
-    source = config_source(path, env)
+    source = str(path) if path is not None else "config"
     if path is not None:
         data = read_toml(path, what)
     # Validate the file alone first so its errors name the file.
