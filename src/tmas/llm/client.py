@@ -276,7 +276,7 @@ class LLMClient:
             timing = spend.attempt = Timing()
             spend.url = replica.url
             # A model its replica's replies showed thinking in its content: a text it leaves is thinking unless tagged.
-            spend.inline = replica.reasoning == "inline" and not thinking_off(request.sampling.extra_body)
+            spend.inline = reasoning_of(route, replica) == "inline" and not thinking_off(request.sampling.extra_body)
             body: dict[str, Any] = {}
             data: dict[str, Any] | None = None
             try:
