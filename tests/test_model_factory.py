@@ -84,12 +84,15 @@ async def test_a_model_of_ones_own_gets_the_runs_sampling_not_its_own(tmp_path: 
     where the caller's model was built on other settings: a configured value never stops short of the model."""
     problems = tmp_path / "p.jsonl"
     problems.write_text('{"problem_id": "a", "question": "What is 17*23?", "answer": "391"}\n')
-    model = ScriptedModel(SimScript(), scripted_settings(method={"name": "cot"}))  # temperature 0.7
-    run = scripted_settings(method={"name": "cot"}, sampling__temperature=0.2, sampling__max_tokens=300)
+    method = {"name": "self_refine", "params": {"n": 1, "iterations": 1}}
+    model = ScriptedModel(SimScript(), scripted_settings(method=method))  # temperature 0.7
+    run = scripted_settings(method=method, sampling__temperature=0.2, sampling__max_tokens=300)
     await arun(problems, tmp_path / "run", run, model=model)
     [first] = model.calls
     assert (first.sampling.temperature, first.sampling.max_tokens) == (0.2, 300)
     assert first.sources["temperature"] != "built-in"
-    # Resumed with one more iteration and another temperature: the new call is sent with it.
+    # Resumed with one more iteration and another temperature: the calls it sends (the problem solved again under the
+    # new sampling, then its refinement) go with it.
     await aresume(tmp_path / "run", {"sampling.temperature": 0.4}, params={"iterations": 2}, model=model)
-    assert [c.sampling.temperature for c in model.calls] == [0.2, 0.4]
+    assert [c.sampling.temperature for c in model.calls] == [0.2, 0.4, 0.4]
+    assert [c.key.role for c in model.calls] == ["solution", "solution", "refiner"]

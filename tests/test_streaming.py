@@ -121,7 +121,7 @@ async def test_a_call_whose_every_stream_is_cut_fails_and_stores_no_text(sim: Si
     assert not reply.ok and reply.error_cause == "cut" and reply.retry_causes == ["cut"]
     assert reply.content == stored.content == "" and stored.error_cause == "cut"
     with RunStore(tmp_path) as store:
-        assert store.call_causes() == {"failed": {"cut": 1}, "retried": {"cut": 1}}
+        assert store.call_causes() == {"failed": {"cut": 1}, "asked_again": {}, "retried": {"cut": 1}}
 
 
 async def test_an_error_event_in_the_stream_is_a_retried_failure_with_the_servers_message(sim: SimServer) -> None:
@@ -153,7 +153,7 @@ async def test_sglangs_full_queue_in_an_open_stream_counts_as_its_503(
     assert sim.stats().faults == {"queue_full": 2}
     assert not reply.ok and reply.error_cause == "http_503" and reply.retry_causes == ["http_503"]
     assert reply.error is not None and "The request queue is full." in reply.error
-    assert causes == {"failed": {"http_503": 1}, "retried": {"http_503": 1}}
+    assert causes == {"failed": {"http_503": 1}, "asked_again": {}, "retried": {"http_503": 1}}
 
 
 @pytest.mark.parametrize(
