@@ -21,6 +21,7 @@ from pydantic import (
     Field,
     ModelWrapValidatorHandler,
     PrivateAttr,
+    field_validator,
     model_validator,
 )
 
@@ -144,6 +145,9 @@ class MethodParams(BaseModel):
     # later, on by default): readers of stored runs (:func:`tmas.methods.stored_params`) replay those runs as they ran.
     before_added: ClassVar[dict[str, Any]] = {}
 
+    # Why the method cannot take mode=proof, where it cannot (None: it can).
+    proof_refused: ClassVar[str | None] = None
+
     iterations: Iterations = 1
     mode: str = Field(default="numeric", pattern="^(numeric|proof)$")
     # The old names these parameters were given by.
@@ -161,6 +165,13 @@ class MethodParams(BaseModel):
         params = handler(data)
         params._old_names = old
         return params
+
+    @field_validator("mode")
+    @classmethod
+    def _mode_applies(cls, mode: str) -> str:
+        if mode != "numeric" and cls.proof_refused is not None:
+            raise ValueError(cls.proof_refused)
+        return mode
 
     def notices(self) -> dict[str, str]:
         """Kind -> one-line notice the parameters raise in a run that uses them (an old parameter name)."""

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Awaitable, Mapping
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field
 
 from tmas.agents.solution import generation_prompt
 from tmas.config import Sampling
@@ -77,17 +77,11 @@ class MajorityParams(StyledParams, OnlineStopParams):
         default=BETA_THRESHOLD, gt=0.0, lt=1.0, description="stop=beta: P(leader stays ahead)"
     )
     round_size: int = Field(default=4, ge=1, le=1024, description="stop=beta: samples drawn together before a check")
-
-    @field_validator("mode")
-    @classmethod
-    def _answers_to_count(cls, mode: str) -> str:
-        if mode != "numeric":
-            raise ValueError(
-                "a majority vote counts equal final answers and no two proofs are counted equal, so it would return"
-                " the first of its k proofs: mode=proof does not apply to it; cot writes one proof, verify_refine and"
-                " tmas choose among proofs by verifier score"
-            )
-        return mode
+    proof_refused: ClassVar[str | None] = (
+        "a majority vote counts equal final answers and no two proofs are counted equal, so it would return"
+        " the first of its k proofs: mode=proof does not apply to it; cot writes one proof, verify_refine and"
+        " tmas choose among proofs by verifier score"
+    )
 
 
 class VoteStopRecord(BaseModel):

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from tmas.agents.echo import EchoGuard
 from tmas.agents.mattrl_decision import Decision, discussion_record
@@ -97,15 +97,10 @@ class MATTRLParams(MethodParams):
     # invites every member to converge on it (herding).
     pooled_differential: bool = False
 
-    @field_validator("mode")
-    @classmethod
-    def _domain_sets_the_answer(cls, mode: str) -> str:
-        if mode != "numeric":
-            raise ValueError(
-                "MATTRL's domain sets what its answer is (math: a final answer, education: a letter, medicine: a"
-                " ranked differential); mode=proof does not apply to it"
-            )
-        return mode
+    proof_refused: ClassVar[str | None] = (
+        "MATTRL's domain sets what its answer is (math: a final answer, education: a letter, medicine: a"
+        " ranked differential); mode=proof does not apply to it"
+    )
 
     def notices(self) -> dict[str, str]:
         """The base's, and a ``pool`` a single teacher does not read (C.4.3's teacher works without experience)."""
