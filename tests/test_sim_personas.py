@@ -793,6 +793,35 @@ async def test_sglang_context_refusals_count_a_full_window_as_too_long(http: aio
     assert body["message"] == "The input (10 tokens) is longer than the model's context length (10 tokens)."
 
 
+async def test_sglang_under_a_small_kv_pool_refuses_a_prompt_its_window_holds(http: aiohttp.ClientSession) -> None:
+    # A 16-token pool under a 32768-token window: the bound is 15, a prompt of 10 tokens (15 - 5) or more is refused by
+    # the scheduler, in its own words, although the model card states the window.
+    async with SimServer(SimScript(persona="sglang", kv_pool_tokens=16)) as sim:
+        status, body = await post(http, sim, max_tokens=5)
+        events = await stream(http, sim, max_tokens=5)
+        async with http.get(f"{sim.base_url}/models") as resp:
+            card = (await resp.json())["data"][0]
+    message = (
+        "Input length (10 tokens) exceeds the maximum allowed length (10 tokens). "
+        "Use a shorter input or enable --allow-auto-truncate."
+    )
+    assert status == 400
+    assert body == {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400}
+    # Streamed: an HTTP 200 stream whose first event is the abort, with the status as its code.
+    error = {"object": "error", "message": message, "type": "BAD_REQUEST", "param": None, "code": 400}
+    assert events == [{"error": error}, "[DONE]"]
+    assert card["max_model_len"] == 32768
+    # A 17-token pool takes the prompt, and cuts its reply where prompt and reply reach 15 tokens (the bound, 16, less
+    # one), whatever max_tokens asked.
+    rule = Rule(replies=["The answer is five and not six."])
+    async with SimServer(SimScript(persona="sglang", kv_pool_tokens=17, rules=[rule])) as sim:
+        status, reply = await post(http, sim, max_tokens=100)
+    assert status == 200
+    assert reply["choices"][0]["finish_reason"] == "length"
+    assert reply["choices"][0]["message"]["content"] == "The answer is five and"
+    assert reply["usage"]["completion_tokens"] == 5
+
+
 async def test_llama_server_refuses_only_a_prompt_that_fills_the_slot(http: aiohttp.ClientSession) -> None:
     async with SimServer(SimScript(persona="llama-server", context_length=10)) as sim:
         status, body = await post(http, sim, max_tokens=5)

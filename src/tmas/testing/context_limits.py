@@ -146,6 +146,30 @@ def _sglang(c: int, n: int, m: int | None) -> Refusal | None:
     return None
 
 
+def _sglang_bound(c: int, pool: int) -> int:
+    # python/sglang/srt/managers/scheduler.py: a request's tokens, prompt and reply, stay below the smaller of the
+    # context window and the KV cache pool's size (max_req_len, one less than that).
+    return min(c, pool) - 1
+
+
+def _sglang_pool(c: int, n: int, pool: int | None) -> Refusal | None:
+    # python/sglang/srt/managers/utils.py validate_input_length, run by the scheduler as a request arrives: a prompt of
+    # max_req_input_len tokens (max_req_len less five) or more is aborted with status 400. The tokenizer manager's
+    # checks (_sglang) compared the prompt with the context window only, so a prompt that fits the window but not the
+    # pool meets this one. Streamed, the abort comes as the stream's first event (serving_chat.py sends an abort that
+    # carries a status as an error event); sent whole, as a 400.
+    if pool is None:
+        return None
+    most = _sglang_bound(c, pool) - 5
+    if n < most:
+        return None
+    message = (
+        f"Input length ({n} tokens) exceeds the maximum allowed length ({most} tokens). "
+        "Use a shorter input or enable --allow-auto-truncate."
+    )
+    return Refusal(message, midstream=True)
+
+
 def _llama(c: int, n: int, m: int | None) -> Refusal | None:
     # tools/server/server-context.cpp: a prompt that fills the slot's context (n_tokens >= n_ctx) is refused with
     # ERROR_TYPE_EXCEED_CONTEXT_SIZE (400); server-task.cpp server_task_result_error::to_json adds n_prompt_tokens
@@ -193,11 +217,21 @@ _PERSONA_WORDING: dict[str, ContextWording | Literal["sglang", "llama", "openai"
 
 
 def context_refusal(
-    persona: str, wording: ContextWording, c: int, n: int, m: int | None, field_name: str = "max_tokens"
+    persona: str,
+    wording: ContextWording,
+    c: int,
+    n: int,
+    m: int | None,
+    field_name: str = "max_tokens",
+    *,
+    pool: int | None = None,
 ) -> Refusal | None:
     """The refusal a request of ``n`` prompt tokens asking ``m`` completion tokens (None: not said) meets under a
-    window of ``c`` tokens, or None where the server takes it. ``field_name``: the request's field for ``m``."""
+    window of ``c`` tokens, or None where the server takes it. ``field_name``: the request's field for ``m``;
+    ``pool``: SGLang's KV cache pool, where it bounds a request (SimScript.kv_pool_tokens)."""
     kind = _PERSONA_WORDING[persona] if wording == "persona" else wording
+    if kind == "sglang":
+        return _sglang(c, n, m) or _sglang_pool(c, n, pool)
     if kind == "output_tokens":
         return _output_tokens(c, n, m, field_name)
     if kind == "passed":
@@ -208,8 +242,6 @@ def context_refusal(
         return _generic(c, n, m)
     if kind == "decoder_prompt":
         return _decoder_prompt(c, n, m)
-    if kind == "sglang":
-        return _sglang(c, n, m)
     if kind == "llama":
         return _llama(c, n, m)
     if kind == "openai":
@@ -217,11 +249,18 @@ def context_refusal(
     return _legacy(c, n, m)
 
 
-def window_budget(persona: str, wording: ContextWording, c: int, n: int, m: int | None) -> int | None:
+def window_budget(
+    persona: str, wording: ContextWording, c: int, n: int, m: int | None, *, pool: int | None = None
+) -> int | None:
     """The completion budget of a prompt that fits where no check refused ``m``: llama-server (tools/server/
     server-context.cpp stops a slot, STOP_TYPE_LIMIT, finish_reason "length", once its cache plus one reaches n_ctx)
     and vLLM's engine ("decoder_prompt": vllm/v1/core/sched/utils.py check_stop ends a request at max_model_len) leave
-    the reply C - N tokens at most, whatever max_tokens asked. Elsewhere ``m`` stands."""
+    the reply C - N tokens at most, whatever max_tokens asked; SGLang's scheduler, under a KV cache pool smaller than
+    the window (``pool``), lowers max_new_tokens to what its bound leaves (scheduler.py, init_req_max_new_tokens).
+    Elsewhere ``m`` stands."""
+    if persona == "sglang" and wording == "persona" and pool is not None:
+        room = max(_sglang_bound(c, pool) - n - 1, 0)
+        return room if m is None or m > room else m
     engine_only = (persona == "llama-server" and wording == "persona") or wording == "decoder_prompt"
     if not engine_only or n >= c:
         return m

@@ -299,6 +299,13 @@ class SimScript(_Strict):
     # server today ("sim": "legacy"); or one of vLLM's over its releases: "output_tokens" (today's), "passed",
     # "too_large", "legacy"; or "generic", a 400 that names the context window and no numbers.
     context_wording: ContextWording = "persona"
+    # SGLang ("sglang" only): the tokens its KV cache pool holds, where fewer than the context window (a long-context
+    # model on a small GPU). Its scheduler then bounds a request by the smaller of the two, L: a prompt of L - 6 tokens
+    # or more is refused ("Input length (N tokens) exceeds the maximum allowed length (L - 6 tokens)"; a 400, or
+    # streamed an error event with code 400 on an HTTP 200 stream), and a reply is cut (finish_reason "length") where
+    # prompt and reply reach L - 2, whatever max_tokens asked. Its model card still states the context window. None: no
+    # such bound beyond the window's own checks.
+    kv_pool_tokens: int | None = Field(default=None, ge=8)
     # The server's API key (vLLM's --api-key, SGLang's --api-key, llama-server's --api-key): requests to its guarded
     # routes without "Authorization: Bearer KEY" get the persona's 401 (tmas.testing.sim_access). None: open.
     api_key: str | None = None

@@ -370,9 +370,14 @@ class SimApp:
         refused = await self._context_refusal(request, active, asked, prompt_tokens)
         if refused is not None:
             return refused
-        # llama-server generates a prompt that fits until its context is full, whatever max_tokens says.
+        # llama-server (and SGLang under a KV cache pool smaller than its window) cuts a reply where its bound is met.
         max_tokens = window_budget(
-            persona.name, script.context_wording, script.context_length, prompt_tokens, asked.max_tokens
+            persona.name,
+            script.context_wording,
+            script.context_length,
+            prompt_tokens,
+            asked.max_tokens,
+            pool=script.kv_pool_tokens,
         )
         if self.queue.full(script.max_running, script.max_queued):
             return await self._queue_full(request, persona, asked.streams)
@@ -476,7 +481,13 @@ class SimApp:
         script, persona = active.script, active.persona
         field_name = "max_completion_tokens" if asked.body.get("max_completion_tokens") else "max_tokens"
         refusal = context_refusal(
-            persona.name, script.context_wording, script.context_length, prompt_tokens, asked.max_tokens, field_name
+            persona.name,
+            script.context_wording,
+            script.context_length,
+            prompt_tokens,
+            asked.max_tokens,
+            field_name,
+            pool=script.kv_pool_tokens,
         )
         if refusal is not None and refusal.midstream and asked.streams:
             event = status_error(persona.name, refusal.status, refusal.message)
