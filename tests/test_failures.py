@@ -84,6 +84,20 @@ def test_llama_server_states_its_numbers_as_fields() -> None:
     assert sglang.context == ContextRefusal(context=512, prompt=2710)
 
 
+def test_sglang_s_scheduler_states_the_prompt_and_its_bound() -> None:
+    # A prompt the window holds but the KV cache pool does not: a 400 sent whole, an error event on a stream.
+    message = (
+        "Input length (370 tokens) exceeds the maximum allowed length (294 tokens). "
+        "Use a shorter input or enable --allow-auto-truncate."
+    )
+    whole = failures.from_status(400, _sglang(message), {"max_tokens": 100})
+    event = {"object": "error", "message": message, "type": "BAD_REQUEST", "param": None, "code": 400}
+    streamed = failures.from_stream_event(event, body={"max_tokens": 100, "stream": True})
+    for failure in (whole, streamed):
+        assert failure.cause == "context" and not failure.retry
+        assert failure.context == ContextRefusal(context=294, prompt=370)
+
+
 def test_the_two_wordings_once_unread() -> None:
     # vLLM's engine (vllm/v1/engine/input_processor.py): the prompt's length and the window.
     decoder = failures.from_status(

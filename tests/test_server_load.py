@@ -234,6 +234,25 @@ async def test_vllm_s_decoder_prompt_refusal_fails_at_once_naming_both_numbers(s
     assert "prompt of 525 tokens does not fit the context window of 100 tokens" in (reply.error or "")
 
 
+@pytest.mark.parametrize("stream", ["auto", "off"])
+async def test_sglang_s_kv_pool_refusal_fails_at_once_naming_both_numbers(stream: str) -> None:
+    # The model card states a 32768-token window, but the KV cache pool holds 300 tokens: SGLang's scheduler refuses
+    # the 370-token prompt against its pool, stating 294 as its bound (an error event with code 400 on a stream). No
+    # smaller max_tokens helps: the call fails on its first request, naming the prompt and that bound.
+    script = SimScript(persona="sglang", kv_pool_tokens=300)
+    with SimServer(script) as sim:
+        settings = settings_for(sim, endpoint__stream=stream, sampling__max_tokens=100)
+        async with LLMClient(settings) as llm:
+            reply = await llm.chat("solution", LONG)
+            # Later calls know the bound: a prompt it cannot hold is refused before it is sent.
+            again = await llm.chat("solution", LONG, key=CallKey(problem_id="p", role="solution", sample=1))
+        requests = len(sim.chat_bodies())
+    assert not reply.ok and reply.error_cause == "context" and reply.attempts == 1
+    assert "prompt of 370 tokens does not fit the context window of 294 tokens" in (reply.error or "")
+    assert not again.ok and again.error_cause == "context"
+    assert requests == 1
+
+
 def _simulator_tokenizer(folder: Path) -> str:
     """A Hugging Face tokenizer.json that counts as the simulator does (a word or a punctuation mark a token)."""
     tokenizers = pytest.importorskip("tokenizers")

@@ -69,19 +69,23 @@ _STREAM_REFUSAL_STATUS = frozenset({400, 404, 415, 422, 501})
 # input_processor.py, _validate_model_input: a ValueError raised as the request enters the engine, so a streamed request
 # meets it as an error event after its headers); SGLang's "max_completion_tokens is too large: M.This model supports at
 # most C completion tokens." (python/sglang/srt/entrypoints/openai/serving_chat.py, _validate_request: a max_tokens
-# over the window given by --context-length; C is that window).
+# over the window given by --context-length; C is that window); SGLang's scheduler "Input length (N tokens) exceeds the
+# maximum allowed length (M tokens)" (python/sglang/srt/managers/utils.py, validate_input_length: M bounds the prompt
+# by the smaller of the window and the KV cache pool, which the model card does not state; taken as the window, it
+# leaves a reply the room the scheduler itself would leave it, less a few tokens).
 _WINDOW = re.compile(
     r"(?:maximum context length (?:is|of)|context length is only)\s+(\d+)\s+tokens|context length \((\d+) tokens\)"
     r"|max_model_len=(?:max_total_tokens=)?(\d+)|maximum model length of (\d+)"
-    r"|max_completion_tokens is too large: \d+\.\s*This model supports at most (\d+) completion tokens",
+    r"|max_completion_tokens is too large: \d+\.\s*This model supports at most (\d+) completion tokens"
+    r"|maximum allowed length \((\d+) tokens\)",
     re.I,
 )
 # The prompt's tokens, as each wording states them: vLLM "your request has N input tokens" (0.9 to 0.11), "(N in the
 # messages, M in the completion)" (before 0.6), "The decoder prompt (length N)"; SGLang "N tokens from the input
-# messages" and "The input (N tokens)"; llama-server "request (N tokens)".
+# messages", "The input (N tokens)" and "Input length (N tokens)"; llama-server "request (N tokens)".
 _PROMPT = re.compile(
     r"request has (\d+) input tokens|\((\d+) in the messages|(\d+) tokens from the input|The input \((\d+) tokens\)"
-    r"|request \((\d+) tokens\)|prompt \(length (\d+)\)",
+    r"|request \((\d+) tokens\)|prompt \(length (\d+)\)|Input length \((\d+) tokens\)",
     re.I,
 )
 # OpenAI's cap on a reply, not on the window: "max_tokens is too large: M. This model supports at most C completion
