@@ -141,8 +141,12 @@ async def test_sglang_reports_the_request_model_and_vllm_refuses_another(http: a
         "message": "The model `whatever` does not exist.",
         "type": "NotFoundError",
         "param": "model",
-        "code": "model_not_found",
+        "code": 404,
     }
+    # OpenAI names the refusal by a code of its own.
+    async with SimServer(SimScript(persona="openai")) as sim:
+        status, body = await post(http, sim, model="whatever")
+    assert status == 404 and body["error"]["code"] == "model_not_found"
 
 
 async def test_sglang_error_body_is_flat(http: aiohttp.ClientSession) -> None:

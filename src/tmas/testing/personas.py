@@ -375,6 +375,9 @@ class Persona:
     # ---- streaming, continued
     # Whether continuous_usage_stats counts only beside include_usage.
     continuous_needs_include: bool = True
+    # The "code" of the refusal of another model's name (unknown_model); None: the status's number, as vLLM's error
+    # bodies carry it.
+    unknown_model_code: str | None = None
 
 
 def _any_n(script: SimScript) -> int | None:
@@ -432,7 +435,7 @@ VLLM = Persona(
     # ignored") and otherwise ignored.
     known_fields=OPENAI_CHAT_FIELDS | VLLM_EXTRA_FIELDS,
     rejects_unknown=False,
-    # engine serving _check_model.
+    # The model registry's check_model: a 404 whose body names the parameter and carries the status as its code.
     unknown_model="The model `{model}` does not exist.",
     max_n=_any_n,
     n_refusal="",
@@ -618,6 +621,7 @@ OPENAI = Persona(
     known_fields=OPENAI_CHAT_FIELDS,
     rejects_unknown=True,
     unknown_model="The model `{model}` does not exist or you do not have access to it.",
+    unknown_model_code="model_not_found",
     max_n=_any_n,
     n_refusal="",
     response_formats=frozenset({"text", "json_object", "json_schema"}),

@@ -605,7 +605,7 @@ class SimApp:
                     raise _BadRequest(message, param=name, code="unsupported_value")
         served = model == script.model or model in script.also_serves
         if persona.unknown_model is not None and model is not None and not served:
-            raise _BadRequest(persona.unknown_model.format(model=model), 404, "model", "model_not_found")
+            raise _BadRequest(persona.unknown_model.format(model=model), 404, "model", persona.unknown_model_code)
 
     @staticmethod
     def _serve_cache(active: _Active, messages: list[dict[str, Any]], texts: list[str], id_slot: Any) -> int | None:
