@@ -245,6 +245,14 @@ def test_bad_bodies_get_400_errors_without_tracebacks(sim: SimServer, proxy: Pro
             ).encode(),
             "unknown parameter 'nn'",
         ),
+        # Nested past what the JSON decoder can read, or past what it reads but the request's fingerprint and
+        # store cannot write: a 400, not a 500.
+        (b'{"model": "cot/sim-model", "user": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nests deeper than 64"),
+        (
+            b'{"model": "cot/sim-model", "messages": [{"role": "user", "content": "1+1?"}],'
+            b' "chat_template_kwargs": {"x": ' + b"[" * 900 + b"]" * 900 + b"}}",
+            "nests deeper than 64",
+        ),
     ]
     for body, expected in cases:
         status, reply = post(url, body)

@@ -21,6 +21,9 @@ from tmas.store.records import ProblemResult
 
 # OpenAI's limit on stop sequences.
 MAX_STOP = 4
+# How deep a request body may nest: no field of a chat request comes near it, and a deeper body would exhaust the
+# recursion of the JSON decoder, or of the encoders that fingerprint and store the request, as a 500.
+MAX_DEPTH = 64
 
 # Where a reply's reasoning goes, in a stream's deltas and in a whole message: vLLM names the field "reasoning" (since
 # it renamed it), its older releases, SGLang, llama-server and DeepSeek's API "reasoning_content". Clients read one
@@ -146,12 +149,17 @@ class ChatBody(BaseModel):
 
     @classmethod
     def parse(cls, raw: bytes) -> ChatBody:
+        too_deep = ApiError(400, f"the request body nests deeper than {MAX_DEPTH} levels", "invalid_json")
         try:
             data = json.loads(raw)
+        except RecursionError:
+            raise too_deep from None
         except ValueError:
             raise ApiError(400, "the request body is not valid JSON", "invalid_json") from None
         if not isinstance(data, dict):
             raise ApiError(400, "the request body must be a JSON object", "invalid_json")
+        if nesting(data) > MAX_DEPTH:
+            raise too_deep
         refused = refused_field(data)
         if refused is not None:
             raise refused
@@ -224,6 +232,21 @@ class ChatBody(BaseModel):
         if self.reasoning_effort is not None:
             data["reasoning_effort"] = self.reasoning_effort
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def nesting(value: object) -> int:
+    """How deep ``value`` (decoded JSON) nests: 0 for a scalar, 1 for a flat list or object; counted without
+    recursion, so any depth is counted."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth + 1)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def finish_reason(result: ProblemResult, reply: str) -> str:
