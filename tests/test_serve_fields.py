@@ -116,6 +116,19 @@ ASKS_WHAT_NO_METHOD_GIVES: list[dict[str, Any]] = [
     {"frequency_penalty": 0.5},
     {"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}},
 ]
+# The inference servers' own ways to constrain a reply (vLLM, SGLang, llama-server), sent with extra_body.
+CONSTRAINS_THE_REPLY: list[dict[str, Any]] = [
+    {"guided_choice": ["positive", "negative"]},
+    {"guided_regex": "[0-9]+"},
+    {"guided_json": {"type": "object"}},
+    {"guided_grammar": "root ::= [0-9]+"},
+    {"structured_outputs": {"choice": ["positive", "negative"]}},
+    {"regex": "[0-9]+"},
+    {"ebnf": "root ::= [0-9]+"},
+    {"grammar": "root ::= [0-9]+"},
+    {"json_schema": {}},
+    {"web_search_options": {}},
+]
 # The same fields asking nothing, as clients send their defaults: served.
 ASKS_NOTHING: dict[str, Any] = {
     "response_format": {"type": "text"},
@@ -137,10 +150,18 @@ def test_fields_a_methods_reply_cannot_carry_are_refused_by_name(sim: SimServer,
             assert caught.value.code == "unsupported_parameter"
             assert caught.value.param == next(iter(fields)), fields
             assert f"{caught.value.param} is not supported" in caught.value.message
+        for fields in CONSTRAINS_THE_REPLY:
+            with pytest.raises(openai.BadRequestError) as caught:
+                api.chat.completions.create(model="cot/sim-model", messages=QUESTION, extra_body=fields)
+            assert caught.value.code == "unsupported_parameter" and caught.value.param == next(iter(fields))
+            assert "never constrained" in caught.value.message or "search nothing" in caught.value.message
         # Nothing went upstream and no run was made for them.
         assert sim.chat_bodies() == []
         assert not any((tmp_path / "served").iterdir())
-        reply = api.chat.completions.create(model="cot/sim-model", messages=QUESTION, **ASKS_NOTHING)
+        nothing = {"guided_choice": None, "structured_outputs": {}, "grammar": "", "json_schema": None}
+        reply = api.chat.completions.create(
+            model="cot/sim-model", messages=QUESTION, **ASKS_NOTHING, extra_body=nothing
+        )
     assert "\\boxed{391}" in (reply.choices[0].message.content or "")
     assert len(sim.chat_bodies()) == 1
 

@@ -89,7 +89,25 @@ REFUSED_FIELDS: dict[str, tuple[Callable[[object], bool], str]] = {
     ),
     "modalities": (lambda v: v in (None, ["text"]), 'a method answers in text only: send none or ["text"]'),
     "audio": (lambda v: v is None, "a method answers in text only"),
+    "web_search_options": (lambda v: v is None, "a method's calls search nothing: they answer from the model alone"),
 }
+# The inference servers' own ways to constrain a reply, sent at the top level (OpenAI's client: extra_body): vLLM's
+# guided_* fields and structured_outputs, SGLang's regex and ebnf, llama-server's grammar and json_schema. A method's
+# reply is its selected solution, whose calls are never so constrained, so each is refused as response_format is.
+_UNCONSTRAINED = "the reply is a method's selected solution, never constrained to a schema, grammar, regex or choice"
+_CONSTRAINTS = [
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+    "regex",
+    "ebnf",
+    "grammar",
+]
+REFUSED_FIELDS |= dict.fromkeys(_CONSTRAINTS, (lambda v: not v, _UNCONSTRAINED))
+# An empty schema asks for any JSON value: still JSON.
+REFUSED_FIELDS["json_schema"] = (lambda v: v is None, _UNCONSTRAINED)
 
 
 def refused_field(data: dict[str, Any]) -> ApiError | None:
