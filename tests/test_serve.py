@@ -96,6 +96,16 @@ def test_models_lists_every_method_on_every_upstream_model(proxy: ProxyThread) -
     assert "tmas/sim-model" in ids and "majority/sim-model" in ids and "cot/sim-model" in ids
 
 
+def test_each_listed_model_is_retrieved_by_name_and_an_unknown_one_is_a_404(proxy: ProxyThread) -> None:
+    api = client(proxy)
+    for listed in api.models.list():
+        assert api.models.retrieve(listed.id) == listed
+    for name, why in [("nosuch/sim-model", "unknown method 'nosuch'"), ("tmas/other", "unknown upstream model")]:
+        with pytest.raises(openai.NotFoundError) as caught:
+            api.models.retrieve(name)
+        assert caught.value.code == "model_not_found" and why in caught.value.message
+
+
 def test_tmas_reply_carries_the_selected_solution_and_the_upstream_usage(
     sim: SimServer, proxy: ProxyThread, tmp_path: Path
 ) -> None:
@@ -303,6 +313,9 @@ def test_a_token_is_required_beyond_loopback_and_checked_when_set(
         assert status == 401 and body["error"]["code"] == "invalid_api_key" and "missing" in body["error"]["message"]
         with pytest.raises(openai.AuthenticationError):
             client(proxy, key="wrong").models.list()
+        with pytest.raises(openai.AuthenticationError):
+            client(proxy, key="wrong").models.retrieve("cot/sim-model")
+        assert client(proxy, key="tok-123").models.retrieve("cot/sim-model").id == "cot/sim-model"
         reply = client(proxy, key="tok-123").chat.completions.create(
             model="cot/sim-model", messages=[{"role": "user", "content": "What is 5*5?"}]
         )

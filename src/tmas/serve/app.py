@@ -70,6 +70,8 @@ class ServeApp:
                 Route("/stats", self.stats, methods=["GET"]),
                 Route("/metrics", self.metrics_page, methods=["GET"]),
                 Route("/v1/models", self.models, methods=["GET"]),
+                # The official client's models.retrieve; a model name holds a slash (tmas/Qwen/Qwen3-4B).
+                Route("/v1/models/{model:path}", self.model, methods=["GET"]),
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
             ],
             exception_handlers={HTTPException: _http_error, Exception: _server_error},
@@ -85,12 +87,18 @@ class ServeApp:
             self._authorize(request)
         except ApiError as exc:
             return exc.response()
-        data = [
-            {"id": f"{m}/{u}", "object": "model", "created": 0, "owned_by": "tmas"}
-            for m in self.methods
-            for u in self.upstreams
-        ]
+        data = [_model_entry(f"{m}/{u}") for m in self.methods for u in self.upstreams]
         return JSONResponse({"object": "list", "data": data})
+
+    async def model(self, request: Request) -> Response:
+        """One model of the list, as OpenAI answers ``GET /v1/models/{model}``; an unknown one is a 404."""
+        try:
+            self._authorize(request)
+            name = request.path_params["model"]
+            split_model(name, set(self.methods), self.upstreams)
+        except ApiError as exc:
+            return exc.response()
+        return JSONResponse(_model_entry(name))
 
     async def stats(self, request: Request) -> Response:
         """What a load test or a dashboard reads: the slots and the queue, now and since start."""
@@ -313,6 +321,10 @@ class ServeApp:
                 raise too_big
             chunks.append(chunk)
         return b"".join(chunks)
+
+
+def _model_entry(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "tmas"}
 
 
 def _sse(obj: dict[str, Any]) -> str:
