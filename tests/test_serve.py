@@ -255,6 +255,23 @@ def test_bad_bodies_get_400_errors_without_tracebacks(sim: SimServer, proxy: Pro
             ).encode(),
             "unknown parameter 'nn'",
         ),
+        # What Python's decoder reads but JSON has not (a server's decoder may refuse it, or read it as a value no
+        # setting takes): refused, not sent upstream nor failing the run as a 500.
+        (
+            b'{"model": "cot/sim-model", "messages": [{"role": "user", "content": "1+1?"}],'
+            b' "repetition_penalty": Infinity}',
+            "Infinity is not a JSON number",
+        ),
+        (
+            b'{"model": "cot/sim-model", "messages": [{"role": "user", "content": "1+1?"}],'
+            b' "repetition_penalty": 1e400}',
+            "1e400 is out of a number's range",
+        ),
+        (
+            b'{"model": "cot/sim-model", "messages": [{"role": "user", "content": "1+1?"}],'
+            b' "chat_template_kwargs": {"enable_thinking": NaN}}',
+            "NaN is not a JSON number",
+        ),
         # Nested past what the JSON decoder can read, or past what it reads but the request's fingerprint and
         # store cannot write: a 400, not a 500.
         (b'{"model": "cot/sim-model", "user": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nests deeper than 64"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -169,11 +170,11 @@ class ChatBody(BaseModel):
     def parse(cls, raw: bytes) -> ChatBody:
         too_deep = ApiError(400, f"the request body nests deeper than {MAX_DEPTH} levels", "invalid_json")
         try:
-            data = json.loads(raw)
+            data = json.loads(raw, parse_constant=_not_a_number, parse_float=_finite)
         except RecursionError:
             raise too_deep from None
-        except ValueError:
-            raise ApiError(400, "the request body is not valid JSON", "invalid_json") from None
+        except ValueError as exc:
+            raise ApiError(400, f"the request body is not valid JSON: {exc}", "invalid_json") from None
         if not isinstance(data, dict):
             raise ApiError(400, "the request body must be a JSON object", "invalid_json")
         if nesting(data) > MAX_DEPTH:
@@ -250,6 +251,19 @@ class ChatBody(BaseModel):
         if self.reasoning_effort is not None:
             data["reasoning_effort"] = self.reasoning_effort
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _not_a_number(name: str) -> float:
+    """Python's decoder reads NaN and Infinity, which JSON has not: refused, as they would reach no server intact."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    """A JSON number as a float; one past a float's range (1e400) is refused rather than read as infinity."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of a number's range")
+    return value
 
 
 def nesting(value: object) -> int:
