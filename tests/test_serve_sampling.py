@@ -27,6 +27,9 @@ def test_stop_ends_the_reply_at_its_first_sequence() -> None:
     assert cut_at_stop("a\n\nb STOP c", ["STOP", "\n\n"]) == "a"
     assert cut_at_stop("no sequence here", ["\n\n"]) == "no sequence here"
     assert cut_at_stop("text", []) == "text"
+    # vLLM's include_stop_str_in_output keeps the sequence that ended it.
+    assert cut_at_stop("a\n\nb STOP c", ["STOP", "\n\n"], keep=True) == "a\n\n"
+    assert cut_at_stop("a STOP c", ["STOP", "ST"], keep=True) == "a ST"
     as_string = ChatBody.parse(b'{"model": "cot/m", "messages": [{"role": "user", "content": "1?"}], "stop": "x"}')
     assert as_string.stop_sequences() == ["x"]
     for stop in (b'["a", "b", "c", "d", "e"]', b'[""]'):
@@ -45,12 +48,22 @@ def test_stop_cuts_the_reply_and_never_reaches_the_upstream(sim: SimServer, tmp_
             model="cot/sim-model", messages=QUESTION, seed=5, stop=["\n\n"], stream=True
         )
         stream_text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        kept = api.chat.completions.create(
+            model="cot/sim-model",
+            messages=QUESTION,
+            seed=5,
+            stop=["\n\n"],
+            extra_body={"include_stop_str_in_output": True},
+        )
     text = whole.choices[0].message.content or ""
     assert "\n\n" in text and "\\boxed{391}" in text
     # The reply ends where an OpenAI server would end it; the run itself (and its answer) is whole.
     assert cut.choices[0].message.content == text.split("\n\n")[0] == stream_text
     assert cut.model_extra is not None and cut.model_extra["tmas"]["answer"] == "391"
-    assert len(sim.chat_bodies()) == 3 and all("stop" not in body for body in sim.chat_bodies())
+    # Asked to keep it (vLLM's include_stop_str_in_output), the reply ends with the sequence that ended it.
+    assert kept.choices[0].message.content == text.split("\n\n")[0] + "\n\n"
+    bodies = sim.chat_bodies()
+    assert len(bodies) == 4 and not any("stop" in body or "include_stop_str_in_output" in body for body in bodies)
 
 
 def ask(proxy: ProxyThread, sampling: dict[str, float]) -> None:

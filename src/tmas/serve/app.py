@@ -31,7 +31,6 @@ from tmas.serve.protocol import (
     ChatBody,
     chunk_body,
     completion_body,
-    cut_at_stop,
     finish_reason,
     split_model,
     with_reasoning,
@@ -193,7 +192,7 @@ class ServeApp:
         else:
             extension = self._extension(job, result, body, method)
             extension["calls"] = result.calls
-            text = cut_at_stop(result.text, body.stop_sequences())
+            text = body.reply_text(result.text)
             finish = finish_reason(result, text)
             # The progress a stream would have sent, as the message's reasoning.
             reasoning = "".join(event.line() + "\n" for event in job.events)
@@ -274,7 +273,7 @@ class ServeApp:
                 status = exc.status
                 yield _sse(exc.body())
             else:
-                text = cut_at_stop(result.text, body.stop_sequences())
+                text = body.reply_text(result.text)
                 yield _sse(chunk_body(job.run_id, model, created, {"content": text}, with_usage=usage))
                 done = self._extension(job, result, body, method)
                 finish = finish_reason(result, text)

@@ -109,6 +109,16 @@ _CONSTRAINTS = [
 REFUSED_FIELDS |= dict.fromkeys(_CONSTRAINTS, (lambda v: not v, _UNCONSTRAINED))
 # An empty schema asks for any JSON value: still JSON.
 REFUSED_FIELDS["json_schema"] = (lambda v: v is None, _UNCONSTRAINED)
+# vLLM's own generation fields that shape the reply: none is sent to a method's calls (a stop token or a minimum
+# length would cut or stretch every agent's reasoning, as stop would), and the reply is one selected solution.
+REFUSED_FIELDS |= {
+    "stop_token_ids": (lambda v: not v, "a method's calls are never cut at a token: use stop, which ends the reply"),
+    "min_tokens": (lambda v: not v, "not sent to a method's calls, whose reply is one of many; leave it out"),
+    "ignore_eos": (lambda v: not v, "not sent to a method's calls, which end where the model ends them"),
+    "best_of": (lambda v: v in (None, 1), "a method already samples many candidates and selects one"),
+    "use_beam_search": (lambda v: not v, "a method already samples many candidates and selects one"),
+    "prompt_logprobs": (lambda v: v is None, "a method's reply is chosen among many calls: it has no logprobs"),
+}
 
 
 def refused_field(data: dict[str, Any]) -> ApiError | None:
@@ -147,6 +157,8 @@ class ChatBody(BaseModel):
     # Where the reply's content ends (OpenAI's up to 4 sequences): applied to the reply, never to the method's own
     # calls, whose reasoning a client's stop sequence (lm-eval's default "\n\n") would cut at its first paragraph.
     stop: str | list[str] | None = None
+    # vLLM's field: the stop sequence that ended the reply stays at its end.
+    include_stop_str_in_output: bool = False
     n: int | None = Field(default=None, ge=1)
     # Keyword arguments of the upstream's chat template (vLLM's, SGLang's and llama-server's field: {"enable_thinking":
     # false} for Qwen3), sent with every upstream call of the run.
@@ -201,6 +213,10 @@ class ChatBody(BaseModel):
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def reply_text(self, text: str) -> str:
+        """The reply's content: ``text`` ended at the first stop sequence (kept when the request says so)."""
+        return cut_at_stop(text, self.stop_sequences(), keep=self.include_stop_str_in_output)
 
     def sampling_overrides(self) -> dict[str, Any]:
         """The body's sampling fields, as settings keys: they become every upstream call's defaults."""
@@ -290,10 +306,11 @@ def finish_reason(result: ProblemResult, reply: str) -> str:
     return "length" if cut else "stop"
 
 
-def cut_at_stop(text: str, stops: list[str]) -> str:
-    """``text`` up to the first of ``stops`` (the sequence excluded), as an OpenAI server ends a reply."""
-    ends = [i for i in (text.find(stop) for stop in stops) if i >= 0]
-    return text[: min(ends)] if ends else text
+def cut_at_stop(text: str, stops: list[str], *, keep: bool = False) -> str:
+    """``text`` up to the first of ``stops`` (the sequence excluded, as an OpenAI server ends a reply; with ``keep``
+    included, as vLLM's ``include_stop_str_in_output`` asks)."""
+    ends = [(i, i + len(stop) if keep else i) for stop in stops if (i := text.find(stop)) >= 0]
+    return text[: min(ends)[1]] if ends else text
 
 
 def split_model(name: str, methods: set[str], upstreams: list[str]) -> tuple[str, str]:
