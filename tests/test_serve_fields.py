@@ -176,18 +176,23 @@ def test_fields_a_methods_reply_cannot_carry_are_refused_by_name(sim: SimServer,
     assert len(sim.chat_bodies()) == 1
 
 
-def test_reasoning_effort_reaches_every_upstream_call(sim: SimServer, tmp_path: Path) -> None:
+def test_reasoning_effort_and_verbosity_reach_every_upstream_call(sim: SimServer, tmp_path: Path) -> None:
     for policy in ("defaults", "ignore"):
         with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / policy, client_sampling=policy)) as proxy:
             api = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0, timeout=30)
             before = len(sim.chat_bodies())
             api.chat.completions.create(
-                model="tmas/sim-model", messages=QUESTION, reasoning_effort="low", extra_body={"tmas": TMAS_SMALL}
+                model="tmas/sim-model",
+                messages=QUESTION,
+                reasoning_effort="low",
+                verbosity="high",
+                extra_body={"tmas": TMAS_SMALL},
             )
             bodies = sim.chat_bodies()[before:]
             # Every call of the run (two solutions, their verifications) under either sampling policy.
-            assert len(bodies) == 4 and all(b["reasoning_effort"] == "low" for b in bodies)
+            assert len(bodies) == 4
+            assert all((b["reasoning_effort"], b["verbosity"]) == ("low", "high") for b in bodies)
             before = len(sim.chat_bodies())
             api.chat.completions.create(model="tmas/sim-model", messages=QUESTION, extra_body={"tmas": TMAS_SMALL})
             bodies = sim.chat_bodies()[before:]
-            assert len(bodies) == 4 and all("reasoning_effort" not in b for b in bodies)
+            assert len(bodies) == 4 and all("reasoning_effort" not in b and "verbosity" not in b for b in bodies)

@@ -12,8 +12,9 @@ send their own defaults whatever the user asked (lm-evaluation-harness sends tem
 its task says otherwise).
 
 Either way a request's ``chat_template_kwargs`` go with every upstream call of its run (laid key by key over those
-of the server's ``extra_body``), and so does its ``reasoning_effort``; ``seed`` is the run's seed (each call's seed is
-derived from it, so a method's samples still differ) and ``stop`` ends the reply's content, never a method's call.
+of the server's ``extra_body``), and so do its ``reasoning_effort`` and ``verbosity``; ``seed`` is the run's seed
+(each call's seed is derived from it, so a method's samples still differ) and ``stop`` ends the reply's content, never
+a method's call.
 """
 
 from __future__ import annotations
@@ -22,27 +23,27 @@ from typing import Literal
 
 from tmas.config import Sampling
 from tmas.methods import method_traits
-from tmas.serve.protocol import ChatBody
+from tmas.serve.protocol import PASSED_ON, ChatBody
 
 ClientSampling = Literal["defaults", "ignore"]
 CLIENT_SAMPLING: tuple[ClientSampling, ...] = ("defaults", "ignore")
 
 
 TEMPLATE_KWARGS = "chat_template_kwargs"
-REASONING_EFFORT = "reasoning_effort"
 
 
 def request_sampling(body: ChatBody, policy: ClientSampling, server: Sampling) -> Sampling:
     """The sampling the request lays over the server's settings (``server``, as the ``flags`` layer). Its
-    ``chat_template_kwargs`` and ``reasoning_effort`` are kept under either policy: a client sends them on purpose,
-    never as a default."""
+    ``chat_template_kwargs``, ``reasoning_effort`` and ``verbosity`` are kept under either policy: a client sends them
+    on purpose, never as a default."""
     fields = body.sampling_overrides() if policy == "defaults" else {}
     extra: dict[str, object] = {}
     if body.chat_template_kwargs is not None:
         configured = server.extra_body.get(TEMPLATE_KWARGS)
         extra[TEMPLATE_KWARGS] = {**(configured if isinstance(configured, dict) else {}), **body.chat_template_kwargs}
-    if body.reasoning_effort is not None:
-        extra[REASONING_EFFORT] = body.reasoning_effort
+    for name in PASSED_ON:
+        if getattr(body, name) is not None:
+            extra[name] = getattr(body, name)
     if extra:
         fields["extra_body"] = extra
     return Sampling(**fields)

@@ -129,6 +129,8 @@ def refused_field(data: dict[str, Any]) -> ApiError | None:
     return None
 
 
+# The request's fields sent as they are with every upstream call of its run, under either --client-sampling.
+PASSED_ON = ("reasoning_effort", "verbosity")
 # The request's sampling fields that become every upstream call's defaults under the same name (max_tokens aside).
 DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty")
 
@@ -165,6 +167,8 @@ class ChatBody(BaseModel):
     chat_template_kwargs: dict[str, Any] | None = None
     # How much a reasoning model thinks (OpenAI's field, read by vLLM and SGLang too): sent with every upstream call.
     reasoning_effort: str | None = Field(default=None, min_length=1)
+    # How long a reply is (OpenAI's field for its GPT-5 models): sent with every upstream call, as reasoning_effort.
+    verbosity: str | None = Field(default=None, min_length=1)
     # Method parameters (extra_body={"tmas": {...}}), validated by the method's own model.
     tmas: dict[str, Any] = Field(default_factory=dict)
 
@@ -264,8 +268,9 @@ class ChatBody(BaseModel):
         }
         if self.chat_template_kwargs is not None:
             data["chat_template_kwargs"] = self.chat_template_kwargs
-        if self.reasoning_effort is not None:
-            data["reasoning_effort"] = self.reasoning_effort
+        for name in PASSED_ON:
+            if getattr(self, name) is not None:
+                data[name] = getattr(self, name)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:24]
 
 
