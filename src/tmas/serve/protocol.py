@@ -160,7 +160,7 @@ class ChatBody(BaseModel):
     # calls, whose reasoning a client's stop sequence (lm-eval's default "\n\n") would cut at its first paragraph.
     stop: str | list[str] | None = None
     # vLLM's field: the stop sequence that ended the reply stays at its end.
-    include_stop_str_in_output: bool = False
+    include_stop_str_in_output: bool | None = None
     n: int | None = Field(default=None, ge=1)
     # Keyword arguments of the upstream's chat template (vLLM's, SGLang's and llama-server's field: {"enable_thinking":
     # false} for Qwen3), sent with every upstream call of the run.
@@ -220,7 +220,7 @@ class ChatBody(BaseModel):
 
     def reply_text(self, text: str) -> str:
         """The reply's content: ``text`` ended at the first stop sequence (kept when the request says so)."""
-        return cut_at_stop(text, self.stop_sequences(), keep=self.include_stop_str_in_output)
+        return cut_at_stop(text, self.stop_sequences(), keep=bool(self.include_stop_str_in_output))
 
     def sampling_overrides(self) -> dict[str, Any]:
         """The body's sampling fields, as settings keys: they become every upstream call's defaults."""
