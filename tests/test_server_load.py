@@ -310,7 +310,8 @@ async def test_the_probe_sends_the_key_and_asks_again_until_the_replica_answers(
     assert all(c.ok for c in first + second)
     assert served.unauthorized == 0 and served.models_unavailable == 1
     assert [b.get("n") for b in bodies] == [3, 3]
-    assert servers[sim.base_url]["server_kind"] == "vllm" and servers[sim.base_url]["context_length"] == 32768
+    found = servers[sim.base_url]["sim-model"]
+    assert found["server_kind"] == "vllm" and found["context_length"] == 32768
 
 
 async def test_calls_wait_for_a_replica_still_loading_its_model() -> None:

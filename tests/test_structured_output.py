@@ -713,3 +713,38 @@ async def test_latex_in_a_verifiers_json_reaches_the_corrector_as_latex() -> Non
     shown = corrector["messages"][-1]["content"]
     assert "Wrong: $17 \\times 23 = \\frac{782}{2}$ is 391." in shown
     assert "\t" not in shown and "\x0c" not in shown
+
+
+async def test_a_resumed_run_reads_where_each_model_at_a_url_puts_its_reasoning(tmp_path: Path) -> None:
+    # One server (a router, a hosted API) serves a model that thinks inside its content and a chat model that does
+    # not think. Each model's place is recorded for that model: a resumed run sends schemas to the chat model from its
+    # first call and none to the thinking one, whose thinking a grammar would forbid. Recorded by URL alone, the last
+    # model seen stood for both.
+    script = SimScript(think_tags=True, model="thinker", also_serves=["chat"])
+    roles = {"verifier": {"model": "chat"}}
+    with SimServer(script) as sim, RunStore(tmp_path) as store:
+        settings = settings_for(sim, endpoint__model="thinker", roles=roles)
+        async with open_model(settings, store) as llm:
+            assert (await llm.chat("solution", [user("Solve.")])).ok
+            for text in ("Grade A.", "Grade B."):
+                assert (await llm.chat("verifier", [user(text)], reply_model=VerificationReply)).ok
+        sim.reset()
+        async with open_model(settings, store) as llm:
+            verified = await llm.chat("verifier", [user("Grade C.")], reply_model=VerificationReply)
+            solved = await llm.chat("solution", [user("Grade D.")], reply_model=VerificationReply)
+        sent = [(r.body["model"], "response_format" in r.body) for r in sim.requests]
+    assert verified.ok and solved.ok
+    assert "<think>" not in solved.content and solved.reasoning
+    assert sent == [("chat", True), ("thinker", False)]
+
+
+async def test_a_record_of_a_url_alone_is_not_read_for_its_models(sim: SimServer, tmp_path: Path) -> None:
+    # A run stored by an earlier version recorded where replies put reasoning per URL, of whichever model it saw
+    # last: it may be another model's, so a resumed run learns the place again rather than send a schema on it.
+    with RunStore(tmp_path) as store:
+        store.set_meta("servers", {sim.base_url: {"url": sim.base_url, "reasoning": "none"}})
+        async with open_model(settings_for(sim), store) as llm:
+            assert (await llm.chat("verifier", [user("Grade A.")], reply_model=VerificationReply)).ok
+        recorded = store.servers()
+    assert ["response_format" in r.body for r in sim.requests] == [False]
+    assert recorded[sim.base_url]["sim-model"]["reasoning"] == "none"

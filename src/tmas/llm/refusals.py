@@ -73,8 +73,8 @@ class DowngradeLog(Protocol):
 
     def record_server(self, findings: ServerFindings) -> None: ...
 
-    def servers(self) -> dict[str, dict[str, Any]]:
-        """URL -> what was recorded of its server (a resumed run starts from it)."""
+    def servers(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """URL -> model -> what was recorded of its server serving that model (a resumed run starts from it)."""
         ...
 
 

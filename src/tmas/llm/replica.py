@@ -40,6 +40,8 @@ ProbeAnswer = Literal["answered", "loading", "none"]
 @dataclass
 class Replica:
     url: str
+    # The model its calls ask for: what it shows (its window, where its replies put reasoning) is that model's.
+    model: str | None = None
     # Calls routed to it and not finished (waiting for a cap, in flight or between retries): what routing balances.
     load: int = 0
     # The server's context window as known (stated, or learnt from a context refusal); a role's configured window
@@ -123,6 +125,7 @@ class Replica:
     def findings(self, serves_n: bool | None) -> ServerFindings:
         return ServerFindings(
             url=self.url,
+            model=self.model,
             server_kind=self.server_kind,
             context_length=self.context_length,
             serves_n=serves_n,

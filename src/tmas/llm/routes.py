@@ -41,8 +41,9 @@ class Route:
 @dataclass
 class Routes:
     settings: Settings
-    # URL -> what a run recorded of its server before (a resumed run): where its replies put reasoning.
-    known: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # URL -> model -> what a run recorded of that model's server before (a resumed run): where its replies put
+    # reasoning.
+    known: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     router: PrefixRouter = field(default_factory=PrefixRouter)
     # (URL, model) -> its replica. (URL, owner) -> the cap on calls in flight there, whatever the model: a role that
     # sets its own max_in_flight owns a cap on its calls (owner: the role); the roles that inherit the default
@@ -85,9 +86,9 @@ class Routes:
                 # No window or reasoning setting of the role's: a role's context_length and reasoning hold for its
                 # own calls (Route.endpoint; tmas.llm.refusals.reasoning_of), and the replica is shared by every role
                 # at this URL and model; it holds what the server showed of itself, here as a run recorded it before
-                # (a resumed run).
-                replica = Replica(url=url)
-                reasoning = self.known.get(url, {}).get("reasoning")
+                # (a resumed run), of this model: another model at the URL may think elsewhere.
+                replica = Replica(url=url, model=model)
+                reasoning = self.known.get(url, {}).get(model, {}).get("reasoning")
                 if reasoning in ("separate", "inline", "none"):
                     replica.reasoning = reasoning
                 self._replicas[url, model] = replica

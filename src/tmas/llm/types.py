@@ -84,9 +84,11 @@ ServerKind = Literal["vllm", "sglang", "llama-server"]
 
 
 class ServerFindings(BaseModel):
-    """What a replica's probe found, recorded in the run."""
+    """What a replica's probe found, recorded in the run: of one model at one URL (a router or a hosted API serves
+    several there, each with its own context window and its own place for reasoning)."""
 
     url: str
+    model: str | None = None
     server_kind: ServerKind | None = None
     context_length: int | None = None
     serves_n: bool | None = None

@@ -43,14 +43,23 @@ class RunMeta:
         return {kind: urls for kind, urls in found.items() if urls}
 
     def record_server(self, findings: ServerFindings) -> None:
-        """Record what a server said of itself when probed (its kind, context window, ``n``), per URL."""
-        servers = dict(self.get("servers") or {})
-        servers[findings.url] = findings.model_dump(mode="json")
+        """Record what a server said of itself when probed (its kind, context window, ``n``) and where its replies
+        put reasoning, per URL and model: one URL may serve several models, each thinking its own way."""
+        servers = self.servers()
+        models = servers.setdefault(findings.url, {})
+        models[findings.model or ""] = findings.model_dump(mode="json")
         self.set("servers", servers)
 
-    def servers(self) -> dict[str, dict[str, Any]]:
-        """URL -> what its server said of itself when the run probed it."""
-        return dict(self.get("servers") or {})
+    def servers(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """URL -> model -> what its server said of itself serving that model when the run probed it. A run stored by
+        an earlier version recorded one entry per URL, of whichever model was seen last: not read, since it may be
+        another model's (a resumed run learns each model's again from its replies)."""
+        stored = self.get("servers") or {}
+        return {
+            url: dict(models)
+            for url, models in stored.items()
+            if isinstance(models, dict) and all(isinstance(found, dict) for found in models.values())
+        }
 
     def record_notice(self, kind: str, message: str) -> None:
         """Record the one-line notice ``kind`` once in the run (the first message of each kind is kept)."""

@@ -113,7 +113,7 @@ class RunStore:
     def record_server(self, findings: ServerFindings) -> None:
         self._meta.record_server(findings)
 
-    def servers(self) -> dict[str, dict[str, Any]]:
+    def servers(self) -> dict[str, dict[str, dict[str, Any]]]:
         return self._meta.servers()
 
     def record_notice(self, kind: str, message: str) -> None:

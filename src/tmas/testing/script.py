@@ -216,7 +216,8 @@ class SimScript(_Strict):
 
     model: str = "sim-model"
     # Other models served at the same URL, as a hosted API or a gateway serves several: answered as ``model`` is, but
-    # never as a reasoning model (a chat model beside a reasoning one, each with its own restrictions).
+    # never as a reasoning model (a chat model beside a reasoning one, each with its own restrictions): their replies
+    # hold no thinking, in a field or in think tags.
     also_serves: list[str] = Field(default_factory=list)
     context_length: int = Field(default=32768, ge=1)
     latency_s: float = Field(default=0.0, ge=0.0)

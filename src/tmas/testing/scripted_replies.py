@@ -100,8 +100,8 @@ def scripted_text(
         pass  # the request turned thinking off: the model answers at once
     elif rule is not None and rule.reasoning is not None:
         reasoning = rule.reasoning
-    elif script.reasoning or script.think_tags:
-        reasoning = fake_reasoning(sim)
+    elif (script.reasoning or script.think_tags) and sim.body.get("model") not in script.also_serves:
+        reasoning = fake_reasoning(sim)  # the script's own model thinks; a chat model it also serves does not
 
     finish_reason = "stop"
     if fault == "garbage":
