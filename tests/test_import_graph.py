@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("methods",),
     ("agents", "memory"),
     ("llm", "store"),
-    ("config", "errors", "version", "problems", "jsonl", "answers", "answer_classes", "answer_rules"),
+    ("config", "errors", "version", "problems", "jsonl", "files", "answers", "answer_classes", "answer_rules"),
 )
 
 Graph = Mapping[str, set[str]]

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tmas.config import Budget, Sampling, Settings, extra_body_refusal, read_toml, validation_message
 from tmas.errors import ConfigError, InputError
+from tmas.files import write_atomic
 from tmas.grading.grades import GradeConfig
 from tmas.llm.model import ChatModel
 from tmas.llm.sampling import with_sampling
@@ -407,9 +408,7 @@ def _problems_digest(problems: list[Problem]) -> str:
 
 
 def _write_manifest(out_dir: Path, data: dict[str, Any]) -> None:
-    tmp = out_dir / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
-    tmp.replace(out_dir / MANIFEST)  # atomic: an interrupted write never leaves a torn manifest
+    write_atomic(out_dir / MANIFEST, json.dumps(data, indent=2, sort_keys=True))  # never torn, whatever stops it
 
 
 def read_manifest(out_dir: Path) -> dict[str, Any]:

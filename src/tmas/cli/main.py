@@ -59,6 +59,7 @@ from tmas.cli.usage import ParserError, error_line
 from tmas.cli.view import view_app
 from tmas.config import OverrideError, Settings, with_method_params
 from tmas.errors import InputError, TmasError
+from tmas.files import replacing
 
 if TYPE_CHECKING:
     from tmas.runner import StoredProblems
@@ -372,14 +373,11 @@ def export(
                 sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
             return
         # Written beside it, then put in its place: an export cut short leaves an earlier file as it was.
-        part = out.with_name(f"{out.name}.part")
         try:
-            with part.open("w", encoding="utf-8") as handle:
+            with replacing(out) as handle:
                 for row in rows:
                     handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-            part.replace(out)
         except OSError as exc:  # no such folder, a full disk: named as --out, with nothing left beside it
-            part.unlink(missing_ok=True)
             raise InputError(f"--out {out}: cannot write it: {exc.strerror or exc}") from None
 
 

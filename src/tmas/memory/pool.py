@@ -21,7 +21,6 @@ files are, or the meta they start from, change under it, and reads the pool agai
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ import numpy as np
 from pydantic import BaseModel, Field, ValidationError
 
 from tmas.errors import InputError, first_error
+from tmas.files import replacing, sync_dir
 from tmas.memory.pool_entry import PoolEntry
 
 EmbedFn = Callable[[Sequence[str]], Awaitable[list[list[float]]]]
@@ -77,6 +77,7 @@ def _finish_save(path: Path) -> None:
         # A save cut short between its renames left some in place already.
         with contextlib.suppress(FileNotFoundError):
             _staged(path, name).replace(path / name)
+    sync_dir(path)  # the renames, on disk: a power loss now finds this version, not some of its files staged
 
 
 def _current(path: Path) -> dict[str, Path]:
@@ -259,12 +260,8 @@ class Pool:
         _finish_save(self.path)
 
     def _stage(self, name: str, data: bytes) -> None:
-        part = self.path / f".{name}.part"
-        with part.open("wb") as handle:
+        with replacing(_staged(self.path, name), "wb") as handle:
             handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        part.replace(_staged(self.path, name))
 
     # ---- contents -------------------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ from tmas.agents.pool_summarizer import (
 from tmas.agents.utterance_judge import TeachingView, TurnView
 from tmas.config import Settings
 from tmas.errors import ConfigError, InputError
+from tmas.files import replacing
 from tmas.grading.registry import GradeMode
 from tmas.llm.factory import open_model
 from tmas.llm.model import ChatModel
@@ -562,8 +563,6 @@ def _open_or_create(path: Path, embedder_name: str) -> Pool:
 
 
 def _write_credits(path: Path, records: list[TurnRecord]) -> None:
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
+    with replacing(path) as handle:
         for record in records:
             handle.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
-    tmp.replace(path)

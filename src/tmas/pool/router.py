@@ -29,6 +29,7 @@ from pydantic import BaseModel, ValidationError, model_validator
 
 from tmas.config import Settings
 from tmas.errors import ConfigError, InputError, first_error
+from tmas.files import write_atomic
 from tmas.grading.diagnosis import DIAGNOSIS
 from tmas.grading.registry import GradeMode
 from tmas.methods.mattrl_domains import DEFAULT_DOMAIN, DOMAINS, domain_named
@@ -270,4 +271,4 @@ def train_router(cases: list[PairedCase], *, seed: int = 0) -> RouterModel:
 
 def save_router(model: RouterModel, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(model.model_dump(mode="json"), indent=2) + "\n", encoding="utf-8")
+    write_atomic(path, json.dumps(model.model_dump(mode="json"), indent=2) + "\n")

@@ -1,0 +1,67 @@
+"""Files put in place whole: one writer for every file tmas replaces (a pool's, credits, a router, a sweep's manifest,
+an export, the model cache), so that none is ever found empty, torn or missing after a crash or a power loss.
+
+The new contents go to a hidden file beside the target (same folder, so the rename cannot cross file systems), are
+flushed and synced to disk, then renamed over the target, and the folder is synced so that the rename itself
+survives a power loss. A write that fails part way (an error, a full disk) removes its hidden file and leaves the
+target as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Literal, overload
+
+
+def sync_dir(folder: Path) -> None:
+    """Sync ``folder``'s entries to disk: the renames and creations in it survive a power loss. Where the platform
+    or file system cannot sync a folder (Windows, some network file systems), nothing more can be done: the write
+    itself stands."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@overload
+def replacing(path: Path, mode: Literal["w"] = "w") -> contextlib.AbstractContextManager[IO[str]]: ...
+
+
+@overload
+def replacing(path: Path, mode: Literal["wb"]) -> contextlib.AbstractContextManager[IO[bytes]]: ...
+
+
+def replacing(path: Path, mode: Literal["w", "wb"] = "w") -> contextlib.AbstractContextManager[IO[str] | IO[bytes]]:
+    """A file to write ``path``'s new contents to (UTF-8 text with ``mode`` "w", bytes with "wb"); they replace
+    ``path`` when the block ends, durably (see the module's docstring), and never where the block raised."""
+    return _replacing(path, mode)
+
+
+@contextlib.contextmanager
+def _replacing(path: Path, mode: Literal["w", "wb"]) -> Iterator[IO[str] | IO[bytes]]:
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    try:
+        with part.open(mode, encoding="utf-8" if mode == "w" else None) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        part.replace(path)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    sync_dir(path.parent)
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Replace ``path``'s contents with ``data`` (text as UTF-8), durably and whole (see the module's docstring)."""
+    if isinstance(data, str):
+        with replacing(path, "w") as text:
+            text.write(data)
+    else:
+        with replacing(path, "wb") as raw:
+            raw.write(data)
