@@ -38,6 +38,13 @@ def settings_for(*servers: SimServer, **overrides: Any) -> Settings:
     return _settings([s.base_url for s in servers], overrides)
 
 
+def config_file(sim: SimServer, tmp_path: Path, body: str = "") -> Path:
+    """A config file (``run.toml`` in ``tmp_path``) whose default endpoint is ``sim``, with ``body`` (TOML) after it."""
+    path = tmp_path / "run.toml"
+    path.write_text(f'[endpoint]\nbase_url = "{sim.base_url}"\n{body}', encoding="utf-8")
+    return path
+
+
 def scripted_settings(**overrides: Any) -> Settings:
     """The same settings for an in-process :class:`tmas.testing.ScriptedModel` (its endpoint is never called; it is
     named so that the settings are an endpoint's, not the embedded model's)."""

@@ -202,7 +202,7 @@ def test_each_flag_of_the_group_reaches_the_wire_and_the_run(
     monkeypatch.setenv("TMAS_GROUP_TEST_KEY", "sk-group")
     result = CliRunner().invoke(app, [*_command_args(command, tmp_path), *_group_args(sim, tmp_path)])
     assert result.exit_code == 0, result.output
-    bodies = [entry.body for entry in sim.requests if entry.endpoint == "chat"]
+    bodies = sim.chat_bodies()
     assert bodies
     for body in bodies:
         assert body["model"] == "group-model"
@@ -265,7 +265,7 @@ async def test_api_resume_takes_new_iterations_and_sampling_on_the_wire(sim: Sim
     assert first.to_dict()["done"] == 1
     sim.reset()
     await aresume(tmp_path / "run", {"sampling.temperature": 0.55}, params={"iterations": 2})
-    bodies = [entry.body for entry in sim.requests if entry.endpoint == "chat"]
+    bodies = sim.chat_bodies()
     # One more iteration: the refiner is called again, with the temperature given on resume.
     assert bodies and {b["temperature"] for b in bodies} == {0.55}
     assert "refiner" in {entry.role for entry in sim.requests}
@@ -347,7 +347,7 @@ def test_a_grid_files_sampling_and_budget_sit_under_every_flag(
     flags = ["--top-k", "20", "--seed", "3", "--budget-tokens", "5000", "--budget-pool", "--no-report"]
     result = CliRunner().invoke(app, ["sweep", str(grid), "-o", str(out), "--config", str(config), *flags])
     assert result.exit_code == 0, result.output
-    [body] = [entry.body for entry in sim.requests if entry.endpoint == "chat"]
+    [body] = sim.chat_bodies()
     # --top-k over the grid's top_k; --seed is the run's seed, so the grid's sampling seed is still sent.
     assert (body["temperature"], body["top_k"], body["min_p"], body["seed"]) == (0.33, 20, 0.2, 42)
     [store_file] = out.rglob("run.sqlite")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from conftest import isolate
+from conftest import config_file, isolate
 from tmas.api import asolve
 from tmas.cli.main import app
 from tmas.config import EMBEDDING_UNREAD, Sampling, Settings, load_settings
@@ -22,22 +22,12 @@ Q = "What is 17*23?"
 RSE = ["-m", "rse", "-p", "n=1", "-p", "iterations=2"]
 
 
-def config(sim: SimServer, tmp_path: Path, body: str) -> Path:
-    path = tmp_path / "run.toml"
-    path.write_text(f'[endpoint]\nbase_url = "{sim.base_url}"\n{body}')
-    return path
-
-
-def embeddings_bodies(sim: SimServer) -> list[dict[str, Any]]:
-    return [entry.body for entry in sim.requests if entry.endpoint == "embeddings"]
-
-
 def test_a_chat_sampling_field_of_the_embedding_role_is_refused_on_the_command_line(
     sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     isolate(monkeypatch, tmp_path)
     table = "[roles.embedding.sampling]\nextra_body = { dimensions = 64 }\n"
-    path = config(sim, tmp_path, f"{table}temperature = 0.1\n")
+    path = config_file(sim, tmp_path, f"{table}temperature = 0.1\n")
     out = CliRunner().invoke(app, ["solve", Q, *RSE, "--config", str(path)])
     assert isinstance(out.exception, ConfigError)
     assert str(out.exception) == (
@@ -47,9 +37,9 @@ def test_a_chat_sampling_field_of_the_embedding_role_is_refused_on_the_command_l
     # Before, the run went on and its embeddings requests carried no temperature.
     assert sim.requests == []
     # What embeddings requests do carry is still taken, and sent.
-    out = CliRunner().invoke(app, ["solve", Q, *RSE, "--config", str(config(sim, tmp_path, table))])
+    out = CliRunner().invoke(app, ["solve", Q, *RSE, "--config", str(config_file(sim, tmp_path, table))])
     assert out.exit_code == 0, out.output
-    bodies = embeddings_bodies(sim)
+    bodies = sim.embedding_bodies()
     assert bodies and all(set(body) == {"dimensions", "model", "input"} for body in bodies)
     assert {body["dimensions"] for body in bodies} == {64}
 
@@ -114,12 +104,12 @@ def test_every_field_is_covered() -> None:
 def test_each_chat_sampling_field_is_refused_in_the_files_embedding_table(
     sim: SimServer, tmp_path: Path, name: str
 ) -> None:
-    path = config(sim, tmp_path, f"[roles.embedding.sampling]\n{name} = {toml(SAMPLED[name])}\n")
+    path = config_file(sim, tmp_path, f"[roles.embedding.sampling]\n{name} = {toml(SAMPLED[name])}\n")
     with pytest.raises(ConfigError) as caught:
         load_settings(path, environ={})
     assert str(caught.value).startswith(f"{path}: roles.embedding.sampling.{name} is a chat sampling field")
     # Another role's table takes it: its calls are chat calls.
-    path = config(sim, tmp_path, f"[roles.judge.sampling]\n{name} = {toml(SAMPLED[name])}\n")
+    path = config_file(sim, tmp_path, f"[roles.judge.sampling]\n{name} = {toml(SAMPLED[name])}\n")
     assert getattr(load_settings(path, environ={}).roles["judge"].sampling, name) == SAMPLED[name]
 
 
@@ -127,12 +117,12 @@ def test_each_chat_sampling_field_is_refused_in_the_files_embedding_table(
 def test_each_field_only_chat_calls_read_is_refused_in_the_files_embedding_table(
     sim: SimServer, tmp_path: Path, name: str
 ) -> None:
-    path = config(sim, tmp_path, f"[roles.embedding]\n{name} = {toml(UNREAD[name])}\n")
+    path = config_file(sim, tmp_path, f"[roles.embedding]\n{name} = {toml(UNREAD[name])}\n")
     with pytest.raises(ConfigError) as caught:
         load_settings(path, environ={})
     line = f"{path}: roles.embedding.{name} is read by chat calls only, and the embedding role makes none"
     assert str(caught.value) == f"{line}: leave it out"
-    path = config(sim, tmp_path, f"[roles.judge]\n{name} = {toml(UNREAD[name])}\n")
+    path = config_file(sim, tmp_path, f"[roles.judge]\n{name} = {toml(UNREAD[name])}\n")
     assert getattr(load_settings(path, environ={}).roles["judge"], name) == UNREAD[name]
 
 
@@ -142,7 +132,7 @@ def test_the_fields_embeddings_requests_read_are_taken(sim: SimServer, tmp_path:
         "max_in_flight = 2\ntimeout_s = 20\ndeadline_s = 60\nprogress_timeout_s = 90\n"
         '[roles.embedding.sampling]\nextra_body = { dimensions = 64, encoding_format = "base64" }\n'
     )
-    role = load_settings(config(sim, tmp_path, body), environ={}).roles["embedding"]
+    role = load_settings(config_file(sim, tmp_path, body), environ={}).roles["embedding"]
     assert (role.model, role.max_in_flight, role.timeout_s) == ("emb", 2, 20.0)
     assert role.sampling.extra_body == {"dimensions": 64, "encoding_format": "base64"}
 
@@ -152,12 +142,12 @@ def test_a_chat_field_in_the_embedding_roles_extra_body_names_no_setting_it_refu
 ) -> None:
     # Before, extra_body.max_tokens was refused with "set roles.embedding.sampling.max_tokens instead": a field its
     # requests never carry.
-    path = config(sim, tmp_path, "[roles.embedding.sampling]\nextra_body = { max_tokens = 8 }\n")
+    path = config_file(sim, tmp_path, "[roles.embedding.sampling]\nextra_body = { max_tokens = 8 }\n")
     with pytest.raises(ConfigError) as caught:
         load_settings(path, environ={})
     line = f"{path}: roles.embedding.sampling.extra_body.max_tokens is a field of chat requests"
     assert str(caught.value) == f"{line}, and tmas sends the embedding role none: leave it out"
-    path = config(sim, tmp_path, '[roles.embedding.sampling]\nextra_body = { model = "x" }\n')
+    path = config_file(sim, tmp_path, '[roles.embedding.sampling]\nextra_body = { model = "x" }\n')
     with pytest.raises(ConfigError, match=r"set roles\.embedding\.model instead$"):
         load_settings(path, environ={})
 
@@ -175,4 +165,4 @@ def test_a_run_stored_with_such_a_value_still_resumes(
     asyncio.run(asolve(Q, Settings.model_validate(old), run_dir=run_dir))
     out = CliRunner().invoke(app, ["run", "--resume", str(run_dir)])
     assert out.exit_code == 0, out.output
-    assert {body["dimensions"] for body in embeddings_bodies(sim)} == {64}
+    assert {body["dimensions"] for body in sim.embedding_bodies()} == {64}

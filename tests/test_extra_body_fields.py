@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import isolate
+from conftest import config_file, isolate
 from tmas.api import asolve
 from tmas.cli.main import app
 from tmas.config import Settings, load_settings
@@ -23,27 +23,17 @@ from tmas.testing import SimServer
 Q = "What is 17*23?"
 
 
-def config(sim: SimServer, tmp_path: Path, body: str) -> Path:
-    path = tmp_path / "run.toml"
-    path.write_text(f'[endpoint]\nbase_url = "{sim.base_url}"\nmodel = "wire-model"\n{body}')
-    return path
-
-
-def chat_bodies(sim: SimServer) -> list[dict[str, object]]:
-    return [entry.body for entry in sim.requests if entry.endpoint == "chat"]
-
-
 def test_a_config_files_extra_body_max_tokens_is_refused_on_the_command_line(
     sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     isolate(monkeypatch, tmp_path)
-    path = config(sim, tmp_path, "[sampling]\nmax_tokens = 300\nextra_body = { max_tokens = 5 }\n")
+    path = config_file(sim, tmp_path, "[sampling]\nmax_tokens = 300\nextra_body = { max_tokens = 5 }\n")
     out = CliRunner().invoke(app, ["solve", Q, "-m", "cot", "--config", str(path)])
     assert isinstance(out.exception, ConfigError)
     line = f"{path}: sampling.extra_body.max_tokens would replace the max_tokens tmas sends from its settings:"
     assert str(out.exception) == f"{line} set sampling.max_tokens instead"
     # Before, the call went out with max_tokens 5 where the run recorded (and budgeted) 300.
-    assert chat_bodies(sim) == []
+    assert sim.chat_bodies() == []
 
 
 @pytest.mark.parametrize(
@@ -63,7 +53,7 @@ def test_a_config_files_extra_body_max_tokens_is_refused_on_the_command_line(
 def test_each_field_tmas_sends_is_refused_in_the_files_extra_body(
     sim: SimServer, tmp_path: Path, key: str, instead: str
 ) -> None:
-    path = config(sim, tmp_path, f"[sampling]\nextra_body = {{ {key} = 1 }}\n")
+    path = config_file(sim, tmp_path, f"[sampling]\nextra_body = {{ {key} = 1 }}\n")
     with pytest.raises(ConfigError) as caught:
         load_settings(path, environ={})
     assert str(caught.value).startswith(f"{path}: sampling.extra_body.{key} would replace the {key} tmas sends")
@@ -72,7 +62,7 @@ def test_each_field_tmas_sends_is_refused_in_the_files_extra_body(
 
 def test_a_roles_extra_body_names_the_roles_own_settings(sim: SimServer, tmp_path: Path) -> None:
     for key, instead in [("model", "roles.verifier.model"), ("max_tokens", "roles.verifier.sampling.max_tokens")]:
-        path = config(sim, tmp_path, f'[roles.verifier.sampling]\nextra_body = {{ {key} = "x" }}\n')
+        path = config_file(sim, tmp_path, f'[roles.verifier.sampling]\nextra_body = {{ {key} = "x" }}\n')
         with pytest.raises(ConfigError, match=rf"^{path}: roles\.verifier\.sampling\.extra_body\.{key} would"):
             load_settings(path, environ={})
         with pytest.raises(ConfigError, match=rf"set {instead} instead$"):
@@ -88,7 +78,7 @@ def test_tmas_per_role_method_sampling_refuses_them_on_the_command_line(
     assert isinstance(out.exception, ConfigError)
     assert "sampling.solution.extra_body.n would replace the n tmas sends" in str(out.exception)
     assert str(out.exception).endswith("set roles.solution.batch_samples instead")
-    assert chat_bodies(sim) == []
+    assert sim.chat_bodies() == []
 
 
 async def test_the_python_apis_settings_and_a_grid_file_refuse_them(sim: SimServer, tmp_path: Path) -> None:
@@ -99,7 +89,7 @@ async def test_the_python_apis_settings_and_a_grid_file_refuse_them(sim: SimServ
     grid.write_text('[sampling]\nextra_body = { stop = ["x"] }\n')
     with pytest.raises(ConfigError, match=rf"^{grid}: sampling\.extra_body\.stop would .* sampling\.stop instead$"):
         load_spec(grid)
-    assert chat_bodies(sim) == []
+    assert sim.chat_bodies() == []
 
 
 # Fields tmas has no setting for: sent as written.
@@ -121,7 +111,7 @@ def test_other_extra_body_keys_still_reach_the_server_from_the_command_line(
         " chat_template_kwargs = { enable_thinking = false } }\n"
         "[roles.refiner.sampling]\nextra_body = { repeat_last_n = 32 }\n"
     )
-    path = config(sim, tmp_path, body)
+    path = config_file(sim, tmp_path, body)
     out = CliRunner().invoke(app, ["solve", Q, "-m", "self_refine", "-p", "n=1", "-p", "iterations=2", "-c", str(path)])
     assert out.exit_code == 0, out.output
     by_role: dict[str, list[dict[str, object]]] = {}
@@ -146,17 +136,17 @@ def test_a_run_stored_with_such_a_key_still_resumes(
     asyncio.run(asolve(Q, Settings.model_validate(old), run_dir=run_dir))
     out = CliRunner().invoke(app, ["run", "--resume", str(run_dir)])
     assert out.exit_code == 0, out.output
-    assert [body.get("top_k") for body in chat_bodies(sim)] == [20]
+    assert [body.get("top_k") for body in sim.chat_bodies()] == [20]
 
 
 def test_the_embedding_roles_extra_body_input_is_refused(sim: SimServer, tmp_path: Path) -> None:
     # An embeddings request's body is that role's extra_body under tmas's model and input: before, this input was
     # overwritten by the texts to embed without a word.
-    path = config(sim, tmp_path, "[roles.embedding.sampling]\nextra_body = { input = ['x'], dimensions = 64 }\n")
+    path = config_file(sim, tmp_path, "[roles.embedding.sampling]\nextra_body = { input = ['x'], dimensions = 64 }\n")
     with pytest.raises(ConfigError) as refused:
         load_settings(path, environ={})
     line = f"{path}: roles.embedding.sampling.extra_body.input would replace the input tmas sends"
     assert str(refused.value) == f"{line}, and no setting sets it: leave it out"
     # A chat role's request has no input field of tmas's: its extra_body input goes as written.
-    path = config(sim, tmp_path, "[roles.judge.sampling]\nextra_body = { input = 'x' }\n")
+    path = config_file(sim, tmp_path, "[roles.judge.sampling]\nextra_body = { input = 'x' }\n")
     assert load_settings(path, environ={}).roles["judge"].sampling.extra_body == {"input": "x"}

@@ -239,6 +239,10 @@ class SimServer:
         assert to prove configuration reached the wire. The log keeps the last ``SimScript.log_limit`` requests."""
         return [r.body for r in self.app.requests() if r.endpoint == "chat" and (role is None or r.role == role)]
 
+    def embedding_bodies(self) -> list[dict[str, Any]]:
+        """The bodies of the embeddings requests received, oldest first (as :meth:`chat_bodies`)."""
+        return [r.body for r in self.app.requests() if r.endpoint == "embeddings"]
+
 
 # ---- command line -------------------------------------------------------------------------------
 
