@@ -748,3 +748,26 @@ async def test_a_record_of_a_url_alone_is_not_read_for_its_models(sim: SimServer
         recorded = store.servers()
     assert ["response_format" in r.body for r in sim.requests] == [False]
     assert recorded[sim.base_url]["sim-model"]["reasoning"] == "none"
+
+
+async def test_each_model_at_one_url_learns_its_own_reasoning_place_in_process_as_over_http() -> None:
+    # A thinking model and a chat model at one URL: the chat model's reply (no thinking) lets the schema go to it, the
+    # thinking model's (a think block) holds it back from that model alone. The in-process model learns as the HTTP
+    # client does; before, it kept one place per URL, and the model seen last stood for both.
+    script = SimScript(think_tags=True, model="thinker", also_serves=["chat"])
+    roles = {"verifier": {"model": "chat"}}
+    order = ["verifier", "solution", "verifier", "solution"]
+
+    async def ask(llm: Any) -> None:
+        for i, role in enumerate(order):
+            assert (await llm.chat(role, [user(f"Grade {i}.")], reply_model=VerificationReply)).ok
+
+    with SimServer(script) as sim:
+        async with LLMClient(settings_for(sim, endpoint__model="thinker", roles=roles)) as llm:
+            await ask(llm)
+        over_http = [(r.body["model"], "response_format" in r.body) for r in sim.requests]
+    scripted = ScriptedModel(script, scripted_settings(endpoint__model="thinker", roles=roles))
+    await ask(scripted)
+    in_process = [(call.body["model"], "response_format" in call.body) for call in scripted.calls]
+    assert over_http == [("chat", False), ("thinker", False), ("chat", True), ("thinker", False)]
+    assert in_process == over_http

@@ -68,8 +68,9 @@ class ScriptedModel:
     # method's chains by.
     ended_chains: list[ChainKey] = field(default_factory=list)
     _rules: RuleBook | None = field(default=None, repr=False)
-    # Where each endpoint's replies put reasoning, as the HTTP client learns it from the first reply it reads.
-    _reasoning: dict[str, str] = field(default_factory=dict, repr=False)
+    # Where each model's replies at each endpoint put reasoning, as the HTTP client learns it from the first reply it
+    # reads: (URL, model) -> place (one URL may serve several models, each thinking its own way).
+    _reasoning: dict[tuple[str, str], str] = field(default_factory=dict, repr=False)
 
     def resolve_sampling(
         self,
@@ -130,7 +131,7 @@ class ScriptedModel:
         schema = requested_schema(mode, sampling, reply_model)
         place = endpoint["reasoning"]
         if place == "auto":
-            place = self._reasoning.get(endpoint["url"])
+            place = self._reasoning.get((endpoint["url"], self.model_name(role)))
         return schema if schema is not None and schema_goes(mode, place) else None
 
     def _endpoint(self, role: str) -> dict[str, Any]:
@@ -150,14 +151,14 @@ class ScriptedModel:
         """Where a reply put its reasoning (a field of its own, as the simulator sends it, or a think block in the
         content of a reply that finished), learnt as the HTTP client learns it (:func:`tmas.llm.reasoning.reply_place`,
         :meth:`tmas.llm.refusals.Refusals.saw_reasoning`)."""
-        url = self._endpoint(role)["url"]
+        at = (self._endpoint(role)["url"], self.model_name(role))
         place = reply_place(content, reasoning, finish_reason)
-        if place is None or self._reasoning.get(url) == "inline":
+        if place is None or self._reasoning.get(at) == "inline":
             return
         if place == "none":
-            self._reasoning.setdefault(url, "none")
+            self._reasoning.setdefault(at, "none")
         else:
-            self._reasoning[url] = place
+            self._reasoning[at] = place
 
     def _answer(self, role: str, key: CallKey, messages: Sequence[Message], request: ChatRequest) -> Completion:
         body = request.body(structured=True)
@@ -188,7 +189,8 @@ class ScriptedModel:
         self._saw_reasoning(role, text.content, text.reasoning, text.finish_reason)
         # Thinking is kept apart from the content as the HTTP client keeps it (reasoning field or <think> block).
         endpoint = self._endpoint(role)
-        place = endpoint["reasoning"] if endpoint["reasoning"] != "auto" else self._reasoning.get(endpoint["url"])
+        learnt = self._reasoning.get((endpoint["url"], self.model_name(role)))
+        place = endpoint["reasoning"] if endpoint["reasoning"] != "auto" else learnt
         cut_inline = place == "inline" and text.finish_reason == "length"
         content, reasoning = split_reasoning(text.content, text.reasoning, cut_inline=cut_inline)
         logprobs = scripted_logprobs(self.script, body, rule, text.content, persona_of(self.script), text.reasoning)
