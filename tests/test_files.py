@@ -95,3 +95,27 @@ def test_a_saved_router_and_a_sweep_manifest_are_synced(tmp_path: Path, synced: 
     _write_manifest(tmp_path, {"runs": []})
     assert json.loads((tmp_path / MANIFEST).read_text(encoding="utf-8")) == {"runs": []}
     assert synced == [_id(tmp_path / "router.json"), _id(tmp_path), _id(tmp_path / MANIFEST), _id(tmp_path)]
+
+
+def test_a_converted_checkpoint_is_on_disk_before_it_takes_its_finished_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, synced: list[tuple[int, int]]
+) -> None:
+    # The conversion's files (written by transformers and torch, never synced by them) and their folder are synced
+    # before the rename that marks the checkpoint finished, and the cache folder after it.
+    from tmas.llm import hf_checkpoint
+
+    monkeypatch.setenv("TMAS_CACHE_DIR", str(tmp_path / "cache"))
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00")
+
+    def convert(source: Path, out: Path, *, dtype: str, tokenizer: Path | None = None) -> None:
+        (out / "weights").mkdir(parents=True)
+        (out / "config.json").write_text("{}", encoding="utf-8")
+        (out / "tokenizer_config.json").write_text("{}", encoding="utf-8")
+        (out / "weights" / "model.safetensors").write_bytes(b"\x00" * 8)
+
+    monkeypatch.setattr(hf_checkpoint, "convert", convert)
+    target = hf_checkpoint.checkpoint(str(gguf), dtype="float32")
+    written = [target / "config.json", target / "tokenizer_config.json", target / "weights" / "model.safetensors"]
+    assert {_id(p) for p in written} | {_id(target / "weights"), _id(target)} <= set(synced)
+    assert synced[-1] == _id(target.parent)

@@ -1,5 +1,6 @@
 """Files put in place whole: one writer for every file tmas replaces (a pool's, credits, a router, a sweep's manifest,
-an export, the model cache), so that none is ever found empty, torn or missing after a crash or a power loss.
+an export, the model cache), so that none is ever found empty, torn or missing after a crash or a power loss; and a
+folder written whole (a converted checkpoint) synced before it is renamed into place.
 
 The new contents go to a hidden file beside the target (same folder, so the rename cannot cross file systems), are
 flushed and synced to disk, then renamed over the target, and the folder is synced so that the rename itself
@@ -26,6 +27,20 @@ def sync_dir(folder: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def sync_tree(folder: Path) -> None:
+    """Sync every file under ``folder`` and every folder's entries, deepest first: a folder written by another
+    library (a converted checkpoint) before it is renamed into place whole."""
+    for path in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if path.is_symlink():
+            continue
+        if path.is_file():
+            with path.open("rb") as handle:
+                os.fsync(handle.fileno())
+        elif path.is_dir():
+            sync_dir(path)
+    sync_dir(folder)
 
 
 @overload

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tmas.errors import LocalModelError
+from tmas.files import sync_dir, sync_tree
 from tmas.llm.weights import KNOWN_MODELS, cache_dir, locked, resolve_model
 
 # What marks a finished checkpoint folder (written by save_pretrained, the tokenizer last).
@@ -75,7 +76,10 @@ def checkpoint(spec: str, *, dtype: str, tokenizer: str | None = None) -> Path:
             partial = target.with_name(target.name + ".partial")
             shutil.rmtree(partial, ignore_errors=True)
             convert(gguf, partial, dtype=dtype, tokenizer=Path(tokenizer).expanduser() if tokenizer else None)
+            # On disk before its finished name: a power loss never leaves a finished folder of empty files.
+            sync_tree(partial)
             partial.rename(target)
+            sync_dir(target.parent)
     return target
 
 
