@@ -45,12 +45,21 @@ async def chat_guarded(
     reply_model: type[BaseModel] | None = None,
     watch: TraceWatch | None = None,
     chain: int | None = None,
+    attempt: int = 0,
 ) -> GuardedReply:
     """``session.chat``, then ``echo_of(reply)`` (what echoes, or None) on a successful reply; one retry on an echo.
     A reply ``watch`` stopped early is returned as it is: its partial text is no reply to check. Both calls belong to
-    ``chain`` (:meth:`ProblemSession.chat`)."""
+    ``chain`` (:meth:`ProblemSession.chat`); ``attempt``: how many times the caller asked ``messages`` before (the
+    first call's, the retry's the next one)."""
     reply = await session.chat(
-        role, messages, sample=sample, sampling=sampling, reply_model=reply_model, watch=watch, chain=chain
+        role,
+        messages,
+        sample=sample,
+        sampling=sampling,
+        reply_model=reply_model,
+        watch=watch,
+        chain=chain,
+        attempt=attempt,
     )
     first = echo_of(reply) if reply.ok and reply.stopped_early is None else None
     if first is None:
@@ -64,7 +73,7 @@ async def chat_guarded(
         reply_model=reply_model,
         watch=watch,
         chain=chain,
-        attempt=1,
+        attempt=attempt + 1,
     )
     again = echo_of(retry) if retry.ok and retry.stopped_early is None else None
     if again is not None:

@@ -13,7 +13,9 @@ and a note), as Self-Refine's (methods/selection.py, ``fallback_from = "latest"`
 one before it, so an older round must not outvote a newer one. Off, a synthesis without an answer leaves the problem
 without one.
 
-Each round is one iteration record; the synthesis round is one more, so T rounds give T + 1 records.
+Each round is one iteration record; the synthesis round is one more, so T rounds give T + 1 records. A prompt a
+response sends again (the plain prompt after a round with no successful response) goes with a new seed where one is
+configured (``tmas.methods.reasked``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tmas.agents.baselines import compact_message, pacore_round_prompt, pacore_s
 from tmas.agents.solution import generation_prompt
 from tmas.llm.types import Message
 from tmas.methods.base import (
+    Candidate,
     CandidateMeta,
     Iterations,
     Method,
@@ -36,6 +39,7 @@ from tmas.methods.base import (
     gather_all,
 )
 from tmas.methods.call_count import CallCount, asked_again, count_calls
+from tmas.methods.reasked import Reasked
 from tmas.methods.state import FallbackState, MethodState
 from tmas.methods.steps import Chosen, close_iteration, finish, notes_for, solve_call
 from tmas.methods.style_params import StyledParams
@@ -89,6 +93,7 @@ class PaCoRe(Method[PaCoReParams]):
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p, q, mode = self.params, session.problem.question, self.params.mode
         messages: list[str] = []  # the compact messages of the previous round
+        asked = Reasked()
         chosen = Chosen()
         rounds = p.iterations + (1 if p.synthesis else 0)
         for t in range(rounds):
@@ -106,10 +111,7 @@ class PaCoRe(Method[PaCoReParams]):
                 prompt = (
                     pacore_round_prompt(q, mode, messages, style) if messages else generation_prompt(q, mode, style)
                 )
-            drawn = await gather_all(
-                solve_call(session, role, prompt, index=i, mode=mode, meta=CandidateMeta(prompt=kind))
-                for i in range(count)
-            )
+            drawn = await gather_all(self._respond(session, role, prompt, i, kind, asked) for i in range(count))
             candidates = [c for c in drawn if c is not None]
             if not candidates:
                 break
@@ -132,3 +134,14 @@ class PaCoRe(Method[PaCoReParams]):
             messages = [compact_message(c.text, p.message_chars) for c in candidates if c.error is None]
         stopped = session.budget_stop is not None
         return finish(session, self.name, chosen.candidate, stopped=stopped, fallback=chosen.fallback)
+
+    async def _respond(
+        self, session: ProblemSession, role: str, prompt: list[Message], i: int, kind: str, asked: Reasked
+    ) -> Candidate | None:
+        """Response i of a round. A prompt response i sent before (the plain prompt again after a round with no
+        successful response) goes with a new seed where one is configured: the same one would draw the same reply."""
+        attempt = asked.attempt(i, role, prompt)
+        meta = CandidateMeta(prompt=kind)
+        candidate = await solve_call(session, role, prompt, index=i, mode=self.params.mode, meta=meta, attempt=attempt)
+        asked.sent(i, role, prompt, candidate)
+        return candidate

@@ -5,7 +5,9 @@ Iteration 0 samples TMAS's plain generation prompt (as every method here does); 
 trajectory i's previous solution back to the model (role ``refiner``), which reviews it and writes an improved one.
 The paper's feedback and refine steps are one call here (a "## Feedback" section, then the solution under a
 "## Solution" heading, whose answer alone is read: ``parse_refinement``): see docs/baselines.md. A trajectory whose
-last call failed or wrote no text (noted in the record) starts afresh from the generation prompt. A refinement
+last call failed or wrote no text (noted in the record) starts afresh from the generation prompt. A prompt a
+trajectory sends again (the generation prompt afresh, a held solution to refine again) goes with a new seed where one
+is configured (``tmas.methods.reasked``). A refinement
 without an answer never silently replaces an answered solution (``answer_reminder``, ``answer_fallback``): the
 trajectory holds that solution on, and it votes in the iteration in place of the reply (``meta.carried_from``).
 """
@@ -18,7 +20,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from tmas.agents.baselines import parse_refinement, self_refine_prompt
-from tmas.agents.solution import generation_prompt
+from tmas.agents.solution import generation_prompt, parse_section
 from tmas.methods.base import (
     Candidate,
     CandidateMeta,
@@ -30,6 +32,7 @@ from tmas.methods.base import (
     gather_all,
 )
 from tmas.methods.call_count import CallCount, Instead, asked_again, count_calls
+from tmas.methods.reasked import Reasked
 from tmas.methods.state import FallbackState, MethodState
 from tmas.methods.steps import Chosen, carry, close_iteration, finish, keeps_previous, notes_for, solve_call
 from tmas.methods.style_params import StyledParams
@@ -81,6 +84,7 @@ class SelfRefine(Method[SelfRefineParams]):
         latest: list[Candidate | None] = [None] * p.n
         # The iteration each latest solution was written in.
         written = [0] * p.n
+        asked = Reasked()
         chosen = Chosen()
         for t in range(p.iterations):
             session.begin_iteration(t)
@@ -89,21 +93,27 @@ class SelfRefine(Method[SelfRefineParams]):
                 prev = latest[i]
                 # A failed call, or a reply with no text (cut while it reasoned), leaves no attempt to improve.
                 if prev is None or prev.error is not None or not prev.text.strip():
-                    first = generation_prompt(q, mode, p.style_of("solution"))
-                    return await solve_call(
-                        session, "solution", first, index=i, mode=mode, meta=CandidateMeta(prompt="generate")
-                    )
-                messages = self_refine_prompt(q, mode, prev.text, p.style_of("refiner"))
-                return await solve_call(
+                    role, messages = "solution", generation_prompt(q, mode, p.style_of("solution"))
+                    meta, remind, parse = CandidateMeta(prompt="generate"), False, parse_section
+                else:
+                    role, messages = "refiner", self_refine_prompt(q, mode, prev.text, p.style_of("refiner"))
+                    meta, remind, parse = CandidateMeta(prompt="refine"), p.answer_reminder, parse_refinement
+                # A prompt this trajectory sent before (started afresh, or a held solution refined again) goes with
+                # a new seed where one is configured: the same one would draw the same unusable reply.
+                attempt = asked.attempt(i, role, messages)
+                candidate = await solve_call(
                     session,
-                    "refiner",
+                    role,
                     messages,
                     index=i,
                     mode=mode,
-                    meta=CandidateMeta(prompt="refine"),
-                    remind=p.answer_reminder,
-                    parse=parse_refinement,
+                    meta=meta,
+                    remind=remind,
+                    parse=parse,
+                    attempt=attempt,
                 )
+                asked.sent(i, role, messages, candidate)
+                return candidate
 
             stepped = await gather_all(step(i) for i in range(p.n))
             candidates = [c for c in stepped if c is not None]

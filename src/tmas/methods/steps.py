@@ -57,6 +57,7 @@ async def solve_call(
     confidence_window: int | None = None,
     watch: TraceWatch | None = None,
     chain: int | None = None,
+    attempt: int = 0,
 ) -> Candidate | None:
     """One solution-writing call of ``role`` as candidate ``index`` (sample ``sample``, else ``index``); None when the
     budget refused the call. Its calls (echo retry and reminder included) belong to ``chain``
@@ -70,6 +71,8 @@ async def solve_call(
     without a ``## Solution`` heading is taken whole. ``confidence_window``: the reply's log-probabilities (asked for
     in ``sampling``) are reduced to the candidate's ``confidence`` with groups of that many tokens. ``watch`` follows
     the streamed reply and may stop it (:mod:`tmas.llm.watch`): a stopped reply gives no answer and no vote.
+    ``attempt``: how many times the caller sent ``messages`` before (:class:`tmas.methods.reasked.Reasked`), so a
+    configured seed is changed for a prompt asked again (:meth:`ProblemSession.chat`).
 
     A reply that echoes the prompt's instructions is asked again once (:mod:`tmas.agents.echo`); when the retry
     echoes too, the candidate has an error, so no answer, vote or later prompt uses it. With ``remind``, a reply
@@ -85,7 +88,15 @@ async def solve_call(
 
     try:
         guarded = await chat_guarded(
-            session, role, messages, echo_of, sample=calls, sampling=sampling, watch=watch, chain=chain
+            session,
+            role,
+            messages,
+            echo_of,
+            sample=calls,
+            sampling=sampling,
+            watch=watch,
+            chain=chain,
+            attempt=attempt,
         )
     except BudgetExhausted:
         return None

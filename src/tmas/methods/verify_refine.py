@@ -12,7 +12,9 @@ candidates are the verified solutions of that iteration. A correction without an
 answered solution (``answer_reminder``, ``answer_fallback``): the trajectory holds that solution on, and it is
 selected from in the iteration, with its score, in place of the correction (``meta.carried_from``).
 A solution with no text is not sent to the verifiers: it is scored 0, recorded unverified, and no corrector is shown
-it (its trajectory starts afresh, as after a failed call, unless it holds an answered solution on).
+it (its trajectory starts afresh, as after a failed call, unless it holds an answered solution on). A prompt a
+trajectory sends again (the generation prompt afresh, a held solution with the same report) goes with a new seed where
+one is configured (``tmas.methods.reasked``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from tmas.methods.base import (
     gather_all,
 )
 from tmas.methods.call_count import CallCount, Instead, asked_again, count_calls
+from tmas.methods.reasked import Reasked
 from tmas.methods.selection import SelectFrom, SelectRule, proof_rule_error
 from tmas.methods.state import FallbackState, MethodState
 from tmas.methods.steps import Chosen, carry, close_iteration, finish, keeps_previous, notes_for, solve_call
@@ -122,10 +125,11 @@ class VerifyRefine(Method[VerifyRefineParams]):
         latest: list[Verified | None] = [None] * p.n
         # The iteration each latest solution was written in.
         written = [0] * p.n
+        asked = Reasked()
         chosen = Chosen()
         for t in range(p.iterations):
             session.begin_iteration(t)
-            stepped = await gather_all(self._step(session, i, latest[i]) for i in range(p.n))
+            stepped = await gather_all(self._step(session, i, latest[i], asked) for i in range(p.n))
             done = [v for v in stepped if v is not None]
             if not done:
                 break
@@ -164,8 +168,9 @@ class VerifyRefine(Method[VerifyRefineParams]):
         stopped = session.budget_stop is not None
         return finish(session, self.name, chosen.candidate, stopped=stopped, fallback=chosen.fallback)
 
-    async def _step(self, session: ProblemSession, i: int, prev: Verified | None) -> Verified | None:
-        """Trajectory i's solution (fresh or corrected) and its verifications."""
+    async def _step(self, session: ProblemSession, i: int, prev: Verified | None, asked: Reasked) -> Verified | None:
+        """Trajectory i's solution (fresh or corrected) and its verifications; ``asked`` counts the prompts each
+        trajectory sent."""
         p, q, mode = self.params, session.problem.question, self.params.mode
         if prev is None or prev.candidate.error is not None or prev.report is None:
             messages, role, kind = generation_prompt(q, mode, p.style_of("solution")), "solution", "generate"
@@ -178,9 +183,21 @@ class VerifyRefine(Method[VerifyRefineParams]):
             # The corrected solution alone gives the answer: text before its heading may quote the old one.
             role, kind, parse = "corrector", "correct", parse_refinement
         remind = p.answer_reminder and kind == "correct"
+        # A prompt this trajectory sent before (started afresh, or a held solution corrected again from the same
+        # report) goes with a new seed where one is configured: the same one would draw the same unusable reply.
+        attempt = asked.attempt(i, role, messages)
         candidate = await solve_call(
-            session, role, messages, index=i, mode=mode, meta=CandidateMeta(prompt=kind), remind=remind, parse=parse
+            session,
+            role,
+            messages,
+            index=i,
+            mode=mode,
+            meta=CandidateMeta(prompt=kind),
+            remind=remind,
+            parse=parse,
+            attempt=attempt,
         )
+        asked.sent(i, role, messages, candidate)
         if candidate is None:
             return None
         if candidate.error is not None:

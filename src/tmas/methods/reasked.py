@@ -1,0 +1,45 @@
+"""A trajectory's prompt asked again: how many times each trajectory of an iterating method sent each prompt, so
+that a prompt sent again goes with a new seed where one is configured.
+
+A trajectory sends a prompt it sent before when what its next prompt is built from did not move: a Self-Refine or
+Verify-Refine trajectory whose call failed or wrote no text starts afresh from the generation prompt, one whose
+refinement gave no answer holds its solution on and is asked to refine that same solution again, and a PaCoRe round
+after one with no successful response samples the plain prompt again. Under a configured seed the request would be the
+one sent before, and a server that honours the seed would give the same unusable reply again. The count is the
+``attempt`` of :meth:`tmas.methods.base.ProblemSession.chat`: 0 on the first send (the configured seed goes as it is),
+then a seed derived from it and the count (:func:`tmas.llm.sampling.retried`). Without a configured seed nothing
+changes: each call's derived seed already differs by iteration. A resumed run replays the same replies, so it counts
+the same and sends the same seeds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Sequence
+
+from tmas.llm.types import Message
+from tmas.methods.base import Candidate
+
+
+class Reasked:
+    """Per trajectory, role and prompt: the calls sent so far (an echo's retry of the same prompt included)."""
+
+    def __init__(self) -> None:
+        self._sent: Counter[tuple[int, str, str]] = Counter()
+
+    def attempt(self, trajectory: int, role: str, messages: Sequence[Message]) -> int:
+        """How many times ``trajectory`` sent ``messages`` as ``role`` before: the next call's ``attempt``."""
+        return self._sent[_key(trajectory, role, messages)]
+
+    def sent(self, trajectory: int, role: str, messages: Sequence[Message], candidate: Candidate | None) -> None:
+        """``trajectory`` sent ``messages`` as ``role`` through :func:`tmas.methods.steps.solve_call`, which gave
+        ``candidate``: one call, two where its first reply echoed and was asked again."""
+        calls = 2 if candidate is not None and candidate.meta.echo_retry is not None else 1
+        self._sent[_key(trajectory, role, messages)] += calls
+
+
+def _key(trajectory: int, role: str, messages: Sequence[Message]) -> tuple[int, str, str]:
+    raw = json.dumps([[m.role, m.content] for m in messages], ensure_ascii=False).encode("utf-8")
+    return trajectory, role, hashlib.sha256(raw).hexdigest()
