@@ -1,11 +1,13 @@
 """A refining trajectory that sends a prompt it sent before changes a configured seed: Self-Refine and Verify-Refine
 started afresh after a reply with no text, or asked again to refine a solution they hold on after an answerless
-refinement; PaCoRe sampling the plain prompt again after a round with no successful response. Under the same seed a
+refinement; PaCoRe sampling the plain prompt again after a round with no successful response; a MATTRL seat whose
+opinions keep failing, sent the same prompt again once the snapshot and bulletin stand still. Under the same seed a
 server that honours it would give the same unusable reply again. Asserted on the request bodies the simulated server
 received; a stored run's resume, replaying every call, sends the same seeds (nothing is asked again)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -114,3 +116,16 @@ async def test_a_resumed_run_sends_the_same_seeds_and_asks_nothing_again(tmp_pat
         result = await method.solve(ProblemSession(problem, replay, None, params=method.params))
     assert again.calls == [] and replay.replayed == len(model.calls)
     assert result.answer == "391"
+
+
+async def test_a_mattrl_opinion_prompt_sent_again_changes_a_configured_seed(sim: SimServer, tmp_path: Path) -> None:
+    # Every opinion of rounds 0 to 2 is empty: each seat keeps no attempt, the snapshot and bulletin stand still, and
+    # round 2 sends each seat round 1's prompt again.
+    sim.set_script(SimScript(rules=[Rule(role="specialist", replies=[""], times=6)]))
+    await asolve(Q, settings_from(tmp_path, toml(sim, "mattrl", SEEDED, team_size=2, iterations=3)))
+    opinions = bodies_by_role(sim)["specialist"]
+    assert len(opinions) == 6
+    # Round 1's prompts (calls 2 and 3, in either order) differ from round 0's; round 2's (4 and 5) are round 1's again.
+    prompts = [json.dumps(b["messages"]) for b in opinions]
+    assert len(set(prompts[:4])) == 4 and set(prompts[4:]) == set(prompts[2:4])
+    assert seeds(opinions[:4]) == [7] * 4 and all(b["seed"] != 7 for b in opinions[4:])

@@ -59,6 +59,7 @@ from tmas.methods.mattrl_deliberation import PeerReview, Reviews, Seat, pooled_d
 from tmas.methods.mattrl_domains import DEFAULT_DOMAIN, DOMAINS, Domain, DomainName, domain_named, domain_names
 from tmas.methods.mattrl_teaching import teach
 from tmas.methods.param_flags import cli_flag
+from tmas.methods.reasked import Reasked
 from tmas.methods.state import MATTRLState, MethodState, SeatRecord
 from tmas.methods.steps import solve_call
 from tmas.methods.traits import Traits
@@ -138,6 +139,9 @@ class Deliberation:
     seen: list[str] = field(default_factory=list)
     decision: Decision | None = None
     stopped: bool = False
+    # The opinion prompts each seat sent: a seat whose opinions keep failing sends the same prompt again once the
+    # snapshot and bulletin stand still, and a configured seed must then change.
+    asked: Reasked = field(default_factory=Reasked)
 
     def bulletin(self) -> str:
         """The last meeting's bulletin (empty before the first meeting)."""
@@ -421,9 +425,19 @@ class MATTRL(Method[MATTRLParams]):
         )
         # A solution-like call (methods/steps.py): the echo guard, extraction and tally of every solution writer; an
         # opinion's answer is the one the domain reads from it.
+        # A prompt the seat sent before (its opinions failed and nothing it is built from moved) goes with a new seed
+        # where one is configured: the same one would draw the same unusable reply.
+        attempt = talk.asked.attempt(seat.index, "specialist", messages)
         said = await solve_call(
-            session, "specialist", messages, index=seat.index, mode=domain.answer_mode, parse=self._read_opinion
+            session,
+            "specialist",
+            messages,
+            index=seat.index,
+            mode=domain.answer_mode,
+            parse=self._read_opinion,
+            attempt=attempt,
         )
+        talk.asked.sent(seat.index, "specialist", messages, said)
         if said is None:
             # The budget refused the call: the round keeps what finished (see _round).
             raise BudgetExhausted(session.budget_stop or "budget spent")

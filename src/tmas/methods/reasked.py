@@ -1,15 +1,16 @@
-"""A trajectory's prompt asked again: how many times each trajectory of an iterating method sent each prompt, so
-that a prompt sent again goes with a new seed where one is configured.
+"""A trajectory's prompt asked again: how many times each trajectory of an iterating method sent each prompt, so that a
+prompt sent again goes with a new seed where one is configured.
 
 A trajectory sends a prompt it sent before when what its next prompt is built from did not move: a Self-Refine or
-Verify-Refine trajectory whose call failed or wrote no text starts afresh from the generation prompt, one whose
-refinement gave no answer holds its solution on and is asked to refine that same solution again, and a PaCoRe round
-after one with no successful response samples the plain prompt again. Under a configured seed the request would be the
+Verify-Refine trajectory whose call failed or wrote no text starts afresh from the generation prompt; one whose
+refinement gave no answer holds its solution on and is asked to refine that same solution again; a PaCoRe round after
+one with no successful response samples the plain prompt again; a MATTRL seat whose opinions keep failing is sent the
+same opinion prompt again once the snapshot and bulletin stand still. Under a configured seed the request would be the
 one sent before, and a server that honours the seed would give the same unusable reply again. The count is the
 ``attempt`` of :meth:`tmas.methods.base.ProblemSession.chat`: 0 on the first send (the configured seed goes as it is),
 then a seed derived from it and the count (:func:`tmas.llm.sampling.retried`). Without a configured seed nothing
-changes: each call's derived seed already differs by iteration. A resumed run replays the same replies, so it counts
-the same and sends the same seeds.
+changes: each call's derived seed already differs by iteration. A resumed run replays the same replies, so it counts the
+same and sends the same seeds.
 """
 
 from __future__ import annotations
