@@ -1,7 +1,8 @@
 """A refining trajectory that sends a prompt it sent before changes a configured seed: Self-Refine and Verify-Refine
 started afresh after a reply with no text, or asked again to refine a solution they hold on after an answerless
 refinement; PaCoRe sampling the plain prompt again after a round with no successful response; a MATTRL seat whose
-opinions keep failing, sent the same prompt again once the snapshot and bulletin stand still. Under the same seed a
+opinions keep failing, sent the same prompt again once the snapshot and bulletin stand still; TMAS's exploit candidates
+sent the plain prompt again after an iteration that left no rollout. Under the same seed a
 server that honours it would give the same unusable reply again. Asserted on the request bodies the simulated server
 received; a stored run's resume, replaying every call, sends the same seeds (nothing is asked again)."""
 
@@ -129,3 +130,15 @@ async def test_a_mattrl_opinion_prompt_sent_again_changes_a_configured_seed(sim:
     prompts = [json.dumps(b["messages"]) for b in opinions]
     assert len(set(prompts[:4])) == 4 and set(prompts[4:]) == set(prompts[2:4])
     assert seeds(opinions[:4]) == [7] * 4 and all(b["seed"] != 7 for b in opinions[4:])
+
+
+async def test_tmas_sampling_the_plain_prompt_again_changes_a_configured_seed(sim: SimServer, tmp_path: Path) -> None:
+    # Iteration 0's solutions have no text: no rollout, no experience, so iteration 1's exploit candidates get the
+    # plain prompt again, which the same seed would answer with the same empty replies.
+    sim.set_script(SimScript(rules=[Rule(role="solution", replies=[""], times=2)]))
+    params = {"n": 2, "m": 1, "iterations": 2, "epsilon": 0.0}
+    result = await asolve(Q, settings_from(tmp_path, toml(sim, "tmas", SEEDED, **params)))
+    assert result.answer == "391"
+    solved = bodies_by_role(sim)["solution"]
+    assert len(solved) == 4 and all(b["messages"] == solved[0]["messages"] for b in solved)
+    assert seeds(solved[:2]) == [7, 7] and all(b["seed"] != 7 for b in solved[2:])

@@ -4,8 +4,9 @@ prompt sent again goes with a new seed where one is configured.
 A trajectory sends a prompt it sent before when what its next prompt is built from did not move: a Self-Refine or
 Verify-Refine trajectory whose call failed or wrote no text starts afresh from the generation prompt; one whose
 refinement gave no answer holds its solution on and is asked to refine that same solution again; a PaCoRe round after
-one with no successful response samples the plain prompt again; a MATTRL seat whose opinions keep failing is sent the
-same opinion prompt again once the snapshot and bulletin stand still. Under a configured seed the request would be the
+one with no successful response, and a TMAS candidate after an iteration that left no rollout, sample the plain
+prompt again; a MATTRL seat whose opinions keep failing is sent the same opinion prompt again once the snapshot and
+bulletin stand still. Under a configured seed the request would be the
 one sent before, and a server that honours the seed would give the same unusable reply again. The count is the
 ``attempt`` of :meth:`tmas.methods.base.ProblemSession.chat`: 0 on the first send (the configured seed goes as it is),
 then a seed derived from it and the count (:func:`tmas.llm.sampling.retried`). Without a configured seed nothing

@@ -36,7 +36,9 @@ counts 0, a missing summary is replaced by one built from the scores, and an inv
 leaves the previous bank in place. An output that echoes its prompt's instructions (:mod:`tmas.agents.echo`) is
 asked again once; a solution that echoes twice gives no answer and no rollout, a summary is built from the scores
 instead, and echoing bank items are dropped (from the first reply, when the retry failed or is unreadable). Each case
-is noted (with the raw reply) in the iteration record and counted in ``ProblemResult.counters``. Resume needs no
+is noted (with the raw reply) in the iteration record and counted in ``ProblemResult.counters``. A solution prompt a
+candidate index sends again (the plain prompt after an iteration that left no rollout) goes with a new seed where one is
+configured (``tmas.methods.reasked``). Resume needs no
 state of its own: every call is replayed from the run store, and every draw depends only on the run seed, so
 re-running reaches the same state.
 """
@@ -92,6 +94,7 @@ from tmas.methods.base import (
 from tmas.methods.call_count import CallCount, asked_again, count_calls
 from tmas.methods.confidence_params import note_missing_confidence
 from tmas.methods.echo_retry import GuardedReply, chat_guarded, reply_to_read
+from tmas.methods.reasked import Reasked
 from tmas.methods.state import EarlyStop, MethodState, TMASState
 from tmas.methods.steps import Anomaly, Chosen, fallback_note, select_answer, solution_anomalies, solve_call
 from tmas.methods.tmas_params import TMAS_ROLES, TMASParams
@@ -240,6 +243,8 @@ class TMAS(Method[TMASParams]):
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p = self.params
         state = MemoryState()  # line 2: E_0, G_0, R_0 = ∅
+        # The solution prompts each candidate index sent: one sent again goes with a new seed where one is configured.
+        asked = Reasked()
         totals: Counter[str] = Counter()
         streak = 0
         stopped: str | None = None
@@ -255,7 +260,7 @@ class TMAS(Method[TMASParams]):
             # each finds the previous one's prompt in the slot's cache; across replicas they keep to one
             # (tmas.llm.lanes). The chain ends when its rollout does, however it ends.
             outcomes = await gather_all(
-                self._chained_rollout(session, i, plan, log, summarize=not last) for i in range(p.n)
+                self._chained_rollout(session, i, plan, log, asked, summarize=not last) for i in range(p.n)
             )
             rollouts = [o.rollout for o in outcomes if o.rollout is not None]  # line 18: R_t
             candidates = [o.candidate for o in outcomes]
@@ -512,12 +517,19 @@ class TMAS(Method[TMASParams]):
         return not all(u.get("status") == "skipped" for u in updates)
 
     async def _chained_rollout(
-        self, session: ProblemSession, i: int, plan: SolutionPlan, log: IterationLog, *, summarize: bool
+        self,
+        session: ProblemSession,
+        i: int,
+        plan: SolutionPlan,
+        log: IterationLog,
+        asked: Reasked,
+        *,
+        summarize: bool,
     ) -> CandidateOutcome:
         """Candidate i's rollout as chain i of the iteration: its calls carry ``chain=i``, and the chain ends with the
         rollout (also on an error or a cancel)."""
         with session.chain(i):
-            return await self._rollout(session, i, plan, log, summarize=summarize)
+            return await self._rollout(session, i, plan, log, asked, summarize=summarize)
 
     # ------------------------------------------------------------------------------------------ one rollout
     async def _rollout(
@@ -526,6 +538,7 @@ class TMAS(Method[TMASParams]):
         i: int,
         plan: SolutionPlan,
         log: IterationLog,
+        asked: Reasked,
         *,
         summarize: bool = True,
     ) -> CandidateOutcome:
@@ -533,7 +546,10 @@ class TMAS(Method[TMASParams]):
         ``summarize``: the rollout then has no summary)."""
         p = self.params
         # Lines 9-12: c_{t,i} = A_sol(x, ...) with the prompt z_{t,i} chose (the shared solution step, methods/steps.py:
-        # echo guard, extraction, confidence; the answer reminder only after an exploit or explore prompt).
+        # echo guard, extraction, confidence; the answer reminder only after an exploit or explore prompt). A prompt
+        # candidate i sent before (the plain prompt again after an iteration that left no rollout, the same bank
+        # again) goes with a new seed where one is configured: the same one would draw the same reply again.
+        attempt = asked.attempt(i, "solution", plan.messages[i])
         candidate = await solve_call(
             session,
             "solution",
@@ -546,7 +562,9 @@ class TMAS(Method[TMASParams]):
             remind=p.answer_reminder and plan.prompt_names[i] != "generate",
             confidence_window=p.confidence_window if p.asks_confidence(p.select) else None,
             chain=i,
+            attempt=attempt,
         )
+        asked.sent(i, "solution", plan.messages[i], candidate)
         if candidate is None:
             # The budget refused the call: the runner ends the problem with the iterations finished.
             raise BudgetExhausted(session.budget_stop or "budget spent")
