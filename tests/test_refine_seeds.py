@@ -2,7 +2,8 @@
 started afresh after a reply with no text, or asked again to refine a solution they hold on after an answerless
 refinement; PaCoRe sampling the plain prompt again after a round with no successful response; a MATTRL seat whose
 opinions keep failing, sent the same prompt again once the snapshot and bulletin stand still; TMAS's exploit candidates
-sent the plain prompt again after an iteration that left no rollout. Under the same seed a
+sent the plain prompt again after an iteration that left no rollout; RSE sampling and distilling again what it did
+before, its bank left as it was by unreadable distillations. Under the same seed a
 server that honours it would give the same unusable reply again. Asserted on the request bodies the simulated server
 received; a stored run's resume, replaying every call, sends the same seeds (nothing is asked again)."""
 
@@ -142,3 +143,19 @@ async def test_tmas_sampling_the_plain_prompt_again_changes_a_configured_seed(si
     solved = bodies_by_role(sim)["solution"]
     assert len(solved) == 4 and all(b["messages"] == solved[0]["messages"] for b in solved)
     assert seeds(solved[:2]) == [7, 7] and all(b["seed"] != 7 for b in solved[2:])
+
+
+async def test_rse_asked_again_with_a_bank_left_as_it_was_changes_a_configured_seed(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # Every distillation is unreadable: the bank stays empty, so iteration 1 samples the plain prompt again and
+    # distils the same solution again; under the same seed both would draw the same replies.
+    sim.set_script(SimScript(rules=[Rule(role="distiller", replies=["nothing to distil"])]))
+    result = await asolve(Q, settings_from(tmp_path, toml(sim, "rse", SEEDED, n=1, iterations=3)))
+    assert result.answer == "391"
+    bodies = bodies_by_role(sim)
+    solved, distilled = bodies["solution"], bodies["distiller"]
+    assert len(solved) == 3 and all(b["messages"] == solved[0]["messages"] for b in solved)
+    assert len(distilled) == 2 and distilled[0]["messages"] == distilled[1]["messages"]
+    assert solved[0]["seed"] == distilled[0]["seed"] == 7
+    assert len(set(seeds(solved))) == 3 and distilled[1]["seed"] != 7

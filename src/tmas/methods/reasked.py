@@ -4,14 +4,15 @@ prompt sent again goes with a new seed where one is configured.
 A trajectory sends a prompt it sent before when what its next prompt is built from did not move: a Self-Refine or
 Verify-Refine trajectory whose call failed or wrote no text starts afresh from the generation prompt; one whose
 refinement gave no answer holds its solution on and is asked to refine that same solution again; a PaCoRe round after
-one with no successful response, and a TMAS candidate after an iteration that left no rollout, sample the plain
-prompt again; a MATTRL seat whose opinions keep failing is sent the same opinion prompt again once the snapshot and
-bulletin stand still. Under a configured seed the request would be the
-one sent before, and a server that honours the seed would give the same unusable reply again. The count is the
-``attempt`` of :meth:`tmas.methods.base.ProblemSession.chat`: 0 on the first send (the configured seed goes as it is),
-then a seed derived from it and the count (:func:`tmas.llm.sampling.retried`). Without a configured seed nothing
-changes: each call's derived seed already differs by iteration. A resumed run replays the same replies, so it counts the
-same and sends the same seeds.
+one with no successful response and a TMAS candidate after an iteration that left no rollout sample the plain prompt
+again; an RSE iteration whose bank its distillations left as it was samples the prompt of the iteration before again,
+and a solution distilled once more after an unreadable distillation is asked the same prompt; a MATTRL seat whose
+opinions keep failing is sent the same opinion prompt again once the snapshot and bulletin stand still. Under a
+configured seed the request would be the one sent before, and a server that honours the seed would give the same
+unusable reply again. The count is the ``attempt`` of :meth:`tmas.methods.base.ProblemSession.chat`: 0 on the first send
+(the configured seed goes as it is), then a seed derived from it and the count (:func:`tmas.llm.sampling.retried`).
+Without a configured seed nothing changes: each call's derived seed already differs by iteration. A resumed run replays
+the same replies, so it counts the same and sends the same seeds.
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ class Reasked:
     def sent(self, trajectory: int, role: str, messages: Sequence[Message], candidate: Candidate | None) -> None:
         """``trajectory`` sent ``messages`` as ``role`` through :func:`tmas.methods.steps.solve_call`, which gave
         ``candidate``: one call, two where its first reply echoed and was asked again."""
-        calls = 2 if candidate is not None and candidate.meta.echo_retry is not None else 1
+        self.add(trajectory, role, messages, 2 if candidate is not None and candidate.meta.echo_retry else 1)
+
+    def add(self, trajectory: int, role: str, messages: Sequence[Message], calls: int) -> None:
+        """``trajectory`` sent ``messages`` as ``role`` ``calls`` more times."""
         self._sent[_key(trajectory, role, messages)] += calls
 
 

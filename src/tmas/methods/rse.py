@@ -17,6 +17,9 @@ when the last iteration holds no answered sample (numeric mode: none boxed an an
 answer is the vote over the samples of every earlier iteration, recorded as a fallback (the result's ``fallback``,
 the iteration's ``state.answer_fallback`` and a note), as TMAS's (methods/selection.py, ``fallback_from = "all"``):
 each iteration samples the problem afresh, none rewrites an earlier sample, so every earlier answer is a vote.
+A prompt a sample index sends again (the prompt of the iteration before, where the distillations left the bank as it
+was; a solution distilled again after an unreadable distillation) goes with a new seed where one is configured
+(``tmas.methods.reasked``).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from tmas.agents.echo import EchoGuard
 from tmas.agents.output import AgentOutputError
 from tmas.agents.solution import generation_prompt
 from tmas.errors import LLMError
-from tmas.llm.types import Completion
+from tmas.llm.types import Completion, Message
 from tmas.memory.embedders import LOCAL, LocalEmbedder
 from tmas.memory.similarity import jaccard
 from tmas.methods.base import (
@@ -55,6 +58,7 @@ from tmas.methods.base import (
 )
 from tmas.methods.call_count import CallCount, asked_again, count_calls
 from tmas.methods.echo_retry import chat_guarded, reply_to_read
+from tmas.methods.reasked import Reasked
 from tmas.methods.state import FallbackState, MethodState
 from tmas.methods.steps import Chosen, close_iteration, finish, notes_for, solve_call
 from tmas.methods.style_params import StyledParams
@@ -152,6 +156,9 @@ class RSE(Method[RSEParams]):
     async def solve(self, session: ProblemSession) -> ProblemResult:
         p, q, mode = self.params, session.problem.question, self.params.mode
         bank = ExperienceBank()
+        # The prompts each sample index sent (solution and distiller): one sent again goes with a new seed where one
+        # is configured (a bank the distillations left as it was, a solution distilled again after an unreadable reply).
+        asked = Reasked()
         chosen = Chosen()
         for t in range(p.iterations):
             session.begin_iteration(t)
@@ -160,17 +167,14 @@ class RSE(Method[RSEParams]):
                 prompt, kind = rse_solve_prompt(q, mode, bank.propositions, bank.pitfalls, style), "with_bank"
             else:  # no experience yet: the first sample every method shares
                 prompt, kind = generation_prompt(q, mode, style), "generate"
-            drawn = await gather_all(
-                solve_call(session, "solution", prompt, index=i, mode=mode, meta=CandidateMeta(prompt=kind))
-                for i in range(p.n)
-            )
+            drawn = await gather_all(self._sample(session, prompt, i, kind, asked) for i in range(p.n))
             candidates = [c for c in drawn if c is not None]
             if not candidates:
                 break
             notes = notes_for(candidates, mode)
             state = RSEState(bank_in=bank.model_copy(deep=True))
             if not session.budget_stop and t < p.iterations - 1:
-                bank, state.distill = await self._distill(session, candidates, bank, notes)
+                bank, state.distill = await self._distill(session, candidates, bank, notes, asked)
             state.bank = bank.model_copy(deep=True)
             # The vote of this iteration's samples; without an answer here, of every earlier iteration's.
             chosen = await close_iteration(
@@ -181,8 +185,25 @@ class RSE(Method[RSEParams]):
         stopped = session.budget_stop is not None
         return finish(session, self.name, chosen.candidate, stopped=stopped, fallback=chosen.fallback)
 
+    async def _sample(
+        self, session: ProblemSession, prompt: list[Message], i: int, kind: str, asked: Reasked
+    ) -> Candidate | None:
+        """Sample i of an iteration, under a new seed where one is configured and sample i sent ``prompt`` before."""
+        attempt = asked.attempt(i, "solution", prompt)
+        meta = CandidateMeta(prompt=kind)
+        candidate = await solve_call(
+            session, "solution", prompt, index=i, mode=self.params.mode, meta=meta, attempt=attempt
+        )
+        asked.sent(i, "solution", prompt, candidate)
+        return candidate
+
     async def _distill(
-        self, session: ProblemSession, candidates: list[Candidate], bank: ExperienceBank, notes: list[str]
+        self,
+        session: ProblemSession,
+        candidates: list[Candidate],
+        bank: ExperienceBank,
+        notes: list[str],
+        asked: Reasked,
     ) -> tuple[ExperienceBank, Distilled]:
         """Distil every successful trajectory (in parallel) and merge what they found into a new bank."""
         p, q = self.params, session.problem.question
@@ -212,10 +233,14 @@ class RSE(Method[RSEParams]):
                     return None
                 return f"{len(dropped)} item(s)" if dropped else None
 
+            attempt = asked.attempt(c.index, "distiller", messages)
             try:
-                guarded = await chat_guarded(session, "distiller", messages, echo_of, sample=c.index, reply_model=shape)
+                guarded = await chat_guarded(
+                    session, "distiller", messages, echo_of, sample=c.index, reply_model=shape, attempt=attempt
+                )
             except BudgetExhausted:
                 return None
+            asked.add(c.index, "distiller", messages, 1 if guarded.echoed is None else 2)
             if guarded.first_echo is not None:
                 notes.append(
                     f"distillation of candidate {c.index}: {guarded.first_echo} echoed the instructions; asked again"
