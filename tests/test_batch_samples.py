@@ -525,3 +525,35 @@ async def test_a_cancelled_first_sample_leaves_the_prompt_its_request_cost_to_th
     assert sum(c.usage.prompt_tokens for c in answered) == stats.usage.prompt_tokens == served.prompt_tokens
     assert stats.usage.completion_tokens == served.completion_tokens  # sample 0's choice was generated too
     assert answered[0].usage.prompt_tokens == served.prompt_tokens and answered[1].usage.prompt_tokens == 0
+
+
+# ------------------------------------------------------------------------------------------------ a configured seed
+async def test_a_configured_seed_moves_on_by_each_requests_lowest_sample(sim: SimServer, tmp_path: Path) -> None:
+    # vLLM draws choice i with the seed sent + i. Majority vote's Beta stop asks 4 samples a round: under the same
+    # seed the second round's request drew the first round's choices again, 8 samples being 4 twice over.
+    sim.set_script(SimScript(persona="vllm", rules=[Rule(role="solution", replies=["\\boxed{1}", "\\boxed{2}"])]))
+    params = {"k": 8, "stop": "beta", "round_size": 4}
+    settings = settings_for(sim, method={"name": "majority", "params": params}, sampling__seed=7)
+    await asolve(Q, settings, run_dir=tmp_path / "run")
+    assert [(b["n"], b["seed"]) for b in sim.chat_bodies("solution")] == [(4, 7), (4, 11)]
+    # Each sample is stored under its own request, the configured seed as it is.
+    assert {s["seed"] for _, s in stored(tmp_path / "run")} == {7}
+
+
+async def test_a_configured_seeds_group_split_in_parts_draws_distinct_choices(sim: SimServer) -> None:
+    sim.set_script(SimScript(persona="vllm"))
+    await asolve(Q, majority(sim, MAX_SAMPLES_PER_REQUEST + 2, sampling__seed=7))
+    half = MAX_SAMPLES_PER_REQUEST // 2 + 1
+    assert [(b["n"], b["seed"]) for b in sim.chat_bodies("solution")] == [(half, 7), (half, 7 + half)]
+
+
+async def test_a_resumed_runs_remainder_under_a_configured_seed_draws_the_choices_it_lacks(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    sim.set_script(SimScript(persona="sglang"))
+    await asolve(Q, majority(sim, 3, sampling__seed=7), run_dir=tmp_path / "run")
+    assert [(b["n"], b["seed"]) for b in sim.chat_bodies("solution")] == [(3, 7)]
+    sim.reset()
+    await aresume(tmp_path / "run", params={"k": 5})
+    # Samples 3 and 4: choices 10 and 11, as one request of 5 would have drawn them; not 7 and 8 again.
+    assert [(b["n"], b["seed"]) for b in sim.chat_bodies("solution")] == [(2, 10)]

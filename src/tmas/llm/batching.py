@@ -10,10 +10,12 @@ out one per call in sample order. Each call still returns its own :class:`Comple
 wire (:class:`tmas.llm.replay.StoreReplay`), keeps one row per sample under the sample's own request: a resumed run
 asks only for the samples it lacks, in one request with ``n`` = their count.
 
-The seed sent is the group's lowest sample's (its derived seed, or the seed every sample of the group was given):
-vLLM samples choice ``i`` with that seed + ``i``, so the choices differ, and a rerun of the same group draws the same
-ones. (A seed set in the configuration thus no longer makes all of a prompt's samples alike there, as it did with one
-request each.)
+The seed sent is the group's lowest sample's derived seed: vLLM samples choice ``i`` with that seed + ``i``, so the
+choices differ, and a rerun of the same group draws the same ones. A seed set in the configuration, which every sample
+of the group was given, goes plus that lowest sample's index (:func:`part_request`): sample ``j`` is drawn with seed +
+``j`` whichever request it goes in, so a later round of the same prompt (majority vote's ``stop = "beta"``), the second
+request of a group split in parts, or a resumed run's remainder does not draw the first request's choices again. (A
+configured seed thus no longer makes all of a prompt's samples alike there, as it did with one request each.)
 
 Usage: a server reports one usage per reply: the prompt once, the completion tokens summed over the choices.
 :func:`share_usage` splits it so that the samples' figures add up to it exactly: the first sample carries the prompt
@@ -319,6 +321,20 @@ def apportion(total: int, weights: Sequence[int]) -> list[int]:
 def refuses_n(completion: Completion) -> bool:
     """Whether a failed request for several choices failed because its server does not serve ``n`` > 1."""
     return completion.error_cause in _N_REFUSAL_CAUSES and bool(_N_REFUSAL.search(completion.error or ""))
+
+
+def part_request(samples: Sequence[Sample]) -> ChatRequest:
+    """The request one part of a group sends (``n`` = its samples): its lowest sample's. A seed a source set (the same
+    for every sample of the group) goes moved on by that sample's index: the server draws choice ``i`` with the seed
+    sent + ``i``, so sample ``j`` is drawn with seed + ``j`` in whichever request it goes, and a later part, round or
+    resumed remainder of the same prompt does not draw the first request's choices again. A derived seed (each
+    sample's own) goes as it is."""
+    lead = samples[0]
+    request, seed = lead.request, lead.request.sampling.seed
+    if seed is None or request.sampling_sources.get("seed") == DERIVED_SEED or not lead.key.sample:
+        return request
+    sampling = request.sampling.model_copy(update={"seed": seed + lead.key.sample})
+    return request.model_copy(update={"sampling": sampling})
 
 
 def handed_out(completions: Sequence[Completion], samples: Sequence[Sample]) -> list[Completion | None]:
