@@ -287,8 +287,9 @@ class ProblemSession:
         and a reply that came unstreamed raises the run's one-line notice :data:`UNWATCHED_NOTICE`; ``chain``: the
         chain of calls of this iteration it belongs to, in its key, ended by :meth:`chain`'s block; the key holds the
         session's ``lane`` too; ``attempt``: 0, or how many times the same prompt was asked before because its reply
-        was unusable: a configured seed is then changed (:func:`tmas.llm.sampling.retried`), the retry's own
-        ``sample`` telling its derived seed and its stored reply apart).
+        was unusable or what it is built from did not move (:mod:`tmas.methods.reasked`): a configured seed is then
+        changed (:func:`tmas.llm.sampling.retried`), the retry's own ``sample`` or iteration telling its derived seed
+        and its stored reply apart).
 
         Under a budget the call may wait for calls of the problem in flight (:meth:`_admit`), and raises
         :class:`BudgetExhausted` instead of going out once the budget is spent."""
