@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -881,3 +882,51 @@ def test_a_configured_pool_folder_that_is_not_there_stops_the_server_at_start(si
     line = str(refused.value)
     assert line.startswith("cannot serve method 'mattrl' as configured: ") and str(missing) in line
     assert "\n" not in line and sim.stats().total_requests == 0
+
+
+def _stored_before_the_one_round_check(run_dir: Path, tmas_params: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite the served run in ``run_dir`` as a tmas that took ``iterations`` for a method of one round stored it
+    (its request asked with ``tmas_params``), unfinished: its answered calls kept, its result not yet written. The
+    request's body as stored."""
+    with RunStore(run_dir) as store:
+        request = store.get_meta("serve_request")
+        request["body"]["tmas"] = tmas_params
+        request["fingerprint"] = ChatBody.model_validate(request["body"]).fingerprint()
+        store.set_meta("serve_request", request)
+        for key in ("settings", "method"):
+            value = store.get_meta(key)
+            params = value["method"]["params"] if key == "settings" else value["params"]
+            params.update(tmas_params)
+            store.set_meta(key, value)
+    with sqlite3.connect(run_dir / "run.sqlite") as db:
+        db.execute("DELETE FROM results")
+        db.execute("DELETE FROM result_summaries")
+    body: dict[str, Any] = request["body"]
+    return body
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_stored_unfinished_request_of_cot_with_iterations_resumes_as_it_was_asked(
+    sim: SimServer, tmp_path: Path, resume: bool
+) -> None:
+    # Refused now when a request gives it (a 400), cot's iterations=3 was taken before: a request stored then is
+    # finished as it was asked, by a restarted proxy on its own or for its retry, its answered call replayed.
+    serve_dir = tmp_path / "served"
+    first = {"model": "cot/sim-model", "messages": [{"role": "user", "content": "What is 17*23?"}], "seed": 3}
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=serve_dir)) as proxy:
+        status, reply = post(f"{proxy.url}/v1/chat/completions", json.dumps(first).encode())
+    assert status == 200, reply
+    [run_dir] = runs_in(serve_dir)
+    body = _stored_before_the_one_round_check(run_dir, {"iterations": 3})
+    sim.reset()
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=serve_dir, resume=resume)) as proxy:
+        status, again = post(f"{proxy.url}/v1/chat/completions", json.dumps(body).encode())
+    assert status == 200, again
+    assert (
+        again["id"] == run_dir.name
+        and again["choices"][0]["message"]["content"] == reply["choices"][0]["message"]["content"]
+    )
+    assert sim.stats().total_requests == 0 and runs_in(serve_dir) == [run_dir]
+    with RunStore(run_dir, read_only=True) as store:
+        [result] = store.results()
+    assert result.status == "done" and result.answer == "391"

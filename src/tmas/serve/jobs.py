@@ -221,9 +221,10 @@ class ServedRuns:
         if job is not None:
             return job
         try:
-            # Checked of a request given now, not in _params: a stored request made before the check resumes as
-            # it was asked.
-            check_given_params(method, body.tmas, lambda param: f"tmas.{param}", InputError)
+            # Checked of a request given now, not in _params: a stored request made before the check (the retry of
+            # its unfinished run, or of one whose reply no client has had) resumes as it was asked.
+            if fingerprint not in self.unfinished:
+                check_given_params(method, body.tmas, lambda param: f"tmas.{param}", InputError)
         except InputError as exc:
             raise ApiError(400, str(exc), "invalid_value", "tmas") from None
         params = self._params(method, body)
