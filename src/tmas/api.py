@@ -214,7 +214,7 @@ async def aresume(
     check_given_params(settings.method.name, params or {}, _params_named("tmas.api.aresume"), InputError)
     if max_calls is not None or max_completion_tokens is not None:
         with RunStore(run_dir, create=False) as peek:
-            setup = RunSetup.check(settings, own_model=model is not None)
+            setup = RunSetup.check(settings, own_model=model is not None, resuming=run_dir)
             # The settled problems are skipped; the stored calls of the others are replayed (under other requests,
             # none), as the CLI's gate counts.
             settled = setup.settled(peek)

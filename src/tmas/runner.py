@@ -39,7 +39,7 @@ from tmas.llm.replay import ReplayTurns
 from tmas.llm.sampling import resolve_role
 from tmas.llm.types import Lane
 from tmas.llm.weights import check_model_named
-from tmas.methods import check_given_params, check_roles, create_method
+from tmas.methods import METHODS, check_given_params, check_roles, create_method
 from tmas.methods.base import (
     BudgetExhausted,
     Method,
@@ -280,6 +280,30 @@ def stored_settings(run_dir: Path) -> Settings:
         raise StoreError(validation_message(exc, f"{run_dir}: the run's recorded settings")) from None
 
 
+def stored_params_refusal(run_dir: Path) -> str | None:
+    """Why the run in ``run_dir`` cannot be resumed with the method parameters it was stored with, where a check
+    this tmas makes of them was added since (mode=proof for a method that cannot take it, a selection rule of the
+    other mode, a TMAS role's ``extra_body`` key tmas sends itself): one line naming the run, the stored parameter
+    and what is kept. None where its parameters are taken (or its method is not registered: said as it is)."""
+    stored = stored_settings(run_dir)
+    cls = METHODS.get(stored.method.name)
+    if cls is None:
+        return None
+    try:
+        cls.Params.model_validate(stored.method.params)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        why = str(error["msg"]).removeprefix("Value error, ")
+        loc = ".".join(str(part) for part in error["loc"])
+        field = f"method.params.{loc} = {json.dumps(error['input'])}" if loc else "method parameters"
+        return (
+            f"{run_dir}: cannot resume: this version of tmas refuses the run's stored {field} (method"
+            f" {stored.method.name!r}: {why}); its finished work is kept and reads as it ran (tmas report, tmas"
+            " export, tmas view): start a new run for the problems it left"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class RunSetup:
     """What a run is set up with, checked before anything is made: its settings (their ``[roles]`` known to the
@@ -291,9 +315,16 @@ class RunSetup:
     overrides: list[Override]
 
     @classmethod
-    def check(cls, settings: Settings, *, own_model: bool = False) -> RunSetup:
-        """``own_model``: the run is on a model of the caller's own, not the embedded one (:func:`run_method`)."""
-        method = run_method(settings, own_model=own_model)
+    def check(cls, settings: Settings, *, own_model: bool = False, resuming: Path | None = None) -> RunSetup:
+        """``own_model``: the run is on a model of the caller's own, not the embedded one (:func:`run_method`).
+        ``resuming``: the stored run the settings continue, whose own method parameters, where this tmas refuses
+        them, are said so (:func:`stored_params_refusal`)."""
+        try:
+            method = run_method(settings, own_model=own_model)
+        except ConfigError:
+            if resuming is not None and (refusal := stored_params_refusal(resuming)) is not None:
+                raise InputError(refusal) from None
+            raise
         check_roles(settings)
         overrides = check_overrides(settings.prompts_dir) if settings.prompts_dir else []
         return cls(settings, method, overrides)
@@ -494,7 +525,7 @@ def prepare_run(
     one reads them back, and either records its setup. The run's lock (:mod:`tmas.store.run_lock`) is taken first and
     held by the store returned until it is closed. :func:`run_problems` then opens the model, once (``own_model``:
     a model of the caller's own, not the embedded one, where the settings name no endpoint)."""
-    setup = RunSetup.check(settings, own_model=own_model)
+    setup = RunSetup.check(settings, own_model=own_model, resuming=run_dir if resume else None)
     setup.method.check_setup()  # what its parameters name outside the run (MATTRL's pool): readable before any call
     if not own_model:
         check_embedded_model(settings)

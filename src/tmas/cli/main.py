@@ -277,7 +277,7 @@ def _resume_run(
         pass
     settings = with_method_params(settings, given.params(settings.method.name))
     with RunStore(run_dir, create=False) as peek:
-        setup = RunSetup.check(settings)
+        setup = RunSetup.check(settings, resuming=run_dir)
         # A resume that would keep finished results under other settings is refused here, before the estimate: its
         # pilot would send calls, and its gate ask about a run that is then refused (prepare_run checks it again).
         setup.check_resume(peek)
