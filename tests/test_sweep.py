@@ -15,7 +15,7 @@ from conftest import scripted_settings
 from scripted_runs import GoneModel
 from tmas.cli.main import app
 from tmas.config import Budget
-from tmas.errors import ConfigError
+from tmas.errors import ConfigError, InputError
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
 from tmas.runner import Unreachable
@@ -607,6 +607,7 @@ async def test_a_sweep_made_when_cot_took_every_iterations_keeps_its_finished_po
     with monkeypatch.context() as older:
         # As an older tmas expanded it: every param applied to every method (cot's point named with iterations=2).
         older.setattr("tmas.sweep._applies", lambda method, key, value: True)
+        older.setattr("tmas.sweep.check_given_params", lambda method, params, named: None)
         made = await run_sweep(spec, settings, tmp_path / "sw", model=ScriptedModel(SimScript(), settings))
     assert [o.point.name for o in made.outcomes] == ["cot__iterations=2", "self_refine__iterations=2"]
     again = ScriptedModel(SimScript(), settings)
@@ -637,3 +638,48 @@ def test_the_sweep_plan_says_in_one_line_which_params_a_method_is_not_given(
         "tmas__iterations=1",
         "tmas__iterations=2",
     ]
+
+
+@pytest.mark.parametrize(
+    ("method", "grid", "refused"),
+    [
+        ("cot", {"iterations": [1, 3]}, "iterations does not apply to method 'cot': it runs one round; leave it out"),
+        ("majority", {"mode": ["numeric", "proof"]}, "method 'majority': bad value ("),
+    ],
+)
+async def test_a_sweep_stored_with_a_grid_refused_since_is_refused_on_resume_in_one_line(
+    tmp_path: Path, method: str, grid: dict[str, list[Any]], refused: str
+) -> None:
+    # A grid an older tmas took (cot alone over iterations, majority vote in proof mode): before, its resume ended on
+    # the check's bare line, naming neither the sweep nor that the grid is its stored one.
+    problems = write_problems(tmp_path / "problems.jsonl")
+    settings = scripted_settings(concurrency=1)
+    sweep_dir = tmp_path / "sw"
+    spec = SweepSpec(problems=problems, study=[Study(method=method, params={"k": 2} if method == "majority" else {})])
+    await run_sweep(spec, settings, sweep_dir, model=ScriptedModel(SimScript(), settings))
+    manifest = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8"))
+    manifest["spec"]["study"][0]["grid"] = grid
+    (sweep_dir / "sweep.json").write_text(json.dumps(manifest), encoding="utf-8")
+    out = CliRunner().invoke(app, ["sweep", "--resume", str(sweep_dir), "-y"])
+    assert isinstance(out.exception, InputError), out.output
+    line = str(out.exception)
+    head = f"{sweep_dir}: cannot resume: this version of tmas refuses the grid stored in its sweep.json ({refused}"
+    assert line.startswith(head), line
+    assert line.endswith(
+        f"); its finished points are kept and read as they ran (tmas report {sweep_dir / 'runs'}/* -o DIR, tmas view"
+        f" {sweep_dir}): start a new sweep for the rest"
+    )
+    assert "\n" not in line
+    # The point it ran is kept as it was.
+    [point] = (sweep_dir / "runs").iterdir()
+    with RunStore(point, read_only=True) as store:
+        assert sorted(r.problem_id for r in store.results()) == [p for p, _, _ in PROBLEMS]
+
+
+def test_iterations_for_cot_alone_in_one_of_several_studies_names_the_study() -> None:
+    spec = SweepSpec(
+        problems="x", study=[Study(name="a", method="tmas"), Study(name="b", method="cot", params={"iterations": 2})]
+    )
+    with pytest.raises(ConfigError) as caught:
+        expand(spec)
+    assert str(caught.value) == "study 'b': iterations does not apply to method 'cot': it runs one round; leave it out"

@@ -27,6 +27,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from tmas.files import write_atomic
 from tmas.grading.grades import GradeConfig
 from tmas.llm.model import ChatModel
 from tmas.llm.sampling import with_sampling
-from tmas.methods import METHODS, create_method
+from tmas.methods import METHODS, check_given_params, create_method
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem, dataset_name, load_problems, resolve_dataset
 from tmas.reports.report import build_report
@@ -267,15 +268,14 @@ def expand(spec: SweepSpec, out_dir: Path | None = None) -> list[SweepPoint]:
                     # A param another method of the study takes is not applied to one that does not take or use it.
                     dropped = [k for k in given if not _applies(method, k, given[k]) and others_use(k, given[k])]
                     params = {k: v for k, v in given.items() if k not in dropped}
-                    _check_applies(method, params)
+                    # As tmas run refuses it: each of such a method's points would be the same run, sent again.
+                    check_given_params(method, params, partial(_in_study, spec, study.name))
                     # Equal after validation (defaults filled in) means the same run, whatever the spelling.
                     try:
                         full = create_method(method, params).params.model_dump(mode="json")
                     except ConfigError as exc:
-                        if len(spec.study) == 1:
-                            raise
                         # Which of the grid's studies gives the bad parameter.
-                        raise ConfigError(f"study {study.name!r}: {exc}") from None
+                        raise ConfigError(_in_study(spec, study.name, str(exc))) from None
                     key = json.dumps([method, full, budget.identity()], sort_keys=True)
                     if key not in points:
                         name = point_name(method, named_params(method, full), budget)
@@ -304,11 +304,9 @@ def _applies(method: str, key: str, value: Any) -> bool:
     return not (key == "iterations" and not cls.traits.iterates and value != 1)
 
 
-def _check_applies(method: str, params: dict[str, Any]) -> None:
-    """Refuse ``iterations`` other than 1 for a method of one round that no other method of its study takes it for,
-    as ``tmas run`` refuses it: each of its points would be the same run, its calls sent again."""
-    if "iterations" in params and method in METHODS and not _applies(method, "iterations", params["iterations"]):
-        raise ConfigError(f"iterations does not apply to method {method!r}: it runs one round; leave it out")
+def _in_study(spec: SweepSpec, study: str, param: str) -> str:
+    """Where a grid gives ``param``, as its errors name it: the study where the grid has several."""
+    return f"study {study!r}: {param}" if len(spec.study) > 1 else param
 
 
 def not_applied(points: list[SweepPoint]) -> str | None:
@@ -461,6 +459,16 @@ def resumed_sweep(
         stored = Settings.model_validate(manifest["settings"])
     except ValidationError as exc:
         raise InputError(validation_message(exc, f"{sweep_dir / MANIFEST}")) from None
+    try:
+        expand(spec)
+    except ConfigError as exc:
+        # A check added since the sweep was stored (mode=proof for majority vote, iterations for cot alone): its
+        # points ran, and read, as they ran.
+        raise InputError(
+            f"{sweep_dir}: cannot resume: this version of tmas refuses the grid stored in its {MANIFEST} ({exc}); its"
+            f" finished points are kept and read as they ran (tmas report {sweep_dir / POINTS_DIR}/* -o DIR, tmas"
+            f" view {sweep_dir}): start a new sweep for the rest"
+        ) from None
     settings = resume_settings(stored, overrides, config=config, same_method=False)
     if config is not None:
         # A config file read afresh holds none of the grid's sampling: it goes on again, under the flags given now.

@@ -119,12 +119,13 @@ def check_given_params(
     method: str, params: Mapping[str, Any], named: Callable[[str], str], error: type[TmasError] = ConfigError
 ) -> None:
     """Refuse method ``params`` a user gives now (a flag, the Python API's ``params=`` or ``settings``, a config
-    file's ``[method] params``) that ``method`` would drop without a word: ``iterations`` other than 1 for a method
-    of one round (:attr:`Traits.iterates`). One line, ``named(param)`` saying where it was given (``--param
-    iterations``, ``tmas.solve: params['iterations']``, ``tmas.toml: method.params.iterations``).
+    file's ``[method] params``, a sweep's grid) that ``method`` would drop without a word: ``iterations`` other than
+    1 for a method of one round (:attr:`Traits.iterates`). One line, ``named(param)`` saying where it was given
+    (``--param iterations``, ``tmas.solve: params['iterations']``, ``tmas.toml: method.params.iterations``, ``study
+    'b': iterations``).
 
-    Checked where parameters are given, not in a method's ``Params``: a sweep stored before this check holds such
-    points, found again on resume, and reports read stored runs as they ran."""
+    Checked where parameters are given, not in a method's ``Params``: runs stored before this check (a served
+    request's among them) resume as they were asked, and reports read them as they ran."""
     if not method_traits(method).iterates and params.get("iterations", 1) != 1:
         raise error(f"{named('iterations')} does not apply to method {method!r}: it runs one round; leave it out")
 
