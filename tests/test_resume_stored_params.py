@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from conftest import scripted_settings
@@ -17,6 +18,7 @@ from scripted_runs import scripted_run
 from tmas.api import aresume
 from tmas.cli.main import app
 from tmas.errors import InputError
+from tmas.methods import METHODS
 from tmas.methods.majority import MajorityParams
 from tmas.problems import Problem
 from tmas.runner import prepare_run, stored_settings
@@ -104,3 +106,24 @@ async def test_a_value_given_now_for_the_refused_parameter_resumes(tmp_path: Pat
     model = ScriptedModel(SimScript(), stored_settings(run_dir))
     summary = await aresume(run_dir, params={"mode": "numeric"}, model=model)
     assert summary.done == 2 and summary.failed == 0
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [
+        ("majority", {"mode": "proof"}),
+        ("mattrl", {"mode": "proof"}),
+        ("verify_refine", {"mode": "proof", "select": "vote"}),
+        ("tmas", {"mode": "proof", "select": "vote"}),
+        ("tmas", {"sampling": {"verifier": {"extra_body": {"max_tokens": 9}}}}),
+    ],
+)
+def test_a_stored_runs_parameters_read_back_pass_the_checks_added_since_and_no_other(
+    method: str, params: dict[str, Any]
+) -> None:
+    cls = METHODS[method].Params
+    with pytest.raises(ValidationError):
+        cls.model_validate(params)
+    assert cls.as_stored(params).model_dump(mode="json")["mode"] == params.get("mode", "numeric")
+    with pytest.raises(ValidationError):
+        cls.as_stored({**params, "iterations": 0})

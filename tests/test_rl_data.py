@@ -335,3 +335,19 @@ async def test_a_problem_with_a_blank_reference_answer_gives_no_row(tmp_path: Pa
     data = build_dataset([tmp_path / "run"], mix=None)
     assert {r["extra_info"]["problem_id"] for r in data.train} == {"p1"}
     assert data.report.unlabeled == 1 and data.report.problems == 1
+
+
+async def test_a_run_stored_with_a_role_extra_body_key_refused_since_still_gives_its_data(tmp_path: Path) -> None:
+    # A TMAS role's extra_body key that tmas sends itself is refused when given now; a run stored when it was taken
+    # (top_k went in extra_body before it was a setting) is read as it ran: before, build-data refused it.
+    run_dir = tmp_path / "run"
+    await tmas_run(run_dir, 2, problems=PROBLEMS[:1])
+    before = build_dataset([run_dir], mix=None).train
+    stored = {"solution": {"extra_body": {"top_k": 20}}}
+    with RunStore(run_dir) as store:
+        recorded, settings = store.get_meta("method"), store.get_meta("settings")
+        recorded["params"]["sampling"] = stored
+        settings["method"]["params"]["sampling"] = stored
+        store.set_meta("method", recorded)
+        store.set_meta("settings", settings)
+    assert before and build_dataset([run_dir], mix=None).train == before

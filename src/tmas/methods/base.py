@@ -13,7 +13,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Annotated, Any, ClassVar, Generic, TypeVar, cast
+from typing import Annotated, Any, ClassVar, Generic, Self, TypeVar, cast
 
 from pydantic import (
     BaseModel,
@@ -21,6 +21,7 @@ from pydantic import (
     Field,
     ModelWrapValidatorHandler,
     PrivateAttr,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -51,6 +52,7 @@ from tmas.store.run_store import RunStore
 # The records a method emits are the store's (tmas.store.records); methods import them from here.
 __all__ = [
     "BUDGET_STOP",
+    "STORED_RUN",
     "BudgetExhausted",
     "Candidate",
     "CandidateMeta",
@@ -66,6 +68,7 @@ __all__ = [
     "TokenBank",
     "gather_all",
     "gather_pair",
+    "read_as_stored",
     "truncation_warnings",
 ]
 
@@ -134,6 +137,16 @@ class TokenBank:
 Iterations = Annotated[int, Field(ge=1)]
 
 
+# The validation context key of a stored run's parameters read back (:meth:`MethodParams.as_stored`).
+STORED_RUN = "stored_run"
+
+
+def read_as_stored(info: ValidationInfo) -> bool:
+    """Whether parameters are validated as a stored run's, read back as it ran (:meth:`MethodParams.as_stored`): a
+    check of values given now that was added after runs were stored lets them through."""
+    return isinstance(info.context, dict) and bool(info.context.get(STORED_RUN))
+
+
 class MethodParams(BaseModel):
     """Base of each method's parameters; unknown keys are errors."""
 
@@ -166,10 +179,18 @@ class MethodParams(BaseModel):
         params._old_names = old
         return params
 
+    @classmethod
+    def as_stored(cls, params: Mapping[str, Any]) -> Self:
+        """The parameters a stored run ran with, read back for a reader of it (RL data): the checks added since runs
+        were stored (mode=proof for a method that cannot take it, a selection rule of the other mode, a TMAS role's
+        ``extra_body`` key that tmas sends) let its values through, as it ran; every other check holds. A run is
+        resumed with its parameters validated as given now."""
+        return cls.model_validate(params, context={STORED_RUN: True})
+
     @field_validator("mode")
     @classmethod
-    def _mode_applies(cls, mode: str) -> str:
-        if mode != "numeric" and cls.proof_refused is not None:
+    def _mode_applies(cls, mode: str, info: ValidationInfo) -> str:
+        if mode != "numeric" and cls.proof_refused is not None and not read_as_stored(info):
             raise ValueError(cls.proof_refused)
         return mode
 

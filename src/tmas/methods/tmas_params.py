@@ -32,11 +32,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, ModelWrapValidatorHandler, PrivateAttr, model_validator
+from pydantic import Field, ModelWrapValidatorHandler, PrivateAttr, ValidationInfo, model_validator
 
 from tmas.config import Sampling, extra_body_refusal
 from tmas.memory.experience_bank import DEFAULT_DEDUP_THRESHOLD, DEFAULT_MAX_ENTRIES
-from tmas.methods.base import Iterations
+from tmas.methods.base import Iterations, read_as_stored
 from tmas.methods.confidence_params import ConfidenceParams
 from tmas.methods.param_flags import cli_flag
 from tmas.methods.selection import ConfidenceRule, SelectFrom, SelectRule, proof_rule_error
@@ -224,7 +224,9 @@ class TMASParams(StyledParams, ConfidenceParams):
         return self
 
     @model_validator(mode="after")
-    def _extra_body_sends_no_setting(self) -> TMASParams:
+    def _extra_body_sends_no_setting(self, info: ValidationInfo) -> TMASParams:
+        if read_as_stored(info):
+            return self
         for role, sampling in self.sampling.items():
             refusal = extra_body_refusal(sampling, f"sampling.{role}", f"roles.{role}")
             if refusal is not None:
@@ -232,8 +234,8 @@ class TMASParams(StyledParams, ConfidenceParams):
         return self
 
     @model_validator(mode="after")
-    def _rule_of_the_mode(self) -> TMASParams:
-        if (why := proof_rule_error(self.select, self.mode)) is not None:
+    def _rule_of_the_mode(self, info: ValidationInfo) -> TMASParams:
+        if (why := proof_rule_error(self.select, self.mode)) is not None and not read_as_stored(info):
             raise ValueError(why)
         return self
 

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
 from tmas.agents.baselines import correction_prompt, parse_refinement
 from tmas.agents.solution import generation_prompt, parse_section
@@ -43,6 +43,7 @@ from tmas.methods.base import (
     ProblemResult,
     ProblemSession,
     gather_all,
+    read_as_stored,
 )
 from tmas.methods.call_count import CallCount, Instead, asked_again, count_calls
 from tmas.methods.reasked import Reasked
@@ -74,8 +75,8 @@ class VerifyRefineParams(StyledParams):
     answer_fallback: bool = True
 
     @model_validator(mode="after")
-    def _rule_of_the_mode(self) -> VerifyRefineParams:
-        if (why := proof_rule_error(self.select, self.mode)) is not None:
+    def _rule_of_the_mode(self, info: ValidationInfo) -> VerifyRefineParams:
+        if (why := proof_rule_error(self.select, self.mode)) is not None and not read_as_stored(info):
             raise ValueError(why)
         return self
 

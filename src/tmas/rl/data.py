@@ -375,7 +375,7 @@ def _bank_method(store: RunStore, run_dir: Path) -> tuple[BankPrompts, Settings 
     if mode != "numeric":
         raise InputError(f"{run_dir}: mode {mode!r}: rewards need numeric answers")
     try:
-        method = cls(cls.Params.model_validate(stored.get("params") or {}))
+        method = cls(cls.Params.as_stored(stored.get("params") or {}))
         raw = store.get_meta("settings")
         settings = Settings.model_validate(raw) if raw else None
     except ValidationError as exc:
