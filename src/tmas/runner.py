@@ -284,8 +284,12 @@ def stored_params_refusal(run_dir: Path) -> str | None:
     """Why the run in ``run_dir`` cannot be resumed with the method parameters it was stored with, where a check
     this tmas makes of them was added since (mode=proof for a method that cannot take it, a selection rule of the
     other mode, a TMAS role's ``extra_body`` key tmas sends itself): one line naming the run, the stored parameter
-    and what is kept. None where its parameters are taken (or its method is not registered: said as it is)."""
-    stored = stored_settings(run_dir)
+    and what is kept. None where its parameters are taken, or where there is none to read (no run there, no
+    settings stored: said as it is) or its method is not registered."""
+    try:
+        stored = stored_settings(run_dir)
+    except StoreError:
+        return None
     cls = METHODS.get(stored.method.name)
     if cls is None:
         return None
