@@ -425,7 +425,7 @@ async def evaluate(run_dir: Path, status: str) -> Evaluated:
     from tmas.grading.runs import grade_run
     from tmas.methods import method_traits
     from tmas.reports.frontier import mv_by_problem, returned_by_problem, run_frontier
-    from tmas.reports.metrics import answer_classes_of
+    from tmas.reports.metrics import answer_classes_of, run_spend
     from tmas.store.run_store import RunStore
 
     config = GradeConfig(mode="rules")
@@ -433,6 +433,8 @@ async def evaluate(run_dir: Path, status: str) -> Evaluated:
         method = str((store.get_meta("method") or {}).get("name"))
         grades = await grade_run(store, config, None)
         results = load_results(store)
+        # Every token a problem's calls spent, a call asked again on resume included, as the run's summary counts.
+        spend = run_spend(store)
     equivalence = RuleEquivalence(workers=config.workers, timeout_s=config.rule_timeout_s)
     try:
         classes = await answer_classes_of(results, equivalence)
@@ -442,9 +444,10 @@ async def evaluate(run_dir: Path, status: str) -> Evaluated:
     majority: dict[int, dict[str, tuple[float, float]]] = {}
     if votes:
         largest = max((sum(len(r.candidates) for r in x.iterations) for x in results), default=0)
-        majority = {k: at for k in range(1, largest + 1) if (at := mv_by_problem(results, grades, k, classes))}
-    frontier = run_frontier(results, grades, majority=votes, classes=classes)
-    return Evaluated(run_dir.name, method, returned_by_problem(results, grades), frontier, majority, status)
+        majority = {k: at for k in range(1, largest + 1) if (at := mv_by_problem(results, grades, k, classes, spend))}
+    frontier = run_frontier(results, grades, majority=votes, classes=classes, spend=spend)
+    returned = returned_by_problem(results, grades, spend=spend)
+    return Evaluated(run_dir.name, method, returned, frontier, majority, status)
 
 
 def mean_se(values: list[float]) -> tuple[float, float]:

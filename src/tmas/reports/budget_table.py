@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from tmas.config import Budget
 from tmas.reports.document import Document, Heading, Paragraph, Table
+from tmas.reports.metrics import Spend, spent_through
 from tmas.store.records import BUDGET_STOP, ProblemResult
 
 
@@ -49,8 +50,11 @@ class BudgetSpend:
         return "prompt + completion tokens" if self.budget.count == "total" else "completion tokens"
 
 
-def budget_spend(settings: Mapping[str, Any] | None, results: Sequence[ProblemResult]) -> BudgetSpend | None:
-    """The budget of a run's stored ``settings`` and the spend of its finished ``results``; None without a budget."""
+def budget_spend(
+    settings: Mapping[str, Any] | None, results: Sequence[ProblemResult], spend: Spend | None = None
+) -> BudgetSpend | None:
+    """The budget of a run's stored ``settings`` and the spend of its finished ``results`` (their stored calls'
+    with ``spend``, as the frontier counts it: metrics.spent_through); None without a budget."""
     try:
         budget = Budget.model_validate((settings or {}).get("budget") or {})
     except ValidationError:
@@ -58,20 +62,29 @@ def budget_spend(settings: Mapping[str, Any] | None, results: Sequence[ProblemRe
     if not budget.limited:
         return None
     finished = [r for r in results if not r.in_progress]
+    tokens = {r.problem_id: spent_through(r, None, budget.spent, spend) for r in finished}
+    calls = {r.problem_id: _calls(r, spend) for r in finished}
     ended = [r for r in finished if r.status == "done" and r.stopped_reason != BUDGET_STOP]
     if budget.tokens is not None:
         # A pooled budget's problem may have drawn from the pool past its own share: its limit is share and draws.
-        limits = [(budget.spent(r.usage), budget.tokens + r.budget_drawn) for r in ended]
+        limits = [(tokens[r.problem_id], budget.tokens + r.budget_drawn) for r in ended]
         under = [spent / limit for spent, limit in limits if spent < limit]
     else:
-        under = [r.calls / (budget.calls or 1) for r in ended if r.calls < (budget.calls or 1)]
+        most = budget.calls or 1
+        under = [calls[r.problem_id] / most for r in ended if calls[r.problem_id] < most]
     return BudgetSpend(
         budget,
-        [budget.spent(r.usage) for r in finished],
-        [r.calls for r in finished],
+        list(tokens.values()),
+        list(calls.values()),
         sum(r.stopped_reason == BUDGET_STOP for r in finished),
         under,
     )
+
+
+def _calls(result: ProblemResult, spend: Spend | None) -> int:
+    """The calls a finished problem made: its stored calls with ``spend``, else its result's count."""
+    own = spend.get(result.problem_id) if spend is not None else None
+    return result.calls if own is None else sum(spent.calls for spent in own.values())
 
 
 class BudgetRun(Protocol):

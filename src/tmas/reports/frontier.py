@@ -7,6 +7,11 @@
   sample (what it spent on its samples over their number); a finished problem with fewer samples (a vote decided
   early) keeps its vote over all of them.
 
+What a problem spent is what its stored calls spent where the run's store gives them (``spend``, metrics.run_spend):
+every completion token the server generated for it, a call that failed, was cancelled or failed
+and was asked again on resume included, as the run's summary counts; so a method that retries much is charged for
+it. Prompt tokens are not counted.
+
 Each point carries the standard error of its accuracy across problems (the band) and the number of labeled problems
 that reached it (a run still mid-way has fewer problems at later points). The equal-budget table reads each frontier
 at fixed budgets: the best accuracy among its points at or under the budget.
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 from tmas.answer_classes import class_of
 from tmas.grading.grades import SELECTED, Grades
 from tmas.llm.types import Usage
-from tmas.reports.metrics import labeled_results, last_iteration, reached, record_at, spent_through
+from tmas.reports.metrics import Spend, labeled_results, last_iteration, reached, record_at, spent_through
 from tmas.store.records import Candidate, ProblemResult
 
 # Completion tokens per problem at which the equal-budget table reads every frontier.
@@ -44,27 +49,30 @@ def run_frontier(
     *,
     majority: bool,
     classes: Mapping[str, Mapping[str, str]] | None = None,
+    spend: Spend | None = None,
 ) -> list[FrontierPoint]:
     """The run's frontier: MV@k points for a majority-vote run, one point per iteration otherwise. ``classes``: per
-    problem, answer -> class key (metrics.answer_classes_of), so MV@k counts votes by value as the run did."""
+    problem, answer -> class key (metrics.answer_classes_of), so MV@k counts votes by value as the run did.
+    ``spend``: what the problems' stored calls spent (metrics.run_spend); without it, their records'."""
     labeled = labeled_results(results, grades)
-    return mv_frontier(labeled, grades, classes) if majority else iteration_frontier(labeled, grades)
+    return mv_frontier(labeled, grades, classes, spend) if majority else iteration_frontier(labeled, grades, spend)
 
 
-def iteration_frontier(results: list[ProblemResult], grades: Grades) -> list[FrontierPoint]:
+def iteration_frontier(results: list[ProblemResult], grades: Grades, spend: Spend | None = None) -> list[FrontierPoint]:
     points = []
     for t in range(last_iteration(results) + 1):
-        at = returned_by_problem(results, grades, t)
+        at = returned_by_problem(results, grades, t, spend)
         if at:
             points.append(_point(f"It{t}", [tokens for _, tokens in at.values()], [acc for acc, _ in at.values()]))
     return points
 
 
 def returned_by_problem(
-    results: list[ProblemResult], grades: Grades, iteration: int | None = None
+    results: list[ProblemResult], grades: Grades, iteration: int | None = None, spend: Spend | None = None
 ) -> dict[str, tuple[float, float]]:
     """Per problem that counts at ``iteration`` (None: its last), the correctness of the answer returned then and the
-    completion tokens spent up to it; a problem that failed before any iteration returned nothing (0)."""
+    completion tokens spent up to it (:func:`spent_through`, of ``spend`` where given); a problem that failed before
+    any iteration returned nothing (0)."""
     out: dict[str, tuple[float, float]] = {}
     for result in results:
         t = iteration
@@ -75,7 +83,7 @@ def returned_by_problem(
         record = record_at(result, t)
         # One that stopped before t (its answer stands) or failed counts what the whole problem spent, an iteration
         # a budget or an error cut short included (spent_through).
-        spent = float(spent_through(result, t, _completion))
+        spent = float(spent_through(result, t, _completion, spend))
         if record is None:  # failed before any iteration: nothing returned
             out[result.problem_id] = (0.0, spent)
             continue
@@ -88,7 +96,10 @@ def _completion(usage: Usage) -> int:
 
 
 def mv_frontier(
-    results: list[ProblemResult], grades: Grades, classes: Mapping[str, Mapping[str, str]] | None = None
+    results: list[ProblemResult],
+    grades: Grades,
+    classes: Mapping[str, Mapping[str, str]] | None = None,
+    spend: Spend | None = None,
 ) -> list[FrontierPoint]:
     """MV@k for k = 1, 2, 4, ... and the largest K; a problem counts at MV@k as :func:`mv_by_problem` counts it."""
     largest = max((len(s) for s in _samples(results).values()), default=0)
@@ -97,19 +108,24 @@ def mv_frontier(
         ks.append(largest)
     points = []
     for k in ks:
-        at = mv_by_problem(results, grades, k, classes)
+        at = mv_by_problem(results, grades, k, classes, spend)
         if at:
             points.append(_point(f"MV@{k}", [tokens for _, tokens in at.values()], [acc for acc, _ in at.values()]))
     return points
 
 
 def mv_by_problem(
-    results: list[ProblemResult], grades: Grades, k: int, classes: Mapping[str, Mapping[str, str]] | None = None
+    results: list[ProblemResult],
+    grades: Grades,
+    k: int,
+    classes: Mapping[str, Mapping[str, str]] | None = None,
+    spend: Spend | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Per problem with at least k stored samples, MV@k (:func:`mv_at_k`) and its expected completion tokens: k times
     the problem's mean per sample, what it spent drawing its samples over their number (a sample's own usage holds
     each of its calls, an echo's retry included; the problem's spend also holds a call no sample came of, as the
-    echoing first reply of a sample whose retry the budget refused). A finished problem with fewer than k samples
+    echoing first reply of a sample whose retry the budget refused, and with ``spend`` a sample's call that failed and
+    was asked again on resume: :func:`spent_through`). A finished problem with fewer than k samples
     (its vote decided early, a budget stopped it) keeps its vote over all of them at every larger k, at their tokens,
     as a stopped problem keeps its answer on the iteration frontier; one still mid-way counts only up to the samples
     it drew. A problem that failed before any sample returned nothing (0), at every k, at what it spent."""
@@ -118,7 +134,7 @@ def mv_by_problem(
     for result in results:
         pid, drawn = result.problem_id, samples[result.problem_id]
         # At least the samples' own calls (a record that holds no usage of its own).
-        spent = max(spent_through(result, None, _completion), sum(c.usage.completion_tokens for _, c in drawn))
+        spent = max(spent_through(result, None, _completion, spend), sum(c.usage.completion_tokens for _, c in drawn))
         if not drawn and not result.in_progress:
             out[pid] = (0.0, float(spent))
             continue

@@ -17,6 +17,12 @@ has finished, so a run whose every problem stopped early still shows their answe
 per-iteration curves count them. A problem with no iteration at all (a failed run) scores 0.
 A problem still mid-way (no result yet, see run_results.py) counts only at the iterations it finished; each
 iteration's ``problems`` says how many labeled problems reached it.
+
+What a problem spent is read from its stored calls where the run's store is at hand (:func:`run_spend`): every call
+the server answered for it, a failed, cancelled or failed-then-asked-again one included, as the run's summary, the cost
+table and the budget count them (:func:`spent_through`, the one count the tables, the frontier and the budget table
+read). An iteration's record holds only the calls of the pass that finished it: a call that failed and was asked again
+on resume is in none.
 """
 
 from __future__ import annotations
@@ -29,8 +35,20 @@ from typing import Any
 
 from tmas.answer_classes import EquivalenceCheck, answer_classes, class_of
 from tmas.grading.grades import SELECTED, Grades
+from tmas.grading.judge import JUDGE_ROLE
 from tmas.llm.types import Usage
 from tmas.store.records import Candidate, IterationRecord, ProblemResult
+from tmas.store.run_store import RunStore, Spent
+
+# Per problem, what its stored calls spent in each iteration (None: calls of no iteration): :func:`run_spend`.
+Spend = Mapping[str, Mapping[int | None, Spent]]
+
+
+def run_spend(store: RunStore) -> Spend:
+    """What each problem of ``store``'s run spent, by iteration: every stored call of the method's roles (the judge's,
+    which grading stores in the run, apart), answered, failed, cancelled or failed and asked again, as the run's
+    summary and the report's cost table count them."""
+    return store.spent_by_iteration(JUDGE_ROLE, other_roles=True)
 
 
 def pass_at_1(labels: Mapping[str, Sequence[Sequence[bool]]]) -> float:
@@ -207,13 +225,15 @@ def compute_metrics(
     mv_k: int | None = None,
     classes: Mapping[str, Mapping[str, str]] | None = None,
     pooled: bool = False,
+    spend: Spend | None = None,
 ) -> RunMetrics:
     """All per-iteration metrics of one run; only problems with grades (labeled) count toward accuracies.
     ``classes``: per problem, answer -> class key (:func:`answer_classes_of`), so MV@k groups answers by the grading
     rules' equivalence; without it, by normalized spelling and exact numbers. ``pooled``: MV@k votes over every
     candidate drawn up to each iteration (a method whose iterations add samples to one vote, traits.frontier ==
     "votes"), else over the iteration's own. ``iterations``: the method's T, to which the tables run
-    (:func:`iterations_shown`)."""
+    (:func:`iterations_shown`). ``spend``: what the problems' stored calls spent (:func:`run_spend`), which the calls
+    and tokens count; without it, the iteration records' (a run's calls asked again on resume are in none)."""
     labeled = labeled_results(results, grades)
     out = RunMetrics(labeled=len(labeled), unlabeled=len(grades.unlabeled), judge_runs=grades.runs, mv_k=mv_k)
     cumulative_calls = cumulative_tokens = 0
@@ -237,18 +257,15 @@ def compute_metrics(
                 selected_hits += grades.correct((pid, it, SELECTED), r)
         denominator = max(1, len(present) * grades.runs)
         # Cost counts every problem (labeled or not) and only iterations actually run.
-        ran = [record for result in results for record in result.iterations if record.iteration == t]
-        calls = sum(record.calls for record in ran)
-        prompt = sum(record.usage.prompt_tokens for record in ran)
-        completion = sum(record.usage.completion_tokens for record in ran)
-        reasoning = sum(record.usage.reasoning_tokens for record in ran)
+        calls, usage = spent_in(results, t, spend)
+        prompt, completion, reasoning = usage.prompt_tokens, usage.completion_tokens, usage.reasoning_tokens
         tokens = prompt + completion
         cumulative_calls += calls
         cumulative_tokens += tokens
         # Per problem, over the problems that count at t (labeled or not), as the accuracies count them: a problem
         # still mid-way that has not reached t neither adds its tokens nor counts as one.
         counted = [result for result in results if reached(result, t)]
-        spent = sum(spent_through(result, t, _all_tokens) for result in counted)
+        spent = sum(spent_through(result, t, _all_tokens, spend) for result in counted)
         per_run = [pass_at_1({pid: [runs[r]] for pid, runs in labels.items()}) for r in range(grades.runs)]
         out.iterations.append(
             IterationMetrics(
@@ -269,12 +286,30 @@ def compute_metrics(
                 problems=len(present),
             )
         )
-    out.finals = final_states(results, grades, {r.problem_id for r in labeled})
+    out.finals = final_states(results, grades, {r.problem_id for r in labeled}, spend)
     return out
 
 
-def final_states(results: Sequence[ProblemResult], grades: Grades, labeled: set[str]) -> dict[str, FinalState]:
-    """Each finished problem's :class:`FinalState`; a ``labeled`` one that failed before any iteration scores 0."""
+def spent_in(results: Sequence[ProblemResult], iteration: int, spend: Spend | None = None) -> tuple[int, Usage]:
+    """The calls and usage of ``iteration`` over ``results``: their stored calls of it (``spend``), a problem still
+    mid-way counting it only once finished; without ``spend``, the iteration's records."""
+    if spend is None:
+        ran = [record for result in results for record in result.iterations if record.iteration == iteration]
+        return sum(record.calls for record in ran), sum((record.usage for record in ran), Usage())
+    calls, usage = 0, Usage()
+    for result in results:
+        spent = spend.get(result.problem_id, {}).get(iteration)
+        if spent is None or (result.in_progress and last_iteration([result]) < iteration):
+            continue
+        calls, usage = calls + spent.calls, usage + spent.usage
+    return calls, usage
+
+
+def final_states(
+    results: Sequence[ProblemResult], grades: Grades, labeled: set[str], spend: Spend | None = None
+) -> dict[str, FinalState]:
+    """Each finished problem's :class:`FinalState`; a ``labeled`` one that failed before any iteration scores 0.
+    ``spend``: as :func:`spent_through` reads it."""
     out = {}
     for result in results:
         if result.in_progress:
@@ -290,7 +325,7 @@ def final_states(results: Sequence[ProblemResult], grades: Grades, labeled: set[
                 for r in range(grades.runs)
             ]
             share = statistics.fmean(runs)
-        out[pid] = FinalState(share, spent_through(result, None, _all_tokens))
+        out[pid] = FinalState(share, spent_through(result, None, _all_tokens, spend))
     return out
 
 
@@ -298,16 +333,30 @@ def _all_tokens(usage: Usage) -> int:
     return usage.prompt_tokens + usage.completion_tokens
 
 
-def spent_through(result: ProblemResult, iteration: int | None, count: Callable[[Usage], int]) -> int:
-    """The tokens (as ``count`` counts a usage) ``result`` spent up to ``iteration`` (None: in all): its records up
-    to it, and where it had ended before ``iteration`` (it stopped early, or failed), everything it spent: its
-    usage, which holds an iteration a budget or an error cut short (calls in no record), and the calls of a problem
-    that failed before any iteration finished. A problem still mid-way counts its finished iterations."""
-    records = sum(
-        count(record.usage) for record in result.iterations if iteration is None or record.iteration <= iteration
-    )
+def spent_through(
+    result: ProblemResult, iteration: int | None, count: Callable[[Usage], int], spend: Spend | None = None
+) -> int:
+    """The tokens (as ``count`` counts a usage) ``result`` spent up to ``iteration`` (None: in all): its calls up to
+    it, and where it had ended before ``iteration`` (it stopped early, or failed), everything it spent, an iteration
+    a budget or an error cut short included, and the calls of a problem that failed before any iteration finished.
+    A problem still mid-way counts its finished iterations.
+
+    The one count of a problem's spend the tables, the frontier, the budget table and a budget's run read. With
+    ``spend`` (:func:`run_spend`), its stored calls: every call the server answered for it, a failed, cancelled or
+    failed-then-asked-again one included. Without it (no store at hand), its records and result's usage: the calls
+    of the pass that solved it."""
+    own = spend.get(result.problem_id) if spend is not None else None
     last = last_iteration([result])
-    if result.in_progress or (iteration is not None and last >= iteration):
+    if result.in_progress:
+        through: int | None = last if iteration is None else min(iteration, last)
+    else:
+        through = iteration if iteration is not None and last >= iteration else None
+    if own is not None:
+        return sum(
+            count(spent.usage) for it, spent in own.items() if through is None or (it is not None and it <= through)
+        )
+    records = sum(count(record.usage) for record in result.iterations if through is None or record.iteration <= through)
+    if through is not None:
         return records
     return max(records, count(result.usage))
 

@@ -50,9 +50,11 @@ from tmas.reports.document import Bullets, Document, Heading, Image, Paragraph, 
 from tmas.reports.frontier import BUDGETS, FrontierPoint, equal_budget, run_frontier
 from tmas.reports.metrics import (
     RunMetrics,
+    Spend,
     answer_classes_of,
     compute_metrics,
     configured_iterations,
+    run_spend,
     short_of,
     stands_on,
 )
@@ -216,6 +218,8 @@ async def evaluate_run(
         results = load_results(store)
         grades, reason = await _grades(store, setup, problems, config, settings, grade=grade)
         classes = await _answer_classes(results, config or GradeConfig())
+        # Every table and plot on a token axis reads what the problems' stored calls spent, as the cost table does.
+        spend = run_spend(store)
         evaluation = RunEvaluation(
             run_dir=run_dir,
             label=_label(setup.method, setup.model),
@@ -236,14 +240,15 @@ async def evaluate_run(
                 iterations=configured_iterations(setup.params),
                 classes=classes,
                 pooled=method_traits(setup.method).frontier == "votes",
+                spend=spend,
             ),
             grades=None if reason else grades,
             not_graded_reason=reason,
             cost=run_cost(results, store),
         )
         if not reason:
-            _graded_analyses(evaluation, results, grades, classes)
-        _run_records(evaluation, store, results, setup)
+            _graded_analyses(evaluation, results, grades, classes, spend)
+        _run_records(evaluation, store, results, setup, spend)
         if not reason:
             evaluation.losses = where_lost(setup.method, results, grades, evaluation.replies)
     # Medicine names match by spelling, then by the judge role, unless grading by rules alone or nothing new.
@@ -288,11 +293,16 @@ def _never_graded(setup: StoredSetup, problems: list[Problem]) -> str:
 
 
 def _graded_analyses(
-    e: RunEvaluation, results: list[ProblemResult], grades: Grades, classes: dict[str, dict[str, str]] | None
+    e: RunEvaluation,
+    results: list[ProblemResult],
+    grades: Grades,
+    classes: dict[str, dict[str, str]] | None,
+    spend: Spend,
 ) -> None:
     """What only a graded run shows: its frontier, the selection rules and the scores' separation, the confidence's,
     the score dynamics and the trace of its most improved problem."""
-    e.frontier = run_frontier(results, grades, majority=method_traits(e.method).frontier == "votes", classes=classes)
+    votes = method_traits(e.method).frontier == "votes"
+    e.frontier = run_frontier(results, grades, majority=votes, classes=classes, spend=spend)
     if has_scores(results):
         e.selection = selection_table(
             results,
@@ -322,13 +332,15 @@ def own_rule(method: str, params: dict[str, Any]) -> tuple[SelectRule, SelectFro
     return rule, pool
 
 
-def _run_records(e: RunEvaluation, store: RunStore, results: list[ProblemResult], setup: StoredSetup) -> None:
+def _run_records(
+    e: RunEvaluation, store: RunStore, results: list[ProblemResult], setup: StoredSetup, spend: Spend
+) -> None:
     """What every run shows, graded or not, read from its store."""
     paper_benchmark = store.get_meta("paper_benchmark")
     e.paper_benchmark = paper_benchmark if isinstance(paper_benchmark, str) else None
     e.guidelines = unique_guidelines(results, setup.meta)
     e.stopping = stopping_summary(results)
-    e.budget = budget_spend(setup.settings, results)
+    e.budget = budget_spend(setup.settings, results, spend)
     e.replies = role_replies(store)
     e.downgrades = store.downgrade_messages()
     e.notices = store.notices()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from tmas.llm.types import Usage
 
 # A failed call that was asked again (a resume asks every call that failed once more: the store never replays a
 # failure) is the run's history: it spent what the server generated for it, but it is no failure of the run, whose
@@ -32,6 +34,15 @@ class _Failure:
     role: str
     cause: str
     asked_again: bool
+
+
+@dataclass(frozen=True)
+class Spent:
+    """What some stored calls spent: how many there were, and their usage summed (a failed call's as stored: what its
+    attempts generated, no prompt)."""
+
+    calls: int = 0
+    usage: Usage = field(default_factory=Usage)
 
 
 class CallStats:
@@ -111,6 +122,29 @@ class CallStats:
         }
         for f in self._failures(where, args):
             out[str(f.problem_id)]["asked_again" if f.asked_again else "failed"] += 1
+        return out
+
+    def by_iteration(self, role: str | None = None, *, other_roles: bool = False) -> dict[str, dict[int | None, Spent]]:
+        """Per problem and iteration (None: a call of no iteration), what its calls spent, counted as :meth:`totals`
+        counts them: every stored call, answered, failed, cancelled or failed and asked again, of the calls
+        :meth:`causes` names by ``role`` and ``other_roles``. Summed over a problem's iterations, its row of
+        :meth:`by_problem`."""
+        where, args = _role_filter(role, other_roles)
+        rows = self._db.execute(
+            "SELECT problem_id, iteration, COUNT(*), COALESCE(SUM(prompt_tokens), 0),"
+            " COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(reasoning_tokens), 0),"
+            f" COALESCE(SUM(cached_prompt_tokens), 0) FROM calls WHERE TRUE{where} GROUP BY problem_id, iteration",
+            args,
+        )
+        out: dict[str, dict[int | None, Spent]] = {}
+        for problem, iteration, calls, prompt, completion, reasoning, cached in rows:
+            usage = Usage(
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                reasoning_tokens=reasoning,
+                cached_prompt_tokens=cached,
+            )
+            out.setdefault(str(problem), {})[iteration] = Spent(int(calls), usage)
         return out
 
     def asked_again(self, problem_id: str) -> set[int]:

@@ -26,7 +26,7 @@ from tmas.errors import InputError
 from tmas.llm.types import ChatRequest, Completion, DowngradeKind, ServerFindings
 from tmas.problems import Problem
 from tmas.store.call_log import CallLog
-from tmas.store.call_stats import CallStats
+from tmas.store.call_stats import CallStats, Spent
 from tmas.store.database import (
     DB_NAME,
     SCHEMA_VERSION,
@@ -45,7 +45,7 @@ from tmas.store.run_lock import RunLock
 from tmas.store.run_meta import RunMeta
 from tmas.store.texts import TextBlobs
 
-__all__ = ["DB_NAME", "SCHEMA_VERSION", "GradeRow", "RunStore", "StoreError", "UnknownSchema"]
+__all__ = ["DB_NAME", "SCHEMA_VERSION", "GradeRow", "RunStore", "Spent", "StoreError", "UnknownSchema"]
 
 
 class RunStore:
@@ -179,6 +179,11 @@ class RunStore:
         self, role: str | None = None, *, other_roles: bool = False, problem_id: str | None = None
     ) -> dict[str, dict[str, int]]:
         return self._call_stats.by_problem(role, other_roles=other_roles, problem_id=problem_id)
+
+    def spent_by_iteration(
+        self, role: str | None = None, *, other_roles: bool = False
+    ) -> dict[str, dict[int | None, Spent]]:
+        return self._call_stats.by_iteration(role, other_roles=other_roles)
 
     def asked_again_calls(self, problem_id: str) -> set[int]:
         return self._call_stats.asked_again(problem_id)

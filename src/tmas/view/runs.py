@@ -16,7 +16,7 @@ from tmas.llm.weights import KNOWN_MODELS
 from tmas.methods import method_traits, stored_params
 from tmas.problems import Problem
 from tmas.reports.frontier import FrontierPoint, run_frontier
-from tmas.reports.metrics import RunMetrics, compute_metrics, configured_iterations
+from tmas.reports.metrics import RunMetrics, Spend, compute_metrics, configured_iterations, run_spend
 from tmas.reports.reply_quality import role_replies
 from tmas.reports.where_lost import WhereLost, where_lost
 from tmas.store.records import IterationRecord, ProblemResult, running_result
@@ -139,6 +139,13 @@ class RunOverview:
         return {key: sum(c[key] for role, c in self.roles.items() if role != JUDGE_ROLE) for key in _COST_KEYS}
 
     @functools.cached_property
+    def spend(self) -> Spend:
+        """What each problem's stored calls spent, by iteration (the judge's left out), read when first shown: what
+        :attr:`metrics` and :attr:`frontier` count on their token axes, as :attr:`costs` and ``tmas report`` count."""
+        with RunStore(self.run_dir, read_only=True) as store:
+            return run_spend(store)
+
+    @functools.cached_property
     def metrics(self) -> RunMetrics | None:
         """Accuracy and costs by iteration, worked out when first shown (a comparison of runs never shows them)."""
         if self.grades is None:
@@ -151,6 +158,7 @@ class RunOverview:
             iterations=configured_iterations(stored_params(self.method, self.params)),
             classes=self.classes,
             pooled=method_traits(self.method).frontier == "votes",
+            spend=self.spend,
         )
 
     @functools.cached_property
@@ -160,7 +168,7 @@ class RunOverview:
         if self.grades is None:
             return []
         votes = method_traits(self.method).frontier == "votes"
-        return run_frontier(self.results, self.grades.grades, majority=votes, classes=self.classes)
+        return run_frontier(self.results, self.grades.grades, majority=votes, classes=self.classes, spend=self.spend)
 
     @property
     def live_graded(self) -> bool:
