@@ -10,13 +10,15 @@ from pathlib import Path
 import pytest
 
 from conftest import settings_for
+from tmas.config import Budget
 from tmas.grading.grades import GradeConfig, Grades
 from tmas.llm.types import Usage
 from tmas.problems import Problem
+from tmas.reports.budget_table import budget_spend
 from tmas.reports.frontier import equal_budget
-from tmas.reports.metrics import Spend, compute_metrics, spent_through
+from tmas.reports.metrics import Spend, compute_metrics, run_spend, spent_through
 from tmas.reports.report import evaluate_run
-from tmas.runner import prepare_run, run_problems
+from tmas.runner import pooled_left, prepare_run, run_problems
 from tmas.store.call_stats import Spent
 from tmas.store.records import IterationRecord, ProblemResult
 from tmas.testing import Rule, ScriptedUsage, SimScript, SimServer
@@ -127,3 +129,46 @@ def test_the_per_iteration_calls_of_a_run_are_its_stored_calls_of_each_iteration
     # Without the store's calls: the records' count.
     plain = compute_metrics(results, grades).at(0)
     assert plain is not None and (plain.calls, plain.completion_tokens) == (2, 8)
+
+
+@pytest.mark.parametrize("pool", [False, True])
+async def test_a_problem_solved_again_on_resume_starts_its_budget_from_its_failed_calls(
+    tmp_path: Path, pool: bool
+) -> None:
+    # Majority vote of 4 under 1,300 completion tokens (max_tokens 2,048: the samples go one at a time). The first
+    # run: sample 0 is cut after 1,250 tokens and fails, samples 1 and 2 answer with 40 each (1,330), and the budget
+    # refuses sample 3. The resume solves the problem again (it has a failed call) from the 1,250 its failed call
+    # spent: sample 0 asked again answers (1,290), sample 1 is replayed (1,330), and the budget refuses sample 2, as
+    # the first run stopped with that much spent. Counted from the resumed pass alone (40 + 40 + 40 + 40 = 160) the
+    # budget let all 4 samples go, and the problem stored 1,410 completion tokens under its 1,300.
+    run_dir = tmp_path / "run"
+    problem = Problem(problem_id="q", question="What is 17*23?", answer="391")
+    budget = {"tokens": 1300, "pool": pool}
+    with SimServer(SimScript(persona="vllm", rules=[CUT, ANSWER])) as sim:
+        settings = settings_for(
+            sim, retry__max_attempts=1, sampling__max_tokens=2048, method={"name": "majority", "params": {"k": 4}}
+        )
+        settings = settings.model_copy(update={"budget": Budget.model_validate(budget)})
+        store, settings, todo = prepare_run(run_dir, settings, [problem], resume=False)
+        with store:
+            await run_problems(settings, todo, store)
+            first = store.result("q")
+        store, settings, todo = prepare_run(run_dir, settings, None, resume=True)
+        with store:
+            await run_problems(settings, todo, store)
+            result = store.result("q")
+            left = pooled_left(store, settings.budget, {"q"})
+            table = budget_spend(store.get_meta("settings"), [result] if result else [], run_spend(store))
+    assert first is not None and (first.calls, first.usage.completion_tokens, first.stopped_reason) == (
+        3,
+        1330,
+        "budget",
+    )
+    assert result is not None and result.stopped_reason == "budget"
+    assert (result.calls, result.failed_calls, result.usage.completion_tokens) == (3, 0, 1330)
+    assert [len(record.candidates) for record in result.iterations] == [2]
+    # A pooled budget's problem left nothing for the others: it spent 30 past its share.
+    assert left == (-30 if pool else 0)
+    # The budget table counts every stored call: sample 2 of the first run, answered but not asked again by the
+    # resume (the budget refused it first), was spent too (1,330 + 40).
+    assert table is not None and (table.tokens, table.calls) == ([1370], [4])

@@ -255,6 +255,8 @@ class ProblemSession:
         # Every call's usage and failures, the unfinished iteration's included: what the result reports.
         self.spent_usage = Usage()
         self.spent_failed = 0
+        if store is not None:
+            self._spent_before(store)
         # Calls sent and not yet answered: a call budget counts them (so it is never exceeded). A token budget
         # counts each at what it may cost at most (``reserved_tokens``: its max_tokens, plus its prompt where the
         # budget counts prompts) and holds a call back while they could reach the limit (:meth:`_admit`).
@@ -281,6 +283,17 @@ class ProblemSession:
         # The run's problem worker solving the problem (tmas.llm.lanes), in every call's key: an endpoint with
         # ``pin_slots`` keeps its calls on one server slot. None outside a run's workers.
         self.lane = lane
+
+    def _spent_before(self, store: RunStore) -> None:
+        """A problem solved again on resume starts from what its calls that failed in an earlier pass spent: a resume
+        asks each again and replays none, and what the server generated for them is spent all the same. Counted
+        against the budget (a pooled one's too) and in the result's calls and usage, as the run's summary and every
+        token figure of the report count them (``tmas.reports.metrics.spent_through``); not as failures of the run,
+        which asks them again."""
+        earlier = store.failed_spend(self.problem.problem_id)
+        self.spent_calls = earlier.calls
+        self.spent_tokens = self.budget.spent(earlier.usage)
+        self.spent_usage = earlier.usage
 
     def notice(self, kind: str, message: str) -> None:
         """Raise the run-level notice ``kind`` (one line): kept once in this problem's result and once in the run's

@@ -147,6 +147,21 @@ class CallStats:
             out.setdefault(str(problem), {})[iteration] = Spent(int(calls), usage)
         return out
 
+    def failed_spend(self, problem_id: str) -> Spent:
+        """What the problem's method calls (those of an iteration: a judge's are of none) that failed spent: a
+        resume asks each again and never replays it, so what the server generated for it is spent once and for
+        all, as :meth:`totals` counts it."""
+        row = self._db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0),"
+            " COALESCE(SUM(reasoning_tokens), 0), COALESCE(SUM(cached_prompt_tokens), 0) FROM calls"
+            " WHERE problem_id = ? AND iteration IS NOT NULL AND error IS NOT NULL",
+            (problem_id,),
+        ).fetchone()
+        usage = Usage(
+            prompt_tokens=row[1], completion_tokens=row[2], reasoning_tokens=row[3], cached_prompt_tokens=row[4]
+        )
+        return Spent(int(row[0]), usage)
+
     def asked_again(self, problem_id: str) -> set[int]:
         """The ids of the problem's calls that failed and were asked again (as :meth:`by_role` counts them)."""
         return {f.call_id for f in self._failures(" AND problem_id = ?", (problem_id,)) if f.asked_again}

@@ -185,6 +185,9 @@ class RunStore:
     ) -> dict[str, dict[int | None, Spent]]:
         return self._call_stats.by_iteration(role, other_roles=other_roles)
 
+    def failed_spend(self, problem_id: str) -> Spent:
+        return self._call_stats.failed_spend(problem_id)
+
     def asked_again_calls(self, problem_id: str) -> set[int]:
         return self._call_stats.asked_again(problem_id)
 
