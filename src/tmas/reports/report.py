@@ -509,7 +509,9 @@ def _frontier_part(doc: Document, runs: list[RunEvaluation], bench: str, slug: s
             "Accuracy of the answer each run returns against the mean cumulative completion tokens per problem: one "
             "point per iteration; for majority vote MV@k (k = 1, 2, 4, ...) as the exact expectation over random "
             "k-subsets of its stored samples (ties between answers split evenly), at k samples' expected tokens. "
-            "The band is one standard error across problems. Per-point problem counts are in each run's section."
+            "The band is one standard error across problems. Per-point problem counts are in each run's section. "
+            "Tokens are those of every call the run stored, as the cost table counts them: a call that failed, was "
+            "cancelled, or failed and was asked again on resume is charged what the server generated for it."
         )
     )
     image, data = f"frontier_{slug}.png", f"frontier_{slug}.json"
