@@ -5,7 +5,8 @@ model's reasoning.
 
     .venv/bin/python benchmarks/baselines_equal_budget.py --out /tmp/bench-baselines
 
-Writes the sweep under --out, and copies the combined report's table and Pass@1-vs-tokens plot to docs/.
+Writes the sweep under --out, prints the combined report, and copies its accuracy-against-completion-tokens plot
+(the frontier) to docs/baselines_equal_budget_sim.png.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import json
 import random
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 from tmas.config import Budget, Settings
@@ -62,10 +64,17 @@ async def main() -> None:
         )
         await run_sweep(spec, settings, args.out / "sweep")
     written = await report_sweep(spec, args.out / "sweep", GradeConfig(mode="rules"), None)
-    for name, path in written.items():
-        if name.startswith("pass1_vs_tokens"):
-            shutil.copy(path, DOCS / "baselines_equal_budget_sim.png")
+    shutil.copy(frontier_plot(written), DOCS / "baselines_equal_budget_sim.png")
     print(written["markdown"])
+
+
+def frontier_plot(written: Mapping[str, Path]) -> Path:
+    """The combined report's frontier plot (``frontier_<benchmark>.png``) among the files it ``written``: the sweep
+    has one benchmark, so one plot."""
+    plots = [path for name, path in written.items() if name.startswith("frontier_") and name.endswith(".png")]
+    if len(plots) != 1:
+        raise SystemExit(f"baselines_equal_budget: the report wrote {len(plots)} frontier plots, not one")
+    return plots[0]
 
 
 if __name__ == "__main__":
