@@ -613,9 +613,9 @@ def _benchmark_tables(doc: Document, runs: list[RunEvaluation]) -> None:
             "tokens, "
             "where the server reports them. Cached prompt: the share of prompt tokens the server took from its prompt "
             "cache instead of computing them, as it reported them (0 where it did not). Per problem: over the problems "
-            "the run started. Completion tokens/problem is what the frontier and the equal-budget table count, "
-            "which read the iteration records: those leave out failed attempts asked again and the calls of an "
-            "iteration a problem has not finished yet; "
+            "the run started. Completion tokens/problem is what the frontier, the equal-budget table and the budget "
+            "table count, over the same calls (failed attempts asked again included; a problem still mid-way counts "
+            "there only the iterations it finished); "
             "prompt + completion tokens/problem is what a hosted API bills."
         )
     )
