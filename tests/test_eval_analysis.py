@@ -56,6 +56,35 @@ def test_score_dynamics_groups_and_test() -> None:
     assert d.u_statistic == pytest.approx(4.0) and d.p_value is not None and 0 < d.p_value <= 1
 
 
+def test_score_dynamics_reads_the_verifiers_scores_not_the_selection_rule() -> None:
+    # B.4 compares the verification scores of ever- and never-correct problems. A candidate's stored score is the
+    # method's selection score: 0 by rule for a failed call or an answerless reply, and 0 for an unreadable
+    # verification. The analysis reads what the verifiers gave instead.
+    def verified(index: int, answer: str | None, scores: list[float | None], score: float) -> dict[str, Any]:
+        meta = {"verifications": [{"score": s} for s in scores]}
+        return {"index": index, "answer": answer, "score": score, "meta": meta}
+
+    never = [
+        verified(0, "2", [1.0, 1.0], 1.0),  # verifiers 1.0, 1.0 -> 1.0
+        verified(1, None, [1.0, 0.5], 0.0),  # answerless, scored 0 by rule; verifiers 1.0, 0.5 -> 0.75
+        verified(2, "2", [0.5, None], 0.25),  # one verification unreadable (0 in the selection score) -> 0.5
+        {"index": 3, "answer": None, "score": 0.0, "error": "timeout"},  # never verified: no verification score
+        {"index": 4, "answer": None, "score": 0.0, "meta": {"unverified": True}},  # empty reply: not verified
+    ]
+    ever = [verified(0, "1", [0.5, 0.0], 0.25)]  # right, verifiers 0.5, 0.0 -> 0.25
+    results = [
+        {"problem_id": "n1", "iterations": [{"iteration": 0, "candidates": never, "selected": None}]},
+        {"problem_id": "e1", "iterations": [{"iteration": 0, "candidates": ever, "selected": None}]},
+    ]
+    d = score_dynamics(as_results(results), _grades(results))
+    assert d.ever_correct == ["e1"] and d.never_correct == ["n1"]
+    # n1: (1.0 + 0.75 + 0.5) / 3 = 0.75 over the three verified candidates (the stored scores would give
+    # (1.0 + 0 + 0.25 + 0 + 0) / 5 = 0.25). e1: 0.25. Delta(wrong - correct) = 0.75 - 0.25 = 0.5.
+    assert d.per_problem == pytest.approx({"n1": 0.75, "e1": 0.25})
+    assert d.never_by_iteration == pytest.approx([0.75]) and d.ever_by_iteration == pytest.approx([0.25])
+    assert d.delta == pytest.approx(0.5)
+
+
 def test_score_dynamics_without_scores_says_so() -> None:
     results = [_result("a", [[0.5]], [[True]])]
     results[0]["iterations"][0]["candidates"][0]["score"] = None

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from tmas.grading.grades import Grades
 from tmas.methods.state import BankState
 from tmas.reports.metrics import RunMetrics
-from tmas.store.records import IterationRecord, ProblemResult
+from tmas.store.records import Candidate, IterationRecord, ProblemResult
 
 
 # ------------------------------------------------------------------------------------------ B.4
@@ -27,7 +27,7 @@ class ScoreDynamics:
     reason: str = ""
     ever_correct: list[str] = field(default_factory=list)
     never_correct: list[str] = field(default_factory=list)
-    # Per iteration: group mean of the problems' mean candidate score (None where the group has no scores).
+    # Per iteration: group mean of the problems' mean verification score (None where the group has no scores).
     ever_by_iteration: list[float | None] = field(default_factory=list)
     never_by_iteration: list[float | None] = field(default_factory=list)
     per_problem: dict[str, float] = field(default_factory=dict)
@@ -39,7 +39,23 @@ class ScoreDynamics:
     p_value: float | None = None
 
 
+def verification_score(cand: Candidate) -> float | None:
+    """What the verifiers gave a candidate: the mean of its readable verification scores; None when it was never
+    verified (its call failed, its reply was empty) or no verification of it could be read. Not ``cand.score``,
+    which is the method's selection score: 0 by rule for a failed call or, in numeric mode, a reply without an
+    answer, and with each unreadable verification counted 0. A candidate without verification records (a run
+    stored before they were kept) reads its stored score."""
+    if cand.error is not None or cand.meta.unverified:
+        return None
+    if cand.meta.verifications is None:
+        return cand.score
+    read = [v.score for v in cand.meta.verifications if v.score is not None]
+    return statistics.fmean(read) if read else None
+
+
 def score_dynamics(results: list[ProblemResult], grades: Grades) -> ScoreDynamics:
+    """B.4: per problem, the mean verification score (:func:`verification_score`) over all its iterations and
+    rollouts, ever-correct problems (a rollout right in at least half of the judge runs) against never-correct."""
     graded_ids = {key[0] for key in grades.verdicts}
     scores: dict[str, dict[int, list[float]]] = {}
     ever: dict[str, bool] = {}
@@ -50,8 +66,9 @@ def score_dynamics(results: list[ProblemResult], grades: Grades) -> ScoreDynamic
             it = record.iteration
             for cand in record.candidates:
                 ever[pid] = ever[pid] or grades.majority_correct((pid, it, cand.index))
-                if cand.score is not None:
-                    scores.setdefault(pid, {}).setdefault(it, []).append(cand.score)
+                score = verification_score(cand)
+                if score is not None:
+                    scores.setdefault(pid, {}).setdefault(it, []).append(score)
     if not scores:
         return ScoreDynamics(False, "the method records no candidate scores (e.g. no verifier)")
     out = ScoreDynamics(True)
