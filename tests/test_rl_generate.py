@@ -67,3 +67,26 @@ def test_rollout_speed_benchmark_runs_both_engines(tmp_path: Path, monkeypatch: 
     assert report["settings"]["groups"] == 2 and report["device"] == "cpu"
     with pytest.raises(SystemExit, match="fewer than --groups 3"):
         bench.main([*args[:4], "--groups", "3", "--dtype", "float32"])
+
+
+def test_a_completion_inside_a_think_block_its_prompt_opened_reads_with_the_tag() -> None:
+    pytest.importorskip("transformers")
+    from tmas.rl.hf_generate import GenerationSettings, generate, template_opens_think
+    from tmas.rl.scoring import completion_answer
+    from tmas.rl.tiny import CHAT_TEMPLATE, tiny_model, tiny_tokenizer
+
+    # The tiny model knows "\boxed{", "391" and "}" and nothing of "</think>": greedy or sampled, it never closes
+    # the think block its prompt opened (Qwen3-4B-Thinking-2507's template ends the prompt with "<think>").
+    tokenizer = tiny_tokenizer(["\\boxed{", "391", "}", "What is 17*23?"])
+    model = tiny_model(len(tokenizer))
+    conversations = [[{"role": "user", "content": "What is 17*23?"}]]
+    settings = GenerationSettings(max_new_tokens=8, temperature=1.0, seed=3)
+    assert not template_opens_think(tokenizer)
+    [plain] = generate(model, tokenizer, conversations, settings)
+    assert not plain.text.startswith("<think>")
+    tokenizer.chat_template = CHAT_TEMPLATE.replace("assistant\n{% endif %}", "assistant\n<think>\n{% endif %}")
+    assert template_opens_think(tokenizer)
+    [opened] = generate(model, tokenizer, conversations, settings)
+    # The text the model wrote, read as written after the opened tag: all thinking, so no answer whatever it boxed.
+    assert opened.text.startswith("<think>") and "</think>" not in opened.text
+    assert completion_answer(opened.text) is None

@@ -163,6 +163,21 @@ def test_a_box_in_the_thinking_is_no_answer() -> None:
     assert normal("<think>17*23: maybe \\boxed{391}, but first check 17*20 = 340, and") == -1.0
 
 
+def test_a_completion_that_starts_inside_an_opened_think_block() -> None:
+    # Qwen3-4B-Thinking-2507's chat template ends the prompt with "<think>", so a completion holds only the closing
+    # tag, and one cut while it thinks holds no tag at all: the box in it is a step of the work, not a final answer.
+    def normal(completion: str, think_opened: bool) -> float:
+        rollout = RolloutInput(task="normal", group="g", question="q", ground_truth="391", completion=completion)
+        return score_rollouts([rollout], think_opened=think_opened)[0].reward
+
+    cut = "17*23: maybe \\boxed{391}, but first check 17*20 = 340, and"
+    assert normal(cut, think_opened=True) == -1.0  # no final answer (standard correctness reward: -1)
+    assert normal(cut, think_opened=False) == 1.0  # a model that does not think: its last box is its answer
+    # Finished: the answer after </think> is graded, as without the flag.
+    assert normal("Maybe \\boxed{392}.</think>\n\nSo \\boxed{391}.", think_opened=True) == 1.0
+    assert normal("<think>Maybe \\boxed{391}.</think>\n\nIt is 392.", think_opened=True) == -1.0
+
+
 def test_exploration_without_a_judge_is_an_error() -> None:
     with pytest.raises(ValueError, match="guideline judge"):
         score_rollouts([explore("\\boxed{391}")])

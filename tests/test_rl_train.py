@@ -336,6 +336,33 @@ def test_experience_beta_reaches_the_reward(tmp_path: Path) -> None:
     assert TrainOptions(output_dir=tmp_path).experience_beta == 0.6
 
 
+def test_the_reward_reads_completions_as_the_policy_template_opens_them(tmp_path: Path) -> None:
+    pytest.importorskip("trl")
+    from tmas.rl.tiny import CHAT_TEMPLATE, tiny_tokenizer
+    from tmas.rl.trl_train import TrainOptions, reward_for
+
+    # A template that opens the think block in the prompt (as Qwen3-4B-Thinking-2507's does): TRL's completions then
+    # start inside it, and one cut while it thinks, boxing a guess on the way, has no final answer: reward -1.
+    thinking = tiny_tokenizer(["x"])
+    thinking.chat_template = CHAT_TEMPLATE.replace("assistant\n{% endif %}", "assistant\n<think>\n{% endif %}")
+    rows = [row("normal", "p1")] * 2
+    columns = {"extra_info": [r["extra_info"] for r in rows], "reward_model": [r["reward_model"] for r in rows]}
+    completions = ["17*23: maybe \\boxed{391}, then check 17*20 = 340 and", "17*23 = 391.</think>\n\n\\boxed{391}"]
+    options = TrainOptions(output_dir=tmp_path)
+    correctness = reward_for(options, None, tokenizer=thinking).function("normal")
+    assert correctness([r["prompt"] for r in rows], completions, **columns) == [-1.0, 1.0]
+    # A template that does not open it: the cut completion's box is its answer.
+    plain = reward_for(options, None, tokenizer=tiny_tokenizer(["x"])).function("normal")
+    assert plain([r["prompt"] for r in rows], completions, **columns) == [1.0, 1.0]
+    # Conversational completions, the thinking parsed out by a tokenizer's response template (the finished one)
+    # or left in the content (the cut one, which has no </think> to parse at): read the same.
+    messages = [
+        [{"role": "assistant", "content": completions[0]}],
+        [{"role": "assistant", "reasoning_content": "17*23 = 391.", "content": "\\boxed{391}"}],
+    ]
+    assert correctness([r["prompt"] for r in rows], messages, **columns) == [-1.0, 1.0]
+
+
 # ------------------------------------------------------------------------------------------ logs and LoRA
 def test_step_components_and_resume_trimming(tmp_path: Path) -> None:
     from tmas.rl.scoring import RewardBreakdown

@@ -127,6 +127,19 @@ def test_foreign_rows_keep_verls_own_groups() -> None:
     assert all("uid" not in s for s in scores)  # a uid on some rows only would not line up with verl's
 
 
+def test_think_opened_reads_responses_as_starting_inside_the_think_block() -> None:
+    # Qwen3-4B-Thinking-2507's template opens <think> in the prompt, so verl's decoded responses hold only the
+    # closing tag, and one cut while it thinks none: with the think_opened reward kwarg its box is no answer (-1), on
+    # our rows and on a foreign data set's alike; an answer after </think> is graded as before.
+    cut, done = "maybe \\boxed{391}, then 17*20 = 340 and", "so 391.</think>\n\n\\boxed{391}"
+    normal = {**info("base"), "task": "normal", "variant": None}
+    args = (["tmas/normal", "tmas/normal"], [cut, done], ["391", "391"], [normal, normal])
+    assert [s["score"] for s in verl_reward.compute_score_batch(*args, think_opened=True)] == [-1.0, 1.0]
+    assert [s["score"] for s in verl_reward.compute_score_batch(*args)] == [1.0, 1.0]
+    assert verl_reward.compute_score("gsm8k", cut, "391", None, think_opened=True) == -1.0
+    assert verl_reward.compute_score("gsm8k", done, "391", None, think_opened=True) == 1.0
+
+
 async def test_no_batch_boundary_raises(sim: SimServer, tmp_path: Path) -> None:
     problems = [
         Problem(problem_id="p1", question=Q, answer="391"),

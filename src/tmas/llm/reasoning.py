@@ -8,6 +8,8 @@ from typing import Any
 
 from tmas.llm.types import Reasoning, TokenLogprob
 
+# The tag that opens a think block in a reply (or, in some chat templates, at the end of the prompt).
+THINK_OPEN = "<think>"
 _THINK = re.compile(r"<think>(.*?)</think>", re.S)
 # How much of an answer's opening text finds where its tokens begin.
 _ANSWER_HEAD_CHARS = 64

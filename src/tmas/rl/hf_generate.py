@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from tmas.llm.reasoning import THINK_OPEN
+
 
 class GenerationSettings(BaseModel):
     # 0 decodes greedily; above 0 samples with top_p.
@@ -55,6 +57,18 @@ def render(tokenizer: Any, conversation: Sequence[dict[str, str]]) -> str:
     return str(tokenizer.apply_chat_template(list(conversation), add_generation_prompt=True, tokenize=False))
 
 
+def template_opens_think(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template ends its generation prompt inside an opened think block
+    (Qwen3-*-Thinking-2507, DeepSeek-R1 distills): the model's completions then start with its thinking and hold
+    only the closing ``</think>``, and one cut before it holds no tag at all."""
+    return opens_think(render(tokenizer, [{"role": "user", "content": "?"}]))
+
+
+def opens_think(prompt: str) -> bool:
+    """Whether a rendered prompt ends inside a think block it opened."""
+    return prompt.rstrip().endswith(THINK_OPEN)
+
+
 def generate(
     model: Any, tokenizer: Any, conversations: Sequence[Sequence[dict[str, str]]], settings: GenerationSettings
 ) -> list[Completion]:
@@ -65,7 +79,13 @@ def generate(
         rows = generate_continuous(model, tokenizer, texts, settings, stops)
     else:
         rows = generate_padded(model, tokenizer, texts, settings, stops)
-    return [completion(tokenizer, row, stops, settings.max_new_tokens) for row in rows]
+    out = [completion(tokenizer, row, stops, settings.max_new_tokens) for row in rows]
+    # A completion that starts inside a think block its prompt opened reads as the model wrote it: with the opening
+    # tag, so a completion cut while it thinks is thinking, not an answer (tmas.rl.scoring.completion_answer).
+    for text, done in zip(texts, out, strict=True):
+        if opens_think(text) and THINK_OPEN not in done.text:
+            done.text = THINK_OPEN + done.text
+    return out
 
 
 def completion(tokenizer: Any, row: Sequence[int], stops: Sequence[int], max_new_tokens: int) -> Completion:

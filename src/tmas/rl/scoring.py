@@ -20,7 +20,7 @@ from tmas.answers import final_boxed
 from tmas.grading.grades import Item
 from tmas.grading.registry import grader_named
 from tmas.grading.rules import RULES
-from tmas.llm.reasoning import split_reasoning
+from tmas.llm.reasoning import THINK_OPEN, split_reasoning
 from tmas.problems import Problem
 from tmas.rl.rewards import (
     DEFAULT_BETA,
@@ -71,21 +71,28 @@ class RewardBreakdown(BaseModel):
     group_note: str | None = None
 
 
-def completion_answer(completion: str) -> str | None:
+def completion_answer(completion: str, *, think_opened: bool = False) -> str | None:
     """A completion's final answer: its final boxed answer (:func:`tmas.answers.final_boxed`: the last box, with the
     boxes joined to it by "or", "and" or commas, so "\\boxed{4} or \\boxed{3}" offers both and is no answer of 3)
     in what it says after its thinking. A box in the thinking is a step of the work, not the answer: a completion that
     closes its thinking without boxing an answer has none, and one cut inside a think block it opened (no
-    ``</think>``) has none either."""
+    ``</think>``) has none either.
+
+    ``think_opened``: the prompt's chat template opened the think block (Qwen3-*-Thinking-2507, DeepSeek-R1
+    distills), so the completion starts inside it: all of it is thinking until its ``</think>``, and one cut before
+    that tag, which then holds no tag at all, has no answer."""
+    if think_opened and THINK_OPEN not in completion:
+        completion = THINK_OPEN + completion
     content, _ = split_reasoning(completion)
     return final_boxed(content) or None
 
 
-def is_correct(completion: str, ground_truth: str, *, question: str = "") -> bool:
+def is_correct(completion: str, ground_truth: str, *, question: str = "", think_opened: bool = False) -> bool:
     """Whether a completion's final answer (:func:`completion_answer`) is right; a reward is never given for an
     answer the rules cannot confirm."""
     problem = Problem(problem_id="rollout", question=question, answer=ground_truth)
-    item = Item(("rollout", 0, 0), problem, completion_answer(completion), completion)
+    answer = completion_answer(completion, think_opened=think_opened)
+    item = Item(("rollout", 0, 0), problem, answer, completion)
     return grader_named(RULES).grade_one(item) is True
 
 
@@ -111,11 +118,15 @@ def score_rollouts(
     *,
     beta: float = DEFAULT_BETA,
     partial_groups: bool = False,
+    think_opened: bool = False,
 ) -> list[RewardBreakdown]:
     """The hybrid reward of every rollout, in order. A group whose halves are not equal is an error unless
     ``partial_groups`` (verl, where a batch boundary can cut a group): then p_base comes from the Base rollouts
-    present, a group with none gets plain correctness, and ``group_note`` says so."""
-    correct = [is_correct(r.completion, r.ground_truth, question=r.question) for r in rollouts]
+    present, a group with none gets plain correctness, and ``group_note`` says so. ``think_opened``: the policy's
+    chat template opens the think block in the prompt (see :func:`completion_answer`)."""
+    correct = [
+        is_correct(r.completion, r.ground_truth, question=r.question, think_opened=think_opened) for r in rollouts
+    ]
     out: list[RewardBreakdown | None] = [None] * len(rollouts)
 
     # Eq. 8, one prompt group at a time.

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tmas.llm.reasoning import THINK_OPEN
 from tmas.rl.rewards import DEFAULT_BETA
 from tmas.rl.scoring import NoveltyJudge, RewardBreakdown, RolloutInput, Task, rollout_from_example, score_rollouts
 
@@ -21,21 +22,37 @@ RewardFunc = Callable[..., list[float | None]]
 
 
 def completion_text(completion: Any) -> str:
-    """TRL passes a completion as text, or (conversational data) as a list of messages."""
+    """TRL passes a completion as text, or (conversational data) as a list of messages. A message whose thinking TRL
+    parsed out (a tokenizer with a response template: ``reasoning_content``) reads as the model wrote it, the
+    thinking in its think block, so that the answer is still what follows ``</think>``."""
     if isinstance(completion, str):
         return completion
     if isinstance(completion, list):
-        return "".join(str(m.get("content") or "") for m in completion if isinstance(m, dict))
+        return "".join(_message_text(m) for m in completion if isinstance(m, dict))
     raise TypeError(f"unexpected completion of type {type(completion).__name__}")
+
+
+def _message_text(message: dict[str, Any]) -> str:
+    content = str(message.get("content") or "")
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    return f"{THINK_OPEN}{reasoning}</think>\n\n{content}" if reasoning else content
 
 
 class HybridReward:
     def __init__(
-        self, judge: NoveltyJudge | None = None, *, beta: float = DEFAULT_BETA, log_path: Path | None = None
+        self,
+        judge: NoveltyJudge | None = None,
+        *,
+        beta: float = DEFAULT_BETA,
+        log_path: Path | None = None,
+        think_opened: bool = False,
     ) -> None:
         self.judge = judge
         self.beta = beta
         self.log_path = log_path
+        # The policy's chat template opens the think block in the prompt: a completion is thinking until its
+        # </think> (tmas.rl.scoring.completion_answer).
+        self.think_opened = think_opened
         self._last: tuple[tuple[str, ...], list[RewardBreakdown]] | None = None
         # Every rollout scored since the last drain() (the per-step log's share).
         self._pending: list[RewardBreakdown] = []
@@ -55,7 +72,7 @@ class HybridReward:
         key = (str(step), *(f"{r.group}\x1f{r.variant}\x1f{r.completion}" for r in rollouts))
         if self._last is not None and self._last[0] == key:
             return self._last[1]
-        scored = score_rollouts(rollouts, self.judge, beta=self.beta)
+        scored = score_rollouts(rollouts, self.judge, beta=self.beta, think_opened=self.think_opened)
         self._last = (key, scored)
         self._pending.extend(scored)
         if self.log_path is not None:

@@ -31,7 +31,7 @@ from tmas.llm.weights import resolve_model
 from tmas.rl.checkpoints import checkpoint_step
 from tmas.rl.data import COLUMNS
 from tmas.rl.dynamic_sampling import choose_groups, group_rows, groups_with_spread, keep_rows
-from tmas.rl.hf_generate import continuous_batching_options, stop_ids
+from tmas.rl.hf_generate import continuous_batching_options, stop_ids, template_opens_think
 from tmas.rl.plot import plot_steps
 from tmas.rl.sampler import PromptGroupSampler, prompt_groups
 from tmas.rl.scoring import TASKS, NoveltyJudge
@@ -219,9 +219,14 @@ def check_group_alignment(config: GRPOConfig) -> None:
         )
 
 
-def reward_for(options: TrainOptions, judge: NoveltyJudge | None, log_path: Path | None = None) -> HybridReward:
-    """The hybrid reward the options ask for (eq. 8's beta is ``experience_beta``)."""
-    return HybridReward(judge, beta=options.experience_beta, log_path=log_path)
+def reward_for(
+    options: TrainOptions, judge: NoveltyJudge | None, log_path: Path | None = None, *, tokenizer: Any = None
+) -> HybridReward:
+    """The hybrid reward the options ask for (eq. 8's beta is ``experience_beta``), reading completions as the
+    policy's ``tokenizer`` writes their prompts: where its chat template opens the think block, a completion is
+    thinking until its ``</think>``, and one cut before it has no answer."""
+    opened = tokenizer is not None and template_opens_think(tokenizer)
+    return HybridReward(judge, beta=options.experience_beta, log_path=log_path, think_opened=opened)
 
 
 def lora_config(options: TrainOptions) -> Any:
@@ -378,7 +383,7 @@ def train_policy(
     policy, tokenizer = load_policy(model_spec, dataset, options.dtype)
     if options.lora_rank:
         record_base(out, model_spec, policy, tokenizer)
-    reward = reward_for(options, judge, out / REWARDS_FILE)
+    reward = reward_for(options, judge, out / REWARDS_FILE, tokenizer=tokenizer)
     trainer = build_trainer(policy, tokenizer, dataset, options, reward)
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 

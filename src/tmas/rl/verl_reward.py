@@ -57,6 +57,7 @@ def compute_score_batch(
     tmas_config: str | None = None,
     judge_store: str | None = None,
     group_uid: bool = True,
+    think_opened: bool = False,
     **_: Any,
 ) -> list[dict[str, Any]]:
     """One dict per rollout, keys :data:`SCORE_KEYS`: ``score`` (the hybrid reward), ``uid`` (the prompt group, for
@@ -66,7 +67,11 @@ def compute_score_batch(
 
     ``group_uid=False`` leaves ``uid`` out, so verl keeps its own per-row groups (the bonus then has no effect on
     the advantages: see docs/rl.md). A batch holding rows that are not from ``tmas rl build-data`` also leaves it
-    out: such rows have no group, and a uid for some rows only would not line up."""
+    out: such rows have no group, and a uid for some rows only would not line up.
+
+    ``think_opened`` (a reward kwarg): the policy's chat template opens the think block in the prompt
+    (Qwen3-4B-Thinking-2507's does), so verl's responses start inside it; a response is then thinking until its
+    ``</think>``, and one cut before it has no answer (:func:`tmas.rl.scoring.completion_answer`)."""
     ours = [_is_ours(info) for info in extra_infos]
     rollouts = [
         rollout_from_example(dict(info), str(truth), solution)
@@ -75,7 +80,7 @@ def compute_score_batch(
     ]
     needs_judge = any(r.task == "guideline" for r in rollouts)
     judge = _judge(tmas_config, judge_store) if needs_judge else None
-    scored = iter(score_rollouts(rollouts, judge, beta=beta, partial_groups=True))
+    scored = iter(score_rollouts(rollouts, judge, beta=beta, partial_groups=True, think_opened=think_opened))
     with_uid = group_uid and all(ours)
     out: list[dict[str, Any]] = []
     for solution, truth, mine in zip(solution_strs, ground_truths, ours, strict=True):
@@ -92,7 +97,7 @@ def compute_score_batch(
             }
         else:
             # A row from another data set: the standard correctness reward.
-            ok = is_correct(solution, str(truth))
+            ok = is_correct(solution, str(truth), think_opened=think_opened)
             row = {"score": correctness_reward(ok), "uid": "", "correct": int(ok), "p_base": -1.0}
             row.update(group_incomplete=0, novel=0, judge_unusable=0)
         if not with_uid:
@@ -109,7 +114,8 @@ def compute_score(
     **kwargs: Any,
 ) -> float:
     if not _is_ours(extra_info):
-        return correctness_reward(is_correct(solution_str, str(ground_truth)))
+        opened = bool(kwargs.get("think_opened", False))
+        return correctness_reward(is_correct(solution_str, str(ground_truth), think_opened=opened))
     assert extra_info is not None
     info = dict(extra_info)
     if info["task"] == "experience":
