@@ -10,7 +10,7 @@ from stored_records import as_results
 from tmas.answer_classes import value_key
 from tmas.answers import normalize_answer
 from tmas.grading.grades import SELECTED, Grades
-from tmas.reports.metrics import compute_metrics, pass_at_1, vote_share
+from tmas.reports.metrics import compute_metrics, pass_at_1, pass_at_1_stderr, vote_share
 
 
 def test_pass_at_1_by_hand() -> None:
@@ -21,6 +21,10 @@ def test_pass_at_1_by_hand() -> None:
         "p2": [[True, False], [False, False]],
     }
     assert pass_at_1(labels) == pytest.approx(0.4375)
+    # Its standard error across problems: p_1 = (0.5 + 0.75) / 2 = 0.625 and p_2 = (0.5 + 0) / 2 = 0.25 (each
+    # problem's share averaged over the judge runs), mean 0.4375; deviations +-0.1875, sample variance
+    # 2 * 0.1875^2 / (2 - 1), so s = 0.1875 * sqrt(2) and SE = s / sqrt(2) = 0.1875.
+    assert pass_at_1_stderr(labels) == pytest.approx(0.1875)
     # Per problem shares, not pooled rollouts: pooling would give (2+1)/6 = 0.5 in run 0 too, but not in run 1.
     assert pass_at_1({"p1": [[True, False, False, False]], "p2": [[True, True]]}) == pytest.approx(0.625)
     assert pass_at_1({"p": [[]]}) == 0.0
