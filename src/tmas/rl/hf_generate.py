@@ -60,7 +60,10 @@ def render(tokenizer: Any, conversation: Sequence[dict[str, str]]) -> str:
 def template_opens_think(tokenizer: Any) -> bool:
     """Whether the tokenizer's chat template ends its generation prompt inside an opened think block
     (Qwen3-*-Thinking-2507, DeepSeek-R1 distills): the model's completions then start with its thinking and hold
-    only the closing ``</think>``, and one cut before it holds no tag at all."""
+    only the closing ``</think>``, and one cut before it holds no tag at all. A tokenizer without a chat template
+    opens none."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        return False
     return opens_think(render(tokenizer, [{"role": "user", "content": "?"}]))
 
 
