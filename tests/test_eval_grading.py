@@ -199,6 +199,13 @@ def test_huge_numbers_are_compared_by_value() -> None:
     assert check_pair("60\\%", "60").correct is True
 
 
+def test_a_comparison_that_runs_out_of_time_is_undecided_not_different() -> None:
+    # Math-Verify answers "not equal" for a comparison it stopped at its time limit: that read as "different numbers".
+    verdict = check_pair("2", "10^{10^{10}} - 10^{10^{10}} + 2", timeout_s=1)
+    assert verdict.correct is None
+    assert verdict.detail == "math-verify: timed out comparing (over 1 s)"
+
+
 def test_exact_values_of_parsed_numbers() -> None:
     from sympy import Integer, Pow, Rational, binomial, factorial, pi, sqrt
 

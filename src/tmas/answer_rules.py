@@ -141,7 +141,7 @@ def check_pair(gold: str, pred: str, timeout_s: int | None = 5, any_order: bool 
     if normalize_answer(gold) == normalize_answer(pred):
         return RuleVerdict(True, "same answer")
     try:
-        from math_verify import parse, verify
+        from math_verify import parse
     except ImportError:  # pragma: no cover - surfaced by the pool's owner
         return RuleVerdict(None, "math-verify not installed")
     if _PROSE.search(_clean(gold)):
@@ -165,9 +165,12 @@ def check_pair(gold: str, pred: str, timeout_s: int | None = 5, any_order: bool 
     if _is_number(gold_parsed[0]) and (len(offered) > 1 or _several_numbers(pred_parsed[0])):
         return RuleVerdict(False, "several different answers where the reference is one number")
     try:
-        equal = bool(verify(gold_parsed, pred_parsed, timeout_seconds=timeout_s))
+        shown = _verify(gold_parsed, pred_parsed, timeout_s)
     except Exception as exc:
         return RuleVerdict(None, f"verify error: {type(exc).__name__}")
+    if shown is None:
+        return RuleVerdict(None, f"math-verify: timed out comparing (over {timeout_s} s)")
+    equal = shown
     if equal and _values_differ(gold, pred, gold_parsed[0], pred_parsed[0]):
         return RuleVerdict(False, "the values differ (math-verify rounded their difference away)")
     if equal and not any_order and not _same_order(gold, gold_parsed[0], pred_parsed, timeout_s):
@@ -183,6 +186,26 @@ def check_pair(gold: str, pred: str, timeout_s: int | None = 5, any_order: bool 
     return RuleVerdict(None, "math-verify: not shown equivalent (non-numeric)")
 
 
+def _verify(gold_parsed: list[Any], pred_parsed: list[Any], timeout_s: int | None) -> bool | None:
+    """Math-Verify's ``verify``: whether some reading of the reference equals some reading of the answer; None where
+    none was shown equal and a comparison ran out of time. Its own ``verify`` answers False for a comparison that
+    timed out ("10^{10^{10}} - 10^{10^{10}} + 2" against 2), which would pass as "different"."""
+    from math_verify import verify
+    from math_verify.errors import TimeoutException
+
+    timed_out = False
+    for gold in gold_parsed:
+        for pred in pred_parsed:
+            try:
+                if verify([gold], [pred], timeout_seconds=timeout_s, raise_on_error=True):
+                    return True
+            except TimeoutException:
+                timed_out = True
+            except Exception:  # as Math-Verify's own: a reading that cannot be compared is not shown equal
+                continue
+    return None if timed_out else False
+
+
 def _is_number(value: Any) -> bool:
     return bool(getattr(value, "is_number", False)) and not getattr(value, "free_symbols", None)
 
@@ -191,7 +214,7 @@ def _distinct(offered: list[str], timeout_s: int | None) -> list[str]:
     """``offered`` less the alternatives Math-Verify shows equal to an earlier one ("3 (or 6/2)" offers one answer)."""
     if len(offered) < 2:
         return offered
-    from math_verify import parse, verify
+    from math_verify import parse
 
     kept: list[tuple[str, Any]] = []
     for piece in offered:
@@ -199,8 +222,8 @@ def _distinct(offered: list[str], timeout_s: int | None) -> list[str]:
         if not parsed:
             return offered
         same = (
-            verify(k, parsed, timeout_seconds=timeout_s)
-            and verify(parsed, k, timeout_seconds=timeout_s)
+            _verify(k, parsed, timeout_s) is True
+            and _verify(parsed, k, timeout_s) is True
             and not _values_differ(other, piece, k[0], parsed[0])
             for other, k in kept
         )
@@ -220,7 +243,6 @@ def _same_order(gold: str, gold_value: Any, pred_parsed: list[Any], timeout_s: i
     each item as often. Math-Verify reads a bare list as a set, but whether it is one ("all solutions: 1, 2, 3") or a
     sequence ("x, y: 1, 2", "the answers for p = 5 and p = 7") is for the problem to say: "3, 2, 1" may be right or
     wrong. A reference that is not a bare list of several items (a number, a tuple, a set in braces) passes."""
-    from math_verify import verify
     from sympy import FiniteSet, Tuple
 
     # Math-Verify's sets keep the items in their written order.
@@ -231,7 +253,7 @@ def _same_order(gold: str, gold_value: Any, pred_parsed: list[Any], timeout_s: i
         return True
 
     try:
-        return bool(verify([Tuple(*unsorted)], pred_parsed, timeout_seconds=timeout_s))
+        return _verify([Tuple(*unsorted)], pred_parsed, timeout_s) is True
     except Exception:  # as in check_pair: an error is "cannot tell", so the order is not shown the same
         return False
 
