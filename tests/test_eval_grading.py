@@ -199,6 +199,21 @@ def test_huge_numbers_are_compared_by_value() -> None:
     assert check_pair("60\\%", "60").correct is True
 
 
+def test_letters_ending_an_expression_are_unknowns_not_units() -> None:
+    # Math-Verify drops letters it takes for a unit: it read "2-2m" as 2-2, so 0 "equalled" the reference 2-2m.
+    assert check_pair("$2-2m$", "0").correct is not True
+    assert check_pair("$2-2m$", "2-2d").correct is not True
+    assert check_pair("2 - 2 \\cdot m", "2").correct is not True
+    assert check_pair("0", "2-2m").correct is not True
+    assert check_pair("$2-2m$", "-2m+2").correct is True
+    assert check_pair("$2-2m$", "2(1-m)").correct is True
+    assert check_pair("3s", "3").correct is not True
+    # After a number alone, against a numeric reference, they are still a unit.
+    assert check_pair("12", "12 cm").correct is True
+    assert check_pair("3", "3 m").correct is True
+    assert check_pair("\\frac{1}{2}", "\\frac{1}{2} m").correct is True
+
+
 def test_a_comparison_that_runs_out_of_time_is_undecided_not_different() -> None:
     # Math-Verify answers "not equal" for a comparison it stopped at its time limit: that read as "different numbers".
     verdict = check_pair("2", "10^{10^{10}} - 10^{10^{10}} + 2", timeout_s=1)

@@ -76,6 +76,14 @@ _ASKS_FOR_ALL = re.compile(r"\b(?:find|determine|list|compute|give|state|what\s+
 _LIST_SEPARATOR = re.compile(r"(?<!\{)[,;]")
 # A set written in braces ("\\{1, 2\\}", "\\left\\{ 1, 2 \\right\\}"): its items have no order.
 _SET_BRACES = re.compile(r"(?:\\left\s*)?\\\{")
+# Letters ending an answer, after a digit, a brace or a space (not a command's name, "\\pi"): what Math-Verify may take
+# for a unit and drop.
+_TRAILING_LETTERS = re.compile(r"(?<=[\d}\s])[A-Za-z]+(?=\s*$)")
+# A number alone, once the commands a number is written with are gone: digits, separators, braces, a sign first.
+_QUANTITY_COMMANDS = re.compile(r"\\(?:[dt]?frac|sqrt|[,;:! ])")
+_PLAIN_QUANTITY = re.compile(r"[+-]?[\d.,{}\s]+")
+# A letter outside a command's name.
+_BARE_LETTER = re.compile(r"(?<![\\A-Za-z])[A-Za-z]")
 # Bounds on the numbers the exact check builds: beyond them it leaves the verdict to Math-Verify.
 _MAX_EXACT_BITS = 1 << 22
 _MAX_EXACT_ARGUMENT = 100_000
@@ -98,9 +106,26 @@ def _latex_root(match: re.Match[str]) -> str:
     return "\\sqrt{" + radicand + "}"
 
 
-def _wrap(answer: str) -> str:
-    # Math-Verify extracts LaTeX from \boxed{} or $...$; boxing also copes with answers that contain '$'.
-    return "\\boxed{" + _clean(answer) + "}"
+def _wrap(answer: str, letters_are_unknowns: bool = True) -> str:
+    """``answer`` boxed for Math-Verify (it extracts LaTeX from \\boxed{} or $...$; boxing also copes with answers that
+    contain '$'). Math-Verify drops letters ending an answer that it takes for a unit ("2-2m" is read as 2-2, "3s" as
+    3): letters that end an expression ("2-2m", "2 \\cdot m") or any answer where ``letters_are_unknowns`` are kept as
+    unknowns; after a plain number ("5 m", "12 cm" against a numeric reference) they stay a unit."""
+    text = _clean(answer)
+    tail = _TRAILING_LETTERS.search(text)
+    if tail is not None and (letters_are_unknowns or not _plain_quantity(text[: tail.start()])):
+        text = text[: tail.start()] + "{" + tail.group() + "}"
+    return "\\boxed{" + text + "}"
+
+
+def _plain_quantity(text: str) -> bool:
+    """Whether ``text`` is a number alone (digits, a fraction, a root, a sign first): what a unit may follow."""
+    return _PLAIN_QUANTITY.fullmatch(_QUANTITY_COMMANDS.sub("", text).strip()) is not None
+
+
+def _has_unknowns(answer: str) -> bool:
+    """Whether ``answer`` holds a letter outside LaTeX's commands and text: "2-2m", "x \\in [1,3)", not "\\pi/6"."""
+    return _BARE_LETTER.search(_TEXT_WRAPPER.sub("", _clean(answer))) is not None
 
 
 def alternatives(answer: str) -> list[str]:
@@ -154,8 +179,10 @@ def check_pair(gold: str, pred: str, timeout_s: int | None = 5, any_order: bool 
         )
     try:
         gold_parsed = parse(_wrap(gold), parsing_timeout=timeout_s)
-        offered = _distinct(alternatives(_clean(pred)), timeout_s)
-        pred_parsed = parse(_wrap(", ".join(offered)), parsing_timeout=timeout_s)
+        # Letters ending the answer are a unit only where the reference is a number ("12 cm" for 12).
+        unknowns = _has_unknowns(gold)
+        offered = _distinct(alternatives(_clean(pred)), timeout_s, unknowns)
+        pred_parsed = parse(_wrap(", ".join(offered), unknowns), parsing_timeout=timeout_s)
     except Exception as exc:  # Math-Verify raises on odd input; that is "cannot decide", not a crash
         return RuleVerdict(None, f"parse error: {type(exc).__name__}")
     if not gold_parsed:
@@ -210,7 +237,7 @@ def _is_number(value: Any) -> bool:
     return bool(getattr(value, "is_number", False)) and not getattr(value, "free_symbols", None)
 
 
-def _distinct(offered: list[str], timeout_s: int | None) -> list[str]:
+def _distinct(offered: list[str], timeout_s: int | None, letters_are_unknowns: bool = True) -> list[str]:
     """``offered`` less the alternatives Math-Verify shows equal to an earlier one ("3 (or 6/2)" offers one answer)."""
     if len(offered) < 2:
         return offered
@@ -218,7 +245,7 @@ def _distinct(offered: list[str], timeout_s: int | None) -> list[str]:
 
     kept: list[tuple[str, Any]] = []
     for piece in offered:
-        parsed = parse(_wrap(piece), parsing_timeout=timeout_s)
+        parsed = parse(_wrap(piece, letters_are_unknowns), parsing_timeout=timeout_s)
         if not parsed:
             return offered
         same = (
