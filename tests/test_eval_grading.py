@@ -214,6 +214,20 @@ def test_letters_ending_an_expression_are_unknowns_not_units() -> None:
     assert check_pair("\\frac{1}{2}", "\\frac{1}{2} m").correct is True
 
 
+def test_scientific_notation_against_a_number_is_not_eulers_number() -> None:
+    # Math-Verify read "1e-3" as e - 3 and "1e5" as 5e, so programs' spelling of a right number was graded wrong.
+    assert check_pair("0.001", "1e-3").correct is True
+    assert check_pair("100000", "1e5").correct is True
+    assert check_pair("0.000025", "2.5e-05").correct is True
+    assert check_pair("602000000000000000000000", "6.02e23").correct is True
+    assert check_pair("10^{70840}", "1e70840").correct is True
+    assert check_pair("\\frac{1}{3}", "3.33333e-1").correct is True  # rounded as its decimal spelling is
+    assert check_pair("0.000025", "2.5e-04").correct is False
+    assert check_pair("10^{70840}", "1e70841").correct is False
+    # Against a reference with letters, e is Euler's number.
+    assert check_pair("2e-1", "0.2").correct is not True
+
+
 def test_a_comparison_that_runs_out_of_time_is_undecided_not_different() -> None:
     # Math-Verify answers "not equal" for a comparison it stopped at its time limit: that read as "different numbers".
     verdict = check_pair("2", "10^{10^{10}} - 10^{10^{10}} + 2", timeout_s=1)

@@ -15,6 +15,7 @@ import multiprocessing
 import re
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from decimal import Decimal
 from fractions import Fraction
 from types import TracebackType
 from typing import Any
@@ -84,6 +85,10 @@ _QUANTITY_COMMANDS = re.compile(r"\\(?:[dt]?frac|sqrt|[,;:! ])")
 _PLAIN_QUANTITY = re.compile(r"[+-]?[\d.,{}\s]+")
 # A letter outside a command's name.
 _BARE_LETTER = re.compile(r"(?<![\\A-Za-z])[A-Za-z]")
+# A number in scientific notation as programs print it ("1e-05", "6.02e23"): Math-Verify reads a small "e" as Euler's.
+_SCIENTIFIC = re.compile(r"(?<![\w.\\])(\d+(?:\.\d+)?)e([+-]?\d+)(?![\w.])")
+# Scientific notation up to this power of ten is written out in digits.
+_MAX_WRITTEN_EXPONENT = 100
 # Bounds on the numbers the exact check builds: beyond them it leaves the verdict to Math-Verify.
 _MAX_EXACT_BITS = 1 << 22
 _MAX_EXACT_ARGUMENT = 100_000
@@ -110,12 +115,26 @@ def _wrap(answer: str, letters_are_unknowns: bool = True) -> str:
     """``answer`` boxed for Math-Verify (it extracts LaTeX from \\boxed{} or $...$; boxing also copes with answers that
     contain '$'). Math-Verify drops letters ending an answer that it takes for a unit ("2-2m" is read as 2-2, "3s" as
     3): letters that end an expression ("2-2m", "2 \\cdot m") or any answer where ``letters_are_unknowns`` are kept as
-    unknowns; after a plain number ("5 m", "12 cm" against a numeric reference) they stay a unit."""
+    unknowns; after a plain number ("5 m", "12 cm" against a numeric reference) they stay a unit. Where letters are
+    not unknowns (the reference is a number), "1e-05" is scientific notation, not Euler's number (1·e - 5)."""
     text = _clean(answer)
+    if not letters_are_unknowns:
+        text = _SCIENTIFIC.sub(_exact_scientific, text)
     tail = _TRAILING_LETTERS.search(text)
     if tail is not None and (letters_are_unknowns or not _plain_quantity(text[: tail.start()])):
         text = text[: tail.start()] + "{" + tail.group() + "}"
     return "\\boxed{" + text + "}"
+
+
+def _exact_scientific(match: re.Match[str]) -> str:
+    """A number in scientific notation written out as the decimal it is ("6.02e23" as 602000000000000000000000, "3.3e-1"
+    as 0.33: a float times a large power no longer equals the integer), or as an integer times a power of ten where
+    that would be long ("1e70840" as 1 \\times 10^{70840})."""
+    value = Decimal(match.group(1) + "e" + match.group(2))
+    if abs(value.adjusted()) <= _MAX_WRITTEN_EXPONENT:
+        return format(value, "f")
+    whole, _, fraction = match.group(1).partition(".")
+    return f"{int(whole + fraction)} \\times 10^{{{int(match.group(2)) - len(fraction)}}}"
 
 
 def _plain_quantity(text: str) -> bool:
