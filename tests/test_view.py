@@ -1233,6 +1233,14 @@ def test_a_damaged_run_gets_a_page_saying_what_cannot_be_read(tmp_path: Path) ->
         db = sqlite3.connect(runs / name / "run.sqlite")
         db.executescript(sql)
         db.close()
+    # A file SQLite cannot read: cut short (a disk that filled, a copy stopped half-way), or overwritten. It stays
+    # so, unlike a store being created: it was left off the runs page, as if there were no run, and its own pages said
+    # its schema was None.
+    shutil.copytree(runs / "good", runs / "cut-short")
+    store_file = runs / "cut-short" / "run.sqlite"
+    store_file.write_bytes(store_file.read_bytes()[: store_file.stat().st_size // 3])
+    shutil.copytree(runs / "good", runs / "overwritten")
+    (runs / "overwritten" / "run.sqlite").write_bytes(b"\x00 not SQLite \xff" * 2048)
     with AppThread(view_app([runs])) as viewer:
         # The runs page lists the readable runs and says which cannot be read, instead of failing as a whole.
         status, index = get(viewer.url)
@@ -1242,11 +1250,17 @@ def test_a_damaged_run_gets_a_page_saying_what_cannot_be_read(tmp_path: Path) ->
         assert f"{runs / 'no-calls'} cannot be read: SQLite: no such table: calls" in unreadable
         assert f"{runs / 'bad-meta'} cannot be read: a stored setting is not JSON" in unreadable
         assert f"{runs / 'newer'} cannot be read: store schema 99 is not one this tmas reads (1, 2, 3)" in unreadable
+        assert f"{runs / 'cut-short'} cannot be read: not a readable run store (database disk image is malformed)" in (
+            unreadable
+        )
+        assert f"{runs / 'overwritten'} cannot be read: not a readable run store (file is not a database)" in unreadable
         assert "being-created" not in text
         pages = {
             "bad-result": ("", "the summary of problem &#39;mult&#39;: not JSON"),
             "no-calls": ("/call/1", "SQLite: no such table: calls"),
             "bad-meta": ("", "a stored setting is not JSON"),
+            "overwritten": ("/problem?id=mult", "not a readable run store (file is not a database)"),
+            "newer": ("/call/1", "store schema 99 is not one this tmas reads (1, 2, 3)"),
         }
         for name, (path, says) in pages.items():
             ref = run_ref_for([runs], runs / name)

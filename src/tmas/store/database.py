@@ -132,6 +132,11 @@ class UnknownSchema(StoreError):
     created a moment ago whose schema is not written yet."""
 
 
+class DamagedStore(StoreError):
+    """A file SQLite cannot read as a database (truncated, overwritten, not a database): it stays so, unlike a store
+    created a moment ago whose tables are not written yet."""
+
+
 def read_meta(db: sqlite3.Connection, key: str) -> Any:
     row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
     return None if row is None else json.loads(row[0])
@@ -167,8 +172,11 @@ def open_read_only(path: Path) -> sqlite3.Connection:
     db.execute("PRAGMA busy_timeout=10000")
     try:
         version = read_meta(db, "schema_version")
-    except sqlite3.Error:
+    except sqlite3.OperationalError:
         version = None  # created a moment ago, schema not written yet (or not a run store at all)
+    except sqlite3.DatabaseError as exc:  # "database disk image is malformed", "file is not a database"
+        db.close()
+        raise DamagedStore(f"{path}: not a readable run store ({exc})") from None
     if version not in READABLE_SCHEMAS:
         db.close()
         error = StoreError if version is None else UnknownSchema
@@ -190,7 +198,7 @@ def open_writable(path: Path) -> tuple[sqlite3.Connection, bool]:
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     except sqlite3.DatabaseError as exc:
         db.close()
-        raise StoreError(f"{path}: not a readable run store ({exc})") from None
+        raise DamagedStore(f"{path}: not a readable run store ({exc})") from None
     if tables and "meta" not in tables:
         db.close()
         raise StoreError(f"{path}: a database, but not a tmas run store (it has no meta table)")

@@ -30,6 +30,7 @@ from tmas.store.call_stats import CallStats, Spent
 from tmas.store.database import (
     DB_NAME,
     SCHEMA_VERSION,
+    DamagedStore,
     StoreError,
     UnknownSchema,
     mark_current,
@@ -45,7 +46,7 @@ from tmas.store.run_lock import RunLock
 from tmas.store.run_meta import RunMeta
 from tmas.store.texts import TextBlobs
 
-__all__ = ["DB_NAME", "SCHEMA_VERSION", "GradeRow", "RunStore", "Spent", "StoreError", "UnknownSchema"]
+__all__ = ["DB_NAME", "SCHEMA_VERSION", "DamagedStore", "GradeRow", "RunStore", "Spent", "StoreError", "UnknownSchema"]
 
 
 class RunStore:

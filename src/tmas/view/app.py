@@ -27,7 +27,7 @@ from tmas.memory.transcript import Transcript
 from tmas.methods import stored_params
 from tmas.methods.state import MATTRLState
 from tmas.store.records import IterationRecord, UnreadableRecord
-from tmas.store.run_store import DB_NAME, RunStore, StoreError, UnknownSchema
+from tmas.store.run_store import DB_NAME, DamagedStore, RunStore, StoreError, UnknownSchema
 from tmas.view.cache import RunCache
 from tmas.view.charts import accuracy_by_tokens_png, frontiers_png, pass1_by_iteration_png
 from tmas.view.compare import compare_runs, parse_budgets
@@ -129,7 +129,7 @@ class Viewer:
             try:
                 with RunReader(ref, self.cache) as run:
                     runs.append((ref, run.summary()))
-            except UnknownSchema as exc:  # written by another tmas version: it stays unreadable here, so say so
+            except (UnknownSchema, DamagedStore) as exc:  # a newer tmas's, or a damaged file: it stays so, so say so
                 unreadable.append((ref, str(exc).removeprefix(f"{ref.path / DB_NAME}: ")))
             except StoreError:
                 continue  # a run still being created, or not ours: listed once it can be read
@@ -383,6 +383,9 @@ class Viewer:
             raise HTTPException(404, f"no run {key!r} (the viewer shows the run directories it was started with)")
         try:
             return RunReader(ref, self.cache)
+        except (UnknownSchema, DamagedStore) as exc:  # as a damaged record's page says it
+            detail = str(exc).removeprefix(f"{ref.path / DB_NAME}: ")
+            raise HTTPException(500, f"the run {ref.path} cannot be read: {detail}") from None
         except StoreError as exc:
             raise HTTPException(404, str(exc)) from None
 
