@@ -338,3 +338,35 @@ async def test_a_problem_page_reads_the_stored_grades_of_its_problem_alone(
         result, records = reader.solved("p1")
         live = reader.problem_grades(problem, result, records)
     assert live is not None and live.grades.verdicts == run_verdicts and live.stored_mode == "rules"
+
+
+async def test_the_judges_calls_show_on_the_problem_page_as_the_graders_not_as_an_unfinished_iteration(
+    tmp_path: Path,
+) -> None:
+    # A chain-of-thought run of one problem, graded by the judge (tmas report --grade judge): the judge's calls are
+    # stored in the run under the problem, of no iteration. The problem page listed them as "calls of no recorded
+    # iteration", made "for an iteration the problem never finished".
+    run_dir = tmp_path / "cot"
+    solutions = [Rule(role="solution", replies=["Two and three make \\boxed{5}"])]
+    problem = Problem(problem_id="five", question="What is 2+3, in words?", answer="\\text{five}")
+    await scripted_run(
+        ScriptedModel(SimScript(rules=solutions), scripted_settings(method__name="cot")), run_dir, [problem]
+    )
+    judge = ScriptedModel(SimScript(rules=[_judged("5", True)]), scripted_settings())
+    await _report(run_dir, GradeConfig(mode="judge", judge_runs=1), judge)
+    with RunStore(run_dir, create=False) as store:
+        calls = [(c.call_id, c.key.role, c.key.iteration) for c in store.calls("five")]
+    judged = [call_id for call_id, role, _ in calls if role == "judge"]
+    assert judged and [(role, t) for _, role, t in calls if role != "judge"] == [("solution", 0)]
+    with AppThread(view_app([run_dir], warm_up=False)) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        status, body = get(f"{viewer.url}/run/{ref.key}/problem?id=five")
+    page = body.decode()
+    assert status == 200 and 'id="unrecorded-calls"' not in page and "never finished" not in page
+    table = page.split('id="judge-calls"')[1].split("</table>")[0]
+    rows = table.split("<tr>")[2:]
+    assert [int(row.split('">#')[1].split("<")[0]) for row in rows] == judged
+    assert all("<td>judge</td>" in row for row in rows)
+    # The problem's own cost counts the method's one call, the judge's apart, as the run's cost table counts them.
+    assert page.split('id="spent">')[1].startswith("1 calls")

@@ -183,8 +183,11 @@ class Viewer:
             stored = run.store.get_meta("method") or {}
             params = stored_params(str(stored.get("name")), stored.get("params"))
             measured = any(c.confidence is not None for r in records for c in r.candidates)
-            # Calls no recorded iteration holds: an iteration in progress, or one the problem never finished.
-            unrecorded = list(run.store.calls_outside(pid, {r.iteration for r in records}))
+            # Calls no recorded iteration holds: an iteration in progress, or one the problem never finished; and
+            # apart from them, those of the judge that graded the problem's answers (tmas report).
+            outside = list(run.store.calls_outside(pid, {r.iteration for r in records}))
+            unrecorded = [c for c in outside if c.key.role != JUDGE_ROLE]
+            judged = [c for c in outside if c.key.role == JUDGE_ROLE]
             # What the problem spent, counted as the run page and tmas report count it (the judge's calls apart).
             spent = run.store.problem_costs(JUDGE_ROLE, other_roles=True, problem_id=pid).get(pid)
             return self._page(
@@ -197,6 +200,7 @@ class Viewer:
                 final=final,
                 measure=params.get("confidence_measure") if measured else None,
                 unrecorded=unrecorded,
+                judged=judged,
                 spent=spent,
                 live=True,
                 marker=marker,
