@@ -1638,3 +1638,67 @@ def test_in_chromium_a_calls_long_reasoning_and_raw_reply_are_fetched_when_shown
         browser.execute_script("document.querySelector('#request details.whole').open = true")
         wait_until(lambda: whole.get_attribute("textContent") == messages[1]["content"], timeout=60, what="the message")
         assert browser.find_elements(By.CSS_SELECTOR, "#request script") == []
+
+
+def test_a_calls_failed_attempts_and_why_it_failed_or_stopped_show_with_it(tmp_path: Path) -> None:
+    # A run on the simulated server: 17*23 is refused with a 503 twice and answered on the third attempt; 12*12 is a
+    # 400, not retried, and its problem fails. The store keeps each call's failed attempts' causes and its own; the
+    # call page said "3 attempt(s)" and the error text, never why the attempts failed nor the cause it was counted by.
+    from conftest import settings_for
+    from tmas.runner import prepare_run, run_problems
+
+    run_dir = tmp_path / "run"
+    rules = [
+        Rule(pattern=r"17\*23", fault="http_503", times=2),
+        Rule(pattern=r"17\*23", replies=["So \\boxed{391}"]),
+        Rule(pattern=r"12\*12", fault="http_400"),
+    ]
+
+    async def run(sim: SimServer) -> None:
+        store, settings, todo = prepare_run(run_dir, settings_for(sim, method__name="cot"), PROBLEMS, resume=False)
+        with store:
+            await run_problems(settings, todo, store)
+
+    with SimServer(SimScript(rules=rules)) as sim:
+        asyncio.run(run(sim))
+    with RunStore(run_dir, read_only=True) as store:
+        calls = {c.key.problem_id: c for c in store.calls()}
+    answered, refused = calls["mult"], calls["square"]
+    assert (answered.attempts, answered.retry_causes, answered.error) == (3, ["http_503", "http_503"], None)
+    assert (refused.attempts, refused.error_cause) == (1, "http_400")
+    # A reply the caller's watch stopped, sent with max_tokens lowered to fit the context window after an attempt
+    # that timed out, of an iteration not recorded yet.
+    with RunStore(run_dir) as store:
+        key = CallKey(problem_id="mult", iteration=5, role="solution")
+        request = ChatRequest(model="m", messages=[user("What is 17*23?")], sampling=Sampling(max_tokens=4096))
+        watched = Completion(
+            key=key,
+            content="Let me see",
+            finish_reason="stop",
+            max_tokens_sent=1000,
+            stopped_early="confidence fell below the threshold",
+            attempts=2,
+            retry_causes=["timeout"],
+            usage=Usage(prompt_tokens=30, completion_tokens=3, cached_prompt_tokens=16),
+        )
+        watched_id = store.record_call(watched, request)
+    with AppThread(view_app([run_dir], warm_up=False)) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        base = f"{viewer.url}/run/{ref.key}"
+        pages = [get(f"{base}/call/{c}")[1].decode() for c in (answered.call_id, refused.call_id, watched_id)]
+        iteration = get(f"{base}/iteration?id=mult&t=0")[1].decode()
+        problem = get(f"{base}/problem?id=mult")[1].decode()
+    facts = [page.split('id="call-facts"')[1].split("</table>")[0] for page in pages]
+    assert '<span id="retry-causes">2 failed and retried: http_503, http_503</span>' in facts[0]
+    assert "error-cause" not in facts[0] and "retry-causes" not in facts[1]
+    assert '<span id="error-cause">cause: http_400</span>' in facts[1]
+    assert '<span id="stopped-early">stopped early: confidence fell below the threshold</span>' in facts[2]
+    assert '<span id="max-tokens-sent">max_tokens sent: 1000 (lowered to fit the context window)</span>' in facts[2]
+    assert "30 prompt (16 cached), 3 completion" in facts[2] and "1 failed and retried: timeout" in facts[2]
+    assert "stopped-early" not in facts[0] + facts[1] and "max-tokens-sent" not in facts[0] + facts[1]
+    # The calls tables say which call was answered only after failed attempts, and after which.
+    row = iteration.split('id="calls"')[1].split("</table>")[0]
+    assert '<span class="muted retried">(answered after 2 failed attempts: http_503, http_503)</span>' in row
+    unrecorded = problem.split('id="unrecorded-calls"')[1].split("</table>")[0]
+    assert '<span class="muted retried">(answered after 1 failed attempt: timeout)</span>' in unrecorded
