@@ -52,6 +52,20 @@ def test_model_output_cannot_inject_markup() -> None:
     assert "&lt;img src=x onerror=alert(2)&gt;" in html
 
 
+def test_entities_a_model_wrote_in_a_formula_show_as_it_wrote_them() -> None:
+    # The converter copies \text{} as it is: "&lt;" a model wrote (an HTML-escaped reply, a formula about HTML) was
+    # read back as '<', "R&amp;D" as "R&D". A matrix's column separators are still read as columns.
+    text = (
+        "$\\text{a &lt; b}$, $\\text{R&amp;D}$, $\\mbox{&#60;p&#62;}$"
+        " and $\\begin{matrix} a & b \\\\ c & d \\end{matrix}$"
+    )
+    maths = _math(render_math_text(text))
+    assert ["".join(m.itertext()) for m in maths[:3]] == ["a\u00a0&lt;\u00a0b", "R&amp;D", "&#60;p&#62;"]
+    assert len(list(maths[3].iter(MATHML + "mtd"))) == 4
+    shown = ET.fromstring(str(answer("\\text{&gt; 5}")).replace('<code class="raw">', "<code>"))
+    assert "".join(next(e for e in shown.iter() if e.tag == MATHML + "math").itertext()) == "&gt;\u00a05"
+
+
 def test_openers_left_open_stay_text_and_spans_after_them_still_render() -> None:
     # A model looping until max_tokens: openers without closers stay text (each looked for once).
     looped = "\\boxed{" * 3000 + "\\( a " * 3000 + "**b " * 3000 + "\\[c " * 3000

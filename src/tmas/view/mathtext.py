@@ -52,6 +52,10 @@ _HEADING = re.compile(r"^(#{1,6})[ \t]+(.+)$", re.M)
 _SLOT = re.compile("\x00(\\d+)\x00")
 # How the '<' and '>' put in as commands come out of \text{} (the converter turns the space into a no-break one).
 _MARKED = re.compile("\\\\(lt|gt)[ \u00a0]?")
+# An '&' that begins what XML reads as a reference ("&lt;", "&#60;"): the converter copies \text{} as it is, so the
+# model's "&lt;" would be read back as '<'. It is carried through the converter as a private-use character instead.
+_REFERENCE = re.compile(r"&(?=#?[0-9A-Za-z]+;)")
+_AMP = "\ue000"
 
 
 @lru_cache(maxsize=50_000)
@@ -65,36 +69,45 @@ def latex_to_mathml(latex: str, block: bool = False) -> str | None:
     source = latex.replace("<", r"\lt ").replace(">", r"\gt ")
     # The converter reads `aligned` (the models' favourite) as one line; `split` is the same layout and it knows it.
     source = source.replace(r"\begin{aligned}", r"\begin{split}").replace(r"\end{aligned}", r"\end{split}")
+    amp = _REFERENCE.search(source) is not None
+    if amp:
+        if _AMP in source:
+            return None  # the model's own private-use character could not be told from the stand-in: left raw
+        source = _REFERENCE.sub(_AMP, source)
     try:
         raw = convert(source, display="block" if block else "inline")
         tree = ET.fromstring(_LONE_AMP.sub("&amp;", raw))
     except Exception:  # the converter raises many kinds on LaTeX it cannot read: that span stays raw
         return None
-    clean = _rebuild(tree)
+    clean = _rebuild(tree, amp)
     if clean is None:
         return None
     clean.set("xmlns", MATHML_NS)
     return ET.tostring(clean, encoding="unicode", short_empty_elements=False)
 
 
-def _rebuild(node: ET.Element) -> ET.Element | None:
+def _rebuild(node: ET.Element, amp: bool) -> ET.Element | None:
     tag = node.tag.rsplit("}", 1)[-1]
     if tag not in _ELEMENTS:
         return None
     out = ET.Element(tag, {k: v for k, v in node.attrib.items() if k in _ATTRIBUTES})
-    out.text = _unmark(node.text)
-    out.tail = _unmark(node.tail)
+    out.text = _unmark(node.text, amp)
+    out.tail = _unmark(node.tail, amp)
     for child in node:
-        clean = _rebuild(child)
+        clean = _rebuild(child, amp)
         if clean is None:
             return None
         out.append(clean)
     return out
 
 
-def _unmark(text: str | None) -> str | None:
-    """'<' and '>' back in text the converter copied (\\text{a<b}); serialization escapes them."""
-    return None if text is None else _MARKED.sub(lambda m: "<" if m.group(1) == "lt" else ">", text)
+def _unmark(text: str | None, amp: bool) -> str | None:
+    """'<' and '>' back in text the converter copied (\\text{a<b}), and with ``amp`` the '&' of a reference
+    (\\text{a &lt; b}); serialization escapes them."""
+    if text is None:
+        return None
+    text = _MARKED.sub(lambda m: "<" if m.group(1) == "lt" else ">", text)
+    return text.replace(_AMP, "&") if amp else text
 
 
 def math_spans(text: str) -> Iterator[tuple[int, int, str, bool]]:
