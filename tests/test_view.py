@@ -1702,3 +1702,34 @@ def test_a_calls_failed_attempts_and_why_it_failed_or_stopped_show_with_it(tmp_p
     assert '<span class="muted retried">(answered after 2 failed attempts: http_503, http_503)</span>' in row
     unrecorded = problem.split('id="unrecorded-calls"')[1].split("</table>")[0]
     assert '<span class="muted retried">(answered after 1 failed attempt: timeout)</span>' in unrecorded
+
+
+def test_a_problem_being_solved_shows_its_cost_and_which_failed_call_was_asked_again(tmp_path: Path) -> None:
+    # Iteration 0's solution failed with a 503; a resume asked it again and it was answered; the verifier then failed
+    # and the problem stopped again before iteration 0 was recorded. The problem page listed two failed calls
+    # without saying which was asked again (and so is no failure of the run), as the iteration page says it; and
+    # while the problem has no result (still being solved), it said nothing of what it had spent.
+    run_dir = tmp_path / "run"
+    request = ChatRequest(model="m", messages=[user("What is 17*23?")], sampling=Sampling())
+    check = ChatRequest(model="m", messages=[user("Check: 17*23 = 391")], sampling=Sampling())
+    solution = CallKey(problem_id="mult", iteration=0, role="solution")
+    verifier = CallKey(problem_id="mult", iteration=0, role="verifier")
+    failed = {"error": "HTTP 503", "error_cause": "http_503"}
+    with RunStore(run_dir) as store:
+        store.add_problems(PROBLEMS[:1])
+        ids = [
+            store.record_call(Completion(key=solution, request_hash="s", **failed), request),
+            store.record_call(Completion(key=solution, request_hash="s", content="So 391."), request),
+            store.record_call(Completion(key=verifier, request_hash="v", **failed), check),
+        ]
+        assert store.asked_again_calls("mult") == {ids[0]}
+    with AppThread(view_app([run_dir], warm_up=False)) as viewer:
+        ref = run_ref_for([run_dir], run_dir)
+        assert ref is not None
+        status, body = get(f"{viewer.url}/run/{ref.key}/problem?id=mult")
+    page = body.decode()
+    spent = '<span id="spent">3 calls (1 failed, 1 failed, then asked again) · 0 prompt + completion tokens</span>'
+    assert status == 200 and 'class="tag running">in progress</span>' in page and spent in page
+    rows = page.split('id="unrecorded-calls"')[1].split("</table>")[0].split("<tr>")[2:]
+    marked = ["(then asked again on resume)" in row for row in rows]
+    assert [f"#{i}<" in row for i, row in zip(ids, rows, strict=True)] == [True] * 3 and marked == [True, False, False]

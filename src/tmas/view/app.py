@@ -201,6 +201,7 @@ class Viewer:
                 measure=params.get("confidence_measure") if measured else None,
                 unrecorded=unrecorded,
                 judged=judged,
+                asked_again=run.store.asked_again_calls(pid) if outside else set(),
                 spent=spent,
                 live=True,
                 marker=marker,
