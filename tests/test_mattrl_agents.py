@@ -272,6 +272,24 @@ def test_decision_math_tags_and_missing_tags() -> None:
     assert na is not None and na.answer is None
 
 
+@pytest.mark.parametrize(
+    ("block", "answer"),
+    [
+        ("$$\n\\frac{1}{2}\n$$", "\\frac{1}{2}"),  # display math over three lines
+        ("\\[\n42\n\\]", "42"),
+        ("\\[ 12 \\]", "12"),
+        ("**Final answer:**\n$\\boxed{7}$", "7"),  # a label line above the value
+        ("Answer:\nx = 3", "x = 3"),
+        ("$$\n$$", None),  # delimiters around nothing
+    ],
+)
+def test_the_chairs_answer_is_the_value_in_its_tag_not_a_delimiter_or_label_line(
+    block: str, answer: str | None
+) -> None:
+    decision = domain_named("math").parse_decision(f"<analysis>x</analysis>\n<final_answer>\n{block}\n</final_answer>")
+    assert decision is not None and decision.answer == answer
+
+
 def test_decision_medicine_top10() -> None:
     reply = "<analysis>x</analysis>\n<top10>\n[1] Fabry disease\n[2] Gaucher disease\n[3] fabry disease\n</top10>"
     decision = domain_named("medicine").parse_decision(reply)

@@ -47,10 +47,23 @@ def rewrite_prompt(reply: str, domain: str) -> list[Message]:
     return prompt("mattrl_rewrite.j2", reply=reply, domain=domain)
 
 
-def _clean_answer(raw: str) -> str | None:
-    text = raw.strip().lstrip("-").strip()
-    # A boxed value, else a stated one ("the final answer is ..."), else the line as written.
-    text = extract_answer(text).answer or text.strip("$").strip()
+# A line of the tag that holds no value: a display-math delimiter ("$$", "\\[", "\\]") or a label with nothing after it
+# ("**Final answer:**").
+_NO_VALUE_LINE = re.compile(r"^[\s*_#-]*(?:\$\$|\\\[|\\\]|[^:$\\]*:)?[\s*_]*$")
+_DISPLAY = re.compile(r"^\\\[(.*)\\\]$|^\\\((.*)\\\)$", re.S)
+
+
+def _clean_answer(block: str) -> str | None:
+    """The answer in a ``<final_answer>`` block: a boxed value or a stated one ("the final answer is ...") anywhere in
+    it; else its first line that holds a value (a display-math delimiter or a bare label on its own line holds none),
+    as written, its math delimiters dropped."""
+    stated = extract_answer(block).answer
+    line = next((line for line in block.splitlines() if not _NO_VALUE_LINE.match(line)), "")
+    text = (stated or line).strip().lstrip("-").strip()
+    if stated is None:
+        text = text.strip("$").strip()
+        display = _DISPLAY.match(text)
+        text = next((part for part in display.groups() if part is not None), "").strip() if display else text
     return None if not text or text.upper() in ("N/A", "NA", "UNKNOWN") else text
 
 
@@ -60,9 +73,8 @@ def parse_final_answer(content: str) -> Decision | None:
     final = _tag(content, "final_answer")
     if final is None:
         return None
-    first_line = next((line for line in final.splitlines() if line.strip()), "")
     report = _tag(content, "analysis") or ""
-    return Decision(report=report, answer=_clean_answer(first_line), proof=_tag(content, "formal_proof") or "")
+    return Decision(report=report, answer=_clean_answer(final), proof=_tag(content, "formal_proof") or "")
 
 
 def parse_top10(content: str) -> Decision | None:
