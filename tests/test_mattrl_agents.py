@@ -4,6 +4,7 @@ the decision's tags, differentials, and the experience hints block."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -12,10 +13,12 @@ from tmas.agents.mattrl_opinion import hints_block, parse_differential, ranked_n
 from tmas.agents.mattrl_review import (
     Issue,
     Review,
+    ReviewReply,
     accepted,
     differential_review_prompt,
     parse_differential_review,
     parse_review,
+    review_prompt,
     unreadable_review,
 )
 from tmas.agents.mattrl_teaching import parse_letter, parse_plan
@@ -191,6 +194,18 @@ def test_differential_review_parses_a4_json() -> None:
     bundle = json.loads(text.split("<bundle>\n", 1)[1].split("\n</bundle>", 1)[0])
     assert bundle["patient_record"] == "record {{ x }}" and bundle["differential"] == "1. A"
     assert text.rstrip().endswith("an empty array when you would change nothing.")
+
+
+def test_the_review_prompt_names_every_issue_type_of_b4_and_the_schema_allows_exactly_those() -> None:
+    """B.4 lists algebra_error, logic_gap, missing_case, theorem_misuse, undefined_symbol and diagram_dependence; a
+    constrained server lets a reviewer write only the schema's types, so the prompt and the schema name the same."""
+    schema = ReviewReply.model_json_schema()
+    allowed = schema["$defs"]["IssueReply"]["properties"]["type"]["enum"]
+    paper = ["algebra_error", "logic_gap", "missing_case", "theorem_misuse", "undefined_symbol", "diagram_dependence"]
+    assert set(paper) <= set(allowed)
+    text = review_prompt("q", TeamMember(id="S2", specialty="Auditor"), TeamMember(id="S1", specialty="Solver"), "a")
+    listed = re.search(r'"type" \(one of ([^)]*)\)', text[-1].content)
+    assert listed is not None and listed.group(1).split(", ") == allowed
 
 
 def test_review_parses_and_normalises() -> None:

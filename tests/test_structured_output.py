@@ -567,6 +567,7 @@ async def test_the_review_schemas_sent_bound_their_texts_and_lists(
         "missing_case",
         "theorem_misuse",
         "undefined_symbol",
+        "diagram_dependence",
         "computation_error",
         "other",
     ]

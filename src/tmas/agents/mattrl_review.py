@@ -21,8 +21,16 @@ from tmas.memory.transcript import TeamMember
 
 Verdict = Literal["accept", "revise", "reject"]
 Severity = Literal["fatal", "major", "minor"]
+# B.4's issue types, then two of ours for what none of them names.
 IssueType = Literal[
-    "algebra_error", "logic_gap", "missing_case", "theorem_misuse", "undefined_symbol", "computation_error", "other"
+    "algebra_error",
+    "logic_gap",
+    "missing_case",
+    "theorem_misuse",
+    "undefined_symbol",
+    "diagram_dependence",
+    "computation_error",
+    "other",
 ]
 
 # A server closes a constrained reply's JSON only where the schema lets it. Unbounded, the embedded 0.5B model wrote
