@@ -158,6 +158,15 @@ def test_the_recruit_prompt_asks_each_domain_for_its_briefs_and_the_chair_for_di
     assert "variants of one condition separately only when they are clinically distinct" in decision
 
 
+def test_a_medical_opinion_asks_for_a4s_layout() -> None:
+    """A.3/A.4: a reflection of two or three sentences, then a <diagnosis> block of exactly ten numbered items, each a
+    diagnosis with a rationale of one or two sentences."""
+    messages = domain_named("medicine").opinion_prompt("record", TeamMember(id="S1", specialty="Neurology"))
+    layout = next(line for line in messages[-1].content.splitlines() if line.startswith("Reply in exactly this layout"))
+    assert "reflection of two or three sentences" in layout and "<diagnosis> block" in layout
+    assert "exactly ten numbered lines" in layout and "rationale of one or two sentences" in layout
+
+
 def test_a_medical_opinion_with_hints_may_reason_from_them() -> None:
     # A.3: the diagnosis rests on the patient case and the experience context when one is given; the rule of the
     # opinion prompt names the hints beside the record, not the record alone while the next line says to consult them.
