@@ -27,6 +27,12 @@ from tmas.memory import ExperienceBank, ExperienceEntry, Strategy
         ("## Analysis\nScore: 1 would need step 2.\n\n## Score\nScore: 0", 0.0, False),
         ("### Score: 0.5", 0.5, False),
         ("## Score\n\\boxed{0.5}", 0.5, False),
+        # The section holds its grade alone below the heading, without the "Score:" label.
+        ("## Analysis\nStep 2 has a gap.\n\n## Score\n0.5", 0.5, False),
+        ("## Analysis\nAll steps hold.\n## Score\n**1**\n", 1.0, False),
+        ("## Score (0 to 1)\n$1/2$", 0.5, False),
+        ("## Score\n1 if every step holds", None, False),  # prose, not a grade
+        ("## Score\nThe solution is fully correct.\n1", None, False),
         ("Score: \\boxed{0}", 0.0, False),
         ("Score: 0.5/1", 0.5, False),  # a decimal grade out of 1
         ("**Score:** 0.5 / 1", 0.5, False),

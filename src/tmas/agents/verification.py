@@ -4,7 +4,8 @@
 Parsing: a reply that is a JSON object (the shape :class:`VerificationReply` asks a constraining server for, bare or
 in a code fence) gives its ``score`` and its ``analysis`` as the feedback. Otherwise the last line-leading
 ``Score: S`` (any case, markdown emphasis, "Final score", ``=``, a boxed value, a fraction or a grade out of a total
-such as 0.5/1 allowed, and a decimal comma: 0,5); failing that, a lone boxed number in the ``## Score`` section.
+such as 0.5/1 allowed, and a decimal comma: 0,5); failing that, a lone boxed number in the ``## Score`` section, or
+a number that is all the section holds below its heading.
 Where the reply has a ``## Score`` section, both are read from it alone: a ``Score:`` line above it is part of the
 analysis (one restating the scale). A value inside [0, 1] off the scale is snapped to the nearest point (ties go
 down) and flagged; anything else means no score.
@@ -38,6 +39,8 @@ _SCORE_LINE = re.compile(
     re.I | re.M,
 )
 _SCORE_SECTION = re.compile(r"^#{1,6}\s*Score\b(.*)\Z", re.I | re.M | re.S)
+# A "## Score" section that holds nothing but its grade, on the line below the heading ("0.5", "**1**", "$1/2$").
+_LONE_SCORE = re.compile(rf"[^\n]*\n[\s*_`$]*({_NUMBER}(?:,[0-9]+)?)[\s*_`$.]*", re.S)
 _WHOLE_FENCE = re.compile(r"\A```[ \t]*(?:json)?[ \t]*\n(.*?)\n?```\Z", re.S | re.I)
 
 
@@ -132,9 +135,10 @@ def parse_verification(content: str, *, truncated: bool = False) -> Verification
     matches = _SCORE_LINE.findall(content[section.start() :] if section else content)
     if matches:
         raw = matches[-1]
-    else:
-        boxed = last_boxed(section.group(1)) if section else None
-        raw = boxed.strip() if boxed else None
+    elif section:
+        boxed = last_boxed(section.group(1))
+        lone = _LONE_SCORE.fullmatch(section.group(1))
+        raw = boxed.strip() if boxed else lone.group(1) if lone else None
     return _scored(content.strip(), raw)
 
 
