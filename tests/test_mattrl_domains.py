@@ -329,12 +329,35 @@ async def test_the_judge_ranks_names_that_do_not_match_by_spelling() -> None:
     assert await judge_rank(llm, "c2", top, "Wilson disease") == (3, None)  # by spelling: no call
     llm.script = SimScript(rules=[Rule(role="judge", replies=["probably the second"])])
     rank, why = await judge_rank(llm, "c3", top, "Fabry disease")
-    assert rank is None and why is not None and why.startswith("judge reply has no <answer>No|1-10</answer>")
+    assert rank is None and why is not None and why.startswith("judge reply has no <answer>No|1-3</answer>")
     judged = last_user_prompts(llm, "judge")
     assert len(judged) == 1 + 2  # one call, then an unreadable reply and its retry
     assert (
         "[2] Alpha-galactosidase A deficiency" in judged[0] and "<reference>\nFabry disease\n</reference>" in judged[0]
     )
+
+
+async def test_the_judge_is_told_how_many_diagnoses_it_sees_and_a_rank_past_them_is_no_rank() -> None:
+    """A differential may hold fewer than ten names: the prompt says how many, and a rank the list does not have
+    (7 of 3) is unreadable and asked again, not graded as a hit at rank 7."""
+    top = ["Gaucher disease", "Alpha-galactosidase A deficiency", "Wilson disease"]
+    llm = ScriptedModel(
+        SimScript(
+            rules=[
+                Rule(role="judge", replies=["<answer>7</answer>"], times=1),
+                Rule(role="judge", replies=["<answer>2</answer>"]),
+            ]
+        ),
+        scripted_settings(),
+    )
+    assert await judge_rank(llm, "c1", top, "Fabry disease") == (2, None)
+    judged = last_user_prompts(llm, "judge")
+    assert len(judged) == 2
+    assert "Above are 3 predicted diagnoses" in judged[0] and "rank number from 1 to 3," in judged[0]
+    assert "ten" not in judged[0] and "1-10" not in judged[0]
+    with pytest.raises(UnreadableJudgement):
+        parse_judge_rank("<answer>4</answer>", 3)
+    assert parse_judge_rank("<answer>3</answer>", 3) == 3
 
 
 def rubric(c: int, i: int, r: int, clarity: int) -> str:

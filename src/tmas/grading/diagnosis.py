@@ -43,16 +43,17 @@ class UnreadableJudgement(ValueError):
     """A judge reply without a valid ``<answer>No|1-10</answer>``."""
 
 
-def parse_judge_rank(content: str) -> int | None:
-    """The judge's rank (1-10), or None for "No"; raises :class:`UnreadableJudgement` otherwise."""
+def parse_judge_rank(content: str, count: int = 10) -> int | None:
+    """The judge's rank (1 to ``count``, the number of predictions it was shown), or None for "No"; raises
+    :class:`UnreadableJudgement` otherwise."""
     found = _ANSWER.findall(content)
     if not found:
-        raise UnreadableJudgement(f"judge reply has no <answer>No|1-10</answer>: {content[:120]!r}")
+        raise UnreadableJudgement(f"judge reply has no <answer>No|1-{count}</answer>: {content[:120]!r}")
     if found[-1].lower() == "no":
         return None
     rank = int(found[-1])
-    if not 1 <= rank <= 10:
-        raise UnreadableJudgement(f"judge rank {rank} is outside 1-10")
+    if not 1 <= rank <= count:
+        raise UnreadableJudgement(f"judge rank {rank} is outside 1-{count}, the ranks it was shown")
     return rank
 
 
@@ -64,7 +65,8 @@ async def judge_rank(
     by_name = name_rank(predicted, reference)
     if by_name is not None or not predicted:
         return by_name, None
-    messages = prompt("judge_diagnosis.j2", predicted=list(predicted[:10]), reference=reference)
+    shown = list(predicted[:10])
+    messages = prompt("judge_diagnosis.j2", predicted=shown, reference=reference)
     why = ""
     configured = llm.resolve_sampling("judge")
     for attempt in range(retries + 1):
@@ -74,7 +76,7 @@ async def judge_rank(
             why = f"judge call failed: {reply.error}"
             continue
         try:
-            return parse_judge_rank(reply.content), None
+            return parse_judge_rank(reply.content, len(shown)), None
         except UnreadableJudgement as exc:
             why = str(exc)
     return None, why
