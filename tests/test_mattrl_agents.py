@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from tmas.agents.echo import DATA_BLOCK
 from tmas.agents.mattrl_decision import discussion_record, parse_top10
 from tmas.agents.mattrl_opinion import hints_block, parse_differential, ranked_names
 from tmas.agents.mattrl_review import (
@@ -24,6 +25,8 @@ from tmas.agents.mattrl_review import (
 from tmas.agents.mattrl_teaching import parse_letter, parse_plan
 from tmas.agents.mattrl_team import MEDICINE_CATALOG
 from tmas.agents.output import AgentOutputError
+from tmas.agents.pool_summarizer import summarizer_prompt
+from tmas.agents.utterance_judge import RoundView, TurnView
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember
 from tmas.methods.mattrl_domains import domain_named
@@ -45,6 +48,27 @@ def test_team_parses_a_fenced_array_with_one_leader() -> None:
         ("S2", "Case splitter", False),
     ]
     assert notes == []
+
+
+def test_a_created_specialty_cannot_break_the_tags_that_quote_it() -> None:
+    """A free title with a quote, an angle bracket or a line break is kept on one line without them, so the tag
+    whose attribute names it still opens a data block (the echo guard's and the model's reading of the prompt)."""
+    reply = json.dumps([member('Bounds "x>0" and\nx<1 analyst')])
+    team, _ = domain_named("math").parse_team(reply, 3)
+    assert team[0].specialty == "Bounds 'x\u203a0' and x\u20391 analyst"
+    turn = TurnView(agent="S1", specialty=team[0].specialty, text="We prove the lemma by induction.")
+    messages = summarizer_prompt(
+        question="Q",
+        gold="G",
+        history=[RoundView(number=1, turns=[turn])],
+        target=turn,
+        round_number=1,
+        outcome=1.0,
+        reward=0.5,
+        judge_analysis="J",
+    )
+    blocks = [m.group(1) for m in DATA_BLOCK.finditer(messages[-1].content)]
+    assert "contribution" in blocks
 
 
 def test_team_repairs_trailing_commas_wrapper_leaders_and_size() -> None:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from pydantic import BaseModel, Field, create_model
+from pydantic import BaseModel, Field, create_model, field_validator
 
 from tmas.agents.output import AgentOutputError, latex_restored, literal_backslashes, without_trailing_commas
 from tmas.agents.templates import prompt
@@ -55,10 +55,21 @@ TEACHING_ROLES = (DIAGNOSTICIAN, STRATEGIST, SUBJECT_EXPERT)
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\n(.*?)```", re.S)
 
 
+# A specialty is written into tag attributes of later prompts (``<contribution ... specialty="...">``): a quote, an
+# angle bracket or a line break in it would end the attribute or the tag early, and the block it opens would no longer
+# read as data. A freely created title keeps its words on one line, those characters replaced by look-alikes.
+_ATTRIBUTE_SAFE = str.maketrans({'"': "'", "<": "\u2039", ">": "\u203a"})
+
+
 class Recruit(BaseModel):
     specialty: str = Field(min_length=1)
     role: str = ""
     description: str = ""
+
+    @field_validator("specialty", mode="before")
+    @classmethod
+    def _one_line(cls, value: Any) -> Any:
+        return " ".join(value.split()).translate(_ATTRIBUTE_SAFE) if isinstance(value, str) else value
 
 
 @lru_cache(maxsize=32)
