@@ -107,6 +107,7 @@ def _tmas(style: Style, mode: str, domain: str) -> list[Prompt]:
         score_first_prompt(Q, SOLUTION, mode),
         summary_prompt(Q, SOLUTION, ver),
         experience_prompt(Q, VIEWS, BANK, 35),
+        experience_prompt(Q, VIEWS, BANK, 10),
         guideline_prompt(Q, VIEWS, GuidelineBank(strategies=STRATEGIES, next_id=2)),
         judge_prompt(Q, [StrategyView(id="G1", description=d("strategy"))], SOLUTION),
     ]

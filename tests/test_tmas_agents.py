@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tmas.agents.experience import parse_experience_update
+from tmas.agents.experience import experience_prompt, parse_experience_update
 from tmas.agents.guideline import parse_guideline_update
 from tmas.agents.output import AgentOutputError, extract_json_object
 from tmas.agents.rollouts import Rollout, fit_rollouts
@@ -194,6 +194,22 @@ def test_experience_update_parsing() -> None:
             parse_experience_update(bad)
     with pytest.raises(AgentOutputError, match="truncated"):
         parse_experience_update('{"operations": []}', truncated=True)
+
+
+@pytest.mark.parametrize(
+    ("max_entries", "target"),
+    [
+        (35, "Aim for 20 to 35 entries"),  # the default: appendix D's target
+        (10_000, "Aim for 20 to 35 entries"),  # the paper preset: no limit below the target
+        (25, "Aim for 20 to 25 entries"),
+        (10, "Aim for at most 10 entries"),  # a bank capped below the target is never asked for 20
+    ],
+)
+def test_the_experience_prompts_size_target_fits_the_banks_cap(max_entries: int, target: str) -> None:
+    text = experience_prompt("Q", [], ExperienceBank(), max_entries)[-1].content
+    assert target in text and f"the bank holds at most {max_entries}." in text
+    if max_entries < 20:
+        assert "20 to" not in text
 
 
 def test_guideline_update_parsing() -> None:
