@@ -153,6 +153,22 @@ def test_education_team_follows_c42_roles_without_a_forced_leader() -> None:
     assert [m.leader for m in team] == [True, False, False, False]
 
 
+@pytest.mark.parametrize(
+    ("n", "required"),
+    [
+        (3, "at least one Diagnostician, at least one Pedagogy Strategist and one or two Subject Matter Experts"),
+        (2, "the team is one Diagnostician and one Pedagogy Strategist"),
+        (1, "the team is one Diagnostician."),
+    ],
+)
+def test_the_teaching_recruit_prompt_asks_only_for_the_roles_a_team_of_n_can_hold(n: int, required: str) -> None:
+    """C.4.2's three required roles need three members; a smaller team is asked for what the parser then requires
+    (the Diagnostician, then the Strategist), not for roles it has no room for."""
+    text = domain_named("education").recruit_prompt("Q", n)[-1].content
+    assert f"Choose at most {n} distinct specialties" in text and required in text
+    assert ("Subject Matter Experts." in text) == (n >= 3)
+
+
 def test_education_team_without_a_required_role_is_unusable() -> None:
     raw = json.dumps([member("Pedagogy", "Diagnostician"), member("Physics", "Subject Matter Expert")])
     with pytest.raises(AgentOutputError, match="the teaching team has no Pedagogy Strategist"):

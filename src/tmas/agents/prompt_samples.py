@@ -96,7 +96,10 @@ def _contexts() -> dict[str, list[Context]]:
         "pacore_synthesis.j2": _each({**solve, "messages": [TEXT, TEXT]}, **how),
         "rse_solve.j2": _each({**solve, "propositions": [TEXT], "pitfalls": [TEXT]}, **how),
         "rse_distill.j2": [{**q, "attempt": TEXT, "max_items": 3}],
-        "mattrl_recruit.j2": _each({**q, "n": 3}, domain=DOMAINS, catalog=((TEXT, TEXT), ())),
+        "mattrl_recruit.j2": [
+            *_each({**q, "n": 3}, domain=DOMAINS, catalog=((TEXT, TEXT), ())),
+            *_each({**q, "domain": "education", "catalog": (TEXT, TEXT)}, n=(2, 1)),
+        ],
         "mattrl_opinion.j2": _each(
             {**q, "member": member, "previous": TEXT, "feedback": TEXT, "snapshot": TEXT, "bulletin": TEXT},
             domain=DOMAINS,
