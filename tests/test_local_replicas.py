@@ -61,6 +61,8 @@ from tmas.testing.sim_server import SimServer
 server = SimServer(SimScript(latency_s=0.05), port=int(args[args.index("--port") + 1])).start()
 with open(os.path.join(record, "argv-" + str(server.port) + ".json"), "w") as fh:
     json.dump(args, fh)
+with open(os.path.join(record, "env-" + str(server.port) + ".json"), "w") as fh:
+    json.dump({{name: value for name, value in os.environ.items() if name.startswith("LLAMA")}}, fh)
 # As llama-server says where it listens (the port the kernel picked for --port 0).
 print("main: server is listening on " + server.url + " - starting the main loop", flush=True)
 signal.pause()  # until SIGTERM ends it
@@ -348,6 +350,25 @@ async def test_a_port_taken_by_another_process_does_not_stop_the_server(
             async with aiohttp.ClientSession() as session, session.get(srv.base_url + "/models") as resp:
                 assert resp.status == 200
                 assert [card["id"] for card in (await resp.json())["data"]]
+
+
+async def test_llama_server_options_in_the_environment_do_not_reach_the_server(
+    fake_llama: Path, gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # llama-server reads an option its command line leaves out from LLAMA_ARG_<OPTION> (and its API key from
+    # LLAMA_API_KEY): set for another server, a key would make the embedded one refuse every call, a context size or
+    # a Hugging Face repo would change what it serves. It is told its command line, extra_args included, only.
+    monkeypatch.setenv("LLAMA_API_KEY", "the-other-server")
+    monkeypatch.setenv("LLAMA_ARG_CTX_SIZE", "128")
+    monkeypatch.setenv("LLAMA_ARG_HF_REPO", "someone/some-model-GGUF")
+    monkeypatch.setenv("LLAMA_CACHE", str(tmp_path / "llama-cache"))
+    cfg = LocalModel(model=str(gguf), startup_timeout_s=60, extra_args=["--api-key", "own"])
+    async with local_server.LocalServer(cfg, log_dir=tmp_path) as srv:
+        env = json.loads((fake_llama / f"env-{srv.port}.json").read_text())
+        argv = json.loads((fake_llama / f"argv-{srv.port}.json").read_text())
+    # Only llama.cpp's other variables (where it caches downloads, not an option) are left, and the own key is argv's.
+    assert env == {"LLAMA_CACHE": str(tmp_path / "llama-cache")}
+    assert _flag(argv, "--api-key") == "own"
 
 
 async def test_a_server_that_dies_while_in_use_is_named_with_its_log(

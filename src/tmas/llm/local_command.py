@@ -159,6 +159,23 @@ def cache_ram_arg(cfg: LocalModel) -> str:
     return str(max(1, min(CACHE_RAM_MAX_MIB, total // cfg.replicas)))
 
 
+# llama-server takes an option the command line leaves out from the environment: LLAMA_ARG_<OPTION> (nearly every
+# option has one) and LLAMA_API_KEY.
+_SERVER_ENV_PREFIX = "LLAMA_ARG_"
+_SERVER_ENV_NAMES = frozenset({"LLAMA_API_KEY"})
+
+
+def server_environ(environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` without llama-server's own option variables: ones set for another llama-server (an API key, which
+    would refuse every call tmas sends; a Hugging Face repo, fetched in place of the model) would reach the embedded
+    one unseen. Its command line, ``local.extra_args`` included, is all it is told."""
+    return {
+        name: value
+        for name, value in environ.items()
+        if not name.startswith(_SERVER_ENV_PREFIX) and name not in _SERVER_ENV_NAMES
+    }
+
+
 def build_command(
     cfg: LocalModel, model_path: Path, port: int, alias: str, no_repack: bool = False
 ) -> tuple[list[str], dict[str, str], str]:
@@ -170,6 +187,7 @@ def build_command(
     threads = replica_threads(cfg)
     env = dict(os.environ)
     if cfg.server == "llama-server":
+        env = server_environ(env)
         bin_dir = llama_server_bin_dir()
         # The binaries link against the .so files next to them.
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(bin_dir), env.get("LD_LIBRARY_PATH")) if p)
