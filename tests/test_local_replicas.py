@@ -55,6 +55,10 @@ if os.path.exists(os.path.join(record, "crash")):
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     signal.signal(signal.SIGSEGV, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGSEGV)
+if os.path.exists(os.path.join(record, "out-of-memory")):
+    # As the kernel's out-of-memory killer ends a server while it loads: mid-log, by SIGKILL.
+    print("load_tensors: loading model tensors", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
 from tmas.testing.script import SimScript
 from tmas.testing.sim_server import SimServer
 # Slow enough that concurrent calls overlap, so the client has to spread them.
@@ -333,6 +337,24 @@ async def test_a_server_that_crashes_on_every_start_is_one_clear_error(
     assert not local_server._TAKEN_PORTS
 
 
+async def test_a_server_killed_for_memory_while_starting_says_so_in_one_line_naming_its_log(
+    fake_llama: Path, gguf: Path, tmp_path: Path
+) -> None:
+    # On a small machine the kernel's out-of-memory killer ends llama-server while it loads, its log cut off mid-load
+    # with no word of why: the error says what SIGKILL means there and what to lower, and names the log.
+    (fake_llama / "out-of-memory").write_text("")
+    srv = local_server.LocalServer(LocalModel(model=str(gguf), startup_timeout_s=60), log_dir=tmp_path)
+    with pytest.raises(LocalModelError) as info:
+        await srv.start()
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("llama-server stopped with signal SIGKILL before it was ready (")
+    assert "memory runs out" in message and "local.parallel" in message and "local.ctx_per_slot" in message
+    assert message.endswith(f"; its log: {tmp_path / 'local_server.log'}")
+    assert "loading model tensors" in await asyncio.to_thread((tmp_path / "local_server.log").read_text)
+    assert not local_server._LIVE
+
+
 async def test_a_port_taken_by_another_process_does_not_stop_the_server(
     fake_llama: Path, gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -387,7 +409,8 @@ async def test_a_server_that_dies_while_in_use_is_named_with_its_log(
         with caplog.at_level(logging.WARNING, logger="tmas.llm.local_server"):
             await srv.stop()
     [line] = [r.getMessage() for r in caplog.records if "while in use" in r.getMessage()]
-    assert line.startswith("llama-server (local_server) stopped with signal SIGKILL while in use; ")
+    assert line.startswith("llama-server (local_server) stopped with signal SIGKILL (SIGKILL is what the kernel sends")
+    assert "local.ctx_per_slot" in line and ") while in use; " in line
     assert f"last lines of {srv.log_path}: " in line
     assert "server is listening on http://127.0.0.1:" in line
     assert "\n" not in line

@@ -142,6 +142,19 @@ def _kill_leftovers() -> None:
         _kill_now(proc)
 
 
+# What to change when the kernel's out-of-memory killer stopped a server (it sends SIGKILL, and nothing else does
+# unasked).
+_MEMORY_FIX = (
+    "SIGKILL is what the kernel sends when memory runs out: lower local.parallel, local.ctx_per_slot or"
+    " local.replicas, or choose a smaller local.model"
+)
+
+
+def _how_stopped(code: int) -> str:
+    """How a server's exit status says it stopped: ``exit code N`` or ``signal NAME``."""
+    return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+
+
 class _NativeCrash(Exception):
     """The server died in native code (SIGILL, SIGSEGV, SIGBUS) while starting."""
 
@@ -341,7 +354,7 @@ class LocalServer:
 
     def _died_message(self, code: int) -> str:
         assert self.log_path is not None
-        why = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        why = _how_stopped(code)
         tail = _log_tail(self.log_path)
         bind = _BIND_FAILED.search(tail)
         if bind is not None:
@@ -350,12 +363,17 @@ class LocalServer:
                 f"{self.cfg.server} could not listen on {bind['host']}:{bind['port']} (the port is in use, or not this"
                 f" user's to take) and stopped with {why}; its log: {self.log_path}"
             )
+        if code == -signal.SIGKILL:
+            # Its log stops mid-load with no word of why: the cause is said here, in the line that names the log.
+            return f"{self.cfg.server} stopped with {why} before it was ready ({_MEMORY_FIX}); its log: {self.log_path}"
         return f"{self.cfg.server} stopped with {why} before it was ready; last lines of {self.log_path}:\n{tail}"
 
     def _died_in_use_message(self, code: int) -> str:
         """One line: the server stopped by itself after it was ready, and the last lines of its log."""
         assert self.log_path is not None
-        why = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        why = _how_stopped(code)
+        if code == -signal.SIGKILL:
+            why = f"{why} ({_MEMORY_FIX})"
         tail = " // ".join(line.strip() for line in _log_tail(self.log_path, _DIED_TAIL_LINES).splitlines())
         return f"{self.cfg.server} ({self.name}) stopped with {why} while in use; last lines of {self.log_path}: {tail}"
 
