@@ -215,6 +215,35 @@ def test_a_container_memory_limit_below_the_machine_bounds_the_prompt_cache(
     assert _flag(argv, "--cache-ram") == str(min(256, machine) // 8)
 
 
+def test_a_container_cpu_quota_below_the_cores_bounds_the_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # docker run --cpus=2 on a 64-core host: the process sees every core but may use two. llama.cpp's threads wait
+    # for each other at every step, so one per core seen would leave them all throttled.
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    cpu_max = tmp_path / "cpu.max"
+    quota, period = tmp_path / "cpu.cfs_quota_us", tmp_path / "cpu.cfs_period_us"
+    monkeypatch.setattr(local_command, "_CGROUP_CPU_MAX", cpu_max)
+    monkeypatch.setattr(local_command, "_CGROUP_V1_CPU", (quota, period))
+    assert local_command.default_threads() == 64  # no cgroup files: the cores seen
+    cpu_max.write_text("max 100000\n")  # cgroup v2 without a quota
+    assert local_command.default_threads() == 64
+    cpu_max.write_text("200000 100000\n")
+    assert local_command.default_threads() == 2
+    cpu_max.write_text("150000 100000\n")  # a core and a half: two threads, the second one part-time
+    assert local_command.default_threads() == 2
+    cpu_max.unlink()  # cgroup v1's files when v2's is absent
+    quota.write_text("-1\n")
+    period.write_text("100000\n")
+    assert local_command.default_threads() == 64
+    quota.write_text("400000\n")
+    assert local_command.default_threads() == 4
+    bin_dir = _bin_dir(tmp_path, None)
+    monkeypatch.setattr(local_command, "llama_server_bin_dir", lambda: bin_dir)
+    argv = build_command(LocalModel(replicas=2), tmp_path / "m.gguf", 5555, "m")[0]
+    assert (_flag(argv, "-t"), _flag(argv, "-tb")) == ("2", "2")
+
+
 def test_replicas_share_the_cores_unless_threads_are_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bin_dir = _bin_dir(tmp_path, "cuda")
     monkeypatch.setattr(local_command, "llama_server_bin_dir", lambda: bin_dir)

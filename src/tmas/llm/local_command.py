@@ -95,12 +95,35 @@ def model_alias(name_or_path: str) -> str:
     return name_or_path if name_or_path in KNOWN_MODELS else Path(name_or_path).stem
 
 
-def default_threads() -> int:
-    """Cores this process may use; llama.cpp's own default can exceed them in a container."""
+# Where a container's CPU quota is read: cgroup v2's "QUOTA PERIOD" ("max PERIOD" for none), then v1's two files.
+_CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+_CGROUP_V1_CPU = (Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us"))
+
+
+def cpu_quota() -> int | None:
+    """The cores a container's CPU quota (``docker run --cpus``, a Kubernetes CPU limit) allows, rounded up; None
+    without one. The quota leaves the cores this process sees as they are, and only throttles it."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        quota, period = _CGROUP_CPU_MAX.read_text(encoding="utf-8").split()[:2]
+    except (OSError, ValueError):
+        try:
+            quota, period = (path.read_text(encoding="utf-8").strip() for path in _CGROUP_V1_CPU)
+        except OSError:
+            return None
+    if not (quota.isdigit() and period.isdigit()) or int(period) == 0:
+        return None  # "max", or v1's -1: no quota
+    return max(1, -(-int(quota) // int(period)))
+
+
+def default_threads() -> int:
+    """Cores this process may use: those it may run on, fewer where a container's CPU quota allows fewer. llama.cpp's
+    threads wait for each other at every step, so more of them than the quota allows leaves all of them throttled."""
+    try:
+        cores = max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+        cores = max(1, os.cpu_count() or 1)
+    quota = cpu_quota()
+    return cores if quota is None else min(cores, quota)
 
 
 # Runs llama_cpp.server with llama.cpp's "extra buffer types" (weight repacking, AMX) off; the Python
