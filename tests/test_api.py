@@ -221,3 +221,45 @@ async def test_iterations_given_to_a_method_of_one_round_through_the_api_is_refu
     assert sim.chat_bodies() == []
     # One round is what it runs: said so, it is no contradiction.
     assert (await tmas.asolve("What is 17*23?", settings, params={"iterations": 1})).answer == "391"
+
+
+async def test_a_cost_limit_that_cannot_be_one_is_refused_before_any_call(tmp_path: Path, sim: SimServer) -> None:
+    # NaN compares false with every estimate: taken as given, it let a run of any size through unasked.
+    settings = settings_for(sim, method={"name": "majority", "params": {"k": 8, "iterations": 1}})
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text(PROBLEM)
+    nan = float("nan")
+    with pytest.raises(InputError, match=r"^tmas.solve: max_completion_tokens must be a number 0 or more, or None"):
+        await tmas.asolve("What is 17*23?", settings, max_calls=None, max_completion_tokens=nan)
+    with pytest.raises(
+        InputError, match=r"^tmas.api.arun: max_calls must be a number 0 or more, or None .*\(got nan\)$"
+    ):
+        await tmas.api.arun(problems, tmp_path / "run", settings, max_calls=nan)
+    # Below 0 every run would be refused, its message naming a threshold of -1.
+    with pytest.raises(InputError, match=r"^tmas.solve: max_calls must be a number 0 or more, or None .*\(got -1\)$"):
+        await tmas.asolve("What is 17*23?", settings, max_calls=-1)
+    assert sim.chat_bodies() == []
+    assert not (tmp_path / "run").exists()
+    await tmas.api.arun(problems, tmp_path / "run", settings)
+    count = len(sim.chat_bodies())
+    with pytest.raises(InputError, match=r"^tmas.api.aresume: max_completion_tokens must be .*\(got nan\)$"):
+        await tmas.api.aresume(tmp_path / "run", max_completion_tokens=nan)
+    assert len(sim.chat_bodies()) == count
+
+
+async def test_a_run_limited_to_no_problem_or_fewer_is_refused_rather_than_run_whole(
+    tmp_path: Path, sim: SimServer
+) -> None:
+    # limit=0 read as no limit at all solved every problem of the file; a negative one failed inside islice.
+    settings = settings_for(sim, method={"name": "cot"})
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text(PROBLEM + PROBLEM.replace("p1", "p2"))
+    for limit in (0, -1):
+        with pytest.raises(
+            InputError, match=rf"^tmas.api.arun: limit must be a whole number of problems, 1 or more \(got {limit}\)$"
+        ):
+            await tmas.api.arun(problems, tmp_path / "run", settings, limit=limit, max_calls=None)
+    assert sim.chat_bodies() == []
+    assert not (tmp_path / "run").exists()
+    summary = await tmas.api.arun(problems, tmp_path / "run", settings, limit=1)
+    assert (summary.done, len(sim.chat_bodies())) == (1, 1)

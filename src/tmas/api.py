@@ -10,11 +10,13 @@ the model's own. ``settings`` may also be given as a mapping of tmas.toml's keys
 Each is refused in one line, before anything is sent or made, where the run's cost estimate (as the CLI's gate works it
 out: :mod:`tmas.planning.estimate`) is over ``max_calls`` calls (by default 500 for a question, 20,000 for a run, as
 ``tmas solve`` and ``tmas run`` ask first) or ``max_completion_tokens`` (50M, where the estimate knows them); a larger
-value, or None, lets it run. A resume counts only the calls it has still to send."""
+value, or None, lets it run (one below 0, or NaN, is refused). A resume counts only the calls it has still to
+send."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
@@ -106,6 +108,7 @@ async def solve_question(
     """:func:`asolve`, whose errors name what continues its run: the API's call and keyword (``for_api``), or the
     commands' (``tmas solve``)."""
     check_question(question, "question")
+    check_limits("tmas.solve", max_calls, max_completion_tokens)
     given = _settings_of(settings, model)
     check_given_params(method or given.method.name, params or {}, _params_named("tmas.solve"), InputError)
     settings = question_settings(given, method, params, own_model=model is not None)
@@ -178,6 +181,10 @@ async def arun(
 ) -> RunSummary:
     """Solve a problem file (JSONL or a benchmark name) into a new run directory ``out``, as ``tmas run`` does.
     Refused where its estimate is over ``max_calls`` or ``max_completion_tokens`` (None: no limit)."""
+    check_limits("tmas.api.arun", max_calls, max_completion_tokens)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        # islice would take 0 as no limit at all (every problem solved) and fail on a negative one.
+        raise InputError(f"tmas.api.arun: limit must be a whole number of problems, 1 or more (got {limit!r})")
     own = model is not None
     settings = _settings_of(settings, model)
     if max_calls is not None or max_completion_tokens is not None:
@@ -206,6 +213,7 @@ async def aresume(
     by the rule of :func:`tmas.runner.resume_settings`. With ``model`` the run goes on on that model: the calls it
     finished are replayed from the store wherever the model asks them again. Refused where the calls it has still
     to send are over ``max_calls``, or their completion tokens over ``max_completion_tokens`` (None: no limit)."""
+    check_limits("tmas.api.aresume", max_calls, max_completion_tokens)
     run_dir = Path(run_dir)
     try:
         settings = resume_settings(stored_settings(run_dir), overrides or {}, config=config, params=params)
@@ -264,6 +272,15 @@ def override_error(exc: OverrideError, overrides: Mapping[str, Any]) -> str:
     (``bad value for overrides={'sampling.temperature': -1}: ...``), not of a command line."""
     given = {key: overrides[key] for key in exc.keys if key in overrides}
     return f"bad value for overrides={given!r}: {exc.reason}"
+
+
+def check_limits(what: str, max_calls: int | None, max_completion_tokens: float | None) -> None:
+    """Refuse, in one line naming ``what``, a cost limit that cannot be one: NaN compares false with every estimate,
+    so it would let any run through unasked, and one below 0 would refuse every run (``tmas run``'s
+    ``--confirm-calls`` and ``--confirm-tokens`` are refused alike)."""
+    for name, value in [("max_calls", max_calls), ("max_completion_tokens", max_completion_tokens)]:
+        if value is not None and (isinstance(value, bool) or math.isnan(value) or value < 0):
+            raise InputError(f"{what}: {name} must be a number 0 or more, or None for no limit (got {value!r})")
 
 
 def check_cost(
