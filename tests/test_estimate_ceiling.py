@@ -30,7 +30,7 @@ from tmas.planning.estimate import (
 from tmas.problems import Problem
 from tmas.runner import prepare_run, run_problems
 from tmas.store.run_store import RunStore
-from tmas.testing import Rule, SimScript, SimServer
+from tmas.testing import LongReplies, Rule, SimScript, SimServer
 from tmas.testing.script import ScriptedUsage
 
 PROBLEM = [Problem(problem_id="q0", question="What is 2*7?", answer="14")]
@@ -428,3 +428,32 @@ async def test_a_resume_under_a_token_budget_takes_off_what_its_replayed_calls_s
     assert sim.chat_bodies() == []
     await aresume(tmp_path / "run", max_completion_tokens=280)
     assert len(sim.chat_bodies()) == 4
+
+
+async def test_the_token_ceiling_says_that_attempts_cut_and_retried_cost_beside_it(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # Chain of thought at max_tokens 256: a call and its reminder, 512 tokens at most. Two attempts of the call are
+    # cut after 250 tokens and retried: the call is charged what they had the server generate (docs: "What a call
+    # costs"), so the run spends more than the ceiling counts, and the estimate must say so rather than call it one.
+    long = LongReplies(
+        reasoning_min_tokens=2000,
+        reasoning_median_tokens=2000,
+        reasoning_max_tokens=2000,
+        answer_min_tokens=0,
+        chunk_tokens=10,
+        answer_max_tokens=10,
+    )
+    cut = Rule(role="solution", fault="cut", fault_after_tokens=250, times=2)
+    sim.set_script(SimScript(long_replies=long, rules=[cut]))
+    settings = settings_for(sim, method={"name": "cot"})
+    point = estimate_point("cot", create_method("cot", {}), settings, 1, None)
+    assert (point.basis, point.completion_tokens) == ("max_tokens", 512)
+    store, settings, todo = prepare_run(tmp_path / "run", settings, PROBLEM, resume=False)
+    with store:
+        await run_problems(settings, todo, store)
+        spent = store.role_costs()["solution"]
+    assert len(sim.chat_bodies("solution")) == 3 and spent["calls"] == 1
+    assert spent["completion_tokens"] > 512
+    table = format_estimate(Estimate([point]))
+    assert "an attempt cut part way and retried adds what it had generated" in table

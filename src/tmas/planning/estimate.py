@@ -6,6 +6,8 @@ Each method states its own calls per problem, by role (:meth:`tmas.methods.base.
 formula in each method's docstring); a method that states none is shown as unknown. Where stopping makes the count
 uncertain, the estimate gives the range from the fewest calls (and tokens) to the most. The ceilings (the most calls,
 and the tokens at max_tokens) hold the replies asked again too, each as often as it can be (``CallCount.most``).
+The token ceiling is of the replies: an attempt cut part way and retried is charged to its call for what it had
+generated (up to max_tokens more per attempt), and the ceiling says so.
 """
 
 from __future__ import annotations
@@ -510,7 +512,10 @@ def format_estimate(estimate: Estimate) -> str:
         how = {
             "pilot": "mean per call measured by the pilot",
             "given": "the given tokens per call",
-            "max_tokens": "every call, replies asked again included, at max_tokens: a ceiling",
+            # A call is charged what its attempts cut part way had generated too (docs/sampling_and_budgets.md,
+            # "What a call costs"): up to max_tokens each, which no count of calls bounds.
+            "max_tokens": "every call, replies asked again included, at max_tokens: a ceiling; an attempt cut part"
+            " way and retried adds what it had generated",
         }
         fewest = estimate.fewest_completion_tokens
         shown = _tokens(total) if fewest is None or fewest >= total else f"{_tokens(fewest)} to {_tokens(total)}"
