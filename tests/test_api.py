@@ -4,21 +4,28 @@ up."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import subprocess
 import sys
 import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import tmas
 import tmas.api
-from conftest import clean_env, dead_url, settings_for
+from conftest import clean_env, dead_url, scripted_settings, settings_for
 from tmas.errors import ConfigError, InputError
+from tmas.llm.types import Completion, Message
 from tmas.runner import Unreachable
 from tmas.store.run_lock import LockHeld, running
+from tmas.store.run_store import RunStore
 from tmas.testing import SimServer
+from tmas.testing.scripted_model import ScriptedModel
 
 PROBLEM = '{"problem_id": "p1", "question": "What is 17*23?", "answer": "391"}\n'
 
@@ -263,3 +270,38 @@ async def test_a_run_limited_to_no_problem_or_fewer_is_refused_rather_than_run_w
     assert not (tmp_path / "run").exists()
     summary = await tmas.api.arun(problems, tmp_path / "run", settings, limit=1)
     assert (summary.done, len(sim.chat_bodies())) == (1, 1)
+
+
+@dataclass
+class CancellingModel(ScriptedModel):  # type: ignore[misc]
+    """A scripted model that cancels ``task`` as its ``at``-th call starts (that call, and any after it, then go
+    unanswered): a caller's cancel landing mid-run, at a point fixed by the calls made rather than by time."""
+
+    at: int = 1
+    started: int = 0
+    task: asyncio.Future[Any] | None = None
+
+    async def chat(self, role: str, messages: Sequence[Message], **kw: Any) -> Completion:
+        self.started += 1
+        if self.started == self.at and self.task is not None:
+            self.task.cancel()
+        return await super().chat(role, messages, **kw)
+
+
+async def test_a_run_cancelled_mid_way_keeps_its_finished_calls_and_resumes_from_them(tmp_path: Path) -> None:
+    # TMAS with N = 2, M = 1, T = 2 on one problem: 6 calls in iteration 0 (2 solutions, 2 verifications, 2
+    # summaries) and 2 memory calls before iteration 1's 4 (no memory after the last): 12 calls.
+    settings = scripted_settings(method={"name": "tmas", "params": {"n": 2, "m": 1, "iterations": 2}})
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text(PROBLEM)
+    model = CancellingModel(settings=settings, at=8)
+    model.task = asyncio.ensure_future(tmas.api.arun(problems, tmp_path / "run", settings, model=model))
+    with pytest.raises(asyncio.CancelledError):
+        await model.task
+    with RunStore(tmp_path / "run", create=False) as store:
+        kept = store.call_counts()
+    assert 0 < kept["calls"] < 12 and kept["failed"] == 0
+    again = ScriptedModel(settings=settings)
+    summary = await tmas.api.aresume(tmp_path / "run", model=again)
+    assert (summary.done, summary.replayed_calls, summary.calls) == (1, kept["calls"], 12 - kept["calls"])
+    assert len(again.calls) == 12 - kept["calls"]
