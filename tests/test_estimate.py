@@ -532,6 +532,24 @@ def test_a_nan_or_infinite_estimate_flag_is_refused_in_one_line(
     assert sim.stats().total_requests == 0 and not (tmp_path / "run").exists()
 
 
+def test_a_pilot_and_a_given_tokens_per_call_are_refused_together_before_any_call(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # Both gave the tokens per call: the pilot's mean was used and --tokens-per-call dropped without a word, after
+    # the pilot had sent its calls.
+    problems = write_problems(tmp_path / "p.jsonl", 2)
+    base = ["run", str(problems), "-o", str(tmp_path / "run"), "--base-url", sim.base_url, "-m", "cot", "--dry-run"]
+    out = tmas_cli(*base, "--pilot", "1", "--tokens-per-call", "1000")
+    assert out.returncode == 2
+    assert out.stderr.decode().strip().splitlines() == [
+        "tmas: error: --pilot measures the tokens per call that --tokens-per-call gives: give one of them"
+    ]
+    assert sim.stats().total_requests == 0 and not (tmp_path / "run").exists()
+    # Either alone is taken: the given mean, 1,000 tokens for each of the 2 calls.
+    out = tmas_cli(*base, "--tokens-per-call", "1000")
+    assert out.returncode == 0 and "completion tokens: 2.0k (the given tokens per call)" in out.stderr.decode()
+
+
 def test_a_pilot_over_the_threshold_asks_before_it_sends(sim: SimServer, tmp_path: Path) -> None:
     # The pilot of MV@64 on 2 problems is 128 calls, 256 at most: over --confirm-calls 50 it is refused before any
     # call, as the run it measures would be, rather than sent and the run refused after it.

@@ -110,6 +110,9 @@ class EstimateFlags(GateFlags):
         super().check()
         if self.pilot is not None and self.pilot < 1:
             raise InputError("--pilot must be at least 1 problem")
+        if self.pilot is not None and self.tokens_per_call is not None:
+            # The pilot's measure would be taken and the given mean dropped without a word.
+            raise InputError("--pilot measures the tokens per call that --tokens-per-call gives: give one of them")
         # Not NaN or infinity either: an estimate of nan tokens is under every threshold, and so never asks.
         if self.tokens_per_call is not None and not (math.isfinite(self.tokens_per_call) and self.tokens_per_call > 0):
             raise InputError("--tokens-per-call must be a positive number")
