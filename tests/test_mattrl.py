@@ -22,7 +22,7 @@ from tmas.api import asolve
 from tmas.llm.replay import StoreReplay
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool
-from tmas.memory.pool_entry import PoolEntry
+from tmas.memory.pool_entry import PoolEntry, question_digest
 from tmas.memory.transcript import TeamMember, Transcript
 from tmas.methods import create_method
 from tmas.methods.base import ProblemResult, ProblemSession
@@ -467,6 +467,35 @@ async def test_retrieved_experience_is_injected_and_recorded(tmp_path: Path) -> 
     queries = model.embedded
     assert len(queries) == 3 and all(Q in q[0] for q in queries)
     assert result.iterations[0].candidates[0].meta.experience_ids == opinions[0].experience_ids
+
+
+async def test_entries_distilled_from_the_problem_being_solved_are_left_out_unless_asked_for(tmp_path: Path) -> None:
+    # A pool built from runs on the very problems a run solves (the test split overlaps the build split): the
+    # summarizer wrote this problem's entries knowing its reference answer, so its own entry, the nearest by far,
+    # never reaches its specialists; an entry of another problem still does. Asked for, both come back.
+    own = PoolEntry(
+        id="own", action=Q, experience="The reference answer is 391.", source_question=question_digest(f"  {Q}\n")
+    )
+    other = PoolEntry(
+        id="other", action="Multiply in parts", experience="Split a factor.", source_question=question_digest("1+1?")
+    )
+    embed = EndpointEmbedder(ScriptedModel(settings=scripted_settings()))
+    pool = Pool.create(tmp_path / "pool", embed.name)
+    await pool.add([own, other], embed)
+    pool.save()
+    result, model = await run(pool=str(tmp_path / "pool"), top_k=8)
+    opinions = [u for u in transcript(result).utterances if u.kind == "opinion"]
+    assert opinions and all(u.experience_ids == ["other"] for u in opinions)
+    assert all("391" not in p.split("<experience_hints>")[1] for p in last_user_prompts(model, "specialist"))
+    assert "experience retrieval: 1 pool entries distilled from this problem left out" in result.iterations[0].notes
+    assert result.notices == [
+        f"pool={tmp_path / 'pool'} holds entries distilled from problems of this run: each problem's own are left out"
+        " of its retrieval (pool_same_problem=true retrieves them)"
+    ]
+    result, _ = await run(pool=str(tmp_path / "pool"), top_k=8, pool_same_problem=True)
+    opinions = [u for u in transcript(result).utterances if u.kind == "opinion"]
+    assert opinions and all(u.experience_ids == ["own", "other"] for u in opinions)
+    assert result.notices == [] and not any("left out" in n for n in result.iterations[0].notes)
 
 
 async def test_a_pool_of_several_domains_gives_each_run_only_its_own_domains_entries(tmp_path: Path) -> None:

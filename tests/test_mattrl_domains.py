@@ -430,8 +430,15 @@ async def test_an_education_build_credits_the_teachers_never_the_student(tmp_pat
         ("Diagnostician", "Physics", "easy", "STRATEGY", "case"),
         ("Diagnostician", "Physics", "easy", "STRATEGY", "case"),
     ]
-    # Table 3's MATTRL condition: the team teaches again with the pool; only the Diagnostician's role has entries.
-    again, teaching = await teach(tmp_path / "again", "B", iterations=1, pool=str(tmp_path / "pool"))
+    # The same question taught again: every entry was distilled from it, knowing its answer, so none is retrieved.
+    alone, teaching = await teach(tmp_path / "alone", "B", iterations=1, pool=str(tmp_path / "pool"))
+    assert not any("<experience_hints>" in b for b in last_user_prompts(teaching, "specialist"))
+    assert "experience retrieval: 4 pool entries distilled from this problem left out" in alone.iterations[-1].notes
+    # Table 3's MATTRL condition, rehearsed on the same question (asked for): the team teaches again with the pool;
+    # only the Diagnostician's role has entries.
+    again, teaching = await teach(
+        tmp_path / "again", "B", iterations=1, pool=str(tmp_path / "pool"), pool_same_problem=True
+    )
     analyses = last_user_prompts(teaching, "specialist")
     diagnostician = next(b for b in analyses if "\nYou are the Diagnostician" in b)
     assert diagnostician.count("- ACTION: Diagnostician") == 4

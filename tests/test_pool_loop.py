@@ -60,6 +60,12 @@ async def test_build_from_real_mattrl_runs_then_retrieve_and_prune(tmp_path: Pat
     transcripts = [Transcript.model_validate(record.state["transcript"]) for record in records]
     per_problem = [{i for u in t.utterances for i in u.experience_ids} for t in transcripts]
     assert all(per_problem) and set().union(*per_problem) <= {e.id for e in pool.entries}
+    # The test run solves the problems the pool was built from: no problem is handed the entries its own reference
+    # answer was distilled into, only the other problem's.
+    source = {e.id: e.source_problem for e in pool.entries}
+    assert all(
+        {source[i] for i in ids} == {t.problem_id} ^ {"a", "b"} for t, ids in zip(transcripts, per_problem, strict=True)
+    )
     # Each transcript names the pool its ids are entries of (ids are unique only within a pool).
     assert {t.pool for t in transcripts} == {str(pool_path.resolve())}
 

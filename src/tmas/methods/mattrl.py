@@ -41,7 +41,7 @@ from tmas.errors import InputError, LLMError
 from tmas.llm.tokens import CHARS_PER_TOKEN
 from tmas.llm.types import Completion
 from tmas.memory.embedders import Embedder, embedder_for
-from tmas.memory.pool_entry import PoolEntry
+from tmas.memory.pool_entry import PoolEntry, question_digest
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
 from tmas.methods.base import (
     BudgetExhausted,
@@ -57,6 +57,7 @@ from tmas.methods.call_count import CallCount, asked_again, count_calls
 from tmas.methods.echo_retry import chat_guarded
 from tmas.methods.mattrl_deliberation import PeerReview, Reviews, Seat, pooled_differential
 from tmas.methods.mattrl_domains import DEFAULT_DOMAIN, DOMAINS, Domain, DomainName, domain_named, domain_names
+from tmas.methods.mattrl_domains.domain import Tier
 from tmas.methods.mattrl_teaching import teach
 from tmas.methods.param_flags import cli_flag
 from tmas.methods.reasked import Reasked
@@ -91,6 +92,9 @@ class MATTRLParams(MethodParams):
     pool: str | None = None
     embedder: Literal["endpoint", "local"] = "endpoint"
     top_k: int = Field(default=8, ge=1, le=64)
+    # Retrieve the entries distilled from the problem being solved too. Off: a pool built from runs on the same
+    # problems (a test split that overlaps the build split) cannot hand a problem its own reference answer.
+    pool_same_problem: bool = False
     # Extra attempts at an unusable team or review reply before the default team / an unreadable review.
     retries: int = Field(default=1, ge=0, le=3)
     # Medicine: also put the team's Borda-pooled top-10 into the meeting bulletin. This project's option, not the
@@ -117,9 +121,28 @@ class MATTRLParams(MethodParams):
 
 @dataclass
 class Retriever:
+    """A problem's access to the pool. ``own``: the digest of the problem's question, whose entries are left out
+    (None: ``pool_same_problem``); ``left_out``: how many entries that is, said once in the problem's record."""
+
     pool: Pool
     embed: Embedder
     k: int
+    own: str | None = None
+    left_out: int = 0
+    said: bool = False
+
+
+def _without_own(tier: Tier | None, own: str | None) -> Tier | None:
+    """``tier`` (None: every entry in one tier), with the entries whose source question is ``own`` never returned."""
+    if own is None:
+        return tier
+
+    def keyed(entry: PoolEntry) -> int | None:
+        if entry.source_question == own:
+            return None
+        return tier(entry) if tier is not None else 0
+
+    return keyed
 
 
 def _pool_name(retriever: Retriever | None) -> str | None:
@@ -375,7 +398,15 @@ class MATTRL(Method[MATTRLParams]):
                 " without experience",
             )
             return None
-        return Retriever(self._pool, embed, p.top_k)
+        own = None if p.pool_same_problem else question_digest(session.problem.question)
+        left_out = sum(1 for entry in self._pool.entries if own is not None and entry.source_question == own)
+        if left_out:
+            session.notice(
+                "mattrl_same_problem_entries",
+                f"pool={p.pool} holds entries distilled from problems of this run: each problem's own are left out"
+                " of its retrieval (pool_same_problem=true retrieves them)",
+            )
+        return Retriever(self._pool, embed, p.top_k, own, left_out)
 
     async def _hints(
         self,
@@ -386,11 +417,17 @@ class MATTRL(Method[MATTRLParams]):
         metadata: Mapping[str, Any],
     ) -> list[PoolEntry]:
         """The top-K entries for the case, the specialist and its current context (B.9), ranked first by the
-        domain's retrieval keys where it declares them (education: role, subject, difficulty)."""
+        domain's retrieval keys where it declares them (education: role, subject, difficulty). Entries distilled
+        from this very problem are left out (unless ``pool_same_problem``): they were written knowing its answer."""
         if retriever is None:
             return []
         parts = [context[0], f"Specialist: {member.specialty}. {member.description}", *context[1:]]
-        tier = self.domain.retrieval_tier(member, metadata)
+        tier = _without_own(self.domain.retrieval_tier(member, metadata), retriever.own)
+        if retriever.left_out and not retriever.said:
+            retriever.said = True
+            notes.append(
+                f"experience retrieval: {retriever.left_out} pool entries distilled from this problem left out"
+            )
         try:
             hits = await retriever.pool.search("\n\n".join(c for c in parts if c), retriever.k, retriever.embed, tier)
         except LLMError as exc:

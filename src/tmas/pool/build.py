@@ -47,7 +47,7 @@ from tmas.llm.sampling import resolve_role, retried
 from tmas.llm.types import CallKey, Message
 from tmas.memory.embedders import ENDPOINT, LOCAL, Embedder, embedder_for
 from tmas.memory.pool import META, Pool
-from tmas.memory.pool_entry import PoolEntry
+from tmas.memory.pool_entry import PoolEntry, question_digest
 from tmas.pool.credit import (
     DEFAULT_BETA,
     Coalition,
@@ -326,6 +326,7 @@ def _entries(
             specialty=target.specialty,
             source_run=case.run,
             source_problem=case.problem.problem_id,
+            source_question=question_digest(case.problem.question),
             source_round=target.turn,
             source_agent=target.agent,
             reward=record.credit.r,
