@@ -95,6 +95,43 @@ def test_bad_operations_are_refused_and_reported() -> None:
     assert "already claimed by KEEP" in report.rejected[3]
 
 
+def test_a_runaway_entry_is_refused_with_its_length_and_the_rest_of_the_update_applied() -> None:
+    # A model on a server that does not enforce the reply's schema repeats one sentence inside "content": the entry
+    # would ride in every later refine prompt. The ADD is refused, a REFINE of that length leaves its entry as it
+    # was, and the update's other operations are applied.
+    old = bank(("anchor", "alpha beta"))
+    runaway = "Splitting 23 as 20 + 3 works. " * 100 + "So 391."  # 3,007 characters
+    ops = [
+        ExperienceOp(op="ADD", kind="anchor", content=runaway),
+        ExperienceOp(op="REFINE", id="E1", content=runaway),
+        ExperienceOp(op="ADD", kind="heuristic", content="adding without the carry gives 381"),
+        ExperienceOp(op="ADD", kind="anchor", content="x" * 2000),  # at the limit: kept
+    ]
+    new, report = apply_experience_ops(old, ops, iteration=1)
+    assert [(e.id, e.content) for e in new.entries] == [
+        ("E1", "alpha beta"),
+        ("E2", "adding without the carry gives 381"),
+        ("E3", "x" * 2000),
+    ]
+    assert report.added == ["E2", "E3"] and report.kept == ["E1"] and report.refined == []
+    assert report.rejected == [
+        "ADD: content of 3007 characters, over the 2000 an entry may hold",
+        "REFINE E1: content of 3007 characters, over the 2000 an entry may hold",
+    ]
+
+
+def test_a_new_strategy_described_at_runaway_length_is_refused() -> None:
+    items = [
+        StrategyClassification(
+            rollout=1, strategy="Distribute over 20 + 3. " * 50 + "Add.", novelty=1
+        ),  # 1,204 characters
+        StrategyClassification(rollout=2, strategy="transfer matrix over column states", novelty=1),
+    ]
+    new, report = apply_strategy_classifications(GuidelineBank(), items, iteration=0, n_rollouts=2)
+    assert [(s.id, s.description) for s in new.strategies] == [("G1", "transfer matrix over column states")]
+    assert report.rejected == ["rollout 1: a strategy of 1204 characters, over the 1000 a description may hold"]
+
+
 def test_jaccard_dedup_keeps_the_earlier_entry() -> None:
     old = bank(("anchor", "the answer for the two by two block is three tilings"))
     # Word sets: 10 shared of 11 in the union -> 0.91, above 0.7; the heuristic of the same words is another kind.

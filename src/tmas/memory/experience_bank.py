@@ -26,6 +26,10 @@ OpName = Literal["ADD", "KEEP", "REFINE", "DELETE"]
 
 DEFAULT_DEDUP_THRESHOLD = 0.7
 DEFAULT_MAX_ENTRIES = 35
+# The longest entry an update may write: five times what the reply's schema asks for where the server enforces it
+# (tmas.agents.experience.ENTRY_CHARS). A server that does not leaves the length to the model; an entry of thousands
+# of characters is a runaway (one sentence repeated) that would ride in every later prompt showing the bank.
+MAX_CONTENT_CHARS = 2000
 
 
 class ExperienceEntry(BaseModel):
@@ -146,15 +150,17 @@ def apply_experience_ops(
     iteration: int,
     dedup_threshold: float = DEFAULT_DEDUP_THRESHOLD,
     max_entries: int = DEFAULT_MAX_ENTRIES,
+    max_content_chars: int = MAX_CONTENT_CHARS,
 ) -> tuple[ExperienceBank, ExperienceReport]:
     """E_t from E_{t-1} and the agent's operations; ``bank`` itself is not changed.
 
     Order: operations on existing entries (DELETE, REFINE with its merges, KEEP) against E_{t-1}, then ADDs in the
     order given; then near-duplicates (Jaccard >= ``dedup_threshold`` with an earlier entry of the same kind) are
-    dropped, the earlier entry winning; then ADDs beyond ``max_entries`` are refused.
+    dropped, the earlier entry winning; then ADDs beyond ``max_entries`` are refused. An ADD or REFINE whose content
+    is longer than ``max_content_chars`` is refused (a refused REFINE leaves its entry as it was).
     """
     report = ExperienceReport()
-    claims = _claims(bank, ops, report)
+    claims = _claims(bank, ops, report, max_content_chars)
     entries = _edited(bank, claims, iteration)
     # Unmentioned entries stay (KEEP is the default), so they count as kept too.
     report.kept.extend(e.id for e in bank.entries if e.id not in claims.touched)
@@ -182,7 +188,7 @@ class _Claims:
     additions: list[ExperienceOp] = field(default_factory=list)
 
 
-def _claims(bank: ExperienceBank, ops: list[ExperienceOp], report: ExperienceReport) -> _Claims:
+def _claims(bank: ExperienceBank, ops: list[ExperienceOp], report: ExperienceReport, max_chars: int) -> _Claims:
     """Each operation checked and sorted (refused ones in ``report.rejected``, with why); one operation per entry."""
     existing = {e.id for e in bank.entries}
     out = _Claims()
@@ -198,6 +204,12 @@ def _claims(bank: ExperienceBank, ops: list[ExperienceOp], report: ExperienceRep
         return True
 
     for op in ops:
+        if op.content is not None and op.op in ("ADD", "REFINE") and len(op.content) > max_chars:
+            named = f" {op.id}" if op.op == "REFINE" and op.id else ""
+            report.rejected.append(
+                f"{op.op}{named}: content of {len(op.content)} characters, over the {max_chars} an entry may hold"
+            )
+            continue
         if op.op == "ADD":
             if op.content is None or op.kind is None:
                 report.rejected.append("ADD: needs both 'kind' and 'content'")

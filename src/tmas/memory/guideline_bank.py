@@ -19,6 +19,9 @@ from tmas.memory.entry_ids import entry_id
 from tmas.memory.similarity import jaccard
 
 DEFAULT_DEDUP_THRESHOLD = 0.7
+# The longest description a new strategy may enter the bank with: a strategy is a sentence or two, and one of
+# thousands of characters (a runaway repetition) would ride in every later explore prompt.
+MAX_DESCRIPTION_CHARS = 1000
 # A ``same_as`` naming a rollout of the same iteration, as entry_id leaves it (upper case): "R2", "ROLLOUT 2".
 _ROLLOUT_REF = re.compile(r"(?:R|ROLLOUT)\s*#?(\d+)")
 
@@ -104,13 +107,15 @@ def apply_strategy_classifications(
     n_rollouts: int,
     scores: dict[int, float] | None = None,
     dedup_threshold: float = DEFAULT_DEDUP_THRESHOLD,
+    max_description_chars: int = MAX_DESCRIPTION_CHARS,
 ) -> tuple[GuidelineBank, GuidelineReport]:
     """G_t from G_{t-1} and one verdict per rollout; ``scores`` maps rollout number (1-based) to its mean score.
 
     A rollout of this iteration can share its strategy with another one of the same iteration: its verdict is 0 with
     ``same_as`` naming that rollout ("R2"), and it counts as another attempt of whatever strategy that rollout's
     verdict logged or named, so a strategy the rollouts of one iteration share enters the bank once. Such verdicts are
-    read after all the others, whatever their order in the reply."""
+    read after all the others, whatever their order in the reply. A new strategy described in more than
+    ``max_description_chars`` characters is refused, unless its wording matches a logged one."""
     report = GuidelineReport()
     scores = scores or {}
     strategies = list(bank.strategies)
@@ -173,6 +178,12 @@ def apply_strategy_classifications(
         if position is not None:
             report.deduplicated.append(f"rollout {item.rollout} (near-duplicate of {strategies[position].id})")
             credit(position, item.rollout)
+            continue
+        if len(item.strategy) > max_description_chars:
+            report.rejected.append(
+                f"rollout {item.rollout}: a strategy of {len(item.strategy)} characters, over the"
+                f" {max_description_chars} a description may hold"
+            )
             continue
         strategy_id = f"G{next_id}"
         next_id += 1
