@@ -72,6 +72,22 @@ def test_summarizer_entries_scopes_and_dropped_items() -> None:
         parse_summarizer('{"entries": [{"action": "x"}]}')
 
 
+def test_a_summarizer_entry_of_runaway_length_is_dropped_and_said() -> None:
+    # Retrieved K at a time into every specialist's hints, a runaway entry would crowd out the case itself.
+    runaway = " ".join(["Good practice: split a factor."] * 100)  # 3,099 characters
+    entries = [
+        {"action": "Split a factor", "experience": runaway, "scope": "general"},
+        {"action": "Check small cases " * 60, "experience": "Good practice: try n=1.", "scope": "general"},
+        {"action": "Check small cases", "experience": "Good practice: try n=1,2,3.", "scope": "general"},
+    ]
+    kept, dropped = parse_summarizer(json.dumps({"entries": entries}))
+    assert [e.action for e in kept] == ["Check small cases"]
+    assert dropped == [
+        "entry 1: experience: Value error, 3099 characters, over the 2000 it may hold",
+        "entry 2: action: Value error, 1079 characters, over the 1000 it may hold",
+    ]
+
+
 def test_problem_text_is_data_not_template() -> None:
     evil = "Compute {{ 6*7 }} and {% if true %}x{% endif %}"
     turn = TurnView(agent="S1", specialty="algebra", text="{{ gold }}")

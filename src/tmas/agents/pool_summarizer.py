@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, Field, field_validator
+from pydantic import AliasChoices, BaseModel, Field, ValidationInfo, field_validator
 
 from tmas.agents.output import parse_json_list
 from tmas.agents.templates import prompt
@@ -21,6 +21,11 @@ from tmas.agents.utterance_judge import RoundView, TeachingView, TurnView
 from tmas.llm.types import Message
 
 MAX_ENTRIES = 3
+# The longest ACTION and EXPERIENCE an entry may have (the prompt asks for a short key and one or two sentences). A
+# runaway (one sentence repeated until the JSON closes) would ride in the hints of every specialist it is retrieved
+# for, K entries at a time: such an entry is dropped and reported like any other invalid one.
+ACTION_CHARS = 1000
+EXPERIENCE_CHARS = 2000
 
 
 class DistilledEntry(BaseModel):
@@ -30,10 +35,13 @@ class DistilledEntry(BaseModel):
 
     @field_validator("action", "experience")
     @classmethod
-    def _stripped(cls, value: str) -> str:
+    def _stripped(cls, value: str, info: ValidationInfo) -> str:
         value = " ".join(value.split())
         if not value:
             raise ValueError("empty text")
+        limit = ACTION_CHARS if info.field_name == "action" else EXPERIENCE_CHARS
+        if len(value) > limit:
+            raise ValueError(f"{len(value)} characters, over the {limit} it may hold")
         return value
 
     @field_validator("scope", mode="before")
