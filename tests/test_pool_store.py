@@ -77,6 +77,27 @@ async def test_a7_retrieval_is_cosine_similarity_over_normalised_vectors_top_k_w
     assert [e.id for e, _ in await pool.search("query", 8, embed)] == ["tiling", "parity", "modular"]  # K > pool
 
 
+async def test_entries_tied_in_similarity_come_back_oldest_first_whichever_way_the_search_ranks(
+    tmp_path: Path,
+) -> None:
+    # Four entries at one cosine similarity to the query (the same direction), one nearer, one farther: K = 4 keeps
+    # the nearer one and the three oldest of the tie, in the order they were added, whether FAISS ranks them (no
+    # tier) or the keyed search does (a tier that leaves one entry out).
+    ids = ["near", "t1", "t2", "t3", "t4", "far"]
+    vectors = {"near": [1.0, 0.0], "far": [0.0, 1.0], **{i: [1.0, 1.0] for i in ("t1", "t2", "t3", "t4")}}
+    entries = [PoolEntry(id=i, action=i, experience=i) for i in ids]
+    text = {e.text: e.id for e in entries}
+
+    async def embed(texts: list[str]) -> list[list[float]]:
+        return [vectors[text[t]] if t in text else [1.0, 0.1] for t in texts]
+
+    pool = Pool.create(tmp_path / "pool", "endpoint:hand-made")
+    await pool.add(entries, embed)
+    for tier in (None, lambda e: None if e.id == "far" else 0):
+        hits = await pool.search("query", 4, embed, tier)
+        assert [e.id for e, _ in hits] == ["near", "t1", "t2", "t3"]
+
+
 async def test_saved_pool_reopens_with_its_version_vectors_and_entries(tmp_path: Path) -> None:
     pool = await build(tmp_path / "pool")
     again = Pool.open(tmp_path / "pool", "endpoint:sim-model")

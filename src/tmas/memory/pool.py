@@ -292,7 +292,8 @@ class Pool:
     async def search(
         self, query: str, k: int, embed: EmbedFn, tier: Callable[[PoolEntry], int | None] | None = None
     ) -> list[tuple[PoolEntry, float]]:
-        """The ``k`` entries nearest to ``query`` by cosine similarity (A.7: s_i = q^T u_i), best first.
+        """The ``k`` entries nearest to ``query`` by cosine similarity (A.7: s_i = q^T u_i), best first, entries of
+        one score in the order they were added.
 
         With ``tier``, entries are keyed before they are ranked: an entry whose tier is None is never returned, and
         a lower tier always comes before a higher one, cosine similarity ordering entries within a tier (education
@@ -318,7 +319,9 @@ class Pool:
             self._index = _faiss().IndexFlatIP(self.vectors.shape[1])
             self._index.add(self.vectors)
         scores, rows = self._index.search(query_vector.reshape(1, -1), min(k, len(self.entries)))
-        return [(self.entries[int(r)], float(s)) for s, r in zip(scores[0], rows[0], strict=True) if r >= 0]
+        # FAISS lists entries of one score newest first; the keyed ranking (and the prune) put the older first.
+        found = sorted((-float(s), int(r)) for s, r in zip(scores[0], rows[0], strict=True) if r >= 0)
+        return [(self.entries[r], -s) for s, r in found]
 
     def remove(self, ids: Iterable[str]) -> int:
         """Drop the entries with these ids (remembered in :attr:`PoolMeta.removed`); returns how many were dropped."""
