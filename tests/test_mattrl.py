@@ -22,13 +22,13 @@ from tmas.api import asolve
 from tmas.llm.replay import StoreReplay
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool
-from tmas.memory.pool_entry import PoolEntry, question_digest
+from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember, Transcript
 from tmas.methods import create_method
 from tmas.methods.base import ProblemResult, ProblemSession
 from tmas.methods.mattrl_deliberation import Seat, differential_change
 from tmas.methods.mattrl_domains import domain_named
-from tmas.problems import Problem
+from tmas.problems import Problem, question_hash
 from tmas.store.run_store import RunStore
 from tmas.testing import Rule, ScriptedModel, SimScript, SimServer
 from tmas.testing.mattrl_responders import SIM_DIFFERENTIAL
@@ -474,10 +474,10 @@ async def test_entries_distilled_from_the_problem_being_solved_are_left_out_unle
     # summarizer wrote this problem's entries knowing its reference answer, so its own entry, the nearest by far,
     # never reaches its specialists; an entry of another problem still does. Asked for, both come back.
     own = PoolEntry(
-        id="own", action=Q, experience="The reference answer is 391.", source_question=question_digest(f"  {Q}\n")
+        id="own", action=Q, experience="The reference answer is 391.", source_question=question_hash(f"  {Q}\n")
     )
     other = PoolEntry(
-        id="other", action="Multiply in parts", experience="Split a factor.", source_question=question_digest("1+1?")
+        id="other", action="Multiply in parts", experience="Split a factor.", source_question=question_hash("1+1?")
     )
     embed = EndpointEmbedder(ScriptedModel(settings=scripted_settings()))
     pool = Pool.create(tmp_path / "pool", embed.name)

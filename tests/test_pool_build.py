@@ -24,12 +24,11 @@ from tmas.llm.model import EndpointUnreachable
 from tmas.llm.types import Completion, Message
 from tmas.memory.embedders import EndpointEmbedder
 from tmas.memory.pool import Pool, PoolError
-from tmas.memory.pool_entry import question_digest
 from tmas.memory.transcript import Utterance
 from tmas.pool.build import CREDITS_FILE, BuildConfig, BuildSummary, build_dir_for, build_pool
 from tmas.pool.lifecycle import PruneConfig, prune_pool
 from tmas.pool.scoring import NO_OP
-from tmas.problems import Problem
+from tmas.problems import Problem, question_hash
 from tmas.store.run_lock import RunLock
 from tmas.testing import Rule, ScriptedModel, SimScript
 
@@ -142,7 +141,7 @@ async def test_difference_build_matches_hand_values_and_search_reads_it(tmp_path
     entry = next(e for e in pool.entries if e.source_round == 2)
     assert entry.reward == pytest.approx(0.5 + 0.5 * 32768 / 32769)
     assert entry.tags == ["difference"] and entry.specialty == "algebra" and entry.source_problem == "p1"
-    assert entry.source_question == question_digest("What is 6*7?")
+    assert entry.source_question == question_hash("What is 6*7?")
     hits = await pool.search("factor products before adding (S1 turn 2)", 1, EndpointEmbedder(model))
     assert hits[0][0].id == entry.id
 

@@ -7,7 +7,6 @@ lifecycle counters. Both sides use this one model.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -36,9 +35,9 @@ class PoolEntry(BaseModel):
     source_problem: str = ""
     source_round: int = 0
     source_agent: str = ""
-    # The source problem's question as :func:`question_digest` writes it: a run on that same problem leaves the
-    # entry out of its retrieval, since the summarizer wrote it knowing the reference answer. Empty in entries
-    # written before the field existed, which no run can tell apart.
+    # The source problem's question as tmas.problems.question_hash writes it (case and whitespace aside): a run on
+    # that same problem leaves the entry out of its retrieval, since the summarizer wrote it knowing the reference
+    # answer. Empty in entries written before the field existed, which no run can tell apart.
     source_question: str = ""
     reward: float = 0.0
     # Pool version that added it (recency), and how its retrievals turned out later (lifecycle).
@@ -51,9 +50,3 @@ class PoolEntry(BaseModel):
     def text(self) -> str:
         """What is embedded and injected: the action and the experience together."""
         return f"ACTION: {self.action}\nEXPERIENCE: {self.experience}"
-
-
-def question_digest(question: str) -> str:
-    """A problem's question as entries record their source: its words (whitespace runs as one space) hashed, so the
-    same problem in another file, or under another id, is recognised while a different question never is."""
-    return hashlib.sha256(" ".join(question.split()).encode("utf-8")).hexdigest()[:32]

@@ -41,7 +41,7 @@ from tmas.errors import InputError, LLMError
 from tmas.llm.tokens import CHARS_PER_TOKEN
 from tmas.llm.types import Completion
 from tmas.memory.embedders import Embedder, embedder_for
-from tmas.memory.pool_entry import PoolEntry, question_digest
+from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
 from tmas.methods.base import (
     BudgetExhausted,
@@ -64,6 +64,7 @@ from tmas.methods.reasked import Reasked
 from tmas.methods.state import MATTRLState, MethodState, SeatRecord
 from tmas.methods.steps import solve_call
 from tmas.methods.traits import Traits
+from tmas.problems import question_hash
 
 if TYPE_CHECKING:  # the pool needs numpy and faiss (the `pool` extra): imported only when a pool is configured
     from tmas.memory.pool import Pool
@@ -398,7 +399,7 @@ class MATTRL(Method[MATTRLParams]):
                 " without experience",
             )
             return None
-        own = None if p.pool_same_problem else question_digest(session.problem.question)
+        own = None if p.pool_same_problem else question_hash(session.problem.question)
         left_out = sum(1 for entry in self._pool.entries if own is not None and entry.source_question == own)
         if left_out:
             session.notice(

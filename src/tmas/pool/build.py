@@ -47,7 +47,7 @@ from tmas.llm.sampling import resolve_role, retried
 from tmas.llm.types import CallKey, Message
 from tmas.memory.embedders import ENDPOINT, LOCAL, Embedder, embedder_for
 from tmas.memory.pool import META, Pool
-from tmas.memory.pool_entry import PoolEntry, question_digest
+from tmas.memory.pool_entry import PoolEntry
 from tmas.pool.credit import (
     DEFAULT_BETA,
     Coalition,
@@ -65,6 +65,7 @@ from tmas.pool.outcomes import AgentTurn, DiagnosisMatch, LabelledTranscript, lo
 from tmas.pool.scoring import JUDGE_ROLE, Judged, TurnJudge, history_before
 from tmas.pool.writing import build_dir_for as build_dir_for  # where it was, for its readers
 from tmas.pool.writing import writing
+from tmas.problems import question_hash
 from tmas.store.database import DB_NAME
 from tmas.store.run_store import RunStore
 
@@ -326,7 +327,7 @@ def _entries(
             specialty=target.specialty,
             source_run=case.run,
             source_problem=case.problem.problem_id,
-            source_question=question_digest(case.problem.question),
+            source_question=question_hash(case.problem.question),
             source_round=target.turn,
             source_agent=target.agent,
             reward=record.credit.r,
