@@ -13,14 +13,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from conftest import clean_env, run_tmas, scripted_settings, settings_for
-from scripted_runs import by_role, last_user_prompts, solve_in_process
+from scripted_runs import by_role, last_user_prompts, scripted_run, solve_in_process
 from tmas.agents.mattrl_team import EDUCATION_CATALOG, MEDICINE_CATALOG
 from tmas.api import asolve
 from tmas.llm.replay import StoreReplay
-from tmas.memory.embedders import EndpointEmbedder
+from tmas.memory.embedders import LOCAL_NAME, EndpointEmbedder, LocalEmbedder
 from tmas.memory.pool import Pool
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember, Transcript
@@ -496,6 +497,40 @@ async def test_entries_distilled_from_the_problem_being_solved_are_left_out_unle
     opinions = [u for u in transcript(result).utterances if u.kind == "opinion"]
     assert opinions and all(u.experience_ids == ["own", "other"] for u in opinions)
     assert result.notices == [] and not any("left out" in n for n in result.iterations[0].notes)
+
+
+async def test_the_local_embedder_is_loaded_once_for_a_runs_problems(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # all-MiniLM-L6-v2 is read from its weights file on first use: once per run, not once per problem.
+    loads: list[int] = []
+
+    class Encoder:
+        def encode(self, texts: list[str]) -> np.ndarray:
+            return np.array([[1.0, float(len(t) % 7)] for t in texts], dtype=np.float32)
+
+    def load() -> Encoder:
+        loads.append(1)
+        return Encoder()
+
+    monkeypatch.setattr("tmas.memory.minilm.MiniLM.load", load)
+    pool = Pool.create(tmp_path / "pool", LOCAL_NAME)
+    await pool.add([PoolEntry(id="e1", action="Multiply in parts", experience="Split a factor.")], LocalEmbedder())
+    pool.save()
+    loads.clear()
+    settings = scripted_settings(
+        method={"name": "mattrl", "params": {"pool": str(tmp_path / "pool"), "embedder": "local", "iterations": 1}}
+    )
+    problems = [Problem(problem_id=f"p{i}", question=f"What is 17*2{i}?") for i in range(3)]
+    summary = await scripted_run(ScriptedModel(SimScript(), settings), tmp_path / "run", problems)
+    assert summary.done == 3
+    with RunStore(tmp_path / "run", create=False) as store:
+        used = [transcript_ids(r.iterations[0]) for r in store.results()]
+    assert used == [{"e1"}] * 3 and len(loads) == 1
+
+
+def transcript_ids(record: Any) -> set[str]:
+    return {i for u in Transcript.model_validate(record.state["transcript"]).utterances for i in u.experience_ids}
 
 
 async def test_a_pool_of_several_domains_gives_each_run_only_its_own_domains_entries(tmp_path: Path) -> None:

@@ -11,11 +11,15 @@ model) or ``local`` (all-MiniLM-L6-v2, see :mod:`tmas.memory.minilm`).
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tmas.errors import ConfigError
 from tmas.llm.model import ChatModel
+
+if TYPE_CHECKING:  # numpy and the weights: imported where the local embedder is made
+    from tmas.memory.minilm import MiniLM
 
 LOCAL = "local"
 ENDPOINT = "endpoint"
@@ -48,7 +52,8 @@ class EndpointEmbedder:
 
 
 class LocalEmbedder:
-    """all-MiniLM-L6-v2 in-process (numpy; no torch, no network). Loaded on first use, run off the event loop."""
+    """all-MiniLM-L6-v2 in-process (numpy; no torch, no network). Loaded on first use, once however many calls ask
+    for it at the same time, run off the event loop."""
 
     name = LOCAL_NAME
 
@@ -57,13 +62,20 @@ class LocalEmbedder:
 
         self._model: MiniLM | None = None
         self._factory = MiniLM.load
+        self._loading = threading.Lock()
+
+    def _loaded(self) -> MiniLM:
+        with self._loading:
+            if self._model is None:
+                self._model = self._factory()
+            return self._model
 
     async def __call__(self, texts: Sequence[str]) -> list[list[float]]:
         if not texts:
             return []
-        if self._model is None:
-            self._model = await asyncio.to_thread(self._factory)
         model = self._model
+        if model is None:
+            model = await asyncio.to_thread(self._loaded)
         vectors = await asyncio.to_thread(model.encode, list(texts))
         return [[float(x) for x in row] for row in vectors]
 

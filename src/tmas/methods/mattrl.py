@@ -40,7 +40,7 @@ from tmas.answers import normalize_answer
 from tmas.errors import InputError, LLMError
 from tmas.llm.tokens import CHARS_PER_TOKEN
 from tmas.llm.types import Completion
-from tmas.memory.embedders import Embedder, embedder_for
+from tmas.memory.embedders import LOCAL, Embedder, LocalEmbedder, embedder_for
 from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember, Transcript, Utterance
 from tmas.methods.base import (
@@ -234,6 +234,7 @@ class MATTRL(Method[MATTRLParams]):
     def __init__(self, params: MethodParams) -> None:
         super().__init__(params)
         self._pool: Pool | None = None
+        self._local: LocalEmbedder | None = None
 
     def check_setup(self) -> None:
         """The experience pool named: a wrong folder, or the ``pool`` extra missing, is one line before the run
@@ -384,7 +385,13 @@ class MATTRL(Method[MATTRLParams]):
             return None
         from tmas.memory.pool import Pool
 
-        embed = embedder_for(p.embedder, session.llm)
+        embed: Embedder
+        if p.embedder == LOCAL:
+            # One all-MiniLM-L6-v2 for the run's problems: its weights are read once, not once a problem.
+            self._local = self._local or LocalEmbedder()
+            embed = self._local
+        else:
+            embed = embedder_for(p.embedder, session.llm)
         if self._pool is None:
             self._pool = Pool.open(Path(p.pool), embed.name)
         domain = self.domain.name
