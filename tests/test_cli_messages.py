@@ -14,11 +14,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 
 from conftest import clean_env, run_tmas, scripted_settings
 from scripted_runs import GoneModel
 from tmas.api import asolve
+from tmas.cli.help_format import command_of
+from tmas.cli.main import app
 from tmas.config import Settings
 from tmas.errors import ConfigError
 from tmas.llm.preflight import check_endpoints
@@ -248,6 +251,20 @@ def test_help_shows_no_type_beside_a_flag() -> None:
         out = run_tmas(*command, env={"COLUMNS": "120"}, text=True)
         assert out.returncode == 0 and "<bool>" not in out.stdout, command
     assert re.search(r"--dry-run +Print the cost estimate", run_tmas("run", "--help", text=True).stdout)
+
+
+def test_a_command_without_subcommands_offers_none() -> None:
+    # serve and view were groups with a callback: their usage offered "COMMAND [ARGS]...", and a stray word was
+    # "No such command".
+    root = command_of(app)
+    commands = [(f"tmas {name}", sub) for name, sub in root.commands.items()]
+    for name, group in list(commands):
+        commands += [(f"{name} {sub_name}", sub) for sub_name, sub in getattr(group, "commands", {}).items()]
+    for name, command in commands:
+        usage = command.get_usage(click.Context(command, info_name=name))
+        assert ("COMMAND" in usage) == bool(getattr(command, "commands", None)), usage
+    out = run_tmas("serve", "extra", text=True)
+    assert out.returncode == 2 and "Got unexpected extra argument(s) (extra)" in out.stderr, out.stderr
 
 
 def test_a_command_list_line_is_one_sentence_not_cut_where_the_source_wraps() -> None:

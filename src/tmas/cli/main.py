@@ -53,10 +53,10 @@ from tmas.cli.outcome import EXIT_ALL_FAILED, EXIT_INTERRUPTED, exit_code, faile
 from tmas.cli.pool import pool_app
 from tmas.cli.prompts import prompts_app
 from tmas.cli.rl import rl_app
-from tmas.cli.serve import serve_app
+from tmas.cli.serve import SERVE_HELP, serve
 from tmas.cli.steps import Steps
 from tmas.cli.usage import ParserError, error_line
-from tmas.cli.view import view_app
+from tmas.cli.view import VIEW_HELP, view
 from tmas.config import OverrideError, Settings, with_method_params
 from tmas.errors import InputError, TmasError
 from tmas.files import replacing
@@ -790,8 +790,10 @@ app.add_typer(pool_app, name="pool")
 # The name users know, kept as an alias of `tmas pool` (listed, so old scripts and docs keep working).
 app.add_typer(pool_app, name="experience", help="MATTRL's experience pool: the same commands as 'tmas pool'.")
 app.add_typer(cases_app, name="cases")
-app.add_typer(serve_app, name="serve")
-app.add_typer(view_app, name="view")
+# Commands, not groups (a group's usage line would offer COMMAND [ARGS], and a stray word would be 'No such
+# command'); the docstring is the --help text, the short line is the one `tmas --help` lists.
+app.command("serve", short_help=SERVE_HELP)(serve)
+app.command("view", short_help=VIEW_HELP)(view)
 app.add_typer(rl_app, name="rl")
 app.add_typer(prompts_app, name="prompts")
 

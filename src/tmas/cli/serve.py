@@ -13,10 +13,10 @@ from tmas.cli.options import ModelFlags, model_options
 from tmas.errors import ConfigError
 from tmas.planning.estimate import QUESTION_CALLS
 
-serve_app = typer.Typer(help="Serve every method as an OpenAI-compatible endpoint.")
+# The line `tmas --help` lists it with (main.py registers the command; the docstring is its --help).
+SERVE_HELP = "Serve every method as an OpenAI-compatible endpoint."
 
 
-@serve_app.callback(invoke_without_command=True)
 @model_options
 def serve(
     flags: ModelFlags,

@@ -9,11 +9,10 @@ import typer
 
 from tmas.errors import InputError
 
-# One command, not a group: options may follow the run directories.
-view_app = typer.Typer(help="Browse runs in a local web viewer.", context_settings={"allow_interspersed_args": True})
+# The line `tmas --help` lists it with (main.py registers the command; the docstring is its --help).
+VIEW_HELP = "Browse runs in a local web viewer."
 
 
-@view_app.callback(invoke_without_command=True)
 def view(
     run_dirs: Annotated[
         list[Path], typer.Argument(help="Run directories, or directories of runs (tmas serve --dir, sweeps).")
