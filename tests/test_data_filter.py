@@ -328,3 +328,48 @@ def test_the_command_run_again_sends_only_the_failed_samples(sim: SimServer, tmp
     assert len(asked) == 3 and all("Eta:" in text for text in asked)
     card = json.loads((tmp_path / "hard.card.json").read_text())
     assert card["undecided"] == [] and card["failed_samples"] == 0 and card["selected"] == ["gamma", "eta"]
+
+
+@pytest.mark.slow
+def test_the_command_passes_the_cost_gate_before_any_sample(sim: SimServer, tmp_path: Path) -> None:
+    # The filter sends k samples a problem (the paper's: 8 of 400 problems at up to 120,000 tokens each): before, it
+    # sent them without an estimate, a question or --dry-run, unlike every other command that starts model calls.
+    sim.set_script(script())
+    problems = tmp_path / "b.jsonl"
+    rows = [(pid, question, answer) for pid, question, answer, _ in CASES[:3]]
+    problems.write_text("".join(json.dumps({"problem_id": i, "question": q, "answer": a}) + "\n" for i, q, a in rows))
+    out = tmp_path / "hard.jsonl"
+    command = (
+        "data",
+        "filter",
+        str(problems),
+        "-o",
+        str(out),
+        "-k",
+        "4",
+        "--grade",
+        "rules",
+        "--base-url",
+        sim.base_url,
+    )
+    # 3 problems x 4 samples: 12 calls, 24 with every reply asked again; over 20, without a terminal, it refuses.
+    refused = tmas(*command, "--confirm-calls", "20")
+    assert refused.returncode == 2
+    assert (
+        refused.stderr.decode()
+        .strip()
+        .splitlines()[-1]
+        .startswith("tmas: error: the estimate is 24 calls (threshold 20): pass --yes")
+    )
+    dry = tmas(*command, "--dry-run")
+    assert dry.returncode == 0 and "hard.filter-run         3              4         12" in dry.stderr.decode()
+    assert sim.chat_bodies() == [] and not out.exists() and not (tmp_path / "hard.filter-run").exists()
+    # Under the threshold it says the estimate in one line and samples.
+    done = tmas(*command, "--confirm-calls", "24")
+    assert done.returncode == 0, done.stderr.decode()
+    assert "tmas: estimate: 12 calls (24 at most, with replies asked again)" in done.stderr.decode()
+    assert len(sim.chat_bodies()) == 12
+    # Run again, every problem settled: nothing is left to send, so nothing passes any threshold.
+    again = tmas(*command, "--confirm-calls", "0")
+    assert again.returncode == 0, again.stderr.decode()
+    assert "tmas: estimate: 0 calls" in again.stderr.decode() and len(sim.chat_bodies()) == 12

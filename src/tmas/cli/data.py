@@ -5,13 +5,19 @@ lm-evaluation-harness task over a problem file, to score ``tmas serve`` with it)
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tmas.cli import interrupt
+from tmas.cli.estimate import GateFlags, gate_options
 from tmas.cli.options import ModelFlags, model_options
 from tmas.errors import InputError
+
+if TYPE_CHECKING:
+    from tmas.config import Settings
+    from tmas.grading.grades import GradeConfig
+    from tmas.planning.estimate import Estimate
 
 data_app = typer.Typer(
     help="Problem data: generate verifiable problems, filter by difficulty, import official files.",
@@ -38,8 +44,10 @@ def data_generate(
 
 @data_app.command("filter")
 @model_options
+@gate_options
 def data_filter(
     flags: ModelFlags,
+    gate: GateFlags,
     problems: Annotated[Path, typer.Argument(help="Problems JSONL or a benchmark name (imo-answerbench, ...).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Subset JSONL to write (its card goes beside it).")],
     run_dir: Annotated[
@@ -67,7 +75,11 @@ def data_filter(
     failing server is decided once it answers.
 
     The samples are drawn at the paper's temperature 1.0 and top_p 0.95 unless --temperature or --top-p say
-    otherwise (the paper's filter model: Qwen3-4B-Thinking); the run seed (--seed) seeds the selection too."""
+    otherwise (the paper's filter model: Qwen3-4B-Thinking); the run seed (--seed) seeds the selection too.
+
+    Before any call it prints what it will send, and above --confirm-calls (20,000) or --confirm-tokens asks
+    (without a terminal, refuses unless --yes); --dry-run prints the whole estimate and stops."""
+    from tmas.cli.estimate import gate as cost_gate
     from tmas.cli.grade_flags import check_grading_installed, read_grade_flags
     from tmas.data.difficulty_filter import filter_settings, run_filter
     from tmas.problems import resolve_dataset
@@ -77,6 +89,7 @@ def data_filter(
     settings = filter_settings(flags.settings(), k, flags.given("temperature", "top_p"))
     source = resolve_dataset(problems)
     where = run_dir or out.with_name(out.stem + ".filter-run")
+    cost_gate(_filter_estimate(source, where, settings, grading, limit), gate)
     seed = settings.seed
     card = interrupt.run(
         run_filter(source, where, out, settings, grading, k=k, below=below, n=n, seed=seed, limit=limit)
@@ -85,6 +98,34 @@ def data_filter(
     undecided = f"; undecided {len(card.undecided)} (too few replies)" if card.undecided else ""
     typer.echo(f"solved-of-{k} counts {{{counts}}}; kept {card.kept}; selected {len(card.selected)}{undecided}")
     typer.echo(f"wrote {out} and its card ({out.stem}.card.json, .md); samples in {where}")
+
+
+def _filter_estimate(
+    source: Path, run_dir: Path, settings: Settings, grading: GradeConfig, limit: int | None
+) -> Estimate:
+    """The samples the filter sends: k per problem asked, less the problems an earlier filter into ``run_dir``
+    settled (skipped) and the answered samples it replays; its judge's calls said beside them."""
+    from tmas.cli.estimate import judge_calls
+    from tmas.planning.estimate import Estimate, estimate_point, replay_credit
+    from tmas.problems import load_problems
+    from tmas.runner import RunSetup, holds_run, run_method
+    from tmas.store.run_store import RunStore
+
+    asked = load_problems(source)
+    asked = asked[:limit] if limit else asked
+    settled: set[str] = set()
+    replays: dict[str, int] = {}
+    if holds_run(run_dir):
+        with RunStore(run_dir, read_only=True) as peek:
+            setup = RunSetup.check(settings)
+            settled = setup.settled(peek) & {p.problem_id for p in asked}
+            replays = setup.replays(peek, settled)
+    point = estimate_point(run_dir.name, run_method(settings), settings, len(asked) - len(settled), None)
+    planned = Estimate([point], measurable=False)
+    planned.stored_calls = replay_credit(point, replays)
+    judged = judge_calls(grading)
+    planned.left_out += [judged.replace("the report's", "the grading's")] if judged else []
+    return planned
 
 
 @data_app.command("import")

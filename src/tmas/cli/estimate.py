@@ -1,5 +1,5 @@
-"""The cost gate every command that starts model calls passes: ``solve``, ``run``, ``eval``, ``sweep`` and
-``pool build`` work out what they will send before they send anything (``tmas serve`` does so per request:
+"""The cost gate every command that starts model calls passes: ``solve``, ``run``, ``eval``, ``sweep``, ``pool build``
+and ``data filter`` work out what they will send before they send anything (``tmas serve`` does so per request:
 tmas.serve.cost_gate). Under the threshold the estimate is one line and the command starts; above it the whole
 estimate is shown and the command asks on a terminal, and without one refuses in one line unless ``--yes``.
 ``--dry-run`` prints it and stops.
