@@ -91,6 +91,14 @@ def proxy(sim: SimServer, tmp_path: Path) -> Iterator[ProxyThread]:
         yield server
 
 
+def test_the_start_says_where_each_requests_run_is_kept(
+    sim: SimServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="tmas.serve")
+    with ProxyThread(settings_for(sim), ServeOptions(serve_dir=tmp_path / "served")):
+        assert f"each request's run is kept in {tmp_path / 'served'} ('tmas view {tmp_path / 'served'}'" in caplog.text
+
+
 def test_models_lists_every_method_on_every_upstream_model(proxy: ProxyThread) -> None:
     ids = {m.id for m in client(proxy).models.list()}
     assert ids == {f"{method}/sim-model" for method in METHODS}

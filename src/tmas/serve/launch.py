@@ -150,6 +150,8 @@ async def serve(
             max_body_bytes=options.max_body_bytes,
             metrics=metrics,
         )
+        # Where the results are: every request is a run directory there, resumable and viewable.
+        log.info("each request's run is kept in %s ('tmas view %s' shows them)", options.serve_dir, options.serve_dir)
         if options.resume:
             for job in runs.resume_all():
                 log.info("resuming unfinished request %s", job.run_id)
