@@ -17,6 +17,8 @@ import pytest
 
 from conftest import clean_env, dead_url, run_tmas, scripted_settings, wait_for
 from tmas.api import aresume, arun
+from tmas.config import load_settings
+from tmas.errors import ConfigError
 from tmas.problems import load_problems
 from tmas.store.run_lock import running
 from tmas.testing import ScriptedModel, SimScript, SimServer
@@ -277,6 +279,25 @@ def test_bad_config_is_one_line_exit_2(tmp_path: Path, toml: str, message: str) 
     err = out.stderr.decode().strip()
     assert out.returncode == 2
     assert message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("[sampling]\ntemprature = 0.5\n", "'sampling.temprature' (did you mean 'sampling.temperature'?)"),
+        ('[endpont]\nbase_url = "http://x/v1"\n', "unknown config key 'endpont' (did you mean 'endpoint'?)"),
+        ('[roles.verifier]\nmodle = "m"\n', "'roles.verifier.modle' (did you mean 'roles.verifier.model'?)"),
+        ("[roles.judge.sampling]\ntop_pp = 1\n", "sampling.top_pp' (did you mean 'roles.judge.sampling.top_p'?)"),
+        ("[local]\nparalel = 2\n", "unknown config key 'local.paralel' (did you mean 'local.parallel'?)"),
+        ("zzzz = 1\n", "unknown config key 'zzzz'"),
+    ],
+)  # fmt: skip
+def test_a_typo_in_a_config_key_names_the_key_it_is_close_to(tmp_path: Path, toml: str, message: str) -> None:
+    config = tmp_path / "tmas.toml"
+    config.write_text(toml)
+    with pytest.raises(ConfigError) as raised:
+        load_settings(config, environ={})
+    assert str(raised.value).startswith(f"{config}: unknown config key ") and str(raised.value).endswith(message)
 
 
 def test_a_path_the_command_cannot_use_is_one_line(sim: SimServer, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -639,9 +639,41 @@ def validation_message(exc: ValidationError, source: str) -> str:
     err = exc.errors()[0]
     loc = ".".join(str(part) for part in err["loc"])
     if err["type"] == "extra_forbidden":
-        return f"{source}: unknown config key {loc!r}"
+        hint = _close_key(exc.title, [str(part) for part in err["loc"]])
+        return f"{source}: unknown config key {loc!r}{hint}"
     msg = err["msg"].removeprefix("Value error, ")
     return f"{source}: bad value for {loc!r}: {msg}"
+
+
+def _close_key(title: str, loc: list[str]) -> str:
+    """ " (did you mean 'sampling.temperature'?)" for the unknown settings key ``loc`` (a typo such as
+    ``sampling.temprature``, ``[roles.verifier] modle``) where a key of its table is close; else nothing."""
+    node: Any = Settings if title == Settings.__name__ else None
+    for part in loc[:-1]:
+        node = _table_model(node, part)
+    if node is None or isinstance(node, tuple):
+        return ""
+    close = difflib.get_close_matches(loc[-1], list(node.model_fields), n=1)
+    return f" (did you mean {'.'.join([*loc[:-1], close[0]])!r}?)" if close else ""
+
+
+def _table_model(node: Any, key: str) -> Any:
+    """The model of the table ``key`` under ``node`` (a model, or ``("table", model)``: a table of tables such as
+    ``roles``, whose keys are the user's names); None where it holds no model."""
+    if isinstance(node, tuple):
+        return node[1]
+    field = node.model_fields.get(key) if node is not None else None
+    return _model_of(field.annotation) if field is not None else None
+
+
+def _model_of(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if get_origin(annotation) is dict:
+        value = _model_of(get_args(annotation)[1])
+        return ("table", value) if value is not None else None
+    models = [m for m in (_model_of(arg) for arg in get_args(annotation)) if m is not None]
+    return models[0] if models else None
 
 
 def read_toml(path: Path, what: str) -> dict[str, Any]:
