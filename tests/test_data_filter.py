@@ -373,3 +373,9 @@ def test_the_command_passes_the_cost_gate_before_any_sample(sim: SimServer, tmp_
     again = tmas(*command, "--confirm-calls", "0")
     assert again.returncode == 0, again.stderr.decode()
     assert "tmas: estimate: 0 calls" in again.stderr.decode() and len(sim.chat_bodies()) == 12
+    # Another filter's samples in the run directory are refused before an estimate that would count them as its own.
+    other = tmas(*command[:5], "-k", "2", *command[7:])
+    assert other.returncode == 2 and other.stderr.decode().splitlines() == [
+        f"tmas: error: --run-dir {tmp_path / 'hard.filter-run'} holds the samples of a filter of b with k=4, not of b"
+        " with k=2: give another"
+    ]

@@ -89,7 +89,7 @@ def data_filter(
     settings = filter_settings(flags.settings(), k, flags.given("temperature", "top_p"))
     source = resolve_dataset(problems)
     where = run_dir or out.with_name(out.stem + ".filter-run")
-    cost_gate(_filter_estimate(source, where, settings, grading, limit), gate)
+    cost_gate(_filter_estimate(source, where, settings, grading, k, limit), gate)
     seed = settings.seed
     card = interrupt.run(
         run_filter(source, where, out, settings, grading, k=k, below=below, n=n, seed=seed, limit=limit)
@@ -101,21 +101,23 @@ def data_filter(
 
 
 def _filter_estimate(
-    source: Path, run_dir: Path, settings: Settings, grading: GradeConfig, limit: int | None
+    source: Path, run_dir: Path, settings: Settings, grading: GradeConfig, k: int, limit: int | None
 ) -> Estimate:
     """The samples the filter sends: k per problem asked, less the problems an earlier filter into ``run_dir``
     settled (skipped) and the answered samples it replays; its judge's calls said beside them."""
     from tmas.cli.estimate import judge_calls
+    from tmas.data.difficulty_filter import holds_filter_run
     from tmas.planning.estimate import Estimate, estimate_point, replay_credit
     from tmas.problems import load_problems
-    from tmas.runner import RunSetup, holds_run, run_method
+    from tmas.runner import RunSetup, run_method
     from tmas.store.run_store import RunStore
 
     asked = load_problems(source)
     asked = asked[:limit] if limit else asked
     settled: set[str] = set()
     replays: dict[str, int] = {}
-    if holds_run(run_dir):
+    # Another run there is refused before its estimate (which would count its calls as this filter's).
+    if holds_filter_run(run_dir, source, k):
         with RunStore(run_dir, read_only=True) as peek:
             setup = RunSetup.check(settings)
             settled = setup.settled(peek) & {p.problem_id for p in asked}

@@ -252,6 +252,21 @@ def write_card(card: FilterCard, out: Path) -> tuple[Path, Path]:
     return json_path, md_path
 
 
+def holds_filter_run(run_dir: Path, source: Path, k: int) -> bool:
+    """Whether ``run_dir`` holds the samples of this filter (of ``source`` with ``k``) to resume; False where it holds
+    no run yet. Another run, or another filter's samples, is refused in one line: it is not sampled again under this
+    filter's settings."""
+    if not holds_run(run_dir):
+        return False
+    made = {"source": dataset_name(source), "k": k}
+    with RunStore(run_dir, read_only=True) as earlier:
+        found = earlier.get_meta(FILTER_META)
+    if found != made:
+        what = f"the samples of a filter of {found['source']} with k={found['k']}" if found else "no filter's samples"
+        raise InputError(f"--run-dir {run_dir} holds {what}, not of {made['source']} with k={k}: give another")
+    return True
+
+
 async def run_filter(
     source: Path,
     run_dir: Path,
@@ -275,15 +290,7 @@ async def run_filter(
     made = {"source": dataset_name(source), "k": k}
     asked = load_problems(source)
     asked = asked[:limit] if limit else asked
-    if holds_run(run_dir):
-        with RunStore(run_dir, read_only=True) as earlier:
-            found = earlier.get_meta(FILTER_META)
-        if found != made:
-            # Another run (or another filter's samples) is not sampled again under this filter's settings.
-            what = (
-                f"the samples of a filter of {found['source']} with k={found['k']}" if found else "no filter's samples"
-            )
-            raise InputError(f"--run-dir {run_dir} holds {what}, not of {made['source']} with k={k}: give another")
+    if holds_filter_run(run_dir, source, k):
         store, settings, _ = prepare_run(run_dir, settings, None, resume=True, own_model=own)
     else:
         store, settings, _ = prepare_run(run_dir, settings, asked, resume=False, own_model=own)
