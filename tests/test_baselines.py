@@ -99,14 +99,16 @@ async def test_majority_iterations_vote_over_all_samples_so_far() -> None:
 
 
 async def test_majority_with_a_configured_seed_sends_every_iterations_samples_in_a_stored_run(tmp_path: Path) -> None:
-    # A configured seed makes iteration t's requests equal to iteration 0's (same prompt, sample index and seed). A
-    # stored run answered iterations 1 and 2 from iteration 0's stored calls: MV@2 counted as MV@6, no request sent.
+    # Each iteration asks the same prompt with the same sample indices: a stored run must not answer iterations 1
+    # and 2 from iteration 0's stored calls (MV@2 counted as MV@6), and under a configured seed the iterations'
+    # samples continue one numbering (sample i of iteration t: seed + 2t + i), so a server that honours the seed
+    # does not draw iteration 0's replies again.
     replies = [f"So it is \\boxed{{{k}}}." for k in range(1, 7)]
     settings = scripted_settings(method={"name": "majority", "params": {"k": 2, "iterations": 3}}, sampling__seed=5)
     model = ScriptedModel(SimScript(rules=[Rule(role="solution", replies=replies)]), settings)
     problem = Problem(problem_id="q", question=Q, answer="391")
     summary = await scripted_run(model, tmp_path / "run", [problem])
-    assert len(model.calls) == summary.calls == 6 and {c.body["seed"] for c in model.calls} == {5}
+    assert len(model.calls) == summary.calls == 6 and [c.body["seed"] for c in model.calls] == [5, 6, 7, 8, 9, 10]
     with RunStore(tmp_path / "run", create=False) as store:
         records = list(store.iterations("q"))
         assert [sorted(c.answer or "" for c in r.candidates) for r in records] == [["1", "2"], ["3", "4"], ["5", "6"]]

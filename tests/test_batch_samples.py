@@ -43,7 +43,7 @@ Q = "What is 17*23?"
 
 
 def request(
-    content: str = Q, *, seed: int = 1, derived: bool = True, temperature: float = 0.7, model: str = "m"
+    content: str = Q, *, seed: int | None = 1, derived: bool = True, temperature: float = 0.7, model: str = "m"
 ) -> ChatRequest:
     sources = {"temperature": "config", "seed": DERIVED_SEED if derived else "config"}
     return ChatRequest(
@@ -78,11 +78,11 @@ class RecordingSend:
 def test_samples_alike_but_for_a_derived_seed_are_one_group() -> None:
     group = batch_group(request(seed=11), key(0))
     assert batch_group(request(seed=99), key(7)) == group
-    # An explicit seed batches only with an equal one, and never with derived ones.
+    # A seed a source set is each sample's own (seed + j): those are one group too, never with derived ones.
     explicit = batch_group(request(seed=5, derived=False), key(0))
-    assert batch_group(request(seed=5, derived=False), key(1)) == explicit
-    assert batch_group(request(seed=6, derived=False), key(1)) != explicit
+    assert batch_group(request(seed=6, derived=False), key(1)) == explicit
     assert explicit != group
+    assert batch_group(request(seed=None, derived=False), key(0)) not in (explicit, group)
     # Any other difference keeps calls apart: prompt, sampling, model, role, problem, response_format.
     apart = [
         batch_group(request("What is 2+2?"), key(0)),
@@ -109,6 +109,22 @@ async def test_alike_calls_started_together_go_as_one_group_in_sample_order() ->
     assert {i: c.content for i, c in by_sample.items() if c is not None} == {i: f"choice {i} of 5" for i in range(5)}
     assert all(c is not None and c.key.sample == i for i, c in by_sample.items())
     assert done[-1] is None
+
+
+async def test_samples_of_a_set_seed_go_together_only_where_their_seeds_follow_one_another() -> None:
+    # Choice i of a request is drawn with the seed sent + i: a run of consecutive seeds goes as one request whose
+    # choice i is the sample with the lead's seed + i; a sample whose seed follows none goes alone.
+    send = RecordingSend()
+    batcher = SampleBatcher(send)
+    seeds = {0: 7, 1: 8, 2: 9, 3: 12, 4: 13, 5: 20}
+    done = await asyncio.gather(
+        *(batcher.submit(request(seed=seed, derived=False), key(i), f"h{i}") for i, seed in seeds.items())
+    )
+    sent = [[(s.key.sample, s.request.sampling.seed) for s in g] for g in send.groups]
+    assert sent == [[(0, 7), (1, 8), (2, 9)], [(3, 12), (4, 13)]]
+    assert [c.content if c is not None else None for c in done] == [
+        "choice 0 of 3", "choice 1 of 3", "choice 2 of 3", "choice 0 of 2", "choice 1 of 2", None,
+    ]  # fmt: skip
 
 
 async def test_calls_of_different_turns_are_not_joined() -> None:
@@ -536,8 +552,37 @@ async def test_a_configured_seed_moves_on_by_each_requests_lowest_sample(sim: Si
     settings = settings_for(sim, method={"name": "majority", "params": params}, sampling__seed=7)
     await asolve(Q, settings, run_dir=tmp_path / "run")
     assert [(b["n"], b["seed"]) for b in sim.chat_bodies("solution")] == [(4, 7), (4, 11)]
-    # Each sample is stored under its own request, the configured seed as it is.
-    assert {s["seed"] for _, s in stored(tmp_path / "run")} == {7}
+    # Each sample is stored under its own request, with its own seed: sample j's is seed + j, as it went alone.
+    assert [s["seed"] for _, s in stored(tmp_path / "run")] == list(range(7, 15))
+
+
+def drawn_seeds(sim: SimServer, role: str = "solution") -> list[int]:
+    """The seed each sample was drawn with, as vLLM draws them: a request's seed + i for its choice i."""
+    return sorted(b["seed"] + i for b in sim.chat_bodies(role) for i in range(b.get("n", 1)))
+
+
+@pytest.mark.parametrize(("batch", "requests"), [("on", 2), ("off", 8)])
+async def test_a_configured_seed_draws_sample_j_with_seed_plus_j_batched_or_not(
+    sim: SimServer, tmp_path: Path, batch: str, requests: int
+) -> None:
+    # Sent alone, every sample went with the configured seed: on vLLM majority@4 was one sample counted four times,
+    # and iteration 1 drew iteration 0's again. Now sample j goes with seed + j alone as in a request with n, and an
+    # iteration's samples continue the earlier ones' numbering (the same prompt).
+    sim.set_script(SimScript(persona="vllm"))
+    settings = settings_for(
+        sim,
+        method={"name": "majority", "params": {"k": 4, "iterations": 2}},
+        sampling__seed=7,
+        endpoint__batch_samples=batch,
+    )
+    await asolve(Q, settings, run_dir=tmp_path / "run")
+    assert len(sim.chat_bodies("solution")) == requests
+    assert drawn_seeds(sim) == list(range(7, 15))
+    assert [s["seed"] for _, s in stored(tmp_path / "run")] == list(range(7, 15))
+    # Resumed with one more iteration, the stored samples replay and the new ones continue the numbering.
+    sim.reset()
+    await aresume(tmp_path / "run", params={"iterations": 3})
+    assert drawn_seeds(sim) == list(range(15, 19))
 
 
 async def test_a_configured_seeds_group_split_in_parts_draws_distinct_choices(sim: SimServer) -> None:

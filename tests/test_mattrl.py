@@ -27,7 +27,7 @@ from tmas.memory.pool_entry import PoolEntry
 from tmas.memory.transcript import TeamMember, Transcript
 from tmas.methods import create_method
 from tmas.methods.base import ProblemResult, ProblemSession
-from tmas.methods.mattrl_deliberation import Seat, differential_change
+from tmas.methods.mattrl_deliberation import REVIEW_SAMPLE, Seat, differential_change
 from tmas.methods.mattrl_domains import domain_named
 from tmas.problems import Problem, question_hash
 from tmas.store.run_store import RunStore
@@ -440,7 +440,9 @@ async def test_each_role_gets_its_own_model_and_sampling(sim: SimServer, sim2: S
     for body in [r.body for r in sim2.requests]:
         assert (body["model"], body["temperature"], body["top_p"], body["max_tokens"]) == ("solver", 0.9, 0.8, 256)
     for body in chat_requests(sim, "reviewer"):
-        assert (body["model"], body["temperature"], body["top_k"], body["seed"]) == ("critic", 0.2, 5, 11)
+        # The configured seed plus the review's sample index (sample j: seed + j).
+        assert (body["model"], body["temperature"], body["top_k"]) == ("critic", 0.2, 5)
+        assert body["seed"] >= 11 + REVIEW_SAMPLE
     assert len(chat_requests(sim, "reviewer")) == 6
 
 
@@ -895,7 +897,8 @@ async def test_retries_under_a_configured_seed_replay_each_from_its_own_stored_r
         first = await method.solve(
             ProblemSession(problem, StoreReplay(first_model, store), store, seed=3, params=method.params)
         )
-        retried = [c for c in first_model.calls if c.body["seed"] != 7]
+        # A first attempt goes with the seed + its sample index; a retry with a seed changed from that.
+        retried = [c for c in first_model.calls if c.body["seed"] != 7 + c.key.sample]
         assert sorted(c.role for c in retried) == ["coordinator", "reviewer", "specialist"]
         again_model = ScriptedModel(SimScript(), settings)
         replay = StoreReplay(again_model, store)

@@ -87,9 +87,9 @@ async def test_pacore_sampling_the_plain_prompt_again_changes_a_configured_seed(
     assert result.answer == "391"
     solved = bodies_by_role(sim)["solution"]
     assert len(solved) == 6 and all(b["messages"] == solved[0]["messages"] for b in solved)
-    # Round 0: each response's first send (the seed as it is) and its echo retry; round 1: each one's third send.
-    first = [b["seed"] for b in solved if b["seed"] == 7]
-    assert len(first) == 2 and len(set(seeds(solved))) == 3
+    # Round 0: each response's first send (response i: the seed + i) and its echo retry; round 1: each one's third
+    # send. Every send has a seed of its own: no retry draws with another response's seed.
+    assert sorted(b["seed"] for b in solved if b["seed"] in (7, 8)) == [7, 8] and len(set(seeds(solved))) == 6
 
 
 async def test_without_a_configured_seed_a_fresh_start_keeps_its_derived_seed(sim: SimServer, tmp_path: Path) -> None:
@@ -130,7 +130,8 @@ async def test_a_mattrl_opinion_prompt_sent_again_changes_a_configured_seed(sim:
     # Round 1's prompts (calls 2 and 3, in either order) differ from round 0's; round 2's (4 and 5) are round 1's again.
     prompts = [json.dumps(b["messages"]) for b in opinions]
     assert len(set(prompts[:4])) == 4 and set(prompts[4:]) == set(prompts[2:4])
-    assert seeds(opinions[:4]) == [7] * 4 and all(b["seed"] != 7 for b in opinions[4:])
+    # Seat i's opinion goes with the seed + i; sent again, with a seed of its own.
+    assert seeds(opinions[:4]) == [7, 8, 7, 8] and all(b["seed"] not in (7, 8) for b in opinions[4:])
 
 
 async def test_tmas_sampling_the_plain_prompt_again_changes_a_configured_seed(sim: SimServer, tmp_path: Path) -> None:
@@ -142,7 +143,9 @@ async def test_tmas_sampling_the_plain_prompt_again_changes_a_configured_seed(si
     assert result.answer == "391"
     solved = bodies_by_role(sim)["solution"]
     assert len(solved) == 4 and all(b["messages"] == solved[0]["messages"] for b in solved)
-    assert seeds(solved[:2]) == [7, 7] and all(b["seed"] != 7 for b in solved[2:])
+    # Candidate i's first solution goes with the seed + i (under one seed the N rollouts of iteration 0 were one
+    # sample N times); asked again, each with a seed of its own.
+    assert sorted(seeds(solved[:2])) == [7, 8] and len(set(seeds(solved))) == 4
 
 
 async def test_rse_asked_again_with_a_bank_left_as_it_was_changes_a_configured_seed(

@@ -4,6 +4,7 @@ source set each field, a user's value equal to a preset's or the built-in one, s
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,17 @@ import pytest
 from conftest import scripted_settings
 from tmas.api import asolve
 from tmas.config import Sampling, Settings, load_settings, with_overrides
-from tmas.llm.sampling import SOURCES, resolve_role, resolve_sampling, with_sampling
+from tmas.llm.sampling import (
+    DERIVED_SEED,
+    RETRY_SEED,
+    SAMPLE_SEEDS,
+    SOURCES,
+    for_sample,
+    resolve_role,
+    resolve_sampling,
+    retried,
+    with_sampling,
+)
 from tmas.methods.tmas_params import TMASParams
 from tmas.store.run_store import RunStore
 from tmas.testing import ScriptedModel, SimScript
@@ -177,3 +188,28 @@ def test_a_value_set_in_python_after_loading_is_the_users(tmp_path: Path) -> Non
     out = resolve_role(changed, "solution", preset=Sampling(top_p=0.95, temperature=1.0))
     assert (out.sampling.top_p, out.sampling.temperature) == (0.5, 0.2)
     assert out.sources["top_p"] == "config" and out.sources["temperature"] == "config"
+
+
+# ------------------------------------------------------------------------------------------------ a configured seed
+def test_sample_j_goes_with_the_configured_seed_plus_j_and_derived_seeds_as_they_are() -> None:
+    configured = resolve_sampling([("config", Sampling(seed=5))])
+    assert [for_sample(configured, j).sampling.seed for j in range(4)] == [5, 6, 7, 8]
+    assert for_sample(configured, 3).sources["seed"] == "config"
+    derived = configured.over(DERIVED_SEED, Sampling(seed=99))
+    assert for_sample(derived, 3).sampling.seed == 99
+    assert for_sample(resolve_sampling([]), 3).sampling.seed is None
+
+
+def test_a_retrys_seed_is_never_another_samples_of_the_same_prompt() -> None:
+    # The first sample seed whose retry hash lands within SAMPLE_SEEDS of it (about one in 512): drawn as it was, the
+    # retry could send seed + j of another sample j. It is drawn again, away from every sample's seed.
+    def first_draw(seed: int) -> int:
+        return int.from_bytes(hashlib.sha256(repr((seed, 1)).encode()).digest()[:4], "big") >> 1
+
+    seed = next(s for s in range(1_000_000) if abs(first_draw(s) - s) < SAMPLE_SEEDS)
+    again = retried(resolve_sampling([("config", Sampling(seed=seed))]), 1)
+    assert again.sources["seed"] == RETRY_SEED and abs((again.sampling.seed or 0) - seed) >= SAMPLE_SEEDS
+    # Elsewhere the retry's seed is the one it always was (a stored retry replays), and each attempt its own.
+    far = next(s for s in range(1_000_000) if abs(first_draw(s) - s) >= SAMPLE_SEEDS)
+    assert retried(resolve_sampling([("config", Sampling(seed=far))]), 1).sampling.seed == first_draw(far)
+    assert retried(resolve_sampling([("config", Sampling(seed=far))]), 0).sampling.seed == far

@@ -21,6 +21,7 @@ from tmas.grading.judge import judge_once
 from tmas.llm.factory import open_model
 from tmas.llm.types import user
 from tmas.methods import METHODS
+from tmas.store.run_store import RunStore
 from tmas.sweep import Study, SweepSpec, run_sweep
 from tmas.testing import Rule, SimScript, SimServer
 
@@ -201,10 +202,20 @@ async def test_a_roles_context_length_stays_its_own_when_its_calls_go_first(sim:
 
 
 @pytest.mark.parametrize("method", ALL)
-async def test_configured_seed_is_sent_as_is(sim: SimServer, tmp_path: Path, method: str) -> None:
-    await asolve(Q, settings_from(tmp_path, toml(sim, method, SAMPLING_TOML + "seed = 1234\n")))
+async def test_a_configured_seed_goes_plus_each_calls_sample_index(sim: SimServer, tmp_path: Path, method: str) -> None:
+    # Sample j of a prompt goes with seed + j (sample 0, a call of one sample, with the seed as set), as vLLM draws
+    # choice j of one request with n: sent as it is with every call, the parallel samples of one prompt came back
+    # alike from a server that honours it.
+    await asolve(
+        Q, settings_from(tmp_path, toml(sim, method, SAMPLING_TOML + "seed = 1234\n")), run_dir=tmp_path / "run"
+    )
     bodies = [b for items in bodies_by_role(sim).values() for b in items]
-    assert bodies and all(b["seed"] == 1234 and b["temperature"] == 0.25 for b in bodies)
+    assert bodies and all(b["temperature"] == 0.25 for b in bodies)
+    with RunStore(tmp_path / "run", create=False) as store:
+        sent = [(c.key.sample, store.call_sampling(c.call_id or 0)["seed"]) for c in store.calls()]
+    assert any(sample == 0 and seed == 1234 for sample, seed in sent)
+    assert all(seed == 1234 + sample for sample, seed in sent)
+    assert sorted(b["seed"] for b in bodies) == sorted(seed for _, seed in sent)
 
 
 async def test_derived_seeds_differ_between_parallel_samples(sim: SimServer, tmp_path: Path) -> None:
@@ -383,9 +394,11 @@ async def test_sweep_points_keep_the_sampling(sim: SimServer, tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("body", "seeds"),
     [
-        # A seed for the judge, or for every role, is sent as it is; the judge's temperature over the default one.
-        ("[sampling]\nseed = 1234\n[roles.judge.sampling]\nseed = 7\ntemperature = 0.0\n", [7, 7]),
-        ("[sampling]\nseed = 1234\n[roles.judge.sampling]\ntemperature = 0.0\n", [1234, 1234]),
+        # A seed for the judge, or for every role, goes plus the run (run j: seed + j): under one seed the
+        # --judge-runs of a server that honours it were one verdict counted again. The judge's temperature over the
+        # default one.
+        ("[sampling]\nseed = 1234\n[roles.judge.sampling]\nseed = 7\ntemperature = 0.0\n", [7, 8]),
+        ("[sampling]\nseed = 1234\n[roles.judge.sampling]\ntemperature = 0.0\n", [1234, 1235]),
         # No seed configured: each judge run draws its own.
         ("[sampling]\ntemperature = 0.3\n[roles.judge.sampling]\ntemperature = 0.0\n", None),
     ],
@@ -466,8 +479,9 @@ async def test_a_methods_call_asked_again_after_an_unusable_reply_changes_a_conf
     assert result.answer == "391"
     bodies = bodies_by_role(sim)
     for role in ("coordinator", "specialist", "reviewer"):
-        # The first call sends the seed as it is; its retry alone, the same prompt again, sends another.
-        changed = [b for b in bodies[role] if b["seed"] != 7]
-        assert len(changed) == 1, role
-        assert changed[0]["messages"] == bodies[role][0]["messages"], role
-        assert bodies[role][0]["seed"] == 7, role
+        # The first call sends the seed plus its sample index; its retry, the same prompt again, a seed no other call
+        # of the role sent.
+        first, *others = bodies[role]
+        [retry] = [b for b in others if b["messages"] == first["messages"]]
+        assert retry["seed"] not in {b["seed"] for b in bodies[role] if b is not retry}, role
+        assert first["seed"] >= 7, role

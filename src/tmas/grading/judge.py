@@ -25,7 +25,7 @@ from tmas.config import Sampling, Settings
 from tmas.grading.grader import GradingContext, StoredGrades, Verdicts
 from tmas.grading.grades import GradeConfig, Item, ItemKey
 from tmas.llm.model import ChatModel
-from tmas.llm.sampling import DERIVED_SEED, retried
+from tmas.llm.sampling import DERIVED_SEED, for_sample, retried
 from tmas.llm.types import CallKey, Usage
 from tmas.store.run_store import GradeRow
 
@@ -162,9 +162,9 @@ async def judge_once(
     for attempt in range(retries + 1):
         # The sample index keeps each run and retry a distinct call in the store's cache.
         key = CallKey(problem_id=problem_id, role=JUDGE_ROLE, sample=run * (retries + 1) + attempt)
-        # A seed configured for the judge is sent as it is (as a method's calls send theirs), changed on a retry only;
-        # else each run and retry draws its own.
-        sampling = retried(configured, attempt)
+        # A seed configured for the judge goes plus the run (run j: seed + j, as a method's samples send theirs),
+        # changed on a retry; else each run and retry draws its own.
+        sampling = retried(for_sample(configured, run), attempt)
         if configured.sampling.seed is None:
             sampling = configured.over(DERIVED_SEED, Sampling(seed=_seed(problem_id, student, run, attempt)))
         reply = await llm.chat(JUDGE_ROLE, messages, key=key, sampling=sampling, reply_model=JudgeReplyFormat)

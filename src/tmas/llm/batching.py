@@ -10,12 +10,11 @@ out one per call in sample order. Each call still returns its own :class:`Comple
 wire (:class:`tmas.llm.replay.StoreReplay`), keeps one row per sample under the sample's own request: a resumed run
 asks only for the samples it lacks, in one request with ``n`` = their count.
 
-The seed sent is the group's lowest sample's derived seed: vLLM samples choice ``i`` with that seed + ``i``, so the
-choices differ, and a rerun of the same group draws the same ones. A seed set in the configuration, which every sample
-of the group was given, goes plus that lowest sample's index (:func:`part_request`): sample ``j`` is drawn with seed +
-``j`` whichever request it goes in, so a later round of the same prompt (majority vote's ``stop = "beta"``), the second
-request of a group split in parts, or a resumed run's remainder does not draw the first request's choices again. (A
-configured seed thus no longer makes all of a prompt's samples alike there, as it did with one request each.)
+The seed sent is the group's lowest sample's: vLLM samples choice ``i`` with that seed + ``i``. A derived seed (each
+call's own) goes as it is, so the choices differ and a rerun of the same group draws the same ones. A seed a source
+set is already each sample's own, seed + ``j`` for sample ``j`` (:func:`tmas.llm.sampling.for_sample`), as is a
+retry's: such calls go together only where their seeds follow one another (:func:`seed_runs`), so each choice is
+drawn with the seed its sample would have been sent alone, and batching changes no sample's seed.
 
 Usage: a server reports one usage per reply: the prompt once, the completion tokens summed over the choices.
 :func:`share_usage` splits it so that the samples' figures add up to it exactly: the first sample carries the prompt
@@ -63,12 +62,14 @@ T = TypeVar("T")
 
 
 def batch_group(request: ChatRequest, key: CallKey) -> str:
-    """What calls must share to go in one request: role, problem, model, messages, ``response_format`` and sampling;
-    the seed too unless it was derived per call (seeds a source set batch only with equal ones)."""
-    derived = request.sampling_sources.get("seed") == DERIVED_SEED
-    sampling = request.sampling.model_dump(mode="json", exclude={"seed"} if derived else None)
+    """What calls must share to go in one request: role, problem, model, messages, ``response_format`` and sampling
+    but the seed, whether they carry one and whether it was derived per call (seeds a source set, or a retry's, go
+    together only where they follow one another: :func:`seed_runs`)."""
+    seeded = request.sampling.seed is not None
+    derived = seeded and request.sampling_sources.get("seed") == DERIVED_SEED
+    sampling = request.sampling.model_dump(mode="json", exclude={"seed"})
     messages = [[m.role, m.content] for m in request.messages]
-    group = [key.role, key.problem_id, request.model, messages, request.response_format, sampling, derived]
+    group = [key.role, key.problem_id, request.model, messages, request.response_format, sampling, seeded, derived]
     return json.dumps(group, sort_keys=True, ensure_ascii=False)
 
 
@@ -142,10 +143,10 @@ class SampleBatcher:
         samples = sorted((s for s in self._open.pop(group) if not s.future.done()), key=lambda s: s.key.sample)
         if not samples:
             return
-        if len(samples) == 1:
-            samples[0].future.set_result(None)
-            return
-        for samples_of_part in near_equal_parts(samples, MAX_SAMPLES_PER_REQUEST):
+        parts = [p for run in seed_runs(samples) for p in near_equal_parts(run, MAX_SAMPLES_PER_REQUEST)]
+        for alone in (p[0] for p in parts if len(p) == 1):
+            alone.future.set_result(None)
+        for samples_of_part in (p for p in parts if len(p) > 1):
             part = Part(samples_of_part)
             task = part.task = asyncio.ensure_future(self._answer(part))
             self._running.add(task)
@@ -323,18 +324,21 @@ def refuses_n(completion: Completion) -> bool:
     return completion.error_cause in _N_REFUSAL_CAUSES and bool(_N_REFUSAL.search(completion.error or ""))
 
 
-def part_request(samples: Sequence[Sample]) -> ChatRequest:
-    """The request one part of a group sends (``n`` = its samples): its lowest sample's. A seed a source set (the same
-    for every sample of the group) goes moved on by that sample's index: the server draws choice ``i`` with the seed
-    sent + ``i``, so sample ``j`` is drawn with seed + ``j`` in whichever request it goes, and a later part, round or
-    resumed remainder of the same prompt does not draw the first request's choices again. A derived seed (each
-    sample's own) goes as it is."""
-    lead = samples[0]
-    request, seed = lead.request, lead.request.sampling.seed
-    if seed is None or request.sampling_sources.get("seed") == DERIVED_SEED or not lead.key.sample:
-        return request
-    sampling = request.sampling.model_copy(update={"seed": seed + lead.key.sample})
-    return request.model_copy(update={"sampling": sampling})
+def seed_runs(samples: list[Sample]) -> list[list[Sample]]:
+    """One group's samples (in sample order) in the runs that can each go as one request: all of them where the
+    seeds were derived per call (choice ``i`` draws with the lead's + ``i``) or none was set; else, ordered by seed,
+    runs of seeds that follow one another, so that choice ``i`` of a run draws with the seed its sample carries."""
+    first = samples[0].request
+    if first.sampling.seed is None or first.sampling_sources.get("seed") == DERIVED_SEED:
+        return [samples]
+    runs: list[list[Sample]] = []
+    for sample in sorted(samples, key=lambda s: (s.request.sampling.seed or 0, s.key.sample)):
+        seed = sample.request.sampling.seed or 0
+        if runs and seed == (runs[-1][-1].request.sampling.seed or 0) + 1:
+            runs[-1].append(sample)
+        else:
+            runs.append([sample])
+    return runs
 
 
 def handed_out(completions: Sequence[Completion], samples: Sequence[Sample]) -> list[Completion | None]:

@@ -27,7 +27,7 @@ from tmas.config import Sampling, Settings
 from tmas.errors import ConfigError, LLMError
 from tmas.llm import replica as replicas
 from tmas.llm import vitals
-from tmas.llm.batching import Sample, SampleBatcher, handed_out, one_per_choice, part_request, share_usage
+from tmas.llm.batching import Sample, SampleBatcher, handed_out, one_per_choice, share_usage
 from tmas.llm.failures import Failure
 from tmas.llm.lanes import SlotQueue, call_affinity
 from tmas.llm.model import CANCELLED, ClientStats, EndpointUnreachable, QuotaSpent, leave_spent, spent_before
@@ -174,7 +174,7 @@ class LLMClient:
         if not self.refusals.batches(route):
             return [None] * len(samples)
         lead = samples[0]
-        done = await self._call(route, part_request(samples), lead.key, lead.request_hash, n=len(samples))
+        done = await self._call(route, lead.request, lead.key, lead.request_hash, n=len(samples))
         kept = self.refusals.kept(route, lead, done, len(samples))
         return [None] * len(samples) if kept is None else handed_out(kept, samples)
 

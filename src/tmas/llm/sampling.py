@@ -16,7 +16,8 @@ Priority, lowest first (a later source wins every field it sets; ``extra_body`` 
 ``role`` sits above ``env`` and ``flags``: it is the more specific setting (``--temperature 0.6`` with
 ``[roles.refiner.sampling] temperature = 0.05`` sends 0.05 to the refiner), as it always has. The seed is the one
 field no source need set: where none did, :class:`tmas.methods.base.ProblemSession` derives one per call
-(``derived seed``) from the run seed, so parallel samples of one prompt differ reproducibly.
+(``derived seed``) from the run seed, so parallel samples of one prompt differ reproducibly; where one did, sample ``j``
+of a prompt goes with that seed + ``j`` (:func:`for_sample`), so they differ too, batched or not.
 
 Which of ``config`` / ``env`` / ``flags`` set a field of ``[sampling]`` is recorded in
 ``Settings.sampling_sources`` by :func:`tmas.config.load_settings`, and travels with the stored settings (resume,
@@ -49,6 +50,11 @@ BUILT_IN, PRESET, CONFIG, ENV, FLAGS, ROLE, METHOD, CALL = (
 )
 SOURCES = (BUILT_IN, PRESET, CONFIG, ENV, FLAGS, ROLE, METHOD, CALL)
 DERIVED_SEED = "derived seed"
+# The source of the seed of a call asked again after an unreadable reply (:func:`retried`).
+RETRY_SEED = "retry seed"
+# How far apart the sample indices of one prompt's samples in a step may lie (a method's offsets for its own retries
+# included): a retry's seed is never this close to its sample's seed, so it is never another sample's.
+SAMPLE_SEEDS = 1 << 21
 
 Layer = tuple[str, Sampling | None]
 
@@ -73,15 +79,32 @@ class ResolvedSampling(BaseModel):
         return ResolvedSampling(sampling=self.sampling.merged(sampling), sources=sources)
 
 
+def for_sample(resolved: ResolvedSampling, sample: int) -> ResolvedSampling:
+    """``resolved`` for sample ``sample`` of its prompt in one step (0 for a call of one sample): a seed some source
+    set goes plus ``sample``, so sample ``j`` is drawn with seed + ``j``, as vLLM draws choice ``j`` of one request
+    with ``n``: a prompt's samples differ whether they go alone or together, and sample 0 keeps the seed as set. A
+    derived seed (each call's own already) or none is ``resolved`` as it is."""
+    seed = resolved.sampling.seed
+    if seed is None or not sample or resolved.sources.get("seed") in (DERIVED_SEED, RETRY_SEED):
+        return resolved
+    return resolved.model_copy(update={"sampling": resolved.sampling.model_copy(update={"seed": seed + sample})})
+
+
 def retried(resolved: ResolvedSampling, attempt: int) -> ResolvedSampling:
     """``resolved`` for attempt ``attempt`` of a call asked again because its reply could not be read: a seed some
-    source set goes out as it is on the first attempt and is changed on each retry (source ``derived seed``), since a
-    server that honours it would give the retry the same unreadable reply; without a seed it is ``resolved``."""
+    source set (the sample's, :func:`for_sample`) goes out as it is on the first attempt and is changed on each retry
+    (source ``retry seed``), since a server that honours it would give the retry the same unreadable reply; without a
+    seed it is ``resolved``. The retry's seed is drawn from the sample's seed and the attempt, never within
+    :data:`SAMPLE_SEEDS` of the sample's seed, so it is no other sample's of the same prompt (seed + ``j``)."""
     seed = resolved.sampling.seed
     if attempt == 0 or seed is None:
         return resolved
     raw = repr((seed, attempt)).encode()
-    return resolved.over(DERIVED_SEED, Sampling(seed=int.from_bytes(hashlib.sha256(raw).digest()[:4], "big") >> 1))
+    drawn = int.from_bytes(hashlib.sha256(raw).digest()[:4], "big") >> 1
+    while abs(drawn - seed) < SAMPLE_SEEDS:
+        raw = repr((seed, attempt, drawn)).encode()
+        drawn = int.from_bytes(hashlib.sha256(raw).digest()[:4], "big") >> 1
+    return resolved.over(RETRY_SEED, Sampling(seed=drawn))
 
 
 def resolve_sampling(layers: Sequence[Layer]) -> ResolvedSampling:

@@ -30,7 +30,7 @@ from tmas.answer_classes import EquivalenceCheck, answer_classes
 from tmas.config import Budget, Sampling
 from tmas.llm.model import ChatModel, spent_before
 from tmas.llm.replica import MESSAGE_TEMPLATE_TOKENS
-from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling, retried
+from tmas.llm.sampling import DERIVED_SEED, ResolvedSampling, for_sample, retried
 from tmas.llm.types import CallKey, ChainKey, Completion, Lane, Message, Usage
 from tmas.llm.watch import UNWATCHED_NOTICE, TraceWatch
 from tmas.methods.call_count import CallCount
@@ -315,6 +315,7 @@ class ProblemSession:
         watch: TraceWatch | None = None,
         chain: int | None = None,
         attempt: int = 0,
+        draw: int | None = None,
     ) -> Completion:
         """One call of this problem (see :meth:`ChatModel.chat`; ``reply_model``: the pydantic model of a JSON
         reply, sent as its schema where the endpoint allows; ``watch``: follows the streamed reply and may stop it,
@@ -323,7 +324,9 @@ class ProblemSession:
         session's ``lane`` too; ``attempt``: 0, or how many times the same prompt was asked before because its reply
         was unusable or what it is built from did not move (:mod:`tmas.methods.reasked`): a configured seed is then
         changed (:func:`tmas.llm.sampling.retried`), the retry's own ``sample`` or iteration telling its derived seed
-        and its stored reply apart).
+        and its stored reply apart; ``draw``: which of its prompt's samples in this step the call is, ``sample``
+        unless given (majority vote's later iterations continue their numbering): a configured seed goes plus it
+        (:func:`tmas.llm.sampling.for_sample`), so a prompt's samples differ, alone or batched).
 
         Under a budget the call may wait for calls of the problem in flight (:meth:`_admit`), and raises
         :class:`BudgetExhausted` instead of going out once the budget is spent."""
@@ -341,9 +344,9 @@ class ProblemSession:
             # same run seed asks the same questions (servers that honour `seed`, e.g. vLLM, answer the same too).
             resolved = resolved.over(DERIVED_SEED, Sampling(seed=self.derive_seed("call", role, sample)))
         else:
-            # A configured seed goes out as it is, but for a prompt asked again: the same seed would draw the same
-            # unusable reply.
-            resolved = retried(resolved, attempt)
+            # A configured seed goes plus the sample's index (sample j: seed + j, as vLLM draws choice j of one
+            # request), and is changed for a prompt asked again: the same seed would draw the same unusable reply.
+            resolved = retried(for_sample(resolved, sample if draw is None else draw), attempt)
         reserve = await self._admit(resolved, messages)
         self.calls_in_flight += 1
         self._hold(reserve, +1)

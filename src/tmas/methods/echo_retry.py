@@ -46,11 +46,13 @@ async def chat_guarded(
     watch: TraceWatch | None = None,
     chain: int | None = None,
     attempt: int = 0,
+    draw: int | None = None,
 ) -> GuardedReply:
     """``session.chat``, then ``echo_of(reply)`` (what echoes, or None) on a successful reply; one retry on an echo.
     A reply ``watch`` stopped early is returned as it is: its partial text is no reply to check. Both calls belong to
     ``chain`` (:meth:`ProblemSession.chat`); ``attempt``: how many times the caller asked ``messages`` before (the
-    first call's, the retry's the next one)."""
+    first call's, the retry's the next one); ``draw``: the sample's index among its prompt's samples, where it is not
+    ``sample`` (:meth:`ProblemSession.chat`)."""
     reply = await session.chat(
         role,
         messages,
@@ -60,6 +62,7 @@ async def chat_guarded(
         watch=watch,
         chain=chain,
         attempt=attempt,
+        draw=draw,
     )
     first = echo_of(reply) if reply.ok and reply.stopped_early is None else None
     if first is None:
@@ -74,6 +77,7 @@ async def chat_guarded(
         watch=watch,
         chain=chain,
         attempt=attempt + 1,
+        draw=draw,
     )
     again = echo_of(retry) if retry.ok and retry.stopped_early is None else None
     if again is not None:

@@ -12,7 +12,8 @@ Beyond the paper:
   ``round_size`` and stops once the leading answer cannot be overtaken by the runner-up with probability
   ``stop_threshold``, never past k samples an iteration; a stop ends the problem. Each iteration's record says how
   many samples it drew and why it stopped (``state["stop"]``). The samples keep their indices, so the samples a
-  stopped run drew are the first ones a fixed run draws (same requests, same seeds);
+  stopped run drew are the first ones a fixed run draws (same requests, same seeds). Under a configured seed, sample
+  ``i`` of iteration ``t`` goes with seed + t·k + i: every sample of the prompt its own, as MV@(k(t+1)) draws them;
 - ``online_stop`` (DeepConf's online mode: methods/online_stop.py): the problem's first ``warmup`` samples run to
   their end and set a confidence threshold; each later sample streams under a watch and is stopped once its running
   group confidence falls below it, and does not vote. The samples are drawn in batches that never mix warm-up and
@@ -252,6 +253,8 @@ class MajorityVote(Method[MajorityParams]):
             index=index,
             mode=self.params.mode,
             sampling=sampling,
+            # The iteration's samples continue the earlier ones' numbering for a configured seed (the same prompt).
+            draw=session.iteration * self.params.k + index,
             confidence_window=window,
             watch=watch,
             meta=CandidateMeta(online_stop=kind),

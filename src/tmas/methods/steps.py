@@ -58,6 +58,7 @@ async def solve_call(
     watch: TraceWatch | None = None,
     chain: int | None = None,
     attempt: int = 0,
+    draw: int | None = None,
 ) -> Candidate | None:
     """One solution-writing call of ``role`` as candidate ``index`` (sample ``sample``, else ``index``); None when the
     budget refused the call. Its calls (echo retry and reminder included) belong to ``chain``
@@ -72,7 +73,8 @@ async def solve_call(
     in ``sampling``) are reduced to the candidate's ``confidence`` with groups of that many tokens. ``watch`` follows
     the streamed reply and may stop it (:mod:`tmas.llm.watch`): a stopped reply gives no answer and no vote.
     ``attempt``: how many times the caller sent ``messages`` before (:class:`tmas.methods.reasked.Reasked`), so a
-    configured seed is changed for a prompt asked again (:meth:`ProblemSession.chat`).
+    configured seed is changed for a prompt asked again (:meth:`ProblemSession.chat`); ``draw``: which of its prompt's
+    samples in the step the call is, where that is not its sample (the configured seed goes plus it).
 
     A reply that echoes the prompt's instructions is asked again once (:mod:`tmas.agents.echo`); when the retry
     echoes too, the candidate has an error, so no answer, vote or later prompt uses it. With ``remind``, a reply
@@ -97,6 +99,7 @@ async def solve_call(
             watch=watch,
             chain=chain,
             attempt=attempt,
+            draw=draw,
         )
     except BudgetExhausted:
         return None
