@@ -556,6 +556,22 @@ async def test_a_configured_seed_moves_on_by_each_requests_lowest_sample(sim: Si
     assert [s["seed"] for _, s in stored(tmp_path / "run")] == list(range(7, 15))
 
 
+async def test_under_a_configured_seed_batched_samples_are_the_replies_each_would_get_alone(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # The simulator's "vllm" persona draws choice i with the seed sent + i, as vLLM does: each sample is then the
+    # reply its own request gets alone, so batching changes no sample. (A question the simulator cannot work out:
+    # its guess follows the seed.)
+    sim.set_script(SimScript(persona="vllm"))
+    replies = []
+    for batch in ("on", "off"):
+        settings = majority(sim, 4, sampling__seed=7, endpoint__batch_samples=batch)
+        await asolve("Which number is hidden?", settings, run_dir=tmp_path / batch)
+        replies.append([(c.key.sample, s["seed"], c.content) for c, s in stored(tmp_path / batch)])
+    assert replies[0] == replies[1] and [seed for _, seed, _ in replies[0]] == [7, 8, 9, 10]
+    assert len({content for _, _, content in replies[0]}) > 1
+
+
 def drawn_seeds(sim: SimServer, role: str = "solution") -> list[int]:
     """The seed each sample was drawn with, as vLLM draws them: a request's seed + i for its choice i."""
     return sorted(b["seed"] + i for b in sim.chat_bodies(role) for i in range(b.get("n", 1)))

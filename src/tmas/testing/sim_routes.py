@@ -634,8 +634,9 @@ class SimApp:
         max_tokens: int | None,
     ) -> Choice:
         """Choice ``index`` of ``n``. With n > 1 each choice is sampled as if asked alone with its own seed (the
-        request's for the first, one derived from it and the index for the others), so the choices differ and are
-        the same on every run."""
+        request's for the first, one derived from it and the index for the others; under the "vllm" persona the
+        request's + the index, as vLLM draws them, so a choice is the reply the same request would get alone with
+        that seed), so the choices differ and are the same on every run."""
         script, persona = active.script, active.persona
         seed = body.get("seed")
         sample_body = body
@@ -652,7 +653,10 @@ class SimApp:
         elif n > 1:
             sample_body = {k: v for k, v in body.items() if k != "n"}
             if index > 0:
-                seed = stable_hash(seed, "choice", index) % 2**31
+                if persona.name == "vllm" and isinstance(seed, int) and not isinstance(seed, bool):
+                    seed = seed + index
+                else:
+                    seed = stable_hash(seed, "choice", index) % 2**31
                 sample_body["seed"] = seed
         sim = SimRequest(
             role=role,
