@@ -804,6 +804,20 @@ async def test_a_spent_budget_keeps_the_round_so_far_and_answers_by_majority() -
     assert "decision" not in record.state and record.selected == "391"
 
 
+@pytest.mark.parametrize("domain", ["math", "medicine"])
+async def test_reviews_that_finished_before_the_budget_stop_stay_in_the_transcript(domain: str) -> None:
+    # The team (1 call) and three opinions (3) finished, then two reviews of S1 before the budget refused the rest.
+    result, model = await run(settings_extra={"budget": {"calls": 6}}, domain=domain, iterations=2)
+    assert result.stopped_reason == "budget" and by_role(model)["reviewer"] == 2
+    reviews = [u for u in transcript(result).utterances if u.kind == "review"]
+    sent = model.calls_of("reviewer")
+    assert [(u.agent, u.target) for u in reviews] == [("S2", "S1"), ("S3", "S1")]
+    # Each holds the reply its call got, as a review of a finished round does.
+    assert [u.text for u in reviews] == [c.reply.content for c in sent] and all(u.text for u in reviews)
+    # The round did not finish: nobody's acceptance or convergence was judged from the partial reviews.
+    assert [m["converged"] for m in result.iterations[-1].state["members"]] == [False, False, False]
+
+
 async def test_medicine_without_a_readable_decision_uses_the_pooled_differential() -> None:
     lists = [
         "<diagnosis>\n1. Wilson disease: a.\n2. Fabry disease: b.\n</diagnosis>",

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -136,6 +136,48 @@ class PeerReview(ABC):
         """A candidate's score from its reviews (None: the reviews give none)."""
         return None
 
+    async def gather(
+        self,
+        active: list[Seat],
+        pairs: list[tuple[Seat, Seat]],
+        one: Callable[[Seat, Seat], Awaitable[tuple[ReviewT, Completion | None]]],
+        r: int,
+        transcript: Transcript,
+        notes: list[str],
+    ) -> dict[str, list[ReviewT]]:
+        """The reviews of round ``r``, ``one(target, reviewer)`` for each (target, reviewer) pair, all at once: the id
+        of each of the ``active`` seats -> its reviews, each in the transcript. Reviews and their notes are listed in
+        pair order, whatever order they came back in. When the budget stops the round, the reviews that finished are
+        in the transcript all the same (their calls were answered and spent), and the stop goes on up."""
+        done: dict[int, tuple[ReviewT, Completion | None]] = {}
+
+        async def keep(i: int, target: Seat, reviewer: Seat) -> None:
+            done[i] = await one(target, reviewer)
+
+        start = len(notes)
+        try:
+            await gather_all(keep(i, target, reviewer) for i, (target, reviewer) in enumerate(pairs))
+        finally:
+            notes[start:] = sorted(notes[start:])
+            reviews: dict[str, list[ReviewT]] = {s.member.id: [] for s in active}
+            for i, (target, _) in enumerate(pairs):
+                if i not in done:
+                    continue
+                review, reply = done[i]
+                reviews[target.member.id].append(review)
+                transcript.utterances.append(
+                    Utterance(
+                        round=r,
+                        agent=review.reviewer,
+                        kind="review",
+                        text=_review_text(review, reply),
+                        target=target.member.id,
+                        answer=review.verdict if isinstance(review, Review) else None,
+                        call_id=reply.call_id if reply is not None else None,
+                    )
+                )
+        return reviews
+
     async def ask(
         self,
         session: ProblemSession,
@@ -200,25 +242,14 @@ class VerdictReview(PeerReview):
     ) -> Reviews:
         """Every active attempt reviewed by every other specialist; then acceptance and convergence."""
         pairs = [(t, s) for t in active for s in seats if s is not t and t.spoke]
-        start = len(notes)
-        done = await gather_all(
-            self._review(session, reviewer, target, len(seats), notes) for target, reviewer in pairs
+        reviews: dict[str, list[Review]] = await self.gather(
+            active,
+            pairs,
+            lambda target, reviewer: self._review(session, reviewer, target, len(seats), notes),
+            r,
+            transcript,
+            notes,
         )
-        notes[start:] = sorted(notes[start:])  # in a fixed order, whatever order the reviews came back in
-        reviews: dict[str, list[Review]] = {s.member.id: [] for s in active}
-        for (target, _), (review, reply) in zip(pairs, done, strict=True):
-            reviews[target.member.id].append(review)
-            transcript.utterances.append(
-                Utterance(
-                    round=r,
-                    agent=review.reviewer,
-                    kind="review",
-                    text=_review_text(review, reply),
-                    target=target.member.id,
-                    answer=review.verdict,
-                    call_id=reply.call_id if reply is not None else None,
-                )
-            )
         for seat in active:
             if not seat.spoke:
                 seat.accepted = seat.converged = False
@@ -323,25 +354,15 @@ class DifferentialCritique(PeerReview):
         if final or all(s.converged for s in seats):
             return {}
         pairs = [(t, s) for t in active for s in seats if s is not t and t.spoke]
-        start = len(notes)
-        done = await gather_all(
-            self._critique(session, reviewer, target, len(seats), notes) for target, reviewer in pairs
+        critiques: dict[str, list[DifferentialReview]] = await self.gather(
+            active,
+            pairs,
+            lambda target, reviewer: self._critique(session, reviewer, target, len(seats), notes),
+            r,
+            transcript,
+            notes,
         )
-        notes[start:] = sorted(notes[start:])
-        critiques: dict[str, list[DifferentialReview]] = {s.member.id: [] for s in active}
-        for (target, _), (review, reply) in zip(pairs, done, strict=True):
-            critiques[target.member.id].append(review)
-            transcript.utterances.append(
-                Utterance(
-                    round=r,
-                    agent=review.reviewer,
-                    kind="review",
-                    text=_review_text(review, reply),
-                    target=target.member.id,
-                    call_id=reply.call_id if reply is not None else None,
-                )
-            )
-        return dict(critiques)
+        return critiques
 
     async def _critique(
         self, session: ProblemSession, reviewer: Seat, target: Seat, team: int, notes: list[str]
