@@ -2,21 +2,28 @@
 
 Math-Verify enforces its timeouts with ``signal.alarm``, which only works in a process's main thread: each check
 runs in the main thread of a worker process (``ProcessPoolExecutor``), driven from asyncio by ``run_in_executor``.
-Workers are spawned, not forked, because the parent may hold an event loop and open sockets.
+Workers are spawned, not forked, because the parent may hold an event loop and open sockets. A synchronous check
+(:func:`check_pair_bounded`) runs in the calling thread where that is a main thread, else in one worker process kept
+for such checks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import functools
 import importlib.util
 import math
 import multiprocessing
+import os
 import re
+import threading
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
+from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import Any
 
@@ -175,10 +182,10 @@ def _trim(piece: str) -> str:
 
 
 def check_pair(gold: str, pred: str, timeout_s: int | None = 5, any_order: bool = False) -> RuleVerdict:
-    """Compare one pair (gold first: Math-Verify's ``verify`` is asymmetric). Runs in a worker process (or any main
-    thread; ``timeout_s`` None runs without signal-based timeouts, for other threads). ``any_order``: a reference
-    written as a bare list is a set (the problem asks for all of something: :func:`asks_for_all`); else an answer
-    giving its items in another order is left undecided.
+    """Compare one pair (gold first: Math-Verify's ``verify`` is asymmetric). Runs in a worker process or any main
+    thread (``timeout_s`` None runs without Math-Verify's timeouts, unbounded: from another thread call
+    :func:`check_pair_bounded`). ``any_order``: a reference written as a bare list is a set (the problem asks for all
+    of something: :func:`asks_for_all`); else an answer giving its items in another order is left undecided.
 
     An answer offering alternatives ("3 or 4", "3 (maybe 4)") is the list of its different alternatives: against a
     single number that is several answers, none committed to (wrong); against a list it is compared as a list."""
@@ -422,6 +429,109 @@ class RuleChecker:
             verdict = RuleVerdict(None, "timed out")
         self._cache[key] = verdict
         return verdict
+
+
+# A synchronous check off the main thread (a trainer calling its reward function from a thread pool) runs in one
+# worker process, started on the first such check: Math-Verify's alarms need a main thread, and without them one
+# answer ("3^{10^{8}}") can hold the interpreter, every thread included, for minutes.
+_STARTED = "started"
+# Time for the worker to start (spawn, import SymPy) and take a check: a machine busy with training may be slow.
+_WORKER_START_S = 120.0
+
+
+def _serve(conn: Connection) -> None:
+    """The worker's loop: takes ``(check, args)``, answers that it started, then with the check's verdict."""
+    if math_verify_installed():  # else check_pair answers that itself
+        import math_verify  # noqa: F401  # loaded before the first check, so its deadline is the check's alone
+    while True:
+        try:
+            check, args = conn.recv()
+        except EOFError:
+            return
+        conn.send(_STARTED)
+        try:
+            verdict = check(*args)
+        except Exception as exc:  # a check that raises is one the rules cannot decide
+            verdict = RuleVerdict(None, f"check error: {type(exc).__name__}")
+        conn.send(verdict)
+
+
+class _Worker:
+    def __init__(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_serve, args=(child,), name="tmas-rules", daemon=True)
+        self.process.start()
+        child.close()
+        self.lost = False
+
+    def check(self, check: Callable[..., RuleVerdict], args: tuple[Any, ...], deadline_s: float) -> RuleVerdict:
+        """The verdict of ``check(*args)``, or an undecided one (and the worker lost) where the worker did not take
+        it, did not finish it within ``deadline_s`` of starting it, or died."""
+        try:
+            self.conn.send((check, args))
+            if not (self.conn.poll(_WORKER_START_S) and self.conn.recv() == _STARTED):
+                return self._lose(f"the rules worker did not start the check within {_WORKER_START_S:g} s")
+            if not self.conn.poll(deadline_s):
+                return self._lose(f"timed out (over {deadline_s:g} s)")
+            verdict: RuleVerdict = self.conn.recv()
+            return verdict
+        except (EOFError, OSError):
+            return self._lose("the rules worker stopped")
+
+    def _lose(self, detail: str) -> RuleVerdict:
+        self.lost = True
+        return RuleVerdict(None, detail)
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.join()
+        self.conn.close()
+
+
+_worker: _Worker | None = None
+_worker_lock = threading.Lock()
+
+
+def check_pair_bounded(
+    gold: str, pred: str, timeout_s: int = 5, any_order: bool = False, *, deadline_s: float = 30.0
+) -> RuleVerdict:
+    """:func:`check_pair`, bounded whichever thread calls it. In a main thread Math-Verify's alarms bound it
+    (``timeout_s`` a parse or comparison). In another thread it runs in a worker process with the same alarms, and
+    one not done ``deadline_s`` after it started is undecided ("timed out"): the worker is stopped and the next check
+    starts another. Checks from several threads take turns. The worker is started on the first check made off a main
+    thread, and stops when this process exits."""
+    if threading.current_thread() is threading.main_thread():
+        return check_pair(gold, pred, timeout_s, any_order)
+    global _worker
+    with _worker_lock:
+        worker = _worker = _worker or _Worker()
+        verdict = worker.check(check_pair, (gold, pred, timeout_s, any_order), deadline_s)
+        if worker.lost:
+            worker.stop()
+            if _worker is worker:
+                _worker = None
+    return verdict
+
+
+def _stop_worker() -> None:
+    """Stops the worker, without waiting for a check in progress (at exit, a daemon thread may hold the lock): that
+    check's caller finds the worker stopped and answers undecided."""
+    global _worker
+    worker, _worker = _worker, None
+    if worker is not None:
+        worker.stop()
+
+
+def _forget_worker() -> None:
+    """In a forked child: the parent's worker and lock are the parent's."""
+    global _worker, _worker_lock
+    _worker, _worker_lock = None, threading.Lock()
+
+
+atexit.register(_stop_worker)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_worker)
 
 
 @functools.cache

@@ -3,24 +3,26 @@
 An item without an extracted answer is not checked: with no text either it is wrong, else undecided (the judge may
 still read the text in combined mode). Verdicts are stored as grader ``rules``, run 0.
 
-:meth:`RulesGrader.grade_one` checks one item in the calling thread (RL's rewards): equal normalised spellings are
-right at once (as in every rule check), otherwise Math-Verify decides, gold first.
+:meth:`RulesGrader.grade_one` checks one item synchronously (RL's rewards): equal normalised spellings are right at
+once (as in every rule check), otherwise Math-Verify decides, gold first. It is bounded in any thread
+(:func:`tmas.answer_rules.check_pair_bounded`): a check past its time is undecided.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Sequence
 
-from tmas.answer_rules import RuleChecker, asks_for_all, check_pair
+from tmas.answer_rules import RuleChecker, asks_for_all, check_pair_bounded
 from tmas.grading.grader import GradingContext, StoredGrades, Verdicts
 from tmas.grading.grades import GradeConfig, Item
 from tmas.store.run_store import GradeRow
 
 RULES = "rules"
-# Math-Verify's bound on one check made by grade_one (the async grader's comes from its GradeConfig).
+# Math-Verify's bound on one parse or comparison made by grade_one (the async grader's comes from its GradeConfig),
+# and on the whole check where it runs off a main thread (several parses and comparisons).
 RULE_TIMEOUT_S = 5
+RULE_DEADLINE_S = 30.0
 
 
 def _no_answer(item: Item) -> bool:
@@ -29,6 +31,10 @@ def _no_answer(item: Item) -> bool:
 
 class RulesGrader:
     name = RULES
+
+    def __init__(self, timeout_s: int = RULE_TIMEOUT_S, deadline_s: float = RULE_DEADLINE_S) -> None:
+        self.timeout_s = timeout_s
+        self.deadline_s = deadline_s
 
     def runs(self, config: GradeConfig) -> int:
         return 1
@@ -70,13 +76,8 @@ class RulesGrader:
     def grade_one(self, item: Item) -> bool | None:
         if item.answer is None:
             return False if _no_answer(item) else None
-        gold = item.problem.answer or ""
-        # Math-Verify's timeouts use signal.alarm, which works only in the main thread; elsewhere (a trainer's worker
-        # thread) it runs without one.
-        main = threading.current_thread() is threading.main_thread()
-        return check_pair(
-            gold, item.answer, RULE_TIMEOUT_S if main else None, asks_for_all(item.problem.question)
-        ).correct
+        gold, answer, any_order = _pair(item)
+        return check_pair_bounded(gold, answer, self.timeout_s, any_order, deadline_s=self.deadline_s).correct
 
 
 def _pair(item: Item) -> tuple[str, str, bool]:
