@@ -12,7 +12,7 @@ import pytest
 
 import tmas.answer_rules as answer_rules
 import tmas.grading.rules as grading_rules
-from tmas.answer_rules import RuleVerdict, check_pair_bounded
+from tmas.answer_rules import RuleVerdict, RuleWorkerError, check_pair_bounded
 from tmas.answer_rules import check_pair as real_check_pair
 from tmas.grading.grades import Item
 from tmas.grading.registry import grader_named
@@ -37,6 +37,11 @@ def stuck_on_tower(gold: str, pred: str, timeout_s: int | None, any_order: bool)
     if pred == TOWER:
         threading.Event().wait()
     return real_check_pair(gold, pred, timeout_s, any_order)
+
+
+def exits_at_once(conn: Any) -> None:
+    """A worker that exits before taking a check (as one whose spawn ran an unguarded main module and failed)."""
+    raise SystemExit(3)
 
 
 def patch_check(monkeypatch: pytest.MonkeyPatch, check: Callable[..., RuleVerdict]) -> None:
@@ -101,3 +106,19 @@ def test_a_batch_with_a_rollout_that_never_grades_scores_the_others(monkeypatch:
     scored = in_a_thread(lambda: score_rollouts([rollout("0.5"), rollout(TOWER), rollout("0.25"), rollout("1/2")]))
     # Undecided counts as wrong: never a reward for an answer the rules could not confirm.
     assert [(b.correct, b.reward) for b in scored] == [(True, 1.0), (False, -1.0), (False, -1.0), (True, 1.0)]
+
+
+def test_a_worker_that_cannot_start_is_an_error_not_an_undecided_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every check would be undecided alike: rewards of -1 for every rollout would hide it.
+    monkeypatch.setattr(answer_rules, "_serve", exits_at_once)
+
+    def check() -> str:
+        try:
+            check_pair_bounded("\\frac{1}{2}", "0.5")
+        except RuleWorkerError as exc:
+            return str(exc)
+        return "no error"
+
+    message = in_a_thread(check)
+    assert message.startswith("the rules worker process exited before taking a check (exit code 3)")
+    assert answer_rules._worker is None

@@ -35,6 +35,10 @@ class MissingExtra(TmasError):
     exit_code = 2
 
 
+class RuleWorkerError(TmasError):
+    """The worker process for checks made off a main thread exited before it took one."""
+
+
 @dataclass(frozen=True)
 class RuleVerdict:
     """``correct`` is None when the rules cannot decide (unparseable, timed out, unequal non-numeric forms, a
@@ -464,17 +468,35 @@ class _Worker:
         self.process.start()
         child.close()
         self.lost = False
+        self.served = 0
 
     def check(self, check: Callable[..., RuleVerdict], args: tuple[Any, ...], deadline_s: float) -> RuleVerdict:
         """The verdict of ``check(*args)``, or an undecided one (and the worker lost) where the worker did not take
-        it, did not finish it within ``deadline_s`` of starting it, or died."""
+        it in time, did not finish it within ``deadline_s`` of starting it, or died in it. A worker that exited before
+        taking it is an error."""
         try:
             self.conn.send((check, args))
-            if not (self.conn.poll(_WORKER_START_S) and self.conn.recv() == _STARTED):
+            if not self.conn.poll(_WORKER_START_S):
                 return self._lose(f"the rules worker did not start the check within {_WORKER_START_S:g} s")
+            started = self.conn.recv() == _STARTED
+        except (EOFError, OSError):
+            started = False
+        if not started and self.served:
+            return self._lose("the rules worker stopped between checks")
+        if not started:
+            # Not the answer's doing: every check would fail alike, and a reward of "undecided" for all would hide it.
+            self.lost = True
+            self.process.join(5)
+            raise RuleWorkerError(
+                f"the rules worker process exited before taking a check (exit code {self.process.exitcode}): a script "
+                "that grades answers off its main thread must run its work under 'if __name__ == \"__main__\":' "
+                "(the worker is spawned, and spawning runs the main module again)"
+            )
+        try:
             if not self.conn.poll(deadline_s):
                 return self._lose(f"timed out (over {deadline_s:g} s)")
             verdict: RuleVerdict = self.conn.recv()
+            self.served += 1
             return verdict
         except (EOFError, OSError):
             return self._lose("the rules worker stopped")
@@ -506,12 +528,13 @@ def check_pair_bounded(
     global _worker
     with _worker_lock:
         worker = _worker = _worker or _Worker()
-        verdict = worker.check(check_pair, (gold, pred, timeout_s, any_order), deadline_s)
-        if worker.lost:
-            worker.stop()
-            if _worker is worker:
-                _worker = None
-    return verdict
+        try:
+            return worker.check(check_pair, (gold, pred, timeout_s, any_order), deadline_s)
+        finally:
+            if worker.lost:
+                worker.stop()
+                if _worker is worker:
+                    _worker = None
 
 
 def _stop_worker() -> None:
