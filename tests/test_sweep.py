@@ -683,3 +683,30 @@ def test_iterations_for_cot_alone_in_one_of_several_studies_names_the_study() ->
     with pytest.raises(ConfigError) as caught:
         expand(spec)
     assert str(caught.value) == "study 'b': iterations does not apply to method 'cot': it runs one round; leave it out"
+
+
+def test_a_budget_flag_a_studys_own_budget_would_not_reach_is_refused_before_any_call(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from conftest import isolate
+
+    isolate(monkeypatch, tmp_path)
+    write_problems(tmp_path / "problems.jsonl")
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        'problems = "problems.jsonl"\n[[study]]\nname = "wide"\nmethod = "majority"\nparams = { k = 4 }\n'
+        '[[study]]\nname = "narrow"\nmethod = "majority"\nparams = { k = 4 }\nbudget = { calls = 2 }\n'
+    )
+    args = ["sweep", str(grid), "-o", "sw", "--base-url", sim.base_url, "--no-report", "--budget-calls", "3"]
+    result = CliRunner().invoke(app, args)
+    # Taken, the flag would cap 'wide' at 3 calls a problem and leave 'narrow' at its own 2, without a word.
+    assert isinstance(result.exception, InputError), result.output
+    assert str(result.exception) == (
+        f"{grid}: study 'narrow' sets its own budget, which --budget-calls would not reach (a study's budget replaces"
+        " the sweep's): set the limit in the grid file, or leave --budget-calls out"
+    )
+    assert sim.requests == [] and not Path("sw").exists()
+    # Without the flag the grid runs as the file says.
+    ran = CliRunner().invoke(app, args[:-2])
+    assert ran.exit_code == 0, ran.output
+    assert sorted(p.name for p in Path("sw", "runs").iterdir()) == ["majority__k=4", "majority__k=4__budget_calls=2"]

@@ -432,6 +432,19 @@ def sweep_budget(grid: Budget, configured: Budget, given: dict[str, Any]) -> Bud
     return grid
 
 
+def check_limit_flags(spec: SweepSpec, path: Path, given: Iterable[str]) -> None:
+    """Refuse ``--budget-tokens`` and ``--budget-calls`` (``given``: ``tokens``, ``calls``, those typed) where a study
+    of the grid file at ``path`` sets its own ``budget``: it replaces the sweep's, limits and all, so the flag would not
+    reach that study's points, which would run at the file's limit beside points at the flag's, without a word."""
+    flags = [f"--budget-{key}" for key in given]
+    own = next((study.name for study in spec.study if study.budget is not None), None)
+    if flags and own is not None:
+        raise InputError(
+            f"{path}: study {own!r} sets its own budget, which {' and '.join(flags)} would not reach (a study's"
+            f" budget replaces the sweep's): set the limit in the grid file, or leave {' and '.join(flags)} out"
+        )
+
+
 def with_token_flags(spec: SweepSpec, flags: dict[str, Any]) -> None:
     """Put ``--budget-count`` and ``--budget-pool`` (``flags``: ``count`` and ``pool`` -> value, None where not
     given) on every token budget of a grid, the sweep's and each study's own: they say how a token budget counts,

@@ -602,6 +602,7 @@ def _sweep_plan(
 ) -> tuple[SweepSpec, Settings, Path]:
     """The sweep's grid, settings and directory: a resumed sweep's own, a grid file's, or the flags'."""
     from tmas.sweep import (
+        check_limit_flags,
         check_studies,
         given_sampling,
         load_spec,
@@ -632,6 +633,7 @@ def _sweep_plan(
         spec = load_spec(grid_file)
         check_studies(spec, grid_file)
         given = {key: getattr(flags, f"budget_{key}") for key in ("tokens", "calls", "count")}
+        check_limit_flags(spec, grid_file, [key for key in ("tokens", "calls") if given[key] is not None])
         spec.budget = sweep_budget(
             spec.budget, settings.budget, {key: value for key, value in given.items() if value is not None}
         )
