@@ -402,6 +402,26 @@ def test_a_sweep_run_again_with_a_grid_that_leaves_points_out_says_which(
     assert len(sim.chat_bodies()) - sent == 3 * len(list(Path(problems).read_text().splitlines()))
 
 
+def test_a_sweep_run_again_with_a_grid_that_adds_points_says_which(
+    sim: SimServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    problems = write_problems(tmp_path / "p.jsonl")
+    args = ["sweep", "--out", "sw", "--problems", problems, "-m", "majority", "-p", "iterations=1"]
+    args += ["--base-url", sim.base_url, "--no-report"]
+    first = CliRunner().invoke(app, [*args, "--grid", "k=1,2"])
+    assert first.exit_code == 0, first.output
+    assert "another grid" not in first.output
+    sent = len(sim.chat_bodies())
+    again = CliRunner().invoke(app, [*args, "--grid", "k=1,2,3"])
+    assert again.exit_code == 0, again.output
+    assert "tmas sweep: sw was made with another grid: 1 point added to its 2: majority__k=3" in again.output
+    assert len(sim.chat_bodies()) - sent == 3 * len(PROBLEMS)
+    # The same grid once more: nothing changed, nothing said.
+    same = CliRunner().invoke(app, [*args, "--grid", "k=1,2,3"])
+    assert same.exit_code == 0 and "another grid" not in same.output
+
+
 async def test_studies_whose_names_meet_as_folder_names_each_keep_their_report(tmp_path: Path) -> None:
     from tmas.grading.grades import GradeConfig
 

@@ -738,6 +738,13 @@ def sweep(
             + (f"; {len(added)} added: {', '.join(added)}" if added else ""),
             err=True,
         )
+    elif added:
+        # A grid grown since: its new points run, and join the report, beside those it had.
+        typer.echo(
+            f"tmas sweep: {out} was made with another grid: {len(added)} point{'s' if len(added) > 1 else ''} added"
+            f" to its {len(points) - len(added)}: {', '.join(added)}",
+            err=True,
+        )
     listed = sweep_problems(spec)
     # A point that would keep finished results under other settings is refused here, before the estimate: its pilot
     # would send calls, and its gate ask about a sweep that is then refused (run_sweep checks it again).
