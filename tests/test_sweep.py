@@ -18,7 +18,7 @@ from tmas.config import Budget
 from tmas.errors import ConfigError, InputError
 from tmas.methods.base import ProblemResult
 from tmas.problems import Problem
-from tmas.runner import Unreachable
+from tmas.runner import Unreachable, holds_run
 from tmas.store.run_store import RunStore
 from tmas.sweep import (
     GridAbout,
@@ -148,6 +148,8 @@ async def test_sweep_resumes_after_interruption_without_repeating_finished_runs(
     # Each point's summary counts its own calls: the resumed one replays what it had sent before the cut.
     points = {p["name"]: p for p in summary.to_dict()["points"]}
     assert sum(p["calls"] for p in points.values()) == len(again.calls)
+    # Each point says where its run is.
+    assert all(holds_run(Path(p["run_dir"])) and Path(p["run_dir"]).name == name for name, p in points.items())
     assert points["cot"]["calls"] == points["majority"]["calls"] == 0
 
     # A third run does nothing at all.

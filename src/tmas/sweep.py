@@ -156,6 +156,8 @@ class SweepSummary:
             "points": [
                 {
                     "name": o.point.name,
+                    # Where the point's run is (tmas report, view and export read it there).
+                    "run_dir": str(self.out_dir / POINTS_DIR / o.point.name),
                     "status": o.status,
                     "calls": o.summary.calls if o.summary else 0,
                     "failed": o.summary.failed if o.summary else 0,
