@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Sized
 from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -391,17 +392,47 @@ class RunSetup:
             f"{name} {_shown(old[name])} (now {_shown(new[name])})" for name in sorted(old) if old[name] != new[name]
         ]
 
+    @cached_property
+    def inputs(self) -> dict[str, str]:
+        """What the method reads outside the run, by the identity of its content (:meth:`Method.inputs`): read once
+        per setup."""
+        return self.method.inputs()
+
+    def changed_inputs(self, store: RunStore) -> list[str]:
+        """The names of what the method reads outside the run (its experience pool) whose content is not what
+        ``store``'s run recorded at its start; none where the run recorded nothing (another version's)."""
+        before = store.get_meta("method_inputs")
+        if not isinstance(before, dict):
+            return []
+        return [name for name, identity in self.inputs.items() if name in before and before[name] != identity]
+
+    def unrecorded_inputs(self, store: RunStore) -> list[str]:
+        """The names of what the method reads outside the run that ``store``'s run, made by an earlier version of
+        tmas, recorded no identity of, where a finished problem keeps what it read: a resume cannot tell whether it
+        changed."""
+        if store.get_meta("method_inputs") is not None or not self.inputs:
+            return []
+        return list(self.inputs) if store.finished_problem_ids(run_fingerprint(self.method, self.settings)) else []
+
     def check_resume(self, store: RunStore) -> None:
         """Refuse to resume ``store``'s run where a problem it finished would keep its result though this setup asks
         other requests than the run's recorded settings did (:meth:`changed_requests`), or sends them or reads their
         replies otherwise (:meth:`changed_handling`): the run would then hold results of two configurations under one
         record of its settings."""
         finished = store.finished_problem_ids(run_fingerprint(self.method, self.settings))
-        changed = sorted(self.changed_requests(store) + self.changed_handling(store)) if finished else []
+        if not finished:
+            return
+        count = "1 finished problem was" if len(finished) == 1 else f"{len(finished)} finished problems were"
+        if inputs := self.changed_inputs(store):
+            raise InputError(
+                f"{store.run_dir}: {count} solved with {inputs[0]} as it was at the run's start; it has changed since"
+                " (rebuilt, added to or pruned): resumed so, what finished would stay of the old pool and the rest"
+                " get the new one's; start a new run on it, or resume with the pool as it was"
+            )
+        changed = sorted(self.changed_requests(store) + self.changed_handling(store))
         if not changed:
             return
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-        count = "1 finished problem was" if len(finished) == 1 else f"{len(finished)} finished problems were"
         raise InputError(
             f"{store.run_dir}: {count} solved with {'; '.join(changed[:3])}{more}: resumed so, what finished would"
             " stay of the run's old settings; resume without the change, or start a new run for it"
@@ -449,6 +480,7 @@ class RunSetup:
         store.set_meta("settings", self.settings.model_dump(mode="json"))
         store.set_meta("method", {"name": self.method.name, "params": self.method.params.model_dump(mode="json")})
         store.set_meta("prompt_overrides", {o.name: o.sha256 for o in self.overrides})
+        store.set_meta("method_inputs", self.inputs)
 
 
 def _recorded_settings(store: RunStore) -> Settings | None:
@@ -550,6 +582,12 @@ def prepare_run(
             raise _no_settings(store)
         try:
             setup.check_resume(store)
+            for name in setup.unrecorded_inputs(store):
+                store.record_notice(
+                    "inputs_unrecorded",
+                    f"{name}: the run recorded no identity of it at its start (an earlier version of tmas), so this"
+                    " resume cannot tell whether it changed since: problems finished before keep what they read then",
+                )
         except BaseException:
             store.close()
             raise

@@ -21,6 +21,8 @@ files are, or the meta they start from, change under it, and reads the pool agai
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,18 @@ EmbedFn = Callable[[Sequence[str]], Awaitable[list[list[float]]]]
 FORMAT = "tmas-experience-pool"  # the on-disk format name: kept, so pools written before the rename still open
 ENTRIES, VECTORS, META = "entries.jsonl", "vectors.f32", "meta.json"
 _BOM = b"\xef\xbb\xbf"
+# The entry fields a retrieval keys or ranks by, or a hint shows (beside the text and the vector).
+_RETRIEVED_FIELDS = {
+    "id",
+    "scope",
+    "domain",
+    "specialty",
+    "role",
+    "subject",
+    "difficulty",
+    "category",
+    "source_question",
+}
 # How many times a reader reads a pool that saves keep changing under it before it gives up.
 READ_TRIES = 8
 
@@ -267,6 +281,18 @@ class Pool:
 
     def __len__(self) -> int:
         return len(self.entries)
+
+    def content_digest(self) -> str:
+        """An identity of what a retrieval reads from the pool: its embedding model, and each entry's id, text, keys
+        (scope, domain, specialty, role, subject, difficulty, category, source question) and vector, in order. A
+        build, an add or a prune that removes entries changes it; the lifecycle counters a prune sets (and the
+        version a save bumps) do not, since no retrieval reads them. Hex SHA-256, 16 digits."""
+        digest = hashlib.sha256(json.dumps([FORMAT, self.meta.embedder, self.meta.dim]).encode())
+        for entry in self.entries:
+            fields = entry.model_dump(include=_RETRIEVED_FIELDS)
+            digest.update(json.dumps([fields, entry.text], sort_keys=True).encode() + b"\n")
+        digest.update(self.vectors.astype("<f4").tobytes())
+        return digest.hexdigest()[:16]
 
     def get(self, entry_id: str) -> PoolEntry | None:
         return next((e for e in self.entries if e.id == entry_id), None)

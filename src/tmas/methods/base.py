@@ -673,6 +673,13 @@ class Method(ABC, Generic[P]):
         """An error, one line, where something the parameters name outside the run (a folder of the user's) cannot
         be read: checked before a run directory is made and before any call. Nothing by default."""
 
+    def inputs(self) -> dict[str, str]:
+        """What the parameters name outside the run that its requests are made from (MATTRL's experience pool), as
+        a name a message shows (``pool=PATH``) -> an identity of its content. A run records them with its setup, and
+        a resume that finds one changed is refused while a finished problem would keep a result of the old one
+        (:meth:`tmas.runner.RunSetup.check_resume`). None by default."""
+        return {}
+
     def calls_per_problem(self) -> CallCount:
         """The chat calls one problem costs, by role, as the method's structure fixes them (the cost estimate adds
         them up; see :mod:`tmas.methods.call_count`). A method that states none is estimated as unknown."""

@@ -249,6 +249,17 @@ class MATTRL(Method[MATTRLParams]):
             ) from None
         Pool.check_folder(self.params.pool)
 
+    def inputs(self) -> dict[str, str]:
+        """The experience pool the specialists retrieve from, by its content (:meth:`Pool.content_digest`): a pool
+        rebuilt, added to or pruned since the run finished some problems would give the rest other hints. None
+        without a pool, or where a single teacher teaches without it."""
+        p = self.params
+        if p.pool is None or (self.domain.teaching and p.teaching == "single"):
+            return {}
+        from tmas.memory.pool import Pool
+
+        return {f"pool={p.pool}": Pool.open(Path(p.pool)).content_digest()}
+
     @property
     def domain(self) -> Domain:
         """The declaration of the run's domain."""

@@ -1,0 +1,124 @@
+"""A MATTRL run records the content of the experience pool it retrieves from; a resume after the pool was rebuilt,
+added to or pruned is refused in one line while a finished problem would keep what it retrieved from the old pool
+(the run would otherwise hold results of two pools). The same pool, or one whose lifecycle counters alone changed,
+resumes as before, and a run stored before the record resumes with a notice."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from conftest import scripted_settings
+from scripted_runs import scripted_run
+from tmas.errors import InputError
+from tmas.memory.embedders import EndpointEmbedder
+from tmas.memory.pool import Pool
+from tmas.memory.pool_entry import PoolEntry
+from tmas.problems import Problem
+from tmas.store.run_store import RunStore
+from tmas.testing import ScriptedModel, SimScript
+
+PROBLEMS = [
+    Problem(problem_id="p0", question="What is 17*23?", answer="391"),
+    Problem(problem_id="p1", question="What is 12*12?", answer="144"),
+]
+ENTRIES = [
+    ("Split a factor", "Write 17*23 as 17*20 + 17*3."),
+    ("Square by parts", "12*12 is 10*12 + 2*12."),
+    ("Check the units digit", "The product's last digit is that of the last digits' product."),
+]
+
+
+async def make_pool(path: Path) -> None:
+    embed = EndpointEmbedder(ScriptedModel(settings=scripted_settings()))
+    pool = Pool.create(path, embed.name)
+    await pool.add([PoolEntry(id=f"e{i}", action=a, experience=e) for i, (a, e) in enumerate(ENTRIES)], embed)
+    pool.save()
+
+
+def model_for(pool: Path) -> ScriptedModel:
+    params = {"iterations": 1, "team_size": 2, "pool": str(pool), "top_k": 2}
+    return ScriptedModel(SimScript(), scripted_settings(method={"name": "mattrl", "params": params}))
+
+
+def stopped_before_p1(run_dir: Path) -> None:
+    """The run as a stop leaves it when p0 had finished and p1 had not begun."""
+    with sqlite3.connect(run_dir / "run.sqlite") as db:
+        db.execute("DELETE FROM results WHERE problem_id = 'p1'")
+        db.execute("DELETE FROM calls WHERE problem_id = 'p1'")
+
+
+def asked_about(model: ScriptedModel, question: str) -> int:
+    return sum(any(question in m.content for m in call.messages) for call in model.calls)
+
+
+@pytest.fixture
+async def stopped_run(tmp_path: Path) -> tuple[Path, Path]:
+    pool = tmp_path / "pool"
+    await make_pool(pool)
+    run_dir = tmp_path / "run"
+    await scripted_run(model_for(pool), run_dir, PROBLEMS)
+    stopped_before_p1(run_dir)
+    return run_dir, pool
+
+
+@pytest.mark.parametrize("change", ["prune", "add"])
+async def test_a_resume_after_the_pool_changed_is_refused_in_one_line(
+    stopped_run: tuple[Path, Path], change: str
+) -> None:
+    run_dir, pool_path = stopped_run
+    pool = Pool.open(pool_path)
+    if change == "prune":
+        pool.remove(["e2"])
+    else:
+        embed = EndpointEmbedder(ScriptedModel(settings=scripted_settings()))
+        await pool.add([PoolEntry(id="e9", action="Halve and double", experience="17*24 is 34*12.")], embed)
+    pool.save()
+    model = model_for(pool_path)
+    with pytest.raises(InputError) as refused:
+        await scripted_run(model, run_dir)
+    assert str(refused.value) == (
+        f"{run_dir}: 1 finished problem was solved with pool={pool_path} as it was at the run's start; it has changed"
+        " since (rebuilt, added to or pruned): resumed so, what finished would stay of the old pool and the rest get"
+        " the new one's; start a new run on it, or resume with the pool as it was"
+    )
+    assert model.calls == [] and model.embedded == []
+    with RunStore(run_dir, read_only=True) as store:
+        assert [r.problem_id for r in store.results()] == ["p0"]
+
+
+async def test_the_same_pool_resumes_and_sends_nothing_twice(stopped_run: tuple[Path, Path]) -> None:
+    run_dir, pool_path = stopped_run
+    # A prune's lifecycle counters, saved as a new version: nothing a retrieval reads changed.
+    pool = Pool.open(pool_path)
+    pool.update([e.model_copy(update={"retrieved": 3, "retrieved_wrong": 1}) for e in pool.entries])
+    pool.save()
+    model = model_for(pool_path)
+    summary = await scripted_run(model, run_dir)
+    assert (summary.done, summary.skipped, summary.failed) == (2, 1, 0)
+    assert asked_about(model, "What is 17*23?") == 0 and asked_about(model, "What is 12*12?") == len(model.calls) > 0
+    with RunStore(run_dir, read_only=True) as store:
+        assert sorted(r.problem_id for r in store.results()) == ["p0", "p1"]
+        assert "inputs_unrecorded" not in (store.get_meta("notices") or {})
+
+
+async def test_a_run_that_recorded_no_pool_resumes_with_a_notice(stopped_run: tuple[Path, Path]) -> None:
+    run_dir, pool_path = stopped_run
+    with sqlite3.connect(run_dir / "run.sqlite") as db:  # as an earlier version stored it
+        db.execute("DELETE FROM meta WHERE key = 'method_inputs'")
+    pool = Pool.open(pool_path)
+    pool.remove(["e2"])
+    pool.save()
+    model = model_for(pool_path)
+    await scripted_run(model, run_dir)
+    assert asked_about(model, "What is 17*23?") == 0
+    with RunStore(run_dir, read_only=True) as store:
+        assert sorted(r.problem_id for r in store.results()) == ["p0", "p1"]
+        assert store.notices()["inputs_unrecorded"] == (
+            f"pool={pool_path}: the run recorded no identity of it at its start (an earlier version of tmas), so this"
+            " resume cannot tell whether it changed since: problems finished before keep what they read then"
+        )
+        # Recorded now: a later resume compares with the pool this one read.
+        assert store.get_meta("method_inputs") == {f"pool={pool_path}": Pool.open(pool_path).content_digest()}
