@@ -248,17 +248,17 @@ def test_exact_values_of_parsed_numbers() -> None:
     assert exact_value(factorial(Integer(10**6), evaluate=False)) is None
 
 
-async def test_an_item_without_an_answer_is_wrong_only_when_it_has_no_text(tmp_path: Path) -> None:
+async def test_an_item_without_an_answer_is_wrong_whatever_its_text(tmp_path: Path) -> None:
     problem = Problem(problem_id="a", question="What is 6*7?", answer="42")
     silent = Item(("a", 0, 0), problem, None, "")
-    # Text without an extracted answer: nothing for the rules to compare, but a judge may still read it.
+    # Text without an extracted final answer: no answer to grade (it was undecided, left for a judge to read).
     worded = Item(("a", 0, 1), problem, None, "Six sevens make forty-two.")
     grader = RulesGrader()
-    assert grader.grade_one(silent) is False and grader.grade_one(worded) is None
+    assert grader.grade_one(silent) is False and grader.grade_one(worded) is False
     config = GradeConfig(mode="rules")
     with RunStore(tmp_path / "run") as store:
         context = GradingContext(store, config, None, Grades(runs=1, mode="rules"), {})
-        assert await grader.grade([silent, worded], context) == {silent.key: [False], worded.key: [None]}
+        assert await grader.grade([silent, worded], context) == {silent.key: [False], worded.key: [False]}
 
 
 @pytest.mark.parametrize(

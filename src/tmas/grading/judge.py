@@ -4,7 +4,8 @@ The judge answers JSON ``{"reasoning": ..., "equivalent": true|false}``. A reply
 it is asked again (a fresh sample) up to ``retries`` times, and the last undecided outcome is recorded as such.
 
 The ``judge`` grader asks it R independent times per item (paper: 4) on the ``judge`` role's endpoint; verdicts are
-stored as grader ``judge``, runs 0..R-1.
+stored as grader ``judge``, runs 0..R-1. An item without an extracted final answer is wrong in every run, and the judge
+is not asked about it: it grades answers, not replies that hold none.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tmas.agents.templates import prompt
 from tmas.config import Sampling, Settings
 from tmas.grading.grader import GradingContext, StoredGrades, Verdicts
 from tmas.grading.grades import GradeConfig, Item, ItemKey
+from tmas.grading.rules import NO_ANSWER, has_answer
 from tmas.llm.model import ChatModel
 from tmas.llm.sampling import DERIVED_SEED, for_sample, retried
 from tmas.llm.types import CallKey, Usage
@@ -32,7 +34,7 @@ from tmas.store.run_store import GradeRow
 JUDGE_ROLE = "judge"
 # How a verdict left undecided by failed calls says so.
 CALL_FAILED = "judge call failed"
-# What the judge sees of a candidate with no extracted answer: the end of its text, where a final result would be.
+# The most of an answer the judge is shown: its end, where a long answer's result is.
 STUDENT_TAIL_CHARS = 2000
 _FENCE = re.compile(r"^```(?:json)?\s*|\s*```$", re.I)
 
@@ -197,17 +199,18 @@ class JudgeGrader:
     async def grade(self, items: Sequence[Item], context: GradingContext) -> Verdicts:
         if not items:
             return {}
+        runs = self.runs(context.config)
+        judged = _answerless(items, context)
+        answered = [item for item in items if has_answer(item)]
         settings = context.judge_settings
-        judged: dict[tuple[ItemKey, int], bool | None] = {}
         # The embedded model is no judge; a judge model of the caller's own is, whatever its settings name.
         route = settings if context.model is not None else judge_route(settings)
-        if route is None:
+        if answered and route is None:
             context.grades.notes.append(
-                f"no judge endpoint configured: {len(items)} answers the rules could not decide stay undecided"
+                f"no judge endpoint configured: {len(answered)} answers the rules could not decide stay undecided"
             )
-        else:
-            judged = await _judge_items(items, context, route)
-        runs = self.runs(context.config)
+        elif answered and route is not None:
+            judged.update(await _judge_items(answered, context, route))
         return {item.key: [judged.get((item.key, r)) for r in range(runs)] for item in items}
 
     def stored_runs(self, stored: StoredGrades) -> int:
@@ -216,7 +219,10 @@ class JudgeGrader:
     def recall(self, items: Sequence[Item], stored: StoredGrades, runs: int) -> Verdicts:
         return {
             item.key: [
+                # A verdict stored by an older grading that asked the judge about a reply with no answer is not read.
                 (row.verdict if (row := stored.get((item.key, JUDGE_ROLE, r))) is not None else None)
+                if has_answer(item)
+                else False
                 for r in range(runs)
             ]
             for item in items
@@ -224,6 +230,22 @@ class JudgeGrader:
 
     def grade_one(self, item: Item) -> bool | None:
         return None  # the judge is a model on an endpoint: never asked from a synchronous caller
+
+
+def _answerless(items: Sequence[Item], context: GradingContext) -> dict[tuple[ItemKey, int], bool | None]:
+    """The verdicts of the items without a final answer: wrong in every run, stored so, no judge asked."""
+    out: dict[tuple[ItemKey, int], bool | None] = {}
+    rows = []
+    for item in items:
+        if has_answer(item):
+            continue
+        for run in range(context.config.judge_runs):
+            out[(item.key, run)] = False
+            row = context.stored.get((item.key, JUDGE_ROLE, run))
+            if row is None or row.answer != item.answer or row.verdict is not False:
+                rows.append(GradeRow(*item.key, JUDGE_ROLE, run, item.answer, False, NO_ANSWER))
+    context.store.save_grades(rows)
+    return out
 
 
 async def _judge_items(
@@ -234,7 +256,7 @@ async def _judge_items(
     # Identical (problem, student answer) pairs are judged once per run and the verdict shared.
     groups: dict[tuple[str, str, int], list[Item]] = defaultdict(list)
     for item in items:
-        student = item.answer if item.answer is not None else item.text
+        student = item.answer or ""
         for run in range(config.judge_runs):
             row = context.stored.get((item.key, JUDGE_ROLE, run))
             # An undecided verdict is asked again: a judge that was down is asked anew, and unreadable replies come

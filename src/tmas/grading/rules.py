@@ -1,7 +1,7 @@
 """The ``rules`` grader: Math-Verify alone (:mod:`tmas.answer_rules`, in worker processes), one verdict per item.
 
-An item without an extracted answer is not checked: with no text either it is wrong, else undecided (the judge may
-still read the text in combined mode). Verdicts are stored as grader ``rules``, run 0.
+An item without an extracted final answer (:func:`has_answer`) is not checked: it is wrong, whatever its text says, in
+every grader (the judge is never asked about it). Verdicts are stored as grader ``rules``, run 0.
 
 :meth:`RulesGrader.grade_one` checks one item synchronously (RL's rewards): equal normalised spellings are right at
 once (as in every rule check), otherwise Math-Verify decides, gold first. It is bounded in any thread
@@ -19,14 +19,18 @@ from tmas.grading.grades import GradeConfig, Item
 from tmas.store.run_store import GradeRow
 
 RULES = "rules"
+# The detail of the verdict on an item without an extracted final answer.
+NO_ANSWER = "no extracted answer"
 # Math-Verify's bound on one parse or comparison made by grade_one (the async grader's comes from its GradeConfig),
 # and on the whole check where it runs off a main thread (several parses and comparisons).
 RULE_TIMEOUT_S = 5
 RULE_DEADLINE_S = 30.0
 
 
-def _no_answer(item: Item) -> bool:
-    return item.answer is None and not item.text.strip()
+def has_answer(item: Item) -> bool:
+    """Whether ``item`` holds a final answer to grade: a reply from which none was extracted (empty, an empty box, an
+    echo of its prompt, a derivation that never concludes) is wrong, not read for one."""
+    return item.answer is not None and bool(item.answer.strip())
 
 
 class RulesGrader:
@@ -46,11 +50,9 @@ class RulesGrader:
             row = context.stored.get((item.key, RULES, 0))
             if row is not None and row.answer == item.answer:
                 out[item.key] = row.verdict
-            elif item.answer is None:
-                # No extracted answer: nothing for the rules to compare (the judge may still read the text).
-                out[item.key] = False if _no_answer(item) else None
-                todo_row = GradeRow(*item.key, RULES, 0, None, out[item.key], "no extracted answer")
-                context.store.save_grades([todo_row])
+            elif not has_answer(item):
+                out[item.key] = False
+                context.store.save_grades([GradeRow(*item.key, RULES, 0, item.answer, False, NO_ANSWER)])
             else:
                 todo.append(item)
         if todo:
@@ -74,8 +76,8 @@ class RulesGrader:
         return {item.key: [rule_verdict(stored, item)] for item in items}
 
     def grade_one(self, item: Item) -> bool | None:
-        if item.answer is None:
-            return False if _no_answer(item) else None
+        if not has_answer(item):
+            return False
         gold, answer, any_order = _pair(item)
         return check_pair_bounded(gold, answer, self.timeout_s, any_order, deadline_s=self.deadline_s).correct
 

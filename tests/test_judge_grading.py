@@ -1,0 +1,61 @@
+"""The LLM judge's grading: what it is asked (never about a reply with no final answer) and how its prompt carries the
+answer it grades."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import scripted_settings
+from tmas.agents.solution import generation_prompt
+from tmas.grading.grader import GradingContext
+from tmas.grading.grades import SELECTED, GradeConfig, Grades, Item
+from tmas.grading.registry import GRADERS
+from tmas.problems import Problem
+from tmas.store.run_store import GradeRow, RunStore
+from tmas.testing import Rule, ScriptedModel, SimScript
+
+QUESTION = "What is 6*7?"
+# Replies from which no final answer is extracted: empty, blank, an empty box, the solver's own prompt echoed.
+ANSWERLESS = {
+    "empty": "",
+    "blank": "  \n\t ",
+    "empty box": "\\boxed{}",
+    "echo": "\n\n".join(m.content for m in generation_prompt(QUESTION, "numeric", "concise")),
+}
+
+
+def _yes_judge() -> ScriptedModel:
+    """A judge that calls every answer right."""
+    script = SimScript(rules=[Rule(role="judge", replies=['{"reasoning": "same", "equivalent": true}'])])
+    return ScriptedModel(script, scripted_settings())
+
+
+@pytest.mark.parametrize("mode", ["judge", "combined"])
+async def test_a_reply_without_a_final_answer_is_wrong_and_no_judge_is_asked(mode: str, tmp_path: Path) -> None:
+    problem = Problem(problem_id="a", question=QUESTION, answer="42")
+    items = [Item(("a", 0, i), problem, None, text) for i, text in enumerate(ANSWERLESS.values())]
+    # The iteration's selected answer when none of its candidates had one.
+    items.append(Item(("a", 0, SELECTED), problem, None, ""))
+    judge = _yes_judge()
+    config = GradeConfig(mode=mode, judge_runs=2)
+    with RunStore(tmp_path / "run") as store:
+        context = GradingContext(store, config, judge.settings, Grades(runs=2, mode=mode), {}, judge)
+        verdicts = await GRADERS[mode].grade(items, context)
+        rows = store.grades()
+    # A judge that says yes to anything made an empty reply right: none is asked now, and each is wrong in every run.
+    assert judge.calls_of("judge") == []
+    assert verdicts == {item.key: [False, False] for item in items}
+    assert rows and all(row.verdict is False for row in rows)
+    grades = Grades(runs=2, mode=mode, verdicts=verdicts)
+    assert all(grades.share_correct(item.key) == 0 for item in items)
+
+
+def test_a_yes_stored_for_a_missing_answer_is_not_read_as_right() -> None:
+    # A verdict stored when the judge was asked about a reply's text: read back, a reply with no answer is wrong.
+    problem = Problem(problem_id="a", question=QUESTION, answer="42")
+    item = Item(("a", 0, 0), problem, None, "forty-two")
+    stored = {(item.key, "judge", 0): GradeRow("a", 0, 0, "judge", 0, None, True, "same")}
+    for mode in ("judge", "combined"):
+        assert GRADERS[mode].recall([item], stored, 1) == {item.key: [False]}, mode
