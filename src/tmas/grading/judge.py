@@ -37,6 +37,8 @@ CALL_FAILED = "judge call failed"
 # The most of an answer the judge is shown: its end, where a long answer's result is.
 STUDENT_TAIL_CHARS = 2000
 _FENCE = re.compile(r"^```(?:json)?\s*|\s*```$", re.I)
+# The tags of the judge prompt's blocks, as a text passed into one may write them (with any spacing or attributes).
+_BLOCK_TAG = re.compile(r"<(\s*/?\s*(?:problem|reference|student)\b[^<>]*)>", re.I)
 
 
 class JudgeReply(BaseModel):
@@ -121,6 +123,12 @@ class JudgeVerdict:
     usage: Usage
 
 
+def inert_tags(text: str) -> str:
+    """``text`` with the judge prompt's block tags it holds written as entities (``&lt;/student&gt;``): an answer
+    that closes its block and writes on after it, as the prompt would, stays inside its block."""
+    return _BLOCK_TAG.sub(r"&lt;\1&gt;", text)
+
+
 def judge_route(settings: Settings | None) -> Settings | None:
     """The settings a judge is opened on: where only the judge role names an endpoint (``[roles.judge] base_url``,
     ``--judge-base-url``), ``settings`` with it made the default endpoint, so that nothing else is started; else
@@ -154,9 +162,9 @@ async def judge_once(
     messages = prompt(
         "judge_user.j2",
         system_name="judge_system.j2",
-        problem=problem,
-        reference=reference,
-        student=student[-STUDENT_TAIL_CHARS:],
+        problem=inert_tags(problem),
+        reference=inert_tags(reference),
+        student=inert_tags(student[-STUDENT_TAIL_CHARS:]),
     )
     usage = Usage()
     detail = ""
