@@ -22,7 +22,7 @@ from starlette.routing import Route
 from tmas.answer_rules import MissingExtra
 from tmas.grading.grades import SELECTED
 from tmas.grading.judge import JUDGE_ROLE
-from tmas.llm.types import Completion
+from tmas.llm.types import Completion, Usage
 from tmas.memory.transcript import Transcript
 from tmas.methods import stored_params
 from tmas.methods.state import MATTRLState
@@ -220,6 +220,10 @@ class Viewer:
             live = run.problem_grades(problem, result, records) if problem else None
             verdicts = {c.index: _verdict(live, (pid, t, c.index)) for c in record.candidates}
             calls = list(run.store.calls(pid, t))
+            # What the iteration spent as the report's per-iteration table counts it: every stored call of the
+            # iteration (a failed one a resume asked again included), not the record's, which holds only the pass
+            # that finished it.
+            spent = [c for c in calls if c.key.role != JUDGE_ROLE]
             run_path = str(run.ref.path.resolve())
             credits = {
                 (round_, agent): r
@@ -234,6 +238,8 @@ class Viewer:
                 diffs=diffs,
                 verdicts=verdicts,
                 calls=calls,
+                spent_calls=len(spent),
+                spent_usage=sum((c.usage for c in spent), Usage()),
                 asked_again=run.store.asked_again_calls(pid),
                 transcript=_transcript(record.state),
                 credits=credits,
