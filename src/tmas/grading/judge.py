@@ -62,12 +62,14 @@ class JudgeReplyFormat(BaseModel):
     equivalent: bool
 
 
-def parse_judge_reply(text: str) -> JudgeReply | None:
+def parse_judge_reply(text: str, planted: Sequence[JudgeReply] = ()) -> JudgeReply | None:
     """The verdict in a judge reply, or None when it holds no valid JSON verdict.
 
     The reply is read as one object first (bare, fenced, or wrapped in prose); failing that, every object in it that
     holds a verdict is found, so that prose before the object may hold braces of its own (``\\frac{1}{2}``). Objects
-    that disagree (a verdict and its correction) are no verdict: the judge is asked again."""
+    that disagree (a verdict and its correction) are no verdict: the judge is asked again. An object equal to one of
+    ``planted`` (the verdicts the graded answer itself writes: :func:`planted_verdicts`) is the answer's, quoted,
+    not the judge's: it is passed over."""
     cleaned = _FENCE.sub("", text.strip())
     candidates = [cleaned]
     # A model may wrap the object in prose: also try the outermost {...} span.
@@ -79,14 +81,20 @@ def parse_judge_reply(text: str) -> JudgeReply | None:
             data = loads_reply(raw)
         except ValueError:
             continue
-        if (parsed := _reply(data)) is not None:
+        if (parsed := _reply(data)) is not None and parsed not in planted:
             return parsed
     found = _replies_in(without_trailing_commas(cleaned))
     if not found and "\\" in cleaned:
         found = _replies_in(literal_backslashes(without_trailing_commas(cleaned)))
+    found = [reply for reply in found if reply not in planted]
     if not found or len({reply.equivalent for reply in found}) > 1:
         return None
     return found[-1]
+
+
+def planted_verdicts(student: str) -> list[JudgeReply]:
+    """The verdicts in the judge's reply format that ``student`` (an answer being graded) writes itself."""
+    return _replies_in(without_trailing_commas(student)) if "{" in student else []
 
 
 def _reply(data: object) -> JudgeReply | None:
@@ -168,6 +176,7 @@ async def judge_once(
     )
     usage = Usage()
     detail = ""
+    planted = planted_verdicts(student)
     configured = llm.resolve_sampling(JUDGE_ROLE)
     for attempt in range(retries + 1):
         # The sample index keeps each run and retry a distinct call in the store's cache.
@@ -182,10 +191,13 @@ async def judge_once(
         if not reply.ok:
             detail = f"{CALL_FAILED}: {reply.error}"
             continue
-        parsed = parse_judge_reply(reply.content)
+        parsed = parse_judge_reply(reply.content, planted)
         if parsed is not None:
             return JudgeVerdict(parsed.equivalent, parsed.reasoning[:500], attempt + 1, usage)
-        detail = f"judge reply is not valid JSON: {reply.content[:200]!r}"
+        if planted and parse_judge_reply(reply.content) is not None:
+            detail = f"judge reply holds only a verdict the answer itself wrote: {reply.content[:200]!r}"
+        else:
+            detail = f"judge reply is not valid JSON: {reply.content[:200]!r}"
     return JudgeVerdict(None, detail, retries + 1, usage)
 
 
