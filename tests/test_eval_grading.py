@@ -12,7 +12,7 @@ from scripted_runs import scripted_run
 from tmas.answer_rules import RuleChecker, asks_for_all, check_pair, exact_value
 from tmas.grading.grader import GradingContext
 from tmas.grading.grades import SELECTED, GradeConfig, Grades, Item
-from tmas.grading.judge import judge_once, majority, parse_judge_reply
+from tmas.grading.judge import judge_once, parse_judge_reply
 from tmas.grading.rules import RulesGrader
 from tmas.grading.run_results import load_results
 from tmas.grading.runs import grade_run, load_grades
@@ -293,13 +293,6 @@ async def test_an_item_without_an_answer_is_wrong_whatever_its_text(tmp_path: Pa
 def test_judge_reply_parsing(text: str, expected: bool | None) -> None:
     parsed = parse_judge_reply(text)
     assert (parsed.equivalent if parsed else None) == expected
-
-
-def test_majority_over_runs() -> None:
-    assert majority([True, True, False, None]) is True
-    assert majority([True, False]) is None
-    assert majority([None, None]) is None
-    assert majority([False, False, True]) is False
 
 
 async def test_judge_retries_invalid_json_then_records_undecided() -> None:

@@ -201,15 +201,6 @@ async def judge_once(
     return JudgeVerdict(None, detail, retries + 1, usage)
 
 
-def majority(verdicts: list[bool | None]) -> bool | None:
-    """The majority of decided verdicts over judge runs (None on a tie or when none decided)."""
-    yes = sum(v is True for v in verdicts)
-    no = sum(v is False for v in verdicts)
-    if yes == no:
-        return None
-    return yes > no
-
-
 class JudgeGrader:
     name = JUDGE_ROLE
 
