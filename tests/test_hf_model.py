@@ -36,7 +36,7 @@ from conftest import isolate
 from tmas.agents.verification import verification_reply_model
 from tmas.cli.main import app
 from tmas.config import Endpoint, Sampling, Settings
-from tmas.llm import hf_checkpoint, hf_engine, hf_kept
+from tmas.llm import hf_checkpoint, hf_engine, hf_kept, hf_sampling
 from tmas.llm.factory import open_model
 from tmas.llm.hf_checkpoint import checkpoint, convert
 from tmas.llm.hf_engine import EngineReply, HFEngine, resolve_options
@@ -277,6 +277,65 @@ async def test_each_sampling_field_reaches_the_engine_and_the_counts_are_its_own
     assert completion.usage.estimated is False
     assert completion.finish_reason == ("length" if len(reply.tokens) == 9 else "stop")
     assert (completion.endpoint, completion.model) == ("in-process", MODEL)
+
+
+@pytest.mark.slow
+@needs_weights
+async def test_concurrent_calls_each_sample_with_their_own_settings_at_every_step(
+    engine: HFEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What each processor reads for each request at each step, and each request's noise keys, as the engine runs.
+    read: dict[str, set[tuple[str, float]]] = {}
+    keys: dict[str, list[int]] = {}
+    values, next_key = hf_sampling._PerRequest.values, hf_sampling.RequestTable.next_key
+
+    def spied_values(self: Any, requests: list[Any]) -> list[float]:
+        got = values(self, requests)
+        for request, value in zip(requests, got, strict=True):
+            read.setdefault(request.state.request_id, set()).add((type(self).__name__, value))
+        return got
+
+    def spied_key(self: Any, request_id: str) -> int:
+        key = next_key(self, request_id)
+        keys.setdefault(request_id, []).append(key)
+        return key
+
+    monkeypatch.setattr(hf_sampling._PerRequest, "values", spied_values)
+    monkeypatch.setattr(hf_sampling.RequestTable, "next_key", spied_key)
+    llm = model_on(engine)
+    first = Sampling(temperature=0.7, top_p=0.9, top_k=20, min_p=0.02, seed=5, max_tokens=6)
+    second = Sampling(temperature=1.3, top_p=0.6, top_k=3, min_p=0.1, seed=9, max_tokens=4, stop=["zzz"])
+    greedy = Sampling(temperature=0.0, max_tokens=5)
+    before = len(engine.submitted)
+    done = await asyncio.gather(
+        *(llm.chat("solution", MESSAGES, key=CallKey(role="solution", sample=i), sampling=s)
+          for i, s in enumerate((first, second, greedy)))
+    )  # fmt: skip
+    sent = {s.samples[0].seed if not s.samples[0].greedy else -1: s for s in list(engine.submitted)[before:]}
+    assert len(sent) == 3
+    # Each request's own max_tokens and stop strings went with it.
+    assert (sent[5].max_new_tokens, sent[5].stop) == (6, ())
+    assert (sent[9].max_new_tokens, sent[9].stop) == (4, ("zzz",))
+    assert (sent[-1].max_new_tokens, sent[-1].stop) == (5, ())
+    # At every step, each processor read the request's own value, never another's or a default.
+    for seed, s in ((5, first), (9, second)):
+        assert read[sent[seed].request_id] == {
+            ("Temperature", s.temperature), ("TopK", s.top_k), ("TopP", s.top_p), ("MinP", s.min_p)
+        }  # fmt: skip
+    # The greedy request reads neutral values and draws no noise (its argmax is the greedy token).
+    assert read[sent[-1].request_id] == {("Temperature", 1.0), ("TopK", 0), ("TopP", 1.0), ("MinP", 0.0)}
+    assert set(keys[sent[-1].request_id]) == {0}
+    # Each sampled request's n-th token is drawn at its own seed's n-th key, one key per token it generated.
+    for seed, completion in ((5, done[0]), (9, done[1])):
+        drawn = keys[sent[seed].request_id]
+        assert drawn == [hf_sampling.stream_key(seed, n) for n in range(len(drawn))]
+        assert completion.ok and completion.usage.completion_tokens == len(drawn)
+    for completion, s in zip(done, (first, second, greedy), strict=True):
+        cap = s.max_tokens or 0
+        assert completion.finish_reason == ("length" if completion.usage.completion_tokens == cap else "stop")
+    # Alone, the first call draws what it drew beside the others.
+    alone = await llm.chat("solution", MESSAGES, key=CallKey(role="solution"), sampling=first)
+    assert alone.content == done[0].content
 
 
 @pytest.mark.slow
