@@ -290,13 +290,13 @@ async def test_concurrent_calls_each_sample_with_their_own_settings_at_every_ste
     values, next_key = hf_sampling._PerRequest.values, hf_sampling.RequestTable.next_key
 
     def spied_values(self: Any, requests: list[Any]) -> list[float]:
-        got = values(self, requests)
+        got: list[float] = values(self, requests)
         for request, value in zip(requests, got, strict=True):
             read.setdefault(request.state.request_id, set()).add((type(self).__name__, value))
         return got
 
     def spied_key(self: Any, request_id: str) -> int:
-        key = next_key(self, request_id)
+        key: int = next_key(self, request_id)
         keys.setdefault(request_id, []).append(key)
         return key
 
