@@ -379,3 +379,79 @@ def test_the_command_passes_the_cost_gate_before_any_sample(sim: SimServer, tmp_
         f"tmas: error: --run-dir {tmp_path / 'hard.filter-run'} holds the samples of a filter of b with k=4, not of b"
         " with k=2: give another"
     ]
+
+
+async def test_a_filter_run_again_with_another_model_or_server_is_refused_before_any_sample(tmp_path: Path) -> None:
+    # k = 4. The first run's server refuses one of eta's calls: run again, that sample would be sent, and sent to
+    # another model or server it would sit beside the three replies of the first in one problem's count.
+    refused = Rule(role="solution", pattern="Eta:", fault="http_400", times=1)
+    eta = Rule(role="solution", pattern="Eta:", replies=["So \\boxed{1000}."])
+    problems = tmp_path / "b.jsonl"
+    rows = [("gamma", CASES[2][1], "49"), ("eta", "Eta: what is 9*9?", "81")]
+    problems.write_text("".join(json.dumps({"problem_id": i, "question": q, "answer": a}) + "\n" for i, q, a in rows))
+    out, run_dir = tmp_path / "hard.jsonl", tmp_path / "run"
+    grading = GradeConfig(mode="rules")
+
+    async def run_filter_on(model: ScriptedModel) -> FilterCard:
+        return await run_filter(
+            problems, run_dir, out, model.settings, grading, k=4, below=2, n=50, seed=0, model=model
+        )
+
+    first = await run_filter_on(on_model(SimScript(rules=[refused, eta, *script().rules]), 4))
+    assert first.failed_samples == 1
+
+    # Another model named: refused in one line naming it, before any call.
+    other = on_model(SimScript(rules=[eta, *script().rules]), 4, endpoint__model="other-model")
+    with pytest.raises(InputError, match=r'holds samples drawn with solution model "sim-model" \(now "other-model"\)'):
+        await run_filter_on(other)
+    # No model named, each server answering with its own: another server is another model.
+    unnamed = on_model(SimScript(rules=[eta, *script().rules]), 4, endpoint__model=None)
+    await run_filter(
+        problems, tmp_path / "unnamed", out, unnamed.settings, grading, k=4, below=2, n=50, seed=0, model=unnamed
+    )
+    moved = on_model(
+        SimScript(rules=[eta, *script().rules]), 4, endpoint__model=None, endpoint__base_url=["http://moved.invalid/v1"]
+    )
+    with pytest.raises(
+        InputError,
+        match=r"unnamed holds samples drawn with solution endpoint http://scripted.invalid/v1 \(now"
+        r" http://moved.invalid/v1\): sampling on would mix them; run it again without the change, or give another",
+    ):
+        await run_filter(
+            problems, tmp_path / "unnamed", out, moved.settings, grading, k=4, below=2, n=50, seed=0, model=moved
+        )
+    assert other.calls == [] and moved.calls == []
+    # The same model again: only eta's failed sample is sent.
+    same = on_model(SimScript(rules=[eta, *script().rules]), 4)
+    card = await run_filter_on(same)
+    assert [(c.key.problem_id, c.body["model"]) for c in same.calls] == [("eta", "sim-model")]
+    assert card.failed_samples == 0
+
+
+@pytest.mark.slow
+def test_the_command_run_again_with_another_model_is_refused_before_its_estimate(
+    sim: SimServer, sim2: SimServer, tmp_path: Path
+) -> None:
+    eta = Rule(role="solution", pattern="Eta:", replies=["So \\boxed{1000}."])
+    sim.set_script(SimScript(rules=[Rule(role="solution", pattern="Eta:", fault="http_400", times=1), eta]))
+    sim2.set_script(SimScript(model="sim-two", rules=[eta]))
+    problems = tmp_path / "b.jsonl"
+    problems.write_text(json.dumps({"problem_id": "eta", "question": "Eta: what is 9*9?", "answer": "81"}) + "\n")
+    out = tmp_path / "hard.jsonl"
+    command = ("data", "filter", str(problems), "-o", str(out), "-k", "2", "--grade", "rules")
+    first = tmas(*command, "--base-url", sim.base_url)
+    assert first.returncode == 0, first.stderr.decode()
+    assert json.loads((tmp_path / "hard.card.json").read_text())["failed_samples"] == 1
+    where = tmp_path / "hard.filter-run"
+    # Before, a server of its own model got the failed sample (its reply counted beside the first server's), and
+    # another --model was refused only after the estimate (a --dry-run showed it and passed).
+    for flags, changed in [
+        (("--base-url", sim2.base_url), f"solution endpoint {sim.base_url} (now {sim2.base_url})"),
+        (("--base-url", sim.base_url, "--model", "other", "--dry-run"), 'solution model unset (now "other")'),
+    ]:
+        refused = tmas(*command, *flags)
+        assert refused.returncode == 2 and refused.stderr.decode().splitlines() == [
+            f"tmas: error: --run-dir {where} holds samples drawn with {changed}: sampling on would mix them; run it"
+            " again without the change, or give another --run-dir"
+        ]
+    assert sim2.chat_bodies() == [] and len(sim.chat_bodies()) == 2

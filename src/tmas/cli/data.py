@@ -72,7 +72,8 @@ def data_filter(
     Only samples that replied count (a failed call says nothing of difficulty); a problem with replies to fewer than
     half of its k samples is undecided and left out, and named on the card. Running the same command again asks
     only the samples whose call failed (the replied ones are reused from --run-dir), so a problem left undecided by a
-    failing server is decided once it answers.
+    failing server is decided once it answers. Run again with another model, server (where no --model is named),
+    sampling or --seed, it is refused before any call: one filter's samples are of one model; give another --run-dir.
 
     The samples are drawn at the paper's temperature 1.0 and top_p 0.95 unless --temperature or --top-p say
     otherwise (the paper's filter model: Qwen3-4B-Thinking); the run seed (--seed) seeds the selection too.
@@ -116,8 +117,9 @@ def _filter_estimate(
     asked = asked[:limit] if limit else asked
     settled: set[str] = set()
     replays: dict[str, int] = {}
-    # Another run there is refused before its estimate (which would count its calls as this filter's).
-    if holds_filter_run(run_dir, source, k):
+    # Another run there, or samples drawn otherwise (another model, server or sampling), are refused before the
+    # estimate (which would count their calls as this filter's, and print before the refusal).
+    if holds_filter_run(run_dir, source, k, settings):
         with RunStore(run_dir, read_only=True) as peek:
             setup = RunSetup.check(settings)
             settled = setup.settled(peek) & {p.problem_id for p in asked}

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from tmas.config import Sampling, Settings
 from tmas.errors import ConfigError, InputError
 from tmas.grading.grades import GradeConfig, Grades
@@ -34,7 +36,7 @@ from tmas.llm.model import ChatModel
 from tmas.llm.sampling import with_sampling
 from tmas.methods import METHODS, method_names
 from tmas.problems import Problem, dataset_name, load_problems
-from tmas.runner import RunState, holds_run, prepare_run, run_problems
+from tmas.runner import RunSetup, RunState, holds_run, prepare_run, run_problems
 from tmas.store.records import ProblemResult
 from tmas.store.run_store import RunStore
 
@@ -252,19 +254,59 @@ def write_card(card: FilterCard, out: Path) -> tuple[Path, Path]:
     return json_path, md_path
 
 
-def holds_filter_run(run_dir: Path, source: Path, k: int) -> bool:
-    """Whether ``run_dir`` holds the samples of this filter (of ``source`` with ``k``) to resume; False where it holds
-    no run yet. Another run, or another filter's samples, is refused in one line: it is not sampled again under this
-    filter's settings."""
+def holds_filter_run(run_dir: Path, source: Path, k: int, settings: Settings, *, own_model: bool = False) -> bool:
+    """Whether ``run_dir`` holds the samples of this filter (of ``source`` with ``k``) to resume under ``settings``;
+    False where it holds no run yet. Another run, another filter's samples, or samples drawn otherwise than
+    ``settings`` draw them (:func:`sampled_otherwise`) are refused in one line: no filter's result holds the samples
+    of two models or samplings."""
     if not holds_run(run_dir):
         return False
     made = {"source": dataset_name(source), "k": k}
+    setup = RunSetup.check(settings, own_model=own_model, resuming=run_dir)
     with RunStore(run_dir, read_only=True) as earlier:
         found = earlier.get_meta(FILTER_META)
+        changed = sampled_otherwise(earlier, setup) if found == made else []
     if found != made:
         what = f"the samples of a filter of {found['source']} with k={found['k']}" if found else "no filter's samples"
         raise InputError(f"--run-dir {run_dir} holds {what}, not of {made['source']} with k={k}: give another")
+    if changed:
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        raise InputError(
+            f"--run-dir {run_dir} holds samples drawn with {'; '.join(changed[:3])}{more}: sampling on would mix them;"
+            " run it again without the change, or give another --run-dir"
+        )
     return True
+
+
+def sampled_otherwise(store: RunStore, setup: RunSetup) -> list[str]:
+    """What ``setup`` draws samples with otherwise than ``store``'s replied samples were drawn, each as ``NAME OLD
+    (now NEW)``; none where no sample replied yet (nothing would be mixed). As a resumed run compares them
+    (:meth:`RunSetup.changed_requests`, :meth:`RunSetup.changed_handling`: the model, sampling, seed, prompt
+    templates), and, where no model is named (each server answers with its own), the endpoint's URLs: a stored
+    sample replays whatever server is asked now, and only the failed ones would be sent to the new one."""
+    roles = setup.method.traits.roles
+    if not any(n for role, (n, _) in store.replies_by_role().items() if role in roles):
+        return []
+    changed = setup.changed_requests(store) + setup.changed_handling(store)
+    try:
+        before = Settings.model_validate(store.get_meta("settings"))
+    except ValidationError:
+        return sorted(changed)  # recorded by another version: its URLs are not compared
+    for role in roles:
+        old, new = _served_by(before, role), _served_by(setup.settings, role)
+        if old is not None and new is not None and old != new:
+            changed.append(f"{role} endpoint {', '.join(old)} (now {', '.join(new)})")
+    return sorted(changed)
+
+
+def _served_by(settings: Settings, role: str) -> list[str] | None:
+    """The URLs whose own model answers ``role``'s calls where no model is named; None where one is (the requests
+    name it, and a resume compares it) or no endpoint answers (the local or in-process model, named likewise)."""
+    own = settings.roles.get(role)
+    if (own.model if own else None) or settings.endpoint.model:
+        return None
+    urls = (own.base_url if own else None) or settings.endpoint.base_url
+    return sorted(urls) if urls else None
 
 
 async def run_filter(
@@ -290,7 +332,7 @@ async def run_filter(
     made = {"source": dataset_name(source), "k": k}
     asked = load_problems(source)
     asked = asked[:limit] if limit else asked
-    if holds_filter_run(run_dir, source, k):
+    if holds_filter_run(run_dir, source, k, settings, own_model=own):
         store, settings, _ = prepare_run(run_dir, settings, None, resume=True, own_model=own)
     else:
         store, settings, _ = prepare_run(run_dir, settings, asked, resume=False, own_model=own)
