@@ -14,7 +14,7 @@ import pytest
 
 from conftest import run_tmas, scripted_settings
 from scripted_runs import by_role, scripted_run
-from tmas.data.difficulty_filter import FilterCard, filter_settings, run_filter
+from tmas.data.difficulty_filter import FilterCard, filter_settings, run_filter, write_subset
 from tmas.errors import ConfigError, InputError
 from tmas.grading.grades import GradeConfig
 from tmas.methods import METHODS, register_method
@@ -455,3 +455,31 @@ def test_the_command_run_again_with_another_model_is_refused_before_its_estimate
             " again without the change, or give another --run-dir"
         ]
     assert sim2.chat_bodies() == [] and len(sim.chat_bodies()) == 2
+
+
+def test_a_subset_written_part_way_leaves_the_earlier_one_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before, the subset was opened for writing (emptied) and filled row by row: stopped after its first row (an
+    # interrupt, a full disk), it held that row alone, a torn subset a later run would read as the filter's.
+    out = tmp_path / "hard.jsonl"
+    earlier = "".join(json.dumps({"problem_id": n, "question": q, "answer": a}) + "\n" for n, q, a, _ in CASES[:3])
+    out.write_text(earlier)
+    problems = [Problem(problem_id=n, question=q, answer=a) for n, q, a, _ in CASES]
+    rows = 0
+    dumps = json.dumps
+
+    def stops_at_the_second_row(value: Any, **kwargs: Any) -> str:
+        nonlocal rows
+        rows += 1
+        if rows == 2:
+            raise OSError("No space left on device")
+        return dumps(value, **kwargs)
+
+    monkeypatch.setattr(json, "dumps", stops_at_the_second_row)
+    with pytest.raises(OSError, match="No space left"):
+        write_subset(problems, ["beta", "gamma", "zeta"], out)
+    monkeypatch.undo()
+    assert out.read_text() == earlier and [p.name for p in tmp_path.iterdir()] == ["hard.jsonl"]
+    assert write_subset(problems, ["beta", "gamma", "zeta"], out) == 3
+    assert [json.loads(line)["problem_id"] for line in out.read_text().splitlines()] == ["beta", "gamma", "zeta"]

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from tmas.config import Sampling, Settings
 from tmas.errors import ConfigError, InputError
+from tmas.files import write_atomic
 from tmas.grading.grades import GradeConfig, Grades
 from tmas.grading.run_results import load_results
 from tmas.grading.runs import grade_run
@@ -232,25 +233,28 @@ def build_card(
 
 
 def write_subset(problems: list[Problem], selected: list[str], out: Path) -> int:
-    """The selected problems as tmas JSONL (problem_id, question, answer, then their other fields)."""
+    """The selected problems as tmas JSONL (problem_id, question, answer, then their other fields), put in place
+    whole (:func:`tmas.files.write_atomic`): a write stopped part way leaves the subset an earlier run wrote."""
     wanted = set(selected)
     out.parent.mkdir(parents=True, exist_ok=True)
-    count = 0
-    with out.open("w", encoding="utf-8") as handle:
-        for p in problems:
-            if p.problem_id in wanted:
-                row = {"problem_id": p.problem_id, "question": p.question, "answer": p.answer, **p.metadata}
-                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-                count += 1
-    return count
+    lines = [
+        json.dumps(
+            {"problem_id": p.problem_id, "question": p.question, "answer": p.answer, **p.metadata}, ensure_ascii=False
+        )
+        + "\n"
+        for p in problems
+        if p.problem_id in wanted
+    ]
+    write_atomic(out, "".join(lines))
+    return len(lines)
 
 
 def write_card(card: FilterCard, out: Path) -> tuple[Path, Path]:
-    """``<subset>.card.json`` and ``<subset>.card.md`` beside the subset."""
+    """``<subset>.card.json`` and ``<subset>.card.md`` beside the subset, each put in place whole."""
     json_path = out.with_name(out.stem + ".card.json")
     md_path = out.with_name(out.stem + ".card.md")
-    json_path.write_text(json.dumps(card.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    md_path.write_text(card.markdown(), encoding="utf-8")
+    write_atomic(json_path, json.dumps(card.to_dict(), indent=2, ensure_ascii=False) + "\n")
+    write_atomic(md_path, card.markdown())
     return json_path, md_path
 
 
