@@ -483,3 +483,31 @@ def test_a_subset_written_part_way_leaves_the_earlier_one_whole(
     assert out.read_text() == earlier and [p.name for p in tmp_path.iterdir()] == ["hard.jsonl"]
     assert write_subset(problems, ["beta", "gamma", "zeta"], out) == 3
     assert [json.loads(line)["problem_id"] for line in out.read_text().splitlines()] == ["beta", "gamma", "zeta"]
+
+
+async def test_a_sample_whose_judge_failed_is_not_counted_as_unsolved(tmp_path: Path) -> None:
+    # alpha's four samples all box the right 6, but the judge's calls are refused: its verdicts are undecided. Before,
+    # an undecided verdict counted as wrong, so alpha looked solved 0 times in 4 and was kept and selected as hard.
+    problems = tmp_path / "b.jsonl"
+    problems.write_text(json.dumps({"problem_id": "alpha", "question": CASES[0][1], "answer": "6"}) + "\n")
+    out, run_dir = tmp_path / "hard.jsonl", tmp_path / "run"
+    grading = GradeConfig(mode="judge", judge_runs=1)
+
+    async def run_filter_on(model: ScriptedModel) -> FilterCard:
+        return await run_filter(problems, run_dir, out, model.settings, grading, k=4, below=2, n=5, seed=0, model=model)
+
+    down = on_model(SimScript(rules=[Rule(role="judge", fault="http_400"), *script().rules]), 4)
+    card = await run_filter_on(down)
+    assert by_role(down)["solution"] == 4
+    assert card.kept == 0 and card.selected == [] and card.undecided == ["alpha"] and card.ungraded_samples == 4
+    assert "4 samples were not counted: their judge's calls failed; run the same command again to grade them" in (
+        card.notes
+    )
+    assert out.read_text() == ""
+    # Again, the judge answering: only the judge is asked (one question: the four samples box the same answer), and
+    # alpha is counted solved 4 times in 4, not kept.
+    judge = Rule(role="judge", replies=['{"reasoning": "r", "equivalent": true}'])
+    up = on_model(SimScript(rules=[judge, *script().rules]), 4)
+    card = await run_filter_on(up)
+    assert by_role(up) == {"judge": 1}
+    assert card.ungraded_samples == 0 and card.solved_counts == {4: 1} and card.kept == 0 and card.undecided == []

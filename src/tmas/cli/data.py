@@ -69,8 +69,9 @@ def data_filter(
 ) -> None:
     """Keep the problems a model solves fewer than --below times in k, then select n (TMAS appendix A.2).
 
-    Only samples that replied count (a failed call says nothing of difficulty); a problem with replies to fewer than
-    half of its k samples is undecided and left out, and named on the card. Running the same command again asks
+    Only samples that replied count (a failed call says nothing of difficulty), and only those graded (a sample whose
+    judge's calls failed is asked again next time, not counted wrong); a problem with replies to fewer than half of
+    its k samples is undecided and left out, and named on the card. Running the same command again asks
     only the samples whose call failed (the replied ones are reused from --run-dir), so a problem left undecided by a
     failing server is decided once it answers. Run again with another model, server (where no --model is named),
     sampling or --seed, it is refused before any call: one filter's samples are of one model; give another --run-dir.

@@ -12,8 +12,10 @@ uniform draw with the given seed, listed in the original file order.
 A sample whose call failed (an error, no reply) says nothing of the problem's difficulty: only samples that replied
 are counted. A problem with every sample replied is kept when solved fewer than t times in k; one with r < k replies,
 when its rate is below the same share (solved * k < t * r); one with fewer than half of k replies is undecided, left
-out and named on the card. The filter run again on its run directory asks those failed samples again, and only them
-(the replied ones replay from the store): a problem a failing server left undecided is decided once it answers.
+out and named on the card. A replied sample whose judge's calls failed is not counted either (ungraded, not wrong); a
+reply with no answer, or one the rules and judge could not decide, counts as not solved. The filter run again on its
+run directory asks those failed samples again, and only them (the replied ones replay from the store), and the
+judge's failed questions: a problem a failing server left undecided is decided once it answers.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +33,8 @@ from pydantic import ValidationError
 from tmas.config import Sampling, Settings
 from tmas.errors import ConfigError, InputError
 from tmas.files import write_atomic
-from tmas.grading.grades import GradeConfig, Grades
+from tmas.grading.grades import SELECTED, GradeConfig, Grades, ItemKey
+from tmas.grading.judge import CALL_FAILED, JUDGE_ROLE
 from tmas.grading.run_results import load_results
 from tmas.grading.runs import grade_run
 from tmas.llm.model import ChatModel
@@ -39,7 +43,7 @@ from tmas.methods import METHODS, method_names
 from tmas.problems import Problem, dataset_name, load_problems
 from tmas.runner import RunSetup, RunState, holds_run, prepare_run, run_problems
 from tmas.store.records import ProblemResult
-from tmas.store.run_store import RunStore
+from tmas.store.run_store import GradeRow, RunStore
 
 # The paper's sampling for the filter runs (section 4.1), used where the user set none of their own.
 PAPER_SAMPLING = {"temperature": 1.0, "top_p": 0.95}
@@ -67,6 +71,8 @@ class FilterCard:
     # Samples whose call failed (not counted: only replied samples are), problems that failed as a whole, and
     # problems with replies to fewer than half of their k samples (undecided): both left out.
     failed_samples: int = 0
+    # Replied samples whose judge's calls failed (undecided, not wrong): not counted either.
+    ungraded_samples: int = 0
     failed_problems: list[str] = field(default_factory=list)
     undecided: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -139,9 +145,11 @@ def filter_settings(settings: Settings, k: int, flags: set[str], method: str | N
     return with_sampling(Settings.model_validate(data), "config", paper)
 
 
-def tallies(problems: list[Problem], results: list[ProblemResult], grades: Grades) -> dict[str, tuple[int, int]]:
+def tallies(
+    problems: list[Problem], results: list[ProblemResult], grades: Grades, ungraded: Collection[ItemKey] = ()
+) -> dict[str, tuple[int, int]]:
     """Correct and replied samples per labeled problem: a sample is correct when most judge runs call it so; one
-    whose call failed (an error, no reply) is not counted at all."""
+    whose call failed (an error, no reply), or one ``ungraded`` (its judge's calls failed), is not counted at all."""
     counts: dict[str, tuple[int, int]] = {}
     finished = {r.problem_id: r for r in results if r.status in ("done", "failed")}
     missing = [p.problem_id for p in problems if p.labeled and p.problem_id not in finished]
@@ -156,10 +164,26 @@ def tallies(problems: list[Problem], results: list[ProblemResult], grades: Grade
             continue  # a failed problem (no usable sample) says nothing about its difficulty: left out
         result = finished[problem.problem_id]
         first = next((rec for rec in result.iterations if rec.iteration == 0), None)
-        replied = [c for c in (first.candidates if first else []) if not c.error]
+        replied = [
+            c
+            for c in (first.candidates if first else [])
+            if not c.error and (problem.problem_id, 0, c.index) not in ungraded
+        ]
         solved = sum(grades.majority_correct((problem.problem_id, 0, c.index)) for c in replied)
         counts[problem.problem_id] = (solved, len(replied))
     return counts
+
+
+def judge_failed(grades: Grades, rows: list[GradeRow]) -> set[ItemKey]:
+    """The samples the judge left undecided by failed calls alone (every run of theirs undecided, one failed): not
+    wrong, ungraded; grading again (the filter run again) asks them again. One the judge answered unreadably, or the
+    rules could not decide with no judge asked, stays counted as not solved."""
+    failed = {
+        (r.problem_id, r.iteration, r.candidate)
+        for r in rows
+        if r.candidate != SELECTED and r.detail.startswith(CALL_FAILED)
+    }
+    return {key for key in failed if all(v is None for v in grades.verdicts.get(key) or [None])}
 
 
 def decided(replied: int, k: int) -> bool:
@@ -197,8 +221,9 @@ def build_card(
     below: int,
     n: int,
     seed: int,
+    ungraded: Collection[ItemKey] = (),
 ) -> FilterCard:
-    counts = tallies(problems, results, grades)
+    counts = tallies(problems, results, grades, ungraded)
     selected, kept = select(problems, counts, k, below, n, seed)
     judged = {pid: tally for pid, tally in counts.items() if decided(tally[1], k)}
     card = FilterCard(
@@ -216,6 +241,7 @@ def build_card(
         selected=selected,
         unlabeled=[p.problem_id for p in problems if not p.labeled],
         failed_samples=sum(bool(c.error) for r in results for rec in r.iterations for c in rec.candidates),
+        ungraded_samples=len(ungraded),
         failed_problems=[r.problem_id for r in results if r.status == "failed"],
         undecided=[p.problem_id for p in problems if p.problem_id in counts and p.problem_id not in judged],
         notes=list(grades.notes),
@@ -224,6 +250,11 @@ def build_card(
         card.notes.append(
             f"{len(card.undecided)} problems had replies to fewer than half of their {k} samples (undecided): left out"
             " of the filter"
+        )
+    if card.ungraded_samples:
+        card.notes.append(
+            f"{card.ungraded_samples} samples were not counted: their judge's calls failed; run the same command again"
+            " to grade them"
         )
     if card.failed_problems:
         card.notes.append(f"{len(card.failed_problems)} problems failed (no usable sample): left out of the filter")
@@ -353,7 +384,10 @@ async def run_filter(
         await run_problems(settings, problems, store, state=RunState(), model=model)
         grades = await grade_run(store, grading, settings, model=model)
         results = [r for r in load_results(store) if r.problem_id in wanted]
-    card = build_card(str(source), settings, problems, results, grades, k=k, below=below, n=n, seed=seed)
+        ungraded = {key for key in judge_failed(grades, store.grades(JUDGE_ROLE)) if key[0] in wanted}
+    card = build_card(
+        str(source), settings, problems, results, grades, k=k, below=below, n=n, seed=seed, ungraded=ungraded
+    )
     write_subset(problems, card.selected, out)
     write_card(card, out)
     return card
