@@ -65,7 +65,9 @@ def data_filter(
     n: Annotated[int, typer.Option("-n", help="Problems to select from those kept (paper: 50).")] = 50,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N problems of the file.")] = None,
     grade: Annotated[str, typer.Option("--grade", help="Grading: rules, judge or combined.")] = "combined",
-    judge_runs: Annotated[int, typer.Option("--judge-runs", help="Judge runs per sample (majority decides).")] = 1,
+    judge_runs: Annotated[
+        int, typer.Option("--judge-runs", help="Judge runs per sample (solved when at least half say so).")
+    ] = 1,
 ) -> None:
     """Keep the problems a model solves fewer than --below times in k, then select n (TMAS appendix A.2).
 
