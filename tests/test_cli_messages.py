@@ -12,6 +12,8 @@ import re
 import sqlite3
 import subprocess
 import sys
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -38,7 +40,8 @@ def write_problems(path: Path, n: int) -> None:
 
 
 def last_line(out: object) -> str:
-    return out.stderr.decode().strip().splitlines()[-1]  # type: ignore[attr-defined]
+    err = out.stderr  # type: ignore[attr-defined]
+    return (err if isinstance(err, str) else err.decode()).strip().splitlines()[-1]
 
 
 # ------------------------------------------------------------------------------------------------ failures said
@@ -149,24 +152,57 @@ def test_run_asks_above_its_threshold_and_confirm_calls_sets_it(sim: SimServer, 
     assert len(sim.chat_bodies()) == 2 * 32
 
 
-def on_terminal(*args: str, typed: str) -> subprocess.CompletedProcess[str]:
-    """``tmas ARGS`` with a terminal for its standard input, on which ``typed`` is typed (its output captured)."""
+@dataclass
+class OnTerminal:
+    """What a command run on a terminal left: its exit code, its standard output and error (the pipes; standard
+    error is empty where it was the terminal) and what the terminal showed (what was typed, echoed, included)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    terminal: str
+
+
+def on_terminal(*args: str, typed: str, stderr_on_it: bool = False, controlling: bool = True) -> OnTerminal:
+    """``tmas ARGS`` with a terminal for its standard input (and its standard error, ``stderr_on_it``), on which
+    ``typed`` is typed; the terminal is its controlling terminal (its /dev/tty) unless ``controlling`` is false,
+    when it has none."""
     main, attached = os.openpty()
+    shown: list[bytes] = []
+
+    def show() -> None:
+        while True:
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:  # every end of the terminal closed
+                return
+            if not chunk:
+                return
+            shown.append(chunk)
+
+    # In a session of its own, the child takes its standard input for its controlling terminal, then runs tmas.
+    take_it = "import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+    command = "os.execv(sys.executable, [sys.executable, '-m', 'tmas', *sys.argv[1:]])"
+    reader = threading.Thread(target=show)
     try:
         with subprocess.Popen(
-            [sys.executable, "-m", "tmas", *args],
+            [sys.executable, "-c", (take_it if controlling else "import os, sys; ") + command, *args],
             stdin=attached,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=attached if stderr_on_it else subprocess.PIPE,
             text=True,
             env=clean_env(),
+            start_new_session=True,
         ) as child:
             os.close(attached)
+            reader.start()
             os.write(main, typed.encode())
             out, err = child.communicate(timeout=120)
+        reader.join(timeout=30)
     finally:
         os.close(main)
-    return subprocess.CompletedProcess(child.args, child.returncode, out, err)
+    terminal = b"".join(shown).decode(errors="replace").replace("\r\n", "\n")
+    return OnTerminal(child.returncode, out, err or "", terminal)
 
 
 @pytest.mark.parametrize("typed", ["n\n", "no\n", "\n", "\x04"])
@@ -180,7 +216,10 @@ def test_a_run_not_confirmed_on_the_terminal_says_it_was_not_started(
         "--confirm-calls", "1", typed=typed,
     )  # fmt: skip
     assert out.returncode == 2
-    assert "the estimate is 4 calls (threshold 1). Start? [y/N]:" in out.stderr
+    # Standard error is a pipe here (2>&1 | tee log): the question is asked on the terminal, the estimate written to
+    # standard error.
+    assert "the estimate is 4 calls (threshold 1). Start? [y/N]:" in out.terminal
+    assert "Start?" not in out.stderr and "cost estimate (before any call):" in out.stderr
     assert out.stderr.strip().endswith("tmas: not started; nothing was sent") and out.stdout == ""
     assert sim.stats().total_requests == 0 and not (tmp_path / "run").exists()
 
@@ -192,16 +231,51 @@ def test_a_pilot_not_confirmed_on_the_terminal_says_it_was_not_started(sim: SimS
         "--pilot", "1", "--confirm-calls", "0", typed="n\n",
     )  # fmt: skip
     assert out.returncode == 2
-    assert "tmas: the pilot is" in out.stderr and "Start it? [y/N]:" in out.stderr
+    assert "tmas: the pilot is" in out.terminal and "Start it? [y/N]:" in out.terminal
     assert out.stderr.strip().endswith("tmas: the pilot was not started; nothing was sent") and out.stdout == ""
     assert sim.stats().total_requests == 0 and not (tmp_path / "run").exists()
 
 
 def test_a_solve_confirmed_on_the_terminal_prints_the_answer_alone(sim: SimServer) -> None:
     # The question goes to standard error: before, a space went to standard output ahead of the answer.
-    out = on_terminal("solve", Q, "-m", "cot", "--base-url", sim.base_url, "--confirm-calls", "0", typed="y\n")
-    assert out.returncode == 0, out.stderr
-    assert "Start? [y/N]:" in out.stderr and out.stdout == "391\n"
+    args = ["solve", Q, "-m", "cot", "--base-url", sim.base_url, "--confirm-calls", "0"]
+    out = on_terminal(*args, typed="y\n", stderr_on_it=True)
+    assert out.returncode == 0, out.terminal
+    assert "Start? [y/N]:" in out.terminal and out.stdout == "391\n"
+
+
+@pytest.mark.parametrize("typed", ["y\n", "n\n"])
+def test_with_standard_error_not_a_terminal_the_question_is_asked_on_the_terminal(
+    sim: SimServer, tmp_path: Path, typed: str
+) -> None:
+    # tmas run ... 2>log: before, the question went into the log and the command waited for an answer to a question
+    # nobody saw.
+    write_problems(tmp_path / "p.jsonl", 2)
+    run_dir = tmp_path / "run"
+    args = ["run", str(tmp_path / "p.jsonl"), "-o", str(run_dir), "-m", "cot", "--base-url", sim.base_url]
+    out = on_terminal(*args, "--confirm-calls", "1", typed=typed)
+    assert "tmas: the estimate is 4 calls (threshold 1). Start? [y/N]:" in out.terminal
+    assert "Start?" not in out.stderr and "cost estimate (before any call):" in out.stderr  # the log keeps it
+    if typed == "y\n":
+        assert out.returncode == 0, out.stderr
+        assert len(sim.chat_bodies()) == 2
+    else:
+        assert out.returncode == 2 and out.stderr.strip().endswith("tmas: not started; nothing was sent")
+        assert sim.stats().total_requests == 0 and not run_dir.exists()
+
+
+def test_with_standard_error_not_a_terminal_and_no_terminal_to_open_the_gate_refuses(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    # Standard input a terminal, but no controlling terminal to ask on: refused as without a terminal (before, the
+    # question went to standard error and the answer typed on standard input started the run).
+    write_problems(tmp_path / "p.jsonl", 2)
+    args = ["run", str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "run"), "-m", "cot", "--base-url", sim.base_url]
+    out = on_terminal(*args, "--confirm-calls", "1", typed="y\n", controlling=False)
+    assert out.returncode == 2
+    assert last_line(out).startswith("tmas: error: the estimate is 4 calls (threshold 1): pass --yes to start it")
+    assert "Start?" not in out.stderr + out.terminal
+    assert sim.stats().total_requests == 0 and not (tmp_path / "run").exists()
 
 
 def test_a_resume_dry_run_counts_the_calls_it_holds(sim: SimServer, tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """The cost gate every command that starts model calls passes: ``solve``, ``run``, ``eval``, ``sweep``, ``pool build``
 and ``data filter`` work out what they will send before they send anything (``tmas serve`` does so per request:
 tmas.serve.cost_gate). Under the threshold the estimate is one line and the command starts; above it the whole
-estimate is shown and the command asks on a terminal, and without one refuses in one line unless ``--yes``.
+estimate is shown and the command asks on a terminal (on the controlling terminal where standard error is not
+one: :func:`confirmed`), and without one refuses in one line unless ``--yes``.
 ``--dry-run`` prints it and stops.
 
 The thresholds: ``--confirm-calls`` (default 500 calls for one question, 20,000 for a run, an evaluation or a sweep)
@@ -11,11 +12,12 @@ counts only the problems it has still to solve and the calls it has still to sen
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, TextIO
 
 import typer
 
@@ -197,12 +199,11 @@ def _gate_pilot(configs: list[tuple[str, Settings]], problems: int, flags: Estim
     # Its table without the hours: the pilot is what measures them.
     table = format_estimate(planned).replace("cost estimate (before any call):", "the pilot's cost estimate:", 1)
     typer.echo("\n".join(line for line in table.splitlines() if not line.startswith("  time:")), err=True)
-    if not sys.stdin.isatty():
-        raise InputError(
-            f"the pilot is {why}: pass --yes to start it without a terminal to confirm on (or a smaller --pilot N,"
-            " --confirm-calls N)"
-        )
-    if not _confirmed(f"tmas: the pilot is {why}. Start it?"):
+    refusal = (
+        f"the pilot is {why}: pass --yes to start it without a terminal to confirm on (or a smaller --pilot N,"
+        " --confirm-calls N)"
+    )
+    if not confirmed(f"tmas: the pilot is {why}. Start it?", refusal):
         typer.echo("tmas: the pilot was not started; nothing was sent", err=True)
         raise typer.Exit(EXIT_NOT_STARTED)
 
@@ -246,24 +247,53 @@ def gate(estimate: Estimate, flags: GateFlags, *, calls: int = DEFAULT_CONFIRM_C
         typer.echo(f"tmas: estimate: {brief_estimate(estimate)}", err=True)
         return
     typer.echo(format_estimate(estimate), err=True)
-    if not sys.stdin.isatty():
-        raise InputError(
-            f"the estimate is {why}: pass --yes to start it without a terminal to confirm on"
-            " (or --confirm-calls N, --dry-run to see it whole)"
-        )
-    if not _confirmed(f"tmas: the estimate is {why}. Start?"):
+    refusal = (
+        f"the estimate is {why}: pass --yes to start it without a terminal to confirm on"
+        " (or --confirm-calls N, --dry-run to see it whole)"
+    )
+    if not confirmed(f"tmas: the estimate is {why}. Start?", refusal):
         typer.echo("tmas: not started; nothing was sent", err=True)
         raise typer.Exit(EXIT_NOT_STARTED)  # as when it refuses without a terminal
 
 
-def _confirmed(question: str) -> bool:
-    """``question`` asked on the terminal, on standard error (standard output holds the command's own output alone):
-    yes or y starts, no, n, an empty line or the end of input does not; anything else is asked again."""
+# The controlling terminal: asked there when standard error is not a terminal (a file, a pipe).
+TERMINAL = "/dev/tty"
+
+
+def confirmed(question: str, refusal: str) -> bool:
+    """``question`` answered yes on the terminal: asked on standard error where standard input and standard error
+    are both terminals, and on the controlling terminal where standard input is one but standard error is not
+    (``2>log``, ``2>&1 | tee log``: there the question could go where nobody reads it); refused with ``refusal`` (an
+    :class:`InputError`) where standard input is not a terminal, or no controlling terminal can be opened."""
+    if not sys.stdin.isatty():
+        raise InputError(refusal)
+    if sys.stderr.isatty():
+        return _confirmed(question, sys.stdin, sys.stderr)
+    try:
+        fd = os.open(TERMINAL, os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        raise InputError(refusal) from None
+    try:
+        with (
+            open(fd, encoding="utf-8", errors="replace", closefd=False) as answers,
+            open(fd, "w", encoding="utf-8", closefd=False) as asked,
+        ):
+            return _confirmed(question, answers, asked)
+    finally:
+        os.close(fd)
+
+
+def _confirmed(question: str, answers: TextIO, asked: TextIO) -> bool:
+    """``question`` written to ``asked`` (never standard output, which holds the command's own output alone) and
+    read from ``answers``: yes or y starts, no, n, an empty line or the end of input does not; anything else is asked
+    again."""
     while True:
-        typer.echo(f"{question} [y/N]: ", err=True, nl=False)
-        answer = sys.stdin.readline()
+        asked.write(f"{question} [y/N]: ")
+        asked.flush()
+        answer = answers.readline()
         if not answer:  # the end of input (Ctrl-D)
-            typer.echo("", err=True)
+            asked.write("\n")
+            asked.flush()
             return False
         word = answer.strip().lower()
         if word in ("y", "yes"):
