@@ -9,7 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -252,6 +252,47 @@ async def test_a_cost_limit_that_cannot_be_one_is_refused_before_any_call(tmp_pa
     with pytest.raises(InputError, match=r"^tmas.api.aresume: max_completion_tokens must be .*\(got nan\)$"):
         await tmas.api.aresume(tmp_path / "run", max_completion_tokens=nan)
     assert len(sim.chat_bodies()) == count
+
+
+@pytest.mark.parametrize(
+    ("call", "said"),
+    [
+        ({"settings": 42}, "tmas.solve: settings must be a tmas.config.Settings or a mapping of tmas.toml's keys"),
+        ({"params": ["k", 8]}, "tmas.solve: params must be a mapping of parameter names to values (got list"),
+        ({"method": 3}, "tmas.solve: method must be a method's name (str) (got int 3)"),
+        ({"run_dir": 3}, "tmas.solve: run_dir must be a path (str or pathlib.Path) (got int 3)"),
+        ({"model": "gpt"}, "tmas.solve: model must be a tmas.llm.model.ChatModel"),
+        ({"max_calls": "5"}, "tmas.solve: max_calls must be a number 0 or more, or None for no limit (got '5')"),
+        ({"arun": {"problems": 42}}, "tmas.api.arun: problems must be a path (str or pathlib.Path) of a JSONL"),
+        ({"arun": {"problems": [{"question": "q"}]}}, "tmas.api.arun: problems must be a path"),
+        ({"arun": {"out": None}}, "tmas.api.arun: out must be a path (str or pathlib.Path) (got NoneType None)"),
+        ({"arun": {"settings": 42}}, "tmas.api.arun: settings must be a tmas.config.Settings or a mapping"),
+        ({"aresume": {"run_dir": 42}}, "tmas.api.aresume: run_dir must be a path (str or pathlib.Path) (got int"),
+        ({"aresume": {"overrides": ["a=1"]}}, "tmas.api.aresume: overrides must be a mapping of dotted settings"),
+        ({"aresume": {"params": [1]}}, "tmas.api.aresume: params must be a mapping of parameter names to values"),
+    ],
+)
+async def test_an_argument_of_the_wrong_kind_is_refused_in_one_line_naming_it(
+    tmp_path: Path, sim: SimServer, call: dict[str, Any], said: str
+) -> None:
+    # Before, settings=42 or params=[...] failed deep inside with an AttributeError or a TypeError.
+    settings = settings_for(sim, method={"name": "cot"})
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text(PROBLEM)
+    asked: Coroutine[Any, Any, object]
+    if "arun" in call:
+        given = {"problems": problems, "out": tmp_path / "run", "settings": settings, **call["arun"]}
+        asked = tmas.api.arun(given.pop("problems"), given.pop("out"), **given)
+    elif "aresume" in call:
+        await tmas.api.arun(problems, tmp_path / "run", settings)
+        given = {"run_dir": tmp_path / "run", **call["aresume"]}
+        asked = tmas.api.aresume(given.pop("run_dir"), **given)
+    else:
+        asked = tmas.asolve("What is 17*23?", **{"settings": settings, **call})
+    with pytest.raises(InputError) as caught:
+        await asked
+    assert str(caught.value).startswith(said) and "\n" not in str(caught.value)
+    assert len(sim.chat_bodies()) == (1 if "aresume" in call else 0)  # the first run's call alone
 
 
 async def test_a_run_limited_to_no_problem_or_fewer_is_refused_rather_than_run_whole(

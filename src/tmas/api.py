@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
@@ -108,6 +109,7 @@ async def solve_question(
     """:func:`asolve`, whose errors name what continues its run: the API's call and keyword (``for_api``), or the
     commands' (``tmas solve``)."""
     check_question(question, "question")
+    check_arguments("tmas.solve", settings=settings, method=method, params=params, run_dir=run_dir, model=model)
     check_limits("tmas.solve", max_calls, max_completion_tokens)
     given = _settings_of(settings, model)
     check_given_params(method or given.method.name, params or {}, _params_named("tmas.solve"), InputError)
@@ -181,6 +183,9 @@ async def arun(
 ) -> RunSummary:
     """Solve a problem file (JSONL or a benchmark name) into a new run directory ``out``, as ``tmas run`` does.
     Refused where its estimate is over ``max_calls`` or ``max_completion_tokens`` (None: no limit)."""
+    check_arguments(
+        "tmas.api.arun", required=("problems", "out"), problems=problems, out=out, settings=settings, model=model
+    )
     check_limits("tmas.api.arun", max_calls, max_completion_tokens)
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         # islice would take 0 as no limit at all (every problem solved) and fail on a negative one.
@@ -213,6 +218,15 @@ async def aresume(
     by the rule of :func:`tmas.runner.resume_settings`. With ``model`` the run goes on on that model: the calls it
     finished are replayed from the store wherever the model asks them again. Refused where the calls it has still
     to send are over ``max_calls``, or their completion tokens over ``max_completion_tokens`` (None: no limit)."""
+    check_arguments(
+        "tmas.api.aresume",
+        required=("run_dir",),
+        run_dir=run_dir,
+        overrides=overrides,
+        config=config,
+        params=params,
+        model=model,
+    )
     check_limits("tmas.api.aresume", max_calls, max_completion_tokens)
     run_dir = Path(run_dir)
     try:
@@ -274,12 +288,51 @@ def override_error(exc: OverrideError, overrides: Mapping[str, Any]) -> str:
     return f"bad value for overrides={given!r}: {exc.reason}"
 
 
+# What each argument of the API's functions must be, said as its error says it.
+_PATH = "a path (str or pathlib.Path)"
+_EXPECTED: dict[str, tuple[str, Callable[[object], bool]]] = {
+    "settings": (
+        "a tmas.config.Settings or a mapping of tmas.toml's keys and tables",
+        lambda value: isinstance(value, Settings | Mapping),
+    ),
+    "method": ("a method's name (str)", lambda value: isinstance(value, str)),
+    "params": ("a mapping of parameter names to values", lambda value: isinstance(value, Mapping)),
+    "overrides": ("a mapping of dotted settings keys to values", lambda value: isinstance(value, Mapping)),
+    "run_dir": (_PATH, lambda value: isinstance(value, str | os.PathLike)),
+    "config": (_PATH, lambda value: isinstance(value, str | os.PathLike)),
+    "problems": (
+        f"{_PATH} of a JSONL problem file, or a benchmark's name",
+        lambda value: isinstance(value, str | os.PathLike),
+    ),
+    "out": (_PATH, lambda value: isinstance(value, str | os.PathLike)),
+    "model": (
+        "a tmas.llm.model.ChatModel (with settings, chat and embed)",
+        lambda value: all(hasattr(value, name) for name in ("settings", "chat", "embed")),
+    ),
+}
+
+
+def check_arguments(what: str, *, required: tuple[str, ...] = (), **given: object) -> None:
+    """Refuse, in one line naming ``what`` and the argument, an argument of the wrong kind (``settings=42``,
+    ``params=[...]``), which would otherwise fail deep inside the run with an AttributeError or TypeError; None
+    passes but for the ``required``."""
+    for name, value in given.items():
+        if value is None and name not in required:
+            continue
+        expects, fits = _EXPECTED[name]
+        if value is None or not fits(value):
+            shown = repr(value) if len(repr(value)) <= 60 else f"{repr(value)[:57]}..."
+            raise InputError(f"{what}: {name} must be {expects} (got {type(value).__name__} {shown})")
+
+
 def check_limits(what: str, max_calls: int | None, max_completion_tokens: float | None) -> None:
     """Refuse, in one line naming ``what``, a cost limit that cannot be one: NaN compares false with every estimate,
     so it would let any run through unasked, and one below 0 would refuse every run (``tmas run``'s
     ``--confirm-calls`` and ``--confirm-tokens`` are refused alike)."""
     for name, value in [("max_calls", max_calls), ("max_completion_tokens", max_completion_tokens)]:
-        if value is not None and (isinstance(value, bool) or math.isnan(value) or value < 0):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value) or value < 0
+        ):
             raise InputError(f"{what}: {name} must be a number 0 or more, or None for no limit (got {value!r})")
 
 
