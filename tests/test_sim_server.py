@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import math
 import os
 import re
@@ -871,3 +872,30 @@ async def test_the_gate_holds_requests_past_its_count_until_the_script_changes(
     status, body = await held
     assert status == 200 and "5" in body["choices"][0]["message"]["content"]
     assert (sim.stats().held, sim.stats().completed) == (0, 2)
+
+
+@pytest.mark.parametrize("where", ["mid-stream", "in prefill", "unstreamed, generating"])
+async def test_a_client_that_goes_part_way_is_a_quiet_disconnect(
+    sim: SimServer, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    # vLLM, SGLang and llama-server abort a request whose client went, without an error; the simulator counts it.
+    # Before, one that went during its prefill or an unstreamed reply's generation was counted nowhere.
+    caplog.set_level(logging.DEBUG)
+    streams = where != "unstreamed, generating"
+    latency = {"latency_s": 60.0} if where == "in prefill" else {"latency_per_token_s": 0.5}
+    sim.set_script(SimScript(**latency))
+    payload = {"messages": user("What is 17*23?"), "stream": streams, "max_tokens": 200}
+    if where == "mid-stream":
+        async with http.post(f"{sim.base_url}/chat/completions", json=payload) as resp:
+            assert (await resp.content.readline()).startswith(b"data: ")
+            resp.close()
+    else:
+        asked = asyncio.ensure_future(http.post(f"{sim.base_url}/chat/completions", json=payload))
+        await eventually(lambda: sim.stats().engine_prompt_tokens > 0)  # prefilled: the latency or the generation
+        asked.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asked
+    await eventually(lambda: sim.stats().in_flight == 0)
+    stats = sim.stats()
+    assert (stats.disconnected, stats.completed, stats.errors) == (1, 0, 0)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

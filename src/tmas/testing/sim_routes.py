@@ -425,7 +425,7 @@ class SimApp:
                 rule.fault_after_tokens if rule is not None else None,
             )
         if per_token > 0 and counts.completion:
-            await self._working(per_token * counts.completion)
+            await self._working_unless_gone(per_token * counts.completion)
         self.recorder.generated(counts.completion)
         self.recorder.count_done(*done)
         return web.json_response(reply.completion())
@@ -533,7 +533,7 @@ class SimApp:
             opened = await self._open_stream(request)
         fixed_latency = rule.latency_s if rule is not None and rule.latency_s is not None else script.latency_s
         if fixed_latency > 0:
-            await self._working(fixed_latency)
+            await self._working_unless_gone(fixed_latency)
         return opened
 
     def _reply(
@@ -791,6 +791,15 @@ class SimApp:
             await asyncio.sleep(seconds)
         finally:
             self._busy -= 1
+
+    async def _working_unless_gone(self, seconds: float) -> None:
+        """:meth:`_working`, where the client going meanwhile (its prefill, or an unstreamed reply's generation) is a
+        disconnect: vLLM, SGLang and llama-server abort such a request, quietly, as they abort a stream cut short."""
+        try:
+            await self._working(seconds)
+        except asyncio.CancelledError:
+            self.recorder.count_disconnect()
+            raise
 
     async def _tick(self) -> None:
         """One token generated every :data:`TICK_S` while any request waits on the engine's work (a real engine's

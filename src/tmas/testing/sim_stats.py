@@ -38,7 +38,8 @@ class SimStats(BaseModel):
     cached_prompt_tokens: int = 0
     # Request fields the persona's server does not know and ignored, by name (vLLM logs them).
     ignored_fields: dict[str, int] = {}
-    # Streams the client closed before their end (a real server then aborts the request): they are not completed.
+    # Requests whose client went before their end (a stream closed part way, a prompt still in prefill, an unstreamed
+    # reply still generating): a real server aborts them, quietly; they are not completed.
     disconnected: int = 0
     # SimScript.max_running: chat requests generating now, waiting now for a turn, the most ever waiting at once,
     # how many had to wait at all, and how many left the queue because their client closed the connection
