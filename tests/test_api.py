@@ -270,6 +270,8 @@ async def test_a_cost_limit_that_cannot_be_one_is_refused_before_any_call(tmp_pa
         ({"aresume": {"run_dir": 42}}, "tmas.api.aresume: run_dir must be a path (str or pathlib.Path) (got int"),
         ({"aresume": {"overrides": ["a=1"]}}, "tmas.api.aresume: overrides must be a mapping of dotted settings"),
         ({"aresume": {"params": [1]}}, "tmas.api.aresume: params must be a mapping of parameter names to values"),
+        # Before, an AttributeError ('int' object has no attribute 'startswith').
+        ({"aresume": {"overrides": {1: 2}}}, "tmas.api.aresume: overrides must be a mapping of dotted settings keys"),
     ],
 )
 async def test_an_argument_of_the_wrong_kind_is_refused_in_one_line_naming_it(
@@ -293,6 +295,21 @@ async def test_an_argument_of_the_wrong_kind_is_refused_in_one_line_naming_it(
         await asked
     assert str(caught.value).startswith(said) and "\n" not in str(caught.value)
     assert len(sim.chat_bodies()) == (1 if "aresume" in call else 0)  # the first run's call alone
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ({"path": 42}, "tmas.load_settings: path must be a path (str or pathlib.Path) (got int)"),
+        ({"overrides": [("sampling.temperature", 0.6)]}, "tmas.load_settings: overrides must be a mapping of dotted"),
+        ({"overrides": {1: 2}}, "tmas.load_settings: overrides must be a mapping of dotted settings keys (str)"),
+    ],
+)
+def test_load_settings_given_the_wrong_kind_says_so_in_one_line(given: dict[str, Any], said: str) -> None:
+    # Before, a TypeError from pathlib, or an AttributeError from the overrides' keys.
+    with pytest.raises(InputError) as caught:
+        tmas.load_settings(**given)
+    assert str(caught.value).startswith(said) and "\n" not in str(caught.value)
 
 
 async def test_a_run_limited_to_no_problem_or_fewer_is_refused_rather_than_run_whole(

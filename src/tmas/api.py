@@ -297,7 +297,10 @@ _EXPECTED: dict[str, tuple[str, Callable[[object], bool]]] = {
     ),
     "method": ("a method's name (str)", lambda value: isinstance(value, str)),
     "params": ("a mapping of parameter names to values", lambda value: isinstance(value, Mapping)),
-    "overrides": ("a mapping of dotted settings keys to values", lambda value: isinstance(value, Mapping)),
+    "overrides": (
+        "a mapping of dotted settings keys (str) to values",
+        lambda value: isinstance(value, Mapping) and all(isinstance(key, str) for key in value),
+    ),
     "run_dir": (_PATH, lambda value: isinstance(value, str | os.PathLike)),
     "config": (_PATH, lambda value: isinstance(value, str | os.PathLike)),
     "problems": (

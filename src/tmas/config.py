@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Protocol, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tmas.errors import ConfigError
+from tmas.errors import ConfigError, InputError
 
 
 class TokenCounts(Protocol):
@@ -713,6 +713,14 @@ def load_settings(
 
     With no ``path``, ``$TMAS_CONFIG`` and then ``./tmas.toml`` are used when they exist.
     """
+    # Called from the Python API too (tmas.load_settings): a wrong kind is said in one line, not a TypeError deep in.
+    if path is not None and not isinstance(path, str | os.PathLike):
+        raise InputError(f"tmas.load_settings: path must be a path (str or pathlib.Path) (got {type(path).__name__})")
+    if overrides is not None and not (isinstance(overrides, Mapping) and all(isinstance(k, str) for k in overrides)):
+        raise InputError(
+            "tmas.load_settings: overrides must be a mapping of dotted settings keys (str) to values"
+            f" (got {type(overrides).__name__} {overrides!r:.60})"
+        )
     env = os.environ if environ is None else environ
     data: dict[str, Any] = {}
     path, what = config_file(path, env)
