@@ -1,10 +1,10 @@
 """Rule-based answer equivalence with Math-Verify, run in worker processes.
 
 Math-Verify enforces its timeouts with ``signal.alarm``, which only works in a process's main thread: each check
-runs in the main thread of a worker process (``ProcessPoolExecutor``), driven from asyncio by ``run_in_executor``.
-Workers are spawned, not forked, because the parent may hold an event loop and open sockets. A synchronous check
-(:func:`check_pair_bounded`) runs in the calling thread where that is a main thread, else in one worker process kept
-for such checks.
+runs in the main thread of a worker process, one that is killed and replaced when a check outlasts its deadline.
+Workers are spawned, not forked, because the parent may hold an event loop and open sockets. :class:`RuleChecker`
+keeps several for asyncio; a synchronous check (:func:`check_pair_bounded`) runs in the calling thread where that is
+a main thread, else in one worker process kept for such checks.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import os
 import re
 import threading
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
@@ -394,45 +393,91 @@ def ensure_math_verify() -> None:
 
 
 class RuleChecker:
-    """A pool of worker processes checking answer pairs; ``async with RuleChecker() as rc: await rc.check(g, p)``."""
+    """Worker processes checking answer pairs, ``workers`` checks at a time: ``async with RuleChecker() as rc:
+    await rc.check(g, p)``. Each check runs in a worker as a synchronous one off the main thread does
+    (:class:`_Worker`): one not done ``deadline_s`` after its worker took it (by default ``4 * timeout_s + 60``;
+    Math-Verify's own alarms bound each parse and comparison) is undecided ("timed out") and its worker is stopped,
+    the next check starting another, while the other checks go on. Leaving stops every worker, one in a check
+    included."""
 
-    def __init__(self, workers: int = 2, timeout_s: int = 5) -> None:
+    def __init__(self, workers: int = 2, timeout_s: int = 5, deadline_s: float | None = None) -> None:
         ensure_math_verify()
         self.timeout_s = timeout_s
+        self.deadline_s = 4 * timeout_s + 60 if deadline_s is None else deadline_s
         self._workers = workers
-        self._pool: ProcessPoolExecutor | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._idle: list[_Worker] = []
+        self._busy: set[_Worker] = set()
         self._cache: dict[tuple[str, str, bool], RuleVerdict] = {}
 
     async def __aenter__(self) -> RuleChecker:
-        self._pool = ProcessPoolExecutor(self._workers, mp_context=multiprocessing.get_context("spawn"))
+        self._slots = asyncio.Semaphore(self._workers)
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            # Waits for its workers to exit (seconds for one still starting: a run cancelled in its first check), on a
-            # thread: the other runs on this event loop (tmas serve's requests) go on meanwhile.
-            await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
+        self._slots = None
+        idle, self._idle = self._idle, []
+        busy, self._busy = list(self._busy), set()
+        if idle or busy:
+            # Killed, not waited for: a worker stuck in a check never holds up the exit. On a thread: the other runs
+            # on this event loop (tmas serve's requests) go on meanwhile.
+            await asyncio.to_thread(_stop_workers, idle, busy)
 
     async def check(self, gold: str, pred: str, any_order: bool = False) -> RuleVerdict:
         key = (gold, pred, any_order)
         if key in self._cache:
             return self._cache[key]
-        if self._pool is None:
+        if self._slots is None:
             raise RuntimeError("RuleChecker used outside 'async with'")
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._pool, check_pair, gold, pred, self.timeout_s, any_order)
-        try:
-            # Math-Verify's own alarms bound parse and verify; this outer bound covers worker start-up and the rest.
-            # Not wait_for: on Python 3.11 it returns a result that came in the turn its caller was cancelled.
-            async with asyncio.timeout(4 * self.timeout_s + 60):
-                verdict = await future
-        except TimeoutError:
-            verdict = RuleVerdict(None, "timed out")
-        self._cache[key] = verdict
+        async with self._slots:
+            if self._slots is None:
+                return RuleVerdict(None, "the rules checker was closed")
+            verdict = await self._check_in(self._idle.pop() if self._idle else _Worker(), gold, pred, any_order)
+        if self._slots is not None:
+            self._cache[key] = verdict
         return verdict
+
+    async def _check_in(self, worker: _Worker, gold: str, pred: str, any_order: bool) -> RuleVerdict:
+        self._busy.add(worker)
+        args = (gold, pred, self.timeout_s, any_order)
+        try:
+            verdict = await asyncio.to_thread(_check_once, worker, check_pair, args, self.deadline_s)
+        except RuleWorkerError:
+            if self._slots is None:  # stopped by leaving, not by failing to start
+                return RuleVerdict(None, "the rules checker was closed")
+            raise
+        except BaseException:
+            # Cancelled (a report or a request stopped): the check would go on in its worker, holding it and a core.
+            worker.kill()
+            raise
+        finally:
+            self._busy.discard(worker)
+        if not worker.lost:
+            if self._slots is None:
+                worker.stop()
+            else:
+                self._idle.append(worker)
+        return verdict
+
+
+def _check_once(
+    worker: _Worker, check: Callable[..., RuleVerdict], args: tuple[Any, ...], deadline_s: float
+) -> RuleVerdict:
+    """``worker.check``, on a thread; a worker lost in it (timed out, killed, or dead) is stopped."""
+    try:
+        return worker.check(check, args, deadline_s)
+    finally:
+        if worker.lost:
+            worker.stop()
+
+
+def _stop_workers(idle: list[_Worker], busy: list[_Worker]) -> None:
+    for worker in idle:
+        worker.stop()
+    for worker in busy:  # the thread waiting on its check finds it stopped, and closes its end
+        worker.kill()
 
 
 # A synchronous check off the main thread (a trainer calling its reward function from a thread pool) runs in one
@@ -505,9 +550,14 @@ class _Worker:
         self.lost = True
         return RuleVerdict(None, detail)
 
-    def stop(self) -> None:
+    def kill(self) -> None:
+        """Kills the process, leaving the connection to the thread that may be waiting on it."""
+        self.lost = True
         self.process.kill()
         self.process.join()
+
+    def stop(self) -> None:
+        self.kill()
         self.conn.close()
 
 
