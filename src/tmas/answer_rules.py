@@ -19,6 +19,7 @@ import os
 import re
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
@@ -406,24 +407,31 @@ class RuleChecker:
         self.deadline_s = 4 * timeout_s + 60 if deadline_s is None else deadline_s
         self._workers = workers
         self._slots: asyncio.Semaphore | None = None
+        # A thread waits on each check, one per worker: a stuck check never holds a thread of the event loop's own
+        # pool, which the other work on the loop (tmas serve's jobs) shares.
+        self._threads: ThreadPoolExecutor | None = None
         self._idle: list[_Worker] = []
         self._busy: set[_Worker] = set()
         self._cache: dict[tuple[str, str, bool], RuleVerdict] = {}
 
     async def __aenter__(self) -> RuleChecker:
         self._slots = asyncio.Semaphore(self._workers)
+        self._threads = ThreadPoolExecutor(self._workers, thread_name_prefix="tmas-rules")
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._slots = None
+        threads, self._threads = self._threads, None
         idle, self._idle = self._idle, []
         busy, self._busy = list(self._busy), set()
         if idle or busy:
             # Killed, not waited for: a worker stuck in a check never holds up the exit. On a thread: the other runs
             # on this event loop (tmas serve's requests) go on meanwhile.
             await asyncio.to_thread(_stop_workers, idle, busy)
+        if threads is not None:
+            threads.shutdown(wait=False)  # each ends as its worker's check does, the workers being stopped
 
     async def check(self, gold: str, pred: str, any_order: bool = False) -> RuleVerdict:
         key = (gold, pred, any_order)
@@ -442,8 +450,9 @@ class RuleChecker:
     async def _check_in(self, worker: _Worker, gold: str, pred: str, any_order: bool) -> RuleVerdict:
         self._busy.add(worker)
         args = (gold, pred, self.timeout_s, any_order)
+        loop = asyncio.get_running_loop()
         try:
-            verdict = await asyncio.to_thread(_check_once, worker, check_pair, args, self.deadline_s)
+            verdict = await loop.run_in_executor(self._threads, _check_once, worker, check_pair, args, self.deadline_s)
         except RuleWorkerError:
             if self._slots is None:  # stopped by leaving, not by failing to start
                 return RuleVerdict(None, "the rules checker was closed")
